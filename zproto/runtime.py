@@ -1,0 +1,289 @@
+"""Support code imported by generated codec modules.
+
+Generated modules inline the hot paths (numbers, strings, chunks) and call these
+helpers for the variable-size structures.  Everything here is pure: bytes in,
+values out.  Decoders raise ``DecodeError`` or one of ``DECODE_FAILURES`` (which
+the generated ``decode()`` turns into ``DecodeError``); encoders raise
+``EncodeError`` with the field's name.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from zproto.errors import DecodeError, EncodeError
+
+__all__ = [
+    "DECODE_FAILURES",
+    "ENCODE_FAILURES",
+    "DecodeError",
+    "EncodeError",
+    "Invalid",
+    "dec_hash",
+    "dec_headers",
+    "dec_strings",
+    "dec_varlen",
+    "enc_hash",
+    "enc_headers",
+    "enc_strings",
+    "enc_varlen",
+    "encode_failure",
+    "frame_bytes",
+    "frame_out",
+    "frames_out",
+    "truncated",
+]
+
+
+class Invalid(Exception):
+    """Internal: a fast-path check failed; the validator will say which field."""
+
+
+#: Exceptions a generated decoder may hit on malformed input; ``decode()``
+#: converts them into ``DecodeError``.
+DECODE_FAILURES = (struct.error, IndexError, ValueError, TypeError, OverflowError)
+#: Exceptions a generated encoder may hit on a malformed message.
+ENCODE_FAILURES = (struct.error, TypeError, ValueError, AttributeError, OverflowError, Invalid)
+
+_U8 = struct.Struct(">B")
+_U32 = struct.Struct(">I")
+_LIMITS = {1: 0xFF, 2: 0xFFFF, 4: 0xFFFFFFFF, 8: 0xFFFFFFFFFFFFFFFF}
+
+
+def truncated(what: str) -> DecodeError:
+    return DecodeError(f"{what}: length runs past the end of the frame")
+
+
+def frame_bytes(frame: Any) -> bytes:
+    """A received frame as bytes (accepts bytes, bytearray, memoryview, zmq.Frame)."""
+    if type(frame) is bytes:
+        return frame
+    return memoryview(frame).tobytes()
+
+
+def frame_out(value: Any) -> bytes:
+    """A frame field to send: bytes-like only (an int must not become zero bytes)."""
+    if type(value) is bytes:
+        return value
+    try:
+        return memoryview(value).tobytes()
+    except TypeError:
+        raise Invalid from None
+
+
+def frames_out(value: Any) -> list[bytes]:
+    """A msg field to send: a list of bytes-like frames."""
+    if isinstance(value, (str, bytes, bytearray, memoryview)):
+        raise Invalid
+    return [frame_out(item) for item in value]
+
+
+# ---------------------------------------------------------------------------
+# classic zproto structures
+
+
+def enc_hash(value: Mapping[str, str]) -> bytes:
+    """hash: number-4 count, then (string key, longstr value) per entry."""
+    parts = [_U32.pack(len(value))]
+    for key, val in value.items():
+        k = key.encode("utf-8")
+        v = val.encode("utf-8")
+        if len(k) > 255:
+            raise EncodeError(f"hash key {key[:40]!r}... is longer than 255 octets")
+        parts.append(_U8.pack(len(k)))
+        parts.append(k)
+        parts.append(_U32.pack(len(v)))
+        parts.append(v)
+    return b"".join(parts)
+
+
+def dec_hash(buf: bytes, pos: int, what: str) -> tuple[dict[str, str], int]:
+    size = len(buf)
+    (count,) = _U32.unpack_from(buf, pos)
+    pos += 4
+    if count * 5 > size - pos:  # every entry takes at least 5 octets
+        raise truncated(what)
+    out: dict[str, str] = {}
+    for _ in range(count):
+        end = pos + 1 + buf[pos]
+        if end + 4 > size:
+            raise truncated(what)
+        key = buf[pos + 1 : end].decode("utf-8")
+        (length,) = _U32.unpack_from(buf, end)
+        pos = end + 4 + length
+        if pos > size:
+            raise truncated(what)
+        out[key] = buf[end + 4 : pos].decode("utf-8")
+    return out, pos
+
+
+def enc_strings(value: Sequence[str]) -> bytes:
+    """strings: number-4 count, then a longstr per item."""
+    if isinstance(value, (str, bytes)):
+        raise EncodeError("a strings field takes a list of str, not a single value")
+    parts = [_U32.pack(len(value))]
+    for item in value:
+        data = item.encode("utf-8")
+        parts.append(_U32.pack(len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def dec_strings(buf: bytes, pos: int, what: str) -> tuple[list[str], int]:
+    size = len(buf)
+    (count,) = _U32.unpack_from(buf, pos)
+    pos += 4
+    if count * 4 > size - pos:
+        raise truncated(what)
+    out: list[str] = []
+    for _ in range(count):
+        (length,) = _U32.unpack_from(buf, pos)
+        end = pos + 4 + length
+        if end > size:
+            raise truncated(what)
+        out.append(buf[pos + 4 : end].decode("utf-8"))
+        pos = end
+    return out, pos
+
+
+# ---------------------------------------------------------------------------
+# binary dialect structures
+
+_VARLEN = {
+    "little": (struct.Struct("<H"), struct.Struct("<I"), struct.Struct("<Q")),
+    "big": (struct.Struct(">H"), struct.Struct(">I"), struct.Struct(">Q")),
+}
+
+
+def enc_varlen(value: int, byteorder: str) -> bytes:
+    """TMQP length: one octet < 253 holds it; 253 -> u16, 254 -> u32, 255 -> u64 follows.
+
+    The writer picks the smallest form.
+    """
+    u16, u32, u64 = _VARLEN[byteorder]
+    if value < 0:
+        raise EncodeError(f"length {value} is negative")
+    if value < 253:
+        return bytes((value,))
+    if value <= 0xFFFF:
+        return b"\xfd" + u16.pack(value)
+    if value <= 0xFFFFFFFF:
+        return b"\xfe" + u32.pack(value)
+    return b"\xff" + u64.pack(value)
+
+
+def dec_varlen(buf: bytes, pos: int, byteorder: str) -> tuple[int, int]:
+    first = buf[pos]
+    if first < 253:
+        return first, pos + 1
+    u16, u32, u64 = _VARLEN[byteorder]
+    if first == 253:
+        return u16.unpack_from(buf, pos + 1)[0], pos + 3
+    if first == 254:
+        return u32.unpack_from(buf, pos + 1)[0], pos + 5
+    return u64.unpack_from(buf, pos + 1)[0], pos + 9
+
+
+def enc_headers(value: Iterable[tuple[str, str]]) -> bytes:
+    """A ``key:value\\r\\n`` block; keys and values are UTF-8 without CR/LF."""
+    lines: list[str] = []
+    for key, val in value:
+        if not key or ":" in key or "\r" in key or "\n" in key:
+            raise EncodeError(f"header key {key!r} is empty or holds ':', CR or LF")
+        if "\r" in val or "\n" in val:
+            raise EncodeError(f"header {key!r}: value holds CR or LF")
+        lines.append(f"{key}:{val}\r\n")
+    return "".join(lines).encode("utf-8")
+
+
+def dec_headers(buf: bytes, pos: int, end: int, what: str) -> tuple[tuple[str, str], ...]:
+    """Parse a header block; accepts optional whitespace around key and value."""
+    if end > len(buf):
+        raise truncated(what)
+    text = buf[pos:end].decode("utf-8")
+    out: list[tuple[str, str]] = []
+    for line in text.split("\r\n"):
+        if not line:
+            continue
+        key, sep, val = line.partition(":")
+        key = key.strip()
+        if not sep or not key or "\n" in line or "\r" in line:
+            raise DecodeError(f"{what}: malformed header line {line[:60]!r}")
+        out.append((key, val.strip()))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------
+# encode-side validation (slow path, runs only after the fast path failed)
+
+
+def _check(msg: Any, attr: str, kind: str, limit: int | None, const: Any) -> str | None:
+    value = getattr(msg, attr)
+    if kind in ("number", "bit"):
+        if type(value) is bool and kind == "bit":
+            return None
+        if not isinstance(value, int) or (isinstance(value, bool) and kind != "bit"):
+            return f"must be an int, not {type(value).__name__}"
+        top = (1 << (limit or 1)) - 1 if kind == "bit" else _LIMITS.get(limit or 8, _LIMITS[8])
+        if not 0 <= value <= top:
+            return f"{value} is out of range 0..{top}"
+    elif kind in ("string", "longstr"):
+        if not isinstance(value, str):
+            return f"must be a str, not {type(value).__name__}"
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError:
+            return "is not encodable as UTF-8"
+        if limit is not None and size > limit:
+            return f"is {size} octets long, more than the {limit} its length field holds"
+    elif kind in ("octets", "chunk", "frame"):
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            return f"must be bytes, not {type(value).__name__}"
+        if kind == "octets" and const is not None and len(value) != const:
+            return f"must be exactly {const} octets, not {len(value)}"
+        if limit is not None and len(value) > limit:
+            return f"is {len(value)} octets long, more than the {limit} its length field holds"
+    elif kind == "uuid":
+        if not isinstance(value, uuid.UUID):
+            return f"must be a uuid.UUID, not {type(value).__name__}"
+    elif kind == "strings":
+        if isinstance(value, (str, bytes)) or not all(isinstance(v, str) for v in value):
+            return "must be a list of str"
+    elif kind == "hash":
+        if not isinstance(value, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            return "must be a dict of str to str"
+    elif kind == "msg":
+        if isinstance(value, (str, bytes)) or not all(
+            isinstance(v, (bytes, bytearray, memoryview)) for v in value
+        ):
+            return "must be a list of bytes frames"
+    elif kind == "headers":
+        try:
+            size = len(enc_headers(value))
+        except (EncodeError, TypeError, ValueError, AttributeError) as exc:
+            return f"is not a valid header list: {exc}"
+        if limit is not None and size > limit:
+            return f"block is {size} octets long, more than the {limit} its length field holds"
+    if const is not None and kind not in ("octets",) and value != const:
+        return f"must be the constant {const!r}"
+    return None
+
+
+def encode_failure(
+    msg: Any, spec: Sequence[tuple[str, str, int | None, Any]], exc: BaseException
+) -> EncodeError:
+    """Find the field that made the fast path fail and describe it."""
+    name = type(msg).__name__
+    for attr, kind, limit, const in spec:
+        try:
+            problem = _check(msg, attr, kind, limit, const)
+        except AttributeError:
+            problem = "is missing"
+        if problem:
+            return EncodeError(f"{name}.{attr} {problem}")
+    return EncodeError(f"cannot encode {name}: {exc}")
