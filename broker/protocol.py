@@ -1,0 +1,215 @@
+"""TMQP vocabulary shared by the broker engine, server and client (no I/O).
+
+Message types, server operation codes (content types), response status codes,
+queue statuses, well-known header names, and the connection-info message that
+opens every session.  Values follow ../shared/specs/twino-mq-3.0.md; where the
+document leaves a gap (channel update) zerohub picks the next free code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from broker import tmqp
+
+#: The 8-octet greeting; one ZeroMQ message each way before anything else.
+GREETING = b"TMQP/2.0"
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:5680"
+DEFAULT_TTL = tmqp.DEFAULT_TTL
+MAX_TTL = tmqp.MAX_TTL
+
+
+class MessageType(IntEnum):
+    """Low 6 bits of the first frame octet."""
+
+    CUSTOM = 0x00
+    TERMINATE = 0x08
+    PING = 0x09
+    PONG = 0x0A
+    SERVER = 0x10  # server operation (RPC style)
+    QUEUE = 0x11  # queue message (push into / deliver from a queue)
+    DIRECT = 0x12  # direct message between clients
+    ACK = 0x13  # acknowledge / negative acknowledge
+    RESPONSE = 0x14  # response to any message
+    PULL = 0x15  # queue pull request
+    EVENT = 0x16  # event subscribe/unsubscribe, or event notification
+    ROUTER = 0x17  # publish through a router
+
+
+class Operation(IntEnum):
+    """Content types of server operation messages."""
+
+    CHANNEL_CREATE = 101
+    CONNECT = 101  # alias: the connection-info message (first frame after the greeting)
+    CHANNEL_UPDATE = 102  # not numbered in the document; zerohub's choice
+    CHANNEL_DELETE = 103
+    CHANNEL_LIST = 104
+    CHANNEL_INFO = 105
+    JOIN = 110
+    LEAVE = 111
+    QUEUE_CREATE = 201
+    QUEUE_UPDATE = 202
+    QUEUE_DELETE = 203
+    QUEUE_LIST = 204
+    QUEUE_INFO = 205
+    NODE_LIST = 301
+    CLIENT_LIST = 302
+
+
+class ResultCode(IntEnum):
+    """Content type of responses and acknowledges: 0 success, else a status code."""
+
+    OK = 0
+    FAILED = 1
+    BAD_REQUEST = 400
+    UNAUTHORIZED = 401
+    NOT_FOUND = 404
+    UNACCEPTABLE = 406
+    ALREADY_CREATED = 481
+    LIMIT_EXCEEDED = 482
+    BUSY = 503
+    SEND_ERROR = 581
+
+
+class QueueStatus(IntEnum):
+    """ChannelQueueOptions.Status values."""
+
+    BROADCAST = 0
+    PUSH = 1
+    ROUND_ROBIN = 2
+    PULL = 3
+    CACHE = 4
+    PAUSED = 5
+    STOPPED = 6
+
+
+class Header:
+    """Well-known header names."""
+
+    CLIENT_ID = "Client-Id"
+    CLIENT_NAME = "Client-Name"
+    CLIENT_TYPE = "Client-Type"
+    CLIENT_TOKEN = "Client-Token"
+    QUEUE_ID = "Queue-Id"
+    CHANNEL_NAME = "Channel-Name"
+    CC = "CC"
+    NACK_REASON = "Nack-Reason"
+    REQUEST_ID = "Request-Id"
+    INDEX = "Index"
+    COUNT = "Count"
+    CLEAR = "Clear"
+    ORDER = "Order"
+    INFO = "Info"
+    NO_CONTENT = "No-Content"
+    PRIORITY_MESSAGES = "Priority-Messages"
+    MESSAGES = "Messages"
+    REASON = "Reason"
+
+
+def header(frame: tmqp.Frame, name: str, default: str | None = None) -> str | None:
+    """First value of a header, matched case-insensitively."""
+    wanted = name.lower()
+    for key, value in frame.headers:
+        if key.lower() == wanted:
+            return value
+    return default
+
+
+def headers_all(frame: tmqp.Frame, name: str) -> list[str]:
+    """Every value of a repeatable header (e.g. CC)."""
+    wanted = name.lower()
+    return [value for key, value in frame.headers if key.lower() == wanted]
+
+
+class ConnectionInfoError(ValueError):
+    """The connection-info message is malformed."""
+
+
+@dataclass(frozen=True)
+class ConnectionInfo:
+    """What a client says about itself right after the greeting.
+
+    Payload text: a first line of two words (remote path, method), then
+    ``Key: Value`` lines.  ``Client-Id``/``Client-Name``/``Client-Type``/
+    ``Client-Token`` are known; other properties are kept in ``properties``.
+    """
+
+    client_id: str | None = None
+    name: str | None = None
+    type: str | None = None
+    token: str | None = None
+    path: str = "/"
+    method: str = "CONNECT"
+    properties: dict[str, str] = field(default_factory=dict)
+
+    def to_payload(self) -> bytes:
+        lines = [f"{self.path} {self.method}"]
+        for key, value in (
+            (Header.CLIENT_ID, self.client_id),
+            (Header.CLIENT_NAME, self.name),
+            (Header.CLIENT_TYPE, self.type),
+            (Header.CLIENT_TOKEN, self.token),
+        ):
+            if value is not None:
+                lines.append(f"{key}: {value}")
+        for key, value in self.properties.items():
+            lines.append(f"{key}: {value}")
+        return ("\r\n".join(lines) + "\r\n").encode("utf-8")
+
+    def to_frame(self, message_id: str = "") -> tmqp.Frame:
+        return tmqp.Frame(
+            message_type=MessageType.SERVER,
+            content_type=Operation.CONNECT,
+            message_id=message_id,
+            payload=self.to_payload(),
+        )
+
+    @classmethod
+    def from_payload(cls, payload: bytes) -> ConnectionInfo:
+        try:
+            text = payload.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ConnectionInfoError("connection info is not UTF-8") from None
+        lines = [line.strip() for line in text.replace("\r\n", "\n").split("\n")]
+        lines = [line for line in lines if line]
+        if not lines:
+            return cls()
+        first = lines[0].split()
+        path, method = "/", "NONE"
+        rest = lines[1:]
+        if ":" in lines[0] and len(first) < 2 and not lines[0].startswith(("tmq://", "/")):
+            rest = lines  # no request line, only properties
+        elif len(first) == 2:
+            path, method = first
+        elif len(first) == 1:
+            path = first[0]
+        else:
+            raise ConnectionInfoError(f"bad first line {lines[0][:80]!r}")
+        known: dict[str, str | None] = {}
+        props: dict[str, str] = {}
+        names = {
+            Header.CLIENT_ID.lower(): "client_id",
+            Header.CLIENT_NAME.lower(): "name",
+            Header.CLIENT_TYPE.lower(): "type",
+            Header.CLIENT_TOKEN.lower(): "token",
+        }
+        for line in rest:
+            key, sep, value = line.partition(":")
+            key, value = key.strip(), value.strip()
+            if not sep or not key:
+                raise ConnectionInfoError(f"bad property line {line[:80]!r}")
+            attr = names.get(key.lower())
+            if attr is None:
+                props[key] = value
+            else:
+                known[attr] = value or None
+        return cls(
+            client_id=known.get("client_id"),
+            name=known.get("name"),
+            type=known.get("type"),
+            token=known.get("token"),
+            path=path,
+            method=method,
+            properties=props,
+        )

@@ -1,0 +1,51 @@
+"""Shared fixtures: ZeroMQ contexts that must end clean, loopback endpoints, leak checks."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import zmq
+
+
+@pytest.fixture
+def zctx() -> Iterator[zmq.Context[zmq.Socket[bytes]]]:
+    """A private ZeroMQ context; the test fails if sockets are left open."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    yield ctx
+    ctx.term() if _wait_closed(ctx) else pytest.fail("sockets left open on the test's context")
+
+
+def _wait_closed(ctx: zmq.Context[zmq.Socket[bytes]], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not [s for s in ctx._sockets if not s.closed]:  # type: ignore[attr-defined]
+            return True
+        time.sleep(0.01)
+    for sock in list(ctx._sockets):  # type: ignore[attr-defined]
+        sock.close(linger=0)
+    ctx.term()
+    return False
+
+
+@pytest.fixture
+def loopback() -> str:
+    """Endpoint to bind: an OS-chosen port on 127.0.0.1 (read LAST_ENDPOINT after bind)."""
+    return "tcp://127.0.0.1:*"
+
+
+@pytest.fixture(autouse=True)
+def no_thread_leaks() -> Iterator[None]:
+    """Every thread a test starts must be stopped by the end of the test."""
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        extra = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+        if not extra:
+            return
+        time.sleep(0.02)
+    names = ", ".join(t.name for t in extra)
+    pytest.fail(f"threads left running: {names}")
