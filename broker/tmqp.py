@@ -235,12 +235,20 @@ def _decode_frame(buf: bytes, frames: Any) -> Frame:
     )
 
 
+_ENCODERS: dict[type, Any] = {
+    Handshake: _encode_handshake,
+    Ping: _encode_ping,
+    Pong: _encode_pong,
+    Frame: _encode_frame,
+}
+
+
 def encode(msg: Message) -> list[bytes]:
     """Encode a message into ZeroMQ frames (raises EncodeError if invalid)."""
-    try:
-        return msg.encode()
-    except AttributeError:
-        raise EncodeError(f"not a {MODEL_NAME} message: {msg!r}") from None
+    encoder = _ENCODERS.get(type(msg))
+    if encoder is None:
+        raise EncodeError(f"not a {MODEL_NAME} message: {msg!r}")
+    return encoder(msg)
 
 
 _LITERALS: dict[bytes, Any] = {

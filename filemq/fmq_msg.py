@@ -520,12 +520,27 @@ def _decode_rtfm(buf: bytes, frames: Any) -> Rtfm:
     return Rtfm(reason)
 
 
+_ENCODERS: dict[type, Any] = {
+    Ohai: _encode_ohai,
+    OhaiOk: _encode_ohai_ok,
+    Icanhaz: _encode_icanhaz,
+    IcanhazOk: _encode_icanhaz_ok,
+    Nom: _encode_nom,
+    Cheezburger: _encode_cheezburger,
+    Hugz: _encode_hugz,
+    HugzOk: _encode_hugz_ok,
+    Kthxbai: _encode_kthxbai,
+    Srsly: _encode_srsly,
+    Rtfm: _encode_rtfm,
+}
+
+
 def encode(msg: Message) -> list[bytes]:
     """Encode a message into ZeroMQ frames (raises EncodeError if invalid)."""
-    try:
-        return msg.encode()
-    except AttributeError:
-        raise EncodeError(f"not a {MODEL_NAME} message: {msg!r}") from None
+    encoder = _ENCODERS.get(type(msg))
+    if encoder is None:
+        raise EncodeError(f"not a {MODEL_NAME} message: {msg!r}")
+    return encoder(msg)
 
 
 _DECODERS: dict[int, Any] = {

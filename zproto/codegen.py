@@ -716,12 +716,18 @@ class PythonGenerator:
 
     def _api(self, src: _Src) -> None:
         p = self.proto
+        src("_ENCODERS: dict[type, Any] = {")
+        for msg in p.messages:
+            src(f"    {msg.class_name}: _encode_{msg.ident},")
+        src("}")
+        src()
+        src()
         src("def encode(msg: Message) -> list[bytes]:")
         src('    """Encode a message into ZeroMQ frames (raises EncodeError if invalid)."""')
-        src("    try:")
-        src("        return msg.encode()")
-        src("    except AttributeError:")
-        src('        raise EncodeError(f"not a {MODEL_NAME} message: {msg!r}") from None')
+        src("    encoder = _ENCODERS.get(type(msg))")
+        src("    if encoder is None:")
+        src('        raise EncodeError(f"not a {MODEL_NAME} message: {msg!r}")')
+        src("    return encoder(msg)")
         src()
         src()
         literals = [m for m in p.messages if m.literal is not None]

@@ -16,17 +16,17 @@ def _rule(name: str) -> str:
 
 def _field_term(fld: Field, order: str) -> str:
     """ABNF term for one field."""
-    le = "-le" if fld.byteorder == "little" else ""
+    le = "-le" if fld.byteorder == "little" and fld.size != 1 else ""
     if fld.type == "number":
         if fld.size == VARLEN:
             return "varlen" + le
         return f"number-{fld.size}{le}"
     if fld.type == "octets":
         if fld.length_ref is not None:
-            return f"{_rule(fld.length_ref)}OCTET"
+            return "*OCTET"
         return f"{fld.size}OCTET"
     if fld.type == "string" and fld.length_ref is not None:
-        return f"{_rule(fld.length_ref)}UTF8-OCTET"
+        return "*OCTET"
     if fld.type == "headers":
         return "header-block"
     if fld.type == "bits":
@@ -38,6 +38,9 @@ def _comment(fld: Field) -> str:
     parts = []
     if fld.description:
         parts.append(fld.description.splitlines()[0])
+    if fld.length_ref is not None:
+        text = "UTF-8, " if fld.type == "string" else ""
+        parts.append(f"{text}{_rule(fld.length_ref)} octets")
     if fld.value is not None:
         parts.append(f"constant {fld.value}")
     if fld.derived:
@@ -72,12 +75,10 @@ def _message_rules(proto: Protocol, msg: Message) -> list[str]:
             line = f"{line:<40}; {comment}"
         lines.append(line)
         for bit in fld.bits:
-            what = f"bit {bit.width}" if bit.width == 1 else f"{bit.width} bits"
+            what = "1 bit" if bit.width == 1 else f"{bit.width} bits"
             note = bit.description.splitlines()[0] if bit.description else ""
             flag = "; flag of an optional section" if bit.derived else ""
             lines.append(f";     {bit.ident}: {what}{(' - ' + note) if note else ''}{flag}")
-        if isinstance(fld, Field) and fld.type == "bits" and fld.bits:
-            pass
     for item in msg.items:
         if isinstance(item, Optional):
             lines.append(f";  the [ ] section is present when bit {item.flag} is set")
@@ -87,7 +88,7 @@ def _message_rules(proto: Protocol, msg: Message) -> list[str]:
 def markdown(proto: Protocol, source_name: str) -> str:
     used = {f.type for m in proto.messages for f in m.fields}
     sizes = {
-        (f.size, f.byteorder)
+        (f.size, f.byteorder if f.size != 1 else "big")
         for m in proto.messages
         for f in m.fields
         if f.type == "number" and f.size != VARLEN
@@ -159,12 +160,15 @@ def markdown(proto: Protocol, source_name: str) -> str:
             f"varlen{le:<9} = %x00-FC / ( %xFD number-2{le} ) / ( %xFE number-4{le} )",
             f"{'':<15}   / ( %xFF number-8{le} )   ; the writer picks the smallest",
         ]
-    if "string" in used or any(f.type == "hash" for m in proto.messages for f in m.fields):
+    short_strings = any(
+        f.type == "string" and f.length_ref is None for m in proto.messages for f in m.fields
+    )
+    if short_strings or "hash" in used:
         shared.append("string          = number-1 *VCHAR")
     if "longstr" in used or "strings" in used or "hash" in used:
         shared.append("longstr         = number-4 *VCHAR")
     for size, order in sorted(sizes, key=lambda s: (int(s[0] or 1), s[1])):
-        le = "-le" if order == "little" else ""
+        le = "-le" if order == "little" and size != 1 else ""
         shared.append(f"{'number-' + str(size) + le:<15} = {size}OCTET")
     if shared:
         out.extend(shared)

@@ -261,11 +261,12 @@ class _Loader:
                     file=sys.stderr,
                 )
                 continue
-            inserted = self._parse_file(target)
-            for new in reversed(inserted):
-                self._expand(new, target.parent, (*seen, target))
-                elem.insert(index, new)
-            index += len(inserted)  # already expanded
+            holder = ET.Element("zproto-include")
+            holder.extend(self._parse_file(target))
+            self._expand(holder, target.parent, (*seen, target))
+            for offset, new in enumerate(holder):
+                elem.insert(index + offset, new)
+            index += len(holder)  # already expanded
 
     # -- model -------------------------------------------------------------
 

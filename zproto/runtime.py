@@ -252,11 +252,19 @@ def _check(msg: Any, attr: str, kind: str, limit: int | None, const: Any) -> str
     elif kind == "strings":
         if isinstance(value, (str, bytes)) or not all(isinstance(v, str) for v in value):
             return "must be a list of str"
+        try:
+            enc_strings(value)
+        except (EncodeError, UnicodeEncodeError) as exc:
+            return f"is not encodable: {exc}"
     elif kind == "hash":
         if not isinstance(value, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in value.items()
         ):
             return "must be a dict of str to str"
+        try:
+            enc_hash(value)
+        except (EncodeError, UnicodeEncodeError) as exc:
+            return f"is not encodable: {exc}"
     elif kind == "msg":
         if isinstance(value, (str, bytes)) or not all(
             isinstance(v, (bytes, bytearray, memoryview)) for v in value
