@@ -89,8 +89,13 @@ def main() -> None:
         return seq, op, fn, off, eof, raw[pos + 4 : pos + 4 + size]
 
     frame = tmqp.Frame(
-        message_type=0x11, pending_ack=True, content_type=1, message_id="m-000042",
-        source="producer-1", target="orders", payload=b"x" * 100,
+        message_type=0x11,
+        pending_ack=True,
+        content_type=1,
+        message_id="m-000042",
+        source="producer-1",
+        target="orders",
+        payload=b"x" * 100,
     )
 
     def gen_tmqp() -> object:
@@ -101,7 +106,10 @@ def main() -> None:
         raw = b"".join(
             (
                 _TMQP.pack(0x11, 0x40 | 16, len(mid), len(src), len(tgt), 1, len(payload)),
-                mid, src, tgt, payload,
+                mid,
+                src,
+                tgt,
+                payload,
             )
         )
         b0, b1, a, b, c, ct, plen = _TMQP.unpack_from(raw, 0)
@@ -117,7 +125,9 @@ def main() -> None:
         ("FILEMQ CHEEZBURGER 64 KiB", gen_cheez, raw_cheez),
         ("TMQP frame, 100 B payload", gen_tmqp, raw_tmqp),
     ]
-    print(f"{'message (encode+decode)':<28} {'zproto msgs/s':>14} {'struct msgs/s':>14} {'ratio':>7}")
+    print(
+        f"{'message (encode+decode)':<28} {'zproto msgs/s':>14} {'struct msgs/s':>14} {'ratio':>7}"
+    )
     for label, gen, raw in rows:
         assert gen() is not None and raw() is not None
         g, r = _rate(gen, seconds), _rate(raw, seconds)
