@@ -213,3 +213,142 @@ class ConnectionInfo:
             method=method,
             properties=props,
         )
+
+
+# ---------------------------------------------------------------------------
+# Additions by the engine (vocabulary the engine and its clients share).
+# ---------------------------------------------------------------------------
+
+
+class RouterOperation(IntEnum):
+    """Server operation content types for routers (zerohub's choice; the document has none).
+
+    Payloads are JSON (see ``broker.router``); replies follow the channel operations:
+    create/remove/add/remove-binding answer with an acknowledge, lists with a response.
+    """
+
+    ROUTER_CREATE = 601
+    ROUTER_REMOVE = 602
+    ROUTER_LIST = 603
+    BINDING_ADD = 605
+    BINDING_REMOVE = 606
+    BINDING_LIST = 607
+
+
+class NackReason:
+    """Values of the ``Nack-Reason`` header on negative acknowledges."""
+
+    NONE = "none"
+    TIMEOUT = "timeout"
+    NO_CONSUMERS = "no-consumers"
+    UNAUTHORIZED = "unauthorized"
+    NO_CHANNEL = "no-channel"
+    NO_QUEUE = "no-queue"
+    NO_ROUTE = "no-route"
+    LIMIT_EXCEEDED = "limit-exceeded"
+    UNACCEPTABLE = "unacceptable"
+    BAD_REQUEST = "bad-request"
+    FAILED = "failed"
+    ALREADY_CREATED = "already-created"
+    BUSY = "busy"
+    SEND_ERROR = "send-error"
+    CLEARED = "cleared"  # removed by a clear, a stop or a queue removal
+
+
+#: Nack-Reason token the server uses for each result code it reports.
+NACK_REASON_FOR_CODE: dict[int, str] = {
+    ResultCode.FAILED: NackReason.FAILED,
+    ResultCode.BAD_REQUEST: NackReason.BAD_REQUEST,
+    ResultCode.UNAUTHORIZED: NackReason.UNAUTHORIZED,
+    ResultCode.NOT_FOUND: NackReason.NO_QUEUE,
+    ResultCode.UNACCEPTABLE: NackReason.UNACCEPTABLE,
+    ResultCode.ALREADY_CREATED: NackReason.ALREADY_CREATED,
+    ResultCode.LIMIT_EXCEEDED: NackReason.LIMIT_EXCEEDED,
+    ResultCode.BUSY: NackReason.BUSY,
+    ResultCode.SEND_ERROR: NackReason.SEND_ERROR,
+}
+
+#: Result code a client should raise for a ``Nack-Reason`` token sent by the server.
+CODE_FOR_NACK_REASON: dict[str, ResultCode] = {
+    NackReason.NONE: ResultCode.FAILED,
+    NackReason.TIMEOUT: ResultCode.FAILED,
+    NackReason.NO_CONSUMERS: ResultCode.NOT_FOUND,
+    NackReason.UNAUTHORIZED: ResultCode.UNAUTHORIZED,
+    NackReason.NO_CHANNEL: ResultCode.NOT_FOUND,
+    NackReason.NO_QUEUE: ResultCode.NOT_FOUND,
+    NackReason.NO_ROUTE: ResultCode.NOT_FOUND,
+    NackReason.LIMIT_EXCEEDED: ResultCode.LIMIT_EXCEEDED,
+    NackReason.UNACCEPTABLE: ResultCode.UNACCEPTABLE,
+    NackReason.BAD_REQUEST: ResultCode.BAD_REQUEST,
+    NackReason.FAILED: ResultCode.FAILED,
+    NackReason.ALREADY_CREATED: ResultCode.ALREADY_CREATED,
+    NackReason.BUSY: ResultCode.BUSY,
+    NackReason.SEND_ERROR: ResultCode.SEND_ERROR,
+    NackReason.CLEARED: ResultCode.FAILED,
+}
+
+
+class NoContent:
+    """Values of the ``No-Content`` header on pull replies (a marker, not a real message)."""
+
+    EMPTY = "Empty"
+    UNACCEPTABLE = "Unacceptable"
+    UNAUTHORIZED = "Unauthorized"
+    NO_CHANNEL = "No-Channel"
+    NO_QUEUE = "No-Queue"
+    ID_REQUIRED = "Id-Required"
+    END = "End"
+
+
+class ClearOption:
+    """Values of the pull request ``Clear`` header."""
+
+    NONE = "none"
+    ALL = "all"
+    HIGH_PRIORITY = "high-priority"
+    DEFAULT_PRIORITY = "default-priority"
+
+
+class EventName:
+    """Event names (the target of EVENT messages)."""
+
+    CLIENT_CONNECTED = "ClientConnected"
+    CLIENT_DISCONNECTED = "ClientDisconnected"
+    CLIENT_JOINED = "ClientJoined"
+    CLIENT_LEFT = "ClientLeft"
+    CHANNEL_CREATED = "ChannelCreated"
+    CHANNEL_REMOVED = "ChannelRemoved"
+    QUEUE_CREATED = "QueueCreated"
+    QUEUE_UPDATED = "QueueUpdated"
+    QUEUE_REMOVED = "QueueRemoved"
+    MESSAGE_PRODUCED = "MessageProduced"
+
+
+#: Every event name the server emits.
+EVENT_NAMES: frozenset[str] = frozenset(
+    value for key, value in vars(EventName).items() if not key.startswith("_")
+)
+
+#: Events about a channel (subscriptions may narrow them with Channel-Name / Queue-Id).
+CHANNEL_EVENTS: frozenset[str] = frozenset(
+    {
+        EventName.CLIENT_JOINED,
+        EventName.CLIENT_LEFT,
+        EventName.QUEUE_CREATED,
+        EventName.QUEUE_UPDATED,
+        EventName.QUEUE_REMOVED,
+        EventName.MESSAGE_PRODUCED,
+    }
+)
+
+#: Direct-message target prefixes (``@name:Mail-Sender``, ``@type:worker``).
+TARGET_BY_NAME = "@name:"
+TARGET_BY_TYPE = "@type:"
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One frame the engine wants sent to one client (``broker.engine`` re-exports it)."""
+
+    client_id: str
+    frame: tmqp.Frame

@@ -1,0 +1,112 @@
+"""Engine-only cost of push -> deliver (no sockets, no codec): what the broker adds.
+
+Each case runs in its own process so garbage from one does not slow the next.  The
+baseline is the cheapest conceivable dispatcher (a dict lookup and a list append per
+message), measured in the same run.
+
+Usage: ``python bench/bench_engine.py [--messages N]`` (default 200,000; use a small N
+for a smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import time
+from typing import Any
+
+SIZE = 100
+
+
+def _case(name: str, n: int, queue: dict[str, Any], source: str, producer_ack: bool,
+          consumer_ack: bool) -> float:  # fmt: skip
+    from broker import tmqp
+    from broker.engine import Engine
+    from broker.protocol import ConnectionInfo, Header, MessageType, Operation
+
+    engine = Engine()
+    producer, _ = engine.connect(ConnectionInfo(client_id="prod"), 0.0)
+    consumer, _ = engine.connect(ConnectionInfo(client_id="cons"), 0.0)
+    join = tmqp.Frame(message_type=MessageType.SERVER, content_type=Operation.JOIN,
+                      target="ch", message_id="j")  # fmt: skip
+    engine.receive(consumer, join, 0.0)
+    if queue:
+        create = tmqp.Frame(message_type=MessageType.SERVER, content_type=Operation.QUEUE_CREATE,
+                            target="ch", message_id="q", headers=((Header.QUEUE_ID, "1"),),
+                            payload=json.dumps(queue).encode())  # fmt: skip
+        engine.receive(producer, create, 0.0)
+    payload = b"x" * SIZE
+    pushes = [
+        tmqp.Frame(message_type=MessageType.QUEUE, content_type=1, target="ch",
+                   message_id=f"m{i}", source=source, payload=payload, pending_ack=producer_ack)
+        for i in range(n)
+    ]  # fmt: skip
+    acks = [
+        tmqp.Frame(message_type=MessageType.ACK, content_type=1, target="ch", message_id=f"m{i}")
+        for i in range(n)
+    ]
+    receive = engine.receive
+    out = 0
+    start = time.perf_counter()
+    if consumer_ack:
+        for push, ack in zip(pushes, acks, strict=True):
+            out += len(receive(producer, push, 1.0))
+            out += len(receive(consumer, ack, 1.0))
+    else:
+        for push in pushes:
+            out += len(receive(producer, push, 1.0))
+    elapsed = time.perf_counter() - start
+    assert out >= n, (name, out)
+    return elapsed
+
+
+def _baseline(n: int) -> float:
+    from broker import tmqp
+
+    routes = {"ch": ["cons"]}
+    frames = [tmqp.Frame(message_type=0x11, content_type=1, target="ch", message_id=f"m{i}",
+                         payload=b"x" * SIZE) for i in range(n)]  # fmt: skip
+    out: list[tuple[str, tmqp.Frame]] = []
+    start = time.perf_counter()
+    for frame in frames:
+        for client in routes[frame.target]:
+            out.append((client, frame))
+    return time.perf_counter() - start
+
+
+CASES: list[tuple[str, dict[str, Any], str, bool, bool]] = [
+    ("push queue (producer stamps its id as source)", {}, "prod", False, False),
+    ("push queue (empty source: frame rebuilt)", {}, "", False, False),
+    ("push queue, producer ack on receipt", {}, "prod", True, False),
+    ("round-robin queue", {"Status": 2}, "prod", False, False),
+    ("broadcast queue", {"Status": 0}, "prod", False, False),
+    ("push queue, consumer ack (RequestAcknowledge)", {"RequestAcknowledge": True}, "prod",
+     False, True),
+]  # fmt: skip
+
+
+def _run(target: Any, *args: Any) -> float:
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        result: float = pool.apply(target, args)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--messages", type=int, default=200_000)
+    n = parser.parse_args().messages
+    base = _run(_baseline, n)
+    rows = [("baseline: dict lookup + append", base)]
+    for name, queue, source, producer_ack, consumer_ack in CASES:
+        rows.append((name, _run(_case, name, n, queue, source, producer_ack, consumer_ack)))
+    print(f"\nengine only, {n:,} messages of {SIZE} bytes")
+    print(f"{'case':50s} {'msgs/s':>12s} {'us/msg':>8s}")
+    print("-" * 72)
+    for name, elapsed in rows:
+        print(f"{name:50s} {n / elapsed:12,.0f} {elapsed / n * 1e6:8.2f}")
+
+
+if __name__ == "__main__":
+    main()

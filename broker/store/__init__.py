@@ -1,0 +1,8 @@
+"""Message stores behind one interface (memory now; a journal later)."""
+
+from __future__ import annotations
+
+from broker.store.base import QueueKey, Store, StoredMessage
+from broker.store.memory import MemoryStore
+
+__all__ = ["MemoryStore", "QueueKey", "Store", "StoredMessage"]

@@ -1,0 +1,59 @@
+"""The storage interface the engine writes saved queue messages through.
+
+A store keeps, per queue (channel name, queue id), the messages a delivery decision chose
+to save, keyed by the queue's monotonic sequence number.  The engine appends when a
+message is saved and removes it when the message is finished (acknowledged, or sent on a
+queue without acknowledges, or timed out/cleared).  On start the engine can replay
+``iterate`` to rebuild queues.  Implementations must be cheap per call; a durable one
+batches its fsyncs and makes ``flush`` the barrier.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from broker import tmqp
+
+#: (channel name, queue id)
+QueueKey = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """One saved message: its per-queue sequence number and the frame as produced."""
+
+    sequence: int
+    frame: tmqp.Frame
+    producer_id: str = ""
+    put_backs: int = 0
+
+
+class Store(ABC):
+    @abstractmethod
+    def append(self, queue: QueueKey, message: StoredMessage) -> None:
+        """Save a message (sequence numbers only grow within a queue)."""
+
+    @abstractmethod
+    def remove(self, queue: QueueKey, sequence: int) -> None:
+        """Forget a message; unknown sequence numbers are ignored."""
+
+    @abstractmethod
+    def iterate(self, queue: QueueKey) -> Iterator[StoredMessage]:
+        """Saved messages of a queue in sequence order."""
+
+    @abstractmethod
+    def queues(self) -> list[QueueKey]:
+        """Queues that have saved messages."""
+
+    def drop_queue(self, queue: QueueKey) -> None:
+        """Forget every message of a queue (queue removed or stopped)."""
+        for message in list(self.iterate(queue)):
+            self.remove(queue, message.sequence)
+
+    def flush(self) -> None:  # noqa: B027 - optional hook
+        """Make everything appended so far durable (no-op for memory)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources."""
