@@ -14,11 +14,14 @@ import logging
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import zmq
 import zmq.auth
-from zmq.auth.thread import ThreadAuthenticator
+
+if TYPE_CHECKING:  # imported lazily: zmq.auth.thread pulls in asyncio (~25 ms at start-up)
+    from zmq.auth.thread import ThreadAuthenticator
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +67,8 @@ def start_authenticator(
 
     Call ``.stop()`` on the result when the server stops.
     """
+    from zmq.auth.thread import ThreadAuthenticator
+
     folder = Path(allow_dir)
     if not folder.is_dir():
         raise SecurityError(f"{folder}: allow-list directory does not exist")

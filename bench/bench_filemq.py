@@ -1,0 +1,349 @@
+"""FILEMQ benchmark: zerohub (plain, CURVE) vs ``rsync -a`` vs a raw pyzmq stream.
+
+    python bench/bench_filemq.py            # full: 1 GiB file, 10,000 x 10 KiB, resync
+    python bench/bench_filemq.py --quick    # tiny sizes, runs in seconds
+    python bench/bench_filemq.py --measure-defaults [--quick]   # chunk size x credit
+
+Scenarios, all on this machine in one run, page cache warm (sources were just
+written), every tool in its own process, time = wall clock of the receiving
+process from launch to exit (Python start-up included for zerohub and raw):
+
+  (a) one big file into an empty DEST
+  (b) many small files (100 folders) into an empty DEST
+  (c) no-change resync of (b) (DEST already complete)
+
+zerohub: a ``filemq serve`` process is started first and has indexed its tree
+(SHA-1 of every file) before the clock starts, as a long-running server has;
+the timed process is ``filemq sync --once`` (with its saved DEST index, the
+CLI default; (c') shows the resync when the client must re-hash DEST).
+raw: a PUSH process reads the files and streams [name, offset, data] in 1 MiB
+messages to a PULL process that writes them (no protocol, no checks): the floor
+for Python + ZeroMQ moving the same bytes.
+Targets (issue 3): (a) CURVE >= 1.0x rsync throughput; (b) <= 1.5x rsync time;
+(c) <= 2x rsync time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import selectors
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PY = sys.executable
+FILEMQ = [PY, "-m", "filemq", "-q"]
+
+
+# -- data -------------------------------------------------------------------------
+
+
+def make_big(root: Path, size: int) -> None:
+    root.mkdir(parents=True)
+    with open(root / "big.bin", "wb") as f:
+        left = size
+        while left:
+            n = min(left, 64 << 20)
+            f.write(os.urandom(n))
+            left -= n
+
+
+def make_small(root: Path, count: int, size: int) -> None:
+    for i in range(count):
+        folder = root / f"dir{i % 100:03d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"file{i:05d}.dat").write_bytes(os.urandom(size))
+
+
+def tree_signature(root: Path) -> dict[str, int]:
+    out = {}
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            path = Path(dirpath) / name
+            out[str(path.relative_to(root))] = path.stat().st_size
+    return out
+
+
+# -- tools ------------------------------------------------------------------------
+
+
+def ensure_rsync() -> str | None:
+    found = shutil.which("rsync")
+    if found:
+        return found
+    print("rsync missing: apt-get install -y rsync", file=sys.stderr)
+    subprocess.run(["apt-get", "install", "-y", "rsync"], capture_output=True)
+    return shutil.which("rsync")
+
+
+def timed(cmd: list[str], env: dict[str, str] | None = None) -> float:
+    start = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    elapsed = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"{cmd[:4]} failed ({done.returncode}): {done.stderr[-2000:]}")
+    return elapsed
+
+
+class Server:
+    """A ``filemq serve`` process; ready once it printed its endpoint."""
+
+    def __init__(self, src: Path, extra: list[str], chunk: int | None = None) -> None:
+        cmd = [PY, "-m", "filemq", "serve", "--bind", "tcp://127.0.0.1:*", "--publish", str(src)]
+        if chunk:
+            cmd += ["--chunk-size", str(chunk)]
+        self.proc = subprocess.Popen(
+            [*cmd, *extra], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
+        )
+        assert self.proc.stderr is not None
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stderr, selectors.EVENT_READ)
+        deadline = time.monotonic() + 600
+        self.endpoint = ""
+        while not self.endpoint and time.monotonic() < deadline:
+            if sel.select(timeout=1):
+                line = self.proc.stderr.readline()
+                if not line:
+                    break
+                found = re.search(r"on (tcp://\S+) \(", line)
+                if found:
+                    self.endpoint = found.group(1)
+        sel.close()
+        if not self.endpoint:
+            self.stop()
+            raise RuntimeError("filemq serve did not start")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+        if self.proc.stderr:
+            self.proc.stderr.close()
+
+
+def raw_send(endpoint: str, src: str) -> None:
+    import zmq
+
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.sndhwm = 64
+    push.connect(endpoint)
+    for dirpath, _dirs, files in os.walk(src):
+        for name in sorted(files):
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, src).encode()
+            with open(path, "rb") as f:
+                offset = 0
+                while True:
+                    data = f.read(1 << 20)
+                    push.send_multipart([rel, offset.to_bytes(8, "big"), data])
+                    offset += len(data)
+                    if len(data) < (1 << 20):
+                        break
+    push.send_multipart([b"", b"", b""])
+    push.close(linger=-1)
+    ctx.term()
+
+
+def raw_recv(endpoint: str, dest: str) -> None:
+    import zmq
+
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    pull.bind(endpoint)
+    made: set[str] = set()
+    current, f = b"", None
+    while True:
+        rel, _offset, data = pull.recv_multipart()
+        if not rel:
+            break
+        if rel != current:
+            if f:
+                f.close()
+            path = os.path.join(dest, rel.decode())
+            parent = os.path.dirname(path)
+            if parent not in made:
+                os.makedirs(parent, exist_ok=True)
+                made.add(parent)
+            f = open(path, "wb")  # noqa: SIM115
+            current = rel
+        assert f is not None
+        f.write(data)
+    if f:
+        f.close()
+    pull.close()
+    ctx.term()
+
+
+def time_raw(src: Path, dest: Path, port: int) -> float:
+    endpoint = f"tcp://127.0.0.1:{port}"
+    me = os.path.abspath(__file__)
+    start = time.perf_counter()
+    recv = subprocess.Popen([PY, me, "--raw-recv", endpoint, str(dest)])
+    send = subprocess.Popen([PY, me, "--raw-send", endpoint, str(src)])
+    if recv.wait() != 0 or send.wait() != 0:
+        raise RuntimeError("raw stream failed")
+    return time.perf_counter() - start
+
+
+# -- runs -------------------------------------------------------------------------
+
+
+def sync_cmd(server: Server, dest: Path, index: Path | None, curve: list[str]) -> list[str]:
+    cmd = [*FILEMQ, "sync", server.endpoint, str(dest), "--once"]
+    cmd += ["--index", str(index)] if index else ["--no-index"]
+    return cmd + curve
+
+
+def check_same(src: Path, dest: Path) -> None:
+    if tree_signature(src) != tree_signature(dest):
+        raise RuntimeError(f"{dest} does not match {src}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes")
+    parser.add_argument("--measure-defaults", action="store_true")
+    parser.add_argument("--dir", help="work folder (default: a temp folder)")
+    parser.add_argument("--raw-send", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--raw-recv", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.raw_send:
+        raw_send(*args.raw_send)
+        return 0
+    if args.raw_recv:
+        raw_recv(*args.raw_recv)
+        return 0
+    big = (8 << 20) if args.quick else (1 << 30)
+    count, small = (200, 10 << 10) if args.quick else (10_000, 10 << 10)
+    work = Path(tempfile.mkdtemp(prefix="bench-filemq-", dir=args.dir))
+    try:
+        if args.measure_defaults:
+            return measure_defaults(work, (16 << 20) if args.quick else (512 << 20))
+        return run(work, big, count, small)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(work: Path, big: int, count: int, small: int) -> int:
+    rsync = ensure_rsync()
+    print(f"preparing data in {work} ...", file=sys.stderr)
+    make_big(work / "a-src", big)
+    make_small(work / "b-src", count, small)
+    keys = work / "keys"
+    subprocess.run(
+        [*FILEMQ, "keys", "new", "server", "--dir", str(keys)], check=True, capture_output=True
+    )
+    subprocess.run(
+        [*FILEMQ, "keys", "new", "client", "--dir", str(keys)], check=True, capture_output=True
+    )
+    (work / "allow").mkdir()
+    shutil.copy(keys / "client.key", work / "allow" / "client.key")
+    curve_server = [
+        "--curve-secret",
+        str(keys / "server.key_secret"),
+        "--allow",
+        str(work / "allow"),
+    ]
+    curve_client = [
+        "--server-key",
+        str(keys / "server.key"),
+        "--curve-secret",
+        str(keys / "client.key_secret"),
+    ]
+    rows: list[tuple[str, str, float, int]] = []
+    port = 47000 + os.getpid() % 1000
+
+    for label, src, nbytes in (
+        (f"(a) 1 x {big >> 20} MiB", work / "a-src", big),
+        (f"(b) {count} x {small >> 10} KiB", work / "b-src", count * small),
+    ):
+        tag = label[:3]
+        if rsync:
+            dest = work / f"{tag}-rsync"
+            rows.append((label, "rsync -a", timed([rsync, "-a", f"{src}/", f"{dest}/"]), nbytes))
+            check_same(src, dest)
+            if tag == "(b)":
+                t = timed([rsync, "-a", f"{src}/", f"{dest}/"])
+                rows.append(("(c) no-change resync of (b)", "rsync -a", t, 0))
+        for mode, server_extra, client_extra in (
+            ("zerohub plain", [], []),
+            ("zerohub CURVE", curve_server, curve_client),
+        ):
+            server = Server(src, server_extra)
+            try:
+                dest, index = work / f"{tag}-{mode[8:]}", work / f"{tag}-{mode[8:]}.idx"
+                t = timed(sync_cmd(server, dest, index, client_extra))
+                rows.append((label, mode, t, nbytes))
+                check_same(src, dest)
+                if tag == "(b)":
+                    t = timed(sync_cmd(server, dest, index, client_extra))
+                    rows.append(("(c) no-change resync of (b)", mode, t, 0))
+                    t = timed(sync_cmd(server, dest, None, client_extra))
+                    rows.append(("(c') (c), client re-hashes DEST", mode, t, 0))
+            finally:
+                server.stop()
+        dest = work / f"{tag}-raw"
+        port += 1
+        rows.append((label, "raw pyzmq stream", time_raw(src, dest, port), nbytes))
+        check_same(src, dest)
+
+    print_table(rows)
+    return 0
+
+
+def print_table(rows: list[tuple[str, str, float, int]]) -> None:
+    rsync = {label[:3]: t for label, method, t, _ in rows if method == "rsync -a"}
+    print(f"\n{'scenario':34} {'method':18} {'seconds':>8} {'MB/s':>8} {'x rsync':>8}  target")
+    for label, method, t, nbytes in rows:
+        key = "(c)" if label.startswith("(c") else label[:3]
+        ref = rsync.get(key)
+        rate = f"{nbytes / t / 1e6:8.0f}" if nbytes else f"{'-':>8}"
+        ratio = f"{t / ref:8.2f}" if ref else f"{'-':>8}"
+        target = ""
+        if ref and method == "zerohub CURVE" and label.startswith("(a)"):
+            target = (
+                f"throughput {ref / t:.2f}x rsync >= 1.0: {'OK' if ref / t >= 1 else 'MISSED'}"
+            )
+        elif ref and method.startswith("zerohub") and label[:3] in ("(b)", "(c)"):
+            limit = 1.5 if label.startswith("(b)") else 2.0
+            target = f"<= {limit}x: {'OK' if t / ref <= limit else 'MISSED'}"
+        print(f"{label:34} {method:18} {t:8.3f} {rate} {ratio}  {target}")
+
+
+def measure_defaults(work: Path, size: int) -> int:
+    """Time one big file for chunk sizes x credit windows (how the defaults were chosen)."""
+    make_big(work / "src", size)
+    print(f"\none {size >> 20} MiB file, plain, best of 2")
+    print(f"{'chunk':>10} {'window':>10} {'seconds':>8} {'MB/s':>8}")
+    for chunk in (64 << 10, 256 << 10, 1 << 20, 4 << 20):
+        server = Server(work / "src", [], chunk)
+        try:
+            for window in (4 << 20, 16 << 20, 64 << 20):
+                best = float("inf")
+                for i in range(2):
+                    dest = work / f"d-{chunk}-{window}-{i}"
+                    cmd = [
+                        *FILEMQ,
+                        "sync",
+                        server.endpoint,
+                        str(dest),
+                        "--once",
+                        "--no-index",
+                        "--window",
+                        str(window),
+                    ]
+                    best = min(best, timed(cmd))
+                    shutil.rmtree(dest)
+                print(f"{chunk:>10} {window:>10} {best:8.3f} {size / best / 1e6:8.0f}")
+        finally:
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

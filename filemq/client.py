@@ -1,0 +1,570 @@
+"""FILEMQ client: mirror a server's virtual path into a local DEST directory.
+
+``SyncClient.run()`` connects a DEALER and sends OHAI, scans DEST into a
+``FileIndex`` while OHAI travels (SHA-1 per file, reused across runs when
+``index_path`` is given; the server refreshes its own index on OHAI meanwhile),
+then sends ICANHAZ with ``RESYNC=1`` and the cache of what DEST holds, and grants credit
+in a sliding window (``engine_client``).  Received files go to a temp file
+``DEST/.filemq-part-*`` and are renamed into place only when the last chunk
+arrived and its size and SHA-1 match the ``size``/``sha1`` headers; a mismatch
+discards the temp file and asks for the file again (up to 3 times).  So DEST
+never shows a partial file and a replaced file has exactly the new size.
+
+Unsafe names (``..``, absolute, NUL, backslash, through a symlink, the temp
+prefix) are logged and skipped; the session goes on and the run ends with
+``errors > 0``.  Protocol errors (bad sequence or offset, too much data, ...)
+drop the partial file and reconnect, at most ``max_retries`` times.
+
+``--once`` completion: the run ends when the server's resync-complete marker
+(``filemq.engine``) arrived for every ICANHAZ sent and no file is half
+received; for peers that send no marker, ``idle_timeout`` seconds without a
+message after OHAI-OK also count as complete.
+
+Files only: empty directories are not mirrored and emptied ones are not
+removed.  ``filemq sync`` keeps DEST's index outside DEST (``--index``, by
+default under ``$XDG_CACHE_HOME/filemq/mirrors/``), so a no-change resync only
+stats DEST instead of re-reading it.  Handshake failures seen on the socket
+monitor (CURVE key not allowed, CURVE against a plain server) end the run at
+once.
+
+SRSLY ends the run (``SyncRefused``).  Spec 35 says both "start a new
+connection" and "do not reconnect" on RTFM; this client reconnects once and
+gives up on a second RTFM (``SyncRejected``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import zmq
+
+from filemq import security
+from filemq.engine import (
+    DEFAULT_CREDIT_WINDOW,
+    HEADER_MTIME,
+    HEADER_SHA1,
+    HEADER_SIZE,
+    FilemqError,
+    RemoteProtocolError,
+    load_wire,
+)
+from filemq.engine_client import (
+    ClientSession,
+    FileChunk,
+    FileDelete,
+    FileRefused,
+    PeerTimeout,
+    Refused,
+    Rejected,
+    ResyncDone,
+    Send,
+    ServerClosed,
+)
+from filemq.index import FileEntry, FileIndex, IndexFormatError
+from filemq.paths import UnsafePathError, make_parents, safe_target
+
+__all__ = ["TEMP_PREFIX", "SyncClient", "SyncError", "SyncRefused", "SyncRejected", "SyncResult"]
+
+log = logging.getLogger(__name__)
+
+TEMP_PREFIX = ".filemq-part-"
+_MAX_REFETCH = 3
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+
+
+class SyncError(FilemqError):
+    """The sync could not complete (no server, protocol errors, CURVE refused)."""
+
+
+class SyncRefused(SyncError):
+    """The server answered SRSLY (access refused)."""
+
+
+class SyncRejected(SyncError):
+    """The server answered RTFM twice (it does not accept what we send)."""
+
+
+@dataclass
+class SyncResult:
+    files: int = 0
+    bytes: int = 0
+    deleted: int = 0
+    refused: int = 0
+    errors: int = 0
+    refetched: int = 0
+    synced: bool = False
+    marker: bool = False  # completion seen from the server (not the idle fallback)
+
+
+def _reserved(parts: tuple[str, ...]) -> bool:
+    return parts[0].startswith(TEMP_PREFIX)
+
+
+class _Progress:
+    """Files, bytes and rate: a redrawn line on a TTY, log lines otherwise."""
+
+    def __init__(self, stream: TextIO | None) -> None:
+        self.stream = stream
+        self.tty = stream is not None and stream.isatty()
+        self.start = time.monotonic()
+        self.files = 0
+        self.bytes = 0
+        self._drawn = 0.0
+
+    def data(self, size: int) -> None:
+        self.bytes += size
+        now = time.monotonic()
+        if self.tty and now - self._drawn > 0.1:
+            self._drawn = now
+            self._draw(now)
+
+    def file(self, name: str, size: int) -> None:
+        self.files += 1
+        if not self.tty:
+            log.info("received %s (%d bytes)", name, size)
+
+    def _draw(self, now: float) -> None:
+        assert self.stream is not None
+        rate = self.bytes / max(now - self.start, 1e-6) / (1 << 20)
+        self.stream.write(
+            f"\r{self.files} files  {self.bytes / (1 << 20):.1f} MiB  {rate:.1f} MiB/s   "
+        )
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.tty:
+            self._draw(time.monotonic())
+            assert self.stream is not None
+            self.stream.write("\n")
+
+
+class _Mirror:
+    """Writes into DEST: temp file per transfer, verified, renamed into place.
+
+    Hot path for many small files: plain string paths, one ``lstat`` per file
+    once its folder has been checked (folders checked or created this session
+    are remembered; DEST is ours while we write it).
+    """
+
+    def __init__(self, root: Path, index: FileIndex) -> None:
+        self.root = root
+        self._root = str(root)
+        self.index = index
+        self._safe_dirs: set[tuple[str, ...]] = set()
+        self._counter = 0
+        self._fd = -1
+        self._tmp = ""
+        self._target_path = ""
+        self._parts: tuple[str, ...] = ()
+        self._sha1: Any = None
+        self._size = 0
+
+    def clean_temp(self) -> None:
+        for entry in os.scandir(self.root):
+            if entry.name.startswith(TEMP_PREFIX) and entry.is_file(follow_symlinks=False):
+                os.unlink(entry.path)
+
+    def _target(self, parts: tuple[str, ...]) -> str:
+        if parts[:-1] not in self._safe_dirs:
+            return str(safe_target(self.root, parts))
+        # folder already checked: renaming over a directory fails (EISDIR) by itself
+        return os.path.join(self._root, *parts)
+
+    @property
+    def busy(self) -> bool:
+        return self._fd >= 0
+
+    def begin(self, parts: tuple[str, ...]) -> None:
+        self.abort()
+        self._target_path = self._target(parts)
+        self._counter += 1
+        tmp = f"{self._root}/{TEMP_PREFIX}{os.getpid()}-{self._counter}"
+        self._fd = os.open(tmp, _TEMP_FLAGS, 0o666)
+        self._tmp, self._parts = tmp, parts
+        self._sha1 = hashlib.sha1()
+        self._size = 0
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+        self._sha1.update(data)
+        self._size += len(data)
+
+    def finish(self, headers: dict[str, str]) -> tuple[bool, str]:
+        """Verify and rename into place: (verified, reason).
+
+        Raises OSError/UnsafePathError when a verified file cannot be placed.
+        """
+        fd, self._fd = self._fd, -1
+        try:
+            mtime = headers.get(HEADER_MTIME)
+            if mtime is not None and mtime.isdigit():
+                os.utime(fd, ns=(int(mtime), int(mtime)))
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        tmp, parts, digest = self._tmp, self._parts, self._sha1.hexdigest()
+        self._tmp = ""
+        want_size = headers.get(HEADER_SIZE)
+        want_sha1 = headers.get(HEADER_SHA1)
+        reason = ""
+        if want_size is not None and want_size != str(self._size):
+            reason = f"size {self._size}, server said {want_size}"
+        elif want_sha1 is not None and want_sha1.lower() != digest:
+            reason = f"SHA-1 {digest}, server said {want_sha1}"
+        if reason:
+            os.unlink(tmp)
+            return False, reason
+        try:
+            target = self._target_path
+            if parts[:-1] not in self._safe_dirs:
+                make_parents(self.root, parts)
+                target = str(safe_target(self.root, parts))  # again, now that folders exist
+                self._safe_dirs.add(parts[:-1])
+            os.replace(tmp, target)
+        except (OSError, UnsafePathError):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        name = "/".join(parts)
+        self.index.record(FileEntry(name, st.st_size, st.st_mtime_ns, st.st_ino, digest))
+        return True, ""
+
+    def abort(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if self._tmp:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._tmp)
+            self._tmp = ""
+
+    def delete(self, parts: tuple[str, ...]) -> bool:
+        target = self._target(parts)
+        self.index.forget("/".join(parts))
+        try:
+            os.unlink(target)
+        except FileNotFoundError:
+            return False
+        return True
+
+
+class _Outcome:
+    DONE = "done"
+    RETRY = "retry"
+    REJECTED = "rejected"
+    STOPPED = "stopped"
+
+
+class SyncClient:
+    """Mirror ``path`` on the server at ``endpoint`` into ``dest``."""
+
+    def __init__(
+        self,
+        context: zmq.Context[Any],
+        endpoint: str,
+        dest: str | os.PathLike[str],
+        *,
+        path: str = "/",
+        once: bool = False,
+        wire: str = "spec",
+        window: int = DEFAULT_CREDIT_WINDOW,
+        curve_secret: str | os.PathLike[str] | None = None,
+        server_key: str | os.PathLike[str] | None = None,
+        index_path: str | os.PathLike[str] | None = None,
+        idle_timeout: float = 10.0,
+        connect_timeout: float = 10.0,
+        timeout: float = 30.0,
+        heartbeat: float = 5.0,
+        max_retries: int = 3,
+        progress: TextIO | None = None,
+        linger_ms: int = 200,
+    ) -> None:
+        if (curve_secret is None) != (server_key is None):
+            raise security.SecurityError("CURVE needs both --curve-secret and --server-key")
+        self.context = context
+        self.endpoint = endpoint
+        self.dest = Path(dest)
+        self.path = path
+        self.once = once
+        self.wire = load_wire(wire)
+        self.window = window
+        self.curve_secret = curve_secret
+        self.server_key = server_key
+        self.index_path = index_path
+        self.idle_timeout = idle_timeout
+        self.connect_timeout = connect_timeout
+        self.timeout = timeout
+        self.heartbeat = heartbeat
+        self.max_retries = max_retries
+        self.linger_ms = linger_ms
+        self.result = SyncResult()
+        self._progress = _Progress(progress)
+        self._stop = threading.Event()
+        self._refetches: dict[str, int] = {}
+        self._sock: Any = None
+        self._scanned = False
+        self._subscribed = False
+
+    def stop(self) -> None:
+        """Ask a running ``run()`` (in another thread) to end within ~0.1 s."""
+        self._stop.set()
+
+    # -- index ------------------------------------------------------------------
+
+    def _load_index(self) -> FileIndex:
+        exclude = lambda name: name.startswith(TEMP_PREFIX)  # noqa: E731
+        if self.index_path is not None and os.path.exists(self.index_path):
+            try:
+                return FileIndex.load(self.index_path, self.dest, exclude=exclude)
+            except IndexFormatError as exc:
+                log.warning("ignoring saved index: %s", exc)
+        return FileIndex(self.dest, exclude=exclude)
+
+    # -- running ----------------------------------------------------------------
+
+    def run(self) -> SyncResult:
+        """Sync until done (``once``) or ``stop()``; raises SyncError when it cannot."""
+        self.dest.mkdir(parents=True, exist_ok=True)
+        index = self._load_index()
+        mirror = _Mirror(self.dest, index)
+        mirror.clean_temp()
+        self._scanned = False
+        retries = 0
+        rejected = 0
+        try:
+            while not self._stop.is_set():
+                self._subscribed = False
+                outcome = self._session(index, mirror)
+                if outcome in (_Outcome.DONE, _Outcome.STOPPED):
+                    break
+                if self._subscribed:  # that connection completed a resync: count anew
+                    retries = rejected = 0
+                if outcome == _Outcome.REJECTED:
+                    rejected += 1
+                    if rejected > 1:
+                        raise SyncRejected("server answered RTFM twice")
+                else:
+                    retries += 1
+                    if retries > self.max_retries:
+                        raise SyncError(f"giving up after {self.max_retries} reconnects")
+                self._stop.wait(min(0.2 * 2**retries, 5.0))
+        finally:
+            mirror.abort()
+            self._progress.done()
+            if self.index_path is not None and (
+                index.dirty or not os.path.exists(self.index_path)
+            ):
+                try:
+                    index.save(self.index_path)
+                except OSError as exc:
+                    log.warning("cannot save index %s: %s", self.index_path, exc)
+        return self.result
+
+    def _socket(self) -> tuple[zmq.Socket[Any], zmq.Socket[Any] | None]:
+        sock = self.context.socket(zmq.DEALER)
+        monitor = None
+        try:
+            sock.linger = self.linger_ms
+            sock.maxmsgsize = self.window + (16 << 20)
+            if self.curve_secret is not None and self.server_key is not None:
+                security.configure_client(sock, self.curve_secret, self.server_key)
+            # handshake failures (key not allowed, CURVE vs plain) end the run at once
+            monitor = sock.get_monitor_socket(
+                zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+            )
+            sock.connect(self.endpoint)
+        except BaseException:
+            if monitor is not None:
+                sock.disable_monitor()
+                monitor.close(linger=0)
+            sock.close(linger=0)
+            raise
+        return sock, monitor
+
+    def _session(self, index: FileIndex, mirror: _Mirror) -> str:
+        now = time.monotonic()
+        session = ClientSession(
+            self.wire,
+            self.path,
+            {},
+            now,
+            window=self.window,
+            heartbeat=self.heartbeat,
+            timeout=self.timeout,
+            reserved=_reserved,
+        )
+        sock, monitor = self._socket()
+        self._sock = sock
+        started = last_message = now
+        subscribed_at: float | None = None
+        try:
+            poller = zmq.Poller()
+            poller.register(sock, zmq.POLLIN)
+            if monitor is not None:
+                poller.register(monitor, zmq.POLLIN)
+            self._perform(session, mirror, session.start(now))
+            if not self._scanned:  # scan DEST while OHAI travels (the server refreshes too)
+                index.refresh()
+                self._scanned = True
+                now = time.monotonic()
+                session.restart_timers(now)
+            session.cache = {e.name: e.sha1 for e in index}
+            started = last_message = now
+            while not self._stop.is_set():
+                events = dict(poller.poll(100))
+                now = time.monotonic()
+                if monitor is not None and monitor in events:
+                    # first frame: event (u16) + value (u32), native order; zmq.utils.monitor
+                    # would parse it but imports asyncio (~20 ms of start-up)
+                    event = int.from_bytes(monitor.recv_multipart()[0][:2], sys.byteorder)
+                    kind = (
+                        "key not allowed"
+                        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                        else "security mechanism mismatch or protocol error"
+                    )
+                    raise SyncRefused(f"handshake with {self.endpoint} failed: {kind}")
+                if sock in events:
+                    for _ in range(256):
+                        try:
+                            frames = sock.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        last_message = now
+                        outcome = self._perform(session, mirror, session.receive(frames, now))
+                        if outcome is not None:
+                            return outcome
+                        if subscribed_at is None and session.state.value == "active":
+                            subscribed_at = now
+                if subscribed_at is None and now - started > self.connect_timeout:
+                    raise PeerTimeout(
+                        f"no answer from {self.endpoint} in {self.connect_timeout} s"
+                    )
+                self._perform(session, mirror, session.tick(now))
+                if self.once and session.synced:
+                    self.result.synced = self.result.marker = True
+                    self._perform(session, mirror, session.close())
+                    return _Outcome.DONE
+                if (
+                    self.once
+                    and subscribed_at is not None
+                    and not session.in_file
+                    and now - last_message > self.idle_timeout
+                ):
+                    log.warning("no resync-complete marker; idle %.1f s: done", self.idle_timeout)
+                    self.result.synced = True
+                    self._perform(session, mirror, session.close())
+                    return _Outcome.DONE
+            self._perform(session, mirror, session.close())
+            return _Outcome.STOPPED
+        except RemoteProtocolError as exc:
+            log.error("protocol error from %s: %s; reconnecting", self.endpoint, exc)
+            mirror.abort()
+            return _Outcome.RETRY
+        finally:
+            mirror.abort()
+            if monitor is not None:
+                sock.disable_monitor()
+                monitor.close(linger=0)
+            sock.close()
+
+    def _perform(
+        self, session: ClientSession, mirror: _Mirror, actions: Iterable[Any]
+    ) -> str | None:
+        for action in actions:
+            if isinstance(action, FileChunk):
+                self._chunk(session, mirror, action)
+            elif isinstance(action, Send):
+                self._sock.send_multipart(action.frames)
+                session.sent(time.monotonic())
+            elif isinstance(action, FileDelete):
+                try:
+                    if mirror.delete(action.parts):
+                        self.result.deleted += 1
+                        log.info("deleted %s", action.name)
+                except (OSError, UnsafePathError) as exc:
+                    log.error("cannot delete %s: %s", action.name, exc)
+                    self.result.errors += 1
+            elif isinstance(action, FileRefused):
+                log.error("refused file name %r: %s (skipped)", action.name, action.reason)
+                self.result.refused += 1
+                self.result.errors += 1
+            elif isinstance(action, ResyncDone):
+                log.info("resync of %s complete", action.path)
+                self._subscribed = True
+            elif isinstance(action, Refused):
+                raise SyncRefused(f"server refused: {action.reason}")
+            elif isinstance(action, Rejected):
+                log.error("server answered RTFM: %s", action.reason)
+                return _Outcome.REJECTED
+            elif isinstance(action, ServerClosed):
+                log.warning("server closed the session")
+                return _Outcome.RETRY
+        return None
+
+    def _chunk(self, session: ClientSession, mirror: _Mirror, chunk: FileChunk) -> None:
+        if chunk.first:
+            try:
+                mirror.begin(chunk.parts)
+            except (OSError, UnsafePathError) as exc:
+                log.error("refused %s: %s (skipped)", chunk.name, exc)
+                self.result.refused += 1
+                self.result.errors += 1
+                return
+        elif not mirror.busy:
+            return  # this file was refused at its first chunk
+        try:
+            mirror.write(chunk.data)
+        except OSError as exc:
+            log.error("cannot write %s: %s", chunk.name, exc)
+            self.result.errors += 1
+            mirror.abort()
+            return
+        self._progress.data(len(chunk.data))
+        if not chunk.eof:
+            return
+        try:
+            ok, reason = mirror.finish(chunk.headers)
+        except (OSError, UnsafePathError) as exc:
+            log.error("cannot place %s: %s (skipped)", chunk.name, exc)
+            self.result.errors += 1
+            return
+        if ok:
+            self.result.files += 1
+            self.result.bytes += int(
+                chunk.headers.get(HEADER_SIZE, chunk.offset + len(chunk.data))
+            )
+            self._progress.file(chunk.name, chunk.offset + len(chunk.data))
+            self._refetches.pop(chunk.name, None)
+            return
+        tries = self._refetches.get(chunk.name, 0) + 1
+        self._refetches[chunk.name] = tries
+        if tries > _MAX_REFETCH:
+            log.error("%s: %s; giving up after %d tries", chunk.name, reason, _MAX_REFETCH)
+            self.result.errors += 1
+            return
+        log.warning("%s: %s; fetching it again", chunk.name, reason)
+        self.result.refetched += 1
+        local = {e.name: e.sha1 for e in mirror.index if e.name.startswith(chunk.name)}
+        self._perform(session, mirror, session.refetch(chunk.name, local))
+
+
+def default_index_path(dest: str | os.PathLike[str]) -> Path:
+    """Where ``filemq sync`` keeps DEST's index between runs (outside DEST)."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    key = hashlib.sha1(os.fsencode(os.path.realpath(dest))).hexdigest()[:20]
+    return base / "filemq" / "mirrors" / f"{key}.idx"

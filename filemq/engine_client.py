@@ -1,0 +1,395 @@
+"""Client side of FILEMQ as a sans-IO state machine (``ClientSession``).
+
+``start(now)`` returns the OHAI to send; ``receive(frames, now)`` handles one
+message from the server and returns actions: ``Send`` (frames for the server),
+``FileChunk`` / ``FileDelete`` (what to do under DEST, names already checked),
+``FileRefused`` (an unsafe name: log it, skip the file, the session goes on),
+``Subscribed``, ``ResyncDone``, and the terminal ``Refused`` (SRSLY),
+``Rejected`` (RTFM) and ``ServerClosed`` (KTHXBAI).  ``tick(now)`` produces
+heartbeats and raises ``PeerTimeout`` when the server has been silent too long.
+
+Protocol errors from the server raise ``RemoteProtocolError``: a CHEEZBURGER
+whose sequence is not the next one, a first chunk with a non-zero offset,
+offsets that are not consecutive, a chunk of another file before the previous
+one ended, more data than credit granted, an unknown operation, or an
+unexpected command.  The I/O layer then drops any partial file and reconnects.
+
+Credit is a sliding window: ``window`` bytes are granted after OHAI-OK and
+every ``window // 4`` bytes received are granted again, so the server always has
+3/4 of a window to send while the client writes.
+
+``synced`` is true once every RESYNC asked for has been answered with the
+completion marker (see ``filemq.engine``) and no file is half received.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from filemq.engine import (
+    DEFAULT_CREDIT_WINDOW,
+    HEADER_RESYNC,
+    RESYNC_COMPLETE,
+    LocalProtocolError,
+    Operation,
+    RemoteProtocolError,
+    Wire,
+)
+from filemq.paths import UnsafePathError, relative_parts, under_prefix, virtual_path
+
+__all__ = [
+    "ClientSession",
+    "ClientState",
+    "FileChunk",
+    "FileDelete",
+    "FileRefused",
+    "PeerTimeout",
+    "Refused",
+    "Rejected",
+    "ResyncDone",
+    "Send",
+    "ServerClosed",
+    "Subscribed",
+]
+
+
+class PeerTimeout(RemoteProtocolError):
+    """The server sent nothing for longer than the timeout."""
+
+
+class ClientState(Enum):
+    START = "start"
+    EXPECT_OHAI_OK = "expect-ohai-ok"
+    ACTIVE = "active"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    frames: list[bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class FileChunk:
+    name: str  # relative name under DEST
+    parts: tuple[str, ...]
+    offset: int
+    data: bytes
+    first: bool
+    eof: bool
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class FileDelete:
+    name: str
+    parts: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FileRefused:
+    name: str  # as received
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribed:
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResyncDone:
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ServerClosed:
+    reason: str
+
+
+Action = (
+    Send
+    | FileChunk
+    | FileDelete
+    | FileRefused
+    | Subscribed
+    | ResyncDone
+    | Refused
+    | Rejected
+    | ServerClosed
+)
+
+
+@dataclass(slots=True)
+class _Transfer:
+    wire_name: str
+    parts: tuple[str, ...] | None  # None: refused name, chunks are checked and dropped
+    next_offset: int = 0
+
+
+class ClientSession:
+    """Protocol state of a client subscribed to one virtual path."""
+
+    def __init__(
+        self,
+        wire: Wire,
+        path: str,
+        cache: dict[str, str],
+        now: float,
+        *,
+        window: int = DEFAULT_CREDIT_WINDOW,
+        heartbeat: float = 5.0,
+        timeout: float = 30.0,
+        reserved: Callable[[tuple[str, ...]], bool] | None = None,
+    ) -> None:
+        if window < 1:
+            raise ValueError("window must be >= 1 byte")
+        self.wire = wire
+        self.codec: Any = wire.codec
+        self.path = virtual_path(path, directory=True)
+        if len(self.path.encode()) > wire.max_name_octets:
+            raise LocalProtocolError(f"path {path!r} too long for the {wire.name} wire")
+        self.cache = cache
+        self.window = window
+        self.slice = max(1, window // 4)
+        self.heartbeat = heartbeat
+        self.timeout = timeout
+        self.state = ClientState.START
+        self._reserved = reserved
+        self._last_heard = now
+        self._last_sent = now
+        self._expected_seq = 0
+        self._outstanding = 0  # credit granted and not yet used by the server
+        self._unreported = 0  # bytes received and not yet granted again
+        self._pending_oks = 0
+        self._pending_resyncs = 0
+        self._current: _Transfer | None = None
+        mid = self.codec.MessageId
+        self._table: dict[tuple[ClientState, int], Callable[[Any], list[Action]]] = {
+            (ClientState.EXPECT_OHAI_OK, mid.OHAI_OK): self._on_ohai_ok,
+            (ClientState.ACTIVE, mid.ICANHAZ_OK): self._on_icanhaz_ok,
+            (ClientState.ACTIVE, mid.CHEEZBURGER): self._on_cheezburger,
+            (ClientState.ACTIVE, mid.HUGZ): self._on_hugz,
+            (ClientState.EXPECT_OHAI_OK, mid.HUGZ): self._on_hugz,
+            (ClientState.ACTIVE, mid.HUGZ_OK): self._on_nothing,
+        }
+        for state in (ClientState.EXPECT_OHAI_OK, ClientState.ACTIVE):
+            self._table[(state, mid.SRSLY)] = self._on_srsly
+            self._table[(state, mid.RTFM)] = self._on_rtfm
+            self._table[(state, mid.KTHXBAI)] = self._on_kthxbai
+
+    # -- helpers ------------------------------------------------------------
+
+    def _send(self, msg: Any) -> Send:
+        return Send(self.codec.encode(msg))
+
+    @property
+    def synced(self) -> bool:
+        return (
+            self.state is ClientState.ACTIVE
+            and self._pending_resyncs == 0
+            and self._pending_oks == 0
+            and self._current is None
+        )
+
+    @property
+    def in_file(self) -> bool:
+        return self._current is not None
+
+    def _icanhaz(self, path: str, cache: dict[str, str]) -> Send:
+        limit = min(255, self.wire.max_name_octets)
+        wire_cache = {k: v for k, v in cache.items() if len(k.encode()) <= limit}
+        self._pending_oks += 1
+        self._pending_resyncs += 1
+        return self._send(self.codec.Icanhaz(path, {"RESYNC": "1"}, wire_cache))
+
+    # -- driving ------------------------------------------------------------
+
+    def start(self, now: float) -> list[Action]:
+        if self.state is not ClientState.START:
+            raise LocalProtocolError("session already started")
+        self.state = ClientState.EXPECT_OHAI_OK
+        self._last_sent = self._last_heard = now
+        return [self._send(self.codec.Ohai())]
+
+    def tick(self, now: float) -> list[Action]:
+        if self.state in (ClientState.START, ClientState.CLOSED):
+            return []
+        if now - self._last_heard > self.timeout:
+            raise PeerTimeout(f"server silent for {now - self._last_heard:.1f} s")
+        if self.state is ClientState.ACTIVE and now - self._last_sent >= self.heartbeat:
+            self._last_sent = now
+            return [self._send(self.codec.Hugz())]
+        return []
+
+    def restart_timers(self, now: float) -> None:
+        """The I/O layer was busy (scanning DEST): start the silence timers again."""
+        self._last_heard = self._last_sent = now
+
+    def sent(self, now: float) -> None:
+        """The I/O layer sent something (resets the heartbeat timer)."""
+        self._last_sent = now
+
+    def close(self) -> list[Action]:
+        if self.state is ClientState.CLOSED:
+            return []
+        was = self.state
+        self.state = ClientState.CLOSED
+        if was is ClientState.START:
+            return []
+        return [self._send(self.codec.Kthxbai())]
+
+    def refetch(self, name: str, local: dict[str, str]) -> list[Action]:
+        """Ask again for relative ``name`` (its SHA-1 did not match)."""
+        if self.state is not ClientState.ACTIVE:
+            return []
+        prefix = self.path + name
+        cache = {self.path + k: v for k, v in local.items() if (self.path + k).startswith(prefix)}
+        return [self._icanhaz(prefix, cache)]
+
+    def receive(self, frames: list[Any], now: float) -> list[Action]:
+        if self.state in (ClientState.START, ClientState.CLOSED):
+            return []
+        try:
+            msg = self.codec.decode(frames)
+        except self.codec.DecodeError as exc:
+            if not exc.signature_ok:
+                return []
+            raise RemoteProtocolError(f"malformed message from server: {exc.reason}") from None
+        self._last_heard = now
+        handler = self._table.get((self.state, msg.ID))
+        if handler is None:
+            raise RemoteProtocolError(f"unexpected {msg.ID.name} in state {self.state.value}")
+        return handler(msg)
+
+    # -- handlers -----------------------------------------------------------
+
+    def _on_ohai_ok(self, msg: Any) -> list[Action]:
+        self.state = ClientState.ACTIVE
+        icanhaz = self._icanhaz(self.path, self.cache)
+        self._outstanding = self.window
+        return [icanhaz, self._send(self.codec.Nom(self.window, 0))]
+
+    def _on_icanhaz_ok(self, msg: Any) -> list[Action]:
+        if self._pending_oks <= 0:
+            raise RemoteProtocolError("ICANHAZ-OK without an ICANHAZ")
+        self._pending_oks -= 1
+        return [Subscribed(self.path)]
+
+    def _on_hugz(self, msg: Any) -> list[Action]:
+        return [self._send(self.codec.HugzOk())]
+
+    def _on_nothing(self, msg: Any) -> list[Action]:
+        return []
+
+    def _on_srsly(self, msg: Any) -> list[Action]:
+        self.state = ClientState.CLOSED
+        return [Refused(msg.reason)]
+
+    def _on_rtfm(self, msg: Any) -> list[Action]:
+        self.state = ClientState.CLOSED
+        return [Rejected(msg.reason)]
+
+    def _on_kthxbai(self, msg: Any) -> list[Action]:
+        self.state = ClientState.CLOSED
+        return [ServerClosed("server said KTHXBAI")]
+
+    def _map_name(self, filename: str) -> tuple[str, tuple[str, ...]]:
+        if filename.startswith("/"):
+            rel = under_prefix(filename, self.path)
+            if rel is None:
+                raise UnsafePathError(f"{filename!r} is outside subscription {self.path}")
+        else:
+            rel = filename
+        parts = relative_parts(rel)
+        if self._reserved is not None and self._reserved(parts):
+            raise UnsafePathError(f"{filename!r} uses a name reserved for temp files")
+        return rel, parts
+
+    def _on_cheezburger(self, msg: Any) -> list[Action]:
+        if msg.sequence != self._expected_seq:
+            raise RemoteProtocolError(
+                f"CHEEZBURGER sequence {msg.sequence}, expected {self._expected_seq}"
+            )
+        self._expected_seq += 1
+        size = len(msg.chunk)
+        self._outstanding -= size
+        if self._outstanding < 0:
+            raise RemoteProtocolError("server sent more data than the credit granted")
+        self._unreported += size
+        actions = self._apply(msg)
+        if self._unreported >= self.slice:
+            actions.append(self._send(self.codec.Nom(self._unreported, msg.sequence)))
+            self._outstanding += self._unreported
+            self._unreported = 0
+        return actions
+
+    def _apply(self, msg: Any) -> list[Action]:
+        op = msg.operation
+        if op == Operation.MARKER:
+            if self._current is not None or msg.chunk:
+                raise RemoteProtocolError("resync marker inside a file transfer")
+            if msg.headers.get(HEADER_RESYNC) == RESYNC_COMPLETE and self._pending_resyncs > 0:
+                self._pending_resyncs -= 1
+                return [ResyncDone(msg.headers.get("path", self.path))]
+            return []
+        if op == Operation.DELETE:
+            if self._current is not None:
+                raise RemoteProtocolError("delete inside a file transfer")
+            try:
+                rel, parts = self._map_name(msg.filename)
+            except UnsafePathError as exc:
+                return [FileRefused(msg.filename, str(exc))]
+            return [FileDelete(rel, parts)]
+        if op != Operation.CREATE:
+            raise RemoteProtocolError(f"unknown CHEEZBURGER operation {op}")
+        actions: list[Action] = []
+        current = self._current
+        if current is None:
+            if msg.offset != 0:
+                raise RemoteProtocolError(f"{msg.filename!r}: first chunk at offset {msg.offset}")
+            try:
+                rel, parts = self._map_name(msg.filename)
+                current = _Transfer(msg.filename, parts)
+            except UnsafePathError as exc:
+                actions.append(FileRefused(msg.filename, str(exc)))
+                current = _Transfer(msg.filename, None)
+            self._current = current
+        elif msg.filename != current.wire_name:
+            raise RemoteProtocolError(
+                f"chunk of {msg.filename!r} before {current.wire_name!r} ended"
+            )
+        elif msg.offset != current.next_offset:
+            raise RemoteProtocolError(
+                f"{msg.filename!r}: offset {msg.offset}, expected {current.next_offset}"
+            )
+        first = current.next_offset == 0
+        current.next_offset += len(msg.chunk)
+        if current.parts is not None:
+            actions.append(
+                FileChunk(
+                    "/".join(current.parts),
+                    current.parts,
+                    msg.offset,
+                    msg.chunk,
+                    first,
+                    bool(msg.eof),
+                    msg.headers if msg.eof else {},
+                )
+            )
+        if msg.eof:
+            self._current = None
+        return actions

@@ -1,0 +1,371 @@
+"""Server side of FILEMQ as a sans-IO state machine: one ``ServerSession`` per client.
+
+``ServerSession.receive(frames, now)`` takes one decoded-from-the-wire message
+(the frames after the ROUTER routing id) and returns actions: ``Reply`` (frames
+to send back), ``Subscribe`` (the server must compute which files to queue) and
+``Close`` (forget this client).  Sending file data is pull-based:
+``next_chunk()`` says which bytes of which file may go out now (within credit),
+the I/O layer reads them, and ``chunk_frames(plan, data)`` encodes the
+CHEEZBURGER and advances offset, credit and sequence.
+
+Rules enforced here:
+
+* a message without the FILEMQ signature is dropped silently; any other
+  malformed or unexpected command gets RTFM and the session is closed;
+* OHAI with another protocol or version gets RTFM (the codec refuses it);
+* ICANHAZ needs a path starting with '/'; a path with '.' or '..' components,
+  or one the access policy refuses, gets SRSLY and every later command from
+  the client is discarded;
+* data is sent only while credit >= 1 byte; a chunk is
+  ``min(chunk_size, credit, bytes left)`` so there is no livelock at any credit;
+  empty files, deletes and the resync marker cost no credit;
+* the chunks of one file are consecutive; sequence numbers count CHEEZBURGERs
+  per client from 0; the last chunk has eof=1 and the sha1/size/mtime_ns headers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from filemq.engine import (
+    DEFAULT_CHUNK_SIZE,
+    HEADER_MTIME,
+    HEADER_PATH,
+    HEADER_RESYNC,
+    HEADER_SHA1,
+    HEADER_SIZE,
+    RESYNC_COMPLETE,
+    Operation,
+    Wire,
+)
+from filemq.paths import UnsafePathError, relative_parts, virtual_path
+
+__all__ = [
+    "AccessPolicy",
+    "ChunkPlan",
+    "Close",
+    "FileOp",
+    "Reply",
+    "ServerSession",
+    "SessionState",
+    "Subscribe",
+    "resolve_cache",
+]
+
+log = logging.getLogger(__name__)
+
+#: (client key or "", subscription path) -> allowed?
+AccessPolicy = Callable[[str, str], bool]
+_MAX_CREDIT = (1 << 63) - 1
+
+
+class SessionState(Enum):
+    EXPECT_OHAI = "expect-ohai"
+    READY = "ready"
+    REFUSED = "refused"  # after SRSLY: everything from the client is discarded
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class FileOp:
+    """One operation queued for a client: create (send a file), delete, or the marker."""
+
+    name: str  # virtual path sent as the CHEEZBURGER filename
+    operation: Operation
+    source: str = ""  # local file to read (create)
+    size: int = 0
+    mtime_ns: int = 0
+    sha1: str = ""
+    headers: tuple[tuple[str, str], ...] = ()  # extra headers (the marker's)
+    inode: int = -1  # of the indexed version (the server checks it before sending)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkPlan:
+    """Bytes the I/O layer should read and hand to ``chunk_frames``."""
+
+    op: FileOp
+    offset: int
+    size: int
+    first: bool
+    eof: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    frames: list[bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe:
+    """The client subscribed to ``path``; with ``resync`` queue what it lacks."""
+
+    path: str
+    resync: bool
+    cache: dict[str, str] = field(default_factory=dict)  # virtual path -> sha1 hex
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    reason: str
+
+
+Action = Reply | Subscribe | Close
+
+
+def resolve_cache(path: str, cache: dict[str, str]) -> dict[str, str]:
+    """Cache keys as virtual paths, as spec 35 says.
+
+    A key starting with '/' must start with ``path`` or it is ignored; any other
+    key is relative to ``path``.  Keys with unsafe components are ignored.
+    """
+    out: dict[str, str] = {}
+    base = path if path.endswith("/") else path + "/"
+    for key, digest in cache.items():
+        try:
+            if key.startswith("/"):
+                if not key.startswith(path):
+                    continue
+                name = virtual_path(key)
+            else:
+                relative_parts(key)
+                name = base + key
+        except UnsafePathError:
+            continue
+        out[name] = digest.lower()
+    return out
+
+
+class ServerSession:
+    """Protocol state of one client of the server."""
+
+    def __init__(
+        self,
+        wire: Wire,
+        client_id: bytes,
+        now: float,
+        *,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        peer_key: str = "",
+        access: AccessPolicy | None = None,
+    ) -> None:
+        if chunk_size < 1:
+            raise ValueError("chunk_size must be >= 1")
+        self.wire = wire
+        self.codec: Any = wire.codec
+        self.client_id = client_id
+        self.peer_key = peer_key
+        self.chunk_size = chunk_size
+        self.state = SessionState.EXPECT_OHAI
+        self.last_seen = now
+        self.connected_at = now
+        self.credit = 0
+        self.subscriptions: list[str] = []
+        self._access = access
+        self._sequence = 0
+        self._queue: deque[str] = deque()  # names in send order (may hold stale names)
+        self._pending: dict[str, FileOp] = {}  # name -> latest op not yet started
+        self._current: FileOp | None = None
+        self._offset = 0
+        self._markers = 0
+        #: CHEEZBURGERs and content bytes sent (for logs and tests).
+        self.sent_messages = 0
+        self.sent_bytes = 0
+        self._table: dict[tuple[SessionState, int], Callable[[Any], list[Action]]] = {
+            (SessionState.EXPECT_OHAI, self.codec.MessageId.OHAI): self._on_ohai,
+            (SessionState.EXPECT_OHAI, self.codec.MessageId.KTHXBAI): self._on_kthxbai,
+            (SessionState.READY, self.codec.MessageId.ICANHAZ): self._on_icanhaz,
+            (SessionState.READY, self.codec.MessageId.NOM): self._on_nom,
+            (SessionState.READY, self.codec.MessageId.HUGZ): self._on_hugz,
+            (SessionState.READY, self.codec.MessageId.HUGZ_OK): self._on_ignore,
+            (SessionState.READY, self.codec.MessageId.KTHXBAI): self._on_kthxbai,
+        }
+
+    # -- input --------------------------------------------------------------
+
+    def receive(self, frames: list[Any], now: float) -> list[Action]:
+        """Handle one message from the client (frames after the routing id)."""
+        if self.state is SessionState.CLOSED:
+            return []
+        try:
+            msg = self.codec.decode(frames)
+        except self.codec.DecodeError as exc:
+            if not exc.signature_ok:
+                return []  # spec: silently discard messages without the signature
+            if self.state is SessionState.REFUSED:
+                return []
+            return self._rtfm(f"malformed command: {exc.reason}")
+        self.last_seen = now
+        if self.state is SessionState.REFUSED:  # discard all but the goodbye
+            return self._on_kthxbai(msg) if msg.ID == self.codec.MessageId.KTHXBAI else []
+        handler = self._table.get((self.state, msg.ID))
+        if handler is None:
+            return self._rtfm(f"unexpected {msg.ID.name} in state {self.state.value}")
+        return handler(msg)
+
+    def _rtfm(self, reason: str) -> list[Action]:
+        self._stop(SessionState.CLOSED)
+        return [Reply(self.codec.encode(self.codec.Rtfm(reason[:255]))), Close(reason)]
+
+    def _stop(self, state: SessionState) -> None:
+        self.state = state
+        self._queue.clear()
+        self._pending.clear()
+        self._current = None
+        self.credit = 0
+
+    def _on_ohai(self, msg: Any) -> list[Action]:
+        self.state = SessionState.READY
+        return [Reply(self.codec.encode(self.codec.OhaiOk()))]
+
+    def _on_icanhaz(self, msg: Any) -> list[Action]:
+        raw = msg.path
+        if not raw.startswith("/"):
+            return self._rtfm(f"ICANHAZ path must start with '/': {raw[:100]!r}")
+        try:
+            virtual_path(raw)
+        except UnsafePathError as exc:
+            return self._srsly(f"path refused: {exc}")
+        if self._access is not None and not self._access(self.peer_key, raw):
+            return self._srsly(f"access to {raw[:200]} refused")
+        if not any(raw.startswith(p) for p in self.subscriptions):
+            self.subscriptions = [p for p in self.subscriptions if not p.startswith(raw)]
+            self.subscriptions.append(raw)
+        resync = msg.options.get("RESYNC") == "1"
+        cache = resolve_cache(raw, msg.cache) if resync else {}
+        return [Reply(self.codec.encode(self.codec.IcanhazOk())), Subscribe(raw, resync, cache)]
+
+    def _srsly(self, reason: str) -> list[Action]:
+        self._stop(SessionState.REFUSED)
+        return [Reply(self.codec.encode(self.codec.Srsly(reason[:255])))]
+
+    def _on_nom(self, msg: Any) -> list[Action]:
+        self.credit = min(self.credit + msg.credit, _MAX_CREDIT)
+        return []
+
+    def _on_hugz(self, msg: Any) -> list[Action]:
+        return [Reply(self.codec.encode(self.codec.HugzOk()))]
+
+    def _on_ignore(self, msg: Any) -> list[Action]:
+        return []
+
+    def _on_kthxbai(self, msg: Any) -> list[Action]:
+        self._stop(SessionState.CLOSED)
+        return [Close("client said KTHXBAI")]
+
+    # -- queueing -------------------------------------------------------------
+
+    def wants(self, name: str) -> bool:
+        """Does a live change to virtual path ``name`` concern this client?"""
+        return self.state is SessionState.READY and any(
+            name.startswith(p) for p in self.subscriptions
+        )
+
+    def enqueue(self, ops: Iterable[FileOp]) -> int:
+        """Queue operations; a not-yet-started op for the same name is replaced."""
+        if self.state is not SessionState.READY:
+            return 0
+        count = 0
+        for op in ops:
+            if len(op.name.encode("utf-8", "surrogateescape")) > self.wire.max_name_octets:
+                log.warning("skipping %r: name too long for the %s wire", op.name, self.wire.name)
+                continue
+            if op.name not in self._pending:
+                self._queue.append(op.name)
+            self._pending[op.name] = op
+            count += 1
+        return count
+
+    def enqueue_marker(self, path: str) -> None:
+        """Queue the resync-complete marker (after everything queued so far)."""
+        self._markers += 1
+        headers = ((HEADER_RESYNC, RESYNC_COMPLETE), (HEADER_PATH, path))
+        key = f"\x00marker{self._markers}"
+        self._queue.append(key)
+        self._pending[key] = FileOp("", Operation.MARKER, headers=headers)
+
+    @property
+    def queued(self) -> int:
+        return len(self._pending) + (self._current is not None)
+
+    def has_work(self) -> bool:
+        return (
+            self.state is SessionState.READY
+            and self.credit > 0
+            and (self._current is not None or bool(self._pending))
+        )
+
+    # -- output ---------------------------------------------------------------
+
+    def _pop(self) -> FileOp | None:
+        while self._queue:
+            op = self._pending.pop(self._queue.popleft(), None)
+            if op is not None:
+                return op
+        return None
+
+    def next_chunk(self) -> ChunkPlan | None:
+        """What may be sent now, or None (no credit, nothing queued, not ready)."""
+        if self.state is not SessionState.READY or self.credit <= 0:
+            return None
+        if self._current is None:
+            self._current = self._pop()
+            self._offset = 0
+            if self._current is None:
+                return None
+        op = self._current
+        if op.operation is not Operation.CREATE:
+            return ChunkPlan(op, 0, 0, True, True)
+        size = min(self.chunk_size, self.credit, op.size - self._offset)
+        return ChunkPlan(op, self._offset, size, self._offset == 0, self._offset + size >= op.size)
+
+    def replace_current(self, op: FileOp) -> ChunkPlan | None:
+        """Before the first chunk went out: the file changed; send version ``op`` instead."""
+        if self._current is None or self._offset != 0:
+            raise ValueError("replace_current only before the first chunk")
+        self._current = op
+        return self.next_chunk()
+
+    def chunk_frames(self, plan: ChunkPlan, data: bytes | None) -> list[bytes]:
+        """Encode the CHEEZBURGER for ``plan`` with ``data`` read from the source.
+
+        ``data`` is None when the source could not be opened; a file not started
+        yet then becomes a delete, a started one ends early (the client's SHA-1
+        check fails and it fetches the file again).  A short read also ends the
+        file early.
+        """
+        op = plan.op
+        if op is not self._current or plan.offset != self._offset:
+            raise ValueError("chunk_frames: plan is not the current one")
+        operation = op.operation
+        if data is None:
+            data = b""
+            if operation is Operation.CREATE and plan.offset == 0:
+                operation = Operation.DELETE
+        eof = plan.eof or len(data) < plan.size or operation is not Operation.CREATE
+        headers: dict[str, str] = dict(op.headers)
+        if eof and operation is Operation.CREATE:
+            headers[HEADER_SHA1] = op.sha1
+            headers[HEADER_SIZE] = str(op.size)
+            headers[HEADER_MTIME] = str(op.mtime_ns)
+        msg = self.codec.Cheezburger(
+            self._sequence, int(operation), op.name, plan.offset, int(eof), headers, data
+        )
+        frames: list[bytes] = self.codec.encode(msg)
+        self._sequence += 1
+        self.credit -= len(data)
+        self._offset += len(data)
+        self.sent_messages += 1
+        self.sent_bytes += len(data)
+        if eof:
+            self._current = None
+            self._offset = 0
+        return frames
+
+    def expired(self, now: float, ttl: float) -> bool:
+        return now - self.last_seen > ttl

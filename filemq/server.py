@@ -1,0 +1,583 @@
+"""FILEMQ server: a ROUTER socket publishing local directories at virtual paths.
+
+``FileServer`` owns one background thread that polls the ROUTER and an inproc
+control PAIR.  Per client it keeps a ``ServerSession`` (the sans-IO engine in
+``engine_server``); this module only moves frames, reads file chunks and keeps
+one ``FileIndex`` per mount (SHA-1 computed once per file version and shared by
+every client).
+
+The loop: handle control commands, drain the ROUTER, then *pump*: round-robin
+over the clients with credit and queued work, one chunk per client per round,
+at most ``_PUMP_BUDGET`` messages before polling again.  Sends are
+non-blocking with ``ROUTER_MANDATORY``: a client whose pipe is full is parked
+with its pending frames and retried later, so a slow client never blocks the
+others; a client that vanished is forgotten.  File content is read from disk
+per chunk (``os.pread`` on an fd opened for the current file), never buffered
+whole.
+
+Live changes: ``notify_changed(mount, name)``, ``notify_deleted(mount, name)``
+and ``rescan(mount)`` are thread-safe; they post to the loop over the control
+PAIR, the loop updates the index and queues a create/delete for every client
+whose subscription matches.  A file watcher plugs in here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from filemq import security
+from filemq.engine import DEFAULT_CHUNK_SIZE, DEFAULT_ENDPOINT, Operation, load_wire
+from filemq.engine_server import (
+    ChunkPlan,
+    Close,
+    FileOp,
+    Reply,
+    ServerSession,
+    SessionState,
+    Subscribe,
+)
+from filemq.index import FileEntry, FileIndex, IndexDelta
+from filemq.paths import virtual_path
+
+__all__ = ["DEFAULT_ENDPOINT", "FileServer", "Mount"]
+
+log = logging.getLogger(__name__)
+
+_PUMP_BUDGET = 64  # messages sent per pump before the loop polls again
+_DRAIN_BUDGET = 256  # messages received per poll
+_MAX_MESSAGE = 128 << 20  # ICANHAZ with a 100k-entry cache fits
+_PREWARM_EVERY = 0.5  # seconds between index refreshes triggered by OHAI
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A local directory published at a virtual path."""
+
+    directory: Path
+    virtual: str  # normalised, '/' or '/docs' (no trailing '/')
+
+    @property
+    def prefix(self) -> str:
+        return "/" if self.virtual == "/" else self.virtual + "/"
+
+    @classmethod
+    def parse(cls, spec: str) -> Mount:
+        """``DIR`` or ``DIR:/virtual/path``."""
+        directory, sep, virtual = spec.rpartition(":")
+        if not sep or not virtual.startswith("/"):
+            directory, virtual = spec, "/"
+        return cls(Path(directory), virtual_path(virtual))
+
+
+class FileServer:
+    """Serve ``mounts`` over FILEMQ; ``start()``/``stop()`` or use as a context manager."""
+
+    def __init__(
+        self,
+        context: zmq.Context[Any],
+        mounts: Sequence[Mount],
+        *,
+        endpoint: str = DEFAULT_ENDPOINT,
+        wire: str = "spec",
+        curve_secret: str | os.PathLike[str] | None = None,
+        allow_dir: str | os.PathLike[str] | None = None,
+        insecure: bool = False,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        client_ttl: float = 30.0,
+        deny: Sequence[str] = (),
+        max_clients: int = 10_000,
+        rescan_interval: float = 0.0,
+        linger_ms: int = 200,
+    ) -> None:
+        if not mounts:
+            raise ValueError("publish at least one directory")
+        if (curve_secret is None) != (allow_dir is None):
+            raise security.SecurityError("CURVE needs both a server secret and an allow-list")
+        self.context = context
+        self.mounts = sorted(mounts, key=lambda m: len(m.virtual))  # most specific last
+        self.wire = load_wire(wire)
+        self.chunk_size = chunk_size
+        self.client_ttl = client_ttl
+        self.deny = tuple(virtual_path(d) for d in deny)
+        self.max_clients = max_clients
+        self.rescan_interval = rescan_interval
+        self._bind = endpoint
+        self._curve_secret = curve_secret
+        self._allow_dir = allow_dir
+        self._insecure = insecure
+        self._linger = linger_ms
+        self.indexes = {m.virtual: FileIndex(m.directory) for m in self.mounts}
+        self._refreshed = {m.virtual: float("-inf") for m in self.mounts}  # last full refresh
+        self._sessions: dict[bytes, ServerSession] = {}
+        self._stalled: dict[bytes, deque[list[bytes]]] = {}
+        self._files: dict[bytes, tuple[str, int]] = {}  # client -> (name, fd) being sent
+        self._ctl_lock = threading.Lock()
+        self._ctl: zmq.Socket[Any] | None = None
+        self._router: zmq.Socket[Any] | None = None
+        self._loop_ctl: zmq.Socket[Any] | None = None
+        self._thread: threading.Thread | None = None
+        self._auth: Any = None
+        self.endpoint = ""
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def start(self) -> FileServer:
+        security.check_bind(
+            self._bind, curve=self._curve_secret is not None, insecure=self._insecure
+        )
+        for mount in self.mounts:
+            if not mount.directory.is_dir():
+                raise FileNotFoundError(f"{mount.directory}: not a directory")
+        for mount in self.mounts:
+            self._refresh_mount(mount)
+        router = self.context.socket(zmq.ROUTER)
+        try:
+            router.linger = self._linger
+            router.router_mandatory = 1
+            router.maxmsgsize = _MAX_MESSAGE
+            if self._curve_secret is not None and self._allow_dir is not None:
+                self._auth = security.start_authenticator(self.context, self._allow_dir)
+                security.configure_server(router, self._curve_secret)
+            router.bind(self._bind)
+        except BaseException:
+            router.close(linger=0)
+            if self._auth is not None:
+                self._auth.stop()
+                self._auth = None
+            raise
+        self.endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
+        address = f"inproc://filemq-server-{os.getpid()}-{next(_ids)}"
+        self._loop_ctl = self.context.socket(zmq.PAIR)
+        self._loop_ctl.linger = 0
+        self._loop_ctl.bind(address)
+        self._ctl = self.context.socket(zmq.PAIR)
+        self._ctl.linger = 0
+        self._ctl.connect(address)
+        self._router = router
+        self._thread = threading.Thread(target=self._run, name="filemq-server", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self._thread is None:
+            return
+        self._post(b"STOP")
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.error("server thread did not stop within %.1f s", timeout)
+        self._thread = None
+        with self._ctl_lock:
+            if self._ctl is not None:
+                self._ctl.close()
+                self._ctl = None
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+
+    def __enter__(self) -> FileServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def client_count(self) -> int:
+        """Clients with a session (past OHAI, not expired or gone)."""
+        return len(self._sessions)
+
+    # -- thread-safe change API -----------------------------------------------
+
+    def _post(self, *frames: bytes) -> None:
+        with self._ctl_lock:
+            if self._ctl is None:
+                raise RuntimeError("server is not running")
+            self._ctl.send_multipart(list(frames))
+
+    def notify_changed(self, mount: str, name: str) -> None:
+        """File ``name`` (relative) under mount ``mount`` (virtual path) was created/changed."""
+        self._post(b"CHANGED", mount.encode(), name.encode("utf-8", "surrogateescape"))
+
+    def notify_deleted(self, mount: str, name: str) -> None:
+        """File ``name`` under ``mount`` was deleted (the loop checks the disk anyway)."""
+        self._post(b"CHANGED", mount.encode(), name.encode("utf-8", "surrogateescape"))
+
+    def rescan(self, mount: str | None = None) -> None:
+        """Rescan one mount (or all) and push what changed to subscribed clients."""
+        self._post(b"RESCAN", (mount or "").encode())
+
+    # -- the loop ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        router, ctl = self._router, self._loop_ctl
+        assert router is not None and ctl is not None
+        poller = zmq.Poller()
+        poller.register(router, zmq.POLLIN)
+        poller.register(ctl, zmq.POLLIN)
+        next_tick = time.monotonic() + 1.0
+        next_rescan = time.monotonic() + self.rescan_interval
+        try:
+            while True:
+                busy = self._pump()
+                timeout = 0 if busy else (10 if self._stalled else 250)
+                events = dict(poller.poll(timeout))
+                if ctl in events and not self._control(ctl):
+                    break
+                if router in events:
+                    self._drain(router)
+                now = time.monotonic()
+                if now >= next_tick:
+                    next_tick = now + 1.0
+                    self._expire(now)
+                    if self.rescan_interval > 0 and now >= next_rescan:
+                        next_rescan = now + self.rescan_interval
+                        self._rescan("")
+        except Exception:
+            log.exception("filemq server loop failed")
+        finally:
+            for client in list(self._files):
+                self._close_file(client)
+            router.close()
+            ctl.close()
+
+    def _control(self, ctl: zmq.Socket[Any]) -> bool:
+        while True:
+            try:
+                frames = ctl.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return True
+            command = frames[0]
+            if command == b"STOP":
+                return False
+            try:
+                if command == b"CHANGED":
+                    name = frames[2].decode("utf-8", "surrogateescape")
+                    self._changed(frames[1].decode(), name)
+                elif command == b"RESCAN":
+                    self._rescan(frames[1].decode())
+            except Exception:
+                log.exception("control command %r failed", command)
+
+    def _drain(self, router: zmq.Socket[Any]) -> None:
+        now = time.monotonic()
+        for _ in range(_DRAIN_BUDGET):
+            try:
+                frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            if len(frames) < 2:
+                continue
+            try:
+                self._dispatch(frames[0].bytes, frames[1:], now)
+            except Exception:
+                log.exception("error handling a message; client dropped")
+                self._drop(frames[0].bytes)
+
+    def _dispatch(self, client: bytes, body: list[Any], now: float) -> None:
+        session = self._sessions.get(client)
+        is_new = session is None
+        if session is None:
+            if len(self._sessions) >= self.max_clients:
+                log.warning("client limit %d reached; message ignored", self.max_clients)
+                return
+            session = ServerSession(
+                self.wire,
+                client,
+                now,
+                chunk_size=self.chunk_size,
+                peer_key=_peer_key(body[0]),
+                access=self._access,
+            )
+        for action in session.receive(body, now):
+            if isinstance(action, Reply):
+                self._send(client, action.frames)
+            elif isinstance(action, Subscribe):
+                self._subscribe(session, action)
+            elif isinstance(action, Close):
+                log.info("client %s closed: %s", client.hex(), action.reason)
+                self._drop(client)
+                return
+        if is_new and session.state is not SessionState.EXPECT_OHAI:
+            self._sessions[client] = session
+            log.info("client %s connected", client.hex())
+            self._prewarm(now)
+
+    def _refresh_mount(self, mount: Mount) -> IndexDelta:
+        self._refreshed[mount.virtual] = time.monotonic()
+        return self.indexes[mount.virtual].refresh()
+
+    def _prewarm(self, now: float) -> None:
+        """A client said OHAI: refresh the indexes while it scans its DEST.
+
+        Its ICANHAZ then reuses a refresh made after its OHAI instead of stat-ing
+        every file again (see ``_subscribe``); at most one per mount every
+        ``_PREWARM_EVERY`` seconds, so a crowd connecting at once costs little.
+        """
+        for mount in self.mounts:
+            if now - self._refreshed[mount.virtual] >= _PREWARM_EVERY:
+                self._publish(mount, self._refresh_mount(mount))
+
+    def _access(self, peer_key: str, path: str) -> bool:
+        return not any(path == d or path.startswith(d + "/") for d in self.deny)
+
+    def _denied(self, name: str) -> bool:
+        return any(name == d or name.startswith(d + "/") for d in self.deny)
+
+    def _expire(self, now: float) -> None:
+        for client, session in list(self._sessions.items()):
+            if session.expired(now, self.client_ttl):
+                log.info("client %s expired (silent %.0f s)", client.hex(), self.client_ttl)
+                self._drop(client)
+
+    def _drop(self, client: bytes) -> None:
+        self._sessions.pop(client, None)
+        self._stalled.pop(client, None)
+        self._close_file(client)
+
+    # -- sending ----------------------------------------------------------------
+
+    def _send(self, client: bytes, frames: list[bytes]) -> bool:
+        """Send or park; False when the client is parked or gone."""
+        queue = self._stalled.get(client)
+        if queue is not None:
+            queue.append(frames)
+            return False
+        return self._try_send(client, frames)
+
+    def _try_send(self, client: bytes, frames: list[bytes]) -> bool:
+        assert self._router is not None
+        try:
+            # copy=True: zero-copy sends would start pyzmq's GC thread for a ~50 us gain
+            self._router.send_multipart([client, *frames], zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            self._stalled.setdefault(client, deque()).append(frames)
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            log.info("client %s is gone", client.hex())
+            self._drop(client)
+        return False
+
+    def _flush_stalled(self) -> None:
+        for client in list(self._stalled):
+            queue = self._stalled.pop(client)
+            while queue:
+                if not self._try_send(client, queue[0]):
+                    if client in self._stalled:  # parked again: keep the rest in order
+                        self._stalled[client].pop()
+                        self._stalled[client].extend(queue)
+                    break
+                queue.popleft()
+
+    def _pump(self) -> bool:
+        """Send chunks round-robin; True if some client could take more right now."""
+        if self._stalled:
+            self._flush_stalled()
+        budget = _PUMP_BUDGET
+        active = [s for s in self._sessions.values() if s.has_work()]
+        while active and budget > 0:
+            ready = []
+            for session in active:
+                if session.client_id in self._stalled:
+                    continue
+                try:
+                    plan = session.next_chunk()
+                    if plan is None:
+                        continue
+                    frames = self._build(session, plan)
+                except Exception:  # never let one client's trouble stop the server
+                    log.exception("client %s: cannot send; dropped", session.client_id.hex())
+                    self._drop(session.client_id)
+                    continue
+                budget -= 1
+                if self._send(session.client_id, frames) and session.has_work():
+                    ready.append(session)
+            active = ready
+        return any(
+            s.has_work() and s.client_id not in self._stalled for s in self._sessions.values()
+        )
+
+    def _build(self, session: ServerSession, plan: ChunkPlan) -> list[bytes]:
+        op = plan.op
+        client = session.client_id
+        if op.operation is not Operation.CREATE or op.size == 0:
+            return session.chunk_frames(plan, b"")
+        if plan.first:
+            self._close_file(client)
+            try:
+                fd = os.open(op.source, _OPEN_FLAGS)
+            except OSError:
+                return session.chunk_frames(plan, None)
+            st = os.fstat(fd)
+            if (st.st_size, st.st_mtime_ns, st.st_ino) != (op.size, op.mtime_ns, op.inode):
+                fresh = self._refresh_op(op.name)
+                if fresh is None or fresh.operation is not Operation.CREATE:
+                    os.close(fd)
+                    return session.chunk_frames(plan, None)
+                new_plan = session.replace_current(fresh)
+                assert new_plan is not None
+                plan = new_plan
+                if fresh.size == 0:
+                    os.close(fd)
+                    return session.chunk_frames(plan, b"")
+            self._files[client] = (op.name, fd)
+        held = self._files.get(client)
+        if held is None:
+            return session.chunk_frames(plan, None)
+        try:
+            data = os.pread(held[1], plan.size, plan.offset)
+        except OSError:
+            data = b""
+        if plan.eof or len(data) < plan.size:
+            self._close_file(client)
+        return session.chunk_frames(plan, data)
+
+    def _close_file(self, client: bytes) -> None:
+        held = self._files.pop(client, None)
+        if held is not None:
+            os.close(held[1])
+
+    # -- files and subscriptions ----------------------------------------------
+
+    def _locate(self, name: str) -> tuple[Mount, str] | None:
+        for mount in reversed(self.mounts):
+            if name.startswith(mount.prefix):
+                return mount, name[len(mount.prefix) :]
+        return None
+
+    def _op(self, mount: Mount, entry: FileEntry) -> FileOp:
+        return FileOp(
+            mount.prefix + entry.name,
+            Operation.CREATE,
+            str(mount.directory / entry.name),
+            entry.size,
+            entry.mtime_ns,
+            entry.sha1,
+            inode=entry.inode,
+        )
+
+    def _refresh_op(self, name: str) -> FileOp | None:
+        located = self._locate(name)
+        if located is None:
+            return None
+        mount, rel = located
+        entry = self.indexes[mount.virtual].update(rel)
+        if entry is None:
+            return FileOp(name, Operation.DELETE)
+        return self._op(mount, entry)
+
+    def _subscribe(self, session: ServerSession, sub: Subscribe) -> None:
+        log.info(
+            "client %s subscribed to %s (resync=%s, cache %d)",
+            session.client_id.hex(),
+            sub.path,
+            sub.resync,
+            len(sub.cache),
+        )
+        if not sub.resync:
+            return
+        files: dict[str, tuple[Mount, FileEntry]] = {}
+        for mount in self.mounts:
+            prefix = mount.prefix
+            if not (prefix.startswith(sub.path) or sub.path.startswith(prefix)):
+                continue
+            rest = sub.path[len(prefix) :] if sub.path.startswith(prefix) else ""
+            subdir = rest.rsplit("/", 1)[0] if "/" in rest else ""
+            index = self.indexes[mount.virtual]
+            if self._refreshed[mount.virtual] < session.connected_at:
+                self._publish(mount, index.refresh(subdir), skip=session)
+            elif rest and not rest.endswith("/"):  # one file asked for again: check it now
+                before = index.get(rest)
+                after = index.update(rest)
+                if after is not before:
+                    changed = (after,) if after is not None else ()
+                    removed = (rest,) if after is None else ()
+                    self._publish(mount, IndexDelta(changed, removed), skip=session)
+            shadowed = self._shadowing(mount)
+            for entry in index:
+                name = prefix + entry.name
+                if not name.startswith(sub.path):
+                    continue
+                if (self.deny and self._denied(name)) or (
+                    shadowed and self._owner(name) is not mount
+                ):
+                    continue
+                files[name] = (mount, entry)
+        ops = [
+            FileOp(name, Operation.DELETE)
+            for name in sorted(sub.cache)
+            if name.startswith(sub.path) and name not in files and not self._denied(name)
+        ]
+        for name in sorted(files):
+            mount, entry = files[name]
+            if sub.cache.get(name) != entry.sha1:
+                ops.append(self._op(mount, entry))
+        session.enqueue(ops)
+        session.enqueue_marker(sub.path)
+        log.info(
+            "client %s: resync of %s queues %d operations",
+            session.client_id.hex(),
+            sub.path,
+            len(ops),
+        )
+
+    def _publish(self, mount: Mount, delta: IndexDelta, skip: ServerSession | None = None) -> None:
+        ops = [self._op(mount, e) for e in delta.changed]
+        ops += [FileOp(mount.prefix + n, Operation.DELETE) for n in delta.removed]
+        self._queue_live([op for op in ops if self._owner(op.name) is mount], skip)
+
+    def _shadowing(self, mount: Mount) -> bool:
+        """Does a more specific mount hide part of ``mount``'s tree?"""
+        return any(m is not mount and m.prefix.startswith(mount.prefix) for m in self.mounts)
+
+    def _owner(self, name: str) -> Mount | None:
+        located = self._locate(name)
+        return None if located is None else located[0]
+
+    def _queue_live(self, ops: Iterable[FileOp], skip: ServerSession | None = None) -> None:
+        ops = [op for op in ops if not self._denied(op.name)]
+        for session in self._sessions.values():
+            if session is skip:
+                continue
+            wanted = [op for op in ops if session.wants(op.name)]
+            if wanted:
+                session.enqueue(wanted)
+
+    def _changed(self, mount_virtual: str, name: str) -> None:
+        mount = next((m for m in self.mounts if m.virtual == virtual_path(mount_virtual)), None)
+        if mount is None:
+            log.warning("change notice for unknown mount %r", mount_virtual)
+            return
+        full = mount.prefix + name
+        located = self._locate(full)
+        if located is None or located[0] is not mount:
+            return  # shadowed by a more specific mount
+        op = self._refresh_op(full)
+        if op is not None:
+            self._queue_live([op])
+
+    def _rescan(self, mount_virtual: str) -> None:
+        for mount in self.mounts:
+            if mount_virtual and mount.virtual != virtual_path(mount_virtual):
+                continue
+            self._publish(mount, self._refresh_mount(mount))
+
+
+def _peer_key(frame: Any) -> str:
+    try:
+        return str(frame.get("User-Id"))
+    except (zmq.ZMQError, AttributeError, TypeError):
+        return ""

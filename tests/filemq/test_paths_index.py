@@ -1,0 +1,109 @@
+"""Name safety rules and the versioned file index."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from filemq.index import FORMAT_VERSION, FileIndex, IndexFormatError
+from filemq.paths import (
+    UnsafePathError,
+    make_parents,
+    relative_parts,
+    safe_target,
+    under_prefix,
+    virtual_path,
+)
+
+
+@pytest.mark.parametrize(
+    "name", ["", "/abs", "a/../b", "..", ".", "a//b", "a/", "a\\b", "a\x00b", "a\nb", "C:x"]
+)
+def test_relative_parts_refuses(name: str) -> None:
+    with pytest.raises(UnsafePathError):
+        relative_parts(name)
+
+
+def test_relative_parts_and_virtual_paths() -> None:
+    assert relative_parts("a/b c/日本.txt") == ("a", "b c", "日本.txt")
+    assert relative_parts("..hidden/x..y") == ("..hidden", "x..y")
+    assert virtual_path("//docs//a/") == "/docs/a"
+    assert virtual_path("/docs", directory=True) == "/docs/"
+    assert virtual_path("/", directory=True) == "/"
+    for bad in ("docs", "/a/../b", "/a/./b"):
+        with pytest.raises(UnsafePathError):
+            virtual_path(bad)
+    assert under_prefix("/docs/a/b", "/docs/") == "a/b"
+    assert under_prefix("/docsx/a", "/docs/") is None
+    assert under_prefix("/a", "/") == "a"
+
+
+def test_safe_target_refuses_symlinks_and_non_directories(tmp_path: Path) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (root / "link").symlink_to(outside)
+    (root / "file").write_bytes(b"")
+    (root / "dir").mkdir()
+    for parts in (("link", "x"), ("file", "x"), ("dir",)):
+        with pytest.raises(UnsafePathError):
+            safe_target(root, parts)
+    assert safe_target(root, ("new", "deep", "x")) == root / "new" / "deep" / "x"
+    make_parents(root, ("new", "deep", "x"))
+    assert (root / "new" / "deep").is_dir()
+    with pytest.raises(UnsafePathError):
+        make_parents(root, ("link", "y"))
+
+
+def test_index_hashes_once_per_version_and_reports_changes(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    (tmp_path / "a").write_bytes(b"one")
+    (tmp_path / "d" / "b").write_bytes(b"two")
+    (tmp_path / "link").symlink_to(tmp_path / "a")
+    index = FileIndex(tmp_path)
+    first = index.refresh()
+    assert sorted(e.name for e in first.changed) == ["a", "d/b"]  # links are not indexed
+    assert index.hashed_files == 2
+    assert index.refresh().changed == () and index.hashed_files == 2
+    (tmp_path / "a").write_bytes(b"changed!")
+    (tmp_path / "d" / "b").unlink()
+    delta = index.refresh()
+    assert [e.name for e in delta.changed] == ["a"] and delta.removed == ("d/b",)
+    assert index.hashed_files == 3
+    entry = index.get("a")
+    assert entry is not None and entry.sha1 == hashlib.sha1(b"changed!").hexdigest()
+    assert index.update("a") == entry and index.update("missing") is None
+
+
+def test_index_save_load_roundtrip_and_refusals(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "ünï").write_bytes(b"x" * 100)
+    index = FileIndex(root)
+    index.refresh()
+    saved = tmp_path / "idx"
+    index.save(saved)
+    loaded = FileIndex.load(saved, root)
+    assert loaded.entries() == index.entries()
+    loaded.refresh()
+    assert loaded.hashed_files == 0  # nothing changed: nothing re-read
+    header, *rows = saved.read_text(encoding="utf-8").splitlines()
+    assert json.loads(header)["version"] == FORMAT_VERSION and len(rows) == 1
+    with pytest.raises(IndexFormatError):
+        FileIndex.load(saved, tmp_path)  # another root
+    for text in (
+        json.dumps({"format": "filemq-index", "version": 99, "root": str(root)}) + "\n",
+        "not json\n",
+        header + "\n" + '["a", 1]\n',
+        header + "\n",  # count mismatch
+    ):
+        saved.write_text(text, encoding="utf-8")
+        with pytest.raises(IndexFormatError):
+            FileIndex.load(saved, root)
+    with pytest.raises(IndexFormatError):
+        FileIndex.load(tmp_path / "missing", root)
+    assert [p for p in os.listdir(tmp_path) if p.endswith(".tmp")] == []  # atomic save
