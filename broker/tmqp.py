@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from zproto import runtime as _rt
 from zproto.errors import DecodeError, EncodeError
@@ -39,13 +39,15 @@ __all__ = [
 DEFAULT_TTL = 16
 MAX_TTL = 31
 MODEL_NAME = "tmqp"
+_new = object.__new__
+_set = object.__setattr__
 
 _LE_BBBBBH = struct.Struct("<BBBBBH")
 _LE_H = struct.Struct("<H")
 _U32 = struct.Struct(">I")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class Handshake:
     """Protocol greeting "TMQP/2.0": the client's first message, echoed by the server."""
 
@@ -57,7 +59,7 @@ class Handshake:
 _SPEC_HANDSHAKE: Any = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class Ping:
     """Keep-alive probe."""
 
@@ -69,7 +71,7 @@ class Ping:
 _SPEC_PING: Any = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class Pong:
     """Keep-alive answer."""
 
@@ -81,7 +83,7 @@ class Pong:
 _SPEC_PONG: Any = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class Frame:
     """A TMQP message frame."""
 
@@ -97,6 +99,49 @@ class Frame:
     target: str = ""  # Channel or client id
     headers: tuple[tuple[str, str], ...] = ()  # key:value lines
     payload: bytes = b""  # Message content
+
+    def __init__(
+        self,
+        first_acquirer: bool = False,
+        high_priority: bool = False,
+        message_type: int = 0,
+        pending_response: bool = False,
+        pending_ack: bool = False,
+        ttl: int = 16,
+        content_type: int = 0,
+        message_id: str = "",
+        source: str = "",
+        target: str = "",
+        headers: tuple[tuple[str, str], ...] = (),
+        payload: bytes = b"",
+    ) -> None:
+        state = {
+            "first_acquirer": first_acquirer,
+            "high_priority": high_priority,
+            "message_type": message_type,
+            "pending_response": pending_response,
+            "pending_ack": pending_ack,
+            "ttl": ttl,
+            "content_type": content_type,
+            "message_id": message_id,
+            "source": source,
+            "target": target,
+            "headers": headers,
+            "payload": payload,
+        }
+        _set(self, "__dict__", state)
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with some fields changed (fast; no validation until encode)."""
+        if not changes.keys() <= self.__dict__.keys():
+            raise TypeError(f"unknown fields: {set(changes) - set(self.__dict__)}")
+        state = self.__dict__.copy()
+        state.update(changes)
+        copy = _new(type(self))
+        _set(copy, "__dict__", state)
+        return copy
+
+    __replace__ = replace
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
@@ -219,20 +264,23 @@ def _decode_frame(buf: bytes, frames: Any) -> Frame:
     pos = end
     if size != pos:
         raise DecodeError("Frame: trailing octets after the last field")
-    return Frame(
-        first_acquirer,
-        high_priority,
-        message_type,
-        pending_response,
-        pending_ack,
-        ttl,
-        content_type,
-        message_id,
-        source,
-        target,
-        headers,
-        payload,
-    )
+    state = {
+        "first_acquirer": first_acquirer,
+        "high_priority": high_priority,
+        "message_type": message_type,
+        "pending_response": pending_response,
+        "pending_ack": pending_ack,
+        "ttl": ttl,
+        "content_type": content_type,
+        "message_id": message_id,
+        "source": source,
+        "target": target,
+        "headers": headers,
+        "payload": payload,
+    }
+    m = _new(Frame)
+    _set(m, "__dict__", state)
+    return m
 
 
 _ENCODERS: dict[type, Any] = {

@@ -18,7 +18,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from zproto import runtime as _rt
 from zproto.errors import DecodeError, EncodeError
@@ -51,6 +51,8 @@ FILE_CREATE = 1
 FILE_DELETE = 2
 SIGNATURE = b"\xaa\xa3"
 MODEL_NAME = "fmq_msg"
+_new = object.__new__
+_set = object.__setattr__
 
 _BE_BBBB = struct.Struct(">BBBB")
 _BE_BBBQBB = struct.Struct(">BBBQBB")
@@ -78,13 +80,29 @@ class MessageId(IntEnum):
     RTFM = 129
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class Ohai:
     """The client opens a peering."""
 
     ID: ClassVar[MessageId] = MessageId.OHAI
     protocol: str = "FILEMQ"  # Constant "FILEMQ"
     version: int = 2  # Protocol version 2
+
+    def __init__(self, protocol: str = "FILEMQ", version: int = 2) -> None:
+        state = {"protocol": protocol, "version": version}
+        _set(self, "__dict__", state)
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with some fields changed (fast; no validation until encode)."""
+        if not changes.keys() <= self.__dict__.keys():
+            raise TypeError(f"unknown fields: {set(changes) - set(self.__dict__)}")
+        state = self.__dict__.copy()
+        state.update(changes)
+        copy = _new(type(self))
+        _set(copy, "__dict__", state)
+        return copy
+
+    __replace__ = replace
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
@@ -97,7 +115,7 @@ _SPEC_OHAI: Any = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class OhaiOk:
     """The server grants the client access."""
 
@@ -111,7 +129,7 @@ class OhaiOk:
 _SPEC_OHAI_OK: Any = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class Icanhaz:
     """The client subscribes to a path."""
 
@@ -119,6 +137,31 @@ class Icanhaz:
     path: str = ""  # Full path or path prefix
     options: dict[str, str] = field(default_factory=dict)  # Subscription options
     cache: dict[str, str] = field(default_factory=dict)  # File SHA-1 signatures
+
+    def __init__(
+        self,
+        path: str = "",
+        options: dict[str, str] | None = None,
+        cache: dict[str, str] | None = None,
+    ) -> None:
+        state = {
+            "path": path,
+            "options": dict() if options is None else options,
+            "cache": dict() if cache is None else cache,
+        }
+        _set(self, "__dict__", state)
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with some fields changed (fast; no validation until encode)."""
+        if not changes.keys() <= self.__dict__.keys():
+            raise TypeError(f"unknown fields: {set(changes) - set(self.__dict__)}")
+        state = self.__dict__.copy()
+        state.update(changes)
+        copy = _new(type(self))
+        _set(copy, "__dict__", state)
+        return copy
+
+    __replace__ = replace
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
@@ -132,7 +175,7 @@ _SPEC_ICANHAZ: Any = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class IcanhazOk:
     """The server confirms the subscription."""
 
@@ -146,13 +189,29 @@ class IcanhazOk:
 _SPEC_ICANHAZ_OK: Any = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class Nom:
     """The client sends credit to the server."""
 
     ID: ClassVar[MessageId] = MessageId.NOM
     credit: int = 0  # Credit, in bytes
     sequence: int = 0  # Chunk sequence, 0 and up
+
+    def __init__(self, credit: int = 0, sequence: int = 0) -> None:
+        state = {"credit": credit, "sequence": sequence}
+        _set(self, "__dict__", state)
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with some fields changed (fast; no validation until encode)."""
+        if not changes.keys() <= self.__dict__.keys():
+            raise TypeError(f"unknown fields: {set(changes) - set(self.__dict__)}")
+        state = self.__dict__.copy()
+        state.update(changes)
+        copy = _new(type(self))
+        _set(copy, "__dict__", state)
+        return copy
+
+    __replace__ = replace
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
@@ -165,7 +224,7 @@ _SPEC_NOM: Any = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class Cheezburger:
     """The server sends a file chunk."""
 
@@ -177,6 +236,39 @@ class Cheezburger:
     eof: int = 0  # Last chunk in file?
     headers: dict[str, str] = field(default_factory=dict)  # File properties
     chunk: bytes = b""  # Data chunk
+
+    def __init__(
+        self,
+        sequence: int = 0,
+        operation: int = 0,
+        filename: str = "",
+        offset: int = 0,
+        eof: int = 0,
+        headers: dict[str, str] | None = None,
+        chunk: bytes = b"",
+    ) -> None:
+        state = {
+            "sequence": sequence,
+            "operation": operation,
+            "filename": filename,
+            "offset": offset,
+            "eof": eof,
+            "headers": dict() if headers is None else headers,
+            "chunk": chunk,
+        }
+        _set(self, "__dict__", state)
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with some fields changed (fast; no validation until encode)."""
+        if not changes.keys() <= self.__dict__.keys():
+            raise TypeError(f"unknown fields: {set(changes) - set(self.__dict__)}")
+        state = self.__dict__.copy()
+        state.update(changes)
+        copy = _new(type(self))
+        _set(copy, "__dict__", state)
+        return copy
+
+    __replace__ = replace
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
@@ -194,7 +286,7 @@ _SPEC_CHEEZBURGER: Any = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class Hugz:
     """The client or server sends a heartbeat."""
 
@@ -208,7 +300,7 @@ class Hugz:
 _SPEC_HUGZ: Any = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class HugzOk:
     """The client or server answers a heartbeat."""
 
@@ -222,7 +314,7 @@ class HugzOk:
 _SPEC_HUGZ_OK: Any = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class Kthxbai:
     """The client closes the peering."""
 
@@ -236,12 +328,28 @@ class Kthxbai:
 _SPEC_KTHXBAI: Any = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class Srsly:
     """The server refuses the client due to access rights."""
 
     ID: ClassVar[MessageId] = MessageId.SRSLY
     reason: str = ""  # Printable explanation
+
+    def __init__(self, reason: str = "") -> None:
+        state = {"reason": reason}
+        _set(self, "__dict__", state)
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with some fields changed (fast; no validation until encode)."""
+        if not changes.keys() <= self.__dict__.keys():
+            raise TypeError(f"unknown fields: {set(changes) - set(self.__dict__)}")
+        state = self.__dict__.copy()
+        state.update(changes)
+        copy = _new(type(self))
+        _set(copy, "__dict__", state)
+        return copy
+
+    __replace__ = replace
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
@@ -251,12 +359,28 @@ class Srsly:
 _SPEC_SRSLY: Any = (("reason", "string", 255, None),)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class Rtfm:
     """The server tells the client it sent an invalid message."""
 
     ID: ClassVar[MessageId] = MessageId.RTFM
     reason: str = ""  # Printable explanation
+
+    def __init__(self, reason: str = "") -> None:
+        state = {"reason": reason}
+        _set(self, "__dict__", state)
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with some fields changed (fast; no validation until encode)."""
+        if not changes.keys() <= self.__dict__.keys():
+            raise TypeError(f"unknown fields: {set(changes) - set(self.__dict__)}")
+        state = self.__dict__.copy()
+        state.update(changes)
+        copy = _new(type(self))
+        _set(copy, "__dict__", state)
+        return copy
+
+    __replace__ = replace
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
@@ -396,7 +520,10 @@ def _decode_ohai(buf: bytes, frames: Any) -> Ohai:
         raise DecodeError(f"Ohai.version must be 2, not {version}")
     if size != pos + 2:
         raise DecodeError("Ohai: trailing octets after the last field")
-    return Ohai(protocol, version)
+    state = {"protocol": protocol, "version": version}
+    m = _new(Ohai)
+    _set(m, "__dict__", state)
+    return m
 
 
 def _decode_ohai_ok(buf: bytes, frames: Any) -> OhaiOk:
@@ -421,7 +548,10 @@ def _decode_icanhaz(buf: bytes, frames: Any) -> Icanhaz:
     cache, pos = _rt.dec_hash(buf, pos, "Icanhaz.cache")
     if size != pos:
         raise DecodeError("Icanhaz: trailing octets after the last field")
-    return Icanhaz(path, options, cache)
+    state = {"path": path, "options": options, "cache": cache}
+    m = _new(Icanhaz)
+    _set(m, "__dict__", state)
+    return m
 
 
 def _decode_icanhaz_ok(buf: bytes, frames: Any) -> IcanhazOk:
@@ -439,7 +569,10 @@ def _decode_nom(buf: bytes, frames: Any) -> Nom:
     (credit, sequence) = _BE_QQ.unpack_from(buf, 3)
     if size != 19:
         raise DecodeError("Nom: trailing octets after the last field")
-    return Nom(credit, sequence)
+    state = {"credit": credit, "sequence": sequence}
+    m = _new(Nom)
+    _set(m, "__dict__", state)
+    return m
 
 
 def _decode_cheezburger(buf: bytes, frames: Any) -> Cheezburger:
@@ -463,7 +596,18 @@ def _decode_cheezburger(buf: bytes, frames: Any) -> Cheezburger:
     pos = end
     if size != pos:
         raise DecodeError("Cheezburger: trailing octets after the last field")
-    return Cheezburger(sequence, operation, filename, offset, eof, headers, chunk)
+    state = {
+        "sequence": sequence,
+        "operation": operation,
+        "filename": filename,
+        "offset": offset,
+        "eof": eof,
+        "headers": headers,
+        "chunk": chunk,
+    }
+    m = _new(Cheezburger)
+    _set(m, "__dict__", state)
+    return m
 
 
 def _decode_hugz(buf: bytes, frames: Any) -> Hugz:
@@ -502,7 +646,10 @@ def _decode_srsly(buf: bytes, frames: Any) -> Srsly:
     pos = end
     if size != pos:
         raise DecodeError("Srsly: trailing octets after the last field")
-    return Srsly(reason)
+    state = {"reason": reason}
+    m = _new(Srsly)
+    _set(m, "__dict__", state)
+    return m
 
 
 def _decode_rtfm(buf: bytes, frames: Any) -> Rtfm:
@@ -517,7 +664,10 @@ def _decode_rtfm(buf: bytes, frames: Any) -> Rtfm:
     pos = end
     if size != pos:
         raise DecodeError("Rtfm: trailing octets after the last field")
-    return Rtfm(reason)
+    state = {"reason": reason}
+    m = _new(Rtfm)
+    _set(m, "__dict__", state)
+    return m
 
 
 _ENCODERS: dict[type, Any] = {

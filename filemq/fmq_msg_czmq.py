@@ -16,7 +16,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from zproto import runtime as _rt
 from zproto.errors import DecodeError, EncodeError
@@ -49,6 +49,8 @@ FILE_CREATE = 1
 FILE_DELETE = 2
 SIGNATURE = b"\xaa\xa3"
 MODEL_NAME = "fmq_msg_czmq"
+_new = object.__new__
+_set = object.__setattr__
 
 _BE_BBBB = struct.Struct(">BBBB")
 _BE_BBBI = struct.Struct(">BBBI")
@@ -77,13 +79,29 @@ class MessageId(IntEnum):
     RTFM = 129
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class Ohai:
     """The client opens a peering."""
 
     ID: ClassVar[MessageId] = MessageId.OHAI
     protocol: str = "FILEMQ"  # Constant "FILEMQ"
     version: int = 2  # Protocol version 2
+
+    def __init__(self, protocol: str = "FILEMQ", version: int = 2) -> None:
+        state = {"protocol": protocol, "version": version}
+        _set(self, "__dict__", state)
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with some fields changed (fast; no validation until encode)."""
+        if not changes.keys() <= self.__dict__.keys():
+            raise TypeError(f"unknown fields: {set(changes) - set(self.__dict__)}")
+        state = self.__dict__.copy()
+        state.update(changes)
+        copy = _new(type(self))
+        _set(copy, "__dict__", state)
+        return copy
+
+    __replace__ = replace
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
@@ -96,7 +114,7 @@ _SPEC_OHAI: Any = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class OhaiOk:
     """The server grants the client access."""
 
@@ -110,7 +128,7 @@ class OhaiOk:
 _SPEC_OHAI_OK: Any = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class Icanhaz:
     """The client subscribes to a path."""
 
@@ -118,6 +136,31 @@ class Icanhaz:
     path: str = ""  # Full path or path prefix
     options: dict[str, str] = field(default_factory=dict)  # Subscription options
     cache: dict[str, str] = field(default_factory=dict)  # File SHA-1 signatures
+
+    def __init__(
+        self,
+        path: str = "",
+        options: dict[str, str] | None = None,
+        cache: dict[str, str] | None = None,
+    ) -> None:
+        state = {
+            "path": path,
+            "options": dict() if options is None else options,
+            "cache": dict() if cache is None else cache,
+        }
+        _set(self, "__dict__", state)
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with some fields changed (fast; no validation until encode)."""
+        if not changes.keys() <= self.__dict__.keys():
+            raise TypeError(f"unknown fields: {set(changes) - set(self.__dict__)}")
+        state = self.__dict__.copy()
+        state.update(changes)
+        copy = _new(type(self))
+        _set(copy, "__dict__", state)
+        return copy
+
+    __replace__ = replace
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
@@ -131,7 +174,7 @@ _SPEC_ICANHAZ: Any = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class IcanhazOk:
     """The server confirms the subscription."""
 
@@ -145,13 +188,29 @@ class IcanhazOk:
 _SPEC_ICANHAZ_OK: Any = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class Nom:
     """The client sends credit to the server."""
 
     ID: ClassVar[MessageId] = MessageId.NOM
     credit: int = 0  # Credit, in bytes
     sequence: int = 0  # Chunk sequence, 0 and up
+
+    def __init__(self, credit: int = 0, sequence: int = 0) -> None:
+        state = {"credit": credit, "sequence": sequence}
+        _set(self, "__dict__", state)
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with some fields changed (fast; no validation until encode)."""
+        if not changes.keys() <= self.__dict__.keys():
+            raise TypeError(f"unknown fields: {set(changes) - set(self.__dict__)}")
+        state = self.__dict__.copy()
+        state.update(changes)
+        copy = _new(type(self))
+        _set(copy, "__dict__", state)
+        return copy
+
+    __replace__ = replace
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
@@ -164,7 +223,7 @@ _SPEC_NOM: Any = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class Cheezburger:
     """The server sends a file chunk."""
 
@@ -176,6 +235,39 @@ class Cheezburger:
     eof: int = 0  # Last chunk in file?
     headers: dict[str, str] = field(default_factory=dict)  # File properties
     chunk: bytes = b""  # Data chunk
+
+    def __init__(
+        self,
+        sequence: int = 0,
+        operation: int = 0,
+        filename: str = "",
+        offset: int = 0,
+        eof: int = 0,
+        headers: dict[str, str] | None = None,
+        chunk: bytes = b"",
+    ) -> None:
+        state = {
+            "sequence": sequence,
+            "operation": operation,
+            "filename": filename,
+            "offset": offset,
+            "eof": eof,
+            "headers": dict() if headers is None else headers,
+            "chunk": chunk,
+        }
+        _set(self, "__dict__", state)
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with some fields changed (fast; no validation until encode)."""
+        if not changes.keys() <= self.__dict__.keys():
+            raise TypeError(f"unknown fields: {set(changes) - set(self.__dict__)}")
+        state = self.__dict__.copy()
+        state.update(changes)
+        copy = _new(type(self))
+        _set(copy, "__dict__", state)
+        return copy
+
+    __replace__ = replace
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
@@ -193,7 +285,7 @@ _SPEC_CHEEZBURGER: Any = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class Hugz:
     """The client or server sends a heartbeat."""
 
@@ -207,7 +299,7 @@ class Hugz:
 _SPEC_HUGZ: Any = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class HugzOk:
     """The client or server answers a heartbeat."""
 
@@ -221,7 +313,7 @@ class HugzOk:
 _SPEC_HUGZ_OK: Any = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class Kthxbai:
     """The client closes the peering."""
 
@@ -235,12 +327,28 @@ class Kthxbai:
 _SPEC_KTHXBAI: Any = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class Srsly:
     """The server refuses the client due to access rights."""
 
     ID: ClassVar[MessageId] = MessageId.SRSLY
     reason: str = ""  # Printable explanation
+
+    def __init__(self, reason: str = "") -> None:
+        state = {"reason": reason}
+        _set(self, "__dict__", state)
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with some fields changed (fast; no validation until encode)."""
+        if not changes.keys() <= self.__dict__.keys():
+            raise TypeError(f"unknown fields: {set(changes) - set(self.__dict__)}")
+        state = self.__dict__.copy()
+        state.update(changes)
+        copy = _new(type(self))
+        _set(copy, "__dict__", state)
+        return copy
+
+    __replace__ = replace
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
@@ -250,12 +358,28 @@ class Srsly:
 _SPEC_SRSLY: Any = (("reason", "string", 255, None),)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class Rtfm:
     """The server tells the client it sent an invalid message."""
 
     ID: ClassVar[MessageId] = MessageId.RTFM
     reason: str = ""  # Printable explanation
+
+    def __init__(self, reason: str = "") -> None:
+        state = {"reason": reason}
+        _set(self, "__dict__", state)
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with some fields changed (fast; no validation until encode)."""
+        if not changes.keys() <= self.__dict__.keys():
+            raise TypeError(f"unknown fields: {set(changes) - set(self.__dict__)}")
+        state = self.__dict__.copy()
+        state.update(changes)
+        copy = _new(type(self))
+        _set(copy, "__dict__", state)
+        return copy
+
+    __replace__ = replace
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
@@ -395,7 +519,10 @@ def _decode_ohai(buf: bytes, frames: Any) -> Ohai:
         raise DecodeError(f"Ohai.version must be 2, not {version}")
     if size != pos + 2:
         raise DecodeError("Ohai: trailing octets after the last field")
-    return Ohai(protocol, version)
+    state = {"protocol": protocol, "version": version}
+    m = _new(Ohai)
+    _set(m, "__dict__", state)
+    return m
 
 
 def _decode_ohai_ok(buf: bytes, frames: Any) -> OhaiOk:
@@ -420,7 +547,10 @@ def _decode_icanhaz(buf: bytes, frames: Any) -> Icanhaz:
     cache, pos = _rt.dec_hash(buf, pos, "Icanhaz.cache")
     if size != pos:
         raise DecodeError("Icanhaz: trailing octets after the last field")
-    return Icanhaz(path, options, cache)
+    state = {"path": path, "options": options, "cache": cache}
+    m = _new(Icanhaz)
+    _set(m, "__dict__", state)
+    return m
 
 
 def _decode_icanhaz_ok(buf: bytes, frames: Any) -> IcanhazOk:
@@ -438,7 +568,10 @@ def _decode_nom(buf: bytes, frames: Any) -> Nom:
     (credit, sequence) = _BE_QQ.unpack_from(buf, 3)
     if size != 19:
         raise DecodeError("Nom: trailing octets after the last field")
-    return Nom(credit, sequence)
+    state = {"credit": credit, "sequence": sequence}
+    m = _new(Nom)
+    _set(m, "__dict__", state)
+    return m
 
 
 def _decode_cheezburger(buf: bytes, frames: Any) -> Cheezburger:
@@ -462,7 +595,18 @@ def _decode_cheezburger(buf: bytes, frames: Any) -> Cheezburger:
     pos = end
     if size != pos:
         raise DecodeError("Cheezburger: trailing octets after the last field")
-    return Cheezburger(sequence, operation, filename, offset, eof, headers, chunk)
+    state = {
+        "sequence": sequence,
+        "operation": operation,
+        "filename": filename,
+        "offset": offset,
+        "eof": eof,
+        "headers": headers,
+        "chunk": chunk,
+    }
+    m = _new(Cheezburger)
+    _set(m, "__dict__", state)
+    return m
 
 
 def _decode_hugz(buf: bytes, frames: Any) -> Hugz:
@@ -501,7 +645,10 @@ def _decode_srsly(buf: bytes, frames: Any) -> Srsly:
     pos = end
     if size != pos:
         raise DecodeError("Srsly: trailing octets after the last field")
-    return Srsly(reason)
+    state = {"reason": reason}
+    m = _new(Srsly)
+    _set(m, "__dict__", state)
+    return m
 
 
 def _decode_rtfm(buf: bytes, frames: Any) -> Rtfm:
@@ -516,7 +663,10 @@ def _decode_rtfm(buf: bytes, frames: Any) -> Rtfm:
     pos = end
     if size != pos:
         raise DecodeError("Rtfm: trailing octets after the last field")
-    return Rtfm(reason)
+    state = {"reason": reason}
+    m = _new(Rtfm)
+    _set(m, "__dict__", state)
+    return m
 
 
 _ENCODERS: dict[type, Any] = {
