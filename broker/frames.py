@@ -45,20 +45,7 @@ def with_source(f: tmqp.Frame, source: str) -> tmqp.Frame:
     """``f`` with another source (the sending client, as the server stamps it)."""
     if f.source == source:
         return f
-    return _Frame(
-        f.first_acquirer,
-        f.high_priority,
-        f.message_type,
-        f.pending_response,
-        f.pending_ack,
-        f.ttl,
-        f.content_type,
-        f.message_id,
-        source,
-        f.target,
-        f.headers,
-        f.payload,
-    )
+    return f.replace(source=source)
 
 
 def control(
