@@ -1,0 +1,515 @@
+"""Broker throughput and latency, against raw pyzmq (and RabbitMQ) measured in the same run.
+
+Every party runs in its own process (spawned), on loopback TCP, 100-byte messages:
+
+* raw pyzmq DEALER -> ROUTER: the ceiling for one Python sender and one receiver;
+* raw pyzmq round trip (DEALER -> ROUTER echo -> DEALER), one message at a time;
+* zerohub 1 producer -> broker -> 1 consumer on a push queue (non-persistent,
+  fire-and-forget pushes; the producer's last push waits for the broker's ack);
+* zerohub 4 producers / 4 consumers: four channels, one push queue each;
+* zerohub round trip: a client pushes into a queue of a channel it joined and waits
+  for the delivery, one message at a time;
+* zerohub rows use poll-on-call clients (``Client(threaded=False)``, no I/O thread);
+  the "(threaded)" rows use the default client with its background I/O thread;
+* the broker is ``broker.server.Server`` + ``broker.engine.Engine`` in one process;
+* with ``--rabbitmq``: RabbitMQ over STOMP (auto-ack) and over AMQP with pika
+  (no confirms, auto-ack), installed with apt-get/pip and started in a temp dir.
+
+Usage: ``python bench/bench_broker.py [--quick] [--messages N] [--rabbitmq]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import multiprocessing as mp
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SIZE = 100
+PAYLOAD = b"x" * SIZE
+
+
+@dataclass
+class Row:
+    name: str
+    rate: float | None = None  # messages per second
+    p50: float | None = None  # microseconds
+    p99: float | None = None
+    note: str = ""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def percentiles(samples: list[float]) -> tuple[float, float]:
+    samples = sorted(samples)
+    p50 = statistics.median(samples)
+    p99 = samples[min(len(samples) - 1, int(len(samples) * 0.99))]
+    return p50 * 1e6, p99 * 1e6
+
+
+# -- raw pyzmq -------------------------------------------------------------------------
+
+
+def raw_sink(endpoint: str, count: int, ready: Any, out: Any) -> None:
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.rcvhwm = 100_000
+    sock.bind(endpoint)
+    ready.set()
+    recv = sock.recv_multipart
+    for _ in range(count):
+        recv()
+    out.put(time.perf_counter())
+    sock.close(linger=0)
+    ctx.term()
+
+
+def raw_source(endpoint: str, count: int, out: Any) -> None:
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.sndhwm = 100_000
+    sock.connect(endpoint)
+    time.sleep(0.2)  # bench only: let the TCP connection come up before timing
+    t0 = time.perf_counter()
+    send = sock.send
+    for _ in range(count):
+        send(PAYLOAD)
+    out.put(t0)
+    sock.close(linger=5000)
+    ctx.term()
+
+
+def raw_echo(endpoint: str, ready: Any, stop: Any) -> None:
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.bind(endpoint)
+    ready.set()
+    while not stop.is_set():
+        if sock.poll(100):
+            sock.send_multipart(sock.recv_multipart())
+    sock.close(linger=0)
+    ctx.term()
+
+
+def bench_raw(ctx: Any, count: int, rounds: int) -> list[Row]:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    ready, out = ctx.Event(), ctx.Queue()
+    sink = ctx.Process(target=raw_sink, args=(endpoint, count, ready, out))
+    sink.start()
+    ready.wait(10)
+    source = ctx.Process(target=raw_source, args=(endpoint, count, out))
+    source.start()
+    a, b = out.get(timeout=120), out.get(timeout=120)
+    source.join(10)
+    sink.join(10)
+    rate = count / (max(a, b) - min(a, b))
+
+    import zmq
+
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    ready, stop = ctx.Event(), ctx.Event()
+    echo = ctx.Process(target=raw_echo, args=(endpoint, ready, stop))
+    echo.start()
+    ready.wait(10)
+    zctx = zmq.Context()
+    sock = zctx.socket(zmq.DEALER)
+    sock.connect(endpoint)
+    samples = []
+    for i in range(rounds + 50):
+        t = time.perf_counter()
+        sock.send(PAYLOAD)
+        sock.recv()
+        if i >= 50:
+            samples.append(time.perf_counter() - t)
+    sock.close(linger=0)
+    zctx.term()
+    stop.set()
+    echo.join(10)
+    p50, p99 = percentiles(samples)
+    return [
+        Row("raw pyzmq DEALER->ROUTER", rate=rate),
+        Row("raw pyzmq round trip", p50=p50, p99=p99),
+    ]
+
+
+# -- zerohub ---------------------------------------------------------------------------
+
+
+def serve_broker(endpoint: str, engine_spec: str, ready: Any, stop: Any) -> None:
+    import zmq
+
+    from broker.server import Server, ServerOptions
+
+    module, _, name = engine_spec.partition(":")
+    factory: Callable[[], Any] = getattr(importlib.import_module(module), name)
+    ctx = zmq.Context()
+    server = Server(factory(), ServerOptions(endpoint=endpoint), context=ctx)
+    server.start()
+    ready.set()
+    stop.wait()
+    server.stop()
+    ctx.term()
+
+
+def _client(endpoint: str, **kw: Any) -> Any:
+    import zmq
+
+    from broker.client import Client
+
+    return Client(endpoint, context=zmq.Context(), **kw).connect()
+
+
+def _close(client: Any) -> None:
+    client.close()
+    client.context.term()
+
+
+def zh_consumer(
+    endpoint: str, channel: str, count: int, threaded: bool, ready: Any, out: Any
+) -> None:
+    client = _client(endpoint, max_inbox=50_000, threaded=threaded)
+    client.join(channel)
+    ready.set()
+    seen = 0
+    for _message in client.consume(timeout=60):
+        seen += 1
+        if seen >= count:
+            break
+    out.put(("consumer", time.perf_counter(), seen))
+    _close(client)
+
+
+def zh_producer(
+    endpoint: str, channel: str, count: int, threaded: bool, go: Any, out: Any
+) -> None:
+    client = _client(endpoint, max_outbox=50_000, threaded=threaded)
+    go.wait(30)
+    t0 = time.perf_counter()
+    push = client.push
+    for _ in range(count - 1):
+        push(channel, 1, PAYLOAD)
+    push(channel, 1, PAYLOAD, ack=True, timeout=60)
+    out.put(("producer", t0, count))
+    _close(client)
+
+
+def bench_zerohub(ctx: Any, endpoint: str, count: int, pairs: int, threaded: bool) -> Row:
+    setup = _client(endpoint)
+    channels = [f"bench-{pairs}-{threaded:d}-{i}" for i in range(pairs)]
+    for channel in channels:
+        setup.create_queue(channel, 1, {"Status": 1})
+    _close(setup)
+    out = ctx.Queue()
+    readies = [ctx.Event() for _ in channels]
+    go = ctx.Event()
+    procs = [
+        ctx.Process(target=zh_consumer, args=(endpoint, ch, count, threaded, r, out))
+        for ch, r in zip(channels, readies, strict=True)
+    ]
+    procs += [
+        ctx.Process(target=zh_producer, args=(endpoint, ch, count, threaded, go, out))
+        for ch in channels
+    ]
+    for p in procs:
+        p.start()
+    for r in readies:
+        r.wait(30)
+    time.sleep(0.5)  # let the producers connect
+    go.set()
+    results = [out.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(30)
+    start = min(t for role, t, _ in results if role == "producer")
+    end = max(t for role, t, _ in results if role == "consumer")
+    seen = sum(n for role, _, n in results if role == "consumer")
+    name = "zerohub push queue 1p/1c" if pairs == 1 else f"zerohub push queues {pairs}p/{pairs}c"
+    name += " (threaded)" if threaded else ""
+    return Row(name, rate=seen / (end - start), note=f"{seen} delivered")
+
+
+def bench_zerohub_rtt(endpoint: str, rounds: int, threaded: bool) -> Row:
+    client = _client(endpoint, threaded=threaded)
+    channel = f"bench-rtt-{threaded:d}"
+    client.create_queue(channel, 1, {"Status": 1})
+    client.join(channel)
+    samples = []
+    for i in range(rounds + 50):
+        t = time.perf_counter()
+        client.push(channel, 1, PAYLOAD)
+        message = client.receive(timeout=10)
+        assert message is not None, "round trip message lost"
+        if i >= 50:
+            samples.append(time.perf_counter() - t)
+    _close(client)
+    p50, p99 = percentiles(samples)
+    name = "zerohub round trip (push->deliver)" + (" (threaded)" if threaded else "")
+    return Row(name, p50=p50, p99=p99)
+
+
+# -- RabbitMQ --------------------------------------------------------------------------
+
+
+class RabbitMQ:
+    """rabbitmq-server with the STOMP plugin, started without systemd in a temp dir."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="zerohub-rabbit-"))
+        self.amqp_port = free_port()
+        self.stomp_port = free_port()
+        self.env = dict(os.environ)
+        self.env.update(
+            HOME=str(self.dir),
+            RABBITMQ_NODENAME=f"zhbench{os.getpid()}@localhost",
+            RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
+            RABBITMQ_NODE_PORT=str(self.amqp_port),
+            RABBITMQ_DIST_PORT=str(free_port()),
+            RABBITMQ_MNESIA_BASE=str(self.dir / "mnesia"),
+            RABBITMQ_LOG_BASE=str(self.dir / "log"),
+            RABBITMQ_PID_FILE=str(self.dir / "rabbit.pid"),
+            RABBITMQ_CONFIG_FILE=str(self.dir / "rabbitmq"),
+            RABBITMQ_ENABLED_PLUGINS_FILE=str(self.dir / "enabled_plugins"),
+            ERL_EPMD_ADDRESS="127.0.0.1",
+        )
+        (self.dir / "rabbitmq.conf").write_text(
+            f"listeners.tcp.1 = 127.0.0.1:{self.amqp_port}\n"
+            f"stomp.listeners.tcp.1 = 127.0.0.1:{self.stomp_port}\n"
+            "loopback_users = none\n"
+        )
+        # Debian's /usr/sbin wrappers re-run the tools through `su rabbitmq`, which drops
+        # this environment; the scripts behind them work as any user.
+        libexec = Path("/usr/lib/rabbitmq/bin")
+        self.bin = libexec if libexec.is_dir() else None
+
+    def _tool(self, name: str) -> str:
+        return str(self.bin / name) if self.bin is not None else name
+
+    @staticmethod
+    def install() -> None:
+        if shutil.which("rabbitmq-server") is None:
+            subprocess.run(["apt-get", "update", "-qq"], check=True)
+            subprocess.run(
+                ["apt-get", "install", "-y", "-qq", "rabbitmq-server"],
+                check=True,
+                env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+            )
+        for module, package in (("stomp", "stomp.py"), ("pika", "pika")):
+            try:
+                importlib.import_module(module)
+            except ImportError:
+                subprocess.run([sys.executable, "-m", "pip", "install", "-q", package], check=True)
+
+    def _ctl(self, *args: str, timeout: float = 60) -> None:
+        cmd = [self._tool(args[0]), *args[1:]]
+        subprocess.run(cmd, env=self.env, check=True, timeout=timeout, capture_output=True)
+
+    def _open(self, port: int) -> bool:
+        with socket.socket() as s:
+            s.settimeout(0.5)
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    def start(self, timeout: float = 120) -> None:
+        self._ctl("rabbitmq-plugins", "enable", "--offline", "rabbitmq_stomp")
+        self._ctl("rabbitmq-server", "-detached")
+        deadline = time.monotonic() + timeout
+        while not (self._open(self.amqp_port) and self._open(self.stomp_port)):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"RabbitMQ did not open its ports (logs: {self.dir}/log)")
+            time.sleep(0.25)
+
+    def stop(self) -> None:
+        try:
+            self._ctl("rabbitmqctl", "stop", timeout=60)
+        except (subprocess.SubprocessError, OSError) as exc:
+            print(f"warning: rabbitmq stop: {exc}", file=sys.stderr)
+        deadline = time.monotonic() + 30
+        while self._open(self.amqp_port) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        subprocess.run(["epmd", "-kill"], env=self.env, capture_output=True, check=False)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def stomp_consumer(port: int, count: int, ready: Any, out: Any) -> None:
+    import threading
+
+    stomp: Any = importlib.import_module("stomp")  # installed by --rabbitmq
+
+    done = threading.Event()
+    state = {"n": 0}
+
+    class Listener(stomp.ConnectionListener):
+        def on_message(self, frame: Any) -> None:
+            state["n"] += 1
+            if state["n"] >= count:
+                out.put(("consumer", time.perf_counter(), state["n"]))
+                done.set()
+
+    conn = stomp.Connection([("127.0.0.1", port)], vhost="/")
+    conn.set_listener("", Listener())
+    conn.connect("guest", "guest", wait=True)
+    conn.subscribe("/queue/bench", id="1", ack="auto")
+    ready.set()
+    done.wait(300)
+    conn.disconnect()
+
+
+def stomp_producer(port: int, count: int, go: Any, out: Any) -> None:
+    stomp: Any = importlib.import_module("stomp")  # installed by --rabbitmq
+
+    conn = stomp.Connection([("127.0.0.1", port)], vhost="/")
+    conn.connect("guest", "guest", wait=True)
+    go.wait(30)
+    t0 = time.perf_counter()
+    body = PAYLOAD.decode()
+    for _ in range(count):
+        conn.send("/queue/bench", body)
+    out.put(("producer", t0, count))
+    conn.disconnect(receipt="bye")
+
+
+def pika_consumer(port: int, count: int, ready: Any, out: Any) -> None:
+    pika: Any = importlib.import_module("pika")  # installed by --rabbitmq
+
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    channel = conn.channel()
+    channel.queue_declare("bench-pika")
+    state = {"n": 0}
+
+    def on_message(ch: Any, method: Any, props: Any, body: bytes) -> None:
+        state["n"] += 1
+        if state["n"] >= count:
+            out.put(("consumer", time.perf_counter(), state["n"]))
+            ch.stop_consuming()
+
+    channel.basic_consume("bench-pika", on_message, auto_ack=True)
+    ready.set()
+    channel.start_consuming()
+    conn.close()
+
+
+def pika_producer(port: int, count: int, go: Any, out: Any) -> None:
+    pika: Any = importlib.import_module("pika")  # installed by --rabbitmq
+
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    channel = conn.channel()
+    channel.queue_declare("bench-pika")
+    go.wait(30)
+    t0 = time.perf_counter()
+    for _ in range(count):
+        channel.basic_publish("", "bench-pika", PAYLOAD)
+    out.put(("producer", t0, count))
+    conn.close()
+
+
+def bench_pair(ctx: Any, name: str, consumer: Any, producer: Any, port: int, count: int) -> Row:
+    out, ready, go = ctx.Queue(), ctx.Event(), ctx.Event()
+    c = ctx.Process(target=consumer, args=(port, count, ready, out))
+    c.start()
+    ready.wait(60)
+    p = ctx.Process(target=producer, args=(port, count, go, out))
+    p.start()
+    time.sleep(0.5)
+    go.set()
+    results = [out.get(timeout=600) for _ in range(2)]
+    p.join(30)
+    c.join(30)
+    start = next(t for role, t, _ in results if role == "producer")
+    end = next(t for role, t, _ in results if role == "consumer")
+    return Row(name, rate=count / (end - start))
+
+
+# -- main ------------------------------------------------------------------------------
+
+
+def print_table(rows: list[Row], raw: Row, raw_rtt: Row) -> None:
+    print(
+        f"\n{'benchmark (100-byte messages)':<40} {'msgs/s':>10} {'p50 us':>8} {'p99 us':>8}  note"
+    )
+    print("-" * 90)
+    for row in rows:
+        rate = f"{row.rate:,.0f}" if row.rate else ""
+        p50 = f"{row.p50:.0f}" if row.p50 is not None else ""
+        p99 = f"{row.p99:.0f}" if row.p99 is not None else ""
+        note = row.note
+        if row.rate and raw.rate and row is not raw:
+            note = f"{row.rate / raw.rate:.2f}x raw pyzmq  {note}"
+        if row.p50 is not None and raw_rtt.p50 and row is not raw_rtt:
+            note = f"{row.p50 / raw_rtt.p50:.2f}x raw RTT  {note}"
+        print(f"{row.name:<40} {rate:>10} {p50:>8} {p99:>8}  {note}")
+    zh = next((r for r in rows if r.name == "zerohub push queue 1p/1c"), None)
+    stomp_row = next((r for r in rows if r.name.startswith("RabbitMQ STOMP")), None)
+    if zh and stomp_row and zh.rate and stomp_row.rate:
+        print(f"\nzerohub 1p/1c vs RabbitMQ STOMP: {zh.rate / stomp_row.rate:.1f}x")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny run (a smoke test)")
+    parser.add_argument("--messages", type=int, help="messages per producer")
+    parser.add_argument("--rounds", type=int, help="round trips for the latency rows")
+    parser.add_argument("--rabbitmq", action="store_true", help="add RabbitMQ STOMP and pika rows")
+    parser.add_argument("--engine", default="broker.engine:Engine", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    count = args.messages or (2_000 if args.quick else 200_000)
+    rounds = args.rounds or (200 if args.quick else 5_000)
+    ctx = mp.get_context("spawn")
+
+    rows = bench_raw(ctx, count, rounds)
+    raw, raw_rtt = rows
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    ready, stop = ctx.Event(), ctx.Event()
+    broker = ctx.Process(target=serve_broker, args=(endpoint, args.engine, ready, stop))
+    broker.start()
+    try:
+        if not ready.wait(30):
+            raise SystemExit("broker did not start")
+        rows.append(bench_zerohub(ctx, endpoint, count, 1, False))
+        rows.append(bench_zerohub(ctx, endpoint, count, 1, True))
+        rows.append(bench_zerohub(ctx, endpoint, max(1, count // 4), 4, False))
+        rows.append(bench_zerohub_rtt(endpoint, rounds, False))
+        rows.append(bench_zerohub_rtt(endpoint, rounds, True))
+    finally:
+        stop.set()
+        broker.join(30)
+    if args.rabbitmq:
+        RabbitMQ.install()
+        rabbit = RabbitMQ()
+        try:
+            rabbit.start()
+            stomp_count = max(1, count // 4) if not args.quick else count
+            rows.append(
+                bench_pair(ctx, "RabbitMQ STOMP 1p/1c auto-ack", stomp_consumer,
+                           stomp_producer, rabbit.stomp_port, stomp_count)
+            )  # fmt: skip
+            rows.append(
+                bench_pair(ctx, "RabbitMQ AMQP (pika) 1p/1c", pika_consumer,
+                           pika_producer, rabbit.amqp_port, stomp_count)
+            )  # fmt: skip
+        finally:
+            rabbit.stop()
+    print_table(rows, raw, raw_rtt)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,435 @@
+"""``broker`` command line: serve, push, consume, pull, admin, stats.
+
+The server binds ``tcp://127.0.0.1:5680`` unless ``--bind`` (or the config file) says
+otherwise; clients connect to ``--connect`` (default: the same, or ``$BROKER_ENDPOINT``).
+A non-loopback bind needs CURVE (``--curve-secret SERVER.key_secret --allow DIR``) or
+``--insecure``; CURVE clients pass ``--server-key SERVER.key --curve-secret CLIENT.key_secret``
+(make keys with ``filemq keys new NAME``).
+
+Config file (``--config FILE``, JSON, or TOML when the name ends in ``.toml``)::
+
+    {"server": {"bind": "...", "curve_secret": "...", "allow": "...", "insecure": false,
+                "max_frame_size": 16777216, "ping_interval": 5, "peer_timeout": 15},
+     "broker": {"node_name": "zerohub", "auto_create_channel": true,
+                "auto_create_queue": true, "max_pull_count": 10000,
+                "channel_defaults": {"Status": 1, "RequestAcknowledge": false}},
+     "tokens": {"TOKEN": ["push", "join", "pull"], "ADMIN-TOKEN": "all"},
+     "anonymous": ["push", "join"], "require_token": false}
+
+Command-line options override the file.  Exit codes: 0 ok, 1 remote error or timeout,
+2 usage/config error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from broker.protocol import DEFAULT_ENDPOINT
+
+log = logging.getLogger("broker.cli")
+
+
+class UsageError(Exception):
+    """Bad command line or config file (exit status 2)."""
+
+
+def _load_config(path: str | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    file = Path(path)
+    try:
+        text = file.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read config {path}: {exc.strerror}") from None
+    try:
+        if file.suffix == ".toml":
+            import tomllib
+
+            data: Any = tomllib.loads(text.decode("utf-8"))
+        else:
+            data = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"config {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"config {path}: expected an object at the top level")
+    return data
+
+
+def _build_engine(config: dict[str, Any]) -> Any:
+    import dataclasses
+    import time as _time
+
+    from broker.auth import ALL_ACTIONS, Action, TokenAuthorizer
+    from broker.engine import Engine
+    from broker.options import BrokerConfig, ChannelOptions, OptionsError
+
+    section = dict(config.get("broker") or {})
+    try:
+        if "channel_defaults" in section:
+            section["channel_defaults"] = ChannelOptions.from_json(section["channel_defaults"])
+        names = {f.name for f in dataclasses.fields(BrokerConfig)} - {"wall_clock"}
+        unknown = set(section) - names
+        if unknown:
+            raise UsageError(f"config broker: unknown keys {sorted(unknown)}")
+        broker_config = BrokerConfig(**section, wall_clock=_time.time)
+    except (OptionsError, TypeError) as exc:
+        raise UsageError(f"config broker: {exc}") from None
+
+    def actions(value: Any, where: str) -> frozenset[Action]:
+        if value == "all":
+            return ALL_ACTIONS
+        try:
+            return frozenset(Action(v) for v in value)
+        except (TypeError, ValueError):
+            known = ", ".join(a.value for a in Action)
+            raise UsageError(f"config {where}: actions are 'all' or a list of: {known}") from None
+
+    authorizer = None
+    if "tokens" in config:
+        grants = {str(t): actions(v, "tokens") for t, v in dict(config["tokens"]).items()}
+        authorizer = TokenAuthorizer(
+            grants,
+            anonymous=actions(config.get("anonymous", []), "anonymous"),
+            require_token=bool(config.get("require_token", False)),
+        )
+    return Engine(config=broker_config, authorizer=authorizer)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import zmq
+
+    from broker.server import Server, ServerError, ServerOptions
+
+    config = _load_config(args.config)
+    section = dict(config.get("server") or {})
+    known = {
+        "bind",
+        "curve_secret",
+        "allow",
+        "insecure",
+        "max_frame_size",
+        "ping_interval",
+        "peer_timeout",
+    }
+    if set(section) - known:
+        raise UsageError(f"config server: unknown keys {sorted(set(section) - known)}")
+    for key in known:
+        value = getattr(args, key, None)
+        if value not in (None, False):
+            section[key] = value
+    try:
+        options = ServerOptions(
+            endpoint=section.get("bind", DEFAULT_ENDPOINT),
+            curve_secret=section.get("curve_secret"),
+            allow_dir=section.get("allow"),
+            insecure=bool(section.get("insecure", False)),
+            max_frame_size=int(section.get("max_frame_size", 16 * 1024 * 1024)),
+            ping_interval=float(section.get("ping_interval", 5.0)),
+            peer_timeout=float(section.get("peer_timeout", 15.0)),
+        )
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"server options: {exc}") from None
+    engine = _build_engine(config)
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    server = Server(engine, options, context=context)
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        endpoint = server.bind()
+        print(f"broker serving on {endpoint}", file=sys.stderr, flush=True)
+        server.run()
+    except ServerError as exc:
+        print(f"broker: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        server.stop()
+        context.term()
+    return 0
+
+
+@contextlib.contextmanager
+def _session(args: argparse.Namespace) -> Iterator[Any]:
+    """A connected client (no reconnect) on its own context, closed afterwards."""
+    import zmq
+
+    from broker.client import Client
+
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        client = Client(
+            args.connect,
+            context=context,
+            client_id=args.client_id,
+            name=args.name,
+            token=args.token,
+            server_key=args.server_key,
+            curve_secret=args.curve_secret,
+            timeout=args.timeout,
+            reconnect=False,
+        )
+        client.connect()
+        try:
+            yield client
+        finally:
+            client.close()
+    finally:
+        context.term()
+
+
+def _headers(items: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for item in items:
+        key, sep, value = item.partition(":")
+        if not sep or not key.strip():
+            raise UsageError(f"--header wants KEY:VALUE, got {item!r}")
+        out.append((key.strip(), value.strip()))
+    return tuple(out)
+
+
+def _emit(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=True, default=str))
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    if args.data is None or args.data == "-":
+        payload = sys.stdin.buffer.read()
+    else:
+        payload = args.data.encode("utf-8")
+    with _session(args) as client:
+        for _ in range(args.count):
+            mid = client.push(
+                args.channel,
+                args.queue,
+                payload,
+                ack=args.ack,
+                high_priority=args.high_priority,
+                headers=_headers(args.header),
+            )
+            if args.ack:
+                print(mid)
+    return 0
+
+
+def _print_message(message: Any, as_json: bool) -> None:
+    if as_json:
+        try:
+            text: Any = message.payload.decode("utf-8")
+        except UnicodeDecodeError:
+            text = message.payload.hex()
+        record = {
+            "kind": message.kind.value,
+            "id": message.id,
+            "source": message.source,
+            "target": message.target,
+            "content_type": message.content_type,
+            "headers": dict(message.headers),
+            "payload": text,
+        }
+        print(json.dumps(record), flush=True)
+    else:
+        sys.stdout.buffer.write(message.payload + b"\n")
+        sys.stdout.buffer.flush()
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    seen = 0
+    with _session(args) as client:
+        for channel in args.channel:
+            client.join(channel)
+        try:
+            for message in client.consume(timeout=args.wait):
+                _print_message(message, args.json)
+                if message.needs_ack and not args.no_ack:
+                    client.ack(message)
+                seen += 1
+                if args.count and seen >= args.count:
+                    break
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    with _session(args) as client:
+        client.join(args.channel)  # pull requests are for the channel's consumers
+        messages = client.pull(
+            args.channel,
+            args.queue,
+            args.count,
+            clear=args.clear,
+            order=args.order,
+            info=args.info,
+        )
+        for message in messages:
+            _print_message(message, args.json)
+            if message.needs_ack:
+                client.ack(message)
+    return 0
+
+
+def _options(text: str | None) -> Any:
+    if text is None:
+        return None
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text("utf-8")
+        except OSError as exc:
+            raise UsageError(f"cannot read {text[1:]}: {exc.strerror}") from None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"--options is not JSON: {exc}") from None
+
+
+def cmd_admin(args: argparse.Namespace) -> int:
+    action, channel, queue = args.action, args.channel, args.queue
+    if action in ("create", "delete", "update", "info") and channel is None:
+        raise UsageError(f"admin {action} needs a CHANNEL")
+    options = _options(args.options)
+    if action == "update" and options is None:
+        raise UsageError("admin update needs --options JSON")
+    with _session(args) as client:
+        if action == "create":
+            if queue is None:
+                client.create_channel(channel, options)
+            else:
+                client.create_queue(channel, queue, options)
+        elif action == "update":
+            if queue is None:
+                client.update_channel(channel, options)
+            else:
+                client.update_queue(channel, queue, options)
+        elif action == "delete":
+            if queue is None:
+                client.delete_channel(channel)
+            else:
+                client.delete_queue(channel, queue)
+        elif action == "list":
+            _emit(client.channels() if channel is None else client.queues(channel))
+        elif action == "info":
+            if queue is None:
+                _emit(client.channel_info(channel))
+            else:
+                _emit(client.queue_info(channel, queue))
+        elif action == "clients":
+            _emit(client.clients(channel or ""))
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    with _session(args) as client:
+        _emit(client.stats())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="broker", description=__doc__.split("\n\n")[0])
+    parser.add_argument("-v", "--verbose", action="count", default=0)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help=f"run the broker (default bind {DEFAULT_ENDPOINT})")
+    serve.add_argument("--bind", help=f"endpoint to bind (default {DEFAULT_ENDPOINT})")
+    serve.add_argument("--config", help="JSON or TOML config file")
+    serve.add_argument("--curve-secret", help="the server's .key_secret file (enables CURVE)")
+    serve.add_argument("--allow", help="folder of allowed client public .key files")
+    serve.add_argument("--insecure", action="store_true", help="allow plain text off loopback")
+    serve.add_argument("--max-frame-size", type=int, help="largest frame accepted (octets)")
+    serve.add_argument("--ping-interval", type=float, help="seconds before pinging a quiet peer")
+    serve.add_argument(
+        "--peer-timeout", type=float, help="seconds before a silent peer is dropped"
+    )
+    serve.set_defaults(func=cmd_serve)
+
+    def client_parser(name: str, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help)
+        p.add_argument(
+            "--connect",
+            default=os.environ.get("BROKER_ENDPOINT", DEFAULT_ENDPOINT),
+            help="broker endpoint (default $BROKER_ENDPOINT or %(default)s)",
+        )
+        p.add_argument("--server-key", help="the server's public .key file (CURVE)")
+        p.add_argument("--curve-secret", help="this client's .key_secret file (CURVE)")
+        p.add_argument("--client-id")
+        p.add_argument("--name")
+        p.add_argument("--token", help="Client-Token sent when connecting")
+        p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for replies")
+        return p
+
+    push = client_parser("push", "push a message into a queue")
+    push.add_argument("channel")
+    push.add_argument("queue", type=int)
+    push.add_argument("data", nargs="?", help="payload text, or - (default) for stdin")
+    push.add_argument("--ack", action="store_true", help="wait for the broker's acknowledge")
+    push.add_argument("--high-priority", action="store_true")
+    push.add_argument("--header", action="append", default=[], metavar="KEY:VALUE")
+    push.add_argument("--count", type=int, default=1, help="send the payload this many times")
+    push.set_defaults(func=cmd_push)
+
+    consume = client_parser("consume", "join channels and print delivered messages")
+    consume.add_argument("channel", nargs="+")
+    consume.add_argument("--count", type=int, default=0, help="stop after N messages")
+    consume.add_argument("--wait", type=float, default=None, help="stop after S idle seconds")
+    consume.add_argument("--json", action="store_true", help="one JSON record per message")
+    consume.add_argument("--no-ack", action="store_true", help="do not acknowledge messages")
+    consume.set_defaults(func=cmd_consume)
+
+    pull = client_parser("pull", "pull messages from a pull or cache queue")
+    pull.add_argument("channel")
+    pull.add_argument("queue", type=int)
+    pull.add_argument("--count", type=int, default=1)
+    pull.add_argument("--clear", choices=["none", "all", "high-priority", "default-priority"])
+    pull.add_argument("--order", choices=["FIFO", "LIFO"])
+    pull.add_argument("--info", action="store_true", help="ask for the remaining counts")
+    pull.add_argument("--json", action="store_true")
+    pull.set_defaults(func=cmd_pull)
+
+    admin = client_parser("admin", "create/update/delete/list/info channels and queues")
+    admin.add_argument("action", choices=["create", "update", "delete", "list", "info", "clients"])
+    admin.add_argument("channel", nargs="?", help="channel (for clients: a Client-Type filter)")
+    admin.add_argument("queue", nargs="?", type=int)
+    admin.add_argument("--options", help="options JSON, or @FILE")
+    admin.set_defaults(func=cmd_admin)
+
+    stats = client_parser("stats", "print the broker's counters")
+    stats.set_defaults(func=cmd_stats)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from broker.client import ClientError
+
+    started = time.monotonic()
+    try:
+        return int(args.func(args))
+    except UsageError as exc:
+        print(f"broker: {exc}", file=sys.stderr)
+        return 2
+    except (ClientError, TimeoutError) as exc:
+        print(f"broker: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        log.debug("%s took %.3f s", args.command, time.monotonic() - started)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

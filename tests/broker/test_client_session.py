@@ -1,0 +1,137 @@
+"""broker.Client against a hand-driven ROUTER: handshake, keep-alive, silence, refusals."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+import zmq
+
+from broker import tmqp
+from broker.client import Client, ConnectError
+from broker.protocol import GREETING, ConnectionInfo, Header, MessageType, ResultCode
+
+Ctx = zmq.Context[zmq.Socket[bytes]]
+PING = tmqp.encode(tmqp.Ping())[0]
+PONG = tmqp.encode(tmqp.Pong())[0]
+
+
+class FakeBroker:
+    def __init__(self, ctx: Ctx) -> None:
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.linger = 0
+        self.sock.bind("tcp://127.0.0.1:*")
+        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def recv(self, timeout: float = 3.0) -> tuple[bytes, bytes]:
+        assert self.sock.poll(int(timeout * 1000)), "nothing from the client in time"
+        rid, data = self.sock.recv_multipart()
+        return rid, data
+
+    def send(self, rid: bytes, data: bytes) -> None:
+        self.sock.send_multipart([rid, data])
+
+    def accept(self, client_id: str = "fake-1") -> tuple[bytes, ConnectionInfo]:
+        """Answer one greeting + connection info; returns the routing id and the info."""
+        rid, data = self.recv()
+        for _ in range(20):  # PINGs of the session being given up may come first
+            if data != PING:
+                break
+            rid, data = self.recv()
+        assert data == GREETING
+        rid2, data = self.recv()
+        assert rid2 == rid
+        frame = tmqp.decode([data])
+        assert isinstance(frame, tmqp.Frame) and frame.message_type == MessageType.SERVER
+        self.send(rid, GREETING)
+        reply = tmqp.Frame(
+            message_type=MessageType.RESPONSE,
+            message_id=frame.message_id,
+            headers=((Header.CLIENT_ID, client_id),),
+        )
+        self.send(rid, tmqp.encode(reply)[0])
+        return rid, ConnectionInfo.from_payload(frame.payload)
+
+
+@pytest.fixture
+def fake(zctx: Ctx) -> Iterator[FakeBroker]:
+    broker = FakeBroker(zctx)
+    yield broker
+    broker.sock.close(linger=0)
+
+
+@pytest.mark.parametrize("threaded", [True, False], ids=["threaded", "poll-on-call"])
+def test_handshake_sends_the_connection_info(zctx: Ctx, fake: FakeBroker, threaded: bool) -> None:
+    client = Client(
+        fake.endpoint, context=zctx, name="worker-a", client_type="w", threaded=threaded
+    )
+    result: list[ConnectionInfo] = []
+    t = threading.Thread(target=lambda: result.append(fake.accept("given-id")[1]))
+    t.start()
+    client.connect(timeout=5)
+    t.join(5)
+    try:
+        assert client.client_id == "given-id"
+        assert (result[0].name, result[0].type, result[0].client_id) == ("worker-a", "w", None)
+    finally:
+        client.close()
+
+
+def test_pings_when_quiet_and_reconnects_after_silence(zctx: Ctx, fake: FakeBroker) -> None:
+    client = Client(fake.endpoint, context=zctx, ping_interval=0.2, peer_timeout=0.6,
+                    backoff=(0.01, 0.05))  # fmt: skip
+    t = threading.Thread(target=fake.accept)
+    t.start()
+    client.connect(timeout=5)
+    t.join(5)
+    try:
+        rid, data = fake.recv(timeout=2)
+        assert data == PING  # quiet broker: the client probes
+        fake.send(rid, PING)
+        assert fake.recv(timeout=2) == (rid, PONG)  # and answers the broker's probes
+        # stay silent: after peer_timeout the client starts a new session, same client id
+        rid2, info = fake.accept()
+        assert rid2 != rid and info.client_id == "fake-1"
+    finally:
+        client.close()
+
+
+def test_refusal_during_handshake_is_a_connect_error(zctx: Ctx, fake: FakeBroker) -> None:
+    def refuse() -> None:
+        rid, _ = fake.recv()
+        fake.recv()
+        refusal = tmqp.Frame(
+            message_type=MessageType.TERMINATE,
+            content_type=ResultCode.UNAUTHORIZED,
+            headers=((Header.REASON, "token refused"),),
+        )
+        fake.send(rid, tmqp.encode(refusal)[0])
+
+    t = threading.Thread(target=refuse)
+    t.start()
+    client = Client(fake.endpoint, context=zctx, token="x", timeout=5)
+    with pytest.raises(ConnectError, match="token refused"):
+        client.connect()
+    t.join(5)
+
+
+def test_terminate_in_session_triggers_a_new_handshake(zctx: Ctx, fake: FakeBroker) -> None:
+    client = Client(fake.endpoint, context=zctx, backoff=(0.01, 0.05))
+    t = threading.Thread(target=fake.accept)
+    t.start()
+    client.connect(timeout=5)
+    t.join(5)
+    try:
+        pending = client.request_frame(
+            tmqp.Frame(message_type=MessageType.SERVER, message_id="pending", pending_ack=True)
+        )
+        rid, _ = fake.recv()
+        bye = tmqp.Frame(message_type=MessageType.TERMINATE, content_type=ResultCode.BUSY)
+        fake.send(rid, tmqp.encode(bye)[0])
+        with pytest.raises(Exception, match="ended the session"):
+            pending.result(5)
+        _rid2, info = fake.accept()
+        assert info.client_id == "fake-1"
+    finally:
+        client.close()
