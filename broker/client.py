@@ -97,15 +97,23 @@ _SIZE1 = [bytes((n,)) for n in range(253)]
 
 
 def queue_frame_bytes(
-    high_priority: bool, ack: bool, queue_id: int, message_id: str, target: bytes, payload: bytes
+    high_priority: bool,
+    ack: bool,
+    queue_id: int,
+    message_id: str,
+    target: bytes,
+    payload: bytes,
+    source: bytes = b"",
 ) -> bytes | None:
     """The encoded QUEUE frame without headers (what ``tmqp.encode`` gives, ~3x faster).
 
+    ``source`` is the client's own id: with it the broker can forward the frame's
+    octets as they are instead of stamping the source and encoding again.
     None when a value is out of range: the caller then lets the codec raise its error.
     """
     mid = message_id.encode("utf-8")
     n = len(payload)
-    if len(mid) > 255 or not 0 <= queue_id <= 0xFFFF:
+    if len(mid) > 255 or len(source) > 255 or not 0 <= queue_id <= 0xFFFF:
         return None
     flags = 0x51 if high_priority else 0x11
     options = 0x50 if ack else 0x10  # pending-ack bit, TTL 16
@@ -117,8 +125,8 @@ def queue_frame_bytes(
         size = _U32.pack(254, n)
     else:
         size = _U64.pack(255, n)
-    head = _HEAD.pack(flags, options, len(mid), 0, len(target), queue_id)
-    return b"".join((head, size, mid, target, payload))
+    head = _HEAD.pack(flags, options, len(mid), len(source), len(target), queue_id)
+    return b"".join((head, size, mid, source, target, payload))
 
 
 def _headers(headers: Headers | None) -> tuple[tuple[str, str], ...]:
@@ -415,7 +423,8 @@ class Client(AdminOperations):
             if target is None:
                 target = self._target_bytes(channel)
             if target is not None:
-                data = queue_frame_bytes(high_priority, ack, queue_id, mid, target, body)
+                source = (self.client_id or "").encode()
+                data = queue_frame_bytes(high_priority, ack, queue_id, mid, target, body, source)
         if data is None:  # the general path (headers, or a value the codec must judge)
             frame = tmqp.Frame(
                 high_priority=high_priority,
@@ -423,6 +432,7 @@ class Client(AdminOperations):
                 pending_ack=ack,
                 content_type=queue_id,
                 message_id=mid,
+                source=self.client_id or "",
                 target=channel,
                 headers=_headers(headers),
                 payload=body,

@@ -24,7 +24,22 @@ def derive(
     target: str,
     headers: Headers,
 ) -> tmqp.Frame:
-    """A frame with ``f``'s flags (one delivery, priority), TTL and payload."""
+    """A frame with ``f``'s flags (one delivery, priority), TTL and payload.
+
+    Returns ``f`` itself when nothing differs, so the server can forward the
+    octets it received instead of encoding the frame again.
+    """
+    if (
+        message_id == f.message_id
+        and source == f.source
+        and message_type == f.message_type
+        and content_type == f.content_type
+        and pending_ack == f.pending_ack
+        and pending_response == f.pending_response
+        and target == f.target
+        and headers == f.headers
+    ):
+        return f
     return _Frame(
         f.first_acquirer,
         f.high_priority,

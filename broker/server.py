@@ -198,6 +198,8 @@ class Server:
         self._thread: threading.Thread | None = None
         self._auth: Any = None
         self._peers: dict[bytes, _Peer] = {}
+        self._in_frame: object = None  # the frame being handled and its octets
+        self._in_data = b""
         self._by_client: dict[str, _Peer] = {}
         self._blocked: set[_Peer] = set()
         self._gone: list[_Peer] = []
@@ -407,6 +409,10 @@ class Server:
             if mt == _SERVER and msg.content_type == STATS_OPERATION:
                 self._send_to(peer, self._stats_reply(peer, msg))
                 return
+            # the engine often forwards the very frame it was given (a push delivered
+            # as is): _send_all then reuses these octets instead of encoding again
+            self._in_frame = msg
+            self._in_data = data
             try:
                 outs = self.engine.receive(peer.client_id, msg, now)
             except Exception:
@@ -585,12 +591,15 @@ class Server:
             frame = out.frame
             if frame is not prev:
                 prev = frame
-                try:
-                    data = frame.encode()[0]
-                except (EncodeError, AttributeError) as exc:
-                    log.error("engine produced an unencodable frame: %s", exc)
-                    self.counters["engine_errors"] += 1
-                    data = b""
+                if frame is self._in_frame:
+                    data = self._in_data
+                else:
+                    try:
+                        data = frame.encode()[0]
+                    except (EncodeError, AttributeError) as exc:
+                        log.error("engine produced an unencodable frame: %s", exc)
+                        self.counters["engine_errors"] += 1
+                        data = b""
             peer = by_client.get(out.client_id)
             if peer is None or not data:
                 self.counters["dropped_out"] += 1
