@@ -91,6 +91,5 @@ class AdminOperations:
 
     def stats(self) -> Any:
         """The server's transport counters and the engine's statistics."""
-        from broker.server import STATS_OPERATION
 
-        return self._json(self._op(STATS_OPERATION, response=True))
+        return self._json(self._op(Operation.STATS, response=True))

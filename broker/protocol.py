@@ -55,6 +55,7 @@ class Operation(IntEnum):
     QUEUE_INFO = 205
     NODE_LIST = 301
     CLIENT_LIST = 302
+    STATS = 901  # zerohub: broker-wide counters as JSON (needs the ADMIN permission)
 
 
 class ResultCode(IntEnum):

@@ -65,7 +65,7 @@ _ids = itertools.count(1)
 
 #: Server operation (content type) answered by the server itself: a RESPONSE whose payload
 #: is the JSON of ``Server.stats()``.  Needs the engine authorizer's ADMIN action.
-STATS_OPERATION = 901
+STATS_OPERATION = int(Operation.STATS)
 
 
 class ServerError(Exception):
