@@ -94,7 +94,8 @@ class Server:
     """A ``filemq serve`` process; ready once it printed its endpoint."""
 
     def __init__(self, src: Path, extra: list[str], chunk: int | None = None) -> None:
-        cmd = [PY, "-m", "filemq", "serve", "--bind", "tcp://127.0.0.1:*", "--publish", str(src)]
+        cmd = [*FILEMQ, "serve", "--bind", "tcp://127.0.0.1:*", "--publish", str(src)]
+        cmd += ["--no-state"]  # watching (the default) keeps its index fresh; nothing saved
         if chunk:
             cmd += ["--chunk-size", str(chunk)]
         self.proc = subprocess.Popen(

@@ -30,6 +30,16 @@ once.
 SRSLY ends the run (``SyncRefused``).  Spec 35 says both "start a new
 connection" and "do not reconnect" on RTFM; this client reconnects once and
 gives up on a second RTFM (``SyncRejected``).
+
+Running forever (``max_retries=None``, what ``filemq subscribe`` does): a lost
+connection (socket monitor: disconnected), a silent server (heartbeats: HUGZ
+every ``heartbeat`` s, ``timeout`` s of silence), protocol errors and RTFM all
+end the session; the client backs off (exponential from 0.1 s with jitter, at
+most ``backoff_cap`` s; reset after a resync completed), reconnects with a new
+socket and resyncs with the cache of what DEST holds.  Each applied change is
+reported to ``on_event`` as a ``filemq.events.MirrorEvent``; the index is saved
+after each completed resync and every ``save_interval`` s while it changes.
+Deletes also remove the folders they leave empty.
 """
 
 from __future__ import annotations
@@ -38,10 +48,11 @@ import contextlib
 import hashlib
 import logging
 import os
+import random
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -70,8 +81,10 @@ from filemq.engine_client import (
     Send,
     ServerClosed,
 )
-from filemq.index import FileEntry, FileIndex, IndexFormatError
+from filemq.events import EventKind, MirrorEvent
+from filemq.index import FileEntry, FileIndex
 from filemq.paths import UnsafePathError, make_parents, safe_target
+from filemq.state import load_index
 
 __all__ = ["TEMP_PREFIX", "SyncClient", "SyncError", "SyncRefused", "SyncRejected", "SyncResult"]
 
@@ -80,6 +93,13 @@ log = logging.getLogger(__name__)
 TEMP_PREFIX = ".filemq-part-"
 _MAX_REFETCH = 3
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+_BACKOFF_BASE = 0.1
+_MONITOR_EVENTS = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_DISCONNECTED
+)
 
 
 class SyncError(FilemqError):
@@ -92,6 +112,10 @@ class SyncRefused(SyncError):
 
 class SyncRejected(SyncError):
     """The server answered RTFM twice (it does not accept what we send)."""
+
+
+class ConnectionLost(RemoteProtocolError):
+    """The socket monitor saw the connection to the server drop."""
 
 
 @dataclass
@@ -258,6 +282,13 @@ class _Mirror:
             os.unlink(target)
         except FileNotFoundError:
             return False
+        for depth in range(len(parts) - 1, 0, -1):  # folders this delete left empty
+            folder = os.path.join(self._root, *parts[:depth])
+            try:
+                os.rmdir(folder)
+            except OSError:
+                break
+            self._safe_dirs.discard(parts[:depth])
         return True
 
 
@@ -288,9 +319,12 @@ class SyncClient:
         connect_timeout: float = 10.0,
         timeout: float = 30.0,
         heartbeat: float = 5.0,
-        max_retries: int = 3,
+        max_retries: int | None = 3,
         progress: TextIO | None = None,
         linger_ms: int = 200,
+        on_event: Callable[[MirrorEvent], Any] | None = None,
+        backoff_cap: float = 5.0,
+        save_interval: float = 30.0,
     ) -> None:
         if (curve_secret is None) != (server_key is None):
             raise security.SecurityError("CURVE needs both --curve-secret and --server-key")
@@ -310,6 +344,11 @@ class SyncClient:
         self.heartbeat = heartbeat
         self.max_retries = max_retries
         self.linger_ms = linger_ms
+        self.on_event = on_event
+        self.backoff_cap = backoff_cap
+        self.save_interval = save_interval
+        #: Sessions started (1 + reconnects).
+        self.connections = 0
         self.result = SyncResult()
         self._progress = _Progress(progress)
         self._stop = threading.Event()
@@ -317,6 +356,7 @@ class SyncClient:
         self._sock: Any = None
         self._scanned = False
         self._subscribed = False
+        self._lost = ""
 
     def stop(self) -> None:
         """Ask a running ``run()`` (in another thread) to end within ~0.1 s."""
@@ -326,12 +366,28 @@ class SyncClient:
 
     def _load_index(self) -> FileIndex:
         exclude = lambda name: name.startswith(TEMP_PREFIX)  # noqa: E731
-        if self.index_path is not None and os.path.exists(self.index_path):
-            try:
-                return FileIndex.load(self.index_path, self.dest, exclude=exclude)
-            except IndexFormatError as exc:
-                log.warning("ignoring saved index: %s", exc)
-        return FileIndex(self.dest, exclude=exclude)
+        return load_index(self.index_path, self.dest, exclude=exclude)
+
+    def _save_index(self, index: FileIndex) -> None:
+        if self.index_path is None or not (index.dirty or not os.path.exists(self.index_path)):
+            return
+        try:
+            index.save(self.index_path)
+        except OSError as exc:
+            log.warning("cannot save index %s: %s", self.index_path, exc)
+
+    def _emit(self, kind: EventKind, name: str = "", **fields: Any) -> None:
+        if self.on_event is None:
+            return
+        path = os.path.join(os.path.abspath(self.dest), name) if name else ""
+        try:
+            self.on_event(MirrorEvent(kind, time.time(), name, path, **fields))
+        except Exception:  # a failing callback must not stop the mirror
+            log.exception("event callback failed")
+
+    def _backoff(self, retries: int) -> float:
+        delay = min(self.backoff_cap, _BACKOFF_BASE * 2 ** max(retries - 1, 0))
+        return delay * random.uniform(0.5, 1.0)
 
     # -- running ----------------------------------------------------------------
 
@@ -347,30 +403,28 @@ class SyncClient:
         try:
             while not self._stop.is_set():
                 self._subscribed = False
+                self.connections += 1
                 outcome = self._session(index, mirror)
                 if outcome in (_Outcome.DONE, _Outcome.STOPPED):
                     break
+                self._emit(EventKind.DISCONNECTED, detail=self._lost)
                 if self._subscribed:  # that connection completed a resync: count anew
                     retries = rejected = 0
-                if outcome == _Outcome.REJECTED:
+                if outcome == _Outcome.REJECTED and self.max_retries is not None:
                     rejected += 1
                     if rejected > 1:
                         raise SyncRejected("server answered RTFM twice")
                 else:
                     retries += 1
-                    if retries > self.max_retries:
+                    if self.max_retries is not None and retries > self.max_retries:
                         raise SyncError(f"giving up after {self.max_retries} reconnects")
-                self._stop.wait(min(0.2 * 2**retries, 5.0))
+                delay = self._backoff(retries)
+                log.info("reconnecting to %s in %.2f s", self.endpoint, delay)
+                self._stop.wait(delay)
         finally:
             mirror.abort()
             self._progress.done()
-            if self.index_path is not None and (
-                index.dirty or not os.path.exists(self.index_path)
-            ):
-                try:
-                    index.save(self.index_path)
-                except OSError as exc:
-                    log.warning("cannot save index %s: %s", self.index_path, exc)
+            self._save_index(index)
         return self.result
 
     def _socket(self) -> tuple[zmq.Socket[Any], zmq.Socket[Any] | None]:
@@ -382,11 +436,7 @@ class SyncClient:
             if self.curve_secret is not None and self.server_key is not None:
                 security.configure_client(sock, self.curve_secret, self.server_key)
             # handshake failures (key not allowed, CURVE vs plain) end the run at once
-            monitor = sock.get_monitor_socket(
-                zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-            )
+            monitor = sock.get_monitor_socket(_MONITOR_EVENTS)
             sock.connect(self.endpoint)
         except BaseException:
             if monitor is not None:
@@ -412,6 +462,8 @@ class SyncClient:
         self._sock = sock
         started = last_message = now
         subscribed_at: float | None = None
+        next_save = now + self.save_interval
+        self._lost = ""
         try:
             poller = zmq.Poller()
             poller.register(sock, zmq.POLLIN)
@@ -432,6 +484,8 @@ class SyncClient:
                     # first frame: event (u16) + value (u32), native order; zmq.utils.monitor
                     # would parse it but imports asyncio (~20 ms of start-up)
                     event = int.from_bytes(monitor.recv_multipart()[0][:2], sys.byteorder)
+                    if event == zmq.EVENT_DISCONNECTED:
+                        raise ConnectionLost(f"connection to {self.endpoint} lost")
                     kind = (
                         "key not allowed"
                         if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH
@@ -455,6 +509,9 @@ class SyncClient:
                         f"no answer from {self.endpoint} in {self.connect_timeout} s"
                     )
                 self._perform(session, mirror, session.tick(now))
+                if now >= next_save:
+                    next_save = now + self.save_interval
+                    self._save_index(index)
                 if self.once and session.synced:
                     self.result.synced = self.result.marker = True
                     self._perform(session, mirror, session.close())
@@ -472,7 +529,11 @@ class SyncClient:
             self._perform(session, mirror, session.close())
             return _Outcome.STOPPED
         except RemoteProtocolError as exc:
-            log.error("protocol error from %s: %s; reconnecting", self.endpoint, exc)
+            if isinstance(exc, PeerTimeout | ConnectionLost):
+                log.warning("%s; reconnecting", exc)
+            else:
+                log.error("protocol error from %s: %s; reconnecting", self.endpoint, exc)
+            self._lost = str(exc)
             mirror.abort()
             return _Outcome.RETRY
         finally:
@@ -496,6 +557,7 @@ class SyncClient:
                     if mirror.delete(action.parts):
                         self.result.deleted += 1
                         log.info("deleted %s", action.name)
+                        self._emit(EventKind.DELETE, action.name)
                 except (OSError, UnsafePathError) as exc:
                     log.error("cannot delete %s: %s", action.name, exc)
                     self.result.errors += 1
@@ -506,13 +568,17 @@ class SyncClient:
             elif isinstance(action, ResyncDone):
                 log.info("resync of %s complete", action.path)
                 self._subscribed = True
+                self._save_index(mirror.index)
+                self._emit(EventKind.RESYNC_COMPLETE, detail=action.path)
             elif isinstance(action, Refused):
                 raise SyncRefused(f"server refused: {action.reason}")
             elif isinstance(action, Rejected):
                 log.error("server answered RTFM: %s", action.reason)
+                self._lost = f"server answered RTFM: {action.reason}"
                 return _Outcome.REJECTED
             elif isinstance(action, ServerClosed):
                 log.warning("server closed the session")
+                self._lost = "server closed the session"
                 return _Outcome.RETRY
         return None
 
@@ -544,12 +610,13 @@ class SyncClient:
             self.result.errors += 1
             return
         if ok:
+            size = chunk.offset + len(chunk.data)
             self.result.files += 1
-            self.result.bytes += int(
-                chunk.headers.get(HEADER_SIZE, chunk.offset + len(chunk.data))
-            )
-            self._progress.file(chunk.name, chunk.offset + len(chunk.data))
+            self.result.bytes += size
+            self._progress.file(chunk.name, size)
             self._refetches.pop(chunk.name, None)
+            sha1 = chunk.headers.get(HEADER_SHA1, "")
+            self._emit(EventKind.CREATE, chunk.name, size=size, sha1=sha1)
             return
         tries = self._refetches.get(chunk.name, 0) + 1
         self._refetches[chunk.name] = tries

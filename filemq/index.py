@@ -18,7 +18,8 @@ wrong count or a malformed line with ``IndexFormatError``; callers treat that
 as "no index" and rebuild.  ``save`` writes a temp file beside the target and
 renames it into place, so a crash never leaves a half-written index.  A newer
 format gets a new version number and a reader for the old one here, behind
-``load``; nothing outside this module knows the layout.
+``load``; nothing outside this module knows the layout.  Where index files
+live (server state dir, mirror cache) is ``filemq.state``'s business.
 """
 
 from __future__ import annotations
@@ -134,9 +135,9 @@ class FileIndex:
 
     # -- building ---------------------------------------------------------
 
-    def _hash(self, name: str, st: os.stat_result) -> FileEntry | None:
+    def _hash(self, name: str, st: os.stat_result, rehash: bool = False) -> FileEntry | None:
         old = self._entries.get(name)
-        if old is not None and old.key == _key(st):
+        if old is not None and old.key == _key(st) and not rehash:
             return old
         try:
             digest, st = sha1_file(self.root / name)
@@ -145,6 +146,8 @@ class FileIndex:
             return None
         self.hashed_files += 1
         self.hashed_bytes += st.st_size
+        if old is not None and old.key == _key(st) and old.sha1 == digest:
+            return old  # re-read on request, same version after all
         return FileEntry(name, st.st_size, st.st_mtime_ns, st.st_ino, digest)
 
     def _walk(self, rel: str) -> Iterator[tuple[str, os.stat_result]]:
@@ -199,14 +202,23 @@ class FileIndex:
         self.dirty = self.dirty or bool(removed)
         return IndexDelta(tuple(changed), tuple(sorted(removed)))
 
-    def update(self, name: str) -> FileEntry | None:
-        """Re-stat one file: its (possibly new) entry, or None when it is gone."""
+    def update(self, name: str, *, rehash: bool = False) -> FileEntry | None:
+        """Re-stat one file: its (possibly new) entry, or None when it is gone.
+
+        With ``rehash`` the content is read again even when ``(size, mtime_ns,
+        inode)`` did not change (a watcher saw a write: two same-size writes
+        within one mtime tick keep the key); the old entry is returned when the
+        SHA-1 is the same.
+        """
         path = self.root / name
         try:
             st = os.lstat(path)
         except OSError:
             st = None
-        entry = None if st is None or not stat.S_ISREG(st.st_mode) else self._hash(name, st)
+        if st is None or not stat.S_ISREG(st.st_mode):
+            entry = None
+        else:
+            entry = self._hash(name, st, rehash)
         if entry is None:
             self.forget(name)
         elif self._entries.get(name) is not entry:

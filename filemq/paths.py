@@ -42,15 +42,21 @@ class UnsafePathError(FilemqError, ValueError):
     """A name would escape its root or is not a plain relative file name."""
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def _check_chars(name: str) -> None:
     if "\\" in name:
         raise UnsafePathError(f"{name!r}: backslash in name")
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
+    if _CONTROL.search(name):
         raise UnsafePathError(f"{name!r}: NUL or control character in name")
 
 
 # Anything wrong with a relative name: control chars, backslash, '.'/'..'/empty parts, '/' ends
 _SUSPECT = re.compile(r"[\x00-\x1f\x7f\\]|(?:^|/)\.{0,2}(?:/|$)|^/|^[A-Za-z]:")
+# A virtual path that may need normalising or refusing: control chars, backslash, '//',
+# '.' or '..' components, a trailing '/' (the root included)
+_SUSPECT_VIRTUAL = re.compile(r"[\x00-\x1f\x7f\\]|//|/\.{1,2}(?:/|$)|/$")
 
 
 def relative_parts(name: str) -> tuple[str, ...]:
@@ -83,6 +89,8 @@ def virtual_path(path: str, *, directory: bool = False) -> str:
     """
     if not path.startswith("/"):
         raise UnsafePathError(f"{path!r}: virtual paths start with '/'")
+    if _SUSPECT_VIRTUAL.search(path) is None:  # fast path: already normal
+        return path + "/" if directory else path
     _check_chars(path)
     parts = [p for p in path.split("/") if p]
     if any(p in (".", "..") for p in parts):

@@ -284,6 +284,25 @@ class Publisher:
     ) -> None:
         self.stop()
 
+    def simulate_overflow(self) -> None:
+        """Act as if the kernel had dropped events: every mount gets ``RescanNeeded(OVERFLOW)``.
+
+        With :class:`~filemq.inotify_observer.OverflowAwareInotifyObserver` the synthetic
+        ``IN_Q_OVERFLOW`` goes through watchdog's own recovery (watches rebuilt); with any
+        other observer an overflow event is queued for each mount directly.
+        """
+        observer = self._observer
+        if observer is None:
+            raise RuntimeError("publisher is not running")
+        simulate = getattr(observer, "simulate_overflow", None)
+        if callable(simulate):
+            simulate()
+            return
+        from filemq.inotify_observer import QueueOverflowEvent
+
+        for m in self._mounts.values():
+            self._raw.put((m.name, QueueOverflowEvent(m.root)))
+
     # -- worker --------------------------------------------------------------------------
 
     def _run(self) -> None:

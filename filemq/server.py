@@ -16,9 +16,18 @@ per chunk (``os.pread`` on an fd opened for the current file), never buffered
 whole.
 
 Live changes: ``notify_changed(mount, name)``, ``notify_deleted(mount, name)``
-and ``rescan(mount)`` are thread-safe; they post to the loop over the control
-PAIR, the loop updates the index and queues a create/delete for every client
-whose subscription matches.  A file watcher plugs in here.
+and ``rescan(mount, subtree)`` are thread-safe; they post to the loop over the
+control PAIR, the loop updates the index and queues a create/delete for every
+client whose subscription matches -- only when the file's version really
+changed (a repeated notice costs one stat and hash, no traffic).  The file
+watcher (``filemq.live``) plugs in here; with ``indexes_live=True`` the server
+trusts it to keep the indexes fresh and does not re-stat a mount when a client
+connects or subscribes.
+
+Persistence: with ``state_dir`` each mount's index is loaded at start
+(``filemq.state``), refreshed against the disk (a file is hashed again only
+when its ``(size, mtime_ns, inode)`` changed) and saved atomically after the
+initial scan, every ``save_interval`` seconds while it has changes, and at stop.
 """
 
 from __future__ import annotations
@@ -49,6 +58,8 @@ from filemq.engine_server import (
 )
 from filemq.index import FileEntry, FileIndex, IndexDelta
 from filemq.paths import virtual_path
+from filemq.state import load_index, server_index_path
+from filemq.walk import DEFAULT_IGNORE, PathFilter
 
 __all__ = ["DEFAULT_ENDPOINT", "FileServer", "Mount"]
 
@@ -60,6 +71,12 @@ _MAX_MESSAGE = 128 << 20  # ICANHAZ with a 100k-entry cache fits
 _PREWARM_EVERY = 0.5  # seconds between index refreshes triggered by OHAI
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 _ids = itertools.count()
+_IGNORE = PathFilter(DEFAULT_IGNORE)
+
+
+def _excluded(name: str) -> bool:
+    """Names never published: client temp files (as the watcher ignores them)."""
+    return not _IGNORE.accepts_name(name.rpartition("/")[2])
 
 
 @dataclass(frozen=True)
@@ -101,6 +118,9 @@ class FileServer:
         max_clients: int = 10_000,
         rescan_interval: float = 0.0,
         linger_ms: int = 200,
+        state_dir: str | os.PathLike[str] | None = None,
+        save_interval: float = 30.0,
+        indexes_live: bool = False,
     ) -> None:
         if not mounts:
             raise ValueError("publish at least one directory")
@@ -119,7 +139,17 @@ class FileServer:
         self._allow_dir = allow_dir
         self._insecure = insecure
         self._linger = linger_ms
-        self.indexes = {m.virtual: FileIndex(m.directory) for m in self.mounts}
+        self.indexes = {m.virtual: FileIndex(m.directory, exclude=_excluded) for m in self.mounts}
+        self.index_files = (
+            {}
+            if state_dir is None
+            else {m.virtual: server_index_path(state_dir, m.directory, m.virtual) for m in mounts}
+        )
+        self.save_interval = save_interval
+        #: A watcher keeps the indexes fresh: no re-stat of a mount per connecting client.
+        self.indexes_live = indexes_live
+        #: Rescans done (requested, periodic or after a watcher's overflow).
+        self.rescans = 0
         self._refreshed = {m.virtual: float("-inf") for m in self.mounts}  # last full refresh
         self._sessions: dict[bytes, ServerSession] = {}
         self._stalled: dict[bytes, deque[list[bytes]]] = {}
@@ -142,7 +172,19 @@ class FileServer:
             if not mount.directory.is_dir():
                 raise FileNotFoundError(f"{mount.directory}: not a directory")
         for mount in self.mounts:
+            index = load_index(
+                self.index_files.get(mount.virtual), mount.directory, exclude=_excluded
+            )
+            self.indexes[mount.virtual] = index
             self._refresh_mount(mount)
+            log.info(
+                "mount %s: %d files, %d hashed (%d bytes)",
+                mount.virtual,
+                len(index),
+                index.hashed_files,
+                index.hashed_bytes,
+            )
+        self._save_indexes()
         router = self.context.socket(zmq.ROUTER)
         try:
             router.linger = self._linger
@@ -178,6 +220,8 @@ class FileServer:
         self._thread.join(timeout)
         if self._thread.is_alive():
             log.error("server thread did not stop within %.1f s", timeout)
+        else:
+            self._save_indexes()  # the loop owned the indexes; now they are ours
         self._thread = None
         with self._ctl_lock:
             if self._ctl is not None:
@@ -193,6 +237,16 @@ class FileServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def _save_indexes(self) -> None:
+        for virtual, path in self.index_files.items():
+            index = self.indexes[virtual]
+            if not index.dirty and path.exists():
+                continue
+            try:
+                index.save(path)
+            except OSError as exc:
+                log.warning("cannot save the index of %s to %s: %s", virtual, path, exc)
+
     @property
     def client_count(self) -> int:
         """Clients with a session (past OHAI, not expired or gone)."""
@@ -207,16 +261,19 @@ class FileServer:
             self._ctl.send_multipart(list(frames))
 
     def notify_changed(self, mount: str, name: str) -> None:
-        """File ``name`` (relative) under mount ``mount`` (virtual path) was created/changed."""
-        self._post(b"CHANGED", mount.encode(), name.encode("utf-8", "surrogateescape"))
+        """File ``name`` (relative) under mount ``mount`` (virtual path) was created/changed.
+
+        The file is read again even if its size, mtime and inode look unchanged.
+        """
+        self._post(b"CHANGED", mount.encode(), name.encode("utf-8", "surrogateescape"), b"1")
 
     def notify_deleted(self, mount: str, name: str) -> None:
         """File ``name`` under ``mount`` was deleted (the loop checks the disk anyway)."""
-        self._post(b"CHANGED", mount.encode(), name.encode("utf-8", "surrogateescape"))
+        self._post(b"CHANGED", mount.encode(), name.encode("utf-8", "surrogateescape"), b"0")
 
-    def rescan(self, mount: str | None = None) -> None:
-        """Rescan one mount (or all) and push what changed to subscribed clients."""
-        self._post(b"RESCAN", (mount or "").encode())
+    def rescan(self, mount: str | None = None, subtree: str = "") -> None:
+        """Rescan one mount (or all; optionally one relative subtree) and push what changed."""
+        self._post(b"RESCAN", (mount or "").encode(), subtree.encode("utf-8", "surrogateescape"))
 
     # -- the loop ---------------------------------------------------------------
 
@@ -228,6 +285,7 @@ class FileServer:
         poller.register(ctl, zmq.POLLIN)
         next_tick = time.monotonic() + 1.0
         next_rescan = time.monotonic() + self.rescan_interval
+        next_save = time.monotonic() + self.save_interval
         try:
             while True:
                 busy = self._pump()
@@ -244,6 +302,9 @@ class FileServer:
                     if self.rescan_interval > 0 and now >= next_rescan:
                         next_rescan = now + self.rescan_interval
                         self._rescan("")
+                    if self.index_files and now >= next_save:
+                        next_save = now + self.save_interval
+                        self._save_indexes()
         except Exception:
             log.exception("filemq server loop failed")
         finally:
@@ -264,9 +325,10 @@ class FileServer:
             try:
                 if command == b"CHANGED":
                     name = frames[2].decode("utf-8", "surrogateescape")
-                    self._changed(frames[1].decode(), name)
+                    self._changed(frames[1].decode(), name, rehash=frames[3] == b"1")
                 elif command == b"RESCAN":
-                    self._rescan(frames[1].decode())
+                    subtree = frames[2].decode("utf-8", "surrogateescape")
+                    self._rescan(frames[1].decode(), subtree)
             except Exception:
                 log.exception("control command %r failed", command)
 
@@ -325,6 +387,8 @@ class FileServer:
         every file again (see ``_subscribe``); at most one per mount every
         ``_PREWARM_EVERY`` seconds, so a crowd connecting at once costs little.
         """
+        if self.indexes_live:
+            return
         for mount in self.mounts:
             if now - self._refreshed[mount.virtual] >= _PREWARM_EVERY:
                 self._publish(mount, self._refresh_mount(mount))
@@ -423,7 +487,7 @@ class FileServer:
                 return session.chunk_frames(plan, None)
             st = os.fstat(fd)
             if (st.st_size, st.st_mtime_ns, st.st_ino) != (op.size, op.mtime_ns, op.inode):
-                fresh = self._refresh_op(op.name)
+                fresh = self._refresh_op(op.name, session)
                 if fresh is None or fresh.operation is not Operation.CREATE:
                     os.close(fd)
                     return session.chunk_frames(plan, None)
@@ -469,15 +533,19 @@ class FileServer:
             inode=entry.inode,
         )
 
-    def _refresh_op(self, name: str) -> FileOp | None:
+    def _refresh_op(self, name: str, sending: ServerSession) -> FileOp | None:
+        """The file ``sending`` was about to send changed: index it again, tell the others."""
         located = self._locate(name)
         if located is None:
             return None
         mount, rel = located
-        entry = self.indexes[mount.virtual].update(rel)
-        if entry is None:
-            return FileOp(name, Operation.DELETE)
-        return self._op(mount, entry)
+        index = self.indexes[mount.virtual]
+        before = index.get(rel)
+        entry = index.update(rel)
+        op = FileOp(name, Operation.DELETE) if entry is None else self._op(mount, entry)
+        if entry is not before:
+            self._queue_live([op], skip=sending)
+        return op
 
     def _subscribe(self, session: ServerSession, sub: Subscribe) -> None:
         log.info(
@@ -497,7 +565,7 @@ class FileServer:
             rest = sub.path[len(prefix) :] if sub.path.startswith(prefix) else ""
             subdir = rest.rsplit("/", 1)[0] if "/" in rest else ""
             index = self.indexes[mount.virtual]
-            if self._refreshed[mount.virtual] < session.connected_at:
+            if not self.indexes_live and self._refreshed[mount.virtual] < session.connected_at:
                 self._publish(mount, index.refresh(subdir), skip=session)
             elif rest and not rest.endswith("/"):  # one file asked for again: check it now
                 before = index.get(rest)
@@ -556,7 +624,7 @@ class FileServer:
             if wanted:
                 session.enqueue(wanted)
 
-    def _changed(self, mount_virtual: str, name: str) -> None:
+    def _changed(self, mount_virtual: str, name: str, *, rehash: bool) -> None:
         mount = next((m for m in self.mounts if m.virtual == virtual_path(mount_virtual)), None)
         if mount is None:
             log.warning("change notice for unknown mount %r", mount_virtual)
@@ -565,15 +633,34 @@ class FileServer:
         located = self._locate(full)
         if located is None or located[0] is not mount:
             return  # shadowed by a more specific mount
-        op = self._refresh_op(full)
-        if op is not None:
-            self._queue_live([op])
+        index = self.indexes[mount.virtual]
+        rel = located[1]
+        before = index.get(rel)
+        entry = index.update(rel, rehash=rehash)
+        if entry is before:
+            return  # this version was published already
+        self._queue_live(
+            [FileOp(full, Operation.DELETE) if entry is None else self._op(mount, entry)]
+        )
 
-    def _rescan(self, mount_virtual: str) -> None:
+    def _rescan(self, mount_virtual: str, subtree: str = "") -> None:
         for mount in self.mounts:
             if mount_virtual and mount.virtual != virtual_path(mount_virtual):
                 continue
-            self._publish(mount, self._refresh_mount(mount))
+            self.rescans += 1
+            if subtree:
+                delta = self.indexes[mount.virtual].refresh(subtree)
+            else:
+                delta = self._refresh_mount(mount)
+            if delta.changed or delta.removed:
+                log.info(
+                    "rescan of %s%s: %d changed, %d removed",
+                    mount.prefix,
+                    subtree,
+                    len(delta.changed),
+                    len(delta.removed),
+                )
+            self._publish(mount, delta)
 
 
 def _peer_key(frame: Any) -> str:

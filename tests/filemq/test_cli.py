@@ -20,7 +20,11 @@ FILEMQ = [sys.executable, "-m", "filemq"]
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    return {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    return {
+        **os.environ,
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "XDG_STATE_HOME": str(tmp_path / "state"),
+    }
 
 
 @pytest.fixture
