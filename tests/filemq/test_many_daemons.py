@@ -1,0 +1,109 @@
+"""Fifty real ``filemq subscribe`` daemons on one real ``filemq serve``: all stay exact
+mirrors, and one stalled (SIGSTOPped) daemon does not hold the others back."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DAEMONS = 50
+DEADLINE = 90.0
+
+
+def _tree(root: Path) -> dict[str, str]:
+    out = {}
+    for path in root.rglob("*"):
+        if path.is_file() and not path.name.startswith(".filemq-part-"):
+            out[path.relative_to(root).as_posix()] = hashlib.sha1(path.read_bytes()).hexdigest()
+    return out
+
+
+def _wait(pred, timeout: float) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.1)  # polling the file system for the outcome, not synchronising
+    return bool(pred())
+
+
+def test_fifty_daemons_and_a_stalled_one(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "docs").mkdir(parents=True)
+    for i in range(5):
+        (src / "docs" / f"start{i}.txt").write_bytes(b"s" * (1000 * i))
+    env = {
+        **os.environ,
+        "XDG_STATE_HOME": str(tmp_path / "state"),
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+    }
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "filemq",
+            "serve",
+            "--publish",
+            str(src),
+            "--bind",
+            "tcp://127.0.0.1:*",
+            "--no-state",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    daemons: list[subprocess.Popen[bytes]] = []
+    try:
+        assert server.stdout is not None
+        endpoint = ""
+        for _ in range(20):
+            line = server.stdout.readline()
+            found = re.search(r"on (tcp://127\.0\.0\.1:\d+)", line)
+            if found:
+                endpoint = found.group(1)
+                break
+        assert endpoint, "server did not report its endpoint"
+        dests = [tmp_path / f"m{i:02d}" for i in range(DAEMONS)]
+        for dest in dests:
+            daemons.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "filemq", "-q", "subscribe", endpoint, str(dest)],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    env=env,
+                )
+            )
+        want = _tree(src)
+        assert _wait(lambda: all(_tree(d) == want for d in dests), DEADLINE)
+
+        stalled = daemons[0]
+        stalled.send_signal(signal.SIGSTOP)
+        (src / "docs" / "start1.txt").write_bytes(b"changed")
+        (src / "docs" / "start2.txt").unlink()
+        for i in range(10):
+            (src / "new" / f"n{i}").parent.mkdir(exist_ok=True)
+            (src / "new" / f"n{i}").write_bytes(os.urandom(64 * 1024))
+        want = _tree(src)
+        others = dests[1:]
+        assert _wait(lambda: all(_tree(d) == want for d in others), DEADLINE)
+        assert _tree(dests[0]) != want  # it really was stalled
+        stalled.send_signal(signal.SIGCONT)
+        assert _wait(lambda: _tree(dests[0]) == want, DEADLINE)
+    finally:
+        for proc in daemons:
+            proc.send_signal(signal.SIGCONT)
+            proc.terminate()
+        codes = [proc.wait(timeout=30) for proc in daemons]
+        server.terminate()
+        server.wait(timeout=30)
+        if server.stdout is not None:
+            server.stdout.close()
+    assert codes == [0] * DAEMONS
