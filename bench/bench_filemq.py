@@ -2,6 +2,7 @@
 
     python bench/bench_filemq.py            # full: 1 GiB file, 10,000 x 10 KiB, resync
     python bench/bench_filemq.py --quick    # tiny sizes, runs in seconds
+    python bench/bench_filemq.py --skip-big # (b) and (c) only
     python bench/bench_filemq.py --measure-defaults [--quick]   # chunk size x credit
 
 Scenarios, all on this machine in one run, page cache warm (sources were just
@@ -16,6 +17,10 @@ zerohub: a ``filemq serve`` process is started first and has indexed its tree
 (SHA-1 of every file) before the clock starts, as a long-running server has;
 the timed process is ``filemq sync --once`` (with its saved DEST index, the
 CLI default; (c') shows the resync when the client must re-hash DEST).
+The filemq and zproto sources are byte-compiled first, as an installed package
+is (this environment sets PYTHONDONTWRITEBYTECODE=1, which would otherwise make
+every timed process compile them again: ~18 ms each).  (c) and (c') are the
+median of 3 runs, rsync's too.
 raw: a PUSH process reads the files and streams [name, offset, data] in 1 MiB
 messages to a PULL process that writes them (no protocol, no checks): the floor
 for Python + ZeroMQ moving the same bytes.
@@ -37,7 +42,9 @@ import time
 from pathlib import Path
 
 PY = sys.executable
-FILEMQ = [PY, "-m", "filemq", "-q"]
+# the console script, as a user runs it (``python -m filemq`` adds ~3 ms of runpy)
+_SCRIPT = Path(PY).parent / "filemq"
+FILEMQ = [str(_SCRIPT), "-q"] if _SCRIPT.exists() else [PY, "-m", "filemq", "-q"]
 
 
 # -- data -------------------------------------------------------------------------
@@ -200,6 +207,22 @@ def sync_cmd(server: Server, dest: Path, index: Path | None, curve: list[str]) -
     return cmd + curve
 
 
+def compile_sources() -> None:
+    """Byte-compile filemq and zproto (into their __pycache__, as an install does)."""
+    import compileall
+
+    import filemq
+    import zproto
+
+    for package in (filemq, zproto):
+        for folder in package.__path__:
+            compileall.compile_dir(folder, quiet=1)
+
+
+def median_time(cmd: list[str], runs: int = 3) -> float:
+    return sorted(timed(cmd) for _ in range(runs))[runs // 2]
+
+
 def check_same(src: Path, dest: Path) -> None:
     if tree_signature(src) != tree_signature(dest):
         raise RuntimeError(f"{dest} does not match {src}")
@@ -208,6 +231,7 @@ def check_same(src: Path, dest: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes")
+    parser.add_argument("--skip-big", action="store_true", help="skip scenario (a)")
     parser.add_argument("--measure-defaults", action="store_true")
     parser.add_argument("--dir", help="work folder (default: a temp folder)")
     parser.add_argument("--raw-send", nargs=2, help=argparse.SUPPRESS)
@@ -225,15 +249,17 @@ def main() -> int:
     try:
         if args.measure_defaults:
             return measure_defaults(work, (16 << 20) if args.quick else (512 << 20))
-        return run(work, big, count, small)
+        return run(work, 0 if args.skip_big else big, count, small)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def run(work: Path, big: int, count: int, small: int) -> int:
     rsync = ensure_rsync()
+    compile_sources()
     print(f"preparing data in {work} ...", file=sys.stderr)
-    make_big(work / "a-src", big)
+    if big:
+        make_big(work / "a-src", big)
     make_small(work / "b-src", count, small)
     keys = work / "keys"
     subprocess.run(
@@ -259,17 +285,17 @@ def run(work: Path, big: int, count: int, small: int) -> int:
     rows: list[tuple[str, str, float, int]] = []
     port = 47000 + os.getpid() % 1000
 
-    for label, src, nbytes in (
-        (f"(a) 1 x {big >> 20} MiB", work / "a-src", big),
-        (f"(b) {count} x {small >> 10} KiB", work / "b-src", count * small),
-    ):
+    scenarios = [(f"(b) {count} x {small >> 10} KiB", work / "b-src", count * small)]
+    if big:
+        scenarios.insert(0, (f"(a) 1 x {big >> 20} MiB", work / "a-src", big))
+    for label, src, nbytes in scenarios:
         tag = label[:3]
         if rsync:
             dest = work / f"{tag}-rsync"
             rows.append((label, "rsync -a", timed([rsync, "-a", f"{src}/", f"{dest}/"]), nbytes))
             check_same(src, dest)
             if tag == "(b)":
-                t = timed([rsync, "-a", f"{src}/", f"{dest}/"])
+                t = median_time([rsync, "-a", f"{src}/", f"{dest}/"])
                 rows.append(("(c) no-change resync of (b)", "rsync -a", t, 0))
         for mode, server_extra, client_extra in (
             ("zerohub plain", [], []),
@@ -282,9 +308,9 @@ def run(work: Path, big: int, count: int, small: int) -> int:
                 rows.append((label, mode, t, nbytes))
                 check_same(src, dest)
                 if tag == "(b)":
-                    t = timed(sync_cmd(server, dest, index, client_extra))
+                    t = median_time(sync_cmd(server, dest, index, client_extra))
                     rows.append(("(c) no-change resync of (b)", mode, t, 0))
-                    t = timed(sync_cmd(server, dest, None, client_extra))
+                    t = median_time(sync_cmd(server, dest, None, client_extra))
                     rows.append(("(c') (c), client re-hashes DEST", mode, t, 0))
             finally:
                 server.stop()

@@ -1,14 +1,18 @@
 """FILEMQ client: mirror a server's virtual path into a local DEST directory.
 
-``SyncClient.run()`` connects a DEALER and sends OHAI, scans DEST into a
-``FileIndex`` while OHAI travels (SHA-1 per file, reused across runs when
-``index_path`` is given; the server refreshes its own index on OHAI meanwhile),
-then sends ICANHAZ with ``RESYNC=1`` and the cache of what DEST holds, and grants credit
-in a sliding window (``engine_client``).  Received files go to a temp file
-``DEST/.filemq-part-*`` and are renamed into place only when the last chunk
-arrived and its size and SHA-1 match the ``size``/``sha1`` headers; a mismatch
-discards the temp file and asks for the file again (up to 3 times).  So DEST
-never shows a partial file and a replaced file has exactly the new size.
+``SyncClient.run()`` connects a DEALER and sends OHAI, and while the
+connection is set up reads DEST's saved index (``index_path``; SHA-1 per file
+version, reused across runs).  With a saved index the ICANHAZ (``RESYNC=1``,
+cache = what the index says DEST holds) goes out as soon as OHAI-OK is in,
+*then* DEST is re-stat'd while the server works out what to send; any file the
+re-stat finds different from that cache (changed, gone, new) is asked for
+again with an ICANHAZ of its own path (or, past 64 such files, one ICANHAZ of
+the whole path).  Without a saved index DEST is scanned first (hashing every
+file) and the ICANHAZ follows.  Credit is granted in a sliding window
+(``engine_client``).  Received files are written by ``filemq.mirror``: verified
+against the ``size``/``sha1`` headers, renamed into place only when complete; a
+mismatch asks for the file again (up to 3 times).  So DEST never shows a
+partial file and a replaced file has exactly the new size.
 
 Unsafe names (``..``, absolute, NUL, backslash, through a symlink, the temp
 prefix) are logged and skipped; the session goes on and the run ends with
@@ -44,8 +48,7 @@ Deletes also remove the folders they leave empty.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
+import bisect
 import logging
 import os
 import random
@@ -55,22 +58,20 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 import zmq
 
-from filemq import security
 from filemq.engine import (
     DEFAULT_CREDIT_WINDOW,
-    HEADER_MTIME,
     HEADER_SHA1,
-    HEADER_SIZE,
     FilemqError,
     RemoteProtocolError,
     load_wire,
 )
 from filemq.engine_client import (
     ClientSession,
+    ClientState,
     FileChunk,
     FileDelete,
     FileRefused,
@@ -81,18 +82,22 @@ from filemq.engine_client import (
     Send,
     ServerClosed,
 )
-from filemq.events import EventKind, MirrorEvent
-from filemq.index import FileEntry, FileIndex
-from filemq.paths import UnsafePathError, make_parents, safe_target
+from filemq.index import FileIndex, IndexDelta
+from filemq.mirror import TEMP_PREFIX, Mirror
+from filemq.paths import UnsafePathError, all_relative_safe
 from filemq.state import load_index
+
+if TYPE_CHECKING:  # imported when an event is emitted: start-up time of `filemq sync`
+    from filemq.events import MirrorEvent
 
 __all__ = ["TEMP_PREFIX", "SyncClient", "SyncError", "SyncRefused", "SyncRejected", "SyncResult"]
 
 log = logging.getLogger(__name__)
 
-TEMP_PREFIX = ".filemq-part-"
+_EventName = Literal["create", "delete", "resync-complete", "disconnected"]
 _MAX_REFETCH = 3
-_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+_OHAI_WAIT_MS = 50  # after reading the saved index: wait this long for OHAI-OK at most
+_MAX_CORRECTIONS = 64  # more files differ from the saved index: one ICANHAZ for all
 _BACKOFF_BASE = 0.1
 _MONITOR_EVENTS = (
     zmq.EVENT_HANDSHAKE_FAILED_AUTH
@@ -134,6 +139,11 @@ def _reserved(parts: tuple[str, ...]) -> bool:
     return parts[0].startswith(TEMP_PREFIX)
 
 
+def _is_temp(name: str) -> bool:
+    """Names the index of DEST skips: our temp files."""
+    return name.startswith(TEMP_PREFIX)
+
+
 class _Progress:
     """Files, bytes and rate: a redrawn line on a TTY, log lines otherwise."""
 
@@ -147,15 +157,17 @@ class _Progress:
 
     def data(self, size: int) -> None:
         self.bytes += size
-        now = time.monotonic()
-        if self.tty and now - self._drawn > 0.1:
-            self._drawn = now
-            self._draw(now)
+        if self.tty:  # redrawn at most every 0.1 s
+            now = time.monotonic()
+            if now - self._drawn > 0.1:
+                self._drawn = now
+                self._draw(now)
 
-    def file(self, name: str, size: int) -> None:
+    def file(self, name: str, size: int, *, live: bool) -> None:
+        """One file placed: a log line when not on a TTY (DEBUG while resyncing)."""
         self.files += 1
         if not self.tty:
-            log.info("received %s (%d bytes)", name, size)
+            log.log(logging.INFO if live else logging.DEBUG, "received %s (%d bytes)", name, size)
 
     def _draw(self, now: float) -> None:
         assert self.stream is not None
@@ -170,126 +182,6 @@ class _Progress:
             self._draw(time.monotonic())
             assert self.stream is not None
             self.stream.write("\n")
-
-
-class _Mirror:
-    """Writes into DEST: temp file per transfer, verified, renamed into place.
-
-    Hot path for many small files: plain string paths, one ``lstat`` per file
-    once its folder has been checked (folders checked or created this session
-    are remembered; DEST is ours while we write it).
-    """
-
-    def __init__(self, root: Path, index: FileIndex) -> None:
-        self.root = root
-        self._root = str(root)
-        self.index = index
-        self._safe_dirs: set[tuple[str, ...]] = set()
-        self._counter = 0
-        self._fd = -1
-        self._tmp = ""
-        self._target_path = ""
-        self._parts: tuple[str, ...] = ()
-        self._sha1: Any = None
-        self._size = 0
-
-    def clean_temp(self) -> None:
-        for entry in os.scandir(self.root):
-            if entry.name.startswith(TEMP_PREFIX) and entry.is_file(follow_symlinks=False):
-                os.unlink(entry.path)
-
-    def _target(self, parts: tuple[str, ...]) -> str:
-        if parts[:-1] not in self._safe_dirs:
-            return str(safe_target(self.root, parts))
-        # folder already checked: renaming over a directory fails (EISDIR) by itself
-        return os.path.join(self._root, *parts)
-
-    @property
-    def busy(self) -> bool:
-        return self._fd >= 0
-
-    def begin(self, parts: tuple[str, ...]) -> None:
-        self.abort()
-        self._target_path = self._target(parts)
-        self._counter += 1
-        tmp = f"{self._root}/{TEMP_PREFIX}{os.getpid()}-{self._counter}"
-        self._fd = os.open(tmp, _TEMP_FLAGS, 0o666)
-        self._tmp, self._parts = tmp, parts
-        self._sha1 = hashlib.sha1()
-        self._size = 0
-
-    def write(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            written = os.write(self._fd, view)
-            view = view[written:]
-        self._sha1.update(data)
-        self._size += len(data)
-
-    def finish(self, headers: dict[str, str]) -> tuple[bool, str]:
-        """Verify and rename into place: (verified, reason).
-
-        Raises OSError/UnsafePathError when a verified file cannot be placed.
-        """
-        fd, self._fd = self._fd, -1
-        try:
-            mtime = headers.get(HEADER_MTIME)
-            if mtime is not None and mtime.isdigit():
-                os.utime(fd, ns=(int(mtime), int(mtime)))
-            st = os.fstat(fd)
-        finally:
-            os.close(fd)
-        tmp, parts, digest = self._tmp, self._parts, self._sha1.hexdigest()
-        self._tmp = ""
-        want_size = headers.get(HEADER_SIZE)
-        want_sha1 = headers.get(HEADER_SHA1)
-        reason = ""
-        if want_size is not None and want_size != str(self._size):
-            reason = f"size {self._size}, server said {want_size}"
-        elif want_sha1 is not None and want_sha1.lower() != digest:
-            reason = f"SHA-1 {digest}, server said {want_sha1}"
-        if reason:
-            os.unlink(tmp)
-            return False, reason
-        try:
-            target = self._target_path
-            if parts[:-1] not in self._safe_dirs:
-                make_parents(self.root, parts)
-                target = str(safe_target(self.root, parts))  # again, now that folders exist
-                self._safe_dirs.add(parts[:-1])
-            os.replace(tmp, target)
-        except (OSError, UnsafePathError):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-        name = "/".join(parts)
-        self.index.record(FileEntry(name, st.st_size, st.st_mtime_ns, st.st_ino, digest))
-        return True, ""
-
-    def abort(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-        if self._tmp:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._tmp)
-            self._tmp = ""
-
-    def delete(self, parts: tuple[str, ...]) -> bool:
-        target = self._target(parts)
-        self.index.forget("/".join(parts))
-        try:
-            os.unlink(target)
-        except FileNotFoundError:
-            return False
-        for depth in range(len(parts) - 1, 0, -1):  # folders this delete left empty
-            folder = os.path.join(self._root, *parts[:depth])
-            try:
-                os.rmdir(folder)
-            except OSError:
-                break
-            self._safe_dirs.discard(parts[:depth])
-        return True
 
 
 class _Outcome:
@@ -327,7 +219,9 @@ class SyncClient:
         save_interval: float = 30.0,
     ) -> None:
         if (curve_secret is None) != (server_key is None):
-            raise security.SecurityError("CURVE needs both --curve-secret and --server-key")
+            from filemq.security import SecurityError
+
+            raise SecurityError("CURVE needs both --curve-secret and --server-key")
         self.context = context
         self.endpoint = endpoint
         self.dest = Path(dest)
@@ -354,6 +248,7 @@ class SyncClient:
         self._stop = threading.Event()
         self._refetches: dict[str, int] = {}
         self._sock: Any = None
+        self._monitor: zmq.Socket[Any] | None = None
         self._scanned = False
         self._subscribed = False
         self._lost = ""
@@ -365,8 +260,7 @@ class SyncClient:
     # -- index ------------------------------------------------------------------
 
     def _load_index(self) -> FileIndex:
-        exclude = lambda name: name.startswith(TEMP_PREFIX)  # noqa: E731
-        return load_index(self.index_path, self.dest, exclude=exclude)
+        return load_index(self.index_path, self.dest, exclude=_is_temp)
 
     def _save_index(self, index: FileIndex) -> None:
         if self.index_path is None or not (index.dirty or not os.path.exists(self.index_path)):
@@ -376,12 +270,15 @@ class SyncClient:
         except OSError as exc:
             log.warning("cannot save index %s: %s", self.index_path, exc)
 
-    def _emit(self, kind: EventKind, name: str = "", **fields: Any) -> None:
+    def _emit(self, kind: _EventName, name: str = "", **fields: Any) -> None:
+        """Report a change to ``on_event`` (``kind``: a ``filemq.events.EventKind`` value)."""
         if self.on_event is None:
             return
+        from filemq.events import EventKind, MirrorEvent
+
         path = os.path.join(os.path.abspath(self.dest), name) if name else ""
         try:
-            self.on_event(MirrorEvent(kind, time.time(), name, path, **fields))
+            self.on_event(MirrorEvent(EventKind(kind), time.time(), name, path, **fields))
         except Exception:  # a failing callback must not stop the mirror
             log.exception("event callback failed")
 
@@ -394,9 +291,8 @@ class SyncClient:
     def run(self) -> SyncResult:
         """Sync until done (``once``) or ``stop()``; raises SyncError when it cannot."""
         self.dest.mkdir(parents=True, exist_ok=True)
-        index = self._load_index()
-        mirror = _Mirror(self.dest, index)
-        mirror.clean_temp()
+        # the saved index is read by the first session, while its connection is set up
+        mirror = Mirror(self.dest, FileIndex(self.dest, exclude=_is_temp))
         self._scanned = False
         retries = 0
         rejected = 0
@@ -404,10 +300,10 @@ class SyncClient:
             while not self._stop.is_set():
                 self._subscribed = False
                 self.connections += 1
-                outcome = self._session(index, mirror)
+                outcome = self._session(mirror)
                 if outcome in (_Outcome.DONE, _Outcome.STOPPED):
                     break
-                self._emit(EventKind.DISCONNECTED, detail=self._lost)
+                self._emit("disconnected", detail=self._lost)
                 if self._subscribed:  # that connection completed a resync: count anew
                     retries = rejected = 0
                 if outcome == _Outcome.REJECTED and self.max_retries is not None:
@@ -424,7 +320,8 @@ class SyncClient:
         finally:
             mirror.abort()
             self._progress.done()
-            self._save_index(index)
+            if self._scanned:
+                self._save_index(mirror.index)
         return self.result
 
     def _socket(self) -> tuple[zmq.Socket[Any], zmq.Socket[Any] | None]:
@@ -432,8 +329,13 @@ class SyncClient:
         monitor = None
         try:
             sock.linger = self.linger_ms
+            # a DEALER whose connection failed its handshake has nowhere to queue: a send
+            # would wait forever
+            sock.sndtimeo = max(1000, int(self.connect_timeout * 1000))
             sock.maxmsgsize = self.window + (16 << 20)
             if self.curve_secret is not None and self.server_key is not None:
+                from filemq import security  # (imported only for CURVE: start-up time)
+
                 security.configure_client(sock, self.curve_secret, self.server_key)
             # handshake failures (key not allowed, CURVE vs plain) end the run at once
             monitor = sock.get_monitor_socket(_MONITOR_EVENTS)
@@ -446,7 +348,29 @@ class SyncClient:
             raise
         return sock, monitor
 
-    def _session(self, index: FileIndex, mirror: _Mirror) -> str:
+    def _check_monitor(self, monitor: zmq.Socket[Any]) -> None:
+        """Raise for what the socket monitor reported (a handshake failure first)."""
+        events = []
+        while True:
+            try:
+                # first frame: event (u16) + value (u32), native order; zmq.utils.monitor
+                # would parse it but imports asyncio (~20 ms of start-up)
+                frames = monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            events.append(int.from_bytes(frames[0][:2], sys.byteorder))
+        failed = [e for e in events if e != zmq.EVENT_DISCONNECTED]
+        if failed:
+            kind = (
+                "key not allowed"
+                if zmq.EVENT_HANDSHAKE_FAILED_AUTH in failed
+                else "security mechanism mismatch or protocol error"
+            )
+            raise SyncRefused(f"handshake with {self.endpoint} failed: {kind}")
+        if events:
+            raise ConnectionLost(f"connection to {self.endpoint} lost")
+
+    def _session(self, mirror: Mirror) -> str:
         now = time.monotonic()
         session = ClientSession(
             self.wire,
@@ -459,7 +383,7 @@ class SyncClient:
             reserved=_reserved,
         )
         sock, monitor = self._socket()
-        self._sock = sock
+        self._sock, self._monitor = sock, monitor
         started = last_message = now
         subscribed_at: float | None = None
         next_save = now + self.save_interval
@@ -470,28 +394,22 @@ class SyncClient:
             if monitor is not None:
                 poller.register(monitor, zmq.POLLIN)
             self._perform(session, mirror, session.start(now))
-            if not self._scanned:  # scan DEST while OHAI travels (the server refreshes too)
-                index.refresh()
-                self._scanned = True
+            if not self._scanned:  # scan DEST while OHAI travels
+                outcome = self._scan_dest(session, mirror, sock)
+                if outcome is not None:
+                    return outcome
                 now = time.monotonic()
                 session.restart_timers(now)
-            session.cache = {e.name: e.sha1 for e in index}
+            if session.state is ClientState.ACTIVE:  # ICANHAZ went out during the scan
+                subscribed_at = now
+            else:
+                session.cache = mirror.index.digests()
             started = last_message = now
             while not self._stop.is_set():
                 events = dict(poller.poll(100))
                 now = time.monotonic()
                 if monitor is not None and monitor in events:
-                    # first frame: event (u16) + value (u32), native order; zmq.utils.monitor
-                    # would parse it but imports asyncio (~20 ms of start-up)
-                    event = int.from_bytes(monitor.recv_multipart()[0][:2], sys.byteorder)
-                    if event == zmq.EVENT_DISCONNECTED:
-                        raise ConnectionLost(f"connection to {self.endpoint} lost")
-                    kind = (
-                        "key not allowed"
-                        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                        else "security mechanism mismatch or protocol error"
-                    )
-                    raise SyncRefused(f"handshake with {self.endpoint} failed: {kind}")
+                    self._check_monitor(monitor)
                 if sock in events:
                     for _ in range(256):
                         try:
@@ -511,7 +429,7 @@ class SyncClient:
                 self._perform(session, mirror, session.tick(now))
                 if now >= next_save:
                     next_save = now + self.save_interval
-                    self._save_index(index)
+                    self._save_index(mirror.index)
                 if self.once and session.synced:
                     self.result.synced = self.result.marker = True
                     self._perform(session, mirror, session.close())
@@ -543,21 +461,83 @@ class SyncClient:
                 monitor.close(linger=0)
             sock.close()
 
+    def _scan_dest(
+        self, session: ClientSession, mirror: Mirror, sock: zmq.Socket[Any]
+    ) -> str | None:
+        """Read DEST's saved index and re-stat DEST (first session), overlapping the server.
+
+        With a saved index, ICANHAZ goes out with its cache as soon as OHAI-OK
+        is here, so the server works out the resync while DEST is re-stat'd
+        (for 10,000 files each side takes ~20 ms); whatever the re-stat finds
+        different from that cache is then asked for again (``_correct``).
+        Returns an outcome when the first answer ends the session.
+        """
+        index = self._load_index()
+        mirror.index = index
+        mirror.clean_temp()
+        outcome = None
+        sent: dict[str, str] | None = None
+        if len(index) and sock.poll(_OHAI_WAIT_MS):
+            session.cache = index.digests()
+            frames = sock.recv_multipart()
+            outcome = self._perform(session, mirror, session.receive(frames, time.monotonic()))
+            if session.state is ClientState.ACTIVE:
+                sent = session.cache
+        delta = index.refresh()
+        self._scanned = True  # (not before: a session that fails first re-reads and re-stats)
+        if sent is not None and outcome is None:
+            self._correct(session, mirror, sent, delta)
+        return outcome
+
+    def _correct(
+        self, session: ClientSession, mirror: Mirror, sent: dict[str, str], delta: IndexDelta
+    ) -> None:
+        """ICANHAZ went out with the saved index: ask again for what DEST holds differently."""
+        names = [e.name for e in delta.changed if sent.get(e.name) != e.sha1]
+        names += [name for name in delta.removed if name in sent]
+        if not names:
+            return
+        local = mirror.index.digests()
+        room = min(255, self.wire.max_name_octets) - len(session.path.encode())
+        if (
+            len(names) > _MAX_CORRECTIONS
+            or not all_relative_safe(names)
+            or any(len(name.encode()) > room for name in names)
+        ):
+            log.info("DEST differs from its saved index in %d files: resyncing all", len(names))
+            self._perform(session, mirror, session.refetch("", local))
+            return
+        log.debug("DEST differs from its saved index in %d files: asking again", len(names))
+        ordered = sorted(local)
+        for name in sorted(names):
+            # the cache of one ICANHAZ covers every local name under its path (a prefix)
+            first = bisect.bisect_left(ordered, name)
+            last = first
+            while last < len(ordered) and ordered[last].startswith(name):
+                last += 1
+            covered = {n: local[n] for n in ordered[first:last]}
+            self._perform(session, mirror, session.refetch(name, covered))
+
     def _perform(
-        self, session: ClientSession, mirror: _Mirror, actions: Iterable[Any]
+        self, session: ClientSession, mirror: Mirror, actions: Iterable[Any]
     ) -> str | None:
         for action in actions:
             if isinstance(action, FileChunk):
                 self._chunk(session, mirror, action)
             elif isinstance(action, Send):
-                self._sock.send_multipart(action.frames)
+                try:
+                    self._sock.send_multipart(action.frames)
+                except zmq.Again:  # no connection to queue on (a failed handshake drops it)
+                    if self._monitor is not None:
+                        self._check_monitor(self._monitor)
+                    raise PeerTimeout(f"cannot send to {self.endpoint}") from None
                 session.sent(time.monotonic())
             elif isinstance(action, FileDelete):
                 try:
                     if mirror.delete(action.parts):
                         self.result.deleted += 1
                         log.info("deleted %s", action.name)
-                        self._emit(EventKind.DELETE, action.name)
+                        self._emit("delete", action.name)
                 except (OSError, UnsafePathError) as exc:
                     log.error("cannot delete %s: %s", action.name, exc)
                     self.result.errors += 1
@@ -569,7 +549,7 @@ class SyncClient:
                 log.info("resync of %s complete", action.path)
                 self._subscribed = True
                 self._save_index(mirror.index)
-                self._emit(EventKind.RESYNC_COMPLETE, detail=action.path)
+                self._emit("resync-complete", detail=action.path)
             elif isinstance(action, Refused):
                 raise SyncRefused(f"server refused: {action.reason}")
             elif isinstance(action, Rejected):
@@ -582,14 +562,26 @@ class SyncClient:
                 return _Outcome.RETRY
         return None
 
-    def _chunk(self, session: ClientSession, mirror: _Mirror, chunk: FileChunk) -> None:
+    def _chunk(self, session: ClientSession, mirror: Mirror, chunk: FileChunk) -> None:
         if chunk.first:
             try:
-                mirror.begin(chunk.parts)
+                target = mirror.target(chunk.parts)
+                if not chunk.eof:
+                    mirror.begin(chunk.parts, target)
             except (OSError, UnsafePathError) as exc:
                 log.error("refused %s: %s (skipped)", chunk.name, exc)
                 self.result.refused += 1
                 self.result.errors += 1
+                return
+            if chunk.eof:  # the whole file in one message (many small files)
+                try:
+                    ok, reason = mirror.place(chunk.parts, target, chunk.data, chunk.headers)
+                except (OSError, UnsafePathError) as exc:
+                    log.error("cannot place %s: %s (skipped)", chunk.name, exc)
+                    self.result.errors += 1
+                    return
+                self._progress.data(len(chunk.data))
+                self._finished(session, mirror, chunk, ok, reason)
                 return
         elif not mirror.busy:
             return  # this file was refused at its first chunk
@@ -609,14 +601,22 @@ class SyncClient:
             log.error("cannot place %s: %s (skipped)", chunk.name, exc)
             self.result.errors += 1
             return
+        self._finished(session, mirror, chunk, ok, reason)
+
+    def _finished(
+        self, session: ClientSession, mirror: Mirror, chunk: FileChunk, ok: bool, reason: str
+    ) -> None:
+        """The last chunk of a file was handled: count it, or fetch it again."""
         if ok:
             size = chunk.offset + len(chunk.data)
             self.result.files += 1
             self.result.bytes += size
-            self._progress.file(chunk.name, size)
-            self._refetches.pop(chunk.name, None)
-            sha1 = chunk.headers.get(HEADER_SHA1, "")
-            self._emit(EventKind.CREATE, chunk.name, size=size, sha1=sha1)
+            self._progress.file(chunk.name, size, live=self._subscribed)
+            if self._refetches:
+                self._refetches.pop(chunk.name, None)
+            if self.on_event is not None:
+                sha1 = chunk.headers.get(HEADER_SHA1, "")
+                self._emit("create", chunk.name, size=size, sha1=sha1)
             return
         tries = self._refetches.get(chunk.name, 0) + 1
         self._refetches[chunk.name] = tries
@@ -632,6 +632,8 @@ class SyncClient:
 
 def default_index_path(dest: str | os.PathLike[str]) -> Path:
     """Where ``filemq sync`` keeps DEST's index between runs (outside DEST)."""
+    import hashlib  # deferred: OpenSSL's start-up cost only when a default path is needed
+
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     key = hashlib.sha1(os.fsencode(os.path.realpath(dest))).hexdigest()[:20]
     return base / "filemq" / "mirrors" / f"{key}.idx"

@@ -210,8 +210,11 @@ class ClientSession:
         return self._current is not None
 
     def _icanhaz(self, path: str, cache: dict[str, str]) -> Send:
-        limit = min(255, self.wire.max_name_octets)
-        wire_cache = {k: v for k, v in cache.items() if len(k.encode()) <= limit}
+        limit = min(255, self.wire.max_name_octets)  # a hash key is a 1-octet-length string
+        if max(map(len, cache), default=0) <= limit and "".join(cache).isascii():
+            wire_cache = cache  # every key fits (the usual case; checked in C)
+        else:
+            wire_cache = {k: v for k, v in cache.items() if len(k.encode()) <= limit}
         self._pending_oks += 1
         self._pending_resyncs += 1
         return self._send(self.codec.Icanhaz(path, {"RESYNC": "1"}, wire_cache))

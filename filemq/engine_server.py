@@ -43,7 +43,7 @@ from filemq.engine import (
     Operation,
     Wire,
 )
-from filemq.paths import UnsafePathError, relative_parts, virtual_path
+from filemq.paths import UnsafePathError, all_relative_safe, relative_parts, virtual_path
 
 __all__ = [
     "AccessPolicy",
@@ -124,8 +124,13 @@ def resolve_cache(path: str, cache: dict[str, str]) -> dict[str, str]:
     A key starting with '/' must start with ``path`` or it is ignored; any other
     key is relative to ``path``.  Keys with unsafe components are ignored.
     """
-    out: dict[str, str] = {}
     base = path if path.endswith("/") else path + "/"
+    if all_relative_safe(cache):  # the usual cache: relative names, checked in one pass
+        digests = "".join(cache.values())
+        if digests == digests.lower():
+            return {base + key: digest for key, digest in cache.items()}
+        return {base + key: digest.lower() for key, digest in cache.items()}
+    out: dict[str, str] = {}
     for key, digest in cache.items():
         try:
             if key.startswith("/"):

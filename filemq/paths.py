@@ -24,12 +24,14 @@ import contextlib
 import os
 import re
 import stat
+from collections.abc import Collection
 from pathlib import Path
 
 from filemq.engine import FilemqError
 
 __all__ = [
     "UnsafePathError",
+    "all_relative_safe",
     "make_parents",
     "relative_parts",
     "safe_target",
@@ -57,6 +59,13 @@ _SUSPECT = re.compile(r"[\x00-\x1f\x7f\\]|(?:^|/)\.{0,2}(?:/|$)|^/|^[A-Za-z]:")
 # A virtual path that may need normalising or refusing: control chars, backslash, '//',
 # '.' or '..' components, a trailing '/' (the root included)
 _SUSPECT_VIRTUAL = re.compile(r"[\x00-\x1f\x7f\\]|//|/\.{1,2}(?:/|$)|/$")
+# all_relative_safe: what _SUSPECT looks for, as fast scans of '\n'-joined names
+_BAD_CHARS = re.compile(r"[\x00-\x09\x0b-\x1f\x7f\\]")
+_BAD_COMPONENTS = (
+    *("//", "/./", "/../"),  # empty, '.', '..' inside
+    *("\n\n", "\n/", "/\n"),  # empty name, absolute, trailing '/'
+    *("\n./", "\n../", "/.\n", "/..\n", "\n.\n", "\n..\n"),  # '.', '..' first or last
+)
 
 
 def relative_parts(name: str) -> tuple[str, ...]:
@@ -79,6 +88,28 @@ def relative_parts(name: str) -> tuple[str, ...]:
     except UnicodeEncodeError:
         raise UnsafePathError(f"{name!r}: not valid UTF-8") from None
     return parts
+
+
+def all_relative_safe(names: Collection[str]) -> bool:
+    """True when ``relative_parts`` accepts every name (a few fast scans over all of them).
+
+    False means at least one name needs a closer look (or is refused).
+    """
+    if not names:
+        return True
+    text = "\n" + "\n".join(names) + "\n"  # every name between two '\n'
+    if text.count("\n") != len(names) + 1:
+        return False  # a name holds '\n'
+    if ":" in text or _BAD_CHARS.search(text) is not None:
+        return False  # (a ':' may be a drive letter: rare, left to the closer look)
+    if any(bad in text for bad in _BAD_COMPONENTS):
+        return False
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+    return True
 
 
 def virtual_path(path: str, *, directory: bool = False) -> str:

@@ -94,7 +94,17 @@ def test_serve_and_sync_once(tmp_path: Path, processes: list[subprocess.Popen[st
     done = _sync(tmp_path, endpoint, str(tmp_path / "all"), "--once")
     assert done.returncode == 0, done.stderr
     assert read_tree(tmp_path / "all") == {**tree, "docs/readme": b"docs"}
-    assert "received d/e/f.bin" in done.stderr  # not a TTY: plain log lines
+    assert "4 files (100009 bytes) received" in done.stderr  # a summary, not a line per file
+    assert "received d/e/f.bin" not in done.stderr
+    done = subprocess.run(
+        [*FILEMQ, "-v", "sync", endpoint, str(tmp_path / "verbose"), "--once"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(tmp_path),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "received d/e/f.bin" in done.stderr  # -v, not a TTY: a log line per file
     assert list((tmp_path / "cache" / "filemq" / "mirrors").glob("*.idx"))  # index kept
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(10) == 0

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+import zmq
 
-from filemq.client import SyncRefused, SyncResult
+from filemq.client import SyncClient, SyncRefused, SyncResult
 from filemq.security import SecurityError, new_certificate
 from filemq.server import FileServer
 
@@ -50,3 +53,46 @@ def test_non_loopback_bind_needs_curve_or_insecure(
         serve(tmp_path / "src", endpoint="tcp://0.0.0.0:*")
     server = serve(tmp_path / "src", endpoint="tcp://0.0.0.0:*", insecure=True)
     assert server.endpoint.startswith("tcp://0.0.0.0:")
+
+
+def test_plain_client_refused_even_when_the_handshake_fails_before_ohai(
+    tmp_path: Path,
+    serve: Callable[..., FileServer],
+    zctx: zmq.Context[Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The failed handshake drops the DEALER's only pipe: OHAI must not wait forever."""
+    keys, allowed = tmp_path / "keys", tmp_path / "allowed"
+    _server_pub, server_sec = new_certificate("server", keys)
+    allowed.mkdir()
+    write_tree(tmp_path / "src", {"a": b"a"})
+    server = serve(tmp_path / "src", curve_secret=server_sec, allow_dir=allowed)
+    make_socket = SyncClient._socket
+    dropped: list[bool] = []
+
+    def socket_after_the_handshake_failed(
+        self: SyncClient,
+    ) -> tuple[zmq.Socket[Any], zmq.Socket[Any] | None]:
+        # usually libzmq drops the pipe within ~2 ms of the failure (then nothing can be
+        # queued); now and then it keeps it: try a few connections
+        for _attempt in range(5):
+            sock, monitor = make_socket(self)
+            deadline = time.monotonic() + 1.0
+            while sock.poll(0, zmq.POLLOUT) and time.monotonic() < deadline:
+                time.sleep(0.002)  # polling with a deadline: there is no event to wait on
+            if not sock.poll(0, zmq.POLLOUT):
+                dropped.append(True)
+                return sock, monitor  # OHAI goes out now, with nowhere to go
+            assert monitor is not None
+            sock.disable_monitor()
+            monitor.close(linger=0)
+            sock.close(linger=0)
+        raise AssertionError("the failed handshake never dropped the pipe")
+
+    monkeypatch.setattr(SyncClient, "_socket", socket_after_the_handshake_failed)
+    client = SyncClient(
+        zctx, server.endpoint, tmp_path / "plain", once=True, connect_timeout=1.0, max_retries=0
+    )
+    with pytest.raises(SyncRefused):
+        client.run()
+    assert dropped and read_tree(tmp_path / "plain") == {}

@@ -185,3 +185,26 @@ def test_peer_without_marker_ends_by_idle_timeout(
     server = scripted(lambda n, req: [_file("/a", b"1")])
     result = sync_once(server.endpoint, tmp_path / "d", idle_timeout=0.3)
     assert result.synced and not result.marker and result.files == 1
+
+
+def test_saved_index_goes_out_first_and_differences_follow(
+    tmp_path: Path, scripted: Any, sync_once: Callable[..., SyncResult]
+) -> None:
+    """ICANHAZ carries the saved index; a file changed behind it gets an ICANHAZ of its own."""
+    dest, idx = tmp_path / "dest", tmp_path / "mirror.idx"
+    first = scripted(lambda n, req: [_file("/a", b"server"), _file("/b", b"bee"), MARKER])
+    assert sync_once(first.endpoint, dest, index_path=idx).files == 2
+    (dest / "a").write_bytes(b"edited in DEST")
+
+    def script(n: int, req: fmq_msg.Icanhaz) -> list[Any]:
+        if n == 1:
+            return [MARKER]  # the saved index says DEST is up to date
+        return [_file("/a", b"server"), (0, "", 0, 1, {"resync": "complete", "path": "/a"}, b"")]
+
+    second = scripted(script)
+    result = sync_once(second.endpoint, dest, index_path=idx)
+    assert [req.path for req in second.icanhaz] == ["/", "/a"]
+    assert second.icanhaz[0].cache == {"a": _sha1(b"server"), "b": _sha1(b"bee")}
+    assert second.icanhaz[1].cache == {"/a": _sha1(b"edited in DEST")}
+    assert result.synced and result.files == 1
+    assert read_tree(dest) == {"a": b"server", "b": b"bee"}

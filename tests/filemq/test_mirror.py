@@ -290,3 +290,57 @@ def test_asking_again_for_one_file_rechecks_it(
         assert again[-1].headers["sha1"] == hashlib.sha1(b"version two, longer").hexdigest()
     finally:
         s.close()
+
+
+def test_saved_index_out_of_date_is_corrected(
+    tmp_path: Path, serve: Serve, sync_once: Sync, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ICANHAZ goes out with the saved index; what DEST really holds is asked for again."""
+    src, dest, idx = tmp_path / "src", tmp_path / "dest", tmp_path / "mirror.idx"
+    tree = {"a": b"1", "a.bak": b"5", "b/c": b"2", "d": b"4"}
+    write_tree(src, tree)
+    server = serve(src)
+    assert sync_once(server.endpoint, dest, index_path=idx).files == 4
+    # behind the saved index's back: a changed, b/c gone, d rewritten alike, extra added
+    (dest / "a").write_bytes(b"changed locally")
+    (dest / "b" / "c").unlink()
+    (dest / "d").unlink()
+    (dest / "d").write_bytes(b"4")
+    (dest / "extra").write_bytes(b"local only")
+    caplog.set_level("DEBUG", logger="filemq.client")
+    result = sync_once(server.endpoint, dest, index_path=idx)
+    assert "differs from its saved index in 3 files: asking again" in caplog.text
+    assert result.synced and (result.files, result.deleted, result.errors) == (2, 1, 0)
+    assert read_tree(dest) == tree  # a.bak (under the path "/a" asked for) not sent again
+    assert sync_once(server.endpoint, dest, index_path=idx).files == 0
+
+
+def test_saved_index_far_out_of_date_resyncs_everything(
+    tmp_path: Path, serve: Serve, sync_once: Sync, caplog: pytest.LogCaptureFixture
+) -> None:
+    src, dest, idx = tmp_path / "src", tmp_path / "dest", tmp_path / "mirror.idx"
+    tree = {f"f{i:03d}": b"v1 %d" % i for i in range(80)}
+    write_tree(src, tree)
+    server = serve(src)
+    sync_once(server.endpoint, dest, index_path=idx)
+    write_tree(dest, {f"f{i:03d}": b"local %d" % i for i in range(70)})
+    (dest / "we\\ird").write_bytes(b"a name no ICANHAZ path may hold")
+    caplog.set_level("DEBUG", logger="filemq.client")
+    result = sync_once(server.endpoint, dest, index_path=idx)
+    assert "differs from its saved index in 71 files: resyncing all" in caplog.text
+    assert result.synced and result.files == 70 and result.errors == 0
+    assert read_tree(dest) == {**tree, "we\\ird": b"a name no ICANHAZ path may hold"}
+
+
+def test_unusual_local_name_never_becomes_an_icanhaz_path(
+    tmp_path: Path, serve: Serve, sync_once: Sync, caplog: pytest.LogCaptureFixture
+) -> None:
+    src, dest, idx = tmp_path / "src", tmp_path / "dest", tmp_path / "mirror.idx"
+    write_tree(src, {"a": b"1"})
+    server = serve(src)
+    sync_once(server.endpoint, dest, index_path=idx)
+    (dest / "back\\slash").write_bytes(b"x")  # the server would answer SRSLY to that path
+    caplog.set_level("DEBUG", logger="filemq.client")
+    result = sync_once(server.endpoint, dest, index_path=idx)
+    assert "differs from its saved index in 1 files: resyncing all" in caplog.text
+    assert result.synced and result.errors == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from filemq.index import FORMAT_VERSION, FileIndex, IndexFormatError
 from filemq.paths import (
     UnsafePathError,
+    all_relative_safe,
     make_parents,
     relative_parts,
     safe_target,
@@ -107,3 +109,68 @@ def test_index_save_load_roundtrip_and_refusals(tmp_path: Path) -> None:
     with pytest.raises(IndexFormatError):
         FileIndex.load(tmp_path / "missing", root)
     assert [p for p in os.listdir(tmp_path) if p.endswith(".tmp")] == []  # atomic save
+
+
+_NAMES = ["a", "a/b", "", ".", "..", "a/./b", "a/../b", "a//b", "/a", "a/", "C:x", "ab:c"]
+_NAMES += ["a\\b", "a\nb", "a\x00", "a\x7f", "é/ü", "..x", "a/.b", "x/.", "./x", "...", "\udcff"]
+
+
+def test_all_relative_safe_agrees_with_relative_parts() -> None:
+    def accepted(name: str) -> bool:
+        try:
+            relative_parts(name)
+        except UnsafePathError:
+            return False
+        return True
+
+    assert all_relative_safe([])
+    for group in itertools.chain(
+        ([n] for n in _NAMES), itertools.combinations(_NAMES, 2), itertools.combinations(_NAMES, 3)
+    ):
+        safe = all_relative_safe(group)
+        # one scan per batch; a ':' (maybe a drive letter) is always left to the closer look
+        assert safe == all(accepted(n) for n in group) or (
+            not safe and any(":" in n for n in group)
+        )
+
+
+def test_index_load_checks_every_column(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "line\u2028sep").write_bytes(b"x")  # kept raw by the JSON encoder: not a newline
+    (root / "b").write_bytes(b"y")
+    index = FileIndex(root)
+    index.refresh()
+    saved = tmp_path / "idx"
+    index.save(saved)
+    loaded = FileIndex.load(saved, root)
+    assert loaded.entries() == index.entries()
+    assert loaded.digests() == {e.name: e.sha1 for e in index}
+    header, good, *_ = saved.read_text(encoding="utf-8").split("\n")
+    sha1 = "0" * 40
+    for bad in (
+        f'["a", "1", 2, 3, "{sha1}"]',
+        f'["a", 1, 2.5, 3, "{sha1}"]',
+        f'["a", true, 2, 3, "{sha1}"]',
+        f'[1, 1, 2, 3, "{sha1}"]',
+        '["a", 1, 2, 3, "abc"]',
+        '["a", 1, 2, 3, 4]',
+        f'{{"name": "a", "sha1": "{sha1}"}}',
+        f'["a", 1, 2, 3, "{sha1}", "extra"]',
+    ):
+        saved.write_text(f"{header}\n{good}\n{bad}\n", encoding="utf-8")
+        with pytest.raises(IndexFormatError):
+            FileIndex.load(saved, root)
+
+
+def test_refresh_never_follows_a_symlinked_folder(tmp_path: Path) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "d").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"s")
+    (root / "d" / "f").write_bytes(b"f")
+    (root / "link").symlink_to(outside, target_is_directory=True)
+    index = FileIndex(root)
+    assert [e.name for e in index.refresh().changed] == ["d/f"]
+    assert index.refresh("link").changed == ()  # a subtree given by name: not followed either
+    assert sorted(e.name for e in index) == ["d/f"]

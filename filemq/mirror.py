@@ -1,0 +1,240 @@
+"""Writing received files into a mirror's DEST: temp file, verify, rename into place.
+
+``Mirror`` is the client's file-system side (``filemq.client`` drives it).  A
+file arrives as one or more CHEEZBURGER chunks; the last one carries the
+``size`` and ``sha1`` headers.
+
+* A file that fits in one chunk (the common case for many small files) goes
+  through ``place()``: its size and SHA-1 are checked against the headers
+  *before* anything touches the disk, then it is written to a temp file
+  ``DEST/.filemq-part-<pid>-<n>``, stamped with the server's ``mtime_ns`` and
+  renamed over the target: 5 system calls per file (open, write, utime,
+  fstat, close) plus the rename.
+* A longer file goes through ``begin()`` / ``write()`` / ``finish()``: chunks are
+  written to the temp file as they come and hashed on the way; ``finish()``
+  verifies and renames, or discards the temp file.
+
+Either way DEST never shows a partial file, and a replaced file has exactly the
+new size.  Verified files are recorded in the index with the SHA-1 just
+computed (never read back).
+
+Durability: no ``fsync``.  The rename makes a file visible only complete, but
+after a power loss the most recently received files may come back empty or
+missing.  The index copes: an entry is trusted only while the file's
+``(size, mtime_ns, inode)`` still match, so the next resync hashes such a file
+again and fetches it.  (rsync does not fsync by default either.)
+
+Folders: a target's parent folders are checked (no symlink, no non-directory,
+inside DEST) the first time a file lands in them, and created when missing;
+checked folders are remembered for the session, so later files in the same
+folder cost no extra ``lstat``.  Deletes also remove the folders they empty.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+from filemq.engine import HEADER_MTIME, HEADER_SHA1, HEADER_SIZE
+from filemq.index import FileEntry, FileIndex
+from filemq.paths import UnsafePathError, make_parents, safe_target
+
+__all__ = ["TEMP_PREFIX", "Mirror"]
+
+#: Temp files under DEST start with this; such names are never indexed or accepted.
+TEMP_PREFIX = ".filemq-part-"
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+
+
+def _sha1(data: bytes = b"") -> Any:
+    import hashlib  # deferred: OpenSSL's ~3 ms start-up, which a no-change sync never needs
+
+    return hashlib.sha1(data)
+
+
+def _verify(size: int, digest: str, headers: dict[str, str]) -> str:
+    """Why a received file does not match the server's headers ('' when it does)."""
+    want_size = headers.get(HEADER_SIZE)
+    if want_size is not None and want_size != str(size):
+        return f"size {size}, server said {want_size}"
+    want_sha1 = headers.get(HEADER_SHA1)
+    if want_sha1 is not None and want_sha1.lower() != digest:
+        return f"SHA-1 {digest}, server said {want_sha1}"
+    return ""
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    written = os.write(fd, data)
+    if written < len(data):  # a short write (rare): finish it
+        view = memoryview(data)[written:]
+        while view:
+            view = view[os.write(fd, view) :]
+
+
+def _stamp_and_close(fd: int, headers: dict[str, str]) -> os.stat_result:
+    """Set the server's mtime on the open temp file, stat it and close it."""
+    try:
+        mtime = headers.get(HEADER_MTIME)
+        if mtime is not None and mtime.isdigit():
+            ns = int(mtime)
+            os.utime(fd, ns=(ns, ns))
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
+
+
+class Mirror:
+    """Writes into DEST (``root``) and keeps its ``index`` up to date; see the module doc."""
+
+    def __init__(self, root: Path, index: FileIndex) -> None:
+        self.root = root
+        self._root = str(root)
+        self.index = index
+        self._safe_dirs: set[tuple[str, ...]] = set()
+        self._temp_base = f"{self._root}/{TEMP_PREFIX}{os.getpid()}-"
+        self._counter = 0
+        self._fd = -1
+        self._tmp = ""
+        self._target_path = ""
+        self._parts: tuple[str, ...] = ()
+        self._sha1: Any = None
+        self._size = 0
+
+    def clean_temp(self) -> None:
+        """Remove temp files an interrupted run left in DEST."""
+        for entry in os.scandir(self.root):
+            if entry.name.startswith(TEMP_PREFIX) and entry.is_file(follow_symlinks=False):
+                os.unlink(entry.path)
+
+    def target(self, parts: tuple[str, ...]) -> str:
+        """Where ``parts`` goes; raises UnsafePathError when that is not a safe place."""
+        if parts[:-1] not in self._safe_dirs:
+            return str(safe_target(self.root, parts))
+        # folder already checked: renaming over a directory fails (EISDIR) by itself
+        return self._root + "/" + "/".join(parts)
+
+    def _temp_name(self) -> str:
+        self._counter += 1
+        return f"{self._temp_base}{self._counter}"
+
+    def _rename_into_place(self, tmp: str, parts: tuple[str, ...], target: str) -> None:
+        try:
+            if parts[:-1] not in self._safe_dirs:
+                make_parents(self.root, parts)
+                target = str(safe_target(self.root, parts))  # again, now that folders exist
+                self._safe_dirs.add(parts[:-1])
+            os.replace(tmp, target)
+        except (OSError, UnsafePathError):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+    # -- whole files in one message -------------------------------------------------
+
+    def place(
+        self, parts: tuple[str, ...], target: str, data: bytes, headers: dict[str, str]
+    ) -> tuple[bool, str]:
+        """Verify a complete file and put it at ``target`` (from ``target()``).
+
+        Returns (verified, reason); nothing is written when it does not verify.
+        Raises OSError or UnsafePathError when a verified file cannot be placed.
+        """
+        self.abort()
+        digest = _sha1(data).hexdigest()
+        reason = _verify(len(data), digest, headers)
+        if reason:
+            return False, reason
+        tmp = self._temp_name()
+        fd = os.open(tmp, _TEMP_FLAGS, 0o666)
+        try:
+            _write_all(fd, data)
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        try:
+            st = _stamp_and_close(fd, headers)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        self._rename_into_place(tmp, parts, target)
+        self.index.record(
+            FileEntry("/".join(parts), st.st_size, st.st_mtime_ns, st.st_ino, digest)
+        )
+        return True, ""
+
+    # -- files in several chunks ----------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        """A file is being received in chunks."""
+        return self._fd >= 0
+
+    def begin(self, parts: tuple[str, ...], target: str) -> None:
+        """Start a file received in chunks, going to ``target`` (from ``target()``)."""
+        self.abort()
+        self._target_path = target
+        tmp = self._temp_name()
+        self._fd = os.open(tmp, _TEMP_FLAGS, 0o666)
+        self._tmp, self._parts = tmp, parts
+        self._sha1 = _sha1()
+        self._size = 0
+
+    def write(self, data: bytes) -> None:
+        _write_all(self._fd, data)
+        self._sha1.update(data)
+        self._size += len(data)
+
+    def finish(self, headers: dict[str, str]) -> tuple[bool, str]:
+        """Verify and rename into place: (verified, reason).
+
+        Raises OSError/UnsafePathError when a verified file cannot be placed.
+        """
+        fd, self._fd = self._fd, -1
+        tmp, self._tmp = self._tmp, ""
+        try:
+            st = _stamp_and_close(fd, headers)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        parts, digest = self._parts, self._sha1.hexdigest()
+        reason = _verify(self._size, digest, headers)
+        if reason:
+            os.unlink(tmp)
+            return False, reason
+        self._rename_into_place(tmp, parts, self._target_path)
+        name = "/".join(parts)
+        self.index.record(FileEntry(name, st.st_size, st.st_mtime_ns, st.st_ino, digest))
+        return True, ""
+
+    def abort(self) -> None:
+        """Drop the file being received (its temp file goes)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if self._tmp:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._tmp)
+            self._tmp = ""
+
+    # -- deletes --------------------------------------------------------------------
+
+    def delete(self, parts: tuple[str, ...]) -> bool:
+        """Remove a file (and the folders it leaves empty); False when it was not there."""
+        target = self.target(parts)
+        self.index.forget("/".join(parts))
+        try:
+            os.unlink(target)
+        except FileNotFoundError:
+            return False
+        for depth in range(len(parts) - 1, 0, -1):  # folders this delete left empty
+            folder = os.path.join(self._root, *parts[:depth])
+            try:
+                os.rmdir(folder)
+            except OSError:
+                break
+            self._safe_dirs.discard(parts[:depth])
+        return True
