@@ -10,7 +10,6 @@ the generated ``decode()`` turns into ``DecodeError``); encoders raise
 from __future__ import annotations
 
 import struct
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -85,18 +84,25 @@ def frames_out(value: Any) -> list[bytes]:
 # classic zproto structures
 
 
+_OCTET = [bytes((n,)) for n in range(256)]
+
+
 def enc_hash(value: Mapping[str, str]) -> bytes:
     """hash: number-4 count, then (string key, longstr value) per entry."""
     parts = [_U32.pack(len(value))]
+    append = parts.append
+    octet = _OCTET
+    u32 = _U32.pack
     for key, val in value.items():
         k = key.encode("utf-8")
         v = val.encode("utf-8")
-        if len(k) > 255:
-            raise EncodeError(f"hash key {key[:40]!r}... is longer than 255 octets")
-        parts.append(_U8.pack(len(k)))
-        parts.append(k)
-        parts.append(_U32.pack(len(v)))
-        parts.append(v)
+        try:
+            append(octet[len(k)])
+        except IndexError:
+            raise EncodeError(f"hash key {key[:40]!r}... is longer than 255 octets") from None
+        append(k)
+        append(u32(len(v)))
+        append(v)
     return b"".join(parts)
 
 
@@ -247,6 +253,8 @@ def _check(msg: Any, attr: str, kind: str, limit: int | None, const: Any) -> str
         if limit is not None and len(value) > limit:
             return f"is {len(value)} octets long, more than the {limit} its length field holds"
     elif kind == "uuid":
+        import uuid  # only the validator needs it: keeps start-up of codec users lean
+
         if not isinstance(value, uuid.UUID):
             return f"must be a uuid.UUID, not {type(value).__name__}"
     elif kind == "strings":
