@@ -26,6 +26,7 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import zmq
 
@@ -111,6 +112,14 @@ def _serve_options(serve: argparse.ArgumentParser) -> None:
         help="where the indexes persist (default $XDG_STATE_HOME/filemq)",
     )
     serve.add_argument("--no-state", action="store_true", help="do not persist the indexes")
+    serve.add_argument(
+        "--with-broker",
+        nargs="?",
+        const="tcp://127.0.0.1:5680",
+        metavar="ENDPOINT",
+        help="also run the zerohub broker in this process (default tcp://127.0.0.1:5680; "
+        "same CURVE keys and allow-list as the file server)",
+    )
 
 
 def _sync_options(sync: argparse.ArgumentParser) -> None:
@@ -243,7 +252,11 @@ def _serve(args: argparse.Namespace) -> int:
         rescan_interval=args.rescan,
     )
     server = live.server
+    broker = _broker_beside(args, context) if args.with_broker else None
     try:
+        if broker is not None:
+            endpoint = broker.start()
+            print(f"filemq: broker serving on {endpoint}", file=sys.stderr, flush=True)
         live.start()
         files = sum(len(index) for index in server.indexes.values())
         hashed = sum(index.hashed_files for index in server.indexes.values())
@@ -258,8 +271,24 @@ def _serve(args: argparse.Namespace) -> int:
         _wait_for_signal()
     finally:
         live.stop()
+        if broker is not None:
+            broker.stop()
         context.term()
     return 0
+
+
+def _broker_beside(args: argparse.Namespace, context: zmq.Context[zmq.Socket[bytes]]) -> Any:
+    """The broker with its default engine, on ``args.with_broker`` (``--with-broker``)."""
+    from broker.engine import Engine
+    from broker.server import Server, ServerOptions
+
+    options = ServerOptions(
+        endpoint=args.with_broker,
+        curve_secret=args.curve_secret,
+        allow_dir=args.allow,
+        insecure=args.insecure,
+    )
+    return Server(Engine(), options, context=context)
 
 
 def _sync(args: argparse.Namespace) -> int:

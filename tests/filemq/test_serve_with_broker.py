@@ -1,0 +1,79 @@
+"""``filemq serve --with-broker``: the README's main job, one process serving both."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import zmq
+
+from broker.client import Client
+from filemq.client import SyncClient
+
+
+def _free_port() -> int:
+    ctx = zmq.Context()
+    try:
+        sock = ctx.socket(zmq.REP)
+        port = sock.bind_to_random_port("tcp://127.0.0.1")
+        sock.close(linger=0)
+        return port
+    finally:
+        ctx.term()
+
+
+def test_file_server_and_broker_in_one_process(
+    tmp_path: Path, zctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    src = tmp_path / "public"
+    src.mkdir()
+    (src / "hello.txt").write_bytes(b"hello")
+    broker_endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "filemq",
+            "serve",
+            "--publish",
+            str(src),
+            "--bind",
+            "tcp://127.0.0.1:*",
+            "--with-broker",
+            broker_endpoint,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stderr is not None
+        endpoint = ""
+        for _ in range(20):
+            found = re.search(r"serving .* on (tcp://127\.0\.0\.1:\d+)", proc.stderr.readline())
+            if found:
+                endpoint = found.group(1)
+                break
+        assert endpoint
+        result = SyncClient(zctx, endpoint, tmp_path / "mirror", once=True, index_path=None).run()
+        assert result.synced
+        assert (tmp_path / "mirror" / "hello.txt").read_bytes() == b"hello"
+        with Client(broker_endpoint, context=zctx, timeout=10).connect() as client:
+            client.create_queue("files", 1, {"Status": 3})
+            client.push("files", 1, b"hello.txt changed")
+            names = [c["Name"] for c in client.channels()]
+            assert names == ["files"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
