@@ -1,5 +1,8 @@
 """Engine-only cost of push -> deliver (no sockets, no codec): what the broker adds.
 
+Plain pushes into push and round-robin queues take the engine's fast path
+(``Queue.push_plain``); the "general path" row turns it off for comparison.
+
 Each case runs in its own process so garbage from one does not slow the next.  The
 baseline is the cheapest conceivable dispatcher (a dict lookup and a list append per
 message), measured in the same run.
@@ -20,12 +23,19 @@ SIZE = 100
 
 
 def _case(name: str, n: int, queue: dict[str, Any], source: str, producer_ack: bool,
-          consumer_ack: bool) -> float:  # fmt: skip
+          consumer_ack: bool, general: bool = False) -> float:  # fmt: skip
     from broker import tmqp
+    from broker.delivery import DefaultDeliveryHandler
     from broker.engine import Engine
     from broker.protocol import ConnectionInfo, Header, MessageType, Operation
 
-    engine = Engine()
+    class GeneralPath(DefaultDeliveryHandler):
+        """The default behaviour without the fast push path (Queue.push_plain)."""
+
+        def received_from_producer(self, queue: Any, message: Any, sender: Any) -> Any:
+            return super().received_from_producer(queue, message, sender)
+
+    engine = Engine(handler=GeneralPath() if general else None)
     producer, _ = engine.connect(ConnectionInfo(client_id="prod"), 0.0)
     consumer, _ = engine.connect(ConnectionInfo(client_id="cons"), 0.0)
     join = tmqp.Frame(message_type=MessageType.SERVER, content_type=Operation.JOIN,
@@ -75,14 +85,15 @@ def _baseline(n: int) -> float:
     return time.perf_counter() - start
 
 
-CASES: list[tuple[str, dict[str, Any], str, bool, bool]] = [
-    ("push queue (producer stamps its id as source)", {}, "prod", False, False),
-    ("push queue (empty source: frame rebuilt)", {}, "", False, False),
-    ("push queue, producer ack on receipt", {}, "prod", True, False),
-    ("round-robin queue", {"Status": 2}, "prod", False, False),
-    ("broadcast queue", {"Status": 0}, "prod", False, False),
+CASES: list[tuple[str, dict[str, Any], str, bool, bool, bool]] = [
+    ("push queue (producer stamps its id as source)", {}, "prod", False, False, False),
+    ("  same, general path (fast push path off)", {}, "prod", False, False, True),
+    ("push queue (empty source: frame rebuilt)", {}, "", False, False, False),
+    ("push queue, producer ack on receipt", {}, "prod", True, False, False),
+    ("round-robin queue", {"Status": 2}, "prod", False, False, False),
+    ("broadcast queue", {"Status": 0}, "prod", False, False, False),
     ("push queue, consumer ack (RequestAcknowledge)", {"RequestAcknowledge": True}, "prod",
-     False, True),
+     False, True, False),
 ]  # fmt: skip
 
 
@@ -99,8 +110,10 @@ def main() -> None:
     n = parser.parse_args().messages
     base = _run(_baseline, n)
     rows = [("baseline: dict lookup + append", base)]
-    for name, queue, source, producer_ack, consumer_ack in CASES:
-        rows.append((name, _run(_case, name, n, queue, source, producer_ack, consumer_ack)))
+    for name, queue, source, producer_ack, consumer_ack, general in CASES:
+        rows.append(
+            (name, _run(_case, name, n, queue, source, producer_ack, consumer_ack, general))
+        )
     print(f"\nengine only, {n:,} messages of {SIZE} bytes")
     print(f"{'case':50s} {'msgs/s':>12s} {'us/msg':>8s}")
     print("-" * 72)

@@ -18,6 +18,7 @@ import logging
 import os
 import random
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import Enum
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from broker import tmqp
+from broker import fastcodec, tmqp
 from broker.protocol import (
     CODE_FOR_NACK_REASON,
     EVENT_NAMES,
@@ -39,6 +40,7 @@ from broker.protocol import (
     ResultCode,
     header,
 )
+from broker.sockets import fast_send
 from zproto.errors import DecodeError
 
 if TYPE_CHECKING:
@@ -155,6 +157,14 @@ class Message:
         return json.loads(self.frame.payload) if self.frame.payload else None
 
 
+_new = object.__new__
+#: Sets a new Message's frame without the frozen dataclass's __init__ (half the cost).
+_set_message_frame: Callable[[Message, tmqp.Frame], None] = vars(Message)["frame"].__set__
+_decode = fastcodec.decode
+_Frame = tmqp.Frame
+_QUEUE_BITS = int(MessageType.QUEUE)  # low 6 bits of the first octet
+_HEADER_BIT = 32  # in the second octet: a header block follows
+
 _KINDS = {
     MessageType.QUEUE: Kind.QUEUE,
     MessageType.DIRECT: Kind.DIRECT,
@@ -205,6 +215,10 @@ class _Pull:
         self.messages: list[Message] = []
 
 
+def _unbound_send(*args: Any) -> None:
+    raise zmq.ZMQError(zmq.ENOTSOCK, "no session socket")
+
+
 class StopLoop(Exception):
     """Internal: leave the I/O loop."""
 
@@ -216,6 +230,8 @@ class IOLoop:
         self.c = client
         self.wake = wake
         self.sock: zmq.Socket[bytes] | None = None
+        #: ``self.sock``'s send (see ``broker.sockets.fast_send``); only used while sock is set.
+        self.send: Callable[..., Any] = _unbound_send
         self.monitor: zmq.Socket[bytes] | None = None
         self.poller = zmq.Poller()
         self.flags: dict[Any, int] = {}
@@ -319,19 +335,46 @@ class IOLoop:
             c._rx_paused = False
 
     def _drain(self, sock: zmq.Socket[bytes]) -> None:
+        c = self.c
         recv = sock.recv
         dispatch = self._dispatch
-        for _ in range(_BATCH):
-            try:
-                data = recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            dispatch(data)
-            if self.sock is not sock:
-                return  # the session was reset while dispatching
+        # Queue deliveries without headers (not pull answers, not markers) are what
+        # _dispatch would hand to _deliver: with no callback they go straight to the inbox.
+        inbox = c._inbox if c._on_message is None else None
+        append = inbox.append if inbox is not None else None
+        try:
+            for _ in range(_BATCH):
+                try:
+                    data = recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                if (
+                    append is not None
+                    and len(data) > 8
+                    and data[0] & 63 == _QUEUE_BITS
+                    and not data[1] & _HEADER_BIT
+                ):
+                    try:
+                        frame = _decode(data)
+                    except DecodeError:
+                        frame = None
+                    if type(frame) is not _Frame:
+                        dispatch(data)  # logs what is wrong
+                        continue
+                    message = _new(Message)
+                    _set_message_frame(message, frame)
+                    append(message)
+                    continue
+                dispatch(data)
+                if self.sock is not sock:
+                    return  # the session was reset while dispatching
+        finally:
+            # once per batch (the waiters registered before looking at the inbox)
+            if inbox and c._in_waiting:
+                with c._in_cv:
+                    c._in_cv.notify_all()
         self.last_rx = time.monotonic()
         self.pinged = False
-        c = self.c
         if c._on_message is None and len(c._inbox) >= c.max_inbox:
             c._rx_paused = True
 
@@ -342,14 +385,11 @@ class IOLoop:
         if sock is None or c._state is not _State.READY or self.want_out:
             return
         out = c._outbox
-        send = sock.send
+        send = self.send
         while out:
             data = out[0]
             try:
-                if len(data) < _BIG:
-                    send(data, zmq.NOBLOCK)
-                else:
-                    send(data, zmq.NOBLOCK, copy=False)
+                send(data, zmq.NOBLOCK, len(data) < _BIG)
             except zmq.Again:
                 self.want_out = True
                 break
@@ -357,6 +397,23 @@ class IOLoop:
         if c._out_waiting and len(out) < c.max_outbox:
             with c._cv:
                 c._cv.notify_all()
+
+    def send_or_queue(self, data: bytes) -> None:
+        """Poll-on-call: send ``data`` now unless frames wait before it; else queue it."""
+        c = self.c
+        if (
+            not c._outbox
+            and not self.want_out
+            and c._state is _State.READY
+            and self.sock is not None
+        ):
+            try:
+                self.send(data, zmq.NOBLOCK, len(data) < _BIG)
+                return
+            except zmq.Again:
+                self.want_out = True
+        c._outbox.append(data)
+        self.flush()
 
     def _timers(self, now: float) -> None:
         c = self.c
@@ -411,6 +468,7 @@ class IOLoop:
             self._register(self.monitor, zmq.POLLIN)
         sock.connect(c.endpoint)
         self.sock = sock
+        self.send = fast_send(sock)
         self.hs_id = c.new_id()
         info = ConnectionInfo(
             client_id=c.client_id,
@@ -558,7 +616,7 @@ class IOLoop:
 
     def _dispatch(self, data: bytes) -> None:
         try:
-            msg = tmqp.decode((data,))
+            msg = _decode(data)
         except DecodeError as exc:
             log.warning("undecodable frame from the broker: %s", exc.reason)
             return

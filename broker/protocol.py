@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import NamedTuple
 
 from broker import tmqp
 
@@ -347,9 +348,12 @@ TARGET_BY_NAME = "@name:"
 TARGET_BY_TYPE = "@type:"
 
 
-@dataclass(frozen=True, slots=True)
-class Outgoing:
-    """One frame the engine wants sent to one client (``broker.engine`` re-exports it)."""
+class Outgoing(NamedTuple):
+    """One frame the engine wants sent to one client (``broker.engine`` re-exports it).
+
+    A named tuple rather than a frozen dataclass: the engine makes one per delivery and
+    a tuple is built in about half the time (and the server unpacks it directly).
+    """
 
     client_id: str
     frame: tmqp.Frame

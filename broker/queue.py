@@ -20,7 +20,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker import models, tmqp
-from broker.delivery import ALLOW, AckWhen, Decision, DeliveryHandler, PutBack
+from broker.delivery import (
+    ALLOW,
+    AckWhen,
+    Decision,
+    DefaultDeliveryHandler,
+    DeliveryHandler,
+    PutBack,
+)
 from broker.frames import ack as ack_frame
 from broker.frames import derive
 from broker.message import DELAYED, DONE, INFLIGHT, QUEUED, Delivery, QueueMessage
@@ -44,6 +51,8 @@ _PUSH = QueueStatus.PUSH
 _RR = QueueStatus.ROUND_ROBIN
 _BROADCAST = QueueStatus.BROADCAST
 _INF = float("inf")
+#: ``Outgoing(client_id, frame)`` without the named tuple's Python-level __new__.
+_outgoing = tuple.__new__
 
 
 class QueueHost(Protocol):
@@ -60,6 +69,12 @@ class QueueHost(Protocol):
     def handler_for(self, key: str | None) -> DeliveryHandler: ...
 
     def count_error(self, where: str, error: Exception) -> None: ...
+
+
+_PLAIN_RECEIVED = (
+    DeliveryHandler.received_from_producer,
+    DefaultDeliveryHandler.received_from_producer,
+)
 
 
 def _overrides(handler: DeliveryHandler, name: str) -> bool:
@@ -119,6 +134,26 @@ class Queue:
         self._h_received = _overrides(h, "consumer_received")
         self._h_end = _overrides(h, "end_send")
         self._h_dequeued = _overrides(h, "message_dequeued")
+        # The default handler's received_from_producer only acknowledges a producer that
+        # waits for it, and such pushes never take push_plain.
+        self._h_from = type(h).received_from_producer not in _PLAIN_RECEIVED
+        self._refresh_plain()
+
+    def _refresh_plain(self) -> None:
+        """Decide whether pushes may take :meth:`push_plain` (nothing can intervene)."""
+        opts = self.options
+        self.plain = not (
+            self._h_from
+            or self.wants_begin_send
+            or self._h_can
+            or self._h_received
+            or self._h_end
+            or self._h_dequeued
+            or opts.request_acknowledge
+            or opts.send_only_first_acquirer
+            or opts.hide_client_names
+            or opts.message_timeout
+        )
 
     def apply_options(self, options: ChannelQueueOptions, now: float, out: list[Outgoing]) -> None:
         """Switch options (status included) at runtime; only Stopped clears messages."""
@@ -129,6 +164,8 @@ class Queue:
         if options.message_delivery_handler != old.message_delivery_handler:
             self.handler = self.host.handler_for(options.message_delivery_handler)
             self._bind_handler()
+        else:
+            self._refresh_plain()
         if options.status is QueueStatus.STOPPED and old.status is not QueueStatus.STOPPED:
             self.clear(out, priority=True, regular=True, in_flight=True)
         self.drain(now, out)
@@ -165,6 +202,61 @@ class Queue:
         ):
             return ResultCode.LIMIT_EXCEEDED
         return 0
+
+    def push_plain(
+        self, frame: tmqp.Frame, sender: Client, now: float, out: list[Outgoing]
+    ) -> bool:
+        """Deliver a push at once when nothing could decide otherwise; False: use accept.
+
+        Taken when the queue is :attr:`plain` (default hooks, no acknowledge requests,
+        no message timeout, names not hidden), in push or round-robin status, nothing
+        waits in it, the frame is a QUEUE frame of this queue without headers or wait
+        flags, and it passes the size limit.  Then :meth:`accept` would send the frame
+        (source stamped) to the consumers and finish the message: this does the same,
+        counters included, without the per-message bookkeeping objects.  The caller has
+        checked the authorization and that no MESSAGE_PRODUCED subscriber waits.
+        """
+        status = self.status
+        consumers = self.channel.consumer_list
+        if (
+            not self.plain
+            or (status is not _PUSH and status is not _RR)
+            or not consumers
+            or self.n_priority
+            or self.n_regular
+            or self._front
+            or frame.headers
+            or frame.pending_ack
+            or frame.pending_response
+            or frame.first_acquirer
+            or frame.message_type != _QUEUE
+            or frame.content_type != self.id
+            or frame.target != self.channel.name
+        ):
+            return False
+        opts = self.options
+        if (opts.wait_for_acknowledge and self.pending) or (
+            opts.message_size_limit and len(frame.payload) > opts.message_size_limit
+        ):
+            return False
+        if not frame.message_id and opts.use_message_id:
+            return False  # accept() gives it an id
+        if frame.source != sender.id:
+            frame = frame.replace(source=sender.id)
+        self.sequence += 1
+        self.received += 1
+        self.sent += 1
+        self.last_received = self.last_sent = now
+        if status is _RR:
+            i = self._rr % len(consumers)
+            self._rr = (i + 1) % len(consumers)
+            out.append(_outgoing(Outgoing, (consumers[i].id, frame)))
+            self.deliveries += 1
+        else:
+            for c in consumers:
+                out.append(_outgoing(Outgoing, (c.id, frame)))
+            self.deliveries += len(consumers)
+        return True
 
     def accept(
         self,

@@ -1,14 +1,19 @@
-"""The client's hand-written QUEUE frame encoder matches the generated codec exactly."""
+"""The client's hot paths match the generated codec: the QUEUE frame encoder, the receive side."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
+import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker import tmqp
-from broker.client import queue_frame_bytes
+from broker.client import Client, Kind, Message, queue_frame_bytes
 from broker.protocol import MessageType
+
+from .test_client_session import FakeBroker
 
 
 @settings(max_examples=200, deadline=None)
@@ -53,3 +58,54 @@ def test_fast_queue_frame_equals_codec(
 @pytest.mark.parametrize("queue_id", [-1, 65536])
 def test_out_of_range_falls_back_to_the_codec(queue_id: int) -> None:
     assert queue_frame_bytes(False, False, queue_id, "m", b"ch", b"p") is None
+
+
+# -- the receive side: plain queue deliveries skip _dispatch ----------------------------
+
+
+def _frames_to_deliver() -> list[bytes]:
+    queue = tmqp.Frame(message_type=MessageType.QUEUE, content_type=3, message_id="q1",
+                       source="prod", target="ch", payload=b"plain")  # fmt: skip
+    direct = tmqp.Frame(message_type=MessageType.DIRECT, message_id="d1", source="peer",
+                        target="me", payload=b"direct")  # fmt: skip
+    return [
+        tmqp.encode(queue)[0],
+        tmqp.encode(queue.replace(message_id="q2", high_priority=True, pending_ack=True))[0],
+        tmqp.encode(queue.replace(message_id="q3", headers=(("K", "v"),)))[0],
+        # a late end-of-pull marker: a queue frame with headers that is not delivered
+        tmqp.encode(
+            queue.replace(message_id="", headers=(("Request-Id", "r9"), ("No-Content", "End")))
+        )[0],
+        tmqp.encode(queue.replace(message_id="q4", payload=b"z" * 70_000))[0],
+        # looks like a plain queue frame but its message id is not UTF-8: dropped, logged
+        tmqp.encode(queue.replace(message_id="xx"))[0].replace(b"xx", b"\xff\xfe", 1),
+        tmqp.encode(direct)[0],
+        tmqp.encode(queue.replace(message_id="q5"))[0],
+    ]
+
+
+@pytest.mark.parametrize("threaded", [True, False], ids=["threaded", "poll-on-call"])
+def test_received_messages_equal_what_the_codec_decodes(
+    zctx: zmq.Context[zmq.Socket[bytes]], threaded: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    broker = FakeBroker(zctx)
+    client = Client(broker.endpoint, context=zctx, threaded=threaded, timeout=5)
+    accepting = threading.Thread(target=lambda: rids.append(broker.accept()[0]))
+    rids: list[bytes] = []
+    accepting.start()
+    try:
+        client.connect()
+        accepting.join(5)
+        wire = _frames_to_deliver()
+        for data in wire:
+            broker.send(rids[0], data)
+        got = [client.receive(timeout=5) for _ in range(6)]
+        assert client.receive(timeout=0.1) is None
+    finally:
+        client.close()
+        broker.sock.close(linger=0)
+    expected = [tmqp.decode([d]) for i, d in enumerate(wire) if i not in (3, 5)]
+    assert [m.frame if m is not None else None for m in got] == expected
+    assert all(type(m) is Message and m == Message(m.frame) for m in got)
+    assert [m.kind for m in got if m is not None] == [Kind.QUEUE] * 4 + [Kind.DIRECT, Kind.QUEUE]
+    assert "undecodable frame" in caplog.text
