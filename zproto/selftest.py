@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from zproto.codegen import attributes
+from zproto.attrs import attributes
 from zproto.model import Bit, Field, Message, Protocol
 
 DEFAULT_STRING = "Life is short but Now lasts for ever"

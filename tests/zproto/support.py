@@ -11,7 +11,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from zproto.codegen import attributes
+from zproto.attrs import attributes
 from zproto.generate import render
 from zproto.model import VARLEN, Field, Message, Protocol, load
 from zproto.selftest import load_module
