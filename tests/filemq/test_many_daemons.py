@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from tests.filemq.procs import read_endpoint
 
 DAEMONS = 50
 DEADLINE = 90.0
@@ -63,13 +64,7 @@ def test_fifty_daemons_and_a_stalled_one(tmp_path: Path) -> None:
     daemons: list[subprocess.Popen[bytes]] = []
     try:
         assert server.stdout is not None
-        endpoint = ""
-        for _ in range(20):
-            line = server.stdout.readline()
-            found = re.search(r"on (tcp://127\.0\.0\.1:\d+)", line)
-            if found:
-                endpoint = found.group(1)
-                break
+        endpoint = read_endpoint(server.stdout)
         assert endpoint, "server did not report its endpoint"
         dests = [tmp_path / f"m{i:02d}" for i in range(DAEMONS)]
         for dest in dests:

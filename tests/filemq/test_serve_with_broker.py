@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import zmq
 
 from broker.client import Client
 from filemq.client import SyncClient
+from tests.filemq.procs import read_endpoint
 
 
 def _free_port() -> int:
@@ -54,12 +54,7 @@ def test_file_server_and_broker_in_one_process(
     )
     try:
         assert proc.stderr is not None
-        endpoint = ""
-        for _ in range(20):
-            found = re.search(r"serving .* on (tcp://127\.0\.0\.1:\d+)", proc.stderr.readline())
-            if found:
-                endpoint = found.group(1)
-                break
+        endpoint = read_endpoint(proc.stderr)
         assert endpoint
         result = SyncClient(zctx, endpoint, tmp_path / "mirror", once=True, index_path=None).run()
         assert result.synced
