@@ -17,7 +17,8 @@ Config file (``--config FILE``, JSON, or TOML when the name ends in ``.toml``)::
      "anonymous": ["push", "join"], "require_token": false}
 
 Command-line options override the file.  Exit codes: 0 ok, 1 remote error or timeout,
-2 usage/config error.
+2 usage/config error, 141 output pipe closed by the reader (``broker stats | head -3``:
+the command stops quietly, as a tool killed by SIGPIPE would).
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ from typing import Any
 from broker.protocol import DEFAULT_ENDPOINT
 
 log = logging.getLogger("broker.cli")
+
+#: Exit status when the reader of our output went away (128 + SIGPIPE, as the shell shows).
+EXIT_BROKEN_PIPE = 141
 
 
 class UsageError(Exception):
@@ -411,7 +415,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _discard_stdout() -> None:
+    """Point file descriptor 1 at /dev/null, so that the interpreter's last flush of
+    what is still buffered cannot fail again (the idiom of the ``signal`` docs)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        return
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a file descriptor (captured, closed)
+        pass
+    finally:
+        os.close(devnull)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            return _main(argv)
+        finally:
+            sys.stdout.flush()  # a closed pipe shows up here, not in the flush at exit
+    except BrokenPipeError:
+        # The reader of our output is gone (``broker stats | head -3``): nobody is left to
+        # tell, so stop quietly instead of printing a traceback.
+        _discard_stdout()
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)

@@ -1,162 +1,75 @@
-"""The wire side of ``broker.Client``: received messages, errors and the I/O loop.
+"""The wire side of ``broker.Client``: the I/O loop, the session and reconnects.
 
-``IOLoop`` owns the DEALER socket: handshake, dispatch of inbound frames, keep-alive,
-reconnect.  It runs on the client's background thread, or (poll-on-call clients) on
-the caller's thread inside blocking calls; either way only it touches the socket.
-It shares with the ``Client`` object (see ``broker.client`` for the design): the
-outbox deque and its condition, the inbox deque and its condition, the pending-request
-table and the joined channels / event subscriptions it replays after a reconnect.  Session states::
+``IOLoop`` owns the DEALER socket: handshake, keep-alive, reconnect, and the inbound
+frames it hands to its base class ``broker.client_inbound.InboundFrames``.  It runs on
+the client's background thread, or (poll-on-call clients) on the caller's thread inside
+blocking calls; either way only it touches the socket.  It shares with the ``Client``
+object (see ``broker.client`` for the design): the outbox deque and its condition, the
+inbox deque and its condition, the pending-request table and the joined channels / event
+subscriptions it replays after a reconnect.  Session states::
 
     HANDSHAKE --connect response--> READY --TERMINATE / silence--> BACKOFF --> HANDSHAKE
         \\--refused (401/406/400) or CURVE denied--> CLOSED (error raised to the caller)
+
+The client's errors live in ``broker.client_errors`` and :class:`Message` in
+``broker.client_message``; both are importable from here too.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
-from dataclasses import dataclass
-from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from broker import fastcodec, tmqp
-from broker.protocol import (
-    CODE_FOR_NACK_REASON,
-    EVENT_NAMES,
-    GREETING,
-    ConnectionInfo,
-    Header,
-    MessageType,
-    NoContent,
-    Operation,
-    ResultCode,
-    header,
+from broker.client_core import _State
+from broker.client_errors import (
+    ClientClosed,
+    ClientError,
+    ConnectError,
+    ConnectionLost,
+    RemoteError,
+    StopLoop,
+    failure,
 )
+from broker.client_inbound import InboundFrames
+from broker.client_message import Kind, Message
+from broker.protocol import GREETING, ConnectionInfo, Header, MessageType, Operation, header
 from broker.sockets import fast_send
 from zproto.errors import DecodeError
 
 if TYPE_CHECKING:
     from broker.client import Client
 
+__all__ = [
+    "ClientClosed",
+    "ClientError",
+    "ConnectError",
+    "ConnectionLost",
+    "IOLoop",
+    "Kind",
+    "Message",
+    "RemoteError",
+    "StopLoop",
+    "failure",
+]
+
 log = logging.getLogger("broker.client")
 
 _PING = tmqp.encode(tmqp.Ping())[0]
-_PONG = tmqp.encode(tmqp.Pong())[0]
 _BIG = 65536
 _BATCH = 1024
-_PERMANENT = {ResultCode.UNAUTHORIZED, ResultCode.UNACCEPTABLE, ResultCode.BAD_REQUEST}
 _AUTH_EVENTS = (
     zmq.EVENT_HANDSHAKE_FAILED_AUTH
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 )
-_QUEUE = MessageType.QUEUE
-_ACK = MessageType.ACK
-_RESPONSE = MessageType.RESPONSE
-_DIRECT = MessageType.DIRECT
-
-
-class ClientError(Exception):
-    """Root of the client's errors."""
-
-
-class ConnectError(ClientError):
-    """The broker refused the session, or could not be reached in time."""
-
-
-class ConnectionLost(ClientError):
-    """The session ended while a request was outstanding."""
-
-
-class ClientClosed(ClientError):
-    """The client was closed."""
-
-
-class RemoteError(ClientError):
-    """The broker (or a peer) answered with a failure status or a negative acknowledge."""
-
-    def __init__(self, code: int, reason: str) -> None:
-        super().__init__(f"{reason} (status {code})")
-        self.code = code
-        self.reason = reason
-
-
-class Kind(Enum):
-    QUEUE = "queue"
-    DIRECT = "direct"
-    EVENT = "event"
-    REPLY = "reply"
-
-
-@dataclass(frozen=True, slots=True)
-class Message:
-    """A frame received from the broker, with convenient names."""
-
-    frame: tmqp.Frame
-
-    @property
-    def kind(self) -> Kind:
-        return _KINDS.get(MessageType(self.frame.message_type), Kind.REPLY)
-
-    @property
-    def id(self) -> str:
-        return self.frame.message_id
-
-    @property
-    def channel(self) -> str:
-        return self.frame.target
-
-    @property
-    def queue_id(self) -> int:
-        return self.frame.content_type
-
-    @property
-    def content_type(self) -> int:
-        return self.frame.content_type
-
-    @property
-    def source(self) -> str:
-        return self.frame.source
-
-    @property
-    def target(self) -> str:
-        return self.frame.target
-
-    @property
-    def payload(self) -> bytes:
-        return self.frame.payload
-
-    @property
-    def headers(self) -> tuple[tuple[str, str], ...]:
-        return self.frame.headers
-
-    @property
-    def needs_ack(self) -> bool:
-        return self.frame.pending_ack
-
-    @property
-    def needs_response(self) -> bool:
-        return self.frame.pending_response
-
-    def header(self, name: str, default: str | None = None) -> str | None:
-        wanted = name.lower()
-        for key, value in self.frame.headers:
-            if key.lower() == wanted:
-                return value
-        return default
-
-    def json(self) -> Any:
-        return json.loads(self.frame.payload) if self.frame.payload else None
-
-
 _new = object.__new__
 #: Sets a new Message's frame without the frozen dataclass's __init__ (half the cost).
 _set_message_frame: Callable[[Message, tmqp.Frame], None] = vars(Message)["frame"].__set__
@@ -165,65 +78,14 @@ _Frame = tmqp.Frame
 _QUEUE_BITS = int(MessageType.QUEUE)  # low 6 bits of the first octet
 _HEADER_BIT = 32  # in the second octet: a header block follows
 
-_KINDS = {
-    MessageType.QUEUE: Kind.QUEUE,
-    MessageType.DIRECT: Kind.DIRECT,
-    MessageType.EVENT: Kind.EVENT,
-}
-
-
-def failure(frame: tmqp.Frame) -> RemoteError | None:
-    """The error an ACK/RESPONSE frame reports, or None if it is a success.
-
-    A negative acknowledge carries ``Nack-Reason`` (its content type is a queue id, not
-    a status); a failed response carries the status as its content type.
-    """
-    reason = nack = None
-    for key, value in frame.headers:
-        low = key.lower()
-        if low == "nack-reason":
-            nack = value
-        elif low == "reason":
-            reason = value
-    if frame.message_type == MessageType.ACK:
-        if nack is None:
-            return None
-        status = CODE_FOR_NACK_REASON.get(nack, ResultCode.FAILED)
-        return RemoteError(int(status), reason or nack)
-    code = frame.content_type
-    if code == ResultCode.OK:
-        return None
-    if reason is None:
-        known = code in ResultCode._value2member_map_
-        reason = ResultCode(code).name.lower().replace("_", " ") if known else "failed"
-    return RemoteError(code, reason)
-
-
-class _State(Enum):
-    IDLE = "idle"
-    HANDSHAKE = "handshake"
-    READY = "ready"
-    BACKOFF = "backoff"
-    CLOSED = "closed"
-
-
-class _Pull:
-    __slots__ = ("future", "messages")
-
-    def __init__(self, future: Future[list[Message]]) -> None:
-        self.future = future
-        self.messages: list[Message] = []
-
 
 def _unbound_send(*args: Any) -> None:
     raise zmq.ZMQError(zmq.ENOTSOCK, "no session socket")
 
 
-class StopLoop(Exception):
-    """Internal: leave the I/O loop."""
+class IOLoop(InboundFrames):
+    """The client's I/O loop and session (see the module docstring)."""
 
-
-class IOLoop:
     def __init__(
         self, client: Client, wake: zmq.Socket[bytes] | None, connect_deadline: float
     ) -> None:
@@ -611,149 +473,3 @@ class IOLoop:
                 else "failed the security handshake (CURVE settings differ?)"
             )
             raise self._fatal(ConnectError(f"the broker at {self.c.endpoint} {what}"))
-
-    # -- inbound frames ----------------------------------------------------------------
-
-    def _dispatch(self, data: bytes) -> None:
-        try:
-            msg = _decode(data)
-        except DecodeError as exc:
-            log.warning("undecodable frame from the broker: %s", exc.reason)
-            return
-        if type(msg) is not tmqp.Frame:
-            if type(msg) is tmqp.Ping:
-                self._send_now(_PONG)
-            return
-        mt = msg.message_type
-        c = self.c
-        if mt == _QUEUE:
-            if msg.headers and self._pulled(msg):
-                return
-            self._deliver(msg)
-        elif mt in (_ACK, _RESPONSE):
-            self._settle(msg)
-        elif mt == _DIRECT:
-            self._deliver(msg)
-        elif mt == MessageType.EVENT:
-            self._event(msg)
-        elif mt == MessageType.TERMINATE:
-            self._terminated(msg)
-        elif mt == MessageType.PING:
-            self._send_now(_PONG)
-        elif mt != MessageType.PONG:
-            log.debug("ignored frame type %#x from the broker", mt)
-        del c
-
-    def _deliver(self, frame: tmqp.Frame) -> None:
-        c = self.c
-        message = Message(frame)
-        callback = c._on_message
-        if callback is not None:
-            try:
-                callback(message)
-            except Exception:
-                log.exception("on_message callback failed")
-            return
-        c._inbox.append(message)
-        if c._in_waiting:
-            with c._in_cv:
-                c._in_cv.notify()
-
-    def _settle(self, frame: tmqp.Frame) -> None:
-        c = self.c
-        mid = frame.message_id
-        if c._state is _State.HANDSHAKE and mid == self.hs_id:
-            err = failure(frame)
-            if err is None:
-                self._ready(frame)
-            else:
-                self._refused(err.code, err.reason)
-            return
-        entry = c._pending.pop(mid, None)
-        if entry is None:
-            err = failure(frame)
-            if err is not None:
-                log.warning("broker reported for %r: %s", mid, err)
-            return
-        future, _deadline, extra = entry
-        if future.done():
-            return
-        err = failure(frame)
-        if err is not None:
-            future.set_exception(err)
-        elif isinstance(extra, _Pull):
-            future.set_result([Message(frame)])  # a cache queue answers with a response
-        else:
-            future.set_result(frame)
-
-    def _pulled(self, frame: tmqp.Frame) -> bool:
-        """Route a message answering a pull request; False if it is an ordinary delivery."""
-        request = header(frame, Header.REQUEST_ID)
-        if request is None:
-            return False
-        c = self.c
-        entry = c._pending.get(request)
-        no_content = header(frame, Header.NO_CONTENT)
-        if entry is None or not isinstance(entry[2], _Pull):
-            return no_content is not None  # a late End marker; real messages are delivered
-        pull: _Pull = entry[2]
-        if no_content is None:
-            pull.messages.append(Message(frame))
-            index, count = header(frame, Header.INDEX), header(frame, Header.COUNT)
-            if index is None or index != count:
-                return True
-        elif no_content not in (NoContent.END, NoContent.EMPTY):
-            c._pending.pop(request, None)
-            code = CODE_FOR_NACK_REASON.get(no_content.lower(), ResultCode.NOT_FOUND)
-            if no_content == NoContent.UNAUTHORIZED:
-                code = ResultCode.UNAUTHORIZED
-            if not pull.future.done():
-                pull.future.set_exception(RemoteError(int(code), no_content))
-            return True
-        c._pending.pop(request, None)
-        if not pull.future.done():
-            pull.future.set_result(pull.messages)
-        return True
-
-    def _event(self, frame: tmqp.Frame) -> None:
-        c = self.c
-        name: str = frame.target if frame.target in EVENT_NAMES else frame.source
-        channel = header(frame, Header.CHANNEL_NAME)
-        queue = header(frame, Header.QUEUE_ID)
-        message = Message(frame)
-        handled = False
-        for event, want_channel, want_queue, callback in list(c._event_handlers):
-            if event != name:
-                continue
-            if want_channel is not None and channel is not None and want_channel != channel:
-                continue
-            if want_queue is not None and queue is not None and str(want_queue) != queue:
-                continue
-            handled = True
-            try:
-                callback(message)
-            except Exception:
-                log.exception("event callback failed")
-        if not handled:
-            c._inbox.append(message)
-            if c._in_waiting:
-                with c._in_cv:
-                    c._in_cv.notify()
-
-    def _terminated(self, frame: tmqp.Frame) -> None:
-        code = frame.content_type
-        reason = header(frame, Header.REASON) or "no reason given"
-        if self.c._state is _State.HANDSHAKE:
-            self._refused(code, reason)
-        else:
-            self._lost(f"the broker ended the session: {reason} (status {code})")
-
-    def _refused(self, code: int, reason: str) -> None:
-        """The broker turned down the connection info."""
-        if code in _PERMANENT:
-            err = ConnectError(f"the broker refused the connection: {reason} (status {code})")
-            raise self._fatal(err)
-        self._lost(f"connection refused for now: {reason} (status {code})")
-
-
-__all__ = ["ClientClosed", "IOLoop"]

@@ -102,6 +102,23 @@ def test_stats(endpoint: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and "frames_in" in stats["server"] and "clients" in stats["engine"]
 
 
+def test_output_to_a_closed_pipe_exits_quietly(endpoint: str) -> None:
+    # ``broker stats | head -3``: the reader is gone before the first line is written
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "broker", "stats", "--connect", endpoint],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            timeout=30,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.stderr == b""  # no BrokenPipeError traceback, no "Exception ignored"
+    assert proc.returncode == 141
+
+
 def test_remote_error_exit_status(endpoint: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "admin", "--connect", endpoint, "info", "no-such-channel")
     assert code == 1 and "status 404" in err

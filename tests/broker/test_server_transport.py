@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -352,6 +353,31 @@ def test_stop_tells_clients_and_ends_sessions(zctx: Ctx, engine: ScriptedEngine)
         assert engine.disconnected == ["c1"]
     finally:
         p.close()
+
+
+def test_stop_after_run_ended_by_an_exception(zctx: Ctx, engine: ScriptedEngine) -> None:
+    # ``broker serve`` runs on the main thread and SIGTERM ends run() with an exception;
+    # stop() must then not block on the control socket the loop has already closed.
+    class Interrupted(Exception):
+        pass
+
+    calls = 0
+
+    def clock() -> float:
+        nonlocal calls
+        calls += 1
+        if calls > 1:
+            raise Interrupted
+        return time.monotonic()
+
+    options = ServerOptions(endpoint="tcp://127.0.0.1:*")
+    server = Server(engine, options, context=zctx, clock=clock)
+    with pytest.raises(Interrupted):
+        server.run()
+    stopper = threading.Thread(target=server.stop)
+    stopper.start()
+    stopper.join(5.0)
+    assert not stopper.is_alive(), "stop() blocked after run() had ended"
 
 
 def test_insecure_bind_is_refused(zctx: Ctx, engine: ScriptedEngine) -> None:

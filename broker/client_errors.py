@@ -1,0 +1,62 @@
+"""Errors of ``broker.Client``, and the error an answer frame from the broker reports."""
+
+from __future__ import annotations
+
+from broker import tmqp
+from broker.protocol import CODE_FOR_NACK_REASON, MessageType, ResultCode
+
+
+class ClientError(Exception):
+    """Root of the client's errors."""
+
+
+class ConnectError(ClientError):
+    """The broker refused the session, or could not be reached in time."""
+
+
+class ConnectionLost(ClientError):
+    """The session ended while a request was outstanding."""
+
+
+class ClientClosed(ClientError):
+    """The client was closed."""
+
+
+class RemoteError(ClientError):
+    """The broker (or a peer) answered with a failure status or a negative acknowledge."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(f"{reason} (status {code})")
+        self.code = code
+        self.reason = reason
+
+
+class StopLoop(Exception):
+    """Internal: leave the I/O loop."""
+
+
+def failure(frame: tmqp.Frame) -> RemoteError | None:
+    """The error an ACK/RESPONSE frame reports, or None if it is a success.
+
+    A negative acknowledge carries ``Nack-Reason`` (its content type is a queue id, not
+    a status); a failed response carries the status as its content type.
+    """
+    reason = nack = None
+    for key, value in frame.headers:
+        low = key.lower()
+        if low == "nack-reason":
+            nack = value
+        elif low == "reason":
+            reason = value
+    if frame.message_type == MessageType.ACK:
+        if nack is None:
+            return None
+        status = CODE_FOR_NACK_REASON.get(nack, ResultCode.FAILED)
+        return RemoteError(int(status), reason or nack)
+    code = frame.content_type
+    if code == ResultCode.OK:
+        return None
+    if reason is None:
+        known = code in ResultCode._value2member_map_
+        reason = ResultCode(code).name.lower().replace("_", " ") if known else "failed"
+    return RemoteError(code, reason)

@@ -1,0 +1,169 @@
+"""Channels and queues of the engine: creation (also on the fly), removal, join, leave.
+
+A channel created with ``destroy_when_empty`` goes away once it has no consumer and its
+queues hold nothing.  Every change emits its event (CHANNEL_CREATED, QUEUE_CREATED,
+CLIENT_JOINED, ...) into the output list it is given.
+"""
+
+from __future__ import annotations
+
+from broker import models
+from broker.auth import Action
+from broker.channel import Channel, Client
+from broker.engine_core import EngineCore
+from broker.errors import OperationError
+from broker.options import ChannelOptions, ChannelQueueOptions
+from broker.protocol import EventName, NackReason, Outgoing, ResultCode
+from broker.queue import Queue
+
+
+def valid_channel_name(name: str) -> bool:
+    return bool(name) and " " not in name and ";" not in name and len(name.encode()) <= 255
+
+
+class EngineChannels(EngineCore):
+    """Channel and queue management (see the module docstring)."""
+
+    def resolve_queue(
+        self, client: Client | None, channel_name: str, queue_id: int, out: list[Outgoing]
+    ) -> Queue:
+        """The queue, created on the fly when the config allows it (OperationError if not)."""
+        channel = self.channels.get(channel_name)
+        if channel is None:
+            if not self.config.auto_create_channel:
+                raise OperationError(
+                    ResultCode.NOT_FOUND, "no such channel", NackReason.NO_CHANNEL
+                )
+            if not valid_channel_name(channel_name):
+                raise OperationError(ResultCode.BAD_REQUEST, "invalid channel name")
+            if client is not None and not self.authorizer.allows(
+                client, Action.CHANNEL_CREATE, channel_name
+            ):
+                raise OperationError(ResultCode.UNAUTHORIZED, "may not create channels")
+            channel = self.create_channel(channel_name, out=out)
+        queue = channel.queues.get(queue_id)
+        if queue is None:
+            if not self.config.auto_create_queue:
+                raise OperationError(ResultCode.NOT_FOUND, "no such queue", NackReason.NO_QUEUE)
+            if client is not None and not self.authorizer.allows(
+                client, Action.QUEUE_CREATE, channel_name, queue_id
+            ):
+                raise OperationError(ResultCode.UNAUTHORIZED, "may not create queues")
+            queue = self.create_queue(channel_name, queue_id, out=out)
+        return queue
+
+    def create_channel(
+        self, name: str, options: ChannelOptions | None = None, out: list[Outgoing] | None = None
+    ) -> Channel:
+        """Create a channel (Python API; OperationError when invalid or existing)."""
+        if not valid_channel_name(name):
+            raise OperationError(ResultCode.BAD_REQUEST, f"invalid channel name {name!r}")
+        if name in self.channels:
+            raise OperationError(ResultCode.ALREADY_CREATED, f"channel {name!r} exists")
+        channel = Channel(name, options or self.config.channel_defaults)
+        self.channels[name] = channel
+        self.events.emit(
+            EventName.CHANNEL_CREATED,
+            models.channel_event(channel),
+            out if out is not None else [],
+        )
+        return channel
+
+    def create_queue(
+        self,
+        channel_name: str,
+        queue_id: int,
+        options: ChannelQueueOptions | None = None,
+        out: list[Outgoing] | None = None,
+    ) -> Queue:
+        """Create a queue in an existing channel, enforcing the channel's queue rules."""
+        channel = self.channels.get(channel_name)
+        if channel is None:
+            raise OperationError(ResultCode.NOT_FOUND, "no such channel", NackReason.NO_CHANNEL)
+        if not 0 <= queue_id <= 0xFFFF:
+            raise OperationError(ResultCode.BAD_REQUEST, "queue id must be 0..65535")
+        if queue_id in channel.queues:
+            raise OperationError(ResultCode.ALREADY_CREATED, f"queue {queue_id} exists")
+        copts = channel.options
+        if copts.allowed_queues and queue_id not in copts.allowed_queues:
+            raise OperationError(ResultCode.UNACCEPTABLE, f"queue {queue_id} not allowed here")
+        if not copts.allow_multiple_queues and channel.queues:
+            raise OperationError(ResultCode.UNACCEPTABLE, "channel allows a single queue")
+        if copts.queue_limit and len(channel.queues) >= copts.queue_limit:
+            raise OperationError(ResultCode.LIMIT_EXCEEDED, "channel queue limit reached")
+        options = options or copts.queue
+        self.check_handler(options.message_delivery_handler)
+        queue = Queue(channel, queue_id, options, self)
+        channel.queues[queue_id] = queue
+        if out is None:
+            out = []
+        self.events.emit(
+            EventName.QUEUE_CREATED, models.queue_summary(queue), out, channel_name, queue_id
+        )
+        queue.drain(self._now, out)
+        return queue
+
+    def remove_queue(self, queue: Queue, out: list[Outgoing]) -> None:
+        channel = queue.channel
+        if channel.queues.get(queue.id) is not queue:
+            return
+        del channel.queues[queue.id]
+        queue.close(out)
+        self.store.drop_queue(queue.key)
+        self.events.emit(
+            EventName.QUEUE_REMOVED, models.queue_summary(queue), out, channel.name, queue.id
+        )
+
+    def remove_channel(self, channel: Channel, out: list[Outgoing]) -> None:
+        if self.channels.get(channel.name) is not channel:
+            return
+        del self.channels[channel.name]
+        for queue in list(channel.queues.values()):
+            queue.close(out)
+            self.store.drop_queue(queue.key)
+        channel.queues.clear()
+        for client in channel.consumer_list:
+            client.channels.pop(channel.name, None)
+        channel.consumers.clear()
+        channel.consumer_list.clear()
+        self.events.emit(EventName.CHANNEL_REMOVED, models.channel_event(channel), out)
+
+    def join(self, client: Client, channel: Channel, now: float, out: list[Outgoing]) -> None:
+        if client.id in channel.consumers:
+            return
+        limit = channel.options.client_limit
+        if limit and len(channel.consumers) >= limit:
+            raise OperationError(ResultCode.LIMIT_EXCEEDED, "channel client limit reached")
+        channel.consumers[client.id] = client
+        channel.consumer_list.append(client)
+        client.channels[channel.name] = channel
+        self.events.emit(
+            EventName.CLIENT_JOINED, models.subscription_event(channel, client), out, channel.name
+        )
+        for queue in list(channel.queues.values()):
+            queue.drain(now, out)
+
+    def leave(self, client: Client, channel: Channel, out: list[Outgoing]) -> bool:
+        if client.id not in channel.consumers:
+            return False
+        self._remove_consumer(channel, client, out)
+        self._maybe_destroy(channel, out)
+        return True
+
+    def _remove_consumer(self, channel: Channel, client: Client, out: list[Outgoing]) -> None:
+        channel.consumers.pop(client.id, None)
+        if client in channel.consumer_list:
+            channel.consumer_list.remove(client)
+        client.channels.pop(channel.name, None)
+        self.events.emit(
+            EventName.CLIENT_LEFT, models.subscription_event(channel, client), out, channel.name
+        )
+
+    def _maybe_destroy(self, channel: Channel, out: list[Outgoing]) -> None:
+        if (
+            channel.options.destroy_when_empty
+            and not channel.consumers
+            and self.channels.get(channel.name) is channel
+            and all(q.is_empty() for q in channel.queues.values())
+        ):
+            self.remove_channel(channel, out)
