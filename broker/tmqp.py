@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any
 
 from zproto import runtime as _rt
 from zproto.errors import DecodeError, EncodeError
@@ -48,7 +48,7 @@ _U32 = struct.Struct(">I")
 
 
 @dataclass(frozen=True, init=False)
-class Handshake:
+class Handshake(_rt.MessageBase):
     """Protocol greeting "TMQP/2.0": the client's first message, echoed by the server."""
 
     def encode(self) -> list[bytes]:
@@ -60,7 +60,7 @@ _SPEC_HANDSHAKE: Any = ()
 
 
 @dataclass(frozen=True, init=False)
-class Ping:
+class Ping(_rt.MessageBase):
     """Keep-alive probe."""
 
     def encode(self) -> list[bytes]:
@@ -72,7 +72,7 @@ _SPEC_PING: Any = ()
 
 
 @dataclass(frozen=True, init=False)
-class Pong:
+class Pong(_rt.MessageBase):
     """Keep-alive answer."""
 
     def encode(self) -> list[bytes]:
@@ -84,7 +84,7 @@ _SPEC_PONG: Any = ()
 
 
 @dataclass(frozen=True, init=False)
-class Frame:
+class Frame(_rt.MessageBase):
     """A TMQP message frame."""
 
     first_acquirer: bool = False  # Deliver to one consumer only
@@ -130,18 +130,6 @@ class Frame:
             "payload": payload,
         }
         _set(self, "__dict__", state)
-
-    def replace(self, **changes: Any) -> Self:
-        """A copy with some fields changed (fast; no validation until encode)."""
-        if not changes.keys() <= self.__dict__.keys():
-            raise TypeError(f"unknown fields: {set(changes) - set(self.__dict__)}")
-        state = self.__dict__.copy()
-        state.update(changes)
-        copy = _new(type(self))
-        _set(copy, "__dict__", state)
-        return copy
-
-    __replace__ = replace
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar
 
 from zproto import runtime as _rt
 from zproto.errors import DecodeError, EncodeError
@@ -80,7 +80,7 @@ class MessageId(IntEnum):
 
 
 @dataclass(frozen=True, init=False)
-class Ohai:
+class Ohai(_rt.MessageBase):
     """The client opens a peering."""
 
     ID: ClassVar[MessageId] = MessageId.OHAI
@@ -90,18 +90,6 @@ class Ohai:
     def __init__(self, protocol: str = "FILEMQ", version: int = 2) -> None:
         state = {"protocol": protocol, "version": version}
         _set(self, "__dict__", state)
-
-    def replace(self, **changes: Any) -> Self:
-        """A copy with some fields changed (fast; no validation until encode)."""
-        if not changes.keys() <= self.__dict__.keys():
-            raise TypeError(f"unknown fields: {set(changes) - set(self.__dict__)}")
-        state = self.__dict__.copy()
-        state.update(changes)
-        copy = _new(type(self))
-        _set(copy, "__dict__", state)
-        return copy
-
-    __replace__ = replace
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
@@ -115,7 +103,7 @@ _SPEC_OHAI: Any = (
 
 
 @dataclass(frozen=True, init=False)
-class OhaiOk:
+class OhaiOk(_rt.MessageBase):
     """The server grants the client access."""
 
     ID: ClassVar[MessageId] = MessageId.OHAI_OK
@@ -129,7 +117,7 @@ _SPEC_OHAI_OK: Any = ()
 
 
 @dataclass(frozen=True, init=False)
-class Icanhaz:
+class Icanhaz(_rt.MessageBase):
     """The client subscribes to a path."""
 
     ID: ClassVar[MessageId] = MessageId.ICANHAZ
@@ -150,18 +138,6 @@ class Icanhaz:
         }
         _set(self, "__dict__", state)
 
-    def replace(self, **changes: Any) -> Self:
-        """A copy with some fields changed (fast; no validation until encode)."""
-        if not changes.keys() <= self.__dict__.keys():
-            raise TypeError(f"unknown fields: {set(changes) - set(self.__dict__)}")
-        state = self.__dict__.copy()
-        state.update(changes)
-        copy = _new(type(self))
-        _set(copy, "__dict__", state)
-        return copy
-
-    __replace__ = replace
-
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
         return _encode_icanhaz(self)
@@ -175,7 +151,7 @@ _SPEC_ICANHAZ: Any = (
 
 
 @dataclass(frozen=True, init=False)
-class IcanhazOk:
+class IcanhazOk(_rt.MessageBase):
     """The server confirms the subscription."""
 
     ID: ClassVar[MessageId] = MessageId.ICANHAZ_OK
@@ -189,7 +165,7 @@ _SPEC_ICANHAZ_OK: Any = ()
 
 
 @dataclass(frozen=True, init=False)
-class Nom:
+class Nom(_rt.MessageBase):
     """The client sends credit to the server."""
 
     ID: ClassVar[MessageId] = MessageId.NOM
@@ -199,18 +175,6 @@ class Nom:
     def __init__(self, credit: int = 0, sequence: int = 0) -> None:
         state = {"credit": credit, "sequence": sequence}
         _set(self, "__dict__", state)
-
-    def replace(self, **changes: Any) -> Self:
-        """A copy with some fields changed (fast; no validation until encode)."""
-        if not changes.keys() <= self.__dict__.keys():
-            raise TypeError(f"unknown fields: {set(changes) - set(self.__dict__)}")
-        state = self.__dict__.copy()
-        state.update(changes)
-        copy = _new(type(self))
-        _set(copy, "__dict__", state)
-        return copy
-
-    __replace__ = replace
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
@@ -224,7 +188,7 @@ _SPEC_NOM: Any = (
 
 
 @dataclass(frozen=True, init=False)
-class Cheezburger:
+class Cheezburger(_rt.MessageBase):
     """The server sends a file chunk."""
 
     ID: ClassVar[MessageId] = MessageId.CHEEZBURGER
@@ -257,18 +221,6 @@ class Cheezburger:
         }
         _set(self, "__dict__", state)
 
-    def replace(self, **changes: Any) -> Self:
-        """A copy with some fields changed (fast; no validation until encode)."""
-        if not changes.keys() <= self.__dict__.keys():
-            raise TypeError(f"unknown fields: {set(changes) - set(self.__dict__)}")
-        state = self.__dict__.copy()
-        state.update(changes)
-        copy = _new(type(self))
-        _set(copy, "__dict__", state)
-        return copy
-
-    __replace__ = replace
-
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
         return _encode_cheezburger(self)
@@ -286,7 +238,7 @@ _SPEC_CHEEZBURGER: Any = (
 
 
 @dataclass(frozen=True, init=False)
-class Hugz:
+class Hugz(_rt.MessageBase):
     """The client or server sends a heartbeat."""
 
     ID: ClassVar[MessageId] = MessageId.HUGZ
@@ -300,7 +252,7 @@ _SPEC_HUGZ: Any = ()
 
 
 @dataclass(frozen=True, init=False)
-class HugzOk:
+class HugzOk(_rt.MessageBase):
     """The client or server answers a heartbeat."""
 
     ID: ClassVar[MessageId] = MessageId.HUGZ_OK
@@ -314,7 +266,7 @@ _SPEC_HUGZ_OK: Any = ()
 
 
 @dataclass(frozen=True, init=False)
-class Kthxbai:
+class Kthxbai(_rt.MessageBase):
     """The client closes the peering."""
 
     ID: ClassVar[MessageId] = MessageId.KTHXBAI
@@ -328,7 +280,7 @@ _SPEC_KTHXBAI: Any = ()
 
 
 @dataclass(frozen=True, init=False)
-class Srsly:
+class Srsly(_rt.MessageBase):
     """The server refuses the client due to access rights."""
 
     ID: ClassVar[MessageId] = MessageId.SRSLY
@@ -337,18 +289,6 @@ class Srsly:
     def __init__(self, reason: str = "") -> None:
         state = {"reason": reason}
         _set(self, "__dict__", state)
-
-    def replace(self, **changes: Any) -> Self:
-        """A copy with some fields changed (fast; no validation until encode)."""
-        if not changes.keys() <= self.__dict__.keys():
-            raise TypeError(f"unknown fields: {set(changes) - set(self.__dict__)}")
-        state = self.__dict__.copy()
-        state.update(changes)
-        copy = _new(type(self))
-        _set(copy, "__dict__", state)
-        return copy
-
-    __replace__ = replace
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
@@ -359,7 +299,7 @@ _SPEC_SRSLY: Any = (("reason", "string", 255, None),)
 
 
 @dataclass(frozen=True, init=False)
-class Rtfm:
+class Rtfm(_rt.MessageBase):
     """The server tells the client it sent an invalid message."""
 
     ID: ClassVar[MessageId] = MessageId.RTFM
@@ -368,18 +308,6 @@ class Rtfm:
     def __init__(self, reason: str = "") -> None:
         state = {"reason": reason}
         _set(self, "__dict__", state)
-
-    def replace(self, **changes: Any) -> Self:
-        """A copy with some fields changed (fast; no validation until encode)."""
-        if not changes.keys() <= self.__dict__.keys():
-            raise TypeError(f"unknown fields: {set(changes) - set(self.__dict__)}")
-        state = self.__dict__.copy()
-        state.update(changes)
-        copy = _new(type(self))
-        _set(copy, "__dict__", state)
-        return copy
-
-    __replace__ = replace
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""

@@ -82,8 +82,6 @@ class PythonGenerator:
         typing = ["Any"]
         if self.classic:
             typing.append("ClassVar")
-        if any(attributes(m) for m in p.messages):
-            typing.append("Self")
         out(f"from typing import {', '.join(sorted(typing))}")
         out()
         out("from zproto import runtime as _rt")
@@ -136,7 +134,7 @@ class PythonGenerator:
     def _dataclass(self, src: Source, msg: Message) -> None:
         attrs = attributes(msg)
         src("@dataclass(frozen=True, init=False)")
-        src(f"class {msg.class_name}:")
+        src(f"class {msg.class_name}(_rt.MessageBase):")
         src.indent()
         doc = msg.description or msg.name
         lines = doc.replace('"""', "'''").replace("\\", "\\\\").splitlines()
@@ -161,18 +159,6 @@ class PythonGenerator:
             src()
         if attrs:
             self._init(src, attrs)
-            src("def replace(self, **changes: Any) -> Self:")
-            src('    """A copy with some fields changed (fast; no validation until encode)."""')
-            src("    if not changes.keys() <= self.__dict__.keys():")
-            src('        raise TypeError(f"unknown fields: {set(changes) - set(self.__dict__)}")')
-            src("    state = self.__dict__.copy()")
-            src("    state.update(changes)")
-            src("    copy = _new(type(self))")
-            src('    _set(copy, "__dict__", state)')
-            src("    return copy")
-            src()
-            src("__replace__ = replace")
-            src()
         src("def encode(self) -> list[bytes]:")
         src('    """Encode into ZeroMQ frames."""')
         src(f"    return _encode_{msg.ident}(self)")

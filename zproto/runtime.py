@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Self
 
 from zproto.errors import DecodeError, EncodeError
 
@@ -21,6 +21,7 @@ __all__ = [
     "DecodeError",
     "EncodeError",
     "Invalid",
+    "MessageBase",
     "dec_hash",
     "dec_headers",
     "dec_strings",
@@ -35,6 +36,24 @@ __all__ = [
     "frames_out",
     "truncated",
 ]
+
+
+class MessageBase:
+    """Base of every generated message class (frozen dataclasses storing their
+    fields in ``__dict__``)."""
+
+    __slots__ = ()
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with some fields changed (fast; validated when encoded)."""
+        state = self.__dict__
+        if not changes.keys() <= state.keys():
+            raise TypeError(f"unknown fields: {sorted(set(changes) - set(state))}")
+        copy = object.__new__(type(self))
+        object.__setattr__(copy, "__dict__", {**state, **changes})
+        return copy
+
+    __replace__ = replace  # copy.replace() in Python 3.13+
 
 
 class Invalid(Exception):
