@@ -1,0 +1,39 @@
+"""Generated message classes: frozen dataclasses with fresh defaults and replace()."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from broker import tmqp
+from filemq import fmq_msg
+
+
+def test_messages_are_frozen_dataclasses() -> None:
+    msg = fmq_msg.Nom(credit=5, sequence=1)
+    assert dataclasses.is_dataclass(msg)
+    assert [f.name for f in dataclasses.fields(msg)] == ["credit", "sequence"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        msg.credit = 6  # type: ignore[misc]
+    assert msg == fmq_msg.Nom(5, 1) and msg != fmq_msg.Nom(5, 2)
+    assert hash(msg) == hash(fmq_msg.Nom(5, 1))
+    assert repr(msg) == "Nom(credit=5, sequence=1)"
+
+
+def test_mutable_defaults_are_fresh_per_instance() -> None:
+    a, b = fmq_msg.Icanhaz(), fmq_msg.Icanhaz()
+    assert a.options == {} and a.options is not b.options
+    assert fmq_msg.Ohai().protocol == "FILEMQ" and fmq_msg.Ohai().version == 2
+
+
+def test_replace_changes_only_what_is_named() -> None:
+    frame = tmqp.Frame(message_type=0x11, target="orders", payload=b"x")
+    moved = frame.replace(target="audit", ttl=3)
+    assert (moved.target, moved.ttl, moved.payload) == ("audit", 3, b"x")
+    assert (frame.target, frame.ttl) == ("orders", 16)
+    assert type(moved) is tmqp.Frame and moved == dataclasses.replace(frame, target="audit", ttl=3)
+    with pytest.raises(TypeError, match="nope"):
+        frame.replace(nope=1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        moved.ttl = 4  # type: ignore[misc]
