@@ -106,6 +106,17 @@ _WIRES = {
 }
 
 
+def clip_reason(text: str, limit: int = 255) -> str:
+    """``text`` cut to fit a 1-octet string field (SRSLY/RTFM reasons) in UTF-8.
+
+    Reasons may quote what a peer sent, so their size in octets is not known.
+    """
+    data = text.encode("utf-8", "replace")
+    if len(data) <= limit:
+        return text
+    return data[:limit].decode("utf-8", "ignore")
+
+
 def load_wire(name: str = "spec") -> Wire:
     """``spec`` (RFC 35: 1-octet path/filename) or ``czmq`` (the C reference's longstr)."""
     try:

@@ -42,6 +42,7 @@ from filemq.engine import (
     RESYNC_COMPLETE,
     Operation,
     Wire,
+    clip_reason,
 )
 from filemq.paths import UnsafePathError, all_relative_safe, relative_parts, virtual_path
 
@@ -215,7 +216,7 @@ class ServerSession:
 
     def _rtfm(self, reason: str) -> list[Action]:
         self._stop(SessionState.CLOSED)
-        return [Reply(self.codec.encode(self.codec.Rtfm(reason[:255]))), Close(reason)]
+        return [Reply(self.codec.encode(self.codec.Rtfm(clip_reason(reason)))), Close(reason)]
 
     def _stop(self, state: SessionState) -> None:
         self.state = state
@@ -247,7 +248,7 @@ class ServerSession:
 
     def _srsly(self, reason: str) -> list[Action]:
         self._stop(SessionState.REFUSED)
-        return [Reply(self.codec.encode(self.codec.Srsly(reason[:255])))]
+        return [Reply(self.codec.encode(self.codec.Srsly(clip_reason(reason))))]
 
     def _on_nom(self, msg: Any) -> list[Action]:
         self.credit = min(self.credit + msg.credit, _MAX_CREDIT)

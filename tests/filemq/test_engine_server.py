@@ -53,6 +53,22 @@ def test_ohai_of_another_version_or_protocol_gets_rtfm() -> None:
         assert any(isinstance(a, Close) for a in actions)
 
 
+def test_refusal_reasons_quoting_the_peer_fit_their_field() -> None:
+    """Reasons quote what the peer sent: multi-octet text must not overflow the string."""
+    proto = ("é" * 120).encode()
+    raw = b"\xaa\xa3\x01" + bytes([len(proto)]) + proto + b"\x00\x02"
+    s = ServerSession(WIRE, b"c", 0.0)
+    actions = s.receive([raw], 0.0)
+    [rtfm] = replies(actions)
+    assert isinstance(rtfm, fmq_msg.Rtfm) and "é" in rtfm.reason
+    assert len(rtfm.reason.encode()) <= 255
+    assert any(isinstance(a, Close) for a in actions)
+    s = ServerSession(WIRE, b"c", 0.0, access=lambda key, path: False)
+    s.receive(frames(fmq_msg.Ohai()), 0)
+    [srsly] = replies(s.receive(frames(fmq_msg.Icanhaz("/" + "é" * 127)), 0))
+    assert isinstance(srsly, fmq_msg.Srsly) and len(srsly.reason.encode()) <= 255
+
+
 def test_no_signature_is_dropped_silently() -> None:
     s = ready()
     assert s.receive([b"GET / HTTP/1.0\r\n"], 1.0) == []
