@@ -15,6 +15,33 @@ from broker import tmqp
 from broker.protocol import Header, MessageType, Operation
 
 
+def operation_frame(
+    message_id: str,
+    operation: int,
+    target: str = "",
+    *,
+    payload: Any = None,
+    queue_id: int | None = None,
+    response: bool = False,
+) -> tmqp.Frame:
+    """A SERVER frame for ``operation`` asking for an ACK, or (``response``) a RESPONSE.
+
+    Shared by the blocking client and ``broker.aioclient``; ``payload`` is sent as JSON.
+    """
+    headers = ((Header.QUEUE_ID, str(queue_id)),) if queue_id is not None else ()
+    body = b"" if payload is None else json.dumps(payload).encode("utf-8")
+    return tmqp.Frame(
+        message_type=MessageType.SERVER,
+        pending_ack=not response,
+        pending_response=response,
+        content_type=operation,
+        message_id=message_id,
+        target=target,
+        headers=headers,
+        payload=body,
+    )
+
+
 class AdminOperations:
     """Mixed into ``Client``, which provides ``new_id`` and ``_call``."""
 
@@ -37,17 +64,8 @@ class AdminOperations:
         queue_id: int | None = None,
         response: bool = False,
     ) -> tmqp.Frame:
-        headers = ((Header.QUEUE_ID, str(queue_id)),) if queue_id is not None else ()
-        body = b"" if payload is None else json.dumps(payload).encode("utf-8")
-        return tmqp.Frame(
-            message_type=MessageType.SERVER,
-            pending_ack=not response,
-            pending_response=response,
-            content_type=operation,
-            message_id=self.new_id(),
-            target=target,
-            headers=headers,
-            payload=body,
+        return operation_frame(
+            self.new_id(), operation, target, payload=payload, queue_id=queue_id, response=response
         )
 
     def create_channel(self, name: str, options: Mapping[str, Any] | None = None) -> None:

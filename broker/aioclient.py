@@ -1,0 +1,495 @@
+"""An asyncio client of the zerohub broker (TMQP frames over a ``zmq.asyncio`` DEALER).
+
+``AsyncClient`` speaks the same protocol as the blocking :class:`broker.client.Client`
+and reuses its pieces: frames are built with the blocking client's helpers
+(``broker.client``, ``broker.client_admin.operation_frame``), answers are judged by
+``broker.client_errors.failure`` and received frames are :class:`broker.client_message.Message`.
+
+Design: one background reader task owns the receiving side of the socket.  Every
+request (acknowledged push, direct request, server operation) registers an
+``asyncio.Future`` under its message id and awaits it, so any number may be outstanding
+at once (``asyncio.gather`` them); the reader settles the future when the ACK/RESPONSE
+arrives, answers the broker's PINGs, and puts queue, direct and event messages into a
+bounded inbox read by ``receive()``/``consume()``.  A full inbox makes the reader wait
+(ZeroMQ pushes back on the broker), which also holds up replies: keep consuming.
+
+Not supported (use the blocking client for these): reconnecting -- when the broker
+ends the session or the socket fails, outstanding requests fail with
+``ConnectionLost`` and later calls raise it; client-side keep-alive PINGs; pull
+requests, event subscriptions and CURVE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import logging
+import os
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from broker import fastcodec, tmqp
+from broker.client import Client, Headers, _as_bytes, _headers
+from broker.client_admin import operation_frame
+from broker.client_core import _State
+from broker.client_errors import (
+    ClientClosed,
+    ClientError,
+    ConnectError,
+    ConnectionLost,
+    RemoteError,
+    failure,
+)
+from broker.client_message import Message
+from broker.protocol import (
+    GREETING,
+    ConnectionInfo,
+    Header,
+    MessageType,
+    Operation,
+    ResultCode,
+    header,
+)
+from zproto.errors import DecodeError
+
+__all__ = ["AsyncClient"]
+
+log = logging.getLogger(__name__)
+
+_PONG = tmqp.encode(tmqp.Pong())[0]
+_TERMINATE = tmqp.encode(tmqp.Frame(message_type=MessageType.TERMINATE))[0]
+_INBOX_TYPES = frozenset({MessageType.QUEUE, MessageType.DIRECT, MessageType.EVENT})
+_REPLY_TYPES = frozenset({MessageType.ACK, MessageType.RESPONSE})
+
+
+class _Closed:
+    """The inbox's end marker (put back by every reader that takes it)."""
+
+
+_CLOSED = _Closed()
+
+
+class AsyncClient:
+    """A broker session driven by asyncio.  ``async with AsyncClient(...) as c:`` or
+    ``await c.connect()`` ... ``await c.close()``."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        context: zmq.asyncio.Context,
+        client_id: str | None = None,
+        name: str | None = None,
+        type: str | None = None,
+        token: str | None = None,
+        timeout: float = 10.0,
+        linger: float = 1.0,
+        hwm: int = 10_000,
+        max_inbox: int = 10_000,
+    ) -> None:
+        self.endpoint = endpoint
+        self.context = context
+        self.timeout = timeout
+        self.linger = linger
+        self.hwm = hwm
+        self.client_id: str | None = client_id
+        self._info = ConnectionInfo(client_id=client_id, name=name, type=type, token=token)
+        self._prefix = f"{random.getrandbits(32):08x}-"
+        self._counter = itertools.count(1)
+        self._state = _State.IDLE
+        self._error: ClientError | None = None
+        self._sock: zmq.asyncio.Socket | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._pending: dict[str, asyncio.Future[tmqp.Frame]] = {}
+        self._inbox: asyncio.Queue[Message | _Closed] = asyncio.Queue(max_inbox)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        return self._state is _State.READY
+
+    def new_id(self) -> str:
+        return f"{self._prefix}{next(self._counter)}"
+
+    async def connect(self) -> AsyncClient:
+        """Greet the broker, send the connection info and wait for its answer.
+
+        Raises ``ConnectError`` if the broker refuses or does not answer within ``timeout``.
+        """
+        if self._state is not _State.IDLE:
+            raise ClientError("connect() may be called once per AsyncClient")
+        sock = self.context.socket(zmq.DEALER)
+        sock.linger = 0
+        sock.sndhwm = self.hwm
+        sock.rcvhwm = self.hwm
+        sock.routing_id = b"\x01" + os.urandom(15)
+        sock.connect(self.endpoint)
+        self._sock = sock
+        self._state = _State.HANDSHAKE
+        self._reader = asyncio.create_task(self._read(sock), name="broker-aioclient-reader")
+        mid = self.new_id()
+        info = dataclasses.replace(self._info, client_id=self.client_id)
+        hello = dataclasses.replace(info.to_frame(mid), pending_response=True)
+        try:
+            await sock.send(GREETING)
+            reply = await self._request(hello, self.timeout, sock)
+        except TimeoutError:
+            await self._shutdown(ConnectError(f"no answer from {self.endpoint} in time"))
+            raise ConnectError(f"no answer from {self.endpoint} within {self.timeout} s") from None
+        except RemoteError as exc:
+            err = ConnectError(f"the broker refused the connection: {exc}")
+            await self._shutdown(err)
+            raise err from None
+        except BaseException:
+            await self._shutdown(ClientClosed("client is closed"))
+            raise
+        self.client_id = header(reply, Header.CLIENT_ID) or reply.target or self.client_id
+        self._state = _State.READY
+        log.debug("async session ready as %s", self.client_id)
+        return self
+
+    async def close(self) -> None:
+        """Send TERMINATE (within ``linger``), stop the reader, fail what is outstanding."""
+        sock = self._sock
+        if sock is not None and self._state is _State.READY:
+            with contextlib.suppress(TimeoutError, zmq.ZMQError):
+                await asyncio.wait_for(sock.send(_TERMINATE), self.linger)
+        await self._shutdown(ClientClosed("client is closed"))
+
+    async def __aenter__(self) -> AsyncClient:
+        if self._state is _State.IDLE:
+            await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _shutdown(self, err: ClientError) -> None:
+        """Stop the reader, close the socket (``linger``), fail waiters, end the inbox."""
+        if self._state is not _State.CLOSED:
+            self._state = _State.CLOSED
+            if self._error is None:
+                self._error = err
+        reader, self._reader = self._reader, None
+        if reader is not None and reader is not asyncio.current_task():
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close(linger=max(0, int(self.linger * 1000)))
+        self._fail_pending(self._error or err)
+        self._end_inbox()
+
+    def _fail_pending(self, err: ClientError) -> None:
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(err)
+
+    def _end_inbox(self) -> None:
+        with contextlib.suppress(asyncio.QueueFull):  # full: no reader is waiting
+            self._inbox.put_nowait(_CLOSED)
+
+    def _closed_error(self) -> ClientError:
+        return self._error or ClientClosed("client is closed")
+
+    # -- the reader task ---------------------------------------------------------------
+
+    async def _read(self, sock: zmq.asyncio.Socket) -> None:
+        try:
+            while True:
+                data = await sock.recv()
+                if not await self._dispatch(sock, data):
+                    return  # the broker ended the session
+        except zmq.ZMQError as exc:
+            self._lost(f"socket error: {exc}")
+        except Exception:
+            log.exception("async client reader failed")
+            self._lost("the reader task failed")
+
+    async def _dispatch(self, sock: zmq.asyncio.Socket, data: bytes) -> bool:
+        """Handle one frame; False when the session is over (TERMINATE)."""
+        try:
+            msg = fastcodec.decode(data)
+        except DecodeError as exc:
+            log.warning("undecodable frame from the broker: %s", exc.reason)
+            return True
+        if type(msg) is not tmqp.Frame:
+            if type(msg) is tmqp.Ping:
+                await sock.send(_PONG)
+            return True
+        mt = msg.message_type
+        if mt in _REPLY_TYPES:
+            self._settle(msg)
+        elif mt in _INBOX_TYPES:
+            await self._inbox.put(Message(msg))
+        elif mt == MessageType.PING:
+            await sock.send(_PONG)
+        elif mt == MessageType.TERMINATE:
+            code = msg.content_type
+            reason = header(msg, Header.REASON) or "no reason given"
+            if self._state is _State.HANDSHAKE:
+                self._fail_pending(
+                    ConnectError(f"the broker refused the connection: {reason} (status {code})")
+                )
+            else:
+                self._lost(f"the broker ended the session: {reason} (status {code})")
+            return False
+        elif mt != MessageType.PONG:
+            log.debug("ignored frame type %#x from the broker", mt)
+        return True
+
+    def _settle(self, frame: tmqp.Frame) -> None:
+        future = self._pending.pop(frame.message_id, None)
+        err = failure(frame)
+        if future is None or future.done():
+            if err is not None:
+                log.warning("broker reported for %r: %s", frame.message_id, err)
+            return
+        if err is not None:
+            future.set_exception(err)
+        else:
+            future.set_result(frame)
+
+    def _lost(self, reason: str) -> None:
+        """The session is over for good (no reconnect): fail waiters, end the inbox."""
+        log.info("async session lost: %s", reason)
+        if self._state is not _State.CLOSED:
+            self._state = _State.CLOSED
+            self._error = ConnectionLost(reason)
+        self._fail_pending(self._closed_error())
+        self._end_inbox()
+
+    # -- sending and requests ----------------------------------------------------------
+
+    async def _send(self, data: bytes) -> None:
+        sock = self._sock
+        if sock is None or self._state is not _State.READY:
+            raise self._closed_error()
+        await sock.send(data)
+
+    async def _request(
+        self, frame: tmqp.Frame, timeout: float | None, sock: zmq.asyncio.Socket | None = None
+    ) -> tmqp.Frame:
+        """Send ``frame`` and wait for the ACK/RESPONSE with its message id."""
+        mid = frame.message_id
+        if sock is None:
+            sock = self._sock
+            if sock is None or self._state is not _State.READY:
+                raise self._closed_error()
+        future: asyncio.Future[tmqp.Frame] = asyncio.get_running_loop().create_future()
+        self._pending[mid] = future
+        wait = self.timeout if timeout is None else timeout
+        try:
+            await sock.send(tmqp.encode(frame)[0])
+            return await asyncio.wait_for(future, wait)
+        except TimeoutError:
+            raise TimeoutError(f"no answer to {mid} within {wait} s") from None
+        finally:
+            if self._pending.get(mid) is future:
+                del self._pending[mid]
+
+    # -- queues ------------------------------------------------------------------------
+
+    async def join(self, channel: str, timeout: float | None = None) -> None:
+        """Join a channel: its push/broadcast/round-robin queues deliver to this client."""
+        await self._request(operation_frame(self.new_id(), Operation.JOIN, channel), timeout)
+
+    async def leave(self, channel: str, timeout: float | None = None) -> None:
+        await self._request(operation_frame(self.new_id(), Operation.LEAVE, channel), timeout)
+
+    async def push(
+        self,
+        channel: str,
+        queue_id: int,
+        payload: bytes | str,
+        *,
+        ack: bool = False,
+        headers: Headers | None = None,
+        high_priority: bool = False,
+        timeout: float | None = None,
+    ) -> str:
+        """Push into a queue; with ``ack`` wait for the broker's acknowledge (``RemoteError``
+        on a negative one).  Returns the message id."""
+        mid = self.new_id()
+        frame = tmqp.Frame(
+            high_priority=high_priority,
+            message_type=MessageType.QUEUE,
+            pending_ack=ack,
+            content_type=queue_id,
+            message_id=mid,
+            source=self.client_id or "",
+            target=channel,
+            headers=_headers(headers),
+            payload=_as_bytes(payload),
+        )
+        if ack:
+            await self._request(frame, timeout)
+        else:
+            await self._send(tmqp.encode(frame)[0])
+        return mid
+
+    async def ack(self, message: Message) -> None:
+        """Positive acknowledge of a received queue or direct message."""
+        await self._send(tmqp.encode(Client._ack_frame(message, ()))[0])
+
+    async def nack(self, message: Message, reason: str = "none") -> None:
+        """Negative acknowledge (``Nack-Reason`` header)."""
+        frame = Client._ack_frame(message, ((Header.NACK_REASON, reason),))
+        await self._send(tmqp.encode(frame)[0])
+
+    # -- receiving ---------------------------------------------------------------------
+
+    async def receive(self, timeout: float | None = None) -> Message | None:
+        """Next queue/direct/event message, or None after ``timeout`` seconds.
+
+        Raises ``ClientClosed`` (or ``ConnectionLost``) once the session is over and
+        the messages received before that have been read.
+        """
+        inbox = self._inbox
+        if not inbox.empty():
+            item = inbox.get_nowait()
+        elif self._state is _State.CLOSED:
+            raise self._closed_error()
+        else:
+            try:
+                item = await asyncio.wait_for(inbox.get(), timeout)
+            except TimeoutError:
+                return None
+        if isinstance(item, _Closed):
+            self._end_inbox()  # for the next reader
+            raise self._closed_error()
+        return item
+
+    async def consume(self, timeout: float | None = None) -> AsyncIterator[Message]:
+        """Iterate over received messages; stops after ``timeout`` seconds without one."""
+        while True:
+            message = await self.receive(timeout)
+            if message is None:
+                return
+            yield message
+
+    # -- direct messages ---------------------------------------------------------------
+
+    async def send(
+        self,
+        target: str,
+        payload: bytes | str = b"",
+        *,
+        content_type: int = 0,
+        headers: Headers | None = None,
+        high_priority: bool = False,
+    ) -> str:
+        """Fire-and-forget direct message to a client id, ``@name:NAME`` or ``@type:TYPE``."""
+        mid = self.new_id()
+        frame = tmqp.Frame(
+            high_priority=high_priority,
+            message_type=MessageType.DIRECT,
+            content_type=content_type,
+            message_id=mid,
+            target=target,
+            headers=_headers(headers),
+            payload=_as_bytes(payload),
+        )
+        await self._send(tmqp.encode(frame)[0])
+        return mid
+
+    async def request(
+        self,
+        target: str,
+        payload: bytes | str = b"",
+        *,
+        content_type: int = 0,
+        headers: Headers | None = None,
+        timeout: float | None = None,
+    ) -> Message:
+        """Send a direct message and wait for the peer's response (``RemoteError`` if it
+        fails or nobody matches ``target``)."""
+        frame = tmqp.Frame(
+            message_type=MessageType.DIRECT,
+            pending_response=True,
+            content_type=content_type,
+            message_id=self.new_id(),
+            target=target,
+            headers=_headers(headers),
+            payload=_as_bytes(payload),
+        )
+        return Message(await self._request(frame, timeout))
+
+    async def respond(
+        self,
+        message: Message,
+        payload: bytes | str = b"",
+        *,
+        code: int = ResultCode.OK,
+        headers: Headers | None = None,
+    ) -> None:
+        """Answer a direct message that waits for a response."""
+        frame = tmqp.Frame(
+            message_type=MessageType.RESPONSE,
+            content_type=code,
+            message_id=message.id,
+            target=message.source,
+            headers=_headers(headers),
+            payload=_as_bytes(payload),
+        )
+        await self._send(tmqp.encode(frame)[0])
+
+    # -- server operations -------------------------------------------------------------
+
+    async def _operation(
+        self,
+        operation: int,
+        target: str = "",
+        *,
+        payload: Any = None,
+        queue_id: int | None = None,
+        response: bool = False,
+    ) -> Any:
+        frame = operation_frame(
+            self.new_id(), operation, target, payload=payload, queue_id=queue_id, response=response
+        )
+        reply = await self._request(frame, None)
+        return Message(reply).json() if response else None
+
+    async def create_channel(self, name: str, options: dict[str, Any] | None = None) -> None:
+        await self._operation(Operation.CHANNEL_CREATE, name, payload=options)
+
+    async def delete_channel(self, name: str) -> None:
+        await self._operation(Operation.CHANNEL_DELETE, name)
+
+    async def channels(self, pattern: str = "") -> Any:
+        return await self._operation(Operation.CHANNEL_LIST, pattern, response=True)
+
+    async def channel_info(self, name: str) -> Any:
+        return await self._operation(Operation.CHANNEL_INFO, name, response=True)
+
+    async def create_queue(
+        self, channel: str, queue_id: int, options: dict[str, Any] | None = None
+    ) -> None:
+        await self._operation(Operation.QUEUE_CREATE, channel, payload=options, queue_id=queue_id)
+
+    async def update_queue(self, channel: str, queue_id: int, options: dict[str, Any]) -> None:
+        await self._operation(Operation.QUEUE_UPDATE, channel, payload=options, queue_id=queue_id)
+
+    async def delete_queue(self, channel: str, queue_id: int) -> None:
+        await self._operation(Operation.QUEUE_DELETE, channel, queue_id=queue_id)
+
+    async def queues(self, channel: str) -> Any:
+        return await self._operation(Operation.QUEUE_LIST, channel, response=True)
+
+    async def queue_info(self, channel: str, queue_id: int) -> Any:
+        return await self._operation(
+            Operation.QUEUE_INFO, channel, queue_id=queue_id, response=True
+        )
+
+    async def clients(self, client_type: str = "") -> Any:
+        return await self._operation(Operation.CLIENT_LIST, client_type, response=True)

@@ -1,0 +1,236 @@
+"""broker.aioclient.AsyncClient against a live Server + Engine (asyncio.run in sync tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from broker.aioclient import AsyncClient
+from broker.client import Kind, Message
+from broker.client_errors import ClientClosed, ClientError, ConnectError, RemoteError
+from broker.engine import Engine
+from broker.protocol import ResultCode
+from broker.server import Server, ServerOptions
+
+Ctx = zmq.Context[zmq.Socket[bytes]]
+Main = Callable[[zmq.asyncio.Context, str], Awaitable[None]]
+
+
+@pytest.fixture
+def endpoint(zctx: Ctx) -> Iterator[str]:
+    with Server(Engine(), ServerOptions(endpoint="tcp://127.0.0.1:*"), context=zctx) as srv:
+        assert srv.endpoint is not None
+        yield srv.endpoint
+
+
+def run(endpoint: str, main: Main) -> None:
+    """Run ``main`` on a private asyncio context; fail on leftover tasks or open sockets."""
+    ctx = zmq.asyncio.Context()
+    leftover_tasks: list[str] = []
+
+    async def guarded() -> None:
+        await main(ctx, endpoint)
+        others = asyncio.all_tasks() - {asyncio.current_task()}
+        leftover_tasks.extend(t.get_name() for t in others)
+
+    try:
+        asyncio.run(guarded())
+    finally:
+        open_sockets = [s for s in ctx._sockets if not s.closed]
+        for sock in open_sockets:
+            sock.close(linger=0)
+        ctx.term()
+    assert not leftover_tasks, f"tasks left running: {leftover_tasks}"
+    assert not open_sockets, f"{len(open_sockets)} socket(s) left open"
+
+
+async def until(check: Callable[[], Awaitable[bool]], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await check():
+            return True
+        await asyncio.sleep(0.01)
+    return await check()
+
+
+def client(ctx: zmq.asyncio.Context, endpoint: str, **kw: Any) -> AsyncClient:
+    kw.setdefault("timeout", 5.0)
+    return AsyncClient(endpoint, context=ctx, **kw)
+
+
+def test_connect_learns_the_id_and_close_cleans_up(endpoint: str) -> None:
+    async def main(ctx: zmq.asyncio.Context, ep: str) -> None:
+        async with client(ctx, ep, name="watcher") as watcher:
+            named = await client(ctx, ep, client_id="fixed-id", type="worker").connect()
+            anonymous = await client(ctx, ep).connect()
+            assert named.client_id == "fixed-id" and named.connected
+            assert anonymous.client_id and anonymous.client_id != "fixed-id"
+
+            async def count(n: int) -> bool:
+                return len(await watcher.clients()) == n
+
+            assert await until(lambda: count(3))
+            await named.close()
+            await anonymous.close()
+            assert not named.connected
+            assert await until(lambda: count(1))  # the broker saw both sessions end
+            with pytest.raises(ClientClosed):
+                await named.push("q", 1, b"late")
+            with pytest.raises(ClientClosed):
+                await named.receive(timeout=0)
+            await named.close()  # a second close is harmless
+            with pytest.raises(ClientError, match="once"):
+                await named.connect()
+
+    run(endpoint, main)
+
+
+def test_push_and_consume(endpoint: str) -> None:
+    async def main(ctx: zmq.asyncio.Context, ep: str) -> None:
+        async with client(ctx, ep) as consumer, client(ctx, ep) as producer:
+            await consumer.create_queue("orders", 1, {"Status": 1})
+            await consumer.join("orders")
+            ids = [await producer.push("orders", 1, f"order {i}") for i in range(50)]
+            await producer.push("orders", 1, b"last", headers={"Trace": "t-1"}, ack=True)
+            got: list[Message] = []
+            async for message in consumer.consume(timeout=5):
+                got.append(message)
+                if len(got) == 51:
+                    break
+            assert [m.payload for m in got[:50]] == [f"order {i}".encode() for i in range(50)]
+            assert [m.id for m in got[:50]] == ids
+            assert got[50].payload == b"last" and got[50].header("trace") == "t-1"
+            first = got[0]
+            assert first.kind is Kind.QUEUE and (first.channel, first.queue_id) == ("orders", 1)
+            assert first.source == producer.client_id
+            await consumer.leave("orders")
+            await producer.push("orders", 1, b"unheard", ack=False)
+            assert await consumer.receive(timeout=0.2) is None
+
+    run(endpoint, main)
+
+
+def test_push_with_ack_and_a_refused_push(endpoint: str) -> None:
+    async def main(ctx: zmq.asyncio.Context, ep: str) -> None:
+        async with client(ctx, ep) as producer:
+            await producer.create_queue("acked", 1, {"Status": 3})  # pull: stored, acked
+            mid = await producer.push("acked", 1, b"one", ack=True)
+            assert mid
+            many = await asyncio.gather(
+                *(producer.push("acked", 1, f"m{i}", ack=True) for i in range(50))
+            )
+            assert len(set(many)) == 50
+            await producer.update_queue("acked", 1, {"Status": 6})  # stopped: refused
+            with pytest.raises(RemoteError) as info:
+                await producer.push("acked", 1, b"refused", ack=True)
+            assert info.value.code != ResultCode.OK
+            info_after = await producer.queue_info("acked", 1)
+            assert info_after["Status"] == "Stopped"
+
+    run(endpoint, main)
+
+
+def test_consumer_ack_and_nack_reach_the_queue(endpoint: str) -> None:
+    async def main(ctx: zmq.asyncio.Context, ep: str) -> None:
+        async with client(ctx, ep) as consumer, client(ctx, ep) as producer:
+            await consumer.create_queue("work", 1, {"Status": 1, "RequestAcknowledge": True})
+            await consumer.join("work")
+            await producer.push("work", 1, b"job-1")
+            await producer.push("work", 1, b"job-2")
+            first = await consumer.receive(timeout=5)
+            second = await consumer.receive(timeout=5)
+            assert first is not None and second is not None and first.needs_ack
+            await consumer.ack(first)
+            await consumer.nack(second, "cannot")
+
+            async def acked() -> bool:
+                info = await consumer.queue_info("work", 1)
+                return bool(info["Acks"] == 1 and info["NegativeAcks"] == 1)
+
+            assert await until(acked)
+
+    run(endpoint, main)
+
+
+def test_hundred_concurrent_direct_requests(endpoint: str) -> None:
+    async def main(ctx: zmq.asyncio.Context, ep: str) -> None:
+        async with client(ctx, ep, name="calc") as responder, client(ctx, ep) as requester:
+
+            async def serve() -> None:
+                async for message in responder.consume():
+                    if message.kind is Kind.DIRECT and message.needs_response:
+                        await responder.respond(message, message.payload.upper())
+
+            server_task = asyncio.create_task(serve())
+            try:
+                replies = await asyncio.gather(
+                    *(requester.request("@name:calc", f"r{i}") for i in range(100))
+                )
+                assert [r.payload for r in replies] == [f"R{i}".encode() for i in range(100)]
+                assert all(r.source == responder.client_id for r in replies)
+                assert responder.client_id is not None
+                direct = await requester.request(responder.client_id, b"by id", content_type=7)
+                assert direct.payload == b"BY ID"
+                with pytest.raises(RemoteError):
+                    await requester.request("@name:nobody", b"?", timeout=2)
+                assert not requester._pending  # every future was settled and removed
+            finally:
+                server_task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await server_task
+
+    run(endpoint, main)
+
+
+def test_admin_create_and_list(endpoint: str) -> None:
+    async def main(ctx: zmq.asyncio.Context, ep: str) -> None:
+        async with client(ctx, ep, name="admin") as admin:
+            await admin.create_channel("billing", {"ClientLimit": 5})
+            with pytest.raises(RemoteError) as info:
+                await admin.create_channel("billing")
+            assert info.value.code == ResultCode.ALREADY_CREATED
+            await admin.create_queue("billing", 3, {"Status": 3})
+            assert any(c["Name"] == "billing" for c in await admin.channels())
+            assert (await admin.channel_info("billing"))["ClientLimit"] == 5
+            assert [q["Id"] for q in await admin.queues("billing")] == [3]
+            await admin.delete_queue("billing", 3)
+            assert await admin.queues("billing") == []
+            await admin.delete_channel("billing")
+            assert not any(c["Name"] == "billing" for c in await admin.channels())
+            assert any(c["Name"] == "admin" for c in await admin.clients())
+
+    run(endpoint, main)
+
+
+def test_close_fails_outstanding_requests_and_wakes_consumers(endpoint: str) -> None:
+    async def main(ctx: zmq.asyncio.Context, ep: str) -> None:
+        async with client(ctx, ep, name="mute") as mute:
+            requester = await client(ctx, ep).connect()
+            request = asyncio.create_task(requester.request("@name:mute", b"never", timeout=30))
+            waiting = asyncio.create_task(requester.receive())
+            assert await mute.receive(timeout=5) is not None  # the request arrived
+            await requester.close()
+            with pytest.raises(ClientClosed):
+                await request
+            with pytest.raises(ClientClosed):
+                await waiting
+
+    run(endpoint, main)
+
+
+def test_no_broker_is_a_connect_error(endpoint: str) -> None:
+    async def main(ctx: zmq.asyncio.Context, ep: str) -> None:
+        lonely = client(ctx, "tcp://127.0.0.1:1", timeout=0.5)
+        started = time.monotonic()
+        with pytest.raises(ConnectError, match="no answer"):
+            await lonely.connect()
+        assert 0.4 < time.monotonic() - started < 3
+        assert not lonely.connected
+
+    run(endpoint, main)
