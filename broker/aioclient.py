@@ -35,9 +35,9 @@ import zmq
 import zmq.asyncio
 
 from broker import fastcodec, tmqp
-from broker.client import Client, Headers, _as_bytes, _headers
+from broker.client import Client, Headers, as_bytes, normalize_headers
 from broker.client_admin import operation_frame
-from broker.client_core import _State
+from broker.client_core import SessionState
 from broker.client_errors import (
     ClientClosed,
     ClientError,
@@ -102,7 +102,7 @@ class AsyncClient:
         self._info = ConnectionInfo(client_id=client_id, name=name, type=type, token=token)
         self._prefix = f"{random.getrandbits(32):08x}-"
         self._counter = itertools.count(1)
-        self._state = _State.IDLE
+        self._state = SessionState.IDLE
         self._error: ClientError | None = None
         self._sock: zmq.asyncio.Socket | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -113,7 +113,7 @@ class AsyncClient:
 
     @property
     def connected(self) -> bool:
-        return self._state is _State.READY
+        return self._state is SessionState.READY
 
     def new_id(self) -> str:
         return f"{self._prefix}{next(self._counter)}"
@@ -123,7 +123,7 @@ class AsyncClient:
 
         Raises ``ConnectError`` if the broker refuses or does not answer within ``timeout``.
         """
-        if self._state is not _State.IDLE:
+        if self._state is not SessionState.IDLE:
             raise ClientError("connect() may be called once per AsyncClient")
         sock = self.context.socket(zmq.DEALER)
         sock.linger = 0
@@ -132,7 +132,7 @@ class AsyncClient:
         sock.routing_id = b"\x01" + os.urandom(15)
         sock.connect(self.endpoint)
         self._sock = sock
-        self._state = _State.HANDSHAKE
+        self._state = SessionState.HANDSHAKE
         self._reader = asyncio.create_task(self._read(sock), name="broker-aioclient-reader")
         mid = self.new_id()
         info = dataclasses.replace(self._info, client_id=self.client_id)
@@ -151,20 +151,20 @@ class AsyncClient:
             await self._shutdown(ClientClosed("client is closed"))
             raise
         self.client_id = header(reply, Header.CLIENT_ID) or reply.target or self.client_id
-        self._state = _State.READY
+        self._state = SessionState.READY
         log.debug("async session ready as %s", self.client_id)
         return self
 
     async def close(self) -> None:
         """Send TERMINATE (within ``linger``), stop the reader, fail what is outstanding."""
         sock = self._sock
-        if sock is not None and self._state is _State.READY:
+        if sock is not None and self._state is SessionState.READY:
             with contextlib.suppress(TimeoutError, zmq.ZMQError):
                 await asyncio.wait_for(sock.send(_TERMINATE), self.linger)
         await self._shutdown(ClientClosed("client is closed"))
 
     async def __aenter__(self) -> AsyncClient:
-        if self._state is _State.IDLE:
+        if self._state is SessionState.IDLE:
             await self.connect()
         return self
 
@@ -173,8 +173,8 @@ class AsyncClient:
 
     async def _shutdown(self, err: ClientError) -> None:
         """Stop the reader, close the socket (``linger``), fail waiters, end the inbox."""
-        if self._state is not _State.CLOSED:
-            self._state = _State.CLOSED
+        if self._state is not SessionState.CLOSED:
+            self._state = SessionState.CLOSED
             if self._error is None:
                 self._error = err
         reader, self._reader = self._reader, None
@@ -236,7 +236,7 @@ class AsyncClient:
         elif mt == MessageType.TERMINATE:
             code = msg.content_type
             reason = header(msg, Header.REASON) or "no reason given"
-            if self._state is _State.HANDSHAKE:
+            if self._state is SessionState.HANDSHAKE:
                 self._fail_pending(
                     ConnectError(f"the broker refused the connection: {reason} (status {code})")
                 )
@@ -262,8 +262,8 @@ class AsyncClient:
     def _lost(self, reason: str) -> None:
         """The session is over for good (no reconnect): fail waiters, end the inbox."""
         log.info("async session lost: %s", reason)
-        if self._state is not _State.CLOSED:
-            self._state = _State.CLOSED
+        if self._state is not SessionState.CLOSED:
+            self._state = SessionState.CLOSED
             self._error = ConnectionLost(reason)
         self._fail_pending(self._closed_error())
         self._end_inbox()
@@ -272,7 +272,7 @@ class AsyncClient:
 
     async def _send(self, data: bytes) -> None:
         sock = self._sock
-        if sock is None or self._state is not _State.READY:
+        if sock is None or self._state is not SessionState.READY:
             raise self._closed_error()
         await sock.send(data)
 
@@ -283,7 +283,7 @@ class AsyncClient:
         mid = frame.message_id
         if sock is None:
             sock = self._sock
-            if sock is None or self._state is not _State.READY:
+            if sock is None or self._state is not SessionState.READY:
                 raise self._closed_error()
         future: asyncio.Future[tmqp.Frame] = asyncio.get_running_loop().create_future()
         self._pending[mid] = future
@@ -328,8 +328,8 @@ class AsyncClient:
             message_id=mid,
             source=self.client_id or "",
             target=channel,
-            headers=_headers(headers),
-            payload=_as_bytes(payload),
+            headers=normalize_headers(headers),
+            payload=as_bytes(payload),
         )
         if ack:
             await self._request(frame, timeout)
@@ -357,7 +357,7 @@ class AsyncClient:
         inbox = self._inbox
         if not inbox.empty():
             item = inbox.get_nowait()
-        elif self._state is _State.CLOSED:
+        elif self._state is SessionState.CLOSED:
             raise self._closed_error()
         else:
             try:
@@ -396,8 +396,8 @@ class AsyncClient:
             content_type=content_type,
             message_id=mid,
             target=target,
-            headers=_headers(headers),
-            payload=_as_bytes(payload),
+            headers=normalize_headers(headers),
+            payload=as_bytes(payload),
         )
         await self._send(tmqp.encode(frame)[0])
         return mid
@@ -419,8 +419,8 @@ class AsyncClient:
             content_type=content_type,
             message_id=self.new_id(),
             target=target,
-            headers=_headers(headers),
-            payload=_as_bytes(payload),
+            headers=normalize_headers(headers),
+            payload=as_bytes(payload),
         )
         return Message(await self._request(frame, timeout))
 
@@ -438,8 +438,8 @@ class AsyncClient:
             content_type=code,
             message_id=message.id,
             target=message.source,
-            headers=_headers(headers),
-            payload=_as_bytes(payload),
+            headers=normalize_headers(headers),
+            payload=as_bytes(payload),
         )
         await self._send(tmqp.encode(frame)[0])
 

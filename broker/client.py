@@ -49,7 +49,7 @@ import zmq
 
 from broker import tmqp
 from broker.client_admin import AdminOperations
-from broker.client_core import _NO_WAKE, _State
+from broker.client_core import _NO_WAKE, SessionState
 from broker.client_errors import (
     ClientClosed,
     ClientError,
@@ -83,7 +83,7 @@ _Q = MessageType.QUEUE
 Headers = Mapping[str, str] | tuple[tuple[str, str], ...]
 
 
-def _headers(headers: Headers | None) -> tuple[tuple[str, str], ...]:
+def normalize_headers(headers: Headers | None) -> tuple[tuple[str, str], ...]:
     if not headers:
         return ()
     if isinstance(headers, Mapping):
@@ -91,7 +91,7 @@ def _headers(headers: Headers | None) -> tuple[tuple[str, str], ...]:
     return tuple(headers)
 
 
-def _as_bytes(payload: bytes | str | None) -> bytes:
+def as_bytes(payload: bytes | str | None) -> bytes:
     if payload is None:
         return b""
     return payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
@@ -159,7 +159,7 @@ class Client(ClientInbox, AdminOperations):
             thread.join(timeout)
             if thread.is_alive():
                 raise ClientError(f"client I/O thread did not stop within {timeout} s")
-        self._state = _State.CLOSED
+        self._state = SessionState.CLOSED
         with self._in_cv:
             self._in_cv.notify_all()
 
@@ -199,7 +199,7 @@ class Client(ClientInbox, AdminOperations):
     ) -> str:
         """Push into a queue; with ``ack`` wait for the broker's acknowledge. Returns the id."""
         mid = message_id or f"{self._prefix}{next(self._counter)}"
-        body = payload if type(payload) is bytes else _as_bytes(payload)
+        body = payload if type(payload) is bytes else as_bytes(payload)
         data = None
         if not headers:
             target = self._targets.get(channel)
@@ -217,7 +217,7 @@ class Client(ClientInbox, AdminOperations):
                 message_id=mid,
                 source=self.client_id or "",
                 target=channel,
-                headers=_headers(headers),
+                headers=normalize_headers(headers),
                 payload=body,
             )
             data = tmqp.encode(frame)[0]
@@ -262,8 +262,8 @@ class Client(ClientInbox, AdminOperations):
             content_type=queue_id,
             message_id=message_id or self.new_id(),
             target=channel,
-            headers=_headers(headers),
-            payload=_as_bytes(payload),
+            headers=normalize_headers(headers),
+            payload=as_bytes(payload),
         )
         return self.request_frame(frame, timeout)
 
@@ -372,8 +372,8 @@ class Client(ClientInbox, AdminOperations):
             content_type=content_type,
             message_id=mid,
             target=target,
-            headers=_headers(headers),
-            payload=_as_bytes(payload),
+            headers=normalize_headers(headers),
+            payload=as_bytes(payload),
         )
         self._enqueue(tmqp.encode(frame)[0])
         return mid
@@ -396,8 +396,8 @@ class Client(ClientInbox, AdminOperations):
             content_type=content_type,
             message_id=self.new_id(),
             target=target,
-            headers=_headers(headers),
-            payload=_as_bytes(payload),
+            headers=normalize_headers(headers),
+            payload=as_bytes(payload),
         )
         return self.request_frame(frame, timeout)
 
@@ -430,7 +430,7 @@ class Client(ClientInbox, AdminOperations):
             content_type=code,
             message_id=message.id,
             target=message.source,
-            headers=_headers(headers),
-            payload=_as_bytes(payload),
+            headers=normalize_headers(headers),
+            payload=as_bytes(payload),
         )
         self._enqueue(tmqp.encode(frame)[0])

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 _ids = itertools.count(1)
 
 
-class _State(Enum):
+class SessionState(Enum):
     """The session's state: kept on the client, driven by the I/O loop."""
 
     IDLE = "idle"
@@ -117,7 +117,7 @@ class ClientCore:
         self._on_message: Callable[[Message], Any] | None = None
         self._connected: Future[str] = Future()
         self._error: ClientError | None = None
-        self._state = _State.IDLE
+        self._state = SessionState.IDLE
         self._thread: threading.Thread | None = None
         self._io_ident = 0
         self._wake_addr = f"inproc://zerohub-client-{os.getpid()}-{next(_ids)}"
@@ -167,7 +167,7 @@ class ClientCore:
 
     @property
     def connected(self) -> bool:
-        return self._state is _State.READY
+        return self._state is SessionState.READY
 
     # -- sending -----------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from broker import fastcodec, tmqp
-from broker.client_core import _State
+from broker.client_core import SessionState
 from broker.client_errors import ConnectError, RemoteError, failure
 from broker.client_message import Message, _Pull
 from broker.protocol import (
@@ -104,7 +104,7 @@ class InboundFrames:
     def _settle(self, frame: tmqp.Frame) -> None:
         c = self.c
         mid = frame.message_id
-        if c._state is _State.HANDSHAKE and mid == self.hs_id:
+        if c._state is SessionState.HANDSHAKE and mid == self.hs_id:
             err = failure(frame)
             if err is None:
                 self._ready(frame)
@@ -185,7 +185,7 @@ class InboundFrames:
     def _terminated(self, frame: tmqp.Frame) -> None:
         code = frame.content_type
         reason = header(frame, Header.REASON) or "no reason given"
-        if self.c._state is _State.HANDSHAKE:
+        if self.c._state is SessionState.HANDSHAKE:
             self._refused(code, reason)
         else:
             self._lost(f"the broker ended the session: {reason} (status {code})")

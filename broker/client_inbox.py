@@ -17,7 +17,7 @@ from typing import Any
 import zmq
 
 from broker import tmqp
-from broker.client_core import ClientCore, _State
+from broker.client_core import ClientCore, SessionState
 from broker.client_errors import ClientClosed
 from broker.client_message import Message
 from broker.protocol import Header, MessageType
@@ -53,7 +53,7 @@ class ClientInbox(ClientCore):
             self._in_waiting += 1
             try:
                 while not inbox:
-                    if self._state is _State.CLOSED:
+                    if self._state is SessionState.CLOSED:
                         raise self._error or ClientClosed("client is closed")
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:

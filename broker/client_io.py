@@ -28,7 +28,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from broker import fastcodec, tmqp
-from broker.client_core import _State
+from broker.client_core import SessionState
 from broker.client_errors import (
     ClientClosed,
     ClientError,
@@ -170,11 +170,11 @@ class IOLoop(InboundFrames):
         now = time.monotonic()
         wake = now + 1.0
         state = c._state
-        if state is _State.HANDSHAKE:
+        if state is SessionState.HANDSHAKE:
             wake = min(wake, self.hs_deadline)
-        elif state is _State.BACKOFF:
+        elif state is SessionState.BACKOFF:
             wake = min(wake, self.retry_at)
-        elif state is _State.READY:
+        elif state is SessionState.READY:
             wake = min(wake, self.last_rx + c.ping_interval)
         if self.first:
             wake = min(wake, self.connect_deadline)
@@ -244,7 +244,7 @@ class IOLoop(InboundFrames):
         """Send the outbox until it is empty or the socket's pipe is full."""
         c = self.c
         sock = self.sock
-        if sock is None or c._state is not _State.READY or self.want_out:
+        if sock is None or c._state is not SessionState.READY or self.want_out:
             return
         out = c._outbox
         send = self.send
@@ -266,7 +266,7 @@ class IOLoop(InboundFrames):
         if (
             not c._outbox
             and not self.want_out
-            and c._state is _State.READY
+            and c._state is SessionState.READY
             and self.sock is not None
         ):
             try:
@@ -280,9 +280,9 @@ class IOLoop(InboundFrames):
     def _timers(self, now: float) -> None:
         c = self.c
         state = c._state
-        if self.first and state is not _State.READY and now >= self.connect_deadline:
+        if self.first and state is not SessionState.READY and now >= self.connect_deadline:
             raise self._fatal(ConnectError(f"no answer from {c.endpoint} within the timeout"))
-        if state is _State.READY:
+        if state is SessionState.READY:
             if c._rx_paused:
                 self.last_rx = now
             idle = now - self.last_rx
@@ -291,9 +291,9 @@ class IOLoop(InboundFrames):
             elif idle >= c.ping_interval and not self.pinged:
                 self.pinged = True
                 self._send_now(_PING)
-        elif state is _State.HANDSHAKE and now >= self.hs_deadline:
+        elif state is SessionState.HANDSHAKE and now >= self.hs_deadline:
             self._lost("handshake timed out")
-        elif state is _State.BACKOFF and now >= self.retry_at:
+        elif state is SessionState.BACKOFF and now >= self.retry_at:
             self._handshake(now)
         if now >= self.next_sweep:
             self.next_sweep = now + 0.5
@@ -349,7 +349,7 @@ class IOLoop(InboundFrames):
         )
         sock.send(GREETING, zmq.NOBLOCK)
         sock.send(tmqp.encode(frame)[0], zmq.NOBLOCK)
-        c._state = _State.HANDSHAKE
+        c._state = SessionState.HANDSHAKE
         self.hs_deadline = now + c.peer_timeout
         self.want_out = False
 
@@ -357,7 +357,7 @@ class IOLoop(InboundFrames):
         c = self.c
         client_id = header(frame, Header.CLIENT_ID) or frame.target or c.client_id or ""
         c.client_id = client_id
-        c._state = _State.READY
+        c._state = SessionState.READY
         self.attempt = 0
         self.last_rx = time.monotonic()
         self._close_monitor()
@@ -390,7 +390,7 @@ class IOLoop(InboundFrames):
         delay = min(high, low * (2**self.attempt)) * (0.5 + random.random() / 2)
         self.attempt += 1
         self.retry_at = time.monotonic() + delay
-        c._state = _State.BACKOFF
+        c._state = SessionState.BACKOFF
 
     def _fatal(self, err: Exception) -> StopLoop:
         c = self.c
@@ -420,7 +420,7 @@ class IOLoop(InboundFrames):
         """Closing: send what is queued (within the linger time) and TERMINATE."""
         c = self.c
         sock = self.sock
-        if sock is None or c._state is not _State.READY:
+        if sock is None or c._state is not SessionState.READY:
             return
         deadline = time.monotonic() + c.linger
         out = c._outbox
@@ -440,7 +440,7 @@ class IOLoop(InboundFrames):
         """The loop is over: close the sockets, fail what still waits, wake the waiters."""
         c = self.c
         self._close_socket()
-        c._state = _State.CLOSED
+        c._state = SessionState.CLOSED
         err = c._error or ClientClosed("client is closed")
         if not c._connected.done():
             c._connected.set_exception(err)
