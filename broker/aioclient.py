@@ -35,7 +35,6 @@ import zmq
 import zmq.asyncio
 
 from broker import fastcodec, tmqp
-from broker.client import Client, Headers, as_bytes, normalize_headers
 from broker.client_admin import operation_frame
 from broker.client_core import SessionState
 from broker.client_errors import (
@@ -45,6 +44,14 @@ from broker.client_errors import (
     ConnectionLost,
     RemoteError,
     failure,
+)
+from broker.client_frames import (
+    Headers,
+    ack_frame,
+    as_bytes,
+    direct_frame,
+    queue_frame,
+    response_frame,
 )
 from broker.client_message import Message
 from broker.protocol import (
@@ -320,16 +327,15 @@ class AsyncClient:
         """Push into a queue; with ``ack`` wait for the broker's acknowledge (``RemoteError``
         on a negative one).  Returns the message id."""
         mid = self.new_id()
-        frame = tmqp.Frame(
-            high_priority=high_priority,
-            message_type=MessageType.QUEUE,
-            pending_ack=ack,
-            content_type=queue_id,
-            message_id=mid,
+        frame = queue_frame(
+            mid,
+            channel,
+            queue_id,
+            as_bytes(payload),
             source=self.client_id or "",
-            target=channel,
-            headers=normalize_headers(headers),
-            payload=as_bytes(payload),
+            ack=ack,
+            headers=headers,
+            high_priority=high_priority,
         )
         if ack:
             await self._request(frame, timeout)
@@ -339,11 +345,11 @@ class AsyncClient:
 
     async def ack(self, message: Message) -> None:
         """Positive acknowledge of a received queue or direct message."""
-        await self._send(tmqp.encode(Client._ack_frame(message, ()))[0])
+        await self._send(tmqp.encode(ack_frame(message))[0])
 
     async def nack(self, message: Message, reason: str = "none") -> None:
         """Negative acknowledge (``Nack-Reason`` header)."""
-        frame = Client._ack_frame(message, ((Header.NACK_REASON, reason),))
+        frame = ack_frame(message, ((Header.NACK_REASON, reason),))
         await self._send(tmqp.encode(frame)[0])
 
     # -- receiving ---------------------------------------------------------------------
@@ -390,14 +396,13 @@ class AsyncClient:
     ) -> str:
         """Fire-and-forget direct message to a client id, ``@name:NAME`` or ``@type:TYPE``."""
         mid = self.new_id()
-        frame = tmqp.Frame(
-            high_priority=high_priority,
-            message_type=MessageType.DIRECT,
+        frame = direct_frame(
+            mid,
+            target,
+            payload,
             content_type=content_type,
-            message_id=mid,
-            target=target,
-            headers=normalize_headers(headers),
-            payload=as_bytes(payload),
+            headers=headers,
+            high_priority=high_priority,
         )
         await self._send(tmqp.encode(frame)[0])
         return mid
@@ -413,14 +418,13 @@ class AsyncClient:
     ) -> Message:
         """Send a direct message and wait for the peer's response (``RemoteError`` if it
         fails or nobody matches ``target``)."""
-        frame = tmqp.Frame(
-            message_type=MessageType.DIRECT,
-            pending_response=True,
+        frame = direct_frame(
+            self.new_id(),
+            target,
+            payload,
             content_type=content_type,
-            message_id=self.new_id(),
-            target=target,
-            headers=normalize_headers(headers),
-            payload=as_bytes(payload),
+            headers=headers,
+            response=True,
         )
         return Message(await self._request(frame, timeout))
 
@@ -433,14 +437,7 @@ class AsyncClient:
         headers: Headers | None = None,
     ) -> None:
         """Answer a direct message that waits for a response."""
-        frame = tmqp.Frame(
-            message_type=MessageType.RESPONSE,
-            content_type=code,
-            message_id=message.id,
-            target=message.source,
-            headers=normalize_headers(headers),
-            payload=as_bytes(payload),
-        )
+        frame = response_frame(message, payload, code=code, headers=headers)
         await self._send(tmqp.encode(frame)[0])
 
     # -- server operations -------------------------------------------------------------

@@ -41,7 +41,6 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any
 
@@ -56,6 +55,14 @@ from broker.client_errors import (
     ConnectError,
     ConnectionLost,
     RemoteError,
+)
+from broker.client_frames import (
+    Headers,
+    ack_frame,
+    as_bytes,
+    direct_frame,
+    queue_frame,
+    response_frame,
 )
 from broker.client_inbox import ClientInbox
 from broker.client_io import IOLoop
@@ -76,25 +83,6 @@ __all__ = [
     "RemoteError",
     "queue_frame_bytes",
 ]
-
-_Q = MessageType.QUEUE
-
-
-Headers = Mapping[str, str] | tuple[tuple[str, str], ...]
-
-
-def normalize_headers(headers: Headers | None) -> tuple[tuple[str, str], ...]:
-    if not headers:
-        return ()
-    if isinstance(headers, Mapping):
-        return tuple((str(k), str(v)) for k, v in headers.items())
-    return tuple(headers)
-
-
-def as_bytes(payload: bytes | str | None) -> bytes:
-    if payload is None:
-        return b""
-    return payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
 
 
 class Client(ClientInbox, AdminOperations):
@@ -209,16 +197,15 @@ class Client(ClientInbox, AdminOperations):
                 source = (self.client_id or "").encode()
                 data = queue_frame_bytes(high_priority, ack, queue_id, mid, target, body, source)
         if data is None:  # the general path (headers, or a value the codec must judge)
-            frame = tmqp.Frame(
-                high_priority=high_priority,
-                message_type=_Q,
-                pending_ack=ack,
-                content_type=queue_id,
-                message_id=mid,
+            frame = queue_frame(
+                mid,
+                channel,
+                queue_id,
+                body,
                 source=self.client_id or "",
-                target=channel,
-                headers=normalize_headers(headers),
-                payload=body,
+                ack=ack,
+                headers=headers,
+                high_priority=high_priority,
             )
             data = tmqp.encode(frame)[0]
         if not ack:
@@ -255,15 +242,15 @@ class Client(ClientInbox, AdminOperations):
         timeout: float | None = None,
     ) -> Future[Any]:
         """Push asking for an acknowledge; the future fails with RemoteError on a nack."""
-        frame = tmqp.Frame(
+        frame = queue_frame(
+            message_id or self.new_id(),
+            channel,
+            queue_id,
+            as_bytes(payload),
+            source=self.client_id or "",
+            ack=True,
+            headers=headers,
             high_priority=high_priority,
-            message_type=_Q,
-            pending_ack=True,
-            content_type=queue_id,
-            message_id=message_id or self.new_id(),
-            target=channel,
-            headers=normalize_headers(headers),
-            payload=as_bytes(payload),
         )
         return self.request_frame(frame, timeout)
 
@@ -278,31 +265,12 @@ class Client(ClientInbox, AdminOperations):
 
     def ack(self, message: Message) -> None:
         """Positive acknowledge of a received queue or direct message."""
-        self._enqueue(tmqp.encode(self._ack_frame(message, ()))[0])
+        self._enqueue(tmqp.encode(ack_frame(message))[0])
 
     def nack(self, message: Message, reason: str = "none") -> None:
         """Negative acknowledge (``Nack-Reason`` header)."""
-        frame = self._ack_frame(message, ((Header.NACK_REASON, reason),))
+        frame = ack_frame(message, ((Header.NACK_REASON, reason),))
         self._enqueue(tmqp.encode(frame)[0])
-
-    @staticmethod
-    def _ack_frame(message: Message, headers: tuple[tuple[str, str], ...]) -> tmqp.Frame:
-        f = message.frame
-        if f.message_type == MessageType.DIRECT:
-            return tmqp.Frame(
-                high_priority=True,
-                message_type=MessageType.ACK,
-                message_id=f.message_id,
-                target=f.source,
-                headers=headers,
-            )
-        return tmqp.Frame(
-            message_type=MessageType.ACK,
-            content_type=f.content_type,
-            message_id=f.message_id,
-            target=f.target,
-            headers=headers,
-        )
 
     def pull(
         self,
@@ -366,14 +334,13 @@ class Client(ClientInbox, AdminOperations):
     ) -> str:
         """Fire-and-forget direct message to a client id, ``@name:NAME`` or ``@type:TYPE``."""
         mid = self.new_id()
-        frame = tmqp.Frame(
-            high_priority=high_priority,
-            message_type=MessageType.DIRECT,
+        frame = direct_frame(
+            mid,
+            target,
+            payload,
             content_type=content_type,
-            message_id=mid,
-            target=target,
-            headers=normalize_headers(headers),
-            payload=as_bytes(payload),
+            headers=headers,
+            high_priority=high_priority,
         )
         self._enqueue(tmqp.encode(frame)[0])
         return mid
@@ -389,15 +356,14 @@ class Client(ClientInbox, AdminOperations):
         timeout: float | None = None,
     ) -> Future[Any]:
         """Direct message waiting for a response (or, with ``ack``, an acknowledge)."""
-        frame = tmqp.Frame(
-            message_type=MessageType.DIRECT,
-            pending_response=not ack,
-            pending_ack=ack,
+        frame = direct_frame(
+            self.new_id(),
+            target,
+            payload,
             content_type=content_type,
-            message_id=self.new_id(),
-            target=target,
-            headers=normalize_headers(headers),
-            payload=as_bytes(payload),
+            headers=headers,
+            response=not ack,
+            ack=ack,
         )
         return self.request_frame(frame, timeout)
 
@@ -425,12 +391,5 @@ class Client(ClientInbox, AdminOperations):
         headers: Headers | None = None,
     ) -> None:
         """Answer a direct message that waits for a response."""
-        frame = tmqp.Frame(
-            message_type=MessageType.RESPONSE,
-            content_type=code,
-            message_id=message.id,
-            target=message.source,
-            headers=normalize_headers(headers),
-            payload=as_bytes(payload),
-        )
+        frame = response_frame(message, payload, code=code, headers=headers)
         self._enqueue(tmqp.encode(frame)[0])
