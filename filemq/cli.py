@@ -26,11 +26,14 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
 from filemq.engine import DEFAULT_CHUNK_SIZE, DEFAULT_CREDIT_WINDOW, DEFAULT_ENDPOINT, FilemqError
+
+if TYPE_CHECKING:  # the client module is imported by its subcommands only
+    from filemq.client import SyncResult
 
 # server, client and security are imported by their subcommand only (start-up of `sync`)
 
@@ -294,9 +297,6 @@ def _broker_beside(args: argparse.Namespace, context: zmq.Context[zmq.Socket[byt
 def _sync(args: argparse.Namespace) -> int:
     from filemq.client import (
         SyncClient,
-        SyncError,
-        SyncRefused,
-        SyncRejected,
         default_index_path,
     )
 
@@ -324,19 +324,9 @@ def _sync(args: argparse.Namespace) -> int:
     if not args.once:
         signal.signal(signal.SIGTERM, lambda signum, frame: client.stop())
         signal.signal(signal.SIGINT, lambda signum, frame: client.stop())
-    try:
-        result = client.run()
-    except SyncRefused as exc:
-        log.error("%s", exc)
-        return 3
-    except SyncRejected as exc:
-        log.error("%s", exc)
-        return 4
-    except SyncError as exc:
-        log.error("%s", exc)
-        return 1
-    finally:
-        context.term()
+    result = _run_client(client.run, context)
+    if isinstance(result, int):
+        return result
     log.info(
         "%d files (%d bytes) received, %d deleted, %d refused, %d errors",
         result.files,
@@ -349,7 +339,7 @@ def _sync(args: argparse.Namespace) -> int:
 
 
 def _subscribe(args: argparse.Namespace) -> int:
-    from filemq.client import SyncError, SyncRefused, default_index_path
+    from filemq.client import default_index_path
     from filemq.events import MirrorEvent
     from filemq.subscriber import Subscriber
 
@@ -381,16 +371,9 @@ def _subscribe(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: subscriber.client.stop())
     log.info("mirroring %s%s into %s", args.endpoint, args.path, args.dest)
-    try:
-        result = subscriber.run()
-    except SyncRefused as exc:
-        log.error("%s", exc)
-        return 3
-    except SyncError as exc:
-        log.error("%s", exc)
-        return 1
-    finally:
-        context.term()
+    result = _run_client(subscriber.run, context)
+    if isinstance(result, int):
+        return result
     log.info(
         "stopped: %d files (%d bytes) received, %d deleted, %d errors",
         result.files,
@@ -399,6 +382,29 @@ def _subscribe(args: argparse.Namespace) -> int:
         result.errors,
     )
     return 0
+
+
+def _run_client(run: Callable[[], SyncResult], context: zmq.Context[Any]) -> SyncResult | int:
+    """Run a sync or subscribe session; a failure becomes its exit code.
+
+    3: access refused (SRSLY, or the CURVE handshake failed); 4: the server rejected the
+    protocol (RTFM); 1: any other session error.  The context is terminated either way.
+    """
+    from filemq.client import SyncError, SyncRefused, SyncRejected
+
+    try:
+        return run()
+    except SyncRefused as exc:
+        log.error("%s", exc)
+        return 3
+    except SyncRejected as exc:
+        log.error("%s", exc)
+        return 4
+    except SyncError as exc:
+        log.error("%s", exc)
+        return 1
+    finally:
+        context.term()
 
 
 def _expected_errors() -> tuple[type[Exception], ...]:
