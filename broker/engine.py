@@ -48,6 +48,7 @@ from broker.engine_channels import valid_channel_name
 from broker.engine_clients import EngineClients
 from broker.errors import ClientRejected, EngineError, OperationError
 from broker.frames import pull_marker
+from broker.message import QueueMessage
 from broker.protocol import (
     EventName,
     Header,
@@ -160,7 +161,12 @@ class Engine(EngineClients):
             self._reject_push(client, frame, out, err)
             return
         m = queue.accept(frame, client, now, out, frame.pending_ack)
-        if m is not None and self.events.has(EventName.MESSAGE_PRODUCED):
+        if m is not None:
+            self._produced(queue, m, out)
+
+    def _produced(self, queue: Queue, m: QueueMessage, out: list[Outgoing]) -> None:
+        """The MessageProduced event, when anyone subscribed to it."""
+        if self.events.has(EventName.MESSAGE_PRODUCED):
             self.events.emit(
                 EventName.MESSAGE_PRODUCED,
                 models.message_event(queue, m),
@@ -207,14 +213,8 @@ class Engine(EngineClients):
         targets += [(q, copy_id, False) for q, copy_id in copies]
         for queue, message_id, waits in targets:
             m = queue.accept(frame, client, now, out, waits, headers=plain, message_id=message_id)
-            if m is not None and self.events.has(EventName.MESSAGE_PRODUCED):
-                self.events.emit(
-                    EventName.MESSAGE_PRODUCED,
-                    models.message_event(queue, m),
-                    out,
-                    queue.channel.name,
-                    queue.id,
-                )
+            if m is not None:
+                self._produced(queue, m, out)
 
     def _reject_push(
         self, client: Client, frame: tmqp.Frame, out: list[Outgoing], err: OperationError
