@@ -93,16 +93,26 @@ class RemoteProtocolError(FilemqError):
 
 @dataclass(frozen=True)
 class Wire:
-    """A FILEMQ wire variant: the codec module and its filename limit."""
+    """A FILEMQ wire variant: the codec module, its filename limit, how a file ends.
+
+    ``empty_final_chunk``: the server ends every file with an extra zero-length
+    chunk (``eof=1``, carrying the end-of-file headers) and sets ``eof=0`` on
+    every data chunk.  That is how the reference C server ends a file, and its
+    client closes a file only on a zero-length chunk (it ignores ``eof``): a
+    server that ended a file on its last data chunk would have it write the
+    next file into the previous file's handle.  On the spec wire the last data
+    chunk carries ``eof=1`` and no empty chunk follows.
+    """
 
     name: str
     codec: ModuleType
     max_name_octets: int
+    empty_final_chunk: bool = False
 
 
 _WIRES = {
-    "spec": ("filemq.fmq_msg", 255),
-    "czmq": ("filemq.fmq_msg_czmq", 0xFFFFFFFF),
+    "spec": ("filemq.fmq_msg", 255, False),
+    "czmq": ("filemq.fmq_msg_czmq", 0xFFFFFFFF, True),
 }
 
 
@@ -120,11 +130,11 @@ def clip_reason(text: str, limit: int = 255) -> str:
 def load_wire(name: str = "spec") -> Wire:
     """``spec`` (RFC 35: 1-octet path/filename) or ``czmq`` (the C reference's longstr)."""
     try:
-        module_name, limit = _WIRES[name]
+        module_name, limit, empty_final_chunk = _WIRES[name]
     except KeyError:
         raise LocalProtocolError(f"unknown wire variant {name!r} (spec or czmq)") from None
     try:
         codec = importlib.import_module(module_name)
     except ImportError as exc:
         raise LocalProtocolError(f"wire {name!r}: codec {module_name} missing: {exc}") from None
-    return Wire(name, codec, limit)
+    return Wire(name, codec, limit, empty_final_chunk)

@@ -18,8 +18,17 @@ Credit is a sliding window: ``window`` bytes are granted after OHAI-OK and
 every ``window // 4`` bytes received are granted again, so the server always has
 3/4 of a window to send while the client writes.
 
+A file ends with the chunk that has ``eof=1``: the last data chunk (this
+server on the spec wire) or an extra zero-length chunk after ``eof=0`` data
+chunks (the reference C server, and this server on the czmq wire).  A
+zero-length chunk that follows a file's ``eof`` chunk at that file's end offset
+is the other ending repeated, and is dropped: it never creates a new (empty)
+version of the file.
+
 ``synced`` is true once every RESYNC asked for has been answered with the
 completion marker (see ``filemq.engine``) and no file is half received.
+``last_traffic`` is when the last message other than a heartbeat arrived: an
+idle timer counts file traffic, not HUGZ/HUGZ-OK.
 """
 
 from __future__ import annotations
@@ -177,7 +186,11 @@ class ClientSession:
         self._pending_oks = 0
         self._pending_resyncs = 0
         self._current: _Transfer | None = None
+        self._ended: tuple[str, int] | None = None  # (wire name, end offset) of the last file
+        #: When the last message other than HUGZ/HUGZ-OK arrived (``now`` values).
+        self.last_traffic = now
         mid = self.codec.MessageId
+        self._heartbeats = (mid.HUGZ, mid.HUGZ_OK)
         self._table: dict[tuple[ClientState, int], Callable[[Any], list[Action]]] = {
             (ClientState.EXPECT_OHAI_OK, mid.OHAI_OK): self._on_ohai_ok,
             (ClientState.ACTIVE, mid.ICANHAZ_OK): self._on_icanhaz_ok,
@@ -240,7 +253,7 @@ class ClientSession:
 
     def restart_timers(self, now: float) -> None:
         """The I/O layer was busy (scanning DEST): start the silence timers again."""
-        self._last_heard = self._last_sent = now
+        self._last_heard = self._last_sent = self.last_traffic = now
 
     def sent(self, now: float) -> None:
         """The I/O layer sent something (resets the heartbeat timer)."""
@@ -273,6 +286,8 @@ class ClientSession:
                 return []
             raise RemoteProtocolError(f"malformed message from server: {exc.reason}") from None
         self._last_heard = now
+        if msg.ID not in self._heartbeats:
+            self.last_traffic = now
         handler = self._table.get((self.state, msg.ID))
         if handler is None:
             raise RemoteProtocolError(f"unexpected {msg.ID.name} in state {self.state.value}")
@@ -342,6 +357,7 @@ class ClientSession:
 
     def _apply(self, msg: Any) -> list[Action]:
         op = msg.operation
+        ended, self._ended = self._ended, None  # only the very next chunk may repeat an end
         if op == Operation.MARKER:
             if self._current is not None or msg.chunk:
                 raise RemoteProtocolError("resync marker inside a file transfer")
@@ -362,6 +378,8 @@ class ClientSession:
         actions: list[Action] = []
         current = self._current
         if current is None:
+            if not msg.chunk and ended == (msg.filename, msg.offset) and msg.offset:
+                return actions  # eof on the last data chunk, then the empty chunk too
             if msg.offset != 0:
                 raise RemoteProtocolError(f"{msg.filename!r}: first chunk at offset {msg.offset}")
             try:
@@ -395,4 +413,5 @@ class ClientSession:
             )
         if msg.eof:
             self._current = None
+            self._ended = (current.wire_name, current.next_offset)
         return actions

@@ -20,7 +20,12 @@ Rules enforced here:
   ``min(chunk_size, credit, bytes left)`` so there is no livelock at any credit;
   empty files, deletes and the resync marker cost no credit;
 * the chunks of one file are consecutive; sequence numbers count CHEEZBURGERs
-  per client from 0; the last chunk has eof=1 and the sha1/size/mtime_ns headers.
+  per client from 0; the last chunk has eof=1 and the sha1/size/mtime_ns headers;
+* on a wire with ``empty_final_chunk`` (``--wire czmq``) every data chunk has
+  eof=0 and a file ends with one more chunk, zero-length, eof=1, at offset =
+  bytes sent, carrying those headers: the reference C client closes a file on a
+  zero-length chunk only.  (An empty file is that one chunk alone.)  It costs no
+  credit but, like any chunk, waits for credit >= 1 byte.
 """
 
 from __future__ import annotations
@@ -178,6 +183,8 @@ class ServerSession:
         self._pending: dict[str, FileOp] = {}  # name -> latest op not yet started
         self._current: FileOp | None = None
         self._offset = 0
+        self._empty_final = wire.empty_final_chunk
+        self._ending = False  # (empty_final_chunk) the data of _current is all sent
         self._markers = 0
         #: CHEEZBURGERs and content bytes sent (for logs and tests).
         self.sent_messages = 0
@@ -223,6 +230,7 @@ class ServerSession:
         self._queue.clear()
         self._pending.clear()
         self._current = None
+        self._ending = False
         self.credit = 0
 
     def _on_ohai(self, msg: Any) -> list[Action]:
@@ -322,13 +330,20 @@ class ServerSession:
         if self._current is None:
             self._current = self._pop()
             self._offset = 0
+            self._ending = False
             if self._current is None:
                 return None
         op = self._current
         if op.operation is not Operation.CREATE:
             return ChunkPlan(op, 0, 0, True, True)
-        size = min(self.chunk_size, self.credit, op.size - self._offset)
-        return ChunkPlan(op, self._offset, size, self._offset == 0, self._offset + size >= op.size)
+        left = op.size - self._offset
+        if self._empty_final:
+            if self._ending or left <= 0:  # the zero-length chunk that ends the file
+                return ChunkPlan(op, self._offset, 0, self._offset == 0, True)
+            size = min(self.chunk_size, self.credit, left)
+            return ChunkPlan(op, self._offset, size, self._offset == 0, False)
+        size = min(self.chunk_size, self.credit, left)
+        return ChunkPlan(op, self._offset, size, self._offset == 0, size >= left)
 
     def replace_current(self, op: FileOp) -> ChunkPlan | None:
         """Before the first chunk went out: the file changed; send version ``op`` instead."""
@@ -353,7 +368,11 @@ class ServerSession:
             data = b""
             if operation is Operation.CREATE and plan.offset == 0:
                 operation = Operation.DELETE
-        eof = plan.eof or len(data) < plan.size or operation is not Operation.CREATE
+        if self._empty_final and operation is Operation.CREATE and data:
+            eof = False  # a data chunk never ends a file: the empty chunk does
+            self._ending = len(data) < plan.size  # a short read: the end comes next
+        else:
+            eof = plan.eof or len(data) < plan.size or operation is not Operation.CREATE
         headers: dict[str, str] = dict(op.headers)
         if eof and operation is Operation.CREATE:
             headers[HEADER_SHA1] = op.sha1
@@ -371,6 +390,7 @@ class ServerSession:
         if eof:
             self._current = None
             self._offset = 0
+            self._ending = False
         return frames
 
     def expired(self, now: float, ttl: float) -> bool:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from filemq import fmq_msg
+from filemq import fmq_msg, fmq_msg_czmq
 from filemq.engine import Operation, load_wire
 from filemq.engine_server import (
     Close,
@@ -218,3 +218,61 @@ def test_source_vanished_or_shrank() -> None:
 def test_long_names_skipped_on_spec_wire() -> None:
     s = ready()
     assert s.enqueue([FileOp("/" + "x" * 300, Operation.DELETE)]) == 0
+
+
+CZMQ = load_wire("czmq")
+
+
+@pytest.mark.parametrize("chunk", [10, 7])
+@pytest.mark.parametrize("credit", [1, 9, 10, 11, 1000])
+def test_czmq_wire_ends_every_file_with_an_empty_chunk(chunk: int, credit: int) -> None:
+    """As the reference server: data chunks eof=0, then a zero-length chunk eof=1 + headers."""
+    content = {"src/a": bytes(range(37)), "src/b": b"", "src/c": b"xyz" * 7, "src/d": b"q" * 10}
+    s = ServerSession(CZMQ, b"c1", 0.0, chunk_size=chunk)
+    s.receive(fmq_msg_czmq.encode(fmq_msg_czmq.Ohai()), 0.0)
+    s.enqueue(
+        [
+            FileOp(f"/{n}", Operation.CREATE, f"src/{n}", len(content[f"src/{n}"]), 5, n * 40)
+            for n in "abcd"
+        ]
+    )
+    s.enqueue_marker("/")
+    s.receive(fmq_msg_czmq.encode(fmq_msg_czmq.Nom(credit, 0)), 0)
+    chunks: list[fmq_msg_czmq.Cheezburger] = []
+    for _ in range(10_000):
+        plan = s.next_chunk()
+        if plan is None:
+            if not s.queued:
+                break
+            s.receive(fmq_msg_czmq.encode(fmq_msg_czmq.Nom(credit, 0)), 0)
+            continue
+        data = content.get(plan.op.source, b"")[plan.offset : plan.offset + plan.size]
+        msg = fmq_msg_czmq.decode(s.chunk_frames(plan, data))
+        assert isinstance(msg, fmq_msg_czmq.Cheezburger)
+        chunks.append(msg)
+    assert [c.sequence for c in chunks] == list(range(len(chunks)))
+    for n in "abcd":
+        mine = [c for c in chunks if c.filename == f"/{n}"]
+        data = content[f"src/{n}"]
+        assert b"".join(c.chunk for c in mine) == data
+        assert all(c.chunk for c in mine[:-1]) and mine[-1].chunk == b""  # one empty, last
+        assert [c.eof for c in mine] == [0] * (len(mine) - 1) + [1]
+        assert mine[-1].offset == len(data)
+        assert mine[-1].headers == {"sha1": n * 40, "size": str(len(data)), "mtime_ns": "5"}
+        assert all(not c.headers for c in mine[:-1])
+    assert chunks[-1].operation == 0 and chunks[-1].headers["resync"] == "complete"
+
+
+def test_czmq_wire_short_read_still_ends_with_an_empty_chunk() -> None:
+    s = ServerSession(CZMQ, b"c1", 0.0, chunk_size=100)
+    s.receive(fmq_msg_czmq.encode(fmq_msg_czmq.Ohai()), 0.0)
+    s.enqueue([FileOp("/a", Operation.CREATE, "a", 20, 0, "a" * 40)])
+    s.receive(fmq_msg_czmq.encode(fmq_msg_czmq.Nom(100, 0)), 0)
+    sent = []
+    while (plan := s.next_chunk()) is not None:
+        data = b"12345" if plan.size else b""  # the file shrank to 5 bytes
+        msg = fmq_msg_czmq.decode(s.chunk_frames(plan, data))
+        assert isinstance(msg, fmq_msg_czmq.Cheezburger)
+        sent.append(msg)
+    assert [(c.offset, c.chunk, c.eof) for c in sent] == [(0, b"12345", 0), (5, b"", 1)]
+    assert sent[-1].headers["size"] == "20"  # the client's check fails: it asks again

@@ -208,3 +208,34 @@ def test_saved_index_goes_out_first_and_differences_follow(
     assert second.icanhaz[1].cache == {"/a": _sha1(b"edited in DEST")}
     assert result.synced and result.files == 1
     assert read_tree(dest) == {"a": b"server", "b": b"bee"}
+
+
+def test_both_file_endings_and_the_two_together(
+    tmp_path: Path, scripted: Any, sync_once: Callable[..., SyncResult]
+) -> None:
+    """eof on the last data chunk; eof on an extra empty chunk; both (an empty chunk after eof).
+
+    The empty chunk after an ended file is dropped: no empty new version, no protocol error.
+    """
+    a, b, c = b"hello world", b"reference style", b"both endings"
+
+    def end(data: bytes) -> dict[str, str]:
+        return {"sha1": _sha1(data), "size": str(len(data))}
+
+    server = scripted(
+        lambda n, req: [
+            (1, "/a", 0, 0, {}, a[:6]),
+            (1, "/a", 6, 1, end(a), a[6:]),  # spec: eof on the last data chunk
+            (1, "/b", 0, 0, {}, b[:4]),
+            (1, "/b", 4, 0, {}, b[4:]),
+            (1, "/b", len(b), 1, end(b), b""),  # reference: an empty chunk ends it
+            (1, "/c", 0, 1, end(c), c),
+            (1, "/c", len(c), 1, {}, b""),  # both: eof, then the empty chunk as well
+            (1, "/e", 0, 1, end(b""), b""),  # an empty file
+            MARKER,
+        ]
+    )
+    result = sync_once(server.endpoint, tmp_path / "d", max_retries=0)
+    assert (result.files, result.errors, result.refetched) == (4, 0, 0)
+    assert read_tree(tmp_path / "d") == {"a": a, "b": b, "c": c, "e": b""}
+    assert len(server.icanhaz) == 1  # one session: no protocol error, no refetch
