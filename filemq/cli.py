@@ -10,7 +10,10 @@ applied change on stdout (``filemq.events``).
 
 Exit codes: 0 success; 1 the sync failed or ended with errors (refused names,
 files that never verified, no server); 2 usage; 3 access refused (SRSLY, CURVE
-handshake refused); 4 the server answered RTFM twice.
+handshake refused); 4 the server answered RTFM twice.  ``sync --once`` against a
+server that sends no resync-complete marker (the reference C server) ends after
+``--idle-timeout`` seconds without file traffic with one warning line and exit 0
+(1 if that happened in the middle of a file, once ``--retries`` are used up).
 """
 
 from __future__ import annotations
@@ -140,7 +143,11 @@ def _sync_options(sync: argparse.ArgumentParser) -> None:
         "--idle-timeout",
         type=float,
         default=10.0,
-        help="--once: done after this long without messages if no marker",
+        help="--once with a server that sends no resync-complete marker: done after this "
+        "many seconds without file traffic (heartbeats do not count; default 10)",
+    )
+    sync.add_argument(
+        "--heartbeat", type=float, default=5.0, help="seconds between heartbeats when idle"
     )
     sync.add_argument(
         "--timeout", type=float, default=10.0, help="seconds to wait for the server to answer"
@@ -317,6 +324,7 @@ def _sync(args: argparse.Namespace) -> int:
         server_key=args.server_key,
         index_path=index,
         idle_timeout=args.idle_timeout,
+        heartbeat=args.heartbeat,
         connect_timeout=args.timeout,
         max_retries=args.retries,
         progress=sys.stderr,

@@ -21,8 +21,13 @@ drop the partial file and reconnect, at most ``max_retries`` times.
 
 ``--once`` completion: the run ends when the server's resync-complete marker
 (``filemq.engine``) arrived for every ICANHAZ sent and no file is half
-received; for peers that send no marker, ``idle_timeout`` seconds without a
-message after OHAI-OK also count as complete.
+received; for peers that send no marker (the reference C server),
+``idle_timeout`` seconds without file traffic after OHAI-OK also count as
+complete (logged as one warning).  Heartbeats are not traffic: such a server
+answers every HUGZ, so the idle timer would never run out if they were.  A
+server that goes silent in the middle of a file for ``idle_timeout`` seconds
+(while still answering heartbeats) ends the session as a protocol error (the
+partial file is dropped; reconnect, at most ``max_retries`` times).
 
 Files only: empty directories are not mirrored and emptied ones are not
 removed.  ``filemq sync`` keeps DEST's index outside DEST (``--index``, by
@@ -384,7 +389,7 @@ class SyncClient:
         )
         sock, monitor = self._socket()
         self._sock, self._monitor = sock, monitor
-        started = last_message = now
+        started = now
         subscribed_at: float | None = None
         next_save = now + self.save_interval
         self._lost = ""
@@ -404,7 +409,7 @@ class SyncClient:
                 subscribed_at = now
             else:
                 session.cache = mirror.index.digests()
-            started = last_message = now
+            started = now
             while not self._stop.is_set():
                 events = dict(poller.poll(100))
                 now = time.monotonic()
@@ -416,7 +421,6 @@ class SyncClient:
                             frames = sock.recv_multipart(zmq.NOBLOCK)
                         except zmq.Again:
                             break
-                        last_message = now
                         outcome = self._perform(session, mirror, session.receive(frames, now))
                         if outcome is not None:
                             return outcome
@@ -437,10 +441,18 @@ class SyncClient:
                 if (
                     self.once
                     and subscribed_at is not None
-                    and not session.in_file
-                    and now - last_message > self.idle_timeout
+                    and now - session.last_traffic > self.idle_timeout
                 ):
-                    log.warning("no resync-complete marker; idle %.1f s: done", self.idle_timeout)
+                    if session.in_file:
+                        raise PeerTimeout(
+                            f"no data from {self.endpoint} for {self.idle_timeout} s "
+                            "in the middle of a file"
+                        )
+                    log.warning(
+                        "no resync-complete marker from the server: done after %.1f s "
+                        "without file traffic",
+                        self.idle_timeout,
+                    )
                     self.result.synced = True
                     self._perform(session, mirror, session.close())
                     return _Outcome.DONE

@@ -182,3 +182,21 @@ def test_refetch_asks_for_one_file_with_its_cache() -> None:
         fmq_msg.Icanhaz("/docs/sub/f.txt", {"RESYNC": "1"}, {"/docs/sub/f.txt": "1" * 40})
     ]
     assert not s.synced
+
+
+def test_last_traffic_counts_file_traffic_not_heartbeats() -> None:
+    s, srv = active()
+    assert s.last_traffic == 0.2  # ICANHAZ-OK
+    s.receive(fmq_msg.encode(fmq_msg.HugzOk()), 3.0)
+    s.receive(fmq_msg.encode(fmq_msg.Hugz()), 4.0)
+    assert s.last_traffic == 0.2
+    srv.chunk("/docs/f", 0, b"x")  # (at 1.0, see Server.chunk)
+    assert s.last_traffic == 1.0
+
+
+def test_empty_chunk_after_an_ended_file_is_dropped_not_a_new_file() -> None:
+    _s, srv = active()
+    srv.chunk("/docs/f", 0, b"hello", eof=1)
+    assert srv.chunk("/docs/f", 5, b"", eof=1) == []  # the reference ending, repeated
+    with pytest.raises(RemoteProtocolError):  # not after anything else
+        srv.chunk("/docs/f", 5, b"", eof=1)

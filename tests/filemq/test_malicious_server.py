@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +30,7 @@ class ScriptedServer:
     def __init__(self, ctx: zmq.Context[Any], script: Script) -> None:
         self.script = script
         self.icanhaz: list[fmq_msg.Icanhaz] = []
+        self.hugz = 0  # HUGZ answered (as the reference server does, with HUGZ-OK)
         self.router = ctx.socket(zmq.ROUTER)
         self.router.linger = 0
         self.router.bind("tcp://127.0.0.1:*")
@@ -53,7 +57,10 @@ class ScriptedServer:
                     continue
                 ident, *body = self.router.recv_multipart()
                 msg = fmq_msg.decode(body)
-                if isinstance(msg, fmq_msg.Ohai):
+                if isinstance(msg, fmq_msg.Hugz):
+                    self.hugz += 1
+                    self.router.send_multipart([ident, *fmq_msg.encode(fmq_msg.HugzOk())])
+                elif isinstance(msg, fmq_msg.Ohai):
                     self.router.send_multipart([ident, *fmq_msg.encode(fmq_msg.OhaiOk())])
                 elif isinstance(msg, fmq_msg.Icanhaz):
                     self.icanhaz.append(msg)
@@ -239,3 +246,47 @@ def test_both_file_endings_and_the_two_together(
     assert (result.files, result.errors, result.refetched) == (4, 0, 0)
     assert read_tree(tmp_path / "d") == {"a": a, "b": b, "c": c, "e": b""}
     assert len(server.icanhaz) == 1  # one session: no protocol error, no refetch
+
+
+def _sync_process(tmp_path: Path, endpoint: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    return subprocess.run(
+        [sys.executable, "-m", "filemq", "sync", endpoint, str(tmp_path / "d"), "--once", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+
+
+def test_sync_once_without_marker_ends_though_heartbeats_are_answered(
+    tmp_path: Path, scripted: Any
+) -> None:
+    """Idle means no file traffic: HUGZ-OK answers (every 0.1 s here) do not keep it alive."""
+    server = scripted(lambda n, req: [_file("/a", b"only file")])  # and never a marker
+    done = _sync_process(tmp_path, server.endpoint, "--heartbeat", "0.1", "--idle-timeout", "1")
+    assert done.returncode == 0, done.stderr
+    assert read_tree(tmp_path / "d") == {"a": b"only file"}
+    assert server.hugz >= 2  # heartbeats went on, and were answered, while it idled
+    said = [line for line in done.stderr.splitlines() if "resync-complete marker" in line]
+    assert len(said) == 1 and "1.0 s without file traffic" in said[0], done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_sync_once_server_stalled_mid_file_gives_up(tmp_path: Path, scripted: Any) -> None:
+    """A server that stops in the middle of a file but answers heartbeats: exit 1, no file."""
+    server = scripted(lambda n, req: [(1, "/big", 0, 0, {}, b"first part of it")])
+    done = _sync_process(
+        tmp_path,
+        server.endpoint,
+        "--heartbeat",
+        "0.1",
+        "--idle-timeout",
+        "1",
+        "--retries",
+        "0",
+    )
+    assert done.returncode == 1, done.stderr
+    assert "in the middle of a file" in done.stderr and "Traceback" not in done.stderr
+    assert server.hugz >= 2
+    assert not list((tmp_path / "d").iterdir())  # no partial file, no temp file
