@@ -10,7 +10,9 @@ applied change on stdout (``filemq.events``).
 
 Exit codes: 0 success; 1 the sync failed or ended with errors (refused names,
 files that never verified, no server); 2 usage; 3 access refused (SRSLY, CURVE
-handshake refused); 4 the server answered RTFM twice.  ``sync --once`` against a
+handshake refused); 4 the server answered RTFM twice; 5 another process is
+mirroring into DEST (``sync``/``subscribe``: the lock ``DEST/.filemq-part-lock``
+is held; the line names its pid).  ``sync --once`` against a
 server that sends no resync-complete marker (the reference C server) ends after
 ``--idle-timeout`` seconds without file traffic with one warning line and exit 0
 (1 if that happened in the middle of a file, once ``--retries`` are used up).
@@ -176,6 +178,13 @@ def _subscribe_options(daemon: argparse.ArgumentParser) -> None:
     )
     daemon.add_argument(
         "--max-backoff", type=float, default=5.0, help="longest wait between reconnects"
+    )
+    daemon.add_argument(
+        "--check-interval",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="re-check DEST for local changes and repair them this often (0: never)",
     )
 
 
@@ -371,6 +380,7 @@ def _subscribe(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         connect_timeout=args.timeout,
         backoff_cap=args.max_backoff,
+        check_interval=args.check_interval,
         wire=args.wire,
         window=args.window,
         curve_secret=args.curve_secret,
@@ -396,12 +406,17 @@ def _run_client(run: Callable[[], SyncResult], context: zmq.Context[Any]) -> Syn
     """Run a sync or subscribe session; a failure becomes its exit code.
 
     3: access refused (SRSLY, or the CURVE handshake failed); 4: the server rejected the
-    protocol (RTFM); 1: any other session error.  The context is terminated either way.
+    protocol (RTFM); 5: DEST is locked by another process; 1: any other session error.
+    The context is terminated either way.
     """
     from filemq.client import SyncError, SyncRefused, SyncRejected
+    from filemq.destlock import DestLocked
 
     try:
         return run()
+    except DestLocked as exc:
+        log.error("%s", exc)
+        return 5
     except SyncRefused as exc:
         log.error("%s", exc)
         return 3

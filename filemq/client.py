@@ -29,6 +29,23 @@ server that goes silent in the middle of a file for ``idle_timeout`` seconds
 (while still answering heartbeats) ends the session as a protocol error (the
 partial file is dropped; reconnect, at most ``max_retries`` times).
 
+One process per DEST: ``run()`` holds ``filemq.destlock.DestLock`` (an
+``flock`` on ``DEST/.filemq-part-lock``) from start to end; a second mirror
+into the same DEST raises ``DestLocked`` naming the holder's pid.
+
+Local drift (live runs, not ``--once``): every ``check_interval`` s (default
+2; 0 turns it off) while nothing is being received or resynced, DEST is
+re-stat'd against its index (one ``lstat`` per file; a file whose size, mtime or
+inode changed is hashed again).  A file modified, deleted or added locally, a
+directory where the server has a file and a file where it has a directory are
+asked for again (one ICANHAZ per changed name, as at start-up) and repaired by
+what the server sends, each file verified by its SHA-1 as always.  So DEST is
+repaired within about ``check_interval`` s plus the transfer; for a big DEST
+the interval stretches so that checking takes at most 5% of the time (10,000
+files: ~20 ms a check).  A check never runs in the middle of a transfer or of a
+resync, so it never races the mirror's own writes.  (Repairs need the
+resync-complete marker: a server that sends none gets no checks.)
+
 Files only: empty directories are not mirrored and emptied ones are not
 removed.  ``filemq sync`` keeps DEST's index outside DEST (``--index``, by
 default under ``$XDG_CACHE_HOME/filemq/mirrors/``), so a no-change resync only
@@ -67,6 +84,7 @@ from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 import zmq
 
+from filemq.destlock import DestLock
 from filemq.engine import (
     DEFAULT_CREDIT_WINDOW,
     HEADER_SHA1,
@@ -104,6 +122,7 @@ _MAX_REFETCH = 3
 _OHAI_WAIT_MS = 50  # after reading the saved index: wait this long for OHAI-OK at most
 _MAX_CORRECTIONS = 64  # more files differ from the saved index: one ICANHAZ for all
 _BACKOFF_BASE = 0.1
+_CHECK_SHARE = 0.05  # local drift checks take at most this share of the time (big DEST)
 _MONITOR_EVENTS = (
     zmq.EVENT_HANDSHAKE_FAILED_AUTH
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -222,6 +241,7 @@ class SyncClient:
         on_event: Callable[[MirrorEvent], Any] | None = None,
         backoff_cap: float = 5.0,
         save_interval: float = 30.0,
+        check_interval: float = 2.0,
     ) -> None:
         if (curve_secret is None) != (server_key is None):
             from filemq.security import SecurityError
@@ -246,6 +266,12 @@ class SyncClient:
         self.on_event = on_event
         self.backoff_cap = backoff_cap
         self.save_interval = save_interval
+        #: Seconds between checks of DEST for local changes (live runs; 0: never).
+        self.check_interval = check_interval
+        #: Checks of DEST that found local changes (and asked the server again).
+        self.repairs = 0
+        self._lock = DestLock(self.dest)
+        self._next_check = 0.0
         #: Sessions started (1 + reconnects).
         self.connections = 0
         self.result = SyncResult()
@@ -294,8 +320,19 @@ class SyncClient:
     # -- running ----------------------------------------------------------------
 
     def run(self) -> SyncResult:
-        """Sync until done (``once``) or ``stop()``; raises SyncError when it cannot."""
+        """Sync until done (``once``) or ``stop()``.
+
+        Raises SyncError when it cannot, ``DestLocked`` when another process
+        mirrors into DEST.
+        """
         self.dest.mkdir(parents=True, exist_ok=True)
+        self._lock.acquire()
+        try:
+            return self._run()
+        finally:
+            self._lock.release()
+
+    def _run(self) -> SyncResult:
         # the saved index is read by the first session, while its connection is set up
         mirror = Mirror(self.dest, FileIndex(self.dest, exclude=_is_temp))
         self._scanned = False
@@ -431,6 +468,8 @@ class SyncClient:
                         f"no answer from {self.endpoint} in {self.connect_timeout} s"
                     )
                 self._perform(session, mirror, session.tick(now))
+                if self._check_due(session, now):
+                    self._check_dest(session, mirror)
                 if now >= next_save:
                     next_save = now + self.save_interval
                     self._save_index(mirror.index)
@@ -497,9 +536,45 @@ class SyncClient:
                 sent = session.cache
         delta = index.refresh()
         self._scanned = True  # (not before: a session that fails first re-reads and re-stats)
+        self._next_check = time.monotonic() + self.check_interval
         if sent is not None and outcome is None:
             self._correct(session, mirror, sent, delta)
         return outcome
+
+    def _check_due(self, session: ClientSession, now: float) -> bool:
+        return (
+            not self.once
+            and self.check_interval > 0
+            and now >= self._next_check
+            and session.synced  # nothing in transfer, no resync under way
+        )
+
+    def _check_dest(self, session: ClientSession, mirror: Mirror) -> None:
+        """Re-stat DEST against its index; ask the server again for what changed locally."""
+        started = time.monotonic()
+        try:
+            self._lock.check()  # (DEST removed whole: the lock file went with it)
+            self.dest.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            log.error("cannot check DEST %s: %s", self.dest, exc)
+            self._next_check = started + self.check_interval
+            return
+        before = mirror.index.digests()
+        delta = mirror.index.refresh()
+        took = time.monotonic() - started
+        self._next_check = started + max(self.check_interval, took / _CHECK_SHARE)
+        if not (delta.changed or delta.removed):
+            return
+        mirror.forget_folders()
+        changed = [e.name for e in delta.changed]
+        log.warning(
+            "DEST changed locally (%d new or changed, %d gone: %s): fetching again",
+            len(changed),
+            len(delta.removed),
+            ", ".join(sorted([*changed, *delta.removed])[:5]),
+        )
+        self.repairs += 1
+        self._correct(session, mirror, before, delta)
 
     def _correct(
         self, session: ClientSession, mirror: Mirror, sent: dict[str, str], delta: IndexDelta
@@ -521,7 +596,11 @@ class SyncClient:
             return
         log.debug("DEST differs from its saved index in %d files: asking again", len(names))
         ordered = sorted(local)
+        asked: list[str] = []
         for name in sorted(names):
+            if asked and name.startswith(asked[-1]):
+                continue  # an ICANHAZ path is a prefix: the one before covers this name
+            asked.append(name)
             # the cache of one ICANHAZ covers every local name under its path (a prefix)
             first = bisect.bisect_left(ordered, name)
             last = first

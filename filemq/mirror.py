@@ -27,13 +27,24 @@ again and fetches it.  (rsync does not fsync by default either.)
 Folders: a target's parent folders are checked (no symlink, no non-directory,
 inside DEST) the first time a file lands in them, and created when missing;
 checked folders are remembered for the session, so later files in the same
-folder cost no extra ``lstat``.  Deletes also remove the folders they empty.
+folder cost no extra ``lstat``; a remembered folder found changed at rename time
+(removed, replaced by a file) is checked again.  Deletes also remove the
+folders they empty.  A verified file whose place in DEST is held by a directory
+(a local change) replaces that directory and everything under it: DEST is a
+mirror (``forget_folders`` drops what was remembered when DEST changed).
+
+Names FILEMQ keeps in DEST all start with ``TEMP_PREFIX`` (never indexed,
+published or accepted from a server): temp files ``.filemq-part-<pid>-<n>``
+and the lock ``LOCK_NAME`` (``filemq.destlock``), which ``clean_temp`` keeps.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +52,14 @@ from filemq.engine import HEADER_MTIME, HEADER_SHA1, HEADER_SIZE
 from filemq.index import FileEntry, FileIndex
 from filemq.paths import UnsafePathError, make_parents, safe_target
 
-__all__ = ["TEMP_PREFIX", "Mirror"]
+__all__ = ["LOCK_NAME", "TEMP_PREFIX", "Mirror"]
+
+log = logging.getLogger(__name__)
 
 #: Temp files under DEST start with this; such names are never indexed or accepted.
 TEMP_PREFIX = ".filemq-part-"
+#: The lock file of the process mirroring into DEST (``filemq.destlock``).
+LOCK_NAME = TEMP_PREFIX + "lock"
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -103,16 +118,26 @@ class Mirror:
         self._size = 0
 
     def clean_temp(self) -> None:
-        """Remove temp files an interrupted run left in DEST."""
+        """Remove temp files an interrupted run left in DEST (not the lock file)."""
         for entry in os.scandir(self.root):
-            if entry.name.startswith(TEMP_PREFIX) and entry.is_file(follow_symlinks=False):
+            if (
+                entry.name.startswith(TEMP_PREFIX)
+                and entry.name != LOCK_NAME
+                and entry.is_file(follow_symlinks=False)
+            ):
                 os.unlink(entry.path)
 
+    def forget_folders(self) -> None:
+        """DEST changed under us: check every folder again before writing into it."""
+        self._safe_dirs.clear()
+
     def target(self, parts: tuple[str, ...]) -> str:
-        """Where ``parts`` goes; raises UnsafePathError when that is not a safe place."""
+        """Where ``parts`` goes; raises UnsafePathError when that is not a safe place.
+
+        A directory there is no error: a verified file replaces it (see the module doc).
+        """
         if parts[:-1] not in self._safe_dirs:
-            return str(safe_target(self.root, parts))
-        # folder already checked: renaming over a directory fails (EISDIR) by itself
+            return str(safe_target(self.root, parts, directory_ok=True))
         return self._root + "/" + "/".join(parts)
 
     def _temp_name(self) -> str:
@@ -121,15 +146,46 @@ class Mirror:
 
     def _rename_into_place(self, tmp: str, parts: tuple[str, ...], target: str) -> None:
         try:
-            if parts[:-1] not in self._safe_dirs:
-                make_parents(self.root, parts)
-                target = str(safe_target(self.root, parts))  # again, now that folders exist
-                self._safe_dirs.add(parts[:-1])
-            os.replace(tmp, target)
+            try:
+                self._replace(tmp, parts, target)
+            except (FileNotFoundError, NotADirectoryError):
+                if parts[:-1] not in self._safe_dirs:
+                    raise
+                # a folder checked earlier was removed or replaced since: check again
+                self._safe_dirs.discard(parts[:-1])
+                self._replace(tmp, parts, target)
         except (OSError, UnsafePathError):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
+
+    def _replace(self, tmp: str, parts: tuple[str, ...], target: str) -> None:
+        if parts[:-1] not in self._safe_dirs:
+            make_parents(self.root, parts)
+            # again, now that folders exist
+            target = str(safe_target(self.root, parts, directory_ok=True))
+            self._safe_dirs.add(parts[:-1])
+        try:
+            os.replace(tmp, target)
+        except IsADirectoryError:  # DEST holds a directory where the server has this file
+            self._remove_directory(parts)
+            os.replace(tmp, target)
+
+    def _remove_directory(self, parts: tuple[str, ...]) -> None:
+        """Remove the directory at ``parts`` (its folders checked again, links not followed)."""
+        if not shutil.rmtree.avoids_symlink_attacks:
+            raise UnsafePathError(f"{'/'.join(parts)!r}: a directory is in the way")
+        path = str(safe_target(self.root, parts, directory_ok=True))
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return  # gone or replaced meanwhile: os.replace decides
+        name = "/".join(parts)
+        log.warning("%s: replacing the directory DEST holds there by the server's file", name)
+        shutil.rmtree(path)
+        prefix = name + "/"
+        for entry in self.index:
+            if entry.name.startswith(prefix):
+                self.index.forget(entry.name)
+        self._safe_dirs = {d for d in self._safe_dirs if d[: len(parts)] != parts}
 
     # -- whole files in one message -------------------------------------------------
 
@@ -228,7 +284,7 @@ class Mirror:
         self.index.forget("/".join(parts))
         try:
             os.unlink(target)
-        except FileNotFoundError:
+        except (FileNotFoundError, IsADirectoryError):  # (a directory is not that file)
             return False
         for depth in range(len(parts) - 1, 0, -1):  # folders this delete left empty
             folder = os.path.join(self._root, *parts[:depth])

@@ -145,12 +145,13 @@ def _is_within(child: str, root: str) -> bool:
     return child == root or child.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def safe_target(root: Path, parts: tuple[str, ...]) -> Path:
+def safe_target(root: Path, parts: tuple[str, ...], *, directory_ok: bool = False) -> Path:
     """The path of relative ``parts`` under ``root``, refusing links and non-directories.
 
     Missing parent directories are fine (``make_parents`` creates them); an
     existing parent that is a symlink or not a directory is refused, and so is
-    a target that is a directory.
+    a target that is a directory (unless ``directory_ok``: a mirror replacing a
+    directory by the server's file).
     """
     current = root
     for part in parts[:-1]:
@@ -169,7 +170,7 @@ def safe_target(root: Path, parts: tuple[str, ...]) -> Path:
     except FileNotFoundError:
         pass
     else:
-        if stat.S_ISDIR(st.st_mode):
+        if stat.S_ISDIR(st.st_mode) and not directory_ok:
             raise UnsafePathError(f"{'/'.join(parts)!r}: target is a directory")
     real_root = os.path.realpath(root)
     deepest = target.parent

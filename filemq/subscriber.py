@@ -20,6 +20,12 @@ uses, ``filemq.client.default_index_path``; ``None`` for none), so a restart
 only stats DEST.  Leftover temp files of an earlier run that was killed are
 removed at start; a file is only ever renamed into place complete and verified.
 
+One process per DEST: ``run()`` raises ``filemq.destlock.DestLocked`` (naming
+the holder's pid) when another process mirrors into DEST.  Local changes to
+DEST (a file modified, deleted or added, a directory where a file belongs or
+the reverse) are repaired while running: DEST is re-checked every
+``check_interval`` s (a client option, default 2; see ``filemq.client``).
+
 ``events()`` registers a queue at the call: call it before ``start()`` to see
 every event.  Its iterator ends when the subscriber stops.  A callback runs in
 the subscriber's thread and must be quick (it holds the mirror back).

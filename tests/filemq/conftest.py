@@ -11,6 +11,7 @@ import pytest
 import zmq
 
 from filemq.client import SyncClient, SyncResult
+from filemq.mirror import LOCK_NAME
 from filemq.server import FileServer, Mount
 
 Tree = dict[str, bytes]
@@ -24,9 +25,12 @@ def write_tree(root: Path, tree: Tree) -> None:
 
 
 def read_tree(root: Path) -> Tree:
+    """Every file under ``root`` (temp files too), but the lock of a mirror running there."""
     out: Tree = {}
     for dirpath, _dirs, files in os.walk(root):
         for name in files:
+            if name == LOCK_NAME and dirpath == str(root):
+                continue
             path = Path(dirpath) / name
             out[path.relative_to(root).as_posix()] = path.read_bytes()
     return out

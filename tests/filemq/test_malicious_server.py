@@ -114,6 +114,10 @@ def test_escaping_names_are_refused(
     (dest / "link").symlink_to(outside)
     (dest / "afile").write_bytes(b"I am a file")
     (dest / "adir").mkdir()
+    keep = tmp_path / "keep"  # a link to it inside adir: replacing adir must not follow it
+    keep.mkdir()
+    (keep / "precious").write_bytes(b"not DEST's")
+    (dest / "adir" / "to-keep").symlink_to(keep)
     evil = [
         "/../escape",
         "/a/../../escape2",
@@ -123,23 +127,29 @@ def test_escaping_names_are_refused(
         "/nul\x00byte",
         "/afile/child",
         "/.filemq-part-1-1",
+        "/.filemq-part-lock",
         "/" + str(outside / "abs"),
     ]
     server = scripted(
         lambda n, req: (
             [_file(name, b"evil") for name in evil]
             + [(2, "/link/victim", 0, 1, {}, b""), _file("/ok.txt", b"fine")]
-            + [_file("/adir", b"over a folder"), MARKER]  # root folder now known: rename fails
+            + [_file("/adir", b"over a folder"), MARKER]  # a file where DEST has a folder
         )
     )
     result = sync_once(server.endpoint, dest)
-    # every evil name refused; the delete through the link and the file over a folder failed
-    assert result.refused == len(evil) and result.errors == len(evil) + 2
+    # every evil name refused; the delete through the link failed
+    assert result.refused == len(evil) and result.errors == len(evil) + 1
     assert result.synced
     assert list(outside.iterdir()) == []
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["dest", "outside"]
-    assert read_tree(dest) == {"ok.txt": b"fine", "afile": b"I am a file"}
-    assert (dest / "adir").is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dest", "keep", "outside"]
+    # the verified file replaced the folder (a mirror), without following the link in it
+    assert read_tree(dest) == {
+        "ok.txt": b"fine",
+        "afile": b"I am a file",
+        "adir": b"over a folder",
+    }
+    assert (keep / "precious").read_bytes() == b"not DEST's"
     assert (dest / "link").is_symlink()
 
 

@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from filemq.mirror import LOCK_NAME
+
 from .conftest import write_tree
 
 FILEMQ = [sys.executable, "-m", "filemq"]
@@ -42,7 +44,10 @@ def files(root: Path) -> dict[str, bytes]:
 
 
 def temps(root: Path) -> list[Path]:
-    return [p for p in root.iterdir() if p.name.startswith(TEMP)] if root.exists() else []
+    """Temp files in DEST (not the lock file of the daemon running there)."""
+    if not root.exists():
+        return []
+    return [p for p in root.iterdir() if p.name.startswith(TEMP) and p.name != LOCK_NAME]
 
 
 class Proc:
