@@ -8,10 +8,13 @@ SIGTERM stopping cleanly, ``--json`` event lines.  Waits read the daemon's JSON 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import re
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -240,3 +243,131 @@ def wait_files(dest: Path, src: Path) -> bool:
             return True
         time.sleep(0.01)
     return False
+
+
+def sync_once_process(
+    tmp_path: Path, endpoint: str, dest: Path
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    return subprocess.run(
+        [*FILEMQ, "sync", endpoint, str(dest), "--once"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+
+
+def one_error_line(stderr: str) -> str:
+    errors = [line for line in stderr.splitlines() if line.startswith("ERROR")]
+    assert len(errors) == 1 and "Traceback" not in stderr, stderr
+    return errors[0]
+
+
+def test_one_mirror_per_dest_and_kill_9_leaves_no_stale_lock(
+    tmp_path: Path, procs: list[Proc]
+) -> None:
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    write_tree(src, {"a.txt": b"alpha", "d/b.txt": b"beta"})
+    server = serve(tmp_path, procs, src, "tcp://127.0.0.1:*")
+    endpoint = server.wait_stderr(r"on (tcp://\S+) \(").group(1)
+    first = subscribe(tmp_path, procs, endpoint, dest)
+    first.wait_event(kind("resync-complete"))
+
+    second = subscribe(tmp_path, procs, endpoint, dest)
+    assert second.popen.wait(WAIT) == 5  # documented: DEST locked by another process
+    assert f"by process {first.popen.pid} " in one_error_line(second.stderr())
+    once = sync_once_process(tmp_path, endpoint, dest)  # `sync` too, on the same DEST
+    assert once.returncode == 5
+    assert f"by process {first.popen.pid} " in one_error_line(once.stderr)
+    assert files(dest) == files(src)  # untouched by the refused ones
+    with open(dest / LOCK_NAME, "rb") as f, pytest.raises(BlockingIOError):
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # held by the first daemon
+
+    first.stop(signal.SIGKILL)
+    assert (dest / LOCK_NAME).read_text() == f"{first.popen.pid}\n"  # left behind ...
+    third = subscribe(tmp_path, procs, endpoint, dest)
+    third.wait_event(kind("resync-complete"))  # ... holding nothing: taken over
+    assert (dest / LOCK_NAME).read_text() == f"{third.popen.pid}\n"
+    (src / "c.txt").write_bytes(b"gamma")
+    third.wait_event(kind("create", "c.txt"))
+    assert files(dest) == files(src)
+    assert third.stop() == 0
+    assert not (dest / LOCK_NAME).exists()  # a clean stop removes it
+
+
+def sha1s(root: Path) -> dict[str, str]:
+    return {name: hashlib.sha1(data).hexdigest() for name, data in files(root).items()}
+
+
+def test_live_daemon_repairs_local_drift_without_restart(
+    tmp_path: Path, procs: list[Proc]
+) -> None:
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    write_tree(
+        src,
+        {
+            "modified.txt": b"server copy",
+            "deleted.txt": b"deleted locally",
+            "dir-in-the-way.txt": b"a folder took my place",
+            "file-in-the-way/inner.txt": b"a file took my folder's place",
+            "untouched.txt": b"same",
+        },
+    )
+    server = serve(tmp_path, procs, src, "tcp://127.0.0.1:*")
+    endpoint = server.wait_stderr(r"on (tcp://\S+) \(").group(1)
+    daemon = subscribe(tmp_path, procs, endpoint, dest, "--check-interval", "0.2")
+    daemon.wait_event(kind("resync-complete"))
+    assert sha1s(dest) == sha1s(src)
+
+    (dest / "modified.txt").write_bytes(b"edited in DEST")
+    (dest / "deleted.txt").unlink()
+    (dest / "dir-in-the-way.txt").unlink()
+    (dest / "dir-in-the-way.txt" / "empty-sub").mkdir(parents=True)
+    (dest / "dir-in-the-way.txt" / "x.txt").write_bytes(b"x")
+    shutil.rmtree(dest / "file-in-the-way")
+    (dest / "file-in-the-way").write_bytes(b"I am a file now")
+    (dest / "extra.txt").write_bytes(b"not on the server")
+
+    repaired = {"modified.txt", "deleted.txt", "dir-in-the-way.txt", "file-in-the-way/inner.txt"}
+    created: dict[str, str] = {}
+    while not repaired <= created.keys():
+        event = daemon.wait_event(kind("create"))
+        created[event["name"]] = event["sha1"]
+    assert wait_files(dest, src)  # the extra file and the in-the-way ones are gone too
+    assert sha1s(dest) == sha1s(src)
+    assert {name: created[name] for name in repaired} == {n: sha1s(src)[n] for n in repaired}
+    assert (dest / "dir-in-the-way.txt").is_file() and (dest / "file-in-the-way").is_dir()
+    assert not (dest / "extra.txt").exists()
+    assert "DEST changed locally" in daemon.stderr()
+    assert daemon.popen.poll() is None  # no restart: the same process did it
+    assert daemon.stop() == 0
+
+
+def test_drift_checks_never_take_the_mirrors_own_writes_for_drift(
+    tmp_path: Path, procs: list[Proc]
+) -> None:
+    """Checks every 10 ms during a long transfer: only the one real local change is repaired."""
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    write_tree(src, {"small.txt": b"small"})
+    server = serve(tmp_path, procs, src, "tcp://127.0.0.1:*", "--chunk-size", "4096")
+    endpoint = server.wait_stderr(r"on (tcp://\S+) \(").group(1)
+    daemon = subscribe(
+        tmp_path, procs, endpoint, dest, "--window", "16384", "--check-interval", "0.01"
+    )
+    daemon.wait_event(kind("resync-complete"))
+    big = os.urandom(8 << 20)
+    (tmp_path / "big.tmp").write_bytes(big)
+    os.replace(tmp_path / "big.tmp", src / "big.bin")  # pushed live, 4 KiB at a time
+    write_tree(src, {f"many/{i}.txt": f"file {i}".encode() for i in range(50)})
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline and not (temps(dest) or (dest / "big.bin").exists()):
+        time.sleep(0.005)  # (polling for the big file to be in transfer)
+    (tmp_path / "local.tmp").write_bytes(b"changed in DEST during the transfer")
+    os.replace(tmp_path / "local.tmp", dest / "small.txt")  # one local change, atomic
+    daemon.wait_event(kind("create", "small.txt"))
+    assert wait_files(dest, src)
+    log = daemon.stderr()
+    assert log.count("DEST changed locally") == 1, log
+    assert "fetching it again" not in log and "ERROR" not in log
+    assert daemon.stop() == 0
