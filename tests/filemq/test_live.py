@@ -20,6 +20,7 @@ import pytest
 import zmq
 from watchdog.observers.api import BaseObserver, EventQueue
 
+from filemq.destlock import DestLock, DestLocked
 from filemq.events import EventKind, MirrorEvent
 from filemq.inotify_observer import OverflowAwareInotifyObserver
 from filemq.live import LiveFileServer
@@ -346,3 +347,33 @@ def test_polling_observer_and_simulated_overflow(
     server.simulate_overflow()  # no inotify here: the publisher queues the event itself
     assert wait_until(lambda: server.server.rescans > rescans)
     assert files(dest) == files(src)
+
+
+def test_dest_removed_whole_comes_back_and_stays_locked(
+    tmp_path: Path, live: Callable[..., LiveFileServer], subscribe: Callable[..., Subscriber]
+) -> None:
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    write_tree(src, {"a.txt": b"a", "d/e/b.txt": b"b"})
+    server = live(src)
+    sub = subscribe(server.endpoint, dest, check_interval=0.05)
+    assert sub.wait_synced(WAIT)
+    shutil.rmtree(dest)  # the lock file goes with it
+    assert wait_until(lambda: files(dest) == files(src))
+    assert wait_until(lambda: (dest / LOCK_NAME).exists())
+    with pytest.raises(DestLocked):  # taken again: still one mirror per DEST
+        DestLock(dest).acquire()
+    assert sub.result.errors == 0 and sub.client.repairs >= 1
+
+
+def test_subscriber_on_a_locked_dest_reports_the_holder(
+    tmp_path: Path, live: Callable[..., LiveFileServer], subscribe: Callable[..., Subscriber]
+) -> None:
+    write_tree(tmp_path / "src", {"a.txt": b"a"})
+    server = live(tmp_path / "src")
+    (tmp_path / "dest").mkdir()
+    with DestLock(tmp_path / "dest"):
+        sub = Subscriber(server.endpoint, tmp_path / "dest", index_path=None)
+        with pytest.raises(DestLocked) as refused:
+            sub.run()
+        assert refused.value.pid == os.getpid()
+        assert read_tree(tmp_path / "dest") == {}  # nothing written, no temp file cleaned
