@@ -6,16 +6,17 @@ clients at once.  Its indexes persist in ``--state-dir`` (default
 ``$XDG_STATE_HOME/filemq``, see ``filemq.state``; ``--no-state`` for none).
 ``subscribe`` is the mirror daemon: it runs until SIGTERM/SIGINT (exit 0),
 reconnecting and resyncing as needed; ``--json`` prints one JSON object per
-applied change on stdout (``filemq.events``).
+applied change on stdout (``filemq.events``); it repairs local changes to DEST
+within ``--check-interval`` seconds (default 2; see ``filemq.client``).
 
 Exit codes: 0 success; 1 the sync failed or ended with errors (refused names,
 files that never verified, no server); 2 usage; 3 access refused (SRSLY, CURVE
 handshake refused); 4 the server answered RTFM twice; 5 another process is
 mirroring into DEST (``sync``/``subscribe``: the lock ``DEST/.filemq-part-lock``
-is held; the line names its pid).  ``sync --once`` against a
-server that sends no resync-complete marker (the reference C server) ends after
-``--idle-timeout`` seconds without file traffic with one warning line and exit 0
-(1 if that happened in the middle of a file, once ``--retries`` are used up).
+is held; the line names its pid).  ``sync --once`` against a server that sends
+no resync-complete marker (the reference C server) ends after ``--idle-timeout``
+seconds (default 10) without file traffic with one warning line and exit 0 (1
+if that happened in the middle of a file, once ``--retries`` are used up).
 """
 
 from __future__ import annotations
