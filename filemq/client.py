@@ -36,7 +36,8 @@ into the same DEST raises ``DestLocked`` naming the holder's pid.
 Local drift (live runs, not ``--once``): every ``check_interval`` s (default
 2; 0 turns it off) while nothing is being received or resynced, DEST is
 re-stat'd against its index (one ``lstat`` per file; a file whose size, mtime or
-inode changed is hashed again).  A file modified, deleted or added locally, a
+inode changed is hashed again; contents are compared, a new mtime alone is
+left as it is).  A file modified, deleted or added locally, a
 directory where the server has a file and a file where it has a directory are
 asked for again (one ICANHAZ per changed name, as at start-up) and repaired by
 what the server sends, each file verified by its SHA-1 as always.  So DEST is
@@ -566,7 +567,9 @@ class SyncClient:
         if not (delta.changed or delta.removed):
             return
         mirror.forget_folders()
-        changed = [e.name for e in delta.changed]
+        changed = [e.name for e in delta.changed if before.get(e.name) != e.sha1]
+        if not (changed or delta.removed):
+            return  # new mtimes only (a touch): the contents are the server's
         log.warning(
             "DEST changed locally (%d new or changed, %d gone: %s): fetching again",
             len(changed),
