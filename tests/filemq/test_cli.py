@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import os
-import re
-import selectors
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from .conftest import read_tree, write_tree
+from .procs import read_endpoint
 
 FILEMQ = [sys.executable, "-m", "filemq"]
 
@@ -54,20 +52,10 @@ def _start_server(
     )
     procs.append(proc)
     assert proc.stderr is not None
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stderr, selectors.EVENT_READ)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if sel.select(timeout=deadline - time.monotonic()):
-            line = proc.stderr.readline()
-            found = re.search(r"on (tcp://\S+) \(", line)
-            if found:
-                sel.close()
-                return proc, found.group(1)
-            if not line:
-                break
-    sel.close()
-    raise AssertionError("server did not report its endpoint")
+    # (line by line: a select() on the pipe misses lines already in the reader's buffer)
+    endpoint = read_endpoint(proc.stderr)
+    assert endpoint, "server did not report its endpoint"
+    return proc, endpoint
 
 
 def _sync(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
