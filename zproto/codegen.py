@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from zproto import __version__
 from zproto.attrs import Attr, attributes, plain_default
-from zproto.decoder import DecoderWriter
+from zproto.decoder import DecoderWriter, FastDecoderWriter, plan_fast
 from zproto.encoder import EncoderWriter
 from zproto.model import Message, Protocol, to_const_name
 from zproto.pysource import LINE_LENGTH, Source, StructNames, assign, isort_key, lit
@@ -43,8 +43,17 @@ class PythonGenerator:
         for msg in self.proto.messages:
             self.encoders.write(body, msg)
         for msg in self.proto.messages:
+            self.encoders.write_fields(body, msg)
+        for msg in self.proto.messages:
             if msg.literal is None:
                 self.decoders.write(body, msg)
+        self.fast: dict[str, Message] = {}  # messages with a simplest-shape decoder
+        if not self.classic:
+            for msg in self.proto.messages:
+                plan = plan_fast(msg)
+                if plan is not None:
+                    FastDecoderWriter(self.structs).write(body, msg, plan)
+                    self.fast[msg.ident] = msg
         self._api(body)
         return self._header() + "\n".join(body.lines).rstrip() + "\n"
 
@@ -92,6 +101,7 @@ class PythonGenerator:
             names.append("MessageId")
         names += [m.class_name for m in p.messages]
         names += ["decode", "encode"]
+        names += [f"encode_{m.ident}" for m in p.messages]
         names += [to_const_name(d.name) for d in p.defines]
         out("__all__ = [")
         for name in sorted(set(names), key=isort_key):
@@ -111,12 +121,14 @@ class PythonGenerator:
         if any(f.type == "uuid" for m in p.messages for f in m.fields):
             out("_NIL_UUID = uuid.UUID(int=0)")
         out("_new = object.__new__")
-        out("_set = object.__setattr__")
+        out("_set_state = _rt.set_state")
         out()
         # struct constants are known only after the body was generated
         for fmt, name in sorted(self.structs.formats.items(), key=lambda kv: kv[1]):
             out(f"{name} = struct.Struct({lit(fmt)})")
         out('_U32 = struct.Struct(">I")')
+        for name, definition in sorted(self.encoders.helpers.items()):
+            out(f"{name} = {definition}")
         if self.classic:
             out()
             out()
@@ -201,7 +213,7 @@ class PythonGenerator:
         src.indent()
         entries = [f'"{a.ident}": {v}' for a, v in zip(attrs, values, strict=True)]
         src.wrapped("state = {", entries, "}")
-        src('_set(self, "__dict__", state)')
+        src("_set_state(self, state)")
         src.dedent()
         src()
 
@@ -215,19 +227,25 @@ class PythonGenerator:
         src()
         src("def encode(msg: Message) -> list[bytes]:")
         src('    """Encode a message into ZeroMQ frames (raises EncodeError if invalid)."""')
-        src("    encoder = _ENCODERS.get(type(msg))")
-        src("    if encoder is None:")
-        src('        raise EncodeError(f"not a {MODEL_NAME} message: {msg!r}")')
+        src("    try:")
+        src("        encoder = _ENCODERS[type(msg)]")
+        src("    except KeyError:")
+        src('        raise EncodeError(f"not a {MODEL_NAME} message: {msg!r}") from None')
         src("    return encoder(msg)")
         src()
         src()
         literals = [m for m in p.messages if m.literal is not None]
         general = [m for m in p.messages if m.literal is None]
         if self.classic:
-            src("_DECODERS: dict[int, Any] = {")
+            src("_DECODERS: tuple[Any, ...] = tuple(")
+            src("    map(")
+            src("        {")
             for msg in p.messages:
-                src(f"    {msg.id}: _decode_{msg.ident},")
-            src("}")
+                src(f"            {msg.id}: _decode_{msg.ident},")
+            src("        }.get,")
+            src("        range(256),")
+            src("    )")
+            src(")")
             src()
             src()
         elif literals:
@@ -239,23 +257,32 @@ class PythonGenerator:
             src(f"_LITERAL_SIZES = frozenset({{{', '.join(str(s) for s in sizes)}}})")
             src()
             src()
-        src("def decode(frames: Any) -> Message:")
-        src('    """Decode ZeroMQ frames (bytes-like) into a message.')
+        if self.fast:
+            self._decode_fast(src, max((len(m.literal or b"") for m in literals), default=0))
+            name = "_decode"
+            doc = "The general decoder: what ``decode`` gives, without its fast paths."
+        else:
+            name = "decode"
+            doc = "Decode ZeroMQ frames (bytes-like) into a message."
+        src(f"def {name}(frames: Any) -> Message:")
+        src(f'    """{doc}')
         src()
         src("    Raises DecodeError, and nothing else, on malformed input.")
         src('    """')
         src("    if not frames:")
         src('        raise DecodeError("no frames", signature_ok=False)')
         src("    try:")
-        src("        buf = _rt.frame_bytes(frames[0])")
-        src("    except TypeError:")
+        src("        buf = frames[0]")
+        src("        if type(buf) is not bytes:")
+        src("            buf = _rt.frame_bytes(buf)")
+        src("    except (TypeError, LookupError):")
         src('        raise DecodeError("not bytes-like", signature_ok=False) from None')
         src.indent()
         if self.classic:
             sig = p.signature_bytes
             src(f"if len(buf) < 3 or buf[0] != {sig[0]} or buf[1] != {sig[1]}:")
             src('    raise DecodeError("bad signature", signature_ok=False)')
-            src("decoder = _DECODERS.get(buf[2])")
+            src("decoder = _DECODERS[buf[2]]")
             src("if decoder is None:")
             src('    raise DecodeError(f"unknown message id {buf[2]}", message_id=buf[2])')
             src("try:")
@@ -284,4 +311,28 @@ class PythonGenerator:
             else:
                 src('raise DecodeError("not a known literal message")')
         src.dedent()
+        src()
+
+    def _decode_fast(self, src: Source, literal_size: int) -> None:
+        """``decode``: a one-frame message in its simplest shape, else ``_decode``."""
+        (msg,) = self.fast.values()  # a binary model has one general message
+        src("def decode(frames: Any) -> Message:")
+        src('    """Decode ZeroMQ frames (bytes-like) into a message.')
+        src()
+        src("    Raises DecodeError, and nothing else, on malformed input.")
+        src('    """')
+        src("    try:")
+        src("        if len(frames) == 1:")
+        src("            buf = frames[0]")
+        cond = "type(buf) is bytes"
+        if literal_size:
+            cond += f" and len(buf) > {literal_size}"  # literals are never fast
+        src(f"            if {cond}:")
+        src(f"                msg = _decode_{msg.ident}_fast(buf)")
+        src("                if msg is not None:")
+        src("                    return msg")
+        src("    except (TypeError, LookupError):")
+        src("        pass  # the general decoder says what is wrong")
+        src("    return _decode(frames)")
+        src()
         src()
