@@ -11,21 +11,26 @@ from __future__ import annotations
 
 from zproto import __version__
 from zproto.attrs import Attr, attributes, plain_default
-from zproto.decoder import DecoderWriter, FastDecoderWriter, plan_fast
+from zproto.decoder import DecoderWriter, FastDecoderWriter
 from zproto.encoder import EncoderWriter
 from zproto.model import Message, Protocol, to_const_name
 from zproto.pysource import LINE_LENGTH, Source, StructNames, assign, isort_key, lit
+from zproto.shape import plan_fast
 
 __all__ = ["PythonGenerator"]
 
 
 class PythonGenerator:
-    def __init__(self, proto: Protocol, source_name: str) -> None:
+    """``fast=False`` leaves out the simplest-shape paths: the module then holds only the
+    general encoders/decoders (the tests compare both kinds, octet for octet)."""
+
+    def __init__(self, proto: Protocol, source_name: str, *, fast: bool = True) -> None:
         self.proto = proto
         self.source_name = source_name
         self.structs = StructNames()
         self.classic = proto.dialect == "classic"
-        self.encoders = EncoderWriter(proto, self.structs)
+        self.with_fast = fast
+        self.encoders = EncoderWriter(proto, self.structs, fast=fast)
         self.decoders = DecoderWriter(proto, self.structs)
 
     # -- whole module ------------------------------------------------------
@@ -48,7 +53,7 @@ class PythonGenerator:
             if msg.literal is None:
                 self.decoders.write(body, msg)
         self.fast: dict[str, Message] = {}  # messages with a simplest-shape decoder
-        if not self.classic:
+        if not self.classic and self.with_fast:
             for msg in self.proto.messages:
                 plan = plan_fast(msg)
                 if plan is not None:

@@ -26,7 +26,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from zproto.attrs import attributes, default_source, plain_default
-from zproto.decoder import Plan, plan_fast
 from zproto.model import VARLEN, Field, Message, Optional, Protocol, to_const_name
 from zproto.pysource import (
     LINE_LENGTH,
@@ -38,6 +37,7 @@ from zproto.pysource import (
     group_checks,
     lit,
 )
+from zproto.shape import Plan, plan_fast
 
 #: Builtins the encoder template calls: a parameter with one of these names would hide it.
 _BUILTINS_USED = frozenset({"len", "bool", "any"})
@@ -108,10 +108,11 @@ class _Section:
 class EncoderWriter:
     """Writes ``_encode_<message>`` and ``encode_<message>`` into a generated module."""
 
-    def __init__(self, proto: Protocol, structs: StructNames) -> None:
+    def __init__(self, proto: Protocol, structs: StructNames, *, fast: bool = True) -> None:
         self.proto = proto
         self.structs = structs
         self.classic = proto.dialect == "classic"
+        self.fast = fast
         #: modules-level helpers the generated code needs (name -> definition)
         self.helpers: dict[str, str] = {}
 
@@ -210,7 +211,7 @@ class EncoderWriter:
         for group in group_checks(checks, LINE_LENGTH - 4 * src.level - 4):
             src(f"if {group}:")
             src("    raise _rt.Invalid")
-        plan = None if self.classic else plan_fast(msg)
+        plan = plan_fast(msg) if self.fast and not self.classic else None
         if plan is not None:
             self._simplest(src, plan)
         head = _merge(sections[0].items, self.structs)
@@ -250,9 +251,9 @@ class EncoderWriter:
         else:
             src("raise _rt.encode_failure(")
             src.indent()
-            head, _, rest = obj.partition("(")
+            callee, _, rest = obj.partition("(")
             if "(" in obj and len(obj) + 1 + 4 * src.level > LINE_LENGTH:
-                src.wrapped(head + "(", rest[:-1].split(", "), "),")
+                src.wrapped(callee + "(", rest[:-1].split(", "), "),")
             else:
                 src(obj + ",")
             src(f"_SPEC_{const},")
