@@ -146,7 +146,15 @@ class EncoderWriter:
         src(f'"""``encode({msg.class_name}(...))`` without building the message."""')
         build = f"{msg.class_name}({', '.join(a.ident for a in attrs)})"
         if any(a.ident in _BUILTINS_USED for a in attrs):
-            src(f"return _encode_{msg.ident}({build})")
+            one = f"return _encode_{msg.ident}({build})"
+            if len(one) + 4 * src.level <= LINE_LENGTH:
+                src(one)
+            else:
+                src(f"return _encode_{msg.ident}(")
+                src.indent()
+                src.wrapped(f"{msg.class_name}(", [a.ident for a in attrs], ")")
+                src.dedent()
+                src(")")
         else:
             for ident in fresh:
                 default = next(a.default for a in attrs if a.ident == ident)

@@ -332,6 +332,8 @@ def encode_failure(
             problem = _check(msg, attr, kind, limit, const)
         except AttributeError:
             problem = "is missing"
+        except (TypeError, ValueError, OverflowError) as err:  # e.g. not iterable at all
+            problem = f"is not a valid {kind}: {err}"
         if problem:
             return EncodeError(f"{name}.{attr} {problem}")
     return EncodeError(f"cannot encode {name}: {exc}")
