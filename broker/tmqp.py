@@ -34,17 +34,23 @@ __all__ = [
     "Pong",
     "decode",
     "encode",
+    "encode_frame",
+    "encode_handshake",
+    "encode_ping",
+    "encode_pong",
 ]
 
 DEFAULT_TTL = 16
 MAX_TTL = 31
 MODEL_NAME = "tmqp"
 _new = object.__new__
-_set = object.__setattr__
+_set_state = _rt.set_state
 
 _LE_BBBBBH = struct.Struct("<BBBBBH")
+_LE_BBBBBHB = struct.Struct("<BBBBBHB")
 _LE_H = struct.Struct("<H")
 _U32 = struct.Struct(">I")
+_OCTET = _rt.OCTET
 
 
 @dataclass(frozen=True, init=False)
@@ -129,7 +135,7 @@ class Frame(_rt.MessageBase):
             "headers": headers,
             "payload": payload,
         }
-        _set(self, "__dict__", state)
+        _set_state(self, state)
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
@@ -170,105 +176,298 @@ def _encode_pong(m: Pong) -> list[bytes]:
 
 def _encode_frame(m: Frame) -> list[bytes]:
     try:
-        has_header = bool(len(m.headers) > 0)
-        b_flags = m.first_acquirer << 7 | m.high_priority << 6 | m.message_type
-        b_options = m.pending_response << 7 | m.pending_ack << 6 | has_header << 5 | m.ttl
-        v_message_id = m.message_id.encode()
-        v_source = m.source.encode()
-        v_target = m.target.encode()
-        v_headers = _rt.enc_headers(m.headers)
-        v_payload = m.payload
-        if m.first_acquirer >> 1 or m.high_priority >> 1 or m.message_type >> 6:
+        _f_has_header = len(m.headers) > 0
+        _b_flags = m.first_acquirer << 7 | m.high_priority << 6 | m.message_type
+        _b_options = m.pending_response << 7 | m.pending_ack << 6 | _f_has_header << 5 | m.ttl
+        _v_message_id = m.message_id.encode()
+        _v_source = m.source.encode()
+        _v_target = m.target.encode()
+        _v_payload = m.payload
+        _n0 = len(_v_payload)
+        if (m.first_acquirer | m.high_priority) >> 1 or m.message_type >> 6:
             raise _rt.Invalid
-        if m.pending_response >> 1 or m.pending_ack >> 1 or m.ttl >> 5:
+        if (m.pending_response | m.pending_ack) >> 1 or m.ttl >> 5:
             raise _rt.Invalid
-        p = [
+        if not _f_has_header and _n0 < 253:
+            return [
+                b"".join(
+                    (
+                        _LE_BBBBBHB.pack(
+                            _b_flags,
+                            _b_options,
+                            len(_v_message_id),
+                            len(_v_source),
+                            len(_v_target),
+                            m.content_type,
+                            _n0,
+                        ),
+                        _v_message_id,
+                        _v_source,
+                        _v_target,
+                        _v_payload,
+                    )
+                )
+            ]
+        _p = [
             _LE_BBBBBH.pack(
-                b_flags,
-                b_options,
-                len(v_message_id),
-                len(v_source),
-                len(v_target),
+                _b_flags,
+                _b_options,
+                len(_v_message_id),
+                len(_v_source),
+                len(_v_target),
                 m.content_type,
             ),
-            _rt.enc_varlen(len(v_payload), "little"),
-            v_message_id,
-            v_source,
-            v_target,
+            _OCTET[_n0] if _n0 < 253 else _rt.enc_varlen(_n0, "little"),
+            _v_message_id,
+            _v_source,
+            _v_target,
         ]
-        if has_header:
-            p.append(_LE_H.pack(len(v_headers)))
-            p.append(v_headers)
-        p.append(v_payload)
-        return [b"".join(p)]
-    except _rt.ENCODE_FAILURES as exc:
-        raise _rt.encode_failure(m, _SPEC_FRAME, exc) from None
+        if _f_has_header:
+            _v_headers = _rt.enc_headers(m.headers)
+            _p.append(_LE_H.pack(len(_v_headers)))
+            _p.append(_v_headers)
+        _p.append(_v_payload)
+        return [b"".join(_p)]
+    except _rt.ENCODE_FAILURES as _exc:
+        raise _rt.encode_failure(m, _SPEC_FRAME, _exc) from None
+
+
+def encode_handshake() -> list[bytes]:
+    """``encode(Handshake(...))`` without building the message."""
+    return [b"TMQP/2.0"]
+
+
+def encode_ping() -> list[bytes]:
+    """``encode(Ping(...))`` without building the message."""
+    return [b"\x89\xff\x00\x00\x00\x00\x00\x00"]
+
+
+def encode_pong() -> list[bytes]:
+    """``encode(Pong(...))`` without building the message."""
+    return [b"\x8a\xff\x00\x00\x00\x00\x00\x00"]
+
+
+def encode_frame(
+    first_acquirer: bool = False,
+    high_priority: bool = False,
+    message_type: int = 0,
+    pending_response: bool = False,
+    pending_ack: bool = False,
+    ttl: int = 16,
+    content_type: int = 0,
+    message_id: str = "",
+    source: str = "",
+    target: str = "",
+    headers: tuple[tuple[str, str], ...] = (),
+    payload: bytes = b"",
+) -> list[bytes]:
+    """``encode(Frame(...))`` without building the message."""
+    try:
+        _f_has_header = len(headers) > 0
+        _b_flags = first_acquirer << 7 | high_priority << 6 | message_type
+        _b_options = pending_response << 7 | pending_ack << 6 | _f_has_header << 5 | ttl
+        _v_message_id = message_id.encode()
+        _v_source = source.encode()
+        _v_target = target.encode()
+        _v_payload = payload
+        _n0 = len(_v_payload)
+        if (first_acquirer | high_priority) >> 1 or message_type >> 6:
+            raise _rt.Invalid
+        if (pending_response | pending_ack) >> 1 or ttl >> 5:
+            raise _rt.Invalid
+        if not _f_has_header and _n0 < 253:
+            return [
+                b"".join(
+                    (
+                        _LE_BBBBBHB.pack(
+                            _b_flags,
+                            _b_options,
+                            len(_v_message_id),
+                            len(_v_source),
+                            len(_v_target),
+                            content_type,
+                            _n0,
+                        ),
+                        _v_message_id,
+                        _v_source,
+                        _v_target,
+                        _v_payload,
+                    )
+                )
+            ]
+        _p = [
+            _LE_BBBBBH.pack(
+                _b_flags,
+                _b_options,
+                len(_v_message_id),
+                len(_v_source),
+                len(_v_target),
+                content_type,
+            ),
+            _OCTET[_n0] if _n0 < 253 else _rt.enc_varlen(_n0, "little"),
+            _v_message_id,
+            _v_source,
+            _v_target,
+        ]
+        if _f_has_header:
+            _v_headers = _rt.enc_headers(headers)
+            _p.append(_LE_H.pack(len(_v_headers)))
+            _p.append(_v_headers)
+        _p.append(_v_payload)
+        return [b"".join(_p)]
+    except _rt.ENCODE_FAILURES as _exc:
+        raise _rt.encode_failure(
+            Frame(
+                first_acquirer,
+                high_priority,
+                message_type,
+                pending_response,
+                pending_ack,
+                ttl,
+                content_type,
+                message_id,
+                source,
+                target,
+                headers,
+                payload,
+            ),
+            _SPEC_FRAME,
+            _exc,
+        ) from None
 
 
 def _decode_frame(buf: bytes, frames: Any) -> Frame:
     if len(frames) != 1:
         raise DecodeError("Frame: expected 1 frame(s)")
     size = len(buf)
-    (bits_flags, bits_options, id_length, source_length, target_length, content_type) = (
+    (bits_flags, bits_options, f_id_length, f_source_length, f_target_length, f_content_type) = (
         _LE_BBBBBH.unpack_from(buf, 0)
     )
-    first_acquirer = bits_flags & 128 != 0
-    high_priority = bits_flags & 64 != 0
-    message_type = bits_flags & 63
-    pending_response = bits_options & 128 != 0
-    pending_ack = bits_options & 64 != 0
-    has_header = bits_options & 32 != 0
-    ttl = bits_options & 31
+    f_first_acquirer = bits_flags & 128 != 0
+    f_high_priority = bits_flags & 64 != 0
+    f_message_type = bits_flags & 63
+    f_pending_response = bits_options & 128 != 0
+    f_pending_ack = bits_options & 64 != 0
+    f_has_header = bits_options & 32 != 0
+    f_ttl = bits_options & 31
     pos = 7
-    payload_length, pos = _rt.dec_varlen(buf, pos, "little")
-    end = pos + id_length
+    f_payload_length, pos = _rt.dec_varlen(buf, pos, "little")
+    end = pos + f_id_length
     if end > size:
         raise _rt.truncated("Frame.message_id")
-    message_id = buf[pos:end].decode()
+    f_message_id = buf[pos:end].decode()
     pos = end
-    end = pos + source_length
+    end = pos + f_source_length
     if end > size:
         raise _rt.truncated("Frame.source")
-    source = buf[pos:end].decode()
+    f_source = buf[pos:end].decode()
     pos = end
-    end = pos + target_length
+    end = pos + f_target_length
     if end > size:
         raise _rt.truncated("Frame.target")
-    target = buf[pos:end].decode()
+    f_target = buf[pos:end].decode()
     pos = end
-    if has_header:
-        (header_length,) = _LE_H.unpack_from(buf, pos)
+    if f_has_header:
+        (f_header_length,) = _LE_H.unpack_from(buf, pos)
         pos = pos + 2
-        end = pos + header_length
-        headers = _rt.dec_headers(buf, pos, end, "Frame.headers")
+        end = pos + f_header_length
+        f_headers = _rt.dec_headers(buf, pos, end, "Frame.headers")
         pos = end
     else:
-        header_length = 0
-        headers = ()
-    end = pos + payload_length
+        f_header_length = 0
+        f_headers = ()
+    end = pos + f_payload_length
     if end > size:
         raise _rt.truncated("Frame.payload")
-    payload = buf[pos:end]
+    f_payload = buf[pos:end]
     pos = end
     if size != pos:
         raise DecodeError("Frame: trailing octets after the last field")
     state = {
-        "first_acquirer": first_acquirer,
-        "high_priority": high_priority,
-        "message_type": message_type,
-        "pending_response": pending_response,
-        "pending_ack": pending_ack,
-        "ttl": ttl,
-        "content_type": content_type,
-        "message_id": message_id,
-        "source": source,
-        "target": target,
-        "headers": headers,
-        "payload": payload,
+        "first_acquirer": f_first_acquirer,
+        "high_priority": f_high_priority,
+        "message_type": f_message_type,
+        "pending_response": f_pending_response,
+        "pending_ack": f_pending_ack,
+        "ttl": f_ttl,
+        "content_type": f_content_type,
+        "message_id": f_message_id,
+        "source": f_source,
+        "target": f_target,
+        "headers": f_headers,
+        "payload": f_payload,
     }
     m = _new(Frame)
-    _set(m, "__dict__", state)
+    _set_state(m, state)
     return m
+
+
+def _decode_frame_fast(buf: bytes) -> Frame | None:
+    """Frame in its simplest shape, else None (the general decoder decides)."""
+    size = len(buf)
+    if size < 8 or buf[7] > 252:
+        return None
+    (
+        bits_flags,
+        bits_options,
+        f_id_length,
+        f_source_length,
+        f_target_length,
+        f_content_type,
+        f_payload_length,
+    ) = _LE_BBBBBHB.unpack_from(buf)
+    e_message_id = 8 + f_id_length
+    e_source = e_message_id + f_source_length
+    e_target = e_source + f_target_length
+    e_payload = e_target + f_payload_length
+    if bits_options & 32 or e_payload != size:
+        return None
+    try:
+        f_message_id = buf[8:e_message_id].decode()
+        f_source = buf[e_message_id:e_source].decode()
+        f_target = buf[e_source:e_target].decode()
+    except UnicodeDecodeError:
+        return None
+    f_payload = buf[e_target:e_payload]
+    key = bits_flags << 8 | bits_options
+    base = _BASES_FRAME.get(key)
+    if base is None:
+        base = _base_frame(key)
+    state = base.copy()
+    state["content_type"] = f_content_type
+    state["message_id"] = f_message_id
+    state["source"] = f_source
+    state["target"] = f_target
+    state["payload"] = f_payload
+    m = _new(Frame)
+    _set_state(m, state)
+    return m
+
+
+_BASES_FRAME: dict[int, dict[str, Any]] = {}
+
+
+def _base_frame(key: int) -> dict[str, Any]:
+    """The fields the bits of the head decide, and the absent ones."""
+    bits_flags = key >> 8 & 255
+    bits_options = key & 255
+    base = {
+        "first_acquirer": bits_flags & 128 != 0,
+        "high_priority": bits_flags & 64 != 0,
+        "message_type": bits_flags & 63,
+        "pending_response": bits_options & 128 != 0,
+        "pending_ack": bits_options & 64 != 0,
+        "ttl": bits_options & 31,
+        "content_type": 0,
+        "message_id": "",
+        "source": "",
+        "target": "",
+        "headers": (),
+        "payload": b"",
+    }
+    if len(_BASES_FRAME) < 1024:
+        _BASES_FRAME[key] = base
+    return base
 
 
 _ENCODERS: dict[type, Any] = {
@@ -281,9 +480,10 @@ _ENCODERS: dict[type, Any] = {
 
 def encode(msg: Message) -> list[bytes]:
     """Encode a message into ZeroMQ frames (raises EncodeError if invalid)."""
-    encoder = _ENCODERS.get(type(msg))
-    if encoder is None:
-        raise EncodeError(f"not a {MODEL_NAME} message: {msg!r}")
+    try:
+        encoder = _ENCODERS[type(msg)]
+    except KeyError:
+        raise EncodeError(f"not a {MODEL_NAME} message: {msg!r}") from None
     return encoder(msg)
 
 
@@ -300,11 +500,30 @@ def decode(frames: Any) -> Message:
 
     Raises DecodeError, and nothing else, on malformed input.
     """
+    try:
+        if len(frames) == 1:
+            buf = frames[0]
+            if type(buf) is bytes and len(buf) > 8:
+                msg = _decode_frame_fast(buf)
+                if msg is not None:
+                    return msg
+    except (TypeError, LookupError):
+        pass  # the general decoder says what is wrong
+    return _decode(frames)
+
+
+def _decode(frames: Any) -> Message:
+    """The general decoder: what ``decode`` gives, without its fast paths.
+
+    Raises DecodeError, and nothing else, on malformed input.
+    """
     if not frames:
         raise DecodeError("no frames", signature_ok=False)
     try:
-        buf = _rt.frame_bytes(frames[0])
-    except TypeError:
+        buf = frames[0]
+        if type(buf) is not bytes:
+            buf = _rt.frame_bytes(buf)
+    except (TypeError, LookupError):
         raise DecodeError("not bytes-like", signature_ok=False) from None
     if len(buf) in _LITERAL_SIZES:
         literal = _LITERALS.get(buf)

@@ -42,6 +42,17 @@ __all__ = [
     "Srsly",
     "decode",
     "encode",
+    "encode_cheezburger",
+    "encode_hugz",
+    "encode_hugz_ok",
+    "encode_icanhaz",
+    "encode_icanhaz_ok",
+    "encode_kthxbai",
+    "encode_nom",
+    "encode_ohai",
+    "encode_ohai_ok",
+    "encode_rtfm",
+    "encode_srsly",
 ]
 
 VERSION = 2
@@ -50,7 +61,7 @@ FILE_DELETE = 2
 SIGNATURE = b"\xaa\xa3"
 MODEL_NAME = "fmq_msg_czmq"
 _new = object.__new__
-_set = object.__setattr__
+_set_state = _rt.set_state
 
 _BE_BBBB = struct.Struct(">BBBB")
 _BE_BBBI = struct.Struct(">BBBI")
@@ -89,7 +100,7 @@ class Ohai(_rt.MessageBase):
 
     def __init__(self, protocol: str = "FILEMQ", version: int = 2) -> None:
         state = {"protocol": protocol, "version": version}
-        _set(self, "__dict__", state)
+        _set_state(self, state)
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
@@ -136,7 +147,7 @@ class Icanhaz(_rt.MessageBase):
             "options": dict() if options is None else options,
             "cache": dict() if cache is None else cache,
         }
-        _set(self, "__dict__", state)
+        _set_state(self, state)
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
@@ -174,7 +185,7 @@ class Nom(_rt.MessageBase):
 
     def __init__(self, credit: int = 0, sequence: int = 0) -> None:
         state = {"credit": credit, "sequence": sequence}
-        _set(self, "__dict__", state)
+        _set_state(self, state)
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
@@ -219,7 +230,7 @@ class Cheezburger(_rt.MessageBase):
             "headers": dict() if headers is None else headers,
             "chunk": chunk,
         }
-        _set(self, "__dict__", state)
+        _set_state(self, state)
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
@@ -288,7 +299,7 @@ class Srsly(_rt.MessageBase):
 
     def __init__(self, reason: str = "") -> None:
         state = {"reason": reason}
-        _set(self, "__dict__", state)
+        _set_state(self, state)
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
@@ -307,7 +318,7 @@ class Rtfm(_rt.MessageBase):
 
     def __init__(self, reason: str = "") -> None:
         state = {"reason": reason}
-        _set(self, "__dict__", state)
+        _set_state(self, state)
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
@@ -335,17 +346,17 @@ Message = (
 
 def _encode_ohai(m: Ohai) -> list[bytes]:
     try:
-        v_protocol = m.protocol.encode()
+        _v_protocol = m.protocol.encode()
         if m.protocol != "FILEMQ" or m.version != 2:
             raise _rt.Invalid
-        p = [
-            _BE_BBBB.pack(0xAA, 0xA3, 0x01, len(v_protocol)),
-            v_protocol,
+        _p = [
+            _BE_BBBB.pack(0xAA, 0xA3, 0x01, len(_v_protocol)),
+            _v_protocol,
             _BE_H.pack(m.version),
         ]
-        return [b"".join(p)]
-    except _rt.ENCODE_FAILURES as exc:
-        raise _rt.encode_failure(m, _SPEC_OHAI, exc) from None
+        return [b"".join(_p)]
+    except _rt.ENCODE_FAILURES as _exc:
+        raise _rt.encode_failure(m, _SPEC_OHAI, _exc) from None
 
 
 def _encode_ohai_ok(m: OhaiOk) -> list[bytes]:
@@ -354,16 +365,16 @@ def _encode_ohai_ok(m: OhaiOk) -> list[bytes]:
 
 def _encode_icanhaz(m: Icanhaz) -> list[bytes]:
     try:
-        v_path = m.path.encode()
-        p = [
-            _BE_BBBI.pack(0xAA, 0xA3, 0x05, len(v_path)),
-            v_path,
+        _v_path = m.path.encode()
+        _p = [
+            _BE_BBBI.pack(0xAA, 0xA3, 0x05, len(_v_path)),
+            _v_path,
             _rt.enc_hash(m.options),
             _rt.enc_hash(m.cache),
         ]
-        return [b"".join(p)]
-    except _rt.ENCODE_FAILURES as exc:
-        raise _rt.encode_failure(m, _SPEC_ICANHAZ, exc) from None
+        return [b"".join(_p)]
+    except _rt.ENCODE_FAILURES as _exc:
+        raise _rt.encode_failure(m, _SPEC_ICANHAZ, _exc) from None
 
 
 def _encode_icanhaz_ok(m: IcanhazOk) -> list[bytes]:
@@ -372,26 +383,26 @@ def _encode_icanhaz_ok(m: IcanhazOk) -> list[bytes]:
 
 def _encode_nom(m: Nom) -> list[bytes]:
     try:
-        first = _BE_BBBQQ.pack(0xAA, 0xA3, 0x07, m.credit, m.sequence)
-        return [first]
-    except _rt.ENCODE_FAILURES as exc:
-        raise _rt.encode_failure(m, _SPEC_NOM, exc) from None
+        _first = _BE_BBBQQ.pack(0xAA, 0xA3, 0x07, m.credit, m.sequence)
+        return [_first]
+    except _rt.ENCODE_FAILURES as _exc:
+        raise _rt.encode_failure(m, _SPEC_NOM, _exc) from None
 
 
 def _encode_cheezburger(m: Cheezburger) -> list[bytes]:
     try:
-        v_filename = m.filename.encode()
-        p = [
-            _BE_BBBQBI.pack(0xAA, 0xA3, 0x08, m.sequence, m.operation, len(v_filename)),
-            v_filename,
+        _v_filename = m.filename.encode()
+        _p = [
+            _BE_BBBQBI.pack(0xAA, 0xA3, 0x08, m.sequence, m.operation, len(_v_filename)),
+            _v_filename,
             _BE_QB.pack(m.offset, m.eof),
             _rt.enc_hash(m.headers),
             _BE_I.pack(len(m.chunk)),
             m.chunk,
         ]
-        return [b"".join(p)]
-    except _rt.ENCODE_FAILURES as exc:
-        raise _rt.encode_failure(m, _SPEC_CHEEZBURGER, exc) from None
+        return [b"".join(_p)]
+    except _rt.ENCODE_FAILURES as _exc:
+        raise _rt.encode_failure(m, _SPEC_CHEEZBURGER, _exc) from None
 
 
 def _encode_hugz(m: Hugz) -> list[bytes]:
@@ -408,26 +419,156 @@ def _encode_kthxbai(m: Kthxbai) -> list[bytes]:
 
 def _encode_srsly(m: Srsly) -> list[bytes]:
     try:
-        v_reason = m.reason.encode()
-        p = [
-            _BE_BBBB.pack(0xAA, 0xA3, 0x80, len(v_reason)),
-            v_reason,
+        _v_reason = m.reason.encode()
+        _p = [
+            _BE_BBBB.pack(0xAA, 0xA3, 0x80, len(_v_reason)),
+            _v_reason,
         ]
-        return [b"".join(p)]
-    except _rt.ENCODE_FAILURES as exc:
-        raise _rt.encode_failure(m, _SPEC_SRSLY, exc) from None
+        return [b"".join(_p)]
+    except _rt.ENCODE_FAILURES as _exc:
+        raise _rt.encode_failure(m, _SPEC_SRSLY, _exc) from None
 
 
 def _encode_rtfm(m: Rtfm) -> list[bytes]:
     try:
-        v_reason = m.reason.encode()
-        p = [
-            _BE_BBBB.pack(0xAA, 0xA3, 0x81, len(v_reason)),
-            v_reason,
+        _v_reason = m.reason.encode()
+        _p = [
+            _BE_BBBB.pack(0xAA, 0xA3, 0x81, len(_v_reason)),
+            _v_reason,
         ]
-        return [b"".join(p)]
-    except _rt.ENCODE_FAILURES as exc:
-        raise _rt.encode_failure(m, _SPEC_RTFM, exc) from None
+        return [b"".join(_p)]
+    except _rt.ENCODE_FAILURES as _exc:
+        raise _rt.encode_failure(m, _SPEC_RTFM, _exc) from None
+
+
+def encode_ohai(protocol: str = "FILEMQ", version: int = 2) -> list[bytes]:
+    """``encode(Ohai(...))`` without building the message."""
+    try:
+        _v_protocol = protocol.encode()
+        if protocol != "FILEMQ" or version != 2:
+            raise _rt.Invalid
+        _p = [
+            _BE_BBBB.pack(0xAA, 0xA3, 0x01, len(_v_protocol)),
+            _v_protocol,
+            _BE_H.pack(version),
+        ]
+        return [b"".join(_p)]
+    except _rt.ENCODE_FAILURES as _exc:
+        raise _rt.encode_failure(Ohai(protocol, version), _SPEC_OHAI, _exc) from None
+
+
+def encode_ohai_ok() -> list[bytes]:
+    """``encode(OhaiOk(...))`` without building the message."""
+    return [b"\xaa\xa3\x04"]
+
+
+def encode_icanhaz(
+    path: str = "",
+    options: dict[str, str] | None = None,
+    cache: dict[str, str] | None = None,
+) -> list[bytes]:
+    """``encode(Icanhaz(...))`` without building the message."""
+    if options is None:
+        options = dict()
+    if cache is None:
+        cache = dict()
+    try:
+        _v_path = path.encode()
+        _p = [
+            _BE_BBBI.pack(0xAA, 0xA3, 0x05, len(_v_path)),
+            _v_path,
+            _rt.enc_hash(options),
+            _rt.enc_hash(cache),
+        ]
+        return [b"".join(_p)]
+    except _rt.ENCODE_FAILURES as _exc:
+        raise _rt.encode_failure(Icanhaz(path, options, cache), _SPEC_ICANHAZ, _exc) from None
+
+
+def encode_icanhaz_ok() -> list[bytes]:
+    """``encode(IcanhazOk(...))`` without building the message."""
+    return [b"\xaa\xa3\x06"]
+
+
+def encode_nom(credit: int = 0, sequence: int = 0) -> list[bytes]:
+    """``encode(Nom(...))`` without building the message."""
+    try:
+        _first = _BE_BBBQQ.pack(0xAA, 0xA3, 0x07, credit, sequence)
+        return [_first]
+    except _rt.ENCODE_FAILURES as _exc:
+        raise _rt.encode_failure(Nom(credit, sequence), _SPEC_NOM, _exc) from None
+
+
+def encode_cheezburger(
+    sequence: int = 0,
+    operation: int = 0,
+    filename: str = "",
+    offset: int = 0,
+    eof: int = 0,
+    headers: dict[str, str] | None = None,
+    chunk: bytes = b"",
+) -> list[bytes]:
+    """``encode(Cheezburger(...))`` without building the message."""
+    if headers is None:
+        headers = dict()
+    try:
+        _v_filename = filename.encode()
+        _p = [
+            _BE_BBBQBI.pack(0xAA, 0xA3, 0x08, sequence, operation, len(_v_filename)),
+            _v_filename,
+            _BE_QB.pack(offset, eof),
+            _rt.enc_hash(headers),
+            _BE_I.pack(len(chunk)),
+            chunk,
+        ]
+        return [b"".join(_p)]
+    except _rt.ENCODE_FAILURES as _exc:
+        raise _rt.encode_failure(
+            Cheezburger(sequence, operation, filename, offset, eof, headers, chunk),
+            _SPEC_CHEEZBURGER,
+            _exc,
+        ) from None
+
+
+def encode_hugz() -> list[bytes]:
+    """``encode(Hugz(...))`` without building the message."""
+    return [b"\xaa\xa3\t"]
+
+
+def encode_hugz_ok() -> list[bytes]:
+    """``encode(HugzOk(...))`` without building the message."""
+    return [b"\xaa\xa3\n"]
+
+
+def encode_kthxbai() -> list[bytes]:
+    """``encode(Kthxbai(...))`` without building the message."""
+    return [b"\xaa\xa3\x0b"]
+
+
+def encode_srsly(reason: str = "") -> list[bytes]:
+    """``encode(Srsly(...))`` without building the message."""
+    try:
+        _v_reason = reason.encode()
+        _p = [
+            _BE_BBBB.pack(0xAA, 0xA3, 0x80, len(_v_reason)),
+            _v_reason,
+        ]
+        return [b"".join(_p)]
+    except _rt.ENCODE_FAILURES as _exc:
+        raise _rt.encode_failure(Srsly(reason), _SPEC_SRSLY, _exc) from None
+
+
+def encode_rtfm(reason: str = "") -> list[bytes]:
+    """``encode(Rtfm(...))`` without building the message."""
+    try:
+        _v_reason = reason.encode()
+        _p = [
+            _BE_BBBB.pack(0xAA, 0xA3, 0x81, len(_v_reason)),
+            _v_reason,
+        ]
+        return [b"".join(_p)]
+    except _rt.ENCODE_FAILURES as _exc:
+        raise _rt.encode_failure(Rtfm(reason), _SPEC_RTFM, _exc) from None
 
 
 def _decode_ohai(buf: bytes, frames: Any) -> Ohai:
@@ -438,18 +579,18 @@ def _decode_ohai(buf: bytes, frames: Any) -> Ohai:
     end = pos + 1 + buf[pos]
     if end > size:
         raise _rt.truncated("Ohai.protocol")
-    protocol = buf[pos + 1 : end].decode()
+    f_protocol = buf[pos + 1 : end].decode()
     pos = end
-    if protocol != "FILEMQ":
-        raise DecodeError(f"Ohai.protocol is not its constant, got {protocol!r}")
-    (version,) = _BE_H.unpack_from(buf, pos)
-    if version != 2:
-        raise DecodeError(f"Ohai.version must be 2, not {version}")
+    if f_protocol != "FILEMQ":
+        raise DecodeError(f"Ohai.protocol is not its constant, got {f_protocol!r}")
+    (f_version,) = _BE_H.unpack_from(buf, pos)
+    if f_version != 2:
+        raise DecodeError(f"Ohai.version must be 2, not {f_version}")
     if size != pos + 2:
         raise DecodeError("Ohai: trailing octets after the last field")
-    state = {"protocol": protocol, "version": version}
+    state = {"protocol": f_protocol, "version": f_version}
     m = _new(Ohai)
-    _set(m, "__dict__", state)
+    _set_state(m, state)
     return m
 
 
@@ -469,15 +610,15 @@ def _decode_icanhaz(buf: bytes, frames: Any) -> Icanhaz:
     end = pos + 4 + _U32.unpack_from(buf, pos)[0]
     if end > size:
         raise _rt.truncated("Icanhaz.path")
-    path = buf[pos + 4 : end].decode()
+    f_path = buf[pos + 4 : end].decode()
     pos = end
-    options, pos = _rt.dec_hash(buf, pos, "Icanhaz.options")
-    cache, pos = _rt.dec_hash(buf, pos, "Icanhaz.cache")
+    f_options, pos = _rt.dec_hash(buf, pos, "Icanhaz.options")
+    f_cache, pos = _rt.dec_hash(buf, pos, "Icanhaz.cache")
     if size != pos:
         raise DecodeError("Icanhaz: trailing octets after the last field")
-    state = {"path": path, "options": options, "cache": cache}
+    state = {"path": f_path, "options": f_options, "cache": f_cache}
     m = _new(Icanhaz)
-    _set(m, "__dict__", state)
+    _set_state(m, state)
     return m
 
 
@@ -493,12 +634,12 @@ def _decode_nom(buf: bytes, frames: Any) -> Nom:
     if len(frames) != 1:
         raise DecodeError("Nom: expected 1 frame(s)")
     size = len(buf)
-    (credit, sequence) = _BE_QQ.unpack_from(buf, 3)
+    (f_credit, f_sequence) = _BE_QQ.unpack_from(buf, 3)
     if size != 19:
         raise DecodeError("Nom: trailing octets after the last field")
-    state = {"credit": credit, "sequence": sequence}
+    state = {"credit": f_credit, "sequence": f_sequence}
     m = _new(Nom)
-    _set(m, "__dict__", state)
+    _set_state(m, state)
     return m
 
 
@@ -506,34 +647,34 @@ def _decode_cheezburger(buf: bytes, frames: Any) -> Cheezburger:
     if len(frames) != 1:
         raise DecodeError("Cheezburger: expected 1 frame(s)")
     size = len(buf)
-    (sequence, operation) = _BE_QB.unpack_from(buf, 3)
+    (f_sequence, f_operation) = _BE_QB.unpack_from(buf, 3)
     pos = 12
     end = pos + 4 + _U32.unpack_from(buf, pos)[0]
     if end > size:
         raise _rt.truncated("Cheezburger.filename")
-    filename = buf[pos + 4 : end].decode()
+    f_filename = buf[pos + 4 : end].decode()
     pos = end
-    (offset, eof) = _BE_QB.unpack_from(buf, pos)
+    (f_offset, f_eof) = _BE_QB.unpack_from(buf, pos)
     pos = pos + 9
-    headers, pos = _rt.dec_hash(buf, pos, "Cheezburger.headers")
+    f_headers, pos = _rt.dec_hash(buf, pos, "Cheezburger.headers")
     end = pos + 4 + _U32.unpack_from(buf, pos)[0]
     if end > size:
         raise _rt.truncated("Cheezburger.chunk")
-    chunk = buf[pos + 4 : end]
+    f_chunk = buf[pos + 4 : end]
     pos = end
     if size != pos:
         raise DecodeError("Cheezburger: trailing octets after the last field")
     state = {
-        "sequence": sequence,
-        "operation": operation,
-        "filename": filename,
-        "offset": offset,
-        "eof": eof,
-        "headers": headers,
-        "chunk": chunk,
+        "sequence": f_sequence,
+        "operation": f_operation,
+        "filename": f_filename,
+        "offset": f_offset,
+        "eof": f_eof,
+        "headers": f_headers,
+        "chunk": f_chunk,
     }
     m = _new(Cheezburger)
-    _set(m, "__dict__", state)
+    _set_state(m, state)
     return m
 
 
@@ -569,13 +710,13 @@ def _decode_srsly(buf: bytes, frames: Any) -> Srsly:
     end = pos + 1 + buf[pos]
     if end > size:
         raise _rt.truncated("Srsly.reason")
-    reason = buf[pos + 1 : end].decode()
+    f_reason = buf[pos + 1 : end].decode()
     pos = end
     if size != pos:
         raise DecodeError("Srsly: trailing octets after the last field")
-    state = {"reason": reason}
+    state = {"reason": f_reason}
     m = _new(Srsly)
-    _set(m, "__dict__", state)
+    _set_state(m, state)
     return m
 
 
@@ -587,13 +728,13 @@ def _decode_rtfm(buf: bytes, frames: Any) -> Rtfm:
     end = pos + 1 + buf[pos]
     if end > size:
         raise _rt.truncated("Rtfm.reason")
-    reason = buf[pos + 1 : end].decode()
+    f_reason = buf[pos + 1 : end].decode()
     pos = end
     if size != pos:
         raise DecodeError("Rtfm: trailing octets after the last field")
-    state = {"reason": reason}
+    state = {"reason": f_reason}
     m = _new(Rtfm)
-    _set(m, "__dict__", state)
+    _set_state(m, state)
     return m
 
 
@@ -614,25 +755,31 @@ _ENCODERS: dict[type, Any] = {
 
 def encode(msg: Message) -> list[bytes]:
     """Encode a message into ZeroMQ frames (raises EncodeError if invalid)."""
-    encoder = _ENCODERS.get(type(msg))
-    if encoder is None:
-        raise EncodeError(f"not a {MODEL_NAME} message: {msg!r}")
+    try:
+        encoder = _ENCODERS[type(msg)]
+    except KeyError:
+        raise EncodeError(f"not a {MODEL_NAME} message: {msg!r}") from None
     return encoder(msg)
 
 
-_DECODERS: dict[int, Any] = {
-    1: _decode_ohai,
-    4: _decode_ohai_ok,
-    5: _decode_icanhaz,
-    6: _decode_icanhaz_ok,
-    7: _decode_nom,
-    8: _decode_cheezburger,
-    9: _decode_hugz,
-    10: _decode_hugz_ok,
-    11: _decode_kthxbai,
-    128: _decode_srsly,
-    129: _decode_rtfm,
-}
+_DECODERS: tuple[Any, ...] = tuple(
+    map(
+        {
+            1: _decode_ohai,
+            4: _decode_ohai_ok,
+            5: _decode_icanhaz,
+            6: _decode_icanhaz_ok,
+            7: _decode_nom,
+            8: _decode_cheezburger,
+            9: _decode_hugz,
+            10: _decode_hugz_ok,
+            11: _decode_kthxbai,
+            128: _decode_srsly,
+            129: _decode_rtfm,
+        }.get,
+        range(256),
+    )
+)
 
 
 def decode(frames: Any) -> Message:
@@ -643,12 +790,14 @@ def decode(frames: Any) -> Message:
     if not frames:
         raise DecodeError("no frames", signature_ok=False)
     try:
-        buf = _rt.frame_bytes(frames[0])
-    except TypeError:
+        buf = frames[0]
+        if type(buf) is not bytes:
+            buf = _rt.frame_bytes(buf)
+    except (TypeError, LookupError):
         raise DecodeError("not bytes-like", signature_ok=False) from None
     if len(buf) < 3 or buf[0] != 170 or buf[1] != 163:
         raise DecodeError("bad signature", signature_ok=False)
-    decoder = _DECODERS.get(buf[2])
+    decoder = _DECODERS[buf[2]]
     if decoder is None:
         raise DecodeError(f"unknown message id {buf[2]}", message_id=buf[2])
     try:

@@ -33,9 +33,10 @@ def default_source(fld: Field) -> str:
     fixed = fld.value if fld.value is not None else fld.default
     if fixed is not None:
         return repr(int(fixed, 0)) if fld.type == "number" else lit(fixed)
+    if fld.type == "octets":
+        return lit(bytes(int(fld.size or 0))) if fld.length_ref is None else 'b""'
     return {
         "number": "0",
-        "octets": lit(bytes(int(fld.size or 0))) if fld.length_ref is None else 'b""',
         "chunk": 'b""',
         "frame": 'b""',
         "string": '""',

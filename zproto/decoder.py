@@ -9,8 +9,48 @@ failure into ``DecodeError``.
 from __future__ import annotations
 
 from zproto.attrs import attributes, attrs_of, plain_default
-from zproto.model import VARLEN, Field, Message, Optional, Protocol
-from zproto.pysource import LINE_LENGTH, ORDER_PREFIX, STRUCT_CHAR, Source, StructNames, lit
+from zproto.model import VARLEN, Field, Message, Optional, Protocol, to_const_name
+from zproto.pysource import (
+    LINE_LENGTH,
+    ORDER_PREFIX,
+    STRUCT_CHAR,
+    Source,
+    StructNames,
+    group_checks,
+    lit,
+)
+from zproto.shape import Plan
+
+
+def build(src: Source, cname: str, entries: list[tuple[str, str]]) -> None:
+    """Return a new ``cname`` holding ``entries`` (attribute, expression), in order.
+
+    The values become the instance ``__dict__`` in one step (one dict display), as the
+    generated ``__init__`` does.  Filling ``m.__dict__`` key by key would cost as much
+    but leave a split dict, whose attributes CPython 3.11 then reads twice as slowly.
+    """
+    src.wrapped("state = {", [f'"{ident}": {expr}' for ident, expr in entries], "}")
+    src(f"m = _new({cname})")
+    src("_set_state(m, state)")
+    src("return m")
+
+
+def bit_values(fld: Field, raw: str) -> dict[str, str]:
+    """Expressions of the named bit groups of ``fld`` (not the derived ones) over ``raw``."""
+    out: dict[str, str] = {}
+    shift = int(fld.size or 1) * 8
+    for bit in fld.bits:
+        shift -= bit.width
+        mask = (1 << bit.width) - 1
+        if bit.derived:
+            continue
+        if bit.width == 1 and bit.value is None:
+            out[bit.ident] = f"{raw} & {1 << shift} != 0"
+        elif shift:
+            out[bit.ident] = f"{raw} >> {shift} & {mask}"
+        else:
+            out[bit.ident] = f"{raw} & {mask}"
+    return out
 
 
 class DecoderWriter:
@@ -41,7 +81,7 @@ class DecoderWriter:
             if isinstance(item, Optional):
                 self._ctx.flush()
                 self._ctx.materialize()
-                src(f"if {item.flag}:")
+                src(f"if f_{item.flag}:")
                 src.indent()
                 for fld in item.fields:
                     frame_index = self._decode_field(fld, frame_index)
@@ -52,9 +92,9 @@ class DecoderWriter:
                 src.indent()
                 for fld in item.fields:
                     for attr in attrs_of(fld):
-                        src(f"{attr.ident} = {plain_default(attr.default)}")
+                        src(f"f_{attr.ident} = {plain_default(attr.default)}")
                     if fld.derived:
-                        src(f"{fld.ident} = 0")
+                        src(f"f_{fld.ident} = 0")
                 src.dedent()
             else:
                 frame_index = self._decode_field(item, frame_index)
@@ -68,10 +108,7 @@ class DecoderWriter:
             src(f'    raise DecodeError("{cname}: trailing octets after the message id")')
         attrs = attributes(msg)
         if attrs:
-            src.wrapped("state = {", [f'"{a.ident}": {a.ident}' for a in attrs], "}")
-            src(f"m = _new({cname})")
-            src('_set(m, "__dict__", state)')
-            src("return m")
+            build(src, cname, [(a.ident, f"f_{a.ident}") for a in attrs])
         else:
             src(f"return {cname}()")
         src.dedent()
@@ -80,7 +117,7 @@ class DecoderWriter:
 
     def _decode_field(self, fld: Field, frame_index: int) -> int:
         ctx, src = self._ctx, self._ctx.src
-        ident, what = fld.ident, f"{self._ctx.cname}.{fld.ident}"
+        ident, what = f"f_{fld.ident}", f"{self._ctx.cname}.{fld.ident}"
         if fld.type == "number":
             if fld.size == VARLEN:
                 ctx.flush()
@@ -97,21 +134,22 @@ class DecoderWriter:
                 )
         elif fld.type == "bits":
             size = int(fld.size or 1)
-            raw = f"bits_{ident}"
+            raw = f"bits_{fld.ident}"
             ctx.add(raw, STRUCT_CHAR[size], size, fld.byteorder if size > 1 else None)
             shift = size * 8
             for bit in fld.bits:
                 shift -= bit.width
                 mask = (1 << bit.width) - 1
+                target = f"f_{bit.ident}"
                 if bit.width == 1 and bit.value is None:
-                    ctx.after(f"{bit.ident} = {raw} & {1 << shift} != 0")
+                    ctx.after(f"{target} = {raw} & {1 << shift} != 0")
                 elif shift:
-                    ctx.after(f"{bit.ident} = {raw} >> {shift} & {mask}")
+                    ctx.after(f"{target} = {raw} >> {shift} & {mask}")
                 else:
-                    ctx.after(f"{bit.ident} = {raw} & {mask}")
+                    ctx.after(f"{target} = {raw} & {mask}")
                 if bit.value is not None:
                     ctx.after(
-                        f"if {bit.ident} != {bit.value}:",
+                        f"if {target} != {bit.value}:",
                         f'    raise DecodeError("{self._ctx.cname}.{bit.ident} must be '
                         f'{bit.value}")',
                     )
@@ -119,14 +157,14 @@ class DecoderWriter:
             size = int(fld.size or 0)
             ctx.add(ident, f"{size}s", size, None)
         elif fld.type == "uuid":
-            ctx.add(f"raw_{ident}", "16s", 16, None)
-            ctx.after(f"{ident} = uuid.UUID(bytes=raw_{ident})")
+            ctx.add(f"raw_{fld.ident}", "16s", 16, None)
+            ctx.after(f"{ident} = uuid.UUID(bytes=raw_{fld.ident})")
         elif fld.type in ("string", "longstr", "chunk", "octets", "headers"):
             ctx.flush()
             ctx.materialize()
             decode = ".decode()" if fld.type in ("string", "longstr") else ""
             if fld.length_ref is not None:
-                src(f"end = pos + {fld.length_ref}")
+                src(f"end = pos + f_{fld.length_ref}")
                 body = "pos"
             elif fld.type == "string":
                 src("end = pos + 1 + buf[pos]")
@@ -200,17 +238,8 @@ class _DecodeCtx:
     def flush(self) -> None:
         if self.run:
             fmt = ORDER_PREFIX[self.run_order or "big"] + "".join(c for _, c in self.run)
-            targets = ", ".join(t for t, _ in self.run)
-            if len(self.run) == 1:
-                targets += ","
             call = f"{self.structs.name(fmt)}.unpack_from(buf, {self.position()})"
-            line = f"({targets}) = {call}"
-            if len(line) + 4 * self.src.level <= LINE_LENGTH:
-                self.src(line)
-            else:
-                self.src(f"({targets}) = (")
-                self.src(f"    {call}")
-                self.src(")")
+            self.src.unpack([t for t, _ in self.run], call)
             self.offset += self.run_size
             self.run, self.run_size, self.run_order = [], 0, None
         for line in self.pending:
@@ -221,3 +250,148 @@ class _DecodeCtx:
         if self.base is None or self.offset:
             self.src(f"pos = {self.position()}")
         self.base, self.offset = "pos", 0
+
+
+# ---------------------------------------------------------------------------
+# the simplest shape of a binary frame
+
+
+class FastDecoderWriter:
+    """Writes ``_decode_<message>_fast(buf)``: the simplest shape of a binary message
+    decoded with one ``struct`` and one length check, or None (the general decoder then
+    decides, errors included)."""
+
+    def __init__(self, structs: StructNames) -> None:
+        self.structs = structs
+
+    def write(self, src: Source, msg: Message, plan: Plan) -> None:
+        cname, ident = msg.class_name, msg.ident
+        attrs = attributes(msg)
+        struct_name = self.structs.name(plan.format())
+        absent = {a.ident for f in plan.absent for a in attrs_of(f)}
+        src(f"def _decode_{ident}_fast(buf: bytes) -> {cname} | None:")
+        src.indent()
+        src(f'"""{cname} in its simplest shape, else None (the general decoder decides)."""')
+        src("size = len(buf)")
+        tests = [f"size < {plan.head_size}"]
+        tests += [f"buf[{offset}] > 252" for offset in plan.short_lengths]
+        src(f"if {' or '.join(tests)}:")
+        src("    return None")
+        src.unpack([t for t, _, _ in plan.head], f"{struct_name}.unpack_from(buf)")
+        checks = [f"{raw} & {mask}" for raw, mask in plan.clear_flags]
+        checks += [f"{expr} != {value}" for expr, value in plan.constants]
+        ends: list[str] = []
+        position = str(plan.head_size)
+        for fld in plan.tail:
+            src(f"e_{fld.ident} = {position} + f_{fld.length_ref}")
+            position = f"e_{fld.ident}"
+            ends.append(position)
+        checks.append(f"{position} != size")
+        for group in group_checks(checks, LINE_LENGTH - 4 * src.level - 4):
+            src(f"if {group}:")
+            src("    return None")
+        strings = [f for f in plan.tail if f.type == "string"]
+        if strings:
+            src("try:")
+            src.indent()
+        start = str(plan.head_size)
+        for fld, end in zip(plan.tail, ends, strict=True):
+            if fld.type == "string":
+                src(f"f_{fld.ident} = buf[{start}:{end}].decode()")
+            start = end
+        if strings:
+            src.dedent()
+            src("except UnicodeDecodeError:")
+            src("    return None")
+        start = str(plan.head_size)
+        for fld, end in zip(plan.tail, ends, strict=True):
+            if fld.type == "octets":
+                src(f"f_{fld.ident} = buf[{start}:{end}]")
+            start = end
+        values: dict[str, str] = {}
+        for fld in plan.bits:
+            values.update(bit_values(fld, f"bits_{fld.ident}"))
+        if not values:
+            entries = []
+            for attr in attrs:
+                if attr.ident in absent:
+                    entries.append((attr.ident, plain_default(attr.default)))
+                else:
+                    entries.append((attr.ident, f"f_{attr.ident}"))
+            build(src, cname, entries)
+        else:
+            # the bits of the head and the absent fields: a remembered base state
+            const = to_const_name(msg.name)
+            src(f"key = {self._key(plan)}")
+            src(f"base = _BASES_{const}.get(key)")
+            src("if base is None:")
+            src(f"    base = _base_{ident}(key)")
+            src("state = base.copy()")
+            for attr in attrs:
+                if attr.ident not in values and attr.ident not in absent:
+                    src(f'state["{attr.ident}"] = f_{attr.ident}')
+            src(f"m = _new({cname})")
+            src("_set_state(m, state)")
+            src("return m")
+        src.dedent()
+        src()
+        src()
+        if values:
+            self._base(src, msg, plan, values, absent)
+
+    @staticmethod
+    def _key(plan: Plan) -> str:
+        """One int from the raw bits fields of the head."""
+        parts = []
+        shift = 0
+        for fld in reversed(plan.bits):
+            parts.append(f"bits_{fld.ident} << {shift}" if shift else f"bits_{fld.ident}")
+            shift += int(fld.size or 1) * 8
+        return " | ".join(reversed(parts))
+
+    def _base(
+        self, src: Source, msg: Message, plan: Plan, values: dict[str, str], absent: set[str]
+    ) -> None:
+        """``_base_<message>(key)``: the state that frames whose head bits are ``key``
+        start from; at most ``BASES_LIMIT`` of them are remembered (a few are common)."""
+        const = to_const_name(msg.name)
+        mutable = [
+            a.ident
+            for a in attributes(msg)
+            if a.ident in absent and a.default.startswith("field(")
+        ]
+        src(f"_BASES_{const}: dict[int, dict[str, Any]] = {{}}")
+        src()
+        src()
+        src(f"def _base_{msg.ident}(key: int) -> dict[str, Any]:")
+        src.indent()
+        src('"""The fields the bits of the head decide, and the absent ones."""')
+        shift = sum(int(f.size or 1) * 8 for f in plan.bits)
+        for fld in plan.bits:
+            size = int(fld.size or 1) * 8
+            shift -= size
+            mask = (1 << size) - 1
+            src(
+                f"bits_{fld.ident} = key >> {shift} & {mask}"
+                if shift
+                else f"bits_{fld.ident} = key & {mask}"
+            )
+        entries = []
+        for attr in attributes(msg):
+            if attr.ident in values:
+                entries.append(f'"{attr.ident}": {values[attr.ident]}')
+            else:  # a placeholder (overwritten) or an absent field
+                entries.append(f'"{attr.ident}": {plain_default(attr.default)}')
+        src.wrapped("base = {", entries, "}")
+        if not mutable:
+            src(f"if len(_BASES_{const}) < {BASES_LIMIT}:")
+            src(f"    _BASES_{const}[key] = base")
+        # else: a fresh list/dict default per message, never shared: not remembered
+        src("return base")
+        src.dedent()
+        src()
+        src()
+
+
+#: Most base states remembered per message (distinct values of the head's bits).
+BASES_LIMIT = 1024

@@ -1,16 +1,31 @@
-"""Emit the encoder of one message: a fast path plus a validator on failure.
+"""Emit the encoders of one message: a fast path plus a validator on failure.
 
-Fixed-size fields merge into one ``struct`` pack per run; strings are encoded
-once up front (their lengths feed length fields); optional sections are appended
-when their flag is set.  Any exception on the fast path hands the message to
-``zproto.runtime.encode_failure``, which names the offending field.
+Each message gets two encoders built from one template:
+
+* ``_encode_<message>(m)`` encodes a message object (what ``encode()`` calls);
+* ``encode_<message>(field=..., ...)`` encodes the same message from its field values
+  without building the object (the hot path of a sender; same signature and defaults
+  as the class, same octets and the same ``EncodeError`` as ``encode(Class(...))``).
+
+Fixed-size fields merge into one ``struct`` pack per run; strings are encoded once up
+front (their lengths feed length fields); an optional section is prepared and appended
+only when its flag is set; a one-octet variable length is a table look-up.  Any
+exception on the fast path hands the message to ``zproto.runtime.encode_failure``,
+which names the offending field.
+
+Local names: every name the template makes up starts with ``_`` followed by a letter,
+which no field identifier can (``to_ident`` only makes ``_<digit>...``), so a field may
+be called ``p``, ``first`` or ``exc``.  Field values of the keyword encoder are its
+parameters: one that shadows a builtin the template calls makes the keyword encoder
+build the object and encode that instead (correct, only slower).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from zproto.attrs import default_source
+from zproto.attrs import attributes, default_source, plain_default
 from zproto.model import VARLEN, Field, Message, Optional, Protocol, to_const_name
 from zproto.pysource import (
     LINE_LENGTH,
@@ -22,6 +37,10 @@ from zproto.pysource import (
     group_checks,
     lit,
 )
+from zproto.shape import Plan, plan_fast
+
+#: Builtins the encoder template calls: a parameter with one of these names would hide it.
+_BUILTINS_USED = frozenset({"len", "bool", "any"})
 
 
 @dataclass
@@ -73,116 +92,253 @@ def _emit(src: Source, before: str, operand: _Operand, after: str) -> None:
         src.wrapped(before + expr + "(", args, ")" + after)
 
 
-class EncoderWriter:
-    """Writes ``_encode_<message>`` functions into a module being generated."""
+@dataclass
+class _Section:
+    """The items of the frame guarded by one flag (None: always present).
 
-    def __init__(self, proto: Protocol, structs: StructNames) -> None:
+    ``late`` lines run after ``prep``: variable lengths of fields prepared there.
+    """
+
+    flag: str | None
+    prep: list[str]
+    items: list[_Item]
+    late: list[str]
+
+
+class EncoderWriter:
+    """Writes ``_encode_<message>`` and ``encode_<message>`` into a generated module."""
+
+    def __init__(self, proto: Protocol, structs: StructNames, *, fast: bool = True) -> None:
         self.proto = proto
         self.structs = structs
         self.classic = proto.dialect == "classic"
+        self.fast = fast
+        #: modules-level helpers the generated code needs (name -> definition)
+        self.helpers: dict[str, str] = {}
+
+    # -- the two entry points ----------------------------------------------
 
     def write(self, src: Source, msg: Message) -> None:
-        cname, const = msg.class_name, to_const_name(msg.name)
-        src(f"def _encode_{msg.ident}(m: {cname}) -> list[bytes]:")
+        """``_encode_<message>(m)``: encode a message object."""
+        src(f"def _encode_{msg.ident}(m: {msg.class_name}) -> list[bytes]:")
         src.indent()
+        self._body(src, msg, lambda ident: f"m.{ident}", "m")
+        src.dedent()
+        src()
+        src()
+
+    def write_fields(self, src: Source, msg: Message) -> None:
+        """``encode_<message>(...)``: encode from field values, no object built."""
+        attrs = attributes(msg)
+        params = []
+        fresh: list[str] = []
+        for attr in attrs:
+            if attr.default.startswith("field(default_factory="):
+                params.append(f"{attr.ident}: {attr.pytype} | None = None")
+                fresh.append(attr.ident)
+            else:
+                params.append(f"{attr.ident}: {attr.pytype} = {attr.default}")
+        if params:
+            src.wrapped(f"def encode_{msg.ident}(", params, ") -> list[bytes]:")
+        else:
+            src(f"def encode_{msg.ident}() -> list[bytes]:")
+        src.indent()
+        src(f'"""``encode({msg.class_name}(...))`` without building the message."""')
+        build = f"{msg.class_name}({', '.join(a.ident for a in attrs)})"
+        if any(a.ident in _BUILTINS_USED for a in attrs):
+            one = f"return _encode_{msg.ident}({build})"
+            if len(one) + 4 * src.level <= LINE_LENGTH:
+                src(one)
+            else:
+                src(f"return _encode_{msg.ident}(")
+                src.indent()
+                src.wrapped(f"{msg.class_name}(", [a.ident for a in attrs], ")")
+                src.dedent()
+                src(")")
+        else:
+            for ident in fresh:
+                default = next(a.default for a in attrs if a.ident == ident)
+                src(f"if {ident} is None:")
+                src(f"    {ident} = {plain_default(default)}")
+            self._body(src, msg, lambda ident: ident, build)
+        src.dedent()
+        src()
+        src()
+
+    # -- the shared template -----------------------------------------------
+
+    def _body(self, src: Source, msg: Message, value: Callable[[str], str], obj: str) -> None:
+        """Statements encoding ``msg`` whose field ``x`` is the expression ``value(x)``;
+        ``obj`` is the message object handed to the validator on failure."""
+        const = to_const_name(msg.name)
         if msg.literal is not None:
             src(f"return [{lit(msg.literal)}]")
-            src.dedent()
-            src()
-            src()
             return
         if not msg.fields:
             src(f"return [{lit(self.proto.signature_bytes + bytes((msg.id or 0,)))}]")
-            src.dedent()
-            src()
-            src()
             return
+        self.value = value
+        self.varlens = 0
+        self.flags: list[str] = []  # optional sections' flags
+        self.short: list[str] = []  # "the variable length takes one octet" conditions
+        self.head_expr: dict[str, str] = {}  # fast head target -> value to pack
         src("try:")
         src.indent()
         prep: list[str] = []
         checks: list[str] = []
-        sections: list[tuple[str | None, list[_Item]]] = [(None, [])]
+        late: list[str] = []
+        sections = [_Section(None, prep, [], late)]
         frames: list[str] = []
         if self.classic:
             sig = self.proto.signature_bytes
-            for value in (sig[0], sig[1], msg.id or 0):
-                sections[0][1].append(_Item("struct", f"0x{value:02X}", "B"))
+            for octet in (sig[0], sig[1], msg.id or 0):
+                sections[0].items.append(_Item("struct", f"0x{octet:02X}", "B"))
         length_of: dict[str, str] = {}  # derived length field -> expression
         for fld in msg.fields:
             if fld.length_ref is not None:
-                length_of[fld.length_ref] = f"len(v_{fld.ident})"
+                length_of[fld.length_ref] = f"len(_v_{fld.ident})"
         for item in msg.items:  # flags first: the bit fields holding them come earlier
             if isinstance(item, Optional):
-                present = " or ".join(self._nonempty(f) for f in item.fields if not f.derived)
-                prep.append(f"{item.flag} = bool({present})")
+                present = [f for f in item.fields if not f.derived]
+                test = " or ".join(self._nonempty(f) for f in present)
+                if len(present) != 1 or present[0].type == "bits":
+                    test = f"bool({test})"  # a single comparison is a bool already
+                prep.append(f"_f_{item.flag} = {test}")
         for item in msg.items:
             if isinstance(item, Optional):
-                sections.append((item.flag, []))
+                section = _Section(f"_f_{item.flag}", [], [], [])
+                self.flags.append(section.flag or "")
+                sections.append(section)
                 for fld in item.fields:
-                    self._encode_field(fld, prep, checks, sections[-1][1], frames, length_of)
-                sections.append((None, []))
+                    self._field(fld, section, checks, frames, length_of)
+                sections.append(_Section(None, prep, [], late))
             else:
-                self._encode_field(item, prep, checks, sections[-1][1], frames, length_of)
-        for line in prep:
+                self._field(item, sections[-1], checks, frames, length_of)
+        for line in prep + late:
             src(line)
         for group in group_checks(checks, LINE_LENGTH - 4 * src.level - 4):
             src(f"if {group}:")
             src("    raise _rt.Invalid")
-        head = _merge(sections[0][1], self.structs)
+        plan = plan_fast(msg) if self.fast and not self.classic else None
+        if plan is not None:
+            self._simplest(src, plan)
+        head = _merge(sections[0].items, self.structs)
         if len(sections) == 1 and len(head) == 1 and head[0][1] is not None:
-            first = "first"
-            _emit(src, "first = ", head[0], "")
+            first = "_first"
+            _emit(src, "_first = ", head[0], "")
         else:
-            src("p = [")
+            src("_p = [")
             src.indent()
             for operand in head:
                 _emit(src, "", operand, ",")
             src.dedent()
             src("]")
-            for cond, items in sections[1:]:
-                operands = _merge(items, self.structs)
+            for section in sections[1:]:
+                operands = _merge(section.items, self.structs)
                 if not operands:
                     continue
-                if cond is not None:
-                    src(f"if {cond}:")
+                if section.flag is not None:
+                    src(f"if {section.flag}:")
                     src.indent()
+                if section.flag is not None:
+                    for line in section.prep + section.late:
+                        src(line)
                 for operand in operands:
-                    _emit(src, "p.append(", operand, ")")
-                if cond is not None:
+                    _emit(src, "_p.append(", operand, ")")
+                if section.flag is not None:
                     src.dedent()
-            first = 'b"".join(p)'
+            first = 'b"".join(_p)'
         src.wrapped("return [", [first, *frames], "]")
         src.dedent()
-        src("except _rt.ENCODE_FAILURES as exc:")
-        src(f"    raise _rt.encode_failure(m, _SPEC_{const}, exc) from None")
+        src("except _rt.ENCODE_FAILURES as _exc:")
+        src.indent()
+        args = [obj, f"_SPEC_{const}", "_exc"]
+        one = f"raise _rt.encode_failure({', '.join(args)}) from None"
+        if len(one) + 4 * src.level <= LINE_LENGTH:
+            src(one)
+        else:
+            src("raise _rt.encode_failure(")
+            src.indent()
+            callee, _, rest = obj.partition("(")
+            if "(" in obj and len(obj) + 1 + 4 * src.level > LINE_LENGTH:
+                src.wrapped(callee + "(", rest[:-1].split(", "), "),")
+            else:
+                src(obj + ",")
+            src(f"_SPEC_{const},")
+            src("_exc,")
+            src.dedent()
+            src(") from None")
         src.dedent()
-        src()
-        src()
 
-    @staticmethod
-    def _nonempty(fld: Field) -> str:
+    def _simplest(self, src: Source, plan: Plan) -> None:
+        """The message in its simplest shape (no optional section, one-octet variable
+        lengths): one ``struct`` for the head, as the fast decoder reads it."""
+        tests = [f"not {flag}" for flag in self.flags]
+        tests += self.short
+        args = [self.head_expr[target] for target, _, _ in plan.head]
+        name = self.structs.name(plan.format())
+        parts = [f"{name}.pack(__ARGS__)"] + [f"_v_{f.ident}" for f in plan.tail]
+        src(f"if {' and '.join(tests)}:")
+        src.indent()
+        one = f'return [b"".join(({", ".join(parts)}))]'.replace("__ARGS__", ", ".join(args))
+        if len(one) + 4 * src.level <= LINE_LENGTH:
+            src(one)
+        else:
+            src("return [")
+            src.indent()
+            src('b"".join(')
+            src.indent()
+            src("(")
+            src.indent()
+            src.wrapped(f"{name}.pack(", args, "),")
+            for part in parts[1:]:
+                src(f"{part},")
+            src.dedent()
+            src(")")
+            src.dedent()
+            src(")")
+            src.dedent()
+            src("]")
+        src.dedent()
+
+    def _nonempty(self, fld: Field) -> str:
+        """A condition true when an optional field holds something to send."""
+        attr = self.value(fld.ident)
         if fld.type == "bits":
-            parts = [f"m.{b.ident}" for b in fld.bits if not b.derived and b.value is None]
+            parts = [self.value(b.ident) for b in fld.bits if not b.derived and b.value is None]
             return " or ".join(parts) or "False"
         if fld.type in ("number",):
-            return f"m.{fld.ident} != {default_source(fld)}"
+            return f"{attr} != {default_source(fld)}"
         if fld.type == "uuid":
-            return f"m.{fld.ident} != _NIL_UUID"
+            return f"{attr} != _NIL_UUID"
         if fld.type == "octets" and fld.length_ref is None:
-            return f"any(m.{fld.ident})"
-        return f"len(m.{fld.ident}) > 0"
+            return f"any({attr})"
+        return f"len({attr}) > 0"
 
-    def _encode_field(
+    def _varlen(self, section: _Section, expr: str, order: str, derived: bool) -> str:
+        """One octet below 253 (a table look-up), else the runtime's long forms.
+
+        The value is computed once, after the fields it may measure were prepared.
+        """
+        self.helpers["_OCTET"] = "_rt.OCTET"
+        name = f"_n{self.varlens}"
+        self.varlens += 1
+        section.late.append(f"{name} = {expr}")
+        low = f"{name} < 253" if derived else f"0 <= {name} < 253"
+        self.short.append(low)
+        return f"_OCTET[{name}] if {low} else _rt.enc_varlen({name}, {lit(order)})"
+
+    def _field(
         self,
         fld: Field,
-        prep: list[str],
+        section: _Section,
         checks: list[str],
-        items: list[_Item],
         frames: list[str],
         length_of: dict[str, str],
     ) -> None:
+        prep, items = section.prep, section.items
         ident, order = fld.ident, fld.byteorder
-        attr = f"m.{ident}"
+        attr = self.value(ident)
         if fld.type == "number":
             if fld.derived:
                 expr = length_of[ident]
@@ -192,41 +348,48 @@ class EncoderWriter:
             else:
                 expr = attr
             if fld.size == VARLEN:
-                items.append(_Item("bytes", f"_rt.enc_varlen({expr}, {lit(order)})"))
+                items.append(_Item("bytes", self._varlen(section, expr, order, fld.derived)))
+                self.head_expr[f"f_{ident}"] = f"_n{self.varlens - 1}"
             else:
+                self.head_expr[f"f_{ident}"] = expr
                 size = int(fld.size or 1)
                 items.append(_Item("struct", expr, STRUCT_CHAR[size], order if size > 1 else None))
         elif fld.type == "bits":
             total = int(fld.size or 1) * 8
             shift = total
             parts: list[str] = []
+            by_width: dict[int, list[str]] = {}
             for bit in fld.bits:
                 shift -= bit.width
                 if bit.derived:
-                    source = bit.ident  # flag computed in prep (a bool)
+                    source = f"_f_{bit.ident}"  # flag computed in prep (a bool)
                 else:
-                    source = f"m.{bit.ident}"
+                    source = self.value(bit.ident)
                     if bit.value is not None:
                         checks.append(f"{source} != {bit.value}")
                     else:
-                        # nonzero when negative or too wide; also rejects 2 for a bool bit
-                        checks.append(f"{source} >> {bit.width}")
+                        by_width.setdefault(bit.width, []).append(source)
                 parts.append(f"{source} << {shift}" if shift else source)
+            # nonzero when a value is negative or too wide (also rejects 2 for a bool bit)
+            for width, sources in by_width.items():
+                joined = sources[0] if len(sources) == 1 else f"({' | '.join(sources)})"
+                checks.append(f"{joined} >> {width}")
             size = int(fld.size or 1)
-            prep.extend(assign(f"b_{ident}", parts, " | ", LINE_LENGTH - 8))
+            self.head_expr[f"bits_{ident}"] = f"_b_{ident}"
+            prep.extend(assign(f"_b_{ident}", parts, " | ", LINE_LENGTH - 8))
             items.append(
-                _Item("struct", f"b_{ident}", STRUCT_CHAR[size], order if size > 1 else None)
+                _Item("struct", f"_b_{ident}", STRUCT_CHAR[size], order if size > 1 else None)
             )
         elif fld.type in ("string", "longstr"):
-            prep.append(f"v_{ident} = {attr}.encode()")
+            prep.append(f"_v_{ident} = {attr}.encode()")
             if fld.value is not None:
                 checks.append(f"{attr} != {lit(fld.value)}")
             if fld.length_ref is None:
                 char = "B" if fld.type == "string" else "I"
                 items.append(
-                    _Item("struct", f"len(v_{ident})", char, "big" if char == "I" else None)
+                    _Item("struct", f"len(_v_{ident})", char, "big" if char == "I" else None)
                 )
-            items.append(_Item("bytes", f"v_{ident}"))
+            items.append(_Item("bytes", f"_v_{ident}"))
         elif fld.type == "chunk":
             items.append(_Item("struct", f"len({attr})", "I", "big"))
             items.append(_Item("bytes", attr))
@@ -235,8 +398,8 @@ class EncoderWriter:
                 checks.append(f"len({attr}) != {int(fld.size or 0)}")
                 items.append(_Item("bytes", attr))
             else:
-                prep.append(f"v_{ident} = {attr}")
-                items.append(_Item("bytes", f"v_{ident}"))
+                prep.append(f"_v_{ident} = {attr}")
+                items.append(_Item("bytes", f"_v_{ident}"))
         elif fld.type == "uuid":
             items.append(_Item("bytes", f"{attr}.bytes"))
         elif fld.type == "strings":
@@ -244,8 +407,8 @@ class EncoderWriter:
         elif fld.type == "hash":
             items.append(_Item("bytes", f"_rt.enc_hash({attr})"))
         elif fld.type == "headers":
-            prep.append(f"v_{ident} = _rt.enc_headers({attr})")
-            items.append(_Item("bytes", f"v_{ident}"))
+            prep.append(f"_v_{ident} = _rt.enc_headers({attr})")
+            items.append(_Item("bytes", f"_v_{ident}"))
         elif fld.type == "frame":
             frames.append(f"_rt.frame_out({attr})")
         elif fld.type == "msg":

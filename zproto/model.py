@@ -291,10 +291,8 @@ class _Loader:
 
         signature: int | None = None
         if dialect == "classic":
-            sig_text = root.get("signature")
-            if sig_text is None:
-                raise ModelError(f"{self.where}: <class> needs a signature (0..15)")
-            signature = _parse_int(sig_text, "signature", self.where)
+            # The C tools default a missing signature to 0 (czmq's own models rely on it).
+            signature = _parse_int(root.get("signature", "0"), "signature", self.where)
             if not 0 <= signature <= 15:
                 raise ModelError(f"{self.where}: signature {signature} is not 0..15")
 

@@ -53,6 +53,27 @@ class Source:
         for line in wrap(4 * self.level, head, args, tail):
             self.lines.append(line)
 
+    def unpack(self, targets: list[str], call: str) -> None:
+        """``(a, b) = call`` laid out as ``ruff format`` would."""
+        names = ", ".join(targets) + ("," if len(targets) == 1 else "")
+        pad = "    " * self.level
+        callee, _, args = call.partition("(")
+        if len(f"{pad}({names}) = {call}") <= LINE_LENGTH:
+            self(f"({names}) = {call}")
+        elif len(f"{pad}({names}) = {callee}(") <= LINE_LENGTH:
+            self(f"({names}) = {callee}(")
+            self(f"    {args[:-1]}")
+            self(")")
+        elif len(f"{pad}({names}) = (") <= LINE_LENGTH:
+            self(f"({names}) = (")
+            self(f"    {call}")
+            self(")")
+        else:
+            self("(")
+            for target in targets:
+                self(f"    {target},")
+            self(f") = {call}")
+
     def indent(self) -> None:
         self.level += 1
 

@@ -10,7 +10,7 @@ the generated ``decode()`` turns into ``DecodeError``); encoders raise
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Self
 
 from zproto.errors import DecodeError, EncodeError
@@ -18,6 +18,7 @@ from zproto.errors import DecodeError, EncodeError
 __all__ = [
     "DECODE_FAILURES",
     "ENCODE_FAILURES",
+    "OCTET",
     "DecodeError",
     "EncodeError",
     "Invalid",
@@ -34,6 +35,7 @@ __all__ = [
     "frame_bytes",
     "frame_out",
     "frames_out",
+    "set_state",
     "truncated",
 ]
 
@@ -42,7 +44,9 @@ class MessageBase:
     """Base of every generated message class (frozen dataclasses storing their
     fields in ``__dict__``)."""
 
-    __slots__ = ()
+    # The instance dict is declared here so that one descriptor sets it for every
+    # message class: ``set_state`` below.
+    __slots__ = ("__dict__",)
 
     def replace(self, **changes: Any) -> Self:
         """A copy with some fields changed (fast; validated when encoded)."""
@@ -50,10 +54,17 @@ class MessageBase:
         if not changes.keys() <= state.keys():
             raise TypeError(f"unknown fields: {sorted(set(changes) - set(state))}")
         copy = object.__new__(type(self))
-        object.__setattr__(copy, "__dict__", {**state, **changes})
+        set_state(copy, {**state, **changes})
         return copy
 
     __replace__ = replace  # copy.replace() in Python 3.13+
+
+
+#: ``set_state(msg, fields)`` makes the dict ``fields`` the ``__dict__`` of a message
+#: made with ``object.__new__`` (the frozen dataclass reads its fields there).  The
+#: descriptor's own setter: about twice as fast as ``object.__setattr__``, which first
+#: checks that no C-level ``__setattr__`` is being bypassed.
+set_state: Callable[[MessageBase, dict[str, Any]], None] = vars(MessageBase)["__dict__"].__set__
 
 
 class Invalid(Exception):
@@ -103,7 +114,9 @@ def frames_out(value: Any) -> list[bytes]:
 # classic zproto structures
 
 
-_OCTET = [bytes((n,)) for n in range(256)]
+#: One-octet ``bytes`` for each value 0..255 (a look-up instead of building one).
+OCTET = tuple(bytes((n,)) for n in range(256))
+_OCTET = OCTET
 
 
 def enc_hash(value: Mapping[str, str]) -> bytes:
@@ -319,6 +332,8 @@ def encode_failure(
             problem = _check(msg, attr, kind, limit, const)
         except AttributeError:
             problem = "is missing"
+        except (TypeError, ValueError, OverflowError) as err:  # e.g. not iterable at all
+            problem = f"is not a valid {kind}: {err}"
         if problem:
             return EncodeError(f"{name}.{attr} {problem}")
     return EncodeError(f"cannot encode {name}: {exc}")

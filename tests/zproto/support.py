@@ -12,6 +12,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from zproto.attrs import attributes
+from zproto.codegen import PythonGenerator
 from zproto.generate import render
 from zproto.model import VARLEN, Field, Message, Protocol, load
 from zproto.selftest import load_module
@@ -25,7 +26,26 @@ PROJECT_MODELS = [
     (ROOT / "filemq" / "fmq_msg_czmq.xml", "filemq.fmq_msg_czmq"),
     (ROOT / "broker" / "tmqp.xml", "broker.tmqp"),
 ]
-ALL_MODELS = [*PROJECT_MODELS, (MODELS_DIR / "c_tools_example.xml", None)]
+#: test-only models, generated in memory
+TEST_MODELS = [
+    (MODELS_DIR / name, None)
+    for name in (
+        "c_tools_example.xml",
+        "gossip_like.xml",
+        "binary_shapes.xml",
+        "binary_plain.xml",
+        "name_clash.xml",
+        "name_clash_binary.xml",
+    )
+]
+ALL_MODELS = [*PROJECT_MODELS, *TEST_MODELS]
+
+
+def general_codec(model: Path) -> types.ModuleType:
+    """The model's codec without its fast paths: the general encoders/decoders only."""
+    proto = load(model)
+    source = PythonGenerator(proto, model.name, fast=False).generate()
+    return load_module(source, f"_test_general_{proto.name}")
 
 
 def codec(model: Path, module_name: str | None) -> tuple[Protocol, types.ModuleType]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.zproto.support import MODELS_DIR, PROJECT_MODELS, ROOT
+from tests.zproto.support import MODELS_DIR, PROJECT_MODELS, ROOT, TEST_MODELS
 
 
 def zproto(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -95,11 +95,9 @@ def test_generated_code_is_formatted_and_lint_clean(tmp_path: Path) -> None:
     ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
     if not Path(ruff).exists():
         pytest.skip("ruff is not installed")
-    assert (
-        zproto("generate", str(MODELS_DIR / "c_tools_example.xml"), "-o", str(tmp_path)).returncode
-        == 0
-    )
-    files = [str(tmp_path / "c_tools_example.py")] + [
+    models = [m for m, _ in TEST_MODELS]
+    assert zproto("generate", *map(str, models), "-o", str(tmp_path)).returncode == 0
+    files = [str(tmp_path / m.with_suffix(".py").name) for m in models] + [
         str(m.with_suffix(".py")) for m, _ in PROJECT_MODELS
     ]
     config = str(ROOT / "pyproject.toml")

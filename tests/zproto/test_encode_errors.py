@@ -69,3 +69,15 @@ def test_classic_binary_types() -> None:
         module.Binary(flags=b"abcd", address=5).encode()
     with pytest.raises(EncodeError, match="content"):
         module.Binary(flags=b"abcd", content=b"not a list").encode()
+
+
+@pytest.mark.parametrize("bad", [-1, 3.5, object()])
+def test_a_list_field_holding_a_non_iterable_is_an_encode_error(bad: object) -> None:
+    """The validator itself met the bad value (``for v in -1``) and raised TypeError."""
+    _proto, module = codec(MODELS_DIR / "c_tools_example.xml", None)
+    for msg, field in (
+        (module.Structures(aliases=bad), "aliases"),  # strings
+        (module.Binary(content=bad), "content"),  # msg
+    ):
+        with pytest.raises(EncodeError, match=field):
+            module.encode(msg)

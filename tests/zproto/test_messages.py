@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import pickle
+import weakref
 
 import pytest
 
@@ -37,3 +40,15 @@ def test_replace_changes_only_what_is_named() -> None:
         frame.replace(nope=1)
     with pytest.raises(dataclasses.FrozenInstanceError):
         moved.ttl = 4  # type: ignore[misc]
+
+
+def test_messages_copy_pickle_and_take_weak_references() -> None:
+    """The instance dict is declared on the shared base (one fast setter for every class):
+    the messages still copy, pickle and take weak references like plain dataclasses."""
+    frame = tmqp.Frame(message_type=17, headers=(("k", "v"),), payload=b"x")
+    icanhaz = fmq_msg.Icanhaz(path="/p", options={"RESYNC": "1"})
+    for msg in (frame, icanhaz):
+        assert copy.copy(msg) == msg and copy.deepcopy(msg) == msg
+        assert pickle.loads(pickle.dumps(msg)) == msg
+        assert weakref.ref(msg)() is msg
+        assert dataclasses.replace(msg) == msg

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.zproto.support import MODELS_DIR
-from zproto.errors import ModelError
+from tests.zproto.support import MODELS_DIR, codec
+from zproto.errors import DecodeError, ModelError
 from zproto.model import Field, Optional, load, to_class_name, to_ident
 
 
@@ -69,7 +69,8 @@ def _model(tmp_path: Path, body: str, attrs: str = 'signature = "1"') -> Path:
         ),
         ("", None, "no <message>"),
         ('<message name = "a"/>', 'signature = "16"', "not 0..15"),
-        ('<message name = "a"/>', "", "needs a signature"),
+        ('<message name = "a"/>', 'signature = "-1"', "not 0..15"),
+        ('<message name = "a"/>', 'signature = "x"', "not an integer"),
         ('<message name = "a"><field name = "x" type = "octets"/></message>', None, "need size"),
         ('<message name = "a"><field name = "x" type = "bits"/></message>', None, "unknown type"),
         (
@@ -170,3 +171,31 @@ def test_malformed_xml_is_a_model_error(tmp_path: Path) -> None:
     path.write_text("<class name='x' signature='1'><message name='a'></class>")
     with pytest.raises(ModelError, match="not well-formed"):
         load(path)
+
+
+def test_a_class_without_signature_gets_signature_0_like_the_c_tools() -> None:
+    """A model shaped like czmq's gossip model (no signature, no ids) loads and works."""
+    proto = load(MODELS_DIR / "gossip_like.xml")
+    assert proto.signature == 0 and proto.signature_bytes == b"\xaa\xa0"
+    assert [(m.name, m.id) for m in proto.messages] == [
+        ("greet", 1),
+        ("spread", 2),
+        ("poke", 3),
+        ("poked", 4),
+        ("refused", 5),
+    ]
+    spread = proto.message("spread")
+    assert [(f.ident, f.type) for f in spread.fields] == [
+        ("revision", "number"),
+        ("topic", "string"),
+        ("body", "longstr"),
+        ("expiry", "number"),
+    ]
+    _, module = codec(MODELS_DIR / "gossip_like.xml", None)
+    msg = module.Spread(topic="weather", body="rain by noon", expiry=60000)
+    wire = b"\xaa\xa0\x02\x01\x07weather\x00\x00\x00\x0crain by noon\x00\x00\xea\x60"
+    assert module.encode(msg) == [wire]
+    assert module.decode([wire]) == msg
+    assert module.encode(module.Poke()) == [b"\xaa\xa0\x03\x01"]
+    with pytest.raises(DecodeError):  # revision is a constant
+        module.decode([b"\xaa\xa0\x03\x02"])
