@@ -30,6 +30,7 @@ from zmq.utils.monitor import recv_monitor_message
 from broker import fastcodec, tmqp
 from broker.client_core import SessionState
 from broker.client_errors import (
+    AccessRefused,
     ClientClosed,
     ClientError,
     ConnectError,
@@ -70,6 +71,7 @@ _AUTH_EVENTS = (
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 )
+_MECHANISM_MISMATCH = zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH  # plain client, CURVE server
 _new = object.__new__
 #: Sets a new Message's frame without the frozen dataclass's __init__ (half the cost).
 _set_message_frame: Callable[[Message, tmqp.Frame], None] = vars(Message)["frame"].__set__
@@ -326,8 +328,9 @@ class IOLoop(InboundFrames):
             except security.SecurityError as exc:
                 sock.close(linger=0)
                 raise self._fatal(ConnectError(str(exc))) from None
-            self.monitor = sock.get_monitor_socket(_AUTH_EVENTS)
-            self._register(self.monitor, zmq.POLLIN)
+        # handshake failures (CURVE key refused, CURVE on one side only) end connect() at once
+        self.monitor = sock.get_monitor_socket(_AUTH_EVENTS)
+        self._register(self.monitor, zmq.POLLIN)
         sock.connect(c.endpoint)
         self.sock = sock
         self.send = fast_send(sock)
@@ -467,9 +470,13 @@ class IOLoop(InboundFrames):
         except zmq.Again:
             return
         if event["event"] & _AUTH_EVENTS:
-            what = (
-                "refused this client's CURVE key"
-                if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                else "failed the security handshake (CURVE settings differ?)"
-            )
-            raise self._fatal(ConnectError(f"the broker at {self.c.endpoint} {what}"))
+            if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                what = "refused this client's CURVE key"
+            elif self.c._curve is None and event["value"] == _MECHANISM_MISMATCH:
+                what = (
+                    "requires CURVE (handshake failed): pass --server-key SERVER.key "
+                    "--curve-secret CLIENT.key_secret"
+                )
+            else:
+                what = "failed the security handshake (CURVE settings differ?)"
+            raise self._fatal(AccessRefused(f"the broker at {self.c.endpoint} {what}"))
