@@ -13,6 +13,8 @@ code  name         meaning
 3     REFUSED      access refused: CURVE handshake failed (no keys, key not
                    allowed), a token or key the server refuses
 4     REJECTED     the peer rejected the protocol (``filemq``: RTFM twice)
+5     LOCKED       another process holds what the command needs (``filemq``:
+                   another mirror of the same DEST; the line names its pid)
 130   INTERRUPTED  Ctrl-C (SIGINT) stopped a command that had not finished
 141   BROKEN_PIPE  the reader of its output went away (``... | head``): the
                    command stops quietly, as a tool killed by SIGPIPE does
@@ -61,6 +63,7 @@ class ExitCode(IntEnum):
     USAGE = 2
     REFUSED = 3
     REJECTED = 4
+    LOCKED = 5
     INTERRUPTED = 130
     BROKEN_PIPE = 141
 
