@@ -132,7 +132,7 @@ _MONITOR_EVENTS = (
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
     | zmq.EVENT_DISCONNECTED
 )
-_MECHANISM_MISMATCH = zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH  # plain client, CURVE server
+_MECHANISM_MISMATCH = zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
 
 
 class SyncError(FilemqError):
@@ -413,7 +413,9 @@ class SyncClient:
         if failed:
             if zmq.EVENT_HANDSHAKE_FAILED_AUTH in failed:
                 kind = "key not allowed"
-            elif self.server_key is None and _MECHANISM_MISMATCH in values:
+            elif self.server_key is None and (
+                _MECHANISM_MISMATCH in values or zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL in failed
+            ):  # a plain client against CURVE: the mismatch, or the server hung up first
                 raise SyncRefused(
                     f"the server at {self.endpoint} requires CURVE (handshake failed): pass "
                     "--server-key SERVER.key --curve-secret CLIENT.key_secret"
