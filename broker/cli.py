@@ -16,9 +16,21 @@ Config file (``--config FILE``, JSON, or TOML when the name ends in ``.toml``)::
      "tokens": {"TOKEN": ["push", "join", "pull"], "ADMIN-TOKEN": "all"},
      "anonymous": ["push", "join"], "require_token": false}
 
-Command-line options override the file.  Exit codes: 0 ok, 1 remote error or timeout,
-2 usage/config error, 141 output pipe closed by the reader (``broker stats | head -3``:
-the command stops quietly, as a tool killed by SIGPIPE would).
+Command-line options override the file.  ``auto_create_channel`` / ``auto_create_queue``
+(default true): a push to an unknown queue creates its channel and queue, a join of an
+unknown channel creates the channel, a queue create in an unknown channel creates the
+channel (each needs the client's CHANNEL_CREATE/QUEUE_CREATE rights); false answers
+those with 404 instead.  Everything the broker holds (channels, queues, messages,
+clients) lives in memory: a restart starts empty.
+
+Exit codes (``zerohub.cli.ExitCode``, the same in every zerohub command): 0 ok;
+1 failure (no answer, an error status from the broker, an endpoint in use); 2 usage
+(bad option or config file, malformed endpoint, a non-loopback bind without CURVE or
+--insecure); 3 access refused (CURVE handshake failed, token refused, status 401);
+130 interrupted (Ctrl-C) before done; 141 output pipe closed by the reader
+(``broker stats | head -3``: the command stops quietly, as a tool killed by SIGPIPE
+would).  ``serve`` and ``consume`` stop on SIGINT/SIGTERM with 0.  Errors are one
+line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -36,15 +48,23 @@ from pathlib import Path
 from typing import Any
 
 from broker.protocol import DEFAULT_ENDPOINT
+from zerohub.cli import (
+    ArgumentParser,
+    CommandError,
+    ExitCode,
+    UsageError,
+    bind_endpoint,
+    check_endpoint,
+    connect_endpoint,
+    log_level,
+    run,
+    verbosity_flags,
+)
 
 log = logging.getLogger("broker.cli")
 
 #: Exit status when the reader of our output went away (128 + SIGPIPE, as the shell shows).
-EXIT_BROKEN_PIPE = 141
-
-
-class UsageError(Exception):
-    """Bad command line or config file (exit status 2)."""
+EXIT_BROKEN_PIPE = ExitCode.BROKEN_PIPE
 
 
 def _load_config(path: str | None) -> dict[str, Any]:
@@ -131,9 +151,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         value = getattr(args, key, None)
         if value not in (None, False):
             section[key] = value
+    endpoint = str(section.get("bind", DEFAULT_ENDPOINT))
+    check_endpoint(endpoint, bind=True)
+    curve = section.get("curve_secret") is not None
+    if curve != (section.get("allow") is not None):
+        raise UsageError("serve: --curve-secret and --allow go together")
+    from filemq import security
+
+    try:
+        security.check_bind(endpoint, curve=curve, insecure=bool(section.get("insecure")))
+    except security.SecurityError as exc:
+        raise UsageError(str(exc)) from None
     try:
         options = ServerOptions(
-            endpoint=section.get("bind", DEFAULT_ENDPOINT),
+            endpoint=endpoint,
             curve_secret=section.get("curve_secret"),
             allow_dir=section.get("allow"),
             insecure=bool(section.get("insecure", False)),
@@ -147,24 +178,33 @@ def cmd_serve(args: argparse.Namespace) -> int:
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     server = Server(engine, options, context=context)
 
+    try:
+        with _sigterm_interrupts():
+            endpoint = server.bind()
+            print(f"broker serving on {endpoint}", file=sys.stderr, flush=True)
+            server.run()
+    except ServerError as exc:  # the endpoint is in use, a key file is unreadable, ...
+        raise CommandError(str(exc)) from None
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the normal way to stop
+        pass
+    finally:
+        server.stop()
+        context.term()
+    return 0
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt meanwhile, as Ctrl-C does (a clean stop)."""
+
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, stop)
     try:
-        endpoint = server.bind()
-        print(f"broker serving on {endpoint}", file=sys.stderr, flush=True)
-        server.run()
-    except ServerError as exc:
-        print(f"broker: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        pass
+        yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-        server.stop()
-        context.term()
-    return 0
 
 
 @contextlib.contextmanager
@@ -187,7 +227,7 @@ def _session(args: argparse.Namespace) -> Iterator[Any]:
             timeout=args.timeout,
             reconnect=False,
         )
-        client.connect()
+        client.connect()  # (closes the client itself if it fails or is interrupted)
         try:
             yield client
         finally:
@@ -257,14 +297,15 @@ def cmd_consume(args: argparse.Namespace) -> int:
         for channel in args.channel:
             client.join(channel)
         try:
-            for message in client.consume(timeout=args.wait):
-                _print_message(message, args.json)
-                if message.needs_ack and not args.no_ack:
-                    client.ack(message)
-                seen += 1
-                if args.count and seen >= args.count:
-                    break
-        except KeyboardInterrupt:
+            with _sigterm_interrupts():
+                for message in client.consume(timeout=args.wait):
+                    _print_message(message, args.json)
+                    if message.needs_ack and not args.no_ack:
+                        client.ack(message)
+                    seen += 1
+                    if args.count and seen >= args.count:
+                        break
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the normal way to stop
             pass
     return 0
 
@@ -342,16 +383,35 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="broker", description=__doc__.split("\n\n")[0])
-    parser.add_argument("-v", "--verbose", action="count", default=0)
-    sub = parser.add_subparsers(dest="command", required=True)
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(
+        prog="broker",
+        description="The zerohub message broker (TMQP over ZeroMQ) and its client commands.",
+        parents=[verbosity_flags(top=True)],
+    )
+    flags = verbosity_flags(top=False)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = sub.add_parser("serve", help=f"run the broker (default bind {DEFAULT_ENDPOINT})")
-    serve.add_argument("--bind", help=f"endpoint to bind (default {DEFAULT_ENDPOINT})")
-    serve.add_argument("--config", help="JSON or TOML config file")
-    serve.add_argument("--curve-secret", help="the server's .key_secret file (enables CURVE)")
-    serve.add_argument("--allow", help="folder of allowed client public .key files")
+    def command(name: str, help: str) -> ArgumentParser:
+        made: ArgumentParser = sub.add_parser(
+            name, help=help, description=help[0].upper() + help[1:] + ".", parents=[flags]
+        )
+        return made
+
+    serve = command("serve", f"run the broker (default bind {DEFAULT_ENDPOINT})")
+    serve.add_argument(
+        "--bind",
+        type=bind_endpoint,
+        metavar="ENDPOINT",
+        help=f"endpoint to bind (default {DEFAULT_ENDPOINT})",
+    )
+    serve.add_argument("--config", metavar="FILE", help="JSON or TOML config file (.toml)")
+    serve.add_argument(
+        "--curve-secret",
+        metavar="SERVER.key_secret",
+        help="the server's .key_secret file (enables CURVE)",
+    )
+    serve.add_argument("--allow", metavar="DIR", help="folder of allowed client public .key files")
     serve.add_argument("--insecure", action="store_true", help="allow plain text off loopback")
     serve.add_argument("--max-frame-size", type=int, help="largest frame accepted (octets)")
     serve.add_argument("--ping-interval", type=float, help="seconds before pinging a quiet peer")
@@ -360,105 +420,109 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(func=cmd_serve)
 
-    def client_parser(name: str, help: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help)
+    def client_command(name: str, help: str) -> ArgumentParser:
+        p = command(name, help)
         p.add_argument(
             "--connect",
+            type=connect_endpoint,
             default=os.environ.get("BROKER_ENDPOINT", DEFAULT_ENDPOINT),
+            metavar="ENDPOINT",
             help="broker endpoint (default $BROKER_ENDPOINT or %(default)s)",
         )
-        p.add_argument("--server-key", help="the server's public .key file (CURVE)")
-        p.add_argument("--curve-secret", help="this client's .key_secret file (CURVE)")
-        p.add_argument("--client-id")
-        p.add_argument("--name")
+        p.add_argument(
+            "--server-key", metavar="SERVER.key", help="the server's public .key file (CURVE)"
+        )
+        p.add_argument(
+            "--curve-secret",
+            metavar="CLIENT.key_secret",
+            help="this client's .key_secret file (CURVE)",
+        )
+        p.add_argument("--client-id", metavar="ID", help="client id to ask for (default: new)")
+        p.add_argument("--name", help="client name the broker shows in client lists")
         p.add_argument("--token", help="Client-Token sent when connecting")
-        p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for replies")
+        p.add_argument(
+            "--timeout",
+            type=float,
+            default=10.0,
+            metavar="SECONDS",
+            help="seconds to wait for the broker to answer (default %(default)s)",
+        )
         return p
 
-    push = client_parser("push", "push a message into a queue")
-    push.add_argument("channel")
-    push.add_argument("queue", type=int)
+    push = client_command("push", "push a message into a queue")
+    push.add_argument("channel", help="channel name")
+    push.add_argument("queue", type=int, help="queue id (0..65535)")
     push.add_argument("data", nargs="?", help="payload text, or - (default) for stdin")
     push.add_argument("--ack", action="store_true", help="wait for the broker's acknowledge")
-    push.add_argument("--high-priority", action="store_true")
-    push.add_argument("--header", action="append", default=[], metavar="KEY:VALUE")
+    push.add_argument("--high-priority", action="store_true", help="ahead of regular messages")
+    push.add_argument(
+        "--header", action="append", default=[], metavar="KEY:VALUE", help="add a header"
+    )
     push.add_argument("--count", type=int, default=1, help="send the payload this many times")
     push.set_defaults(func=cmd_push)
 
-    consume = client_parser("consume", "join channels and print delivered messages")
-    consume.add_argument("channel", nargs="+")
+    consume = client_command("consume", "join channels and print delivered messages")
+    consume.add_argument("channel", nargs="+", help="channels to join")
     consume.add_argument("--count", type=int, default=0, help="stop after N messages")
     consume.add_argument("--wait", type=float, default=None, help="stop after S idle seconds")
     consume.add_argument("--json", action="store_true", help="one JSON record per message")
     consume.add_argument("--no-ack", action="store_true", help="do not acknowledge messages")
     consume.set_defaults(func=cmd_consume)
 
-    pull = client_parser("pull", "pull messages from a pull or cache queue")
-    pull.add_argument("channel")
-    pull.add_argument("queue", type=int)
-    pull.add_argument("--count", type=int, default=1)
-    pull.add_argument("--clear", choices=["none", "all", "high-priority", "default-priority"])
-    pull.add_argument("--order", choices=["FIFO", "LIFO"])
+    pull = client_command("pull", "pull messages from a pull or cache queue")
+    pull.add_argument("channel", help="channel name")
+    pull.add_argument("queue", type=int, help="queue id")
+    pull.add_argument("--count", type=int, default=1, help="messages to take (default 1)")
+    pull.add_argument(
+        "--clear",
+        choices=["none", "all", "high-priority", "default-priority"],
+        help="after pulling, remove these remaining messages",
+    )
+    pull.add_argument("--order", choices=["FIFO", "LIFO"], help="oldest (FIFO) or newest first")
     pull.add_argument("--info", action="store_true", help="ask for the remaining counts")
-    pull.add_argument("--json", action="store_true")
+    pull.add_argument("--json", action="store_true", help="one JSON record per message")
     pull.set_defaults(func=cmd_pull)
 
-    admin = client_parser("admin", "create/update/delete/list/info channels and queues")
-    admin.add_argument("action", choices=["create", "update", "delete", "list", "info", "clients"])
+    admin = client_command("admin", "create/update/delete/list/info channels and queues")
+    admin.add_argument(
+        "action",
+        choices=["create", "update", "delete", "list", "info", "clients"],
+        help="what to do",
+    )
     admin.add_argument("channel", nargs="?", help="channel (for clients: a Client-Type filter)")
-    admin.add_argument("queue", nargs="?", type=int)
+    admin.add_argument("queue", nargs="?", type=int, help="queue id (else: the channel)")
     admin.add_argument("--options", help="options JSON, or @FILE")
     admin.set_defaults(func=cmd_admin)
 
-    stats = client_parser("stats", "print the broker's counters")
+    stats = client_command("stats", "print the broker's counters")
     stats.set_defaults(func=cmd_stats)
     return parser
 
 
-def _discard_stdout() -> None:
-    """Point file descriptor 1 at /dev/null, so that the interpreter's last flush of
-    what is still buffered cannot fail again (the idiom of the ``signal`` docs)."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-    except OSError:
-        return
-    try:
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):  # stdout is not a file descriptor (captured, closed)
-        pass
-    finally:
-        os.close(devnull)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        try:
-            return _main(argv)
-        finally:
-            sys.stdout.flush()  # a closed pipe shows up here, not in the flush at exit
-    except BrokenPipeError:
-        # The reader of our output is gone (``broker stats | head -3``): nobody is left to
-        # tell, so stop quietly instead of printing a traceback.
-        _discard_stdout()
-        return EXIT_BROKEN_PIPE
+    """Run the command line ``argv`` (default: this program's arguments); the exit code."""
+    return run("broker", lambda: _main(argv))
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    level = logging.WARNING - 10 * min(args.verbose, 2)
-    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from broker.client import ClientError
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=log_level(args, logging.WARNING),
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    from broker.client import ClientError, RemoteError
+    from broker.client_errors import AccessRefused
 
     started = time.monotonic()
     try:
         return int(args.func(args))
-    except UsageError as exc:
-        print(f"broker: {exc}", file=sys.stderr)
-        return 2
+    except AccessRefused as exc:
+        raise CommandError(str(exc), ExitCode.REFUSED) from None
+    except RemoteError as exc:
+        code = ExitCode.REFUSED if exc.code == 401 else ExitCode.FAILURE
+        raise CommandError(str(exc), code) from None
     except (ClientError, TimeoutError) as exc:
-        print(f"broker: {exc}", file=sys.stderr)
-        return 1
+        raise CommandError(str(exc)) from None
     finally:
         log.debug("%s took %.3f s", args.command, time.monotonic() - started)
 

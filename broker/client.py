@@ -118,8 +118,9 @@ class Client(ClientInbox, AdminOperations):
             target=self._io_main, args=(rx, deadline), name="broker-client"
         )
         self._thread.daemon = True
-        self._thread.start()
         try:
+            # (inside: Ctrl-C can land while start() waits to return, after the thread runs)
+            self._thread.start()
             self.client_id = self._connected.result(wait + 1.0)
         except BaseException:
             self.close()
@@ -143,7 +144,11 @@ class Client(ClientInbox, AdminOperations):
                 tx.close(linger=0)
             self._cv.notify_all()
         thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
+        if (
+            thread is not None
+            and thread.ident is not None  # started
+            and thread is not threading.current_thread()
+        ):
             thread.join(timeout)
             if thread.is_alive():
                 raise ClientError(f"client I/O thread did not stop within {timeout} s")

@@ -14,6 +14,10 @@ class ConnectError(ClientError):
     """The broker refused the session, or could not be reached in time."""
 
 
+class AccessRefused(ConnectError):
+    """The broker refused this client: CURVE handshake failed, or its token (status 401)."""
+
+
 class ConnectionLost(ClientError):
     """The session ended while a request was outstanding."""
 

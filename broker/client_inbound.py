@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from broker import fastcodec, tmqp
 from broker.client_core import SessionState
-from broker.client_errors import ConnectError, RemoteError, failure
+from broker.client_errors import AccessRefused, ConnectError, RemoteError, failure
 from broker.client_message import Message, _Pull
 from broker.protocol import (
     CODE_FOR_NACK_REASON,
@@ -150,7 +150,8 @@ class InboundFrames:
             if no_content == NoContent.UNAUTHORIZED:
                 code = ResultCode.UNAUTHORIZED
             if not pull.future.done():
-                pull.future.set_exception(RemoteError(int(code), no_content))
+                reason = header(frame, Header.REASON) or no_content
+                pull.future.set_exception(RemoteError(int(code), reason))
             return True
         c._pending.pop(request, None)
         if not pull.future.done():
@@ -193,6 +194,7 @@ class InboundFrames:
     def _refused(self, code: int, reason: str) -> None:
         """The broker turned down the connection info."""
         if code in _PERMANENT:
-            err = ConnectError(f"the broker refused the connection: {reason} (status {code})")
+            kind = AccessRefused if code == ResultCode.UNAUTHORIZED else ConnectError
+            err = kind(f"the broker refused the connection: {reason} (status {code})")
             raise self._fatal(err)
         self._lost(f"connection refused for now: {reason} (status {code})")

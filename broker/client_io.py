@@ -30,6 +30,7 @@ from zmq.utils.monitor import recv_monitor_message
 from broker import fastcodec, tmqp
 from broker.client_core import SessionState
 from broker.client_errors import (
+    AccessRefused,
     ClientClosed,
     ClientError,
     ConnectError,
@@ -70,6 +71,15 @@ _AUTH_EVENTS = (
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 )
+_MECHANISM_MISMATCH = zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+
+
+def _curve_required(event: int, value: int) -> bool:
+    """What a plain client sees of a CURVE server: the mechanism mismatch, or the server
+    hanging up mid-handshake when it noticed the mismatch first (no detail)."""
+    return event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL or value == _MECHANISM_MISMATCH
+
+
 _new = object.__new__
 #: Sets a new Message's frame without the frozen dataclass's __init__ (half the cost).
 _set_message_frame: Callable[[Message, tmqp.Frame], None] = vars(Message)["frame"].__set__
@@ -326,6 +336,9 @@ class IOLoop(InboundFrames):
             except security.SecurityError as exc:
                 sock.close(linger=0)
                 raise self._fatal(ConnectError(str(exc))) from None
+        if c._curve is not None or self.first:
+            # handshake failures (CURVE key refused; a plain client against a CURVE server,
+            # watched on the first connection) end connect() at once
             self.monitor = sock.get_monitor_socket(_AUTH_EVENTS)
             self._register(self.monitor, zmq.POLLIN)
         sock.connect(c.endpoint)
@@ -467,9 +480,13 @@ class IOLoop(InboundFrames):
         except zmq.Again:
             return
         if event["event"] & _AUTH_EVENTS:
-            what = (
-                "refused this client's CURVE key"
-                if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                else "failed the security handshake (CURVE settings differ?)"
-            )
-            raise self._fatal(ConnectError(f"the broker at {self.c.endpoint} {what}"))
+            if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                what = "refused this client's CURVE key"
+            elif self.c._curve is None and _curve_required(event["event"], event["value"]):
+                what = (
+                    "requires CURVE (handshake failed): pass --server-key SERVER.key "
+                    "--curve-secret CLIENT.key_secret"
+                )
+            else:
+                what = "failed the security handshake (CURVE settings differ?)"
+            raise self._fatal(AccessRefused(f"the broker at {self.c.endpoint} {what}"))

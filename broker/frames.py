@@ -123,7 +123,11 @@ def response(
     return control(_RESPONSE, code, message_id, source, to, headers, payload)
 
 
-def pull_marker(request_id: str, channel: str, queue_id: int, token: str) -> tmqp.Frame:
-    """A ``No-Content`` queue message answering a pull request."""
-    headers = ((Header.REQUEST_ID, request_id), (Header.NO_CONTENT, token))
+def pull_marker(
+    request_id: str, channel: str, queue_id: int, token: str, reason: str = ""
+) -> tmqp.Frame:
+    """A ``No-Content`` queue message answering a pull request (``Reason``: why, if given)."""
+    headers: Headers = ((Header.REQUEST_ID, request_id), (Header.NO_CONTENT, token))
+    if reason:
+        headers = (*headers, (Header.REASON, reason))
     return control(_QUEUE, queue_id, "", "", channel, headers)

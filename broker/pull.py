@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from broker import tmqp
 from broker.delivery import PutBack
 from broker.frames import derive, pull_marker, response
+from broker.options import status_name
 from broker.protocol import (
     Header,
     MessageType,
@@ -39,6 +40,17 @@ _RESPONSE = int(MessageType.RESPONSE)
 _CLEAR_VALUES = ("none", "all", "high-priority", "default-priority")
 
 
+def _unacceptable(q: Queue, count: int, clear: str) -> str:
+    """Why a pull request is refused (the ``Reason`` of its Unacceptable marker)."""
+    if q.status is not QueueStatus.PULL:
+        status = status_name(q.status)
+        where = f"{q.channel.name}/{q.id}"
+        return f"queue {where} has status {status}: pull works on Pull and Cache queues"
+    if count < 1:
+        return "Count must be a whole number of at least 1"
+    return f"Clear must be one of: {', '.join(_CLEAR_VALUES)}"
+
+
 def answer_pull(
     q: Queue, client: Client, request: tmqp.Frame, now: float, out: list[Outgoing], max_count: int
 ) -> None:
@@ -54,7 +66,8 @@ def answer_pull(
         count = 0
     clear = (header(request, Header.CLEAR) or "none").strip().lower()
     if q.status is not QueueStatus.PULL or count < 1 or clear not in _CLEAR_VALUES:
-        out.append(Outgoing(client.id, pull_marker(rid, name, q.id, NoContent.UNACCEPTABLE)))
+        why = _unacceptable(q, count, clear)
+        out.append(Outgoing(client.id, pull_marker(rid, name, q.id, NoContent.UNACCEPTABLE, why)))
         out.append(Outgoing(client.id, pull_marker(rid, name, q.id, NoContent.END)))
         return
     count = min(count, max_count)

@@ -9,14 +9,23 @@ reconnecting and resyncing as needed; ``--json`` prints one JSON object per
 applied change on stdout (``filemq.events``); it repairs local changes to DEST
 within ``--check-interval`` seconds (default 2; see ``filemq.client``).
 
-Exit codes: 0 success; 1 the sync failed or ended with errors (refused names,
-files that never verified, no server); 2 usage; 3 access refused (SRSLY, CURVE
-handshake refused); 4 the server answered RTFM twice; 5 another process is
-mirroring into DEST (``sync``/``subscribe``: the lock ``DEST/.filemq-part-lock``
-is held; the line names its pid).  ``sync --once`` against a server that sends
-no resync-complete marker (the reference C server) ends after ``--idle-timeout``
-seconds (default 10) without file traffic with one warning line and exit 0 (1
-if that happened in the middle of a file, once ``--retries`` are used up).
+``sync`` gives up when the server has not answered within ``--timeout``
+seconds (default 10), however many reconnects that leaves unused.  ``sync --once``
+against a server that sends no resync-complete marker (the reference C server) ends
+after ``--idle-timeout`` seconds (default 10) without file traffic with one warning
+line and exit 0 (1 if that happened in the middle of a file, once ``--retries`` are
+used up).
+
+Exit codes (``zerohub.cli.ExitCode``, the same in every zerohub command): 0 success;
+1 failure: the sync failed or ended with errors (refused names, files that never
+verified, no answer), an endpoint in use, a key pair that exists; 2 usage (bad
+option, malformed endpoint, a non-loopback bind without CURVE or --insecure);
+3 access refused (SRSLY, CURVE handshake failed); 4 the server answered RTFM
+twice; 5 another process is mirroring into DEST (``sync``/``subscribe``: the lock
+``DEST/.filemq-part-lock`` is held; the line names its pid); 130 interrupted (Ctrl-C)
+before done; 141 stdout closed by its reader.
+``serve``, ``subscribe`` and ``sync`` without ``--once`` stop on SIGINT/SIGTERM with 0.
+Errors are one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -37,13 +46,28 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from filemq.engine import DEFAULT_CHUNK_SIZE, DEFAULT_CREDIT_WINDOW, DEFAULT_ENDPOINT, FilemqError
+from zerohub.cli import (
+    ArgumentParser,
+    CommandError,
+    ExitCode,
+    UsageError,
+    bind_endpoint,
+    connect_endpoint,
+    log_level,
+    run,
+    verbosity_flags,
+)
 
 if TYPE_CHECKING:  # the client module is imported by its subcommands only
     from filemq.client import SyncResult
+    from filemq.events import MirrorEvent
 
 # server, client and security are imported by their subcommand only (start-up of `sync`)
 
 log = logging.getLogger("filemq")
+
+#: Seconds ``filemq sync`` waits for a first answer from the server before it gives up.
+DEFAULT_SYNC_TIMEOUT = 10.0
 
 
 @functools.cache
@@ -73,7 +97,13 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 
 def _serve_options(serve: argparse.ArgumentParser) -> None:
-    serve.add_argument("--bind", default=DEFAULT_ENDPOINT, help=f"default {DEFAULT_ENDPOINT}")
+    serve.add_argument(
+        "--bind",
+        type=bind_endpoint,
+        default=DEFAULT_ENDPOINT,
+        metavar="ENDPOINT",
+        help=f"where to listen (default {DEFAULT_ENDPOINT})",
+    )
     serve.add_argument(
         "--publish",
         action="append",
@@ -81,11 +111,26 @@ def _serve_options(serve: argparse.ArgumentParser) -> None:
         metavar="DIR[:/virtual/path]",
         help="directory to publish (repeatable; virtual path defaults to /)",
     )
-    serve.add_argument("--curve-secret", metavar="SERVER.key_secret")
+    serve.add_argument(
+        "--curve-secret",
+        metavar="SERVER.key_secret",
+        help="the server's secret key file: serve over CURVE (with --allow)",
+    )
     serve.add_argument("--allow", metavar="DIR", help="folder of allowed client public keys")
     serve.add_argument("--insecure", action="store_true", help="allow plain text off loopback")
-    serve.add_argument("--wire", choices=("spec", "czmq"), default="spec")
-    serve.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE)
+    serve.add_argument(
+        "--wire",
+        choices=("spec", "czmq"),
+        default="spec",
+        help="wire variant: spec (RFC 35, default) or czmq (the C reference's)",
+    )
+    serve.add_argument(
+        "--chunk-size",
+        type=int,
+        default=DEFAULT_CHUNK_SIZE,
+        metavar="BYTES",
+        help="file content per message (default %(default)s)",
+    )
     serve.add_argument(
         "--deny",
         action="append",
@@ -124,24 +169,45 @@ def _serve_options(serve: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--with-broker",
         nargs="?",
+        type=bind_endpoint,
         const="tcp://127.0.0.1:5680",
         metavar="ENDPOINT",
         help="also run the zerohub broker in this process (default tcp://127.0.0.1:5680; "
-        "same CURVE keys and allow-list as the file server)",
+        "same CURVE keys and allow-list as the file server; default broker settings)",
     )
 
 
+def _client_options(command: argparse.ArgumentParser) -> None:
+    """What ``sync`` and ``subscribe`` share: where from, where to, how."""
+    command.add_argument(
+        "endpoint", type=connect_endpoint, help=f"the server, e.g. {DEFAULT_ENDPOINT}"
+    )
+    command.add_argument("dest", help="local directory kept as the mirror")
+    command.add_argument("--path", default="/", help="virtual path to mirror (default /)")
+    command.add_argument(
+        "--wire",
+        choices=("spec", "czmq"),
+        default="spec",
+        help="wire variant: spec (RFC 35, default) or czmq (the C reference's)",
+    )
+    command.add_argument(
+        "--server-key", metavar="SERVER.key", help="the server's public key file (CURVE)"
+    )
+    command.add_argument(
+        "--curve-secret", metavar="CLIENT.key_secret", help="this client's secret key file (CURVE)"
+    )
+    command.add_argument(
+        "--window", type=int, default=DEFAULT_CREDIT_WINDOW, help="credit bytes in flight"
+    )
+    command.add_argument(
+        "--index", metavar="FILE", help="where to keep DEST's index (default: under the cache)"
+    )
+    command.add_argument("--no-index", action="store_true", help="do not keep an index")
+
+
 def _sync_options(sync: argparse.ArgumentParser) -> None:
-    sync.add_argument("endpoint")
-    sync.add_argument("dest")
-    sync.add_argument("--path", default="/", help="virtual path to mirror (default /)")
+    _client_options(sync)
     sync.add_argument("--once", action="store_true", help="exit when DEST matches the server")
-    sync.add_argument("--wire", choices=("spec", "czmq"), default="spec")
-    sync.add_argument("--server-key", metavar="SERVER.key")
-    sync.add_argument("--curve-secret", metavar="CLIENT.key_secret")
-    sync.add_argument("--window", type=int, default=DEFAULT_CREDIT_WINDOW, help="credit bytes")
-    sync.add_argument("--index", metavar="FILE", help="where to keep DEST's index")
-    sync.add_argument("--no-index", action="store_true", help="do not keep an index")
     sync.add_argument(
         "--idle-timeout",
         type=float,
@@ -153,7 +219,12 @@ def _sync_options(sync: argparse.ArgumentParser) -> None:
         "--heartbeat", type=float, default=5.0, help="seconds between heartbeats when idle"
     )
     sync.add_argument(
-        "--timeout", type=float, default=10.0, help="seconds to wait for the server to answer"
+        "--timeout",
+        type=float,
+        default=DEFAULT_SYNC_TIMEOUT,
+        metavar="SECONDS",
+        help="give up (exit 1) when the server has not answered in this long "
+        "(default %(default)s)",
     )
     sync.add_argument(
         "--retries", type=int, default=3, help="reconnects after protocol errors or timeouts"
@@ -161,16 +232,8 @@ def _sync_options(sync: argparse.ArgumentParser) -> None:
 
 
 def _subscribe_options(daemon: argparse.ArgumentParser) -> None:
-    daemon.add_argument("endpoint")
-    daemon.add_argument("dest")
-    daemon.add_argument("--path", default="/", help="virtual path to mirror (default /)")
+    _client_options(daemon)
     daemon.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
-    daemon.add_argument("--wire", choices=("spec", "czmq"), default="spec")
-    daemon.add_argument("--server-key", metavar="SERVER.key")
-    daemon.add_argument("--curve-secret", metavar="CLIENT.key_secret")
-    daemon.add_argument("--window", type=int, default=DEFAULT_CREDIT_WINDOW, help="credit bytes")
-    daemon.add_argument("--index", metavar="FILE", help="where to keep DEST's index")
-    daemon.add_argument("--no-index", action="store_true", help="do not keep an index")
     daemon.add_argument(
         "--heartbeat", type=float, default=1.0, help="seconds between heartbeats when idle"
     )
@@ -190,12 +253,17 @@ def _subscribe_options(daemon: argparse.ArgumentParser) -> None:
 
 
 def _keys_options(keys: argparse.ArgumentParser) -> None:
-    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
     new = keys_sub.add_parser(
-        "new", help="make NAME.key and NAME.key_secret", formatter_class=_HelpFormatter
+        "new",
+        help="make NAME.key and NAME.key_secret",
+        description="Make a CURVE key pair: NAME.key (public) and NAME.key_secret (0600).",
+        formatter_class=_HelpFormatter,
+        parents=[_sub_flags()],
     )
-    new.add_argument("name")
-    new.add_argument("--dir", default=".")
+    new.add_argument("name", help="file name stem of the pair (letters, digits, . _ -)")
+    new.add_argument("--dir", default=".", help="folder to write the pair into (default .)")
+    new.add_argument("--force", action="store_true", help="replace an existing pair of that name")
 
 
 _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
@@ -206,7 +274,13 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
 }
 
 
-def _parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+@functools.cache
+def _sub_flags() -> ArgumentParser:
+    """``-v``/``-q`` for every subcommand (they work before and after its name)."""
+    return verbosity_flags(top=False)
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The command line parser; with ``argv``, only the named command gets its options.
 
     (Every ``filemq sync`` builds this parser: the options of the other commands
@@ -215,14 +289,21 @@ def _parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     words = sys.argv[1:] if argv is None else argv
     command = next((w for w in words if not w.startswith("-")), None)
     wanted = command if command in _COMMANDS else None  # unknown or none: build all (help)
-    parser = argparse.ArgumentParser(
-        prog="filemq", description="FILEMQ v2 file distribution", formatter_class=_HelpFormatter
+    parser = ArgumentParser(
+        prog="filemq",
+        description="FILEMQ v2 file distribution",
+        formatter_class=_HelpFormatter,
+        parents=[verbosity_flags(top=True)],
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (about, add_options) in _COMMANDS.items():
-        command_parser = sub.add_parser(name, help=about, formatter_class=_HelpFormatter)
+        command_parser = sub.add_parser(
+            name,
+            help=about,
+            description=about[0].upper() + about[1:] + ".",
+            formatter_class=_HelpFormatter,
+            parents=[_sub_flags()],
+        )
         if wanted is None or wanted == name:
             add_options(command_parser)
     return parser
@@ -244,39 +325,56 @@ def _wait_for_signal() -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from filemq import security
     from filemq.live import LiveFileServer
     from filemq.server import Mount
     from filemq.state import default_state_dir
 
     if (args.curve_secret is None) != (args.allow is None):
-        print("filemq serve: --curve-secret and --allow go together", file=sys.stderr)
-        return 2
+        raise UsageError("serve: --curve-secret and --allow go together")
+    for endpoint in filter(None, (args.bind, args.with_broker)):
+        try:
+            security.check_bind(
+                endpoint, curve=args.curve_secret is not None, insecure=args.insecure
+            )
+        except security.SecurityError as exc:
+            raise UsageError(str(exc)) from None
     mounts = [Mount.parse(spec) for spec in args.publish]
     state_dir = None if args.no_state else Path(args.state_dir or default_state_dir())
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    live = LiveFileServer(
-        context,
-        mounts,
-        watch=not args.no_watch,
-        settle=args.settle,
-        poll_interval=args.poll_interval if args.poll else None,
-        state_dir=state_dir,
-        endpoint=args.bind,
-        wire=args.wire,
-        curve_secret=args.curve_secret,
-        allow_dir=args.allow,
-        insecure=args.insecure,
-        chunk_size=args.chunk_size,
-        client_ttl=args.client_ttl,
-        deny=args.deny,
-        rescan_interval=args.rescan,
-    )
-    server = live.server
-    broker = _broker_beside(args, context) if args.with_broker else None
+    live = None
+    broker = None
     try:
-        if broker is not None:
-            endpoint = broker.start()
-            print(f"filemq: broker serving on {endpoint}", file=sys.stderr, flush=True)
+        live = LiveFileServer(
+            context,
+            mounts,
+            watch=not args.no_watch,
+            settle=args.settle,
+            poll_interval=args.poll_interval if args.poll else None,
+            state_dir=state_dir,
+            endpoint=args.bind,
+            wire=args.wire,
+            curve_secret=args.curve_secret,
+            allow_dir=args.allow,
+            insecure=args.insecure,
+            chunk_size=args.chunk_size,
+            client_ttl=args.client_ttl,
+            deny=args.deny,
+            rescan_interval=args.rescan,
+        )
+        server = live.server
+        # both sockets are bound before a directory is walked or hashed: an endpoint in
+        # use fails at once
+        server.bind()
+        if args.with_broker:
+            from broker.server import ServerError
+
+            broker = _broker_beside(args, context)
+            try:
+                broker_endpoint = broker.start()
+            except ServerError as exc:
+                raise CommandError(f"broker: {exc}") from None
+            print(f"filemq: broker serving on {broker_endpoint}", file=sys.stderr, flush=True)
         live.start()
         files = sum(len(index) for index in server.indexes.values())
         hashed = sum(index.hashed_files for index in server.indexes.values())
@@ -290,7 +388,8 @@ def _serve(args: argparse.Namespace) -> int:
         )
         _wait_for_signal()
     finally:
-        live.stop()
+        if live is not None:
+            live.stop()
         if broker is not None:
             broker.stop()
         context.term()
@@ -308,19 +407,53 @@ def _broker_beside(args: argparse.Namespace, context: zmq.Context[zmq.Socket[byt
         allow_dir=args.allow,
         insecure=args.insecure,
     )
+
     return Server(Engine(), options, context=context)
 
 
-def _sync(args: argparse.Namespace) -> int:
-    from filemq.client import (
-        SyncClient,
-        default_index_path,
-    )
+def _has_files(root: Path) -> bool:
+    """True once a file (not one of our temp files) is found under ``root``."""
+    from filemq.mirror import TEMP_PREFIX
 
+    try:
+        with os.scandir(root) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    if _has_files(Path(entry.path)):
+                        return True
+                elif not entry.name.startswith(TEMP_PREFIX):
+                    return True
+    except OSError:
+        pass
+    return False
+
+
+def _warn_if_nothing(args: argparse.Namespace) -> None:
+    """After a resync: an empty DEST for a --path other than / is most likely a typo."""
+    if args.path.strip("/") and not _has_files(Path(args.dest)):
+        log.warning(
+            "the server at %s has no files under %s (is --path right?)", args.endpoint, args.path
+        )
+
+
+def _check_pair(args: argparse.Namespace) -> None:
     if (args.curve_secret is None) != (args.server_key is None):
-        print("filemq sync: --curve-secret and --server-key go together", file=sys.stderr)
-        return 2
+        raise UsageError(f"{args.command}: --curve-secret and --server-key go together")
+
+
+def _sync(args: argparse.Namespace) -> int:
+    from filemq.client import SyncClient, default_index_path
+
+    _check_pair(args)
     index = None if args.no_index else (args.index or default_index_path(args.dest))
+    warned = False
+
+    def on_event(event: MirrorEvent) -> None:
+        nonlocal warned
+        if event.kind == "resync-complete" and not warned:
+            warned = True
+            _warn_if_nothing(args)
+
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     client = SyncClient(
         context,
@@ -338,13 +471,13 @@ def _sync(args: argparse.Namespace) -> int:
         connect_timeout=args.timeout,
         max_retries=args.retries,
         progress=sys.stderr,
+        # (--once: checked once at the end; an event per file would cost a no-change sync)
+        on_event=None if args.once else on_event,
     )
     if not args.once:
         signal.signal(signal.SIGTERM, lambda signum, frame: client.stop())
         signal.signal(signal.SIGINT, lambda signum, frame: client.stop())
     result = _run_client(client.run, context)
-    if isinstance(result, int):
-        return result
     log.info(
         "%d files (%d bytes) received, %d deleted, %d refused, %d errors",
         result.files,
@@ -353,20 +486,30 @@ def _sync(args: argparse.Namespace) -> int:
         result.refused,
         result.errors,
     )
+    if args.once and result.synced and not result.files:
+        _warn_if_nothing(args)
     return 1 if result.errors or (args.once and not result.synced) else 0
 
 
 def _subscribe(args: argparse.Namespace) -> int:
     from filemq.client import default_index_path
-    from filemq.events import MirrorEvent
     from filemq.subscriber import Subscriber
 
-    if (args.curve_secret is None) != (args.server_key is None):
-        print("filemq subscribe: --curve-secret and --server-key go together", file=sys.stderr)
-        return 2
+    _check_pair(args)
+    output_closed = False
+    warned = False
 
-    def print_json(event: MirrorEvent) -> None:
-        print(event.to_json(), flush=True)
+    def on_event(event: MirrorEvent) -> None:
+        nonlocal output_closed, warned
+        if event.kind == "resync-complete" and not warned:
+            warned = True
+            _warn_if_nothing(args)
+        if args.json and not output_closed:
+            try:
+                print(event.to_json(), flush=True)
+            except BrokenPipeError:  # `| head`: nobody reads the events any more; stop
+                output_closed = True
+                subscriber.client.stop()
 
     index = None if args.no_index else (args.index or default_index_path(args.dest))
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -375,7 +518,7 @@ def _subscribe(args: argparse.Namespace) -> int:
         args.dest,
         path=args.path,
         context=context,
-        on_event=print_json if args.json else None,
+        on_event=on_event,
         index_path=index,
         heartbeat=args.heartbeat,
         timeout=args.timeout,
@@ -391,8 +534,8 @@ def _subscribe(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda signum, frame: subscriber.client.stop())
     log.info("mirroring %s%s into %s", args.endpoint, args.path, args.dest)
     result = _run_client(subscriber.run, context)
-    if isinstance(result, int):
-        return result
+    if output_closed:
+        raise BrokenPipeError  # exit 141, quietly
     log.info(
         "stopped: %d files (%d bytes) received, %d deleted, %d errors",
         result.files,
@@ -403,8 +546,8 @@ def _subscribe(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_client(run: Callable[[], SyncResult], context: zmq.Context[Any]) -> SyncResult | int:
-    """Run a sync or subscribe session; a failure becomes its exit code.
+def _run_client(run: Callable[[], SyncResult], context: zmq.Context[Any]) -> SyncResult:
+    """Run a sync or subscribe session; a failure becomes a CommandError with its code.
 
     3: access refused (SRSLY, or the CURVE handshake failed); 4: the server rejected the
     protocol (RTFM); 5: DEST is locked by another process; 1: any other session error.
@@ -416,56 +559,65 @@ def _run_client(run: Callable[[], SyncResult], context: zmq.Context[Any]) -> Syn
     try:
         return run()
     except DestLocked as exc:
-        log.error("%s", exc)
-        return 5
+        raise CommandError(str(exc), ExitCode.LOCKED) from None
     except SyncRefused as exc:
-        log.error("%s", exc)
-        return 3
+        raise CommandError(str(exc), ExitCode.REFUSED) from None
     except SyncRejected as exc:
-        log.error("%s", exc)
-        return 4
+        raise CommandError(str(exc), ExitCode.REJECTED) from None
     except SyncError as exc:
-        log.error("%s", exc)
-        return 1
+        raise CommandError(str(exc)) from None
     finally:
         context.term()
 
 
-def _expected_errors() -> tuple[type[Exception], ...]:
-    """Errors reported as one line (exit 1); security's only if it was imported."""
-    security = sys.modules.get("filemq.security")
-    found = (FilemqError, OSError, ValueError)
-    return found if security is None else (*found, security.SecurityError)
+def _keys(args: argparse.Namespace) -> int:
+    from filemq import security
+
+    public, secret = security.new_certificate(args.name, args.dir, force=args.force)
+    print(f"{public}\n{secret}")
+    return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line ``argv`` (default: this program's arguments); the exit code."""
-    args = _parser(argv).parse_args(argv)
-    level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+_RUN = {"serve": _serve, "sync": _sync, "subscribe": _subscribe, "keys": _keys}
+
+
+def _command(argv: Sequence[str] | None) -> int:
+    args = build_parser(argv).parse_args(argv)
+    logging.basicConfig(
+        level=log_level(args, logging.INFO), format="%(levelname)s %(name)s: %(message)s"
+    )
     if argv is None and args.command == "sync" and args.once:
         # a short-lived process that makes almost no reference cycles: the collector's
         # passes over DEST's index (10,000 entries) would cost ~10 ms of a no-change sync
         gc.disable()
     try:
-        if args.command == "serve":
-            return _serve(args)
-        if args.command == "sync":
-            return _sync(args)
-        if args.command == "subscribe":
-            return _subscribe(args)
-        from filemq import security
-
-        public, secret = security.new_certificate(args.name, args.dir)
-        print(f"{public}\n{secret}")
-        return 0
+        return _RUN[args.command](args)
+    except (CommandError, BrokenPipeError):
+        raise
+    except ValueError as exc:  # a value on the command line (--path, --publish, ...)
+        raise UsageError(str(exc)) from None
     except Exception as exc:
         if not isinstance(exc, _expected_errors()):
             raise
-        print(f"filemq: {exc}", file=sys.stderr)
-        return 1
+        raise CommandError(str(exc)) from None
     finally:
         if argv is None:
             # the program exits next: put every object out of the collector's reach, so
             # the interpreter's last collection skips them (~10 ms with a 10,000-file index)
             gc.freeze()
+
+
+def _expected_errors() -> tuple[type[Exception], ...]:
+    """Errors reported as one line (exit 1); security's only if it was imported."""
+    security = sys.modules.get("filemq.security")
+    found = (FilemqError, OSError, zmq.ZMQError)
+    return found if security is None else (*found, security.SecurityError)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default: this program's arguments); the exit code.
+
+    Exit codes: ``zerohub.cli.ExitCode`` (0 ok, 1 failure, 2 usage, 3 refused,
+    4 rejected, 130 interrupted, 141 output closed).
+    """
+    return run("filemq", lambda: _command(argv))

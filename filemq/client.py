@@ -17,7 +17,9 @@ partial file and a replaced file has exactly the new size.
 Unsafe names (``..``, absolute, NUL, backslash, through a symlink, the temp
 prefix) are logged and skipped; the session goes on and the run ends with
 ``errors > 0``.  Protocol errors (bad sequence or offset, too much data, ...)
-drop the partial file and reconnect, at most ``max_retries`` times.
+drop the partial file and reconnect, at most ``max_retries`` times.  A server
+that has not answered at all within ``connect_timeout`` seconds ends the run
+(``SyncError``) without reconnecting: the socket retries TCP by itself.
 
 ``--once`` completion: the run ends when the server's resync-complete marker
 (``filemq.engine``) arrived for every ICANHAZ sent and no file is half
@@ -130,6 +132,7 @@ _MONITOR_EVENTS = (
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
     | zmq.EVENT_DISCONNECTED
 )
+_MECHANISM_MISMATCH = zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
 
 
 class SyncError(FilemqError):
@@ -283,6 +286,7 @@ class SyncClient:
         self._monitor: zmq.Socket[Any] | None = None
         self._scanned = False
         self._subscribed = False
+        self._answered = False  # the server sent something (in any session of this run)
         self._lost = ""
 
     def stop(self) -> None:
@@ -337,6 +341,7 @@ class SyncClient:
         # the saved index is read by the first session, while its connection is set up
         mirror = Mirror(self.dest, FileIndex(self.dest, exclude=_is_temp))
         self._scanned = False
+        self._answered = False
         retries = 0
         rejected = 0
         try:
@@ -393,7 +398,8 @@ class SyncClient:
 
     def _check_monitor(self, monitor: zmq.Socket[Any]) -> None:
         """Raise for what the socket monitor reported (a handshake failure first)."""
-        events = []
+        events: list[int] = []
+        values: list[int] = []
         while True:
             try:
                 # first frame: event (u16) + value (u32), native order; zmq.utils.monitor
@@ -402,13 +408,20 @@ class SyncClient:
             except zmq.Again:
                 break
             events.append(int.from_bytes(frames[0][:2], sys.byteorder))
+            values.append(int.from_bytes(frames[0][2:6], sys.byteorder))
         failed = [e for e in events if e != zmq.EVENT_DISCONNECTED]
         if failed:
-            kind = (
-                "key not allowed"
-                if zmq.EVENT_HANDSHAKE_FAILED_AUTH in failed
-                else "security mechanism mismatch or protocol error"
-            )
+            if zmq.EVENT_HANDSHAKE_FAILED_AUTH in failed:
+                kind = "key not allowed"
+            elif self.server_key is None and (
+                _MECHANISM_MISMATCH in values or zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL in failed
+            ):  # a plain client against CURVE: the mismatch, or the server hung up first
+                raise SyncRefused(
+                    f"the server at {self.endpoint} requires CURVE (handshake failed): pass "
+                    "--server-key SERVER.key --curve-secret CLIENT.key_secret"
+                )
+            else:
+                kind = "security mechanism mismatch or protocol error"
             raise SyncRefused(f"handshake with {self.endpoint} failed: {kind}")
         if events:
             raise ConnectionLost(f"connection to {self.endpoint} lost")
@@ -459,12 +472,20 @@ class SyncClient:
                             frames = sock.recv_multipart(zmq.NOBLOCK)
                         except zmq.Again:
                             break
+                        self._answered = True
                         outcome = self._perform(session, mirror, session.receive(frames, now))
                         if outcome is not None:
                             return outcome
                         if subscribed_at is None and session.state.value == "active":
                             subscribed_at = now
                 if subscribed_at is None and now - started > self.connect_timeout:
+                    if self.max_retries is not None and not self._answered:
+                        # a DEALER retries TCP by itself: a new socket would not make an
+                        # absent or silent server answer
+                        raise SyncError(
+                            f"no answer from {self.endpoint} in {self.connect_timeout:g} s "
+                            "(is the server running?)"
+                        )
                     raise PeerTimeout(
                         f"no answer from {self.endpoint} in {self.connect_timeout} s"
                     )
@@ -532,6 +553,7 @@ class SyncClient:
         if len(index) and sock.poll(_OHAI_WAIT_MS):
             session.cache = index.digests()
             frames = sock.recv_multipart()
+            self._answered = True
             outcome = self._perform(session, mirror, session.receive(frames, time.monotonic()))
             if session.state is ClientState.ACTIVE:
                 sent = session.cache

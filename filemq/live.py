@@ -10,7 +10,8 @@ Publisher events become server notices:
 * ``RescanNeeded`` -> ``FileServer.rescan(mount, subtree)`` (inotify overflow, a
   directory removed with files nobody listed, a root recreated).
 
-Order at start: the publisher's watches are in place *before* the server's
+Order at start: the server's socket is bound first (an endpoint in use fails before
+any directory is walked), then the publisher's watches are in place *before* the server's
 initial scan, so a file changed between the two is seen by one or the other
 (or both: a repeated notice is harmless, the server only pushes a version it
 has not pushed).  Events arriving before the server runs are held and replayed
@@ -90,13 +91,15 @@ class LiveFileServer:
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> Self:
-        if self.publisher is not None:
-            self.publisher.start()
+        self.server.bind()  # an endpoint in use fails before any directory is watched
         try:
+            if self.publisher is not None:
+                self.publisher.start()
             self.server.start()
         except BaseException:
             if self.publisher is not None:
                 self.publisher.stop()
+            self.server.stop()
             raise
         with self._lock:
             held, self._held = self._held or [], None

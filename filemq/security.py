@@ -13,6 +13,7 @@ import ipaddress
 import logging
 import os
 import re
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -30,15 +31,32 @@ class SecurityError(Exception):
     """A key file is missing or unusable, or an insecure bind was refused."""
 
 
-def new_certificate(name: str, directory: str | os.PathLike[str] = ".") -> tuple[Path, Path]:
-    """Create ``NAME.key`` (public) and ``NAME.key_secret`` in ``directory``."""
+def new_certificate(
+    name: str, directory: str | os.PathLike[str] = ".", *, force: bool = False
+) -> tuple[Path, Path]:
+    """Create ``NAME.key`` (public) and ``NAME.key_secret`` (mode 0600) in ``directory``.
+
+    An existing pair (either file) is refused unless ``force``: replacing a key pair
+    locks out every peer that knows the old public key.  The pair is written in a
+    private temporary folder and renamed into place, so the secret is never readable
+    by others, not even for a moment.
+    """
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name.startswith("."):
         raise SecurityError(f"certificate name {name!r}: use letters, digits, '.', '_', '-'")
     folder = Path(directory)
+    public, secret = folder / f"{name}.key", folder / f"{name}.key_secret"
+    existing = [str(p) for p in (public, secret) if p.exists() or p.is_symlink()]
+    if existing and not force:
+        raise SecurityError(
+            f"{' and '.join(existing)} already exist(s): pass --force to replace the key pair"
+        )
     folder.mkdir(parents=True, exist_ok=True)
-    public, secret = zmq.auth.create_certificates(str(folder), name)
-    os.chmod(secret, 0o600)
-    return Path(public), Path(secret)
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".keys-") as private:  # mode 0700
+        made_public, made_secret = zmq.auth.create_certificates(private, name)
+        os.chmod(made_secret, 0o600)
+        os.replace(made_secret, secret)
+        os.replace(made_public, public)
+    return public, secret
 
 
 def load_secret(path: str | os.PathLike[str]) -> tuple[bytes, bytes]:

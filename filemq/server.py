@@ -46,7 +46,7 @@ from typing import Any
 import zmq
 
 from filemq import security
-from filemq.engine import DEFAULT_CHUNK_SIZE, DEFAULT_ENDPOINT, Operation, load_wire
+from filemq.engine import DEFAULT_CHUNK_SIZE, DEFAULT_ENDPOINT, FilemqError, Operation, load_wire
 from filemq.engine_server import (
     ChunkPlan,
     Close,
@@ -166,27 +166,17 @@ class FileServer:
 
     # -- lifecycle ------------------------------------------------------------
 
-    def start(self) -> FileServer:
+    def bind(self) -> str:
+        """Bind the ROUTER (idempotent); the bound endpoint.
+
+        ``start()`` binds first, before the published trees are scanned or hashed, so
+        that an endpoint in use fails at once (``FilemqError``) and writes no index.
+        """
+        if self._router is not None:
+            return self.endpoint
         security.check_bind(
             self._bind, curve=self._curve_secret is not None, insecure=self._insecure
         )
-        for mount in self.mounts:
-            if not mount.directory.is_dir():
-                raise FileNotFoundError(f"{mount.directory}: not a directory")
-        for mount in self.mounts:
-            index = load_index(
-                self.index_files.get(mount.virtual), mount.directory, exclude=_excluded
-            )
-            self.indexes[mount.virtual] = index
-            self._refresh_mount(mount)
-            log.info(
-                "mount %s: %d files, %d hashed (%d bytes)",
-                mount.virtual,
-                len(index),
-                index.hashed_files,
-                index.hashed_bytes,
-            )
-        self._save_indexes()
         router = self.context.socket(zmq.ROUTER)
         try:
             router.linger = self._linger
@@ -196,13 +186,42 @@ class FileServer:
                 self._auth = security.start_authenticator(self.context, self._allow_dir)
                 security.configure_server(router, self._curve_secret)
             router.bind(self._bind)
-        except BaseException:
+        except BaseException as exc:
             router.close(linger=0)
             if self._auth is not None:
                 self._auth.stop()
                 self._auth = None
+            if isinstance(exc, zmq.ZMQError):
+                why = zmq.strerror(exc.errno or 0)
+                raise FilemqError(f"cannot serve on {self._bind}: {why}") from None
             raise
+        self._router = router
         self.endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
+        return self.endpoint
+
+    def start(self) -> FileServer:
+        self.bind()
+        try:
+            for mount in self.mounts:
+                if not mount.directory.is_dir():
+                    raise FileNotFoundError(f"{mount.directory}: not a directory")
+            for mount in self.mounts:
+                index = load_index(
+                    self.index_files.get(mount.virtual), mount.directory, exclude=_excluded
+                )
+                self.indexes[mount.virtual] = index
+                self._refresh_mount(mount)
+                log.info(
+                    "mount %s: %d files, %d hashed (%d bytes)",
+                    mount.virtual,
+                    len(index),
+                    index.hashed_files,
+                    index.hashed_bytes,
+                )
+            self._save_indexes()
+        except BaseException:
+            self._unbind()
+            raise
         address = f"inproc://filemq-server-{os.getpid()}-{next(_ids)}"
         self._loop_ctl = self.context.socket(zmq.PAIR)
         self._loop_ctl.linger = 0
@@ -210,13 +229,22 @@ class FileServer:
         self._ctl = self.context.socket(zmq.PAIR)
         self._ctl.linger = 0
         self._ctl.connect(address)
-        self._router = router
         self._thread = threading.Thread(target=self._run, name="filemq-server", daemon=True)
         self._thread.start()
         return self
 
+    def _unbind(self) -> None:
+        """Bound but never started: close the ROUTER and the authenticator."""
+        if self._router is not None:
+            self._router.close(linger=0)
+            self._router = None
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+
     def stop(self, timeout: float = 5.0) -> None:
         if self._thread is None:
+            self._unbind()
             return
         self._post(b"STOP")
         self._thread.join(timeout)
@@ -314,6 +342,7 @@ class FileServer:
                 self._close_file(client)
             router.close()
             ctl.close()
+            self._router = None
 
     def _control(self, ctl: zmq.Socket[Any]) -> bool:
         while True:

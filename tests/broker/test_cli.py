@@ -149,7 +149,7 @@ def test_serve_with_a_toml_config(tmp_path: Path, capsys: pytest.CaptureFixture[
         code, out, _ = run(capsys, "stats", *c)
         assert code == 0 and json.loads(out)["engine"]["node"] == "cli-node"
         code, _, err = run(capsys, "push", "--connect", c[1], "--token", "nope", "x", "1", "y")
-        assert code == 1 and "refused" in err
+        assert code == 3 and "refused" in err  # access refused
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(10) == 0

@@ -158,7 +158,7 @@ def test_insecure_bind_refused_and_no_server(tmp_path: Path) -> None:
         text=True,
         timeout=30,
     )
-    assert refused.returncode == 1 and "--insecure" in refused.stderr
+    assert refused.returncode == 2 and "--insecure" in refused.stderr  # usage: nothing ran
     nobody = _sync(
         tmp_path,
         "tcp://127.0.0.1:1",

@@ -259,7 +259,8 @@ def sync_once_process(
 
 
 def one_error_line(stderr: str) -> str:
-    errors = [line for line in stderr.splitlines() if line.startswith("ERROR")]
+    # a failure is one "filemq: ..." line (zerohub.cli), beside any log lines
+    errors = [line for line in stderr.splitlines() if line.startswith("filemq: ")]
     assert len(errors) == 1 and "Traceback" not in stderr, stderr
     return errors[0]
 

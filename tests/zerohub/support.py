@@ -1,0 +1,128 @@
+"""Running the zerohub command lines as real processes, and peers that never answer."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+WAIT = 30.0  # generous deadline for anything a test waits for
+
+
+def cli(
+    prog: str,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float = 60.0,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m PROG ARGS`` to its end."""
+    return subprocess.run(
+        [sys.executable, "-m", prog, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+        check=False,
+    )
+
+
+def one_line(stderr: str) -> str:
+    """The single line a failing command printed (fails the test on anything else)."""
+    assert "Traceback" not in stderr, stderr
+    lines = stderr.splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{stderr}"
+    return lines[0]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class SilentPeer:
+    """A TCP listener on loopback that accepts connections and never says a word.
+
+    To a ZeroMQ client it is a server that never answers its greeting; accepting a
+    connection is the sign that the client is connecting (no sleep needed).
+    """
+
+    def __init__(self) -> None:
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen()
+        self.port = int(self.listener.getsockname()[1])
+        self.endpoint = f"tcp://127.0.0.1:{self.port}"
+        self.accepted: list[socket.socket] = []
+
+    def wait_connection(self, timeout: float = WAIT) -> None:
+        ready, _, _ = select.select([self.listener], [], [], timeout)
+        assert ready, "nobody connected"
+        conn, _addr = self.listener.accept()
+        self.accepted.append(conn)
+
+    def close(self) -> None:
+        for conn in self.accepted:
+            conn.close()
+        self.listener.close()
+
+
+@contextmanager
+def silent_peer() -> Iterator[SilentPeer]:
+    peer = SilentPeer()
+    try:
+        yield peer
+    finally:
+        peer.close()
+
+
+def interrupt_while_connecting(prog: str, *args: str, env: Mapping[str, str] | None = None) -> str:
+    """Start ``PROG ARGS`` against a silent peer (``{endpoint}`` in ARGS), SIGINT it once
+    it is connecting; returns the one line it printed (and checks exit status 130)."""
+    with silent_peer() as peer:
+        argv = [a.replace("{endpoint}", peer.endpoint) for a in args]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", prog, *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        try:
+            peer.wait_connection()
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=WAIT)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert out == ""
+    return one_line(err)
+
+
+def run_into_closed_pipe(
+    prog: str, *args: str, env: Mapping[str, str] | None = None, timeout: float = WAIT
+) -> subprocess.CompletedProcess[bytes]:
+    """Run ``PROG ARGS`` with stdout a pipe whose reader is already gone (``| head``)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", prog, *args],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            timeout=timeout,
+            env={**os.environ, **(env or {})},
+            check=False,
+        )
+    finally:
+        os.close(write_end)
