@@ -59,7 +59,9 @@ def _ask(ctx: zmq.Context[Any], endpoint: str, path: str) -> list[fmq_msg.Cheezb
     got: list[fmq_msg.Cheezburger] = []
     try:
         sock.send_multipart(fmq_msg.encode(fmq_msg.Ohai()))
-        assert sock.poll(5000) and isinstance(fmq_msg.decode(sock.recv_multipart()), fmq_msg.OhaiOk)
+        assert sock.poll(5000) and isinstance(
+            fmq_msg.decode(sock.recv_multipart()), fmq_msg.OhaiOk
+        )
         sock.send_multipart(fmq_msg.encode(fmq_msg.Icanhaz(path, {"RESYNC": "1"}, {})))
         sock.send_multipart(fmq_msg.encode(fmq_msg.Nom(1 << 30, 0)))
         while sock.poll(5000):
@@ -101,7 +103,12 @@ def test_change_notices_and_rescans_never_index_through_links(
     """What a watcher (or any caller of the public notice API) says cannot lead out either."""
     pub, _outside = _planted(tmp_path)
     server = serve(pub, indexes_live=True)
-    for name in ("rootlink/secret.txt", "rootlink/sub/secret.txt", "filelink", "../outside/secret.txt"):
+    for name in (
+        "rootlink/secret.txt",
+        "rootlink/sub/secret.txt",
+        "filelink",
+        "../outside/secret.txt",
+    ):
         server.notify_changed("/", name)
     for subtree in ("rootlink", "rootlink/sub", "../outside"):
         server.rescan("/", subtree)
