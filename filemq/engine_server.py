@@ -352,6 +352,15 @@ class ServerSession:
         self._current = op
         return self.next_chunk()
 
+    def skip_current(self) -> None:
+        """Before the first chunk went out: the file cannot be read now; send nothing for it.
+
+        (Not a delete: the client keeps whatever copy it has.)
+        """
+        if self._current is None or self._offset != 0:
+            raise ValueError("skip_current only before the first chunk")
+        self._current = None
+
     def chunk_frames(self, plan: ChunkPlan, data: bytes | None) -> list[bytes]:
         """Encode the CHEEZBURGER for ``plan`` with ``data`` read from the source.
 

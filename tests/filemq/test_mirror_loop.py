@@ -39,8 +39,16 @@ def processes() -> Iterator[list[subprocess.Popen[str]]]:
 
 def _serve(procs: list[subprocess.Popen[str]], pub: Path, *args: str) -> str:
     proc = subprocess.Popen(
-        [*FILEMQ, "serve", "--bind", "tcp://127.0.0.1:*", "--no-state", "--publish", str(pub)]
-        + list(args),
+        [
+            *FILEMQ,
+            "serve",
+            "--bind",
+            "tcp://127.0.0.1:*",
+            "--no-state",
+            "--publish",
+            str(pub),
+            *args,
+        ],
         stderr=subprocess.PIPE,
         text=True,
     )
