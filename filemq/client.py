@@ -54,9 +54,10 @@ stats DEST instead of re-reading it.  Handshake failures seen on the socket
 monitor (CURVE key not allowed, CURVE against a plain server) end the run at
 once.
 
-SRSLY ends the run (``SyncRefused``).  Spec 35 says both "start a new
-connection" and "do not reconnect" on RTFM; this client reconnects once and
-gives up on a second RTFM (``SyncRejected``).
+SRSLY ends the run (``SyncRefused``); a server on this machine sends it when
+DEST is inside what the subscription mirrors (``filemq.loopguard``).  Spec 35
+says both "start a new connection" and "do not reconnect" on RTFM; this client
+reconnects once and gives up on a second RTFM (``SyncRejected``).
 
 Running forever (``max_retries=None``, what ``filemq subscribe`` does): a lost
 connection (socket monitor: disconnected), a silent server (heartbeats: HUGZ
@@ -89,6 +90,7 @@ from filemq.destlock import DestLock
 from filemq.engine import (
     DEFAULT_CREDIT_WINDOW,
     HEADER_SHA1,
+    OPTION_MIRROR_DEST,
     FilemqError,
     RemoteProtocolError,
     load_wire,
@@ -107,6 +109,7 @@ from filemq.engine_client import (
     ServerClosed,
 )
 from filemq.index import FileIndex, IndexDelta
+from filemq.loopguard import dest_option
 from filemq.mirror import TEMP_PREFIX, Mirror
 from filemq.paths import UnsafePathError, all_relative_safe
 from filemq.state import load_index
@@ -424,6 +427,7 @@ class SyncClient:
             heartbeat=self.heartbeat,
             timeout=self.timeout,
             reserved=_reserved,
+            options={OPTION_MIRROR_DEST: dest_option(self.dest)},  # (filemq.loopguard)
         )
         sock, monitor = self._socket()
         self._sock, self._monitor = sock, monitor

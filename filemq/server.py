@@ -30,6 +30,8 @@ when its ``(size, mtime_ns, inode)`` changed) and saved atomically after the
 initial scan, every ``save_interval`` seconds while it has changes, and at stop.
 When the state folder is inside a published directory it is not published.
 
+A mirror writing inside what it mirrors is refused (``filemq.loopguard``).
+
 Containment: every file the server opens, stats, lists or hashes is reached
 through ``filemq.paths`` (no symbolic link below a mount's directory is ever
 followed), whatever named it: a client's exact-path ICANHAZ, a watcher's
@@ -58,8 +60,14 @@ from typing import Any
 
 import zmq
 
-from filemq import security
-from filemq.engine import DEFAULT_CHUNK_SIZE, DEFAULT_ENDPOINT, Operation, load_wire
+from filemq import loopguard, security
+from filemq.engine import (
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_ENDPOINT,
+    OPTION_MIRROR_DEST,
+    Operation,
+    load_wire,
+)
 from filemq.engine_server import (
     ChunkPlan,
     Close,
@@ -642,7 +650,30 @@ class FileServer:
             self._queue_live([op], skip=sending)
         return op
 
+    def _mirror_loop(self, sub: Subscribe) -> str:
+        """Why the mirror asking for ``sub`` would copy itself without end ('' if not)."""
+        dest = sub.options.get(OPTION_MIRROR_DEST)
+        if not dest:
+            return ""
+        for i, rel in loopguard.locate_dest(dest, [m.directory for m in self.mounts]):
+            mount = self.mounts[i]
+            base = mount.prefix + (rel + "/" if rel else "")
+            if base.startswith(sub.path) or sub.path.startswith(base):
+                where = os.path.join(mount.directory, rel) if rel else str(mount.directory)
+                return (
+                    f"DEST is inside the directory it mirrors ({where}, published at {base}):"
+                    " it would copy itself without end"
+                )
+        return ""
+
     def _subscribe(self, session: ServerSession, sub: Subscribe) -> None:
+        loop = self._mirror_loop(sub)
+        if loop:
+            log.warning("client %s refused: %s", session.client_id.hex(), loop)
+            for action in session.refuse(loop):
+                if isinstance(action, Reply):
+                    self._send(session.client_id, action.frames)
+            return
         log.info(
             "client %s subscribed to %s (resync=%s, cache %d)",
             session.client_id.hex(),

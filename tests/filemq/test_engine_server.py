@@ -97,7 +97,7 @@ def test_icanhaz_rules() -> None:
     actions = s.receive(frames(fmq_msg.Icanhaz("/docs/", {"RESYNC": "1"}, {"a": "AB" * 20})), 1)
     assert replies(actions) == [fmq_msg.IcanhazOk()]
     sub = next(a for a in actions if isinstance(a, Subscribe))
-    assert sub == Subscribe("/docs/", True, {"/docs/a": "ab" * 20})
+    assert sub == Subscribe("/docs/", True, {"/docs/a": "ab" * 20}, {"RESYNC": "1"})
     assert isinstance(replies(s.receive(frames(fmq_msg.Icanhaz("docs")), 1))[0], fmq_msg.Rtfm)
     s = ready()
     assert isinstance(replies(s.receive(frames(fmq_msg.Icanhaz("/a/../b")), 1))[0], fmq_msg.Srsly)

@@ -7,10 +7,12 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import zmq
 
-from filemq.client import SyncResult
+from filemq.client import SyncRefused, SyncResult
 from filemq.server import FileServer
 
 from .conftest import read_tree, write_tree
@@ -98,10 +100,10 @@ def test_mirror_inside_its_own_published_directory_is_refused(
     code = _run_until_exit(client, pub)
     assert client.stderr is not None
     err = client.stderr.read()
-    assert code == 1, err
+    assert code == 3, err  # the server refused the subscription (SRSLY)
     refusals = [line for line in err.splitlines() if "inside the directory it mirrors" in line]
     assert len(refusals) == 1 and "Traceback" not in err, err
-    assert _depth(pub) <= 2
+    assert read_tree(pub / "loop") == {}  # refused before a single file was copied
 
 
 def _state_files(tree: dict[str, bytes]) -> list[str]:
@@ -140,3 +142,71 @@ def test_change_notices_for_the_server_state_are_ignored(
     result = sync_once(server.endpoint, tmp_path / "dest")
     got = read_tree(tmp_path / "dest")
     assert result.synced and "sentinel" in got and _state_files(got) == []
+
+
+def test_loop_refused_through_a_link_and_only_where_the_subscription_overlaps(
+    tmp_path: Path, serve: Callable[..., FileServer], sync_once: Callable[..., SyncResult]
+) -> None:
+    docs, img = tmp_path / "docs", tmp_path / "img"
+    write_tree(docs, {"a.txt": b"a"})
+    write_tree(img, {"b.png": b"b"})
+    (tmp_path / "alias").symlink_to(img, target_is_directory=True)
+    server = serve((docs, "/docs"), (img, "/img"))
+    # /docs mirrored into a folder /img publishes: no loop, it is just published again
+    ok = sync_once(server.endpoint, tmp_path / "alias" / "copy", path="/docs")
+    assert ok.synced and read_tree(img / "copy") == {"a.txt": b"a"}
+    for path in ("/", "/img", "/img/copy/"):  # these would send DEST's files back to it
+        with pytest.raises(SyncRefused, match="inside the directory it mirrors"):
+            sync_once(server.endpoint, tmp_path / "alias" / "copy", path=path)
+    with pytest.raises(SyncRefused, match="inside the directory it mirrors"):
+        sync_once(server.endpoint, docs, path="/docs")  # DEST is the published folder itself
+    assert read_tree(docs) == {"a.txt": b"a"}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "garbage",
+        "",
+        "other-machine 1 2 /",
+        "{machine} 0 0 {dest}",  # right path, wrong device and inode: not that folder
+        "{machine} x y {dest}",
+        "{machine} 1 2 relative/path",
+        "{machine} 1 2 /no/such/folder\x00nul",
+    ],
+)
+def test_forged_mirror_dest_options_are_ignored(
+    tmp_path: Path, serve: Callable[..., FileServer], zctx: zmq.Context[Any], value: str
+) -> None:
+    from filemq import fmq_msg
+    from filemq.engine import OPTION_MIRROR_DEST
+    from filemq.loopguard import dest_option
+
+    pub = tmp_path / "pub"
+    write_tree(pub, {"a.txt": b"a", "loop/x": b"x"})
+    machine = dest_option(pub).split(" ")[0]
+    server = serve(pub)
+    sock = zctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(server.endpoint)
+    try:
+        sock.send_multipart(fmq_msg.encode(fmq_msg.Ohai()))
+        assert sock.poll(5000) and isinstance(
+            fmq_msg.decode(sock.recv_multipart()), fmq_msg.OhaiOk
+        )
+        option = value.format(machine=machine, dest=pub / "loop")
+        options = {"RESYNC": "1", OPTION_MIRROR_DEST: option}
+        sock.send_multipart(fmq_msg.encode(fmq_msg.Icanhaz("/", options, {})))
+        assert sock.poll(5000)
+        assert isinstance(fmq_msg.decode(sock.recv_multipart()), fmq_msg.IcanhazOk)
+        sock.send_multipart(fmq_msg.encode(fmq_msg.Nom(1000, 0)))
+        names = []
+        while sock.poll(5000):
+            msg = fmq_msg.decode(sock.recv_multipart())
+            assert isinstance(msg, fmq_msg.Cheezburger), msg  # never SRSLY
+            if not msg.filename:
+                break
+            names.append(msg.filename)
+        assert names == ["/a.txt", "/loop/x"]
+    finally:
+        sock.close()
