@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import zmq
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from filemq import fmq_msg
@@ -179,6 +179,65 @@ def test_index_and_open_only_reach_files_inside_the_root(
                 assert SECRET not in os.pread(fd, 1 << 16, 0)
         finally:
             os.close(fd)
+
+
+_KINDS = ["file", "dir", "link_in_file", "link_in_dir", "link_out_file", "link_out_dir"]
+_KINDS += ["link_abs", "dangling", "loop", "link_up"]
+
+
+@st.composite
+def random_trees(draw: st.DrawFn) -> list[tuple[str, str, str]]:
+    """Up to 12 entries at depths 1-4, each a file, a folder or some kind of link."""
+    tree: list[tuple[str, str, str]] = []
+    taken: set[str] = set()
+    for _ in range(draw(st.integers(1, 12))):
+        depth = draw(st.integers(1, 4))
+        parts = [draw(st.sampled_from(["a", "b", "c", "..x", "a\\b"])) for _ in range(depth)]
+        rel = "/".join(parts)
+        if any("/".join(parts[:i]) in taken for i in range(1, depth + 1)):
+            continue  # keep it a tree: nothing below a file or a link
+        up = "/".join([".."] * depth)
+        kind = draw(st.sampled_from(_KINDS))
+        target = {
+            "link_in_file": f"{up}/inside-file",
+            "link_in_dir": f"{up}/inside-dir",
+            "link_out_file": f"{up}/../outside/secret",
+            "link_out_dir": f"{up}/../outside",
+            "link_abs": "{outside}",
+            "dangling": "no/such/thing",
+            "loop": parts[-1],
+            "link_up": "..",
+        }.get(kind, "")
+        tree.append((rel, "link" if target else kind, target))
+        if target or kind == "file":
+            taken.add(rel)
+        for i in range(1, depth):  # its folders are folders
+            taken.discard("/".join(parts[:i]))
+    return [("inside-file", "file", ""), ("inside-dir/f", "file", ""), *tree]
+
+
+@settings(_PROPS, max_examples=80)
+@given(tree=random_trees(), names=st.lists(hostile_names(), max_size=5))
+def test_random_trees_index_exactly_what_is_inside(
+    tmp_path_factory: pytest.TempPathFactory, tree: list[tuple[str, str, str]], names: list[str]
+) -> None:
+    base = tmp_path_factory.mktemp("tree")
+    pub, outside = base / "pub", base / "outside"
+    try:
+        _build(pub, outside, tree)
+    except OSError:
+        assume(False)  # the drawn entries collide (a file where a folder goes): not a tree
+    files, _ids = _inside(pub)
+    index = FileIndex(pub)
+    index.refresh()
+    assert {n: e.sha1 for n, e in index.entries().items()} == {
+        n: hashlib.sha1(d).hexdigest() for n, d in files.items()
+    }
+    for rel, _kind, _target in tree:
+        for name in (rel, rel + "/secret", rel + "/f", rel + "/sub/secret", *names):
+            entry = index.update(name)
+            assert (entry is not None) == (name in files)
+    assert set(index.entries()) == set(files)
 
 
 def _ask(sock: zmq.Socket[Any], path: str) -> list[fmq_msg.Cheezburger]:
