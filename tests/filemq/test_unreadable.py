@@ -10,7 +10,9 @@ runs as that user.
 
 from __future__ import annotations
 
+import hashlib  # noqa: F401  (imported before a forked child drops its privileges)
 import os
+import pickle
 import pwd
 import re
 import selectors
@@ -29,6 +31,8 @@ import zmq
 
 from filemq.client import SyncClient
 from filemq.events import EventKind, MirrorEvent
+from filemq.index import FileIndex
+from filemq.walk import reconcile, stamp_tree
 
 from .conftest import read_tree, write_tree
 
@@ -231,6 +235,110 @@ def test_file_made_unreadable_is_not_deleted_from_live_mirrors(
         client.stop()
         runner.join(10)
     assert events.names(EventKind.DELETE) == []
-    assert {k: v for k, v in read_tree(dest).items() if k in tree} == tree
+    got = read_tree(dest)
+    # the new version if the server read it before the chmod, else the one it had
+    assert got["a.txt"] in (b"version one", b"version two, longer than one")
+    assert got["b.txt"] == b"b" and got["sub/d.txt"] == b"d"
     log = server.stop()
     assert re.search(r"ERROR .*a\.txt", log), log
+
+
+def _as_server_user(fn: Callable[[], Any]) -> Any:
+    """``fn()`` with the server's privileges: in a forked child when we are root."""
+    uid = _server_uid()
+    if uid < 0:
+        return fn()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            payload = pickle.dumps(("ok", fn()))
+        except BaseException as exc:
+            payload = pickle.dumps(("error", repr(exc)))
+        with os.fdopen(write_end, "wb") as out:
+            out.write(payload)
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as inp:
+        payload = inp.read()
+    os.waitpid(pid, 0)
+    status, value = pickle.loads(payload)
+    assert status == "ok", value
+    return value
+
+
+def test_index_holds_what_it_cannot_read_and_takes_it_back_later(shared_dir: Path) -> None:
+    pub = shared_dir / "pub"
+    write_tree(pub, {"a.txt": b"one", "sub/d.txt": b"d", "b.txt": b"b"})
+    for path in (pub, pub / "sub"):
+        path.chmod(0o755)
+
+    def first_refresh() -> dict[str, Any]:
+        index = FileIndex(pub)
+        index.refresh()
+        return index.entries()
+
+    known = _as_server_user(first_refresh)
+    assert sorted(known) == ["a.txt", "b.txt", "sub/d.txt"]
+    (pub / "a.txt").write_bytes(b"two, a new version")
+    (pub / "a.txt").chmod(0o000)
+    (pub / "sub").chmod(0o000)
+    (pub / "b.txt").unlink()  # really deleted: that one goes
+
+    def refresh_as_server() -> tuple[Any, ...]:
+        index = FileIndex(pub)
+        for entry in known.values():
+            index.record(entry)
+        delta = index.refresh()
+        return (
+            delta.removed,
+            index.unreadable(),
+            index.held("a.txt"),
+            index.held("sub/d.txt"),
+            index.held("b.txt"),
+            sorted(index.entries()),
+            index.update("a.txt", rehash=True) == known["a.txt"],
+        )
+
+    removed, unreadable, held_a, held_d, held_b, names, kept = _as_server_user(refresh_as_server)
+    assert removed == ("b.txt",)
+    assert set(unreadable) == {"a.txt", "sub/"} and held_a and held_d and not held_b
+    assert names == ["a.txt", "sub/d.txt"] and kept  # the last readable versions stay
+    (pub / "a.txt").chmod(0o644)
+    (pub / "sub").chmod(0o755)
+
+    def readable_again() -> tuple[Any, ...]:
+        index = FileIndex(pub)
+        for entry in known.values():
+            index.record(entry)
+        delta = index.refresh()
+        return sorted(e.name for e in delta.changed), index.unreadable()
+
+    changed, unreadable = _as_server_user(readable_again)
+    assert changed == ["a.txt"] and unreadable == {}
+
+
+def test_walk_reports_an_unlistable_folder_and_reconcile_keeps_its_files(
+    shared_dir: Path,
+) -> None:
+    pub = shared_dir / "pub"
+    write_tree(pub, {"a.txt": b"a", "sub/d.txt": b"d", "sub/deeper/e.txt": b"e"})
+    for path in (pub, pub / "sub", pub / "sub" / "deeper"):
+        path.chmod(0o755)
+    known = stamp_tree(pub)
+    (pub / "sub").chmod(0o000)
+
+    def walk() -> tuple[Any, ...]:
+        unreadable: set[str] = set()
+        current = stamp_tree(pub, unreadable=unreadable)
+        return current, unreadable
+
+    current, unreadable = _as_server_user(walk)
+    assert sorted(current) == ["a.txt"] and unreadable == {"sub"}
+    assert reconcile("/", known, current, held=unreadable) == []
+    blind = reconcile("/", known, current)  # what a consumer not told about it would do
+    assert sorted(e.relpath for e in blind) == ["sub/d.txt", "sub/deeper/e.txt"]
