@@ -111,7 +111,7 @@ from filemq.engine_client import (
 from filemq.index import FileIndex, IndexDelta
 from filemq.loopguard import dest_option
 from filemq.mirror import TEMP_PREFIX, Mirror
-from filemq.paths import UnsafePathError, all_relative_safe
+from filemq.paths import UnsafePathError, all_relative_safe, relative_inside
 from filemq.state import load_index
 
 if TYPE_CHECKING:  # imported when an event is emitted: start-up time of `filemq sync`
@@ -170,6 +170,16 @@ def _reserved(parts: tuple[str, ...]) -> bool:
 def _is_temp(name: str) -> bool:
     """Names the index of DEST skips: our temp files."""
     return name.startswith(TEMP_PREFIX)
+
+
+def _exclusion(
+    dest: str | os.PathLike[str], index_path: str | os.PathLike[str] | None
+) -> Callable[[str], bool]:
+    """What DEST's index skips: temp files, and DEST's own index file if it is inside."""
+    inner = None if index_path is None else relative_inside(dest, index_path)
+    if not inner:
+        return _is_temp
+    return lambda name: name == inner or _is_temp(name)
 
 
 class _Progress:
@@ -261,6 +271,7 @@ class SyncClient:
         self.curve_secret = curve_secret
         self.server_key = server_key
         self.index_path = index_path
+        self._exclude = _exclusion(dest, index_path)  # (never mirror our own index)
         self.idle_timeout = idle_timeout
         self.connect_timeout = connect_timeout
         self.timeout = timeout
@@ -295,7 +306,7 @@ class SyncClient:
     # -- index ------------------------------------------------------------------
 
     def _load_index(self) -> FileIndex:
-        return load_index(self.index_path, self.dest, exclude=_is_temp)
+        return load_index(self.index_path, self.dest, exclude=self._exclude)
 
     def _save_index(self, index: FileIndex) -> None:
         if self.index_path is None or not (index.dirty or not os.path.exists(self.index_path)):
@@ -338,7 +349,7 @@ class SyncClient:
 
     def _run(self) -> SyncResult:
         # the saved index is read by the first session, while its connection is set up
-        mirror = Mirror(self.dest, FileIndex(self.dest, exclude=_is_temp))
+        mirror = Mirror(self.dest, FileIndex(self.dest, exclude=self._exclude))
         self._scanned = False
         retries = 0
         rejected = 0

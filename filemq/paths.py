@@ -55,6 +55,7 @@ __all__ = [
     "make_parents",
     "open_beneath",
     "open_dir_beneath",
+    "relative_inside",
     "relative_parts",
     "remove_beneath",
     "replace_beneath",
@@ -181,6 +182,17 @@ _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _STEP = getattr(os, "O_PATH", os.O_RDONLY) | _DIRECTORY | _NOFOLLOW | _CLOEXEC
 _ROOT = os.O_RDONLY | _DIRECTORY | _CLOEXEC
 _NOT_THERE_BUT_IN_THE_WAY = (errno.ENOTDIR, errno.ELOOP)
+
+
+def relative_inside(root: str | os.PathLike[str], path: str | os.PathLike[str]) -> str | None:
+    """``path`` relative to ``root`` ('/'-separated; '' when equal) if, once both are
+    resolved, it is ``root`` or below it; else None.  (To keep a program's own files --
+    a server's state, a mirror's index -- out of what it publishes or mirrors.)"""
+    real_root, real = os.path.realpath(root), os.path.realpath(path)
+    if os.path.commonpath([real_root, real]) != real_root:
+        return None
+    inner = os.path.relpath(real, real_root)
+    return "" if inner == "." else Path(inner).as_posix()
 
 
 def absent(exc: BaseException) -> bool:

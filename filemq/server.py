@@ -78,7 +78,7 @@ from filemq.engine_server import (
     Subscribe,
 )
 from filemq.index import FileEntry, FileIndex, IndexDelta
-from filemq.paths import absent, local_parts, open_beneath, virtual_path
+from filemq.paths import absent, local_parts, open_beneath, relative_inside, virtual_path
 from filemq.state import load_index, server_index_path, server_state_dir
 from filemq.walk import DEFAULT_IGNORE, PathFilter
 
@@ -105,14 +105,8 @@ def _excluded(name: str) -> bool:
 
 def _exclusion(directory: Path, state_dir: str | os.PathLike[str] | None) -> Callable[[str], bool]:
     """What a mount never publishes: temp files, and the server's state if it is inside."""
-    if state_dir is None:
-        return _excluded
-    mine = os.path.realpath(server_state_dir(state_dir))
-    root = os.path.realpath(directory)
-    if os.path.commonpath([mine, root]) != root:
-        return _excluded
-    inner = Path(os.path.relpath(mine, root)).as_posix()
-    if inner == ".":  # the state folder is the published directory: nothing to hide by name
+    inner = None if state_dir is None else relative_inside(directory, server_state_dir(state_dir))
+    if not inner:  # elsewhere, or the published directory itself: nothing to hide by name
         return _excluded
     log.info("%s: the server's state in %s is not published", directory, inner)
     below = inner + "/"

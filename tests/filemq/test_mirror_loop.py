@@ -210,3 +210,17 @@ def test_forged_mirror_dest_options_are_ignored(
         assert names == ["/a.txt", "/loop/x"]
     finally:
         sock.close()
+
+
+def test_mirror_index_kept_inside_dest_is_left_alone(
+    tmp_path: Path, serve: Callable[..., FileServer], sync_once: Callable[..., SyncResult]
+) -> None:
+    """The mirror's own index inside DEST is neither offered to the server nor deleted."""
+    pub, dest = tmp_path / "pub", tmp_path / "dest"
+    write_tree(pub, {"a.txt": b"a"})
+    server = serve(pub)
+    index = dest / ".mirror.idx"
+    for _ in range(2):
+        result = sync_once(server.endpoint, dest, index_path=index)
+        assert result.synced and result.deleted == 0 and result.errors == 0
+        assert index.is_file() and read_tree(dest)["a.txt"] == b"a"
