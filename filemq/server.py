@@ -594,7 +594,10 @@ class FileServer:
         if fresh is None:
             session.skip_current()
             return None
-        if fresh.operation is Operation.CREATE and retry:  # replaced meanwhile: that version
+        if fresh.operation is Operation.CREATE:  # there again (replaced meanwhile)
+            if not retry:  # flapping: send nothing now, never a delete of what exists
+                session.skip_current()
+                return None
             new_plan = session.replace_current(fresh)
             assert new_plan is not None
             return self._build(session, new_plan, retry=False)
