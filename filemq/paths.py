@@ -291,6 +291,7 @@ def open_beneath(
         if not flags & _DIRECTORY:
             raise UnsafePathError("empty file name")
         return _open_root(root)
+    _check_part(parts[-1])
     parent = open_dir_beneath(root, parts[:-1])
     try:
         return os.open(parts[-1], flags | _NOFOLLOW | _CLOEXEC, mode, dir_fd=parent)
