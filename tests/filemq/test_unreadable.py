@@ -14,8 +14,8 @@ import hashlib  # noqa: F401  (imported before a forked child drops its privileg
 import os
 import pickle
 import pwd
+import queue
 import re
-import selectors
 import shutil
 import subprocess
 import sys
@@ -76,7 +76,7 @@ def shared_dir() -> Iterator[Path]:
 
 
 class _Server:
-    """``filemq serve`` in a real process; its stderr is collected in a thread."""
+    """``filemq serve`` in a real process; its stderr is read by a thread from the start."""
 
     def __init__(self, *args: str) -> None:
         self.proc = subprocess.Popen(
@@ -86,34 +86,32 @@ class _Server:
             cwd="/",
         )
         self.lines: list[str] = []
-        self.endpoint = self._read_endpoint()
+        self._new: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._reader = threading.Thread(target=self._collect, daemon=True)
         self._reader.start()
-
-    def _read_endpoint(self) -> str:
-        assert self.proc.stderr is not None
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stderr, selectors.EVENT_READ)
-        deadline = time.monotonic() + 20
-        try:
-            while time.monotonic() < deadline:
-                if sel.select(timeout=deadline - time.monotonic()):
-                    line = self.proc.stderr.readline()
-                    self.lines.append(line)
-                    found = re.search(r"on (tcp://\S+) \(", line)
-                    if found:
-                        return found.group(1)
-                    if not line:
-                        break
-        finally:
-            sel.close()
-        self.stop()
-        raise AssertionError("server did not start:\n" + "".join(self.lines))
+        self.endpoint = self._read_endpoint()
 
     def _collect(self) -> None:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
             self.lines.append(line)
+            self._new.put(line)
+        self._new.put("")  # end of output
+
+    def _read_endpoint(self) -> str:
+        deadline = time.monotonic() + 20
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._new.get(timeout=left)
+            except queue.Empty:
+                break
+            found = re.search(r"on (tcp://\S+) \(", line)
+            if found:
+                return found.group(1)
+            if not line:
+                break
+        self.stop()
+        raise AssertionError("server did not start:\n" + "".join(self.lines))
 
     def stop(self) -> str:
         """Stop the server (SIGTERM); everything it wrote on stderr."""
@@ -124,8 +122,7 @@ class _Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        if hasattr(self, "_reader"):
-            self._reader.join(10)
+        self._reader.join(10)
         if self.proc.stderr is not None:
             self.proc.stderr.close()
         return "".join(self.lines)
