@@ -56,9 +56,10 @@ stats DEST instead of re-reading it.  Handshake failures seen on the socket
 monitor (CURVE key not allowed, CURVE against a plain server) end the run at
 once.
 
-SRSLY ends the run (``SyncRefused``).  Spec 35 says both "start a new
-connection" and "do not reconnect" on RTFM; this client reconnects once and
-gives up on a second RTFM (``SyncRejected``).
+SRSLY ends the run (``SyncRefused``); a server on this machine sends it when
+DEST is inside what the subscription mirrors (``filemq.loopguard``).  Spec 35
+says both "start a new connection" and "do not reconnect" on RTFM; this client
+reconnects once and gives up on a second RTFM (``SyncRejected``).
 
 Running forever (``max_retries=None``, what ``filemq subscribe`` does): a lost
 connection (socket monitor: disconnected), a silent server (heartbeats: HUGZ
@@ -91,6 +92,7 @@ from filemq.destlock import DestLock
 from filemq.engine import (
     DEFAULT_CREDIT_WINDOW,
     HEADER_SHA1,
+    OPTION_MIRROR_DEST,
     FilemqError,
     RemoteProtocolError,
     load_wire,
@@ -109,8 +111,9 @@ from filemq.engine_client import (
     ServerClosed,
 )
 from filemq.index import FileIndex, IndexDelta
+from filemq.loopguard import dest_option
 from filemq.mirror import TEMP_PREFIX, Mirror
-from filemq.paths import UnsafePathError, all_relative_safe
+from filemq.paths import UnsafePathError, all_relative_safe, relative_inside
 from filemq.state import load_index
 
 if TYPE_CHECKING:  # imported when an event is emitted: start-up time of `filemq sync`
@@ -170,6 +173,16 @@ def _reserved(parts: tuple[str, ...]) -> bool:
 def _is_temp(name: str) -> bool:
     """Names the index of DEST skips: our temp files."""
     return name.startswith(TEMP_PREFIX)
+
+
+def _exclusion(
+    dest: str | os.PathLike[str], index_path: str | os.PathLike[str] | None
+) -> Callable[[str], bool]:
+    """What DEST's index skips: temp files, and DEST's own index file if it is inside."""
+    inner = None if index_path is None else relative_inside(dest, index_path)
+    if not inner:
+        return _is_temp
+    return lambda name: name == inner or _is_temp(name)
 
 
 class _Progress:
@@ -261,6 +274,7 @@ class SyncClient:
         self.curve_secret = curve_secret
         self.server_key = server_key
         self.index_path = index_path
+        self._exclude = _exclusion(dest, index_path)  # (never mirror our own index)
         self.idle_timeout = idle_timeout
         self.connect_timeout = connect_timeout
         self.timeout = timeout
@@ -296,7 +310,7 @@ class SyncClient:
     # -- index ------------------------------------------------------------------
 
     def _load_index(self) -> FileIndex:
-        return load_index(self.index_path, self.dest, exclude=_is_temp)
+        return load_index(self.index_path, self.dest, exclude=self._exclude)
 
     def _save_index(self, index: FileIndex) -> None:
         if self.index_path is None or not (index.dirty or not os.path.exists(self.index_path)):
@@ -339,7 +353,7 @@ class SyncClient:
 
     def _run(self) -> SyncResult:
         # the saved index is read by the first session, while its connection is set up
-        mirror = Mirror(self.dest, FileIndex(self.dest, exclude=_is_temp))
+        mirror = Mirror(self.dest, FileIndex(self.dest, exclude=self._exclude))
         self._scanned = False
         self._answered = False
         retries = 0
@@ -437,6 +451,7 @@ class SyncClient:
             heartbeat=self.heartbeat,
             timeout=self.timeout,
             reserved=_reserved,
+            options={OPTION_MIRROR_DEST: dest_option(self.dest)},  # (filemq.loopguard)
         )
         sock, monitor = self._socket()
         self._sock, self._monitor = sock, monitor

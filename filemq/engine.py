@@ -21,6 +21,10 @@ format, so other FILEMQ peers can ignore them):
 * **Deletes during RESYNC**: a ``cache`` entry under the subscription path that
   names no file on the server gets a delete operation, so a resynced mirror
   drops files the server no longer has.
+* **Mirror DEST**: the client's ICANHAZ carries the option ``MIRROR-DEST``
+  (machine, device, inode and real path of its DEST, ``filemq.loopguard``); a
+  server on the same machine answers SRSLY when DEST is inside a directory it
+  publishes under that subscription (the mirror would copy itself without end).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ __all__ = [
     "HEADER_RESYNC",
     "HEADER_SHA1",
     "HEADER_SIZE",
+    "OPTION_MIRROR_DEST",
     "RESYNC_COMPLETE",
     "FilemqError",
     "LocalProtocolError",
@@ -69,6 +74,7 @@ HEADER_MTIME = "mtime_ns"
 HEADER_RESYNC = "resync"
 HEADER_PATH = "path"
 RESYNC_COMPLETE = "complete"
+OPTION_MIRROR_DEST = "MIRROR-DEST"  # ICANHAZ option: where the mirror writes (loopguard)
 
 
 class Operation(IntEnum):

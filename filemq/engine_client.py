@@ -163,6 +163,7 @@ class ClientSession:
         heartbeat: float = 5.0,
         timeout: float = 30.0,
         reserved: Callable[[tuple[str, ...]], bool] | None = None,
+        options: dict[str, str] | None = None,
     ) -> None:
         if window < 1:
             raise ValueError("window must be >= 1 byte")
@@ -178,6 +179,7 @@ class ClientSession:
         self.timeout = timeout
         self.state = ClientState.START
         self._reserved = reserved
+        self._options = {"RESYNC": "1", **(options or {})}  # of every ICANHAZ
         self._last_heard = now
         self._last_sent = now
         self._expected_seq = 0
@@ -230,7 +232,7 @@ class ClientSession:
             wire_cache = {k: v for k, v in cache.items() if len(k.encode()) <= limit}
         self._pending_oks += 1
         self._pending_resyncs += 1
-        return self._send(self.codec.Icanhaz(path, {"RESYNC": "1"}, wire_cache))
+        return self._send(self.codec.Icanhaz(path, self._options, wire_cache))
 
     # -- driving ------------------------------------------------------------
 

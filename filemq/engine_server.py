@@ -114,6 +114,7 @@ class Subscribe:
     path: str
     resync: bool
     cache: dict[str, str] = field(default_factory=dict)  # virtual path -> sha1 hex
+    options: dict[str, str] = field(default_factory=dict)  # ICANHAZ options, as sent
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,7 +253,12 @@ class ServerSession:
             self.subscriptions.append(raw)
         resync = msg.options.get("RESYNC") == "1"
         cache = resolve_cache(raw, msg.cache) if resync else {}
-        return [Reply(self.codec.encode(self.codec.IcanhazOk())), Subscribe(raw, resync, cache)]
+        subscribe = Subscribe(raw, resync, cache, dict(msg.options))
+        return [Reply(self.codec.encode(self.codec.IcanhazOk())), subscribe]
+
+    def refuse(self, reason: str) -> list[Action]:
+        """The I/O layer refuses the subscription (SRSLY); later commands are discarded."""
+        return self._srsly(reason)
 
     def _srsly(self, reason: str) -> list[Action]:
         self._stop(SessionState.REFUSED)
@@ -351,6 +357,15 @@ class ServerSession:
             raise ValueError("replace_current only before the first chunk")
         self._current = op
         return self.next_chunk()
+
+    def skip_current(self) -> None:
+        """Before the first chunk went out: the file cannot be read now; send nothing for it.
+
+        (Not a delete: the client keeps whatever copy it has.)
+        """
+        if self._current is None or self._offset != 0:
+            raise ValueError("skip_current only before the first chunk")
+        self._current = None
 
     def chunk_frames(self, plan: ChunkPlan, data: bytes | None) -> list[bytes]:
         """Encode the CHEEZBURGER for ``plan`` with ``data`` read from the source.

@@ -5,7 +5,19 @@ published directory on the server, the DEST of a mirror on the client).  The
 SHA-1 of a file is computed once per *file version*, identified by the key
 ``(size, mtime_ns, inode)``: ``refresh()`` stats every file and re-reads only
 those whose key changed.  Symbolic links, devices and names that are not valid
-UTF-8 are never indexed (a link could lead out of the root).
+UTF-8 are never indexed (a link could lead out of the root).  Every file and
+folder is reached through ``filemq.paths.open_beneath`` / ``lstat_beneath``: no
+symbolic link below the root is followed, not even by a name given to
+``update`` or ``refresh`` (a watcher's notice, a client's exact-path request).
+
+Missing is not the same as unreadable.  A name that is gone, or is not a
+regular file reached without links, leaves the index (a delete for mirrors).  A
+file that exists but cannot be read (permission denied, I/O error, changing
+faster than it can be hashed), or a folder that cannot be listed, is an error:
+logged once, listed by ``unreadable()``, and *held* -- its last readable entry
+stays (or, never read, it is at least not reported as removed), and ``held()``
+tells callers not to delete mirrors' copies.  Held names are tried again by
+every ``refresh``.
 
 On-disk format (``save``/``load``), version 1 -- UTF-8 JSON lines::
 
@@ -14,11 +26,13 @@ On-disk format (``save``/``load``), version 1 -- UTF-8 JSON lines::
     ...                                              (N lines, sorted by name)
 
 ``load`` refuses another ``format``, another ``version``, another ``root``, a
-wrong count or a malformed line with ``IndexFormatError``; callers treat that
-as "no index" and rebuild.  ``save`` writes a temp file beside the target and
-renames it into place, so a crash never leaves a half-written index.  A newer
-format gets a new version number and a reader for the old one here, behind
-``load``; nothing outside this module knows the layout.  Where index files
+wrong count, a malformed line or a name that is not a plain relative name
+(``..``, absolute, backslash, NUL...: a tampered file) with
+``IndexFormatError``; callers treat that as "no index" and rebuild.  ``save``
+writes a temp file beside the target and renames it into place, so a crash
+never leaves a half-written index.  A newer format gets a new version number
+and a reader for the old one here, behind ``load``; nothing outside this
+module knows the layout.  Where index files
 live (server state dir, mirror cache) is ``filemq.state``'s business.
 
 Speed (every ``filemq sync`` loads and refreshes its DEST's index; 10,000
@@ -45,6 +59,13 @@ from stat import S_ISDIR, S_ISREG
 from typing import Any, NamedTuple
 
 from filemq.engine import FilemqError
+from filemq.paths import (
+    UnsafePathError,
+    absent,
+    local_parts,
+    lstat_beneath,
+    open_beneath,
+)
 
 __all__ = [
     "FORMAT_NAME",
@@ -53,6 +74,8 @@ __all__ = [
     "FileIndex",
     "IndexDelta",
     "IndexFormatError",
+    "NotRegularFile",
+    "sha1_beneath",
     "sha1_file",
 ]
 
@@ -110,53 +133,64 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def sha1_file(path: str | os.PathLike[str]) -> tuple[str, os.stat_result]:
-    """Hex SHA-1 of a regular file (links not followed) and its stat during hashing.
+class NotRegularFile(FileNotFoundError):
+    """What was opened is not a regular file (it was swapped for a folder, FIFO, ...)."""
 
-    Retries when the file changes while it is read; raises OSError when it
-    cannot be read or never stays still.
-    """
+
+# O_NONBLOCK: a name swapped for a FIFO after its lstat must not block the opener
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+
+
+def _digest(open_file: Callable[[], int], what: object) -> tuple[str, os.stat_result]:
     import hashlib  # deferred: OpenSSL's ~3 ms start-up, which a no-change sync never needs
 
     for _attempt in range(_HASH_RETRIES):
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-        with os.fdopen(fd, "rb") as f:
+        with os.fdopen(open_file(), "rb") as f:
             before = os.fstat(f.fileno())
             if not stat.S_ISREG(before.st_mode):
-                raise OSError(f"{path}: not a regular file")
+                raise NotRegularFile(f"{what}: not a regular file")
             digest = hashlib.file_digest(f, "sha1").hexdigest()
             after = os.fstat(f.fileno())
         if _key(before) == _key(after):
             return digest, after
-    raise OSError(f"{path}: kept changing while it was hashed")
+    raise OSError(f"{what}: kept changing while it was hashed")
+
+
+def sha1_file(path: str | os.PathLike[str]) -> tuple[str, os.stat_result]:
+    """Hex SHA-1 of a regular file (links not followed) and its stat during hashing.
+
+    Retries when the file changes while it is read; raises OSError when it
+    cannot be read or never stays still (``NotRegularFile`` when it is not a
+    regular file).
+    """
+    flags = _READ_FLAGS | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    return _digest(lambda: os.open(path, flags), path)
+
+
+def sha1_beneath(root: str | os.PathLike[str], name: str) -> tuple[str, os.stat_result]:
+    """``sha1_file`` of relative ``name`` under ``root``, reached without following links.
+
+    Raises ``FileNotFoundError`` (or its ``NotRegularFile``) and ``UnsafePathError`` when
+    ``name`` is not a regular file reached that way; any other ``OSError`` when it is one
+    but cannot be read.
+    """
+    parts = local_parts(name)
+    return _digest(lambda: open_beneath(root, parts, _READ_FLAGS), name)
 
 
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
-_SCANDIR_FD = os.scandir in os.supports_fd and os.open in os.supports_dir_fd
-
-
-def _open_root(root: str) -> int:
-    """A descriptor of ``root`` for ``_open_listing``, or -1 (unsupported or missing)."""
-    if not _SCANDIR_FD:
-        return -1
-    try:
-        return os.open(root, _DIR_FLAGS)
-    except OSError:
-        return -1  # listing by path reports it
 
 
 def _open_listing(root: str, root_fd: int, rel: str) -> tuple[Any, int]:
     """``os.scandir`` of folder ``rel`` under ``root``, and a descriptor to close (or -1).
 
-    Through descriptors where the platform allows: each entry's ``lstat`` then
-    looks up one name instead of the whole path (~20% faster for 10,000 files)
-    and a folder is opened without following a symbolic link.
+    Through descriptors: each entry's ``lstat`` then looks up one name instead of
+    the whole path (~20% faster for 10,000 files), and the folder is reached
+    through ``open_beneath`` (no symbolic link followed on the way).
     """
-    if root_fd < 0:
-        return os.scandir(os.path.join(root, rel) if rel else root), -1
     if not rel:
         return os.scandir(root_fd), -1  # (scandir works on its own copy of the descriptor)
-    fd = os.open(rel, _DIR_FLAGS | getattr(os, "O_NOFOLLOW", 0), dir_fd=root_fd)
+    fd = open_beneath(root_fd, rel.split("/"), _DIR_FLAGS)
     try:
         return os.scandir(fd), fd
     except BaseException:
@@ -208,6 +242,34 @@ def _check_rows(rows: Any, path: str | os.PathLike[str]) -> None:
     raise IndexFormatError(f"{path}: malformed entries")  # not reached
 
 
+# What no name a refresh indexes can hold, in names joined and framed by NUL (which no
+# file name holds): an empty name or component, '.' or '..', a leading or trailing '/'
+_NOT_FROM_A_WALK = (
+    *("\0\0", "//", "\0/", "/\0"),
+    *("/./", "/../", "\0./", "\0../", "/.\0", "/..\0", "\0.\0", "\0..\0"),
+)
+
+
+def _check_names(rows: list[Any], path: str | os.PathLike[str]) -> None:
+    """Raise IndexFormatError unless every name is one a walk of the root could index.
+
+    A tampered index could name ``../x`` or ``/etc/passwd``; a name with a
+    backslash or a colon is an ordinary file name here and stays.
+    """
+    names = [row[0] for row in rows]
+    if not names:
+        return  # an empty mirror's index (framing two NULs would read as an empty name)
+    text = "\0" + "\0".join(names) + "\0"
+    bad = text.count("\0") != len(names) + 1 or any(b in text for b in _NOT_FROM_A_WALK)
+    if not bad and not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            bad = True
+    if bad:
+        raise IndexFormatError(f"{path}: a name in the index cannot be a file under its root")
+
+
 class FileIndex:
     """Index of the regular files under ``root`` (not thread-safe; one owner)."""
 
@@ -217,6 +279,9 @@ class FileIndex:
         self.root = Path(root)
         self._exclude = exclude
         self._entries: dict[str, FileEntry] = {}
+        self._unreadable: dict[str, str] = {}  # file name -> why it cannot be read
+        self._unlisted: dict[str, str] = {}  # folder name ("" the root) -> why
+        self._logged: dict[str, str] = {}  # marks a refresh dropped (not logged again)
         #: Files and bytes hashed so far (tests and logs use these).
         self.hashed_files = 0
         self.hashed_bytes = 0
@@ -244,47 +309,140 @@ class FileIndex:
         entries = self._entries
         return dict(zip(entries, map(itemgetter(4), entries.values()), strict=True))
 
+    # -- what cannot be read ------------------------------------------------
+
+    def unreadable(self) -> dict[str, str]:
+        """Files that exist but cannot be read, and folders that cannot be listed
+        (their names end in '/'; the root is '/'), with the reason."""
+        out = dict(self._unreadable)
+        out.update((f"{name}/" if name else "/", why) for name, why in self._unlisted.items())
+        return out
+
+    def held(self, name: str) -> bool:
+        """Is ``name`` (or a folder above it) there but unreadable?  Never delete its copies."""
+        if not self._unlisted:
+            return name in self._unreadable
+        if name in self._unreadable or "" in self._unlisted:
+            return True
+        parts = name.split("/")
+        return any("/".join(parts[:i]) in self._unlisted for i in range(1, len(parts)))
+
+    def _cannot_read(self, name: str, exc: OSError) -> None:
+        why = exc.strerror or str(exc)
+        if self._unreadable.get(name, self._logged.get(name)) != why:
+            log.error("%s: cannot read %r (%s): kept, not deleted", self.root, name, why)
+        self._unreadable[name] = why
+
+    def _cannot_list(self, folder: str, exc: OSError) -> None:
+        why = exc.strerror or str(exc)
+        if self._unlisted.get(folder, self._logged.get(folder)) != why:
+            log.error(
+                "%s: cannot list %r (%s): what it holds is kept, not deleted",
+                self.root,
+                folder or "/",
+                why,
+            )
+        self._unlisted[folder] = why
+
+    @contextlib.contextmanager
+    def _logging_anew(self) -> Iterator[None]:
+        try:
+            yield
+        finally:
+            self._logged.clear()
+
+    def _readable_again(self, name: str) -> None:
+        if self._unreadable.pop(name, None) is not None:
+            log.info("%s: %r is readable again", self.root, name)
+
     # -- building ---------------------------------------------------------
 
     def _hash(self, name: str, st: os.stat_result, rehash: bool = False) -> FileEntry | None:
+        """The entry of ``name`` now: None when it is gone (or never readable: see held()).
+
+        A file that cannot be read keeps its last entry and is marked unreadable.
+        """
         old = self._entries.get(name)
         if old is not None and old.key == _key(st) and not rehash:
             return old
         try:
-            digest, st = sha1_file(self.root / name)
+            digest, st = sha1_beneath(self.root, name)
         except OSError as exc:
-            log.warning("index %s: cannot hash %r: %s", self.root, name, exc)
+            if absent(exc):
+                self._unreadable.pop(name, None)
+                return None
+            self._cannot_read(name, exc)
+            return old
+        except UnsafePathError:
+            self._unreadable.pop(name, None)
             return None
+        if self._unreadable:
+            self._readable_again(name)
         self.hashed_files += 1
         self.hashed_bytes += st.st_size
         if old is not None and old.key == _key(st) and old.sha1 == digest:
             return old  # re-read on request, same version after all
         return FileEntry(name, st.st_size, st.st_mtime_ns, st.st_ino, digest)
 
+    def _forget_marks(self, subdir: str) -> set[str]:
+        """Drop the unreadable marks under ``subdir`` (the walk sets them again).
+
+        Returns the files that were marked: the walk reads them again even when
+        their key did not change, and does not log them again if still unreadable.
+        """
+        prefix = subdir + "/" if subdir else ""
+        files = {n: why for n, why in self._unreadable.items() if n.startswith(prefix)}
+        for name in files:
+            del self._unreadable[name]
+        for folder in [
+            f for f in self._unlisted if not subdir or f == subdir or f.startswith(prefix)
+        ]:
+            self._logged[folder] = self._unlisted.pop(folder)
+        self._logged.update(files)
+        return set(files)
+
     def refresh(self, subdir: str = "") -> IndexDelta:
         """Re-stat the files under ``subdir`` ('' for all); hash only changed versions.
 
         One tight loop (it runs on every ``filemq sync`` start): a file whose
-        ``(size, mtime_ns, inode)`` matches its entry costs one ``lstat``.
+        ``(size, mtime_ns, inode)`` matches its entry costs one ``lstat``.  A
+        ``subdir`` that is not a plain relative name, or is reached through a
+        link, holds nothing.
         """
         subdir = subdir.strip("/")
+        if subdir:
+            try:
+                local_parts(subdir)
+            except UnsafePathError as exc:
+                log.warning("index %s: refresh of %r refused: %s", self.root, subdir, exc)
+                return IndexDelta((), ())
         entries = self._entries
         exclude = self._exclude
         root = os.fspath(self.root)
         seen: set[str] = set()
         changed: list[FileEntry] = []
+        retry = self._forget_marks(subdir)  # unreadable last time: read again
         stack = [subdir]
-        root_fd = _open_root(root)
-        with _gc_paused(), _closing_fd(root_fd):
+        try:
+            root_fd = os.open(root, _DIR_FLAGS)
+        except OSError as exc:
+            if not absent(exc):  # there, but cannot be opened: hold everything
+                self._cannot_list("", exc)
+                self._logged.clear()
+                return IndexDelta((), ())
+            root_fd = -1
+            stack = []
+        with _gc_paused(), _closing_fd(root_fd), self._logging_anew():
             while stack:
                 current = stack.pop()
                 base = current + "/" if current else ""
                 try:
                     it, fd = _open_listing(root, root_fd, current)
-                except (FileNotFoundError, NotADirectoryError):
-                    continue
-                except OSError as exc:
-                    log.warning("index %s: cannot list %r: %s", self.root, current, exc)
+                except (OSError, UnsafePathError) as exc:
+                    if not absent(exc):  # cannot list it: what it holds stays
+                        assert isinstance(exc, OSError)
+                        self._cannot_list(current, exc)
+                        seen.update(n for n in entries if n.startswith(base))
                     continue
                 with _closing_fd(fd), it:
                     for d in it:
@@ -299,7 +457,10 @@ class FileIndex:
                             continue
                         try:
                             st = d.stat(follow_symlinks=False)
-                        except OSError:
+                        except OSError as exc:
+                            if not absent(exc) and name in entries:  # there, cannot stat it
+                                self._cannot_read(name, exc)
+                                seen.add(name)
                             continue
                         if not S_ISREG(st.st_mode):
                             if S_ISDIR(st.st_mode):
@@ -311,11 +472,14 @@ class FileIndex:
                             and old.size == st.st_size
                             and old.mtime_ns == st.st_mtime_ns
                             and old.inode == st.st_ino
+                            and (not retry or name not in retry)
                         ):
                             seen.add(name)
                             continue
-                        entry = self._hash(name, st)
+                        entry = self._hash(name, st, rehash=name in retry)
                         if entry is None:
+                            if name in self._unreadable:
+                                seen.add(name)  # never read: nothing to keep, nothing removed
                             continue
                         seen.add(name)
                         if entry is not old:
@@ -338,23 +502,43 @@ class FileIndex:
         With ``rehash`` the content is read again even when ``(size, mtime_ns,
         inode)`` did not change (a watcher saw a write: two same-size writes
         within one mtime tick keep the key); the old entry is returned when the
-        SHA-1 is the same.
+        SHA-1 is the same.  A name that is not a plain relative name, is
+        excluded, or is reached through a symbolic link is never indexed.  A
+        file that cannot be read keeps its entry (see ``held``).
         """
-        path = self.root / name
         try:
-            st = os.lstat(path)
-        except OSError:
+            parts = local_parts(name)
+        except UnsafePathError:
+            self.forget(name)
+            return None
+        if self._exclude is not None and self._exclude(name):
+            self.forget(name)
+            return None
+        try:
+            st: os.stat_result | None = lstat_beneath(self.root, parts)
+        except UnsafePathError:
+            st = None
+        except OSError as exc:
+            if not absent(exc):
+                self._cannot_read(name, exc)
+                return self._entries.get(name)
             st = None
         if st is None or not stat.S_ISREG(st.st_mode):
             entry = None
+            self._unreadable.pop(name, None)
         else:
             entry = self._hash(name, st, rehash)
         if entry is None:
-            self.forget(name)
+            if name not in self._unreadable:
+                self.forget(name)
         elif self._entries.get(name) is not entry:
             self._entries[name] = entry
             self.dirty = True
         return entry
+
+    def mark_unreadable(self, name: str, exc: OSError) -> None:
+        """``name`` exists but could not be read just now (its entry is kept)."""
+        self._cannot_read(name, exc)
 
     def record(self, entry: FileEntry) -> None:
         """Store an entry whose SHA-1 is already known (a file the caller just wrote)."""
@@ -418,6 +602,7 @@ class FileIndex:
                 # one parse of all rows (JSON strings never hold a raw newline)
                 rows = json.loads("[" + body.replace("\n", ",") + "]")
                 _check_rows(rows, path)
+                _check_names(rows, path)
                 entries = index._entries
                 entries.update(
                     zip(

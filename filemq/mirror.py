@@ -25,13 +25,15 @@ missing.  The index copes: an entry is trusted only while the file's
 again and fetches it.  (rsync does not fsync by default either.)
 
 Folders: a target's parent folders are checked (no symlink, no non-directory,
-inside DEST) the first time a file lands in them, and created when missing;
-checked folders are remembered for the session, so later files in the same
-folder cost no extra ``lstat``; a remembered folder found changed at rename time
-(removed, replaced by a file) is checked again.  Deletes also remove the
-folders they empty.  A verified file whose place in DEST is held by a directory
-(a local change) replaces that directory and everything under it: DEST is a
-mirror (``forget_folders`` drops what was remembered when DEST changed).
+inside DEST) before a file is received, and created when missing.  The rename
+into place and every delete then walk DEST again through ``filemq.paths`` (one
+descriptor per folder, no symbolic link followed), so a folder swapped for a
+link pointing out of DEST while the mirror runs is refused, not written or
+deleted through; a folder removed meanwhile is made again.  Deletes also remove
+the folders they empty.  A verified file whose place in DEST is held by a
+directory (a local change) replaces that directory and everything under it:
+DEST is a mirror (``forget_folders`` drops what was remembered when DEST
+changed).
 
 Names FILEMQ keeps in DEST all start with ``TEMP_PREFIX`` (never indexed,
 published or accepted from a server): temp files ``.filemq-part-<pid>-<n>``
@@ -50,7 +52,13 @@ from typing import Any
 
 from filemq.engine import HEADER_MTIME, HEADER_SHA1, HEADER_SIZE
 from filemq.index import FileEntry, FileIndex
-from filemq.paths import UnsafePathError, make_parents, safe_target
+from filemq.paths import (
+    UnsafePathError,
+    open_dir_beneath,
+    remove_beneath,
+    replace_beneath,
+    safe_target,
+)
 
 __all__ = ["LOCK_NAME", "TEMP_PREFIX", "Mirror"]
 
@@ -146,41 +154,39 @@ class Mirror:
 
     def _rename_into_place(self, tmp: str, parts: tuple[str, ...], target: str) -> None:
         try:
-            try:
-                self._replace(tmp, parts, target)
-            except (FileNotFoundError, NotADirectoryError):
-                if parts[:-1] not in self._safe_dirs:
-                    raise
-                # a folder checked earlier was removed or replaced since: check again
-                self._safe_dirs.discard(parts[:-1])
-                self._replace(tmp, parts, target)
+            self._replace(tmp, parts)
         except (OSError, UnsafePathError):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
 
-    def _replace(self, tmp: str, parts: tuple[str, ...], target: str) -> None:
-        if parts[:-1] not in self._safe_dirs:
-            make_parents(self.root, parts)
-            # again, now that folders exist
-            target = str(safe_target(self.root, parts, directory_ok=True))
-            self._safe_dirs.add(parts[:-1])
+    def _replace(self, tmp: str, parts: tuple[str, ...]) -> None:
+        """Rename ``tmp`` to ``parts`` under DEST (``filemq.paths.replace_beneath``)."""
         try:
-            os.replace(tmp, target)
+            replace_beneath(tmp, self.root, parts)
         except IsADirectoryError:  # DEST holds a directory where the server has this file
             self._remove_directory(parts)
-            os.replace(tmp, target)
+            replace_beneath(tmp, self.root, parts)
+        self._safe_dirs.add(parts[:-1])
 
     def _remove_directory(self, parts: tuple[str, ...]) -> None:
-        """Remove the directory at ``parts`` (its folders checked again, links not followed)."""
+        """Remove the directory at ``parts`` (reached through ``open_dir_beneath``; the
+        removal itself follows no link: ``shutil.rmtree`` relative to that folder)."""
         if not shutil.rmtree.avoids_symlink_attacks:
             raise UnsafePathError(f"{'/'.join(parts)!r}: a directory is in the way")
-        path = str(safe_target(self.root, parts, directory_ok=True))
-        if not stat.S_ISDIR(os.lstat(path).st_mode):
-            return  # gone or replaced meanwhile: os.replace decides
-        name = "/".join(parts)
-        log.warning("%s: replacing the directory DEST holds there by the server's file", name)
-        shutil.rmtree(path)
+        parent = open_dir_beneath(self.root, parts[:-1])
+        try:
+            try:
+                mode = os.stat(parts[-1], dir_fd=parent, follow_symlinks=False).st_mode
+            except FileNotFoundError:
+                return  # gone meanwhile: the rename decides
+            if not stat.S_ISDIR(mode):
+                return
+            name = "/".join(parts)
+            log.warning("%s: replacing the directory DEST holds there by the server's file", name)
+            shutil.rmtree(parts[-1], dir_fd=parent)
+        finally:
+            os.close(parent)
         prefix = name + "/"
         for entry in self.index:
             if entry.name.startswith(prefix):
@@ -280,17 +286,7 @@ class Mirror:
 
     def delete(self, parts: tuple[str, ...]) -> bool:
         """Remove a file (and the folders it leaves empty); False when it was not there."""
-        target = self.target(parts)
         self.index.forget("/".join(parts))
-        try:
-            os.unlink(target)
-        except (FileNotFoundError, IsADirectoryError):  # (a directory is not that file)
-            return False
-        for depth in range(len(parts) - 1, 0, -1):  # folders this delete left empty
-            folder = os.path.join(self._root, *parts[:depth])
-            try:
-                os.rmdir(folder)
-            except OSError:
-                break
+        for depth in range(1, len(parts)):  # checked again from DEST on the next write
             self._safe_dirs.discard(parts[:depth])
-        return True
+        return remove_beneath(self.root, parts)

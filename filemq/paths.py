@@ -12,28 +12,53 @@ decide whether a string is acceptable at all.  A relative name is refused when
 it is empty, absolute, holds a NUL or any other control character, a
 backslash, a drive letter (``C:``), or an empty, ``.`` or ``..`` component.
 
-``safe_target`` and ``make_parents`` touch the file system: they refuse a path
-whose parent components are symbolic links or not directories, so a write never
-lands outside the root even when the root holds links planted beforehand, and
-they check the resolved parent really is inside the resolved root.
+The symlink policy, in one function (``open_dir_beneath``): **below a root no
+symbolic link is ever followed**.  The root itself is opened as given (it may be
+a link: that is the operator's choice); from there every component is opened
+relative to its parent's descriptor with ``O_NOFOLLOW``, so a link planted (or
+swapped in) anywhere below the root ends the walk instead of leading out, and
+nothing checked is ever looked up again by path (no check-then-use race).  Every
+place in filemq that opens, stats, lists, hashes, writes or deletes a path under
+a root goes through it:
+
+* ``open_beneath``: open a file (or a folder to list) under a root;
+* ``lstat_beneath``: what a name is, without following it;
+* ``replace_beneath``: rename a finished temp file into place, creating folders;
+* ``remove_beneath``: delete a file and the folders it leaves empty;
+* ``safe_target`` / ``make_parents``: the same checks for a name about to be written.
+
+A link, or a non-folder where a folder is needed, raises ``OutsideRootError``
+(an ``UnsafePathError``); a missing component raises ``FileNotFoundError``; any
+other ``OSError`` (permission denied, I/O error) is passed on unchanged, so a
+caller can tell "not there" from "there but unreadable".  POSIX only (``openat``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import stat
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from filemq.engine import FilemqError
 
 __all__ = [
+    "OutsideRootError",
     "UnsafePathError",
+    "absent",
     "all_relative_safe",
+    "local_parts",
+    "lstat_beneath",
     "make_parents",
+    "open_beneath",
+    "open_dir_beneath",
+    "relative_inside",
     "relative_parts",
+    "remove_beneath",
+    "replace_beneath",
     "safe_target",
     "under_prefix",
     "virtual_path",
@@ -42,6 +67,14 @@ __all__ = [
 
 class UnsafePathError(FilemqError, ValueError):
     """A name would escape its root or is not a plain relative file name."""
+
+
+class OutsideRootError(UnsafePathError):
+    """A component below the root is a symbolic link or not a folder: it could lead out."""
+
+
+Root = str | os.PathLike[str] | int
+"""A root folder: its path, or a descriptor of it (borrowed, never closed here)."""
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -141,8 +174,190 @@ def under_prefix(name: str, prefix: str) -> str | None:
     return rest or None
 
 
-def _is_within(child: str, root: str) -> bool:
-    return child == root or child.startswith(root.rstrip(os.sep) + os.sep)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+# A folder on the way is only walked through (Linux: O_PATH needs search permission, not
+# read); the one to list is opened for reading.
+_STEP = getattr(os, "O_PATH", os.O_RDONLY) | _DIRECTORY | _NOFOLLOW | _CLOEXEC
+_ROOT = os.O_RDONLY | _DIRECTORY | _CLOEXEC
+_NOT_THERE_BUT_IN_THE_WAY = (errno.ENOTDIR, errno.ELOOP)
+
+
+def relative_inside(root: str | os.PathLike[str], path: str | os.PathLike[str]) -> str | None:
+    """``path`` relative to ``root`` ('/'-separated; '' when equal) if, once both are
+    resolved, it is ``root`` or below it; else None.  (To keep a program's own files --
+    a server's state, a mirror's index -- out of what it publishes or mirrors.)"""
+    real_root, real = os.path.realpath(root), os.path.realpath(path)
+    if os.path.commonpath([real_root, real]) != real_root:
+        return None
+    inner = os.path.relpath(real, real_root)
+    return "" if inner == "." else Path(inner).as_posix()
+
+
+def absent(exc: BaseException) -> bool:
+    """Does an error from the functions here mean "no such file under the root"?
+
+    True for a missing component and for a link or non-folder in the way; False
+    for anything else (permission denied, I/O error...): the name is there but
+    cannot be read, which is never a reason to delete a copy of it.
+    """
+    return isinstance(exc, FileNotFoundError | UnsafePathError)
+
+
+def _check_part(part: str) -> None:
+    if part in ("", ".", "..") or "/" in part or "\0" in part:
+        raise UnsafePathError(f"{part!r}: not a plain name component")
+
+
+def local_parts(name: str) -> tuple[str, ...]:
+    """Components of a '/'-separated name of a file on disk under a root.
+
+    Looser than ``relative_parts`` (the rule for names from the wire): a local
+    file may have a backslash, a colon or a control character in its name.
+    Refused: an empty name or component, '.', '..', NUL (``UnsafePathError``).
+    """
+    parts = tuple(name.split("/"))
+    for part in parts:
+        _check_part(part)
+    return parts
+
+
+def _in_the_way(parent: int, parts: Sequence[str], depth: int) -> OutsideRootError:
+    """Why ``parts[depth]`` could not be walked through (a link, or not a folder)."""
+    name = "/".join(parts)
+    try:
+        st = os.stat(parts[depth], dir_fd=parent, follow_symlinks=False)
+    except OSError:
+        return OutsideRootError(f"{name!r}: {parts[depth]!r} is not a plain folder")
+    what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a folder"
+    return OutsideRootError(f"{name!r}: {'/'.join(parts[: depth + 1])!r} is {what}")
+
+
+def _open_root(root: Root) -> int:
+    return os.dup(root) if isinstance(root, int) else os.open(root, _ROOT)
+
+
+def open_dir_beneath(root: Root, parts: Sequence[str], *, create: bool = False) -> int:
+    """THE symlink policy: a descriptor of folder ``root/parts...``, no link followed.
+
+    Each component is opened relative to the previous one with ``O_NOFOLLOW``;
+    a link or a non-folder raises ``OutsideRootError``, a missing one
+    ``FileNotFoundError`` (with ``create``, missing folders are made instead).
+    The caller closes the returned descriptor (``O_PATH`` on Linux: good for
+    ``*at`` calls, not for reading; use ``open_beneath`` to list a folder).
+    """
+    for part in parts:
+        _check_part(part)
+    fd = _open_root(root)
+    try:
+        for depth, part in enumerate(parts):
+            try:
+                step = os.open(part, _STEP, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o777, dir_fd=fd)
+                try:
+                    step = os.open(part, _STEP, dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno in _NOT_THERE_BUT_IN_THE_WAY:
+                        raise _in_the_way(fd, parts, depth) from None
+                    raise
+            except OSError as exc:
+                if exc.errno in _NOT_THERE_BUT_IN_THE_WAY:
+                    raise _in_the_way(fd, parts, depth) from None
+                raise
+            os.close(fd)
+            fd = step
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_beneath(
+    root: Root, parts: Sequence[str], flags: int = os.O_RDONLY, mode: int = 0o666
+) -> int:
+    """Open ``root/parts...`` with ``flags``, following no link below ``root``.
+
+    The last component is opened with ``O_NOFOLLOW`` too: a link there raises
+    ``OutsideRootError``, like a link on the way.  With ``os.O_DIRECTORY`` in
+    ``flags`` the result can be listed (``os.scandir``); ``parts`` may then be
+    empty (the root itself).
+    """
+    if not parts:
+        if not flags & _DIRECTORY:
+            raise UnsafePathError("empty file name")
+        return _open_root(root)
+    _check_part(parts[-1])
+    parent = open_dir_beneath(root, parts[:-1])
+    try:
+        return os.open(parts[-1], flags | _NOFOLLOW | _CLOEXEC, mode, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and flags & _DIRECTORY):
+            raise _in_the_way(parent, parts, len(parts) - 1) from None
+        raise
+    finally:
+        os.close(parent)
+
+
+def lstat_beneath(root: Root, parts: Sequence[str]) -> os.stat_result:
+    """``lstat`` of ``root/parts...`` (the last component not followed, nor any before)."""
+    if not parts:
+        raise UnsafePathError("empty file name")
+    _check_part(parts[-1])
+    parent = open_dir_beneath(root, parts[:-1])
+    try:
+        return os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)
+    finally:
+        os.close(parent)
+
+
+def replace_beneath(source: str, root: Root, parts: Sequence[str]) -> None:
+    """Rename file ``source`` to ``root/parts...``, making missing folders; no link followed.
+
+    A link at the target itself is replaced (``rename`` never follows it); a
+    folder there fails (``IsADirectoryError``).
+    """
+    _check_part(parts[-1])
+    parent = open_dir_beneath(root, parts[:-1], create=True)
+    try:
+        os.replace(source, parts[-1], dst_dir_fd=parent)
+    finally:
+        os.close(parent)
+
+
+def remove_beneath(root: Root, parts: Sequence[str]) -> bool:
+    """Delete file ``root/parts...`` and the folders that leaves empty (never the root).
+
+    False when there was nothing to delete.  Nothing outside the root is ever
+    touched: the folders are reached through ``open_dir_beneath``.
+    """
+    _check_part(parts[-1])
+    try:
+        parent = open_dir_beneath(root, parts[:-1])
+    except FileNotFoundError:
+        return False
+    try:
+        os.unlink(parts[-1], dir_fd=parent)
+    except (FileNotFoundError, IsADirectoryError):  # (a directory is not that file)
+        return False
+    finally:
+        os.close(parent)
+    for depth in range(len(parts) - 1, 0, -1):  # folders this delete left empty
+        try:
+            above = open_dir_beneath(root, parts[: depth - 1])
+        except OSError:
+            break
+        try:
+            os.rmdir(parts[depth - 1], dir_fd=above)
+        except OSError:
+            break
+        finally:
+            os.close(above)
+    return True
 
 
 def safe_target(root: Path, parts: tuple[str, ...], *, directory_ok: bool = False) -> Path:
@@ -151,43 +366,27 @@ def safe_target(root: Path, parts: tuple[str, ...], *, directory_ok: bool = Fals
     Missing parent directories are fine (``make_parents`` creates them); an
     existing parent that is a symlink or not a directory is refused, and so is
     a target that is a directory (unless ``directory_ok``: a mirror replacing a
-    directory by the server's file).
+    directory by the server's file).  (A check before receiving a file; the file
+    itself is put in place with ``replace_beneath``, which checks again.)
     """
-    current = root
-    for part in parts[:-1]:
-        current = current / part
-        try:
-            st = os.lstat(current)
-        except FileNotFoundError:
-            break
-        if stat.S_ISLNK(st.st_mode):
-            raise UnsafePathError(f"{'/'.join(parts)!r}: path goes through a symlink")
-        if not stat.S_ISDIR(st.st_mode):
-            raise UnsafePathError(f"{'/'.join(parts)!r}: a parent is not a directory")
-    target = root.joinpath(*parts)
+    for part in parts:
+        _check_part(part)
     try:
-        st = os.lstat(target)
+        parent = open_dir_beneath(root, parts[:-1])
+    except FileNotFoundError:
+        return root.joinpath(*parts)  # the folders that exist were walked: no link
+    try:
+        st = os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)
     except FileNotFoundError:
         pass
     else:
         if stat.S_ISDIR(st.st_mode) and not directory_ok:
             raise UnsafePathError(f"{'/'.join(parts)!r}: target is a directory")
-    real_root = os.path.realpath(root)
-    deepest = target.parent
-    while not deepest.exists() and deepest != root:
-        deepest = deepest.parent
-    if not _is_within(os.path.realpath(deepest), real_root):
-        raise UnsafePathError(f"{'/'.join(parts)!r}: resolves outside the root")
-    return target
+    finally:
+        os.close(parent)
+    return root.joinpath(*parts)
 
 
 def make_parents(root: Path, parts: tuple[str, ...]) -> None:
     """Create the parent directories of ``parts`` under ``root`` without following links."""
-    current = root
-    for part in parts[:-1]:
-        current = current / part
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(current)
-        st = os.lstat(current)
-        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-            raise UnsafePathError(f"{'/'.join(parts)!r}: a parent is not a plain directory")
+    os.close(open_dir_beneath(root, parts[:-1], create=True))

@@ -93,6 +93,7 @@ from filemq.changes import (
     RescanNeeded,
     RescanReason,
 )
+from filemq.paths import UnsafePathError, local_parts, lstat_beneath
 from filemq.walk import DEFAULT_IGNORE, PathFilter
 
 __all__ = [
@@ -218,7 +219,6 @@ class Publisher:
         self._log = log or logger
         self._raw: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._tracker = ChangeTracker(self._stat_in_root, settle=settle)
-        self._safe_dirs: dict[tuple[str, str], bool] = {}
         self._observer: BaseObserver | None = None
         self._worker: threading.Thread | None = None
         self._lock = threading.Lock()  # start/stop
@@ -328,7 +328,6 @@ class Publisher:
             if now >= next_check:
                 self._check_roots(now)
                 next_check = now + self._check_interval
-            self._safe_dirs.clear()
             try:
                 self._tracker.sample()
                 changes = self._tracker.poll(self._clock())
@@ -397,31 +396,16 @@ class Publisher:
         return rel if self._filter.accepts(rel) else None
 
     def _stat_in_root(self, mount_name: str, relpath: str) -> FileStamp | None:
-        """Stamp of a regular file reached without symlinks from the root, else None."""
+        """Stamp of a regular file reached without symlinks from the root, else None.
+
+        (``filemq.paths.lstat_beneath``: the one symlink policy of filemq.)
+        """
         mount = self._mounts[mount_name]
-        parent, _, _ = relpath.rpartition("/")
-        if parent and not self._is_real_dir(mount, parent):
-            return None
         try:
-            st = os.lstat(os.path.join(mount.root, relpath))
-        except OSError:
+            st = lstat_beneath(mount.root, local_parts(relpath))
+        except (OSError, UnsafePathError):
             return None
         return FileStamp.from_stat(st) if stat.S_ISREG(st.st_mode) else None
-
-    def _is_real_dir(self, mount: _Mount, rel_dir: str) -> bool:
-        key = (mount.name, rel_dir)
-        known = self._safe_dirs.get(key)
-        if known is None:
-            parent, _, _ = rel_dir.rpartition("/")
-            known = not parent or self._is_real_dir(mount, parent)
-            if known:
-                try:
-                    mode = os.lstat(os.path.join(mount.root, rel_dir)).st_mode
-                    known = stat.S_ISDIR(mode)
-                except OSError:
-                    known = False
-            self._safe_dirs[key] = known
-        return known
 
     # -- roots ---------------------------------------------------------------------------
 

@@ -28,6 +28,20 @@ Persistence: with ``state_dir`` each mount's index is loaded at start
 (``filemq.state``), refreshed against the disk (a file is hashed again only
 when its ``(size, mtime_ns, inode)`` changed) and saved atomically after the
 initial scan, every ``save_interval`` seconds while it has changes, and at stop.
+When the state folder is inside a published directory it is not published.
+
+A mirror writing inside what it mirrors is refused (``filemq.loopguard``).
+
+Containment: every file the server opens, stats, lists or hashes is reached
+through ``filemq.paths`` (no symbolic link below a mount's directory is ever
+followed), whatever named it: a client's exact-path ICANHAZ, a watcher's
+notice, a rescan request or a saved index.
+
+Unreadable is not deleted: a file that exists but cannot be read (permission
+denied, I/O error) when it is indexed or opened for sending is logged as an
+error, kept in the index at its last readable version (``FileIndex.held``),
+and nothing is sent for it -- never a delete; mirrors keep their copy.  A
+folder that cannot be listed holds everything below it the same way.
 """
 
 from __future__ import annotations
@@ -35,18 +49,26 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import stat
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import zmq
 
-from filemq import security
-from filemq.engine import DEFAULT_CHUNK_SIZE, DEFAULT_ENDPOINT, FilemqError, Operation, load_wire
+from filemq import loopguard, security
+from filemq.engine import (
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_ENDPOINT,
+    OPTION_MIRROR_DEST,
+    FilemqError,
+    Operation,
+    load_wire,
+)
 from filemq.engine_server import (
     ChunkPlan,
     Close,
@@ -57,8 +79,8 @@ from filemq.engine_server import (
     Subscribe,
 )
 from filemq.index import FileEntry, FileIndex, IndexDelta
-from filemq.paths import virtual_path
-from filemq.state import load_index, server_index_path
+from filemq.paths import absent, local_parts, open_beneath, relative_inside, virtual_path
+from filemq.state import load_index, server_index_path, server_state_dir
 from filemq.walk import DEFAULT_IGNORE, PathFilter
 
 __all__ = ["DEFAULT_ENDPOINT", "FileServer", "Mount"]
@@ -71,7 +93,8 @@ _MAX_MESSAGE = 128 << 20  # ICANHAZ with a 100k-entry cache fits
 _PREWARM_EVERY = 0.5  # seconds between index refreshes triggered by OHAI
 _NOBLOCK = int(zmq.NOBLOCK)
 _MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+# O_NONBLOCK: a file swapped for a FIFO after it was indexed must not block the loop
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
 _ids = itertools.count()
 _IGNORE = PathFilter(DEFAULT_IGNORE)
 
@@ -79,6 +102,16 @@ _IGNORE = PathFilter(DEFAULT_IGNORE)
 def _excluded(name: str) -> bool:
     """Names never published: client temp files (as the watcher ignores them)."""
     return not _IGNORE.accepts_name(name.rpartition("/")[2])
+
+
+def _exclusion(directory: Path, state_dir: str | os.PathLike[str] | None) -> Callable[[str], bool]:
+    """What a mount never publishes: temp files, and the server's state if it is inside."""
+    inner = None if state_dir is None else relative_inside(directory, server_state_dir(state_dir))
+    if not inner:  # elsewhere, or the published directory itself: nothing to hide by name
+        return _excluded
+    log.info("%s: the server's state in %s is not published", directory, inner)
+    below = inner + "/"
+    return lambda name: name == inner or name.startswith(below) or _excluded(name)
 
 
 @dataclass(frozen=True)
@@ -141,7 +174,11 @@ class FileServer:
         self._allow_dir = allow_dir
         self._insecure = insecure
         self._linger = linger_ms
-        self.indexes = {m.virtual: FileIndex(m.directory, exclude=_excluded) for m in self.mounts}
+        self._exclude = {m.virtual: _exclusion(m.directory, state_dir) for m in self.mounts}
+        self.indexes = {
+            m.virtual: FileIndex(m.directory, exclude=self._exclude[m.virtual])
+            for m in self.mounts
+        }
         self.index_files = (
             {}
             if state_dir is None
@@ -207,7 +244,9 @@ class FileServer:
                     raise FileNotFoundError(f"{mount.directory}: not a directory")
             for mount in self.mounts:
                 index = load_index(
-                    self.index_files.get(mount.virtual), mount.directory, exclude=_excluded
+                    self.index_files.get(mount.virtual),
+                    mount.directory,
+                    exclude=self._exclude[mount.virtual],
                 )
                 self.indexes[mount.virtual] = index
                 self._refresh_mount(mount)
@@ -504,6 +543,10 @@ class FileServer:
                     self._drop(session.client_id)
                     continue
                 budget -= 1
+                if frames is None:  # nothing to send for that file (unreadable now)
+                    if session.has_work():
+                        ready.append(session)
+                    continue
                 if self._send(session.client_id, frames) and session.has_work():
                     ready.append(session)
             active = ready
@@ -511,7 +554,10 @@ class FileServer:
             s.has_work() and s.client_id not in self._stalled for s in self._sessions.values()
         )
 
-    def _build(self, session: ServerSession, plan: ChunkPlan) -> list[bytes]:
+    def _build(
+        self, session: ServerSession, plan: ChunkPlan, *, retry: bool = True
+    ) -> list[bytes] | None:
+        """The frames for ``plan`` (None: nothing to send, the file cannot be read now)."""
         op = plan.op
         client = session.client_id
         if op.operation is not Operation.CREATE or op.size == 0:
@@ -519,13 +565,17 @@ class FileServer:
         if plan.first:
             self._close_file(client)
             try:
-                fd = os.open(op.source, _OPEN_FLAGS)
-            except OSError:
-                return session.chunk_frames(plan, None)
+                fd = self._open_source(op.name)
+            except OSError as exc:
+                return self._unopenable(session, plan, exc, retry=retry)
             st = os.fstat(fd)
             if (st.st_size, st.st_mtime_ns, st.st_ino) != (op.size, op.mtime_ns, op.inode):
                 fresh = self._refresh_op(op.name, session)
-                if fresh is None or fresh.operation is not Operation.CREATE:
+                if fresh is None:  # there, but not readable any more
+                    os.close(fd)
+                    session.skip_current()
+                    return None
+                if fresh.operation is not Operation.CREATE:
                     os.close(fd)
                     return session.chunk_frames(plan, None)
                 new_plan = session.replace_current(fresh)
@@ -540,11 +590,48 @@ class FileServer:
             return session.chunk_frames(plan, None)
         try:
             data = os.pread(held[1], plan.size, plan.offset)
-        except OSError:
-            data = b""
+        except OSError as exc:
+            log.error("%s: read failed at offset %d: %s", op.name, plan.offset, exc)
+            data = b""  # the file ends short: the client's SHA-1 check fails, it asks again
         if plan.eof or len(data) < plan.size:
             self._close_file(client)
         return session.chunk_frames(plan, data)
+
+    def _open_source(self, name: str) -> int:
+        """Open the regular file behind virtual ``name``, no link followed (``filemq.paths``)."""
+        located = self._locate(name)
+        if located is None:
+            raise FileNotFoundError(f"{name}: in no mount")
+        mount, rel = located
+        fd = open_beneath(mount.directory, local_parts(rel), _READ_FLAGS)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise FileNotFoundError(f"{name}: not a regular file")
+        return fd
+
+    def _unopenable(
+        self, session: ServerSession, plan: ChunkPlan, exc: OSError, *, retry: bool
+    ) -> list[bytes] | None:
+        """The file about to be sent cannot be opened: gone (a delete) or unreadable (skip)."""
+        name = plan.op.name
+        located = self._locate(name)
+        if located is not None and not absent(exc):
+            mount, rel = located
+            self.indexes[mount.virtual].mark_unreadable(rel, exc)
+            session.skip_current()
+            return None
+        fresh = self._refresh_op(name, session)  # gone: tell every client, not just this one
+        if fresh is None:
+            session.skip_current()
+            return None
+        if fresh.operation is Operation.CREATE:  # there again (replaced meanwhile)
+            if not retry:  # flapping: send nothing now, never a delete of what exists
+                session.skip_current()
+                return None
+            new_plan = session.replace_current(fresh)
+            assert new_plan is not None
+            return self._build(session, new_plan, retry=False)
+        return session.chunk_frames(plan, None)
 
     def _close_file(self, client: bytes) -> None:
         held = self._files.pop(client, None)
@@ -571,7 +658,11 @@ class FileServer:
         )
 
     def _refresh_op(self, name: str, sending: ServerSession) -> FileOp | None:
-        """The file ``sending`` was about to send changed: index it again, tell the others."""
+        """The file ``sending`` was about to send changed: index it again, tell the others.
+
+        None when there is nothing to send: no such mount, or the file is there but
+        cannot be read (``FileIndex.held``).
+        """
         located = self._locate(name)
         if located is None:
             return None
@@ -579,12 +670,37 @@ class FileServer:
         index = self.indexes[mount.virtual]
         before = index.get(rel)
         entry = index.update(rel)
+        if index.held(rel):
+            return None
         op = FileOp(name, Operation.DELETE) if entry is None else self._op(mount, entry)
         if entry is not before:
             self._queue_live([op], skip=sending)
         return op
 
+    def _mirror_loop(self, sub: Subscribe) -> str:
+        """Why the mirror asking for ``sub`` would copy itself without end ('' if not)."""
+        dest = sub.options.get(OPTION_MIRROR_DEST)
+        if not dest:
+            return ""
+        for i, rel in loopguard.locate_dest(dest, [m.directory for m in self.mounts]):
+            mount = self.mounts[i]
+            base = mount.prefix + (rel + "/" if rel else "")
+            if base.startswith(sub.path) or sub.path.startswith(base):
+                where = os.path.join(mount.directory, rel) if rel else str(mount.directory)
+                return (
+                    f"DEST is inside the directory it mirrors ({where}, published at {base}):"
+                    " it would copy itself without end"
+                )
+        return ""
+
     def _subscribe(self, session: ServerSession, sub: Subscribe) -> None:
+        loop = self._mirror_loop(sub)
+        if loop:
+            log.warning("client %s refused: %s", session.client_id.hex(), loop)
+            for action in session.refuse(loop):
+                if isinstance(action, Reply):
+                    self._send(session.client_id, action.frames)
+            return
         log.info(
             "client %s subscribed to %s (resync=%s, cache %d)",
             session.client_id.hex(),
@@ -628,7 +744,10 @@ class FileServer:
         deletes = [
             name
             for name in cache
-            if name not in files and name.startswith(sub.path) and not self._denied(name)
+            if name not in files
+            and name.startswith(sub.path)
+            and not self._denied(name)
+            and not self._held(name)
         ]
         deletes.sort()
         ops = [FileOp(name, Operation.DELETE) for name in deletes]
@@ -650,6 +769,11 @@ class FileServer:
         ops = [self._op(mount, e) for e in delta.changed]
         ops += [FileOp(mount.prefix + n, Operation.DELETE) for n in delta.removed]
         self._queue_live([op for op in ops if self._owner(op.name) is mount], skip)
+
+    def _held(self, name: str) -> bool:
+        """Is virtual ``name`` there but unreadable (so its copies must not be deleted)?"""
+        located = self._locate(name)
+        return located is not None and self.indexes[located[0].virtual].held(located[1])
 
     def _shadowing(self, mount: Mount) -> bool:
         """Does a more specific mount hide part of ``mount``'s tree?"""

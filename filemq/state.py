@@ -28,7 +28,7 @@ from pathlib import Path
 
 from filemq.index import FileIndex, IndexFormatError
 
-__all__ = ["default_state_dir", "load_index", "server_index_path"]
+__all__ = ["default_state_dir", "load_index", "server_index_path", "server_state_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,11 @@ def default_state_dir() -> Path:
     return Path(base) / "filemq"
 
 
+def server_state_dir(state_dir: str | os.PathLike[str]) -> Path:
+    """The folder where a server keeps its files under ``state_dir`` (never published)."""
+    return Path(state_dir) / "server"
+
+
 def server_index_path(
     state_dir: str | os.PathLike[str], directory: str | os.PathLike[str], virtual: str
 ) -> Path:
@@ -46,7 +51,7 @@ def server_index_path(
     import hashlib  # deferred: OpenSSL's ~3 ms start-up, which `filemq sync` does not need
 
     ident = os.fsencode(os.path.realpath(directory)) + b"\0" + virtual.encode()
-    return Path(state_dir) / "server" / f"{hashlib.sha1(ident).hexdigest()[:20]}.idx"
+    return server_state_dir(state_dir) / f"{hashlib.sha1(ident).hexdigest()[:20]}.idx"
 
 
 def load_index(

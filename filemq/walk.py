@@ -2,13 +2,17 @@
 
 * :func:`scan_tree` walks a root with ``os.scandir`` (iterative, one directory open at a
   time) and yields ``(relpath, os.stat_result)`` for every regular file. Symlinks are never
-  followed nor reported, so nothing outside the root is ever listed; FIFOs, sockets and
-  devices are skipped; names that are not valid UTF-8 (they cannot travel in a FILEMQ
-  message) and names matching the ignore patterns are skipped, with their subtrees.
+  followed nor reported (each folder is opened through :func:`filemq.paths.open_beneath`,
+  even one swapped for a link during the walk), so nothing outside the root is ever
+  listed; FIFOs, sockets and devices are skipped; names that are not valid UTF-8 (they
+  cannot travel in a FILEMQ message) and names matching the ignore patterns are skipped,
+  with their subtrees. What is there but cannot be listed or stat'd is reported apart
+  (``unreadable``): missing from a listing is not the same as deleted.
 * :func:`stamp_tree` collects the same walk as ``{relpath: FileStamp}``.
 * :func:`reconcile` diffs what a consumer knows against a fresh listing and returns the
   :class:`~filemq.changes.FileChanged` / :class:`~filemq.changes.FileDeleted` events that
   bring it up to date: what a consumer does on :class:`~filemq.changes.RescanNeeded`.
+  Names under ``held`` (what the walk could not read) are never reported deleted.
 
 Relpaths are POSIX (``a/b/c.txt``), relative to the root, never empty, never a directory.
 """
@@ -19,12 +23,14 @@ import fnmatch
 import logging
 import os
 import re
-import stat
 from collections.abc import Iterable, Iterator, Mapping
 
 from filemq.changes import FileChanged, FileDeleted, FileStamp
+from filemq.paths import UnsafePathError, absent, open_beneath
 
 logger = logging.getLogger(__name__)
+
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
 
 DEFAULT_IGNORE: tuple[str, ...] = (".filemq-part-*", "*.fmqtmp*")
 """Temporary files of FILEMQ clients while a file downloads: ``.filemq-part-<pid>-<n>``
@@ -74,33 +80,23 @@ def check_relpath(relpath: str) -> str:
     return relpath
 
 
-def _subtree_dir(root: str, subtree: str) -> str | None:
-    """The directory for ``subtree`` if every component is a real directory (no symlink)."""
-    path = root
-    for part in subtree.split("/") if subtree else ():
-        path = os.path.join(path, part)
-        try:
-            if not stat.S_ISDIR(os.lstat(path).st_mode):
-                return None
-        except OSError:
-            return None
-    return path
-
-
 def scan_tree(
     root: str | os.PathLike[str],
     *,
     subtree: str = "",
     ignore: PathFilter | None = None,
     missing_ok: bool = False,
+    unreadable: set[str] | None = None,
 ) -> Iterator[tuple[str, os.stat_result]]:
     """Yield ``(relpath, lstat)`` for every regular file under ``root/subtree``.
 
     Relpaths are relative to ``root`` (not to ``subtree``), in no particular order.
     A missing root raises FileNotFoundError unless ``missing_ok``; a missing subtree
-    (or one reached through a symlink) yields nothing. Directories that vanish or cannot be
-    read during the walk are skipped (logged at debug level): the caller is racing writers
-    anyway, and the publisher reports what changes after the walk.
+    (or one reached through a symlink) yields nothing. Directories that vanish during the
+    walk are skipped: the caller is racing writers anyway, and the publisher reports what
+    changes after the walk. A directory that is there but cannot be listed, or an entry
+    that cannot be stat'd (permission denied, I/O error), is added to ``unreadable`` (when
+    given; logged either way): its files are unknown, not gone.
     """
     root_s = os.fspath(root)
     filt = ignore if ignore is not None else PathFilter()
@@ -111,32 +107,55 @@ def scan_tree(
         raise FileNotFoundError(f"no such directory: {root_s}")
     if subtree and not filt.accepts(subtree):
         return
-    start = _subtree_dir(root_s, subtree)
-    if start is None:
+    try:
+        root_fd = os.open(root_s, _DIR_FLAGS)
+    except OSError as exc:
+        logger.debug("cannot open %s: %s", root_s, exc)
         return
-    stack: list[tuple[str, str]] = [(subtree, start)]
-    while stack:
-        rel_dir, abs_dir = stack.pop()
-        try:
-            entries = os.scandir(abs_dir)
-        except OSError as exc:
-            logger.debug("cannot list %s: %s", abs_dir, exc)
-            continue
-        with entries:
-            for entry in entries:
-                name = entry.name
-                if not filt.accepts_name(name):
-                    continue
-                rel = f"{rel_dir}/{name}" if rel_dir else name
+    try:
+        stack: list[str] = [subtree]
+        while stack:
+            rel_dir = stack.pop()
+            try:
+                fd = open_beneath(root_fd, rel_dir.split("/") if rel_dir else (), _DIR_FLAGS)
+            except (OSError, UnsafePathError) as exc:  # gone, a link, or unreadable
+                _cannot_read(root_s, rel_dir, exc, unreadable)
+                continue
+            try:
                 try:
-                    if entry.is_symlink():
-                        continue
-                    if entry.is_dir(follow_symlinks=False):
-                        stack.append((rel, entry.path))
-                    elif entry.is_file(follow_symlinks=False):
-                        yield rel, entry.stat(follow_symlinks=False)
-                except OSError:  # vanished between readdir and stat
+                    entries = os.scandir(fd)
+                except OSError as exc:
+                    _cannot_read(root_s, rel_dir, exc, unreadable)
                     continue
+                with entries:
+                    for entry in entries:
+                        name = entry.name
+                        if not filt.accepts_name(name):
+                            continue
+                        rel = f"{rel_dir}/{name}" if rel_dir else name
+                        try:
+                            if entry.is_symlink():
+                                continue
+                            if entry.is_dir(follow_symlinks=False):
+                                stack.append(rel)
+                            elif entry.is_file(follow_symlinks=False):
+                                yield rel, entry.stat(follow_symlinks=False)
+                        except OSError as exc:  # vanished between readdir and stat?
+                            _cannot_read(root_s, rel, exc, unreadable)
+                            continue
+            finally:
+                os.close(fd)
+    finally:
+        os.close(root_fd)
+
+
+def _cannot_read(root: str, rel: str, exc: BaseException, unreadable: set[str] | None) -> None:
+    if absent(exc):
+        logger.debug("%s: %r is gone or not a plain folder: %s", root, rel, exc)
+        return
+    logger.warning("%s: cannot read %r: %s", root, rel or "/", exc)
+    if unreadable is not None:
+        unreadable.add(rel)
 
 
 def stamp_tree(
@@ -145,12 +164,13 @@ def stamp_tree(
     subtree: str = "",
     ignore: PathFilter | None = None,
     missing_ok: bool = True,
+    unreadable: set[str] | None = None,
 ) -> dict[str, FileStamp]:
     """``{relpath: FileStamp}`` for :func:`scan_tree` (a missing root is empty here)."""
-    return {
-        rel: FileStamp.from_stat(st)
-        for rel, st in scan_tree(root, subtree=subtree, ignore=ignore, missing_ok=missing_ok)
-    }
+    walk = scan_tree(
+        root, subtree=subtree, ignore=ignore, missing_ok=missing_ok, unreadable=unreadable
+    )
+    return {rel: FileStamp.from_stat(st) for rel, st in walk}
 
 
 def reconcile(
@@ -159,19 +179,28 @@ def reconcile(
     current: Mapping[str, FileStamp],
     *,
     subtree: str = "",
+    held: Iterable[str] = (),
 ) -> list[FileChanged | FileDeleted]:
     """Events turning ``known`` into ``current`` within ``subtree`` ("" is everything).
 
     ``known`` maps relpaths to the stamp last seen (``None``: unknown, always re-announced);
-    ``current`` is a fresh :func:`stamp_tree` of the same subtree. Deletions come first.
+    ``current`` is a fresh :func:`stamp_tree` of the same subtree. Deletions come first;
+    nothing at or under a name in ``held`` (the walk's ``unreadable``; "" is the root) is
+    reported deleted.
     """
     prefix = subtree + "/"
+    kept = tuple(held)
 
     def inside(rel: str) -> bool:
         return not subtree or rel == subtree or rel.startswith(prefix)
 
+    def unknown(rel: str) -> bool:
+        return any(not h or rel == h or rel.startswith(h + "/") for h in kept)
+
     out: list[FileChanged | FileDeleted] = [
-        FileDeleted(mount, rel) for rel in known if rel not in current and inside(rel)
+        FileDeleted(mount, rel)
+        for rel in known
+        if rel not in current and inside(rel) and not (kept and unknown(rel))
     ]
     for rel, stamp in current.items():
         if inside(rel) and (rel not in known or known[rel] != stamp):

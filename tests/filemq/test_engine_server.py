@@ -97,7 +97,7 @@ def test_icanhaz_rules() -> None:
     actions = s.receive(frames(fmq_msg.Icanhaz("/docs/", {"RESYNC": "1"}, {"a": "AB" * 20})), 1)
     assert replies(actions) == [fmq_msg.IcanhazOk()]
     sub = next(a for a in actions if isinstance(a, Subscribe))
-    assert sub == Subscribe("/docs/", True, {"/docs/a": "ab" * 20})
+    assert sub == Subscribe("/docs/", True, {"/docs/a": "ab" * 20}, {"RESYNC": "1"})
     assert isinstance(replies(s.receive(frames(fmq_msg.Icanhaz("docs")), 1))[0], fmq_msg.Rtfm)
     s = ready()
     assert isinstance(replies(s.receive(frames(fmq_msg.Icanhaz("/a/../b")), 1))[0], fmq_msg.Srsly)
@@ -213,6 +213,38 @@ def test_source_vanished_or_shrank() -> None:
     short = burger(s.chunk_frames(plan, b"12345"))
     assert short.eof == 1 and short.headers["size"] == "20"  # client's check will fail
     assert s.next_chunk() is None
+
+
+def test_unreadable_source_is_skipped_not_deleted() -> None:
+    s = ready()
+    s.enqueue([FileOp("/a", Operation.CREATE, "a", 20, 0, "a" * 40)])
+    s.enqueue([FileOp("/b", Operation.CREATE, "b", 5, 0, "b" * 40)])
+    s.receive(frames(fmq_msg.Nom(100, 0)), 0)
+    plan = s.next_chunk()
+    assert plan is not None and plan.op.name == "/a"
+    s.skip_current()  # the I/O layer could not read /a: nothing goes out for it
+    plan = s.next_chunk()
+    assert plan is not None and plan.op.name == "/b"
+    sent = burger(s.chunk_frames(plan, b"12345"))
+    assert (sent.filename, sent.operation, sent.sequence) == ("/b", 1, 0)
+    assert s.credit == 95 and s.next_chunk() is None
+    s.enqueue([FileOp("/c", Operation.CREATE, "c", 20, 0, "c" * 40)])
+    plan = s.next_chunk()
+    assert plan is not None
+    s.chunk_frames(plan, b"x" * 10)
+    with pytest.raises(ValueError):
+        s.skip_current()  # half sent: only a short end can stop it now
+
+
+def test_refuse_after_subscribe_gets_srsly_and_discards_the_rest() -> None:
+    s = ready()
+    actions = s.receive(frames(fmq_msg.Icanhaz("/", {"RESYNC": "1", "X": "y"}, {})), 1)
+    sub = next(a for a in actions if isinstance(a, Subscribe))
+    assert sub.options == {"RESYNC": "1", "X": "y"}
+    assert isinstance(replies(s.refuse("no"))[0], fmq_msg.Srsly)
+    assert s.state is SessionState.REFUSED
+    assert s.enqueue([FileOp("/a", Operation.DELETE)]) == 0
+    assert s.receive(frames(fmq_msg.Nom(100, 0)), 2) == [] and s.next_chunk() is None
 
 
 def test_long_names_skipped_on_spec_wire() -> None:

@@ -6,16 +6,24 @@ import hashlib
 import itertools
 import json
 import os
+import stat
 from pathlib import Path
 
 import pytest
 
 from filemq.index import FORMAT_VERSION, FileIndex, IndexFormatError
 from filemq.paths import (
+    OutsideRootError,
     UnsafePathError,
     all_relative_safe,
+    local_parts,
+    lstat_beneath,
     make_parents,
+    open_beneath,
+    relative_inside,
     relative_parts,
+    remove_beneath,
+    replace_beneath,
     safe_target,
     under_prefix,
     virtual_path,
@@ -174,3 +182,58 @@ def test_refresh_never_follows_a_symlinked_folder(tmp_path: Path) -> None:
     assert [e.name for e in index.refresh().changed] == ["d/f"]
     assert index.refresh("link").changed == ()  # a subtree given by name: not followed either
     assert sorted(e.name for e in index) == ["d/f"]
+
+
+def test_beneath_helpers_never_follow_a_link_below_the_root(tmp_path: Path) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "d" / "e").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "victim").write_bytes(b"v")
+    (root / "d" / "e" / "f").write_bytes(b"f")
+    (root / "out").symlink_to(outside, target_is_directory=True)
+    (root / "d" / "back").symlink_to("..", target_is_directory=True)
+    with pytest.raises(OutsideRootError, match="symbolic link"):
+        open_beneath(root, ("out", "victim"))
+    with pytest.raises(OutsideRootError):
+        open_beneath(root, ("d", "back", "d", "e", "f"))  # a link, even one leading inside
+    with pytest.raises(OutsideRootError, match="not a folder"):
+        lstat_beneath(root, ("d", "e", "f", "g"))
+    with pytest.raises(FileNotFoundError):
+        lstat_beneath(root, ("d", "missing", "g"))
+    for bad in ((), ("..", "outside", "victim"), ("d", ".", "e"), ("d", "", "e"), ("a\0b",)):
+        with pytest.raises(UnsafePathError):
+            open_beneath(root, bad)
+    assert stat.S_ISREG(lstat_beneath(root, ("d", "e", "f")).st_mode)
+    tmp = tmp_path / "tmp"
+    tmp.write_bytes(b"new")
+    with pytest.raises(OutsideRootError):
+        replace_beneath(str(tmp), root, ("out", "victim"))
+    replace_beneath(str(tmp), root, ("n1", "n2", "file"))  # folders made on the way
+    assert (root / "n1" / "n2" / "file").read_bytes() == b"new"
+    assert remove_beneath(root, ("n1", "n2", "file")) and not (root / "n1").exists()
+    with pytest.raises(OutsideRootError):
+        remove_beneath(root, ("out", "victim"))
+    assert not remove_beneath(root, ("d", "missing"))
+    assert remove_beneath(root, ("out",))  # the link itself, not what it points to
+    assert (outside / "victim").read_bytes() == b"v"
+
+
+def test_relative_inside_and_local_parts(tmp_path: Path) -> None:
+    (tmp_path / "root" / "state").mkdir(parents=True)
+    (tmp_path / "alias").symlink_to(tmp_path / "root", target_is_directory=True)
+    assert relative_inside(tmp_path / "root", tmp_path / "alias" / "state" / "x") == "state/x"
+    assert relative_inside(tmp_path / "alias", tmp_path / "root") == ""
+    assert relative_inside(tmp_path / "root", tmp_path / "rootx") is None
+    assert local_parts("a\\b/C:/x") == ("a\\b", "C:", "x")  # ordinary names on disk
+    for bad in ("", "/a", "a/", "a/../b", "./a", "a\0"):
+        with pytest.raises(UnsafePathError):
+            local_parts(bad)
+
+
+def test_an_empty_index_saved_and_loaded_again(tmp_path: Path) -> None:
+    """An empty mirror saves an empty index; loading it is not 'tampered' (regression)."""
+    root = tmp_path / "root"
+    root.mkdir()
+    saved = tmp_path / "empty.idx"
+    FileIndex(root).save(saved)
+    assert len(FileIndex.load(saved, root)) == 0  # raised IndexFormatError before the fix
