@@ -128,8 +128,21 @@ class EngineChannels(EngineCore):
         channel.consumer_list.clear()
         self.events.emit(EventName.CHANNEL_REMOVED, models.channel_event(channel), out)
 
-    def join(self, client: Client, channel: Channel, now: float, out: list[Outgoing]) -> None:
+    def join(
+        self,
+        client: Client,
+        channel: Channel,
+        now: float,
+        out: list[Outgoing],
+        prefetch: int | None = None,
+    ) -> None:
+        """Make ``client`` a consumer of ``channel``; ``prefetch``: its own window for the
+        channel's queues (None: theirs; see ``broker.flow``), also when joined already."""
         if client.id in channel.consumers:
+            if prefetch is not None:
+                client.prefetch[channel.name] = prefetch
+                for queue in list(channel.queues.values()):
+                    queue.drain(now, out)
             return
         limit = channel.options.client_limit
         if limit and len(channel.consumers) >= limit:
@@ -137,6 +150,8 @@ class EngineChannels(EngineCore):
         channel.consumers[client.id] = client
         channel.consumer_list.append(client)
         client.channels[channel.name] = channel
+        if prefetch is not None:
+            client.prefetch[channel.name] = prefetch
         self.events.emit(
             EventName.CLIENT_JOINED, models.subscription_event(channel, client), out, channel.name
         )
@@ -155,6 +170,7 @@ class EngineChannels(EngineCore):
         if client in channel.consumer_list:
             channel.consumer_list.remove(client)
         client.channels.pop(channel.name, None)
+        client.prefetch.pop(channel.name, None)
         self.events.emit(
             EventName.CLIENT_LEFT, models.subscription_event(channel, client), out, channel.name
         )

@@ -25,10 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 from broker import models, tmqp
 from broker.delivery import ALLOW, AckWhen, Decision, PutBack
+from broker.flow import PLAIN
 from broker.frames import derive
 from broker.message import DELAYED, DONE, INFLIGHT, QUEUED, Delivery, QueueMessage
 from broker.options import ChannelQueueOptions
-from broker.protocol import MessageType, NackReason, Outgoing, QueueStatus, ResultCode
+from broker.protocol import MessageType, NackReason, Outgoing, QueueStatus, ResultCode, Tracked
 from broker.queue_core import QueueHost
 from broker.queue_delivery import QueueDelivery
 
@@ -50,8 +51,8 @@ _QUEUE = int(MessageType.QUEUE)
 _PUSH = QueueStatus.PUSH
 _RR = QueueStatus.ROUND_ROBIN
 _BROADCAST = QueueStatus.BROADCAST
-#: ``Outgoing(client_id, frame)`` without the named tuple's Python-level __new__.
-_outgoing = tuple.__new__
+#: ``Tracked(client_id, frame)`` without the named tuple's Python-level __new__.
+_tracked = tuple.__new__
 
 
 class Queue(QueueDelivery):
@@ -64,6 +65,7 @@ class Queue(QueueDelivery):
         old = self.options
         self.options = options
         self.status = options.status
+        self.window = self._window(options)
         self._out_version += 1
         if options.message_delivery_handler != old.message_delivery_handler:
             self.handler = self.host.handler_for(options.message_delivery_handler)
@@ -106,12 +108,14 @@ class Queue(QueueDelivery):
         """Deliver a push at once when nothing could decide otherwise; False: use accept.
 
         Taken when the queue is :attr:`plain` (default hooks, no acknowledge requests,
-        no message timeout, names not hidden), in push or round-robin status, nothing
-        waits in it, the frame is a QUEUE frame of this queue without headers or wait
-        flags, and it passes the size limit.  Then :meth:`accept` would send the frame
-        (source stamped) to the consumers and finish the message: this does the same,
-        counters included, without the per-message bookkeeping objects.  The caller has
-        checked the authorization and that no MESSAGE_PRODUCED subscriber waits.
+        no message timeout, names not hidden), in round-robin status or push status with
+        one consumer, a consumer has room in its window, nothing waits in the queue, the
+        frame is a QUEUE frame of this queue without headers or wait flags, and it passes
+        the size limit.  Then :meth:`accept` would send the frame (source stamped) to one
+        consumer: this does the same without the per-message bookkeeping object (the
+        frame and its sequence number are enough to put it back if the consumer goes
+        away before it is sent, see ``broker.flow``).  The caller has checked the
+        authorization and that no MESSAGE_PRODUCED subscriber waits.
         """
         status = self.status
         consumers = self.channel.consumer_list
@@ -138,22 +142,36 @@ class Queue(QueueDelivery):
             return False
         if not frame.message_id and opts.use_message_id:
             return False  # accept() gives it an id
+        if status is _RR:
+            c = self._next_with_room(consumers)
+            if c is None:
+                return False
+        elif len(consumers) == 1 and self.room(consumers[0]):
+            c = consumers[0]
+        else:
+            return False  # a push to several consumers is followed as a QueueMessage
         if frame.source != sender.id:
             frame = frame.replace(source=sender.id)
         self.sequence += 1
         self.received += 1
-        self.sent += 1
-        self.last_received = self.last_sent = now
-        if status is _RR:
-            i = self._rr % len(consumers)
-            self._rr = (i + 1) % len(consumers)
-            out.append(_outgoing(Outgoing, (consumers[i].id, frame)))
-            self.deliveries += 1
-        else:
-            for c in consumers:
-                out.append(_outgoing(Outgoing, (c.id, frame)))
-            self.deliveries += len(consumers)
+        self.last_received = now
+        cid = c.id
+        out.append(_tracked(Tracked, (cid, frame)))
+        c.unsent.append((PLAIN, self, None, frame, self.sequence))
+        used = self.used
+        used[cid] = used.get(cid, 0) + 1
         return True
+
+    def _next_with_room(self, consumers: list[Client]) -> Client | None:
+        """Round robin: the next consumer with room in its window (None: all full)."""
+        n = len(consumers)
+        start = self._rr % n
+        for i in range(n):
+            c = consumers[(start + i) % n]
+            if self.room(c):
+                self._rr = (start + i + 1) % n
+                return c
+        return None
 
     def accept(
         self,
