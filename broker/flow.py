@@ -72,14 +72,27 @@ def transmitted(client: Client, count: int, now: float, ready: dict[Queue, None]
     if count > len(unsent):
         count = len(unsent)
     cid = client.id
-    last = None
     pop = unsent.popleft
+    run: Queue | None = None  # consecutive fast-path pushes of one queue settle together
+    run_length = 0
     for _ in range(count):
-        kind, queue, m, _frame, _seq = pop()
-        queue.settle_sent(kind, cid, m, now)
-        if queue is not last:
-            ready[queue] = None
-            last = queue
+        transit = pop()
+        queue = transit[1]
+        if transit[0] == PLAIN:
+            if queue is run:
+                run_length += 1
+                continue
+            if run is not None:
+                run.settle_plain(cid, run_length, now)
+                ready[run] = None
+            run = queue
+            run_length = 1
+            continue
+        queue.settle_sent(transit[0], cid, transit[2], now)
+        ready[queue] = None
+    if run is not None:
+        run.settle_plain(cid, run_length, now)
+        ready[run] = None
     return count
 
 

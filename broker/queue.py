@@ -142,12 +142,20 @@ class Queue(QueueDelivery):
             return False
         if not frame.message_id and opts.use_message_id:
             return False  # accept() gives it an id
-        if status is _RR:
-            c = self._next_with_room(consumers)
-            if c is None:
-                return False
-        elif len(consumers) == 1 and self.room(consumers[0]):
+        used = self.used
+        if len(consumers) == 1:
             c = consumers[0]
+            cid = c.id
+            n = used.get(cid, 0)
+            if n >= (c.prefetch.get(self.channel.name) or self.window):
+                return False  # its window is full: the message waits in the queue
+        elif status is _RR:
+            found = self._next_with_room(consumers)
+            if found is None:
+                return False
+            c = found
+            cid = c.id
+            n = used.get(cid, 0)
         else:
             return False  # a push to several consumers is followed as a QueueMessage
         if frame.source != sender.id:
@@ -155,11 +163,9 @@ class Queue(QueueDelivery):
         self.sequence += 1
         self.received += 1
         self.last_received = now
-        cid = c.id
         out.append(_tracked(Tracked, (cid, frame)))
         c.unsent.append((PLAIN, self, None, frame, self.sequence))
-        used = self.used
-        used[cid] = used.get(cid, 0) + 1
+        used[cid] = n + 1
         return True
 
     def _next_with_room(self, consumers: list[Client]) -> Client | None:
@@ -253,7 +259,9 @@ class Queue(QueueDelivery):
         else:
             self.regular.append(m)
             self.n_regular += 1
-        if status is _PUSH or status is _RR:
+        if (status is _PUSH or status is _RR) and (not self.stalled or m.high_priority):
+            # (stalled: the head of the queue waits for room; a push behind it cannot
+            # change that, the next settled delivery or acknowledge drains)
             self.drain(now, out)
         return m
 

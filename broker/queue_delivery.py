@@ -227,14 +227,27 @@ class QueueDelivery(QueueAcknowledgements):
             used = self.used
             used[c.id] = used.get(c.id, 0) + 1
 
+    def settle_plain(self, client_id: str, count: int, now: float) -> None:
+        """The transport took ``count`` fast-path pushes to one consumer: sent, done."""
+        self.deliveries += count
+        self.sent += count
+        self.last_sent = now
+        used = self.used
+        n = used.get(client_id, 0) - count
+        if n > 0:
+            used[client_id] = n
+        else:
+            used.pop(client_id, None)
+
     def settle_sent(self, kind: int, client_id: str, m: QueueMessage | None, now: float) -> None:
         """The transport took a delivery (``broker.flow.transmitted``): count it as sent."""
+        if kind == PLAIN:
+            self.settle_plain(client_id, 1, now)
+            return
         self.deliveries += 1
         self.last_sent = now
-        if m is None:  # PLAIN or CACHE
+        if m is None:  # CACHE
             self.sent += 1
-            if kind == PLAIN:
-                self._release(client_id)
             return
         if not m.transmitted:
             self.sent += 1  # the first copy of this send
