@@ -36,6 +36,7 @@ A consumer whose window is full, status by status:
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -103,7 +104,7 @@ def abandon(client: Client, now: float, out: list[Outgoing], ready: dict[Queue, 
     the other consumers) are added to ``ready``.
     """
     unsent = client.unsent
-    client.unsent = type(unsent)()
+    client.unsent = deque()
     cid = client.id
     for kind, queue, m, frame, seq in unsent:
         queue.settle_unsent(kind, cid, m, frame, seq, now, out)

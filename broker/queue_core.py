@@ -178,7 +178,9 @@ class QueueCore:
 
     def _return(self, m: QueueMessage, out: list[Outgoing]) -> None:
         """A message that never reached its consumer goes back to the front of the queue."""
-        if not self.alive or self.status is QueueStatus.STOPPED:
+        if not self.alive:
+            return  # removed with its queue (and the queue's store)
+        if self.status is QueueStatus.STOPPED:
             self.drop(m, out, NackReason.CLEARED)
         else:
             self._requeue(m, PutBack.START)

@@ -257,8 +257,8 @@ class QueueDelivery(QueueAcknowledgements):
             return  # the window slot is held until the acknowledge
         self._release(client_id)
         m.unsent -= 1
-        if m.unsent <= 0 and m.state == INFLIGHT:
-            self._complete(m)
+        if m.unsent <= 0 and m.state == INFLIGHT and self.alive:
+            self._complete(m)  # (a removed queue took its messages and store with it)
 
     def settle_unsent(
         self,
@@ -282,7 +282,7 @@ class QueueDelivery(QueueAcknowledgements):
         m.unsent -= 1
         if kind == BROADCAST:
             self.dropped += 1
-        if m.unsent > 0 or m.state != INFLIGHT:
+        if m.unsent > 0 or m.state != INFLIGHT or not self.alive:
             return
         if m.transmitted or kind == BROADCAST:
             self._complete(m)  # a copy went out: done, as if this consumer had not been there

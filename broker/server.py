@@ -11,7 +11,12 @@ with a clock value, encodes the ``Outgoing`` frames it gets back and routes
 them by client id.  It drains every ready message (non-blocking) before polling
 again, drives ``Engine.tick`` from ``Engine.next_deadline`` through the poll
 timeout, pings quiet peers and expires silent ones.  A peer whose send pipe is
-full gets a per-peer backlog instead of blocking the loop or losing frames.
+full gets a per-peer backlog instead of blocking the loop or losing frames, and keeps
+its session: only silence ends it.  Flow control: the loop reports to
+``Engine.transmitted`` how many queue deliveries (``Tracked`` frames) of each peer
+libzmq took, and the engine releases more only then (``broker.flow``), so a slow
+consumer's backlog stays within its windows; before a peer's session ends the engine
+hears what it got, and puts the rest back in the queues.
 
 Hot path: plain frames are decoded by ``broker.fastcodec``; a frame the engine
 passes through unchanged is forwarded as the octets received; engine output is

@@ -6,18 +6,25 @@ the test reports them sent with ``kit.transmit``, as a consumer's full socket wo
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from broker.delivery import DefaultDeliveryHandler
+from broker.delivery import DefaultDeliveryHandler, PersistentDeliveryHandler
 from broker.options import BrokerConfig, OptionsError
 from broker.protocol import Header, NoContent, Operation, QueueStatus, ResultCode, header
+from broker.store import MemoryStore
 from tests.broker.engine_kit import Kit, queue_messages
 
 WALL = 1_700_000_000.0
 
 
-def held_kit(**config: object) -> Kit:
-    return Kit(auto_transmit=False, config=BrokerConfig(wall_clock=lambda: WALL, **config))
+def held_kit(engine: dict[str, Any] | None = None, **config: Any) -> Kit:
+    return Kit(
+        auto_transmit=False,
+        config=BrokerConfig(wall_clock=lambda: WALL, **config),
+        **(engine or {}),
+    )
 
 
 def setup(
@@ -175,6 +182,32 @@ def test_a_stopped_queue_does_not_take_back_what_was_never_sent() -> None:
     kit.disconnect(c)
     info = kit.info(producer, "ch", 1)
     assert (info["Messages"], info["InFlight"], info["RemovedMessages"]) == (0, 0, 4)
+
+
+def test_a_queue_removed_with_deliveries_in_transit_settles_cleanly() -> None:
+    store = MemoryStore()
+    kit = held_kit({"store": store, "handlers": {"persistent": PersistentDeliveryHandler()}})
+    producer, (c,) = setup(kit, prefetch=2, message_delivery_handler="persistent")
+    fill(kit, producer, 4)
+    assert len(store) == 4 and payloads(kit, c) == [0, 1]
+    kit.ok(producer, Operation.QUEUE_DELETE, "ch", headers=((Header.QUEUE_ID, "1"),))
+    assert len(store) == 0
+    kit.transmit(c, 1)
+    kit.disconnect(c)
+    assert kit.engine.errors == 0 and len(store) == 0
+    assert "ch" in kit.engine.channels and not kit.engine.channels["ch"].queues
+
+
+def test_a_persistent_message_leaves_the_store_once_sent_not_before() -> None:
+    store = MemoryStore()
+    kit = held_kit({"store": store, "handlers": {"persistent": PersistentDeliveryHandler()}})
+    producer, (c,) = setup(kit, message_delivery_handler="persistent")
+    fill(kit, producer, 3)
+    assert len(store) == 3  # handed to the transport, not yet sent
+    kit.transmit(c, 2)
+    assert len(store) == 1
+    kit.disconnect(c)  # the third never left: still stored, back in the queue
+    assert len(store) == 1 and kit.info(producer, "ch", 1)["Messages"] == 1
 
 
 def test_report_for_an_unknown_client_or_too_many_frames_is_harmless() -> None:

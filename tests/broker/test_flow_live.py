@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PAD = 1000
 
 
-def body(i: int) -> bytes:
-    return b"%d" % i + b" " * (PAD - 8)
+def body(i: int, pad: int = PAD) -> bytes:
+    return b"%d" % i + b" " * (pad - 8)
 
 
 @pytest.fixture
@@ -68,12 +68,14 @@ def connect(zctx: Ctx, endpoint: str) -> Iterator[Callable[..., Client]]:
         client.close()
 
 
-def fill(producer: Client, channel: str, count: int, options: dict[str, Any]) -> None:
+def fill(
+    producer: Client, channel: str, count: int, options: dict[str, Any], pad: int = PAD
+) -> None:
     """Create the queue and push ``count`` messages (payload = index) while nobody listens."""
     producer.create_queue(channel, 1, options)
     push = producer.push
     for i in range(count):
-        push(channel, 1, body(i))
+        push(channel, 1, body(i, pad))
     assert wait_for(lambda: producer.queue_info(channel, 1)["Messages"] == count, timeout=30)
 
 
@@ -93,15 +95,21 @@ def read(consumer: Client, count: int, *, pause_every: int = 0, ack: bool = Fals
     return got
 
 
+@pytest.mark.parametrize(
+    ("total", "pad"),
+    [
+        pytest.param(200_000, PAD, id="200k"),
+        pytest.param(1_000_000, 100, id="1M-100B", marks=pytest.mark.slow),
+    ],
+)
 def test_slow_consumer_gets_every_queued_message_once_in_order(
-    connect: Callable[..., Client],
+    connect: Callable[..., Client], total: int, pad: int
 ) -> None:
-    total = 200_000
     producer = connect()
-    fill(producer, "flow-a", total, {"Status": 1})
+    fill(producer, "flow-a", total, {"Status": 1}, pad)
     consumer = connect()
     consumer.join("flow-a")
-    got = read(consumer, total, pause_every=20_000)
+    got = read(consumer, total, pause_every=total // 10)
     assert len(got) == total, f"{total - len(got)} messages lost"
     assert got == list(range(total))
     assert consumer.receive(timeout=0.5) is None  # and nothing twice
@@ -251,3 +259,37 @@ def test_a_consumer_that_stops_reading_keeps_its_session(
     assert producer.stats()["server"]["expired"] == 0
     assert idle.client_id in {c["Id"] for c in producer.clients()}
     assert read(idle, total + 1) == list(range(total + 1))
+
+
+# -- the broker-wide window -------------------------------------------------------------
+
+
+def test_the_broker_wide_window_comes_from_the_config_file(zctx: Ctx, tmp_path: Path) -> None:
+    config = tmp_path / "broker.toml"
+    config.write_text("[broker]\nprefetch = 7\nmax_prefetch = 20\n")
+    port = free_port()
+    proc = start_serve("--bind", f"tcp://127.0.0.1:{port}", "--config", str(config))
+    try:
+        with Client(f"tcp://127.0.0.1:{port}", context=zctx, timeout=10.0).connect() as c:
+            c.create_queue("cfg", 1, {"Status": 1})
+            c.create_queue("cfg", 2, {"Status": 1, "Prefetch": 50})
+            assert c.queue_info("cfg", 1)["Prefetch"] == 7
+            assert c.queue_info("cfg", 2)["Prefetch"] == 20  # capped
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def test_a_bad_window_in_the_config_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    config = tmp_path / "broker.toml"
+    config.write_text("[broker]\nprefetch = 0\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "broker", "serve", "--bind", "tcp://127.0.0.1:0",
+         "--config", str(config)],
+        capture_output=True, timeout=30, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.decode().strip().count("\n") == 0
+    assert b"prefetch" in proc.stderr
