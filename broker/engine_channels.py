@@ -124,6 +124,7 @@ class EngineChannels(EngineCore):
         channel.queues.clear()
         for client in channel.consumer_list:
             client.channels.pop(channel.name, None)
+            client.prefetch.pop(channel.name, None)
         channel.consumers.clear()
         channel.consumer_list.clear()
         self.events.emit(EventName.CHANNEL_REMOVED, models.channel_event(channel), out)
@@ -144,6 +145,7 @@ class EngineChannels(EngineCore):
                 for queue in list(channel.queues.values()):
                     queue.drain(now, out)
             return
+        client.prefetch.pop(channel.name, None)  # a new membership: the default unless asked
         limit = channel.options.client_limit
         if limit and len(channel.consumers) >= limit:
             raise OperationError(ResultCode.LIMIT_EXCEEDED, "channel client limit reached")

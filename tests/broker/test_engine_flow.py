@@ -393,3 +393,15 @@ def test_changing_the_queue_option_applies_to_the_next_deliveries() -> None:
     assert kit.update(producer, "ch", 1, Prefetch=3).content_type == ResultCode.OK
     assert payloads(kit, c) == [1, 2]
     assert kit.info(producer, "ch", 1)["Prefetch"] == 3
+
+
+def test_a_recreated_channel_forgets_the_window_asked_for_the_old_one() -> None:
+    kit = held_kit()
+    producer, _ = setup(kit, consumers=0, prefetch=2)
+    c = kit.connect("c")
+    kit.ok(c, Operation.JOIN, "ch", headers=((Header.PREFETCH, "5"),))
+    kit.ok(producer, Operation.CHANNEL_DELETE, "ch")
+    kit.join(c, "ch")  # auto-created again, joined without a Prefetch header
+    kit.queue(producer, "ch", 1, prefetch=2)
+    fill(kit, producer, 4)
+    assert payloads(kit, c) == [0, 1]
