@@ -105,27 +105,23 @@ class Queue(QueueDelivery):
     def push_plain(
         self, frame: tmqp.Frame, sender: Client, now: float, out: list[Outgoing]
     ) -> bool:
-        """Deliver a push at once when nothing could decide otherwise; False: use accept.
+        """Take a push without the general path when nothing could decide otherwise.
 
         Taken when the queue is :attr:`plain` (default hooks, no acknowledge requests,
-        no message timeout, names not hidden), in round-robin status or push status with
-        one consumer, a consumer has room in its window, nothing waits in the queue, the
-        frame is a QUEUE frame of this queue without headers or wait flags, and it passes
-        the size limit.  Then :meth:`accept` would send the frame (source stamped) to one
-        consumer: this does the same without the per-message bookkeeping object (the
-        frame and its sequence number are enough to put it back if the consumer goes
-        away before it is sent, see ``broker.flow``).  The caller has checked the
-        authorization and that no MESSAGE_PRODUCED subscriber waits.
+        no message timeout, names not hidden), in push or round-robin status, the frame
+        is a QUEUE frame of this queue without headers or wait flags, and it passes the
+        size limit.  Then :meth:`accept` would send the frame (source stamped) to a
+        consumer or queue it: this does the same with less bookkeeping.  Sent at once
+        (nothing waits, one consumer takes it: round robin, or push with one consumer)
+        it needs no QueueMessage at all: the frame and its sequence number are enough
+        to put it back if the consumer goes away before it is sent (``broker.flow``).
+        Returns False (use :meth:`accept`) for anything else.  The caller has checked
+        the authorization and that no MESSAGE_PRODUCED subscriber waits.
         """
         status = self.status
-        consumers = self.channel.consumer_list
         if (
             not self.plain
             or (status is not _PUSH and status is not _RR)
-            or not consumers
-            or self.n_priority
-            or self.n_regular
-            or self._front
             or frame.headers
             or frame.pending_ack
             or frame.pending_response
@@ -142,30 +138,42 @@ class Queue(QueueDelivery):
             return False
         if not frame.message_id and opts.use_message_id:
             return False  # accept() gives it an id
-        used = self.used
-        if len(consumers) == 1:
-            c = consumers[0]
-            cid = c.id
-            n = used.get(cid, 0)
-            if n >= (c.prefetch.get(self.channel.name) or self.window):
-                return False  # its window is full: the message waits in the queue
-        elif status is _RR:
-            found = self._next_with_room(consumers)
-            if found is None:
-                return False
-            c = found
-            cid = c.id
-            n = used.get(cid, 0)
-        else:
-            return False  # a push to several consumers is followed as a QueueMessage
+        consumers = self.channel.consumer_list
+        c: Client | None = None
+        if consumers and not (self.n_priority or self.n_regular or self._front):
+            if len(consumers) == 1:
+                c = consumers[0]
+                if not self.room(c):
+                    c = None  # its window is full: the message waits in the queue
+                elif status is _RR:
+                    self._rr = 0  # (as _choose_one leaves it)
+            elif status is _RR:
+                c = self._next_with_room(consumers)
+            else:
+                return False  # a push to several consumers is followed as a QueueMessage
+        if c is None and opts.message_limit:
+            return False  # accept() after check_push
         if frame.source != sender.id:
             frame = frame.replace(source=sender.id)
         self.sequence += 1
         self.received += 1
         self.last_received = now
-        out.append(_tracked(Tracked, (cid, frame)))
-        c.unsent.append((PLAIN, self, None, frame, self.sequence))
-        used[cid] = n + 1
+        if c is not None:
+            cid = c.id
+            out.append(_tracked(Tracked, (cid, frame)))
+            c.unsent.append((PLAIN, self, None, frame, self.sequence))
+            used = self.used
+            used[cid] = used.get(cid, 0) + 1
+            return True
+        m = QueueMessage(self.sequence, frame, sender, False, now)
+        if m.high_priority:
+            self.priority.append(m)
+            self.n_priority += 1
+        else:
+            self.regular.append(m)
+            self.n_regular += 1
+        if consumers and (not self.stalled or m.high_priority):
+            self.drain(now, out)  # (stalled: see accept)
         return True
 
     def _next_with_room(self, consumers: list[Client]) -> Client | None:
