@@ -5,7 +5,10 @@ Plain pushes into push and round-robin queues take the engine's fast path
 
 Each case runs in its own process so garbage from one does not slow the next.  The
 baseline is the cheapest conceivable dispatcher (a dict lookup and a list append per
-message), measured in the same run.
+message), measured in the same run.  Deliveries are reported sent to the engine
+(flow control) every ``REPORT_EVERY`` pushes, as the server does; the "consumer behind"
+row reports every 10,000 pushes, so the consumer's window (1,000) is full most of the
+time and messages wait in the queue: what flow control costs with a slow consumer.
 
 Usage: ``python bench/bench_engine.py [--messages N]`` (default 200,000; use a small N
 for a smoke run).
@@ -20,10 +23,13 @@ import time
 from typing import Any
 
 SIZE = 100
+#: Pushes between two reports of sent deliveries (``Engine.transmitted``): the server
+#: reports every 256 received messages during a socket drain.
+REPORT_EVERY = 256
 
 
 def _case(name: str, n: int, queue: dict[str, Any], source: str, producer_ack: bool,
-          consumer_ack: bool, general: bool = False) -> float:  # fmt: skip
+          consumer_ack: bool, general: bool = False, report_every: int = 0) -> float:  # fmt: skip
     from broker import tmqp
     from broker.delivery import DefaultDeliveryHandler
     from broker.engine import Engine
@@ -57,15 +63,33 @@ def _case(name: str, n: int, queue: dict[str, Any], source: str, producer_ack: b
         for i in range(n)
     ]
     receive = engine.receive
+    transmitted = engine.transmitted
     out = 0
+    sent = 0  # deliveries handed out since the last report, as the server counts them
     start = time.perf_counter()
     if consumer_ack:
-        for push, ack in zip(pushes, acks, strict=True):
-            out += len(receive(producer, push, 1.0))
+        for i, (push, ack) in enumerate(zip(pushes, acks, strict=True)):
+            outs = receive(producer, push, 1.0)
+            out += len(outs)
+            sent += len(outs)
+            if not i % REPORT_EVERY:
+                out += len(transmitted({consumer: sent}, 1.0))
+                sent = 0
             out += len(receive(consumer, ack, 1.0))
     else:
-        for push in pushes:
-            out += len(receive(producer, push, 1.0))
+        every = report_every or REPORT_EVERY
+        for i, push in enumerate(pushes):
+            outs = receive(producer, push, 1.0)
+            out += len(outs)
+            sent += len(outs)
+            if not i % every:
+                outs = transmitted({consumer: sent}, 1.0)
+                out += len(outs)
+                sent = len(outs)
+        while sent:  # a consumer behind: what waited in the queue goes out now
+            outs = transmitted({consumer: sent}, 1.0)
+            out += len(outs)
+            sent = len(outs)
     elapsed = time.perf_counter() - start
     assert out >= n, (name, out)
     return elapsed
@@ -85,7 +109,7 @@ def _baseline(n: int) -> float:
     return time.perf_counter() - start
 
 
-CASES: list[tuple[str, dict[str, Any], str, bool, bool, bool]] = [
+CASES: list[tuple[Any, ...]] = [
     ("push queue (producer stamps its id as source)", {}, "prod", False, False, False),
     ("  same, general path (fast push path off)", {}, "prod", False, False, True),
     ("push queue (empty source: frame rebuilt)", {}, "", False, False, False),
@@ -94,6 +118,8 @@ CASES: list[tuple[str, dict[str, Any], str, bool, bool, bool]] = [
     ("broadcast queue", {"Status": 0}, "prod", False, False, False),
     ("push queue, consumer ack (RequestAcknowledge)", {"RequestAcknowledge": True}, "prod",
      False, True, False),
+    ("push queue, consumer behind (window full, queued)", {}, "prod", False, False, False,
+     10_000),
 ]  # fmt: skip
 
 
@@ -110,10 +136,8 @@ def main() -> None:
     n = parser.parse_args().messages
     base = _run(_baseline, n)
     rows = [("baseline: dict lookup + append", base)]
-    for name, queue, source, producer_ack, consumer_ack, general in CASES:
-        rows.append(
-            (name, _run(_case, name, n, queue, source, producer_ack, consumer_ack, general))
-        )
+    for name, *args in CASES:
+        rows.append((name, _run(_case, name, n, *args)))
     print(f"\nengine only, {n:,} messages of {SIZE} bytes")
     print(f"{'case':50s} {'msgs/s':>12s} {'us/msg':>8s}")
     print("-" * 72)

@@ -11,12 +11,14 @@ request (acknowledged push, direct request, server operation) registers an
 at once (``asyncio.gather`` them); the reader settles the future when the ACK/RESPONSE
 arrives, answers the broker's PINGs, and puts queue, direct and event messages into a
 bounded inbox read by ``receive()``/``consume()``.  A full inbox makes the reader wait
-(ZeroMQ pushes back on the broker), which also holds up replies: keep consuming.
+(ZeroMQ pushes back on the broker, which holds the rest of its queues for this client),
+which also holds up replies: keep consuming.  While it waits the reader sends a PING
+every ``ping_interval`` seconds, so the broker keeps the session of a slow consumer.
 
 Not supported (use the blocking client for these): reconnecting -- when the broker
 ends the session or the socket fails, outstanding requests fail with
-``ConnectionLost`` and later calls raise it; client-side keep-alive PINGs; pull
-requests, event subscriptions and CURVE.
+``ConnectionLost`` and later calls raise it; PINGs while idle; pull requests, event
+subscriptions and CURVE.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from broker.client_frames import (
     ack_frame,
     as_bytes,
     direct_frame,
+    join_frame,
     queue_frame,
     response_frame,
 )
@@ -70,6 +73,7 @@ __all__ = ["AsyncClient"]
 log = logging.getLogger(__name__)
 
 _PONG = tmqp.encode(tmqp.Pong())[0]
+_PING = tmqp.encode(tmqp.Ping())[0]
 _TERMINATE = tmqp.encode(tmqp.Frame(message_type=MessageType.TERMINATE))[0]
 _INBOX_TYPES = frozenset({MessageType.QUEUE, MessageType.DIRECT, MessageType.EVENT})
 _REPLY_TYPES = frozenset({MessageType.ACK, MessageType.RESPONSE})
@@ -99,10 +103,12 @@ class AsyncClient:
         linger: float = 1.0,
         hwm: int = 10_000,
         max_inbox: int = 10_000,
+        ping_interval: float = 5.0,
     ) -> None:
         self.endpoint = endpoint
         self.context = context
         self.timeout = timeout
+        self.ping_interval = ping_interval
         self.linger = linger
         self.hwm = hwm
         self.client_id: str | None = client_id
@@ -237,7 +243,7 @@ class AsyncClient:
         if mt in _REPLY_TYPES:
             self._settle(msg)
         elif mt in _INBOX_TYPES:
-            await self._inbox.put(Message(msg))
+            await self._to_inbox(sock, Message(msg))
         elif mt == MessageType.PING:
             await sock.send(_PONG)
         elif mt == MessageType.TERMINATE:
@@ -253,6 +259,23 @@ class AsyncClient:
         elif mt != MessageType.PONG:
             log.debug("ignored frame type %#x from the broker", mt)
         return True
+
+    async def _to_inbox(self, sock: zmq.asyncio.Socket, message: Message) -> None:
+        """Put ``message`` in the inbox; while it is full, keep the session alive."""
+        inbox = self._inbox
+        if not inbox.full():
+            inbox.put_nowait(message)
+            return
+        put = asyncio.ensure_future(inbox.put(message))
+        try:
+            while True:
+                done, _ = await asyncio.wait({put}, timeout=self.ping_interval)
+                if done:
+                    return
+                await sock.send(_PING)  # not reading is not being gone
+        finally:
+            if not put.done():
+                put.cancel()
 
     def _settle(self, frame: tmqp.Frame) -> None:
         future = self._pending.pop(frame.message_id, None)
@@ -306,9 +329,14 @@ class AsyncClient:
 
     # -- queues ------------------------------------------------------------------------
 
-    async def join(self, channel: str, timeout: float | None = None) -> None:
-        """Join a channel: its push/broadcast/round-robin queues deliver to this client."""
-        await self._request(operation_frame(self.new_id(), Operation.JOIN, channel), timeout)
+    async def join(
+        self, channel: str, timeout: float | None = None, *, prefetch: int | None = None
+    ) -> None:
+        """Join a channel: its push/broadcast/round-robin queues deliver to this client.
+
+        ``prefetch``: as for :meth:`broker.client.Client.join`.
+        """
+        await self._request(join_frame(self.new_id(), channel, prefetch), timeout)
 
     async def leave(self, channel: str, timeout: float | None = None) -> None:
         await self._request(operation_frame(self.new_id(), Operation.LEAVE, channel), timeout)

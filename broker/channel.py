@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING
 
 from broker.options import ChannelOptions
 from broker.protocol import ConnectionInfo
 
 if TYPE_CHECKING:
+    from broker.flow import Transit
     from broker.queue import Queue
 
 
@@ -22,9 +24,11 @@ class Client:
         "info",
         "name",
         "pending_queues",
+        "prefetch",
         "requests",
         "token",
         "type",
+        "unsent",
     )
 
     def __init__(self, client_id: str, info: ConnectionInfo, now: float) -> None:
@@ -42,6 +46,10 @@ class Client:
         self.requests: set[str] = set()
         #: Queues holding deliveries this client has not acknowledged yet.
         self.pending_queues: set[Queue] = set()
+        #: Deliveries handed to the transport and not yet reported sent, in send order.
+        self.unsent: deque[Transit] = deque()
+        #: Window asked for at JOIN (``Prefetch`` header), per channel name.
+        self.prefetch: dict[str, int] = {}
 
     def __repr__(self) -> str:
         return f"Client({self.id!r}, name={self.name!r}, type={self.type!r})"

@@ -61,6 +61,7 @@ from broker.client_frames import (
     ack_frame,
     as_bytes,
     direct_frame,
+    join_frame,
     queue_frame,
     response_frame,
 )
@@ -259,10 +260,17 @@ class Client(ClientInbox, AdminOperations):
         )
         return self.request_frame(frame, timeout)
 
-    def join(self, channel: str, timeout: float | None = None) -> None:
-        """Join a channel: its push/broadcast/round-robin queues deliver to this client."""
-        self._call(self._op(Operation.JOIN, channel), timeout)
-        self._channels[channel] = None
+    def join(
+        self, channel: str, timeout: float | None = None, *, prefetch: int | None = None
+    ) -> None:
+        """Join a channel: its push/broadcast/round-robin queues deliver to this client.
+
+        ``prefetch``: the most deliveries of each of the channel's queues in flight to this
+        client at once (unacknowledged, or not yet read off its socket); None takes the
+        queue's ``Prefetch`` option or the broker's default.  Kept across reconnects.
+        """
+        self._call(join_frame(self.new_id(), channel, prefetch), timeout)
+        self._channels[channel] = prefetch
 
     def leave(self, channel: str, timeout: float | None = None) -> None:
         self._channels.pop(channel, None)

@@ -110,7 +110,7 @@ class ClientCore:
         self._in_waiting = 0
         self._rx_paused = False
         self._pending: dict[str, tuple[Future[Any], float, Any]] = {}
-        self._channels: dict[str, None] = {}
+        self._channels: dict[str, int | None] = {}  # joined channel -> its prefetch
         self._targets: dict[str, bytes] = {}
         self._subscriptions: dict[tuple[str, str | None, int | None], None] = {}
         self._event_handlers: list[tuple[str, str | None, int | None, Callable[..., Any]]] = []

@@ -1,6 +1,6 @@
 """Frames the clients send: shared by the blocking ``Client`` and ``AsyncClient``.
 
-Pure builders (no I/O): queue pushes, direct messages, responses and acknowledges.
+Pure builders (no I/O): queue pushes, direct messages, responses, acknowledges, joins.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 from broker import tmqp
 from broker.client_message import Message
-from broker.protocol import MessageType, ResultCode
+from broker.protocol import Header, MessageType, Operation, ResultCode
 
 Headers = Mapping[str, str] | tuple[tuple[str, str], ...]
 
@@ -118,5 +118,21 @@ def ack_frame(message: Message, headers: tuple[tuple[str, str], ...] = ()) -> tm
         content_type=f.content_type,
         message_id=f.message_id,
         target=f.target,
+        headers=headers,
+    )
+
+
+def join_frame(message_id: str, channel: str, prefetch: int | None = None) -> tmqp.Frame:
+    """JOIN ``channel``; ``prefetch``: the most deliveries of each of its queues this client
+    takes in flight (``Prefetch`` header; None: the queue's or the broker's default)."""
+    if prefetch is not None and (isinstance(prefetch, bool) or prefetch < 1):
+        raise ValueError("prefetch must be a positive integer")
+    headers = ((Header.PREFETCH, str(prefetch)),) if prefetch is not None else ()
+    return tmqp.Frame(
+        message_type=MessageType.SERVER,
+        pending_ack=True,
+        content_type=Operation.JOIN,
+        message_id=message_id,
+        target=channel,
         headers=headers,
     )

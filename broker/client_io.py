@@ -39,9 +39,10 @@ from broker.client_errors import (
     StopLoop,
     failure,
 )
+from broker.client_frames import join_frame
 from broker.client_inbound import InboundFrames
 from broker.client_message import Kind, Message
-from broker.protocol import GREETING, ConnectionInfo, Header, MessageType, Operation, header
+from broker.protocol import GREETING, ConnectionInfo, Header, MessageType, header
 from broker.sockets import fast_send
 from zproto.errors import DecodeError
 
@@ -115,6 +116,7 @@ class IOLoop(InboundFrames):
         self.hs_id = ""
         self.last_rx = 0.0
         self.pinged = False
+        self.keepalive_at = 0.0
         self.want_out = False
         self.next_sweep = 0.0
         if wake is not None:
@@ -168,11 +170,10 @@ class IOLoop(InboundFrames):
     def _register(self, sock: Any, flags: int) -> None:
         if self.flags.get(sock) != flags:
             self.flags[sock] = flags
-            self.poller.register(sock, flags)
+            self.poller.register(sock, flags)  # flags 0 takes it out of the poller
 
     def _unregister(self, sock: Any) -> None:
-        if sock in self.flags:
-            del self.flags[sock]
+        if sock in self.flags and self.flags.pop(sock):  # 0: already out of the poller
             self.poller.unregister(sock)
 
     def _timeout(self) -> int:
@@ -294,7 +295,13 @@ class IOLoop(InboundFrames):
             raise self._fatal(ConnectError(f"no answer from {c.endpoint} within the timeout"))
         if state is SessionState.READY:
             if c._rx_paused:
+                # Not reading (full inbox): the broker's silence is ours.  Tell it we are
+                # alive, or it would end the session it cannot reach: it holds what we
+                # have not taken (its windows) for as long as we want.
                 self.last_rx = now
+                if now >= self.keepalive_at:
+                    self.keepalive_at = now + c.ping_interval
+                    self._send_now(_PING)
             idle = now - self.last_rx
             if idle >= c.peer_timeout:
                 self._lost(f"no traffic from the broker for {idle:.1f} s")
@@ -377,8 +384,8 @@ class IOLoop(InboundFrames):
         log.debug("session ready as %s", client_id)
         if not self.first:
             # a new session: join the channels and subscribe the events again
-            for name in list(c._channels):
-                self._send_now(tmqp.encode(c._op(Operation.JOIN, name))[0])
+            for name, prefetch in list(c._channels.items()):
+                self._send_now(tmqp.encode(join_frame(c.new_id(), name, prefetch))[0])
             for event, channel, queue_id in list(c._subscriptions):
                 self._send_now(tmqp.encode(c._event_frame(event, True, channel, queue_id))[0])
         if c._outbox:

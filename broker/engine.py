@@ -33,15 +33,23 @@ next, so a method call costs what it did when the engine was one class):
 - ``broker.engine_channels`` -- channels and queues: creation, removal, join, leave;
 - ``broker.engine_clients`` -- client registry, direct messages and responses;
 - this module -- frames in (:meth:`Engine.receive` dispatches by message type), queue
-  messages (push, CC copies, acknowledges, pull), time, recovery and statistics.
+  messages (push, CC copies, acknowledges, pull), flow control, time, recovery and
+  statistics.
+
+Flow control (``broker.flow``): queue deliveries come out as :class:`Tracked` frames; the
+wire calls :meth:`Engine.transmitted` with how many of each client's tracked frames its
+socket took, in order, and a consumer never has more than its window of deliveries in
+flight.  When a client goes away (:meth:`Engine.disconnect`) what it was handed but never
+got returns to the queues.
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
+from collections.abc import Iterable, Mapping
 
-from broker import frames, models, tmqp
+from broker import flow, frames, models, tmqp
 from broker.auth import Action, AllowAll
 from broker.channel import Channel, Client
 from broker.engine_channels import valid_channel_name
@@ -56,6 +64,7 @@ from broker.protocol import (
     NoContent,
     Outgoing,
     ResultCode,
+    Tracked,
     headers_all,
 )
 from broker.queue import Queue
@@ -67,6 +76,7 @@ __all__ = [
     "EngineError",
     "OperationError",
     "Outgoing",
+    "Tracked",
     "valid_channel_name",
 ]
 
@@ -263,6 +273,55 @@ class Engine(EngineClients):
             out.append(Outgoing(client.id, pull_marker(rid, name, qid, NoContent.END)))
             return
         queue.pull(client, frame, now, out, self.config.max_pull_count)
+
+    # ------------------------------------------------------------------ flow control
+
+    def transmitted(self, counts: Mapping[str, int], now: float) -> list[Outgoing]:
+        """The transport took the next ``counts[id]`` :class:`Tracked` frames of each client.
+
+        Settles those deliveries (counted as sent; a queue without acknowledges finishes
+        them and frees their window slots) and sends what the freed room lets through.
+        See ``broker.flow``.
+        """
+        self._now = now
+        out: list[Outgoing] = []
+        ready: dict[Queue, None] = {}
+        clients = self.clients
+        for client_id, count in counts.items():
+            client = clients.get(client_id)
+            if client is None:
+                continue  # already disconnected: its deliveries were returned then
+            try:
+                if flow.transmitted(client, count, now, ready) != count:
+                    self.count_error("transmitted", ValueError(f"{client_id}: {count} > sent"))
+            except Exception as exc:
+                self.count_error("transmitted", exc)
+        self._drain_ready([q for q in ready if q.stalled], now, out)
+        return out
+
+    def disconnect(self, client_id: str, now: float) -> list[Outgoing]:
+        """The client is gone: what never reached its socket returns to its queues first,
+        then its unacknowledged deliveries return and its requests fail."""
+        client = self.clients.get(client_id)
+        if client is None or not client.unsent:
+            return super().disconnect(client_id, now)
+        out: list[Outgoing] = []
+        ready: dict[Queue, None] = {}
+        try:
+            flow.abandon(client, now, out, ready)
+        except Exception as exc:  # never raise into the wire loop
+            self.count_error("disconnect", exc)
+        out.extend(super().disconnect(client_id, now))
+        self._drain_ready(ready, now, out)
+        return out
+
+    def _drain_ready(self, ready: Iterable[Queue], now: float, out: list[Outgoing]) -> None:
+        for queue in ready:
+            if queue.alive and (queue.n_priority or queue.n_regular):  # put-backs counted
+                try:
+                    queue.drain(now, out)
+                except Exception as exc:
+                    self.count_error("drain", exc)
 
     # ------------------------------------------------------------------ time
 

@@ -124,19 +124,36 @@ class EngineChannels(EngineCore):
         channel.queues.clear()
         for client in channel.consumer_list:
             client.channels.pop(channel.name, None)
+            client.prefetch.pop(channel.name, None)
         channel.consumers.clear()
         channel.consumer_list.clear()
         self.events.emit(EventName.CHANNEL_REMOVED, models.channel_event(channel), out)
 
-    def join(self, client: Client, channel: Channel, now: float, out: list[Outgoing]) -> None:
+    def join(
+        self,
+        client: Client,
+        channel: Channel,
+        now: float,
+        out: list[Outgoing],
+        prefetch: int | None = None,
+    ) -> None:
+        """Make ``client`` a consumer of ``channel``; ``prefetch``: its own window for the
+        channel's queues (None: theirs; see ``broker.flow``), also when joined already."""
         if client.id in channel.consumers:
+            if prefetch is not None:
+                client.prefetch[channel.name] = prefetch
+                for queue in list(channel.queues.values()):
+                    queue.drain(now, out)
             return
+        client.prefetch.pop(channel.name, None)  # a new membership: the default unless asked
         limit = channel.options.client_limit
         if limit and len(channel.consumers) >= limit:
             raise OperationError(ResultCode.LIMIT_EXCEEDED, "channel client limit reached")
         channel.consumers[client.id] = client
         channel.consumer_list.append(client)
         client.channels[channel.name] = channel
+        if prefetch is not None:
+            client.prefetch[channel.name] = prefetch
         self.events.emit(
             EventName.CLIENT_JOINED, models.subscription_event(channel, client), out, channel.name
         )
@@ -155,6 +172,7 @@ class EngineChannels(EngineCore):
         if client in channel.consumer_list:
             channel.consumer_list.remove(client)
         client.channels.pop(channel.name, None)
+        client.prefetch.pop(channel.name, None)
         self.events.emit(
             EventName.CLIENT_LEFT, models.subscription_event(channel, client), out, channel.name
         )

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 # message states
 QUEUED = 0  # waiting in the queue
-INFLIGHT = 1  # sent, waiting for consumer acknowledges
+INFLIGHT = 1  # handed to consumers: waiting for the transport or their acknowledges
 DELAYED = 2  # put back, waiting for the put-back delay
 DONE = 3  # finished (consumed, removed or timed out)
 
@@ -23,6 +23,7 @@ class QueueMessage:
         "acked",
         "created",
         "deadline",
+        "delivered",
         "frame",
         "high_priority",
         "inflight",
@@ -35,6 +36,8 @@ class QueueMessage:
         "saved",
         "seq",
         "state",
+        "transmitted",
+        "unsent",
     )
 
     def __init__(
@@ -57,6 +60,11 @@ class QueueMessage:
         self.saved = False
         self.acked = False
         self.inflight = 0
+        #: Copies of the current send handed to the transport and not yet reported sent.
+        self.unsent = 0
+        #: Copies of the current send the transport took; all sends ever (Delivery-Count).
+        self.transmitted = 0
+        self.delivered = 0
         self.state = QUEUED
         self.out: tmqp.Frame | None = None
         self.out_version = -1

@@ -51,6 +51,11 @@ def queue_information(q: Queue, wall: float, now: float) -> dict[str, Any]:
         # zerohub additions
         "PendingAcknowledges": len(q.pending),
         "Sequence": q.sequence,
+        "Prefetch": q.window,
+        # deliveries holding a slot of a consumer's window: not yet acknowledged, or
+        # (queues without acknowledges) handed to the transport and not yet sent
+        "InFlight": sum(q.used.values()),
+        "DroppedDeliveries": q.dropped,
     }
 
 
@@ -160,6 +165,8 @@ def engine_stats(engine: Engine) -> dict[str, object]:
         "nacks": total("nacks"),
         "timeouts": total("timeouts"),
         "removed": total("removed"),
+        "dropped_deliveries": total("dropped"),
+        "in_flight": sum(sum(q.used.values()) for q in queues),
         "channel_list": [
             {
                 "name": c.name,

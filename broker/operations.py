@@ -177,6 +177,7 @@ def channel_info(
 def join(
     engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> None:
+    prefetch = _prefetch(engine, frame)
     channel = engine.channels.get(frame.target)
     if channel is None:
         if not engine.config.auto_create_channel:
@@ -186,7 +187,21 @@ def join(
         channel = engine.create_channel(frame.target, out=out)
     else:
         _allow(engine, client, Action.JOIN, channel.name)
-    engine.join(client, channel, now, out)
+    engine.join(client, channel, now, out, prefetch)
+
+
+def _prefetch(engine: Engine, frame: tmqp.Frame) -> int | None:
+    """The JOIN's ``Prefetch`` header: 1.. (capped at the broker's max_prefetch) or None."""
+    raw = header(frame, Header.PREFETCH) if frame.headers else None
+    if raw is None:
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise _error(ResultCode.BAD_REQUEST, f"Prefetch must be a positive integer: {raw!r}")
+    return min(value, engine.config.max_prefetch)
 
 
 def leave(

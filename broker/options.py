@@ -93,6 +93,7 @@ _QUEUE_FIELDS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "MessageSizeLimit": ("message_size_limit", _count),
     "PutBackLimit": ("put_back_limit", _count),
     "PutBackDelay": ("put_back_delay", _count),
+    "Prefetch": ("prefetch", _count),
     "Tag": ("tag", _text),
 }
 
@@ -128,7 +129,9 @@ class ChannelQueueOptions:
 
     Times are milliseconds; 0 means "none" for timeouts and "unlimited" for limits.
     ``put_back_limit``/``put_back_delay``/``tag`` are zerohub additions the document
-    mentions without naming (put back limit) or shows in events (tag).
+    mentions without naming (put back limit) or shows in events (tag).  ``prefetch``
+    (zerohub) is each consumer's window of deliveries in flight (``broker.flow``); 0 takes
+    the broker's ``BrokerConfig.prefetch``, and values above ``max_prefetch`` are capped.
     """
 
     send_only_first_acquirer: bool = False
@@ -144,6 +147,7 @@ class ChannelQueueOptions:
     message_size_limit: int = 0
     put_back_limit: int = 0
     put_back_delay: int = 0
+    prefetch: int = 0
     tag: str | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -161,6 +165,7 @@ class ChannelQueueOptions:
             "MessageSizeLimit": self.message_size_limit,
             "PutBackLimit": self.put_back_limit,
             "PutBackDelay": self.put_back_delay,
+            "Prefetch": self.prefetch,
             "Tag": self.tag,
         }
 
@@ -255,6 +260,16 @@ class BrokerConfig:
     max_pull_count: int = 10_000
     #: Most outstanding direct requests (pending response) tracked per client.
     max_pending_requests: int = 100_000
+    #: Deliveries of one queue a consumer may hold in flight: unacknowledged (queues
+    #: requesting acknowledges) or handed to the transport but not yet on the client's
+    #: socket (the rest).  A queue's ``Prefetch`` option or a client's ``Prefetch`` JOIN
+    #: header overrides it, up to ``max_prefetch``.  See ``broker.flow``.
+    prefetch: int = 1000
+    max_prefetch: int = 100_000
     #: Routers to create at start, as JSON objects: ``{"Name": "r", "Method": "RoundRobin",
     #: "Bindings": [{"Name": "b", "Type": "Queue", "Target": "ch", "Queue": 1}, ...]}``.
     routers: tuple[Mapping[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.prefetch <= self.max_prefetch:
+            raise OptionsError("need 1 <= prefetch <= max_prefetch")

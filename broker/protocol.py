@@ -107,6 +107,12 @@ class Header:
     PRIORITY_MESSAGES = "Priority-Messages"
     MESSAGES = "Messages"
     REASON = "Reason"
+    #: zerohub: on a JOIN, the most deliveries of each of the channel's queues this client
+    #: takes in flight (unacknowledged, or not yet on its socket); see ``broker.flow``.
+    PREFETCH = "Prefetch"
+    #: zerohub: on a queue message sent again (after a consumer went away, a nack or an
+    #: acknowledge timeout), the number of this delivery (2 for the first redelivery).
+    DELIVERY_COUNT = "Delivery-Count"
 
 
 def header(frame: tmqp.Frame, name: str, default: str | None = None) -> str | None:
@@ -299,6 +305,8 @@ class NoContent:
     NO_CHANNEL = "No-Channel"
     NO_QUEUE = "No-Queue"
     ID_REQUIRED = "Id-Required"
+    #: zerohub: the client already holds its prefetch window of this queue's deliveries.
+    LIMIT_EXCEEDED = "Limit-Exceeded"
     END = "End"
 
 
@@ -357,3 +365,14 @@ class Outgoing(NamedTuple):
 
     client_id: str
     frame: tmqp.Frame
+
+
+class Tracked(Outgoing):
+    """An :class:`Outgoing` queue delivery the engine wants to hear about once it is sent.
+
+    The server reports, per client and in order, how many tracked frames libzmq took
+    (``Engine.transmitted``); until then the delivery holds a slot of the client's
+    window, and if the client goes away first the engine puts it back in its queue.
+    """
+
+    __slots__ = ()

@@ -5,7 +5,9 @@ FIFO or (``Order: LIFO``) LIFO; each carries ``Request-Id``, ``Index`` (1-based)
 ``Count`` headers, plus ``Priority-Messages``/``Messages`` (left in the queue) with
 ``Info: yes``.  The answer always ends with a ``No-Content: End`` marker; an empty queue
 or a bad request adds one ``No-Content`` marker (Empty, Unacceptable) before it.  After
-sending, ``Clear`` (all / high-priority / default-priority) empties the rest.
+sending, ``Clear`` (all / high-priority / default-priority) empties the rest.  A request
+gets at most the room left in the client's window for the queue (``broker.flow``): with
+none, one ``No-Content: Limit-Exceeded`` marker (the client must acknowledge first).
 
 Cache status: one RESPONSE to the request id: content type 0 and the latest message
 (which stays in the queue), or 404 with ``No-Content: Empty``.
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from broker import tmqp
 from broker.delivery import PutBack
+from broker.flow import ACKED, CACHE, COPY
 from broker.frames import derive, pull_marker, response
 from broker.options import status_name
 from broker.protocol import (
@@ -70,7 +73,12 @@ def answer_pull(
         out.append(Outgoing(client.id, pull_marker(rid, name, q.id, NoContent.UNACCEPTABLE, why)))
         out.append(Outgoing(client.id, pull_marker(rid, name, q.id, NoContent.END)))
         return
-    count = min(count, max_count)
+    room = (client.prefetch.get(name) or q.window) - q.used.get(client.id, 0)
+    if room <= 0:
+        out.append(Outgoing(client.id, pull_marker(rid, name, q.id, NoContent.LIMIT_EXCEEDED)))
+        out.append(Outgoing(client.id, pull_marker(rid, name, q.id, NoContent.END)))
+        return
+    count = min(count, max_count, room)
     lifo = (header(request, Header.ORDER) or "").strip().upper() == "LIFO"
     info = (header(request, Header.INFO) or "").strip().lower() in ("yes", "true", "1")
     batch = _take(q, client, count, lifo, now, out)
@@ -86,23 +94,25 @@ def answer_pull(
     opts = q.options
     req_ack = opts.request_acknowledge
     deadline = now + opts.acknowledge_timeout / 1000.0 if opts.acknowledge_timeout else q.NEVER
+    kind = ACKED if req_ack else COPY
     for index, m in enumerate(batch, 1):
         f = m.frame
+        redelivery = ((Header.DELIVERY_COUNT, str(m.delivered + 1)),) if m.delivered else ()
         headers = (
             *f.headers,
             (Header.REQUEST_ID, rid),
             (Header.INDEX, str(index)),
             (Header.COUNT, str(total)),
             *extra,
+            *redelivery,
         )
         source = "" if opts.hide_client_names else f.source
         frame = derive(f, _QUEUE, False, req_ack, q.id, f.message_id, source, name, headers)
-        out.append(Outgoing(client.id, frame))
+        m.transmitted = 0
+        if not req_ack:
+            m.unsent += 1
+        q.hand(client, kind, m, frame, out)
         q.after_send(m, client, req_ack, deadline, out)
-    if total:
-        q.sent += total
-        q.deliveries += total
-        q.last_sent = now
     out.append(Outgoing(client.id, pull_marker(rid, name, q.id, NoContent.END)))
     if clear != "none":
         q.clear(
@@ -165,8 +175,8 @@ def _pull_cache(q: Queue, client: Client, request: tmqp.Frame, out: list[Outgoin
         frame = derive(
             f, _RESPONSE, False, False, ResultCode.OK, rid, source, client.id, f.headers
         )
-        q.deliveries += 1
-        q.sent += 1
+        q.hand(client, CACHE, None, frame, out)  # counted once sent
+        return
     out.append(Outgoing(client.id, frame))
 
 

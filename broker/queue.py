@@ -25,10 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 from broker import models, tmqp
 from broker.delivery import ALLOW, AckWhen, Decision, PutBack
+from broker.flow import PLAIN
 from broker.frames import derive
 from broker.message import DELAYED, DONE, INFLIGHT, QUEUED, Delivery, QueueMessage
 from broker.options import ChannelQueueOptions
-from broker.protocol import MessageType, NackReason, Outgoing, QueueStatus, ResultCode
+from broker.protocol import MessageType, NackReason, Outgoing, QueueStatus, ResultCode, Tracked
 from broker.queue_core import QueueHost
 from broker.queue_delivery import QueueDelivery
 
@@ -50,8 +51,8 @@ _QUEUE = int(MessageType.QUEUE)
 _PUSH = QueueStatus.PUSH
 _RR = QueueStatus.ROUND_ROBIN
 _BROADCAST = QueueStatus.BROADCAST
-#: ``Outgoing(client_id, frame)`` without the named tuple's Python-level __new__.
-_outgoing = tuple.__new__
+#: ``Tracked(client_id, frame)`` without the named tuple's Python-level __new__.
+_tracked = tuple.__new__
 
 
 class Queue(QueueDelivery):
@@ -64,6 +65,7 @@ class Queue(QueueDelivery):
         old = self.options
         self.options = options
         self.status = options.status
+        self.window = self._window(options)
         self._out_version += 1
         if options.message_delivery_handler != old.message_delivery_handler:
             self.handler = self.host.handler_for(options.message_delivery_handler)
@@ -103,25 +105,23 @@ class Queue(QueueDelivery):
     def push_plain(
         self, frame: tmqp.Frame, sender: Client, now: float, out: list[Outgoing]
     ) -> bool:
-        """Deliver a push at once when nothing could decide otherwise; False: use accept.
+        """Take a push without the general path when nothing could decide otherwise.
 
         Taken when the queue is :attr:`plain` (default hooks, no acknowledge requests,
-        no message timeout, names not hidden), in push or round-robin status, nothing
-        waits in it, the frame is a QUEUE frame of this queue without headers or wait
-        flags, and it passes the size limit.  Then :meth:`accept` would send the frame
-        (source stamped) to the consumers and finish the message: this does the same,
-        counters included, without the per-message bookkeeping objects.  The caller has
-        checked the authorization and that no MESSAGE_PRODUCED subscriber waits.
+        no message timeout, names not hidden), in push or round-robin status, the frame
+        is a QUEUE frame of this queue without headers or wait flags, and it passes the
+        size limit.  Then :meth:`accept` would send the frame (source stamped) to a
+        consumer or queue it: this does the same with less bookkeeping.  Sent at once
+        (nothing waits, one consumer takes it: round robin, or push with one consumer)
+        it needs no QueueMessage at all: the frame and its sequence number are enough
+        to put it back if the consumer goes away before it is sent (``broker.flow``).
+        Returns False (use :meth:`accept`) for anything else.  The caller has checked
+        the authorization and that no MESSAGE_PRODUCED subscriber waits.
         """
         status = self.status
-        consumers = self.channel.consumer_list
         if (
             not self.plain
             or (status is not _PUSH and status is not _RR)
-            or not consumers
-            or self.n_priority
-            or self.n_regular
-            or self._front
             or frame.headers
             or frame.pending_ack
             or frame.pending_response
@@ -138,22 +138,54 @@ class Queue(QueueDelivery):
             return False
         if not frame.message_id and opts.use_message_id:
             return False  # accept() gives it an id
+        consumers = self.channel.consumer_list
+        c: Client | None = None
+        if consumers and not (self.n_priority or self.n_regular or self._front):
+            if len(consumers) == 1:
+                c = consumers[0]
+                if not self.room(c):
+                    c = None  # its window is full: the message waits in the queue
+                elif status is _RR:
+                    self._rr = 0  # (as _choose_one leaves it)
+            elif status is _RR:
+                c = self._next_with_room(consumers)
+            else:
+                return False  # a push to several consumers is followed as a QueueMessage
+        if c is None and opts.message_limit:
+            return False  # accept() after check_push
         if frame.source != sender.id:
             frame = frame.replace(source=sender.id)
         self.sequence += 1
         self.received += 1
-        self.sent += 1
-        self.last_received = self.last_sent = now
-        if status is _RR:
-            i = self._rr % len(consumers)
-            self._rr = (i + 1) % len(consumers)
-            out.append(_outgoing(Outgoing, (consumers[i].id, frame)))
-            self.deliveries += 1
+        self.last_received = now
+        if c is not None:
+            cid = c.id
+            out.append(_tracked(Tracked, (cid, frame)))
+            c.unsent.append((PLAIN, self, None, frame, self.sequence))
+            used = self.used
+            used[cid] = used.get(cid, 0) + 1
+            return True
+        m = QueueMessage(self.sequence, frame, sender, False, now)
+        if m.high_priority:
+            self.priority.append(m)
+            self.n_priority += 1
         else:
-            for c in consumers:
-                out.append(_outgoing(Outgoing, (c.id, frame)))
-            self.deliveries += len(consumers)
+            self.regular.append(m)
+            self.n_regular += 1
+        if consumers and (not self.stalled or m.high_priority):
+            self.drain(now, out)  # (stalled: see accept)
         return True
+
+    def _next_with_room(self, consumers: list[Client]) -> Client | None:
+        """Round robin: the next consumer with room in its window (None: all full)."""
+        n = len(consumers)
+        start = self._rr % n
+        for i in range(n):
+            c = consumers[(start + i) % n]
+            if self.room(c):
+                self._rr = (start + i + 1) % n
+                return c
+        return None
 
     def accept(
         self,
@@ -235,7 +267,9 @@ class Queue(QueueDelivery):
         else:
             self.regular.append(m)
             self.n_regular += 1
-        if status is _PUSH or status is _RR:
+        if (status is _PUSH or status is _RR) and (not self.stalled or m.high_priority):
+            # (stalled: the head of the queue waits for room; a push behind it cannot
+            # change that, the next settled delivery or acknowledge drains)
             self.drain(now, out)
         return m
 

@@ -39,6 +39,7 @@ class QueueAcknowledgements(QueueCore):
         dl = self.pending.pop((client.id, ack.message_id), None)
         if dl is None:
             return False
+        self._release(client.id)
         m = dl.message
         m.inflight -= 1
         reason = header(ack, Header.NACK_REASON) if ack.headers else None
@@ -55,8 +56,9 @@ class QueueAcknowledgements(QueueCore):
     def consumer_gone(self, client: Client, now: float, out: list[Outgoing]) -> None:
         """The consumer disconnected: its unacknowledged deliveries fail."""
         gone = [(key, dl) for key, dl in self.pending.items() if key[0] == client.id]
-        for key, dl in reversed(gone):  # reversed: put-backs at the start keep their order
+        for key, dl in gone:  # in send order: put-backs at the start keep that order
             del self.pending[key]
+            self._release(client.id)
             m = dl.message
             m.inflight -= 1
             self.nacks += 1
@@ -124,6 +126,7 @@ class QueueAcknowledgements(QueueCore):
             if dl.deadline > now:
                 break
             del pending[key]
+            self._release(dl.receiver.id)
             m = dl.message
             m.inflight -= 1
             self.nacks += 1

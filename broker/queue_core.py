@@ -28,8 +28,8 @@ from broker.delivery import (
 )
 from broker.frames import ack as ack_frame
 from broker.message import DELAYED, DONE, INFLIGHT, QUEUED, Delivery, QueueMessage
-from broker.options import ChannelQueueOptions
-from broker.protocol import NackReason, Outgoing
+from broker.options import BrokerConfig, ChannelQueueOptions
+from broker.protocol import NackReason, Outgoing, QueueStatus
 from broker.store import Store, StoredMessage
 
 if TYPE_CHECKING:
@@ -43,6 +43,7 @@ class QueueHost(Protocol):
     """What a queue needs from the engine."""
 
     store: Store
+    config: BrokerConfig
 
     def client(self, client_id: str) -> Client | None: ...
 
@@ -89,6 +90,11 @@ class QueueCore:
         self.sequence = 0
         self.alive = True
         self._rr = 0
+        #: Deliveries in flight per consumer id (see ``broker.flow``); absent means none.
+        self.used: dict[str, int] = {}
+        #: The last drain stopped with messages waiting and no consumer able to take one
+        #: (full windows): the next settled delivery drains again.
+        self.stalled = False
         #: Earliest deadline the engine was asked to wake this queue for (None: nothing).
         self.wake_at: float | None = None
         self._out_version = 0
@@ -101,15 +107,23 @@ class QueueCore:
         self.timeouts = 0
         self.saves = 0
         self.removed = 0
+        #: Broadcast copies not sent because the consumer's window was full or it left.
+        self.dropped = 0
         self.errors = 0
         self.last_received: float | None = None
         self.last_sent: float | None = None
         self.options = options
         self.status = options.status
+        self.window = self._window(options)
         self.handler = host.handler_for(options.message_delivery_handler)
         self._bind_handler()
 
     # ------------------------------------------------------------------ options
+
+    def _window(self, options: ChannelQueueOptions) -> int:
+        """Deliveries in flight per consumer unless it asked for its own at JOIN."""
+        config = self.host.config
+        return min(options.prefetch or config.prefetch, config.max_prefetch)
 
     def _bind_handler(self) -> None:
         h = self.handler
@@ -145,6 +159,31 @@ class QueueCore:
 
     def is_empty(self) -> bool:
         return not (self.n_priority or self.n_regular or self.pending or self._delayed)
+
+    # ------------------------------------------------------------------ windows
+
+    def room(self, c: Client) -> bool:
+        """May consumer ``c`` take one more delivery of this queue now?"""
+        limit = c.prefetch.get(self.channel.name) or self.window
+        return self.used.get(c.id, 0) < limit
+
+    def _release(self, client_id: str) -> None:
+        """One of the consumer's deliveries left its window."""
+        used = self.used
+        n = used.get(client_id, 0) - 1
+        if n > 0:
+            used[client_id] = n
+        else:
+            used.pop(client_id, None)
+
+    def _return(self, m: QueueMessage, out: list[Outgoing]) -> None:
+        """A message that never reached its consumer goes back to the front of the queue."""
+        if not self.alive:
+            return  # removed with its queue (and the queue's store)
+        if self.status is QueueStatus.STOPPED:
+            self.drop(m, out, NackReason.CLEARED)
+        else:
+            self._requeue(m, PutBack.START)
 
     # ------------------------------------------------------------------ the deques
 
@@ -195,6 +234,7 @@ class QueueCore:
 
     def _requeue(self, m: QueueMessage, where: PutBack) -> None:
         m.state = QUEUED
+        m.out = None  # the next send may carry a Delivery-Count
         if m.high_priority:
             self.n_priority += 1
         else:
@@ -290,6 +330,7 @@ class QueueCore:
             self.n_regular = 0
         if in_flight:
             for dl in self.pending.values():
+                self._release(dl.receiver.id)
                 if dl.message.state == INFLIGHT:
                     self.drop(dl.message, out, NackReason.CLEARED)
             self.pending.clear()

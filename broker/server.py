@@ -11,7 +11,12 @@ with a clock value, encodes the ``Outgoing`` frames it gets back and routes
 them by client id.  It drains every ready message (non-blocking) before polling
 again, drives ``Engine.tick`` from ``Engine.next_deadline`` through the poll
 timeout, pings quiet peers and expires silent ones.  A peer whose send pipe is
-full gets a per-peer backlog instead of blocking the loop or losing frames.
+full gets a per-peer backlog instead of blocking the loop or losing frames, and keeps
+its session: only silence ends it.  Flow control: the loop reports to
+``Engine.transmitted`` how many queue deliveries (``Tracked`` frames) of each peer
+libzmq took, and the engine releases more only then (``broker.flow``), so a slow
+consumer's backlog stays within its windows; before a peer's session ends the engine
+hears what it got, and puts the rest back in the queues.
 
 Hot path: plain frames are decoded by ``broker.fastcodec``; a frame the engine
 passes through unchanged is forwarded as the octets received; engine output is
@@ -84,6 +89,8 @@ _ids = itertools.count(1)
 STATS_OPERATION = int(Operation.STATS)
 
 _READY = PeerState.READY
+#: Messages received between two reports of sent deliveries during one socket drain.
+_REPORT_EVERY = 256
 
 
 class Server(PeerSessions):
@@ -241,6 +248,9 @@ class Server(PeerSessions):
                     self._bury(now)
                 if self._outq:
                     self._flush_out()
+                if self._sent_to:
+                    self._report_transmitted(now)
+                    self._flush_out()
         finally:
             self._shutdown(router)
             control.close(linger=0)
@@ -251,6 +261,8 @@ class Server(PeerSessions):
         deadline = self.engine.next_deadline()
         if deadline is not None and deadline < wake:
             wake = deadline
+        if self._sent_to:
+            return 0  # deliveries to report: the engine may release more at once
         if self._blocked or self._gone:
             return 1
         return max(0, int((wake - now) * 1000) + 1)
@@ -280,6 +292,9 @@ class Server(PeerSessions):
                 # A lone message (light load) must not wait for the next recv(), which
                 # costs several microseconds when it finds nothing: send its output now.
                 self._flush_out()
+            elif not count % _REPORT_EVERY and self._sent_to:
+                # Window slots come back while a long drain goes on, not only after it.
+                self._report_transmitted(now)
         self.counters["frames_in"] += count
         if self._outq:
             self._flush_out()
@@ -333,6 +348,8 @@ class Server(PeerSessions):
     def _shutdown(self, router: zmq.Socket[bytes]) -> None:
         """Tell connected clients the server is stopping, end their sessions, close."""
         now = self.clock()
+        self._flush_out()
+        self._report_transmitted(now)  # before the engine returns what was not sent
         bye = tmqp.encode(terminate_frame(ResultCode.BUSY, "server stopping"))[0]
         for peer in list(self._peers.values()):
             if peer.state is PeerState.READY:

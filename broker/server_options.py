@@ -31,7 +31,9 @@ class ServerOptions:
     handshake_timeout: float = 10.0
     #: ZeroMQ high-water marks (messages per peer pipe).
     hwm: int = 10_000
-    #: Frames queued per peer beyond its full pipe before the peer is dropped.
+    #: Frames other than queue deliveries held for a peer whose pipe is full; beyond
+    #: this they are discarded and counted (``overflowed``), the peer stays connected.
+    #: Queue deliveries wait in the engine's queues instead (per-consumer windows).
     max_backlog: int = 100_000
     #: Messages handled per socket drain before timers are looked at again.
     batch: int = 1024

@@ -44,6 +44,7 @@ class EngineLike(Protocol):
     def connect(self, info: ConnectionInfo, now: float) -> tuple[str, list[Any]]: ...
     def receive(self, client_id: str, frame: tmqp.Frame, now: float) -> list[Any]: ...
     def disconnect(self, client_id: str, now: float) -> list[Any]: ...
+    def transmitted(self, counts: dict[str, int], now: float) -> list[Any]: ...
     def tick(self, now: float) -> list[Any]: ...
     def next_deadline(self) -> float | None: ...
     def stats(self) -> dict[str, object]: ...
@@ -209,10 +210,19 @@ class PeerSessions(ServerSendPath):
 
     def _drop(self, peer: Peer, now: float) -> None:
         """End a READY peer's session in the engine and forget it."""
+        self._flush_out()  # what is batched for it goes out (or into its backlog) first
         self._forget(peer)
         if peer.state is PeerState.READY:
             peer.state = PeerState.AWAIT_INFO
+            # the engine learns what reached the peer; the rest goes back to the queues
+            self._report_transmitted(now)
             self._send_all(self._guard("disconnect", self.engine.disconnect, peer.client_id, now))
+
+    def _report_transmitted(self, now: float) -> None:
+        """Tell the engine which tracked deliveries libzmq took; send what that releases."""
+        counts = self._take_transmitted()
+        if counts:
+            self._send_all(self._guard("transmitted", self.engine.transmitted, counts, now))
 
     def _bury(self, now: float) -> None:
         gone, self._gone = self._gone, []

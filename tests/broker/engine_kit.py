@@ -8,7 +8,7 @@ from collections import defaultdict
 from typing import Any
 
 from broker import tmqp
-from broker.engine import Engine, Outgoing
+from broker.engine import Engine, Outgoing, Tracked
 from broker.options import BrokerConfig, ChannelQueueOptions
 from broker.protocol import ConnectionInfo, Header, MessageType, Operation, header
 
@@ -16,9 +16,14 @@ Frame = tmqp.Frame
 
 
 class Kit:
-    """One engine, a clock under test control, and everything it sent, per client."""
+    """One engine, a clock under test control, and everything it sent, per client.
 
-    def __init__(self, **engine_kwargs: Any) -> None:
+    The transport is perfect unless ``auto_transmit=False``: every tracked delivery is
+    reported sent at once (``Engine.transmitted``).  Without it, tracked deliveries wait
+    in ``unsent`` until :meth:`transmit` reports them, as a full socket would.
+    """
+
+    def __init__(self, *, auto_transmit: bool = True, **engine_kwargs: Any) -> None:
         ids = itertools.count(1)
         self.now = 100.0
         engine_kwargs.setdefault("new_id", lambda: f"id{next(ids)}")
@@ -26,15 +31,36 @@ class Kit:
         self.engine = Engine(**engine_kwargs)
         self.inbox: dict[str, list[Frame]] = defaultdict(list)
         self._mids = itertools.count(1)
+        self.auto_transmit = auto_transmit
+        #: Tracked deliveries handed out per client and not reported sent yet.
+        self.unsent: dict[str, int] = defaultdict(int)
 
     # ---------------------------------------------------------------- plumbing
 
     def route(self, outs: list[Outgoing]) -> list[Outgoing]:
-        for o in outs:
-            assert isinstance(o, Outgoing)
-            tmqp.encode(o.frame)  # every frame the engine makes must be encodable
-            self.inbox[o.client_id].append(o.frame)
-        return outs
+        routed = list(outs)
+        while outs:
+            counts: dict[str, int] = defaultdict(int)
+            for o in outs:
+                assert isinstance(o, Outgoing)
+                tmqp.encode(o.frame)  # every frame the engine makes must be encodable
+                self.inbox[o.client_id].append(o.frame)
+                if isinstance(o, Tracked):
+                    counts[o.client_id] += 1
+            if not self.auto_transmit:
+                for client_id, n in counts.items():
+                    self.unsent[client_id] += n
+                break
+            outs = self.engine.transmitted(dict(counts), self.now) if counts else []
+            routed += outs
+        return routed
+
+    def transmit(self, client_id: str, count: int | None = None) -> list[Outgoing]:
+        """Report ``count`` (default: all) of the client's tracked deliveries sent."""
+        n = self.unsent[client_id] if count is None else count
+        assert 0 <= n <= self.unsent[client_id]
+        self.unsent[client_id] -= n
+        return self.route(self.engine.transmitted({client_id: n}, self.now))
 
     def connect(
         self,
@@ -61,6 +87,7 @@ class Kit:
         return self.route(self.engine.tick(self.now))
 
     def disconnect(self, client_id: str) -> list[Outgoing]:
+        self.unsent.pop(client_id, None)  # the engine returns them to their queues
         return self.route(self.engine.disconnect(client_id, self.now))
 
     def mid(self) -> str:

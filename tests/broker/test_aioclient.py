@@ -234,3 +234,33 @@ def test_no_broker_is_a_connect_error(endpoint: str) -> None:
         assert not lonely.connected
 
     run(endpoint, main)
+
+
+def test_a_consumer_that_stops_reading_keeps_its_session(zctx: Ctx) -> None:
+    """A full inbox stops the reader; its PINGs keep the broker from expiring it."""
+    opts = ServerOptions(endpoint="tcp://127.0.0.1:*", ping_interval=0.2, peer_timeout=0.6)
+    with Server(Engine(), opts, context=zctx) as srv:
+        assert srv.endpoint is not None
+
+        async def main(ctx: zmq.asyncio.Context, ep: str) -> None:
+            async with (
+                client(ctx, ep) as producer,
+                client(ctx, ep, max_inbox=10, ping_interval=0.2) as consumer,
+            ):
+                await producer.create_queue("slow", 1, {"Status": 1})
+                await consumer.join("slow", prefetch=50)
+                for i in range(500):
+                    await producer.push("slow", 1, b"%d" % i)
+                await producer.push("slow", 1, b"500", ack=True)
+                await asyncio.sleep(1.5)  # the condition under test: longer than the timeout
+                assert consumer.client_id in {c["Id"] for c in await producer.clients()}
+                got = []
+                async for message in consumer.consume(timeout=5):
+                    got.append(int(message.payload))
+                    if len(got) == 501:
+                        break
+                assert got == list(range(501))
+                info = await producer.queue_info("slow", 1)
+                assert (info["Messages"], info["Deliveries"]) == (0, 501)
+
+        run(srv.endpoint, main)

@@ -324,3 +324,15 @@ def test_timers_stay_few_under_steady_traffic() -> None:
     assert len(kit.engine._timers) <= 3
     kit.advance(2.0)
     assert kit.engine.next_deadline() is None
+
+
+def test_a_departed_consumers_unacknowledged_messages_return_in_order() -> None:
+    kit = Kit()
+    producer, (c,) = acked_queue(kit)
+    for n in range(5):
+        kit.push(producer, "ch", 1, b"%d" % n)
+    assert [f.payload for f in queue_messages(kit.take(c))] == [b"0", b"1", b"2", b"3", b"4"]
+    kit.disconnect(c)
+    c2 = kit.connect("c2")
+    kit.join(c2, "ch")
+    assert [f.payload for f in queue_messages(kit.take(c2))] == [b"0", b"1", b"2", b"3", b"4"]

@@ -69,6 +69,9 @@ class ScriptedEngine:
         self.connected.remove(client_id)
         return []
 
+    def transmitted(self, counts: dict[str, int], now: float) -> list[Any]:
+        return []  # it sends no Tracked frames
+
     def tick(self, now: float) -> list[Any]:
         self.ticks += 1
         self.deadline = None
