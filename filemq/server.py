@@ -77,6 +77,8 @@ from filemq.engine_server import (
     ServerSession,
     SessionState,
     Subscribe,
+    resume_from,
+    resume_points,
 )
 from filemq.index import FileEntry, FileIndex, IndexDelta
 from filemq.paths import absent, local_parts, open_beneath, relative_inside, virtual_path
@@ -646,10 +648,12 @@ class FileServer:
                 return mount, name[len(mount.prefix) :]
         return None
 
-    def _op(self, mount: Mount, entry: FileEntry) -> FileOp:
+    def _op(
+        self, mount: Mount, entry: FileEntry, operation: Operation = Operation.CREATE
+    ) -> FileOp:
         return FileOp(
             mount.prefix + entry.name,
-            Operation.CREATE,
+            operation,
             os.path.join(mount.directory, entry.name),
             entry.size,
             entry.mtime_ns,
@@ -710,6 +714,55 @@ class FileServer:
         )
         if not sub.resync:
             return
+        files = self._files_under(session, sub)
+        if sub.listing:
+            ops = [self._op(*files[name], Operation.STAT) for name in sorted(files)]
+            session.enqueue(ops)
+            session.enqueue_marker(sub.path)
+            log.info(
+                "client %s: listing of %s: %d files", session.client_id.hex(), sub.path, len(ops)
+            )
+            return
+        cache = sub.cache
+        # deletes first, then creates; each sorted, and only what must be sent is sorted
+        # (a no-change resync of 10,000 files sorts nothing)
+        deletes = [
+            name
+            for name in cache
+            if name not in files
+            and name.startswith(sub.path)
+            and not self._denied(name)
+            and not self._held(name)
+        ]
+        deletes.sort()
+        ops = [FileOp(name, Operation.DELETE) for name in deletes]
+        creates = [name for name, (_m, entry) in files.items() if cache.get(name) != entry.sha1]
+        creates.sort()
+        points = resume_points(sub.path, sub.options)
+        size = 0
+        for name in creates:
+            op = resume_from(self._op(*files[name]), points)
+            if op.start:
+                log.info(
+                    "client %s: %s resumes at byte %d", session.client_id.hex(), name, op.start
+                )
+            size += op.size - op.start
+            ops.append(op)
+        if creates:
+            session.enqueue_plan(sub.path, len(creates), size)
+        session.enqueue(ops)
+        session.enqueue_marker(sub.path)
+        log.info(
+            "client %s: resync of %s queues %d operations",
+            session.client_id.hex(),
+            sub.path,
+            len(ops),
+        )
+
+    def _files_under(
+        self, session: ServerSession, sub: Subscribe
+    ) -> dict[str, tuple[Mount, FileEntry]]:
+        """Every file published under ``sub.path`` (virtual name -> its mount and entry)."""
         files: dict[str, tuple[Mount, FileEntry]] = {}
         for mount in self.mounts:
             prefix = mount.prefix
@@ -738,32 +791,7 @@ class FileServer:
                 ):
                     continue
                 files[name] = (mount, entry)
-        cache = sub.cache
-        # deletes first, then creates; each sorted, and only what must be sent is sorted
-        # (a no-change resync of 10,000 files sorts nothing)
-        deletes = [
-            name
-            for name in cache
-            if name not in files
-            and name.startswith(sub.path)
-            and not self._denied(name)
-            and not self._held(name)
-        ]
-        deletes.sort()
-        ops = [FileOp(name, Operation.DELETE) for name in deletes]
-        creates = [name for name, (_m, entry) in files.items() if cache.get(name) != entry.sha1]
-        creates.sort()
-        for name in creates:
-            mount, entry = files[name]
-            ops.append(self._op(mount, entry))
-        session.enqueue(ops)
-        session.enqueue_marker(sub.path)
-        log.info(
-            "client %s: resync of %s queues %d operations",
-            session.client_id.hex(),
-            sub.path,
-            len(ops),
-        )
+        return files
 
     def _publish(self, mount: Mount, delta: IndexDelta, skip: ServerSession | None = None) -> None:
         ops = [self._op(mount, e) for e in delta.changed]
