@@ -35,9 +35,9 @@ format, so other FILEMQ peers can ignore them):
   sends that file and its current version has that SHA-1, it starts at OFFSET (the
   first chunk's ``offset``); otherwise at 0, which tells the client the file changed.
   A client accepts a first chunk at a non-zero offset only where it offered one.
-* **Resync start** (progress): before the operations of a RESYNC the server sends a
-  marker like the completion marker with ``resync=start``, ``files`` and ``bytes``
-  (what it is about to send).  A client may ignore it.
+* **Resync plan** (progress): the first operation a RESYNC queues carries the
+  headers ``resync-files`` and ``resync-bytes`` (files and content bytes that
+  resync is about to send).  A client may ignore them.
 * **Listing** (ICANHAZ option ``LIST=1``, with ``RESYNC=1``): the server sends, for
   every file under the path, one CHEEZBURGER with ``operation=3`` (STAT): no
   content, ``eof=1``, the ``sha1``/``size``/``mtime_ns`` headers; then the completion
@@ -69,7 +69,6 @@ __all__ = [
     "OPTION_MIRROR_DEST",
     "OPTION_RESUME",
     "RESYNC_COMPLETE",
-    "RESYNC_START",
     "FilemqError",
     "LocalProtocolError",
     "Operation",
@@ -98,10 +97,9 @@ HEADER_SIZE = "size"
 HEADER_MTIME = "mtime_ns"
 HEADER_RESYNC = "resync"
 HEADER_PATH = "path"
-HEADER_FILES = "files"  # (resync start marker) files about to be sent
-HEADER_BYTES = "bytes"  # (resync start marker) content bytes about to be sent
+HEADER_FILES = "resync-files"  # (first operation of a resync) files it will send
+HEADER_BYTES = "resync-bytes"  # (first operation of a resync) content bytes it will send
 RESYNC_COMPLETE = "complete"
-RESYNC_START = "start"
 OPTION_MIRROR_DEST = "MIRROR-DEST"  # ICANHAZ option: where the mirror writes (loopguard)
 OPTION_RESUME = "RESUME"  # ICANHAZ option: "OFFSET SHA1 NAME" lines (partial files held)
 OPTION_LIST = "LIST"  # ICANHAZ option: "1" asks for a listing (metadata only)

@@ -60,7 +60,6 @@ from filemq.engine import (
     OPTION_LIST,
     OPTION_RESUME,
     RESYNC_COMPLETE,
-    RESYNC_START,
     LocalProtocolError,
     Operation,
     RemoteProtocolError,
@@ -124,9 +123,8 @@ class FileListed:
 
 @dataclass(frozen=True, slots=True)
 class ResyncPlan:
-    """A resync of ``path`` is about to send ``files`` files, ``bytes`` bytes of content."""
+    """A resync is about to send ``files`` files, ``bytes`` bytes of content."""
 
-    path: str
     files: int
     bytes: int
 
@@ -458,6 +456,9 @@ class ClientSession:
         self._unreported += size
         self._last_seq = msg.sequence
         actions = self._apply(msg)
+        if HEADER_FILES in msg.headers:  # the first operation of a resync: its plan
+            plan = _count(msg.headers[HEADER_FILES]), _count(msg.headers.get(HEADER_BYTES))
+            actions.insert(0, ResyncPlan(*plan))
         if self._unreported >= self.slice:
             actions += self._grant(self._now)
         return actions
@@ -468,18 +469,9 @@ class ClientSession:
         if op == Operation.MARKER:
             if self._current is not None or msg.chunk:
                 raise RemoteProtocolError("resync marker inside a file transfer")
-            kind = msg.headers.get(HEADER_RESYNC)
-            if kind == RESYNC_COMPLETE and self._pending_resyncs > 0:
+            if msg.headers.get(HEADER_RESYNC) == RESYNC_COMPLETE and self._pending_resyncs > 0:
                 self._pending_resyncs -= 1
                 return [ResyncDone(msg.headers.get(HEADER_PATH, self.path))]
-            if kind == RESYNC_START:
-                return [
-                    ResyncPlan(
-                        msg.headers.get(HEADER_PATH, self.path),
-                        _count(msg.headers.get(HEADER_FILES)),
-                        _count(msg.headers.get(HEADER_BYTES)),
-                    )
-                ]
             return []
         if op == Operation.STAT:
             if not self.listing or self._current is not None or msg.chunk:

@@ -55,7 +55,6 @@ from filemq.engine import (
     OPTION_LIST,
     OPTION_RESUME,
     RESYNC_COMPLETE,
-    RESYNC_START,
     Operation,
     Wire,
     clip_reason,
@@ -71,6 +70,7 @@ __all__ = [
     "ServerSession",
     "SessionState",
     "Subscribe",
+    "plan_headers",
     "resolve_cache",
     "resume_from",
     "resume_points",
@@ -101,7 +101,7 @@ class FileOp:
     size: int = 0
     mtime_ns: int = 0
     sha1: str = ""
-    headers: tuple[tuple[str, str], ...] = ()  # extra headers (the marker's)
+    headers: tuple[tuple[str, str], ...] = ()  # extra headers (first chunk only)
     inode: int = -1  # of the indexed version (the server checks it before sending)
     start: int = 0  # first byte to send (a resumed transfer: the client holds the rest)
 
@@ -171,6 +171,17 @@ def resolve_cache(path: str, cache: dict[str, str]) -> dict[str, str]:
             continue
         out[name] = digest.lower()
     return out
+
+
+def plan_headers(ops: list[FileOp]) -> list[FileOp]:
+    """``ops`` (one resync's) with the resync plan headers on the first: how many files
+    and content bytes they send (``filemq.engine``, for a client's progress)."""
+    creates = [op for op in ops if op.operation is Operation.CREATE]
+    if not creates:
+        return ops
+    size = sum(op.size - op.start for op in creates)
+    plan = ((HEADER_FILES, str(len(creates))), (HEADER_BYTES, str(size)))
+    return [replace(ops[0], headers=ops[0].headers + plan), *ops[1:]]
 
 
 def resume_points(path: str, options: dict[str, str]) -> dict[str, tuple[int, str]]:
@@ -359,17 +370,8 @@ class ServerSession:
 
     def enqueue_marker(self, path: str) -> None:
         """Queue the resync-complete marker (after everything queued so far)."""
-        self._marker(((HEADER_RESYNC, RESYNC_COMPLETE), (HEADER_PATH, path)))
-
-    def enqueue_plan(self, path: str, files: int, size: int) -> None:
-        """Queue the resync-start marker: ``files`` files, ``size`` content bytes follow."""
-        headers = (HEADER_RESYNC, RESYNC_START), (HEADER_PATH, path)
-        self._marker((*headers, (HEADER_FILES, str(files)), (HEADER_BYTES, str(size))))
-
-    def _marker(self, headers: tuple[tuple[str, str], ...]) -> None:
-        if self.state is not SessionState.READY:
-            return
         self._markers += 1
+        headers = ((HEADER_RESYNC, RESYNC_COMPLETE), (HEADER_PATH, path))
         key = f"\x00marker{self._markers}"
         self._queue.append(key)
         self._pending[key] = FileOp("", Operation.MARKER, headers=headers)
@@ -458,7 +460,7 @@ class ServerSession:
             self._ending = len(data) < plan.size  # a short read: the end comes next
         else:
             eof = plan.eof or len(data) < plan.size or operation is not Operation.CREATE
-        headers: dict[str, str] = dict(op.headers)
+        headers: dict[str, str] = dict(op.headers) if plan.first else {}
         if operation is Operation.STAT or (
             operation is Operation.CREATE and (eof or plan.first)
         ):  # the version: on the last chunk, the first (the file is resumable) and a STAT

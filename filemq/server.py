@@ -77,6 +77,7 @@ from filemq.engine_server import (
     ServerSession,
     SessionState,
     Subscribe,
+    plan_headers,
     resume_from,
     resume_points,
 )
@@ -739,18 +740,14 @@ class FileServer:
         creates = [name for name, (_m, entry) in files.items() if cache.get(name) != entry.sha1]
         creates.sort()
         points = resume_points(sub.path, sub.options)
-        size = 0
         for name in creates:
             op = resume_from(self._op(*files[name]), points)
             if op.start:
                 log.info(
                     "client %s: %s resumes at byte %d", session.client_id.hex(), name, op.start
                 )
-            size += op.size - op.start
             ops.append(op)
-        if creates:
-            session.enqueue_plan(sub.path, len(creates), size)
-        session.enqueue(ops)
+        session.enqueue(plan_headers(ops))
         session.enqueue_marker(sub.path)
         log.info(
             "client %s: resync of %s queues %d operations",
