@@ -96,6 +96,16 @@ class _HelpFormatter(argparse.HelpFormatter):
         super().__init__(prog, width=_help_width())
 
 
+def _rate(text: str) -> int:
+    """argparse ``type=`` for ``--bwlimit`` (``filemq.ratelimit.parse_rate``)."""
+    from filemq.ratelimit import parse_rate
+
+    try:
+        return parse_rate(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _serve_options(serve: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--bind",
@@ -198,6 +208,12 @@ def _client_options(command: argparse.ArgumentParser) -> None:
     )
     command.add_argument(
         "--window", type=int, default=DEFAULT_CREDIT_WINDOW, help="credit bytes in flight"
+    )
+    command.add_argument(
+        "--bwlimit",
+        type=_rate,
+        metavar="RATE",
+        help="cap the transfer rate: bytes/s, or with K, M, G (x1024): 500K, 10M",
     )
     command.add_argument(
         "--index", metavar="FILE", help="where to keep DEST's index (default: under the cache)"
@@ -470,6 +486,7 @@ def _sync(args: argparse.Namespace) -> int:
         heartbeat=args.heartbeat,
         connect_timeout=args.timeout,
         max_retries=args.retries,
+        bwlimit=args.bwlimit,
         progress=sys.stderr,
         # (--once: checked once at the end; an event per file would cost a no-change sync)
         on_event=None if args.once else on_event,
@@ -525,6 +542,7 @@ def _subscribe(args: argparse.Namespace) -> int:
         connect_timeout=args.timeout,
         backoff_cap=args.max_backoff,
         check_interval=args.check_interval,
+        bwlimit=args.bwlimit,
         wire=args.wire,
         window=args.window,
         curve_secret=args.curve_secret,

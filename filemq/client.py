@@ -129,6 +129,7 @@ _OHAI_WAIT_MS = 50  # after reading the saved index: wait this long for OHAI-OK 
 _MAX_CORRECTIONS = 64  # more files differ from the saved index: one ICANHAZ for all
 _BACKOFF_BASE = 0.1
 _CHECK_SHARE = 0.05  # local drift checks take at most this share of the time (big DEST)
+_POLL_MS = 100  # longest wait for the socket before timers and capped credit are looked at
 _MONITOR_EVENTS = (
     zmq.EVENT_HANDSHAKE_FAILED_AUTH
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -162,6 +163,7 @@ class SyncResult:
     refused: int = 0
     errors: int = 0
     refetched: int = 0
+    resumed_bytes: int = 0  # bytes not fetched again: partial files taken up
     synced: bool = False
     marker: bool = False  # completion seen from the server (not the idle fallback)
 
@@ -259,6 +261,8 @@ class SyncClient:
         backoff_cap: float = 5.0,
         save_interval: float = 30.0,
         check_interval: float = 2.0,
+        bwlimit: int | None = None,
+        resume_min: int | None = None,
     ) -> None:
         if (curve_secret is None) != (server_key is None):
             from filemq.security import SecurityError
@@ -286,6 +290,9 @@ class SyncClient:
         self.save_interval = save_interval
         #: Seconds between checks of DEST for local changes (live runs; 0: never).
         self.check_interval = check_interval
+        #: Bandwidth cap, bytes/s (credit granted through a token bucket; None: none).
+        self.bwlimit = bwlimit
+        self.resume_min = resume_min
         #: Checks of DEST that found local changes (and asked the server again).
         self.repairs = 0
         self._lock = DestLock(self.dest)
@@ -354,6 +361,8 @@ class SyncClient:
     def _run(self) -> SyncResult:
         # the saved index is read by the first session, while its connection is set up
         mirror = Mirror(self.dest, FileIndex(self.dest, exclude=self._exclude))
+        if self.resume_min is not None:
+            mirror.resume_min = self.resume_min
         self._scanned = False
         self._answered = False
         retries = 0
@@ -451,6 +460,7 @@ class SyncClient:
             heartbeat=self.heartbeat,
             timeout=self.timeout,
             reserved=_reserved,
+            rate=self.bwlimit,
             options={OPTION_MIRROR_DEST: dest_option(self.dest)},  # (filemq.loopguard)
         )
         sock, monitor = self._socket()
@@ -465,6 +475,7 @@ class SyncClient:
             if monitor is not None:
                 poller.register(monitor, zmq.POLLIN)
             self._perform(session, mirror, session.start(now))
+            self._offer_partials(session, mirror)  # (while OHAI travels)
             if not self._scanned:  # scan DEST while OHAI travels
                 outcome = self._scan_dest(session, mirror, sock)
                 if outcome is not None:
@@ -477,7 +488,9 @@ class SyncClient:
                 session.cache = mirror.index.digests()
             started = now
             while not self._stop.is_set():
-                events = dict(poller.poll(100))
+                wakeup = session.wakeup(now)  # (capped credit to grant: inf when none)
+                wait = _POLL_MS if wakeup * 1000 >= _POLL_MS else int(wakeup * 1000) + 1
+                events = dict(poller.poll(wait))
                 now = time.monotonic()
                 if monitor is not None and monitor in events:
                     self._check_monitor(monitor)
@@ -548,6 +561,13 @@ class SyncClient:
                 sock.disable_monitor()
                 monitor.close(linger=0)
             sock.close()
+
+    def _offer_partials(self, session: ClientSession, mirror: Mirror) -> None:
+        """Prove the partial files an interrupted transfer left; offer them (RESUME)."""
+        points = mirror.resume_points()
+        if points:
+            session.offer_resume({p.name: (p.offset, p.sha1) for p in points})
+            session.restart_timers(time.monotonic())  # (proving reads them whole)
 
     def _scan_dest(
         self, session: ClientSession, mirror: Mirror, sock: zmq.Socket[Any]
@@ -678,6 +698,12 @@ class SyncClient:
                 self.result.errors += 1
             elif isinstance(action, ResyncDone):
                 log.info("resync of %s complete", action.path)
+                if action.path == session.path:  # offers no transfer took up are void
+                    session.forget_offers()
+                    for name in mirror.partials.discard_unused():
+                        log.info(
+                            "%s: partial file dropped (the server sent no such version)", name
+                        )
                 self._subscribed = True
                 self._save_index(mirror.index)
                 self._emit("resync-complete", detail=action.path)
@@ -697,14 +723,23 @@ class SyncClient:
         if chunk.first:
             try:
                 target = mirror.target(chunk.parts)
-                if not chunk.eof:
-                    mirror.begin(chunk.parts, target)
+                if chunk.offset:  # the server resumed where our partial file ends
+                    why = mirror.resume(chunk.parts, target, chunk.offset, chunk.headers)
+                    if why:
+                        log.warning("%s: cannot resume (%s); fetching it again", chunk.name, why)
+                        self.result.refetched += 1
+                        self._perform(session, mirror, session.refetch(chunk.name, {}))
+                        return
+                    log.info("%s: resumed at byte %d", chunk.name, chunk.offset)
+                    self.result.resumed_bytes += chunk.offset
+                elif not chunk.eof:
+                    mirror.begin(chunk.parts, target, chunk.headers)
             except (OSError, UnsafePathError) as exc:
                 log.error("refused %s: %s (skipped)", chunk.name, exc)
                 self.result.refused += 1
                 self.result.errors += 1
                 return
-            if chunk.eof:  # the whole file in one message (many small files)
+            if chunk.eof and not chunk.offset:  # the whole file in one message (small files)
                 try:
                     ok, reason = mirror.place(chunk.parts, target, chunk.data, chunk.headers)
                 except (OSError, UnsafePathError) as exc:

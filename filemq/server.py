@@ -192,6 +192,8 @@ class FileServer:
         self.indexes_live = indexes_live
         #: Rescans done (requested, periodic or after a watcher's overflow).
         self.rescans = 0
+        #: File content bytes sent to clients gone (all of them once stopped).
+        self.sent_bytes = 0
         self._refreshed = {m.virtual: float("-inf") for m in self.mounts}  # last full refresh
         self._sessions: dict[bytes, ServerSession] = {}
         self._stalled: dict[bytes, deque[list[bytes]]] = {}
@@ -382,6 +384,8 @@ class FileServer:
         finally:
             for client in list(self._files):
                 self._close_file(client)
+            self.sent_bytes += sum(s.sent_bytes for s in self._sessions.values())
+            self._sessions.clear()
             router.close()
             ctl.close()
             self._router = None
@@ -479,7 +483,9 @@ class FileServer:
                 self._drop(client)
 
     def _drop(self, client: bytes) -> None:
-        self._sessions.pop(client, None)
+        session = self._sessions.pop(client, None)
+        if session is not None:
+            self.sent_bytes += session.sent_bytes
         self._stalled.pop(client, None)
         self._close_file(client)
 
