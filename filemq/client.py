@@ -187,6 +187,81 @@ def _exclusion(
     return lambda name: name == inner or _is_temp(name)
 
 
+def open_dealer(
+    context: zmq.Context[Any],
+    endpoint: str,
+    *,
+    linger_ms: int,
+    connect_timeout: float,
+    max_message: int,
+    curve_secret: str | os.PathLike[str] | None = None,
+    server_key: str | os.PathLike[str] | None = None,
+) -> tuple[zmq.Socket[Any], zmq.Socket[Any] | None]:
+    """A DEALER connected to ``endpoint`` (CURVE when keys are given) and its monitor
+    socket (``check_monitor``), as every FILEMQ client of this package opens it."""
+    sock = context.socket(zmq.DEALER)
+    monitor = None
+    try:
+        sock.linger = linger_ms
+        # a DEALER whose connection failed its handshake has nowhere to queue: a send
+        # would wait forever
+        sock.sndtimeo = max(1000, int(connect_timeout * 1000))
+        sock.maxmsgsize = max_message
+        if curve_secret is not None and server_key is not None:
+            from filemq import security  # (imported only for CURVE: start-up time)
+
+            security.configure_client(sock, curve_secret, server_key)
+        # handshake failures (key not allowed, CURVE vs plain) end the run at once
+        monitor = sock.get_monitor_socket(_MONITOR_EVENTS)
+        sock.connect(endpoint)
+    except BaseException:
+        if monitor is not None:
+            sock.disable_monitor()
+            monitor.close(linger=0)
+        sock.close(linger=0)
+        raise
+    return sock, monitor
+
+
+def close_dealer(sock: zmq.Socket[Any], monitor: zmq.Socket[Any] | None) -> None:
+    if monitor is not None:
+        sock.disable_monitor()
+        monitor.close(linger=0)
+    sock.close()
+
+
+def check_monitor(monitor: zmq.Socket[Any], endpoint: str, *, curve: bool) -> None:
+    """Raise for what a DEALER's monitor reported: ``SyncRefused`` for a failed
+    handshake, ``ConnectionLost`` for a dropped connection."""
+    events: list[int] = []
+    values: list[int] = []
+    while True:
+        try:
+            # first frame: event (u16) + value (u32), native order; zmq.utils.monitor
+            # would parse it but imports asyncio (~20 ms of start-up)
+            frames = monitor.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            break
+        events.append(int.from_bytes(frames[0][:2], sys.byteorder))
+        values.append(int.from_bytes(frames[0][2:6], sys.byteorder))
+    failed = [e for e in events if e != zmq.EVENT_DISCONNECTED]
+    if failed:
+        if zmq.EVENT_HANDSHAKE_FAILED_AUTH in failed:
+            kind = "key not allowed"
+        elif not curve and (
+            _MECHANISM_MISMATCH in values or zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL in failed
+        ):  # a plain client against CURVE: the mismatch, or the server hung up first
+            raise SyncRefused(
+                f"the server at {endpoint} requires CURVE (handshake failed): pass "
+                "--server-key SERVER.key --curve-secret CLIENT.key_secret"
+            )
+        else:
+            kind = "security mechanism mismatch or protocol error"
+        raise SyncRefused(f"handshake with {endpoint} failed: {kind}")
+    if events:
+        raise ConnectionLost(f"connection to {endpoint} lost")
+
+
 class _Progress:
     """Files, bytes and rate: a redrawn line on a TTY, log lines otherwise."""
 
@@ -396,58 +471,18 @@ class SyncClient:
         return self.result
 
     def _socket(self) -> tuple[zmq.Socket[Any], zmq.Socket[Any] | None]:
-        sock = self.context.socket(zmq.DEALER)
-        monitor = None
-        try:
-            sock.linger = self.linger_ms
-            # a DEALER whose connection failed its handshake has nowhere to queue: a send
-            # would wait forever
-            sock.sndtimeo = max(1000, int(self.connect_timeout * 1000))
-            sock.maxmsgsize = self.window + (16 << 20)
-            if self.curve_secret is not None and self.server_key is not None:
-                from filemq import security  # (imported only for CURVE: start-up time)
-
-                security.configure_client(sock, self.curve_secret, self.server_key)
-            # handshake failures (key not allowed, CURVE vs plain) end the run at once
-            monitor = sock.get_monitor_socket(_MONITOR_EVENTS)
-            sock.connect(self.endpoint)
-        except BaseException:
-            if monitor is not None:
-                sock.disable_monitor()
-                monitor.close(linger=0)
-            sock.close(linger=0)
-            raise
-        return sock, monitor
+        return open_dealer(
+            self.context,
+            self.endpoint,
+            linger_ms=self.linger_ms,
+            connect_timeout=self.connect_timeout,
+            max_message=self.window + (16 << 20),
+            curve_secret=self.curve_secret,
+            server_key=self.server_key,
+        )
 
     def _check_monitor(self, monitor: zmq.Socket[Any]) -> None:
-        """Raise for what the socket monitor reported (a handshake failure first)."""
-        events: list[int] = []
-        values: list[int] = []
-        while True:
-            try:
-                # first frame: event (u16) + value (u32), native order; zmq.utils.monitor
-                # would parse it but imports asyncio (~20 ms of start-up)
-                frames = monitor.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            events.append(int.from_bytes(frames[0][:2], sys.byteorder))
-            values.append(int.from_bytes(frames[0][2:6], sys.byteorder))
-        failed = [e for e in events if e != zmq.EVENT_DISCONNECTED]
-        if failed:
-            if zmq.EVENT_HANDSHAKE_FAILED_AUTH in failed:
-                kind = "key not allowed"
-            elif self.server_key is None and (
-                _MECHANISM_MISMATCH in values or zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL in failed
-            ):  # a plain client against CURVE: the mismatch, or the server hung up first
-                raise SyncRefused(
-                    f"the server at {self.endpoint} requires CURVE (handshake failed): pass "
-                    "--server-key SERVER.key --curve-secret CLIENT.key_secret"
-                )
-            else:
-                kind = "security mechanism mismatch or protocol error"
-            raise SyncRefused(f"handshake with {self.endpoint} failed: {kind}")
-        if events:
-            raise ConnectionLost(f"connection to {self.endpoint} lost")
+        check_monitor(monitor, self.endpoint, curve=self.server_key is not None)
 
     def _session(self, mirror: Mirror) -> str:
         now = time.monotonic()
