@@ -576,6 +576,7 @@ def _subscribe(args: argparse.Namespace) -> int:
         backoff_cap=args.max_backoff,
         check_interval=args.check_interval,
         bwlimit=args.bwlimit,
+        progress=sys.stderr,
         wire=args.wire,
         window=args.window,
         curve_secret=args.curve_secret,

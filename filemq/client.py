@@ -107,6 +107,7 @@ from filemq.engine_client import (
     Refused,
     Rejected,
     ResyncDone,
+    ResyncPlan,
     Send,
     ServerClosed,
 )
@@ -114,6 +115,7 @@ from filemq.index import FileIndex, IndexDelta
 from filemq.loopguard import dest_option
 from filemq.mirror import TEMP_PREFIX, Mirror
 from filemq.paths import UnsafePathError, all_relative_safe, relative_inside
+from filemq.progress import PLAIN_EVERY, Progress
 from filemq.state import load_index
 
 if TYPE_CHECKING:  # imported when an event is emitted: start-up time of `filemq sync`
@@ -262,46 +264,6 @@ def check_monitor(monitor: zmq.Socket[Any], endpoint: str, *, curve: bool) -> No
         raise ConnectionLost(f"connection to {endpoint} lost")
 
 
-class _Progress:
-    """Files, bytes and rate: a redrawn line on a TTY, log lines otherwise."""
-
-    def __init__(self, stream: TextIO | None) -> None:
-        self.stream = stream
-        self.tty = stream is not None and stream.isatty()
-        self.start = time.monotonic()
-        self.files = 0
-        self.bytes = 0
-        self._drawn = 0.0
-
-    def data(self, size: int) -> None:
-        self.bytes += size
-        if self.tty:  # redrawn at most every 0.1 s
-            now = time.monotonic()
-            if now - self._drawn > 0.1:
-                self._drawn = now
-                self._draw(now)
-
-    def file(self, name: str, size: int, *, live: bool) -> None:
-        """One file placed: a log line when not on a TTY (DEBUG while resyncing)."""
-        self.files += 1
-        if not self.tty:
-            log.log(logging.INFO if live else logging.DEBUG, "received %s (%d bytes)", name, size)
-
-    def _draw(self, now: float) -> None:
-        assert self.stream is not None
-        rate = self.bytes / max(now - self.start, 1e-6) / (1 << 20)
-        self.stream.write(
-            f"\r{self.files} files  {self.bytes / (1 << 20):.1f} MiB  {rate:.1f} MiB/s   "
-        )
-        self.stream.flush()
-
-    def done(self) -> None:
-        if self.tty:
-            self._draw(time.monotonic())
-            assert self.stream is not None
-            self.stream.write("\n")
-
-
 class _Outcome:
     DONE = "done"
     RETRY = "retry"
@@ -338,6 +300,7 @@ class SyncClient:
         check_interval: float = 2.0,
         bwlimit: int | None = None,
         resume_min: int | None = None,
+        progress_every: float = PLAIN_EVERY,
     ) -> None:
         if (curve_secret is None) != (server_key is None):
             from filemq.security import SecurityError
@@ -375,7 +338,7 @@ class SyncClient:
         #: Sessions started (1 + reconnects).
         self.connections = 0
         self.result = SyncResult()
-        self._progress = _Progress(progress)
+        self._progress = Progress(progress, every=progress_every)
         self._stop = threading.Event()
         self._refetches: dict[str, int] = {}
         self._sock: Any = None
@@ -731,7 +694,10 @@ class SyncClient:
                 log.error("refused file name %r: %s (skipped)", action.name, action.reason)
                 self.result.refused += 1
                 self.result.errors += 1
+            elif isinstance(action, ResyncPlan):
+                self._progress.plan(action.files, action.bytes)
             elif isinstance(action, ResyncDone):
+                self._progress.pause()  # (closes the bar before the line below)
                 log.info("resync of %s complete", action.path)
                 if action.path == session.path:  # offers no transfer took up are void
                     session.forget_offers()
