@@ -166,6 +166,12 @@ def _serve_options(serve: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="rescan published directories periodically (0: off)",
     )
+    serve.add_argument(
+        "--bwlimit",
+        type=_rate,
+        metavar="RATE",
+        help="cap what all clients together receive: bytes/s, or with K, M, G (x1024)",
+    )
     serve.add_argument("--no-watch", action="store_true", help="do not watch for changes")
     serve.add_argument(
         "--settle",
@@ -410,6 +416,7 @@ def _serve(args: argparse.Namespace) -> int:
             client_ttl=args.client_ttl,
             deny=args.deny,
             rescan_interval=args.rescan,
+            bwlimit=args.bwlimit,
         )
         server = live.server
         # both sockets are bound before a directory is walked or hashed: an endpoint in

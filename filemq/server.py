@@ -32,6 +32,11 @@ When the state folder is inside a published directory it is not published.
 
 A mirror writing inside what it mirrors is refused (``filemq.loopguard``).
 
+Bandwidth cap (``bwlimit``, bytes/s): one token bucket (``filemq.ratelimit``) for
+all clients together; the pump sends a chunk only while the bucket holds tokens and
+spends its size, the loop waits for the next token otherwise.  Listings, deletes and
+markers carry no content and cost nothing.
+
 Containment: every file the server opens, stats, lists or hashes is reached
 through ``filemq.paths`` (no symbolic link below a mount's directory is ever
 followed), whatever named it: a client's exact-path ICANHAZ, a watcher's
@@ -83,6 +88,7 @@ from filemq.engine_server import (
 )
 from filemq.index import FileEntry, FileIndex, IndexDelta
 from filemq.paths import absent, local_parts, open_beneath, relative_inside, virtual_path
+from filemq.ratelimit import TokenBucket, burst_for
 from filemq.state import load_index, server_index_path, server_state_dir
 from filemq.walk import DEFAULT_IGNORE, PathFilter
 
@@ -159,6 +165,7 @@ class FileServer:
         state_dir: str | os.PathLike[str] | None = None,
         save_interval: float = 30.0,
         indexes_live: bool = False,
+        bwlimit: int | None = None,
     ) -> None:
         if not mounts:
             raise ValueError("publish at least one directory")
@@ -194,6 +201,10 @@ class FileServer:
         self.rescans = 0
         #: File content bytes sent to clients gone (all of them once stopped).
         self.sent_bytes = 0
+        #: Bandwidth cap for all clients together (bytes/s; ``filemq.ratelimit``).
+        self._bucket = (
+            None if bwlimit is None else TokenBucket(bwlimit, burst_for(bwlimit), time.monotonic())
+        )
         self._refreshed = {m.virtual: float("-inf") for m in self.mounts}  # last full refresh
         self._sessions: dict[bytes, ServerSession] = {}
         self._stalled: dict[bytes, deque[list[bytes]]] = {}
@@ -364,6 +375,8 @@ class FileServer:
             while True:
                 busy = self._pump()
                 timeout = 0 if busy else (10 if self._stalled else 250)
+                if not busy and self._bucket is not None:
+                    timeout = min(timeout, self._throttled_ms())
                 events = dict(poller.poll(timeout))
                 if ctl in events and not self._control(ctl):
                     break
@@ -536,12 +549,16 @@ class FileServer:
         if self._stalled:
             self._flush_stalled()
         budget = _PUMP_BUDGET
+        bucket = self._bucket
         active = [s for s in self._sessions.values() if s.has_work()]
         while active and budget > 0:
             ready = []
             for session in active:
                 if session.client_id in self._stalled:
                     continue
+                if bucket is not None and bucket.available(time.monotonic()) <= 0:
+                    return False  # capped: the loop waits for tokens (_throttled_ms)
+                sent = session.sent_bytes
                 try:
                     plan = session.next_chunk()
                     if plan is None:
@@ -551,6 +568,8 @@ class FileServer:
                     log.exception("client %s: cannot send; dropped", session.client_id.hex())
                     self._drop(session.client_id)
                     continue
+                if bucket is not None:
+                    bucket.take(session.sent_bytes - sent, time.monotonic())
                 budget -= 1
                 if frames is None:  # nothing to send for that file (unreadable now)
                     if session.has_work():
@@ -562,6 +581,13 @@ class FileServer:
         return any(
             s.has_work() and s.client_id not in self._stalled for s in self._sessions.values()
         )
+
+    def _throttled_ms(self) -> int:
+        """With a cap: how long the loop may wait before tokens let a chunk go."""
+        assert self._bucket is not None
+        if not any(s.has_work() for s in self._sessions.values()):
+            return 250
+        return int(self._bucket.wait(1, time.monotonic()) * 1000) + 1
 
     def _build(
         self, session: ServerSession, plan: ChunkPlan, *, retry: bool = True

@@ -1,18 +1,26 @@
-"""Bandwidth caps, sans-IO: ``--bwlimit`` values, the token bucket, credit granted through it.
-
-Time is injected everywhere: no sleeps, no wall clock.
-"""
+"""Bandwidth caps: ``--bwlimit`` values, the token bucket and credit granted through it
+(sans-IO, time injected), then real transfers capped by a client and by a server."""
 
 from __future__ import annotations
 
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
 
 from filemq import fmq_msg
+from filemq.client import SyncClient, SyncResult
 from filemq.engine import load_wire
 from filemq.engine_client import ClientSession, Send
 from filemq.ratelimit import MIN_BURST, TokenBucket, burst_for, parse_rate
+from filemq.server import FileServer
+
+from .conftest import write_tree
 
 WIRE = load_wire("spec")
 
@@ -103,3 +111,46 @@ def test_uncapped_client_grants_the_window_back_by_quarters() -> None:
     assert s.wakeup(0.0) == float("inf")
     msg = fmq_msg.Cheezburger(0, 1, "/a", 0, 1, {}, b"x" * 100)
     assert _noms(s.receive(fmq_msg.encode(msg), 0.0)) == 100
+
+
+# -- end to end: real sockets; only a lower bound on time (deterministic) ------------------
+
+
+def test_capped_sync_takes_at_least_what_the_cap_allows(
+    tmp_path: Path, serve: Callable[..., FileServer], sync_once: Callable[..., SyncResult]
+) -> None:
+    """bytes <= burst + rate * elapsed, whatever the machine's speed: a lower bound on
+    the elapsed time (an upper bound would depend on the machine's load)."""
+    size, rate = 6 << 20, 4 << 20
+    write_tree(tmp_path / "src", {"a.bin": os.urandom(size // 2), "b.bin": os.urandom(size // 2)})
+    server = serve(tmp_path / "src", chunk_size=64 << 10)
+    started = time.monotonic()
+    result = sync_once(server.endpoint, tmp_path / "dest", bwlimit=rate)
+    elapsed = time.monotonic() - started
+    assert result.synced and result.bytes == size
+    assert elapsed >= (size - burst_for(rate)) / rate  # 1.0 s
+    assert (size - burst_for(rate)) / elapsed <= rate  # the average, past the burst
+
+
+def test_capped_server_shares_its_cap_between_clients(
+    tmp_path: Path, serve: Callable[..., FileServer], zctx: zmq.Context[Any]
+) -> None:
+    size, rate = 3 << 20, 4 << 20
+    write_tree(tmp_path / "src", {"a.bin": os.urandom(size)})
+    chunk = 64 << 10
+    server = serve(tmp_path / "src", chunk_size=chunk, bwlimit=rate)
+    clients = [
+        SyncClient(zctx, server.endpoint, tmp_path / f"dest{i}", once=True, connect_timeout=10)
+        for i in range(2)
+    ]
+    results: list[SyncResult] = []
+    started = time.monotonic()
+    threads = [threading.Thread(target=lambda c=c: results.append(c.run())) for c in clients]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    elapsed = time.monotonic() - started
+    assert [r.bytes for r in results] == [size, size]
+    # both clients' bytes went through one bucket (a chunk may overdraw it once)
+    assert elapsed >= (2 * size - burst_for(rate) - chunk) / rate  # ~1.0 s
