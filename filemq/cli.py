@@ -25,7 +25,8 @@ used up).
 
 Exit codes (``zerohub.cli.ExitCode``, the same in every zerohub command): 0 success;
 1 failure: the sync failed or ended with errors (refused names, files that never
-verified, no answer), an endpoint in use, a key pair that exists; 2 usage (bad
+verified, no answer), an endpoint in use, a key pair that exists, ``ls`` got no
+listing; 2 usage (bad
 option, malformed endpoint, a non-loopback bind without CURVE or --insecure);
 3 access refused (SRSLY, CURVE handshake failed); 4 the server answered RTFM
 twice; 5 another process is mirroring into DEST (``sync``/``subscribe``: the lock
