@@ -491,8 +491,8 @@ class ClientSession:
             return [FileDelete(rel, parts)]
         if op != Operation.CREATE:
             raise RemoteProtocolError(f"unknown CHEEZBURGER operation {op}")
-        if self.listing and msg.chunk:
-            raise RemoteProtocolError("file content sent to a listing (the server lacks LIST)")
+        if self.listing:  # even an empty file: a server that knows LIST sends STAT only
+            raise RemoteProtocolError("a file sent to a listing (the server lacks LIST)")
         actions: list[Action] = []
         current = self._current
         first = current is None

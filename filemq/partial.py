@@ -256,7 +256,7 @@ class PartialStore:
     def start(self, name: str, version: Version) -> tuple[int, Journal]:
         """A new partial file for ``name`` (replacing any): its descriptor and journal."""
         self.discard(name)
-        while self._ready and len(self._ready) >= self.limit - 1:
+        while len(self._ready) > self.limit - 1:  # (room for this one)
             oldest = min(self._ready, key=lambda n: self._ready[n].age)
             log.info("%s: too many partial files, dropping the oldest", oldest)
             self.discard(oldest)

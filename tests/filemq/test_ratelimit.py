@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -154,3 +156,18 @@ def test_capped_server_shares_its_cap_between_clients(
     assert [r.bytes for r in results] == [size, size]
     # both clients' bytes went through one bucket (a chunk may overdraw it once)
     assert elapsed >= (2 * size - burst_for(rate) - chunk) / rate  # ~1.0 s
+
+
+@pytest.mark.parametrize("command", ["sync", "subscribe", "serve"])
+def test_bad_bwlimit_is_a_usage_error(command: str, tmp_path: Path) -> None:
+    where = ["--publish", str(tmp_path)] if command == "serve" else ["tcp://127.0.0.1:1", "d"]
+    done = subprocess.run(
+        [sys.executable, "-m", "filemq", command, *where, "--bwlimit", "10Q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"filemq {command}: argument --bwlimit: bad rate '10Q'")
+    assert len(done.stderr.splitlines()) == 1

@@ -27,6 +27,7 @@ import pytest
 import zmq
 
 from filemq.client import SyncClient, SyncResult
+from filemq.engine import FilemqError
 from filemq.index import FileIndex
 from filemq.mirror import PARTIAL_PREFIX, Mirror
 from filemq.partial import CHECKPOINT_BYTES, MAX_PARTIALS, PartialStore, ResumePoint
@@ -174,6 +175,18 @@ def test_at_most_max_partials_are_kept(tmp_path: Path, content: bytes) -> None:
         interrupted(tmp_path, f"f{i}", content, 2 * MiB)
     assert len(store(tmp_path).scan()) == MAX_PARTIALS
     assert len(partials(tmp_path)) == 2 * MAX_PARTIALS
+
+
+def test_a_new_partial_file_makes_room_within_the_limit(tmp_path: Path, content: bytes) -> None:
+    for i in range(MAX_PARTIALS):
+        interrupted(tmp_path, f"f{i}", content, 2 * MiB)
+    mirror = Mirror(tmp_path, FileIndex(tmp_path), resume_min=1)
+    assert len(mirror.resume_points()) == MAX_PARTIALS
+    mirror.begin(("new",), str(tmp_path / "new"), version(content))
+    mirror.write(content[:MiB])
+    mirror.abort()
+    assert len(partials(tmp_path)) == 2 * MAX_PARTIALS  # the oldest made room
+    assert len(mirror.resume_points()) == MAX_PARTIALS
 
 
 def test_resumed_partial_completes_and_another_version_is_refused(
@@ -384,7 +397,15 @@ def test_server_restart_mid_file_resumes_in_the_same_run(
     finally:
         first.stop()
     second = FileServer(zctx, [Mount(src, "/")], endpoint=endpoint, chunk_size=64 << 10)
-    second.start()
+
+    def restarted() -> bool:  # (libzmq frees the port a moment after the first stopped)
+        try:
+            second.start()
+        except FilemqError:
+            return False
+        return True
+
+    _wait_for(restarted, "the port to be free again")
     try:
         _wait_for(lambda: (dest / "big.bin").exists(), "the file")
         assert (dest / "big.bin").read_bytes() == big

@@ -144,6 +144,14 @@ def test_listing_client_gets_stat_entries_and_refuses_content() -> None:
         s.receive(burger(3, "/docs/b", 0, b"content", eof=1), 1.0)
 
 
+def test_listing_client_refuses_even_an_empty_file() -> None:
+    """An older zerohub server sends empty files whatever the credit: not a listing."""
+    s = client(listing=True)
+    open_session(s)
+    with pytest.raises(RemoteProtocolError, match="LIST"):
+        s.receive(burger(0, "/docs/empty", 0, b"", eof=1), 1.0)
+
+
 def test_stat_outside_a_listing_is_a_protocol_error() -> None:
     s = client()
     open_session(s)
