@@ -473,7 +473,8 @@ class SyncClient:
             if monitor is not None:
                 poller.register(monitor, zmq.POLLIN)
             self._perform(session, mirror, session.start(now))
-            self._offer_partials(session, mirror)  # (while OHAI travels)
+            if self._offer_partials(session, mirror):  # (while OHAI travels)
+                now = time.monotonic()  # (proving them took time: not the server's)
             if not self._scanned:  # scan DEST while OHAI travels
                 outcome = self._scan_dest(session, mirror, sock)
                 if outcome is not None:
@@ -560,12 +561,15 @@ class SyncClient:
                 monitor.close(linger=0)
             sock.close()
 
-    def _offer_partials(self, session: ClientSession, mirror: Mirror) -> None:
-        """Prove the partial files an interrupted transfer left; offer them (RESUME)."""
+    def _offer_partials(self, session: ClientSession, mirror: Mirror) -> bool:
+        """Prove the partial files an interrupted transfer left; offer them (RESUME).
+        True when there were some (proving read them whole: timers restarted)."""
         points = mirror.resume_points()
-        if points:
-            session.offer_resume({p.name: (p.offset, p.sha1) for p in points})
-            session.restart_timers(time.monotonic())  # (proving reads them whole)
+        if not points:
+            return False
+        session.offer_resume({p.name: (p.offset, p.sha1) for p in points})
+        session.restart_timers(time.monotonic())
+        return True
 
     def _scan_dest(
         self, session: ClientSession, mirror: Mirror, sock: zmq.Socket[Any]

@@ -166,8 +166,13 @@ def test_planted_link_or_fifo_is_never_followed_nor_waited_on(
     fifo = interrupted(dest, "other", content, 2 * MiB)
     (dest / fifo).unlink()
     os.mkfifo(dest / fifo)
+    journal = interrupted(dest, "third", content, 2 * MiB) + ".journal"
+    (outside.parent / "journal").write_bytes((dest / journal).read_bytes())
+    (dest / journal).unlink()
+    (dest / journal).symlink_to(outside.parent / "journal")  # a link for a journal
     assert store(dest).scan() == []
     assert partials(dest) == [] and outside.read_bytes() == content[: 2 * MiB]
+    assert (outside.parent / "journal").read_bytes().startswith(b"filemq-partial 1 ")
 
 
 def test_at_most_max_partials_are_kept(tmp_path: Path, content: bytes) -> None:
