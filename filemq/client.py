@@ -31,6 +31,19 @@ server that goes silent in the middle of a file for ``idle_timeout`` seconds
 (while still answering heartbeats) ends the session as a protocol error (the
 partial file is dropped; reconnect, at most ``max_retries`` times).
 
+Resume: a file of at least 8 MiB (``filemq.mirror.RESUME_MIN_SIZE``) is received
+into a partial file with a journal (``filemq.partial``) that a session which ends
+early keeps (and a ``kill -9`` leaves).  Every session starts by proving the
+partial files in DEST and offering them to the server (``RESUME``); a first chunk
+at the offset offered is taken up where the partial file ends, one at 0 replaces
+it.  Offers no transfer took up are dropped, with their files, when the resync
+ends.  ``SyncResult.resumed_bytes`` counts what was not fetched again.
+
+Bandwidth cap (``bwlimit``, bytes/s): credit is granted through a token bucket
+(``filemq.ratelimit``, ``filemq.engine_client``); the loop wakes up when the
+bucket can grant more.  Progress (``progress``: a stream, normally stderr) is
+``filemq.progress``: a bar on a terminal, log lines otherwise.
+
 One process per DEST: ``run()`` holds ``filemq.destlock.DestLock`` (an
 ``flock`` on ``DEST/.filemq-part-lock``) from start to end; a second mirror
 into the same DEST raises ``DestLocked`` naming the holder's pid.
