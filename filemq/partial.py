@@ -45,7 +45,6 @@ Every file here is directly in DEST and opened with ``filemq.paths.open_beneath`
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import re
@@ -200,6 +199,12 @@ class _Proven:
     age: float  # the journal's mtime (the oldest goes first past MAX_PARTIALS)
 
 
+def _sha1(data: bytes = b"") -> Any:
+    import hashlib  # deferred: OpenSSL's ~3 ms start-up, which a no-change sync never needs
+
+    return hashlib.sha1(data)
+
+
 def _regular(fd: int, what: str) -> os.stat_result:
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
@@ -220,7 +225,7 @@ class PartialStore:
 
     def data_name(self, name: str) -> str:
         """The partial file of relative ``name`` (directly in DEST)."""
-        return self.prefix + hashlib.sha1(name.encode("utf-8", "surrogateescape")).hexdigest()
+        return self.prefix + _sha1(name.encode("utf-8", "surrogateescape")).hexdigest()
 
     def data_path(self, name: str) -> str:
         return os.path.join(self.root, self.data_name(name))
@@ -378,7 +383,7 @@ class PartialStore:
         fd = open_beneath(self.root, (data,), os.O_RDWR | _NONBLOCK | _CLOEXEC)
         try:
             size = _regular(fd, data).st_size
-            hasher = hashlib.sha1()
+            hasher = _sha1()
             position = 0
             proven: tuple[int, Any, int] = (0, None, 0)
             for point in checkpoints:
