@@ -1,4 +1,4 @@
-"""``filemq`` command line: ``serve``, ``sync``, ``subscribe`` and ``keys new``.
+"""``filemq`` command line: ``serve``, ``sync``, ``subscribe``, ``ls`` and ``keys new``.
 
 ``serve`` watches what it publishes (inotify; ``--poll`` for a polling
 observer, ``--no-watch`` for none) and pushes each complete file to subscribed
@@ -9,6 +9,13 @@ reconnecting and resyncing as needed; ``--json`` prints one JSON object per
 applied change on stdout (``filemq.events``); it repairs local changes to DEST
 within ``--check-interval`` seconds (default 2; see ``filemq.client``).
 
+``ls ENDPOINT [PATH]`` prints what the server publishes under PATH (size, mtime in
+UTC, SHA-1, virtual path; ``--json``: one JSON object per file) and copies nothing
+(``filemq.lister``).  ``sync`` and ``subscribe`` take ``--bwlimit RATE`` (``10M``,
+``500K``: bytes per second, x1024 per letter; ``filemq.ratelimit``); ``serve`` too,
+for all its clients together.  ``sync`` draws a progress bar on a terminal (files,
+bytes, rate, ETA) and logs a progress line every few seconds otherwise.
+
 ``sync`` gives up when the server has not answered within ``--timeout``
 seconds (default 10), however many reconnects that leaves unused.  ``sync --once``
 against a server that sends no resync-complete marker (the reference C server) ends
@@ -18,7 +25,8 @@ used up).
 
 Exit codes (``zerohub.cli.ExitCode``, the same in every zerohub command): 0 success;
 1 failure: the sync failed or ended with errors (refused names, files that never
-verified, no answer), an endpoint in use, a key pair that exists; 2 usage (bad
+verified, no answer), an endpoint in use, a key pair that exists, ``ls`` got no
+listing; 2 usage (bad
 option, malformed endpoint, a non-loopback bind without CURVE or --insecure);
 3 access refused (SRSLY, CURVE handshake failed); 4 the server answered RTFM
 twice; 5 another process is mirroring into DEST (``sync``/``subscribe``: the lock
@@ -41,7 +49,7 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import zmq
 
@@ -59,12 +67,13 @@ from zerohub.cli import (
 )
 
 if TYPE_CHECKING:  # the client module is imported by its subcommands only
-    from filemq.client import SyncResult
     from filemq.events import MirrorEvent
 
 # server, client and security are imported by their subcommand only (start-up of `sync`)
 
 log = logging.getLogger("filemq")
+
+_T = TypeVar("_T")
 
 #: Seconds ``filemq sync`` waits for a first answer from the server before it gives up.
 DEFAULT_SYNC_TIMEOUT = 10.0
@@ -94,6 +103,16 @@ class _HelpFormatter(argparse.HelpFormatter):
 
     def __init__(self, prog: str) -> None:
         super().__init__(prog, width=_help_width())
+
+
+def _rate(text: str) -> int:
+    """argparse ``type=`` for ``--bwlimit`` (``filemq.ratelimit.parse_rate``)."""
+    from filemq.ratelimit import parse_rate
+
+    try:
+        return parse_rate(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _serve_options(serve: argparse.ArgumentParser) -> None:
@@ -148,6 +167,12 @@ def _serve_options(serve: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="rescan published directories periodically (0: off)",
     )
+    serve.add_argument(
+        "--bwlimit",
+        type=_rate,
+        metavar="RATE",
+        help="cap what all clients together receive: bytes/s, or with K, M, G (x1024)",
+    )
     serve.add_argument("--no-watch", action="store_true", help="do not watch for changes")
     serve.add_argument(
         "--settle",
@@ -198,6 +223,12 @@ def _client_options(command: argparse.ArgumentParser) -> None:
     )
     command.add_argument(
         "--window", type=int, default=DEFAULT_CREDIT_WINDOW, help="credit bytes in flight"
+    )
+    command.add_argument(
+        "--bwlimit",
+        type=_rate,
+        metavar="RATE",
+        help="cap the transfer rate: bytes/s, or with K, M, G (x1024): 500K, 10M",
     )
     command.add_argument(
         "--index", metavar="FILE", help="where to keep DEST's index (default: under the cache)"
@@ -252,6 +283,30 @@ def _subscribe_options(daemon: argparse.ArgumentParser) -> None:
     )
 
 
+def _ls_options(ls: argparse.ArgumentParser) -> None:
+    ls.add_argument("endpoint", type=connect_endpoint, help=f"the server, e.g. {DEFAULT_ENDPOINT}")
+    ls.add_argument("path", nargs="?", default="/", help="virtual path to list (default /)")
+    ls.add_argument("--json", action="store_true", help="one JSON object per file on stdout")
+    ls.add_argument(
+        "--wire",
+        choices=("spec", "czmq"),
+        default="spec",
+        help="wire variant: spec (RFC 35, default) or czmq (the C reference's)",
+    )
+    ls.add_argument("--server-key", metavar="SERVER.key", help="the server's public key (CURVE)")
+    ls.add_argument(
+        "--curve-secret", metavar="CLIENT.key_secret", help="this client's secret key file (CURVE)"
+    )
+    ls.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_SYNC_TIMEOUT,
+        metavar="SECONDS",
+        help="give up (exit 1) when the server has not answered in this long "
+        "(default %(default)s)",
+    )
+
+
 def _keys_options(keys: argparse.ArgumentParser) -> None:
     keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
     new = keys_sub.add_parser(
@@ -270,6 +325,7 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "serve": ("publish directories", _serve_options),
     "sync": ("mirror a server path into DEST", _sync_options),
     "subscribe": ("keep DEST a live mirror of a server path", _subscribe_options),
+    "ls": ("list what a server publishes (sizes, mtimes, SHA-1), copying nothing", _ls_options),
     "keys": ("CURVE certificates", _keys_options),
 }
 
@@ -361,6 +417,7 @@ def _serve(args: argparse.Namespace) -> int:
             client_ttl=args.client_ttl,
             deny=args.deny,
             rescan_interval=args.rescan,
+            bwlimit=args.bwlimit,
         )
         server = live.server
         # both sockets are bound before a directory is walked or hashed: an endpoint in
@@ -470,6 +527,7 @@ def _sync(args: argparse.Namespace) -> int:
         heartbeat=args.heartbeat,
         connect_timeout=args.timeout,
         max_retries=args.retries,
+        bwlimit=args.bwlimit,
         progress=sys.stderr,
         # (--once: checked once at the end; an event per file would cost a no-change sync)
         on_event=None if args.once else on_event,
@@ -525,6 +583,8 @@ def _subscribe(args: argparse.Namespace) -> int:
         connect_timeout=args.timeout,
         backoff_cap=args.max_backoff,
         check_interval=args.check_interval,
+        bwlimit=args.bwlimit,
+        progress=sys.stderr,
         wire=args.wire,
         window=args.window,
         curve_secret=args.curve_secret,
@@ -546,7 +606,47 @@ def _subscribe(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_client(run: Callable[[], SyncResult], context: zmq.Context[Any]) -> SyncResult:
+def _ls(args: argparse.Namespace) -> int:
+    import json
+    from datetime import UTC, datetime
+
+    from filemq.lister import list_files
+
+    _check_pair(args)
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    files = _run_client(
+        lambda: list_files(
+            context,
+            args.endpoint,
+            args.path,
+            wire=args.wire,
+            curve_secret=args.curve_secret,
+            server_key=args.server_key,
+            timeout=args.timeout,
+        ),
+        context,
+    )
+    for f in files:
+        when = datetime.fromtimestamp(f.mtime_ns / 1e9, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if args.json:
+            fields: dict[str, Any] = {
+                "path": f.path,
+                "size": f.size,
+                "mtime_ns": f.mtime_ns,
+                "mtime": when,
+                "sha1": f.sha1,
+            }
+            if f.headers:
+                fields["headers"] = f.headers
+            print(json.dumps(fields, ensure_ascii=False, separators=(",", ":")))
+        else:
+            print(f"{f.size:>14}  {when}  {f.sha1:40}  {f.path}")
+    if not files:
+        log.warning("the server at %s publishes no files under %s", args.endpoint, args.path)
+    return 0
+
+
+def _run_client(run: Callable[[], _T], context: zmq.Context[Any]) -> _T:
     """Run a sync or subscribe session; a failure becomes a CommandError with its code.
 
     3: access refused (SRSLY, or the CURVE handshake failed); 4: the server rejected the
@@ -578,7 +678,7 @@ def _keys(args: argparse.Namespace) -> int:
     return 0
 
 
-_RUN = {"serve": _serve, "sync": _sync, "subscribe": _subscribe, "keys": _keys}
+_RUN = {"serve": _serve, "sync": _sync, "subscribe": _subscribe, "ls": _ls, "keys": _keys}
 
 
 def _command(argv: Sequence[str] | None) -> int:

@@ -31,6 +31,19 @@ server that goes silent in the middle of a file for ``idle_timeout`` seconds
 (while still answering heartbeats) ends the session as a protocol error (the
 partial file is dropped; reconnect, at most ``max_retries`` times).
 
+Resume: a file of at least 8 MiB (``filemq.mirror.RESUME_MIN_SIZE``) is received
+into a partial file with a journal (``filemq.partial``) that a session which ends
+early keeps (and a ``kill -9`` leaves).  Every session starts by proving the
+partial files in DEST and offering them to the server (``RESUME``); a first chunk
+at the offset offered is taken up where the partial file ends, one at 0 replaces
+it.  Offers no transfer took up are dropped, with their files, when the resync
+ends.  ``SyncResult.resumed_bytes`` counts what was not fetched again.
+
+Bandwidth cap (``bwlimit``, bytes/s): credit is granted through a token bucket
+(``filemq.ratelimit``, ``filemq.engine_client``); the loop wakes up when the
+bucket can grant more.  Progress (``progress``: a stream, normally stderr) is
+``filemq.progress``: a bar on a terminal, log lines otherwise.
+
 One process per DEST: ``run()`` holds ``filemq.destlock.DestLock`` (an
 ``flock`` on ``DEST/.filemq-part-lock``) from start to end; a second mirror
 into the same DEST raises ``DestLocked`` naming the holder's pid.
@@ -107,6 +120,7 @@ from filemq.engine_client import (
     Refused,
     Rejected,
     ResyncDone,
+    ResyncPlan,
     Send,
     ServerClosed,
 )
@@ -114,6 +128,7 @@ from filemq.index import FileIndex, IndexDelta
 from filemq.loopguard import dest_option
 from filemq.mirror import TEMP_PREFIX, Mirror
 from filemq.paths import UnsafePathError, all_relative_safe, relative_inside
+from filemq.progress import PLAIN_EVERY, Progress
 from filemq.state import load_index
 
 if TYPE_CHECKING:  # imported when an event is emitted: start-up time of `filemq sync`
@@ -129,6 +144,7 @@ _OHAI_WAIT_MS = 50  # after reading the saved index: wait this long for OHAI-OK 
 _MAX_CORRECTIONS = 64  # more files differ from the saved index: one ICANHAZ for all
 _BACKOFF_BASE = 0.1
 _CHECK_SHARE = 0.05  # local drift checks take at most this share of the time (big DEST)
+_POLL_MS = 100  # longest wait for the socket before timers and capped credit are looked at
 _MONITOR_EVENTS = (
     zmq.EVENT_HANDSHAKE_FAILED_AUTH
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -162,6 +178,7 @@ class SyncResult:
     refused: int = 0
     errors: int = 0
     refetched: int = 0
+    resumed_bytes: int = 0  # bytes not fetched again: partial files taken up
     synced: bool = False
     marker: bool = False  # completion seen from the server (not the idle fallback)
 
@@ -185,44 +202,79 @@ def _exclusion(
     return lambda name: name == inner or _is_temp(name)
 
 
-class _Progress:
-    """Files, bytes and rate: a redrawn line on a TTY, log lines otherwise."""
+def open_dealer(
+    context: zmq.Context[Any],
+    endpoint: str,
+    *,
+    linger_ms: int,
+    connect_timeout: float,
+    max_message: int,
+    curve_secret: str | os.PathLike[str] | None = None,
+    server_key: str | os.PathLike[str] | None = None,
+) -> tuple[zmq.Socket[Any], zmq.Socket[Any] | None]:
+    """A DEALER connected to ``endpoint`` (CURVE when keys are given) and its monitor
+    socket (``check_monitor``), as every FILEMQ client of this package opens it."""
+    sock = context.socket(zmq.DEALER)
+    monitor = None
+    try:
+        sock.linger = linger_ms
+        # a DEALER whose connection failed its handshake has nowhere to queue: a send
+        # would wait forever
+        sock.sndtimeo = max(1000, int(connect_timeout * 1000))
+        sock.maxmsgsize = max_message
+        if curve_secret is not None and server_key is not None:
+            from filemq import security  # (imported only for CURVE: start-up time)
 
-    def __init__(self, stream: TextIO | None) -> None:
-        self.stream = stream
-        self.tty = stream is not None and stream.isatty()
-        self.start = time.monotonic()
-        self.files = 0
-        self.bytes = 0
-        self._drawn = 0.0
+            security.configure_client(sock, curve_secret, server_key)
+        # handshake failures (key not allowed, CURVE vs plain) end the run at once
+        monitor = sock.get_monitor_socket(_MONITOR_EVENTS)
+        sock.connect(endpoint)
+    except BaseException:
+        if monitor is not None:
+            sock.disable_monitor()
+            monitor.close(linger=0)
+        sock.close(linger=0)
+        raise
+    return sock, monitor
 
-    def data(self, size: int) -> None:
-        self.bytes += size
-        if self.tty:  # redrawn at most every 0.1 s
-            now = time.monotonic()
-            if now - self._drawn > 0.1:
-                self._drawn = now
-                self._draw(now)
 
-    def file(self, name: str, size: int, *, live: bool) -> None:
-        """One file placed: a log line when not on a TTY (DEBUG while resyncing)."""
-        self.files += 1
-        if not self.tty:
-            log.log(logging.INFO if live else logging.DEBUG, "received %s (%d bytes)", name, size)
+def close_dealer(sock: zmq.Socket[Any], monitor: zmq.Socket[Any] | None) -> None:
+    if monitor is not None:
+        sock.disable_monitor()
+        monitor.close(linger=0)
+    sock.close()
 
-    def _draw(self, now: float) -> None:
-        assert self.stream is not None
-        rate = self.bytes / max(now - self.start, 1e-6) / (1 << 20)
-        self.stream.write(
-            f"\r{self.files} files  {self.bytes / (1 << 20):.1f} MiB  {rate:.1f} MiB/s   "
-        )
-        self.stream.flush()
 
-    def done(self) -> None:
-        if self.tty:
-            self._draw(time.monotonic())
-            assert self.stream is not None
-            self.stream.write("\n")
+def check_monitor(monitor: zmq.Socket[Any], endpoint: str, *, curve: bool) -> None:
+    """Raise for what a DEALER's monitor reported: ``SyncRefused`` for a failed
+    handshake, ``ConnectionLost`` for a dropped connection."""
+    events: list[int] = []
+    values: list[int] = []
+    while True:
+        try:
+            # first frame: event (u16) + value (u32), native order; zmq.utils.monitor
+            # would parse it but imports asyncio (~20 ms of start-up)
+            frames = monitor.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            break
+        events.append(int.from_bytes(frames[0][:2], sys.byteorder))
+        values.append(int.from_bytes(frames[0][2:6], sys.byteorder))
+    failed = [e for e in events if e != zmq.EVENT_DISCONNECTED]
+    if failed:
+        if zmq.EVENT_HANDSHAKE_FAILED_AUTH in failed:
+            kind = "key not allowed"
+        elif not curve and (
+            _MECHANISM_MISMATCH in values or zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL in failed
+        ):  # a plain client against CURVE: the mismatch, or the server hung up first
+            raise SyncRefused(
+                f"the server at {endpoint} requires CURVE (handshake failed): pass "
+                "--server-key SERVER.key --curve-secret CLIENT.key_secret"
+            )
+        else:
+            kind = "security mechanism mismatch or protocol error"
+        raise SyncRefused(f"handshake with {endpoint} failed: {kind}")
+    if events:
+        raise ConnectionLost(f"connection to {endpoint} lost")
 
 
 class _Outcome:
@@ -259,6 +311,9 @@ class SyncClient:
         backoff_cap: float = 5.0,
         save_interval: float = 30.0,
         check_interval: float = 2.0,
+        bwlimit: int | None = None,
+        resume_min: int | None = None,
+        progress_every: float = PLAIN_EVERY,
     ) -> None:
         if (curve_secret is None) != (server_key is None):
             from filemq.security import SecurityError
@@ -286,6 +341,9 @@ class SyncClient:
         self.save_interval = save_interval
         #: Seconds between checks of DEST for local changes (live runs; 0: never).
         self.check_interval = check_interval
+        #: Bandwidth cap, bytes/s (credit granted through a token bucket; None: none).
+        self.bwlimit = bwlimit
+        self.resume_min = resume_min
         #: Checks of DEST that found local changes (and asked the server again).
         self.repairs = 0
         self._lock = DestLock(self.dest)
@@ -293,7 +351,7 @@ class SyncClient:
         #: Sessions started (1 + reconnects).
         self.connections = 0
         self.result = SyncResult()
-        self._progress = _Progress(progress)
+        self._progress = Progress(progress, every=progress_every)
         self._stop = threading.Event()
         self._refetches: dict[str, int] = {}
         self._sock: Any = None
@@ -354,6 +412,8 @@ class SyncClient:
     def _run(self) -> SyncResult:
         # the saved index is read by the first session, while its connection is set up
         mirror = Mirror(self.dest, FileIndex(self.dest, exclude=self._exclude))
+        if self.resume_min is not None:
+            mirror.resume_min = self.resume_min
         self._scanned = False
         self._answered = False
         retries = 0
@@ -387,58 +447,18 @@ class SyncClient:
         return self.result
 
     def _socket(self) -> tuple[zmq.Socket[Any], zmq.Socket[Any] | None]:
-        sock = self.context.socket(zmq.DEALER)
-        monitor = None
-        try:
-            sock.linger = self.linger_ms
-            # a DEALER whose connection failed its handshake has nowhere to queue: a send
-            # would wait forever
-            sock.sndtimeo = max(1000, int(self.connect_timeout * 1000))
-            sock.maxmsgsize = self.window + (16 << 20)
-            if self.curve_secret is not None and self.server_key is not None:
-                from filemq import security  # (imported only for CURVE: start-up time)
-
-                security.configure_client(sock, self.curve_secret, self.server_key)
-            # handshake failures (key not allowed, CURVE vs plain) end the run at once
-            monitor = sock.get_monitor_socket(_MONITOR_EVENTS)
-            sock.connect(self.endpoint)
-        except BaseException:
-            if monitor is not None:
-                sock.disable_monitor()
-                monitor.close(linger=0)
-            sock.close(linger=0)
-            raise
-        return sock, monitor
+        return open_dealer(
+            self.context,
+            self.endpoint,
+            linger_ms=self.linger_ms,
+            connect_timeout=self.connect_timeout,
+            max_message=self.window + (16 << 20),
+            curve_secret=self.curve_secret,
+            server_key=self.server_key,
+        )
 
     def _check_monitor(self, monitor: zmq.Socket[Any]) -> None:
-        """Raise for what the socket monitor reported (a handshake failure first)."""
-        events: list[int] = []
-        values: list[int] = []
-        while True:
-            try:
-                # first frame: event (u16) + value (u32), native order; zmq.utils.monitor
-                # would parse it but imports asyncio (~20 ms of start-up)
-                frames = monitor.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            events.append(int.from_bytes(frames[0][:2], sys.byteorder))
-            values.append(int.from_bytes(frames[0][2:6], sys.byteorder))
-        failed = [e for e in events if e != zmq.EVENT_DISCONNECTED]
-        if failed:
-            if zmq.EVENT_HANDSHAKE_FAILED_AUTH in failed:
-                kind = "key not allowed"
-            elif self.server_key is None and (
-                _MECHANISM_MISMATCH in values or zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL in failed
-            ):  # a plain client against CURVE: the mismatch, or the server hung up first
-                raise SyncRefused(
-                    f"the server at {self.endpoint} requires CURVE (handshake failed): pass "
-                    "--server-key SERVER.key --curve-secret CLIENT.key_secret"
-                )
-            else:
-                kind = "security mechanism mismatch or protocol error"
-            raise SyncRefused(f"handshake with {self.endpoint} failed: {kind}")
-        if events:
-            raise ConnectionLost(f"connection to {self.endpoint} lost")
+        check_monitor(monitor, self.endpoint, curve=self.server_key is not None)
 
     def _session(self, mirror: Mirror) -> str:
         now = time.monotonic()
@@ -451,6 +471,7 @@ class SyncClient:
             heartbeat=self.heartbeat,
             timeout=self.timeout,
             reserved=_reserved,
+            rate=self.bwlimit,
             options={OPTION_MIRROR_DEST: dest_option(self.dest)},  # (filemq.loopguard)
         )
         sock, monitor = self._socket()
@@ -465,6 +486,8 @@ class SyncClient:
             if monitor is not None:
                 poller.register(monitor, zmq.POLLIN)
             self._perform(session, mirror, session.start(now))
+            if self._offer_partials(session, mirror):  # (while OHAI travels)
+                now = time.monotonic()  # (proving them took time: not the server's)
             if not self._scanned:  # scan DEST while OHAI travels
                 outcome = self._scan_dest(session, mirror, sock)
                 if outcome is not None:
@@ -477,7 +500,9 @@ class SyncClient:
                 session.cache = mirror.index.digests()
             started = now
             while not self._stop.is_set():
-                events = dict(poller.poll(100))
+                wakeup = session.wakeup(now)  # (capped credit to grant: inf when none)
+                wait = _POLL_MS if wakeup * 1000 >= _POLL_MS else int(wakeup * 1000) + 1
+                events = dict(poller.poll(wait))
                 now = time.monotonic()
                 if monitor is not None and monitor in events:
                     self._check_monitor(monitor)
@@ -548,6 +573,16 @@ class SyncClient:
                 sock.disable_monitor()
                 monitor.close(linger=0)
             sock.close()
+
+    def _offer_partials(self, session: ClientSession, mirror: Mirror) -> bool:
+        """Prove the partial files an interrupted transfer left; offer them (RESUME).
+        True when there were some (proving read them whole: timers restarted)."""
+        points = mirror.resume_points()
+        if not points:
+            return False
+        session.offer_resume({p.name: (p.offset, p.sha1) for p in points})
+        session.restart_timers(time.monotonic())
+        return True
 
     def _scan_dest(
         self, session: ClientSession, mirror: Mirror, sock: zmq.Socket[Any]
@@ -676,8 +711,17 @@ class SyncClient:
                 log.error("refused file name %r: %s (skipped)", action.name, action.reason)
                 self.result.refused += 1
                 self.result.errors += 1
+            elif isinstance(action, ResyncPlan):
+                self._progress.plan(action.files, action.bytes)
             elif isinstance(action, ResyncDone):
+                self._progress.pause()  # (closes the bar before the line below)
                 log.info("resync of %s complete", action.path)
+                if action.path == session.path:  # offers no transfer took up are void
+                    session.forget_offers()
+                    for name in mirror.partials.discard_unused():
+                        log.info(
+                            "%s: partial file dropped (the server sent no such version)", name
+                        )
                 self._subscribed = True
                 self._save_index(mirror.index)
                 self._emit("resync-complete", detail=action.path)
@@ -697,14 +741,23 @@ class SyncClient:
         if chunk.first:
             try:
                 target = mirror.target(chunk.parts)
-                if not chunk.eof:
-                    mirror.begin(chunk.parts, target)
+                if chunk.offset:  # the server resumed where our partial file ends
+                    why = mirror.resume(chunk.parts, target, chunk.offset, chunk.headers)
+                    if why:
+                        log.warning("%s: cannot resume (%s); fetching it again", chunk.name, why)
+                        self.result.refetched += 1
+                        self._perform(session, mirror, session.refetch(chunk.name, {}))
+                        return
+                    log.info("%s: resumed at byte %d", chunk.name, chunk.offset)
+                    self.result.resumed_bytes += chunk.offset
+                elif not chunk.eof:
+                    mirror.begin(chunk.parts, target, chunk.headers)
             except (OSError, UnsafePathError) as exc:
                 log.error("refused %s: %s (skipped)", chunk.name, exc)
                 self.result.refused += 1
                 self.result.errors += 1
                 return
-            if chunk.eof:  # the whole file in one message (many small files)
+            if chunk.eof and not chunk.offset:  # the whole file in one message (small files)
                 try:
                     ok, reason = mirror.place(chunk.parts, target, chunk.data, chunk.headers)
                 except (OSError, UnsafePathError) as exc:

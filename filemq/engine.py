@@ -25,6 +25,26 @@ format, so other FILEMQ peers can ignore them):
   (machine, device, inode and real path of its DEST, ``filemq.loopguard``); a
   server on the same machine answers SRSLY when DEST is inside a directory it
   publishes under that subscription (the mirror would copy itself without end).
+* **Version headers on the first chunk**: a file sent in several chunks carries
+  ``sha1``, ``size`` and ``mtime_ns`` on its first chunk too, so a client knows
+  which version it is receiving before the end (what a resumable partial file
+  records).
+* **Resume** (ICANHAZ option ``RESUME``): lines ``OFFSET SHA1 NAME`` (NAME a
+  virtual path under the ICANHAZ path, SHA1 the whole file's digest of the version
+  the client was receiving, OFFSET the bytes it holds, verified).  When the server
+  sends that file and its current version has that SHA-1, it starts at OFFSET (the
+  first chunk's ``offset``); otherwise at 0, which tells the client the file changed.
+  A client accepts a first chunk at a non-zero offset only where it offered one.
+* **Resync plan** (progress): the first operation a RESYNC queues carries the
+  headers ``resync-files`` and ``resync-bytes`` (files and content bytes that
+  resync is about to send).  A client may ignore them.
+* **Listing** (ICANHAZ option ``LIST=1``, with ``RESYNC=1``): the server sends, for
+  every file under the path, one CHEEZBURGER with ``operation=3`` (STAT): no
+  content, ``eof=1``, the ``sha1``/``size``/``mtime_ns`` headers; then the completion
+  marker.  A listing is not a subscription: no live changes follow.  Neither STAT
+  nor the markers cost credit (each waits for credit >= 1 byte, as any chunk): a
+  lister grants one byte, so a server that does not know ``LIST`` sends at most one
+  byte of content before the lister stops.
 """
 
 from __future__ import annotations
@@ -38,12 +58,16 @@ __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "DEFAULT_CREDIT_WINDOW",
     "DEFAULT_ENDPOINT",
+    "HEADER_BYTES",
+    "HEADER_FILES",
     "HEADER_MTIME",
     "HEADER_PATH",
     "HEADER_RESYNC",
     "HEADER_SHA1",
     "HEADER_SIZE",
+    "OPTION_LIST",
     "OPTION_MIRROR_DEST",
+    "OPTION_RESUME",
     "RESYNC_COMPLETE",
     "FilemqError",
     "LocalProtocolError",
@@ -73,16 +97,21 @@ HEADER_SIZE = "size"
 HEADER_MTIME = "mtime_ns"
 HEADER_RESYNC = "resync"
 HEADER_PATH = "path"
+HEADER_FILES = "resync-files"  # (first operation of a resync) files it will send
+HEADER_BYTES = "resync-bytes"  # (first operation of a resync) content bytes it will send
 RESYNC_COMPLETE = "complete"
 OPTION_MIRROR_DEST = "MIRROR-DEST"  # ICANHAZ option: where the mirror writes (loopguard)
+OPTION_RESUME = "RESUME"  # ICANHAZ option: "OFFSET SHA1 NAME" lines (partial files held)
+OPTION_LIST = "LIST"  # ICANHAZ option: "1" asks for a listing (metadata only)
 
 
 class Operation(IntEnum):
-    """CHEEZBURGER operation codes (0 is this implementation's resync marker)."""
+    """CHEEZBURGER operation codes (0 and 3 are this implementation's additions)."""
 
-    MARKER = 0
+    MARKER = 0  # resync start/complete
     CREATE = 1
     DELETE = 2
+    STAT = 3  # a listing entry: metadata only (ICANHAZ option LIST)
 
 
 class FilemqError(Exception):

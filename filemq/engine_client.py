@@ -16,7 +16,20 @@ unexpected command.  The I/O layer then drops any partial file and reconnects.
 
 Credit is a sliding window: ``window`` bytes are granted after OHAI-OK and
 every ``window // 4`` bytes received are granted again, so the server always has
-3/4 of a window to send while the client writes.
+3/4 of a window to send while the client writes.  With a bandwidth cap (``rate``
+bytes/s, ``filemq.ratelimit``) credit is granted only as a token bucket allows
+(the window shrinks to the bucket's size; ``tick(now)`` grants what accrued): the
+server never has credit for more than ``burst + rate * t`` bytes by time ``t``.
+
+Resume (``offer_resume``, before the ICANHAZ): partial files the client holds go
+out in the ICANHAZ option ``RESUME`` (``filemq.engine``).  A first chunk at a
+non-zero offset is accepted only at the offset offered for that file (else a
+protocol error); any first chunk of a file uses up its offer (at offset 0: the
+server's version changed).  ``forget_offers`` drops the offers left unused.
+
+Listing (``listing=True``): the ICANHAZ carries ``LIST=1``; STAT operations become
+``FileListed`` actions; file content is a protocol error (a server that does not
+know ``LIST``).  STAT anywhere else is a protocol error too.
 
 A file ends with the chunk that has ``eof=1``: the last data chunk (this
 server on the spec wire) or an extra zero-length chunk after ``eof=0`` data
@@ -33,14 +46,19 @@ idle timer counts file traffic, not HUGZ/HUGZ-OK.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from filemq.engine import (
     DEFAULT_CREDIT_WINDOW,
+    HEADER_BYTES,
+    HEADER_FILES,
+    HEADER_PATH,
     HEADER_RESYNC,
+    OPTION_LIST,
+    OPTION_RESUME,
     RESYNC_COMPLETE,
     LocalProtocolError,
     Operation,
@@ -48,17 +66,20 @@ from filemq.engine import (
     Wire,
 )
 from filemq.paths import UnsafePathError, relative_parts, under_prefix, virtual_path
+from filemq.ratelimit import TokenBucket, burst_for
 
 __all__ = [
     "ClientSession",
     "ClientState",
     "FileChunk",
     "FileDelete",
+    "FileListed",
     "FileRefused",
     "PeerTimeout",
     "Refused",
     "Rejected",
     "ResyncDone",
+    "ResyncPlan",
     "Send",
     "ServerClosed",
     "Subscribed",
@@ -85,11 +106,27 @@ class Send:
 class FileChunk:
     name: str  # relative name under DEST
     parts: tuple[str, ...]
-    offset: int
+    offset: int  # a first chunk at offset > 0 resumes a partial file (offered)
     data: bytes
     first: bool
     eof: bool
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)  # of the first and last chunks
+
+
+@dataclass(frozen=True, slots=True)
+class FileListed:
+    """One entry of a listing (STAT): ``name`` relative to the path, the headers."""
+
+    name: str
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class ResyncPlan:
+    """A resync is about to send ``files`` files, ``bytes`` bytes of content."""
+
+    files: int
+    bytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +171,9 @@ Action = (
     | FileChunk
     | FileDelete
     | FileRefused
+    | FileListed
     | Subscribed
+    | ResyncPlan
     | ResyncDone
     | Refused
     | Rejected
@@ -164,9 +203,16 @@ class ClientSession:
         timeout: float = 30.0,
         reserved: Callable[[tuple[str, ...]], bool] | None = None,
         options: dict[str, str] | None = None,
+        rate: int | None = None,
+        listing: bool = False,
     ) -> None:
         if window < 1:
             raise ValueError("window must be >= 1 byte")
+        #: Bandwidth cap (bytes/s): credit is granted through this bucket.
+        self.bucket = None if rate is None else TokenBucket(rate, burst_for(rate), now)
+        if self.bucket is not None:
+            window = min(window, int(self.bucket.burst))
+        self.listing = listing
         self.wire = wire
         self.codec: Any = wire.codec
         self.path = virtual_path(path, directory=True)
@@ -180,6 +226,11 @@ class ClientSession:
         self.state = ClientState.START
         self._reserved = reserved
         self._options = {"RESYNC": "1", **(options or {})}  # of every ICANHAZ
+        if listing:
+            self._options[OPTION_LIST] = "1"
+        self._offers: dict[str, tuple[int, str]] = {}  # wire name -> (offset, sha1)
+        self._now = now
+        self._last_seq = 0
         self._last_heard = now
         self._last_sent = now
         self._expected_seq = 0
@@ -232,7 +283,47 @@ class ClientSession:
             wire_cache = {k: v for k, v in cache.items() if len(k.encode()) <= limit}
         self._pending_oks += 1
         self._pending_resyncs += 1
-        return self._send(self.codec.Icanhaz(path, self._options, wire_cache))
+        options = self._options
+        offers = [
+            f"{offset} {sha1} {name}"
+            for name, (offset, sha1) in self._offers.items()
+            if name.startswith(path)
+        ]
+        if offers:
+            options = {**options, OPTION_RESUME: "\n".join(offers)}
+        return self._send(self.codec.Icanhaz(path, options, wire_cache))
+
+    def _grant(self, now: float) -> list[Action]:
+        """Credit back for what the server used (as the cap's bucket allows)."""
+        grant = self._unreported
+        if self.bucket is not None:
+            grant = min(grant, self.bucket.available(now))
+        if grant < self.slice or grant <= 0:
+            return []
+        if self.bucket is not None:
+            self.bucket.take(grant, now)
+        self._outstanding += grant
+        self._unreported -= grant
+        return [self._send(self.codec.Nom(grant, self._last_seq))]
+
+    # -- resume -------------------------------------------------------------
+
+    def offer_resume(self, points: Mapping[str, tuple[int, str]]) -> None:
+        """Partial files held: relative name -> (bytes held and verified, SHA-1 of the
+        version being received).  Sent with every ICANHAZ whose path covers them."""
+        for rel, (offset, sha1) in points.items():
+            try:
+                relative_parts(rel)
+            except UnsafePathError:
+                continue
+            if offset > 0 and len(sha1) == 40:
+                self._offers[self.path + rel] = (offset, sha1.lower())
+
+    def forget_offers(self) -> list[str]:
+        """Drop the offers no file used; their relative names."""
+        names = [name[len(self.path) :] for name in self._offers]
+        self._offers.clear()
+        return names
 
     # -- driving ------------------------------------------------------------
 
@@ -248,10 +339,21 @@ class ClientSession:
             return []
         if now - self._last_heard > self.timeout:
             raise PeerTimeout(f"server silent for {now - self._last_heard:.1f} s")
-        if self.state is ClientState.ACTIVE and now - self._last_sent >= self.heartbeat:
+        if self.state is not ClientState.ACTIVE:
+            return []
+        actions = self._grant(now) if self.bucket is not None else []
+        if now - self._last_sent >= self.heartbeat:
             self._last_sent = now
-            return [self._send(self.codec.Hugz())]
-        return []
+            actions.append(self._send(self.codec.Hugz()))
+        return actions
+
+    def wakeup(self, now: float) -> float:
+        """Seconds until ``tick`` may grant capped credit (inf when nothing waits)."""
+        if self.bucket is None or self.state is not ClientState.ACTIVE:
+            return float("inf")
+        if self._unreported < self.slice:
+            return float("inf")
+        return self.bucket.wait(self.slice, now)
 
     def restart_timers(self, now: float) -> None:
         """The I/O layer was busy (scanning DEST): start the silence timers again."""
@@ -287,7 +389,7 @@ class ClientSession:
             if not exc.signature_ok:
                 return []
             raise RemoteProtocolError(f"malformed message from server: {exc.reason}") from None
-        self._last_heard = now
+        self._last_heard = self._now = now
         if msg.ID not in self._heartbeats:
             self.last_traffic = now
         handler = self._table.get((self.state, msg.ID))
@@ -301,6 +403,8 @@ class ClientSession:
         self.state = ClientState.ACTIVE
         icanhaz = self._icanhaz(self.path, self.cache)
         self._outstanding = self.window
+        if self.bucket is not None:
+            self.bucket.take(self.window, self._now)
         return [icanhaz, self._send(self.codec.Nom(self.window, 0))]
 
     def _on_icanhaz_ok(self, msg: Any) -> list[Action]:
@@ -350,11 +454,13 @@ class ClientSession:
         if self._outstanding < 0:
             raise RemoteProtocolError("server sent more data than the credit granted")
         self._unreported += size
+        self._last_seq = msg.sequence
         actions = self._apply(msg)
+        if HEADER_FILES in msg.headers:  # the first operation of a resync: its plan
+            plan = _count(msg.headers[HEADER_FILES]), _count(msg.headers.get(HEADER_BYTES))
+            actions.insert(0, ResyncPlan(*plan))
         if self._unreported >= self.slice:
-            actions.append(self._send(self.codec.Nom(self._unreported, msg.sequence)))
-            self._outstanding += self._unreported
-            self._unreported = 0
+            actions += self._grant(self._now)
         return actions
 
     def _apply(self, msg: Any) -> list[Action]:
@@ -365,8 +471,16 @@ class ClientSession:
                 raise RemoteProtocolError("resync marker inside a file transfer")
             if msg.headers.get(HEADER_RESYNC) == RESYNC_COMPLETE and self._pending_resyncs > 0:
                 self._pending_resyncs -= 1
-                return [ResyncDone(msg.headers.get("path", self.path))]
+                return [ResyncDone(msg.headers.get(HEADER_PATH, self.path))]
             return []
+        if op == Operation.STAT:
+            if not self.listing or self._current is not None or msg.chunk:
+                raise RemoteProtocolError("STAT outside a listing, or with content")
+            try:
+                rel, _parts = self._map_name(msg.filename)
+            except UnsafePathError as exc:
+                return [FileRefused(msg.filename, str(exc))]
+            return [FileListed(rel, dict(msg.headers))]
         if op == Operation.DELETE:
             if self._current is not None:
                 raise RemoteProtocolError("delete inside a file transfer")
@@ -377,19 +491,23 @@ class ClientSession:
             return [FileDelete(rel, parts)]
         if op != Operation.CREATE:
             raise RemoteProtocolError(f"unknown CHEEZBURGER operation {op}")
+        if self.listing:  # even an empty file: a server that knows LIST sends STAT only
+            raise RemoteProtocolError("a file sent to a listing (the server lacks LIST)")
         actions: list[Action] = []
         current = self._current
+        first = current is None
         if current is None:
             if not msg.chunk and ended == (msg.filename, msg.offset) and msg.offset:
                 return actions  # eof on the last data chunk, then the empty chunk too
-            if msg.offset != 0:
+            offer = self._offers.pop(msg.filename, None)  # used up either way
+            if msg.offset != 0 and (offer is None or offer[0] != msg.offset):
                 raise RemoteProtocolError(f"{msg.filename!r}: first chunk at offset {msg.offset}")
             try:
                 rel, parts = self._map_name(msg.filename)
-                current = _Transfer(msg.filename, parts)
+                current = _Transfer(msg.filename, parts, msg.offset)
             except UnsafePathError as exc:
                 actions.append(FileRefused(msg.filename, str(exc)))
-                current = _Transfer(msg.filename, None)
+                current = _Transfer(msg.filename, None, msg.offset)
             self._current = current
         elif msg.filename != current.wire_name:
             raise RemoteProtocolError(
@@ -399,7 +517,6 @@ class ClientSession:
             raise RemoteProtocolError(
                 f"{msg.filename!r}: offset {msg.offset}, expected {current.next_offset}"
             )
-        first = current.next_offset == 0
         current.next_offset += len(msg.chunk)
         if current.parts is not None:
             actions.append(
@@ -410,10 +527,15 @@ class ClientSession:
                     msg.chunk,
                     first,
                     bool(msg.eof),
-                    msg.headers if msg.eof else {},
+                    msg.headers if msg.eof or first else {},
                 )
             )
         if msg.eof:
             self._current = None
             self._ended = (current.wire_name, current.next_offset)
         return actions
+
+
+def _count(text: str | None) -> int:
+    """A non-negative count from a header ('' or garbage: 0)."""
+    return int(text) if text is not None and text.isdigit() and len(text) < 20 else 0

@@ -20,7 +20,13 @@ Rules enforced here:
   ``min(chunk_size, credit, bytes left)`` so there is no livelock at any credit;
   empty files, deletes and the resync marker cost no credit;
 * the chunks of one file are consecutive; sequence numbers count CHEEZBURGERs
-  per client from 0; the last chunk has eof=1 and the sha1/size/mtime_ns headers;
+  per client from 0; the last chunk has eof=1 and the sha1/size/mtime_ns headers,
+  and so has the first chunk of a file sent in several;
+* a file the client holds part of (ICANHAZ option ``RESUME``, ``resume_points``)
+  starts at that offset when its version (SHA-1) is the one the client was
+  receiving (``resume_from``), else at 0;
+* a listing (ICANHAZ option ``LIST=1``) is answered with STAT operations (no
+  content) and is not a subscription: no live changes follow it;
 * on a wire with ``empty_final_chunk`` (``--wire czmq``) every data chunk has
   eof=0 and a file ends with one more chunk, zero-length, eof=1, at offset =
   bytes sent, carrying those headers: the reference C client closes a file on a
@@ -33,17 +39,21 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
 from filemq.engine import (
     DEFAULT_CHUNK_SIZE,
+    HEADER_BYTES,
+    HEADER_FILES,
     HEADER_MTIME,
     HEADER_PATH,
     HEADER_RESYNC,
     HEADER_SHA1,
     HEADER_SIZE,
+    OPTION_LIST,
+    OPTION_RESUME,
     RESYNC_COMPLETE,
     Operation,
     Wire,
@@ -60,7 +70,10 @@ __all__ = [
     "ServerSession",
     "SessionState",
     "Subscribe",
+    "plan_headers",
     "resolve_cache",
+    "resume_from",
+    "resume_points",
 ]
 
 log = logging.getLogger(__name__)
@@ -68,6 +81,7 @@ log = logging.getLogger(__name__)
 #: (client key or "", subscription path) -> allowed?
 AccessPolicy = Callable[[str, str], bool]
 _MAX_CREDIT = (1 << 63) - 1
+_MAX_RESUME_POINTS = 64  # RESUME lines read from one ICANHAZ (a client holds a few)
 
 
 class SessionState(Enum):
@@ -87,8 +101,9 @@ class FileOp:
     size: int = 0
     mtime_ns: int = 0
     sha1: str = ""
-    headers: tuple[tuple[str, str], ...] = ()  # extra headers (the marker's)
+    headers: tuple[tuple[str, str], ...] = ()  # extra headers (first chunk only)
     inode: int = -1  # of the indexed version (the server checks it before sending)
+    start: int = 0  # first byte to send (a resumed transfer: the client holds the rest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +130,11 @@ class Subscribe:
     resync: bool
     cache: dict[str, str] = field(default_factory=dict)  # virtual path -> sha1 hex
     options: dict[str, str] = field(default_factory=dict)  # ICANHAZ options, as sent
+
+    @property
+    def listing(self) -> bool:
+        """Only a listing is asked for (STAT operations, no content)."""
+        return self.options.get(OPTION_LIST) == "1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +171,51 @@ def resolve_cache(path: str, cache: dict[str, str]) -> dict[str, str]:
             continue
         out[name] = digest.lower()
     return out
+
+
+def plan_headers(ops: list[FileOp]) -> list[FileOp]:
+    """``ops`` (one resync's) with the resync plan headers on the first: how many files
+    and content bytes they send (``filemq.engine``, for a client's progress)."""
+    creates = [op for op in ops if op.operation is Operation.CREATE]
+    if not creates:
+        return ops
+    size = sum(op.size - op.start for op in creates)
+    plan = ((HEADER_FILES, str(len(creates))), (HEADER_BYTES, str(size)))
+    return [replace(ops[0], headers=ops[0].headers + plan), *ops[1:]]
+
+
+def resume_points(path: str, options: dict[str, str]) -> dict[str, tuple[int, str]]:
+    """The ``RESUME`` option: virtual name -> (offset, SHA-1) of the partial files a
+    client holds under ``path``.  Malformed lines and names elsewhere are ignored;
+    at most ``_MAX_RESUME_POINTS`` lines are read."""
+    text = options.get(OPTION_RESUME)
+    if not text:
+        return {}
+    points: dict[str, tuple[int, str]] = {}
+    for line in text.split("\n")[:_MAX_RESUME_POINTS]:
+        offset, _, rest = line.partition(" ")
+        sha1, _, name = rest.partition(" ")
+        if not (offset.isdigit() and len(offset) < 20 and len(sha1) == 40):
+            continue
+        try:
+            if virtual_path(name) != name or not name.startswith(path):
+                continue
+        except UnsafePathError:
+            continue
+        points[name] = (int(offset), sha1.lower())
+    return points
+
+
+def resume_from(op: FileOp, points: dict[str, tuple[int, str]]) -> FileOp:
+    """``op`` starting where the client's partial copy ends, when that copy is of this
+    very version (same SHA-1) and inside it; else ``op`` unchanged (from byte 0)."""
+    point = points.get(op.name)
+    if point is None or op.operation is not Operation.CREATE:
+        return op
+    offset, sha1 = point
+    if sha1 != op.sha1.lower() or not 0 < offset < op.size:
+        return op
+    return replace(op, start=offset)
 
 
 class ServerSession:
@@ -248,12 +313,14 @@ class ServerSession:
             return self._srsly(f"path refused: {exc}")
         if self._access is not None and not self._access(self.peer_key, raw):
             return self._srsly(f"access to {raw[:200]} refused")
+        subscribe = Subscribe(raw, msg.options.get("RESYNC") == "1", {}, dict(msg.options))
+        if subscribe.listing:  # a listing, not a subscription: no live changes
+            return [Reply(self.codec.encode(self.codec.IcanhazOk())), subscribe]
         if not any(raw.startswith(p) for p in self.subscriptions):
             self.subscriptions = [p for p in self.subscriptions if not p.startswith(raw)]
             self.subscriptions.append(raw)
-        resync = msg.options.get("RESYNC") == "1"
-        cache = resolve_cache(raw, msg.cache) if resync else {}
-        subscribe = Subscribe(raw, resync, cache, dict(msg.options))
+        if subscribe.resync:
+            subscribe = replace(subscribe, cache=resolve_cache(raw, msg.cache))
         return [Reply(self.codec.encode(self.codec.IcanhazOk())), subscribe]
 
     def refuse(self, reason: str) -> list[Action]:
@@ -335,27 +402,32 @@ class ServerSession:
             return None
         if self._current is None:
             self._current = self._pop()
-            self._offset = 0
             self._ending = False
             if self._current is None:
                 return None
+            self._offset = self._current.start
         op = self._current
         if op.operation is not Operation.CREATE:
             return ChunkPlan(op, 0, 0, True, True)
         left = op.size - self._offset
+        first = self._offset == op.start
         if self._empty_final:
             if self._ending or left <= 0:  # the zero-length chunk that ends the file
-                return ChunkPlan(op, self._offset, 0, self._offset == 0, True)
+                return ChunkPlan(op, self._offset, 0, first, True)
             size = min(self.chunk_size, self.credit, left)
-            return ChunkPlan(op, self._offset, size, self._offset == 0, False)
+            return ChunkPlan(op, self._offset, size, first, False)
         size = min(self.chunk_size, self.credit, left)
-        return ChunkPlan(op, self._offset, size, self._offset == 0, size >= left)
+        return ChunkPlan(op, self._offset, size, first, size >= left)
+
+    def _started(self) -> bool:
+        return self._current is not None and self._offset != self._current.start
 
     def replace_current(self, op: FileOp) -> ChunkPlan | None:
         """Before the first chunk went out: the file changed; send version ``op`` instead."""
-        if self._current is None or self._offset != 0:
+        if self._current is None or self._started():
             raise ValueError("replace_current only before the first chunk")
         self._current = op
+        self._offset = op.start
         return self.next_chunk()
 
     def skip_current(self) -> None:
@@ -363,7 +435,7 @@ class ServerSession:
 
         (Not a delete: the client keeps whatever copy it has.)
         """
-        if self._current is None or self._offset != 0:
+        if self._current is None or self._started():
             raise ValueError("skip_current only before the first chunk")
         self._current = None
 
@@ -381,15 +453,17 @@ class ServerSession:
         operation = op.operation
         if data is None:
             data = b""
-            if operation is Operation.CREATE and plan.offset == 0:
+            if operation is Operation.CREATE and plan.first:
                 operation = Operation.DELETE
         if self._empty_final and operation is Operation.CREATE and data:
             eof = False  # a data chunk never ends a file: the empty chunk does
             self._ending = len(data) < plan.size  # a short read: the end comes next
         else:
             eof = plan.eof or len(data) < plan.size or operation is not Operation.CREATE
-        headers: dict[str, str] = dict(op.headers)
-        if eof and operation is Operation.CREATE:
+        headers: dict[str, str] = dict(op.headers) if plan.first else {}
+        if operation is Operation.STAT or (
+            operation is Operation.CREATE and (eof or plan.first)
+        ):  # the version: on the last chunk, the first (the file is resumable) and a STAT
             headers[HEADER_SHA1] = op.sha1
             headers[HEADER_SIZE] = str(op.size)
             headers[HEADER_MTIME] = str(op.mtime_ns)

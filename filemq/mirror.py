@@ -13,6 +13,13 @@ file arrives as one or more CHEEZBURGER chunks; the last one carries the
 * A longer file goes through ``begin()`` / ``write()`` / ``finish()``: chunks are
   written to the temp file as they come and hashed on the way; ``finish()``
   verifies and renames, or discards the temp file.
+* A file of at least ``resume_min`` bytes (default 8 MiB) whose first chunk names
+  its version is written to a *partial file* with a journal instead
+  (``filemq.partial``): when the transfer stops (``abort()``: connection lost, the
+  mirror stopped, a write failed; or the process killed) both stay, and the next
+  session proves them (``resume_points()``) and offers them to the server;
+  ``resume()`` takes one up where the server restarts.  The whole file is still
+  verified by its SHA-1 before the rename; when that fails the partial file goes.
 
 Either way DEST never shows a partial file, and a replaced file has exactly the
 new size.  Verified files are recorded in the index with the SHA-1 just
@@ -37,7 +44,9 @@ changed).
 
 Names FILEMQ keeps in DEST all start with ``TEMP_PREFIX`` (never indexed,
 published or accepted from a server): temp files ``.filemq-part-<pid>-<n>``
-and the lock ``LOCK_NAME`` (``filemq.destlock``), which ``clean_temp`` keeps.
+and the lock ``LOCK_NAME`` (``filemq.destlock``), which ``clean_temp`` keeps, and
+the partial files ``PARTIAL_PREFIX...`` with their journals, which it leaves to
+``filemq.partial``.
 """
 
 from __future__ import annotations
@@ -52,6 +61,7 @@ from typing import Any
 
 from filemq.engine import HEADER_MTIME, HEADER_SHA1, HEADER_SIZE
 from filemq.index import FileEntry, FileIndex
+from filemq.partial import Journal, PartialStore, ResumePoint, Version
 from filemq.paths import (
     UnsafePathError,
     open_dir_beneath,
@@ -60,7 +70,7 @@ from filemq.paths import (
     safe_target,
 )
 
-__all__ = ["LOCK_NAME", "TEMP_PREFIX", "Mirror"]
+__all__ = ["LOCK_NAME", "PARTIAL_PREFIX", "RESUME_MIN_SIZE", "TEMP_PREFIX", "Mirror"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +78,10 @@ log = logging.getLogger(__name__)
 TEMP_PREFIX = ".filemq-part-"
 #: The lock file of the process mirroring into DEST (``filemq.destlock``).
 LOCK_NAME = TEMP_PREFIX + "lock"
+#: Resumable partial files and their journals (``filemq.partial``).
+PARTIAL_PREFIX = TEMP_PREFIX + "resume-"
+#: Files at least this big are received into resumable partial files.
+RESUME_MIN_SIZE = 8 << 20
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -111,8 +125,11 @@ def _stamp_and_close(fd: int, headers: dict[str, str]) -> os.stat_result:
 class Mirror:
     """Writes into DEST (``root``) and keeps its ``index`` up to date; see the module doc."""
 
-    def __init__(self, root: Path, index: FileIndex) -> None:
+    def __init__(self, root: Path, index: FileIndex, *, resume_min: int = RESUME_MIN_SIZE) -> None:
         self.root = root
+        self.resume_min = resume_min
+        self.partials = PartialStore(root, PARTIAL_PREFIX)
+        self._journal: Journal | None = None  # the file being received is resumable
         self._root = str(root)
         self.index = index
         self._safe_dirs: set[tuple[str, ...]] = set()
@@ -131,6 +148,7 @@ class Mirror:
             if (
                 entry.name.startswith(TEMP_PREFIX)
                 and entry.name != LOCK_NAME
+                and not self.partials.owns(entry.name)
                 and entry.is_file(follow_symlinks=False)
             ):
                 os.unlink(entry.path)
@@ -234,20 +252,56 @@ class Mirror:
         """A file is being received in chunks."""
         return self._fd >= 0
 
-    def begin(self, parts: tuple[str, ...], target: str) -> None:
-        """Start a file received in chunks, going to ``target`` (from ``target()``)."""
+    def begin(
+        self, parts: tuple[str, ...], target: str, headers: dict[str, str] | None = None
+    ) -> None:
+        """Start a file received in chunks, going to ``target`` (from ``target()``);
+        ``headers`` of its first chunk (a big file's version: resumable)."""
         self.abort()
         self._target_path = target
-        tmp = self._temp_name()
-        self._fd = os.open(tmp, _TEMP_FLAGS, 0o666)
+        name = "/".join(parts)
+        version = Version.from_headers(headers or {})
+        if version is not None and version.size >= self.resume_min:
+            self._fd, self._journal = self.partials.start(name, version)
+            tmp = self.partials.data_path(name)
+        else:
+            self.partials.discard(name)
+            tmp = self._temp_name()
+            self._fd = os.open(tmp, _TEMP_FLAGS, 0o666)
         self._tmp, self._parts = tmp, parts
         self._sha1 = _sha1()
         self._size = 0
+
+    def resume_points(self) -> list[ResumePoint]:
+        """Partial files left by an interrupted transfer, proven (``filemq.partial``)."""
+        return self.partials.scan()
+
+    def resume(
+        self, parts: tuple[str, ...], target: str, offset: int, headers: dict[str, str]
+    ) -> str:
+        """Take up the partial file of ``parts`` at ``offset`` (the server resumed there):
+        '' when done, else why not (the partial file is gone; fetch from zero)."""
+        self.abort()
+        name = "/".join(parts)
+        version = Version.from_headers(headers)
+        if version is None:
+            self.partials.discard(name)
+            return "the server named no version"
+        taken = self.partials.resume(name, offset, version)
+        if taken is None:
+            return f"no partial file of this version up to byte {offset}"
+        self._fd, self._journal, self._sha1 = taken
+        self._target_path = target
+        self._tmp, self._parts = self.partials.data_path(name), parts
+        self._size = offset
+        return ""
 
     def write(self, data: bytes) -> None:
         _write_all(self._fd, data)
         self._sha1.update(data)
         self._size += len(data)
+        if self._journal is not None:
+            self._journal.checkpoint(self._size, self._sha1)
 
     def finish(self, headers: dict[str, str]) -> tuple[bool, str]:
         """Verify and rename into place: (verified, reason).
@@ -256,27 +310,40 @@ class Mirror:
         """
         fd, self._fd = self._fd, -1
         tmp, self._tmp = self._tmp, ""
+        journal, self._journal = self._journal, None
+        name = "/".join(self._parts)
+        if journal is not None:
+            journal.close()
         try:
             st = _stamp_and_close(fd, headers)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+            self.partials.forget_journal(name)
             raise
         parts, digest = self._parts, self._sha1.hexdigest()
         reason = _verify(self._size, digest, headers)
         if reason:
             os.unlink(tmp)
+            self.partials.forget_journal(name)
             return False, reason
-        self._rename_into_place(tmp, parts, self._target_path)
-        name = "/".join(parts)
+        try:
+            self._rename_into_place(tmp, parts, self._target_path)
+        finally:
+            self.partials.forget_journal(name)
         self.index.record(FileEntry(name, st.st_size, st.st_mtime_ns, st.st_ino, digest))
         return True, ""
 
     def abort(self) -> None:
-        """Drop the file being received (its temp file goes)."""
+        """Stop receiving the file being received: a resumable partial file stays (with
+        its journal) for the next session; any other temp file goes."""
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
+            self._tmp = ""
         if self._tmp:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._tmp)

@@ -32,6 +32,11 @@ When the state folder is inside a published directory it is not published.
 
 A mirror writing inside what it mirrors is refused (``filemq.loopguard``).
 
+Bandwidth cap (``bwlimit``, bytes/s): one token bucket (``filemq.ratelimit``) for
+all clients together; the pump sends a chunk only while the bucket holds tokens and
+spends its size, the loop waits for the next token otherwise.  Listings, deletes and
+markers carry no content and cost nothing.
+
 Containment: every file the server opens, stats, lists or hashes is reached
 through ``filemq.paths`` (no symbolic link below a mount's directory is ever
 followed), whatever named it: a client's exact-path ICANHAZ, a watcher's
@@ -77,9 +82,13 @@ from filemq.engine_server import (
     ServerSession,
     SessionState,
     Subscribe,
+    plan_headers,
+    resume_from,
+    resume_points,
 )
 from filemq.index import FileEntry, FileIndex, IndexDelta
 from filemq.paths import absent, local_parts, open_beneath, relative_inside, virtual_path
+from filemq.ratelimit import TokenBucket, burst_for
 from filemq.state import load_index, server_index_path, server_state_dir
 from filemq.walk import DEFAULT_IGNORE, PathFilter
 
@@ -156,6 +165,7 @@ class FileServer:
         state_dir: str | os.PathLike[str] | None = None,
         save_interval: float = 30.0,
         indexes_live: bool = False,
+        bwlimit: int | None = None,
     ) -> None:
         if not mounts:
             raise ValueError("publish at least one directory")
@@ -189,6 +199,12 @@ class FileServer:
         self.indexes_live = indexes_live
         #: Rescans done (requested, periodic or after a watcher's overflow).
         self.rescans = 0
+        #: File content bytes sent to clients gone (all of them once stopped).
+        self.sent_bytes = 0
+        #: Bandwidth cap for all clients together (bytes/s; ``filemq.ratelimit``).
+        self._bucket = (
+            None if bwlimit is None else TokenBucket(bwlimit, burst_for(bwlimit), time.monotonic())
+        )
         self._refreshed = {m.virtual: float("-inf") for m in self.mounts}  # last full refresh
         self._sessions: dict[bytes, ServerSession] = {}
         self._stalled: dict[bytes, deque[list[bytes]]] = {}
@@ -359,6 +375,8 @@ class FileServer:
             while True:
                 busy = self._pump()
                 timeout = 0 if busy else (10 if self._stalled else 250)
+                if not busy and self._bucket is not None:
+                    timeout = min(timeout, self._throttled_ms())
                 events = dict(poller.poll(timeout))
                 if ctl in events and not self._control(ctl):
                     break
@@ -379,6 +397,8 @@ class FileServer:
         finally:
             for client in list(self._files):
                 self._close_file(client)
+            self.sent_bytes += sum(s.sent_bytes for s in self._sessions.values())
+            self._sessions.clear()
             router.close()
             ctl.close()
             self._router = None
@@ -476,7 +496,9 @@ class FileServer:
                 self._drop(client)
 
     def _drop(self, client: bytes) -> None:
-        self._sessions.pop(client, None)
+        session = self._sessions.pop(client, None)
+        if session is not None:
+            self.sent_bytes += session.sent_bytes
         self._stalled.pop(client, None)
         self._close_file(client)
 
@@ -527,12 +549,16 @@ class FileServer:
         if self._stalled:
             self._flush_stalled()
         budget = _PUMP_BUDGET
+        bucket = self._bucket
         active = [s for s in self._sessions.values() if s.has_work()]
         while active and budget > 0:
             ready = []
             for session in active:
                 if session.client_id in self._stalled:
                     continue
+                if bucket is not None and bucket.available(time.monotonic()) <= 0:
+                    return False  # capped: the loop waits for tokens (_throttled_ms)
+                sent = session.sent_bytes
                 try:
                     plan = session.next_chunk()
                     if plan is None:
@@ -542,6 +568,8 @@ class FileServer:
                     log.exception("client %s: cannot send; dropped", session.client_id.hex())
                     self._drop(session.client_id)
                     continue
+                if bucket is not None:
+                    bucket.take(session.sent_bytes - sent, time.monotonic())
                 budget -= 1
                 if frames is None:  # nothing to send for that file (unreadable now)
                     if session.has_work():
@@ -553,6 +581,13 @@ class FileServer:
         return any(
             s.has_work() and s.client_id not in self._stalled for s in self._sessions.values()
         )
+
+    def _throttled_ms(self) -> int:
+        """With a cap: how long the loop may wait before tokens let a chunk go."""
+        assert self._bucket is not None
+        if not any(s.has_work() for s in self._sessions.values()):
+            return 250
+        return int(self._bucket.wait(1, time.monotonic()) * 1000) + 1
 
     def _build(
         self, session: ServerSession, plan: ChunkPlan, *, retry: bool = True
@@ -646,10 +681,12 @@ class FileServer:
                 return mount, name[len(mount.prefix) :]
         return None
 
-    def _op(self, mount: Mount, entry: FileEntry) -> FileOp:
+    def _op(
+        self, mount: Mount, entry: FileEntry, operation: Operation = Operation.CREATE
+    ) -> FileOp:
         return FileOp(
             mount.prefix + entry.name,
-            Operation.CREATE,
+            operation,
             os.path.join(mount.directory, entry.name),
             entry.size,
             entry.mtime_ns,
@@ -710,6 +747,51 @@ class FileServer:
         )
         if not sub.resync:
             return
+        files = self._files_under(session, sub)
+        if sub.listing:
+            ops = [self._op(*files[name], Operation.STAT) for name in sorted(files)]
+            session.enqueue(ops)
+            session.enqueue_marker(sub.path)
+            log.info(
+                "client %s: listing of %s: %d files", session.client_id.hex(), sub.path, len(ops)
+            )
+            return
+        cache = sub.cache
+        # deletes first, then creates; each sorted, and only what must be sent is sorted
+        # (a no-change resync of 10,000 files sorts nothing)
+        deletes = [
+            name
+            for name in cache
+            if name not in files
+            and name.startswith(sub.path)
+            and not self._denied(name)
+            and not self._held(name)
+        ]
+        deletes.sort()
+        ops = [FileOp(name, Operation.DELETE) for name in deletes]
+        creates = [name for name, (_m, entry) in files.items() if cache.get(name) != entry.sha1]
+        creates.sort()
+        points = resume_points(sub.path, sub.options)
+        for name in creates:
+            op = resume_from(self._op(*files[name]), points)
+            if op.start:
+                log.info(
+                    "client %s: %s resumes at byte %d", session.client_id.hex(), name, op.start
+                )
+            ops.append(op)
+        session.enqueue(plan_headers(ops))
+        session.enqueue_marker(sub.path)
+        log.info(
+            "client %s: resync of %s queues %d operations",
+            session.client_id.hex(),
+            sub.path,
+            len(ops),
+        )
+
+    def _files_under(
+        self, session: ServerSession, sub: Subscribe
+    ) -> dict[str, tuple[Mount, FileEntry]]:
+        """Every file published under ``sub.path`` (virtual name -> its mount and entry)."""
         files: dict[str, tuple[Mount, FileEntry]] = {}
         for mount in self.mounts:
             prefix = mount.prefix
@@ -738,32 +820,7 @@ class FileServer:
                 ):
                     continue
                 files[name] = (mount, entry)
-        cache = sub.cache
-        # deletes first, then creates; each sorted, and only what must be sent is sorted
-        # (a no-change resync of 10,000 files sorts nothing)
-        deletes = [
-            name
-            for name in cache
-            if name not in files
-            and name.startswith(sub.path)
-            and not self._denied(name)
-            and not self._held(name)
-        ]
-        deletes.sort()
-        ops = [FileOp(name, Operation.DELETE) for name in deletes]
-        creates = [name for name, (_m, entry) in files.items() if cache.get(name) != entry.sha1]
-        creates.sort()
-        for name in creates:
-            mount, entry = files[name]
-            ops.append(self._op(mount, entry))
-        session.enqueue(ops)
-        session.enqueue_marker(sub.path)
-        log.info(
-            "client %s: resync of %s queues %d operations",
-            session.client_id.hex(),
-            sub.path,
-            len(ops),
-        )
+        return files
 
     def _publish(self, mount: Mount, delta: IndexDelta, skip: ServerSession | None = None) -> None:
         ops = [self._op(mount, e) for e in delta.changed]

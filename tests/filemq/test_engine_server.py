@@ -290,8 +290,10 @@ def test_czmq_wire_ends_every_file_with_an_empty_chunk(chunk: int, credit: int) 
         assert all(c.chunk for c in mine[:-1]) and mine[-1].chunk == b""  # one empty, last
         assert [c.eof for c in mine] == [0] * (len(mine) - 1) + [1]
         assert mine[-1].offset == len(data)
-        assert mine[-1].headers == {"sha1": n * 40, "size": str(len(data)), "mtime_ns": "5"}
-        assert all(not c.headers for c in mine[:-1])
+        version = {"sha1": n * 40, "size": str(len(data)), "mtime_ns": "5"}
+        assert mine[-1].headers == version
+        assert mine[0].headers == version  # the first chunk names the version too (resume)
+        assert all(not c.headers for c in mine[1:-1])
     assert chunks[-1].operation == 0 and chunks[-1].headers["resync"] == "complete"
 
 

@@ -251,7 +251,7 @@ def test_progress_line_on_a_tty(tmp_path: Path, serve: Serve, sync_once: Sync) -
     server = serve(tmp_path / "src")
     out = Tty()
     sync_once(server.endpoint, tmp_path / "dest", progress=out)
-    assert "2 files" in out.getvalue() and "MiB/s" in out.getvalue()
+    assert "2/2 files: 100%" in out.getvalue() and "B/s" in out.getvalue()
 
 
 def test_asking_again_for_one_file_rechecks_it(
