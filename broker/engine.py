@@ -262,7 +262,7 @@ class Engine(EngineClients):
             out.append(Outgoing(client.id, pull_marker(rid, name, qid, token or "")))
             out.append(Outgoing(client.id, pull_marker(rid, name, qid, NoContent.END)))
             return
-        queue.pull(client, frame, now, out, self.config.max_pull_count)
+        queue.pull(client, frame, now, out, self.config.limits.max_pull_count)
 
     # ------------------------------------------------------------------ time
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from broker.limits import Limits
 from broker.protocol import QueueStatus
 
 
@@ -251,10 +252,8 @@ class BrokerConfig:
     auto_create_queue: bool = True
     node_name: str = "zerohub"
     wall_clock: Callable[[], float] = time.time
-    #: Most queue messages one pull request may ask for (Count header).
-    max_pull_count: int = 10_000
-    #: Most outstanding direct requests (pending response) tracked per client.
-    max_pending_requests: int = 100_000
+    #: Bounds of every table clients can grow (``broker.limits``; ``[limits]`` in the config).
+    limits: Limits = field(default_factory=Limits)
     #: Routers to create at start, as JSON objects: ``{"Name": "r", "Method": "RoundRobin",
     #: "Bindings": [{"Name": "b", "Type": "Queue", "Target": "ch", "Queue": 1}, ...]}``.
     routers: tuple[Mapping[str, Any], ...] = ()

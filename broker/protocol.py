@@ -107,6 +107,9 @@ class Header:
     PRIORITY_MESSAGES = "Priority-Messages"
     MESSAGES = "Messages"
     REASON = "Reason"
+    #: Issued in the connect response; a client reconnecting under its id sends it back
+    #: as a connection-info property to prove it owns the session (see broker.server_peers).
+    SESSION_SECRET = "Session-Secret"
 
 
 def header(frame: tmqp.Frame, name: str, default: str | None = None) -> str | None:

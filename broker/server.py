@@ -18,9 +18,12 @@ passes through unchanged is forwarded as the octets received; engine output is
 handed to libzmq in batches (``ServerOptions.send_batch``), in order with every
 other frame the server sends, so that libzmq's I/O thread is woken once per batch.
 
-Bad input never stops the loop: oversize, undecodable or multi-part messages
-get a ``RESPONSE`` with a status code and a ``Reason`` header (echoing the
-message id when it can be read), and an engine exception answers ``FAILED``.
+Bad input never stops the loop: undecodable or multi-part messages get a
+``RESPONSE`` with a status code and a ``Reason`` header (echoing the message id
+when it can be read), and an engine exception answers ``FAILED``.  A message
+larger than ``max_frame_size`` never gets here: it is the socket's
+ZMQ_MAXMSGSIZE, so libzmq drops the sender's connection as soon as it announces
+the size, without buffering the message.
 
 :class:`Server` is built in layers, one module each (each a base class of the next):
 ``broker.server_send`` (the send path and backlogs), ``broker.server_peers`` (handshake,
@@ -84,6 +87,11 @@ _ids = itertools.count(1)
 STATS_OPERATION = int(Operation.STATS)
 
 _READY = PeerState.READY
+#: Octets CURVE adds to a message on the wire (command name, nonce, box), which libzmq
+#: counts against ZMQ_MAXMSGSIZE.
+_CURVE_OVERHEAD = 64
+#: Largest ZMQ_HEARTBEAT_TTL libzmq accepts (milliseconds).
+_MAX_HEARTBEAT_TTL = 6_553_599
 
 
 class Server(PeerSessions):
@@ -134,10 +142,16 @@ class Server(PeerSessions):
         try:
             sock.linger = int(opts.linger * 1000)
             sock.router_mandatory = True
-            sock.router_handover = True
+            # a new connection never takes over the routing id of a live one
+            sock.router_handover = False
             sock.sndhwm = opts.hwm
             sock.rcvhwm = opts.hwm
-            sock.maxmsgsize = 4 * opts.max_frame_size
+            # libzmq drops a peer whose message is larger, before buffering any of it
+            sock.maxmsgsize = opts.max_frame_size + (_CURVE_OVERHEAD if curve else 0)
+            # libzmq's own keep-alive closes connections whose peer is gone for good
+            sock.heartbeat_ivl = int(opts.ping_interval * 1000)
+            sock.heartbeat_timeout = int(opts.peer_timeout * 1000)
+            sock.heartbeat_ttl = min(int(opts.peer_timeout * 1000), _MAX_HEARTBEAT_TTL)
             if curve:
                 assert opts.curve_secret is not None and opts.allow_dir is not None
                 self._auth = security.start_authenticator(self.context, opts.allow_dir)
@@ -273,9 +287,9 @@ class Server(PeerSessions):
             if part.more:
                 while recv(zmq.NOBLOCK, copy=False).more:
                     pass
-                on_message(rid, b"", True, now)
+                on_message(rid, b"", True, now, part)
             else:
-                on_message(rid, part.bytes, False, now)
+                on_message(rid, part.bytes, False, now, part)
             if count == 1 and self._outq:
                 # A lone message (light load) must not wait for the next recv(), which
                 # costs several microseconds when it finds nothing: send its output now.
@@ -284,10 +298,12 @@ class Server(PeerSessions):
         if self._outq:
             self._flush_out()
 
-    def _on_message(self, rid: bytes, data: bytes, multipart: bool, now: float) -> None:
+    def _on_message(
+        self, rid: bytes, data: bytes, multipart: bool, now: float, part: zmq.Frame
+    ) -> None:
         peer = self._peers.get(rid)
         if peer is None or peer.state is not _READY:
-            self._handshake(rid, peer, b"" if multipart else data, now)
+            self._handshake(rid, peer, b"" if multipart else data, now, part)
             return
         peer.last_seen = now
         peer.pinged = False

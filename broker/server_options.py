@@ -21,14 +21,16 @@ class ServerOptions:
     allow_dir: str | None = None
     #: Allow a non-loopback bind without CURVE.
     insecure: bool = False
-    #: Largest frame answered normally; larger ones get LIMIT_EXCEEDED.  libzmq drops the
-    #: connection of a peer sending more than ``4 * max_frame_size`` (memory guard).
+    #: Largest frame accepted.  It is the ROUTER's ZMQ_MAXMSGSIZE: libzmq drops the
+    #: connection of a peer announcing a larger message before buffering any of it.
     max_frame_size: int = 16 * 1024 * 1024
     #: A peer silent this long gets a PING; silent for ``peer_timeout`` it is disconnected.
     ping_interval: float = 5.0
     peer_timeout: float = 15.0
     #: A peer that has not finished the handshake within this time is forgotten.
     handshake_timeout: float = 10.0
+    #: Peers between the greeting and the connection info at once; more are refused (503).
+    max_handshakes: int = 1_000
     #: ZeroMQ high-water marks (messages per peer pipe).
     hwm: int = 10_000
     #: Frames queued per peer beyond its full pipe before the peer is dropped.
@@ -49,3 +51,5 @@ class ServerOptions:
             raise ValueError("need 0 < ping_interval < peer_timeout")
         if self.batch < 1 or self.send_batch < 1:
             raise ValueError("batch and send_batch must be at least 1")
+        if self.max_handshakes < 1:
+            raise ValueError("max_handshakes must be at least 1")
