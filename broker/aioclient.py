@@ -42,7 +42,7 @@ import zmq
 import zmq.asyncio
 
 from broker import fastcodec, tmqp
-from broker.client_admin import operation_frame
+from broker.client_admin import STATS_LIST, next_page, operation_frame
 from broker.client_core import SessionState, session_properties
 from broker.client_errors import (
     ClientClosed,
@@ -60,6 +60,7 @@ from broker.client_frames import (
     response_frame,
 )
 from broker.client_message import Message
+from broker.paging import merge
 from broker.protocol import (
     GREETING,
     ConnectionInfo,
@@ -579,7 +580,16 @@ class AsyncClient:
             self.new_id(), operation, target, payload=payload, queue_id=queue_id, response=response
         )
         reply = await self._request(frame, None)
-        return Message(reply).json() if response else None
+        if not response:
+            return None
+        value = Message(reply).json()
+        path = STATS_LIST if operation == Operation.STATS else ()
+        request = next_page(frame, reply, self.new_id())
+        while request is not None:  # a list the broker sends in pages
+            reply = await self._request(request, None)
+            merge(value, Message(reply).json(), path)
+            request = next_page(request, reply, self.new_id())
+        return value
 
     async def create_channel(self, name: str, options: dict[str, Any] | None = None) -> None:
         await self._operation(Operation.CHANNEL_CREATE, name, payload=options)
@@ -614,3 +624,7 @@ class AsyncClient:
 
     async def clients(self, client_type: str = "") -> Any:
         return await self._operation(Operation.CLIENT_LIST, client_type, response=True)
+
+    async def stats(self) -> Any:
+        """The server's transport counters and the engine's statistics."""
+        return await self._operation(Operation.STATS, response=True)

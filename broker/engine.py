@@ -41,7 +41,7 @@ from __future__ import annotations
 import heapq
 import logging
 
-from broker import frames, models, tmqp
+from broker import frames, models, paging, tmqp
 from broker.auth import Action, AllowAll
 from broker.channel import Channel, Client
 from broker.engine_channels import valid_channel_name
@@ -154,7 +154,7 @@ class Engine(EngineClients):
                 if ccs:
                     self._push_cc(client, frame, queue, ccs, now, out)
                     return
-            code = queue.check_push(len(frame.payload))
+            code = self.check_push(queue, len(frame.payload))
             if code:
                 raise OperationError(ResultCode(code), "push refused by the queue")
         except OperationError as err:
@@ -184,8 +184,14 @@ class Engine(EngineClients):
         now: float,
         out: list[Outgoing],
     ) -> None:
-        """Push into the target queue and a copy into each ``CC`` queue, all or nothing."""
+        """Push into the target queue and a copy into each ``CC`` queue, all or nothing.
+
+        A queue gets one copy however often it is named (the target queue none: it has
+        the message); more than ``limits.max_cc`` distinct queues refuse the push (482).
+        """
         copies: list[tuple[Queue, str]] = []
+        named: set[tuple[str, int]] = {primary.key}
+        max_cc = self.config.limits.max_cc
         for value in ccs:
             parts = [p.strip() for p in value.split(";")]
             if len(parts) > 3 or not parts[0]:
@@ -198,6 +204,11 @@ class Engine(EngineClients):
                     raise OperationError(ResultCode.BAD_REQUEST, f"bad CC queue id {value!r}")
                 if not 0 <= qid <= 0xFFFF:
                     raise OperationError(ResultCode.BAD_REQUEST, f"bad CC queue id {value!r}")
+            if (parts[0], qid) in named:
+                continue
+            if len(named) > max_cc:
+                raise OperationError(ResultCode.LIMIT_EXCEEDED, f"more than {max_cc} CC queues")
+            named.add((parts[0], qid))
             queue = self.resolve_queue(client, parts[0], qid, out)
             if not self.authorizer.allows(client, Action.PUSH, queue.channel.name, queue.id):
                 raise OperationError(ResultCode.UNAUTHORIZED, f"push to {parts[0]} not allowed")
@@ -205,7 +216,7 @@ class Engine(EngineClients):
             copies.append((queue, mid))
         size = len(frame.payload)
         for queue in (primary, *(q for q, _ in copies)):
-            code = queue.check_push(size)
+            code = self.check_push(queue, size)
             if code:
                 raise OperationError(ResultCode(code), f"push refused by {queue.key}")
         plain = tuple((k, v) for k, v in frame.headers if k.lower() != "cc")
@@ -316,6 +327,18 @@ class Engine(EngineClients):
     def stats(self) -> dict[str, object]:
         """Counters and a per-queue summary, JSON-able (for ``broker stats``)."""
         return models.engine_stats(self)
+
+    def stats_page(self, after: str | None, budget: int) -> tuple[dict[str, object], str | None]:
+        """The statistics with one page of ``channel_list`` (channels by name, after
+        ``after``), within ``budget`` octets of JSON; and the key of the next page."""
+        out = models.engine_totals(self)
+        room = budget - paging.json_size(out) - len('"channel_list":[],')
+        channels = self.channels
+        page = paging.cut(
+            sorted(channels), after, lambda n: models.channel_stats(channels[n]), room
+        )
+        out["channel_list"] = page.items
+        return out, page.next
 
     @property
     def pending_requests(self) -> int:

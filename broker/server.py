@@ -48,7 +48,9 @@ from typing import Any
 import zmq
 
 from broker import fastcodec, tmqp
-from broker.protocol import GREETING, MessageType, Operation, ResultCode
+from broker.limits import MIN_REPLY_SIZE
+from broker.paging import json_size
+from broker.protocol import GREETING, Header, MessageType, Operation, ResultCode, header
 from broker.server_options import ServerError, ServerOptions
 from broker.server_peers import (
     EngineLike,
@@ -62,6 +64,7 @@ from broker.sockets import fast_send
 from zproto.errors import DecodeError
 
 __all__ = [
+    "REPLY_OVERHEAD",
     "STATS_OPERATION",
     "EngineLike",
     "PeerState",
@@ -90,6 +93,9 @@ _READY = PeerState.READY
 #: Octets CURVE adds to a message on the wire (command name, nonce, box), which libzmq
 #: counts against ZMQ_MAXMSGSIZE.
 _CURVE_OVERHEAD = 64
+#: Octets a reply frame may need beside its JSON payload (message id, client id, the
+#: Page-Next header...): ``Limits.max_reply_size`` must leave this much of a frame free.
+REPLY_OVERHEAD = 4096
 #: Largest ZMQ_HEARTBEAT_TTL libzmq accepts (milliseconds).
 _MAX_HEARTBEAT_TTL = 6_553_599
 
@@ -120,6 +126,17 @@ class Server(PeerSessions):
         self._auth: Any = None
         self._lock = threading.Lock()
         self._max_frame = self.options.max_frame_size
+        #: Octets of JSON in one reply: what a frame holds beside ids and headers.
+        self._reply_budget = max(MIN_REPLY_SIZE, self._max_frame - REPLY_OVERHEAD)
+        limits = getattr(getattr(engine, "config", None), "limits", None)
+        wanted = getattr(limits, "max_reply_size", 0)
+        if wanted > self._reply_budget:
+            raise ServerError(
+                f"limits.max_reply_size ({wanted}) must be at most max_frame_size - "
+                f"{REPLY_OVERHEAD} ({self._reply_budget}): replies would not fit a frame"
+            )
+        if wanted:
+            self._reply_budget = wanted  # the statistics page like the engine's lists
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -363,14 +380,27 @@ class Server(PeerSessions):
     # -- statistics --------------------------------------------------------------------
 
     def _stats_reply(self, peer: Peer, request: tmqp.Frame) -> tmqp.Frame:
+        """The statistics as JSON, paged like the engine's lists (``broker.paging``): each
+        page holds every counter and a part of the engine's ``channel_list``."""
         if not self._admin_allowed(peer.client_id):
             return error_frame(request.message_id, ResultCode.UNAUTHORIZED, "unauthorized")
-        body = json.dumps(self.stats(), default=str, sort_keys=True).encode("utf-8")
+        counters = dict(self.counters, frames_out=self._frames_out)
+        out: dict[str, object] = {"server": counters, "peers": len(self._peers)}
+        room = self._reply_budget - json_size(out) - len(',"engine":')
+        after = header(request, Header.PAGE_AFTER)
+        try:
+            out["engine"], more = self.engine.stats_page(after, room)
+        except Exception as exc:
+            log.exception("engine statistics failed")
+            out["engine"], more = {"error": str(exc)}, None
+        headers = ((Header.PAGE_NEXT, more),) if more is not None else ()
+        body = json.dumps(out, default=str, sort_keys=True, separators=(",", ":"))
         return tmqp.Frame(
             message_type=MessageType.RESPONSE,
             message_id=request.message_id,
             target=peer.client_id,
-            payload=body,
+            headers=headers,
+            payload=body.encode("utf-8"),
         )
 
     def _admin_allowed(self, client_id: str) -> bool:

@@ -85,6 +85,9 @@ class ScriptedEngine:
     def stats(self) -> dict[str, object]:
         return {"clients": len(self.connected)}
 
+    def stats_page(self, after: str | None, budget: int) -> tuple[dict[str, object], None]:
+        return self.stats(), None
+
 
 def options(**kw: Any) -> ServerOptions:
     return ServerOptions(endpoint="tcp://127.0.0.1:*", **kw)
