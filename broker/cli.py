@@ -11,10 +11,14 @@ Config file (``--config FILE``, JSON, or TOML when the name ends in ``.toml``)::
     {"server": {"bind": "...", "curve_secret": "...", "allow": "...", "insecure": false,
                 "max_frame_size": 16777216, "ping_interval": 5, "peer_timeout": 15},
      "broker": {"node_name": "zerohub", "auto_create_channel": true,
-                "auto_create_queue": true, "max_pull_count": 10000,
+                "auto_create_queue": true,
                 "channel_defaults": {"Status": 1, "RequestAcknowledge": false}},
+     "limits": {"max_clients": 10000, "max_channels": 10000, "max_cc": 64, ...},
      "tokens": {"TOKEN": ["push", "join", "pull"], "ADMIN-TOKEN": "all"},
      "anonymous": ["push", "join"], "require_token": false}
+
+``limits`` takes the fields of ``broker.limits.Limits`` (every one listed in the README);
+``server`` also takes ``max_handshakes``.
 
 Command-line options override the file.  Exit codes: 0 ok, 1 remote error or timeout,
 2 usage/config error, 141 output pipe closed by the reader (``broker stats | head -3``:
@@ -69,23 +73,33 @@ def _load_config(path: str | None) -> dict[str, Any]:
     return data
 
 
-def _build_engine(config: dict[str, Any]) -> Any:
+def _build_engine(config: dict[str, Any], max_frame_size: int | None = None) -> Any:
     import dataclasses
     import time as _time
 
     from broker.auth import ALL_ACTIONS, Action, TokenAuthorizer
     from broker.engine import Engine
+    from broker.limits import Limits, LimitsError
     from broker.options import BrokerConfig, ChannelOptions, OptionsError
+    from broker.server import REPLY_OVERHEAD
 
     section = dict(config.get("broker") or {})
     try:
         if "channel_defaults" in section:
             section["channel_defaults"] = ChannelOptions.from_json(section["channel_defaults"])
-        names = {f.name for f in dataclasses.fields(BrokerConfig)} - {"wall_clock"}
+        names = {f.name for f in dataclasses.fields(BrokerConfig)} - {"wall_clock", "limits"}
         unknown = set(section) - names
         if unknown:
             raise UsageError(f"config broker: unknown keys {sorted(unknown)}")
-        broker_config = BrokerConfig(**section, wall_clock=_time.time)
+        table = config.get("limits") or {}
+        if not isinstance(table, dict):
+            raise UsageError("config limits: expected a table of limits")
+        limits = Limits.from_mapping(table)
+        if max_frame_size is not None and "max_reply_size" not in table:
+            limits = limits.fitting(max_frame_size, REPLY_OVERHEAD)  # replies fit a frame
+        broker_config = BrokerConfig(**section, wall_clock=_time.time, limits=limits)
+    except LimitsError as exc:
+        raise UsageError(f"config {exc}") from None
     except (OptionsError, TypeError) as exc:
         raise UsageError(f"config broker: {exc}") from None
 
@@ -124,6 +138,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "max_frame_size",
         "ping_interval",
         "peer_timeout",
+        "max_handshakes",
     }
     if set(section) - known:
         raise UsageError(f"config server: unknown keys {sorted(set(section) - known)}")
@@ -140,12 +155,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_frame_size=int(section.get("max_frame_size", 16 * 1024 * 1024)),
             ping_interval=float(section.get("ping_interval", 5.0)),
             peer_timeout=float(section.get("peer_timeout", 15.0)),
+            max_handshakes=int(section.get("max_handshakes", 1_000)),
         )
     except (TypeError, ValueError) as exc:
         raise UsageError(f"server options: {exc}") from None
-    engine = _build_engine(config)
+    engine = _build_engine(config, options.max_frame_size)
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    server = Server(engine, options, context=context)
+    try:
+        server = Server(engine, options, context=context)
+    except ServerError as exc:
+        context.term()
+        raise UsageError(str(exc)) from None
 
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
