@@ -18,7 +18,7 @@ Config file (``--config FILE``, JSON, or TOML when the name ends in ``.toml``)::
      "anonymous": ["push", "join"], "require_token": false}
 
 ``limits`` takes the fields of ``broker.limits.Limits`` (every one listed in the README);
-``server`` also takes ``max_handshakes``.
+``server`` also takes ``handshake_timeout``, ``max_handshakes`` and ``max_connections``.
 
 Command-line options override the file.  Exit codes: 0 ok, 1 remote error or timeout,
 2 usage/config error, 141 output pipe closed by the reader (``broker stats | head -3``:
@@ -138,7 +138,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "max_frame_size",
         "ping_interval",
         "peer_timeout",
+        "handshake_timeout",
         "max_handshakes",
+        "max_connections",
     }
     if set(section) - known:
         raise UsageError(f"config server: unknown keys {sorted(set(section) - known)}")
@@ -155,7 +157,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_frame_size=int(section.get("max_frame_size", 16 * 1024 * 1024)),
             ping_interval=float(section.get("ping_interval", 5.0)),
             peer_timeout=float(section.get("peer_timeout", 15.0)),
+            handshake_timeout=float(section.get("handshake_timeout", 10.0)),
             max_handshakes=int(section.get("max_handshakes", 1_000)),
+            max_connections=int(section.get("max_connections", 11_000)),
         )
     except (TypeError, ValueError) as exc:
         raise UsageError(f"server options: {exc}") from None

@@ -51,6 +51,7 @@ from broker import fastcodec, tmqp
 from broker.limits import MIN_REPLY_SIZE
 from broker.paging import json_size
 from broker.protocol import GREETING, Header, MessageType, Operation, ResultCode, header
+from broker.server_links import Connections
 from broker.server_options import ServerError, ServerOptions
 from broker.server_peers import (
     EngineLike,
@@ -169,6 +170,7 @@ class Server(PeerSessions):
             sock.heartbeat_ivl = int(opts.ping_interval * 1000)
             sock.heartbeat_timeout = int(opts.peer_timeout * 1000)
             sock.heartbeat_ttl = min(int(opts.peer_timeout * 1000), _MAX_HEARTBEAT_TTL)
+            sock.handshake_ivl = int(opts.handshake_timeout * 1000)
             if curve:
                 assert opts.curve_secret is not None and opts.allow_dir is not None
                 self._auth = security.start_authenticator(self.context, opts.allow_dir)
@@ -179,6 +181,7 @@ class Server(PeerSessions):
             self._stop_auth()
             raise ServerError(f"cannot serve on {opts.endpoint}: {exc}") from None
         self._router = sock
+        self._connections = Connections(sock, opts.max_connections)
         self._fast_send = fast_send(sock)
         endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.endpoint = endpoint
@@ -217,6 +220,7 @@ class Server(PeerSessions):
             self._thread = None
         if self._router is not None and tx is None:
             # bound but never served
+            self._close_connections()
             self._router.close(linger=0)
             self._router = None
         self._stop_auth()
@@ -239,6 +243,11 @@ class Server(PeerSessions):
             self._stop_tx = tx
         return control
 
+    def _close_connections(self) -> None:
+        if self._connections is not None:
+            self._connections.close()
+            self._connections = None
+
     def _stop_auth(self) -> None:
         if self._auth is not None:
             self._auth.stop()
@@ -252,6 +261,9 @@ class Server(PeerSessions):
         poller = zmq.Poller()
         poller.register(router, zmq.POLLIN)
         poller.register(control, zmq.POLLIN)
+        monitor = self._connections.monitor if self._connections is not None else None
+        if monitor is not None:
+            poller.register(monitor, zmq.POLLIN)
         self._next_scan = self.clock() + min(1.0, self.options.ping_interval / 2)
         try:
             while True:
@@ -261,6 +273,8 @@ class Server(PeerSessions):
                 if router in events:
                     self._drain(router)
                 now = self.clock()
+                if monitor is not None and monitor in events:
+                    self._on_connections(now)
                 deadline = self.engine.next_deadline()
                 if deadline is not None and deadline <= now:
                     self._send_all(self._guard("tick", self.engine.tick, now))
@@ -374,6 +388,7 @@ class Server(PeerSessions):
         self._peers.clear()
         self._by_client.clear()
         self._blocked.clear()
+        self._close_connections()
         router.close(linger=int(self.options.linger * 1000))
         self._router = None
 

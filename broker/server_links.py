@@ -12,6 +12,11 @@ peer, as when the peer hangs up itself.
 
 Peers that are simply gone (a dead host, a suspended process) are found by libzmq's own
 heartbeats (``ZMQ_HEARTBEAT_IVL``/``TIMEOUT``, set by the server), which close them.
+
+A connection that never says anything is not a peer the server knows: :class:`Connections`
+follows the ROUTER's connections through its monitor socket (accepted, disconnected) and
+names those that have not greeted within the handshake timeout, or that exceed the
+server's connection limit, so that the server shuts them down too.
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ import logging
 import os
 import socket
 import stat
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 log = logging.getLogger("broker.server")
 
@@ -87,3 +94,74 @@ def curve_key(part: zmq.Frame) -> str | None:
     except (zmq.ZMQError, UnicodeDecodeError):
         return None
     return key if isinstance(key, str) and key else None
+
+
+_WATCHED = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+_DRAIN = 256  # monitor events handled per call
+
+
+@dataclass(slots=True)
+class _Accepted:
+    link: Link
+    since: float
+    greeted: bool = False
+
+
+class Connections:
+    """The connections accepted by a ROUTER socket, from its monitor (see the module
+    docstring).  ``drain`` when the monitor is readable; ``close`` before the socket."""
+
+    def __init__(self, router: zmq.Socket[bytes], limit: int) -> None:
+        self.monitor = router.get_monitor_socket(_WATCHED)
+        self._router = router
+        self._limit = limit
+        self._open: dict[int, _Accepted] = {}  # by descriptor
+        self.refused = 0  # connections shut down at once: over the limit
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def drain(self, now: float) -> list[int]:
+        """Take the monitor's events; shut down connections beyond the limit at once.
+
+        Returns the descriptors of the connections that ended.
+        """
+        ended: list[int] = []
+        for _ in range(_DRAIN):
+            try:
+                event = parse_monitor_message(self.monitor.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                break
+            fd = int(event["value"])
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self._open.pop(fd, None)
+                ended.append(fd)
+                continue
+            try:
+                link = Link(fd, os.fstat(fd).st_ino)
+            except OSError:
+                continue  # gone already
+            if len(self._open) >= self._limit:
+                self.refused += 1
+                link.close()
+                continue
+            self._open[fd] = _Accepted(link, now)
+        return ended
+
+    def silent(self, now: float, timeout: float, known: Collection[Link]) -> list[Link]:
+        """Connections accepted ``timeout`` or more ago whose peer never became one the
+        server knows (``known``: its peers' links); they are forgotten here."""
+        out: list[Link] = []
+        for fd, entry in list(self._open.items()):
+            if entry.greeted or now - entry.since < timeout:
+                continue
+            if entry.link in known:
+                entry.greeted = True
+            else:
+                out.append(entry.link)
+                del self._open[fd]
+        return out
+
+    def close(self) -> None:
+        self._router.disable_monitor()
+        self.monitor.close(linger=0)

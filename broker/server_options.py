@@ -27,10 +27,14 @@ class ServerOptions:
     #: A peer silent this long gets a PING; silent for ``peer_timeout`` it is disconnected.
     ping_interval: float = 5.0
     peer_timeout: float = 15.0
-    #: A peer that has not finished the handshake within this time is forgotten.
+    #: A connection that has not finished the handshake (from the TCP accept to the
+    #: connection info) within this time is shut down.
     handshake_timeout: float = 10.0
     #: Peers between the greeting and the connection info at once; more are refused (503).
     max_handshakes: int = 1_000
+    #: Connections at once (sessions, handshakes, and connections yet to say anything);
+    #: more are shut down as soon as they are accepted.  Each costs a file descriptor.
+    max_connections: int = 11_000
     #: ZeroMQ high-water marks (messages per peer pipe).
     hwm: int = 10_000
     #: Frames queued per peer beyond its full pipe before the peer is dropped.
@@ -51,5 +55,5 @@ class ServerOptions:
             raise ValueError("need 0 < ping_interval < peer_timeout")
         if self.batch < 1 or self.send_batch < 1:
             raise ValueError("batch and send_batch must be at least 1")
-        if self.max_handshakes < 1:
-            raise ValueError("max_handshakes must be at least 1")
+        if self.max_handshakes < 1 or self.max_connections < 1:
+            raise ValueError("max_handshakes and max_connections must be at least 1")

@@ -48,7 +48,7 @@ from broker.protocol import (
     Operation,
     ResultCode,
 )
-from broker.server_links import Link, curve_key
+from broker.server_links import Connections, Link, curve_key
 from broker.server_options import ServerOptions
 from broker.server_send import Peer, PeerState, ServerSendPath
 from zproto.errors import DecodeError
@@ -61,6 +61,8 @@ _PONG = tmqp.encode(tmqp.Pong())[0]
 #: connection down: time for the frame to leave, and for a well-behaved client to go first.
 _CLOSE_GRACE = 1.0
 _SECRET_KEY = Header.SESSION_SECRET.lower()
+#: Scans during which an ended connection's descriptor is checked against the peers.
+_ENDED_CHECKS = 3
 
 
 class EngineLike(Protocol):
@@ -156,6 +158,8 @@ class PeerSessions(ServerSendPath):
         self._proofs: dict[bytes, SessionProof] = {}  # READY peers, by routing id
         self._links: dict[bytes, Link] = {}  # known peers' connections, by routing id
         self._closing: dict[Link, float] = {}  # connections to shut down, and when
+        self._connections: Connections | None = None  # set by the server once bound
+        self._ended: dict[int, int] = {}  # descriptors of ended connections: checks left
         self.counters.setdefault("closed", 0)
 
     def _guard(self, what: str, call: Callable[..., list[Any]], *args: Any) -> list[Any]:
@@ -367,6 +371,8 @@ class PeerSessions(ServerSendPath):
             elif idle >= opts.ping_interval and not peer.pinged:
                 peer.pinged = True
                 self._send_raw(peer, _PING)
+        if self._ended:
+            self._end_orphans(now)
         self._shut_links(now)
 
     def _shut_links(self, now: float) -> None:
@@ -375,6 +381,45 @@ class PeerSessions(ServerSendPath):
             del self._closing[link]
             if link.close():
                 self.counters["closed"] += 1
+        conns = self._connections
+        if conns is not None:
+            known = set(self._links.values())
+            for link in conns.silent(now, self.options.handshake_timeout, known):
+                log.debug("connection fd %d said nothing: shut down", link.fd)
+                if link.close():
+                    self.counters["closed"] += 1
+
+    # -- connections -------------------------------------------------------------------
+
+    def _on_connections(self, now: float) -> None:
+        """The ROUTER's monitor has news: note the connections that ended."""
+        assert self._connections is not None
+        for fd in self._connections.drain(now):
+            self._ended[fd] = _ENDED_CHECKS
+        if self._ended:
+            self._end_orphans(now)
+
+    def _end_orphans(self, now: float) -> None:
+        """End the sessions whose connection is gone.
+
+        A session belongs to its connection: were it kept, the routing id could come back
+        on another connection (libzmq reconnects a DEALER under the same id) and carry
+        the session on without a handshake.  A disconnect names a descriptor; the peer
+        whose link has that descriptor lost its connection once the descriptor no longer
+        names the socket it had (libzmq may close it a moment after the event, and may
+        give the number to a new connection: so check again at the next scans).
+        """
+        ended = self._ended
+        for rid, link in list(self._links.items()):
+            if link.fd in ended and not link.is_current():
+                peer = self._peers.get(rid)
+                if peer is not None:
+                    log.info("client %s: connection gone, session ended", peer.client_id)
+                    self._drop(peer, now)
+        for fd in list(ended):
+            ended[fd] -= 1
+            if ended[fd] <= 0:
+                del ended[fd]
 
     def peers(self) -> dict[str, str]:
         """Connected client ids and their state (call from the serving thread or after stop)."""

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -194,6 +195,80 @@ def test_expired_peers_lose_their_connections(zctx: Ctx, serve: Callable[..., Br
     finally:
         for sock in silent:
             sock.close(linger=0)
+
+
+def test_connections_that_never_speak_are_closed_and_counted(
+    zctx: Ctx, tmp_path: Path, serve: Callable[..., Broker]
+) -> None:
+    config = tmp_path / "broker.toml"
+    config.write_text("[server]\nhandshake_timeout = 1.0\nmax_connections = 30\n")
+    broker = serve("--config", str(config))
+    baseline = open_sockets(broker.pid)
+    mute: list[zmq.Socket[bytes]] = []
+    raw: list[socket.socket] = []
+    try:
+        for _ in range(20):  # ZeroMQ peers that never send a TMQP greeting
+            sock = zctx.socket(zmq.DEALER)
+            sock.linger = 0
+            sock.reconnect_ivl = -1
+            sock.connect(broker.endpoint)
+            mute.append(sock)
+        for _ in range(5):  # TCP connections that never even do the ZMTP handshake
+            raw.append(socket.create_connection(("127.0.0.1", broker.port)))
+        assert until(lambda: open_sockets(broker.pid) >= baseline + 25)
+        assert until(lambda: open_sockets(broker.pid) <= baseline), (
+            f"{open_sockets(broker.pid) - baseline} silent connections still held"
+        )
+    finally:
+        for sock in mute:
+            sock.close(linger=0)
+        for s in raw:
+            s.close()
+
+
+def test_connections_beyond_the_limit_are_shut_down(
+    zctx: Ctx, tmp_path: Path, serve: Callable[..., Broker]
+) -> None:
+    config = tmp_path / "broker.toml"
+    config.write_text("[server]\nmax_connections = 30\n")
+    broker = serve("--config", str(config))
+    socks: list[zmq.Socket[bytes]] = []
+    monitors: list[zmq.Socket[bytes]] = []
+    try:
+        for i in range(40):
+            sock = zctx.socket(zmq.DEALER)
+            sock.linger = 0
+            sock.reconnect_ivl = -1  # a connection shut down stays down
+            monitors.append(sock.get_monitor_socket(zmq.EVENT_DISCONNECTED))
+            sock.connect(broker.endpoint)
+            sock.send(GREETING)
+            sock.send(tmqp.encode(ConnectionInfo(client_id=f"c{i}").to_frame("hi"))[0])
+            socks.append(sock)
+        accepted: set[int] = set()
+        dropped: set[int] = set()
+
+        def settled() -> bool:
+            for i, (sock, monitor) in enumerate(zip(socks, monitors, strict=True)):
+                while sock.poll(0):
+                    data = sock.recv()
+                    if data not in (GREETING, PING):
+                        reply = tmqp.decode([data])
+                        assert isinstance(reply, tmqp.Frame) and reply.content_type == 0
+                        accepted.add(i)
+                if monitor.poll(0):
+                    recv_monitor_message(monitor)
+                    dropped.add(i)
+            return len(accepted | dropped) == 40
+
+        assert until(settled)
+        assert len(accepted) == 30 and not accepted & dropped
+        assert open_sockets(broker.pid) >= 30  # and they are held, all of them
+    finally:
+        for sock in socks:
+            sock.disable_monitor()
+            sock.close(linger=0)
+        for monitor in monitors:
+            monitor.close(linger=0)
 
 
 def test_every_list_reply_fits_the_frame_limit(zctx: Ctx, serve: Callable[..., Broker]) -> None:

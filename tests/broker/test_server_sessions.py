@@ -314,3 +314,32 @@ def test_under_curve_the_same_key_proves_the_owner(zctx: Ctx, curve: dict[str, P
         finally:
             for p in made:
                 p.close()
+
+
+def test_a_session_ends_with_its_connection(zctx: Ctx, server: Server, bob: Client) -> None:
+    # with a 60 s peer timeout, only the connection's end can end the session in time
+    assert server.endpoint is not None
+    alice = zctx.socket(zmq.DEALER)
+    alice.linger = 0
+    alice.routing_id = b"alice-routing-id"  # a client library with a predictable id
+    alice.connect(server.endpoint)
+    peer = Peer.__new__(Peer)
+    peer.sock = alice
+    assert hello(peer, "alice").content_type == ResultCode.OK
+    alice.close(linger=0)
+    assert wait_for(lambda: "alice" not in [c["Id"] for c in bob.clients()])
+    # the same routing id on a new connection does not carry the session on
+    again = zctx.socket(zmq.DEALER)
+    again.linger = 0
+    again.routing_id = b"alice-routing-id"
+    again.connect(server.endpoint)
+    peer.sock = again
+    try:
+        direct = tmqp.Frame(message_type=MessageType.DIRECT, target="bob", payload=b"as alice?")
+        peer.frame(direct)
+        refusal = next_frame(peer)
+        assert refusal is not None and refusal.message_type == MessageType.TERMINATE
+        assert "handshake required" in (header(refusal, Header.REASON) or "")
+        assert bob.receive(timeout=0.2) is None
+    finally:
+        again.close(linger=0)
