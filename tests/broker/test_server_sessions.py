@@ -316,8 +316,10 @@ def test_under_curve_the_same_key_proves_the_owner(zctx: Ctx, curve: dict[str, P
                 p.close()
 
 
+@pytest.mark.parametrize("server", [30.0], indirect=True, ids=["late-pings"])
 def test_a_session_ends_with_its_connection(zctx: Ctx, server: Server, bob: Client) -> None:
-    # with a 60 s peer timeout, only the connection's end can end the session in time
+    # no PING for 30 s (which would fail to reach it), no expiry for 60 s: only the end of
+    # the connection itself can end the session in time
     assert server.endpoint is not None
     alice = zctx.socket(zmq.DEALER)
     alice.linger = 0
