@@ -78,7 +78,7 @@ def _build_engine(config: dict[str, Any], max_frame_size: int | None = None) -> 
     import time as _time
 
     from broker.auth import ALL_ACTIONS, Action, TokenAuthorizer
-    from broker.engine import Engine
+    from broker.engine import Engine, EngineError
     from broker.limits import Limits, LimitsError
     from broker.options import BrokerConfig, ChannelOptions, OptionsError
     from broker.server import REPLY_OVERHEAD
@@ -120,7 +120,10 @@ def _build_engine(config: dict[str, Any], max_frame_size: int | None = None) -> 
             anonymous=actions(config.get("anonymous", []), "anonymous"),
             require_token=bool(config.get("require_token", False)),
         )
-    return Engine(config=broker_config, authorizer=authorizer)
+    try:
+        return Engine(config=broker_config, authorizer=authorizer)
+    except EngineError as exc:  # the routers of the config: invalid, or too many
+        raise UsageError(f"config broker: {exc.reason}") from None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

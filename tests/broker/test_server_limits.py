@@ -356,6 +356,11 @@ def test_limits_come_from_the_config_file(
         ("[limits]\nmax_sockets = 3\n", "unknown keys"),
         ("[limits]\nmax_reply_size = 900000000\n", "max_reply_size"),
         ("limits = 3\n", "a table"),
+        (
+            '[limits]\nmax_routers = 1\n[broker]\nrouters = [{Name = "a", Method = "Distribute"},'
+            ' {Name = "b", Method = "Distribute"}]\n',
+            "too many routers",
+        ),
     ],
 )
 def test_bad_limits_in_the_config_are_one_line_usage_errors(
