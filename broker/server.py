@@ -270,11 +270,11 @@ class Server(PeerSessions):
                 events = dict(poller.poll(self._poll_timeout()))
                 if control in events:
                     break
+                if monitor is not None and monitor in events:
+                    self._on_connections(self.clock())  # before the messages they bring
                 if router in events:
                     self._drain(router)
                 now = self.clock()
-                if monitor is not None and monitor in events:
-                    self._on_connections(now)
                 deadline = self.engine.next_deadline()
                 if deadline is not None and deadline <= now:
                     self._send_all(self._guard("tick", self.engine.tick, now))

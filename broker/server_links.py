@@ -116,7 +116,8 @@ class Connections:
         self._router = router
         self._limit = limit
         self._open: dict[int, _Accepted] = {}  # by descriptor
-        self.refused = 0  # connections shut down at once: over the limit
+        self._refused: dict[int, Link] = {}  # shut down as over the limit, until they end
+        self.refused = 0  # how many were
 
     def __len__(self) -> int:
         return len(self._open)
@@ -135,6 +136,7 @@ class Connections:
             fd = int(event["value"])
             if event["event"] == zmq.EVENT_DISCONNECTED:
                 self._open.pop(fd, None)
+                self._refused.pop(fd, None)
                 ended.append(fd)
                 continue
             try:
@@ -143,10 +145,20 @@ class Connections:
                 continue  # gone already
             if len(self._open) >= self._limit:
                 self.refused += 1
+                self._refused[fd] = link
                 link.close()
                 continue
             self._open[fd] = _Accepted(link, now)
         return ended
+
+    def pending(self) -> bool:
+        """Events wait on the monitor (drain them before trusting what is known here)."""
+        return bool(self.monitor.poll(0))
+
+    def was_refused(self, link: Link) -> bool:
+        """The connection was shut down for being over the limit (its messages may still
+        arrive: libzmq had read them)."""
+        return self._refused.get(link.fd) == link
 
     def silent(self, now: float, timeout: float, known: Collection[Link]) -> list[Link]:
         """Connections accepted ``timeout`` or more ago whose peer never became one the

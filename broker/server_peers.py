@@ -20,9 +20,11 @@ engine's token check) comes before any of this: a refused token changes nothing.
 Secrets are compared in constant time and replaced at every connect.
 
 Quiet peers get a PING, silent ones are ended, told (TERMINATE) and then their connection
-is shut down (``broker.server_links``), as are connections refused at the handshake or
-replaced by a resumed session; a handshake that does not finish in time is forgotten the
-same way, and at most ``ServerOptions.max_handshakes`` may be under way at once.  Requests
+is shut down (``broker.server_links``), as are connections whose connection info was
+refused or whose session a resumed one replaced, or that do not finish the handshake
+within ``handshake_timeout`` (counted from the TCP accept: a connection that never says
+anything goes too).  At most ``ServerOptions.max_handshakes`` may be under way at once,
+and a session ends when its connection does.  Requests
 the server cannot handle are answered here too: ``error_frame`` (a RESPONSE with a status
 and a ``Reason`` header) and ``terminate_frame``.
 """
@@ -157,6 +159,7 @@ class PeerSessions(ServerSendPath):
         self._handshakes = 0  # peers in AWAIT_INFO
         self._proofs: dict[bytes, SessionProof] = {}  # READY peers, by routing id
         self._links: dict[bytes, Link] = {}  # known peers' connections, by routing id
+        self._link_owner: dict[Link, bytes] = {}  # and the other way round
         self._closing: dict[Link, float] = {}  # connections to shut down, and when
         self._connections: Connections | None = None  # set by the server once bound
         self._ended: dict[int, int] = {}  # descriptors of ended connections: checks left
@@ -212,16 +215,21 @@ class PeerSessions(ServerSendPath):
 
     def _first_message(self, rid: bytes, data: bytes, now: float, part: zmq.Frame | None) -> None:
         """A peer without a session: only the greeting is welcome."""
+        # Refused connections are not shut down from here: the message may have been read
+        # before its connection closed and its descriptor went to a new one.  One that
+        # never greets is shut down after handshake_timeout (see _shut_links).
         if data == GREETING:
+            link = Link.of(part) if part is not None else None
+            if self._over_connection_limit(link, now):
+                self._refuse(rid, ResultCode.BUSY, "too many connections")
+                return
             if self._handshakes >= self.options.max_handshakes:
                 self._refuse(rid, ResultCode.BUSY, "too many handshakes under way")
-                self._close_link(part, now)
                 return
             self._peers[rid] = Peer(rid, now)
             self._handshakes += 1
-            link = Link.of(part) if part is not None else None
             if link is not None:
-                self._links[rid] = link
+                self._claim(rid, link)
             self._send_rid(rid, GREETING)
             return
         if data[:5] == b"TMQP/" and len(data) <= 16:
@@ -229,7 +237,33 @@ class PeerSessions(ServerSendPath):
             self._refuse(rid, ResultCode.UNACCEPTABLE, f"unsupported protocol {proto!r}")
         else:
             self._refuse(rid, ResultCode.UNAUTHORIZED, "handshake required")
-        self._close_link(part, now)
+
+    def _claim(self, rid: bytes, link: Link) -> None:
+        """A greeting names the connection it came on; one connection, one peer.
+
+        A greeting read just before its connection closed may name a descriptor that a
+        new connection has taken since: when that connection greets in turn, the link is
+        its own, and the earlier claim is withdrawn (its peer will not be shut down by
+        link: its connection is gone anyway).
+        """
+        other = self._link_owner.get(link)
+        if other is not None and other != rid:
+            self._links.pop(other, None)
+        self._link_owner[link] = rid
+        self._links[rid] = link
+
+    def _over_connection_limit(self, link: Link | None, now: float) -> bool:
+        """The greeting came on a connection shut down for being over the limit.
+
+        The monitor may not have been read yet when a quick peer's greeting arrives:
+        read it first, so that no peer slips past ``max_connections``.
+        """
+        conns = self._connections
+        if conns is None or link is None:
+            return False
+        if conns.pending():
+            self._on_connections(now)
+        return conns.was_refused(link)
 
     def _open_session(
         self,
@@ -316,7 +350,9 @@ class PeerSessions(ServerSendPath):
     def _forget(self, peer: Peer) -> None:
         if self._peers.get(peer.rid) is peer:
             del self._peers[peer.rid]
-            self._links.pop(peer.rid, None)
+            link = self._links.pop(peer.rid, None)
+            if link is not None and self._link_owner.get(link) == peer.rid:
+                del self._link_owner[link]
             self._proofs.pop(peer.rid, None)
             if peer.state is not PeerState.READY:
                 self._handshakes -= 1
@@ -340,11 +376,6 @@ class PeerSessions(ServerSendPath):
         link = self._links.get(peer.rid)
         self._forget(peer)
         peer.state = PeerState.AWAIT_INFO
-        if link is not None:
-            self._closing.setdefault(link, now + _CLOSE_GRACE)
-
-    def _close_link(self, part: zmq.Frame | None, now: float) -> None:
-        link = Link.of(part) if part is not None else None
         if link is not None:
             self._closing.setdefault(link, now + _CLOSE_GRACE)
 

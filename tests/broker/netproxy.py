@@ -55,7 +55,7 @@ class TcpProxy:
                     self._apply_freeze()
                 elif sock is self._listener:
                     self._accept()
-                else:
+                elif sock in self._peer:  # not dropped or frozen earlier in this batch
                     self._forward(sock)
 
     def _accept(self) -> None:
