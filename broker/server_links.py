@@ -10,8 +10,11 @@ inode, and :meth:`Link.close` shuts the connection down (``shutdown(SHUT_RDWR)``
 socket.  libzmq then sees the end of the stream, closes the descriptor and forgets the
 peer, as when the peer hangs up itself.
 
-Peers that are simply gone (a dead host, a suspended process) are found by libzmq's own
-heartbeats (``ZMQ_HEARTBEAT_IVL``/``TIMEOUT``, set by the server), which close them.
+Peers that are simply gone (a dead host, a suspended process) stop answering the
+server's PINGs: their session expires and their link is shut down like any other.
+(libzmq's own ZMTP heartbeats would find them too, but they are off: with them on, the
+last messages of a client flooding the broker and then closing stalled, and were lost
+when its linger ran out.)
 
 A connection that never says anything is not a peer the server knows: :class:`Connections`
 follows the ROUTER's connections through its monitor socket (accepted, disconnected) and

@@ -63,8 +63,11 @@ _PONG = tmqp.encode(tmqp.Pong())[0]
 #: connection down: time for the frame to leave, and for a well-behaved client to go first.
 _CLOSE_GRACE = 1.0
 _SECRET_KEY = Header.SESSION_SECRET.lower()
-#: Scans during which an ended connection's descriptor is checked against the peers.
-_ENDED_CHECKS = 3
+#: A session whose connection has ended is ended once nothing more came from it for this
+#: long (seconds): the messages it sent before the close are read after libzmq reports it.
+_ORPHAN_GRACE = 2.0
+#: How long after that an ended connection's descriptor is still checked against the peers.
+_ENDED_WINDOW = 5.0
 
 
 class EngineLike(Protocol):
@@ -162,7 +165,7 @@ class PeerSessions(ServerSendPath):
         self._link_owner: dict[Link, bytes] = {}  # and the other way round
         self._closing: dict[Link, float] = {}  # connections to shut down, and when
         self._connections: Connections | None = None  # set by the server once bound
-        self._ended: dict[int, int] = {}  # descriptors of ended connections: checks left
+        self._ended: dict[int, float] = {}  # descriptors of ended connections: check until
         self.counters.setdefault("closed", 0)
 
     def _guard(self, what: str, call: Callable[..., list[Any]], *args: Any) -> list[Any]:
@@ -426,30 +429,29 @@ class PeerSessions(ServerSendPath):
         """The ROUTER's monitor has news: note the connections that ended."""
         assert self._connections is not None
         for fd in self._connections.drain(now):
-            self._ended[fd] = _ENDED_CHECKS
-        if self._ended:
-            self._end_orphans(now)
+            self._ended[fd] = now + _ORPHAN_GRACE + _ENDED_WINDOW
 
     def _end_orphans(self, now: float) -> None:
-        """End the sessions whose connection is gone.
+        """End the sessions whose connection is gone (at each scan).
 
         A session belongs to its connection: were it kept, the routing id could come back
         on another connection (libzmq reconnects a DEALER under the same id) and carry
         the session on without a handshake.  A disconnect names a descriptor; the peer
         whose link has that descriptor lost its connection once the descriptor no longer
-        names the socket it had (libzmq may close it a moment after the event, and may
-        give the number to a new connection: so check again at the next scans).
+        names the socket it had (libzmq closes it a moment after the event, and may give
+        the number to a new connection).  What the peer sent before the close is still
+        being read: its session ends once nothing came from it for ``_ORPHAN_GRACE``.
         """
         ended = self._ended
         for rid, link in list(self._links.items()):
-            if link.fd in ended and not link.is_current():
-                peer = self._peers.get(rid)
-                if peer is not None:
-                    log.info("client %s: connection gone, session ended", peer.client_id)
-                    self._drop(peer, now)
-        for fd in list(ended):
-            ended[fd] -= 1
-            if ended[fd] <= 0:
+            if link.fd not in ended or link.is_current():
+                continue
+            peer = self._peers.get(rid)
+            if peer is not None and now - peer.last_seen >= _ORPHAN_GRACE:
+                log.info("client %s: connection gone, session ended", peer.client_id)
+                self._drop(peer, now)
+        for fd, until in list(ended.items()):
+            if until <= now:
                 del ended[fd]
 
     def peers(self) -> dict[str, str]:

@@ -345,3 +345,22 @@ def test_a_session_ends_with_its_connection(zctx: Ctx, server: Server, bob: Clie
         assert bob.receive(timeout=0.2) is None
     finally:
         again.close(linger=0)
+
+
+def test_what_a_client_sent_before_closing_is_not_lost(zctx: Ctx, server: Server) -> None:
+    # The broker hears of the closed connection (its monitor) while the messages sent
+    # before the close still wait to be read: the session must outlive them.
+    assert server.endpoint is not None
+    with Client(server.endpoint, context=zctx, timeout=10) as consumer:
+        consumer.create_queue("last-words", 1, {"Status": 3})  # pull: kept until pulled
+        # linger: the client's own socket may take its time to hand everything over
+        producer = Client(server.endpoint, context=zctx, threaded=False, timeout=10, linger=30)
+        producer.connect()
+        for i in range(20_000):
+            producer.push("last-words", 1, b"%d" % i)
+        producer.close()  # TERMINATE after them, then the socket closes
+
+        def all_stored() -> bool:
+            return bool(consumer.queue_info("last-words", 1)["Messages"] == 20_000)
+
+        assert wait_for(all_stored, 30), consumer.queue_info("last-words", 1)["Messages"]
