@@ -91,9 +91,9 @@ _ids = itertools.count(1)
 STATS_OPERATION = int(Operation.STATS)
 
 _READY = PeerState.READY
-#: Octets CURVE adds to a message on the wire (command name, nonce, box), which libzmq
-#: counts against ZMQ_MAXMSGSIZE.
-_CURVE_OVERHEAD = 64
+#: Octets CURVE adds to a message on the wire, which libzmq counts against ZMQ_MAXMSGSIZE:
+#: the MESSAGE command's name and nonce (16), the box's MAC (16) and the flags octet.
+_CURVE_OVERHEAD = 33
 #: Octets a reply frame may need beside its JSON payload (message id, client id, the
 #: Page-Next header...): ``Limits.max_reply_size`` must leave this much of a frame free.
 REPLY_OVERHEAD = 4096

@@ -395,3 +395,50 @@ def test_handshakes_under_way_are_bounded(zctx: Ctx) -> None:
         finally:
             for p in peers:
                 p.close()
+
+
+@pytest.mark.parametrize("curve", [False, True], ids=["plain", "curve"])
+def test_the_largest_frame_allowed_passes_one_octet_more_does_not(
+    zctx: Ctx, tmp_path: Path, curve: bool
+) -> None:
+    from filemq import security
+
+    kw: dict[str, Any] = {}
+    if curve:
+        allow = tmp_path / "allow"
+        allow.mkdir()
+        server_pub, server_sec = security.new_certificate("server", tmp_path)
+        client_pub, client_sec = security.new_certificate("client", tmp_path / "c")
+        (allow / "client.key").write_bytes(client_pub.read_bytes())
+        kw = {"curve_secret": str(server_sec), "allow_dir": str(allow)}
+    options = ServerOptions(endpoint="tcp://127.0.0.1:*", max_frame_size=1000, **kw)
+    with Server(ScriptedEngine(), options, context=zctx) as srv:
+        assert srv.endpoint is not None
+        peer = Peer.__new__(Peer)
+        peer.sock = zctx.socket(zmq.DEALER)
+        peer.sock.linger = 0
+        peer.sock.reconnect_ivl = -1
+        if curve:
+            security.configure_client(peer.sock, client_sec, server_pub)
+        monitor = peer.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        try:
+            peer.sock.connect(srv.endpoint)
+            peer.handshake()
+
+            def frame_of(size: int) -> tmqp.Frame:
+                f = tmqp.Frame(message_type=MessageType.QUEUE, message_id=f"m{size}")
+                n = size
+                while len(tmqp.encode(f.replace(payload=bytes(n)))[0]) > size:
+                    n -= 1
+                f = f.replace(payload=bytes(n))
+                assert len(tmqp.encode(f)[0]) == size
+                return f
+
+            peer.frame(frame_of(1000))
+            assert peer.recv_frame().message_id == "m1000"  # echoed by the engine
+            peer.frame(frame_of(1001))
+            assert monitor.poll(10_000), "the connection was not dropped"
+        finally:
+            peer.sock.disable_monitor()
+            monitor.close(linger=0)
+            peer.sock.close(linger=0)
