@@ -11,10 +11,14 @@ Config file (``--config FILE``, JSON, or TOML when the name ends in ``.toml``)::
     {"server": {"bind": "...", "curve_secret": "...", "allow": "...", "insecure": false,
                 "max_frame_size": 16777216, "ping_interval": 5, "peer_timeout": 15},
      "broker": {"node_name": "zerohub", "auto_create_channel": true,
-                "auto_create_queue": true, "max_pull_count": 10000,
+                "auto_create_queue": true,
                 "channel_defaults": {"Status": 1, "RequestAcknowledge": false}},
+     "limits": {"max_clients": 10000, "max_channels": 10000, "max_cc": 64, ...},
      "tokens": {"TOKEN": ["push", "join", "pull"], "ADMIN-TOKEN": "all"},
      "anonymous": ["push", "join"], "require_token": false}
+
+``limits`` takes the fields of ``broker.limits.Limits`` (every one listed in the README);
+``server`` also takes ``handshake_timeout``, ``max_handshakes`` and ``max_connections``.
 
 Command-line options override the file.  ``auto_create_channel`` / ``auto_create_queue``
 (default true): a push to an unknown queue creates its channel and queue, a join of an
@@ -89,23 +93,33 @@ def _load_config(path: str | None) -> dict[str, Any]:
     return data
 
 
-def _build_engine(config: dict[str, Any]) -> Any:
+def _build_engine(config: dict[str, Any], max_frame_size: int | None = None) -> Any:
     import dataclasses
     import time as _time
 
     from broker.auth import ALL_ACTIONS, Action, TokenAuthorizer
-    from broker.engine import Engine
+    from broker.engine import Engine, EngineError
+    from broker.limits import Limits, LimitsError
     from broker.options import BrokerConfig, ChannelOptions, OptionsError
+    from broker.server import REPLY_OVERHEAD
 
     section = dict(config.get("broker") or {})
     try:
         if "channel_defaults" in section:
             section["channel_defaults"] = ChannelOptions.from_json(section["channel_defaults"])
-        names = {f.name for f in dataclasses.fields(BrokerConfig)} - {"wall_clock"}
+        names = {f.name for f in dataclasses.fields(BrokerConfig)} - {"wall_clock", "limits"}
         unknown = set(section) - names
         if unknown:
             raise UsageError(f"config broker: unknown keys {sorted(unknown)}")
-        broker_config = BrokerConfig(**section, wall_clock=_time.time)
+        table = config.get("limits") or {}
+        if not isinstance(table, dict):
+            raise UsageError("config limits: expected a table of limits")
+        limits = Limits.from_mapping(table)
+        if max_frame_size is not None and "max_reply_size" not in table:
+            limits = limits.fitting(max_frame_size, REPLY_OVERHEAD)  # replies fit a frame
+        broker_config = BrokerConfig(**section, wall_clock=_time.time, limits=limits)
+    except LimitsError as exc:
+        raise UsageError(f"config {exc}") from None
     except (OptionsError, TypeError) as exc:
         raise UsageError(f"config broker: {exc}") from None
 
@@ -126,7 +140,10 @@ def _build_engine(config: dict[str, Any]) -> Any:
             anonymous=actions(config.get("anonymous", []), "anonymous"),
             require_token=bool(config.get("require_token", False)),
         )
-    return Engine(config=broker_config, authorizer=authorizer)
+    try:
+        return Engine(config=broker_config, authorizer=authorizer)
+    except EngineError as exc:  # the routers of the config: invalid, or too many
+        raise UsageError(f"config broker: {exc.reason}") from None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -144,6 +161,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "max_frame_size",
         "ping_interval",
         "peer_timeout",
+        "handshake_timeout",
+        "max_handshakes",
+        "max_connections",
     }
     if set(section) - known:
         raise UsageError(f"config server: unknown keys {sorted(set(section) - known)}")
@@ -171,12 +191,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_frame_size=int(section.get("max_frame_size", 16 * 1024 * 1024)),
             ping_interval=float(section.get("ping_interval", 5.0)),
             peer_timeout=float(section.get("peer_timeout", 15.0)),
+            handshake_timeout=float(section.get("handshake_timeout", 10.0)),
+            max_handshakes=int(section.get("max_handshakes", 1_000)),
+            max_connections=int(section.get("max_connections", 11_000)),
         )
     except (TypeError, ValueError) as exc:
         raise UsageError(f"server options: {exc}") from None
-    engine = _build_engine(config)
+    engine = _build_engine(config, options.max_frame_size)
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    server = Server(engine, options, context=context)
+    try:
+        server = Server(engine, options, context=context)
+    except ServerError as exc:
+        context.term()
+        raise UsageError(str(exc)) from None
 
     try:
         with _sigterm_interrupts():

@@ -2,7 +2,8 @@
 
 Each method sends one SERVER frame (content type = ``protocol.Operation``) and waits for
 its ACK (create/update/delete) or RESPONSE (lists and information, parsed from JSON).
-A failure raises ``RemoteError`` with the broker's status code.
+A failure raises ``RemoteError`` with the broker's status code.  Lists (and statistics)
+that the broker sends in pages are gathered here: the caller gets the whole list.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from broker import tmqp
-from broker.protocol import Header, MessageType, Operation
+from broker.client_errors import ClientError
+from broker.paging import merge
+from broker.protocol import Header, MessageType, Operation, header
 
 
 def operation_frame(
@@ -42,6 +45,27 @@ def operation_frame(
     )
 
 
+def next_page(request: tmqp.Frame, reply: tmqp.Frame, message_id: str) -> tmqp.Frame | None:
+    """The request for the page after ``reply`` (None when ``reply`` ended the list).
+
+    Lists longer than the broker's reply budget come in pages (``broker.paging``); both
+    clients gather them with this.  A broker that names the page just asked for again
+    would loop forever: that is a ``ClientError``.
+    """
+    more = header(reply, Header.PAGE_NEXT)
+    if more is None:
+        return None
+    if more == header(request, Header.PAGE_AFTER):
+        raise ClientError(f"the broker sent the page after {more!r} again")
+    wanted = Header.PAGE_AFTER.lower()
+    kept = tuple((k, v) for k, v in request.headers if k.lower() != wanted)
+    return request.replace(message_id=message_id, headers=(*kept, (Header.PAGE_AFTER, more)))
+
+
+#: Where the paged list is in a statistics reply (the other lists are the reply itself).
+STATS_LIST = ("engine", "channel_list")
+
+
 class AdminOperations:
     """Mixed into ``Client``, which provides ``new_id`` and ``_call``."""
 
@@ -51,9 +75,18 @@ class AdminOperations:
     def _call(self, frame: tmqp.Frame, timeout: float | None = None) -> tmqp.Frame:
         raise NotImplementedError
 
-    def _json(self, frame: tmqp.Frame, timeout: float | None = None) -> Any:
+    def _json(
+        self, frame: tmqp.Frame, timeout: float | None = None, path: tuple[str, ...] = ()
+    ) -> Any:
+        """The JSON answer to ``frame``, every page of it (the list at ``path``)."""
         reply = self._call(frame, timeout)
-        return json.loads(reply.payload) if reply.payload else None
+        value = json.loads(reply.payload) if reply.payload else None
+        request = next_page(frame, reply, self.new_id())
+        while request is not None:
+            reply = self._call(request, timeout)
+            merge(value, json.loads(reply.payload), path)
+            request = next_page(request, reply, self.new_id())
+        return value
 
     def _op(
         self,
@@ -110,4 +143,4 @@ class AdminOperations:
     def stats(self) -> Any:
         """The server's transport counters and the engine's statistics."""
 
-        return self._json(self._op(Operation.STATS, response=True))
+        return self._json(self._op(Operation.STATS, response=True), path=STATS_LIST)

@@ -30,12 +30,25 @@ import zmq
 from broker import tmqp
 from broker.client_errors import ClientClosed, ClientError, StopLoop
 from broker.client_message import Message
-from broker.protocol import DEFAULT_ENDPOINT, ConnectionInfo
+from broker.protocol import DEFAULT_ENDPOINT, ConnectionInfo, Header
 
 if TYPE_CHECKING:
     from broker.client_io import IOLoop
 
 _ids = itertools.count(1)
+
+
+def session_properties(properties: Mapping[str, str], secret: str | None) -> dict[str, str]:
+    """Connection-info properties for a (re)connect: with the session secret, if any.
+
+    The broker gives every session a secret (``Session-Secret`` in its connect answer);
+    sent back when reconnecting under the same client id, it proves the connection is
+    the same client, which then takes its session over at once.  Shared by both clients.
+    """
+    props = {k: v for k, v in properties.items() if k.lower() != Header.SESSION_SECRET.lower()}
+    if secret:
+        props[Header.SESSION_SECRET] = secret
+    return props
 
 
 class SessionState(Enum):
@@ -97,6 +110,8 @@ class ClientCore:
         )
         self._curve = (curve_secret, server_key) if curve_secret is not None else None
         self.client_id: str | None = client_id
+        #: The broker's secret for this client's session (sent back when reconnecting).
+        self.session_secret: str | None = None
         prefix = f"{random.getrandbits(32):08x}-"
         self._counter = itertools.count(1)
         self._prefix = prefix

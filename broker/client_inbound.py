@@ -50,6 +50,7 @@ class InboundFrames:
         # provided by broker.client_io.IOLoop
         c: Client
         hs_id: str
+        first: bool
 
         def _send_now(self, data: bytes) -> None: ...
         def _ready(self, frame: tmqp.Frame) -> None: ...
@@ -192,8 +193,12 @@ class InboundFrames:
             self._lost(f"the broker ended the session: {reason} (status {code})")
 
     def _refused(self, code: int, reason: str) -> None:
-        """The broker turned down the connection info."""
-        if code in _PERMANENT:
+        """The broker turned down the connection info.
+
+        A client id in use by another session (481) is final for the first connect; a
+        reconnect keeps trying (the session holding the id may still end).
+        """
+        if code in _PERMANENT or (code == ResultCode.ALREADY_CREATED and self.first):
             kind = AccessRefused if code == ResultCode.UNAUTHORIZED else ConnectError
             err = kind(f"the broker refused the connection: {reason} (status {code})")
             raise self._fatal(err)

@@ -28,7 +28,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from broker import fastcodec, tmqp
-from broker.client_core import SessionState
+from broker.client_core import SessionState, session_properties
 from broker.client_errors import (
     AccessRefused,
     ClientClosed,
@@ -357,7 +357,7 @@ class IOLoop(InboundFrames):
             name=c._info.name,
             type=c._info.type,
             token=c._info.token,
-            properties=c._info.properties,
+            properties=session_properties(c._info.properties, c.session_secret),
         )
         frame = info.to_frame(self.hs_id)
         frame = tmqp.Frame(
@@ -377,6 +377,7 @@ class IOLoop(InboundFrames):
         c = self.c
         client_id = header(frame, Header.CLIENT_ID) or frame.target or c.client_id or ""
         c.client_id = client_id
+        c.session_secret = header(frame, Header.SESSION_SECRET)
         c._state = SessionState.READY
         self.attempt = 0
         self.last_rx = time.monotonic()

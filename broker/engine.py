@@ -49,7 +49,7 @@ import heapq
 import logging
 from collections.abc import Iterable, Mapping
 
-from broker import flow, frames, models, tmqp
+from broker import flow, frames, models, paging, tmqp
 from broker.auth import Action, AllowAll
 from broker.channel import Channel, Client
 from broker.engine_channels import valid_channel_name
@@ -164,7 +164,7 @@ class Engine(EngineClients):
                 if ccs:
                     self._push_cc(client, frame, queue, ccs, now, out)
                     return
-            code = queue.check_push(len(frame.payload))
+            code = self.check_push(queue, len(frame.payload))
             if code:
                 raise OperationError(ResultCode(code), "push refused by the queue")
         except OperationError as err:
@@ -194,8 +194,14 @@ class Engine(EngineClients):
         now: float,
         out: list[Outgoing],
     ) -> None:
-        """Push into the target queue and a copy into each ``CC`` queue, all or nothing."""
+        """Push into the target queue and a copy into each ``CC`` queue, all or nothing.
+
+        A queue gets one copy however often it is named (the target queue none: it has
+        the message); more than ``limits.max_cc`` distinct queues refuse the push (482).
+        """
         copies: list[tuple[Queue, str]] = []
+        named: set[tuple[str, int]] = {primary.key}
+        max_cc = self.config.limits.max_cc
         for value in ccs:
             parts = [p.strip() for p in value.split(";")]
             if len(parts) > 3 or not parts[0]:
@@ -208,6 +214,11 @@ class Engine(EngineClients):
                     raise OperationError(ResultCode.BAD_REQUEST, f"bad CC queue id {value!r}")
                 if not 0 <= qid <= 0xFFFF:
                     raise OperationError(ResultCode.BAD_REQUEST, f"bad CC queue id {value!r}")
+            if (parts[0], qid) in named:
+                continue
+            if len(named) > max_cc:
+                raise OperationError(ResultCode.LIMIT_EXCEEDED, f"more than {max_cc} CC queues")
+            named.add((parts[0], qid))
             queue = self.resolve_queue(client, parts[0], qid, out)
             if not self.authorizer.allows(client, Action.PUSH, queue.channel.name, queue.id):
                 raise OperationError(ResultCode.UNAUTHORIZED, f"push to {parts[0]} not allowed")
@@ -215,7 +226,7 @@ class Engine(EngineClients):
             copies.append((queue, mid))
         size = len(frame.payload)
         for queue in (primary, *(q for q, _ in copies)):
-            code = queue.check_push(size)
+            code = self.check_push(queue, size)
             if code:
                 raise OperationError(ResultCode(code), f"push refused by {queue.key}")
         plain = tuple((k, v) for k, v in frame.headers if k.lower() != "cc")
@@ -272,7 +283,7 @@ class Engine(EngineClients):
             out.append(Outgoing(client.id, pull_marker(rid, name, qid, token or "")))
             out.append(Outgoing(client.id, pull_marker(rid, name, qid, NoContent.END)))
             return
-        queue.pull(client, frame, now, out, self.config.max_pull_count)
+        queue.pull(client, frame, now, out, self.config.limits.max_pull_count)
 
     # ------------------------------------------------------------------ flow control
 
@@ -375,6 +386,18 @@ class Engine(EngineClients):
     def stats(self) -> dict[str, object]:
         """Counters and a per-queue summary, JSON-able (for ``broker stats``)."""
         return models.engine_stats(self)
+
+    def stats_page(self, after: str | None, budget: int) -> tuple[dict[str, object], str | None]:
+        """The statistics with one page of ``channel_list`` (channels by name, after
+        ``after``), within ``budget`` octets of JSON; and the key of the next page."""
+        out = models.engine_totals(self)
+        room = budget - paging.json_size(out) - len('"channel_list":[],')
+        channels = self.channels
+        page = paging.cut(
+            sorted(channels), after, lambda n: models.channel_stats(channels[n]), room
+        )
+        out["channel_list"] = page.items
+        return out, page.next
 
     @property
     def pending_requests(self) -> int:

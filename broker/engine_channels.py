@@ -1,8 +1,11 @@
 """Channels and queues of the engine: creation (also on the fly), removal, join, leave.
 
 A channel created with ``destroy_when_empty`` goes away once it has no consumer and its
-queues hold nothing.  Every change emits its event (CHANNEL_CREATED, QUEUE_CREATED,
-CLIENT_JOINED, ...) into the output list it is given.
+queues hold nothing.  The broker's limits (``config.limits``) bound the channels, the
+queues (in all and per channel), the messages a queue holds and the channels a client
+joins: past them an operation fails with LimitExceeded (482).  Every change emits its
+event (CHANNEL_CREATED, QUEUE_CREATED, CLIENT_JOINED, ...) into the output list it is
+given.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from broker.channel import Channel, Client
 from broker.engine_core import EngineCore
 from broker.errors import OperationError
 from broker.options import ChannelOptions, ChannelQueueOptions
-from broker.protocol import EventName, NackReason, Outgoing, ResultCode
+from broker.protocol import EventName, NackReason, Outgoing, QueueStatus, ResultCode
 from broker.queue import Queue
 
 
@@ -23,6 +26,18 @@ def valid_channel_name(name: str) -> bool:
 
 class EngineChannels(EngineCore):
     """Channel and queue management (see the module docstring)."""
+
+    def check_push(self, queue: Queue, size: int) -> int:
+        """Result code a push of ``size`` octets into ``queue`` would get (0 = accepted):
+        the queue's own rules, then the broker's bound on the messages one queue holds."""
+        code = queue.check_push(size)
+        if (
+            not code
+            and queue.message_count >= self.config.limits.max_queue_messages
+            and queue.status is not QueueStatus.BROADCAST
+        ):
+            return ResultCode.LIMIT_EXCEEDED
+        return code
 
     def resolve_queue(
         self, client: Client | None, channel_name: str, queue_id: int, out: list[Outgoing]
@@ -60,6 +75,8 @@ class EngineChannels(EngineCore):
             raise OperationError(ResultCode.BAD_REQUEST, f"invalid channel name {name!r}")
         if name in self.channels:
             raise OperationError(ResultCode.ALREADY_CREATED, f"channel {name!r} exists")
+        if len(self.channels) >= self.config.limits.max_channels:
+            raise OperationError(ResultCode.LIMIT_EXCEEDED, "too many channels")
         channel = Channel(name, options or self.config.channel_defaults)
         self.channels[name] = channel
         self.events.emit(
@@ -89,12 +106,19 @@ class EngineChannels(EngineCore):
             raise OperationError(ResultCode.UNACCEPTABLE, f"queue {queue_id} not allowed here")
         if not copts.allow_multiple_queues and channel.queues:
             raise OperationError(ResultCode.UNACCEPTABLE, "channel allows a single queue")
-        if copts.queue_limit and len(channel.queues) >= copts.queue_limit:
+        limits = self.config.limits
+        per_channel = limits.max_queues_per_channel
+        if copts.queue_limit:
+            per_channel = min(per_channel, copts.queue_limit)
+        if len(channel.queues) >= per_channel:
             raise OperationError(ResultCode.LIMIT_EXCEEDED, "channel queue limit reached")
+        if self.queue_count >= limits.max_queues:
+            raise OperationError(ResultCode.LIMIT_EXCEEDED, "too many queues")
         options = options or copts.queue
         self.check_handler(options.message_delivery_handler)
         queue = Queue(channel, queue_id, options, self)
         channel.queues[queue_id] = queue
+        self.queue_count += 1
         if out is None:
             out = []
         self.events.emit(
@@ -108,6 +132,7 @@ class EngineChannels(EngineCore):
         if channel.queues.get(queue.id) is not queue:
             return
         del channel.queues[queue.id]
+        self.queue_count -= 1
         queue.close(out)
         self.store.drop_queue(queue.key)
         self.events.emit(
@@ -121,6 +146,7 @@ class EngineChannels(EngineCore):
         for queue in list(channel.queues.values()):
             queue.close(out)
             self.store.drop_queue(queue.key)
+        self.queue_count -= len(channel.queues)
         channel.queues.clear()
         for client in channel.consumer_list:
             client.channels.pop(channel.name, None)
@@ -145,6 +171,8 @@ class EngineChannels(EngineCore):
                 for queue in list(channel.queues.values()):
                     queue.drain(now, out)
             return
+        if len(client.channels) >= self.config.limits.max_joined_channels:
+            raise OperationError(ResultCode.LIMIT_EXCEEDED, "this client joined too many channels")
         client.prefetch.pop(channel.name, None)  # a new membership: the default unless asked
         limit = channel.options.client_limit
         if limit and len(channel.consumers) >= limit:

@@ -31,8 +31,16 @@ class EngineClients(EngineChannels):
 
     # ------------------------------------------------------------------ connections
 
-    def connect(self, info: ConnectionInfo, now: float) -> tuple[str, list[Outgoing]]:
-        """Register a client; raises :class:`ClientRejected` (401, 481 or 400)."""
+    def connect(
+        self, info: ConnectionInfo, now: float, *, replace: bool = False
+    ) -> tuple[str, list[Outgoing]]:
+        """Register a client; raises :class:`ClientRejected` (401, 481, 482 or 400).
+
+        The token is checked first: a refused client changes nothing.  An id in use is
+        refused (481), unless ``replace``: the front end has proven that this connection
+        belongs to the owner of that session (its session secret or CURVE key), whose old
+        session then ends as if by :meth:`disconnect` before the new one takes the id.
+        """
         self._now = now
         if not self.authorizer.authenticate(info):
             raise ClientRejected(ResultCode.UNAUTHORIZED, "client token refused")
@@ -43,15 +51,21 @@ class EngineClients(EngineChannels):
                 client_id = self.new_id()
         elif not client_id or len(client_id.encode()) > 255 or client_id.startswith("@"):
             raise ClientRejected(ResultCode.BAD_REQUEST, f"invalid client id {client_id!r}")
+        out: list[Outgoing] = []
         if client_id in self.clients:
-            raise ClientRejected(ResultCode.ALREADY_CREATED, f"client id {client_id!r} in use")
+            if not replace:
+                raise ClientRejected(
+                    ResultCode.ALREADY_CREATED, f"client id {client_id!r} is in use by a session"
+                )
+            out.extend(self.disconnect(client_id, now))
+        elif len(self.clients) >= self.config.limits.max_clients:
+            raise ClientRejected(ResultCode.LIMIT_EXCEEDED, "too many clients connected")
         client = Client(client_id, info, now)
         self.clients[client_id] = client
         if client.name:
             self._by_name.setdefault(client.name, []).append(client)
         if client.type:
             self._by_type.setdefault(client.type, []).append(client)
-        out: list[Outgoing] = []
         self.events.emit(EventName.CLIENT_CONNECTED, models.client_event(client), out)
         return client_id, out
 
@@ -141,7 +155,7 @@ class EngineClients(EngineChannels):
             if not receivers:
                 raise OperationError(ResultCode.NOT_FOUND, "no receiver", NackReason.NO_CONSUMERS)
             wants = frame.pending_response and frame.message_id
-            if wants and len(client.requests) >= self.config.max_pending_requests:
+            if wants and len(client.requests) >= self.config.limits.max_pending_requests:
                 raise OperationError(ResultCode.BUSY, "too many outstanding requests")
         except OperationError as err:
             self.answer_failure(client, frame, out, err, direct=True)

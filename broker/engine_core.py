@@ -64,6 +64,8 @@ class EngineCore:
         self.clients: dict[str, Client] = {}
         self.channels: dict[str, Channel] = {}
         self.routers: dict[str, Router] = {}
+        #: Queues in all channels (bounded by ``config.limits.max_queues``).
+        self.queue_count = 0
         self.events = EventHub()
         self._by_name: dict[str, list[Client]] = {}
         self._by_type: dict[str, list[Client]] = {}
@@ -118,6 +120,7 @@ class EngineCore:
         response: bool,
         payload: bytes = b"",
         error: OperationError | None = None,
+        headers: tuple[tuple[str, str], ...] = (),
     ) -> None:
         """Answer a server operation: ACK (or RESPONSE when asked/for lists), code inside."""
         code = error.code if error is not None else ResultCode.OK
@@ -126,7 +129,7 @@ class EngineCore:
             out.append(
                 Outgoing(
                     client.id,
-                    frames.response(frame.message_id, client.id, code, reason, payload),
+                    frames.response(frame.message_id, client.id, code, reason, payload, headers),
                 )
             )
         else:
@@ -157,6 +160,10 @@ class EngineCore:
         """Register a router (Python API; the wire has operation 601)."""
         if router.name in self.routers:
             raise OperationError(ResultCode.ALREADY_CREATED, f"router {router.name!r} exists")
+        if len(self.routers) >= self.config.limits.max_routers:
+            raise OperationError(ResultCode.LIMIT_EXCEEDED, "too many routers")
+        if len(router.bindings) > self.config.limits.max_bindings_per_router:
+            raise OperationError(ResultCode.LIMIT_EXCEEDED, "too many bindings")
         self.routers[router.name] = router
         return router
 

@@ -42,6 +42,15 @@ class EventHub:
                 del self._subs[name]
         return True
 
+    def count(self, client_id: str) -> int:
+        """How many subscriptions (event, filter) the client holds."""
+        return sum(len(clients.get(client_id, ())) for clients in self._subs.values())
+
+    def has_subscription(
+        self, client_id: str, name: str, channel: str | None, queue: int | None
+    ) -> bool:
+        return (channel, queue) in self._subs.get(name, {}).get(client_id, ())
+
     def drop_client(self, client_id: str) -> None:
         for name in list(self._subs):
             clients = self._subs[name]

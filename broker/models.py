@@ -140,8 +140,24 @@ def message_event(queue: Queue, message: QueueMessage) -> dict[str, Any]:
     }
 
 
-def engine_stats(engine: Engine) -> dict[str, object]:
-    """Totals over every queue plus a per-channel summary (JSON-able)."""
+def channel_stats(c: Channel) -> dict[str, Any]:
+    """One entry of the statistics' ``channel_list``."""
+    return {
+        "name": c.name,
+        "consumers": len(c.consumers),
+        "queues": [
+            {
+                **queue_summary(q),
+                "PendingAcknowledges": len(q.pending),
+                "Sequence": q.sequence,
+            }
+            for q in c.queues.values()
+        ],
+    }
+
+
+def engine_totals(engine: Engine) -> dict[str, object]:
+    """The statistics without the per-channel list."""
     queues = [q for c in engine.channels.values() for q in c.queues.values()]
 
     def total(attr: str) -> int:
@@ -167,19 +183,12 @@ def engine_stats(engine: Engine) -> dict[str, object]:
         "removed": total("removed"),
         "dropped_deliveries": total("dropped"),
         "in_flight": sum(sum(q.used.values()) for q in queues),
-        "channel_list": [
-            {
-                "name": c.name,
-                "consumers": len(c.consumers),
-                "queues": [
-                    {
-                        **queue_summary(q),
-                        "PendingAcknowledges": len(q.pending),
-                        "Sequence": q.sequence,
-                    }
-                    for q in c.queues.values()
-                ],
-            }
-            for c in engine.channels.values()
-        ],
+        "limits": engine.config.limits.table(),
     }
+
+
+def engine_stats(engine: Engine) -> dict[str, object]:
+    """Totals over every queue plus a per-channel summary (JSON-able)."""
+    out = engine_totals(engine)
+    out["channel_list"] = [channel_stats(c) for c in engine.channels.values()]
+    return out

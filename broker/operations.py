@@ -1,7 +1,8 @@
 """Server operations (message type 0x10) and event subscriptions, on top of the engine.
 
 One function per operation content type; each returns the JSON model to send back
-(operations answered by a RESPONSE) or None (operations answered by an ACK), and raises
+(operations answered by a RESPONSE; lists as a :class:`broker.paging.Page`, which adds a
+``Page-Next`` header when the list goes on) or None (operations answered by an ACK), and raises
 :class:`~broker.engine.OperationError` (or an options/router parse error, reported as
 400) to fail.  The reply goes out before any frame the operation caused (for instance
 the messages a join releases), so a client sees its join acknowledged first.
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from broker import models, tmqp
 from broker.auth import Action
 from broker.options import ChannelOptions, OptionsError
+from broker.paging import Page, cut, parse_after
 from broker.protocol import (
     EVENT_NAMES,
     EventName,
@@ -67,8 +69,13 @@ def dispatch(
         engine.reply(client, frame, out, response=is_response, error=failure)
         out.extend(caused)
         return
+    headers: tuple[tuple[str, str], ...] = ()
+    if isinstance(model, Page):
+        if model.next is not None:
+            headers = ((Header.PAGE_NEXT, model.next),)
+        model = model.items
     payload = json.dumps(model, separators=(",", ":")).encode() if is_response else b""
-    engine.reply(client, frame, out, response=is_response, payload=payload)
+    engine.reply(client, frame, out, response=is_response, payload=payload, headers=headers)
     out.extend(caused)
 
 
@@ -116,6 +123,19 @@ def _queue(engine: Engine, frame: tmqp.Frame) -> Queue:
     return queue
 
 
+def _after(frame: tmqp.Frame, numeric: bool = False) -> Any:
+    """The request's ``Page-After`` key (None: the first page)."""
+    raw = header(frame, Header.PAGE_AFTER)
+    try:
+        return parse_after(raw, numeric)
+    except ValueError:
+        raise _error(ResultCode.BAD_REQUEST, f"bad {Header.PAGE_AFTER} {raw!r}") from None
+
+
+def _budget(engine: Engine) -> int:
+    return engine.config.limits.max_reply_size
+
+
 def _has_payload(frame: tmqp.Frame) -> bool:
     return bool(frame.payload.strip())
 
@@ -160,10 +180,14 @@ def channel_delete(
 
 def channel_list(
     engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
-) -> list[dict[str, Any]]:
+) -> Page:
     _allow(engine, client, Action.CHANNEL_LIST, target=frame.target or None)
     match = _matcher(frame.target)
-    return [models.channel_information(c) for name, c in engine.channels.items() if match(name)]
+    channels = engine.channels
+    names = sorted(name for name in channels if match(name))
+    return cut(
+        names, _after(frame), lambda n: models.channel_information(channels[n]), _budget(engine)
+    )
 
 
 def channel_info(
@@ -258,10 +282,12 @@ def queue_delete(
 
 def queue_list(
     engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
-) -> list[dict[str, Any]]:
+) -> Page:
     channel = _channel(engine, frame)
     _allow(engine, client, Action.QUEUE_LIST, channel.name)
-    return [q.summary() for _, q in sorted(channel.queues.items())]
+    queues = channel.queues
+    ids = sorted(queues)
+    return cut(ids, _after(frame, numeric=True), lambda i: queues[i].summary(), _budget(engine))
 
 
 def queue_info(
@@ -284,14 +310,14 @@ def node_list(
 
 def client_list(
     engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
-) -> list[dict[str, Any]]:
+) -> Page:
     _allow(engine, client, Action.ADMIN)
     wanted = frame.target or None
-    return [
-        models.client_information(c, now)
-        for c in engine.clients.values()
-        if wanted is None or c.type == wanted
-    ]
+    clients = engine.clients
+    ids = sorted(i for i, c in clients.items() if wanted is None or c.type == wanted)
+    return cut(
+        ids, _after(frame), lambda i: models.client_information(clients[i], now), _budget(engine)
+    )
 
 
 # ---------------------------------------------------------------------- routers
@@ -323,10 +349,12 @@ def router_remove(
 
 def router_list(
     engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
-) -> list[dict[str, Any]]:
+) -> Page:
     _allow(engine, client, Action.ROUTER_MANAGE, target=frame.target or None)
     match = _matcher(frame.target)
-    return [r.to_json() for name, r in sorted(engine.routers.items()) if match(name)]
+    routers = engine.routers
+    names = sorted(name for name in routers if match(name))
+    return cut(names, _after(frame), lambda n: routers[n].to_json(), _budget(engine))
 
 
 def binding_add(
@@ -335,6 +363,8 @@ def binding_add(
     router = _router(engine, frame)
     _allow(engine, client, Action.ROUTER_MANAGE, target=router.name)
     binding = binding_from_json(frame.payload)
+    if len(router.bindings) >= engine.config.limits.max_bindings_per_router:
+        raise _error(ResultCode.LIMIT_EXCEEDED, "too many bindings in this router")
     try:
         router.add(binding)
     except RouterError as exc:
@@ -361,10 +391,14 @@ def binding_remove(
 
 def binding_list(
     engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
-) -> list[dict[str, Any]]:
+) -> Page:
     router = _router(engine, frame)
     _allow(engine, client, Action.ROUTER_MANAGE, target=router.name)
-    return [b.to_json() for b in router.bindings]
+    bindings = list(router.bindings)  # in the router's order: the key is the position
+    positions = list(range(len(bindings)))
+    return cut(
+        positions, _after(frame, numeric=True), lambda i: bindings[i].to_json(), _budget(engine)
+    )
 
 
 # operation content type -> (function, answered by a RESPONSE)
@@ -409,6 +443,11 @@ def event_subscription(
         queue = _queue_id(frame) if header(frame, Header.QUEUE_ID) is not None else None
         if frame.content_type == 1:
             _allow(engine, client, Action.EVENT, channel, queue, name)
+            events, limit = engine.events, engine.config.limits.max_event_subscriptions
+            if events.count(client.id) >= limit and not events.has_subscription(
+                client.id, name, channel, queue
+            ):
+                raise _error(ResultCode.LIMIT_EXCEEDED, "too many event subscriptions")
             engine.events.subscribe(client.id, name, channel, queue)
         elif frame.content_type == 0:
             engine.events.unsubscribe(client.id, name, channel, queue)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from broker.limits import Limits
 from broker.protocol import QueueStatus
 
 
@@ -256,16 +257,14 @@ class BrokerConfig:
     auto_create_queue: bool = True
     node_name: str = "zerohub"
     wall_clock: Callable[[], float] = time.time
-    #: Most queue messages one pull request may ask for (Count header).
-    max_pull_count: int = 10_000
-    #: Most outstanding direct requests (pending response) tracked per client.
-    max_pending_requests: int = 100_000
     #: Deliveries of one queue a consumer may hold in flight: unacknowledged (queues
     #: requesting acknowledges) or handed to the transport but not yet on the client's
     #: socket (the rest).  A queue's ``Prefetch`` option or a client's ``Prefetch`` JOIN
     #: header overrides it, up to ``max_prefetch``.  See ``broker.flow``.
     prefetch: int = 1000
     max_prefetch: int = 100_000
+    #: Bounds of every table clients can grow (``broker.limits``; ``[limits]`` in the config).
+    limits: Limits = field(default_factory=Limits)
     #: Routers to create at start, as JSON objects: ``{"Name": "r", "Method": "RoundRobin",
     #: "Bindings": [{"Name": "b", "Type": "Queue", "Target": "ch", "Queue": 1}, ...]}``.
     routers: tuple[Mapping[str, Any], ...] = ()

@@ -113,6 +113,13 @@ class Header:
     #: zerohub: on a queue message sent again (after a consumer went away, a nack or an
     #: acknowledge timeout), the number of this delivery (2 for the first redelivery).
     DELIVERY_COUNT = "Delivery-Count"
+    #: Issued in the connect response; a client reconnecting under its id sends it back
+    #: as a connection-info property to prove it owns the session (see broker.server_peers).
+    SESSION_SECRET = "Session-Secret"
+    #: Paged list replies (see broker.paging): the request's "after this key", and the
+    #: reply's key to ask the next page with.
+    PAGE_AFTER = "Page-After"
+    PAGE_NEXT = "Page-Next"
 
 
 def header(frame: tmqp.Frame, name: str, default: str | None = None) -> str | None:

@@ -277,7 +277,7 @@ def _route(
             return False
         if not engine.authorizer.allows(client, Action.PUSH, queue.channel.name, queue.id):
             return False
-        if queue.check_push(len(frame.payload)):
+        if engine.check_push(queue, len(frame.payload)):
             return False
         waits = interaction is Interaction.ACKNOWLEDGE and frame.pending_ack and keep_id
         return queue.accept(frame, client, now, out, waits, message_id=mid) is not None

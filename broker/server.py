@@ -23,9 +23,12 @@ passes through unchanged is forwarded as the octets received; engine output is
 handed to libzmq in batches (``ServerOptions.send_batch``), in order with every
 other frame the server sends, so that libzmq's I/O thread is woken once per batch.
 
-Bad input never stops the loop: oversize, undecodable or multi-part messages
-get a ``RESPONSE`` with a status code and a ``Reason`` header (echoing the
-message id when it can be read), and an engine exception answers ``FAILED``.
+Bad input never stops the loop: undecodable or multi-part messages get a
+``RESPONSE`` with a status code and a ``Reason`` header (echoing the message id
+when it can be read), and an engine exception answers ``FAILED``.  A message
+larger than ``max_frame_size`` never gets here: it is the socket's
+ZMQ_MAXMSGSIZE, so libzmq drops the sender's connection as soon as it announces
+the size, without buffering the message.
 
 :class:`Server` is built in layers, one module each (each a base class of the next):
 ``broker.server_send`` (the send path and backlogs), ``broker.server_peers`` (handshake,
@@ -50,7 +53,10 @@ from typing import Any
 import zmq
 
 from broker import fastcodec, tmqp
-from broker.protocol import GREETING, MessageType, Operation, ResultCode
+from broker.limits import MIN_REPLY_SIZE
+from broker.paging import json_size
+from broker.protocol import GREETING, Header, MessageType, Operation, ResultCode, header
+from broker.server_links import Connections
 from broker.server_options import ServerError, ServerOptions
 from broker.server_peers import (
     EngineLike,
@@ -64,6 +70,7 @@ from broker.sockets import fast_send
 from zproto.errors import DecodeError
 
 __all__ = [
+    "REPLY_OVERHEAD",
     "STATS_OPERATION",
     "EngineLike",
     "PeerState",
@@ -91,6 +98,12 @@ STATS_OPERATION = int(Operation.STATS)
 _READY = PeerState.READY
 #: Messages received between two reports of sent deliveries during one socket drain.
 _REPORT_EVERY = 256
+#: Octets CURVE adds to a message on the wire, which libzmq counts against ZMQ_MAXMSGSIZE:
+#: the MESSAGE command's name and nonce (16), the box's MAC (16) and the flags octet.
+_CURVE_OVERHEAD = 33
+#: Octets a reply frame may need beside its JSON payload (message id, client id, the
+#: Page-Next header...): ``Limits.max_reply_size`` must leave this much of a frame free.
+REPLY_OVERHEAD = 4096
 
 
 class Server(PeerSessions):
@@ -119,6 +132,17 @@ class Server(PeerSessions):
         self._auth: Any = None
         self._lock = threading.Lock()
         self._max_frame = self.options.max_frame_size
+        #: Octets of JSON in one reply: what a frame holds beside ids and headers.
+        self._reply_budget = max(MIN_REPLY_SIZE, self._max_frame - REPLY_OVERHEAD)
+        limits = getattr(getattr(engine, "config", None), "limits", None)
+        wanted = getattr(limits, "max_reply_size", 0)
+        if wanted > self._reply_budget:
+            raise ServerError(
+                f"limits.max_reply_size ({wanted}) must be at most max_frame_size - "
+                f"{REPLY_OVERHEAD} ({self._reply_budget}): replies would not fit a frame"
+            )
+        if wanted:
+            self._reply_budget = wanted  # the statistics page like the engine's lists
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -141,10 +165,18 @@ class Server(PeerSessions):
         try:
             sock.linger = int(opts.linger * 1000)
             sock.router_mandatory = True
-            sock.router_handover = True
+            # a new connection never takes over the routing id of a live one
+            sock.router_handover = False
             sock.sndhwm = opts.hwm
             sock.rcvhwm = opts.hwm
-            sock.maxmsgsize = 4 * opts.max_frame_size
+            # libzmq drops a peer whose message is larger, before buffering any of it
+            sock.maxmsgsize = opts.max_frame_size + (_CURVE_OVERHEAD if curve else 0)
+            # No ZMTP heartbeats (ZMQ_HEARTBEAT_IVL): with them, the last messages of a
+            # client flooding the broker then closing came through late (lost, with the
+            # client's default 1 s linger), measured with libzmq 4.3.5.  Dead peers are
+            # found by the TMQP PINGs instead: the session expires and its connection is
+            # shut down (broker.server_links).
+            sock.handshake_ivl = int(opts.handshake_timeout * 1000)
             if curve:
                 assert opts.curve_secret is not None and opts.allow_dir is not None
                 self._auth = security.start_authenticator(self.context, opts.allow_dir)
@@ -155,6 +187,7 @@ class Server(PeerSessions):
             self._stop_auth()
             raise ServerError(f"cannot serve on {opts.endpoint}: {exc}") from None
         self._router = sock
+        self._connections = Connections(sock, opts.max_connections)
         self._fast_send = fast_send(sock)
         endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.endpoint = endpoint
@@ -193,6 +226,7 @@ class Server(PeerSessions):
             self._thread = None
         if self._router is not None and tx is None:
             # bound but never served
+            self._close_connections()
             self._router.close(linger=0)
             self._router = None
         self._stop_auth()
@@ -215,6 +249,11 @@ class Server(PeerSessions):
             self._stop_tx = tx
         return control
 
+    def _close_connections(self) -> None:
+        if self._connections is not None:
+            self._connections.close()
+            self._connections = None
+
     def _stop_auth(self) -> None:
         if self._auth is not None:
             self._auth.stop()
@@ -228,12 +267,17 @@ class Server(PeerSessions):
         poller = zmq.Poller()
         poller.register(router, zmq.POLLIN)
         poller.register(control, zmq.POLLIN)
+        monitor = self._connections.monitor if self._connections is not None else None
+        if monitor is not None:
+            poller.register(monitor, zmq.POLLIN)
         self._next_scan = self.clock() + min(1.0, self.options.ping_interval / 2)
         try:
             while True:
                 events = dict(poller.poll(self._poll_timeout()))
                 if control in events:
                     break
+                if monitor is not None and monitor in events:
+                    self._on_connections(self.clock())  # before the messages they bring
                 if router in events:
                     self._drain(router)
                 now = self.clock()
@@ -285,9 +329,9 @@ class Server(PeerSessions):
             if part.more:
                 while recv(zmq.NOBLOCK, copy=False).more:
                     pass
-                on_message(rid, b"", True, now)
+                on_message(rid, b"", True, now, part)
             else:
-                on_message(rid, part.bytes, False, now)
+                on_message(rid, part.bytes, False, now, part)
             if count == 1 and self._outq:
                 # A lone message (light load) must not wait for the next recv(), which
                 # costs several microseconds when it finds nothing: send its output now.
@@ -299,10 +343,12 @@ class Server(PeerSessions):
         if self._outq:
             self._flush_out()
 
-    def _on_message(self, rid: bytes, data: bytes, multipart: bool, now: float) -> None:
+    def _on_message(
+        self, rid: bytes, data: bytes, multipart: bool, now: float, part: zmq.Frame
+    ) -> None:
         peer = self._peers.get(rid)
         if peer is None or peer.state is not _READY:
-            self._handshake(rid, peer, b"" if multipart else data, now)
+            self._handshake(rid, peer, b"" if multipart else data, now, part)
             return
         peer.last_seen = now
         peer.pinged = False
@@ -358,20 +404,34 @@ class Server(PeerSessions):
         self._peers.clear()
         self._by_client.clear()
         self._blocked.clear()
+        self._close_connections()
         router.close(linger=int(self.options.linger * 1000))
         self._router = None
 
     # -- statistics --------------------------------------------------------------------
 
     def _stats_reply(self, peer: Peer, request: tmqp.Frame) -> tmqp.Frame:
+        """The statistics as JSON, paged like the engine's lists (``broker.paging``): each
+        page holds every counter and a part of the engine's ``channel_list``."""
         if not self._admin_allowed(peer.client_id):
             return error_frame(request.message_id, ResultCode.UNAUTHORIZED, "unauthorized")
-        body = json.dumps(self.stats(), default=str, sort_keys=True).encode("utf-8")
+        counters = dict(self.counters, frames_out=self._frames_out)
+        out: dict[str, object] = {"server": counters, "peers": len(self._peers)}
+        room = self._reply_budget - json_size(out) - len(',"engine":')
+        after = header(request, Header.PAGE_AFTER)
+        try:
+            out["engine"], more = self.engine.stats_page(after, room)
+        except Exception as exc:
+            log.exception("engine statistics failed")
+            out["engine"], more = {"error": str(exc)}, None
+        headers = ((Header.PAGE_NEXT, more),) if more is not None else ()
+        body = json.dumps(out, default=str, sort_keys=True, separators=(",", ":"))
         return tmqp.Frame(
             message_type=MessageType.RESPONSE,
             message_id=request.message_id,
             target=peer.client_id,
-            payload=body,
+            headers=headers,
+            payload=body.encode("utf-8"),
         )
 
     def _admin_allowed(self, client_id: str) -> bool:

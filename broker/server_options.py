@@ -21,14 +21,20 @@ class ServerOptions:
     allow_dir: str | None = None
     #: Allow a non-loopback bind without CURVE.
     insecure: bool = False
-    #: Largest frame answered normally; larger ones get LIMIT_EXCEEDED.  libzmq drops the
-    #: connection of a peer sending more than ``4 * max_frame_size`` (memory guard).
+    #: Largest frame accepted.  It is the ROUTER's ZMQ_MAXMSGSIZE: libzmq drops the
+    #: connection of a peer announcing a larger message before buffering any of it.
     max_frame_size: int = 16 * 1024 * 1024
     #: A peer silent this long gets a PING; silent for ``peer_timeout`` it is disconnected.
     ping_interval: float = 5.0
     peer_timeout: float = 15.0
-    #: A peer that has not finished the handshake within this time is forgotten.
+    #: A connection that has not finished the handshake (from the TCP accept to the
+    #: connection info) within this time is shut down.
     handshake_timeout: float = 10.0
+    #: Peers between the greeting and the connection info at once; more are refused (503).
+    max_handshakes: int = 1_000
+    #: Connections at once (sessions, handshakes, and connections yet to say anything);
+    #: more are shut down as soon as they are accepted.  Each costs a file descriptor.
+    max_connections: int = 11_000
     #: ZeroMQ high-water marks (messages per peer pipe).
     hwm: int = 10_000
     #: Frames other than queue deliveries held for a peer whose pipe is full; beyond
@@ -51,3 +57,5 @@ class ServerOptions:
             raise ValueError("need 0 < ping_interval < peer_timeout")
         if self.batch < 1 or self.send_batch < 1:
             raise ValueError("batch and send_batch must be at least 1")
+        if self.max_handshakes < 1 or self.max_connections < 1:
+            raise ValueError("max_handshakes and max_connections must be at least 1")

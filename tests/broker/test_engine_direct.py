@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from broker import tmqp
+from broker.limits import Limits
 from broker.options import BrokerConfig
 from broker.protocol import Header, MessageType, NackReason, ResultCode, header
 from tests.broker.engine_kit import Kit
@@ -170,7 +171,7 @@ def test_direct_acknowledge_is_passed_to_the_sender() -> None:
 
 
 def test_too_many_outstanding_requests_is_busy() -> None:
-    kit = Kit(config=BrokerConfig(max_pending_requests=2))
+    kit = Kit(config=BrokerConfig(limits=Limits(max_pending_requests=2)))
     client, server = kit.connect("client"), kit.connect("server")
     for n in range(3):
         direct(kit, client, server, mid=f"q{n}", response=True)

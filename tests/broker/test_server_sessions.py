@@ -1,0 +1,366 @@
+"""Who may use a client id: a live session is never displaced by a newcomer.
+
+A client proves it is the owner of a session with the secret the broker gave it at connect
+(``Session-Secret``), or under CURVE with the same public key; authentication (the token)
+comes before anything else.  Real server and engine, raw DEALER peers and real clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from broker import tmqp
+from broker.aioclient import AsyncClient
+from broker.auth import ALL_ACTIONS, TokenAuthorizer
+from broker.client import Client, ConnectError
+from broker.engine import Engine
+from broker.protocol import ConnectionInfo, Header, MessageType, ResultCode, header
+from broker.server import Server, ServerOptions
+from filemq import security
+from filemq.security import new_certificate
+from tests.broker.netproxy import TcpProxy
+from tests.broker.test_server_transport import PING, Peer
+
+Ctx = zmq.Context[zmq.Socket[bytes]]
+SECRET = Header.SESSION_SECRET
+
+
+def wait_for(check: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.01)
+    return check()
+
+
+def next_frame(peer: Peer, timeout: float = 5.0) -> tmqp.Frame | None:
+    """The next frame that is not a PING (None when nothing else comes in time)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not peer.sock.poll(int(left * 1000)):
+            return None
+        data = peer.sock.recv()
+        if data != PING:
+            msg = tmqp.decode([data])
+            assert isinstance(msg, tmqp.Frame), msg
+            return msg
+
+
+def hello(peer: Peer, client_id: str, *, token: str | None = None, secret: str | None = None
+          ) -> tmqp.Frame:  # fmt: skip
+    props = {SECRET: secret} if secret is not None else {}
+    peer.send(b"TMQP/2.0")
+    peer.frame(ConnectionInfo(client_id=client_id, token=token, properties=props).to_frame("h"))
+    assert peer.recv() == b"TMQP/2.0"
+    reply = next_frame(peer)
+    assert reply is not None, "no answer to the connection info"
+    return reply
+
+
+def serve(zctx: Ctx, engine: Engine | None = None, **kw: Any) -> Server:
+    kw.setdefault("ping_interval", 0.2)
+    kw.setdefault("peer_timeout", 60.0)  # nobody expires during a test
+    options = ServerOptions(endpoint="tcp://127.0.0.1:*", **kw)
+    return Server(engine or Engine(), options, context=zctx)
+
+
+def token_engine() -> Engine:
+    grants = {"alice-token": ALL_ACTIONS, "other": ALL_ACTIONS}
+    return Engine(authorizer=TokenAuthorizer(grants, anonymous=ALL_ACTIONS))
+
+
+@pytest.fixture
+def server(zctx: Ctx, request: pytest.FixtureRequest) -> Iterator[Server]:
+    # the server's ping interval: 0.2 s unless parametrized (indirect=True)
+    ping = getattr(request, "param", 0.2)
+    with serve(zctx, token_engine(), ping_interval=ping) as srv:
+        yield srv
+
+
+@pytest.fixture
+def peers(zctx: Ctx, server: Server) -> Iterator[Callable[[], Peer]]:
+    made: list[Peer] = []
+
+    def make() -> Peer:
+        assert server.endpoint is not None
+        made.append(Peer(zctx, server.endpoint))
+        return made[-1]
+
+    yield make
+    for p in made:
+        p.close()
+
+
+@pytest.fixture
+def bob(zctx: Ctx, server: Server) -> Iterator[Client]:
+    assert server.endpoint is not None
+    with Client(server.endpoint, context=zctx, client_id="bob", timeout=5) as client:
+        yield client
+
+
+def quiet_alice(peers: Callable[[], Peer]) -> tuple[Peer, str | None]:
+    """Alice connected, then quiet for more than the ping interval (the server pinged her).
+
+    Returns her peer and the session secret the broker gave her.
+    """
+    alice = peers()
+    reply = hello(alice, "alice", token="alice-token")
+    assert reply.message_type == MessageType.RESPONSE and reply.content_type == ResultCode.OK
+    assert alice.recv(timeout=5) == PING  # quiet for a ping interval: the old take-over window
+    return alice, header(reply, SECRET)
+
+
+def assert_alice_still_served(alice: Peer, bob: Client, text: bytes) -> None:
+    bob.send("alice", text)
+    got = next_frame(alice)
+    assert got is not None and got.message_type == MessageType.DIRECT and got.payload == text
+
+
+@pytest.mark.parametrize(
+    ("token", "secret", "code"),
+    [
+        (None, None, ResultCode.ALREADY_CREATED),  # no proof at all
+        ("other", "not-her-secret", ResultCode.ALREADY_CREATED),  # a valid token, wrong secret
+        ("refused-token", None, ResultCode.UNAUTHORIZED),  # authentication comes first
+    ],
+    ids=["no-secret", "wrong-secret", "bad-token"],
+)
+def test_an_impostor_cannot_take_over_a_quiet_session(
+    peers: Callable[[], Peer], bob: Client, token: str | None, secret: str | None, code: int
+) -> None:
+    alice, _secret = quiet_alice(peers)
+    impostor = peers()
+    refusal = hello(impostor, "alice", token=token, secret=secret)
+    assert refusal.message_type == MessageType.TERMINATE
+    assert refusal.content_type == code
+    if code == ResultCode.ALREADY_CREATED:
+        assert "in use" in (header(refusal, Header.REASON) or "")
+    # alice's session is untouched: her direct messages still reach her, none the impostor
+    assert_alice_still_served(alice, bob, b"for alice")
+    assert next_frame(impostor, 0.2) is None
+
+
+def test_the_owner_resumes_at_once_with_its_secret(
+    peers: Callable[[], Peer], bob: Client, server: Server
+) -> None:
+    old = peers()
+    first = hello(old, "alice", token="alice-token")
+    secret = header(first, SECRET)
+    assert secret
+    new = peers()
+    reply = hello(new, "alice", token="alice-token", secret=secret)  # old one still live
+    assert reply.message_type == MessageType.RESPONSE and reply.content_type == ResultCode.OK
+    assert header(reply, Header.CLIENT_ID) == "alice"
+    rotated = header(reply, SECRET)
+    assert rotated and rotated != secret  # a new secret for the new session
+    bye = next_frame(old)
+    assert bye is not None and bye.message_type == MessageType.TERMINATE
+    assert_alice_still_served(new, bob, b"to the new session")
+    assert next_frame(old, 0.2) is None
+    # the used secret is spent: replaying it does not take the session back
+    replay = hello(peers(), "alice", token="alice-token", secret=secret)
+    assert replay.content_type == ResultCode.ALREADY_CREATED
+    assert_alice_still_served(new, bob, b"still the new session")
+
+
+def test_a_proven_owner_still_needs_a_valid_token(peers: Callable[[], Peer], bob: Client) -> None:
+    alice, secret = quiet_alice(peers)
+    assert secret, "the broker issues a session secret at connect"
+    thief = peers()
+    refusal = hello(thief, "alice", token="refused-token", secret=secret)
+    assert refusal.content_type == ResultCode.UNAUTHORIZED
+    assert_alice_still_served(alice, bob, b"untouched")
+
+
+def test_the_id_is_free_once_the_old_session_expired(zctx: Ctx) -> None:
+    with serve(zctx, ping_interval=0.1, peer_timeout=0.3) as srv:
+        assert srv.endpoint is not None
+        old, new = Peer(zctx, srv.endpoint), Peer(zctx, srv.endpoint)
+        try:
+            assert hello(old, "alice").content_type == ResultCode.OK
+            # old never answers the PINGs: it expires, and is told so
+            bye = next_frame(old, 10)
+            assert bye is not None and bye.message_type == MessageType.TERMINATE
+            assert hello(new, "alice").content_type == ResultCode.OK  # no proof needed now
+        finally:
+            old.close()
+            new.close()
+
+
+# A server that pings late: before session secrets, a client losing its connection got
+# its id back only once its old session had been quiet for a ping interval.
+@pytest.mark.parametrize("server", [30.0], indirect=True, ids=["late-pings"])
+def test_blocking_client_resumes_its_session_after_its_connection_dies(
+    zctx: Ctx, server: Server, bob: Client
+) -> None:
+    assert server.endpoint is not None
+    proxy = TcpProxy(int(server.endpoint.rsplit(":", 1)[1]))
+    alice = Client(proxy.endpoint, context=zctx, client_id="alice", token="alice-token",
+                   ping_interval=0.2, peer_timeout=0.6, backoff=(0.01, 0.05),
+                   timeout=5)  # fmt: skip
+    try:
+        alice.connect()
+        # the connection dies silently; the broker still holds the session.  What reaches
+        # alice from now on can only come over a new connection.
+        proxy.freeze()
+        got: list[bytes] = []
+
+        def resumed() -> bool:
+            bob.send("alice", b"after the break")
+            message = alice.receive(timeout=0.1)
+            if message is not None:
+                got.append(message.payload)
+            return bool(got)
+
+        assert wait_for(resumed, 15), "alice never got her session back"
+        assert got[0] == b"after the break" and alice.client_id == "alice"
+        assert [c["Id"] for c in bob.clients()].count("alice") == 1
+    finally:
+        alice.close()
+        proxy.close()
+
+
+@pytest.mark.parametrize("server", [30.0], indirect=True, ids=["late-pings"])
+def test_async_client_resumes_its_session_after_its_connection_dies(
+    server: Server, bob: Client
+) -> None:
+    assert server.endpoint is not None
+    proxy = TcpProxy(int(server.endpoint.rsplit(":", 1)[1]))
+    ctx = zmq.asyncio.Context()
+
+    async def main() -> None:
+        alice = AsyncClient(proxy.endpoint, context=ctx, client_id="alice", token="alice-token",
+                            ping_interval=0.2, peer_timeout=0.6, backoff=(0.01, 0.05),
+                            timeout=5)  # fmt: skip
+        async with alice:
+            await alice.join("news")
+            proxy.freeze()
+            deadline = time.monotonic() + 15
+            got = None
+            while got is None and time.monotonic() < deadline:
+                bob.send("alice", b"after the break")
+                got = await alice.receive(timeout=0.1)
+            assert got is not None, "alice never got her session back"
+            assert got.payload == b"after the break" and alice.connected
+            assert alice.client_id == "alice"
+            # she joined her channels again
+            assert wait_for(lambda: bob.channel_info("news")["ActiveClients"] == 1)
+
+    try:
+        asyncio.run(main())
+    finally:
+        proxy.close()
+        ctx.term()
+
+
+def test_a_refused_client_id_is_a_clear_connect_error(
+    peers: Callable[[], Peer], server: Server, zctx: Ctx
+) -> None:
+    quiet_alice(peers)
+    assert server.endpoint is not None
+    impostor = Client(server.endpoint, context=zctx, client_id="alice", timeout=5)
+    try:
+        with pytest.raises(ConnectError, match="in use"):
+            impostor.connect()
+    finally:
+        impostor.close()
+
+
+@pytest.fixture
+def curve(tmp_path: Path) -> dict[str, Path]:
+    allow = tmp_path / "allow"
+    allow.mkdir()
+    server_pub, server_sec = new_certificate("server", tmp_path / "server")
+    keys: dict[str, Path] = {"server_pub": server_pub, "server_sec": server_sec, "allow": allow}
+    for name in ("alice", "mallory"):
+        pub, sec = new_certificate(name, tmp_path / "clients")
+        (allow / f"{name}.key").write_bytes(pub.read_bytes())
+        keys[name] = sec
+    return keys
+
+
+def test_under_curve_the_same_key_proves_the_owner(zctx: Ctx, curve: dict[str, Path]) -> None:
+    with serve(zctx, curve_secret=str(curve["server_sec"]), allow_dir=str(curve["allow"])) as srv:
+        assert srv.endpoint is not None
+        made: list[Peer] = []
+
+        def curve_peer(name: str) -> Peer:
+            peer = Peer.__new__(Peer)
+            peer.sock = zctx.socket(zmq.DEALER)
+            peer.sock.linger = 0
+            security.configure_client(peer.sock, curve[name], curve["server_pub"])
+            peer.sock.connect(srv.endpoint or "")
+            made.append(peer)
+            return peer
+
+        try:
+            old = curve_peer("alice")
+            assert hello(old, "alice").content_type == ResultCode.OK
+            mallory = hello(curve_peer("mallory"), "alice")  # allowed key, not alice's
+            assert mallory.content_type == ResultCode.ALREADY_CREATED
+            again = hello(curve_peer("alice"), "alice")  # alice's key, no secret
+            assert again.message_type == MessageType.RESPONSE
+            assert again.content_type == ResultCode.OK
+        finally:
+            for p in made:
+                p.close()
+
+
+@pytest.mark.parametrize("server", [30.0], indirect=True, ids=["late-pings"])
+def test_a_session_ends_with_its_connection(zctx: Ctx, server: Server, bob: Client) -> None:
+    # no PING for 30 s (which would fail to reach it), no expiry for 60 s: only the end of
+    # the connection itself can end the session in time
+    assert server.endpoint is not None
+    alice = zctx.socket(zmq.DEALER)
+    alice.linger = 0
+    alice.routing_id = b"alice-routing-id"  # a client library with a predictable id
+    alice.connect(server.endpoint)
+    peer = Peer.__new__(Peer)
+    peer.sock = alice
+    assert hello(peer, "alice").content_type == ResultCode.OK
+    alice.close(linger=0)
+    assert wait_for(lambda: "alice" not in [c["Id"] for c in bob.clients()])
+    # the same routing id on a new connection does not carry the session on
+    again = zctx.socket(zmq.DEALER)
+    again.linger = 0
+    again.routing_id = b"alice-routing-id"
+    again.connect(server.endpoint)
+    peer.sock = again
+    try:
+        direct = tmqp.Frame(message_type=MessageType.DIRECT, target="bob", payload=b"as alice?")
+        peer.frame(direct)
+        refusal = next_frame(peer)
+        assert refusal is not None and refusal.message_type == MessageType.TERMINATE
+        assert "handshake required" in (header(refusal, Header.REASON) or "")
+        assert bob.receive(timeout=0.2) is None
+    finally:
+        again.close(linger=0)
+
+
+def test_what_a_client_sent_before_closing_is_not_lost(zctx: Ctx, server: Server) -> None:
+    # The broker hears of the closed connection (its monitor) while the messages sent
+    # before the close still wait to be read: the session must outlive them.
+    assert server.endpoint is not None
+    with Client(server.endpoint, context=zctx, timeout=10) as consumer:
+        consumer.create_queue("last-words", 1, {"Status": 3})  # pull: kept until pulled
+        # linger: the client's own socket may take its time to hand everything over
+        producer = Client(server.endpoint, context=zctx, threaded=False, timeout=10, linger=30)
+        producer.connect()
+        for i in range(20_000):
+            producer.push("last-words", 1, b"%d" % i)
+        producer.close()  # TERMINATE after them, then the socket closes
+
+        def all_stored() -> bool:
+            return bool(consumer.queue_info("last-words", 1)["Messages"] == 20_000)
+
+        assert wait_for(all_stored, 30), consumer.queue_info("last-words", 1)["Messages"]
