@@ -134,7 +134,7 @@ def bench_raw(ctx: Any, count: int) -> Row:
 def serve_broker(endpoint: str, engine_spec: str, ready: Any, stop: Any) -> None:
     import zmq
 
-    from broker.server import Server, ServerOptions
+    from broker.server.server import Server, ServerOptions
 
     module, _, name = engine_spec.partition(":")
     factory: Callable[[], Any] = getattr(importlib.import_module(module), name)
@@ -150,7 +150,7 @@ def serve_broker(endpoint: str, engine_spec: str, ready: Any, stop: Any) -> None
 def _client(endpoint: str, **kw: Any) -> Any:
     import zmq
 
-    from broker.client import Client
+    from broker.client.blocking import Client
 
     return Client(endpoint, context=zmq.Context(), **kw).connect()
 
@@ -509,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, help="messages per producer")
     parser.add_argument("--rounds", type=int, help="round trips for the latency rows")
     parser.add_argument("--rabbitmq", action="store_true", help="add RabbitMQ STOMP and pika rows")
-    parser.add_argument("--engine", default="broker.engine:Engine", help=argparse.SUPPRESS)
+    parser.add_argument("--engine", default="broker.engine.engine:Engine", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     count = args.messages or (2_000 if args.quick else 200_000)
     rounds = args.rounds or (200 if args.quick else 5_000)

@@ -31,8 +31,8 @@ REPORT_EVERY = 256
 def _case(name: str, n: int, queue: dict[str, Any], source: str, producer_ack: bool,
           consumer_ack: bool, general: bool = False, report_every: int = 0) -> float:  # fmt: skip
     from broker import tmqp
-    from broker.delivery import DefaultDeliveryHandler
-    from broker.engine import Engine
+    from broker.engine.delivery import DefaultDeliveryHandler
+    from broker.engine.engine import Engine
     from broker.protocol import ConnectionInfo, Header, MessageType, Operation
 
     class GeneralPath(DefaultDeliveryHandler):

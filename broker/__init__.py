@@ -9,18 +9,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from broker.client import Client, Message
-    from broker.engine import Engine
-    from broker.server import Server, ServerOptions
+    from broker.client.aio import AsyncClient
+    from broker.client.blocking import Client, Message
+    from broker.engine.engine import Engine
+    from broker.server.server import Server, ServerOptions
 
-__all__ = ["Client", "Engine", "Message", "Server", "ServerOptions"]
+__all__ = ["AsyncClient", "Client", "Engine", "Message", "Server", "ServerOptions"]
 
 _LAZY = {
-    "Client": "broker.client",
-    "Message": "broker.client",
-    "Engine": "broker.engine",
-    "Server": "broker.server",
-    "ServerOptions": "broker.server",
+    "AsyncClient": "broker.client.aio",
+    "Client": "broker.client.blocking",
+    "Message": "broker.client.blocking",
+    "Engine": "broker.engine.engine",
+    "Server": "broker.server.server",
+    "ServerOptions": "broker.server.server",
 }
 
 

@@ -97,11 +97,11 @@ def _build_engine(config: dict[str, Any], max_frame_size: int | None = None) -> 
     import dataclasses
     import time as _time
 
-    from broker.auth import ALL_ACTIONS, Action, TokenAuthorizer
-    from broker.engine import Engine, EngineError
-    from broker.limits import Limits, LimitsError
-    from broker.options import BrokerConfig, ChannelOptions, OptionsError
-    from broker.server import REPLY_OVERHEAD
+    from broker.engine.auth import ALL_ACTIONS, Action, TokenAuthorizer
+    from broker.engine.engine import Engine, EngineError
+    from broker.engine.limits import Limits, LimitsError
+    from broker.engine.options import BrokerConfig, ChannelOptions, OptionsError
+    from broker.server.server import REPLY_OVERHEAD
 
     section = dict(config.get("broker") or {})
     try:
@@ -149,7 +149,7 @@ def _build_engine(config: dict[str, Any], max_frame_size: int | None = None) -> 
 def cmd_serve(args: argparse.Namespace) -> int:
     import zmq
 
-    from broker.server import Server, ServerError, ServerOptions
+    from broker.server.server import Server, ServerError, ServerOptions
 
     config = _load_config(args.config)
     section = dict(config.get("server") or {})
@@ -239,7 +239,7 @@ def _session(args: argparse.Namespace) -> Iterator[Any]:
     """A connected client (no reconnect) on its own context, closed afterwards."""
     import zmq
 
-    from broker.client import Client
+    from broker.client.blocking import Client
 
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
@@ -537,8 +537,8 @@ def _main(argv: Sequence[str] | None) -> int:
         level=log_level(args, logging.WARNING),
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
-    from broker.client import ClientError, RemoteError
-    from broker.client_errors import AccessRefused
+    from broker.client.blocking import ClientError, RemoteError
+    from broker.client.errors import AccessRefused
 
     started = time.monotonic()
     try:

@@ -424,7 +424,7 @@ def _serve(args: argparse.Namespace) -> int:
         # use fails at once
         server.bind()
         if args.with_broker:
-            from broker.server import ServerError
+            from broker.server.server import ServerError
 
             broker = _broker_beside(args, context)
             try:
@@ -455,8 +455,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _broker_beside(args: argparse.Namespace, context: zmq.Context[zmq.Socket[bytes]]) -> Any:
     """The broker with its default engine, on ``args.with_broker`` (``--with-broker``)."""
-    from broker.engine import Engine
-    from broker.server import Server, ServerOptions
+    from broker.engine.engine import Engine
+    from broker.server.server import Server, ServerOptions
 
     options = ServerOptions(
         endpoint=args.with_broker,

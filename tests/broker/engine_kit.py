@@ -8,8 +8,8 @@ from collections import defaultdict
 from typing import Any
 
 from broker import tmqp
-from broker.engine import Engine, Outgoing, Tracked
-from broker.options import BrokerConfig, ChannelQueueOptions
+from broker.engine.engine import Engine, Outgoing, Tracked
+from broker.engine.options import BrokerConfig, ChannelQueueOptions
 from broker.protocol import ConnectionInfo, Header, MessageType, Operation, header
 
 Frame = tmqp.Frame

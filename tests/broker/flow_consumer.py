@@ -14,7 +14,7 @@ import sys
 
 import zmq
 
-from broker.client import Client
+from broker.client.blocking import Client
 
 
 def main(argv: list[str]) -> int:

@@ -1,4 +1,4 @@
-"""broker.aioclient.AsyncClient against a live Server + Engine (asyncio.run in sync tests)."""
+"""broker.client.aio.AsyncClient against a live Server + Engine (asyncio.run in sync tests)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from broker.aioclient import AsyncClient
-from broker.client import Kind, Message
-from broker.client_errors import ClientClosed, ClientError, ConnectError, RemoteError
-from broker.engine import Engine
+from broker.client.aio import AsyncClient
+from broker.client.blocking import Kind, Message
+from broker.client.errors import ClientClosed, ClientError, ConnectError, RemoteError
+from broker.engine.engine import Engine
 from broker.protocol import ResultCode
-from broker.server import Server, ServerOptions
+from broker.server.server import Server, ServerOptions
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 Main = Callable[[zmq.asyncio.Context, str], Awaitable[None]]

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 import zmq
 
-from broker.auth import ALL_ACTIONS, TokenAuthorizer
-from broker.client import Client, ConnectError, Kind, Message, RemoteError
-from broker.engine import Engine
+from broker.client.blocking import Client, ConnectError, Kind, Message, RemoteError
+from broker.engine.auth import ALL_ACTIONS, TokenAuthorizer
+from broker.engine.engine import Engine
 from broker.protocol import EventName, ResultCode
-from broker.server import Server, ServerError, ServerOptions
+from broker.server.server import Server, ServerError, ServerOptions
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 MakeClient = Callable[..., Client]

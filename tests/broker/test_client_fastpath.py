@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker import tmqp
-from broker.client import Client, Kind, Message, queue_frame_bytes
+from broker.client.blocking import Client, Kind, Message, queue_frame_bytes
 from broker.protocol import MessageType
 
 from .test_client_session import FakeBroker

@@ -9,7 +9,7 @@ import pytest
 import zmq
 
 from broker import tmqp
-from broker.client import Client, ConnectError
+from broker.client.blocking import Client, ConnectError
 from broker.protocol import GREETING, ConnectionInfo, Header, MessageType, ResultCode
 
 Ctx = zmq.Context[zmq.Socket[bytes]]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.delivery import (
+from broker.engine.delivery import (
     ALLOW,
     DENY,
     AckWhen,

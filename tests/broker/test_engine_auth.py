@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from broker import tmqp
-from broker.auth import ALL_ACTIONS, Action, TokenAuthorizer
-from broker.engine import ClientRejected
+from broker.engine.auth import ALL_ACTIONS, Action, TokenAuthorizer
+from broker.engine.engine import ClientRejected
 from broker.protocol import (
     ConnectionInfo,
     EventName,

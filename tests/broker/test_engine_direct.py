@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from broker import tmqp
-from broker.limits import Limits
-from broker.options import BrokerConfig
+from broker.engine.limits import Limits
+from broker.engine.options import BrokerConfig
 from broker.protocol import Header, MessageType, NackReason, ResultCode, header
 from tests.broker.engine_kit import Kit
 

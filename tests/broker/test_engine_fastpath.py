@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from broker import tmqp
-from broker.channel import Client
-from broker.delivery import Decision, DefaultDeliveryHandler
-from broker.message import QueueMessage
+from broker.engine.channel import Client
+from broker.engine.delivery import Decision, DefaultDeliveryHandler
+from broker.engine.message import QueueMessage
+from broker.engine.queue.queue import Queue
 from broker.protocol import EventName, MessageType, Operation
-from broker.queue import Queue
 
 from .engine_kit import Frame, Kit
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from broker.delivery import DefaultDeliveryHandler, PersistentDeliveryHandler
-from broker.options import BrokerConfig, OptionsError
+from broker.engine.delivery import DefaultDeliveryHandler, PersistentDeliveryHandler
+from broker.engine.options import BrokerConfig, OptionsError
 from broker.protocol import Header, NoContent, Operation, QueueStatus, ResultCode, header
 from broker.store import MemoryStore
 from tests.broker.engine_kit import Kit, queue_messages
@@ -277,7 +277,7 @@ def test_an_ack_timeout_frees_the_window() -> None:
 
 class RetryOnReceive(DefaultDeliveryHandler):
     def consumer_received(self, queue, delivery, receiver):  # type: ignore[no-untyped-def]
-        from broker.delivery import RETRY_LAST
+        from broker.engine.delivery import RETRY_LAST
 
         return RETRY_LAST
 

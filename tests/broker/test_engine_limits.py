@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from broker import tmqp
-from broker.errors import ClientRejected
-from broker.limits import Limits, LimitsError
-from broker.options import BrokerConfig
+from broker.engine.errors import ClientRejected
+from broker.engine.limits import Limits, LimitsError
+from broker.engine.options import BrokerConfig
 from broker.protocol import (
     EventName,
     Header,

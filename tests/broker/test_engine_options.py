@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from broker.options import BrokerConfig, ChannelOptions, ChannelQueueOptions, OptionsError
+from broker.engine.options import BrokerConfig, ChannelOptions, ChannelQueueOptions, OptionsError
 from broker.protocol import Header, MessageType, NackReason, Operation, QueueStatus, header
 from tests.broker.engine_kit import Kit, acks, queue_messages
 

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker import tmqp
-from broker.message import QUEUED
+from broker.engine.message import QUEUED
 from broker.protocol import (
     EVENT_NAMES,
     ConnectionInfo,

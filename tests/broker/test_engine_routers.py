@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from broker import tmqp
+from broker.engine.router import DirectBinding, Interaction, QueueBinding, RouteMethod, Router
 from broker.protocol import Header, MessageType, NackReason, QueueStatus, RouterOperation, header
-from broker.router import DirectBinding, Interaction, QueueBinding, RouteMethod, Router
 from tests.broker.engine_kit import Kit, acks, queue_messages
 
 
@@ -171,7 +171,7 @@ def test_router_management_over_the_wire() -> None:
 
 
 def test_routers_from_the_broker_config() -> None:
-    from broker.options import BrokerConfig
+    from broker.engine.options import BrokerConfig
 
     spec = {
         "Name": "cfg",

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import zmq
 
-from broker.client import Client
+from broker.client.blocking import Client
 from tests.broker.test_cli import free_port, start_serve
 from tests.broker.test_client_e2e import wait_for
 

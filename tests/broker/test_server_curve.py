@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import zmq
 
-from broker.client import Client, ConnectError
-from broker.engine import Engine
-from broker.server import Server, ServerError, ServerOptions
+from broker.client.blocking import Client, ConnectError
+from broker.engine.engine import Engine
+from broker.server.server import Server, ServerError, ServerOptions
 from filemq.security import new_certificate
 
 Ctx = zmq.Context[zmq.Socket[bytes]]

@@ -13,9 +13,9 @@ import pytest
 import zmq
 
 from broker import tmqp
-from broker.engine import Outgoing, Tracked
+from broker.engine.engine import Outgoing, Tracked
 from broker.protocol import MessageType
-from broker.server import Server
+from broker.server.server import Server
 from tests.broker.test_client_e2e import wait_for
 from tests.broker.test_server_transport import Peer, ScriptedEngine, options
 

@@ -7,10 +7,10 @@ import random
 import zmq
 
 from broker import tmqp
-from broker.client import Client
-from broker.engine import Engine
+from broker.client.blocking import Client
+from broker.engine.engine import Engine
 from broker.protocol import GREETING, ConnectionInfo, Header, MessageType, Operation
-from broker.server import Server, ServerOptions
+from broker.server.server import Server, ServerOptions
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 

@@ -18,7 +18,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from broker import tmqp
-from broker.client import Client
+from broker.client.blocking import Client
 from broker.protocol import (
     GREETING,
     ConnectionInfo,
@@ -28,7 +28,7 @@ from broker.protocol import (
     ResultCode,
     header,
 )
-from broker.server import Server, ServerOptions
+from broker.server.server import Server, ServerOptions
 from tests.broker.test_cli import free_port, run, start_serve
 from tests.broker.test_server_transport import Peer, ScriptedEngine
 

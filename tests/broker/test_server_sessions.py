@@ -18,12 +18,12 @@ import zmq
 import zmq.asyncio
 
 from broker import tmqp
-from broker.aioclient import AsyncClient
-from broker.auth import ALL_ACTIONS, TokenAuthorizer
-from broker.client import Client, ConnectError
-from broker.engine import Engine
+from broker.client.aio import AsyncClient
+from broker.client.blocking import Client, ConnectError
+from broker.engine.auth import ALL_ACTIONS, TokenAuthorizer
+from broker.engine.engine import Engine
 from broker.protocol import ConnectionInfo, Header, MessageType, ResultCode, header
-from broker.server import Server, ServerOptions
+from broker.server.server import Server, ServerOptions
 from filemq import security
 from filemq.security import new_certificate
 from tests.broker.netproxy import TcpProxy

@@ -13,7 +13,7 @@ import zmq
 import zmq.utils.garbage
 
 from broker import tmqp
-from broker.engine import ClientRejected, Outgoing
+from broker.engine.engine import ClientRejected, Outgoing
 from broker.protocol import (
     GREETING,
     ConnectionInfo,
@@ -22,7 +22,7 @@ from broker.protocol import (
     ResultCode,
     header,
 )
-from broker.server import Server, ServerError, ServerOptions, salvage_message_id
+from broker.server.server import Server, ServerError, ServerOptions, salvage_message_id
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 PING = tmqp.encode(tmqp.Ping())[0]

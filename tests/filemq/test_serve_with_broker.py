@@ -10,7 +10,7 @@ from pathlib import Path
 
 import zmq
 
-from broker.client import Client
+from broker.client.blocking import Client
 from filemq.client import SyncClient
 from tests.filemq.procs import read_endpoint
 

@@ -18,7 +18,7 @@ import pytest
 import zmq
 
 from broker.cli import build_parser as broker_parser
-from broker.client import Client
+from broker.client.blocking import Client
 from filemq.cli import build_parser as filemq_parser
 from tests.broker.test_cli import start_serve
 from tests.filemq.conftest import write_tree

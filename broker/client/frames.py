@@ -1,0 +1,138 @@
+"""Frames the clients send: shared by the blocking ``Client`` and ``AsyncClient``.
+
+Pure builders (no I/O): queue pushes, direct messages, responses, acknowledges, joins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from broker import tmqp
+from broker.client.message import Message
+from broker.protocol import Header, MessageType, Operation, ResultCode
+
+Headers = Mapping[str, str] | tuple[tuple[str, str], ...]
+
+
+def normalize_headers(headers: Headers | None) -> tuple[tuple[str, str], ...]:
+    """Headers as the codec wants them: a tuple of (key, value) pairs."""
+    if not headers:
+        return ()
+    if isinstance(headers, Mapping):
+        return tuple((str(k), str(v)) for k, v in headers.items())
+    return tuple(headers)
+
+
+def as_bytes(payload: bytes | str | None) -> bytes:
+    """A payload as bytes (str is UTF-8 encoded, None is empty)."""
+    if payload is None:
+        return b""
+    return payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
+
+
+def queue_frame(
+    message_id: str,
+    channel: str,
+    queue_id: int,
+    payload: bytes,
+    *,
+    source: str,
+    ack: bool,
+    headers: Headers | None,
+    high_priority: bool,
+) -> tmqp.Frame:
+    """A push into a queue (``source`` is the client's own id: see ``queue_frame_bytes``)."""
+    return tmqp.Frame(
+        high_priority=high_priority,
+        message_type=MessageType.QUEUE,
+        pending_ack=ack,
+        content_type=queue_id,
+        message_id=message_id,
+        source=source,
+        target=channel,
+        headers=normalize_headers(headers),
+        payload=payload,
+    )
+
+
+def direct_frame(
+    message_id: str,
+    target: str,
+    payload: bytes | str,
+    *,
+    content_type: int = 0,
+    headers: Headers | None = None,
+    high_priority: bool = False,
+    response: bool = False,
+    ack: bool = False,
+) -> tmqp.Frame:
+    """A direct message to a client id, ``@name:NAME`` or ``@type:TYPE``."""
+    return tmqp.Frame(
+        high_priority=high_priority,
+        message_type=MessageType.DIRECT,
+        pending_response=response,
+        pending_ack=ack,
+        content_type=content_type,
+        message_id=message_id,
+        target=target,
+        headers=normalize_headers(headers),
+        payload=as_bytes(payload),
+    )
+
+
+def response_frame(
+    message: Message,
+    payload: bytes | str = b"",
+    *,
+    code: int = ResultCode.OK,
+    headers: Headers | None = None,
+) -> tmqp.Frame:
+    """The answer to a direct message that waits for a response."""
+    return tmqp.Frame(
+        message_type=MessageType.RESPONSE,
+        content_type=code,
+        message_id=message.id,
+        target=message.source,
+        headers=normalize_headers(headers),
+        payload=as_bytes(payload),
+    )
+
+
+def ack_frame(message: Message, headers: tuple[tuple[str, str], ...] = ()) -> tmqp.Frame:
+    """Acknowledge (negative with a ``Nack-Reason`` header) of a received message.
+
+    Direct messages are acknowledged to their sender with the high-priority flag; queue
+    messages to their channel, content type = queue id.
+    """
+    f = message.frame
+    if f.message_type == MessageType.DIRECT:
+        return tmqp.Frame(
+            high_priority=True,
+            message_type=MessageType.ACK,
+            message_id=f.message_id,
+            target=f.source,
+            headers=headers,
+        )
+    return tmqp.Frame(
+        message_type=MessageType.ACK,
+        content_type=f.content_type,
+        message_id=f.message_id,
+        target=f.target,
+        headers=headers,
+    )
+
+
+def join_frame(message_id: str, channel: str, prefetch: int | None = None) -> tmqp.Frame:
+    """JOIN ``channel``; ``prefetch``: the most deliveries of each of its queues this client
+    takes in flight (``Prefetch`` header; None: the queue's or the broker's default)."""
+    if prefetch is not None and (isinstance(prefetch, bool) or prefetch < 1):
+        raise ValueError("prefetch must be a positive integer")
+    headers = ((Header.PREFETCH, str(prefetch)),) if prefetch is not None else ()
+    return tmqp.Frame(
+        message_type=MessageType.SERVER,
+        pending_ack=True,
+        content_type=Operation.JOIN,
+        message_id=message_id,
+        target=channel,
+        headers=headers,
+    )

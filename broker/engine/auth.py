@@ -1,0 +1,120 @@
+"""Authorization hooks: who may connect, create, push, consume, subscribe and route.
+
+The engine asks its :class:`Authorizer` once per operation with an :class:`Action`, the
+client (which carries the ``Client-Token`` it connected with) and the resource concerned.
+A refusal becomes ``Unauthorized`` (401): a negative acknowledge, a 401 response, or a
+``No-Content: Unauthorized`` pull reply, depending on what the sender waits for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from broker.engine.channel import Client
+    from broker.protocol import ConnectionInfo
+
+
+class Action(Enum):
+    CHANNEL_CREATE = "channel-create"
+    CHANNEL_UPDATE = "channel-update"
+    CHANNEL_REMOVE = "channel-remove"
+    CHANNEL_LIST = "channel-list"  # list and information
+    JOIN = "join"  # consume: join a channel (receive its queue messages)
+    QUEUE_CREATE = "queue-create"
+    QUEUE_UPDATE = "queue-update"
+    QUEUE_REMOVE = "queue-remove"
+    QUEUE_LIST = "queue-list"  # list and information
+    PUSH = "push"
+    PULL = "pull"
+    DIRECT = "direct"  # direct messages and responses
+    EVENT = "event"  # subscribe to an event
+    ROUTER_PUBLISH = "router-publish"
+    ROUTER_MANAGE = "router-manage"
+    ADMIN = "admin"  # client and node lists
+
+
+#: Everything a client may do.
+ALL_ACTIONS: frozenset[Action] = frozenset(Action)
+
+
+class Authorizer:
+    """Allows everything; subclass and override :meth:`authenticate` / :meth:`allows`."""
+
+    def authenticate(self, info: ConnectionInfo) -> bool:
+        """May this connection (its Client-Token) use the broker at all?"""
+        return True
+
+    def allows(
+        self,
+        client: Client,
+        action: Action,
+        channel: str | None = None,
+        queue: int | None = None,
+        target: str | None = None,
+    ) -> bool:
+        """May ``client`` perform ``action`` on the channel/queue/target given?"""
+        return True
+
+
+class AllowAll(Authorizer):
+    """The default: no authentication, every action allowed."""
+
+
+def bare_token(token: str | None) -> str | None:
+    """The token without a ``Bearer`` scheme prefix."""
+    if token is None:
+        return None
+    token = token.strip()
+    if token[:7].lower() == "bearer ":
+        token = token[7:].strip()
+    return token or None
+
+
+class TokenAuthorizer(Authorizer):
+    """Grants actions per ``Client-Token`` value (with or without ``Bearer``).
+
+    ``grants`` maps a token to the actions it allows (``ALL_ACTIONS`` for an admin);
+    ``anonymous`` is what a connection without a token may do.  A token that is not in
+    ``grants`` is refused at connect time; with ``require_token`` so is no token at all.
+    Optionally ``channels`` limits a token to channel names (``fnmatch`` patterns).
+    """
+
+    def __init__(
+        self,
+        grants: Mapping[str, Iterable[Action]],
+        *,
+        anonymous: Iterable[Action] = (),
+        require_token: bool = False,
+        channels: Mapping[str, Iterable[str]] | None = None,
+    ) -> None:
+        self._grants = {token: frozenset(actions) for token, actions in grants.items()}
+        self._anonymous = frozenset(anonymous)
+        self._require = require_token
+        self._channels = {t: tuple(p) for t, p in (channels or {}).items()}
+
+    def authenticate(self, info: ConnectionInfo) -> bool:
+        token = bare_token(info.token)
+        if token is None:
+            return not self._require
+        return token in self._grants
+
+    def allows(
+        self,
+        client: Client,
+        action: Action,
+        channel: str | None = None,
+        queue: int | None = None,
+        target: str | None = None,
+    ) -> bool:
+        token = bare_token(client.token)
+        granted = self._anonymous if token is None else self._grants.get(token, frozenset())
+        if action not in granted:
+            return False
+        if channel is not None and token is not None and token in self._channels:
+            from fnmatch import fnmatchcase
+
+            return any(fnmatchcase(channel, pattern) for pattern in self._channels[token])
+        return True

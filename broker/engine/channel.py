@@ -1,0 +1,69 @@
+"""Clients and channels: who is connected, who joined which channel."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from broker.engine.options import ChannelOptions
+from broker.protocol import ConnectionInfo
+
+if TYPE_CHECKING:
+    from broker.engine.flow import Transit
+    from broker.engine.queue.queue import Queue
+
+
+class Client:
+    """A connected client as the engine sees it."""
+
+    __slots__ = (
+        "awaiting",
+        "channels",
+        "connected_at",
+        "id",
+        "info",
+        "name",
+        "pending_queues",
+        "prefetch",
+        "requests",
+        "token",
+        "type",
+        "unsent",
+    )
+
+    def __init__(self, client_id: str, info: ConnectionInfo, now: float) -> None:
+        self.id = client_id
+        self.info = info
+        self.name = info.name
+        self.type = info.type
+        self.token = info.token
+        self.connected_at = now
+        #: Channels joined, in join order.
+        self.channels: dict[str, Channel] = {}
+        #: Direct requests this client must still answer: (requester id, message id).
+        self.awaiting: set[tuple[str, str]] = set()
+        #: Outstanding direct requests this client sent (message ids).
+        self.requests: set[str] = set()
+        #: Queues holding deliveries this client has not acknowledged yet.
+        self.pending_queues: set[Queue] = set()
+        #: Deliveries handed to the transport and not yet reported sent, in send order.
+        self.unsent: deque[Transit] = deque()
+        #: Window asked for at JOIN (``Prefetch`` header), per channel name.
+        self.prefetch: dict[str, int] = {}
+
+    def __repr__(self) -> str:
+        return f"Client({self.id!r}, name={self.name!r}, type={self.type!r})"
+
+
+class Channel:
+    """A named set of queues and the clients that joined it (its consumers)."""
+
+    __slots__ = ("consumer_list", "consumers", "name", "options", "queues")
+
+    def __init__(self, name: str, options: ChannelOptions) -> None:
+        self.name = name
+        self.options = options
+        self.queues: dict[int, Queue] = {}
+        self.consumers: dict[str, Client] = {}
+        #: Consumers in join order (the "first acquirer" is consumer_list[0]).
+        self.consumer_list: list[Client] = []

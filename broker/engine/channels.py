@@ -1,0 +1,215 @@
+"""Channels and queues of the engine: creation (also on the fly), removal, join, leave.
+
+A channel created with ``destroy_when_empty`` goes away once it has no consumer and its
+queues hold nothing.  The broker's limits (``config.limits``) bound the channels, the
+queues (in all and per channel), the messages a queue holds and the channels a client
+joins: past them an operation fails with LimitExceeded (482).  Every change emits its
+event (CHANNEL_CREATED, QUEUE_CREATED, CLIENT_JOINED, ...) into the output list it is
+given.
+"""
+
+from __future__ import annotations
+
+from broker.engine import models
+from broker.engine.auth import Action
+from broker.engine.channel import Channel, Client
+from broker.engine.core import EngineCore
+from broker.engine.errors import OperationError
+from broker.engine.options import ChannelOptions, ChannelQueueOptions
+from broker.engine.queue.queue import Queue
+from broker.protocol import EventName, NackReason, Outgoing, QueueStatus, ResultCode
+
+
+def valid_channel_name(name: str) -> bool:
+    return bool(name) and " " not in name and ";" not in name and len(name.encode()) <= 255
+
+
+class EngineChannels(EngineCore):
+    """Channel and queue management (see the module docstring)."""
+
+    def check_push(self, queue: Queue, size: int) -> int:
+        """Result code a push of ``size`` octets into ``queue`` would get (0 = accepted):
+        the queue's own rules, then the broker's bound on the messages one queue holds."""
+        code = queue.check_push(size)
+        if (
+            not code
+            and queue.message_count >= self.config.limits.max_queue_messages
+            and queue.status is not QueueStatus.BROADCAST
+        ):
+            return ResultCode.LIMIT_EXCEEDED
+        return code
+
+    def resolve_queue(
+        self, client: Client | None, channel_name: str, queue_id: int, out: list[Outgoing]
+    ) -> Queue:
+        """The queue, created on the fly when the config allows it (OperationError if not)."""
+        channel = self.channels.get(channel_name)
+        if channel is None:
+            if not self.config.auto_create_channel:
+                raise OperationError(
+                    ResultCode.NOT_FOUND, "no such channel", NackReason.NO_CHANNEL
+                )
+            if not valid_channel_name(channel_name):
+                raise OperationError(ResultCode.BAD_REQUEST, "invalid channel name")
+            if client is not None and not self.authorizer.allows(
+                client, Action.CHANNEL_CREATE, channel_name
+            ):
+                raise OperationError(ResultCode.UNAUTHORIZED, "may not create channels")
+            channel = self.create_channel(channel_name, out=out)
+        queue = channel.queues.get(queue_id)
+        if queue is None:
+            if not self.config.auto_create_queue:
+                raise OperationError(ResultCode.NOT_FOUND, "no such queue", NackReason.NO_QUEUE)
+            if client is not None and not self.authorizer.allows(
+                client, Action.QUEUE_CREATE, channel_name, queue_id
+            ):
+                raise OperationError(ResultCode.UNAUTHORIZED, "may not create queues")
+            queue = self.create_queue(channel_name, queue_id, out=out)
+        return queue
+
+    def create_channel(
+        self, name: str, options: ChannelOptions | None = None, out: list[Outgoing] | None = None
+    ) -> Channel:
+        """Create a channel (Python API; OperationError when invalid or existing)."""
+        if not valid_channel_name(name):
+            raise OperationError(ResultCode.BAD_REQUEST, f"invalid channel name {name!r}")
+        if name in self.channels:
+            raise OperationError(ResultCode.ALREADY_CREATED, f"channel {name!r} exists")
+        if len(self.channels) >= self.config.limits.max_channels:
+            raise OperationError(ResultCode.LIMIT_EXCEEDED, "too many channels")
+        channel = Channel(name, options or self.config.channel_defaults)
+        self.channels[name] = channel
+        self.events.emit(
+            EventName.CHANNEL_CREATED,
+            models.channel_event(channel),
+            out if out is not None else [],
+        )
+        return channel
+
+    def create_queue(
+        self,
+        channel_name: str,
+        queue_id: int,
+        options: ChannelQueueOptions | None = None,
+        out: list[Outgoing] | None = None,
+    ) -> Queue:
+        """Create a queue in an existing channel, enforcing the channel's queue rules."""
+        channel = self.channels.get(channel_name)
+        if channel is None:
+            raise OperationError(ResultCode.NOT_FOUND, "no such channel", NackReason.NO_CHANNEL)
+        if not 0 <= queue_id <= 0xFFFF:
+            raise OperationError(ResultCode.BAD_REQUEST, "queue id must be 0..65535")
+        if queue_id in channel.queues:
+            raise OperationError(ResultCode.ALREADY_CREATED, f"queue {queue_id} exists")
+        copts = channel.options
+        if copts.allowed_queues and queue_id not in copts.allowed_queues:
+            raise OperationError(ResultCode.UNACCEPTABLE, f"queue {queue_id} not allowed here")
+        if not copts.allow_multiple_queues and channel.queues:
+            raise OperationError(ResultCode.UNACCEPTABLE, "channel allows a single queue")
+        limits = self.config.limits
+        per_channel = limits.max_queues_per_channel
+        if copts.queue_limit:
+            per_channel = min(per_channel, copts.queue_limit)
+        if len(channel.queues) >= per_channel:
+            raise OperationError(ResultCode.LIMIT_EXCEEDED, "channel queue limit reached")
+        if self.queue_count >= limits.max_queues:
+            raise OperationError(ResultCode.LIMIT_EXCEEDED, "too many queues")
+        options = options or copts.queue
+        self.check_handler(options.message_delivery_handler)
+        queue = Queue(channel, queue_id, options, self)
+        channel.queues[queue_id] = queue
+        self.queue_count += 1
+        if out is None:
+            out = []
+        self.events.emit(
+            EventName.QUEUE_CREATED, models.queue_summary(queue), out, channel_name, queue_id
+        )
+        queue.drain(self._now, out)
+        return queue
+
+    def remove_queue(self, queue: Queue, out: list[Outgoing]) -> None:
+        channel = queue.channel
+        if channel.queues.get(queue.id) is not queue:
+            return
+        del channel.queues[queue.id]
+        self.queue_count -= 1
+        queue.close(out)
+        self.store.drop_queue(queue.key)
+        self.events.emit(
+            EventName.QUEUE_REMOVED, models.queue_summary(queue), out, channel.name, queue.id
+        )
+
+    def remove_channel(self, channel: Channel, out: list[Outgoing]) -> None:
+        if self.channels.get(channel.name) is not channel:
+            return
+        del self.channels[channel.name]
+        for queue in list(channel.queues.values()):
+            queue.close(out)
+            self.store.drop_queue(queue.key)
+        self.queue_count -= len(channel.queues)
+        channel.queues.clear()
+        for client in channel.consumer_list:
+            client.channels.pop(channel.name, None)
+            client.prefetch.pop(channel.name, None)
+        channel.consumers.clear()
+        channel.consumer_list.clear()
+        self.events.emit(EventName.CHANNEL_REMOVED, models.channel_event(channel), out)
+
+    def join(
+        self,
+        client: Client,
+        channel: Channel,
+        now: float,
+        out: list[Outgoing],
+        prefetch: int | None = None,
+    ) -> None:
+        """Make ``client`` a consumer of ``channel``; ``prefetch``: its own window for the
+        channel's queues (None: theirs; see ``broker.flow``), also when joined already."""
+        if client.id in channel.consumers:
+            if prefetch is not None:
+                client.prefetch[channel.name] = prefetch
+                for queue in list(channel.queues.values()):
+                    queue.drain(now, out)
+            return
+        if len(client.channels) >= self.config.limits.max_joined_channels:
+            raise OperationError(ResultCode.LIMIT_EXCEEDED, "this client joined too many channels")
+        client.prefetch.pop(channel.name, None)  # a new membership: the default unless asked
+        limit = channel.options.client_limit
+        if limit and len(channel.consumers) >= limit:
+            raise OperationError(ResultCode.LIMIT_EXCEEDED, "channel client limit reached")
+        channel.consumers[client.id] = client
+        channel.consumer_list.append(client)
+        client.channels[channel.name] = channel
+        if prefetch is not None:
+            client.prefetch[channel.name] = prefetch
+        self.events.emit(
+            EventName.CLIENT_JOINED, models.subscription_event(channel, client), out, channel.name
+        )
+        for queue in list(channel.queues.values()):
+            queue.drain(now, out)
+
+    def leave(self, client: Client, channel: Channel, out: list[Outgoing]) -> bool:
+        if client.id not in channel.consumers:
+            return False
+        self._remove_consumer(channel, client, out)
+        self._maybe_destroy(channel, out)
+        return True
+
+    def _remove_consumer(self, channel: Channel, client: Client, out: list[Outgoing]) -> None:
+        channel.consumers.pop(client.id, None)
+        if client in channel.consumer_list:
+            channel.consumer_list.remove(client)
+        client.channels.pop(channel.name, None)
+        client.prefetch.pop(channel.name, None)
+        self.events.emit(
+            EventName.CLIENT_LEFT, models.subscription_event(channel, client), out, channel.name
+        )
+
+    def _maybe_destroy(self, channel: Channel, out: list[Outgoing]) -> None:
+        if (
+            channel.options.destroy_when_empty
+            and not channel.consumers
+            and self.channels.get(channel.name) is channel
+            and all(q.is_empty() for q in channel.queues.values())
+        ):
+            self.remove_channel(channel, out)

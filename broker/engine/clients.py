@@ -1,0 +1,194 @@
+"""Clients of the engine: connection, disconnection, direct messages and responses.
+
+Clients are found by id, by name (``@name:X``) or by type (``@type:X``), oldest first.
+A direct message (0x12) waiting for a response is remembered until a receiver answers
+(0x14); a receiver that disconnects before answering makes the engine answer the
+requester with a 581 (SendError) response.  A client that disconnects leaves its
+channels, its unacknowledged deliveries fail back to their queues, and its own
+outstanding requests are forgotten.
+"""
+
+from __future__ import annotations
+
+from broker import tmqp
+from broker.engine import frames, models
+from broker.engine.auth import Action
+from broker.engine.channel import Client
+from broker.engine.channels import EngineChannels
+from broker.engine.errors import ClientRejected, OperationError
+from broker.protocol import (
+    TARGET_BY_NAME,
+    TARGET_BY_TYPE,
+    ConnectionInfo,
+    EventName,
+    NackReason,
+    Outgoing,
+    ResultCode,
+)
+
+
+class EngineClients(EngineChannels):
+    """Client registry and direct messages (see the module docstring)."""
+
+    # ------------------------------------------------------------------ connections
+
+    def connect(
+        self, info: ConnectionInfo, now: float, *, replace: bool = False
+    ) -> tuple[str, list[Outgoing]]:
+        """Register a client; raises :class:`ClientRejected` (401, 481, 482 or 400).
+
+        The token is checked first: a refused client changes nothing.  An id in use is
+        refused (481), unless ``replace``: the front end has proven that this connection
+        belongs to the owner of that session (its session secret or CURVE key), whose old
+        session then ends as if by :meth:`disconnect` before the new one takes the id.
+        """
+        self._now = now
+        if not self.authorizer.authenticate(info):
+            raise ClientRejected(ResultCode.UNAUTHORIZED, "client token refused")
+        client_id = info.client_id
+        if client_id is None:
+            client_id = self.new_id()
+            while client_id in self.clients:
+                client_id = self.new_id()
+        elif not client_id or len(client_id.encode()) > 255 or client_id.startswith("@"):
+            raise ClientRejected(ResultCode.BAD_REQUEST, f"invalid client id {client_id!r}")
+        out: list[Outgoing] = []
+        if client_id in self.clients:
+            if not replace:
+                raise ClientRejected(
+                    ResultCode.ALREADY_CREATED, f"client id {client_id!r} is in use by a session"
+                )
+            out.extend(self.disconnect(client_id, now))
+        elif len(self.clients) >= self.config.limits.max_clients:
+            raise ClientRejected(ResultCode.LIMIT_EXCEEDED, "too many clients connected")
+        client = Client(client_id, info, now)
+        self.clients[client_id] = client
+        if client.name:
+            self._by_name.setdefault(client.name, []).append(client)
+        if client.type:
+            self._by_type.setdefault(client.type, []).append(client)
+        self.events.emit(EventName.CLIENT_CONNECTED, models.client_event(client), out)
+        return client_id, out
+
+    def disconnect(self, client_id: str, now: float) -> list[Outgoing]:
+        """The client is gone: its unacknowledged deliveries return, its requests fail."""
+        self._now = now
+        out: list[Outgoing] = []
+        client = self.clients.pop(client_id, None)
+        if client is None:
+            return out
+        try:
+            self._forget_client(client, now, out)
+        except Exception as exc:  # never raise into the wire loop
+            self.count_error("disconnect", exc)
+        return out
+
+    def _forget_client(self, client: Client, now: float, out: list[Outgoing]) -> None:
+        for index in (self._by_name.get(client.name or ""), self._by_type.get(client.type or "")):
+            if index is not None and client in index:
+                index.remove(client)
+        if client.name and not self._by_name.get(client.name):
+            self._by_name.pop(client.name, None)
+        if client.type and not self._by_type.get(client.type):
+            self._by_type.pop(client.type, None)
+        self.events.drop_client(client.id)
+        left = list(client.channels.values())
+        for channel in left:
+            self._remove_consumer(channel, client, out)
+        for queue in list(client.pending_queues):
+            if queue.alive:
+                queue.consumer_gone(client, now, out)
+                queue.drain(now, out)
+        client.pending_queues.clear()
+        # requests this client was asked to answer
+        for key in list(client.awaiting):
+            waiting = self._requests.get(key)
+            if waiting is None:
+                continue
+            waiting.discard(client.id)
+            if not waiting:
+                del self._requests[key]
+                requester = self.clients.get(key[0])
+                if requester is not None:
+                    requester.requests.discard(key[1])
+                    out.append(
+                        Outgoing(
+                            requester.id,
+                            frames.response(
+                                key[1], requester.id, ResultCode.SEND_ERROR, "receiver left"
+                            ),
+                        )
+                    )
+        # requests this client sent
+        for mid in client.requests:
+            for rid in self._requests.pop((client.id, mid), ()):
+                receiver = self.clients.get(rid)
+                if receiver is not None:
+                    receiver.awaiting.discard((client.id, mid))
+        self.events.emit(EventName.CLIENT_DISCONNECTED, models.client_event(client), out)
+        for channel in left:
+            self._maybe_destroy(channel, out)
+
+    # ------------------------------------------------------------------ direct, response
+
+    def find_receivers(self, target: str) -> list[Client]:
+        """Clients a direct target names: an id, ``@name:X`` or ``@type:X`` (oldest first)."""
+        if target.startswith(TARGET_BY_NAME):
+            return list(self._by_name.get(target[len(TARGET_BY_NAME) :], ()))
+        if target.startswith(TARGET_BY_TYPE):
+            return list(self._by_type.get(target[len(TARGET_BY_TYPE) :], ()))
+        client = self.clients.get(target)
+        return [client] if client is not None else []
+
+    def _from(self, client: Client, frame: tmqp.Frame) -> tmqp.Frame:
+        """The frame with its source set to the sending client."""
+        return frames.with_source(frame, client.id)
+
+    def _direct(self, client: Client, frame: tmqp.Frame, out: list[Outgoing]) -> None:
+        try:
+            if not self.authorizer.allows(client, Action.DIRECT, target=frame.target):
+                raise OperationError(ResultCode.UNAUTHORIZED, "direct messages not allowed")
+            receivers = self.find_receivers(frame.target)
+            if frame.target.startswith("@"):
+                receivers = [r for r in receivers if r is not client]
+            if frame.first_acquirer:
+                receivers = receivers[:1]
+            if not receivers:
+                raise OperationError(ResultCode.NOT_FOUND, "no receiver", NackReason.NO_CONSUMERS)
+            wants = frame.pending_response and frame.message_id
+            if wants and len(client.requests) >= self.config.limits.max_pending_requests:
+                raise OperationError(ResultCode.BUSY, "too many outstanding requests")
+        except OperationError as err:
+            self.answer_failure(client, frame, out, err, direct=True)
+            return
+        self.deliver_direct(client, frame, receivers, out)
+
+    def deliver_direct(
+        self, client: Client, frame: tmqp.Frame, receivers: list[Client], out: list[Outgoing]
+    ) -> None:
+        fwd = self._from(client, frame)
+        for receiver in receivers:
+            out.append(Outgoing(receiver.id, fwd))
+        if frame.pending_response and frame.message_id:
+            key = (client.id, frame.message_id)
+            waiting = self._requests.setdefault(key, set())
+            for receiver in receivers:
+                waiting.add(receiver.id)
+                receiver.awaiting.add(key)
+            client.requests.add(frame.message_id)
+
+    def _on_response(self, client: Client, frame: tmqp.Frame, out: list[Outgoing]) -> None:
+        key = (frame.target, frame.message_id)
+        waiting = self._requests.get(key)
+        if waiting is not None and client.id in waiting:
+            del self._requests[key]
+            for rid in waiting:
+                receiver = self.clients.get(rid)
+                if receiver is not None:
+                    receiver.awaiting.discard(key)
+        requester = self.clients.get(frame.target)
+        if requester is None:
+            self.unmatched_acks += 1
+            return
+        requester.requests.discard(frame.message_id)
+        out.append(Outgoing(requester.id, self._from(client, frame)))

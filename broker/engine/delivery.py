@@ -1,0 +1,173 @@
+"""The delivery decision model: what happens to a queue message at each step.
+
+Every hook of a :class:`DeliveryHandler` returns a :class:`Decision` (document section
+"Decisions"): *allow* (go on to the next step), *save* (write the message to the store),
+*put back* (re-enqueue at the start or end of the queue, bounded by the queue's
+``PutBackLimit``) and *send ack* (acknowledge to the producer now: never, always, negative,
+or only if the message is saved).  A producer gets at most one acknowledge per message.
+
+Queues pick their handler by ``MessageDeliveryHandler`` key among the handlers registered
+with the engine; ``None`` means the engine's default handler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from broker import tmqp
+    from broker.engine.channel import Client
+    from broker.engine.queue.queue import Delivery, Queue, QueueMessage
+
+
+class PutBack(Enum):
+    """Whether (and where) a message returns to its queue."""
+
+    NO = 0
+    START = 1  # consumed first: an immediate retry
+    END = 2  # consumed after every waiting message
+
+
+class AckWhen(Enum):
+    """Whether the step acknowledges the message to its producer."""
+
+    NONE = 0
+    ALWAYS = 1
+    NEGATIVE = 2
+    IF_SAVED = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    allow: bool = True
+    save: bool = False
+    put_back: PutBack = PutBack.NO
+    send_ack: AckWhen = AckWhen.NONE
+
+
+#: Go on; nothing else.
+ALLOW = Decision()
+#: Stop the flow here (the message is removed unless put back).
+DENY = Decision(allow=False)
+#: Go on and acknowledge the producer.
+ALLOW_ACK = Decision(send_ack=AckWhen.ALWAYS)
+#: Stop and negatively acknowledge the producer.
+DENY_NACK = Decision(allow=False, send_ack=AckWhen.NEGATIVE)
+#: Go on, save, and acknowledge the producer once saved.
+SAVE_ACK = Decision(save=True, send_ack=AckWhen.IF_SAVED)
+#: Put the message back at the front of the queue.
+RETRY_FIRST = Decision(allow=False, put_back=PutBack.START)
+#: Put the message back at the end of the queue.
+RETRY_LAST = Decision(allow=False, put_back=PutBack.END)
+
+
+class DeliveryHandler:
+    """Hooks of the delivery workflow (the document's IMessageDeliveryHandler).
+
+    Subclass and override what you need; every hook has a neutral implementation here
+    (allow everything, never save, never put back, never acknowledge).  Hooks run inside
+    the engine, synchronously: keep them fast and never block.  An exception raised by a
+    hook is counted as a queue error and :meth:`exception_thrown` decides what follows.
+    """
+
+    def received_from_producer(
+        self, queue: Queue, message: QueueMessage, sender: Client | None
+    ) -> Decision:
+        """A producer pushed ``message``; deny to reject it (the producer gets a nack)."""
+        return ALLOW
+
+    def begin_send(self, queue: Queue, message: QueueMessage) -> Decision:
+        """The message is about to be sent to its consumers; deny to drop it."""
+        return ALLOW
+
+    def can_consumer_receive(self, queue: Queue, message: QueueMessage, receiver: Client) -> bool:
+        """Filter consumers per message."""
+        return True
+
+    def consumer_received(self, queue: Queue, delivery: Delivery, receiver: Client) -> Decision:
+        """The message was handed to the wire for ``receiver``."""
+        return ALLOW
+
+    def consumer_receive_failed(
+        self, queue: Queue, delivery: Delivery, receiver: Client
+    ) -> Decision:
+        """The receiver went away before acknowledging (disconnect)."""
+        return ALLOW
+
+    def end_send(self, queue: Queue, message: QueueMessage) -> Decision:
+        """The message was sent to every chosen consumer."""
+        return ALLOW
+
+    def acknowledge_received(
+        self, queue: Queue, ack: tmqp.Frame, delivery: Delivery, success: bool
+    ) -> Decision:
+        """A consumer acknowledged (``success``) or negatively acknowledged a delivery."""
+        return ALLOW
+
+    def acknowledge_timed_out(self, queue: Queue, delivery: Delivery) -> Decision:
+        """No acknowledge arrived within the queue's AcknowledgeTimeout."""
+        return ALLOW
+
+    def message_timed_out(self, queue: Queue, message: QueueMessage) -> Decision:
+        """The message waited longer than the queue's MessageTimeout."""
+        return ALLOW
+
+    def message_dequeued(self, queue: Queue, message: QueueMessage) -> None:
+        """The message left the queue (sent, pulled, cleared or timed out)."""
+
+    def exception_thrown(
+        self, queue: Queue, message: QueueMessage | None, error: Exception
+    ) -> Decision:
+        """A hook raised ``error`` while processing ``message``."""
+        return RETRY_LAST
+
+
+class DefaultDeliveryHandler(DeliveryHandler):
+    """At-least-once defaults that never lose a message silently.
+
+    - Push: the producer (if it asked) is acknowledged on receipt when the queue does not
+      request consumer acks; otherwise the first consumer ack/nack is relayed to it.
+    - Nack from a consumer: the message goes back to the end of the queue.
+    - Ack timeout or consumer gone before acking: back to the front (order kept).
+    - Message timeout: removed, the waiting producer gets a ``timeout`` nack.
+    - Past the queue's PutBackLimit a message is removed and its producer nacked.
+    """
+
+    def received_from_producer(
+        self, queue: Queue, message: QueueMessage, sender: Client | None
+    ) -> Decision:
+        return ALLOW if queue.options.request_acknowledge else ALLOW_ACK
+
+    def consumer_receive_failed(
+        self, queue: Queue, delivery: Delivery, receiver: Client
+    ) -> Decision:
+        return RETRY_FIRST
+
+    def acknowledge_received(
+        self, queue: Queue, ack: tmqp.Frame, delivery: Delivery, success: bool
+    ) -> Decision:
+        return ALLOW_ACK if success else RETRY_LAST
+
+    def acknowledge_timed_out(self, queue: Queue, delivery: Delivery) -> Decision:
+        return RETRY_FIRST
+
+    def message_timed_out(self, queue: Queue, message: QueueMessage) -> Decision:
+        return DENY_NACK
+
+
+class PersistentDeliveryHandler(DefaultDeliveryHandler):
+    """Saves every message on receipt and confirms the producer once it is saved.
+
+    The engine deletes a saved message from the store only when the message is finished:
+    on the consumer's positive acknowledge when the queue requests acknowledges, or once
+    sent when it does not (so a queue without acks is at-most-once after sending).
+    Register it under a key (``Engine(handlers={"persistent": ...})``) and select it with
+    the queue option ``MessageDeliveryHandler``.
+    """
+
+    def received_from_producer(
+        self, queue: Queue, message: QueueMessage, sender: Client | None
+    ) -> Decision:
+        return SAVE_ACK

@@ -1,0 +1,406 @@
+"""The sans-IO broker engine: frames in, frames out, time passed in.
+
+The wire (``broker.server``) decodes frames, calls :meth:`Engine.receive` with the
+client id and a monotonic ``now``, and sends every returned :class:`Outgoing`; it calls
+:meth:`Engine.tick` when :meth:`Engine.next_deadline` passes.  The engine never reads a
+clock, never raises out of ``receive``/``tick``/``disconnect``, and answers a malformed
+request with an acknowledge or response carrying the result code when the sender waits
+for one.
+
+Replies (zerohub's reading of the document where it is loose):
+
+- Server operations (0x10) are always answered, with an ACK (create/update/delete/join/
+  leave) or a RESPONSE (lists, information); a request that set only ``pending_response``
+  gets a RESPONSE either way.  Both carry the request's message id and the result code
+  as content type; a failure adds ``Nack-Reason`` (a token, see
+  ``protocol.CODE_FOR_NACK_REASON``) and a human ``Reason`` header.  RESPONSE payloads
+  are JSON.
+- A push (0x11) the server rejects is answered, if the producer waits for an ack, by a
+  negative ACK (content type = queue id, target = channel) with a ``Nack-Reason`` token;
+  if it waits for a response, by a RESPONSE with the result code.
+- Pull requests (0x15) are answered as the document says: queue messages with
+  ``Request-Id``/``Index``/``Count``, always ended by a ``No-Content: End`` marker;
+  problems come as one ``No-Content`` marker (Empty, Unauthorized, ...) before the End.
+  A queue in Cache status answers with one RESPONSE (0 and the cached message, or 404).
+- Direct messages (0x12) and responses (0x14) are forwarded with ``source`` set to the
+  sender; a receiver that disconnects before answering a request makes the server
+  answer the requester with a 581 (SendError) response.
+
+:class:`Engine` is built in layers, one module each (every layer is a base class of the
+next, so a method call costs what it did when the engine was one class):
+
+- ``broker.engine_core`` -- the state, the queues' host, replies, routers;
+- ``broker.engine_channels`` -- channels and queues: creation, removal, join, leave;
+- ``broker.engine_clients`` -- client registry, direct messages and responses;
+- this module -- frames in (:meth:`Engine.receive` dispatches by message type), queue
+  messages (push, CC copies, acknowledges, pull), flow control, time, recovery and
+  statistics.
+
+Flow control (``broker.flow``): queue deliveries come out as :class:`Tracked` frames; the
+wire calls :meth:`Engine.transmitted` with how many of each client's tracked frames its
+socket took, in order, and a consumer never has more than its window of deliveries in
+flight.  When a client goes away (:meth:`Engine.disconnect`) what it was handed but never
+got returns to the queues.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Iterable, Mapping
+
+from broker import paging, tmqp
+from broker.engine import flow, frames, models
+from broker.engine.auth import Action, AllowAll
+from broker.engine.channel import Channel, Client
+from broker.engine.channels import valid_channel_name
+from broker.engine.clients import EngineClients
+from broker.engine.errors import ClientRejected, EngineError, OperationError
+from broker.engine.frames import pull_marker
+from broker.engine.message import QueueMessage
+from broker.engine.queue.queue import Queue
+from broker.engine.router import publish
+from broker.protocol import (
+    EventName,
+    Header,
+    MessageType,
+    NoContent,
+    Outgoing,
+    ResultCode,
+    Tracked,
+    headers_all,
+)
+
+__all__ = [
+    "ClientRejected",
+    "Engine",
+    "EngineError",
+    "OperationError",
+    "Outgoing",
+    "Tracked",
+    "valid_channel_name",
+]
+
+log = logging.getLogger("broker.engine.engine")
+
+_Frame = tmqp.Frame
+_QUEUE = int(MessageType.QUEUE)
+_ACK = int(MessageType.ACK)
+_PULL = int(MessageType.PULL)
+_DIRECT = int(MessageType.DIRECT)
+_RESPONSE = int(MessageType.RESPONSE)
+_SERVER = int(MessageType.SERVER)
+_EVENT = int(MessageType.EVENT)
+_ROUTER = int(MessageType.ROUTER)
+_TERMINATE = int(MessageType.TERMINATE)
+
+
+class Engine(EngineClients):
+    """Channels, queues, clients, routers and events, driven by frames and a clock value."""
+
+    # ------------------------------------------------------------------ frames in
+
+    def receive(self, client_id: str, frame: tmqp.Frame, now: float) -> list[Outgoing]:
+        """Process one frame from a connected client (anything after connection info)."""
+        self._now = now
+        out: list[Outgoing] = []
+        client = self.clients.get(client_id)
+        if client is None:
+            return out
+        mt = frame.message_type
+        try:
+            if mt == _QUEUE:
+                self._push(client, frame, now, out)
+            elif mt == _ACK:
+                self._on_ack(client, frame, now, out)
+            elif mt == _PULL:
+                self._pull(client, frame, now, out)
+            elif mt == _DIRECT:
+                self._direct(client, frame, out)
+            elif mt == _RESPONSE:
+                self._on_response(client, frame, out)
+            elif mt == _SERVER:
+                self._operations.dispatch(self, client, frame, now, out)
+            elif mt == _EVENT:
+                self._operations.event_subscription(self, client, frame, out)
+            elif mt == _ROUTER:
+                publish(self, client, frame, now, out)
+            elif mt == _TERMINATE:
+                out.extend(self.disconnect(client_id, now))
+            else:
+                self.answer_failure(
+                    client,
+                    frame,
+                    out,
+                    OperationError(ResultCode.UNACCEPTABLE, f"message type {mt:#x} not handled"),
+                )
+        except Exception as exc:
+            self.count_error(f"receive type {mt:#x}", exc)
+            self.answer_failure(
+                client, frame, out, OperationError(ResultCode.FAILED, "internal error")
+            )
+        return out
+
+    # ------------------------------------------------------------------ queue messages
+
+    def _push(self, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]) -> None:
+        channel = self.channels.get(frame.target)
+        queue = channel.queues.get(frame.content_type) if channel is not None else None
+        try:
+            if queue is None:
+                queue = self.resolve_queue(client, frame.target, frame.content_type, out)
+            authorizer = self.authorizer
+            if type(authorizer) is not AllowAll and not authorizer.allows(
+                client, Action.PUSH, queue.channel.name, queue.id
+            ):
+                raise OperationError(ResultCode.UNAUTHORIZED, "push not allowed")
+            if (
+                queue.plain
+                and not self.events.has(EventName.MESSAGE_PRODUCED)
+                and queue.push_plain(frame, client, now, out)
+            ):
+                return
+            if frame.headers:
+                ccs = headers_all(frame, Header.CC)
+                if ccs:
+                    self._push_cc(client, frame, queue, ccs, now, out)
+                    return
+            code = self.check_push(queue, len(frame.payload))
+            if code:
+                raise OperationError(ResultCode(code), "push refused by the queue")
+        except OperationError as err:
+            self._reject_push(client, frame, out, err)
+            return
+        m = queue.accept(frame, client, now, out, frame.pending_ack)
+        if m is not None:
+            self._produced(queue, m, out)
+
+    def _produced(self, queue: Queue, m: QueueMessage, out: list[Outgoing]) -> None:
+        """The MessageProduced event, when anyone subscribed to it."""
+        if self.events.has(EventName.MESSAGE_PRODUCED):
+            self.events.emit(
+                EventName.MESSAGE_PRODUCED,
+                models.message_event(queue, m),
+                out,
+                queue.channel.name,
+                queue.id,
+            )
+
+    def _push_cc(
+        self,
+        client: Client,
+        frame: tmqp.Frame,
+        primary: Queue,
+        ccs: list[str],
+        now: float,
+        out: list[Outgoing],
+    ) -> None:
+        """Push into the target queue and a copy into each ``CC`` queue, all or nothing.
+
+        A queue gets one copy however often it is named (the target queue none: it has
+        the message); more than ``limits.max_cc`` distinct queues refuse the push (482).
+        """
+        copies: list[tuple[Queue, str]] = []
+        named: set[tuple[str, int]] = {primary.key}
+        max_cc = self.config.limits.max_cc
+        for value in ccs:
+            parts = [p.strip() for p in value.split(";")]
+            if len(parts) > 3 or not parts[0]:
+                raise OperationError(ResultCode.BAD_REQUEST, f"bad CC header {value!r}")
+            qid = primary.id
+            if len(parts) > 1 and parts[1]:
+                try:
+                    qid = int(parts[1])
+                except ValueError:
+                    raise OperationError(ResultCode.BAD_REQUEST, f"bad CC queue id {value!r}")
+                if not 0 <= qid <= 0xFFFF:
+                    raise OperationError(ResultCode.BAD_REQUEST, f"bad CC queue id {value!r}")
+            if (parts[0], qid) in named:
+                continue
+            if len(named) > max_cc:
+                raise OperationError(ResultCode.LIMIT_EXCEEDED, f"more than {max_cc} CC queues")
+            named.add((parts[0], qid))
+            queue = self.resolve_queue(client, parts[0], qid, out)
+            if not self.authorizer.allows(client, Action.PUSH, queue.channel.name, queue.id):
+                raise OperationError(ResultCode.UNAUTHORIZED, f"push to {parts[0]} not allowed")
+            mid = parts[2] if len(parts) > 2 and parts[2] else self.new_id()
+            copies.append((queue, mid))
+        size = len(frame.payload)
+        for queue in (primary, *(q for q, _ in copies)):
+            code = self.check_push(queue, size)
+            if code:
+                raise OperationError(ResultCode(code), f"push refused by {queue.key}")
+        plain = tuple((k, v) for k, v in frame.headers if k.lower() != "cc")
+        targets: list[tuple[Queue, str | None, bool]] = [(primary, None, frame.pending_ack)]
+        targets += [(q, copy_id, False) for q, copy_id in copies]
+        for queue, message_id, waits in targets:
+            m = queue.accept(frame, client, now, out, waits, headers=plain, message_id=message_id)
+            if m is not None:
+                self._produced(queue, m, out)
+
+    def _reject_push(
+        self, client: Client, frame: tmqp.Frame, out: list[Outgoing], err: OperationError
+    ) -> None:
+        if frame.pending_ack:
+            qid, mid, target = frame.content_type, frame.message_id, frame.target
+            out.append(
+                Outgoing(client.id, frames.ack(qid, mid, "", target, err.token, err.reason))
+            )
+        elif frame.pending_response:
+            out.append(
+                Outgoing(
+                    client.id,
+                    frames.response(frame.message_id, client.id, err.code, err.reason),
+                )
+            )
+
+    def _on_ack(self, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]) -> None:
+        if frame.high_priority:  # acknowledge of a direct message: pass it on
+            receiver = self.clients.get(frame.target)
+            if receiver is not None:
+                out.append(Outgoing(receiver.id, self._from(client, frame)))
+            return
+        channel = self.channels.get(frame.target)
+        queue = channel.queues.get(frame.content_type) if channel is not None else None
+        if queue is None or not queue.on_ack(client, frame, now, out):
+            self.unmatched_acks += 1
+
+    def _pull(self, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]) -> None:
+        rid, name, qid = frame.message_id, frame.target, frame.content_type
+        channel = self.channels.get(name)
+        queue = channel.queues.get(qid) if channel is not None else None
+        token = None
+        if not rid:
+            token = NoContent.ID_REQUIRED
+        elif channel is None:
+            token = NoContent.NO_CHANNEL
+        elif queue is None:
+            token = NoContent.NO_QUEUE
+        elif client.id not in channel.consumers or not self.authorizer.allows(
+            client, Action.PULL, name, qid
+        ):
+            token = NoContent.UNAUTHORIZED
+        if token is not None or queue is None:
+            out.append(Outgoing(client.id, pull_marker(rid, name, qid, token or "")))
+            out.append(Outgoing(client.id, pull_marker(rid, name, qid, NoContent.END)))
+            return
+        queue.pull(client, frame, now, out, self.config.limits.max_pull_count)
+
+    # ------------------------------------------------------------------ flow control
+
+    def transmitted(self, counts: Mapping[str, int], now: float) -> list[Outgoing]:
+        """The transport took the next ``counts[id]`` :class:`Tracked` frames of each client.
+
+        Settles those deliveries (counted as sent; a queue without acknowledges finishes
+        them and frees their window slots) and sends what the freed room lets through.
+        See ``broker.flow``.
+        """
+        self._now = now
+        out: list[Outgoing] = []
+        ready: dict[Queue, None] = {}
+        clients = self.clients
+        for client_id, count in counts.items():
+            client = clients.get(client_id)
+            if client is None:
+                continue  # already disconnected: its deliveries were returned then
+            try:
+                if flow.transmitted(client, count, now, ready) != count:
+                    self.count_error("transmitted", ValueError(f"{client_id}: {count} > sent"))
+            except Exception as exc:
+                self.count_error("transmitted", exc)
+        self._drain_ready([q for q in ready if q.stalled], now, out)
+        return out
+
+    def disconnect(self, client_id: str, now: float) -> list[Outgoing]:
+        """The client is gone: what never reached its socket returns to its queues first,
+        then its unacknowledged deliveries return and its requests fail."""
+        client = self.clients.get(client_id)
+        if client is None or not client.unsent:
+            return super().disconnect(client_id, now)
+        out: list[Outgoing] = []
+        ready: dict[Queue, None] = {}
+        try:
+            flow.abandon(client, now, out, ready)
+        except Exception as exc:  # never raise into the wire loop
+            self.count_error("disconnect", exc)
+        out.extend(super().disconnect(client_id, now))
+        self._drain_ready(ready, now, out)
+        return out
+
+    def _drain_ready(self, ready: Iterable[Queue], now: float, out: list[Outgoing]) -> None:
+        for queue in ready:
+            if queue.alive and (queue.n_priority or queue.n_regular):  # put-backs counted
+                try:
+                    queue.drain(now, out)
+                except Exception as exc:
+                    self.count_error("drain", exc)
+
+    # ------------------------------------------------------------------ time
+
+    def tick(self, now: float) -> list[Outgoing]:
+        """Run every timer due by ``now`` (ack timeouts, message timeouts, put-backs)."""
+        self._now = now
+        out: list[Outgoing] = []
+        timers = self._timers
+        touched: list[Channel] = []
+        while timers and timers[0][0] <= now:
+            _, _, queue = heapq.heappop(timers)
+            due = queue.wake_at
+            if not queue.alive or due is None or due > now:
+                continue  # superseded by an earlier wake-up that already ran
+            try:
+                queue.tick(now, out)
+            except Exception as exc:
+                self.count_error("tick", exc)
+            if queue.channel.options.destroy_when_empty:
+                touched.append(queue.channel)
+        for channel in touched:
+            self._maybe_destroy(channel, out)
+        return out
+
+    def next_deadline(self) -> float | None:
+        """Earliest ``now`` at which :meth:`tick` has work (None: no timer armed)."""
+        timers = self._timers
+        while timers and not timers[0][2].alive:
+            heapq.heappop(timers)
+        return timers[0][0] if timers else None
+
+    # ------------------------------------------------------------------ recovery, stats
+
+    def recover(self, now: float) -> int:
+        """Rebuild queues from the store (after a restart); returns the message count."""
+        self._now = now
+        out: list[Outgoing] = []
+        count = 0
+        for key in self.store.queues():
+            channel_name, queue_id = key
+            try:
+                queue = self.resolve_queue(None, channel_name, queue_id, out)
+            except OperationError as err:
+                log.warning("cannot recover queue %s: %s", key, err.reason)
+                continue
+            for stored in self.store.iterate(key):
+                queue.restore(stored, None, now)
+                count += 1
+        return count
+
+    def stats(self) -> dict[str, object]:
+        """Counters and a per-queue summary, JSON-able (for ``broker stats``)."""
+        return models.engine_stats(self)
+
+    def stats_page(self, after: str | None, budget: int) -> tuple[dict[str, object], str | None]:
+        """The statistics with one page of ``channel_list`` (channels by name, after
+        ``after``), within ``budget`` octets of JSON; and the key of the next page."""
+        out = models.engine_totals(self)
+        room = budget - paging.json_size(out) - len('"channel_list":[],')
+        channels = self.channels
+        page = paging.cut(
+            sorted(channels), after, lambda n: models.channel_stats(channels[n]), room
+        )
+        out["channel_list"] = page.items
+        return out, page.next
+
+    @property
+    def pending_requests(self) -> int:
+        """Direct requests still waiting for a response."""
+        return len(self._requests)

@@ -1,0 +1,111 @@
+"""Per-consumer flow control: a window of deliveries in flight, settled by the transport.
+
+A queue hands a message to a consumer only while the consumer has room in its *window*
+for that queue (:meth:`broker.queue.Queue.room`).  The window counts the consumer's
+deliveries of the queue that are in flight: not yet acknowledged when the queue requests
+acknowledges, otherwise not yet taken by the transport.  Its size is the ``Prefetch`` the
+client sent when it joined the channel, else the queue's ``Prefetch`` option, else the
+broker's ``BrokerConfig.prefetch`` (1000); never above ``BrokerConfig.max_prefetch``
+(100,000).  A message leaves its queue only when a consumer can take it.
+
+Every queue delivery leaves the engine as a :class:`~broker.protocol.Tracked` frame and
+waits, in send order, in its client's ``unsent`` deque as a :data:`Transit`.  The server
+reports how many tracked frames of each client libzmq took (``Engine.transmitted``) and
+:func:`transmitted` settles that many from the front: the delivery is counted as sent
+(``SentMessages``/``Deliveries`` count what went out, nothing else), a queue without
+acknowledges frees the window slot and finishes the message, and queues waiting for room
+send more.  When a client goes away (:func:`abandon`) what never reached its socket goes
+back: messages return to the front of their queue, in order, without counting as a put
+back (the consumer never had them); a broadcast copy is counted in ``dropped``.  A client
+that stops reading therefore stays connected and costs at most its windows; only its
+session expiring (missed pings) ends it.  Unacknowledged deliveries of a client that goes
+away return through the queue's acknowledgement tracker as before, and every delivery
+sent again carries a ``Delivery-Count`` header.
+
+A consumer whose window is full, status by status:
+
+- Push: the message goes to the consumers with room; with none, it waits in the queue.
+- Round robin and first acquirer: the next consumer with room; with none, it waits.
+- Broadcast (keeps nothing): that consumer's copy is dropped and counted in the queue's
+  ``DroppedDeliveries``; a slow consumer's backlog is its window plus its socket's
+  high-water mark, never more.
+- Pull: a request gets at most the room left, or ``No-Content: Limit-Exceeded`` with none.
+- Cache: an answer leaves the message in the queue and needs no window; it is counted
+  once sent.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from broker import tmqp
+    from broker.engine.channel import Client
+    from broker.engine.message import QueueMessage
+    from broker.engine.queue.queue import Queue
+    from broker.protocol import Outgoing
+
+# What a tracked delivery is (the first field of a Transit).
+#: A push sent by the plain fast path: no QueueMessage, the frame and sequence number
+#: to rebuild one if it has to go back.
+PLAIN = 0
+#: A message of a queue without acknowledges (push, round robin, pull).
+COPY = 1
+#: A broadcast copy: never goes back to the queue.
+BROADCAST = 2
+#: A delivery waiting for the consumer's acknowledge (its window slot is freed then).
+ACKED = 3
+#: A cache queue's answer: the message stays in the queue.
+CACHE = 4
+
+#: ``(kind, queue, message or None, frame or None, sequence number)``
+Transit = tuple[int, "Queue", "QueueMessage | None", "tmqp.Frame | None", int]
+
+
+def transmitted(client: Client, count: int, now: float, ready: dict[Queue, None]) -> int:
+    """The transport took the client's next ``count`` tracked frames; returns how many
+    were settled (fewer only if the server reports more than the engine sent).
+
+    Queues whose window slots were freed are added to ``ready`` (to be drained).
+    """
+    unsent = client.unsent
+    if count > len(unsent):
+        count = len(unsent)
+    cid = client.id
+    pop = unsent.popleft
+    run: Queue | None = None  # consecutive fast-path pushes of one queue settle together
+    run_length = 0
+    for _ in range(count):
+        transit = pop()
+        queue = transit[1]
+        if transit[0] == PLAIN:
+            if queue is run:
+                run_length += 1
+                continue
+            if run is not None:
+                run.settle_plain(cid, run_length, now)
+                ready[run] = None
+            run = queue
+            run_length = 1
+            continue
+        queue.settle_sent(transit[0], cid, transit[2], now)
+        ready[queue] = None
+    if run is not None:
+        run.settle_plain(cid, run_length, now)
+        ready[run] = None
+    return count
+
+
+def abandon(client: Client, now: float, out: list[Outgoing], ready: dict[Queue, None]) -> None:
+    """The client is going away: what never reached its socket returns to its queues.
+
+    Call it before the client leaves its channels; the queues to drain afterwards (for
+    the other consumers) are added to ``ready``.
+    """
+    unsent = client.unsent
+    client.unsent = deque()
+    cid = client.id
+    for kind, queue, m, frame, seq in unsent:
+        queue.settle_unsent(kind, cid, m, frame, seq, now, out)
+        ready[queue] = None

@@ -1,0 +1,194 @@
+"""The document's JSON models (PascalCase keys): information, summaries and events."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from broker.engine.auth import bare_token
+from broker.engine.options import status_name
+
+if TYPE_CHECKING:
+    from broker.engine.channel import Channel, Client
+    from broker.engine.engine import Engine
+    from broker.engine.message import QueueMessage
+    from broker.engine.queue.queue import Queue
+
+
+def queue_information(q: Queue, wall: float, now: float) -> dict[str, Any]:
+    """QueueInformation; ``wall`` is UNIX seconds at monotonic ``now``."""
+
+    def stamp(t: float | None) -> int:
+        return 0 if t is None else int((wall - (now - t)) * 1000)
+
+    o = q.options
+    return {
+        "Id": q.id,
+        "Channel": q.channel.name,
+        "Tag": o.tag,
+        "PriorityMessages": q.n_priority,
+        "Messages": q.n_regular,
+        "Status": status_name(q.status),
+        "OnlyFirstAcquirer": o.send_only_first_acquirer,
+        "RequestAcknowledge": o.request_acknowledge,
+        "AcknowledgeTimeout": o.acknowledge_timeout,
+        "MessageTimeout": o.message_timeout,
+        "UseMessageId": o.use_message_id,
+        "WaitForAcknowledge": o.wait_for_acknowledge,
+        "HideClientNames": o.hide_client_names,
+        "ReceivedMessages": q.received,
+        "SentMessages": q.sent,
+        "Deliveries": q.deliveries,
+        "NegativeAcks": q.nacks,
+        "Acks": q.acks,
+        "TimeoutMessages": q.timeouts,
+        "SavedMessages": q.saves,
+        "RemovedMessages": q.removed,
+        "Errors": q.errors,
+        "LastMessageReceived": stamp(q.last_received),
+        "LastMessageSent": stamp(q.last_sent),
+        "MessageLimit": o.message_limit,
+        "MessageSizeLimit": o.message_size_limit,
+        # zerohub additions
+        "PendingAcknowledges": len(q.pending),
+        "Sequence": q.sequence,
+        "Prefetch": q.window,
+        # deliveries holding a slot of a consumer's window: not yet acknowledged, or
+        # (queues without acknowledges) handed to the transport and not yet sent
+        "InFlight": sum(q.used.values()),
+        "DroppedDeliveries": q.dropped,
+    }
+
+
+def queue_summary(q: Queue) -> dict[str, Any]:
+    """QueueSummary (queue list) and the QueueEvent model."""
+    return {
+        "Channel": q.channel.name,
+        "Id": q.id,
+        "Tag": q.options.tag,
+        "Status": status_name(q.status),
+        "PriorityMessages": q.n_priority,
+        "Messages": q.n_regular,
+    }
+
+
+def channel_information(channel: Channel) -> dict[str, Any]:
+    o = channel.options
+    q = o.queue
+    return {
+        "Name": channel.name,
+        "Queues": sorted(channel.queues),
+        "AllowMultipleQueues": o.allow_multiple_queues,
+        "AllowedQueues": None if o.allowed_queues is None else list(o.allowed_queues),
+        "OnlyFirstAcquirer": q.send_only_first_acquirer,
+        "RequestAcknowledge": q.request_acknowledge,
+        "AcknowledgeTimeout": q.acknowledge_timeout,
+        "MessageTimeout": q.message_timeout,
+        "UseMessageId": q.use_message_id,
+        "WaitForAcknowledge": q.wait_for_acknowledge,
+        "HideClientNames": q.hide_client_names,
+        "ActiveClients": len(channel.consumers),
+        "ClientLimit": o.client_limit,
+        "QueueLimit": o.queue_limit,
+        "DestroyWhenEmpty": o.destroy_when_empty,
+    }
+
+
+def client_information(client: Client, now: float) -> dict[str, Any]:
+    return {
+        "Id": client.id,
+        "Name": client.name,
+        "Type": client.type,
+        "Online": int((now - client.connected_at) * 1000),
+        "IsAuthenticated": bare_token(client.token) is not None,
+    }
+
+
+# ---------------------------------------------------------------------- event models
+
+
+def client_event(client: Client) -> dict[str, Any]:
+    return {"Id": client.id, "Name": client.name, "Type": client.type}
+
+
+def channel_event(channel: Channel) -> dict[str, Any]:
+    return {
+        "Name": channel.name,
+        "ActiveClient": len(channel.consumers),
+        "ClientLimit": channel.options.client_limit,
+    }
+
+
+def subscription_event(channel: Channel, client: Client) -> dict[str, Any]:
+    return {
+        "Channel": channel.name,
+        "ClientId": client.id,
+        "ClientName": client.name,
+        "ClientType": client.type,
+    }
+
+
+def message_event(queue: Queue, message: QueueMessage) -> dict[str, Any]:
+    producer = message.producer
+    return {
+        "Channel": queue.channel.name,
+        "Queue": queue.id,
+        "Id": message.message_id,
+        "Saved": message.saved,
+        "ProducerId": producer.id if producer is not None else message.frame.source,
+        "ProducerName": producer.name if producer is not None else None,
+        "ProducerType": producer.type if producer is not None else None,
+    }
+
+
+def channel_stats(c: Channel) -> dict[str, Any]:
+    """One entry of the statistics' ``channel_list``."""
+    return {
+        "name": c.name,
+        "consumers": len(c.consumers),
+        "queues": [
+            {
+                **queue_summary(q),
+                "PendingAcknowledges": len(q.pending),
+                "Sequence": q.sequence,
+            }
+            for q in c.queues.values()
+        ],
+    }
+
+
+def engine_totals(engine: Engine) -> dict[str, object]:
+    """The statistics without the per-channel list."""
+    queues = [q for c in engine.channels.values() for q in c.queues.values()]
+
+    def total(attr: str) -> int:
+        return sum(getattr(q, attr) for q in queues)
+
+    return {
+        "node": engine.config.node_name,
+        "clients": len(engine.clients),
+        "channels": len(engine.channels),
+        "queues": len(queues),
+        "messages": sum(q.message_count for q in queues),
+        "pending_acks": sum(len(q.pending) for q in queues),
+        "pending_requests": engine.pending_requests,
+        "routers": len(engine.routers),
+        "errors": engine.errors + total("errors"),
+        "unmatched_acks": engine.unmatched_acks,
+        "received": total("received"),
+        "sent": total("sent"),
+        "deliveries": total("deliveries"),
+        "acks": total("acks"),
+        "nacks": total("nacks"),
+        "timeouts": total("timeouts"),
+        "removed": total("removed"),
+        "dropped_deliveries": total("dropped"),
+        "in_flight": sum(sum(q.used.values()) for q in queues),
+        "limits": engine.config.limits.table(),
+    }
+
+
+def engine_stats(engine: Engine) -> dict[str, object]:
+    """Totals over every queue plus a per-channel summary (JSON-able)."""
+    out = engine_totals(engine)
+    out["channel_list"] = [channel_stats(c) for c in engine.channels.values()]
+    return out

@@ -1,0 +1,460 @@
+"""Server operations (message type 0x10) and event subscriptions, on top of the engine.
+
+One function per operation content type; each returns the JSON model to send back
+(operations answered by a RESPONSE; lists as a :class:`broker.paging.Page`, which adds a
+``Page-Next`` header when the list goes on) or None (operations answered by an ACK), and raises
+:class:`~broker.engine.OperationError` (or an options/router parse error, reported as
+400) to fail.  The reply goes out before any frame the operation caused (for instance
+the messages a join releases), so a client sees its join acknowledged first.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from broker import tmqp
+from broker.engine import models
+from broker.engine.auth import Action
+from broker.engine.options import ChannelOptions, OptionsError
+from broker.engine.router import Router, RouterError, binding_from_json, method_from_json
+from broker.paging import Page, cut, parse_after
+from broker.protocol import (
+    EVENT_NAMES,
+    EventName,
+    Header,
+    NackReason,
+    Operation,
+    Outgoing,
+    ResultCode,
+    RouterOperation,
+    header,
+)
+
+if TYPE_CHECKING:
+    from broker.engine.channel import Channel, Client
+    from broker.engine.engine import Engine
+    from broker.engine.queue.queue import Queue
+
+_Op = Callable[["Engine", "Client", tmqp.Frame, float, list[Outgoing]], Any]
+
+
+def _error(code: ResultCode, reason: str, token: str | None = None) -> Exception:
+    from broker.engine.engine import OperationError
+
+    return OperationError(code, reason, token)
+
+
+def dispatch(
+    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> None:
+    from broker.engine.engine import OperationError
+
+    entry = _OPERATIONS.get(frame.content_type)
+    if entry is None:
+        err = OperationError(ResultCode.BAD_REQUEST, f"unknown operation {frame.content_type}")
+        engine.reply(client, frame, out, response=frame.pending_response, error=err)
+        return
+    op, is_response = entry
+    caused: list[Outgoing] = []
+    try:
+        model = op(engine, client, frame, now, caused)
+    except (OperationError, OptionsError, RouterError) as exc:
+        failure = (
+            exc
+            if isinstance(exc, OperationError)
+            else OperationError(ResultCode.BAD_REQUEST, str(exc))
+        )
+        engine.reply(client, frame, out, response=is_response, error=failure)
+        out.extend(caused)
+        return
+    headers: tuple[tuple[str, str], ...] = ()
+    if isinstance(model, Page):
+        if model.next is not None:
+            headers = ((Header.PAGE_NEXT, model.next),)
+        model = model.items
+    payload = json.dumps(model, separators=(",", ":")).encode() if is_response else b""
+    engine.reply(client, frame, out, response=is_response, payload=payload, headers=headers)
+    out.extend(caused)
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _allow(
+    engine: Engine,
+    client: Client,
+    action: Action,
+    channel: str | None = None,
+    queue: int | None = None,
+    target: str | None = None,
+) -> None:
+    if not engine.authorizer.allows(client, action, channel, queue, target):
+        raise _error(ResultCode.UNAUTHORIZED, f"{action.value} not allowed")
+
+
+def _channel(engine: Engine, frame: tmqp.Frame) -> Channel:
+    channel = engine.channels.get(frame.target)
+    if channel is None:
+        raise _error(ResultCode.NOT_FOUND, f"no channel {frame.target!r}", NackReason.NO_CHANNEL)
+    return channel
+
+
+def _queue_id(frame: tmqp.Frame) -> int:
+    raw = header(frame, Header.QUEUE_ID)
+    if raw is None:
+        raise _error(ResultCode.BAD_REQUEST, "Queue-Id header required")
+    try:
+        qid = int(raw.strip())
+    except ValueError:
+        raise _error(ResultCode.BAD_REQUEST, f"bad Queue-Id {raw!r}") from None
+    if not 0 <= qid <= 0xFFFF:
+        raise _error(ResultCode.BAD_REQUEST, f"bad Queue-Id {raw!r}")
+    return qid
+
+
+def _queue(engine: Engine, frame: tmqp.Frame) -> Queue:
+    channel = _channel(engine, frame)
+    qid = _queue_id(frame)
+    queue = channel.queues.get(qid)
+    if queue is None:
+        raise _error(ResultCode.NOT_FOUND, f"no queue {qid}", NackReason.NO_QUEUE)
+    return queue
+
+
+def _after(frame: tmqp.Frame, numeric: bool = False) -> Any:
+    """The request's ``Page-After`` key (None: the first page)."""
+    raw = header(frame, Header.PAGE_AFTER)
+    try:
+        return parse_after(raw, numeric)
+    except ValueError:
+        raise _error(ResultCode.BAD_REQUEST, f"bad {Header.PAGE_AFTER} {raw!r}") from None
+
+
+def _budget(engine: Engine) -> int:
+    return engine.config.limits.max_reply_size
+
+
+def _has_payload(frame: tmqp.Frame) -> bool:
+    return bool(frame.payload.strip())
+
+
+def _matcher(pattern: str) -> Callable[[str], bool]:
+    if not pattern:
+        return lambda name: True
+    regex = re.compile("^" + ".*".join(re.escape(p) for p in pattern.split("*")) + "$")
+    return lambda name: regex.match(name) is not None
+
+
+# ---------------------------------------------------------------------- channels
+
+
+def channel_create(
+    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> None:
+    _allow(engine, client, Action.CHANNEL_CREATE, frame.target)
+    options = engine.config.channel_defaults
+    if _has_payload(frame):
+        options = ChannelOptions.from_json(frame.payload, base=options)
+    engine.create_channel(frame.target, options, out)
+
+
+def channel_update(
+    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> None:
+    channel = _channel(engine, frame)
+    _allow(engine, client, Action.CHANNEL_UPDATE, channel.name)
+    if not _has_payload(frame):
+        raise _error(ResultCode.BAD_REQUEST, "ChannelOptions JSON required")
+    channel.options = channel.options.updated(frame.payload)
+
+
+def channel_delete(
+    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> None:
+    channel = _channel(engine, frame)
+    _allow(engine, client, Action.CHANNEL_REMOVE, channel.name)
+    engine.remove_channel(channel, out)
+
+
+def channel_list(
+    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> Page:
+    _allow(engine, client, Action.CHANNEL_LIST, target=frame.target or None)
+    match = _matcher(frame.target)
+    channels = engine.channels
+    names = sorted(name for name in channels if match(name))
+    return cut(
+        names, _after(frame), lambda n: models.channel_information(channels[n]), _budget(engine)
+    )
+
+
+def channel_info(
+    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> dict[str, Any]:
+    channel = _channel(engine, frame)
+    _allow(engine, client, Action.CHANNEL_LIST, channel.name)
+    return models.channel_information(channel)
+
+
+def join(
+    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> None:
+    prefetch = _prefetch(engine, frame)
+    channel = engine.channels.get(frame.target)
+    if channel is None:
+        if not engine.config.auto_create_channel:
+            _channel(engine, frame)  # raises 404
+        _allow(engine, client, Action.JOIN, frame.target)
+        _allow(engine, client, Action.CHANNEL_CREATE, frame.target)
+        channel = engine.create_channel(frame.target, out=out)
+    else:
+        _allow(engine, client, Action.JOIN, channel.name)
+    engine.join(client, channel, now, out, prefetch)
+
+
+def _prefetch(engine: Engine, frame: tmqp.Frame) -> int | None:
+    """The JOIN's ``Prefetch`` header: 1.. (capped at the broker's max_prefetch) or None."""
+    raw = header(frame, Header.PREFETCH) if frame.headers else None
+    if raw is None:
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise _error(ResultCode.BAD_REQUEST, f"Prefetch must be a positive integer: {raw!r}")
+    return min(value, engine.config.max_prefetch)
+
+
+def leave(
+    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> None:
+    channel = _channel(engine, frame)
+    if not engine.leave(client, channel, out):
+        raise _error(ResultCode.NOT_FOUND, "not a member of this channel", NackReason.NO_CHANNEL)
+
+
+# ---------------------------------------------------------------------- queues
+
+
+def queue_create(
+    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> None:
+    qid = _queue_id(frame)
+    channel = engine.channels.get(frame.target)
+    if channel is None and not engine.config.auto_create_channel:
+        _channel(engine, frame)  # raises 404
+    _allow(engine, client, Action.QUEUE_CREATE, frame.target, qid)
+    if channel is None:
+        _allow(engine, client, Action.CHANNEL_CREATE, frame.target)
+    base = (channel.options if channel is not None else engine.config.channel_defaults).queue
+    options = base.updated(frame.payload) if _has_payload(frame) else base
+    if channel is None:
+        engine.create_channel(frame.target, out=out)
+    engine.create_queue(frame.target, qid, options, out)
+
+
+def queue_update(
+    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> None:
+    queue = _queue(engine, frame)
+    _allow(engine, client, Action.QUEUE_UPDATE, queue.channel.name, queue.id)
+    if not _has_payload(frame):
+        raise _error(ResultCode.BAD_REQUEST, "ChannelQueueOptions JSON required")
+    options = queue.options.updated(frame.payload)
+    engine.check_handler(options.message_delivery_handler)
+    queue.apply_options(options, now, out)
+    channel = queue.channel
+    engine.events.emit(
+        EventName.QUEUE_UPDATED, models.queue_summary(queue), out, channel.name, queue.id
+    )
+
+
+def queue_delete(
+    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> None:
+    queue = _queue(engine, frame)
+    _allow(engine, client, Action.QUEUE_REMOVE, queue.channel.name, queue.id)
+    engine.remove_queue(queue, out)
+
+
+def queue_list(
+    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> Page:
+    channel = _channel(engine, frame)
+    _allow(engine, client, Action.QUEUE_LIST, channel.name)
+    queues = channel.queues
+    ids = sorted(queues)
+    return cut(ids, _after(frame, numeric=True), lambda i: queues[i].summary(), _budget(engine))
+
+
+def queue_info(
+    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> dict[str, Any]:
+    queue = _queue(engine, frame)
+    _allow(engine, client, Action.QUEUE_LIST, queue.channel.name, queue.id)
+    return queue.information(engine.config.wall_clock(), now)
+
+
+# ---------------------------------------------------------------------- connections
+
+
+def node_list(
+    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> list[dict[str, Any]]:
+    _allow(engine, client, Action.ADMIN)
+    return []  # no federation peers yet
+
+
+def client_list(
+    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> Page:
+    _allow(engine, client, Action.ADMIN)
+    wanted = frame.target or None
+    clients = engine.clients
+    ids = sorted(i for i, c in clients.items() if wanted is None or c.type == wanted)
+    return cut(
+        ids, _after(frame), lambda i: models.client_information(clients[i], now), _budget(engine)
+    )
+
+
+# ---------------------------------------------------------------------- routers
+
+
+def _router(engine: Engine, frame: tmqp.Frame) -> Router:
+    router = engine.routers.get(frame.target)
+    if router is None:
+        raise _error(ResultCode.NOT_FOUND, f"no router {frame.target!r}", NackReason.NO_ROUTE)
+    return router
+
+
+def router_create(
+    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> None:
+    _allow(engine, client, Action.ROUTER_MANAGE, target=frame.target)
+    if not frame.target or len(frame.target.encode()) > 255:
+        raise _error(ResultCode.BAD_REQUEST, "router name required")
+    engine.add_router(Router(frame.target, method_from_json(frame.payload)))
+
+
+def router_remove(
+    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> None:
+    router = _router(engine, frame)
+    _allow(engine, client, Action.ROUTER_MANAGE, target=router.name)
+    engine.remove_router(router.name)
+
+
+def router_list(
+    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> Page:
+    _allow(engine, client, Action.ROUTER_MANAGE, target=frame.target or None)
+    match = _matcher(frame.target)
+    routers = engine.routers
+    names = sorted(name for name in routers if match(name))
+    return cut(names, _after(frame), lambda n: routers[n].to_json(), _budget(engine))
+
+
+def binding_add(
+    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> None:
+    router = _router(engine, frame)
+    _allow(engine, client, Action.ROUTER_MANAGE, target=router.name)
+    binding = binding_from_json(frame.payload)
+    if len(router.bindings) >= engine.config.limits.max_bindings_per_router:
+        raise _error(ResultCode.LIMIT_EXCEEDED, "too many bindings in this router")
+    try:
+        router.add(binding)
+    except RouterError as exc:
+        raise _error(ResultCode.ALREADY_CREATED, str(exc)) from None
+
+
+def binding_remove(
+    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> None:
+    router = _router(engine, frame)
+    _allow(engine, client, Action.ROUTER_MANAGE, target=router.name)
+    name = header(frame, "Binding-Name")
+    if name is None and _has_payload(frame):
+        try:
+            obj = json.loads(frame.payload)
+        except ValueError:
+            obj = None
+        name = obj.get("Name") if isinstance(obj, dict) else None
+    if not isinstance(name, str) or not name:
+        raise _error(ResultCode.BAD_REQUEST, 'binding name required ({"Name": ...})')
+    if not router.remove(name):
+        raise _error(ResultCode.NOT_FOUND, f"no binding {name!r}")
+
+
+def binding_list(
+    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> Page:
+    router = _router(engine, frame)
+    _allow(engine, client, Action.ROUTER_MANAGE, target=router.name)
+    bindings = list(router.bindings)  # in the router's order: the key is the position
+    positions = list(range(len(bindings)))
+    return cut(
+        positions, _after(frame, numeric=True), lambda i: bindings[i].to_json(), _budget(engine)
+    )
+
+
+# operation content type -> (function, answered by a RESPONSE)
+_OPERATIONS: dict[int, tuple[_Op, bool]] = {
+    Operation.CHANNEL_CREATE: (channel_create, False),
+    Operation.CHANNEL_UPDATE: (channel_update, False),
+    Operation.CHANNEL_DELETE: (channel_delete, False),
+    Operation.CHANNEL_LIST: (channel_list, True),
+    Operation.CHANNEL_INFO: (channel_info, True),
+    Operation.JOIN: (join, False),
+    Operation.LEAVE: (leave, False),
+    Operation.QUEUE_CREATE: (queue_create, False),
+    Operation.QUEUE_UPDATE: (queue_update, False),
+    Operation.QUEUE_DELETE: (queue_delete, False),
+    Operation.QUEUE_LIST: (queue_list, True),
+    Operation.QUEUE_INFO: (queue_info, True),
+    Operation.NODE_LIST: (node_list, True),
+    Operation.CLIENT_LIST: (client_list, True),
+    RouterOperation.ROUTER_CREATE: (router_create, False),
+    RouterOperation.ROUTER_REMOVE: (router_remove, False),
+    RouterOperation.ROUTER_LIST: (router_list, True),
+    RouterOperation.BINDING_ADD: (binding_add, False),
+    RouterOperation.BINDING_REMOVE: (binding_remove, False),
+    RouterOperation.BINDING_LIST: (binding_list, True),
+}
+
+
+# ---------------------------------------------------------------------- events
+
+
+def event_subscription(
+    engine: Engine, client: Client, frame: tmqp.Frame, out: list[Outgoing]
+) -> None:
+    """EVENT from a client: content type 1 subscribes, 0 unsubscribes; always acknowledged."""
+    from broker.engine.engine import OperationError
+
+    name = frame.target
+    try:
+        if name not in EVENT_NAMES:
+            raise _error(ResultCode.NOT_FOUND, f"unknown event {name!r}")
+        channel = header(frame, Header.CHANNEL_NAME) or None
+        queue = _queue_id(frame) if header(frame, Header.QUEUE_ID) is not None else None
+        if frame.content_type == 1:
+            _allow(engine, client, Action.EVENT, channel, queue, name)
+            events, limit = engine.events, engine.config.limits.max_event_subscriptions
+            if events.count(client.id) >= limit and not events.has_subscription(
+                client.id, name, channel, queue
+            ):
+                raise _error(ResultCode.LIMIT_EXCEEDED, "too many event subscriptions")
+            engine.events.subscribe(client.id, name, channel, queue)
+        elif frame.content_type == 0:
+            engine.events.unsubscribe(client.id, name, channel, queue)
+        else:
+            raise _error(ResultCode.BAD_REQUEST, "content type must be 1 (subscribe) or 0")
+    except OperationError as err:
+        engine.reply(client, frame, out, response=False, error=err)
+        return
+    engine.reply(client, frame, out, response=False)

@@ -1,0 +1,1 @@
+"""A channel's queue: its messages, deliveries, acknowledgements and pull requests."""

@@ -1,0 +1,183 @@
+"""Pull requests (message type 0x15) against a Pull or Cache queue.
+
+Pull status: up to ``Count`` messages (default 1) leave the queue, high priority first,
+FIFO or (``Order: LIFO``) LIFO; each carries ``Request-Id``, ``Index`` (1-based) and
+``Count`` headers, plus ``Priority-Messages``/``Messages`` (left in the queue) with
+``Info: yes``.  The answer always ends with a ``No-Content: End`` marker; an empty queue
+or a bad request adds one ``No-Content`` marker (Empty, Unacceptable) before it.  After
+sending, ``Clear`` (all / high-priority / default-priority) empties the rest.  A request
+gets at most the room left in the client's window for the queue (``broker.flow``): with
+none, one ``No-Content: Limit-Exceeded`` marker (the client must acknowledge first).
+
+Cache status: one RESPONSE to the request id: content type 0 and the latest message
+(which stays in the queue), or 404 with ``No-Content: Empty``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from broker import tmqp
+from broker.engine.delivery import PutBack
+from broker.engine.flow import ACKED, CACHE, COPY
+from broker.engine.frames import derive, pull_marker, response
+from broker.engine.options import status_name
+from broker.engine.queue.queue import INFLIGHT, QUEUED, Delivery, QueueMessage
+from broker.protocol import (
+    Header,
+    MessageType,
+    NackReason,
+    NoContent,
+    Outgoing,
+    QueueStatus,
+    ResultCode,
+    header,
+)
+
+if TYPE_CHECKING:
+    from broker.engine.channel import Client
+    from broker.engine.queue.queue import Queue
+
+_QUEUE = int(MessageType.QUEUE)
+_RESPONSE = int(MessageType.RESPONSE)
+_CLEAR_VALUES = ("none", "all", "high-priority", "default-priority")
+
+
+def _unacceptable(q: Queue, count: int, clear: str) -> str:
+    """Why a pull request is refused (the ``Reason`` of its Unacceptable marker)."""
+    if q.status is not QueueStatus.PULL:
+        status = status_name(q.status)
+        where = f"{q.channel.name}/{q.id}"
+        return f"queue {where} has status {status}: pull works on Pull and Cache queues"
+    if count < 1:
+        return "Count must be a whole number of at least 1"
+    return f"Clear must be one of: {', '.join(_CLEAR_VALUES)}"
+
+
+def answer_pull(
+    q: Queue, client: Client, request: tmqp.Frame, now: float, out: list[Outgoing], max_count: int
+) -> None:
+    rid = request.message_id
+    name = q.channel.name
+    if q.status is QueueStatus.CACHE:
+        _pull_cache(q, client, request, out)
+        return
+    raw = header(request, Header.COUNT)
+    try:
+        count = 1 if raw is None else int(raw)
+    except ValueError:
+        count = 0
+    clear = (header(request, Header.CLEAR) or "none").strip().lower()
+    if q.status is not QueueStatus.PULL or count < 1 or clear not in _CLEAR_VALUES:
+        why = _unacceptable(q, count, clear)
+        out.append(Outgoing(client.id, pull_marker(rid, name, q.id, NoContent.UNACCEPTABLE, why)))
+        out.append(Outgoing(client.id, pull_marker(rid, name, q.id, NoContent.END)))
+        return
+    room = (client.prefetch.get(name) or q.window) - q.used.get(client.id, 0)
+    if room <= 0:
+        out.append(Outgoing(client.id, pull_marker(rid, name, q.id, NoContent.LIMIT_EXCEEDED)))
+        out.append(Outgoing(client.id, pull_marker(rid, name, q.id, NoContent.END)))
+        return
+    count = min(count, max_count, room)
+    lifo = (header(request, Header.ORDER) or "").strip().upper() == "LIFO"
+    info = (header(request, Header.INFO) or "").strip().lower() in ("yes", "true", "1")
+    batch = _take(q, client, count, lifo, now, out)
+    total = len(batch)
+    if not total:
+        out.append(Outgoing(client.id, pull_marker(rid, name, q.id, NoContent.EMPTY)))
+    extra: tuple[tuple[str, str], ...] = ()
+    if info:
+        extra = (
+            (Header.PRIORITY_MESSAGES, str(q.n_priority)),
+            (Header.MESSAGES, str(q.n_regular)),
+        )
+    opts = q.options
+    req_ack = opts.request_acknowledge
+    deadline = now + opts.acknowledge_timeout / 1000.0 if opts.acknowledge_timeout else q.NEVER
+    kind = ACKED if req_ack else COPY
+    for index, m in enumerate(batch, 1):
+        f = m.frame
+        redelivery = ((Header.DELIVERY_COUNT, str(m.delivered + 1)),) if m.delivered else ()
+        headers = (
+            *f.headers,
+            (Header.REQUEST_ID, rid),
+            (Header.INDEX, str(index)),
+            (Header.COUNT, str(total)),
+            *extra,
+            *redelivery,
+        )
+        source = "" if opts.hide_client_names else f.source
+        frame = derive(f, _QUEUE, False, req_ack, q.id, f.message_id, source, name, headers)
+        m.transmitted = 0
+        if not req_ack:
+            m.unsent += 1
+        q.hand(client, kind, m, frame, out)
+        q.after_send(m, client, req_ack, deadline, out)
+    out.append(Outgoing(client.id, pull_marker(rid, name, q.id, NoContent.END)))
+    if clear != "none":
+        q.clear(
+            out,
+            priority=clear in ("all", "high-priority"),
+            regular=clear in ("all", "default-priority"),
+            in_flight=False,
+        )
+
+
+def _take(
+    q: Queue, client: Client, count: int, lifo: bool, now: float, out: list[Outgoing]
+) -> list[QueueMessage]:
+    """Dequeue up to ``count`` messages the client may receive."""
+    req_ack = q.options.request_acknowledge
+    q.flush_front()
+    batch: list[QueueMessage] = []
+    while len(batch) < count:
+        m = q.next_last() if lifo else q.next_first()
+        if m is None:
+            break
+        if m.deadline and m.deadline <= now:
+            q.expire(m, out)
+            continue
+        if (req_ack and (client.id, m.message_id) in q.pending) or not q.eligible(m, client):
+            q.unpop(m, last=lifo)
+            break
+        if q.wants_begin_send:
+            d = q.hook(m, "begin_send", q, m)
+            q.side_effects(m, d, out)
+            if not d.allow:
+                if d.put_back is not PutBack.NO:
+                    m.state = INFLIGHT
+                    q.put_back(m, d.put_back, now, out)
+                    break
+                q.drop(m, out, NackReason.UNACCEPTABLE)
+                continue
+        m.state = INFLIGHT
+        batch.append(m)
+    return batch
+
+
+def _pull_cache(q: Queue, client: Client, request: tmqp.Frame, out: list[Outgoing]) -> None:
+    q.flush_front()
+    latest = None
+    for dq in (q.priority, q.regular):
+        for m in reversed(dq):
+            if m.state == QUEUED:
+                latest = m
+                break
+        if latest is not None:
+            break
+    rid = request.message_id
+    if latest is None:
+        empty = ((Header.NO_CONTENT, NoContent.EMPTY),)
+        frame = response(rid, client.id, ResultCode.NOT_FOUND, "empty", headers=empty)
+    else:
+        f = latest.frame
+        source = "" if q.options.hide_client_names else f.source
+        frame = derive(
+            f, _RESPONSE, False, False, ResultCode.OK, rid, source, client.id, f.headers
+        )
+        q.hand(client, CACHE, None, frame, out)  # counted once sent
+        return
+    out.append(Outgoing(client.id, frame))
+
+
+__all__ = ["Delivery", "answer_pull"]

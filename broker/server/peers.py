@@ -1,0 +1,469 @@
+"""Peers of the server's ROUTER socket: the handshake, sessions, keep-alive, expiry.
+
+Each peer (a ROUTER routing id) goes through a small handshake state machine before its
+frames reach the engine::
+
+    (unknown) --"TMQP/2.0"--> AWAIT_INFO --connection info--> READY
+         \\--anything else--> TERMINATE "handshake required"/"unsupported protocol"
+
+Client ids are identities.  The connect response gives every session a secret
+(``Session-Secret`` header).  A connection naming a client id that a session holds is
+refused (TERMINATE 481 "client id ... is in use") unless it proves it belongs to that
+session's owner: it sends the secret back as a ``Session-Secret`` connection-info
+property, or under CURVE it authenticated with the same public key.  The proven owner
+takes the id over at once (its old session ends; its old connection is told and closed),
+which is how a client resumes after losing its connection before the broker noticed.
+Nobody else gets the id before the session ends: it ends when the client leaves
+(TERMINATE), when its connection is gone, or when it has been silent for
+``peer_timeout`` (missed PINGs); then the id is free for anyone.  Authentication (the
+engine's token check) comes before any of this: a refused token changes nothing.
+Secrets are compared in constant time and replaced at every connect.
+
+Quiet peers get a PING, silent ones are ended, told (TERMINATE) and then their connection
+is shut down (``broker.server_links``), as are connections whose connection info was
+refused or whose session a resumed one replaced, or that do not finish the handshake
+within ``handshake_timeout`` (counted from the TCP accept: a connection that never says
+anything goes too).  At most ``ServerOptions.max_handshakes`` may be under way at once,
+and a session ends when its connection does.  Requests
+the server cannot handle are answered here too: ``error_frame`` (a RESPONSE with a status
+and a ``Reason`` header) and ``terminate_frame``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hmac
+import logging
+import secrets
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import zmq
+
+from broker import tmqp
+from broker.protocol import (
+    GREETING,
+    ConnectionInfo,
+    ConnectionInfoError,
+    Header,
+    MessageType,
+    Operation,
+    ResultCode,
+)
+from broker.server.links import Connections, Link, curve_key
+from broker.server.options import ServerOptions
+from broker.server.send import Peer, PeerState, ServerSendPath
+from zproto.errors import DecodeError
+
+log = logging.getLogger("broker.server.server")
+
+_PING = tmqp.encode(tmqp.Ping())[0]
+_PONG = tmqp.encode(tmqp.Pong())[0]
+#: Seconds between telling a peer its session is over (TERMINATE) and shutting its
+#: connection down: time for the frame to leave, and for a well-behaved client to go first.
+_CLOSE_GRACE = 1.0
+_SECRET_KEY = Header.SESSION_SECRET.lower()
+#: A session whose connection has ended is ended once nothing more came from it for this
+#: long (seconds): the messages it sent before the close are read after libzmq reports it.
+_ORPHAN_GRACE = 2.0
+#: How long after that an ended connection's descriptor is still checked against the peers.
+_ENDED_WINDOW = 5.0
+
+
+class EngineLike(Protocol):
+    """What the server needs from ``broker.engine.Engine``."""
+
+    def connect(
+        self, info: ConnectionInfo, now: float, *, replace: bool = False
+    ) -> tuple[str, list[Any]]: ...
+    def receive(self, client_id: str, frame: tmqp.Frame, now: float) -> list[Any]: ...
+    def disconnect(self, client_id: str, now: float) -> list[Any]: ...
+    def transmitted(self, counts: dict[str, int], now: float) -> list[Any]: ...
+    def tick(self, now: float) -> list[Any]: ...
+    def next_deadline(self) -> float | None: ...
+    def stats(self) -> dict[str, object]: ...
+    def stats_page(
+        self, after: str | None, budget: int
+    ) -> tuple[dict[str, object], str | None]: ...
+
+
+def salvage_message_id(data: bytes) -> str:
+    """Best-effort message id of a frame that failed to decode ('' if unreadable)."""
+    if len(data) < 8:
+        return ""
+    marker = data[7]
+    start = 8 + {253: 2, 254: 4, 255: 8}.get(marker, 0)
+    raw = data[start : start + data[2]]
+    if len(raw) != data[2]:
+        return ""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return ""
+
+
+def error_frame(message_id: str, code: ResultCode, reason: str) -> tmqp.Frame:
+    """The RESPONSE the server sends for a request it cannot handle."""
+    return tmqp.Frame(
+        message_type=MessageType.RESPONSE,
+        content_type=code,
+        message_id=message_id,
+        headers=((Header.REASON, reason[:400]),),
+    )
+
+
+def terminate_frame(code: ResultCode, reason: str) -> tmqp.Frame:
+    """A TERMINATE frame: the server ends (or refuses) the session."""
+    return tmqp.Frame(
+        message_type=MessageType.TERMINATE,
+        content_type=code,
+        headers=((Header.REASON, reason[:400]),),
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SessionProof:
+    """What a connection must show to take over the session of its client id."""
+
+    secret: bytes  # issued with the connect response
+    curve_key: str | None  # the CURVE public key the session's connection used
+
+    def proven_by(self, secret: str | None, key: str | None) -> bool:
+        if (
+            key is not None
+            and self.curve_key is not None
+            and hmac.compare_digest(key.encode(), self.curve_key.encode())
+        ):
+            return True
+        if secret is None:
+            return False
+        return hmac.compare_digest(secret.encode("utf-8", "replace"), self.secret)
+
+
+def _split_secret(info: ConnectionInfo) -> tuple[ConnectionInfo, str | None]:
+    """The connection info without its session secret (the engine never sees it), and it."""
+    found = [k for k in info.properties if k.lower() == _SECRET_KEY]
+    if not found:
+        return info, None
+    props = dict(info.properties)
+    secret = props.pop(found[0])
+    for key in found[1:]:
+        props.pop(key)
+    return dataclasses.replace(info, properties=props), secret
+
+
+class PeerSessions(ServerSendPath):
+    """Handshakes and sessions of the ROUTER peers (see the module docstring)."""
+
+    def __init__(self, engine: EngineLike, options: ServerOptions) -> None:
+        super().__init__(options)
+        self.engine = engine
+        self._peers: dict[bytes, Peer] = {}
+        self._next_scan = 0.0
+        self._handshakes = 0  # peers in AWAIT_INFO
+        self._proofs: dict[bytes, SessionProof] = {}  # READY peers, by routing id
+        self._links: dict[bytes, Link] = {}  # known peers' connections, by routing id
+        self._link_owner: dict[Link, bytes] = {}  # and the other way round
+        self._closing: dict[Link, float] = {}  # connections to shut down, and when
+        self._connections: Connections | None = None  # set by the server once bound
+        self._ended: dict[int, float] = {}  # descriptors of ended connections: check until
+        self.counters.setdefault("closed", 0)
+
+    def _guard(self, what: str, call: Callable[..., list[Any]], *args: Any) -> list[Any]:
+        try:
+            return call(*args)
+        except Exception:
+            log.exception("engine %s failed", what)
+            self.counters["engine_errors"] += 1
+            return []
+
+    # -- handshake ---------------------------------------------------------------------
+
+    def _handshake(
+        self, rid: bytes, peer: Peer | None, data: bytes, now: float, part: zmq.Frame | None
+    ) -> None:
+        if peer is None:
+            self._first_message(rid, data, now, part)
+            return
+        # AWAIT_INFO: the connection-info frame, or a repeated greeting / keep-alive.
+        peer.last_seen = now
+        if data == GREETING:
+            self._send_rid(rid, GREETING)
+            return
+        if data == _PING:
+            self._send_rid(rid, _PONG)
+            return
+        if len(data) > self.options.max_frame_size:
+            self._turn_away(peer, ResultCode.LIMIT_EXCEEDED, "connection info too large", now)
+            return
+        try:
+            msg = tmqp.decode([data])
+        except DecodeError as exc:
+            reason = f"malformed connection info: {exc.reason}"
+            self._turn_away(peer, ResultCode.BAD_REQUEST, reason, now)
+            return
+        if (
+            type(msg) is not tmqp.Frame
+            or msg.message_type != MessageType.SERVER
+            or msg.content_type != Operation.CONNECT
+        ):
+            reason = "expected the connection-info message"
+            self._turn_away(peer, ResultCode.BAD_REQUEST, reason, now)
+            return
+        try:
+            info = ConnectionInfo.from_payload(msg.payload)
+        except ConnectionInfoError as exc:
+            self._turn_away(peer, ResultCode.BAD_REQUEST, str(exc), now)
+            return
+        self._open_session(peer, msg, info, now, part)
+
+    def _first_message(self, rid: bytes, data: bytes, now: float, part: zmq.Frame | None) -> None:
+        """A peer without a session: only the greeting is welcome."""
+        # Refused connections are not shut down from here: the message may have been read
+        # before its connection closed and its descriptor went to a new one.  One that
+        # never greets is shut down after handshake_timeout (see _shut_links).
+        if data == GREETING:
+            link = Link.of(part) if part is not None else None
+            if self._over_connection_limit(link, now):
+                self._refuse(rid, ResultCode.BUSY, "too many connections")
+                return
+            if self._handshakes >= self.options.max_handshakes:
+                self._refuse(rid, ResultCode.BUSY, "too many handshakes under way")
+                return
+            self._peers[rid] = Peer(rid, now)
+            self._handshakes += 1
+            if link is not None:
+                self._claim(rid, link)
+            self._send_rid(rid, GREETING)
+            return
+        if data[:5] == b"TMQP/" and len(data) <= 16:
+            proto = data.decode("ascii", "replace")
+            self._refuse(rid, ResultCode.UNACCEPTABLE, f"unsupported protocol {proto!r}")
+        else:
+            self._refuse(rid, ResultCode.UNAUTHORIZED, "handshake required")
+
+    def _claim(self, rid: bytes, link: Link) -> None:
+        """A greeting names the connection it came on; one connection, one peer.
+
+        A greeting read just before its connection closed may name a descriptor that a
+        new connection has taken since: when that connection greets in turn, the link is
+        its own, and the earlier claim is withdrawn (its peer will not be shut down by
+        link: its connection is gone anyway).
+        """
+        other = self._link_owner.get(link)
+        if other is not None and other != rid:
+            self._links.pop(other, None)
+        self._link_owner[link] = rid
+        self._links[rid] = link
+
+    def _over_connection_limit(self, link: Link | None, now: float) -> bool:
+        """The greeting came on a connection shut down for being over the limit.
+
+        The monitor may not have been read yet when a quick peer's greeting arrives:
+        read it first, so that no peer slips past ``max_connections``.
+        """
+        conns = self._connections
+        if conns is None or link is None:
+            return False
+        if conns.pending():
+            self._on_connections(now)
+        return conns.was_refused(link)
+
+    def _open_session(
+        self,
+        peer: Peer,
+        msg: tmqp.Frame,
+        info: ConnectionInfo,
+        now: float,
+        part: zmq.Frame | None,
+    ) -> None:
+        """Connection info received: authenticate, settle who owns the id, connect."""
+        info, secret = _split_secret(info)
+        key = curve_key(part) if part is not None and self.options.curve_secret else None
+        old = self._by_client.get(info.client_id) if info.client_id else None
+        owner = old is not None and old is not peer and self._owns(old, secret, key)
+        try:
+            client_id, outs = self.engine.connect(info, now, replace=owner)
+        except Exception as exc:
+            code = getattr(exc, "code", None)
+            if code is None:
+                log.exception("engine failed to connect a client")
+                self.counters["engine_errors"] += 1
+                self._turn_away(peer, ResultCode.FAILED, "server error", now)
+            else:
+                reason = str(getattr(exc, "reason", exc))
+                self._turn_away(peer, ResultCode(int(code)), reason, now)
+            return
+        if owner and old is not None:
+            log.info("client %s resumed its session on a new connection", client_id)
+            self._end(old, ResultCode.OK, "session resumed on another connection", now)
+        self._handshakes -= 1
+        peer.state = PeerState.READY
+        peer.client_id = client_id
+        self._by_client[client_id] = peer
+        issued = secrets.token_urlsafe(24)
+        self._proofs[peer.rid] = SessionProof(issued.encode(), key)
+        log.debug("client %s connected", client_id)
+        extra = (Header.SESSION_SECRET, issued)
+        answered = False
+        for i, o in enumerate(outs):
+            if o.client_id == client_id and o.frame.message_id == msg.message_id:
+                # the engine answered the connection info itself: add the secret to it
+                outs[i] = o._replace(frame=o.frame.replace(headers=(*o.frame.headers, extra)))
+                answered = True
+                break
+        if not answered:
+            # The engine did not answer the connection info: tell the client its id.
+            self._send_to(peer, self._connected_frame(msg.message_id, client_id, issued))
+        self._send_all(outs)
+
+    def _owns(self, old: Peer, secret: str | None, key: str | None) -> bool:
+        proof = self._proofs.get(old.rid)
+        return proof is not None and proof.proven_by(secret, key)
+
+    @staticmethod
+    def _connected_frame(message_id: str, client_id: str, secret: str) -> tmqp.Frame:
+        return tmqp.Frame(
+            message_type=MessageType.RESPONSE,
+            content_type=ResultCode.OK,
+            message_id=message_id,
+            target=client_id,
+            headers=((Header.CLIENT_ID, client_id), (Header.SESSION_SECRET, secret)),
+        )
+
+    def _refuse(self, rid: bytes, code: ResultCode, reason: str) -> None:
+        self.counters["refused"] += 1
+        log.debug("refused peer %r: %s", rid, reason)
+        self._send_rid(rid, tmqp.encode(terminate_frame(code, reason))[0])
+
+    def _turn_away(self, peer: Peer, code: ResultCode, reason: str, now: float) -> None:
+        """Refuse a peer in the handshake: forget it, tell it, close its connection."""
+        link = self._links.get(peer.rid)
+        self._forget(peer)
+        self._refuse(peer.rid, code, reason)
+        if link is not None:
+            self._closing.setdefault(link, now + _CLOSE_GRACE)
+
+    def _bad(self, peer: Peer, data: bytes, reason: str, code: ResultCode) -> None:
+        self.counters["bad_frames"] += 1
+        log.debug("bad frame from %s: %s", peer.client_id, reason)
+        self._send_to(peer, error_frame(salvage_message_id(data), code, reason))
+
+    # -- peers -------------------------------------------------------------------------
+
+    def _forget(self, peer: Peer) -> None:
+        if self._peers.get(peer.rid) is peer:
+            del self._peers[peer.rid]
+            link = self._links.pop(peer.rid, None)
+            if link is not None and self._link_owner.get(link) == peer.rid:
+                del self._link_owner[link]
+            self._proofs.pop(peer.rid, None)
+            if peer.state is not PeerState.READY:
+                self._handshakes -= 1
+        if peer.client_id and self._by_client.get(peer.client_id) is peer:
+            del self._by_client[peer.client_id]
+        self._blocked.discard(peer)
+
+    def _drop(self, peer: Peer, now: float) -> None:
+        """End a READY peer's session in the engine and forget it; close its connection."""
+        link = self._links.get(peer.rid)
+        self._flush_out()  # what is batched for it goes out (or into its backlog) first
+        self._forget(peer)
+        if link is not None:
+            self._closing.setdefault(link, now + _CLOSE_GRACE)
+        if peer.state is PeerState.READY:
+            peer.state = PeerState.AWAIT_INFO
+            # the engine learns what reached the peer; the rest goes back to the queues
+            self._report_transmitted(now)
+            self._send_all(self._guard("disconnect", self.engine.disconnect, peer.client_id, now))
+
+    def _report_transmitted(self, now: float) -> None:
+        """Tell the engine which tracked deliveries libzmq took; send what that releases."""
+        counts = self._take_transmitted()
+        if counts:
+            self._send_all(self._guard("transmitted", self.engine.transmitted, counts, now))
+
+    def _end(self, peer: Peer, code: ResultCode, reason: str, now: float) -> None:
+        """Tell a peer its session is over, and forget it (the engine has done its part)."""
+        self._send_rid(peer.rid, tmqp.encode(terminate_frame(code, reason))[0])
+        link = self._links.get(peer.rid)
+        self._forget(peer)
+        peer.state = PeerState.AWAIT_INFO
+        if link is not None:
+            self._closing.setdefault(link, now + _CLOSE_GRACE)
+
+    def _bury(self, now: float) -> None:
+        gone, self._gone = self._gone, []
+        for peer in gone:
+            if self._peers.get(peer.rid) is peer:
+                self._drop(peer, now)
+
+    def _scan(self, now: float) -> None:
+        opts = self.options
+        self._next_scan = now + min(1.0, opts.ping_interval / 2)
+        for peer in list(self._peers.values()):
+            idle = now - peer.last_seen
+            if peer.state is not PeerState.READY:
+                if now - peer.since >= opts.handshake_timeout:
+                    self._turn_away(peer, ResultCode.BAD_REQUEST, "handshake timed out", now)
+            elif idle >= opts.peer_timeout:
+                log.info("client %s silent for %.1f s: disconnected", peer.client_id, idle)
+                self.counters["expired"] += 1
+                bye = terminate_frame(ResultCode.FAILED, f"silent for {idle:.0f} s: session ended")
+                self._send_rid(peer.rid, tmqp.encode(bye)[0])
+                self._drop(peer, now)
+            elif idle >= opts.ping_interval and not peer.pinged:
+                peer.pinged = True
+                self._send_raw(peer, _PING)
+        if self._ended:
+            self._end_orphans(now)
+        self._shut_links(now)
+
+    def _shut_links(self, now: float) -> None:
+        due = [link for link, when in self._closing.items() if when <= now]
+        for link in due:
+            del self._closing[link]
+            if link.close():
+                self.counters["closed"] += 1
+        conns = self._connections
+        if conns is not None:
+            known = set(self._links.values())
+            for link in conns.silent(now, self.options.handshake_timeout, known):
+                log.debug("connection fd %d said nothing: shut down", link.fd)
+                if link.close():
+                    self.counters["closed"] += 1
+
+    # -- connections -------------------------------------------------------------------
+
+    def _on_connections(self, now: float) -> None:
+        """The ROUTER's monitor has news: note the connections that ended."""
+        assert self._connections is not None
+        for fd in self._connections.drain(now):
+            self._ended[fd] = now + _ORPHAN_GRACE + _ENDED_WINDOW
+
+    def _end_orphans(self, now: float) -> None:
+        """End the sessions whose connection is gone (at each scan).
+
+        A session belongs to its connection: were it kept, the routing id could come back
+        on another connection (libzmq reconnects a DEALER under the same id) and carry
+        the session on without a handshake.  A disconnect names a descriptor; the peer
+        whose link has that descriptor lost its connection once the descriptor no longer
+        names the socket it had (libzmq closes it a moment after the event, and may give
+        the number to a new connection).  What the peer sent before the close is still
+        being read: its session ends once nothing came from it for ``_ORPHAN_GRACE``.
+        """
+        ended = self._ended
+        for rid, link in list(self._links.items()):
+            if link.fd not in ended or link.is_current():
+                continue
+            peer = self._peers.get(rid)
+            if peer is not None and now - peer.last_seen >= _ORPHAN_GRACE:
+                log.info("client %s: connection gone, session ended", peer.client_id)
+                self._drop(peer, now)
+        for fd, until in list(ended.items()):
+            if until <= now:
+                del ended[fd]
+
+    def peers(self) -> dict[str, str]:
+        """Connected client ids and their state (call from the serving thread or after stop)."""
+        return {p.client_id or repr(p.rid): p.state.value for p in list(self._peers.values())}

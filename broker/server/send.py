@@ -1,0 +1,276 @@
+"""The server's send path: engine output batched to libzmq, per-peer backlogs.
+
+Engine output is routed by client id and handed to libzmq in batches
+(``ServerOptions.send_batch``), in order with every other frame the server sends, so
+that libzmq's I/O thread is woken once per batch.  A frame the engine passes through
+unchanged is sent as the octets received.  A peer whose send pipe is full gets a
+per-peer backlog instead of blocking the loop or losing frames, and stays connected: a
+slow reader is not a dead one (only missed pings end a session).  A peer whose
+connection went away is put on a list for the loop to end its session after the batch.
+
+Queue deliveries come from the engine as ``Tracked`` frames: each one libzmq takes is
+counted on its peer (``Peer.transmitted``) for the loop to report to the engine
+(``Engine.transmitted``), which holds every consumer to its window; so a backlog holds at
+most the peer's windows of deliveries.  Other frames (replies, events, direct messages)
+are held up to ``max_backlog`` per peer; beyond that they are discarded, counted
+(``overflowed``) and logged.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable
+from enum import Enum
+from typing import Any
+
+import zmq
+
+from broker import tmqp
+from broker.protocol import Tracked
+from broker.server.options import ServerError, ServerOptions
+from zproto.errors import EncodeError
+
+log = logging.getLogger("broker.server.server")
+
+_BIG = 65536  # frames at least this large are sent without copying
+_SNDMORE_NOBLOCK = zmq.SNDMORE | zmq.NOBLOCK
+_Tracked = Tracked
+
+
+class PeerState(Enum):
+    AWAIT_INFO = "await-info"  # greeting answered, connection info expected
+    READY = "ready"  # connected to the engine under a client id
+
+
+class Peer:
+    """A ROUTER peer (routing id): its handshake state, session and send backlog."""
+
+    __slots__ = (
+        "backlog",
+        "client_id",
+        "last_seen",
+        "overflowing",
+        "pinged",
+        "rid",
+        "since",
+        "state",
+        "transmitted",
+    )
+
+    def __init__(self, rid: bytes, now: float) -> None:
+        self.rid = rid
+        self.state = PeerState.AWAIT_INFO
+        self.client_id = ""
+        self.since = now
+        self.last_seen = now
+        self.pinged = False
+        #: Frames waiting for room in the peer's pipe: (octets, tracked delivery?).
+        self.backlog: deque[tuple[bytes, bool]] | None = None
+        #: Tracked deliveries libzmq took since the last report to the engine.
+        self.transmitted = 0
+        self.overflowing = False
+
+
+def _no_socket(*args: Any, **kw: Any) -> Any:
+    raise ServerError("server socket not bound")
+
+
+class ServerSendPath:
+    """Sending to peers (see the module docstring); the bottom layer of ``Server``."""
+
+    def __init__(self, options: ServerOptions) -> None:
+        self.options = options
+        self._router: zmq.Socket[bytes] | None = None
+        self._in_frame: object = None  # the frame being handled and its octets
+        self._in_data = b""
+        self._by_client: dict[str, Peer] = {}
+        self._blocked: set[Peer] = set()
+        self._gone: list[Peer] = []
+        self._frames_out = 0
+        self._fast_send: Callable[..., Any] = _no_socket
+        self._outq: list[tuple[Peer, bytes, bool]] = []
+        #: Peers whose ``transmitted`` count waits to be reported to the engine.
+        self._sent_to: list[Peer] = []
+        self._flush_at = options.send_batch
+        self.counters: dict[str, int] = dict.fromkeys(
+            (
+                "frames_in",
+                "bad_frames",
+                "refused",
+                "expired",
+                "dropped_out",
+                "engine_errors",
+                "backlogged",
+                "overflowed",
+            ),
+            0,
+        )
+
+    def _send_all(self, outs: Iterable[Any]) -> None:
+        """Encode and route engine output; consecutive equal frames are encoded once."""
+        by_client = self._by_client
+        outq = self._outq
+        flush_at = self._flush_at
+        prev: tmqp.Frame | None = None
+        in_frame = self._in_frame
+        data = b""
+        for out in outs:
+            client_id, frame = out
+            if frame is not prev:
+                prev = frame
+                if frame is in_frame:
+                    data = self._in_data
+                else:
+                    try:
+                        data = frame.encode()[0]
+                    except (EncodeError, AttributeError) as exc:
+                        log.error("engine produced an unencodable frame: %s", exc)
+                        self.counters["engine_errors"] += 1
+                        data = b""
+            peer = by_client.get(client_id)
+            tracked = out.__class__ is _Tracked
+            if peer is None:
+                # gone: the engine returns tracked deliveries when it disconnects the client
+                self.counters["dropped_out"] += 1
+            elif not data:
+                self.counters["dropped_out"] += 1
+                if tracked:  # keep the engine's count in step (the error is counted)
+                    self._count_sent(peer)
+            elif peer.backlog or len(data) >= _BIG:
+                self._send_raw(peer, data, tracked)
+                outq = self._outq  # _send_raw flushed the batch: a new list
+            else:  # the common case: sent with the batch (see _flush_out)
+                outq.append((peer, data, tracked))
+                if len(outq) >= flush_at:
+                    self._flush_out()
+                    outq = self._outq
+
+    def _count_sent(self, peer: Peer) -> None:
+        if not peer.transmitted:
+            self._sent_to.append(peer)
+        peer.transmitted += 1
+
+    def _take_transmitted(self) -> dict[str, int]:
+        """Tracked deliveries sent per client id since the last call (for the engine)."""
+        peers, self._sent_to = self._sent_to, []
+        counts: dict[str, int] = {}
+        for peer in peers:
+            if peer.transmitted:
+                counts[peer.client_id] = counts.get(peer.client_id, 0) + peer.transmitted
+                peer.transmitted = 0
+        return counts
+
+    def _flush_out(self) -> None:
+        """Send the frames batched by _send_all, in order.
+
+        Sending a batch at a time (at the end of a socket drain, at most ``flush_at``
+        frames later) lets libzmq's I/O thread take many frames per wake-up instead of
+        being woken for nearly every frame.
+        """
+        outq = self._outq
+        if not outq:
+            return
+        self._outq = []
+        send = self._fast_send
+        sent = 0
+        sent_to = self._sent_to
+        for peer, data, tracked in outq:
+            if peer.backlog:
+                self._queue(peer, data, tracked)
+                continue
+            try:
+                send(peer.rid, _SNDMORE_NOBLOCK)
+            except zmq.ZMQError:
+                self._send_raw(peer, data, tracked)  # full pipe or gone: the slow path decides
+                continue
+            send(data, zmq.NOBLOCK)
+            sent += 1
+            if tracked:
+                if not peer.transmitted:
+                    sent_to.append(peer)
+                peer.transmitted += 1
+        self._frames_out += sent
+
+    def _send_to(self, peer: Peer, frame: tmqp.Frame) -> None:
+        self._send_raw(peer, tmqp.encode(frame)[0])
+
+    def _send_raw(self, peer: Peer, data: bytes, tracked: bool = False) -> None:
+        if self._outq:
+            self._flush_out()  # keep the order
+        if peer.backlog:
+            self._queue(peer, data, tracked)
+            return
+        router = self._router
+        assert router is not None
+        try:
+            router.send(peer.rid, _SNDMORE_NOBLOCK)
+        except zmq.Again:
+            self._queue(peer, data, tracked)
+            return
+        except zmq.ZMQError as exc:
+            if exc.errno == errno.EHOSTUNREACH:
+                self._gone.append(peer)  # the connection went away; clean up after this batch
+                return
+            raise
+        router.send(data, zmq.NOBLOCK, copy=len(data) < _BIG)
+        self._frames_out += 1
+        if tracked:
+            self._count_sent(peer)
+
+    def _send_rid(self, rid: bytes, data: bytes) -> None:
+        """Send to a peer that has no session (handshake replies); dropped if unreachable."""
+        if self._outq:
+            self._flush_out()
+        router = self._router
+        assert router is not None
+        try:
+            router.send(rid, _SNDMORE_NOBLOCK)
+        except zmq.ZMQError:
+            return
+        router.send(data, zmq.NOBLOCK)
+
+    def _queue(self, peer: Peer, data: bytes, tracked: bool) -> None:
+        backlog = peer.backlog
+        if backlog is None:
+            backlog = peer.backlog = deque()
+        if not tracked and len(backlog) >= self.options.max_backlog:
+            # Deliveries are bounded by the engine's windows; other frames by this limit.
+            self.counters["overflowed"] += 1
+            if not peer.overflowing:
+                peer.overflowing = True
+                log.warning(
+                    "client %s is not reading: frames beyond %d discarded",
+                    peer.client_id,
+                    self.options.max_backlog,
+                )
+            return
+        backlog.append((data, tracked))
+        self._blocked.add(peer)
+        self.counters["backlogged"] += 1
+
+    def _flush_backlogs(self) -> None:
+        router = self._router
+        assert router is not None
+        for peer in list(self._blocked):
+            backlog = peer.backlog
+            while backlog:
+                data, tracked = backlog[0]
+                try:
+                    router.send(peer.rid, _SNDMORE_NOBLOCK)
+                except zmq.Again:
+                    break
+                except zmq.ZMQError:
+                    backlog.clear()
+                    self._gone.append(peer)
+                    break
+                router.send(data, zmq.NOBLOCK, copy=len(data) < _BIG)
+                backlog.popleft()
+                self._frames_out += 1
+                if tracked:
+                    self._count_sent(peer)
+            if not backlog:
+                peer.backlog = None
+                peer.overflowing = False
+                self._blocked.discard(peer)

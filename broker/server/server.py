@@ -1,0 +1,461 @@
+"""The broker's ZeroMQ front end: one ROUTER socket in front of the sans-IO engine.
+
+Every ZeroMQ message carries one TMQP frame.  Each peer (a ROUTER routing id)
+goes through a small handshake state machine before its frames reach the engine::
+
+    (unknown) --"TMQP/2.0"--> AWAIT_INFO --connection info--> READY
+         \\--anything else--> TERMINATE "handshake required"/"unsupported protocol"
+
+The server owns all I/O: it decodes frames, feeds them to ``Engine.receive``
+with a clock value, encodes the ``Outgoing`` frames it gets back and routes
+them by client id.  It drains every ready message (non-blocking) before polling
+again, drives ``Engine.tick`` from ``Engine.next_deadline`` through the poll
+timeout, pings quiet peers and expires silent ones.  A peer whose send pipe is
+full gets a per-peer backlog instead of blocking the loop or losing frames, and keeps
+its session: only silence ends it.  Flow control: the loop reports to
+``Engine.transmitted`` how many queue deliveries (``Tracked`` frames) of each peer
+libzmq took, and the engine releases more only then (``broker.flow``), so a slow
+consumer's backlog stays within its windows; before a peer's session ends the engine
+hears what it got, and puts the rest back in the queues.
+
+Hot path: plain frames are decoded by ``broker.fastcodec``; a frame the engine
+passes through unchanged is forwarded as the octets received; engine output is
+handed to libzmq in batches (``ServerOptions.send_batch``), in order with every
+other frame the server sends, so that libzmq's I/O thread is woken once per batch.
+
+Bad input never stops the loop: undecodable or multi-part messages get a
+``RESPONSE`` with a status code and a ``Reason`` header (echoing the message id
+when it can be read), and an engine exception answers ``FAILED``.  A message
+larger than ``max_frame_size`` never gets here: it is the socket's
+ZMQ_MAXMSGSIZE, so libzmq drops the sender's connection as soon as it announces
+the size, without buffering the message.
+
+:class:`Server` is built in layers, one module each (each a base class of the next):
+``broker.server_send`` (the send path and backlogs), ``broker.server_peers`` (handshake,
+sessions, keep-alive) and this module (lifecycle, the receive loop, statistics);
+``broker.server_options`` holds :class:`ServerOptions` and :class:`ServerError`.
+
+Default endpoint: ``tcp://127.0.0.1:5680`` (``protocol.DEFAULT_ENDPOINT``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from broker import fastcodec, tmqp
+from broker.engine.limits import MIN_REPLY_SIZE
+from broker.paging import json_size
+from broker.protocol import GREETING, Header, MessageType, Operation, ResultCode, header
+from broker.server.links import Connections
+from broker.server.options import ServerError, ServerOptions
+from broker.server.peers import (
+    EngineLike,
+    PeerSessions,
+    error_frame,
+    salvage_message_id,
+    terminate_frame,
+)
+from broker.server.send import Peer, PeerState
+from broker.sockets import fast_send
+from zproto.errors import DecodeError
+
+__all__ = [
+    "REPLY_OVERHEAD",
+    "STATS_OPERATION",
+    "EngineLike",
+    "PeerState",
+    "Server",
+    "ServerError",
+    "ServerOptions",
+    "error_frame",
+    "salvage_message_id",
+    "terminate_frame",
+]
+
+log = logging.getLogger(__name__)
+
+_PONG = tmqp.encode(tmqp.Pong())[0]
+_TERMINATE = int(MessageType.TERMINATE)
+_SERVER = int(MessageType.SERVER)
+_Frame = tmqp.Frame
+_decode = fastcodec.decode
+_ids = itertools.count(1)
+
+#: Server operation (content type) answered by the server itself: a RESPONSE whose payload
+#: is the JSON of ``Server.stats()``.  Needs the engine authorizer's ADMIN action.
+STATS_OPERATION = int(Operation.STATS)
+
+_READY = PeerState.READY
+#: Messages received between two reports of sent deliveries during one socket drain.
+_REPORT_EVERY = 256
+#: Octets CURVE adds to a message on the wire, which libzmq counts against ZMQ_MAXMSGSIZE:
+#: the MESSAGE command's name and nonce (16), the box's MAC (16) and the flags octet.
+_CURVE_OVERHEAD = 33
+#: Octets a reply frame may need beside its JSON payload (message id, client id, the
+#: Page-Next header...): ``Limits.max_reply_size`` must leave this much of a frame free.
+REPLY_OVERHEAD = 4096
+
+
+class Server(PeerSessions):
+    """ROUTER front end of one engine.
+
+    ``start()`` binds and serves on a background thread (``stop()`` ends it over an
+    inproc PAIR socket); ``run()`` serves on the calling thread until ``stop()`` is
+    called from elsewhere.  ``clock`` (monotonic seconds) is injectable for tests.
+    """
+
+    def __init__(
+        self,
+        engine: EngineLike,
+        options: ServerOptions | None = None,
+        *,
+        context: zmq.Context[zmq.Socket[bytes]],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(engine, options or ServerOptions())
+        self.context = context
+        self.clock = clock
+        self.endpoint: str | None = None  # the bound endpoint (port resolved)
+        self._control_addr = f"inproc://zerohub-server-{os.getpid()}-{next(_ids)}"
+        self._stop_tx: zmq.Socket[bytes] | None = None
+        self._thread: threading.Thread | None = None
+        self._auth: Any = None
+        self._lock = threading.Lock()
+        self._max_frame = self.options.max_frame_size
+        #: Octets of JSON in one reply: what a frame holds beside ids and headers.
+        self._reply_budget = max(MIN_REPLY_SIZE, self._max_frame - REPLY_OVERHEAD)
+        limits = getattr(getattr(engine, "config", None), "limits", None)
+        wanted = getattr(limits, "max_reply_size", 0)
+        if wanted > self._reply_budget:
+            raise ServerError(
+                f"limits.max_reply_size ({wanted}) must be at most max_frame_size - "
+                f"{REPLY_OVERHEAD} ({self._reply_budget}): replies would not fit a frame"
+            )
+        if wanted:
+            self._reply_budget = wanted  # the statistics page like the engine's lists
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def bind(self) -> str:
+        """Create and bind the ROUTER socket (idempotent); returns the bound endpoint."""
+        if self._router is not None:
+            assert self.endpoint is not None
+            return self.endpoint
+        from filemq import security
+
+        opts = self.options
+        curve = opts.curve_secret is not None
+        try:
+            security.check_bind(opts.endpoint, curve=curve, insecure=opts.insecure)
+        except security.SecurityError as exc:
+            raise ServerError(str(exc)) from None
+        if curve and not opts.allow_dir:
+            raise ServerError("CURVE needs an allow-list directory (--allow DIR)")
+        sock = self.context.socket(zmq.ROUTER)
+        try:
+            sock.linger = int(opts.linger * 1000)
+            sock.router_mandatory = True
+            # a new connection never takes over the routing id of a live one
+            sock.router_handover = False
+            sock.sndhwm = opts.hwm
+            sock.rcvhwm = opts.hwm
+            # libzmq drops a peer whose message is larger, before buffering any of it
+            sock.maxmsgsize = opts.max_frame_size + (_CURVE_OVERHEAD if curve else 0)
+            # No ZMTP heartbeats (ZMQ_HEARTBEAT_IVL): with them, the last messages of a
+            # client flooding the broker then closing came through late (lost, with the
+            # client's default 1 s linger), measured with libzmq 4.3.5.  Dead peers are
+            # found by the TMQP PINGs instead: the session expires and its connection is
+            # shut down (broker.server_links).
+            sock.handshake_ivl = int(opts.handshake_timeout * 1000)
+            if curve:
+                assert opts.curve_secret is not None and opts.allow_dir is not None
+                self._auth = security.start_authenticator(self.context, opts.allow_dir)
+                security.configure_server(sock, opts.curve_secret)
+            sock.bind(opts.endpoint)
+        except (zmq.ZMQError, security.SecurityError) as exc:
+            sock.close(linger=0)
+            self._stop_auth()
+            raise ServerError(f"cannot serve on {opts.endpoint}: {exc}") from None
+        self._router = sock
+        self._connections = Connections(sock, opts.max_connections)
+        self._fast_send = fast_send(sock)
+        endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.endpoint = endpoint
+        return endpoint
+
+    def start(self) -> str:
+        """Bind and serve on a background thread; returns the bound endpoint."""
+        if self._thread is not None:
+            raise ServerError("server already started")
+        endpoint = self.bind()
+        control = self._make_control()
+        self._thread = threading.Thread(
+            target=self._serve, args=(control,), name="broker-server", daemon=True
+        )
+        self._thread.start()
+        return endpoint
+
+    def run(self) -> None:
+        """Bind and serve on the calling thread until ``stop()`` (or an exception)."""
+        self.bind()
+        self._serve(self._make_control())
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ask the loop to end, wait for it (``timeout`` seconds), release everything."""
+        with self._lock:
+            tx = self._stop_tx
+            self._stop_tx = None
+        if tx is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                tx.send(b"STOP", zmq.NOBLOCK)
+            tx.close(linger=0)
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise ServerError(f"server thread did not stop within {timeout} s")
+            self._thread = None
+        if self._router is not None and tx is None:
+            # bound but never served
+            self._close_connections()
+            self._router.close(linger=0)
+            self._router = None
+        self._stop_auth()
+
+    def __enter__(self) -> Server:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _make_control(self) -> zmq.Socket[bytes]:
+        control = self.context.socket(zmq.PAIR)
+        control.linger = 0
+        control.bind(self._control_addr)
+        tx = self.context.socket(zmq.PAIR)
+        tx.linger = 0
+        tx.connect(self._control_addr)
+        with self._lock:
+            self._stop_tx = tx
+        return control
+
+    def _close_connections(self) -> None:
+        if self._connections is not None:
+            self._connections.close()
+            self._connections = None
+
+    def _stop_auth(self) -> None:
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def _serve(self, control: zmq.Socket[bytes]) -> None:
+        router = self._router
+        assert router is not None
+        poller = zmq.Poller()
+        poller.register(router, zmq.POLLIN)
+        poller.register(control, zmq.POLLIN)
+        monitor = self._connections.monitor if self._connections is not None else None
+        if monitor is not None:
+            poller.register(monitor, zmq.POLLIN)
+        self._next_scan = self.clock() + min(1.0, self.options.ping_interval / 2)
+        try:
+            while True:
+                events = dict(poller.poll(self._poll_timeout()))
+                if control in events:
+                    break
+                if monitor is not None and monitor in events:
+                    self._on_connections(self.clock())  # before the messages they bring
+                if router in events:
+                    self._drain(router)
+                now = self.clock()
+                deadline = self.engine.next_deadline()
+                if deadline is not None and deadline <= now:
+                    self._send_all(self._guard("tick", self.engine.tick, now))
+                if now >= self._next_scan:
+                    self._scan(now)
+                if self._blocked:
+                    self._flush_backlogs()
+                if self._gone:
+                    self._bury(now)
+                if self._outq:
+                    self._flush_out()
+                if self._sent_to:
+                    self._report_transmitted(now)
+                    self._flush_out()
+        finally:
+            self._shutdown(router)
+            control.close(linger=0)
+
+    def _poll_timeout(self) -> int:
+        now = self.clock()
+        wake = self._next_scan
+        deadline = self.engine.next_deadline()
+        if deadline is not None and deadline < wake:
+            wake = deadline
+        if self._sent_to:
+            return 0  # deliveries to report: the engine may release more at once
+        if self._blocked or self._gone:
+            return 1
+        return max(0, int((wake - now) * 1000) + 1)
+
+    def _drain(self, router: zmq.Socket[bytes]) -> None:
+        # Two recv() calls per message: recv_multipart() asks RCVMORE through getsockopt
+        # on every part, which costs more than the rest of the receive path.
+        recv = router.recv
+        on_message = self._on_message
+        now = self.clock()
+        count = 0
+        batch = self.options.batch
+        while count < batch:
+            try:
+                rid = recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            part = recv(zmq.NOBLOCK, copy=False)  # the rest of a message is already here
+            count += 1
+            if part.more:
+                while recv(zmq.NOBLOCK, copy=False).more:
+                    pass
+                on_message(rid, b"", True, now, part)
+            else:
+                on_message(rid, part.bytes, False, now, part)
+            if count == 1 and self._outq:
+                # A lone message (light load) must not wait for the next recv(), which
+                # costs several microseconds when it finds nothing: send its output now.
+                self._flush_out()
+            elif not count % _REPORT_EVERY and self._sent_to:
+                # Window slots come back while a long drain goes on, not only after it.
+                self._report_transmitted(now)
+        self.counters["frames_in"] += count
+        if self._outq:
+            self._flush_out()
+
+    def _on_message(
+        self, rid: bytes, data: bytes, multipart: bool, now: float, part: zmq.Frame
+    ) -> None:
+        peer = self._peers.get(rid)
+        if peer is None or peer.state is not _READY:
+            self._handshake(rid, peer, b"" if multipart else data, now, part)
+            return
+        peer.last_seen = now
+        peer.pinged = False
+        if multipart:
+            self._bad(peer, b"", "one TMQP frame per ZeroMQ message", ResultCode.BAD_REQUEST)
+            return
+        if len(data) > self._max_frame:
+            reason = f"frame of {len(data)} octets exceeds {self._max_frame}"
+            self._bad(peer, data, reason, ResultCode.LIMIT_EXCEEDED)
+            return
+        try:
+            msg = _decode(data)
+        except DecodeError as exc:
+            self._bad(peer, data, f"malformed frame: {exc.reason}", ResultCode.BAD_REQUEST)
+            return
+        if type(msg) is _Frame:
+            mt = msg.message_type
+            if mt == _TERMINATE:
+                self._drop(peer, now)
+                return
+            if mt == _SERVER and msg.content_type == STATS_OPERATION:
+                self._send_to(peer, self._stats_reply(peer, msg))
+                return
+            # the engine often forwards the very frame it was given (a push delivered
+            # as is): _send_all then reuses these octets instead of encoding again
+            self._in_frame = msg
+            self._in_data = data
+            try:
+                outs = self.engine.receive(peer.client_id, msg, now)
+            except Exception:
+                log.exception("engine failed on a frame from %s", peer.client_id)
+                self.counters["engine_errors"] += 1
+                outs = []
+                if msg.message_id:
+                    self._send_to(peer, error_frame(msg.message_id, ResultCode.FAILED, "error"))
+            if outs:
+                self._send_all(outs)
+        elif type(msg) is tmqp.Ping:
+            self._send_raw(peer, _PONG)
+        elif type(msg) is tmqp.Handshake:
+            self._send_raw(peer, GREETING)
+
+    def _shutdown(self, router: zmq.Socket[bytes]) -> None:
+        """Tell connected clients the server is stopping, end their sessions, close."""
+        now = self.clock()
+        self._flush_out()
+        self._report_transmitted(now)  # before the engine returns what was not sent
+        bye = tmqp.encode(terminate_frame(ResultCode.BUSY, "server stopping"))[0]
+        for peer in list(self._peers.values()):
+            if peer.state is PeerState.READY:
+                self._send_rid(peer.rid, bye)
+                self._guard("disconnect", self.engine.disconnect, peer.client_id, now)
+        self._peers.clear()
+        self._by_client.clear()
+        self._blocked.clear()
+        self._close_connections()
+        router.close(linger=int(self.options.linger * 1000))
+        self._router = None
+
+    # -- statistics --------------------------------------------------------------------
+
+    def _stats_reply(self, peer: Peer, request: tmqp.Frame) -> tmqp.Frame:
+        """The statistics as JSON, paged like the engine's lists (``broker.paging``): each
+        page holds every counter and a part of the engine's ``channel_list``."""
+        if not self._admin_allowed(peer.client_id):
+            return error_frame(request.message_id, ResultCode.UNAUTHORIZED, "unauthorized")
+        counters = dict(self.counters, frames_out=self._frames_out)
+        out: dict[str, object] = {"server": counters, "peers": len(self._peers)}
+        room = self._reply_budget - json_size(out) - len(',"engine":')
+        after = header(request, Header.PAGE_AFTER)
+        try:
+            out["engine"], more = self.engine.stats_page(after, room)
+        except Exception as exc:
+            log.exception("engine statistics failed")
+            out["engine"], more = {"error": str(exc)}, None
+        headers = ((Header.PAGE_NEXT, more),) if more is not None else ()
+        body = json.dumps(out, default=str, sort_keys=True, separators=(",", ":"))
+        return tmqp.Frame(
+            message_type=MessageType.RESPONSE,
+            message_id=request.message_id,
+            target=peer.client_id,
+            headers=headers,
+            payload=body.encode("utf-8"),
+        )
+
+    def _admin_allowed(self, client_id: str) -> bool:
+        authorizer = getattr(self.engine, "authorizer", None)
+        clients = getattr(self.engine, "clients", None)
+        if authorizer is None or not isinstance(clients, dict) or client_id not in clients:
+            return True
+        from broker.engine.auth import Action
+
+        try:
+            return bool(authorizer.allows(clients[client_id], Action.ADMIN))
+        except Exception:
+            log.exception("authorizer failed")
+            return False
+
+    def stats(self) -> dict[str, object]:
+        """Transport counters plus the engine's statistics."""
+        counters = dict(self.counters, frames_out=self._frames_out)
+        out: dict[str, object] = {"server": counters, "peers": len(self._peers)}
+        out["engine"] = self._guard_stats()
+        return out
+
+    def _guard_stats(self) -> dict[str, object]:
+        try:
+            return dict(self.engine.stats())
+        except Exception as exc:
+            return {"error": str(exc)}
