@@ -20,7 +20,14 @@ Rules enforced here:
   ``min(chunk_size, credit, bytes left)`` so there is no livelock at any credit;
   empty files, deletes and the resync marker cost no credit;
 * the chunks of one file are consecutive; sequence numbers count CHEEZBURGERs
-  per client from 0; the last chunk has eof=1 and the sha1/size/mtime_ns headers;
+  per client from 0; the last chunk has eof=1 and the sha1/size/mtime_ns headers,
+  and ``mode`` when the op knows it (``filemq.meta``);
+* ICANHAZ options ``META``, ``LINKS``, ``FILTER`` (``filemq.meta``) are checked
+  here: one that cannot be used (a bad mask, an unknown policy, a pattern over the
+  limits of ``filemq.filters``) gets SRSLY; ``ATTRS`` lines that cannot be read are
+  left out (those entries are sent again).  The latest options hold for the whole
+  session; ``wants(name)`` leaves out names the client's patterns exclude, matched
+  relative to the subscription that covers the name (the client's DEST);
 * on a wire with ``empty_final_chunk`` (``--wire czmq``) every data chunk has
   eof=0 and a file ends with one more chunk, zero-length, eof=1, at offset =
   bytes sent, carrying those headers: the reference C client closes a file on a
@@ -49,6 +56,19 @@ from filemq.engine import (
     Wire,
     clip_reason,
 )
+from filemq.filters import Filters
+from filemq.meta import (
+    HEADER_MODE,
+    OPTION_ATTRS,
+    OPTION_FILTER,
+    OPTION_LINKS,
+    OPTION_META,
+    Attr,
+    LinkPolicy,
+    decode_attrs,
+    format_mode,
+    parse_mask,
+)
 from filemq.paths import UnsafePathError, all_relative_safe, relative_parts, virtual_path
 
 __all__ = [
@@ -60,6 +80,7 @@ __all__ = [
     "ServerSession",
     "SessionState",
     "Subscribe",
+    "resolve_attrs",
     "resolve_cache",
 ]
 
@@ -87,8 +108,10 @@ class FileOp:
     size: int = 0
     mtime_ns: int = 0
     sha1: str = ""
-    headers: tuple[tuple[str, str], ...] = ()  # extra headers (the marker's)
+    headers: tuple[tuple[str, str], ...] = ()  # all the headers of a marker, folder, link
     inode: int = -1  # of the indexed version (the server checks it before sending)
+    mode: int = -1  # permission bits, sent as the ``mode`` header (-1: not sent)
+    source_name: str = ""  # virtual name to read from, when not ``name`` (a copied link)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +138,10 @@ class Subscribe:
     resync: bool
     cache: dict[str, str] = field(default_factory=dict)  # virtual path -> sha1 hex
     options: dict[str, str] = field(default_factory=dict)  # ICANHAZ options, as sent
+    meta: int | None = None  # META: the permission bits the mirror applies; None: old client
+    links: LinkPolicy = LinkPolicy.SKIP
+    filters: Filters | None = None  # the client's patterns (relative to ``path``)
+    attrs: dict[str, Attr] = field(default_factory=dict)  # virtual path -> what it holds
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +150,23 @@ class Close:
 
 
 Action = Reply | Subscribe | Close
+
+
+def resolve_attrs(path: str, text: str) -> dict[str, Attr]:
+    """``ATTRS`` lines as {virtual path: Attr} (names relative to ``path``; unsafe ones
+    and malformed lines are left out)."""
+    base = path if path.endswith("/") else path + "/"
+    attrs = decode_attrs(text)
+    if all_relative_safe(attrs):
+        return {base + name: attr for name, attr in attrs.items()}
+    out: dict[str, Attr] = {}
+    for name, attr in attrs.items():
+        try:
+            relative_parts(name)
+        except UnsafePathError:
+            continue
+        out[base + name] = attr
+    return out
 
 
 def resolve_cache(path: str, cache: dict[str, str]) -> dict[str, str]:
@@ -187,6 +231,10 @@ class ServerSession:
         self._empty_final = wire.empty_final_chunk
         self._ending = False  # (empty_final_chunk) the data of _current is all sent
         self._markers = 0
+        #: The client's META mask (None: it takes files only), link policy and patterns.
+        self.meta: int | None = None
+        self.links = LinkPolicy.SKIP
+        self.filters: Filters | None = None
         #: CHEEZBURGERs and content bytes sent (for logs and tests).
         self.sent_messages = 0
         self.sent_bytes = 0
@@ -248,12 +296,21 @@ class ServerSession:
             return self._srsly(f"path refused: {exc}")
         if self._access is not None and not self._access(self.peer_key, raw):
             return self._srsly(f"access to {raw[:200]} refused")
+        options = msg.options
+        try:
+            meta = parse_mask(options[OPTION_META]) if OPTION_META in options else None
+            links = LinkPolicy(options.get(OPTION_LINKS, LinkPolicy.SKIP.value))
+            filters = Filters.from_option(options.get(OPTION_FILTER, ""))
+        except ValueError as exc:  # MetaError, FilterError, an unknown policy
+            return self._srsly(f"option refused: {exc}")
+        self.meta, self.links, self.filters = meta, links, filters or None
         if not any(raw.startswith(p) for p in self.subscriptions):
             self.subscriptions = [p for p in self.subscriptions if not p.startswith(raw)]
             self.subscriptions.append(raw)
-        resync = msg.options.get("RESYNC") == "1"
+        resync = options.get("RESYNC") == "1"
         cache = resolve_cache(raw, msg.cache) if resync else {}
-        subscribe = Subscribe(raw, resync, cache, dict(msg.options))
+        attrs = resolve_attrs(raw, options.get(OPTION_ATTRS, "")) if resync and meta else {}
+        subscribe = Subscribe(raw, resync, cache, dict(options), meta, links, self.filters, attrs)
         return [Reply(self.codec.encode(self.codec.IcanhazOk())), subscribe]
 
     def refuse(self, reason: str) -> list[Action]:
@@ -280,11 +337,21 @@ class ServerSession:
 
     # -- queueing -------------------------------------------------------------
 
-    def wants(self, name: str) -> bool:
+    def wants(self, name: str, is_dir: bool = False) -> bool:
         """Does a live change to virtual path ``name`` concern this client?"""
-        return self.state is SessionState.READY and any(
-            name.startswith(p) for p in self.subscriptions
-        )
+        if self.state is not SessionState.READY:
+            return False
+        for path in self.subscriptions:
+            if name.startswith(path):
+                return not self.excludes(name, path, is_dir)
+        return False
+
+    def excludes(self, name: str, path: str, is_dir: bool = False) -> bool:
+        """Do the client's patterns leave out virtual ``name`` (under subscription ``path``)?"""
+        if self.filters is None:
+            return False
+        rel = name[len(path) :].lstrip("/")
+        return bool(rel) and self.filters.excluded_path(rel, is_dir)
 
     def enqueue(self, ops: Iterable[FileOp]) -> int:
         """Queue operations; a not-yet-started op for the same name is replaced."""
@@ -389,10 +456,12 @@ class ServerSession:
         else:
             eof = plan.eof or len(data) < plan.size or operation is not Operation.CREATE
         headers: dict[str, str] = dict(op.headers)
-        if eof and operation is Operation.CREATE:
+        if eof and operation is Operation.CREATE and not op.headers:
             headers[HEADER_SHA1] = op.sha1
             headers[HEADER_SIZE] = str(op.size)
             headers[HEADER_MTIME] = str(op.mtime_ns)
+            if op.mode >= 0:
+                headers[HEADER_MODE] = format_mode(op.mode)
         msg = self.codec.Cheezburger(
             self._sequence, int(operation), op.name, plan.offset, int(eof), headers, data
         )

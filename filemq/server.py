@@ -32,6 +32,17 @@ When the state folder is inside a published directory it is not published.
 
 A mirror writing inside what it mirrors is refused (``filemq.loopguard``).
 
+Metadata (``filemq.meta``, ``filemq.offer``): every file goes with its permission
+bits; a client that asks (option ``META``) also gets folders (empty ones too),
+symbolic links by its link policy, and ``touch`` operations when only a mode or an
+mtime changed; its ``ATTRS`` say what it holds, so a no-change resync sends nothing.
+``links=False`` (``serve --no-links``) offers no link at all.  ``filters``
+(``serve --exclude/--include/--exclude-from``, ``filemq.filters``) leave names out
+of every mount; a client's own patterns (option ``FILTER``) leave names out of what
+it gets.  A name left out by either is never sent as a delete either: a mirror's
+copy of an excluded name stays (as rsync's excludes protect the receiver's files
+unless ``--delete-excluded``).  Deletes of a resync go deepest first.
+
 Containment: every file the server opens, stats, lists or hashes is reached
 through ``filemq.paths`` (no symbolic link below a mount's directory is ever
 followed), whatever named it: a client's exact-path ICANHAZ, a watcher's
@@ -78,7 +89,10 @@ from filemq.engine_server import (
     SessionState,
     Subscribe,
 )
-from filemq.index import FileEntry, FileIndex, IndexDelta
+from filemq.filters import Filters
+from filemq.index import NODE_DIR, FileEntry, FileIndex, IndexDelta, Node
+from filemq.meta import Kind, LinkPolicy
+from filemq.offer import LinkOffer, delete_op, file_op, node_offer, node_unchanged, unchanged
 from filemq.paths import absent, local_parts, open_beneath, relative_inside, virtual_path
 from filemq.state import load_index, server_index_path, server_state_dir
 from filemq.walk import DEFAULT_IGNORE, PathFilter
@@ -156,6 +170,8 @@ class FileServer:
         state_dir: str | os.PathLike[str] | None = None,
         save_interval: float = 30.0,
         indexes_live: bool = False,
+        filters: Filters | None = None,
+        links: bool = True,
     ) -> None:
         if not mounts:
             raise ValueError("publish at least one directory")
@@ -175,10 +191,17 @@ class FileServer:
         self._insecure = insecure
         self._linger = linger_ms
         self._exclude = {m.virtual: _exclusion(m.directory, state_dir) for m in self.mounts}
+        #: What every mount leaves out (``serve --exclude``...), and whether links are offered.
+        self.filters = filters if filters else None
+        self.links = links
         self.indexes = {
-            m.virtual: FileIndex(m.directory, exclude=self._exclude[m.virtual])
+            m.virtual: FileIndex(
+                m.directory, exclude=self._exclude[m.virtual], filters=self.filters, tree=True
+            )
             for m in self.mounts
         }
+        # mount -> relative name of a file -> links copied to clients as that file
+        self._copied: dict[str, dict[str, set[str]]] = {m.virtual: {} for m in self.mounts}
         self.index_files = (
             {}
             if state_dir is None
@@ -247,6 +270,8 @@ class FileServer:
                     self.index_files.get(mount.virtual),
                     mount.directory,
                     exclude=self._exclude[mount.virtual],
+                    filters=self.filters,
+                    tree=True,
                 )
                 self.indexes[mount.virtual] = index
                 self._refresh_mount(mount)
@@ -565,11 +590,18 @@ class FileServer:
         if plan.first:
             self._close_file(client)
             try:
-                fd = self._open_source(op.name)
+                fd = self._open_source(op.source_name or op.name)
             except OSError as exc:
+                if op.source_name:  # a copied link's file went: the next resync tells
+                    session.skip_current()
+                    return None
                 return self._unopenable(session, plan, exc, retry=retry)
             st = os.fstat(fd)
             if (st.st_size, st.st_mtime_ns, st.st_ino) != (op.size, op.mtime_ns, op.inode):
+                if op.source_name:  # its file changed: sent again as that file's change
+                    os.close(fd)
+                    session.skip_current()
+                    return None
                 fresh = self._refresh_op(op.name, session)
                 if fresh is None:  # there, but not readable any more
                     os.close(fd)
@@ -647,15 +679,36 @@ class FileServer:
         return None
 
     def _op(self, mount: Mount, entry: FileEntry) -> FileOp:
-        return FileOp(
-            mount.prefix + entry.name,
-            Operation.CREATE,
-            os.path.join(mount.directory, entry.name),
-            entry.size,
-            entry.mtime_ns,
-            entry.sha1,
-            inode=entry.inode,
+        return file_op(mount.prefix + entry.name, entry, os.path.join(mount.directory, entry.name))
+
+    def _published(self, name: str) -> bool:
+        """May a client see virtual ``name`` (not denied, in the mount that owns it)?"""
+        return not self._denied(name) and self._owner(name) is not None
+
+    def _covering(self, session: ServerSession, name: str) -> str:
+        """The subscription of ``session`` that covers ``name`` (its DEST), dir form."""
+        for path in session.subscriptions:
+            if name.startswith(path):
+                return path if path.endswith("/") else path.rpartition("/")[0] + "/"
+        return "/"
+
+    def _node_offer(
+        self, session: ServerSession, mount: Mount, node: Node, name: str, base: str
+    ) -> LinkOffer:
+        offer = node_offer(
+            name,
+            node,
+            directory=mount.directory,
+            index=self.indexes[mount.virtual],
+            base=base,
+            prefix=mount.prefix,
+            policy=session.links,
+            links_on=self.links,
+            published=lambda virtual: self._published(virtual) and self._owner(virtual) is mount,
         )
+        if offer.copied_from:
+            self._copied[mount.virtual].setdefault(offer.copied_from, set()).add(node.name)
+        return offer
 
     def _refresh_op(self, name: str, sending: ServerSession) -> FileOp | None:
         """The file ``sending`` was about to send changed: index it again, tell the others.
@@ -672,9 +725,10 @@ class FileServer:
         entry = index.update(rel)
         if index.held(rel):
             return None
-        op = FileOp(name, Operation.DELETE) if entry is None else self._op(mount, entry)
+        op = delete_op(name) if entry is None else self._op(mount, entry)
         if entry is not before:
             self._queue_live([op], skip=sending)
+            self._requeue_copies(mount, [rel], skip=sending)
         return op
 
     def _mirror_loop(self, sub: Subscribe) -> str:
@@ -711,6 +765,8 @@ class FileServer:
         if not sub.resync:
             return
         files: dict[str, tuple[Mount, FileEntry]] = {}
+        nodes: dict[str, tuple[Mount, Node]] = {}  # (META clients)
+        has: set[str] = set()  # every name the server has under the path (never deleted)
         for mount in self.mounts:
             prefix = mount.prefix
             if not (prefix.startswith(sub.path) or sub.path.startswith(prefix)):
@@ -721,41 +777,66 @@ class FileServer:
             if not self.indexes_live and self._refreshed[mount.virtual] < session.connected_at:
                 self._publish(mount, index.refresh(subdir), skip=session)
             elif rest and not rest.endswith("/"):  # one file asked for again: check it now
-                before = index.get(rest)
-                after = index.update(rest)
-                if after is not before:
-                    changed = (after,) if after is not None else ()
-                    removed = (rest,) if after is None else ()
-                    self._publish(mount, IndexDelta(changed, removed), skip=session)
+                self._update_name(mount, rest, skip=session)
             shadowed = self._shadowing(mount)
             whole = prefix.startswith(sub.path)  # every file of this mount is wanted
-            for name, entry in index.entries().items():
-                name = prefix + name
-                if not whole and not name.startswith(sub.path):
-                    continue
-                if (self.deny and self._denied(name)) or (
-                    shadowed and self._owner(name) is not mount
-                ):
-                    continue
-                files[name] = (mount, entry)
-        cache = sub.cache
-        # deletes first, then creates; each sorted, and only what must be sent is sorted
+            for table, found in ((index.entries(), files), (index.nodes(), nodes)):
+                for name, item in table.items():
+                    name = prefix + name
+                    if not whole and not name.startswith(sub.path):
+                        continue
+                    if (self.deny and self._denied(name)) or (
+                        shadowed and self._owner(name) is not mount
+                    ):
+                        continue
+                    has.add(name)
+                    if session.filters is not None and session.excludes(
+                        name, sub.path, getattr(item, "kind", "") == NODE_DIR
+                    ):
+                        continue
+                    found[name] = (mount, item)  # type: ignore[assignment]
+        cache, attrs = sub.cache, sub.attrs
+        mask = sub.meta
+        # deletes first (deepest first: a folder after what was in it), then creates in
+        # name order (a folder before what goes in it); only what must be sent is sorted
         # (a no-change resync of 10,000 files sorts nothing)
+        held = [*cache, *attrs] if mask is not None else list(cache)
         deletes = [
             name
-            for name in cache
+            for name in dict.fromkeys(held)
             if name not in files
+            and name not in has
             and name.startswith(sub.path)
             and not self._denied(name)
             and not self._held(name)
+            and not self._left_out(session, sub.path, name, attrs.get(name))
         ]
-        deletes.sort()
-        ops = [FileOp(name, Operation.DELETE) for name in deletes]
-        creates = [name for name, (_m, entry) in files.items() if cache.get(name) != entry.sha1]
-        creates.sort()
-        for name in creates:
-            mount, entry = files[name]
-            ops.append(self._op(mount, entry))
+        deletes.sort(reverse=True)
+        kinds = {name: attr.kind for name, attr in attrs.items()} if mask is not None else {}
+        ops = [delete_op(name, kinds.get(name, Kind.FILE)) for name in deletes]
+        sends: list[FileOp] = []
+        for name, (mount, entry) in files.items():
+            if cache.get(name) != entry.sha1:
+                sends.append(self._op(mount, entry))
+            elif mask is not None:
+                touch = unchanged(entry, name, cache, attrs, mask)
+                if touch is not None:
+                    sends.append(touch)
+        if mask is not None:
+            base = self._covering(session, sub.path)
+            for name, (mount, node) in nodes.items():
+                offer = self._node_offer(session, mount, node, name, base)
+                if offer.entry is not None:  # a link copied as its file
+                    if cache.get(name) != offer.entry.sha1:
+                        sends.append(offer.op)
+                    else:
+                        touch = unchanged(offer.entry, name, cache, attrs, mask)
+                        if touch is not None:
+                            sends.append(touch)
+                elif not node_unchanged(offer, node, name, attrs, mask):
+                    sends.append(offer.op)
+        sends.sort(key=lambda op: op.name)
+        ops += sends
         session.enqueue(ops)
         session.enqueue_marker(sub.path)
         log.info(
@@ -765,10 +846,29 @@ class FileServer:
             len(ops),
         )
 
+    def _left_out(self, session: ServerSession, path: str, name: str, attr: object) -> bool:
+        """Is ``name`` excluded by the client's patterns or the server's (then a copy a
+        mirror has there is never deleted)?"""
+        is_dir = getattr(attr, "kind", None) is Kind.DIR
+        if session.filters is not None and session.excludes(name, path, is_dir):
+            return True
+        if self.filters is None:
+            return False
+        located = self._locate(name)
+        return located is not None and self.filters.excluded_path(located[1], is_dir)
+
     def _publish(self, mount: Mount, delta: IndexDelta, skip: ServerSession | None = None) -> None:
         ops = [self._op(mount, e) for e in delta.changed]
-        ops += [FileOp(mount.prefix + n, Operation.DELETE) for n in delta.removed]
+        removed = [(n, Kind.FILE) for n in delta.removed]
+        for node_name in delta.removed_nodes:
+            removed.append((node_name, Kind.DIR))  # (a link or folder: the client looks)
+        ops += [delete_op(mount.prefix + n, kind) for n, kind in removed]
         self._queue_live([op for op in ops if self._owner(op.name) is mount], skip)
+        if delta.nodes:
+            self._queue_nodes(mount, delta.nodes, skip)
+        if delta.changed or delta.removed:
+            names = [e.name for e in delta.changed] + list(delta.removed)
+            self._requeue_copies(mount, names, skip)
 
     def _held(self, name: str) -> bool:
         """Is virtual ``name`` there but unreadable (so its copies must not be deleted)?"""
@@ -792,6 +892,76 @@ class FileServer:
             if wanted:
                 session.enqueue(wanted)
 
+    def _queue_nodes(
+        self, mount: Mount, nodes: Iterable[Node], skip: ServerSession | None = None
+    ) -> None:
+        """Folders and links that changed: to every META client that wants them."""
+        named = [
+            (mount.prefix + node.name, node)
+            for node in nodes
+            if self._owner(mount.prefix + node.name) is mount
+            and not self._denied(mount.prefix + node.name)
+        ]
+        for session in self._sessions.values():
+            if session is skip or session.meta is None:
+                continue
+            ops = [
+                self._node_offer(session, mount, node, name, self._covering(session, name)).op
+                for name, node in named
+                if session.wants(name, node.kind == NODE_DIR)
+            ]
+            if ops:
+                session.enqueue(ops)
+
+    def _requeue_copies(
+        self, mount: Mount, names: Iterable[str], skip: ServerSession | None = None
+    ) -> None:
+        """Files that changed or went: links copied as them are sent again (copy clients)."""
+        copied = self._copied[mount.virtual]
+        if not copied:
+            return
+        links = {link for name in names for link in copied.pop(name, ())}
+        index = self.indexes[mount.virtual]
+        nodes = [node for node in map(index.node, sorted(links)) if node is not None]
+        if not nodes:
+            return
+        for session in self._sessions.values():
+            if session is skip or session.meta is None or session.links is not LinkPolicy.COPY:
+                continue
+            ops = []
+            for node in nodes:
+                name = mount.prefix + node.name
+                if self._denied(name) or not session.wants(name):
+                    continue
+                offer = self._node_offer(session, mount, node, name, self._covering(session, name))
+                ops.append(offer.op)
+            if ops:
+                session.enqueue(ops)
+
+    def _update_name(
+        self,
+        mount: Mount,
+        rel: str,
+        *,
+        rehash: bool = False,
+        skip: ServerSession | None = None,
+    ) -> None:
+        """Index ``rel`` again and tell the clients what changed there."""
+        index = self.indexes[mount.virtual]
+        before = index.lookup(rel)
+        index.update(rel, rehash=rehash)
+        after = index.lookup(rel)
+        if after is before:
+            return  # this version was published already
+        if isinstance(after, FileEntry):
+            self._publish(mount, IndexDelta((after,), ()), skip=skip)
+        elif after is not None:
+            self._publish(mount, IndexDelta((), (), (after,)), skip=skip)
+        elif isinstance(before, Node):
+            self._publish(mount, IndexDelta((), (), (), (rel,)), skip=skip)
+        else:
+            self._publish(mount, IndexDelta((), (rel,)), skip=skip)
+
     def _changed(self, mount_virtual: str, name: str, *, rehash: bool) -> None:
         mount = next((m for m in self.mounts if m.virtual == virtual_path(mount_virtual)), None)
         if mount is None:
@@ -801,15 +971,7 @@ class FileServer:
         located = self._locate(full)
         if located is None or located[0] is not mount:
             return  # shadowed by a more specific mount
-        index = self.indexes[mount.virtual]
-        rel = located[1]
-        before = index.get(rel)
-        entry = index.update(rel, rehash=rehash)
-        if entry is before:
-            return  # this version was published already
-        self._queue_live(
-            [FileOp(full, Operation.DELETE) if entry is None else self._op(mount, entry)]
-        )
+        self._update_name(mount, located[1], rehash=rehash)
 
     def _rescan(self, mount_virtual: str, subtree: str = "") -> None:
         for mount in self.mounts:
