@@ -153,19 +153,24 @@ Action = Reply | Subscribe | Close
 
 
 def resolve_attrs(path: str, text: str) -> dict[str, Attr]:
-    """``ATTRS`` lines as {virtual path: Attr} (names relative to ``path``; unsafe ones
-    and malformed lines are left out)."""
+    """``ATTRS`` lines as {virtual path: Attr} (names relative to ``path``, or absolute
+    under it, as cache keys; unsafe ones and malformed lines are left out)."""
     base = path if path.endswith("/") else path + "/"
     attrs = decode_attrs(text)
     if all_relative_safe(attrs):
         return {base + name: attr for name, attr in attrs.items()}
     out: dict[str, Attr] = {}
-    for name, attr in attrs.items():
+    for name, attr in attrs.items():  # as cache keys: relative, or absolute under path
         try:
-            relative_parts(name)
+            if name.startswith("/"):
+                if not name.startswith(path):
+                    continue
+                out[virtual_path(name)] = attr
+            else:
+                relative_parts(name)
+                out[base + name] = attr
         except UnsafePathError:
             continue
-        out[base + name] = attr
     return out
 
 

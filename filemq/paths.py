@@ -339,8 +339,9 @@ def replace_beneath(source: str, root: Root, parts: Sequence[str]) -> None:
         os.close(parent)
 
 
-def remove_beneath(root: Root, parts: Sequence[str]) -> bool:
-    """Delete file ``root/parts...`` and the folders that leaves empty (never the root).
+def remove_beneath(root: Root, parts: Sequence[str], *, prune: bool = True) -> bool:
+    """Delete file (or link) ``root/parts...`` and, with ``prune``, the folders that
+    leaves empty (never the root).
 
     False when there was nothing to delete.  Nothing outside the root is ever
     touched: the folders are reached through ``open_dir_beneath``.
@@ -356,7 +357,7 @@ def remove_beneath(root: Root, parts: Sequence[str]) -> bool:
         return False
     finally:
         os.close(parent)
-    for depth in range(len(parts) - 1, 0, -1):  # folders this delete left empty
+    for depth in range(len(parts) - 1 if prune else 0, 0, -1):  # folders left empty
         try:
             above = open_dir_beneath(root, parts[: depth - 1])
         except OSError:

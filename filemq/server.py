@@ -953,6 +953,8 @@ class FileServer:
         after = index.lookup(rel)
         if after is before:
             return  # this version was published already
+        if after is not None:  # folders made for it first (their modes)
+            self._publish(mount, self._folders_above(index, rel), skip=skip)
         if isinstance(after, FileEntry):
             self._publish(mount, IndexDelta((after,), ()), skip=skip)
         elif after is not None:
@@ -961,6 +963,29 @@ class FileServer:
             self._publish(mount, IndexDelta((), (), (), (rel,)), skip=skip)
         else:
             self._publish(mount, IndexDelta((), (rel,)), skip=skip)
+        if after is None:  # folders it leaves behind, if they went too (a folder moved)
+            self._publish(mount, self._folders_above(index, rel), skip=skip)
+
+    def _folders_above(self, index: FileIndex, rel: str) -> IndexDelta:
+        """Look at the folders above ``rel`` again (a watcher reports files, not folders):
+        the ones made or gone, deepest first."""
+        if not index.tree:
+            return IndexDelta((), ())
+        parts = rel.split("/")
+        made: list[Node] = []
+        gone: list[str] = []
+        for depth in range(len(parts) - 1, 0, -1):
+            folder = "/".join(parts[:depth])
+            before = index.node(folder)
+            index.update(folder)
+            after = index.node(folder)
+            if after is before:
+                break  # (so are the ones above it)
+            if after is not None:
+                made.append(after)
+            elif before is not None:
+                gone.append(folder)
+        return IndexDelta((), (), tuple(reversed(made)), tuple(gone))
 
     def _changed(self, mount_virtual: str, name: str, *, rehash: bool) -> None:
         mount = next((m for m in self.mounts if m.virtual == virtual_path(mount_virtual)), None)
