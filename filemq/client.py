@@ -405,7 +405,9 @@ class SyncClient:
 
     def _options(self) -> dict[str, str]:
         """The ICANHAZ options of every request (``filemq.loopguard``, ``filemq.meta``)."""
-        options = {OPTION_MIRROR_DEST: dest_option(self.dest), OPTION_META: format_mode(self.mask)}
+        options = {OPTION_META: format_mode(self.mask)}
+        if not (self.dry_run and not self.dest.is_dir()):  # (a dry run may name no DEST yet)
+            options[OPTION_MIRROR_DEST] = dest_option(self.dest)
         if self.links is not LinkPolicy.SKIP:
             options[OPTION_LINKS] = self.links.value
         if self.filters is not None:
