@@ -116,22 +116,43 @@ def _write_all(fd: int, data: bytes) -> None:
             view = view[os.write(fd, view) :]
 
 
+def _umask() -> int:
+    """This process's umask, read without changing it (``/proc``), else by setting it back."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+#: What a file gets when the server sends no mode (as if created by ``open``).
+_DEFAULT_MODE = 0o666 & ~_umask()
+
+
 def _stamp_and_close(
     fd: int, headers: dict[str, str], meta: EntryMeta | None, mask: int
 ) -> os.stat_result:
     """Set the server's mode (``& mask``) and mtime on the open temp file, stat it, close it.
 
-    ``meta`` is what the engine checked; without it (an older caller) the mtime header
-    is used when it is a plain number.
+    Without a mode from the server the file gets ``0o666 & ~umask``, as if created
+    in place.  ``meta`` is what the engine checked; without it (an older caller) the
+    mtime header is used when it is a plain number.
     """
     try:
+        mode = _DEFAULT_MODE
         if meta is not None:
             ns = meta.mtime_ns
             if meta.mode is not None:
-                os.fchmod(fd, local_mode(meta.mode, mask, Kind.FILE))
+                mode = local_mode(meta.mode, mask, Kind.FILE)
         else:
             mtime = headers.get(HEADER_MTIME)
             ns = int(mtime) if mtime is not None and mtime.isdigit() else None
+        os.fchmod(fd, mode)
         if ns is not None:
             try:
                 os.utime(fd, ns=(ns, ns))
