@@ -18,7 +18,7 @@ from filemq.meta import EntryMeta
 from filemq.mirror import Mirror
 from filemq.server import FileServer
 
-from . import test_malicious_server, test_unreadable
+from . import test_live, test_malicious_server, test_unreadable
 from .conftest import read_tree, write_tree
 from .reference_client import ReferenceLikeClient
 
@@ -167,3 +167,31 @@ def test_mode_000_on_the_mirror_never_blocks_updates(shared_dir: Path) -> None:
     touched, data, mode, mtime = test_unreadable._as_server_user(as_mirror)
     assert (touched, data, mode, mtime) == (1, b"two, longer", 0o640, 7)
     assert stat.S_IMODE((dest / "locked").stat().st_mode) == 0o700  # the owner keeps rwx
+
+
+live = test_live.live  # (the fixtures: a watching server, and subscribers)
+subscribe = test_live.subscribe
+
+
+def test_live_mirror_follows_modes_folders_and_links(
+    tmp_path: Path, live: Callable[..., Any], subscribe: Callable[..., Any]
+) -> None:
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    write_tree(src, {"a.txt": b"a"})
+    server = live(src)
+    sub = subscribe(server.endpoint, dest, links=_links())
+    assert sub.wait_synced(test_live.WAIT)
+    wait = test_live.wait_until
+
+    (src / "a.txt").chmod(0o600)
+    assert wait(lambda: stat.S_IMODE((dest / "a.txt").stat().st_mode) == 0o600)
+    os.utime(src / "a.txt", ns=(7, 7))
+    assert wait(lambda: (dest / "a.txt").stat().st_mtime_ns == 7)
+    (src / "empty").mkdir()  # a folder that stays empty
+    assert wait(lambda: (dest / "empty").is_dir())
+    os.symlink("a.txt", src / "link")
+    assert wait(lambda: (dest / "link").is_symlink() and os.readlink(dest / "link") == "a.txt")
+    (src / "empty").rmdir()
+    assert wait(lambda: not (dest / "empty").exists())
+    (src / "link").unlink()
+    assert wait(lambda: not os.path.lexists(dest / "link"))
