@@ -63,7 +63,6 @@ from filemq.meta import (
     OPTION_FILTER,
     OPTION_LINKS,
     OPTION_META,
-    Attr,
     LinkPolicy,
     decode_attrs,
     format_mode,
@@ -141,7 +140,7 @@ class Subscribe:
     meta: int | None = None  # META: the permission bits the mirror applies; None: old client
     links: LinkPolicy = LinkPolicy.SKIP
     filters: Filters | None = None  # the client's patterns (relative to ``path``)
-    attrs: dict[str, Attr] = field(default_factory=dict)  # virtual path -> what it holds
+    attrs: dict[str, str] = field(default_factory=dict)  # virtual path -> ATTRS text
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,14 +151,14 @@ class Close:
 Action = Reply | Subscribe | Close
 
 
-def resolve_attrs(path: str, text: str) -> dict[str, Attr]:
-    """``ATTRS`` lines as {virtual path: Attr} (names relative to ``path``, or absolute
-    under it, as cache keys; unsafe ones and malformed lines are left out)."""
+def resolve_attrs(path: str, text: str) -> dict[str, str]:
+    """``ATTRS`` lines as {virtual path: text after the name} (names relative to
+    ``path``, or absolute under it, as cache keys; unsafe names are left out)."""
     base = path if path.endswith("/") else path + "/"
     attrs = decode_attrs(text)
     if all_relative_safe(attrs):
         return {base + name: attr for name, attr in attrs.items()}
-    out: dict[str, Attr] = {}
+    out: dict[str, str] = {}
     for name, attr in attrs.items():  # as cache keys: relative, or absolute under path
         try:
             if name.startswith("/"):

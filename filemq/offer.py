@@ -37,10 +37,12 @@ from filemq.meta import (
     HEADER_SKIP,
     HEADER_TARGET,
     HEADER_TOUCH,
-    Attr,
     Kind,
     LinkPolicy,
     MetaError,
+    attr_dir,
+    attr_file,
+    attr_link,
     canonical_target,
     format_mode,
     local_mode,
@@ -105,17 +107,14 @@ def _skip_op(name: str, reason: str) -> FileOp:
     return FileOp(name, Operation.CREATE, headers=headers)
 
 
-def unchanged(
-    entry: FileEntry, name: str, cache: Mapping[str, str], attrs: Mapping[str, Attr], mask: int
-) -> FileOp | None:
+def unchanged(entry: FileEntry, name: str, attrs: Mapping[str, str], mask: int) -> FileOp | None:
     """None when a ``META`` client's copy of file ``entry`` matches it; else the touch
     op when only mode or mtime differ (a different SHA-1 is the caller's full send)."""
     attr = attrs.get(name)
-    if (
-        attr is not None
-        and attr.kind is Kind.FILE
-        and attr.mtime_ns == entry.mtime_ns
-        and (entry.mode < 0 or attr.mode == local_mode(entry.mode, mask, Kind.FILE))
+    if attr is not None and (
+        attr == attr_file(local_mode(entry.mode, mask, Kind.FILE), entry.mtime_ns)
+        if entry.mode >= 0
+        else attr.startswith("f\t") and attr.endswith(f"\t{entry.mtime_ns}")
     ):
         return None
     return touch_op(name, entry)
@@ -180,14 +179,13 @@ def node_offer(
 
 
 def node_unchanged(
-    offer: LinkOffer, node: Node, name: str, attrs: Mapping[str, Attr], mask: int
+    offer: LinkOffer, node: Node, name: str, attrs: Mapping[str, str], mask: int
 ) -> bool:
     """Does a ``META`` client's ``ATTRS`` say it has what ``offer`` would make?"""
     attr = attrs.get(name)
     if attr is None:
         return False
-    headers = dict(offer.op.headers)
     if node.kind == NODE_DIR:
-        return attr.kind is Kind.DIR and attr.mode == local_mode(node.mode, mask, Kind.DIR)
-    target = headers.get(HEADER_TARGET)
-    return target is not None and attr.kind is Kind.SYMLINK and attr.target == target
+        return attr == attr_dir(local_mode(node.mode, mask, Kind.DIR))
+    target = dict(offer.op.headers).get(HEADER_TARGET)
+    return target is not None and attr == attr_link(target)

@@ -91,7 +91,7 @@ from filemq.engine_server import (
 )
 from filemq.filters import Filters
 from filemq.index import NODE_DIR, FileEntry, FileIndex, IndexDelta, Node
-from filemq.meta import Kind, LinkPolicy
+from filemq.meta import Kind, LinkPolicy, attr_kind
 from filemq.offer import LinkOffer, delete_op, file_op, node_offer, node_unchanged, unchanged
 from filemq.paths import absent, local_parts, open_beneath, relative_inside, virtual_path
 from filemq.state import load_index, server_index_path, server_state_dir
@@ -812,14 +812,13 @@ class FileServer:
             and not self._left_out(session, sub.path, name, attrs.get(name))
         ]
         deletes.sort(reverse=True)
-        kinds = {name: attr.kind for name, attr in attrs.items()} if mask is not None else {}
-        ops = [delete_op(name, kinds.get(name, Kind.FILE)) for name in deletes]
+        ops = [delete_op(name, attr_kind(attrs.get(name, "")) or Kind.FILE) for name in deletes]
         sends: list[FileOp] = []
         for name, (mount, entry) in files.items():
             if cache.get(name) != entry.sha1:
                 sends.append(self._op(mount, entry))
             elif mask is not None:
-                touch = unchanged(entry, name, cache, attrs, mask)
+                touch = unchanged(entry, name, attrs, mask)
                 if touch is not None:
                     sends.append(touch)
         if mask is not None:
@@ -830,7 +829,7 @@ class FileServer:
                     if cache.get(name) != offer.entry.sha1:
                         sends.append(offer.op)
                     else:
-                        touch = unchanged(offer.entry, name, cache, attrs, mask)
+                        touch = unchanged(offer.entry, name, attrs, mask)
                         if touch is not None:
                             sends.append(touch)
                 elif not node_unchanged(offer, node, name, attrs, mask):
@@ -846,10 +845,10 @@ class FileServer:
             len(ops),
         )
 
-    def _left_out(self, session: ServerSession, path: str, name: str, attr: object) -> bool:
+    def _left_out(self, session: ServerSession, path: str, name: str, attr: str | None) -> bool:
         """Is ``name`` excluded by the client's patterns or the server's (then a copy a
         mirror has there is never deleted)?"""
-        is_dir = getattr(attr, "kind", None) is Kind.DIR
+        is_dir = attr is not None and attr_kind(attr) is Kind.DIR
         if session.filters is not None and session.excludes(name, path, is_dir):
             return True
         if self.filters is None:

@@ -10,13 +10,15 @@ import pytest
 from filemq.filters import MAX_WIRE_PATTERNS, FilterError, Filters, read_pattern_file
 from filemq.index import FileIndex
 from filemq.meta import (
-    Attr,
     Kind,
     MetaError,
+    attr_dir,
+    attr_file,
+    attr_kind,
+    attr_link,
     canonical_target,
     check_link_target,
     decode_attrs,
-    encode_attrs,
     local_mode,
     parse_entry,
     parse_mask,
@@ -120,15 +122,15 @@ def test_canonical_targets() -> None:
         canonical_target(("l",), ())  # the root, from the root
 
 
-def test_attrs_round_trip_and_garbage_lines_are_left_out() -> None:
-    attrs = {
-        "a.txt": Attr(Kind.FILE, 0o640, 1_600_000_000_000_000_001),
-        "d": Attr(Kind.DIR, 0o755),
-        "l": Attr(Kind.SYMLINK, target="../x"),
-    }
-    assert decode_attrs(encode_attrs(attrs.items())) == attrs
-    garbage = "x\tf\tzz\t1\ny\td\ncut\nz\tq\t1\nw\tf\t644\tnope\n\t\t\t\nok\td\t700"
-    assert decode_attrs(garbage) == {"ok": Attr(Kind.DIR, 0o700)}
+def test_attrs_are_compared_as_text() -> None:
+    text = "a.txt\tf\t640\t1600000000000000001\nd\td\t755\nl\tl\t../x"
+    attrs = decode_attrs(text)
+    assert attrs["a.txt"] == attr_file(0o640, 1_600_000_000_000_000_001)
+    assert attrs["d"] == attr_dir(0o755) and attrs["l"] == attr_link("../x")
+    assert [attr_kind(a) for a in attrs.values()] == [Kind.FILE, Kind.DIR, Kind.SYMLINK]
+    garbage = decode_attrs("x\tf\tzz\t1\ncut\nz\tq\t1\nw\tf\t0644\t5")
+    assert "cut" not in garbage and attr_kind(garbage["z"]) is None
+    assert garbage["x"] != attr_file(0o644, 1) and garbage["w"] != attr_file(0o644, 5)
 
 
 # -- link resolution below a root ------------------------------------------------------
