@@ -58,6 +58,26 @@ MAX_FILE_BYTES = 1 << 20
 
 _STAR_RUN = re.compile(r"\*+")
 _NAMED = re.compile(r"\(\?P<\w+>")  # named groups of pathspec's regexes (clash when joined)
+_FLOATING = "^(?:.+/)?"  # how pathspec starts the regex of a pattern that matches at any depth
+_FOLDER_MEMO = 4096  # folders whose verdict excluded_path remembers (then it starts over)
+
+
+def _joined(patterns: list[str]) -> Any:
+    """One regex matching where any of ``patterns`` (pathspec's) matches, or None.
+
+    Patterns matching at any depth share their ``^(?:.+/)?`` prefix, so the engine
+    tries each split of the path once for all of them, not once per pattern.
+    """
+    floating = [p[len(_FLOATING) :] for p in patterns if p.startswith(_FLOATING)]
+    anchored = [p[1:] if p.startswith("^") else p for p in patterns if not p.startswith(_FLOATING)]
+    parts = []
+    if floating:
+        parts.append("(?:.+/)?(?:" + "|".join(f"(?:{p})" for p in floating) + ")")
+    parts += [f"(?:{p})" for p in anchored]
+    try:
+        return re.compile(_NAMED.sub("(?:", "^(?:" + "|".join(parts) + ")"))
+    except re.error:  # (a translation this joining does not expect: match one by one)
+        return None
 
 
 class FilterError(FilemqError, ValueError):
@@ -100,14 +120,11 @@ class Filters:
                 if not isinstance(regex, re.Pattern):
                     raise FilterError(f"pattern {pattern!r}: not a regular expression")
                 self._rules.append((regex, bool(pattern.include)))
-        # the usual case, excludes only: one alternation, one match per name
+        # the usual case, excludes only: one regex, one match per name
         self._any: Any = None
         if self._rules and all(excludes for _r, excludes in self._rules):
-            joined = "|".join(f"(?:{_NAMED.sub('(?:', r.pattern)})" for r, _e in self._rules)
-            try:
-                self._any = re.compile(joined)
-            except re.error:  # (a translation this joining does not expect: match one by one)
-                self._any = None
+            self._any = _joined([r.pattern for r, _e in self._rules])
+        self._folders: dict[str, bool] = {}  # excluded_path's verdicts on folders
 
     def __bool__(self) -> bool:
         return bool(self._rules)
@@ -132,9 +149,15 @@ class Filters:
         """Is ``name`` excluded, or any folder above it?"""
         if not self._rules:
             return False
-        parts = name.split("/")
-        for depth in range(1, len(parts)):
-            if self.excluded("/".join(parts[:depth]), True):
+        folder, _sep, _leaf = name.rpartition("/")
+        if folder:
+            verdict = self._folders.get(folder)
+            if verdict is None:
+                verdict = self.excluded_path(folder, True)
+                if len(self._folders) >= _FOLDER_MEMO:
+                    self._folders.clear()
+                self._folders[folder] = verdict
+            if verdict:
                 return True
         return self.excluded(name, is_dir)
 
@@ -144,13 +167,21 @@ class Filters:
 
     @classmethod
     def from_option(cls, value: str) -> Filters:
-        """Patterns a peer sent (option ``FILTER``), within the wire limits."""
+        """Patterns a peer sent (option ``FILTER``), within the wire limits (the same
+        text again is the same compiled object: a mirror sends it with every ICANHAZ)."""
+        cached = _RECENT.get(value)
+        if cached is not None:
+            return cached
         if len(value) > MAX_WIRE_CHARS:
             raise FilterError(f"FILTER option longer than {MAX_WIRE_CHARS} characters")
         lines = value.split("\n") if value else []
         if len(lines) > MAX_WIRE_PATTERNS:
             raise FilterError(f"FILTER option with more than {MAX_WIRE_PATTERNS} patterns")
-        return cls(lines)
+        filters = cls(lines)
+        if len(_RECENT) >= _RECENT_MAX:
+            _RECENT.pop(next(iter(_RECENT)))
+        _RECENT[value] = filters
+        return filters
 
     @classmethod
     def from_options(
@@ -189,3 +220,7 @@ def read_pattern_file(path: str | os.PathLike[str]) -> list[str]:
     if "\0" in text:
         raise FilterError(f"pattern file {os.fspath(path)}: holds a NUL byte (not text)")
     return text.splitlines()
+
+
+_RECENT: dict[str, Filters] = {}  # FILTER option text -> compiled (most recent last)
+_RECENT_MAX = 64

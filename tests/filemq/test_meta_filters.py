@@ -235,3 +235,27 @@ def test_index_walk_and_single_update_agree_on_patterns(tmp_path: Path) -> None:
     for name in ("a.log", "keep.log", "build/x.c", "build/keep.log", "src/m.c", "src/o.log"):
         single.update(name)
     assert set(single.entries()) == walked  # (build/keep.log: its folder is excluded)
+
+
+def test_one_joined_regex_agrees_with_pathspec_itself() -> None:
+    """The joined regex (excludes only) and the last-match-wins loop (with re-includes)
+    give pathspec's own answer for each name (its folders taken as not excluded)."""
+    import pathspec
+
+    names = [
+        "a.log", "x/a.log", "x/y/b.tmp", "build", "build/", "src/build/", "top", "x/top",
+        "doc/x.md", "doc/sub/x.md", "cache/", "deep/cache/", "keep.log", "a/b/c/d.o",
+        "node_modules/", "x/node_modules/", "readme", "weird name.txt", "ünï.log",
+    ]  # fmt: skip
+    line_sets = [
+        ["*.log", "*.tmp", "build/", "/top", "doc/**/*.md", "cache/", "*.o", "node_modules/"],
+        ["*.log", "!keep.log", "build/", "!src/build/", "/top", "**/x.md"],
+        ["*", "!*.log", "!*/"],
+    ]
+    for lines in line_sets:
+        ours = Filters(lines)
+        spec = pathspec.GitIgnoreSpec.from_lines(lines)
+        for name in names:
+            is_dir = name.endswith("/")
+            expected = spec.match_file(name)
+            assert ours.excluded(name.rstrip("/"), is_dir) == expected, (lines, name)
