@@ -764,6 +764,7 @@ class FileServer:
         )
         if not sub.resync:
             return
+        base = self._covering(session, sub.path)  # the client's DEST: its patterns' root
         files: dict[str, tuple[Mount, FileEntry]] = {}
         nodes: dict[str, tuple[Mount, Node]] = {}  # (META clients)
         has: set[str] = set()  # every name the server has under the path (never deleted)
@@ -791,7 +792,7 @@ class FileServer:
                         continue
                     has.add(name)
                     if session.filters is not None and session.excludes(
-                        name, sub.path, getattr(item, "kind", "") == NODE_DIR
+                        name, base, getattr(item, "kind", "") == NODE_DIR
                     ):
                         continue
                     found[name] = (mount, item)  # type: ignore[assignment]
@@ -809,7 +810,7 @@ class FileServer:
             and name.startswith(sub.path)
             and not self._denied(name)
             and not self._held(name)
-            and not self._left_out(session, sub.path, name, attrs.get(name))
+            and not self._left_out(session, base, name, attrs.get(name))
         ]
         deletes.sort(reverse=True)
         ops = [delete_op(name, attr_kind(attrs.get(name, "")) or Kind.FILE) for name in deletes]
@@ -822,7 +823,6 @@ class FileServer:
                 if touch is not None:
                     sends.append(touch)
         if mask is not None:
-            base = self._covering(session, sub.path)
             for name, (mount, node) in nodes.items():
                 offer = self._node_offer(session, mount, node, name, base)
                 if offer.entry is not None:  # a link copied as its file

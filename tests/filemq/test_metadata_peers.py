@@ -195,3 +195,29 @@ def test_live_mirror_follows_modes_folders_and_links(
     assert wait(lambda: not (dest / "empty").exists())
     (src / "link").unlink()
     assert wait(lambda: not os.path.lexists(dest / "link"))
+
+
+def test_a_refetch_keeps_the_mirrors_patterns_rooted_at_dest(
+    tmp_path: Path, live: Callable[..., Any], subscribe: Callable[..., Any], caplog: Any
+) -> None:
+    """An ICANHAZ asking again for one name (a local change repaired) is matched against
+    the mirror's patterns from DEST, not from that name: an anchored pattern still holds."""
+    import logging
+
+    from filemq.filters import Filters
+
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    write_tree(src, {"sub/x.log": b"excluded", "sub/x.txt": b"taken"})
+    server = live(src)
+    sub = subscribe(server.endpoint, dest, filters=Filters(["/sub/x.log"]), check_interval=0.05)
+    assert sub.wait_synced(test_live.WAIT)
+    assert read_tree(dest) == {"sub/x.txt": b"taken"}
+    caplog.set_level(logging.INFO, logger="filemq.server")
+    (dest / "sub" / "x").write_bytes(b"local")  # repaired: ICANHAZ /sub/x covers x.log too
+    assert test_live.wait_until(lambda: not (dest / "sub" / "x").exists())
+    assert test_live.wait_until(lambda: "resync of /sub/x queues" in caplog.text)
+    queued = [
+        r.getMessage() for r in caplog.records if "resync of /sub/x queues" in r.getMessage()
+    ]
+    assert queued and all(m.endswith("queues 1 operations") for m in queued), queued
+    assert read_tree(dest) == {"sub/x.txt": b"taken"}
