@@ -89,7 +89,8 @@ most ``backoff_cap`` s; reset after a resync completed), reconnects with a new
 socket and resyncs with the cache of what DEST holds.  Each applied change is
 reported to ``on_event`` as a ``filemq.events.MirrorEvent``; the index is saved
 after each completed resync and every ``save_interval`` s while it changes.
-Deletes also remove the folders they leave empty.
+Deletes from a server that sends no folders also remove the folders they leave empty
+(one that mirrors folders sends their deletes itself).
 """
 
 from __future__ import annotations

@@ -30,10 +30,10 @@ into place and every delete then walk DEST again through ``filemq.paths`` (one
 descriptor per folder, no symbolic link followed), so a folder swapped for a
 link pointing out of DEST while the mirror runs is refused, not written or
 deleted through; a folder removed meanwhile is made again.  Deletes also remove
-the folders they empty.  A verified file whose place in DEST is held by a
-directory (a local change) replaces that directory and everything under it:
-DEST is a mirror (``forget_folders`` drops what was remembered when DEST
-changed).
+the folders they empty (unless the server mirrors folders: ``delete``).  A
+verified file whose place in DEST is held by a directory (a local change)
+replaces that directory and everything under it: DEST is a mirror
+(``forget_folders`` drops what was remembered when DEST changed).
 
 Metadata (``filemq.meta``): a verified file gets the server's ``mode & mask`` and
 its ``mtime`` on the temp file's descriptor, *after* verification and *before* the
