@@ -12,6 +12,8 @@ process from launch to exit (Python start-up included for zerohub and raw):
   (a) one big file into an empty DEST
   (b) many small files (100 folders) into an empty DEST
   (c) no-change resync of (b) (DEST already complete)
+  (d) (c) with 10 exclude patterns (``--exclude`` on the mirror; rsync the same
+      filters): the cost of patterns on both sides (the mirror sends them to the server)
 
 zerohub: a ``filemq serve`` process is started first and has indexed its tree
 (SHA-1 of every file) before the clock starts, as a long-running server has;
@@ -41,6 +43,19 @@ import tempfile
 import time
 from pathlib import Path
 
+#: (d): ten ordinary exclude patterns (none matches a file of (b): pure matching cost)
+EXCLUDES = [
+    "*.tmp",
+    "*.log",
+    "build/",
+    "cache/",
+    "*.o",
+    ".git/",
+    "node_modules/",
+    "*.swp",
+    "__pycache__/",
+    "dist/",
+]
 PY = sys.executable
 # the console script, as a user runs it (``python -m filemq`` adds ~3 ms of runpy)
 _SCRIPT = Path(PY).parent / "filemq"
@@ -297,6 +312,9 @@ def run(work: Path, big: int, count: int, small: int) -> int:
             if tag == "(b)":
                 t = median_time([rsync, "-a", f"{src}/", f"{dest}/"])
                 rows.append(("(c) no-change resync of (b)", "rsync -a", t, 0))
+                excludes = [f"--exclude={p}" for p in EXCLUDES]
+                t = median_time([rsync, "-a", *excludes, f"{src}/", f"{dest}/"])
+                rows.append(("(d) (c), 10 exclude patterns", "rsync -a", t, 0))
         for mode, server_extra, client_extra in (
             ("zerohub plain", [], []),
             ("zerohub CURVE", curve_server, curve_client),
@@ -312,6 +330,9 @@ def run(work: Path, big: int, count: int, small: int) -> int:
                     rows.append(("(c) no-change resync of (b)", mode, t, 0))
                     t = median_time(sync_cmd(server, dest, None, client_extra))
                     rows.append(("(c') (c), client re-hashes DEST", mode, t, 0))
+                    excludes = [f"--exclude={p}" for p in EXCLUDES]
+                    t = median_time(sync_cmd(server, dest, index, client_extra + excludes))
+                    rows.append(("(d) (c), 10 exclude patterns", mode, t, 0))
             finally:
                 server.stop()
         dest = work / f"{tag}-raw"
@@ -327,7 +348,7 @@ def print_table(rows: list[tuple[str, str, float, int]]) -> None:
     rsync = {label[:3]: t for label, method, t, _ in rows if method == "rsync -a"}
     print(f"\n{'scenario':34} {'method':18} {'seconds':>8} {'MB/s':>8} {'x rsync':>8}  target")
     for label, method, t, nbytes in rows:
-        key = "(c)" if label.startswith("(c") else label[:3]
+        key = "(c)" if label.startswith("(c") else label[:3]  # ((d) against rsync's (d))
         ref = rsync.get(key)
         rate = f"{nbytes / t / 1e6:8.0f}" if nbytes else f"{'-':>8}"
         ratio = f"{t / ref:8.2f}" if ref else f"{'-':>8}"

@@ -72,6 +72,7 @@ class FileDeleted:
 class RescanReason(StrEnum):
     OVERFLOW = "inotify queue overflowed"
     DIRECTORY_REMOVED = "directory removed or moved away"
+    DIRECTORY_CREATED = "directory created"  # (an empty folder is mirrored too)
     ROOT_MISSING = "root directory missing"
     ROOT_RECREATED = "root directory recreated"
     WATCH_LOST = "watch stopped unexpectedly"

@@ -9,12 +9,26 @@ reconnecting and resyncing as needed; ``--json`` prints one JSON object per
 applied change on stdout (``filemq.events``); it repairs local changes to DEST
 within ``--check-interval`` seconds (default 2; see ``filemq.client``).
 
-``ls ENDPOINT [PATH]`` prints what the server publishes under PATH (size, mtime in
-UTC, SHA-1, virtual path; ``--json``: one JSON object per file) and copies nothing
+``ls ENDPOINT [PATH]`` prints what the server publishes under PATH (mode in octal,
+``-`` when the server sends none; size, mtime in UTC, SHA-1, virtual path;
+``--json``: one JSON object per file, ``mode`` as octal text) and copies nothing
 (``filemq.lister``).  ``sync`` and ``subscribe`` take ``--bwlimit RATE`` (``10M``,
 ``500K``: bytes per second, x1024 per letter; ``filemq.ratelimit``); ``serve`` too,
 for all its clients together.  ``sync`` draws a progress bar on a terminal (files,
 bytes, rate, ETA) and logs a progress line every few seconds otherwise.
+
+What travels besides contents (``filemq.meta``): modes and mtimes always; folders
+(empty ones too) and links to mirrors.  Links: ``serve`` offers those that stay
+inside the mount (``--no-links``: none); ``sync``/``subscribe`` skip them with one
+warning line each, make them links with ``--links``, or copy the file they lead to
+with ``--copy-links``.  Setuid/setgid/sticky bits are stripped unless
+``--special-bits``.  Patterns (``filemq.filters``, gitignore lines): ``serve
+--exclude/--include/--exclude-from`` decide what every mount publishes;
+``sync``/``subscribe`` take the same options for what the mirror takes (excluded
+names in DEST are never deleted).  ``sync --dry-run`` prints what it would create,
+update or delete (one ``VERB NAME`` line each on stdout) and changes nothing.  A
+first sync into a DEST that holds files but has no saved index stops before
+deleting anything (exit 1) unless ``--delete-extraneous``.
 
 ``sync`` gives up when the server has not answered within ``--timeout``
 seconds (default 10), however many reconnects that leaves unused.  ``sync --once``
@@ -115,6 +129,53 @@ def _rate(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+class _Pattern(argparse.Action):
+    """``--exclude``/``--include``: kept in one list, in the order given."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        ordered = list(getattr(namespace, "patterns", None) or [])
+        ordered.append((self.const, values))
+        namespace.patterns = ordered
+
+
+def _pattern_options(command: argparse.ArgumentParser, what: str) -> None:
+    command.set_defaults(patterns=[])
+    command.add_argument(
+        "--exclude",
+        action=_Pattern,
+        const="exclude",
+        metavar="PATTERN",
+        help=f"leave out what matches (gitignore syntax; repeatable) {what}",
+    )
+    command.add_argument(
+        "--include",
+        action=_Pattern,
+        const="include",
+        metavar="PATTERN",
+        help="take back what an earlier pattern left out (a '!PATTERN' line)",
+    )
+    command.add_argument(
+        "--exclude-from",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="read patterns from FILE (gitignore lines; before --exclude/--include)",
+    )
+
+
+def _filters(args: argparse.Namespace) -> Any:
+    """The patterns of the command line (``FilterError``, a usage error, when bad)."""
+    from filemq.filters import Filters
+
+    return Filters.from_options(args.patterns, args.exclude_from) or None
+
+
 def _serve_options(serve: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--bind",
@@ -191,6 +252,12 @@ def _serve_options(serve: argparse.ArgumentParser) -> None:
         help="where the indexes persist (default $XDG_STATE_HOME/filemq)",
     )
     serve.add_argument("--no-state", action="store_true", help="do not persist the indexes")
+    _pattern_options(serve, "from every published directory")
+    serve.add_argument(
+        "--no-links",
+        action="store_true",
+        help="offer no symbolic link (by default links that stay inside a mount are offered)",
+    )
     serve.add_argument(
         "--with-broker",
         nargs="?",
@@ -234,11 +301,38 @@ def _client_options(command: argparse.ArgumentParser) -> None:
         "--index", metavar="FILE", help="where to keep DEST's index (default: under the cache)"
     )
     command.add_argument("--no-index", action="store_true", help="do not keep an index")
+    _pattern_options(command, "from what is mirrored (never deleted from DEST)")
+    links = command.add_mutually_exclusive_group()
+    links.add_argument(
+        "--links",
+        action="store_true",
+        help="make symbolic links the server offers links in DEST (default: skip, warned)",
+    )
+    links.add_argument(
+        "--copy-links",
+        action="store_true",
+        help="take the content of the file a link leads to (inside the server's mount)",
+    )
+    command.add_argument(
+        "--special-bits",
+        action="store_true",
+        help="keep setuid, setgid and sticky bits (stripped by default)",
+    )
+    command.add_argument(
+        "--delete-extraneous",
+        action="store_true",
+        help="delete what the server lacks even when DEST is not a known mirror",
+    )
 
 
 def _sync_options(sync: argparse.ArgumentParser) -> None:
     _client_options(sync)
     sync.add_argument("--once", action="store_true", help="exit when DEST matches the server")
+    sync.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print what would be created, updated or deleted; change nothing (implies --once)",
+    )
     sync.add_argument(
         "--idle-timeout",
         type=float,
@@ -325,7 +419,7 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "serve": ("publish directories", _serve_options),
     "sync": ("mirror a server path into DEST", _sync_options),
     "subscribe": ("keep DEST a live mirror of a server path", _subscribe_options),
-    "ls": ("list what a server publishes (sizes, mtimes, SHA-1), copying nothing", _ls_options),
+    "ls": ("list what a server publishes (modes, sizes, SHA-1...), copying nothing", _ls_options),
     "keys": ("CURVE certificates", _keys_options),
 }
 
@@ -418,6 +512,8 @@ def _serve(args: argparse.Namespace) -> int:
             deny=args.deny,
             rescan_interval=args.rescan,
             bwlimit=args.bwlimit,
+            filters=_filters(args),
+            links=not args.no_links,
         )
         server = live.server
         # both sockets are bound before a directory is walked or hashed: an endpoint in
@@ -498,6 +594,23 @@ def _check_pair(args: argparse.Namespace) -> None:
         raise UsageError(f"{args.command}: --curve-secret and --server-key go together")
 
 
+def _mirror_options(args: argparse.Namespace) -> dict[str, Any]:
+    """What ``sync`` and ``subscribe`` give their client about metadata and patterns."""
+    from filemq.meta import LinkPolicy
+
+    links = LinkPolicy.SKIP
+    if args.links:
+        links = LinkPolicy.LINKS
+    elif args.copy_links:
+        links = LinkPolicy.COPY
+    return {
+        "filters": _filters(args),
+        "links": links,
+        "special_bits": args.special_bits,
+        "delete_extraneous": args.delete_extraneous,
+    }
+
+
 def _sync(args: argparse.Namespace) -> int:
     from filemq.client import SyncClient, default_index_path
 
@@ -528,11 +641,14 @@ def _sync(args: argparse.Namespace) -> int:
         connect_timeout=args.timeout,
         max_retries=args.retries,
         bwlimit=args.bwlimit,
-        progress=sys.stderr,
+        progress=None if args.dry_run else sys.stderr,
         # (--once: checked once at the end; an event per file would cost a no-change sync)
-        on_event=None if args.once else on_event,
+        on_event=None if args.once or args.dry_run else on_event,
+        dry_run=args.dry_run,
+        plan=sys.stdout if args.dry_run else None,
+        **_mirror_options(args),
     )
-    if not args.once:
+    if not (args.once or args.dry_run):
         signal.signal(signal.SIGTERM, lambda signum, frame: client.stop())
         signal.signal(signal.SIGINT, lambda signum, frame: client.stop())
     result = _run_client(client.run, context)
@@ -546,7 +662,8 @@ def _sync(args: argparse.Namespace) -> int:
     )
     if args.once and result.synced and not result.files:
         _warn_if_nothing(args)
-    return 1 if result.errors or (args.once and not result.synced) else 0
+    once = args.once or args.dry_run
+    return 1 if result.errors or (once and not result.synced) else 0
 
 
 def _subscribe(args: argparse.Namespace) -> int:
@@ -589,6 +706,7 @@ def _subscribe(args: argparse.Namespace) -> int:
         window=args.window,
         curve_secret=args.curve_secret,
         server_key=args.server_key,
+        **_mirror_options(args),
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: subscriber.client.stop())
@@ -636,11 +754,14 @@ def _ls(args: argparse.Namespace) -> int:
                 "mtime": when,
                 "sha1": f.sha1,
             }
+            if f.mode >= 0:
+                fields["mode"] = format(f.mode, "o")
             if f.headers:
                 fields["headers"] = f.headers
             print(json.dumps(fields, ensure_ascii=False, separators=(",", ":")))
         else:
-            print(f"{f.size:>14}  {when}  {f.sha1:40}  {f.path}")
+            mode = format(f.mode, "04o") if f.mode >= 0 else "-"
+            print(f"{mode:>4}  {f.size:>14}  {when}  {f.sha1:40}  {f.path}")
     if not files:
         log.warning("the server at %s publishes no files under %s", args.endpoint, args.path)
     return 0

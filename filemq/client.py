@@ -62,8 +62,28 @@ files: ~20 ms a check).  A check never runs in the middle of a transfer or of a
 resync, so it never races the mirror's own writes.  (Repairs need the
 resync-complete marker: a server that sends none gets no checks.)
 
-Files only: empty directories are not mirrored and emptied ones are not
-removed.  ``filemq sync`` keeps DEST's index outside DEST (``--index``, by
+Metadata (``filemq.meta``): every ICANHAZ says ``META`` (the permission bits
+the mirror applies: ``mask``, 0o777 unless ``special_bits``), the link policy
+(``links``: skip, links or copy) and the mirror's patterns (``filters``), and
+describes DEST's modes, mtimes, folders and links in ``ATTRS``; a server that
+knows them sends folders (empty ones too), links and touches, and only what
+differs.  A link the mirror does not take is one warning line naming it, never
+silent.  Names the patterns exclude are never written, deleted or even put in the
+cache (so no server deletes them); folders emptied by a delete stay when the
+server mirrors folders (it sends their deletes itself).
+
+``dry_run``: DEST is read, never written (no lock file, no temp files, no index
+saved): each change a real run would make is one line on ``plan`` (``create``,
+``update``, ``delete``, ``mkdir``, ``link``, ``attrs``), then the run ends.  File
+contents still travel (a server has no listing-only mode) and are thrown away.
+
+Safety stop: a DEST that holds files but is not a known mirror (no saved index
+of it) is not cleaned of what the server lacks unless ``delete_extraneous``: the
+first resync's deletes (sent before anything else) are held, and the run ends
+with ``SafetyStop`` before anything is written; DEST is untouched.  Once a
+resync completed, DEST is known.
+
+``filemq sync`` keeps DEST's index outside DEST (``--index``, by
 default under ``$XDG_CACHE_HOME/filemq/mirrors/``), so a no-change resync only
 stats DEST instead of re-reading it.  Handshake failures seen on the socket
 monitor (CURVE key not allowed, CURVE against a plain server) end the run at
@@ -82,7 +102,8 @@ most ``backoff_cap`` s; reset after a resync completed), reconnects with a new
 socket and resyncs with the cache of what DEST holds.  Each applied change is
 reported to ``on_event`` as a ``filemq.events.MirrorEvent``; the index is saved
 after each completed resync and every ``save_interval`` s while it changes.
-Deletes also remove the folders they leave empty.
+Deletes from a server that sends no folders also remove the folders they leave empty
+(one that mirrors folders sends their deletes itself).
 """
 
 from __future__ import annotations
@@ -95,7 +116,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
@@ -116,6 +137,9 @@ from filemq.engine_client import (
     FileChunk,
     FileDelete,
     FileRefused,
+    FileSkipped,
+    MakeDir,
+    MakeLink,
     PeerTimeout,
     Refused,
     Rejected,
@@ -123,9 +147,22 @@ from filemq.engine_client import (
     ResyncPlan,
     Send,
     ServerClosed,
+    Touch,
 )
-from filemq.index import FileIndex, IndexDelta
+from filemq.filters import Filters
+from filemq.index import NODE_DIR, NODE_SYMLINK, FileIndex, IndexDelta
 from filemq.loopguard import dest_option
+from filemq.meta import (
+    OPTION_FILTER,
+    OPTION_LINKS,
+    OPTION_META,
+    PERMISSION_BITS,
+    SPECIAL_BITS,
+    LinkPolicy,
+    attr_dir,
+    attr_link,
+    format_mode,
+)
 from filemq.mirror import TEMP_PREFIX, Mirror
 from filemq.paths import UnsafePathError, all_relative_safe, relative_inside
 from filemq.progress import PLAIN_EVERY, Progress
@@ -134,7 +171,15 @@ from filemq.state import load_index
 if TYPE_CHECKING:  # imported when an event is emitted: start-up time of `filemq sync`
     from filemq.events import MirrorEvent
 
-__all__ = ["TEMP_PREFIX", "SyncClient", "SyncError", "SyncRefused", "SyncRejected", "SyncResult"]
+__all__ = [
+    "TEMP_PREFIX",
+    "SafetyStop",
+    "SyncClient",
+    "SyncError",
+    "SyncRefused",
+    "SyncRejected",
+    "SyncResult",
+]
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +211,10 @@ class SyncRejected(SyncError):
     """The server answered RTFM twice (it does not accept what we send)."""
 
 
+class SafetyStop(SyncError):
+    """A first sync would delete files in a DEST that is not a known mirror."""
+
+
 class ConnectionLost(RemoteProtocolError):
     """The socket monitor saw the connection to the server drop."""
 
@@ -181,6 +230,8 @@ class SyncResult:
     resumed_bytes: int = 0  # bytes not fetched again: partial files taken up
     synced: bool = False
     marker: bool = False  # completion seen from the server (not the idle fallback)
+    skipped: int = 0  # links not taken (each logged once)
+    planned: list[tuple[str, str]] = field(default_factory=list)  # dry run: (verb, name)
 
 
 def _reserved(parts: tuple[str, ...]) -> bool:
@@ -277,6 +328,35 @@ def check_monitor(monitor: zmq.Socket[Any], endpoint: str, *, curve: bool) -> No
         raise ConnectionLost(f"connection to {endpoint} lost")
 
 
+def _attrs_text(index: FileIndex, base: str, path: str, links: LinkPolicy) -> str:
+    """The ``ATTRS`` option (``filemq.meta``) of an ICANHAZ of ``path``: what DEST holds
+    besides contents.  Names are relative to ``base`` (the session's path) for the
+    main ICANHAZ, absolute under ``path`` for a file asked for again.  Links are
+    listed only when the mirror makes links (other links in DEST are not the
+    mirror's: never described, so never deleted); an entry whose mode is not known
+    yet (a version 1 index) or whose name holds a tab or line break (no server can
+    have sent it) is left out.  (10,000 files: ~6 ms; the server reads them in ~10.)"""
+    full = path != base
+    head = base if full else ""
+    entries = list(index.entries().values())
+    if full:
+        entries = [e for e in entries if (head + e.name).startswith(path)]
+    lines = [
+        f"{head}{e.name}\tf\t{e.mode:o}\t{e.mtime_ns}"
+        for e in entries
+        if e.mode >= 0 and "\t" not in e.name and "\n" not in e.name
+    ]
+    for node in index.nodes().values():
+        name = head + node.name
+        if (full and not name.startswith(path)) or "\t" in name or "\n" in name:
+            continue
+        if node.kind == NODE_DIR:
+            lines.append(f"{name}\t{attr_dir(node.mode)}")
+        elif node.kind == NODE_SYMLINK and links is LinkPolicy.LINKS and "\n" not in node.target:
+            lines.append(f"{name}\t{attr_link(node.target)}")
+    return "\n".join(lines)
+
+
 class _Outcome:
     DONE = "done"
     RETRY = "retry"
@@ -314,6 +394,12 @@ class SyncClient:
         bwlimit: int | None = None,
         resume_min: int | None = None,
         progress_every: float = PLAIN_EVERY,
+        filters: Filters | None = None,
+        links: LinkPolicy = LinkPolicy.SKIP,
+        special_bits: bool = False,
+        dry_run: bool = False,
+        plan: TextIO | None = None,
+        delete_extraneous: bool = False,
     ) -> None:
         if (curve_secret is None) != (server_key is None):
             from filemq.security import SecurityError
@@ -330,6 +416,20 @@ class SyncClient:
         self.server_key = server_key
         self.index_path = index_path
         self._exclude = _exclusion(dest, index_path)  # (never mirror our own index)
+        #: The mirror's patterns, link policy and permission bits kept (``filemq.meta``).
+        self.filters = filters if filters else None
+        self.links = links
+        self.mask = PERMISSION_BITS | (SPECIAL_BITS if special_bits else 0)
+        #: Change nothing: print the plan (``plan``) and stop (see the module doc).
+        self.dry_run = dry_run
+        self.plan = plan
+        if dry_run:
+            self.once = True
+        #: Delete what the server lacks even in a DEST that is not a known mirror.
+        self.delete_extraneous = delete_extraneous
+        self._guard = False  # the safety stop is armed (a first sync into an unknown DEST)
+        self._held_deletes: list[str] = []
+        self._plan_guard = False  # (dry run) a real run would stop at the safety stop
         self.idle_timeout = idle_timeout
         self.connect_timeout = connect_timeout
         self.timeout = timeout
@@ -365,12 +465,52 @@ class SyncClient:
         """Ask a running ``run()`` (in another thread) to end within ~0.1 s."""
         self._stop.set()
 
+    def _options(self) -> dict[str, str]:
+        """The ICANHAZ options of every request (``filemq.loopguard``, ``filemq.meta``)."""
+        options = {OPTION_META: format_mode(self.mask)}
+        if not (self.dry_run and not self.dest.is_dir()):  # (a dry run may name no DEST yet)
+            options[OPTION_MIRROR_DEST] = dest_option(self.dest)
+        if self.links is not LinkPolicy.SKIP:
+            options[OPTION_LINKS] = self.links.value
+        if self.filters is not None:
+            options[OPTION_FILTER] = self.filters.to_option()
+        return options
+
+    def _takes(self, kind: str) -> bool:
+        """Does the mirror manage nodes of ``kind`` (folders always; links with --links)?"""
+        return kind == NODE_DIR or self.links is LinkPolicy.LINKS
+
+    def _planned(self, verb: str, name: str) -> None:
+        """Dry run: a change a real run would make."""
+        self.result.planned.append((verb, name))
+        if self.plan is not None:
+            self.plan.write(f"{verb} {name}\n")
+            self.plan.flush()
+
+    def _changes_dest(self) -> None:
+        """Something is about to be written: the safety stop fires if deletes are held."""
+        if self._guard and self._held_deletes:
+            held = sorted(self._held_deletes)
+            raise SafetyStop(
+                f"DEST {self.dest} is not a known mirror and holds {len(held)} names the server "
+                f"does not have ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}): "
+                "nothing deleted or written; pass --delete-extraneous to mirror anyway "
+                "(--dry-run shows the plan)"
+            )
+
     # -- index ------------------------------------------------------------------
 
+    def _new_index(self) -> FileIndex:
+        return FileIndex(self.dest, exclude=self._exclude, filters=self.filters, tree=True)
+
     def _load_index(self) -> FileIndex:
-        return load_index(self.index_path, self.dest, exclude=self._exclude)
+        return load_index(
+            self.index_path, self.dest, exclude=self._exclude, filters=self.filters, tree=True
+        )
 
     def _save_index(self, index: FileIndex) -> None:
+        if self.dry_run:
+            return
         if self.index_path is None or not (index.dirty or not os.path.exists(self.index_path)):
             return
         try:
@@ -402,6 +542,8 @@ class SyncClient:
         Raises SyncError when it cannot, ``DestLocked`` when another process
         mirrors into DEST.
         """
+        if self.dry_run:  # (no lock file either: a dry run writes nothing into DEST)
+            return self._run()
         self.dest.mkdir(parents=True, exist_ok=True)
         self._lock.acquire()
         try:
@@ -411,7 +553,7 @@ class SyncClient:
 
     def _run(self) -> SyncResult:
         # the saved index is read by the first session, while its connection is set up
-        mirror = Mirror(self.dest, FileIndex(self.dest, exclude=self._exclude))
+        mirror = Mirror(self.dest, self._new_index(), mask=self.mask)
         if self.resume_min is not None:
             mirror.resume_min = self.resume_min
         self._scanned = False
@@ -444,6 +586,12 @@ class SyncClient:
             self._progress.done()
             if self._scanned:
                 self._save_index(mirror.index)
+        if self._plan_guard and any(verb == "delete" for verb, _n in self.result.planned):
+            log.warning(
+                "DEST %s is not a known mirror: a real sync would stop before deleting "
+                "(--delete-extraneous to allow)",
+                self.dest,
+            )
         return self.result
 
     def _socket(self) -> tuple[zmq.Socket[Any], zmq.Socket[Any] | None]:
@@ -472,8 +620,10 @@ class SyncClient:
             timeout=self.timeout,
             reserved=_reserved,
             rate=self.bwlimit,
-            options={OPTION_MIRROR_DEST: dest_option(self.dest)},  # (filemq.loopguard)
+            options=self._options(),
+            excluded=None if self.filters is None else self.filters.excluded_path,
         )
+        session.attrs = lambda path: _attrs_text(mirror.index, session.path, path, self.links)
         sock, monitor = self._socket()
         self._sock, self._monitor = sock, monitor
         started = now
@@ -576,7 +726,10 @@ class SyncClient:
 
     def _offer_partials(self, session: ClientSession, mirror: Mirror) -> bool:
         """Prove the partial files an interrupted transfer left; offer them (RESUME).
-        True when there were some (proving read them whole: timers restarted)."""
+        True when there were some (proving read them whole: timers restarted).  A dry
+        run neither proves (that drops or truncates) nor offers them: DEST stays as is."""
+        if self.dry_run:
+            return False
         points = mirror.resume_points()
         if not points:
             return False
@@ -597,7 +750,8 @@ class SyncClient:
         """
         index = self._load_index()
         mirror.index = index
-        mirror.clean_temp()
+        if not self.dry_run:
+            mirror.clean_temp()
         outcome = None
         sent: dict[str, str] | None = None
         if len(index) and sock.poll(_OHAI_WAIT_MS):
@@ -609,6 +763,12 @@ class SyncClient:
                 sent = session.cache
         delta = index.refresh()
         self._scanned = True  # (not before: a session that fails first re-reads and re-stats)
+        unknown = not index.loaded and (len(index) > 0 or bool(index.nodes()))
+        if unknown and not self.delete_extraneous:
+            if self.dry_run:
+                self._plan_guard = True
+            else:
+                self._guard = True  # cleared by the first resync that completes
         self._next_check = time.monotonic() + self.check_interval
         if sent is not None and outcome is None:
             self._correct(session, mirror, sent, delta)
@@ -636,17 +796,19 @@ class SyncClient:
         delta = mirror.index.refresh()
         took = time.monotonic() - started
         self._next_check = started + max(self.check_interval, took / _CHECK_SHARE)
-        if not (delta.changed or delta.removed):
+        if not (delta.changed or delta.removed or delta.nodes or delta.removed_nodes):
             return
         mirror.forget_folders()
         changed = [e.name for e in delta.changed if before.get(e.name) != e.sha1]
-        if not (changed or delta.removed):
-            return  # new mtimes only (a touch): the contents are the server's
+        changed += [n.name for n in delta.nodes if self._takes(n.kind)]
+        gone = [*delta.removed, *delta.removed_nodes]
+        if not (changed or gone):
+            return  # new mtimes or modes only: the contents are the server's
         log.warning(
             "DEST changed locally (%d new or changed, %d gone: %s): fetching again",
             len(changed),
-            len(delta.removed),
-            ", ".join(sorted([*changed, *delta.removed])[:5]),
+            len(gone),
+            ", ".join(sorted([*changed, *gone])[:5]),
         )
         self.repairs += 1
         self._correct(session, mirror, before, delta)
@@ -657,6 +819,8 @@ class SyncClient:
         """ICANHAZ went out with the saved index: ask again for what DEST holds differently."""
         names = [e.name for e in delta.changed if sent.get(e.name) != e.sha1]
         names += [name for name in delta.removed if name in sent]
+        names += [n.name for n in delta.nodes if self._takes(n.kind)]  # folders, links
+        names += [name for name in delta.removed_nodes if name not in delta.removed]
         if not names:
             return
         local = mirror.index.digests()
@@ -699,15 +863,13 @@ class SyncClient:
                     raise PeerTimeout(f"cannot send to {self.endpoint}") from None
                 session.sent(time.monotonic())
             elif isinstance(action, FileDelete):
-                try:
-                    if mirror.delete(action.parts):
-                        self.result.deleted += 1
-                        log.info("deleted %s", action.name)
-                        self._emit("delete", action.name)
-                except (OSError, UnsafePathError) as exc:
-                    log.error("cannot delete %s: %s", action.name, exc)
-                    self.result.errors += 1
+                self._delete(mirror, action)
+            elif isinstance(action, MakeDir | MakeLink | Touch):
+                self._entry(session, mirror, action)
+            elif isinstance(action, FileSkipped):
+                log.debug("%s: excluded by the mirror's patterns", action.name)
             elif isinstance(action, FileRefused):
+                mirror.abort()  # (a file refused at its last chunk: its temp file goes)
                 log.error("refused file name %r: %s (skipped)", action.name, action.reason)
                 self.result.refused += 1
                 self.result.errors += 1
@@ -715,8 +877,10 @@ class SyncClient:
                 self._progress.plan(action.files, action.bytes)
             elif isinstance(action, ResyncDone):
                 self._progress.pause()  # (closes the bar before the line below)
+                self._changes_dest()
+                self._guard = False  # DEST is a known mirror from now on
                 log.info("resync of %s complete", action.path)
-                if action.path == session.path:  # offers no transfer took up are void
+                if action.path == session.path and not self.dry_run:  # unused offers: void
                     session.forget_offers()
                     for name in mirror.partials.discard_unused():
                         log.info(
@@ -737,8 +901,72 @@ class SyncClient:
                 return _Outcome.RETRY
         return None
 
+    def _delete(self, mirror: Mirror, action: FileDelete) -> None:
+        if self.dry_run:
+            if mirror.index.lookup(action.name) is not None:
+                self._planned("delete", action.name)
+            return
+        if self._guard and mirror.index.lookup(action.name) is not None:
+            self._held_deletes.append(action.name)
+            return
+        try:
+            if mirror.delete(action.parts, prune=not action.kinded):
+                self.result.deleted += 1
+                log.info("deleted %s", action.name)
+                self._emit("delete", action.name)
+        except (OSError, UnsafePathError) as exc:
+            log.error("cannot delete %s: %s", action.name, exc)
+            self.result.errors += 1
+
+    def _entry(
+        self, session: ClientSession, mirror: Mirror, action: MakeDir | MakeLink | Touch
+    ) -> None:
+        """A folder, a link, or new mode/mtime of a file DEST has."""
+        meta = action.meta
+        if isinstance(action, MakeLink) and (meta.skip or self.links is not LinkPolicy.LINKS):
+            why = meta.skip or (
+                f"-> {meta.target}; --links makes it a link"
+                + ("" if self.links is LinkPolicy.COPY else ", --copy-links copies its file")
+            )
+            log.warning("skipping symbolic link %s: %s", action.name, why)
+            self.result.skipped += 1
+            return
+        if self.dry_run:
+            self._plan_entry(mirror, action)
+            return
+        self._changes_dest()
+        try:
+            if isinstance(action, MakeDir):
+                mirror.make_dir(action.parts, meta.mode)
+            elif isinstance(action, MakeLink):
+                mirror.make_link(action.parts, meta.target)
+                log.info("link %s -> %s", action.name, meta.target)
+            elif not mirror.touch(action.parts, meta, action.sha1, action.size):
+                log.info("%s: not the version the server has; fetching it again", action.name)
+                local = {e.name: e.sha1 for e in mirror.index if e.name.startswith(action.name)}
+                self._perform(session, mirror, session.refetch(action.name, local))
+        except (OSError, UnsafePathError) as exc:
+            log.error("cannot apply %s: %s", action.name, exc)
+            self.result.errors += 1
+
+    def _plan_entry(self, mirror: Mirror, action: MakeDir | MakeLink | Touch) -> None:
+        if isinstance(action, MakeDir):
+            self._planned(
+                "mkdir" if mirror.index.node(action.name) is None else "attrs", action.name
+            )
+        elif isinstance(action, MakeLink):
+            self._planned("link", f"{action.name} -> {action.meta.target}")
+        else:
+            self._planned("attrs", action.name)
+
     def _chunk(self, session: ClientSession, mirror: Mirror, chunk: FileChunk) -> None:
+        if self.dry_run:
+            if chunk.first:
+                exists = mirror.index.lookup(chunk.name) is not None
+                self._planned("update" if exists else "create", chunk.name)
+            return
         if chunk.first:
+            self._changes_dest()
             try:
                 target = mirror.target(chunk.parts)
                 if chunk.offset:  # the server resumed where our partial file ends
@@ -759,7 +987,9 @@ class SyncClient:
                 return
             if chunk.eof and not chunk.offset:  # the whole file in one message (small files)
                 try:
-                    ok, reason = mirror.place(chunk.parts, target, chunk.data, chunk.headers)
+                    ok, reason = mirror.place(
+                        chunk.parts, target, chunk.data, chunk.headers, chunk.meta
+                    )
                 except (OSError, UnsafePathError) as exc:
                     log.error("cannot place %s: %s (skipped)", chunk.name, exc)
                     self.result.errors += 1
@@ -780,7 +1010,7 @@ class SyncClient:
         if not chunk.eof:
             return
         try:
-            ok, reason = mirror.finish(chunk.headers)
+            ok, reason = mirror.finish(chunk.headers, chunk.meta)
         except (OSError, UnsafePathError) as exc:
             log.error("cannot place %s: %s (skipped)", chunk.name, exc)
             self.result.errors += 1

@@ -21,6 +21,10 @@ format, so other FILEMQ peers can ignore them):
 * **Deletes during RESYNC**: a ``cache`` entry under the subscription path that
   names no file on the server gets a delete operation, so a resynced mirror
   drops files the server no longer has.
+* **Metadata** (``filemq.meta``): file modes on every last chunk (header
+  ``mode``); for clients that ask (ICANHAZ option ``META``) folders, links and
+  mode/mtime-only updates, their link policy (``LINKS``), their patterns
+  (``FILTER``) and what their DEST holds (``ATTRS``).
 * **Mirror DEST**: the client's ICANHAZ carries the option ``MIRROR-DEST``
   (machine, device, inode and real path of its DEST, ``filemq.loopguard``); a
   server on the same machine answers SRSLY when DEST is inside a directory it

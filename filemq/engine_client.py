@@ -38,6 +38,18 @@ zero-length chunk that follows a file's ``eof`` chunk at that file's end offset
 is the other ending repeated, and is dropped: it never creates a new (empty)
 version of the file.
 
+Metadata (``filemq.meta``): the headers of a file's last chunk are checked
+(``parse_entry``) and travel as ``FileChunk.meta``; a folder, a link, a link the
+server does not offer and a touch arrive as ``MakeDir``, ``MakeLink`` and
+``Touch`` (one empty chunk each).  A header that cannot be true (unknown kind,
+mode or mtime that is not a number in range, a link target that would lead out
+of DEST: absolute, ``..`` after a name, climbing above DEST) makes that entry
+``FileRefused`` -- the session goes on.  With ``excluded`` (the mirror's
+patterns), a create of an excluded name is dropped (``FileSkipped``) and a delete
+of one ignored: the server may not know the patterns.  ``attrs`` (what DEST
+holds: a function of the ICANHAZ path giving the text) go out as the ``ATTRS``
+option of every ICANHAZ.
+
 ``synced`` is true once every RESYNC asked for has been answered with the
 completion marker (see ``filemq.engine``) and no file is half received.
 ``last_traffic`` is when the last message other than a heartbeat arrived: an
@@ -65,6 +77,14 @@ from filemq.engine import (
     RemoteProtocolError,
     Wire,
 )
+from filemq.meta import (
+    HEADER_KIND,
+    OPTION_ATTRS,
+    EntryMeta,
+    Kind,
+    MetaError,
+    parse_entry,
+)
 from filemq.paths import UnsafePathError, relative_parts, under_prefix, virtual_path
 from filemq.ratelimit import TokenBucket, burst_for
 
@@ -75,6 +95,9 @@ __all__ = [
     "FileDelete",
     "FileListed",
     "FileRefused",
+    "FileSkipped",
+    "MakeDir",
+    "MakeLink",
     "PeerTimeout",
     "Refused",
     "Rejected",
@@ -83,6 +106,7 @@ __all__ = [
     "Send",
     "ServerClosed",
     "Subscribed",
+    "Touch",
 ]
 
 
@@ -111,6 +135,7 @@ class FileChunk:
     first: bool
     eof: bool
     headers: dict[str, str] = field(default_factory=dict)  # of the first and last chunks
+    meta: EntryMeta | None = None  # on the last chunk: mode and mtime, checked
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +158,43 @@ class ResyncPlan:
 class FileDelete:
     name: str
     parts: tuple[str, ...]
+    kinded: bool = False  # the server said what it deleted: it mirrors folders itself
+
+
+@dataclass(frozen=True, slots=True)
+class MakeDir:
+    """A folder (its mode in ``meta``)."""
+
+    name: str
+    parts: tuple[str, ...]
+    meta: EntryMeta
+
+
+@dataclass(frozen=True, slots=True)
+class MakeLink:
+    """A symbolic link (``meta.target``, checked), or one not offered (``meta.skip``)."""
+
+    name: str
+    parts: tuple[str, ...]
+    meta: EntryMeta
+
+
+@dataclass(frozen=True, slots=True)
+class Touch:
+    """Content unchanged (``sha1``, ``size``): set ``meta.mode`` and ``meta.mtime_ns``."""
+
+    name: str
+    parts: tuple[str, ...]
+    meta: EntryMeta
+    sha1: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class FileSkipped:
+    """An entry the mirror's patterns exclude (nothing written)."""
+
+    name: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +234,10 @@ Action = (
     | FileDelete
     | FileRefused
     | FileListed
+    | FileSkipped
+    | MakeDir
+    | MakeLink
+    | Touch
     | Subscribed
     | ResyncPlan
     | ResyncDone
@@ -205,6 +271,8 @@ class ClientSession:
         options: dict[str, str] | None = None,
         rate: int | None = None,
         listing: bool = False,
+        excluded: Callable[[str, bool], bool] | None = None,
+        attrs: Callable[[str], str] | None = None,
     ) -> None:
         if window < 1:
             raise ValueError("window must be >= 1 byte")
@@ -225,6 +293,9 @@ class ClientSession:
         self.timeout = timeout
         self.state = ClientState.START
         self._reserved = reserved
+        self._excluded = excluded
+        #: The ``ATTRS`` text for an ICANHAZ of a path (what DEST holds besides contents).
+        self.attrs = attrs
         self._options = {"RESYNC": "1", **(options or {})}  # of every ICANHAZ
         if listing:
             self._options[OPTION_LIST] = "1"
@@ -291,6 +362,8 @@ class ClientSession:
         ]
         if offers:
             options = {**options, OPTION_RESUME: "\n".join(offers)}
+        if self.attrs is not None:
+            options = {**options, OPTION_ATTRS: self.attrs(path)}
         return self._send(self.codec.Icanhaz(path, options, wire_cache))
 
     def _grant(self, now: float) -> list[Action]:
@@ -488,7 +561,10 @@ class ClientSession:
                 rel, parts = self._map_name(msg.filename)
             except UnsafePathError as exc:
                 return [FileRefused(msg.filename, str(exc))]
-            return [FileDelete(rel, parts)]
+            kind = msg.headers.get(HEADER_KIND)
+            if self._excluded is not None and self._excluded(rel, kind == Kind.DIR.value):
+                return []  # never delete what the mirror's patterns leave out
+            return [FileDelete(rel, parts, kinded=kind is not None)]
         if op != Operation.CREATE:
             raise RemoteProtocolError(f"unknown CHEEZBURGER operation {op}")
         if self.listing:  # even an empty file: a server that knows LIST sends STAT only
@@ -508,6 +584,11 @@ class ClientSession:
             except UnsafePathError as exc:
                 actions.append(FileRefused(msg.filename, str(exc)))
                 current = _Transfer(msg.filename, None, msg.offset)
+            else:
+                is_dir = msg.headers.get(HEADER_KIND) == Kind.DIR.value
+                if self._excluded is not None and self._excluded(rel, is_dir):
+                    actions.append(FileSkipped(rel))
+                    current = _Transfer(msg.filename, None, msg.offset)
             self._current = current
         elif msg.filename != current.wire_name:
             raise RemoteProtocolError(
@@ -519,21 +600,55 @@ class ClientSession:
             )
         current.next_offset += len(msg.chunk)
         if current.parts is not None:
-            actions.append(
-                FileChunk(
-                    "/".join(current.parts),
-                    current.parts,
-                    msg.offset,
-                    msg.chunk,
-                    first,
-                    bool(msg.eof),
-                    msg.headers if msg.eof or first else {},
+            meta = None
+            if msg.eof:
+                try:
+                    meta = parse_entry(msg.headers, current.parts)
+                    entry = self._entry(current.parts, meta, msg, first)
+                except MetaError as exc:
+                    actions.append(FileRefused(msg.filename, str(exc)))
+                    entry = None
+                    meta = None
+                    current.parts = None
+                if entry is not None:
+                    actions.append(entry)
+                    current.parts = None
+            if current.parts is not None:
+                actions.append(
+                    FileChunk(
+                        "/".join(current.parts),
+                        current.parts,
+                        msg.offset,
+                        msg.chunk,
+                        first,
+                        bool(msg.eof),
+                        msg.headers if msg.eof or first else {},
+                        meta,
+                    )
                 )
-            )
         if msg.eof:
             self._current = None
             self._ended = (current.wire_name, current.next_offset)
         return actions
+
+    def _entry(
+        self, parts: tuple[str, ...], meta: EntryMeta, msg: Any, first: bool
+    ) -> Action | None:
+        """The action for a folder, link or touch (None: a file's content)."""
+        if meta.kind is Kind.FILE and not meta.touch:
+            return None
+        if not first or msg.chunk or msg.offset:
+            raise MetaError(f"a {meta.kind.value} entry with content")
+        name = "/".join(parts)
+        if meta.kind is Kind.DIR:
+            return MakeDir(name, parts, meta)
+        if meta.kind is Kind.SYMLINK:
+            return MakeLink(name, parts, meta)
+        sha1 = msg.headers.get("sha1", "").lower()
+        size = msg.headers.get("size", "")
+        if len(sha1) != 40 or not size.isdigit() or len(size) > 19:
+            raise MetaError("touch without a SHA-1 and size")
+        return Touch(name, parts, meta, sha1, int(size))
 
 
 def _count(text: str | None) -> int:

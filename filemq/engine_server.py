@@ -20,13 +20,22 @@ Rules enforced here:
   ``min(chunk_size, credit, bytes left)`` so there is no livelock at any credit;
   empty files, deletes and the resync marker cost no credit;
 * the chunks of one file are consecutive; sequence numbers count CHEEZBURGERs
-  per client from 0; the last chunk has eof=1 and the sha1/size/mtime_ns headers,
-  and so has the first chunk of a file sent in several;
+  per client from 0; the last chunk has eof=1 and the sha1/size/mtime_ns headers
+  (and ``mode`` when the op knows it, ``filemq.meta``), and so has the first chunk
+  of a file sent in several; a folder, link or touch (``kind``/``touch`` in the
+  op's own headers) is one chunk that carries only its own headers;
 * a file the client holds part of (ICANHAZ option ``RESUME``, ``resume_points``)
   starts at that offset when its version (SHA-1) is the one the client was
   receiving (``resume_from``), else at 0;
 * a listing (ICANHAZ option ``LIST=1``) is answered with STAT operations (no
-  content) and is not a subscription: no live changes follow it;
+  content, the version headers and ``mode``) and is not a subscription: no live
+  changes follow it, and its options do not change the session's;
+* ICANHAZ options ``META``, ``LINKS``, ``FILTER`` (``filemq.meta``) are checked
+  here: one that cannot be used (a bad mask, an unknown policy, a pattern over the
+  limits of ``filemq.filters``) gets SRSLY; ``ATTRS`` lines that cannot be read are
+  left out (those entries are sent again).  The latest options hold for the whole
+  session; ``wants(name)`` leaves out names the client's patterns exclude, matched
+  relative to the subscription that covers the name (the client's DEST);
 * on a wire with ``empty_final_chunk`` (``--wire czmq``) every data chunk has
   eof=0 and a file ends with one more chunk, zero-length, eof=1, at offset =
   bytes sent, carrying those headers: the reference C client closes a file on a
@@ -59,6 +68,20 @@ from filemq.engine import (
     Wire,
     clip_reason,
 )
+from filemq.filters import Filters
+from filemq.meta import (
+    HEADER_KIND,
+    HEADER_MODE,
+    HEADER_TOUCH,
+    OPTION_ATTRS,
+    OPTION_FILTER,
+    OPTION_LINKS,
+    OPTION_META,
+    LinkPolicy,
+    decode_attrs,
+    format_mode,
+    parse_mask,
+)
 from filemq.paths import UnsafePathError, all_relative_safe, relative_parts, virtual_path
 
 __all__ = [
@@ -71,6 +94,7 @@ __all__ = [
     "SessionState",
     "Subscribe",
     "plan_headers",
+    "resolve_attrs",
     "resolve_cache",
     "resume_from",
     "resume_points",
@@ -101,9 +125,17 @@ class FileOp:
     size: int = 0
     mtime_ns: int = 0
     sha1: str = ""
-    headers: tuple[tuple[str, str], ...] = ()  # extra headers (first chunk only)
+    # extra headers (first chunk only): a marker's, or all of a folder's, link's, touch's
+    headers: tuple[tuple[str, str], ...] = ()
     inode: int = -1  # of the indexed version (the server checks it before sending)
     start: int = 0  # first byte to send (a resumed transfer: the client holds the rest)
+    mode: int = -1  # permission bits, sent as the ``mode`` header (-1: not sent)
+    source_name: str = ""  # virtual name to read from, when not ``name`` (a copied link)
+
+    @property
+    def described(self) -> bool:
+        """Its own headers say all there is (a folder, link or touch): no version added."""
+        return any(key in (HEADER_KIND, HEADER_TOUCH) for key, _value in self.headers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +162,10 @@ class Subscribe:
     resync: bool
     cache: dict[str, str] = field(default_factory=dict)  # virtual path -> sha1 hex
     options: dict[str, str] = field(default_factory=dict)  # ICANHAZ options, as sent
+    meta: int | None = None  # META: the permission bits the mirror applies; None: old client
+    links: LinkPolicy = LinkPolicy.SKIP
+    filters: Filters | None = None  # the client's patterns (relative to ``path``)
+    attrs: dict[str, str] = field(default_factory=dict)  # virtual path -> ATTRS text
 
     @property
     def listing(self) -> bool:
@@ -143,6 +179,28 @@ class Close:
 
 
 Action = Reply | Subscribe | Close
+
+
+def resolve_attrs(path: str, text: str) -> dict[str, str]:
+    """``ATTRS`` lines as {virtual path: text after the name} (names relative to
+    ``path``, or absolute under it, as cache keys; unsafe names are left out)."""
+    base = path if path.endswith("/") else path + "/"
+    attrs = decode_attrs(text)
+    if all_relative_safe(attrs):
+        return {base + name: attr for name, attr in attrs.items()}
+    out: dict[str, str] = {}
+    for name, attr in attrs.items():  # as cache keys: relative, or absolute under path
+        try:
+            if name.startswith("/"):
+                if not name.startswith(path):
+                    continue
+                out[virtual_path(name)] = attr
+            else:
+                relative_parts(name)
+                out[base + name] = attr
+        except UnsafePathError:
+            continue
+    return out
 
 
 def resolve_cache(path: str, cache: dict[str, str]) -> dict[str, str]:
@@ -176,7 +234,7 @@ def resolve_cache(path: str, cache: dict[str, str]) -> dict[str, str]:
 def plan_headers(ops: list[FileOp]) -> list[FileOp]:
     """``ops`` (one resync's) with the resync plan headers on the first: how many files
     and content bytes they send (``filemq.engine``, for a client's progress)."""
-    creates = [op for op in ops if op.operation is Operation.CREATE]
+    creates = [op for op in ops if op.operation is Operation.CREATE and not op.described]
     if not creates:
         return ops
     size = sum(op.size - op.start for op in creates)
@@ -252,6 +310,10 @@ class ServerSession:
         self._empty_final = wire.empty_final_chunk
         self._ending = False  # (empty_final_chunk) the data of _current is all sent
         self._markers = 0
+        #: The client's META mask (None: it takes files only), link policy and patterns.
+        self.meta: int | None = None
+        self.links = LinkPolicy.SKIP
+        self.filters: Filters | None = None
         #: CHEEZBURGERs and content bytes sent (for logs and tests).
         self.sent_messages = 0
         self.sent_bytes = 0
@@ -313,14 +375,25 @@ class ServerSession:
             return self._srsly(f"path refused: {exc}")
         if self._access is not None and not self._access(self.peer_key, raw):
             return self._srsly(f"access to {raw[:200]} refused")
-        subscribe = Subscribe(raw, msg.options.get("RESYNC") == "1", {}, dict(msg.options))
-        if subscribe.listing:  # a listing, not a subscription: no live changes
+        options = msg.options
+        try:
+            meta = parse_mask(options[OPTION_META]) if OPTION_META in options else None
+            links = LinkPolicy(options.get(OPTION_LINKS, LinkPolicy.SKIP.value))
+            filters = Filters.from_option(options.get(OPTION_FILTER, "")) or None
+        except ValueError as exc:  # MetaError, FilterError, an unknown policy
+            return self._srsly(f"option refused: {exc}")
+        resync = options.get("RESYNC") == "1"
+        subscribe = Subscribe(raw, resync, {}, dict(options), meta, links, filters)
+        if subscribe.listing:  # a listing, not a subscription: no live changes, and the
+            # session's options (for the live changes of its subscriptions) stay
             return [Reply(self.codec.encode(self.codec.IcanhazOk())), subscribe]
+        self.meta, self.links, self.filters = meta, links, filters
         if not any(raw.startswith(p) for p in self.subscriptions):
             self.subscriptions = [p for p in self.subscriptions if not p.startswith(raw)]
             self.subscriptions.append(raw)
-        if subscribe.resync:
-            subscribe = replace(subscribe, cache=resolve_cache(raw, msg.cache))
+        if resync:
+            attrs = resolve_attrs(raw, options.get(OPTION_ATTRS, "")) if meta else {}
+            subscribe = replace(subscribe, cache=resolve_cache(raw, msg.cache), attrs=attrs)
         return [Reply(self.codec.encode(self.codec.IcanhazOk())), subscribe]
 
     def refuse(self, reason: str) -> list[Action]:
@@ -347,11 +420,21 @@ class ServerSession:
 
     # -- queueing -------------------------------------------------------------
 
-    def wants(self, name: str) -> bool:
+    def wants(self, name: str, is_dir: bool = False) -> bool:
         """Does a live change to virtual path ``name`` concern this client?"""
-        return self.state is SessionState.READY and any(
-            name.startswith(p) for p in self.subscriptions
-        )
+        if self.state is not SessionState.READY:
+            return False
+        for path in self.subscriptions:
+            if name.startswith(path):
+                return not self.excludes(name, path, is_dir)
+        return False
+
+    def excludes(self, name: str, path: str, is_dir: bool = False) -> bool:
+        """Do the client's patterns leave out virtual ``name`` (under subscription ``path``)?"""
+        if self.filters is None:
+            return False
+        rel = name[len(path) :].lstrip("/")
+        return bool(rel) and self.filters.excluded_path(rel, is_dir)
 
     def enqueue(self, ops: Iterable[FileOp]) -> int:
         """Queue operations; a not-yet-started op for the same name is replaced."""
@@ -461,12 +544,14 @@ class ServerSession:
         else:
             eof = plan.eof or len(data) < plan.size or operation is not Operation.CREATE
         headers: dict[str, str] = dict(op.headers) if plan.first else {}
-        if operation is Operation.STAT or (
-            operation is Operation.CREATE and (eof or plan.first)
+        if not op.described and (
+            operation is Operation.STAT or (operation is Operation.CREATE and (eof or plan.first))
         ):  # the version: on the last chunk, the first (the file is resumable) and a STAT
             headers[HEADER_SHA1] = op.sha1
             headers[HEADER_SIZE] = str(op.size)
             headers[HEADER_MTIME] = str(op.mtime_ns)
+            if op.mode >= 0:
+                headers[HEADER_MODE] = format_mode(op.mode)
         msg = self.codec.Cheezburger(
             self._sequence, int(operation), op.name, plan.offset, int(eof), headers, data
         )

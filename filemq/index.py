@@ -1,4 +1,4 @@
-"""The per-root file index: relative name -> size, mtime_ns, inode, SHA-1.
+"""The per-root file index: relative name -> size, mtime_ns, inode, SHA-1, mode.
 
 One ``FileIndex`` describes the regular files under one root directory (a
 published directory on the server, the DEST of a mirror on the client).  The
@@ -19,11 +19,23 @@ stays (or, never read, it is at least not reported as removed), and ``held()``
 tells callers not to delete mirrors' copies.  Held names are tried again by
 every ``refresh``.
 
-On-disk format (``save``/``load``), version 1 -- UTF-8 JSON lines::
+Permission bits (``FileEntry.mode``) come from the same ``lstat``: a ``chmod``
+makes a new entry with the same SHA-1 (nothing is read again).  With ``tree=True``
+the index also lists folders (``Node`` of kind ``dir``, with their permission bits)
+and symbolic links (kind ``symlink``, with what the link says, read again only when
+the link's inode or mtime changed) -- as names, never followed.  ``filters``
+(``filemq.filters``) leave out names, and everything below a folder they leave out.
 
-    {"format": "filemq-index", "version": 1, "root": "/abs/root", "entries": N}
-    ["relative/name", size, mtime_ns, inode, "sha1hex"]
+On-disk format (``save``/``load``), version 2 -- UTF-8 JSON lines::
+
+    {"format": "filemq-index", "version": 2, "root": "/abs/root", "entries": N, "nodes": M}
+    ["folder", "d", mode]                            (M lines of folders and links,
+    ["link", "l", "target", mtime_ns, inode]          sorted by name)
+    ["relative/name", size, mtime_ns, inode, "sha1hex", mode]
     ...                                              (N lines, sorted by name)
+
+Version 1 (no nodes, file rows without ``mode``) is still read: its entries get
+``mode`` -1, which the next ``refresh`` fills in from ``lstat`` without hashing.
 
 ``load`` refuses another ``format``, another ``version``, another ``root``, a
 wrong count, a malformed line or a name that is not a plain relative name
@@ -55,16 +67,18 @@ from itertools import repeat
 from json.encoder import encode_basestring as _json_string
 from operator import itemgetter
 from pathlib import Path
-from stat import S_ISDIR, S_ISREG
+from stat import S_ISDIR, S_ISLNK, S_ISREG
 from typing import Any, NamedTuple
 
 from filemq.engine import FilemqError
+from filemq.filters import Filters
 from filemq.paths import (
     UnsafePathError,
     absent,
     local_parts,
     lstat_beneath,
     open_beneath,
+    readlink_beneath,
 )
 
 __all__ = [
@@ -74,6 +88,7 @@ __all__ = [
     "FileIndex",
     "IndexDelta",
     "IndexFormatError",
+    "Node",
     "NotRegularFile",
     "sha1_beneath",
     "sha1_file",
@@ -82,7 +97,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 FORMAT_NAME = "filemq-index"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
+_PERMS = 0o7777
+NODE_DIR = "dir"
+NODE_SYMLINK = "symlink"
 _HASH_RETRIES = 3
 
 
@@ -103,18 +122,35 @@ class FileEntry(NamedTuple):
     mtime_ns: int
     inode: int
     sha1: str  # lowercase hex
+    mode: int = -1  # permission bits (st_mode & 0o7777); -1: not known yet (a version 1 index)
 
     @property
     def key(self) -> tuple[int, int, int]:
         return (self.size, self.mtime_ns, self.inode)
 
 
+class Node(NamedTuple):
+    """A folder or a symbolic link under the root (``FileIndex(tree=True)``)."""
+
+    name: str
+    kind: str  # NODE_DIR or NODE_SYMLINK
+    mode: int = 0  # folders: permission bits
+    target: str = ""  # links: what the link says (never followed here)
+    mtime_ns: int = 0  # links: with inode, when to read the target again
+    inode: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class IndexDelta:
-    """What a refresh found: new or changed entries, and names that disappeared."""
+    """What a refresh found: new or changed entries, and names that disappeared.
+
+    ``nodes`` / ``removed_nodes``: the same for folders and links (``tree=True``).
+    """
 
     changed: tuple[FileEntry, ...]
     removed: tuple[str, ...]
+    nodes: tuple[Node, ...] = ()
+    removed_nodes: tuple[str, ...] = ()
 
 
 def _key(st: os.stat_result) -> tuple[int, int, int]:
@@ -210,8 +246,9 @@ def _closing_fd(fd: int) -> Iterator[None]:
 _entry = tuple.__new__  # FileEntry from a checked row, without a Python-level __new__
 
 
-def _check_rows(rows: Any, path: str | os.PathLike[str]) -> None:
-    """Raise IndexFormatError unless every row is [str, int, int, int, 40-char str].
+def _check_rows(rows: Any, path: str | os.PathLike[str], width: int = 6) -> None:
+    """Raise IndexFormatError unless every row is [str, int, int, int, 40-char str, int]
+    (without the last int when ``width`` is 5: version 1).
 
     Column by column with C-level passes (about 10x faster than a Python loop
     over 10,000 rows); a bad index is then searched for the row to report.
@@ -220,23 +257,25 @@ def _check_rows(rows: Any, path: str | os.PathLike[str]) -> None:
         raise IndexFormatError(f"{path}: corrupt index")
     if not rows:
         return
-    if set(map(type, rows)) == {list} and set(map(len, rows)) == {5}:
-        names, sizes, mtimes, inodes, sha1s = zip(*rows, strict=True)
+    if set(map(type, rows)) == {list} and set(map(len, rows)) == {width}:
+        names, sizes, mtimes, inodes, sha1s, *modes = zip(*rows, strict=True)
         if (
             set(map(type, names)) == {str}
             and {*map(type, sizes), *map(type, mtimes), *map(type, inodes)} == {int}
             and set(map(type, sha1s)) == {str}
             and set(map(len, sha1s)) == {40}
+            and all(set(map(type, column)) == {int} for column in modes)
         ):
             return
     for row in rows:
         if not (
             type(row) is list
-            and len(row) == 5
+            and len(row) == width
             and type(row[0]) is str
             and all(type(n) is int for n in row[1:4])
             and type(row[4]) is str
             and len(row[4]) == 40
+            and all(type(n) is int for n in row[5:])
         ):
             raise IndexFormatError(f"{path}: malformed entry {str(row)[:80]}")
     raise IndexFormatError(f"{path}: malformed entries")  # not reached
@@ -257,6 +296,8 @@ def _check_names(rows: list[Any], path: str | os.PathLike[str]) -> None:
     backslash or a colon is an ordinary file name here and stays.
     """
     names = [row[0] for row in rows]
+    if not all(type(name) is str for name in names):
+        raise IndexFormatError(f"{path}: malformed entries")
     if not names:
         return  # an empty mirror's index (framing two NULs would read as an empty name)
     text = "\0" + "\0".join(names) + "\0"
@@ -274,11 +315,20 @@ class FileIndex:
     """Index of the regular files under ``root`` (not thread-safe; one owner)."""
 
     def __init__(
-        self, root: str | os.PathLike[str], *, exclude: Callable[[str], bool] | None = None
+        self,
+        root: str | os.PathLike[str],
+        *,
+        exclude: Callable[[str], bool] | None = None,
+        filters: Filters | None = None,
+        tree: bool = False,
     ):
         self.root = Path(root)
         self._exclude = exclude
+        self._filters = filters if filters else None
+        #: Folders and links are listed too (``nodes()``).
+        self.tree = tree
         self._entries: dict[str, FileEntry] = {}
+        self._nodes: dict[str, Node] = {}
         self._unreadable: dict[str, str] = {}  # file name -> why it cannot be read
         self._unlisted: dict[str, str] = {}  # folder name ("" the root) -> why
         self._logged: dict[str, str] = {}  # marks a refresh dropped (not logged again)
@@ -287,6 +337,8 @@ class FileIndex:
         self.hashed_bytes = 0
         #: True when entries changed since the index was created, loaded or saved.
         self.dirty = False
+        #: Read from a saved file by ``load`` (not made anew).
+        self.loaded = False
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -303,6 +355,23 @@ class FileIndex:
     def entries(self) -> dict[str, FileEntry]:
         """A snapshot copy of name -> entry."""
         return dict(self._entries)
+
+    def nodes(self) -> dict[str, Node]:
+        """A snapshot copy of name -> folder or link (``tree=True``)."""
+        return dict(self._nodes)
+
+    def node(self, name: str) -> Node | None:
+        return self._nodes.get(name)
+
+    def lookup(self, name: str) -> FileEntry | Node | None:
+        """What the index has at ``name``: a file entry, a folder or link, or None."""
+        return self._entries.get(name) or self._nodes.get(name)
+
+    def excluded(self, name: str, is_dir: bool = False) -> bool:
+        """Is ``name`` (or a folder above it) left out by ``exclude`` or ``filters``?"""
+        if self._exclude is not None and self._exclude(name):
+            return True
+        return self._filters is not None and self._filters.excluded_path(name, is_dir)
 
     def digests(self) -> dict[str, str]:
         """name -> SHA-1 hex of every entry (a resync cache)."""
@@ -364,7 +433,8 @@ class FileIndex:
         """
         old = self._entries.get(name)
         if old is not None and old.key == _key(st) and not rehash:
-            return old
+            mode = st.st_mode & _PERMS
+            return old if old.mode == mode else old._replace(mode=mode)
         try:
             digest, st = sha1_beneath(self.root, name)
         except OSError as exc:
@@ -380,9 +450,10 @@ class FileIndex:
             self._readable_again(name)
         self.hashed_files += 1
         self.hashed_bytes += st.st_size
-        if old is not None and old.key == _key(st) and old.sha1 == digest:
+        mode = st.st_mode & _PERMS
+        if old is not None and old.key == _key(st) and old.sha1 == digest and old.mode == mode:
             return old  # re-read on request, same version after all
-        return FileEntry(name, st.st_size, st.st_mtime_ns, st.st_ino, digest)
+        return FileEntry(name, st.st_size, st.st_mtime_ns, st.st_ino, digest, mode)
 
     def _forget_marks(self, subdir: str) -> set[str]:
         """Drop the unreadable marks under ``subdir`` (the walk sets them again).
@@ -417,12 +488,21 @@ class FileIndex:
                 log.warning("index %s: refresh of %r refused: %s", self.root, subdir, exc)
                 return IndexDelta((), ())
         entries = self._entries
+        nodes = self._nodes
+        tree = self.tree
         exclude = self._exclude
+        filters = self._filters
         root = os.fspath(self.root)
         seen: set[str] = set()
+        seen_nodes: set[str] = set()
         changed: list[FileEntry] = []
+        changed_nodes: list[Node] = []
         retry = self._forget_marks(subdir)  # unreadable last time: read again
         stack = [subdir]
+        if subdir and tree:  # the folder itself (a walk lists what is inside it only)
+            self._update_node_of(subdir, changed_nodes, seen_nodes)
+        if subdir and self.excluded(subdir, True):
+            stack = []  # left out whole: what the index has below it goes
         try:
             root_fd = os.open(root, _DIR_FLAGS)
         except OSError as exc:
@@ -443,6 +523,7 @@ class FileIndex:
                         assert isinstance(exc, OSError)
                         self._cannot_list(current, exc)
                         seen.update(n for n in entries if n.startswith(base))
+                        seen_nodes.update(n for n in nodes if n.startswith(base))
                     continue
                 with _closing_fd(fd), it:
                     for d in it:
@@ -455,6 +536,10 @@ class FileIndex:
                                 continue
                         if exclude is not None and exclude(name):
                             continue
+                        if filters is not None and filters.excluded(
+                            name, d.is_dir(follow_symlinks=False)
+                        ):
+                            continue
                         try:
                             st = d.stat(follow_symlinks=False)
                         except OSError as exc:
@@ -465,13 +550,22 @@ class FileIndex:
                         if not S_ISREG(st.st_mode):
                             if S_ISDIR(st.st_mode):
                                 stack.append(name)
-                            continue  # links, devices, sockets are never indexed
+                            if tree and (S_ISDIR(st.st_mode) or S_ISLNK(st.st_mode)):
+                                node = self._node_now(name, st, fd if fd >= 0 else root_fd)
+                                if node is not None:
+                                    seen_nodes.add(name)
+                                    if nodes.get(name) is not node:
+                                        nodes[name] = node
+                                        changed_nodes.append(node)
+                                        self.dirty = True
+                            continue  # devices, sockets are never indexed
                         old = entries.get(name)
                         if (
                             old is not None
                             and old.size == st.st_size
                             and old.mtime_ns == st.st_mtime_ns
                             and old.inode == st.st_ino
+                            and old.mode == st.st_mode & _PERMS
                             and (not retry or name not in retry)
                         ):
                             seen.add(name)
@@ -486,15 +580,70 @@ class FileIndex:
                             entries[name] = entry
                             changed.append(entry)
                             self.dirty = True
+        prefix = subdir + "/" if subdir else ""
         if not subdir and len(seen) == len(entries):
             removed: list[str] = []  # every entry was seen (the common case: a quick check)
         else:
-            prefix = subdir + "/" if subdir else ""
             removed = [n for n in entries if n.startswith(prefix) and n not in seen]
         for name in removed:
             del entries[name]
-        self.dirty = self.dirty or bool(removed)
-        return IndexDelta(tuple(changed), tuple(sorted(removed)))
+        removed_nodes: list[str] = []
+        if nodes and not (not subdir and len(seen_nodes) == len(nodes)):
+            removed_nodes = [
+                n for n in nodes if (n.startswith(prefix) or n == subdir) and n not in seen_nodes
+            ]
+            for name in removed_nodes:
+                del nodes[name]
+        self.dirty = self.dirty or bool(removed) or bool(removed_nodes)
+        return IndexDelta(
+            tuple(changed),
+            tuple(sorted(removed)),
+            tuple(changed_nodes),
+            tuple(sorted(removed_nodes)),
+        )
+
+    def _node_now(self, name: str, st: os.stat_result, dir_fd: int) -> Node | None:
+        """The node of folder or link ``name`` (``st`` its lstat, ``dir_fd`` its folder):
+        the one the index has when nothing changed; None when the link cannot be read."""
+        old = self._nodes.get(name)
+        if S_ISDIR(st.st_mode):
+            mode = st.st_mode & _PERMS
+            if old is not None and old.kind == NODE_DIR and old.mode == mode:
+                return old
+            return Node(name, NODE_DIR, mode)
+        if (
+            old is not None
+            and old.kind == NODE_SYMLINK
+            and (old.mtime_ns, old.inode) == (st.st_mtime_ns, st.st_ino)
+        ):
+            return old
+        try:
+            if dir_fd >= 0:
+                target = os.readlink(name.rpartition("/")[2], dir_fd=dir_fd)
+            else:
+                target = readlink_beneath(self.root, local_parts(name))
+        except (OSError, UnsafePathError):
+            return None
+        return Node(name, NODE_SYMLINK, 0, target, st.st_mtime_ns, st.st_ino)
+
+    def _update_node_of(self, name: str, changed: list[Node], seen: set[str]) -> None:
+        """Look at folder or link ``name`` alone (its own entry, not what is inside)."""
+        try:
+            st = lstat_beneath(self.root, local_parts(name))
+        except (OSError, UnsafePathError):
+            return
+        if not (S_ISDIR(st.st_mode) or S_ISLNK(st.st_mode)) or self.excluded(
+            name, S_ISDIR(st.st_mode)
+        ):
+            return
+        node = self._node_now(name, st, -1)
+        if node is None:
+            return
+        seen.add(name)
+        if self._nodes.get(name) is not node:
+            self._nodes[name] = node
+            changed.append(node)
+            self.dirty = True
 
     def update(self, name: str, *, rehash: bool = False) -> FileEntry | None:
         """Re-stat one file: its (possibly new) entry, or None when it is gone.
@@ -504,7 +653,8 @@ class FileIndex:
         within one mtime tick keep the key); the old entry is returned when the
         SHA-1 is the same.  A name that is not a plain relative name, is
         excluded, or is reached through a symbolic link is never indexed.  A
-        file that cannot be read keeps its entry (see ``held``).
+        file that cannot be read keeps its entry (see ``held``).  With ``tree``
+        a folder or link at ``name`` updates its node (``lookup`` tells).
         """
         try:
             parts = local_parts(name)
@@ -523,6 +673,23 @@ class FileIndex:
                 self._cannot_read(name, exc)
                 return self._entries.get(name)
             st = None
+        if (
+            st is not None
+            and self._filters is not None
+            and self._filters.excluded_path(name, S_ISDIR(st.st_mode))
+        ):
+            st = None
+        if st is not None and self.tree and (S_ISDIR(st.st_mode) or S_ISLNK(st.st_mode)):
+            self._unreadable.pop(name, None)
+            self._forget_file(name)
+            node = self._node_now(name, st, -1)
+            if node is None:
+                self._forget_node(name)
+            elif self._nodes.get(name) is not node:
+                self._nodes[name] = node
+                self.dirty = True
+            return None
+        self._forget_node(name)
         if st is None or not stat.S_ISREG(st.st_mode):
             entry = None
             self._unreadable.pop(name, None)
@@ -530,7 +697,7 @@ class FileIndex:
             entry = self._hash(name, st, rehash)
         if entry is None:
             if name not in self._unreadable:
-                self.forget(name)
+                self._forget_file(name)
         elif self._entries.get(name) is not entry:
             self._entries[name] = entry
             self.dirty = True
@@ -542,17 +709,33 @@ class FileIndex:
 
     def record(self, entry: FileEntry) -> None:
         """Store an entry whose SHA-1 is already known (a file the caller just wrote)."""
+        self._nodes.pop(entry.name, None)
         self._entries[entry.name] = entry
         self.dirty = True
 
+    def record_node(self, node: Node) -> None:
+        """Store a folder or link the caller just made."""
+        self._entries.pop(node.name, None)
+        self._nodes[node.name] = node
+        self.dirty = True
+
     def forget(self, name: str) -> None:
+        """Drop whatever the index has at ``name`` (file, folder or link)."""
+        self._forget_file(name)
+        self._forget_node(name)
+
+    def _forget_file(self, name: str) -> None:
         if self._entries.pop(name, None) is not None:
+            self.dirty = True
+
+    def _forget_node(self, name: str) -> None:
+        if self._nodes.pop(name, None) is not None:
             self.dirty = True
 
     # -- persistence ------------------------------------------------------
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the index (format version 1) atomically to ``path``."""
+        """Write the index (format version 2) atomically to ``path``."""
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
@@ -561,16 +744,19 @@ class FileIndex:
             "version": FORMAT_VERSION,
             "root": str(self.root.resolve()),
             "entries": len(self._entries),
+            "nodes": len(self._nodes),
         }
-        entries = self._entries
+        entries, nodes = self._entries, self._nodes
         # the same text json.dumps(row, ensure_ascii=False) gives, ~5x faster (only
         # the name needs escaping; the SHA-1 is hex)
         rows = (
-            f'[{_json_string(e.name)}, {e.size}, {e.mtime_ns}, {e.inode}, "{e.sha1}"]\n'
+            f'[{_json_string(e.name)}, {e.size}, {e.mtime_ns}, {e.inode}, "{e.sha1}", {e.mode}]\n'
             for e in (entries[n] for n in sorted(entries))
         )
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(json.dumps(header) + "\n")
+            for name in sorted(nodes):
+                f.write(json.dumps(_node_row(nodes[name]), ensure_ascii=False) + "\n")
             f.writelines(rows)
         os.replace(tmp, target)
         self.dirty = False
@@ -582,37 +768,80 @@ class FileIndex:
         root: str | os.PathLike[str],
         *,
         exclude: Callable[[str], bool] | None = None,
+        filters: Filters | None = None,
+        tree: bool = False,
     ) -> FileIndex:
-        """Read an index saved by ``save`` for ``root`` (raises IndexFormatError)."""
-        index = cls(root, exclude=exclude)
+        """Read an index saved by ``save`` for ``root`` (raises IndexFormatError).
+
+        Reads version 1 too (file modes unknown until the next refresh).
+        """
+        index = cls(root, exclude=exclude, filters=filters, tree=tree)
         try:
             with open(path, encoding="utf-8") as f:
                 header = json.loads(f.readline())
                 if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
                     raise IndexFormatError(f"{path}: not a filemq index")
-                if header.get("version") != FORMAT_VERSION:
+                version = header.get("version")
+                if version not in _READABLE_VERSIONS:
                     raise IndexFormatError(
-                        f"{path}: index version {header.get('version')!r} "
-                        f"(this reader knows {FORMAT_VERSION})"
+                        f"{path}: index version {version!r} "
+                        f"(this reader knows {', '.join(map(str, _READABLE_VERSIONS))})"
                     )
                 if header.get("root") != str(index.root.resolve()):
                     raise IndexFormatError(f"{path}: index of {header.get('root')!r}")
+                node_count = header.get("nodes", 0) if version >= 2 else 0
+                if type(node_count) is not int or node_count < 0:
+                    raise IndexFormatError(f"{path}: corrupt header")
+                node_rows = [json.loads(f.readline() or "null") for _ in range(node_count)]
                 body = f.read().rstrip("\n")
             with _gc_paused():
                 # one parse of all rows (JSON strings never hold a raw newline)
                 rows = json.loads("[" + body.replace("\n", ",") + "]")
-                _check_rows(rows, path)
+                _check_rows(rows, path, 6 if version >= 2 else 5)
                 _check_names(rows, path)
+                if version < 2:
+                    rows = [[*row, -1] for row in rows]
                 entries = index._entries
                 entries.update(
                     zip(
                         map(itemgetter(0), rows), map(_entry, repeat(FileEntry), rows), strict=True
                     )
                 )
+                _check_names(node_rows if isinstance(node_rows, list) else [None], path)
+                for row in node_rows:
+                    node = _row_node(row, path)
+                    index._nodes[node.name] = node
         except OSError as exc:
             raise IndexFormatError(f"{path}: cannot read: {exc}") from None
         except (ValueError, TypeError) as exc:
             raise IndexFormatError(f"{path}: corrupt index: {exc}") from None
-        if len(index._entries) != header.get("entries"):
+        if len(index._entries) != header.get("entries") or len(index._nodes) != node_count:
             raise IndexFormatError(f"{path}: entry count does not match the header")
+        if not tree:
+            index._nodes.clear()
+        index.loaded = True
         return index
+
+
+def _node_row(node: Node) -> list[Any]:
+    if node.kind == NODE_DIR:
+        return [node.name, "d", node.mode]
+    return [node.name, "l", node.target, node.mtime_ns, node.inode]
+
+
+def _row_node(row: Any, path: str | os.PathLike[str]) -> Node:
+    """A node from a saved row (IndexFormatError when it is not one ``_node_row`` makes)."""
+    if type(row) is list and len(row) == 3 and row[1] == "d" and type(row[2]) is int:
+        return Node(row[0], NODE_DIR, row[2])
+    if (
+        type(row) is list
+        and len(row) == 5
+        and row[1] == "l"
+        and type(row[2]) is str
+        and row[2]
+        and "\0" not in row[2]
+        and type(row[3]) is int
+        and type(row[4]) is int
+    ):
+        return Node(row[0], NODE_SYMLINK, 0, row[2], row[3], row[4])
+    raise IndexFormatError(f"{path}: malformed node {str(row)[:80]}")

@@ -2,11 +2,14 @@
 
 A listing is an ICANHAZ of the path with ``RESYNC=1`` and ``LIST=1`` (and an
 empty cache); the server answers with one STAT operation per file (name,
-``sha1``/``size``/``mtime_ns`` headers, no content) and the resync-complete
-marker (``filemq.engine``).  The lister grants one byte of credit and never
-more: STAT costs none, and a server that does not know ``LIST`` (it would send
-files) gets to send at most that one byte before the lister stops with
-``SyncError``.  A listing is not a subscription: the session ends with KTHXBAI.
+``sha1``/``size``/``mtime_ns`` headers and the ``mode`` one, ``filemq.meta``; no
+content) and the resync-complete marker (``filemq.engine``).  It lists files
+only (no folders, no links) and what the server publishes: the server's own
+patterns apply (what they leave out is not published), a lister sends none.
+The lister grants one byte of credit and never more: STAT costs none, and a
+server that does not know ``LIST`` (it would send files) gets to send at most
+that one byte before the lister stops with ``SyncError``.  A listing is not a
+subscription: the session ends with KTHXBAI.
 
 Errors are the client's (``filemq.client``): ``SyncRefused`` (SRSLY, a failed
 CURVE handshake), ``SyncRejected`` (RTFM), ``SyncError`` (no answer within
@@ -15,6 +18,7 @@ CURVE handshake), ``SyncRejected`` (RTFM), ``SyncError`` (no answer within
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -42,6 +46,7 @@ from filemq.engine_client import (
     Send,
     ServerClosed,
 )
+from filemq.meta import HEADER_MODE, MetaError, parse_mode
 
 __all__ = ["ListedFile", "list_files"]
 
@@ -60,18 +65,25 @@ class ListedFile:
     mtime_ns: int
     sha1: str
     headers: dict[str, str] = field(default_factory=dict)  # any others the server sent
+    mode: int = -1  # permission bits as the server has them (-1: it sent none, or garbage)
 
     @classmethod
     def from_stat(cls, base: str, entry: FileListed) -> ListedFile:
         headers = dict(entry.headers)
         size = headers.pop(HEADER_SIZE, "")
         mtime = headers.pop(HEADER_MTIME, "")
+        mode = -1
+        if HEADER_MODE in headers:
+            with contextlib.suppress(MetaError):
+                mode = parse_mode(headers[HEADER_MODE])
+            del headers[HEADER_MODE]
         return cls(
             base + entry.name,
             int(size) if size.isdigit() else -1,
             int(mtime) if mtime.isdigit() else 0,
             headers.pop(HEADER_SHA1, ""),
             headers,
+            mode,
         )
 
 

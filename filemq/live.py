@@ -152,7 +152,10 @@ class LiveFileServer:
             elif isinstance(event, FileDeleted):
                 self.server.notify_deleted(event.mount, event.relpath)
             elif isinstance(event, RescanNeeded):
-                routine = event.reason is RescanReason.DIRECTORY_REMOVED
+                routine = event.reason in (
+                    RescanReason.DIRECTORY_REMOVED,
+                    RescanReason.DIRECTORY_CREATED,
+                )
                 log.log(
                     logging.INFO if routine else logging.WARNING,
                     "mount %s: %s; rescanning %s",

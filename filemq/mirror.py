@@ -37,10 +37,24 @@ into place and every delete then walk DEST again through ``filemq.paths`` (one
 descriptor per folder, no symbolic link followed), so a folder swapped for a
 link pointing out of DEST while the mirror runs is refused, not written or
 deleted through; a folder removed meanwhile is made again.  Deletes also remove
-the folders they empty.  A verified file whose place in DEST is held by a
-directory (a local change) replaces that directory and everything under it:
-DEST is a mirror (``forget_folders`` drops what was remembered when DEST
-changed).
+the folders they empty (unless the server mirrors folders: ``delete``).  A
+verified file whose place in DEST is held by a directory (a local change)
+replaces that directory and everything under it: DEST is a mirror
+(``forget_folders`` drops what was remembered when DEST changed).
+
+Metadata (``filemq.meta``): a verified file gets the server's ``mode & mask`` and
+its ``mtime`` on the temp file's descriptor, *after* verification and *before* the
+rename, so it shows up at its name complete, with its final mode and mtime at once
+(never with wider permissions in between; the temp file itself is created 0600).
+``mask`` is 0o777 by default: setuid, setgid and sticky bits are stripped unless
+the mirror keeps them (``--special-bits``).  A later version of a file of mode 000
+is still put in place (a rename needs no access to the old file); mode and mtime
+alone are changed through an ``O_PATH`` descriptor (``touch``), which needs none
+either.  Folders (``make_dir``) get ``mode & mask | 0o700``: the mirror can always
+write into them.  Links (``make_link``) are made under a temp name and renamed into
+place; their targets were checked by the engine (``check_link_target``).  A delete
+from a server that says what it deletes (it mirrors folders itself) removes a file,
+a link or an *empty* folder and leaves the folders above alone.
 
 Names FILEMQ keeps in DEST all start with ``TEMP_PREFIX`` (never indexed,
 published or accepted from a server): temp files ``.filemq-part-<pid>-<n>``
@@ -60,14 +74,19 @@ from pathlib import Path
 from typing import Any
 
 from filemq.engine import HEADER_MTIME, HEADER_SHA1, HEADER_SIZE
-from filemq.index import FileEntry, FileIndex
+from filemq.index import NODE_DIR, NODE_SYMLINK, FileEntry, FileIndex, Node
+from filemq.meta import PERMISSION_BITS, EntryMeta, Kind, local_mode
 from filemq.partial import Journal, PartialStore, ResumePoint, Version
 from filemq.paths import (
+    OutsideRootError,
     UnsafePathError,
+    lstat_beneath,
     open_dir_beneath,
     remove_beneath,
     replace_beneath,
+    rmdir_beneath,
     safe_target,
+    set_attrs_beneath,
 )
 
 __all__ = ["LOCK_NAME", "PARTIAL_PREFIX", "RESUME_MIN_SIZE", "TEMP_PREFIX", "Mirror"]
@@ -83,6 +102,7 @@ PARTIAL_PREFIX = TEMP_PREFIX + "resume-"
 #: Files at least this big are received into resumable partial files.
 RESUME_MIN_SIZE = 8 << 20
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+_TEMP_MODE = 0o600  # until verified and given its own mode: readable by the mirror only
 
 
 def _sha1(data: bytes = b"") -> Any:
@@ -110,13 +130,48 @@ def _write_all(fd: int, data: bytes) -> None:
             view = view[os.write(fd, view) :]
 
 
-def _stamp_and_close(fd: int, headers: dict[str, str]) -> os.stat_result:
-    """Set the server's mtime on the open temp file, stat it and close it."""
+def _umask() -> int:
+    """This process's umask, read without changing it (``/proc``), else by setting it back."""
     try:
-        mtime = headers.get(HEADER_MTIME)
-        if mtime is not None and mtime.isdigit():
-            ns = int(mtime)
-            os.utime(fd, ns=(ns, ns))
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+#: What a file gets when the server sends no mode (as if created by ``open``).
+_DEFAULT_MODE = 0o666 & ~_umask()
+
+
+def _stamp_and_close(
+    fd: int, headers: dict[str, str], meta: EntryMeta | None, mask: int
+) -> os.stat_result:
+    """Set the server's mode (``& mask``) and mtime on the open temp file, stat it, close it.
+
+    Without a mode from the server the file gets ``0o666 & ~umask``, as if created
+    in place.  ``meta`` is what the engine checked; without it (an older caller) the
+    mtime header is used when it is a plain number.
+    """
+    try:
+        mode = _DEFAULT_MODE
+        if meta is not None:
+            ns = meta.mtime_ns
+            if meta.mode is not None:
+                mode = local_mode(meta.mode, mask, Kind.FILE)
+        else:
+            mtime = headers.get(HEADER_MTIME)
+            ns = int(mtime) if mtime is not None and mtime.isdigit() else None
+        os.fchmod(fd, mode)
+        if ns is not None:
+            try:
+                os.utime(fd, ns=(ns, ns))
+            except (OverflowError, OSError) as exc:  # a time the file system cannot hold
+                log.warning("cannot set mtime %d: %s", ns, exc)
         return os.fstat(fd)
     finally:
         os.close(fd)
@@ -125,11 +180,20 @@ def _stamp_and_close(fd: int, headers: dict[str, str]) -> os.stat_result:
 class Mirror:
     """Writes into DEST (``root``) and keeps its ``index`` up to date; see the module doc."""
 
-    def __init__(self, root: Path, index: FileIndex, *, resume_min: int = RESUME_MIN_SIZE) -> None:
+    def __init__(
+        self,
+        root: Path,
+        index: FileIndex,
+        *,
+        mask: int = PERMISSION_BITS,
+        resume_min: int = RESUME_MIN_SIZE,
+    ) -> None:
         self.root = root
         self.resume_min = resume_min
         self.partials = PartialStore(root, PARTIAL_PREFIX)
         self._journal: Journal | None = None  # the file being received is resumable
+        #: Permission bits applied from the server's modes (``filemq.meta``).
+        self.mask = mask
         self._root = str(root)
         self.index = index
         self._safe_dirs: set[tuple[str, ...]] = set()
@@ -149,7 +213,7 @@ class Mirror:
                 entry.name.startswith(TEMP_PREFIX)
                 and entry.name != LOCK_NAME
                 and not self.partials.owns(entry.name)
-                and entry.is_file(follow_symlinks=False)
+                and (entry.is_file(follow_symlinks=False) or entry.is_symlink())
             ):
                 os.unlink(entry.path)
 
@@ -185,7 +249,25 @@ class Mirror:
         except IsADirectoryError:  # DEST holds a directory where the server has this file
             self._remove_directory(parts)
             replace_beneath(tmp, self.root, parts)
-        self._safe_dirs.add(parts[:-1])
+        if parts[:-1] not in self._safe_dirs:
+            self._note_folders(parts)
+            self._safe_dirs.add(parts[:-1])
+
+    def _note_folders(self, parts: tuple[str, ...]) -> None:
+        """Index the folders above ``parts`` that the rename may have made (so a check of
+        DEST does not take the mirror's own folders for local changes)."""
+        if not self.index.tree:
+            return
+        for depth in range(1, len(parts)):
+            name = "/".join(parts[:depth])
+            if self.index.node(name) is not None:
+                continue
+            try:
+                st = lstat_beneath(self.root, parts[:depth])
+            except (OSError, UnsafePathError):
+                return
+            if stat.S_ISDIR(st.st_mode):
+                self.index.record_node(Node(name, NODE_DIR, _perms(st)))
 
     def _remove_directory(self, parts: tuple[str, ...]) -> None:
         """Remove the directory at ``parts`` (reached through ``open_dir_beneath``; the
@@ -214,7 +296,12 @@ class Mirror:
     # -- whole files in one message -------------------------------------------------
 
     def place(
-        self, parts: tuple[str, ...], target: str, data: bytes, headers: dict[str, str]
+        self,
+        parts: tuple[str, ...],
+        target: str,
+        data: bytes,
+        headers: dict[str, str],
+        meta: EntryMeta | None = None,
     ) -> tuple[bool, str]:
         """Verify a complete file and put it at ``target`` (from ``target()``).
 
@@ -227,7 +314,7 @@ class Mirror:
         if reason:
             return False, reason
         tmp = self._temp_name()
-        fd = os.open(tmp, _TEMP_FLAGS, 0o666)
+        fd = os.open(tmp, _TEMP_FLAGS, _TEMP_MODE)
         try:
             _write_all(fd, data)
         except BaseException:
@@ -235,13 +322,13 @@ class Mirror:
             os.unlink(tmp)
             raise
         try:
-            st = _stamp_and_close(fd, headers)
+            st = _stamp_and_close(fd, headers, meta, self.mask)
         except BaseException:
             os.unlink(tmp)
             raise
         self._rename_into_place(tmp, parts, target)
         self.index.record(
-            FileEntry("/".join(parts), st.st_size, st.st_mtime_ns, st.st_ino, digest)
+            FileEntry("/".join(parts), st.st_size, st.st_mtime_ns, st.st_ino, digest, _perms(st))
         )
         return True, ""
 
@@ -267,7 +354,7 @@ class Mirror:
         else:
             self.partials.discard(name)
             tmp = self._temp_name()
-            self._fd = os.open(tmp, _TEMP_FLAGS, 0o666)
+            self._fd = os.open(tmp, _TEMP_FLAGS, _TEMP_MODE)
         self._tmp, self._parts = tmp, parts
         self._sha1 = _sha1()
         self._size = 0
@@ -303,7 +390,7 @@ class Mirror:
         if self._journal is not None:
             self._journal.checkpoint(self._size, self._sha1)
 
-    def finish(self, headers: dict[str, str]) -> tuple[bool, str]:
+    def finish(self, headers: dict[str, str], meta: EntryMeta | None = None) -> tuple[bool, str]:
         """Verify and rename into place: (verified, reason).
 
         Raises OSError/UnsafePathError when a verified file cannot be placed.
@@ -315,7 +402,7 @@ class Mirror:
         if journal is not None:
             journal.close()
         try:
-            st = _stamp_and_close(fd, headers)
+            st = _stamp_and_close(fd, headers, meta, self.mask)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -331,7 +418,9 @@ class Mirror:
             self._rename_into_place(tmp, parts, self._target_path)
         finally:
             self.partials.forget_journal(name)
-        self.index.record(FileEntry(name, st.st_size, st.st_mtime_ns, st.st_ino, digest))
+        self.index.record(
+            FileEntry(name, st.st_size, st.st_mtime_ns, st.st_ino, digest, _perms(st))
+        )
         return True, ""
 
     def abort(self) -> None:
@@ -351,9 +440,75 @@ class Mirror:
 
     # -- deletes --------------------------------------------------------------------
 
-    def delete(self, parts: tuple[str, ...]) -> bool:
-        """Remove a file (and the folders it leaves empty); False when it was not there."""
+    def delete(self, parts: tuple[str, ...], *, prune: bool = True) -> bool:
+        """Remove a file or link (and, with ``prune``, the folders it leaves empty), or an
+        empty folder; False when there was nothing to remove (a folder that is not empty
+        stays: what it holds is not the server's to delete)."""
         self.index.forget("/".join(parts))
         for depth in range(1, len(parts)):  # checked again from DEST on the next write
             self._safe_dirs.discard(parts[:depth])
-        return remove_beneath(self.root, parts)
+        try:
+            st = lstat_beneath(self.root, parts)
+        except FileNotFoundError:
+            return False  # (a link on the way raises: never deleted through, and said so)
+        if stat.S_ISDIR(st.st_mode):
+            self._safe_dirs = {d for d in self._safe_dirs if d[: len(parts)] != parts}
+            return rmdir_beneath(self.root, parts)
+        return remove_beneath(self.root, parts, prune=prune)
+
+    # -- folders, links, modes --------------------------------------------------------
+
+    def make_dir(self, parts: tuple[str, ...], mode: int | None) -> Node:
+        """Make folder ``parts`` (a file or link in the way goes) with the server's mode."""
+        name = "/".join(parts)
+        try:
+            os.close(open_dir_beneath(self.root, parts, create=True))
+        except OutsideRootError:  # the last component is a file or link: DEST is a mirror
+            try:
+                st = lstat_beneath(self.root, parts)
+            except FileNotFoundError:
+                st = None
+            if st is None or stat.S_ISDIR(st.st_mode):
+                raise
+            log.warning("%s: replacing what DEST holds there by the server's folder", name)
+            remove_beneath(self.root, parts, prune=False)
+            self.index.forget(name)
+            os.close(open_dir_beneath(self.root, parts, create=True))
+        bits = None if mode is None else local_mode(mode, self.mask, Kind.DIR)
+        st = set_attrs_beneath(self.root, parts, mode=bits)
+        node = Node(name, NODE_DIR, _perms(st))
+        self.index.record_node(node)
+        return node
+
+    def make_link(self, parts: tuple[str, ...], target: str) -> Node:
+        """Make symbolic link ``parts`` -> ``target`` (checked by the engine), replacing
+        what is there; made under a temp name, then renamed into place."""
+        self.abort()
+        tmp = self._temp_name()
+        os.symlink(target, tmp)
+        self._rename_into_place(tmp, parts, "")
+        st = lstat_beneath(self.root, parts)
+        node = Node("/".join(parts), NODE_SYMLINK, 0, target, st.st_mtime_ns, st.st_ino)
+        self.index.record_node(node)
+        return node
+
+    def touch(self, parts: tuple[str, ...], meta: EntryMeta, sha1: str, size: int) -> bool:
+        """Set mode and mtime of the file DEST holds at ``parts`` when it is the version
+        with ``sha1`` and ``size`` (as the index knows it, unchanged since); else False."""
+        entry = self.index.get("/".join(parts))
+        if entry is None or entry.sha1 != sha1 or entry.size != size:
+            return False
+        try:
+            st = lstat_beneath(self.root, parts)
+        except (FileNotFoundError, UnsafePathError):
+            return False
+        if not stat.S_ISREG(st.st_mode) or entry.key != (st.st_size, st.st_mtime_ns, st.st_ino):
+            return False
+        bits = None if meta.mode is None else local_mode(meta.mode, self.mask, Kind.FILE)
+        st = set_attrs_beneath(self.root, parts, mode=bits, mtime_ns=meta.mtime_ns)
+        self.index.record(entry._replace(mtime_ns=st.st_mtime_ns, mode=_perms(st)))
+        return True
+
+
+def _perms(st: os.stat_result) -> int:
+    return st.st_mode & 0o7777

@@ -82,6 +82,7 @@ MAX_JOURNAL = 16 << 20
 _READ_BLOCK = 1 << 20
 _MAGIC = b"filemq-partial 1 "
 _JOURNAL = ".journal"
+_PARTIAL_MODE = 0o600  # a partial file and its journal (filemq.mirror's temp files too)
 _HEADER = re.compile(rb"filemq-partial 1 ([0-9a-f]{40}) (\d{1,19}) (\d{1,19}) ([^\n]+)")
 _CHECKPOINT = re.compile(rb"(\d{1,19}) ([0-9a-f]{40})")
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -267,9 +268,12 @@ class PartialStore:
             self.discard(oldest)
         data = self.data_name(name)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _CLOEXEC
-        fd = open_beneath(self.root, (data,), flags)
+        # readable by the mirror only until verified and given the server's mode
+        fd = open_beneath(self.root, (data,), flags, _PARTIAL_MODE)
         try:
-            journal = open_beneath(self.root, (data + _JOURNAL,), flags | os.O_APPEND)
+            journal = open_beneath(
+                self.root, (data + _JOURNAL,), flags | os.O_APPEND, _PARTIAL_MODE
+            )
         except BaseException:
             os.close(fd)
             self._unlink(data)

@@ -25,7 +25,13 @@ a root goes through it:
 * ``lstat_beneath``: what a name is, without following it;
 * ``replace_beneath``: rename a finished temp file into place, creating folders;
 * ``remove_beneath``: delete a file and the folders it leaves empty;
-* ``safe_target`` / ``make_parents``: the same checks for a name about to be written.
+* ``safe_target`` / ``make_parents``: the same checks for a name about to be written;
+* ``readlink_beneath`` / ``resolve_beneath``: what a symbolic link below the root says,
+  and where it leads -- resolved one component at a time through the same walk, links
+  on the way followed only while they stay below the root (``OutsideRootError`` as
+  soon as one leads out, dangles into a folder that is not there, or loops);
+* ``set_attrs_beneath``: permission bits and mtime of a file or folder (never of a link);
+* ``rmdir_beneath``: remove an empty folder.
 
 A link, or a non-folder where a folder is needed, raises ``OutsideRootError``
 (an ``UnsafePathError``); a missing component raises ``FileNotFoundError``; any
@@ -55,11 +61,15 @@ __all__ = [
     "make_parents",
     "open_beneath",
     "open_dir_beneath",
+    "readlink_beneath",
     "relative_inside",
     "relative_parts",
     "remove_beneath",
     "replace_beneath",
+    "resolve_beneath",
+    "rmdir_beneath",
     "safe_target",
+    "set_attrs_beneath",
     "under_prefix",
     "virtual_path",
 ]
@@ -329,8 +339,9 @@ def replace_beneath(source: str, root: Root, parts: Sequence[str]) -> None:
         os.close(parent)
 
 
-def remove_beneath(root: Root, parts: Sequence[str]) -> bool:
-    """Delete file ``root/parts...`` and the folders that leaves empty (never the root).
+def remove_beneath(root: Root, parts: Sequence[str], *, prune: bool = True) -> bool:
+    """Delete file (or link) ``root/parts...`` and, with ``prune``, the folders that
+    leaves empty (never the root).
 
     False when there was nothing to delete.  Nothing outside the root is ever
     touched: the folders are reached through ``open_dir_beneath``.
@@ -346,7 +357,7 @@ def remove_beneath(root: Root, parts: Sequence[str]) -> bool:
         return False
     finally:
         os.close(parent)
-    for depth in range(len(parts) - 1, 0, -1):  # folders this delete left empty
+    for depth in range(len(parts) - 1 if prune else 0, 0, -1):  # folders left empty
         try:
             above = open_dir_beneath(root, parts[: depth - 1])
         except OSError:
@@ -390,3 +401,134 @@ def safe_target(root: Path, parts: tuple[str, ...], *, directory_ok: bool = Fals
 def make_parents(root: Path, parts: tuple[str, ...]) -> None:
     """Create the parent directories of ``parts`` under ``root`` without following links."""
     os.close(open_dir_beneath(root, parts[:-1], create=True))
+
+
+_MAX_LINK_HOPS = 40  # links followed while resolving one link (the kernel's limit too)
+
+
+def readlink_beneath(root: Root, parts: Sequence[str]) -> str:
+    """The target of the symbolic link ``root/parts...`` (no link on the way followed).
+
+    ``OSError`` (``EINVAL``) when it is not a link.
+    """
+    if not parts:
+        raise UnsafePathError("empty file name")
+    _check_part(parts[-1])
+    parent = open_dir_beneath(root, parts[:-1])
+    try:
+        return os.readlink(parts[-1], dir_fd=parent)
+    finally:
+        os.close(parent)
+
+
+def _absolute_inside(root_path: str, target: str) -> list[str]:
+    """The parts below ``root_path`` of absolute link ``target``; OutsideRootError if none."""
+    for base in dict.fromkeys((os.path.abspath(root_path), os.path.realpath(root_path))):
+        if target == base or target.startswith(base.rstrip("/") + "/"):
+            return [p for p in target[len(base) :].split("/") if p]
+    raise OutsideRootError(f"{target!r}: an absolute target outside the root")
+
+
+def resolve_beneath(root: str | os.PathLike[str], parts: Sequence[str]) -> tuple[str, ...]:
+    """Where the symbolic link ``root/parts...`` leads, as parts below ``root``.
+
+    Resolved as the kernel would, one component at a time, every step through
+    ``open_dir_beneath`` / ``lstat_beneath``: a ``..`` above the root, an absolute
+    target that is not below the root's path, more than 40 links, or a component
+    that is not a folder where one is needed raises ``OutsideRootError``; a missing
+    component raises ``FileNotFoundError``.  The result names no link (it may be a
+    folder, a file, or the root itself: ``()``).  Nothing is opened but folders on
+    the way and the links' own entries: the caller opens the result (``open_beneath``,
+    which refuses a link swapped in meanwhile).
+    """
+    root_path = os.fspath(root)
+    for part in parts:
+        _check_part(part)
+    current: list[str] = list(parts[:-1])
+    todo: list[str] = []  # components still to walk, the next one last
+
+    def follow(link: Sequence[str]) -> None:
+        nonlocal current
+        target = readlink_beneath(root_path, link)
+        if not target:
+            raise FileNotFoundError(f"{'/'.join(link)!r}: empty link")
+        if target.startswith("/"):
+            current = []
+            todo.extend(reversed(_absolute_inside(root_path, target)))
+        else:
+            todo.extend(reversed(target.split("/")))
+
+    follow(parts)
+    hops = 1
+    while todo:
+        part = todo.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not current:
+                raise OutsideRootError(f"{'/'.join(parts)!r}: leads above the root")
+            current.pop()
+            continue
+        if "\0" in part:
+            raise UnsafePathError(f"{part!r}: NUL in a link target")
+        st = lstat_beneath(root_path, [*current, part])
+        if stat.S_ISLNK(st.st_mode):
+            hops += 1
+            if hops > _MAX_LINK_HOPS:
+                raise OutsideRootError(f"{'/'.join(parts)!r}: too many levels of links")
+            follow([*current, part])
+            continue
+        if todo and not stat.S_ISDIR(st.st_mode):
+            raise OutsideRootError(f"{'/'.join(parts)!r}: {part!r} is not a folder")
+        current.append(part)
+    return tuple(current)
+
+
+_PATH_ONLY = getattr(os, "O_PATH", 0)
+
+
+def set_attrs_beneath(
+    root: Root, parts: Sequence[str], *, mode: int | None = None, mtime_ns: int | None = None
+) -> os.stat_result:
+    """Set the permission bits and/or mtime of file or folder ``root/parts...``.
+
+    No link is followed, not even the last component: a link there raises
+    ``OutsideRootError`` (a link's own mode means nothing on Linux).  The entry is
+    pinned by a descriptor first (``O_PATH``: no read permission needed, so a file
+    of mode 000 can still be changed), then changed through ``/proc/self/fd``.
+    Returns its ``stat`` afterwards.
+    """
+    fd = open_beneath(root, parts, _PATH_ONLY or os.O_RDONLY)
+    try:
+        st = os.fstat(fd)
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+            raise OutsideRootError(f"{'/'.join(parts)!r}: not a file or folder")
+        where: int | str = fd
+        if _PATH_ONLY:
+            where = f"/proc/self/fd/{fd}"
+        if mode is not None:
+            os.chmod(where, mode)
+        if mtime_ns is not None:
+            os.utime(where, ns=(mtime_ns, mtime_ns))
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
+
+
+def rmdir_beneath(root: Root, parts: Sequence[str]) -> bool:
+    """Remove the empty folder ``root/parts...``; False when it is not there, not a
+    folder, or not empty (nothing else is touched)."""
+    _check_part(parts[-1])
+    try:
+        parent = open_dir_beneath(root, parts[:-1])
+    except (FileNotFoundError, UnsafePathError):
+        return False
+    try:
+        os.rmdir(parts[-1], dir_fd=parent)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ENOTEMPTY, errno.EEXIST):
+            return False
+        raise
+    finally:
+        os.close(parent)
+    return True

@@ -25,11 +25,13 @@ A move inside a root is ``FileDeleted(old)`` then ``FileChanged(new)``; a direct
 inside a root yields that pair for every file below it (watchdog lists them). A directory
 deleted or moved out of the root yields ``FileDeleted`` for each file inotify reported and
 one coalesced ``RescanNeeded(relpath=dir)``, because files moved away with their directory
-cannot be listed any more. Creations in directories made after start are seen (watchdog
-scans a new directory as it adds its watch). Symlinks are never followed (a symlink is not
-a regular file: it reads as deleted), and a path is only reported as a file if no
-component below the root is a symlink. Names matching ``ignore`` (default: FILEMQ client
-temp files, :data:`filemq.walk.DEFAULT_IGNORE`) or not valid UTF-8 are never reported.
+cannot be listed any more.  A directory created yields ``RescanNeeded(DIRECTORY_CREATED,
+relpath=dir)``: folders are mirrored too, empty ones included.  Creations in directories
+made after start are seen (watchdog scans a new directory as it adds its watch).
+Symlinks are never followed (a symlink is not a regular file: it reads as deleted), and a
+path is only reported as a file if no component below the root is a symlink. Names
+matching ``ignore`` (default: FILEMQ client temp files, :data:`filemq.walk.DEFAULT_IGNORE`)
+or not valid UTF-8 are never reported.
 
 Never missing a change: an inotify queue overflow (detected through
 :mod:`filemq.inotify_observer`) yields ``RescanNeeded(reason=OVERFLOW)`` after watchdog has
@@ -72,6 +74,7 @@ from watchdog.events import (
     EVENT_TYPE_DELETED,
     EVENT_TYPE_MODIFIED,
     EVENT_TYPE_MOVED,
+    DirCreatedEvent,
     DirDeletedEvent,
     FileAttribEvent,
     FileClosedEvent,
@@ -121,6 +124,7 @@ _WANTED_EVENTS = (
     FileMovedEvent,
     FileDeletedEvent,
     DirDeletedEvent,
+    DirCreatedEvent,  # (a folder that may stay empty: mirrored too)
 )
 _BATCH = 4096  # raw events handled between two polls of the tracker
 _STOP = object()
@@ -368,6 +372,8 @@ class Publisher:
                 self._root_lost(mount, now)
             elif kind == EVENT_TYPE_DELETED and src:
                 self._tracker.subtree_removed(mount_name, src, now)
+            elif kind == EVENT_TYPE_CREATED and src:  # the folder itself (it may stay empty)
+                self._tracker.request_rescan(mount_name, RescanReason.DIRECTORY_CREATED, now, src)
             # Created/moved directories: watchdog reports the files inside them.
             return
         if kind == EVENT_TYPE_MOVED:  # either side may be outside the root or ignored

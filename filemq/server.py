@@ -37,6 +37,17 @@ all clients together; the pump sends a chunk only while the bucket holds tokens 
 spends its size, the loop waits for the next token otherwise.  Listings, deletes and
 markers carry no content and cost nothing.
 
+Metadata (``filemq.meta``, ``filemq.offer``): every file goes with its permission
+bits; a client that asks (option ``META``) also gets folders (empty ones too),
+symbolic links by its link policy, and ``touch`` operations when only a mode or an
+mtime changed; its ``ATTRS`` say what it holds, so a no-change resync sends nothing.
+``links=False`` (``serve --no-links``) offers no link at all.  ``filters``
+(``serve --exclude/--include/--exclude-from``, ``filemq.filters``) leave names out
+of every mount; a client's own patterns (option ``FILTER``) leave names out of what
+it gets.  A name left out by either is never sent as a delete either: a mirror's
+copy of an excluded name stays (as rsync's excludes protect the receiver's files
+unless ``--delete-excluded``).  Deletes of a resync go deepest first.
+
 Containment: every file the server opens, stats, lists or hashes is reached
 through ``filemq.paths`` (no symbolic link below a mount's directory is ever
 followed), whatever named it: a client's exact-path ICANHAZ, a watcher's
@@ -59,7 +70,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +97,10 @@ from filemq.engine_server import (
     resume_from,
     resume_points,
 )
-from filemq.index import FileEntry, FileIndex, IndexDelta
+from filemq.filters import Filters
+from filemq.index import NODE_DIR, FileEntry, FileIndex, IndexDelta, Node
+from filemq.meta import Kind, LinkPolicy, attr_kind
+from filemq.offer import LinkOffer, delete_op, file_op, node_offer, node_unchanged, unchanged
 from filemq.paths import absent, local_parts, open_beneath, relative_inside, virtual_path
 from filemq.ratelimit import TokenBucket, burst_for
 from filemq.state import load_index, server_index_path, server_state_dir
@@ -166,6 +180,8 @@ class FileServer:
         save_interval: float = 30.0,
         indexes_live: bool = False,
         bwlimit: int | None = None,
+        filters: Filters | None = None,
+        links: bool = True,
     ) -> None:
         if not mounts:
             raise ValueError("publish at least one directory")
@@ -185,10 +201,17 @@ class FileServer:
         self._insecure = insecure
         self._linger = linger_ms
         self._exclude = {m.virtual: _exclusion(m.directory, state_dir) for m in self.mounts}
+        #: What every mount leaves out (``serve --exclude``...), and whether links are offered.
+        self.filters = filters if filters else None
+        self.links = links
         self.indexes = {
-            m.virtual: FileIndex(m.directory, exclude=self._exclude[m.virtual])
+            m.virtual: FileIndex(
+                m.directory, exclude=self._exclude[m.virtual], filters=self.filters, tree=True
+            )
             for m in self.mounts
         }
+        # mount -> relative name of a file -> links copied to clients as that file
+        self._copied: dict[str, dict[str, set[str]]] = {m.virtual: {} for m in self.mounts}
         self.index_files = (
             {}
             if state_dir is None
@@ -263,6 +286,8 @@ class FileServer:
                     self.index_files.get(mount.virtual),
                     mount.directory,
                     exclude=self._exclude[mount.virtual],
+                    filters=self.filters,
+                    tree=True,
                 )
                 self.indexes[mount.virtual] = index
                 self._refresh_mount(mount)
@@ -600,11 +625,18 @@ class FileServer:
         if plan.first:
             self._close_file(client)
             try:
-                fd = self._open_source(op.name)
+                fd = self._open_source(op.source_name or op.name)
             except OSError as exc:
+                if op.source_name:  # a copied link's file went: the next resync tells
+                    session.skip_current()
+                    return None
                 return self._unopenable(session, plan, exc, retry=retry)
             st = os.fstat(fd)
             if (st.st_size, st.st_mtime_ns, st.st_ino) != (op.size, op.mtime_ns, op.inode):
+                if op.source_name:  # its file changed: sent again as that file's change
+                    os.close(fd)
+                    session.skip_current()
+                    return None
                 fresh = self._refresh_op(op.name, session)
                 if fresh is None:  # there, but not readable any more
                     os.close(fd)
@@ -684,15 +716,37 @@ class FileServer:
     def _op(
         self, mount: Mount, entry: FileEntry, operation: Operation = Operation.CREATE
     ) -> FileOp:
-        return FileOp(
-            mount.prefix + entry.name,
-            operation,
-            os.path.join(mount.directory, entry.name),
-            entry.size,
-            entry.mtime_ns,
-            entry.sha1,
-            inode=entry.inode,
+        op = file_op(mount.prefix + entry.name, entry, os.path.join(mount.directory, entry.name))
+        return op if operation is Operation.CREATE else replace(op, operation=operation)
+
+    def _published(self, name: str) -> bool:
+        """May a client see virtual ``name`` (not denied, in the mount that owns it)?"""
+        return not self._denied(name) and self._owner(name) is not None
+
+    def _covering(self, session: ServerSession, name: str) -> str:
+        """The subscription of ``session`` that covers ``name`` (its DEST), dir form."""
+        for path in session.subscriptions:
+            if name.startswith(path):
+                return _dest_base(path)
+        return "/"
+
+    def _node_offer(
+        self, session: ServerSession, mount: Mount, node: Node, name: str, base: str
+    ) -> LinkOffer:
+        offer = node_offer(
+            name,
+            node,
+            directory=mount.directory,
+            index=self.indexes[mount.virtual],
+            base=base,
+            prefix=mount.prefix,
+            policy=session.links,
+            links_on=self.links,
+            published=lambda virtual: self._published(virtual) and self._owner(virtual) is mount,
         )
+        if offer.copied_from:
+            self._copied[mount.virtual].setdefault(offer.copied_from, set()).add(node.name)
+        return offer
 
     def _refresh_op(self, name: str, sending: ServerSession) -> FileOp | None:
         """The file ``sending`` was about to send changed: index it again, tell the others.
@@ -709,9 +763,10 @@ class FileServer:
         entry = index.update(rel)
         if index.held(rel):
             return None
-        op = FileOp(name, Operation.DELETE) if entry is None else self._op(mount, entry)
+        op = delete_op(name) if entry is None else self._op(mount, entry)
         if entry is not before:
             self._queue_live([op], skip=sending)
+            self._requeue_copies(mount, [rel], skip=sending)
         return op
 
     def _mirror_loop(self, sub: Subscribe) -> str:
@@ -747,8 +802,10 @@ class FileServer:
         )
         if not sub.resync:
             return
-        files = self._files_under(session, sub)
-        if sub.listing:
+        base = _dest_base(sub.path) if sub.listing else self._covering(session, sub.path)
+        found = self._files_under(session, sub, base)
+        files, nodes = found.files, found.nodes
+        if sub.listing:  # files only, with their modes (``filemq.lister``)
             ops = [self._op(*files[name], Operation.STAT) for name in sorted(files)]
             session.enqueue(ops)
             session.enqueue_marker(sub.path)
@@ -756,29 +813,47 @@ class FileServer:
                 "client %s: listing of %s: %d files", session.client_id.hex(), sub.path, len(ops)
             )
             return
-        cache = sub.cache
-        # deletes first, then creates; each sorted, and only what must be sent is sorted
+        cache, attrs = sub.cache, sub.attrs
+        mask = sub.meta
+        # deletes first (deepest first: a folder after what was in it), then creates in
+        # name order (a folder before what goes in it); only what must be sent is sorted
         # (a no-change resync of 10,000 files sorts nothing)
+        held = [*cache, *attrs] if mask is not None else list(cache)
         deletes = [
             name
-            for name in cache
+            for name in dict.fromkeys(held)
             if name not in files
+            and name not in found.has
             and name.startswith(sub.path)
             and not self._denied(name)
             and not self._held(name)
+            and not self._left_out(session, base, name, attrs.get(name))
         ]
-        deletes.sort()
-        ops = [FileOp(name, Operation.DELETE) for name in deletes]
-        creates = [name for name, (_m, entry) in files.items() if cache.get(name) != entry.sha1]
-        creates.sort()
+        deletes.sort(reverse=True)
+        ops = [delete_op(name, attr_kind(attrs.get(name, "")) or Kind.FILE) for name in deletes]
         points = resume_points(sub.path, sub.options)
-        for name in creates:
-            op = resume_from(self._op(*files[name]), points)
-            if op.start:
-                log.info(
-                    "client %s: %s resumes at byte %d", session.client_id.hex(), name, op.start
-                )
-            ops.append(op)
+        sends: list[FileOp] = []
+        for name, (mount, entry) in files.items():
+            if cache.get(name) != entry.sha1:
+                sends.append(self._resumed(session, self._op(mount, entry), points))
+            elif mask is not None:
+                touch = unchanged(entry, name, attrs, mask)
+                if touch is not None:
+                    sends.append(touch)
+        if mask is not None:
+            for name, (mount, node) in nodes.items():
+                offer = self._node_offer(session, mount, node, name, base)
+                if offer.entry is not None:  # a link copied as its file
+                    if cache.get(name) != offer.entry.sha1:
+                        sends.append(self._resumed(session, offer.op, points))
+                    else:
+                        touch = unchanged(offer.entry, name, attrs, mask)
+                        if touch is not None:
+                            sends.append(touch)
+                elif not node_unchanged(offer, node, name, attrs, mask):
+                    sends.append(offer.op)
+        sends.sort(key=lambda op: op.name)
+        ops += sends
         session.enqueue(plan_headers(ops))
         session.enqueue_marker(sub.path)
         log.info(
@@ -788,11 +863,24 @@ class FileServer:
             len(ops),
         )
 
-    def _files_under(
-        self, session: ServerSession, sub: Subscribe
-    ) -> dict[str, tuple[Mount, FileEntry]]:
-        """Every file published under ``sub.path`` (virtual name -> its mount and entry)."""
+    def _resumed(
+        self, session: ServerSession, op: FileOp, points: dict[str, tuple[int, str]]
+    ) -> FileOp:
+        """``op`` from where the client's partial copy of this version ends (RESUME)."""
+        op = resume_from(op, points)
+        if op.start:
+            log.info(
+                "client %s: %s resumes at byte %d", session.client_id.hex(), op.name, op.start
+            )
+        return op
+
+    def _files_under(self, session: ServerSession, sub: Subscribe, base: str) -> _Found:
+        """Every file, folder and link published under ``sub.path`` that the request's
+        patterns (``sub.filters``, matched from ``base``, the client's DEST) admit."""
         files: dict[str, tuple[Mount, FileEntry]] = {}
+        nodes: dict[str, tuple[Mount, Node]] = {}  # (META clients)
+        has: set[str] = set()  # every name the server has under the path (never deleted)
+        filters = sub.filters
         for mount in self.mounts:
             prefix = mount.prefix
             if not (prefix.startswith(sub.path) or sub.path.startswith(prefix)):
@@ -803,29 +891,49 @@ class FileServer:
             if not self.indexes_live and self._refreshed[mount.virtual] < session.connected_at:
                 self._publish(mount, index.refresh(subdir), skip=session)
             elif rest and not rest.endswith("/"):  # one file asked for again: check it now
-                before = index.get(rest)
-                after = index.update(rest)
-                if after is not before:
-                    changed = (after,) if after is not None else ()
-                    removed = (rest,) if after is None else ()
-                    self._publish(mount, IndexDelta(changed, removed), skip=session)
+                self._update_name(mount, rest, skip=session)
             shadowed = self._shadowing(mount)
             whole = prefix.startswith(sub.path)  # every file of this mount is wanted
-            for name, entry in index.entries().items():
-                name = prefix + name
-                if not whole and not name.startswith(sub.path):
-                    continue
-                if (self.deny and self._denied(name)) or (
-                    shadowed and self._owner(name) is not mount
-                ):
-                    continue
-                files[name] = (mount, entry)
-        return files
+            for table, found in ((index.entries(), files), (index.nodes(), nodes)):
+                for name, item in table.items():
+                    name = prefix + name
+                    if not whole and not name.startswith(sub.path):
+                        continue
+                    if (self.deny and self._denied(name)) or (
+                        shadowed and self._owner(name) is not mount
+                    ):
+                        continue
+                    has.add(name)
+                    if filters is not None and _patterns_exclude(
+                        filters, name, base, getattr(item, "kind", "") == NODE_DIR
+                    ):
+                        continue
+                    found[name] = (mount, item)  # type: ignore[assignment]
+        return _Found(files, nodes, has)
+
+    def _left_out(self, session: ServerSession, path: str, name: str, attr: str | None) -> bool:
+        """Is ``name`` excluded by the client's patterns or the server's (then a copy a
+        mirror has there is never deleted)?"""
+        is_dir = attr is not None and attr_kind(attr) is Kind.DIR
+        if session.filters is not None and session.excludes(name, path, is_dir):
+            return True
+        if self.filters is None:
+            return False
+        located = self._locate(name)
+        return located is not None and self.filters.excluded_path(located[1], is_dir)
 
     def _publish(self, mount: Mount, delta: IndexDelta, skip: ServerSession | None = None) -> None:
         ops = [self._op(mount, e) for e in delta.changed]
-        ops += [FileOp(mount.prefix + n, Operation.DELETE) for n in delta.removed]
+        removed = [(n, Kind.FILE) for n in delta.removed]
+        for node_name in delta.removed_nodes:
+            removed.append((node_name, Kind.DIR))  # (a link or folder: the client looks)
+        ops += [delete_op(mount.prefix + n, kind) for n, kind in removed]
         self._queue_live([op for op in ops if self._owner(op.name) is mount], skip)
+        if delta.nodes:
+            self._queue_nodes(mount, delta.nodes, skip)
+        if delta.changed or delta.removed:
+            names = [e.name for e in delta.changed] + list(delta.removed)
+            self._requeue_copies(mount, names, skip)
 
     def _held(self, name: str) -> bool:
         """Is virtual ``name`` there but unreadable (so its copies must not be deleted)?"""
@@ -849,6 +957,101 @@ class FileServer:
             if wanted:
                 session.enqueue(wanted)
 
+    def _queue_nodes(
+        self, mount: Mount, nodes: Iterable[Node], skip: ServerSession | None = None
+    ) -> None:
+        """Folders and links that changed: to every META client that wants them."""
+        named = [
+            (mount.prefix + node.name, node)
+            for node in nodes
+            if self._owner(mount.prefix + node.name) is mount
+            and not self._denied(mount.prefix + node.name)
+        ]
+        for session in self._sessions.values():
+            if session is skip or session.meta is None:
+                continue
+            ops = [
+                self._node_offer(session, mount, node, name, self._covering(session, name)).op
+                for name, node in named
+                if session.wants(name, node.kind == NODE_DIR)
+            ]
+            if ops:
+                session.enqueue(ops)
+
+    def _requeue_copies(
+        self, mount: Mount, names: Iterable[str], skip: ServerSession | None = None
+    ) -> None:
+        """Files that changed or went: links copied as them are sent again (copy clients)."""
+        copied = self._copied[mount.virtual]
+        if not copied:
+            return
+        links = {link for name in names for link in copied.pop(name, ())}
+        index = self.indexes[mount.virtual]
+        nodes = [node for node in map(index.node, sorted(links)) if node is not None]
+        if not nodes:
+            return
+        for session in self._sessions.values():
+            if session is skip or session.meta is None or session.links is not LinkPolicy.COPY:
+                continue
+            ops = []
+            for node in nodes:
+                name = mount.prefix + node.name
+                if self._denied(name) or not session.wants(name):
+                    continue
+                offer = self._node_offer(session, mount, node, name, self._covering(session, name))
+                ops.append(offer.op)
+            if ops:
+                session.enqueue(ops)
+
+    def _update_name(
+        self,
+        mount: Mount,
+        rel: str,
+        *,
+        rehash: bool = False,
+        skip: ServerSession | None = None,
+    ) -> None:
+        """Index ``rel`` again and tell the clients what changed there."""
+        index = self.indexes[mount.virtual]
+        before = index.lookup(rel)
+        index.update(rel, rehash=rehash)
+        after = index.lookup(rel)
+        if after is before:
+            return  # this version was published already
+        if after is not None:  # folders made for it first (their modes)
+            self._publish(mount, self._folders_above(index, rel), skip=skip)
+        if isinstance(after, FileEntry):
+            self._publish(mount, IndexDelta((after,), ()), skip=skip)
+        elif after is not None:
+            self._publish(mount, IndexDelta((), (), (after,)), skip=skip)
+        elif isinstance(before, Node):
+            self._publish(mount, IndexDelta((), (), (), (rel,)), skip=skip)
+        else:
+            self._publish(mount, IndexDelta((), (rel,)), skip=skip)
+        if after is None:  # folders it leaves behind, if they went too (a folder moved)
+            self._publish(mount, self._folders_above(index, rel), skip=skip)
+
+    def _folders_above(self, index: FileIndex, rel: str) -> IndexDelta:
+        """Look at the folders above ``rel`` again (a watcher reports files, not folders):
+        the ones made or gone, deepest first."""
+        if not index.tree:
+            return IndexDelta((), ())
+        parts = rel.split("/")
+        made: list[Node] = []
+        gone: list[str] = []
+        for depth in range(len(parts) - 1, 0, -1):
+            folder = "/".join(parts[:depth])
+            before = index.node(folder)
+            index.update(folder)
+            after = index.node(folder)
+            if after is before:
+                break  # (so are the ones above it)
+            if after is not None:
+                made.append(after)
+            elif before is not None:
+                gone.append(folder)
+        return IndexDelta((), (), tuple(reversed(made)), tuple(gone))
+
     def _changed(self, mount_virtual: str, name: str, *, rehash: bool) -> None:
         mount = next((m for m in self.mounts if m.virtual == virtual_path(mount_virtual)), None)
         if mount is None:
@@ -858,15 +1061,7 @@ class FileServer:
         located = self._locate(full)
         if located is None or located[0] is not mount:
             return  # shadowed by a more specific mount
-        index = self.indexes[mount.virtual]
-        rel = located[1]
-        before = index.get(rel)
-        entry = index.update(rel, rehash=rehash)
-        if entry is before:
-            return  # this version was published already
-        self._queue_live(
-            [FileOp(full, Operation.DELETE) if entry is None else self._op(mount, entry)]
-        )
+        self._update_name(mount, located[1], rehash=rehash)
 
     def _rescan(self, mount_virtual: str, subtree: str = "") -> None:
         for mount in self.mounts:
@@ -886,6 +1081,26 @@ class FileServer:
                     len(delta.removed),
                 )
             self._publish(mount, delta)
+
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    """What a resync or a listing covers (``FileServer._files_under``)."""
+
+    files: dict[str, tuple[Mount, FileEntry]]  # virtual name -> its mount and entry
+    nodes: dict[str, tuple[Mount, Node]]  # folders and links
+    has: set[str]  # every name there, the excluded ones too (never deleted)
+
+
+def _dest_base(path: str) -> str:
+    """Subscription ``path`` in folder form: where a client's patterns are matched from."""
+    return path if path.endswith("/") else path.rpartition("/")[0] + "/"
+
+
+def _patterns_exclude(filters: Filters, name: str, base: str, is_dir: bool) -> bool:
+    """Do ``filters`` (a client's, matched from folder ``base``) leave out ``name``?"""
+    rel = name[len(base) :].lstrip("/") if name.startswith(base) else ""
+    return bool(rel) and filters.excluded_path(rel, is_dir)
 
 
 def _peer_key(frame: Any) -> str:

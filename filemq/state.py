@@ -26,6 +26,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from filemq.filters import Filters
 from filemq.index import FileIndex, IndexFormatError
 
 __all__ = ["default_state_dir", "load_index", "server_index_path", "server_state_dir"]
@@ -59,11 +60,13 @@ def load_index(
     root: str | os.PathLike[str],
     *,
     exclude: Callable[[str], bool] | None = None,
+    filters: Filters | None = None,
+    tree: bool = False,
 ) -> FileIndex:
     """The index saved at ``path`` for ``root``, or an empty one (missing or unusable)."""
     if path is not None and os.path.exists(path):
         try:
-            return FileIndex.load(path, root, exclude=exclude)
+            return FileIndex.load(path, root, exclude=exclude, filters=filters, tree=tree)
         except IndexFormatError as exc:
             log.warning("ignoring saved index (it will be rebuilt): %s", exc)
-    return FileIndex(root, exclude=exclude)
+    return FileIndex(root, exclude=exclude, filters=filters, tree=tree)

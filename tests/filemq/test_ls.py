@@ -17,6 +17,8 @@ import zmq
 
 from filemq import fmq_msg
 from filemq.client import SyncError, SyncRefused
+from filemq.engine_client import FileListed
+from filemq.filters import Filters
 from filemq.lister import ListedFile, list_files
 from filemq.security import new_certificate
 from filemq.server import FileServer
@@ -24,6 +26,7 @@ from filemq.server import FileServer
 from .conftest import write_tree
 
 Serve = Callable[..., FileServer]
+
 TREE = {"a.txt": b"alpha", "sub/b.bin": b"b" * 300_000, "sub/deep/c": b"", "z z.txt": b"zed"}
 
 
@@ -33,7 +36,14 @@ def sha1(data: bytes) -> str:
 
 def expected(src: Path, prefix: str = "/") -> list[ListedFile]:
     return [
-        ListedFile(prefix + name, len(data), (src / name).stat().st_mtime_ns, sha1(data), {})
+        ListedFile(
+            prefix + name,
+            len(data),
+            (src / name).stat().st_mtime_ns,
+            sha1(data),
+            {},
+            (src / name).stat().st_mode & 0o7777,
+        )
         for name, data in sorted(TREE.items())
     ]
 
@@ -63,6 +73,28 @@ def test_listing_of_mounts_at_virtual_paths(
         "/media/pics/p.jpg",
     ]
     assert [f.path for f in list_files(zctx, server.endpoint, "/media")] == ["/media/pics/p.jpg"]
+
+
+def test_listing_shows_modes_and_what_the_server_publishes_files_only(
+    tmp_path: Path, serve: Serve, zctx: zmq.Context[Any]
+) -> None:
+    """A listing is the server's view: its own patterns apply (an excluded name is not
+    published), folders (even empty ones) and links are not listed, modes are."""
+    src = tmp_path / "src"
+    write_tree(src, {"keep.txt": b"k", "run.sh": b"#!/bin/sh\n", "noise.log": b"n"})
+    (src / "run.sh").chmod(0o750)
+    (src / "keep.txt").chmod(0o604)
+    (src / "empty").mkdir()
+    (src / "link").symlink_to("keep.txt")
+    server = serve(src, filters=Filters.from_options([("exclude", "*.log")], []))
+    listed = list_files(zctx, server.endpoint)
+    assert [(f.path, f.mode) for f in listed] == [("/keep.txt", 0o604), ("/run.sh", 0o750)]
+    assert all("kind" not in f.headers for f in listed)
+
+
+def test_a_listing_with_a_garbage_mode_header_keeps_the_entry_without_a_mode() -> None:
+    entry = FileListed("x", {"sha1": "a" * 40, "size": "1", "mtime_ns": "5", "mode": "9z"})
+    assert ListedFile.from_stat("/", entry) == ListedFile("/x", 1, 5, "a" * 40, {}, -1)
 
 
 class Unaware:
@@ -175,13 +207,21 @@ def test_ls_command_lines_and_json(tmp_path: Path, serve: Serve) -> None:
     src = tmp_path / "src"
     write_tree(src, TREE)
     os.utime(src / "a.txt", ns=(0, 1_700_000_000_123_456_789))
+    (src / "a.txt").chmod(0o640)
+    (src / "sub/b.bin").chmod(0o755)
     server = serve(src)
     plain = _ls(server.endpoint)
     assert plain.returncode == 0, plain.stderr
     lines = plain.stdout.splitlines()
     assert len(lines) == len(TREE)
-    size, when, digest, path = lines[0].split(maxsplit=3)
-    assert (size, when, digest, path) == ("5", "2023-11-14T22:13:20Z", sha1(b"alpha"), "/a.txt")
+    mode, size, when, digest, path = lines[0].split(maxsplit=4)
+    assert (mode, size, when, digest, path) == (
+        "0640",
+        "5",
+        "2023-11-14T22:13:20Z",
+        sha1(b"alpha"),
+        "/a.txt",
+    )
     assert lines[-1].endswith("  /z z.txt")
     as_json = _ls(server.endpoint, "/sub", "--json")
     assert as_json.returncode == 0, as_json.stderr
@@ -192,6 +232,7 @@ def test_ls_command_lines_and_json(tmp_path: Path, serve: Serve) -> None:
         "mtime_ns": (src / "sub/b.bin").stat().st_mtime_ns,
         "mtime": objects[0]["mtime"],
         "sha1": sha1(b"b" * 300_000),
+        "mode": "755",
     }
     assert [o["path"] for o in objects] == ["/sub/b.bin", "/sub/deep/c"]
     empty = _ls(server.endpoint, "/nothing")

@@ -79,10 +79,11 @@ def test_replace_with_shorter_file_and_delete(
     src, dest = tmp_path / "src", tmp_path / "dest"
     write_tree(src, {"keep.txt": b"k", "shrink.txt": b"x" * 10_000, "gone.txt": b"bye"})
     server = serve(src)
-    sync_once(server.endpoint, dest)
+    idx = tmp_path / "mirror.idx"  # (a known mirror: its deletes need no --delete-extraneous)
+    sync_once(server.endpoint, dest, index_path=idx)
     (src / "shrink.txt").write_bytes(b"short")
     (src / "gone.txt").unlink()
-    result = sync_once(server.endpoint, dest)
+    result = sync_once(server.endpoint, dest, index_path=idx)
     assert (result.files, result.deleted) == (1, 1)
     assert (dest / "shrink.txt").read_bytes() == b"short"
     assert sorted(read_tree(dest)) == ["keep.txt", "shrink.txt"]
@@ -95,7 +96,7 @@ def test_resync_deletes_local_extras_and_uses_saved_index(
     write_tree(src, {"a": b"1", "b/c": b"2"})
     write_tree(dest, {"extra": b"local only", "b/old": b"old"})
     server = serve(src)
-    result = sync_once(server.endpoint, dest, index_path=idx)
+    result = sync_once(server.endpoint, dest, index_path=idx, delete_extraneous=True)
     assert result.deleted == 2 and read_tree(dest) == {"a": b"1", "b/c": b"2"}
     assert idx.exists()
     again = sync_once(server.endpoint, dest, index_path=idx)
