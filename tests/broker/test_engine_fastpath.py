@@ -155,7 +155,7 @@ def _counters(kit: Kit) -> list[tuple[Any, ...]]:
         return []
     return [
         (q.id, q.sequence, q.received, q.sent, q.deliveries, q.n_priority, q.n_regular,
-         q.last_received, q.last_sent, q.acks, q.nacks, q._rr, len(q.pending),
+         q.last_received, q.last_sent, q.acks, q.nacks, q.rr, len(q.pending),
          dict(q.used), q.dropped)
         for q in channel.queues.values()
     ]  # fmt: skip

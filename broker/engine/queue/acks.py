@@ -17,7 +17,7 @@ from broker import tmqp
 from broker.engine.delivery import AckWhen, Decision, PutBack
 from broker.engine.message import DELAYED, DONE, INFLIGHT, QUEUED, QueueMessage
 from broker.engine.queue.core import QueueCore
-from broker.protocol import Header, NackReason, Outgoing, QueueStatus, header
+from broker.protocol import Header, NackReason, Outgoing, header
 
 if TYPE_CHECKING:
     from broker.engine.channel import Client
@@ -95,7 +95,7 @@ class QueueAcknowledgements(QueueCore):
         if limit and m.put_backs > limit:
             self.drop(m, out, NackReason.LIMIT_EXCEEDED)
             return
-        if not self.alive or self.status is QueueStatus.STOPPED:
+        if not self.alive or not self.strategy.keeps_returns:
             self.drop(m, out, NackReason.CLEARED)
             return
         delay = self.options.put_back_delay
@@ -163,6 +163,15 @@ class QueueAcknowledgements(QueueCore):
         if self.wake_at is None or when < self.wake_at:
             self.wake_at = when
             self.host.wake(self, when)  # type: ignore[arg-type]
+
+    def start_timeout(self, m: QueueMessage, now: float) -> None:
+        """Start the message's MessageTimeout (if the queue has one)."""
+        timeout = self.options.message_timeout
+        if timeout:
+            m.deadline = now + timeout / 1000.0
+            self._expiry.append((m.deadline, m))
+            if self.wake_at is None:
+                self._arm(m.deadline)
 
     def expire(self, m: QueueMessage, out: list[Outgoing]) -> None:
         """A queued message (already uncounted) passed its MessageTimeout."""

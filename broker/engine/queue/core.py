@@ -29,7 +29,8 @@ from broker.engine.delivery import (
 from broker.engine.frames import ack as ack_frame
 from broker.engine.message import DELAYED, DONE, INFLIGHT, QUEUED, Delivery, QueueMessage
 from broker.engine.options import BrokerConfig, ChannelQueueOptions
-from broker.protocol import NackReason, Outgoing, QueueStatus
+from broker.engine.queue.statuses import StatusStrategy, strategy_for
+from broker.protocol import NackReason, Outgoing
 from broker.store import Store, StoredMessage
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ class QueueCore:
         self._delayed: deque[tuple[float, QueueMessage, PutBack]] = deque()
         self.sequence = 0
         self.alive = True
-        self._rr = 0
+        self.rr = 0
         #: Deliveries in flight per consumer id (see ``broker.flow``); absent means none.
         self.used: dict[str, int] = {}
         #: The last drain stopped with messages waiting and no consumer able to take one
@@ -114,6 +115,8 @@ class QueueCore:
         self.last_sent: float | None = None
         self.options = options
         self.status = options.status
+        #: What the status decides (``broker.engine.queue.statuses``).
+        self.strategy: StatusStrategy = strategy_for(options.status)
         self.window = self._window(options)
         self.handler = host.handler_for(options.message_delivery_handler)
         self._bind_handler()
@@ -157,6 +160,23 @@ class QueueCore:
     def message_count(self) -> int:
         return self.n_priority + self.n_regular
 
+    def waiting(self) -> bool:
+        """Messages wait in the queue (a new one would queue behind them)."""
+        return bool(self.n_priority or self.n_regular or self._front)
+
+    def blocked(self) -> bool:
+        """WaitForAcknowledge holds every send until the pending acknowledges arrive."""
+        return bool(self.options.wait_for_acknowledge and self.pending)
+
+    def enqueue(self, m: QueueMessage) -> None:
+        """Append a new message to the end of its deque."""
+        if m.high_priority:
+            self.priority.append(m)
+            self.n_priority += 1
+        else:
+            self.regular.append(m)
+            self.n_regular += 1
+
     def is_empty(self) -> bool:
         return not (self.n_priority or self.n_regular or self.pending or self._delayed)
 
@@ -180,7 +200,7 @@ class QueueCore:
         """A message that never reached its consumer goes back to the front of the queue."""
         if not self.alive:
             return  # removed with its queue (and the queue's store)
-        if self.status is QueueStatus.STOPPED:
+        if not self.strategy.keeps_returns:
             self.drop(m, out, NackReason.CLEARED)
         else:
             self._requeue(m, PutBack.START)

@@ -22,15 +22,12 @@ from broker.engine.flow import ACKED, BROADCAST, CACHE, COPY, PLAIN
 from broker.engine.frames import derive
 from broker.engine.message import INFLIGHT, Delivery, QueueMessage
 from broker.engine.queue.acks import QueueAcknowledgements
-from broker.protocol import Header, MessageType, NackReason, Outgoing, QueueStatus, Tracked
+from broker.protocol import Header, MessageType, NackReason, Outgoing, Tracked
 
 if TYPE_CHECKING:
     from broker.engine.channel import Client
 
 _QUEUE = int(MessageType.QUEUE)
-_PUSH = QueueStatus.PUSH
-_RR = QueueStatus.ROUND_ROBIN
-_BROADCAST = QueueStatus.BROADCAST
 _INF = float("inf")
 #: ``Tracked(client_id, frame)`` without the named tuple's Python-level __new__.
 _tracked = tuple.__new__
@@ -45,8 +42,7 @@ class QueueDelivery(QueueAcknowledgements):
         if self._front:
             self.flush_front()
         self.stalled = False
-        status = self.status
-        if status is not _PUSH and status is not _RR and status is not _BROADCAST:
+        if not self.strategy.delivers:
             return
         consumers = self.channel.consumer_list
         if not consumers or not (self.n_priority or self.n_regular):
@@ -61,10 +57,10 @@ class QueueDelivery(QueueAcknowledgements):
             if m.deadline and m.deadline <= now:
                 self.expire(m, out)
                 continue
-            if not self._send(m, consumers, now, out):
+            if not self.send(m, consumers, now, out):
                 return
 
-    def _send(
+    def send(
         self,
         m: QueueMessage,
         consumers: Sequence[Client],
@@ -90,12 +86,7 @@ class QueueDelivery(QueueAcknowledgements):
         opts = self.options
         req_ack = opts.request_acknowledge
         targets: Sequence[Client]
-        if self.status is _RR:
-            targets = self._choose_one(m, consumers, True, req_ack)
-        elif opts.send_only_first_acquirer or m.frame.first_acquirer:
-            targets = self._choose_one(m, consumers, False, req_ack)
-        else:
-            targets = self._with_room(m, consumers, req_ack, keep)
+        targets = self.strategy.targets(self, m, consumers, req_ack, keep)  # type: ignore[arg-type]
         if not targets:
             if keep:
                 self.unpop(m)
@@ -140,7 +131,7 @@ class QueueDelivery(QueueAcknowledgements):
         # (settle_sent), or goes back if none got there (settle_unsent).
         return m.state == INFLIGHT  # False: put back by a hook, stop this drain pass
 
-    def _with_room(
+    def with_room(
         self, m: QueueMessage, consumers: Sequence[Client], req_ack: bool, keep: bool
     ) -> list[Client]:
         """The consumers that may take ``m`` now; a broadcast copy for a consumer whose
@@ -191,11 +182,11 @@ class QueueDelivery(QueueAcknowledgements):
         if self._h_end:
             self.side_effects(m, self.hook(m, "end_send", self, m), out)
 
-    def _choose_one(
+    def choose_one(
         self, m: QueueMessage, consumers: Sequence[Client], rotate: bool, req_ack: bool
     ) -> tuple[Client, ...]:
         n = len(consumers)
-        start = self._rr % n if rotate else 0
+        start = self.rr % n if rotate else 0
         check = req_ack or self._h_can
         name = self.channel.name
         window = self.window
@@ -206,7 +197,7 @@ class QueueDelivery(QueueAcknowledgements):
                 continue  # its window is full: the next one
             if not check or self._eligible(m, c, req_ack):
                 if rotate:
-                    self._rr = (start + i + 1) % n
+                    self.rr = (start + i + 1) % n
                 return (c,)
         return ()
 

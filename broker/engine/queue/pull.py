@@ -21,8 +21,8 @@ from broker import tmqp
 from broker.engine.delivery import PutBack
 from broker.engine.flow import ACKED, CACHE, COPY
 from broker.engine.frames import derive, pull_marker, response
+from broker.engine.message import INFLIGHT, QUEUED, QueueMessage
 from broker.engine.options import status_name
-from broker.engine.queue.queue import INFLIGHT, QUEUED, Delivery, QueueMessage
 from broker.protocol import (
     Header,
     MessageType,
@@ -54,14 +54,26 @@ def _unacceptable(q: Queue, count: int, clear: str) -> str:
     return f"Clear must be one of: {', '.join(_CLEAR_VALUES)}"
 
 
-def answer_pull(
+def refuse_pull(q: Queue, client: Client, request: tmqp.Frame, out: list[Outgoing]) -> None:
+    """A status without pull requests: one Unacceptable marker, then End."""
+    _refuse(q, client, request.message_id, 1, "none", out)
+
+
+def _refuse(
+    q: Queue, client: Client, rid: str, count: int, clear: str, out: list[Outgoing]
+) -> None:
+    name = q.channel.name
+    why = _unacceptable(q, count, clear)
+    out.append(Outgoing(client.id, pull_marker(rid, name, q.id, NoContent.UNACCEPTABLE, why)))
+    out.append(Outgoing(client.id, pull_marker(rid, name, q.id, NoContent.END)))
+
+
+def pull_messages(
     q: Queue, client: Client, request: tmqp.Frame, now: float, out: list[Outgoing], max_count: int
 ) -> None:
+    """Pull status: answer a request with up to ``Count`` messages (see the docstring)."""
     rid = request.message_id
     name = q.channel.name
-    if q.status is QueueStatus.CACHE:
-        _pull_cache(q, client, request, out)
-        return
     raw = header(request, Header.COUNT)
     try:
         count = 1 if raw is None else int(raw)
@@ -69,9 +81,7 @@ def answer_pull(
         count = 0
     clear = (header(request, Header.CLEAR) or "none").strip().lower()
     if q.status is not QueueStatus.PULL or count < 1 or clear not in _CLEAR_VALUES:
-        why = _unacceptable(q, count, clear)
-        out.append(Outgoing(client.id, pull_marker(rid, name, q.id, NoContent.UNACCEPTABLE, why)))
-        out.append(Outgoing(client.id, pull_marker(rid, name, q.id, NoContent.END)))
+        _refuse(q, client, rid, count, clear, out)
         return
     room = (client.prefetch.get(name) or q.window) - q.used.get(client.id, 0)
     if room <= 0:
@@ -155,7 +165,8 @@ def _take(
     return batch
 
 
-def _pull_cache(q: Queue, client: Client, request: tmqp.Frame, out: list[Outgoing]) -> None:
+def pull_latest(q: Queue, client: Client, request: tmqp.Frame, out: list[Outgoing]) -> None:
+    """Cache status: the latest message (left in the queue), or 404 Empty."""
     q.flush_front()
     latest = None
     for dq in (q.priority, q.regular):
@@ -180,4 +191,4 @@ def _pull_cache(q: Queue, client: Client, request: tmqp.Frame, out: list[Outgoin
     out.append(Outgoing(client.id, frame))
 
 
-__all__ = ["Delivery", "answer_pull"]
+__all__ = ["pull_latest", "pull_messages", "refuse_pull"]

@@ -30,8 +30,10 @@ from broker.engine.flow import PLAIN
 from broker.engine.frames import derive
 from broker.engine.message import DELAYED, DONE, INFLIGHT, QUEUED, Delivery, QueueMessage
 from broker.engine.options import ChannelQueueOptions
+from broker.engine.queue import pull
 from broker.engine.queue.core import QueueHost
 from broker.engine.queue.delivery import QueueDelivery
+from broker.engine.queue.statuses import strategy_for
 from broker.protocol import MessageType, NackReason, Outgoing, QueueStatus, ResultCode, Tracked
 
 if TYPE_CHECKING:
@@ -66,6 +68,7 @@ class Queue(QueueDelivery):
         old = self.options
         self.options = options
         self.status = options.status
+        self.strategy = strategy_for(options.status)
         self.window = self._window(options)
         self._out_version += 1
         if options.message_delivery_handler != old.message_delivery_handler:
@@ -73,8 +76,7 @@ class Queue(QueueDelivery):
             self._bind_handler()
         else:
             self._refresh_plain()
-        if options.status is QueueStatus.STOPPED and old.status is not QueueStatus.STOPPED:
-            self.clear(out, priority=True, regular=True, in_flight=True)
+        self.strategy.entered(self, old.status, out)
         self.drain(now, out)
 
     def information(self, wall: float, now: float) -> dict[str, Any]:
@@ -89,15 +91,15 @@ class Queue(QueueDelivery):
 
     def check_push(self, size: int) -> int:
         """Result code a push of ``size`` payload octets would get (0 = accepted)."""
-        status = self.status
-        if status is QueueStatus.STOPPED:
+        strategy = self.strategy
+        if not strategy.accepts_pushes:
             return ResultCode.UNACCEPTABLE
         opts = self.options
         if opts.message_size_limit and size > opts.message_size_limit:
             return ResultCode.LIMIT_EXCEEDED
         if (
             opts.message_limit
-            and status is not _BROADCAST
+            and strategy.limits_count
             and self.n_priority + self.n_regular >= opts.message_limit
         ):
             return ResultCode.LIMIT_EXCEEDED
@@ -119,10 +121,10 @@ class Queue(QueueDelivery):
         Returns False (use :meth:`accept`) for anything else.  The caller has checked
         the authorization and that no MESSAGE_PRODUCED subscriber waits.
         """
-        status = self.status
+        strategy = self.strategy
         if (
             not self.plain
-            or (status is not _PUSH and status is not _RR)
+            or not strategy.takes_plain
             or frame.headers
             or frame.pending_ack
             or frame.pending_response
@@ -142,14 +144,8 @@ class Queue(QueueDelivery):
         consumers = self.channel.consumer_list
         c: Client | None = None
         if consumers and not (self.n_priority or self.n_regular or self._front):
-            if len(consumers) == 1:
-                c = consumers[0]
-                if not self.room(c):
-                    c = None  # its window is full: the message waits in the queue
-                elif status is _RR:
-                    self._rr = 0  # (as _choose_one leaves it)
-            elif status is _RR:
-                c = self._next_with_room(consumers)
+            if len(consumers) == 1 or strategy.plain_many:
+                c = strategy.plain_target(self, consumers)  # None: full windows, it waits
             else:
                 return False  # a push to several consumers is followed as a QueueMessage
         if c is None and opts.message_limit:
@@ -177,14 +173,14 @@ class Queue(QueueDelivery):
             self.drain(now, out)  # (stalled: see accept)
         return True
 
-    def _next_with_room(self, consumers: list[Client]) -> Client | None:
+    def next_with_room(self, consumers: list[Client]) -> Client | None:
         """Round robin: the next consumer with room in its window (None: all full)."""
         n = len(consumers)
-        start = self._rr % n
+        start = self.rr % n
         for i in range(n):
             c = consumers[(start + i) % n]
             if self.room(c):
-                self._rr = (start + i + 1) % n
+                self.rr = (start + i + 1) % n
                 return c
         return None
 
@@ -237,41 +233,7 @@ class Queue(QueueDelivery):
             if not d.allow and d.put_back is PutBack.NO:
                 self.drop(m, out, NackReason.UNACCEPTABLE)
                 return None
-        status = self.status
-        if status is _BROADCAST:
-            consumers = self.channel.consumer_list
-            sent = bool(consumers) and self._send(m, consumers, now, out, keep=False)
-            if not sent and m.state == QUEUED:  # nobody took it: broadcast does not keep it
-                self.drop(m, out, NackReason.NO_CONSUMERS, count=False)
-            return m
-        if status is QueueStatus.CACHE:
-            self.clear(out, priority=True, regular=True, in_flight=False)
-        if opts.message_timeout:
-            m.deadline = now + opts.message_timeout / 1000.0
-            self._expiry.append((m.deadline, m))
-            if self.wake_at is None:
-                self._arm(m.deadline)
-        if status is _PUSH or status is _RR:
-            consumers = self.channel.consumer_list
-            if (
-                consumers
-                and not (self.n_priority or self.n_regular or self._front)
-                and not (opts.wait_for_acknowledge and self.pending)
-            ):
-                # fast path: nothing waits ahead of it, send without queueing
-                # (a message nobody can take is put at the front by _send)
-                self._send(m, consumers, now, out)
-                return m
-        if m.high_priority:
-            self.priority.append(m)
-            self.n_priority += 1
-        else:
-            self.regular.append(m)
-            self.n_regular += 1
-        if (status is _PUSH or status is _RR) and (not self.stalled or m.high_priority):
-            # (stalled: the head of the queue waits for room; a push behind it cannot
-            # change that, the next settled delivery or acknowledge drains)
-            self.drain(now, out)
+        self.strategy.admit(self, m, now, out)
         return m
 
     # ------------------------------------------------------------------ pull
@@ -280,6 +242,18 @@ class Queue(QueueDelivery):
         self, client: Client, request: tmqp.Frame, now: float, out: list[Outgoing], max_count: int
     ) -> None:
         """Answer a pull request from a consumer of the channel (checks done by the caller)."""
-        from broker.engine.queue.pull import answer_pull
+        self.strategy.pull(self, client, request, now, out, max_count)
 
-        answer_pull(self, client, request, now, out, max_count)
+    def pull_messages(
+        self, client: Client, request: tmqp.Frame, now: float, out: list[Outgoing], limit: int
+    ) -> None:
+        """Pull status: up to ``Count`` messages leave the queue (``pull``)."""
+        pull.pull_messages(self, client, request, now, out, limit)
+
+    def pull_latest(self, client: Client, request: tmqp.Frame, out: list[Outgoing]) -> None:
+        """Cache status: the latest message, which stays in the queue (``pull``)."""
+        pull.pull_latest(self, client, request, out)
+
+    def refuse_pull(self, client: Client, request: tmqp.Frame, out: list[Outgoing]) -> None:
+        """A status without pull: Unacceptable and End markers (``pull``)."""
+        pull.refuse_pull(self, client, request, out)
