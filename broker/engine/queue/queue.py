@@ -3,12 +3,17 @@
 :class:`Queue` is built in layers, one module each (every layer is a base class of the
 next, so a method call costs what it did when the queue was one class):
 
-* ``broker.queue_core`` -- the state: message deques, counters, options, the store,
-  producer acknowledges, removal, delivery handler hooks;
-* ``broker.queue_acks`` -- consumer acknowledges, put-backs and timers;
-* ``broker.queue_delivery`` -- sending waiting messages to consumers;
+* ``broker.engine.queue.core`` -- the state: message deques, counters, options, the
+  store, producer acknowledges, removal, delivery handler hooks;
+* ``broker.engine.queue.acks`` -- consumer acknowledges, put-backs and timers;
+* ``broker.engine.queue.delivery`` -- sending waiting messages to consumers;
 * this module -- pushes (the general :meth:`Queue.accept` and the plain-push fast path
   :meth:`Queue.push_plain`), pull requests and runtime option changes.
+
+Everything that depends on the queue's status (is a push accepted, is it sent, kept or
+dropped, who receives it, is a pull answered, what a switch does) is decided by its
+:attr:`Queue.strategy`, one small object per status (``broker.engine.queue.statuses``),
+chosen from a table when the status is set; ``Queue.status`` stays the QueueStatus.
 
 The lower layers pass ``self`` where a :class:`Queue` is expected (the handler's hooks,
 the engine's timers): it always is one, which the type checker cannot know, hence their
@@ -34,7 +39,7 @@ from broker.engine.queue import pull
 from broker.engine.queue.core import QueueHost
 from broker.engine.queue.delivery import QueueDelivery
 from broker.engine.queue.statuses import strategy_for
-from broker.protocol import MessageType, NackReason, Outgoing, QueueStatus, ResultCode, Tracked
+from broker.protocol import MessageType, NackReason, Outgoing, ResultCode, Tracked
 
 if TYPE_CHECKING:
     from broker.engine.channel import Client
@@ -51,9 +56,6 @@ __all__ = [
 ]
 
 _QUEUE = int(MessageType.QUEUE)
-_PUSH = QueueStatus.PUSH
-_RR = QueueStatus.ROUND_ROBIN
-_BROADCAST = QueueStatus.BROADCAST
 #: ``Tracked(client_id, frame)`` without the named tuple's Python-level __new__.
 _tracked = tuple.__new__
 
