@@ -147,7 +147,7 @@ class Engine:
             self.add_router(router_from_json(spec))
         parts = self.parts
         direct = self.client_registry
-        #: Message type -> what handles a frame of it (TERMINATE is handled in receive).
+        #: Message type -> what handles a frame of it (anything else: 406 Unacceptable).
         self._handlers: dict[int, _Handler] = {
             MessageType.QUEUE: self._push,
             MessageType.ACK: self._on_ack,
@@ -159,6 +159,7 @@ class Engine:
                 parts, c, f, out
             ),
             MessageType.ROUTER: lambda c, f, now, out: routing.publish(parts, c, f, now, out),
+            MessageType.TERMINATE: lambda c, f, now, out: out.extend(self.disconnect(c.id, now)),
         }
 
     # ------------------------------------------------------------------ the parts' API
@@ -259,8 +260,6 @@ class Engine:
             handle = self._handlers.get(mt)
             if handle is not None:
                 handle(client, frame, now, out)
-            elif mt == MessageType.TERMINATE:
-                out.extend(self.disconnect(client_id, now))
             else:
                 answer_failure(
                     client,
