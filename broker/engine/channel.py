@@ -1,19 +1,27 @@
-"""Clients and channels: who is connected, who joined which channel."""
+"""Clients and channels: who is connected, who joined which channel.
+
+The bottom of the engine's state: this module imports no other part of the engine but
+the options, so every other part (messages, flow control, queues, registries) may
+refer to it.  A channel holds queues and a client holds the queues it owes
+acknowledges to; the queue type is a parameter (``Q``) so this module need not know it
+(the engine uses ``Channel[Queue]`` and ``Client[Queue]``).
+"""
 
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Any, Generic, TypeVar
 
 from broker.engine.options import ChannelOptions
 from broker.protocol import ConnectionInfo
 
-if TYPE_CHECKING:
-    from broker.engine.flow import Transit
-    from broker.engine.queue.queue import Queue
+Q = TypeVar("Q")
+
+#: ``(kind, queue, message or None, frame or None, sequence number)``: see ``broker.engine.flow``.
+Transit = tuple[int, Q, Any, Any, int]
 
 
-class Client:
+class Client(Generic[Q]):
     """A connected client as the engine sees it."""
 
     __slots__ = (
@@ -39,15 +47,15 @@ class Client:
         self.token = info.token
         self.connected_at = now
         #: Channels joined, in join order.
-        self.channels: dict[str, Channel] = {}
+        self.channels: dict[str, Channel[Q]] = {}
         #: Direct requests this client must still answer: (requester id, message id).
         self.awaiting: set[tuple[str, str]] = set()
         #: Outstanding direct requests this client sent (message ids).
         self.requests: set[str] = set()
         #: Queues holding deliveries this client has not acknowledged yet.
-        self.pending_queues: set[Queue] = set()
+        self.pending_queues: set[Q] = set()
         #: Deliveries handed to the transport and not yet reported sent, in send order.
-        self.unsent: deque[Transit] = deque()
+        self.unsent: deque[Transit[Q]] = deque()
         #: Window asked for at JOIN (``Prefetch`` header), per channel name.
         self.prefetch: dict[str, int] = {}
 
@@ -55,7 +63,7 @@ class Client:
         return f"Client({self.id!r}, name={self.name!r}, type={self.type!r})"
 
 
-class Channel:
+class Channel(Generic[Q]):
     """A named set of queues and the clients that joined it (its consumers)."""
 
     __slots__ = ("consumer_list", "consumers", "name", "options", "queues")
@@ -63,7 +71,7 @@ class Channel:
     def __init__(self, name: str, options: ChannelOptions) -> None:
         self.name = name
         self.options = options
-        self.queues: dict[int, Queue] = {}
-        self.consumers: dict[str, Client] = {}
+        self.queues: dict[int, Q] = {}
+        self.consumers: dict[str, Client[Q]] = {}
         #: Consumers in join order (the "first acquirer" is consumer_list[0]).
-        self.consumer_list: list[Client] = []
+        self.consumer_list: list[Client[Q]] = []

@@ -6,26 +6,53 @@ queues (in all and per channel), the messages a queue holds and the channels a c
 joins: past them an operation fails with LimitExceeded (482).  Every change emits its
 event (CHANNEL_CREATED, QUEUE_CREATED, CLIENT_JOINED, ...) into the output list it is
 given.
+
+:class:`ChannelRegistry` owns the channels (by name) and the count of queues; queues
+get the engine's :class:`~broker.engine.host.QueueServices` as their host.
 """
 
 from __future__ import annotations
 
 from broker.engine import models
-from broker.engine.auth import Action
-from broker.engine.channel import Channel, Client
-from broker.engine.core import EngineCore
+from broker.engine.auth import Action, Authorizer
+from broker.engine.channel import Channel as _Channel
+from broker.engine.channel import Client as _Client
 from broker.engine.errors import OperationError
-from broker.engine.options import ChannelOptions, ChannelQueueOptions
+from broker.engine.events import EventHub
+from broker.engine.host import QueueServices
+from broker.engine.options import BrokerConfig, ChannelOptions, ChannelQueueOptions
 from broker.engine.queue.queue import Queue
 from broker.protocol import EventName, NackReason, Outgoing, QueueStatus, ResultCode
+from broker.store import Store
+
+#: The engine's channels and clients, holding its queues.
+Channel = _Channel[Queue]
+Client = _Client[Queue]
 
 
 def valid_channel_name(name: str) -> bool:
     return bool(name) and " " not in name and ";" not in name and len(name.encode()) <= 255
 
 
-class EngineChannels(EngineCore):
+class ChannelRegistry:
     """Channel and queue management (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        authorizer: Authorizer,
+        store: Store,
+        events: EventHub,
+        services: QueueServices,
+    ) -> None:
+        self.config = config
+        self.authorizer = authorizer
+        self.store = store
+        self.events = events
+        self.services = services
+        self.channels: dict[str, Channel] = {}
+        #: Queues in all channels (bounded by ``config.limits.max_queues``).
+        self.queue_count = 0
 
     def check_push(self, queue: Queue, size: int) -> int:
         """Result code a push of ``size`` octets into ``queue`` would get (0 = accepted):
@@ -77,7 +104,7 @@ class EngineChannels(EngineCore):
             raise OperationError(ResultCode.ALREADY_CREATED, f"channel {name!r} exists")
         if len(self.channels) >= self.config.limits.max_channels:
             raise OperationError(ResultCode.LIMIT_EXCEEDED, "too many channels")
-        channel = Channel(name, options or self.config.channel_defaults)
+        channel: Channel = _Channel(name, options or self.config.channel_defaults)
         self.channels[name] = channel
         self.events.emit(
             EventName.CHANNEL_CREATED,
@@ -115,8 +142,8 @@ class EngineChannels(EngineCore):
         if self.queue_count >= limits.max_queues:
             raise OperationError(ResultCode.LIMIT_EXCEEDED, "too many queues")
         options = options or copts.queue
-        self.check_handler(options.message_delivery_handler)
-        queue = Queue(channel, queue_id, options, self)
+        self.services.check_handler(options.message_delivery_handler)
+        queue = Queue(channel, queue_id, options, self.services)
         channel.queues[queue_id] = queue
         self.queue_count += 1
         if out is None:
@@ -124,7 +151,7 @@ class EngineChannels(EngineCore):
         self.events.emit(
             EventName.QUEUE_CREATED, models.queue_summary(queue), out, channel_name, queue_id
         )
-        queue.drain(self._now, out)
+        queue.drain(self.services.now, out)
         return queue
 
     def remove_queue(self, queue: Queue, out: list[Outgoing]) -> None:
@@ -191,11 +218,11 @@ class EngineChannels(EngineCore):
     def leave(self, client: Client, channel: Channel, out: list[Outgoing]) -> bool:
         if client.id not in channel.consumers:
             return False
-        self._remove_consumer(channel, client, out)
-        self._maybe_destroy(channel, out)
+        self.remove_consumer(channel, client, out)
+        self.maybe_destroy(channel, out)
         return True
 
-    def _remove_consumer(self, channel: Channel, client: Client, out: list[Outgoing]) -> None:
+    def remove_consumer(self, channel: Channel, client: Client, out: list[Outgoing]) -> None:
         channel.consumers.pop(client.id, None)
         if client in channel.consumer_list:
             channel.consumer_list.remove(client)
@@ -205,7 +232,7 @@ class EngineChannels(EngineCore):
             EventName.CLIENT_LEFT, models.subscription_event(channel, client), out, channel.name
         )
 
-    def _maybe_destroy(self, channel: Channel, out: list[Outgoing]) -> None:
+    def maybe_destroy(self, channel: Channel, out: list[Outgoing]) -> None:
         if (
             channel.options.destroy_when_empty
             and not channel.consumers

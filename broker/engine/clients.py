@@ -6,16 +6,26 @@ A direct message (0x12) waiting for a response is remembered until a receiver an
 requester with a 581 (SendError) response.  A client that disconnects leaves its
 channels, its unacknowledged deliveries fail back to their queues, and its own
 outstanding requests are forgotten.
+
+:class:`ClientRegistry` owns the clients (by id, name and type) and the table of direct
+requests waiting for a response; it makes clients leave their channels through the
+:class:`~broker.engine.channels.ChannelRegistry`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from broker import tmqp
 from broker.engine import frames, models
-from broker.engine.auth import Action
-from broker.engine.channel import Client
-from broker.engine.channels import EngineChannels
+from broker.engine.auth import Action, Authorizer
+from broker.engine.channel import Client as _Client
+from broker.engine.channels import ChannelRegistry, Client
 from broker.engine.errors import ClientRejected, OperationError
+from broker.engine.events import EventHub
+from broker.engine.host import QueueServices
+from broker.engine.options import BrokerConfig
+from broker.engine.replies import answer_failure
 from broker.protocol import (
     TARGET_BY_NAME,
     TARGET_BY_TYPE,
@@ -27,22 +37,42 @@ from broker.protocol import (
 )
 
 
-class EngineClients(EngineChannels):
+class ClientRegistry:
     """Client registry and direct messages (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        authorizer: Authorizer,
+        new_id: Callable[[], str],
+        events: EventHub,
+        channels: ChannelRegistry,
+        services: QueueServices,
+        clients: dict[str, Client],
+    ) -> None:
+        self.config = config
+        self.authorizer = authorizer
+        self.new_id = new_id
+        self.events = events
+        self.channels = channels
+        self.services = services
+        #: Connected clients by id (the same table the queues' host looks clients up in).
+        self.clients = clients
+        self._by_name: dict[str, list[Client]] = {}
+        self._by_type: dict[str, list[Client]] = {}
+        #: Direct requests waiting for a response: (requester, message id) -> receivers.
+        self.requests: dict[tuple[str, str], set[str]] = {}
+        #: Acknowledges and responses that matched nothing.
+        self.unmatched_acks = 0
 
     # ------------------------------------------------------------------ connections
 
-    def connect(
-        self, info: ConnectionInfo, now: float, *, replace: bool = False
-    ) -> tuple[str, list[Outgoing]]:
-        """Register a client; raises :class:`ClientRejected` (401, 481, 482 or 400).
+    def admit(self, info: ConnectionInfo, replace: bool) -> str:
+        """The id a connecting client gets; raises :class:`ClientRejected` (401, 481, 400).
 
         The token is checked first: a refused client changes nothing.  An id in use is
-        refused (481), unless ``replace``: the front end has proven that this connection
-        belongs to the owner of that session (its session secret or CURVE key), whose old
-        session then ends as if by :meth:`disconnect` before the new one takes the id.
+        refused (481), unless ``replace`` (the caller then ends the old session first).
         """
-        self._now = now
         if not self.authorizer.authenticate(info):
             raise ClientRejected(ResultCode.UNAUTHORIZED, "client token refused")
         client_id = info.client_id
@@ -52,36 +82,34 @@ class EngineClients(EngineChannels):
                 client_id = self.new_id()
         elif not client_id or len(client_id.encode()) > 255 or client_id.startswith("@"):
             raise ClientRejected(ResultCode.BAD_REQUEST, f"invalid client id {client_id!r}")
-        out: list[Outgoing] = []
-        if client_id in self.clients:
-            if not replace:
-                raise ClientRejected(
-                    ResultCode.ALREADY_CREATED, f"client id {client_id!r} is in use by a session"
-                )
-            out.extend(self.disconnect(client_id, now))
-        elif len(self.clients) >= self.config.limits.max_clients:
+        if client_id in self.clients and not replace:
+            raise ClientRejected(
+                ResultCode.ALREADY_CREATED, f"client id {client_id!r} is in use by a session"
+            )
+        return client_id
+
+    def add(self, client_id: str, info: ConnectionInfo, now: float, out: list[Outgoing]) -> None:
+        """Register an admitted client (:meth:`admit`) whose id is free; raises
+        :class:`ClientRejected` (482) past ``limits.max_clients``."""
+        if len(self.clients) >= self.config.limits.max_clients:
             raise ClientRejected(ResultCode.LIMIT_EXCEEDED, "too many clients connected")
-        client = Client(client_id, info, now)
+        client: Client = _Client(client_id, info, now)
         self.clients[client_id] = client
         if client.name:
             self._by_name.setdefault(client.name, []).append(client)
         if client.type:
             self._by_type.setdefault(client.type, []).append(client)
         self.events.emit(EventName.CLIENT_CONNECTED, models.client_event(client), out)
-        return client_id, out
 
-    def disconnect(self, client_id: str, now: float) -> list[Outgoing]:
+    def disconnect(self, client_id: str, now: float, out: list[Outgoing]) -> None:
         """The client is gone: its unacknowledged deliveries return, its requests fail."""
-        self._now = now
-        out: list[Outgoing] = []
         client = self.clients.pop(client_id, None)
         if client is None:
-            return out
+            return
         try:
             self._forget_client(client, now, out)
         except Exception as exc:  # never raise into the wire loop
-            self.count_error("disconnect", exc)
-        return out
+            self.services.count_error("disconnect", exc)
 
     def _forget_client(self, client: Client, now: float, out: list[Outgoing]) -> None:
         for index in (self._by_name.get(client.name or ""), self._by_type.get(client.type or "")):
@@ -94,7 +122,7 @@ class EngineClients(EngineChannels):
         self.events.drop_client(client.id)
         left = list(client.channels.values())
         for channel in left:
-            self._remove_consumer(channel, client, out)
+            self.channels.remove_consumer(channel, client, out)
         for queue in list(client.pending_queues):
             if queue.alive:
                 queue.consumer_gone(client, now, out)
@@ -102,12 +130,12 @@ class EngineClients(EngineChannels):
         client.pending_queues.clear()
         # requests this client was asked to answer
         for key in list(client.awaiting):
-            waiting = self._requests.get(key)
+            waiting = self.requests.get(key)
             if waiting is None:
                 continue
             waiting.discard(client.id)
             if not waiting:
-                del self._requests[key]
+                del self.requests[key]
                 requester = self.clients.get(key[0])
                 if requester is not None:
                     requester.requests.discard(key[1])
@@ -121,13 +149,13 @@ class EngineClients(EngineChannels):
                     )
         # requests this client sent
         for mid in client.requests:
-            for rid in self._requests.pop((client.id, mid), ()):
+            for rid in self.requests.pop((client.id, mid), ()):
                 receiver = self.clients.get(rid)
                 if receiver is not None:
                     receiver.awaiting.discard((client.id, mid))
         self.events.emit(EventName.CLIENT_DISCONNECTED, models.client_event(client), out)
         for channel in left:
-            self._maybe_destroy(channel, out)
+            self.channels.maybe_destroy(channel, out)
 
     # ------------------------------------------------------------------ direct, response
 
@@ -140,11 +168,7 @@ class EngineClients(EngineChannels):
         client = self.clients.get(target)
         return [client] if client is not None else []
 
-    def _from(self, client: Client, frame: tmqp.Frame) -> tmqp.Frame:
-        """The frame with its source set to the sending client."""
-        return frames.with_source(frame, client.id)
-
-    def _direct(self, client: Client, frame: tmqp.Frame, out: list[Outgoing]) -> None:
+    def direct(self, client: Client, frame: tmqp.Frame, out: list[Outgoing]) -> None:
         try:
             if not self.authorizer.allows(client, Action.DIRECT, target=frame.target):
                 raise OperationError(ResultCode.UNAUTHORIZED, "direct messages not allowed")
@@ -159,29 +183,29 @@ class EngineClients(EngineChannels):
             if wants and len(client.requests) >= self.config.limits.max_pending_requests:
                 raise OperationError(ResultCode.BUSY, "too many outstanding requests")
         except OperationError as err:
-            self.answer_failure(client, frame, out, err, direct=True)
+            answer_failure(client, frame, out, err, direct=True)
             return
         self.deliver_direct(client, frame, receivers, out)
 
     def deliver_direct(
         self, client: Client, frame: tmqp.Frame, receivers: list[Client], out: list[Outgoing]
     ) -> None:
-        fwd = self._from(client, frame)
+        fwd = frames.with_source(frame, client.id)
         for receiver in receivers:
             out.append(Outgoing(receiver.id, fwd))
         if frame.pending_response and frame.message_id:
             key = (client.id, frame.message_id)
-            waiting = self._requests.setdefault(key, set())
+            waiting = self.requests.setdefault(key, set())
             for receiver in receivers:
                 waiting.add(receiver.id)
                 receiver.awaiting.add(key)
             client.requests.add(frame.message_id)
 
-    def _on_response(self, client: Client, frame: tmqp.Frame, out: list[Outgoing]) -> None:
+    def on_response(self, client: Client, frame: tmqp.Frame, out: list[Outgoing]) -> None:
         key = (frame.target, frame.message_id)
-        waiting = self._requests.get(key)
+        waiting = self.requests.get(key)
         if waiting is not None and client.id in waiting:
-            del self._requests[key]
+            del self.requests[key]
             for rid in waiting:
                 receiver = self.clients.get(rid)
                 if receiver is not None:
@@ -191,4 +215,10 @@ class EngineClients(EngineChannels):
             self.unmatched_acks += 1
             return
         requester.requests.discard(frame.message_id)
-        out.append(Outgoing(requester.id, self._from(client, frame)))
+        out.append(Outgoing(requester.id, frames.with_source(frame, client.id)))
+
+    def forward_ack(self, client: Client, frame: tmqp.Frame, out: list[Outgoing]) -> None:
+        """An acknowledge of a direct message: pass it on to the client it names."""
+        receiver = self.clients.get(frame.target)
+        if receiver is not None:
+            out.append(Outgoing(receiver.id, frames.with_source(frame, client.id)))

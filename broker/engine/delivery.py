@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from broker import tmqp
     from broker.engine.channel import Client
-    from broker.engine.queue.queue import Delivery, Queue, QueueMessage
+    from broker.engine.message import Delivery, QueueMessage
+    from broker.engine.queue_view import QueueView as Queue
 
 
 class PutBack(Enum):

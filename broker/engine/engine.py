@@ -26,15 +26,18 @@ Replies (zerohub's reading of the document where it is loose):
   sender; a receiver that disconnects before answering a request makes the server
   answer the requester with a 581 (SendError) response.
 
-:class:`Engine` is built in layers, one module each (every layer is a base class of the
-next, so a method call costs what it did when the engine was one class):
+:class:`Engine` is one class that has its parts (``broker.engine.parts``), one module
+each, every import pointing down:
 
-- ``broker.engine_core`` -- the state, the queues' host, replies, routers;
-- ``broker.engine_channels`` -- channels and queues: creation, removal, join, leave;
-- ``broker.engine_clients`` -- client registry, direct messages and responses;
-- this module -- frames in (:meth:`Engine.receive` dispatches by message type), queue
-  messages (push, CC copies, acknowledges, pull), flow control, time, recovery and
-  statistics.
+- ``host`` -- the queues' services (``QueueHost``): handlers, timers, store, errors;
+- ``channels`` -- the channel registry: channels and queues, creation, removal, join, leave;
+- ``clients`` -- the client registry: connections, direct messages and responses;
+- ``router`` -- the router table; ``routing`` -- publishing through a router;
+- ``events`` -- the event hub; ``operations`` -- server operations (0x10) and event
+  subscriptions; ``replies`` -- answers the engine sends on its own;
+- this module -- frames in (:meth:`Engine.receive` dispatches by message type through a
+  table), queue messages (push, CC copies, acknowledges, pull), flow control, time,
+  recovery and statistics.
 
 Flow control (``broker.flow``): queue deliveries come out as :class:`Tracked` frames; the
 wire calls :meth:`Engine.transmitted` with how many of each client's tracked frames its
@@ -45,22 +48,29 @@ got returns to the queues.
 
 from __future__ import annotations
 
-import heapq
+import itertools
 import logging
-from collections.abc import Iterable, Mapping
+import os
+from collections.abc import Callable, Iterable, Mapping
 
 from broker import paging, tmqp
-from broker.engine import flow, frames, models
-from broker.engine.auth import Action, AllowAll
-from broker.engine.channel import Channel, Client
-from broker.engine.channels import valid_channel_name
-from broker.engine.clients import EngineClients
+from broker.engine import flow, models, operations, routing
+from broker.engine.auth import Action, AllowAll, Authorizer
+from broker.engine.channels import Channel, ChannelRegistry, Client, valid_channel_name
+from broker.engine.clients import ClientRegistry
+from broker.engine.delivery import DefaultDeliveryHandler, DeliveryHandler
 from broker.engine.errors import ClientRejected, EngineError, OperationError
+from broker.engine.events import EventHub
 from broker.engine.frames import pull_marker
+from broker.engine.host import QueueServices
 from broker.engine.message import QueueMessage
+from broker.engine.options import BrokerConfig, ChannelOptions, ChannelQueueOptions
+from broker.engine.parts import EngineParts
 from broker.engine.queue.queue import Queue
-from broker.engine.router import publish
+from broker.engine.replies import answer_failure, reject_push
+from broker.engine.router import Router, RouterTable, router_from_json
 from broker.protocol import (
+    ConnectionInfo,
     EventName,
     Header,
     MessageType,
@@ -70,6 +80,7 @@ from broker.protocol import (
     Tracked,
     headers_all,
 )
+from broker.store import MemoryStore, Store
 
 __all__ = [
     "ClientRejected",
@@ -83,52 +94,174 @@ __all__ = [
 
 log = logging.getLogger("broker.engine.engine")
 
-_Frame = tmqp.Frame
-_QUEUE = int(MessageType.QUEUE)
-_ACK = int(MessageType.ACK)
-_PULL = int(MessageType.PULL)
-_DIRECT = int(MessageType.DIRECT)
-_RESPONSE = int(MessageType.RESPONSE)
-_SERVER = int(MessageType.SERVER)
-_EVENT = int(MessageType.EVENT)
-_ROUTER = int(MessageType.ROUTER)
-_TERMINATE = int(MessageType.TERMINATE)
+_Handler = Callable[[Client, tmqp.Frame, float, list[Outgoing]], None]
 
 
-class Engine(EngineClients):
+def _default_id_factory() -> Callable[[], str]:
+    prefix = os.urandom(4).hex()
+    counter = itertools.count(1)
+    return lambda: f"{prefix}-{next(counter):x}"
+
+
+class Engine:
     """Channels, queues, clients, routers and events, driven by frames and a clock value."""
+
+    def __init__(
+        self,
+        *,
+        handler: DeliveryHandler | None = None,
+        authorizer: Authorizer | None = None,
+        store: Store | None = None,
+        new_id: Callable[[], str] | None = None,
+        config: BrokerConfig | None = None,
+        handlers: Mapping[str, DeliveryHandler] | None = None,
+    ) -> None:
+        self.config = config = config or BrokerConfig()
+        self.authorizer = authorizer = authorizer or AllowAll()
+        self.store = store = store if store is not None else MemoryStore()
+        self.new_id = new_id = new_id or _default_id_factory()
+        self.events = events = EventHub()
+        clients: dict[str, Client] = {}
+        self.services = services = QueueServices(
+            config, store, new_id, handler or DefaultDeliveryHandler(), handlers or {}, clients
+        )
+        self.channel_registry = ChannelRegistry(config, authorizer, store, events, services)
+        self.client_registry = ClientRegistry(
+            config, authorizer, new_id, events, self.channel_registry, services, clients
+        )
+        self.router_table = RouterTable(config.limits)
+        self.parts = EngineParts(
+            config,
+            authorizer,
+            events,
+            services,
+            self.channel_registry,
+            self.client_registry,
+            self.router_table,
+        )
+        #: Connected clients by id; channels by name; routers by name (the registries' tables).
+        self.clients = clients
+        self.channels = self.channel_registry.channels
+        self.routers = self.router_table.routers
+        for spec in config.routers:
+            self.add_router(router_from_json(spec))
+        parts = self.parts
+        direct = self.client_registry
+        #: Message type -> what handles a frame of it (anything else: 406 Unacceptable).
+        self._handlers: dict[int, _Handler] = {
+            MessageType.QUEUE: self._push,
+            MessageType.ACK: self._on_ack,
+            MessageType.PULL: self._pull,
+            MessageType.DIRECT: lambda c, f, now, out: direct.direct(c, f, out),
+            MessageType.RESPONSE: lambda c, f, now, out: direct.on_response(c, f, out),
+            MessageType.SERVER: lambda c, f, now, out: operations.dispatch(parts, c, f, now, out),
+            MessageType.EVENT: lambda c, f, now, out: operations.event_subscription(
+                parts, c, f, out
+            ),
+            MessageType.ROUTER: lambda c, f, now, out: routing.publish(parts, c, f, now, out),
+            MessageType.TERMINATE: lambda c, f, now, out: out.extend(self.disconnect(c.id, now)),
+        }
+
+    # ------------------------------------------------------------------ the parts' API
+
+    @property
+    def handler(self) -> DeliveryHandler:
+        """The default delivery handler (queues created afterwards use a new one)."""
+        return self.services.handler
+
+    @handler.setter
+    def handler(self, handler: DeliveryHandler) -> None:
+        self.services.handler = handler
+
+    @property
+    def handlers(self) -> dict[str, DeliveryHandler]:
+        return self.services.handlers
+
+    @property
+    def errors(self) -> int:
+        """Errors caught inside the engine (the queues count their own)."""
+        return self.services.errors
+
+    @property
+    def unmatched_acks(self) -> int:
+        return self.client_registry.unmatched_acks
+
+    @property
+    def queue_count(self) -> int:
+        return self.channel_registry.queue_count
+
+    @property
+    def timer_count(self) -> int:
+        """Queue wake-ups armed (superseded ones included until they come due)."""
+        return len(self.services.timers)
+
+    def create_channel(
+        self, name: str, options: ChannelOptions | None = None, out: list[Outgoing] | None = None
+    ) -> Channel:
+        """Create a channel (Python API; OperationError when invalid or existing)."""
+        return self.channel_registry.create_channel(name, options, out)
+
+    def create_queue(
+        self,
+        channel_name: str,
+        queue_id: int,
+        options: ChannelQueueOptions | None = None,
+        out: list[Outgoing] | None = None,
+    ) -> Queue:
+        """Create a queue in an existing channel, enforcing the channel's queue rules."""
+        return self.channel_registry.create_queue(channel_name, queue_id, options, out)
+
+    def add_router(self, router: Router) -> Router:
+        """Register a router (Python API; the wire has operation 601)."""
+        return self.router_table.add(router)
+
+    def remove_router(self, name: str) -> bool:
+        return self.router_table.remove(name)
+
+    def find_receivers(self, target: str) -> list[Client]:
+        """Clients a direct target names: an id, ``@name:X`` or ``@type:X`` (oldest first)."""
+        return self.client_registry.find_receivers(target)
+
+    def count_error(self, where: str, error: Exception) -> None:
+        self.services.count_error(where, error)
+
+    # ------------------------------------------------------------------ connections
+
+    def connect(
+        self, info: ConnectionInfo, now: float, *, replace: bool = False
+    ) -> tuple[str, list[Outgoing]]:
+        """Register a client; raises :class:`ClientRejected` (401, 481, 482 or 400).
+
+        The token is checked first: a refused client changes nothing.  An id in use is
+        refused (481), unless ``replace``: the front end has proven that this connection
+        belongs to the owner of that session (its session secret or CURVE key), whose old
+        session then ends as if by :meth:`disconnect` before the new one takes the id.
+        """
+        self.services.now = now
+        registry = self.client_registry
+        client_id = registry.admit(info, replace)
+        out: list[Outgoing] = []
+        if client_id in self.clients:
+            out.extend(self.disconnect(client_id, now))
+        registry.add(client_id, info, now, out)
+        return client_id, out
 
     # ------------------------------------------------------------------ frames in
 
     def receive(self, client_id: str, frame: tmqp.Frame, now: float) -> list[Outgoing]:
         """Process one frame from a connected client (anything after connection info)."""
-        self._now = now
+        self.services.now = now
         out: list[Outgoing] = []
         client = self.clients.get(client_id)
         if client is None:
             return out
         mt = frame.message_type
         try:
-            if mt == _QUEUE:
-                self._push(client, frame, now, out)
-            elif mt == _ACK:
-                self._on_ack(client, frame, now, out)
-            elif mt == _PULL:
-                self._pull(client, frame, now, out)
-            elif mt == _DIRECT:
-                self._direct(client, frame, out)
-            elif mt == _RESPONSE:
-                self._on_response(client, frame, out)
-            elif mt == _SERVER:
-                self._operations.dispatch(self, client, frame, now, out)
-            elif mt == _EVENT:
-                self._operations.event_subscription(self, client, frame, out)
-            elif mt == _ROUTER:
-                publish(self, client, frame, now, out)
-            elif mt == _TERMINATE:
-                out.extend(self.disconnect(client_id, now))
+            handle = self._handlers.get(mt)
+            if handle is not None:
+                handle(client, frame, now, out)
             else:
-                self.answer_failure(
+                answer_failure(
                     client,
                     frame,
                     out,
@@ -136,9 +269,7 @@ class Engine(EngineClients):
                 )
         except Exception as exc:
             self.count_error(f"receive type {mt:#x}", exc)
-            self.answer_failure(
-                client, frame, out, OperationError(ResultCode.FAILED, "internal error")
-            )
+            answer_failure(client, frame, out, OperationError(ResultCode.FAILED, "internal error"))
         return out
 
     # ------------------------------------------------------------------ queue messages
@@ -148,7 +279,9 @@ class Engine(EngineClients):
         queue = channel.queues.get(frame.content_type) if channel is not None else None
         try:
             if queue is None:
-                queue = self.resolve_queue(client, frame.target, frame.content_type, out)
+                queue = self.channel_registry.resolve_queue(
+                    client, frame.target, frame.content_type, out
+                )
             authorizer = self.authorizer
             if type(authorizer) is not AllowAll and not authorizer.allows(
                 client, Action.PUSH, queue.channel.name, queue.id
@@ -165,11 +298,11 @@ class Engine(EngineClients):
                 if ccs:
                     self._push_cc(client, frame, queue, ccs, now, out)
                     return
-            code = self.check_push(queue, len(frame.payload))
+            code = self.channel_registry.check_push(queue, len(frame.payload))
             if code:
                 raise OperationError(ResultCode(code), "push refused by the queue")
         except OperationError as err:
-            self._reject_push(client, frame, out, err)
+            reject_push(client, frame, out, err)
             return
         m = queue.accept(frame, client, now, out, frame.pending_ack)
         if m is not None:
@@ -220,14 +353,14 @@ class Engine(EngineClients):
             if len(named) > max_cc:
                 raise OperationError(ResultCode.LIMIT_EXCEEDED, f"more than {max_cc} CC queues")
             named.add((parts[0], qid))
-            queue = self.resolve_queue(client, parts[0], qid, out)
+            queue = self.channel_registry.resolve_queue(client, parts[0], qid, out)
             if not self.authorizer.allows(client, Action.PUSH, queue.channel.name, queue.id):
                 raise OperationError(ResultCode.UNAUTHORIZED, f"push to {parts[0]} not allowed")
             mid = parts[2] if len(parts) > 2 and parts[2] else self.new_id()
             copies.append((queue, mid))
         size = len(frame.payload)
         for queue in (primary, *(q for q, _ in copies)):
-            code = self.check_push(queue, size)
+            code = self.channel_registry.check_push(queue, size)
             if code:
                 raise OperationError(ResultCode(code), f"push refused by {queue.key}")
         plain = tuple((k, v) for k, v in frame.headers if k.lower() != "cc")
@@ -238,32 +371,14 @@ class Engine(EngineClients):
             if m is not None:
                 self._produced(queue, m, out)
 
-    def _reject_push(
-        self, client: Client, frame: tmqp.Frame, out: list[Outgoing], err: OperationError
-    ) -> None:
-        if frame.pending_ack:
-            qid, mid, target = frame.content_type, frame.message_id, frame.target
-            out.append(
-                Outgoing(client.id, frames.ack(qid, mid, "", target, err.token, err.reason))
-            )
-        elif frame.pending_response:
-            out.append(
-                Outgoing(
-                    client.id,
-                    frames.response(frame.message_id, client.id, err.code, err.reason),
-                )
-            )
-
     def _on_ack(self, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]) -> None:
         if frame.high_priority:  # acknowledge of a direct message: pass it on
-            receiver = self.clients.get(frame.target)
-            if receiver is not None:
-                out.append(Outgoing(receiver.id, self._from(client, frame)))
+            self.client_registry.forward_ack(client, frame, out)
             return
         channel = self.channels.get(frame.target)
         queue = channel.queues.get(frame.content_type) if channel is not None else None
         if queue is None or not queue.on_ack(client, frame, now, out):
-            self.unmatched_acks += 1
+            self.client_registry.unmatched_acks += 1
 
     def _pull(self, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]) -> None:
         rid, name, qid = frame.message_id, frame.target, frame.content_type
@@ -295,7 +410,7 @@ class Engine(EngineClients):
         them and frees their window slots) and sends what the freed room lets through.
         See ``broker.flow``.
         """
-        self._now = now
+        self.services.now = now
         out: list[Outgoing] = []
         ready: dict[Queue, None] = {}
         clients = self.clients
@@ -314,16 +429,20 @@ class Engine(EngineClients):
     def disconnect(self, client_id: str, now: float) -> list[Outgoing]:
         """The client is gone: what never reached its socket returns to its queues first,
         then its unacknowledged deliveries return and its requests fail."""
-        client = self.clients.get(client_id)
-        if client is None or not client.unsent:
-            return super().disconnect(client_id, now)
+        self.services.now = now
         out: list[Outgoing] = []
+        client = self.clients.get(client_id)
+        if client is None:
+            return out
+        if not client.unsent:
+            self.client_registry.disconnect(client_id, now, out)
+            return out
         ready: dict[Queue, None] = {}
         try:
             flow.abandon(client, now, out, ready)
         except Exception as exc:  # never raise into the wire loop
             self.count_error("disconnect", exc)
-        out.extend(super().disconnect(client_id, now))
+        self.client_registry.disconnect(client_id, now, out)
         self._drain_ready(ready, now, out)
         return out
 
@@ -339,12 +458,11 @@ class Engine(EngineClients):
 
     def tick(self, now: float) -> list[Outgoing]:
         """Run every timer due by ``now`` (ack timeouts, message timeouts, put-backs)."""
-        self._now = now
+        self.services.now = now
         out: list[Outgoing] = []
-        timers = self._timers
+        timers = self.services.timers
         touched: list[Channel] = []
-        while timers and timers[0][0] <= now:
-            _, _, queue = heapq.heappop(timers)
+        while (queue := timers.pop_due(now)) is not None:
             due = queue.wake_at
             if not queue.alive or due is None or due > now:
                 continue  # superseded by an earlier wake-up that already ran
@@ -355,27 +473,24 @@ class Engine(EngineClients):
             if queue.channel.options.destroy_when_empty:
                 touched.append(queue.channel)
         for channel in touched:
-            self._maybe_destroy(channel, out)
+            self.channel_registry.maybe_destroy(channel, out)
         return out
 
     def next_deadline(self) -> float | None:
         """Earliest ``now`` at which :meth:`tick` has work (None: no timer armed)."""
-        timers = self._timers
-        while timers and not timers[0][2].alive:
-            heapq.heappop(timers)
-        return timers[0][0] if timers else None
+        return self.services.timers.next_deadline()
 
     # ------------------------------------------------------------------ recovery, stats
 
     def recover(self, now: float) -> int:
         """Rebuild queues from the store (after a restart); returns the message count."""
-        self._now = now
+        self.services.now = now
         out: list[Outgoing] = []
         count = 0
         for key in self.store.queues():
             channel_name, queue_id = key
             try:
-                queue = self.resolve_queue(None, channel_name, queue_id, out)
+                queue = self.channel_registry.resolve_queue(None, channel_name, queue_id, out)
             except OperationError as err:
                 log.warning("cannot recover queue %s: %s", key, err.reason)
                 continue
@@ -386,12 +501,12 @@ class Engine(EngineClients):
 
     def stats(self) -> dict[str, object]:
         """Counters and a per-queue summary, JSON-able (for ``broker stats``)."""
-        return models.engine_stats(self)
+        return models.engine_stats(self._counts(), list(self.channels.values()))
 
     def stats_page(self, after: str | None, budget: int) -> tuple[dict[str, object], str | None]:
         """The statistics with one page of ``channel_list`` (channels by name, after
         ``after``), within ``budget`` octets of JSON; and the key of the next page."""
-        out = models.engine_totals(self)
+        out = models.engine_totals(self._counts(), list(self.channels.values()))
         room = budget - paging.json_size(out) - len('"channel_list":[],')
         channels = self.channels
         page = paging.cut(
@@ -403,4 +518,15 @@ class Engine(EngineClients):
     @property
     def pending_requests(self) -> int:
         """Direct requests still waiting for a response."""
-        return len(self._requests)
+        return len(self.client_registry.requests)
+
+    def _counts(self) -> models.EngineCounts:
+        return models.EngineCounts(
+            node=self.config.node_name,
+            clients=len(self.clients),
+            pending_requests=self.pending_requests,
+            routers=len(self.routers),
+            errors=self.errors,
+            unmatched_acks=self.unmatched_acks,
+            limits=self.config.limits.table(),
+        )

@@ -37,14 +37,17 @@ A consumer whose window is full, status by status:
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from broker import tmqp
     from broker.engine.channel import Client
     from broker.engine.message import QueueMessage
-    from broker.engine.queue.queue import Queue
+    from broker.engine.queue_view import QueueView as Queue
     from broker.protocol import Outgoing
+
+#: The queue type of the engine using this module (anything a ``QueueView`` describes).
+QV = TypeVar("QV", bound="Queue")
 
 # What a tracked delivery is (the first field of a Transit).
 #: A push sent by the plain fast path: no QueueMessage, the frame and sequence number
@@ -59,11 +62,12 @@ ACKED = 3
 #: A cache queue's answer: the message stays in the queue.
 CACHE = 4
 
-#: ``(kind, queue, message or None, frame or None, sequence number)``
+#: ``(kind, queue, message or None, frame or None, sequence number)``: the entries of
+#: ``Client.unsent`` (``broker.engine.channel.Transit``), with their types.
 Transit = tuple[int, "Queue", "QueueMessage | None", "tmqp.Frame | None", int]
 
 
-def transmitted(client: Client, count: int, now: float, ready: dict[Queue, None]) -> int:
+def transmitted(client: Client[Any], count: int, now: float, ready: dict[QV, None]) -> int:
     """The transport took the client's next ``count`` tracked frames; returns how many
     were settled (fewer only if the server reports more than the engine sent).
 
@@ -74,7 +78,7 @@ def transmitted(client: Client, count: int, now: float, ready: dict[Queue, None]
         count = len(unsent)
     cid = client.id
     pop = unsent.popleft
-    run: Queue | None = None  # consecutive fast-path pushes of one queue settle together
+    run: QV | None = None  # consecutive fast-path pushes of one queue settle together
     run_length = 0
     for _ in range(count):
         transit = pop()
@@ -97,7 +101,7 @@ def transmitted(client: Client, count: int, now: float, ready: dict[Queue, None]
     return count
 
 
-def abandon(client: Client, now: float, out: list[Outgoing], ready: dict[Queue, None]) -> None:
+def abandon(client: Client[Any], now: float, out: list[Outgoing], ready: dict[QV, None]) -> None:
     """The client is going away: what never reached its socket returns to its queues.
 
     Call it before the client leaves its channels; the queues to drain afterwards (for

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from broker.engine.auth import bare_token
 from broker.engine.options import status_name
 
 if TYPE_CHECKING:
     from broker.engine.channel import Channel, Client
-    from broker.engine.engine import Engine
     from broker.engine.message import QueueMessage
-    from broker.engine.queue.queue import Queue
+    from broker.engine.queue_view import QueueView as Queue
+
+#: The queue type of the channels given (anything a ``QueueView`` describes).
+QV = TypeVar("QV", bound="Queue")
 
 
 def queue_information(q: Queue, wall: float, now: float) -> dict[str, Any]:
@@ -71,7 +75,7 @@ def queue_summary(q: Queue) -> dict[str, Any]:
     }
 
 
-def channel_information(channel: Channel) -> dict[str, Any]:
+def channel_information(channel: Channel[Any]) -> dict[str, Any]:
     o = channel.options
     q = o.queue
     return {
@@ -93,7 +97,7 @@ def channel_information(channel: Channel) -> dict[str, Any]:
     }
 
 
-def client_information(client: Client, now: float) -> dict[str, Any]:
+def client_information(client: Client[Any], now: float) -> dict[str, Any]:
     return {
         "Id": client.id,
         "Name": client.name,
@@ -106,11 +110,11 @@ def client_information(client: Client, now: float) -> dict[str, Any]:
 # ---------------------------------------------------------------------- event models
 
 
-def client_event(client: Client) -> dict[str, Any]:
+def client_event(client: Client[Any]) -> dict[str, Any]:
     return {"Id": client.id, "Name": client.name, "Type": client.type}
 
 
-def channel_event(channel: Channel) -> dict[str, Any]:
+def channel_event(channel: Channel[Any]) -> dict[str, Any]:
     return {
         "Name": channel.name,
         "ActiveClient": len(channel.consumers),
@@ -118,7 +122,7 @@ def channel_event(channel: Channel) -> dict[str, Any]:
     }
 
 
-def subscription_event(channel: Channel, client: Client) -> dict[str, Any]:
+def subscription_event(channel: Channel[Any], client: Client[Any]) -> dict[str, Any]:
     return {
         "Channel": channel.name,
         "ClientId": client.id,
@@ -140,7 +144,7 @@ def message_event(queue: Queue, message: QueueMessage) -> dict[str, Any]:
     }
 
 
-def channel_stats(c: Channel) -> dict[str, Any]:
+def channel_stats(c: Channel[QV]) -> dict[str, Any]:
     """One entry of the statistics' ``channel_list``."""
     return {
         "name": c.name,
@@ -156,24 +160,36 @@ def channel_stats(c: Channel) -> dict[str, Any]:
     }
 
 
-def engine_totals(engine: Engine) -> dict[str, object]:
-    """The statistics without the per-channel list."""
-    queues = [q for c in engine.channels.values() for q in c.queues.values()]
+@dataclass(frozen=True, slots=True)
+class EngineCounts:
+    """The engine-wide figures of the statistics (the queues' own come from the queues)."""
+
+    node: str
+    clients: int
+    pending_requests: int
+    routers: int
+    errors: int
+    unmatched_acks: int
+    limits: dict[str, int]
+
+
+def engine_totals(counts: EngineCounts, channels: Collection[Channel[QV]]) -> dict[str, object]:
+    queues = [q for c in channels for q in c.queues.values()]
 
     def total(attr: str) -> int:
         return sum(getattr(q, attr) for q in queues)
 
     return {
-        "node": engine.config.node_name,
-        "clients": len(engine.clients),
-        "channels": len(engine.channels),
+        "node": counts.node,
+        "clients": counts.clients,
+        "channels": len(channels),
         "queues": len(queues),
         "messages": sum(q.message_count for q in queues),
         "pending_acks": sum(len(q.pending) for q in queues),
-        "pending_requests": engine.pending_requests,
-        "routers": len(engine.routers),
-        "errors": engine.errors + total("errors"),
-        "unmatched_acks": engine.unmatched_acks,
+        "pending_requests": counts.pending_requests,
+        "routers": counts.routers,
+        "errors": counts.errors + total("errors"),
+        "unmatched_acks": counts.unmatched_acks,
         "received": total("received"),
         "sent": total("sent"),
         "deliveries": total("deliveries"),
@@ -183,12 +199,11 @@ def engine_totals(engine: Engine) -> dict[str, object]:
         "removed": total("removed"),
         "dropped_deliveries": total("dropped"),
         "in_flight": sum(sum(q.used.values()) for q in queues),
-        "limits": engine.config.limits.table(),
+        "limits": counts.limits,
     }
 
 
-def engine_stats(engine: Engine) -> dict[str, object]:
-    """Totals over every queue plus a per-channel summary (JSON-able)."""
-    out = engine_totals(engine)
-    out["channel_list"] = [channel_stats(c) for c in engine.channels.values()]
+def engine_stats(counts: EngineCounts, channels: Collection[Channel[QV]]) -> dict[str, object]:
+    out = engine_totals(counts, channels)
+    out["channel_list"] = [channel_stats(c) for c in channels]
     return out

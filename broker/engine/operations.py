@@ -1,9 +1,10 @@
-"""Server operations (message type 0x10) and event subscriptions, on top of the engine.
+"""Server operations (message type 0x10) and event subscriptions, on the engine's parts
+(:class:`broker.engine.parts.EngineParts`).
 
 One function per operation content type; each returns the JSON model to send back
 (operations answered by a RESPONSE; lists as a :class:`broker.paging.Page`, which adds a
 ``Page-Next`` header when the list goes on) or None (operations answered by an ACK), and raises
-:class:`~broker.engine.OperationError` (or an options/router parse error, reported as
+:class:`~broker.engine.errors.OperationError` (or an options/router parse error, reported as
 400) to fail.  The reply goes out before any frame the operation caused (for instance
 the messages a join releases), so a client sees its join acknowledged first.
 """
@@ -13,12 +14,17 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from broker import tmqp
 from broker.engine import models
 from broker.engine.auth import Action
+from broker.engine.channels import Channel, Client
+from broker.engine.errors import OperationError
 from broker.engine.options import ChannelOptions, OptionsError
+from broker.engine.parts import EngineParts
+from broker.engine.queue.queue import Queue
+from broker.engine.replies import reply
 from broker.engine.router import Router, RouterError, binding_from_json, method_from_json
 from broker.paging import Page, cut, parse_after
 from broker.protocol import (
@@ -33,41 +39,32 @@ from broker.protocol import (
     header,
 )
 
-if TYPE_CHECKING:
-    from broker.engine.channel import Channel, Client
-    from broker.engine.engine import Engine
-    from broker.engine.queue.queue import Queue
-
-_Op = Callable[["Engine", "Client", tmqp.Frame, float, list[Outgoing]], Any]
+_Op = Callable[[EngineParts, Client, tmqp.Frame, float, list[Outgoing]], Any]
 
 
 def _error(code: ResultCode, reason: str, token: str | None = None) -> Exception:
-    from broker.engine.engine import OperationError
-
     return OperationError(code, reason, token)
 
 
 def dispatch(
-    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> None:
-    from broker.engine.engine import OperationError
-
     entry = _OPERATIONS.get(frame.content_type)
     if entry is None:
         err = OperationError(ResultCode.BAD_REQUEST, f"unknown operation {frame.content_type}")
-        engine.reply(client, frame, out, response=frame.pending_response, error=err)
+        reply(client, frame, out, response=frame.pending_response, error=err)
         return
     op, is_response = entry
     caused: list[Outgoing] = []
     try:
-        model = op(engine, client, frame, now, caused)
+        model = op(parts, client, frame, now, caused)
     except (OperationError, OptionsError, RouterError) as exc:
         failure = (
             exc
             if isinstance(exc, OperationError)
             else OperationError(ResultCode.BAD_REQUEST, str(exc))
         )
-        engine.reply(client, frame, out, response=is_response, error=failure)
+        reply(client, frame, out, response=is_response, error=failure)
         out.extend(caused)
         return
     headers: tuple[tuple[str, str], ...] = ()
@@ -76,7 +73,7 @@ def dispatch(
             headers = ((Header.PAGE_NEXT, model.next),)
         model = model.items
     payload = json.dumps(model, separators=(",", ":")).encode() if is_response else b""
-    engine.reply(client, frame, out, response=is_response, payload=payload, headers=headers)
+    reply(client, frame, out, response=is_response, payload=payload, headers=headers)
     out.extend(caused)
 
 
@@ -84,19 +81,19 @@ def dispatch(
 
 
 def _allow(
-    engine: Engine,
+    parts: EngineParts,
     client: Client,
     action: Action,
     channel: str | None = None,
     queue: int | None = None,
     target: str | None = None,
 ) -> None:
-    if not engine.authorizer.allows(client, action, channel, queue, target):
+    if not parts.authorizer.allows(client, action, channel, queue, target):
         raise _error(ResultCode.UNAUTHORIZED, f"{action.value} not allowed")
 
 
-def _channel(engine: Engine, frame: tmqp.Frame) -> Channel:
-    channel = engine.channels.get(frame.target)
+def _channel(parts: EngineParts, frame: tmqp.Frame) -> Channel:
+    channel = parts.channels.channels.get(frame.target)
     if channel is None:
         raise _error(ResultCode.NOT_FOUND, f"no channel {frame.target!r}", NackReason.NO_CHANNEL)
     return channel
@@ -115,8 +112,8 @@ def _queue_id(frame: tmqp.Frame) -> int:
     return qid
 
 
-def _queue(engine: Engine, frame: tmqp.Frame) -> Queue:
-    channel = _channel(engine, frame)
+def _queue(parts: EngineParts, frame: tmqp.Frame) -> Queue:
+    channel = _channel(parts, frame)
     qid = _queue_id(frame)
     queue = channel.queues.get(qid)
     if queue is None:
@@ -133,8 +130,8 @@ def _after(frame: tmqp.Frame, numeric: bool = False) -> Any:
         raise _error(ResultCode.BAD_REQUEST, f"bad {Header.PAGE_AFTER} {raw!r}") from None
 
 
-def _budget(engine: Engine) -> int:
-    return engine.config.limits.max_reply_size
+def _budget(parts: EngineParts) -> int:
+    return parts.config.limits.max_reply_size
 
 
 def _has_payload(frame: tmqp.Frame) -> bool:
@@ -152,70 +149,70 @@ def _matcher(pattern: str) -> Callable[[str], bool]:
 
 
 def channel_create(
-    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> None:
-    _allow(engine, client, Action.CHANNEL_CREATE, frame.target)
-    options = engine.config.channel_defaults
+    _allow(parts, client, Action.CHANNEL_CREATE, frame.target)
+    options = parts.config.channel_defaults
     if _has_payload(frame):
         options = ChannelOptions.from_json(frame.payload, base=options)
-    engine.create_channel(frame.target, options, out)
+    parts.channels.create_channel(frame.target, options, out)
 
 
 def channel_update(
-    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> None:
-    channel = _channel(engine, frame)
-    _allow(engine, client, Action.CHANNEL_UPDATE, channel.name)
+    channel = _channel(parts, frame)
+    _allow(parts, client, Action.CHANNEL_UPDATE, channel.name)
     if not _has_payload(frame):
         raise _error(ResultCode.BAD_REQUEST, "ChannelOptions JSON required")
     channel.options = channel.options.updated(frame.payload)
 
 
 def channel_delete(
-    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> None:
-    channel = _channel(engine, frame)
-    _allow(engine, client, Action.CHANNEL_REMOVE, channel.name)
-    engine.remove_channel(channel, out)
+    channel = _channel(parts, frame)
+    _allow(parts, client, Action.CHANNEL_REMOVE, channel.name)
+    parts.channels.remove_channel(channel, out)
 
 
 def channel_list(
-    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> Page:
-    _allow(engine, client, Action.CHANNEL_LIST, target=frame.target or None)
+    _allow(parts, client, Action.CHANNEL_LIST, target=frame.target or None)
     match = _matcher(frame.target)
-    channels = engine.channels
+    channels = parts.channels.channels
     names = sorted(name for name in channels if match(name))
     return cut(
-        names, _after(frame), lambda n: models.channel_information(channels[n]), _budget(engine)
+        names, _after(frame), lambda n: models.channel_information(channels[n]), _budget(parts)
     )
 
 
 def channel_info(
-    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> dict[str, Any]:
-    channel = _channel(engine, frame)
-    _allow(engine, client, Action.CHANNEL_LIST, channel.name)
+    channel = _channel(parts, frame)
+    _allow(parts, client, Action.CHANNEL_LIST, channel.name)
     return models.channel_information(channel)
 
 
 def join(
-    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> None:
-    prefetch = _prefetch(engine, frame)
-    channel = engine.channels.get(frame.target)
+    prefetch = _prefetch(parts, frame)
+    channel = parts.channels.channels.get(frame.target)
     if channel is None:
-        if not engine.config.auto_create_channel:
-            _channel(engine, frame)  # raises 404
-        _allow(engine, client, Action.JOIN, frame.target)
-        _allow(engine, client, Action.CHANNEL_CREATE, frame.target)
-        channel = engine.create_channel(frame.target, out=out)
+        if not parts.config.auto_create_channel:
+            _channel(parts, frame)  # raises 404
+        _allow(parts, client, Action.JOIN, frame.target)
+        _allow(parts, client, Action.CHANNEL_CREATE, frame.target)
+        channel = parts.channels.create_channel(frame.target, out=out)
     else:
-        _allow(engine, client, Action.JOIN, channel.name)
-    engine.join(client, channel, now, out, prefetch)
+        _allow(parts, client, Action.JOIN, channel.name)
+    parts.channels.join(client, channel, now, out, prefetch)
 
 
-def _prefetch(engine: Engine, frame: tmqp.Frame) -> int | None:
+def _prefetch(parts: EngineParts, frame: tmqp.Frame) -> int | None:
     """The JOIN's ``Prefetch`` header: 1.. (capped at the broker's max_prefetch) or None."""
     raw = header(frame, Header.PREFETCH) if frame.headers else None
     if raw is None:
@@ -226,14 +223,14 @@ def _prefetch(engine: Engine, frame: tmqp.Frame) -> int | None:
         value = 0
     if value < 1:
         raise _error(ResultCode.BAD_REQUEST, f"Prefetch must be a positive integer: {raw!r}")
-    return min(value, engine.config.max_prefetch)
+    return min(value, parts.config.max_prefetch)
 
 
 def leave(
-    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> None:
-    channel = _channel(engine, frame)
-    if not engine.leave(client, channel, out):
+    channel = _channel(parts, frame)
+    if not parts.channels.leave(client, channel, out):
         raise _error(ResultCode.NOT_FOUND, "not a member of this channel", NackReason.NO_CHANNEL)
 
 
@@ -241,130 +238,130 @@ def leave(
 
 
 def queue_create(
-    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> None:
     qid = _queue_id(frame)
-    channel = engine.channels.get(frame.target)
-    if channel is None and not engine.config.auto_create_channel:
-        _channel(engine, frame)  # raises 404
-    _allow(engine, client, Action.QUEUE_CREATE, frame.target, qid)
+    channel = parts.channels.channels.get(frame.target)
+    if channel is None and not parts.config.auto_create_channel:
+        _channel(parts, frame)  # raises 404
+    _allow(parts, client, Action.QUEUE_CREATE, frame.target, qid)
     if channel is None:
-        _allow(engine, client, Action.CHANNEL_CREATE, frame.target)
-    base = (channel.options if channel is not None else engine.config.channel_defaults).queue
+        _allow(parts, client, Action.CHANNEL_CREATE, frame.target)
+    base = (channel.options if channel is not None else parts.config.channel_defaults).queue
     options = base.updated(frame.payload) if _has_payload(frame) else base
     if channel is None:
-        engine.create_channel(frame.target, out=out)
-    engine.create_queue(frame.target, qid, options, out)
+        parts.channels.create_channel(frame.target, out=out)
+    parts.channels.create_queue(frame.target, qid, options, out)
 
 
 def queue_update(
-    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> None:
-    queue = _queue(engine, frame)
-    _allow(engine, client, Action.QUEUE_UPDATE, queue.channel.name, queue.id)
+    queue = _queue(parts, frame)
+    _allow(parts, client, Action.QUEUE_UPDATE, queue.channel.name, queue.id)
     if not _has_payload(frame):
         raise _error(ResultCode.BAD_REQUEST, "ChannelQueueOptions JSON required")
     options = queue.options.updated(frame.payload)
-    engine.check_handler(options.message_delivery_handler)
+    parts.services.check_handler(options.message_delivery_handler)
     queue.apply_options(options, now, out)
     channel = queue.channel
-    engine.events.emit(
+    parts.events.emit(
         EventName.QUEUE_UPDATED, models.queue_summary(queue), out, channel.name, queue.id
     )
 
 
 def queue_delete(
-    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> None:
-    queue = _queue(engine, frame)
-    _allow(engine, client, Action.QUEUE_REMOVE, queue.channel.name, queue.id)
-    engine.remove_queue(queue, out)
+    queue = _queue(parts, frame)
+    _allow(parts, client, Action.QUEUE_REMOVE, queue.channel.name, queue.id)
+    parts.channels.remove_queue(queue, out)
 
 
 def queue_list(
-    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> Page:
-    channel = _channel(engine, frame)
-    _allow(engine, client, Action.QUEUE_LIST, channel.name)
+    channel = _channel(parts, frame)
+    _allow(parts, client, Action.QUEUE_LIST, channel.name)
     queues = channel.queues
     ids = sorted(queues)
-    return cut(ids, _after(frame, numeric=True), lambda i: queues[i].summary(), _budget(engine))
+    return cut(ids, _after(frame, numeric=True), lambda i: queues[i].summary(), _budget(parts))
 
 
 def queue_info(
-    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> dict[str, Any]:
-    queue = _queue(engine, frame)
-    _allow(engine, client, Action.QUEUE_LIST, queue.channel.name, queue.id)
-    return queue.information(engine.config.wall_clock(), now)
+    queue = _queue(parts, frame)
+    _allow(parts, client, Action.QUEUE_LIST, queue.channel.name, queue.id)
+    return queue.information(parts.config.wall_clock(), now)
 
 
 # ---------------------------------------------------------------------- connections
 
 
 def node_list(
-    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> list[dict[str, Any]]:
-    _allow(engine, client, Action.ADMIN)
+    _allow(parts, client, Action.ADMIN)
     return []  # no federation peers yet
 
 
 def client_list(
-    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> Page:
-    _allow(engine, client, Action.ADMIN)
+    _allow(parts, client, Action.ADMIN)
     wanted = frame.target or None
-    clients = engine.clients
+    clients = parts.clients.clients
     ids = sorted(i for i, c in clients.items() if wanted is None or c.type == wanted)
     return cut(
-        ids, _after(frame), lambda i: models.client_information(clients[i], now), _budget(engine)
+        ids, _after(frame), lambda i: models.client_information(clients[i], now), _budget(parts)
     )
 
 
 # ---------------------------------------------------------------------- routers
 
 
-def _router(engine: Engine, frame: tmqp.Frame) -> Router:
-    router = engine.routers.get(frame.target)
+def _router(parts: EngineParts, frame: tmqp.Frame) -> Router:
+    router = parts.routers.routers.get(frame.target)
     if router is None:
         raise _error(ResultCode.NOT_FOUND, f"no router {frame.target!r}", NackReason.NO_ROUTE)
     return router
 
 
 def router_create(
-    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> None:
-    _allow(engine, client, Action.ROUTER_MANAGE, target=frame.target)
+    _allow(parts, client, Action.ROUTER_MANAGE, target=frame.target)
     if not frame.target or len(frame.target.encode()) > 255:
         raise _error(ResultCode.BAD_REQUEST, "router name required")
-    engine.add_router(Router(frame.target, method_from_json(frame.payload)))
+    parts.routers.add(Router(frame.target, method_from_json(frame.payload)))
 
 
 def router_remove(
-    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> None:
-    router = _router(engine, frame)
-    _allow(engine, client, Action.ROUTER_MANAGE, target=router.name)
-    engine.remove_router(router.name)
+    router = _router(parts, frame)
+    _allow(parts, client, Action.ROUTER_MANAGE, target=router.name)
+    parts.routers.remove(router.name)
 
 
 def router_list(
-    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> Page:
-    _allow(engine, client, Action.ROUTER_MANAGE, target=frame.target or None)
+    _allow(parts, client, Action.ROUTER_MANAGE, target=frame.target or None)
     match = _matcher(frame.target)
-    routers = engine.routers
+    routers = parts.routers.routers
     names = sorted(name for name in routers if match(name))
-    return cut(names, _after(frame), lambda n: routers[n].to_json(), _budget(engine))
+    return cut(names, _after(frame), lambda n: routers[n].to_json(), _budget(parts))
 
 
 def binding_add(
-    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> None:
-    router = _router(engine, frame)
-    _allow(engine, client, Action.ROUTER_MANAGE, target=router.name)
+    router = _router(parts, frame)
+    _allow(parts, client, Action.ROUTER_MANAGE, target=router.name)
     binding = binding_from_json(frame.payload)
-    if len(router.bindings) >= engine.config.limits.max_bindings_per_router:
+    if len(router.bindings) >= parts.config.limits.max_bindings_per_router:
         raise _error(ResultCode.LIMIT_EXCEEDED, "too many bindings in this router")
     try:
         router.add(binding)
@@ -373,10 +370,10 @@ def binding_add(
 
 
 def binding_remove(
-    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> None:
-    router = _router(engine, frame)
-    _allow(engine, client, Action.ROUTER_MANAGE, target=router.name)
+    router = _router(parts, frame)
+    _allow(parts, client, Action.ROUTER_MANAGE, target=router.name)
     name = header(frame, "Binding-Name")
     if name is None and _has_payload(frame):
         try:
@@ -391,14 +388,14 @@ def binding_remove(
 
 
 def binding_list(
-    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> Page:
-    router = _router(engine, frame)
-    _allow(engine, client, Action.ROUTER_MANAGE, target=router.name)
+    router = _router(parts, frame)
+    _allow(parts, client, Action.ROUTER_MANAGE, target=router.name)
     bindings = list(router.bindings)  # in the router's order: the key is the position
     positions = list(range(len(bindings)))
     return cut(
-        positions, _after(frame, numeric=True), lambda i: bindings[i].to_json(), _budget(engine)
+        positions, _after(frame, numeric=True), lambda i: bindings[i].to_json(), _budget(parts)
     )
 
 
@@ -431,11 +428,9 @@ _OPERATIONS: dict[int, tuple[_Op, bool]] = {
 
 
 def event_subscription(
-    engine: Engine, client: Client, frame: tmqp.Frame, out: list[Outgoing]
+    parts: EngineParts, client: Client, frame: tmqp.Frame, out: list[Outgoing]
 ) -> None:
     """EVENT from a client: content type 1 subscribes, 0 unsubscribes; always acknowledged."""
-    from broker.engine.engine import OperationError
-
     name = frame.target
     try:
         if name not in EVENT_NAMES:
@@ -443,18 +438,18 @@ def event_subscription(
         channel = header(frame, Header.CHANNEL_NAME) or None
         queue = _queue_id(frame) if header(frame, Header.QUEUE_ID) is not None else None
         if frame.content_type == 1:
-            _allow(engine, client, Action.EVENT, channel, queue, name)
-            events, limit = engine.events, engine.config.limits.max_event_subscriptions
+            _allow(parts, client, Action.EVENT, channel, queue, name)
+            events, limit = parts.events, parts.config.limits.max_event_subscriptions
             if events.count(client.id) >= limit and not events.has_subscription(
                 client.id, name, channel, queue
             ):
                 raise _error(ResultCode.LIMIT_EXCEEDED, "too many event subscriptions")
-            engine.events.subscribe(client.id, name, channel, queue)
+            parts.events.subscribe(client.id, name, channel, queue)
         elif frame.content_type == 0:
-            engine.events.unsubscribe(client.id, name, channel, queue)
+            parts.events.unsubscribe(client.id, name, channel, queue)
         else:
             raise _error(ResultCode.BAD_REQUEST, "content type must be 1 (subscribe) or 0")
     except OperationError as err:
-        engine.reply(client, frame, out, response=False, error=err)
+        reply(client, frame, out, response=False, error=err)
         return
-    engine.reply(client, frame, out, response=False)
+    reply(client, frame, out, response=False)

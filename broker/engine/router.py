@@ -16,7 +16,8 @@ publisher; with ``None`` the binding gets a fresh id and the publisher is not to
 zerohub's wire operations (the document has none): server operation content types 601
 (create, target = router name, JSON ``{"Method": ...}``), 602 (remove), 603 (list), 605
 (add binding, JSON binding), 606 (remove binding, JSON ``{"Name": ...}``), 607 (list
-bindings).  Publishing is a message of type ROUTER (0x17) whose target is the router name.
+bindings).  Publishing is a message of type ROUTER (0x17) whose target is the router name
+(``broker.engine.routing``).
 """
 
 from __future__ import annotations
@@ -25,17 +26,11 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from broker import tmqp
-from broker.engine import frames
-from broker.engine.auth import Action
 from broker.engine.errors import OperationError
-from broker.protocol import MessageType, NackReason, Outgoing, ResultCode
-
-if TYPE_CHECKING:
-    from broker.engine.channel import Client
-    from broker.engine.engine import Engine
+from broker.engine.limits import Limits
+from broker.protocol import ResultCode
 
 
 class RouterError(ValueError):
@@ -219,87 +214,24 @@ class Router:
 # ---------------------------------------------------------------------- publishing
 
 
-def publish(
-    engine: Engine, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
-) -> None:
-    """A ROUTER message: pass it to the router's bindings by its method.
+class RouterTable:
+    """The broker's routers by name, bounded by the limits (``max_routers``,
+    ``max_bindings_per_router``)."""
 
-    The publisher waiting for an ack (or a response) gets it from a binding whose
-    interaction passes that wish on; otherwise the server answers success itself once a
-    binding took the message, and a failure (404 ``no-route``) when none did.
-    """
-    try:
-        router = engine.routers.get(frame.target)
-        if router is None or not router.enabled:
-            raise OperationError(ResultCode.NOT_FOUND, "no such router", NackReason.NO_ROUTE)
-        if not engine.authorizer.allows(client, Action.ROUTER_PUBLISH, target=router.name):
-            raise OperationError(ResultCode.UNAUTHORIZED, "may not publish to this router")
-        bindings, stop_first = router.candidates()
-        delivered = 0
-        answered = False
-        for binding in bindings:
-            if _route(engine, client, frame, binding, now, out):
-                delivered += 1
-                if (binding.interaction is Interaction.ACKNOWLEDGE and frame.pending_ack) or (
-                    binding.interaction is Interaction.RESPONSE and frame.pending_response
-                ):
-                    answered = True
-                if stop_first:
-                    break
-        if not delivered:
-            raise OperationError(ResultCode.NOT_FOUND, "no binding took it", NackReason.NO_ROUTE)
-    except OperationError as err:
-        engine.answer_failure(client, frame, out, err)
-        return
-    if answered:
-        return
-    if frame.pending_response:
-        out.append(Outgoing(client.id, frames.response(frame.message_id, client.id, 0)))
-    elif frame.pending_ack:
-        out.append(Outgoing(client.id, engine.ack_frame(frame, ResultCode.OK, None)))
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.routers: dict[str, Router] = {}
 
+    def add(self, router: Router) -> Router:
+        """Register a router (Python API; the wire has operation 601)."""
+        if router.name in self.routers:
+            raise OperationError(ResultCode.ALREADY_CREATED, f"router {router.name!r} exists")
+        if len(self.routers) >= self.limits.max_routers:
+            raise OperationError(ResultCode.LIMIT_EXCEEDED, "too many routers")
+        if len(router.bindings) > self.limits.max_bindings_per_router:
+            raise OperationError(ResultCode.LIMIT_EXCEEDED, "too many bindings")
+        self.routers[router.name] = router
+        return router
 
-def _route(
-    engine: Engine,
-    client: Client,
-    frame: tmqp.Frame,
-    binding: Binding,
-    now: float,
-    out: list[Outgoing],
-) -> bool:
-    """Hand the message to one binding; False when the binding cannot take it."""
-    interaction = binding.interaction
-    keep_id = interaction is not Interaction.NONE and bool(frame.message_id)
-    mid = frame.message_id if keep_id else engine.new_id()
-    if isinstance(binding, QueueBinding):
-        try:
-            queue = engine.resolve_queue(client, binding.channel, binding.queue, out)
-        except OperationError:
-            return False
-        if not engine.authorizer.allows(client, Action.PUSH, queue.channel.name, queue.id):
-            return False
-        if engine.check_push(queue, len(frame.payload)):
-            return False
-        waits = interaction is Interaction.ACKNOWLEDGE and frame.pending_ack and keep_id
-        return queue.accept(frame, client, now, out, waits, message_id=mid) is not None
-    receivers = engine.find_receivers(binding.target)
-    if frame.first_acquirer:
-        receivers = receivers[:1]
-    if not receivers:
-        return False
-    direct = frames.derive(
-        frame,
-        _DIRECT,
-        interaction is Interaction.RESPONSE and frame.pending_response and keep_id,
-        interaction is Interaction.ACKNOWLEDGE and frame.pending_ack and keep_id,
-        frame.content_type if binding.content_type is None else binding.content_type,
-        mid,
-        client.id,
-        binding.target,
-        frame.headers,
-    )
-    engine.deliver_direct(client, direct, receivers, out)
-    return True
-
-
-_DIRECT = int(MessageType.DIRECT)
+    def remove(self, name: str) -> bool:
+        return self.routers.pop(name, None) is not None

@@ -1,0 +1,75 @@
+"""Answers the engine sends on its own: operation replies and failure notices.
+
+Pure functions of the request frame (they append to the output list they are given).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker import tmqp
+from broker.engine import frames
+from broker.engine.channel import Client
+from broker.engine.errors import OperationError
+from broker.protocol import Outgoing, ResultCode
+
+
+def ack_frame(
+    frame: tmqp.Frame, code: int, err: OperationError | None, high: bool = False
+) -> tmqp.Frame:
+    """An ACK of ``frame`` carrying ``code`` (and the failure's token and reason)."""
+    token, reason = (err.token, err.reason) if err is not None else (None, None)
+    return frames.ack(code, frame.message_id, "", frame.target, token, reason, high)
+
+
+def reply(
+    client: Client[Any],
+    frame: tmqp.Frame,
+    out: list[Outgoing],
+    *,
+    response: bool,
+    payload: bytes = b"",
+    error: OperationError | None = None,
+    headers: tuple[tuple[str, str], ...] = (),
+) -> None:
+    """Answer a server operation: ACK (or RESPONSE when asked/for lists), code inside."""
+    code = error.code if error is not None else ResultCode.OK
+    if response or (frame.pending_response and not frame.pending_ack):
+        reason = error.reason if error is not None else None
+        out.append(
+            Outgoing(
+                client.id,
+                frames.response(frame.message_id, client.id, code, reason, payload, headers),
+            )
+        )
+    else:
+        out.append(Outgoing(client.id, ack_frame(frame, code, error)))
+
+
+def answer_failure(
+    client: Client[Any],
+    frame: tmqp.Frame,
+    out: list[Outgoing],
+    err: OperationError,
+    direct: bool = False,
+) -> None:
+    """Tell a waiting sender why its message went nowhere (silence if it waits for none)."""
+    if frame.pending_response:
+        out.append(
+            Outgoing(client.id, frames.response(frame.message_id, client.id, err.code, err.reason))
+        )
+    elif frame.pending_ack:
+        out.append(Outgoing(client.id, ack_frame(frame, err.code, err, high=direct)))
+
+
+def reject_push(
+    client: Client[Any], frame: tmqp.Frame, out: list[Outgoing], err: OperationError
+) -> None:
+    """A refused push: a negative ACK (queue id, channel) or a RESPONSE with the code."""
+    if frame.pending_ack:
+        qid, mid, target = frame.content_type, frame.message_id, frame.target
+        out.append(Outgoing(client.id, frames.ack(qid, mid, "", target, err.token, err.reason)))
+    elif frame.pending_response:
+        out.append(
+            Outgoing(client.id, frames.response(frame.message_id, client.id, err.code, err.reason))
+        )
