@@ -158,7 +158,7 @@ class QueueDelivery(QueueAcknowledgements):
             return False  # same id still unacknowledged by this consumer
         if self._h_can:
             try:
-                return bool(self.handler.can_consumer_receive(self, m, c))  # type: ignore[arg-type]
+                return bool(self.handler.can_consumer_receive(self, m, c))
             except Exception as exc:
                 self._error("can_consumer_receive", exc)
                 return False
@@ -204,7 +204,7 @@ class QueueDelivery(QueueAcknowledgements):
     def _track(self, m: QueueMessage, c: Client, deadline: float) -> None:
         self.pending[(c.id, m.message_id)] = Delivery(m, c, deadline)
         m.inflight += 1
-        c.pending_queues.add(self)  # type: ignore[arg-type]
+        c.pending_queues.add(self)
         if deadline != _INF:
             self._arm(deadline)
 
@@ -213,7 +213,7 @@ class QueueDelivery(QueueAcknowledgements):
     ) -> None:
         """Send ``frame`` to ``c`` as a tracked delivery holding a slot of its window."""
         out.append(_tracked(Tracked, (c.id, frame)))
-        c.unsent.append((kind, self, m, None, 0))  # type: ignore[arg-type]
+        c.unsent.append((kind, self, m, None, 0))
         if kind != CACHE:
             used = self.used
             used[c.id] = used.get(c.id, 0) + 1
