@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from broker import fastcodec, tmqp
+from broker import tmqp
 from broker.client.core import SessionState, session_properties
 from broker.client.errors import (
     AccessRefused,
@@ -84,7 +84,7 @@ def _curve_required(event: int, value: int) -> bool:
 _new = object.__new__
 #: Sets a new Message's frame without the frozen dataclass's __init__ (half the cost).
 _set_message_frame: Callable[[Message, tmqp.Frame], None] = vars(Message)["frame"].__set__
-_decode = fastcodec.decode
+_decode = tmqp.decode
 _Frame = tmqp.Frame
 _QUEUE_BITS = int(MessageType.QUEUE)  # low 6 bits of the first octet
 _HEADER_BIT = 32  # in the second octet: a header block follows
@@ -228,7 +228,7 @@ class IOLoop(InboundFrames):
                     and not data[1] & _HEADER_BIT
                 ):
                     try:
-                        frame = _decode(data)
+                        frame = _decode((data,))
                     except DecodeError:
                         frame = None
                     if type(frame) is not _Frame:

@@ -18,7 +18,7 @@ libzmq took, and the engine releases more only then (``broker.flow``), so a slow
 consumer's backlog stays within its windows; before a peer's session ends the engine
 hears what it got, and puts the rest back in the queues.
 
-Hot path: plain frames are decoded by ``broker.fastcodec``; a frame the engine
+Hot path: plain frames take the generated codec's fast path (``tmqp.decode``); a frame the engine
 passes through unchanged is forwarded as the octets received; engine output is
 handed to libzmq in batches (``ServerOptions.send_batch``), in order with every
 other frame the server sends, so that libzmq's I/O thread is woken once per batch.
@@ -52,7 +52,7 @@ from typing import Any
 
 import zmq
 
-from broker import fastcodec, tmqp
+from broker import tmqp
 from broker.engine.limits import MIN_REPLY_SIZE
 from broker.paging import json_size
 from broker.protocol import GREETING, Header, MessageType, Operation, ResultCode, header
@@ -88,7 +88,7 @@ _PONG = tmqp.encode(tmqp.Pong())[0]
 _TERMINATE = int(MessageType.TERMINATE)
 _SERVER = int(MessageType.SERVER)
 _Frame = tmqp.Frame
-_decode = fastcodec.decode
+_decode = tmqp.decode
 _ids = itertools.count(1)
 
 #: Server operation (content type) answered by the server itself: a RESPONSE whose payload
@@ -360,7 +360,7 @@ class Server(PeerSessions):
             self._bad(peer, data, reason, ResultCode.LIMIT_EXCEEDED)
             return
         try:
-            msg = _decode(data)
+            msg = _decode((data,))
         except DecodeError as exc:
             self._bad(peer, data, f"malformed frame: {exc.reason}", ResultCode.BAD_REQUEST)
             return
