@@ -68,6 +68,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import zmq
 
 from filemq.engine import DEFAULT_CHUNK_SIZE, DEFAULT_CREDIT_WINDOW, DEFAULT_ENDPOINT, FilemqError
+from zerohub import zmqkit
 from zerohub.cli import (
     ArgumentParser,
     CommandError,
@@ -475,7 +476,6 @@ def _wait_for_signal() -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from filemq import security
     from filemq.live import LiveFileServer
     from filemq.server import Mount
     from filemq.state import default_state_dir
@@ -484,10 +484,10 @@ def _serve(args: argparse.Namespace) -> int:
         raise UsageError("serve: --curve-secret and --allow go together")
     for endpoint in filter(None, (args.bind, args.with_broker)):
         try:
-            security.check_bind(
+            zmqkit.check_bind(
                 endpoint, curve=args.curve_secret is not None, insecure=args.insecure
             )
-        except security.SecurityError as exc:
+        except zmqkit.SecurityError as exc:
             raise UsageError(str(exc)) from None
     mounts = [Mount.parse(spec) for spec in args.publish]
     state_dir = None if args.no_state else Path(args.state_dir or default_state_dir())
@@ -792,9 +792,7 @@ def _run_client(run: Callable[[], _T], context: zmq.Context[Any]) -> _T:
 
 
 def _keys(args: argparse.Namespace) -> int:
-    from filemq import security
-
-    public, secret = security.new_certificate(args.name, args.dir, force=args.force)
+    public, secret = zmqkit.new_certificate(args.name, args.dir, force=args.force)
     print(f"{public}\n{secret}")
     return 0
 
@@ -829,10 +827,8 @@ def _command(argv: Sequence[str] | None) -> int:
 
 
 def _expected_errors() -> tuple[type[Exception], ...]:
-    """Errors reported as one line (exit 1); security's only if it was imported."""
-    security = sys.modules.get("filemq.security")
-    found = (FilemqError, OSError, zmq.ZMQError)
-    return found if security is None else (*found, security.SecurityError)
+    """Errors reported as one line (exit 1)."""
+    return (FilemqError, OSError, zmq.ZMQError, zmqkit.SecurityError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -66,7 +66,7 @@ from broker.server.peers import (
     terminate_frame,
 )
 from broker.server.send import Peer, PeerState
-from broker.sockets import fast_send
+from zerohub import zmqkit
 from zproto.errors import DecodeError
 
 __all__ = [
@@ -151,13 +151,11 @@ class Server(PeerSessions):
         if self._router is not None:
             assert self.endpoint is not None
             return self.endpoint
-        from filemq import security
-
         opts = self.options
         curve = opts.curve_secret is not None
         try:
-            security.check_bind(opts.endpoint, curve=curve, insecure=opts.insecure)
-        except security.SecurityError as exc:
+            zmqkit.check_bind(opts.endpoint, curve=curve, insecure=opts.insecure)
+        except zmqkit.SecurityError as exc:
             raise ServerError(str(exc)) from None
         if curve and not opts.allow_dir:
             raise ServerError("CURVE needs an allow-list directory (--allow DIR)")
@@ -175,20 +173,20 @@ class Server(PeerSessions):
             # client flooding the broker then closing came through late (lost, with the
             # client's default 1 s linger), measured with libzmq 4.3.5.  Dead peers are
             # found by the TMQP PINGs instead: the session expires and its connection is
-            # shut down (broker.server_links).
+            # shut down (broker.server.links).
             sock.handshake_ivl = int(opts.handshake_timeout * 1000)
             if curve:
                 assert opts.curve_secret is not None and opts.allow_dir is not None
-                self._auth = security.start_authenticator(self.context, opts.allow_dir)
-                security.configure_server(sock, opts.curve_secret)
+                self._auth = zmqkit.start_authenticator(self.context, opts.allow_dir)
+                zmqkit.configure_server(sock, opts.curve_secret)
             sock.bind(opts.endpoint)
-        except (zmq.ZMQError, security.SecurityError) as exc:
+        except (zmq.ZMQError, zmqkit.SecurityError) as exc:
             sock.close(linger=0)
             self._stop_auth()
             raise ServerError(f"cannot serve on {opts.endpoint}: {exc}") from None
         self._router = sock
         self._connections = Connections(sock, opts.max_connections)
-        self._fast_send = fast_send(sock)
+        self._fast_send = zmqkit.fast_send(sock)
         endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.endpoint = endpoint
         return endpoint
