@@ -13,9 +13,6 @@ import pytest
 
 from tests.zproto.test_import_cycles import ROOT, imported_names, package_modules
 
-#: (importing module, imported package) pairs allowed for now: none should remain.
-ALLOWED = {("filemq.cli", "broker")}  # ``filemq serve --with-broker`` (moves to zerohub)
-
 
 def imports_in(tree: ast.Module, module: str, is_package: bool, other: str) -> list[str]:
     """What ``module`` (parsed as ``tree``) imports from the package ``other``."""
@@ -39,7 +36,7 @@ def imports_of(package: str, other: str) -> list[tuple[str, str]]:
 @pytest.mark.parametrize(("package", "other"), [("broker", "filemq"), ("filemq", "broker")])
 def test_no_import_between_filemq_and_broker(package: str, other: str) -> None:
     assert len(package_modules(package)) > 3  # the package was found and read
-    found = [(m, t) for m, t in imports_of(package, other) if (m, other) not in ALLOWED]
+    found = imports_of(package, other)
     assert found == [], f"{package} imports {other}: {found}"
 
 
