@@ -84,6 +84,8 @@ __all__ = [
     "RemoteError",
 ]
 
+_QUEUE = int(MessageType.QUEUE)  # a plain int: IntEnum arithmetic costs ~0.1 us a push
+
 
 class Client(ClientInbox, AdminOperations):
     """A connection to the broker.  Use as a context manager or call ``connect``/``close``."""
@@ -195,13 +197,13 @@ class Client(ClientInbox, AdminOperations):
         body = payload if type(payload) is bytes else as_bytes(payload)
         data = tmqp.encode_frame(
             high_priority=high_priority,
-            message_type=MessageType.QUEUE,
+            message_type=_QUEUE,
             pending_ack=ack,
             content_type=queue_id,
             message_id=mid,
             source=self.client_id or "",
             target=channel,
-            headers=normalize_headers(headers),
+            headers=normalize_headers(headers) if headers else (),
             payload=body,
         )[0]
         if not ack:
