@@ -176,11 +176,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     curve = section.get("curve_secret") is not None
     if curve != (section.get("allow") is not None):
         raise UsageError("serve: --curve-secret and --allow go together")
-    from filemq import security
+    from zerohub import zmqkit
 
     try:
-        security.check_bind(endpoint, curve=curve, insecure=bool(section.get("insecure")))
-    except security.SecurityError as exc:
+        zmqkit.check_bind(endpoint, curve=curve, insecure=bool(section.get("insecure")))
+    except zmqkit.SecurityError as exc:
         raise UsageError(str(exc)) from None
     try:
         options = ServerOptions(

@@ -68,6 +68,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import zmq
 
 from filemq.engine import DEFAULT_CHUNK_SIZE, DEFAULT_CREDIT_WINDOW, DEFAULT_ENDPOINT, FilemqError
+from zerohub import zmqkit
 from zerohub.cli import (
     ArgumentParser,
     CommandError,
@@ -82,6 +83,7 @@ from zerohub.cli import (
 
 if TYPE_CHECKING:  # the client module is imported by its subcommands only
     from filemq.events import MirrorEvent
+    from filemq.live import LiveFileServer
 
 # server, client and security are imported by their subcommand only (start-up of `sync`)
 
@@ -176,7 +178,8 @@ def _filters(args: argparse.Namespace) -> Any:
     return Filters.from_options(args.patterns, args.exclude_from) or None
 
 
-def _serve_options(serve: argparse.ArgumentParser) -> None:
+def serve_options(serve: argparse.ArgumentParser) -> None:
+    """The options of ``filemq serve`` (``zerohub serve`` takes them too)."""
     serve.add_argument(
         "--bind",
         type=bind_endpoint,
@@ -257,15 +260,6 @@ def _serve_options(serve: argparse.ArgumentParser) -> None:
         "--no-links",
         action="store_true",
         help="offer no symbolic link (by default links that stay inside a mount are offered)",
-    )
-    serve.add_argument(
-        "--with-broker",
-        nargs="?",
-        type=bind_endpoint,
-        const="tcp://127.0.0.1:5680",
-        metavar="ENDPOINT",
-        help="also run the zerohub broker in this process (default tcp://127.0.0.1:5680; "
-        "same CURVE keys and allow-list as the file server; default broker settings)",
     )
 
 
@@ -416,7 +410,7 @@ def _keys_options(keys: argparse.ArgumentParser) -> None:
 
 
 _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
-    "serve": ("publish directories", _serve_options),
+    "serve": ("publish directories", serve_options),
     "sync": ("mirror a server path into DEST", _sync_options),
     "subscribe": ("keep DEST a live mirror of a server path", _subscribe_options),
     "ls": ("list what a server publishes (modes, sizes, SHA-1...), copying nothing", _ls_options),
@@ -459,7 +453,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _wait_for_signal() -> None:
+def wait_for_signal() -> None:
+    """Return on SIGINT or SIGTERM (a server's normal end: exit 0)."""
     stop = threading.Event()
 
     def handler(signum: int, frame: FrameType | None) -> None:
@@ -474,94 +469,84 @@ def _wait_for_signal() -> None:
             signal.signal(sig, old)
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from filemq import security
+def check_serve(args: argparse.Namespace, also_bind: Sequence[str] = ()) -> None:
+    """UsageError for ``serve`` options that do not go together, or a bind the policy
+    refuses (``--bind`` and ``also_bind``: plain text off loopback needs --insecure)."""
+    if (args.curve_secret is None) != (args.allow is None):
+        raise UsageError("serve: --curve-secret and --allow go together")
+    for endpoint in (args.bind, *also_bind):
+        try:
+            zmqkit.check_bind(
+                endpoint, curve=args.curve_secret is not None, insecure=args.insecure
+            )
+        except zmqkit.SecurityError as exc:
+            raise UsageError(str(exc)) from None
+
+
+def file_server(
+    args: argparse.Namespace, context: zmq.Context[zmq.Socket[bytes]]
+) -> LiveFileServer:
+    """The file server ``serve``'s options describe (not bound yet)."""
     from filemq.live import LiveFileServer
     from filemq.server import Mount
     from filemq.state import default_state_dir
 
-    if (args.curve_secret is None) != (args.allow is None):
-        raise UsageError("serve: --curve-secret and --allow go together")
-    for endpoint in filter(None, (args.bind, args.with_broker)):
-        try:
-            security.check_bind(
-                endpoint, curve=args.curve_secret is not None, insecure=args.insecure
-            )
-        except security.SecurityError as exc:
-            raise UsageError(str(exc)) from None
     mounts = [Mount.parse(spec) for spec in args.publish]
     state_dir = None if args.no_state else Path(args.state_dir or default_state_dir())
-    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    live = None
-    broker = None
-    try:
-        live = LiveFileServer(
-            context,
-            mounts,
-            watch=not args.no_watch,
-            settle=args.settle,
-            poll_interval=args.poll_interval if args.poll else None,
-            state_dir=state_dir,
-            endpoint=args.bind,
-            wire=args.wire,
-            curve_secret=args.curve_secret,
-            allow_dir=args.allow,
-            insecure=args.insecure,
-            chunk_size=args.chunk_size,
-            client_ttl=args.client_ttl,
-            deny=args.deny,
-            rescan_interval=args.rescan,
-            bwlimit=args.bwlimit,
-            filters=_filters(args),
-            links=not args.no_links,
-        )
-        server = live.server
-        # both sockets are bound before a directory is walked or hashed: an endpoint in
-        # use fails at once
-        server.bind()
-        if args.with_broker:
-            from broker.server.server import ServerError
-
-            broker = _broker_beside(args, context)
-            try:
-                broker_endpoint = broker.start()
-            except ServerError as exc:
-                raise CommandError(f"broker: {exc}") from None
-            print(f"filemq: broker serving on {broker_endpoint}", file=sys.stderr, flush=True)
-        live.start()
-        files = sum(len(index) for index in server.indexes.values())
-        hashed = sum(index.hashed_files for index in server.indexes.values())
-        where = ", ".join(f"{m.directory} at {m.virtual}" for m in mounts)
-        watching = "not watching" if args.no_watch else "polling" if args.poll else "watching"
-        print(
-            f"filemq: serving {where} on {server.endpoint} ({files} files, {hashed} hashed, "
-            f"{watching})",
-            file=sys.stderr,
-            flush=True,
-        )
-        _wait_for_signal()
-    finally:
-        if live is not None:
-            live.stop()
-        if broker is not None:
-            broker.stop()
-        context.term()
-    return 0
-
-
-def _broker_beside(args: argparse.Namespace, context: zmq.Context[zmq.Socket[bytes]]) -> Any:
-    """The broker with its default engine, on ``args.with_broker`` (``--with-broker``)."""
-    from broker.engine.engine import Engine
-    from broker.server.server import Server, ServerOptions
-
-    options = ServerOptions(
-        endpoint=args.with_broker,
+    return LiveFileServer(
+        context,
+        mounts,
+        watch=not args.no_watch,
+        settle=args.settle,
+        poll_interval=args.poll_interval if args.poll else None,
+        state_dir=state_dir,
+        endpoint=args.bind,
+        wire=args.wire,
         curve_secret=args.curve_secret,
         allow_dir=args.allow,
         insecure=args.insecure,
+        chunk_size=args.chunk_size,
+        client_ttl=args.client_ttl,
+        deny=args.deny,
+        rescan_interval=args.rescan,
+        bwlimit=args.bwlimit,
+        filters=_filters(args),
+        links=not args.no_links,
     )
 
-    return Server(Engine(), options, context=context)
+
+def report_serving(prog: str, args: argparse.Namespace, live: LiveFileServer) -> None:
+    """The line on stderr that says a started file server serves (and where)."""
+    from filemq.server import Mount
+
+    mounts = [Mount.parse(spec) for spec in args.publish]  # in the command line's order
+    server = live.server
+    files = sum(len(index) for index in server.indexes.values())
+    hashed = sum(index.hashed_files for index in server.indexes.values())
+    where = ", ".join(f"{m.directory} at {m.virtual}" for m in mounts)
+    watching = "not watching" if args.no_watch else "polling" if args.poll else "watching"
+    print(
+        f"{prog}: serving {where} on {server.endpoint} ({files} files, {hashed} hashed, "
+        f"{watching})",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    check_serve(args)
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    live = None
+    try:
+        live = file_server(args, context)
+        live.start()  # binds before a directory is walked or hashed: in use fails at once
+        report_serving("filemq", args, live)
+        wait_for_signal()
+    finally:
+        if live is not None:
+            live.stop()
+        context.term()
+    return 0
 
 
 def _has_files(root: Path) -> bool:
@@ -792,9 +777,7 @@ def _run_client(run: Callable[[], _T], context: zmq.Context[Any]) -> _T:
 
 
 def _keys(args: argparse.Namespace) -> int:
-    from filemq import security
-
-    public, secret = security.new_certificate(args.name, args.dir, force=args.force)
+    public, secret = zmqkit.new_certificate(args.name, args.dir, force=args.force)
     print(f"{public}\n{secret}")
     return 0
 
@@ -818,7 +801,7 @@ def _command(argv: Sequence[str] | None) -> int:
     except ValueError as exc:  # a value on the command line (--path, --publish, ...)
         raise UsageError(str(exc)) from None
     except Exception as exc:
-        if not isinstance(exc, _expected_errors()):
+        if not isinstance(exc, expected_errors()):
             raise
         raise CommandError(str(exc)) from None
     finally:
@@ -828,11 +811,9 @@ def _command(argv: Sequence[str] | None) -> int:
             gc.freeze()
 
 
-def _expected_errors() -> tuple[type[Exception], ...]:
-    """Errors reported as one line (exit 1); security's only if it was imported."""
-    security = sys.modules.get("filemq.security")
-    found = (FilemqError, OSError, zmq.ZMQError)
-    return found if security is None else (*found, security.SecurityError)
+def expected_errors() -> tuple[type[Exception], ...]:
+    """Errors reported as one line (exit 1)."""
+    return (FilemqError, OSError, zmq.ZMQError, zmqkit.SecurityError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

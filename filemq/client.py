@@ -112,7 +112,6 @@ import bisect
 import logging
 import os
 import random
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -167,6 +166,7 @@ from filemq.mirror import TEMP_PREFIX, Mirror
 from filemq.paths import UnsafePathError, all_relative_safe, relative_inside
 from filemq.progress import PLAIN_EVERY, Progress
 from filemq.state import load_index
+from zerohub import zmqkit
 
 if TYPE_CHECKING:  # imported when an event is emitted: start-up time of `filemq sync`
     from filemq.events import MirrorEvent
@@ -190,13 +190,7 @@ _MAX_CORRECTIONS = 64  # more files differ from the saved index: one ICANHAZ for
 _BACKOFF_BASE = 0.1
 _CHECK_SHARE = 0.05  # local drift checks take at most this share of the time (big DEST)
 _POLL_MS = 100  # longest wait for the socket before timers and capped credit are looked at
-_MONITOR_EVENTS = (
-    zmq.EVENT_HANDSHAKE_FAILED_AUTH
-    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-    | zmq.EVENT_DISCONNECTED
-)
-_MECHANISM_MISMATCH = zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+_MONITOR_EVENTS = zmqkit.HANDSHAKE_EVENTS | zmq.EVENT_DISCONNECTED
 
 
 class SyncError(FilemqError):
@@ -274,9 +268,7 @@ def open_dealer(
         sock.sndtimeo = max(1000, int(connect_timeout * 1000))
         sock.maxmsgsize = max_message
         if curve_secret is not None and server_key is not None:
-            from filemq import security  # (imported only for CURVE: start-up time)
-
-            security.configure_client(sock, curve_secret, server_key)
+            zmqkit.configure_client(sock, curve_secret, server_key)
         # handshake failures (key not allowed, CURVE vs plain) end the run at once
         monitor = sock.get_monitor_socket(_MONITOR_EVENTS)
         sock.connect(endpoint)
@@ -299,32 +291,16 @@ def close_dealer(sock: zmq.Socket[Any], monitor: zmq.Socket[Any] | None) -> None
 def check_monitor(monitor: zmq.Socket[Any], endpoint: str, *, curve: bool) -> None:
     """Raise for what a DEALER's monitor reported: ``SyncRefused`` for a failed
     handshake, ``ConnectionLost`` for a dropped connection."""
-    events: list[int] = []
-    values: list[int] = []
-    while True:
-        try:
-            # first frame: event (u16) + value (u32), native order; zmq.utils.monitor
-            # would parse it but imports asyncio (~20 ms of start-up)
-            frames = monitor.recv_multipart(zmq.NOBLOCK)
-        except zmq.Again:
-            break
-        events.append(int.from_bytes(frames[0][:2], sys.byteorder))
-        values.append(int.from_bytes(frames[0][2:6], sys.byteorder))
-    failed = [e for e in events if e != zmq.EVENT_DISCONNECTED]
-    if failed:
-        if zmq.EVENT_HANDSHAKE_FAILED_AUTH in failed:
-            kind = "key not allowed"
-        elif not curve and (
-            _MECHANISM_MISMATCH in values or zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL in failed
-        ):  # a plain client against CURVE: the mismatch, or the server hung up first
-            raise SyncRefused(
-                f"the server at {endpoint} requires CURVE (handshake failed): pass "
-                "--server-key SERVER.key --curve-secret CLIENT.key_secret"
-            )
-        else:
-            kind = "security mechanism mismatch or protocol error"
-        raise SyncRefused(f"handshake with {endpoint} failed: {kind}")
-    if events:
+    report = zmqkit.read_monitor(monitor, curve=curve)
+    if report.handshake is zmqkit.Handshake.KEY_REFUSED:
+        raise SyncRefused(f"handshake with {endpoint} failed: key not allowed")
+    if report.handshake is zmqkit.Handshake.CURVE_REQUIRED:
+        raise SyncRefused(f"the server at {endpoint} {zmqkit.CURVE_REQUIRED_HINT}")
+    if report.handshake is not None:
+        raise SyncRefused(
+            f"handshake with {endpoint} failed: security mechanism mismatch or protocol error"
+        )
+    if report.disconnected:
         raise ConnectionLost(f"connection to {endpoint} lost")
 
 
@@ -402,9 +378,7 @@ class SyncClient:
         delete_extraneous: bool = False,
     ) -> None:
         if (curve_secret is None) != (server_key is None):
-            from filemq.security import SecurityError
-
-            raise SecurityError("CURVE needs both --curve-secret and --server-key")
+            raise zmqkit.SecurityError("CURVE needs both --curve-secret and --server-key")
         self.context = context
         self.endpoint = endpoint
         self.dest = Path(dest)

@@ -76,7 +76,7 @@ from typing import Any
 
 import zmq
 
-from filemq import loopguard, security
+from filemq import loopguard
 from filemq.engine import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_ENDPOINT,
@@ -105,6 +105,7 @@ from filemq.paths import absent, local_parts, open_beneath, relative_inside, vir
 from filemq.ratelimit import TokenBucket, burst_for
 from filemq.state import load_index, server_index_path, server_state_dir
 from filemq.walk import DEFAULT_IGNORE, PathFilter
+from zerohub import zmqkit
 
 __all__ = ["DEFAULT_ENDPOINT", "FileServer", "Mount"]
 
@@ -186,7 +187,7 @@ class FileServer:
         if not mounts:
             raise ValueError("publish at least one directory")
         if (curve_secret is None) != (allow_dir is None):
-            raise security.SecurityError("CURVE needs both a server secret and an allow-list")
+            raise zmqkit.SecurityError("CURVE needs both a server secret and an allow-list")
         self.context = context
         self.mounts = sorted(mounts, key=lambda m: len(m.virtual))  # most specific last
         self.wire = load_wire(wire)
@@ -250,7 +251,7 @@ class FileServer:
         """
         if self._router is not None:
             return self.endpoint
-        security.check_bind(
+        zmqkit.check_bind(
             self._bind, curve=self._curve_secret is not None, insecure=self._insecure
         )
         router = self.context.socket(zmq.ROUTER)
@@ -259,8 +260,8 @@ class FileServer:
             router.router_mandatory = 1
             router.maxmsgsize = _MAX_MESSAGE
             if self._curve_secret is not None and self._allow_dir is not None:
-                self._auth = security.start_authenticator(self.context, self._allow_dir)
-                security.configure_server(router, self._curve_secret)
+                self._auth = zmqkit.start_authenticator(self.context, self._allow_dir)
+                zmqkit.configure_server(router, self._curve_secret)
             router.bind(self._bind)
         except BaseException as exc:
             router.close(linger=0)

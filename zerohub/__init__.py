@@ -1,5 +1,10 @@
-"""What the three zerohub packages (``zproto``, ``filemq``, ``broker``) share.
+"""What the three zerohub packages (``zproto``, ``filemq``, ``broker``) share, and what
+composes them.
 
 ``zerohub.cli``: the conventions every command line follows (exit codes, one-line
 errors, endpoint checks, ``-v``/``-q``).
+``zerohub.zmqkit``: the ZeroMQ plumbing ``filemq`` and ``broker`` share (CURVE keys, the
+ZAP authenticator, the bind policy, socket helpers, the handshake-failure monitor).
+``zerohub.hub`` and ``zerohub.main``: a FILEMQ server and the broker in one process, the
+``zerohub serve`` command.  ``filemq`` and ``broker`` never import each other.
 """

@@ -41,7 +41,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from broker import fastcodec, tmqp
+from broker import tmqp
 from broker.client.admin import STATS_LIST, next_page, operation_frame
 from broker.client.core import SessionState, session_properties
 from broker.client.errors import (
@@ -261,7 +261,7 @@ class AsyncClient:
             if data == GREETING:
                 continue
             try:
-                msg = fastcodec.decode(data)
+                msg = tmqp.decode((data,))
             except DecodeError:
                 continue
             if type(msg) is tmqp.Ping:
@@ -362,7 +362,7 @@ class AsyncClient:
     async def _dispatch(self, sock: zmq.asyncio.Socket, data: bytes) -> str | None:
         """Handle one frame; why the session is over (TERMINATE), else None."""
         try:
-            msg = fastcodec.decode(data)
+            msg = tmqp.decode((data,))
         except DecodeError as exc:
             log.warning("undecodable frame from the broker: %s", exc.reason)
             return None

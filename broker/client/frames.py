@@ -41,7 +41,7 @@ def queue_frame(
     headers: Headers | None,
     high_priority: bool,
 ) -> tmqp.Frame:
-    """A push into a queue (``source`` is the client's own id: see ``queue_frame_bytes``)."""
+    """A push into a queue (``source`` is the client's own id)."""
     return tmqp.Frame(
         high_priority=high_priority,
         message_type=MessageType.QUEUE,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from broker import fastcodec, tmqp
+from broker import tmqp
 from broker.client.core import SessionState
 from broker.client.errors import AccessRefused, ConnectError, RemoteError, failure
 from broker.client.message import Message, _Pull
@@ -40,7 +40,7 @@ _QUEUE = MessageType.QUEUE
 _ACK = MessageType.ACK
 _RESPONSE = MessageType.RESPONSE
 _DIRECT = MessageType.DIRECT
-_decode = fastcodec.decode
+_decode = tmqp.decode
 
 
 class InboundFrames:
@@ -59,7 +59,7 @@ class InboundFrames:
 
     def _dispatch(self, data: bytes) -> None:
         try:
-            msg = _decode(data)
+            msg = _decode((data,))
         except DecodeError as exc:
             log.warning("undecodable frame from the broker: %s", exc.reason)
             return

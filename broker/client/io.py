@@ -25,9 +25,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
-from broker import fastcodec, tmqp
+from broker import tmqp
 from broker.client.core import SessionState, session_properties
 from broker.client.errors import (
     AccessRefused,
@@ -43,7 +42,7 @@ from broker.client.frames import join_frame
 from broker.client.inbound import InboundFrames
 from broker.client.message import Kind, Message
 from broker.protocol import GREETING, ConnectionInfo, Header, MessageType, header
-from broker.sockets import fast_send
+from zerohub import zmqkit
 from zproto.errors import DecodeError
 
 if TYPE_CHECKING:
@@ -67,24 +66,11 @@ log = logging.getLogger("broker.client.blocking")
 _PING = tmqp.encode(tmqp.Ping())[0]
 _BIG = 65536
 _BATCH = 1024
-_AUTH_EVENTS = (
-    zmq.EVENT_HANDSHAKE_FAILED_AUTH
-    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-)
-_MECHANISM_MISMATCH = zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
-
-
-def _curve_required(event: int, value: int) -> bool:
-    """What a plain client sees of a CURVE server: the mechanism mismatch, or the server
-    hanging up mid-handshake when it noticed the mismatch first (no detail)."""
-    return event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL or value == _MECHANISM_MISMATCH
-
 
 _new = object.__new__
 #: Sets a new Message's frame without the frozen dataclass's __init__ (half the cost).
 _set_message_frame: Callable[[Message, tmqp.Frame], None] = vars(Message)["frame"].__set__
-_decode = fastcodec.decode
+_decode = tmqp.decode
 _Frame = tmqp.Frame
 _QUEUE_BITS = int(MessageType.QUEUE)  # low 6 bits of the first octet
 _HEADER_BIT = 32  # in the second octet: a header block follows
@@ -103,7 +89,7 @@ class IOLoop(InboundFrames):
         self.c = client
         self.wake = wake
         self.sock: zmq.Socket[bytes] | None = None
-        #: ``self.sock``'s send (see ``broker.sockets.fast_send``); only used while sock is set.
+        #: ``self.sock``'s send (see ``zerohub.zmqkit.fast_send``); only used while sock is set.
         self.send: Callable[..., Any] = _unbound_send
         self.monitor: zmq.Socket[bytes] | None = None
         self.poller = zmq.Poller()
@@ -228,7 +214,7 @@ class IOLoop(InboundFrames):
                     and not data[1] & _HEADER_BIT
                 ):
                     try:
-                        frame = _decode(data)
+                        frame = _decode((data,))
                     except DecodeError:
                         frame = None
                     if type(frame) is not _Frame:
@@ -334,23 +320,21 @@ class IOLoop(InboundFrames):
         sock.rcvhwm = c.hwm
         sock.routing_id = b"\x01" + os.urandom(15)
         if c._curve is not None:
-            from filemq import security
-
             secret, server_key = c._curve
             assert secret is not None and server_key is not None
             try:
-                security.configure_client(sock, secret, server_key)
-            except security.SecurityError as exc:
+                zmqkit.configure_client(sock, secret, server_key)
+            except zmqkit.SecurityError as exc:
                 sock.close(linger=0)
                 raise self._fatal(ConnectError(str(exc))) from None
         if c._curve is not None or self.first:
             # handshake failures (CURVE key refused; a plain client against a CURVE server,
             # watched on the first connection) end connect() at once
-            self.monitor = sock.get_monitor_socket(_AUTH_EVENTS)
+            self.monitor = sock.get_monitor_socket(zmqkit.HANDSHAKE_EVENTS)
             self._register(self.monitor, zmq.POLLIN)
         sock.connect(c.endpoint)
         self.sock = sock
-        self.send = fast_send(sock)
+        self.send = zmqkit.fast_send(sock)
         self.hs_id = c.new_id()
         info = ConnectionInfo(
             client_id=c.client_id,
@@ -483,18 +467,12 @@ class IOLoop(InboundFrames):
 
     def _on_monitor(self) -> None:
         assert self.monitor is not None
-        try:
-            event = recv_monitor_message(self.monitor, zmq.NOBLOCK)
-        except zmq.Again:
-            return
-        if event["event"] & _AUTH_EVENTS:
-            if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        failure = zmqkit.read_monitor(self.monitor, curve=self.c._curve is not None).handshake
+        if failure is not None:
+            if failure is zmqkit.Handshake.KEY_REFUSED:
                 what = "refused this client's CURVE key"
-            elif self.c._curve is None and _curve_required(event["event"], event["value"]):
-                what = (
-                    "requires CURVE (handshake failed): pass --server-key SERVER.key "
-                    "--curve-secret CLIENT.key_secret"
-                )
+            elif failure is zmqkit.Handshake.CURVE_REQUIRED:
+                what = zmqkit.CURVE_REQUIRED_HINT
             else:
                 what = "failed the security handshake (CURVE settings differ?)"
             raise self._fatal(AccessRefused(f"the broker at {self.c.endpoint} {what}"))

@@ -18,7 +18,7 @@ libzmq took, and the engine releases more only then (``broker.flow``), so a slow
 consumer's backlog stays within its windows; before a peer's session ends the engine
 hears what it got, and puts the rest back in the queues.
 
-Hot path: plain frames are decoded by ``broker.fastcodec``; a frame the engine
+Hot path: plain frames take the generated codec's fast path (``tmqp.decode``); a frame the engine
 passes through unchanged is forwarded as the octets received; engine output is
 handed to libzmq in batches (``ServerOptions.send_batch``), in order with every
 other frame the server sends, so that libzmq's I/O thread is woken once per batch.
@@ -52,7 +52,7 @@ from typing import Any
 
 import zmq
 
-from broker import fastcodec, tmqp
+from broker import tmqp
 from broker.engine.limits import MIN_REPLY_SIZE
 from broker.paging import json_size
 from broker.protocol import GREETING, Header, MessageType, Operation, ResultCode, header
@@ -66,7 +66,7 @@ from broker.server.peers import (
     terminate_frame,
 )
 from broker.server.send import Peer, PeerState
-from broker.sockets import fast_send
+from zerohub import zmqkit
 from zproto.errors import DecodeError
 
 __all__ = [
@@ -88,7 +88,7 @@ _PONG = tmqp.encode(tmqp.Pong())[0]
 _TERMINATE = int(MessageType.TERMINATE)
 _SERVER = int(MessageType.SERVER)
 _Frame = tmqp.Frame
-_decode = fastcodec.decode
+_decode = tmqp.decode
 _ids = itertools.count(1)
 
 #: Server operation (content type) answered by the server itself: a RESPONSE whose payload
@@ -151,13 +151,11 @@ class Server(PeerSessions):
         if self._router is not None:
             assert self.endpoint is not None
             return self.endpoint
-        from filemq import security
-
         opts = self.options
         curve = opts.curve_secret is not None
         try:
-            security.check_bind(opts.endpoint, curve=curve, insecure=opts.insecure)
-        except security.SecurityError as exc:
+            zmqkit.check_bind(opts.endpoint, curve=curve, insecure=opts.insecure)
+        except zmqkit.SecurityError as exc:
             raise ServerError(str(exc)) from None
         if curve and not opts.allow_dir:
             raise ServerError("CURVE needs an allow-list directory (--allow DIR)")
@@ -175,20 +173,20 @@ class Server(PeerSessions):
             # client flooding the broker then closing came through late (lost, with the
             # client's default 1 s linger), measured with libzmq 4.3.5.  Dead peers are
             # found by the TMQP PINGs instead: the session expires and its connection is
-            # shut down (broker.server_links).
+            # shut down (broker.server.links).
             sock.handshake_ivl = int(opts.handshake_timeout * 1000)
             if curve:
                 assert opts.curve_secret is not None and opts.allow_dir is not None
-                self._auth = security.start_authenticator(self.context, opts.allow_dir)
-                security.configure_server(sock, opts.curve_secret)
+                self._auth = zmqkit.start_authenticator(self.context, opts.allow_dir)
+                zmqkit.configure_server(sock, opts.curve_secret)
             sock.bind(opts.endpoint)
-        except (zmq.ZMQError, security.SecurityError) as exc:
+        except (zmq.ZMQError, zmqkit.SecurityError) as exc:
             sock.close(linger=0)
             self._stop_auth()
             raise ServerError(f"cannot serve on {opts.endpoint}: {exc}") from None
         self._router = sock
         self._connections = Connections(sock, opts.max_connections)
-        self._fast_send = fast_send(sock)
+        self._fast_send = zmqkit.fast_send(sock)
         endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.endpoint = endpoint
         return endpoint
@@ -360,7 +358,7 @@ class Server(PeerSessions):
             self._bad(peer, data, reason, ResultCode.LIMIT_EXCEEDED)
             return
         try:
-            msg = _decode(data)
+            msg = _decode((data,))
         except DecodeError as exc:
             self._bad(peer, data, f"malformed frame: {exc.reason}", ResultCode.BAD_REQUEST)
             return

@@ -1,63 +1,117 @@
-"""The client's hot paths match the generated codec: the QUEUE frame encoder, the receive side."""
+"""The client's hot paths use the generated codec: what push sends, what the receive side gives."""
 
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 import zmq
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from broker import tmqp
-from broker.client.blocking import Client, Kind, Message, queue_frame_bytes
+from broker.client.blocking import Client, Kind, Message
 from broker.protocol import MessageType
+from zproto.errors import DecodeError, EncodeError
 
-from .test_client_session import FakeBroker
+from .test_client_session import PING, FakeBroker
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    high=st.booleans(),
-    ack=st.booleans(),
-    queue_id=st.integers(0, 0xFFFF),
-    message_id=st.text(max_size=30),
-    source=st.text(max_size=30),
-    target=st.text(min_size=1, max_size=30),
-    payload=st.one_of(st.binary(max_size=300), st.sampled_from([b"x" * 65535, b"y" * 65536])),
-)
-def test_fast_queue_frame_equals_codec(
-    high: bool,
-    ack: bool,
-    queue_id: int,
-    message_id: str,
-    source: str,
-    target: str,
-    payload: bytes,
+def _pushed(zctx: zmq.Context[zmq.Socket[bytes]], pushes: list[dict[str, Any]]) -> list[bytes]:
+    """What the broker receives for each ``Client.push(**kwargs)`` (a live session)."""
+    broker = FakeBroker(zctx)
+    client = Client(broker.endpoint, context=zctx, threaded=True, timeout=5)
+    rids: list[bytes] = []
+    accepting = threading.Thread(target=lambda: rids.append(broker.accept()[0]))
+    accepting.start()
+    try:
+        client.connect()
+        accepting.join(5)
+        for kwargs in pushes:
+            client.push(**kwargs)
+        got = []
+        while len(got) < len(pushes):
+            _, data = broker.recv(timeout=5)
+            if data != PING:
+                got.append(data)
+        return got
+    finally:
+        client.close()
+        broker.sock.close(linger=0)
+
+
+def test_pushed_queue_frames_are_what_the_codec_encodes(
+    zctx: zmq.Context[zmq.Socket[bytes]],
 ) -> None:
-    fast = queue_frame_bytes(
-        high, ack, queue_id, message_id, target.encode(), payload, source.encode()
-    )
-    frame = tmqp.Frame(
-        high_priority=high,
-        message_type=MessageType.QUEUE,
-        pending_ack=ack,
-        content_type=queue_id,
-        message_id=message_id,
-        source=source,
-        target=target,
-        payload=payload,
-    )
-    if len(message_id.encode()) > 255 or len(source.encode()) > 255:
-        assert fast is None
-    else:
-        assert fast == tmqp.encode(frame)[0]
-        assert tmqp.decode([fast]) == frame
+    pushes: list[dict[str, Any]] = [
+        {"channel": "ch", "queue_id": 0, "payload": b"plain", "message_id": "m1"},
+        {"channel": "\u00e9t\u00e9", "queue_id": 0xFFFF, "payload": "text", "message_id": "m2",
+         "high_priority": True},
+        {"channel": "ch", "queue_id": 3, "payload": b"h", "message_id": "m3",
+         "headers": {"K": "v"}},
+        {"channel": "ch", "queue_id": 4, "payload": b"z" * 60_000, "message_id": "m4"},
+    ]  # fmt: skip
+    wire = _pushed(zctx, pushes)
+    for kwargs, data in zip(pushes, wire, strict=True):
+        payload = kwargs["payload"]
+        expected = tmqp.Frame(
+            high_priority=kwargs.get("high_priority", False),
+            message_type=MessageType.QUEUE,
+            content_type=kwargs["queue_id"],
+            message_id=kwargs["message_id"],
+            source="fake-1",
+            target=kwargs["channel"],
+            headers=tuple(kwargs.get("headers", {}).items()),
+            payload=payload.encode() if isinstance(payload, str) else payload,
+        )
+        assert data == tmqp.encode(expected)[0]
 
 
 @pytest.mark.parametrize("queue_id", [-1, 65536])
-def test_out_of_range_falls_back_to_the_codec(queue_id: int) -> None:
-    assert queue_frame_bytes(False, False, queue_id, "m", b"ch", b"p") is None
+def test_out_of_range_push_is_the_codecs_error_and_sends_nothing(
+    zctx: zmq.Context[zmq.Socket[bytes]], queue_id: int
+) -> None:
+    broker = FakeBroker(zctx)
+    client = Client(broker.endpoint, context=zctx, threaded=False, timeout=5)
+    try:
+        with pytest.raises(EncodeError, match="content_type"):
+            client.push("ch", queue_id, b"p")
+        with pytest.raises(EncodeError, match="target"):
+            client.push("t" * 256, 0, b"p")
+        assert broker.sock.poll(100) == 0
+    finally:
+        client.close()
+        broker.sock.close(linger=0)
+
+
+# -- the receive side: the codec's decoder on the broker's vocabulary ---------------------
+
+
+def test_invalid_utf8_in_a_plain_queue_frame_is_a_decode_error() -> None:
+    good = tmqp.encode(tmqp.Frame(message_type=MessageType.QUEUE, message_id="ab", target="c"))[0]
+    bad = good[:8] + b"\xff\xfe" + good[10:]
+    with pytest.raises(DecodeError):
+        tmqp.decode((bad,))
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (tmqp.encode(tmqp.Ping())[0], tmqp.Ping()),
+        (tmqp.encode(tmqp.Pong())[0], tmqp.Pong()),
+        (tmqp.encode(tmqp.Handshake())[0], tmqp.Handshake()),
+        # an 8-octet frame that is no literal: everything empty
+        (tmqp.encode(tmqp.Frame(message_type=MessageType.QUEUE))[0],
+         tmqp.Frame(message_type=MessageType.QUEUE)),
+        (b"", None),
+        (b"\x11\x10", None),
+    ],
+)  # fmt: skip
+def test_literals_and_short_input(data: bytes, expected: tmqp.Message | None) -> None:
+    if expected is None:
+        with pytest.raises(DecodeError):
+            tmqp.decode((data,))
+    else:
+        assert tmqp.decode((data,)) == expected
 
 
 # -- the receive side: plain queue deliveries skip _dispatch ----------------------------

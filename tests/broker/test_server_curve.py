@@ -11,7 +11,7 @@ import zmq
 from broker.client.blocking import Client, ConnectError
 from broker.engine.engine import Engine
 from broker.server.server import Server, ServerError, ServerOptions
-from filemq.security import new_certificate
+from zerohub.zmqkit import new_certificate
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 

@@ -399,7 +399,7 @@ def test_handshakes_under_way_are_bounded(zctx: Ctx) -> None:
 def test_the_largest_frame_allowed_passes_one_octet_more_does_not(
     zctx: Ctx, tmp_path: Path, curve: bool
 ) -> None:
-    from filemq import security
+    from zerohub import zmqkit as security
 
     kw: dict[str, Any] = {}
     if curve:

@@ -24,10 +24,10 @@ from broker.engine.auth import ALL_ACTIONS, TokenAuthorizer
 from broker.engine.engine import Engine
 from broker.protocol import ConnectionInfo, Header, MessageType, ResultCode, header
 from broker.server.server import Server, ServerOptions
-from filemq import security
-from filemq.security import new_certificate
 from tests.broker.netproxy import TcpProxy
 from tests.broker.test_server_transport import PING, Peer
+from zerohub import zmqkit as security
+from zerohub.zmqkit import new_certificate
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 SECRET = Header.SESSION_SECRET

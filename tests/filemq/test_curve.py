@@ -11,8 +11,8 @@ import pytest
 import zmq
 
 from filemq.client import SyncClient, SyncRefused, SyncResult
-from filemq.security import SecurityError, new_certificate
 from filemq.server import FileServer
+from zerohub.zmqkit import SecurityError, new_certificate
 
 from .conftest import read_tree, write_tree
 

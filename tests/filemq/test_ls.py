@@ -20,8 +20,8 @@ from filemq.client import SyncError, SyncRefused
 from filemq.engine_client import FileListed
 from filemq.filters import Filters
 from filemq.lister import ListedFile, list_files
-from filemq.security import new_certificate
 from filemq.server import FileServer
+from zerohub.zmqkit import new_certificate
 
 from .conftest import write_tree
 

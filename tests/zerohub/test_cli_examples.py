@@ -67,8 +67,8 @@ def run_readme_session(bin_dir: Path, work: Path, tmp_path: Path) -> None:
     broker = f"tcp://127.0.0.1:{free_port()}"
     # the README's command with the default ports replaced (tests run side by side)
     words = _installed(bin_dir, shlex.split(serve))
-    assert words[-1] == "--with-broker"
-    words += [broker, "--bind", "tcp://127.0.0.1:*"]
+    assert words[:2] == [str(bin_dir / "zerohub"), "serve"]
+    words += ["--broker-bind", broker, "--bind", "tcp://127.0.0.1:*"]
     env = _env(tmp_path, BROKER_ENDPOINT=broker)
     server = subprocess.Popen(
         words, cwd=work, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env
@@ -76,7 +76,7 @@ def run_readme_session(bin_dir: Path, work: Path, tmp_path: Path) -> None:
     try:
         assert server.stderr is not None
         endpoint = read_endpoint(server.stderr)
-        assert endpoint, "filemq serve did not start"
+        assert endpoint, "zerohub serve did not start"
         outputs = []
         for line in readme_block("then-commands"):
             line = line.replace("tcp://127.0.0.1:5670", endpoint)

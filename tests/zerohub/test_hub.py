@@ -1,4 +1,5 @@
-"""``filemq serve --with-broker``: the README's main job, one process serving both."""
+"""``zerohub serve`` (``zerohub.hub``): the README's main job, one process serving files and
+messages."""
 
 from __future__ import annotations
 
@@ -14,16 +15,7 @@ from broker.client.blocking import Client
 from filemq.client import SyncClient
 from tests.filemq.procs import read_endpoint
 
-
-def _free_port() -> int:
-    ctx = zmq.Context()
-    try:
-        sock = ctx.socket(zmq.REP)
-        port = sock.bind_to_random_port("tcp://127.0.0.1")
-        sock.close(linger=0)
-        return port
-    finally:
-        ctx.term()
+from .support import free_port
 
 
 def test_file_server_and_broker_in_one_process(
@@ -32,19 +24,19 @@ def test_file_server_and_broker_in_one_process(
     src = tmp_path / "public"
     src.mkdir()
     (src / "hello.txt").write_bytes(b"hello")
-    broker_endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    broker_endpoint = f"tcp://127.0.0.1:{free_port()}"
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
     proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
-            "filemq",
+            "zerohub",
             "serve",
             "--publish",
             str(src),
             "--bind",
             "tcp://127.0.0.1:*",
-            "--with-broker",
+            "--broker-bind",
             broker_endpoint,
         ],
         stdout=subprocess.DEVNULL,

@@ -1,0 +1,86 @@
+"""``zerohub.zmqkit.read_monitor``: what a connecting socket learns of a failed handshake,
+on real CURVE sockets (the one classification both clients, filemq and broker, use)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from zerohub import zmqkit
+
+Ctx = zmq.Context[zmq.Socket[bytes]]
+
+
+@pytest.fixture
+def curve_server(zctx: Ctx, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A CURVE ROUTER allowing the keys in ``allowed/``; (endpoint, key folder)."""
+    zmqkit.new_certificate("server", tmp_path)
+    zmqkit.new_certificate("allowed", tmp_path / "allowed")
+    zmqkit.new_certificate("stranger", tmp_path)
+    auth = zmqkit.start_authenticator(zctx, tmp_path / "allowed")
+    router = zctx.socket(zmq.ROUTER)
+    router.linger = 0
+    try:
+        zmqkit.configure_server(router, tmp_path / "server.key_secret")
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        yield f"tcp://127.0.0.1:{port}", tmp_path
+    finally:
+        router.close(linger=0)
+        auth.stop()
+
+
+def _report(zctx: Ctx, endpoint: str, keys: tuple[Path, Path] | None) -> zmqkit.MonitorReport:
+    """Connect a DEALER (CURVE when ``keys``) and read its monitor until it reports."""
+    sock = zctx.socket(zmq.DEALER)
+    sock.linger = 0
+    if keys is not None:
+        zmqkit.configure_client(sock, *keys)
+    monitor = sock.get_monitor_socket(zmqkit.HANDSHAKE_EVENTS)
+    try:
+        sock.connect(endpoint)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            monitor.poll(200)
+            report = zmqkit.read_monitor(monitor, curve=keys is not None)
+            if report.handshake is not None:
+                return report
+        return zmqkit.MonitorReport()
+    finally:
+        sock.disable_monitor()
+        monitor.close(linger=0)
+        sock.close(linger=0)
+
+
+def test_a_key_the_server_does_not_allow(zctx: Ctx, curve_server: tuple[str, Path]) -> None:
+    endpoint, keys = curve_server
+    report = _report(zctx, endpoint, (keys / "stranger.key_secret", keys / "server.key"))
+    assert report == zmqkit.MonitorReport(handshake=zmqkit.Handshake.KEY_REFUSED)
+
+
+def test_a_plain_client_learns_the_server_requires_curve(
+    zctx: Ctx, curve_server: tuple[str, Path]
+) -> None:
+    endpoint, _keys = curve_server
+    report = _report(zctx, endpoint, None)
+    assert report.handshake is zmqkit.Handshake.CURVE_REQUIRED
+
+
+def test_an_allowed_key_reports_nothing(zctx: Ctx, curve_server: tuple[str, Path]) -> None:
+    endpoint, keys = curve_server
+    sock = zctx.socket(zmq.DEALER)
+    sock.linger = 0
+    zmqkit.configure_client(sock, keys / "allowed" / "allowed.key_secret", keys / "server.key")
+    monitor = sock.get_monitor_socket(zmqkit.HANDSHAKE_EVENTS | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+    try:
+        sock.connect(endpoint)
+        assert monitor.poll(10_000)  # the handshake's outcome, whatever it is
+        report = zmqkit.read_monitor(monitor, curve=True)
+        assert report == zmqkit.MonitorReport()
+    finally:
+        sock.disable_monitor()
+        monitor.close(linger=0)
+        sock.close(linger=0)
