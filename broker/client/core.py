@@ -126,7 +126,6 @@ class ClientCore:
         self._rx_paused = False
         self._pending: dict[str, tuple[Future[Any], float, Any]] = {}
         self._channels: dict[str, int | None] = {}  # joined channel -> its prefetch
-        self._targets: dict[str, bytes] = {}
         self._subscriptions: dict[tuple[str, str | None, int | None], None] = {}
         self._event_handlers: list[tuple[str, str | None, int | None, Callable[..., Any]]] = []
         self._on_message: Callable[[Message], Any] | None = None
