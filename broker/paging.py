@@ -9,8 +9,8 @@ text, queue ids and bindings as numbers), so that an item added or removed betwe
 requests does not shift the others: each item present throughout is listed exactly once.
 A page always holds at least one item, however large.
 
-Sans-IO: the engine (``broker.operations``) and the server (statistics) cut the pages;
-both clients gather them (``gather``/``merge`` below are shared by them).
+Sans-IO: the engine (``broker.engine.operations``) and the server (statistics) cut the pages;
+both clients gather them with ``merge`` below and ``broker.client.admin.next_page``.
 """
 
 from __future__ import annotations
@@ -20,11 +20,6 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
-
-from broker.protocol import Header
-
-PAGE_AFTER = Header.PAGE_AFTER
-PAGE_NEXT = Header.PAGE_NEXT
 
 K = TypeVar("K", str, int)
 
