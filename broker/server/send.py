@@ -36,7 +36,6 @@ log = logging.getLogger("broker.server.server")
 
 _BIG = 65536  # frames at least this large are sent without copying
 _SNDMORE_NOBLOCK = zmq.SNDMORE | zmq.NOBLOCK
-_Tracked = Tracked
 
 
 class PeerState(Enum):
@@ -130,7 +129,7 @@ class ServerSendPath:
                         self.counters["engine_errors"] += 1
                         data = b""
             peer = by_client.get(client_id)
-            tracked = out.__class__ is _Tracked
+            tracked = out.__class__ is Tracked
             if peer is None:
                 # gone: the engine returns tracked deliveries when it disconnects the client
                 self.counters["dropped_out"] += 1
