@@ -114,7 +114,7 @@ class Header:
     #: acknowledge timeout), the number of this delivery (2 for the first redelivery).
     DELIVERY_COUNT = "Delivery-Count"
     #: Issued in the connect response; a client reconnecting under its id sends it back
-    #: as a connection-info property to prove it owns the session (see broker.server_peers).
+    #: as a connection-info property to prove it owns the session (see broker.server.peers).
     SESSION_SECRET = "Session-Secret"
     #: Paged list replies (see broker.paging): the request's "after this key", and the
     #: reply's key to ask the next page with.

@@ -1,7 +1,7 @@
 """Per-consumer flow control: a window of deliveries in flight, settled by the transport.
 
 A queue hands a message to a consumer only while the consumer has room in its *window*
-for that queue (:meth:`broker.queue.Queue.room`).  The window counts the consumer's
+for that queue (:meth:`broker.engine.queue.queue.Queue.room`).  The window counts the consumer's
 deliveries of the queue that are in flight: not yet acknowledged when the queue requests
 acknowledges, otherwise not yet taken by the transport.  Its size is the ``Prefetch`` the
 client sent when it joined the channel, else the queue's ``Prefetch`` option, else the

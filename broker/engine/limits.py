@@ -5,7 +5,7 @@ the ``[limits]`` table of ``broker serve --config FILE`` (keys are the field nam
 Every value is a positive integer; the defaults are what a broker on a small machine can
 hold (each channel or queue costs a few KiB, a client a few KiB plus its socket).  The
 transport's own limits (frame size, send backlog, pending handshakes) are in
-``broker.server_options.ServerOptions``.
+``broker.server.options.ServerOptions``.
 
 What happens at a limit: creating one more channel/queue/router/binding, joining one more
 channel or subscribing one more event answers ``LimitExceeded`` (482); a client beyond

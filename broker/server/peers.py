@@ -20,7 +20,7 @@ engine's token check) comes before any of this: a refused token changes nothing.
 Secrets are compared in constant time and replaced at every connect.
 
 Quiet peers get a PING, silent ones are ended, told (TERMINATE) and then their connection
-is shut down (``broker.server_links``), as are connections whose connection info was
+is shut down (``broker.server.links``), as are connections whose connection info was
 refused or whose session a resumed one replaced, or that do not finish the handshake
 within ``handshake_timeout`` (counted from the TCP accept: a connection that never says
 anything goes too).  At most ``ServerOptions.max_handshakes`` may be under way at once,

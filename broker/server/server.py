@@ -31,9 +31,9 @@ ZMQ_MAXMSGSIZE, so libzmq drops the sender's connection as soon as it announces
 the size, without buffering the message.
 
 :class:`Server` is built in layers, one module each (each a base class of the next):
-``broker.server_send`` (the send path and backlogs), ``broker.server_peers`` (handshake,
+``broker.server.send`` (the send path and backlogs), ``broker.server.peers`` (handshake,
 sessions, keep-alive) and this module (lifecycle, the receive loop, statistics);
-``broker.server_options`` holds :class:`ServerOptions` and :class:`ServerError`.
+``broker.server.options`` holds :class:`ServerOptions` and :class:`ServerError`.
 
 Default endpoint: ``tcp://127.0.0.1:5680`` (``protocol.DEFAULT_ENDPOINT``).
 """

@@ -29,7 +29,7 @@ class QueueAcknowledgements(QueueCore):
     """Acknowledges, put-backs and timers of a queue (see the module docstring)."""
 
     if TYPE_CHECKING:
-        # provided by broker.queue_delivery.QueueDelivery
+        # provided by broker.engine.queue.delivery.QueueDelivery
         def drain(self, now: float, out: list[Outgoing]) -> None: ...
 
     # ------------------------------------------------------------------ acknowledges

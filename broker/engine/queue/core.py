@@ -5,11 +5,11 @@ timeout) is lazy: the message is marked finished and skipped when reached, while
 counters stay exact.  Every message gets a per-queue sequence number that grows
 monotonically.
 
-:class:`QueueCore` is the bottom layer of :class:`broker.queue.Queue`: it holds every
+:class:`QueueCore` is the bottom layer of :class:`broker.engine.queue.queue.Queue`: it holds every
 attribute, takes messages out of and back into the deques, saves and forgets them in the
 store, acknowledges producers, removes messages (drop, clear, close) and calls the
-delivery handler's hooks.  The layers above it: ``broker.queue_acks`` (acknowledges,
-put-backs, timers), ``broker.queue_delivery`` (sending to consumers) and
+delivery handler's hooks.  The layers above it: ``broker.engine.queue.acks`` (acknowledges,
+put-backs, timers), ``broker.engine.queue.delivery`` (sending to consumers) and
 ``broker.queue`` (pushes, options).
 """
 

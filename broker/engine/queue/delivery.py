@@ -5,10 +5,10 @@ sends each to the consumers the status chooses (all of them, the next in round-r
 order, or the first acquirer) among those with room in their window (``broker.flow``),
 as far as the delivery handler's hooks and the WaitForAcknowledge option allow.  A
 delivery that needs a consumer acknowledge is tracked until it is acknowledged or times
-out (``broker.queue_acks``); every delivery is settled when the transport reports it
+out (``broker.engine.queue.acks``); every delivery is settled when the transport reports it
 sent (:meth:`QueueDelivery.settle_sent`) or its consumer goes away first
 (:meth:`QueueDelivery.settle_unsent`).  Pull requests are answered by ``broker.pull``
-(through :meth:`broker.queue.Queue.pull`).
+(through :meth:`broker.engine.queue.queue.Queue.pull`).
 """
 
 from __future__ import annotations
