@@ -24,6 +24,7 @@ from broker.engine.frames import derive, pull_marker, response
 from broker.engine.message import INFLIGHT, QUEUED, QueueMessage
 from broker.engine.options import status_name
 from broker.protocol import (
+    ClearOption,
     Header,
     MessageType,
     NackReason,
@@ -40,7 +41,12 @@ if TYPE_CHECKING:
 
 _QUEUE = int(MessageType.QUEUE)
 _RESPONSE = int(MessageType.RESPONSE)
-_CLEAR_VALUES = ("none", "all", "high-priority", "default-priority")
+_CLEAR_VALUES = (
+    ClearOption.NONE,
+    ClearOption.ALL,
+    ClearOption.HIGH_PRIORITY,
+    ClearOption.DEFAULT_PRIORITY,
+)
 
 
 def _unacceptable(q: Queue, count: int, clear: str) -> str:
@@ -56,7 +62,7 @@ def _unacceptable(q: Queue, count: int, clear: str) -> str:
 
 def refuse_pull(q: Queue, client: Client, request: tmqp.Frame, out: list[Outgoing]) -> None:
     """A status without pull requests: one Unacceptable marker, then End."""
-    _refuse(q, client, request.message_id, 1, "none", out)
+    _refuse(q, client, request.message_id, 1, ClearOption.NONE, out)
 
 
 def _refuse(
@@ -79,7 +85,7 @@ def pull_messages(
         count = 1 if raw is None else int(raw)
     except ValueError:
         count = 0
-    clear = (header(request, Header.CLEAR) or "none").strip().lower()
+    clear = (header(request, Header.CLEAR) or ClearOption.NONE).strip().lower()
     if q.status is not QueueStatus.PULL or count < 1 or clear not in _CLEAR_VALUES:
         _refuse(q, client, rid, count, clear, out)
         return
@@ -124,11 +130,11 @@ def pull_messages(
         q.hand(client, kind, m, frame, out)
         q.after_send(m, client, req_ack, deadline, out)
     out.append(Outgoing(client.id, pull_marker(rid, name, q.id, NoContent.END)))
-    if clear != "none":
+    if clear != ClearOption.NONE:
         q.clear(
             out,
-            priority=clear in ("all", "high-priority"),
-            regular=clear in ("all", "default-priority"),
+            priority=clear in (ClearOption.ALL, ClearOption.HIGH_PRIORITY),
+            regular=clear in (ClearOption.ALL, ClearOption.DEFAULT_PRIORITY),
             in_flight=False,
         )
 
