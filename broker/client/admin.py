@@ -45,18 +45,22 @@ def operation_frame(
     )
 
 
-def next_page(request: tmqp.Frame, reply: tmqp.Frame, message_id: str) -> tmqp.Frame | None:
+def next_page(
+    request: tmqp.Frame, reply: tmqp.Frame, message_id: str, seen: set[str]
+) -> tmqp.Frame | None:
     """The request for the page after ``reply`` (None when ``reply`` ended the list).
 
     Lists longer than the broker's reply budget come in pages (``broker.paging``); both
-    clients gather them with this.  A broker that names the page just asked for again
-    would loop forever: that is a ``ClientError``.
+    clients gather them with this.  ``seen`` holds the cursors already asked for in this
+    list: a broker that names one again (A, B, A, ...) would make the client loop
+    forever, so that is a ``ClientError``.
     """
     more = header(reply, Header.PAGE_NEXT)
     if more is None:
         return None
-    if more == header(request, Header.PAGE_AFTER):
+    if more in seen:
         raise ClientError(f"the broker sent the page after {more!r} again")
+    seen.add(more)
     wanted = Header.PAGE_AFTER.lower()
     kept = tuple((k, v) for k, v in request.headers if k.lower() != wanted)
     return request.replace(message_id=message_id, headers=(*kept, (Header.PAGE_AFTER, more)))
@@ -81,11 +85,12 @@ class AdminOperations:
         """The JSON answer to ``frame``, every page of it (the list at ``path``)."""
         reply = self._call(frame, timeout)
         value = json.loads(reply.payload) if reply.payload else None
-        request = next_page(frame, reply, self.new_id())
+        seen: set[str] = set()
+        request = next_page(frame, reply, self.new_id(), seen)
         while request is not None:
             reply = self._call(request, timeout)
             merge(value, json.loads(reply.payload), path)
-            request = next_page(request, reply, self.new_id())
+            request = next_page(request, reply, self.new_id(), seen)
         return value
 
     def _op(

@@ -611,11 +611,12 @@ class AsyncClient:
             return None
         value = Message(reply).json()
         path = STATS_LIST if operation == Operation.STATS else ()
-        request = next_page(frame, reply, self.new_id())
+        seen: set[str] = set()
+        request = next_page(frame, reply, self.new_id(), seen)
         while request is not None:  # a list the broker sends in pages
             reply = await self._request(request, None)
             merge(value, Message(reply).json(), path)
-            request = next_page(request, reply, self.new_id())
+            request = next_page(request, reply, self.new_id(), seen)
         return value
 
     async def create_channel(self, name: str, options: dict[str, Any] | None = None) -> None:

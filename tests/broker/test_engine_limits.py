@@ -261,3 +261,24 @@ def test_statistics_come_in_pages_too() -> None:
         assert len(json.dumps(page, separators=(",", ":"))) <= 4096
         listed += [c["name"] for c in page["channel_list"]]  # type: ignore[union-attr]
     assert listed == [f"s{i:03d}" for i in range(200)]
+
+
+def test_a_broker_cycling_page_cursors_is_refused_not_followed_forever() -> None:
+    """A hostile broker answering A, B, A, ... must not keep a client gathering forever."""
+    from broker.client.admin import next_page
+    from broker.client.errors import ClientError
+
+    request = tmqp.Frame(message_type=MessageType.SERVER, content_type=1, message_id="r0")
+
+    def reply(cursor: str) -> tmqp.Frame:
+        return tmqp.Frame(message_type=MessageType.RESPONSE, headers=((Header.PAGE_NEXT, cursor),))
+
+    seen: set[str] = set()
+    first = next_page(request, reply("a"), "r1", seen)
+    assert first is not None and ("Page-After", "a") in first.headers
+    second = next_page(first, reply("b"), "r2", seen)
+    assert second is not None and ("Page-After", "b") in second.headers
+    with pytest.raises(ClientError, match="again"):
+        next_page(second, reply("a"), "r3", seen)  # the old guard only compared with "b"
+    end = tmqp.Frame(message_type=MessageType.RESPONSE)
+    assert next_page(second, end, "r4", set()) is None
