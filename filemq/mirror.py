@@ -201,7 +201,6 @@ class Mirror:
         self._counter = 0
         self._fd = -1
         self._tmp = ""
-        self._target_path = ""
         self._parts: tuple[str, ...] = ()
         self._sha1: Any = None
         self._size = 0
@@ -234,7 +233,7 @@ class Mirror:
         self._counter += 1
         return f"{self._temp_base}{self._counter}"
 
-    def _rename_into_place(self, tmp: str, parts: tuple[str, ...], target: str) -> None:
+    def _rename_into_place(self, tmp: str, parts: tuple[str, ...]) -> None:
         try:
             self._replace(tmp, parts)
         except (OSError, UnsafePathError):
@@ -326,7 +325,7 @@ class Mirror:
         except BaseException:
             os.unlink(tmp)
             raise
-        self._rename_into_place(tmp, parts, target)
+        self._rename_into_place(tmp, parts)
         self.index.record(
             FileEntry("/".join(parts), st.st_size, st.st_mtime_ns, st.st_ino, digest, _perms(st))
         )
@@ -345,7 +344,6 @@ class Mirror:
         """Start a file received in chunks, going to ``target`` (from ``target()``);
         ``headers`` of its first chunk (a big file's version: resumable)."""
         self.abort()
-        self._target_path = target
         name = "/".join(parts)
         version = Version.from_headers(headers or {})
         if version is not None and version.size >= self.resume_min:
@@ -378,7 +376,6 @@ class Mirror:
         if taken is None:
             return f"no partial file of this version up to byte {offset}"
         self._fd, self._journal, self._sha1 = taken
-        self._target_path = target
         self._tmp, self._parts = self.partials.data_path(name), parts
         self._size = offset
         return ""
@@ -415,7 +412,7 @@ class Mirror:
             self.partials.forget_journal(name)
             return False, reason
         try:
-            self._rename_into_place(tmp, parts, self._target_path)
+            self._rename_into_place(tmp, parts)
         finally:
             self.partials.forget_journal(name)
         self.index.record(
@@ -486,7 +483,7 @@ class Mirror:
         self.abort()
         tmp = self._temp_name()
         os.symlink(target, tmp)
-        self._rename_into_place(tmp, parts, "")
+        self._rename_into_place(tmp, parts)
         st = lstat_beneath(self.root, parts)
         node = Node("/".join(parts), NODE_SYMLINK, 0, target, st.st_mtime_ns, st.st_ino)
         self.index.record_node(node)
