@@ -76,7 +76,7 @@ from typing import Any
 from filemq.engine import HEADER_MTIME, HEADER_SHA1, HEADER_SIZE
 from filemq.index import NODE_DIR, NODE_SYMLINK, FileEntry, FileIndex, Node
 from filemq.meta import PERMISSION_BITS, EntryMeta, Kind, local_mode
-from filemq.partial import Journal, PartialStore, ResumePoint, Version
+from filemq.partial import Journal, PartialStore, ResumePoint, Version, new_sha1
 from filemq.paths import (
     OutsideRootError,
     UnsafePathError,
@@ -103,12 +103,6 @@ PARTIAL_PREFIX = TEMP_PREFIX + "resume-"
 RESUME_MIN_SIZE = 8 << 20
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 _TEMP_MODE = 0o600  # until verified and given its own mode: readable by the mirror only
-
-
-def _sha1(data: bytes = b"") -> Any:
-    import hashlib  # deferred: OpenSSL's ~3 ms start-up, which a no-change sync never needs
-
-    return hashlib.sha1(data)
 
 
 def _verify(size: int, digest: str, headers: dict[str, str]) -> str:
@@ -308,7 +302,7 @@ class Mirror:
         Raises OSError or UnsafePathError when a verified file cannot be placed.
         """
         self.abort()
-        digest = _sha1(data).hexdigest()
+        digest = new_sha1(data).hexdigest()
         reason = _verify(len(data), digest, headers)
         if reason:
             return False, reason
@@ -354,7 +348,7 @@ class Mirror:
             tmp = self._temp_name()
             self._fd = os.open(tmp, _TEMP_FLAGS, _TEMP_MODE)
         self._tmp, self._parts = tmp, parts
-        self._sha1 = _sha1()
+        self._sha1 = new_sha1()
         self._size = 0
 
     def resume_points(self) -> list[ResumePoint]:
