@@ -693,10 +693,7 @@ class SyncClient:
             return _Outcome.RETRY
         finally:
             mirror.abort()
-            if monitor is not None:
-                sock.disable_monitor()
-                monitor.close(linger=0)
-            sock.close()
+            close_dealer(sock, monitor)
 
     def _offer_partials(self, session: ClientSession, mirror: Mirror) -> bool:
         """Prove the partial files an interrupted transfer left; offer them (RESUME).
