@@ -640,7 +640,7 @@ class SyncClient:
                         outcome = self._perform(session, mirror, session.receive(frames, now))
                         if outcome is not None:
                             return outcome
-                        if subscribed_at is None and session.state.value == "active":
+                        if subscribed_at is None and session.state is ClientState.ACTIVE:
                             subscribed_at = now
                 if subscribed_at is None and now - started > self.connect_timeout:
                     if self.max_retries is not None and not self._answered:
@@ -689,14 +689,10 @@ class SyncClient:
             else:
                 log.error("protocol error from %s: %s; reconnecting", self.endpoint, exc)
             self._lost = str(exc)
-            mirror.abort()
-            return _Outcome.RETRY
+            return _Outcome.RETRY  # (the partial file is left by the abort below)
         finally:
             mirror.abort()
-            if monitor is not None:
-                sock.disable_monitor()
-                monitor.close(linger=0)
-            sock.close()
+            close_dealer(sock, monitor)
 
     def _offer_partials(self, session: ClientSession, mirror: Mirror) -> bool:
         """Prove the partial files an interrupted transfer left; offer them (RESUME).

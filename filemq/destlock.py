@@ -24,8 +24,10 @@ holder: the lock file removed (DEST deleted, say) is taken again, or
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import stat
 from pathlib import Path
 
 from filemq.engine import FilemqError
@@ -77,19 +79,20 @@ class DestLock:
         for _attempt in range(_ATTEMPTS):
             fd = os.open(self.path, _FLAGS, 0o644)
             try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):  # (a FIFO, a device...)
+                    raise OSError(errno.EINVAL, "not a regular file", str(self.path))
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if self._names(os.fstat(fd)):
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                    self._fd = fd
+                    return
             except BlockingIOError:
                 os.close(fd)
                 raise DestLocked(self.dest, self.holder()) from None
             except BaseException:
-                os.close(fd)
+                os.close(fd)  # (never left open: it would hold the lock until exit)
                 raise
-            mine = os.fstat(fd)
-            if self._names(mine):
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-                self._fd = fd
-                return
             os.close(fd)  # the holder removed that file as we opened it: again
         raise DestLocked(self.dest, self.holder())
 

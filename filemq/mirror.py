@@ -76,7 +76,7 @@ from typing import Any
 from filemq.engine import HEADER_MTIME, HEADER_SHA1, HEADER_SIZE
 from filemq.index import NODE_DIR, NODE_SYMLINK, FileEntry, FileIndex, Node
 from filemq.meta import PERMISSION_BITS, EntryMeta, Kind, local_mode
-from filemq.partial import Journal, PartialStore, ResumePoint, Version
+from filemq.partial import Journal, PartialStore, ResumePoint, Version, new_sha1
 from filemq.paths import (
     OutsideRootError,
     UnsafePathError,
@@ -103,12 +103,6 @@ PARTIAL_PREFIX = TEMP_PREFIX + "resume-"
 RESUME_MIN_SIZE = 8 << 20
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 _TEMP_MODE = 0o600  # until verified and given its own mode: readable by the mirror only
-
-
-def _sha1(data: bytes = b"") -> Any:
-    import hashlib  # deferred: OpenSSL's ~3 ms start-up, which a no-change sync never needs
-
-    return hashlib.sha1(data)
 
 
 def _verify(size: int, digest: str, headers: dict[str, str]) -> str:
@@ -201,7 +195,6 @@ class Mirror:
         self._counter = 0
         self._fd = -1
         self._tmp = ""
-        self._target_path = ""
         self._parts: tuple[str, ...] = ()
         self._sha1: Any = None
         self._size = 0
@@ -234,7 +227,7 @@ class Mirror:
         self._counter += 1
         return f"{self._temp_base}{self._counter}"
 
-    def _rename_into_place(self, tmp: str, parts: tuple[str, ...], target: str) -> None:
+    def _rename_into_place(self, tmp: str, parts: tuple[str, ...]) -> None:
         try:
             self._replace(tmp, parts)
         except (OSError, UnsafePathError):
@@ -309,7 +302,7 @@ class Mirror:
         Raises OSError or UnsafePathError when a verified file cannot be placed.
         """
         self.abort()
-        digest = _sha1(data).hexdigest()
+        digest = new_sha1(data).hexdigest()
         reason = _verify(len(data), digest, headers)
         if reason:
             return False, reason
@@ -326,7 +319,7 @@ class Mirror:
         except BaseException:
             os.unlink(tmp)
             raise
-        self._rename_into_place(tmp, parts, target)
+        self._rename_into_place(tmp, parts)
         self.index.record(
             FileEntry("/".join(parts), st.st_size, st.st_mtime_ns, st.st_ino, digest, _perms(st))
         )
@@ -345,7 +338,6 @@ class Mirror:
         """Start a file received in chunks, going to ``target`` (from ``target()``);
         ``headers`` of its first chunk (a big file's version: resumable)."""
         self.abort()
-        self._target_path = target
         name = "/".join(parts)
         version = Version.from_headers(headers or {})
         if version is not None and version.size >= self.resume_min:
@@ -356,7 +348,7 @@ class Mirror:
             tmp = self._temp_name()
             self._fd = os.open(tmp, _TEMP_FLAGS, _TEMP_MODE)
         self._tmp, self._parts = tmp, parts
-        self._sha1 = _sha1()
+        self._sha1 = new_sha1()
         self._size = 0
 
     def resume_points(self) -> list[ResumePoint]:
@@ -378,7 +370,6 @@ class Mirror:
         if taken is None:
             return f"no partial file of this version up to byte {offset}"
         self._fd, self._journal, self._sha1 = taken
-        self._target_path = target
         self._tmp, self._parts = self.partials.data_path(name), parts
         self._size = offset
         return ""
@@ -415,7 +406,7 @@ class Mirror:
             self.partials.forget_journal(name)
             return False, reason
         try:
-            self._rename_into_place(tmp, parts, self._target_path)
+            self._rename_into_place(tmp, parts)
         finally:
             self.partials.forget_journal(name)
         self.index.record(
@@ -486,7 +477,7 @@ class Mirror:
         self.abort()
         tmp = self._temp_name()
         os.symlink(target, tmp)
-        self._rename_into_place(tmp, parts, "")
+        self._rename_into_place(tmp, parts)
         st = lstat_beneath(self.root, parts)
         node = Node("/".join(parts), NODE_SYMLINK, 0, target, st.st_mtime_ns, st.st_ino)
         self.index.record_node(node)

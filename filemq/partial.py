@@ -67,6 +67,7 @@ __all__ = [
     "Version",
     "format_checkpoint",
     "format_header",
+    "new_sha1",
     "parse_journal",
 ]
 
@@ -200,7 +201,8 @@ class _Proven:
     age: float  # the journal's mtime (the oldest goes first past MAX_PARTIALS)
 
 
-def _sha1(data: bytes = b"") -> Any:
+def new_sha1(data: bytes = b"") -> Any:
+    """A SHA-1 hasher fed ``data`` (``hashlib`` imported on first use)."""
     import hashlib  # deferred: OpenSSL's ~3 ms start-up, which a no-change sync never needs
 
     return hashlib.sha1(data)
@@ -226,7 +228,7 @@ class PartialStore:
 
     def data_name(self, name: str) -> str:
         """The partial file of relative ``name`` (directly in DEST)."""
-        return self.prefix + _sha1(name.encode("utf-8", "surrogateescape")).hexdigest()
+        return self.prefix + new_sha1(name.encode("utf-8", "surrogateescape")).hexdigest()
 
     def data_path(self, name: str) -> str:
         return os.path.join(self.root, self.data_name(name))
@@ -387,7 +389,7 @@ class PartialStore:
         fd = open_beneath(self.root, (data,), os.O_RDWR | _NONBLOCK | _CLOEXEC)
         try:
             size = _regular(fd, data).st_size
-            hasher = _sha1()
+            hasher = new_sha1()
             position = 0
             proven: tuple[int, Any, int] = (0, None, 0)
             for point in checkpoints:

@@ -25,7 +25,7 @@ a root goes through it:
 * ``lstat_beneath``: what a name is, without following it;
 * ``replace_beneath``: rename a finished temp file into place, creating folders;
 * ``remove_beneath``: delete a file and the folders it leaves empty;
-* ``safe_target`` / ``make_parents``: the same checks for a name about to be written;
+* ``safe_target``: the same checks for a name about to be written;
 * ``readlink_beneath`` / ``resolve_beneath``: what a symbolic link below the root says,
   and where it leads -- resolved one component at a time through the same walk, links
   on the way followed only while they stay below the root (``OutsideRootError`` as
@@ -58,7 +58,6 @@ __all__ = [
     "all_relative_safe",
     "local_parts",
     "lstat_beneath",
-    "make_parents",
     "open_beneath",
     "open_dir_beneath",
     "readlink_beneath",
@@ -374,7 +373,7 @@ def remove_beneath(root: Root, parts: Sequence[str], *, prune: bool = True) -> b
 def safe_target(root: Path, parts: tuple[str, ...], *, directory_ok: bool = False) -> Path:
     """The path of relative ``parts`` under ``root``, refusing links and non-directories.
 
-    Missing parent directories are fine (``make_parents`` creates them); an
+    Missing parent directories are fine (``replace_beneath`` creates them); an
     existing parent that is a symlink or not a directory is refused, and so is
     a target that is a directory (unless ``directory_ok``: a mirror replacing a
     directory by the server's file).  (A check before receiving a file; the file
@@ -396,11 +395,6 @@ def safe_target(root: Path, parts: tuple[str, ...], *, directory_ok: bool = Fals
     finally:
         os.close(parent)
     return root.joinpath(*parts)
-
-
-def make_parents(root: Path, parts: tuple[str, ...]) -> None:
-    """Create the parent directories of ``parts`` under ``root`` without following links."""
-    os.close(open_dir_beneath(root, parts[:-1], create=True))
 
 
 _MAX_LINK_HOPS = 40  # links followed while resolving one link (the kernel's limit too)

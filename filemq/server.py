@@ -510,7 +510,7 @@ class FileServer:
                 self._publish(mount, self._refresh_mount(mount))
 
     def _access(self, peer_key: str, path: str) -> bool:
-        return not any(path == d or path.startswith(d + "/") for d in self.deny)
+        return not self._denied(path)
 
     def _denied(self, name: str) -> bool:
         return any(name == d or name.startswith(d + "/") for d in self.deny)

@@ -7,6 +7,7 @@ included, are in ``test_subscribe_cli``.)
 
 from __future__ import annotations
 
+import fcntl
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -74,6 +75,22 @@ def test_lock_path_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         DestLock(dest).acquire()
     assert elsewhere.read_text() == "keep"
+
+
+def test_lock_path_that_is_a_fifo_is_refused_and_left_unlocked(tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    os.mkfifo(dest / LOCK_NAME)
+    lock = DestLock(dest)
+    with pytest.raises(OSError, match="not a regular file"):
+        lock.acquire()
+    assert not lock.held
+    # no descriptor of it was left open holding the flock: another opener can take it
+    fd = os.open(dest / LOCK_NAME, os.O_RDWR | os.O_NONBLOCK)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
 
 
 def test_lock_file_is_neither_mirrored_nor_deleted_as_extra(

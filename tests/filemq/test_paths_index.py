@@ -18,8 +18,8 @@ from filemq.paths import (
     all_relative_safe,
     local_parts,
     lstat_beneath,
-    make_parents,
     open_beneath,
+    open_dir_beneath,
     relative_inside,
     relative_parts,
     remove_beneath,
@@ -63,10 +63,10 @@ def test_safe_target_refuses_symlinks_and_non_directories(tmp_path: Path) -> Non
         with pytest.raises(UnsafePathError):
             safe_target(root, parts)
     assert safe_target(root, ("new", "deep", "x")) == root / "new" / "deep" / "x"
-    make_parents(root, ("new", "deep", "x"))
+    os.close(open_dir_beneath(root, ("new", "deep"), create=True))
     assert (root / "new" / "deep").is_dir()
     with pytest.raises(UnsafePathError):
-        make_parents(root, ("link", "y"))
+        open_dir_beneath(root, ("link",), create=True)
 
 
 def test_index_hashes_once_per_version_and_reports_changes(tmp_path: Path) -> None:
