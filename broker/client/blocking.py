@@ -7,9 +7,9 @@ may be called from any thread.
   I/O thread is woken over an inproc PAIR socket only when the outbox goes from
   empty to non-empty, so a burst of ``push`` calls costs one wake-up.  A full
   outbox (``max_outbox`` frames) blocks the caller: backpressure, not memory growth.
-* Replies: requests register a ``concurrent.futures.Future`` under their message
-  id; the I/O thread settles it when the ACK/RESPONSE arrives, so any number of
-  requests may be outstanding (``*_async`` methods return the futures).
+* Replies: requests register a ``concurrent.futures.Future`` with the session core
+  under their message id; the I/O thread settles it when the ACK/RESPONSE arrives, so
+  any number of requests may be outstanding (``*_async`` methods return the futures).
 * Receiving: queue messages, direct messages and (callback-less) events go to an
   inbox read by ``consume()``/``receive()``, or to an ``on_message`` callback that
   runs on the I/O thread.  A full inbox pauses reading (ZeroMQ pushes back).
@@ -24,31 +24,30 @@ Poll-on-call (``threaded=False``): no thread at all; the calling thread owns the
 socket, ``push`` sends at once, and blocking calls (``receive``, ``join``, waiting on a
 returned future, ``poll``) run the same I/O loop until they are satisfied.  Cheapest
 per message (the benchmark uses it); use it from one thread only, and call ``poll()``
-now and then when idle so the broker's PINGs get answered.  Message ids are
-``<random prefix>-<counter>``; every request carries one.
+now and then when idle so the broker's PINGs get answered.
 
-``Client`` is built in layers, one module each (each a base class of the next):
-``broker.client_core`` (shared state, outbox, requests, poll-on-call pumping),
-``broker.client_inbox`` (inbox, ``receive``/``consume``, events) and this module
-(lifecycle, queues, direct messages; server operations come from
-``broker.client_admin``).  The I/O loop is ``broker.client_io``; errors are in
-``broker.client_errors`` and :class:`Message` in ``broker.client_message``.
+The calls themselves (push, join, pull, direct messages, events, server operations) are
+``broker.client.api.ClientApi``, shared with ``AsyncClient``; the protocol is the session
+core ``broker.client.session``; this module is lifecycle and waiting, ``broker.client.io``
+the socket side, ``broker.client.core`` what the two share.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from typing import Any
 
 import zmq
 
 from broker import tmqp
-from broker.client.admin import AdminOperations
-from broker.client.core import _NO_WAKE, SessionState
+from broker.client.api import ANSWER, ClientApi
+from broker.client.core import NO_WAKE, ClientCore
 from broker.client.errors import (
     ClientClosed,
     ClientError,
@@ -56,20 +55,12 @@ from broker.client.errors import (
     ConnectionLost,
     RemoteError,
 )
-from broker.client.frames import (
-    Headers,
-    ack_frame,
-    as_bytes,
-    direct_frame,
-    join_frame,
-    normalize_headers,
-    queue_frame,
-    response_frame,
-)
-from broker.client.inbox import ClientInbox
+from broker.client.frames import Headers, direct_frame, pull_frame, queue_frame
 from broker.client.io import IOLoop
-from broker.client.message import Kind, Message, _Pull
-from broker.protocol import Header, MessageType, Operation, ResultCode
+from broker.client.message import Kind, Message
+from broker.client.session import Call, Reply, Session, SessionState
+from broker.client.sockets import Curve
+from broker.protocol import DEFAULT_ENDPOINT, ConnectionInfo
 
 log = logging.getLogger(__name__)
 
@@ -84,46 +75,100 @@ __all__ = [
     "RemoteError",
 ]
 
-_QUEUE = int(MessageType.QUEUE)  # a plain int: IntEnum arithmetic costs ~0.1 us a push
 
-
-class Client(ClientInbox, AdminOperations):
+class Client(ClientApi[Any]):
     """A connection to the broker.  Use as a context manager or call ``connect``/``close``."""
+
+    def __init__(
+        self,
+        endpoint: str = DEFAULT_ENDPOINT,
+        *,
+        context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        client_id: str | None = None,
+        name: str | None = None,
+        client_type: str | None = None,
+        token: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        server_key: str | os.PathLike[str] | None = None,
+        curve_secret: str | os.PathLike[str] | None = None,
+        timeout: float = 10.0,
+        ping_interval: float = 5.0,
+        peer_timeout: float = 15.0,
+        reconnect: bool = True,
+        backoff: tuple[float, float] = (0.05, 5.0),
+        max_outbox: int = 10_000,
+        max_inbox: int = 10_000,
+        hwm: int = 10_000,
+        linger: float = 1.0,
+        threaded: bool = True,
+    ) -> None:
+        info = ConnectionInfo(
+            client_id=client_id,
+            name=name,
+            type=client_type,
+            token=token,
+            properties=dict(properties or {}),
+        )
+        self._session = Session(
+            endpoint,
+            info,
+            timeout=timeout,
+            ping_interval=ping_interval,
+            peer_timeout=peer_timeout,
+            reconnect=reconnect,
+            backoff=backoff,
+        )
+        self._core = ClientCore(
+            self._session,
+            context or zmq.Context.instance(),
+            curve=Curve.of(server_key, curve_secret),
+            max_outbox=max_outbox,
+            max_inbox=max_inbox,
+            hwm=hwm,
+            linger=linger,
+        )
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self.threaded = threaded
+        self._thread: threading.Thread | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
+    @property
+    def connected(self) -> bool:
+        return self._core.ready
+
     def connect(self, timeout: float | None = None) -> Client:
         """Open the session and wait until the broker accepted it (``ConnectError`` if not)."""
-        if self._thread is not None or self._loop is not None:
+        core = self._core
+        if self._thread is not None or core.loop is not None:
             raise ClientError("already connected")
         wait = self.timeout if timeout is None else timeout
-        deadline = time.monotonic() + wait
+        self._session.begin(time.monotonic(), wait)
         if not self.threaded:
-            self._loop = loop = IOLoop(self, None, deadline)
-            self._wake_tx = _NO_WAKE
+            core.loop = loop = IOLoop(core, None)
+            core.wake_tx = NO_WAKE
             try:
                 loop.begin()
-                self._pump(self._connected.done, None)
-                self.client_id = self._connected.result(0)
+                core.pump(core.connected.done, None)
+                core.connected.result(0)
             except BaseException:
                 self.close()
                 raise
             return self
-        rx = self.context.socket(zmq.PAIR)
+        rx = core.context.socket(zmq.PAIR)
         rx.linger = 0
-        rx.bind(self._wake_addr)
-        tx = self.context.socket(zmq.PAIR)
+        rx.bind(core.wake_addr)
+        tx = core.context.socket(zmq.PAIR)
         tx.linger = 0
-        tx.connect(self._wake_addr)
-        self._wake_tx = tx
-        self._thread = threading.Thread(
-            target=self._io_main, args=(rx, deadline), name="broker-client"
-        )
+        tx.connect(core.wake_addr)
+        core.wake_tx = tx
+        self._thread = threading.Thread(target=self._io_main, args=(rx,), name="broker-client")
         self._thread.daemon = True
         try:
             # (inside: Ctrl-C can land while start() waits to return, after the thread runs)
             self._thread.start()
-            self.client_id = self._connected.result(wait + 1.0)
+            core.connected.result(wait + 1.0)
         except BaseException:
             self.close()
             raise
@@ -131,20 +176,21 @@ class Client(ClientInbox, AdminOperations):
 
     def close(self, timeout: float = 5.0) -> None:
         """End the session (TERMINATE), stop the I/O thread, fail what is outstanding."""
-        loop = self._loop
-        if loop is not None:
-            self._loop = None
-            self._wake_tx = None
+        core = self._core
+        loop = core.loop
+        if isinstance(loop, IOLoop):
+            core.loop = None
+            core.wake_tx = None
             loop.goodbye()
             loop.finish()
             return
-        with self._cv:
-            tx, self._wake_tx = self._wake_tx, None
+        with core.cv:
+            tx, core.wake_tx = core.wake_tx, None
             if tx is not None:
                 with contextlib.suppress(zmq.ZMQError):
                     tx.send(b"STOP", zmq.NOBLOCK)
                 tx.close(linger=0)
-            self._cv.notify_all()
+            core.cv.notify_all()
         thread = self._thread
         if (
             thread is not None
@@ -154,71 +200,59 @@ class Client(ClientInbox, AdminOperations):
             thread.join(timeout)
             if thread.is_alive():
                 raise ClientError(f"client I/O thread did not stop within {timeout} s")
-        self._state = SessionState.CLOSED
-        with self._in_cv:
-            self._in_cv.notify_all()
+        self._session.state = SessionState.CLOSED
+        core.inbox.wake_all()
 
     def __enter__(self) -> Client:
-        if self._thread is None and self._loop is None:
+        if self._thread is None and self._core.loop is None:
             self.connect()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _io_main(self, wake_rx: zmq.Socket[bytes], connect_deadline: float) -> None:
-        self._io_ident = threading.get_ident()
-        loop = IOLoop(self, wake_rx, connect_deadline)
+    def _io_main(self, wake_rx: zmq.Socket[bytes]) -> None:
+        core = self._core
+        core.io_ident = threading.get_ident()
+        loop = IOLoop(core, wake_rx)
         try:
             loop.run()
         except Exception:
             log.exception("client I/O thread failed")
-            self._error = ClientError("client I/O thread failed")
+            core.error = ClientError("client I/O thread failed")
         finally:
             wake_rx.close(linger=0)
             loop.finish()
 
-    # -- queues ------------------------------------------------------------------------
+    def poll(self, timeout: float = 0.0) -> None:
+        """Poll-on-call clients: handle what arrived (replies, PINGs, reconnects) for a while.
 
-    def push(
-        self,
-        channel: str,
-        queue_id: int,
-        payload: bytes | str,
-        *,
-        ack: bool = False,
-        high_priority: bool = False,
-        headers: Headers | None = None,
-        message_id: str | None = None,
-        timeout: float | None = None,
-    ) -> str:
-        """Push into a queue; with ``ack`` wait for the broker's acknowledge. Returns the id."""
-        mid = message_id or f"{self._prefix}{next(self._counter)}"
-        body = payload if type(payload) is bytes else as_bytes(payload)
-        data = tmqp.encode_frame(
-            high_priority=high_priority,
-            message_type=_QUEUE,
-            pending_ack=ack,
-            content_type=queue_id,
-            message_id=mid,
-            source=self.client_id or "",
-            target=channel,
-            headers=normalize_headers(headers) if headers else (),
-            payload=body,
-        )[0]
-        if not ack:
-            self._enqueue(data)
-            return mid
-        future: Future[Any] = self._future()
-        wait = self.timeout if timeout is None else timeout
-        self._pending[mid] = (future, time.monotonic() + wait, None)
-        try:
-            self._enqueue(data)
-        except BaseException:
-            self._pending.pop(mid, None)
-            raise
-        self._wait(future, timeout)
-        return mid
+        Call it now and then when not otherwise calling the client, so that the broker's
+        PINGs are answered; threaded clients do this on their I/O thread (no-op here).
+        """
+        if self._core.loop is not None:
+            deadline = time.monotonic() + timeout
+            self._core.pump(lambda: time.monotonic() >= deadline, deadline, first=True)
+
+    # -- the driver hooks of ClientApi -------------------------------------------------
+
+    def _perform(self, call: Call, timeout: float | None = None, result: Any = ANSWER) -> Any:
+        value = self._core.wait(self._core.submit(call, timeout), timeout)
+        return value if result is ANSWER else result
+
+    def _emit(self, data: bytes, result: Any = None) -> Any:
+        self._core.enqueue(data)
+        return result
+
+    # -- futures -----------------------------------------------------------------------
+
+    def send_frame(self, frame: tmqp.Frame) -> None:
+        """Send any TMQP frame as is (fire and forget)."""
+        self._core.enqueue(tmqp.encode(frame)[0])
+
+    def request_frame(self, frame: tmqp.Frame, timeout: float | None = None) -> Future[Any]:
+        """Send a frame with a message id and return the future of its ACK/RESPONSE frame."""
+        return self._core.submit(Call(frame), timeout)
 
     def push_async(
         self,
@@ -236,54 +270,13 @@ class Client(ClientInbox, AdminOperations):
             message_id or self.new_id(),
             channel,
             queue_id,
-            as_bytes(payload),
+            payload if isinstance(payload, bytes) else payload.encode("utf-8"),
             source=self.client_id or "",
             ack=True,
             headers=headers,
             high_priority=high_priority,
         )
         return self.request_frame(frame, timeout)
-
-    def join(
-        self, channel: str, timeout: float | None = None, *, prefetch: int | None = None
-    ) -> None:
-        """Join a channel: its push/broadcast/round-robin queues deliver to this client.
-
-        ``prefetch``: the most deliveries of each of the channel's queues in flight to this
-        client at once (unacknowledged, or not yet read off its socket); None takes the
-        queue's ``Prefetch`` option or the broker's default.  Kept across reconnects.
-        """
-        self._call(join_frame(self.new_id(), channel, prefetch), timeout)
-        self._channels[channel] = prefetch
-
-    def leave(self, channel: str, timeout: float | None = None) -> None:
-        self._channels.pop(channel, None)
-        self._call(self._op(Operation.LEAVE, channel), timeout)
-
-    def ack(self, message: Message) -> None:
-        """Positive acknowledge of a received queue or direct message."""
-        self._enqueue(tmqp.encode(ack_frame(message))[0])
-
-    def nack(self, message: Message, reason: str = "none") -> None:
-        """Negative acknowledge (``Nack-Reason`` header)."""
-        frame = ack_frame(message, ((Header.NACK_REASON, reason),))
-        self._enqueue(tmqp.encode(frame)[0])
-
-    def pull(
-        self,
-        channel: str,
-        queue_id: int,
-        count: int = 1,
-        *,
-        clear: str | None = None,
-        order: str | None = None,
-        info: bool = False,
-        timeout: float | None = None,
-    ) -> list[Message]:
-        """Pull up to ``count`` messages from a pull (or cache) queue."""
-        return list(self._wait(self.pull_async(channel, queue_id, count, clear=clear,
-                                               order=order, info=info, timeout=timeout),
-                               timeout))  # fmt: skip
 
     def pull_async(
         self,
@@ -296,51 +289,10 @@ class Client(ClientInbox, AdminOperations):
         info: bool = False,
         timeout: float | None = None,
     ) -> Future[list[Message]]:
-        headers = [(Header.COUNT, str(count))]
-        if clear:
-            headers.append((Header.CLEAR, clear))
-        if order:
-            headers.append((Header.ORDER, order))
-        if info:
-            headers.append((Header.INFO, "yes"))
-        mid = self.new_id()
-        frame = tmqp.Frame(
-            message_type=MessageType.PULL,
-            pending_response=True,
-            content_type=queue_id,
-            message_id=mid,
-            target=channel,
-            headers=tuple(headers),
+        frame = pull_frame(
+            self.new_id(), channel, queue_id, count, clear=clear, order=order, info=info
         )
-        future: Future[list[Message]] = self._future()
-        wait = self.timeout if timeout is None else timeout
-        self._pending[mid] = (future, time.monotonic() + wait, _Pull(future))
-        self._enqueue(tmqp.encode(frame)[0])
-        return future
-
-    # -- direct messages ---------------------------------------------------------------
-
-    def send(
-        self,
-        target: str,
-        payload: bytes | str = b"",
-        *,
-        content_type: int = 0,
-        headers: Headers | None = None,
-        high_priority: bool = False,
-    ) -> str:
-        """Fire-and-forget direct message to a client id, ``@name:NAME`` or ``@type:TYPE``."""
-        mid = self.new_id()
-        frame = direct_frame(
-            mid,
-            target,
-            payload,
-            content_type=content_type,
-            headers=headers,
-            high_priority=high_priority,
-        )
-        self._enqueue(tmqp.encode(frame)[0])
-        return mid
+        return self._core.submit(Call(frame, Reply.PULL), timeout)
 
     def request_async(
         self,
@@ -364,29 +316,50 @@ class Client(ClientInbox, AdminOperations):
         )
         return self.request_frame(frame, timeout)
 
-    def request(
-        self,
-        target: str,
-        payload: bytes | str = b"",
-        *,
-        content_type: int = 0,
-        headers: Headers | None = None,
-        timeout: float | None = None,
-    ) -> Message:
-        """Send a direct message and wait for the peer's response."""
-        future = self.request_async(
-            target, payload, content_type=content_type, headers=headers, timeout=timeout
-        )
-        return Message(self._wait(future, timeout))
+    # -- receiving ---------------------------------------------------------------------
 
-    def respond(
-        self,
-        message: Message,
-        payload: bytes | str = b"",
-        *,
-        code: int = ResultCode.OK,
-        headers: Headers | None = None,
-    ) -> None:
-        """Answer a direct message that waits for a response."""
-        frame = response_frame(message, payload, code=code, headers=headers)
-        self._enqueue(tmqp.encode(frame)[0])
+    def on_message(self, callback: Callable[[Message], Any] | None) -> None:
+        """Deliver queue and direct messages to ``callback`` on the I/O thread instead."""
+        self._core.on_message = callback
+
+    def receive(self, timeout: float | None = None) -> Message | None:
+        """Next queue/direct/event message, or None after ``timeout`` seconds."""
+        core = self._core
+        items = core.inbox.items
+        if not items:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            if core.loop is not None:
+                if not core.pump(lambda: bool(items), deadline):
+                    return None
+            elif not core.inbox.wait(deadline, self._closed):
+                return None
+        msg = items.popleft()
+        if self._session.paused and core.inbox.drained:
+            self._resume()
+        return msg
+
+    def _closed(self) -> ClientError | None:
+        if self._session.state is SessionState.CLOSED:
+            return self._core.closed_error()
+        return None
+
+    def consume(self, timeout: float | None = None) -> Iterator[Message]:
+        """Iterate over received messages; stops after ``timeout`` seconds without one."""
+        items = self._core.inbox.items
+        while True:
+            if items and not self._session.paused:
+                yield items.popleft()
+                continue
+            msg = self.receive(timeout)
+            if msg is None:
+                return
+            yield msg
+
+    def _resume(self) -> None:
+        """The inbox drained: let the I/O loop read again."""
+        core = self._core
+        if core.loop is not None:
+            self._session.paused = False
+            return
+        with core.cv:
+            core.wake()

@@ -1,14 +1,14 @@
-"""The core of ``broker.Client``: shared state, the outbox, requests and their futures.
+"""What the blocking client's caller threads and its I/O loop share: outbox, futures, pumping.
 
-Callers encode frames and append them to the outbox (``_enqueue``); requests register a
-future under their message id (``request_frame``) and may wait for it (``_wait``).  A
-threaded client's I/O thread is woken over an inproc PAIR socket when the outbox goes
-from empty to non-empty; a poll-on-call client (``threaded=False``) sends at once and
-runs the I/O loop (``broker.client_io.IOLoop``) on the calling thread inside every
-blocking call (``_pump``), including waits on the futures it returns.
+Callers encode frames and append them to the outbox (:meth:`ClientCore.enqueue`); requests
+register a future with the session core (:meth:`ClientCore.submit`) and may wait for it
+(:meth:`ClientCore.wait`).  A threaded client's I/O thread is woken over an inproc PAIR
+socket when the outbox goes from empty to non-empty; a poll-on-call client
+(``threaded=False``) sends at once and runs its I/O loop (``broker.client.io.IOLoop``,
+seen here as a :class:`Pump`) on the calling thread inside every blocking call
+(:meth:`ClientCore.pump`), including waits on the futures it returns.
 
-:class:`ClientCore` is the bottom layer of :class:`broker.client.Client`; above it are
-``broker.client_inbox`` (receiving, events) and ``broker.client`` (the public API).
+The protocol is ``broker.client.session``; the inbox is ``broker.client.inbox``.
 """
 
 from __future__ import annotations
@@ -16,151 +16,81 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future
-from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import zmq
 
-from broker import tmqp
 from broker.client.errors import ClientClosed, ClientError, StopLoop
+from broker.client.inbox import Inbox
 from broker.client.message import Message
-from broker.protocol import DEFAULT_ENDPOINT, ConnectionInfo, Header
-
-if TYPE_CHECKING:
-    from broker.client.io import IOLoop
+from broker.client.session import Call, Session, SessionState
+from broker.client.sockets import Curve
 
 _ids = itertools.count(1)
 
 
-def session_properties(properties: Mapping[str, str], secret: str | None) -> dict[str, str]:
-    """Connection-info properties for a (re)connect: with the session secret, if any.
+class Pump(Protocol):
+    """A poll-on-call client's I/O loop, as the calling thread drives it."""
 
-    The broker gives every session a secret (``Session-Secret`` in its connect answer);
-    sent back when reconnecting under the same client id, it proves the connection is
-    the same client, which then takes its session over at once.  Shared by both clients.
-    """
-    props = {k: v for k, v in properties.items() if k.lower() != Header.SESSION_SECRET.lower()}
-    if secret:
-        props[Header.SESSION_SECRET] = secret
-    return props
-
-
-class SessionState(Enum):
-    """The session's state: kept on the client, driven by the I/O loop."""
-
-    IDLE = "idle"
-    HANDSHAKE = "handshake"
-    READY = "ready"
-    BACKOFF = "backoff"
-    CLOSED = "closed"
+    def step(self, cap_ms: int | None = None) -> None: ...
+    def send_or_queue(self, data: bytes) -> None: ...
+    def finish(self) -> None: ...
 
 
 class ClientCore:
-    """Shared state, outbox and requests of a client (see the module docstring)."""
+    """State shared by the blocking client's callers and its I/O loop (see the docstring)."""
 
     def __init__(
         self,
-        endpoint: str = DEFAULT_ENDPOINT,
+        session: Session,
+        context: zmq.Context[zmq.Socket[bytes]],
         *,
-        context: zmq.Context[zmq.Socket[bytes]] | None = None,
-        client_id: str | None = None,
-        name: str | None = None,
-        client_type: str | None = None,
-        token: str | None = None,
-        properties: Mapping[str, str] | None = None,
-        server_key: str | os.PathLike[str] | None = None,
-        curve_secret: str | os.PathLike[str] | None = None,
-        timeout: float = 10.0,
-        ping_interval: float = 5.0,
-        peer_timeout: float = 15.0,
-        reconnect: bool = True,
-        backoff: tuple[float, float] = (0.05, 5.0),
-        max_outbox: int = 10_000,
-        max_inbox: int = 10_000,
-        hwm: int = 10_000,
-        linger: float = 1.0,
-        threaded: bool = True,
+        curve: Curve | None,
+        max_outbox: int,
+        max_inbox: int,
+        hwm: int,
+        linger: float,
     ) -> None:
-        if (server_key is None) != (curve_secret is None):
-            raise ValueError("CURVE needs both server_key and curve_secret")
-        self.endpoint = endpoint
-        self.context = context or zmq.Context.instance()
-        self.timeout = timeout
-        self.ping_interval = ping_interval
-        self.peer_timeout = peer_timeout
-        self.reconnect = reconnect
-        self.backoff = backoff
+        self.session = session
+        self.context = context
+        self.curve = curve
         self.max_outbox = max_outbox
-        self.max_inbox = max_inbox
         self.hwm = hwm
         self.linger = linger
-        self.threaded = threaded
-        self._info = ConnectionInfo(
-            client_id=client_id,
-            name=name,
-            type=client_type,
-            token=token,
-            properties=dict(properties or {}),
-        )
-        self._curve = (curve_secret, server_key) if curve_secret is not None else None
-        self.client_id: str | None = client_id
-        #: The broker's secret for this client's session (sent back when reconnecting).
-        self.session_secret: str | None = None
-        prefix = f"{random.getrandbits(32):08x}-"
-        self._counter = itertools.count(1)
-        self._prefix = prefix
-        # shared between caller threads and the I/O thread
-        self._cv = threading.Condition()
-        self._outbox: deque[bytes] = deque()
-        self._woken = False
-        self._out_waiting = 0
-        self._inbox: deque[Message] = deque()
-        self._in_cv = threading.Condition()
-        self._in_waiting = 0
-        self._rx_paused = False
-        self._pending: dict[str, tuple[Future[Any], float, Any]] = {}
-        self._channels: dict[str, int | None] = {}  # joined channel -> its prefetch
-        self._subscriptions: dict[tuple[str, str | None, int | None], None] = {}
-        self._event_handlers: list[tuple[str, str | None, int | None, Callable[..., Any]]] = []
-        self._on_message: Callable[[Message], Any] | None = None
-        self._connected: Future[str] = Future()
-        self._error: ClientError | None = None
-        self._state = SessionState.IDLE
-        self._thread: threading.Thread | None = None
-        self._io_ident = 0
-        self._wake_addr = f"inproc://zerohub-client-{os.getpid()}-{next(_ids)}"
-        self._wake_tx: zmq.Socket[bytes] | None = None
-        self._loop: IOLoop | None = None  # poll-on-call: the loop the caller drives
+        self.inbox = Inbox(max_inbox)
+        self.cv = threading.Condition()
+        self.outbox: deque[bytes] = deque()
+        self.woken = False
+        self.out_waiting = 0
+        self.on_message: Callable[[Message], Any] | None = None
+        self.connected: Future[str] = Future()
+        self.error: ClientError | None = None
+        self.io_ident = 0
+        self.wake_addr = f"inproc://zerohub-client-{os.getpid()}-{next(_ids)}"
+        self.wake_tx: Any = None  # the PAIR socket waking the I/O thread, or _NO_WAKE
+        self.loop: Pump | None = None  # poll-on-call: the loop the caller drives
         self._unpumped = 0
+
+    def closed_error(self) -> ClientError:
+        return self.error or ClientClosed("client is closed")
 
     # -- poll-on-call ------------------------------------------------------------------
 
-    def poll(self, timeout: float = 0.0) -> None:
-        """Poll-on-call clients: handle what arrived (replies, PINGs, reconnects) for a while.
+    def future(self) -> Future[Any]:
+        return _PumpedFuture(self) if self.loop is not None else Future()
 
-        Call it now and then when not otherwise calling the client, so that the broker's
-        PINGs are answered; threaded clients do this on their I/O thread (no-op here).
-        """
-        if self._loop is not None:
-            deadline = time.monotonic() + timeout
-            self._pump(lambda: time.monotonic() >= deadline, deadline, first=True)
-
-    def _future(self) -> Future[Any]:
-        return _PumpedFuture(self) if self._loop is not None else Future()
-
-    def _pump(
+    def pump(
         self, done: Callable[[], bool], deadline: float | None, *, first: bool = False
     ) -> bool:
         """Poll-on-call: run the I/O loop on this thread until ``done()`` or the deadline."""
-        loop = self._loop
+        loop = self.loop
         if loop is None:
-            raise self._error or ClientClosed("client is closed")
+            raise self.closed_error()
         self._unpumped = 0
         while first or not done():
             cap = None
@@ -173,89 +103,82 @@ class ClientCore:
             try:
                 loop.step(cap)
             except StopLoop:
-                self._loop = None
-                self._wake_tx = None
+                self.loop = None
+                self.wake_tx = None
                 loop.finish()
-                raise self._error or ClientClosed("client is closed") from None
+                raise self.closed_error() from None
         return True
-
-    @property
-    def connected(self) -> bool:
-        return self._state is SessionState.READY
 
     # -- sending -----------------------------------------------------------------------
 
-    def new_id(self) -> str:
-        return f"{self._prefix}{next(self._counter)}"
-
-    def _enqueue(self, data: bytes) -> None:
-        loop = self._loop
+    def enqueue(self, data: bytes) -> None:
+        loop = self.loop
         if loop is not None:  # poll-on-call: send right here
-            out = self._outbox
+            out = self.outbox
             loop.send_or_queue(data)
             self._unpumped += 1
             if len(out) >= self.max_outbox:
-                self._pump(lambda: len(out) < self.max_outbox // 2, None)
+                self.pump(lambda: len(out) < self.max_outbox // 2, None)
             elif self._unpumped >= 1000:
-                self._pump(lambda: True, 0.0, first=True)  # replies, PINGs: no waiting
+                self.pump(lambda: True, 0.0, first=True)  # replies, PINGs: no waiting
             return
-        with self._cv:
-            if len(self._outbox) >= self.max_outbox and threading.get_ident() != self._io_ident:
-                self._out_waiting += 1
+        with self.cv:
+            if len(self.outbox) >= self.max_outbox and threading.get_ident() != self.io_ident:
+                self.out_waiting += 1
                 try:
-                    while len(self._outbox) >= self.max_outbox and self._wake_tx is not None:
-                        self._cv.wait(1.0)
+                    while len(self.outbox) >= self.max_outbox and self.wake_tx is not None:
+                        self.cv.wait(1.0)
                 finally:
-                    self._out_waiting -= 1
-            tx = self._wake_tx
-            if tx is None:
-                raise self._error or ClientClosed("client is closed")
-            self._outbox.append(data)
-            if not self._woken:
-                self._woken = True
-                with contextlib.suppress(zmq.Again):
-                    tx.send(b"", zmq.NOBLOCK)
+                    self.out_waiting -= 1
+            if self.wake_tx is None:
+                raise self.closed_error()
+            self.outbox.append(data)
+            self.wake()
 
-    def send_frame(self, frame: tmqp.Frame) -> None:
-        """Send any TMQP frame as is (fire and forget)."""
-        self._enqueue(tmqp.encode(frame)[0])
+    def wake(self) -> None:
+        """Wake the I/O thread (once until it drains the wake socket)."""
+        tx = self.wake_tx
+        if tx is not None and not self.woken:
+            self.woken = True
+            with contextlib.suppress(zmq.Again):
+                tx.send(b"", zmq.NOBLOCK)
 
-    def request_frame(self, frame: tmqp.Frame, timeout: float | None = None) -> Future[Any]:
-        """Send a frame with a message id and return the future of its ACK/RESPONSE frame."""
-        if not frame.message_id:
-            raise ValueError("a request needs a message id")
-        future: Future[Any] = self._future()
-        wait = self.timeout if timeout is None else timeout
-        self._pending[frame.message_id] = (future, time.monotonic() + wait, None)
+    def submit(self, call: Call, timeout: float | None) -> Future[Any]:
+        """Send ``call``; the future of its answer."""
+        future = self.future()
+        data = self.session.start(call, future, time.monotonic(), timeout)
         try:
-            self._enqueue(tmqp.encode(frame)[0])
+            self.enqueue(data)
         except BaseException:
-            self._pending.pop(frame.message_id, None)
+            self.session.cancel(call.frame.message_id)
             raise
         return future
 
-    def _wait(self, future: Future[Any], timeout: float | None) -> Any:
-        if threading.get_ident() == self._io_ident:
+    def wait(self, future: Future[Any], timeout: float | None) -> Any:
+        """The value of ``future`` (the session core times it out; this is a backstop)."""
+        if threading.get_ident() == self.io_ident:
             raise ClientError("blocking call from a callback: use the *_async method")
-        wait = self.timeout if timeout is None else timeout
-        if self._loop is not None:
-            self._pump(future.done, time.monotonic() + wait + 0.5)
+        wait = self.session.timeout if timeout is None else timeout
+        if self.loop is not None:
+            self.pump(future.done, time.monotonic() + wait + 0.5)
         try:
             return future.result(wait + 0.5)
-        except TimeoutError:
-            raise TimeoutError(f"no answer from the broker within {wait} s") from None
+        except TimeoutError as exc:
+            if future.done():
+                raise  # the session's RequestTimeout
+            raise TimeoutError(f"no answer from the broker within {wait} s") from exc
 
-    def _call(self, frame: tmqp.Frame, timeout: float | None = None) -> tmqp.Frame:
-        result: tmqp.Frame = self._wait(self.request_frame(frame, timeout), timeout)
-        return result
+    @property
+    def ready(self) -> bool:
+        return self.session.state is SessionState.READY
 
 
 class _PumpedFuture(Future[Any]):
     """A poll-on-call client's future: waiting on it runs the client's I/O loop."""
 
-    def __init__(self, client: ClientCore) -> None:
+    def __init__(self, core: ClientCore) -> None:
         super().__init__()
-        self._client = client
+        self._core = core
 
     def result(self, timeout: float | None = None) -> Any:
         self._drive(timeout)
@@ -266,10 +189,10 @@ class _PumpedFuture(Future[Any]):
         return super().exception(0 if self.done() else timeout)
 
     def _drive(self, timeout: float | None) -> None:
-        client = self._client
-        if not self.done() and client._loop is not None:
+        core = self._core
+        if not self.done() and core.loop is not None:
             deadline = None if timeout is None else time.monotonic() + timeout
-            client._pump(self.done, deadline)
+            core.pump(self.done, deadline)
 
 
 class _NoWake:
@@ -279,4 +202,4 @@ class _NoWake:
         pass
 
 
-_NO_WAKE: Any = _NoWake()
+NO_WAKE: Any = _NoWake()

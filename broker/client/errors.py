@@ -1,4 +1,5 @@
-"""Errors of ``broker.Client``, and the error an answer frame from the broker reports."""
+"""Errors of the broker clients (one hierarchy under ``ClientError``), and the error an
+answer frame from the broker reports."""
 
 from __future__ import annotations
 
@@ -20,6 +21,14 @@ class AccessRefused(ConnectError):
 
 class ConnectionLost(ClientError):
     """The session ended while a request was outstanding."""
+
+
+class RequestTimeout(ClientError, TimeoutError):
+    """No answer to a request within its timeout (a ``TimeoutError`` too)."""
+
+
+class ProtocolError(ClientError):
+    """The broker answered with something that does not fit the request (wrong type, not JSON)."""
 
 
 class ClientClosed(ClientError):

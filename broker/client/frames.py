@@ -1,6 +1,7 @@
 """Frames the clients send: shared by the blocking ``Client`` and ``AsyncClient``.
 
-Pure builders (no I/O): queue pushes, direct messages, responses, acknowledges, joins.
+Pure builders (no I/O): pushes, direct messages, responses, acknowledges, joins, pulls,
+event subscriptions.
 """
 
 from __future__ import annotations
@@ -135,4 +136,51 @@ def join_frame(message_id: str, channel: str, prefetch: int | None = None) -> tm
         message_id=message_id,
         target=channel,
         headers=headers,
+    )
+
+
+def event_frame(
+    message_id: str, event: str, on: bool, channel: str | None, queue_id: int | None
+) -> tmqp.Frame:
+    """Subscribe to (``on``) or unsubscribe from a server event."""
+    headers: list[tuple[str, str]] = []
+    if channel is not None:
+        headers.append((Header.CHANNEL_NAME, channel))
+    if queue_id is not None:
+        headers.append((Header.QUEUE_ID, str(queue_id)))
+    return tmqp.Frame(
+        message_type=MessageType.EVENT,
+        pending_ack=True,
+        content_type=1 if on else 0,
+        message_id=message_id,
+        target=event,
+        headers=tuple(headers),
+    )
+
+
+def pull_frame(
+    message_id: str,
+    channel: str,
+    queue_id: int,
+    count: int,
+    *,
+    clear: str | None = None,
+    order: str | None = None,
+    info: bool = False,
+) -> tmqp.Frame:
+    """A pull request (``count`` messages of a pull or cache queue)."""
+    headers = [(Header.COUNT, str(count))]
+    if clear:
+        headers.append((Header.CLEAR, clear))
+    if order:
+        headers.append((Header.ORDER, order))
+    if info:
+        headers.append((Header.INFO, "yes"))
+    return tmqp.Frame(
+        message_type=MessageType.PULL,
+        pending_response=True,
+        content_type=queue_id,
+        message_id=message_id,
+        target=channel,
+        headers=tuple(headers),
     )

@@ -1,69 +1,33 @@
-"""The wire side of ``broker.Client``: the I/O loop, the session and reconnects.
+"""The wire side of the blocking client: its DEALER socket, poller and wake-up socket.
 
-``IOLoop`` owns the DEALER socket: handshake, keep-alive, reconnect, and the inbound
-frames it hands to its base class ``broker.client_inbound.InboundFrames``.  It runs on
-the client's background thread, or (poll-on-call clients) on the caller's thread inside
-blocking calls; either way only it touches the socket.  It shares with the ``Client``
-object (see ``broker.client`` for the design): the outbox deque and its condition, the
-inbox deque and its condition, the pending-request table and the joined channels / event
-subscriptions it replays after a reconnect.  Session states::
-
-    HANDSHAKE --connect response--> READY --TERMINATE / silence--> BACKOFF --> HANDSHAKE
-        \\--refused (401/406/400) or CURVE denied--> CLOSED (error raised to the caller)
-
-The client's errors live in ``broker.client_errors`` and :class:`Message` in
-``broker.client_message``; both are importable from here too.
+``IOLoop`` only does I/O: it feeds what arrives to the session core
+(``broker.client.session``), calls its timers, and does what the core's events say
+(send, deliver to the inbox or the ``on_message`` callback, settle futures, reconnect).
+It runs on the client's background thread, or (poll-on-call clients) on the caller's
+thread inside blocking calls; either way only it touches the socket.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import random
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import zmq
 
 from broker import tmqp
-from broker.client.core import SessionState, session_properties
-from broker.client.errors import (
-    AccessRefused,
-    ClientClosed,
-    ClientError,
-    ConnectError,
-    ConnectionLost,
-    RemoteError,
-    StopLoop,
-    failure,
-)
-from broker.client.frames import join_frame
-from broker.client.inbound import InboundFrames
-from broker.client.message import Kind, Message
-from broker.protocol import GREETING, ConnectionInfo, Header, MessageType, header
+from broker.client import session as S
+from broker.client.core import ClientCore
+from broker.client.errors import ClientClosed, ClientError, StopLoop
+from broker.client.message import Message
+from broker.client.sockets import close_monitor, handshake_refusal, open_dealer
+from broker.protocol import MessageType
 from zerohub import zmqkit
 from zproto.errors import DecodeError
 
-if TYPE_CHECKING:
-    from broker.client.blocking import Client
-
-__all__ = [
-    "ClientClosed",
-    "ClientError",
-    "ConnectError",
-    "ConnectionLost",
-    "IOLoop",
-    "Kind",
-    "Message",
-    "RemoteError",
-    "StopLoop",
-    "failure",
-]
-
 log = logging.getLogger("broker.client.blocking")
 
-_PING = tmqp.encode(tmqp.Ping())[0]
 _BIG = 65536
 _BATCH = 1024
 
@@ -80,13 +44,12 @@ def _unbound_send(*args: Any) -> None:
     raise zmq.ZMQError(zmq.ENOTSOCK, "no session socket")
 
 
-class IOLoop(InboundFrames):
-    """The client's I/O loop and session (see the module docstring)."""
+class IOLoop:
+    """The blocking client's I/O loop (see the module docstring)."""
 
-    def __init__(
-        self, client: Client, wake: zmq.Socket[bytes] | None, connect_deadline: float
-    ) -> None:
-        self.c = client
+    def __init__(self, core: ClientCore, wake: zmq.Socket[bytes] | None) -> None:
+        self.c = core
+        self.s = core.session
         self.wake = wake
         self.sock: zmq.Socket[bytes] | None = None
         #: ``self.sock``'s send (see ``zerohub.zmqkit.fast_send``); only used while sock is set.
@@ -94,17 +57,7 @@ class IOLoop(InboundFrames):
         self.monitor: zmq.Socket[bytes] | None = None
         self.poller = zmq.Poller()
         self.flags: dict[Any, int] = {}
-        self.first = True
-        self.connect_deadline = connect_deadline
-        self.attempt = 0
-        self.retry_at = 0.0
-        self.hs_deadline = 0.0
-        self.hs_id = ""
-        self.last_rx = 0.0
-        self.pinged = False
-        self.keepalive_at = 0.0
         self.want_out = False
-        self.next_sweep = 0.0
         if wake is not None:
             self._register(wake, zmq.POLLIN)
 
@@ -120,7 +73,7 @@ class IOLoop(InboundFrames):
             pass
 
     def begin(self) -> None:
-        self._handshake(time.monotonic())
+        self._dial()
 
     def step(self, cap_ms: int | None = None) -> None:
         """One poll of the sockets (at most ``cap_ms``), then the due timers.
@@ -128,14 +81,15 @@ class IOLoop(InboundFrames):
         Raises ``StopLoop`` when the session ends for good (``close``, refusal, no reconnect).
         """
         c = self.c
+        s = self.s
         sock = self.sock
         if sock is not None:
             # a full inbox stops reading, unless a reply is awaited
-            flags = zmq.POLLIN if not c._rx_paused or c._pending else 0
+            flags = zmq.POLLIN if not s.paused or s.pending else 0
             if self.want_out:
                 flags |= zmq.POLLOUT
             self._register(sock, flags)
-        timeout = self._timeout()
+        timeout = int(s.next_wake(time.monotonic()) * 1000) + 1
         if cap_ms is not None and cap_ms < timeout:
             timeout = cap_ms
         events = dict(self.poller.poll(timeout))
@@ -148,10 +102,12 @@ class IOLoop(InboundFrames):
             if ev & zmq.POLLOUT:
                 self.want_out = False
         if self.monitor is not None and self.monitor in events:
-            self._on_monitor()
-        if c._outbox:
+            err = handshake_refusal(self.monitor, curve=c.curve is not None, endpoint=s.endpoint)
+            if err is not None:
+                self._apply(s.fatal(err))
+        if c.outbox:
             self.flush()
-        self._timers(time.monotonic())
+        self._apply(s.tick(time.monotonic()))
 
     def _register(self, sock: Any, flags: int) -> None:
         if self.flags.get(sock) != flags:
@@ -161,21 +117,6 @@ class IOLoop(InboundFrames):
     def _unregister(self, sock: Any) -> None:
         if sock in self.flags and self.flags.pop(sock):  # 0: already out of the poller
             self.poller.unregister(sock)
-
-    def _timeout(self) -> int:
-        c = self.c
-        now = time.monotonic()
-        wake = now + 1.0
-        state = c._state
-        if state is SessionState.HANDSHAKE:
-            wake = min(wake, self.hs_deadline)
-        elif state is SessionState.BACKOFF:
-            wake = min(wake, self.retry_at)
-        elif state is SessionState.READY:
-            wake = min(wake, self.last_rx + c.ping_interval)
-        if self.first:
-            wake = min(wake, self.connect_deadline)
-        return max(0, int((wake - now) * 1000) + 1)
 
     def _drain_wake(self) -> None:
         c = self.c
@@ -188,19 +129,22 @@ class IOLoop(InboundFrames):
             if msg == b"STOP":
                 self.goodbye()
                 raise StopLoop
-        with c._cv:
-            c._woken = False
-        if c._rx_paused and len(c._inbox) <= c.max_inbox // 2:
-            c._rx_paused = False
+        with c.cv:
+            c.woken = False
+        if self.s.paused and c.inbox.drained:
+            self.s.paused = False
 
     def _drain(self, sock: zmq.Socket[bytes]) -> None:
         c = self.c
+        s = self.s
         recv = sock.recv
-        dispatch = self._dispatch
-        # Queue deliveries without headers (not pull answers, not markers) are what
-        # _dispatch would hand to _deliver: with no callback they go straight to the inbox.
-        inbox = c._inbox if c._on_message is None else None
-        append = inbox.append if inbox is not None else None
+        feed = s.feed
+        apply = self._apply
+        now = time.monotonic()
+        # Queue deliveries without headers (not pull answers, not markers) are what the
+        # session would hand back as Deliver: with no callback they go straight to the inbox.
+        inbox = c.inbox
+        append = inbox.items.append if c.on_message is None else None
         try:
             for _ in range(_BATCH):
                 try:
@@ -217,33 +161,31 @@ class IOLoop(InboundFrames):
                         frame = _decode((data,))
                     except DecodeError:
                         frame = None
-                    if type(frame) is not _Frame:
-                        dispatch(data)  # logs what is wrong
+                    if type(frame) is _Frame:
+                        message = _new(Message)
+                        _set_message_frame(message, frame)
+                        append(message)
                         continue
-                    message = _new(Message)
-                    _set_message_frame(message, frame)
-                    append(message)
-                    continue
-                dispatch(data)
-                if self.sock is not sock:
-                    return  # the session was reset while dispatching
+                events = feed(data, now)
+                if events:
+                    apply(events)
+                    if self.sock is not sock:
+                        return  # the session was reset while dispatching
         finally:
             # once per batch (the waiters registered before looking at the inbox)
-            if inbox and c._in_waiting:
-                with c._in_cv:
-                    c._in_cv.notify_all()
-        self.last_rx = time.monotonic()
-        self.pinged = False
-        if c._on_message is None and len(c._inbox) >= c.max_inbox:
-            c._rx_paused = True
+            if inbox.items and inbox.waiting:
+                inbox.wake_all()
+        s.heard(now)
+        if c.on_message is None and inbox.full:
+            s.paused = True
 
     def flush(self) -> None:
         """Send the outbox until it is empty or the socket's pipe is full."""
         c = self.c
         sock = self.sock
-        if sock is None or c._state is not SessionState.READY or self.want_out:
+        if sock is None or self.s.state is not S.SessionState.READY or self.want_out:
             return
-        out = c._outbox
+        out = c.outbox
         send = self.send
         while out:
             data = out[0]
@@ -253,17 +195,17 @@ class IOLoop(InboundFrames):
                 self.want_out = True
                 break
             out.popleft()
-        if c._out_waiting and len(out) < c.max_outbox:
-            with c._cv:
-                c._cv.notify_all()
+        if c.out_waiting and len(out) < c.max_outbox:
+            with c.cv:
+                c.cv.notify_all()
 
     def send_or_queue(self, data: bytes) -> None:
         """Poll-on-call: send ``data`` now unless frames wait before it; else queue it."""
         c = self.c
         if (
-            not c._outbox
+            not c.outbox
             and not self.want_out
-            and c._state is SessionState.READY
+            and self.s.state is S.SessionState.READY
             and self.sock is not None
         ):
             try:
@@ -271,146 +213,86 @@ class IOLoop(InboundFrames):
                 return
             except zmq.Again:
                 self.want_out = True
-        c._outbox.append(data)
+        c.outbox.append(data)
         self.flush()
 
-    def _timers(self, now: float) -> None:
+    # -- the core's events -------------------------------------------------------------
+
+    def _apply(self, events: Iterable[S.Event]) -> None:
         c = self.c
-        state = c._state
-        if self.first and state is not SessionState.READY and now >= self.connect_deadline:
-            raise self._fatal(ConnectError(f"no answer from {c.endpoint} within the timeout"))
-        if state is SessionState.READY:
-            if c._rx_paused:
-                # Not reading (full inbox): the broker's silence is ours.  Tell it we are
-                # alive, or it would end the session it cannot reach: it holds what we
-                # have not taken (its windows) for as long as we want.
-                self.last_rx = now
-                if now >= self.keepalive_at:
-                    self.keepalive_at = now + c.ping_interval
-                    self._send_now(_PING)
-            idle = now - self.last_rx
-            if idle >= c.peer_timeout:
-                self._lost(f"no traffic from the broker for {idle:.1f} s")
-            elif idle >= c.ping_interval and not self.pinged:
-                self.pinged = True
-                self._send_now(_PING)
-        elif state is SessionState.HANDSHAKE and now >= self.hs_deadline:
-            self._lost("handshake timed out")
-        elif state is SessionState.BACKOFF and now >= self.retry_at:
-            self._handshake(now)
-        if now >= self.next_sweep:
-            self.next_sweep = now + 0.5
-            self._sweep(now)
+        for ev in events:
+            if isinstance(ev, S.Send):
+                self._send_now(ev.data)
+            elif isinstance(ev, S.Deliver):
+                self._deliver(ev.message)
+            elif isinstance(ev, S.Settled | S.Failed):
+                S.resolve(ev)
+            elif isinstance(ev, S.Notify):
+                for callback in ev.callbacks:
+                    try:
+                        callback(ev.message)
+                    except Exception:
+                        log.exception("event callback failed")
+            elif isinstance(ev, S.Ready):
+                self._close_monitor()
+                log.debug("session ready as %s", ev.client_id)
+                if c.outbox:
+                    self.flush()
+                if ev.first:
+                    c.connected.set_result(ev.client_id)
+            elif isinstance(ev, S.Lost):
+                self._close_socket()
+            elif isinstance(ev, S.Dial):
+                self._dial()
+            elif isinstance(ev, S.Closed):
+                c.error = ev.error
+                if not c.connected.done():
+                    c.connected.set_exception(ev.error)
+                self._close_socket()
+                raise StopLoop
 
-    def _sweep(self, now: float) -> None:
-        pending = self.c._pending
-        late = [mid for mid, entry in list(pending.items()) if entry[1] <= now]
-        for mid in late:
-            entry = pending.pop(mid, None)
-            if entry is not None and not entry[0].done():
-                entry[0].set_exception(TimeoutError(f"no answer to {mid}"))
+    def _deliver(self, message: Message) -> None:
+        callback = self.c.on_message
+        if callback is None:
+            self.c.inbox.put(message)
+            return
+        try:
+            callback(message)
+        except Exception:
+            log.exception("on_message callback failed")
 
-    # -- session -----------------------------------------------------------------------
-
-    def _handshake(self, now: float) -> None:
-        c = self.c
-        sock = c.context.socket(zmq.DEALER)
-        sock.linger = 0
-        sock.sndhwm = c.hwm
-        sock.rcvhwm = c.hwm
-        sock.routing_id = b"\x01" + os.urandom(15)
-        if c._curve is not None:
-            secret, server_key = c._curve
-            assert secret is not None and server_key is not None
+    def _send_now(self, data: bytes) -> None:
+        if self.sock is not None:
             try:
-                zmqkit.configure_client(sock, secret, server_key)
-            except zmqkit.SecurityError as exc:
-                sock.close(linger=0)
-                raise self._fatal(ConnectError(str(exc))) from None
-        if c._curve is not None or self.first:
-            # handshake failures (CURVE key refused; a plain client against a CURVE server,
-            # watched on the first connection) end connect() at once
-            self.monitor = sock.get_monitor_socket(zmqkit.HANDSHAKE_EVENTS)
-            self._register(self.monitor, zmq.POLLIN)
-        sock.connect(c.endpoint)
+                self.sock.send(data, zmq.NOBLOCK)
+            except zmq.Again:
+                self.c.outbox.appendleft(data)
+
+    # -- the socket --------------------------------------------------------------------
+
+    def _dial(self) -> None:
+        c = self.c
+        s = self.s
+        try:
+            sock, monitor = open_dealer(
+                c.context, s.endpoint, hwm=c.hwm, curve=c.curve, watch=s.first
+            )
+        except ClientError as exc:
+            self._apply(s.fatal(exc))
+            return
         self.sock = sock
         self.send = zmqkit.fast_send(sock)
-        self.hs_id = c.new_id()
-        info = ConnectionInfo(
-            client_id=c.client_id,
-            name=c._info.name,
-            type=c._info.type,
-            token=c._info.token,
-            properties=session_properties(c._info.properties, c.session_secret),
-        )
-        frame = info.to_frame(self.hs_id)
-        frame = tmqp.Frame(
-            message_type=frame.message_type,
-            pending_response=True,
-            content_type=frame.content_type,
-            message_id=frame.message_id,
-            payload=frame.payload,
-        )
-        sock.send(GREETING, zmq.NOBLOCK)
-        sock.send(tmqp.encode(frame)[0], zmq.NOBLOCK)
-        c._state = SessionState.HANDSHAKE
-        self.hs_deadline = now + c.peer_timeout
+        self.monitor = monitor
+        if monitor is not None:
+            self._register(monitor, zmq.POLLIN)
+        for data in s.hello(time.monotonic()):
+            sock.send(data, zmq.NOBLOCK)
         self.want_out = False
-
-    def _ready(self, frame: tmqp.Frame) -> None:
-        c = self.c
-        client_id = header(frame, Header.CLIENT_ID) or frame.target or c.client_id or ""
-        c.client_id = client_id
-        c.session_secret = header(frame, Header.SESSION_SECRET)
-        c._state = SessionState.READY
-        self.attempt = 0
-        self.last_rx = time.monotonic()
-        self._close_monitor()
-        log.debug("session ready as %s", client_id)
-        if not self.first:
-            # a new session: join the channels and subscribe the events again
-            for name, prefetch in list(c._channels.items()):
-                self._send_now(tmqp.encode(join_frame(c.new_id(), name, prefetch))[0])
-            for event, channel, queue_id in list(c._subscriptions):
-                self._send_now(tmqp.encode(c._event_frame(event, True, channel, queue_id))[0])
-        if c._outbox:
-            self.flush()
-        if self.first:
-            self.first = False
-            c._connected.set_result(client_id)
-
-    def _lost(self, reason: str) -> None:
-        """The session is gone: fail what waits, then reconnect after a backoff (or stop)."""
-        c = self.c
-        log.info("session lost: %s", reason)
-        self._close_socket()
-        err = ConnectionLost(reason)
-        for mid in list(c._pending):
-            entry = c._pending.pop(mid, None)
-            if entry is not None and not entry[0].done():
-                entry[0].set_exception(err)
-        if not c.reconnect and not self.first:
-            raise self._fatal(err)
-        low, high = c.backoff
-        delay = min(high, low * (2**self.attempt)) * (0.5 + random.random() / 2)
-        self.attempt += 1
-        self.retry_at = time.monotonic() + delay
-        c._state = SessionState.BACKOFF
-
-    def _fatal(self, err: Exception) -> StopLoop:
-        c = self.c
-        c._error = err if isinstance(err, ConnectError | ConnectionLost) else None
-        if not c._connected.done():
-            c._connected.set_exception(err)
-        self._close_socket()
-        return StopLoop()
 
     def _close_monitor(self) -> None:
         if self.monitor is not None:
             self._unregister(self.monitor)
-            if self.sock is not None:
-                self.sock.disable_monitor()
-            self.monitor.close(linger=0)
+            close_monitor(self.sock, self.monitor)
             self.monitor = None
 
     def _close_socket(self) -> None:
@@ -425,11 +307,11 @@ class IOLoop(InboundFrames):
         """Closing: send what is queued (within the linger time) and TERMINATE."""
         c = self.c
         sock = self.sock
-        if sock is None or c._state is not SessionState.READY:
+        if sock is None or self.s.state is not S.SessionState.READY:
             return
         deadline = time.monotonic() + c.linger
-        out = c._outbox
-        out.append(tmqp.encode(tmqp.Frame(message_type=MessageType.TERMINATE))[0])
+        out = c.outbox
+        out.append(self.s.goodbye())
         while out and time.monotonic() < deadline:
             try:
                 sock.send(out[0], zmq.NOBLOCK)
@@ -445,34 +327,11 @@ class IOLoop(InboundFrames):
         """The loop is over: close the sockets, fail what still waits, wake the waiters."""
         c = self.c
         self._close_socket()
-        c._state = SessionState.CLOSED
-        err = c._error or ClientClosed("client is closed")
-        if not c._connected.done():
-            c._connected.set_exception(err)
-        for mid in list(c._pending):
-            entry = c._pending.pop(mid, None)
-            if entry is not None and not entry[0].done():
-                entry[0].set_exception(err)
-        with c._cv:
-            c._cv.notify_all()
-        with c._in_cv:
-            c._in_cv.notify_all()
-
-    def _send_now(self, data: bytes) -> None:
-        if self.sock is not None:
-            try:
-                self.sock.send(data, zmq.NOBLOCK)
-            except zmq.Again:
-                self.c._outbox.appendleft(data)
-
-    def _on_monitor(self) -> None:
-        assert self.monitor is not None
-        failure = zmqkit.read_monitor(self.monitor, curve=self.c._curve is not None).handshake
-        if failure is not None:
-            if failure is zmqkit.Handshake.KEY_REFUSED:
-                what = "refused this client's CURVE key"
-            elif failure is zmqkit.Handshake.CURVE_REQUIRED:
-                what = zmqkit.CURVE_REQUIRED_HINT
-            else:
-                what = "failed the security handshake (CURVE settings differ?)"
-            raise self._fatal(AccessRefused(f"the broker at {self.c.endpoint} {what}"))
+        err = c.error or ClientClosed("client is closed")
+        for ev in self.s.close(err):
+            S.resolve(ev)
+        if not c.connected.done():
+            c.connected.set_exception(err)
+        with c.cv:
+            c.cv.notify_all()
+        c.inbox.wake_all()

@@ -1,9 +1,8 @@
-"""What ``broker.Client`` receives: :class:`Message` (a frame with convenient names)."""
+"""What the clients receive: :class:`Message` (a frame with convenient names)."""
 
 from __future__ import annotations
 
 import json
-from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -85,11 +84,3 @@ _KINDS = {
     MessageType.DIRECT: Kind.DIRECT,
     MessageType.EVENT: Kind.EVENT,
 }
-
-
-class _Pull:
-    __slots__ = ("future", "messages")
-
-    def __init__(self, future: Future[list[Message]]) -> None:
-        self.future = future
-        self.messages: list[Message] = []

@@ -1,0 +1,323 @@
+"""The calls both clients offer, written once over two driver hooks.
+
+:class:`ClientApi` builds every request (a ``session.Call``: frame + how its answer is
+read) or fire-and-forget frame, and hands it to its driver:
+
+* ``_perform(call, timeout, result)`` sends the request and gives its answer (``result``
+  instead when one is given): the blocking ``Client`` waits and returns the value, the
+  ``AsyncClient`` returns a coroutine;
+* ``_emit(data, result)`` sends octets that wait for no answer and gives ``result``.
+
+So ``R`` is the value itself for the blocking client (``ClientApi[Any]``) and an
+awaitable of it for the asyncio one (``ClientApi[Awaitable[Any]]``).  Server operations
+(channels, queues, clients, nodes, statistics) answer with JSON, gathered over pages by
+the session core; a failure is a ``RemoteError`` with the broker's status code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
+
+from broker import tmqp
+from broker.client.admin import STATS_LIST, operation_frame
+from broker.client.frames import (
+    Headers,
+    ack_frame,
+    as_bytes,
+    direct_frame,
+    event_frame,
+    join_frame,
+    normalize_headers,
+    pull_frame,
+    queue_frame,
+    response_frame,
+)
+from broker.client.message import Message
+from broker.client.session import Call, Reply, Session
+from broker.protocol import Header, MessageType, Operation, ResultCode
+
+R = TypeVar("R")
+
+#: ``_perform``'s ``result`` when the answer itself is the result.
+ANSWER: Any = object()
+
+_QUEUE = int(MessageType.QUEUE)  # a plain int: IntEnum arithmetic costs ~0.1 us a push
+
+
+def _joined(channel: str, prefetch: int | None) -> Callable[[Session], None]:
+    def remember(session: Session) -> None:
+        session.channels[channel] = prefetch
+
+    return remember
+
+
+def _subscribed(
+    key: tuple[str, str | None, int | None], callback: Callable[[Message], Any] | None
+) -> Callable[[Session], None]:
+    def remember(session: Session) -> None:
+        session.subscriptions[key] = None
+        if callback is not None:
+            session.handlers.append((*key, callback))
+
+    return remember
+
+
+class ClientApi(Generic[R]):
+    """The protocol calls of a client (see the module docstring)."""
+
+    _session: Session
+
+    def _perform(self, call: Call, timeout: float | None = None, result: Any = ANSWER) -> R:
+        raise NotImplementedError
+
+    def _emit(self, data: bytes, result: Any = None) -> R:
+        raise NotImplementedError
+
+    def new_id(self) -> str:
+        """A fresh message id: ``<random prefix>-<counter>``."""
+        return self._session.new_id()
+
+    @property
+    def client_id(self) -> str | None:
+        """The id the broker knows this client by (learnt when connecting)."""
+        return self._session.client_id
+
+    @property
+    def session_secret(self) -> str | None:
+        """The broker's secret for this client's session (sent back when reconnecting)."""
+        return self._session.session_secret
+
+    def _op(
+        self,
+        operation: int,
+        target: str = "",
+        *,
+        payload: Any = None,
+        queue_id: int | None = None,
+        path: tuple[str, ...] | None = None,
+    ) -> R:
+        """A server operation: ACK expected, or (``path`` given) a JSON RESPONSE."""
+        response = path is not None
+        frame = operation_frame(
+            self.new_id(), operation, target, payload=payload, queue_id=queue_id, response=response
+        )
+        return self._perform(Call(frame, Reply.JSON if response else Reply.NONE, path or ()))
+
+    # -- queues ------------------------------------------------------------------------
+
+    def push(
+        self,
+        channel: str,
+        queue_id: int,
+        payload: bytes | str,
+        *,
+        ack: bool = False,
+        high_priority: bool = False,
+        headers: Headers | None = None,
+        message_id: str | None = None,
+        timeout: float | None = None,
+    ) -> R:
+        """Push into a queue; with ``ack`` wait for the broker's acknowledge (``RemoteError``
+        on a negative one).  Gives the message id."""
+        session = self._session
+        mid = message_id or f"{session.prefix}{next(session.counter)}"
+        body = payload if type(payload) is bytes else as_bytes(payload)
+        if ack:
+            frame = queue_frame(
+                mid,
+                channel,
+                queue_id,
+                body,
+                source=session.client_id or "",
+                ack=True,
+                headers=headers,
+                high_priority=high_priority,
+            )
+            return self._perform(Call(frame, Reply.NONE), timeout, mid)
+        data = tmqp.encode_frame(
+            high_priority=high_priority,
+            message_type=_QUEUE,
+            content_type=queue_id,
+            message_id=mid,
+            source=session.client_id or "",
+            target=channel,
+            headers=normalize_headers(headers) if headers else (),
+            payload=body,
+        )[0]
+        return self._emit(data, mid)
+
+    def join(
+        self, channel: str, timeout: float | None = None, *, prefetch: int | None = None
+    ) -> R:
+        """Join a channel: its push/broadcast/round-robin queues deliver to this client.
+
+        ``prefetch``: the most deliveries of each of the channel's queues in flight to this
+        client at once (unacknowledged, or not yet read off its socket); None takes the
+        queue's ``Prefetch`` option or the broker's default.  Kept across reconnects.
+        """
+        frame = join_frame(self.new_id(), channel, prefetch)
+        call = Call(frame, Reply.NONE, on_success=_joined(channel, prefetch))
+        return self._perform(call, timeout)
+
+    def leave(self, channel: str, timeout: float | None = None) -> R:
+        self._session.channels.pop(channel, None)
+        frame = operation_frame(self.new_id(), Operation.LEAVE, channel)
+        return self._perform(Call(frame, Reply.NONE), timeout)
+
+    def ack(self, message: Message) -> R:
+        """Positive acknowledge of a received queue or direct message."""
+        return self._emit(tmqp.encode(ack_frame(message))[0])
+
+    def nack(self, message: Message, reason: str = "none") -> R:
+        """Negative acknowledge (``Nack-Reason`` header)."""
+        return self._emit(tmqp.encode(ack_frame(message, ((Header.NACK_REASON, reason),)))[0])
+
+    def pull(
+        self,
+        channel: str,
+        queue_id: int,
+        count: int = 1,
+        *,
+        clear: str | None = None,
+        order: str | None = None,
+        info: bool = False,
+        timeout: float | None = None,
+    ) -> R:
+        """Pull up to ``count`` messages from a pull (or cache) queue (a list of Message)."""
+        frame = pull_frame(
+            self.new_id(), channel, queue_id, count, clear=clear, order=order, info=info
+        )
+        return self._perform(Call(frame, Reply.PULL), timeout)
+
+    # -- direct messages ---------------------------------------------------------------
+
+    def send(
+        self,
+        target: str,
+        payload: bytes | str = b"",
+        *,
+        content_type: int = 0,
+        headers: Headers | None = None,
+        high_priority: bool = False,
+    ) -> R:
+        """Fire-and-forget direct message to a client id, ``@name:NAME`` or ``@type:TYPE``."""
+        mid = self.new_id()
+        frame = direct_frame(
+            mid,
+            target,
+            payload,
+            content_type=content_type,
+            headers=headers,
+            high_priority=high_priority,
+        )
+        return self._emit(tmqp.encode(frame)[0], mid)
+
+    def request(
+        self,
+        target: str,
+        payload: bytes | str = b"",
+        *,
+        content_type: int = 0,
+        headers: Headers | None = None,
+        timeout: float | None = None,
+    ) -> R:
+        """Send a direct message and wait for the peer's response (a Message; ``RemoteError``
+        if it fails or nobody matches ``target``)."""
+        frame = direct_frame(
+            self.new_id(),
+            target,
+            payload,
+            content_type=content_type,
+            headers=headers,
+            response=True,
+        )
+        return self._perform(Call(frame, Reply.MESSAGE), timeout)
+
+    def respond(
+        self,
+        message: Message,
+        payload: bytes | str = b"",
+        *,
+        code: int = ResultCode.OK,
+        headers: Headers | None = None,
+    ) -> R:
+        """Answer a direct message that waits for a response."""
+        frame = response_frame(message, payload, code=code, headers=headers)
+        return self._emit(tmqp.encode(frame)[0])
+
+    # -- events ------------------------------------------------------------------------
+
+    def subscribe(
+        self,
+        event: str,
+        callback: Callable[[Message], Any] | None = None,
+        *,
+        channel: str | None = None,
+        queue_id: int | None = None,
+        timeout: float | None = None,
+    ) -> R:
+        """Subscribe to a server event; notifications go to ``callback`` or the inbox."""
+        key = (event, channel, queue_id)
+        frame = event_frame(self.new_id(), event, True, channel, queue_id)
+        call = Call(frame, Reply.NONE, on_success=_subscribed(key, callback))
+        return self._perform(call, timeout)
+
+    def unsubscribe(
+        self,
+        event: str,
+        *,
+        channel: str | None = None,
+        queue_id: int | None = None,
+        timeout: float | None = None,
+    ) -> R:
+        session = self._session
+        key = (event, channel, queue_id)
+        session.subscriptions.pop(key, None)
+        session.handlers = [h for h in session.handlers if (h[0], h[1], h[2]) != key]
+        frame = event_frame(self.new_id(), event, False, channel, queue_id)
+        return self._perform(Call(frame, Reply.NONE), timeout)
+
+    # -- server operations -------------------------------------------------------------
+
+    def create_channel(self, name: str, options: Mapping[str, Any] | None = None) -> R:
+        return self._op(Operation.CHANNEL_CREATE, name, payload=options)
+
+    def update_channel(self, name: str, options: Mapping[str, Any]) -> R:
+        return self._op(Operation.CHANNEL_UPDATE, name, payload=options)
+
+    def delete_channel(self, name: str) -> R:
+        return self._op(Operation.CHANNEL_DELETE, name)
+
+    def channels(self, pattern: str = "") -> R:
+        return self._op(Operation.CHANNEL_LIST, pattern, path=())
+
+    def channel_info(self, name: str) -> R:
+        return self._op(Operation.CHANNEL_INFO, name, path=())
+
+    def create_queue(
+        self, channel: str, queue_id: int, options: Mapping[str, Any] | None = None
+    ) -> R:
+        return self._op(Operation.QUEUE_CREATE, channel, payload=options, queue_id=queue_id)
+
+    def update_queue(self, channel: str, queue_id: int, options: Mapping[str, Any]) -> R:
+        return self._op(Operation.QUEUE_UPDATE, channel, payload=options, queue_id=queue_id)
+
+    def delete_queue(self, channel: str, queue_id: int) -> R:
+        return self._op(Operation.QUEUE_DELETE, channel, queue_id=queue_id)
+
+    def queues(self, channel: str) -> R:
+        return self._op(Operation.QUEUE_LIST, channel, path=())
+
+    def queue_info(self, channel: str, queue_id: int) -> R:
+        return self._op(Operation.QUEUE_INFO, channel, queue_id=queue_id, path=())
+
+    def clients(self, client_type: str = "") -> R:
+        return self._op(Operation.CLIENT_LIST, client_type, path=())
+
+    def nodes(self) -> R:
+        return self._op(Operation.NODE_LIST, path=())
+
+    def stats(self) -> R:
+        """The server's transport counters and the engine's statistics."""
+        return self._op(Operation.STATS, path=STATS_LIST)

@@ -1,0 +1,605 @@
+"""The sans-IO session core both clients drive: frames and ``now`` in, frames and events out.
+
+No sockets, no threads, no asyncio: the blocking :class:`broker.client.blocking.Client`
+and the asyncio :class:`broker.client.aio.AsyncClient` own the I/O and the waiting; this
+module owns the protocol.  A driver
+
+* calls :meth:`Session.begin` once, then opens a socket and sends :meth:`Session.hello`
+  (again on every :class:`Dial` event, after a backoff);
+* hands every octet string the broker sends to :meth:`Session.feed` and calls
+  :meth:`Session.tick` when :meth:`Session.next_wake` says a timer is due;
+* sends a request with :meth:`Session.start` (a :class:`Call`: a frame and how to read
+  its answer) together with a *waiter* of its own (a future of any kind: the core only
+  hands it back in :class:`Settled` / :class:`Failed`);
+* does what the returned events say (:data:`Event`).
+
+The core matches answers to requests by message id, judges them (a failure status is a
+:class:`RemoteError`, an answer of the wrong shape a :class:`ProtocolError`), gathers
+pull answers and paged lists, times requests out (:class:`RequestTimeout`), answers
+PINGs, keeps the session alive, and after a reconnect joins the channels and subscribes
+the events again.  Session states::
+
+    HANDSHAKE --connect response--> READY --TERMINATE / silence--> BACKOFF --> HANDSHAKE
+        \\--refused (401/406/400) or CURVE denied--> CLOSED (error raised to the caller)
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum, IntEnum
+from typing import Any
+
+from broker import tmqp
+from broker.client.admin import next_page
+from broker.client.errors import (
+    AccessRefused,
+    ClientClosed,
+    ClientError,
+    ConnectError,
+    ConnectionLost,
+    ProtocolError,
+    RemoteError,
+    RequestTimeout,
+    failure,
+)
+from broker.client.frames import event_frame, join_frame
+from broker.client.message import Message
+from broker.paging import merge
+from broker.protocol import (
+    CODE_FOR_NACK_REASON,
+    EVENT_NAMES,
+    GREETING,
+    ConnectionInfo,
+    Header,
+    MessageType,
+    NoContent,
+    ResultCode,
+    header,
+)
+from zproto.errors import DecodeError
+
+log = logging.getLogger("broker.client")
+
+PING = tmqp.encode(tmqp.Ping())[0]
+PONG = tmqp.encode(tmqp.Pong())[0]
+TERMINATE = tmqp.encode(tmqp.Frame(message_type=MessageType.TERMINATE))[0]
+#: Refusals of the connection info that no retry can change.
+PERMANENT = frozenset({ResultCode.UNAUTHORIZED, ResultCode.UNACCEPTABLE, ResultCode.BAD_REQUEST})
+
+_QUEUE = MessageType.QUEUE
+_ACK = MessageType.ACK
+_RESPONSE = MessageType.RESPONSE
+_DIRECT = MessageType.DIRECT
+_decode = tmqp.decode
+
+
+def session_properties(properties: Mapping[str, str], secret: str | None) -> dict[str, str]:
+    """Connection-info properties for a (re)connect: with the session secret, if any.
+
+    The broker gives every session a secret (``Session-Secret`` in its connect answer);
+    sent back when reconnecting under the same client id, it proves the connection is
+    the same client, which then takes its session over at once.
+    """
+    props = {k: v for k, v in properties.items() if k.lower() != Header.SESSION_SECRET.lower()}
+    if secret:
+        props[Header.SESSION_SECRET] = secret
+    return props
+
+
+class SessionState(Enum):
+    """The session's state, driven by the core."""
+
+    IDLE = "idle"
+    HANDSHAKE = "handshake"
+    READY = "ready"
+    BACKOFF = "backoff"
+    CLOSED = "closed"
+
+
+class Reply(IntEnum):
+    """What a request's answer becomes for its caller."""
+
+    FRAME = 0  # the ACK/RESPONSE frame itself
+    MESSAGE = 1  # the answer as a Message (direct requests)
+    JSON = 2  # a RESPONSE's JSON payload, every page of it (server operations)
+    PULL = 3  # the messages answering a pull request (a list of Message)
+    NONE = 4  # nothing (acknowledged pushes, joins, creations)
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """A request: its frame, how its answer is read, and what the core keeps on success."""
+
+    frame: tmqp.Frame
+    reply: Reply = Reply.FRAME
+    #: where the paged list is in a JSON answer (``broker.paging.merge``)
+    path: tuple[str, ...] = ()
+    #: run by the core when the request succeeded (remember a join, a subscription)
+    on_success: Callable[[Session], None] | None = None
+
+
+# -- events (what the driver must do) -------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send these octets now (PONG, PING, a page request, a re-join after a reconnect)."""
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Dial:
+    """Open a new socket to the broker and send :meth:`Session.hello` on it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """The broker accepted the session (``first``: the first one of this client)."""
+
+    client_id: str
+    first: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """A queue or direct message (or an event nobody subscribed a callback to)."""
+
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class Notify:
+    """An event message for the callbacks subscribed to it."""
+
+    message: Message
+    callbacks: tuple[Callable[[Message], Any], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """A request succeeded: complete its waiter with ``value``."""
+
+    waiter: Any
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """A request failed: fail its waiter with ``error``."""
+
+    waiter: Any
+    error: ClientError
+
+
+@dataclass(frozen=True, slots=True)
+class Lost:
+    """The session is gone: close the socket (a :class:`Dial` follows after a backoff)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """The session is over for good: close everything and report ``error``."""
+
+    error: ClientError
+
+
+def resolve(event: Settled | Failed) -> None:
+    """Complete the waiter of a request (a ``concurrent.futures`` or ``asyncio`` future)."""
+    waiter = event.waiter
+    if not waiter.done():
+        if isinstance(event, Settled):
+            waiter.set_result(event.value)
+        else:
+            waiter.set_exception(event.error)
+
+
+Event = Send | Dial | Ready | Deliver | Notify | Settled | Failed | Lost | Closed
+_NONE: tuple[Event, ...] = ()
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A request waiting for its answer."""
+
+    waiter: Any
+    deadline: float
+    call: Call | None
+    timeout: float
+    messages: list[Message] = field(default_factory=list)  # pull answers so far
+    value: Any = None  # a paged JSON list so far
+    seen: set[str] | None = None  # page cursors asked for
+
+
+class Session:
+    """One client's protocol state (see the module docstring)."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        info: ConnectionInfo,
+        *,
+        timeout: float = 10.0,
+        ping_interval: float = 5.0,
+        peer_timeout: float = 15.0,
+        reconnect: bool = True,
+        backoff: tuple[float, float] = (0.05, 5.0),
+    ) -> None:
+        self.endpoint = endpoint
+        self.info = info
+        self.timeout = timeout
+        self.ping_interval = ping_interval
+        self.peer_timeout = peer_timeout
+        self.reconnect = reconnect
+        self.backoff = backoff
+        self.state = SessionState.IDLE
+        self.client_id: str | None = info.client_id
+        #: The broker's secret for this client's session (sent back when reconnecting).
+        self.session_secret: str | None = None
+        #: Why the session was last lost (while it waits to reconnect).
+        self.lost_reason = ""
+        #: Set by the driver while it does not read (a full inbox): the core keeps the
+        #: session alive with PINGs, since the broker's silence is then the client's own.
+        self.paused = False
+        self.error: ClientError | None = None
+        self.pending: dict[str, _Pending] = {}
+        self.channels: dict[str, int | None] = {}  # joined channel -> its prefetch
+        self.subscriptions: dict[tuple[str, str | None, int | None], None] = {}
+        self.handlers: list[tuple[str, str | None, int | None, Callable[[Message], Any]]] = []
+        self.first = True
+        self._prefix = f"{random.getrandbits(32):08x}-"
+        self._counter = itertools.count(1)
+        self._connect_deadline = 0.0
+        self._hs_id = ""
+        self._hs_deadline = 0.0
+        self._attempt = 0
+        self._retry_at = 0.0
+        self._last_rx = 0.0
+        self._pinged = False
+        self._keepalive_at = 0.0
+        self._next_sweep = 0.0
+
+    # -- ids and lifecycle -------------------------------------------------------------
+
+    @property
+    def prefix(self) -> str:
+        """Message ids are ``<prefix><counter>`` (the drivers' fast paths build them too)."""
+        return self._prefix
+
+    @property
+    def counter(self) -> itertools.count[int]:
+        return self._counter
+
+    def new_id(self) -> str:
+        return f"{self._prefix}{next(self._counter)}"
+
+    def begin(self, now: float, connect_timeout: float) -> None:
+        """The first connection starts: it must be accepted within ``connect_timeout``."""
+        self._connect_deadline = now + connect_timeout
+
+    def hello(self, now: float) -> list[bytes]:
+        """The greeting and the connection info, for a freshly opened socket."""
+        self._hs_id = self.new_id()
+        info = ConnectionInfo(
+            client_id=self.client_id,
+            name=self.info.name,
+            type=self.info.type,
+            token=self.info.token,
+            properties=session_properties(self.info.properties, self.session_secret),
+        )
+        frame = info.to_frame(self._hs_id).replace(pending_response=True)
+        self.state = SessionState.HANDSHAKE
+        self._hs_deadline = now + self.peer_timeout
+        return [GREETING, tmqp.encode(frame)[0]]
+
+    def goodbye(self) -> bytes:
+        """The frame that ends the session (send it, then close)."""
+        return TERMINATE
+
+    def close(self, error: ClientError) -> list[Failed]:
+        """The driver is closing: fail every waiter with ``error`` (or the earlier one)."""
+        self.state = SessionState.CLOSED
+        if self.error is None:
+            self.error = error
+        return self._fail_all(self.error)
+
+    def fatal(self, error: ClientError) -> list[Event]:
+        """End for good: a refusal, a denied CURVE handshake, no answer in time."""
+        self.state = SessionState.CLOSED
+        self.error = error
+        events: list[Event] = [*self._fail_all(error), Closed(error)]
+        return events
+
+    def closed_error(self) -> ClientError:
+        """What a call made now fails with."""
+        if self.state is SessionState.HANDSHAKE or self.state is SessionState.BACKOFF:
+            return ConnectionLost(f"not connected now ({self.lost_reason}); reconnecting")
+        return self.error or ClientClosed("client is closed")
+
+    # -- requests ----------------------------------------------------------------------
+
+    def start(self, call: Call, waiter: Any, now: float, timeout: float | None = None) -> bytes:
+        """Register ``call`` (its answer goes to ``waiter``); the octets to send."""
+        mid = call.frame.message_id
+        if not mid:
+            raise ValueError("a request needs a message id")
+        wait = self.timeout if timeout is None else timeout
+        self.pending[mid] = _Pending(waiter, now + wait, call, wait)
+        return tmqp.encode(call.frame)[0]
+
+    def expect(self, message_id: str, waiter: Any, now: float, timeout: float | None) -> None:
+        """Register an answer to a frame the driver encoded itself (a plain ACK/RESPONSE)."""
+        wait = self.timeout if timeout is None else timeout
+        self.pending[message_id] = _Pending(waiter, now + wait, None, wait)
+
+    def cancel(self, message_id: str) -> None:
+        """Forget a request (its send failed, or its caller gave up)."""
+        self.pending.pop(message_id, None)
+
+    # -- inbound -----------------------------------------------------------------------
+
+    def heard(self, now: float) -> None:
+        """Something arrived (the driver's fast path took it): the broker is alive."""
+        self._last_rx = now
+        self._pinged = False
+
+    def feed(self, data: bytes, now: float) -> Sequence[Event]:
+        """One message from the broker; what to do about it."""
+        self._last_rx = now
+        self._pinged = False
+        try:
+            msg = _decode((data,))
+        except DecodeError as exc:
+            if data != GREETING:
+                log.warning("undecodable frame from the broker: %s", exc.reason)
+            return _NONE
+        if type(msg) is not tmqp.Frame:
+            return (Send(PONG),) if type(msg) is tmqp.Ping else _NONE
+        mt = msg.message_type
+        if mt == _QUEUE:
+            if msg.headers:
+                pulled = self._pulled(msg, now)
+                if pulled is not None:
+                    return pulled
+            return (Deliver(Message(msg)),)
+        if mt in (_ACK, _RESPONSE):
+            return self._settle(msg, now)
+        if mt == _DIRECT:
+            return (Deliver(Message(msg)),)
+        if mt == MessageType.EVENT:
+            return self._event(msg)
+        if mt == MessageType.TERMINATE:
+            return self._terminated(msg, now)
+        if mt == MessageType.PING:
+            return (Send(PONG),)
+        if mt != MessageType.PONG:
+            log.debug("ignored frame type %#x from the broker", mt)
+        return _NONE
+
+    def _settle(self, frame: tmqp.Frame, now: float) -> Sequence[Event]:
+        mid = frame.message_id
+        if self.state is SessionState.HANDSHAKE and mid == self._hs_id:
+            err = failure(frame)
+            if err is None:
+                return self._ready(frame, now)
+            return self._refused(err.code, err.reason, now)
+        entry = self.pending.pop(mid, None)
+        if entry is None:
+            err = failure(frame)
+            if err is not None:
+                log.warning("broker reported for %r: %s", mid, err)
+            else:
+                log.debug("an answer to no request of this client: %r", mid)
+            return _NONE
+        err = failure(frame)
+        if err is not None:
+            return (Failed(entry.waiter, err),)
+        call = entry.call
+        if call is None or call.reply is Reply.FRAME:
+            return (Settled(entry.waiter, frame),)
+        kind = call.reply
+        if kind is Reply.NONE:
+            value: Any = None
+        elif kind is Reply.MESSAGE:
+            value = Message(frame)
+        elif frame.message_type != _RESPONSE:
+            what = "pull" if kind is Reply.PULL else "server operation"
+            return (Failed(entry.waiter, ProtocolError(f"an ACK answered the {what} {mid}")),)
+        elif kind is Reply.PULL:
+            value = [Message(frame)]  # a cache queue answers with a response
+        else:
+            return self._page(entry, frame, now)
+        if call.on_success is not None:
+            call.on_success(self)
+        return (Settled(entry.waiter, value),)
+
+    def _page(self, entry: _Pending, reply: tmqp.Frame, now: float) -> Sequence[Event]:
+        """One page of a JSON answer: the next page's request, or the whole value."""
+        call = entry.call
+        assert call is not None
+        try:
+            value = json.loads(reply.payload) if reply.payload else None
+            if entry.seen is None:
+                entry.value, entry.seen = value, set()
+            else:
+                merge(entry.value, value, call.path)
+            request = next_page(call.frame, reply, self.new_id(), entry.seen)
+        except ClientError as exc:
+            return (Failed(entry.waiter, exc),)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            err = ProtocolError(f"the broker's answer to {reply.message_id} is not JSON: {exc}")
+            return (Failed(entry.waiter, err),)
+        if request is None:
+            if call.on_success is not None:
+                call.on_success(self)
+            return (Settled(entry.waiter, entry.value),)
+        entry.call = Call(request, call.reply, call.path, call.on_success)
+        entry.deadline = now + entry.timeout
+        self.pending[request.message_id] = entry
+        return (Send(tmqp.encode(request)[0]),)
+
+    def _pulled(self, frame: tmqp.Frame, now: float) -> Sequence[Event] | None:
+        """Route a message answering a pull request; None if it is an ordinary delivery."""
+        request = header(frame, Header.REQUEST_ID)
+        if request is None:
+            return None
+        entry = self.pending.get(request)
+        no_content = header(frame, Header.NO_CONTENT)
+        if entry is None or entry.call is None or entry.call.reply is not Reply.PULL:
+            # a late End marker is dropped; real messages are delivered
+            return _NONE if no_content is not None else None
+        if no_content is None:
+            entry.messages.append(Message(frame))
+            entry.deadline = now + entry.timeout  # the answer is coming
+            index, count = header(frame, Header.INDEX), header(frame, Header.COUNT)
+            if index is None or index != count:
+                return _NONE
+        elif no_content not in (NoContent.END, NoContent.EMPTY):
+            del self.pending[request]
+            code = CODE_FOR_NACK_REASON.get(no_content.lower(), ResultCode.NOT_FOUND)
+            if no_content == NoContent.UNAUTHORIZED:
+                code = ResultCode.UNAUTHORIZED
+            reason = header(frame, Header.REASON) or no_content
+            return (Failed(entry.waiter, RemoteError(int(code), reason)),)
+        del self.pending[request]
+        return (Settled(entry.waiter, entry.messages),)
+
+    def _event(self, frame: tmqp.Frame) -> Sequence[Event]:
+        name: str = frame.target if frame.target in EVENT_NAMES else frame.source
+        channel = header(frame, Header.CHANNEL_NAME)
+        queue = header(frame, Header.QUEUE_ID)
+        callbacks = tuple(
+            callback
+            for event, want_channel, want_queue, callback in self.handlers
+            if event == name
+            and (want_channel is None or channel is None or want_channel == channel)
+            and (want_queue is None or queue is None or str(want_queue) == queue)
+        )
+        message = Message(frame)
+        return (Notify(message, callbacks),) if callbacks else (Deliver(message),)
+
+    def _terminated(self, frame: tmqp.Frame, now: float) -> Sequence[Event]:
+        code = frame.content_type
+        reason = header(frame, Header.REASON) or "no reason given"
+        if self.state is SessionState.HANDSHAKE:
+            return self._refused(code, reason, now)
+        return self.lost(f"the broker ended the session: {reason} (status {code})", now)
+
+    def _refused(self, code: int, reason: str, now: float) -> list[Event]:
+        """The broker turned down the connection info.
+
+        A client id in use by another session (481) is final for the first connect; a
+        reconnect keeps trying (the session holding the id may still end).
+        """
+        if code in PERMANENT or (code == ResultCode.ALREADY_CREATED and self.first):
+            kind = AccessRefused if code == ResultCode.UNAUTHORIZED else ConnectError
+            return self.fatal(kind(f"the broker refused the connection: {reason} (status {code})"))
+        return self.lost(f"connection refused for now: {reason} (status {code})", now)
+
+    def _ready(self, frame: tmqp.Frame, now: float) -> list[Event]:
+        client_id = header(frame, Header.CLIENT_ID) or frame.target or self.client_id or ""
+        self.client_id = client_id
+        self.session_secret = header(frame, Header.SESSION_SECRET)
+        self.state = SessionState.READY
+        self._attempt = 0
+        self._last_rx = now
+        self._pinged = False
+        events: list[Event] = []
+        if not self.first:
+            # a new session: join the channels and subscribe the events again (unawaited)
+            for name, prefetch in list(self.channels.items()):
+                events.append(Send(tmqp.encode(join_frame(self.new_id(), name, prefetch))[0]))
+            for event, channel, queue_id in list(self.subscriptions):
+                frame = event_frame(self.new_id(), event, True, channel, queue_id)
+                events.append(Send(tmqp.encode(frame)[0]))
+        events.append(Ready(client_id, self.first))
+        self.first = False
+        return events
+
+    # -- time --------------------------------------------------------------------------
+
+    def next_wake(self, now: float) -> float:
+        """Seconds until :meth:`tick` has something to do (at most one)."""
+        wake = now + 1.0
+        state = self.state
+        if state is SessionState.HANDSHAKE:
+            wake = min(wake, self._hs_deadline)
+        elif state is SessionState.BACKOFF:
+            wake = min(wake, self._retry_at)
+        elif state is SessionState.READY:
+            wake = min(wake, self._last_rx + self.ping_interval)
+        if self.first:
+            wake = min(wake, self._connect_deadline)
+        if self.pending:
+            wake = min(wake, self._next_sweep)
+        return max(0.0, wake - now)
+
+    def tick(self, now: float) -> list[Event]:
+        """The timers: connect deadline, keep-alive, silence, backoff, request deadlines."""
+        state = self.state
+        events: list[Event] = []
+        if state is SessionState.CLOSED:
+            return events
+        if self.first and state is not SessionState.READY and now >= self._connect_deadline:
+            return self.fatal(ConnectError(f"no answer from {self.endpoint} within the timeout"))
+        if state is SessionState.READY:
+            if self.paused:
+                # Not reading (full inbox): the broker's silence is ours.  Tell it we are
+                # alive, or it would end the session it cannot reach.
+                self._last_rx = now
+                if now >= self._keepalive_at:
+                    self._keepalive_at = now + self.ping_interval
+                    events.append(Send(PING))
+            idle = now - self._last_rx
+            if idle >= self.peer_timeout:
+                events.extend(self.lost(f"no traffic from the broker for {idle:.1f} s", now))
+            elif idle >= self.ping_interval and not self._pinged:
+                self._pinged = True
+                events.append(Send(PING))
+        elif state is SessionState.HANDSHAKE and now >= self._hs_deadline:
+            events.extend(self.lost("handshake timed out", now))
+        elif state is SessionState.BACKOFF and now >= self._retry_at:
+            events.append(Dial())
+        if now >= self._next_sweep:
+            self._next_sweep = now + 0.25
+            events.extend(self._sweep(now))
+        return events
+
+    def _sweep(self, now: float) -> list[Event]:
+        events: list[Event] = []
+        for mid, entry in list(self.pending.items()):
+            if entry.deadline <= now and self.pending.pop(mid, None) is not None:
+                what = f"no answer from the broker to {mid} within {entry.timeout} s"
+                events.append(Failed(entry.waiter, RequestTimeout(what)))
+        return events
+
+    def lost(self, reason: str, now: float) -> list[Event]:
+        """The session is gone: fail what waits, then reconnect after a backoff (or stop)."""
+        log.info("session lost: %s", reason)
+        err = ConnectionLost(reason)
+        if not self.reconnect and not self.first:
+            return self.fatal(err)
+        events: list[Event] = [*self._fail_all(err)]
+        low, high = self.backoff
+        delay = min(high, low * (2**self._attempt)) * (0.5 + random.random() / 2)
+        self._attempt += 1
+        self._retry_at = now + delay
+        self.lost_reason = reason
+        self.state = SessionState.BACKOFF
+        events.append(Lost(reason))
+        return events
+
+    def _fail_all(self, err: ClientError) -> list[Failed]:
+        events: list[Failed] = []
+        for mid in list(self.pending):
+            entry = self.pending.pop(mid, None)
+            if entry is not None:
+                events.append(Failed(entry.waiter, err))
+        return events

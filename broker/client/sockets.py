@@ -1,0 +1,86 @@
+"""The clients' DEALER socket: options, CURVE and the handshake watch (both drivers).
+
+Works on a plain ``zmq.Socket`` and on a ``zmq.asyncio.Socket`` alike: the options and
+``connect`` are the same calls, and the monitor is read through a plain shadow of it
+(``zerohub.zmqkit.read_monitor`` never blocks).  The CURVE keys, the monitor's events and
+their meaning come from ``zerohub.zmqkit``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from broker.client.errors import AccessRefused, ConnectError
+from zerohub import zmqkit
+
+
+@dataclass(frozen=True, slots=True)
+class Curve:
+    """A CURVE client: its certificate (secret key file) and the server's public key file."""
+
+    secret: str | os.PathLike[str]
+    server_key: str | os.PathLike[str]
+
+    @classmethod
+    def of(
+        cls, server_key: str | os.PathLike[str] | None, curve_secret: str | os.PathLike[str] | None
+    ) -> Curve | None:
+        """The client's CURVE settings from its two options (both or neither)."""
+        if (server_key is None) != (curve_secret is None):
+            raise ValueError("CURVE needs both server_key and curve_secret")
+        if server_key is None or curve_secret is None:
+            return None
+        return cls(curve_secret, server_key)
+
+
+def open_dealer(
+    context: Any, endpoint: str, *, hwm: int, curve: Curve | None, watch: bool
+) -> tuple[Any, Any]:
+    """A connected DEALER and, if CURVE or ``watch``, a monitor of its handshake.
+
+    ``context`` is a ``zmq.Context`` or a ``zmq.asyncio.Context`` (the sockets are of its
+    kind).  Unreadable key files are a ``ConnectError``.
+    """
+    sock = context.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.sndhwm = hwm
+    sock.rcvhwm = hwm
+    sock.routing_id = b"\x01" + os.urandom(15)
+    if curve is not None:
+        try:
+            zmqkit.configure_client(sock, curve.secret, curve.server_key)
+        except zmqkit.SecurityError as exc:
+            sock.close(linger=0)
+            raise ConnectError(str(exc)) from None
+    monitor = None
+    if curve is not None or watch:
+        # handshake failures (CURVE key refused; a plain client against a CURVE server)
+        # end the connect at once instead of at its timeout
+        monitor = sock.get_monitor_socket(zmqkit.HANDSHAKE_EVENTS)
+    sock.connect(endpoint)
+    return sock, monitor
+
+
+def handshake_refusal(monitor: Any, *, curve: bool, endpoint: str) -> AccessRefused | None:
+    """What the monitor reported, as the client's error (None: no handshake failure)."""
+    failure = zmqkit.read_monitor(zmq.Socket(shadow=monitor.underlying), curve=curve).handshake
+    if failure is None:
+        return None
+    if failure is zmqkit.Handshake.KEY_REFUSED:
+        what = "refused this client's CURVE key"
+    elif failure is zmqkit.Handshake.CURVE_REQUIRED:
+        what = zmqkit.CURVE_REQUIRED_HINT
+    else:
+        what = "failed the security handshake (CURVE settings differ?)"
+    return AccessRefused(f"the broker at {endpoint} {what}")
+
+
+def close_monitor(sock: Any, monitor: Any) -> None:
+    """Stop watching ``sock`` (if it is still open) and close the monitor."""
+    if sock is not None and not sock.closed:
+        sock.disable_monitor()
+    monitor.close(linger=0)
