@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,10 +14,17 @@ import zmq.asyncio
 
 from broker.client.aio import AsyncClient
 from broker.client.blocking import Kind, Message
-from broker.client.errors import ClientClosed, ClientError, ConnectError, RemoteError
+from broker.client.errors import (
+    AccessRefused,
+    ClientClosed,
+    ClientError,
+    ConnectError,
+    RemoteError,
+)
 from broker.engine.engine import Engine
 from broker.protocol import ResultCode
 from broker.server.server import Server, ServerOptions
+from zerohub.zmqkit import new_certificate
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 Main = Callable[[zmq.asyncio.Context, str], Awaitable[None]]
@@ -264,3 +272,93 @@ def test_a_consumer_that_stops_reading_keeps_its_session(zctx: Ctx) -> None:
                 assert (info["Messages"], info["Deliveries"]) == (0, 501)
 
         run(srv.endpoint, main)
+
+
+@pytest.fixture
+def curve_keys(tmp_path: Path) -> dict[str, Path]:
+    """A server certificate, one allowed client certificate, and a stranger's server key."""
+    server_pub, server_sec = new_certificate("server", tmp_path / "server")
+    other_pub, _other_sec = new_certificate("impostor", tmp_path / "impostor")
+    good_pub, good_sec = new_certificate("good", tmp_path / "clients")
+    allow = tmp_path / "allow"
+    allow.mkdir()
+    (allow / "good.key").write_bytes(good_pub.read_bytes())
+    return {
+        "server_pub": server_pub,
+        "server_sec": server_sec,
+        "other_pub": other_pub,
+        "good_sec": good_sec,
+        "allow": allow,
+    }
+
+
+@pytest.fixture
+def curve_endpoint(zctx: Ctx, curve_keys: dict[str, Path]) -> Iterator[str]:
+    options = ServerOptions(
+        endpoint="tcp://127.0.0.1:*",
+        curve_secret=str(curve_keys["server_sec"]),
+        allow_dir=str(curve_keys["allow"]),
+    )
+    with Server(Engine(), options, context=zctx) as srv:
+        assert srv.endpoint is not None
+        yield srv.endpoint
+
+
+def test_curve_session_against_a_curve_server(
+    curve_endpoint: str, curve_keys: dict[str, Path]
+) -> None:
+    async def main(ctx: zmq.asyncio.Context, ep: str) -> None:
+        secure = {"server_key": curve_keys["server_pub"], "curve_secret": curve_keys["good_sec"]}
+        async with client(ctx, ep, **secure) as consumer, client(ctx, ep, **secure) as producer:
+            await consumer.create_queue("secure", 1, {"Status": 1})
+            await consumer.join("secure")
+            await producer.push("secure", 1, b"secret", ack=True)
+            message = await consumer.receive(timeout=5)
+            assert message is not None and message.payload == b"secret"
+            assert message.source == producer.client_id
+
+    run(curve_endpoint, main)
+
+
+def test_curve_with_the_wrong_server_key_fails_in_bounded_time(
+    curve_endpoint: str, curve_keys: dict[str, Path]
+) -> None:
+    """The handshake cannot succeed: a ConnectError well before a hang, socket closed."""
+
+    async def main(ctx: zmq.asyncio.Context, ep: str) -> None:
+        wrong = client(
+            ctx,
+            ep,
+            server_key=curve_keys["other_pub"],
+            curve_secret=curve_keys["good_sec"],
+            timeout=3.0,
+        )
+        with pytest.raises(AccessRefused, match="security handshake"):
+            await asyncio.wait_for(wrong.connect(), 10)  # bounded: never a hang
+        assert not wrong.connected
+        with pytest.raises(ClientError):
+            await wrong.push("secure", 1, b"no session")
+
+    run(curve_endpoint, main)
+
+
+def test_curve_settings_are_checked(curve_keys: dict[str, Path]) -> None:
+    async def main(ctx: zmq.asyncio.Context, ep: str) -> None:
+        with pytest.raises(ValueError, match="both"):
+            client(ctx, ep, server_key=curve_keys["server_pub"])
+        unreadable = client(
+            ctx, ep, server_key=curve_keys["server_pub"], curve_secret=curve_keys["server_pub"]
+        )
+        with pytest.raises(ConnectError, match="no secret key"):
+            await unreadable.connect()
+
+    run("tcp://127.0.0.1:1", main)
+
+
+def test_plain_async_client_against_a_curve_server_is_told(curve_endpoint: str) -> None:
+    async def main(ctx: zmq.asyncio.Context, ep: str) -> None:
+        plain = client(ctx, ep, timeout=3.0)
+        with pytest.raises(AccessRefused, match="requires CURVE"):
+            await asyncio.wait_for(plain.connect(), 10)
+
+    run(curve_endpoint, main)
