@@ -1,19 +1,31 @@
 """Broker clients: the blocking ``Client`` and the asyncio ``AsyncClient``, one session core.
 
-The asyncio client is imported lazily (``broker.client.AsyncClient``), so that the
-blocking client does not pay for importing asyncio.
+The clients are imported lazily, so that the sans-IO modules (``broker.client.session``,
+``broker.client.api``, the frame builders) load without ZeroMQ, and the blocking client
+without asyncio.
 """
 
-from typing import Any
+from __future__ import annotations
 
-from broker.client.blocking import Client, Message
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from broker.client.aio import AsyncClient
+    from broker.client.blocking import Client, Message
 
 __all__ = ["AsyncClient", "Client", "Message"]
 
+_HOMES = {
+    "AsyncClient": "broker.client.aio",
+    "Client": "broker.client.blocking",
+    "Message": "broker.client.message",
+}
+
 
 def __getattr__(name: str) -> Any:
-    if name == "AsyncClient":
-        from broker.client.aio import AsyncClient
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'broker.client' has no attribute {name!r}")
+    import importlib
 
-        return AsyncClient
-    raise AttributeError(f"module 'broker.client' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)

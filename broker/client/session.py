@@ -123,6 +123,15 @@ class Call:
     on_success: Callable[[Session], None] | None = None
 
 
+def _paged(value: Any, path: tuple[str, ...]) -> bool:
+    """Whether ``value`` holds a list at ``path`` (a page of a paged answer must)."""
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            return False
+        value = value[key]
+    return isinstance(value, list)
+
+
 # -- events (what the driver must do) -------------------------------------------------
 
 
@@ -426,6 +435,9 @@ class Session:
         assert call is not None
         try:
             value = json.loads(reply.payload) if reply.payload else None
+            more = header(reply, Header.PAGE_NEXT) is not None
+            if (more or entry.seen is not None) and not _paged(value, call.path):
+                raise ProtocolError(f"a page of the answer to {reply.message_id} holds no list")
             if entry.seen is None:
                 entry.value, entry.seen = value, set()
             else:
@@ -433,7 +445,7 @@ class Session:
             request = next_page(call.frame, reply, self.new_id(), entry.seen)
         except ClientError as exc:
             return (Failed(entry.waiter, exc),)
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        except ValueError as exc:  # not JSON, not UTF-8
             err = ProtocolError(f"the broker's answer to {reply.message_id} is not JSON: {exc}")
             return (Failed(entry.waiter, err),)
         if request is None:
