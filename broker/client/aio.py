@@ -244,11 +244,7 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
             elif isinstance(ev, S.Deliver):
                 await self._to_inbox(ev.message)
             elif isinstance(ev, S.Notify):
-                for callback in ev.callbacks:
-                    try:
-                        callback(ev.message)
-                    except Exception:
-                        log.exception("event callback failed")
+                S.notify(ev)
             elif isinstance(ev, S.Ready):
                 log.debug("async session ready as %s", ev.client_id)
                 if self._monitor is not None:

@@ -122,19 +122,10 @@ class ClientApi(Generic[R]):
         on a negative one).  Gives the message id."""
         session = self._session
         mid = message_id or f"{session.prefix}{next(session.counter)}"
-        body = payload if type(payload) is bytes else as_bytes(payload)
         if ack:
-            frame = queue_frame(
-                mid,
-                channel,
-                queue_id,
-                body,
-                source=session.client_id or "",
-                ack=True,
-                headers=headers,
-                high_priority=high_priority,
-            )
-            return self._perform(Call(frame, Reply.NONE), timeout, mid)
+            call = self._push_call(channel, queue_id, payload, mid, headers, high_priority)
+            return self._perform(call, timeout, mid)
+        body = payload if type(payload) is bytes else as_bytes(payload)
         data = tmqp.encode_frame(
             high_priority=high_priority,
             message_type=_QUEUE,
@@ -146,6 +137,23 @@ class ClientApi(Generic[R]):
             payload=body,
         )[0]
         return self._emit(data, mid)
+
+    def _push_call(
+        self,
+        channel: str,
+        queue_id: int,
+        payload: bytes | str,
+        message_id: str,
+        headers: Headers | None,
+        high_priority: bool,
+        reply: Reply = Reply.NONE,
+    ) -> Call:
+        """An acknowledged push."""
+        source = self._session.client_id or ""
+        body = as_bytes(payload)
+        frame = queue_frame(message_id, channel, queue_id, body, source=source, ack=True,
+                            headers=headers, high_priority=high_priority)  # fmt: skip
+        return Call(frame, reply)
 
     def join(
         self, channel: str, timeout: float | None = None, *, prefetch: int | None = None
@@ -185,10 +193,22 @@ class ClientApi(Generic[R]):
         timeout: float | None = None,
     ) -> R:
         """Pull up to ``count`` messages from a pull (or cache) queue (a list of Message)."""
-        frame = pull_frame(
-            self.new_id(), channel, queue_id, count, clear=clear, order=order, info=info
+        return self._perform(
+            self._pull_call(channel, queue_id, count, clear, order, info), timeout
         )
-        return self._perform(Call(frame, Reply.PULL), timeout)
+
+    def _pull_call(
+        self,
+        channel: str,
+        queue_id: int,
+        count: int,
+        clear: str | None,
+        order: str | None,
+        info: bool,
+    ) -> Call:
+        frame = pull_frame(self.new_id(), channel, queue_id, count, clear=clear, order=order,
+                           info=info)  # fmt: skip
+        return Call(frame, Reply.PULL)
 
     # -- direct messages ---------------------------------------------------------------
 
@@ -224,15 +244,22 @@ class ClientApi(Generic[R]):
     ) -> R:
         """Send a direct message and wait for the peer's response (a Message; ``RemoteError``
         if it fails or nobody matches ``target``)."""
-        frame = direct_frame(
-            self.new_id(),
-            target,
-            payload,
-            content_type=content_type,
-            headers=headers,
-            response=True,
-        )
-        return self._perform(Call(frame, Reply.MESSAGE), timeout)
+        call = self._direct_call(target, payload, content_type, headers, Reply.MESSAGE)
+        return self._perform(call, timeout)
+
+    def _direct_call(
+        self,
+        target: str,
+        payload: bytes | str,
+        content_type: int,
+        headers: Headers | None,
+        reply: Reply,
+        ack: bool = False,
+    ) -> Call:
+        """A direct message waiting for a response (or, with ``ack``, an acknowledge)."""
+        frame = direct_frame(self.new_id(), target, payload, content_type=content_type,
+                             headers=headers, response=not ack, ack=ack)  # fmt: skip
+        return Call(frame, reply)
 
     def respond(
         self,

@@ -55,7 +55,7 @@ from broker.client.errors import (
     ConnectionLost,
     RemoteError,
 )
-from broker.client.frames import Headers, direct_frame, pull_frame, queue_frame
+from broker.client.frames import Headers
 from broker.client.io import IOLoop
 from broker.client.message import Kind, Message
 from broker.client.session import Call, Reply, Session, SessionState
@@ -265,18 +265,12 @@ class Client(ClientApi[Any]):
         message_id: str | None = None,
         timeout: float | None = None,
     ) -> Future[Any]:
-        """Push asking for an acknowledge; the future fails with RemoteError on a nack."""
-        frame = queue_frame(
-            message_id or self.new_id(),
-            channel,
-            queue_id,
-            payload if isinstance(payload, bytes) else payload.encode("utf-8"),
-            source=self.client_id or "",
-            ack=True,
-            headers=headers,
-            high_priority=high_priority,
+        """Push asking for an acknowledge: the future of the ACK (RemoteError on a nack)."""
+        mid = message_id or self.new_id()
+        call = self._push_call(
+            channel, queue_id, payload, mid, headers, high_priority, Reply.FRAME
         )
-        return self.request_frame(frame, timeout)
+        return self._core.submit(call, timeout)
 
     def pull_async(
         self,
@@ -289,10 +283,9 @@ class Client(ClientApi[Any]):
         info: bool = False,
         timeout: float | None = None,
     ) -> Future[list[Message]]:
-        frame = pull_frame(
-            self.new_id(), channel, queue_id, count, clear=clear, order=order, info=info
-        )
-        return self._core.submit(Call(frame, Reply.PULL), timeout)
+        """``pull`` without waiting: the future of the list of messages."""
+        return self._core.submit(self._pull_call(channel, queue_id, count, clear, order, info),
+                                 timeout)  # fmt: skip
 
     def request_async(
         self,
@@ -304,17 +297,10 @@ class Client(ClientApi[Any]):
         ack: bool = False,
         timeout: float | None = None,
     ) -> Future[Any]:
-        """Direct message waiting for a response (or, with ``ack``, an acknowledge)."""
-        frame = direct_frame(
-            self.new_id(),
-            target,
-            payload,
-            content_type=content_type,
-            headers=headers,
-            response=not ack,
-            ack=ack,
-        )
-        return self.request_frame(frame, timeout)
+        """Direct message waiting for a response (or, with ``ack``, an acknowledge): the
+        future of the answer frame."""
+        call = self._direct_call(target, payload, content_type, headers, Reply.FRAME, ack)
+        return self._core.submit(call, timeout)
 
     # -- receiving ---------------------------------------------------------------------
 

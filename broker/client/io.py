@@ -228,11 +228,7 @@ class IOLoop:
             elif isinstance(ev, S.Settled | S.Failed):
                 S.resolve(ev)
             elif isinstance(ev, S.Notify):
-                for callback in ev.callbacks:
-                    try:
-                        callback(ev.message)
-                    except Exception:
-                        log.exception("event callback failed")
+                S.notify(ev)
             elif isinstance(ev, S.Ready):
                 self._close_monitor()
                 log.debug("session ready as %s", ev.client_id)

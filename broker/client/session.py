@@ -210,6 +210,15 @@ def resolve(event: Settled | Failed) -> None:
             waiter.set_exception(event.error)
 
 
+def notify(event: Notify) -> None:
+    """Run the callbacks subscribed to an event (a failing one is logged, not raised)."""
+    for callback in event.callbacks:
+        try:
+            callback(event.message)
+        except Exception:
+            log.exception("event callback failed")
+
+
 Event = Send | Dial | Ready | Deliver | Notify | Settled | Failed | Lost | Closed
 _NONE: tuple[Event, ...] = ()
 

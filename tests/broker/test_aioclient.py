@@ -24,7 +24,7 @@ from broker.client.errors import (
 from broker.engine.engine import Engine
 from broker.protocol import ResultCode
 from broker.server.server import Server, ServerOptions
-from zerohub.zmqkit import new_certificate
+from tests.broker.test_server_curve import curve_server, keys  # noqa: F401 (fixtures)
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 Main = Callable[[zmq.asyncio.Context, str], Awaitable[None]]
@@ -275,40 +275,18 @@ def test_a_consumer_that_stops_reading_keeps_its_session(zctx: Ctx) -> None:
 
 
 @pytest.fixture
-def curve_keys(tmp_path: Path) -> dict[str, Path]:
-    """A server certificate, one allowed client certificate, and a stranger's server key."""
-    server_pub, server_sec = new_certificate("server", tmp_path / "server")
-    other_pub, _other_sec = new_certificate("impostor", tmp_path / "impostor")
-    good_pub, good_sec = new_certificate("good", tmp_path / "clients")
-    allow = tmp_path / "allow"
-    allow.mkdir()
-    (allow / "good.key").write_bytes(good_pub.read_bytes())
-    return {
-        "server_pub": server_pub,
-        "server_sec": server_sec,
-        "other_pub": other_pub,
-        "good_sec": good_sec,
-        "allow": allow,
-    }
+def curve(request: pytest.FixtureRequest) -> tuple[str, dict[str, Path]]:
+    """A CURVE broker's endpoint and the keys (``test_server_curve``'s fixtures)."""
+    srv, _engine = request.getfixturevalue("curve_server")
+    assert srv.endpoint is not None
+    return srv.endpoint, request.getfixturevalue("keys")
 
 
-@pytest.fixture
-def curve_endpoint(zctx: Ctx, curve_keys: dict[str, Path]) -> Iterator[str]:
-    options = ServerOptions(
-        endpoint="tcp://127.0.0.1:*",
-        curve_secret=str(curve_keys["server_sec"]),
-        allow_dir=str(curve_keys["allow"]),
-    )
-    with Server(Engine(), options, context=zctx) as srv:
-        assert srv.endpoint is not None
-        yield srv.endpoint
+def test_curve_session_against_a_curve_server(curve: tuple[str, dict[str, Path]]) -> None:
+    endpoint, certs = curve
 
-
-def test_curve_session_against_a_curve_server(
-    curve_endpoint: str, curve_keys: dict[str, Path]
-) -> None:
     async def main(ctx: zmq.asyncio.Context, ep: str) -> None:
-        secure = {"server_key": curve_keys["server_pub"], "curve_secret": curve_keys["good_sec"]}
+        secure = {"server_key": certs["server_pub"], "curve_secret": certs["good_sec"]}
         async with client(ctx, ep, **secure) as consumer, client(ctx, ep, **secure) as producer:
             await consumer.create_queue("secure", 1, {"Status": 1})
             await consumer.join("secure")
@@ -317,20 +295,21 @@ def test_curve_session_against_a_curve_server(
             assert message is not None and message.payload == b"secret"
             assert message.source == producer.client_id
 
-    run(curve_endpoint, main)
+    run(endpoint, main)
 
 
 def test_curve_with_the_wrong_server_key_fails_in_bounded_time(
-    curve_endpoint: str, curve_keys: dict[str, Path]
+    curve: tuple[str, dict[str, Path]],
 ) -> None:
     """The handshake cannot succeed: a ConnectError well before a hang, socket closed."""
+    endpoint, certs = curve
 
     async def main(ctx: zmq.asyncio.Context, ep: str) -> None:
         wrong = client(
             ctx,
             ep,
-            server_key=curve_keys["other_pub"],
-            curve_secret=curve_keys["good_sec"],
+            server_key=certs["bad_sec"],  # a public key, but not the server's
+            curve_secret=certs["good_sec"],
             timeout=3.0,
         )
         with pytest.raises(AccessRefused, match="security handshake"):
@@ -339,15 +318,17 @@ def test_curve_with_the_wrong_server_key_fails_in_bounded_time(
         with pytest.raises(ClientError):
             await wrong.push("secure", 1, b"no session")
 
-    run(curve_endpoint, main)
+    run(endpoint, main)
 
 
-def test_curve_settings_are_checked(curve_keys: dict[str, Path]) -> None:
+def test_curve_settings_are_checked(curve: tuple[str, dict[str, Path]]) -> None:
+    _endpoint, certs = curve
+
     async def main(ctx: zmq.asyncio.Context, ep: str) -> None:
         with pytest.raises(ValueError, match="both"):
-            client(ctx, ep, server_key=curve_keys["server_pub"])
+            client(ctx, ep, server_key=certs["server_pub"])
         unreadable = client(
-            ctx, ep, server_key=curve_keys["server_pub"], curve_secret=curve_keys["server_pub"]
+            ctx, ep, server_key=certs["server_pub"], curve_secret=certs["server_pub"]
         )
         with pytest.raises(ConnectError, match="no secret key"):
             await unreadable.connect()
@@ -355,10 +336,14 @@ def test_curve_settings_are_checked(curve_keys: dict[str, Path]) -> None:
     run("tcp://127.0.0.1:1", main)
 
 
-def test_plain_async_client_against_a_curve_server_is_told(curve_endpoint: str) -> None:
+def test_plain_async_client_against_a_curve_server_is_told(
+    curve: tuple[str, dict[str, Path]],
+) -> None:
+    endpoint, _certs = curve
+
     async def main(ctx: zmq.asyncio.Context, ep: str) -> None:
         plain = client(ctx, ep, timeout=3.0)
         with pytest.raises(AccessRefused, match="requires CURVE"):
             await asyncio.wait_for(plain.connect(), 10)
 
-    run(curve_endpoint, main)
+    run(endpoint, main)
