@@ -102,9 +102,7 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
             backoff=backoff,
         )
         self._curve = Curve.of(server_key, curve_secret)
-        self.endpoint = endpoint
         self.context = context
-        self.timeout = timeout
         self.linger = linger
         self.hwm = hwm
         self._sock: zmq.asyncio.Socket | None = None

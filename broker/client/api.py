@@ -88,6 +88,35 @@ class ClientApi(Generic[R]):
         """The broker's secret for this client's session (sent back when reconnecting)."""
         return self._session.session_secret
 
+    @property
+    def endpoint(self) -> str:
+        return self._session.endpoint
+
+    @property
+    def timeout(self) -> float:
+        """Seconds a request waits for its answer (and the first connect for acceptance)."""
+        return self._session.timeout
+
+    @timeout.setter
+    def timeout(self, value: float) -> None:
+        self._session.timeout = value
+
+    @property
+    def ping_interval(self) -> float:
+        return self._session.ping_interval
+
+    @property
+    def peer_timeout(self) -> float:
+        return self._session.peer_timeout
+
+    @property
+    def reconnect(self) -> bool:
+        return self._session.reconnect
+
+    @property
+    def backoff(self) -> tuple[float, float]:
+        return self._session.backoff
+
     def _op(
         self,
         operation: int,

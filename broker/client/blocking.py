@@ -127,8 +127,6 @@ class Client(ClientApi[Any]):
             hwm=hwm,
             linger=linger,
         )
-        self.endpoint = endpoint
-        self.timeout = timeout
         self.threaded = threaded
         self._thread: threading.Thread | None = None
 
@@ -137,6 +135,10 @@ class Client(ClientApi[Any]):
     @property
     def connected(self) -> bool:
         return self._core.ready
+
+    @property
+    def context(self) -> zmq.Context[zmq.Socket[bytes]]:
+        return self._core.context
 
     def connect(self, timeout: float | None = None) -> Client:
         """Open the session and wait until the broker accepted it (``ConnectError`` if not)."""

@@ -430,3 +430,28 @@ def test_the_session_after_close_fails_new_and_pending_requests() -> None:
     assert isinstance(waiter.exception(0), ConnectionLost)
     assert isinstance(session.closed_error(), ConnectionLost)
     assert session.tick(now + 100) == []
+
+
+def test_both_clients_keep_their_public_settings() -> None:
+    """The drivers' settings read through to the one session (``timeout`` can be changed)."""
+    import zmq
+    import zmq.asyncio
+
+    from broker.client import AsyncClient, Client
+
+    sync_ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    async_ctx = zmq.asyncio.Context()
+    try:
+        made = [
+            Client("tcp://127.0.0.1:9", context=sync_ctx, timeout=3, ping_interval=2),
+            AsyncClient("tcp://127.0.0.1:9", context=async_ctx, timeout=3, ping_interval=2),
+        ]
+        for client, ctx in zip(made, (sync_ctx, async_ctx), strict=True):
+            assert client.context is ctx and client.endpoint == "tcp://127.0.0.1:9"
+            assert (client.timeout, client.ping_interval, client.peer_timeout) == (3, 2, 15.0)
+            assert client.reconnect and not client.connected and client.client_id is None
+            client.timeout = 7
+            assert client._session.timeout == 7
+    finally:
+        sync_ctx.term()
+        async_ctx.term()
