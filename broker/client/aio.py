@@ -197,26 +197,30 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
                 if sock is None:
                     await asyncio.sleep(wait)
                     continue
-                poller = zmq.asyncio.Poller()
-                poller.register(sock, zmq.POLLIN)
-                if self._monitor is not None:
-                    poller.register(self._monitor, zmq.POLLIN)
-                ready = dict(await poller.poll(int(wait * 1000) + 1))
-                if self._monitor is not None and self._monitor in ready:
-                    err = handshake_refusal(
-                        self._monitor, curve=self._curve is not None, endpoint=self.endpoint
-                    )
-                    if err is not None:
-                        await self._apply(session.fatal(err))
-                if sock in ready and sock is self._sock:
+                wait_ms = int(wait * 1000) + 1
+                monitor = self._monitor
+                if monitor is None:
+                    readable = bool(await sock.poll(wait_ms))
+                else:  # the handshake: watch the monitor too
+                    poller = zmq.asyncio.Poller()
+                    poller.register(sock, zmq.POLLIN)
+                    poller.register(monitor, zmq.POLLIN)
+                    ready = dict(await poller.poll(wait_ms))
+                    readable = sock in ready
+                    if monitor in ready:
+                        curve = self._curve is not None
+                        err = handshake_refusal(monitor, curve=curve, endpoint=self.endpoint)
+                        if err is not None:
+                            await self._apply(session.fatal(err))
+                if readable and sock is self._sock:
                     await self._drain(sock)
         except _Stop:
             pass
         except Exception:
             log.exception("async client task failed")
-            self._session.fatal(ClientError("the client's task failed"))
             self._close_socket()
-            self._end_inbox()
+            with contextlib.suppress(_Stop):
+                await self._apply(session.fatal(ClientError("the client's task failed")))
 
     async def _drain(self, sock: zmq.asyncio.Socket) -> None:
         session = self._session
@@ -289,11 +293,7 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
                 done, _ = await asyncio.wait({put}, timeout=session.next_wake(time.monotonic()))
                 if done:
                     return
-                for ev in session.tick(time.monotonic()):  # not reading is not being gone
-                    if isinstance(ev, S.Send) and self._sock is not None:
-                        await self._sock.send(ev.data)
-                    elif isinstance(ev, S.Settled | S.Failed):
-                        S.resolve(ev)
+                await self._apply(session.tick(time.monotonic()))  # PINGs: not reading is not gone
         finally:
             session.paused = False
             if not put.done():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from broker import tmqp
 from broker.client.aio import AsyncClient
 from broker.client.blocking import Kind, Message
 from broker.client.errors import (
@@ -22,8 +24,9 @@ from broker.client.errors import (
     RemoteError,
 )
 from broker.engine.engine import Engine
-from broker.protocol import ResultCode
+from broker.protocol import ConnectionInfo, EventName, Header, MessageType, ResultCode
 from broker.server.server import Server, ServerOptions
+from tests.broker.test_client_session import FakeBroker
 from tests.broker.test_server_curve import curve_server, keys  # noqa: F401 (fixtures)
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
@@ -347,3 +350,88 @@ def test_plain_async_client_against_a_curve_server_is_told(
             await asyncio.wait_for(plain.connect(), 10)
 
     run(endpoint, main)
+
+
+def test_pull_and_events_now_shared_with_the_blocking_client(endpoint: str) -> None:
+    async def main(ctx: zmq.asyncio.Context, ep: str) -> None:
+        async with client(ctx, ep) as watcher, client(ctx, ep, name="reader") as other:
+            joined: list[Message] = []
+            await watcher.subscribe(EventName.CLIENT_JOINED, joined.append, channel="news")
+            await watcher.subscribe(EventName.MESSAGE_PRODUCED, channel="news", queue_id=1)
+            await other.join("news")
+            await other.push("news", 1, b"headline", ack=True)
+            event = await watcher.receive(timeout=5)
+            assert event is not None and event.kind is Kind.EVENT
+            assert event.json()["ProducerId"] == other.client_id
+            assert len(joined) == 1 and joined[0].json()["Channel"] == "news"
+            await watcher.unsubscribe(EventName.MESSAGE_PRODUCED, channel="news", queue_id=1)
+            await other.push("news", 1, b"quiet", ack=True)
+            assert await watcher.receive(timeout=0.3) is None
+
+            await other.create_queue("jobs", 7, {"Status": 3})
+            await other.join("jobs")
+            for i in range(3):
+                await other.push("jobs", 7, f"job {i}", ack=True)
+            first = await other.pull("jobs", 7, count=2)
+            assert [m.payload for m in first] == [b"job 0", b"job 1"]
+            assert [m.payload for m in await other.pull("jobs", 7, count=5)] == [b"job 2"]
+            assert await other.pull("jobs", 7) == []
+            with pytest.raises(RemoteError):
+                await other.pull("no-such-channel", 7, timeout=2)
+
+    run(endpoint, main)
+
+
+def test_a_session_the_broker_ends_is_resumed_with_its_channels(zctx: Ctx) -> None:
+    """The broker ends the session: the client comes back under its id, joins its
+    channels again (with their prefetch), and calls work again."""
+    fake = FakeBroker(zctx)
+    seen: list[tuple[ConnectionInfo, tmqp.Frame]] = []
+
+    def broker_side() -> None:
+        rid, info = fake.accept("fake-1")
+        _rid, data = fake.recv()
+        join = tmqp.decode((data,))
+        assert isinstance(join, tmqp.Frame)
+        ack = tmqp.Frame(message_type=MessageType.ACK, message_id=join.message_id)
+        fake.send(rid, tmqp.encode(ack)[0])
+        bye = tmqp.Frame(message_type=MessageType.TERMINATE, content_type=ResultCode.BUSY)
+        fake.send(rid, tmqp.encode(bye)[0])
+        rid2, info2 = fake.accept("fake-1")
+        _rid, data = fake.recv()
+        rejoin = tmqp.decode((data,))
+        assert isinstance(rejoin, tmqp.Frame)
+        seen.append((info2, rejoin))
+        fake.send(rid2, tmqp.encode(rejoin.replace(message_type=MessageType.ACK))[0])
+        _rid, data = fake.recv()
+        request = tmqp.decode((data,))
+        assert isinstance(request, tmqp.Frame)
+        answer = tmqp.Frame(
+            message_type=MessageType.RESPONSE, message_id=request.message_id, payload=b"[]"
+        )
+        fake.send(rid2, tmqp.encode(answer)[0])
+        assert info.client_id is None  # the first time, the broker names the client
+
+    thread = threading.Thread(target=broker_side)
+    thread.start()
+
+    async def main(ctx: zmq.asyncio.Context, ep: str) -> None:
+        async with client(ctx, ep, backoff=(0.01, 0.05)) as c:
+            await c.join("orders", prefetch=3)
+
+            async def back() -> bool:
+                return c.connected and bool(seen)
+
+            assert await until(back)
+            assert await c.channels() == []
+            assert c.client_id == "fake-1"
+
+    try:
+        run(fake.endpoint, main)
+        thread.join(10)
+        assert not thread.is_alive()
+    finally:
+        fake.sock.close(linger=0)
+    ((info, rejoin),) = seen
+    assert info.client_id == "fake-1"
+    assert rejoin.target == "orders" and (Header.PREFETCH, "3") in rejoin.headers
