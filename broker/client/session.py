@@ -68,6 +68,9 @@ log = logging.getLogger("broker.client")
 PING = tmqp.encode(tmqp.Ping())[0]
 PONG = tmqp.encode(tmqp.Pong())[0]
 TERMINATE = tmqp.encode(tmqp.Frame(message_type=MessageType.TERMINATE))[0]
+#: The most pages one paged answer may have: a broker naming ever new cursors would
+#: otherwise grow the gathered list (and the wait) without end.
+MAX_PAGES = 10_000
 #: Refusals of the connection info that no retry can change.
 PERMANENT = frozenset({ResultCode.UNAUTHORIZED, ResultCode.UNACCEPTABLE, ResultCode.BAD_REQUEST})
 
@@ -121,6 +124,12 @@ class Call:
     path: tuple[str, ...] = ()
     #: run by the core when the request succeeded (remember a join, a subscription)
     on_success: Callable[[Session], None] | None = None
+
+
+def _asked(pull: tmqp.Frame) -> int:
+    """How many messages a pull request asked for (its ``Count`` header)."""
+    count = header(pull, Header.COUNT)
+    return int(count) if count is not None and count.isdigit() else 1
 
 
 def _paged(value: Any, path: tuple[str, ...]) -> bool:
@@ -451,6 +460,8 @@ class Session:
                 entry.value, entry.seen = value, set()
             else:
                 merge(entry.value, value, call.path)
+            if more and len(entry.seen) >= MAX_PAGES:
+                raise ProtocolError(f"the answer to {reply.message_id} has over {MAX_PAGES} pages")
             request = next_page(call.frame, reply, self.new_id(), entry.seen)
         except ClientError as exc:
             return (Failed(entry.waiter, exc),)
@@ -477,6 +488,10 @@ class Session:
             # a late End marker is dropped; real messages are delivered
             return _NONE if no_content is not None else None
         if no_content is None:
+            if len(entry.messages) >= _asked(entry.call.frame):
+                del self.pending[request]
+                err = ProtocolError(f"the broker sent more messages than pull {request} asked")
+                return (Failed(entry.waiter, err),)
             entry.messages.append(Message(frame))
             entry.deadline = now + entry.timeout  # the answer is coming
             index, count = header(frame, Header.INDEX), header(frame, Header.COUNT)

@@ -455,3 +455,46 @@ def test_both_clients_keep_their_public_settings() -> None:
     finally:
         sync_ctx.term()
         async_ctx.term()
+
+
+def test_a_pull_answered_with_more_than_it_asked_is_a_protocol_error() -> None:
+    session, now = ready_session()
+    call = S.Call(pull_frame(session.new_id(), "c", 1, 2), S.Reply.PULL)
+    waiter = start(session, call, now)
+    for i in range(3):  # Index never reaches Count: a broker that would go on for ever
+        msg = encode(
+            message_type=MessageType.QUEUE,
+            message_id=f"m{i}",
+            target="c",
+            content_type=1,
+            headers=((Header.REQUEST_ID, call.frame.message_id), (Header.INDEX, "1")),
+        )
+        apply(session.feed(msg, now))
+    err = waiter.exception(0)
+    assert isinstance(err, ProtocolError) and "more messages" in str(err)
+    assert not session.pending
+    echo_still_works(session, now)
+
+
+def test_endless_pages_are_cut_at_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(S, "MAX_PAGES", 5)
+    session, now = ready_session()
+    call = queue_info_call(session)
+    waiter = start(session, call, now)
+    mid = call.frame.message_id
+    for n in range(10):
+        page = encode(
+            message_type=MessageType.RESPONSE,
+            message_id=mid,
+            headers=((Header.PAGE_NEXT, f"cursor-{n}"),),  # always a new one
+            payload=b"[0]",
+        )
+        events = apply(session.feed(page, now))
+        if waiter.done():
+            break
+        frame = tmqp.decode((events[0].data,))
+        assert isinstance(frame, tmqp.Frame)
+        mid = frame.message_id
+    err = waiter.exception(0)
+    assert isinstance(err, ProtocolError) and "over 5 pages" in str(err)
+    assert n == 5 and not session.pending
