@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from filemq.engine import HEADER_MTIME, HEADER_SHA1, HEADER_SIZE
+from filemq.engine import HEADER_MTIME, HEADER_SHA1, HEADER_SIZE, FilemqError
 from filemq.paths import UnsafePathError, open_beneath, relative_parts
 
 __all__ = [
@@ -90,7 +90,7 @@ _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a FIFO planted in DEST must not block us
 
 
-class JournalError(ValueError):
+class JournalError(FilemqError, ValueError):
     """A journal is not one (it and its partial file are dropped)."""
 
 
