@@ -11,10 +11,11 @@ Rules enforced here:
 
 * the first frame must be CONNECT or STOMP (within ``connect_timeout``); anything else
   gets an ERROR.  ``accept-version`` picks the highest common version (absent = 1.0;
-  none in common = ERROR with a ``version`` header listing ours).  1.1+ must send
-  ``host``; it must name a configured virtual host (1.0 without ``host`` gets the
-  first one).  ``login``/``passcode`` go to the authenticator, which returns the
-  user id or ``None`` (ERROR "authentication failed").
+  none in common = ERROR with a ``version`` header listing ours).  A ``host`` must
+  name a configured virtual host (ERROR otherwise, except on 1.0, which gets the
+  first one); without ``host`` the first one is used, unless ``require_host`` (then
+  1.1+ gets an ERROR).  ``login``/``passcode`` go to the authenticator, which returns
+  the user id or ``None`` (ERROR "authentication failed").
 * heart-beats (1.1+): we offer ``config.heartbeat`` as ``sx,sy``; we send an EOL every
   ``max(sx, cy)`` ms without other output; the peer is dead (the connection closes)
   after ``max(cx, sy) * heartbeat_grace`` ms without any byte from it.  0 disables.
@@ -98,6 +99,9 @@ class SessionConfig:
     limits: Limits = field(default_factory=Limits)
     virtual_hosts: tuple[VirtualHost, ...] = DEFAULT_VIRTUAL_HOSTS
     broker_id: str = "default"
+    #: 1.1+ CONNECT without ``host``: refused when True, else the first virtual host
+    #: (stomp.py's 1.1 client sends no ``host`` unless given a vhost).
+    require_host: bool = False
     #: (sx, sy) offered in CONNECTED: we can send every sx ms, want to hear every sy ms.
     heartbeat: tuple[int, int] = (10_000, 10_000)
     #: The peer is dead after this many times the negotiated receive interval.
@@ -144,8 +148,12 @@ class Session:
         authenticator: Authenticator = allow_anyone,
         peer: str = "",
         wall_clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        writable: Callable[[], bool] = lambda: True,
+        on_delivery: Callable[[], None] = lambda: None,
     ) -> None:
         self.config = config or SessionConfig()
+        self.writable = writable  # False: the transport is full, deliveries are refused
+        self.on_delivery = on_delivery  # a delivery added output (outside receive/tick)
         self.backend = backend
         self.connection_id = connection_id
         self.peer = peer
@@ -245,13 +253,18 @@ class Session:
     # -- the backend's side ---------------------------------------------------------------
 
     def deliver(self, delivery: Delivery) -> bool:
-        """The delivery sink: appends a MESSAGE frame; False once the session is over."""
+        """The delivery sink: appends a MESSAGE frame.
+
+        False (not taken) once the session is over, for an unknown subscription, or
+        while ``writable()`` says the transport is full.
+        """
         if self.state is not SessionState.CONNECTED or self.version is None:
             return False
         sub = self._subscriptions.get(delivery.subscription)
-        if sub is None:
+        if sub is None or not self.writable():
             return False
         self._send(self._message_frame(sub.spec, delivery))
+        self.on_delivery()
         if not delivery.browse_end and sub.spec.ack is not AckMode.AUTO:
             sub.pending[delivery.tag] = _Pending(delivery.message_id, delivery.tag)
             self._tag_owner[delivery.tag] = sub.spec.id
@@ -349,7 +362,7 @@ class Session:
     def _virtual_host(self, host: str | None, version: Version) -> VirtualHost:
         hosts = self.config.virtual_hosts
         if host is None:
-            if version is Version.V1_0:
+            if version is Version.V1_0 or not self.config.require_host:
                 return hosts[0]
             raise ProtocolViolation("CONNECT needs a host header (STOMP 1.1 and later)")
         for vhost in hosts:
