@@ -351,8 +351,9 @@ class Session:
         self._send_interval = max(sx, cy) / 1000 if sx and cy else 0.0
         self._receive_interval = max(cx, sy) / 1000 if cx and sy else 0.0
         headers = [("session", str(self.connection_id)), ("server", SERVER_NAME)]
-        if version.rank:
+        if frame.has("accept-version"):  # a 1.0-only client (no header) gets no version
             headers[:0] = [("version", version.value)]
+        if version.rank:
             headers.append(("heart-beat", f"{sx},{sy}"))
         self.state = SessionState.CONNECTED
         self._send(make_frame(Command.CONNECTED, headers))
