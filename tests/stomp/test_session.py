@@ -10,6 +10,7 @@ from broker.stomp.session import Credentials, SessionConfig, SessionState, Virtu
 from .kit import WALL_MS, Peer, World
 
 V10, V11, V12 = Version.V1_0, Version.V1_1, Version.V1_2
+CONNECT_12 = {"accept-version": "1.2", "host": "localhost"}
 
 
 def assert_error_then_close(peer: Peer, match: str) -> None:
@@ -129,9 +130,7 @@ def test_connect_timeout() -> None:
 def test_heartbeat_negotiation_and_schedule() -> None:
     world = World(config=SessionConfig(heartbeat=(500, 2000), heartbeat_grace=2.0))
     peer = world.peer()
-    peer.send(
-        Command.CONNECT, {"accept-version": "1.2", "host": "localhost", "heart-beat": "1000,300"}
-    )
+    peer.send(Command.CONNECT, {**CONNECT_12, "heart-beat": "1000,300"})
     connected = peer.read_one(Command.CONNECTED)
     assert connected.header("heart-beat") == "500,2000"
     # we send every max(500, 300) = 500 ms; the client must send every max(1000, 2000) ms
@@ -169,9 +168,7 @@ def test_heartbeat_zero_disables_and_1_0_has_none() -> None:
 
 def test_bad_heartbeat_header() -> None:
     peer = World().peer()
-    peer.send(
-        Command.CONNECT, {"accept-version": "1.2", "host": "localhost", "heart-beat": "fast"}
-    )
+    peer.send(Command.CONNECT, {**CONNECT_12, "heart-beat": "fast"})
     assert_error_then_close(peer, "heart-beat")
 
 
