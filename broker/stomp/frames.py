@@ -366,11 +366,13 @@ class FrameParser:
                 raise FrameError("frame body is not followed by NUL (wrong content-length?)")
         else:
             end = buf.find(b"\0", self._scan_from)
+            if (end < 0 and len(buf) - start > self.limits.max_body) or (
+                end - start > self.limits.max_body
+            ):
+                raise LimitExceeded(
+                    "max_body", f"a body is longer than {self.limits.max_body} bytes"
+                )
             if end < 0:
-                if len(buf) - start > self.limits.max_body:
-                    raise LimitExceeded(
-                        "max_body", f"a body is longer than {self.limits.max_body} bytes"
-                    )
                 self._scan_from = len(buf)
                 return None
         assert self._command is not None

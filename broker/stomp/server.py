@@ -61,6 +61,7 @@ class _Connection(asyncio.Protocol):
         self.writable = True
         self.timer: asyncio.TimerHandle | None = None
         self.closing = False
+        self.refused = False  # a delivery was refused: tell the backend when room is back
 
     # -- asyncio callbacks --------------------------------------------------------------
 
@@ -121,13 +122,22 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None and not self.closing:
             self.transport.resume_reading()
         if self.session is not None and self.session.info is not None:
+            self.refused = False
             self.listener.backend.resume(self.id)
         self.listener.flush_all()
 
     # -- plumbing -----------------------------------------------------------------------
 
     def _writable(self) -> bool:
-        return self.writable and not self.closing
+        """May one more delivery be taken?  (Unsent bytes, ours and the transport's.)"""
+        if not self.writable or self.closing or self.transport is None or self.session is None:
+            self.refused = True
+            return False
+        unsent = self.transport.get_write_buffer_size() + self.session.pending_output
+        if unsent >= self.listener.options.max_outbound:
+            self.refused = True
+            return False
+        return True
 
     def _mark_dirty(self) -> None:
         self.listener.dirty.add(self)
@@ -138,9 +148,14 @@ class _Connection(asyncio.Protocol):
             return
         data = session.take_output(self.listener.now())
         if data:
-            transport.write(data)
+            transport.write(data)  # may call pause_writing
         if session.closed:
             self._close(abort_after=self.listener.options.close_timeout)
+            return
+        if self.refused and self.writable and session.info is not None:
+            # refused for our own pending bytes, which are now in a transport with room
+            self.refused = False
+            self.listener.backend.resume(self.id)
 
     def _after_event(self) -> None:
         self.flush()
@@ -240,6 +255,14 @@ class StompListener:
             return fn()
 
         return asyncio.run_coroutine_threadsafe(run(), self.loop).result()
+
+    def outbound_bytes(self) -> dict[int, int]:
+        """Unsent bytes per connection id (call it through :meth:`call`)."""
+        return {
+            cid: conn.transport.get_write_buffer_size()
+            for cid, conn in self.connections.items()
+            if conn.transport is not None
+        }
 
     def flush_all(self) -> None:
         """Write what sessions produced (a delivery may land on any connection)."""

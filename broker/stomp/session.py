@@ -233,6 +233,11 @@ class Session:
             deadlines.append(self._last_sent + self._send_interval)
         return min(deadlines) if deadlines else None
 
+    @property
+    def pending_output(self) -> int:
+        """Bytes produced and not yet taken by :meth:`take_output`."""
+        return len(self._out)
+
     def take_output(self, now: float) -> bytes:
         if not self._out:
             return b""

@@ -131,6 +131,13 @@ def test_a_body_without_content_length_is_refused_once_it_crosses_the_limit() ->
         parser.feed(b"x")
 
 
+def test_a_body_over_the_limit_is_refused_even_when_its_nul_came_with_it() -> None:
+    parser = FrameParser(Limits(max_body=10))
+    assert parser.feed(b"SEND\n\n0123456789\x00")[0].body == b"0123456789"
+    with pytest.raises(LimitExceeded, match="max_body"):
+        parser.feed(b"SEND\n\n0123456789A\x00")
+
+
 def test_a_long_header_line_is_refused_before_its_end_arrives() -> None:
     parser = FrameParser(Limits(max_header_length=100))
     parser.feed(b"SEND\n" + b"k:" + b"v" * 98)
