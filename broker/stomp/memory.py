@@ -37,6 +37,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -109,7 +110,7 @@ class _Queue:
     kind: DestinationKind
     name: str
     messages: dict[int, _Message] = field(default_factory=dict)  # every unconsumed one
-    ready: list[int] = field(default_factory=list)  # sorted sequences not in flight
+    ready: deque[int] = field(default_factory=deque)  # sorted sequences not in flight
     next_seq: int = 1
     consumers: list[_Sub] = field(default_factory=list)
     browsers: list[_Sub] = field(default_factory=list)
@@ -340,35 +341,37 @@ class MemoryBackend:
         queue.messages[seq] = message
         queue.ready.append(seq)
         for browser in list(queue.browsers):
-            self._browse(queue, browser)
+            self._browse(queue, browser, newest=message)
         self._pump(queue)
 
     def _expired(self, message: _Message) -> bool:
         return message.expires is not None and message.expires <= self.wall_clock_ms()
 
     def _pump(self, queue: _Queue) -> None:
-        """Hand ready messages to consumers, in sequence order, while any can take one."""
-        if not queue.consumers or not queue.ready:
+        """Hand ready messages to consumers, in sequence order, while any can take one.
+
+        Messages no consumer may take now (a busy group owner, a ``from-seq`` above them)
+        are put back at the head, in order; the walk stops when no consumer can take
+        anything, so a pump costs what it delivers plus what it skips.
+        """
+        if not queue.consumers:
             return
-        kept: list[int] = []
         ready = queue.ready
-        for index, seq in enumerate(ready):
+        skipped: list[int] = []
+        while ready:
+            seq = ready[0]
             message = queue.messages.get(seq)
-            if message is None:
-                continue
-            if self._expired(message):
-                del queue.messages[seq]
+            if message is None or self._expired(message):
+                ready.popleft()
+                queue.messages.pop(seq, None)
                 continue
             sub = self._choose(queue, message)
-            if sub is None:
-                kept.append(seq)
-                if not any(self._can_take(c) for c in queue.consumers):
-                    kept.extend(ready[index + 1 :])
-                    break
-                continue
-            if not self._offer(sub, queue, message):
-                kept.append(seq)
-        queue.ready = kept
+            if sub is None and not any(self._can_take(c) for c in queue.consumers):
+                break
+            skipped.append(ready.popleft())
+            if sub is not None and self._offer(sub, queue, message):
+                skipped.pop()
+        ready.extendleft(reversed(skipped))
 
     def _can_take(self, sub: _Sub) -> bool:
         return sub.has_credit and not sub.conn.paused
@@ -397,8 +400,12 @@ class MemoryBackend:
         queue.rr = (queue.rr + 1) % len(candidates)
         return candidates[queue.rr]
 
-    def _browse(self, queue: _Queue, sub: _Sub) -> None:
+    def _browse(self, queue: _Queue, sub: _Sub, newest: _Message | None = None) -> None:
         cursor = sub.browse_cursor.get(queue.name, 0)
+        if newest is not None and newest.seq == cursor:  # caught up: just the new one
+            if self._can_take(sub) and self._offer(sub, None, newest):
+                sub.browse_cursor[queue.name] = cursor + 1
+            return
         for seq in sorted(s for s in queue.messages if s >= cursor):
             message = queue.messages[seq]
             if self._expired(message):
@@ -543,7 +550,7 @@ class MemoryBackend:
         if message.seq not in queue.messages:
             return
         queue.messages[message.seq] = replace(message, redeliveries=message.redeliveries + 1)
-        bisect.insort(queue.ready, message.seq)
+        bisect.insort(queue.ready, message.seq)  # rare (NACK, disconnect): O(n) is fine
 
     def _drop_sub(self, conn: _Conn, sub_id: str) -> None:
         sub = conn.subs.pop(sub_id, None)
