@@ -8,7 +8,8 @@
   was crossed; nothing beyond the limit was buffered.
 * ``ProtocolViolation``: a well-formed frame broke a session rule (SUBSCRIBE without
   ``id`` on 1.1+, an unknown transaction, a bad destination, a bad option value...).
-  ``DestinationError`` is the sub-case of a destination header that cannot be used.
+  ``DestinationError`` is the sub-case of a destination header that cannot be used;
+  ``VersionMismatch`` the case of a CONNECT offering no version we speak.
 * ``EncodeError``: *we* asked the serializer for a frame the negotiated version
   cannot represent (a local error).
 * ``BackendError``: the backend refused an operation (unknown durable subscription,
@@ -39,6 +40,10 @@ class LimitExceeded(FrameError):
 
 class ProtocolViolation(StompError):
     """A valid frame that breaks a rule of the STOMP session."""
+
+
+class VersionMismatch(ProtocolViolation):
+    """CONNECT offered no version we speak (the ERROR lists ours in ``version``)."""
 
 
 class DestinationError(ProtocolViolation):

@@ -49,7 +49,13 @@ from enum import Enum
 
 from broker.stomp.backend import Backend, ConnectionInfo, Delivery
 from broker.stomp.destinations import parse_destinations, temp_owner
-from broker.stomp.errors import BackendError, FrameError, ProtocolViolation, StompError
+from broker.stomp.errors import (
+    BackendError,
+    FrameError,
+    ProtocolViolation,
+    StompError,
+    VersionMismatch,
+)
 from broker.stomp.frames import (
     CLIENT_COMMANDS,
     HEARTBEAT,
@@ -329,6 +335,10 @@ class Session:
             if handler is None:
                 raise ProtocolViolation(f"unexpected {frame.command.value} frame")
             handler(self, frame, now)
+        except VersionMismatch as exc:
+            ours = ",".join(v.value for v in SUPPORTED_VERSIONS)
+            self._fail(str(exc), now, frame.header("receipt"), (("version", ours),))
+            return
         except StompError as exc:
             self._fail(str(exc), now, frame.header("receipt"))
             return
@@ -339,7 +349,10 @@ class Session:
     def _on_connect(self, frame: Frame, now: float) -> None:
         version = _negotiate(frame.header("accept-version"))
         if version is None:
-            raise _VersionMismatch()
+            offered = frame.header("accept-version") or ""
+            raise VersionMismatch(
+                f"Supported protocol versions are 1.0,1.1,1.2 (offered: {offered[:80]})"
+            )
         self.version = version
         vhost = self._virtual_host(frame.header("host"), version)
         credentials = Credentials(
@@ -571,13 +584,17 @@ class Session:
     def _send(self, frame: Frame) -> None:
         self._out += serialize(frame, self.version or Version.V1_2)
 
-    def _fail(self, reason: str, now: float, receipt: str | None = None) -> None:
+    def _fail(
+        self,
+        reason: str,
+        now: float,
+        receipt: str | None = None,
+        extra: tuple[tuple[str, str], ...] = (),
+    ) -> None:
         """Send one ERROR frame, ignore further input, close ``die_delay`` later."""
         version = self.version or Version.V1_2
         summary = " ".join(reason.split())[:200]
-        headers = [("message", summary), ("content-type", "text/plain")]
-        if reason == _VersionMismatch.TEXT:
-            headers.append(("version", ",".join(v.value for v in SUPPORTED_VERSIONS)))
+        headers = [("message", summary), ("content-type", "text/plain"), *extra]
         if receipt is not None:
             headers.append(("receipt-id", receipt))
         body = (reason + "\n").encode("utf-8")
@@ -587,13 +604,6 @@ class Session:
         self._transactions.clear()
         self.state = SessionState.CLOSING
         self._close_at = now + self.config.die_delay
-
-
-class _VersionMismatch(ProtocolViolation):
-    TEXT = "Supported protocol versions are 1.0,1.1,1.2"
-
-    def __init__(self) -> None:
-        super().__init__(self.TEXT)
 
 
 def _negotiate(header: str | None) -> Version | None:
