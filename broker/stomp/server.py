@@ -32,6 +32,7 @@ from typing import TypeVar
 from broker.stomp.backend import Backend
 from broker.stomp.frames import Command, make_frame, serialize
 from broker.stomp.session import Authenticator, Session, SessionConfig, allow_anyone
+from broker.stomp.wire import PlainWire, Wire
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,10 @@ DEFAULT_PORT = 61613
 class ListenerOptions:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT  # 0: the OS picks one (see StompListener.port)
+    #: STOMP over WebSocket on this port too (None: off; 0: the OS picks one; needs the
+    #: ``stomp-ws`` extra).  Same host, same TLS context.
+    ws_port: int | None = None
+    ws_max_message: int = 16 * 1024 * 1024
     ssl: ssl.SSLContext | None = None
     max_connections: int = 1000
     max_outbound: int = 1024 * 1024
@@ -53,9 +58,10 @@ class ListenerOptions:
 
 
 class _Connection(asyncio.Protocol):
-    def __init__(self, listener: StompListener, connection_id: int) -> None:
+    def __init__(self, listener: StompListener, connection_id: int, wire: Wire) -> None:
         self.listener = listener
         self.id = connection_id
+        self.wire = wire
         self.transport: asyncio.Transport | None = None
         self.session: Session | None = None
         self.writable = True
@@ -77,7 +83,8 @@ class _Connection(asyncio.Protocol):
                 Command.ERROR,
                 [("message", f"too many connections (max {options.max_connections})")],
             )
-            transport.write(serialize(error))
+            if self.wire.open:
+                transport.write(serialize(error))
             self._close(abort_after=options.close_timeout)
             return
         self.listener.connections[self.id] = self
@@ -94,9 +101,11 @@ class _Connection(asyncio.Protocol):
         self._after_event()
 
     def data_received(self, data: bytes) -> None:
-        if self.session is None:
+        if self.session is None or self.closing:
             return
-        self.session.receive(data, self.listener.now())
+        stomp = self.wire.receive(data)
+        if stomp:
+            self.session.receive(stomp, self.listener.now())
         self._mark_dirty()
         self.listener.flush_all()
 
@@ -133,6 +142,9 @@ class _Connection(asyncio.Protocol):
         if not self.writable or self.closing or self.transport is None or self.session is None:
             self.refused = True
             return False
+        if not self.wire.open:
+            self.refused = True
+            return False
         unsent = self.transport.get_write_buffer_size() + self.session.pending_output
         if unsent >= self.listener.options.max_outbound:
             self.refused = True
@@ -146,10 +158,15 @@ class _Connection(asyncio.Protocol):
         session, transport = self.session, self.transport
         if session is None or transport is None or self.closing:
             return
-        data = session.take_output(self.listener.now())
-        if data:
-            transport.write(data)  # may call pause_writing
+        wire = self.wire
+        if wire.open:
+            wire.send(session.take_output(self.listener.now()))
         if session.closed:
+            wire.close()
+        raw = wire.take()
+        if raw:
+            transport.write(raw)  # may call pause_writing
+        if session.closed or wire.finished:
             self._close(abort_after=self.listener.options.close_timeout)
             return
         if self.refused and self.writable and session.info is not None:
@@ -210,6 +227,8 @@ class StompListener:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
         self._port: int | None = None
+        self._ws_server: asyncio.Server | None = None
+        self._ws_port: int | None = None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -220,6 +239,11 @@ class StompListener:
     def port(self) -> int:
         assert self._port is not None, "listener not started"
         return self._port
+
+    @property
+    def ws_port(self) -> int:
+        assert self._ws_port is not None, "WebSocket listener not started"
+        return self._ws_port
 
     def now(self) -> float:
         return self.loop.time()
@@ -276,14 +300,15 @@ class StompListener:
         loop = asyncio.new_event_loop()
         self._loop = loop
         try:
-            server = loop.run_until_complete(
-                loop.create_server(
-                    self._new_connection,
-                    self.options.host,
-                    self.options.port,
-                    ssl=self.options.ssl,
+            server = loop.run_until_complete(self._bind(self.options.port, PlainWire))
+            if self.options.ws_port is not None:
+                from broker.stomp.websocket import WebSocketWire
+
+                max_message = self.options.ws_max_message
+                self._ws_server = loop.run_until_complete(
+                    self._bind(self.options.ws_port, lambda: WebSocketWire(max_message))
                 )
-            )
+                self._ws_port = self._ws_server.sockets[0].getsockname()[1]
         except BaseException as exc:
             loop.close()
             started.set_exception(exc)
@@ -296,16 +321,23 @@ class StompListener:
         finally:
             loop.close()
 
-    def _new_connection(self) -> _Connection:
-        conn = _Connection(self, self._next_id)
-        self._next_id += 1
-        return conn
+    async def _bind(self, port: int, wire: Callable[[], Wire]) -> asyncio.Server:
+        def new_connection() -> _Connection:
+            conn = _Connection(self, self._next_id, wire())
+            self._next_id += 1
+            return conn
+
+        return await self.loop.create_server(
+            new_connection, self.options.host, port, ssl=self.options.ssl
+        )
 
     async def _shutdown(self) -> None:
-        assert self._server is not None
-        self._server.close()
+        servers = [s for s in (self._server, self._ws_server) if s is not None]
+        for server in servers:
+            server.close()
         for conn in list(self.connections.values()):
             if conn.transport is not None:
                 conn.transport.abort()
-        await self._server.wait_closed()
+        for server in servers:
+            await server.wait_closed()
         await asyncio.sleep(0)  # let connection_lost callbacks run
