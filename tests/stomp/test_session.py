@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from broker.stomp.frames import Command, Version
 from broker.stomp.session import Credentials, SessionConfig, SessionState, VirtualHost
@@ -621,3 +623,47 @@ def test_add_headers_options() -> None:
     peer.send(Command.NACK, {"id": message.header("ack") or ""})
     (again,) = peer.read()
     assert again.header("redeliveries") == "1"
+
+
+# -- fuzz: whatever the bytes, the session answers with frames and never raises -------------
+
+_FRAGMENTS = [
+    b"CONNECT\naccept-version:1.2\nhost:localhost\n\n\x00",
+    b"SUBSCRIBE\nid:s\ndestination:/queue/f\nack:client\n\n\x00",
+    b"SEND\ndestination:/queue/f\n\nbody\x00",
+    b"SEND\ndestination:/queue/f\ncontent-length:3\n\na\x00b\x00",
+    b"ACK\nid:1\n\n\x00",
+    b"NACK\nid:2\n\n\x00",
+    b"BEGIN\ntransaction:t\n\n\x00",
+    b"COMMIT\ntransaction:t\n\n\x00",
+    b"UNSUBSCRIBE\nid:s\n\n\x00",
+    b"\n",
+    b"\r\n",
+    b"\x00",
+    b":",
+    b"\\",
+    b"content-length:99999999999\n",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.one_of(st.sampled_from(_FRAGMENTS), st.binary(max_size=16)), max_size=12),
+    st.integers(1, 9),
+)
+def test_random_input_never_raises_and_every_reply_is_a_frame(
+    pieces: list[bytes], step: int
+) -> None:
+    world = World()
+    peer = world.peer()
+    stream = b"".join(pieces)
+    for i in range(0, len(stream), step):
+        peer.send_bytes(stream[i : i + step])
+        peer.read()  # raises if the session wrote anything that is not a frame
+    errors = [f for f in peer.received if f.command is Command.ERROR]
+    assert len(errors) <= 1
+    if errors:
+        assert peer.received[-1] is errors[0]
+        assert peer.session.state is SessionState.CLOSING
+    peer.session.connection_lost()
+    assert world.backend.connections == 0
