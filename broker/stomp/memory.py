@@ -271,8 +271,12 @@ class MemoryBackend:
         if conn is None or not conn.paused:
             return
         conn.paused = False
-        for queue in {id(q): q for sub in conn.subs.values() for q in sub.queues}.values():
-            self._pump(queue)
+        for sub in list(conn.subs.values()):
+            for queue in list(sub.queues):
+                if sub.spec.browser:
+                    self._browse(queue, sub)
+                else:
+                    self._pump(queue)
 
     # -- queues ---------------------------------------------------------------------------
 

@@ -427,3 +427,36 @@ def test_tls(backend: MemoryBackend, tmp_path: Path) -> None:
             assert frames[0].command is Command.CONNECTED
     finally:
         server.stop()
+
+
+def test_silent_client_is_closed_after_the_heartbeat_timeout(backend: MemoryBackend) -> None:
+    session = SessionConfig(heartbeat=(0, 50), heartbeat_grace=2.0)
+    server = make_listener(backend, session=session)
+    silent, chatty = Raw(server), Raw(server)
+    try:
+        for raw in (silent, chatty):
+            raw.send(b"CONNECT\naccept-version:1.2\nhost:localhost\nheart-beat:50,0\n\n\x00")
+            assert raw.next().header("heart-beat") == "0,50"
+        # the chatty one sends an EOL every 20 ms while the silent one says nothing
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(0.02):
+                with contextlib.suppress(OSError):
+                    chatty.send(b"\n")
+
+        beater = threading.Thread(target=beat)
+        beater.start()
+        try:
+            assert silent.closed_by_server()
+            assert silent.frames == []  # a dead peer gets no ERROR, just the close
+            assert wait_until(lambda: server.call(lambda: backend.connections) == 1)
+            chatty.send(b"SEND\ndestination:/queue/hb\nreceipt:alive\n\n\x00")
+            assert chatty.next().header("receipt-id") == "alive"
+        finally:
+            stop.set()
+            beater.join()
+    finally:
+        silent.close()
+        chatty.close()
+        server.stop()
