@@ -3,6 +3,7 @@ and the in-memory backend behind every session."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from broker.stomp.frames import (
@@ -89,7 +90,9 @@ class World:
     def __post_init__(self) -> None:
         self.backend = MemoryBackend(wall_clock_ms=lambda: self.clock.wall_ms)
 
-    def peer(self, version: Version = Version.V1_2) -> Peer:
+    def peer(
+        self, version: Version = Version.V1_2, writable: Callable[[], bool] = lambda: True
+    ) -> Peer:
         session = Session(
             self.backend,
             self.next_id,
@@ -97,6 +100,7 @@ class World:
             config=self.config,
             authenticator=self.authenticator,
             wall_clock_ms=lambda: self.clock.wall_ms,
+            writable=writable,
         )
         self.next_id += 1
         return Peer(session, self.clock, version)

@@ -561,6 +561,26 @@ def test_browser_include_seq_and_from_seq() -> None:
     assert world.backend.queue_depth("q") == 3  # nothing consumed
 
 
+def test_a_full_transport_holds_queue_and_browse_deliveries_until_resume() -> None:
+    world = World()
+    room = [True]
+    peer = world.peer(writable=lambda: room[0])
+    peer.connect()
+    fill(peer, "q", 2)
+    fill(peer, "r", 1)
+    room[0] = False
+    peer.send(Command.SUBSCRIBE, {"id": "b", "destination": "/queue/q", "browser": "true"})
+    peer.send(Command.SUBSCRIBE, {"id": "c", "destination": "/queue/r"})
+    assert peer.read() == []
+    assert world.backend.queue_depth("r") == 1  # kept, not lost
+    room[0] = True
+    world.backend.resume(peer.session.connection_id)
+    got = [(f.header("subscription"), f.body, f.header("browser")) for f in peer.read()]
+    assert sorted(got, key=str) == sorted(
+        [("b", b"m0", None), ("b", b"m1", None), ("b", b"", "end"), ("c", b"m0", None)], key=str
+    )
+
+
 def test_durable_subscription_keeps_messages_while_away() -> None:
     world = World()
     sub = world.connected()
