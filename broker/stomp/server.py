@@ -98,7 +98,7 @@ class _Connection(asyncio.Protocol):
             writable=self._writable,
             on_delivery=self._mark_dirty,
         )
-        self._after_event()
+        self.after_event()
 
     def data_received(self, data: bytes) -> None:
         if self.session is None or self.closing:
@@ -174,7 +174,7 @@ class _Connection(asyncio.Protocol):
             self.refused = False
             self.listener.backend.resume(self.id)
 
-    def _after_event(self) -> None:
+    def after_event(self) -> None:
         self.flush()
         self._schedule()
 
@@ -292,7 +292,7 @@ class StompListener:
         """Write what sessions produced (a delivery may land on any connection)."""
         while self.dirty:
             conn = self.dirty.pop()
-            conn._after_event()
+            conn.after_event()
 
     # -- thread ---------------------------------------------------------------------------
 

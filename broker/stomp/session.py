@@ -198,10 +198,8 @@ class Session:
             self._fail(str(exc), now)
             return
         for frame in frames:
-            if self.state is not SessionState.AWAITING_CONNECT and self.state is not (
-                SessionState.CONNECTED
-            ):
-                return
+            if self.state not in (SessionState.AWAITING_CONNECT, SessionState.CONNECTED):
+                return  # an ERROR or DISCONNECT ended the session: the rest is ignored
             self._handle(frame, now)
 
     def tick(self, now: float) -> None:
