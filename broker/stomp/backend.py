@@ -22,8 +22,10 @@ Contract (what an implementation on the broker engine must do):
   it (no ``ack`` follows).  Otherwise it stays unacknowledged (and counts against the
   subscription's credit) until ``ack``/``nack`` names its tag, or until ``detach``.
 * ``ack(tags)`` settles (consumes) and returns credit; ``nack(tags)`` returns the
-  messages for redelivery (``redeliveries + 1``) and returns credit.  Unknown tags are
-  ignored (the session has checked what it could).
+  messages for redelivery (``redeliveries + 1``) and returns credit.  ``credit(tags)``
+  (a transactional ACK) returns their credit now without settling them; a later
+  ``ack``/``nack`` of the same tags returns none again.  Unknown tags are ignored (the
+  session has checked what it could).
 * A sink returning ``False`` means "this connection cannot take more now" (its
   outbound buffer is full): the backend keeps the message -- queue messages stay
   queued for another consumer or for later; a topic copy for that subscriber is
@@ -92,5 +94,7 @@ class Backend(Protocol):
     def ack(self, connection_id: int, tags: Sequence[int]) -> None: ...
 
     def nack(self, connection_id: int, tags: Sequence[int]) -> None: ...
+
+    def credit(self, connection_id: int, tags: Sequence[int]) -> None: ...
 
     def resume(self, connection_id: int) -> None: ...

@@ -103,6 +103,7 @@ class _Unacked:
     sub: _Sub
     queue: _Queue | None  # None: a topic copy or a browser read (nothing to consume)
     message: _Message
+    credit_returned: bool = False  # by a transactional ACK (Backend.credit)
 
 
 @dataclass(eq=False, slots=True)
@@ -266,11 +267,26 @@ class MemoryBackend:
     def nack(self, connection_id: int, tags: Sequence[int]) -> None:
         self._settle(connection_id, tags, consume=False)
 
+    def credit(self, connection_id: int, tags: Sequence[int]) -> None:
+        conn = self._conns.get(connection_id)
+        if conn is None:
+            return
+        for tag in tags:
+            entry = conn.unacked.get(tag)
+            if entry is not None and not entry.credit_returned:
+                entry.credit_returned = True
+                self._return_credit(entry)
+        self._pump_connection(conn)
+
     def resume(self, connection_id: int) -> None:
         conn = self._conns.get(connection_id)
         if conn is None or not conn.paused:
             return
         conn.paused = False
+        self._pump_connection(conn)
+
+    def _pump_connection(self, conn: _Conn) -> None:
+        """Offer again to every subscription of ``conn`` (room or credit came back)."""
         for sub in list(conn.subs.values()):
             for queue in list(sub.queues):
                 if sub.spec.browser:
@@ -520,8 +536,8 @@ class MemoryBackend:
             entry = conn.unacked.pop(tag, None)
             if entry is None:
                 continue
-            entry.sub.count += 1
-            entry.sub.size += len(entry.message.body)
+            if not entry.credit_returned:
+                self._return_credit(entry)
             if entry.queue is None:
                 continue
             self._release_group(entry.queue, entry.message)
@@ -539,6 +555,11 @@ class MemoryBackend:
             if sub.spec.browser:
                 for queue in sub.queues:
                     self._browse(queue, sub)
+
+    @staticmethod
+    def _return_credit(entry: _Unacked) -> None:
+        entry.sub.count += 1
+        entry.sub.size += len(entry.message.body)
 
     def _release_group(self, queue: _Queue, message: _Message) -> None:
         if message.group is None:

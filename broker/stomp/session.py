@@ -34,7 +34,9 @@ Rules enforced here:
   ``client-individual`` settles one.  An id that names no pending delivery is ignored
   (a duplicate ACK is harmless).
 * BEGIN/COMMIT/ABORT: SEND, ACK and NACK carrying ``transaction`` are buffered and
-  applied in order at COMMIT, dropped at ABORT or disconnect.  An unknown or
+  applied in order at COMMIT, dropped at ABORT or disconnect.  A buffered ACK returns
+  the credit of what it names at once (``Backend.credit``), as the Apollo manual says;
+  an ABORT does not take it back and a later ACK of the same delivery adds none.  An unknown or
   duplicate transaction id is an ERROR.  Limits: ``max_transactions`` open,
   ``max_transaction_frames`` buffered frames per transaction.
 """
@@ -471,23 +473,27 @@ class Session:
         else:
             self.backend.nack(self.connection_id, tags)
 
-    def _tags_named_by(self, frame: Frame) -> list[int]:
-        """The pending deliveries an ACK/NACK settles (cumulative in client mode)."""
+    def _tags_named_by(self, frame: Frame, *, settle: bool = True) -> list[int]:
+        """The pending deliveries an ACK/NACK names (cumulative in client mode).
+
+        ``settle`` removes them from the pending set; without it they are only listed
+        (a transactional ACK returns credit before its COMMIT settles anything).
+        """
         sub, tag = self._find_pending(frame)
         if sub is None or tag is None:
             return []
         tags: list[int] = []
         if sub.spec.ack is AckMode.CLIENT:
-            for pending_tag in list(sub.pending):
+            for pending_tag in sub.pending:
                 tags.append(pending_tag)
-                del sub.pending[pending_tag]
                 if pending_tag == tag:
                     break
         else:
-            del sub.pending[tag]
             tags.append(tag)
-        for settled in tags:
-            self._tag_owner.pop(settled, None)
+        if settle:
+            for settled in tags:
+                del sub.pending[settled]
+                self._tag_owner.pop(settled, None)
         return tags
 
     def _find_pending(self, frame: Frame) -> tuple[_Subscription | None, int | None]:
@@ -568,6 +574,11 @@ class Session:
                 connection_id=self.connection_id,
                 now_ms=self.wall_clock_ms(),
             )
+        if frame.command is Command.ACK:
+            # Apollo: a transactional ACK widens the credit window now, consuming nothing
+            tags = self._tags_named_by(frame, settle=False)
+            if tags:
+                self.backend.credit(self.connection_id, tags)
         frames.append(frame)
         return True
 

@@ -541,6 +541,26 @@ def test_credit_limits_unacked_deliveries() -> None:
     assert [m.body for m in peer.read()] == [b"m2"]
 
 
+def test_transactional_ack_returns_credit_now_and_only_once() -> None:
+    world = World()
+    peer = world.connected()
+    fill(peer, "q", 4)
+    credit = {"id": "s", "destination": "/queue/q", "ack": "client-individual", "credit": "1,0"}
+    peer.send(Command.SUBSCRIBE, credit)
+    (m0,) = peer.read()
+    peer.send(Command.BEGIN, {"transaction": "t"})
+    peer.send(Command.ACK, {"id": m0.header("ack") or "", "transaction": "t"})
+    (m1,) = peer.read()  # the credit came back before COMMIT
+    assert m1.body == b"m1"
+    assert world.backend.queue_depth("q") == 4  # nothing consumed yet
+    peer.send(Command.ABORT, {"transaction": "t"})
+    peer.send(Command.ACK, {"id": m0.header("ack") or ""})
+    assert peer.read() == []  # m0's credit was already returned: no m2
+    assert world.backend.queue_depth("q") == 3
+    peer.send(Command.ACK, {"id": m1.header("ack") or ""})
+    assert [m.body for m in peer.read()] == [b"m2"]
+
+
 def test_browser_include_seq_and_from_seq() -> None:
     world = World()
     peer = world.connected()
