@@ -28,8 +28,10 @@ Semantics:
   subscriptions never match another connection's temporary destinations.
 * Limits: ``max_queue_messages`` per queue (a SEND beyond it is refused with an ERROR;
   nothing accepted is dropped) and ``max_destinations`` queues + topics.
-* Not honoured yet (accepted, ignored): ``selector``, ``persistent`` on SEND (nothing
-  survives a restart here).
+* Selectors filter what a subscription is offered (queue messages a consumer's selector
+  refuses stay for others; a browser skips them).
+* Not honoured (accepted, ignored): ``persistent`` on SEND -- nothing survives a
+  restart here.
 """
 
 from __future__ import annotations
@@ -401,7 +403,9 @@ class MemoryBackend:
         candidates = [
             c
             for c in queue.consumers
-            if self._can_take(c) and message.seq >= c.min_seq.get(queue.name, 0)
+            if self._can_take(c)
+            and message.seq >= c.min_seq.get(queue.name, 0)
+            and _selected(c, message)
         ]
         exclusive = [c for c in queue.consumers if c.spec.exclusive]
         if exclusive:
@@ -423,12 +427,15 @@ class MemoryBackend:
     def _browse(self, queue: _Queue, sub: _Sub, newest: _Message | None = None) -> None:
         cursor = sub.browse_cursor.get(queue.name, 0)
         if newest is not None and newest.seq == cursor:  # caught up: just the new one
-            if self._can_take(sub) and self._offer(sub, None, newest):
+            if not _selected(sub, newest) or (
+                self._can_take(sub) and self._offer(sub, None, newest)
+            ):
                 sub.browse_cursor[queue.name] = cursor + 1
             return
         for seq in sorted(s for s in queue.messages if s >= cursor):
             message = queue.messages[seq]
-            if self._expired(message):
+            if self._expired(message) or not _selected(sub, message):
+                sub.browse_cursor[queue.name] = seq + 1
                 continue
             if not self._can_take(sub) or not self._offer(sub, None, message):
                 return  # resumed from the cursor later
@@ -449,7 +456,7 @@ class MemoryBackend:
             self._retained.pop(name, None)
         for sub in list(self._topic_subs):
             matched = any(self._topic_match(sub, d, name) for d in sub.spec.destinations)
-            if matched and self._can_take(sub):
+            if matched and self._can_take(sub) and _selected(sub, message):
                 self._offer(sub, None, message)
         for queue in list(self._dsubs.values()):
             matched = any(d.matches(DestinationKind.TOPIC, name) for d in queue.topics)
@@ -464,7 +471,8 @@ class MemoryBackend:
 
     def _send_retained(self, sub: _Sub) -> None:
         for name, message in list(self._retained.items()):
-            if any(self._topic_match(sub, d, name) for d in sub.spec.destinations):
+            matched = any(self._topic_match(sub, d, name) for d in sub.spec.destinations)
+            if matched and _selected(sub, message):
                 self._offer(sub, None, message)
 
     def _subscribe_durable(self, sub: _Sub) -> None:
@@ -602,3 +610,13 @@ class MemoryBackend:
     def _pump_all(self) -> None:
         for queue in list(self._queues.values()) + list(self._dsubs.values()):
             self._pump(queue)
+
+
+def _selected(sub: _Sub, message: _Message) -> bool:
+    selector = sub.spec.selector
+    if selector is None:
+        return True
+    headers: dict[str, str] = {}
+    for name, value in message.headers:
+        headers.setdefault(name, value)
+    return selector.matches(headers)

@@ -10,7 +10,7 @@ SUBSCRIBE (:func:`parse_subscribe`):
 * ``from-seq:N`` (``-1`` tail, ``0`` head) and ``include-seq:HEADER`` -- queue
   sequences; ``from-seq`` on a wildcard or composite destination is refused;
 * ``persistent:true`` -- a durable subscription (needs an explicit ``id``);
-* ``exclusive:true``; ``selector:...`` (an SQL-92 expression, passed on as text).
+* ``exclusive:true``; ``selector:...`` (SQL-92, parsed here: a bad one is an ERROR).
 
 SEND (:func:`parse_send`): ``persistent:true``, ``retain:set|true|remove``,
 ``expires`` (ms since the epoch) or ``ttl`` (ms from now; turned into ``expires``),
@@ -27,6 +27,7 @@ from enum import Enum
 from broker.stomp.destinations import Destination, parse_destinations
 from broker.stomp.errors import ProtocolViolation
 from broker.stomp.frames import Frame, Version
+from broker.stomp.selector import Selector, parse_selector
 
 #: Default credit windows when SUBSCRIBE has no ``credit`` header (messages, bytes).
 DEFAULT_CREDIT_COUNT = 655360
@@ -70,7 +71,7 @@ class SubscriptionSpec:
     include_seq: str | None = None
     persistent: bool = False
     exclusive: bool = False
-    selector: str | None = None
+    selector: Selector | None = None  # parsed; .matches(headers), .text
 
     @property
     def destination_header(self) -> str:
@@ -170,8 +171,14 @@ def parse_subscribe(
         include_seq=include_seq,
         persistent=persistent,
         exclusive=_flag(frame, "exclusive"),
-        selector=frame.header("selector"),
+        selector=_selector(frame.header("selector")),
     )
+
+
+def _selector(text: str | None) -> Selector | None:
+    if text is None or not text.strip():
+        return None
+    return parse_selector(text)
 
 
 def parse_send(frame: Frame, *, broker_id: str, connection_id: int, now_ms: int) -> PublishSpec:

@@ -646,6 +646,28 @@ def test_message_groups_stick_to_one_consumer() -> None:
     assert all(len(who) == 1 for who in owners.values())
 
 
+def test_selectors_filter_topics_and_leave_queue_messages_for_others() -> None:
+    world = World()
+    picky, other, sender = world.connected(), world.connected(), world.connected()
+    blue = "color = 'blue' AND weight > 2500"
+    picky.send(Command.SUBSCRIBE, {"id": "t", "destination": "/topic/cars", "selector": blue})
+    picky.send(Command.SUBSCRIBE, {"id": "q", "destination": "/queue/cars", "selector": blue})
+    for color, weight in (("blue", "3000"), ("red", "3000"), ("blue", "100")):
+        headers = {"destination": "/topic/cars,/queue/cars", "color": color, "weight": weight}
+        sender.send(Command.SEND, headers, color.encode())
+    got = [(m.header("subscription"), m.header("weight")) for m in picky.read()]
+    assert got == [("t", "3000"), ("q", "3000")]
+    assert world.backend.queue_depth("cars") == 2  # the others wait for a consumer
+    other.send(Command.SUBSCRIBE, {"id": "all", "destination": "/queue/cars"})
+    assert [m.body for m in other.read()] == [b"red", b"blue"]
+
+
+def test_bad_selector_is_an_error() -> None:
+    peer = World().connected()
+    peer.send(Command.SUBSCRIBE, {"id": "s", "destination": "/queue/a", "selector": "a = "})
+    assert_error_then_close(peer, "selector")
+
+
 def test_add_headers_options() -> None:
     config = SessionConfig(
         add_user_header="JMSXUserID",
