@@ -668,6 +668,30 @@ def test_bad_selector_is_an_error() -> None:
     assert_error_then_close(peer, "selector")
 
 
+def test_message_groups_rebalance_only_idle_groups_when_a_consumer_joins() -> None:
+    world = World()
+    a, b, sender = world.connected(), world.connected(), world.connected()
+    a.send(Command.SUBSCRIBE, {"id": "s", "destination": "/queue/q", "ack": "client-individual"})
+
+    def send_groups() -> None:
+        for i in range(8):
+            headers = {"destination": "/queue/q", "message_group": f"g{i}"}
+            sender.send(Command.SEND, headers, b"x")
+
+    send_groups()
+    first = a.read()
+    assert len(first) == 8  # alone: a owns every group
+    for message in first[4:]:  # g4..g7 finish; g0..g3 stay in flight
+        a.send(Command.ACK, {"id": message.header("ack") or ""})
+    b.send(Command.SUBSCRIBE, {"id": "s", "destination": "/queue/q", "ack": "client-individual"})
+    send_groups()
+    to_a = {m.header("message_group") for m in a.read()}
+    to_b = {m.header("message_group") for m in b.read()}
+    assert {"g0", "g1", "g2", "g3"} <= to_a  # busy groups do not move
+    assert to_b and to_b <= {"g4", "g5", "g6", "g7"}  # idle ones are hashed again
+    assert to_a.isdisjoint(to_b)
+
+
 def test_add_headers_options() -> None:
     config = SessionConfig(
         add_user_header="JMSXUserID",
