@@ -3,6 +3,7 @@ the listener's WebSocket port, next to a plain STOMP client on the TCP port."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 
 import pytest
@@ -97,6 +98,29 @@ def test_oversized_websocket_message_fails_the_connection(listener: StompListene
                 ws.recv(timeout=WAIT)
     assert ws.close_code == 1009
     tcp = Raw(listener)  # and the listener serves others
+    try:
+        tcp.connect()
+    finally:
+        tcp.close()
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "reply_start"),
+    [
+        (b"GARBAGE / NOTHTTP\r\n\r\n", b""),
+        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"HTTP/1.1 426 "),
+    ],
+)
+def test_a_bad_handshake_is_answered_and_closed(
+    listener: StompListener, request_bytes: bytes, reply_start: bytes
+) -> None:
+    with socket.create_connection(("127.0.0.1", listener.ws_port), timeout=WAIT) as sock:
+        sock.sendall(request_bytes)
+        reply = b""
+        while chunk := sock.recv(4096):
+            reply += chunk
+    assert reply.startswith(reply_start)
+    tcp = Raw(listener)
     try:
         tcp.connect()
     finally:
