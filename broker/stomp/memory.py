@@ -218,36 +218,39 @@ class MemoryBackend:
     def subscribe(self, connection_id: int, spec: SubscriptionSpec) -> None:
         conn = self._conn(connection_id)
         sub = _Sub(conn, spec, spec.credit.count, spec.credit.size)
-        if spec.persistent:
-            self._subscribe_durable(sub)
-        else:
-            for destination in spec.destinations:
-                if destination.kind is DestinationKind.DSUB:
-                    queue = self._dsubs.get(destination.name)
-                    if queue is None:
-                        raise BackendError(f"no durable subscription {destination.name!r}")
-                    self._attach_queue(sub, queue)
         conn.subs[spec.id] = sub
-        for destination in spec.destinations:
-            if spec.persistent:
-                break
-            if destination.kind is DestinationKind.QUEUE:
-                if destination.wildcard:
-                    if sub not in self._pattern_subs:
-                        self._pattern_subs.append(sub)
-                    for queue in list(self._queues.values()):
-                        if self._visible(sub, destination, queue.name):
-                            self._attach_queue(sub, queue)
-                else:
-                    self._attach_queue(sub, self._queue(destination.name))
-            elif destination.kind is DestinationKind.TOPIC and sub not in self._topic_subs:
-                self._topic_subs.append(sub)
-                self._send_retained(sub)
+        try:
+            self._attach(sub)
+        except BackendError:
+            self._drop_sub(conn, spec.id)  # nothing half-attached stays behind
+            raise
         for queue in list(sub.queues):
             if spec.browser:
                 self._browse(queue, sub)
             else:
                 self._pump(queue)
+
+    def _attach(self, sub: _Sub) -> None:
+        if sub.spec.persistent:
+            self._subscribe_durable(sub)
+            return
+        for destination in sub.spec.destinations:
+            if destination.kind is DestinationKind.DSUB:
+                queue = self._dsubs.get(destination.name)
+                if queue is None:
+                    raise BackendError(f"no durable subscription {destination.name!r}")
+                self._attach_queue(sub, queue)
+            elif destination.kind is DestinationKind.QUEUE and destination.wildcard:
+                if sub not in self._pattern_subs:
+                    self._pattern_subs.append(sub)
+                for queue in list(self._queues.values()):
+                    if self._visible(sub, destination, queue.name):
+                        self._attach_queue(sub, queue)
+            elif destination.kind is DestinationKind.QUEUE:
+                self._attach_queue(sub, self._queue(destination.name))
+            elif sub not in self._topic_subs:
+                self._topic_subs.append(sub)
+                self._send_retained(sub)
 
     def unsubscribe(self, connection_id: int, subscription_id: str, *, destroy: bool) -> None:
         conn = self._conn(connection_id)

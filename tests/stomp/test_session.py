@@ -618,6 +618,22 @@ def test_durable_subscription_keeps_messages_while_away() -> None:
     assert world.backend.durable_depth("mysub") is None
 
 
+def test_a_refused_composite_subscription_leaves_nothing_attached() -> None:
+    world = World()
+    owner = world.connected()
+    owner.send(Command.SUBSCRIBE, {"id": "d1", "destination": "/topic/t", "persistent": "true"})
+    owner.send(Command.UNSUBSCRIBE, {"id": "d1"})  # detach; the durable queue stays
+    bad = world.connected()
+    composite = {"id": "s", "destination": "/dsub/d1,/dsub/missing", "exclusive": "true"}
+    bad.send(Command.SUBSCRIBE, composite)
+    assert_error_then_close(bad, "no durable subscription")
+    bad.session.connection_lost()
+    good = world.connected()
+    good.send(Command.SUBSCRIBE, {"id": "s", "destination": "/dsub/d1"})
+    good.send(Command.SEND, {"destination": "/topic/t"}, b"for the living")
+    assert [m.body for m in good.read()] == [b"for the living"]
+
+
 def test_exclusive_consumer_and_failover() -> None:
     world = World()
     a, b = world.connected(), world.connected()
