@@ -601,6 +601,27 @@ def test_a_full_transport_holds_queue_and_browse_deliveries_until_resume() -> No
     )
 
 
+def test_from_seq_on_consumers_and_a_browser_that_keeps_listening() -> None:
+    world = World()
+    peer = world.connected()
+    fill(peer, "q", 3)
+    peer.send(
+        Command.SUBSCRIBE,
+        {"id": "tail", "destination": "/queue/q", "from-seq": "-1", "include-seq": "n"},
+    )
+    peer.send(Command.SUBSCRIBE, {"id": "from3", "destination": "/queue/q", "from-seq": "3"})
+    got = [(m.header("subscription"), m.body) for m in peer.read()]
+    assert got == [("from3", b"m2")]  # the tail subscription skips what was there
+    listen = {"id": "b", "destination": "/queue/q", "browser": "true", "browser-end": "false"}
+    peer.send(Command.SUBSCRIBE, listen)
+    assert [m.body for m in peer.read()] == [b"m0", b"m1"]  # no end marker
+    peer.send(Command.UNSUBSCRIBE, {"id": "from3"})
+    peer.send(Command.SEND, {"destination": "/queue/q"}, b"new")
+    got = sorted((m.header("subscription") or "", m.body, m.header("n")) for m in peer.read())
+    assert got == [("b", b"new", None), ("tail", b"new", "4")]
+    assert world.backend.queue_depth("q") == 2  # m0, m1: only browsed
+
+
 def test_durable_subscription_keeps_messages_while_away() -> None:
     world = World()
     sub = world.connected()
