@@ -1,0 +1,179 @@
+"""STOMP throughput: stomp.py producer -> one queue -> stomp.py consumer, 100-byte bodies.
+
+Every party runs in its own (spawned) process on loopback TCP:
+
+* the zerohub STOMP listener (``broker.stomp.server``) with the in-memory backend;
+* with ``--rabbitmq``: RabbitMQ's STOMP plugin, same clients, same run (the server is
+  installed and started by ``bench_broker.RabbitMQ``).
+
+Rows: auto-ack with fire-and-forget SENDs (the producer's clock stops at the consumer's
+last message), and the same with a ``receipt`` on every SEND (the producer's clock stops
+when every RECEIPT is in).  stomp.py itself is usually the limit: the "send loop" column
+is the rate of the producer's ``send`` calls alone.
+
+Usage: ``python bench/bench_stomp.py [--messages 10000 100000] [--rabbitmq]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PAYLOAD = "x" * 100
+
+
+@dataclass
+class Row:
+    name: str
+    count: int
+    rates: tuple[float, float]  # end to end; the producer's send loop alone
+
+
+def serve_zerohub(port_out: Any, stop: Any) -> None:
+    from broker.stomp.memory import MemoryBackend
+    from broker.stomp.server import ListenerOptions, StompListener
+
+    listener = StompListener(MemoryBackend(), ListenerOptions(port=0))
+    listener.start()
+    port_out.put(listener.port)
+    stop.wait()
+    listener.stop()
+
+
+def consumer(port: int, vhost: str, count: int, ready: Any, out: Any) -> None:
+    import stomp
+
+    done = threading.Event()
+    seen = [0]
+
+    class Listener(stomp.ConnectionListener):  # type: ignore[misc]
+        def on_message(self, frame: Any) -> None:
+            seen[0] += 1
+            if seen[0] >= count:
+                out.put(("consumer", time.perf_counter()))
+                done.set()
+
+    conn = stomp.Connection12([("127.0.0.1", port)], vhost=vhost)
+    conn.set_listener("", Listener())
+    conn.connect("guest", "guest", wait=True)
+    conn.subscribe("/queue/bench", id="1", ack="auto")
+    ready.set()
+    done.wait(600)
+    conn.disconnect()
+
+
+def producer(port: int, vhost: str, count: int, receipts: bool, go: Any, out: Any) -> None:
+    import stomp
+
+    got = [0]
+    all_in = threading.Event()
+
+    class Listener(stomp.ConnectionListener):  # type: ignore[misc]
+        def on_receipt(self, frame: Any) -> None:
+            got[0] += 1
+            if got[0] >= count:
+                all_in.set()
+
+    conn = stomp.Connection12([("127.0.0.1", port)], vhost=vhost)
+    conn.set_listener("", Listener())
+    conn.connect("guest", "guest", wait=True)
+    go.wait(60)
+    start = time.perf_counter()
+    for i in range(count):
+        if receipts:
+            conn.send("/queue/bench", PAYLOAD, receipt=str(i))
+        else:
+            conn.send("/queue/bench", PAYLOAD)
+    out.put(("sent", time.perf_counter()))
+    if receipts:
+        all_in.wait(600)
+        out.put(("receipts", time.perf_counter()))
+    out.put(("producer", start))
+    conn.disconnect()
+
+
+def run_pair(ctx: Any, port: int, vhost: str, count: int, receipts: bool) -> tuple[float, float]:
+    out, ready, go = ctx.Queue(), ctx.Event(), ctx.Event()
+    c = ctx.Process(target=consumer, args=(port, vhost, count, ready, out))
+    c.start()
+    ready.wait(60)
+    p = ctx.Process(target=producer, args=(port, vhost, count, receipts, go, out))
+    p.start()
+    time.sleep(0.5)
+    go.set()
+    results = dict(out.get(timeout=900) for _ in range(4 if receipts else 3))
+    p.join(60)
+    c.join(60)
+    end = max(results["consumer"], results.get("receipts", 0.0))
+    start = results["producer"]
+    return count / (end - start), count / (results["sent"] - start)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--rabbitmq", action="store_true", help="also measure RabbitMQ STOMP")
+    args = parser.parse_args(argv)
+    ctx = mp.get_context("spawn")
+    rows: list[Row] = []
+    port_q, stop = ctx.Queue(), ctx.Event()
+    server = ctx.Process(target=serve_zerohub, args=(port_q, stop))
+    server.start()
+    port = port_q.get(timeout=60)
+    rabbit = None
+    try:
+        for count in args.messages:
+            rows.append(
+                Row(
+                    "zerohub STOMP auto-ack", count, run_pair(ctx, port, "localhost", count, False)
+                )
+            )
+            rows.append(
+                Row(
+                    "zerohub STOMP receipt per SEND",
+                    count,
+                    run_pair(ctx, port, "localhost", count, True),
+                )
+            )
+        if args.rabbitmq:
+            sys.path.insert(0, str(Path(__file__).parent))
+            from bench_broker import RabbitMQ
+
+            RabbitMQ.install()
+            rabbit = RabbitMQ()
+            rabbit.start()
+            for count in args.messages:
+                rows.append(
+                    Row(
+                        "RabbitMQ STOMP auto-ack",
+                        count,
+                        run_pair(ctx, rabbit.stomp_port, "/", count, False),
+                    )
+                )
+                rows.append(
+                    Row(
+                        "RabbitMQ STOMP receipt per SEND",
+                        count,
+                        run_pair(ctx, rabbit.stomp_port, "/", count, True),
+                    )
+                )
+    finally:
+        stop.set()
+        server.join(30)
+        if rabbit is not None:
+            rabbit.stop()
+    print(f"{'case':36} {'messages':>9} {'msg/s':>9} {'send loop msg/s':>16}")
+    for row in rows:
+        rate, loop = row.rates
+        print(f"{row.name:36} {row.count:>9} {rate:>9.0f} {loop:>16.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""The typed interface between a STOMP session and the broker behind it.
+
+A :class:`~broker.stomp.session.Session` never routes messages itself: it parses frames,
+enforces the STOMP rules, and calls a :class:`Backend`.  The backend pushes deliveries
+back through the :data:`DeliverySink` it was given at :meth:`Backend.attach`.
+
+Contract (what an implementation on the broker engine must do):
+
+* Every call is made from one thread (the listener's event loop); calls are never
+  re-entrant *from the session*, but a backend may call any sink (this connection's or
+  another's) from inside ``publish``/``subscribe``/``ack``/``nack``/``resume``/``detach``.
+* ``publish`` returns once the message is accepted -- for ``persistent`` messages, once
+  it is durable: the session sends the RECEIPT right after it returns.  Refusal:
+  raise :class:`~broker.stomp.errors.BackendError` (the client gets an ERROR frame).
+* ``subscribe`` starts deliveries for ``spec`` (a SubscriptionSpec: destinations,
+  ack mode, credit, browser, from-seq, include-seq, persistent, exclusive, selector;
+  options the backend does not honour yet are ignored, never an error).  Retained
+  topic messages, queue backlogs and browse ends are delivered through the sink,
+  possibly before ``subscribe`` returns.
+* Each :class:`Delivery` carries a ``tag``, unique per connection for its lifetime.
+  With ``AckMode.AUTO`` the backend settles the message as soon as the sink accepts
+  it (no ``ack`` follows).  Otherwise it stays unacknowledged (and counts against the
+  subscription's credit) until ``ack``/``nack`` names its tag, or until ``detach``.
+* ``ack(tags)`` settles (consumes) and returns credit; ``nack(tags)`` returns the
+  messages for redelivery (``redeliveries + 1``) and returns credit.  ``credit(tags)``
+  (a transactional ACK) returns their credit now without settling them; a later
+  ``ack``/``nack`` of the same tags returns none again.  Unknown tags are ignored (the
+  session has checked what it could).
+* A sink returning ``False`` means "this connection cannot take more now" (its
+  outbound buffer is full): the backend keeps the message -- queue messages stay
+  queued for another consumer or for later; a topic copy for that subscriber is
+  dropped -- and stops offering to that connection until ``resume``.
+* ``unsubscribe(id, destroy=True)`` also deletes a durable subscription (``/dsub/``).
+  Unacknowledged deliveries of an unsubscribed subscription are redelivered.
+* ``detach`` (connection gone, cleanly or not): every unacknowledged delivery is
+  redelivered to other subscribers, subscriptions end (durable ones keep their
+  queue), and the connection's temporary destinations are deleted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from broker.stomp.subscription import PublishSpec, SubscriptionSpec
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionInfo:
+    """Who is connected: set by the session once CONNECT is accepted."""
+
+    id: int  # unique per listener, used in temporary destination names
+    user: str  # what the authenticator returned
+    virtual_host: str
+    version: str  # "1.0", "1.1" or "1.2"
+    peer: str = ""  # "host:port" for logs
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One message for one subscription of one connection."""
+
+    subscription: str  # the SUBSCRIBE id
+    tag: int  # unique per connection; names this delivery in ack/nack
+    message_id: str  # stable across redeliveries of the same message
+    destination: str  # STOMP form, e.g. "/queue/a" (the concrete one for wildcards)
+    headers: tuple[tuple[str, str], ...]  # the publisher's user headers
+    body: bytes
+    redeliveries: int = 0
+    sequence: int | None = None  # queue sequence (include-seq), when known
+    timestamp_ms: int | None = None  # when the broker received it (ms since the epoch)
+    sender: str | None = None  # user id of the publisher (add_user_header)
+    browse_end: bool = False  # the "end of browse" marker (no message, never acked)
+
+
+#: Pushes one delivery to a connection; False = not accepted now (see the contract).
+DeliverySink = Callable[[Delivery], bool]
+
+
+class Backend(Protocol):
+    """What a STOMP session needs from a broker (see the module docstring)."""
+
+    def attach(self, connection: ConnectionInfo, sink: DeliverySink) -> None: ...
+
+    def detach(self, connection_id: int) -> None: ...
+
+    def publish(self, connection_id: int, spec: PublishSpec) -> None: ...
+
+    def subscribe(self, connection_id: int, spec: SubscriptionSpec) -> None: ...
+
+    def unsubscribe(self, connection_id: int, subscription_id: str, *, destroy: bool) -> None: ...
+
+    def ack(self, connection_id: int, tags: Sequence[int]) -> None: ...
+
+    def nack(self, connection_id: int, tags: Sequence[int]) -> None: ...
+
+    def credit(self, connection_id: int, tags: Sequence[int]) -> None: ...
+
+    def resume(self, connection_id: int) -> None: ...

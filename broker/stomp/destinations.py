@@ -1,0 +1,266 @@
+"""STOMP destination headers parsed into typed destinations (Apollo rules).
+
+* Prefixes: ``/queue/NAME``, ``/topic/NAME``, ``/dsub/ID`` (a durable subscription),
+  ``/temp-queue/NAME`` and ``/temp-topic/NAME``.  A temporary destination is the normal
+  queue/topic ``temp.<broker_id>.<connection_id>.NAME``; only that connection may
+  subscribe to it (:func:`temp_owner` tells who owns a name).
+* Composite destinations: several destinations separated by ``,`` (SEND and SUBSCRIBE).
+* Names are made of ``a-z A-Z 0-9 _ - % ~ : space ( ) .`` (the manual's "Destination
+  Name Restrictions"); ``.`` separates path segments.  Anything else is refused: other
+  characters must be UTF-8 then URL-encoded (``%xx``) by the client.  (The manual's own
+  retained-message example, ``/topic/stock/IBM``, breaks that rule; the rule wins.)
+* Wildcards, in SUBSCRIBE only: a segment ``*`` matches any one segment, ``**`` any
+  number of segments (zero included), ``*`` inside a segment matches any characters
+  (``I*``), ``{regex}`` inside a segment matches a regular expression (``*{[0-9]}``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from functools import lru_cache
+
+from broker.stomp.errors import DestinationError
+
+PATH_SEPARATOR = "."
+DESTINATION_SEPARATOR = ","
+ANY_CHILD = "*"
+ANY_DESCENDANT = "**"
+TEMP_PREFIX = "temp."
+
+#: Longest destination header accepted (characters), composite included.
+MAX_DESTINATION_LENGTH = 4096
+#: Most destinations in one composite destination.
+MAX_COMPOSITE = 64
+#: Longest ``{regex}`` accepted in a wildcard (characters).
+MAX_REGEX_LENGTH = 256
+
+_NAME_CHARS = re.compile(r"[A-Za-z0-9_\-%~: ().]+")
+
+
+class DestinationKind(Enum):
+    QUEUE = "queue"
+    TOPIC = "topic"
+    DSUB = "dsub"  # a durable subscription addressed by its id
+
+
+_PREFIXES: dict[str, tuple[DestinationKind, bool]] = {
+    "/queue/": (DestinationKind.QUEUE, False),
+    "/topic/": (DestinationKind.TOPIC, False),
+    "/dsub/": (DestinationKind.DSUB, False),
+    "/temp-queue/": (DestinationKind.QUEUE, True),
+    "/temp-topic/": (DestinationKind.TOPIC, True),
+}
+_STOMP_PREFIX = {
+    DestinationKind.QUEUE: "/queue/",
+    DestinationKind.TOPIC: "/topic/",
+    DestinationKind.DSUB: "/dsub/",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    """One destination: ``kind`` and the broker-side ``name`` (temporary names expanded)."""
+
+    kind: DestinationKind
+    name: str
+    pattern: DestinationPattern | None = field(default=None, compare=False)
+
+    @property
+    def wildcard(self) -> bool:
+        return self.pattern is not None
+
+    @property
+    def stomp(self) -> str:
+        """The destination as a STOMP header value (``/queue/NAME``)."""
+        return _STOMP_PREFIX[self.kind] + self.name
+
+    def matches(self, kind: DestinationKind, name: str) -> bool:
+        if kind is not self.kind:
+            return False
+        if self.pattern is None:
+            return name == self.name
+        return self.pattern.matches(name)
+
+
+def temp_name(broker_id: str, connection_id: int, name: str) -> str:
+    return f"{TEMP_PREFIX}{broker_id}.{connection_id}.{name}"
+
+
+def temp_owner(name: str) -> tuple[str, int] | None:
+    """``(broker_id, connection_id)`` of a temporary destination name, else None."""
+    if not name.startswith(TEMP_PREFIX):
+        return None
+    parts = name.split(PATH_SEPARATOR, 3)
+    if len(parts) < 4 or not parts[2].isdigit():
+        return None
+    return parts[1], int(parts[2])
+
+
+def parse_destinations(
+    header: str | None,
+    *,
+    broker_id: str,
+    connection_id: int,
+    allow_wildcards: bool,
+) -> tuple[Destination, ...]:
+    """Parse a ``destination`` header (composite allowed) or raise ``DestinationError``."""
+    if header is None or header == "":
+        raise DestinationError("missing destination header")
+    if len(header) > MAX_DESTINATION_LENGTH:
+        raise DestinationError(f"destination longer than {MAX_DESTINATION_LENGTH} characters")
+    parts = header.split(DESTINATION_SEPARATOR)
+    if len(parts) > MAX_COMPOSITE:
+        raise DestinationError(f"more than {MAX_COMPOSITE} destinations in a composite")
+    return tuple(_parse_one(part, broker_id, connection_id, allow_wildcards) for part in parts)
+
+
+def _split_prefix(text: str) -> tuple[DestinationKind, bool, str]:
+    for prefix, (kind, temporary) in _PREFIXES.items():
+        if text.startswith(prefix):
+            return kind, temporary, text[len(prefix) :]
+    raise DestinationError(
+        f"destination {text[:80]!r} must start with /queue/, /topic/, /dsub/, "
+        "/temp-queue/ or /temp-topic/"
+    )
+
+
+def _parse_one(
+    text: str, broker_id: str, connection_id: int, allow_wildcards: bool
+) -> Destination:
+    kind, temporary, name = _split_prefix(text)
+    if not name:
+        raise DestinationError(f"destination {text[:80]!r} has an empty name")
+    pattern: DestinationPattern | None = None
+    if _has_wildcard(name):
+        if not allow_wildcards:
+            raise DestinationError(
+                f"destination {text[:80]!r}: wildcards may only be used in SUBSCRIBE"
+            )
+        if kind is DestinationKind.DSUB:
+            raise DestinationError(f"destination {text[:80]!r}: /dsub/ ids take no wildcards")
+        pattern = compile_pattern(name)
+    else:
+        _check_name(name, text)
+    if temporary:
+        name = temp_name(broker_id, connection_id, name)
+        if pattern is not None:
+            pattern = compile_pattern(name)
+    return Destination(kind, name, pattern)
+
+
+def _has_wildcard(name: str) -> bool:
+    return ANY_CHILD in name or "{" in name
+
+
+def _check_name(name: str, text: str) -> None:
+    if not _NAME_CHARS.fullmatch(name):
+        raise DestinationError(
+            f"destination {text[:80]!r}: names use a-z A-Z 0-9 _ - % ~ : space ( ) . only "
+            "(URL-encode other characters)"
+        )
+    if "" in name.split(PATH_SEPARATOR):
+        raise DestinationError(f"destination {text[:80]!r} has an empty path segment")
+
+
+# -- wildcards ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DestinationPattern:
+    """A compiled wildcard name: per-segment regexes, ``None`` standing for ``**``."""
+
+    text: str
+    segments: tuple[re.Pattern[str] | None, ...]
+
+    def matches(self, name: str) -> bool:
+        return _match(self.segments, tuple(name.split(PATH_SEPARATOR)))
+
+
+def _match(segments: Sequence[re.Pattern[str] | None], names: Sequence[str]) -> bool:
+    if not segments:
+        return not names
+    head = segments[0]
+    if head is None:  # '**': zero or more segments
+        return any(_match(segments[1:], names[i:]) for i in range(len(names) + 1))
+    return bool(names) and head.fullmatch(names[0]) is not None and _match(segments[1:], names[1:])
+
+
+@lru_cache(maxsize=1024)
+def compile_pattern(text: str) -> DestinationPattern:
+    compiled: list[re.Pattern[str] | None] = []
+    for segment in _split_segments(text):
+        if segment == ANY_DESCENDANT:
+            if compiled and compiled[-1] is None:
+                continue  # '**.**' is '**'
+            compiled.append(None)
+        else:
+            compiled.append(_segment_regex(segment, text))
+    return DestinationPattern(text, tuple(compiled))
+
+
+def _split_segments(text: str) -> list[str]:
+    """Split at '.' outside ``{...}`` (a regex may contain dots)."""
+    segments: list[str] = []
+    depth = 0
+    current: list[str] = []
+    for ch in text:
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth < 0:
+                raise DestinationError(f"destination pattern {text[:80]!r}: unbalanced '}}'")
+        if ch == PATH_SEPARATOR and depth == 0:
+            segments.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    if depth:
+        raise DestinationError(f"destination pattern {text[:80]!r}: unbalanced '{{'")
+    segments.append("".join(current))
+    return segments
+
+
+def _closing_brace(segment: str, start: int) -> int:
+    depth = 0
+    for j in range(start, len(segment)):
+        if segment[j] == "{":
+            depth += 1
+        elif segment[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return j
+    raise DestinationError(f"unbalanced '{{' in {segment[:80]!r}")
+
+
+def _segment_regex(segment: str, text: str) -> re.Pattern[str]:
+    if not segment:
+        raise DestinationError(f"destination pattern {text[:80]!r} has an empty segment")
+    out: list[str] = []
+    i = 0
+    while i < len(segment):
+        ch = segment[i]
+        if ch == "{":
+            end = _closing_brace(segment, i)
+            regex = segment[i + 1 : end]
+            if len(regex) > MAX_REGEX_LENGTH:
+                raise DestinationError(f"a {{regex}} is longer than {MAX_REGEX_LENGTH}")
+            out.append(f"(?:{regex})")
+            i = end + 1
+        elif ch == ANY_CHILD:
+            out.append(".*")
+            i += 1
+        else:
+            if not _NAME_CHARS.fullmatch(ch) or ch == PATH_SEPARATOR:
+                raise DestinationError(
+                    f"destination pattern {text[:80]!r}: character {ch!r} is not allowed"
+                )
+            out.append(re.escape(ch))
+            i += 1
+    try:
+        return re.compile("".join(out))
+    except re.error as exc:
+        raise DestinationError(f"destination pattern {text[:80]!r}: bad regex ({exc})")

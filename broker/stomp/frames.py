@@ -1,0 +1,445 @@
+"""Sans-IO STOMP frame codec: an incremental parser and a serializer.
+
+Rules enforced by :class:`FrameParser` (the only exception it raises is
+:class:`~broker.stomp.errors.FrameError`):
+
+* bytes may arrive split anywhere; several frames may arrive in one chunk; heart-beat
+  EOLs (``\\n`` or ``\\r\\n``) between frames are skipped (``heartbeats`` counts them);
+* an EOL is ``\\n``; ``\\r\\n`` is accepted before the version is known (CONNECT) and
+  on 1.2; on 1.0/1.1 a ``\\r`` belongs to the line;
+* the command must be one of the parser's ``commands``; a command line longer than
+  :data:`MAX_COMMAND_LENGTH` is refused before its end is seen;
+* a header line is ``name:value`` split at the first ``:``; a line without ``:``,
+  a NUL byte or invalid UTF-8 is refused; on 1.1 ``\\n \\c \\\\`` and on 1.2 also
+  ``\\r`` are unescaped, any other ``\\x`` is refused; 1.0 and the CONNECT/CONNECTED
+  frames are never unescaped;
+* repeated headers are all kept, in order; :meth:`Frame.header` returns the first
+  (the one that counts, per STOMP 1.2);
+* ``content-length`` (a decimal integer) gives the body size and the body may
+  contain NULs; the byte after the body must be NUL; without it the body ends at the
+  first NUL;
+* limits (:class:`Limits`, the Apollo manual's defaults): a header line longer than
+  ``max_header_length`` bytes, more than ``max_headers`` headers, or a body larger
+  than ``max_body`` bytes is refused with ``LimitExceeded`` as soon as it is seen --
+  a ``content-length`` above the limit is refused on its own, before any body byte,
+  and an unterminated line or body is refused once the limit is crossed; the parser
+  never holds more than one limit's worth of an unfinished line or body.
+
+:func:`serialize` writes a frame for a version: it escapes header names and values
+(1.1/1.2, except CONNECT/CONNECTED) and raises ``EncodeError`` for what the version
+cannot represent (an EOL in a 1.0 header, a ``:`` in a 1.0 header name...).  It never
+adds headers: builders put ``content-length`` on frames that need it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import Enum, StrEnum
+
+from broker.stomp.errors import EncodeError, FrameError, LimitExceeded
+
+
+class Version(Enum):
+    """Protocol versions, ordered by :attr:`rank` (``1.0 < 1.1 < 1.2``)."""
+
+    V1_0 = "1.0"
+    V1_1 = "1.1"
+    V1_2 = "1.2"
+
+    @property
+    def rank(self) -> int:
+        return _VERSION_RANK[self]
+
+
+_VERSION_RANK = {Version.V1_0: 0, Version.V1_1: 1, Version.V1_2: 2}
+
+
+class Command(StrEnum):
+    # client frames
+    CONNECT = "CONNECT"
+    STOMP = "STOMP"
+    SEND = "SEND"
+    SUBSCRIBE = "SUBSCRIBE"
+    UNSUBSCRIBE = "UNSUBSCRIBE"
+    ACK = "ACK"
+    NACK = "NACK"
+    BEGIN = "BEGIN"
+    COMMIT = "COMMIT"
+    ABORT = "ABORT"
+    DISCONNECT = "DISCONNECT"
+    # server frames
+    CONNECTED = "CONNECTED"
+    MESSAGE = "MESSAGE"
+    RECEIPT = "RECEIPT"
+    ERROR = "ERROR"
+
+
+CLIENT_COMMANDS: frozenset[Command] = frozenset(
+    {
+        Command.CONNECT,
+        Command.STOMP,
+        Command.SEND,
+        Command.SUBSCRIBE,
+        Command.UNSUBSCRIBE,
+        Command.ACK,
+        Command.NACK,
+        Command.BEGIN,
+        Command.COMMIT,
+        Command.ABORT,
+        Command.DISCONNECT,
+    }
+)
+SERVER_COMMANDS: frozenset[Command] = frozenset(
+    {Command.CONNECTED, Command.MESSAGE, Command.RECEIPT, Command.ERROR}
+)
+ALL_COMMANDS: frozenset[Command] = CLIENT_COMMANDS | SERVER_COMMANDS
+
+#: Frames whose headers are never escaped (STOMP 1.1 and 1.2 say so).
+_UNESCAPED_COMMANDS = frozenset({Command.CONNECT, Command.STOMP, Command.CONNECTED})
+
+#: Longest command line accepted (bytes, before its EOL); the longest command is 11.
+MAX_COMMAND_LENGTH = 32
+
+KIB = 1024
+MIB = 1024 * KIB
+
+Headers = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-frame limits; defaults are the Apollo manual's."""
+
+    #: Longest header line, ``name:value`` escaped as on the wire, in bytes (10k).
+    max_header_length: int = 10 * KIB
+    #: Most headers in one frame (1000).
+    max_headers: int = 1000
+    #: Largest body in bytes (100M); ``max_data_length`` in the manual.
+    max_body: int = 100 * MIB
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    command: Command
+    headers: Headers = ()
+    body: bytes = b""
+
+    def header(self, name: str, default: str | None = None) -> str | None:
+        """The first value of header ``name`` (repeated headers: the first wins)."""
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return default
+
+    def has(self, name: str) -> bool:
+        return any(key == name for key, _ in self.headers)
+
+
+def make_frame(
+    command: Command, headers: Iterable[tuple[str, str]] = (), body: bytes = b""
+) -> Frame:
+    return Frame(command, tuple(headers), body)
+
+
+# -- escaping ----------------------------------------------------------------------------
+
+_ESCAPES_1_1 = {ord("n"): "\n", ord("c"): ":", ord("\\"): "\\"}
+_ESCAPES_1_2 = {**_ESCAPES_1_1, ord("r"): "\r"}
+_ENCODE_1_1 = str.maketrans({"\\": "\\\\", "\n": "\\n", ":": "\\c"})
+_ENCODE_1_2 = str.maketrans({"\\": "\\\\", "\n": "\\n", ":": "\\c", "\r": "\\r"})
+
+
+def _escapes_for(version: Version | None, command: Command) -> dict[int, str] | None:
+    if version is None or version is Version.V1_0 or command in _UNESCAPED_COMMANDS:
+        return None
+    return _ESCAPES_1_2 if version is Version.V1_2 else _ESCAPES_1_1
+
+
+def _unescape(raw: str, table: dict[int, str]) -> str:
+    if "\\" not in raw:
+        return raw
+    out: list[str] = []
+    i = 0
+    n = len(raw)
+    while i < n:
+        ch = raw[i]
+        if ch != "\\":
+            out.append(ch)
+            i += 1
+            continue
+        if i + 1 >= n:
+            raise FrameError("header ends with an incomplete escape sequence")
+        nxt = table.get(ord(raw[i + 1]))
+        if nxt is None:
+            raise FrameError(f"undefined escape sequence \\{raw[i + 1]} in header")
+        out.append(nxt)
+        i += 2
+    return "".join(out)
+
+
+# -- parser ------------------------------------------------------------------------------
+
+
+class _State(Enum):
+    IDLE = "idle"  # between frames: skipping heart-beat EOLs
+    HEADERS = "headers"  # command read; reading header lines
+    BODY = "body"  # headers read; reading the body
+
+
+class FrameParser:
+    """Incremental STOMP parser: ``feed(chunk)`` returns the frames completed by it.
+
+    ``version`` selects EOL and escaping rules; ``None`` (before CONNECT is seen) accepts
+    CRLF and does not unescape.  The session sets it once the version is negotiated.
+    After a ``FrameError`` the parser is unusable (the connection must end).
+    """
+
+    def __init__(
+        self,
+        limits: Limits | None = None,
+        commands: frozenset[Command] = CLIENT_COMMANDS,
+        version: Version | None = None,
+    ) -> None:
+        self.limits = limits or Limits()
+        self.commands = commands
+        self.version = version
+        self.heartbeats = 0
+        self._buf = bytearray()
+        self._pos = 0
+        self._state = _State.IDLE
+        self._command: Command | None = None
+        self._headers: list[tuple[str, str]] = []
+        self._body_length: int | None = None
+        self._scan_from = 0  # where the search for the body's NUL resumes
+        self._broken: FrameError | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held for a frame not yet complete."""
+        return len(self._buf) - self._pos
+
+    @property
+    def idle(self) -> bool:
+        """True when no part of a frame is pending (between frames)."""
+        return self._state is _State.IDLE and self.buffered == 0
+
+    def feed(self, data: bytes) -> list[Frame]:
+        if self._broken is not None:
+            raise self._broken
+        if data:
+            self._buf += data
+        frames: list[Frame] = []
+        try:
+            while True:
+                frame = self._step()
+                if frame is None:
+                    break
+                frames.append(frame)
+        except FrameError as exc:
+            self._broken = exc
+            self._buf.clear()
+            self._pos = 0
+            raise
+        if self._pos:
+            del self._buf[: self._pos]
+            self._scan_from -= self._pos
+            self._pos = 0
+        return frames
+
+    def _step(self) -> Frame | None:
+        """Advance by at most one frame; return it when complete, else None."""
+        while True:
+            if self._state is _State.IDLE:
+                if not self._skip_eols():
+                    return None
+                line = self._line(MAX_COMMAND_LENGTH, "command")
+                if line is None:
+                    return None
+                self._start_frame(line)
+            elif self._state is _State.HEADERS:
+                line = self._line(self.limits.max_header_length, "max_header_length")
+                if line is None:
+                    return None
+                if line:
+                    self._add_header(line)
+                else:
+                    self._start_body()
+            else:
+                return self._read_body()
+
+    def _skip_eols(self) -> bool:
+        """Skip heart-beat EOLs; True when a command byte is next."""
+        buf = self._buf
+        n = len(buf)
+        while self._pos < n:
+            b = buf[self._pos]
+            if b == 0x0A:
+                self._pos += 1
+                self.heartbeats += 1
+            elif b == 0x0D:
+                if self._pos + 1 >= n:
+                    return False
+                if buf[self._pos + 1] != 0x0A:
+                    return True  # a stray CR starts a (bad) command line
+                self._pos += 2
+                self.heartbeats += 1
+            else:
+                return True
+        return False
+
+    def _line(self, limit: int, limit_name: str) -> bytes | None:
+        end = self._buf.find(b"\n", self._pos)
+        if end < 0:
+            if len(self._buf) - self._pos > limit:
+                self._too_long(limit, limit_name)
+            return None
+        line = bytes(self._buf[self._pos : end])
+        if line.endswith(b"\r") and (self.version is None or self.version is Version.V1_2):
+            line = line[:-1]
+        if len(line) > limit:
+            self._too_long(limit, limit_name)
+        self._pos = end + 1
+        return line
+
+    @staticmethod
+    def _too_long(limit: int, limit_name: str) -> None:
+        if limit_name == "command":
+            raise FrameError(f"command line longer than {limit} bytes")
+        raise LimitExceeded(limit_name, f"a header line is longer than {limit} bytes")
+
+    def _start_frame(self, line: bytes) -> None:
+        try:
+            command = Command(line.decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            shown = line[:MAX_COMMAND_LENGTH].decode("ascii", "replace")
+            raise FrameError(f"unknown command {shown!r}")
+        if command not in self.commands:
+            raise FrameError(f"unexpected command {command.value}")
+        self._command = command
+        self._headers = []
+        self._state = _State.HEADERS
+
+    def _add_header(self, line: bytes) -> None:
+        if len(self._headers) >= self.limits.max_headers:
+            raise LimitExceeded(
+                "max_headers", f"more than {self.limits.max_headers} headers in a frame"
+            )
+        if b"\0" in line:
+            raise FrameError("NUL byte in a header line")
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
+            raise FrameError("header line is not valid UTF-8")
+        name, sep, value = text.partition(":")
+        if not sep:
+            raise FrameError(f"header line without ':' ({text[:40]!r})")
+        assert self._command is not None
+        table = _escapes_for(self.version, self._command)
+        if table is not None:
+            name = _unescape(name, table)
+            value = _unescape(value, table)
+        self._headers.append((name, value))
+
+    def _start_body(self) -> None:
+        length: int | None = None
+        for name, value in self._headers:
+            if name == "content-length":
+                length = _parse_length(value)
+                break
+        if length is not None and length > self.limits.max_body:
+            raise LimitExceeded(
+                "max_body", f"content-length {length} is above {self.limits.max_body} bytes"
+            )
+        self._body_length = length
+        self._scan_from = self._pos
+        self._state = _State.BODY
+
+    def _read_body(self) -> Frame | None:
+        buf = self._buf
+        start = self._pos
+        if self._body_length is not None:
+            end = start + self._body_length
+            if len(buf) <= end:
+                return None
+            if buf[end] != 0:
+                raise FrameError("frame body is not followed by NUL (wrong content-length?)")
+        else:
+            end = buf.find(b"\0", self._scan_from)
+            if (end < 0 and len(buf) - start > self.limits.max_body) or (
+                end - start > self.limits.max_body
+            ):
+                raise LimitExceeded(
+                    "max_body", f"a body is longer than {self.limits.max_body} bytes"
+                )
+            if end < 0:
+                self._scan_from = len(buf)
+                return None
+        assert self._command is not None
+        frame = Frame(self._command, tuple(self._headers), bytes(buf[start:end]))
+        self._pos = end + 1
+        self._state = _State.IDLE
+        self._command = None
+        self._headers = []
+        self._body_length = None
+        return frame
+
+
+def _parse_length(value: str) -> int:
+    text = value
+    if not text.isdigit() or not text.isascii() or len(text) > 20:
+        raise FrameError(f"content-length is not a non-negative integer ({value[:40]!r})")
+    return int(text)
+
+
+def parse_all(data: bytes, version: Version | None = None) -> list[Frame]:
+    """Parse a complete byte string (tests and tools); raises on a trailing fragment."""
+    parser = FrameParser(commands=ALL_COMMANDS, version=version)
+    frames = parser.feed(data)
+    if not parser.idle:
+        raise FrameError("incomplete frame at the end of the data")
+    return frames
+
+
+# -- serializer --------------------------------------------------------------------------
+
+
+def serialize(frame: Frame, version: Version = Version.V1_2) -> bytes:
+    """Bytes of ``frame`` as ``version`` writes it (LF line ends, trailing NUL)."""
+    escape = frame.command not in _UNESCAPED_COMMANDS and version is not Version.V1_0
+    table = _ENCODE_1_2 if version is Version.V1_2 else _ENCODE_1_1
+    parts = [frame.command.value, "\n"]
+    for name, value in frame.headers:
+        if "\0" in name or "\0" in value:
+            raise EncodeError(f"header {name[:40]!r} contains NUL")
+        if escape:
+            parts.append(name.translate(table))
+            parts.append(":")
+            parts.append(value.translate(table))
+        else:
+            _check_raw_header(name, value, version)
+            parts.append(name)
+            parts.append(":")
+            parts.append(value)
+        parts.append("\n")
+    parts.append("\n")
+    head = "".join(parts).encode("utf-8")
+    length = frame.header("content-length")
+    if length is None and b"\0" in frame.body:
+        raise EncodeError("a body with NUL bytes needs a content-length header")
+    if length is not None and length != str(len(frame.body)):
+        raise EncodeError(f"content-length {length} does not match the body ({len(frame.body)})")
+    return head + frame.body + b"\0"
+
+
+def _check_raw_header(name: str, value: str, version: Version) -> None:
+    if "\n" in name or "\n" in value or ":" in name:
+        raise EncodeError(
+            f"header {name[:40]!r} cannot be written unescaped "
+            f"(STOMP {version.value}, {'no escapes' if version is Version.V1_0 else 'CONNECT'})"
+        )
+    if value.endswith("\r") or name.endswith("\r"):
+        raise EncodeError(f"header {name[:40]!r} ends with CR (read back as a CRLF)")
+
+
+HEARTBEAT = b"\n"

@@ -1,0 +1,351 @@
+"""SQL-92 message selectors over message headers (JMS style), parsed once, pure.
+
+``parse_selector(text)`` returns a :class:`Selector` whose ``matches(headers)`` is true
+only when the expression is TRUE (SQL's three-valued logic: a missing header is NULL,
+comparisons with NULL are UNKNOWN, and UNKNOWN does not match).
+
+Supported: ``=  <>  <  >  <=  >=``, ``AND  OR  NOT``, ``[NOT] IN ('a', 'b')``,
+``[NOT] LIKE 'pat%_' [ESCAPE '\\']``, ``[NOT] BETWEEN x AND y``, ``IS [NOT] NULL``,
+``+ - * /`` and unary minus, parentheses, string literals in single quotes (``''``
+is a quote), integer and decimal numbers, ``TRUE``/``FALSE``.  Identifiers
+(``[A-Za-z_$][A-Za-z0-9_$]*``) name headers; keywords are case-insensitive.  Header
+values are strings: compared with a number they are read as numbers (a value that is
+not a number makes the comparison UNKNOWN).
+
+Limits: :data:`MAX_SELECTOR_LENGTH` characters, :data:`MAX_DEPTH` nesting levels.  A
+selector that cannot be parsed raises :class:`~broker.stomp.errors.ProtocolViolation`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from broker.stomp.errors import ProtocolViolation
+
+MAX_SELECTOR_LENGTH = 4096
+MAX_DEPTH = 64
+
+Value = bool | int | float | str | None
+Env = Mapping[str, str]
+Eval = Callable[[Env], Value]
+
+_TOKEN = re.compile(
+    r"""\s*(?:
+        (?P<num>\d+\.\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|\d+(?:[eE][-+]?\d+)?)
+      | (?P<str>'(?:[^']|'')*')
+      | (?P<id>[A-Za-z_$][A-Za-z0-9_$]*)
+      | (?P<op><>|<=|>=|[=<>()+\-*/,])
+    )""",
+    re.VERBOSE,
+)
+_KEYWORDS = {
+    "AND", "OR", "NOT", "IN", "LIKE", "ESCAPE", "BETWEEN", "IS", "NULL", "TRUE", "FALSE"
+}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class _Token:
+    kind: str  # "num", "str", "id", "kw", "op", "end"
+    text: str
+
+
+def _tokenize(text: str) -> list[_Token]:
+    tokens: list[_Token] = []
+    pos = 0
+    while pos < len(text):
+        if text[pos:].strip() == "":
+            break
+        match = _TOKEN.match(text, pos)
+        if match is None or match.end() == pos:
+            raise ProtocolViolation(f"selector: unexpected {text[pos : pos + 20].strip()!r}")
+        kind = match.lastgroup or ""
+        value = match.group(kind)
+        if kind == "id" and value.upper() in _KEYWORDS:
+            tokens.append(_Token("kw", value.upper()))
+        else:
+            tokens.append(_Token(kind, value))
+        pos = match.end()
+    tokens.append(_Token("end", ""))
+    return tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Selector:
+    text: str
+    _eval: Eval
+
+    def matches(self, headers: Env) -> bool:
+        return self._eval(headers) is True
+
+
+def parse_selector(text: str) -> Selector:
+    if len(text) > MAX_SELECTOR_LENGTH:
+        raise ProtocolViolation(f"selector longer than {MAX_SELECTOR_LENGTH} characters")
+    parser = _Parser(_tokenize(text))
+    evaluate = parser.expression()
+    if parser.peek.kind != "end":
+        raise ProtocolViolation(f"selector: unexpected {parser.peek.text!r}")
+    return Selector(text, evaluate)
+
+
+# -- three-valued helpers -------------------------------------------------------------------
+
+
+def _number(value: Value) -> int | float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        try:
+            return float(value)
+        except ValueError:
+            return None
+
+
+def _compare(op: str, left: Value, right: Value) -> Value:
+    if left is None or right is None:
+        return None
+    if isinstance(left, bool) or isinstance(right, bool):
+        if op not in ("=", "<>") or not (isinstance(left, bool) and isinstance(right, bool)):
+            return None
+        return (left == right) == (op == "=")
+    a: Value = left
+    b: Value = right
+    if isinstance(left, int | float) or isinstance(right, int | float):
+        a, b = _number(left), _number(right)
+        if a is None or b is None:
+            return None
+    assert not isinstance(a, bool | None) and not isinstance(b, bool | None)
+    if isinstance(a, str) != isinstance(b, str):
+        return None
+    if op == "=":
+        return a == b
+    if op == "<>":
+        return a != b
+    if op == "<":
+        return a < b  # type: ignore[operator]
+    if op == ">":
+        return a > b  # type: ignore[operator]
+    if op == "<=":
+        return a <= b  # type: ignore[operator]
+    return a >= b  # type: ignore[operator]
+
+
+def _not(value: Value) -> Value:
+    return None if value is None else not value
+
+
+def _and(left: Value, right: Value) -> Value:
+    if left is False or right is False:
+        return False
+    if left is None or right is None:
+        return None
+    return True
+
+
+def _or(left: Value, right: Value) -> Value:
+    if left is True or right is True:
+        return True
+    if left is None or right is None:
+        return None
+    return False
+
+
+def _like_regex(pattern: str, escape: str | None) -> re.Pattern[str]:
+    out: list[str] = []
+    i = 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if escape is not None and ch == escape and i + 1 < len(pattern):
+            out.append(re.escape(pattern[i + 1]))
+            i += 2
+            continue
+        out.append(".*" if ch == "%" else "." if ch == "_" else re.escape(ch))
+        i += 1
+    return re.compile("".join(out), re.DOTALL)
+
+
+class _Parser:
+    def __init__(self, tokens: list[_Token]) -> None:
+        self.tokens = tokens
+        self.index = 0
+        self.depth = 0
+
+    @property
+    def peek(self) -> _Token:
+        return self.tokens[self.index]
+
+    def take(self) -> _Token:
+        token = self.tokens[self.index]
+        if token.kind != "end":
+            self.index += 1
+        return token
+
+    def accept(self, kind: str, text: str) -> bool:
+        if self.peek.kind == kind and self.peek.text == text:
+            self.index += 1
+            return True
+        return False
+
+    def expect(self, kind: str, text: str) -> None:
+        if not self.accept(kind, text):
+            raise ProtocolViolation(f"selector: expected {text!r}, got {self.peek.text!r}")
+
+    def expression(self) -> Eval:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise ProtocolViolation(f"selector nested deeper than {MAX_DEPTH} levels")
+        left = self.conjunction()
+        while self.accept("kw", "OR"):
+            right = self.conjunction()
+            left = (lambda a, b: lambda env: _or(a(env), b(env)))(left, right)
+        self.depth -= 1
+        return left
+
+    def conjunction(self) -> Eval:
+        left = self.negation()
+        while self.accept("kw", "AND"):
+            right = self.negation()
+            left = (lambda a, b: lambda env: _and(a(env), b(env)))(left, right)
+        return left
+
+    def negation(self) -> Eval:
+        if self.accept("kw", "NOT"):
+            self.depth += 1
+            if self.depth > MAX_DEPTH:
+                raise ProtocolViolation(f"selector nested deeper than {MAX_DEPTH} levels")
+            inner = self.negation()
+            self.depth -= 1
+            return lambda env: _not(inner(env))
+        return self.comparison()
+
+    def comparison(self) -> Eval:
+        left = self.additive()
+        token = self.peek
+        if token.kind == "op" and token.text in ("=", "<>", "<", ">", "<=", ">="):
+            self.take()
+            right = self.additive()
+            op = token.text
+            return lambda env: _compare(op, left(env), right(env))
+        if self.accept("kw", "IS"):
+            negate = self.accept("kw", "NOT")
+            self.expect("kw", "NULL")
+            return lambda env: (left(env) is None) != negate
+        negate = self.accept("kw", "NOT")
+        if self.accept("kw", "BETWEEN"):
+            low = self.additive()
+            self.expect("kw", "AND")
+            high = self.additive()
+
+            def between(env: Env) -> Value:
+                value = left(env)
+                inside = _and(_compare(">=", value, low(env)), _compare("<=", value, high(env)))
+                return _not(inside) if negate else inside
+
+            return between
+        if self.accept("kw", "IN"):
+            self.expect("op", "(")
+            items = [self.string()]
+            while self.accept("op", ","):
+                items.append(self.string())
+            self.expect("op", ")")
+            choices = frozenset(items)
+
+            def within(env: Env) -> Value:
+                value = left(env)
+                if not isinstance(value, str):
+                    return None
+                return (value in choices) != negate
+
+            return within
+        if self.accept("kw", "LIKE"):
+            pattern = self.string()
+            escape = self.string() if self.accept("kw", "ESCAPE") else None
+            if escape is not None and len(escape) != 1:
+                raise ProtocolViolation("selector: ESCAPE takes one character")
+            regex = _like_regex(pattern, escape)
+
+            def like(env: Env) -> Value:
+                value = left(env)
+                if not isinstance(value, str):
+                    return None
+                return (regex.fullmatch(value) is not None) != negate
+
+            return like
+        if negate:
+            raise ProtocolViolation("selector: NOT must precede BETWEEN, IN or LIKE here")
+        return left
+
+    def string(self) -> str:
+        token = self.take()
+        if token.kind != "str":
+            raise ProtocolViolation(f"selector: expected a quoted string, got {token.text!r}")
+        return token.text[1:-1].replace("''", "'")
+
+    def additive(self) -> Eval:
+        left = self.multiplicative()
+        while self.peek.kind == "op" and self.peek.text in ("+", "-"):
+            op = self.take().text
+            right = self.multiplicative()
+            left = _arith(op, left, right)
+        return left
+
+    def multiplicative(self) -> Eval:
+        left = self.unary()
+        while self.peek.kind == "op" and self.peek.text in ("*", "/"):
+            op = self.take().text
+            right = self.unary()
+            left = _arith(op, left, right)
+        return left
+
+    def unary(self) -> Eval:
+        if self.accept("op", "-"):
+            inner = self.unary()
+            return _arith("-", lambda env: 0, inner)
+        if self.accept("op", "+"):
+            return self.unary()
+        return self.primary()
+
+    def primary(self) -> Eval:
+        token = self.take()
+        if token.kind == "num":
+            number: int | float = int(token.text) if token.text.isdigit() else float(token.text)
+            return lambda env: number
+        if token.kind == "str":
+            text = token.text[1:-1].replace("''", "'")
+            return lambda env: text
+        if token.kind == "id":
+            name = token.text
+            return lambda env: env.get(name)
+        if token.kind == "kw" and token.text in ("TRUE", "FALSE"):
+            flag = token.text == "TRUE"
+            return lambda env: flag
+        if token.kind == "op" and token.text == "(":
+            inner = self.expression()
+            self.expect("op", ")")
+            return inner
+        shown = token.text or "the end"
+        raise ProtocolViolation(f"selector: unexpected {shown!r}")
+
+
+def _arith(op: str, left: Eval, right: Eval) -> Eval:
+    def evaluate(env: Env) -> Value:
+        a, b = _number(left(env)), _number(right(env))
+        if a is None or b is None:
+            return None
+        if op == "+":
+            return a + b
+        if op == "-":
+            return a - b
+        if op == "*":
+            return a * b
+        if b == 0:
+            return None
+        return a / b
+
+    return evaluate

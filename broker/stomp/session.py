@@ -1,0 +1,658 @@
+"""Sans-IO STOMP connection: bytes and ``now`` in, bytes and deadlines out.
+
+``Session.receive(data, now)`` parses what the peer sent and acts on it through the
+:class:`~broker.stomp.backend.Backend`; ``deliver(delivery)`` (the sink the backend
+calls) turns a delivery into a MESSAGE frame; ``tick(now)`` sends heart-beats and
+enforces timeouts; ``take_output(now)`` hands the bytes to write; ``next_deadline()``
+says when ``tick`` must run next; ``closed`` says when the transport must be closed.
+Times are seconds (``time.monotonic()`` in the listener, fake clocks in tests).
+
+Rules enforced here:
+
+* the first frame must be CONNECT or STOMP (within ``connect_timeout``); anything else
+  gets an ERROR.  ``accept-version`` picks the highest common version (absent = 1.0;
+  none in common = ERROR with a ``version`` header listing ours).  A ``host`` must
+  name a configured virtual host (ERROR otherwise, except on 1.0, which gets the
+  first one); without ``host`` the first one is used, unless ``require_host`` (then
+  1.1+ gets an ERROR).  ``login``/``passcode`` go to the authenticator, which returns
+  the user id or ``None`` (ERROR "authentication failed").
+* heart-beats (1.1+): we offer ``config.heartbeat`` as ``sx,sy``; we send an EOL every
+  ``max(sx, cy)`` ms without other output; the peer is dead (the connection closes)
+  after ``max(cx, sy) * heartbeat_grace`` ms without any byte from it.  0 disables.
+* any frame carrying ``receipt`` gets a RECEIPT once done (an ERROR it caused carries
+  ``receipt-id``); DISCONNECT with ``receipt`` is answered, then the connection closes.
+* bad input (a malformed frame, a crossed limit, a rule broken) gets one ERROR frame
+  with a ``message`` header and a text body; input after it is ignored and the
+  connection closes ``die_delay`` later.  Other connections are not affected.
+* SUBSCRIBE: ids are unique per connection (1.1+ requires one); at most
+  ``max_subscriptions``; a temporary destination of another connection is refused.
+  UNSUBSCRIBE: by ``id`` (1.0 may give ``destination``); ``persistent:true`` destroys a
+  durable subscription.
+* ACK/NACK: 1.2 names the delivery by ``id`` (our MESSAGE ``ack`` header); 1.1 by
+  ``message-id`` + ``subscription``; 1.0 by ``message-id``.  ``client`` mode settles
+  every earlier pending delivery of that subscription too (cumulative);
+  ``client-individual`` settles one.  An id that names no pending delivery is ignored
+  (a duplicate ACK is harmless).
+* BEGIN/COMMIT/ABORT: SEND, ACK and NACK carrying ``transaction`` are buffered and
+  applied in order at COMMIT, dropped at ABORT or disconnect.  A buffered ACK returns
+  the credit of what it names at once (``Backend.credit``), as the Apollo manual says;
+  an ABORT does not take it back and a later ACK of the same delivery adds none.  An unknown or
+  duplicate transaction id is an ERROR.  Limits: ``max_transactions`` open,
+  ``max_transaction_frames`` buffered frames per transaction.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from broker.stomp.backend import Backend, ConnectionInfo, Delivery
+from broker.stomp.destinations import parse_destinations, temp_owner
+from broker.stomp.errors import (
+    BackendError,
+    FrameError,
+    ProtocolViolation,
+    StompError,
+    VersionMismatch,
+)
+from broker.stomp.frames import (
+    CLIENT_COMMANDS,
+    HEARTBEAT,
+    Command,
+    Frame,
+    FrameParser,
+    Limits,
+    Version,
+    make_frame,
+    serialize,
+)
+from broker.stomp.subscription import AckMode, SubscriptionSpec, parse_send, parse_subscribe
+
+SUPPORTED_VERSIONS = (Version.V1_0, Version.V1_1, Version.V1_2)
+SERVER_NAME = "zerohub/0.1"
+
+
+@dataclass(frozen=True, slots=True)
+class VirtualHost:
+    name: str
+    host_names: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    login: str | None
+    passcode: str | None
+    virtual_host: str
+    version: Version
+    peer: str
+
+
+#: Returns the user id for these credentials, or None to refuse the connection.
+Authenticator = Callable[[Credentials], "str | None"]
+
+
+def allow_anyone(credentials: Credentials) -> str | None:
+    """The default authenticator: everyone is let in, as ``login`` or ``anonymous``."""
+    return credentials.login or "anonymous"
+
+
+DEFAULT_VIRTUAL_HOSTS = (VirtualHost("default", ("localhost", "127.0.0.1", "::1")),)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionConfig:
+    limits: Limits = field(default_factory=Limits)
+    virtual_hosts: tuple[VirtualHost, ...] = DEFAULT_VIRTUAL_HOSTS
+    broker_id: str = "default"
+    #: 1.1+ CONNECT without ``host``: refused when True, else the first virtual host
+    #: (stomp.py's 1.1 client sends no ``host`` unless given a vhost).
+    require_host: bool = False
+    #: (sx, sy) offered in CONNECTED: we can send every sx ms, want to hear every sy ms.
+    heartbeat: tuple[int, int] = (10_000, 10_000)
+    #: The peer is dead after this many times the negotiated receive interval.
+    heartbeat_grace: float = 2.0
+    #: Seconds between an ERROR frame and the close (Apollo's ``die_delay``).
+    die_delay: float = 0.5
+    #: Seconds a new connection has to send CONNECT.
+    connect_timeout: float = 10.0
+    max_subscriptions: int = 1000
+    max_transactions: int = 16
+    max_transaction_frames: int = 10_000
+    add_user_header: str | None = None
+    add_timestamp_header: str | None = None
+    add_redeliveries_header: str | None = None
+
+
+class SessionState(Enum):
+    AWAITING_CONNECT = "awaiting-connect"
+    CONNECTED = "connected"
+    CLOSING = "closing"  # ERROR or DISCONNECT answered; input ignored
+    CLOSED = "closed"  # the transport must be closed now
+
+
+@dataclass(slots=True)
+class _Pending:
+    message_id: str
+    tag: int
+
+
+@dataclass(slots=True)
+class _Subscription:
+    spec: SubscriptionSpec
+    pending: OrderedDict[int, _Pending] = field(default_factory=OrderedDict)
+
+
+class Session:
+    def __init__(
+        self,
+        backend: Backend,
+        connection_id: int,
+        now: float,
+        *,
+        config: SessionConfig | None = None,
+        authenticator: Authenticator = allow_anyone,
+        peer: str = "",
+        wall_clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        writable: Callable[[], bool] = lambda: True,
+        on_delivery: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.config = config or SessionConfig()
+        self.writable = writable  # False: the transport is full, deliveries are refused
+        self.on_delivery = on_delivery  # a delivery added output (outside receive/tick)
+        self.backend = backend
+        self.connection_id = connection_id
+        self.peer = peer
+        self.authenticator = authenticator
+        self.wall_clock_ms = wall_clock_ms
+        self.state = SessionState.AWAITING_CONNECT
+        self.version: Version | None = None
+        self.info: ConnectionInfo | None = None
+        self.error: str | None = None  # why the session closed, when it was not asked to
+        self._parser = FrameParser(self.config.limits, CLIENT_COMMANDS)
+        self._out = bytearray()
+        self._created = now
+        self._last_received = now
+        self._last_sent = now
+        self._send_interval = 0.0
+        self._receive_interval = 0.0
+        self._close_at: float | None = None
+        self._subscriptions: dict[str, _Subscription] = {}
+        self._tag_owner: dict[int, str] = {}  # delivery tag -> subscription id
+        self._transactions: dict[str, list[Frame]] = {}
+        self._attached = False
+
+    # -- the I/O layer's side -------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self.state is SessionState.CLOSED
+
+    def receive(self, data: bytes, now: float) -> None:
+        if self.state in (SessionState.CLOSING, SessionState.CLOSED):
+            return
+        self._last_received = now
+        try:
+            frames = self._parser.feed(data)
+        except FrameError as exc:
+            self._fail(str(exc), now)
+            return
+        for frame in frames:
+            if self.state not in (SessionState.AWAITING_CONNECT, SessionState.CONNECTED):
+                return  # an ERROR or DISCONNECT ended the session: the rest is ignored
+            self._handle(frame, now)
+
+    def tick(self, now: float) -> None:
+        if self.state is SessionState.CLOSING:
+            if self._close_at is not None and now >= self._close_at:
+                self.state = SessionState.CLOSED
+            return
+        if self.state is SessionState.AWAITING_CONNECT:
+            if now - self._created >= self.config.connect_timeout:
+                self._fail("no CONNECT frame in time", now)
+            return
+        if self.state is not SessionState.CONNECTED:
+            return
+        if self._receive_interval and now - self._last_received >= (
+            self._receive_interval * self.config.heartbeat_grace
+        ):
+            self.error = "heart-beat timeout: nothing received from the client"
+            self.state = SessionState.CLOSED
+            return
+        if self._send_interval and now - self._last_sent >= self._send_interval and not self._out:
+            self._out += HEARTBEAT
+
+    def next_deadline(self) -> float | None:
+        if self.state is SessionState.CLOSING:
+            return self._close_at
+        if self.state is SessionState.AWAITING_CONNECT:
+            return self._created + self.config.connect_timeout
+        if self.state is not SessionState.CONNECTED:
+            return None
+        deadlines = []
+        if self._receive_interval:
+            grace = self._receive_interval * self.config.heartbeat_grace
+            deadlines.append(self._last_received + grace)
+        if self._send_interval:
+            deadlines.append(self._last_sent + self._send_interval)
+        return min(deadlines) if deadlines else None
+
+    @property
+    def pending_output(self) -> int:
+        """Bytes produced and not yet taken by :meth:`take_output`."""
+        return len(self._out)
+
+    def take_output(self, now: float) -> bytes:
+        if not self._out:
+            return b""
+        data = bytes(self._out)
+        self._out.clear()
+        self._last_sent = now
+        return data
+
+    def connection_lost(self) -> None:
+        """The transport is gone: open transactions are dropped, the backend detaches."""
+        self._transactions.clear()
+        if self.state is not SessionState.CLOSED:
+            self.state = SessionState.CLOSED
+        if self._attached:
+            self._attached = False
+            self.backend.detach(self.connection_id)
+
+    # -- the backend's side ---------------------------------------------------------------
+
+    def deliver(self, delivery: Delivery) -> bool:
+        """The delivery sink: appends a MESSAGE frame.
+
+        False (not taken) once the session is over, for an unknown subscription, or
+        while ``writable()`` says the transport is full.
+        """
+        if self.state is not SessionState.CONNECTED or self.version is None:
+            return False
+        sub = self._subscriptions.get(delivery.subscription)
+        if sub is None or not self.writable():
+            return False
+        self._send(self._message_frame(sub.spec, delivery))
+        self.on_delivery()
+        if not delivery.browse_end and sub.spec.ack is not AckMode.AUTO:
+            sub.pending[delivery.tag] = _Pending(delivery.message_id, delivery.tag)
+            self._tag_owner[delivery.tag] = sub.spec.id
+        return True
+
+    def _message_frame(self, spec: SubscriptionSpec, delivery: Delivery) -> Frame:
+        if delivery.browse_end:
+            return make_frame(
+                Command.MESSAGE,
+                [
+                    ("subscription", spec.id),
+                    ("destination", ""),
+                    ("message-id", ""),
+                    ("browser", "end"),
+                ],
+            )
+        headers = [
+            ("subscription", spec.id),
+            ("message-id", delivery.message_id),
+            ("destination", delivery.destination),
+        ]
+        if self.version is Version.V1_2 and spec.ack is not AckMode.AUTO:
+            headers.append(("ack", str(delivery.tag)))
+        headers.append(("content-length", str(len(delivery.body))))
+        if spec.include_seq and delivery.sequence is not None:
+            headers.append((spec.include_seq, str(delivery.sequence)))
+        config = self.config
+        if config.add_user_header and delivery.sender is not None:
+            headers.append((config.add_user_header, delivery.sender))
+        if config.add_timestamp_header and delivery.timestamp_ms is not None:
+            headers.append((config.add_timestamp_header, str(delivery.timestamp_ms)))
+        if config.add_redeliveries_header and delivery.redeliveries:
+            headers.append((config.add_redeliveries_header, str(delivery.redeliveries)))
+        ours = {name for name, _ in headers}
+        headers.extend(
+            (name, value)
+            for name, value in delivery.headers
+            if name not in ours and self._representable(name, value)
+        )
+        return make_frame(Command.MESSAGE, headers, delivery.body)
+
+    def _representable(self, name: str, value: str) -> bool:
+        if self.version is not Version.V1_0:
+            return True
+        return not ("\n" in name or "\n" in value or ":" in name or value.endswith("\r"))
+
+    # -- frames ---------------------------------------------------------------------------
+
+    def _handle(self, frame: Frame, now: float) -> None:
+        try:
+            if self.state is SessionState.AWAITING_CONNECT:
+                if frame.command not in (Command.CONNECT, Command.STOMP):
+                    raise ProtocolViolation(f"expected CONNECT, got {frame.command.value}")
+                self._on_connect(frame, now)
+                return
+            handler = _DISPATCH.get(frame.command)
+            if handler is None:
+                raise ProtocolViolation(f"unexpected {frame.command.value} frame")
+            handler(self, frame, now)
+        except VersionMismatch as exc:
+            ours = ",".join(v.value for v in SUPPORTED_VERSIONS)
+            self._fail(str(exc), now, frame.header("receipt"), (("version", ours),))
+            return
+        except StompError as exc:
+            self._fail(str(exc), now, frame.header("receipt"))
+            return
+        receipt = frame.header("receipt")
+        if receipt is not None and self.state is not SessionState.CLOSED:
+            self._send(make_frame(Command.RECEIPT, [("receipt-id", receipt)]))
+
+    def _on_connect(self, frame: Frame, now: float) -> None:
+        version = _negotiate(frame.header("accept-version"))
+        if version is None:
+            offered = frame.header("accept-version") or ""
+            raise VersionMismatch(
+                f"Supported protocol versions are 1.0,1.1,1.2 (offered: {offered[:80]})"
+            )
+        self.version = version
+        vhost = self._virtual_host(frame.header("host"), version)
+        credentials = Credentials(
+            frame.header("login"), frame.header("passcode"), vhost.name, version, self.peer
+        )
+        user = self.authenticator(credentials)
+        if user is None:
+            raise ProtocolViolation("authentication failed")
+        client_hb = _parse_heartbeat(frame.header("heart-beat")) if version.rank else (0, 0)
+        self._parser.version = version
+        self.info = ConnectionInfo(self.connection_id, user, vhost.name, version.value, self.peer)
+        sx, sy = self.config.heartbeat if version.rank else (0, 0)
+        cx, cy = client_hb
+        self._send_interval = max(sx, cy) / 1000 if sx and cy else 0.0
+        self._receive_interval = max(cx, sy) / 1000 if cx and sy else 0.0
+        headers = [("session", str(self.connection_id)), ("server", SERVER_NAME)]
+        if frame.has("accept-version"):  # a 1.0-only client (no header) gets no version
+            headers[:0] = [("version", version.value)]
+        if version.rank:
+            headers.append(("heart-beat", f"{sx},{sy}"))
+        self.state = SessionState.CONNECTED
+        self._send(make_frame(Command.CONNECTED, headers))
+        self.backend.attach(self.info, self.deliver)
+        self._attached = True
+
+    def _virtual_host(self, host: str | None, version: Version) -> VirtualHost:
+        hosts = self.config.virtual_hosts
+        if host is None:
+            if version is Version.V1_0 or not self.config.require_host:
+                return hosts[0]
+            raise ProtocolViolation("CONNECT needs a host header (STOMP 1.1 and later)")
+        for vhost in hosts:
+            if host in vhost.host_names or host == vhost.name:
+                return vhost
+        if version is Version.V1_0:
+            return hosts[0]
+        raise ProtocolViolation(f"unknown virtual host {host[:80]!r}")
+
+    def _on_send(self, frame: Frame, now: float) -> None:
+        if self._buffered(frame):
+            return
+        self._publish(frame)
+
+    def _publish(self, frame: Frame) -> None:
+        spec = parse_send(
+            frame,
+            broker_id=self.config.broker_id,
+            connection_id=self.connection_id,
+            now_ms=self.wall_clock_ms(),
+        )
+        self.backend.publish(self.connection_id, spec)
+
+    def _on_subscribe(self, frame: Frame, now: float) -> None:
+        assert self.version is not None
+        spec = parse_subscribe(
+            frame, self.version, broker_id=self.config.broker_id, connection_id=self.connection_id
+        )
+        if spec.id in self._subscriptions:
+            raise ProtocolViolation(f"subscription id {spec.id[:80]!r} is already in use")
+        if len(self._subscriptions) >= self.config.max_subscriptions:
+            raise ProtocolViolation(
+                f"too many subscriptions (max_subscriptions={self.config.max_subscriptions})"
+            )
+        for destination in spec.destinations:
+            owner = temp_owner(destination.name)
+            if owner is not None and owner != (self.config.broker_id, self.connection_id):
+                raise ProtocolViolation(
+                    f"{destination.stomp[:80]!r} is a temporary destination of another connection"
+                )
+        self._subscriptions[spec.id] = _Subscription(spec)
+        try:
+            self.backend.subscribe(self.connection_id, spec)
+        except BackendError:
+            del self._subscriptions[spec.id]
+            raise
+
+    def _on_unsubscribe(self, frame: Frame, now: float) -> None:
+        sub_id = frame.header("id")
+        if sub_id is None and self.version is Version.V1_0:
+            destination = frame.header("destination")
+            if destination is not None:
+                parse_destinations(
+                    destination,
+                    broker_id=self.config.broker_id,
+                    connection_id=self.connection_id,
+                    allow_wildcards=True,
+                )
+                sub_id = destination
+        if sub_id is None:
+            raise ProtocolViolation("UNSUBSCRIBE needs an id header")
+        destroy = frame.header("persistent") == "true"
+        sub = self._subscriptions.pop(sub_id, None)
+        if sub is None and not destroy:
+            raise ProtocolViolation(f"no subscription with id {sub_id[:80]!r}")
+        if sub is not None:
+            for tag in sub.pending:
+                self._tag_owner.pop(tag, None)
+        self.backend.unsubscribe(self.connection_id, sub_id, destroy=destroy)
+
+    def _on_ack(self, frame: Frame, now: float) -> None:
+        if self._buffered(frame):
+            return
+        self._settle(frame, ack=True)
+
+    def _on_nack(self, frame: Frame, now: float) -> None:
+        if self.version is Version.V1_0:
+            raise ProtocolViolation("NACK is not part of STOMP 1.0")
+        if self._buffered(frame):
+            return
+        self._settle(frame, ack=False)
+
+    def _settle(self, frame: Frame, *, ack: bool) -> None:
+        tags = self._tags_named_by(frame)
+        if not tags:
+            return
+        if ack:
+            self.backend.ack(self.connection_id, tags)
+        else:
+            self.backend.nack(self.connection_id, tags)
+
+    def _tags_named_by(self, frame: Frame, *, settle: bool = True) -> list[int]:
+        """The pending deliveries an ACK/NACK names (cumulative in client mode).
+
+        ``settle`` removes them from the pending set; without it they are only listed
+        (a transactional ACK returns credit before its COMMIT settles anything).
+        """
+        sub, tag = self._find_pending(frame)
+        if sub is None or tag is None:
+            return []
+        tags: list[int] = []
+        if sub.spec.ack is AckMode.CLIENT:
+            for pending_tag in sub.pending:
+                tags.append(pending_tag)
+                if pending_tag == tag:
+                    break
+        else:
+            tags.append(tag)
+        if settle:
+            for settled in tags:
+                del sub.pending[settled]
+                self._tag_owner.pop(settled, None)
+        return tags
+
+    def _find_pending(self, frame: Frame) -> tuple[_Subscription | None, int | None]:
+        if self.version is Version.V1_2:
+            ack_id = frame.header("id")
+            if ack_id is None:
+                raise ProtocolViolation(f"{frame.command.value} needs an id header (STOMP 1.2)")
+            if not ack_id.isdigit() or len(ack_id) > 20:
+                return None, None
+            tag = int(ack_id)
+            sub_id = self._tag_owner.get(tag)
+            if sub_id is None:
+                return None, None
+            return self._subscriptions.get(sub_id), tag
+        message_id = frame.header("message-id")
+        if message_id is None:
+            raise ProtocolViolation(f"{frame.command.value} needs a message-id header")
+        if self.version is Version.V1_1:
+            sub_id = frame.header("subscription")
+            if sub_id is None:
+                raise ProtocolViolation(
+                    f"{frame.command.value} needs a subscription header (STOMP 1.1)"
+                )
+            candidates = [self._subscriptions[sub_id]] if sub_id in self._subscriptions else []
+        else:
+            candidates = list(self._subscriptions.values())
+        for sub in candidates:
+            for tag, pending in sub.pending.items():
+                if pending.message_id == message_id:
+                    return sub, tag
+        return None, None
+
+    def _on_begin(self, frame: Frame, now: float) -> None:
+        tx = _transaction_id(frame)
+        if tx in self._transactions:
+            raise ProtocolViolation(f"transaction {tx[:80]!r} is already open")
+        if len(self._transactions) >= self.config.max_transactions:
+            raise ProtocolViolation(
+                f"too many open transactions (max_transactions={self.config.max_transactions})"
+            )
+        self._transactions[tx] = []
+
+    def _on_commit(self, frame: Frame, now: float) -> None:
+        for buffered in self._close_transaction(frame):
+            if buffered.command is Command.SEND:
+                self._publish(buffered)
+            else:
+                self._settle(buffered, ack=buffered.command is Command.ACK)
+
+    def _on_abort(self, frame: Frame, now: float) -> None:
+        self._close_transaction(frame)
+
+    def _close_transaction(self, frame: Frame) -> list[Frame]:
+        tx = _transaction_id(frame)
+        frames = self._transactions.pop(tx, None)
+        if frames is None:
+            raise ProtocolViolation(f"no open transaction {tx[:80]!r}")
+        return frames
+
+    def _buffered(self, frame: Frame) -> bool:
+        """True when ``frame`` belongs to a transaction (it is kept for COMMIT)."""
+        tx = frame.header("transaction")
+        if tx is None:
+            return False
+        frames = self._transactions.get(tx)
+        if frames is None:
+            raise ProtocolViolation(f"no open transaction {tx[:80]!r}")
+        if len(frames) >= self.config.max_transaction_frames:
+            raise ProtocolViolation(
+                "too many frames in one transaction "
+                f"(max_transaction_frames={self.config.max_transaction_frames})"
+            )
+        if frame.command is Command.SEND:
+            # check it now: a bad SEND is reported when sent, not at COMMIT
+            parse_send(
+                frame,
+                broker_id=self.config.broker_id,
+                connection_id=self.connection_id,
+                now_ms=self.wall_clock_ms(),
+            )
+        if frame.command is Command.ACK:
+            # Apollo: a transactional ACK widens the credit window now, consuming nothing
+            tags = self._tags_named_by(frame, settle=False)
+            if tags:
+                self.backend.credit(self.connection_id, tags)
+        frames.append(frame)
+        return True
+
+    def _on_disconnect(self, frame: Frame, now: float) -> None:
+        receipt = frame.header("receipt")
+        if receipt is not None:
+            self._send(make_frame(Command.RECEIPT, [("receipt-id", receipt)]))
+        self.state = SessionState.CLOSED
+
+    # -- output ---------------------------------------------------------------------------
+
+    def _send(self, frame: Frame) -> None:
+        self._out += serialize(frame, self.version or Version.V1_2)
+
+    def _fail(
+        self,
+        reason: str,
+        now: float,
+        receipt: str | None = None,
+        extra: tuple[tuple[str, str], ...] = (),
+    ) -> None:
+        """Send one ERROR frame, ignore further input, close ``die_delay`` later."""
+        version = self.version or Version.V1_2
+        summary = " ".join(reason.split())[:200]
+        headers = [("message", summary), ("content-type", "text/plain"), *extra]
+        if receipt is not None:
+            headers.append(("receipt-id", receipt))
+        body = (reason + "\n").encode("utf-8")
+        headers.append(("content-length", str(len(body))))
+        self._out += serialize(make_frame(Command.ERROR, headers, body), version)
+        self.error = summary
+        self._transactions.clear()
+        self.state = SessionState.CLOSING
+        self._close_at = now + self.config.die_delay
+
+
+def _negotiate(header: str | None) -> Version | None:
+    if header is None:
+        return Version.V1_0
+    offered = {item.strip() for item in header.split(",")}
+    common = [v for v in SUPPORTED_VERSIONS if v.value in offered]
+    return common[-1] if common else None
+
+
+def _parse_heartbeat(value: str | None) -> tuple[int, int]:
+    if value is None:
+        return 0, 0
+    first, sep, second = value.partition(",")
+    try:
+        cx, cy = int(first.strip(), 10), int(second.strip(), 10)
+    except ValueError:
+        raise ProtocolViolation(f"heart-beat must be two integers 'cx,cy', not {value[:40]!r}")
+    if not sep or cx < 0 or cy < 0:
+        raise ProtocolViolation(
+            f"heart-beat must be two non-negative integers, not {value[:40]!r}"
+        )
+    return cx, cy
+
+
+def _transaction_id(frame: Frame) -> str:
+    tx = frame.header("transaction")
+    if not tx:
+        raise ProtocolViolation(f"{frame.command.value} needs a transaction header")
+    return tx
+
+
+_DISPATCH: dict[Command, Callable[[Session, Frame, float], None]] = {
+    Command.SEND: Session._on_send,
+    Command.SUBSCRIBE: Session._on_subscribe,
+    Command.UNSUBSCRIBE: Session._on_unsubscribe,
+    Command.ACK: Session._on_ack,
+    Command.NACK: Session._on_nack,
+    Command.BEGIN: Session._on_begin,
+    Command.COMMIT: Session._on_commit,
+    Command.ABORT: Session._on_abort,
+    Command.DISCONNECT: Session._on_disconnect,
+}

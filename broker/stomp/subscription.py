@@ -1,0 +1,234 @@
+"""SUBSCRIBE and SEND headers parsed into typed options (the Apollo extensions).
+
+SUBSCRIBE (:func:`parse_subscribe`):
+
+* ``id`` -- required on 1.1/1.2; on 1.0 it defaults to the destination header;
+* ``ack`` -- ``auto`` (default), ``client`` (cumulative), ``client-individual``;
+* ``credit:count[,size]`` -- flow-control windows; absent = ``655360,655360``; a
+  missing size = ``65536``;
+* ``browser:true``, ``browser-end:false`` -- non-destructive browsing;
+* ``from-seq:N`` (``-1`` tail, ``0`` head) and ``include-seq:HEADER`` -- queue
+  sequences; ``from-seq`` on a wildcard or composite destination is refused;
+* ``persistent:true`` -- a durable subscription (needs an explicit ``id``);
+* ``exclusive:true``; ``selector:...`` (SQL-92, parsed here: a bad one is an ERROR).
+
+SEND (:func:`parse_send`): ``persistent:true``, ``retain:set|true|remove``,
+``expires`` (ms since the epoch) or ``ttl`` (ms from now; turned into ``expires``),
+``message_group``, ``reply-to`` (a temporary destination is rewritten to its normal
+name, ``/queue/temp.<broker>.<connection>.NAME``).  The frame's own control headers
+(``destination``, ``receipt``, ``transaction``, ``content-length``) are not carried.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from broker.stomp.destinations import Destination, parse_destinations
+from broker.stomp.errors import ProtocolViolation
+from broker.stomp.frames import Frame, Version
+from broker.stomp.selector import Selector, parse_selector
+
+#: Default credit windows when SUBSCRIBE has no ``credit`` header (messages, bytes).
+DEFAULT_CREDIT_COUNT = 655360
+DEFAULT_CREDIT_SIZE = 655360
+#: Size window when ``credit`` gives only a count (the typical TCP receive buffer).
+DEFAULT_CREDIT_SIZE_ALONE = 65536
+#: Longest subscription id accepted (characters).
+MAX_SUBSCRIPTION_ID = 256
+
+_CONTROL_HEADERS = frozenset({"destination", "receipt", "transaction", "content-length"})
+
+
+class AckMode(Enum):
+    AUTO = "auto"
+    CLIENT = "client"
+    CLIENT_INDIVIDUAL = "client-individual"
+
+
+class RetainAction(Enum):
+    SET = "set"
+    REMOVE = "remove"
+
+
+@dataclass(frozen=True, slots=True)
+class Credit:
+    """Flow-control windows; a message may go while either is positive."""
+
+    count: int = DEFAULT_CREDIT_COUNT
+    size: int = DEFAULT_CREDIT_SIZE
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionSpec:
+    id: str
+    destinations: tuple[Destination, ...]
+    ack: AckMode = AckMode.AUTO
+    credit: Credit = Credit()
+    browser: bool = False
+    browser_end: bool = True
+    from_seq: int | None = None
+    include_seq: str | None = None
+    persistent: bool = False
+    exclusive: bool = False
+    selector: Selector | None = None  # parsed; .matches(headers), .text
+
+    @property
+    def destination_header(self) -> str:
+        return ",".join(d.stomp for d in self.destinations)
+
+
+@dataclass(frozen=True, slots=True)
+class PublishSpec:
+    destinations: tuple[Destination, ...]
+    headers: tuple[tuple[str, str], ...]  # user headers carried to consumers (first wins)
+    body: bytes
+    persistent: bool = False
+    retain: RetainAction | None = None
+    expires: int | None = None  # ms since the epoch
+    message_group: str | None = None
+
+
+def _flag(frame: Frame, name: str, default: bool = False) -> bool:
+    value = frame.header(name)
+    if value is None:
+        return default
+    if value in ("true", "false"):
+        return value == "true"
+    raise ProtocolViolation(f"header {name} must be true or false, not {value[:40]!r}")
+
+
+def _integer(frame: Frame, name: str, minimum: int) -> int | None:
+    value = frame.header(name)
+    if value is None:
+        return None
+    try:
+        number = int(value, 10)
+    except ValueError:
+        raise ProtocolViolation(f"header {name} must be an integer, not {value[:40]!r}")
+    if number < minimum or len(value) > 20:
+        raise ProtocolViolation(f"header {name} out of range ({value[:40]!r})")
+    return number
+
+
+def parse_credit(value: str | None) -> Credit:
+    if value is None:
+        return Credit()
+    count_text, _, size_text = value.partition(",")
+    try:
+        count = int(count_text, 10)
+        size = int(size_text, 10) if size_text else DEFAULT_CREDIT_SIZE_ALONE
+    except ValueError:
+        raise ProtocolViolation(f"credit must be count[,size], not {value[:40]!r}")
+    if count < 0 or size < 0:
+        raise ProtocolViolation(f"credit windows cannot be negative ({value[:40]!r})")
+    return Credit(count, size)
+
+
+def parse_ack_mode(value: str | None) -> AckMode:
+    if value is None:
+        return AckMode.AUTO
+    try:
+        return AckMode(value)
+    except ValueError:
+        raise ProtocolViolation(
+            f"ack must be auto, client or client-individual, not {value[:40]!r}"
+        )
+
+
+def parse_subscribe(
+    frame: Frame, version: Version, *, broker_id: str, connection_id: int
+) -> SubscriptionSpec:
+    destination_header = frame.header("destination")
+    destinations = parse_destinations(
+        destination_header, broker_id=broker_id, connection_id=connection_id, allow_wildcards=True
+    )
+    sub_id = frame.header("id")
+    persistent = _flag(frame, "persistent")
+    if sub_id is None:
+        if version is not Version.V1_0:
+            raise ProtocolViolation("SUBSCRIBE needs an id header (STOMP 1.1 and later)")
+        if persistent:
+            raise ProtocolViolation("a persistent (durable) subscription needs an id header")
+        assert destination_header is not None
+        sub_id = destination_header
+    if not sub_id or len(sub_id) > MAX_SUBSCRIPTION_ID:
+        raise ProtocolViolation(f"subscription id must be 1..{MAX_SUBSCRIPTION_ID} characters")
+    from_seq = _integer(frame, "from-seq", -1)
+    if from_seq is not None and (len(destinations) > 1 or destinations[0].wildcard):
+        raise ProtocolViolation("from-seq cannot be used with a wildcard or composite destination")
+    include_seq = frame.header("include-seq")
+    if include_seq == "":
+        raise ProtocolViolation("include-seq must name a header")
+    return SubscriptionSpec(
+        id=sub_id,
+        destinations=destinations,
+        ack=parse_ack_mode(frame.header("ack")),
+        credit=parse_credit(frame.header("credit")),
+        browser=_flag(frame, "browser"),
+        browser_end=_flag(frame, "browser-end", default=True),
+        from_seq=from_seq,
+        include_seq=include_seq,
+        persistent=persistent,
+        exclusive=_flag(frame, "exclusive"),
+        selector=_selector(frame.header("selector")),
+    )
+
+
+def _selector(text: str | None) -> Selector | None:
+    if text is None or not text.strip():
+        return None
+    return parse_selector(text)
+
+
+def parse_send(frame: Frame, *, broker_id: str, connection_id: int, now_ms: int) -> PublishSpec:
+    destinations = parse_destinations(
+        frame.header("destination"),
+        broker_id=broker_id,
+        connection_id=connection_id,
+        allow_wildcards=False,
+    )
+    retain_text = frame.header("retain")
+    retain: RetainAction | None = None
+    if retain_text is not None:
+        if retain_text in ("set", "true"):
+            retain = RetainAction.SET
+        elif retain_text == "remove":
+            retain = RetainAction.REMOVE
+        else:
+            raise ProtocolViolation(f"retain must be set or remove, not {retain_text[:40]!r}")
+    expires = _integer(frame, "expires", 0)
+    ttl = _integer(frame, "ttl", 0)
+    if ttl is not None and expires is None:
+        expires = now_ms + ttl
+    headers: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for name, value in frame.headers:
+        if name in _CONTROL_HEADERS or name in seen or name == "ttl":
+            continue
+        seen.add(name)
+        if name == "reply-to":
+            value = _rewrite_reply_to(value, broker_id, connection_id)
+        if name == "expires":
+            continue
+        headers.append((name, value))
+    if expires is not None:
+        headers.append(("expires", str(expires)))
+    return PublishSpec(
+        destinations=destinations,
+        headers=tuple(headers),
+        body=frame.body,
+        persistent=_flag(frame, "persistent"),
+        retain=retain,
+        expires=expires,
+        message_group=frame.header("message_group"),
+    )
+
+
+def _rewrite_reply_to(value: str, broker_id: str, connection_id: int) -> str:
+    if not value.startswith(("/temp-queue/", "/temp-topic/")):
+        return value
+    destinations = parse_destinations(
+        value, broker_id=broker_id, connection_id=connection_id, allow_wildcards=False
+    )
+    return ",".join(d.stomp for d in destinations)
