@@ -8,7 +8,7 @@ failure into ``DecodeError``.
 
 from __future__ import annotations
 
-from zproto.attrs import attributes, attrs_of, plain_default
+from zproto.attrs import attributes, attrs_of, plain_default, twin_name
 from zproto.model import VARLEN, Field, Message, Optional, Protocol, to_const_name
 from zproto.pysource import (
     LINE_LENGTH,
@@ -22,16 +22,16 @@ from zproto.pysource import (
 from zproto.shape import Plan
 
 
-def build(src: Source, cname: str, entries: list[tuple[str, str]]) -> None:
-    """Return a new ``cname`` holding ``entries`` (attribute, expression), in order.
+def build(src: Source, msg: Message, entries: list[tuple[str, str]]) -> None:
+    """Return a new message ``msg`` holding ``entries`` (attribute, expression), in order.
 
-    The values become the instance ``__dict__`` in one step (one dict display), as the
-    generated ``__init__`` does.  Filling ``m.__dict__`` key by key would cost as much
-    but leave a split dict, whose attributes CPython 3.11 then reads twice as slowly.
+    The values go into the slots of the message's twin with ordinary attribute stores,
+    then the twin becomes the frozen class (see ``zproto.runtime.MessageBase``).
     """
-    src.wrapped("state = {", [f'"{ident}": {expr}' for ident, expr in entries], "}")
-    src(f"m = _new({cname})")
-    src("_set_state(m, state)")
+    src(f"m: Any = _new({twin_name(msg)})")
+    for ident, expr in entries:
+        src(f"m.{ident} = {expr}")
+    src(f"m.__class__ = {msg.class_name}")
     src("return m")
 
 
@@ -108,7 +108,7 @@ class DecoderWriter:
             src(f'    raise DecodeError("{cname}: trailing octets after the message id")')
         attrs = attributes(msg)
         if attrs:
-            build(src, cname, [(a.ident, f"f_{a.ident}") for a in attrs])
+            build(src, msg, [(a.ident, f"f_{a.ident}") for a in attrs])
         else:
             src(f"return {cname}()")
         src.dedent()
@@ -311,33 +311,38 @@ class FastDecoderWriter:
         values: dict[str, str] = {}
         for fld in plan.bits:
             values.update(bit_values(fld, f"bits_{fld.ident}"))
-        if not values:
-            entries = []
-            for attr in attrs:
-                if attr.ident in absent:
-                    entries.append((attr.ident, plain_default(attr.default)))
-                else:
-                    entries.append((attr.ident, f"f_{attr.ident}"))
-            build(src, cname, entries)
-        else:
-            # the bits of the head and the absent fields: a remembered base state
+        entries = []
+        for attr in attrs:
+            if attr.ident in values:
+                continue
+            if attr.ident in absent:
+                entries.append((attr.ident, plain_default(attr.default)))
+            else:
+                entries.append((attr.ident, f"f_{attr.ident}"))
+        if values:
+            # the fields the head's bits decide: a remembered tuple per value of the bits
             const = to_const_name(msg.name)
             src(f"key = {self._key(plan)}")
-            src(f"base = _BASES_{const}.get(key)")
-            src("if base is None:")
-            src(f"    base = _base_{ident}(key)")
-            src("state = base.copy()")
-            for attr in attrs:
-                if attr.ident not in values and attr.ident not in absent:
-                    src(f'state["{attr.ident}"] = f_{attr.ident}')
-            src(f"m = _new({cname})")
-            src("_set_state(m, state)")
+            src(f"bits = _BASES_{const}.get(key)")
+            src("if bits is None:")
+            src(f"    bits = _base_{ident}(key)")
+            src(f"m: Any = _new({twin_name(msg)})")
+            targets = [f"m.{name}" for name in values]
+            if len(targets) == 1:
+                src(f"({targets[0]},) = bits")
+            else:
+                src.wrapped("(", targets, ") = bits")
+            for name, expr in entries:
+                src(f"m.{name} = {expr}")
+            src(f"m.__class__ = {cname}")
             src("return m")
+        else:
+            build(src, msg, entries)
         src.dedent()
         src()
         src()
         if values:
-            self._base(src, msg, plan, values, absent)
+            self._base(src, msg, plan, values)
 
     @staticmethod
     def _key(plan: Plan) -> str:
@@ -349,23 +354,17 @@ class FastDecoderWriter:
             shift += int(fld.size or 1) * 8
         return " | ".join(reversed(parts))
 
-    def _base(
-        self, src: Source, msg: Message, plan: Plan, values: dict[str, str], absent: set[str]
-    ) -> None:
-        """``_base_<message>(key)``: the state that frames whose head bits are ``key``
-        start from; at most ``BASES_LIMIT`` of them are remembered (a few are common)."""
+    def _base(self, src: Source, msg: Message, plan: Plan, values: dict[str, str]) -> None:
+        """``_base_<message>(key)``: the values of the fields the head's bits decide, for
+        frames whose head bits are ``key``; at most ``BASES_LIMIT`` of them are remembered
+        (a few are common)."""
         const = to_const_name(msg.name)
-        mutable = [
-            a.ident
-            for a in attributes(msg)
-            if a.ident in absent and a.default.startswith("field(")
-        ]
-        src(f"_BASES_{const}: dict[int, dict[str, Any]] = {{}}")
+        src(f"_BASES_{const}: dict[int, tuple[Any, ...]] = {{}}")
         src()
         src()
-        src(f"def _base_{msg.ident}(key: int) -> dict[str, Any]:")
+        src(f"def _base_{msg.ident}(key: int) -> tuple[Any, ...]:")
         src.indent()
-        src('"""The fields the bits of the head decide, and the absent ones."""')
+        src('"""The fields the bits of the head decide, in the order of the message."""')
         shift = sum(int(f.size or 1) * 8 for f in plan.bits)
         for fld in plan.bits:
             size = int(fld.size or 1) * 8
@@ -376,18 +375,14 @@ class FastDecoderWriter:
                 if shift
                 else f"bits_{fld.ident} = key & {mask}"
             )
-        entries = []
-        for attr in attributes(msg):
-            if attr.ident in values:
-                entries.append(f'"{attr.ident}": {values[attr.ident]}')
-            else:  # a placeholder (overwritten) or an absent field
-                entries.append(f'"{attr.ident}": {plain_default(attr.default)}')
-        src.wrapped("base = {", entries, "}")
-        if not mutable:
-            src(f"if len(_BASES_{const}) < {BASES_LIMIT}:")
-            src(f"    _BASES_{const}[key] = base")
-        # else: a fresh list/dict default per message, never shared: not remembered
-        src("return base")
+        exprs = list(values.values())
+        if len(exprs) == 1:
+            src(f"bits = ({exprs[0]},)")
+        else:
+            src.wrapped("bits = (", exprs, ")")
+        src(f"if len(_BASES_{const}) < {BASES_LIMIT}:")
+        src(f"    _BASES_{const}[key] = bits")
+        src("return bits")
         src.dedent()
         src()
         src()

@@ -3,6 +3,7 @@ from a model, so every message of every model is exercised the same way."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import types
 import uuid
@@ -131,3 +132,8 @@ def message_strategy(msg: Message, cls: type) -> st.SearchStrategy[Any]:
 
 def sample_uuid() -> uuid.UUID:
     return uuid.UUID("3a60e685-0a1e-4cc1-5f3b-fd4b42bc6b3e")
+
+
+def fields_of(msg: Any) -> dict[str, Any]:
+    """A generated message's fields by name, in order (its instances have no __dict__)."""
+    return {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
