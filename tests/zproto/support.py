@@ -33,6 +33,9 @@ TEST_MODELS = [
     for name in (
         "c_tools_example.xml",
         "gossip_like.xml",
+        "zgossip_msg.xml",
+        "zre_msg.xml",
+        "mlm_proto.xml",
         "binary_shapes.xml",
         "binary_plain.xml",
         "name_clash.xml",
