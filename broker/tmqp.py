@@ -38,6 +38,9 @@ __all__ = [
     "encode_handshake",
     "encode_ping",
     "encode_pong",
+    "peek_message_id",
+    "peek_source",
+    "peek_target",
 ]
 
 DEFAULT_TTL = 16
@@ -446,6 +449,60 @@ def _decode_frame(buf: bytes, frames: Any) -> Frame:
     m.payload = f_payload
     m.__class__ = Frame
     return m
+
+
+def peek_message_id(data: Any) -> str | None:
+    """``message_id`` of a Frame, read even when the frame does not
+    decode as a whole: None when the frame is too short for it or the field is
+    not UTF-8."""
+    try:
+        buf = data if type(data) is bytes else _rt.frame_bytes(data)
+        f_id_length = buf[2]
+        _, pos = _rt.dec_varlen(buf, 7, "little")
+        end = pos + f_id_length
+        if end > len(buf):
+            return None
+        return buf[pos:end].decode()
+    except _rt.PEEK_FAILURES:
+        return None
+
+
+def peek_source(data: Any) -> str | None:
+    """``source`` of a Frame, read even when the frame does not
+    decode as a whole: None when the frame is too short for it or the field is
+    not UTF-8."""
+    try:
+        buf = data if type(data) is bytes else _rt.frame_bytes(data)
+        f_id_length = buf[2]
+        f_source_length = buf[3]
+        _, pos = _rt.dec_varlen(buf, 7, "little")
+        pos = pos + f_id_length
+        end = pos + f_source_length
+        if end > len(buf):
+            return None
+        return buf[pos:end].decode()
+    except _rt.PEEK_FAILURES:
+        return None
+
+
+def peek_target(data: Any) -> str | None:
+    """``target`` of a Frame, read even when the frame does not
+    decode as a whole: None when the frame is too short for it or the field is
+    not UTF-8."""
+    try:
+        buf = data if type(data) is bytes else _rt.frame_bytes(data)
+        f_id_length = buf[2]
+        f_source_length = buf[3]
+        f_target_length = buf[4]
+        _, pos = _rt.dec_varlen(buf, 7, "little")
+        pos = pos + f_id_length
+        pos = pos + f_source_length
+        end = pos + f_target_length
+        if end > len(buf):
+            return None
+        return buf[pos:end].decode()
+    except _rt.PEEK_FAILURES:
+        return None
 
 
 def _decode_frame_fast(buf: bytes) -> Frame | None:

@@ -14,6 +14,7 @@ from zproto.attrs import Attr, attributes, plain_default, twin_name
 from zproto.decoder import DecoderWriter, FastDecoderWriter
 from zproto.encoder import EncoderWriter
 from zproto.model import Message, Protocol, to_const_name
+from zproto.peek import PeekWriter, peekable
 from zproto.pysource import LINE_LENGTH, Source, StructNames, assign, isort_key, lit
 from zproto.shape import plan_fast
 
@@ -52,6 +53,10 @@ class PythonGenerator:
         for msg in self.proto.messages:
             if msg.literal is None:
                 self.decoders.write(body, msg)
+        if not self.classic:
+            for msg in self.proto.messages:
+                if msg.literal is None:
+                    PeekWriter(self.structs).write(body, msg)
         self.fast: dict[str, Message] = {}  # messages with a simplest-shape decoder
         if not self.classic and self.with_fast:
             for msg in self.proto.messages:
@@ -113,6 +118,9 @@ class PythonGenerator:
         names += [m.class_name for m in p.messages]
         names += ["decode", "encode"]
         names += [f"encode_{m.ident}" for m in p.messages]
+        if not self.classic:
+            general = [m for m in p.messages if m.literal is None]
+            names += [f"peek_{f.ident}" for m in general for f in peekable(m)]
         names += [to_const_name(d.name) for d in p.defines]
         out("__all__ = [")
         for name in sorted(set(names), key=isort_key):

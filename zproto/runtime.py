@@ -19,6 +19,7 @@ __all__ = [
     "DECODE_FAILURES",
     "ENCODE_FAILURES",
     "OCTET",
+    "PEEK_FAILURES",
     "DecodeError",
     "EncodeError",
     "Invalid",
@@ -96,6 +97,8 @@ class Invalid(Exception):
 #: Exceptions a generated decoder may hit on malformed input; ``decode()``
 #: converts them into ``DecodeError``.
 DECODE_FAILURES = (struct.error, IndexError, ValueError, TypeError, OverflowError)
+#: What a generated ``peek_<field>`` turns into None.
+PEEK_FAILURES = (DecodeError, *DECODE_FAILURES)
 #: Exceptions a generated encoder may hit on a malformed message.
 ENCODE_FAILURES = (struct.error, TypeError, ValueError, AttributeError, OverflowError, Invalid)
 
