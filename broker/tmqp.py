@@ -46,7 +46,6 @@ __all__ = [
 DEFAULT_TTL = 16
 MAX_TTL = 31
 MODEL_NAME = "tmqp"
-_new = object.__new__
 
 _LE_BBBBBH = struct.Struct("<BBBBBH")
 _LE_BBBBBHB = struct.Struct("<BBBBBHB")
@@ -149,7 +148,7 @@ class Frame(_FrameSlots):
         headers: tuple[tuple[str, str], ...] = (),
         payload: bytes = b"",
     ) -> Frame:
-        _m: Any = _new(_FrameSlots)
+        _m: Any = _FrameSlots()
         _m.first_acquirer = first_acquirer
         _m.high_priority = high_priority
         _m.message_type = message_type
@@ -167,7 +166,7 @@ class Frame(_FrameSlots):
 
     def replace(self, /, **changes: Any) -> Frame:
         """A copy with some fields changed (fast; validated when encoded)."""
-        m: Any = _new(_FrameSlots)
+        m: Any = _FrameSlots()
         m.first_acquirer = self.first_acquirer
         m.high_priority = self.high_priority
         m.message_type = self.message_type
@@ -434,7 +433,7 @@ def _decode_frame(buf: bytes, frames: Any) -> Frame:
     pos = end
     if size != pos:
         raise DecodeError("Frame: trailing octets after the last field")
-    m: Any = _new(_FrameSlots)
+    m: Any = _FrameSlots()
     m.first_acquirer = f_first_acquirer
     m.high_priority = f_high_priority
     m.message_type = f_message_type
@@ -505,76 +504,6 @@ def peek_target(data: Any) -> str | None:
         return None
 
 
-def _decode_frame_fast(buf: bytes) -> Frame | None:
-    """Frame in its simplest shape, else None (the general decoder decides)."""
-    size = len(buf)
-    if size < 8 or buf[7] > 252:
-        return None
-    (
-        bits_flags,
-        bits_options,
-        f_id_length,
-        f_source_length,
-        f_target_length,
-        f_content_type,
-        f_payload_length,
-    ) = _LE_BBBBBHB.unpack_from(buf)
-    e_message_id = 8 + f_id_length
-    e_source = e_message_id + f_source_length
-    e_target = e_source + f_target_length
-    e_payload = e_target + f_payload_length
-    if bits_options & 32 or e_payload != size:
-        return None
-    try:
-        f_message_id = buf[8:e_message_id].decode()
-        f_source = buf[e_message_id:e_source].decode()
-        f_target = buf[e_source:e_target].decode()
-    except UnicodeDecodeError:
-        return None
-    f_payload = buf[e_target:e_payload]
-    key = bits_flags << 8 | bits_options
-    bits = _BASES_FRAME.get(key)
-    if bits is None:
-        bits = _base_frame(key)
-    m: Any = _new(_FrameSlots)
-    (
-        m.first_acquirer,
-        m.high_priority,
-        m.message_type,
-        m.pending_response,
-        m.pending_ack,
-        m.ttl,
-    ) = bits
-    m.content_type = f_content_type
-    m.message_id = f_message_id
-    m.source = f_source
-    m.target = f_target
-    m.headers = ()
-    m.payload = f_payload
-    m.__class__ = Frame
-    return m
-
-
-_BASES_FRAME: dict[int, tuple[Any, ...]] = {}
-
-
-def _base_frame(key: int) -> tuple[Any, ...]:
-    """The fields the bits of the head decide, in the order of the message."""
-    bits_flags = key >> 8 & 255
-    bits_options = key & 255
-    bits = (
-        bits_flags & 128 != 0,
-        bits_flags & 64 != 0,
-        bits_flags & 63,
-        bits_options & 128 != 0,
-        bits_options & 64 != 0,
-        bits_options & 31,
-    )
-    if len(_BASES_FRAME) < 1024:
-        _BASES_FRAME[key] = bits
-    return bits
-
-
 _ENCODERS: dict[type, Any] = {
     Handshake: _encode_handshake,
     Ping: _encode_ping,
@@ -600,21 +529,84 @@ _LITERALS: dict[bytes, Any] = {
 _LITERAL_SIZES = frozenset({8})
 
 
+_BASES_FRAME: dict[int, tuple[Any, ...]] = {}
+
+
+def _base_frame(key: int) -> tuple[Any, ...]:
+    """The fields the bits of the head decide, in the order of the message."""
+    bits_flags = key >> 8 & 255
+    bits_options = key & 255
+    bits = (
+        bits_flags & 128 != 0,
+        bits_flags & 64 != 0,
+        bits_flags & 63,
+        bits_options & 128 != 0,
+        bits_options & 64 != 0,
+        bits_options & 31,
+    )
+    if len(_BASES_FRAME) < 1024:
+        _BASES_FRAME[key] = bits
+    return bits
+
+
 def decode(frames: Any) -> Message:
     """Decode ZeroMQ frames (bytes-like) into a message.
 
     Raises DecodeError, and nothing else, on malformed input.
     """
     try:
-        if len(frames) == 1:
-            buf = frames[0]
-            if type(buf) is bytes and len(buf) > 8:
-                msg = _decode_frame_fast(buf)
-                if msg is not None:
-                    return msg
+        buf = frames[0]
+        single = type(buf) is bytes and len(frames) == 1
     except (TypeError, LookupError):
-        pass  # the general decoder says what is wrong
-    return _decode(frames)
+        single = False  # the general decoder says what is wrong
+    if not single:
+        return _decode(frames)
+    size = len(buf)
+    if size < 9 or buf[7] > 252:
+        return _decode(frames)
+    (
+        bits_flags,
+        bits_options,
+        f_id_length,
+        f_source_length,
+        f_target_length,
+        f_content_type,
+        f_payload_length,
+    ) = _LE_BBBBBHB.unpack_from(buf)
+    e_message_id = 8 + f_id_length
+    e_source = e_message_id + f_source_length
+    e_target = e_source + f_target_length
+    e_payload = e_target + f_payload_length
+    if bits_options & 32 or e_payload != size:
+        return _decode(frames)
+    try:
+        f_message_id = buf[8:e_message_id].decode()
+        f_source = buf[e_message_id:e_source].decode()
+        f_target = buf[e_source:e_target].decode()
+    except UnicodeDecodeError:
+        return _decode(frames)
+    f_payload = buf[e_target:e_payload]
+    key = bits_flags << 8 | bits_options
+    bits = _BASES_FRAME.get(key)
+    if bits is None:
+        bits = _base_frame(key)
+    m: Any = _FrameSlots()
+    (
+        m.first_acquirer,
+        m.high_priority,
+        m.message_type,
+        m.pending_response,
+        m.pending_ack,
+        m.ttl,
+    ) = bits
+    m.content_type = f_content_type
+    m.message_id = f_message_id
+    m.source = f_source
+    m.target = f_target
+    m.headers = ()
+    m.payload = f_payload
+    m.__class__ = Frame
+    return m
 
 
 def _decode(frames: Any) -> Message:

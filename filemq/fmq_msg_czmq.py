@@ -60,7 +60,6 @@ FILE_CREATE = 1
 FILE_DELETE = 2
 SIGNATURE = b"\xaa\xa3"
 MODEL_NAME = "fmq_msg_czmq"
-_new = object.__new__
 
 _BE_BBBB = struct.Struct(">BBBB")
 _BE_BBBI = struct.Struct(">BBBI")
@@ -105,7 +104,7 @@ class Ohai(_OhaiSlots):
     version: int = 2  # Protocol version 2
 
     def __new__(_cls, protocol: str = "FILEMQ", version: int = 2) -> Ohai:
-        _m: Any = _new(_OhaiSlots)
+        _m: Any = _OhaiSlots()
         _m.protocol = protocol
         _m.version = version
         _m.__class__ = _cls
@@ -113,7 +112,7 @@ class Ohai(_OhaiSlots):
 
     def replace(self, /, **changes: Any) -> Ohai:
         """A copy with some fields changed (fast; validated when encoded)."""
-        m: Any = _new(_OhaiSlots)
+        m: Any = _OhaiSlots()
         m.protocol = self.protocol
         m.version = self.version
         if changes:
@@ -172,7 +171,7 @@ class Icanhaz(_IcanhazSlots):
         options: dict[str, str] | None = None,
         cache: dict[str, str] | None = None,
     ) -> Icanhaz:
-        _m: Any = _new(_IcanhazSlots)
+        _m: Any = _IcanhazSlots()
         _m.path = path
         _m.options = dict() if options is None else options
         _m.cache = dict() if cache is None else cache
@@ -181,7 +180,7 @@ class Icanhaz(_IcanhazSlots):
 
     def replace(self, /, **changes: Any) -> Icanhaz:
         """A copy with some fields changed (fast; validated when encoded)."""
-        m: Any = _new(_IcanhazSlots)
+        m: Any = _IcanhazSlots()
         m.path = self.path
         m.options = self.options
         m.cache = self.cache
@@ -236,7 +235,7 @@ class Nom(_NomSlots):
     sequence: int = 0  # Chunk sequence, 0 and up
 
     def __new__(_cls, credit: int = 0, sequence: int = 0) -> Nom:
-        _m: Any = _new(_NomSlots)
+        _m: Any = _NomSlots()
         _m.credit = credit
         _m.sequence = sequence
         _m.__class__ = _cls
@@ -244,7 +243,7 @@ class Nom(_NomSlots):
 
     def replace(self, /, **changes: Any) -> Nom:
         """A copy with some fields changed (fast; validated when encoded)."""
-        m: Any = _new(_NomSlots)
+        m: Any = _NomSlots()
         m.credit = self.credit
         m.sequence = self.sequence
         if changes:
@@ -296,7 +295,7 @@ class Cheezburger(_CheezburgerSlots):
         headers: dict[str, str] | None = None,
         chunk: bytes = b"",
     ) -> Cheezburger:
-        _m: Any = _new(_CheezburgerSlots)
+        _m: Any = _CheezburgerSlots()
         _m.sequence = sequence
         _m.operation = operation
         _m.filename = filename
@@ -309,7 +308,7 @@ class Cheezburger(_CheezburgerSlots):
 
     def replace(self, /, **changes: Any) -> Cheezburger:
         """A copy with some fields changed (fast; validated when encoded)."""
-        m: Any = _new(_CheezburgerSlots)
+        m: Any = _CheezburgerSlots()
         m.sequence = self.sequence
         m.operation = self.operation
         m.filename = self.filename
@@ -401,14 +400,14 @@ class Srsly(_SrslySlots):
     reason: str = ""  # Printable explanation
 
     def __new__(_cls, reason: str = "") -> Srsly:
-        _m: Any = _new(_SrslySlots)
+        _m: Any = _SrslySlots()
         _m.reason = reason
         _m.__class__ = _cls
         return _m
 
     def replace(self, /, **changes: Any) -> Srsly:
         """A copy with some fields changed (fast; validated when encoded)."""
-        m: Any = _new(_SrslySlots)
+        m: Any = _SrslySlots()
         m.reason = self.reason
         if changes:
             _rt.apply_changes(m, changes, _SrslySlots.__slots__)
@@ -441,14 +440,14 @@ class Rtfm(_RtfmSlots):
     reason: str = ""  # Printable explanation
 
     def __new__(_cls, reason: str = "") -> Rtfm:
-        _m: Any = _new(_RtfmSlots)
+        _m: Any = _RtfmSlots()
         _m.reason = reason
         _m.__class__ = _cls
         return _m
 
     def replace(self, /, **changes: Any) -> Rtfm:
         """A copy with some fields changed (fast; validated when encoded)."""
-        m: Any = _new(_RtfmSlots)
+        m: Any = _RtfmSlots()
         m.reason = self.reason
         if changes:
             _rt.apply_changes(m, changes, _RtfmSlots.__slots__)
@@ -726,7 +725,7 @@ def _decode_ohai(buf: bytes, frames: Any) -> Ohai:
         raise DecodeError(f"Ohai.version must be 2, not {f_version}")
     if size != pos + 2:
         raise DecodeError("Ohai: trailing octets after the last field")
-    m: Any = _new(_OhaiSlots)
+    m: Any = _OhaiSlots()
     m.protocol = f_protocol
     m.version = f_version
     m.__class__ = Ohai
@@ -755,7 +754,7 @@ def _decode_icanhaz(buf: bytes, frames: Any) -> Icanhaz:
     f_cache, pos = _rt.dec_hash(buf, pos, "Icanhaz.cache")
     if size != pos:
         raise DecodeError("Icanhaz: trailing octets after the last field")
-    m: Any = _new(_IcanhazSlots)
+    m: Any = _IcanhazSlots()
     m.path = f_path
     m.options = f_options
     m.cache = f_cache
@@ -778,7 +777,7 @@ def _decode_nom(buf: bytes, frames: Any) -> Nom:
     (f_credit, f_sequence) = _BE_QQ.unpack_from(buf, 3)
     if size != 19:
         raise DecodeError("Nom: trailing octets after the last field")
-    m: Any = _new(_NomSlots)
+    m: Any = _NomSlots()
     m.credit = f_credit
     m.sequence = f_sequence
     m.__class__ = Nom
@@ -806,7 +805,7 @@ def _decode_cheezburger(buf: bytes, frames: Any) -> Cheezburger:
     pos = end
     if size != pos:
         raise DecodeError("Cheezburger: trailing octets after the last field")
-    m: Any = _new(_CheezburgerSlots)
+    m: Any = _CheezburgerSlots()
     m.sequence = f_sequence
     m.operation = f_operation
     m.filename = f_filename
@@ -854,7 +853,7 @@ def _decode_srsly(buf: bytes, frames: Any) -> Srsly:
     pos = end
     if size != pos:
         raise DecodeError("Srsly: trailing octets after the last field")
-    m: Any = _new(_SrslySlots)
+    m: Any = _SrslySlots()
     m.reason = f_reason
     m.__class__ = Srsly
     return m
@@ -872,7 +871,7 @@ def _decode_rtfm(buf: bytes, frames: Any) -> Rtfm:
     pos = end
     if size != pos:
         raise DecodeError("Rtfm: trailing octets after the last field")
-    m: Any = _new(_RtfmSlots)
+    m: Any = _RtfmSlots()
     m.reason = f_reason
     m.__class__ = Rtfm
     return m

@@ -16,7 +16,7 @@ from zproto.encoder import EncoderWriter
 from zproto.model import Message, Protocol, to_const_name
 from zproto.peek import PeekWriter, peekable
 from zproto.pysource import LINE_LENGTH, Source, StructNames, assign, isort_key, lit
-from zproto.shape import plan_fast
+from zproto.shape import Plan, plan_fast
 
 __all__ = ["PythonGenerator"]
 
@@ -57,13 +57,13 @@ class PythonGenerator:
             for msg in self.proto.messages:
                 if msg.literal is None:
                     PeekWriter(self.structs).write(body, msg)
-        self.fast: dict[str, Message] = {}  # messages with a simplest-shape decoder
+        #: the message with a simplest-shape decoder, and its plan
+        self.fast: list[tuple[Message, Plan]] = []
         if not self.classic and self.with_fast:
             for msg in self.proto.messages:
                 plan = plan_fast(msg)
                 if plan is not None:
-                    FastDecoderWriter(self.structs).write(body, msg, plan)
-                    self.fast[msg.ident] = msg
+                    self.fast.append((msg, plan))
         self._api(body)
         return self._header() + "\n".join(body.lines).rstrip() + "\n"
 
@@ -139,7 +139,6 @@ class PythonGenerator:
         out(f"MODEL_NAME = {lit(p.name)}")
         if any(f.type == "uuid" for m in p.messages for f in m.fields):
             out("_NIL_UUID = uuid.UUID(int=0)")
-        out("_new = object.__new__")
         out()
         # struct constants are known only after the body was generated
         for fmt, name in sorted(self.structs.formats.items(), key=lambda kv: kv[1]):
@@ -244,7 +243,7 @@ class PythonGenerator:
                 values.append(attr.ident)
         src.wrapped("def __new__(", params, f") -> {msg.class_name}:")
         src.indent()
-        src(f"_m: Any = _new({twin_name(msg)})")
+        src(f"_m: Any = {twin_name(msg)}()")
         for attr, value in zip(attrs, values, strict=True):
             src(f"_m.{attr.ident} = {value}")
         src("_m.__class__ = _cls")
@@ -257,7 +256,7 @@ class PythonGenerator:
         src(f"def replace(self, /, **changes: Any) -> {msg.class_name}:")
         src.indent()
         src('"""A copy with some fields changed (fast; validated when encoded)."""')
-        src(f"m: Any = _new({twin})")
+        src(f"m: Any = {twin}()")
         for attr in attrs:
             src(f"m.{attr.ident} = self.{attr.ident}")
         src("if changes:")
@@ -367,24 +366,5 @@ class PythonGenerator:
 
     def _decode_fast(self, src: Source, literal_size: int) -> None:
         """``decode``: a one-frame message in its simplest shape, else ``_decode``."""
-        (msg,) = self.fast.values()  # a binary model has one general message
-        src("def decode(frames: Any) -> Message:")
-        src('    """Decode ZeroMQ frames (bytes-like) into a message.')
-        src()
-        src("    Raises DecodeError, and nothing else, on malformed input.")
-        src('    """')
-        src("    try:")
-        src("        if len(frames) == 1:")
-        src("            buf = frames[0]")
-        cond = "type(buf) is bytes"
-        if literal_size:
-            cond += f" and len(buf) > {literal_size}"  # literals are never fast
-        src(f"            if {cond}:")
-        src(f"                msg = _decode_{msg.ident}_fast(buf)")
-        src("                if msg is not None:")
-        src("                    return msg")
-        src("    except (TypeError, LookupError):")
-        src("        pass  # the general decoder says what is wrong")
-        src("    return _decode(frames)")
-        src()
-        src()
+        ((msg, plan),) = self.fast  # a binary model has one general message
+        FastDecoderWriter(self.structs).write(src, msg, plan, literal_size)

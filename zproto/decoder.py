@@ -28,7 +28,7 @@ def build(src: Source, msg: Message, entries: list[tuple[str, str]]) -> None:
     The values go into the slots of the message's twin with ordinary attribute stores,
     then the twin becomes the frozen class (see ``zproto.runtime.MessageBase``).
     """
-    src(f"m: Any = _new({twin_name(msg)})")
+    src(f"m: Any = {twin_name(msg)}()")
     for ident, expr in entries:
         src(f"m.{ident} = {expr}")
     src(f"m.__class__ = {msg.class_name}")
@@ -257,26 +257,43 @@ class _DecodeCtx:
 
 
 class FastDecoderWriter:
-    """Writes ``_decode_<message>_fast(buf)``: the simplest shape of a binary message
-    decoded with one ``struct`` and one length check, or None (the general decoder then
-    decides, errors included)."""
+    """Writes the ``decode(frames)`` of a binary model: a one-frame message in its simplest
+    shape is decoded inline, with one ``struct`` and one length check; anything else,
+    errors included, goes to the general decoder (``_decode``)."""
 
     def __init__(self, structs: StructNames) -> None:
         self.structs = structs
 
-    def write(self, src: Source, msg: Message, plan: Plan) -> None:
+    def write(self, src: Source, msg: Message, plan: Plan, literal_size: int) -> None:
+        """``decode``; literals (``literal_size`` octets at most) are never fast."""
         cname, ident = msg.class_name, msg.ident
         attrs = attributes(msg)
         struct_name = self.structs.name(plan.format())
         absent = {a.ident for f in plan.absent for a in attrs_of(f)}
-        src(f"def _decode_{ident}_fast(buf: bytes) -> {cname} | None:")
+        fail = "return _decode(frames)"
+        values: dict[str, str] = {}
+        for fld in plan.bits:
+            values.update(bit_values(fld, f"bits_{fld.ident}"))
+        if values:
+            self._base(src, msg, plan, values)
+        src("def decode(frames: Any) -> Message:")
         src.indent()
-        src(f'"""{cname} in its simplest shape, else None (the general decoder decides)."""')
+        src('"""Decode ZeroMQ frames (bytes-like) into a message.')
+        src()
+        src("Raises DecodeError, and nothing else, on malformed input.")
+        src('"""')
+        src("try:")
+        src("    buf = frames[0]")
+        src("    single = type(buf) is bytes and len(frames) == 1")
+        src("except (TypeError, LookupError):")
+        src("    single = False  # the general decoder says what is wrong")
+        src("if not single:")
+        src(f"    {fail}")
         src("size = len(buf)")
-        tests = [f"size < {plan.head_size}"]
+        tests = [f"size < {max(plan.head_size, literal_size + 1)}"]
         tests += [f"buf[{offset}] > 252" for offset in plan.short_lengths]
         src(f"if {' or '.join(tests)}:")
-        src("    return None")
+        src(f"    {fail}")
         src.unpack([t for t, _, _ in plan.head], f"{struct_name}.unpack_from(buf)")
         checks = [f"{raw} & {mask}" for raw, mask in plan.clear_flags]
         checks += [f"{expr} != {value}" for expr, value in plan.constants]
@@ -289,7 +306,7 @@ class FastDecoderWriter:
         checks.append(f"{position} != size")
         for group in group_checks(checks, LINE_LENGTH - 4 * src.level - 4):
             src(f"if {group}:")
-            src("    return None")
+            src(f"    {fail}")
         strings = [f for f in plan.tail if f.type == "string"]
         if strings:
             src("try:")
@@ -302,15 +319,12 @@ class FastDecoderWriter:
         if strings:
             src.dedent()
             src("except UnicodeDecodeError:")
-            src("    return None")
+            src(f"    {fail}")
         start = str(plan.head_size)
         for fld, end in zip(plan.tail, ends, strict=True):
             if fld.type == "octets":
                 src(f"f_{fld.ident} = buf[{start}:{end}]")
             start = end
-        values: dict[str, str] = {}
-        for fld in plan.bits:
-            values.update(bit_values(fld, f"bits_{fld.ident}"))
         entries = []
         for attr in attrs:
             if attr.ident in values:
@@ -326,7 +340,7 @@ class FastDecoderWriter:
             src(f"bits = _BASES_{const}.get(key)")
             src("if bits is None:")
             src(f"    bits = _base_{ident}(key)")
-            src(f"m: Any = _new({twin_name(msg)})")
+            src(f"m: Any = {twin_name(msg)}()")
             targets = [f"m.{name}" for name in values]
             if len(targets) == 1:
                 src(f"({targets[0]},) = bits")
@@ -341,8 +355,6 @@ class FastDecoderWriter:
         src.dedent()
         src()
         src()
-        if values:
-            self._base(src, msg, plan, values)
 
     @staticmethod
     def _key(plan: Plan) -> str:
