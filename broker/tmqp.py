@@ -179,8 +179,10 @@ class Frame(_FrameSlots):
         m.target = self.target
         m.headers = self.headers
         m.payload = self.payload
-        if changes:
-            _rt.apply_changes(m, changes, _FrameSlots.__slots__)
+        for _name, _value in changes.items():
+            if _name not in _FrameSlots.__slots__:
+                raise _rt.unknown_fields(changes, _FrameSlots.__slots__)
+            setattr(m, _name, _value)
         m.__class__ = type(self)
         return m
 

@@ -116,8 +116,10 @@ class Ohai(_OhaiSlots):
         m: Any = _OhaiSlots()
         m.protocol = self.protocol
         m.version = self.version
-        if changes:
-            _rt.apply_changes(m, changes, _OhaiSlots.__slots__)
+        for _name, _value in changes.items():
+            if _name not in _OhaiSlots.__slots__:
+                raise _rt.unknown_fields(changes, _OhaiSlots.__slots__)
+            setattr(m, _name, _value)
         m.__class__ = type(self)
         return m
 
@@ -185,8 +187,10 @@ class Icanhaz(_IcanhazSlots):
         m.path = self.path
         m.options = self.options
         m.cache = self.cache
-        if changes:
-            _rt.apply_changes(m, changes, _IcanhazSlots.__slots__)
+        for _name, _value in changes.items():
+            if _name not in _IcanhazSlots.__slots__:
+                raise _rt.unknown_fields(changes, _IcanhazSlots.__slots__)
+            setattr(m, _name, _value)
         m.__class__ = type(self)
         return m
 
@@ -247,8 +251,10 @@ class Nom(_NomSlots):
         m: Any = _NomSlots()
         m.credit = self.credit
         m.sequence = self.sequence
-        if changes:
-            _rt.apply_changes(m, changes, _NomSlots.__slots__)
+        for _name, _value in changes.items():
+            if _name not in _NomSlots.__slots__:
+                raise _rt.unknown_fields(changes, _NomSlots.__slots__)
+            setattr(m, _name, _value)
         m.__class__ = type(self)
         return m
 
@@ -317,8 +323,10 @@ class Cheezburger(_CheezburgerSlots):
         m.eof = self.eof
         m.headers = self.headers
         m.chunk = self.chunk
-        if changes:
-            _rt.apply_changes(m, changes, _CheezburgerSlots.__slots__)
+        for _name, _value in changes.items():
+            if _name not in _CheezburgerSlots.__slots__:
+                raise _rt.unknown_fields(changes, _CheezburgerSlots.__slots__)
+            setattr(m, _name, _value)
         m.__class__ = type(self)
         return m
 
@@ -410,8 +418,10 @@ class Srsly(_SrslySlots):
         """A copy with some fields changed (fast; validated when encoded)."""
         m: Any = _SrslySlots()
         m.reason = self.reason
-        if changes:
-            _rt.apply_changes(m, changes, _SrslySlots.__slots__)
+        for _name, _value in changes.items():
+            if _name not in _SrslySlots.__slots__:
+                raise _rt.unknown_fields(changes, _SrslySlots.__slots__)
+            setattr(m, _name, _value)
         m.__class__ = type(self)
         return m
 
@@ -450,8 +460,10 @@ class Rtfm(_RtfmSlots):
         """A copy with some fields changed (fast; validated when encoded)."""
         m: Any = _RtfmSlots()
         m.reason = self.reason
-        if changes:
-            _rt.apply_changes(m, changes, _RtfmSlots.__slots__)
+        for _name, _value in changes.items():
+            if _name not in _RtfmSlots.__slots__:
+                raise _rt.unknown_fields(changes, _RtfmSlots.__slots__)
+            setattr(m, _name, _value)
         m.__class__ = type(self)
         return m
 

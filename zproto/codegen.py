@@ -259,8 +259,10 @@ class PythonGenerator:
         src(f"m: Any = {twin}()")
         for attr in attrs:
             src(f"m.{attr.ident} = self.{attr.ident}")
-        src("if changes:")
-        src(f"    _rt.apply_changes(m, changes, {twin}.__slots__)")
+        src("for _name, _value in changes.items():")
+        src(f"    if _name not in {twin}.__slots__:")
+        src(f"        raise _rt.unknown_fields(changes, {twin}.__slots__)")
+        src("    setattr(m, _name, _value)")
         src("m.__class__ = type(self)")
         src("return m")
         src.dedent()

@@ -24,7 +24,6 @@ __all__ = [
     "EncodeError",
     "Invalid",
     "MessageBase",
-    "apply_changes",
     "dec_hash",
     "dec_headers",
     "dec_strings",
@@ -39,6 +38,7 @@ __all__ = [
     "frame_out",
     "frames_out",
     "truncated",
+    "unknown_fields",
 ]
 
 
@@ -72,13 +72,9 @@ class MessageBase:
         return type(self), tuple(getattr(self, name) for name in self.__match_args__)
 
 
-def apply_changes(twin: Any, changes: dict[str, Any], names: tuple[str, ...]) -> None:
-    """Store ``changes`` into the slots of ``twin`` (a generated ``replace()``)."""
-    for name, value in changes.items():
-        if name not in names:
-            unknown = sorted(set(changes) - set(names))
-            raise TypeError(f"unknown fields: {unknown}")
-        setattr(twin, name, value)
+def unknown_fields(changes: dict[str, Any], names: tuple[str, ...]) -> TypeError:
+    """The error of a generated ``replace()`` given names that are not fields."""
+    return TypeError(f"unknown fields: {sorted(set(changes) - set(names))}")
 
 
 def expose_slots(cls: type) -> type:
