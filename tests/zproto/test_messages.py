@@ -11,6 +11,7 @@ import pytest
 
 from broker import tmqp
 from filemq import fmq_msg
+from tests.zproto.support import MODELS_DIR, codec
 
 
 def test_messages_are_frozen_dataclasses() -> None:
@@ -71,9 +72,17 @@ def test_a_decoded_message_is_its_class_and_stays_frozen() -> None:
 
 
 def test_replace_takes_fields_named_like_its_parameters() -> None:
-    """replace(self, /, **changes): a field may be called ``self`` or ``changes``."""
-    msg = fmq_msg.Nom(credit=1, sequence=2)
-    assert msg.replace(credit=5) == fmq_msg.Nom(5, 2)
-    assert msg.replace() == msg and msg.replace() is not msg
+    """replace(self, /, **changes) and __new__(_cls, ...): a field may be called ``self``,
+    ``cls`` or ``changes``."""
+    _, module = codec(MODELS_DIR / "name_clash.xml", None)
+    msg = module.Parameters(self=1, cls="c", changes=2, name="n", value=3)
+    assert (msg.self, msg.cls, msg.changes, msg.name, msg.value) == (1, "c", 2, "n", 3)
+    moved = msg.replace(self=5, changes=6)
+    assert moved == module.Parameters(5, "c", 6, "n", 3) and msg.self == 1
+    assert module.decode(module.encode(moved)) == moved
+    assert dataclasses.replace(msg, cls="d").cls == "d"
+    nom = fmq_msg.Nom(credit=1, sequence=2)
+    assert nom.replace(credit=5) == fmq_msg.Nom(5, 2)
+    assert nom.replace() == nom and nom.replace() is not nom
     with pytest.raises(TypeError, match="self"):
-        msg.replace(self=1)
+        nom.replace(self=1)
