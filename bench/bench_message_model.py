@@ -8,8 +8,10 @@ struct code for a FILEMQ NOM (2 fields) and a TMQP frame (12 fields).  A decoder
 making a message object; this compares ways a generated message class could be made,
 each for the two messages (classes built here the way the generator would emit them):
 
-- make: what a decoder does with the values it unpacked (today: the frozen dataclass
-  gets its fields as one ``__dict__``; TMQP: a cached dict of the flag fields, copied);
+- make: what a decoder does with the values it unpacked (today: the "slots twin": a
+  plain slotted class is made, filled and given the frozen dataclass as its class; TMQP:
+  the flag fields come from a cached tuple; before: the frozen dataclass got its fields
+  as one ``__dict__``);
 - kw: ``Nom(credit=..., sequence=...)``;
 - read: the fields a receiver reads (NOM: both; TMQP: message_type, pending_ack,
   target, payload);
@@ -89,7 +91,8 @@ def _frozen_dataclass(
 
 
 # ---------------------------------------------------------------------------
-# model "dict": today's generated classes (frozen dataclass, fields in __dict__)
+# model "dict": the generated classes before the slots twin (frozen dataclass, fields in
+# __dict__)
 
 
 class _DictBase:
@@ -143,20 +146,21 @@ def slots_init_model(name: str, fields: Fields, defaults: Defaults) -> Model:
 
 
 # ---------------------------------------------------------------------------
-# model "slots twin": the slots live on a plain mutable class; the decoder fills one
-# with ordinary ``m.f = v`` (specialised slot stores) and then sets
-# ``m.__class__`` to the frozen dataclass, which adds no slots of its own.
+# model "slots twin" (today's generated classes): the slots live on a plain mutable class;
+# the decoder makes one by calling it, fills it with ordinary ``m.f = v`` (specialised slot
+# stores) and then sets ``m.__class__`` to the frozen dataclass, which adds no slots of
+# its own.
 
 
 def twin_model(name: str, fields: Fields, defaults: Defaults) -> Model:
     fill = type(f"_{name}Fill", (), {"__slots__": (*fields, "__weakref__")})
-    src = f"def make({', '.join(fields)}):\n    m = _new(_Fill)\n"
+    src = f"def make({', '.join(fields)}):\n    m = _Fill()\n"
     src += "".join(f"    m.{f} = {f}\n" for f in fields) + "    m.__class__ = C\n    return m\n"
-    src += f"def __new__(cls, {_params(fields)}):\n    m = _new(_Fill)\n"
+    src += f"def __new__(cls, {_params(fields)}):\n    m = _Fill()\n"
     src += "".join(f"    m.{f} = {f}\n" for f in fields) + "    m.__class__ = cls\n    return m\n"
     src += "def __reduce__(self):\n"
     src += f"    return type(self), ({''.join(f'self.{f}, ' for f in fields)})\n"
-    ns = _exec(src, {"_new": object.__new__, "_Fill": fill, **_defaults(defaults)})
+    ns = _exec(src, {"_Fill": fill, **_defaults(defaults)})
     extra = {"__slots__": (), "__new__": ns["__new__"], "__reduce__": ns["__reduce__"]}
     cls = _frozen_dataclass(name, fields, defaults, (fill,), extra)
     for f in fields:  # the class defaults would hide the slots
@@ -247,10 +251,10 @@ def mutable_model(name: str, fields: Fields, defaults: Defaults) -> Model:
 
 
 MODELS: list[tuple[str, Callable[[str, Fields, Defaults], Model]]] = [
-    ("dict (today)", dict_model),
+    ("slots twin (today)", twin_model),
+    ("dict (before)", dict_model),
     ("slots + __set__", slots_model),
     ("slots, dataclass __init__", slots_init_model),
-    ("slots twin + __class__", twin_model),
     ("tuple subclass", tuple_model),
     ("one slot + properties", one_slot_model),
     ("mutable slots (floor)", mutable_model),
@@ -396,7 +400,7 @@ _NOM_BODY = struct.Struct(">QQ")
 def lean_nom_codec() -> tuple[Callable[[Any], list[bytes]], Callable[[Any], Any], Any]:
     """encode, decode and a message of the leanest NOM codec."""
     cls, _ = twin_model(*NOM)
-    fill, new = cls.__mro__[1], object.__new__  # the twin's slots, made inline
+    fill = cls.__mro__[1]  # the twin's slots, made inline
     pack, unpack = _NOM_WIRE.pack, _NOM_BODY.unpack_from
 
     def encode_nom(m: Any) -> list[bytes]:
@@ -406,7 +410,7 @@ def lean_nom_codec() -> tuple[Callable[[Any], list[bytes]], Callable[[Any], Any]
         if len(buf) != _NOM_WIRE.size:
             raise ValueError("size")
         credit, sequence = unpack(buf, 3)
-        m: Any = new(fill)
+        m: Any = fill()
         m.credit = credit
         m.sequence = sequence
         m.__class__ = cls

@@ -38,13 +38,14 @@ __all__ = [
     "encode_handshake",
     "encode_ping",
     "encode_pong",
+    "peek_message_id",
+    "peek_source",
+    "peek_target",
 ]
 
 DEFAULT_TTL = 16
 MAX_TTL = 31
 MODEL_NAME = "tmqp"
-_new = object.__new__
-_set_state = _rt.set_state
 
 _LE_BBBBBH = struct.Struct("<BBBBBH")
 _LE_BBBBBHB = struct.Struct("<BBBBBHB")
@@ -56,6 +57,8 @@ _OCTET = _rt.OCTET
 @dataclass(frozen=True, init=False)
 class Handshake(_rt.MessageBase):
     """Protocol greeting "TMQP/2.0": the client's first message, echoed by the server."""
+
+    __slots__ = ()
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
@@ -69,6 +72,8 @@ _SPEC_HANDSHAKE: Any = ()
 class Ping(_rt.MessageBase):
     """Keep-alive probe."""
 
+    __slots__ = ()
+
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
         return _encode_ping(self)
@@ -81,6 +86,8 @@ _SPEC_PING: Any = ()
 class Pong(_rt.MessageBase):
     """Keep-alive answer."""
 
+    __slots__ = ()
+
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
         return _encode_pong(self)
@@ -89,10 +96,30 @@ class Pong(_rt.MessageBase):
 _SPEC_PONG: Any = ()
 
 
+class _FrameSlots(_rt.MessageBase):
+    """The slots of Frame: filled, then given the class Frame."""
+
+    __slots__ = (
+        "content_type",
+        "first_acquirer",
+        "headers",
+        "high_priority",
+        "message_id",
+        "message_type",
+        "payload",
+        "pending_ack",
+        "pending_response",
+        "source",
+        "target",
+        "ttl",
+    )
+
+
 @dataclass(frozen=True, init=False)
-class Frame(_rt.MessageBase):
+class Frame(_FrameSlots):
     """A TMQP message frame."""
 
+    __slots__ = ()
     first_acquirer: bool = False  # Deliver to one consumer only
     high_priority: bool = False  # High priority message
     message_type: int = 0  # Message type (0x10 server operation, ...)
@@ -106,8 +133,8 @@ class Frame(_rt.MessageBase):
     headers: tuple[tuple[str, str], ...] = ()  # key:value lines
     payload: bytes = b""  # Message content
 
-    def __init__(
-        self,
+    def __new__(
+        _cls,
         first_acquirer: bool = False,
         high_priority: bool = False,
         message_type: int = 0,
@@ -120,28 +147,53 @@ class Frame(_rt.MessageBase):
         target: str = "",
         headers: tuple[tuple[str, str], ...] = (),
         payload: bytes = b"",
-    ) -> None:
-        state = {
-            "first_acquirer": first_acquirer,
-            "high_priority": high_priority,
-            "message_type": message_type,
-            "pending_response": pending_response,
-            "pending_ack": pending_ack,
-            "ttl": ttl,
-            "content_type": content_type,
-            "message_id": message_id,
-            "source": source,
-            "target": target,
-            "headers": headers,
-            "payload": payload,
-        }
-        _set_state(self, state)
+    ) -> Frame:
+        _m: Any = _FrameSlots()
+        _m.first_acquirer = first_acquirer
+        _m.high_priority = high_priority
+        _m.message_type = message_type
+        _m.pending_response = pending_response
+        _m.pending_ack = pending_ack
+        _m.ttl = ttl
+        _m.content_type = content_type
+        _m.message_id = message_id
+        _m.source = source
+        _m.target = target
+        _m.headers = headers
+        _m.payload = payload
+        _m.__class__ = _cls
+        return _m
+
+    def replace(self, /, **changes: Any) -> Frame:
+        """A copy with some fields changed (fast; validated when encoded)."""
+        m: Any = _FrameSlots()
+        m.first_acquirer = self.first_acquirer
+        m.high_priority = self.high_priority
+        m.message_type = self.message_type
+        m.pending_response = self.pending_response
+        m.pending_ack = self.pending_ack
+        m.ttl = self.ttl
+        m.content_type = self.content_type
+        m.message_id = self.message_id
+        m.source = self.source
+        m.target = self.target
+        m.headers = self.headers
+        m.payload = self.payload
+        for _name, _value in changes.items():
+            if _name not in _FrameSlots.__slots__:
+                raise _rt.unknown_fields(changes, _FrameSlots.__slots__)
+            setattr(m, _name, _value)
+        m.__class__ = type(self)
+        return m
+
+    __replace__ = replace
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
         return _encode_frame(self)
 
 
+_rt.expose_slots(Frame)
 _SPEC_FRAME: Any = (
     ("first_acquirer", "bit", 1, None),
     ("high_priority", "bit", 1, None),
@@ -383,91 +435,75 @@ def _decode_frame(buf: bytes, frames: Any) -> Frame:
     pos = end
     if size != pos:
         raise DecodeError("Frame: trailing octets after the last field")
-    state = {
-        "first_acquirer": f_first_acquirer,
-        "high_priority": f_high_priority,
-        "message_type": f_message_type,
-        "pending_response": f_pending_response,
-        "pending_ack": f_pending_ack,
-        "ttl": f_ttl,
-        "content_type": f_content_type,
-        "message_id": f_message_id,
-        "source": f_source,
-        "target": f_target,
-        "headers": f_headers,
-        "payload": f_payload,
-    }
-    m = _new(Frame)
-    _set_state(m, state)
+    m: Any = _FrameSlots()
+    m.first_acquirer = f_first_acquirer
+    m.high_priority = f_high_priority
+    m.message_type = f_message_type
+    m.pending_response = f_pending_response
+    m.pending_ack = f_pending_ack
+    m.ttl = f_ttl
+    m.content_type = f_content_type
+    m.message_id = f_message_id
+    m.source = f_source
+    m.target = f_target
+    m.headers = f_headers
+    m.payload = f_payload
+    m.__class__ = Frame
     return m
 
 
-def _decode_frame_fast(buf: bytes) -> Frame | None:
-    """Frame in its simplest shape, else None (the general decoder decides)."""
-    size = len(buf)
-    if size < 8 or buf[7] > 252:
-        return None
-    (
-        bits_flags,
-        bits_options,
-        f_id_length,
-        f_source_length,
-        f_target_length,
-        f_content_type,
-        f_payload_length,
-    ) = _LE_BBBBBHB.unpack_from(buf)
-    e_message_id = 8 + f_id_length
-    e_source = e_message_id + f_source_length
-    e_target = e_source + f_target_length
-    e_payload = e_target + f_payload_length
-    if bits_options & 32 or e_payload != size:
-        return None
+def peek_message_id(data: Any) -> str | None:
+    """``message_id`` of a Frame, read even when the frame does not
+    decode as a whole: None when the frame is too short for it or the field is
+    not UTF-8."""
     try:
-        f_message_id = buf[8:e_message_id].decode()
-        f_source = buf[e_message_id:e_source].decode()
-        f_target = buf[e_source:e_target].decode()
-    except UnicodeDecodeError:
+        buf = data if type(data) is bytes else _rt.frame_bytes(data)
+        f_id_length = buf[2]
+        _, pos = _rt.dec_varlen(buf, 7, "little")
+        end = pos + f_id_length
+        if end > len(buf):
+            return None
+        return buf[pos:end].decode()
+    except _rt.PEEK_FAILURES:
         return None
-    f_payload = buf[e_target:e_payload]
-    key = bits_flags << 8 | bits_options
-    base = _BASES_FRAME.get(key)
-    if base is None:
-        base = _base_frame(key)
-    state = base.copy()
-    state["content_type"] = f_content_type
-    state["message_id"] = f_message_id
-    state["source"] = f_source
-    state["target"] = f_target
-    state["payload"] = f_payload
-    m = _new(Frame)
-    _set_state(m, state)
-    return m
 
 
-_BASES_FRAME: dict[int, dict[str, Any]] = {}
+def peek_source(data: Any) -> str | None:
+    """``source`` of a Frame, read even when the frame does not
+    decode as a whole: None when the frame is too short for it or the field is
+    not UTF-8."""
+    try:
+        buf = data if type(data) is bytes else _rt.frame_bytes(data)
+        f_id_length = buf[2]
+        f_source_length = buf[3]
+        _, pos = _rt.dec_varlen(buf, 7, "little")
+        pos = pos + f_id_length
+        end = pos + f_source_length
+        if end > len(buf):
+            return None
+        return buf[pos:end].decode()
+    except _rt.PEEK_FAILURES:
+        return None
 
 
-def _base_frame(key: int) -> dict[str, Any]:
-    """The fields the bits of the head decide, and the absent ones."""
-    bits_flags = key >> 8 & 255
-    bits_options = key & 255
-    base = {
-        "first_acquirer": bits_flags & 128 != 0,
-        "high_priority": bits_flags & 64 != 0,
-        "message_type": bits_flags & 63,
-        "pending_response": bits_options & 128 != 0,
-        "pending_ack": bits_options & 64 != 0,
-        "ttl": bits_options & 31,
-        "content_type": 0,
-        "message_id": "",
-        "source": "",
-        "target": "",
-        "headers": (),
-        "payload": b"",
-    }
-    if len(_BASES_FRAME) < 1024:
-        _BASES_FRAME[key] = base
-    return base
+def peek_target(data: Any) -> str | None:
+    """``target`` of a Frame, read even when the frame does not
+    decode as a whole: None when the frame is too short for it or the field is
+    not UTF-8."""
+    try:
+        buf = data if type(data) is bytes else _rt.frame_bytes(data)
+        f_id_length = buf[2]
+        f_source_length = buf[3]
+        f_target_length = buf[4]
+        _, pos = _rt.dec_varlen(buf, 7, "little")
+        pos = pos + f_id_length
+        pos = pos + f_source_length
+        end = pos + f_target_length
+        if end > len(buf):
+            return None
+        return buf[pos:end].decode()
+    except _rt.PEEK_FAILURES:
+        return None
 
 
 _ENCODERS: dict[type, Any] = {
@@ -495,21 +531,84 @@ _LITERALS: dict[bytes, Any] = {
 _LITERAL_SIZES = frozenset({8})
 
 
+_BASES_FRAME: dict[int, tuple[Any, ...]] = {}
+
+
+def _base_frame(key: int) -> tuple[Any, ...]:
+    """The fields the bits of the head decide, in the order of the message."""
+    bits_flags = key >> 8 & 255
+    bits_options = key & 255
+    bits = (
+        bits_flags & 128 != 0,
+        bits_flags & 64 != 0,
+        bits_flags & 63,
+        bits_options & 128 != 0,
+        bits_options & 64 != 0,
+        bits_options & 31,
+    )
+    if len(_BASES_FRAME) < 1024:
+        _BASES_FRAME[key] = bits
+    return bits
+
+
 def decode(frames: Any) -> Message:
     """Decode ZeroMQ frames (bytes-like) into a message.
 
     Raises DecodeError, and nothing else, on malformed input.
     """
     try:
-        if len(frames) == 1:
-            buf = frames[0]
-            if type(buf) is bytes and len(buf) > 8:
-                msg = _decode_frame_fast(buf)
-                if msg is not None:
-                    return msg
+        buf = frames[0]
+        single = type(buf) is bytes and len(frames) == 1
     except (TypeError, LookupError):
-        pass  # the general decoder says what is wrong
-    return _decode(frames)
+        single = False  # the general decoder says what is wrong
+    if not single:
+        return _decode(frames)
+    size = len(buf)
+    if size < 9 or buf[7] > 252:
+        return _decode(frames)
+    (
+        bits_flags,
+        bits_options,
+        f_id_length,
+        f_source_length,
+        f_target_length,
+        f_content_type,
+        f_payload_length,
+    ) = _LE_BBBBBHB.unpack_from(buf)
+    e_message_id = 8 + f_id_length
+    e_source = e_message_id + f_source_length
+    e_target = e_source + f_target_length
+    e_payload = e_target + f_payload_length
+    if bits_options & 32 or e_payload != size:
+        return _decode(frames)
+    try:
+        f_message_id = buf[8:e_message_id].decode()
+        f_source = buf[e_message_id:e_source].decode()
+        f_target = buf[e_source:e_target].decode()
+    except UnicodeDecodeError:
+        return _decode(frames)
+    f_payload = buf[e_target:e_payload]
+    key = bits_flags << 8 | bits_options
+    bits = _BASES_FRAME.get(key)
+    if bits is None:
+        bits = _base_frame(key)
+    m: Any = _FrameSlots()
+    (
+        m.first_acquirer,
+        m.high_priority,
+        m.message_type,
+        m.pending_response,
+        m.pending_ack,
+        m.ttl,
+    ) = bits
+    m.content_type = f_content_type
+    m.message_id = f_message_id
+    m.source = f_source
+    m.target = f_target
+    m.headers = ()
+    m.payload = f_payload
+    m.__class__ = Frame
+    return m
 
 
 def _decode(frames: Any) -> Message:

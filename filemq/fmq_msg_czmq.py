@@ -60,8 +60,6 @@ FILE_CREATE = 1
 FILE_DELETE = 2
 SIGNATURE = b"\xaa\xa3"
 MODEL_NAME = "fmq_msg_czmq"
-_new = object.__new__
-_set_state = _rt.set_state
 
 _BE_BBBB = struct.Struct(">BBBB")
 _BE_BBBI = struct.Struct(">BBBI")
@@ -90,23 +88,48 @@ class MessageId(IntEnum):
     RTFM = 129
 
 
+class _OhaiSlots(_rt.MessageBase):
+    """The slots of Ohai: filled, then given the class Ohai."""
+
+    __slots__ = ("protocol", "version")
+
+
 @dataclass(frozen=True, init=False)
-class Ohai(_rt.MessageBase):
+class Ohai(_OhaiSlots):
     """The client opens a peering."""
 
+    __slots__ = ()
     ID: ClassVar[MessageId] = MessageId.OHAI
     protocol: str = "FILEMQ"  # Constant "FILEMQ"
     version: int = 2  # Protocol version 2
 
-    def __init__(self, protocol: str = "FILEMQ", version: int = 2) -> None:
-        state = {"protocol": protocol, "version": version}
-        _set_state(self, state)
+    def __new__(_cls, protocol: str = "FILEMQ", version: int = 2) -> Ohai:
+        _m: Any = _OhaiSlots()
+        _m.protocol = protocol
+        _m.version = version
+        _m.__class__ = _cls
+        return _m
+
+    def replace(self, /, **changes: Any) -> Ohai:
+        """A copy with some fields changed (fast; validated when encoded)."""
+        m: Any = _OhaiSlots()
+        m.protocol = self.protocol
+        m.version = self.version
+        for _name, _value in changes.items():
+            if _name not in _OhaiSlots.__slots__:
+                raise _rt.unknown_fields(changes, _OhaiSlots.__slots__)
+            setattr(m, _name, _value)
+        m.__class__ = type(self)
+        return m
+
+    __replace__ = replace
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
         return _encode_ohai(self)
 
 
+_rt.expose_slots(Ohai)
 _SPEC_OHAI: Any = (
     ("protocol", "string", 255, "FILEMQ"),
     ("version", "number", 2, 2),
@@ -117,6 +140,7 @@ _SPEC_OHAI: Any = (
 class OhaiOk(_rt.MessageBase):
     """The server grants the client access."""
 
+    __slots__ = ()
     ID: ClassVar[MessageId] = MessageId.OHAI_OK
 
     def encode(self) -> list[bytes]:
@@ -127,33 +151,56 @@ class OhaiOk(_rt.MessageBase):
 _SPEC_OHAI_OK: Any = ()
 
 
+class _IcanhazSlots(_rt.MessageBase):
+    """The slots of Icanhaz: filled, then given the class Icanhaz."""
+
+    __slots__ = ("cache", "options", "path")
+
+
 @dataclass(frozen=True, init=False)
-class Icanhaz(_rt.MessageBase):
+class Icanhaz(_IcanhazSlots):
     """The client subscribes to a path."""
 
+    __slots__ = ()
     ID: ClassVar[MessageId] = MessageId.ICANHAZ
     path: str = ""  # Full path or path prefix
     options: dict[str, str] = field(default_factory=dict)  # Subscription options
     cache: dict[str, str] = field(default_factory=dict)  # File SHA-1 signatures
 
-    def __init__(
-        self,
+    def __new__(
+        _cls,
         path: str = "",
         options: dict[str, str] | None = None,
         cache: dict[str, str] | None = None,
-    ) -> None:
-        state = {
-            "path": path,
-            "options": dict() if options is None else options,
-            "cache": dict() if cache is None else cache,
-        }
-        _set_state(self, state)
+    ) -> Icanhaz:
+        _m: Any = _IcanhazSlots()
+        _m.path = path
+        _m.options = dict() if options is None else options
+        _m.cache = dict() if cache is None else cache
+        _m.__class__ = _cls
+        return _m
+
+    def replace(self, /, **changes: Any) -> Icanhaz:
+        """A copy with some fields changed (fast; validated when encoded)."""
+        m: Any = _IcanhazSlots()
+        m.path = self.path
+        m.options = self.options
+        m.cache = self.cache
+        for _name, _value in changes.items():
+            if _name not in _IcanhazSlots.__slots__:
+                raise _rt.unknown_fields(changes, _IcanhazSlots.__slots__)
+            setattr(m, _name, _value)
+        m.__class__ = type(self)
+        return m
+
+    __replace__ = replace
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
         return _encode_icanhaz(self)
 
 
+_rt.expose_slots(Icanhaz)
 _SPEC_ICANHAZ: Any = (
     ("path", "longstr", 4294967295, None),
     ("options", "hash", None, None),
@@ -165,6 +212,7 @@ _SPEC_ICANHAZ: Any = (
 class IcanhazOk(_rt.MessageBase):
     """The server confirms the subscription."""
 
+    __slots__ = ()
     ID: ClassVar[MessageId] = MessageId.ICANHAZ_OK
 
     def encode(self) -> list[bytes]:
@@ -175,33 +223,65 @@ class IcanhazOk(_rt.MessageBase):
 _SPEC_ICANHAZ_OK: Any = ()
 
 
+class _NomSlots(_rt.MessageBase):
+    """The slots of Nom: filled, then given the class Nom."""
+
+    __slots__ = ("credit", "sequence")
+
+
 @dataclass(frozen=True, init=False)
-class Nom(_rt.MessageBase):
+class Nom(_NomSlots):
     """The client sends credit to the server."""
 
+    __slots__ = ()
     ID: ClassVar[MessageId] = MessageId.NOM
     credit: int = 0  # Credit, in bytes
     sequence: int = 0  # Chunk sequence, 0 and up
 
-    def __init__(self, credit: int = 0, sequence: int = 0) -> None:
-        state = {"credit": credit, "sequence": sequence}
-        _set_state(self, state)
+    def __new__(_cls, credit: int = 0, sequence: int = 0) -> Nom:
+        _m: Any = _NomSlots()
+        _m.credit = credit
+        _m.sequence = sequence
+        _m.__class__ = _cls
+        return _m
+
+    def replace(self, /, **changes: Any) -> Nom:
+        """A copy with some fields changed (fast; validated when encoded)."""
+        m: Any = _NomSlots()
+        m.credit = self.credit
+        m.sequence = self.sequence
+        for _name, _value in changes.items():
+            if _name not in _NomSlots.__slots__:
+                raise _rt.unknown_fields(changes, _NomSlots.__slots__)
+            setattr(m, _name, _value)
+        m.__class__ = type(self)
+        return m
+
+    __replace__ = replace
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
         return _encode_nom(self)
 
 
+_rt.expose_slots(Nom)
 _SPEC_NOM: Any = (
     ("credit", "number", 8, None),
     ("sequence", "number", 8, None),
 )
 
 
+class _CheezburgerSlots(_rt.MessageBase):
+    """The slots of Cheezburger: filled, then given the class Cheezburger."""
+
+    __slots__ = ("chunk", "eof", "filename", "headers", "offset", "operation", "sequence")
+
+
 @dataclass(frozen=True, init=False)
-class Cheezburger(_rt.MessageBase):
+class Cheezburger(_CheezburgerSlots):
     """The server sends a file chunk."""
 
+    __slots__ = ()
     ID: ClassVar[MessageId] = MessageId.CHEEZBURGER
     sequence: int = 0  # Chunk sequence, 0 and up
     operation: int = 0  # Create=1 delete=2
@@ -211,8 +291,8 @@ class Cheezburger(_rt.MessageBase):
     headers: dict[str, str] = field(default_factory=dict)  # File properties
     chunk: bytes = b""  # Data chunk
 
-    def __init__(
-        self,
+    def __new__(
+        _cls,
         sequence: int = 0,
         operation: int = 0,
         filename: str = "",
@@ -220,23 +300,43 @@ class Cheezburger(_rt.MessageBase):
         eof: int = 0,
         headers: dict[str, str] | None = None,
         chunk: bytes = b"",
-    ) -> None:
-        state = {
-            "sequence": sequence,
-            "operation": operation,
-            "filename": filename,
-            "offset": offset,
-            "eof": eof,
-            "headers": dict() if headers is None else headers,
-            "chunk": chunk,
-        }
-        _set_state(self, state)
+    ) -> Cheezburger:
+        _m: Any = _CheezburgerSlots()
+        _m.sequence = sequence
+        _m.operation = operation
+        _m.filename = filename
+        _m.offset = offset
+        _m.eof = eof
+        _m.headers = dict() if headers is None else headers
+        _m.chunk = chunk
+        _m.__class__ = _cls
+        return _m
+
+    def replace(self, /, **changes: Any) -> Cheezburger:
+        """A copy with some fields changed (fast; validated when encoded)."""
+        m: Any = _CheezburgerSlots()
+        m.sequence = self.sequence
+        m.operation = self.operation
+        m.filename = self.filename
+        m.offset = self.offset
+        m.eof = self.eof
+        m.headers = self.headers
+        m.chunk = self.chunk
+        for _name, _value in changes.items():
+            if _name not in _CheezburgerSlots.__slots__:
+                raise _rt.unknown_fields(changes, _CheezburgerSlots.__slots__)
+            setattr(m, _name, _value)
+        m.__class__ = type(self)
+        return m
+
+    __replace__ = replace
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
         return _encode_cheezburger(self)
 
 
+_rt.expose_slots(Cheezburger)
 _SPEC_CHEEZBURGER: Any = (
     ("sequence", "number", 8, None),
     ("operation", "number", 1, None),
@@ -252,6 +352,7 @@ _SPEC_CHEEZBURGER: Any = (
 class Hugz(_rt.MessageBase):
     """The client or server sends a heartbeat."""
 
+    __slots__ = ()
     ID: ClassVar[MessageId] = MessageId.HUGZ
 
     def encode(self) -> list[bytes]:
@@ -266,6 +367,7 @@ _SPEC_HUGZ: Any = ()
 class HugzOk(_rt.MessageBase):
     """The client or server answers a heartbeat."""
 
+    __slots__ = ()
     ID: ClassVar[MessageId] = MessageId.HUGZ_OK
 
     def encode(self) -> list[bytes]:
@@ -280,6 +382,7 @@ _SPEC_HUGZ_OK: Any = ()
 class Kthxbai(_rt.MessageBase):
     """The client closes the peering."""
 
+    __slots__ = ()
     ID: ClassVar[MessageId] = MessageId.KTHXBAI
 
     def encode(self) -> list[bytes]:
@@ -290,41 +393,87 @@ class Kthxbai(_rt.MessageBase):
 _SPEC_KTHXBAI: Any = ()
 
 
+class _SrslySlots(_rt.MessageBase):
+    """The slots of Srsly: filled, then given the class Srsly."""
+
+    __slots__ = ("reason",)
+
+
 @dataclass(frozen=True, init=False)
-class Srsly(_rt.MessageBase):
+class Srsly(_SrslySlots):
     """The server refuses the client due to access rights."""
 
+    __slots__ = ()
     ID: ClassVar[MessageId] = MessageId.SRSLY
     reason: str = ""  # Printable explanation
 
-    def __init__(self, reason: str = "") -> None:
-        state = {"reason": reason}
-        _set_state(self, state)
+    def __new__(_cls, reason: str = "") -> Srsly:
+        _m: Any = _SrslySlots()
+        _m.reason = reason
+        _m.__class__ = _cls
+        return _m
+
+    def replace(self, /, **changes: Any) -> Srsly:
+        """A copy with some fields changed (fast; validated when encoded)."""
+        m: Any = _SrslySlots()
+        m.reason = self.reason
+        for _name, _value in changes.items():
+            if _name not in _SrslySlots.__slots__:
+                raise _rt.unknown_fields(changes, _SrslySlots.__slots__)
+            setattr(m, _name, _value)
+        m.__class__ = type(self)
+        return m
+
+    __replace__ = replace
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
         return _encode_srsly(self)
 
 
+_rt.expose_slots(Srsly)
 _SPEC_SRSLY: Any = (("reason", "string", 255, None),)
 
 
+class _RtfmSlots(_rt.MessageBase):
+    """The slots of Rtfm: filled, then given the class Rtfm."""
+
+    __slots__ = ("reason",)
+
+
 @dataclass(frozen=True, init=False)
-class Rtfm(_rt.MessageBase):
+class Rtfm(_RtfmSlots):
     """The server tells the client it sent an invalid message."""
 
+    __slots__ = ()
     ID: ClassVar[MessageId] = MessageId.RTFM
     reason: str = ""  # Printable explanation
 
-    def __init__(self, reason: str = "") -> None:
-        state = {"reason": reason}
-        _set_state(self, state)
+    def __new__(_cls, reason: str = "") -> Rtfm:
+        _m: Any = _RtfmSlots()
+        _m.reason = reason
+        _m.__class__ = _cls
+        return _m
+
+    def replace(self, /, **changes: Any) -> Rtfm:
+        """A copy with some fields changed (fast; validated when encoded)."""
+        m: Any = _RtfmSlots()
+        m.reason = self.reason
+        for _name, _value in changes.items():
+            if _name not in _RtfmSlots.__slots__:
+                raise _rt.unknown_fields(changes, _RtfmSlots.__slots__)
+            setattr(m, _name, _value)
+        m.__class__ = type(self)
+        return m
+
+    __replace__ = replace
 
     def encode(self) -> list[bytes]:
         """Encode into ZeroMQ frames."""
         return _encode_rtfm(self)
 
 
+_rt.expose_slots(Rtfm)
 _SPEC_RTFM: Any = (("reason", "string", 255, None),)
 
 
@@ -588,9 +737,10 @@ def _decode_ohai(buf: bytes, frames: Any) -> Ohai:
         raise DecodeError(f"Ohai.version must be 2, not {f_version}")
     if size != pos + 2:
         raise DecodeError("Ohai: trailing octets after the last field")
-    state = {"protocol": f_protocol, "version": f_version}
-    m = _new(Ohai)
-    _set_state(m, state)
+    m: Any = _OhaiSlots()
+    m.protocol = f_protocol
+    m.version = f_version
+    m.__class__ = Ohai
     return m
 
 
@@ -616,9 +766,11 @@ def _decode_icanhaz(buf: bytes, frames: Any) -> Icanhaz:
     f_cache, pos = _rt.dec_hash(buf, pos, "Icanhaz.cache")
     if size != pos:
         raise DecodeError("Icanhaz: trailing octets after the last field")
-    state = {"path": f_path, "options": f_options, "cache": f_cache}
-    m = _new(Icanhaz)
-    _set_state(m, state)
+    m: Any = _IcanhazSlots()
+    m.path = f_path
+    m.options = f_options
+    m.cache = f_cache
+    m.__class__ = Icanhaz
     return m
 
 
@@ -637,9 +789,10 @@ def _decode_nom(buf: bytes, frames: Any) -> Nom:
     (f_credit, f_sequence) = _BE_QQ.unpack_from(buf, 3)
     if size != 19:
         raise DecodeError("Nom: trailing octets after the last field")
-    state = {"credit": f_credit, "sequence": f_sequence}
-    m = _new(Nom)
-    _set_state(m, state)
+    m: Any = _NomSlots()
+    m.credit = f_credit
+    m.sequence = f_sequence
+    m.__class__ = Nom
     return m
 
 
@@ -664,17 +817,15 @@ def _decode_cheezburger(buf: bytes, frames: Any) -> Cheezburger:
     pos = end
     if size != pos:
         raise DecodeError("Cheezburger: trailing octets after the last field")
-    state = {
-        "sequence": f_sequence,
-        "operation": f_operation,
-        "filename": f_filename,
-        "offset": f_offset,
-        "eof": f_eof,
-        "headers": f_headers,
-        "chunk": f_chunk,
-    }
-    m = _new(Cheezburger)
-    _set_state(m, state)
+    m: Any = _CheezburgerSlots()
+    m.sequence = f_sequence
+    m.operation = f_operation
+    m.filename = f_filename
+    m.offset = f_offset
+    m.eof = f_eof
+    m.headers = f_headers
+    m.chunk = f_chunk
+    m.__class__ = Cheezburger
     return m
 
 
@@ -714,9 +865,9 @@ def _decode_srsly(buf: bytes, frames: Any) -> Srsly:
     pos = end
     if size != pos:
         raise DecodeError("Srsly: trailing octets after the last field")
-    state = {"reason": f_reason}
-    m = _new(Srsly)
-    _set_state(m, state)
+    m: Any = _SrslySlots()
+    m.reason = f_reason
+    m.__class__ = Srsly
     return m
 
 
@@ -732,9 +883,9 @@ def _decode_rtfm(buf: bytes, frames: Any) -> Rtfm:
     pos = end
     if size != pos:
         raise DecodeError("Rtfm: trailing octets after the last field")
-    state = {"reason": f_reason}
-    m = _new(Rtfm)
-    _set_state(m, state)
+    m: Any = _RtfmSlots()
+    m.reason = f_reason
+    m.__class__ = Rtfm
     return m
 
 

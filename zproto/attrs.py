@@ -112,6 +112,12 @@ def attributes(msg: Message) -> list[Attr]:
     return out
 
 
+def twin_name(msg: Message) -> str:
+    """The slotted class a message's fields live in (``_NomSlots`` for ``Nom``): a
+    leading underscore, so never the class of another message."""
+    return f"_{msg.class_name}Slots"
+
+
 def bit_default(bit: Bit, pytype: str) -> str:
     fixed = bit.value if bit.value is not None else bit.default
     if pytype == "bool":

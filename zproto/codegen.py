@@ -10,12 +10,13 @@ only on failure run a validator that names the offending field.
 from __future__ import annotations
 
 from zproto import __version__
-from zproto.attrs import Attr, attributes, plain_default
+from zproto.attrs import Attr, attributes, plain_default, twin_name
 from zproto.decoder import DecoderWriter, FastDecoderWriter
 from zproto.encoder import EncoderWriter
 from zproto.model import Message, Protocol, to_const_name
+from zproto.peek import PeekWriter, peekable
 from zproto.pysource import LINE_LENGTH, Source, StructNames, assign, isort_key, lit
-from zproto.shape import plan_fast
+from zproto.shape import Plan, plan_fast
 
 __all__ = ["PythonGenerator"]
 
@@ -52,13 +53,17 @@ class PythonGenerator:
         for msg in self.proto.messages:
             if msg.literal is None:
                 self.decoders.write(body, msg)
-        self.fast: dict[str, Message] = {}  # messages with a simplest-shape decoder
+        if not self.classic:
+            for msg in self.proto.messages:
+                if msg.literal is None:
+                    PeekWriter(self.structs).write(body, msg)
+        #: the message with a simplest-shape decoder, and its plan
+        self.fast: list[tuple[Message, Plan]] = []
         if not self.classic and self.with_fast:
             for msg in self.proto.messages:
                 plan = plan_fast(msg)
                 if plan is not None:
-                    FastDecoderWriter(self.structs).write(body, msg, plan)
-                    self.fast[msg.ident] = msg
+                    self.fast.append((msg, plan))
         self._api(body)
         return self._header() + "\n".join(body.lines).rstrip() + "\n"
 
@@ -113,6 +118,9 @@ class PythonGenerator:
         names += [m.class_name for m in p.messages]
         names += ["decode", "encode"]
         names += [f"encode_{m.ident}" for m in p.messages]
+        if not self.classic:
+            general = [m for m in p.messages if m.literal is None]
+            names += [f"peek_{f.ident}" for m in general for f in peekable(m)]
         names += [to_const_name(d.name) for d in p.defines]
         out("__all__ = [")
         for name in sorted(set(names), key=isort_key):
@@ -131,8 +139,6 @@ class PythonGenerator:
         out(f"MODEL_NAME = {lit(p.name)}")
         if any(f.type == "uuid" for m in p.messages for f in m.fields):
             out("_NIL_UUID = uuid.UUID(int=0)")
-        out("_new = object.__new__")
-        out("_set_state = _rt.set_state")
         out()
         # struct constants are known only after the body was generated
         for fmt, name in sorted(self.structs.formats.items(), key=lambda kv: kv[1]):
@@ -156,8 +162,23 @@ class PythonGenerator:
 
     def _dataclass(self, src: Source, msg: Message) -> None:
         attrs = attributes(msg)
+        cname = msg.class_name
+        if attrs:
+            twin = twin_name(msg)
+            src(f"class {twin}(_rt.MessageBase):")
+            src.indent()
+            src(f'"""The slots of {cname}: filled, then given the class {cname}."""')
+            src()
+            names = sorted(f'"{a.ident}"' for a in attrs)
+            if len(names) == 1:
+                src(f"__slots__ = ({names[0]},)")
+            else:
+                src.wrapped("__slots__ = (", names, ")")
+            src.dedent()
+            src()
+            src()
         src("@dataclass(frozen=True, init=False)")
-        src(f"class {msg.class_name}(_rt.MessageBase):")
+        src(f"class {cname}({twin_name(msg) if attrs else '_rt.MessageBase'}):")
         src.indent()
         doc = msg.description or msg.name
         lines = doc.replace('"""', "'''").replace("\\", "\\\\").splitlines()
@@ -170,6 +191,7 @@ class PythonGenerator:
                 src(line)
             src('"""')
         src()
+        src("__slots__ = ()")
         if self.classic:
             src(f"ID: ClassVar[MessageId] = MessageId.{to_const_name(msg.name)}")
         for attr in attrs:
@@ -178,16 +200,18 @@ class PythonGenerator:
             if comment and len(line) + len(comment) + 8 <= 99:
                 line += f"  # {comment}"
             src(line)
-        if self.classic or attrs:
-            src()
+        src()
         if attrs:
-            self._init(src, attrs)
+            self._new(src, msg, attrs)
+            self._replace(src, msg, attrs)
         src("def encode(self) -> list[bytes]:")
         src('    """Encode into ZeroMQ frames."""')
         src(f"    return _encode_{msg.ident}(self)")
         src.dedent()
         src()
         src()
+        if attrs:
+            src(f"_rt.expose_slots({cname})")
         # what the slow-path validator checks: (attribute, kind, limit, constant)
         entries = [lit((a.ident, a.spec[0], a.spec[1], a.spec[2])) for a in attrs]
         name = f"_SPEC_{to_const_name(msg.name)}: Any = "
@@ -203,14 +227,11 @@ class PythonGenerator:
         src()
         src()
 
-    def _init(self, src: Source, attrs: list[Attr]) -> None:
-        """``__init__`` storing every field with one ``__dict__`` assignment.
-
-        A frozen dataclass's own ``__init__`` sets fields one by one through
-        ``object.__setattr__``; this is about twice as fast and keeps the same
-        signature (list/dict defaults are fresh objects per instance).
-        """
-        params = ["self"]
+    def _new(self, src: Source, msg: Message, attrs: list[Attr]) -> None:
+        """``__new__``: fills a twin and makes it a message (same signature as the
+        dataclass ``__init__`` would have; list/dict defaults are fresh per instance).  Its
+        locals start with an underscore: a field may be called ``m`` or ``cls``."""
+        params = ["_cls"]
         values = []
         for attr in attrs:
             if attr.default.startswith("field(default_factory="):
@@ -220,12 +241,33 @@ class PythonGenerator:
             else:
                 params.append(f"{attr.ident}: {attr.pytype} = {attr.default}")
                 values.append(attr.ident)
-        src.wrapped("def __init__(", params, ") -> None:")
+        src.wrapped("def __new__(", params, f") -> {msg.class_name}:")
         src.indent()
-        entries = [f'"{a.ident}": {v}' for a, v in zip(attrs, values, strict=True)]
-        src.wrapped("state = {", entries, "}")
-        src("_set_state(self, state)")
+        src(f"_m: Any = {twin_name(msg)}()")
+        for attr, value in zip(attrs, values, strict=True):
+            src(f"_m.{attr.ident} = {value}")
+        src("_m.__class__ = _cls")
+        src("return _m")
         src.dedent()
+        src()
+
+    def _replace(self, src: Source, msg: Message, attrs: list[Attr]) -> None:
+        twin = twin_name(msg)
+        src(f"def replace(self, /, **changes: Any) -> {msg.class_name}:")
+        src.indent()
+        src('"""A copy with some fields changed (fast; validated when encoded)."""')
+        src(f"m: Any = {twin}()")
+        for attr in attrs:
+            src(f"m.{attr.ident} = self.{attr.ident}")
+        src("for _name, _value in changes.items():")
+        src(f"    if _name not in {twin}.__slots__:")
+        src(f"        raise _rt.unknown_fields(changes, {twin}.__slots__)")
+        src("    setattr(m, _name, _value)")
+        src("m.__class__ = type(self)")
+        src("return m")
+        src.dedent()
+        src()
+        src("__replace__ = replace")
         src()
 
     def _api(self, src: Source) -> None:
@@ -326,24 +368,5 @@ class PythonGenerator:
 
     def _decode_fast(self, src: Source, literal_size: int) -> None:
         """``decode``: a one-frame message in its simplest shape, else ``_decode``."""
-        (msg,) = self.fast.values()  # a binary model has one general message
-        src("def decode(frames: Any) -> Message:")
-        src('    """Decode ZeroMQ frames (bytes-like) into a message.')
-        src()
-        src("    Raises DecodeError, and nothing else, on malformed input.")
-        src('    """')
-        src("    try:")
-        src("        if len(frames) == 1:")
-        src("            buf = frames[0]")
-        cond = "type(buf) is bytes"
-        if literal_size:
-            cond += f" and len(buf) > {literal_size}"  # literals are never fast
-        src(f"            if {cond}:")
-        src(f"                msg = _decode_{msg.ident}_fast(buf)")
-        src("                if msg is not None:")
-        src("                    return msg")
-        src("    except (TypeError, LookupError):")
-        src("        pass  # the general decoder says what is wrong")
-        src("    return _decode(frames)")
-        src()
-        src()
+        ((msg, plan),) = self.fast  # a binary model has one general message
+        FastDecoderWriter(self.structs).write(src, msg, plan, literal_size)

@@ -8,7 +8,7 @@ failure into ``DecodeError``.
 
 from __future__ import annotations
 
-from zproto.attrs import attributes, attrs_of, plain_default
+from zproto.attrs import attributes, attrs_of, plain_default, twin_name
 from zproto.model import VARLEN, Field, Message, Optional, Protocol, to_const_name
 from zproto.pysource import (
     LINE_LENGTH,
@@ -22,16 +22,16 @@ from zproto.pysource import (
 from zproto.shape import Plan
 
 
-def build(src: Source, cname: str, entries: list[tuple[str, str]]) -> None:
-    """Return a new ``cname`` holding ``entries`` (attribute, expression), in order.
+def build(src: Source, msg: Message, entries: list[tuple[str, str]]) -> None:
+    """Return a new message ``msg`` holding ``entries`` (attribute, expression), in order.
 
-    The values become the instance ``__dict__`` in one step (one dict display), as the
-    generated ``__init__`` does.  Filling ``m.__dict__`` key by key would cost as much
-    but leave a split dict, whose attributes CPython 3.11 then reads twice as slowly.
+    The values go into the slots of the message's twin with ordinary attribute stores,
+    then the twin becomes the frozen class (see ``zproto.runtime.MessageBase``).
     """
-    src.wrapped("state = {", [f'"{ident}": {expr}' for ident, expr in entries], "}")
-    src(f"m = _new({cname})")
-    src("_set_state(m, state)")
+    src(f"m: Any = {twin_name(msg)}()")
+    for ident, expr in entries:
+        src(f"m.{ident} = {expr}")
+    src(f"m.__class__ = {msg.class_name}")
     src("return m")
 
 
@@ -108,7 +108,7 @@ class DecoderWriter:
             src(f'    raise DecodeError("{cname}: trailing octets after the message id")')
         attrs = attributes(msg)
         if attrs:
-            build(src, cname, [(a.ident, f"f_{a.ident}") for a in attrs])
+            build(src, msg, [(a.ident, f"f_{a.ident}") for a in attrs])
         else:
             src(f"return {cname}()")
         src.dedent()
@@ -257,26 +257,43 @@ class _DecodeCtx:
 
 
 class FastDecoderWriter:
-    """Writes ``_decode_<message>_fast(buf)``: the simplest shape of a binary message
-    decoded with one ``struct`` and one length check, or None (the general decoder then
-    decides, errors included)."""
+    """Writes the ``decode(frames)`` of a binary model: a one-frame message in its simplest
+    shape is decoded inline, with one ``struct`` and one length check; anything else,
+    errors included, goes to the general decoder (``_decode``)."""
 
     def __init__(self, structs: StructNames) -> None:
         self.structs = structs
 
-    def write(self, src: Source, msg: Message, plan: Plan) -> None:
+    def write(self, src: Source, msg: Message, plan: Plan, literal_size: int) -> None:
+        """``decode``; literals (``literal_size`` octets at most) are never fast."""
         cname, ident = msg.class_name, msg.ident
         attrs = attributes(msg)
         struct_name = self.structs.name(plan.format())
         absent = {a.ident for f in plan.absent for a in attrs_of(f)}
-        src(f"def _decode_{ident}_fast(buf: bytes) -> {cname} | None:")
+        fail = "return _decode(frames)"
+        values: dict[str, str] = {}
+        for fld in plan.bits:
+            values.update(bit_values(fld, f"bits_{fld.ident}"))
+        if values:
+            self._base(src, msg, plan, values)
+        src("def decode(frames: Any) -> Message:")
         src.indent()
-        src(f'"""{cname} in its simplest shape, else None (the general decoder decides)."""')
+        src('"""Decode ZeroMQ frames (bytes-like) into a message.')
+        src()
+        src("Raises DecodeError, and nothing else, on malformed input.")
+        src('"""')
+        src("try:")
+        src("    buf = frames[0]")
+        src("    single = type(buf) is bytes and len(frames) == 1")
+        src("except (TypeError, LookupError):")
+        src("    single = False  # the general decoder says what is wrong")
+        src("if not single:")
+        src(f"    {fail}")
         src("size = len(buf)")
-        tests = [f"size < {plan.head_size}"]
+        tests = [f"size < {max(plan.head_size, literal_size + 1)}"]
         tests += [f"buf[{offset}] > 252" for offset in plan.short_lengths]
         src(f"if {' or '.join(tests)}:")
-        src("    return None")
+        src(f"    {fail}")
         src.unpack([t for t, _, _ in plan.head], f"{struct_name}.unpack_from(buf)")
         checks = [f"{raw} & {mask}" for raw, mask in plan.clear_flags]
         checks += [f"{expr} != {value}" for expr, value in plan.constants]
@@ -289,7 +306,7 @@ class FastDecoderWriter:
         checks.append(f"{position} != size")
         for group in group_checks(checks, LINE_LENGTH - 4 * src.level - 4):
             src(f"if {group}:")
-            src("    return None")
+            src(f"    {fail}")
         strings = [f for f in plan.tail if f.type == "string"]
         if strings:
             src("try:")
@@ -302,42 +319,42 @@ class FastDecoderWriter:
         if strings:
             src.dedent()
             src("except UnicodeDecodeError:")
-            src("    return None")
+            src(f"    {fail}")
         start = str(plan.head_size)
         for fld, end in zip(plan.tail, ends, strict=True):
             if fld.type == "octets":
                 src(f"f_{fld.ident} = buf[{start}:{end}]")
             start = end
-        values: dict[str, str] = {}
-        for fld in plan.bits:
-            values.update(bit_values(fld, f"bits_{fld.ident}"))
-        if not values:
-            entries = []
-            for attr in attrs:
-                if attr.ident in absent:
-                    entries.append((attr.ident, plain_default(attr.default)))
-                else:
-                    entries.append((attr.ident, f"f_{attr.ident}"))
-            build(src, cname, entries)
-        else:
-            # the bits of the head and the absent fields: a remembered base state
+        entries = []
+        for attr in attrs:
+            if attr.ident in values:
+                continue
+            if attr.ident in absent:
+                entries.append((attr.ident, plain_default(attr.default)))
+            else:
+                entries.append((attr.ident, f"f_{attr.ident}"))
+        if values:
+            # the fields the head's bits decide: a remembered tuple per value of the bits
             const = to_const_name(msg.name)
             src(f"key = {self._key(plan)}")
-            src(f"base = _BASES_{const}.get(key)")
-            src("if base is None:")
-            src(f"    base = _base_{ident}(key)")
-            src("state = base.copy()")
-            for attr in attrs:
-                if attr.ident not in values and attr.ident not in absent:
-                    src(f'state["{attr.ident}"] = f_{attr.ident}')
-            src(f"m = _new({cname})")
-            src("_set_state(m, state)")
+            src(f"bits = _BASES_{const}.get(key)")
+            src("if bits is None:")
+            src(f"    bits = _base_{ident}(key)")
+            src(f"m: Any = {twin_name(msg)}()")
+            targets = [f"m.{name}" for name in values]
+            if len(targets) == 1:
+                src(f"({targets[0]},) = bits")
+            else:
+                src.wrapped("(", targets, ") = bits")
+            for name, expr in entries:
+                src(f"m.{name} = {expr}")
+            src(f"m.__class__ = {cname}")
             src("return m")
+        else:
+            build(src, msg, entries)
         src.dedent()
         src()
         src()
-        if values:
-            self._base(src, msg, plan, values, absent)
 
     @staticmethod
     def _key(plan: Plan) -> str:
@@ -349,23 +366,17 @@ class FastDecoderWriter:
             shift += int(fld.size or 1) * 8
         return " | ".join(reversed(parts))
 
-    def _base(
-        self, src: Source, msg: Message, plan: Plan, values: dict[str, str], absent: set[str]
-    ) -> None:
-        """``_base_<message>(key)``: the state that frames whose head bits are ``key``
-        start from; at most ``BASES_LIMIT`` of them are remembered (a few are common)."""
+    def _base(self, src: Source, msg: Message, plan: Plan, values: dict[str, str]) -> None:
+        """``_base_<message>(key)``: the values of the fields the head's bits decide, for
+        frames whose head bits are ``key``; at most ``BASES_LIMIT`` of them are remembered
+        (a few are common)."""
         const = to_const_name(msg.name)
-        mutable = [
-            a.ident
-            for a in attributes(msg)
-            if a.ident in absent and a.default.startswith("field(")
-        ]
-        src(f"_BASES_{const}: dict[int, dict[str, Any]] = {{}}")
+        src(f"_BASES_{const}: dict[int, tuple[Any, ...]] = {{}}")
         src()
         src()
-        src(f"def _base_{msg.ident}(key: int) -> dict[str, Any]:")
+        src(f"def _base_{msg.ident}(key: int) -> tuple[Any, ...]:")
         src.indent()
-        src('"""The fields the bits of the head decide, and the absent ones."""')
+        src('"""The fields the bits of the head decide, in the order of the message."""')
         shift = sum(int(f.size or 1) * 8 for f in plan.bits)
         for fld in plan.bits:
             size = int(fld.size or 1) * 8
@@ -376,18 +387,14 @@ class FastDecoderWriter:
                 if shift
                 else f"bits_{fld.ident} = key & {mask}"
             )
-        entries = []
-        for attr in attributes(msg):
-            if attr.ident in values:
-                entries.append(f'"{attr.ident}": {values[attr.ident]}')
-            else:  # a placeholder (overwritten) or an absent field
-                entries.append(f'"{attr.ident}": {plain_default(attr.default)}')
-        src.wrapped("base = {", entries, "}")
-        if not mutable:
-            src(f"if len(_BASES_{const}) < {BASES_LIMIT}:")
-            src(f"    _BASES_{const}[key] = base")
-        # else: a fresh list/dict default per message, never shared: not remembered
-        src("return base")
+        exprs = list(values.values())
+        if len(exprs) == 1:
+            src(f"bits = ({exprs[0]},)")
+        else:
+            src.wrapped("bits = (", exprs, ")")
+        src(f"if len(_BASES_{const}) < {BASES_LIMIT}:")
+        src(f"    _BASES_{const}[key] = bits")
+        src("return bits")
         src.dedent()
         src()
         src()

@@ -10,8 +10,8 @@ the generated ``decode()`` turns into ``DecodeError``); encoders raise
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Self
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, ClassVar, Self
 
 from zproto.errors import DecodeError, EncodeError
 
@@ -19,6 +19,7 @@ __all__ = [
     "DECODE_FAILURES",
     "ENCODE_FAILURES",
     "OCTET",
+    "PEEK_FAILURES",
     "DecodeError",
     "EncodeError",
     "Invalid",
@@ -32,39 +33,57 @@ __all__ = [
     "enc_strings",
     "enc_varlen",
     "encode_failure",
+    "expose_slots",
     "frame_bytes",
     "frame_out",
     "frames_out",
-    "set_state",
     "truncated",
+    "unknown_fields",
 ]
 
 
 class MessageBase:
-    """Base of every generated message class (frozen dataclasses storing their
-    fields in ``__dict__``)."""
+    """Base of every generated message class.
 
-    # The instance dict is declared here so that one descriptor sets it for every
-    # message class: ``set_state`` below.
-    __slots__ = ("__dict__",)
+    A generated message with fields is a frozen dataclass over a plain slotted "twin"
+    class holding its fields (``_NomSlots`` for ``Nom``): a decoder or ``__new__`` makes
+    a twin, fills its slots with ordinary attribute stores (the frozen ``__setattr__`` is
+    not involved) and then sets ``__class__`` to the frozen class, which adds no slots
+    of its own.  This is about twice as fast as giving a frozen object a ``__dict__``.
+    """
 
-    def replace(self, **changes: Any) -> Self:
+    __slots__ = ("__weakref__",)
+    __match_args__: ClassVar[tuple[str, ...]] = ()  # the field names (set by dataclass)
+
+    def replace(self, /, **changes: Any) -> Self:
         """A copy with some fields changed (fast; validated when encoded)."""
-        state = self.__dict__
-        if not changes.keys() <= state.keys():
-            raise TypeError(f"unknown fields: {sorted(set(changes) - set(state))}")
-        copy = object.__new__(type(self))
-        set_state(copy, {**state, **changes})
-        return copy
+        names = self.__match_args__
+        unknown = changes.keys() - set(names)
+        if unknown:
+            raise TypeError(f"unknown fields: {sorted(unknown)}")
+        values = {name: getattr(self, name) for name in names}
+        values.update(changes)
+        return type(self)(**values)
 
     __replace__ = replace  # copy.replace() in Python 3.13+
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle and copy by the constructor (the frozen class rejects slot state)."""
+        return type(self), tuple(getattr(self, name) for name in self.__match_args__)
 
-#: ``set_state(msg, fields)`` makes the dict ``fields`` the ``__dict__`` of a message
-#: made with ``object.__new__`` (the frozen dataclass reads its fields there).  The
-#: descriptor's own setter: about twice as fast as ``object.__setattr__``, which first
-#: checks that no C-level ``__setattr__`` is being bypassed.
-set_state: Callable[[MessageBase, dict[str, Any]], None] = vars(MessageBase)["__dict__"].__set__
+
+def unknown_fields(changes: dict[str, Any], names: tuple[str, ...]) -> TypeError:
+    """The error of a generated ``replace()`` given names that are not fields."""
+    return TypeError(f"unknown fields: {sorted(set(changes) - set(names))}")
+
+
+def expose_slots(cls: type) -> type:
+    """Drop the class-level defaults the dataclass decorator left on a generated message
+    class: they would hide the slots of its twin (the defaults stay in its fields)."""
+    for name in cls.__match_args__:  # type: ignore[attr-defined]
+        if name in vars(cls):
+            delattr(cls, name)
+    return cls
 
 
 class Invalid(Exception):
@@ -74,6 +93,8 @@ class Invalid(Exception):
 #: Exceptions a generated decoder may hit on malformed input; ``decode()``
 #: converts them into ``DecodeError``.
 DECODE_FAILURES = (struct.error, IndexError, ValueError, TypeError, OverflowError)
+#: What a generated ``peek_<field>`` turns into None.
+PEEK_FAILURES = (DecodeError, *DECODE_FAILURES)
 #: Exceptions a generated encoder may hit on a malformed message.
 ENCODE_FAILURES = (struct.error, TypeError, ValueError, AttributeError, OverflowError, Invalid)
 

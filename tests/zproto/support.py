@@ -3,6 +3,7 @@ from a model, so every message of every model is exercised the same way."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import types
 import uuid
@@ -32,6 +33,9 @@ TEST_MODELS = [
     for name in (
         "c_tools_example.xml",
         "gossip_like.xml",
+        "zgossip_msg.xml",
+        "zre_msg.xml",
+        "mlm_proto.xml",
         "binary_shapes.xml",
         "binary_plain.xml",
         "name_clash.xml",
@@ -131,3 +135,8 @@ def message_strategy(msg: Message, cls: type) -> st.SearchStrategy[Any]:
 
 def sample_uuid() -> uuid.UUID:
     return uuid.UUID("3a60e685-0a1e-4cc1-5f3b-fd4b42bc6b3e")
+
+
+def fields_of(msg: Any) -> dict[str, Any]:
+    """A generated message's fields by name, in order (its instances have no __dict__)."""
+    return {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}

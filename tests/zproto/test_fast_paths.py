@@ -17,7 +17,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker import tmqp
-from tests.zproto.support import ALL_MODELS, codec, general_codec, message_strategy
+from tests.zproto.support import (
+    ALL_MODELS,
+    codec,
+    fields_of,
+    general_codec,
+    message_strategy,
+)
 from zproto.decoder import BASES_LIMIT
 from zproto.errors import DecodeError, EncodeError
 from zproto.model import Protocol
@@ -72,7 +78,7 @@ def _decoded(module: types.ModuleType, frames: Any) -> tuple[Any, ...]:
         msg = module.decode(frames)
     except DecodeError as exc:
         return "error", exc.reason, exc.signature_ok, exc.message_id
-    return type(msg).__name__, list(vars(msg).items())
+    return type(msg).__name__, list(fields_of(msg).items())
 
 
 def _general_decoded(module: types.ModuleType, frames: Any) -> tuple[Any, ...]:
@@ -93,7 +99,7 @@ def _same_everywhere(frames: list[bytes], fast: types.ModuleType, general: Any) 
 @given(data=st.data())
 def test_fast_and_general_paths_agree_on_valid_messages(proto, msg, fast, general, data) -> None:  # type: ignore[no-untyped-def]
     value = data.draw(message_strategy(msg, getattr(fast, msg.class_name)))
-    fields = dict(vars(value))
+    fields = fields_of(value)
     frames = fast.encode(value)
     assert frames == general.encode(getattr(general, msg.class_name)(**fields))
     assert getattr(fast, f"encode_{msg.ident}")(**fields) == frames
@@ -111,7 +117,7 @@ def test_fast_and_general_paths_agree_on_valid_messages(proto, msg, fast, genera
 @given(data=st.data())
 def test_fast_and_general_paths_agree_on_invalid_messages(proto, msg, fast, general, data) -> None:  # type: ignore[no-untyped-def]
     value = data.draw(message_strategy(msg, getattr(fast, msg.class_name)))
-    fields = dict(vars(value))
+    fields = fields_of(value)
     if not fields:
         return
     name = data.draw(st.sampled_from(sorted(fields)))

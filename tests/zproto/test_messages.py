@@ -11,6 +11,7 @@ import pytest
 
 from broker import tmqp
 from filemq import fmq_msg
+from tests.zproto.support import MODELS_DIR, codec
 
 
 def test_messages_are_frozen_dataclasses() -> None:
@@ -43,8 +44,8 @@ def test_replace_changes_only_what_is_named() -> None:
 
 
 def test_messages_copy_pickle_and_take_weak_references() -> None:
-    """The instance dict is declared on the shared base (one fast setter for every class):
-    the messages still copy, pickle and take weak references like plain dataclasses."""
+    """The fields live in the slots of a twin class (no instance dict): the messages still
+    copy, pickle and take weak references like plain dataclasses."""
     frame = tmqp.Frame(message_type=17, headers=(("k", "v"),), payload=b"x")
     icanhaz = fmq_msg.Icanhaz(path="/p", options={"RESYNC": "1"})
     for msg in (frame, icanhaz):
@@ -52,3 +53,36 @@ def test_messages_copy_pickle_and_take_weak_references() -> None:
         assert pickle.loads(pickle.dumps(msg)) == msg
         assert weakref.ref(msg)() is msg
         assert dataclasses.replace(msg) == msg
+        assert not hasattr(msg, "__dict__")
+
+
+def test_a_decoded_message_is_its_class_and_stays_frozen() -> None:
+    """Decoders fill a twin and give it the message class: the result is an ordinary,
+    frozen, hashable instance of that class, equal to one built by keywords."""
+    frame = tmqp.Frame(message_type=0x11, pending_ack=True, target="orders", payload=b"x")
+    cases = [(tmqp, frame), (fmq_msg, fmq_msg.Nom(7, 3)), (fmq_msg, fmq_msg.Icanhaz("/p"))]
+    for module, msg in cases:
+        decoded = module.decode(msg.encode())
+        assert type(decoded) is type(msg) and decoded == msg
+        assert repr(decoded) == repr(msg)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            decoded.__setattr__(dataclasses.fields(msg)[0].name, 1)
+    assert hash(tmqp.decode(frame.encode())) == hash(frame)
+    assert tmqp.Frame(target="orders") != fmq_msg.Srsly()
+
+
+def test_replace_takes_fields_named_like_its_parameters() -> None:
+    """replace(self, /, **changes) and __new__(_cls, ...): a field may be called ``self``,
+    ``cls`` or ``changes``."""
+    _, module = codec(MODELS_DIR / "name_clash.xml", None)
+    msg = module.Parameters(self=1, cls="c", changes=2, name="n", value=3)
+    assert (msg.self, msg.cls, msg.changes, msg.name, msg.value) == (1, "c", 2, "n", 3)
+    moved = msg.replace(self=5, changes=6)
+    assert moved == module.Parameters(5, "c", 6, "n", 3) and msg.self == 1
+    assert module.decode(module.encode(moved)) == moved
+    assert dataclasses.replace(msg, cls="d").cls == "d"
+    nom = fmq_msg.Nom(credit=1, sequence=2)
+    assert nom.replace(credit=5) == fmq_msg.Nom(5, 2)
+    assert nom.replace() == nom and nom.replace() is not nom
+    with pytest.raises(TypeError, match="self"):
+        nom.replace(self=1)
