@@ -336,13 +336,17 @@ class _Checker:
     def limits(self, table: Any) -> Limits:
         if not isinstance(table, dict):
             raise self.fail("limits", f"expected a table, not {_kind(table)}")
-        checked: Limits = self.section(Limits, table, "limits")  # unknown keys, types
+        known = {f.name for f in dataclasses.fields(Limits)}
         for name, value in table.items():  # each one alone: the error names its key
+            if name not in known:
+                names = ", ".join(sorted(known))
+                raise self.fail(f"limits.{name}", f"unknown key (known: {names})")
             try:
                 Limits.from_mapping({name: value})
             except LimitsError as exc:
-                raise self.fail(f"limits.{name}", str(exc).removeprefix("limits: ")) from None
-        return checked
+                message = str(exc).removeprefix("limits: ").removeprefix(f"{name} ")
+                raise self.fail(f"limits.{name}", message) from None
+        return Limits.from_mapping(table)
 
 
 def _kind(value: Any) -> str:
