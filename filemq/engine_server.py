@@ -563,7 +563,7 @@ class ServerSession:
         self.sent_messages += 1
         self.sent_bytes += len(data)
         if eof:
-            if operation is Operation.CREATE:
+            if operation is Operation.CREATE and not op.described:  # (not a folder, link)
                 self.sent_files += 1
             self._current = None
             self._offset = 0

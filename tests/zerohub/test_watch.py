@@ -1,0 +1,367 @@
+"""A hub you can watch: Prometheus metrics and the console's JSON over real HTTP, after real
+FILEMQ and broker traffic; hostile HTTP peers; ``zerohub serve --config`` as a process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+from prometheus_client.parser import text_string_to_metric_families
+
+from broker.client.blocking import Client
+from filemq.client import SyncClient
+from zerohub.config import (
+    BrokerConfig,
+    ConsoleConfig,
+    FilesConfig,
+    HubConfig,
+    MetricsConfig,
+    PublishConfig,
+)
+from zerohub.hub import Hub, HubEndpoints, build
+
+from .support import WAIT
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = WAIT) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+def get(url: str, timeout: float = 10.0) -> tuple[int, str, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as answer:
+            return answer.status, answer.headers["Content-Type"], answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers["Content-Type"], exc.read()
+
+
+def scrape(url: str) -> Samples:
+    status, ctype, body = get(url + "/metrics")
+    assert status == 200 and ctype.startswith("text/plain")
+    out: Samples = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+@pytest.fixture
+def hub(
+    tmp_path: Path, zctx: zmq.Context[zmq.Socket[bytes]]
+) -> Iterator[tuple[Hub, HubEndpoints, Path]]:
+    public = tmp_path / "public"
+    public.mkdir()
+    (public / "a.txt").write_bytes(b"a" * 1000)
+    (public / "sub").mkdir()
+    (public / "sub" / "b.bin").write_bytes(os.urandom(70_000))
+    config = HubConfig(
+        files=FilesConfig(
+            bind="tcp://127.0.0.1:*", publish=(PublishConfig(public, "/"),), state=False
+        ),
+        broker=BrokerConfig(bind="tcp://127.0.0.1:*"),
+        metrics=MetricsConfig(enabled=True, address="127.0.0.1:0"),
+        console=ConsoleConfig(enabled=True, address="127.0.0.1:0"),
+    )
+    the_hub = build(config, zctx)
+    endpoints = the_hub.start()
+    try:
+        yield the_hub, endpoints, tmp_path
+    finally:
+        the_hub.stop()
+
+
+def test_metrics_move_with_real_traffic(
+    hub: tuple[Hub, HubEndpoints, Path], zctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    the_hub, endpoints, tmp_path = hub
+    url = endpoints.http["metrics"]
+    before = scrape(url)
+    assert value(before, "zerohub_filemq_index_entries", mount="/") >= 2
+    assert value(before, "zerohub_filemq_sent_files_total") == 0
+    assert value(before, "zerohub_filemq_resyncs_total") == 0
+    assert value(before, "zerohub_broker_up") == 1
+    assert value(before, "zerohub_broker_received_total") == 0
+
+    result = SyncClient(
+        zctx, endpoints.files, tmp_path / "mirror", once=True, index_path=None
+    ).run()
+    assert result.synced and result.files == 2
+    with Client(endpoints.broker, context=zctx, timeout=10).connect() as consumer:
+        consumer.create_queue("work", 1, {"Status": 1, "RequestAcknowledge": True})
+        consumer.create_queue("work", 2, {"Status": 3})  # Pull: messages stay queued
+        consumer.join("work")
+        with Client(endpoints.broker, context=zctx, timeout=10).connect() as producer:
+            for i in range(3):
+                producer.push("work", 1, f"job-{i}".encode())
+            for i in range(4):
+                producer.push("work", 2, f"kept-{i}".encode(), ack=True)
+            got = [consumer.receive(timeout=10) for _ in range(3)]
+            assert all(m is not None for m in got)
+            consumer.ack(got[0])  # type: ignore[arg-type]
+            consumer.nack(got[1], "cannot")  # type: ignore[arg-type]
+            # one delivery stays unacknowledged
+            assert wait_for(lambda: scrape(url)[("zerohub_broker_acks_total", ())] == 1)
+            after = scrape(url)
+            assert value(after, "zerohub_broker_clients") == 2
+            assert value(after, "zerohub_broker_channels") == 1
+            assert value(after, "zerohub_broker_queues") == 2
+            assert value(after, "zerohub_broker_received_total") == 7
+            assert value(after, "zerohub_broker_deliveries_total") >= 3
+            assert value(after, "zerohub_broker_nacks_total") == 1
+            assert value(after, "zerohub_broker_queue_messages", channel="work", queue="2") == 4
+            unacked = value(after, "zerohub_broker_queue_unacked", channel="work", queue="1")
+            assert unacked >= 1  # (the nacked one may be back out, as the queue decides)
+            assert unacked == value(after, "zerohub_broker_pending_acks")
+            assert value(after, "zerohub_broker_channel_consumers", channel="work") == 1
+            assert value(after, "zerohub_broker_frames_total", direction="in") > 0
+
+    assert value(after, "zerohub_filemq_sent_files_total") == 2
+    assert value(after, "zerohub_filemq_sent_bytes_total") == 71_000
+    assert value(after, "zerohub_filemq_resyncs_total") == 1
+    assert value(after, "zerohub_filemq_watcher_overflows_total") == 0
+    the_hub.files.simulate_overflow()
+    assert wait_for(lambda: scrape(url)[("zerohub_filemq_watcher_overflows_total", ())] == 1), (
+        "an overflow is counted"
+    )
+    assert value(scrape(url), "zerohub_filemq_rescans_total") >= 1
+
+
+def test_a_subscriber_lag_is_visible(
+    hub: tuple[Hub, HubEndpoints, Path], zctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """A FILEMQ client that subscribes but gives no credit: its files wait, and show."""
+    from filemq import fmq_msg
+
+    _hub, endpoints, _tmp = hub
+    dealer = zctx.socket(zmq.DEALER)
+    dealer.linger = 0
+    try:
+        dealer.connect(endpoints.files)
+        for message in (fmq_msg.Ohai(), fmq_msg.Icanhaz("/", {"RESYNC": "1"}, {})):
+            dealer.send_multipart(fmq_msg.encode(message))
+        url = endpoints.http["metrics"]
+
+        def lagging() -> bool:
+            found = [
+                v
+                for (name, _labels), v in scrape(url).items()
+                if name == "zerohub_filemq_subscriber_queued_files"
+            ]
+            return found == [3.0]  # two files and the resync-complete marker
+
+        assert wait_for(lagging)
+        status = json.loads(get(endpoints.http["console"] + "/api/status")[2])
+        (sub,) = status["files"]["subscribers"]
+        assert sub["paths"] == ["/"] and sub["queued"] == 3 and sub["sent_files"] == 0
+    finally:
+        dealer.close()
+
+
+def test_console_status_json_and_page(
+    hub: tuple[Hub, HubEndpoints, Path], zctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    _hub, endpoints, _tmp = hub
+    url = endpoints.http["console"]
+    with Client(endpoints.broker, context=zctx, timeout=10).connect() as client:
+        client.create_queue("<b>orders</b>", 5, {"Status": 3})
+        client.push("<b>orders</b>", 5, b"x", ack=True)
+        status, ctype, body = get(url + "/api/status")
+        assert status == 200 and ctype == "application/json"
+        data = json.loads(body)
+    assert data["files"]["files"] >= 2
+    assert [m["at"] for m in data["files"]["mounts"]] == ["/"]
+    assert data["broker"]["channels"] == 1 and data["broker"]["queues"] == 1
+    assert data["broker"]["queue_list"] == [
+        {
+            "channel": "<b>orders</b>",
+            "queue": 5,
+            "status": data["broker"]["queue_list"][0]["status"],
+            "messages": 1,
+            "unacked": 0,
+            "consumers": 0,
+        }
+    ]
+    status, ctype, page = get(url + "/")
+    assert status == 200 and ctype.startswith("text/html")
+    assert b'<script src="/console.js">' in page and b'data-refresh-ms="2000"' in page
+    status, ctype, script = get(url + "/console.js")
+    assert status == 200 and ctype.startswith("text/javascript")
+    assert b"innerHTML" not in script  # names are drawn as text, never parsed as HTML
+    assert get(url + "/nope")[0] == 404
+
+
+def _raw(address: tuple[str, int], data: bytes) -> bytes:
+    with socket.create_connection(address, timeout=10) as s:
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@pytest.mark.parametrize("door", ["metrics", "console"])
+def test_garbage_and_hostile_clients_do_not_stop_the_http_doors(
+    hub: tuple[Hub, HubEndpoints, Path], door: str
+) -> None:
+    the_hub, endpoints, _tmp = hub
+    server = next(d for d in the_hub.http if d.name == door)
+    address = server.bound
+    # (two words: answered the HTTP/0.9 way, a body without a status line)
+    assert b"400 - Bad request" in _raw(address, b"\x00\xff\xfe garbage \r\n\r\n")
+    assert _raw(address, b"\x16\x03\x01\x02\x00\x01 / HTTP/1.1\r\n\r\n").startswith(
+        b"HTTP/1.0 501"
+    )
+    assert _raw(address, b"GET " + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n").startswith(
+        b"HTTP/1.0 414"
+    )
+    assert _raw(address, b"POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.0 501")
+    # a page elsewhere reaching us through a rebound DNS name is turned away
+    rebound = f"GET / HTTP/1.1\r\nHost: evil.example:{address[1]}\r\n\r\n".encode()
+    assert _raw(address, rebound).startswith(b"HTTP/1.0 421")
+    # a peer that connects and says nothing does not hold the others up
+    with socket.create_connection(address, timeout=10):
+        assert get(endpoints.http[door] + "/")[0] == 200
+    path = "/metrics" if door == "metrics" else "/api/status"
+    assert get(endpoints.http[door] + path)[0] == 200
+
+
+def test_connections_over_the_limit_are_closed_and_serving_goes_on() -> None:
+    from zerohub.httpd import HttpServer, Response
+
+    server = HttpServer(
+        "test", ("127.0.0.1", 0), {"/": lambda: Response(b"ok")}, max_connections=2, timeout=30
+    )
+    url = server.start()
+    idle = []
+    try:
+        for _ in range(2):
+            idle.append(socket.create_connection(server.bound, timeout=10))
+        assert wait_for(lambda: server._server is not None and server._server.slots._value == 0)
+        with socket.create_connection(server.bound, timeout=10) as third:
+            assert third.recv(10) == b""  # closed at once, unanswered
+        assert server.refused == 1
+        for s in idle:
+            s.close()
+        idle.clear()
+
+        def answered() -> bool:
+            try:
+                return get(url + "/")[0] == 200
+            except (ConnectionError, urllib.error.URLError):  # a slot not free yet: closed
+                return False
+
+        assert wait_for(answered)
+    finally:
+        for s in idle:
+            s.close()
+        server.stop()
+
+
+def test_a_silent_peer_is_dropped_after_the_timeout() -> None:
+    from zerohub.httpd import HttpServer, Response
+
+    server = HttpServer("test", ("127.0.0.1", 0), {"/": lambda: Response(b"ok")}, timeout=0.3)
+    server.start()
+    try:
+        with socket.create_connection(server.bound, timeout=10) as s:
+            s.sendall(b"GET / HT")  # and nothing more
+            assert s.recv(100) == b""  # the server hung up
+    finally:
+        server.stop()
+
+
+# -- the command, as a process ----------------------------------------------------------
+
+
+def test_serve_config_as_a_process_with_json_logs(
+    tmp_path: Path, zctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    from tests.filemq.procs import read_endpoint
+
+    (tmp_path / "public").mkdir()
+    (tmp_path / "public" / "x.txt").write_bytes(b"x" * 10)
+    (tmp_path / "hub.toml").write_text(
+        "[files]\n"
+        'bind = "tcp://127.0.0.1:*"\n'
+        "state = false\n"
+        "[[files.publish]]\n"
+        'dir = "public"\n'
+        "[broker]\n"
+        'bind = "tcp://127.0.0.1:*"\n'
+        "[limits]\n"
+        "max_clients = 1\n"
+        "[metrics]\n"
+        "enabled = true\n"
+        'address = "127.0.0.1:0"\n'
+        "[logging]\n"
+        'format = "json"\n'
+        'file = "hub.log"\n'
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "zerohub", "serve", "--config", str(tmp_path / "hub.toml")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        lines: list[str] = []
+        while not any(line.startswith("zerohub: serving") for line in lines) and len(lines) < 10:
+            lines.append(proc.stderr.readline())
+        text = "".join(lines)
+        broker = text.split("broker serving on ")[1].split()[0]
+        metrics = text.split("metrics on ")[1].split()[0].rstrip("/")
+        files = read_endpoint(_Lines(lines))  # type: ignore[arg-type]
+        assert files
+        result = SyncClient(zctx, files, tmp_path / "mirror", once=True, index_path=None).run()
+        assert result.files == 1
+        with Client(broker, context=zctx, timeout=10).connect() as client:
+            client.create_queue("q", 1, {"Status": 3})
+        samples = scrape(metrics)
+        assert value(samples, "zerohub_filemq_sent_files_total") == 1
+        assert value(samples, "zerohub_broker_queues") == 1
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        log = [json.loads(line) for line in (tmp_path / "hub.log").read_text().splitlines()]
+        assert log and {"time", "level", "logger", "message"} <= set(log[0])
+        assert any(entry["logger"].startswith("filemq") for entry in log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+class _Lines:
+    """The lines already read, as a stream ``read_endpoint`` can read again."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self._lines = iter(lines)
+
+    def readline(self) -> str:
+        return next(self._lines, "")
