@@ -4,7 +4,6 @@ FILEMQ and broker traffic; hostile HTTP peers; ``zerohub serve --config`` as a p
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -12,7 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,15 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from broker.client.blocking import Client
 from filemq.client import SyncClient
-from zerohub.config import (
-    BrokerConfig,
-    ConsoleConfig,
-    FilesConfig,
-    HubConfig,
-    MetricsConfig,
-    PublishConfig,
-)
-from zerohub.hub import Hub, HubEndpoints, build
+from zerohub.hub import Hub, HubEndpoints
 
 from .support import WAIT
 
@@ -65,31 +56,6 @@ def scrape(url: str) -> Samples:
 
 def value(samples: Samples, name: str, **labels: str) -> float:
     return samples[(name, tuple(sorted(labels.items())))]
-
-
-@pytest.fixture
-def hub(
-    tmp_path: Path, zctx: zmq.Context[zmq.Socket[bytes]]
-) -> Iterator[tuple[Hub, HubEndpoints, Path]]:
-    public = tmp_path / "public"
-    public.mkdir()
-    (public / "a.txt").write_bytes(b"a" * 1000)
-    (public / "sub").mkdir()
-    (public / "sub" / "b.bin").write_bytes(os.urandom(70_000))
-    config = HubConfig(
-        files=FilesConfig(
-            bind="tcp://127.0.0.1:*", publish=(PublishConfig(public, "/"),), state=False
-        ),
-        broker=BrokerConfig(bind="tcp://127.0.0.1:*"),
-        metrics=MetricsConfig(enabled=True, address="127.0.0.1:0"),
-        console=ConsoleConfig(enabled=True, address="127.0.0.1:0"),
-    )
-    the_hub = build(config, zctx)
-    endpoints = the_hub.start()
-    try:
-        yield the_hub, endpoints, tmp_path
-    finally:
-        the_hub.stop()
 
 
 def test_metrics_move_with_real_traffic(
@@ -206,6 +172,9 @@ def test_console_status_json_and_page(
     status, ctype, page = get(url + "/")
     assert status == 200 and ctype.startswith("text/html")
     assert b'<script src="/console.js">' in page and b'data-refresh-ms="2000"' in page
+    assert b"<style" not in page and b" style=" not in page  # the CSP allows no inline style
+    status, ctype, style = get(url + "/console.css")
+    assert status == 200 and ctype.startswith("text/css") and b"table" in style
     status, ctype, script = get(url + "/console.js")
     assert status == 200 and ctype.startswith("text/javascript")
     assert b"innerHTML" not in script  # names are drawn as text, never parsed as HTML

@@ -1,6 +1,6 @@
 """The hub's web console: one HTML page and a small script, on a loopback HTTP port.
 
-``GET /`` is the page, ``GET /console.js`` its script and ``GET /api/status`` the
+``GET /`` is the page, ``GET /console.js`` and ``/console.css`` its script and style, and ``GET /api/status`` the
 hub's status as JSON (:mod:`zerohub.status`: mounts, subscribers and their lag,
 broker totals, channels and queues with their depth).  The page fetches the JSON
 every ``refresh`` seconds and draws it with DOM text nodes (names a client chose,
@@ -33,6 +33,7 @@ def console_server(
     """An :class:`HttpServer` for the console; ``status()`` gives the JSON's content."""
     page = _asset("index.html").replace(b"{{refresh_ms}}", str(int(refresh * 1000)).encode())
     script = _asset("console.js")
+    style = _asset("console.css")
 
     def api_status() -> Response:
         body = json.dumps(status(), sort_keys=True, separators=(",", ":"), default=str)
@@ -41,6 +42,7 @@ def console_server(
     routes = {
         "/": lambda: Response(page, "text/html; charset=utf-8"),
         "/console.js": lambda: Response(script, "text/javascript; charset=utf-8"),
+        "/console.css": lambda: Response(style, "text/css; charset=utf-8"),
         "/api/status": api_status,
     }
     return HttpServer("console", address, routes)
