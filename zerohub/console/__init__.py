@@ -1,11 +1,12 @@
 """The hub's web console: one HTML page and a small script, on a loopback HTTP port.
 
-``GET /`` is the page, ``GET /console.js`` and ``/console.css`` its script and style, and ``GET /api/status`` the
-hub's status as JSON (:mod:`zerohub.status`: mounts, subscribers and their lag,
-broker totals, channels and queues with their depth).  The page fetches the JSON
-every ``refresh`` seconds and draws it with DOM text nodes (names a client chose,
-a queue called ``<script>``, show as text).  No build step, nothing loaded from
-elsewhere (the Content-Security-Policy allows the hub's own origin only).
+``GET /`` is the page, ``GET /console.js`` and ``/console.css`` its script and style,
+and ``GET /api/status`` the hub's status as JSON (:mod:`zerohub.status`: mounts,
+subscribers and their lag, broker totals, channels and queues with their depth).  The
+page fetches the JSON every ``refresh`` seconds and draws it with DOM text nodes
+(names a client chose, a queue called ``<script>``, show as text).  No build step,
+nothing loaded from elsewhere (the Content-Security-Policy allows the hub's own
+origin only: no inline script or style either).
 
 Off by default; ``zerohub serve --console`` (or ``[console] enabled = true``) serves on
 ``127.0.0.1:9465``.  It only reads: no action changes the broker yet.
