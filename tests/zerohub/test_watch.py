@@ -333,3 +333,46 @@ class _Lines:
 
     def readline(self) -> str:
         return next(self._lines, "")
+
+
+def test_scrapes_during_a_flood_of_pushes_read_consistent_figures(
+    hub: tuple[Hub, HubEndpoints, Path], zctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """The collectors read tables the broker thread changes meanwhile: every scrape still
+    answers, the broker's figures are there, and counters never go back."""
+    import threading
+
+    _hub, endpoints, _tmp = hub
+    url = endpoints.http["metrics"]
+    done = threading.Event()
+    failures: list[BaseException] = []
+
+    def flood() -> None:
+        try:
+            with Client(endpoints.broker, context=zctx, timeout=10).connect() as producer:
+                for i in range(1500):  # new channels and queues all along: tables grow
+                    producer.push_async(f"ch{i % 300}", 1 + i % 3, b"x")
+                producer.push(f"ch{0}", 1, b"last", ack=True)
+        except BaseException as exc:  # reported by the test thread
+            failures.append(exc)
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=flood)
+    worker.start()
+    seen = 0.0
+    scrapes = 0
+    try:
+        while not done.is_set() or scrapes < 3:
+            samples = scrape(url)
+            scrapes += 1
+            assert value(samples, "zerohub_broker_up") == 1
+            received = value(samples, "zerohub_broker_received_total")
+            assert received >= seen
+            seen = received
+    finally:
+        worker.join(timeout=60)
+    assert not failures, failures
+    final = scrape(url)
+    assert value(final, "zerohub_broker_received_total") == 1501
+    assert value(final, "zerohub_broker_channels") == 300
