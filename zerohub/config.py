@@ -37,6 +37,7 @@ from broker.engine.limits import Limits, LimitsError
 from filemq.engine import DEFAULT_CHUNK_SIZE
 from filemq.engine import DEFAULT_ENDPOINT as FILES_ENDPOINT
 from filemq.paths import UnsafePathError, virtual_path
+from zerohub import zmqkit
 from zerohub.cli import UsageError, check_endpoint
 
 __all__ = [
@@ -394,6 +395,16 @@ def check(config: HubConfig, checker: _Checker | None = None) -> HubConfig:
     for name, part in (("files", files), ("broker", broker)):
         if (part.curve_secret is None) != (part.allow is None):
             raise checker.fail(f"{name}.curve_secret", f"{name}.allow must be set with it")
+        try:
+            zmqkit.check_bind(
+                part.bind, curve=part.curve_secret is not None, insecure=part.insecure
+            )
+        except zmqkit.SecurityError as exc:
+            message = str(exc).replace(
+                "pass --curve-secret/--allow, or --insecure",
+                "set curve_secret and allow, or insecure = true",
+            )
+            raise checker.fail(f"{name}.bind", message) from None
     if not files.publish:
         raise checker.fail("files.publish", "publish at least one directory ([[files.publish]])")
     for key, address in (

@@ -60,6 +60,7 @@ from zerohub.config import (
     LoggingConfig,
     MetricsConfig,
     PublishConfig,
+    split_address,
 )
 from zerohub.httpd import HttpError
 from zerohub.hub import Hub, HubEndpoints, build
@@ -70,6 +71,15 @@ DEFAULT_BROKER_ENDPOINT = BROKER_ENDPOINT
 
 #: Options that only the config file may set once there is one.
 _HUB_ONLY = ("config", "metrics", "console", "log_level", "log_format", "log_file")
+
+
+def _http_address(text: str) -> str:
+    """argparse ``type=`` for ``--metrics``/``--console``: a loopback HOST:PORT."""
+    try:
+        split_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics",
         nargs="?",
         const=METRICS_ADDRESS,
+        type=_http_address,
         metavar="HOST:PORT",
         help=f"serve Prometheus metrics on http://HOST:PORT/metrics (default {METRICS_ADDRESS}; "
         "loopback only)",
@@ -115,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--console",
         nargs="?",
         const=CONSOLE_ADDRESS,
+        type=_http_address,
         metavar="HOST:PORT",
         help=f"serve the web console on http://HOST:PORT/ (default {CONSOLE_ADDRESS}; "
         "loopback only)",

@@ -88,6 +88,7 @@ def test_malformed_toml_names_the_line(tmp_path: Path) -> None:
         ("[console]\naddress = 'nonsense'\n", "console.address", 5, "HOST:PORT"),
         ("[broker]\nbind = 'tcp:/x'\n", "broker.bind", 5, "bad endpoint"),
         ("[files]\ncurve_secret = 'k'\n", "files.curve_secret", 5, "files.allow"),
+        ("[broker]\nbind = 'tcp://0.0.0.0:5680'\n", "broker.bind", 5, "insecure = true"),
         ("[files]\ndeny = ['/../etc']\n", "files.deny[0]", 5, "'..'"),
         ("[files]\nexclude = ['a', 7]\n", "files.exclude[1]", 5, "expected a string"),
         ("[loging]\nlevel = 'info'\n", "loging", 4, "unknown table"),
@@ -212,6 +213,17 @@ def test_serve_options_and_config_do_not_mix(tmp_path: Path) -> None:
     assert one_line(done.stderr) == (
         "zerohub: serve: --publish goes in the config file with --config"
     )
+
+
+def test_a_non_loopback_bind_with_insecure_is_allowed(tmp_path: Path) -> None:
+    loaded = parse(published(tmp_path, "[files]\nbind = 'tcp://*:5670'\ninsecure = true\n"))
+    assert loaded.files.bind == "tcp://*:5670"
+
+
+def test_http_doors_off_loopback_are_refused_on_the_command_line(tmp_path: Path) -> None:
+    done = cli("zerohub", "serve", "--publish", str(tmp_path), "--console", "0.0.0.0:80")
+    assert done.returncode == 2
+    assert "argument --console: 0.0.0.0 is not a loopback address" in one_line(done.stderr)
 
 
 def test_serve_needs_publish_or_config() -> None:
