@@ -407,6 +407,13 @@ def check(config: HubConfig, checker: _Checker | None = None) -> HubConfig:
             raise checker.fail(f"{name}.bind", message) from None
     if not files.publish:
         raise checker.fail("files.publish", "publish at least one directory ([[files.publish]])")
+    seen: dict[str, int] = {}
+    for i, entry in enumerate(files.publish):
+        if entry.at in seen:
+            raise checker.fail(
+                f"files.publish[{i}].at", f"{entry.at} is published twice (entry {seen[entry.at]})"
+            )
+        seen[entry.at] = i
     for key, address in (
         ("metrics.address", config.metrics.address),
         ("console.address", config.console.address),

@@ -48,15 +48,23 @@ class Hub:
     started and stopped together.
 
     Both services are built by the caller on the same ZeroMQ context (injected; the
-    caller terminates it after :meth:`stop`).
+    caller terminates it after :meth:`stop`), but for contexts in ``owned``, which the
+    hub made (the broker's, when it allows other CURVE keys than the file server).
     """
 
     def __init__(
-        self, files: LiveFileServer, broker: Server, http: Sequence[HttpServer] = ()
+        self,
+        files: LiveFileServer,
+        broker: Server,
+        http: Sequence[HttpServer] = (),
+        *,
+        owned: Sequence[zmq.Context[Any]] = (),
     ) -> None:
         self.files = files
         self.broker = broker
         self.http = list(http)
+        #: Contexts the hub made itself (terminated by :meth:`stop`).
+        self.owned = list(owned)
 
     def start(self) -> HubEndpoints:
         """Bind every socket, then start serving (walks and hashes the published trees).
@@ -84,6 +92,9 @@ class Hub:
             self.files.stop(timeout)
         finally:
             self.broker.stop(timeout)
+            for context in self.owned:
+                context.term()
+            self.owned.clear()
 
     def status(self) -> dict[str, Any]:
         """What the console shows (``zerohub.status``)."""
@@ -130,6 +141,13 @@ def build(config: HubConfig, context: zmq.Context[Any]) -> Hub:
     limits = config.limits
     if limits.max_reply_size == Limits().max_reply_size:  # not set: replies fit a frame
         limits = limits.fitting(b.max_frame_size, REPLY_OVERHEAD)
+    # One ZAP handler per context: the broker gets a context of its own when the two
+    # services allow different key folders (zerohub.zmqkit.start_authenticator).
+    owned: list[zmq.Context[Any]] = []
+    broker_context = context
+    if f.allow is not None and b.allow is not None and f.allow.resolve() != b.allow.resolve():
+        broker_context = zmq.Context()
+        owned.append(broker_context)
     engine = Engine(
         config=EngineConfig(node_name=b.node_name, wall_clock=time.time, limits=limits)
     )
@@ -145,9 +163,9 @@ def build(config: HubConfig, context: zmq.Context[Any]) -> Hub:
             peer_timeout=b.peer_timeout,
             max_connections=b.max_connections,
         ),
-        context=context,
+        context=broker_context,
     )
-    hub = Hub(files, broker)
+    hub = Hub(files, broker, owned=owned)
     if config.metrics.enabled:
         from zerohub.metrics import metrics_server, registry
 

@@ -137,6 +137,14 @@ def test_a_virtual_path_must_be_absolute(tmp_path: Path) -> None:
     assert err.key == "files.publish[0].at"
 
 
+def test_one_virtual_path_published_twice(tmp_path: Path) -> None:
+    (tmp_path / "other").mkdir()
+    text = published(tmp_path, '[[files.publish]]\ndir = "other"\nat = "/"\n')
+    err = error_of(text, tmp_path)
+    assert (err.key, err.line) == ("files.publish[1].at", 5)
+    assert "/ is published twice (entry 0)" in str(err)
+
+
 def test_nothing_published_is_an_error(tmp_path: Path) -> None:
     err = error_of("[files]\nbind = 'tcp://127.0.0.1:5670'\n", tmp_path)
     assert err.key == "files.publish"

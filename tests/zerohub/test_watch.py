@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from broker.client.blocking import Client
 from filemq.client import SyncClient
-from zerohub.hub import Hub, HubEndpoints
+from zerohub.hub import Hub, HubEndpoints, build
 
 from .support import WAIT
 
@@ -376,3 +376,64 @@ def test_scrapes_during_a_flood_of_pushes_read_consistent_figures(
     final = scrape(url)
     assert value(final, "zerohub_broker_received_total") == 1501
     assert value(final, "zerohub_broker_channels") == 300
+
+
+@pytest.mark.parametrize("broker_allow", ["allowed", "broker-allowed"])
+def test_curve_keys_from_the_config_file_secure_both_services(
+    tmp_path: Path, zctx: zmq.Context[zmq.Socket[bytes]], broker_allow: str
+) -> None:
+    """Both services with CURVE on one context (one ZAP handler, shared: it failed with
+    'Address already in use (inproc://zeromq.zap.01)'), and with different allow-lists
+    (the broker then runs on a context of its own)."""
+    from filemq.client import SyncRefused
+    from zerohub import config
+    from zerohub.zmqkit import new_certificate
+
+    keys = tmp_path / "keys"
+    files_pub, _files_sec = new_certificate("files", keys)
+    broker_pub, _broker_sec = new_certificate("broker", keys)
+    client_pub, client_sec = new_certificate("client", keys)
+    (tmp_path / "allowed").mkdir()
+    (tmp_path / "allowed" / "client.key").write_bytes(client_pub.read_bytes())
+    (tmp_path / "broker-allowed").mkdir()
+    (tmp_path / "broker-allowed" / "client.key").write_bytes(client_pub.read_bytes())
+    (tmp_path / "public").mkdir()
+    (tmp_path / "public" / "secret.txt").write_bytes(b"for key holders")
+    (tmp_path / "hub.toml").write_text(
+        '[files]\nbind = "tcp://127.0.0.1:*"\nstate = false\n'
+        'curve_secret = "keys/files.key_secret"\nallow = "allowed"\n'
+        '[[files.publish]]\ndir = "public"\n'
+        '[broker]\nbind = "tcp://127.0.0.1:*"\n'
+        f'curve_secret = "keys/broker.key_secret"\nallow = "{broker_allow}"\n'
+    )
+    the_hub = build(config.load(tmp_path / "hub.toml"), zctx)
+    assert len(the_hub.owned) == (broker_allow != "allowed")
+    endpoints = the_hub.start()
+    try:
+        mirrored = SyncClient(
+            zctx,
+            endpoints.files,
+            tmp_path / "mirror",
+            once=True,
+            index_path=None,
+            curve_secret=client_sec,
+            server_key=files_pub,
+        ).run()
+        assert mirrored.files == 1
+        assert (tmp_path / "mirror" / "secret.txt").read_bytes() == b"for key holders"
+        with pytest.raises(SyncRefused):
+            SyncClient(
+                zctx, endpoints.files, tmp_path / "plain", once=True, index_path=None,
+                connect_timeout=2,
+            ).run()  # fmt: skip
+        with Client(
+            endpoints.broker,
+            context=zctx,
+            server_key=broker_pub,
+            curve_secret=client_sec,
+            timeout=10,
+        ).connect() as client:
+            client.create_queue("secure", 1, {"Status": 3})
+            assert [c["Name"] for c in client.channels()] == ["secure"]
+    finally:
+        the_hub.stop()
