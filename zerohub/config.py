@@ -24,6 +24,7 @@ file's own directory.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import tomllib
 import types
@@ -302,6 +303,8 @@ class _Checker:
                 raise self.fail(key, f"expected a number, not {_kind(value)}")
             if hint is int and not isinstance(value, int):
                 raise self.fail(key, f"expected a whole number, not {value!r}")
+            if not math.isfinite(value):
+                raise self.fail(key, f"expected a finite number, not {value!r}")
             low, high = meta.get("low"), meta.get("high")
             if low is not None and value < low:
                 raise self.fail(key, f"must be at least {low:g}, not {value!r}")

@@ -78,6 +78,8 @@ def test_malformed_toml_names_the_line(tmp_path: Path) -> None:
         ("[broker]\nping_interval = 'fast'\n", "broker.ping_interval", 5, "expected a number"),
         ("[files]\nchunk_size = 1.5\n", "files.chunk_size", 5, "whole number"),
         ("[files]\nwatch = 1\n", "files.watch", 5, "expected true or false"),
+        ("[files]\nclient_ttl = nan\n", "files.client_ttl", 5, "finite number"),
+        ("[console]\nrefresh = inf\n", "console.refresh", 5, "finite number"),
         ("[files]\nchunk_size = 0\n", "files.chunk_size", 5, "at least 1"),
         ("[files]\nwire = 'zmtp'\n", "files.wire", 5, "one of spec, czmq"),
         ("[logging]\nlevel = 'loud'\n", "logging.level", 5, "one of debug"),
@@ -281,3 +283,25 @@ def test_a_log_file_that_cannot_be_opened_is_one_line(tmp_path: Path) -> None:
     )
     assert done.returncode == 1
     assert one_line(done.stderr).startswith("zerohub: cannot open log file ")
+
+
+def test_json_log_lines_name_the_error() -> None:
+    import json
+    import logging
+
+    from zerohub.logs import JsonFormatter
+
+    try:
+        raise OSError("disk on fire")
+    except OSError:
+        record = logging.getLogger("filemq.server").makeRecord(
+            "filemq.server", logging.ERROR, __file__, 1, "cannot save %s", ("index",), None
+        )
+        import sys
+
+        record.exc_info = sys.exc_info()
+    line = json.loads(JsonFormatter().format(record))
+    assert line["level"] == "error" and line["logger"] == "filemq.server"
+    assert line["message"] == "cannot save index"
+    assert line["error"] == "OSError: disk on fire"
+    assert line["time"].endswith("+00:00")
