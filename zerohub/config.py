@@ -426,6 +426,14 @@ def check(config: HubConfig, checker: _Checker | None = None) -> HubConfig:
         except ValueError as exc:
             raise checker.fail(key, str(exc)) from None
     _check_patterns(files, checker)
+    metrics, console = config.metrics, config.console
+    if (
+        metrics.enabled
+        and console.enabled
+        and metrics.address == console.address
+        and not metrics.address.endswith(":0")
+    ):
+        raise checker.fail("console.address", f"{console.address} is the metrics address too")
     for i, virtual in enumerate(files.deny):
         try:
             virtual_path(virtual)

@@ -147,6 +147,13 @@ def test_one_virtual_path_published_twice(tmp_path: Path) -> None:
     assert "/ is published twice (entry 0)" in str(err)
 
 
+def test_metrics_and_console_on_one_address(tmp_path: Path) -> None:
+    both = "[metrics]\nenabled = true\n[console]\nenabled = true\naddress = '127.0.0.1:9464'\n"
+    err = error_of(published(tmp_path, both), tmp_path)
+    assert (err.key, err.line) == ("console.address", 7)
+    assert "is the metrics address too" in str(err)
+
+
 def test_nothing_published_is_an_error(tmp_path: Path) -> None:
     err = error_of("[files]\nbind = 'tcp://127.0.0.1:5670'\n", tmp_path)
     assert err.key == "files.publish"
