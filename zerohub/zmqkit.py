@@ -122,8 +122,8 @@ class SharedAuthenticator:
         self.users = 0
 
     def stop(self) -> None:
-        """Let go (idempotent per hold is the caller's: each ``start_authenticator``
-        is matched by one ``stop``); the handler stops with its last user."""
+        """One user lets go (through its :class:`_Hold`, which does it once); the
+        handler stops with its last user."""
         with _AUTH_LOCK:
             self.users -= 1
             if self.users > 0:
@@ -135,7 +135,8 @@ class SharedAuthenticator:
 
 
 class _Hold:
-    """What :func:`start_authenticator` returns: one user of a shared handler."""
+    """What :func:`start_authenticator` returns: one user of a shared handler
+    (``stop()`` lets go once; again, it does nothing)."""
 
     def __init__(self, shared: SharedAuthenticator) -> None:
         self._shared: SharedAuthenticator | None = shared
