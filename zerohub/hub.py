@@ -12,7 +12,7 @@ and nothing was done for nothing.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,16 +85,26 @@ class Hub:
         return HubEndpoints(files=files_endpoint, broker=broker_endpoint, http=urls)
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop everything (idempotent): HTTP first, the file server, then the broker."""
-        try:
-            for door in self.http:
-                door.stop()
-            self.files.stop(timeout)
-        finally:
-            self.broker.stop(timeout)
-            for context in self.owned:
-                context.term()
-            self.owned.clear()
+        """Stop everything (idempotent): HTTP first, the file server, then the broker.
+
+        Every part is stopped even when stopping another one raised (a second Ctrl-C,
+        say): a part left running would keep its sockets open, and the caller's
+        ``context.term()`` would wait for them for ever.  The first error is raised
+        once all are stopped.
+        """
+        steps: list[Callable[[], object]] = [door.stop for door in self.http]
+        steps.append(lambda: self.files.stop(timeout))
+        steps.append(lambda: self.broker.stop(timeout))
+        steps += [context.term for context in self.owned]
+        self.owned = []
+        first: BaseException | None = None
+        for step in steps:
+            try:
+                step()
+            except BaseException as exc:
+                first = first or exc
+        if first is not None:
+            raise first
 
     def status(self) -> dict[str, Any]:
         """What the console shows (``zerohub.status``)."""

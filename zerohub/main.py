@@ -28,10 +28,14 @@ names the file, the line when it can be found, and the key).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import FrameType
 
 import zmq
 
@@ -66,6 +70,8 @@ from zerohub.httpd import HttpError
 from zerohub.hub import Hub, HubEndpoints, build
 
 __all__ = ["DEFAULT_BROKER_ENDPOINT", "build_parser", "main"]
+
+log = logging.getLogger("zerohub")
 
 DEFAULT_BROKER_ENDPOINT = BROKER_ENDPOINT
 
@@ -255,18 +261,50 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
         hub = build(config, context)
-        try:
-            endpoints = hub.start()  # stops what it started if it fails
-        except ServerError as exc:
-            raise CommandError(f"broker: {exc}") from None
-        try:
-            _report(config, hub, endpoints)
-            filemq_cli.wait_for_signal()
-        finally:
-            hub.stop()
-    finally:
+        endpoints = hub.start()  # stops what it started if it fails (Ctrl-C too: 130)
+    except BaseException as exc:
         context.term()
+        if isinstance(exc, ServerError):
+            raise CommandError(f"broker: {exc}") from None
+        raise
+    with _stop_signals() as stop:  # from here on a signal stops the hub, however many
+        try:
+            try:
+                _report(config, hub, endpoints)
+                while not stop.wait(0.5):
+                    pass
+            finally:
+                hub.stop()
+        finally:
+            context.term()
     return 0
+
+
+@contextlib.contextmanager
+def _stop_signals() -> Iterator[threading.Event]:
+    """SIGINT/SIGTERM set the event, for as long as the hub runs *and stops*.
+
+    (``filemq.cli.wait_for_signal`` gives the previous handlers back as soon as a
+    signal came: a second one, which ``timeout`` sends and an impatient Ctrl-C too,
+    then interrupted the hub's stop half-way, and ``context.term()`` waited for ever for
+    the sockets left open.)  Outside the main thread (tests) no handler is installed.
+    """
+    stop = threading.Event()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if stop.is_set():
+            log.info("already stopping (signal %d)", signum)
+        stop.set()
+
+    try:
+        previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread
+        previous = {}
+    try:
+        yield stop
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def _command(argv: Sequence[str] | None) -> int:

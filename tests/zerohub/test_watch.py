@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from broker.client.blocking import Client
 from filemq.client import SyncClient
+from zerohub.config import BrokerConfig, FilesConfig, HubConfig, PublishConfig
 from zerohub.hub import Hub, HubEndpoints, build
 
 from .support import WAIT
@@ -437,3 +438,69 @@ def test_curve_keys_from_the_config_file_secure_both_services(
             assert [c["Name"] for c in client.channels()] == ["secure"]
     finally:
         the_hub.stop()
+
+
+def test_a_failing_part_does_not_keep_the_others_running(
+    tmp_path: Path, zctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """Hub.stop stops every part even when one raises (a KeyboardInterrupt in the HTTP
+    door's stop left the file server running: its sockets kept context.term() waiting
+    for ever)."""
+    from zerohub.httpd import HttpServer, Response
+
+    class Interrupted(HttpServer):
+        def stop(self) -> None:
+            super().stop()
+            raise KeyboardInterrupt
+
+    (tmp_path / "public").mkdir()
+    config = HubConfig(
+        files=FilesConfig(
+            bind="tcp://127.0.0.1:*",
+            publish=(PublishConfig(tmp_path / "public", "/"),),
+            state=False,
+        ),
+        broker=BrokerConfig(bind="tcp://127.0.0.1:*"),
+    )
+    the_hub = build(config, zctx)
+    the_hub.http.append(Interrupted("door", ("127.0.0.1", 0), {"/": lambda: Response(b"")}))
+    the_hub.start()
+    with pytest.raises(KeyboardInterrupt):
+        the_hub.stop()
+    assert the_hub.files.publisher is not None
+    assert the_hub.files.server._thread is None  # stopped, its sockets closed
+    assert the_hub.broker.endpoint is None or the_hub.broker._router is None
+    # (and the zctx fixture terminates the context: it would wait for ever otherwise)
+
+
+def test_a_burst_of_signals_stops_the_hub_cleanly(tmp_path: Path) -> None:
+    """``timeout`` sends its signal twice (to the child, then to the group), Ctrl-C
+    may be pressed again: the hub stops once, fully, exit 0."""
+    (tmp_path / "public").mkdir()
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "zerohub", "serve", "--publish", str(tmp_path / "public"),
+            "--bind", "tcp://127.0.0.1:*", "--broker-bind", "tcp://127.0.0.1:*",
+            "--no-state", "--console", "127.0.0.1:0", "--metrics", "127.0.0.1:0",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        for _ in range(10):
+            if proc.stderr.readline().startswith("zerohub: serving"):
+                break
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.02)  # the second one lands while the hub stops (its HTTP doors
+        proc.send_signal(signal.SIGINT)  # take up to 0.2 s to close)
+        assert proc.wait(timeout=30) == 0
+        rest = proc.stderr.read()
+        assert "Traceback" not in rest, rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
