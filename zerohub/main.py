@@ -17,6 +17,10 @@ unless asked for, and listen on loopback only.  ``--log-level``, ``--log-format
 text|json`` and ``--log-file`` apply to both services (``-v``/``-q`` move the level one
 step when ``--log-level`` is not given).
 
+SIGINT or SIGTERM stops it (exit 0); more of them while it stops change nothing (a
+stop cut half-way would leave sockets open).  Ctrl-C while it is still starting
+(walking and hashing what it publishes) ends it with 130.
+
 It follows :mod:`zerohub.cli`'s rules: one line and an exit code for anything that goes
 wrong, never a traceback.  Exit codes: 0 stopped by SIGINT/SIGTERM; 1 failure (an
 endpoint or HTTP port in use, an unreadable directory, key or log file); 2 usage (a bad
