@@ -26,7 +26,10 @@ with ``--copy-links``.  Setuid/setgid/sticky bits are stripped unless
 --exclude/--include/--exclude-from`` decide what every mount publishes;
 ``sync``/``subscribe`` take the same options for what the mirror takes (excluded
 names in DEST are never deleted).  ``sync --dry-run`` prints what it would create,
-update or delete (one ``VERB NAME`` line each on stdout) and changes nothing.  A
+update or delete (one ``VERB NAME`` line each on stdout) and changes nothing;
+``subscribe --dry-run`` prints the same plan for its first resync and exits.
+``--modify-window SECONDS`` (``sync``, ``subscribe``): mtimes within that many seconds
+of the server's count as equal (rsync's option; default 0).  A
 first sync into a DEST that holds files but has no saved index stops before
 deleting anything (exit 1) unless ``--delete-extraneous``.
 
@@ -129,6 +132,17 @@ def _rate(text: str) -> int:
         return parse_rate(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _seconds(text: str) -> float:
+    """argparse ``type=`` for a number of seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds (0 or more), not {text!r}")
+    return value
 
 
 class _Pattern(argparse.Action):
@@ -313,6 +327,13 @@ def _client_options(command: argparse.ArgumentParser) -> None:
         help="keep setuid, setgid and sticky bits (stripped by default)",
     )
     command.add_argument(
+        "--modify-window",
+        type=_seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help="mtimes this close to the server's count as equal (as rsync's; default 0)",
+    )
+    command.add_argument(
         "--delete-extraneous",
         action="store_true",
         help="delete what the server lacks even when DEST is not a known mirror",
@@ -352,6 +373,12 @@ def _sync_options(sync: argparse.ArgumentParser) -> None:
 
 def _subscribe_options(daemon: argparse.ArgumentParser) -> None:
     _client_options(daemon)
+    daemon.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print what the first resync would create, update or delete; change nothing "
+        "and exit (as sync --dry-run)",
+    )
     daemon.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
     daemon.add_argument(
         "--heartbeat", type=float, default=1.0, help="seconds between heartbeats when idle"
@@ -593,6 +620,7 @@ def _mirror_options(args: argparse.Namespace) -> dict[str, Any]:
         "links": links,
         "special_bits": args.special_bits,
         "delete_extraneous": args.delete_extraneous,
+        "modify_window": args.modify_window,
     }
 
 
@@ -656,6 +684,9 @@ def _subscribe(args: argparse.Namespace) -> int:
     from filemq.subscriber import Subscriber
 
     _check_pair(args)
+    if args.dry_run:  # the plan of the first resync: what sync --dry-run prints
+        args.once, args.idle_timeout, args.retries = True, 10.0, 3
+        return _sync(args)
     output_closed = False
     warned = False
 

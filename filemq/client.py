@@ -72,6 +72,11 @@ silent.  Names the patterns exclude are never written, deleted or even put in th
 cache (so no server deletes them); folders emptied by a delete stay when the
 server mirrors folders (it sends their deletes itself).
 
+``modify_window`` (seconds, rsync's ``--modify-window``): a file whose contents and
+mode are the server's and whose mtime is within that many seconds of the server's
+counts as unchanged (its mtime is left as it is; for file systems that keep
+coarse mtimes, FAT's 2 s).  0 (default): mtimes must be equal.
+
 ``dry_run``: DEST is read, never written (no lock file, no temp files, no index
 saved): each change a real run would make is one line on ``plan`` (``create``,
 ``update``, ``delete``, ``mkdir``, ``link``, ``attrs``), then the run ends.  File
@@ -376,7 +381,10 @@ class SyncClient:
         dry_run: bool = False,
         plan: TextIO | None = None,
         delete_extraneous: bool = False,
+        modify_window: float = 0.0,
     ) -> None:
+        if modify_window < 0:
+            raise ValueError("modify_window must be >= 0 seconds")
         if (curve_secret is None) != (server_key is None):
             raise zmqkit.SecurityError("CURVE needs both --curve-secret and --server-key")
         self.context = context
@@ -401,6 +409,8 @@ class SyncClient:
             self.once = True
         #: Delete what the server lacks even in a DEST that is not a known mirror.
         self.delete_extraneous = delete_extraneous
+        #: mtimes this close (ns) to the server's count as equal (rsync's --modify-window).
+        self.modify_window_ns = int(modify_window * 1e9)
         self._guard = False  # the safety stop is armed (a first sync into an unknown DEST)
         self._held_deletes: list[str] = []
         self._plan_guard = False  # (dry run) a real run would stop at the safety stop
@@ -901,6 +911,14 @@ class SyncClient:
             log.warning("skipping symbolic link %s: %s", action.name, why)
             self.result.skipped += 1
             return
+        if (
+            isinstance(action, Touch)
+            and self.modify_window_ns
+            and mirror.same_within(
+                action.parts, meta, action.sha1, action.size, self.modify_window_ns
+            )
+        ):
+            return  # mode equal, mtime within --modify-window: nothing to change
         if self.dry_run:
             self._plan_entry(mirror, action)
             return

@@ -314,9 +314,10 @@ class ServerSession:
         self.meta: int | None = None
         self.links = LinkPolicy.SKIP
         self.filters: Filters | None = None
-        #: CHEEZBURGERs and content bytes sent (for logs and tests).
+        #: CHEEZBURGERs, content bytes and whole files sent (for logs, tests and metrics).
         self.sent_messages = 0
         self.sent_bytes = 0
+        self.sent_files = 0
         self._table: dict[tuple[SessionState, int], Callable[[Any], list[Action]]] = {
             (SessionState.EXPECT_OHAI, self.codec.MessageId.OHAI): self._on_ohai,
             (SessionState.EXPECT_OHAI, self.codec.MessageId.KTHXBAI): self._on_kthxbai,
@@ -562,6 +563,8 @@ class ServerSession:
         self.sent_messages += 1
         self.sent_bytes += len(data)
         if eof:
+            if operation is Operation.CREATE and not op.described:  # (not a folder, link)
+                self.sent_files += 1
             self._current = None
             self._offset = 0
             self._ending = False

@@ -87,6 +87,8 @@ class LiveFileServer:
         self._held: list[ChangeEvent] | None = []  # None once the server runs
         #: Publisher events handed to the server (for logs and tests).
         self.changes = 0
+        #: Watcher queue overflows (each made every mount be rescanned; for metrics).
+        self.overflows = 0
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -152,6 +154,8 @@ class LiveFileServer:
             elif isinstance(event, FileDeleted):
                 self.server.notify_deleted(event.mount, event.relpath)
             elif isinstance(event, RescanNeeded):
+                if event.reason is RescanReason.OVERFLOW:
+                    self.overflows += 1
                 routine = event.reason in (
                     RescanReason.DIRECTORY_REMOVED,
                     RescanReason.DIRECTORY_CREATED,

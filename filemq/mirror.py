@@ -500,6 +500,19 @@ class Mirror:
         self.index.record(entry._replace(mtime_ns=st.st_mtime_ns, mode=_perms(st)))
         return True
 
+    def same_within(
+        self, parts: tuple[str, ...], meta: EntryMeta, sha1: str, size: int, window_ns: int
+    ) -> bool:
+        """DEST's file at ``parts`` is the version ``sha1``/``size`` with the mode ``meta``
+        gives and an mtime within ``window_ns`` of it (``--modify-window``: nothing to
+        set).  Read from the index (the caller's resync checked it against the disk)."""
+        entry = self.index.get("/".join(parts))
+        if entry is None or entry.sha1 != sha1 or entry.size != size or meta.mtime_ns is None:
+            return False
+        if meta.mode is not None and local_mode(meta.mode, self.mask, Kind.FILE) != entry.mode:
+            return False
+        return abs(entry.mtime_ns - meta.mtime_ns) <= window_ns
+
 
 def _perms(st: os.stat_result) -> int:
     return st.st_mode & 0o7777

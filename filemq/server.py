@@ -107,7 +107,7 @@ from filemq.state import load_index, server_index_path, server_state_dir
 from filemq.walk import DEFAULT_IGNORE, PathFilter
 from zerohub import zmqkit
 
-__all__ = ["DEFAULT_ENDPOINT", "FileServer", "Mount"]
+__all__ = ["DEFAULT_ENDPOINT", "FileServer", "Mount", "ServerStats", "SubscriberStats"]
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +156,35 @@ class Mount:
         if not sep or not virtual.startswith("/"):
             directory, virtual = spec, "/"
         return cls(Path(directory), virtual_path(virtual))
+
+
+#: Copies of the session table tried before a snapshot gives up (the loop changes it).
+_SNAPSHOT_TRIES = 5
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriberStats:
+    """One client of :meth:`FileServer.stats`: what it asked for and how far behind it is."""
+
+    client: str  # the ROUTER identity, hex
+    paths: tuple[str, ...]  # virtual paths subscribed to
+    queued: int  # files (and markers) queued for it, not sent yet: its lag
+    sent_files: int
+    sent_bytes: int
+    connected_at: float  # monotonic seconds
+
+
+@dataclass(frozen=True, slots=True)
+class ServerStats:
+    """What :meth:`FileServer.stats` returns (totals include clients gone)."""
+
+    clients: int
+    sent_files: int
+    sent_bytes: int
+    resyncs: int
+    rescans: int
+    index_files: dict[str, int]  # mount (virtual path) -> entries in its index
+    subscribers: tuple[SubscriberStats, ...]
 
 
 class FileServer:
@@ -225,6 +254,10 @@ class FileServer:
         self.rescans = 0
         #: File content bytes sent to clients gone (all of them once stopped).
         self.sent_bytes = 0
+        #: Whole files sent to clients gone (all of them once stopped).
+        self.sent_files = 0
+        #: Subscriptions answered (ICANHAZ: each is a resync of the client's path).
+        self.resyncs = 0
         #: Bandwidth cap for all clients together (bytes/s; ``filemq.ratelimit``).
         self._bucket = (
             None if bwlimit is None else TokenBucket(bwlimit, burst_for(bwlimit), time.monotonic())
@@ -363,6 +396,42 @@ class FileServer:
         """Clients with a session (past OHAI, not expired or gone)."""
         return len(self._sessions)
 
+    def stats(self) -> ServerStats:
+        """A snapshot of the server's counters (safe from any thread; read-only).
+
+        Read while the loop runs, so figures of different clients may be a message
+        apart; a session ending meanwhile is counted once (in its own figures or in
+        the totals of clients gone).
+        """
+        for _ in range(_SNAPSHOT_TRIES):
+            try:
+                sessions = list(self._sessions.values())
+                break
+            except RuntimeError:  # the loop changed the table while it was copied
+                continue
+        else:
+            sessions = []
+        subscribers = tuple(
+            SubscriberStats(
+                client=s.client_id.hex(),
+                paths=tuple(s.subscriptions),
+                queued=s.queued,
+                sent_files=s.sent_files,
+                sent_bytes=s.sent_bytes,
+                connected_at=s.connected_at,
+            )
+            for s in sessions
+        )
+        return ServerStats(
+            clients=len(sessions),
+            sent_files=self.sent_files + sum(s.sent_files for s in subscribers),
+            sent_bytes=self.sent_bytes + sum(s.sent_bytes for s in subscribers),
+            resyncs=self.resyncs,
+            rescans=self.rescans,
+            index_files={virtual: len(index) for virtual, index in self.indexes.items()},
+            subscribers=subscribers,
+        )
+
     # -- thread-safe change API -----------------------------------------------
 
     def _post(self, *frames: bytes) -> None:
@@ -424,6 +493,7 @@ class FileServer:
             for client in list(self._files):
                 self._close_file(client)
             self.sent_bytes += sum(s.sent_bytes for s in self._sessions.values())
+            self.sent_files += sum(s.sent_files for s in self._sessions.values())
             self._sessions.clear()
             router.close()
             ctl.close()
@@ -525,6 +595,7 @@ class FileServer:
         session = self._sessions.pop(client, None)
         if session is not None:
             self.sent_bytes += session.sent_bytes
+            self.sent_files += session.sent_files
         self._stalled.pop(client, None)
         self._close_file(client)
 
@@ -794,6 +865,7 @@ class FileServer:
                 if isinstance(action, Reply):
                     self._send(session.client_id, action.frames)
             return
+        self.resyncs += 1
         log.info(
             "client %s subscribed to %s (resync=%s, cache %d)",
             session.client_id.hex(),

@@ -6,5 +6,9 @@ errors, endpoint checks, ``-v``/``-q``).
 ``zerohub.zmqkit``: the ZeroMQ plumbing ``filemq`` and ``broker`` share (CURVE keys, the
 ZAP authenticator, the bind policy, socket helpers, the handshake-failure monitor).
 ``zerohub.hub`` and ``zerohub.main``: a FILEMQ server and the broker in one process, the
-``zerohub serve`` command.  ``filemq`` and ``broker`` never import each other.
+``zerohub serve`` command; ``zerohub.config`` its one TOML schema, ``zerohub.status``
+the figures read live from both services, served as Prometheus metrics
+(``zerohub.metrics``) and a web console (``zerohub.console``) by ``zerohub.httpd``, and
+``zerohub.logs`` the logging both share.  ``filemq`` and ``broker`` never import each
+other (nor anything here but ``zerohub.cli`` and ``zerohub.zmqkit``).
 """

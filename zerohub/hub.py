@@ -1,59 +1,189 @@
 """One process serving files and messages: a FILEMQ server and the broker on one context.
 
 The composition sits above both packages (``filemq`` and ``broker`` never import each
-other); ``zerohub serve`` (:mod:`zerohub.main`) runs it from the command line.  Both
-sockets are bound before a published directory is walked or hashed, so an endpoint
-in use fails at once and nothing was done for nothing.
+other); ``zerohub serve`` (:mod:`zerohub.main`) runs it from the command line, built by
+:func:`build` from one :class:`~zerohub.config.HubConfig`.  Beside the two services the
+hub may serve its metrics (:mod:`zerohub.metrics`) and its web console
+(:mod:`zerohub.console`) over HTTP on loopback.  Every socket is bound before a
+published directory is walked or hashed, so an endpoint or port in use fails at once
+and nothing was done for nothing.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from broker.server.server import Server
+import zmq
+
+from broker.engine.engine import Engine
+from broker.engine.limits import Limits
+from broker.engine.options import BrokerConfig as EngineConfig
+from broker.server.options import ServerOptions
+from broker.server.server import REPLY_OVERHEAD, Server
+from filemq.filters import Filters, read_pattern_file
 from filemq.live import LiveFileServer
+from filemq.server import Mount
+from filemq.state import default_state_dir
+from zerohub.config import HubConfig, split_address
+from zerohub.httpd import HttpServer
 
-__all__ = ["Hub", "HubEndpoints"]
+__all__ = ["Hub", "HubEndpoints", "build"]
 
 
 @dataclass(frozen=True, slots=True)
 class HubEndpoints:
-    """Where the hub listens (the bound endpoints: a ``*`` port is resolved)."""
+    """Where the hub listens (the bound endpoints: a ``*`` or 0 port is resolved)."""
 
     files: str
     broker: str
+    #: Base URLs of the HTTP front doors (``metrics``, ``console``) that are on.
+    http: dict[str, str]
 
 
 class Hub:
-    """A :class:`LiveFileServer` and a broker :class:`Server`, started and stopped together.
+    """A :class:`LiveFileServer`, a broker :class:`Server` and optional HTTP front doors,
+    started and stopped together.
 
-    Both are built by the caller on the same ZeroMQ context (injected; the caller
-    terminates it after :meth:`stop`).
+    Both services are built by the caller on the same ZeroMQ context (injected; the
+    caller terminates it after :meth:`stop`), but for contexts in ``owned``, which the
+    hub made (the broker's, when it allows other CURVE keys than the file server).
     """
 
-    def __init__(self, files: LiveFileServer, broker: Server) -> None:
+    def __init__(
+        self,
+        files: LiveFileServer,
+        broker: Server,
+        http: Sequence[HttpServer] = (),
+        *,
+        owned: Sequence[zmq.Context[Any]] = (),
+    ) -> None:
         self.files = files
         self.broker = broker
+        self.http = list(http)
+        #: Contexts the hub made itself (terminated by :meth:`stop`).
+        self.owned = list(owned)
 
     def start(self) -> HubEndpoints:
-        """Bind both sockets, then start serving (walks and hashes the published trees).
+        """Bind every socket, then start serving (walks and hashes the published trees).
 
-        Raises what the file server or the broker raises when a bind fails; whatever was
-        started by then is stopped again.
+        Raises what the file server, the broker or an HTTP server raises when a bind
+        fails; whatever was started by then is stopped again.
         """
         try:
-            server = self.files.server
-            files_endpoint = server.bind()
+            files_endpoint = self.files.server.bind()
             broker_endpoint = self.broker.start()
+            for door in self.http:
+                door.bind()
             self.files.start()
+            urls = {door.name: door.start() for door in self.http}
         except BaseException:
             self.stop()
             raise
-        return HubEndpoints(files=files_endpoint, broker=broker_endpoint)
+        return HubEndpoints(files=files_endpoint, broker=broker_endpoint, http=urls)
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop both (idempotent): the file server first, then the broker."""
-        try:
-            self.files.stop(timeout)
-        finally:
-            self.broker.stop(timeout)
+        """Stop everything (idempotent): HTTP first, the file server, then the broker.
+
+        Every part is stopped even when stopping another one raised (a second Ctrl-C,
+        say): a part left running would keep its sockets open, and the caller's
+        ``context.term()`` would wait for them for ever.  The first error is raised
+        once all are stopped.
+        """
+        steps: list[Callable[[], object]] = [door.stop for door in self.http]
+        steps.append(lambda: self.files.stop(timeout))
+        steps.append(lambda: self.broker.stop(timeout))
+        steps += [context.term for context in self.owned]
+        self.owned = []
+        first: BaseException | None = None
+        for step in steps:
+            try:
+                step()
+            except BaseException as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+
+    def status(self) -> dict[str, Any]:
+        """What the console shows (``zerohub.status``)."""
+        from zerohub.status import broker_status, files_status
+
+        return {"files": files_status(self.files), "broker": broker_status(self.broker)}
+
+
+def _filters(config: HubConfig) -> Filters | None:
+    lines: list[str] = []
+    for path in config.files.exclude_from:
+        lines.extend(read_pattern_file(path))
+    lines.extend(config.files.exclude)
+    return Filters(lines) if lines else None
+
+
+def build(config: HubConfig, context: zmq.Context[Any]) -> Hub:
+    """The hub ``config`` describes, on ``context`` (nothing bound or started yet)."""
+    f, b = config.files, config.broker
+    state_dir = None
+    if f.state:
+        state_dir = f.state_dir or default_state_dir()
+    files = LiveFileServer(
+        context,
+        [Mount(p.dir, p.at) for p in f.publish],
+        watch=f.watch,
+        settle=f.settle,
+        poll_interval=f.poll_interval if f.poll else None,
+        state_dir=state_dir,
+        endpoint=f.bind,
+        wire=f.wire,
+        curve_secret=f.curve_secret,
+        allow_dir=f.allow,
+        insecure=f.insecure,
+        chunk_size=f.chunk_size,
+        client_ttl=f.client_ttl,
+        deny=f.deny,
+        max_clients=f.max_clients,
+        rescan_interval=f.rescan,
+        bwlimit=f.bwlimit or None,
+        filters=_filters(config),
+        links=f.links,
+    )
+    limits = config.limits
+    if limits.max_reply_size == Limits().max_reply_size:  # not set: replies fit a frame
+        limits = limits.fitting(b.max_frame_size, REPLY_OVERHEAD)
+    # One ZAP handler per context: the broker gets a context of its own when the two
+    # services allow different key folders (zerohub.zmqkit.start_authenticator).
+    owned: list[zmq.Context[Any]] = []
+    broker_context = context
+    if f.allow is not None and b.allow is not None and f.allow.resolve() != b.allow.resolve():
+        broker_context = zmq.Context()
+        owned.append(broker_context)
+    engine = Engine(
+        config=EngineConfig(node_name=b.node_name, wall_clock=time.time, limits=limits)
+    )
+    broker = Server(
+        engine,
+        ServerOptions(
+            endpoint=b.bind,
+            curve_secret=None if b.curve_secret is None else str(b.curve_secret),
+            allow_dir=None if b.allow is None else str(b.allow),
+            insecure=b.insecure,
+            max_frame_size=b.max_frame_size,
+            ping_interval=b.ping_interval,
+            peer_timeout=b.peer_timeout,
+            max_connections=b.max_connections,
+        ),
+        context=broker_context,
+    )
+    hub = Hub(files, broker, owned=owned)
+    if config.metrics.enabled:
+        from zerohub.metrics import metrics_server, registry
+
+        address = split_address(config.metrics.address)
+        hub.http.append(metrics_server(address, registry(files, broker)))
+    if config.console.enabled:
+        from zerohub.console import console_server
+
+        address = split_address(config.console.address)
+        hub.http.append(console_server(address, hub.status, refresh=config.console.refresh))
+    return hub

@@ -21,6 +21,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,22 +112,79 @@ def load_public(path: str | os.PathLike[str]) -> bytes:
     return public
 
 
+class SharedAuthenticator:
+    """A server's hold on its context's ZAP handler (see :func:`start_authenticator`)."""
+
+    def __init__(self, context: zmq.Context[Any], folder: Path) -> None:
+        self.context = context
+        self.folder = folder
+        self.auth: ThreadAuthenticator | None = None
+        self.users = 0
+
+    def stop(self) -> None:
+        """One user lets go (through its :class:`_Hold`, which does it once); the
+        handler stops with its last user."""
+        with _AUTH_LOCK:
+            self.users -= 1
+            if self.users > 0:
+                return
+            _AUTHENTICATORS.pop(id(self.context), None)
+            auth, self.auth = self.auth, None
+        if auth is not None:
+            auth.stop()
+
+
+class _Hold:
+    """What :func:`start_authenticator` returns: one user of a shared handler
+    (``stop()`` lets go once; again, it does nothing)."""
+
+    def __init__(self, shared: SharedAuthenticator) -> None:
+        self._shared: SharedAuthenticator | None = shared
+
+    def stop(self) -> None:
+        shared, self._shared = self._shared, None
+        if shared is not None:
+            shared.stop()
+
+
+_AUTH_LOCK = threading.Lock()
+_AUTHENTICATORS: dict[int, SharedAuthenticator] = {}  # id(context) -> its ZAP handler
+
+
 def start_authenticator(
     context: zmq.Context[zmq.Socket[bytes]], allow_dir: str | os.PathLike[str]
-) -> ThreadAuthenticator:
-    """Start a ZAP handler on ``context`` allowing the public keys in ``allow_dir``.
+) -> _Hold:
+    """Start (or share) the ZAP handler of ``context``, allowing the keys in ``allow_dir``.
 
-    Call ``.stop()`` on the result when the server stops.
+    A context has one ZAP endpoint, so servers on one context (``zerohub serve``: the
+    file server and the broker) share one handler; they must then allow the same
+    directory (SecurityError otherwise: give the other server a context of its own).
+    Call ``.stop()`` on the result when the server stops; the handler stops with the
+    last server using it.
     """
-    from zmq.auth.thread import ThreadAuthenticator
-
     folder = Path(allow_dir)
     if not folder.is_dir():
         raise SecurityError(f"{folder}: allow-list directory does not exist")
-    auth = ThreadAuthenticator(context, log=logging.getLogger("zerohub.auth"))
-    auth.start()
-    auth.configure_curve(domain="*", location=str(folder))
-    return auth
+    with _AUTH_LOCK:
+        shared = _AUTHENTICATORS.get(id(context))
+        if shared is not None and shared.context is context:
+            if shared.folder.resolve() != folder.resolve():
+                raise SecurityError(
+                    f"{folder}: this ZeroMQ context already allows the keys in "
+                    f"{shared.folder}; servers sharing a context share one allow-list"
+                )
+            shared.users += 1
+            return _Hold(shared)
+        from zmq.auth.thread import ThreadAuthenticator
+
+        auth = ThreadAuthenticator(context, log=logging.getLogger("zerohub.auth"))
+        auth.start()
+        auth.configure_curve(domain="*", location=str(folder))
+        shared = SharedAuthenticator(context, folder)
+        shared.auth = auth
+        shared.users = 1
+        _AUTHENTICATORS[id(context)] = shared
+        return _Hold(shared)
 
 
 def configure_server(socket: zmq.Socket[bytes], secret_file: str | os.PathLike[str]) -> None:

@@ -84,3 +84,32 @@ def test_an_allowed_key_reports_nothing(zctx: Ctx, curve_server: tuple[str, Path
         sock.disable_monitor()
         monitor.close(linger=0)
         sock.close(linger=0)
+
+
+def test_servers_on_one_context_share_its_zap_handler(zctx: Ctx, tmp_path: Path) -> None:
+    """A context has one ZAP endpoint: a second handler could not bind it (the hub's file
+    server and broker with CURVE failed so).  Same folder: shared; the handler outlives
+    the first server to stop; another folder on the same context is refused."""
+    zmqkit.new_certificate("server", tmp_path)
+    zmqkit.new_certificate("allowed", tmp_path / "allowed")
+    zmqkit.new_certificate("stranger", tmp_path)
+    (tmp_path / "other").mkdir()
+    first = zmqkit.start_authenticator(zctx, tmp_path / "allowed")
+    second = zmqkit.start_authenticator(zctx, tmp_path / "allowed")
+    with pytest.raises(zmqkit.SecurityError, match="share one allow-list"):
+        zmqkit.start_authenticator(zctx, tmp_path / "other")
+    router = zctx.socket(zmq.ROUTER)
+    router.linger = 0
+    try:
+        zmqkit.configure_server(router, tmp_path / "server.key_secret")
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        first.stop()
+        first.stop()  # (a second stop of the same hold changes nothing)
+        # still checked by the handler (with none, libzmq would let any key in)
+        keys = (tmp_path / "stranger.key_secret", tmp_path / "server.key")
+        report = _report(zctx, f"tcp://127.0.0.1:{port}", keys)
+        assert report.handshake is zmqkit.Handshake.KEY_REFUSED
+    finally:
+        router.close(linger=0)
+        second.stop()
+    assert zmqkit._AUTHENTICATORS == {}  # the last one out stopped the handler

@@ -1,0 +1,172 @@
+"""Prometheus metrics of the hub: ``GET /metrics`` on a loopback HTTP port.
+
+Custom collectors (``prometheus_client``) read the services' live counters when a
+scraper asks (:mod:`zerohub.status`): nothing is counted on the file server's or the
+broker's hot paths for metrics' sake.  Off by default; ``zerohub serve --metrics``
+(or ``[metrics] enabled = true``) serves on ``127.0.0.1:9464``.
+
+Families (``_total`` ones are counters, the rest gauges):
+
+FILEMQ (``zerohub_filemq_``): ``index_entries{mount}``, ``clients``,
+``sent_files_total``, ``sent_bytes_total``, ``resyncs_total`` (subscriptions
+answered), ``rescans_total``, ``watcher_overflows_total``, and per subscriber
+``subscriber_queued_files{client}`` (its lag: files queued for it, not sent yet).
+
+Broker (``zerohub_broker_``): ``peers``, ``clients``, ``channels``, ``queues``,
+``messages``, ``pending_acks``, ``in_flight``, ``pending_requests``, ``routers``;
+``received_total`` (pushes), ``sent_total``, ``deliveries_total``, ``acks_total``,
+``nacks_total``, ``timeouts_total``, ``removed_total``,
+``dropped_deliveries_total``, ``errors_total``; per queue
+``queue_messages{channel,queue}`` and ``queue_unacked{channel,queue}``, per channel
+``channel_consumers{channel}``; and the transport's ``frames_total{direction}`` and
+``transport_events_total{event}`` (``refused``, ``bad_frames``, ``expired``,
+``dropped_out``... by reason).  ``zerohub_broker_up`` is 0 when the statistics could
+not be read at that scrape.
+
+Per-subscriber and per-queue series are capped at ``zerohub.status.MAX_LISTED`` each
+(the most lagging / deepest first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
+
+from broker.server.server import Server
+from filemq.live import LiveFileServer
+from zerohub.httpd import HttpServer, Response
+from zerohub.status import broker_status, files_status
+
+__all__ = ["BrokerCollector", "FilesCollector", "metrics_server", "registry"]
+
+
+class FilesCollector(Collector):
+    """The FILEMQ server's figures, read at scrape time."""
+
+    def __init__(self, live: LiveFileServer) -> None:
+        self.live = live
+
+    def collect(self) -> Iterator[Metric]:
+        s = files_status(self.live)
+        p = "zerohub_filemq_"
+        index = GaugeMetricFamily(
+            p + "index_entries", "Entries in a mount's index", labels=["mount"]
+        )
+        for mount in s["mounts"]:
+            index.add_metric([mount["at"]], mount["files"])
+        yield index
+        yield GaugeMetricFamily(p + "clients", "Clients with a session", value=s["clients"])
+        for key, about in (
+            ("sent_files", "Whole files sent to clients"),
+            ("sent_bytes", "File content bytes sent to clients"),
+            ("resyncs", "Subscriptions answered (each a resync of the client's path)"),
+            ("rescans", "Rescans of published trees (asked, periodic or after an overflow)"),
+            ("watcher_overflows", "Watcher queue overflows (each rescans every mount)"),
+        ):
+            yield CounterMetricFamily(p + key, about, value=s[key])
+        lag = GaugeMetricFamily(
+            p + "subscriber_queued_files",
+            "Files queued for a subscriber, not sent yet (its lag)",
+            labels=["client"],
+        )
+        for sub in s["subscribers"]:
+            lag.add_metric([sub["client"]], sub["queued"])
+        yield lag
+
+
+_GAUGES = (
+    ("peers", "Connections past the handshake"),
+    ("clients", "Clients connected to the engine"),
+    ("channels", "Channels"),
+    ("queues", "Queues in all channels"),
+    ("messages", "Messages waiting in all queues"),
+    ("pending_acks", "Deliveries waiting for an acknowledgement"),
+    ("in_flight", "Deliveries in consumers' flow-control windows"),
+    ("pending_requests", "Direct requests waiting for a response"),
+    ("routers", "Routers"),
+)
+_COUNTERS = (
+    ("received", "Messages pushed into queues"),
+    ("sent", "Messages sent out of queues"),
+    ("deliveries", "Deliveries to consumers"),
+    ("acks", "Acknowledgements from consumers"),
+    ("nacks", "Negative acknowledgements from consumers"),
+    ("timeouts", "Acknowledgements that timed out"),
+    ("removed", "Messages removed from queues (purged, expired)"),
+    ("dropped_deliveries", "Deliveries dropped (the consumer was gone)"),
+    ("errors", "Errors the engine answered"),
+)
+
+
+class BrokerCollector(Collector):
+    """The broker's figures (``Server.stats``), read at scrape time."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[Metric]:
+        s = broker_status(self.server)
+        p = "zerohub_broker_"
+        ok = "error" not in s
+        yield GaugeMetricFamily(p + "up", "1 if the statistics could be read", value=int(ok))
+        if not ok:
+            return
+        for key, about in _GAUGES:
+            yield GaugeMetricFamily(p + key, about, value=s[key])
+        for key, about in _COUNTERS:
+            yield CounterMetricFamily(p + key, about, value=s[key])
+        server = s["server"]
+        frames = CounterMetricFamily(p + "frames", "Frames", labels=["direction"])
+        frames.add_metric(["in"], server.get("frames_in", 0))
+        frames.add_metric(["out"], server.get("frames_out", 0))
+        yield frames
+        events = CounterMetricFamily(
+            p + "transport_events", "Transport events by kind (refused...)", labels=["event"]
+        )
+        for name, value in sorted(server.items()):
+            if name not in ("frames_in", "frames_out") and isinstance(value, int):
+                events.add_metric([name], value)
+        yield events
+        labels = ["channel", "queue"]
+        depth = GaugeMetricFamily(p + "queue_messages", "Messages in a queue", labels=labels)
+        unacked = GaugeMetricFamily(
+            p + "queue_unacked", "Deliveries of a queue not acknowledged yet", labels=labels
+        )
+        for q in s["queue_list"]:
+            names = [q["channel"], str(q["queue"])]
+            depth.add_metric(names, q["messages"])
+            unacked.add_metric(names, q["unacked"])
+        yield depth
+        yield unacked
+        consumers = GaugeMetricFamily(
+            p + "channel_consumers", "Consumers of a channel", labels=["channel"]
+        )
+        for c in s["channel_list"]:
+            consumers.add_metric([c["name"]], c["consumers"])
+        yield consumers
+
+
+def registry(files: LiveFileServer | None, broker: Server | None) -> CollectorRegistry:
+    """A registry of the hub's collectors only (no process or platform collectors)."""
+    out = CollectorRegistry(auto_describe=False)
+    if files is not None:
+        out.register(FilesCollector(files))
+    if broker is not None:
+        out.register(BrokerCollector(broker))
+    return out
+
+
+def metrics_server(address: tuple[str, int], metrics: CollectorRegistry) -> HttpServer:
+    """An :class:`HttpServer` answering ``/metrics`` (and ``/`` with a pointer to it)."""
+
+    def scrape() -> Response:
+        return Response(generate_latest(metrics), CONTENT_TYPE_LATEST)
+
+    def index() -> Response:
+        return Response(b"zerohub metrics: /metrics\n")
+
+    return HttpServer("metrics", address, {"/metrics": scrape, "/": index})

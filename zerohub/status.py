@@ -1,0 +1,139 @@
+"""What the hub is doing, read from its live counters: one source for metrics and console.
+
+:func:`files_status` reads a :class:`~filemq.live.LiveFileServer` (``FileServer.stats``)
+and :func:`broker_status` a broker :class:`~broker.server.server.Server`
+(``Server.stats``: the transport's counters and the engine's statistics, the figures
+``broker stats`` prints).  Both are called from HTTP threads while the services run;
+they only read, and a table changed during the read is read again (at most
+``_TRIES`` times; then the figures it could not read are left out and ``error`` says
+why).  Both return JSON-able dicts; lists are cut at a documented number of entries
+(``truncated`` says how many were left out) so that a hub with many subscribers or
+queues answers in bounded size.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from broker.server.server import Server
+from filemq.live import LiveFileServer
+
+__all__ = ["MAX_LISTED", "broker_status", "files_status"]
+
+#: Subscribers, and queues, listed at most (the most lagging / deepest first).
+MAX_LISTED = 1000
+_TRIES = 5
+
+
+def files_status(live: LiveFileServer) -> dict[str, Any]:
+    """The file server's figures (see the module docstring)."""
+    server = live.server
+    stats = server.stats()
+    now = time.monotonic()
+    subscribers = sorted(stats.subscribers, key=lambda s: (-s.queued, s.client))
+    mounts = [
+        {
+            "at": m.virtual,
+            "dir": str(m.directory),
+            "files": stats.index_files.get(m.virtual, 0),
+        }
+        for m in server.mounts
+    ]
+    return {
+        "endpoint": server.endpoint,
+        "mounts": mounts,
+        "files": sum(stats.index_files.values()),
+        "clients": stats.clients,
+        "sent_files": stats.sent_files,
+        "sent_bytes": stats.sent_bytes,
+        "resyncs": stats.resyncs,
+        "rescans": stats.rescans,
+        "watcher_overflows": live.overflows,
+        "watching": live.publisher is not None,
+        "subscribers": [
+            {
+                "client": s.client,
+                "paths": list(s.paths),
+                "queued": s.queued,
+                "sent_files": s.sent_files,
+                "sent_bytes": s.sent_bytes,
+                "connected_s": round(max(0.0, now - s.connected_at), 1),
+            }
+            for s in subscribers[:MAX_LISTED]
+        ],
+        "truncated": max(0, len(subscribers) - MAX_LISTED),
+    }
+
+
+_TOTALS = (
+    "clients",
+    "channels",
+    "queues",
+    "messages",
+    "pending_acks",
+    "in_flight",
+    "pending_requests",
+    "routers",
+    "received",
+    "sent",
+    "deliveries",
+    "acks",
+    "nacks",
+    "timeouts",
+    "removed",
+    "dropped_deliveries",
+    "errors",
+    "unmatched_acks",
+)
+
+
+def _broker_stats(server: Server) -> dict[str, Any]:
+    error = "no statistics"
+    for _ in range(_TRIES):
+        try:
+            stats = server.stats()
+        except RuntimeError as exc:  # a table of the transport changed while copied
+            error = str(exc)
+            continue
+        engine = stats.get("engine")
+        if isinstance(engine, dict) and "error" not in engine:
+            return stats
+        error = str(engine.get("error")) if isinstance(engine, dict) else error
+    return {"error": error}
+
+
+def broker_status(server: Server) -> dict[str, Any]:
+    """The broker's figures (see the module docstring)."""
+    stats = _broker_stats(server)
+    out: dict[str, Any] = {"endpoint": server.endpoint}
+    if "error" in stats:
+        out["error"] = stats["error"]
+        return out
+    engine: dict[str, Any] = stats["engine"]
+    out["node"] = engine.get("node")
+    out["peers"] = stats.get("peers", 0)
+    out["server"] = dict(stats.get("server") or {})
+    for key in _TOTALS:
+        out[key] = int(engine.get(key) or 0)
+    queues = []
+    channels = []
+    for channel in engine.get("channel_list") or ():
+        channels.append({"name": channel["name"], "consumers": channel["consumers"]})
+        for q in channel.get("queues") or ():
+            queues.append(
+                {
+                    "channel": channel["name"],
+                    "queue": q.get("Id"),
+                    "status": q.get("Status"),
+                    "messages": int(q.get("Messages") or 0) + int(q.get("PriorityMessages") or 0),
+                    "unacked": int(q.get("PendingAcknowledges") or 0),
+                    "consumers": channel["consumers"],
+                }
+            )
+    queues.sort(key=lambda q: (-q["messages"], q["channel"], str(q["queue"])))
+    channels.sort(key=lambda c: c["name"])
+    out["channel_list"] = channels[:MAX_LISTED]
+    out["queue_list"] = queues[:MAX_LISTED]
+    out["truncated"] = max(0, len(queues) - MAX_LISTED) + max(0, len(channels) - MAX_LISTED)
+    return out
