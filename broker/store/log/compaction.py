@@ -63,14 +63,17 @@ class SegmentTable:
         return self.exists_between(origin, own, excluding=own)
 
     def victim(self, head: int) -> int | None:
-        """The finished segment most worth compacting, or None."""
-        best: tuple[float, int] | None = None
-        for segment, info in self.segments.items():
+        """The oldest finished segment below ``compact_ratio`` (or damaged), or None.
+
+        Oldest first, not emptiest first: tombstones count as dead octets, and a segment
+        full of tombstones is needed while an older segment holds what they hide; taking
+        the emptiest first would copy those tombstones again and again and never reach the
+        older segment that keeps them needed.
+        """
+        for segment in self._ids:
             if segment == head:
                 continue
-            ratio = info.live / info.size if info.size else 0.0
-            if info.damaged:
-                ratio = -1.0
-            if ratio < self.compact_ratio and (best is None or (ratio, segment) < best):
-                best = (ratio, segment)
-        return None if best is None else best[1]
+            info = self.segments[segment]
+            if info.damaged or info.live < info.size * self.compact_ratio:
+                return segment
+        return None

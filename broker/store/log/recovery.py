@@ -68,12 +68,48 @@ def recover(directory: Path, compact_ratio: float, max_record_size: int) -> Reco
     return result
 
 
+SEED_NAME = "SEED"
+_SEED = struct.Struct("<8sQQ")  # magic, seed, checksum
+_SEED_MAGIC = b"ZHSEED1\n"
+
+
+def write_seed(directory: Path, seed: int) -> None:
+    """Keep the seed in its own file too, so a segment with a bad header is still read."""
+    body = _SEED_MAGIC + seed.to_bytes(8, "little")
+    data = body + records.checksum(body, 0).to_bytes(8, "little")
+    temporary = directory / (SEED_NAME + ".tmp")
+    with open(temporary, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, directory / SEED_NAME)
+    segments.fsync_dir(directory)
+
+
+def read_seed(directory: Path) -> int | None:
+    try:
+        data = (directory / SEED_NAME).read_bytes()
+    except FileNotFoundError:
+        return None
+    if len(data) != _SEED.size:
+        return None
+    magic, seed, summed = _SEED.unpack(data)
+    if magic != _SEED_MAGIC or records.checksum(data[:16], 0) != summed:
+        return None
+    return int(seed)
+
+
 def _find_seed(directory: Path, ids: list[int]) -> int:
+    seed = read_seed(directory)
+    if seed is not None:
+        return seed
     for segment in ids:
         with open(directory / segments.segment_name(segment), "rb") as f:
             header = segments.decode_header(f.read(segments.SEGMENT_HEADER_SIZE))
         if header is not None:
             return header[1]
+    if ids:
+        log.error("no valid seed file or segment header: the records cannot be checked")
     return int.from_bytes(os.urandom(8), "little")
 
 

@@ -43,7 +43,7 @@ from broker.store.log.errors import (
 from broker.store.log.index import Location
 from broker.store.log.options import Durability, LogOptions
 from broker.store.log.records import NO_META, Meta, QueueKey
-from broker.store.log.recovery import DamageReport, recover
+from broker.store.log.recovery import DamageReport, read_seed, recover, write_seed
 
 log = logging.getLogger("broker.store.log")
 
@@ -115,6 +115,8 @@ class LogStore:
             recovered = recover(
                 self.directory, self.options.compact_ratio, self.options.max_record_size
             )
+            if read_seed(self.directory) != recovered.seed:
+                write_seed(self.directory, recovered.seed)
         except BaseException:
             os.close(self._dir_lock)
             raise

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from broker.store.log import Durability, LogOptions, LogStore, QueueKey
-
-#: tiny segments so a few hundred records roll and compact
-SMALL = LogOptions(segment_size=4096, max_record_size=2048, compact_step=7)
-
 
 def small(durability: Durability = Durability.FSYNC, **kw: object) -> LogOptions:
     values = {
@@ -28,3 +26,13 @@ def contents(store: LogStore) -> dict[QueueKey, dict[int, bytes]]:
 
 def segment_files(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.glob("*.seg"))
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
