@@ -8,6 +8,7 @@ from pathlib import Path
 
 from broker.store.log import Durability, LogOptions, LogStore, QueueKey
 
+
 def small(durability: Durability = Durability.FSYNC, **kw: object) -> LogOptions:
     values = {
         "segment_size": 4096,

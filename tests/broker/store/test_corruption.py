@@ -61,14 +61,17 @@ def test_a_flipped_byte_loses_that_record_only(
 ) -> None:
     path, found = _fill(tmp_path)
     victim = found[6]  # seq 7
-    at = victim.offset + {
-        "magic": 1,
-        "checksum": 6,
-        "length": 13,
-        "kind": 16,
-        "body": 40,
-        "last octet": victim.size - 1,
-    }[where]
+    at = (
+        victim.offset
+        + {
+            "magic": 1,
+            "checksum": 6,
+            "length": 13,
+            "kind": 16,
+            "body": 40,
+            "last octet": victim.size - 1,
+        }[where]
+    )
     original = path.read_bytes()[at]
     _patch(path, at, bytes([original ^ 0x5A]))
     with caplog.at_level(logging.WARNING, logger="broker.store.log"), LogStore(tmp_path) as store:
