@@ -134,6 +134,9 @@ def test_deleted_definitions_stay_deleted(tmp_path: Path) -> None:
         store.put_value("gone", b"old")
         for i in range(1, 60):
             store.append(Q, _blob(i))  # v1 stays in the first segment, kept by this
+        for i in range(1000, 1060):  # a fresh head for the tombstones
+            store.append(R, _blob(i))
+            store.remove(R, i)
         store.delete_value("queue/a")
         store.delete_value("gone")
         for i in range(1, 80):
@@ -172,3 +175,22 @@ def test_purge_outlives_compaction(tmp_path: Path) -> None:
         assert contents(store)[Q] == {}
         assert len(contents(store)[R]) == 39
         assert store.bounds(Q) == QueueBounds(40, 39, 0)
+
+
+def test_a_removal_outlives_compaction_while_its_record_segment_stays(tmp_path: Path) -> None:
+    """The tombstone's segment is compacted while the well-filled segment holding the
+    removed record stays: the tombstone must be copied, or the record comes back."""
+    options = small()
+    with LogStore(tmp_path, options) as store:
+        for i in range(1, 31):
+            store.append(Q, _blob(i))
+        for i in range(1, 60):  # a fresh head for the tombstone
+            store.append(R, _blob(i))
+            store.remove(R, i)
+        store.remove(Q, 5)
+        for i in range(60, 300):
+            store.append(R, _blob(i))
+            store.remove(R, i)
+        assert wait_until(lambda: store.stats().compactions > 10)
+    with LogStore(tmp_path, options) as store:
+        assert sorted(contents(store)[Q]) == [i for i in range(1, 31) if i != 5]
