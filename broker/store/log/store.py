@@ -86,7 +86,10 @@ class StoreStats:
     recovered_records: int
     recovery_seconds: float
     damage: tuple[DamageReport, ...]
+    #: segments compacted (and deleted) since the store opened
     compactions: int
+    #: a compaction is running or a segment is due for one
+    compacting: bool
 
 
 @dataclass(slots=True)
@@ -408,6 +411,8 @@ class LogStore:
                 recovery_seconds=self._recovery.seconds,
                 damage=tuple(self._recovery.damage),
                 compactions=self._compactions,
+                compacting=self._compaction is not None
+                or self._state.table.victim(self._head) is not None,
             )
 
     # -- under the lock --------------------------------------------------------------------
