@@ -100,20 +100,72 @@ class QueueIndex:
 
     def put(self, seq: int, location: Location, meta: Meta) -> Location | None:
         """Record ``seq`` at ``location``; the location it replaces (a copy), if any."""
+        old = self.put_raw(
+            seq,
+            location.segment,
+            location.offset,
+            location.size,
+            location.origin,
+            meta.delivery_count,
+            meta.put_backs,
+            int(meta.priority),
+            meta.deadline,
+        )
+        return None if old is None else Location(*old)
+
+    def put_raw(
+        self,
+        seq: int,
+        segment: int,
+        offset: int,
+        size: int,
+        origin: int,
+        count: int,
+        put_backs: int,
+        flags: int,
+        deadline: float,
+    ) -> tuple[int, int, int, int] | None:
+        """``put`` without objects (the recovery scan's hot path); the old
+        (segment, offset, size, origin) if ``seq`` was live."""
+        if seq == self._base + len(self._segment):
+            if not self._live:
+                self._base = seq
+                self._head = 0
+                if self._segment:
+                    for column in self._columns():
+                        del column[:]
+            self._segment.append(segment)
+            self._offset.append(offset)
+            self._size.append(size)
+            self._origin.append(origin)
+            self._count.append(count)
+            self._put_backs.append(put_backs)
+            self._flags.append(flags)
+            self._deadline.append(deadline)
+            self._live += 1
+            if seq >= self.next_seq:
+                self.next_seq = seq + 1
+            return None
         if not self._live and seq >= self.next_seq:
             self._base = seq
             self._head = 0
             for column in self._columns():
                 del column[:]
         i = self._slot(seq)
-        old = self._location(i)
-        if old is None:
+        old = None
+        if self._segment[i]:
+            old = (self._segment[i], self._offset[i], self._size[i], self._origin[i])
+            origin = min(origin, old[3])
+        else:
             self._live += 1
-        self._segment[i] = location.segment
-        self._offset[i] = location.offset
-        self._size[i] = location.size
-        self._origin[i] = location.origin if old is None else min(old.origin, location.origin)
-        self._set_meta(i, meta)
+        self._segment[i] = segment
+        self._offset[i] = offset
+        self._size[i] = size
+        self._origin[i] = origin
+        self._count[i] = count
+        self._put_backs[i] = put_backs
+        self._flags[i] = flags
+        self._deadline[i] = deadline
         self.next_seq = max(self.next_seq, seq + 1)
         return old
 
