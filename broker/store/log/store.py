@@ -90,6 +90,8 @@ class StoreStats:
     compactions: int
     #: a compaction is running or a segment is due for one
     compacting: bool
+    #: fsyncs of segment files since the store opened
+    syncs: int
 
 
 @dataclass(slots=True)
@@ -145,6 +147,7 @@ class LogStore:
         self._look_for_victim = True
         self._compaction: _Compaction | None = None
         self._compactions = 0
+        self._syncs = 0
         self._closing = False
         self._failed: StoreIOError | None = None
         self._read_fds: dict[int, int] = {}
@@ -413,6 +416,7 @@ class LogStore:
                 compactions=self._compactions,
                 compacting=self._compaction is not None
                 or self._state.table.victim(self._head) is not None,
+                syncs=self._syncs,
             )
 
     # -- under the lock --------------------------------------------------------------------
@@ -526,6 +530,7 @@ class LogStore:
     def _open_head(self, segment: int) -> None:
         if self._fd >= 0:
             os.fsync(self._fd)  # a finished segment is always made durable
+            self._syncs += 1
             os.close(self._fd)
             with self._lock:
                 self._synced_ticket = self._written_ticket
@@ -551,6 +556,7 @@ class LogStore:
             )
         if unsynced and self._fd >= 0 and (forced or due):
             os.fsync(self._fd)
+            self._syncs += 1
             self._last_sync = time.monotonic()
             with self._lock:
                 self._synced_ticket = written
