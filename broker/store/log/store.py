@@ -23,6 +23,7 @@ import contextlib
 import logging
 import mmap
 import os
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -97,10 +98,21 @@ class StoreStats:
 @dataclass(slots=True)
 class _Compaction:
     victim: int
-    view: mmap.mmap
+    view: mmap.mmap | None  # None: an empty file
     scanner: Iterator[segments.Found | segments.Damage]
     queues_seen: set[QueueKey] = field(default_factory=set)
     retire_ticket: int = 0
+
+    def close(self) -> None:
+        if self.view is not None:
+            self.view.close()
+
+
+def _encode_key(queue: QueueKey) -> bytes:
+    try:
+        return records.encode_key(queue)
+    except (ValueError, struct.error, UnicodeEncodeError) as exc:
+        raise StoreUsageError(f"not a queue key: {queue!r} ({exc})") from None
 
 
 class LogStore:
@@ -161,7 +173,7 @@ class LogStore:
 
     def append(self, queue: QueueKey, blob: bytes, meta: Meta = NO_META) -> Appended:
         """Add a record to ``queue``; its sequence number and ticket."""
-        key = records.encode_key(queue)
+        key = _encode_key(queue)
         if records.put_overhead(key) + len(blob) > self.options.max_record_size:
             raise RecordTooLarge(
                 f"record of {len(blob)} octets exceeds {self.options.max_record_size}"
@@ -382,7 +394,7 @@ class LogStore:
         self._thread.join()
         with self._lock:
             if self._compaction is not None:
-                self._compaction.view.close()
+                self._compaction.close()
                 self._compaction = None
             for fd in self._read_fds.values():
                 os.close(fd)
@@ -470,9 +482,9 @@ class LogStore:
                 if stop:
                     break
             self._final_sync()
-        except OSError as exc:
-            error = StoreIOError(f"store writer failed: {exc}")
-            log.error("%s", error)
+        except Exception as exc:  # a failed disk (OSError) or a defect: stop, never hang
+            error = StoreIOError(f"store writer failed: {exc!r}")
+            log.error("%s", error, exc_info=not isinstance(exc, OSError))
             with self._lock:
                 self._failed = error
                 self._written_cond.notify_all()
@@ -584,7 +596,10 @@ class LogStore:
                     return
                 self._look_for_victim = False
                 victim = self._state.table.victim(self._head)
-                if victim is None or victim == self._fd_segment:
+                if victim is None:
+                    return
+                if victim == self._fd_segment:  # the writer has not opened the new head yet
+                    self._look_for_victim = True
                     return
                 if self._written.get(victim, 0) < self._state.table.segments[victim].size:
                     self._look_for_victim = True  # its last batch is being written
@@ -605,10 +620,11 @@ class LogStore:
     def _start_compaction(self, victim: int) -> _Compaction:
         path = self.directory / segments.segment_name(victim)
         with open(path, "rb") as f:
-            view = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            size = os.fstat(f.fileno()).st_size
+            view = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) if size else None
         log.info("compacting segment %s", segments.segment_name(victim))
         scanner = segments.scan(
-            view,  # type: ignore[arg-type]
+            b"" if view is None else view,  # type: ignore[arg-type]
             self._seed,
             self.options.max_record_size,
             segments.SEGMENT_HEADER_SIZE,
@@ -629,6 +645,7 @@ class LogStore:
         state = self._state
         table = state.table
         victim = compaction.victim
+        assert compaction.view is not None  # an empty file has no records to find
         raw = compaction.view[found.offset : found.offset + found.size]
         try:
             record = records.decode_body(found.kind, raw[records.HEADER_SIZE :])
@@ -698,7 +715,7 @@ class LogStore:
 
     def _finish_compaction(self, compaction: _Compaction) -> None:
         victim = compaction.victim
-        compaction.view.close()
+        compaction.close()
         with self._lock:
             fd = self._read_fds.pop(victim, None)
             if fd is not None:

@@ -166,3 +166,18 @@ def test_a_damaged_segment_is_compacted_away(tmp_path: Path) -> None:
     with LogStore(tmp_path, options) as store:
         assert store.stats().damage == ()
         assert contents(store)[Q] == survivors
+
+
+@pytest.mark.parametrize("length", [0, 10, seg.SEGMENT_HEADER_SIZE])
+def test_a_segment_cut_inside_its_header(tmp_path: Path, length: int) -> None:
+    """A crash while a new segment was being created leaves it empty or cut short."""
+    _fill(tmp_path)
+    stub = tmp_path / seg.segment_name(2)
+    stub.write_bytes(seg.encode_header(2, _seed(tmp_path))[:length])
+    with LogStore(tmp_path) as store:
+        assert contents(store)[Q] == {i: _blob(i) for i in range(1, N + 1)}
+        # it is compacted away (nothing to copy) and the store goes on
+        assert wait_until(lambda: not stub.exists())
+        assert store.wait(store.append(Q, b"more").ticket, 10)
+    with LogStore(tmp_path) as store:
+        assert store.bounds(Q).count == N + 1

@@ -17,12 +17,14 @@ from broker.store.log import (
     QueueBounds,
     RecordTooLarge,
     StoreClosed,
+    StoreIOError,
     StoreLocked,
     StoreUsageError,
     TooManyPending,
 )
+from broker.store.log import store as store_module
 
-from .kit import contents, segment_files, small
+from .kit import contents, segment_files, small, wait_until
 
 Q = ("orders", 1)
 R = ("orders", 2)
@@ -212,3 +214,48 @@ def test_records_survive_segment_rolls(tmp_path: Path) -> None:
         assert len(segment_files(tmp_path)) > 10
     with LogStore(tmp_path, small()) as store:
         assert contents(store)[Q] == blobs
+
+
+def test_a_failing_disk_stops_writes_and_wakes_waiters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_fsync = store_module.os.fsync
+
+    def fsync(fd: int) -> None:
+        if threading.current_thread().name == "store-writer" and failing.is_set():
+            raise OSError(5, "Input/output error")
+        real_fsync(fd)
+
+    failing = threading.Event()
+    monkeypatch.setattr(store_module.os, "fsync", fsync)
+    store = LogStore(tmp_path)
+    try:
+        assert store.wait(store.append(Q, b"before").ticket, WAIT)
+        failing.set()
+        ticket = store.append(Q, b"lost?").ticket
+        with pytest.raises(StoreIOError, match="Input/output error"):
+            store.wait(ticket, WAIT)
+        assert wait_until(lambda: store.completed < ticket and _refuses(store))
+        with pytest.raises(StoreIOError):
+            store.flush(WAIT)
+    finally:
+        store.close()
+    monkeypatch.undo()
+    with LogStore(tmp_path) as store:
+        assert store.read(Q, 1).blob == b"before"
+
+
+def _refuses(store: LogStore) -> bool:
+    try:
+        store.append(Q, b"x")
+    except StoreIOError:
+        return True
+    return False
+
+
+def test_bad_queue_keys_are_usage_errors(tmp_path: Path) -> None:
+    with LogStore(tmp_path) as store:
+        for queue in [("x" * 70000, 1), ("q", 2**32), ("q", -1), ("\udc80", 1)]:
+            with pytest.raises(StoreUsageError):
+                store.append(queue, b"x")
+        assert store.queues() == []
