@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.store.log import LogStore, QueueBounds
+from broker.store.log import Durability, LogOptions, LogStore, QueueBounds
 from broker.store.log import segments as seg
 
 from .kit import contents, segment_files, small, wait_until
@@ -95,7 +95,7 @@ def test_torn_tail_at_every_offset_of_the_last_record(tmp_path: Path) -> None:
         trial = tmp_path / f"cut{cut}"
         shutil.copytree(source, trial)
         os.truncate(trial / path.name, cut)
-        with LogStore(trial) as store:
+        with LogStore(trial, LogOptions(durability=Durability.OS)) as store:
             got = contents(store).get(Q, {})
             expected = dict(expected_full)
             if cut < last.offset + last.size:

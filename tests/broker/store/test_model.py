@@ -128,4 +128,4 @@ class StoreModel(RuleBasedStateMachine):
 
 
 TestStoreModel = StoreModel.TestCase
-TestStoreModel.settings = settings(max_examples=40, stateful_step_count=40, deadline=None)
+TestStoreModel.settings = settings(max_examples=25, stateful_step_count=35, deadline=None)
