@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import mmap
 import os
 import struct
@@ -48,6 +49,7 @@ from broker.store.log.recovery import DamageReport, read_seed, recover, write_se
 
 log = logging.getLogger("broker.store.log")
 
+_U32_MAX = 0xFFFF_FFFF
 _IDLE_WAIT = 0.5  # seconds the writer sleeps with nothing to do before looking again
 
 
@@ -115,6 +117,13 @@ def _encode_key(queue: QueueKey) -> bytes:
         raise StoreUsageError(f"not a queue key: {queue!r} ({exc})") from None
 
 
+def _check_meta(meta: Meta) -> None:
+    if not (0 <= meta.delivery_count <= _U32_MAX and 0 <= meta.put_backs <= _U32_MAX):
+        raise StoreUsageError("delivery_count and put_backs are within 0 and 2**32 - 1")
+    if not (math.isfinite(meta.deadline) and meta.deadline >= 0):
+        raise StoreUsageError("deadline is a finite wall-clock second >= 0 (0: none)")
+
+
 class LogStore:
     """A durable store in ``directory`` (created if missing, locked while open)."""
 
@@ -174,6 +183,7 @@ class LogStore:
     def append(self, queue: QueueKey, blob: bytes, meta: Meta = NO_META) -> Appended:
         """Add a record to ``queue``; its sequence number and ticket."""
         key = _encode_key(queue)
+        _check_meta(meta)
         if records.put_overhead(key) + len(blob) > self.options.max_record_size:
             raise RecordTooLarge(
                 f"record of {len(blob)} octets exceeds {self.options.max_record_size}"
@@ -201,6 +211,7 @@ class LogStore:
 
     def update(self, queue: QueueKey, seq: int, meta: Meta) -> int:
         """Replace a live record's metadata; NoSuchRecord if it is not live.  A ticket."""
+        _check_meta(meta)
         with self._lock:
             self._check_writable(limited=False)
             index = self._state.queues.get(queue)

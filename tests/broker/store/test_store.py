@@ -253,9 +253,17 @@ def _refuses(store: LogStore) -> bool:
     return False
 
 
-def test_bad_queue_keys_are_usage_errors(tmp_path: Path) -> None:
+def test_bad_queue_keys_and_metadata_are_usage_errors(tmp_path: Path) -> None:
     with LogStore(tmp_path) as store:
         for queue in [("x" * 70000, 1), ("q", 2**32), ("q", -1), ("\udc80", 1)]:
             with pytest.raises(StoreUsageError):
                 store.append(queue, b"x")
         assert store.queues() == []
+        store.append(Q, b"x")
+        for meta in [Meta(delivery_count=2**32), Meta(put_backs=-1), Meta(deadline=float("nan"))]:
+            with pytest.raises(StoreUsageError):
+                store.append(Q, b"y", meta)
+            with pytest.raises(StoreUsageError):
+                store.update(Q, 1, meta)
+        assert store.meta(Q, 1) == Meta()
+        assert store.bounds(Q) == QueueBounds(1, 1, 1)
