@@ -136,6 +136,11 @@ def _replay(directory: Path, segment: int, result: Recovery, max_size: int) -> N
     head = _HEAD.unpack_from
     seed = result.seed
     put = RecordKind.PUT
+    key_len = _KEY_LEN.unpack_from
+    put_fixed = _PUT_FIXED.unpack_from
+    put_fixed_size = _PUT_FIXED.size
+    queues = state.queues
+    table = state.table.segments
     # the checks of records.check, inlined: this loop runs once per record on disk
     while offset < end:
         if end - offset >= _BODY:
@@ -150,7 +155,25 @@ def _replay(directory: Path, segment: int, result: Recovery, max_size: int) -> N
             ):
                 try:
                     if kind == put:
-                        _replay_put(buf, offset, size, segment, state, keys)
+                        # _replay_put inlined: the same steps, no call
+                        at = offset + _BODY
+                        (n,) = key_len(buf, at)
+                        key = keys.get(buf[at : at + 6 + n])
+                        if key is None:
+                            key, _ = _key(buf, at, keys)
+                        at += 6 + n
+                        if at + put_fixed_size > offset + size:
+                            raise records.BadRecord("short PUT body")
+                        seq, origin, dc, pb, flags, deadline = put_fixed(buf, at)
+                        index = queues.get(key)
+                        if index is None:
+                            index = state.queue(key)
+                        old = index.put_raw(
+                            seq, segment, offset, size, origin, dc, pb, flags & 1, deadline
+                        )
+                        if old is not None and old[0] in table:
+                            table[old[0]].live -= old[2]
+                        info.live += size
                     else:
                         _replay_other(buf, offset, size, kind, segment, state)
                 except (records.BadRecord, struct.error, UnicodeDecodeError, ValueError) as exc:
@@ -187,28 +210,6 @@ def _key(buf: bytes, at: int, keys: dict[bytes, records.QueueKey]) -> tuple[reco
             raise records.BadRecord("short queue key")
         key = keys[raw] = (raw[2 : 2 + n].decode(), _U32.unpack_from(raw, 2 + n)[0])
     return key, at + 6 + n
-
-
-def _replay_put(
-    buf: bytes,
-    offset: int,
-    size: int,
-    segment: int,
-    state: StoreState,
-    keys: dict[bytes, records.QueueKey],
-) -> None:
-    at = offset + _BODY
-    (n,) = _KEY_LEN.unpack_from(buf, at)
-    raw = buf[at : at + 6 + n]
-    key = keys.get(raw)
-    if key is None:
-        key, _ = _key(buf, at, keys)
-    at += 6 + n
-    if at + _PUT_FIXED.size > offset + size:
-        raise records.BadRecord("short PUT body")
-    seq, origin, count, put_backs, flags, deadline = _PUT_FIXED.unpack_from(buf, at)
-    meta = (count, put_backs, flags & 1, deadline)
-    state.apply_put_raw(key, seq, segment, offset, size, origin, meta)
 
 
 def _replay_other(

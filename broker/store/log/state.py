@@ -42,26 +42,6 @@ class StoreState:
             self._unlive(old)
         self.table.live(location.segment, location.size)
 
-    def apply_put_raw(
-        self,
-        key: QueueKey,
-        seq: int,
-        segment: int,
-        offset: int,
-        size: int,
-        origin: int,
-        meta: tuple[int, int, int, float],
-    ) -> None:
-        """``apply_put`` without objects: the recovery scan's hot path."""
-        index = self.queues.get(key)
-        if index is None:
-            index = self.queues[key] = QueueIndex()
-        old = index.put_raw(seq, segment, offset, size, origin, *meta)
-        table = self.table.segments
-        if old is not None and old[0] in table:
-            table[old[0]].live -= old[2]
-        table[segment].live += size
-
     def apply_remove(self, key: QueueKey, seq: int) -> Location | None:
         index = self.queues.get(key)
         old = None if index is None else index.remove(seq)
