@@ -82,7 +82,8 @@ def write_seed(directory: Path, seed: int) -> None:
     body = _SEED_MAGIC + seed.to_bytes(8, "little")
     data = body + records.checksum(body, 0).to_bytes(8, "little")
     temporary = directory / (SEED_NAME + ".tmp")
-    with open(temporary, "wb") as f:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    with open(os.open(temporary, flags, 0o600), "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -108,7 +109,7 @@ def _find_seed(directory: Path, ids: list[int]) -> int:
     if seed is not None:
         return seed
     for segment in ids:
-        with open(directory / segments.segment_name(segment), "rb") as f:
+        with open(segments.open_segment(directory, segment), "rb") as f:
             header = segments.decode_header(f.read(segments.SEGMENT_HEADER_SIZE))
         if header is not None:
             return header[1]

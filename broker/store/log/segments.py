@@ -73,7 +73,8 @@ def fsync_dir(directory: Path) -> None:
 def create_segment(directory: Path, segment: int, seed: int) -> int:
     """Create and fsync a new segment (and its directory entry); its fd, for append."""
     path = directory / segment_name(segment)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o600)
     try:
         os.write(fd, encode_header(segment, seed))
         os.fsync(fd)
@@ -90,14 +91,21 @@ def delete_segment(directory: Path, segment: int) -> None:
     fsync_dir(directory)
 
 
+def open_segment(directory: Path, segment: int) -> int:
+    """A read-only fd of a segment file (never through a symbolic link)."""
+    path = directory / segment_name(segment)
+    return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
 def read_segment(directory: Path, segment: int) -> bytes:
-    with open(directory / segment_name(segment), "rb") as f:
+    with open(open_segment(directory, segment), "rb") as f:
         return f.read()
 
 
 def lock_directory(directory: Path) -> int:
     """Take the directory's flock; StoreLocked if another process holds it."""
-    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(directory / LOCK_NAME, flags, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -476,8 +476,7 @@ class LogStore:
     def _read_fd(self, segment: int) -> int:
         fd = self._read_fds.get(segment)
         if fd is None:
-            path = self.directory / segments.segment_name(segment)
-            fd = self._read_fds[segment] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = self._read_fds[segment] = segments.open_segment(self.directory, segment)
         return fd
 
     # -- the writer thread -----------------------------------------------------------------
@@ -629,8 +628,7 @@ class LogStore:
             self._copy_live(compaction)
 
     def _start_compaction(self, victim: int) -> _Compaction:
-        path = self.directory / segments.segment_name(victim)
-        with open(path, "rb") as f:
+        with open(segments.open_segment(self.directory, victim), "rb") as f:
             size = os.fstat(f.fileno()).st_size
             view = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) if size else None
         log.info("compacting segment %s", segments.segment_name(victim))

@@ -78,3 +78,20 @@ def test_a_record_hidden_in_a_blob_is_not_taken_after_damage() -> None:
     damaged[records.HEADER_SIZE] ^= 1  # its length field: the carrier no longer checks
     found = list(segments.scan(bytes(damaged), SEED, 1 << 20, 0))
     assert [type(f).__name__ for f in found] == ["Damage"]
+
+
+def test_links_in_the_directory_are_never_followed(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"secret")
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / segments.segment_name(1)).symlink_to(outside)
+    (store / segments.LOCK_NAME).symlink_to(outside)
+    assert segments.list_segments(store) == []
+    with pytest.raises(OSError):
+        segments.open_segment(store, 1)
+    with pytest.raises(OSError):
+        segments.lock_directory(store)
+    with pytest.raises(FileExistsError):
+        segments.create_segment(store, 1, SEED)
+    assert outside.read_bytes() == b"secret"
