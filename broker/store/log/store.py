@@ -50,6 +50,7 @@ from broker.store.log.recovery import DamageReport, read_seed, recover, write_se
 log = logging.getLogger("broker.store.log")
 
 _U32_MAX = 0xFFFF_FFFF
+_CHUNK = 1024  # records listed per turn of the lock
 _IDLE_WAIT = 0.5  # seconds the writer sleeps with nothing to do before looking again
 
 
@@ -281,6 +282,13 @@ class LogStore:
     def sequences(self, queue: QueueKey, start: int = 0) -> Iterator[int]:
         """Live sequence numbers of ``queue`` from ``start``, in order, taken a chunk at
         a time (records removed meanwhile may still be named: ``read`` then raises)."""
+        for seq, _ in self.entries(queue, start):
+            yield seq
+
+    def entries(self, queue: QueueKey, start: int = 0) -> Iterator[tuple[int, Meta]]:
+        """(sequence number, metadata) of the live records of ``queue`` from ``start``, in
+        order, without reading payloads (what a restart needs to rebuild a queue: order,
+        priority, TTL, delivery count); taken 1,024 at a time under the lock."""
         cursor = start
         while True:
             with self._lock:
@@ -289,13 +297,15 @@ class LogStore:
                     return
                 chunk = []
                 for seq in index.sequences(cursor):
-                    chunk.append(seq)
-                    if len(chunk) == 1024:
+                    meta = index.meta(seq)
+                    assert meta is not None
+                    chunk.append((seq, meta))
+                    if len(chunk) == _CHUNK:
                         break
             if not chunk:
                 return
             yield from chunk
-            cursor = chunk[-1] + 1
+            cursor = chunk[-1][0] + 1
 
     def records(self, queue: QueueKey, start: int = 0) -> Iterator[StoredRecord]:
         """Live records of ``queue`` from ``start`` in sequence order (a non-destructive

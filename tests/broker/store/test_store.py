@@ -91,9 +91,14 @@ def test_browse_from_a_sequence_number(tmp_path: Path) -> None:
         for i in range(1, 11):
             store.append(Q, b"%d" % i)
         store.remove(Q, 4)
+        for i in range(11, 3001):  # more than one chunk of the listing
+            store.append(R, b"%d" % i)
+        assert list(store.sequences(R)) == list(range(1, 2991))
         assert [r.seq for r in store.records(Q, 3)] == [3, 5, 6, 7, 8, 9, 10]
         assert list(store.sequences(Q, 10)) == [10]
         assert list(store.sequences(Q, 11)) == []
+        store.update(Q, 6, Meta(delivery_count=2, priority=True))
+        assert list(store.entries(Q, 5))[:2] == [(5, Meta()), (6, Meta(2, 0, True))]
         assert [r.blob for r in store.records(Q)][:3] == [b"1", b"2", b"3"]
         # browsing is non-destructive
         assert store.bounds(Q) == QueueBounds(1, 10, 9)
