@@ -194,3 +194,40 @@ def test_a_removal_outlives_compaction_while_its_record_segment_stays(tmp_path: 
         assert wait_until(lambda: store.stats().compactions > 10)
     with LogStore(tmp_path, options) as store:
         assert sorted(contents(store)[Q]) == [i for i in range(1, 31) if i != 5]
+
+
+def test_browsing_while_compaction_moves_records(tmp_path: Path) -> None:
+    """Readers browse while the writer copies records and deletes segments under them:
+    every read gives the record's own blob, none fails."""
+    options = small()
+    with LogStore(tmp_path, options) as store:
+        for i in range(1, 801):
+            store.append(Q, _blob(i))
+        store.flush()
+        done = threading.Event()
+        problems: list[str] = []
+        browsed = [0, 0]
+
+        def browse(k: int) -> None:
+            while not done.is_set():
+                for record in store.records(Q):
+                    browsed[k] += 1
+                    if record.blob != _blob(record.seq):
+                        problems.append(f"seq {record.seq}: {record.blob[:12]!r}")
+
+        readers = [threading.Thread(target=browse, args=(k,)) for k in range(2)]
+        for reader in readers:
+            reader.start()
+        try:
+            for i in range(1, 801):
+                if i % 7:
+                    store.remove(Q, i)
+            assert wait_until(lambda: store.stats().compactions > 10)
+            assert wait_until(lambda: not store.stats().compacting)
+        finally:
+            done.set()
+            for reader in readers:
+                reader.join()
+        assert problems == []
+        assert all(browsed)
+        assert sorted(contents(store)[Q]) == [i for i in range(1, 801) if i % 7 == 0]

@@ -129,7 +129,7 @@ def _crash_rounds(tmp_path: Path, seed: int, rounds: int) -> Seen:
     return seen
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [0, 1, 2])  # fsync, batch, os
 def test_kill_9_loses_nothing_completed(tmp_path: Path, seed: int) -> None:
     seen = _crash_rounds(tmp_path, seed, rounds=2)
     assert seen.acked and seen.removed
