@@ -5,8 +5,9 @@ Tickets complete in order, so one number says it all: ``done`` is the highest ti
 complete.  Three ways to learn of it:
 
 - ``wait(ticket, timeout)``: blocks a thread (producers on threads, tests);
-- a callback given to the store, called on the writer thread with the new ``done`` (it
-  must be quick and must not call back into the store's write methods);
+- a callback given to the store, called on the writer thread with the new ``done``
+  before waiters and the descriptor learn of it (it must be quick and must not call the
+  store's write methods or ``close``);
 - ``fileno()`` for a single-threaded event loop (the ZeroMQ server): register it with a
   ``zmq.Poller`` (POLLIN); when it is readable call ``drain()``, which empties the
   descriptor and returns ``done``; then release every reply held for a ticket up to it.
@@ -43,10 +44,16 @@ class Completions:
         return self._read_fd
 
     def complete(self, ticket: int) -> None:
-        """Everything up to ``ticket`` is complete (called by the writer)."""
+        """Everything up to ``ticket`` is complete (called by the writer thread only).
+
+        The callback runs first, then waiters wake and the descriptor is signalled: who
+        learns of a completion by ``wait`` or ``fileno`` finds the callback already run.
+        """
+        if ticket <= self._done:
+            return
+        if self._callback is not None:
+            self._callback(ticket)
         with self._cond:
-            if ticket <= self._done:
-                return
             self._done = ticket
             self._cond.notify_all()
             signal = not self._signalled
@@ -54,8 +61,6 @@ class Completions:
         if signal:
             with contextlib.suppress(BlockingIOError):
                 os.write(self._write_fd, b"\x01")
-        if self._callback is not None:
-            self._callback(ticket)
 
     def fail(self, error: BaseException) -> None:
         """The writer stopped: waiters wake up and see the error."""

@@ -56,7 +56,9 @@ def recover(directory: Path, compact_ratio: float, max_record_size: int) -> Reco
     started = time.perf_counter()
     ids = segments.list_segments(directory)
     seed = _find_seed(directory, ids)
-    result = Recovery(StoreState(SegmentTable(compact_ratio)), seed, ids[-1] if ids else 0)
+    result = Recovery(
+        StoreState(SegmentTable(compact_ratio)), seed, segments.highest_id(directory)
+    )
     for segment in ids:
         _replay(directory, segment, result, max_record_size)
     for segment in sorted(result.state.retired & set(ids)):

@@ -62,6 +62,12 @@ def list_segments(directory: Path) -> list[int]:
     return sorted(found)
 
 
+def highest_id(directory: Path) -> int:
+    """The highest id any entry is named with (files or not): new segments go above it."""
+    ids = [int(m.group(1)) for e in os.scandir(directory) if (m := _NAME.match(e.name))]
+    return max(ids, default=0)
+
+
 def fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:

@@ -136,14 +136,20 @@ class LogStore:
     ) -> None:
         self.options = options or LogOptions()
         self.directory = Path(directory)
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._dir_lock = segments.lock_directory(self.directory)
+        try:
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._dir_lock = segments.lock_directory(self.directory)
+        except OSError as exc:
+            raise StoreIOError(f"cannot open the store in {self.directory}: {exc}") from None
         try:
             recovered = recover(
                 self.directory, self.options.compact_ratio, self.options.max_record_size
             )
             if read_seed(self.directory) != recovered.seed:
                 write_seed(self.directory, recovered.seed)
+        except OSError as exc:
+            os.close(self._dir_lock)
+            raise StoreIOError(f"cannot recover the store in {self.directory}: {exc}") from None
         except BaseException:
             os.close(self._dir_lock)
             raise

@@ -258,6 +258,25 @@ def _refuses(store: LogStore) -> bool:
     return False
 
 
+def test_a_directory_that_cannot_be_a_store(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(StoreIOError, match="cannot open the store"):
+        LogStore(tmp_path / "file")
+    with pytest.raises(StoreIOError, match="cannot open the store"):
+        LogStore(tmp_path / "file" / "below")
+    unreadable = tmp_path / "store"
+    with LogStore(unreadable) as store:
+        store.wait(store.append(Q, b"x").ticket, WAIT)
+    segment = next(unreadable.glob("*.seg"))
+    segment.unlink()
+    segment.mkdir()  # a folder where a segment file was: not a segment, not written to
+    with LogStore(unreadable) as store:
+        assert store.bounds(Q) == QueueBounds(1, 0, 0)
+        assert store.wait(store.append(Q, b"y").ticket, WAIT)
+    with LogStore(unreadable) as store:
+        assert store.read(Q, 1).blob == b"y"
+
+
 def test_bad_queue_keys_and_metadata_are_usage_errors(tmp_path: Path) -> None:
     with LogStore(tmp_path) as store:
         for queue in [("x" * 70000, 1), ("q", 2**32), ("q", -1), ("\udc80", 1)]:
@@ -272,3 +291,13 @@ def test_bad_queue_keys_and_metadata_are_usage_errors(tmp_path: Path) -> None:
                 store.update(Q, 1, meta)
         assert store.meta(Q, 1) == Meta()
         assert store.bounds(Q) == QueueBounds(1, 1, 1)
+
+
+def test_the_callback_runs_before_waiters_wake(tmp_path: Path) -> None:
+    seen: list[int] = []
+    with LogStore(tmp_path, on_complete=seen.append) as store:
+        for _ in range(200):
+            ticket = store.append(Q, b"x").ticket
+            assert store.wait(ticket, WAIT)
+            assert seen and seen[-1] >= ticket
+        assert seen == sorted(seen)
