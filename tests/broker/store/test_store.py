@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import select
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -295,8 +296,13 @@ def test_bad_queue_keys_and_metadata_are_usage_errors(tmp_path: Path) -> None:
 
 def test_the_callback_runs_before_waiters_wake(tmp_path: Path) -> None:
     seen: list[int] = []
-    with LogStore(tmp_path, on_complete=seen.append) as store:
-        for _ in range(200):
+
+    def slow_callback(ticket: int) -> None:
+        time.sleep(0.002)  # a callback that takes its time: waiters must still see it run
+        seen.append(ticket)
+
+    with LogStore(tmp_path, on_complete=slow_callback) as store:
+        for _ in range(20):
             ticket = store.append(Q, b"x").ticket
             assert store.wait(ticket, WAIT)
             assert seen and seen[-1] >= ticket
