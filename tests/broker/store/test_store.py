@@ -234,7 +234,7 @@ def test_pending_appends_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyP
         assert store.wait(store.append(Q, b"6").ticket, WAIT)
     monkeypatch.undo()
     with LogStore(tmp_path) as store:
-        assert [r.blob for r in store.records(Q)] == [b"0", b"2", b"3", b"4", b"5", b"6"]
+        assert [r.blob for r in store.records(Q)] == [b"1", b"2", b"3", b"4", b"5", b"6"]
         assert store.meta(Q, 2) == Meta(delivery_count=1)
 
 
