@@ -37,13 +37,14 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from broker.store.log import Durability, LogOptions, LogStore
 
 Q = ("orders", 1)
 WINDOW = 1000  # appends in flight in the pipelined rows
+SLICES = 4  # turns each subject gets in a comparison
 
 
 @dataclass
@@ -109,8 +110,10 @@ Append = Callable[[bytes], int]
 Wait = Callable[[int], None]
 
 
-def run_sync(append: Append, wait: Wait, threads: int, size: int, seconds: float) -> tuple:
-    """Each thread: append, wait for completion, again.  (msgs/s, p99 latencies)."""
+def run_sync(
+    append: Append, wait: Wait, threads: int, size: int, seconds: float
+) -> tuple[int, float, list[float]]:
+    """Each thread: append, wait for completion, again.  (count, seconds, latencies)."""
     blob = b"m" * size
     latencies: list[list[float]] = [[] for _ in range(threads)]
     end = time.perf_counter() + seconds
@@ -130,7 +133,7 @@ def run_sync(append: Append, wait: Wait, threads: int, size: int, seconds: float
         w.join()
     elapsed = time.perf_counter() - started
     every = [x for chunk in latencies for x in chunk]
-    return len(every) / elapsed, _p99(every)
+    return len(every), elapsed, every
 
 
 class Tracker:
@@ -153,63 +156,116 @@ class Tracker:
             self.cond.notify_all()
 
 
-def run_pipelined(append: Append, tracker: Tracker, size: int, seconds: float) -> tuple:
+def run_pipelined(
+    append: Append, tracker: Tracker, size: int, seconds: float
+) -> tuple[int, float, list[float]]:
+    """One thread, up to WINDOW appends in flight.  (count, seconds, latencies)."""
     blob = b"m" * size
     count = 0
     started = time.perf_counter()
     end = started + seconds
-    last = 0
+    last = tracker.done
     while time.perf_counter() < end:
         with tracker.cond:
             while last - tracker.done >= WINDOW:
                 tracker.cond.wait()
-        now = time.perf_counter()
-        last = append(blob)
-        tracker.sent[last] = now  # after append returned: the ticket is known then
+            tracker.sent[last + 1] = time.perf_counter()  # one appender: tickets go +1
+        ticket = append(blob)
+        assert ticket == last + 1, (ticket, last)
+        last = ticket
         count += 1
     with tracker.cond:
         while tracker.done < last:
             tracker.cond.wait()
-    elapsed = time.perf_counter() - started
-    return count / elapsed, _p99(tracker.latencies)
+        latencies, tracker.latencies = tracker.latencies, []
+    return count, time.perf_counter() - started, latencies
 
 
-def log_rows(directory: Path, seconds: float) -> list[Row]:
+@dataclass
+class Subject:
+    """A store under test, kept open while the workload alternates between subjects."""
+
+    engine: str
+    mode: str
+    append: Append
+    wait: Wait
+    tracker: Tracker
+    close: Callable[[], float | None]  # closes; records per fsync (or per commit)
+    count: int = 0
+    elapsed: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+
+    def run(self, size: int, appenders: str, seconds: float) -> None:
+        if appenders == "pipelined":
+            count, elapsed, latencies = run_pipelined(self.append, self.tracker, size, seconds)
+        else:
+            count, elapsed, latencies = run_sync(
+                self.append, self.wait, int(appenders), size, seconds
+            )
+        self.count += count
+        self.elapsed += elapsed
+        self.latencies += latencies
+
+
+def _ignore(_value: object) -> None:
+    return None
+
+
+def open_log(path: Path, mode: Durability) -> Subject:
+    tracker = Tracker()
+    store = LogStore(path, LogOptions(durability=mode), tracker.on_complete)
+
+    def close() -> float | None:
+        syncs = store.stats().syncs
+        count = store.bounds(Q).count
+        store.close()
+        return _per(count, syncs)
+
+    return Subject(
+        "log",
+        str(mode),
+        lambda blob: store.append(Q, blob).ticket,
+        lambda ticket: _ignore(store.wait(ticket)),
+        tracker,
+        close,
+    )
+
+
+def open_sqlite_group(path: Path) -> Subject:
+    tracker = Tracker()
+    group = SqliteGroup(path, tracker.on_complete)
+
+    def close() -> float | None:
+        group.close()
+        return group.ticket / group.commits if group.commits else None
+
+    return Subject("sqlite", "group commit", group.append, group.wait, tracker, close)
+
+
+def open_sqlite_each(path: Path) -> Subject:
+    each = SqliteEach(path)
+
+    def close() -> float | None:
+        each.close()
+        return 1.0
+
+    return Subject("sqlite", "commit each", each.append, lambda _t: None, Tracker(), close)
+
+
+def compare(subjects: list[Subject], size: int, appenders: str, seconds: float) -> list[Row]:
+    """Run the subjects in turn, SLICES times each, so that a disk whose speed changes
+    from one second to the next treats them alike; one row per subject."""
+    for _ in range(SLICES):
+        for subject in subjects:
+            subject.run(size, appenders, seconds / SLICES)
+    label = appenders if appenders == "pipelined" else f"{appenders} sync"
     rows = []
-    for mode in Durability:
-        for size in (100, 4096):
-            for threads in (1, 8):
-                path = directory / f"log-{mode}-{size}-{threads}"
-                options = LogOptions(durability=mode)
-                with LogStore(path, options) as store:
-
-                    def append(blob: bytes, store: LogStore = store) -> int:
-                        return store.append(Q, blob).ticket
-
-                    def wait(ticket: int, store: LogStore = store) -> None:
-                        store.wait(ticket)
-
-                    rate, p99 = run_sync(append, wait, threads, size, seconds)
-                    syncs = store.stats().syncs
-                    count = store.bounds(Q).count
-                rows.append(
-                    Row("log", str(mode), size, f"{threads} sync", rate, p99, _per(count, syncs))
-                )
-                shutil.rmtree(path)
-            if mode is not Durability.FSYNC:
-                continue
-            tracker = Tracker()
-            path = directory / f"log-pipe-{size}"
-            with LogStore(path, LogOptions(durability=mode), tracker.on_complete) as store:
-
-                def append_p(blob: bytes, store: LogStore = store) -> int:
-                    return store.append(Q, blob).ticket
-
-                rate, p99 = run_pipelined(append_p, tracker, size, seconds)
-                syncs = store.stats().syncs
-                count = store.bounds(Q).count
-            rows.append(Row("log", str(mode), size, "pipelined", rate, p99, _per(count, syncs)))
-            shutil.rmtree(path)
+    for subject in subjects:
+        per = subject.close()
+        rate = subject.count / subject.elapsed if subject.elapsed else 0.0
+        rows.append(
+            Row(subject.engine, subject.mode, size, label, rate, _p99(subject.latencies), per)
+        )
     return rows
 
 
@@ -316,27 +372,41 @@ class SqliteEach:
             db.close()
 
 
-def sqlite_rows(directory: Path, seconds: float) -> list[Row]:
-    rows = []
+def durable_table(root: Path, seconds: float) -> None:
+    """fsync mode beside sqlite3, workload by workload, each group after a fresh probe of
+    the disk's fsync rate (on a shared machine it changes from minute to minute)."""
+    print(f"{'engine':7} {'mode':13} {'size':>5} {'appenders':>10} {'msgs/s':>10} "
+          f"{'p99 ms':>8} {'per fsync':>9}")  # fmt: skip
     for size in (100, 4096):
-        for threads in (1, 8):
-            each = SqliteEach(directory / f"each-{size}-{threads}.db")
-            rate, p99 = run_sync(each.append, lambda _t: None, threads, size, seconds)
-            each.close()
-            rows.append(Row("sqlite", "commit each", size, f"{threads} sync", rate, p99, 1.0))
-            path = directory / f"group-{size}-{threads}.db"
-            group = SqliteGroup(path)
-            rate, p99 = run_sync(group.append, group.wait, threads, size, seconds)
-            group.close()
-            per = group.ticket / group.commits if group.commits else None
-            rows.append(Row("sqlite", "group commit", size, f"{threads} sync", rate, p99, per))
-        tracker = Tracker()
-        group = SqliteGroup(directory / f"group-pipe-{size}.db", tracker.on_complete)
-        rate, p99 = run_pipelined(group.append, tracker, size, seconds)
-        group.close()
-        per = group.ticket / group.commits if group.commits else None
-        rows.append(Row("sqlite", "group commit", size, "pipelined", rate, p99, per))
-    return rows
+        for appenders in ("1", "8", "pipelined"):
+            probe = disk_fsync_rate(root, min(seconds, 0.5))
+            print(f"-- disk before this group: {probe:,.0f} fsyncs/s")
+            where = root / f"{size}-{appenders}"
+            where.mkdir()
+            subjects = [
+                open_log(where / "log", Durability.FSYNC),
+                open_sqlite_group(where / "group.db"),
+            ]
+            if appenders != "pipelined":
+                subjects.append(open_sqlite_each(where / "each.db"))
+            for row in compare(subjects, size, appenders, seconds):
+                _print(row)
+            shutil.rmtree(where)
+    print()
+    print("log store without waiting for fsync (batch: fsync every 10 ms; os: never)")
+    for mode in (Durability.BATCH, Durability.OS):
+        for size in (100, 4096):
+            for appenders in ("1", "8"):
+                where = root / f"{mode}-{size}-{appenders}"
+                (row,) = compare([open_log(where, mode)], size, appenders, seconds)
+                _print(row)
+                shutil.rmtree(where)
+
+
+def _print(row: Row) -> None:
+    per = "" if row.per_sync is None else f"{row.per_sync:,.1f}"
+    print(f"{row.engine:7} {row.mode:13} {row.size:>5} {row.appenders:>10} "
+          f"{row.rate:>10,.0f} {row.p99_ms:>8.2f} {per:>9}")  # fmt: skip
 
 
 # -- recovery and memory ----------------------------------------------------------------
@@ -442,12 +512,7 @@ def main() -> None:
         print(f"disk: {fsyncs:,.0f} fsyncs/s (100 B + fsync); "
               f"{mbps:,.0f} MB/s sequential with fsync")  # fmt: skip
         print()
-        print(f"{'engine':7} {'mode':13} {'size':>5} {'appenders':>10} {'msgs/s':>10} "
-              f"{'p99 ms':>8} {'per fsync':>9}")  # fmt: skip
-        for row in log_rows(root, seconds) + sqlite_rows(root, seconds):
-            per = "" if row.per_sync is None else f"{row.per_sync:,.1f}"
-            print(f"{row.engine:7} {row.mode:13} {row.size:>5} {row.appenders:>10} "
-                  f"{row.rate:>10,.0f} {row.p99_ms:>8.2f} {per:>9}")  # fmt: skip
+        durable_table(root, seconds)
         print(f"load average now {os.getloadavg()[0]:.1f}")
         print()
         for line in recovery_rows(root, records):
