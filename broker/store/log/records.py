@@ -77,6 +77,9 @@ class Meta:
 
 
 NO_META = Meta()
+_NO_META_BYTES = _META.pack(0, 0, 0, 0.0)
+_PUT_PREFIX = struct.Struct("<IB")  # length, kind: the start of what the checksum covers
+_PUT_FIXED = 12 + META_SIZE  # seq, origin, meta
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,8 +193,12 @@ def encode(record: Record, seed: int) -> bytes:
 
 
 def encode_put(key: bytes, seq: int, origin: int, meta: Meta, blob: bytes, seed: int) -> bytes:
-    body = b"".join((key, _U64_U32.pack(seq, origin), encode_meta(meta), blob))
-    return frame(RecordKind.PUT, body, seed)
+    packed = _NO_META_BYTES if meta is NO_META else encode_meta(meta)
+    summed = b"".join(
+        (_PUT_PREFIX.pack(len(blob) + len(key) + _PUT_FIXED, RecordKind.PUT), key,
+         _U64_U32.pack(seq, origin), packed, blob)
+    )  # fmt: skip
+    return MAGIC + _U64.pack(checksum(summed, seed)) + summed
 
 
 def put_overhead(key: bytes) -> int:

@@ -166,6 +166,7 @@ class LogStore:
         self._head_size = segments.SEGMENT_HEADER_SIZE
         self._state.table.add(self._head, self._head_size)
         self._pending: list[tuple[int, bytes, int]] = []  # (segment, record, ticket)
+        self._keys: dict[QueueKey, bytes] = {}  # encoded keys of the queues appended to
         self._ticket = 0
         self._written_ticket = 0
         self._synced_ticket = 0
@@ -189,20 +190,38 @@ class LogStore:
 
     def append(self, queue: QueueKey, blob: bytes, meta: Meta = NO_META) -> Appended:
         """Add a record to ``queue``; its sequence number and ticket."""
-        key = _encode_key(queue)
-        _check_meta(meta)
-        if records.put_overhead(key) + len(blob) > self.options.max_record_size:
+        key = self._keys.get(queue)
+        if key is None:
+            key = _encode_key(queue)
+        if meta is not NO_META:
+            _check_meta(meta)
+        size = records.put_overhead(key) + len(blob)
+        if size > self.options.max_record_size:
             raise RecordTooLarge(
                 f"record of {len(blob)} octets exceeds {self.options.max_record_size}"
             )
         with self._lock:
             self._check_writable(limited=True)
-            index = self._state.queue(queue)
+            index = self._state.queues.get(queue)
+            if index is None:
+                index = self._state.queue(queue)
+                self._keys[queue] = key
             seq = index.next_seq
-            origin = self._head_for(records.put_overhead(key) + len(blob))
+            origin = self._head_for(size)
             record = records.encode_put(key, seq, origin, meta, blob, self._seed)
             segment, offset = self._reserve(record)
-            self._state.apply_put(queue, seq, Location(segment, offset, len(record), origin), meta)
+            index.put_raw(
+                seq,
+                segment,
+                offset,
+                size,
+                origin,
+                meta.delivery_count,
+                meta.put_backs,
+                int(meta.priority),
+                meta.deadline,
+            )
+            self._state.table.segments[segment].live += size
             return Appended(seq, self._ticket)
 
     def remove(self, queue: QueueKey, seq: int) -> int:
