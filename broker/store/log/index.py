@@ -1,0 +1,264 @@
+"""The in-memory index of one queue: where each live record is, and its metadata.
+
+Sequence numbers of a queue are gap-free, so the index is a set of parallel ``array``
+columns addressed by ``seq - base`` (no object per message): segment id (0 = no live
+record), offset, size, origin segment, delivery count, put-backs, flags, deadline —
+33 octets a slot.  Slots of removed records stay until every slot before them is gone
+too, then the dead prefix is cut off; so a queue costs 33 octets for every sequence
+number from its oldest live record to its newest, live or not.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from broker.store.log.records import Meta
+
+_TRIM_AT = 4096  # dead slots at the front before the columns are cut
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    segment: int
+    offset: int
+    size: int
+    origin: int
+
+
+class QueueIndex:
+    """Live records of one queue, by sequence number (the first one is 1)."""
+
+    __slots__ = (
+        "_base",
+        "_count",
+        "_deadline",
+        "_flags",
+        "_head",
+        "_live",
+        "_offset",
+        "_origin",
+        "_put_backs",
+        "_segment",
+        "_size",
+        "next_seq",
+    )
+
+    def __init__(self) -> None:
+        self.next_seq = 1
+        self._base = 1  # sequence number of slot 0
+        self._head = 0  # slots before it are all dead
+        self._live = 0
+        self._segment = array("I")
+        self._offset = array("I")
+        self._size = array("I")
+        self._origin = array("I")
+        self._count = array("I")
+        self._put_backs = array("I")
+        self._flags = array("B")
+        self._deadline = array("d")
+
+    def __len__(self) -> int:
+        return self._live
+
+    @property
+    def first_seq(self) -> int:
+        """The oldest live sequence number; ``next_seq`` when the queue is empty."""
+        for i in range(self._head, len(self._segment)):
+            if self._segment[i]:
+                self._head = i
+                return self._base + i
+        return self.next_seq
+
+    def _columns(self) -> tuple[array, ...]:
+        return (
+            self._segment,
+            self._offset,
+            self._size,
+            self._origin,
+            self._count,
+            self._put_backs,
+            self._flags,
+            self._deadline,
+        )
+
+    def _slot(self, seq: int) -> int:
+        """The slot of ``seq``, growing the columns at either end to cover it."""
+        if seq < self._base:
+            grow = self._base - seq
+            for column in self._columns():
+                column[0:0] = array(column.typecode, bytes(grow * column.itemsize))
+            self._base = seq
+            self._head = 0
+        i = seq - self._base
+        if i >= len(self._segment):
+            grow = i + 1 - len(self._segment)
+            for column in self._columns():
+                column.extend(array(column.typecode, bytes(grow * column.itemsize)))
+        return i
+
+    def put(self, seq: int, location: Location, meta: Meta) -> Location | None:
+        """Record ``seq`` at ``location``; the location it replaces (a copy), if any."""
+        old = self.put_raw(
+            seq,
+            location.segment,
+            location.offset,
+            location.size,
+            location.origin,
+            meta.delivery_count,
+            meta.put_backs,
+            int(meta.priority),
+            meta.deadline,
+        )
+        return None if old is None else Location(*old)
+
+    def put_raw(
+        self,
+        seq: int,
+        segment: int,
+        offset: int,
+        size: int,
+        origin: int,
+        count: int,
+        put_backs: int,
+        flags: int,
+        deadline: float,
+    ) -> tuple[int, int, int, int] | None:
+        """``put`` without objects (the recovery scan's hot path); the old
+        (segment, offset, size, origin) if ``seq`` was live."""
+        if seq == self._base + len(self._segment):
+            if not self._live:
+                self._base = seq
+                self._head = 0
+                if self._segment:
+                    for column in self._columns():
+                        del column[:]
+            self._segment.append(segment)
+            self._offset.append(offset)
+            self._size.append(size)
+            self._origin.append(origin)
+            self._count.append(count)
+            self._put_backs.append(put_backs)
+            self._flags.append(flags)
+            self._deadline.append(deadline)
+            self._live += 1
+            if seq >= self.next_seq:
+                self.next_seq = seq + 1
+            return None
+        if not self._live and seq >= self.next_seq:
+            self._base = seq
+            self._head = 0
+            for column in self._columns():
+                del column[:]
+        i = self._slot(seq)
+        old = None
+        if self._segment[i]:
+            old = (self._segment[i], self._offset[i], self._size[i], self._origin[i])
+            origin = min(origin, old[3])
+        else:
+            self._live += 1
+        self._segment[i] = segment
+        self._offset[i] = offset
+        self._size[i] = size
+        self._origin[i] = origin
+        self._count[i] = count
+        self._put_backs[i] = put_backs
+        self._flags[i] = flags
+        self._deadline[i] = deadline
+        self.next_seq = max(self.next_seq, seq + 1)
+        return old
+
+    def _location(self, i: int) -> Location | None:
+        segment = self._segment[i]
+        if not segment:
+            return None
+        return Location(segment, self._offset[i], self._size[i], self._origin[i])
+
+    def _index(self, seq: int) -> int | None:
+        i = seq - self._base
+        if 0 <= i < len(self._segment) and self._segment[i]:
+            return i
+        return None
+
+    def locate(self, seq: int) -> Location | None:
+        i = self._index(seq)
+        return None if i is None else self._location(i)
+
+    def relocate(self, seq: int, segment: int, offset: int, size: int) -> None:
+        i = self._index(seq)
+        assert i is not None, "relocating a record that is not live"
+        self._segment[i] = segment
+        self._offset[i] = offset
+        self._size[i] = size
+
+    def meta(self, seq: int) -> Meta | None:
+        i = self._index(seq)
+        if i is None:
+            return None
+        return Meta(self._count[i], self._put_backs[i], bool(self._flags[i]), self._deadline[i])
+
+    def set_meta(self, seq: int, meta: Meta) -> bool:
+        i = self._index(seq)
+        if i is None:
+            return False
+        self._set_meta(i, meta)
+        return True
+
+    def _set_meta(self, i: int, meta: Meta) -> None:
+        self._count[i] = meta.delivery_count
+        self._put_backs[i] = meta.put_backs
+        self._flags[i] = int(meta.priority)
+        self._deadline[i] = meta.deadline
+
+    def remove(self, seq: int) -> Location | None:
+        """Forget ``seq``; its location, or None if it was not live."""
+        i = self._index(seq)
+        if i is None:
+            return None
+        old = self._location(i)
+        self._segment[i] = 0
+        self._live -= 1
+        if self._live == 0:
+            self._base = self.next_seq
+            self._head = 0
+            for column in self._columns():
+                del column[:]
+        elif i == self._head:
+            self.first_seq  # noqa: B018 - moves _head to the next live slot
+            if self._head >= _TRIM_AT and self._head * 2 >= len(self._segment):
+                for column in self._columns():
+                    del column[: self._head]
+                self._base += self._head
+                self._head = 0
+        return old
+
+    def sequences(self, start: int = 0) -> Iterator[int]:
+        """Live sequence numbers from ``start`` on, in order (a snapshot is not taken:
+        the caller holds the store's lock between steps or accepts a moving view)."""
+        i = max(start - self._base, self._head, 0)
+        segment = self._segment
+        while i < len(segment):
+            if segment[i]:
+                yield self._base + i
+            i += 1
+
+    def live_below(self, below: int) -> list[tuple[int, Location]]:
+        """(seq, location) of every live record with a sequence number below ``below``."""
+        found = []
+        for seq in self.sequences():
+            if seq >= below:
+                break
+            location = self.locate(seq)
+            assert location is not None
+            found.append((seq, location))
+        return found
+
+    def min_origin(self) -> int:
+        """Smallest origin of the live records (0 when empty)."""
+        live = range(self._head, len(self._segment))
+        return min((self._origin[i] for i in live if self._segment[i]), default=0)
+
+    def memory(self) -> int:
+        """Octets the columns allocate."""
+        return sum(c.buffer_info()[1] * c.itemsize for c in self._columns())

@@ -1,0 +1,773 @@
+"""LogStore: the durable message store (one shared, segmented, append-only log).
+
+Byte level and independent of TMQP: per queue key (channel name, queue id) a gap-free
+sequence number (from 1) maps to an opaque blob plus small metadata (``records.Meta``);
+beside them a small key-value area for definitions.  All queues share one log, so one
+fsync makes a batch of writes to every queue durable.
+
+Threads.  Any thread may call any method.  Write methods encode their record under the
+store's lock, give it its place in the log and return a ticket at once; one writer thread
+takes everything pending as a batch, writes it with one ``write`` and (``fsync`` mode) one
+``fsync``, then completes the batch's tickets (``completion.py``: ``wait``, a callback,
+or ``fileno``/``drain`` for an event loop).  The writer thread also compacts, a few
+records per step between batches, so appends never stop.
+
+Reads (``read``, ``sequences``, ``records``) take a record's octets from its segment
+(``pread``); only the index (``index.py``, 33 octets per sequence number) and the
+definitions live in memory.  A record appended but not yet written is waited for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import mmap
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from broker.store.log import records, segments
+from broker.store.log.completion import Completions
+from broker.store.log.errors import (
+    CorruptRecord,
+    NoSuchRecord,
+    RecordTooLarge,
+    StoreClosed,
+    StoreIOError,
+    StoreUsageError,
+    TooManyPending,
+)
+from broker.store.log.index import Location
+from broker.store.log.options import Durability, LogOptions
+from broker.store.log.records import NO_META, Meta, QueueKey
+from broker.store.log.recovery import DamageReport, read_seed, recover, write_seed
+
+log = logging.getLogger("broker.store.log")
+
+_U32_MAX = 0xFFFF_FFFF
+_CHUNK = 1024  # records listed per turn of the lock
+_IDLE_WAIT = 0.5  # seconds the writer sleeps with nothing to do before looking again
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """What ``append`` gives back: the record's sequence number and its ticket."""
+
+    seq: int
+    ticket: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    seq: int
+    meta: Meta
+    blob: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class QueueBounds:
+    """``first`` is the oldest live sequence number (``last + 1`` when empty); ``last``
+    the newest ever given (0 if none); ``count`` the live records."""
+
+    first: int
+    last: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    segments: int
+    disk_bytes: int
+    live_bytes: int
+    live_records: int
+    index_bytes: int
+    pending: int
+    recovered_records: int
+    recovery_seconds: float
+    damage: tuple[DamageReport, ...]
+    #: segments compacted (and deleted) since the store opened
+    compactions: int
+    #: a compaction is running or a segment is due for one
+    compacting: bool
+    #: fsyncs of segment files since the store opened
+    syncs: int
+
+
+@dataclass(slots=True)
+class _Compaction:
+    victim: int
+    view: mmap.mmap | None  # None: an empty file
+    scanner: Iterator[segments.Found | segments.Damage]
+    queues_seen: set[QueueKey] = field(default_factory=set)
+    retire_ticket: int = 0
+
+    def close(self) -> None:
+        if self.view is not None:
+            self.view.close()
+
+
+def _encode_key(queue: QueueKey) -> bytes:
+    try:
+        return records.encode_key(queue)
+    except (ValueError, struct.error, UnicodeEncodeError) as exc:
+        raise StoreUsageError(f"not a queue key: {queue!r} ({exc})") from None
+
+
+def _check_meta(meta: Meta) -> None:
+    if not (0 <= meta.delivery_count <= _U32_MAX and 0 <= meta.put_backs <= _U32_MAX):
+        raise StoreUsageError("delivery_count and put_backs are within 0 and 2**32 - 1")
+    if not (math.isfinite(meta.deadline) and meta.deadline >= 0):
+        raise StoreUsageError("deadline is a finite wall-clock second >= 0 (0: none)")
+
+
+class LogStore:
+    """A durable store in ``directory`` (created if missing, locked while open)."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        options: LogOptions | None = None,
+        on_complete: Callable[[int], None] | None = None,
+    ) -> None:
+        self.options = options or LogOptions()
+        self.directory = Path(directory)
+        try:
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._dir_lock = segments.lock_directory(self.directory)
+        except OSError as exc:
+            raise StoreIOError(f"cannot open the store in {self.directory}: {exc}") from None
+        try:
+            recovered = recover(
+                self.directory, self.options.compact_ratio, self.options.max_record_size
+            )
+            if read_seed(self.directory) != recovered.seed:
+                write_seed(self.directory, recovered.seed)
+        except OSError as exc:
+            os.close(self._dir_lock)
+            raise StoreIOError(f"cannot recover the store in {self.directory}: {exc}") from None
+        except BaseException:
+            os.close(self._dir_lock)
+            raise
+        self._recovery = recovered
+        self._state = recovered.state
+        self._seed = recovered.seed
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)  # the writer waits on it
+        self._written_cond = threading.Condition(self._lock)  # readers wait on it
+        self._written: dict[int, int] = {
+            s: info.size for s, info in self._state.table.segments.items()
+        }
+        self._head = recovered.last_segment + 1
+        self._head_size = segments.SEGMENT_HEADER_SIZE
+        self._state.table.add(self._head, self._head_size)
+        self._pending: list[tuple[int, bytes, int]] = []  # (segment, record, ticket)
+        self._keys: dict[QueueKey, bytes] = {}  # encoded keys of the queues appended to
+        self._ticket = 0
+        self._written_ticket = 0
+        self._synced_ticket = 0
+        self._flush_target = 0
+        self._last_sync = time.monotonic()
+        self._writer_waiting = False
+        self._look_for_victim = True
+        self._compaction: _Compaction | None = None
+        self._compactions = 0
+        self._syncs = 0
+        self._closing = False
+        self._failed: StoreIOError | None = None
+        self._read_fds: dict[int, int] = {}
+        self._fd = -1
+        self._fd_segment = 0
+        self._completions = Completions(on_complete)
+        self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
+        self._thread.start()
+
+    # -- queues ---------------------------------------------------------------------------
+
+    def append(self, queue: QueueKey, blob: bytes, meta: Meta = NO_META) -> Appended:
+        """Add a record to ``queue``; its sequence number and ticket."""
+        key = self._keys.get(queue)
+        if key is None:
+            key = _encode_key(queue)
+        if meta is not NO_META:
+            _check_meta(meta)
+        size = records.put_overhead(key) + len(blob)
+        if size > self.options.max_record_size:
+            raise RecordTooLarge(
+                f"record of {len(blob)} octets exceeds {self.options.max_record_size}"
+            )
+        with self._lock:
+            self._check_writable(limited=True)
+            index = self._state.queues.get(queue)
+            if index is None:
+                index = self._state.queue(queue)
+                self._keys[queue] = key
+            seq = index.next_seq
+            origin = self._head_for(size)
+            record = records.encode_put(key, seq, origin, meta, blob, self._seed)
+            segment, offset = self._reserve(record)
+            index.put_raw(
+                seq,
+                segment,
+                offset,
+                size,
+                origin,
+                meta.delivery_count,
+                meta.put_backs,
+                int(meta.priority),
+                meta.deadline,
+            )
+            self._state.table.segments[segment].live += size
+            return Appended(seq, self._ticket)
+
+    def remove(self, queue: QueueKey, seq: int) -> int:
+        """Forget a record (a tombstone); unknown sequence numbers are ignored.  A ticket."""
+        with self._lock:
+            self._check_writable(limited=False)
+            old = self._state.apply_remove(queue, seq)
+            if old is None:
+                return self._ticket
+            self._reserve(records.encode(records.Remove(queue, seq, old.origin), self._seed))
+            self._look_for_victim = True
+            return self._ticket
+
+    def update(self, queue: QueueKey, seq: int, meta: Meta) -> int:
+        """Replace a live record's metadata; NoSuchRecord if it is not live.  A ticket."""
+        _check_meta(meta)
+        with self._lock:
+            self._check_writable(limited=False)
+            index = self._state.queues.get(queue)
+            if index is None or not index.set_meta(seq, meta):
+                raise NoSuchRecord(f"{queue} has no live record {seq}")
+            self._reserve(records.encode(records.MetaUpdate(queue, seq, meta), self._seed))
+            return self._ticket
+
+    def purge(self, queue: QueueKey) -> int:
+        """Forget every record of ``queue`` (its sequence numbers go on).  A ticket."""
+        with self._lock:
+            self._check_writable(limited=False)
+            index = self._state.queues.get(queue)
+            if index is None or not len(index):
+                return self._ticket
+            origin = index.min_origin()
+            below = index.next_seq
+            self._state.apply_purge(queue, below)
+            self._reserve(records.encode(records.Purge(queue, below, origin), self._seed))
+            self._look_for_victim = True
+            return self._ticket
+
+    def bounds(self, queue: QueueKey) -> QueueBounds:
+        with self._lock:
+            index = self._state.queues.get(queue)
+            if index is None:
+                return QueueBounds(1, 0, 0)
+            return QueueBounds(index.first_seq, index.next_seq - 1, len(index))
+
+    def queues(self) -> list[QueueKey]:
+        """Every queue the store has given a sequence number to."""
+        with self._lock:
+            return sorted(k for k, index in self._state.queues.items() if index.next_seq > 1)
+
+    def meta(self, queue: QueueKey, seq: int) -> Meta:
+        with self._lock:
+            index = self._state.queues.get(queue)
+            meta = None if index is None else index.meta(seq)
+            if meta is None:
+                raise NoSuchRecord(f"{queue} has no live record {seq}")
+            return meta
+
+    def read(self, queue: QueueKey, seq: int) -> StoredRecord:
+        """A live record (its blob read from the log); NoSuchRecord if not live."""
+        with self._lock:
+            index = self._state.queues.get(queue)
+            location = None if index is None else index.locate(seq)
+            if index is None or location is None:
+                raise NoSuchRecord(f"{queue} has no live record {seq}")
+            meta = index.meta(seq)
+            assert meta is not None
+            end = location.offset + location.size
+            while self._written.get(location.segment, 0) < end:
+                if self._failed is not None:
+                    raise self._failed
+                self._written_cond.wait(_IDLE_WAIT)
+            data = os.pread(self._read_fd(location.segment), location.size, location.offset)
+        try:
+            records.check(data, 0, self._seed, self.options.max_record_size)
+        except records.BadRecord as exc:
+            raise CorruptRecord(
+                f"segment {segments.segment_name(location.segment)} offset {location.offset}: "
+                f"{exc}"
+            ) from None
+        return StoredRecord(seq, meta, records.blob_of_put(data))
+
+    def sequences(self, queue: QueueKey, start: int = 0) -> Iterator[int]:
+        """Live sequence numbers of ``queue`` from ``start``, in order, taken a chunk at
+        a time (records removed meanwhile may still be named: ``read`` then raises)."""
+        for seq, _ in self.entries(queue, start):
+            yield seq
+
+    def entries(self, queue: QueueKey, start: int = 0) -> Iterator[tuple[int, Meta]]:
+        """(sequence number, metadata) of the live records of ``queue`` from ``start``, in
+        order, without reading payloads (what a restart needs to rebuild a queue: order,
+        priority, TTL, delivery count); taken 1,024 at a time under the lock."""
+        cursor = start
+        while True:
+            with self._lock:
+                index = self._state.queues.get(queue)
+                if index is None:
+                    return
+                chunk = []
+                for seq in index.sequences(cursor):
+                    meta = index.meta(seq)
+                    assert meta is not None
+                    chunk.append((seq, meta))
+                    if len(chunk) == _CHUNK:
+                        break
+            if not chunk:
+                return
+            yield from chunk
+            cursor = chunk[-1][0] + 1
+
+    def records(self, queue: QueueKey, start: int = 0) -> Iterator[StoredRecord]:
+        """Live records of ``queue`` from ``start`` in sequence order (a non-destructive
+        browse; records removed while browsing are left out)."""
+        for seq in self.sequences(queue, start):
+            try:
+                yield self.read(queue, seq)
+            except NoSuchRecord:
+                continue
+
+    # -- definitions ------------------------------------------------------------------------
+
+    def put_value(self, name: str, value: bytes) -> int:
+        """Set a definition (channel, queue options, binding, subscription...).  A ticket."""
+        raw = name.encode()
+        if len(raw) > 0xFFFF:
+            raise StoreUsageError("a name is at most 65535 octets")
+        if records.HEADER_SIZE + 6 + len(raw) + len(value) > self.options.max_record_size:
+            raise RecordTooLarge(f"value of {len(value)} octets exceeds the record limit")
+        with self._lock:
+            self._check_writable(limited=True)
+            known = self._state.kv.get(name)
+            head = self._head_for(records.HEADER_SIZE + 6 + len(raw) + len(value))
+            if known is not None:
+                origin = known.location.origin
+            else:
+                origin = min(self._state.kv_deleted.get(name, head), head)
+            record = records.encode(records.KvPut(name, bytes(value), origin), self._seed)
+            segment, offset = self._reserve(record)
+            location = Location(segment, offset, len(record), origin)
+            self._state.apply_kv_put(name, bytes(value), location)
+            return self._ticket
+
+    def delete_value(self, name: str) -> int:
+        """Forget a definition (unknown names are ignored).  A ticket."""
+        with self._lock:
+            self._check_writable(limited=False)
+            known = self._state.kv.get(name)
+            if known is None:
+                return self._ticket
+            origin = known.location.origin
+            self._state.apply_kv_del(name, origin)
+            self._reserve(records.encode(records.KvDel(name, origin), self._seed))
+            self._look_for_victim = True
+            return self._ticket
+
+    def value(self, name: str) -> bytes | None:
+        with self._lock:
+            entry = self._state.kv.get(name)
+            return None if entry is None else entry.value
+
+    def values(self, prefix: str = "") -> dict[str, bytes]:
+        with self._lock:
+            return {n: e.value for n, e in self._state.kv.items() if n.startswith(prefix)}
+
+    # -- completion ------------------------------------------------------------------------
+
+    @property
+    def completed(self) -> int:
+        """The highest complete ticket (every ticket up to it is complete)."""
+        return self._completions.done
+
+    def wait(self, ticket: int, timeout: float | None = None) -> bool:
+        """Block until ``ticket`` completes; False on timeout.  StoreIOError if the
+        writer failed before completing it."""
+        if self._completions.wait(ticket, timeout):
+            return True
+        if self._failed is not None:
+            raise self._failed
+        return False
+
+    def fileno(self) -> int:
+        """Readable when tickets completed: poll it, then call ``drain``."""
+        return self._completions.fileno()
+
+    def drain(self) -> int:
+        """Empty ``fileno`` and return ``completed`` (never blocks)."""
+        return self._completions.drain()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """fsync everything written so far, whatever the durability mode."""
+        with self._lock:
+            if self._failed is not None:
+                raise self._failed
+            target = self._ticket
+            self._flush_target = max(self._flush_target, target)
+            self._wake.notify()
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while self._synced_ticket < target:
+                if self._failed is not None:
+                    raise self._failed
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._written_cond.wait(left)
+            return True
+
+    # -- life ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Write and fsync what is pending, stop the writer, release the directory."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            self._wake.notify()
+        self._thread.join()
+        with self._lock:
+            if self._compaction is not None:
+                self._compaction.close()
+                self._compaction = None
+            for fd in self._read_fds.values():
+                os.close(fd)
+            self._read_fds.clear()
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
+        self._completions.close()
+        os.close(self._dir_lock)
+
+    def __enter__(self) -> LogStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def stats(self) -> StoreStats:
+        with self._lock:
+            table = self._state.table.segments
+            return StoreStats(
+                segments=len(table),
+                disk_bytes=sum(i.size for i in table.values()),
+                live_bytes=sum(i.live for i in table.values()),
+                live_records=sum(len(q) for q in self._state.queues.values()),
+                index_bytes=sum(q.memory() for q in self._state.queues.values()),
+                pending=len(self._pending),
+                recovered_records=self._recovery.records,
+                recovery_seconds=self._recovery.seconds,
+                damage=tuple(self._recovery.damage),
+                compactions=self._compactions,
+                compacting=self._compaction is not None
+                or self._state.table.victim(self._head) is not None,
+                syncs=self._syncs,
+            )
+
+    # -- under the lock --------------------------------------------------------------------
+
+    def _check_writable(self, limited: bool) -> None:
+        if self._failed is not None:
+            raise self._failed
+        if self._closing:
+            raise StoreClosed("the store is closed")
+        if limited and len(self._pending) >= self.options.max_pending:
+            raise TooManyPending(f"{len(self._pending)} appends are waiting for the writer")
+
+    def _head_for(self, size: int) -> int:
+        """The segment a record of ``size`` octets will go to (rolls the head if full)."""
+        if self._head_size + size > self.options.segment_size:
+            self._head += 1
+            self._head_size = segments.SEGMENT_HEADER_SIZE
+            self._state.table.add(self._head, self._head_size)
+            self._look_for_victim = True
+        return self._head
+
+    def _reserve(self, record: bytes) -> tuple[int, int]:
+        """Give ``record`` its place at the end of the head; (segment, offset)."""
+        segment = self._head_for(len(record))
+        offset = self._head_size
+        self._head_size += len(record)
+        self._state.table.segments[segment].size = self._head_size
+        self._ticket += 1
+        self._pending.append((segment, record, self._ticket))
+        if self._writer_waiting:
+            self._wake.notify()
+        return segment, offset
+
+    def _read_fd(self, segment: int) -> int:
+        fd = self._read_fds.get(segment)
+        if fd is None:
+            fd = self._read_fds[segment] = segments.open_segment(self.directory, segment)
+        return fd
+
+    # -- the writer thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                batch, stop = self._next_batch()
+                if batch:
+                    self._write(batch)
+                self._sync_if_due(batch)
+                self._compact_step()
+                if stop:
+                    break
+            self._final_sync()
+        except Exception as exc:  # a failed disk (OSError) or a defect: stop, never hang
+            error = StoreIOError(f"store writer failed: {exc!r}")
+            log.error("%s", error, exc_info=not isinstance(exc, OSError))
+            with self._lock:
+                self._failed = error
+                self._written_cond.notify_all()
+            self._completions.fail(error)
+
+    def _work_waiting(self) -> bool:
+        if self._pending or self._closing or self._flush_target > self._synced_ticket:
+            return True
+        return self._compaction is not None or self._look_for_victim
+
+    def _next_batch(self) -> tuple[list[tuple[int, bytes, int]], bool]:
+        with self._lock:
+            while not self._work_waiting():
+                timeout = _IDLE_WAIT
+                if self._written_ticket > self._synced_ticket and (
+                    self.options.durability is Durability.BATCH
+                ):
+                    timeout = self._last_sync + self.options.batch_interval - time.monotonic()
+                    if timeout <= 0:
+                        break
+                self._writer_waiting = True
+                self._wake.wait(timeout)
+                self._writer_waiting = False
+            taken = 0
+            size = 0
+            for _, record, _ in self._pending:
+                taken += 1
+                size += len(record)
+                if size >= self.options.max_batch_bytes:
+                    break
+            batch = self._pending[:taken]
+            del self._pending[:taken]
+            stop = self._closing and not self._pending
+            return batch, stop
+
+    def _write(self, batch: list[tuple[int, bytes, int]]) -> None:
+        start = 0
+        while start < len(batch):
+            segment = batch[start][0]
+            end = start
+            while end < len(batch) and batch[end][0] == segment:
+                end += 1
+            if segment != self._fd_segment:
+                self._open_head(segment)
+            data = b"".join(record for _, record, _ in batch[start:end])
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
+            with self._lock:
+                self._written[segment] = self._written.get(segment, 0) + len(data)
+                self._written_ticket = batch[end - 1][2]
+                self._written_cond.notify_all()
+            start = end
+
+    def _open_head(self, segment: int) -> None:
+        if self._fd >= 0:
+            os.fsync(self._fd)  # a finished segment is always made durable
+            self._syncs += 1
+            os.close(self._fd)
+            with self._lock:
+                self._synced_ticket = self._written_ticket
+        self._fd = segments.create_segment(self.directory, segment, self._seed)
+        self._fd_segment = segment
+        with self._lock:
+            self._written[segment] = segments.SEGMENT_HEADER_SIZE
+
+    def _sync_if_due(self, batch: list[tuple[int, bytes, int]]) -> None:
+        mode = self.options.durability
+        with self._lock:
+            written = self._written_ticket
+            unsynced = written > self._synced_ticket
+            compaction = self._compaction
+            forced = self._flush_target > self._synced_ticket or (
+                compaction is not None
+                and compaction.retire_ticket
+                and compaction.retire_ticket <= written
+            )
+            due = mode is Durability.FSYNC or (
+                mode is Durability.BATCH
+                and time.monotonic() - self._last_sync >= self.options.batch_interval
+            )
+        if unsynced and self._fd >= 0 and (forced or due):
+            os.fsync(self._fd)
+            self._syncs += 1
+            self._last_sync = time.monotonic()
+            with self._lock:
+                self._synced_ticket = written
+                self._written_cond.notify_all()
+        if mode is Durability.FSYNC:
+            self._completions.complete(self._synced_ticket)
+        else:
+            self._completions.complete(written)
+
+    def _final_sync(self) -> None:
+        if self._fd >= 0:
+            os.fsync(self._fd)
+        with self._lock:
+            self._synced_ticket = self._written_ticket
+            self._written_cond.notify_all()
+        self._completions.complete(self._synced_ticket)
+
+    # -- compaction (writer thread) -----------------------------------------------------
+
+    def _compact_step(self) -> None:
+        with self._lock:
+            compaction = self._compaction
+            if compaction is None:
+                if not self._look_for_victim or self._closing:
+                    return
+                self._look_for_victim = False
+                victim = self._state.table.victim(self._head)
+                if victim is None:
+                    return
+                if victim == self._fd_segment:  # the writer has not opened the new head yet
+                    self._look_for_victim = True
+                    return
+                if self._written.get(victim, 0) < self._state.table.segments[victim].size:
+                    self._look_for_victim = True  # its last batch is being written
+                    return
+            else:
+                victim = compaction.victim
+        if compaction is None:
+            compaction = self._start_compaction(victim)
+            with self._lock:
+                self._compaction = compaction
+        if compaction.retire_ticket:
+            if self._synced_ticket >= compaction.retire_ticket:
+                self._finish_compaction(compaction)
+            return
+        with self._lock:
+            self._copy_live(compaction)
+
+    def _start_compaction(self, victim: int) -> _Compaction:
+        with open(segments.open_segment(self.directory, victim), "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            view = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) if size else None
+        log.info("compacting segment %s", segments.segment_name(victim))
+        scanner = segments.scan(
+            b"" if view is None else view,  # type: ignore[arg-type]
+            self._seed,
+            self.options.max_record_size,
+            segments.SEGMENT_HEADER_SIZE,
+        )
+        return _Compaction(victim, view, scanner)
+
+    def _copy_live(self, compaction: _Compaction) -> None:
+        """Copy the next live records of the victim to the head (under the lock)."""
+        for _ in range(self.options.compact_step):
+            found = next(compaction.scanner, None)
+            if found is None:
+                self._end_copy(compaction)
+                return
+            if isinstance(found, segments.Found):
+                self._copy_one(compaction, found)
+
+    def _copy_one(self, compaction: _Compaction, found: segments.Found) -> None:
+        state = self._state
+        table = state.table
+        victim = compaction.victim
+        assert compaction.view is not None  # an empty file has no records to find
+        raw = compaction.view[found.offset : found.offset + found.size]
+        try:
+            record = records.decode_body(found.kind, raw[records.HEADER_SIZE :])
+        except records.BadRecord:
+            return
+        match record:
+            case records.Put(key, seq, _, _, blob):
+                compaction.queues_seen.add(key)
+                index = state.queues.get(key)
+                location = None if index is None else index.locate(seq)
+                if index is None or location is None or location.segment != victim:
+                    return
+                if location.offset != found.offset:
+                    return
+                meta = index.meta(seq)
+                assert meta is not None
+                copy = records.encode_put(
+                    records.encode_key(key), seq, location.origin, meta, blob, self._seed
+                )
+                segment, offset = self._reserve(copy)
+                index.relocate(seq, segment, offset, len(copy))
+                table.live(victim, -location.size)
+                table.live(segment, len(copy))
+            case records.MetaUpdate(key, seq, _):
+                index = state.queues.get(key)
+                location = None if index is None else index.locate(seq)
+                if index is not None and location is not None and location.segment != victim:
+                    meta = index.meta(seq)
+                    assert meta is not None
+                    update = records.MetaUpdate(key, seq, meta)
+                    self._reserve(records.encode(update, self._seed))
+            case records.Remove(key, _, origin) | records.Purge(key, _, origin):
+                compaction.queues_seen.add(key)
+                if table.tombstone_needed(origin, victim):
+                    self._reserve(raw)
+            case records.Mark(key, _):
+                compaction.queues_seen.add(key)
+            case records.KvPut(name, _, _):
+                entry = state.kv.get(name)
+                if entry is None or entry.location.segment != victim:
+                    return
+                if entry.location.offset != found.offset:
+                    return
+                segment, offset = self._reserve(raw)
+                entry.location = Location(segment, offset, len(raw), entry.location.origin)
+                table.live(victim, -len(raw))
+                table.live(segment, len(raw))
+            case records.KvDel(name, origin):
+                if name in state.kv:
+                    return
+                if table.tombstone_needed(origin, victim):
+                    self._reserve(raw)
+                else:
+                    state.kv_deleted.pop(name, None)
+            case records.Retire(segment):
+                if segment in table.segments:
+                    self._reserve(raw)
+
+    def _end_copy(self, compaction: _Compaction) -> None:
+        for key in sorted(compaction.queues_seen):
+            index = self._state.queues.get(key)
+            if index is not None:
+                mark = records.Mark(key, index.next_seq)
+                self._reserve(records.encode(mark, self._seed))
+        self._reserve(records.encode(records.Retire(compaction.victim), self._seed))
+        compaction.retire_ticket = self._ticket
+
+    def _finish_compaction(self, compaction: _Compaction) -> None:
+        victim = compaction.victim
+        compaction.close()
+        with self._lock:
+            fd = self._read_fds.pop(victim, None)
+            if fd is not None:
+                os.close(fd)
+            self._state.table.drop(victim)
+            self._written.pop(victim, None)
+            self._compaction = None
+            self._compactions += 1
+            self._look_for_victim = True
+        segments.delete_segment(self.directory, victim)
+        log.info("segment %s compacted and deleted", segments.segment_name(victim))

@@ -1,0 +1,144 @@
+"""kill -9 a writer process at random points (compaction runs nearly all the time), recover,
+and check: every completed append is there exactly once with its own blob, every completed
+removal stays removed, definitions are the last completed or a later issued value, nothing
+is invented.  Then the next round writes on into the same directory and is killed too."""
+
+from __future__ import annotations
+
+import random
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from broker.store.log import LogStore, QueueKey
+
+from .crash_worker import NAMES, QUEUES, blob_for
+
+WORKER = Path(__file__).with_name("crash_worker.py")
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@dataclass
+class Seen:
+    """What the killed rounds reported complete (and issued, for definitions)."""
+
+    acked: dict[tuple[QueueKey, int], str] = field(default_factory=dict)
+    removing: set[tuple[QueueKey, int]] = field(default_factory=set)
+    removed: set[tuple[QueueKey, int]] = field(default_factory=set)
+    #: per name: the value of the last completed operation and those issued after it
+    values: dict[str, list[str]] = field(default_factory=dict)
+    compactions: int = 0
+
+    def take(self, line: str) -> None:
+        word, *rest = line.split()
+        if word == "A":
+            channel, queue_id, seq, token = rest
+            key = ((channel, int(queue_id)), int(seq))
+            assert key not in self.acked, f"sequence number given twice: {key}"
+            self.acked[key] = token
+        elif word in ("RI", "R"):
+            channel, queue_id, seq = rest
+            key = ((channel, int(queue_id)), int(seq))
+            (self.removing if word == "RI" else self.removed).add(key)
+        elif word == "KI":
+            self.values.setdefault(rest[0], ["-"]).append(rest[1])
+        elif word == "KC":
+            name, value = rest
+            history = self.values[name]
+            history[:] = history[history.index(value, 1) :]  # completed: earlier ones are moot
+        elif word == "C":
+            self.compactions = max(self.compactions, int(rest[0]))
+
+
+def _run_round(directory: Path, round_: int, seed: int, durability: str, seen: Seen) -> int:
+    """Start a worker, let it complete ``kill_after`` appends, SIGKILL it; lines read."""
+    rng = random.Random(f"{seed}-{round_}")
+    kill_after = rng.randrange(50, 400)
+    proc = subprocess.Popen(
+        [sys.executable, str(WORKER), str(directory), str(round_), str(seed), durability],
+        stdout=subprocess.PIPE,
+        cwd=ROOT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    appends = 0
+    deadline = time.monotonic() + 60
+    try:
+        while appends < kill_after:
+            ready, _, _ = select.select(
+                [proc.stdout], [], [], max(0.0, deadline - time.monotonic())
+            )
+            assert ready, "the worker stopped reporting"
+            line = proc.stdout.readline()
+            assert line, f"the worker ended early (code {proc.poll()})"
+            seen.take(line)
+            appends += line.startswith("A ")
+        # a random extra moment so the kill lands anywhere in the writer's cycle
+        time.sleep(rng.random() * 0.02)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        for line in proc.stdout:  # what was reported before the kill still counts
+            seen.take(line)
+        proc.stdout.close()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    return appends
+
+
+def _check(directory: Path, seen: Seen) -> None:
+    with LogStore(directory) as store:
+        present: dict[tuple[QueueKey, int], bytes] = {}
+        for queue in store.queues():
+            assert queue in QUEUES, f"invented queue {queue}"
+            seqs = list(store.sequences(queue))
+            assert len(seqs) == len(set(seqs)), "a sequence number twice"
+            for record in store.records(queue):
+                present[(queue, record.seq)] = record.blob
+        for key, token in seen.acked.items():
+            if key not in seen.removing:
+                assert key in present, f"completed append lost: {key} {token}"
+                assert present[key] == blob_for(token), f"wrong blob at {key}"
+        for key in seen.removed:
+            assert key not in present, f"completed removal undone: {key}"
+        for key, blob in present.items():
+            token = blob.split(b"|", 1)[0].decode()
+            assert blob == blob_for(token), f"invented record at {key}: {blob[:40]!r}"
+            if key in seen.acked:
+                assert seen.acked[key] == token
+        values = store.values()
+        for name in NAMES:
+            allowed = seen.values.get(name, ["-"])
+            assert values.get(name, b"-").decode() in allowed, (name, values.get(name), allowed)
+        assert set(values) <= set(NAMES)
+        assert store.stats().recovered_records > 0
+
+
+def _crash_rounds(tmp_path: Path, seed: int, rounds: int) -> Seen:
+    durability = ["fsync", "batch", "os"][seed % 3]
+    seen = Seen()
+    directory = tmp_path / f"store-{seed}"
+    for round_ in range(rounds):
+        _run_round(directory, round_, seed, durability, seen)
+        _check(directory, seen)
+    return seen
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])  # fsync, batch, os
+def test_kill_9_loses_nothing_completed(tmp_path: Path, seed: int) -> None:
+    seen = _crash_rounds(tmp_path, seed, rounds=2)
+    assert seen.acked and seen.removed
+
+
+@pytest.mark.slow
+def test_kill_9_over_many_seeds(tmp_path: Path) -> None:
+    compactions = 0
+    for seed in range(10, 22):
+        seen = _crash_rounds(tmp_path, seed, rounds=4)
+        compactions += seen.compactions
+    assert compactions > 0, "no kill landed while compactions were running"
