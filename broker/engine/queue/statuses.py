@@ -49,7 +49,7 @@ class StatusHost(Protocol):
     options: ChannelQueueOptions
     #: Round-robin position (index into the channel's consumer list).
     rr: int
-    #: The last drain stopped on full windows (see ``broker.engine.queue.delivery``).
+    #: The last drain stopped on full windows (see ``broker.engine.queue.dispatch``).
     stalled: bool
 
     def waiting(self) -> bool: ...
