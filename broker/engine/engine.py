@@ -69,6 +69,8 @@ from broker.engine.parts import EngineParts
 from broker.engine.queue.queue import Queue
 from broker.engine.replies import answer_failure, reject_push
 from broker.engine.router import Router, RouterTable, router_from_json
+from broker.engine.tmqp_door import message_of
+from broker.message import Message
 from broker.protocol import (
     ConnectionInfo,
     EventName,
@@ -78,7 +80,6 @@ from broker.protocol import (
     Outgoing,
     ResultCode,
     Tracked,
-    headers_all,
 )
 from broker.store import MemoryStore, Store
 
@@ -86,6 +87,7 @@ __all__ = [
     "ClientRejected",
     "Engine",
     "EngineError",
+    "Message",
     "OperationError",
     "Outgoing",
     "Tracked",
@@ -95,6 +97,8 @@ __all__ = [
 log = logging.getLogger("broker.engine.engine")
 
 _Handler = Callable[[Client, tmqp.Frame, float, list[Outgoing]], None]
+_QUEUE = int(MessageType.QUEUE)
+_CC = Header.CC.lower()
 
 
 def _default_id_factory() -> Callable[[], str]:
@@ -149,7 +153,9 @@ class Engine:
         direct = self.client_registry
         #: Message type -> what handles a frame of it (anything else: 406 Unacceptable).
         self._handlers: dict[int, _Handler] = {
-            MessageType.QUEUE: self._push,
+            MessageType.QUEUE: lambda c, f, now, out: self._push(
+                c, message_of(f), f.pending_response, now, out
+            ),
             MessageType.ACK: self._on_ack,
             MessageType.PULL: self._pull,
             MessageType.DIRECT: lambda c, f, now, out: direct.direct(c, f, out),
@@ -248,8 +254,14 @@ class Engine:
 
     # ------------------------------------------------------------------ frames in
 
-    def receive(self, client_id: str, frame: tmqp.Frame, now: float) -> list[Outgoing]:
-        """Process one frame from a connected client (anything after connection info)."""
+    def receive(
+        self, client_id: str, frame: tmqp.Frame, now: float, data: bytes | None = None
+    ) -> list[Outgoing]:
+        """Process one frame from a connected client (anything after connection info).
+
+        ``data``: the octets the frame was decoded from, if the caller has them: a queue
+        message delivered unchanged is then sent as those octets (``tmqp_door``).
+        """
         self.services.now = now
         out: list[Outgoing] = []
         client = self.clients.get(client_id)
@@ -257,6 +269,9 @@ class Engine:
             return out
         mt = frame.message_type
         try:
+            if mt == _QUEUE:
+                self._push(client, message_of(frame, data), frame.pending_response, now, out)
+                return out
             handle = self._handlers.get(mt)
             if handle is not None:
                 handle(client, frame, now, out)
@@ -274,14 +289,19 @@ class Engine:
 
     # ------------------------------------------------------------------ queue messages
 
-    def _push(self, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]) -> None:
-        channel = self.channels.get(frame.target)
-        queue = channel.queues.get(frame.content_type) if channel is not None else None
+    def _push(
+        self,
+        client: Client,
+        m: Message,
+        wants_response: bool,
+        now: float,
+        out: list[Outgoing],
+    ) -> None:
+        channel = self.channels.get(m.target)
+        queue = channel.queues.get(m.content_type) if channel is not None else None
         try:
             if queue is None:
-                queue = self.channel_registry.resolve_queue(
-                    client, frame.target, frame.content_type, out
-                )
+                queue = self.channel_registry.resolve_queue(client, m.target, m.content_type, out)
             authorizer = self.authorizer
             if type(authorizer) is not AllowAll and not authorizer.allows(
                 client, Action.PUSH, queue.channel.name, queue.id
@@ -289,24 +309,25 @@ class Engine:
                 raise OperationError(ResultCode.UNAUTHORIZED, "push not allowed")
             if (
                 queue.plain
+                and not wants_response
                 and not self.events.has(EventName.MESSAGE_PRODUCED)
-                and queue.push_plain(frame, client, now, out)
+                and queue.push_plain(m, client, now, out)
             ):
                 return
-            if frame.headers:
-                ccs = headers_all(frame, Header.CC)
+            if m.headers:
+                ccs = [v for k, v in m.headers if k.lower() == _CC]
                 if ccs:
-                    self._push_cc(client, frame, queue, ccs, now, out)
+                    self._push_cc(client, m, queue, ccs, now, out)
                     return
-            code = self.channel_registry.check_push(queue, len(frame.payload))
+            code = self.channel_registry.check_push(queue, len(m.payload))
             if code:
                 raise OperationError(ResultCode(code), "push refused by the queue")
         except OperationError as err:
-            reject_push(client, frame, out, err)
+            reject_push(client, m, wants_response, out, err)
             return
-        m = queue.accept(frame, client, now, out, frame.pending_ack)
-        if m is not None:
-            self._produced(queue, m, out)
+        qm = queue.accept(m, client, now, out, m.wants_ack)
+        if qm is not None:
+            self._produced(queue, qm, out)
 
     def _produced(self, queue: Queue, m: QueueMessage, out: list[Outgoing]) -> None:
         """The MessageProduced event, when anyone subscribed to it."""
@@ -322,7 +343,7 @@ class Engine:
     def _push_cc(
         self,
         client: Client,
-        frame: tmqp.Frame,
+        message: Message,
         primary: Queue,
         ccs: list[str],
         now: float,
@@ -358,16 +379,18 @@ class Engine:
                 raise OperationError(ResultCode.UNAUTHORIZED, f"push to {parts[0]} not allowed")
             mid = parts[2] if len(parts) > 2 and parts[2] else self.new_id()
             copies.append((queue, mid))
-        size = len(frame.payload)
+        size = len(message.payload)
         for queue in (primary, *(q for q, _ in copies)):
             code = self.channel_registry.check_push(queue, size)
             if code:
                 raise OperationError(ResultCode(code), f"push refused by {queue.key}")
-        plain = tuple((k, v) for k, v in frame.headers if k.lower() != "cc")
-        targets: list[tuple[Queue, str | None, bool]] = [(primary, None, frame.pending_ack)]
+        plain = tuple((k, v) for k, v in message.headers if k.lower() != _CC)
+        targets: list[tuple[Queue, str | None, bool]] = [(primary, None, message.wants_ack)]
         targets += [(q, copy_id, False) for q, copy_id in copies]
         for queue, message_id, waits in targets:
-            m = queue.accept(frame, client, now, out, waits, headers=plain, message_id=message_id)
+            m = queue.accept(
+                message, client, now, out, waits, headers=plain, message_id=message_id
+            )
             if m is not None:
                 self._produced(queue, m, out)
 
@@ -375,13 +398,21 @@ class Engine:
         if frame.high_priority:  # acknowledge of a direct message: pass it on
             self.client_registry.forward_ack(client, frame, out)
             return
-        channel = self.channels.get(frame.target)
-        queue = channel.queues.get(frame.content_type) if channel is not None else None
-        if queue is None or not queue.on_ack(client, frame, now, out):
+        self._ack(client, message_of(frame), now, out)
+
+    def _ack(self, client: Client, ack: Message, now: float, out: list[Outgoing]) -> None:
+        channel = self.channels.get(ack.target)
+        queue = channel.queues.get(ack.content_type) if channel is not None else None
+        if queue is None or not queue.on_ack(client, ack, now, out):
             self.client_registry.unmatched_acks += 1
 
     def _pull(self, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]) -> None:
-        rid, name, qid = frame.message_id, frame.target, frame.content_type
+        self._pull_request(client, message_of(frame), now, out)
+
+    def _pull_request(
+        self, client: Client, request: Message, now: float, out: list[Outgoing]
+    ) -> None:
+        rid, name, qid = request.message_id, request.target, request.content_type
         channel = self.channels.get(name)
         queue = channel.queues.get(qid) if channel is not None else None
         token = None
@@ -399,7 +430,7 @@ class Engine:
             out.append(Outgoing(client.id, pull_marker(rid, name, qid, token or "")))
             out.append(Outgoing(client.id, pull_marker(rid, name, qid, NoContent.END)))
             return
-        queue.pull(client, frame, now, out, self.config.limits.max_pull_count)
+        queue.pull(client, request, now, out, self.config.limits.max_pull_count)
 
     # ------------------------------------------------------------------ flow control
 

@@ -3,7 +3,9 @@
 Engine output is routed by client id and handed to libzmq in batches
 (``ServerOptions.send_batch``), in order with every other frame the server sends, so
 that libzmq's I/O thread is woken once per batch.  A frame the engine passes through
-unchanged is sent as the octets received.  A peer whose send pipe is full gets a
+unchanged is sent as the octets received (a queue delivery is a ``broker.message.Message``,
+encoded by ``broker.engine.tmqp_door``, which sends the received octets of a message
+that was not changed).  A peer whose send pipe is full gets a
 per-peer backlog instead of blocking the loop or losing frames, and stays connected: a
 slow reader is not a dead one (only missed pings end a session).  A peer whose
 connection went away is put on a list for the loop to end its session after the batch.
@@ -28,6 +30,8 @@ from typing import Any
 import zmq
 
 from broker import tmqp
+from broker.engine.tmqp_door import encode as encode_message
+from broker.message import Message
 from broker.protocol import Tracked
 from broker.server.options import ServerError, ServerOptions
 from zproto.errors import EncodeError
@@ -121,6 +125,13 @@ class SendPath:
                 prev = frame
                 if frame is in_frame:
                     data = self.in_data
+                elif frame.__class__ is Message:  # a queue delivery: its wire form if any
+                    try:
+                        data = encode_message(frame)
+                    except EncodeError as exc:
+                        log.error("engine produced an unencodable message: %s", exc)
+                        self.counters["engine_errors"] += 1
+                        data = b""
                 else:
                     try:
                         data = frame.encode()[0]

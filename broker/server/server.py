@@ -387,7 +387,7 @@ class Server:
             self.sender.in_frame = msg
             self.sender.in_data = data
             try:
-                outs = self.engine.receive(peer.client_id, msg, now)
+                outs = self.engine.receive(peer.client_id, msg, now, data)
             except Exception:
                 log.exception("engine failed on a frame from %s", peer.client_id)
                 self.counters["engine_errors"] += 1

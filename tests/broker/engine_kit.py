@@ -8,11 +8,22 @@ from collections import defaultdict
 from typing import Any
 
 from broker import tmqp
+from broker.engine import tmqp_door
 from broker.engine.engine import Engine, Outgoing, Tracked
 from broker.engine.options import BrokerConfig, ChannelQueueOptions
+from broker.message import Message
 from broker.protocol import ConnectionInfo, Header, MessageType, Operation, header
 
 Frame = tmqp.Frame
+
+
+def as_frame(o: Outgoing) -> Outgoing:
+    """``o`` with its message (a queue delivery) as the frame a TMQP client receives."""
+    if isinstance(o.frame, Message):
+        frame = tmqp.decode([tmqp_door.encode(o.frame)])
+        assert isinstance(frame, tmqp.Frame)
+        return o._replace(frame=frame)
+    return o
 
 
 class Kit:
@@ -38,6 +49,9 @@ class Kit:
     # ---------------------------------------------------------------- plumbing
 
     def route(self, outs: list[Outgoing]) -> list[Outgoing]:
+        """Deliver the engine's output as the TMQP door would (queue deliveries come out
+        as messages: encoded as the server encodes them, then decoded as a client does)."""
+        outs = [as_frame(o) for o in outs]
         routed = list(outs)
         while outs:
             counts: dict[str, int] = defaultdict(int)
@@ -52,6 +66,7 @@ class Kit:
                     self.unsent[client_id] += n
                 break
             outs = self.engine.transmitted(dict(counts), self.now) if counts else []
+            outs = [as_frame(o) for o in outs]
             routed += outs
         return routed
 

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 from broker.engine.delivery import AckWhen, Decision, PutBack
 from broker.engine.message import DELAYED, DONE, INFLIGHT, QUEUED, Delivery, QueueMessage
 from broker.engine.queue.protocols import QueueCore
-from broker.protocol import Header, NackReason, Outgoing, header
+from broker.protocol import Header, NackReason, Outgoing
 
 if TYPE_CHECKING:
-    from broker import tmqp
     from broker.engine.channel import Client
+    from broker.message import Message
 
 _INF = float("inf")
 
@@ -56,9 +56,7 @@ class AckTracker:
         if deadline != _INF:
             self.arm(deadline)
 
-    def on_ack(
-        self, client: Client[Any], ack: tmqp.Frame, now: float, out: list[Outgoing]
-    ) -> bool:
+    def on_ack(self, client: Client[Any], ack: Message, now: float, out: list[Outgoing]) -> bool:
         """A consumer acknowledge for this queue; False when no delivery matches."""
         dl = self.pending.pop((client.id, ack.message_id), None)
         if dl is None:
@@ -67,7 +65,7 @@ class AckTracker:
         q.release(client.id)
         m = dl.message
         m.inflight -= 1
-        reason = header(ack, Header.NACK_REASON) if ack.headers else None
+        reason = ack.header(Header.NACK_REASON) if ack.headers else None
         success = reason is None
         if success:
             q.acks += 1

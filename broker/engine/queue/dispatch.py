@@ -15,18 +15,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from broker import tmqp
 from broker.engine.delivery import ALLOW, PutBack
 from broker.engine.flow import ACKED, BROADCAST, CACHE, COPY, PLAIN
-from broker.engine.frames import derive
-from broker.engine.message import INFLIGHT, Delivery, QueueMessage
+from broker.engine.message import INFLIGHT, Delivery, Message, QueueMessage, derive
 from broker.engine.queue.protocols import QueueCore
-from broker.protocol import Header, MessageType, NackReason, Outgoing, Tracked
+from broker.protocol import Header, NackReason, Outgoing, Tracked
 
 if TYPE_CHECKING:
+    from broker import tmqp
     from broker.engine.channel import Client
 
-_QUEUE = int(MessageType.QUEUE)
 _INF = float("inf")
 #: ``Tracked(client_id, frame)`` without the named tuple's Python-level __new__.
 _tracked = tuple.__new__
@@ -133,7 +131,7 @@ class Dispatcher:
             return False
         frame = m.out
         if frame is None or m.out_version != self.out_version:
-            frame = self.out_frame(m)
+            frame = self.out_message(m)
         m.transmitted = 0
         if req_ack:
             timeout = opts.acknowledge_timeout
@@ -248,7 +246,7 @@ class Dispatcher:
         c: Client[Any],
         kind: int,
         m: QueueMessage | None,
-        frame: tmqp.Frame,
+        frame: Message | tmqp.Frame,
         out: list[Outgoing],
     ) -> None:
         """Send ``frame`` to ``c`` as a tracked delivery holding a slot of its window."""
@@ -274,9 +272,9 @@ class Dispatcher:
         if hooks.end_send:
             q.side_effects(m, hooks.call(m, "end_send", q, m), out)
 
-    def out_frame(self, m: QueueMessage) -> tmqp.Frame:
+    def out_message(self, m: QueueMessage) -> Message:
         """What consumers get of ``m`` under the queue's options (cached on ``m``)."""
-        f = m.frame
+        f = m.message
         opts = self.q.options
         count = m.delivered
         if opts.request_acknowledge or (opts.hide_client_names and f.source) or count:
@@ -289,8 +287,6 @@ class Dispatcher:
                 )
             f = derive(
                 f,
-                _QUEUE,
-                False,
                 opts.request_acknowledge,
                 self.q.id,
                 f.message_id,
@@ -344,7 +340,7 @@ class Dispatcher:
         kind: int,
         client_id: str,
         m: QueueMessage | None,
-        frame: tmqp.Frame | None,
+        frame: Message | None,
         seq: int,
         now: float,
         out: list[Outgoing],

@@ -50,7 +50,10 @@ class Ledger:
         q = self.q
         try:
             producer = m.producer.id if m.producer is not None else ""
-            q.store.append(q.key, StoredMessage(m.seq, m.frame, producer, m.put_backs))
+            message = m.message
+            if message.wire is not None:
+                message = message.replace()  # a store keeps messages, not a door's octets
+            q.store.append(q.key, StoredMessage(m.seq, message, producer, m.put_backs))
         except Exception as exc:
             q.error("store.append", exc)
             return

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from broker import tmqp
     from broker.engine.channel import Channel, Client
     from broker.engine.delivery import AckWhen, Decision, DeliveryHandler, PutBack
-    from broker.engine.message import Delivery, QueueMessage
+    from broker.engine.message import Delivery, Message, QueueMessage
     from broker.engine.options import BrokerConfig, ChannelQueueOptions
     from broker.engine.queue.hooks import HandlerHooks
     from broker.engine.queue.messages import MessageOrder
@@ -137,7 +137,7 @@ class QueueCore(Protocol):
         c: Client[Any],
         kind: int,
         m: QueueMessage | None,
-        frame: tmqp.Frame,
+        frame: Message | tmqp.Frame,
         out: list[Outgoing],
     ) -> None: ...
 

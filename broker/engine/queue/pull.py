@@ -17,11 +17,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from broker import tmqp
 from broker.engine.delivery import PutBack
 from broker.engine.flow import ACKED, CACHE, COPY
-from broker.engine.frames import derive, pull_marker, response
-from broker.engine.message import INFLIGHT, QueueMessage
+from broker.engine.frames import pull_marker, response, response_with
+from broker.engine.message import INFLIGHT, Message, QueueMessage, derive
 from broker.engine.options import status_name
 from broker.engine.queue.protocols import QueueCore
 from broker.protocol import (
@@ -32,7 +31,6 @@ from broker.protocol import (
     NoContent,
     Outgoing,
     ResultCode,
-    header,
 )
 
 if TYPE_CHECKING:
@@ -50,7 +48,7 @@ _CLEAR_VALUES = (
 )
 
 
-def refuse_pull(q: QueueCore, client: Client, request: tmqp.Frame, out: list[Outgoing]) -> None:
+def refuse_pull(q: QueueCore, client: Client, request: Message, out: list[Outgoing]) -> None:
     """A status without pull requests: one Unacceptable marker, then End."""
     status = status_name(q.strategy.status)
     where = f"{q.channel.name}/{q.id}"
@@ -67,7 +65,7 @@ def _refuse(q: QueueCore, client: Client, rid: str, why: str, out: list[Outgoing
 def pull_messages(
     q: QueueCore,
     client: Client,
-    request: tmqp.Frame,
+    request: Message,
     now: float,
     out: list[Outgoing],
     max_count: int,
@@ -75,12 +73,12 @@ def pull_messages(
     """Pull status: answer a request with up to ``Count`` messages (see the docstring)."""
     rid = request.message_id
     name = q.channel.name
-    raw = header(request, Header.COUNT)
+    raw = request.header(Header.COUNT)
     try:
         count = 1 if raw is None else int(raw)
     except ValueError:
         count = 0
-    clear = (header(request, Header.CLEAR) or ClearOption.NONE).strip().lower()
+    clear = (request.header(Header.CLEAR) or ClearOption.NONE).strip().lower()
     if count < 1:
         _refuse(q, client, rid, "Count must be a whole number of at least 1", out)
         return
@@ -93,8 +91,8 @@ def pull_messages(
         out.append(Outgoing(client.id, pull_marker(rid, name, q.id, NoContent.END)))
         return
     count = min(count, max_count, room)
-    lifo = (header(request, Header.ORDER) or "").strip().upper() == "LIFO"
-    info = (header(request, Header.INFO) or "").strip().lower() in ("yes", "true", "1")
+    lifo = (request.header(Header.ORDER) or "").strip().upper() == "LIFO"
+    info = (request.header(Header.INFO) or "").strip().lower() in ("yes", "true", "1")
     batch = _take(q, client, count, lifo, now, out)
     total = len(batch)
     if not total:
@@ -110,7 +108,7 @@ def pull_messages(
     deadline = now + opts.acknowledge_timeout / 1000.0 if opts.acknowledge_timeout else q.NEVER
     kind = ACKED if req_ack else COPY
     for index, m in enumerate(batch, 1):
-        f = m.frame
+        f = m.message
         redelivery = ((Header.DELIVERY_COUNT, str(m.delivered + 1)),) if m.delivered else ()
         headers = (
             *f.headers,
@@ -121,7 +119,7 @@ def pull_messages(
             *redelivery,
         )
         source = "" if opts.hide_client_names else f.source
-        frame = derive(f, _QUEUE, False, req_ack, q.id, f.message_id, source, name, headers)
+        frame = derive(f, req_ack, q.id, f.message_id, source, name, headers)
         m.transmitted = 0
         if not req_ack:
             m.unsent += 1
@@ -170,7 +168,7 @@ def _take(
     return batch
 
 
-def pull_latest(q: QueueCore, client: Client, request: tmqp.Frame, out: list[Outgoing]) -> None:
+def pull_latest(q: QueueCore, client: Client, request: Message, out: list[Outgoing]) -> None:
     """Cache status: the latest message (left in the queue), or 404 Empty."""
     latest = q.messages.latest()
     rid = request.message_id
@@ -178,12 +176,10 @@ def pull_latest(q: QueueCore, client: Client, request: tmqp.Frame, out: list[Out
         empty = ((Header.NO_CONTENT, NoContent.EMPTY),)
         frame = response(rid, client.id, ResultCode.NOT_FOUND, "empty", headers=empty)
     else:
-        f = latest.frame
+        f = latest.message
         source = "" if q.options.hide_client_names else f.source
-        frame = derive(
-            f, _RESPONSE, False, False, ResultCode.OK, rid, source, client.id, f.headers
-        )
-        q.hand(client, CACHE, None, frame, out)  # counted once sent
+        answer = response_with(f, rid, client.id, source)
+        q.hand(client, CACHE, None, answer, out)  # counted once sent
         return
     out.append(Outgoing(client.id, frame))
 

@@ -34,12 +34,19 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from broker import tmqp
 from broker.engine import models
 from broker.engine.delivery import ALLOW, AckWhen, Decision, PutBack
 from broker.engine.flow import PLAIN
-from broker.engine.frames import derive
-from broker.engine.message import DELAYED, DONE, INFLIGHT, QUEUED, Delivery, QueueMessage
+from broker.engine.message import (
+    DELAYED,
+    DONE,
+    INFLIGHT,
+    QUEUED,
+    Delivery,
+    Message,
+    QueueMessage,
+    derive,
+)
 from broker.engine.options import ChannelQueueOptions
 from broker.engine.queue import pull
 from broker.engine.queue.acks import AckTracker
@@ -49,10 +56,11 @@ from broker.engine.queue.ledger import Ledger
 from broker.engine.queue.messages import MessageOrder
 from broker.engine.queue.protocols import QueueHost
 from broker.engine.queue.statuses import StatusStrategy, strategy_for
-from broker.protocol import MessageType, NackReason, Outgoing, ResultCode, Tracked
+from broker.protocol import NackReason, Outgoing, ResultCode, Tracked
 from broker.store import Store, StoredMessage
 
 if TYPE_CHECKING:
+    from broker import tmqp
     from broker.engine.channel import Channel as _Channel
     from broker.engine.channel import Client as _Client
 
@@ -70,7 +78,6 @@ __all__ = [
     "QueueMessage",
 ]
 
-_QUEUE = int(MessageType.QUEUE)
 _INF = float("inf")
 #: ``Tracked(client_id, frame)`` without the named tuple's Python-level __new__.
 _tracked = tuple.__new__
@@ -261,7 +268,7 @@ class Queue:
 
     # ------------------------------------------------------------------ the tracker
 
-    def on_ack(self, client: Client, ack: tmqp.Frame, now: float, out: list[Outgoing]) -> bool:
+    def on_ack(self, client: Client, ack: Message, now: float, out: list[Outgoing]) -> bool:
         """A consumer acknowledge for this queue; False when no delivery matches."""
         return self.tracker.on_ack(client, ack, now, out)
 
@@ -323,7 +330,12 @@ class Queue:
         return self.dispatch.next_with_room(consumers)
 
     def hand(
-        self, c: Client, kind: int, m: QueueMessage | None, frame: tmqp.Frame, out: list[Outgoing]
+        self,
+        c: Client,
+        kind: int,
+        m: QueueMessage | None,
+        frame: Message | tmqp.Frame,
+        out: list[Outgoing],
     ) -> None:
         self.dispatch.hand(c, kind, m, frame, out)
 
@@ -337,7 +349,7 @@ class Queue:
         kind: int,
         client_id: str,
         m: QueueMessage | None,
-        frame: tmqp.Frame | None,
+        frame: Message | None,
         seq: int,
         now: float,
         out: list[Outgoing],
@@ -363,7 +375,7 @@ class Queue:
 
     def restore(self, stored: StoredMessage, producer: Client | None, now: float) -> None:
         """Re-enqueue a message recovered from the store (keeps its sequence number)."""
-        m = QueueMessage(stored.sequence, stored.frame, producer, False, now)
+        m = QueueMessage(stored.sequence, stored.message, producer, False, now)
         m.saved = True
         m.put_backs = stored.put_backs
         self.sequence = max(self.sequence, m.seq)
@@ -387,41 +399,39 @@ class Queue:
             return ResultCode.LIMIT_EXCEEDED
         return 0
 
-    def push_plain(
-        self, frame: tmqp.Frame, sender: Client, now: float, out: list[Outgoing]
-    ) -> bool:
+    def push_plain(self, m: Message, sender: Client, now: float, out: list[Outgoing]) -> bool:
         """Take a push without the general path when nothing could decide otherwise.
 
         Taken when the queue is :attr:`plain` (default hooks, no acknowledge requests,
-        no message timeout, names not hidden), in push or round-robin status, the frame
-        is a QUEUE frame of this queue without headers or wait flags, and it passes the
-        size limit.  Then :meth:`accept` would send the frame (source stamped) to a
-        consumer or queue it: this does the same with less bookkeeping.  Sent at once
-        (nothing waits, one consumer takes it: round robin, or push with one consumer)
-        it needs no QueueMessage at all: the frame and its sequence number are enough
-        to put it back if the consumer goes away before it is sent (``broker.flow``).
-        Returns False (use :meth:`accept`) for anything else.  The caller has checked
-        the authorization and that no MESSAGE_PRODUCED subscriber waits.
+        no message timeout, names not hidden), in push or round-robin status, the message
+        is addressed to this queue without headers, acknowledge wish or first-acquirer
+        flag, and it passes the size limit.  Then :meth:`accept` would send the message
+        (source stamped) to a consumer or queue it: this does the same with less
+        bookkeeping.  Sent at once (nothing waits, one consumer takes it: round robin, or
+        push with one consumer) it needs no QueueMessage at all: the message and its
+        sequence number are enough to put it back if the consumer goes away before it is
+        sent (``broker.engine.flow``); it leaves as it came (with its wire form, if its
+        door gave it one).  Returns False (use :meth:`accept`) for anything else.  The
+        caller has checked the authorization, that the producer waits for no answer and
+        that no MESSAGE_PRODUCED subscriber waits.
         """
         strategy = self.strategy
         if (
             not self.plain
             or not strategy.takes_plain
-            or frame.headers
-            or frame.pending_ack
-            or frame.pending_response
-            or frame.first_acquirer
-            or frame.message_type != _QUEUE
-            or frame.content_type != self.id
-            or frame.target != self.channel.name
+            or m.headers
+            or m.wants_ack
+            or m.first_acquirer
+            or m.content_type != self.id
+            or m.target != self.channel.name
         ):
             return False
         opts = self.options
         if (opts.wait_for_acknowledge and self.tracker.pending) or (
-            opts.message_size_limit and len(frame.payload) > opts.message_size_limit
+            opts.message_size_limit and len(m.payload) > opts.message_size_limit
         ):
             return False
-        if not frame.message_id and opts.use_message_id:
+        if not m.message_id and opts.use_message_id:
             return False  # accept() gives it an id
         consumers = self.channel.consumer_list
         messages = self.messages
@@ -433,27 +443,27 @@ class Queue:
                 return False  # a push to several consumers is followed as a QueueMessage
         if c is None and opts.message_limit:
             return False  # accept() after check_push
-        if frame.source != sender.id:
-            frame = frame.replace(source=sender.id)
+        if m.source != sender.id:
+            m = m.replace(source=sender.id)
         self.sequence += 1
         self.received += 1
         self.last_received = now
         if c is not None:
             cid = c.id
-            out.append(_tracked(Tracked, (cid, frame)))
-            c.unsent.append((PLAIN, self, None, frame, self.sequence))
+            out.append(_tracked(Tracked, (cid, m)))
+            c.unsent.append((PLAIN, self, None, m, self.sequence))
             used = self.used
             used[cid] = used.get(cid, 0) + 1
             return True
-        m = QueueMessage(self.sequence, frame, sender, False, now)
-        messages.enqueue(m)
-        if consumers and (not self.stalled or m.high_priority):
+        qm = QueueMessage(self.sequence, m, sender, False, now)
+        messages.enqueue(qm)
+        if consumers and (not self.stalled or qm.high_priority):
             self.drain(now, out)  # (stalled: see accept)
         return True
 
     def accept(
         self,
-        frame: tmqp.Frame,
+        message: Message,
         sender: Client | None,
         now: float,
         out: list[Outgoing],
@@ -463,28 +473,18 @@ class Queue:
     ) -> QueueMessage | None:
         """Enqueue (or broadcast) a pushed message that passed :meth:`check_push`.
 
-        ``headers``/``message_id`` override the frame's (CC copies, routers).  Returns
-        the message, or None when the delivery handler rejected it.
+        ``headers``/``message_id`` override the message's (CC copies, routers).  Returns
+        the queue message, or None when the delivery handler rejected it.
         """
         opts = self.options
-        mid = frame.message_id if message_id is None else message_id
+        mid = message.message_id if message_id is None else message_id
         if not mid and (opts.use_message_id or opts.request_acknowledge or producer_waits):
             mid = self.host.new_id()
-        src = sender.id if sender is not None else frame.source
-        hdrs = frame.headers if headers is None else headers
-        if (
-            frame.source != src
-            or frame.message_id != mid
-            or frame.pending_ack
-            or frame.pending_response
-            or frame.content_type != self.id
-            or frame.target != self.channel.name
-            or frame.message_type != _QUEUE
-            or hdrs is not frame.headers
-        ):
-            frame = derive(frame, _QUEUE, False, False, self.id, mid, src, self.channel.name, hdrs)
+        src = sender.id if sender is not None else message.source
+        hdrs = message.headers if headers is None else headers
+        message = derive(message, False, self.id, mid, src, self.channel.name, hdrs)
         self.sequence += 1
-        m = QueueMessage(self.sequence, frame, sender, producer_waits, now)
+        m = QueueMessage(self.sequence, message, sender, producer_waits, now)
         self.received += 1
         self.last_received = now
         try:
@@ -506,21 +506,21 @@ class Queue:
     # ------------------------------------------------------------------ pull
 
     def pull(
-        self, client: Client, request: tmqp.Frame, now: float, out: list[Outgoing], max_count: int
+        self, client: Client, request: Message, now: float, out: list[Outgoing], max_count: int
     ) -> None:
         """Answer a pull request from a consumer of the channel (checks done by the caller)."""
         self.strategy.pull(self, client, request, now, out, max_count)
 
     def pull_messages(
-        self, client: Client, request: tmqp.Frame, now: float, out: list[Outgoing], limit: int
+        self, client: Client, request: Message, now: float, out: list[Outgoing], limit: int
     ) -> None:
         """Pull status: up to ``Count`` messages leave the queue (``pull``)."""
         pull.pull_messages(self, client, request, now, out, limit)
 
-    def pull_latest(self, client: Client, request: tmqp.Frame, out: list[Outgoing]) -> None:
+    def pull_latest(self, client: Client, request: Message, out: list[Outgoing]) -> None:
         """Cache status: the latest message, which stays in the queue (``pull``)."""
         pull.pull_latest(self, client, request, out)
 
-    def refuse_pull(self, client: Client, request: tmqp.Frame, out: list[Outgoing]) -> None:
+    def refuse_pull(self, client: Client, request: Message, out: list[Outgoing]) -> None:
         """A status without pull: Unacceptable and End markers (``pull``)."""
         pull.refuse_pull(self, client, request, out)
