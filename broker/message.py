@@ -68,6 +68,26 @@ class Message(NamedTuple):
         return None
 
 
+def with_source(m: Message, source: str) -> Message:
+    """``m`` stamped with another source (the client that pushed it), no wire form."""
+    return _new(
+        Message,
+        (
+            m.message_id,
+            source,
+            m.target,
+            m.content_type,
+            m.high_priority,
+            m.first_acquirer,
+            m.wants_ack,
+            m.ttl,
+            m.headers,
+            m.payload,
+            None,
+        ),
+    )
+
+
 def derive(
     m: Message,
     wants_ack: bool,

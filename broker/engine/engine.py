@@ -1,11 +1,32 @@
-"""The sans-IO broker engine: frames in, frames out, time passed in.
+"""The sans-IO broker engine: messages and frames in, output out, time passed in.
 
-The wire (``broker.server``) decodes frames, calls :meth:`Engine.receive` with the
-client id and a monotonic ``now``, and sends every returned :class:`Outgoing`; it calls
-:meth:`Engine.tick` when :meth:`Engine.next_deadline` passes.  The engine never reads a
-clock, never raises out of ``receive``/``tick``/``disconnect``, and answers a malformed
-request with an acknowledge or response carrying the result code when the sender waits
-for one.
+Two ways in, one engine behind them.  The TMQP door (``broker.server``) decodes frames
+and calls :meth:`Engine.receive` with the client id, the frame, a monotonic ``now`` and
+(optionally) the octets it decoded; queue frames become :class:`~broker.message.Message`
+values there (``broker.engine.tmqp_door``) and everything below works with messages.
+Any other front door (STOMP, a federation link) calls the typed operations instead,
+without building a TMQP frame:
+
+- :meth:`Engine.connect` / :meth:`Engine.disconnect` -- a client comes and goes;
+- :meth:`Engine.publish` -- push a :class:`Message` into queue ``content_type`` of
+  channel ``target`` (``wants_ack``: the producer waits for an acknowledge);
+- :meth:`Engine.subscribe` / :meth:`Engine.unsubscribe` -- become (stop being) a
+  consumer of a channel, with an optional window (``prefetch``);
+- :meth:`Engine.acknowledge` -- settle a delivery (negatively with a ``nack_reason``);
+- :meth:`Engine.pull` -- pull messages from a Pull (or Cache) queue;
+- :meth:`Engine.transmitted` and :meth:`Engine.tick` -- the transport took deliveries,
+  time passed.
+
+Each returns the :class:`Outgoing` items to send: a queue delivery is a ``Tracked``
+item carrying a :class:`Message` (the door encodes it: the TMQP door as a QUEUE frame,
+sending the received octets of a message passed through unchanged); replies, acknowledges
+to producers, pull markers, events and direct messages are still TMQP frames
+(``broker.engine.frames``; ``broker.protocol`` names their types and headers), which a
+door other than TMQP translates.  ``subscribe``/``unsubscribe`` raise
+:class:`OperationError` when refused; the others answer refusals in their output, as on
+TMQP.  The engine never reads a clock, never raises out of ``receive``/``tick``/
+``disconnect``, and answers a malformed request with an acknowledge or response carrying
+the result code when the sender waits for one.
 
 Replies (zerohub's reading of the document where it is loose):
 
@@ -72,6 +93,7 @@ from broker.engine.router import Router, RouterTable, router_from_json
 from broker.engine.tmqp_door import message_of
 from broker.message import Message
 from broker.protocol import (
+    ClearOption,
     ConnectionInfo,
     EventName,
     Header,
@@ -285,6 +307,128 @@ class Engine:
         except Exception as exc:
             self.count_error(f"receive type {mt:#x}", exc)
             answer_failure(client, frame, out, OperationError(ResultCode.FAILED, "internal error"))
+        return out
+
+    # ------------------------------------------------------------------ typed operations
+
+    def publish(
+        self, client_id: str, message: Message, now: float, *, wants_response: bool = False
+    ) -> list[Outgoing]:
+        """Push ``message`` into queue ``message.content_type`` of channel ``message.target``.
+
+        As a TMQP QUEUE frame would: ``CC`` headers copy it into other queues, a refusal
+        is answered only to a producer that waits (``message.wants_ack``: a negative
+        acknowledge; ``wants_response``: a response with the code), a producer that
+        waits for an acknowledge gets it when the queue's handler says so.  A wire form
+        on ``message`` is dropped: only :meth:`receive` attaches the octets it was given.
+        """
+        if message.wire is not None:
+            message = message.replace()  # octets come only from the door that read them
+        return self._typed(
+            client_id,
+            now,
+            "publish",
+            lambda c, out: self._push(c, message, wants_response, now, out),
+        )
+
+    def subscribe(
+        self, client_id: str, channel: str, now: float, *, prefetch: int | None = None
+    ) -> list[Outgoing]:
+        """Make the client a consumer of ``channel`` (created on the fly when the
+        configuration allows it); ``prefetch``: its own window for the channel's queues.
+
+        Raises :class:`OperationError` when refused (no such channel, not authorized,
+        ``prefetch`` below 1); the client is then left as it was.
+        """
+        if prefetch is not None and prefetch < 1:
+            raise OperationError(ResultCode.BAD_REQUEST, "prefetch must be at least 1")
+        limited = None if prefetch is None else min(prefetch, self.config.max_prefetch)
+        parts = self.parts
+        return self._typed(
+            client_id,
+            now,
+            "subscribe",
+            lambda c, out: operations.join_channel(parts, c, channel, limited, now, out),
+        )
+
+    def unsubscribe(self, client_id: str, channel: str, now: float) -> list[Outgoing]:
+        """The client stops consuming ``channel``; raises :class:`OperationError` (404)
+        when it was not a consumer of it."""
+        parts = self.parts
+        return self._typed(
+            client_id,
+            now,
+            "unsubscribe",
+            lambda c, out: operations.leave_channel(parts, c, channel, out),
+        )
+
+    def acknowledge(
+        self,
+        client_id: str,
+        channel: str,
+        queue_id: int,
+        message_id: str,
+        now: float,
+        *,
+        nack_reason: str | None = None,
+    ) -> list[Outgoing]:
+        """The client acknowledges a delivery (negatively with ``nack_reason``, one of
+        ``protocol.NackReason``); one that matches no delivery is counted and ignored."""
+        headers = ((Header.NACK_REASON, nack_reason),) if nack_reason is not None else ()
+        ack = Message(message_id, client_id, channel, queue_id, headers=headers)
+        return self._typed(
+            client_id, now, "acknowledge", lambda c, out: self._ack(c, ack, now, out)
+        )
+
+    def pull(
+        self,
+        client_id: str,
+        channel: str,
+        queue_id: int,
+        request_id: str,
+        now: float,
+        *,
+        count: int = 1,
+        lifo: bool = False,
+        clear: str = ClearOption.NONE,
+        info: bool = False,
+    ) -> list[Outgoing]:
+        """Pull up to ``count`` messages from a Pull queue (or the latest of a Cache
+        queue), answered as a TMQP pull is: the messages (``Request-Id``, ``Index``,
+        ``Count`` headers), then a ``No-Content: End`` marker; problems are one
+        ``No-Content`` marker before it."""
+        headers: tuple[tuple[str, str], ...] = ((Header.COUNT, str(count)),)
+        if lifo:
+            headers += ((Header.ORDER, "LIFO"),)
+        if clear != ClearOption.NONE:
+            headers += ((Header.CLEAR, clear),)
+        if info:
+            headers += ((Header.INFO, "yes"),)
+        request = Message(request_id, client_id, channel, queue_id, headers=headers)
+        return self._typed(
+            client_id, now, "pull", lambda c, out: self._pull_request(c, request, now, out)
+        )
+
+    def _typed(
+        self,
+        client_id: str,
+        now: float,
+        what: str,
+        operation: Callable[[Client, list[Outgoing]], None],
+    ) -> list[Outgoing]:
+        """Run a typed operation for a connected client (an unknown one gets nothing, as
+        in :meth:`receive`); OperationError passes, any other error is counted."""
+        self.services.now = now
+        out: list[Outgoing] = []
+        client = self.clients.get(client_id)
+        if client is None:
+            return out
+        try:
+            operation(client, out)
+        except OperationError:
+            raise
+        except Exception as exc:
+            self.count_error(what, exc)
         return out
 
     # ------------------------------------------------------------------ queue messages

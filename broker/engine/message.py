@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from broker.message import Headers, Message, derive
+from broker.message import Headers, Message, derive, with_source
 
 if TYPE_CHECKING:
     from broker.engine.channel import Client
@@ -24,6 +24,7 @@ __all__ = [
     "Message",
     "QueueMessage",
     "derive",
+    "with_source",
 ]
 
 # message states

@@ -240,7 +240,14 @@ def _prefetch(parts: EngineParts, frame: tmqp.Frame) -> int | None:
 def leave(
     parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> None:
-    channel = _channel(parts, frame)
+    leave_channel(parts, client, frame.target, out)
+
+
+def leave_channel(parts: EngineParts, client: Client, name: str, out: list[Outgoing]) -> None:
+    """``client`` stops consuming channel ``name`` (404 when it does not)."""
+    channel = parts.channels.channels.get(name)
+    if channel is None:
+        raise _error(ResultCode.NOT_FOUND, f"no channel {name!r}", NackReason.NO_CHANNEL)
     if not parts.channels.leave(client, channel, out):
         raise _error(ResultCode.NOT_FOUND, "not a member of this channel", NackReason.NO_CHANNEL)
 

@@ -30,7 +30,7 @@ from typing import Any
 import zmq
 
 from broker import tmqp
-from broker.engine.tmqp_door import encode as encode_message
+from broker.engine.tmqp_door import WIRE, encode
 from broker.message import Message
 from broker.protocol import Tracked
 from broker.server.options import ServerError, ServerOptions
@@ -125,9 +125,10 @@ class SendPath:
                 prev = frame
                 if frame is in_frame:
                     data = self.in_data
-                elif frame.__class__ is Message:  # a queue delivery: its wire form if any
+                elif frame.__class__ is Message:  # a queue delivery
+                    wire = frame.wire
                     try:
-                        data = encode_message(frame)
+                        data = wire[1] if wire is not None and wire[0] is WIRE else encode(frame)
                     except EncodeError as exc:
                         log.error("engine produced an unencodable message: %s", exc)
                         self.counters["engine_errors"] += 1

@@ -46,6 +46,7 @@ from broker.engine.message import (
     Message,
     QueueMessage,
     derive,
+    with_source,
 )
 from broker.engine.options import ChannelQueueOptions
 from broker.engine.queue import pull
@@ -444,7 +445,7 @@ class Queue:
         if c is None and opts.message_limit:
             return False  # accept() after check_push
         if m.source != sender.id:
-            m = m.replace(source=sender.id)
+            m = with_source(m, sender.id)
         self.sequence += 1
         self.received += 1
         self.last_received = now
