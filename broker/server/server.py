@@ -131,6 +131,8 @@ class Server:
         self.sessions = PeerSessions(engine, options, self.sender)
         #: Transport counters (shared by the send path and the sessions).
         self.counters = self.sender.counters
+        # read per message received: the sessions' table of peers by routing id
+        self._peers = self.sessions.by_rid
         self.context = context
         self.clock = clock
         self.endpoint: str | None = None  # the bound endpoint (port resolved)
@@ -354,7 +356,7 @@ class Server:
     def _on_message(
         self, rid: bytes, data: bytes, multipart: bool, now: float, part: zmq.Frame
     ) -> None:
-        peer = self.sessions.by_rid.get(rid)
+        peer = self._peers.get(rid)
         if peer is None or peer.state is not _READY:
             self.sessions.handshake(rid, peer, b"" if multipart else data, now, part)
             return
@@ -384,8 +386,9 @@ class Server:
                 return
             # the engine often forwards the very frame it was given (a push delivered
             # as is): send_all then reuses these octets instead of encoding again
-            self.sender.in_frame = msg
-            self.sender.in_data = data
+            sender = self.sender
+            sender.in_frame = msg
+            sender.in_data = data
             try:
                 outs = self.engine.receive(peer.client_id, msg, now, data)
             except Exception:

@@ -41,22 +41,7 @@ class Dispatcher:
         #: Bumped when options change: the frames prepared for sending are made again.
         self.out_version = 0
 
-    # ------------------------------------------------------------------ windows
-
-    def room(self, c: Client[Any]) -> bool:
-        """May consumer ``c`` take one more delivery of this queue now?"""
-        q = self.q
-        limit = c.prefetch.get(q.channel.name) or q.window
-        return q.used.get(c.id, 0) < limit
-
-    def release(self, client_id: str) -> None:
-        """One of the consumer's deliveries left its window."""
-        used = self.q.used
-        n = used.get(client_id, 0) - 1
-        if n > 0:
-            used[client_id] = n
-        else:
-            used.pop(client_id, None)
+    # ------------------------------------------------------------------ returns
 
     def give_back(self, m: QueueMessage, out: list[Outgoing]) -> None:
         """A message that never reached its consumer goes back to the front of the queue."""
@@ -227,18 +212,6 @@ class Dispatcher:
                 return (c,)
         return ()
 
-    def next_with_room(self, consumers: list[Client[Any]]) -> Client[Any] | None:
-        """Round robin: the next consumer with room in its window (None: all full)."""
-        q = self.q
-        n = len(consumers)
-        start = q.rr % n
-        for i in range(n):
-            c = consumers[(start + i) % n]
-            if self.room(c):
-                q.rr = (start + i + 1) % n
-                return c
-        return None
-
     # ------------------------------------------------------------------ handing over
 
     def hand(
@@ -330,7 +303,7 @@ class Dispatcher:
         m.delivered += 1  # a put-back resets m.out: the next send carries Delivery-Count
         if kind == ACKED:
             return  # the window slot is held until the acknowledge
-        self.release(client_id)
+        self.q.release(client_id)
         m.unsent -= 1
         if m.unsent <= 0 and m.state == INFLIGHT and q.alive:
             q.finish(m)  # (a removed queue took its messages and store with it)
@@ -347,13 +320,13 @@ class Dispatcher:
     ) -> None:
         """The consumer went away before the transport took a delivery (``flow.abandon``)."""
         if kind == PLAIN:
-            self.release(client_id)
+            self.q.release(client_id)
             assert frame is not None
             self.give_back(QueueMessage(seq, frame, None, False, now), out)
             return
         if m is None or kind == ACKED:
             return  # CACHE: nothing left the queue; ACKED: the acknowledge tracker returns it
-        self.release(client_id)
+        self.q.release(client_id)
         m.unsent -= 1
         if kind == BROADCAST:
             self.q.dropped += 1

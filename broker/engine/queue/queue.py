@@ -296,6 +296,32 @@ class Queue:
     def next_deadline(self) -> float | None:
         return self.tracker.next_deadline()
 
+    # ------------------------------------------------------------------ windows
+
+    def room(self, c: Client) -> bool:
+        """May consumer ``c`` take one more delivery of this queue now?"""
+        return self.used.get(c.id, 0) < (c.prefetch.get(self.channel.name) or self.window)
+
+    def release(self, client_id: str) -> None:
+        """One of the consumer's deliveries left its window."""
+        used = self.used
+        n = used.get(client_id, 0) - 1
+        if n > 0:
+            used[client_id] = n
+        else:
+            used.pop(client_id, None)
+
+    def next_with_room(self, consumers: list[Client]) -> Client | None:
+        """Round robin: the next consumer with room in its window (None: all full)."""
+        n = len(consumers)
+        start = self.rr % n
+        for i in range(n):
+            c = consumers[(start + i) % n]
+            if self.room(c):
+                self.rr = (start + i + 1) % n
+                return c
+        return None
+
     # ------------------------------------------------------------------ the dispatcher
 
     def send(
@@ -307,12 +333,6 @@ class Queue:
         keep: bool = True,
     ) -> bool:
         return self.dispatch.send(m, consumers, now, out, keep)
-
-    def room(self, c: Client) -> bool:
-        return self.dispatch.room(c)
-
-    def release(self, client_id: str) -> None:
-        self.dispatch.release(client_id)
 
     def eligible(self, m: QueueMessage, c: Client) -> bool:
         return self.dispatch.eligible(m, c)
@@ -326,9 +346,6 @@ class Queue:
         self, m: QueueMessage, consumers: Sequence[Client], rotate: bool, req_ack: bool
     ) -> tuple[Client, ...]:
         return self.dispatch.choose_one(m, consumers, rotate, req_ack)
-
-    def next_with_room(self, consumers: list[Client]) -> Client | None:
-        return self.dispatch.next_with_room(consumers)
 
     def hand(
         self,
