@@ -103,7 +103,8 @@ class DeliveryHandler:
     def acknowledge_received(
         self, queue: Queue, ack: Message, delivery: Delivery, success: bool
     ) -> Decision:
-        """A consumer acknowledged (``success``) or negatively acknowledged a delivery."""
+        """A consumer acknowledged (``success``) or negatively acknowledged a delivery;
+        ``ack`` is the acknowledge as a message (its id, and headers such as Nack-Reason)."""
         return ALLOW
 
     def acknowledge_timed_out(self, queue: Queue, delivery: Delivery) -> Decision:
