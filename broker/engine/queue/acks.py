@@ -71,7 +71,7 @@ class AckTracker:
             q.acks += 1
         else:
             q.nacks += 1
-        d = q.hook(m, "acknowledge_received", q, ack, dl, success)
+        d = q.hooks.call(m, "acknowledge_received", q, ack, dl, success)
         self.resolve(m, d, now, out, reason or NackReason.NONE, client.id, success)
         q.drain(now, out)
         return True
@@ -86,7 +86,7 @@ class AckTracker:
             m = dl.message
             m.inflight -= 1
             q.nacks += 1
-            d = q.hook(m, "consumer_receive_failed", q, dl, client)
+            d = q.hooks.call(m, "consumer_receive_failed", q, dl, client)
             self.resolve(m, d, now, out, NackReason.SEND_ERROR, "", False)
 
     def resolve(
@@ -173,7 +173,7 @@ class AckTracker:
             m = dl.message
             m.inflight -= 1
             q.nacks += 1
-            d = q.hook(m, "acknowledge_timed_out", q, dl)
+            d = q.hooks.call(m, "acknowledge_timed_out", q, dl)
             self.resolve(m, d, now, out, NackReason.TIMEOUT, "", False)
         expiry = self.expiry
         while expiry and expiry[0][0] <= now:
@@ -218,7 +218,7 @@ class AckTracker:
         q = self.q
         m.state = DONE
         q.timeouts += 1
-        d = q.hook(m, "message_timed_out", q, m)
+        d = q.hooks.call(m, "message_timed_out", q, m)
         if d.save and not m.saved:
             q.save(m)
         if d.send_ack is not AckWhen.NONE:

@@ -90,6 +90,7 @@ class HandlerHooks:
             return False
 
     def message_dequeued(self, m: QueueMessage) -> None:
+        """Tell the handler ``m`` left the queue (callers check :attr:`dequeued` first)."""
         if self.dequeued:
             try:
                 self.handler.message_dequeued(self._queue, m)

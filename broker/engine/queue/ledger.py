@@ -29,9 +29,9 @@ class Ledger:
         if d.save and not m.saved:
             self.save(m)
         if d.send_ack is not AckWhen.NONE:
-            self.ack(m, d.send_ack, out, NackReason.NONE)
+            self.ack_producer(m, d.send_ack, out, NackReason.NONE)
 
-    def ack(
+    def ack_producer(
         self, m: QueueMessage, when: AckWhen, out: list[Outgoing], reason: str, source: str = ""
     ) -> None:
         """Acknowledge the producer (once per message, only if it waits for it)."""
@@ -70,11 +70,12 @@ class Ledger:
                 q.store.remove(q.key, m.seq)
             except Exception as exc:
                 q.error("store.remove", exc)
-        q.hooks.message_dequeued(m)
+        if q.hooks.dequeued:
+            q.hooks.message_dequeued(m)
 
     def drop(self, m: QueueMessage, out: list[Outgoing], reason: str, count: bool = True) -> None:
         """Remove a message that was not consumed; a waiting producer gets a nack."""
         if count:
             self.q.removed += 1
-        self.ack(m, AckWhen.NEGATIVE, out, reason)
+        self.ack_producer(m, AckWhen.NEGATIVE, out, reason)
         self.finish(m)

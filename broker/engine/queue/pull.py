@@ -154,7 +154,7 @@ def _take(
             messages.unpop(m, last=lifo)
             break
         if q.hooks.begin_send:
-            d = q.hook(m, "begin_send", q, m)
+            d = q.hooks.call(m, "begin_send", q, m)
             q.side_effects(m, d, out)
             if not d.allow:
                 if d.put_back is not PutBack.NO:
