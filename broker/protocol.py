@@ -13,6 +13,7 @@ from enum import IntEnum
 from typing import NamedTuple
 
 from broker import tmqp
+from broker.message import Message
 
 #: The 8-octet greeting; one ZeroMQ message each way before anything else.
 GREETING = b"TMQP/2.0"
@@ -371,7 +372,8 @@ class Outgoing(NamedTuple):
     """
 
     client_id: str
-    frame: tmqp.Frame
+    #: A frame, or (queue deliveries) a message the door encodes (``broker.message``).
+    frame: tmqp.Frame | Message
 
 
 class Tracked(Outgoing):

@@ -22,7 +22,7 @@ from broker.engine.events import EventHub
 from broker.engine.host import QueueServices
 from broker.engine.options import BrokerConfig, ChannelOptions, ChannelQueueOptions
 from broker.engine.queue.queue import Queue
-from broker.protocol import EventName, NackReason, Outgoing, QueueStatus, ResultCode
+from broker.protocol import EventName, NackReason, Outgoing, ResultCode
 from broker.store import Store
 
 #: The engine's channels and clients, holding its queues.
@@ -61,7 +61,7 @@ class ChannelRegistry:
         if (
             not code
             and queue.message_count >= self.config.limits.max_queue_messages
-            and queue.status is not QueueStatus.BROADCAST
+            and queue.strategy.limits_count
         ):
             return ResultCode.LIMIT_EXCEEDED
         return code

@@ -17,9 +17,8 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from broker import tmqp
     from broker.engine.channel import Client
-    from broker.engine.message import Delivery, QueueMessage
+    from broker.engine.message import Delivery, Message, QueueMessage
     from broker.engine.queue_view import QueueView as Queue
 
 
@@ -102,9 +101,10 @@ class DeliveryHandler:
         return ALLOW
 
     def acknowledge_received(
-        self, queue: Queue, ack: tmqp.Frame, delivery: Delivery, success: bool
+        self, queue: Queue, ack: Message, delivery: Delivery, success: bool
     ) -> Decision:
-        """A consumer acknowledged (``success``) or negatively acknowledged a delivery."""
+        """A consumer acknowledged (``success``) or negatively acknowledged a delivery;
+        ``ack`` is the acknowledge as a message (its id, and headers such as Nack-Reason)."""
         return ALLOW
 
     def acknowledge_timed_out(self, queue: Queue, delivery: Delivery) -> Decision:
@@ -147,7 +147,7 @@ class DefaultDeliveryHandler(DeliveryHandler):
         return RETRY_FIRST
 
     def acknowledge_received(
-        self, queue: Queue, ack: tmqp.Frame, delivery: Delivery, success: bool
+        self, queue: Queue, ack: Message, delivery: Delivery, success: bool
     ) -> Decision:
         return ALLOW_ACK if success else RETRY_LAST
 

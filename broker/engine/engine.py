@@ -1,11 +1,32 @@
-"""The sans-IO broker engine: frames in, frames out, time passed in.
+"""The sans-IO broker engine: messages and frames in, output out, time passed in.
 
-The wire (``broker.server``) decodes frames, calls :meth:`Engine.receive` with the
-client id and a monotonic ``now``, and sends every returned :class:`Outgoing`; it calls
-:meth:`Engine.tick` when :meth:`Engine.next_deadline` passes.  The engine never reads a
-clock, never raises out of ``receive``/``tick``/``disconnect``, and answers a malformed
-request with an acknowledge or response carrying the result code when the sender waits
-for one.
+Two ways in, one engine behind them.  The TMQP door (``broker.server``) decodes frames
+and calls :meth:`Engine.receive` with the client id, the frame, a monotonic ``now`` and
+(optionally) the octets it decoded; queue frames become :class:`~broker.message.Message`
+values there (``broker.engine.tmqp_door``) and everything below works with messages.
+Any other front door (STOMP, a federation link) calls the typed operations instead,
+without building a TMQP frame:
+
+- :meth:`Engine.connect` / :meth:`Engine.disconnect` -- a client comes and goes;
+- :meth:`Engine.publish` -- push a :class:`Message` into queue ``content_type`` of
+  channel ``target`` (``wants_ack``: the producer waits for an acknowledge);
+- :meth:`Engine.subscribe` / :meth:`Engine.unsubscribe` -- become (stop being) a
+  consumer of a channel, with an optional window (``prefetch``);
+- :meth:`Engine.acknowledge` -- settle a delivery (negatively with a ``nack_reason``);
+- :meth:`Engine.pull` -- pull messages from a Pull (or Cache) queue;
+- :meth:`Engine.transmitted` and :meth:`Engine.tick` -- the transport took deliveries,
+  time passed.
+
+Each returns the :class:`Outgoing` items to send: a queue delivery is a ``Tracked``
+item carrying a :class:`Message` (the door encodes it: the TMQP door as a QUEUE frame,
+sending the received octets of a message passed through unchanged); replies, acknowledges
+to producers, pull markers, events and direct messages are still TMQP frames
+(``broker.engine.frames``; ``broker.protocol`` names their types and headers), which a
+door other than TMQP translates.  ``subscribe``/``unsubscribe`` raise
+:class:`OperationError` when refused; the others answer refusals in their output, as on
+TMQP.  The engine never reads a clock, never raises out of ``receive``/``tick``/
+``disconnect``, and answers a malformed request with an acknowledge or response carrying
+the result code when the sender waits for one.
 
 Replies (zerohub's reading of the document where it is loose):
 
@@ -69,7 +90,10 @@ from broker.engine.parts import EngineParts
 from broker.engine.queue.queue import Queue
 from broker.engine.replies import answer_failure, reject_push
 from broker.engine.router import Router, RouterTable, router_from_json
+from broker.engine.tmqp_door import message_of
+from broker.message import Message
 from broker.protocol import (
+    ClearOption,
     ConnectionInfo,
     EventName,
     Header,
@@ -78,7 +102,6 @@ from broker.protocol import (
     Outgoing,
     ResultCode,
     Tracked,
-    headers_all,
 )
 from broker.store import MemoryStore, Store
 
@@ -86,6 +109,7 @@ __all__ = [
     "ClientRejected",
     "Engine",
     "EngineError",
+    "Message",
     "OperationError",
     "Outgoing",
     "Tracked",
@@ -95,6 +119,8 @@ __all__ = [
 log = logging.getLogger("broker.engine.engine")
 
 _Handler = Callable[[Client, tmqp.Frame, float, list[Outgoing]], None]
+_QUEUE = int(MessageType.QUEUE)
+_CC = Header.CC.lower()
 
 
 def _default_id_factory() -> Callable[[], str]:
@@ -149,7 +175,9 @@ class Engine:
         direct = self.client_registry
         #: Message type -> what handles a frame of it (anything else: 406 Unacceptable).
         self._handlers: dict[int, _Handler] = {
-            MessageType.QUEUE: self._push,
+            MessageType.QUEUE: lambda c, f, now, out: self._push(
+                c, message_of(f), f.pending_response, now, out
+            ),
             MessageType.ACK: self._on_ack,
             MessageType.PULL: self._pull,
             MessageType.DIRECT: lambda c, f, now, out: direct.direct(c, f, out),
@@ -248,8 +276,14 @@ class Engine:
 
     # ------------------------------------------------------------------ frames in
 
-    def receive(self, client_id: str, frame: tmqp.Frame, now: float) -> list[Outgoing]:
-        """Process one frame from a connected client (anything after connection info)."""
+    def receive(
+        self, client_id: str, frame: tmqp.Frame, now: float, data: bytes | None = None
+    ) -> list[Outgoing]:
+        """Process one frame from a connected client (anything after connection info).
+
+        ``data``: the octets the frame was decoded from, if the caller has them: a queue
+        message delivered unchanged is then sent as those octets (``tmqp_door``).
+        """
         self.services.now = now
         out: list[Outgoing] = []
         client = self.clients.get(client_id)
@@ -257,6 +291,9 @@ class Engine:
             return out
         mt = frame.message_type
         try:
+            if mt == _QUEUE:
+                self._push(client, message_of(frame, data), frame.pending_response, now, out)
+                return out
             handle = self._handlers.get(mt)
             if handle is not None:
                 handle(client, frame, now, out)
@@ -272,16 +309,143 @@ class Engine:
             answer_failure(client, frame, out, OperationError(ResultCode.FAILED, "internal error"))
         return out
 
+    # ------------------------------------------------------------------ typed operations
+
+    def publish(
+        self, client_id: str, message: Message, now: float, *, wants_response: bool = False
+    ) -> list[Outgoing]:
+        """Push ``message`` into queue ``message.content_type`` of channel ``message.target``.
+
+        As a TMQP QUEUE frame would: ``CC`` headers copy it into other queues, a refusal
+        is answered only to a producer that waits (``message.wants_ack``: a negative
+        acknowledge; ``wants_response``: a response with the code), a producer that
+        waits for an acknowledge gets it when the queue's handler says so.  A wire form
+        on ``message`` is dropped: only :meth:`receive` attaches the octets it was given.
+        """
+        if message.wire is not None:
+            message = message.replace()  # octets come only from the door that read them
+        return self._typed(
+            client_id,
+            now,
+            "publish",
+            lambda c, out: self._push(c, message, wants_response, now, out),
+        )
+
+    def subscribe(
+        self, client_id: str, channel: str, now: float, *, prefetch: int | None = None
+    ) -> list[Outgoing]:
+        """Make the client a consumer of ``channel`` (created on the fly when the
+        configuration allows it); ``prefetch``: its own window for the channel's queues.
+
+        Raises :class:`OperationError` when refused (no such channel, not authorized,
+        ``prefetch`` below 1); the client is then left as it was.
+        """
+        if prefetch is not None and prefetch < 1:
+            raise OperationError(ResultCode.BAD_REQUEST, "prefetch must be at least 1")
+        limited = None if prefetch is None else min(prefetch, self.config.max_prefetch)
+        parts = self.parts
+        return self._typed(
+            client_id,
+            now,
+            "subscribe",
+            lambda c, out: operations.join_channel(parts, c, channel, limited, now, out),
+        )
+
+    def unsubscribe(self, client_id: str, channel: str, now: float) -> list[Outgoing]:
+        """The client stops consuming ``channel``; raises :class:`OperationError` (404)
+        when it was not a consumer of it."""
+        parts = self.parts
+        return self._typed(
+            client_id,
+            now,
+            "unsubscribe",
+            lambda c, out: operations.leave_channel(parts, c, channel, out),
+        )
+
+    def acknowledge(
+        self,
+        client_id: str,
+        channel: str,
+        queue_id: int,
+        message_id: str,
+        now: float,
+        *,
+        nack_reason: str | None = None,
+    ) -> list[Outgoing]:
+        """The client acknowledges a delivery (negatively with ``nack_reason``, one of
+        ``protocol.NackReason``); one that matches no delivery is counted and ignored."""
+        headers = ((Header.NACK_REASON, nack_reason),) if nack_reason is not None else ()
+        ack = Message(message_id, client_id, channel, queue_id, headers=headers)
+        return self._typed(
+            client_id, now, "acknowledge", lambda c, out: self._ack(c, ack, now, out)
+        )
+
+    def pull(
+        self,
+        client_id: str,
+        channel: str,
+        queue_id: int,
+        request_id: str,
+        now: float,
+        *,
+        count: int = 1,
+        lifo: bool = False,
+        clear: str = ClearOption.NONE,
+        info: bool = False,
+    ) -> list[Outgoing]:
+        """Pull up to ``count`` messages from a Pull queue (or the latest of a Cache
+        queue), answered as a TMQP pull is: the messages (``Request-Id``, ``Index``,
+        ``Count`` headers), then a ``No-Content: End`` marker; problems are one
+        ``No-Content`` marker before it."""
+        headers: tuple[tuple[str, str], ...] = ((Header.COUNT, str(count)),)
+        if lifo:
+            headers += ((Header.ORDER, "LIFO"),)
+        if clear != ClearOption.NONE:
+            headers += ((Header.CLEAR, clear),)
+        if info:
+            headers += ((Header.INFO, "yes"),)
+        request = Message(request_id, client_id, channel, queue_id, headers=headers)
+        return self._typed(
+            client_id, now, "pull", lambda c, out: self._pull_request(c, request, now, out)
+        )
+
+    def _typed(
+        self,
+        client_id: str,
+        now: float,
+        what: str,
+        operation: Callable[[Client, list[Outgoing]], None],
+    ) -> list[Outgoing]:
+        """Run a typed operation for a connected client (an unknown one gets nothing, as
+        in :meth:`receive`); OperationError passes, any other error is counted."""
+        self.services.now = now
+        out: list[Outgoing] = []
+        client = self.clients.get(client_id)
+        if client is None:
+            return out
+        try:
+            operation(client, out)
+        except OperationError:
+            raise
+        except Exception as exc:
+            self.count_error(what, exc)
+        return out
+
     # ------------------------------------------------------------------ queue messages
 
-    def _push(self, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]) -> None:
-        channel = self.channels.get(frame.target)
-        queue = channel.queues.get(frame.content_type) if channel is not None else None
+    def _push(
+        self,
+        client: Client,
+        m: Message,
+        wants_response: bool,
+        now: float,
+        out: list[Outgoing],
+    ) -> None:
+        channel = self.channels.get(m.target)
+        queue = channel.queues.get(m.content_type) if channel is not None else None
         try:
             if queue is None:
-                queue = self.channel_registry.resolve_queue(
-                    client, frame.target, frame.content_type, out
-                )
+                queue = self.channel_registry.resolve_queue(client, m.target, m.content_type, out)
             authorizer = self.authorizer
             if type(authorizer) is not AllowAll and not authorizer.allows(
                 client, Action.PUSH, queue.channel.name, queue.id
@@ -289,24 +453,25 @@ class Engine:
                 raise OperationError(ResultCode.UNAUTHORIZED, "push not allowed")
             if (
                 queue.plain
+                and not wants_response
                 and not self.events.has(EventName.MESSAGE_PRODUCED)
-                and queue.push_plain(frame, client, now, out)
+                and queue.push_plain(m, client, now, out)
             ):
                 return
-            if frame.headers:
-                ccs = headers_all(frame, Header.CC)
+            if m.headers:
+                ccs = [v for k, v in m.headers if k.lower() == _CC]
                 if ccs:
-                    self._push_cc(client, frame, queue, ccs, now, out)
+                    self._push_cc(client, m, queue, ccs, now, out)
                     return
-            code = self.channel_registry.check_push(queue, len(frame.payload))
+            code = self.channel_registry.check_push(queue, len(m.payload))
             if code:
                 raise OperationError(ResultCode(code), "push refused by the queue")
         except OperationError as err:
-            reject_push(client, frame, out, err)
+            reject_push(client, m, wants_response, out, err)
             return
-        m = queue.accept(frame, client, now, out, frame.pending_ack)
-        if m is not None:
-            self._produced(queue, m, out)
+        qm = queue.accept(m, client, now, out, m.wants_ack)
+        if qm is not None:
+            self._produced(queue, qm, out)
 
     def _produced(self, queue: Queue, m: QueueMessage, out: list[Outgoing]) -> None:
         """The MessageProduced event, when anyone subscribed to it."""
@@ -322,7 +487,7 @@ class Engine:
     def _push_cc(
         self,
         client: Client,
-        frame: tmqp.Frame,
+        message: Message,
         primary: Queue,
         ccs: list[str],
         now: float,
@@ -358,16 +523,18 @@ class Engine:
                 raise OperationError(ResultCode.UNAUTHORIZED, f"push to {parts[0]} not allowed")
             mid = parts[2] if len(parts) > 2 and parts[2] else self.new_id()
             copies.append((queue, mid))
-        size = len(frame.payload)
+        size = len(message.payload)
         for queue in (primary, *(q for q, _ in copies)):
             code = self.channel_registry.check_push(queue, size)
             if code:
                 raise OperationError(ResultCode(code), f"push refused by {queue.key}")
-        plain = tuple((k, v) for k, v in frame.headers if k.lower() != "cc")
-        targets: list[tuple[Queue, str | None, bool]] = [(primary, None, frame.pending_ack)]
+        plain = tuple((k, v) for k, v in message.headers if k.lower() != _CC)
+        targets: list[tuple[Queue, str | None, bool]] = [(primary, None, message.wants_ack)]
         targets += [(q, copy_id, False) for q, copy_id in copies]
         for queue, message_id, waits in targets:
-            m = queue.accept(frame, client, now, out, waits, headers=plain, message_id=message_id)
+            m = queue.accept(
+                message, client, now, out, waits, headers=plain, message_id=message_id
+            )
             if m is not None:
                 self._produced(queue, m, out)
 
@@ -375,13 +542,21 @@ class Engine:
         if frame.high_priority:  # acknowledge of a direct message: pass it on
             self.client_registry.forward_ack(client, frame, out)
             return
-        channel = self.channels.get(frame.target)
-        queue = channel.queues.get(frame.content_type) if channel is not None else None
-        if queue is None or not queue.on_ack(client, frame, now, out):
+        self._ack(client, message_of(frame), now, out)
+
+    def _ack(self, client: Client, ack: Message, now: float, out: list[Outgoing]) -> None:
+        channel = self.channels.get(ack.target)
+        queue = channel.queues.get(ack.content_type) if channel is not None else None
+        if queue is None or not queue.on_ack(client, ack, now, out):
             self.client_registry.unmatched_acks += 1
 
     def _pull(self, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]) -> None:
-        rid, name, qid = frame.message_id, frame.target, frame.content_type
+        self._pull_request(client, message_of(frame), now, out)
+
+    def _pull_request(
+        self, client: Client, request: Message, now: float, out: list[Outgoing]
+    ) -> None:
+        rid, name, qid = request.message_id, request.target, request.content_type
         channel = self.channels.get(name)
         queue = channel.queues.get(qid) if channel is not None else None
         token = None
@@ -399,7 +574,7 @@ class Engine:
             out.append(Outgoing(client.id, pull_marker(rid, name, qid, token or "")))
             out.append(Outgoing(client.id, pull_marker(rid, name, qid, NoContent.END)))
             return
-        queue.pull(client, frame, now, out, self.config.limits.max_pull_count)
+        queue.pull(client, request, now, out, self.config.limits.max_pull_count)
 
     # ------------------------------------------------------------------ flow control
 

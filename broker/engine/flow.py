@@ -40,9 +40,8 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from broker import tmqp
     from broker.engine.channel import Client
-    from broker.engine.message import QueueMessage
+    from broker.engine.message import Message, QueueMessage
     from broker.engine.queue_view import QueueView as Queue
     from broker.protocol import Outgoing
 
@@ -50,7 +49,7 @@ if TYPE_CHECKING:
 QV = TypeVar("QV", bound="Queue")
 
 # What a tracked delivery is (the first field of a Transit).
-#: A push sent by the plain fast path: no QueueMessage, the frame and sequence number
+#: A push sent by the plain fast path: no QueueMessage, the message and sequence number
 #: to rebuild one if it has to go back.
 PLAIN = 0
 #: A message of a queue without acknowledges (push, round robin, pull).
@@ -62,9 +61,9 @@ ACKED = 3
 #: A cache queue's answer: the message stays in the queue.
 CACHE = 4
 
-#: ``(kind, queue, message or None, frame or None, sequence number)``: the entries of
+#: ``(kind, queue, queue message or None, message or None, sequence number)``: the entries of
 #: ``Client.unsent`` (``broker.engine.channel.Transit``), with their types.
-Transit = tuple[int, "Queue", "QueueMessage | None", "tmqp.Frame | None", int]
+Transit = tuple[int, "Queue", "QueueMessage | None", "Message | None", int]
 
 
 def transmitted(client: Client[Any], count: int, now: float, ready: dict[QV, None]) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from broker import tmqp
+from broker.message import Message
 from broker.protocol import DEFAULT_TTL, Header, MessageType
 
 _Frame = tmqp.Frame
@@ -53,6 +54,26 @@ def derive(
         target,
         headers,
         f.payload,
+    )
+
+
+def response_with(m: Message, request_id: str, to: str, source: str) -> tmqp.Frame:
+    """A successful RESPONSE to ``request_id`` carrying message ``m`` (a Cache queue's
+    answer): its headers, payload, priority, first-acquirer flag and TTL."""
+    payload = m.payload
+    return _Frame(
+        m.first_acquirer,
+        m.high_priority,
+        _RESPONSE,
+        False,
+        False,
+        m.ttl,
+        0,
+        request_id,
+        source,
+        to,
+        m.headers,
+        payload if type(payload) is bytes else bytes(payload),
     )
 
 

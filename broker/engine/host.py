@@ -53,7 +53,7 @@ class QueueTimers:
 
 
 class QueueServices:
-    """What a queue needs from the engine (``broker.engine.queue.core.QueueHost``)."""
+    """What a queue needs from the engine (``broker.engine.queue.protocols.QueueHost``)."""
 
     def __init__(
         self,

@@ -1,13 +1,31 @@
-"""Queue messages and deliveries (what delivery handlers get to see)."""
+"""Queue messages and deliveries (what delivery handlers get to see).
+
+The message itself is a :class:`broker.message.Message` (re-exported here): the engine's
+one message model, whatever door it came through; a :class:`QueueMessage` is its life
+in one queue (sequence number, state, producer, delivery counts).
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from broker import tmqp
+from broker.message import Headers, Message, derive, with_source
 
 if TYPE_CHECKING:
     from broker.engine.channel import Client
+
+__all__ = [
+    "DELAYED",
+    "DONE",
+    "INFLIGHT",
+    "QUEUED",
+    "Delivery",
+    "Headers",
+    "Message",
+    "QueueMessage",
+    "derive",
+    "with_source",
+]
 
 # message states
 QUEUED = 0  # waiting in the queue
@@ -17,16 +35,16 @@ DONE = 3  # finished (consumed, removed or timed out)
 
 
 class QueueMessage:
-    """A message in a queue (hooks receive it; ``frame`` is what consumers get)."""
+    """A message in a queue (hooks receive it; ``message`` is what consumers get)."""
 
     __slots__ = (
         "acked",
         "created",
         "deadline",
         "delivered",
-        "frame",
         "high_priority",
         "inflight",
+        "message",
         "message_id",
         "out",
         "out_version",
@@ -43,15 +61,15 @@ class QueueMessage:
     def __init__(
         self,
         seq: int,
-        frame: tmqp.Frame,
+        message: Message,
         producer: Client | None,
         producer_waits: bool,
         created: float,
     ) -> None:
         self.seq = seq
-        self.frame = frame
-        self.message_id = frame.message_id
-        self.high_priority = frame.high_priority
+        self.message = message
+        self.message_id = message.message_id
+        self.high_priority = message.high_priority
         self.producer = producer
         self.producer_waits = producer_waits
         self.created = created
@@ -66,16 +84,17 @@ class QueueMessage:
         self.transmitted = 0
         self.delivered = 0
         self.state = QUEUED
-        self.out: tmqp.Frame | None = None
+        #: What consumers get under the queue's current options (made at the first send).
+        self.out: Message | None = None
         self.out_version = -1
 
     @property
-    def payload(self) -> bytes:
-        return self.frame.payload
+    def payload(self) -> bytes | memoryview:
+        return self.message.payload
 
     @property
     def producer_id(self) -> str:
-        return self.producer.id if self.producer is not None else self.frame.source
+        return self.producer.id if self.producer is not None else self.message.source
 
     def __repr__(self) -> str:
         return f"QueueMessage(seq={self.seq}, id={self.message_id!r}, state={self.state})"

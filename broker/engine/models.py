@@ -138,7 +138,7 @@ def message_event(queue: Queue, message: QueueMessage) -> dict[str, Any]:
         "Queue": queue.id,
         "Id": message.message_id,
         "Saved": message.saved,
-        "ProducerId": producer.id if producer is not None else message.frame.source,
+        "ProducerId": producer.id if producer is not None else message.message.source,
         "ProducerName": producer.name if producer is not None else None,
         "ProducerType": producer.type if producer is not None else None,
     }

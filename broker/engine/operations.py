@@ -199,14 +199,25 @@ def channel_info(
 def join(
     parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> None:
-    prefetch = _prefetch(parts, frame)
-    channel = parts.channels.channels.get(frame.target)
+    join_channel(parts, client, frame.target, _prefetch(parts, frame), now, out)
+
+
+def join_channel(
+    parts: EngineParts,
+    client: Client,
+    name: str,
+    prefetch: int | None,
+    now: float,
+    out: list[Outgoing],
+) -> None:
+    """Make ``client`` a consumer of channel ``name`` (created on the fly if allowed)."""
+    channel = parts.channels.channels.get(name)
     if channel is None:
         if not parts.config.auto_create_channel:
-            _channel(parts, frame)  # raises 404
-        _allow(parts, client, Action.JOIN, frame.target)
-        _allow(parts, client, Action.CHANNEL_CREATE, frame.target)
-        channel = parts.channels.create_channel(frame.target, out=out)
+            raise _error(ResultCode.NOT_FOUND, f"no channel {name!r}", NackReason.NO_CHANNEL)
+        _allow(parts, client, Action.JOIN, name)
+        _allow(parts, client, Action.CHANNEL_CREATE, name)
+        channel = parts.channels.create_channel(name, out=out)
     else:
         _allow(parts, client, Action.JOIN, channel.name)
     parts.channels.join(client, channel, now, out, prefetch)
@@ -229,7 +240,14 @@ def _prefetch(parts: EngineParts, frame: tmqp.Frame) -> int | None:
 def leave(
     parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> None:
-    channel = _channel(parts, frame)
+    leave_channel(parts, client, frame.target, out)
+
+
+def leave_channel(parts: EngineParts, client: Client, name: str, out: list[Outgoing]) -> None:
+    """``client`` stops consuming channel ``name`` (404 when it does not)."""
+    channel = parts.channels.channels.get(name)
+    if channel is None:
+        raise _error(ResultCode.NOT_FOUND, f"no channel {name!r}", NackReason.NO_CHANNEL)
     if not parts.channels.leave(client, channel, out):
         raise _error(ResultCode.NOT_FOUND, "not a member of this channel", NackReason.NO_CHANNEL)
 

@@ -12,9 +12,8 @@ from collections.abc import Mapping, Sized
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from broker import tmqp
     from broker.engine.channel import Channel
-    from broker.engine.message import QueueMessage
+    from broker.engine.message import Message, QueueMessage
     from broker.engine.options import ChannelQueueOptions
     from broker.protocol import Outgoing, QueueStatus
 
@@ -80,7 +79,7 @@ class QueueView(Protocol):
         kind: int,
         client_id: str,
         m: QueueMessage | None,
-        frame: tmqp.Frame | None,
+        frame: Message | None,
         seq: int,
         now: float,
         out: list[Outgoing],

@@ -11,6 +11,7 @@ from broker import tmqp
 from broker.engine import frames
 from broker.engine.channel import Client
 from broker.engine.errors import OperationError
+from broker.message import Message
 from broker.protocol import Outgoing, ResultCode
 
 
@@ -63,13 +64,17 @@ def answer_failure(
 
 
 def reject_push(
-    client: Client[Any], frame: tmqp.Frame, out: list[Outgoing], err: OperationError
+    client: Client[Any],
+    message: Message,
+    wants_response: bool,
+    out: list[Outgoing],
+    err: OperationError,
 ) -> None:
-    """A refused push: a negative ACK (queue id, channel) or a RESPONSE with the code."""
-    if frame.pending_ack:
-        qid, mid, target = frame.content_type, frame.message_id, frame.target
+    """A refused push: a negative ACK (queue id, channel) when the producer waits for an
+    acknowledge, else a RESPONSE with the code when it waits for a response."""
+    if message.wants_ack:
+        qid, mid, target = message.content_type, message.message_id, message.target
         out.append(Outgoing(client.id, frames.ack(qid, mid, "", target, err.token, err.reason)))
-    elif frame.pending_response:
-        out.append(
-            Outgoing(client.id, frames.response(frame.message_id, client.id, err.code, err.reason))
-        )
+    elif wants_response:
+        response = frames.response(message.message_id, client.id, err.code, err.reason)
+        out.append(Outgoing(client.id, response))

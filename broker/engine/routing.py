@@ -14,6 +14,7 @@ from broker.engine.errors import OperationError
 from broker.engine.parts import EngineParts
 from broker.engine.replies import ack_frame, answer_failure
 from broker.engine.router import Binding, Interaction, QueueBinding
+from broker.engine.tmqp_door import message_of
 from broker.protocol import MessageType, NackReason, Outgoing, ResultCode
 
 
@@ -79,7 +80,8 @@ def _route(
         if parts.channels.check_push(queue, len(frame.payload)):
             return False
         waits = interaction is Interaction.ACKNOWLEDGE and frame.pending_ack and keep_id
-        return queue.accept(frame, client, now, out, waits, message_id=mid) is not None
+        message = message_of(frame)
+        return queue.accept(message, client, now, out, waits, message_id=mid) is not None
     receivers = parts.clients.find_receivers(binding.target)
     if frame.first_acquirer:
         receivers = receivers[:1]

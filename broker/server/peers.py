@@ -52,7 +52,7 @@ from broker.protocol import (
 )
 from broker.server.links import Connections, Link, curve_key
 from broker.server.options import ServerOptions
-from broker.server.send import Peer, PeerState, ServerSendPath
+from broker.server.send import Peer, PeerState, SendPath
 from zproto.errors import DecodeError
 
 log = logging.getLogger("broker.server.server")
@@ -76,7 +76,9 @@ class EngineLike(Protocol):
     def connect(
         self, info: ConnectionInfo, now: float, *, replace: bool = False
     ) -> tuple[str, list[Any]]: ...
-    def receive(self, client_id: str, frame: tmqp.Frame, now: float) -> list[Any]: ...
+    def receive(
+        self, client_id: str, frame: tmqp.Frame, now: float, data: bytes | None = None
+    ) -> list[Any]: ...
     def disconnect(self, client_id: str, now: float) -> list[Any]: ...
     def transmitted(self, counts: dict[str, int], now: float) -> list[Any]: ...
     def tick(self, now: float) -> list[Any]: ...
@@ -152,24 +154,27 @@ def _split_secret(info: ConnectionInfo) -> tuple[ConnectionInfo, str | None]:
     return dataclasses.replace(info, properties=props), secret
 
 
-class PeerSessions(ServerSendPath):
+class PeerSessions:
     """Handshakes and sessions of the ROUTER peers (see the module docstring)."""
 
-    def __init__(self, engine: EngineLike, options: ServerOptions) -> None:
-        super().__init__(options)
+    def __init__(self, engine: EngineLike, options: ServerOptions, sender: SendPath) -> None:
         self.engine = engine
-        self._peers: dict[bytes, Peer] = {}
-        self._next_scan = 0.0
-        self._handshakes = 0  # peers in AWAIT_INFO
-        self._proofs: dict[bytes, SessionProof] = {}  # READY peers, by routing id
-        self._links: dict[bytes, Link] = {}  # known peers' connections, by routing id
-        self._link_owner: dict[Link, bytes] = {}  # and the other way round
-        self._closing: dict[Link, float] = {}  # connections to shut down, and when
-        self._connections: Connections | None = None  # set by the server once bound
-        self._ended: dict[int, float] = {}  # descriptors of ended connections: check until
+        self.options = options
+        #: The send path the sessions' replies go through (the server's).
+        self.sender = sender
+        self.counters = sender.counters
+        self.by_rid: dict[bytes, Peer] = {}
+        self.next_scan = 0.0
+        self.handshakes = 0  # peers in AWAIT_INFO
+        self.proofs: dict[bytes, SessionProof] = {}  # READY peers, by routing id
+        self.links: dict[bytes, Link] = {}  # known peers' connections, by routing id
+        self.link_owner: dict[Link, bytes] = {}  # and the other way round
+        self.closing: dict[Link, float] = {}  # connections to shut down, and when
+        self.connections: Connections | None = None  # set by the server once bound
+        self.ended: dict[int, float] = {}  # descriptors of ended connections: check until
         self.counters.setdefault("closed", 0)
 
-    def _guard(self, what: str, call: Callable[..., list[Any]], *args: Any) -> list[Any]:
+    def guard(self, what: str, call: Callable[..., list[Any]], *args: Any) -> list[Any]:
         try:
             return call(*args)
         except Exception:
@@ -179,7 +184,7 @@ class PeerSessions(ServerSendPath):
 
     # -- handshake ---------------------------------------------------------------------
 
-    def _handshake(
+    def handshake(
         self, rid: bytes, peer: Peer | None, data: bytes, now: float, part: zmq.Frame | None
     ) -> None:
         if peer is None:
@@ -188,10 +193,10 @@ class PeerSessions(ServerSendPath):
         # AWAIT_INFO: the connection-info frame, or a repeated greeting / keep-alive.
         peer.last_seen = now
         if data == GREETING:
-            self._send_rid(rid, GREETING)
+            self.sender.send_rid(rid, GREETING)
             return
         if data == _PING:
-            self._send_rid(rid, _PONG)
+            self.sender.send_rid(rid, _PONG)
             return
         if len(data) > self.options.max_frame_size:
             self._turn_away(peer, ResultCode.LIMIT_EXCEEDED, "connection info too large", now)
@@ -227,14 +232,14 @@ class PeerSessions(ServerSendPath):
             if self._over_connection_limit(link, now):
                 self._refuse(rid, ResultCode.BUSY, "too many connections")
                 return
-            if self._handshakes >= self.options.max_handshakes:
+            if self.handshakes >= self.options.max_handshakes:
                 self._refuse(rid, ResultCode.BUSY, "too many handshakes under way")
                 return
-            self._peers[rid] = Peer(rid, now)
-            self._handshakes += 1
+            self.by_rid[rid] = Peer(rid, now)
+            self.handshakes += 1
             if link is not None:
                 self._claim(rid, link)
-            self._send_rid(rid, GREETING)
+            self.sender.send_rid(rid, GREETING)
             return
         if data[:5] == b"TMQP/" and len(data) <= 16:
             proto = data.decode("ascii", "replace")
@@ -250,11 +255,11 @@ class PeerSessions(ServerSendPath):
         its own, and the earlier claim is withdrawn (its peer will not be shut down by
         link: its connection is gone anyway).
         """
-        other = self._link_owner.get(link)
+        other = self.link_owner.get(link)
         if other is not None and other != rid:
-            self._links.pop(other, None)
-        self._link_owner[link] = rid
-        self._links[rid] = link
+            self.links.pop(other, None)
+        self.link_owner[link] = rid
+        self.links[rid] = link
 
     def _over_connection_limit(self, link: Link | None, now: float) -> bool:
         """The greeting came on a connection shut down for being over the limit.
@@ -262,11 +267,11 @@ class PeerSessions(ServerSendPath):
         The monitor may not have been read yet when a quick peer's greeting arrives:
         read it first, so that no peer slips past ``max_connections``.
         """
-        conns = self._connections
+        conns = self.connections
         if conns is None or link is None:
             return False
         if conns.pending():
-            self._on_connections(now)
+            self.on_connections(now)
         return conns.was_refused(link)
 
     def _open_session(
@@ -280,7 +285,7 @@ class PeerSessions(ServerSendPath):
         """Connection info received: authenticate, settle who owns the id, connect."""
         info, secret = _split_secret(info)
         key = curve_key(part) if part is not None and self.options.curve_secret else None
-        old = self._by_client.get(info.client_id) if info.client_id else None
+        old = self.sender.by_client.get(info.client_id) if info.client_id else None
         owner = old is not None and old is not peer and self._owns(old, secret, key)
         try:
             client_id, outs = self.engine.connect(info, now, replace=owner)
@@ -297,12 +302,12 @@ class PeerSessions(ServerSendPath):
         if owner and old is not None:
             log.info("client %s resumed its session on a new connection", client_id)
             self._end(old, ResultCode.OK, "session resumed on another connection", now)
-        self._handshakes -= 1
+        self.handshakes -= 1
         peer.state = PeerState.READY
         peer.client_id = client_id
-        self._by_client[client_id] = peer
+        self.sender.by_client[client_id] = peer
         issued = secrets.token_urlsafe(24)
-        self._proofs[peer.rid] = SessionProof(issued.encode(), key)
+        self.proofs[peer.rid] = SessionProof(issued.encode(), key)
         log.debug("client %s connected", client_id)
         extra = (Header.SESSION_SECRET, issued)
         answered = False
@@ -314,11 +319,11 @@ class PeerSessions(ServerSendPath):
                 break
         if not answered:
             # The engine did not answer the connection info: tell the client its id.
-            self._send_to(peer, self._connected_frame(msg.message_id, client_id, issued))
-        self._send_all(outs)
+            self.sender.send_to(peer, self._connected_frame(msg.message_id, client_id, issued))
+        self.sender.send_all(outs)
 
     def _owns(self, old: Peer, secret: str | None, key: str | None) -> bool:
-        proof = self._proofs.get(old.rid)
+        proof = self.proofs.get(old.rid)
         return proof is not None and proof.proven_by(secret, key)
 
     @staticmethod
@@ -334,74 +339,76 @@ class PeerSessions(ServerSendPath):
     def _refuse(self, rid: bytes, code: ResultCode, reason: str) -> None:
         self.counters["refused"] += 1
         log.debug("refused peer %r: %s", rid, reason)
-        self._send_rid(rid, tmqp.encode(terminate_frame(code, reason))[0])
+        self.sender.send_rid(rid, tmqp.encode(terminate_frame(code, reason))[0])
 
     def _turn_away(self, peer: Peer, code: ResultCode, reason: str, now: float) -> None:
         """Refuse a peer in the handshake: forget it, tell it, close its connection."""
-        link = self._links.get(peer.rid)
+        link = self.links.get(peer.rid)
         self._forget(peer)
         self._refuse(peer.rid, code, reason)
         if link is not None:
-            self._closing.setdefault(link, now + _CLOSE_GRACE)
+            self.closing.setdefault(link, now + _CLOSE_GRACE)
 
-    def _bad(self, peer: Peer, data: bytes, reason: str, code: ResultCode) -> None:
+    def bad(self, peer: Peer, data: bytes, reason: str, code: ResultCode) -> None:
         self.counters["bad_frames"] += 1
         log.debug("bad frame from %s: %s", peer.client_id, reason)
-        self._send_to(peer, error_frame(salvage_message_id(data), code, reason))
+        self.sender.send_to(peer, error_frame(salvage_message_id(data), code, reason))
 
     # -- peers -------------------------------------------------------------------------
 
     def _forget(self, peer: Peer) -> None:
-        if self._peers.get(peer.rid) is peer:
-            del self._peers[peer.rid]
-            link = self._links.pop(peer.rid, None)
-            if link is not None and self._link_owner.get(link) == peer.rid:
-                del self._link_owner[link]
-            self._proofs.pop(peer.rid, None)
+        if self.by_rid.get(peer.rid) is peer:
+            del self.by_rid[peer.rid]
+            link = self.links.pop(peer.rid, None)
+            if link is not None and self.link_owner.get(link) == peer.rid:
+                del self.link_owner[link]
+            self.proofs.pop(peer.rid, None)
             if peer.state is not PeerState.READY:
-                self._handshakes -= 1
-        if peer.client_id and self._by_client.get(peer.client_id) is peer:
-            del self._by_client[peer.client_id]
-        self._blocked.discard(peer)
+                self.handshakes -= 1
+        if peer.client_id and self.sender.by_client.get(peer.client_id) is peer:
+            del self.sender.by_client[peer.client_id]
+        self.sender.blocked.discard(peer)
 
-    def _drop(self, peer: Peer, now: float) -> None:
+    def drop(self, peer: Peer, now: float) -> None:
         """End a READY peer's session in the engine and forget it; close its connection."""
-        link = self._links.get(peer.rid)
-        self._flush_out()  # what is batched for it goes out (or into its backlog) first
+        link = self.links.get(peer.rid)
+        self.sender.flush_out()  # what is batched for it goes out (or into its backlog) first
         self._forget(peer)
         if link is not None:
-            self._closing.setdefault(link, now + _CLOSE_GRACE)
+            self.closing.setdefault(link, now + _CLOSE_GRACE)
         if peer.state is PeerState.READY:
             peer.state = PeerState.AWAIT_INFO
             # the engine learns what reached the peer; the rest goes back to the queues
-            self._report_transmitted(now)
-            self._send_all(self._guard("disconnect", self.engine.disconnect, peer.client_id, now))
+            self.report_transmitted(now)
+            self.sender.send_all(
+                self.guard("disconnect", self.engine.disconnect, peer.client_id, now)
+            )
 
-    def _report_transmitted(self, now: float) -> None:
+    def report_transmitted(self, now: float) -> None:
         """Tell the engine which tracked deliveries libzmq took; send what that releases."""
-        counts = self._take_transmitted()
+        counts = self.sender.take_transmitted()
         if counts:
-            self._send_all(self._guard("transmitted", self.engine.transmitted, counts, now))
+            self.sender.send_all(self.guard("transmitted", self.engine.transmitted, counts, now))
 
     def _end(self, peer: Peer, code: ResultCode, reason: str, now: float) -> None:
         """Tell a peer its session is over, and forget it (the engine has done its part)."""
-        self._send_rid(peer.rid, tmqp.encode(terminate_frame(code, reason))[0])
-        link = self._links.get(peer.rid)
+        self.sender.send_rid(peer.rid, tmqp.encode(terminate_frame(code, reason))[0])
+        link = self.links.get(peer.rid)
         self._forget(peer)
         peer.state = PeerState.AWAIT_INFO
         if link is not None:
-            self._closing.setdefault(link, now + _CLOSE_GRACE)
+            self.closing.setdefault(link, now + _CLOSE_GRACE)
 
-    def _bury(self, now: float) -> None:
-        gone, self._gone = self._gone, []
+    def bury(self, now: float) -> None:
+        gone, self.sender.gone = self.sender.gone, []
         for peer in gone:
-            if self._peers.get(peer.rid) is peer:
-                self._drop(peer, now)
+            if self.by_rid.get(peer.rid) is peer:
+                self.drop(peer, now)
 
-    def _scan(self, now: float) -> None:
+    def scan(self, now: float) -> None:
         opts = self.options
-        self._next_scan = now + min(1.0, opts.ping_interval / 2)
-        for peer in list(self._peers.values()):
+        self.next_scan = now + min(1.0, opts.ping_interval / 2)
+        for peer in list(self.by_rid.values()):
             idle = now - peer.last_seen
             if peer.state is not PeerState.READY:
                 if now - peer.since >= opts.handshake_timeout:
@@ -410,24 +417,24 @@ class PeerSessions(ServerSendPath):
                 log.info("client %s silent for %.1f s: disconnected", peer.client_id, idle)
                 self.counters["expired"] += 1
                 bye = terminate_frame(ResultCode.FAILED, f"silent for {idle:.0f} s: session ended")
-                self._send_rid(peer.rid, tmqp.encode(bye)[0])
-                self._drop(peer, now)
+                self.sender.send_rid(peer.rid, tmqp.encode(bye)[0])
+                self.drop(peer, now)
             elif idle >= opts.ping_interval and not peer.pinged:
                 peer.pinged = True
-                self._send_raw(peer, _PING)
-        if self._ended:
+                self.sender.send_raw(peer, _PING)
+        if self.ended:
             self._end_orphans(now)
         self._shut_links(now)
 
     def _shut_links(self, now: float) -> None:
-        due = [link for link, when in self._closing.items() if when <= now]
+        due = [link for link, when in self.closing.items() if when <= now]
         for link in due:
-            del self._closing[link]
+            del self.closing[link]
             if link.close():
                 self.counters["closed"] += 1
-        conns = self._connections
+        conns = self.connections
         if conns is not None:
-            known = set(self._links.values())
+            known = set(self.links.values())
             for link in conns.silent(now, self.options.handshake_timeout, known):
                 log.debug("connection fd %d said nothing: shut down", link.fd)
                 if link.close():
@@ -435,11 +442,11 @@ class PeerSessions(ServerSendPath):
 
     # -- connections -------------------------------------------------------------------
 
-    def _on_connections(self, now: float) -> None:
+    def on_connections(self, now: float) -> None:
         """The ROUTER's monitor has news: note the connections that ended."""
-        assert self._connections is not None
-        for fd in self._connections.drain(now):
-            self._ended[fd] = now + _ORPHAN_GRACE + _ENDED_WINDOW
+        assert self.connections is not None
+        for fd in self.connections.drain(now):
+            self.ended[fd] = now + _ORPHAN_GRACE + _ENDED_WINDOW
 
     def _end_orphans(self, now: float) -> None:
         """End the sessions whose connection is gone (at each scan).
@@ -452,18 +459,18 @@ class PeerSessions(ServerSendPath):
         the number to a new connection).  What the peer sent before the close is still
         being read: its session ends once nothing came from it for ``_ORPHAN_GRACE``.
         """
-        ended = self._ended
-        for rid, link in list(self._links.items()):
+        ended = self.ended
+        for rid, link in list(self.links.items()):
             if link.fd not in ended or link.is_current():
                 continue
-            peer = self._peers.get(rid)
+            peer = self.by_rid.get(rid)
             if peer is not None and now - peer.last_seen >= _ORPHAN_GRACE:
                 log.info("client %s: connection gone, session ended", peer.client_id)
-                self._drop(peer, now)
+                self.drop(peer, now)
         for fd, until in list(ended.items()):
             if until <= now:
                 del ended[fd]
 
     def peers(self) -> dict[str, str]:
         """Connected client ids and their state (call from the serving thread or after stop)."""
-        return {p.client_id or repr(p.rid): p.state.value for p in list(self._peers.values())}
+        return {p.client_id or repr(p.rid): p.state.value for p in list(self.by_rid.values())}

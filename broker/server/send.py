@@ -3,7 +3,9 @@
 Engine output is routed by client id and handed to libzmq in batches
 (``ServerOptions.send_batch``), in order with every other frame the server sends, so
 that libzmq's I/O thread is woken once per batch.  A frame the engine passes through
-unchanged is sent as the octets received.  A peer whose send pipe is full gets a
+unchanged is sent as the octets received (a queue delivery is a ``broker.message.Message``,
+encoded by ``broker.engine.tmqp_door``, which sends the received octets of a message
+that was not changed).  A peer whose send pipe is full gets a
 per-peer backlog instead of blocking the loop or losing frames, and stays connected: a
 slow reader is not a dead one (only missed pings end a session).  A peer whose
 connection went away is put on a list for the loop to end its session after the batch.
@@ -28,6 +30,8 @@ from typing import Any
 import zmq
 
 from broker import tmqp
+from broker.engine.tmqp_door import WIRE, encode
+from broker.message import Message
 from broker.protocol import Tracked
 from broker.server.options import ServerError, ServerOptions
 from zproto.errors import EncodeError
@@ -76,23 +80,23 @@ def _no_socket(*args: Any, **kw: Any) -> Any:
     raise ServerError("server socket not bound")
 
 
-class ServerSendPath:
-    """Sending to peers (see the module docstring); the bottom layer of ``Server``."""
+class SendPath:
+    """Sending to peers (see the module docstring); the ``Server`` has one."""
 
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
-        self._router: zmq.Socket[bytes] | None = None
-        self._in_frame: object = None  # the frame being handled and its octets
-        self._in_data = b""
-        self._by_client: dict[str, Peer] = {}
-        self._blocked: set[Peer] = set()
-        self._gone: list[Peer] = []
-        self._frames_out = 0
-        self._fast_send: Callable[..., Any] = _no_socket
-        self._outq: list[tuple[Peer, bytes, bool]] = []
+        self.router: zmq.Socket[bytes] | None = None
+        self.in_frame: object = None  # the frame being handled and its octets
+        self.in_data = b""
+        self.by_client: dict[str, Peer] = {}
+        self.blocked: set[Peer] = set()
+        self.gone: list[Peer] = []
+        self.frames_out = 0
+        self.fast_send: Callable[..., Any] = _no_socket
+        self.outq: list[tuple[Peer, bytes, bool]] = []
         #: Peers whose ``transmitted`` count waits to be reported to the engine.
-        self._sent_to: list[Peer] = []
-        self._flush_at = options.send_batch
+        self.sent_to: list[Peer] = []
+        self.flush_at = options.send_batch
         self.counters: dict[str, int] = dict.fromkeys(
             (
                 "frames_in",
@@ -107,20 +111,28 @@ class ServerSendPath:
             0,
         )
 
-    def _send_all(self, outs: Iterable[Any]) -> None:
+    def send_all(self, outs: Iterable[Any]) -> None:
         """Encode and route engine output; consecutive equal frames are encoded once."""
-        by_client = self._by_client
-        outq = self._outq
-        flush_at = self._flush_at
+        by_client = self.by_client
+        outq = self.outq
+        flush_at = self.flush_at
         prev: tmqp.Frame | None = None
-        in_frame = self._in_frame
+        in_frame = self.in_frame
         data = b""
         for out in outs:
             client_id, frame = out
             if frame is not prev:
                 prev = frame
                 if frame is in_frame:
-                    data = self._in_data
+                    data = self.in_data
+                elif frame.__class__ is Message:  # a queue delivery
+                    wire = frame.wire
+                    try:
+                        data = wire[1] if wire is not None and wire[0] is WIRE else encode(frame)
+                    except EncodeError as exc:
+                        log.error("engine produced an unencodable message: %s", exc)
+                        self.counters["engine_errors"] += 1
+                        data = b""
                 else:
                     try:
                         data = frame.encode()[0]
@@ -136,24 +148,24 @@ class ServerSendPath:
             elif not data:
                 self.counters["dropped_out"] += 1
                 if tracked:  # keep the engine's count in step (the error is counted)
-                    self._count_sent(peer)
+                    self.count_sent(peer)
             elif peer.backlog or len(data) >= _BIG:
-                self._send_raw(peer, data, tracked)
-                outq = self._outq  # _send_raw flushed the batch: a new list
+                self.send_raw(peer, data, tracked)
+                outq = self.outq  # _send_raw flushed the batch: a new list
             else:  # the common case: sent with the batch (see _flush_out)
                 outq.append((peer, data, tracked))
                 if len(outq) >= flush_at:
-                    self._flush_out()
-                    outq = self._outq
+                    self.flush_out()
+                    outq = self.outq
 
-    def _count_sent(self, peer: Peer) -> None:
+    def count_sent(self, peer: Peer) -> None:
         if not peer.transmitted:
-            self._sent_to.append(peer)
+            self.sent_to.append(peer)
         peer.transmitted += 1
 
-    def _take_transmitted(self) -> dict[str, int]:
+    def take_transmitted(self) -> dict[str, int]:
         """Tracked deliveries sent per client id since the last call (for the engine)."""
-        peers, self._sent_to = self._sent_to, []
+        peers, self.sent_to = self.sent_to, []
         counts: dict[str, int] = {}
         for peer in peers:
             if peer.transmitted:
@@ -161,20 +173,20 @@ class ServerSendPath:
                 peer.transmitted = 0
         return counts
 
-    def _flush_out(self) -> None:
-        """Send the frames batched by _send_all, in order.
+    def flush_out(self) -> None:
+        """Send the frames batched by send_all, in order.
 
         Sending a batch at a time (at the end of a socket drain, at most ``flush_at``
         frames later) lets libzmq's I/O thread take many frames per wake-up instead of
         being woken for nearly every frame.
         """
-        outq = self._outq
+        outq = self.outq
         if not outq:
             return
-        self._outq = []
-        send = self._fast_send
+        self.outq = []
+        send = self.fast_send
         sent = 0
-        sent_to = self._sent_to
+        sent_to = self.sent_to
         for peer, data, tracked in outq:
             if peer.backlog:
                 self._queue(peer, data, tracked)
@@ -182,7 +194,7 @@ class ServerSendPath:
             try:
                 send(peer.rid, _SNDMORE_NOBLOCK)
             except zmq.ZMQError:
-                self._send_raw(peer, data, tracked)  # full pipe or gone: the slow path decides
+                self.send_raw(peer, data, tracked)  # full pipe or gone: the slow path decides
                 continue
             send(data, zmq.NOBLOCK)
             sent += 1
@@ -190,18 +202,18 @@ class ServerSendPath:
                 if not peer.transmitted:
                     sent_to.append(peer)
                 peer.transmitted += 1
-        self._frames_out += sent
+        self.frames_out += sent
 
-    def _send_to(self, peer: Peer, frame: tmqp.Frame) -> None:
-        self._send_raw(peer, tmqp.encode(frame)[0])
+    def send_to(self, peer: Peer, frame: tmqp.Frame) -> None:
+        self.send_raw(peer, tmqp.encode(frame)[0])
 
-    def _send_raw(self, peer: Peer, data: bytes, tracked: bool = False) -> None:
-        if self._outq:
-            self._flush_out()  # keep the order
+    def send_raw(self, peer: Peer, data: bytes, tracked: bool = False) -> None:
+        if self.outq:
+            self.flush_out()  # keep the order
         if peer.backlog:
             self._queue(peer, data, tracked)
             return
-        router = self._router
+        router = self.router
         assert router is not None
         try:
             router.send(peer.rid, _SNDMORE_NOBLOCK)
@@ -210,19 +222,19 @@ class ServerSendPath:
             return
         except zmq.ZMQError as exc:
             if exc.errno == errno.EHOSTUNREACH:
-                self._gone.append(peer)  # the connection went away; clean up after this batch
+                self.gone.append(peer)  # the connection went away; clean up after this batch
                 return
             raise
         router.send(data, zmq.NOBLOCK, copy=len(data) < _BIG)
-        self._frames_out += 1
+        self.frames_out += 1
         if tracked:
-            self._count_sent(peer)
+            self.count_sent(peer)
 
-    def _send_rid(self, rid: bytes, data: bytes) -> None:
+    def send_rid(self, rid: bytes, data: bytes) -> None:
         """Send to a peer that has no session (handshake replies); dropped if unreachable."""
-        if self._outq:
-            self._flush_out()
-        router = self._router
+        if self.outq:
+            self.flush_out()
+        router = self.router
         assert router is not None
         try:
             router.send(rid, _SNDMORE_NOBLOCK)
@@ -246,13 +258,13 @@ class ServerSendPath:
                 )
             return
         backlog.append((data, tracked))
-        self._blocked.add(peer)
+        self.blocked.add(peer)
         self.counters["backlogged"] += 1
 
-    def _flush_backlogs(self) -> None:
-        router = self._router
+    def flush_backlogs(self) -> None:
+        router = self.router
         assert router is not None
-        for peer in list(self._blocked):
+        for peer in list(self.blocked):
             backlog = peer.backlog
             while backlog:
                 data, tracked = backlog[0]
@@ -262,14 +274,14 @@ class ServerSendPath:
                     break
                 except zmq.ZMQError:
                     backlog.clear()
-                    self._gone.append(peer)
+                    self.gone.append(peer)
                     break
                 router.send(data, zmq.NOBLOCK, copy=len(data) < _BIG)
                 backlog.popleft()
-                self._frames_out += 1
+                self.frames_out += 1
                 if tracked:
-                    self._count_sent(peer)
+                    self.count_sent(peer)
             if not backlog:
                 peer.backlog = None
                 peer.overflowing = False
-                self._blocked.discard(peer)
+                self.blocked.discard(peer)

@@ -30,10 +30,11 @@ larger than ``max_frame_size`` never gets here: it is the socket's
 ZMQ_MAXMSGSIZE, so libzmq drops the sender's connection as soon as it announces
 the size, without buffering the message.
 
-:class:`Server` is built in layers, one module each (each a base class of the next):
-``broker.server.send`` (the send path and backlogs), ``broker.server.peers`` (handshake,
-sessions, keep-alive) and this module (lifecycle, the receive loop, statistics);
-``broker.server.options`` holds :class:`ServerOptions` and :class:`ServerError`.
+:class:`Server` has its parts, one module each: a ``SendPath`` (``broker.server.send``:
+the send path and backlogs) and ``PeerSessions`` (``broker.server.peers``: handshake,
+sessions, keep-alive, which reply through the send path); this module holds the
+lifecycle, the receive loop and statistics; ``broker.server.options`` holds
+:class:`ServerOptions` and :class:`ServerError`.
 
 Default endpoint: ``tcp://127.0.0.1:5680`` (``protocol.DEFAULT_ENDPOINT``).
 """
@@ -65,7 +66,7 @@ from broker.server.peers import (
     salvage_message_id,
     terminate_frame,
 )
-from broker.server.send import Peer, PeerState
+from broker.server.send import Peer, PeerState, SendPath
 from zerohub import zmqkit
 from zproto.errors import DecodeError
 
@@ -106,7 +107,7 @@ _CURVE_OVERHEAD = 33
 REPLY_OVERHEAD = 4096
 
 
-class Server(PeerSessions):
+class Server:
     """ROUTER front end of one engine.
 
     ``start()`` binds and serves on a background thread (``stop()`` ends it over an
@@ -122,7 +123,16 @@ class Server(PeerSessions):
         context: zmq.Context[zmq.Socket[bytes]],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(engine, options or ServerOptions())
+        self.options = options = options or ServerOptions()
+        self.engine = engine
+        #: The send path: engine output batched to libzmq, per-peer backlogs.
+        self.sender = SendPath(options)
+        #: The peers: handshakes, sessions, keep-alive, expiry.
+        self.sessions = PeerSessions(engine, options, self.sender)
+        #: Transport counters (shared by the send path and the sessions).
+        self.counters = self.sender.counters
+        # read per message received: the sessions' table of peers by routing id
+        self._peers = self.sessions.by_rid
         self.context = context
         self.clock = clock
         self.endpoint: str | None = None  # the bound endpoint (port resolved)
@@ -148,7 +158,7 @@ class Server(PeerSessions):
 
     def bind(self) -> str:
         """Create and bind the ROUTER socket (idempotent); returns the bound endpoint."""
-        if self._router is not None:
+        if self.sender.router is not None:
             assert self.endpoint is not None
             return self.endpoint
         opts = self.options
@@ -184,9 +194,9 @@ class Server(PeerSessions):
             sock.close(linger=0)
             self._stop_auth()
             raise ServerError(f"cannot serve on {opts.endpoint}: {exc}") from None
-        self._router = sock
-        self._connections = Connections(sock, opts.max_connections)
-        self._fast_send = zmqkit.fast_send(sock)
+        self.sender.router = sock
+        self.sessions.connections = Connections(sock, opts.max_connections)
+        self.sender.fast_send = zmqkit.fast_send(sock)
         endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.endpoint = endpoint
         return endpoint
@@ -222,11 +232,11 @@ class Server(PeerSessions):
             if self._thread.is_alive():
                 raise ServerError(f"server thread did not stop within {timeout} s")
             self._thread = None
-        if self._router is not None and tx is None:
+        if self.sender.router is not None and tx is None:
             # bound but never served
             self._close_connections()
-            self._router.close(linger=0)
-            self._router = None
+            self.sender.router.close(linger=0)
+            self.sender.router = None
         self._stop_auth()
 
     def __enter__(self) -> Server:
@@ -248,9 +258,9 @@ class Server(PeerSessions):
         return control
 
     def _close_connections(self) -> None:
-        if self._connections is not None:
-            self._connections.close()
-            self._connections = None
+        if self.sessions.connections is not None:
+            self.sessions.connections.close()
+            self.sessions.connections = None
 
     def _stop_auth(self) -> None:
         if self._auth is not None:
@@ -260,52 +270,54 @@ class Server(PeerSessions):
     # -- the loop ----------------------------------------------------------------------
 
     def _serve(self, control: zmq.Socket[bytes]) -> None:
-        router = self._router
+        router = self.sender.router
         assert router is not None
         poller = zmq.Poller()
         poller.register(router, zmq.POLLIN)
         poller.register(control, zmq.POLLIN)
-        monitor = self._connections.monitor if self._connections is not None else None
+        monitor = (
+            self.sessions.connections.monitor if self.sessions.connections is not None else None
+        )
         if monitor is not None:
             poller.register(monitor, zmq.POLLIN)
-        self._next_scan = self.clock() + min(1.0, self.options.ping_interval / 2)
+        self.sessions.next_scan = self.clock() + min(1.0, self.options.ping_interval / 2)
         try:
             while True:
                 events = dict(poller.poll(self._poll_timeout()))
                 if control in events:
                     break
                 if monitor is not None and monitor in events:
-                    self._on_connections(self.clock())  # before the messages they bring
+                    self.sessions.on_connections(self.clock())  # before the messages they bring
                 if router in events:
                     self._drain(router)
                 now = self.clock()
                 deadline = self.engine.next_deadline()
                 if deadline is not None and deadline <= now:
-                    self._send_all(self._guard("tick", self.engine.tick, now))
-                if now >= self._next_scan:
-                    self._scan(now)
-                if self._blocked:
-                    self._flush_backlogs()
-                if self._gone:
-                    self._bury(now)
-                if self._outq:
-                    self._flush_out()
-                if self._sent_to:
-                    self._report_transmitted(now)
-                    self._flush_out()
+                    self.sender.send_all(self.sessions.guard("tick", self.engine.tick, now))
+                if now >= self.sessions.next_scan:
+                    self.sessions.scan(now)
+                if self.sender.blocked:
+                    self.sender.flush_backlogs()
+                if self.sender.gone:
+                    self.sessions.bury(now)
+                if self.sender.outq:
+                    self.sender.flush_out()
+                if self.sender.sent_to:
+                    self.sessions.report_transmitted(now)
+                    self.sender.flush_out()
         finally:
             self._shutdown(router)
             control.close(linger=0)
 
     def _poll_timeout(self) -> int:
         now = self.clock()
-        wake = self._next_scan
+        wake = self.sessions.next_scan
         deadline = self.engine.next_deadline()
         if deadline is not None and deadline < wake:
             wake = deadline
-        if self._sent_to:
+        if self.sender.sent_to:
             return 0  # deliveries to report: the engine may release more at once
-        if self._blocked or self._gone:
+        if self.sender.blocked or self.sender.gone:
             return 1
         return max(0, int((wake - now) * 1000) + 1)
 
@@ -330,81 +342,86 @@ class Server(PeerSessions):
                 on_message(rid, b"", True, now, part)
             else:
                 on_message(rid, part.bytes, False, now, part)
-            if count == 1 and self._outq:
+            if count == 1 and self.sender.outq:
                 # A lone message (light load) must not wait for the next recv(), which
                 # costs several microseconds when it finds nothing: send its output now.
-                self._flush_out()
-            elif not count % _REPORT_EVERY and self._sent_to:
+                self.sender.flush_out()
+            elif not count % _REPORT_EVERY and self.sender.sent_to:
                 # Window slots come back while a long drain goes on, not only after it.
-                self._report_transmitted(now)
+                self.sessions.report_transmitted(now)
         self.counters["frames_in"] += count
-        if self._outq:
-            self._flush_out()
+        if self.sender.outq:
+            self.sender.flush_out()
 
     def _on_message(
         self, rid: bytes, data: bytes, multipart: bool, now: float, part: zmq.Frame
     ) -> None:
         peer = self._peers.get(rid)
         if peer is None or peer.state is not _READY:
-            self._handshake(rid, peer, b"" if multipart else data, now, part)
+            self.sessions.handshake(rid, peer, b"" if multipart else data, now, part)
             return
         peer.last_seen = now
         peer.pinged = False
         if multipart:
-            self._bad(peer, b"", "one TMQP frame per ZeroMQ message", ResultCode.BAD_REQUEST)
+            self.sessions.bad(
+                peer, b"", "one TMQP frame per ZeroMQ message", ResultCode.BAD_REQUEST
+            )
             return
         if len(data) > self._max_frame:
             reason = f"frame of {len(data)} octets exceeds {self._max_frame}"
-            self._bad(peer, data, reason, ResultCode.LIMIT_EXCEEDED)
+            self.sessions.bad(peer, data, reason, ResultCode.LIMIT_EXCEEDED)
             return
         try:
             msg = _decode((data,))
         except DecodeError as exc:
-            self._bad(peer, data, f"malformed frame: {exc.reason}", ResultCode.BAD_REQUEST)
+            self.sessions.bad(peer, data, f"malformed frame: {exc.reason}", ResultCode.BAD_REQUEST)
             return
         if type(msg) is _Frame:
             mt = msg.message_type
             if mt == _TERMINATE:
-                self._drop(peer, now)
+                self.sessions.drop(peer, now)
                 return
             if mt == _SERVER and msg.content_type == STATS_OPERATION:
-                self._send_to(peer, self._stats_reply(peer, msg))
+                self.sender.send_to(peer, self._stats_reply(peer, msg))
                 return
             # the engine often forwards the very frame it was given (a push delivered
-            # as is): _send_all then reuses these octets instead of encoding again
-            self._in_frame = msg
-            self._in_data = data
+            # as is): send_all then reuses these octets instead of encoding again
+            sender = self.sender
+            sender.in_frame = msg
+            sender.in_data = data
             try:
-                outs = self.engine.receive(peer.client_id, msg, now)
+                outs = self.engine.receive(peer.client_id, msg, now, data)
             except Exception:
                 log.exception("engine failed on a frame from %s", peer.client_id)
                 self.counters["engine_errors"] += 1
                 outs = []
                 if msg.message_id:
-                    self._send_to(peer, error_frame(msg.message_id, ResultCode.FAILED, "error"))
+                    self.sender.send_to(
+                        peer, error_frame(msg.message_id, ResultCode.FAILED, "error")
+                    )
             if outs:
-                self._send_all(outs)
+                self.sender.send_all(outs)
         elif type(msg) is tmqp.Ping:
-            self._send_raw(peer, _PONG)
+            self.sender.send_raw(peer, _PONG)
         elif type(msg) is tmqp.Handshake:
-            self._send_raw(peer, GREETING)
+            self.sender.send_raw(peer, GREETING)
 
     def _shutdown(self, router: zmq.Socket[bytes]) -> None:
         """Tell connected clients the server is stopping, end their sessions, close."""
         now = self.clock()
-        self._flush_out()
-        self._report_transmitted(now)  # before the engine returns what was not sent
+        self.sender.flush_out()
+        self.sessions.report_transmitted(now)  # before the engine returns what was not sent
         bye = tmqp.encode(terminate_frame(ResultCode.BUSY, "server stopping"))[0]
-        for peer in list(self._peers.values()):
+        for peer in list(self.sessions.by_rid.values()):
             if peer.state is PeerState.READY:
-                self._send_rid(peer.rid, bye)
-                self._guard("disconnect", self.engine.disconnect, peer.client_id, now)
-        self._peers.clear()
-        self._by_client.clear()
-        self._blocked.clear()
+                self.sender.send_rid(peer.rid, bye)
+                self.sessions.guard("disconnect", self.engine.disconnect, peer.client_id, now)
+        self.sessions.by_rid.clear()
+        self.sender.by_client.clear()
+        self.sender.blocked.clear()
         self._close_connections()
         router.close(linger=int(self.options.linger * 1000))
-        self._router = None
+        self.sender.router = None
 
     # -- statistics --------------------------------------------------------------------
 
@@ -413,8 +430,8 @@ class Server(PeerSessions):
         page holds every counter and a part of the engine's ``channel_list``."""
         if not self._admin_allowed(peer.client_id):
             return error_frame(request.message_id, ResultCode.UNAUTHORIZED, "unauthorized")
-        counters = dict(self.counters, frames_out=self._frames_out)
-        out: dict[str, object] = {"server": counters, "peers": len(self._peers)}
+        counters = dict(self.counters, frames_out=self.sender.frames_out)
+        out: dict[str, object] = {"server": counters, "peers": len(self.sessions.by_rid)}
         room = self._reply_budget - json_size(out) - len(',"engine":')
         after = header(request, Header.PAGE_AFTER)
         try:
@@ -445,10 +462,14 @@ class Server(PeerSessions):
             log.exception("authorizer failed")
             return False
 
+    def peers(self) -> dict[str, str]:
+        """Connected client ids and their state (call from the serving thread or after stop)."""
+        return self.sessions.peers()
+
     def stats(self) -> dict[str, object]:
         """Transport counters plus the engine's statistics."""
-        counters = dict(self.counters, frames_out=self._frames_out)
-        out: dict[str, object] = {"server": counters, "peers": len(self._peers)}
+        counters = dict(self.counters, frames_out=self.sender.frames_out)
+        out: dict[str, object] = {"server": counters, "peers": len(self.sessions.by_rid)}
         out["engine"] = self._guard_stats()
         return out
 

@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from broker import tmqp
+from broker.message import Message
 
 #: (channel name, queue id)
 QueueKey = tuple[str, int]
@@ -22,10 +22,10 @@ QueueKey = tuple[str, int]
 
 @dataclass(frozen=True, slots=True)
 class StoredMessage:
-    """One saved message: its per-queue sequence number and the frame as produced."""
+    """One saved message: its per-queue sequence number and the message as produced."""
 
     sequence: int
-    frame: tmqp.Frame
+    message: Message
     producer_id: str = ""
     put_backs: int = 0
 

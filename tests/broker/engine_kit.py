@@ -8,11 +8,22 @@ from collections import defaultdict
 from typing import Any
 
 from broker import tmqp
+from broker.engine import tmqp_door
 from broker.engine.engine import Engine, Outgoing, Tracked
 from broker.engine.options import BrokerConfig, ChannelQueueOptions
+from broker.message import Message
 from broker.protocol import ConnectionInfo, Header, MessageType, Operation, header
 
 Frame = tmqp.Frame
+
+
+def as_frame(o: Outgoing) -> Outgoing:
+    """``o`` with its message (a queue delivery) as the frame a TMQP client receives."""
+    if isinstance(o.frame, Message):
+        frame = tmqp.decode([tmqp_door.encode(o.frame)])
+        assert isinstance(frame, tmqp.Frame)
+        return o._replace(frame=frame)
+    return o
 
 
 class Kit:
@@ -29,21 +40,30 @@ class Kit:
         engine_kwargs.setdefault("new_id", lambda: f"id{next(ids)}")
         engine_kwargs.setdefault("config", BrokerConfig(wall_clock=lambda: 1_700_000_000.0))
         self.engine = Engine(**engine_kwargs)
-        self.inbox: dict[str, list[Frame]] = defaultdict(list)
+        self.inbox: dict[str, list[Any]] = defaultdict(list)  # frames (messages: typed)
         self._mids = itertools.count(1)
         self.auto_transmit = auto_transmit
         #: Tracked deliveries handed out per client and not reported sent yet.
         self.unsent: dict[str, int] = defaultdict(int)
+        #: Clients that use the typed operations: their inbox keeps messages as messages.
+        self.typed: set[str] = set()
 
     # ---------------------------------------------------------------- plumbing
 
     def route(self, outs: list[Outgoing]) -> list[Outgoing]:
+        """Deliver the engine's output as the TMQP door would (queue deliveries come out
+        as messages: encoded as the server encodes them, then decoded as a client does);
+        a client in :attr:`typed` (one that uses the typed operations) keeps them."""
+        outs = [self._as_seen(o) for o in outs]
         routed = list(outs)
         while outs:
             counts: dict[str, int] = defaultdict(int)
             for o in outs:
                 assert isinstance(o, Outgoing)
-                tmqp.encode(o.frame)  # every frame the engine makes must be encodable
+                if isinstance(o.frame, Message):
+                    tmqp_door.encode(o.frame)  # every message must be encodable too
+                else:
+                    tmqp.encode(o.frame)  # every frame the engine makes must be encodable
                 self.inbox[o.client_id].append(o.frame)
                 if isinstance(o, Tracked):
                     counts[o.client_id] += 1
@@ -52,8 +72,12 @@ class Kit:
                     self.unsent[client_id] += n
                 break
             outs = self.engine.transmitted(dict(counts), self.now) if counts else []
+            outs = [self._as_seen(o) for o in outs]
             routed += outs
         return routed
+
+    def _as_seen(self, o: Outgoing) -> Outgoing:
+        return o if o.client_id in self.typed else as_frame(o)
 
     def transmit(self, client_id: str, count: int | None = None) -> list[Outgoing]:
         """Report ``count`` (default: all) of the client's tracked deliveries sent."""

@@ -199,10 +199,10 @@ def test_cc_copies_into_other_queues_all_or_nothing() -> None:
     (ack,) = acks(kit.take(p))
     assert ack.message_id == "orig" and header(ack, Header.NACK_REASON) is None
     queues = kit.engine.channels
-    (m5,) = queues["copy"].queues[5].regular
-    assert m5.message_id == "given-id" and header(m5.frame, "X") == "kept"
-    assert header(m5.frame, "cc") is None
-    (m1,) = queues["copy"].queues[1].regular
+    (m5,) = queues["copy"].queues[5].messages.regular
+    assert m5.message_id == "given-id" and m5.message.header("X") == "kept"
+    assert m5.message.header("cc") is None
+    (m1,) = queues["copy"].queues[1].messages.regular
     assert m1.message_id not in ("orig", "given-id", "")
     kit.update(p, "copy", 5, MessageLimit=1)
     kit.push(p, "main", 1, b"n", ack=True, headers=(("CC", "copy;5"),))

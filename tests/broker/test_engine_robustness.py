@@ -98,12 +98,12 @@ def test_random_traffic_is_handled(script: list[tuple[Any, ...]]) -> None:
         for queue in channel.queues.values():
             live_high = sum(
                 1
-                for m in [*queue.priority, *queue._front]
+                for m in [*queue.messages.priority, *queue.messages.front]
                 if m.state == QUEUED and m.high_priority
             )
             live_low = sum(
                 1
-                for m in [*queue.regular, *queue._front]
+                for m in [*queue.messages.regular, *queue.messages.front]
                 if m.state == QUEUED and not m.high_priority
             )
             assert (queue.n_priority, queue.n_regular) == (live_high, live_low)

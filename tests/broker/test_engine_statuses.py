@@ -188,7 +188,7 @@ def test_every_message_gets_a_growing_sequence_number() -> None:
     for n in range(5):
         kit.push(producer, "ch", 1, b"%d" % n)
     queue = kit.engine.channels["ch"].queues[1]
-    seqs = [m.seq for m in queue.regular]
+    seqs = [m.seq for m in queue.messages.regular]
     assert seqs == [1, 2, 3, 4, 5]
     assert kit.info(producer, "ch", 1)["Sequence"] == 5
 

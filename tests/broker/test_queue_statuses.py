@@ -11,10 +11,9 @@ import itertools
 
 import pytest
 
-from broker import tmqp
 from broker.engine.channel import Channel, Client
 from broker.engine.delivery import DefaultDeliveryHandler, DeliveryHandler, PutBack
-from broker.engine.message import DONE, INFLIGHT, QUEUED, QueueMessage
+from broker.engine.message import DONE, INFLIGHT, QUEUED, Message, QueueMessage
 from broker.engine.options import BrokerConfig, ChannelOptions, ChannelQueueOptions
 from broker.engine.queue.queue import Queue
 from broker.engine.queue.statuses import (
@@ -89,15 +88,14 @@ def make(status: QueueStatus, consumers: int = 0, **options: object) -> tuple[Qu
 
 def message(q: Queue, payload: bytes, *, high: bool = False, mid: str = "") -> QueueMessage:
     q.sequence += 1
-    frame = tmqp.Frame(
-        message_type=int(MessageType.QUEUE),
+    m = Message(
         content_type=q.id,
         target=q.channel.name,
         message_id=mid or f"m{q.sequence}",
         high_priority=high,
         payload=payload,
     )
-    return QueueMessage(q.sequence, frame, None, False, NOW)
+    return QueueMessage(q.sequence, m, None, False, NOW)
 
 
 def sent_to(out: list[Outgoing]) -> list[tuple[str, bytes]]:
@@ -146,7 +144,7 @@ def test_push_sends_to_every_consumer_with_room_then_waits() -> None:
     # the first acquirer flag narrows it to the first consumer with room
     q.used.clear()
     first = message(q, b"first")
-    first.frame = first.frame.replace(first_acquirer=True)
+    first.message = first.message.replace(first_acquirer=True)
     assert list(Push().targets(q, first, [a, b], False, True)) == [a]
 
 
@@ -193,7 +191,7 @@ def test_pull_keeps_pushes_until_pulled() -> None:
         Pull().admit(q, message(q, p), NOW, out)
     assert out == [] and q.n_regular == 3
     assert list(Pull().targets(q, message(q, b"w"), [a], False, True)) == []
-    req = tmqp.Frame(message_id="r1", headers=((Header.COUNT, "2"),))
+    req = Message(message_id="r1", headers=((Header.COUNT, "2"),))
     Pull().pull(q, a, req, NOW, out, 100)
     # two messages FIFO, indexed 1 and 2 of 2, then the End marker; one stays
     assert sent_to(out) == [("c0", b"x"), ("c0", b"y")]
@@ -210,7 +208,7 @@ def test_cache_keeps_only_the_latest_and_a_pull_reads_it_without_removing() -> N
     new = message(q, b"new")
     Cache().admit(q, new, NOW, out)
     assert old.state == DONE and new.state == QUEUED and q.n_regular == 1 and out == []
-    req = tmqp.Frame(message_id="r9")
+    req = Message(message_id="r9")
     Cache().pull(q, a, req, NOW, out, 100)
     (answer,) = out
     assert answer.frame.message_type == int(MessageType.RESPONSE)
@@ -224,7 +222,7 @@ def test_paused_keeps_and_sends_nothing_and_refuses_pulls() -> None:
     Paused().admit(q, message(q, b"p"), NOW, out)
     q.drain(NOW, out)
     assert out == [] and q.n_regular == 1
-    Paused().pull(q, a, tmqp.Frame(message_id="r"), NOW, out, 100)
+    Paused().pull(q, a, Message(message_id="r"), NOW, out, 100)
     assert [header(o.frame, Header.NO_CONTENT) for o in out] == [
         NoContent.UNACCEPTABLE,
         NoContent.END,
@@ -236,9 +234,9 @@ def test_stopped_refuses_pushes_clears_on_entry_and_drops_returns() -> None:
     q, _ = make(QueueStatus.PUSH, 1, prefetch=1, request_acknowledge=True)
     out: list[Outgoing] = []
     inflight = message(q, b"a")
-    q.accept(inflight.frame, None, NOW, out, False)
+    q.accept(inflight.message, None, NOW, out, False)
     waiting = message(q, b"b")
-    q.accept(waiting.frame, None, NOW, out, False)
+    q.accept(waiting.message, None, NOW, out, False)
     assert len(q.pending) == 1 and q.n_regular == 1
     out.clear()
     stopped = Stopped()

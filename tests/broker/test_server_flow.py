@@ -30,7 +30,9 @@ class BurstEngine(ScriptedEngine):
         super().__init__()
         self.log: list[tuple[str, str, int]] = []  # ("sent", client, n) / ("gone", client, 0)
 
-    def receive(self, client_id: str, frame: tmqp.Frame, now: float) -> list[Any]:
+    def receive(
+        self, client_id: str, frame: tmqp.Frame, now: float, data: bytes | None = None
+    ) -> list[Any]:
         if frame.message_type != MessageType.QUEUE or not frame.payload.startswith(b"burst"):
             return super().receive(client_id, frame, now)
         kind = Tracked if frame.target == "tracked" else Outgoing

@@ -54,7 +54,9 @@ class ScriptedEngine:
         self.connected.append(client_id)
         return client_id, []
 
-    def receive(self, client_id: str, frame: tmqp.Frame, now: float) -> list[Any]:
+    def receive(
+        self, client_id: str, frame: tmqp.Frame, now: float, data: bytes | None = None
+    ) -> list[Any]:
         self.received.append((client_id, frame))
         if frame.payload == b"boom":
             raise RuntimeError("engine bug")
@@ -475,7 +477,9 @@ def test_send_batch_must_be_positive() -> None:
 class FanOutEngine(ScriptedEngine):
     """Answers a QUEUE frame with three frames, the middle one too big to batch."""
 
-    def receive(self, client_id: str, frame: tmqp.Frame, now: float) -> list[Any]:
+    def receive(
+        self, client_id: str, frame: tmqp.Frame, now: float, data: bytes | None = None
+    ) -> list[Any]:
         if frame.message_type != MessageType.QUEUE:
             return super().receive(client_id, frame, now)
         return [

@@ -11,61 +11,85 @@ the queue asks its host (the engine) to wake it at its next deadline.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections import OrderedDict, deque
+from typing import TYPE_CHECKING, Any
 
-from broker import tmqp
 from broker.engine.delivery import AckWhen, Decision, PutBack
-from broker.engine.message import DELAYED, DONE, INFLIGHT, QUEUED, QueueMessage
-from broker.engine.queue.core import QueueCore
-from broker.protocol import Header, NackReason, Outgoing, header
+from broker.engine.message import DELAYED, DONE, INFLIGHT, QUEUED, Delivery, QueueMessage
+from broker.engine.queue.protocols import QueueCore
+from broker.protocol import Header, NackReason, Outgoing
 
 if TYPE_CHECKING:
     from broker.engine.channel import Client
+    from broker.message import Message
 
 _INF = float("inf")
 
 
-class QueueAcknowledgements(QueueCore):
-    """Acknowledges, put-backs and timers of a queue (see the module docstring)."""
+class AckTracker:
+    """Acknowledges, put-backs and timers of one queue (see the module docstring)."""
 
-    if TYPE_CHECKING:
-        # provided by broker.engine.queue.delivery.QueueDelivery
-        def drain(self, now: float, out: list[Outgoing]) -> None: ...
+    __slots__ = ("delayed", "expiry", "pending", "q", "wake_at")
+
+    def __init__(self, queue: QueueCore) -> None:
+        self.q = queue
+        #: Deliveries waiting for their consumer's acknowledge, in send order.
+        self.pending: OrderedDict[tuple[str, str], Delivery] = OrderedDict()
+        #: Messages waiting for their MessageTimeout, in deadline order.
+        self.expiry: deque[tuple[float, QueueMessage]] = deque()
+        #: Messages put back after PutBackDelay, in due order.
+        self.delayed: deque[tuple[float, QueueMessage, PutBack]] = deque()
+        #: Earliest deadline the engine was asked to wake the queue for (None: nothing).
+        self.wake_at: float | None = None
+
+    def idle(self) -> bool:
+        """Nothing in flight waits for an acknowledge and nothing waits to come back."""
+        return not (self.pending or self.delayed)
 
     # ------------------------------------------------------------------ acknowledges
 
-    def on_ack(self, client: Client, ack: tmqp.Frame, now: float, out: list[Outgoing]) -> bool:
+    def track(self, m: QueueMessage, c: Client[Any], deadline: float) -> None:
+        """``m`` was sent to ``c``, which must acknowledge it by ``deadline``."""
+        self.pending[(c.id, m.message_id)] = Delivery(m, c, deadline)
+        m.inflight += 1
+        c.pending_queues.add(self.q)
+        if deadline != _INF:
+            self.arm(deadline)
+
+    def on_ack(self, client: Client[Any], ack: Message, now: float, out: list[Outgoing]) -> bool:
         """A consumer acknowledge for this queue; False when no delivery matches."""
         dl = self.pending.pop((client.id, ack.message_id), None)
         if dl is None:
             return False
-        self._release(client.id)
+        q = self.q
+        q.release(client.id)
         m = dl.message
         m.inflight -= 1
-        reason = header(ack, Header.NACK_REASON) if ack.headers else None
+        reason = ack.header(Header.NACK_REASON) if ack.headers else None
         success = reason is None
         if success:
-            self.acks += 1
+            q.acks += 1
         else:
-            self.nacks += 1
-        d = self.hook(m, "acknowledge_received", self, ack, dl, success)
-        self._resolve(m, d, now, out, reason or NackReason.NONE, client.id, success)
-        self.drain(now, out)
+            q.nacks += 1
+        d = q.hooks.call(m, "acknowledge_received", q, ack, dl, success)
+        self.resolve(m, d, now, out, reason or NackReason.NONE, client.id, success)
+        q.drain(now, out)
         return True
 
-    def consumer_gone(self, client: Client, now: float, out: list[Outgoing]) -> None:
+    def consumer_gone(self, client: Client[Any], now: float, out: list[Outgoing]) -> None:
         """The consumer disconnected: its unacknowledged deliveries fail."""
+        q = self.q
         gone = [(key, dl) for key, dl in self.pending.items() if key[0] == client.id]
         for key, dl in gone:  # in send order: put-backs at the start keep that order
             del self.pending[key]
-            self._release(client.id)
+            q.release(client.id)
             m = dl.message
             m.inflight -= 1
-            self.nacks += 1
-            d = self.hook(m, "consumer_receive_failed", self, dl, client)
-            self._resolve(m, d, now, out, NackReason.SEND_ERROR, "", False)
+            q.nacks += 1
+            d = q.hooks.call(m, "consumer_receive_failed", q, dl, client)
+            self.resolve(m, d, now, out, NackReason.SEND_ERROR, "", False)
 
-    def _resolve(
+    def resolve(
         self,
         m: QueueMessage,
         d: Decision,
@@ -75,50 +99,69 @@ class QueueAcknowledgements(QueueCore):
         source: str,
         success: bool,
     ) -> None:
+        """Carry out what the handler decided about a delivery that ended."""
+        q = self.q
         if d.save and not m.saved:
-            self._save(m)
+            q.save(m)
         when = d.send_ack
         if when is not AckWhen.NONE:
             if when is AckWhen.ALWAYS and not success:
                 when = AckWhen.NEGATIVE
-            self._ack(m, when, out, reason, source)
+            q.ack_producer(m, when, out, reason, source)
         if d.put_back is not PutBack.NO:
             if m.state == INFLIGHT:
                 self.put_back(m, d.put_back, now, out)
             return
         if m.inflight <= 0 and m.state == INFLIGHT:
-            self._complete(m)
+            q.finish(m)
 
     def put_back(self, m: QueueMessage, where: PutBack, now: float, out: list[Outgoing]) -> None:
+        """``m`` returns to the queue (after PutBackDelay), unless past PutBackLimit."""
+        q = self.q
         m.put_backs += 1
-        limit = self.options.put_back_limit
+        limit = q.options.put_back_limit
         if limit and m.put_backs > limit:
-            self.drop(m, out, NackReason.LIMIT_EXCEEDED)
+            q.drop(m, out, NackReason.LIMIT_EXCEEDED)
             return
-        if not self.alive or not self.strategy.keeps_returns:
-            self.drop(m, out, NackReason.CLEARED)
+        if not q.alive or not q.strategy.keeps_returns:
+            q.drop(m, out, NackReason.CLEARED)
             return
-        delay = self.options.put_back_delay
+        delay = q.options.put_back_delay
         if delay:
             m.state = DELAYED
             due = now + delay / 1000.0
-            self._delayed.append((due, m, where))
-            self._arm(due)
+            self.delayed.append((due, m, where))
+            self.arm(due)
         else:
-            self._requeue(m, where)
+            q.messages.requeue(m, where)
+
+    def clear(self, out: list[Outgoing]) -> None:
+        """Drop every delivery in flight and every delayed put-back; stop the timers."""
+        q = self.q
+        for dl in self.pending.values():
+            q.release(dl.receiver.id)
+            if dl.message.state == INFLIGHT:
+                q.drop(dl.message, out, NackReason.CLEARED)
+        self.pending.clear()
+        for _, m, _where in self.delayed:
+            if m.state == DELAYED:
+                q.drop(m, out, NackReason.CLEARED)
+        self.delayed.clear()
+        self.expiry.clear()
 
     # ------------------------------------------------------------------ timers
 
     def tick(self, now: float, out: list[Outgoing]) -> None:
         """Run put-back delays, acknowledge timeouts and message timeouts due by ``now``."""
         self.wake_at = None
-        if not self.alive:
+        q = self.q
+        if not q.alive:
             return
-        delayed = self._delayed
+        delayed = self.delayed
         while delayed and delayed[0][0] <= now:
             _, m, where = delayed.popleft()
             if m.state == DELAYED:
-                self._requeue(m, where)
+                q.messages.requeue(m, where)
         pending = self.pending
         while pending:
             key = next(iter(pending))
@@ -126,60 +169,58 @@ class QueueAcknowledgements(QueueCore):
             if dl.deadline > now:
                 break
             del pending[key]
-            self._release(dl.receiver.id)
+            q.release(dl.receiver.id)
             m = dl.message
             m.inflight -= 1
-            self.nacks += 1
-            d = self.hook(m, "acknowledge_timed_out", self, dl)
-            self._resolve(m, d, now, out, NackReason.TIMEOUT, "", False)
-        expiry = self._expiry
+            q.nacks += 1
+            d = q.hooks.call(m, "acknowledge_timed_out", q, dl)
+            self.resolve(m, d, now, out, NackReason.TIMEOUT, "", False)
+        expiry = self.expiry
         while expiry and expiry[0][0] <= now:
             _, m = expiry.popleft()
             if m.state == QUEUED:
-                if m.high_priority:
-                    self.n_priority -= 1
-                else:
-                    self.n_regular -= 1
+                q.messages.uncount(m)
                 self.expire(m, out)
-        self.drain(now, out)
-        self._schedule()
+        q.drain(now, out)
+        self.schedule()
 
     def next_deadline(self) -> float | None:
         when = _INF
-        if self._delayed:
-            when = self._delayed[0][0]
+        if self.delayed:
+            when = self.delayed[0][0]
         if self.pending:
             when = min(when, next(iter(self.pending.values())).deadline)
-        if self._expiry:
-            when = min(when, self._expiry[0][0])
+        if self.expiry:
+            when = min(when, self.expiry[0][0])
         return None if when == _INF else when
 
-    def _schedule(self) -> None:
+    def schedule(self) -> None:
         when = self.next_deadline()
         if when is not None:
-            self._arm(when)
+            self.arm(when)
 
-    def _arm(self, when: float) -> None:
+    def arm(self, when: float) -> None:
         if self.wake_at is None or when < self.wake_at:
             self.wake_at = when
-            self.host.wake(self, when)  # type: ignore[arg-type]
+            self.q.wake(when)
 
     def start_timeout(self, m: QueueMessage, now: float) -> None:
         """Start the message's MessageTimeout (if the queue has one)."""
-        timeout = self.options.message_timeout
+        timeout = self.q.options.message_timeout
         if timeout:
             m.deadline = now + timeout / 1000.0
-            self._expiry.append((m.deadline, m))
+            self.expiry.append((m.deadline, m))
             if self.wake_at is None:
-                self._arm(m.deadline)
+                self.arm(m.deadline)
 
     def expire(self, m: QueueMessage, out: list[Outgoing]) -> None:
         """A queued message (already uncounted) passed its MessageTimeout."""
+        q = self.q
         m.state = DONE
-        self.timeouts += 1
-        d = self.hook(m, "message_timed_out", self, m)
+        q.timeouts += 1
+        d = q.hooks.call(m, "message_timed_out", q, m)
         if d.save and not m.saved:
-            self._save(m)
+            q.save(m)
         if d.send_ack is not AckWhen.NONE:
-            self._ack(m, d.send_ack, out, NackReason.TIMEOUT)
-        self._finish(m)
+            q.ack_producer(m, d.send_ack, out, NackReason.TIMEOUT)
+        q.finish(m)

@@ -15,14 +15,14 @@ Cache status: one RESPONSE to the request id: content type 0 and the latest mess
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from broker import tmqp
 from broker.engine.delivery import PutBack
 from broker.engine.flow import ACKED, CACHE, COPY
-from broker.engine.frames import derive, pull_marker, response
-from broker.engine.message import INFLIGHT, QUEUED, QueueMessage
+from broker.engine.frames import pull_marker, response, response_with
+from broker.engine.message import INFLIGHT, Message, QueueMessage, derive
 from broker.engine.options import status_name
+from broker.engine.queue.protocols import QueueCore
 from broker.protocol import (
     ClearOption,
     Header,
@@ -30,14 +30,13 @@ from broker.protocol import (
     NackReason,
     NoContent,
     Outgoing,
-    QueueStatus,
     ResultCode,
-    header,
 )
 
 if TYPE_CHECKING:
-    from broker.engine.channel import Client
-    from broker.engine.queue.queue import Queue
+    from broker.engine.channel import Client as _Client
+
+    Client = _Client[Any]
 
 _QUEUE = int(MessageType.QUEUE)
 _RESPONSE = int(MessageType.RESPONSE)
@@ -49,45 +48,42 @@ _CLEAR_VALUES = (
 )
 
 
-def _unacceptable(q: Queue, count: int, clear: str) -> str:
-    """Why a pull request is refused (the ``Reason`` of its Unacceptable marker)."""
-    if q.status is not QueueStatus.PULL:
-        status = status_name(q.status)
-        where = f"{q.channel.name}/{q.id}"
-        return f"queue {where} has status {status}: pull works on Pull and Cache queues"
-    if count < 1:
-        return "Count must be a whole number of at least 1"
-    return f"Clear must be one of: {', '.join(_CLEAR_VALUES)}"
-
-
-def refuse_pull(q: Queue, client: Client, request: tmqp.Frame, out: list[Outgoing]) -> None:
+def refuse_pull(q: QueueCore, client: Client, request: Message, out: list[Outgoing]) -> None:
     """A status without pull requests: one Unacceptable marker, then End."""
-    _refuse(q, client, request.message_id, 1, ClearOption.NONE, out)
+    status = status_name(q.strategy.status)
+    where = f"{q.channel.name}/{q.id}"
+    why = f"queue {where} has status {status}: pull works on Pull and Cache queues"
+    _refuse(q, client, request.message_id, why, out)
 
 
-def _refuse(
-    q: Queue, client: Client, rid: str, count: int, clear: str, out: list[Outgoing]
-) -> None:
+def _refuse(q: QueueCore, client: Client, rid: str, why: str, out: list[Outgoing]) -> None:
     name = q.channel.name
-    why = _unacceptable(q, count, clear)
     out.append(Outgoing(client.id, pull_marker(rid, name, q.id, NoContent.UNACCEPTABLE, why)))
     out.append(Outgoing(client.id, pull_marker(rid, name, q.id, NoContent.END)))
 
 
 def pull_messages(
-    q: Queue, client: Client, request: tmqp.Frame, now: float, out: list[Outgoing], max_count: int
+    q: QueueCore,
+    client: Client,
+    request: Message,
+    now: float,
+    out: list[Outgoing],
+    max_count: int,
 ) -> None:
     """Pull status: answer a request with up to ``Count`` messages (see the docstring)."""
     rid = request.message_id
     name = q.channel.name
-    raw = header(request, Header.COUNT)
+    raw = request.header(Header.COUNT)
     try:
         count = 1 if raw is None else int(raw)
     except ValueError:
         count = 0
-    clear = (header(request, Header.CLEAR) or ClearOption.NONE).strip().lower()
-    if q.status is not QueueStatus.PULL or count < 1 or clear not in _CLEAR_VALUES:
-        _refuse(q, client, rid, count, clear, out)
+    clear = (request.header(Header.CLEAR) or ClearOption.NONE).strip().lower()
+    if count < 1:
+        _refuse(q, client, rid, "Count must be a whole number of at least 1", out)
+        return
+    if clear not in _CLEAR_VALUES:
+        _refuse(q, client, rid, f"Clear must be one of: {', '.join(_CLEAR_VALUES)}", out)
         return
     room = (client.prefetch.get(name) or q.window) - q.used.get(client.id, 0)
     if room <= 0:
@@ -95,8 +91,8 @@ def pull_messages(
         out.append(Outgoing(client.id, pull_marker(rid, name, q.id, NoContent.END)))
         return
     count = min(count, max_count, room)
-    lifo = (header(request, Header.ORDER) or "").strip().upper() == "LIFO"
-    info = (header(request, Header.INFO) or "").strip().lower() in ("yes", "true", "1")
+    lifo = (request.header(Header.ORDER) or "").strip().upper() == "LIFO"
+    info = (request.header(Header.INFO) or "").strip().lower() in ("yes", "true", "1")
     batch = _take(q, client, count, lifo, now, out)
     total = len(batch)
     if not total:
@@ -104,15 +100,15 @@ def pull_messages(
     extra: tuple[tuple[str, str], ...] = ()
     if info:
         extra = (
-            (Header.PRIORITY_MESSAGES, str(q.n_priority)),
-            (Header.MESSAGES, str(q.n_regular)),
+            (Header.PRIORITY_MESSAGES, str(q.messages.n_priority)),
+            (Header.MESSAGES, str(q.messages.n_regular)),
         )
     opts = q.options
     req_ack = opts.request_acknowledge
     deadline = now + opts.acknowledge_timeout / 1000.0 if opts.acknowledge_timeout else q.NEVER
     kind = ACKED if req_ack else COPY
     for index, m in enumerate(batch, 1):
-        f = m.frame
+        f = m.message
         redelivery = ((Header.DELIVERY_COUNT, str(m.delivered + 1)),) if m.delivered else ()
         headers = (
             *f.headers,
@@ -123,7 +119,7 @@ def pull_messages(
             *redelivery,
         )
         source = "" if opts.hide_client_names else f.source
-        frame = derive(f, _QUEUE, False, req_ack, q.id, f.message_id, source, name, headers)
+        frame = derive(f, req_ack, q.id, f.message_id, source, name, headers)
         m.transmitted = 0
         if not req_ack:
             m.unsent += 1
@@ -140,24 +136,25 @@ def pull_messages(
 
 
 def _take(
-    q: Queue, client: Client, count: int, lifo: bool, now: float, out: list[Outgoing]
+    q: QueueCore, client: Client, count: int, lifo: bool, now: float, out: list[Outgoing]
 ) -> list[QueueMessage]:
     """Dequeue up to ``count`` messages the client may receive."""
     req_ack = q.options.request_acknowledge
-    q.flush_front()
+    messages = q.messages
+    messages.flush_front()
     batch: list[QueueMessage] = []
     while len(batch) < count:
-        m = q.next_last() if lifo else q.next_first()
+        m = messages.next_last() if lifo else messages.next_first()
         if m is None:
             break
         if m.deadline and m.deadline <= now:
             q.expire(m, out)
             continue
         if (req_ack and (client.id, m.message_id) in q.pending) or not q.eligible(m, client):
-            q.unpop(m, last=lifo)
+            messages.unpop(m, last=lifo)
             break
-        if q.wants_begin_send:
-            d = q.hook(m, "begin_send", q, m)
+        if q.hooks.begin_send:
+            d = q.hooks.call(m, "begin_send", q, m)
             q.side_effects(m, d, out)
             if not d.allow:
                 if d.put_back is not PutBack.NO:
@@ -171,28 +168,18 @@ def _take(
     return batch
 
 
-def pull_latest(q: Queue, client: Client, request: tmqp.Frame, out: list[Outgoing]) -> None:
+def pull_latest(q: QueueCore, client: Client, request: Message, out: list[Outgoing]) -> None:
     """Cache status: the latest message (left in the queue), or 404 Empty."""
-    q.flush_front()
-    latest = None
-    for dq in (q.priority, q.regular):
-        for m in reversed(dq):
-            if m.state == QUEUED:
-                latest = m
-                break
-        if latest is not None:
-            break
+    latest = q.messages.latest()
     rid = request.message_id
     if latest is None:
         empty = ((Header.NO_CONTENT, NoContent.EMPTY),)
         frame = response(rid, client.id, ResultCode.NOT_FOUND, "empty", headers=empty)
     else:
-        f = latest.frame
+        f = latest.message
         source = "" if q.options.hide_client_names else f.source
-        frame = derive(
-            f, _RESPONSE, False, False, ResultCode.OK, rid, source, client.id, f.headers
-        )
-        q.hand(client, CACHE, None, frame, out)  # counted once sent
+        answer = response_with(f, rid, client.id, source)
+        q.hand(client, CACHE, None, answer, out)  # counted once sent
         return
     out.append(Outgoing(client.id, frame))
 

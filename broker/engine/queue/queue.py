@@ -1,23 +1,27 @@
-"""A channel queue: statuses, delivery to consumers, acknowledges, timeouts, put-backs.
+"""A channel queue: one class that has its parts.
 
-:class:`Queue` is built in layers, one module each (every layer is a base class of the
-next, so a method call costs what it did when the queue was one class):
+:class:`Queue` holds a queue's identity, options, counters and flow-control windows, and
+owns one object per concern, each in its own module (every import pointing down, none
+back at this module; the parts see their queue as a
+:class:`~broker.engine.queue.protocols.QueueCore`):
 
-* ``broker.engine.queue.core`` -- the state: message deques, counters, options, the
-  store, producer acknowledges, removal, delivery handler hooks;
-* ``broker.engine.queue.acks`` -- consumer acknowledges, put-backs and timers;
-* ``broker.engine.queue.delivery`` -- sending waiting messages to consumers;
-* this module -- pushes (the general :meth:`Queue.accept` and the plain-push fast path
-  :meth:`Queue.push_plain`), pull requests and runtime option changes.
+* :attr:`Queue.messages` -- the waiting messages in consumption order
+  (``broker.engine.queue.messages``);
+* :attr:`Queue.hooks` -- the delivery handler and which of its hooks matter
+  (``broker.engine.queue.hooks``);
+* :attr:`Queue.ledger` -- the store and producer acknowledges (``broker.engine.queue.ledger``);
+* :attr:`Queue.tracker` -- consumer acknowledges, put-backs and timers
+  (``broker.engine.queue.acks``);
+* :attr:`Queue.dispatch` -- sending to consumers and settling deliveries
+  (``broker.engine.queue.dispatch``);
+* pull requests are answered by ``broker.engine.queue.pull``;
+* :attr:`Queue.strategy` -- everything that depends on the queue's status (is a push
+  accepted, is it sent, kept or dropped, who receives it, is a pull answered, what a
+  switch does): one small object per status (``broker.engine.queue.statuses``), chosen
+  from a table when the status is set; ``Queue.status`` stays the QueueStatus.
 
-Everything that depends on the queue's status (is a push accepted, is it sent, kept or
-dropped, who receives it, is a pull answered, what a switch does) is decided by its
-:attr:`Queue.strategy`, one small object per status (``broker.engine.queue.statuses``),
-chosen from a table when the status is set; ``Queue.status`` stays the QueueStatus.
-
-The lower layers pass ``self`` where a :class:`Queue` is expected (the handler's hooks,
-the engine's timers): it always is one, which the type checker cannot know, hence their
-few ``type: ignore[arg-type]`` comments.
+This module itself takes pushes (the general :meth:`Queue.accept` and the plain-push
+fast path :meth:`Queue.push_plain`), changes options at runtime and removes messages.
 
 The queue never reads a clock and never touches the wire: it appends
 :class:`~broker.protocol.Outgoing` frames to the list it is given and asks its host (the
@@ -26,23 +30,43 @@ engine) to wake it at its next deadline.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from broker import tmqp
 from broker.engine import models
 from broker.engine.delivery import ALLOW, AckWhen, Decision, PutBack
 from broker.engine.flow import PLAIN
-from broker.engine.frames import derive
-from broker.engine.message import DELAYED, DONE, INFLIGHT, QUEUED, Delivery, QueueMessage
+from broker.engine.message import (
+    DELAYED,
+    DONE,
+    INFLIGHT,
+    QUEUED,
+    Delivery,
+    Message,
+    QueueMessage,
+    derive,
+    with_source,
+)
 from broker.engine.options import ChannelQueueOptions
 from broker.engine.queue import pull
-from broker.engine.queue.core import QueueHost
-from broker.engine.queue.delivery import QueueDelivery
-from broker.engine.queue.statuses import strategy_for
-from broker.protocol import MessageType, NackReason, Outgoing, ResultCode, Tracked
+from broker.engine.queue.acks import AckTracker
+from broker.engine.queue.dispatch import Dispatcher
+from broker.engine.queue.hooks import HandlerHooks
+from broker.engine.queue.ledger import Ledger
+from broker.engine.queue.messages import MessageOrder
+from broker.engine.queue.protocols import QueueHost
+from broker.engine.queue.statuses import StatusStrategy, strategy_for
+from broker.protocol import NackReason, Outgoing, ResultCode, Tracked
+from broker.store import Store, StoredMessage
 
 if TYPE_CHECKING:
-    from broker.engine.channel import Client
+    from broker import tmqp
+    from broker.engine.channel import Channel as _Channel
+    from broker.engine.channel import Client as _Client
+
+    Channel = _Channel[Any]
+    Client = _Client[Any]
 
 __all__ = [
     "DELAYED",
@@ -55,15 +79,108 @@ __all__ = [
     "QueueMessage",
 ]
 
-_QUEUE = int(MessageType.QUEUE)
+_INF = float("inf")
 #: ``Tracked(client_id, frame)`` without the named tuple's Python-level __new__.
 _tracked = tuple.__new__
+#: Methods of :class:`Queue` that only pass the call on to one of its parts: each queue
+#: binds them to the part's own method (an instance attribute shadows the class's
+#: function), which saves a call on paths that run per message.  The ``def`` below stay
+#: as the documentation (and for the type checker).
+_TO_LEDGER = ("save", "finish", "side_effects", "drop", "ack_producer")
+_TO_TRACKER = ("on_ack", "consumer_gone", "put_back", "track", "start_timeout", "expire", "tick")
+_TO_DISPATCH = (
+    "send",
+    "with_room",
+    "choose_one",
+    "eligible",
+    "hand",
+    "after_send",
+    "settle_unsent",
+)
 
 
-class Queue(QueueDelivery):
+class Queue:
     """One queue of a channel; see the module docstring."""
 
+    #: Deadline of a delivery whose queue has no acknowledge timeout.
+    NEVER = _INF
+
+    def __init__(
+        self,
+        channel: Channel,
+        queue_id: int,
+        options: ChannelQueueOptions,
+        host: QueueHost[Queue],
+    ) -> None:
+        self.channel = channel
+        self.id = queue_id
+        self.key = (channel.name, queue_id)
+        self.host = host
+        self.alive = True
+        #: Per-queue sequence number of the latest message (grows monotonically).
+        self.sequence = 0
+        #: Round-robin position (index into the channel's consumer list).
+        self.rr = 0
+        #: Deliveries in flight per consumer id (see ``broker.engine.flow``); absent: none.
+        self.used: dict[str, int] = {}
+        #: The last drain stopped with messages waiting and no consumer able to take one
+        #: (full windows): the next settled delivery drains again.
+        self.stalled = False
+        # counters (QueueInformation)
+        self.received = 0
+        self.sent = 0
+        self.deliveries = 0
+        self.acks = 0
+        self.nacks = 0
+        self.timeouts = 0
+        self.saves = 0
+        self.removed = 0
+        #: Broadcast copies not sent because the consumer's window was full or it left.
+        self.dropped = 0
+        self.errors = 0
+        self.last_received: float | None = None
+        self.last_sent: float | None = None
+        # the parts
+        self.messages = MessageOrder()
+        self.ledger = Ledger(self)
+        self.tracker = AckTracker(self)
+        self.dispatch = Dispatcher(self)
+        self.options = options
+        self.status = options.status
+        #: What the status decides (``broker.engine.queue.statuses``).
+        self.strategy: StatusStrategy = strategy_for(options.status)
+        self.window = self._window(options)
+        self.hooks = HandlerHooks(
+            host.handler_for(options.message_delivery_handler), self, self.error
+        )
+        self.plain = self._plain()
+        # the calls made per message go straight to the part that answers them
+        self.drain = self.dispatch.drain
+        self.settle_plain = self.dispatch.settle_plain
+        self.settle_sent = self.dispatch.settle_sent
+        for part, names in ((self.ledger, _TO_LEDGER), (self.tracker, _TO_TRACKER)):
+            for name in names:
+                setattr(self, name, getattr(part, name))
+        for name in _TO_DISPATCH:
+            setattr(self, name, getattr(self.dispatch, name))
+
     # ------------------------------------------------------------------ options
+
+    def _window(self, options: ChannelQueueOptions) -> int:
+        """Deliveries in flight per consumer unless it asked for its own at JOIN."""
+        config = self.host.config
+        return min(options.prefetch or config.prefetch, config.max_prefetch)
+
+    def _plain(self) -> bool:
+        """May pushes take :meth:`push_plain` (nothing can intervene)?"""
+        opts = self.options
+        return not (
+            self.hooks.any
+            or opts.request_acknowledge
+            or opts.send_only_first_acquirer
+            or opts.hide_client_names
+            or opts.message_timeout
+        )
 
     def apply_options(self, options: ChannelQueueOptions, now: float, out: list[Outgoing]) -> None:
         """Switch options (status included) at runtime; only Stopped clears messages."""
@@ -72,14 +189,18 @@ class Queue(QueueDelivery):
         self.status = options.status
         self.strategy = strategy_for(options.status)
         self.window = self._window(options)
-        self._out_version += 1
+        self.dispatch.out_version += 1
         if options.message_delivery_handler != old.message_delivery_handler:
-            self.handler = self.host.handler_for(options.message_delivery_handler)
-            self._bind_handler()
-        else:
-            self._refresh_plain()
+            handler = self.host.handler_for(options.message_delivery_handler)
+            self.hooks = HandlerHooks(handler, self, self.error)
+        self.plain = self._plain()
         self.strategy.entered(self, old.status, out)
         self.drain(now, out)
+
+    @property
+    def handler(self) -> Any:
+        """The queue's delivery handler."""
+        return self.hooks.handler
 
     def information(self, wall: float, now: float) -> dict[str, Any]:
         """QueueInformation (document model); ``wall``/``now``: current wall/monotonic."""
@@ -88,6 +209,216 @@ class Queue(QueueDelivery):
     def summary(self) -> dict[str, Any]:
         """QueueSummary / QueueEvent model."""
         return models.queue_summary(self)
+
+    # ------------------------------------------------------------------ state views
+
+    @property
+    def n_priority(self) -> int:
+        return self.messages.n_priority
+
+    @property
+    def n_regular(self) -> int:
+        return self.messages.n_regular
+
+    @property
+    def message_count(self) -> int:
+        return self.messages.n_priority + self.messages.n_regular
+
+    @property
+    def pending(self) -> OrderedDict[tuple[str, str], Delivery]:
+        """Deliveries waiting for their consumer's acknowledge (``acks``)."""
+        return self.tracker.pending
+
+    @property
+    def wake_at(self) -> float | None:
+        """Earliest deadline the engine was asked to wake this queue for."""
+        return self.tracker.wake_at
+
+    @property
+    def store(self) -> Store:
+        return self.host.store
+
+    def waiting(self) -> bool:
+        """Messages wait in the queue (a new one would queue behind them)."""
+        messages = self.messages
+        return bool(messages.n_priority or messages.n_regular or messages.front)
+
+    def blocked(self) -> bool:
+        """WaitForAcknowledge holds every send until the pending acknowledges arrive."""
+        return bool(self.options.wait_for_acknowledge and self.tracker.pending)
+
+    def is_empty(self) -> bool:
+        return not self.messages.count and self.tracker.idle()
+
+    def enqueue(self, m: QueueMessage) -> None:
+        self.messages.enqueue(m)
+
+    # ------------------------------------------------------------------ the host
+
+    def client(self, client_id: str) -> Client | None:
+        return self.host.client(client_id)
+
+    def wake(self, when: float) -> None:
+        self.host.wake(self, when)
+
+    def error(self, where: str, exc: Exception) -> None:
+        self.errors += 1
+        self.host.count_error(f"queue {self.channel.name}/{self.id} {where}", exc)
+
+    def hook(self, m: QueueMessage | None, name: str, *args: Any) -> Decision:
+        return self.hooks.call(m, name, *args)
+
+    # ------------------------------------------------------------------ the ledger
+
+    def save(self, m: QueueMessage) -> None:
+        self.ledger.save(m)
+
+    def finish(self, m: QueueMessage) -> None:
+        self.ledger.finish(m)
+
+    def ack_producer(
+        self, m: QueueMessage, when: AckWhen, out: list[Outgoing], reason: str, source: str = ""
+    ) -> None:
+        self.ledger.ack_producer(m, when, out, reason, source)
+
+    def side_effects(self, m: QueueMessage, d: Decision, out: list[Outgoing]) -> None:
+        self.ledger.side_effects(m, d, out)
+
+    def drop(self, m: QueueMessage, out: list[Outgoing], reason: str, count: bool = True) -> None:
+        """Remove a message that was not consumed; a waiting producer gets a nack."""
+        self.ledger.drop(m, out, reason, count)
+
+    # ------------------------------------------------------------------ the tracker
+
+    def on_ack(self, client: Client, ack: Message, now: float, out: list[Outgoing]) -> bool:
+        """A consumer acknowledge for this queue; False when no delivery matches."""
+        return self.tracker.on_ack(client, ack, now, out)
+
+    def consumer_gone(self, client: Client, now: float, out: list[Outgoing]) -> None:
+        """The consumer disconnected: its unacknowledged deliveries fail."""
+        self.tracker.consumer_gone(client, now, out)
+
+    def put_back(self, m: QueueMessage, where: PutBack, now: float, out: list[Outgoing]) -> None:
+        self.tracker.put_back(m, where, now, out)
+
+    def track(self, m: QueueMessage, c: Client, deadline: float) -> None:
+        self.tracker.track(m, c, deadline)
+
+    def start_timeout(self, m: QueueMessage, now: float) -> None:
+        self.tracker.start_timeout(m, now)
+
+    def expire(self, m: QueueMessage, out: list[Outgoing]) -> None:
+        self.tracker.expire(m, out)
+
+    def tick(self, now: float, out: list[Outgoing]) -> None:
+        """Run the timers due by ``now`` (put-back delays, acknowledge/message timeouts)."""
+        self.tracker.tick(now, out)
+
+    def next_deadline(self) -> float | None:
+        return self.tracker.next_deadline()
+
+    # ------------------------------------------------------------------ windows
+
+    def room(self, c: Client) -> bool:
+        """May consumer ``c`` take one more delivery of this queue now?"""
+        return self.used.get(c.id, 0) < (c.prefetch.get(self.channel.name) or self.window)
+
+    def release(self, client_id: str) -> None:
+        """One of the consumer's deliveries left its window."""
+        used = self.used
+        n = used.get(client_id, 0) - 1
+        if n > 0:
+            used[client_id] = n
+        else:
+            used.pop(client_id, None)
+
+    def next_with_room(self, consumers: list[Client]) -> Client | None:
+        """Round robin: the next consumer with room in its window (None: all full)."""
+        n = len(consumers)
+        start = self.rr % n
+        for i in range(n):
+            c = consumers[(start + i) % n]
+            if self.room(c):
+                self.rr = (start + i + 1) % n
+                return c
+        return None
+
+    # ------------------------------------------------------------------ the dispatcher
+
+    def send(
+        self,
+        m: QueueMessage,
+        consumers: Sequence[Client],
+        now: float,
+        out: list[Outgoing],
+        keep: bool = True,
+    ) -> bool:
+        return self.dispatch.send(m, consumers, now, out, keep)
+
+    def eligible(self, m: QueueMessage, c: Client) -> bool:
+        return self.dispatch.eligible(m, c)
+
+    def with_room(
+        self, m: QueueMessage, consumers: Sequence[Client], req_ack: bool, keep: bool
+    ) -> list[Client]:
+        return self.dispatch.with_room(m, consumers, req_ack, keep)
+
+    def choose_one(
+        self, m: QueueMessage, consumers: Sequence[Client], rotate: bool, req_ack: bool
+    ) -> tuple[Client, ...]:
+        return self.dispatch.choose_one(m, consumers, rotate, req_ack)
+
+    def hand(
+        self,
+        c: Client,
+        kind: int,
+        m: QueueMessage | None,
+        frame: Message | tmqp.Frame,
+        out: list[Outgoing],
+    ) -> None:
+        self.dispatch.hand(c, kind, m, frame, out)
+
+    def after_send(
+        self, m: QueueMessage, c: Client, req_ack: bool, deadline: float, out: list[Outgoing]
+    ) -> None:
+        self.dispatch.after_send(m, c, req_ack, deadline, out)
+
+    def settle_unsent(
+        self,
+        kind: int,
+        client_id: str,
+        m: QueueMessage | None,
+        frame: Message | None,
+        seq: int,
+        now: float,
+        out: list[Outgoing],
+    ) -> None:
+        """The consumer went away before the transport took a delivery (``flow.abandon``)."""
+        self.dispatch.settle_unsent(kind, client_id, m, frame, seq, now, out)
+
+    # ------------------------------------------------------------------ removal, recovery
+
+    def clear(self, out: list[Outgoing], *, priority: bool, regular: bool, in_flight: bool) -> int:
+        """Remove waiting (and optionally in-flight / delayed) messages; returns the count."""
+        taken = self.messages.take(priority=priority, regular=regular)
+        for m in taken:
+            self.drop(m, out, NackReason.CLEARED)
+        if in_flight:
+            self.tracker.clear(out)
+        return len(taken)
+
+    def close(self, out: list[Outgoing]) -> None:
+        """The queue is removed: drop everything and stop timers."""
+        self.clear(out, priority=True, regular=True, in_flight=True)
+        self.alive = False
+
+    def restore(self, stored: StoredMessage, producer: Client | None, now: float) -> None:
+        """Re-enqueue a message recovered from the store (keeps its sequence number)."""
+        m = QueueMessage(stored.sequence, stored.message, producer, False, now)
+        m.saved = True
+        m.put_backs = stored.put_backs
+        self.sequence = max(self.sequence, m.seq)
+        self.messages.requeue(m, PutBack.END)
 
     # ------------------------------------------------------------------ push
 
@@ -102,93 +433,81 @@ class Queue(QueueDelivery):
         if (
             opts.message_limit
             and strategy.limits_count
-            and self.n_priority + self.n_regular >= opts.message_limit
+            and self.message_count >= opts.message_limit
         ):
             return ResultCode.LIMIT_EXCEEDED
         return 0
 
-    def push_plain(
-        self, frame: tmqp.Frame, sender: Client, now: float, out: list[Outgoing]
-    ) -> bool:
+    def push_plain(self, m: Message, sender: Client, now: float, out: list[Outgoing]) -> bool:
         """Take a push without the general path when nothing could decide otherwise.
 
         Taken when the queue is :attr:`plain` (default hooks, no acknowledge requests,
-        no message timeout, names not hidden), in push or round-robin status, the frame
-        is a QUEUE frame of this queue without headers or wait flags, and it passes the
-        size limit.  Then :meth:`accept` would send the frame (source stamped) to a
-        consumer or queue it: this does the same with less bookkeeping.  Sent at once
-        (nothing waits, one consumer takes it: round robin, or push with one consumer)
-        it needs no QueueMessage at all: the frame and its sequence number are enough
-        to put it back if the consumer goes away before it is sent (``broker.flow``).
-        Returns False (use :meth:`accept`) for anything else.  The caller has checked
-        the authorization and that no MESSAGE_PRODUCED subscriber waits.
+        no message timeout, names not hidden), in push or round-robin status, the message
+        is addressed to this queue without headers, acknowledge wish or first-acquirer
+        flag, and it passes the size limit.  Then :meth:`accept` would send the message
+        (source stamped) to a consumer or queue it: this does the same with less
+        bookkeeping.  Sent at once (nothing waits, one consumer takes it: round robin, or
+        push with one consumer) it needs no QueueMessage at all: the message and its
+        sequence number are enough to put it back if the consumer goes away before it is
+        sent (``broker.engine.flow``); it leaves as it came (with its wire form, if its
+        door gave it one).  Returns False (use :meth:`accept`) for anything else.  The
+        caller has checked the authorization, that the producer waits for no answer and
+        that no MESSAGE_PRODUCED subscriber waits.
         """
         strategy = self.strategy
         if (
             not self.plain
             or not strategy.takes_plain
-            or frame.headers
-            or frame.pending_ack
-            or frame.pending_response
-            or frame.first_acquirer
-            or frame.message_type != _QUEUE
-            or frame.content_type != self.id
-            or frame.target != self.channel.name
+            or m.headers
+            or m.wants_ack
+            or m.first_acquirer
+            or m.content_type != self.id
+            or m.target != self.channel.name
         ):
             return False
         opts = self.options
-        if (opts.wait_for_acknowledge and self.pending) or (
-            opts.message_size_limit and len(frame.payload) > opts.message_size_limit
+        if (opts.wait_for_acknowledge and self.tracker.pending) or (
+            opts.message_size_limit and len(m.payload) > opts.message_size_limit
         ):
             return False
-        if not frame.message_id and opts.use_message_id:
+        if not m.message_id and opts.use_message_id:
             return False  # accept() gives it an id
         consumers = self.channel.consumer_list
+        messages = self.messages
         c: Client | None = None
-        if consumers and not (self.n_priority or self.n_regular or self._front):
+        if consumers and not (messages.n_priority or messages.n_regular or messages.front):
             if len(consumers) == 1 or strategy.plain_many:
                 c = strategy.plain_target(self, consumers)  # None: full windows, it waits
             else:
                 return False  # a push to several consumers is followed as a QueueMessage
         if c is None and opts.message_limit:
             return False  # accept() after check_push
-        if frame.source != sender.id:
-            frame = frame.replace(source=sender.id)
+        if m.source != sender.id:
+            m = with_source(m, sender.id)
         self.sequence += 1
         self.received += 1
         self.last_received = now
         if c is not None:
             cid = c.id
-            out.append(_tracked(Tracked, (cid, frame)))
-            c.unsent.append((PLAIN, self, None, frame, self.sequence))
+            out.append(_tracked(Tracked, (cid, m)))
+            c.unsent.append((PLAIN, self, None, m, self.sequence))
             used = self.used
             used[cid] = used.get(cid, 0) + 1
             return True
-        m = QueueMessage(self.sequence, frame, sender, False, now)
-        if m.high_priority:
-            self.priority.append(m)
-            self.n_priority += 1
+        qm = QueueMessage(self.sequence, m, sender, False, now)
+        if qm.high_priority:  # (MessageOrder.enqueue, inline: this runs per message)
+            messages.priority.append(qm)
+            messages.n_priority += 1
         else:
-            self.regular.append(m)
-            self.n_regular += 1
-        if consumers and (not self.stalled or m.high_priority):
+            messages.regular.append(qm)
+            messages.n_regular += 1
+        if consumers and (not self.stalled or qm.high_priority):
             self.drain(now, out)  # (stalled: see accept)
         return True
 
-    def next_with_room(self, consumers: list[Client]) -> Client | None:
-        """Round robin: the next consumer with room in its window (None: all full)."""
-        n = len(consumers)
-        start = self.rr % n
-        for i in range(n):
-            c = consumers[(start + i) % n]
-            if self.room(c):
-                self.rr = (start + i + 1) % n
-                return c
-        return None
-
     def accept(
         self,
-        frame: tmqp.Frame,
+        message: Message,
         sender: Client | None,
         now: float,
         out: list[Outgoing],
@@ -198,40 +517,30 @@ class Queue(QueueDelivery):
     ) -> QueueMessage | None:
         """Enqueue (or broadcast) a pushed message that passed :meth:`check_push`.
 
-        ``headers``/``message_id`` override the frame's (CC copies, routers).  Returns
-        the message, or None when the delivery handler rejected it.
+        ``headers``/``message_id`` override the message's (CC copies, routers).  Returns
+        the queue message, or None when the delivery handler rejected it.
         """
         opts = self.options
-        mid = frame.message_id if message_id is None else message_id
+        mid = message.message_id if message_id is None else message_id
         if not mid and (opts.use_message_id or opts.request_acknowledge or producer_waits):
             mid = self.host.new_id()
-        src = sender.id if sender is not None else frame.source
-        hdrs = frame.headers if headers is None else headers
-        if (
-            frame.source != src
-            or frame.message_id != mid
-            or frame.pending_ack
-            or frame.pending_response
-            or frame.content_type != self.id
-            or frame.target != self.channel.name
-            or frame.message_type != _QUEUE
-            or hdrs is not frame.headers
-        ):
-            frame = derive(frame, _QUEUE, False, False, self.id, mid, src, self.channel.name, hdrs)
+        src = sender.id if sender is not None else message.source
+        hdrs = message.headers if headers is None else headers
+        message = derive(message, False, self.id, mid, src, self.channel.name, hdrs)
         self.sequence += 1
-        m = QueueMessage(self.sequence, frame, sender, producer_waits, now)
+        m = QueueMessage(self.sequence, message, sender, producer_waits, now)
         self.received += 1
         self.last_received = now
         try:
-            d = self.handler.received_from_producer(self, m, sender)
+            d = self.hooks.handler.received_from_producer(self, m, sender)
         except Exception as exc:
-            self._error("received_from_producer", exc)
+            self.error("received_from_producer", exc)
             d = Decision(allow=False, send_ack=AckWhen.NEGATIVE)
         if d is not ALLOW:
             if d.save:
-                self._save(m)
+                self.save(m)
             if d.send_ack is not AckWhen.NONE:
-                self._ack(m, d.send_ack, out, NackReason.UNACCEPTABLE)
+                self.ack_producer(m, d.send_ack, out, NackReason.UNACCEPTABLE)
             if not d.allow and d.put_back is PutBack.NO:
                 self.drop(m, out, NackReason.UNACCEPTABLE)
                 return None
@@ -241,21 +550,21 @@ class Queue(QueueDelivery):
     # ------------------------------------------------------------------ pull
 
     def pull(
-        self, client: Client, request: tmqp.Frame, now: float, out: list[Outgoing], max_count: int
+        self, client: Client, request: Message, now: float, out: list[Outgoing], max_count: int
     ) -> None:
         """Answer a pull request from a consumer of the channel (checks done by the caller)."""
         self.strategy.pull(self, client, request, now, out, max_count)
 
     def pull_messages(
-        self, client: Client, request: tmqp.Frame, now: float, out: list[Outgoing], limit: int
+        self, client: Client, request: Message, now: float, out: list[Outgoing], limit: int
     ) -> None:
         """Pull status: up to ``Count`` messages leave the queue (``pull``)."""
         pull.pull_messages(self, client, request, now, out, limit)
 
-    def pull_latest(self, client: Client, request: tmqp.Frame, out: list[Outgoing]) -> None:
+    def pull_latest(self, client: Client, request: Message, out: list[Outgoing]) -> None:
         """Cache status: the latest message, which stays in the queue (``pull``)."""
         pull.pull_latest(self, client, request, out)
 
-    def refuse_pull(self, client: Client, request: tmqp.Frame, out: list[Outgoing]) -> None:
+    def refuse_pull(self, client: Client, request: Message, out: list[Outgoing]) -> None:
         """A status without pull: Unacceptable and End markers (``pull``)."""
         pull.refuse_pull(self, client, request, out)

@@ -36,10 +36,10 @@ from broker.engine.message import QUEUED
 from broker.protocol import NackReason, Outgoing, QueueStatus
 
 if TYPE_CHECKING:
-    from broker import tmqp
     from broker.engine.channel import Channel, Client
     from broker.engine.message import QueueMessage
     from broker.engine.options import ChannelQueueOptions
+    from broker.message import Message
 
 
 class StatusHost(Protocol):
@@ -49,7 +49,7 @@ class StatusHost(Protocol):
     options: ChannelQueueOptions
     #: Round-robin position (index into the channel's consumer list).
     rr: int
-    #: The last drain stopped on full windows (see ``broker.engine.queue.delivery``).
+    #: The last drain stopped on full windows (see ``broker.engine.queue.dispatch``).
     stalled: bool
 
     def waiting(self) -> bool: ...
@@ -92,12 +92,12 @@ class StatusHost(Protocol):
     ) -> list[Client]: ...
 
     def pull_messages(
-        self, client: Client, request: tmqp.Frame, now: float, out: list[Outgoing], limit: int
+        self, client: Client, request: Message, now: float, out: list[Outgoing], limit: int
     ) -> None: ...
 
-    def pull_latest(self, client: Client, request: tmqp.Frame, out: list[Outgoing]) -> None: ...
+    def pull_latest(self, client: Client, request: Message, out: list[Outgoing]) -> None: ...
 
-    def refuse_pull(self, client: Client, request: tmqp.Frame, out: list[Outgoing]) -> None: ...
+    def refuse_pull(self, client: Client, request: Message, out: list[Outgoing]) -> None: ...
 
 
 class StatusStrategy(Protocol):
@@ -141,7 +141,7 @@ class StatusStrategy(Protocol):
         self,
         q: StatusHost,
         client: Client,
-        request: tmqp.Frame,
+        request: Message,
         now: float,
         out: list[Outgoing],
         limit: int,
@@ -181,7 +181,7 @@ def _all_or_first(
     q: StatusHost, m: QueueMessage, consumers: Sequence[Client], req_ack: bool, keep: bool
 ) -> Sequence[Client]:
     """Every consumer with room, or the first one with room (first acquirer)."""
-    if q.options.send_only_first_acquirer or m.frame.first_acquirer:
+    if q.options.send_only_first_acquirer or m.message.first_acquirer:
         return q.choose_one(m, consumers, False, req_ack)
     return q.with_room(m, consumers, req_ack, keep)
 
@@ -241,7 +241,7 @@ class Broadcast:
         self,
         q: StatusHost,
         client: Client,
-        request: tmqp.Frame,
+        request: Message,
         now: float,
         out: list[Outgoing],
         limit: int,
@@ -276,7 +276,7 @@ class Push:
         self,
         q: StatusHost,
         client: Client,
-        request: tmqp.Frame,
+        request: Message,
         now: float,
         out: list[Outgoing],
         limit: int,
@@ -323,7 +323,7 @@ class RoundRobin:
         self,
         q: StatusHost,
         client: Client,
-        request: tmqp.Frame,
+        request: Message,
         now: float,
         out: list[Outgoing],
         limit: int,
@@ -349,7 +349,7 @@ class Pull(_Holds):
         self,
         q: StatusHost,
         client: Client,
-        request: tmqp.Frame,
+        request: Message,
         now: float,
         out: list[Outgoing],
         limit: int,
@@ -376,7 +376,7 @@ class Cache(_Holds):
         self,
         q: StatusHost,
         client: Client,
-        request: tmqp.Frame,
+        request: Message,
         now: float,
         out: list[Outgoing],
         limit: int,
@@ -402,7 +402,7 @@ class Paused(_Holds):
         self,
         q: StatusHost,
         client: Client,
-        request: tmqp.Frame,
+        request: Message,
         now: float,
         out: list[Outgoing],
         limit: int,
@@ -429,7 +429,7 @@ class Stopped(_Holds):
         self,
         q: StatusHost,
         client: Client,
-        request: tmqp.Frame,
+        request: Message,
         now: float,
         out: list[Outgoing],
         limit: int,

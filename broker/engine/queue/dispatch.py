@@ -1,0 +1,338 @@
+"""Sending a queue's messages to the consumers of its channel.
+
+:meth:`Dispatcher.drain` takes waiting messages in order (high priority first) and
+sends each to the consumers the status chooses (all of them, the next in round-robin
+order, or the first acquirer) among those with room in their window
+(``broker.engine.flow``), as far as the delivery handler's hooks and the
+WaitForAcknowledge option allow.  A delivery that needs a consumer acknowledge is tracked
+until it is acknowledged or times out (``broker.engine.queue.acks``); every delivery is
+settled when the transport reports it sent (:meth:`Dispatcher.settle_sent`) or its
+consumer goes away first (:meth:`Dispatcher.settle_unsent`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from broker.engine.delivery import ALLOW, PutBack
+from broker.engine.flow import ACKED, BROADCAST, CACHE, COPY, PLAIN
+from broker.engine.message import INFLIGHT, Delivery, Message, QueueMessage, derive
+from broker.engine.queue.protocols import QueueCore
+from broker.protocol import Header, NackReason, Outgoing, Tracked
+
+if TYPE_CHECKING:
+    from broker import tmqp
+    from broker.engine.channel import Client
+
+_INF = float("inf")
+#: ``Tracked(client_id, frame)`` without the named tuple's Python-level __new__.
+_tracked = tuple.__new__
+_DELIVERY_COUNT = Header.DELIVERY_COUNT.lower()
+
+
+class Dispatcher:
+    """Delivery to the consumers of one queue (see the module docstring)."""
+
+    __slots__ = ("out_version", "q")
+
+    def __init__(self, queue: QueueCore) -> None:
+        self.q = queue
+        #: Bumped when options change: the frames prepared for sending are made again.
+        self.out_version = 0
+
+    # ------------------------------------------------------------------ returns
+
+    def give_back(self, m: QueueMessage, out: list[Outgoing]) -> None:
+        """A message that never reached its consumer goes back to the front of the queue."""
+        q = self.q
+        if not q.alive:
+            return  # removed with its queue (and the queue's store)
+        if not q.strategy.keeps_returns:
+            q.drop(m, out, NackReason.CLEARED)
+        else:
+            q.messages.requeue(m, PutBack.START)
+
+    # ------------------------------------------------------------------ sending
+
+    def drain(self, now: float, out: list[Outgoing]) -> None:
+        """Send waiting messages to consumers as far as the status and options allow."""
+        q = self.q
+        messages = q.messages
+        if messages.front:
+            messages.flush_front()
+        q.stalled = False
+        if not q.strategy.delivers:
+            return
+        consumers = q.channel.consumer_list
+        if not consumers or not (messages.n_priority or messages.n_regular):
+            return
+        wait = q.options.wait_for_acknowledge
+        pending = q.pending
+        while True:
+            if wait and pending:
+                return
+            m = messages.next_first()
+            if m is None:
+                return
+            if m.deadline and m.deadline <= now:
+                q.expire(m, out)
+                continue
+            if not self.send(m, consumers, now, out):
+                return
+
+    def send(
+        self,
+        m: QueueMessage,
+        consumers: Sequence[Client[Any]],
+        now: float,
+        out: list[Outgoing],
+        keep: bool = True,
+    ) -> bool:
+        """Send a dequeued message; False stops the drain (message back at the front).
+
+        With ``keep`` False (a broadcast message never enqueued) a message no consumer can
+        take stays out of the queue, in state QUEUED, for the caller to drop.
+        """
+        q = self.q
+        hooks = q.hooks
+        if hooks.begin_send:
+            d = hooks.call(m, "begin_send", q, m)
+            if d is not ALLOW:
+                q.side_effects(m, d, out)
+                if not d.allow:
+                    if d.put_back is not PutBack.NO:
+                        q.put_back(m, d.put_back, now, out)
+                        return False
+                    q.drop(m, out, NackReason.UNACCEPTABLE)
+                    return True
+        opts = q.options
+        req_ack = opts.request_acknowledge
+        targets = q.strategy.targets(q, m, consumers, req_ack, keep)  # type: ignore[arg-type]
+        if not targets:
+            if keep:
+                q.messages.unpop(m)
+                q.stalled = True
+            return False
+        frame = m.out
+        if frame is None or m.out_version != self.out_version:
+            frame = self.out_message(m)
+        m.transmitted = 0
+        if req_ack:
+            timeout = opts.acknowledge_timeout
+            deadline = now + timeout / 1000.0 if timeout else _INF
+            for c in targets:
+                self.hand(c, ACKED, m, frame, out)
+                q.track(m, c, deadline)
+            m.state = INFLIGHT
+            if hooks.received:
+                for c in targets:
+                    dl = q.pending.get((c.id, m.message_id))
+                    if dl is not None:
+                        q.side_effects(m, hooks.call(m, "consumer_received", q, dl, c), out)
+        else:
+            m.state = INFLIGHT
+            kind = COPY if keep else BROADCAST
+            m.unsent += len(targets)
+            for c in targets:
+                self.hand(c, kind, m, frame, out)
+            if hooks.received:
+                for c in targets:
+                    d = hooks.call(m, "consumer_received", q, Delivery(m, c, 0.0), c)
+                    if d is not ALLOW:
+                        q.side_effects(m, d, out)
+                        if d.put_back is not PutBack.NO and m.state == INFLIGHT:
+                            q.put_back(m, d.put_back, now, out)
+        if hooks.end_send:
+            d = hooks.call(m, "end_send", q, m)
+            if d is not ALLOW:
+                q.side_effects(m, d, out)
+                if not req_ack and d.put_back is not PutBack.NO and m.state == INFLIGHT:
+                    q.put_back(m, d.put_back, now, out)
+        # A message without acknowledges is finished once the transport took a copy
+        # (settle_sent), or goes back if none got there (settle_unsent).
+        return m.state == INFLIGHT  # False: put back by a hook, stop this drain pass
+
+    # ------------------------------------------------------------------ choosing consumers
+
+    def with_room(
+        self, m: QueueMessage, consumers: Sequence[Client[Any]], req_ack: bool, keep: bool
+    ) -> list[Client[Any]]:
+        """The consumers that may take ``m`` now; a broadcast copy for a consumer whose
+        window is full is dropped and counted."""
+        q = self.q
+        check = req_ack or q.hooks.can_receive
+        name = q.channel.name
+        window = q.window
+        used = q.used
+        targets = []
+        full = 0
+        for c in consumers:
+            if check and not self._eligible(m, c, req_ack):
+                continue
+            if used.get(c.id, 0) < (c.prefetch.get(name) or window):
+                targets.append(c)
+            else:
+                full += 1
+        if full and not keep:
+            q.dropped += full
+        return targets
+
+    def _eligible(self, m: QueueMessage, c: Client[Any], req_ack: bool) -> bool:
+        q = self.q
+        if req_ack and (c.id, m.message_id) in q.pending:
+            return False  # same id still unacknowledged by this consumer
+        if q.hooks.can_receive:
+            return q.hooks.can_consumer_receive(m, c)
+        return True
+
+    def eligible(self, m: QueueMessage, c: Client[Any]) -> bool:
+        """May consumer ``c`` receive ``m`` (the handler's can_consumer_receive)?"""
+        return not self.q.hooks.can_receive or self._eligible(m, c, False)
+
+    def choose_one(
+        self, m: QueueMessage, consumers: Sequence[Client[Any]], rotate: bool, req_ack: bool
+    ) -> tuple[Client[Any], ...]:
+        """The first consumer with room that may take ``m`` (from the round-robin
+        position, moved past it, when ``rotate``)."""
+        q = self.q
+        n = len(consumers)
+        start = q.rr % n if rotate else 0
+        check = req_ack or q.hooks.can_receive
+        name = q.channel.name
+        window = q.window
+        used = q.used
+        for i in range(n):
+            c = consumers[(start + i) % n]
+            if used.get(c.id, 0) >= (c.prefetch.get(name) or window):
+                continue  # its window is full: the next one
+            if not check or self._eligible(m, c, req_ack):
+                if rotate:
+                    q.rr = (start + i + 1) % n
+                return (c,)
+        return ()
+
+    # ------------------------------------------------------------------ handing over
+
+    def hand(
+        self,
+        c: Client[Any],
+        kind: int,
+        m: QueueMessage | None,
+        frame: Message | tmqp.Frame,
+        out: list[Outgoing],
+    ) -> None:
+        """Send ``frame`` to ``c`` as a tracked delivery holding a slot of its window."""
+        out.append(_tracked(Tracked, (c.id, frame)))
+        c.unsent.append((kind, self.q, m, None, 0))
+        if kind != CACHE:
+            used = self.q.used
+            used[c.id] = used.get(c.id, 0) + 1
+
+    def after_send(
+        self, m: QueueMessage, c: Client[Any], req_ack: bool, deadline: float, out: list[Outgoing]
+    ) -> None:
+        """Bookkeeping after ``m`` was handed to ``c`` outside a drain (pull)."""
+        q = self.q
+        hooks = q.hooks
+        if req_ack:
+            q.track(m, c, deadline)
+        if hooks.received:
+            dl = q.pending.get((c.id, m.message_id)) if req_ack else None
+            q.side_effects(
+                m, hooks.call(m, "consumer_received", q, dl or Delivery(m, c, 0.0), c), out
+            )
+        if hooks.end_send:
+            q.side_effects(m, hooks.call(m, "end_send", q, m), out)
+
+    def out_message(self, m: QueueMessage) -> Message:
+        """What consumers get of ``m`` under the queue's options (cached on ``m``)."""
+        f = m.message
+        opts = self.q.options
+        count = m.delivered
+        if opts.request_acknowledge or (opts.hide_client_names and f.source) or count:
+            source = "" if opts.hide_client_names else f.source
+            headers = f.headers
+            if count:
+                headers = (
+                    *((k, v) for k, v in headers if k.lower() != _DELIVERY_COUNT),
+                    (Header.DELIVERY_COUNT, str(count + 1)),
+                )
+            f = derive(
+                f,
+                opts.request_acknowledge,
+                self.q.id,
+                f.message_id,
+                source,
+                f.target,
+                headers,
+            )
+        m.out = f
+        m.out_version = self.out_version
+        return f
+
+    # ------------------------------------------------------------------ settling
+
+    def settle_plain(self, client_id: str, count: int, now: float) -> None:
+        """The transport took ``count`` fast-path pushes to one consumer: sent, done."""
+        q = self.q
+        q.deliveries += count
+        q.sent += count
+        q.last_sent = now
+        used = q.used
+        n = used.get(client_id, 0) - count
+        if n > 0:
+            used[client_id] = n
+        else:
+            used.pop(client_id, None)
+
+    def settle_sent(self, kind: int, client_id: str, m: QueueMessage | None, now: float) -> None:
+        """The transport took a delivery (``broker.engine.flow.transmitted``): count it."""
+        if kind == PLAIN:
+            self.settle_plain(client_id, 1, now)
+            return
+        q = self.q
+        q.deliveries += 1
+        q.last_sent = now
+        if m is None:  # CACHE
+            q.sent += 1
+            return
+        if not m.transmitted:
+            q.sent += 1  # the first copy of this send
+        m.transmitted += 1
+        m.delivered += 1  # a put-back resets m.out: the next send carries Delivery-Count
+        if kind == ACKED:
+            return  # the window slot is held until the acknowledge
+        self.q.release(client_id)
+        m.unsent -= 1
+        if m.unsent <= 0 and m.state == INFLIGHT and q.alive:
+            q.finish(m)  # (a removed queue took its messages and store with it)
+
+    def settle_unsent(
+        self,
+        kind: int,
+        client_id: str,
+        m: QueueMessage | None,
+        frame: Message | None,
+        seq: int,
+        now: float,
+        out: list[Outgoing],
+    ) -> None:
+        """The consumer went away before the transport took a delivery (``flow.abandon``)."""
+        if kind == PLAIN:
+            self.q.release(client_id)
+            assert frame is not None
+            self.give_back(QueueMessage(seq, frame, None, False, now), out)
+            return
+        if m is None or kind == ACKED:
+            return  # CACHE: nothing left the queue; ACKED: the acknowledge tracker returns it
+        self.q.release(client_id)
+        m.unsent -= 1
+        if kind == BROADCAST:
+            self.q.dropped += 1
+        if m.unsent > 0 or m.state != INFLIGHT or not self.q.alive:
+            return
+        if m.transmitted or kind == BROADCAST:
+            self.q.finish(m)  # a copy went out: done, as if this consumer had not been there
+        else:
+            self.give_back(m, out)

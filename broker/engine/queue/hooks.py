@@ -1,0 +1,98 @@
+"""A queue's delivery handler, and which of its hooks it really overrides.
+
+Calling a hook that cannot decide anything costs a call per message; the queue asks
+:class:`HandlerHooks` which hooks a handler overrides and skips the others (the default
+handler overrides none on the hot path, so plain pushes take the queue's fast path).  A
+hook that raises is counted as a queue error and the handler's ``exception_thrown``
+decides what follows (``broker.engine.delivery``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from broker.engine.delivery import ALLOW, Decision, DefaultDeliveryHandler, DeliveryHandler
+from broker.engine.message import QueueMessage
+
+_PLAIN_RECEIVED = (
+    DeliveryHandler.received_from_producer,
+    DefaultDeliveryHandler.received_from_producer,
+)
+
+
+def _overrides(handler: DeliveryHandler, name: str) -> bool:
+    return getattr(type(handler), name) is not getattr(DeliveryHandler, name)
+
+
+class HandlerHooks:
+    """The delivery handler of one queue (see the module docstring)."""
+
+    __slots__ = (
+        "_error",
+        "_queue",
+        "begin_send",
+        "can_receive",
+        "dequeued",
+        "end_send",
+        "from_producer",
+        "handler",
+        "received",
+    )
+
+    def __init__(
+        self, handler: DeliveryHandler, queue: Any, error: Callable[[str, Exception], None]
+    ) -> None:
+        self.handler = handler
+        #: What the hooks receive as their queue.
+        self._queue = queue
+        self._error = error
+        self.begin_send = _overrides(handler, "begin_send")
+        self.can_receive = _overrides(handler, "can_consumer_receive")
+        self.received = _overrides(handler, "consumer_received")
+        self.end_send = _overrides(handler, "end_send")
+        self.dequeued = _overrides(handler, "message_dequeued")
+        # The default handler's received_from_producer only acknowledges a producer that
+        # waits for it, and such pushes never take the fast path.
+        self.from_producer = type(handler).received_from_producer not in _PLAIN_RECEIVED
+
+    @property
+    def any(self) -> bool:
+        """Some hook may decide something about a plain push."""
+        return (
+            self.from_producer
+            or self.begin_send
+            or self.can_receive
+            or self.received
+            or self.end_send
+            or self.dequeued
+        )
+
+    def call(self, m: QueueMessage | None, name: str, *args: Any) -> Decision:
+        """Call hook ``name``; an exception goes to ``exception_thrown``."""
+        try:
+            result: Decision = getattr(self.handler, name)(*args)
+            return result
+        except Exception as exc:
+            self._error(name, exc)
+            try:
+                return self.handler.exception_thrown(self._queue, m, exc)
+            except Exception as exc2:
+                self._error("exception_thrown", exc2)
+                return ALLOW
+
+    def can_consumer_receive(self, m: QueueMessage, c: Any) -> bool:
+        """The handler's filter (an exception counts as an error and refuses)."""
+        try:
+            return bool(self.handler.can_consumer_receive(self._queue, m, c))
+        except Exception as exc:
+            self._error("can_consumer_receive", exc)
+            return False
+
+    def message_dequeued(self, m: QueueMessage) -> None:
+        """Tell the handler ``m`` left the queue (callers check :attr:`dequeued` first)."""
+        if self.dequeued:
+            try:
+                self.handler.message_dequeued(self._queue, m)
+            except Exception as exc:
+                self._error("message_dequeued", exc)

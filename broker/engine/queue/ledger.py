@@ -1,0 +1,81 @@
+"""A queue's producers and store: saving messages, acknowledging producers, finishing.
+
+A message is saved in the store when its delivery handler decides so, and removed from
+the store when it is finished (consumed, dropped, timed out).  A producer that waits for
+an acknowledge gets at most one per message, positive or negative, and only while it is
+still the connected client that pushed it.
+"""
+
+from __future__ import annotations
+
+from broker.engine.delivery import AckWhen, Decision
+from broker.engine.frames import ack as ack_frame
+from broker.engine.message import DONE, QueueMessage
+from broker.engine.queue.protocols import QueueCore
+from broker.protocol import NackReason, Outgoing
+from broker.store import StoredMessage
+
+
+class Ledger:
+    """The store and producer side of one queue (see the module docstring)."""
+
+    __slots__ = ("q",)
+
+    def __init__(self, queue: QueueCore) -> None:
+        self.q = queue
+
+    def side_effects(self, m: QueueMessage, d: Decision, out: list[Outgoing]) -> None:
+        """Save and acknowledge effects of a decision."""
+        if d.save and not m.saved:
+            self.save(m)
+        if d.send_ack is not AckWhen.NONE:
+            self.ack_producer(m, d.send_ack, out, NackReason.NONE)
+
+    def ack_producer(
+        self, m: QueueMessage, when: AckWhen, out: list[Outgoing], reason: str, source: str = ""
+    ) -> None:
+        """Acknowledge the producer (once per message, only if it waits for it)."""
+        if m.acked or not m.producer_waits or (when is AckWhen.IF_SAVED and not m.saved):
+            return
+        m.acked = True
+        producer = m.producer
+        q = self.q
+        if producer is None or q.client(producer.id) is not producer:
+            return  # gone: nobody to tell
+        nack = reason if when is AckWhen.NEGATIVE else None
+        frame = ack_frame(q.id, m.message_id, source, q.channel.name, nack)
+        out.append(Outgoing(producer.id, frame))
+
+    def save(self, m: QueueMessage) -> None:
+        q = self.q
+        try:
+            producer = m.producer.id if m.producer is not None else ""
+            message = m.message
+            if message.wire is not None:
+                message = message.replace()  # a store keeps messages, not a door's octets
+            q.store.append(q.key, StoredMessage(m.seq, message, producer, m.put_backs))
+        except Exception as exc:
+            q.error("store.append", exc)
+            return
+        m.saved = True
+        q.saves += 1
+
+    def finish(self, m: QueueMessage) -> None:
+        """The message leaves the queue for good (and the store, if saved)."""
+        m.state = DONE
+        q = self.q
+        if m.saved:
+            m.saved = False
+            try:
+                q.store.remove(q.key, m.seq)
+            except Exception as exc:
+                q.error("store.remove", exc)
+        if q.hooks.dequeued:
+            q.hooks.message_dequeued(m)
+
+    def drop(self, m: QueueMessage, out: list[Outgoing], reason: str, count: bool = True) -> None:
+        """Remove a message that was not consumed; a waiting producer gets a nack."""
+        if count:
+            self.q.removed += 1
+        self.ack_producer(m, AckWhen.NEGATIVE, out, reason)
+        self.finish(m)
