@@ -68,6 +68,8 @@ _SECRET_KEY = Header.SESSION_SECRET.lower()
 _ORPHAN_GRACE = 2.0
 #: How long after that an ended connection's descriptor is still checked against the peers.
 _ENDED_WINDOW = 5.0
+#: The longest an ended connection's descriptor is watched (the ROUTER never read empty).
+_ENDED_LIMIT = 120.0
 
 
 class EngineLike(Protocol):
@@ -90,18 +92,11 @@ class EngineLike(Protocol):
 
 
 def salvage_message_id(data: bytes) -> str:
-    """Best-effort message id of a frame that failed to decode ('' if unreadable)."""
-    if len(data) < 8:
-        return ""
-    marker = data[7]
-    start = 8 + {253: 2, 254: 4, 255: 8}.get(marker, 0)
-    raw = data[start : start + data[2]]
-    if len(raw) != data[2]:
-        return ""
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return ""
+    """Best-effort message id of a frame that failed to decode ('' if unreadable).
+
+    The generated codec's tolerant peek reads it (never raises).
+    """
+    return tmqp.peek_message_id(data) or ""
 
 
 def error_frame(message_id: str, code: ResultCode, reason: str) -> tmqp.Frame:
@@ -172,6 +167,9 @@ class PeerSessions:
         self.closing: dict[Link, float] = {}  # connections to shut down, and when
         self.connections: Connections | None = None  # set by the server once bound
         self.ended: dict[int, float] = {}  # descriptors of ended connections: check until
+        #: When a read of the ROUTER last found nothing more to read (the server sets it):
+        #: every message a connection sent before its end was read by then.
+        self.emptied_at = float("-inf")
         self.counters.setdefault("closed", 0)
 
     def guard(self, what: str, call: Callable[..., list[Any]], *args: Any) -> list[Any]:
@@ -457,18 +455,28 @@ class PeerSessions:
         whose link has that descriptor lost its connection once the descriptor no longer
         names the socket it had (libzmq closes it a moment after the event, and may give
         the number to a new connection).  What the peer sent before the close is still
-        being read: its session ends once nothing came from it for ``_ORPHAN_GRACE``.
+        being read: its session ends once the ROUTER was read empty after the end was
+        noticed (libzmq reports it once the connection's last octets are in its pipe) and
+        nothing came from it for ``_ORPHAN_GRACE``.  A loaded machine can stall between
+        two reads for longer than the grace; the read-empty rule keeps the session until
+        its last messages are in.  A descriptor is watched for ``_ENDED_WINDOW`` after
+        that (``_ENDED_LIMIT`` at most while the ROUTER is never read empty).
         """
         ended = self.ended
+        emptied = self.emptied_at
         for rid, link in list(self.links.items()):
-            if link.fd not in ended or link.is_current():
+            until = ended.get(link.fd)
+            if until is None or link.is_current():
                 continue
+            if emptied < until - _ORPHAN_GRACE - _ENDED_WINDOW:
+                continue  # what it sent before the end may not all be read yet
             peer = self.by_rid.get(rid)
             if peer is not None and now - peer.last_seen >= _ORPHAN_GRACE:
                 log.info("client %s: connection gone, session ended", peer.client_id)
                 self.drop(peer, now)
         for fd, until in list(ended.items()):
-            if until <= now:
+            noticed = until - _ORPHAN_GRACE - _ENDED_WINDOW
+            if (until <= now and emptied >= noticed) or now - noticed >= _ENDED_LIMIT:
                 del ended[fd]
 
     def peers(self) -> dict[str, str]:

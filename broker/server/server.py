@@ -290,6 +290,8 @@ class Server:
                     self.sessions.on_connections(self.clock())  # before the messages they bring
                 if router in events:
                     self._drain(router)
+                elif self.sessions.ended and not int(router.get(zmq.EVENTS)) & zmq.POLLIN:
+                    self.sessions.emptied_at = self.clock()  # nothing left to read
                 now = self.clock()
                 deadline = self.engine.next_deadline()
                 if deadline is not None and deadline <= now:
@@ -333,6 +335,7 @@ class Server:
             try:
                 rid = recv(zmq.NOBLOCK)
             except zmq.Again:
+                self.sessions.emptied_at = now
                 break
             part = recv(zmq.NOBLOCK, copy=False)  # the rest of a message is already here
             count += 1

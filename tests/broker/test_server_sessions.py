@@ -364,3 +364,48 @@ def test_what_a_client_sent_before_closing_is_not_lost(zctx: Ctx, server: Server
             return bool(consumer.queue_info("last-words", 1)["Messages"] == 20_000)
 
         assert wait_for(all_stored, 30), consumer.queue_info("last-words", 1)["Messages"]
+
+
+class StallingClock:
+    """A monotonic clock that, once ``stall`` is on, jumps ``step`` seconds per reading:
+    the server thread of a loaded machine, stalled between any two of its steps."""
+
+    def __init__(self, step: float) -> None:
+        self.step = step
+        self.stall = False
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        if self.stall:
+            self.offset += self.step
+        return time.monotonic() + self.offset
+
+
+def test_a_stalled_server_reads_a_closed_connection_to_its_end(zctx: Ctx) -> None:
+    # The connection's end is noticed while its last messages still wait in the ROUTER's
+    # pipe; a server stalled longer than the orphan grace between two reads (a small batch
+    # each) ended the session after the first read and lost what was still queued.
+    clock = StallingClock(step=2.5)
+    options = ServerOptions(
+        endpoint="tcp://127.0.0.1:*", batch=16, ping_interval=1e5, peer_timeout=1e6
+    )
+    srv = Server(Engine(), options, context=zctx, clock=clock)
+    endpoint = srv.start()
+    try:
+        with Client(endpoint, context=zctx, timeout=10) as consumer:
+            consumer.create_queue("tail", 1, {"Status": 3})  # pull: kept until pulled
+            producer = Client(endpoint, context=zctx, threaded=False, timeout=10, linger=30)
+            producer.connect()
+            clock.stall = True
+            for i in range(3000):
+                producer.push("tail", 1, b"%d" % i)
+            producer.close()
+
+            def stored() -> int:
+                return int(consumer.queue_info("tail", 1)["Messages"])
+
+            assert wait_for(lambda: stored() == 3000, 30), stored()
+            # and the closed session did end (only the consumer's is left)
+            assert wait_for(lambda: len(srv.peers()) == 1), srv.peers()
+    finally:
+        srv.stop()

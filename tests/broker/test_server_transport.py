@@ -430,6 +430,11 @@ def test_salvage_message_id() -> None:
     data = tmqp.encode(tmqp.Frame(message_id="abc", payload=b"x" * 300))[0]
     assert salvage_message_id(data) == "abc"
     assert salvage_message_id(b"\x00" * 3) == ""
+    # a frame cut inside its id, or an id that is not UTF-8, gives nothing (no exception)
+    assert salvage_message_id(data[:9]) == ""
+    bad = tmqp.encode(tmqp.Frame(message_id="\u00e9", payload=b"x"))[0]
+    at = bad.index("\u00e9".encode())
+    assert salvage_message_id(bad[:at] + b"\xff\xfe" + bad[at + 2 :]) == ""
 
 
 @pytest.mark.parametrize("send_batch", [1, 3, 256])

@@ -121,10 +121,8 @@ def _describe(parts: list[list[str]]) -> str:
     [
         "zproto",
         "filemq",
-        pytest.param(
-            "broker",
-            marks=pytest.mark.xfail(strict=True, reason="broker restructure (issue 9)"),
-        ),
+        "broker",
+        "zerohub",
     ],
 )
 def test_no_import_cycle_inside_the_package(package: str) -> None:
