@@ -197,27 +197,76 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     except (TypeError, ValueError) as exc:
         raise UsageError(f"server options: {exc}") from None
+    stomp = _stomp_listen_options(args.stomp, bool(section.get("insecure")))
     engine = _build_engine(config, options.max_frame_size)
+    door = None
+    if stomp is not None:
+        from broker.stomp.engine_backend import EngineDoor
+
+        door = engine = EngineDoor(engine)
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
         server = Server(engine, options, context=context)
     except ServerError as exc:
         context.term()
         raise UsageError(str(exc)) from None
+    listener = None
+    if door is not None:
+        from broker.stomp.engine_backend import listen
+
+        listener = listen(door, server.add_reader, stomp)
 
     try:
         with _sigterm_interrupts():
             endpoint = server.bind()
-            print(f"broker serving on {endpoint}", file=sys.stderr, flush=True)
+            also = ""
+            if listener is not None:
+                try:
+                    listener.start()
+                except OSError as exc:
+                    raise ServerError(f"cannot serve STOMP on {args.stomp}: {exc}") from None
+                also = f" (STOMP on tcp://{listener.options.host}:{listener.port})"
+            print(f"broker serving on {endpoint}{also}", file=sys.stderr, flush=True)
             server.run()
     except ServerError as exc:  # the endpoint is in use, a key file is unreadable, ...
         raise CommandError(str(exc)) from None
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the normal way to stop
         pass
     finally:
+        if listener is not None:
+            listener.stop()
         server.stop()
+        if door is not None:
+            door.close()
         context.term()
     return 0
+
+
+def _stomp_listen_options(url: str | None, insecure: bool) -> Any:
+    """``--stomp tcp://HOST:PORT`` as listener options (None: no STOMP listener).
+
+    Off by default; a non-loopback host needs ``--insecure`` (STOMP logins are not
+    checked by this listener yet)."""
+    if url is None:
+        return None
+    import ipaddress
+
+    from broker.stomp.server import ListenerOptions
+
+    host, sep, port_text = url.removeprefix("tcp://").rpartition(":")
+    if not url.startswith("tcp://") or not sep or not host or not port_text.isdigit():
+        raise UsageError(f"--stomp wants tcp://HOST:PORT, not {url!r}")
+    port = int(port_text)
+    if port > 65535:
+        raise UsageError(f"--stomp port out of range: {port}")
+    host = host.strip("[]")
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback and not insecure:
+        raise UsageError(f"--stomp {url}: not a loopback address (add --insecure to allow)")
+    return ListenerOptions(host=host, port=port)
 
 
 @contextlib.contextmanager
@@ -444,6 +493,12 @@ def build_parser() -> ArgumentParser:
     serve.add_argument("--ping-interval", type=float, help="seconds before pinging a quiet peer")
     serve.add_argument(
         "--peer-timeout", type=float, help="seconds before a silent peer is dropped"
+    )
+    serve.add_argument(
+        "--stomp",
+        metavar="tcp://HOST:PORT",
+        help="also serve STOMP 1.0-1.2 on this address (off by default; e.g. "
+        "tcp://127.0.0.1:61613), on the same engine as TMQP",
     )
     serve.set_defaults(func=cmd_serve)
 

@@ -141,6 +141,8 @@ class Server:
         self._thread: threading.Thread | None = None
         self._auth: Any = None
         self._lock = threading.Lock()
+        #: Other doors' wake-ups: (pollable, handler(now) -> engine output), see add_reader.
+        self._readers: list[tuple[Any, Callable[[float], list[Any]]]] = []
         self._max_frame = self.options.max_frame_size
         #: Octets of JSON in one reply: what a frame holds beside ids and headers.
         self._reply_budget = max(MIN_REPLY_SIZE, self._max_frame - REPLY_OVERHEAD)
@@ -246,6 +248,13 @@ class Server:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def add_reader(self, pollable: Any, handler: Callable[[float], list[Any]]) -> None:
+        """Poll ``pollable`` (a zmq socket or a file descriptor) in the loop; when it
+        is readable, call ``handler(now)`` on the loop's thread and send the engine output
+        it returns.  How another front door (STOMP) drives the engine this loop owns.
+        Call before ``start()``/``run()``."""
+        self._readers.append((pollable, handler))
+
     def _make_control(self) -> zmq.Socket[bytes]:
         control = self.context.socket(zmq.PAIR)
         control.linger = 0
@@ -280,6 +289,9 @@ class Server:
         )
         if monitor is not None:
             poller.register(monitor, zmq.POLLIN)
+        readers = self._readers
+        for pollable, _handler in readers:
+            poller.register(pollable, zmq.POLLIN)
         self.sessions.next_scan = self.clock() + min(1.0, self.options.ping_interval / 2)
         try:
             while True:
@@ -293,6 +305,9 @@ class Server:
                 elif self.sessions.ended and not int(router.get(zmq.EVENTS)) & zmq.POLLIN:
                     self.sessions.emptied_at = self.clock()  # nothing left to read
                 now = self.clock()
+                for pollable, handler in readers:
+                    if pollable in events:
+                        self.sender.send_all(self.sessions.guard("door", handler, now))
                 deadline = self.engine.next_deadline()
                 if deadline is not None and deadline <= now:
                     self.sender.send_all(self.sessions.guard("tick", self.engine.tick, now))

@@ -1,0 +1,589 @@
+"""The STOMP backend on the broker engine: STOMP and TMQP clients share the same queues.
+
+Two threads meet here.  The engine is driven by one thread only, the TMQP server's loop
+(``broker.server``); the STOMP listener (``broker.stomp.server``) runs its asyncio loop
+in a thread of its own.  Two objects, one per thread:
+
+* :class:`EngineDoor` (server thread) wraps the engine.  The server drives it as its
+  engine (``receive``/``tick``/``transmitted``... are passed through) and it takes from
+  every output the items addressed to STOMP connections' client ids: deliveries go to
+  the STOMP thread, the rest (engine replies a STOMP client has no use for) is dropped.
+  The STOMP side submits typed operations (:meth:`EngineDoor.submit`: a deque and one
+  octet on a socket pair); the server polls the pair's reading end
+  (:meth:`EngineDoor.fileno`, ``Server.add_reader``) and calls :meth:`EngineDoor.run_ops`,
+  whose TMQP output (a STOMP SEND delivered to a TMQP consumer) it sends.
+* :class:`EngineBackend` (listener thread) is the :class:`~broker.stomp.backend.Backend`
+  the sessions call.  SEND and SUBSCRIBE wait for the engine's answer (a refusal is an
+  ERROR frame; a RECEIPT means the engine took the message); ACK/NACK/UNSUBSCRIBE/
+  disconnects are submitted without waiting.  Deliveries arrive through
+  ``post`` (the listener loop's ``call_soon_threadsafe``) as the engine's queue messages,
+  which this side turns into :class:`~broker.stomp.backend.Delivery` values.
+
+The server thread never waits for the listener thread, so the two cannot deadlock.
+
+Mapping (see README "STOMP on the engine"):
+
+* ``/queue/NAME`` -> channel ``NAME``, queue 0, created on first use in RoundRobin status
+  with ``RequestAcknowledge`` on and no acknowledge timeout (each message to one
+  consumer, kept until acknowledged); deliveries from the channel's other queues reach a
+  ``/queue/NAME`` subscriber too (a channel is what a consumer joins);
+* ``/topic/NAME`` -> channel ``/topic/NAME``, queue 0, Broadcast status (every consumer
+  online gets a copy; nothing is kept);
+* ack ``auto``: the delivery is acknowledged to the engine as soon as the connection
+  takes it; ``client``/``client-individual``: on ACK; NACK is a negative acknowledge (the
+  message goes back to its queue for the next consumer, ``Delivery-Count`` grows);
+  a connection that ends returns what it had not acknowledged;
+* ``credit`` count -> the engine window (``prefetch``) of the subscription's channel;
+* a connection whose outbound buffer is full keeps further deliveries in order on this
+  side without reporting them sent: the engine's window stops the rest.
+
+Limits: an operation waits at most ``answer_timeout`` (10 s) for the engine (the SEND or
+SUBSCRIBE is then refused); a connection holds at most its window of deliveries.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import socket
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker import tmqp
+from broker.engine.engine import Engine
+from broker.engine.errors import ClientRejected, OperationError
+from broker.engine.options import ChannelOptions, ChannelQueueOptions
+from broker.message import Message
+from broker.protocol import (
+    ConnectionInfo as EngineConnectionInfo,
+)
+from broker.protocol import (
+    Header,
+    MessageType,
+    NackReason,
+    Outgoing,
+    QueueStatus,
+    Tracked,
+    header,
+)
+from broker.stomp.backend import ConnectionInfo, Delivery, DeliverySink
+from broker.stomp.destinations import Destination, DestinationKind
+from broker.stomp.errors import BackendError
+from broker.stomp.subscription import AckMode, PublishSpec, SubscriptionSpec
+
+log = logging.getLogger(__name__)
+
+#: Queue id of every channel a STOMP destination maps to.
+QUEUE_ID = 0
+#: Seconds a SEND or SUBSCRIBE waits for the engine thread before it is refused.
+ANSWER_TIMEOUT = 10.0
+#: Options of a queue created for ``/queue/NAME``: one consumer per message, acknowledged.
+QUEUE_OPTIONS = ChannelQueueOptions(
+    status=QueueStatus.ROUND_ROBIN, request_acknowledge=True, acknowledge_timeout=0
+)
+#: Options of a queue created for ``/topic/NAME``: a copy to every consumer online.
+TOPIC_OPTIONS = ChannelQueueOptions(status=QueueStatus.BROADCAST)
+#: Engine headers a STOMP consumer does not see as user headers (read into the delivery).
+_HIDDEN = frozenset({"delivery-count"})
+
+#: An operation run on the engine thread: ``now`` in, TMQP output out.
+Op = Callable[[float], list[Outgoing]]
+#: Runs a function on the listener's thread (``loop.call_soon_threadsafe``).
+Post = Callable[[Callable[[], None]], Any]
+
+
+def channel_of(destination: Destination) -> str:
+    """The engine channel a (non-wildcard) STOMP destination maps to."""
+    if destination.kind is DestinationKind.TOPIC:
+        return "/topic/" + destination.name
+    return destination.name
+
+
+class EngineDoor:
+    """The engine, as the server drives it, with STOMP connections beside TMQP peers.
+
+    Everything but :meth:`submit` is called on the server's thread.
+    """
+
+    def __init__(self, engine: Engine, clock: Callable[[], float] = time.monotonic) -> None:
+        self.engine = engine
+        self.clock = clock
+        self._ops: deque[Op] = deque()
+        self._rx, self._tx = socket.socketpair()
+        self._rx.setblocking(False)
+        self._tx.setblocking(False)
+        self.post: Post | None = None  # set by EngineBackend.bind
+        self.deliver: Callable[[list[tuple[int, Message]]], None] | None = None
+        #: STOMP connections' engine client ids -> connection ids, and back.
+        self.conn_of: dict[str, int] = {}
+        self.client_of: dict[int, str] = {}
+        self.closed = False
+
+    # -- the engine, passed through (what the server calls) ------------------------------
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    def connect(self, info: EngineConnectionInfo, now: float, *, replace: bool = False) -> Any:
+        client_id, out = self.engine.connect(info, now, replace=replace)
+        return client_id, self._split(out)
+
+    def receive(self, client_id: str, frame: Any, now: float, data: bytes | None = None) -> Any:
+        return self._split(self.engine.receive(client_id, frame, now, data))
+
+    def disconnect(self, client_id: str, now: float) -> list[Outgoing]:
+        return self._split(self.engine.disconnect(client_id, now))
+
+    def transmitted(self, counts: Any, now: float) -> list[Outgoing]:
+        return self._split(self.engine.transmitted(counts, now))
+
+    def tick(self, now: float) -> list[Outgoing]:
+        return self._split(self.engine.tick(now))
+
+    def next_deadline(self) -> float | None:
+        return self.engine.next_deadline()
+
+    def stats(self) -> dict[str, object]:
+        return self.engine.stats()
+
+    def stats_page(self, after: str | None, budget: int) -> tuple[dict[str, object], str | None]:
+        return self.engine.stats_page(after, budget)
+
+    # -- the meeting point ----------------------------------------------------------------
+
+    def fileno(self) -> int:
+        """The descriptor the server polls: readable when operations wait."""
+        return self._rx.fileno()
+
+    def submit(self, op: Op) -> None:
+        """Queue ``op`` for the engine thread and wake it (any thread)."""
+        self._ops.append(op)
+        try:
+            self._tx.send(b"\0")
+        except (BlockingIOError, InterruptedError):
+            pass  # the pair is full of wake-ups already: the server will run the ops
+        except OSError:
+            pass  # closed: the door is shutting down
+
+    def run_ops(self, now: float) -> list[Outgoing]:
+        """Run every submitted operation (server thread); returns TMQP-bound output."""
+        try:
+            while self._rx.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        out: list[Outgoing] = []
+        ops = self._ops
+        while ops:
+            op = ops.popleft()
+            try:
+                out.extend(op(now))
+            except Exception:
+                log.exception("STOMP operation failed on the engine")
+        return self._split(out)
+
+    def close(self) -> None:
+        self.closed = True
+        self._rx.close()
+        self._tx.close()
+
+    def _split(self, out: list[Outgoing]) -> list[Outgoing]:
+        """Output for TMQP peers; deliveries for STOMP connections go to their thread."""
+        conn_of = self.conn_of
+        if not conn_of or not out:
+            return out
+        keep: list[Outgoing] = []
+        mine: list[tuple[int, Message]] = []
+        for item in out:
+            conn = conn_of.get(item[0])
+            if conn is None:
+                keep.append(item)
+            elif item.__class__ is Tracked:
+                mine.append((conn, item[1]))  # type: ignore[arg-type]  # Tracked: a Message
+            # else: a TMQP reply to a STOMP connection (its answer is read by the operation)
+        if mine and self.post is not None and self.deliver is not None:
+            self.post(_bind(self.deliver, mine))
+        return keep
+
+    # -- operations (server thread) -------------------------------------------------------
+
+    def op_connect(self, conn: int, info: ConnectionInfo, now: float) -> list[Outgoing]:
+        engine_info = EngineConnectionInfo(name=info.user or None, type="stomp")
+        try:
+            client_id, out = self.engine.connect(engine_info, now)
+        except ClientRejected as exc:
+            log.warning("engine refused STOMP connection %d: %s", conn, exc)
+            return []
+        self.conn_of[client_id] = conn
+        self.client_of[conn] = client_id
+        return out
+
+    def op_disconnect(self, conn: int, now: float) -> list[Outgoing]:
+        client_id = self.client_of.pop(conn, None)
+        if client_id is None:
+            return []
+        out = self.engine.disconnect(client_id, now)
+        self.conn_of.pop(client_id, None)  # after: what it returns is for the others
+        return out
+
+    def _client(self, conn: int) -> str:
+        client_id = self.client_of.get(conn)
+        if client_id is None:
+            raise BackendError("not connected to the broker engine")
+        return client_id
+
+    def _ensure(self, destination: Destination, out: list[Outgoing]) -> str:
+        """The destination's channel and queue, created as the mapping says if missing."""
+        name = channel_of(destination)
+        options = TOPIC_OPTIONS if destination.kind is DestinationKind.TOPIC else QUEUE_OPTIONS
+        engine = self.engine
+        channel = engine.channels.get(name)
+        try:
+            if channel is None:
+                base = engine.config.channel_defaults
+                engine.create_channel(name, ChannelOptions(queue=options, **_rest(base)), out)
+            elif QUEUE_ID not in channel.queues:
+                engine.create_queue(name, QUEUE_ID, options, out)
+        except OperationError as exc:
+            raise BackendError(f"cannot use {destination.stomp}: {exc.reason}") from None
+        return name
+
+    def op_publish(
+        self, conn: int, spec: PublishSpec, message_id: str, now: float
+    ) -> list[Outgoing]:
+        client_id = self._client(conn)
+        out: list[Outgoing] = []
+        for destination in spec.destinations:
+            if destination.kind not in (DestinationKind.QUEUE, DestinationKind.TOPIC):
+                raise BackendError(f"cannot send to {destination.stomp}")
+            channel = self._ensure(destination, out)
+            message = Message(
+                message_id,
+                client_id,
+                channel,
+                QUEUE_ID,
+                headers=spec.headers,
+                payload=spec.body,
+            )
+            sent = self.engine.publish(client_id, message, now, wants_response=True)
+            for item in sent:
+                frame = item[1]
+                if (
+                    item[0] == client_id
+                    and item.__class__ is not Tracked
+                    and isinstance(frame, tmqp.Frame)
+                    and frame.message_type == MessageType.RESPONSE
+                    and frame.message_id == message_id
+                ):
+                    reason = header(frame, Header.REASON) or f"code {frame.content_type}"
+                    raise _Refused(f"{destination.stomp}: {reason}", out + sent)
+            out.extend(sent)
+        return out
+
+    def op_subscribe(
+        self, conn: int, channels: Sequence[Destination], prefetch: int, now: float
+    ) -> list[Outgoing]:
+        client_id = self._client(conn)
+        out: list[Outgoing] = []
+        for destination in channels:
+            channel = self._ensure(destination, out)
+            try:
+                out.extend(self.engine.subscribe(client_id, channel, now, prefetch=prefetch))
+            except OperationError as exc:
+                raise _Refused(f"{destination.stomp}: {exc.reason}", out) from None
+        return out
+
+    def op_unsubscribe(self, conn: int, channels: Sequence[str], now: float) -> list[Outgoing]:
+        client_id = self.client_of.get(conn)
+        out: list[Outgoing] = []
+        if client_id is None:
+            return out
+        for channel in channels:
+            with contextlib.suppress(OperationError):  # already gone (channel removed)
+                out.extend(self.engine.unsubscribe(client_id, channel, now))
+        return out
+
+    def op_settle(
+        self,
+        conn: int,
+        settles: Sequence[tuple[str, int, str, bool]],
+        counts: int,
+        now: float,
+    ) -> list[Outgoing]:
+        """Report ``counts`` deliveries taken, then acknowledge (True) or nack each."""
+        client_id = self.client_of.get(conn)
+        out: list[Outgoing] = []
+        if client_id is None:
+            return out
+        engine = self.engine
+        if counts:
+            out.extend(engine.transmitted({client_id: counts}, now))
+        for channel, queue_id, message_id, ok in settles:
+            reason = None if ok else NackReason.NONE
+            out.extend(
+                engine.acknowledge(
+                    client_id, channel, queue_id, message_id, now, nack_reason=reason
+                )
+            )
+        return out
+
+
+class _Refused(Exception):
+    """An operation refused by the engine, with the output it caused before that."""
+
+    def __init__(self, reason: str, out: list[Outgoing]) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.out = out
+
+
+def _bind(
+    fn: Callable[[list[tuple[int, Message]]], None], items: list[tuple[int, Message]]
+) -> Callable[[], None]:
+    return lambda: fn(items)
+
+
+def _rest(base: ChannelOptions) -> dict[str, Any]:
+    """A channel's options other than its queue defaults (to build a STOMP channel)."""
+    return {
+        "allow_multiple_queues": base.allow_multiple_queues,
+        "allowed_queues": base.allowed_queues,
+        "event_handler": base.event_handler,
+        "authenticator": base.authenticator,
+        "client_limit": base.client_limit,
+        "queue_limit": base.queue_limit,
+        "destroy_when_empty": base.destroy_when_empty,
+    }
+
+
+# ---------------------------------------------------------------------- listener side
+
+
+@dataclass(slots=True)
+class _Sub:
+    spec: SubscriptionSpec
+    channels: dict[str, Destination]  # engine channel -> its STOMP destination
+
+
+@dataclass(slots=True)
+class _Conn:
+    info: ConnectionInfo
+    sink: DeliverySink
+    subs: dict[str, _Sub] = field(default_factory=dict)
+    by_channel: dict[str, _Sub] = field(default_factory=dict)
+    #: tag -> (channel, queue id, message id) of deliveries waiting for ACK/NACK
+    pending: dict[int, tuple[str, int, str]] = field(default_factory=dict)
+    held: deque[Message] = field(default_factory=deque)  # not taken by the connection yet
+    next_tag: int = 1
+
+
+class EngineBackend:
+    """The :class:`~broker.stomp.backend.Backend` on an :class:`EngineDoor` (listener thread)."""
+
+    def __init__(self, door: EngineDoor, *, answer_timeout: float = ANSWER_TIMEOUT) -> None:
+        self.door = door
+        self.answer_timeout = answer_timeout
+        self.conns: dict[int, _Conn] = {}
+        self.after_deliveries: Callable[[], None] = lambda: None
+        self._ids = 0
+
+    def bind(self, post: Post, after_deliveries: Callable[[], None]) -> None:
+        """Deliveries reach this thread through ``post``; ``after_deliveries`` then writes
+        what the sessions produced (the listener's ``flush_all``)."""
+        self.after_deliveries = after_deliveries
+        self.door.deliver = self._on_deliveries
+        self.door.post = post
+
+    # -- waiting for the engine ------------------------------------------------------------
+
+    def _call(self, op: Callable[[float], list[Outgoing]]) -> None:
+        """Run ``op`` on the engine thread and wait for it; a refusal is a BackendError."""
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def run(now: float) -> list[Outgoing]:
+            try:
+                out = op(now)
+            except _Refused as exc:
+                done.set_exception(BackendError(exc.reason))
+                return exc.out
+            except BackendError as exc:
+                done.set_exception(exc)
+                return []
+            except BaseException as exc:
+                done.set_exception(BackendError(f"broker error: {exc}"))
+                raise
+            done.set_result(None)
+            return out
+
+        self.door.submit(run)
+        try:
+            done.result(self.answer_timeout)
+        except concurrent.futures.TimeoutError:
+            raise BackendError("the broker engine did not answer in time") from None
+
+    # -- Backend ---------------------------------------------------------------------------
+
+    def attach(self, connection: ConnectionInfo, sink: DeliverySink) -> None:
+        self.conns[connection.id] = _Conn(connection, sink)
+        door, conn = self.door, connection.id
+        door.submit(lambda now: door.op_connect(conn, connection, now))
+
+    def detach(self, connection_id: int) -> None:
+        if self.conns.pop(connection_id, None) is None:
+            return
+        door = self.door
+        door.submit(lambda now: door.op_disconnect(connection_id, now))
+
+    def publish(self, connection_id: int, spec: PublishSpec) -> None:
+        self._ids += 1
+        message_id = f"stomp-{connection_id}-{self._ids}"
+        door = self.door
+        self._call(lambda now: door.op_publish(connection_id, spec, message_id, now))
+
+    def subscribe(self, connection_id: int, spec: SubscriptionSpec) -> None:
+        conn = self.conns[connection_id]
+        channels: dict[str, Destination] = {}
+        for destination in spec.destinations:
+            if destination.wildcard or destination.kind is DestinationKind.DSUB:
+                raise BackendError(f"{destination.stomp} is not supported on the engine yet")
+            name = channel_of(destination)
+            if name in conn.by_channel or name in channels:
+                raise BackendError(f"{destination.stomp} is already subscribed on this connection")
+            channels[name] = destination
+        sub = _Sub(spec, channels)
+        door, wanted = self.door, list(channels.values())
+        prefetch = max(1, spec.credit.count)
+        self._call(lambda now: door.op_subscribe(connection_id, wanted, prefetch, now))
+        conn.subs[spec.id] = sub
+        for name in channels:
+            conn.by_channel[name] = sub
+
+    def unsubscribe(self, connection_id: int, subscription_id: str, *, destroy: bool) -> None:
+        conn = self.conns.get(connection_id)
+        sub = conn.subs.pop(subscription_id, None) if conn is not None else None
+        if conn is None or sub is None:
+            return
+        for name in sub.channels:
+            conn.by_channel.pop(name, None)
+        # its unacknowledged deliveries go back
+        settles = [
+            (*conn.pending.pop(tag), False)
+            for tag, (channel, _q, _m) in list(conn.pending.items())
+            if channel in sub.channels
+        ]
+        door, names = self.door, list(sub.channels)
+        door.submit(lambda now: door.op_settle(connection_id, settles, 0, now))
+        door.submit(lambda now: door.op_unsubscribe(connection_id, names, now))
+
+    def ack(self, connection_id: int, tags: Sequence[int]) -> None:
+        self._settle(connection_id, tags, True)
+
+    def nack(self, connection_id: int, tags: Sequence[int]) -> None:
+        self._settle(connection_id, tags, False)
+
+    def credit(self, connection_id: int, tags: Sequence[int]) -> None:
+        """A transactional ACK: the engine's window is freed by the COMMIT's ack only."""
+
+    def resume(self, connection_id: int) -> None:
+        conn = self.conns.get(connection_id)
+        if conn is not None and conn.held:
+            held = list(conn.held)
+            conn.held.clear()
+            self._deliver_to(connection_id, conn, held)
+
+    def _settle(self, connection_id: int, tags: Sequence[int], ok: bool) -> None:
+        conn = self.conns.get(connection_id)
+        if conn is None:
+            return
+        settles = [(*conn.pending.pop(t), ok) for t in tags if t in conn.pending]
+        if settles:
+            door = self.door
+            door.submit(lambda now: door.op_settle(connection_id, settles, 0, now))
+
+    # -- deliveries --------------------------------------------------------------------------
+
+    def _on_deliveries(self, items: list[tuple[int, Message]]) -> None:
+        by_conn: dict[int, list[Message]] = {}
+        for conn_id, message in items:
+            by_conn.setdefault(conn_id, []).append(message)
+        for conn_id, messages in by_conn.items():
+            conn = self.conns.get(conn_id)
+            if conn is None:
+                continue  # detached: the engine returns them when it hears of it
+            if conn.held:
+                conn.held.extend(messages)
+            else:
+                self._deliver_to(conn_id, conn, messages)
+        self.after_deliveries()
+
+    def _deliver_to(self, conn_id: int, conn: _Conn, messages: Iterable[Message]) -> None:
+        taken = 0
+        settles: list[tuple[str, int, str, bool]] = []
+        pending = iter(messages)
+        for message in pending:
+            sub = conn.by_channel.get(message.target)
+            if sub is None:  # unsubscribed meanwhile: back to the queue
+                taken += 1
+                if message.wants_ack:
+                    settles.append(
+                        (message.target, message.content_type, message.message_id, False)
+                    )
+                continue
+            tag = conn.next_tag
+            delivery = _delivery(sub, message, tag)
+            if not conn.sink(delivery):
+                conn.held.append(message)
+                conn.held.extend(pending)
+                break
+            conn.next_tag += 1
+            taken += 1
+            if not message.wants_ack:
+                continue
+            key = (message.target, message.content_type, message.message_id)
+            if sub.spec.ack is AckMode.AUTO:
+                settles.append((*key, True))
+            else:
+                conn.pending[tag] = key
+        if taken or settles:
+            door = self.door
+            door.submit(lambda now: door.op_settle(conn_id, settles, taken, now))
+
+
+def _delivery(sub: _Sub, message: Message, tag: int) -> Delivery:
+    redeliveries = 0
+    headers: list[tuple[str, str]] = []
+    for key, value in message.headers:
+        if key.lower() in _HIDDEN:
+            with contextlib.suppress(ValueError):
+                redeliveries = max(0, int(value) - 1)
+            continue
+        headers.append((key, value))
+    destination = sub.channels[message.target]
+    return Delivery(
+        subscription=sub.spec.id,
+        tag=tag,
+        message_id=message.message_id or f"tag-{tag}",
+        destination=destination.stomp,
+        headers=tuple(headers),
+        body=bytes(message.payload),
+        redeliveries=redeliveries,
+        sender=message.source or None,
+    )
+
+
+def listen(
+    door: EngineDoor, add_reader: Callable[[Any, Callable[[float], list[Any]]], None], options: Any
+) -> Any:
+    """A :class:`~broker.stomp.server.StompListener` (not started) on ``door``, whose
+    operations the server loop runs (``add_reader`` is ``Server.add_reader``)."""
+    from broker.stomp.server import StompListener
+
+    backend = EngineBackend(door)
+    listener = StompListener(backend, options)
+    backend.bind(lambda fn: listener.loop.call_soon_threadsafe(fn), listener.flush_all)
+    add_reader(door.fileno(), door.run_ops)
+    return listener
