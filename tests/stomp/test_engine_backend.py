@@ -1,0 +1,291 @@
+"""STOMP on the broker engine: stomp.py clients and TMQP ``broker.Client`` s over real
+sockets, one engine behind both doors (``broker.stomp.engine_backend``)."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import stomp
+import zmq
+
+from broker.client.blocking import Client
+from broker.engine.engine import Engine
+from broker.server.server import Server, ServerOptions
+from broker.stomp.engine_backend import EngineDoor, listen
+from broker.stomp.server import ListenerOptions, StompListener
+from broker.stomp.session import SessionConfig
+from tests.broker.test_cli import free_port, start_serve
+from tests.polling import wait_until
+
+Ctx = zmq.Context[zmq.Socket[bytes]]
+FAST = SessionConfig(die_delay=0.1, heartbeat=(0, 0))
+
+
+class Broker:
+    """A TMQP server and a STOMP listener on one engine."""
+
+    def __init__(self, zctx: Ctx) -> None:
+        self.engine = Engine()
+        self.door = EngineDoor(self.engine)
+        self.server = Server(self.door, ServerOptions(endpoint="tcp://127.0.0.1:*"), context=zctx)
+        self.listener: StompListener = listen(
+            self.door, self.server.add_reader, ListenerOptions(port=0, session=FAST)
+        )
+        self.endpoint = self.server.start()
+        self.listener.start()
+        self.zctx = zctx
+
+    def stop(self) -> None:
+        self.listener.stop()
+        self.server.stop()
+        self.door.close()
+
+
+@pytest.fixture
+def broker(zctx: Ctx) -> Iterator[Broker]:
+    b = Broker(zctx)
+    yield b
+    b.stop()
+
+
+@pytest.fixture
+def tmqp(broker: Broker) -> Iterator[Callable[[], Client]]:
+    made: list[Client] = []
+
+    def make() -> Client:
+        client = Client(broker.endpoint, context=broker.zctx, timeout=10.0).connect()
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        client.close()
+
+
+class Recorder(stomp.ConnectionListener):  # type: ignore[misc]
+    def __init__(self) -> None:
+        self.messages: list[Any] = []
+        self.receipts: list[str] = []
+        self.errors: list[Any] = []
+        self.lock = threading.Lock()
+
+    def on_message(self, frame: Any) -> None:
+        with self.lock:
+            self.messages.append(frame)
+
+    def on_receipt(self, frame: Any) -> None:
+        with self.lock:
+            self.receipts.append(frame.headers["receipt-id"])
+
+    def on_error(self, frame: Any) -> None:
+        self.errors.append(frame)
+
+    def bodies(self) -> list[str]:
+        with self.lock:
+            return [m.body for m in self.messages]
+
+
+@pytest.fixture
+def stomp_client(broker: Broker) -> Iterator[Callable[[], tuple[Any, Recorder]]]:
+    made: list[Any] = []
+
+    def make() -> tuple[Any, Recorder]:
+        conn = stomp.Connection12([("127.0.0.1", broker.listener.port)])
+        rec = Recorder()
+        conn.set_listener("rec", rec)
+        conn.connect("user", "pw", wait=True)
+        made.append(conn)
+        return conn, rec
+
+    yield make
+    for conn in made:
+        if conn.is_connected():
+            conn.disconnect()
+
+
+def subscribed(broker: Broker, channel: str, count: int) -> bool:
+    ch = broker.engine.channels.get(channel)
+    return ch is not None and len(ch.consumers) == count
+
+
+def test_stomp_send_is_consumed_by_a_tmqp_client(
+    broker: Broker, tmqp: Callable[[], Client], stomp_client: Any
+) -> None:
+    conn, rec = stomp_client()
+    conn.send("/queue/x", "hello\x00there", headers={"trace": "t-1", "kind": "k"}, receipt="r1")
+    assert wait_until(lambda: rec.receipts == ["r1"])
+    consumer = tmqp()
+    consumer.join("x")
+    message = consumer.receive(timeout=10)
+    assert message is not None
+    assert message.payload == b"hello\x00there"
+    assert ("trace", "t-1") in message.headers and ("kind", "k") in message.headers
+    assert message.channel == "x" and message.queue_id == 0
+    consumer.ack(message)
+    assert rec.errors == []
+
+
+def test_tmqp_push_acked_by_stomp_is_never_redelivered(
+    broker: Broker, tmqp: Callable[[], Client], stomp_client: Any
+) -> None:
+    conn, rec = stomp_client()
+    conn.subscribe("/queue/y", id="s1", ack="client-individual")
+    assert wait_until(lambda: subscribed(broker, "y", 1))
+    producer = tmqp()
+    # the queue requests acknowledges: the producer hears of the STOMP client's ACK
+    acked = producer.push_async("y", 0, b"from tmqp", headers={"k": "v"})
+    assert wait_until(lambda: len(rec.messages) == 1)
+    assert not acked.done()
+    frame = rec.messages[0]
+    assert frame.body == "from tmqp" and frame.headers["k"] == "v"
+    assert frame.headers["destination"] == "/queue/y"
+    conn.ack(frame.headers["ack"], receipt="acked")
+    assert wait_until(lambda: rec.receipts == ["acked"])
+    acked.result(10)
+    conn.disconnect()  # nothing unacknowledged goes back
+    other, rec2 = stomp_client()
+    other.subscribe("/queue/y", id="s2", ack="client-individual")
+    producer.push("y", 0, b"marker")
+    assert wait_until(lambda: rec2.bodies() == ["marker"])
+    assert rec2.bodies() == ["marker"]  # the acknowledged message never came back
+
+
+def test_stomp_nack_redelivers_to_the_next_consumer(
+    broker: Broker, tmqp: Callable[[], Client], stomp_client: Any
+) -> None:
+    conn, rec = stomp_client()
+    conn.subscribe("/queue/n", id="s1", ack="client-individual")
+    assert wait_until(lambda: subscribed(broker, "n", 1))
+    producer = tmqp()
+    producer.push("n", 0, b"again")
+    assert wait_until(lambda: len(rec.messages) == 1)
+    conn.unsubscribe("s1")  # the NACK'd message must go to the other consumer
+    consumer = tmqp()
+    consumer.join("n")
+    assert wait_until(lambda: subscribed(broker, "n", 1))
+    conn.nack(rec.messages[0].headers["ack"])
+    message = consumer.receive(timeout=10)
+    assert message is not None and message.payload == b"again"
+
+
+def test_stomp_disconnect_without_ack_redelivers(
+    broker: Broker, tmqp: Callable[[], Client], stomp_client: Any
+) -> None:
+    conn, rec = stomp_client()
+    conn.subscribe("/queue/d", id="s1", ack="client")
+    assert wait_until(lambda: subscribed(broker, "d", 1))
+    producer = tmqp()
+    for i in range(3):
+        producer.push("d", 0, f"m{i}")
+    assert wait_until(lambda: len(rec.messages) == 3)
+    conn.disconnect()
+    other, rec2 = stomp_client()
+    other.subscribe("/queue/d", id="s2", ack="auto")
+    assert wait_until(lambda: rec2.bodies() == ["m0", "m1", "m2"])  # in order
+
+
+def test_topic_fans_out_to_stomp_and_tmqp_subscribers(
+    broker: Broker, tmqp: Callable[[], Client], stomp_client: Any
+) -> None:
+    a, rec_a = stomp_client()
+    b, rec_b = stomp_client()
+    a.subscribe("/topic/news", id="a")
+    b.subscribe("/topic/news", id="b")
+    subscriber = tmqp()
+    subscriber.join("/topic/news")
+    assert wait_until(lambda: subscribed(broker, "/topic/news", 3))
+    a.send("/topic/news", "flash", receipt="r")
+    assert wait_until(lambda: rec_a.bodies() == ["flash"] and rec_b.bodies() == ["flash"])
+    message = subscriber.receive(timeout=10)
+    assert message is not None and message.payload == b"flash"
+    subscriber.push("/topic/news", 0, b"from tmqp", ack=True)
+    assert wait_until(lambda: rec_a.bodies()[-1:] == ["from tmqp"])
+    assert wait_until(lambda: rec_b.bodies()[-1:] == ["from tmqp"])
+    assert rec_a.messages[-1].headers["destination"] == "/topic/news"
+
+
+def test_a_stomp_client_dropping_mid_stream_returns_its_unacked_messages(
+    broker: Broker, tmqp: Callable[[], Client], stomp_client: Any
+) -> None:
+    """A raw client takes deliveries (credit 5) and vanishes without a DISCONNECT."""
+    raw = socket.create_connection(("127.0.0.1", broker.listener.port), timeout=10)
+    raw.sendall(b"CONNECT\naccept-version:1.2\nhost:localhost\n\n\x00")
+    raw.sendall(b"SUBSCRIBE\nid:s\ndestination:/queue/m\nack:client-individual\ncredit:5\n\n\x00")
+    assert wait_until(lambda: subscribed(broker, "m", 1))
+    producer = tmqp()
+    for i in range(20):
+        producer.push("m", 0, f"m{i:02}")
+    got = b""
+    while got.count(b"MESSAGE\n") < 5:
+        chunk = raw.recv(65536)
+        assert chunk
+        got += chunk
+    raw.close()
+    consumer = tmqp()
+    consumer.join("m")
+    payloads: set[bytes] = set()
+    for message in consumer.consume(timeout=10):
+        payloads.add(bytes(message.payload))
+        consumer.ack(message)
+        if len(payloads) == 20:
+            break
+    assert payloads == {f"m{i:02}".encode() for i in range(20)}
+
+
+def test_garbage_on_the_stomp_port_while_tmqp_traffic_flows(
+    broker: Broker, tmqp: Callable[[], Client], stomp_client: Any
+) -> None:
+    consumer = tmqp()
+    consumer.join("flow")
+    producer = tmqp()
+    raws = []
+    for i in range(5):
+        raw = socket.create_connection(("127.0.0.1", broker.listener.port), timeout=10)
+        raw.sendall(b"\x16\x03\x01garbage\x00" * 10 + bytes(range(256)) * i)
+        raws.append(raw)
+        producer.push("flow", 0, f"p{i}")
+    for raw in raws:
+        data = b""
+        while True:  # an ERROR frame, then the connection closes
+            chunk = raw.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        assert data.startswith(b"ERROR\n")
+        raw.close()
+    got = []
+    for message in consumer.consume(timeout=10):
+        got.append(bytes(message.payload))
+        consumer.ack(message)
+        if len(got) == 5:
+            break
+    assert got == [f"p{i}".encode() for i in range(5)]
+    conn, rec = stomp_client()  # the STOMP port still serves
+    conn.subscribe("/queue/after", id="s")
+    conn.send("/queue/after", "fine")
+    assert wait_until(lambda: rec.bodies() == ["fine"])
+
+
+def test_broker_serve_with_stomp_accepts_stomp_py() -> None:
+    port, stomp_port = free_port(), free_port()
+    proc = start_serve(
+        "--bind", f"tcp://127.0.0.1:{port}", "--stomp", f"tcp://127.0.0.1:{stomp_port}"
+    )
+    try:
+        conn = stomp.Connection12([("127.0.0.1", stomp_port)])
+        rec = Recorder()
+        conn.set_listener("rec", rec)
+        conn.connect("user", "pw", wait=True)
+        conn.subscribe("/queue/cli", id="s", ack="client-individual")
+        conn.send("/queue/cli", "via cli", receipt="r")
+        assert wait_until(lambda: rec.bodies() == ["via cli"] and rec.receipts == ["r"])
+        conn.ack(rec.messages[0].headers["ack"])
+        conn.disconnect()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
