@@ -54,10 +54,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker import tmqp
+from broker.engine import tmqp_door
 from broker.engine.engine import Engine
 from broker.engine.errors import ClientRejected, OperationError
 from broker.engine.options import ChannelOptions, ChannelQueueOptions
-from broker.message import Message
+from broker.message import Headers, Message
 from broker.protocol import (
     ConnectionInfo as EngineConnectionInfo,
 )
@@ -74,6 +75,7 @@ from broker.stomp.backend import ConnectionInfo, Delivery, DeliverySink
 from broker.stomp.destinations import Destination, DestinationKind
 from broker.stomp.errors import BackendError
 from broker.stomp.subscription import AckMode, PublishSpec, SubscriptionSpec
+from zproto.errors import EncodeError
 
 log = logging.getLogger(__name__)
 
@@ -89,11 +91,26 @@ QUEUE_OPTIONS = ChannelQueueOptions(
 TOPIC_OPTIONS = ChannelQueueOptions(status=QueueStatus.BROADCAST)
 #: Engine headers a STOMP consumer does not see as user headers (read into the delivery).
 _HIDDEN = frozenset({"delivery-count"})
+#: Headers a STOMP SEND may not carry: the engine acts on them.
+_RESERVED = frozenset({"cc", "delivery-count"})
 
 #: An operation run on the engine thread: ``now`` in, TMQP output out.
 Op = Callable[[float], list[Outgoing]]
 #: Runs a function on the listener's thread (``loop.call_soon_threadsafe``).
 Post = Callable[[Callable[[], None]], Any]
+
+
+def check_headers(headers: Headers) -> None:
+    """Refuse (BackendError) SEND headers a TMQP client could not receive (a name holding
+    ``:`` or a value holding a line break, after STOMP unescaping; more than a TMQP
+    header block holds) or that the engine would act on (``CC``, ``Delivery-Count``)."""
+    for key, _value in headers:
+        if key.lower() in _RESERVED:
+            raise BackendError(f"header {key!r} is reserved by the broker")
+    try:
+        tmqp_door.encode(Message("m", "s", "c", headers=headers))
+    except EncodeError as exc:
+        raise BackendError(f"headers cannot be carried to every client: {exc}") from None
 
 
 def channel_of(destination: Destination) -> str:
@@ -439,6 +456,7 @@ class EngineBackend:
         door.submit(lambda now: door.op_disconnect(connection_id, now))
 
     def publish(self, connection_id: int, spec: PublishSpec) -> None:
+        check_headers(spec.headers)
         self._ids += 1
         message_id = f"stomp-{connection_id}-{self._ids}"
         door = self.door

@@ -289,3 +289,63 @@ def test_broker_serve_with_stomp_accepts_stomp_py() -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(10) == 0
+
+
+def raw_stomp(broker: Broker) -> socket.socket:
+    raw = socket.create_connection(("127.0.0.1", broker.listener.port), timeout=10)
+    raw.sendall(b"CONNECT\naccept-version:1.2\nhost:localhost\n\n\x00")
+    got = b""
+    while b"\x00" not in got:
+        chunk = raw.recv(65536)
+        assert chunk
+        got += chunk
+    assert got.startswith(b"CONNECTED\n")
+    return raw
+
+
+def read_until_closed(raw: socket.socket) -> bytes:
+    data = b""
+    while chunk := raw.recv(65536):
+        data += chunk
+    return data
+
+
+@pytest.mark.parametrize(
+    ("header", "why"),
+    [
+        (b"na\\cme:v", b"header key"),  # a name holding ':' once unescaped
+        (b"name:line\\nbreak", b"CR or LF"),  # a value holding a line break
+        (b"CC:other", b"reserved"),  # the engine would copy it into channel "other"
+        (b"Delivery-Count:7", b"reserved"),
+    ],
+)
+def test_a_send_tmqp_cannot_carry_is_refused_and_nothing_is_lost(
+    broker: Broker, tmqp: Callable[[], Client], header: bytes, why: bytes
+) -> None:
+    consumer = tmqp()
+    consumer.join("h")
+    raw = raw_stomp(broker)
+    raw.sendall(b"SEND\ndestination:/queue/h\nreceipt:r\n" + header + b"\n\nbad\x00")
+    answer = read_until_closed(raw)
+    raw.close()
+    assert answer.startswith(b"ERROR\n") and why in answer and b"receipt-id:r" in answer
+    assert b"RECEIPT" not in answer
+    raw = raw_stomp(broker)  # the next SEND goes through, and is the only one consumed
+    raw.sendall(b"SEND\ndestination:/queue/h\nreceipt:r\nfine:yes\n\ngood\x00")
+    message = consumer.receive(timeout=10)
+    assert message is not None and message.payload == b"good"
+    assert consumer.receive(timeout=0.2) is None
+    assert broker.engine.channels.get("other") is None
+    raw.close()
+
+
+def test_a_send_the_engine_refuses_is_an_error_frame(broker: Broker, stomp_client: Any) -> None:
+    raw = raw_stomp(broker)
+    raw.sendall(b"SEND\ndestination:/queue/has space\nreceipt:r\n\nx\x00")
+    answer = read_until_closed(raw)
+    raw.close()
+    assert answer.startswith(b"ERROR\n") and b"invalid channel name" in answer
+    conn, rec = stomp_client()  # others keep being served
+    conn.subscribe("/queue/ok", id="s")
+    conn.send("/queue/ok", "still")
+    assert wait_until(lambda: rec.bodies() == ["still"])
