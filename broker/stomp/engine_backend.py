@@ -33,7 +33,8 @@ Mapping (see README "STOMP on the engine"):
   takes it; ``client``/``client-individual``: on ACK; NACK is a negative acknowledge (the
   message goes back to its queue for the next consumer, ``Delivery-Count`` grows);
   a connection that ends returns what it had not acknowledged;
-* ``credit`` count -> the engine window (``prefetch``) of the subscription's channel;
+* ``credit`` count -> the engine window (``prefetch``) of the subscription's channel
+  (no ``credit`` header: the broker's default window, ``BrokerConfig.prefetch``, 1000);
 * a connection whose outbound buffer is full keeps further deliveries in order on this
   side without reporting them sent: the engine's window stops the rest.
 
@@ -74,7 +75,12 @@ from broker.protocol import (
 from broker.stomp.backend import ConnectionInfo, Delivery, DeliverySink
 from broker.stomp.destinations import Destination, DestinationKind
 from broker.stomp.errors import BackendError
-from broker.stomp.subscription import AckMode, PublishSpec, SubscriptionSpec
+from broker.stomp.subscription import (
+    DEFAULT_CREDIT_COUNT,
+    AckMode,
+    PublishSpec,
+    SubscriptionSpec,
+)
 from zproto.errors import EncodeError
 
 log = logging.getLogger(__name__)
@@ -223,7 +229,10 @@ class EngineDoor:
                 mine.append((conn, item[1]))  # type: ignore[arg-type]  # Tracked: a Message
             # else: a TMQP reply to a STOMP connection (its answer is read by the operation)
         if mine and self.post is not None and self.deliver is not None:
-            self.post(_bind(self.deliver, mine))
+            try:
+                self.post(_bind(self.deliver, mine))
+            except RuntimeError:  # the listener's loop is closed: the connections are gone
+                log.debug("STOMP listener stopped; %d deliveries left unsent", len(mine))
         return keep
 
     # -- operations (server thread) -------------------------------------------------------
@@ -302,7 +311,7 @@ class EngineDoor:
         return out
 
     def op_subscribe(
-        self, conn: int, channels: Sequence[Destination], prefetch: int, now: float
+        self, conn: int, channels: Sequence[Destination], prefetch: int | None, now: float
     ) -> list[Outgoing]:
         client_id = self._client(conn)
         out: list[Outgoing] = []
@@ -474,7 +483,9 @@ class EngineBackend:
             channels[name] = destination
         sub = _Sub(spec, channels)
         door, wanted = self.door, list(channels.values())
-        prefetch = max(1, spec.credit.count)
+        # no credit header (the STOMP default): the engine's window (BrokerConfig.prefetch)
+        count = spec.credit.count
+        prefetch = None if count == DEFAULT_CREDIT_COUNT else max(1, count)
         self._call(lambda now: door.op_subscribe(connection_id, wanted, prefetch, now))
         conn.subs[spec.id] = sub
         for name in channels:

@@ -155,7 +155,7 @@ def test_tmqp_push_acked_by_stomp_is_never_redelivered(
     assert rec2.bodies() == ["marker"]  # the acknowledged message never came back
 
 
-def test_stomp_nack_redelivers_to_the_next_consumer(
+def test_stomp_nack_puts_the_message_back(
     broker: Broker, tmqp: Callable[[], Client], stomp_client: Any
 ) -> None:
     conn, rec = stomp_client()
@@ -164,13 +164,32 @@ def test_stomp_nack_redelivers_to_the_next_consumer(
     producer = tmqp()
     producer.push("n", 0, b"again")
     assert wait_until(lambda: len(rec.messages) == 1)
-    conn.unsubscribe("s1")  # the NACK'd message must go to the other consumer
+    conn.nack(rec.messages[0].headers["ack"])
+    assert wait_until(lambda: rec.bodies() == ["again", "again"])  # the only consumer
+    first, second = rec.messages
+    assert first.headers["message-id"] == second.headers["message-id"]
+    conn.ack(second.headers["ack"], receipt="acked")
+    assert wait_until(lambda: rec.receipts == ["acked"])
+    conn.disconnect()
     consumer = tmqp()
     consumer.join("n")
-    assert wait_until(lambda: subscribed(broker, "n", 1))
-    conn.nack(rec.messages[0].headers["ack"])
+    assert consumer.receive(timeout=0.3) is None  # acknowledged: gone for good
+
+
+def test_stomp_unsubscribe_returns_unacked_to_the_next_consumer(
+    broker: Broker, tmqp: Callable[[], Client], stomp_client: Any
+) -> None:
+    conn, rec = stomp_client()
+    conn.subscribe("/queue/u", id="s1", ack="client-individual")
+    assert wait_until(lambda: subscribed(broker, "u", 1))
+    producer = tmqp()
+    producer.push("u", 0, b"back")
+    assert wait_until(lambda: len(rec.messages) == 1)
+    consumer = tmqp()
+    consumer.join("u")
+    conn.unsubscribe("s1")
     message = consumer.receive(timeout=10)
-    assert message is not None and message.payload == b"again"
+    assert message is not None and message.payload == b"back"
 
 
 def test_stomp_disconnect_without_ack_redelivers(
@@ -349,3 +368,46 @@ def test_a_send_the_engine_refuses_is_an_error_frame(broker: Broker, stomp_clien
     conn.subscribe("/queue/ok", id="s")
     conn.send("/queue/ok", "still")
     assert wait_until(lambda: rec.bodies() == ["still"])
+
+
+@pytest.mark.parametrize("credit", [None, "40"])
+def test_a_stomp_consumer_that_never_reads_holds_at_most_its_window(
+    broker: Broker, tmqp: Callable[[], Client], credit: str | None
+) -> None:
+    """Its deliveries stop at the engine window (credit, else the broker's prefetch); the
+    rest stays queued and reaches a TMQP consumer once the STOMP client is gone."""
+    window = int(credit) if credit else broker.engine.config.prefetch
+    raw = raw_stomp(broker)
+    header = f"credit:{credit}\n" if credit else ""
+    raw.sendall(f"SUBSCRIBE\nid:s\ndestination:/queue/slow\n{header}\n\x00".encode())
+    assert wait_until(lambda: subscribed(broker, "slow", 1))
+    producer = tmqp()
+    total = 3000
+    body = b"x" * 10_000
+    for i in range(total):
+        producer.push("slow", 0, body, headers={"n": str(i)})
+    backend = broker.listener.backend
+
+    def held() -> int:  # deliveries waiting for room in the connection's buffer
+        conn = next(iter(backend.conns.values()))  # type: ignore[attr-defined]
+        return len(conn.held)
+
+    assert wait_until(lambda: broker.listener.call(held) >= window)
+    # a push answered by the engine after every earlier one: their deliveries were posted
+    # to the listener before this call runs
+    producer.push("slow-sync", 0, b"sync", ack=True)
+    assert broker.listener.call(held) == window
+    conn = next(iter(backend.conns.values()))  # type: ignore[attr-defined]
+    taken = broker.listener.call(lambda: conn.next_tag - 1)  # handed over (auto: settled)
+    raw.close()
+    consumer = tmqp()
+    consumer.join("slow")
+    seen: set[str] = set()
+    for message in consumer.consume(timeout=10):
+        seen.add(dict(message.headers)["n"])
+        consumer.ack(message)
+        if len(seen) == total - taken:
+            break
+    # nothing lost: what the auto-ack STOMP connection took is settled, everything it
+    # was never handed (the held window too) comes to the TMQP consumer
+    assert len(seen) == total - taken
