@@ -1,4 +1,4 @@
-"""``broker`` command line: serve, push, consume, pull, admin, stats.
+"""``broker`` command line: serve, push, consume, pull, admin, stats, bridge.
 
 The server binds ``tcp://127.0.0.1:5680`` unless ``--bind`` (or the config file) says
 otherwise; clients connect to ``--connect`` (default: the same, or ``$BROKER_ENDPOINT``).
@@ -33,7 +33,7 @@ Exit codes (``zerohub.cli.ExitCode``, the same in every zerohub command): 0 ok;
 --insecure); 3 access refused (CURVE handshake failed, token refused, status 401);
 130 interrupted (Ctrl-C) before done; 141 output pipe closed by the reader
 (``broker stats | head -3``: the command stops quietly, as a tool killed by SIGPIPE
-would).  ``serve`` and ``consume`` stop on SIGINT/SIGTERM with 0.  Errors are one
+would).  ``serve``, ``consume`` and ``bridge`` stop on SIGINT/SIGTERM with 0.  Errors are one
 line on stderr, never a traceback.
 """
 
@@ -449,6 +449,10 @@ def build_parser() -> ArgumentParser:
 
     def client_command(name: str, help: str) -> ArgumentParser:
         p = command(name, help)
+        client_options(p)
+        return p
+
+    def client_options(p: ArgumentParser) -> None:
         p.add_argument(
             "--connect",
             type=connect_endpoint,
@@ -474,7 +478,6 @@ def build_parser() -> ArgumentParser:
             metavar="SECONDS",
             help="seconds to wait for the broker to answer (default %(default)s)",
         )
-        return p
 
     push = client_command("push", "push a message into a queue")
     push.add_argument("channel", help="channel name")
@@ -523,6 +526,18 @@ def build_parser() -> ArgumentParser:
 
     stats = client_command("stats", "print the broker's counters")
     stats.set_defaults(func=cmd_stats)
+
+    from broker.bridge import cli as bridge_cli
+
+    bridge = command("bridge", "bridge the broker to another broker (see broker.bridge.cli)")
+    kinds = bridge.add_subparsers(dest="kind", required=True, metavar="KIND")
+    help = "bridge local queues and an MQTT broker (QoS 1, both ways)"
+    mqtt: ArgumentParser = kinds.add_parser(
+        "mqtt", help=help, description=help[0].upper() + help[1:] + ".", parents=[flags]
+    )
+    client_options(mqtt)
+    bridge_cli.add_arguments(mqtt)
+    mqtt.set_defaults(func=bridge_cli.cmd_bridge_mqtt)
     return parser
 
 

@@ -131,9 +131,7 @@ class Bridge:
             try:
                 self.connector.pump(PUMP_SLICE)
             except ConnectorError as exc:
-                log.warning("remote connection lost: %s", exc)
-                self._close_remote()
-                self._run(self._locked(lambda: self.core.lost(self._clock())))
+                self._lost(exc)
             block = False
         else:
             block = True
@@ -174,21 +172,36 @@ class Bridge:
                 return core.local_refused(token, self._clock())
         return []
 
+    def _lost(self, exc: ConnectorError) -> None:
+        log.warning("remote connection lost: %s", exc)
+        self._close_remote()
+        self._run(self._locked(lambda: self.core.lost(self._clock())))
+
     def _run(self, actions: list[Action]) -> None:
         for action in actions:
             match action:
                 case Publish(token, route, payload):
-                    self.connector.publish(token, route.remote, payload)
+                    self._to_remote(self.connector.publish, token, route.remote, payload)
                 case AckLocal(ref):
                     self.local.ack(ref)
                 case PushLocal(token, route, payload, headers):
                     self.local.push(token, route, payload, headers)
                 case AckRemote(ref):
-                    self.connector.ack(ref)
+                    self._to_remote(self.connector.ack, ref)
                 case DeadLetter(route, reason, size):
                     self._dead_letter(route, reason, size)
                 case Connect():
                     self._connect()
+
+    def _to_remote(self, call: Callable[..., None], *args: Any) -> None:
+        """Publish or ack on the open connection; a failure is a lost connection (the
+        core publishes again after the reconnect; an ack not sent means a redelivery)."""
+        if not self._open:
+            return  # already lost in this batch of actions
+        try:
+            call(*args)
+        except ConnectorError as exc:
+            self._lost(exc)
 
     def _connect(self) -> None:
         generation = self.core.generation + 1

@@ -6,6 +6,7 @@ after a restart, losses never).
 
 from __future__ import annotations
 
+import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,6 +111,10 @@ def make_bridge(
     )
 
 
+def _ins(bridge: Bridge) -> str:
+    return " ".join(f"{k}={v}" for k, v in bridge.stats().items() if k.startswith("in_") and v)
+
+
 def consume(client: Client, count: int, timeout: float = WAIT) -> set[bytes]:
     got: set[bytes] = set()
     for message in client.consume(timeout=timeout):
@@ -178,3 +183,85 @@ def test_window_bounds_what_is_in_flight_while_the_remote_stops_accepting(
             assert wait_until(lambda: local.queue_info("orders", 1)["Acks"] == 201, WAIT)
     finally:
         remote.close()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["term", "kill"])
+def test_remote_restart_mid_stream_loses_nothing_outbound(
+    zctx: Ctx, server: Server, mosquitto: Mosquitto, local: Client, sig: int
+) -> None:
+    remote = RemoteClient(mosquitto.port, "downstream", "zh/orders")
+    try:
+        with make_bridge(zctx, server, mosquitto, OUT, window=20) as bridge:
+            sent = [f"o{i}".encode() for i in range(400)]
+            for payload in sent[:200]:
+                local.push("orders", 1, payload)
+            assert wait_until(lambda: bridge.stats()["out_accepted"] >= 50, WAIT)
+            mosquitto.stop(sig)  # mid-stream: some accepted, some in flight, some queued
+            for payload in sent[200:]:
+                local.push("orders", 1, payload)
+            assert wait_until(lambda: bridge.stats()["connected"] == 0, WAIT)
+            mosquitto.start()
+            assert wait_until(lambda: remote.distinct() == set(sent), WAIT), (
+                f"missing {len(set(sent) - remote.distinct())}: {bridge.stats()}"
+            )
+            assert wait_until(lambda: local.queue_info("orders", 1)["Acks"] == 400, WAIT)
+            stats = bridge.stats()
+            assert stats["connects"] == 2 and stats["disconnects"] == 1
+            assert stats["out_in_flight"] == 0
+    finally:
+        remote.close()
+
+
+def test_remote_messages_are_acked_only_after_the_local_broker_took_them(
+    zctx: Ctx, server: Server, mosquitto: Mosquitto, local: Client
+) -> None:
+    local.create_queue("sensors", 2, {"Status": "Stopped"})  # refuses every push
+    first = make_bridge(zctx, server, mosquitto, IN, window=5)
+    first.start()
+    remote = RemoteClient(mosquitto.port, "upstream")
+    try:
+        sent = {f"r{i}".encode() for i in range(100)}
+        for payload in sorted(sent):
+            remote.publish("zh/sensors/a", payload)
+        assert wait_until(lambda: first.stats()["in_refused"] >= 5, WAIT)
+        stats = first.stats()
+        assert stats["in_accepted"] == 0 and stats["in_in_flight"] == 5  # window 5 held
+        first.stop()  # held messages were never acked to mosquitto: it keeps them
+        mosquitto.stop()  # a graceful restart in between, too
+        mosquitto.start()
+        local.update_queue("sensors", 2, {"Status": "Push"})
+        local.join("sensors")
+        with make_bridge(zctx, server, mosquitto, IN, window=5) as second:
+            got = consume(local, len(sent))
+            assert got == sent, (sorted(sent - got), _ins(first), _ins(second))
+    finally:
+        remote.close()
+        first.stop()
+
+
+def test_oversized_remote_message_is_dead_lettered_and_the_bridge_goes_on(
+    zctx: Ctx, server: Server, mosquitto: Mosquitto, local: Client
+) -> None:
+    local.create_queue("sensors", 2, {"Status": "Push"})
+    local.create_queue("dead", 9, {"Status": "Pull"})
+    local.join("sensors")
+    bridge = make_bridge(
+        zctx, server, mosquitto, IN, max_message_size=1000, dead_letter=("dead", 9)
+    )
+    with bridge:
+        remote = RemoteClient(mosquitto.port, "upstream")
+        try:
+            remote.publish("zh/sensors/x", b"x" * 5000)
+            remote.publish("zh/sensors/x", b"after")
+            assert consume(local, 1) == {b"after"}
+            assert wait_until(lambda: bridge.stats()["dead_lettered"] == 1, WAIT), bridge.stats()
+            local.join("dead")
+            assert wait_until(lambda: local.queue_info("dead", 9)["Messages"] == 1, WAIT)
+            [record] = local.pull("dead", 9)
+            described = record.json()
+            assert described["size"] == 5000 and "over the limit of 1000" in described["reason"]
+            assert described["route"] == str(IN)
+            assert wait_until(lambda: bridge.stats()["in_accepted"] == 1, WAIT)
+            assert bridge.running and bridge.stats()["in_in_flight"] == 0
+        finally:
+            remote.close()
