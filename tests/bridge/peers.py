@@ -98,6 +98,10 @@ class Mosquitto:
         while port_open(self.port) and time.monotonic() < deadline:
             time.sleep(0.05)
 
+    def saved(self) -> bool:
+        """True once mosquitto wrote its persistence file (autosave every second)."""
+        return (self.workdir / "data" / "mosquitto.db").exists()
+
     def pause(self) -> None:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGSTOP)
