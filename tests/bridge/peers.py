@@ -109,3 +109,78 @@ class Mosquitto:
     def resume(self) -> None:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGCONT)
+
+
+_RABBIT_BIN = Path("/usr/lib/rabbitmq/bin")
+
+
+class RabbitMQ:
+    """A rabbitmq-server node of its own (HOME, mnesia, logs, epmd port) in a temp dir,
+    started without systemd; ``stop(sig)`` ends the node's process group and its epmd."""
+
+    def __init__(self, workdir: Path) -> None:
+        server = _RABBIT_BIN / "rabbitmq-server"
+        if not server.exists() or shutil.which("epmd") is None:
+            pytest.skip("rabbitmq-server is not installed (apt-get install rabbitmq-server)")
+        self.server = server
+        self.workdir = workdir
+        self.port = free_port()
+        self.epmd_port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        home = workdir / "home"
+        home.mkdir(exist_ok=True)
+        self.env = {
+            **os.environ,
+            "HOME": str(home),
+            "RABBITMQ_NODENAME": f"zhtest{self.port}@localhost",
+            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(free_port()),
+            "ERL_EPMD_ADDRESS": "127.0.0.1",
+            "ERL_EPMD_PORT": str(self.epmd_port),
+            "RABBITMQ_MNESIA_BASE": str(workdir / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(workdir / "log"),
+            "RABBITMQ_PID_FILE": str(workdir / "rabbit.pid"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(workdir / "enabled_plugins"),
+            "RABBITMQ_CONFIG_FILE": str(workdir / "rabbitmq"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(workdir / "advanced.config"),
+        }
+        (workdir / "enabled_plugins").write_text("[].\n")
+        (workdir / "rabbitmq.conf").write_text("loopback_users = none\n")
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/"
+
+    def start(self, timeout: float = 60.0) -> None:
+        log = open(self.workdir / "server.out", "ab")  # noqa: SIM115 (kept by the child)
+        self.proc = subprocess.Popen(
+            [str(self.server)], env=self.env, stdout=log, stderr=log, start_new_session=True
+        )
+        log.close()
+        proc = self.proc
+        if not wait_until(lambda: port_open(self.port) or proc.poll() is not None, timeout):
+            self.stop(signal.SIGKILL)
+            pytest.skip("rabbitmq-server did not start listening in time")
+        if proc.poll() is not None:
+            text = (self.workdir / "server.out").read_text(errors="replace")
+            pytest.skip(f"rabbitmq-server could not start: {text.strip()[-300:]}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, sig)  # the node and its helpers: the group we started
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        deadline = time.monotonic() + 15
+        while port_open(self.port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.stop()
+        subprocess.run(
+            ["epmd", "-kill"], env=self.env, capture_output=True, timeout=10, check=False
+        )
