@@ -531,13 +531,15 @@ def build_parser() -> ArgumentParser:
 
     bridge = command("bridge", "bridge the broker to another broker (see broker.bridge.cli)")
     kinds = bridge.add_subparsers(dest="kind", required=True, metavar="KIND")
-    help = "bridge local queues and an MQTT broker (QoS 1, both ways)"
-    mqtt: ArgumentParser = kinds.add_parser(
-        "mqtt", help=help, description=help[0].upper() + help[1:] + ".", parents=[flags]
-    )
-    client_options(mqtt)
-    bridge_cli.add_arguments(mqtt)
-    mqtt.set_defaults(func=bridge_cli.cmd_bridge_mqtt)
+    for kind, help in (
+        ("mqtt", "bridge local queues and an MQTT broker (QoS 1, both ways)"),
+        ("amqp", "bridge local queues and an AMQP 0-9-1 broker (confirms, manual acks)"),
+    ):
+        made: ArgumentParser = kinds.add_parser(
+            kind, help=help, description=help[0].upper() + help[1:] + ".", parents=[flags]
+        )
+        client_options(made)
+        bridge_cli.add_arguments(made, kind)
     return parser
 
 

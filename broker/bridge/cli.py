@@ -1,7 +1,9 @@
-"""``broker bridge mqtt``: run a bridge between the local broker and an MQTT broker.
+"""``broker bridge mqtt|amqp``: run a bridge between the local broker and another broker.
 
     broker bridge mqtt --url mqtt://127.0.0.1:1883 --map orders/1=zh/orders \\
         --map in:sensors/2=zh/sensors/# [--window 100] [--connect tcp://127.0.0.1:5680]
+    broker bridge amqp --url amqp://guest:guest@127.0.0.1:5672/ --map orders/1=amq.direct/o \\
+        --map in:sensors/2=sensor-queue
 
 Runs until SIGINT/SIGTERM (exit 0).  A malformed ``--map``, URL or limit is one line and
 exit 2 (usage), as is a missing client library (``pip install 'zerohub[bridges]'``); a
@@ -38,8 +40,14 @@ log = logging.getLogger("broker.bridge")
 _WATCH_SLICE = 0.2
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", required=True, help="remote broker, mqtt://[USER:PASS@]HOST[:PORT]")
+_URLS = {
+    "mqtt": "mqtt://[USER:PASS@]HOST[:PORT] (default port 1883)",
+    "amqp": "amqp://[USER:PASS@]HOST[:PORT][/VHOST] (default port 5672, guest, vhost /)",
+}
+
+
+def add_arguments(p: argparse.ArgumentParser, kind: str) -> None:
+    p.add_argument("--url", required=True, help=f"remote broker, {_URLS[kind]}")
     p.add_argument(
         "--map",
         action="append",
@@ -81,17 +89,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="wait for the remote to accept a connection (default %(default)s)",
     )
     p.add_argument(
-        "--remote-client-id",
-        metavar="ID",
-        help="MQTT client id of the bridge's persistent session (default: from the routes)",
-    )
-    p.add_argument(
         "--stats-interval",
         type=float,
         default=60.0,
         metavar="SECONDS",
         help="log the counters this often (default %(default)s)",
     )
+    if kind == "mqtt":
+        p.add_argument(
+            "--remote-client-id",
+            metavar="ID",
+            help="MQTT client id of the bridge's persistent session (default: from the routes)",
+        )
+        p.set_defaults(func=cmd_bridge_mqtt)
+    else:
+        p.set_defaults(func=cmd_bridge_amqp)
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -132,6 +144,18 @@ def cmd_bridge_mqtt(args: argparse.Namespace) -> int:
             client_id=args.remote_client_id or _default_client_id(settings.routes),
             window=settings.window,
         )
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    return _run(settings, connector, args)
+
+
+def cmd_bridge_amqp(args: argparse.Namespace) -> int:
+    try:
+        settings = _settings(args)
+        url = parse_url(args.url, "amqp")
+        from broker.bridge.connectors.amqp import AmqpConnector
+
+        connector = AmqpConnector(url, settings.routes_of(Direction.IN), window=settings.window)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     return _run(settings, connector, args)

@@ -7,6 +7,8 @@ messages in durable queues across a kill -9, so a restart may duplicate, never l
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -180,3 +182,43 @@ def test_rabbit_killed_and_restarted_mid_stream_loses_nothing(
 def _depth(peer: Amqp, queue: str) -> int:
     result = peer.channel.queue_declare(queue, durable=True, passive=True)
     return int(result.method.message_count)
+
+
+def test_bridge_amqp_command_publishes_with_confirms_and_stops_on_sigterm(
+    rabbit: RabbitMQ, local: Client, server: Server
+) -> None:
+    peer = Amqp(rabbit)
+    try:
+        peer.declare("cli.out")
+        assert server.endpoint is not None
+        bridge = subprocess.Popen(
+            [sys.executable, "-m", "broker", "bridge", "amqp", "--url", rabbit.url,
+             "--connect", server.endpoint, "--map", "cli/1=cli.out"],
+            stderr=subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            assert wait_until(lambda: _queue_ready(local, "cli", 1), WAIT)
+            for i in range(10):
+                local.push("cli", 1, f"c{i}".encode())
+            assert wait_until(lambda: local.queue_info("cli", 1)["Acks"] == 10, WAIT)
+            assert sorted(peer.drain("cli.out")) == sorted(f"c{i}".encode() for i in range(10))
+            bridge.send_signal(signal.SIGTERM)
+            assert bridge.wait(15) == 0
+            assert bridge.stderr is not None and b"Traceback" not in bridge.stderr.read()
+        finally:
+            if bridge.poll() is None:
+                bridge.kill()
+                bridge.wait(10)
+            if bridge.stderr is not None:
+                bridge.stderr.close()
+    finally:
+        peer.close()
+
+
+def _queue_ready(local: Client, channel: str, queue_id: int) -> bool:
+    from broker.client.blocking import RemoteError
+
+    try:
+        return bool(local.queue_info(channel, queue_id)["RequestAcknowledge"])
+    except RemoteError:
+        return False

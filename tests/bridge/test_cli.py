@@ -31,12 +31,18 @@ from tests.polling import wait_until
         (["--map", "a/1=b", "--backoff", "x"], "--backoff wants FIRST:MAX"),
         (["--map", "a/1=b", "--backoff", "5:1"], "backoff wants 0 < FIRST <= MAX"),
         (["--map", "a/1=b", "--dead-letter", "dead"], "--map wants"),
+        (["--map", "a/1=b", "--url", "mqtt://h", "--kind", "amqp"], "must start with amqp://"),
+        (["--map", "a/1=b", "--url", "amqp://:5/", "--kind", "amqp"], "URL has no host"),
     ],
 )
 def test_bad_route_url_or_limit_is_one_line_and_exit_2(
     capsys: pytest.CaptureFixture[str], argv: list[str], message: str
 ) -> None:
-    base = ["bridge", "mqtt", "--url", "mqtt://127.0.0.1:1", "--connect", "tcp://127.0.0.1:1"]
+    kind = "mqtt"
+    if "--kind" in argv:
+        kind = argv[argv.index("--kind") + 1]
+        argv = argv[: argv.index("--kind")]
+    base = ["bridge", kind, "--url", f"{kind}://127.0.0.1:1", "--connect", "tcp://127.0.0.1:1"]
     code = main([*base, *argv])
     err = capsys.readouterr().err
     assert code == 2
