@@ -540,6 +540,12 @@ def build_parser() -> ArgumentParser:
         )
         client_options(made)
         bridge_cli.add_arguments(made, kind)
+    help = "run the bridges of a TOML file ([[bridge]] tables)"
+    run_file: ArgumentParser = kinds.add_parser(
+        "run", help=help, description=help[0].upper() + help[1:] + ".", parents=[flags]
+    )
+    client_options(run_file)
+    bridge_cli.add_run_arguments(run_file)
     return parser
 
 

@@ -101,30 +101,67 @@ def add_arguments(p: argparse.ArgumentParser, kind: str) -> None:
             metavar="ID",
             help="MQTT client id of the bridge's persistent session (default: from the routes)",
         )
-        p.set_defaults(func=cmd_bridge_mqtt)
-    else:
-        p.set_defaults(func=cmd_bridge_amqp)
+    p.set_defaults(func=cmd_bridge, kind=kind)
 
 
-def _settings(args: argparse.Namespace) -> Settings:
-    routes = tuple(parse_route(text) for text in args.map)
-    first, sep, largest = args.backoff.partition(":")
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", help="TOML file of [[bridge]] tables (see the README)")
+    p.add_argument(
+        "--stats-interval",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="log the counters this often (default %(default)s)",
+    )
+    p.set_defaults(func=cmd_bridge_run)
+
+
+#: Keys of a ``[[bridge]]`` table in ``broker bridge run FILE.toml``.
+_TOML_KEYS = frozenset(
+    {"kind", "url", "map", "window", "backoff", "connect_timeout", "max_message_size",
+     "dead_letter", "client_id"}
+)  # fmt: skip
+
+
+def build(spec: dict[str, Any]) -> tuple[Settings, Any]:
+    """A bridge's settings and connector from one spec (the flags, or a TOML table);
+    ``ConfigError`` if anything is wrong."""
+    kind = spec.get("kind")
+    if kind not in _URLS:
+        raise ConfigError(f"kind must be mqtt or amqp, got {kind!r}")
+    maps = spec.get("map")
+    if not isinstance(maps, list) or not all(isinstance(m, str) for m in maps):
+        raise ConfigError("map must be a list of [out:|in:]CHANNEL/QUEUE=REMOTE strings")
+    backoff = spec.get("backoff", DEFAULT_BACKOFF)
     try:
-        backoff = (float(first), float(largest if sep else first))
-    except ValueError:
-        raise ConfigError(f"--backoff wants FIRST:MAX seconds, got {args.backoff!r}")
+        first, largest = (float(x) for x in backoff)
+        window = int(spec.get("window", DEFAULT_WINDOW))
+        max_size = int(spec.get("max_message_size", DEFAULT_MAX_MESSAGE_SIZE))
+        connect_timeout = float(spec.get("connect_timeout", DEFAULT_CONNECT_TIMEOUT))
+    except (TypeError, ValueError):
+        raise ConfigError("window, backoff [FIRST, MAX], timeouts and sizes must be numbers")
     dead_letter = None
-    if args.dead_letter:
-        dead = parse_route(f"{args.dead_letter}=dead-letter")
+    if spec.get("dead_letter"):
+        dead = parse_route(f"{spec['dead_letter']}=dead-letter")
         dead_letter = (dead.channel, dead.queue_id)
-    return Settings(
-        routes=routes,
-        window=args.window,
-        backoff=backoff,
-        connect_timeout=args.connect_timeout,
-        max_message_size=args.max_message_size,
+    settings = Settings(
+        routes=tuple(parse_route(text) for text in maps),
+        window=window,
+        backoff=(first, largest),
+        connect_timeout=connect_timeout,
+        max_message_size=max_size,
         dead_letter=dead_letter,
     )
+    url = parse_url(str(spec.get("url", "")), kind)
+    inbound = settings.routes_of(Direction.IN)
+    if kind == "mqtt":
+        from broker.bridge.connectors.mqtt import MqttConnector
+
+        client_id = spec.get("client_id") or _default_client_id(settings.routes)
+        return settings, MqttConnector(url, inbound, client_id=client_id, window=window)
+    from broker.bridge.connectors.amqp import AmqpConnector
+
+    return settings, AmqpConnector(url, inbound, window=window)
 
 
 def _default_client_id(routes: tuple[Route, ...]) -> str:
@@ -132,36 +169,62 @@ def _default_client_id(routes: tuple[Route, ...]) -> str:
     return f"zerohub-bridge-{digest[:12]}"
 
 
-def cmd_bridge_mqtt(args: argparse.Namespace) -> int:
+def _backoff_flag(text: str) -> tuple[float, float]:
+    first, sep, largest = text.partition(":")
     try:
-        settings = _settings(args)
-        url = parse_url(args.url, "mqtt")
-        from broker.bridge.connectors.mqtt import MqttConnector
+        return float(first), float(largest if sep else first)
+    except ValueError:
+        raise ConfigError(f"--backoff wants FIRST:MAX seconds, got {text!r}")
 
-        connector = MqttConnector(
-            url,
-            settings.routes_of(Direction.IN),
-            client_id=args.remote_client_id or _default_client_id(settings.routes),
-            window=settings.window,
-        )
+
+def cmd_bridge(args: argparse.Namespace) -> int:
+    """``broker bridge mqtt|amqp``: one bridge from the flags."""
+    try:
+        spec = {
+            "kind": args.kind,
+            "url": args.url,
+            "map": args.map,
+            "window": args.window,
+            "backoff": _backoff_flag(args.backoff),
+            "connect_timeout": args.connect_timeout,
+            "max_message_size": args.max_message_size,
+            "dead_letter": args.dead_letter,
+            "client_id": getattr(args, "remote_client_id", None),
+        }
+        bridges = [build(spec)]
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
-    return _run(settings, connector, args)
+    return _run(bridges, args)
 
 
-def cmd_bridge_amqp(args: argparse.Namespace) -> int:
+def cmd_bridge_run(args: argparse.Namespace) -> int:
+    """``broker bridge run FILE.toml``: every ``[[bridge]]`` table of the file."""
+    import tomllib
+
     try:
-        settings = _settings(args)
-        url = parse_url(args.url, "amqp")
-        from broker.bridge.connectors.amqp import AmqpConnector
+        with open(args.file, "rb") as f:
+            config = tomllib.load(f)
+    except OSError as exc:
+        raise UsageError(f"cannot read {args.file}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{args.file}: {exc}") from None
+    extra = set(config) - {"bridge"}
+    tables = config.get("bridge")
+    if extra or not isinstance(tables, list) or not tables:
+        raise UsageError(f"{args.file}: wants [[bridge]] tables only (found {sorted(config)})")
+    bridges = []
+    for number, table in enumerate(tables, 1):
+        unknown = sorted(set(table) - _TOML_KEYS)
+        try:
+            if unknown:
+                raise ConfigError(f"unknown key {unknown[0]!r}")
+            bridges.append(build(table))
+        except ConfigError as exc:
+            raise UsageError(f"{args.file}: bridge #{number}: {exc}") from None
+    return _run(bridges, args)
 
-        connector = AmqpConnector(url, settings.routes_of(Direction.IN), window=settings.window)
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from None
-    return _run(settings, connector, args)
 
-
-def _run(settings: Settings, connector: Any, args: argparse.Namespace) -> int:
+def _run(bridges: list[tuple[Settings, Any]], args: argparse.Namespace) -> int:
     import zmq
 
     from broker.bridge.runner import Bridge
@@ -171,26 +234,33 @@ def _run(settings: Settings, connector: Any, args: argparse.Namespace) -> int:
     options = {"timeout": args.timeout, "token": args.token, "name": args.name or "bridge"}
     if args.server_key or args.curve_secret:
         options.update(server_key=args.server_key, curve_secret=args.curve_secret)
+    running: list[Bridge] = []
     try:
-        bridge = Bridge(settings, connector, args.connect, context=context, client_options=options)
-        bridge.start()
-        log.info("bridging %s", ", ".join(map(str, settings.routes)))
+        for settings, connector in bridges:
+            bridge = Bridge(
+                settings, connector, args.connect, context=context, client_options=options
+            )
+            bridge.start()
+            running.append(bridge)
+            log.info("bridging %s", ", ".join(map(str, settings.routes)))
         stop = threading.Event()  # never set: wait() is the interruptible sleep
         next_stats = time.monotonic() + args.stats_interval
         try:
             with _sigterm_interrupts():
-                while bridge.running:
+                while all(bridge.running for bridge in running):
                     stop.wait(_WATCH_SLICE)
                     if time.monotonic() >= next_stats:
-                        log.info("counters: %s", bridge.stats())
+                        for bridge in running:
+                            log.info("counters: %s", bridge.stats())
                         next_stats += args.stats_interval
         except KeyboardInterrupt:
             pass
-        finally:
+    finally:
+        for bridge in running:
             bridge.stop()
+        context.term()
+    for bridge in running:
+        log.info("counters: %s", bridge.stats())
         if bridge.failure is not None:
             raise CommandError(f"the bridge stopped: {bridge.failure}")
-        log.info("counters: %s", bridge.stats())
-    finally:
-        context.term()
     return 0

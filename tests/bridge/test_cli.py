@@ -124,3 +124,65 @@ def _has_queue(local: object, channel: str, queue_id: int) -> bool:
 def _published_and_seen(upstream: RemoteClient, local: object) -> bool:
     upstream.publish("zh/in", b"ping")
     return consume(local, 1, timeout=0.5) == {b"ping"}  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "[[bridge]]\nkind = 'mqtt'\nurl = 'mqtt://h'\nmap = ['a/1=b']\nwindw = 3\n",
+            "bridge #1: unknown key 'windw'",
+        ),
+        ("[[bridge]]\nkind = 'stomp'\nurl = 'x'\nmap = ['a/1=b']\n", "kind must be mqtt or amqp"),
+        ("[[bridge]]\nkind = 'amqp'\nurl = 'amqp://h'\nmap = 'a/1=b'\n", "map must be a list"),
+        ("[[bridge]]\nkind = 'amqp'\nurl = 'amqp://h'\nmap = ['a=b']\n", "--map wants"),
+        (
+            "[[bridge]]\nkind = 'mqtt'\nurl = 'mqtt://h'\nmap = ['a/1=b']\nbackoff = 'x'\n",
+            "must be numbers",
+        ),
+        ("[other]\nx = 1\n", "wants [[bridge]] tables only"),
+        ("[[bridge]\n", "bridges.toml"),
+    ],
+)
+def test_bad_bridges_toml_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, message: str
+) -> None:
+    path = tmp_path / "bridges.toml"
+    path.write_text(text)
+    code = main(["bridge", "run", str(path), "--connect", "tcp://127.0.0.1:1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_bridge_run_toml_starts_every_bridge(tmp_path: Path, serve: str) -> None:
+    from broker.client.blocking import Client
+
+    mosquitto = Mosquitto(tmp_path)
+    mosquitto.start()
+    downstream = RemoteClient(mosquitto.port, "downstream", "zh/#")
+    config = tmp_path / "bridges.toml"
+    config.write_text(
+        f"[[bridge]]\nkind = 'mqtt'\nurl = '{mosquitto.url}'\nmap = ['a/1=zh/a']\n"
+        f"window = 5\nbackoff = [0.05, 1]\nclient_id = 'one'\n\n"
+        f"[[bridge]]\nkind = 'mqtt'\nurl = '{mosquitto.url}'\nmap = ['b/1=zh/b']\n"
+    )
+    bridge = subprocess.Popen(
+        [sys.executable, "-m", "broker", "bridge", "run", str(config), "--connect", serve],
+        stderr=subprocess.PIPE,
+    )
+    try:
+        with Client(serve, timeout=5.0) as local:
+            assert wait_until(lambda: _has_queue(local, "a", 1) and _has_queue(local, "b", 1))
+            local.push("a", 1, b"to-a")
+            local.push("b", 1, b"to-b")
+            assert wait_until(lambda: downstream.distinct() == {b"to-a", b"to-b"}, WAIT)
+        bridge.send_signal(signal.SIGTERM)
+        assert bridge.wait(15) == 0
+    finally:
+        if bridge.poll() is None:
+            bridge.kill()
+            bridge.wait(10)
+        if bridge.stderr is not None:
+            bridge.stderr.close()
+        downstream.close()
+        mosquitto.stop()
