@@ -283,3 +283,70 @@ def test_oversized_remote_message_is_dead_lettered_and_the_bridge_goes_on(
             assert bridge.running and bridge.stats()["in_in_flight"] == 0
         finally:
             remote.close()
+
+
+class GarbagePeer:
+    """A TCP 'broker' that answers every connection with garbage and hangs up."""
+
+    def __init__(self, reply: bytes) -> None:
+        import socket
+
+        self.reply = reply
+        self.accepted = 0
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.listener.settimeout(0.1)
+        self.port = self.listener.getsockname()[1]
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._serve, name="garbage-peer")
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                self.accepted += 1
+                conn.sendall(self.reply)
+
+    def close(self) -> None:
+        self.stopping.set()
+        self.thread.join(5)
+        self.listener.close()
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b"\xff" * 64,  # not a packet type
+        b"\x20\x7f" + b"\x00" * 3,  # CONNACK claiming 127 octets, then the peer hangs up
+        b"\x20\x03\x00\x00\xff",  # CONNACK with a bad properties length
+        b"\x30\x05\x00\x09abc",  # PUBLISH before CONNACK, topic length past the end
+    ],
+    ids=["no-type", "short", "bad-props", "publish-first"],
+)
+def test_garbage_from_the_remote_is_a_failed_connection_and_the_bridge_retries(
+    zctx: Ctx, server: Server, local: Client, reply: bytes
+) -> None:
+    peer = GarbagePeer(reply)
+    try:
+        settings = Settings(routes=(OUT, IN), backoff=(0.02, 0.1), connect_timeout=1.0)
+        connector = MqttConnector(
+            parse_url(f"mqtt://127.0.0.1:{peer.port}", "mqtt"),
+            settings.routes_of(Direction.IN),
+            client_id="garbage",
+            window=settings.window,
+        )
+        assert server.endpoint is not None
+        with Bridge(settings, connector, server.endpoint, context=zctx) as bridge:
+            local.push("orders", 1, b"kept")
+            assert wait_until(lambda: bridge.stats()["connect_failures"] >= 3, WAIT)
+            assert bridge.running and bridge.failure is None
+            assert bridge.stats()["connects"] == 0 and bridge.stats()["out_accepted"] == 0
+            info = local.queue_info("orders", 1)
+            assert info["Acks"] == 0  # the message waits: never acked without a remote
+    finally:
+        peer.close()
