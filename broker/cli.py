@@ -1,4 +1,4 @@
-"""``broker`` command line: serve, push, consume, pull, admin, stats.
+"""``broker`` command line: serve, push, consume, pull, admin, stats, bridge.
 
 The server binds ``tcp://127.0.0.1:5680`` unless ``--bind`` (or the config file) says
 otherwise; clients connect to ``--connect`` (default: the same, or ``$BROKER_ENDPOINT``).
@@ -33,7 +33,7 @@ Exit codes (``zerohub.cli.ExitCode``, the same in every zerohub command): 0 ok;
 --insecure); 3 access refused (CURVE handshake failed, token refused, status 401);
 130 interrupted (Ctrl-C) before done; 141 output pipe closed by the reader
 (``broker stats | head -3``: the command stops quietly, as a tool killed by SIGPIPE
-would).  ``serve`` and ``consume`` stop on SIGINT/SIGTERM with 0.  Errors are one
+would).  ``serve``, ``consume`` and ``bridge`` stop on SIGINT/SIGTERM with 0.  Errors are one
 line on stderr, never a traceback.
 """
 
@@ -44,7 +44,6 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -62,6 +61,7 @@ from zerohub.cli import (
     connect_endpoint,
     log_level,
     run,
+    sigterm_interrupts,
     verbosity_flags,
 )
 
@@ -217,7 +217,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         listener = listen(door, server.add_reader, stomp)
 
     try:
-        with _sigterm_interrupts():
+        with sigterm_interrupts():
             endpoint = server.bind()
             also = ""
             if listener is not None:
@@ -267,20 +267,6 @@ def _stomp_listen_options(url: str | None, insecure: bool) -> Any:
     if not loopback and not insecure:
         raise UsageError(f"--stomp {url}: not a loopback address (add --insecure to allow)")
     return ListenerOptions(host=host, port=port)
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM raises KeyboardInterrupt meanwhile, as Ctrl-C does (a clean stop)."""
-
-    def stop(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager
@@ -373,7 +359,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
         for channel in args.channel:
             client.join(channel)
         try:
-            with _sigterm_interrupts():
+            with sigterm_interrupts():
                 for message in client.consume(timeout=args.wait):
                     _print_message(message, args.json)
                     if message.needs_ack and not args.no_ack:
@@ -504,6 +490,10 @@ def build_parser() -> ArgumentParser:
 
     def client_command(name: str, help: str) -> ArgumentParser:
         p = command(name, help)
+        client_options(p)
+        return p
+
+    def client_options(p: ArgumentParser) -> None:
         p.add_argument(
             "--connect",
             type=connect_endpoint,
@@ -529,7 +519,6 @@ def build_parser() -> ArgumentParser:
             metavar="SECONDS",
             help="seconds to wait for the broker to answer (default %(default)s)",
         )
-        return p
 
     push = client_command("push", "push a message into a queue")
     push.add_argument("channel", help="channel name")
@@ -578,6 +567,26 @@ def build_parser() -> ArgumentParser:
 
     stats = client_command("stats", "print the broker's counters")
     stats.set_defaults(func=cmd_stats)
+
+    from broker.bridge import cli as bridge_cli
+
+    bridge = command("bridge", "bridge the broker to another broker (see broker.bridge.cli)")
+    kinds = bridge.add_subparsers(dest="kind", required=True, metavar="KIND")
+    for kind, help in (
+        ("mqtt", "bridge local queues and an MQTT broker (QoS 1, both ways)"),
+        ("amqp", "bridge local queues and an AMQP 0-9-1 broker (confirms, manual acks)"),
+    ):
+        made: ArgumentParser = kinds.add_parser(
+            kind, help=help, description=help[0].upper() + help[1:] + ".", parents=[flags]
+        )
+        client_options(made)
+        bridge_cli.add_arguments(made, kind)
+    help = "run the bridges of a TOML file ([[bridge]] tables)"
+    run_file: ArgumentParser = kinds.add_parser(
+        "run", help=help, description=help[0].upper() + help[1:] + ".", parents=[flags]
+    )
+    client_options(run_file)
+    bridge_cli.add_run_arguments(run_file)
     return parser
 
 

@@ -1,0 +1,186 @@
+"""Real peer brokers for the bridge tests, started on a random loopback port in a temp dir.
+
+``Mosquitto`` runs Debian's ``mosquitto`` in the foreground (persistence on, so a graceful
+restart keeps sessions and queued messages).  ``peer_or_skip`` skips a test with the reason
+when the program is not installed (``.ci/run`` installs it where the package manager can).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.polling import wait_until
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def peer_or_skip(program: str) -> str:
+    found = shutil.which(program) or shutil.which(program, path="/usr/sbin:/sbin")
+    if found is None:
+        pytest.skip(f"{program} is not installed (apt-get install {program})")
+    return found
+
+
+class Mosquitto:
+    """A mosquitto process: ``start()``, ``stop(sig)``, ``pause()``/``resume()``."""
+
+    def __init__(self, workdir: Path, extra: str = "") -> None:
+        self.program = peer_or_skip("mosquitto")
+        self.workdir = workdir
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.config = workdir / "mosquitto.conf"
+        data = workdir / "data"
+        data.mkdir(exist_ok=True)
+        lines = [
+            f"listener {self.port} 127.0.0.1",
+            "allow_anonymous true",
+            "persistence true",
+            f"persistence_location {data}/",
+            "autosave_interval 1",
+            "log_dest stderr",
+            "log_type error",
+            "log_type warning",
+        ]
+        if os.getuid() == 0:
+            lines.append("user root")  # else it switches to 'mosquitto', who cannot write here
+        self.config.write_text("\n".join(lines) + "\n" + extra)
+
+    @property
+    def url(self) -> str:
+        return f"mqtt://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        log = open(self.workdir / "mosquitto.log", "ab")  # noqa: SIM115 (kept by the child)
+        self.proc = subprocess.Popen(
+            [self.program, "-c", str(self.config)], stdout=log, stderr=log
+        )
+        log.close()
+        if not wait_until(lambda: port_open(self.port) or self.proc.poll() is not None):
+            self.stop()
+            pytest.fail("mosquitto did not start listening")
+        if self.proc.poll() is not None:
+            text = (self.workdir / "mosquitto.log").read_text(errors="replace")
+            pytest.skip(f"mosquitto could not start: {text.strip()[-300:]}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        # the port is free again once nothing listens on it
+        deadline = time.monotonic() + 10
+        while port_open(self.port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def saved(self) -> bool:
+        """True once mosquitto wrote its persistence file (autosave every second)."""
+        return (self.workdir / "data" / "mosquitto.db").exists()
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+
+_RABBIT_BIN = Path("/usr/lib/rabbitmq/bin")
+
+
+class RabbitMQ:
+    """A rabbitmq-server node of its own (HOME, mnesia, logs, epmd port) in a temp dir,
+    started without systemd; ``stop(sig)`` ends the node's process group and its epmd."""
+
+    def __init__(self, workdir: Path) -> None:
+        server = _RABBIT_BIN / "rabbitmq-server"
+        if not server.exists() or shutil.which("epmd") is None:
+            pytest.skip("rabbitmq-server is not installed (apt-get install rabbitmq-server)")
+        self.server = server
+        self.workdir = workdir
+        self.port = free_port()
+        self.epmd_port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        home = workdir / "home"
+        home.mkdir(exist_ok=True)
+        self.env = {
+            **os.environ,
+            "HOME": str(home),
+            "RABBITMQ_NODENAME": f"zhtest{self.port}@localhost",
+            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(free_port()),
+            "ERL_EPMD_ADDRESS": "127.0.0.1",
+            "ERL_EPMD_PORT": str(self.epmd_port),
+            "RABBITMQ_MNESIA_BASE": str(workdir / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(workdir / "log"),
+            "RABBITMQ_PID_FILE": str(workdir / "rabbit.pid"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(workdir / "enabled_plugins"),
+            "RABBITMQ_CONFIG_FILE": str(workdir / "rabbitmq"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(workdir / "advanced.config"),
+        }
+        (workdir / "enabled_plugins").write_text("[].\n")
+        (workdir / "rabbitmq.conf").write_text("loopback_users = none\n")
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/"
+
+    def start(self, timeout: float = 60.0) -> None:
+        log = open(self.workdir / "server.out", "ab")  # noqa: SIM115 (kept by the child)
+        self.proc = subprocess.Popen(
+            [str(self.server)], env=self.env, stdout=log, stderr=log, start_new_session=True
+        )
+        log.close()
+        proc = self.proc
+        if not wait_until(lambda: port_open(self.port) or proc.poll() is not None, timeout):
+            self.stop(signal.SIGKILL)
+            pytest.skip("rabbitmq-server did not start listening in time")
+        if proc.poll() is not None:
+            text = (self.workdir / "server.out").read_text(errors="replace")
+            pytest.skip(f"rabbitmq-server could not start: {text.strip()[-300:]}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, sig)  # the node and its helpers: the group we started
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        deadline = time.monotonic() + 15
+        while port_open(self.port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.stop()
+        subprocess.run(
+            ["epmd", "-kill"], env=self.env, capture_output=True, timeout=10, check=False
+        )
