@@ -7,8 +7,9 @@
 For each tree size N (files of 1 KiB in N/100 folders, page cache warm), in one run:
 
   server start   time from launching ``filemq serve`` (state kept, the default)
-                 to its "serving" line, with the valid index its first start saved
-                 (stat only, nothing hashed; the log line says how many were hashed)
+                 to its "serving" line (bound, watching, accepting), with the valid
+                 index its first start saved; and to its "checked" line (the saved
+                 index re-stat'd against the disk: the first answer comes after it)
   rsync resync   ``rsync -a SRC/ DEST/`` on an already complete DEST
   zerohub resync ``filemq sync ENDPOINT DEST --once`` on an already complete DEST,
                  with its saved DEST index (the CLI default); wall clock from launch
@@ -81,7 +82,7 @@ class Server:
         sel = selectors.DefaultSelector()
         sel.register(self.proc.stderr, selectors.EVENT_READ)
         deadline = time.monotonic() + 900
-        self.endpoint, self.hashed, self.ready = "", "", 0.0
+        self.endpoint, self.hashed, self.ready, self.serving = "", "", 0.0, 0.0
         try:
             while not self.ready and time.monotonic() < deadline:
                 if not sel.select(timeout=1):
@@ -92,7 +93,9 @@ class Server:
                 found = re.search(r"on (tcp://\S+) \(", line)
                 if found:
                     self.endpoint = found.group(1)
-                found = re.search(r"serving .*\((\d+) files, (\d+) hashed", line)
+                if "serving " in line and not self.serving:
+                    self.serving = time.perf_counter() - self.start
+                found = re.search(r"(?:serving|checked) .*\((\d+) files, (\d+) hashed", line)
                 if found:
                     self.ready = time.perf_counter() - self.start
                     self.hashed = f"{int(found.group(2)):,} of {int(found.group(1)):,}"
@@ -147,10 +150,11 @@ def bench_size(work: Path, count: int, rounds: int, rsync: str) -> list[list[str
     first.stop()
     for _ in range(rounds):
         server = Server(src, state)
+        rows.append([f"{count:,}", "server start: serving", f"{server.serving:.3f}", "", "", ""])
         rows.append(
             [
                 f"{count:,}",
-                "server start, valid index",
+                "server start: index checked",
                 f"{server.ready:.3f}",
                 "",
                 "",
