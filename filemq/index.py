@@ -508,7 +508,8 @@ class FileIndex:
         exclude = self._exclude
         filters = self._filters
         root = os.fspath(self.root)
-        seen: set[str] = set()
+        seen: set[str] = set()  # names found, but those unchanged (listed in hits)
+        hits: list[str] = []  # unchanged files (each name listed once: one visit each)
         seen_nodes: set[str] = set()
         changed: list[FileEntry] = []
         changed_nodes: list[Node] = []
@@ -583,7 +584,7 @@ class FileIndex:
                             and old.mode == st.st_mode & _PERMS
                             and (not retry or name not in retry)
                         ):
-                            seen.add(name)
+                            hits.append(name)  # (cheaper than a set: most names land here)
                             continue
                         entry = self._hash(name, st, rehash=name in retry)
                         if entry is None:
@@ -596,9 +597,11 @@ class FileIndex:
                             changed.append(entry)
                             self.dirty = True
         prefix = subdir + "/" if subdir else ""
-        if not subdir and len(seen) == len(entries):
+        disjoint = not seen or seen.isdisjoint(hits)  # (they are: a safety belt)
+        if not subdir and disjoint and len(seen) + len(hits) == len(entries):
             removed: list[str] = []  # every entry was seen (the common case: a quick check)
         else:
+            seen.update(hits)
             removed = [n for n in entries if n.startswith(prefix) and n not in seen]
         for name in removed:
             del entries[name]

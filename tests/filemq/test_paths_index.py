@@ -354,3 +354,22 @@ def test_version_3_index_with_a_valid_checksum_but_bad_values_is_refused(
         saved.write_bytes(json.dumps(head).encode() + b"\n" + body)
         with pytest.raises(IndexFormatError):
             FileIndex.load(saved, root, tree=True)
+
+
+def test_refresh_finds_a_removal_hidden_by_an_addition(tmp_path: Path) -> None:
+    """One file gone and one new, the rest unchanged: as many names found as before,
+    yet the gone one is reported (the unchanged ones are counted, not kept in a set)."""
+    root = tmp_path / "root"
+    for i in range(20):
+        (root / f"d{i % 3}").mkdir(parents=True, exist_ok=True)
+        (root / f"d{i % 3}" / f"f{i}").write_bytes(b"%d" % i)
+    index = FileIndex(root)
+    index.refresh()
+    (root / "d1" / "f1").unlink()
+    (root / "d2" / "new").write_bytes(b"new")
+    (root / "d0" / "f0").write_bytes(b"changed")
+    delta = index.refresh()
+    assert delta.removed == ("d1/f1",)
+    assert sorted(e.name for e in delta.changed) == ["d0/f0", "d2/new"]
+    assert len(index) == 20 and "d1/f1" not in index
+    assert index.refresh() == type(delta)((), ())
