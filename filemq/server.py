@@ -102,7 +102,7 @@ from filemq.engine_server import (
 )
 from filemq.filters import Filters
 from filemq.index import NODE_DIR, FileEntry, FileIndex, IndexDelta, Node
-from filemq.meta import Kind, LinkPolicy, attr_kind
+from filemq.meta import Kind, LinkPolicy, attr_file, attr_kind, local_mode
 from filemq.offer import LinkOffer, delete_op, file_op, node_offer, node_unchanged, unchanged
 from filemq.paths import absent, local_parts, open_beneath, relative_inside, virtual_path
 from filemq.ratelimit import TokenBucket, burst_for
@@ -958,10 +958,19 @@ class FileServer:
         ops = [delete_op(name, attr_kind(attrs.get(name, "")) or Kind.FILE) for name in deletes]
         points = resume_points(sub.path, sub.options)
         sends: list[FileOp] = []
+        heads: dict[int, str] = {}  # mode -> "f\t<mode>\t": what an ATTRS line says first
         for name, (mount, entry) in files.items():
             if cache.get(name) != entry.sha1:
                 sends.append(self._resumed(session, self._op(mount, entry), points))
             elif mask is not None:
+                if entry.mode >= 0:  # the common case inline: unchanged() says the same
+                    head = heads.get(entry.mode)
+                    if head is None:
+                        head = heads[entry.mode] = attr_file(
+                            local_mode(entry.mode, mask, Kind.FILE), 0
+                        )[:-1]
+                    if attrs.get(name) == f"{head}{entry.mtime_ns}":
+                        continue
                 touch = unchanged(entry, name, attrs, mask)
                 if touch is not None:
                     sends.append(touch)
@@ -1019,6 +1028,15 @@ class FileServer:
                 self._update_name(mount, rest, skip=session)
             shadowed = self._shadowing(mount)
             whole = prefix.startswith(sub.path)  # every file of this mount is wanted
+            if whole and not shadowed and not self.deny and filters is None:
+                # the usual resync of a whole mount: every name, copied at C speed
+                # (~10x faster than the loop below for 100,000 files)
+                for table, found in ((index.entries(), files), (index.nodes(), nodes)):
+                    names = list(map(prefix.__add__, table))
+                    has.update(names)
+                    pairs = zip(itertools.repeat(mount), table.values())
+                    found.update(zip(names, pairs, strict=False))  # type: ignore[arg-type]
+                continue
             for table, found in ((index.entries(), files), (index.nodes(), nodes)):
                 for name, item in table.items():
                     name = prefix + name
