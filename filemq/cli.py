@@ -480,17 +480,23 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def wait_for_signal() -> None:
-    """Return on SIGINT or SIGTERM (a server's normal end: exit 0)."""
+def wait_for_signal(
+    ready: threading.Event | None = None, on_ready: Callable[[], None] | None = None
+) -> None:
+    """Return on SIGINT or SIGTERM (a server's normal end: exit 0); call ``on_ready``
+    once ``ready`` is set meanwhile."""
     stop = threading.Event()
+    pending = ready is not None and on_ready is not None
 
     def handler(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        while not stop.wait(0.5):
-            pass
+        while not stop.wait(0.02 if pending else 0.5):
+            if pending and ready is not None and on_ready is not None and ready.is_set():
+                pending = False
+                on_ready()
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
@@ -552,9 +558,27 @@ def report_serving(prog: str, args: argparse.Namespace, live: LiveFileServer) ->
     hashed = sum(index.hashed_files for index in server.indexes.values())
     where = ", ".join(f"{m.directory} at {m.virtual}" for m in mounts)
     watching = "not watching" if args.no_watch else "polling" if args.poll else "watching"
+    counts = f"{files} files, {hashed} hashed"
+    if not server.verified.is_set():  # the loop checks the saved indexes before answering
+        counts = f"{files} files in the saved index, checking them against the disk"
     print(
-        f"{prog}: serving {where} on {server.endpoint} ({files} files, {hashed} hashed, "
-        f"{watching})",
+        f"{prog}: serving {where} on {server.endpoint} ({counts}, {watching})",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def report_checked(prog: str, args: argparse.Namespace, live: LiveFileServer) -> None:
+    """The line on stderr once the saved indexes were checked against the disk."""
+    from filemq.server import Mount
+
+    mounts = [Mount.parse(spec) for spec in args.publish]
+    server = live.server
+    files = sum(len(index) for index in server.indexes.values())
+    hashed = sum(index.hashed_files for index in server.indexes.values())
+    where = ", ".join(f"{m.directory} at {m.virtual}" for m in mounts)
+    print(
+        f"{prog}: checked {where} against the disk ({files} files, {hashed} hashed)",
         file=sys.stderr,
         flush=True,
     )
@@ -568,7 +592,8 @@ def _serve(args: argparse.Namespace) -> int:
         live = file_server(args, context)
         live.start()  # binds before a directory is walked or hashed: in use fails at once
         report_serving("filemq", args, live)
-        wait_for_signal()
+        checked = None if live.server.verified.is_set() else live.server.verified
+        wait_for_signal(checked, lambda: report_checked("filemq", args, live))
     finally:
         if live is not None:
             live.stop()

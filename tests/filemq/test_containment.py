@@ -21,7 +21,7 @@ from filemq import fmq_msg
 from filemq.client import SyncClient
 from filemq.engine import Operation
 from filemq.events import EventKind, MirrorEvent
-from filemq.index import FileIndex, IndexFormatError
+from filemq.index import FileEntry, FileIndex, IndexFormatError
 from filemq.server import FileServer
 from filemq.state import load_index, server_index_path
 
@@ -118,31 +118,47 @@ def test_change_notices_and_rescans_never_index_through_links(
     assert sorted(server.indexes["/"].entries()) == ["plain.txt"]
 
 
-def _tamper(index_file: Path, names: tuple[str, ...], like: Path) -> None:
-    """Add rows for ``names`` to a saved index, with the stat of ``like`` (a file outside)."""
-    header, *rows = index_file.read_text(encoding="utf-8").splitlines()
+def _tamper(index_file: Path, names: tuple[str, ...], like: Path, version: int = 2) -> None:
+    """Add rows for ``names`` to a saved index, with the stat of ``like`` (a file outside).
+
+    Version 2: edits the JSON lines; version 3: a well-formed file with a valid checksum
+    (what an adversary who knows the format writes), through the writer itself.
+    """
     st = like.stat()
+    if version == 3:
+        index = FileIndex.load(
+            index_file, json.loads(index_file.read_bytes().split(b"\n")[0])["root"]
+        )
+        for n in names:
+            index.record(FileEntry(n, st.st_size, st.st_mtime_ns, st.st_ino, "0" * 40, 0o644))
+        index.save(index_file)
+        return
+    header, *rows = index_file.read_text(encoding="utf-8").splitlines()
     rows += [json.dumps([n, st.st_size, st.st_mtime_ns, st.st_ino, "0" * 40]) for n in names]
     head = json.loads(header)
     head["entries"] = len(rows)
     index_file.write_text("\n".join([json.dumps(head), *rows]) + "\n", encoding="utf-8")
 
 
+@pytest.mark.parametrize("version", [2, 3])
 @pytest.mark.parametrize("name", ["../outside/secret.txt", "/etc/passwd", "./x", "a//x", "a/", ""])
-def test_tampered_index_naming_what_no_walk_could_is_refused(tmp_path: Path, name: str) -> None:
+def test_tampered_index_naming_what_no_walk_could_is_refused(
+    tmp_path: Path, name: str, version: int
+) -> None:
     pub, outside = _planted(tmp_path)
     index_file = tmp_path / "state" / "pub.idx"
     good = FileIndex(pub)
     good.refresh()
-    good.save(index_file)
-    _tamper(index_file, (name,), outside / "secret.txt")
+    good.save(index_file, version=version)
+    _tamper(index_file, (name,), outside / "secret.txt", version)
     with pytest.raises(IndexFormatError):
         FileIndex.load(index_file, pub)
     assert len(load_index(index_file, pub)) == 0  # unusable: rebuilt from the disk
 
 
+@pytest.mark.parametrize("version", [2, 3])
 def test_tampered_server_state_is_not_served(
-    tmp_path: Path, serve: Serve, zctx: zmq.Context[Any]
+    tmp_path: Path, serve: Serve, zctx: zmq.Context[Any], version: int
 ) -> None:
     """Names through links in a saved index (well formed, so loaded) never reach a client."""
     pub, outside = _planted(tmp_path)
@@ -150,8 +166,8 @@ def test_tampered_server_state_is_not_served(
     index_file = server_index_path(state, pub, "/")
     good = FileIndex(pub)
     good.refresh()
-    good.save(index_file)
-    _tamper(index_file, ("rootlink/secret.txt", "filelink"), outside / "secret.txt")
+    good.save(index_file, version=version)
+    _tamper(index_file, ("rootlink/secret.txt", "filelink"), outside / "secret.txt", version)
     server = serve(pub, state_dir=state, indexes_live=True)
     assert _leaked(_ask(zctx, server.endpoint, "/rootlink/secret.txt")) == []
     everything = _ask(zctx, server.endpoint, "/")

@@ -377,3 +377,45 @@ def test_subscriber_on_a_locked_dest_reports_the_holder(
             sub.run()
         assert refused.value.pid == os.getpid()
         assert read_tree(tmp_path / "dest") == {}  # nothing written, no temp file cleaned
+
+
+def test_watching_server_with_a_saved_index_answers_after_finding_changes_made_while_down(
+    tmp_path: Path, zctx: zmq.Context[Any], loopback: str
+) -> None:
+    """The loop checks a loaded index against the disk before its first answer: a
+    one-shot sync that starts the moment ``start()`` returns sees the changes made
+    while the server was down (not the saved index's stale view)."""
+    from filemq.client import SyncClient
+
+    src, state, dest = tmp_path / "src", tmp_path / "state", tmp_path / "dest"
+    write_tree(src, {f"d{i % 4}/f{i}.txt": b"content %d" % i for i in range(40)})
+
+    def sync(server: LiveFileServer) -> None:
+        SyncClient(
+            zctx, server.endpoint, dest, once=True, index_path=tmp_path / "mirror.idx"
+        ).run()
+
+    server = LiveFileServer(zctx, [Mount(src, "/")], endpoint=loopback, state_dir=state)
+    try:
+        server.start()
+        assert server.server.verified.is_set()  # nothing saved: hashed in start()
+        sync(server)
+    finally:
+        server.stop()
+    assert read_tree(dest) == read_tree(src)
+    (src / "d0" / "f0.txt").write_bytes(b"changed while the server was down")
+    (src / "d1" / "f1.txt").unlink()
+    (src / "d9").mkdir()
+    (src / "d9" / "new.txt").write_bytes(b"new")
+    os.chmod(src / "d2" / "f2.txt", 0o600)
+    server = LiveFileServer(zctx, [Mount(src, "/")], endpoint=loopback, state_dir=state)
+    try:
+        server.start()
+        sync(server)
+        assert server.server.verified.is_set()
+        index = server.server.indexes["/"]
+        assert index.hashed_files == 2 and len(index) == 40 and "d1/f1.txt" not in index
+    finally:
+        server.stop()
+    assert read_tree(dest) == read_tree(src)
+    assert (dest / "d2" / "f2.txt").stat().st_mode & 0o777 == 0o600

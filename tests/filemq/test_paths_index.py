@@ -98,11 +98,12 @@ def test_index_save_load_roundtrip_and_refusals(tmp_path: Path) -> None:
     saved = tmp_path / "idx"
     index.save(saved)
     loaded = FileIndex.load(saved, root)
-    assert loaded.entries() == index.entries()
+    assert loaded.entries() == index.entries() and not loaded.dirty
     loaded.refresh()
     assert loaded.hashed_files == 0  # nothing changed: nothing re-read
+    index.save(saved, version=2)  # the JSON lines of version 2 (tampered with below)
     header, *rows = saved.read_text(encoding="utf-8").splitlines()
-    assert json.loads(header)["version"] == FORMAT_VERSION and len(rows) == 1
+    assert json.loads(header)["version"] == 2 and len(rows) == 1
     with pytest.raises(IndexFormatError):
         FileIndex.load(saved, tmp_path)  # another root
     for text in (
@@ -150,7 +151,7 @@ def test_index_load_checks_every_column(tmp_path: Path) -> None:
     index = FileIndex(root)
     index.refresh()
     saved = tmp_path / "idx"
-    index.save(saved)
+    index.save(saved, version=2)
     loaded = FileIndex.load(saved, root)
     assert loaded.entries() == index.entries()
     assert loaded.digests() == {e.name: e.sha1 for e in index}
@@ -237,3 +238,138 @@ def test_an_empty_index_saved_and_loaded_again(tmp_path: Path) -> None:
     saved = tmp_path / "empty.idx"
     FileIndex(root).save(saved)
     assert len(FileIndex.load(saved, root)) == 0  # raised IndexFormatError before the fix
+
+
+def _tree_index(tmp_path: Path) -> tuple[Path, FileIndex]:
+    root = tmp_path / "root"
+    write = {"a": b"1", "d/ünï": b"22", "d/new\nline": b"333", "d/e/f\u2028g": b"4444"}
+    for name, data in write.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    (root / "empty").mkdir()
+    os.symlink("a", root / "link")
+    os.chmod(root / "a", 0o600)
+    index = FileIndex(root, tree=True)
+    index.refresh()
+    return root, index
+
+
+def test_index_version_3_roundtrip_of_names_modes_nodes(tmp_path: Path) -> None:
+    root, index = _tree_index(tmp_path)
+    saved = tmp_path / "idx"
+    index.save(saved)
+    assert json.loads(saved.read_bytes().split(b"\n")[0])["version"] == FORMAT_VERSION == 3
+    loaded = FileIndex.load(saved, root, tree=True)
+    assert loaded.entries() == index.entries() and loaded.nodes() == index.nodes()
+    assert loaded.get("a") is not None and loaded.get("a").mode == 0o600  # type: ignore[union-attr]
+    assert not loaded.dirty and loaded.loaded
+    assert loaded.refresh() == type(loaded.refresh())((), ())  # nothing changed
+    assert loaded.hashed_files == 0
+    empty = FileIndex(root)
+    empty.save(saved)
+    assert len(FileIndex.load(saved, root)) == 0
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_index_of_an_older_version_loads_and_is_saved_again_as_3(
+    tmp_path: Path, version: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    root, index = _tree_index(tmp_path)
+    saved = tmp_path / "idx"
+    index.save(saved, version=2)
+    if version == 1:  # no nodes, rows without mode
+        header, *lines = saved.read_text(encoding="utf-8").rstrip("\n").split("\n")
+        head = json.loads(header)
+        rows = [json.loads(line) for line in lines[head.pop("nodes") :]]
+        head["version"] = 1
+        text = "\n".join([json.dumps(head), *(json.dumps(r[:5]) for r in rows)]) + "\n"
+        saved.write_text(text, encoding="utf-8")
+    with caplog.at_level("INFO", logger="filemq.index"):
+        loaded = FileIndex.load(saved, root, tree=True)
+    assert f"index version {version} read" in caplog.text
+    assert {e.name: e.sha1 for e in loaded} == index.digests()
+    assert loaded.dirty  # its owner saves it again, in the current format
+    loaded.refresh()
+    assert loaded.hashed_files == 0  # (version 1: modes filled in from lstat, not hashed)
+    loaded.save(saved)
+    again = FileIndex.load(saved, root, tree=True)
+    assert again.entries() == index.entries() and not again.dirty
+
+
+def test_corrupt_version_3_index_is_refused_and_rebuilt(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from filemq.state import load_index
+
+    root, index = _tree_index(tmp_path)
+    saved = tmp_path / "idx"
+    index.save(saved)
+    good = saved.read_bytes()
+    header, rest = good.split(b"\n", 1)
+    head = json.loads(header)
+    damaged = [
+        good[:-1],  # torn: last octet missing
+        good + b"\0",  # one octet too many
+        good[:-5] + bytes([good[-5] ^ 1]) + good[-4:],  # a SHA-1 bit flipped
+        header + b"\n" + rest.replace(b"new", b"nex"),  # a name changed (same length)
+        header.replace(b'"entries": 4', b'"entries": 3') + b"\n" + rest,
+        json.dumps({**head, "names": head["names"] + 1}).encode() + b"\n" + rest,
+        json.dumps({**head, "crc32": "x"}).encode() + b"\n" + rest,
+        header + b"\n",
+    ]
+    for data in damaged:
+        saved.write_bytes(data)
+        with pytest.raises(IndexFormatError):
+            FileIndex.load(saved, root, tree=True)
+        with caplog.at_level("WARNING"):
+            rebuilt = load_index(saved, root, tree=True)
+        assert len(rebuilt) == 0 and not rebuilt.loaded  # never trusted: made anew
+        assert "rebuilt" in caplog.text
+        caplog.clear()
+
+
+def test_version_3_index_with_a_valid_checksum_but_bad_values_is_refused(
+    tmp_path: Path,
+) -> None:
+    """What an adversary who knows the format writes: the checksum matches."""
+    import zlib
+
+    root, index = _tree_index(tmp_path)
+    saved = tmp_path / "idx"
+    for field, value in (("mode", 0o17777), ("mode", -2), ("size", -1)):
+        bad = FileIndex(root)
+        for entry in index:
+            bad.record(entry)
+        bad.record(index.get("a")._replace(**{field: value}))  # type: ignore[union-attr]
+        bad.save(saved)
+        with pytest.raises(IndexFormatError):
+            FileIndex.load(saved, root)
+    # names that are not UTF-8, or that hold an extra NUL (one more name than counted)
+    index.save(saved)
+    header, rest = saved.read_bytes().split(b"\n", 1)
+    head = json.loads(header)
+    for old, new in ((b"a\0", b"\xff\0"), (b"a\0", b"\0\0")):
+        body = rest.replace(old, new, 1)
+        head["crc32"] = zlib.crc32(body)
+        saved.write_bytes(json.dumps(head).encode() + b"\n" + body)
+        with pytest.raises(IndexFormatError):
+            FileIndex.load(saved, root, tree=True)
+
+
+def test_refresh_finds_a_removal_hidden_by_an_addition(tmp_path: Path) -> None:
+    """One file gone and one new, the rest unchanged: as many names found as before,
+    yet the gone one is reported (the unchanged ones are counted, not kept in a set)."""
+    root = tmp_path / "root"
+    for i in range(20):
+        (root / f"d{i % 3}").mkdir(parents=True, exist_ok=True)
+        (root / f"d{i % 3}" / f"f{i}").write_bytes(b"%d" % i)
+    index = FileIndex(root)
+    index.refresh()
+    (root / "d1" / "f1").unlink()
+    (root / "d2" / "new").write_bytes(b"new")
+    (root / "d0" / "f0").write_bytes(b"changed")
+    delta = index.refresh()
+    assert delta.removed == ("d1/f1",)
+    assert sorted(e.name for e in delta.changed) == ["d0/f0", "d2/new"]
+    assert len(index) == 20 and "d1/f1" not in index
+    assert index.refresh() == type(delta)((), ())

@@ -141,3 +141,18 @@ def test_path_filter_matches_every_component() -> None:
     assert PathFilter([]).accepts("anything.fmqtmp1")
     assert not PathFilter().accepts(".f.fmqtmp1")
     assert not PathFilter().accepts("sub/.filemq-part-12-3")
+
+
+def test_server_exclusion_fast_path_agrees_with_the_patterns() -> None:
+    """The server's per-name check (a cheap test first) excludes exactly what the
+    ignore patterns and the UTF-8 rule exclude, at any depth."""
+    from filemq.server import _excluded
+    from filemq.walk import DEFAULT_IGNORE, PathFilter
+
+    full = PathFilter(DEFAULT_IGNORE)
+    names = ["a.txt", "d/.filemq-part-12-3", ".filemq-part-1", "d/e/x.fmqtmp9", "x.fmqtmp"]
+    names += ["d.f/plain", ".f", "d/.filemq-part", "é/.filemq-part-1", "é/ok", "bad\udcff"]
+    names += ["d\udcff/ok", ".fmqtmp/inside", "a.fmqtm"]
+    for name in names:
+        assert _excluded(name) == (not full.accepts_name(name.rpartition("/")[2])), name
+    assert _excluded("d/.filemq-part-1") and not _excluded("d/file.dat")

@@ -1,0 +1,221 @@
+"""FILEMQ no-change resync and server start-up on big trees, vs ``rsync -a``.
+
+    python bench/bench_filemq_resync.py                 # 10,000 and 100,000 files, 2 rounds
+    python bench/bench_filemq_resync.py --quick         # 2,000 files
+    python bench/bench_filemq_resync.py --files 100000 --rounds 1
+
+For each tree size N (files of 1 KiB in N/100 folders, page cache warm), in one run:
+
+  server start   time from launching ``filemq serve`` (state kept, the default)
+                 to its "serving" line (bound, watching, accepting), with the valid
+                 index its first start saved; and to its "checked" line (the saved
+                 index re-stat'd against the disk: the first answer comes after it)
+  rsync resync   ``rsync -a SRC/ DEST/`` on an already complete DEST
+  zerohub resync ``filemq sync ENDPOINT DEST --once`` on an already complete DEST,
+                 with its saved DEST index (the CLI default); wall clock from launch
+                 to exit, Python start-up included
+  client RSS     peak resident set of that ``filemq sync`` process (``ru_maxrss``
+                 from ``os.wait4``: the child alone, not this process)
+
+Every row is measured ``--rounds`` times (default 2), rsync and zerohub taking
+turns.  The filemq and zproto sources are byte-compiled first, as an installed
+package is.  Targets (issue 15): server start with a valid index < 0.5 s
+(100k files); client RSS <= 40 MiB (100k files); no-change resync <= 1.0x rsync
+time (10k and 100k files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import selectors
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PY = sys.executable
+_SCRIPT = Path(PY).parent / "filemq"
+FILEMQ = [str(_SCRIPT), "-q"] if _SCRIPT.exists() else [PY, "-m", "filemq", "-q"]
+SIZE = 1024
+
+
+def make_tree(root: Path, count: int) -> None:
+    payload = os.urandom(SIZE)
+    folders = max(1, count // 100)
+    for i in range(folders):
+        (root / f"dir{i:04d}").mkdir(parents=True)
+    for i in range(count):
+        path = root / f"dir{i % folders:04d}" / f"file{i:06d}.dat"
+        path.write_bytes(payload[: SIZE - 8] + i.to_bytes(8, "little"))
+
+
+def run_child(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int]:
+    """(wall seconds, peak RSS in KiB) of one child process that must exit 0."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    proc.stderr.close()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd[:4]} failed ({proc.returncode}): {err[-2000:]!r}")
+    return elapsed, usage.ru_maxrss
+
+
+class Server:
+    """A ``filemq serve`` process, state kept in ``state``; ready at its "serving" line."""
+
+    def __init__(self, src: Path, state: Path) -> None:
+        env = {**os.environ, "XDG_STATE_HOME": str(state)}
+        cmd = [*FILEMQ, "serve", "--bind", "tcp://127.0.0.1:*", "--publish", str(src)]
+        self.start = time.perf_counter()
+        self.proc = subprocess.Popen(
+            cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env
+        )
+        assert self.proc.stderr is not None
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stderr, selectors.EVENT_READ)
+        deadline = time.monotonic() + 900
+        self.endpoint, self.hashed, self.ready, self.serving = "", "", 0.0, 0.0
+        try:
+            while not self.ready and time.monotonic() < deadline:
+                if not sel.select(timeout=1):
+                    continue
+                line = self.proc.stderr.readline()
+                if not line:
+                    break
+                found = re.search(r"on (tcp://\S+) \(", line)
+                if found:
+                    self.endpoint = found.group(1)
+                if "serving " in line and not self.serving:
+                    self.serving = time.perf_counter() - self.start
+                found = re.search(r"(?:serving|checked) .*\((\d+) files, (\d+) hashed", line)
+                if found:
+                    self.ready = time.perf_counter() - self.start
+                    self.hashed = f"{int(found.group(2)):,} of {int(found.group(1)):,}"
+        finally:
+            sel.close()
+        if not (self.endpoint and self.ready):
+            self.stop()
+            raise RuntimeError("filemq serve did not start")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stderr:
+            self.proc.stderr.close()
+
+
+def compile_sources() -> None:
+    import compileall
+
+    import filemq
+    import zproto
+
+    for package in (filemq, zproto):
+        for folder in package.__path__:
+            compileall.compile_dir(folder, quiet=1)
+
+
+def same_tree(a: Path, b: Path) -> bool:
+    def sig(root: Path) -> dict[str, int]:
+        out = {}
+        for dirpath, _dirs, files in os.walk(root):
+            for name in files:
+                if name.startswith(".filemq"):
+                    continue
+                st = os.stat(os.path.join(dirpath, name))
+                out[os.path.relpath(os.path.join(dirpath, name), root)] = st.st_size
+        return out
+
+    return sig(a) == sig(b)
+
+
+def bench_size(work: Path, count: int, rounds: int, rsync: str) -> list[list[str]]:
+    src, state = work / "src", work / "state"
+    print(f"preparing {count:,} files in {work} ...", file=sys.stderr)
+    make_tree(src, count)
+    rows: list[list[str]] = []
+    first = Server(src, state)  # hashes everything, saves the index
+    first.stop()
+    for _ in range(rounds):
+        server = Server(src, state)
+        rows.append([f"{count:,}", "server start: serving", f"{server.serving:.3f}", "", "", ""])
+        rows.append(
+            [
+                f"{count:,}",
+                "server start: index checked",
+                f"{server.ready:.3f}",
+                "",
+                "",
+                server.hashed,
+            ]
+        )
+        server.stop()
+    server = Server(src, state)
+    try:
+        dest_r, dest_z, idx = work / "d-rsync", work / "d-zh", work / "d-zh.idx"
+        run_child([rsync, "-a", f"{src}/", f"{dest_r}/"])
+        run_child([*FILEMQ, "sync", server.endpoint, str(dest_z), "--once", "--index", str(idx)])
+        if not (same_tree(src, dest_r) and same_tree(src, dest_z)):
+            raise RuntimeError("a mirror does not match its source")
+        for _ in range(rounds):
+            t_r, rss_r = run_child([rsync, "-a", f"{src}/", f"{dest_r}/"])
+            cmd = [*FILEMQ, "sync", server.endpoint, str(dest_z), "--once", "--index", str(idx)]
+            t_z, rss_z = run_child(cmd)
+            rows.append(
+                [f"{count:,}", "rsync -a resync", f"{t_r:.3f}", "1.00", f"{rss_r / 1024:.1f}", ""]
+            )
+            rows.append(
+                [
+                    f"{count:,}",
+                    "zerohub resync",
+                    f"{t_z:.3f}",
+                    f"{t_z / t_r:.2f}",
+                    f"{rss_z / 1024:.1f}",
+                    "",
+                ]
+            )
+    finally:
+        server.stop()
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2,000 files only")
+    parser.add_argument("--files", type=int, nargs="*", help="tree sizes (default 10k 100k)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--dir", help="work folder (default: a temp folder)")
+    args = parser.parse_args()
+    sizes = args.files or ([2_000] if args.quick else [10_000, 100_000])
+    rsync = shutil.which("rsync")
+    if not rsync:
+        print("rsync missing (apt-get install -y rsync)", file=sys.stderr)
+        return 1
+    compile_sources()
+    rows: list[list[str]] = []
+    for count in sizes:
+        work = Path(tempfile.mkdtemp(prefix="bench-resync-", dir=args.dir))
+        try:
+            rows += bench_size(work, count, args.rounds, rsync)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"\n{'files':>8} {'run':<28} {'seconds':>8} {'x rsync':>8} {'RSS MiB':>8}  hashed")
+    for files, run, secs, ratio, rss, hashed in rows:
+        print(f"{files:>8} {run:<28} {secs:>8} {ratio:>8} {rss:>8}  {hashed}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
