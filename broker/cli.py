@@ -210,11 +210,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (TypeError, ValueError) as exc:
         raise UsageError(f"server options: {exc}") from None
     store = _open_data(args.data)
+    recovered = 0
     try:
         engine = _build_engine(config, options.max_frame_size, store)
         if store is not None:
-            count = engine.recover(time.monotonic())
-            print(f"broker recovered {count} messages from {args.data}", file=sys.stderr)
+            recovered = engine.recover(time.monotonic())
     except BaseException:
         if store is not None:
             store.close()
@@ -232,6 +232,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         with _sigterm_interrupts():
             endpoint = server.bind()
             print(f"broker serving on {endpoint}", file=sys.stderr, flush=True)
+            if store is not None:
+                print(f"broker recovered {recovered} messages from {args.data}", file=sys.stderr)
             server.run()
     except ServerError as exc:  # the endpoint is in use, a key file is unreadable, ...
         raise CommandError(str(exc)) from None
