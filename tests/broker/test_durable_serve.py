@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -114,3 +115,20 @@ def test_torn_tail_keeps_every_intact_record(
     broker.start()
     got = [mid for mid, _ in consume(broker.endpoint, zctx)]
     assert got == acked[:-1]  # the torn last message is gone, every intact one is back
+
+
+def test_a_data_directory_in_use_or_unusable_is_one_line_exit_1(
+    broker: Broker, tmp_path: Path
+) -> None:
+    a_file = tmp_path / "file"
+    a_file.write_text("not a directory")
+    for data in (broker.data, a_file):
+        other = f"tcp://127.0.0.1:{free_port()}"
+        proc = subprocess.run(
+            [sys.executable, "-m", "broker", "serve", "--bind", other, "--data", str(data)],
+            capture_output=True,
+            timeout=30,
+        )
+        assert proc.returncode == 1
+        lines = proc.stderr.decode().strip().splitlines()
+        assert len(lines) == 1 and "serve --data" in lines[0], lines
