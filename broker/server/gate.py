@@ -77,6 +77,15 @@ class OutputGate:
         while held and held[0][0] <= done:
             self._send(held.popleft()[1])
 
+    def forget(self, client_id: str) -> None:
+        """Drop what is held for a client whose session ended: the engine already counts
+        its held deliveries as never sent (they went back to their queues), and a new
+        session under the same id must not get the old one's frames."""
+        if self._held:
+            self._held = deque(
+                (ticket, [o for o in outs if o[0] != client_id]) for ticket, outs in self._held
+            )
+
     def release_all(self) -> None:
         """Make everything durable and send what was held (the server is stopping)."""
         if self._held:

@@ -57,6 +57,19 @@ def test_output_waits_for_its_ticket_and_nothing_overtakes_it() -> None:
     assert store.flushed == 1 and sent[-1] == ["ack 4"]
 
 
+def test_a_gone_client_gets_nothing_held_for_it() -> None:
+    store = Tickets()
+    sent: list[list[Any]] = []
+    gate = OutputGate(store, sent.append)
+    store.appended = 1
+    gate.admit([("old", "delivery"), ("other", "ack")])
+    gate.admit([("old", "reply")])
+    gate.forget("old")  # its session ended; a new one may take the id
+    store.completed = 1
+    gate.release()
+    assert sent == [[("other", "ack")], []]
+
+
 def test_completed_before_the_next_output_needs_no_poll() -> None:
     store = Tickets()
     sent: list[list[Any]] = []
