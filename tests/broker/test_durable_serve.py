@@ -142,6 +142,21 @@ def test_kill_9_mid_push_from_several_producers_loses_nothing_acked(
     """Four producers push with acknowledges; the broker is killed while they push.
     After the restart every acknowledged message is there once, each producer's in its
     order, and nothing that was never pushed."""
+    kill_mid_push(broker, zctx, 800)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(8))
+def test_kill_9_mid_push_at_random_points(
+    broker: Broker, zctx: zmq.Context[zmq.Socket[bytes]], seed: int
+) -> None:
+    import random
+
+    kill_mid_push(broker, zctx, random.Random(seed).randrange(1, 3000))
+
+
+def kill_mid_push(broker: Broker, zctx: zmq.Context[zmq.Socket[bytes]], kill_after: int) -> None:
+    """Kill the broker once ``kill_after`` pushes were acknowledged; check the restart."""
     import threading
     from collections import deque
 
@@ -172,13 +187,13 @@ def test_kill_9_mid_push_from_several_producers_loses_nothing_acked(
     for t in threads:
         t.start()
     deadline = time.monotonic() + 30
-    while sum(len(v) for v in acked.values()) < 800 and time.monotonic() < deadline:
+    while sum(len(v) for v in acked.values()) < kill_after and time.monotonic() < deadline:
         time.sleep(0.01)
     broker.kill()  # mid-push: appends in flight, acks held, fsyncs pending
     stop.set()
     for t in threads:
         t.join(30)
-    assert sum(len(v) for v in acked.values()) >= 800
+    assert sum(len(v) for v in acked.values()) >= kill_after
     broker.start()
     got = [mid for mid, _ in consume(broker.endpoint, zctx)]
     assert len(got) == len(set(got))  # nothing twice
