@@ -326,7 +326,7 @@ def persistent_rows(ctx: Any, count: int) -> list[Row]:
                 raise SystemExit("durable broker did not start")
             for producers in (1, 8):
                 row = bench_persistent(ctx, endpoint, count, producers)
-                row.note += f", {row.rate / fsyncs:.1f} msgs per disk fsync" if row.rate else ""
+                row.note += f", {row.rate / fsyncs:.1f}x the disk fsync rate" if row.rate else ""
                 rows.append(row)
         finally:
             stop.set()
