@@ -134,3 +134,17 @@ def test_engine_recovers_definitions_and_messages_in_order(tmp_path: Path) -> No
         out = engine.subscribe(consumer, "orders", now=1.0)
         ids = [o.frame.message_id for o in out if isinstance(o.frame, Message)]
         assert ids == [f"m{i}" for i in range(5)]
+
+
+def test_a_save_the_store_refuses_is_negatively_acknowledged(tmp_path: Path) -> None:
+    log = LogStore(tmp_path)
+    engine = Engine(store=DurableStore(log), handlers={"persistent": PersistentDeliveryHandler()})
+    engine.create_channel("orders")
+    engine.create_queue("orders", 1, ChannelQueueOptions(message_delivery_handler="persistent"))
+    producer, _ = engine.connect(ConnectionInfo(client_id="p"), now=0.0)
+    log.close()  # the store refuses every write from now on
+    m = Message(target="orders", content_type=1, message_id="m1", wants_ack=True)
+    out = engine.publish(producer, m, now=0.0)
+    acks = [o.frame for o in out if o.client_id == producer]
+    assert len(acks) == 1 and ("Nack-Reason", "failed") in acks[0].headers
+    assert engine.errors == 1
