@@ -13,6 +13,10 @@ Every party runs in its own process (spawned), on loopback TCP, 100-byte message
 * zerohub rows use poll-on-call clients (``Client(threaded=False)``, no I/O thread);
   the "(threaded)" rows use the default client with its background I/O thread;
 * the broker is ``broker.server.Server`` + ``broker.engine.Engine`` in one process;
+* zerohub persistent queue (``--data DIR`` broker: the durable log in fsync mode, the
+  ``persistent`` delivery handler), 1 and 8 producers, every push acknowledged (each
+  producer keeps ``PERSIST_WINDOW`` pushes in flight): msgs/s and ack latency, beside the
+  disk's own fsync rate probed in the same run (``bench_store.disk_fsync_rate``);
 * with ``--rabbitmq``: RabbitMQ over STOMP (auto-ack) and over AMQP with pika
   (no confirms, auto-ack), installed with apt-get/pip and started in a temp dir.
 
@@ -147,6 +151,28 @@ def serve_broker(endpoint: str, engine_spec: str, ready: Any, stop: Any) -> None
     ctx.term()
 
 
+def serve_durable_broker(endpoint: str, data: str, ready: Any, stop: Any) -> None:
+    """A broker as ``broker serve --data DIR`` builds it (fsync durability)."""
+    import zmq
+
+    from broker.engine.delivery import PersistentDeliveryHandler
+    from broker.engine.engine import Engine
+    from broker.server.server import Server, ServerOptions
+    from broker.store.durable import DurableStore
+    from broker.store.log import LogStore
+
+    store = DurableStore(LogStore(data))
+    engine = Engine(store=store, handlers={"persistent": PersistentDeliveryHandler()})
+    ctx = zmq.Context()
+    server = Server(engine, ServerOptions(endpoint=endpoint), context=ctx, durable=store)
+    server.start()
+    ready.set()
+    stop.wait()
+    server.stop()
+    ctx.term()
+    store.close()
+
+
 def _client(endpoint: str, **kw: Any) -> Any:
     import zmq
 
@@ -221,6 +247,91 @@ def bench_zerohub(ctx: Any, endpoint: str, count: int, pairs: int, threaded: boo
     name = "zerohub push queue 1p/1c" if pairs == 1 else f"zerohub push queues {pairs}p/{pairs}c"
     name += " (threaded)" if threaded else ""
     return Row(name, rate=seen / (end - start), note=f"{seen} delivered")
+
+
+#: acknowledged pushes one persistent-queue producer keeps in flight
+PERSIST_WINDOW = 64
+
+
+def zh_acked_producer(
+    endpoint: str, channel: str, count: int, ready: Any, go: Any, out: Any
+) -> None:
+    """Push ``count`` messages, each acknowledged; ack latencies from submit to done."""
+    from collections import deque
+
+    client = _client(endpoint, max_outbox=50_000)
+    ready.set()
+    go.wait(30)
+    latencies: list[float] = []
+    inflight: deque[Any] = deque()
+    clock = time.perf_counter
+    t0 = clock()
+    for _ in range(count):
+        if len(inflight) >= PERSIST_WINDOW:
+            inflight.popleft().result(60)
+        sent = clock()
+        future = client.push_async(channel, 1, PAYLOAD, timeout=60)
+        future.add_done_callback(lambda _f, t=sent: latencies.append(clock() - t))
+        inflight.append(future)
+    for future in inflight:
+        future.result(60)
+    end = clock()
+    out.put((t0, end, count, latencies))
+    _close(client)
+
+
+def bench_persistent(ctx: Any, endpoint: str, count: int, producers: int) -> Row:
+    setup = _client(endpoint)
+    channel = f"persist-{producers}"
+    setup.create_queue(channel, 1, {"MessageDeliveryHandler": "persistent"})
+    _close(setup)
+    out = ctx.Queue()
+    go = ctx.Event()
+    per = max(1, count // producers)
+    readies = [ctx.Event() for _ in range(producers)]
+    procs = [
+        ctx.Process(target=zh_acked_producer, args=(endpoint, channel, per, r, go, out))
+        for r in readies
+    ]
+    for p in procs:
+        p.start()
+    for r in readies:
+        r.wait(60)  # every producer connected
+    go.set()
+    results = [out.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join(30)
+    start = min(r[0] for r in results)
+    end = max(r[1] for r in results)
+    total = sum(r[2] for r in results)
+    p50, p99 = percentiles([lat for r in results for lat in r[3]])
+    return Row(f"zerohub persistent, acks, {producers}p", rate=total / (end - start),
+               p50=p50, p99=p99, note=f"{total} acked (fsync)")  # fmt: skip
+
+
+def persistent_rows(ctx: Any, count: int) -> list[Row]:
+    """Persistent-queue rows and the disk's fsync rate, in the same run."""
+    from bench_store import disk_fsync_rate
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-broker-data-") as data:
+        fsyncs = disk_fsync_rate(Path(data), 1.0)
+        rows.append(Row("disk: write 100 B + fsync", note=f"{fsyncs:,.0f} fsyncs/s"))
+        endpoint = f"tcp://127.0.0.1:{free_port()}"
+        ready, stop = ctx.Event(), ctx.Event()
+        broker = ctx.Process(target=serve_durable_broker, args=(endpoint, data, ready, stop))
+        broker.start()
+        try:
+            if not ready.wait(30):
+                raise SystemExit("durable broker did not start")
+            for producers in (1, 8):
+                row = bench_persistent(ctx, endpoint, count, producers)
+                row.note += f", {row.rate / fsyncs:.1f}x the disk fsync rate" if row.rate else ""
+                rows.append(row)
+        finally:
+            stop.set()
+            broker.join(60)
+    return rows
 
 
 def bench_round_trips(ctx: Any, endpoint: str, rounds: int) -> list[Row]:
@@ -510,6 +621,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, help="round trips for the latency rows")
     parser.add_argument("--rabbitmq", action="store_true", help="add RabbitMQ STOMP and pika rows")
     parser.add_argument("--engine", default="broker.engine.engine:Engine", help=argparse.SUPPRESS)
+    parser.add_argument("--no-persistent", action="store_true", help="skip the persistent rows")
     args = parser.parse_args(argv)
     count = args.messages or (2_000 if args.quick else 200_000)
     rounds = args.rounds or (200 if args.quick else 5_000)
@@ -533,6 +645,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop.set()
         broker.join(30)
+    if not args.no_persistent:
+        rows.extend(persistent_rows(ctx, max(1, count // 10)))
     if args.rabbitmq:
         RabbitMQ.install()
         rabbit = RabbitMQ()

@@ -25,7 +25,11 @@ Command-line options override the file.  ``auto_create_channel`` / ``auto_create
 unknown channel creates the channel, a queue create in an unknown channel creates the
 channel (each needs the client's CHANNEL_CREATE/QUEUE_CREATE rights); false answers
 those with 404 instead.  Everything the broker holds (channels, queues, messages,
-clients) lives in memory: a restart starts empty.
+clients) lives in memory: a restart starts empty -- unless ``serve --data DIR``: then
+channel and queue definitions, and the messages of queues whose
+``MessageDeliveryHandler`` is ``persistent``, are kept in the durable log in DIR and
+come back on restart; a producer's acknowledge leaves only once its message is fsync'ed.
+``--data none`` (the default for now) keeps everything in memory.
 
 Exit codes (``zerohub.cli.ExitCode``, the same in every zerohub command): 0 ok;
 1 failure (no answer, an error status from the broker, an endpoint in use); 2 usage
@@ -93,11 +97,14 @@ def _load_config(path: str | None) -> dict[str, Any]:
     return data
 
 
-def _build_engine(config: dict[str, Any], max_frame_size: int | None = None) -> Any:
+def _build_engine(
+    config: dict[str, Any], max_frame_size: int | None = None, store: Any = None
+) -> Any:
     import dataclasses
     import time as _time
 
     from broker.engine.auth import ALL_ACTIONS, Action, TokenAuthorizer
+    from broker.engine.delivery import PersistentDeliveryHandler
     from broker.engine.engine import Engine, EngineError
     from broker.engine.limits import Limits, LimitsError
     from broker.engine.options import BrokerConfig, ChannelOptions, OptionsError
@@ -141,7 +148,12 @@ def _build_engine(config: dict[str, Any], max_frame_size: int | None = None) -> 
             require_token=bool(config.get("require_token", False)),
         )
     try:
-        return Engine(config=broker_config, authorizer=authorizer)
+        return Engine(
+            config=broker_config,
+            authorizer=authorizer,
+            store=store,
+            handlers={"persistent": PersistentDeliveryHandler()},
+        )
     except EngineError as exc:  # the routers of the config: invalid, or too many
         raise UsageError(f"config broker: {exc.reason}") from None
 
@@ -198,7 +210,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (TypeError, ValueError) as exc:
         raise UsageError(f"server options: {exc}") from None
     stomp = _stomp_listen_options(args.stomp, bool(section.get("insecure")))
-    engine = _build_engine(config, options.max_frame_size)
+    store = _open_data(args.data)
+    recovered = 0
+    try:
+        engine = _build_engine(config, options.max_frame_size, store)
+        if store is not None:
+            recovered = engine.recover(time.monotonic())
+    except BaseException:
+        if store is not None:
+            store.close()
+        raise
     door = None
     if stomp is not None:
         from broker.stomp.engine_backend import EngineDoor
@@ -206,9 +227,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         door = engine = EngineDoor(engine)
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
-        server = Server(engine, options, context=context)
+        server = Server(engine, options, context=context, durable=store)
     except ServerError as exc:
         context.term()
+        if store is not None:
+            store.close()
         raise UsageError(str(exc)) from None
     listener = None
     if door is not None:
@@ -227,6 +250,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     raise ServerError(f"cannot serve STOMP on {args.stomp}: {exc}") from None
                 also = f" (STOMP on tcp://{listener.options.host}:{listener.port})"
             print(f"broker serving on {endpoint}{also}", file=sys.stderr, flush=True)
+            if store is not None:
+                print(f"broker recovered {recovered} messages from {args.data}", file=sys.stderr)
             server.run()
     except ServerError as exc:  # the endpoint is in use, a key file is unreadable, ...
         raise CommandError(str(exc)) from None
@@ -239,7 +264,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if door is not None:
             door.close()
         context.term()
+        if store is not None:
+            store.close()
     return 0
+
+
+def _open_data(data: str) -> Any:
+    """The durable store in ``data`` (None for ``none``); CommandError if it cannot open."""
+    if data == "none":
+        return None
+    from broker.store.durable import DurableStore
+    from broker.store.log import LogStore, StoreError
+
+    try:
+        return DurableStore(LogStore(data))
+    except StoreError as exc:
+        raise CommandError(f"serve --data: {exc}") from None
 
 
 def _stomp_listen_options(url: str | None, insecure: bool) -> Any:
@@ -485,6 +525,12 @@ def build_parser() -> ArgumentParser:
         metavar="tcp://HOST:PORT",
         help="also serve STOMP 1.0-1.2 on this address (off by default; e.g. "
         "tcp://127.0.0.1:61613), on the same engine as TMQP",
+    )
+    serve.add_argument(
+        "--data",
+        metavar="DIR",
+        default="none",
+        help="keep definitions and persistent queues in DIR (default: none, memory only)",
     )
     serve.set_defaults(func=cmd_serve)
 

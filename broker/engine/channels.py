@@ -17,6 +17,7 @@ from broker.engine import models
 from broker.engine.auth import Action, Authorizer
 from broker.engine.channel import Channel as _Channel
 from broker.engine.channel import Client as _Client
+from broker.engine.definitions import Definitions
 from broker.engine.errors import OperationError
 from broker.engine.events import EventHub
 from broker.engine.host import QueueServices
@@ -50,6 +51,8 @@ class ChannelRegistry:
         self.store = store
         self.events = events
         self.services = services
+        #: Channel and queue options kept in the store (recreated on restart).
+        self.definitions = Definitions(store, services.count_error)
         self.channels: dict[str, Channel] = {}
         #: Queues in all channels (bounded by ``config.limits.max_queues``).
         self.queue_count = 0
@@ -106,6 +109,7 @@ class ChannelRegistry:
             raise OperationError(ResultCode.LIMIT_EXCEEDED, "too many channels")
         channel: Channel = _Channel(name, options or self.config.channel_defaults)
         self.channels[name] = channel
+        self.definitions.channel(name, channel.options.to_json())
         self.events.emit(
             EventName.CHANNEL_CREATED,
             models.channel_event(channel),
@@ -146,6 +150,7 @@ class ChannelRegistry:
         queue = Queue(channel, queue_id, options, self.services)
         channel.queues[queue_id] = queue
         self.queue_count += 1
+        self.definitions.queue(channel_name, queue_id, options.to_json())
         if out is None:
             out = []
         self.events.emit(
@@ -162,6 +167,7 @@ class ChannelRegistry:
         self.queue_count -= 1
         queue.close(out)
         self.store.drop_queue(queue.key)
+        self.definitions.forget_queue(channel.name, queue.id)
         self.events.emit(
             EventName.QUEUE_REMOVED, models.queue_summary(queue), out, channel.name, queue.id
         )
@@ -173,6 +179,8 @@ class ChannelRegistry:
         for queue in list(channel.queues.values()):
             queue.close(out)
             self.store.drop_queue(queue.key)
+            self.definitions.forget_queue(channel.name, queue.id)
+        self.definitions.forget_channel(channel.name)
         self.queue_count -= len(channel.queues)
         channel.queues.clear()
         for client in channel.consumer_list:

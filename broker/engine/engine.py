@@ -658,9 +658,29 @@ class Engine:
     # ------------------------------------------------------------------ recovery, stats
 
     def recover(self, now: float) -> int:
-        """Rebuild queues from the store (after a restart); returns the message count."""
+        """Rebuild channels, queues and their saved messages from the store (after a
+        restart), in sequence order; returns the message count.  A definition or queue
+        that cannot be recreated (options this broker refuses, a limit) is logged and
+        skipped; its messages stay in the store."""
         self.services.now = now
         out: list[Outgoing] = []
+        registry = self.channel_registry
+        channels, queues = registry.definitions.saved()
+        for name, options in sorted(channels.items()):
+            if name in self.channels:
+                continue
+            try:
+                registry.create_channel(name, ChannelOptions.from_json(options), out)
+            except (OperationError, ValueError) as err:
+                log.warning("cannot recreate channel %r: %s", name, err)
+        for (name, qid), options in sorted(queues.items()):
+            channel = self.channels.get(name)
+            if channel is None or qid in channel.queues:
+                continue
+            try:
+                registry.create_queue(name, qid, ChannelQueueOptions.from_json(options), out)
+            except (OperationError, ValueError) as err:
+                log.warning("cannot recreate queue %s/%d: %s", name, qid, err)
         count = 0
         for key in self.store.queues():
             channel_name, queue_id = key

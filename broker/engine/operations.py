@@ -166,6 +166,7 @@ def channel_update(
     if not _has_payload(frame):
         raise _error(ResultCode.BAD_REQUEST, "ChannelOptions JSON required")
     channel.options = channel.options.updated(frame.payload)
+    parts.channels.definitions.channel(channel.name, channel.options.to_json())
 
 
 def channel_delete(
@@ -283,6 +284,7 @@ def queue_update(
     parts.services.check_handler(options.message_delivery_handler)
     queue.apply_options(options, now, out)
     channel = queue.channel
+    parts.channels.definitions.queue(channel.name, queue.id, queue.options.to_json())
     parts.events.emit(
         EventName.QUEUE_UPDATED, models.queue_summary(queue), out, channel.name, queue.id
     )

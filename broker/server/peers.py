@@ -365,6 +365,8 @@ class PeerSessions:
                 self.handshakes -= 1
         if peer.client_id and self.sender.by_client.get(peer.client_id) is peer:
             del self.sender.by_client[peer.client_id]
+            if self.sender.gate is not None:
+                self.sender.gate.forget(peer.client_id)
         self.sender.blocked.discard(peer)
 
     def drop(self, peer: Peer, now: float) -> None:

@@ -33,6 +33,7 @@ from broker import tmqp
 from broker.engine.tmqp_door import WIRE, encode
 from broker.message import Message
 from broker.protocol import Tracked
+from broker.server.gate import OutputGate
 from broker.server.options import ServerError, ServerOptions
 from zproto.errors import EncodeError
 
@@ -97,6 +98,8 @@ class SendPath:
         #: Peers whose ``transmitted`` count waits to be reported to the engine.
         self.sent_to: list[Peer] = []
         self.flush_at = options.send_batch
+        #: Holds engine output until the store made it durable (None: memory only).
+        self.gate: OutputGate | None = None
         self.counters: dict[str, int] = dict.fromkeys(
             (
                 "frames_in",
@@ -112,6 +115,14 @@ class SendPath:
         )
 
     def send_all(self, outs: Iterable[Any]) -> None:
+        """Send engine output, through the durability gate when there is one
+        (``broker.server.gate``: held until the store writes it depends on are durable)."""
+        if self.gate is None:
+            self.send_now(outs)
+        else:
+            self.gate.admit(list(outs))
+
+    def send_now(self, outs: Iterable[Any]) -> None:
         """Encode and route engine output; consecutive equal frames are encoded once."""
         by_client = self.by_client
         outq = self.outq

@@ -57,6 +57,7 @@ from broker import tmqp
 from broker.engine.limits import MIN_REPLY_SIZE
 from broker.paging import json_size
 from broker.protocol import GREETING, Header, MessageType, Operation, ResultCode, header
+from broker.server.gate import DurableLike, OutputGate
 from broker.server.links import Connections
 from broker.server.options import ServerError, ServerOptions
 from broker.server.peers import (
@@ -122,11 +123,15 @@ class Server:
         *,
         context: zmq.Context[zmq.Socket[bytes]],
         clock: Callable[[], float] = time.monotonic,
+        durable: DurableLike | None = None,
     ) -> None:
         self.options = options = options or ServerOptions()
         self.engine = engine
         #: The send path: engine output batched to libzmq, per-peer backlogs.
         self.sender = SendPath(options)
+        #: With a durable store (the engine's), output waits for the writes it depends on.
+        self.gate = OutputGate(durable, self.sender.send_now) if durable is not None else None
+        self.sender.gate = self.gate
         #: The peers: handshakes, sessions, keep-alive, expiry.
         self.sessions = PeerSessions(engine, options, self.sender)
         #: Transport counters (shared by the send path and the sessions).
@@ -292,6 +297,10 @@ class Server:
         readers = self._readers
         for pollable, _handler in readers:
             poller.register(pollable, zmq.POLLIN)
+        gate = self.gate
+        store_fd = gate.fileno() if gate is not None else -1
+        if gate is not None:
+            poller.register(store_fd, zmq.POLLIN)
         self.sessions.next_scan = self.clock() + min(1.0, self.options.ping_interval / 2)
         try:
             while True:
@@ -300,6 +309,8 @@ class Server:
                     break
                 if monitor is not None and monitor in events:
                     self.sessions.on_connections(self.clock())  # before the messages they bring
+                if gate is not None and store_fd in events:
+                    gate.release()  # before the messages: acknowledges leave first
                 if router in events:
                     self._drain(router)
                 elif self.sessions.ended and not int(router.get(zmq.EVENTS)) & zmq.POLLIN:
@@ -427,6 +438,11 @@ class Server:
     def _shutdown(self, router: zmq.Socket[bytes]) -> None:
         """Tell connected clients the server is stopping, end their sessions, close."""
         now = self.clock()
+        if self.gate is not None:
+            try:
+                self.gate.release_all()
+            except Exception:
+                log.exception("the store could not make the held output durable")
         self.sender.flush_out()
         self.sessions.report_transmitted(now)  # before the engine returns what was not sent
         bye = tmqp.encode(terminate_frame(ResultCode.BUSY, "server stopping"))[0]

@@ -52,6 +52,17 @@ class Store(ABC):
         for message in list(self.iterate(queue)):
             self.remove(queue, message.sequence)
 
+    def put_definition(self, name: str, value: bytes) -> None:  # noqa: B027 - optional hook
+        """Keep a definition (a channel's or a queue's options) across restarts; a store
+        that does not outlive the process may ignore it."""
+
+    def delete_definition(self, name: str) -> None:  # noqa: B027 - optional hook
+        """Forget a definition (unknown names are ignored)."""
+
+    def definitions(self) -> dict[str, bytes]:
+        """Every definition kept, by name (what a restart recreates)."""
+        return {}
+
     def flush(self) -> None:  # noqa: B027 - optional hook
         """Make everything appended so far durable (no-op for memory)."""
 

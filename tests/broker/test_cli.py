@@ -34,14 +34,14 @@ def start_serve(*args: str) -> subprocess.Popen[bytes]:
     assert proc.stderr is not None
     deadline = time.monotonic() + 15
     line = b""
-    while time.monotonic() < deadline and b"\n" not in line:
+    while time.monotonic() < deadline and b"broker serving on" not in line:
         ready, _, _ = select.select([proc.stderr], [], [], 0.1)
         if ready:
             chunk = os.read(proc.stderr.fileno(), 4096)
             if not chunk:
                 break
             line += chunk
-    if b"broker serving on" not in line:
+    if b"broker serving on" not in line:  # warnings (a damaged store...) may come first
         proc.kill()
         proc.wait(5)
         pytest.fail(f"broker serve did not start: {line!r}")

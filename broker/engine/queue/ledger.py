@@ -3,7 +3,10 @@
 A message is saved in the store when its delivery handler decides so, and removed from
 the store when it is finished (consumed, dropped, timed out).  A producer that waits for
 an acknowledge gets at most one per message, positive or negative, and only while it is
-still the connected client that pushed it.
+still the connected client that pushed it.  A message its handler wanted saved and
+acknowledged once saved (``AckWhen.IF_SAVED``) that the store refused gets a negative
+acknowledge (``failed``); it stays in the queue in memory (a producer that retries may
+make a duplicate: at-least-once).
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ class Ledger:
         """Save and acknowledge effects of a decision."""
         if d.save and not m.saved:
             self.save(m)
+            if not m.saved and d.send_ack is AckWhen.IF_SAVED:
+                # the store refused it (full, failed disk): the producer that waits hears
+                # it was not made durable, instead of waiting for an ack that never comes
+                self.ack_producer(m, AckWhen.NEGATIVE, out, NackReason.FAILED)
+                return
         if d.send_ack is not AckWhen.NONE:
             self.ack_producer(m, d.send_ack, out, NackReason.NONE)
 

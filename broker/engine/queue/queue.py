@@ -539,6 +539,9 @@ class Queue:
         if d is not ALLOW:
             if d.save:
                 self.save(m)
+                if not m.saved and d.send_ack is AckWhen.IF_SAVED:
+                    # the store refused it: a negative ack, not silence (ledger docstring)
+                    self.ack_producer(m, AckWhen.NEGATIVE, out, NackReason.FAILED)
             if d.send_ack is not AckWhen.NONE:
                 self.ack_producer(m, d.send_ack, out, NackReason.UNACCEPTABLE)
             if not d.allow and d.put_back is PutBack.NO:

@@ -71,13 +71,19 @@ class Completions:
             os.write(self._write_fd, b"\x01")
 
     def drain(self) -> int:
-        """Empty the descriptor; the highest complete ticket."""
-        with self._cond:
-            self._signalled = False
+        """Empty the descriptor; the highest complete ticket.
+
+        The descriptor is read empty first, then the flag cleared under the lock: a
+        completion racing the read either finds the flag still set (and its ticket is
+        in the ``done`` returned here) or finds it cleared and signals anew.  Clearing
+        it first could let the read swallow a new signal and leave the flag set with
+        the descriptor empty: silent for every later completion."""
         with contextlib.suppress(BlockingIOError):
             while os.read(self._read_fd, 4096):
                 pass
-        return self._done
+        with self._cond:
+            self._signalled = False
+            return self._done
 
     def wait(self, ticket: int, timeout: float | None = None) -> bool:
         """Block until ``ticket`` is complete (True), the timeout passes or the writer

@@ -63,3 +63,34 @@ def test_callback_sees_every_new_high_mark() -> None:
         assert seen == [1, 4, 9]
     finally:
         completions.close()
+
+
+def test_a_completion_racing_drain_still_signals_the_next_one(
+    completions: Completions, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer thread completes a ticket while ``drain`` empties the descriptor (here:
+    exactly as drain starts reading).  A stuck flag would leave the descriptor silent for
+    every later completion: an event loop would hold its replies forever (seen in the
+    server with a persistent queue: 64 acknowledges held, all of their tickets complete)."""
+    import os
+    import types
+
+    import broker.store.log.completion as module
+
+    fd = completions.fileno()
+    completions.complete(4)
+    raced = []
+
+    def read_racing(rfd: int, size: int) -> bytes:
+        if not raced:
+            raced.append(True)
+            completions.complete(5)  # the writer thread, at the worst moment
+        return os.read(rfd, size)
+
+    # only the completion module sees the racing read
+    monkeypatch.setattr(module, "os", types.SimpleNamespace(read=read_racing, write=os.write))
+    assert completions.drain() == 5
+    monkeypatch.setattr(module, "os", os)
+    completions.complete(6)
+    assert _readable(fd), "a completion after drain must make the descriptor readable"
+    assert completions.drain() == 6

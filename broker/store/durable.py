@@ -1,0 +1,208 @@
+"""The engine's ``Store`` over the durable log (``broker.store.log.LogStore``).
+
+Blob format.  A saved message is written in this module's own compact format, not as a
+TMQP frame: the log must outlive any one wire protocol (a message that came in through
+STOMP has no TMQP octets, and TMQP's limits are not the store's), and the record also
+keeps what no wire frame carries (the producing client's id).  Little-endian::
+
+    version u8 (= 1) | flags u8 (1 high priority, 2 first acquirer, 4 wants ack)
+    | ttl u8 | content type u16
+    | message id, source, target, producer id: each u16 length + UTF-8
+    | header count u16, then per header: name u16 length + UTF-8, value u32 length + UTF-8
+    | payload (the rest)
+
+Put-backs and the priority flag also go into the record's metadata (``records.Meta``),
+which the log keeps in memory and can rewrite without the payload.
+
+Sequence numbers.  The engine numbers a queue's messages itself; the log gives each
+record its own gap-free number.  The adapter keeps, per queue, engine number -> log
+number for the live records it wrote or recovered; recovered messages come back with
+their log number as their engine number (so the engine's numbers after a restart start
+above them).
+
+Tickets.  :attr:`DurableStore.appended` is the highest ticket of a write whose
+durability a reply depends on (a message or a definition saved); the server holds its
+output until :attr:`completed` reaches it (``broker.server.gate``).  Removals do not
+count: forgetting an acknowledged message late costs a redelivery, never a loss.
+
+Damage.  A record whose blob cannot be decoded (a bug, or a version this code does not
+read) is logged with its queue and sequence number and skipped on recovery; the log
+itself skips records whose checksum fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Iterator
+
+from broker.message import Message
+from broker.store.base import QueueKey, Store, StoredMessage
+from broker.store.log import CorruptRecord, LogStore, Meta, NoSuchRecord
+
+log = logging.getLogger("broker.store.durable")
+
+#: Version octet of the blob format described in the module docstring.
+BLOB_VERSION = 1
+_HEAD = struct.Struct("<BBBH")
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_HIGH, _FIRST, _WANTS_ACK = 1, 2, 4
+_U16_MAX = 0xFFFF
+
+
+def _text(out: list[bytes], value: str) -> None:
+    raw = value.encode()
+    if len(raw) > _U16_MAX:
+        raise ValueError(f"text field of {len(raw)} octets exceeds {_U16_MAX}")
+    out.append(_U16.pack(len(raw)))
+    out.append(raw)
+
+
+def encode_message(message: Message, producer_id: str = "") -> bytes:
+    """A message (and its producer's id) as a blob; ValueError if a field does not fit."""
+    if not 0 <= message.ttl <= 0xFF or not 0 <= message.content_type <= _U16_MAX:
+        raise ValueError("ttl must be 0..255 and content type 0..65535")
+    flags = (
+        (_HIGH if message.high_priority else 0)
+        | (_FIRST if message.first_acquirer else 0)
+        | (_WANTS_ACK if message.wants_ack else 0)
+    )
+    out = [_HEAD.pack(BLOB_VERSION, flags, message.ttl, message.content_type)]
+    for value in (message.message_id, message.source, message.target, producer_id):
+        _text(out, value)
+    headers = message.headers
+    if len(headers) > _U16_MAX:
+        raise ValueError(f"{len(headers)} headers exceed {_U16_MAX}")
+    out.append(_U16.pack(len(headers)))
+    for name, value in headers:
+        _text(out, name)
+        raw = value.encode()
+        out.append(_U32.pack(len(raw)))
+        out.append(raw)
+    out.append(bytes(message.payload))
+    return b"".join(out)
+
+
+class _Reader:
+    __slots__ = ("data", "pos")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def take(self, size: int) -> bytes:
+        end = self.pos + size
+        if end > len(self.data):
+            raise CorruptRecord(f"message blob ends {end - len(self.data)} octets early")
+        chunk = self.data[self.pos : end]
+        self.pos = end
+        return chunk
+
+    def text(self, length: struct.Struct) -> str:
+        (size,) = length.unpack(self.take(length.size))
+        try:
+            return self.take(size).decode()
+        except UnicodeDecodeError:
+            raise CorruptRecord("message blob holds text that is not UTF-8") from None
+
+
+def decode_message(blob: bytes) -> tuple[Message, str]:
+    """The message and producer id of a blob; CorruptRecord if it is not one."""
+    reader = _Reader(blob)
+    version, flags, ttl, content_type = _HEAD.unpack(reader.take(_HEAD.size))
+    if version != BLOB_VERSION:
+        raise CorruptRecord(f"message blob version {version} (this code reads {BLOB_VERSION})")
+    message_id, source, target, producer = (reader.text(_U16) for _ in range(4))
+    (count,) = _U16.unpack(reader.take(_U16.size))
+    headers = tuple((reader.text(_U16), reader.text(_U32)) for _ in range(count))
+    message = Message(
+        message_id=message_id,
+        source=source,
+        target=target,
+        content_type=content_type,
+        high_priority=bool(flags & _HIGH),
+        first_acquirer=bool(flags & _FIRST),
+        wants_ack=bool(flags & _WANTS_ACK),
+        ttl=ttl,
+        headers=headers,
+        payload=blob[reader.pos :],
+    )
+    return message, producer
+
+
+class DurableStore(Store):
+    """Saved messages and definitions in a :class:`LogStore` (see the module docstring).
+
+    Called from the engine's thread only.  The log is owned by the caller, who closes it
+    (``close`` here closes it too, for convenience)."""
+
+    def __init__(self, log_store: LogStore) -> None:
+        self.log = log_store
+        self._seqs: dict[QueueKey, dict[int, int]] = {}
+        #: highest ticket of a write a reply depends on (see the module docstring)
+        self.appended = 0
+
+    @property
+    def completed(self) -> int:
+        return self.log.completed
+
+    def fileno(self) -> int:
+        return self.log.fileno()
+
+    def drain(self) -> int:
+        return self.log.drain()
+
+    def append(self, queue: QueueKey, message: StoredMessage) -> None:
+        blob = encode_message(message.message, message.producer_id)
+        meta = Meta(put_backs=message.put_backs, priority=message.message.high_priority)
+        done = self.log.append(queue, blob, meta)
+        self._seqs.setdefault(queue, {})[message.sequence] = done.seq
+        self.appended = done.ticket
+
+    def remove(self, queue: QueueKey, sequence: int) -> None:
+        seqs = self._seqs.get(queue)
+        if seqs is None:
+            return
+        seq = seqs.pop(sequence, None)
+        if seq is not None:
+            self.log.remove(queue, seq)
+
+    def iterate(self, queue: QueueKey) -> Iterator[StoredMessage]:
+        """The queue's live messages in order (records that cannot be read are logged
+        and skipped); each one read becomes known to :meth:`remove` under its number."""
+        seqs = self._seqs.setdefault(queue, {})
+        for seq in list(self.log.sequences(queue)):
+            try:
+                record = self.log.read(queue, seq)
+                message, producer = decode_message(record.blob)
+            except NoSuchRecord:
+                continue
+            except CorruptRecord as exc:
+                log.warning("queue %s record %d skipped: %s", queue, seq, exc)
+                continue
+            seqs[seq] = seq
+            yield StoredMessage(seq, message, producer, record.meta.put_backs)
+
+    def queues(self) -> list[QueueKey]:
+        return [q for q in self.log.queues() if self.log.bounds(q).count]
+
+    def drop_queue(self, queue: QueueKey) -> None:
+        self._seqs.pop(queue, None)
+        self.log.purge(queue)
+
+    def put_definition(self, name: str, value: bytes) -> None:
+        if self.log.value(name) != value:
+            self.appended = self.log.put_value(name, value)
+
+    def delete_definition(self, name: str) -> None:
+        self.log.delete_value(name)
+
+    def definitions(self) -> dict[str, bytes]:
+        return self.log.values()
+
+    def flush(self) -> None:
+        self.log.flush()
+
+    def close(self) -> None:
+        self.log.close()
