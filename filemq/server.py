@@ -600,7 +600,12 @@ class FileServer:
                 peer_key=_peer_key(body[0]),
                 access=self._access,
             )
-        for action in session.receive(body, now):
+        actions = session.receive(body, now)
+        if is_new and session.state is not SessionState.EXPECT_OHAI:
+            # registered before its OHAI-OK leaves: whoever hears the answer finds the session
+            self._sessions[client] = session
+            log.info("client %s connected", client.hex())
+        for action in actions:
             if isinstance(action, Reply):
                 self._send(client, action.frames)
             elif isinstance(action, Subscribe):
@@ -609,9 +614,7 @@ class FileServer:
                 log.info("client %s closed: %s", client.hex(), action.reason)
                 self._drop(client)
                 return
-        if is_new and session.state is not SessionState.EXPECT_OHAI:
-            self._sessions[client] = session
-            log.info("client %s connected", client.hex())
+        if is_new and client in self._sessions:
             self._prewarm(now)
 
     def _refresh_mount(self, mount: Mount) -> IndexDelta:
