@@ -260,12 +260,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         if listener is not None:
             listener.stop()
-        server.stop()
-        if door is not None:
-            door.close()
-        context.term()
-        if store is not None:
-            store.close()
+        try:
+            server.stop()
+            if door is not None:
+                door.close()
+        finally:
+            # destroy, not term: a socket a cut-short shutdown left open must not keep
+            # the process waiting for ever (the server closed its own with their linger)
+            context.destroy(linger=0)
+            if store is not None:
+                store.close()
     return 0
 
 

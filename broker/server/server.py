@@ -334,8 +334,10 @@ class Server:
                     self.sessions.report_transmitted(now)
                     self.sender.flush_out()
         finally:
-            self._shutdown(router)
-            control.close(linger=0)
+            try:
+                self._shutdown(router)
+            finally:
+                control.close(linger=0)
 
     def _poll_timeout(self) -> int:
         now = self.clock()
