@@ -66,12 +66,6 @@ from zproto.errors import DecodeError
 log = logging.getLogger("broker.client")
 
 PING = tmqp.encode(tmqp.Ping())[0]
-#: Seconds between the PINGs of a client that does not read (full inbox).  The broker's
-#: peer timeout is not known to the client and can be far below the client's own ping
-#: interval (``broker serve --peer-timeout``); a stalled consumer must not look dead to
-#: a broker whose peer timeout is above this (a 3 s one used to end it, losing what was
-#: in flight on a queue without acknowledges).
-PAUSED_KEEPALIVE = 1.0
 PONG = tmqp.encode(tmqp.Pong())[0]
 TERMINATE = tmqp.encode(tmqp.Frame(message_type=MessageType.TERMINATE))[0]
 #: The most pages one paged answer may have: a broker naming ever new cursors would
@@ -597,7 +591,7 @@ class Session:
                 # alive, or it would end the session it cannot reach.
                 self._last_rx = now
                 if now >= self._keepalive_at:
-                    self._keepalive_at = now + min(self.ping_interval, PAUSED_KEEPALIVE)
+                    self._keepalive_at = now + self.ping_interval
                     events.append(Send(PING))
             idle = now - self._last_rx
             if idle >= self.peer_timeout:
