@@ -107,7 +107,10 @@ def test_slow_consumer_gets_every_queued_message_once_in_order(
 ) -> None:
     producer = connect()
     fill(producer, "flow-a", total, {"Status": 1}, pad)
-    consumer = connect()
+    # keep-alive as short as the broker's (0.5 s, peer timeout 3 s): a client that does not
+    # read PINGs every ping_interval, and a longer one let a stalled reader be ended (see
+    # the closing note of session 3: the client should learn the broker's peer timeout)
+    consumer = connect(ping_interval=0.5)
     consumer.join("flow-a")
     got = read(consumer, total, pause_every=total // 10)
     assert len(got) == total, f"{total - len(got)} messages lost"
