@@ -11,7 +11,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,21 +19,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from broker.client.blocking import Client
 from filemq.client import SyncClient
+from tests.polling import wait_until
 from zerohub.config import BrokerConfig, FilesConfig, HubConfig, PublishConfig
 from zerohub.hub import Hub, HubEndpoints, build
-
-from .support import WAIT
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float = WAIT) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
+wait_for = wait_until  # the shared bounded wait (tests/polling.py)
 
 
 def get(url: str, timeout: float = 10.0) -> tuple[int, str, bytes]:

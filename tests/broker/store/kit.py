@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from broker.store.log import Durability, LogOptions, LogStore, QueueKey
+from tests.polling import wait_until  # noqa: F401  (re-exported for the store tests)
 
 
 def small(durability: Durability = Durability.FSYNC, **kw: object) -> LogOptions:
@@ -27,13 +26,3 @@ def contents(store: LogStore) -> dict[QueueKey, dict[int, bytes]]:
 
 def segment_files(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.glob("*.seg"))
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    """Poll ``predicate`` until it holds or ``timeout`` seconds pass."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
