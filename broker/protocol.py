@@ -117,6 +117,10 @@ class Header:
     #: Issued in the connect response; a client reconnecting under its id sends it back
     #: as a connection-info property to prove it owns the session (see broker.server.peers).
     SESSION_SECRET = "Session-Secret"
+    #: zerohub: issued in the connect response, the broker's peer timeout in whole
+    #: milliseconds (a session silent this long is ended).  Clients PING at a third of it
+    #: at most, while they do not read too; absent (older brokers): their own interval.
+    PEER_TIMEOUT_MS = "Peer-Timeout-Ms"
     #: Paged list replies (see broker.paging): the request's "after this key", and the
     #: reply's key to ask the next page with.
     PAGE_AFTER = "Page-After"

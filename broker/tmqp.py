@@ -7,6 +7,15 @@ ZeroMQ: two flag octets, three 1-octet lengths, a 16-bit content type, a
 variable-length payload length, the id/source/target strings, an optional
 header block and the payload. All numbers are little-endian. PING and PONG are
 fixed 8-octet frames; a connection opens with the 8 octets "TMQP/2.0".
+The session: after the greeting the client sends its connection info (a server
+operation, CONNECT); the broker's RESPONSE (OK) to it carries the headers
+Client-Id (the id of the session), Session-Secret (sent back as a connection-info
+property when reconnecting, to take the session over) and Peer-Timeout-Ms (whole
+milliseconds of silence after which the broker ends the session). Either side PINGs
+a quiet peer and answers a PING with a PONG; a client paces its PINGs at a third of
+Peer-Timeout-Ms at most, also while it does not read (a consumer whose application
+stalls must not look dead). A broker without the header leaves the client its own
+interval.
 
 Generated codec: ``encode(msg) -> list[bytes]`` and ``decode(frames) -> msg``.
 ``decode`` raises only ``zproto.errors.DecodeError``; ``encode`` raises

@@ -71,6 +71,9 @@ TERMINATE = tmqp.encode(tmqp.Frame(message_type=MessageType.TERMINATE))[0]
 #: The most pages one paged answer may have: a broker naming ever new cursors would
 #: otherwise grow the gathered list (and the wait) without end.
 MAX_PAGES = 10_000
+#: The shortest keep-alive interval (seconds) a broker's announced peer timeout can
+#: give a client: a broker announcing a tiny timeout must not make it PING in a loop.
+MIN_KEEPALIVE = 0.05
 #: Refusals of the connection info that no retry can change.
 PERMANENT = frozenset({ResultCode.UNAUTHORIZED, ResultCode.UNACCEPTABLE, ResultCode.BAD_REQUEST})
 
@@ -79,6 +82,22 @@ _ACK = MessageType.ACK
 _RESPONSE = MessageType.RESPONSE
 _DIRECT = MessageType.DIRECT
 _decode = tmqp.decode
+
+
+def keepalive_interval(ping_interval: float, announced: str | None) -> float:
+    """Seconds between a client's PINGs in a session whose connect response said
+    ``Peer-Timeout-Ms: announced``: a third of the broker's peer timeout when that is
+    shorter than the client's own ``ping_interval`` (so that two PINGs may be lost and
+    the session still lives), never below :data:`MIN_KEEPALIVE`.  Without the header (an
+    older broker) or with a value that is not a positive whole number, ``ping_interval``.
+    """
+    if announced is None:
+        return ping_interval
+    text = announced.strip()
+    if not text.isascii() or not text.isdigit() or len(text) > 12 or int(text) == 0:
+        log.debug("ignored Peer-Timeout-Ms %r from the broker", announced)
+        return ping_interval
+    return min(ping_interval, max(MIN_KEEPALIVE, int(text) / 3000))
 
 
 def session_properties(properties: Mapping[str, str], secret: str | None) -> dict[str, str]:
@@ -263,6 +282,9 @@ class Session:
         self.info = info
         self.timeout = timeout
         self.ping_interval = ping_interval
+        #: Seconds between PINGs in this session (:func:`keepalive_interval`): the
+        #: ``ping_interval``, or less if the broker announced a short peer timeout.
+        self.keepalive = ping_interval
         self.peer_timeout = peer_timeout
         self.reconnect = reconnect
         self.backoff = backoff
@@ -543,6 +565,9 @@ class Session:
         client_id = header(frame, Header.CLIENT_ID) or frame.target or self.client_id or ""
         self.client_id = client_id
         self.session_secret = header(frame, Header.SESSION_SECRET)
+        self.keepalive = keepalive_interval(
+            self.ping_interval, header(frame, Header.PEER_TIMEOUT_MS)
+        )
         self.state = SessionState.READY
         self._attempt = 0
         self._last_rx = now
@@ -570,7 +595,9 @@ class Session:
         elif state is SessionState.BACKOFF:
             wake = min(wake, self._retry_at)
         elif state is SessionState.READY:
-            wake = min(wake, self._last_rx + self.ping_interval)
+            wake = min(wake, self._last_rx + self.keepalive)
+            if self.paused:
+                wake = min(wake, self._keepalive_at)
         if self.first:
             wake = min(wake, self._connect_deadline)
         if self.pending:
@@ -591,12 +618,12 @@ class Session:
                 # alive, or it would end the session it cannot reach.
                 self._last_rx = now
                 if now >= self._keepalive_at:
-                    self._keepalive_at = now + self.ping_interval
+                    self._keepalive_at = now + self.keepalive
                     events.append(Send(PING))
             idle = now - self._last_rx
             if idle >= self.peer_timeout:
                 events.extend(self.lost(f"no traffic from the broker for {idle:.1f} s", now))
-            elif idle >= self.ping_interval and not self._pinged:
+            elif idle >= self.keepalive and not self._pinged:
                 self._pinged = True
                 events.append(Send(PING))
         elif state is SessionState.HANDSHAKE and now >= self._hs_deadline:

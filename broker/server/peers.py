@@ -18,6 +18,8 @@ Nobody else gets the id before the session ends: it ends when the client leaves
 ``peer_timeout`` (missed PINGs); then the id is free for anyone.  Authentication (the
 engine's token check) comes before any of this: a refused token changes nothing.
 Secrets are compared in constant time and replaced at every connect.
+The connect response also announces ``peer_timeout`` (``Peer-Timeout-Ms``): clients pace
+their PINGs from it, so one that stops reading for a while is not taken for dead.
 
 Quiet peers get a PING, silent ones are ended, told (TERMINATE) and then their connection
 is shut down (``broker.server.links``), as are connections whose connection info was
@@ -307,31 +309,39 @@ class PeerSessions:
         issued = secrets.token_urlsafe(24)
         self.proofs[peer.rid] = SessionProof(issued.encode(), key)
         log.debug("client %s connected", client_id)
-        extra = (Header.SESSION_SECRET, issued)
+        extra = self._session_headers(issued)
         answered = False
         for i, o in enumerate(outs):
             if o.client_id == client_id and o.frame.message_id == msg.message_id:
-                # the engine answered the connection info itself: add the secret to it
-                outs[i] = o._replace(frame=o.frame.replace(headers=(*o.frame.headers, extra)))
+                # the engine answered the connection info itself: add the session headers
+                outs[i] = o._replace(frame=o.frame.replace(headers=(*o.frame.headers, *extra)))
                 answered = True
                 break
         if not answered:
             # The engine did not answer the connection info: tell the client its id.
-            self.sender.send_to(peer, self._connected_frame(msg.message_id, client_id, issued))
+            self.sender.send_to(peer, self._connected_frame(msg.message_id, client_id, extra))
         self.sender.send_all(outs)
 
     def _owns(self, old: Peer, secret: str | None, key: str | None) -> bool:
         proof = self.proofs.get(old.rid)
         return proof is not None and proof.proven_by(secret, key)
 
+    def _session_headers(self, secret: str) -> tuple[tuple[str, str], ...]:
+        """What the connect response tells a client about its session: the secret that
+        proves it owns it, and how long a silence ends it (the client paces its PINGs)."""
+        timeout_ms = str(int(self.options.peer_timeout * 1000))
+        return ((Header.SESSION_SECRET, secret), (Header.PEER_TIMEOUT_MS, timeout_ms))
+
     @staticmethod
-    def _connected_frame(message_id: str, client_id: str, secret: str) -> tmqp.Frame:
+    def _connected_frame(
+        message_id: str, client_id: str, extra: tuple[tuple[str, str], ...]
+    ) -> tmqp.Frame:
         return tmqp.Frame(
             message_type=MessageType.RESPONSE,
             content_type=ResultCode.OK,
             message_id=message_id,
             target=client_id,
-            headers=((Header.CLIENT_ID, client_id), (Header.SESSION_SECRET, secret)),
+            headers=((Header.CLIENT_ID, client_id), *extra),
         )
 
     def _refuse(self, rid: bytes, code: ResultCode, reason: str) -> None:

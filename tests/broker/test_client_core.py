@@ -45,8 +45,9 @@ def encode(**fields: Any) -> bytes:
     return tmqp.encode(tmqp.Frame(**fields))[0]
 
 
-def ready_session(**kw: Any) -> tuple[S.Session, float]:
-    """A session through its handshake at t=100 (answer from the broker's side)."""
+def ready_session(headers: tuple[tuple[str, str], ...] = (), **kw: Any) -> tuple[S.Session, float]:
+    """A session through its handshake at t=100 (answer from the broker's side, with
+    ``headers`` beside the client id and the secret)."""
     session = S.Session("tcp://broker:1", ConnectionInfo(name="t"), **kw)
     now = 100.0
     session.begin(now, 5.0)
@@ -57,7 +58,7 @@ def ready_session(**kw: Any) -> tuple[S.Session, float]:
     answer = encode(
         message_type=MessageType.RESPONSE,
         message_id=frame.message_id,
-        headers=((Header.CLIENT_ID, "me"), (Header.SESSION_SECRET, "s3")),
+        headers=((Header.CLIENT_ID, "me"), (Header.SESSION_SECRET, "s3"), *headers),
     )
     events = session.feed(answer, now)
     assert events == (S.Ready("me", True),) or list(events) == [S.Ready("me", True)]
@@ -289,6 +290,81 @@ def test_silence_beyond_the_peer_timeout_loses_the_session() -> None:
     rest = apply(session.tick(now + 3.0))
     assert [type(e) for e in rest] == [S.Lost]
     assert isinstance(waiter.exception(0), ConnectionLost)
+
+
+def pings_while_paused(session: S.Session, start: float, seconds: float) -> list[float]:
+    """Drive a paused session (not reading: a full inbox) the way a driver does, waking
+    when ``next_wake`` says; the times at which it sent a PING."""
+    session.paused = True
+    now, sent = start, []
+    while now < start + seconds:
+        now += max(session.next_wake(now), 0.001)
+        events = apply(session.tick(now))
+        assert not [e for e in events if isinstance(e, S.Lost)], "a paused session was lost"
+        sent += [now for e in events if e == S.Send(S.PING)]
+    return sent
+
+
+def test_a_paused_session_pings_at_a_third_of_the_peer_timeout_the_broker_announced() -> None:
+    # The broker ends a session silent for 3 s; the client's own ping interval is 5 s.
+    # A consumer that stops reading used to PING every 5 s and was ended (what was in
+    # flight to it on a queue without acknowledges was lost).
+    announced = ((Header.PEER_TIMEOUT_MS, "3000"),)
+    session, now = ready_session(announced, ping_interval=5.0, peer_timeout=15.0)
+    assert session.keepalive == pytest.approx(1.0)
+    sent = pings_while_paused(session, now, 10.0)
+    gaps = [b - a for a, b in zip([now, *sent], sent, strict=False)]
+    assert len(sent) >= 9 and max(gaps) <= 1.0 + 0.01, gaps
+    # reading again, a quiet session probes at the same pace
+    session.paused = False
+    later = sent[-1] + 5.0
+    session.heard(later)
+    assert session.next_wake(later) == pytest.approx(1.0)
+    assert apply(session.tick(later + 1.0)) == [S.Send(S.PING)]
+
+
+@pytest.mark.parametrize(
+    ("value", "keepalive"),
+    [
+        (None, 5.0),  # an older broker: the client's own interval
+        ("30000", 5.0),  # a longer peer timeout changes nothing
+        ("3000", 1.0),
+        ("1", S.MIN_KEEPALIVE),  # a tiny one does not make the client PING in a loop
+        ("0", 5.0),
+        ("-3000", 5.0),
+        ("3.5", 5.0),
+        ("", 5.0),
+        ("abc", 5.0),
+        ("\u0663\u0660\u0660\u0660", 5.0),  # digits, but not ASCII ones
+        ("9" * 40, 5.0),
+    ],
+)
+def test_the_keepalive_follows_a_sane_announced_peer_timeout_only(
+    value: str | None, keepalive: float
+) -> None:
+    announced = () if value is None else ((Header.PEER_TIMEOUT_MS, value),)
+    session, now = ready_session(announced, ping_interval=5.0, peer_timeout=15.0)
+    assert session.keepalive == pytest.approx(keepalive)
+    sent = pings_while_paused(session, now, 12.0)
+    assert len(sent) >= 2 and sent[1] - sent[0] == pytest.approx(keepalive, abs=0.01)
+
+
+def test_a_reconnect_to_a_broker_without_the_header_goes_back_to_the_ping_interval() -> None:
+    session, now = ready_session(((Header.PEER_TIMEOUT_MS, "600"),), ping_interval=5.0)
+    assert session.keepalive == pytest.approx(0.2)
+    apply(session.lost("test", now))
+    now += 10.0
+    assert apply(session.tick(now)) == [S.Dial()]
+    _greeting, hello = session.hello(now)
+    frame = tmqp.decode((hello,))
+    assert isinstance(frame, tmqp.Frame)
+    answer = encode(
+        message_type=MessageType.RESPONSE,
+        message_id=frame.message_id,
+        headers=((Header.CLIENT_ID, "me"),),
+    )
+    assert S.Ready("me", False) in list(session.feed(answer, now))
+    assert session.keepalive == 5.0
 
 
 @pytest.mark.parametrize("reply", [S.Reply.JSON, S.Reply.PULL])
