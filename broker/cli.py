@@ -66,6 +66,7 @@ from zerohub.cli import (
     log_level,
     run,
     sigterm_interrupts,
+    stop_signals,
     verbosity_flags,
 )
 
@@ -239,8 +240,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         listener = listen(door, server.add_reader, stomp)
 
-    try:
-        with sigterm_interrupts():
+    # From here on a signal asks the server to stop and nothing else (a KeyboardInterrupt
+    # raised by a handler was once dropped in a ZeroMQ frame's finaliser: the loop never
+    # stopped), for as long as it runs and stops: a second one does not cut the stop short.
+    with stop_signals("broker") as stop:
+        try:
             endpoint = server.bind()
             also = ""
             if listener is not None:
@@ -252,25 +256,41 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"broker serving on {endpoint}{also}", file=sys.stderr, flush=True)
             if store is not None:
                 print(f"broker recovered {recovered} messages from {args.data}", file=sys.stderr)
-            server.run()
-    except ServerError as exc:  # the endpoint is in use, a key file is unreadable, ...
-        raise CommandError(str(exc)) from None
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the normal way to stop
-        pass
-    finally:
+            server.start()
+            while not stop.wait(_STOP_POLL):
+                if not server.serving:  # the loop failed (its error is logged): stop too
+                    raise CommandError("the server loop ended unexpectedly")
+        except ServerError as exc:  # the endpoint is in use, a key file is unreadable, ...
+            raise CommandError(str(exc)) from None
+        finally:
+            _stop_serving(server, listener, door, context, store)
+    return 0
+
+
+#: Seconds between two looks at the serving thread while waiting for a signal.
+_STOP_POLL = 0.5
+
+
+def _stop_serving(server: Any, listener: Any, door: Any, context: Any, store: Any) -> None:
+    """Stop what ``serve`` started, every part whatever another one raises."""
+    from broker.server.server import ServerError
+
+    try:
         if listener is not None:
             listener.stop()
         try:
             server.stop()
+        except ServerError as exc:  # its thread did not stop in time
+            raise CommandError(str(exc)) from None
+        finally:
             if door is not None:
                 door.close()
-        finally:
-            # destroy, not term: a socket a cut-short shutdown left open must not keep
-            # the process waiting for ever (the server closed its own with their linger)
-            context.destroy(linger=0)
-            if store is not None:
-                store.close()
-    return 0
+    finally:
+        # destroy, not term: a socket a cut-short shutdown left open must not keep
+        # the process waiting for ever (the server closed its own with their linger)
+        context.destroy(linger=0)
+        if store is not None:
+            store.close()
 
 
 def _open_data(data: str) -> Any:

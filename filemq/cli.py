@@ -65,7 +65,6 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import zmq
@@ -76,17 +75,20 @@ from zerohub.cli import (
     ArgumentParser,
     CommandError,
     ExitCode,
+    StopRequest,
     UsageError,
     bind_endpoint,
     connect_endpoint,
     log_level,
     run,
+    stop_signals,
     verbosity_flags,
 )
 
 if TYPE_CHECKING:  # the client module is imported by its subcommands only
     from filemq.events import MirrorEvent
     from filemq.live import LiveFileServer
+    from filemq.server import FileServer
 
 # server, client and security are imported by their subcommand only (start-up of `sync`)
 
@@ -480,26 +482,15 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def wait_for_signal(
-    ready: threading.Event | None = None, on_ready: Callable[[], None] | None = None
+def wait_for_stop(
+    stop: StopRequest, checked: threading.Event | None, on_checked: Callable[[], None]
 ) -> None:
-    """Return on SIGINT or SIGTERM (a server's normal end: exit 0); call ``on_ready``
-    once ``ready`` is set meanwhile."""
-    stop = threading.Event()
-    pending = ready is not None and on_ready is not None
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        while not stop.wait(0.02 if pending else 0.5):
-            if pending and ready is not None and on_ready is not None and ready.is_set():
-                pending = False
-                on_ready()
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+    """Return once a stop was asked (a server's normal end: exit 0); meanwhile call
+    ``on_checked`` once, as soon as ``checked`` is set (None: nothing to wait for)."""
+    while not stop.wait(0.02 if checked is not None else 0.5):
+        if checked is not None and checked.is_set():
+            checked = None
+            on_checked()
 
 
 def check_serve(args: argparse.Namespace, also_bind: Sequence[str] = ()) -> None:
@@ -548,37 +539,52 @@ def file_server(
     )
 
 
-def report_serving(prog: str, args: argparse.Namespace, live: LiveFileServer) -> None:
-    """The line on stderr that says a started file server serves (and where)."""
-    from filemq.server import Mount
-
-    mounts = [Mount.parse(spec) for spec in args.publish]  # in the command line's order
-    server = live.server
+def index_counts(server: FileServer) -> str:
+    """How many files the server's indexes hold and how many of them are hashed."""
     files = sum(len(index) for index in server.indexes.values())
     hashed = sum(index.hashed_files for index in server.indexes.values())
-    where = ", ".join(f"{m.directory} at {m.virtual}" for m in mounts)
+    return f"{files} files, {hashed} hashed"
+
+
+def serving_counts(server: FileServer) -> tuple[str, bool]:
+    """The counts a serving line may show, and whether they are still being checked.
+
+    Counts loaded from a saved index are not true until the server has checked them
+    against the disk (``Server.verified``): they are then said to be the saved index's,
+    and the caller says the true ones once the check is done (:func:`index_counts`).
+    """
+    checking = not server.verified.is_set()  # read once: the line and the wait agree
+    files = sum(len(index) for index in server.indexes.values())
+    if checking:
+        return f"{files} files in the saved index, checking them against the disk", True
+    return index_counts(server), False
+
+
+def _published(args: argparse.Namespace) -> str:
+    """The published trees as the serving lines name them, in the command line's order."""
+    from filemq.server import Mount
+
+    return ", ".join(f"{m.directory} at {m.virtual}" for m in map(Mount.parse, args.publish))
+
+
+def report_serving(prog: str, args: argparse.Namespace, live: LiveFileServer) -> bool:
+    """The line on stderr that says a started file server serves (and where); True if
+    its counts are the saved index's, still being checked (see :func:`report_checked`)."""
+    server = live.server
     watching = "not watching" if args.no_watch else "polling" if args.poll else "watching"
-    counts = f"{files} files, {hashed} hashed"
-    if not server.verified.is_set():  # the loop checks the saved indexes before answering
-        counts = f"{files} files in the saved index, checking them against the disk"
+    counts, checking = serving_counts(server)
     print(
-        f"{prog}: serving {where} on {server.endpoint} ({counts}, {watching})",
+        f"{prog}: serving {_published(args)} on {server.endpoint} ({counts}, {watching})",
         file=sys.stderr,
         flush=True,
     )
+    return checking
 
 
-def report_checked(prog: str, args: argparse.Namespace, live: LiveFileServer) -> None:
+def report_checked(prog: str, where: str, server: FileServer) -> None:
     """The line on stderr once the saved indexes were checked against the disk."""
-    from filemq.server import Mount
-
-    mounts = [Mount.parse(spec) for spec in args.publish]
-    server = live.server
-    files = sum(len(index) for index in server.indexes.values())
-    hashed = sum(index.hashed_files for index in server.indexes.values())
-    where = ", ".join(f"{m.directory} at {m.virtual}" for m in mounts)
     print(
-        f"{prog}: checked {where} against the disk ({files} files, {hashed} hashed)",
+        f"{prog}: checked {where} against the disk ({index_counts(server)})",
         file=sys.stderr,
         flush=True,
     )
@@ -586,18 +592,24 @@ def report_checked(prog: str, args: argparse.Namespace, live: LiveFileServer) ->
 
 def _serve(args: argparse.Namespace) -> int:
     check_serve(args)
-    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    live = None
-    try:
-        live = file_server(args, context)
-        live.start()  # binds before a directory is walked or hashed: in use fails at once
-        report_serving("filemq", args, live)
-        checked = None if live.server.verified.is_set() else live.server.verified
-        wait_for_signal(checked, lambda: report_checked("filemq", args, live))
-    finally:
-        if live is not None:
-            live.stop()
-        context.term()
+    # from here on a signal asks for the stop and nothing else, until the stop is done
+    with stop_signals("filemq") as stop:
+        context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        try:
+            live = file_server(args, context)
+            try:
+                live.start()  # binds before a directory is walked or hashed: in use fails
+                checking = report_serving("filemq", args, live)
+                server = live.server
+                wait_for_stop(
+                    stop,
+                    server.verified if checking else None,
+                    lambda: report_checked("filemq", _published(args), server),
+                )
+            finally:
+                live.stop()
+        finally:
+            context.term()
     return 0
 
 

@@ -21,7 +21,11 @@ code  name         meaning
 ====  ===========  ===========================================================
 
 Long-running commands (``serve``, ``filemq subscribe``, ``broker consume``) stop
-normally on SIGINT/SIGTERM and exit 0.
+normally on SIGINT/SIGTERM and exit 0.  Servers take their signals with
+:func:`stop_signals`: the handler raises nothing (an exception raised by a handler can
+land in a finaliser, which drops it, and the server then never stops), a second signal
+during the stop is only reported, and a stop that takes too long dumps every thread's
+stack on stderr (SIGUSR1 dumps them at any time).
 
 Anything that goes wrong is ONE line on stderr, ``PROG: what happened``; never a
 traceback.  Usage errors too (``PROG: error (see PROG --help)``): :class:`ArgumentParser`
@@ -34,26 +38,34 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import logging
 import os
+import select
 import signal
 import sys
 from collections.abc import Callable, Iterator
 from enum import IntEnum
-from typing import NoReturn
+from typing import Any, NoReturn
 
 __all__ = [
     "ArgumentParser",
     "CommandError",
     "ExitCode",
+    "StopRequest",
     "UsageError",
     "bind_endpoint",
     "check_endpoint",
     "connect_endpoint",
     "log_level",
     "run",
+    "stop_signals",
     "verbosity_flags",
 ]
+
+#: Seconds a server may take to stop after its first signal before every thread's stack
+#: is dumped on stderr (the process goes on stopping; the dump says where it waits).
+STOP_DUMP_AFTER = 10.0
 
 
 class ExitCode(IntEnum):
@@ -234,3 +246,100 @@ def sigterm_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+class StopRequest:
+    """Set by the first SIGINT/SIGTERM (:func:`stop_signals`); ``wait`` for it.
+
+    Setting it takes no lock: a signal handler runs between two bytecodes of the main
+    thread, maybe while that thread holds the lock an ``threading.Event`` would take.
+    It writes one octet to a pipe instead, which wakes :meth:`wait` at once.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
+
+    def is_set(self) -> bool:
+        return self.signum is not None
+
+    def set(self, signum: int) -> None:
+        """Record the first signal and wake the waiter (safe in a signal handler)."""
+        if self.signum is None:
+            self.signum = signum
+        with contextlib.suppress(OSError):  # the pipe is full: the waiter is woken already
+            os.write(self._write, b"\0")
+
+    def wait(self, timeout: float) -> bool:
+        """True once a stop was asked; waits at most ``timeout`` seconds for it."""
+        if self.signum is None:
+            with contextlib.suppress(InterruptedError):
+                select.select([self._read], [], [], timeout)
+        return self.signum is not None
+
+    def close(self) -> None:
+        os.close(self._read)
+        os.close(self._write)
+
+
+def _say(prog: str, message: str) -> None:
+    """One line on stderr from a signal handler: one unbuffered write, no lock taken."""
+    with contextlib.suppress(OSError):
+        os.write(2, f"{prog}: {message}\n".encode())
+
+
+@contextlib.contextmanager
+def stop_signals(
+    prog: str, dump_after: float = STOP_DUMP_AFTER, *, final: bool = True
+) -> Iterator[StopRequest]:
+    """SIGINT/SIGTERM set the yielded :class:`StopRequest`, for as long as a server runs
+    *and stops*; the caller waits for it, then stops its server (exit 0).
+
+    The first signal prints ``PROG: stopping (SIGTERM)`` and arms a dump of every thread's
+    stack on stderr after ``dump_after`` seconds (cancelled when the block ends); a later
+    one prints ``PROG: already stopping (...)`` and changes nothing: ``timeout`` sends its
+    signal twice, an impatient Ctrl-C comes twice, and a stop cut half-way would leave
+    sockets open for ``context.term()`` to wait on for ever.  The handler raises nothing
+    (a KeyboardInterrupt raised in a finaliser such as a ZeroMQ frame's is dropped, and
+    the server would not stop).  SIGUSR1 dumps the stacks at any time.  Outside the main
+    thread (tests) no handler is installed.
+
+    ``final``: the process ends after the block (a server command).  Once a stop was
+    asked, SIGINT/SIGTERM are then ignored until it exits, instead of the previous
+    handlers given back: a late second signal would otherwise kill it, or raise in its
+    last steps (exit status -2 instead of 0).  Without a signal, or with ``final=False``,
+    the previous handlers are given back.
+    """
+    stop = StopRequest()
+
+    def handler(signum: int, frame: object) -> None:
+        name = signal.Signals(signum).name
+        if stop.is_set():
+            _say(prog, f"already stopping ({name})")
+            return
+        stop.set(signum)
+        _say(prog, f"stopping ({name})")
+        faulthandler.dump_traceback_later(dump_after, exit=False)
+
+    previous: dict[int, Any] = {}
+    dumps = False
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            if sig == signal.SIGINT and signal.getsignal(sig) == signal.SIG_IGN:
+                continue  # started as a background job: Ctrl-C is not for us (as Python does)
+            previous[sig] = signal.signal(sig, handler)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        dumps = True
+    except ValueError:  # not the main thread
+        pass
+    try:
+        yield stop
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        if dumps:
+            faulthandler.unregister(signal.SIGUSR1)
+        for signum, old in previous.items():
+            signal.signal(signum, signal.SIG_IGN if final and stop.is_set() else old)
+        stop.close()

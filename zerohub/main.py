@@ -32,14 +32,10 @@ names the file, the line when it can be found, and the key).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
-import signal
 import sys
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 
 import zmq
 
@@ -53,6 +49,7 @@ from zerohub.cli import (
     bind_endpoint,
     log_level,
     run,
+    stop_signals,
     verbosity_flags,
 )
 from zerohub.config import (
@@ -243,20 +240,23 @@ def _start_logging(args: argparse.Namespace, config: HubConfig) -> None:
         raise CommandError(f"cannot open log file {chosen.file}: {exc.strerror}") from None
 
 
-def _report(config: HubConfig, hub: Hub, endpoints: HubEndpoints) -> None:
+def _report(config: HubConfig, hub: Hub, endpoints: HubEndpoints) -> bool:
+    """The serving lines; True if the file counts are the saved index's, still being
+    checked against the disk (:func:`filemq.cli.report_checked` says the true ones)."""
     server = hub.files.server
-    files = sum(len(index) for index in server.indexes.values())
-    hashed = sum(index.hashed_files for index in server.indexes.values())
-    where = ", ".join(f"{p.dir} at {p.at}" for p in config.files.publish)
+    counts, checking = filemq_cli.serving_counts(server)
     f = config.files
     watching = "not watching" if not f.watch else "polling" if f.poll else "watching"
     lines = [f"broker serving on {endpoints.broker}"]
     lines += [f"{name} on {url}/" for name, url in endpoints.http.items()]
-    lines.append(
-        f"serving {where} on {endpoints.files} ({files} files, {hashed} hashed, {watching})"
-    )
+    lines.append(f"serving {_published(config)} on {endpoints.files} ({counts}, {watching})")
     for line in lines:
         print(f"zerohub: {line}", file=sys.stderr, flush=True)
+    return checking
+
+
+def _published(config: HubConfig) -> str:
+    return ", ".join(f"{p.dir} at {p.at}" for p in config.files.publish)
 
 
 def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -271,44 +271,22 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         if isinstance(exc, ServerError):
             raise CommandError(f"broker: {exc}") from None
         raise
-    with _stop_signals() as stop:  # from here on a signal stops the hub, however many
+    # from here on a signal stops the hub, however many come (zerohub.cli.stop_signals)
+    with stop_signals("zerohub") as stop:
         try:
             try:
-                _report(config, hub, endpoints)
-                while not stop.wait(0.5):
-                    pass
+                checking = _report(config, hub, endpoints)
+                server = hub.files.server
+                filemq_cli.wait_for_stop(
+                    stop,
+                    server.verified if checking else None,
+                    lambda: filemq_cli.report_checked("zerohub", _published(config), server),
+                )
             finally:
                 hub.stop()
         finally:
             context.term()
     return 0
-
-
-@contextlib.contextmanager
-def _stop_signals() -> Iterator[threading.Event]:
-    """SIGINT/SIGTERM set the event, for as long as the hub runs *and stops*.
-
-    (``filemq.cli.wait_for_signal`` gives the previous handlers back as soon as a
-    signal came: a second one, which ``timeout`` sends and an impatient Ctrl-C too,
-    then interrupted the hub's stop half-way, and ``context.term()`` waited for ever for
-    the sockets left open.)  Outside the main thread (tests) no handler is installed.
-    """
-    stop = threading.Event()
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        if stop.is_set():
-            log.info("already stopping (signal %d)", signum)
-        stop.set()
-
-    try:
-        previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    except ValueError:  # not the main thread
-        previous = {}
-    try:
-        yield stop
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 def _command(argv: Sequence[str] | None) -> int:

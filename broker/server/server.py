@@ -220,6 +220,12 @@ class Server:
         self._thread.start()
         return endpoint
 
+    @property
+    def serving(self) -> bool:
+        """True while the thread :meth:`start` began is serving."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
     def run(self) -> None:
         """Bind and serve on the calling thread until ``stop()`` (or an exception)."""
         self.bind()
