@@ -84,6 +84,17 @@ def silent_peer() -> Iterator[SilentPeer]:
         peer.close()
 
 
+def ctrl_c_reaches_it() -> None:
+    """``preexec_fn``: SIGINT back to its default in the child, as in a foreground job.
+
+    A suite run as a background job of a shell script (``pytest ... &``) has SIGINT
+    ignored, children inherit that, and Python then leaves it ignored: the child never
+    saw the test's Ctrl-C (the test hung until its deadline, "flaky under load" because
+    loaded runs were the ones started in the background).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupt_while_connecting(prog: str, *args: str, env: Mapping[str, str] | None = None) -> str:
     """Start ``PROG ARGS`` against a silent peer (``{endpoint}`` in ARGS), SIGINT it once
     it is connecting; returns the one line it printed (and checks exit status 130)."""
@@ -95,6 +106,7 @@ def interrupt_while_connecting(prog: str, *args: str, env: Mapping[str, str] | N
             stderr=subprocess.PIPE,
             text=True,
             env={**os.environ, **(env or {})},
+            preexec_fn=ctrl_c_reaches_it,
         )
         try:
             peer.wait_connection()
