@@ -15,18 +15,10 @@ from broker.engine.auth import ALL_ACTIONS, TokenAuthorizer
 from broker.engine.engine import Engine
 from broker.protocol import EventName, ResultCode
 from broker.server.server import Server, ServerError, ServerOptions
+from tests.polling import wait_until
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 MakeClient = Callable[..., Client]
-
-
-def wait_for(check: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.01)
-    return check()
 
 
 @pytest.fixture
@@ -106,7 +98,7 @@ def test_consumer_ack_reaches_the_queue(make_client: MakeClient) -> None:
     assert first is not None and second is not None and first.needs_ack
     consumer.ack(first)
     consumer.nack(second, "cannot")
-    assert wait_for(lambda: consumer.queue_info("work", 1)["Acks"] == 1)
+    assert wait_until(lambda: consumer.queue_info("work", 1)["Acks"] == 1)
     assert consumer.queue_info("work", 1)["NegativeAcks"] == 1
 
 
@@ -184,7 +176,7 @@ def test_events_by_callback_and_inbox(make_client: MakeClient) -> None:
     watcher.subscribe(EventName.MESSAGE_PRODUCED, channel="news", queue_id=1)
     other = make_client(name="reader")
     other.join("news")
-    assert wait_for(lambda: len(joined) == 1)
+    assert wait_until(lambda: len(joined) == 1)
     assert joined[0].kind is Kind.EVENT and joined[0].json()["Channel"] == "news"
     other.push("news", 1, b"headline", ack=True)
     event = watcher.receive(timeout=5)
@@ -269,12 +261,12 @@ def test_reconnects_and_rejoins_after_a_broker_restart(zctx: Ctx) -> None:
                     raise
                 time.sleep(0.05)
         try:
-            assert wait_for(lambda: consumer.connected, 10)
+            assert wait_until(lambda: consumer.connected, 10)
             with Client(endpoint, context=zctx) as producer:
-                assert wait_for(lambda: "steady" in {c["Id"] for c in producer.clients()})
+                assert wait_until(lambda: "steady" in {c["Id"] for c in producer.clients()})
                 producer.create_queue("again", 1, {"Status": 1})
                 # the consumer re-joined "again" on its own: the push reaches it
-                assert wait_for(lambda: producer.channel_info("again")["ActiveClients"] == 1)
+                assert wait_until(lambda: producer.channel_info("again")["ActiveClients"] == 1)
                 producer.push("again", 1, b"after restart", ack=True)
                 message = consumer.receive(timeout=5)
                 assert message is not None and message.payload == b"after restart"
@@ -290,7 +282,7 @@ def test_close_fails_outstanding_requests(zctx: Ctx, server: Server) -> None:
     requester = Client(server.endpoint, context=zctx).connect()
     with Client(server.endpoint, context=zctx, name="mute") as mute:
         future = requester.request_async("@name:mute", b"never answered", timeout=30)
-        assert wait_for(lambda: mute.receive(timeout=0) is not None)
+        assert wait_until(lambda: mute.receive(timeout=0) is not None)
         requester.close()
         with pytest.raises(Exception, match="closed"):
             future.result(5)

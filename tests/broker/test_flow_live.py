@@ -23,7 +23,7 @@ import zmq
 
 from broker.client.blocking import Client
 from tests.broker.test_cli import free_port, start_serve
-from tests.broker.test_client_e2e import wait_for
+from tests.polling import wait_until
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +76,7 @@ def fill(
     push = producer.push
     for i in range(count):
         push(channel, 1, body(i, pad))
-    assert wait_for(lambda: producer.queue_info(channel, 1)["Messages"] == count, timeout=30)
+    assert wait_until(lambda: producer.queue_info(channel, 1)["Messages"] == count, timeout=30)
 
 
 def read(consumer: Client, count: int, *, pause_every: int = 0, ack: bool = False) -> list[int]:
@@ -136,9 +136,9 @@ class StoppedConsumer:
 
     def stop_after(self, count: int) -> None:
         """Let it handle ``count`` messages, then SIGSTOP it (it stays connected)."""
-        assert wait_for(lambda: len(self.logged()) >= count, timeout=30), "consumer too slow"
+        assert wait_until(lambda: len(self.logged()) >= count, timeout=30), "consumer too slow"
         os.kill(self.proc.pid, signal.SIGSTOP)
-        assert wait_for(lambda: _state(self.proc.pid) == "T"), "SIGSTOP not taken"
+        assert wait_until(lambda: _state(self.proc.pid) == "T"), "SIGSTOP not taken"
 
     def kill(self) -> None:
         self.proc.kill()
@@ -178,7 +178,7 @@ def test_killed_consumer_returns_every_unacknowledged_message(
     first = stopped("flow-b", True)
     first.stop_after(10_000)
     first.kill()
-    assert wait_for(clients_gone(producer, 1), timeout=15), "dead consumer still connected"
+    assert wait_until(clients_gone(producer, 1), timeout=15), "dead consumer still connected"
     acked = producer.queue_info("flow-b", 1)["Acks"]
     logged = set(first.logged())  # a superset of what the broker saw acknowledged
     second = connect()
@@ -188,7 +188,7 @@ def test_killed_consumer_returns_every_unacknowledged_message(
     assert got == sorted(got)  # returned messages go back to the front, in order
     assert set(range(total)) - logged <= set(got)  # every unacknowledged one came back
     assert logged | set(got) == set(range(total))
-    assert wait_for(lambda: producer.queue_info("flow-b", 1)["Acks"] == total)
+    assert wait_until(lambda: producer.queue_info("flow-b", 1)["Acks"] == total)
     info = producer.queue_info("flow-b", 1)
     assert (info["Messages"], info["PendingAcknowledges"]) == (0, 0)
 
@@ -203,9 +203,9 @@ def test_killed_consumer_returns_what_never_reached_its_socket(
     first = stopped("flow-c", False)
     first.stop_after(5_000)
     # the stopped consumer's socket buffers fill up; the broker keeps the rest queued
-    assert wait_for(lambda: producer.queue_info("flow-c", 1)["Messages"] > 0)
+    assert wait_until(lambda: producer.queue_info("flow-c", 1)["Messages"] > 0)
     first.kill()
-    assert wait_for(clients_gone(producer, 1), timeout=15), "dead consumer still connected"
+    assert wait_until(clients_gone(producer, 1), timeout=15), "dead consumer still connected"
     info = producer.queue_info("flow-c", 1)
     sent = info["Deliveries"]
     assert info["Messages"] == total - sent  # counted as sent, or still queued: nothing else

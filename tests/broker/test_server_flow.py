@@ -16,8 +16,8 @@ from broker import tmqp
 from broker.engine.engine import Outgoing, Tracked
 from broker.protocol import MessageType
 from broker.server.server import Server
-from tests.broker.test_client_e2e import wait_for
 from tests.broker.test_server_transport import Peer, ScriptedEngine, options
+from tests.polling import wait_until
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 BIG = b"x" * 10_000  # socket buffers hold few of these
@@ -86,11 +86,11 @@ def burst(p: Peer, count: int, tracked: bool = True) -> None:
 def test_a_peer_that_stops_reading_keeps_its_session(peer: Peer, engine: BurstEngine) -> None:
     peer.handshake()
     burst(peer, 3000)  # about 30 MB: far more than the socket buffers hold
-    assert wait_for(lambda: engine.sent("gen-1") > 0)
+    assert wait_until(lambda: engine.sent("gen-1") > 0)
     assert engine.sent("gen-1") < 3000  # the rest waits in its backlog, not on the wire
     got = [int(peer.recv_frame().payload.split()[0]) for _ in range(3000)]
     assert got == list(range(3000))
-    assert wait_for(lambda: engine.sent("gen-1") == 3000)
+    assert wait_until(lambda: engine.sent("gen-1") == 3000)
     assert engine.disconnected == [] and engine.connected == ["gen-1"]
 
 
@@ -99,11 +99,11 @@ def test_the_engine_hears_what_was_sent_before_the_peer_goes(
 ) -> None:
     peer.handshake()
     burst(peer, 3000)
-    assert wait_for(lambda: engine.sent("gen-1") > 0)
+    assert wait_until(lambda: engine.sent("gen-1") > 0)
     for _ in range(50):
         peer.recv()
     peer.frame(tmqp.Frame(message_type=MessageType.TERMINATE))
-    assert wait_for(lambda: engine.disconnected == ["gen-1"])
+    assert wait_until(lambda: engine.disconnected == ["gen-1"])
     assert engine.log[-1] == ("gone", "gen-1", 0)
     assert 50 <= engine.sent("gen-1") < 3000
 
@@ -113,7 +113,7 @@ def test_other_frames_beyond_the_backlog_limit_are_discarded_and_counted(
 ) -> None:
     peer.handshake()
     burst(peer, 3000, tracked=False)
-    assert wait_for(lambda: int(server.stats()["server"]["overflowed"]) > 0)  # type: ignore[index]
+    assert wait_until(lambda: int(server.stats()["server"]["overflowed"]) > 0)  # type: ignore[index]
     got = 0
     while not peer.silent(0.5):
         peer.recv()

@@ -26,20 +26,12 @@ from broker.protocol import ConnectionInfo, Header, MessageType, ResultCode, hea
 from broker.server.server import Server, ServerOptions
 from tests.broker.netproxy import TcpProxy
 from tests.broker.test_server_transport import PING, Peer
+from tests.polling import wait_until
 from zerohub import zmqkit as security
 from zerohub.zmqkit import new_certificate
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 SECRET = Header.SESSION_SECRET
-
-
-def wait_for(check: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.01)
-    return check()
 
 
 def next_frame(peer: Peer, timeout: float = 5.0) -> tmqp.Frame | None:
@@ -222,7 +214,7 @@ def test_blocking_client_resumes_its_session_after_its_connection_dies(
                 got.append(message.payload)
             return bool(got)
 
-        assert wait_for(resumed, 15), "alice never got her session back"
+        assert wait_until(resumed, 15), "alice never got her session back"
         assert got[0] == b"after the break" and alice.client_id == "alice"
         assert [c["Id"] for c in bob.clients()].count("alice") == 1
     finally:
@@ -254,7 +246,7 @@ def test_async_client_resumes_its_session_after_its_connection_dies(
             assert got.payload == b"after the break" and alice.connected
             assert alice.client_id == "alice"
             # she joined her channels again
-            assert wait_for(lambda: bob.channel_info("news")["ActiveClients"] == 1)
+            assert wait_until(lambda: bob.channel_info("news")["ActiveClients"] == 1)
 
     try:
         asyncio.run(main())
@@ -329,7 +321,7 @@ def test_a_session_ends_with_its_connection(zctx: Ctx, server: Server, bob: Clie
     peer.sock = alice
     assert hello(peer, "alice").content_type == ResultCode.OK
     alice.close(linger=0)
-    assert wait_for(lambda: "alice" not in [c["Id"] for c in bob.clients()])
+    assert wait_until(lambda: "alice" not in [c["Id"] for c in bob.clients()])
     # the same routing id on a new connection does not carry the session on
     again = zctx.socket(zmq.DEALER)
     again.linger = 0
@@ -363,7 +355,7 @@ def test_what_a_client_sent_before_closing_is_not_lost(zctx: Ctx, server: Server
         def all_stored() -> bool:
             return bool(consumer.queue_info("last-words", 1)["Messages"] == 20_000)
 
-        assert wait_for(all_stored, 30), consumer.queue_info("last-words", 1)["Messages"]
+        assert wait_until(all_stored, 30), consumer.queue_info("last-words", 1)["Messages"]
 
 
 class StallingClock:
@@ -404,8 +396,8 @@ def test_a_stalled_server_reads_a_closed_connection_to_its_end(zctx: Ctx) -> Non
             def stored() -> int:
                 return int(consumer.queue_info("tail", 1)["Messages"])
 
-            assert wait_for(lambda: stored() == 3000, 30), stored()
+            assert wait_until(lambda: stored() == 3000, 30), stored()
             # and the closed session did end (only the consumer's is left)
-            assert wait_for(lambda: len(srv.peers()) == 1), srv.peers()
+            assert wait_until(lambda: len(srv.peers()) == 1), srv.peers()
     finally:
         srv.stop()

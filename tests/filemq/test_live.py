@@ -27,6 +27,7 @@ from filemq.live import LiveFileServer
 from filemq.mirror import LOCK_NAME
 from filemq.server import FileServer, Mount
 from filemq.subscriber import Subscriber
+from tests.polling import wait_until
 
 from .conftest import read_tree, write_tree
 
@@ -34,15 +35,6 @@ WAIT = 10.0
 
 # watchdog warns when a new folder's watch is added twice (harmless, not ours)
 pytestmark = pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = WAIT) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
 
 
 def files(root: Path) -> dict[str, bytes]:
