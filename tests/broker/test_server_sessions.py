@@ -118,6 +118,22 @@ def assert_alice_still_served(alice: Peer, bob: Client, text: bytes) -> None:
     assert got is not None and got.message_type == MessageType.DIRECT and got.payload == text
 
 
+@pytest.mark.parametrize("peer_timeout", [3.0, 0.75, 60.0])
+def test_the_connect_response_announces_the_peer_timeout(zctx: Ctx, peer_timeout: float) -> None:
+    """Clients pace their PINGs from it (a consumer that stops reading must PING before
+    the broker's silence limit, which may be shorter than the client's own interval)."""
+    with serve(zctx, token_engine(), peer_timeout=peer_timeout) as srv:
+        assert srv.endpoint is not None
+        peer = Peer(zctx, srv.endpoint)
+        try:
+            reply = hello(peer, "alice", token="alice-token")
+            assert reply.content_type == ResultCode.OK
+            assert header(reply, Header.PEER_TIMEOUT_MS) == str(int(peer_timeout * 1000))
+            assert header(reply, SECRET)  # beside the secret
+        finally:
+            peer.close()
+
+
 @pytest.mark.parametrize(
     ("token", "secret", "code"),
     [
