@@ -300,12 +300,16 @@ def main() -> None:
             f"{'message (encode+decode)':<28} {'zproto msgs/s':>14} {'struct msgs/s':>14}"
             f" {'ratio':>6} {'hand msgs/s':>12} {'ratio':>6}"
         )
+        floors = []
         for label, gen, raw, hand in rows:
             assert gen() is not None and raw() is not None
             fns = [gen, raw] if hand is None else [gen, raw, hand]
             g, r, *h = rates_of(fns, seconds)
             same = f"{h[0]:>12,.0f} {g / h[0]:>6.2f}" if h else f"{'-':>12} {'-':>6}"
             print(f"{label:<28} {g:>14,.0f} {r:>14,.0f} {g / r:>6.2f} {same}")
+            if h and not label.endswith("kw"):
+                floors.append(f"{label.split(' (')[0].split(',')[0]} {h[0] / r:.2f}")
+        print(f"(hand-written same contract vs the struct floor: {', '.join(floors)})")
         if run < args.runs:
             print()
     print()
