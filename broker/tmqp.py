@@ -401,7 +401,8 @@ def _decode_frame(buf: bytes, frames: Any) -> Frame:
     if len(frames) != 1:
         raise DecodeError("Frame: expected 1 frame(s)")
     size = len(buf)
-    (bits_flags, bits_options, f_id_length, f_source_length, f_target_length, f_content_type) = (
+    m: Any = _FrameSlots()
+    (bits_flags, bits_options, f_id_length, f_source_length, f_target_length, m.content_type) = (
         _LE_BBBBBH.unpack_from(buf, 0)
     )
     f_first_acquirer = bits_flags & 128 != 0
@@ -416,17 +417,17 @@ def _decode_frame(buf: bytes, frames: Any) -> Frame:
     end = pos + f_id_length
     if end > size:
         raise _rt.truncated("Frame.message_id")
-    f_message_id = buf[pos:end].decode()
+    m.message_id = buf[pos:end].decode()
     pos = end
     end = pos + f_source_length
     if end > size:
         raise _rt.truncated("Frame.source")
-    f_source = buf[pos:end].decode()
+    m.source = buf[pos:end].decode()
     pos = end
     end = pos + f_target_length
     if end > size:
         raise _rt.truncated("Frame.target")
-    f_target = buf[pos:end].decode()
+    m.target = buf[pos:end].decode()
     pos = end
     if f_has_header:
         (f_header_length,) = _LE_H.unpack_from(buf, pos)
@@ -440,23 +441,17 @@ def _decode_frame(buf: bytes, frames: Any) -> Frame:
     end = pos + f_payload_length
     if end > size:
         raise _rt.truncated("Frame.payload")
-    f_payload = buf[pos:end]
+    m.payload = buf[pos:end]
     pos = end
     if size != pos:
         raise DecodeError("Frame: trailing octets after the last field")
-    m: Any = _FrameSlots()
     m.first_acquirer = f_first_acquirer
     m.high_priority = f_high_priority
     m.message_type = f_message_type
     m.pending_response = f_pending_response
     m.pending_ack = f_pending_ack
     m.ttl = f_ttl
-    m.content_type = f_content_type
-    m.message_id = f_message_id
-    m.source = f_source
-    m.target = f_target
     m.headers = f_headers
-    m.payload = f_payload
     m.__class__ = Frame
     return m
 

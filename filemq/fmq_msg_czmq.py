@@ -61,6 +61,7 @@ FILE_DELETE = 2
 SIGNATURE = b"\xaa\xa3"
 MODEL_NAME = "fmq_msg_czmq"
 
+_BE_3xQQ = struct.Struct(">3xQQ")
 _BE_BBBB = struct.Struct(">BBBB")
 _BE_BBBI = struct.Struct(">BBBI")
 _BE_BBBQBI = struct.Struct(">BBBQBI")
@@ -68,7 +69,6 @@ _BE_BBBQQ = struct.Struct(">BBBQQ")
 _BE_H = struct.Struct(">H")
 _BE_I = struct.Struct(">I")
 _BE_QB = struct.Struct(">QB")
-_BE_QQ = struct.Struct(">QQ")
 _U32 = struct.Struct(">I")
 
 
@@ -724,6 +724,7 @@ def _decode_ohai(buf: bytes, frames: Any) -> Ohai:
     if len(frames) != 1:
         raise DecodeError("Ohai: expected 1 frame(s)")
     size = len(buf)
+    m: Any = _OhaiSlots()
     pos = 3
     end = pos + 1 + buf[pos]
     if end > size:
@@ -737,7 +738,6 @@ def _decode_ohai(buf: bytes, frames: Any) -> Ohai:
         raise DecodeError(f"Ohai.version must be 2, not {f_version}")
     if size != pos + 2:
         raise DecodeError("Ohai: trailing octets after the last field")
-    m: Any = _OhaiSlots()
     m.protocol = f_protocol
     m.version = f_version
     m.__class__ = Ohai
@@ -756,20 +756,17 @@ def _decode_icanhaz(buf: bytes, frames: Any) -> Icanhaz:
     if len(frames) != 1:
         raise DecodeError("Icanhaz: expected 1 frame(s)")
     size = len(buf)
+    m: Any = _IcanhazSlots()
     pos = 3
     end = pos + 4 + _U32.unpack_from(buf, pos)[0]
     if end > size:
         raise _rt.truncated("Icanhaz.path")
-    f_path = buf[pos + 4 : end].decode()
+    m.path = buf[pos + 4 : end].decode()
     pos = end
-    f_options, pos = _rt.dec_hash(buf, pos, "Icanhaz.options")
-    f_cache, pos = _rt.dec_hash(buf, pos, "Icanhaz.cache")
+    m.options, pos = _rt.dec_hash(buf, pos, "Icanhaz.options")
+    m.cache, pos = _rt.dec_hash(buf, pos, "Icanhaz.cache")
     if size != pos:
         raise DecodeError("Icanhaz: trailing octets after the last field")
-    m: Any = _IcanhazSlots()
-    m.path = f_path
-    m.options = f_options
-    m.cache = f_cache
     m.__class__ = Icanhaz
     return m
 
@@ -785,13 +782,10 @@ def _decode_icanhaz_ok(buf: bytes, frames: Any) -> IcanhazOk:
 def _decode_nom(buf: bytes, frames: Any) -> Nom:
     if len(frames) != 1:
         raise DecodeError("Nom: expected 1 frame(s)")
-    size = len(buf)
-    (f_credit, f_sequence) = _BE_QQ.unpack_from(buf, 3)
-    if size != 19:
-        raise DecodeError("Nom: trailing octets after the last field")
+    if len(buf) != 19:
+        raise _rt.wrong_size("Nom", len(buf), 19)
     m: Any = _NomSlots()
-    m.credit = f_credit
-    m.sequence = f_sequence
+    (m.credit, m.sequence) = _BE_3xQQ.unpack(buf)
     m.__class__ = Nom
     return m
 
@@ -800,31 +794,24 @@ def _decode_cheezburger(buf: bytes, frames: Any) -> Cheezburger:
     if len(frames) != 1:
         raise DecodeError("Cheezburger: expected 1 frame(s)")
     size = len(buf)
-    (f_sequence, f_operation) = _BE_QB.unpack_from(buf, 3)
+    m: Any = _CheezburgerSlots()
+    (m.sequence, m.operation) = _BE_QB.unpack_from(buf, 3)
     pos = 12
     end = pos + 4 + _U32.unpack_from(buf, pos)[0]
     if end > size:
         raise _rt.truncated("Cheezburger.filename")
-    f_filename = buf[pos + 4 : end].decode()
+    m.filename = buf[pos + 4 : end].decode()
     pos = end
-    (f_offset, f_eof) = _BE_QB.unpack_from(buf, pos)
+    (m.offset, m.eof) = _BE_QB.unpack_from(buf, pos)
     pos = pos + 9
-    f_headers, pos = _rt.dec_hash(buf, pos, "Cheezburger.headers")
+    m.headers, pos = _rt.dec_hash(buf, pos, "Cheezburger.headers")
     end = pos + 4 + _U32.unpack_from(buf, pos)[0]
     if end > size:
         raise _rt.truncated("Cheezburger.chunk")
-    f_chunk = buf[pos + 4 : end]
+    m.chunk = buf[pos + 4 : end]
     pos = end
     if size != pos:
         raise DecodeError("Cheezburger: trailing octets after the last field")
-    m: Any = _CheezburgerSlots()
-    m.sequence = f_sequence
-    m.operation = f_operation
-    m.filename = f_filename
-    m.offset = f_offset
-    m.eof = f_eof
-    m.headers = f_headers
-    m.chunk = f_chunk
     m.__class__ = Cheezburger
     return m
 
@@ -857,16 +844,15 @@ def _decode_srsly(buf: bytes, frames: Any) -> Srsly:
     if len(frames) != 1:
         raise DecodeError("Srsly: expected 1 frame(s)")
     size = len(buf)
+    m: Any = _SrslySlots()
     pos = 3
     end = pos + 1 + buf[pos]
     if end > size:
         raise _rt.truncated("Srsly.reason")
-    f_reason = buf[pos + 1 : end].decode()
+    m.reason = buf[pos + 1 : end].decode()
     pos = end
     if size != pos:
         raise DecodeError("Srsly: trailing octets after the last field")
-    m: Any = _SrslySlots()
-    m.reason = f_reason
     m.__class__ = Srsly
     return m
 
@@ -875,16 +861,15 @@ def _decode_rtfm(buf: bytes, frames: Any) -> Rtfm:
     if len(frames) != 1:
         raise DecodeError("Rtfm: expected 1 frame(s)")
     size = len(buf)
+    m: Any = _RtfmSlots()
     pos = 3
     end = pos + 1 + buf[pos]
     if end > size:
         raise _rt.truncated("Rtfm.reason")
-    f_reason = buf[pos + 1 : end].decode()
+    m.reason = buf[pos + 1 : end].decode()
     pos = end
     if size != pos:
         raise DecodeError("Rtfm: trailing octets after the last field")
-    m: Any = _RtfmSlots()
-    m.reason = f_reason
     m.__class__ = Rtfm
     return m
 
@@ -938,19 +923,15 @@ def decode(frames: Any) -> Message:
 
     Raises DecodeError, and nothing else, on malformed input.
     """
-    if not frames:
-        raise DecodeError("no frames", signature_ok=False)
     try:
         buf = frames[0]
         if type(buf) is not bytes:
             buf = _rt.frame_bytes(buf)
+        decoder = _DECODERS[buf[2]]
     except (TypeError, LookupError):
-        raise DecodeError("not bytes-like", signature_ok=False) from None
-    if len(buf) < 3 or buf[0] != 170 or buf[1] != 163:
-        raise DecodeError("bad signature", signature_ok=False)
-    decoder = _DECODERS[buf[2]]
-    if decoder is None:
-        raise DecodeError(f"unknown message id {buf[2]}", message_id=buf[2])
+        decoder = None
+    if decoder is None or buf[0] != 170 or buf[1] != 163:
+        raise _rt.refused(frames, SIGNATURE)
     try:
         return decoder(buf, frames)
     except DecodeError as exc:

@@ -29,10 +29,48 @@ def build(src: Source, msg: Message, entries: list[tuple[str, str]]) -> None:
     then the twin becomes the frozen class (see ``zproto.runtime.MessageBase``).
     """
     src(f"m: Any = {twin_name(msg)}()")
+    finish(src, msg, entries)
+
+
+def finish(src: Source, msg: Message, entries: list[tuple[str, str]]) -> None:
+    """Fill the rest of the twin ``m`` with ``entries`` and return it as a ``msg``."""
     for ident, expr in entries:
         src(f"m.{ident} = {expr}")
     src(f"m.__class__ = {msg.class_name}")
     src("return m")
+
+
+def stored_directly(msg: Message) -> set[str]:
+    """Fields a decoder reads straight into the slots of the message's twin: those whose
+    value is the attribute as read (no constant to check, no bits to split, not in an
+    optional section, not a length another field needs)."""
+    direct: set[str] = set()
+    for item in msg.items:
+        if isinstance(item, Optional) or item.derived or item.value is not None:
+            continue
+        if item.type in ("bits", "uuid") or (item.type == "number" and item.size == VARLEN):
+            continue
+        direct.add(item.ident)
+    return direct
+
+
+def fixed_size(msg: Message) -> int | None:
+    """The size of a classic message's one frame when every field has a fixed size and
+    one byte order (the whole frame is then one ``struct``), else None."""
+    if not msg.fields:
+        return None
+    size = 3
+    orders = set()
+    for fld in msg.fields:
+        if fld.type == "number" and fld.size != VARLEN:
+            size += int(fld.size or 1)
+            if int(fld.size or 1) > 1:
+                orders.add(fld.byteorder)
+        elif fld.type == "octets" and fld.length_ref is None:
+            size += int(fld.size or 0)
+        else:
+            return None
+    return size if len(orders) <= 1 else None
 
 
 def bit_values(fld: Field, raw: str) -> dict[str, str]:
@@ -73,9 +111,19 @@ class DecoderWriter:
         else:
             src(f"if len(frames) != {n_frames}:")
             src(f'    raise DecodeError("{cname}: expected {n_frames} frame(s)")')
+        whole = fixed_size(msg) if self.classic else None
         self._ctx = _DecodeCtx(src, 3 if self.classic else 0, cname, self.structs)
-        if msg.fields and any(f.type not in ("frame", "msg") for f in msg.fields):
+        attrs = attributes(msg)
+        self._direct = stored_directly(msg) if attrs else set()
+        if whole is not None:
+            # one struct covers the frame, signature and id included (pad octets)
+            src(f"if len(buf) != {whole}:")
+            src(f'    raise _rt.wrong_size("{cname}", len(buf), {whole})')
+            self._ctx.whole = True
+        elif msg.fields and any(f.type not in ("frame", "msg") for f in msg.fields):
             src("size = len(buf)")
+        if attrs:
+            src(f"m: Any = {twin_name(msg)}()")
         frame_index = 1
         for item in msg.items:
             if isinstance(item, Optional):
@@ -100,15 +148,17 @@ class DecoderWriter:
                 frame_index = self._decode_field(item, frame_index)
         self._ctx.flush()
         end = self._ctx.position()
-        if msg.fields and any(f.type not in ("frame", "msg") for f in msg.fields):
+        if whole is not None:
+            pass  # the size was checked first
+        elif msg.fields and any(f.type not in ("frame", "msg") for f in msg.fields):
             src(f"if size != {end}:")
             src(f'    raise DecodeError("{cname}: trailing octets after the last field")')
         elif self.classic:
             src("if len(buf) != 3:")
             src(f'    raise DecodeError("{cname}: trailing octets after the message id")')
-        attrs = attributes(msg)
         if attrs:
-            build(src, msg, [(a.ident, f"f_{a.ident}") for a in attrs])
+            rest = [(a.ident, f"f_{a.ident}") for a in attrs if a.ident not in self._direct]
+            finish(src, msg, rest)
         else:
             src(f"return {cname}()")
         src.dedent()
@@ -117,7 +167,8 @@ class DecoderWriter:
 
     def _decode_field(self, fld: Field, frame_index: int) -> int:
         ctx, src = self._ctx, self._ctx.src
-        ident, what = f"f_{fld.ident}", f"{self._ctx.cname}.{fld.ident}"
+        what = f"{self._ctx.cname}.{fld.ident}"
+        ident = f"m.{fld.ident}" if fld.ident in self._direct else f"f_{fld.ident}"
         if fld.type == "number":
             if fld.size == VARLEN:
                 ctx.flush()
@@ -217,6 +268,7 @@ class _DecodeCtx:
         self.run_size = 0
         self.run_order: str | None = None
         self.pending: list[str] = []
+        self.whole = False  # the first run is the whole frame: unpack it all, pad first
 
     def position(self) -> str:
         if self.base is None:
@@ -237,8 +289,14 @@ class _DecodeCtx:
 
     def flush(self) -> None:
         if self.run:
-            fmt = ORDER_PREFIX[self.run_order or "big"] + "".join(c for _, c in self.run)
-            call = f"{self.structs.name(fmt)}.unpack_from(buf, {self.position()})"
+            chars = "".join(c for _, c in self.run)
+            if self.whole:
+                fmt = f"{ORDER_PREFIX[self.run_order or 'big']}{self.offset}x{chars}"
+                call = f"{self.structs.name(fmt)}.unpack(buf)"
+                self.whole = False
+            else:
+                fmt = ORDER_PREFIX[self.run_order or "big"] + chars
+                call = f"{self.structs.name(fmt)}.unpack_from(buf, {self.position()})"
             self.src.unpack([t for t, _ in self.run], call)
             self.offset += self.run_size
             self.run, self.run_size, self.run_order = [], 0, None

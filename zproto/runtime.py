@@ -37,8 +37,10 @@ __all__ = [
     "frame_bytes",
     "frame_out",
     "frames_out",
+    "refused",
     "truncated",
     "unknown_fields",
+    "wrong_size",
 ]
 
 
@@ -105,6 +107,31 @@ _LIMITS = {1: 0xFF, 2: 0xFFFF, 4: 0xFFFFFFFF, 8: 0xFFFFFFFFFFFFFFFF}
 
 def truncated(what: str) -> DecodeError:
     return DecodeError(f"{what}: length runs past the end of the frame")
+
+
+def wrong_size(name: str, size: int, expected: int) -> DecodeError:
+    """The error of a fixed-size message whose frame has another size."""
+    if size < expected:
+        return DecodeError(f"{name}: truncated ({size} of {expected} octets)")
+    return DecodeError(f"{name}: trailing octets after the last field ({size} > {expected})")
+
+
+def refused(frames: Any, signature: bytes) -> DecodeError:
+    """Why a classic ``decode()`` turned frames away before a message decoder ran: no
+    frames, a first frame that is not bytes-like, a wrong signature or an unknown id.
+
+    The generated ``decode()`` dispatches with a few cheap tests; this sorts out, on the
+    slow path, which one failed (the signature before the id).
+    """
+    if not frames:
+        return DecodeError("no frames", signature_ok=False)
+    try:
+        buf = frame_bytes(frames[0])
+    except (TypeError, LookupError):
+        return DecodeError("not bytes-like", signature_ok=False)
+    if len(buf) < 3 or buf[:2] != signature:
+        return DecodeError("bad signature", signature_ok=False)
+    return DecodeError(f"unknown message id {buf[2]}", message_id=buf[2])
 
 
 def frame_bytes(frame: Any) -> bytes:
