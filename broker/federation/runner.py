@@ -134,32 +134,27 @@ class Federation:
             timeout=LOCAL_TIMEOUT,
             **keys,
         )
-        remote_keys: dict[str, Any] = {}
-        if settings.server_key is not None:
-            remote_keys = {
-                "server_key": settings.server_key,
-                "curve_secret": settings.curve_secret,
-            }
-        self.links = [
-            _Link(
-                spec,
-                Client(
-                    spec.endpoint,
-                    context=context,
-                    client_type=LINK_TYPE,
-                    name=f"link-{self.me}",
-                    timeout=settings.answer_timeout,
-                    **remote_keys,
-                ),
-            )
-            for spec in settings.links
-        ]
+        self.links = [_Link(spec, self._link_client(spec)) for spec in settings.links]
         self._accepted: dict[str, str] = {}  # peer id -> its link's client id here
         self._lock = threading.RLock()
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._next_exchange = 0.0
         self.failure: BaseException | None = None
+
+    def _link_client(self, spec: LinkSpec) -> Client:
+        keys: dict[str, Any] = {}
+        server_key = spec.server_key or self.settings.server_key
+        if server_key is not None:
+            keys = {"server_key": server_key, "curve_secret": self.settings.curve_secret}
+        return Client(
+            spec.endpoint,
+            context=self._context,
+            client_type=LINK_TYPE,
+            name=f"link-{self.me}",
+            timeout=self.settings.answer_timeout,
+            **keys,
+        )
 
     # -- lifecycle ---------------------------------------------------------------------
 

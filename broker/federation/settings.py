@@ -7,7 +7,9 @@ A link spec is ``tcp://HOST:PORT[?mode=both|out|in&channels=PATTERN,PATTERN]``:
   "master"); it never asks the remote for messages;
 * ``mode=in``: this broker only takes messages from the remote;
 * ``channels``: shell patterns (``fnmatch``) of the channel names the link carries, both
-  ways (default ``*``).
+  ways (default ``*``);
+* ``key``: the remote broker's public key file (CURVE), when it is not the one of
+  ``--link-server-key``.
 
 The broker accepting links limits them with ``accept`` patterns (``--link-accept``,
 default ``*``): channels a link peer may publish into or ask messages from.  The link
@@ -77,6 +79,7 @@ class LinkSpec:
     endpoint: str
     mode: LinkMode = LinkMode.BOTH
     channels: tuple[str, ...] = ("*",)
+    server_key: str | None = None
 
     def carries(self, channel: str) -> bool:
         return channel_allowed(self.channels, channel)
@@ -92,7 +95,7 @@ def parse_link(text: str) -> LinkSpec:
     if parts.scheme != "tcp" or not parts.hostname or port is None or parts.path:
         raise ConfigError(f"--link wants tcp://HOST:PORT[?mode=..&channels=..], got {text!r}")
     options = parse_qs(parts.query, keep_blank_values=True)
-    unknown = set(options) - {"mode", "channels"}
+    unknown = set(options) - {"mode", "channels", "key"}
     if unknown:
         raise ConfigError(f"--link {text!r}: unknown option {sorted(unknown)[0]!r}")
     mode = LinkMode.BOTH
@@ -108,7 +111,8 @@ def parse_link(text: str) -> LinkSpec:
         if not channels:
             raise ConfigError(f"--link {text!r}: channels= names no pattern")
     host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
-    return LinkSpec(f"tcp://{host}:{port}", mode, channels)
+    key = options["key"][-1] if "key" in options else None
+    return LinkSpec(f"tcp://{host}:{port}", mode, channels, key or None)
 
 
 def check_broker_id(value: str) -> str:
@@ -170,5 +174,8 @@ class FederationSettings:
                 raise ConfigError(f"federation {name} must be at least 1")
         if not 0 < self.exchange_interval < self.peer_timeout:
             raise ConfigError("federation wants 0 < exchange interval < peer timeout")
-        if (self.server_key is None) != (self.curve_secret is None):
-            raise ConfigError("--link-server-key and --link-secret go together")
+        for link in self.links:
+            key = link.server_key or self.server_key
+            if (key is None) != (self.curve_secret is None):
+                raise ConfigError("a link's server key (key= or --link-server-key) and "
+                                  "--link-secret go together")  # fmt: skip

@@ -1,0 +1,172 @@
+"""Federation between real ``broker serve`` processes (``--link``)."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from broker.client.blocking import Client, Message
+from tests.federation.kit import Broker, consumers, wait_joined
+from tests.polling import wait_until
+
+BROADCAST = {"Status": "Broadcast"}
+PERSISTENT = {"MessageDeliveryHandler": "persistent", "RequestAcknowledge": True}
+
+Ctx = zmq.Context[zmq.Socket[bytes]]
+
+
+@pytest.fixture
+def zctx() -> Iterator[Ctx]:
+    ctx: Ctx = zmq.Context()
+    yield ctx
+    ctx.destroy(linger=0)
+
+
+@pytest.fixture
+def brokers() -> Iterator[list[Broker]]:
+    made: list[Broker] = []
+    yield made
+    for b in made:
+        b.kill()
+
+
+def collect(client: Client, into: list[Message]) -> None:
+    client.on_message(into.append)
+
+
+def payloads(got: list[Message]) -> Counter[bytes]:
+    return Counter(bytes(m.payload) for m in got)
+
+
+def test_triangle_unlimited_depth_delivers_each_message_once(
+    brokers: list[Broker], zctx: Ctx
+) -> None:
+    a, b, c = Broker("A"), Broker("B"), Broker("C")
+    brokers += [a, b, c]
+    a.start(a.link(b))
+    b.start(b.link(c))
+    c.start(c.link(a))
+    subs = [x.client(zctx) for x in (a, b, c)]
+    got: list[list[Message]] = [[], [], []]
+    for sub, into in zip(subs, got, strict=True):
+        sub.create_queue("news", 0, BROADCAST)
+        collect(sub, into)
+        sub.join("news")
+    wait_joined(subs, "news")
+    n = 20
+    expected = Counter(f"{x}-{i}".encode() for x in "ABC" for i in range(n))
+    for name, pub in zip("ABC", subs, strict=True):
+        for i in range(n):
+            pub.push("news", 0, f"{name}-{i}", ack=True)
+    for into in got:
+        assert wait_until(lambda into=into: sum(payloads(into).values()) >= len(expected), 20)
+    # a loop or a duplicate would bring more copies: give them time to come
+    time.sleep(1.5)
+    for into in got:
+        assert payloads(into) == expected
+    for m in got[1]:  # a message's Hops: where it came from, never this broker (B)
+        if m.payload.startswith(b"A-"):
+            assert m.header("Hops") in ("A", "A,C")
+        if m.payload.startswith(b"B-"):
+            assert m.header("Hops") is None
+    for sub in subs:
+        sub.close()
+
+
+def test_depth_zero_stays_local_and_depth_one_goes_one_hop(
+    brokers: list[Broker], zctx: Ctx
+) -> None:
+    a, b, c = Broker("A"), Broker("B"), Broker("C")
+    brokers += [a, b, c]
+    c.start()
+    b.start(b.link(c))
+    a.start(a.link(b))  # a line: A - B - C
+    subs = [x.client(zctx) for x in (a, b, c)]
+    got: list[list[Message]] = [[], [], []]
+    for sub, into in zip(subs, got, strict=True):
+        sub.create_queue("news", 0, BROADCAST)
+        collect(sub, into)
+        sub.join("news")
+    wait_joined(subs, "news")
+    pub = subs[0]
+    pub.push("news", 0, "depth-0", ack=True, headers={"Depth": "0"})
+    pub.push("news", 0, "depth-1", ack=True, headers={"Depth": "1"})
+    pub.push("news", 0, "depth-default", ack=True)  # -1: unlimited
+    for into in got:
+        assert wait_until(lambda into=into: b"depth-default" in payloads(into), 20)
+    time.sleep(1.0)
+    assert payloads(got[0]) == Counter([b"depth-0", b"depth-1", b"depth-default"])
+    assert payloads(got[1]) == Counter([b"depth-1", b"depth-default"])
+    assert payloads(got[2]) == Counter([b"depth-default"])
+    on_b = {bytes(m.payload): m for m in got[1]}
+    assert on_b[b"depth-1"].header("Depth") == "0"
+    assert on_b[b"depth-1"].header("Hops") == "A"
+    for sub in subs:
+        sub.close()
+
+
+def test_no_interest_no_forwarding(brokers: list[Broker], zctx: Ctx) -> None:
+    """A channel nobody on B subscribes to is not joined (nor forwarded) by A."""
+    a, b = Broker("A"), Broker("B")
+    brokers += [a, b]
+    b.start()
+    a.start(a.link(b))
+    sub_b = b.client(zctx)
+    sub_b.create_queue("wanted", 0, BROADCAST)
+    sub_b.join("wanted")
+    pub = a.client(zctx)
+    pub.create_queue("wanted", 0, BROADCAST)
+    pub.create_queue("unwanted", 0, BROADCAST)
+    wait_joined([pub], "wanted", 1)  # A's federation client joined what B wants
+    assert consumers(pub, "unwanted") == 0
+    pub.close()
+    sub_b.close()
+
+
+def test_persistent_queue_survives_link_drop_and_restart(
+    brokers: list[Broker], zctx: Ctx, tmp_path: Path
+) -> None:
+    a = Broker("A", data=tmp_path / "a")
+    b = Broker("B", data=tmp_path / "b")
+    brokers += [a, b]
+    b.start()
+    a.start(a.link(b))
+    sub = b.client(zctx)
+    sub.create_queue("orders", 1, PERSISTENT)
+    received: list[Message] = []
+
+    def take(m: Message) -> None:
+        received.append(m)
+        sub.ack(m)
+
+    sub.on_message(take)
+    sub.join("orders")
+    pub = a.client(zctx)
+    pub.create_queue("orders", 1, PERSISTENT)
+    wait_joined([pub], "orders", 1)
+    n = 100
+    for i in range(n // 2):
+        pub.push("orders", 1, f"o-{i}", ack=True)
+    b.kill()  # mid-stream: some forwards in flight, some not yet sent
+    for i in range(n // 2, n):
+        pub.push("orders", 1, f"o-{i}", ack=True)  # A keeps them (persistent, unconfirmed)
+    b.start()
+    want = {f"o-{i}".encode() for i in range(n)}
+    assert wait_until(lambda: want <= set(payloads(received)), 30), (
+        f"missing {sorted(want - set(payloads(received)))[:10]}"
+    )
+    # and A's queue let go of them once B confirmed: all acknowledged, none left
+    assert wait_until(lambda: _queue_empty(pub, "orders", 1), 20)
+    assert int(pub.queue_info("orders", 1)["Acks"]) >= n
+    pub.close()
+    sub.close()
+
+
+def _queue_empty(client: Client, channel: str, queue_id: int) -> bool:
+    info = client.queue_info(channel, queue_id)
+    return int(info["Messages"]) == 0 and int(info["PriorityMessages"]) == 0
