@@ -141,6 +141,7 @@ class Federation:
         self._threads: list[threading.Thread] = []
         self._next_exchange = 0.0
         self.failure: BaseException | None = None
+        self.errors = 0  # events the driver failed on (logged)
 
     def _link_client(self, spec: LinkSpec) -> Client:
         keys: dict[str, Any] = {}
@@ -244,11 +245,19 @@ class Federation:
         except queue.Empty:
             return
         while True:
-            self._run(self._locked(lambda e=event: self._feed(e)))  # type: ignore[misc]
+            self._guarded(event)
             try:
                 event = self._events.get_nowait()
             except queue.Empty:
                 return
+
+    def _guarded(self, event: _Event) -> None:
+        """Feed one event; a failure is logged and counted, the driver goes on."""
+        try:
+            self._run(self._locked(lambda: self._feed(event)))
+        except Exception:
+            log.exception("federation: failed on %s", type(event).__name__)
+            self.errors += 1
 
     def _locked(self, step: Callable[[], list[Action]]) -> list[Action]:
         with self._lock:
@@ -308,7 +317,6 @@ class Federation:
         return self.core.interest_heard(peer_id, policy, interest, self._clock())
 
     def _feed(self, event: _Event) -> list[Action]:
-        log.debug("federation event %r", event)
         match event:
             case _Local(message):
                 return self._from_local(message)
@@ -352,6 +360,11 @@ class Federation:
             return self.core.bad_message((self.local, m), str(exc))
         if peer_id == self.me:
             return self.core.bad_message((self.local, m), "a link from this broker to itself")
+        known = self._accepted.get(peer_id)
+        peer = self.core.peers.get(peer_id)
+        if known not in (None, m.source) and peer is not None and peer.up:
+            # an impostor reusing a live broker's id (or a second link from it)
+            return self.core.bad_message((self.local, m), f"broker {peer_id!r} is linked already")
         self._accepted[peer_id] = m.source
         policy = Policy(LinkMode.BOTH, self.settings.accept)
         actions = self.core.interest_heard(peer_id, policy, interest, self._clock())

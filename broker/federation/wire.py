@@ -187,8 +187,8 @@ def decode_interest(payload: bytes) -> tuple[str, Interest]:
         raise BadPeerMessage(f"interest of {len(payload)} octets over {MAX_INTEREST_SIZE}")
     try:
         body: Any = json.loads(bytes(payload))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadPeerMessage(f"interest is not JSON: {exc}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise BadPeerMessage(f"interest is not JSON: {type(exc).__name__}") from None
     if not isinstance(body, dict):
         raise BadPeerMessage("interest is not a JSON object")
     broker = body.get("broker")

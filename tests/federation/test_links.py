@@ -170,3 +170,91 @@ def test_persistent_queue_survives_link_drop_and_restart(
 def _queue_empty(client: Client, channel: str, queue_id: int) -> bool:
     info = client.queue_info(channel, queue_id)
     return int(info["Messages"]) == 0 and int(info["PriorityMessages"]) == 0
+
+
+def test_unauthorised_link_is_refused(brokers: list[Broker], zctx: Ctx, tmp_path: Path) -> None:
+    from zerohub.zmqkit import new_certificate
+
+    server_pub, server_sec = new_certificate("server", tmp_path / "server")
+    new_certificate("good", tmp_path / "allow")
+    good = tmp_path / "allow" / "good.key_secret"
+    _bad_pub, bad = new_certificate("bad", tmp_path / "other")
+    a = Broker("A", "--curve-secret", str(server_sec), "--allow", str(tmp_path / "allow"),
+               "--link-secret", str(good))  # fmt: skip
+    b, c = Broker("B"), Broker("C")
+    brokers += [a, b, c]
+    a.start()
+    b.start(b.link(a, f"?key={server_pub}"), "--link-secret", str(bad))
+    c.start(c.link(a, f"?key={server_pub}"), "--link-secret", str(good))
+    sub = a.client(zctx, server_key=server_pub, curve_secret=good)
+    got: list[Message] = []
+    sub.create_queue("news", 0, BROADCAST)
+    collect(sub, got)
+    sub.join("news")
+    pub_b, pub_c = b.client(zctx), c.client(zctx)
+    for pub in (pub_b, pub_c):
+        pub.create_queue("news", 0, BROADCAST)
+    wait_joined([pub_c], "news", 1)  # C's link is up: its federation client took the channel
+    pub_b.push("news", 0, "from-B", ack=True)
+    pub_c.push("news", 0, "from-C", ack=True)
+    assert wait_until(lambda: b"from-C" in payloads(got), 20)
+    time.sleep(1.0)
+    assert payloads(got) == Counter([b"from-C"])
+    assert consumers(pub_b, "news") == 0  # B never heard A's interest
+    assert a.alive() and b.alive()
+    for client in (sub, pub_b, pub_c):
+        client.close()
+
+
+def test_garbage_and_impostors_from_link_peers_do_not_hurt(
+    brokers: list[Broker], zctx: Ctx
+) -> None:
+    from broker.client.blocking import RemoteError
+    from broker.federation.wire import FEDERATION_CLIENT, INTEREST, MESSAGE
+
+    a, b = Broker("A"), Broker("B")
+    brokers += [a, b]
+    a.start()
+    b.start(b.link(a))
+    sub = a.client(zctx)
+    got: list[Message] = []
+    sub.create_queue("news", 0, BROADCAST)
+    collect(sub, got)
+    sub.join("news")
+    pub = b.client(zctx)
+    pub.create_queue("news", 0, BROADCAST)
+    wait_joined([pub], "news", 1)
+    evil = a.client(zctx, client_type="zerohub-link")
+    forged = {"Fed-Broker": "B", "Fed-Channel": "news", "Fed-Queue": "0", "Fed-Id": "x/1",
+              "Hops": "B", "Depth": "-1"}  # fmt: skip
+    attempts: list[tuple[int, bytes, dict[str, str] | None]] = [
+        (INTEREST, b"not json", None),
+        (INTEREST, b'{"broker": "B", "interest": {"news": ["B"]}}', None),  # B's id, live
+        (INTEREST, b'{"broker": "../x", "interest": {}}', None),
+        (INTEREST, b'{"broker": "E", "interest": {"news": ["A"]}}', None),  # path not E's
+        (INTEREST, b"[" * 5_000, None),  # nested past the JSON parser's recursion
+        (MESSAGE, b"impostor", forged),  # claims to be B from another connection
+        (MESSAGE, b"x", {**forged, "Hops": ",".join(["h"] * 1000)}),
+        (MESSAGE, b"x", {**forged, "Depth": "many"}),
+        (MESSAGE, b"x", {"Fed-Broker": "B"}),
+        (99, b"x", None),
+    ]
+    for content_type, payload, headers in attempts:
+        with pytest.raises(RemoteError) as refused:
+            evil.request(FEDERATION_CLIENT, payload, content_type=content_type,
+                         headers=headers, timeout=10)  # fmt: skip
+        assert refused.value.code in (400, 401), (payload[:40], refused.value)
+    # raw garbage on the broker's port
+    raw = zctx.socket(zmq.DEALER)
+    raw.linger = 0
+    raw.connect(a.endpoint)
+    for junk in (b"\x00", b"\xff" * 300, b"TMQP garbage"):
+        raw.send(junk)
+    raw.close()
+    pub.push("news", 0, "real", ack=True)  # the real link still works
+    assert wait_until(lambda: b"real" in payloads(got), 20)
+    time.sleep(0.5)
+    assert payloads(got) == Counter([b"real"])
+    assert a.alive() and b.alive()
+    for client in (sub, pub, evil):
+        client.close()
