@@ -446,7 +446,7 @@ class FederationCore:
         counts["pending"] = len(self._out)
         counts["peers"] = {
             p.id: {"up": p.up, "in_flight": p.in_flight, "waiting": len(p.waiting),
-                   "interest": len(p.interest)}
+                   "interest": sorted(p.interest)}
             for p in self.peers.values()
         }  # fmt: skip
         counts["joined"] = sorted(self.joined)

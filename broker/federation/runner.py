@@ -12,6 +12,7 @@ answering is down until an exchange succeeds again.
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import secrets
@@ -45,6 +46,7 @@ from broker.federation.wire import (
     INTEREST,
     LINK_TYPE,
     MESSAGE,
+    STATS,
     decode_interest,
     encode_interest,
     local_headers,
@@ -68,10 +70,11 @@ class _Link:
     """One ``--link``: the client on the remote broker and the peer's id once known."""
 
     spec: LinkSpec
-    client: Client
+    client: Client | None = None  # set once connected (the client reconnects by itself)
     connected: bool = False
     peer_id: str | None = None
     asking: bool = False  # an interest exchange is under way
+    connect_failures: int = 0
 
 
 # -- events from the clients' threads ---------------------------------------------------
@@ -91,6 +94,7 @@ class _FromLink:
 @dataclass(frozen=True, slots=True)
 class _Connected:
     link: _Link
+    client: Client
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +138,7 @@ class Federation:
             timeout=LOCAL_TIMEOUT,
             **keys,
         )
-        self.links = [_Link(spec, self._link_client(spec)) for spec in settings.links]
+        self.links = [_Link(spec) for spec in settings.links]
         self._accepted: dict[str, str] = {}  # peer id -> its link's client id here
         self._lock = threading.RLock()
         self._stopping = threading.Event()
@@ -175,7 +179,6 @@ class Federation:
                 self._stopping.wait(backoff.failed(0.0))
                 continue
             for link in self.links:
-                link.client.on_message(self._link_sink(link))
                 self._spawn(self._connect_link, link, name="federation-connect")
             return True
         return False
@@ -193,7 +196,8 @@ class Federation:
         while self._threads:
             self._threads.pop().join(timeout)
         for link in self.links:
-            link.client.close(timeout=1.0)
+            if link.client is not None:
+                link.client.close(timeout=1.0)
         self.local.close(timeout=1.0)
 
     def stats(self) -> dict[str, Any]:
@@ -201,23 +205,34 @@ class Federation:
             counts = self.core.stats()
         counts["broker"] = self.me
         counts["links"] = {
-            link.spec.endpoint: {"connected": link.connected, "peer": link.peer_id}
+            link.spec.endpoint: {
+                "connected": link.connected,
+                "peer": link.peer_id,
+                "connect_failures": link.connect_failures,
+            }
             for link in self.links
         }
         return counts
 
     def _connect_link(self, link: _Link) -> None:
-        """Connect with backoff (the client reconnects by itself afterwards)."""
+        """Connect with backoff, a new client per attempt (a client whose first connect
+        failed is closed); once connected, the client reconnects by itself."""
         backoff = Backoff(*self.settings.retry)
         while not self._stopping.is_set():
+            client = self._link_client(link.spec)
+            client.on_message(self._link_sink(link))
             try:
-                link.client.connect(timeout=CONNECT_TIMEOUT)
+                client.connect(timeout=CONNECT_TIMEOUT)
             except ClientError as exc:
+                link.connect_failures += 1
                 delay = backoff.failed(0.0)
                 log.info("link to %s: cannot connect (%s)", link.spec.endpoint, exc)
                 self._stopping.wait(delay)
                 continue
-            self._events.put(_Connected(link))
+            if self._stopping.is_set():
+                client.close(timeout=1.0)
+                return
+            self._events.put(_Connected(link, client))
             return
 
     # -- the driver thread -------------------------------------------------------------
@@ -280,7 +295,7 @@ class Federation:
             self.core.local_interest(wanted)
 
     def _exchange(self, link: _Link) -> None:
-        if not link.connected or link.asking:
+        if link.client is None or link.asking:
             return
         with self._lock:
             offer = self.core.advert_for(link.peer_id)
@@ -322,7 +337,8 @@ class Federation:
                 return self._from_local(message)
             case _FromLink(link, message):
                 return self._from_link(link, message)
-            case _Connected(link):
+            case _Connected(link, client):
+                link.client = client
                 link.connected = True
                 log.info("link to %s connected", link.spec.endpoint)
                 self._exchange(link)
@@ -350,6 +366,9 @@ class Federation:
             if self._accepted.get(sender) != m.source:
                 return self.core.bad_message(ref, f"no link of broker {sender!r} from here")
             return self.core.remote_message(sender, envelope, ref)
+        if m.content_type == STATS:
+            self._respond(self.local, m, json.dumps(self.stats(), sort_keys=True).encode())
+            return []
         return self.core.bad_message(ref, f"unknown federation message {m.content_type}")
 
     def _interest_request(self, m: Message) -> list[Action]:
@@ -374,7 +393,7 @@ class Federation:
 
     def _from_link(self, link: _Link, m: Message) -> list[Action]:
         ref = (link.client, m)
-        if m.kind is not Kind.DIRECT:
+        if m.kind is not Kind.DIRECT or link.client is None:
             return []
         if m.content_type != MESSAGE or m.source != FEDERATION_CLIENT:
             return self.core.bad_message(ref, "not a federation message")
@@ -424,7 +443,7 @@ class Federation:
         client: Client | None = None
         target = FEDERATION_CLIENT
         for link in self.links:
-            if link.peer_id == peer and link.connected:
+            if link.peer_id == peer and link.client is not None:
                 client = link.client
         if client is None and peer in self._accepted:
             client, target = self.local, self._accepted[peer]

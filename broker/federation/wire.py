@@ -14,6 +14,10 @@ connection.  Two kinds (the direct message's content type):
   broker ids the message passed, the sender last), ``Depth`` (hops it may still take
   after this one; -1 unlimited), and the message's own headers.
 
+* :data:`STATS` (request, any client of the broker): the answer is the federation's
+  counters, its peers (up, in flight, waiting, channels of interest) and joined channels
+  as JSON.
+
 The same ``Hops``, ``Depth`` and ``Fed-Id`` headers are on the message as pushed into the
 receiving broker's queue, so its subscribers see them and its federation client forwards
 it further.  A publisher may set ``Depth`` itself (0: this broker only).
@@ -36,6 +40,8 @@ LINK_TYPE = "zerohub-link"
 
 INTEREST = 1
 MESSAGE = 2
+#: Request (empty payload): the federation's counters, peers and joined channels as JSON.
+STATS = 3
 
 HOPS = "Hops"
 DEPTH = "Depth"

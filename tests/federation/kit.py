@@ -71,3 +71,26 @@ def wait_joined(clients: list[Client], channel: str, count: int = 2) -> None:
         assert wait_until(lambda c=c: consumers(c, channel) >= count, timeout=20), (
             f"{channel} never got {count} consumers on {c.endpoint}"
         )
+
+
+def federation_stats(client: Client) -> dict[str, Any]:
+    """The broker's federation statistics (its federation client answers STATS)."""
+    from broker.federation.wire import FEDERATION_CLIENT, STATS
+
+    answer = client.request(FEDERATION_CLIENT, b"", content_type=STATS, timeout=10)
+    stats: dict[str, Any] = answer.json()
+    return stats
+
+
+def wait_interest(client: Client, peers: set[str], channel: str) -> None:
+    """Until the broker heard from each of ``peers`` that it wants ``channel``."""
+
+    def heard() -> bool:
+        known = federation_stats(client)["peers"]
+        return all(
+            p in known and known[p]["up"] and channel in known[p]["interest"] for p in peers
+        )
+
+    assert wait_until(heard, timeout=20), (
+        f"{channel}: interest of {peers} never heard: {federation_stats(client)}"
+    )

@@ -11,7 +11,13 @@ import pytest
 import zmq
 
 from broker.client.blocking import Client, Message
-from tests.federation.kit import Broker, consumers, wait_joined
+from tests.federation.kit import (
+    Broker,
+    consumers,
+    federation_stats,
+    wait_interest,
+    wait_joined,
+)
 from tests.polling import wait_until
 
 BROADCAST = {"Status": "Broadcast"}
@@ -58,13 +64,19 @@ def test_triangle_unlimited_depth_delivers_each_message_once(
         collect(sub, into)
         sub.join("news")
     wait_joined(subs, "news")
+    for me, sub in zip("ABC", subs, strict=True):
+        wait_interest(sub, set("ABC") - {me}, "news")  # both its peers asked for it
     n = 20
     expected = Counter(f"{x}-{i}".encode() for x in "ABC" for i in range(n))
     for name, pub in zip("ABC", subs, strict=True):
         for i in range(n):
             pub.push("news", 0, f"{name}-{i}", ack=True)
     for into in got:
-        assert wait_until(lambda into=into: sum(payloads(into).values()) >= len(expected), 20)
+        done = wait_until(lambda into=into: sum(payloads(into).values()) >= len(expected), 20)
+        assert done, (
+            [sorted(set(expected) - set(payloads(x))) for x in got],
+            [federation_stats(s) for s in subs],
+        )
     # a loop or a duplicate would bring more copies: give them time to come
     time.sleep(1.5)
     for into in got:
@@ -93,6 +105,8 @@ def test_depth_zero_stays_local_and_depth_one_goes_one_hop(
         collect(sub, into)
         sub.join("news")
     wait_joined(subs, "news")
+    wait_interest(subs[0], {"B"}, "news")
+    wait_interest(subs[1], {"A", "C"}, "news")
     pub = subs[0]
     pub.push("news", 0, "depth-0", ack=True, headers={"Depth": "0"})
     pub.push("news", 0, "depth-1", ack=True, headers={"Depth": "1"})
@@ -258,3 +272,27 @@ def test_garbage_and_impostors_from_link_peers_do_not_hurt(
     assert a.alive() and b.alive()
     for client in (sub, pub, evil):
         client.close()
+
+
+def test_link_to_a_broker_that_starts_later(brokers: list[Broker], zctx: Ctx) -> None:
+    """The first connect attempts fail; the link keeps trying and comes up."""
+    a, b = Broker("A"), Broker("B")
+    brokers += [a, b]
+    a.start(a.link(b))
+    pub = a.client(zctx)
+
+    def failures() -> int:
+        return int(federation_stats(pub)["links"][b.endpoint]["connect_failures"])
+
+    assert wait_until(lambda: failures() >= 2, 30)
+    b.start()
+    sub = b.client(zctx)
+    sub.create_queue("news", 0, BROADCAST)
+    sub.join("news")
+    wait_interest(pub, {"B"}, "news")
+    got: list[Message] = []
+    collect(sub, got)
+    pub.push("news", 0, "late", ack=True)
+    assert wait_until(lambda: b"late" in payloads(got), 20)
+    pub.close()
+    sub.close()
