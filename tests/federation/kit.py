@@ -82,11 +82,27 @@ def federation_stats(client: Client) -> dict[str, Any]:
     return stats
 
 
+def stats_or_none(client: Client) -> dict[str, Any] | None:
+    """The federation statistics, None while the federation client is not connected yet
+    (it connects once its broker serves)."""
+    from broker.client.blocking import RemoteError
+
+    try:
+        return federation_stats(client)
+    except RemoteError as exc:
+        if exc.code != 404:
+            raise
+        return None
+
+
 def wait_interest(client: Client, peers: set[str], channel: str) -> None:
     """Until the broker heard from each of ``peers`` that it wants ``channel``."""
 
     def heard() -> bool:
-        known = federation_stats(client)["peers"]
+        stats = stats_or_none(client)
+        if stats is None:
+            return False
+        known = stats["peers"]
         return all(
             p in known and known[p]["up"] and channel in known[p]["interest"] for p in peers
         )
