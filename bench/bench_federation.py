@@ -48,8 +48,8 @@ def run(
 ) -> float:
     sub = consumer_at.client(ctx)
     pub = producer_at.client(ctx)
-    sub.create_queue(channel, 0, options)
-    pub.create_queue(channel, 0, options)
+    for client in (sub, pub) if consumer_at is not producer_at else (sub,):
+        client.create_queue(channel, 0, options)
     count = 0
     done = threading.Event()
     acks = bool(options.get("RequestAcknowledge"))
@@ -80,8 +80,12 @@ def run(
         for _ in range(n - 1):
             pub.push(channel, 0, PAYLOAD)
         pub.push(channel, 0, PAYLOAD, ack=True)
-    if not done.wait(120):
+    if not done.wait(60):
         print(f"  {channel}: only {count} of {n} arrived", file=sys.stderr)
+        from tests.federation.kit import federation_stats
+
+        for c in (pub, sub):
+            print("  ", federation_stats(c), file=sys.stderr)
     elapsed = time.perf_counter() - start
     sub.close()
     pub.close()

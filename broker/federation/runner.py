@@ -434,7 +434,7 @@ class Federation:
                     self._respond(ref[0], ref[1], b"", code, reason)
                 case Join(channel):
                     self._quiet(self.local.join, channel, timeout=LOCAL_TIMEOUT,
-                                prefetch=self.settings.window)  # fmt: skip
+                                prefetch=self.settings.max_pending)  # fmt: skip
                 case Leave(channel):
                     self._quiet(self.local.leave, channel, timeout=LOCAL_TIMEOUT)
 

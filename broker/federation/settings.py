@@ -37,7 +37,8 @@ DEFAULT_SEEN_WINDOW = 65_536
 DEFAULT_WINDOW = 100
 #: Messages held for link peers (waiting for a window slot or a reconnect), all peers
 #: together; beyond it a message that needs no acknowledge is dropped (and counted), one
-#: that needs one stays unacknowledged on its queue (the engine's prefetch stops the rest).
+#: that needs one stays unacknowledged on its queue.  Also the prefetch the federation
+#: client joins channels with (the engine hands it at most this many per queue at once).
 DEFAULT_MAX_PENDING = 10_000
 #: Seconds between two interest exchanges on a link.
 DEFAULT_EXCHANGE_INTERVAL = 0.5
