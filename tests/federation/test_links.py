@@ -298,3 +298,28 @@ def test_link_to_a_broker_that_starts_later(brokers: list[Broker], zctx: Ctx) ->
     assert wait_until(lambda: b"late" in payloads(got), 20)
     pub.close()
     sub.close()
+
+
+def test_a_fast_broadcast_burst_crosses_the_link_whole(brokers: list[Broker], zctx: Ctx) -> None:
+    """Fire-and-forget pushes faster than the link forwards: the federation client's
+    prefetch holds them (with a window of 100, copies to it were dropped by the engine)."""
+    a, b = Broker("A"), Broker("B")
+    brokers += [a, b]
+    b.start()
+    a.start(a.link(b))
+    sub = b.client(zctx)
+    sub.create_queue("burst", 0, BROADCAST)
+    got: list[Message] = []
+    collect(sub, got)
+    sub.join("burst")
+    pub = a.client(zctx)
+    pub.create_queue("burst", 0, BROADCAST)
+    wait_interest(pub, {"B"}, "burst")
+    n = 2000
+    for i in range(n - 1):
+        pub.push("burst", 0, f"b{i}")
+    pub.push("burst", 0, f"b{n - 1}", ack=True)
+    assert wait_until(lambda: len(got) >= n, 60), federation_stats(pub)
+    assert len(payloads(got)) == n
+    pub.close()
+    sub.close()
