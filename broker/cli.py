@@ -336,6 +336,16 @@ def _federation_settings(args: argparse.Namespace, config: dict[str, Any], optio
         )
     except (ConfigError, TypeError, ValueError) as exc:
         raise UsageError(f"federation: {exc}") from None
+    from zerohub import zmqkit
+
+    try:  # unreadable key files: one line now, not a link that never connects
+        if settings.curve_secret is not None:
+            zmqkit.load_secret(settings.curve_secret)
+        for key in {link.server_key or settings.server_key for link in settings.links}:
+            if key is not None:
+                zmqkit.load_public(key)
+    except zmqkit.SecurityError as exc:
+        raise UsageError(f"federation: {exc}") from None
     if options.curve_secret is not None and settings.curve_secret is None:
         raise UsageError("federation on a CURVE broker needs --link-secret (its key allowed here)")
     return settings
