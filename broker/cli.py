@@ -718,6 +718,7 @@ def build_parser() -> ArgumentParser:
     for kind, help in (
         ("mqtt", "bridge local queues and an MQTT broker (QoS 1, both ways)"),
         ("amqp", "bridge local queues and an AMQP 0-9-1 broker (confirms, manual acks)"),
+        ("zmq", "bridge local queues and ZeroMQ sockets (SUB/PULL in, PUB/PUSH out)"),
     ):
         made: ArgumentParser = kinds.add_parser(
             kind, help=help, description=help[0].upper() + help[1:] + ".", parents=[flags]
