@@ -124,6 +124,11 @@ class FilesConfig:
     exclude: tuple[str, ...] = ()
     exclude_from: tuple[Path, ...] = ()
     links: bool = True
+    #: ``CHANNEL[/QUEUE]`` of the hub's own broker that gets a JSON event per file change
+    #: (``filemq.broker_events``); "" = off.  Not with a CURVE broker.
+    events: str = ""
+    #: Events held while the broker does not take them; beyond it they are dropped.
+    events_buffer: int = field(default=10_000, metadata=_meta(low=1))
 
 
 @dataclass(frozen=True, slots=True)

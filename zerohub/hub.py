@@ -27,7 +27,7 @@ from filemq.filters import Filters, read_pattern_file
 from filemq.live import LiveFileServer
 from filemq.server import Mount
 from filemq.state import default_state_dir
-from zerohub.config import HubConfig, split_address
+from zerohub.config import ConfigError, HubConfig, split_address
 from zerohub.httpd import HttpServer
 
 __all__ = ["Hub", "HubEndpoints", "build"]
@@ -59,10 +59,14 @@ class Hub:
         http: Sequence[HttpServer] = (),
         *,
         owned: Sequence[zmq.Context[Any]] = (),
+        events: tuple[str, int] | None = None,
     ) -> None:
         self.files = files
         self.broker = broker
         self.http = list(http)
+        #: (``CHANNEL[/QUEUE]``, buffer): file events to the hub's own broker, or None.
+        self.events_spec = events
+        self.events: Any = None  # the publisher, once started
         #: Contexts the hub made itself (terminated by :meth:`stop`).
         self.owned = list(owned)
 
@@ -77,12 +81,26 @@ class Hub:
             broker_endpoint = self.broker.start()
             for door in self.http:
                 door.bind()
+            if self.events_spec is not None:
+                self._start_events(broker_endpoint)
             self.files.start()
             urls = {door.name: door.start() for door in self.http}
         except BaseException:
             self.stop()
             raise
         return HubEndpoints(files=files_endpoint, broker=broker_endpoint, http=urls)
+
+    def _start_events(self, broker_endpoint: str) -> None:
+        from filemq.broker_events import EventTarget
+        from zerohub.file_events import publisher
+
+        assert self.events_spec is not None
+        channel, buffer = self.events_spec
+        local = broker_endpoint.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:")
+        target = EventTarget.parse(local, channel, buffer=buffer)
+        self.events = publisher(target, f"zerohub serve {self.files.server.endpoint}",
+                                self.broker.context)  # fmt: skip
+        self.files.server.events = self.events
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop everything (idempotent): HTTP first, the file server, then the broker.
@@ -94,6 +112,8 @@ class Hub:
         """
         steps: list[Callable[[], object]] = [door.stop for door in self.http]
         steps.append(lambda: self.files.stop(timeout))
+        if self.events is not None:  # after the files (their last events), before the broker
+            steps.append(lambda: self.events.stop(timeout))
         steps.append(lambda: self.broker.stop(timeout))
         steps += [context.term for context in self.owned]
         self.owned = []
@@ -175,7 +195,18 @@ def build(config: HubConfig, context: zmq.Context[Any]) -> Hub:
         ),
         context=broker_context,
     )
-    hub = Hub(files, broker, owned=owned)
+    events = None
+    if f.events:
+        from filemq.broker_events import EventsConfigError, EventTarget
+
+        if b.curve_secret is not None:
+            raise ConfigError("files.events", "file events need a broker without CURVE")
+        try:
+            EventTarget.parse(b.bind, f.events, buffer=f.events_buffer)
+        except EventsConfigError as exc:
+            raise ConfigError("files.events", str(exc)) from None
+        events = (f.events, f.events_buffer)
+    hub = Hub(files, broker, owned=owned, events=events)
     if config.metrics.enabled:
         from zerohub.metrics import metrics_server, registry
 

@@ -3,6 +3,7 @@ messages."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -11,9 +12,10 @@ from pathlib import Path
 
 import zmq
 
-from broker.client.blocking import Client
+from broker.client.blocking import Client, RemoteError
 from filemq.client import SyncClient
 from tests.filemq.procs import read_endpoint
+from tests.polling import wait_until
 
 from .support import free_port
 
@@ -56,6 +58,51 @@ def test_file_server_and_broker_in_one_process(
             client.push("files", 1, b"hello.txt changed")
             names = [c["Name"] for c in client.channels()]
             assert names == ["files"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def test_hub_file_events_to_its_own_broker(
+    tmp_path: Path, zctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """``[files] events = "CHANNEL/QUEUE"``: a JSON event per file change, on the hub's
+    own broker."""
+    import json
+
+    src = tmp_path / "public"
+    src.mkdir()
+    broker_endpoint = f"tcp://127.0.0.1:{free_port()}"
+    config = tmp_path / "hub.toml"
+    config.write_text(
+        f'[files]\nbind = "tcp://127.0.0.1:{free_port()}"\nevents = "files.events/3"\n'
+        f'state = false\n[[files.publish]]\ndir = "{src}"\nat = "/pub"\n'
+        f'[broker]\nbind = "{broker_endpoint}"\n'
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "zerohub", "serve", "--config", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        assert read_endpoint(proc.stderr)
+        got: list[dict[str, object]] = []
+        with Client(broker_endpoint, context=zctx, timeout=10).connect() as client:
+            with contextlib.suppress(RemoteError):  # the hub made it first
+                client.create_queue("files.events", 3)
+            client.on_message(lambda m: got.append(json.loads(m.payload)))
+            client.join("files.events")
+            (src / "new.txt").write_bytes(b"news")
+            assert wait_until(lambda: any(e["path"] == "/pub/new.txt" for e in got), 30), got
+            [event] = [e for e in got if e["path"] == "/pub/new.txt"]
+            assert event["event"] == "created" and event["size"] == 4
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     finally:
