@@ -147,6 +147,21 @@ class BrokerConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class FederationConfig:
+    """``[federation]``: links of the hub's broker to other brokers (``broker serve
+    --link``, ``broker.federation``); off unless ``links`` or ``federate``."""
+
+    links: tuple[str, ...] = ()
+    federate: bool = False
+    #: "" = kept in nothing: a random id per run (``broker serve --broker-id``).
+    broker_id: str = ""
+    depth: int = field(default=-1, metadata=_meta(low=-1))
+    accept: tuple[str, ...] = ("*",)
+    server_key: Path | None = None
+    secret: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class MetricsConfig:
     """``[metrics]``: Prometheus text on ``http://ADDRESS/metrics`` (off by default)."""
 
@@ -181,6 +196,7 @@ class HubConfig:
     files: FilesConfig = field(default_factory=FilesConfig)
     broker: BrokerConfig = field(default_factory=BrokerConfig)
     limits: Limits = field(default_factory=Limits)
+    federation: FederationConfig = field(default_factory=FederationConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
@@ -192,6 +208,7 @@ _SECTIONS: dict[str, type] = {
     "files": FilesConfig,
     "broker": BrokerConfig,
     "limits": Limits,
+    "federation": FederationConfig,
     "metrics": MetricsConfig,
     "console": ConsoleConfig,
     "logging": LoggingConfig,

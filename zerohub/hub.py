@@ -60,6 +60,7 @@ class Hub:
         *,
         owned: Sequence[zmq.Context[Any]] = (),
         events: tuple[str, int] | None = None,
+        federation: Any = None,
     ) -> None:
         self.files = files
         self.broker = broker
@@ -67,6 +68,9 @@ class Hub:
         #: (``CHANNEL[/QUEUE]``, buffer): file events to the hub's own broker, or None.
         self.events_spec = events
         self.events: Any = None  # the publisher, once started
+        #: Federation settings of the broker (``broker.federation``), or None.
+        self.federation_settings = federation
+        self.federation: Any = None  # the running federation
         #: Contexts the hub made itself (terminated by :meth:`stop`).
         self.owned = list(owned)
 
@@ -83,6 +87,14 @@ class Hub:
                 door.bind()
             if self.events_spec is not None:
                 self._start_events(broker_endpoint)
+            if self.federation_settings is not None:
+                from broker.federation.runner import Federation
+
+                local = broker_endpoint.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:")
+                self.federation = Federation(
+                    self.federation_settings, local, context=self.broker.context
+                )
+                self.federation.start()
             self.files.start()
             urls = {door.name: door.start() for door in self.http}
         except BaseException:
@@ -114,6 +126,8 @@ class Hub:
         steps.append(lambda: self.files.stop(timeout))
         if self.events is not None:  # after the files (their last events), before the broker
             steps.append(lambda: self.events.stop(timeout))
+        if self.federation is not None:
+            steps.append(lambda: self.federation.stop(timeout))
         steps.append(lambda: self.broker.stop(timeout))
         steps += [context.term for context in self.owned]
         self.owned = []
@@ -131,6 +145,29 @@ class Hub:
         from zerohub.status import broker_status, files_status
 
         return {"files": files_status(self.files), "broker": broker_status(self.broker)}
+
+
+def _federation(config: HubConfig) -> Any:
+    """The broker's federation settings, or None (``[federation]``)."""
+    fed = config.federation
+    if not fed.links and not fed.federate:
+        return None
+    if config.broker.curve_secret is not None:
+        raise ConfigError("federation", "the hub's federation needs a broker without CURVE")
+    from broker.federation.errors import ConfigError as FederationConfigError
+    from broker.federation.settings import FederationSettings, broker_id_for, parse_link
+
+    try:
+        return FederationSettings(
+            broker_id=broker_id_for(fed.broker_id or None, None),
+            links=tuple(parse_link(link) for link in fed.links),
+            accept=fed.accept,
+            default_depth=fed.depth,
+            server_key=None if fed.server_key is None else str(fed.server_key),
+            curve_secret=None if fed.secret is None else str(fed.secret),
+        )
+    except FederationConfigError as exc:
+        raise ConfigError("federation", str(exc)) from None
 
 
 def _filters(config: HubConfig) -> Filters | None:
@@ -206,7 +243,7 @@ def build(config: HubConfig, context: zmq.Context[Any]) -> Hub:
         except EventsConfigError as exc:
             raise ConfigError("files.events", str(exc)) from None
         events = (f.events, f.events_buffer)
-    hub = Hub(files, broker, owned=owned, events=events)
+    hub = Hub(files, broker, owned=owned, events=events, federation=_federation(config))
     if config.metrics.enabled:
         from zerohub.metrics import metrics_server, registry
 

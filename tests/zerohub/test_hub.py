@@ -111,3 +111,59 @@ def test_hub_file_events_to_its_own_broker(
             proc.wait()
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+def test_hub_broker_links_to_another_broker(
+    tmp_path: Path, zctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """``[federation] links = [...]``: the hub's broker forwards to a linked broker."""
+    from tests.broker.test_cli import start_serve
+    from tests.federation.kit import stats_or_none
+
+    remote_endpoint = f"tcp://127.0.0.1:{free_port()}"
+    remote = start_serve("--bind", remote_endpoint, "--broker-id", "R", "--federate")
+    src = tmp_path / "public"
+    src.mkdir()
+    broker_endpoint = f"tcp://127.0.0.1:{free_port()}"
+    config = tmp_path / "hub.toml"
+    config.write_text(
+        f'[files]\nbind = "tcp://127.0.0.1:{free_port()}"\nstate = false\n'
+        f'[[files.publish]]\ndir = "{src}"\n[broker]\nbind = "{broker_endpoint}"\n'
+        f'[federation]\nlinks = ["{remote_endpoint}"]\nbroker_id = "HUB"\n'
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "zerohub", "serve", "--config", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        assert read_endpoint(proc.stderr)
+        got: list[bytes] = []
+        with (
+            Client(remote_endpoint, context=zctx, timeout=10).connect() as sub,
+            Client(broker_endpoint, context=zctx, timeout=10).connect() as pub,
+        ):
+            sub.create_queue("news", 0, {"Status": "Broadcast"})
+            sub.on_message(lambda m: got.append(bytes(m.payload)))
+            sub.join("news")
+            pub.create_queue("news", 0, {"Status": "Broadcast"})
+
+            def wanted() -> bool:
+                stats = stats_or_none(pub)
+                peers = {} if stats is None else stats["peers"]
+                return "R" in peers and "news" in peers["R"]["interest"]
+
+            assert wait_until(wanted, 30)
+            pub.push("news", 0, "from the hub", ack=True)
+            assert wait_until(lambda: got == [b"from the hub"], 30), got
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        for p in (proc, remote):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            if p.stderr is not None:
+                p.stderr.close()
