@@ -245,10 +245,14 @@ def build(config: HubConfig, context: zmq.Context[Any]) -> Hub:
         events = (f.events, f.events_buffer)
     hub = Hub(files, broker, owned=owned, events=events, federation=_federation(config))
     if config.metrics.enabled:
-        from zerohub.metrics import metrics_server, registry
+        from zerohub.metrics import LinksCollector, metrics_server, registry
 
         address = split_address(config.metrics.address)
-        hub.http.append(metrics_server(address, registry(files, broker)))
+        links = LinksCollector(
+            lambda: None if hub.federation is None else hub.federation.stats(),
+            lambda: None if hub.events is None else hub.events.stats(),
+        )
+        hub.http.append(metrics_server(address, registry(files, broker, links)))
     if config.console.enabled:
         from zerohub.console import console_server
 

@@ -122,6 +122,7 @@ def test_hub_broker_links_to_another_broker(
 
     remote_endpoint = f"tcp://127.0.0.1:{free_port()}"
     remote = start_serve("--bind", remote_endpoint, "--broker-id", "R", "--federate")
+    metrics_port = free_port()
     src = tmp_path / "public"
     src.mkdir()
     broker_endpoint = f"tcp://127.0.0.1:{free_port()}"
@@ -130,6 +131,7 @@ def test_hub_broker_links_to_another_broker(
         f'[files]\nbind = "tcp://127.0.0.1:{free_port()}"\nstate = false\n'
         f'[[files.publish]]\ndir = "{src}"\n[broker]\nbind = "{broker_endpoint}"\n'
         f'[federation]\nlinks = ["{remote_endpoint}"]\nbroker_id = "HUB"\n'
+        f'[metrics]\nenabled = true\naddress = "127.0.0.1:{metrics_port}"\n'
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "zerohub", "serve", "--config", str(config)],
@@ -158,6 +160,16 @@ def test_hub_broker_links_to_another_broker(
             assert wait_until(wanted, 30)
             pub.push("news", 0, "from the hub", ack=True)
             assert wait_until(lambda: got == [b"from the hub"], 30), got
+        import urllib.request
+
+        url = f"http://127.0.0.1:{metrics_port}/metrics"
+
+        def scrape() -> str:
+            with urllib.request.urlopen(url, timeout=10) as answer:
+                return str(answer.read().decode())
+
+        assert wait_until(lambda: "zerohub_federation_confirmed_total 1.0" in scrape(), 20)
+        assert 'zerohub_federation_peer_up{peer="R"} 1.0' in scrape()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     finally:
