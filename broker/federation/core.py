@@ -199,10 +199,15 @@ class FederationCore:
 
     # -- interest ----------------------------------------------------------------------
 
+    def accepts_peer(self, peer_id: str) -> bool:
+        """Is there room for ``peer_id`` (known already, or fewer than ``max_peers``)?"""
+        return peer_id in self.peers or len(self.peers) < self.settings.max_peers
+
     def interest_heard(
         self, peer_id: str, policy: Policy, interest: Interest, now: float
     ) -> list[Action]:
-        """A peer's interest (an exchange succeeded): it is up; join what it wants."""
+        """A peer's interest (an exchange succeeded): it is up; join what it wants.
+        (The caller checks :meth:`accepts_peer` first.)"""
         peer = self.peers.get(peer_id)
         if peer is None:
             peer = self.peers[peer_id] = Peer(peer_id, policy)
@@ -214,9 +219,10 @@ class FederationCore:
             peer.up = True
             peer.paused_until = 0.0
             self.counters.peers_up += 1
-            for token in list(peer.waiting):  # what waited while it was away
-                out = self._out.get(token)
-                if out is not None and out.targets.get(peer_id):
+            # everything for it goes (again) in order: what waited, and what was in
+            # flight when it went away (those answers, if they still come, are ignored)
+            for out in self._out.values():
+                if peer_id in out.targets:
                     out.targets[peer_id] = False
             peer.in_flight = 0
             peer.waiting = deque(t for t in self._out if peer_id in self._out[t].targets)

@@ -327,6 +327,10 @@ class Federation:
         if peer_id == self.me:
             log.warning("link to %s leads back to this broker: not used", link.spec.endpoint)
             return []
+        if not self.core.accepts_peer(peer_id):
+            log.warning("link to %s: more than %d linked brokers", link.spec.endpoint,
+                        self.settings.max_peers)  # fmt: skip
+            return []
         link.peer_id = peer_id
         policy = Policy(link.spec.mode, link.spec.channels)
         return self.core.interest_heard(peer_id, policy, interest, self._clock())
@@ -379,6 +383,9 @@ class Federation:
             return self.core.bad_message((self.local, m), str(exc))
         if peer_id == self.me:
             return self.core.bad_message((self.local, m), "a link from this broker to itself")
+        if not self.core.accepts_peer(peer_id):
+            limit = self.settings.max_peers
+            return self.core.bad_message((self.local, m), f"more than {limit} linked brokers")
         known = self._accepted.get(peer_id)
         peer = self.core.peers.get(peer_id)
         if known not in (None, m.source) and peer is not None and peer.up:

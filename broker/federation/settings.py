@@ -40,6 +40,8 @@ DEFAULT_WINDOW = 100
 #: that needs one stays unacknowledged on its queue.  Also the prefetch the federation
 #: client joins channels with (the engine hands it at most this many per queue at once).
 DEFAULT_MAX_PENDING = 10_000
+#: Linked brokers known at once (a peer is remembered, with its interest, once heard).
+DEFAULT_MAX_PEERS = 64
 #: Seconds between two interest exchanges on a link.
 DEFAULT_EXCHANGE_INTERVAL = 0.5
 #: Seconds without an interest exchange after which a link peer counts as down.
@@ -158,6 +160,7 @@ class FederationSettings:
     seen_window: int = DEFAULT_SEEN_WINDOW
     window: int = DEFAULT_WINDOW
     max_pending: int = DEFAULT_MAX_PENDING
+    max_peers: int = DEFAULT_MAX_PEERS
     exchange_interval: float = DEFAULT_EXCHANGE_INTERVAL
     peer_timeout: float = DEFAULT_PEER_TIMEOUT
     retry: tuple[float, float] = DEFAULT_RETRY
@@ -170,7 +173,7 @@ class FederationSettings:
         check_broker_id(self.broker_id)
         if self.default_depth < -1:
             raise ConfigError(f"depth is -1 (unlimited) or more, got {self.default_depth}")
-        for name in ("seen_window", "window", "max_pending"):
+        for name in ("seen_window", "window", "max_pending", "max_peers"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"federation {name} must be at least 1")
         if not 0 < self.exchange_interval < self.peer_timeout:

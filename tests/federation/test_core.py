@@ -253,3 +253,22 @@ def test_link_specs() -> None:
         FederationSettings(broker_id="no spaces")
     with pytest.raises(ConfigError):
         FederationSettings(broker_id="A", default_depth=-2)
+
+
+def test_forwards_in_flight_when_a_peer_went_away_are_sent_again_when_it_is_back() -> None:
+    c = core(peer_timeout=5.0)
+    c.interest_heard("B", BOTH, {"news": ("B",)}, 0.0)
+    [fwd] = forwards(deliver(c, "r"))
+    c.poll(10.0)  # silent: down, its forward still in flight
+    again = forwards(c.interest_heard("B", BOTH, {"news": ("B",)}, 11.0))
+    assert [f.token for f in again] == [fwd.token]
+    assert c.peers["B"].in_flight == 1
+    assert c.forward_done(fwd.token, "B", True, 11.0) == [AckLocal("r")]
+    assert c.peers["B"].in_flight == 0
+
+
+def test_peers_are_bounded() -> None:
+    c = core(max_peers=2)
+    c.interest_heard("B", BOTH, {}, 0.0)
+    c.interest_heard("C", BOTH, {}, 0.0)
+    assert c.accepts_peer("B") and not c.accepts_peer("D")
