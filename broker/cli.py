@@ -719,6 +719,7 @@ def build_parser() -> ArgumentParser:
         ("mqtt", "bridge local queues and an MQTT broker (QoS 1, both ways)"),
         ("amqp", "bridge local queues and an AMQP 0-9-1 broker (confirms, manual acks)"),
         ("zmq", "bridge local queues and ZeroMQ sockets (SUB/PULL in, PUB/PUSH out)"),
+        ("stomp", "bridge local queues and a STOMP 1.2 broker (receipts, client acks)"),
     ):
         made: ArgumentParser = kinds.add_parser(
             kind, help=help, description=help[0].upper() + help[1:] + ".", parents=[flags]

@@ -46,6 +46,7 @@ _URLS = {
     "mqtt": "mqtt://[USER:PASS@]HOST[:PORT] (default port 1883)",
     "amqp": "amqp://[USER:PASS@]HOST[:PORT][/VHOST] (default port 5672, guest, vhost /)",
     "zmq": "(not used: each --map names its socket, e.g. in:CH/1=sub:tcp://HOST:PORT#TOPIC)",
+    "stomp": "stomp://[USER:PASS@]HOST[:PORT][/VHOST] (default port 61613)",
 }
 
 
@@ -131,7 +132,7 @@ def build(spec: dict[str, Any]) -> tuple[Settings, Any]:
     ``ConfigError`` if anything is wrong."""
     kind = spec.get("kind")
     if kind not in _URLS:
-        raise ConfigError(f"kind must be mqtt, amqp or zmq, got {kind!r}")
+        raise ConfigError(f"kind must be mqtt, amqp, stomp or zmq, got {kind!r}")
     maps = spec.get("map")
     if not isinstance(maps, list) or not all(isinstance(m, str) for m in maps):
         raise ConfigError("map must be a list of [out:|in:]CHANNEL/QUEUE=REMOTE strings")
@@ -161,6 +162,10 @@ def build(spec: dict[str, Any]) -> tuple[Settings, Any]:
         return settings, ZmqConnector(settings.routes, window=window)
     url = parse_url(str(spec.get("url", "")), kind)
     inbound = settings.routes_of(Direction.IN)
+    if kind == "stomp":
+        from broker.bridge.connectors.stomp import StompConnector
+
+        return settings, StompConnector(url, inbound, window=window)
     if kind == "mqtt":
         from broker.bridge.connectors.mqtt import MqttConnector
 

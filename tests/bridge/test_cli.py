@@ -135,7 +135,7 @@ def _published_and_seen(upstream: RemoteClient, local: object) -> bool:
         ),
         (
             "[[bridge]]\nkind = 'stomp'\nurl = 'x'\nmap = ['a/1=b']\n",
-            "kind must be mqtt, amqp or zmq",
+            "kind must be mqtt, amqp, stomp or zmq",
         ),
         ("[[bridge]]\nkind = 'amqp'\nurl = 'amqp://h'\nmap = 'a/1=b'\n", "map must be a list"),
         ("[[bridge]]\nkind = 'amqp'\nurl = 'amqp://h'\nmap = ['a=b']\n", "--map wants"),
