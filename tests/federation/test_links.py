@@ -323,3 +323,43 @@ def test_a_fast_broadcast_burst_crosses_the_link_whole(brokers: list[Broker], zc
     assert len(payloads(got)) == n
     pub.close()
     sub.close()
+
+
+def test_persistent_queue_survives_a_restart_of_the_source(
+    brokers: list[Broker], zctx: Ctx, tmp_path: Path
+) -> None:
+    """kill -9 of the forwarding broker with messages not yet forwarded (its link peer
+    was away): after its restart the recovered messages still reach the remote."""
+    a = Broker("A", data=tmp_path / "a")
+    b = Broker("B", data=tmp_path / "b")
+    brokers += [a, b]
+    b.start()
+    a.start(a.link(b))
+    sub = b.client(zctx)
+    sub.create_queue("orders", 1, PERSISTENT)
+    received: list[Message] = []
+
+    def take(m: Message) -> None:
+        received.append(m)
+        sub.ack(m)
+
+    sub.on_message(take)
+    sub.join("orders")
+    pub = a.client(zctx)
+    pub.create_queue("orders", 1, PERSISTENT)
+    wait_joined([pub], "orders", 1)
+    pub.close()
+    b.stop()  # B away: A keeps what it takes for B unacknowledged
+    pub = a.client(zctx)
+    n = 40
+    for i in range(n):
+        pub.push("orders", 1, f"o-{i}", ack=True)  # durable on A
+    pub.close()
+    a.kill()  # the source dies with all of them unforwarded
+    b.start()
+    a.start(a.link(b))
+    want = {f"o-{i}".encode() for i in range(n)}
+    assert wait_until(lambda: want <= set(payloads(received)), 40), (
+        f"missing {sorted(want - set(payloads(received)))[:10]}"
+    )
+    sub.close()
