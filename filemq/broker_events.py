@@ -43,16 +43,18 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import secrets
+import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from filemq.events import MirrorEvent
+
+if TYPE_CHECKING:  # (``filemq serve`` may drop privileges before a late import)
+    from concurrent.futures import Future
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +135,7 @@ class BrokerEvents:
         #: Whatever the connections need released after ``stop()`` (the CLI keeps its
         #: ZeroMQ context here).
         self.context: Any = None
-        self._prefix = secrets.token_hex(4)
+        self._prefix = os.urandom(4).hex()
         self._ids = itertools.count(1)
         self._buffer: deque[bytes] = deque()
         self._cv = threading.Condition()

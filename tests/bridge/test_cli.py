@@ -134,7 +134,7 @@ def _published_and_seen(upstream: RemoteClient, local: object) -> bool:
             "bridge #1: unknown key 'windw'",
         ),
         (
-            "[[bridge]]\nkind = 'stomp'\nurl = 'x'\nmap = ['a/1=b']\n",
+            "[[bridge]]\nkind = 'pigeon'\nurl = 'x'\nmap = ['a/1=b']\n",
             "kind must be mqtt, amqp, stomp or zmq",
         ),
         ("[[bridge]]\nkind = 'amqp'\nurl = 'amqp://h'\nmap = 'a/1=b'\n", "map must be a list"),
