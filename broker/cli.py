@@ -211,6 +211,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (TypeError, ValueError) as exc:
         raise UsageError(f"server options: {exc}") from None
     stomp = _stomp_listen_options(args.stomp, bool(section.get("insecure")))
+    federation_settings = _federation_settings(args, config, options)
     store = _open_data(args.data)
     recovered = 0
     try:
@@ -235,6 +236,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             store.close()
         raise UsageError(str(exc)) from None
     listener = None
+    federation = None
     if door is not None:
         from broker.stomp.engine_backend import listen
 
@@ -257,13 +259,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
             if store is not None:
                 print(f"broker recovered {recovered} messages from {args.data}", file=sys.stderr)
             server.start()
+            if federation_settings is not None:
+                federation = _start_federation(federation_settings, server, context, options)
             while not stop.wait(_STOP_POLL):
                 if not server.serving:  # the loop failed (its error is logged): stop too
                     raise CommandError("the server loop ended unexpectedly")
         except ServerError as exc:  # the endpoint is in use, a key file is unreadable, ...
             raise CommandError(str(exc)) from None
         finally:
-            _stop_serving(server, listener, door, context, store)
+            _stop_serving(server, listener, door, context, store, federation)
     return 0
 
 
@@ -271,11 +275,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 _STOP_POLL = 0.5
 
 
-def _stop_serving(server: Any, listener: Any, door: Any, context: Any, store: Any) -> None:
+def _stop_serving(
+    server: Any, listener: Any, door: Any, context: Any, store: Any, federation: Any = None
+) -> None:
     """Stop what ``serve`` started, every part whatever another one raises."""
     from broker.server.server import ServerError
 
     try:
+        if federation is not None:
+            federation.stop()
         if listener is not None:
             listener.stop()
         try:
@@ -291,6 +299,92 @@ def _stop_serving(server: Any, listener: Any, door: Any, context: Any, store: An
         context.destroy(linger=0)
         if store is not None:
             store.close()
+
+
+def federation_flags(serve: argparse.ArgumentParser) -> None:
+    """``broker serve`` flags of the federation (broker.federation)."""
+    group = serve.add_argument_group("federation (links to other zerohub brokers)")
+    group.add_argument(
+        "--link",
+        action="append",
+        metavar="tcp://HOST:PORT[?mode=both|out|in&channels=P,..]",
+        help="link to another broker (repeatable); mode out: only forward to it",
+    )
+    group.add_argument("--federate", action="store_true", help="accept links from brokers")
+    group.add_argument(
+        "--broker-id", help="this broker's id in Hops (default: kept in --data, else random)"
+    )
+    group.add_argument(
+        "--link-depth",
+        type=int,
+        help="Depth of a message published without one (-1 unlimited, the default; 0 local)",
+    )
+    group.add_argument(
+        "--link-accept",
+        action="append",
+        metavar="PATTERN",
+        help="channels linked brokers may send and ask for (repeatable; default *)",
+    )
+    group.add_argument(
+        "--link-server-key", metavar="FILE", help="the linked brokers' public .key file (CURVE)"
+    )
+    group.add_argument("--link-secret", metavar="FILE", help="the links' .key_secret file (CURVE)")
+
+
+def _federation_settings(args: argparse.Namespace, config: dict[str, Any], options: Any) -> Any:
+    """Federation settings from the flags and the config's ``[federation]`` table, or None
+    when this broker does not federate."""
+    from broker.federation.errors import ConfigError
+    from broker.federation.settings import FederationSettings, broker_id_for, parse_link
+
+    table = dict(config.get("federation") or {})
+    known = {"links", "broker_id", "depth", "accept", "server_key", "secret", "federate"}
+    if set(table) - known:
+        raise UsageError(f"config federation: unknown keys {sorted(set(table) - known)}")
+    links = list(table.get("links") or []) + list(args.link or [])
+    wanted = links or args.federate or table.get("federate") or args.broker_id
+    if not wanted:
+        return None
+    try:
+        settings = FederationSettings(
+            broker_id=broker_id_for(args.broker_id or table.get("broker_id"), args.data),
+            links=tuple(parse_link(str(link)) for link in links),
+            accept=tuple(args.link_accept or table.get("accept") or ("*",)),
+            default_depth=int(
+                args.link_depth if args.link_depth is not None else table.get("depth", -1)
+            ),
+            server_key=args.link_server_key or table.get("server_key"),
+            curve_secret=args.link_secret or table.get("secret"),
+        )
+    except (ConfigError, TypeError, ValueError) as exc:
+        raise UsageError(f"federation: {exc}") from None
+    from zerohub import zmqkit
+
+    try:  # unreadable key files: one line now, not a link that never connects
+        if settings.curve_secret is not None:
+            zmqkit.load_secret(settings.curve_secret)
+        for key in {link.server_key or settings.server_key for link in settings.links}:
+            if key is not None:
+                zmqkit.load_public(key)
+    except zmqkit.SecurityError as exc:
+        raise UsageError(f"federation: {exc}") from None
+    if options.curve_secret is not None and settings.curve_secret is None:
+        raise UsageError("federation on a CURVE broker needs --link-secret (its key allowed here)")
+    return settings
+
+
+def _start_federation(settings: Any, server: Any, context: Any, options: Any) -> Any:
+    """Start the federation client on this broker's own endpoint (served from then on)."""
+    from broker.federation.runner import Federation
+
+    endpoint = str(server.endpoint).replace("tcp://0.0.0.0:", "tcp://127.0.0.1:")
+    keys = None
+    if options.curve_secret is not None:
+        keys = (str(options.curve_secret), str(settings.curve_secret))
+    federation = Federation(settings, endpoint, context=context, local_keys=keys)
+    federation.start()
+    print(f"broker federation: id {settings.broker_id}", file=sys.stderr, flush=True)
+    return federation
 
 
 def _open_data(data: str) -> Any:
@@ -556,6 +650,7 @@ def build_parser() -> ArgumentParser:
         default="none",
         help="keep definitions and persistent queues in DIR (default: none, memory only)",
     )
+    federation_flags(serve)
     serve.set_defaults(func=cmd_serve)
 
     def client_command(name: str, help: str) -> ArgumentParser:
@@ -645,6 +740,8 @@ def build_parser() -> ArgumentParser:
     for kind, help in (
         ("mqtt", "bridge local queues and an MQTT broker (QoS 1, both ways)"),
         ("amqp", "bridge local queues and an AMQP 0-9-1 broker (confirms, manual acks)"),
+        ("zmq", "bridge local queues and ZeroMQ sockets (SUB/PULL in, PUB/PUSH out)"),
+        ("stomp", "bridge local queues and a STOMP 1.2 broker (receipts, client acks)"),
     ):
         made: ArgumentParser = kinds.add_parser(
             kind, help=help, description=help[0].upper() + help[1:] + ".", parents=[flags]

@@ -438,10 +438,84 @@ def _keys_options(keys: argparse.ArgumentParser) -> None:
     new.add_argument("--force", action="store_true", help="replace an existing pair of that name")
 
 
+def events_options(command: argparse.ArgumentParser) -> None:
+    """``--events-*``: push file events to a zerohub broker (``filemq.broker_events``)."""
+    from filemq.broker_events import DEFAULT_BUFFER, DEFAULT_CHANNEL
+
+    group = command.add_argument_group("file events to a zerohub broker")
+    group.add_argument(
+        "--events-broker", metavar="ENDPOINT", help="push a JSON event per file change here"
+    )
+    group.add_argument(
+        "--events-channel",
+        metavar="CHANNEL[/QUEUE]",
+        help=f"the broker queue the events go to (default {DEFAULT_CHANNEL})",
+    )
+    group.add_argument(
+        "--events-buffer",
+        type=int,
+        default=DEFAULT_BUFFER,
+        metavar="N",
+        help=f"events held while the broker is down (default {DEFAULT_BUFFER}; then dropped)",
+    )
+    group.add_argument("--events-server-key", metavar="FILE", help="the broker's public key")
+    group.add_argument("--events-secret", metavar="FILE", help="this side's .key_secret file")
+
+
+def _serve_command_options(serve: argparse.ArgumentParser) -> None:
+    serve_options(serve)
+    events_options(serve)
+
+
+def _subscribe_command_options(daemon: argparse.ArgumentParser) -> None:
+    _subscribe_options(daemon)
+    events_options(daemon)
+
+
+def start_events(args: argparse.Namespace, origin: str) -> Any:
+    """The started event publisher the ``--events-*`` options ask for, or None.  It has a
+    ZeroMQ context of its own (terminated by ``stop_events``): file serving and the
+    subscriber's session never wait on its sockets."""
+    if not getattr(args, "events_broker", None):
+        return None
+    from filemq.broker_events import EventsConfigError, EventTarget
+
+    try:
+        target = EventTarget.parse(
+            args.events_broker,
+            args.events_channel,
+            server_key=args.events_server_key,
+            curve_secret=args.events_secret,
+            buffer=args.events_buffer,
+        )
+    except EventsConfigError as exc:
+        raise UsageError(str(exc)) from None
+    from zerohub.file_events import publisher  # the composition layer: broker + filemq
+
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    events = publisher(target, origin, context)
+    events.context = context
+    return events
+
+
+def stop_events(events: Any) -> None:
+    if events is None:
+        return
+    events.stop(timeout=8.0)
+    events.context.destroy(linger=0)
+    stats = events.stats()
+    log.info(
+        "file events: %d pushed to the broker, %d dropped (buffer full), %d not pushed",
+        stats["published"],
+        stats["dropped"],
+        stats["buffered"],
+    )
+
+
 _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
-    "serve": ("publish directories", serve_options),
+    "serve": ("publish directories", _serve_command_options),
     "sync": ("mirror a server path into DEST", _sync_options),
-    "subscribe": ("keep DEST a live mirror of a server path", _subscribe_options),
+    "subscribe": ("keep DEST a live mirror of a server path", _subscribe_command_options),
     "ls": ("list what a server publishes (modes, sizes, SHA-1...), copying nothing", _ls_options),
     "keys": ("CURVE certificates", _keys_options),
 }
@@ -508,7 +582,7 @@ def check_serve(args: argparse.Namespace, also_bind: Sequence[str] = ()) -> None
 
 
 def file_server(
-    args: argparse.Namespace, context: zmq.Context[zmq.Socket[bytes]]
+    args: argparse.Namespace, context: zmq.Context[zmq.Socket[bytes]], events: Any = None
 ) -> LiveFileServer:
     """The file server ``serve``'s options describe (not bound yet)."""
     from filemq.live import LiveFileServer
@@ -536,6 +610,7 @@ def file_server(
         bwlimit=args.bwlimit,
         filters=_filters(args),
         links=not args.no_links,
+        events=events,
     )
 
 
@@ -595,8 +670,10 @@ def _serve(args: argparse.Namespace) -> int:
     # from here on a signal asks for the stop and nothing else, until the stop is done
     with stop_signals("filemq") as stop:
         context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        events = None
         try:
-            live = file_server(args, context)
+            events = start_events(args, f"filemq serve {args.bind}")
+            live = file_server(args, context, events)
             try:
                 live.start()  # binds before a directory is walked or hashed: in use fails
                 checking = report_serving("filemq", args, live)
@@ -609,6 +686,7 @@ def _serve(args: argparse.Namespace) -> int:
             finally:
                 live.stop()
         finally:
+            stop_events(events)
             context.term()
     return 0
 
@@ -729,6 +807,8 @@ def _subscribe(args: argparse.Namespace) -> int:
 
     def on_event(event: MirrorEvent) -> None:
         nonlocal output_closed, warned
+        if events is not None:
+            events.applied(event)
         if event.kind == "resync-complete" and not warned:
             warned = True
             _warn_if_nothing(args)
@@ -741,6 +821,7 @@ def _subscribe(args: argparse.Namespace) -> int:
 
     index = None if args.no_index else (args.index or default_index_path(args.dest))
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    events = start_events(args, f"filemq subscribe {args.dest}")
     subscriber = Subscriber(
         args.endpoint,
         args.dest,
@@ -764,7 +845,10 @@ def _subscribe(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: subscriber.client.stop())
     log.info("mirroring %s%s into %s", args.endpoint, args.path, args.dest)
-    result = _run_client(subscriber.run, context)
+    try:
+        result = _run_client(subscriber.run, context)
+    finally:
+        stop_events(events)
     if output_closed:
         raise BrokenPipeError  # exit 141, quietly
     log.info(

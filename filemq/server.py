@@ -75,7 +75,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 
@@ -147,6 +147,16 @@ def _exclusion(directory: Path, state_dir: str | os.PathLike[str] | None) -> Cal
     log.info("%s: the server's state in %s is not published", directory, inner)
     below = inner + "/"
     return lambda name: name == inner or name.startswith(below) or _excluded(name)
+
+
+class FileEventSink(Protocol):
+    """Told of the file changes the server publishes (``filemq.broker_events``)."""
+
+    def seed(self, paths: Iterable[str]) -> None: ...
+
+    def file_changed(self, path: str, size: int, sha1: str, mtime_ns: int) -> None: ...
+
+    def file_deleted(self, path: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -223,6 +233,7 @@ class FileServer:
         bwlimit: int | None = None,
         filters: Filters | None = None,
         links: bool = True,
+        events: FileEventSink | None = None,
     ) -> None:
         if not mounts:
             raise ValueError("publish at least one directory")
@@ -245,6 +256,8 @@ class FileServer:
         #: What every mount leaves out (``serve --exclude``...), and whether links are offered.
         self.filters = filters if filters else None
         self.links = links
+        #: Told of every file change published (``filemq.broker_events``), or None.
+        self.events = events
         self.indexes = {
             m.virtual: FileIndex(
                 m.directory, exclude=self._exclude[m.virtual], filters=self.filters, tree=True
@@ -346,6 +359,10 @@ class FileServer:
                 self._log_mount(mount)
             if not self._unverified:
                 self.verified.set()
+            if self.events is not None:  # what is there now (or was, when saved) is known
+                self.events.seed(
+                    m.prefix + e.name for m in self.mounts for e in self.indexes[m.virtual]
+                )
             self._save_indexes()
         except BaseException:
             self._unbind()
@@ -1069,6 +1086,8 @@ class FileServer:
         return located is not None and self.filters.excluded_path(located[1], is_dir)
 
     def _publish(self, mount: Mount, delta: IndexDelta, skip: ServerSession | None = None) -> None:
+        if self.events is not None:
+            self._tell_events(mount, delta)
         ops = [self._op(mount, e) for e in delta.changed]
         removed = [(n, Kind.FILE) for n in delta.removed]
         for node_name in delta.removed_nodes:
@@ -1080,6 +1099,18 @@ class FileServer:
         if delta.changed or delta.removed:
             names = [e.name for e in delta.changed] + list(delta.removed)
             self._requeue_copies(mount, names, skip)
+
+    def _tell_events(self, mount: Mount, delta: IndexDelta) -> None:
+        events = self.events
+        assert events is not None
+        for e in delta.changed:
+            name = mount.prefix + e.name
+            if self._owner(name) is mount and not self._denied(name):
+                events.file_changed(name, e.size, e.sha1, e.mtime_ns)
+        for rel in delta.removed:
+            name = mount.prefix + rel
+            if self._owner(name) is mount and not self._denied(name):
+                events.file_deleted(name)
 
     def _held(self, name: str) -> bool:
         """Is virtual ``name`` there but unreadable (so its copies must not be deleted)?"""

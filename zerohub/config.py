@@ -124,6 +124,11 @@ class FilesConfig:
     exclude: tuple[str, ...] = ()
     exclude_from: tuple[Path, ...] = ()
     links: bool = True
+    #: ``CHANNEL[/QUEUE]`` of the hub's own broker that gets a JSON event per file change
+    #: (``filemq.broker_events``); "" = off.  Not with a CURVE broker.
+    events: str = ""
+    #: Events held while the broker does not take them; beyond it they are dropped.
+    events_buffer: int = field(default=10_000, metadata=_meta(low=1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +144,21 @@ class BrokerConfig:
     ping_interval: float = field(default=5.0, metadata=_meta(low=0.05))
     peer_timeout: float = field(default=15.0, metadata=_meta(low=0.1))
     max_connections: int = field(default=11_000, metadata=_meta(low=1))
+
+
+@dataclass(frozen=True, slots=True)
+class FederationConfig:
+    """``[federation]``: links of the hub's broker to other brokers (``broker serve
+    --link``, ``broker.federation``); off unless ``links`` or ``federate``."""
+
+    links: tuple[str, ...] = ()
+    federate: bool = False
+    #: "" = kept in nothing: a random id per run (``broker serve --broker-id``).
+    broker_id: str = ""
+    depth: int = field(default=-1, metadata=_meta(low=-1))
+    accept: tuple[str, ...] = ("*",)
+    server_key: Path | None = None
+    secret: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +196,7 @@ class HubConfig:
     files: FilesConfig = field(default_factory=FilesConfig)
     broker: BrokerConfig = field(default_factory=BrokerConfig)
     limits: Limits = field(default_factory=Limits)
+    federation: FederationConfig = field(default_factory=FederationConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
@@ -187,6 +208,7 @@ _SECTIONS: dict[str, type] = {
     "files": FilesConfig,
     "broker": BrokerConfig,
     "limits": Limits,
+    "federation": FederationConfig,
     "metrics": MetricsConfig,
     "console": ConsoleConfig,
     "logging": LoggingConfig,

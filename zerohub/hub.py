@@ -27,7 +27,7 @@ from filemq.filters import Filters, read_pattern_file
 from filemq.live import LiveFileServer
 from filemq.server import Mount
 from filemq.state import default_state_dir
-from zerohub.config import HubConfig, split_address
+from zerohub.config import ConfigError, HubConfig, split_address
 from zerohub.httpd import HttpServer
 
 __all__ = ["Hub", "HubEndpoints", "build"]
@@ -59,10 +59,18 @@ class Hub:
         http: Sequence[HttpServer] = (),
         *,
         owned: Sequence[zmq.Context[Any]] = (),
+        events: tuple[str, int] | None = None,
+        federation: Any = None,
     ) -> None:
         self.files = files
         self.broker = broker
         self.http = list(http)
+        #: (``CHANNEL[/QUEUE]``, buffer): file events to the hub's own broker, or None.
+        self.events_spec = events
+        self.events: Any = None  # the publisher, once started
+        #: Federation settings of the broker (``broker.federation``), or None.
+        self.federation_settings = federation
+        self.federation: Any = None  # the running federation
         #: Contexts the hub made itself (terminated by :meth:`stop`).
         self.owned = list(owned)
 
@@ -77,12 +85,34 @@ class Hub:
             broker_endpoint = self.broker.start()
             for door in self.http:
                 door.bind()
+            if self.events_spec is not None:
+                self._start_events(broker_endpoint)
+            if self.federation_settings is not None:
+                from broker.federation.runner import Federation
+
+                local = broker_endpoint.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:")
+                self.federation = Federation(
+                    self.federation_settings, local, context=self.broker.context
+                )
+                self.federation.start()
             self.files.start()
             urls = {door.name: door.start() for door in self.http}
         except BaseException:
             self.stop()
             raise
         return HubEndpoints(files=files_endpoint, broker=broker_endpoint, http=urls)
+
+    def _start_events(self, broker_endpoint: str) -> None:
+        from filemq.broker_events import EventTarget
+        from zerohub.file_events import publisher
+
+        assert self.events_spec is not None
+        channel, buffer = self.events_spec
+        local = broker_endpoint.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:")
+        target = EventTarget.parse(local, channel, buffer=buffer)
+        self.events = publisher(target, f"zerohub serve {self.files.server.endpoint}",
+                                self.broker.context)  # fmt: skip
+        self.files.server.events = self.events
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop everything (idempotent): HTTP first, the file server, then the broker.
@@ -94,6 +124,10 @@ class Hub:
         """
         steps: list[Callable[[], object]] = [door.stop for door in self.http]
         steps.append(lambda: self.files.stop(timeout))
+        if self.events is not None:  # after the files (their last events), before the broker
+            steps.append(lambda: self.events.stop(timeout))
+        if self.federation is not None:
+            steps.append(lambda: self.federation.stop(timeout))
         steps.append(lambda: self.broker.stop(timeout))
         steps += [context.term for context in self.owned]
         self.owned = []
@@ -111,6 +145,29 @@ class Hub:
         from zerohub.status import broker_status, files_status
 
         return {"files": files_status(self.files), "broker": broker_status(self.broker)}
+
+
+def _federation(config: HubConfig) -> Any:
+    """The broker's federation settings, or None (``[federation]``)."""
+    fed = config.federation
+    if not fed.links and not fed.federate:
+        return None
+    if config.broker.curve_secret is not None:
+        raise ConfigError("federation", "the hub's federation needs a broker without CURVE")
+    from broker.federation.errors import ConfigError as FederationConfigError
+    from broker.federation.settings import FederationSettings, broker_id_for, parse_link
+
+    try:
+        return FederationSettings(
+            broker_id=broker_id_for(fed.broker_id or None, None),
+            links=tuple(parse_link(link) for link in fed.links),
+            accept=fed.accept,
+            default_depth=fed.depth,
+            server_key=None if fed.server_key is None else str(fed.server_key),
+            curve_secret=None if fed.secret is None else str(fed.secret),
+        )
+    except FederationConfigError as exc:
+        raise ConfigError("federation", str(exc)) from None
 
 
 def _filters(config: HubConfig) -> Filters | None:
@@ -175,12 +232,27 @@ def build(config: HubConfig, context: zmq.Context[Any]) -> Hub:
         ),
         context=broker_context,
     )
-    hub = Hub(files, broker, owned=owned)
+    events = None
+    if f.events:
+        from filemq.broker_events import EventsConfigError, EventTarget
+
+        if b.curve_secret is not None:
+            raise ConfigError("files.events", "file events need a broker without CURVE")
+        try:
+            EventTarget.parse(b.bind, f.events, buffer=f.events_buffer)
+        except EventsConfigError as exc:
+            raise ConfigError("files.events", str(exc)) from None
+        events = (f.events, f.events_buffer)
+    hub = Hub(files, broker, owned=owned, events=events, federation=_federation(config))
     if config.metrics.enabled:
-        from zerohub.metrics import metrics_server, registry
+        from zerohub.metrics import LinksCollector, metrics_server, registry
 
         address = split_address(config.metrics.address)
-        hub.http.append(metrics_server(address, registry(files, broker)))
+        links = LinksCollector(
+            lambda: None if hub.federation is None else hub.federation.stats(),
+            lambda: None if hub.events is None else hub.events.stats(),
+        )
+        hub.http.append(metrics_server(address, registry(files, broker, links)))
     if config.console.enabled:
         from zerohub.console import console_server
 

@@ -23,13 +23,22 @@ Broker (``zerohub_broker_``): ``peers``, ``clients``, ``channels``, ``queues``,
 ``dropped_out``... by reason).  ``zerohub_broker_up`` is 0 when the statistics could
 not be read at that scrape.
 
+Federation (``zerohub_federation_``, when the hub's broker federates):
+``forwarded_total``, ``confirmed_total``, ``forward_failures_total``,
+``refused_by_peer_total``, ``received_total``, ``duplicates_total``, ``loops_total``,
+``refused_total``, ``dropped_total``, ``bad_messages_total``, ``pending``, per linked
+broker ``peer_up{peer}`` and ``peer_in_flight{peer}``.  File events
+(``zerohub_file_events_``, with ``[files] events``): ``published_total``,
+``dropped_total``, ``buffered``.
+
 Per-subscriber and per-queue series are capped at ``zerohub.status.MAX_LISTED`` each
 (the most lagging / deepest first).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -41,7 +50,7 @@ from filemq.live import LiveFileServer
 from zerohub.httpd import HttpServer, Response
 from zerohub.status import broker_status, files_status
 
-__all__ = ["BrokerCollector", "FilesCollector", "metrics_server", "registry"]
+__all__ = ["BrokerCollector", "FilesCollector", "LinksCollector", "metrics_server", "registry"]
 
 
 class FilesCollector(Collector):
@@ -150,13 +159,73 @@ class BrokerCollector(Collector):
         yield consumers
 
 
-def registry(files: LiveFileServer | None, broker: Server | None) -> CollectorRegistry:
+#: What a :class:`LinksCollector` reads: the federation's and the file events'
+#: statistics at scrape time (None when that part is off).
+StatsSource = Callable[[], dict[str, Any] | None]
+
+
+class LinksCollector(Collector):
+    """The broker federation's counters (``zerohub_federation_``) and the file events'
+    (``zerohub_file_events_``), read at scrape time."""
+
+    _FEDERATION_COUNTERS = (
+        ("forwarded", "Forwards sent to linked brokers, resends included"),
+        ("confirmed", "Forwards a linked broker confirmed"),
+        ("forward_failures", "Forwards that failed and were sent again"),
+        ("refused_by_peer", "Forwards a linked broker refused for good"),
+        ("received", "Messages from linked brokers pushed locally"),
+        ("duplicates", "Messages from linked brokers already seen (dropped)"),
+        ("loops", "Messages that had passed this broker already (dropped)"),
+        ("refused", "Messages from linked brokers refused"),
+        ("dropped", "Deliveries without acknowledge dropped: max pending reached"),
+        ("bad_messages", "Malformed federation messages from peers"),
+    )
+
+    def __init__(self, federation: StatsSource, events: StatsSource) -> None:
+        self.federation = federation
+        self.events = events
+
+    def collect(self) -> Iterator[Metric]:
+        fed = self.federation()
+        if fed is not None:
+            p = "zerohub_federation_"
+            for name, about in self._FEDERATION_COUNTERS:
+                yield CounterMetricFamily(p + name, about, value=fed[name])
+            yield GaugeMetricFamily(p + "pending", "Deliveries waiting for peers",
+                                    value=fed["pending"])  # fmt: skip
+            up = GaugeMetricFamily(p + "peer_up", "1 when a linked broker answers",
+                                   labels=["peer"])  # fmt: skip
+            flight = GaugeMetricFamily(p + "peer_in_flight", "Forwards in flight",
+                                       labels=["peer"])  # fmt: skip
+            for peer, state in sorted(fed["peers"].items()):
+                up.add_metric([peer], int(state["up"]))
+                flight.add_metric([peer], state["in_flight"])
+            yield up
+            yield flight
+        events = self.events()
+        if events is not None:
+            p = "zerohub_file_events_"
+            yield CounterMetricFamily(p + "published", "File events the broker took",
+                                      value=events["published"])  # fmt: skip
+            yield CounterMetricFamily(p + "dropped", "File events dropped (buffer full)",
+                                      value=events["dropped"])  # fmt: skip
+            yield GaugeMetricFamily(p + "buffered", "File events waiting for the broker",
+                                    value=events["buffered"])  # fmt: skip
+
+
+def registry(
+    files: LiveFileServer | None,
+    broker: Server | None,
+    links: LinksCollector | None = None,
+) -> CollectorRegistry:
     """A registry of the hub's collectors only (no process or platform collectors)."""
     out = CollectorRegistry(auto_describe=False)
     if files is not None:
         out.register(FilesCollector(files))
     if broker is not None:
         out.register(BrokerCollector(broker))
+    if links is not None:
+        out.register(links)
     return out
 
 

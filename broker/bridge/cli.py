@@ -1,4 +1,6 @@
-"""``broker bridge mqtt|amqp``: run a bridge between the local broker and another broker.
+"""``broker bridge mqtt|amqp|zmq``: run a bridge between the local broker and another broker
+(``zmq``: plain ZeroMQ sockets of existing applications, see
+``broker.bridge.connectors.zmq_sockets``).
 
     broker bridge mqtt --url mqtt://127.0.0.1:1883 --map orders/1=zh/orders \\
         --map in:sensors/2=zh/sensors/# [--window 100] [--connect tcp://127.0.0.1:5680]
@@ -43,11 +45,13 @@ _WATCH_SLICE = 0.2
 _URLS = {
     "mqtt": "mqtt://[USER:PASS@]HOST[:PORT] (default port 1883)",
     "amqp": "amqp://[USER:PASS@]HOST[:PORT][/VHOST] (default port 5672, guest, vhost /)",
+    "zmq": "(not used: each --map names its socket, e.g. in:CH/1=sub:tcp://HOST:PORT#TOPIC)",
+    "stomp": "stomp://[USER:PASS@]HOST[:PORT][/VHOST] (default port 61613)",
 }
 
 
 def add_arguments(p: argparse.ArgumentParser, kind: str) -> None:
-    p.add_argument("--url", required=True, help=f"remote broker, {_URLS[kind]}")
+    p.add_argument("--url", required=kind != "zmq", help=f"remote broker, {_URLS[kind]}")
     p.add_argument(
         "--map",
         action="append",
@@ -128,7 +132,7 @@ def build(spec: dict[str, Any]) -> tuple[Settings, Any]:
     ``ConfigError`` if anything is wrong."""
     kind = spec.get("kind")
     if kind not in _URLS:
-        raise ConfigError(f"kind must be mqtt or amqp, got {kind!r}")
+        raise ConfigError(f"kind must be mqtt, amqp, stomp or zmq, got {kind!r}")
     maps = spec.get("map")
     if not isinstance(maps, list) or not all(isinstance(m, str) for m in maps):
         raise ConfigError("map must be a list of [out:|in:]CHANNEL/QUEUE=REMOTE strings")
@@ -152,8 +156,16 @@ def build(spec: dict[str, Any]) -> tuple[Settings, Any]:
         max_message_size=max_size,
         dead_letter=dead_letter,
     )
+    if kind == "zmq":
+        from broker.bridge.connectors.zmq_sockets import ZmqConnector
+
+        return settings, ZmqConnector(settings.routes, window=window)
     url = parse_url(str(spec.get("url", "")), kind)
     inbound = settings.routes_of(Direction.IN)
+    if kind == "stomp":
+        from broker.bridge.connectors.stomp import StompConnector
+
+        return settings, StompConnector(url, inbound, window=window)
     if kind == "mqtt":
         from broker.bridge.connectors.mqtt import MqttConnector
 

@@ -86,7 +86,7 @@ class RemoteUrl:
         return f"{self.scheme}://{user}{self.host}:{self.port}"
 
 
-_DEFAULT_PORTS = {"mqtt": 1883, "amqp": 5672}
+_DEFAULT_PORTS = {"mqtt": 1883, "amqp": 5672, "stomp": 61613}
 
 
 def parse_url(text: str, scheme: str) -> RemoteUrl:

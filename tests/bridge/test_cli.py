@@ -133,7 +133,10 @@ def _published_and_seen(upstream: RemoteClient, local: object) -> bool:
             "[[bridge]]\nkind = 'mqtt'\nurl = 'mqtt://h'\nmap = ['a/1=b']\nwindw = 3\n",
             "bridge #1: unknown key 'windw'",
         ),
-        ("[[bridge]]\nkind = 'stomp'\nurl = 'x'\nmap = ['a/1=b']\n", "kind must be mqtt or amqp"),
+        (
+            "[[bridge]]\nkind = 'pigeon'\nurl = 'x'\nmap = ['a/1=b']\n",
+            "kind must be mqtt, amqp, stomp or zmq",
+        ),
         ("[[bridge]]\nkind = 'amqp'\nurl = 'amqp://h'\nmap = 'a/1=b'\n", "map must be a list"),
         ("[[bridge]]\nkind = 'amqp'\nurl = 'amqp://h'\nmap = ['a=b']\n", "--map wants"),
         (

@@ -1,0 +1,505 @@
+"""The federation driver: one thread feeds the core and carries out its actions.
+
+It holds this broker's federation client (client id
+:data:`~broker.federation.wire.FEDERATION_CLIENT`, on the broker's own endpoint) and one
+client per ``--link`` (type :data:`~broker.federation.wire.LINK_TYPE`, on the remote
+broker, with CURVE keys when given).  The clients' I/O threads only queue events; this
+thread alone touches the core.  Every ``exchange_interval`` it reads which local channels
+have subscribers and exchanges interest with each linked broker.  Links connect with
+backoff and reconnect by themselves (the broker client's session); a peer that stops
+answering is down until an exchange succeeds again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from broker.bridge.core import Backoff
+from broker.client.blocking import Client, ClientError, Kind, Message, RemoteError
+from broker.federation.core import (
+    AckLocal,
+    Action,
+    Confirm,
+    FederationCore,
+    Forward,
+    Join,
+    Leave,
+    Policy,
+    PushLocal,
+    Refuse,
+)
+from broker.federation.errors import BadPeerMessage
+from broker.federation.settings import FederationSettings, LinkMode, LinkSpec
+from broker.federation.wire import (
+    FEDERATION_CLIENT,
+    INTEREST,
+    LINK_TYPE,
+    MESSAGE,
+    STATS,
+    decode_interest,
+    encode_interest,
+    local_headers,
+    message_headers,
+    parse_message,
+)
+from broker.protocol import ResultCode
+
+log = logging.getLogger(__name__)
+
+#: Seconds the driver waits for an event before it looks at its timers.
+IDLE_SLICE = 0.05
+#: Seconds a link's first connect attempt may take before it is tried again.
+CONNECT_TIMEOUT = 2.0
+#: Seconds a call to this broker's own endpoint may take (join, leave, channel list).
+LOCAL_TIMEOUT = 10.0
+
+
+@dataclass(slots=True)
+class _Link:
+    """One ``--link``: the client on the remote broker and the peer's id once known."""
+
+    spec: LinkSpec
+    client: Client | None = None  # set once connected (the client reconnects by itself)
+    connected: bool = False
+    peer_id: str | None = None
+    asking: bool = False  # an interest exchange is under way
+    connect_failures: int = 0
+
+
+# -- events from the clients' threads ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Local:
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class _FromLink:
+    link: _Link
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class _Connected:
+    link: _Link
+    client: Client
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """A future settled: ``then(future)`` runs on the driver thread."""
+
+    future: Future[Any]
+    then: Callable[[Future[Any]], list[Action]]
+
+
+_Event = _Local | _FromLink | _Connected | _Answer
+
+
+class Federation:
+    """A running federation: ``start()``, ``stop()``, ``stats()``."""
+
+    def __init__(
+        self,
+        settings: FederationSettings,
+        local_endpoint: str,
+        *,
+        context: zmq.Context[zmq.Socket[bytes]],
+        local_keys: tuple[str, str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.core = FederationCore(settings, secrets.token_hex(4))
+        self.me = settings.broker_id
+        self._context = context
+        self._clock = clock
+        self._events: queue.SimpleQueue[_Event] = queue.SimpleQueue()
+        keys: dict[str, Any] = {}
+        if local_keys is not None:
+            keys = {"server_key": local_keys[0], "curve_secret": local_keys[1]}
+        self.local = Client(
+            local_endpoint,
+            context=context,
+            client_id=FEDERATION_CLIENT,
+            client_type="zerohub-federation",
+            name=f"federation-{self.me}",
+            timeout=LOCAL_TIMEOUT,
+            **keys,
+        )
+        self.links = [_Link(spec) for spec in settings.links]
+        self._accepted: dict[str, str] = {}  # peer id -> its link's client id here
+        self._lock = threading.RLock()
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._next_exchange = 0.0
+        self.failure: BaseException | None = None
+        self.errors = 0  # events the driver failed on (logged)
+
+    def _link_client(self, spec: LinkSpec) -> Client:
+        keys: dict[str, Any] = {}
+        server_key = spec.server_key or self.settings.server_key
+        if server_key is not None:
+            keys = {"server_key": server_key, "curve_secret": self.settings.curve_secret}
+        return Client(
+            spec.endpoint,
+            context=self._context,
+            client_type=LINK_TYPE,
+            name=f"link-{self.me}",
+            timeout=self.settings.answer_timeout,
+            **keys,
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start in the background: the broker's own endpoint may not serve yet."""
+        self._spawn(self._main, name="federation")
+
+    def _connect_local(self) -> bool:
+        """Connect the federation client to this broker (retried until it serves)."""
+        self.local.on_message(lambda m: self._events.put(_Local(m)))
+        backoff = Backoff(*self.settings.retry)
+        while not self._stopping.is_set():
+            try:
+                self.local.connect(timeout=CONNECT_TIMEOUT)
+            except ClientError as exc:
+                log.warning("federation: cannot connect to this broker: %s", exc)
+                self._stopping.wait(backoff.failed(0.0))
+                continue
+            for link in self.links:
+                self._spawn(self._connect_link, link, name="federation-connect")
+            return True
+        return False
+
+    def _link_sink(self, link: _Link) -> Callable[[Message], None]:
+        return lambda m: self._events.put(_FromLink(link, m))
+
+    def _spawn(self, target: Callable[..., None], *args: Any, name: str) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stopping.set()
+        while self._threads:
+            self._threads.pop().join(timeout)
+        for link in self.links:
+            if link.client is not None:
+                link.client.close(timeout=1.0)
+        self.local.close(timeout=1.0)
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            counts = self.core.stats()
+        counts["broker"] = self.me
+        counts["links"] = {
+            link.spec.endpoint: {
+                "connected": link.connected,
+                "peer": link.peer_id,
+                "connect_failures": link.connect_failures,
+            }
+            for link in self.links
+        }
+        return counts
+
+    def _connect_link(self, link: _Link) -> None:
+        """Connect with backoff, a new client per attempt (a client whose first connect
+        failed is closed); once connected, the client reconnects by itself."""
+        backoff = Backoff(*self.settings.retry)
+        while not self._stopping.is_set():
+            client = self._link_client(link.spec)
+            client.on_message(self._link_sink(link))
+            try:
+                client.connect(timeout=CONNECT_TIMEOUT)
+            except ClientError as exc:
+                link.connect_failures += 1
+                delay = backoff.failed(0.0)
+                log.info("link to %s: cannot connect (%s)", link.spec.endpoint, exc)
+                self._stopping.wait(delay)
+                continue
+            if self._stopping.is_set():
+                client.close(timeout=1.0)
+                return
+            self._events.put(_Connected(link, client))
+            return
+
+    # -- the driver thread -------------------------------------------------------------
+
+    def _main(self) -> None:
+        try:
+            if not self._connect_local():
+                return
+            while not self._stopping.is_set():
+                self._turn()
+        except BaseException as exc:  # say why federation stopped
+            log.exception("federation driver failed")
+            self.failure = exc
+
+    def _turn(self) -> None:
+        now = self._clock()
+        if now >= self._next_exchange:
+            self._next_exchange = now + self.settings.exchange_interval
+            self._refresh_local()
+            for link in self.links:
+                self._exchange(link)
+        self._run(self._locked(lambda: self.core.poll(self._clock())))
+        try:
+            event = self._events.get(timeout=IDLE_SLICE)
+        except queue.Empty:
+            return
+        while True:
+            self._guarded(event)
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                return
+
+    def _guarded(self, event: _Event) -> None:
+        """Feed one event; a failure is logged and counted, the driver goes on."""
+        try:
+            self._run(self._locked(lambda: self._feed(event)))
+        except Exception:
+            log.exception("federation: failed on %s", type(event).__name__)
+            self.errors += 1
+
+    def _locked(self, step: Callable[[], list[Action]]) -> list[Action]:
+        with self._lock:
+            return step()
+
+    def _refresh_local(self) -> None:
+        """Which local channels have subscribers besides the federation client."""
+        try:
+            channels = self.local.channels()
+        except ClientError as exc:
+            log.warning("federation: cannot list the local channels: %s", exc)
+            return
+        with self._lock:
+            joined = self.core.joined
+            wanted = {
+                c["Name"]
+                for c in channels
+                if int(c.get("ActiveClients", 0)) > (1 if c["Name"] in joined else 0)
+            }
+            self.core.local_interest(wanted)
+
+    def _exchange(self, link: _Link) -> None:
+        if link.client is None or link.asking:
+            return
+        with self._lock:
+            offer = self.core.advert_for(link.peer_id)
+        link.asking = True
+        future = link.client.request_async(
+            FEDERATION_CLIENT,
+            encode_interest(self.me, offer),
+            content_type=INTEREST,
+            timeout=self.settings.answer_timeout,
+        )
+        self._when(future, lambda done: self._answered(link, done))
+
+    def _when(self, future: Future[Any], then: Callable[[Future[Any]], list[Action]]) -> None:
+        future.add_done_callback(lambda done: self._events.put(_Answer(done, then)))
+
+    def _answered(self, link: _Link, done: Future[Any]) -> list[Action]:
+        link.asking = False
+        error = done.exception()
+        if error is None:
+            try:
+                peer_id, interest = decode_interest(done.result().payload)
+            except BadPeerMessage as exc:
+                error = exc
+        if error is not None:
+            if link.peer_id is not None:
+                self.core.peer_down(link.peer_id)
+            log.debug("link to %s: interest exchange failed: %s", link.spec.endpoint, error)
+            return []
+        if peer_id == self.me:
+            log.warning("link to %s leads back to this broker: not used", link.spec.endpoint)
+            return []
+        if not self.core.accepts_peer(peer_id):
+            log.warning("link to %s: more than %d linked brokers", link.spec.endpoint,
+                        self.settings.max_peers)  # fmt: skip
+            return []
+        link.peer_id = peer_id
+        policy = Policy(link.spec.mode, link.spec.channels)
+        return self.core.interest_heard(peer_id, policy, interest, self._clock())
+
+    def _feed(self, event: _Event) -> list[Action]:
+        match event:
+            case _Local(message):
+                return self._from_local(message)
+            case _FromLink(link, message):
+                return self._from_link(link, message)
+            case _Connected(link, client):
+                link.client = client
+                link.connected = True
+                log.info("link to %s connected", link.spec.endpoint)
+                self._exchange(link)
+            case _Answer(future, then):
+                return then(future)
+        return []
+
+    def _from_local(self, m: Message) -> list[Action]:
+        now = self._clock()
+        if m.kind is Kind.QUEUE:
+            frame = m.frame
+            return self.core.local_delivery(m.channel, m.queue_id, m.id, m.source, m.headers,
+                                            m.payload, bool(frame.high_priority), m.needs_ack,
+                                            m, now)  # fmt: skip
+        if m.kind is not Kind.DIRECT:
+            return []
+        ref = (self.local, m)
+        if m.content_type == INTEREST:
+            return self._interest_request(m)
+        if m.content_type == MESSAGE:
+            try:
+                sender, envelope = parse_message(m.headers, m.payload)
+            except BadPeerMessage as exc:
+                return self.core.bad_message(ref, str(exc))
+            if self._accepted.get(sender) != m.source:
+                return self.core.bad_message(ref, f"no link of broker {sender!r} from here")
+            return self.core.remote_message(sender, envelope, ref)
+        if m.content_type == STATS:
+            self._respond(self.local, m, json.dumps(self.stats(), sort_keys=True).encode())
+            return []
+        return self.core.bad_message(ref, f"unknown federation message {m.content_type}")
+
+    def _interest_request(self, m: Message) -> list[Action]:
+        """A linked broker (its link's client on this broker) offers its interest."""
+        try:
+            peer_id, interest = decode_interest(m.payload)
+        except BadPeerMessage as exc:
+            return self.core.bad_message((self.local, m), str(exc))
+        if peer_id == self.me:
+            return self.core.bad_message((self.local, m), "a link from this broker to itself")
+        if not self.core.accepts_peer(peer_id):
+            limit = self.settings.max_peers
+            return self.core.bad_message((self.local, m), f"more than {limit} linked brokers")
+        known = self._accepted.get(peer_id)
+        peer = self.core.peers.get(peer_id)
+        if known not in (None, m.source) and peer is not None and peer.up:
+            # an impostor reusing a live broker's id (or a second link from it)
+            return self.core.bad_message((self.local, m), f"broker {peer_id!r} is linked already")
+        self._accepted[peer_id] = m.source
+        policy = Policy(LinkMode.BOTH, self.settings.accept)
+        actions = self.core.interest_heard(peer_id, policy, interest, self._clock())
+        offer = encode_interest(self.me, self.core.advert_for(peer_id))
+        self._respond(self.local, m, offer)
+        return actions
+
+    def _from_link(self, link: _Link, m: Message) -> list[Action]:
+        ref = (link.client, m)
+        if m.kind is not Kind.DIRECT or link.client is None:
+            return []
+        if m.content_type != MESSAGE or m.source != FEDERATION_CLIENT:
+            return self.core.bad_message(ref, "not a federation message")
+        try:
+            sender, envelope = parse_message(m.headers, m.payload)
+        except BadPeerMessage as exc:
+            return self.core.bad_message(ref, str(exc))
+        if sender != link.peer_id:
+            return self.core.bad_message(
+                ref, f"message from {sender!r} on the link to {link.peer_id!r}"
+            )
+        return self.core.remote_message(sender, envelope, ref)
+
+    # -- actions -----------------------------------------------------------------------
+
+    def _run(self, actions: list[Action]) -> None:
+        for action in actions:
+            match action:
+                case Forward(peer, token, envelope):
+                    self._forward(peer, token, envelope)
+                case AckLocal(ref):
+                    if ref.needs_ack:
+                        self._quiet(self.local.ack, ref)
+                case PushLocal(token, envelope):
+                    future = self.local.push_async(
+                        envelope.channel,
+                        envelope.queue_id,
+                        envelope.payload,
+                        headers=local_headers(envelope),
+                        high_priority=envelope.high_priority,
+                        timeout=self.settings.answer_timeout,
+                    )
+                    self._when(future, self._push_answer(token))
+                case Confirm(ref):
+                    self._respond(ref[0], ref[1], b"")
+                case Refuse(ref, reason, permanent):
+                    code = ResultCode.UNAUTHORIZED if permanent else ResultCode.BUSY
+                    self._respond(ref[0], ref[1], b"", code, reason)
+                case Join(channel):
+                    self._quiet(self.local.join, channel, timeout=LOCAL_TIMEOUT,
+                                prefetch=self.settings.max_pending)  # fmt: skip
+                case Leave(channel):
+                    self._quiet(self.local.leave, channel, timeout=LOCAL_TIMEOUT)
+
+    def _forward(self, peer: str, token: int, envelope: Any) -> None:
+        headers = message_headers(envelope, self.me)
+        client: Client | None = None
+        target = FEDERATION_CLIENT
+        for link in self.links:
+            if link.peer_id == peer and link.client is not None:
+                client = link.client
+        if client is None and peer in self._accepted:
+            client, target = self.local, self._accepted[peer]
+        if client is None:
+            failed: Future[Any] = Future()
+            failed.set_exception(ClientError(f"no connection to {peer}"))
+            self._events.put(_Answer(failed, lambda done: self._forwarded(peer, token, done)))
+            return
+        future = client.request_async(
+            target,
+            envelope.payload,
+            content_type=MESSAGE,
+            headers=headers,
+            timeout=self.settings.answer_timeout,
+        )
+        self._when(future, lambda done: self._forwarded(peer, token, done))
+
+    def _forwarded(self, peer: str, token: int, done: Future[Any]) -> list[Action]:
+        error = done.exception()
+        now = self._clock()
+        if error is None:
+            return self.core.forward_done(token, peer, True, now)
+        permanent = isinstance(error, RemoteError) and error.code in (
+            ResultCode.UNAUTHORIZED,
+            ResultCode.BAD_REQUEST,
+        )
+        if permanent:
+            log.warning("broker %s refused a forwarded message: %s", peer, error)
+        return self.core.forward_done(token, peer, False, now, permanent)
+
+    def _push_answer(self, token: int) -> Callable[[Future[Any]], list[Action]]:
+        return lambda done: self._pushed(token, done)
+
+    def _pushed(self, token: int, done: Future[Any]) -> list[Action]:
+        error = done.exception()
+        return self.core.local_done(token, error is None, str(error or ""))
+
+    def _respond(
+        self, client: Client, m: Message, payload: bytes, code: int = 0, reason: str = ""
+    ) -> None:
+        if not m.needs_response:
+            return
+        headers = (("Reason", reason[:200]),) if reason else None
+        self._quiet(client.respond, m, payload, code=code, headers=headers)
+
+    @staticmethod
+    def _quiet(call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """A call whose failure is logged: the client reconnects, the peer asks again."""
+        try:
+            call(*args, **kwargs)
+        except ClientError as exc:
+            log.warning("federation: %s failed: %s", getattr(call, "__name__", call), exc)

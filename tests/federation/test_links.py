@@ -1,0 +1,365 @@
+"""Federation between real ``broker serve`` processes (``--link``)."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from broker.client.blocking import Client, Message
+from tests.federation.kit import (
+    Broker,
+    consumers,
+    federation_stats,
+    stats_or_none,
+    wait_interest,
+    wait_joined,
+)
+from tests.polling import wait_until
+
+BROADCAST = {"Status": "Broadcast"}
+PERSISTENT = {"MessageDeliveryHandler": "persistent", "RequestAcknowledge": True}
+
+Ctx = zmq.Context[zmq.Socket[bytes]]
+
+
+@pytest.fixture
+def zctx() -> Iterator[Ctx]:
+    ctx: Ctx = zmq.Context()
+    yield ctx
+    ctx.destroy(linger=0)
+
+
+@pytest.fixture
+def brokers() -> Iterator[list[Broker]]:
+    made: list[Broker] = []
+    yield made
+    for b in made:
+        b.kill()
+
+
+def collect(client: Client, into: list[Message]) -> None:
+    client.on_message(into.append)
+
+
+def payloads(got: list[Message]) -> Counter[bytes]:
+    return Counter(bytes(m.payload) for m in got)
+
+
+def test_triangle_unlimited_depth_delivers_each_message_once(
+    brokers: list[Broker], zctx: Ctx
+) -> None:
+    a, b, c = Broker("A"), Broker("B"), Broker("C")
+    brokers += [a, b, c]
+    a.start(a.link(b))
+    b.start(b.link(c))
+    c.start(c.link(a))
+    subs = [x.client(zctx) for x in (a, b, c)]
+    got: list[list[Message]] = [[], [], []]
+    for sub, into in zip(subs, got, strict=True):
+        sub.create_queue("news", 0, BROADCAST)
+        collect(sub, into)
+        sub.join("news")
+    wait_joined(subs, "news")
+    for me, sub in zip("ABC", subs, strict=True):
+        wait_interest(sub, set("ABC") - {me}, "news")  # both its peers asked for it
+    n = 20
+    expected = Counter(f"{x}-{i}".encode() for x in "ABC" for i in range(n))
+    for name, pub in zip("ABC", subs, strict=True):
+        for i in range(n):
+            pub.push("news", 0, f"{name}-{i}", ack=True)
+    for into in got:
+        done = wait_until(lambda into=into: sum(payloads(into).values()) >= len(expected), 20)
+        assert done, (
+            [sorted(set(expected) - set(payloads(x))) for x in got],
+            [federation_stats(s) for s in subs],
+        )
+    # a loop or a duplicate would bring more copies: give them time to come
+    time.sleep(1.5)
+    for into in got:
+        assert payloads(into) == expected
+    for m in got[1]:  # a message's Hops: where it came from, never this broker (B)
+        if m.payload.startswith(b"A-"):
+            assert m.header("Hops") in ("A", "A,C")
+        if m.payload.startswith(b"B-"):
+            assert m.header("Hops") is None
+    for sub in subs:
+        sub.close()
+
+
+def test_depth_zero_stays_local_and_depth_one_goes_one_hop(
+    brokers: list[Broker], zctx: Ctx
+) -> None:
+    a, b, c = Broker("A"), Broker("B"), Broker("C")
+    brokers += [a, b, c]
+    c.start()
+    b.start(b.link(c))
+    a.start(a.link(b))  # a line: A - B - C
+    subs = [x.client(zctx) for x in (a, b, c)]
+    got: list[list[Message]] = [[], [], []]
+    for sub, into in zip(subs, got, strict=True):
+        sub.create_queue("news", 0, BROADCAST)
+        collect(sub, into)
+        sub.join("news")
+    wait_joined(subs, "news")
+    wait_interest(subs[0], {"B"}, "news")
+    wait_interest(subs[1], {"A", "C"}, "news")
+    pub = subs[0]
+    pub.push("news", 0, "depth-0", ack=True, headers={"Depth": "0"})
+    pub.push("news", 0, "depth-1", ack=True, headers={"Depth": "1"})
+    pub.push("news", 0, "depth-default", ack=True)  # -1: unlimited
+    for into in got:
+        assert wait_until(lambda into=into: b"depth-default" in payloads(into), 20)
+    time.sleep(1.0)
+    assert payloads(got[0]) == Counter([b"depth-0", b"depth-1", b"depth-default"])
+    assert payloads(got[1]) == Counter([b"depth-1", b"depth-default"])
+    assert payloads(got[2]) == Counter([b"depth-default"])
+    on_b = {bytes(m.payload): m for m in got[1]}
+    assert on_b[b"depth-1"].header("Depth") == "0"
+    assert on_b[b"depth-1"].header("Hops") == "A"
+    for sub in subs:
+        sub.close()
+
+
+def test_no_interest_no_forwarding(brokers: list[Broker], zctx: Ctx) -> None:
+    """A channel nobody on B subscribes to is not joined (nor forwarded) by A."""
+    a, b = Broker("A"), Broker("B")
+    brokers += [a, b]
+    b.start()
+    a.start(a.link(b))
+    sub_b = b.client(zctx)
+    sub_b.create_queue("wanted", 0, BROADCAST)
+    sub_b.join("wanted")
+    pub = a.client(zctx)
+    pub.create_queue("wanted", 0, BROADCAST)
+    pub.create_queue("unwanted", 0, BROADCAST)
+    wait_joined([pub], "wanted", 1)  # A's federation client joined what B wants
+    assert consumers(pub, "unwanted") == 0
+    pub.close()
+    sub_b.close()
+
+
+def test_persistent_queue_survives_link_drop_and_restart(
+    brokers: list[Broker], zctx: Ctx, tmp_path: Path
+) -> None:
+    a = Broker("A", data=tmp_path / "a")
+    b = Broker("B", data=tmp_path / "b")
+    brokers += [a, b]
+    b.start()
+    a.start(a.link(b))
+    sub = b.client(zctx)
+    sub.create_queue("orders", 1, PERSISTENT)
+    received: list[Message] = []
+
+    def take(m: Message) -> None:
+        received.append(m)
+        sub.ack(m)
+
+    sub.on_message(take)
+    sub.join("orders")
+    pub = a.client(zctx)
+    pub.create_queue("orders", 1, PERSISTENT)
+    wait_joined([pub], "orders", 1)
+    n = 100
+    for i in range(n // 2):
+        pub.push("orders", 1, f"o-{i}", ack=True)
+    b.kill()  # mid-stream: some forwards in flight, some not yet sent
+    for i in range(n // 2, n):
+        pub.push("orders", 1, f"o-{i}", ack=True)  # A keeps them (persistent, unconfirmed)
+    b.start()
+    want = {f"o-{i}".encode() for i in range(n)}
+    assert wait_until(lambda: want <= set(payloads(received)), 30), (
+        f"missing {sorted(want - set(payloads(received)))[:10]}"
+    )
+    # and A's queue let go of them once B confirmed: all acknowledged, none left
+    assert wait_until(lambda: _queue_empty(pub, "orders", 1), 20)
+    assert int(pub.queue_info("orders", 1)["Acks"]) >= n
+    pub.close()
+    sub.close()
+
+
+def _queue_empty(client: Client, channel: str, queue_id: int) -> bool:
+    info = client.queue_info(channel, queue_id)
+    return int(info["Messages"]) == 0 and int(info["PriorityMessages"]) == 0
+
+
+def test_unauthorised_link_is_refused(brokers: list[Broker], zctx: Ctx, tmp_path: Path) -> None:
+    from zerohub.zmqkit import new_certificate
+
+    server_pub, server_sec = new_certificate("server", tmp_path / "server")
+    new_certificate("good", tmp_path / "allow")
+    good = tmp_path / "allow" / "good.key_secret"
+    _bad_pub, bad = new_certificate("bad", tmp_path / "other")
+    a = Broker("A", "--curve-secret", str(server_sec), "--allow", str(tmp_path / "allow"),
+               "--link-secret", str(good))  # fmt: skip
+    b, c = Broker("B"), Broker("C")
+    brokers += [a, b, c]
+    a.start()
+    b.start(b.link(a, f"?key={server_pub}"), "--link-secret", str(bad))
+    c.start(c.link(a, f"?key={server_pub}"), "--link-secret", str(good))
+    sub = a.client(zctx, server_key=server_pub, curve_secret=good)
+    got: list[Message] = []
+    sub.create_queue("news", 0, BROADCAST)
+    collect(sub, got)
+    sub.join("news")
+    pub_b, pub_c = b.client(zctx), c.client(zctx)
+    for pub in (pub_b, pub_c):
+        pub.create_queue("news", 0, BROADCAST)
+    wait_joined([pub_c], "news", 1)  # C's link is up: its federation client took the channel
+    pub_b.push("news", 0, "from-B", ack=True)
+    pub_c.push("news", 0, "from-C", ack=True)
+    assert wait_until(lambda: b"from-C" in payloads(got), 20)
+    time.sleep(1.0)
+    assert payloads(got) == Counter([b"from-C"])
+    assert consumers(pub_b, "news") == 0  # B never heard A's interest
+    assert a.alive() and b.alive()
+    for client in (sub, pub_b, pub_c):
+        client.close()
+
+
+def test_garbage_and_impostors_from_link_peers_do_not_hurt(
+    brokers: list[Broker], zctx: Ctx
+) -> None:
+    from broker.client.blocking import RemoteError
+    from broker.federation.wire import FEDERATION_CLIENT, INTEREST, MESSAGE
+
+    a, b = Broker("A"), Broker("B")
+    brokers += [a, b]
+    a.start()
+    b.start(b.link(a))
+    sub = a.client(zctx)
+    got: list[Message] = []
+    sub.create_queue("news", 0, BROADCAST)
+    collect(sub, got)
+    sub.join("news")
+    pub = b.client(zctx)
+    pub.create_queue("news", 0, BROADCAST)
+    wait_joined([pub], "news", 1)
+    evil = a.client(zctx, client_type="zerohub-link")
+    forged = {"Fed-Broker": "B", "Fed-Channel": "news", "Fed-Queue": "0", "Fed-Id": "x/1",
+              "Hops": "B", "Depth": "-1"}  # fmt: skip
+    attempts: list[tuple[int, bytes, dict[str, str] | None]] = [
+        (INTEREST, b"not json", None),
+        (INTEREST, b'{"broker": "B", "interest": {"news": ["B"]}}', None),  # B's id, live
+        (INTEREST, b'{"broker": "../x", "interest": {}}', None),
+        (INTEREST, b'{"broker": "E", "interest": {"news": ["A"]}}', None),  # path not E's
+        (INTEREST, b"[" * 5_000, None),  # nested past the JSON parser's recursion
+        (MESSAGE, b"impostor", forged),  # claims to be B from another connection
+        (MESSAGE, b"x", {**forged, "Hops": ",".join(["h"] * 1000)}),
+        (MESSAGE, b"x", {**forged, "Depth": "many"}),
+        (MESSAGE, b"x", {"Fed-Broker": "B"}),
+        (99, b"x", None),
+    ]
+    for content_type, payload, headers in attempts:
+        with pytest.raises(RemoteError) as refused:
+            evil.request(FEDERATION_CLIENT, payload, content_type=content_type,
+                         headers=headers, timeout=10)  # fmt: skip
+        assert refused.value.code in (400, 401), (payload[:40], refused.value)
+    # raw garbage on the broker's port
+    raw = zctx.socket(zmq.DEALER)
+    raw.linger = 0
+    raw.connect(a.endpoint)
+    for junk in (b"\x00", b"\xff" * 300, b"TMQP garbage"):
+        raw.send(junk)
+    raw.close()
+    pub.push("news", 0, "real", ack=True)  # the real link still works
+    assert wait_until(lambda: b"real" in payloads(got), 20)
+    time.sleep(0.5)
+    assert payloads(got) == Counter([b"real"])
+    assert a.alive() and b.alive()
+    for client in (sub, pub, evil):
+        client.close()
+
+
+def test_link_to_a_broker_that_starts_later(brokers: list[Broker], zctx: Ctx) -> None:
+    """The first connect attempts fail; the link keeps trying and comes up."""
+    a, b = Broker("A"), Broker("B")
+    brokers += [a, b]
+    a.start(a.link(b))
+    pub = a.client(zctx)
+
+    def failures() -> int:
+        stats = stats_or_none(pub)
+        return 0 if stats is None else int(stats["links"][b.endpoint]["connect_failures"])
+
+    assert wait_until(lambda: failures() >= 2, 30)
+    b.start()
+    sub = b.client(zctx)
+    sub.create_queue("news", 0, BROADCAST)
+    sub.join("news")
+    wait_interest(pub, {"B"}, "news")
+    got: list[Message] = []
+    collect(sub, got)
+    pub.push("news", 0, "late", ack=True)
+    assert wait_until(lambda: b"late" in payloads(got), 20)
+    pub.close()
+    sub.close()
+
+
+def test_a_fast_broadcast_burst_crosses_the_link_whole(brokers: list[Broker], zctx: Ctx) -> None:
+    """Fire-and-forget pushes faster than the link forwards: the federation client's
+    prefetch holds them (with a window of 100, copies to it were dropped by the engine)."""
+    a, b = Broker("A"), Broker("B")
+    brokers += [a, b]
+    b.start()
+    a.start(a.link(b))
+    sub = b.client(zctx)
+    sub.create_queue("burst", 0, BROADCAST)
+    got: list[Message] = []
+    collect(sub, got)
+    sub.join("burst")
+    pub = a.client(zctx)
+    pub.create_queue("burst", 0, BROADCAST)
+    wait_interest(pub, {"B"}, "burst")
+    n = 2000
+    for i in range(n - 1):
+        pub.push("burst", 0, f"b{i}")
+    pub.push("burst", 0, f"b{n - 1}", ack=True)
+    assert wait_until(lambda: len(got) >= n, 60), federation_stats(pub)
+    assert len(payloads(got)) == n
+    pub.close()
+    sub.close()
+
+
+def test_persistent_queue_survives_a_restart_of_the_source(
+    brokers: list[Broker], zctx: Ctx, tmp_path: Path
+) -> None:
+    """kill -9 of the forwarding broker with messages not yet forwarded (its link peer
+    was away): after its restart the recovered messages still reach the remote."""
+    a = Broker("A", data=tmp_path / "a")
+    b = Broker("B", data=tmp_path / "b")
+    brokers += [a, b]
+    b.start()
+    a.start(a.link(b))
+    sub = b.client(zctx)
+    sub.create_queue("orders", 1, PERSISTENT)
+    received: list[Message] = []
+
+    def take(m: Message) -> None:
+        received.append(m)
+        sub.ack(m)
+
+    sub.on_message(take)
+    sub.join("orders")
+    pub = a.client(zctx)
+    pub.create_queue("orders", 1, PERSISTENT)
+    wait_joined([pub], "orders", 1)
+    pub.close()
+    b.stop()  # B away: A keeps what it takes for B unacknowledged
+    pub = a.client(zctx)
+    n = 40
+    for i in range(n):
+        pub.push("orders", 1, f"o-{i}", ack=True)  # durable on A
+    pub.close()
+    a.kill()  # the source dies with all of them unforwarded
+    b.start()
+    a.start(a.link(b))
+    want = {f"o-{i}".encode() for i in range(n)}
+    assert wait_until(lambda: want <= set(payloads(received)), 40), (
+        f"missing {sorted(want - set(payloads(received)))[:10]}"
+    )
+    sub.close()
