@@ -52,8 +52,8 @@ class LogOptions:
             raise StoreUsageError("segment_size must be within 4 KiB and 4 GiB")
         if not 1 * KIB <= self.max_record_size <= self.segment_size - 64:
             raise StoreUsageError("max_record_size must be within 1 KiB and segment_size - 64")
-        if self.batch_interval <= 0:
-            raise StoreUsageError("batch_interval must be positive")
+        if not 0 < self.batch_interval < 3600:  # (NaN fails this too)
+            raise StoreUsageError("batch_interval must be within 0 and 3600 seconds")
         if self.max_pending < 1 or self.max_batch_bytes < 1 or self.compact_step < 1:
             raise StoreUsageError("max_pending, max_batch_bytes and compact_step must be >= 1")
         if not 0.0 < self.compact_ratio < 1.0:

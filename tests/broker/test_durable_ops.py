@@ -1,0 +1,161 @@
+"""``broker serve``'s data directory and durability options, what a restart keeps of a
+message (priority, TTL deadline, delivery count), and kill -9 during compaction: real
+broker processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from broker.cli import default_data_dir
+from broker.client.blocking import Client
+from tests.broker.test_cli import free_port, start_serve
+
+PERSISTENT = {"MessageDeliveryHandler": "persistent", "RequestAcknowledge": True}
+
+
+class Broker:
+    """One ``broker serve`` process with fixed arguments, restartable."""
+
+    def __init__(self, *args: str) -> None:
+        self.args = args
+        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Broker:
+        self.proc = start_serve("--bind", self.endpoint, *self.args)
+        return self
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self.proc = None
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(10)
+            self.proc = None
+
+
+@pytest.fixture
+def brokers() -> Iterator[list[Broker]]:
+    made: list[Broker] = []
+    yield made
+    for b in made:
+        b.close()
+
+
+def _serve_fails(*args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "broker", "serve", "--bind", f"tcp://127.0.0.1:{free_port()}",
+         *args],
+        capture_output=True,
+        timeout=30,
+    )  # fmt: skip
+
+
+# -- the data directory -------------------------------------------------------------------
+
+
+def test_default_data_dir_follows_xdg_then_home(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert default_data_dir() == tmp_path / "xdg" / "zerohub" / "broker"
+    monkeypatch.setenv("XDG_DATA_HOME", "relative/path")  # not absolute: ignored (XDG spec)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_data_dir() == tmp_path / "home" / ".local" / "share" / "zerohub" / "broker"
+    monkeypatch.delenv("XDG_DATA_HOME")
+    assert default_data_dir() == tmp_path / "home" / ".local" / "share" / "zerohub" / "broker"
+
+
+def test_serve_without_data_keeps_persistent_queues_in_the_user_data_dir(
+    brokers: list[Broker], zctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    data = Path(os.environ["XDG_DATA_HOME"]) / "zerohub" / "broker"  # this test's own
+    assert not data.exists()
+    broker = Broker()  # no --data: the default directory
+    brokers.append(broker)
+    broker.proc = subprocess.Popen(  # start_serve would add --data none
+        [sys.executable, "-m", "broker", "serve", "--bind", broker.endpoint],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+    )
+    with Client(broker.endpoint, context=zctx, timeout=15).connect() as producer:
+        producer.create_queue("orders", 1, PERSISTENT)
+        producer.push("orders", 1, "kept", ack=True, message_id="m1")
+    assert any(data.glob("*.seg"))
+    broker.kill()
+    broker.args = ("--data", str(data))  # the same directory, named
+    broker.start()
+    with Client(broker.endpoint, context=zctx, timeout=10).connect() as consumer:
+        consumer.join("orders")
+        m = consumer.receive(timeout=10)
+        assert m is not None and m.id == "m1" and bytes(m.payload) == b"kept"
+        consumer.ack(m)
+
+
+def test_data_none_writes_nothing(
+    brokers: list[Broker], zctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    broker = Broker("--data", "none").start()
+    brokers.append(broker)
+    with Client(broker.endpoint, context=zctx, timeout=10).connect() as producer:
+        producer.create_queue("orders", 1, PERSISTENT)
+        producer.push("orders", 1, "lost", ack=True)
+        assert "orders" in str(producer.channels())
+    broker.kill()
+    assert not Path(os.environ["XDG_DATA_HOME"]).exists()
+    broker.start()
+    with Client(broker.endpoint, context=zctx, timeout=10).connect() as consumer:
+        assert "orders" not in str(consumer.channels())
+
+
+@pytest.mark.parametrize("mode", ["batch", "os"])
+def test_durability_modes_from_the_cli_keep_acked_messages_over_kill_9(
+    brokers: list[Broker], zctx: zmq.Context[zmq.Socket[bytes]], tmp_path: Path, mode: str
+) -> None:
+    """A killed process loses nothing in any mode (the kernel has what was written)."""
+    broker = Broker("--data", str(tmp_path / "d"), "--durability", mode, "--batch-interval", "5")
+    brokers.append(broker.start())
+    with Client(broker.endpoint, context=zctx, timeout=10).connect() as producer:
+        producer.create_queue("orders", 1, PERSISTENT)
+        push = producer.push_async
+        futures = [push("orders", 1, f"p{i}", message_id=f"m{i}") for i in range(50)]
+        for f in futures:
+            f.result(10)
+    broker.kill()
+    broker.start()
+    got = []
+    with Client(broker.endpoint, context=zctx, timeout=10).connect() as consumer:
+        consumer.join("orders")
+        while len(got) < 50 and (m := consumer.receive(timeout=10)) is not None:
+            got.append(m.id)
+            consumer.ack(m)
+    assert got == [f"m{i}" for i in range(50)]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--durability", "never"),
+        ("--data", "{tmp}", "--batch-interval", "0"),
+        ("--data", "{tmp}", "--batch-interval", "nan"),
+        ("--data", "{tmp}", "--segment-size", "100"),
+    ],
+)
+def test_bad_durability_options_are_one_line_exit_2(tmp_path: Path, args: tuple[str, ...]) -> None:
+    done = _serve_fails(*(a.replace("{tmp}", str(tmp_path / "d")) for a in args))
+    assert done.returncode == 2
+    lines = done.stderr.decode().strip().splitlines()
+    assert len(lines) == 1, lines
+    assert not (tmp_path / "d").exists()
