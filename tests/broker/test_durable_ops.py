@@ -159,3 +159,65 @@ def test_bad_durability_options_are_one_line_exit_2(tmp_path: Path, args: tuple[
     lines = done.stderr.decode().strip().splitlines()
     assert len(lines) == 1, lines
     assert not (tmp_path / "d").exists()
+
+
+# -- what a restart keeps of a message ----------------------------------------------------
+
+
+def _take(
+    endpoint: str, zctx: zmq.Context[zmq.Socket[bytes]], channel: str, n: int, ack: bool = True
+) -> list[tuple[str, str | None]]:
+    """Join ``channel``, take up to ``n`` messages: (id, Delivery-Count header)."""
+    got: list[tuple[str, str | None]] = []
+    with Client(endpoint, context=zctx, timeout=10).connect() as consumer:
+        consumer.join(channel)
+        while len(got) < n and (m := consumer.receive(timeout=3)) is not None:
+            got.append((m.id, m.header("Delivery-Count")))
+            if ack:
+                consumer.ack(m)
+    return got
+
+
+def test_restart_keeps_priority_and_delivery_count(
+    brokers: list[Broker], zctx: zmq.Context[zmq.Socket[bytes]], tmp_path: Path
+) -> None:
+    broker = Broker("--data", str(tmp_path / "d"))
+    brokers.append(broker.start())
+    with Client(broker.endpoint, context=zctx, timeout=10).connect() as producer:
+        producer.create_queue("orders", 1, {**PERSISTENT, "Prefetch": 1})
+        producer.push("orders", 1, "first", ack=True, message_id="seen")
+        with Client(broker.endpoint, context=zctx, timeout=10).connect() as consumer:
+            consumer.join("orders")
+            m = consumer.receive(timeout=10)  # delivered once, never acknowledged
+            assert m is not None and m.id == "seen" and m.header("Delivery-Count") is None
+            for mid in ("low-1", "low-2"):
+                producer.push("orders", 1, mid, ack=True, message_id=mid)
+            producer.push("orders", 1, "urgent", ack=True, message_id="high", high_priority=True)
+            broker.kill()  # (the acks above: everything before them is on disk)
+    broker.start()
+    got = _take(broker.endpoint, zctx, "orders", 4)
+    assert got == [("high", None), ("seen", "2"), ("low-1", None), ("low-2", None)]
+
+
+def test_restart_keeps_the_ttl_clock_running(
+    brokers: list[Broker], zctx: zmq.Context[zmq.Socket[bytes]], tmp_path: Path
+) -> None:
+    """MessageTimeout is an absolute deadline: time spent down counts."""
+    import time
+
+    broker = Broker("--data", str(tmp_path / "d"))
+    brokers.append(broker.start())
+    with Client(broker.endpoint, context=zctx, timeout=10).connect() as producer:
+        producer.create_queue("short", 1, {**PERSISTENT, "MessageTimeout": 3000})
+        producer.create_queue("long", 1, {**PERSISTENT, "MessageTimeout": 600_000})
+        pushed = time.monotonic()
+        producer.push("short", 1, "x", ack=True, message_id="expires")
+        producer.push("long", 1, "x", ack=True, message_id="stays")
+    broker.kill()
+    time.sleep(max(0.0, pushed + 3.5 - time.monotonic()))  # the scenario: down past it
+    broker.start()
+    assert _take(broker.endpoint, zctx, "long", 1) == [("stays", None)]
+    assert _take(broker.endpoint, zctx, "short", 1) == []
+    with Client(broker.endpoint, context=zctx, timeout=10).connect() as admin:
+        info = admin.queue_info("short", 1)
+    assert info["Messages"] == 0
