@@ -296,7 +296,10 @@ def _open_data(args: argparse.Namespace) -> Any:
     from broker.store.durable import DurableStore
     from broker.store.log import Durability, LogOptions, LogStore, StoreError
 
-    extra = {} if args.segment_size is None else {"segment_size": args.segment_size}
+    extra: dict[str, int] = {}
+    if args.segment_size is not None:  # a record never spans two segments
+        extra["segment_size"] = args.segment_size
+        extra["max_record_size"] = min(LogOptions().max_record_size, args.segment_size - 64)
     try:
         options = LogOptions(
             durability=Durability(args.durability),
@@ -581,7 +584,8 @@ def build_parser() -> ArgumentParser:
         type=int,
         default=None,
         metavar="OCTETS",
-        help="size of one log segment file (default 64 MiB; at least 4096)",
+        help="size of one log segment file (default 64 MiB; at least 4096); a persistent "
+        "message larger than a segment is refused (negative acknowledge 'failed')",
     )
     serve.set_defaults(func=cmd_serve)
 
