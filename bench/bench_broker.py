@@ -802,7 +802,8 @@ def main(argv: list[str] | None = None) -> int:
             if not args.no_persistent:
                 confirmed = max(1, count // 40)
                 for size in (SIZE, 4096):
-                    persistent.append(bench_rabbit_confirms(ctx, rabbit.amqp_port, confirmed, size))
+                    row = bench_rabbit_confirms(ctx, rabbit.amqp_port, confirmed, size)
+                    persistent.append(row)
         finally:
             rabbit.stop()
     if rows:
@@ -814,7 +815,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_persistent(rows: list[Row]) -> None:
     """The acknowledged-push table: rates, ack latency (ms), and how they compare."""
-    print(f"\n{'acknowledged pushes (fsync mode)':<42} {'msgs/s':>9} {'p50 ms':>8} {'p99 ms':>8}  note")
+    title = "acknowledged pushes (fsync mode)"
+    print(f"\n{title:<42} {'msgs/s':>9} {'p50 ms':>8} {'p99 ms':>8}  note")
     print("-" * 110)
     by_name = {r.name: r for r in rows}
     for row in rows:
