@@ -57,6 +57,7 @@ from broker.engine.queue.ledger import Ledger
 from broker.engine.queue.messages import MessageOrder
 from broker.engine.queue.protocols import QueueHost
 from broker.engine.queue.statuses import StatusStrategy, strategy_for
+from broker.message import parked
 from broker.protocol import NackReason, Outgoing, ResultCode, Tracked
 from broker.store import Store, StoredMessage
 
@@ -251,6 +252,7 @@ class Queue:
         return not self.messages.count and self.tracker.idle()
 
     def enqueue(self, m: QueueMessage) -> None:
+        m.message = parked(m.message)  # (memory: see broker.message.parked)
         self.messages.enqueue(m)
 
     # ------------------------------------------------------------------ the host
@@ -421,7 +423,7 @@ class Queue:
         store) still where it was -- passed while the broker was down: it expires at the
         next tick.  A message saved without a deadline on a queue that has a timeout
         starts its clock now."""
-        m = QueueMessage(stored.sequence, stored.message, producer, False, now)
+        m = QueueMessage(stored.sequence, parked(stored.message), producer, False, now)
         m.saved = True
         m.put_backs = stored.put_backs
         m.delivered = stored.delivery_count
@@ -507,7 +509,7 @@ class Queue:
             used = self.used
             used[cid] = used.get(cid, 0) + 1
             return True
-        qm = QueueMessage(self.sequence, m, sender, False, now)
+        qm = QueueMessage(self.sequence, parked(m), sender, False, now)
         if qm.high_priority:  # (MessageOrder.enqueue, inline: this runs per message)
             messages.priority.append(qm)
             messages.n_priority += 1
