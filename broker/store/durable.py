@@ -37,7 +37,7 @@ import logging
 import struct
 from collections.abc import Iterator
 
-from broker.message import Message
+from broker.message import Headers, Message
 from broker.store.base import QueueKey, Store, StoredMessage
 from broker.store.log import CorruptRecord, LogStore, Meta, NoSuchRecord
 from broker.store.log.records import NO_META
@@ -49,6 +49,8 @@ BLOB_VERSION = 1
 _HEAD = struct.Struct("<BBBH")
 _HEAD_ID = struct.Struct("<BBBHH")  # the head and the message id's length
 _NO_HEADERS = b"\0\0"
+#: ``Message(...)`` from every field, without the named tuple's Python-level ``__new__``
+_new_message = tuple.__new__
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _HIGH, _FIRST, _WANTS_ACK = 1, 2, 4
@@ -101,50 +103,52 @@ def encode_message(message: Message, producer_id: str = "") -> bytes:
     return b"".join(out)
 
 
-class _Reader:
-    __slots__ = ("data", "pos")
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.pos = 0
-
-    def take(self, size: int) -> bytes:
-        end = self.pos + size
-        if end > len(self.data):
-            raise CorruptRecord(f"message blob ends {end - len(self.data)} octets early")
-        chunk = self.data[self.pos : end]
-        self.pos = end
-        return chunk
-
-    def text(self, length: struct.Struct) -> str:
-        (size,) = length.unpack(self.take(length.size))
-        try:
-            return self.take(size).decode()
-        except UnicodeDecodeError:
-            raise CorruptRecord("message blob holds text that is not UTF-8") from None
-
-
 def decode_message(blob: bytes) -> tuple[Message, str]:
-    """The message and producer id of a blob; CorruptRecord if it is not one."""
-    reader = _Reader(blob)
-    version, flags, ttl, content_type = _HEAD.unpack(reader.take(_HEAD.size))
+    """The message and producer id of a blob; CorruptRecord if it is not one.
+
+    Runs once per message recovered: offsets walked inline, no reader object."""
+    size = len(blob)
+    if size < _HEAD_ID.size:
+        raise CorruptRecord("message blob ends early")
+    version, flags, ttl, content_type, n = _HEAD_ID.unpack_from(blob, 0)
     if version != BLOB_VERSION:
         raise CorruptRecord(f"message blob version {version} (this code reads {BLOB_VERSION})")
-    message_id, source, target, producer = (reader.text(_U16) for _ in range(4))
-    (count,) = _U16.unpack(reader.take(_U16.size))
-    headers = tuple((reader.text(_U16), reader.text(_U32)) for _ in range(count))
-    message = Message(
-        message_id=message_id,
-        source=source,
-        target=target,
-        content_type=content_type,
-        high_priority=bool(flags & _HIGH),
-        first_acquirer=bool(flags & _FIRST),
-        wants_ack=bool(flags & _WANTS_ACK),
-        ttl=ttl,
-        headers=headers,
-        payload=blob[reader.pos :],
-    )
+    unpack16 = _U16.unpack_from
+    try:
+        pos = _HEAD_ID.size
+        texts = []
+        for _ in range(3):  # message id, source, target; then the producer's id
+            end = pos + n
+            texts.append(blob[pos:end].decode())
+            (n,) = unpack16(blob, end)
+            pos = end + 2
+        end = pos + n
+        producer = blob[pos:end].decode()
+        (count,) = unpack16(blob, end)
+        pos = end + 2
+        headers: Headers = ()
+        if count:
+            pairs = []
+            unpack32 = _U32.unpack_from
+            for _ in range(count):
+                (n,) = unpack16(blob, pos)
+                name = blob[pos + 2 : pos + 2 + n].decode()
+                pos += 2 + n
+                (n,) = unpack32(blob, pos)
+                pairs.append((name, blob[pos + 4 : pos + 4 + n].decode()))
+                pos += 4 + n
+            headers = tuple(pairs)
+    except struct.error:
+        raise CorruptRecord("message blob ends early") from None
+    except UnicodeDecodeError:
+        raise CorruptRecord("message blob holds text that is not UTF-8") from None
+    if pos > size:
+        raise CorruptRecord(f"message blob ends {pos - size} octets early")
+    message = _new_message(
+        Message,
+        (texts[0], texts[1], texts[2], content_type, bool(flags & _HIGH),
+         bool(flags & _FIRST), bool(flags & _WANTS_ACK), ttl, headers, blob[pos:], None),
+    )  # fmt: skip
     return message, producer
 
 
