@@ -13,14 +13,20 @@ Every party runs in its own process (spawned), on loopback TCP, 100-byte message
 * zerohub rows use poll-on-call clients (``Client(threaded=False)``, no I/O thread);
   the "(threaded)" rows use the default client with its background I/O thread;
 * the broker is ``broker.server.Server`` + ``broker.engine.Engine`` in one process;
-* zerohub persistent queue (``--data DIR`` broker: the durable log in fsync mode, the
-  ``persistent`` delivery handler), 1 and 8 producers, every push acknowledged (each
-  producer keeps ``PERSIST_WINDOW`` pushes in flight): msgs/s and ack latency, beside the
-  disk's own fsync rate probed in the same run (``bench_store.disk_fsync_rate``);
 * with ``--rabbitmq``: RabbitMQ over STOMP (auto-ack) and over AMQP with pika
   (no confirms, auto-ack), installed with apt-get/pip and started in a temp dir.
 
-Usage: ``python bench/bench_broker.py [--quick] [--messages N] [--rabbitmq]``.
+* acknowledged pushes (``--persistent-only`` runs just these): each producer process
+  keeps ``PERSIST_WINDOW`` pushes in flight, 100 B and 4 KiB, 1 and 8 producers, to the
+  same broker without a store ("memory", the non-persistent baseline) and with ``--data``
+  in fsync mode ("persistent"): msgs/s, p50/p99 ack latency, the broker's CPU per message
+  and messages per fsync; beside them the disk's fsyncs/s and fsync'd sequential MB/s,
+  and with ``--rabbitmq`` a durable queue with publisher confirms (pika, persistent
+  messages, best of 1/4/8 producer processes; pika's blocking channel waits for each
+  confirm, so one publish in flight per process).
+
+Usage: ``python bench/bench_broker.py [--quick] [--messages N] [--rabbitmq]
+[--persistent-only]``.
 """
 
 from __future__ import annotations
@@ -151,8 +157,12 @@ def serve_broker(endpoint: str, engine_spec: str, ready: Any, stop: Any) -> None
     ctx.term()
 
 
-def serve_durable_broker(endpoint: str, data: str, ready: Any, stop: Any) -> None:
-    """A broker as ``broker serve --data DIR`` builds it (fsync durability)."""
+def serve_durable_broker(
+    endpoint: str, data: str | None, ready: Any, stop: Any, stats: Any = None
+) -> None:
+    """A broker as ``broker serve --data DIR`` builds it (fsync durability); ``data``
+    None: memory only (the same engine and handlers, no store).  ``stats`` (a pipe end):
+    each message received is answered with the store's fsync count so far."""
     import zmq
 
     from broker.engine.delivery import PersistentDeliveryHandler
@@ -161,16 +171,22 @@ def serve_durable_broker(endpoint: str, data: str, ready: Any, stop: Any) -> Non
     from broker.store.durable import DurableStore
     from broker.store.log import LogStore
 
-    store = DurableStore(LogStore(data))
+    store = DurableStore(LogStore(data)) if data is not None else None
     engine = Engine(store=store, handlers={"persistent": PersistentDeliveryHandler()})
     ctx = zmq.Context()
     server = Server(engine, ServerOptions(endpoint=endpoint), context=ctx, durable=store)
     server.start()
     ready.set()
-    stop.wait()
+    while not stop.is_set():
+        if stats is not None and stats.poll(0.05):
+            stats.recv()
+            stats.send(store.log.stats().syncs if store is not None else 0)
+        elif stats is None:
+            stop.wait(0.2)
     server.stop()
     ctx.term()
-    store.close()
+    if store is not None:
+        store.close()
 
 
 def _client(endpoint: str, **kw: Any) -> Any:
@@ -254,12 +270,13 @@ PERSIST_WINDOW = 64
 
 
 def zh_acked_producer(
-    endpoint: str, channel: str, count: int, ready: Any, go: Any, out: Any
+    endpoint: str, channel: str, count: int, size: int, ready: Any, go: Any, out: Any
 ) -> None:
     """Push ``count`` messages, each acknowledged; ack latencies from submit to done."""
     from collections import deque
 
     client = _client(endpoint, max_outbox=50_000)
+    payload = b"x" * size
     ready.set()
     go.wait(30)
     latencies: list[float] = []
@@ -270,7 +287,7 @@ def zh_acked_producer(
         if len(inflight) >= PERSIST_WINDOW:
             inflight.popleft().result(60)
         sent = clock()
-        future = client.push_async(channel, 1, PAYLOAD, timeout=60)
+        future = client.push_async(channel, 1, payload, timeout=60)
         future.add_done_callback(lambda _f, t=sent: latencies.append(clock() - t))
         inflight.append(future)
     for future in inflight:
@@ -280,57 +297,103 @@ def zh_acked_producer(
     _close(client)
 
 
-def bench_persistent(ctx: Any, endpoint: str, count: int, producers: int) -> Row:
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def bench_acked(
+    ctx: Any,
+    endpoint: str,
+    count: int,
+    producers: int,
+    size: int,
+    persistent: bool,
+    broker_pid: int,
+    stats: Any,
+) -> Row:
+    """``producers`` processes push ``count`` messages of ``size`` octets with acks."""
     setup = _client(endpoint)
-    channel = f"persist-{producers}"
-    setup.create_queue(channel, 1, {"MessageDeliveryHandler": "persistent"})
+    channel = f"{'persist' if persistent else 'mem'}-{producers}-{size}"
+    options = {"MessageDeliveryHandler": "persistent"} if persistent else {}
+    setup.create_queue(channel, 1, options)
     _close(setup)
     out = ctx.Queue()
     go = ctx.Event()
     per = max(1, count // producers)
     readies = [ctx.Event() for _ in range(producers)]
     procs = [
-        ctx.Process(target=zh_acked_producer, args=(endpoint, channel, per, r, go, out))
+        ctx.Process(target=zh_acked_producer, args=(endpoint, channel, per, size, r, go, out))
         for r in readies
     ]
     for p in procs:
         p.start()
     for r in readies:
         r.wait(60)  # every producer connected
+    stats.send(None)
+    syncs0, cpu0 = stats.recv(), _cpu_seconds(broker_pid)
     go.set()
     results = [out.get(timeout=600) for _ in procs]
+    stats.send(None)
+    syncs, cpu = stats.recv() - syncs0, _cpu_seconds(broker_pid) - cpu0
     for p in procs:
         p.join(30)
     start = min(r[0] for r in results)
     end = max(r[1] for r in results)
     total = sum(r[2] for r in results)
     p50, p99 = percentiles([lat for r in results for lat in r[3]])
-    return Row(f"zerohub persistent, acks, {producers}p", rate=total / (end - start),
-               p50=p50, p99=p99, note=f"{total} acked (fsync)")  # fmt: skip
+    kind = "persistent (fsync)" if persistent else "memory"
+    note = f"broker CPU {cpu / total * 1e6:.0f} us/msg"
+    if persistent:
+        note += f", {total / max(1, syncs):.0f} msgs/fsync"
+    return Row(f"zerohub {kind} {_size_name(size)} {producers}p", rate=total / (end - start),
+               p50=p50, p99=p99, note=note)  # fmt: skip
 
 
-def persistent_rows(ctx: Any, count: int) -> list[Row]:
-    """Persistent-queue rows and the disk's fsync rate, in the same run."""
-    from bench_store import disk_fsync_rate
+def _size_name(size: int) -> str:
+    return f"{size // 1024} KiB" if size >= 1024 else f"{size} B"
+
+
+def persistent_rows(ctx: Any, count: int, sizes: tuple[int, ...] = (SIZE, 4096)) -> list[Row]:
+    """Producer-acknowledged pushes, persistent (fsync) beside the same broker without a
+    store, and the disk's own limits, all in the same run."""
+    from bench_store import disk_fsync_rate, disk_write_mbps
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-broker-data-") as data:
         fsyncs = disk_fsync_rate(Path(data), 1.0)
-        rows.append(Row("disk: write 100 B + fsync", note=f"{fsyncs:,.0f} fsyncs/s"))
-        endpoint = f"tcp://127.0.0.1:{free_port()}"
-        ready, stop = ctx.Event(), ctx.Event()
-        broker = ctx.Process(target=serve_durable_broker, args=(endpoint, data, ready, stop))
-        broker.start()
-        try:
-            if not ready.wait(30):
-                raise SystemExit("durable broker did not start")
-            for producers in (1, 8):
-                row = bench_persistent(ctx, endpoint, count, producers)
-                row.note += f", {row.rate / fsyncs:.1f}x the disk fsync rate" if row.rate else ""
-                rows.append(row)
-        finally:
-            stop.set()
-            broker.join(60)
+        rows.append(Row("disk: write 100 B + fsync", rate=fsyncs, note="fsyncs/s"))
+        mbps = disk_write_mbps(Path(data), 1.0)
+        rows.append(Row("disk: write 1 MiB + fsync", note=f"{mbps:,.0f} MB/s sequential"))
+        for persistent in (False, True):
+            endpoint = f"tcp://127.0.0.1:{free_port()}"
+            ready, stop = ctx.Event(), ctx.Event()
+            mine, theirs = ctx.Pipe()
+            where = str(Path(data) / "broker") if persistent else None
+            broker = ctx.Process(
+                target=serve_durable_broker, args=(endpoint, where, ready, stop, theirs)
+            )
+            broker.start()
+            try:
+                if not ready.wait(30):
+                    raise SystemExit("broker did not start")
+                for size in sizes:
+                    for producers in (1, 8):
+                        n = count if size <= SIZE else max(1, count // 4)
+                        rows.append(
+                            bench_acked(ctx, endpoint, n, producers, size, persistent,
+                                        broker.pid, mine)
+                        )  # fmt: skip
+            finally:
+                stop.set()
+                broker.join(60)
+    by_name = {r.name: r for r in rows}
+    for size in sizes:
+        mem = by_name.get(f"zerohub memory {_size_name(size)} 8p")
+        disk = by_name.get(f"zerohub persistent (fsync) {_size_name(size)} 8p")
+        if mem and disk and mem.rate and disk.rate:
+            disk.note += f", {disk.rate / mem.rate:.0%} of memory 8p"
     return rows
 
 
@@ -573,6 +636,70 @@ def pika_producer(port: int, count: int, go: Any, out: Any) -> None:
     conn.close()
 
 
+def pika_confirmed_producer(
+    port: int, count: int, size: int, ready: Any, go: Any, out: Any
+) -> None:
+    """Persistent messages (delivery mode 2) to a durable queue, each publish confirmed
+    (pika's BlockingConnection waits for the confirm of each publish)."""
+    pika: Any = importlib.import_module("pika")  # installed by --rabbitmq
+
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    channel = conn.channel()
+    channel.queue_declare("bench-durable", durable=True)
+    channel.confirm_delivery()
+    props = pika.BasicProperties(delivery_mode=2)
+    body = b"x" * size
+    ready.set()
+    go.wait(60)
+    latencies = []
+    clock = time.perf_counter
+    t0 = clock()
+    for _ in range(count):
+        sent = clock()
+        channel.basic_publish("", "bench-durable", body, props, mandatory=True)
+        latencies.append(clock() - sent)
+    out.put((t0, clock(), count, latencies))
+    conn.close()
+
+
+def bench_rabbit_confirms(ctx: Any, port: int, count: int, size: int) -> Row:
+    """Best of 1, 4 and 8 confirmed-publisher processes (the queue purged between)."""
+    best: Row | None = None
+    for producers in (1, 4, 8):
+        out, go = ctx.Queue(), ctx.Event()
+        readies = [ctx.Event() for _ in range(producers)]
+        per = max(1, count // producers)
+        procs = [
+            ctx.Process(target=pika_confirmed_producer, args=(port, per, size, r, go, out))
+            for r in readies
+        ]
+        for p in procs:
+            p.start()
+        for r in readies:
+            r.wait(60)
+        go.set()
+        results = [out.get(timeout=600) for _ in procs]
+        for p in procs:
+            p.join(30)
+        start, end = min(r[0] for r in results), max(r[1] for r in results)
+        total = sum(r[2] for r in results)
+        p50, p99 = percentiles([lat for r in results for lat in r[3]])
+        row = Row(f"RabbitMQ durable+confirms {_size_name(size)}", rate=total / (end - start),
+                  p50=p50, p99=p99, note=f"best of 1/4/8 producers: {producers}p")  # fmt: skip
+        if best is None or (row.rate or 0) > (best.rate or 0):
+            best = row
+        _purge_rabbit(port)
+    assert best is not None
+    return best
+
+
+def _purge_rabbit(port: int) -> None:
+    pika: Any = importlib.import_module("pika")
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    conn.channel().queue_purge("bench-durable")
+    conn.close()
+
+
 def bench_pair(ctx: Any, name: str, consumer: Any, producer: Any, port: int, count: int) -> Row:
     out, ready, go = ctx.Queue(), ctx.Event(), ctx.Event()
     c = ctx.Process(target=consumer, args=(port, count, ready, out))
@@ -622,49 +749,88 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rabbitmq", action="store_true", help="add RabbitMQ STOMP and pika rows")
     parser.add_argument("--engine", default="broker.engine.engine:Engine", help=argparse.SUPPRESS)
     parser.add_argument("--no-persistent", action="store_true", help="skip the persistent rows")
+    parser.add_argument(
+        "--persistent-only",
+        action="store_true",
+        help="only the acknowledged-push rows (memory, persistent, the disk, RabbitMQ)",
+    )
     args = parser.parse_args(argv)
     count = args.messages or (2_000 if args.quick else 200_000)
     rounds = args.rounds or (200 if args.quick else 5_000)
     ctx = mp.get_context("spawn")
 
-    raw = bench_raw(ctx, count)
-    rows = [raw]
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
-    ready, stop = ctx.Event(), ctx.Event()
-    broker = ctx.Process(target=serve_broker, args=(endpoint, args.engine, ready, stop))
-    broker.start()
-    try:
-        if not ready.wait(30):
-            raise SystemExit("broker did not start")
-        rows.append(bench_zerohub(ctx, endpoint, count, 1, False))
-        rows.append(bench_zerohub(ctx, endpoint, count, 1, True))
-        rows.append(bench_zerohub(ctx, endpoint, max(1, count // 4), 4, False))
-        raw_rtt, *zh_rtt = bench_round_trips(ctx, endpoint, rounds)
-        rows.insert(1, raw_rtt)
-        rows.extend(zh_rtt)
-    finally:
-        stop.set()
-        broker.join(30)
+    raw = Row("raw pyzmq DEALER->ROUTER")
+    raw_rtt = Row("raw pyzmq round trip")
+    rows: list[Row] = []
+    if not args.persistent_only:
+        raw = bench_raw(ctx, count)
+        rows.append(raw)
+        endpoint = f"tcp://127.0.0.1:{free_port()}"
+        ready, stop = ctx.Event(), ctx.Event()
+        broker = ctx.Process(target=serve_broker, args=(endpoint, args.engine, ready, stop))
+        broker.start()
+        try:
+            if not ready.wait(30):
+                raise SystemExit("broker did not start")
+            rows.append(bench_zerohub(ctx, endpoint, count, 1, False))
+            rows.append(bench_zerohub(ctx, endpoint, count, 1, True))
+            rows.append(bench_zerohub(ctx, endpoint, max(1, count // 4), 4, False))
+            raw_rtt, *zh_rtt = bench_round_trips(ctx, endpoint, rounds)
+            rows.insert(1, raw_rtt)
+            rows.extend(zh_rtt)
+        finally:
+            stop.set()
+            broker.join(30)
+    persistent = []
     if not args.no_persistent:
-        rows.extend(persistent_rows(ctx, max(1, count // 10)))
+        persistent = persistent_rows(ctx, max(1, count // 10))
     if args.rabbitmq:
         RabbitMQ.install()
         rabbit = RabbitMQ()
         try:
             rabbit.start()
             stomp_count = max(1, count // 4) if not args.quick else count
-            rows.append(
-                bench_pair(ctx, "RabbitMQ STOMP 1p/1c auto-ack", stomp_consumer,
-                           stomp_producer, rabbit.stomp_port, stomp_count)
-            )  # fmt: skip
-            rows.append(
-                bench_pair(ctx, "RabbitMQ AMQP (pika) 1p/1c", pika_consumer,
-                           pika_producer, rabbit.amqp_port, stomp_count)
-            )  # fmt: skip
+            if not args.persistent_only:
+                rows.append(
+                    bench_pair(ctx, "RabbitMQ STOMP 1p/1c auto-ack", stomp_consumer,
+                               stomp_producer, rabbit.stomp_port, stomp_count)
+                )  # fmt: skip
+                rows.append(
+                    bench_pair(ctx, "RabbitMQ AMQP (pika) 1p/1c", pika_consumer,
+                               pika_producer, rabbit.amqp_port, stomp_count)
+                )  # fmt: skip
+            if not args.no_persistent:
+                confirmed = max(1, count // 40)
+                for size in (SIZE, 4096):
+                    row = bench_rabbit_confirms(ctx, rabbit.amqp_port, confirmed, size)
+                    persistent.append(row)
         finally:
             rabbit.stop()
-    print_table(rows, raw, raw_rtt)
+    if rows:
+        print_table(rows, raw, raw_rtt)
+    if persistent:
+        print_persistent(persistent)
     return 0
+
+
+def print_persistent(rows: list[Row]) -> None:
+    """The acknowledged-push table: rates, ack latency (ms), and how they compare."""
+    title = "acknowledged pushes (fsync mode)"
+    print(f"\n{title:<42} {'msgs/s':>9} {'p50 ms':>8} {'p99 ms':>8}  note")
+    print("-" * 110)
+    by_name = {r.name: r for r in rows}
+    for row in rows:
+        note = row.note
+        if row.name.startswith("zerohub persistent") and row.rate:
+            size = row.name.split(" (fsync) ")[1].rsplit(" ", 1)[0]
+            rabbit = by_name.get(f"RabbitMQ durable+confirms {size}")
+            if rabbit is not None and rabbit.rate:
+                note += f", {row.rate / rabbit.rate:.1f}x RabbitMQ"
+        rate = f"{row.rate:,.0f}" if row.rate else ""
+        p50 = f"{row.p50 / 1000:.1f}" if row.p50 is not None else ""
+        p99 = f"{row.p99 / 1000:.1f}" if row.p99 is not None else ""
+        print(f"{row.name:<42} {rate:>9} {p50:>8} {p99:>8}  {note}")
+    print(f"load average: {' '.join(f'{x:.1f}' for x in os.getloadavg())} (2 cores, shared)")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,10 @@ clients) lives in memory: a restart starts empty -- unless ``serve --data DIR``:
 channel and queue definitions, and the messages of queues whose
 ``MessageDeliveryHandler`` is ``persistent``, are kept in the durable log in DIR and
 come back on restart; a producer's acknowledge leaves only once its message is fsync'ed.
-``--data none`` (the default for now) keeps everything in memory.
+Without ``--data`` the directory is ``$XDG_DATA_HOME/zerohub/broker`` (else
+``~/.local/share/zerohub/broker``); ``--data none`` keeps everything in memory.
+``--durability fsync|batch|os`` (default fsync) and ``--batch-interval MS`` (default 10)
+choose when a save counts as done (``broker.store.log.Durability``).
 
 Exit codes (``zerohub.cli.ExitCode``, the same in every zerohub command): 0 ok;
 1 failure (no answer, an error status from the broker, an endpoint in use); 2 usage
@@ -211,8 +214,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (TypeError, ValueError) as exc:
         raise UsageError(f"server options: {exc}") from None
     stomp = _stomp_listen_options(args.stomp, bool(section.get("insecure")))
+    if args.data is None:  # the user's data directory (federation keeps its id there too)
+        args.data = str(default_data_dir())
     federation_settings = _federation_settings(args, config, options)
-    store = _open_data(args.data)
+    store = _open_data(args)
     recovered = 0
     try:
         engine = _build_engine(config, options.max_frame_size, store)
@@ -387,17 +392,42 @@ def _start_federation(settings: Any, server: Any, context: Any, options: Any) ->
     return federation
 
 
-def _open_data(data: str) -> Any:
-    """The durable store in ``data`` (None for ``none``); CommandError if it cannot open."""
+def default_data_dir() -> Path:
+    """Where ``broker serve`` keeps its data unless told: ``$XDG_DATA_HOME/zerohub/broker``
+    (an absolute ``XDG_DATA_HOME`` only, as the XDG spec says), else
+    ``~/.local/share/zerohub/broker``."""
+    base = os.environ.get("XDG_DATA_HOME", "")
+    root = Path(base) if base and os.path.isabs(base) else Path.home() / ".local" / "share"
+    return root / "zerohub" / "broker"
+
+
+def _open_data(args: argparse.Namespace) -> Any:
+    """The durable store ``serve`` asked for (None for ``--data none``); UsageError for bad
+    options, CommandError if it cannot open."""
+    data = args.data
     if data == "none":
         return None
+    if data is None:
+        data = args.data = str(default_data_dir())
     from broker.store.durable import DurableStore
-    from broker.store.log import LogStore, StoreError
+    from broker.store.log import Durability, LogOptions, LogStore, StoreError
 
+    extra: dict[str, int] = {}
+    if args.segment_size is not None:  # a record never spans two segments
+        extra["segment_size"] = args.segment_size
+        extra["max_record_size"] = min(LogOptions().max_record_size, args.segment_size - 64)
     try:
-        return DurableStore(LogStore(data))
+        options = LogOptions(
+            durability=Durability(args.durability),
+            batch_interval=args.batch_interval / 1000.0,
+            **extra,
+        )
+    except (StoreError, ValueError) as exc:
+        raise UsageError(f"serve: {exc}") from None
+    try:
+        return DurableStore(LogStore(data, options))
     except StoreError as exc:
-        raise CommandError(f"serve --data: {exc}") from None
+        raise CommandError(f"serve --data {data}: {exc}") from None
 
 
 def _stomp_listen_options(url: str | None, insecure: bool) -> Any:
@@ -647,8 +677,31 @@ def build_parser() -> ArgumentParser:
     serve.add_argument(
         "--data",
         metavar="DIR",
-        default="none",
-        help="keep definitions and persistent queues in DIR (default: none, memory only)",
+        default=None,
+        help="keep definitions and persistent queues in DIR (default: "
+        "$XDG_DATA_HOME/zerohub/broker, else ~/.local/share/zerohub/broker; none: memory only)",
+    )
+    serve.add_argument(
+        "--durability",
+        choices=("fsync", "batch", "os"),
+        default="fsync",
+        help="when a persistent message counts as saved: fsync'ed (default), written and "
+        "fsync'ed every --batch-interval, or written to the kernel only",
+    )
+    serve.add_argument(
+        "--batch-interval",
+        type=float,
+        default=10.0,
+        metavar="MS",
+        help="milliseconds between fsyncs with --durability batch (default %(default)s)",
+    )
+    serve.add_argument(
+        "--segment-size",
+        type=int,
+        default=None,
+        metavar="OCTETS",
+        help="size of one log segment file (default 64 MiB; at least 4096); a persistent "
+        "message larger than a segment is refused (negative acknowledge 'failed')",
     )
     federation_flags(serve)
     serve.set_defaults(func=cmd_serve)

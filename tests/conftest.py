@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+import os
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import zmq
@@ -49,3 +52,28 @@ def no_thread_leaks() -> Iterator[None]:
         time.sleep(0.02)
     names = ", ".join(t.name for t in extra)
     pytest.fail(f"threads left running: {names}")
+
+
+_data_homes = itertools.count(1)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_data_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``broker serve`` keeps its data under ``$XDG_DATA_HOME`` by default: no test may
+    write into the real home.  The whole session (module fixtures included) gets a temp
+    ``XDG_DATA_HOME``; :func:`own_data_home` gives each test its own below it."""
+    base = tmp_path_factory.mktemp("xdg-data")
+    before = os.environ.get("XDG_DATA_HOME")
+    os.environ["XDG_DATA_HOME"] = str(base / "session")
+    yield base
+    if before is None:
+        os.environ.pop("XDG_DATA_HOME", None)
+    else:
+        os.environ["XDG_DATA_HOME"] = before
+
+
+@pytest.fixture(autouse=True)
+def own_data_home(private_data_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's brokers keep their default data apart from every other test's (a
+    directory is locked by one broker, and definitions would leak between tests)."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(private_data_home / f"t{next(_data_homes)}"))

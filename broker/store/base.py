@@ -22,12 +22,17 @@ QueueKey = tuple[str, int]
 
 @dataclass(frozen=True, slots=True)
 class StoredMessage:
-    """One saved message: its per-queue sequence number and the message as produced."""
+    """One saved message: its per-queue sequence number, the message as produced, and
+    what a restart must keep of its life in the queue: put-backs, deliveries so far, and
+    its MessageTimeout deadline as wall-clock UNIX seconds (0: none), so that the clock
+    keeps running while the broker is down."""
 
     sequence: int
     message: Message
     producer_id: str = ""
     put_backs: int = 0
+    delivery_count: int = 0
+    deadline: float = 0.0
 
 
 class Store(ABC):
@@ -46,6 +51,11 @@ class Store(ABC):
     @abstractmethod
     def queues(self) -> list[QueueKey]:
         """Queues that have saved messages."""
+
+    def update(self, queue: QueueKey, message: StoredMessage) -> None:  # noqa: B027
+        """A saved message's put-backs, delivery count or deadline changed (the message
+        itself did not); a store that does not outlive the process may ignore it, and so
+        may a store for an unknown sequence number."""
 
     def drop_queue(self, queue: QueueKey) -> None:
         """Forget every message of a queue (queue removed or stopped)."""

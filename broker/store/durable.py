@@ -32,19 +32,25 @@ itself skips records whose checksum fails.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import struct
 from collections.abc import Iterator
 
-from broker.message import Message
+from broker.message import Headers, Message
 from broker.store.base import QueueKey, Store, StoredMessage
 from broker.store.log import CorruptRecord, LogStore, Meta, NoSuchRecord
+from broker.store.log.records import NO_META
 
 log = logging.getLogger("broker.store.durable")
 
 #: Version octet of the blob format described in the module docstring.
 BLOB_VERSION = 1
 _HEAD = struct.Struct("<BBBH")
+_HEAD_ID = struct.Struct("<BBBHH")  # the head and the message id's length
+_NO_HEADERS = b"\0\0"
+#: ``Message(...)`` from every field, without the named tuple's Python-level ``__new__``
+_new_message = tuple.__new__
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _HIGH, _FIRST, _WANTS_ACK = 1, 2, 4
@@ -60,21 +66,34 @@ def _text(out: list[bytes], value: str) -> None:
 
 
 def encode_message(message: Message, producer_id: str = "") -> bytes:
-    """A message (and its producer's id) as a blob; ValueError if a field does not fit."""
-    if not 0 <= message.ttl <= 0xFF or not 0 <= message.content_type <= _U16_MAX:
+    """A message (and its producer's id) as a blob; ValueError if a field does not fit.
+
+    Runs once per persistent message received: one ``join`` of packed parts, no helper
+    calls per field."""
+    ttl, content_type = message.ttl, message.content_type
+    if not 0 <= ttl <= 0xFF or not 0 <= content_type <= _U16_MAX:
         raise ValueError("ttl must be 0..255 and content type 0..65535")
     flags = (
         (_HIGH if message.high_priority else 0)
         | (_FIRST if message.first_acquirer else 0)
         | (_WANTS_ACK if message.wants_ack else 0)
     )
-    out = [_HEAD.pack(BLOB_VERSION, flags, message.ttl, message.content_type)]
-    for value in (message.message_id, message.source, message.target, producer_id):
-        _text(out, value)
+    mid = message.message_id.encode()
+    source = message.source.encode()
+    target = message.target.encode()
+    producer = producer_id.encode()
     headers = message.headers
-    if len(headers) > _U16_MAX:
-        raise ValueError(f"{len(headers)} headers exceed {_U16_MAX}")
-    out.append(_U16.pack(len(headers)))
+    if max(len(mid), len(source), len(target), len(producer), len(headers)) > _U16_MAX:
+        raise ValueError(f"a text field or the header count exceeds {_U16_MAX}")
+    pack16 = _U16.pack
+    head = _HEAD_ID.pack(BLOB_VERSION, flags, ttl, content_type, len(mid))
+    if not headers:
+        return b"".join(
+            (head, mid, pack16(len(source)), source, pack16(len(target)), target,
+             pack16(len(producer)), producer, _NO_HEADERS, message.payload)
+        )  # fmt: skip
+    out = [head, mid, pack16(len(source)), source, pack16(len(target)), target]
+    out += (pack16(len(producer)), producer, pack16(len(headers)))
     for name, value in headers:
         _text(out, name)
         raw = value.encode()
@@ -84,51 +103,69 @@ def encode_message(message: Message, producer_id: str = "") -> bytes:
     return b"".join(out)
 
 
-class _Reader:
-    __slots__ = ("data", "pos")
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.pos = 0
-
-    def take(self, size: int) -> bytes:
-        end = self.pos + size
-        if end > len(self.data):
-            raise CorruptRecord(f"message blob ends {end - len(self.data)} octets early")
-        chunk = self.data[self.pos : end]
-        self.pos = end
-        return chunk
-
-    def text(self, length: struct.Struct) -> str:
-        (size,) = length.unpack(self.take(length.size))
-        try:
-            return self.take(size).decode()
-        except UnicodeDecodeError:
-            raise CorruptRecord("message blob holds text that is not UTF-8") from None
-
-
 def decode_message(blob: bytes) -> tuple[Message, str]:
-    """The message and producer id of a blob; CorruptRecord if it is not one."""
-    reader = _Reader(blob)
-    version, flags, ttl, content_type = _HEAD.unpack(reader.take(_HEAD.size))
+    """The message and producer id of a blob; CorruptRecord if it is not one.
+
+    Runs once per message recovered: offsets walked inline, no reader object."""
+    size = len(blob)
+    if size < _HEAD_ID.size:
+        raise CorruptRecord("message blob ends early")
+    version, flags, ttl, content_type, n = _HEAD_ID.unpack_from(blob, 0)
     if version != BLOB_VERSION:
         raise CorruptRecord(f"message blob version {version} (this code reads {BLOB_VERSION})")
-    message_id, source, target, producer = (reader.text(_U16) for _ in range(4))
-    (count,) = _U16.unpack(reader.take(_U16.size))
-    headers = tuple((reader.text(_U16), reader.text(_U32)) for _ in range(count))
-    message = Message(
-        message_id=message_id,
-        source=source,
-        target=target,
-        content_type=content_type,
-        high_priority=bool(flags & _HIGH),
-        first_acquirer=bool(flags & _FIRST),
-        wants_ack=bool(flags & _WANTS_ACK),
-        ttl=ttl,
-        headers=headers,
-        payload=blob[reader.pos :],
-    )
+    unpack16 = _U16.unpack_from
+    try:
+        pos = _HEAD_ID.size
+        texts = []
+        for _ in range(3):  # message id, source, target; then the producer's id
+            end = pos + n
+            texts.append(blob[pos:end].decode())
+            (n,) = unpack16(blob, end)
+            pos = end + 2
+        end = pos + n
+        producer = blob[pos:end].decode()
+        (count,) = unpack16(blob, end)
+        pos = end + 2
+        headers: Headers = ()
+        if count:
+            pairs = []
+            unpack32 = _U32.unpack_from
+            for _ in range(count):
+                (n,) = unpack16(blob, pos)
+                name = blob[pos + 2 : pos + 2 + n].decode()
+                pos += 2 + n
+                (n,) = unpack32(blob, pos)
+                pairs.append((name, blob[pos + 4 : pos + 4 + n].decode()))
+                pos += 4 + n
+            headers = tuple(pairs)
+    except struct.error:
+        raise CorruptRecord("message blob ends early") from None
+    except UnicodeDecodeError:
+        raise CorruptRecord("message blob holds text that is not UTF-8") from None
+    if pos > size:
+        raise CorruptRecord(f"message blob ends {pos - size} octets early")
+    message = _new_message(
+        Message,
+        (texts[0], texts[1], texts[2], content_type, bool(flags & _HIGH),
+         bool(flags & _FIRST), bool(flags & _WANTS_ACK), ttl, headers, blob[pos:], None),
+    )  # fmt: skip
     return message, producer
+
+
+def _meta(message: StoredMessage) -> Meta:
+    if not (
+        message.put_backs
+        or message.delivery_count
+        or message.deadline
+        or message.message.high_priority
+    ):
+        return NO_META
+    return Meta(
+        delivery_count=message.delivery_count,
+        put_backs=message.put_backs,
+        priority=message.message.high_priority,
+        deadline=message.deadline,
+    )
 
 
 class DurableStore(Store):
@@ -155,10 +192,21 @@ class DurableStore(Store):
 
     def append(self, queue: QueueKey, message: StoredMessage) -> None:
         blob = encode_message(message.message, message.producer_id)
-        meta = Meta(put_backs=message.put_backs, priority=message.message.high_priority)
-        done = self.log.append(queue, blob, meta)
-        self._seqs.setdefault(queue, {})[message.sequence] = done.seq
+        done = self.log.append(queue, blob, _meta(message))
+        seqs = self._seqs.get(queue)
+        if seqs is None:
+            seqs = self._seqs[queue] = {}
+        seqs[message.sequence] = done.seq
         self.appended = done.ticket
+
+    def update(self, queue: QueueKey, message: StoredMessage) -> None:
+        """Rewrite the record's metadata (not its blob); a message this store does not
+        hold is ignored.  Not a write a reply waits for (``appended`` stays)."""
+        seqs = self._seqs.get(queue)
+        seq = None if seqs is None else seqs.get(message.sequence)
+        if seq is not None:
+            with contextlib.suppress(NoSuchRecord):  # (removed meanwhile)
+                self.log.update(queue, seq, _meta(message))
 
     def remove(self, queue: QueueKey, sequence: int) -> None:
         seqs = self._seqs.get(queue)
@@ -182,7 +230,10 @@ class DurableStore(Store):
                 log.warning("queue %s record %d skipped: %s", queue, seq, exc)
                 continue
             seqs[seq] = seq
-            yield StoredMessage(seq, message, producer, record.meta.put_backs)
+            meta = record.meta
+            yield StoredMessage(
+                seq, message, producer, meta.put_backs, meta.delivery_count, meta.deadline
+            )
 
     def queues(self) -> list[QueueKey]:
         return [q for q in self.log.queues() if self.log.bounds(q).count]

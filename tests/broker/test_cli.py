@@ -26,6 +26,9 @@ def free_port() -> int:
 
 
 def start_serve(*args: str) -> subprocess.Popen[bytes]:
+    """``broker serve ARGS`` started and ready; memory only unless ``--data`` is given."""
+    if "--data" not in args:
+        args = (*args, "--data", "none")
     proc = subprocess.Popen(
         [sys.executable, "-m", "broker", "serve", *args],
         stderr=subprocess.PIPE,

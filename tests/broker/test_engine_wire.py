@@ -48,7 +48,9 @@ def test_an_unchanged_push_leaves_as_the_octets_received() -> None:
     assert tmqp_door.encode(m) is data  # the very octets: nothing encoded again
 
 
-def test_a_queued_message_also_leaves_as_received_when_the_consumer_has_room() -> None:
+def test_a_queued_message_waits_without_its_octets_and_leaves_the_same_frame() -> None:
+    """Memory: a waiting message keeps its decoded fields only, not also the frame's
+    octets (``broker.message.parked``); it is encoded again, to the same frame."""
     kit, p, c = _engine()
     kit.engine.clients[c].prefetch["ch"] = 1
     first, first_data = _push(p)
@@ -57,7 +59,8 @@ def test_a_queued_message_also_leaves_as_received_when_the_consumer_has_room() -
     outs = kit.engine.receive(p, second, kit.now, second_data)
     assert not [o for o in outs if isinstance(o, Tracked)]  # the window is full: it waits
     m = _delivery(kit.engine.transmitted({c: 1}, kit.now), c)
-    assert m.message_id == "m2" and tmqp_door.encode(m) is second_data
+    assert m.message_id == "m2" and m.wire is None
+    assert tmqp_door.encode(m) == second_data
 
 
 def test_a_changed_message_is_encoded_again() -> None:

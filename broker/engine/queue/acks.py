@@ -11,6 +11,7 @@ the queue asks its host (the engine) to wake it at its next deadline.
 
 from __future__ import annotations
 
+import bisect
 from collections import OrderedDict, deque
 from typing import TYPE_CHECKING, Any
 
@@ -212,6 +213,18 @@ class AckTracker:
             self.expiry.append((m.deadline, m))
             if self.wake_at is None:
                 self.arm(m.deadline)
+
+    def restore_deadline(self, m: QueueMessage, deadline: float) -> None:
+        """A recovered message keeps its deadline (the expiry stays in deadline order)."""
+        m.deadline = deadline
+        expiry = self.expiry
+        if expiry and expiry[-1][0] > deadline:
+            entries = list(expiry)
+            bisect.insort(entries, (deadline, m), key=lambda e: e[0])
+            self.expiry = deque(entries)
+        else:
+            expiry.append((deadline, m))
+        self.arm(deadline)
 
     def expire(self, m: QueueMessage, out: list[Outgoing]) -> None:
         """A queued message (already uncounted) passed its MessageTimeout."""

@@ -301,6 +301,8 @@ class Dispatcher:
             q.sent += 1  # the first copy of this send
         m.transmitted += 1
         m.delivered += 1  # a put-back resets m.out: the next send carries Delivery-Count
+        if m.saved:
+            q.delivered(m, now)  # the store keeps the count for a restart
         if kind == ACKED:
             return  # the window slot is held until the acknowledge
         self.q.release(client_id)

@@ -61,12 +61,31 @@ class Ledger:
             message = m.message
             if message.wire is not None:
                 message = message.replace()  # a store keeps messages, not a door's octets
-            q.store.append(q.key, StoredMessage(m.seq, message, producer, m.put_backs))
+            timeout = q.options.message_timeout
+            if m.deadline:  # (saved after its clock started: measured from its receipt)
+                deadline = q.host.config.wall_clock() + (m.deadline - m.created)
+            elif timeout:  # (saved on receipt: the clock starts now)
+                deadline = q.host.config.wall_clock() + timeout / 1000.0
+            else:
+                deadline = 0.0
+            stored = StoredMessage(m.seq, message, producer, m.put_backs, m.delivered, deadline)
+            q.store.append(q.key, stored)
         except Exception as exc:
             q.error("store.append", exc)
             return
         m.saved = True
         q.saves += 1
+
+    def delivered(self, m: QueueMessage, now: float) -> None:
+        """A saved message went out once more: the store learns its delivery count (and
+        put-backs), so that a restart neither resets them nor restarts its TTL clock."""
+        q = self.q
+        deadline = q.host.config.wall_clock() + (m.deadline - now) if m.deadline else 0.0
+        stored = StoredMessage(m.seq, m.message, "", m.put_backs, m.delivered, max(deadline, 0.0))
+        try:
+            q.store.update(q.key, stored)
+        except Exception as exc:
+            q.error("store.update", exc)
 
     def finish(self, m: QueueMessage) -> None:
         """The message leaves the queue for good (and the store, if saved)."""

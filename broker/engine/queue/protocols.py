@@ -57,6 +57,7 @@ class QueueCore(Protocol):
     channel: Channel[Any]
     id: int
     key: tuple[str, int]
+    host: QueueHost[Any]
     options: ChannelQueueOptions
     strategy: StatusStrategy
     hooks: HandlerHooks
@@ -99,6 +100,8 @@ class QueueCore(Protocol):
 
     # the store and the producers (``ledger``)
     def save(self, m: QueueMessage) -> None: ...
+
+    def delivered(self, m: QueueMessage, now: float) -> None: ...
 
     def finish(self, m: QueueMessage) -> None: ...
 

@@ -57,6 +57,7 @@ from broker.engine.queue.ledger import Ledger
 from broker.engine.queue.messages import MessageOrder
 from broker.engine.queue.protocols import QueueHost
 from broker.engine.queue.statuses import StatusStrategy, strategy_for
+from broker.message import parked
 from broker.protocol import NackReason, Outgoing, ResultCode, Tracked
 from broker.store import Store, StoredMessage
 
@@ -86,7 +87,7 @@ _tracked = tuple.__new__
 #: binds them to the part's own method (an instance attribute shadows the class's
 #: function), which saves a call on paths that run per message.  The ``def`` below stay
 #: as the documentation (and for the type checker).
-_TO_LEDGER = ("save", "finish", "side_effects", "drop", "ack_producer")
+_TO_LEDGER = ("save", "delivered", "finish", "side_effects", "drop", "ack_producer")
 _TO_TRACKER = ("on_ack", "consumer_gone", "put_back", "track", "start_timeout", "expire", "tick")
 _TO_DISPATCH = (
     "send",
@@ -251,6 +252,7 @@ class Queue:
         return not self.messages.count and self.tracker.idle()
 
     def enqueue(self, m: QueueMessage) -> None:
+        m.message = parked(m.message)  # (memory: see broker.message.parked)
         self.messages.enqueue(m)
 
     # ------------------------------------------------------------------ the host
@@ -272,6 +274,9 @@ class Queue:
 
     def save(self, m: QueueMessage) -> None:
         self.ledger.save(m)
+
+    def delivered(self, m: QueueMessage, now: float) -> None:
+        self.ledger.delivered(m, now)
 
     def finish(self, m: QueueMessage) -> None:
         self.ledger.finish(m)
@@ -413,12 +418,22 @@ class Queue:
         self.alive = False
 
     def restore(self, stored: StoredMessage, producer: Client | None, now: float) -> None:
-        """Re-enqueue a message recovered from the store (keeps its sequence number)."""
-        m = QueueMessage(stored.sequence, stored.message, producer, False, now)
+        """Re-enqueue a message recovered from the store: its sequence number, priority,
+        put-backs and delivery count kept, its MessageTimeout deadline (wall clock in the
+        store) still where it was -- passed while the broker was down: it expires at the
+        next tick.  A message saved without a deadline on a queue that has a timeout
+        starts its clock now."""
+        m = QueueMessage(stored.sequence, parked(stored.message), producer, False, now)
         m.saved = True
         m.put_backs = stored.put_backs
+        m.delivered = stored.delivery_count
         self.sequence = max(self.sequence, m.seq)
         self.messages.requeue(m, PutBack.END)
+        if stored.deadline:
+            wall = self.host.config.wall_clock()
+            self.tracker.restore_deadline(m, now + (stored.deadline - wall))
+        elif self.options.message_timeout:
+            self.tracker.restore_deadline(m, now + self.options.message_timeout / 1000.0)
 
     # ------------------------------------------------------------------ push
 
@@ -494,7 +509,7 @@ class Queue:
             used = self.used
             used[cid] = used.get(cid, 0) + 1
             return True
-        qm = QueueMessage(self.sequence, m, sender, False, now)
+        qm = QueueMessage(self.sequence, parked(m), sender, False, now)
         if qm.high_priority:  # (MessageOrder.enqueue, inline: this runs per message)
             messages.priority.append(qm)
             messages.n_priority += 1

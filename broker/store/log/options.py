@@ -46,15 +46,23 @@ class LogOptions:
     compact_ratio: float = 0.5
     #: records copied per compaction step (between two write batches, so appends go on)
     compact_step: int = 1_000
+    #: ``fsync``/``batch`` modes: octets of zeros the writer keeps written ahead of the
+    #: head segment's data, so that its syncs are ``fdatasync`` of blocks already on disk
+    #: (no file-size change, so no file-system journal commit per batch); a segment is
+    #: cut back to its data when finished, and recovery cuts a zero tail.  0: off; at
+    #: most the segment's size.
+    preallocate: int = 4 * MIB
 
     def __post_init__(self) -> None:
         if not 4 * KIB <= self.segment_size < 4 * 1024 * MIB:
             raise StoreUsageError("segment_size must be within 4 KiB and 4 GiB")
         if not 1 * KIB <= self.max_record_size <= self.segment_size - 64:
             raise StoreUsageError("max_record_size must be within 1 KiB and segment_size - 64")
-        if self.batch_interval <= 0:
-            raise StoreUsageError("batch_interval must be positive")
+        if not 0 < self.batch_interval < 3600:  # (NaN fails this too)
+            raise StoreUsageError("batch_interval must be within 0 and 3600 seconds")
         if self.max_pending < 1 or self.max_batch_bytes < 1 or self.compact_step < 1:
             raise StoreUsageError("max_pending, max_batch_bytes and compact_step must be >= 1")
+        if self.preallocate < 0:
+            raise StoreUsageError("preallocate must be >= 0 (it is capped at segment_size)")
         if not 0.0 < self.compact_ratio < 1.0:
             raise StoreUsageError("compact_ratio must be within 0 and 1")

@@ -189,6 +189,11 @@ def _replay(directory: Path, segment: int, result: Recovery, max_size: int) -> N
                     count += 1
                 offset += size
                 continue
+        if buf.count(0, offset) == end - offset:
+            # zeros the writer wrote ahead of its data (LogOptions.preallocate): the end
+            segments.cut_zero_tail(directory, segment, offset)
+            info.size = offset
+            break
         damage = next(segments.scan(buf, seed, max_size, offset))
         assert isinstance(damage, segments.Damage)
         info.damaged = True

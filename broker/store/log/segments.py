@@ -77,9 +77,11 @@ def fsync_dir(directory: Path) -> None:
 
 
 def create_segment(directory: Path, segment: int, seed: int) -> int:
-    """Create and fsync a new segment (and its directory entry); its fd, for append."""
+    """Create and fsync a new segment (and its directory entry); its fd, positioned after
+    the header for sequential ``write`` (not O_APPEND: the store writes zeros ahead of
+    its data with ``pwrite``, see ``LogOptions.preallocate``)."""
     path = directory / segment_name(segment)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(path, flags, 0o600)
     try:
         os.write(fd, encode_header(segment, seed))
@@ -89,6 +91,16 @@ def create_segment(directory: Path, segment: int, seed: int) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def cut_zero_tail(directory: Path, segment: int, size: int) -> None:
+    """Truncate a segment to ``size`` octets (the zeros written ahead of its data)."""
+    fd = os.open(directory / segment_name(segment), os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.ftruncate(fd, size)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def delete_segment(directory: Path, segment: int) -> None:

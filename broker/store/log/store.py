@@ -52,6 +52,7 @@ log = logging.getLogger("broker.store.log")
 _U32_MAX = 0xFFFF_FFFF
 _CHUNK = 1024  # records listed per turn of the lock
 _IDLE_WAIT = 0.5  # seconds the writer sleeps with nothing to do before looking again
+_ZEROS = 1024 * 1024  # octets of zeros written per pwrite when preallocating
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +183,12 @@ class LogStore:
         self._read_fds: dict[int, int] = {}
         self._fd = -1
         self._fd_segment = 0
+        self._fd_end = 0  # octets the writer wrote to the head (its data)
+        self._allocated = 0  # the head file's size (its data and the zeros ahead of it)
+        self._zeros = b""
+        self._preallocate = (
+            self.options.preallocate if self.options.durability is not Durability.OS else 0
+        )
         self._completions = Completions(on_complete)
         self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
         self._thread.start()
@@ -575,9 +582,12 @@ class LogStore:
             if segment != self._fd_segment:
                 self._open_head(segment)
             data = b"".join(record for _, record, _ in batch[start:end])
+            if self._preallocate and self._fd_end + len(data) > self._allocated:
+                self._write_zeros_ahead(self._fd_end + len(data))
             view = memoryview(data)
             while view:
                 view = view[os.write(self._fd, view) :]
+            self._fd_end += len(data)
             with self._lock:
                 self._written[segment] = self._written.get(segment, 0) + len(data)
                 self._written_ticket = batch[end - 1][2]
@@ -586,6 +596,7 @@ class LogStore:
 
     def _open_head(self, segment: int) -> None:
         if self._fd >= 0:
+            self._cut_zeros()
             os.fsync(self._fd)  # a finished segment is always made durable
             self._syncs += 1
             os.close(self._fd)
@@ -593,8 +604,32 @@ class LogStore:
                 self._synced_ticket = self._written_ticket
         self._fd = segments.create_segment(self.directory, segment, self._seed)
         self._fd_segment = segment
+        self._fd_end = self._allocated = segments.SEGMENT_HEADER_SIZE
         with self._lock:
             self._written[segment] = segments.SEGMENT_HEADER_SIZE
+
+    def _write_zeros_ahead(self, needed: int) -> None:
+        """Make the head file at least ``needed`` octets long, plus ``preallocate`` more
+        (within the segment size), by writing zeros after its data (``pwrite``: the
+        data's own position does not move)."""
+        target = max(needed, min(needed + self._preallocate, self.options.segment_size))
+        if len(self._zeros) < _ZEROS:
+            self._zeros = bytes(_ZEROS)
+        at = self._allocated
+        while at < target:
+            at += os.pwrite(self._fd, memoryview(self._zeros)[: min(_ZEROS, target - at)], at)
+        self._allocated = at
+
+    def _cut_zeros(self) -> None:
+        """A finished (or closed) head keeps its data only."""
+        if self._allocated > self._fd_end:
+            os.ftruncate(self._fd, self._fd_end)
+            self._allocated = self._fd_end
+
+    def _sync_head(self) -> None:
+        # data only: the blocks were written (zeros) before, so no metadata changes but
+        # the size, which fdatasync includes when it changed (POSIX: what a read needs)
+        os.fdatasync(self._fd)
 
     def _sync_if_due(self, batch: list[tuple[int, bytes, int]]) -> None:
         mode = self.options.durability
@@ -612,7 +647,7 @@ class LogStore:
                 and time.monotonic() - self._last_sync >= self.options.batch_interval
             )
         if unsynced and self._fd >= 0 and (forced or due):
-            os.fsync(self._fd)
+            self._sync_head()
             self._syncs += 1
             self._last_sync = time.monotonic()
             with self._lock:
@@ -625,6 +660,7 @@ class LogStore:
 
     def _final_sync(self) -> None:
         if self._fd >= 0:
+            self._cut_zeros()
             os.fsync(self._fd)
         with self._lock:
             self._synced_ticket = self._written_ticket

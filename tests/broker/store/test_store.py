@@ -261,6 +261,7 @@ def test_a_failing_disk_stops_writes_and_wakes_waiters(
 
     failing = threading.Event()
     monkeypatch.setattr(store_module.os, "fsync", fsync)
+    monkeypatch.setattr(store_module.os, "fdatasync", fsync)  # (the head's syncs)
     store = LogStore(tmp_path)
     try:
         assert store.wait(store.append(Q, b"before").ticket, WAIT)

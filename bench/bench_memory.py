@@ -1,0 +1,148 @@
+"""Memory per queued message and recovery time, in-memory and persistent queues.
+
+    python bench/bench_memory.py [--messages N]
+
+Each measurement runs in a fresh process (RSS is per process), the engine in-process
+(``Engine.receive`` with frames and their octets, as the server hands them over), one
+producer, no consumer, 100-byte payloads, ids as the Python client makes them:
+
+1. in-memory queue: RSS growth per queued message (and per message minus its payload);
+2. persistent queue (``persistent`` handler, the durable log in ``os`` mode so that the
+   disk does not set the pace): RSS growth per queued message, extrapolated to 10 million;
+3. recovery: a fresh process opens that store and ``Engine.recover`` rebuilds the queue:
+   wall seconds and RSS per message, extrapolated to 1 million and 10 million messages.
+
+The issue's targets: <= 300 octets of overhead per in-memory message, a persistent queue
+of 10 million 100-byte messages in under 1 GiB, recovery of 1 million in under 5 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SIZE = 100
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _engine(data: str | None) -> tuple[Any, Any]:
+    from broker.engine.delivery import PersistentDeliveryHandler
+    from broker.engine.engine import Engine
+    from broker.store.durable import DurableStore
+    from broker.store.log import Durability, LogOptions, LogStore
+
+    store = None
+    if data is not None:
+        store = DurableStore(LogStore(data, LogOptions(durability=Durability.OS)))
+    return Engine(store=store, handlers={"persistent": PersistentDeliveryHandler()}), store
+
+
+def fill(data: str | None, count: int) -> dict[str, float]:
+    from broker import tmqp
+    from broker.protocol import ConnectionInfo, MessageType
+
+    engine, store = _engine(data)
+    cid, _ = engine.connect(ConnectionInfo(client_id="producer-0001"), 0.0)
+    options = {"MessageDeliveryHandler": "persistent"} if data is not None else {}
+    payload = b"x" * SIZE
+    queue_type = int(MessageType.QUEUE)
+
+    def push(i: int) -> None:
+        frame = tmqp.Frame(message_type=queue_type, message_id=f"{cid}-{i:010d}", source=cid,
+                           target="orders", content_type=1, payload=payload)  # fmt: skip
+        octets = frame.encode()[0]
+        engine.receive(cid, tmqp.decode((octets,)), 0.0, octets)
+
+    push(0)  # (the first push creates the channel and its queue)
+    queue = engine.channels["orders"].queues[1]
+    if options:
+        from broker.engine.options import ChannelQueueOptions
+
+        out: list[Any] = []
+        queue.apply_options(ChannelQueueOptions.from_json(options), 0.0, out)
+    gc.collect()
+    before = _rss()
+    started = time.perf_counter()
+    for i in range(1, count + 1):
+        push(i)
+    seconds = time.perf_counter() - started
+    gc.collect()
+    grown = _rss() - before
+    if store is not None:
+        store.flush()
+        store.close()
+    return {"per_message": grown / count, "seconds": seconds, "queued": queue.message_count}
+
+
+def recover(data: str, count: int) -> dict[str, float]:
+    gc.collect()
+    before = _rss()
+    started = time.perf_counter()
+    engine, store = _engine(data)
+    recovered = engine.recover(0.0)
+    seconds = time.perf_counter() - started
+    gc.collect()
+    grown = _rss() - before
+    store.close()
+    return {"per_message": grown / max(1, recovered), "seconds": seconds, "queued": recovered}
+
+
+def _child(kind: str, data: str, count: int) -> dict[str, float]:
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", kind, "--data", data, "--messages", str(count)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--child", choices=("memory", "persistent", "recover"))
+    parser.add_argument("--data")
+    args = parser.parse_args()
+    if args.child:
+        data = None if args.child == "memory" else args.data
+        if args.child == "recover":
+            print(json.dumps(recover(args.data, args.messages)))
+        else:
+            print(json.dumps(fill(data, args.messages)))
+        return
+    n = args.messages
+    with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
+        data = str(Path(tmp) / "store")
+        mem = _child("memory", data, n)
+        per = _child("persistent", data, n)
+        rec = _child("recover", data, n)
+    print(f"\n{'100-byte messages, one queue':<44} {'messages':>10} {'B/msg':>7}  extrapolated")
+    print("-" * 100)
+    print(f"{'in-memory queue: RSS per queued message':<44} {mem['queued']:>10,.0f} "
+          f"{mem['per_message']:>7.0f}  overhead {mem['per_message'] - SIZE:.0f} B "
+          f"(target <= 300)")  # fmt: skip
+    gib = per["per_message"] * 10e6 / 2**30
+    print(f"{'persistent queue: RSS per queued message':<44} {per['queued']:>10,.0f} "
+          f"{per['per_message']:>7.0f}  10M queued: {gib:.1f} GiB (target < 1)")  # fmt: skip
+    print(f"{'recovery (open + Engine.recover)':<44} {rec['queued']:>10,.0f} "
+          f"{rec['per_message']:>7.0f}  {rec['seconds']:.2f} s; 1M: "
+          f"{rec['seconds'] * 1e6 / max(1, rec['queued']):.1f} s (target < 5)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
