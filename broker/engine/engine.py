@@ -659,9 +659,10 @@ class Engine:
 
     def recover(self, now: float) -> int:
         """Rebuild channels, queues and their saved messages from the store (after a
-        restart), in sequence order; returns the message count.  A definition or queue
-        that cannot be recreated (options this broker refuses, a limit) is logged and
-        skipped; its messages stay in the store."""
+        restart), in sequence order, each queue numbering on above its last sequence
+        number the store knows (``broker.sequence``); returns the message count.  A
+        definition or queue that cannot be recreated (options this broker refuses, a
+        limit) is logged and skipped; its messages stay in the store."""
         self.services.now = now
         out: list[Outgoing] = []
         registry = self.channel_registry
@@ -692,6 +693,14 @@ class Engine:
             for stored in self.store.iterate(key):
                 queue.restore(stored, None, now)
                 count += 1
+        for channel in self.channels.values():  # numbering goes on where it stopped
+            for queue in channel.queues.values():
+                try:
+                    last = self.store.last_sequence(queue.key)
+                except Exception as exc:
+                    self.count_error("store.last_sequence", exc)
+                    continue
+                queue.sequence = max(queue.sequence, last)
         return count
 
     def stats(self) -> dict[str, object]:

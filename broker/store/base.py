@@ -47,6 +47,11 @@ class Store(ABC):
     def queues(self) -> list[QueueKey]:
         """Queues that have saved messages."""
 
+    def last_sequence(self, queue: QueueKey) -> int:
+        """The highest sequence number this store knows the queue has given, saved
+        messages or not (0: none); a restart numbers the queue's messages above it."""
+        return max((m.sequence for m in self.iterate(queue)), default=0)
+
     def drop_queue(self, queue: QueueKey) -> None:
         """Forget every message of a queue (queue removed or stopped)."""
         for message in list(self.iterate(queue)):
