@@ -85,7 +85,12 @@ from broker.engine.events import EventHub
 from broker.engine.frames import pull_marker
 from broker.engine.host import QueueServices
 from broker.engine.message import QueueMessage
-from broker.engine.options import BrokerConfig, ChannelOptions, ChannelQueueOptions
+from broker.engine.options import (
+    DEFAULT_RETAIN_LIMIT,
+    BrokerConfig,
+    ChannelOptions,
+    ChannelQueueOptions,
+)
 from broker.engine.parts import EngineParts
 from broker.engine.queue.queue import Queue
 from broker.engine.replies import answer_failure, reject_push
@@ -701,7 +706,25 @@ class Engine:
                     self.count_error("store.last_sequence", exc)
                     continue
                 queue.sequence = max(queue.sequence, last)
+                count += self._recover_retained(queue)
         return count
+
+    def _recover_retained(self, queue: Queue) -> int:
+        """Bring back a queue's retained messages (``Retain``), oldest first, within its
+        ``RetainLimit``; returns how many."""
+        try:
+            kept = list(self.store.retained(queue.key))
+        except Exception as exc:
+            self.count_error("store.retained", exc)
+            return 0
+        limit = queue.options.retain_limit or DEFAULT_RETAIN_LIMIT
+        for stored in kept[: max(0, len(kept) - limit)]:
+            self.store.forget_retained(queue.key, stored.sequence)
+        kept = kept[max(0, len(kept) - limit) :]
+        for stored in kept:
+            queue.retained.restore(stored.sequence, stored.message)
+            queue.sequence = max(queue.sequence, stored.sequence)
+        return len(kept)
 
     def stats(self) -> dict[str, object]:
         """Counters and a per-queue summary, JSON-able (for ``broker stats``)."""

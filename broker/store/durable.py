@@ -28,6 +28,10 @@ last live record is removed, that number is first kept as the value
 durable implies it): :meth:`DurableStore.last_sequence` gives it back after a restart,
 and numbering goes on above it.
 
+Retained messages.  A consumed message a ``Retain`` queue keeps readable by sequence is
+written again under the queue's id plus :data:`RETAINED_OFFSET` (a log key no TMQP queue
+id reaches), then removed from the queue's live records; releasing it removes it there.
+
 Tickets.  :attr:`DurableStore.appended` is the highest ticket of a write whose
 durability a reply depends on (a message or a definition saved); the server holds its
 output until :attr:`completed` reaches it (``broker.server.gate``).  Removals do not
@@ -54,6 +58,8 @@ log = logging.getLogger("broker.store.durable")
 BLOB_VERSION = 2
 _HEAD = struct.Struct("<BBBH")
 _SEQ = struct.Struct("<Q")
+#: A queue's retained messages live in the log under its id plus this (above TMQP's ids).
+RETAINED_OFFSET = 0x1_0000
 #: Values this adapter keeps for itself beside the engine's definitions.
 SEQUENCE_PREFIX = "sequence/"
 _U16 = struct.Struct("<H")
@@ -72,6 +78,10 @@ def _text(out: list[bytes], value: str) -> None:
 
 def _sequence_name(queue: QueueKey) -> str:
     return f"{SEQUENCE_PREFIX}{queue[1]}/{queue[0]}"
+
+
+def _retained_key(queue: QueueKey) -> QueueKey:
+    return (queue[0], queue[1] + RETAINED_OFFSET)
 
 
 def encode_message(message: Message, producer_id: str = "", sequence: int = 0) -> bytes:
@@ -190,6 +200,31 @@ class DurableStore(Store):
             self._last[queue] = message.sequence
         self.appended = done.ticket
 
+    def retain(self, queue: QueueKey, message: StoredMessage) -> None:
+        """Write the consumed message under the queue's retained key, then forget the live
+        record (a crash between leaves both: recovery prefers the live one)."""
+        if message.sequence not in self._seqs.get(queue, {}):
+            return
+        shadow = _retained_key(queue)
+        blob = encode_message(message.message, message.producer_id, message.sequence)
+        done = self.log.append(shadow, blob, Meta(priority=message.message.high_priority))
+        self._seqs.setdefault(shadow, {})[message.sequence] = done.seq
+        self.remove(queue, message.sequence)
+
+    def retained(self, queue: QueueKey) -> Iterator[StoredMessage]:
+        live = self._seqs.get(queue, {})
+        for stored in self.iterate(_retained_key(queue)):
+            if stored.sequence in live:  # a crash between retain's two writes
+                self.forget_retained(queue, stored.sequence)
+                continue
+            yield stored
+
+    def forget_retained(self, queue: QueueKey, sequence: int) -> None:
+        shadow = _retained_key(queue)
+        seq = self._seqs.get(shadow, {}).pop(sequence, None)
+        if seq is not None:
+            self.log.remove(shadow, seq)
+
     def remove(self, queue: QueueKey, sequence: int) -> None:
         seqs = self._seqs.get(queue)
         if seqs is None:
@@ -239,13 +274,17 @@ class DurableStore(Store):
             yield StoredMessage(sequence, message, producer, record.meta.put_backs)
 
     def queues(self) -> list[QueueKey]:
-        return [q for q in self.log.queues() if self.log.bounds(q).count]
+        return [
+            q for q in self.log.queues() if q[1] < RETAINED_OFFSET and self.log.bounds(q).count
+        ]
 
     def drop_queue(self, queue: QueueKey) -> None:
-        self._seqs.pop(queue, None)
-        self._last.pop(queue, None)
+        shadow = _retained_key(queue)
+        for key in (queue, shadow):
+            self._seqs.pop(key, None)
+            self._last.pop(key, None)
+            self.log.purge(key)
         self.log.delete_value(_sequence_name(queue))
-        self.log.purge(queue)
 
     def put_definition(self, name: str, value: bytes) -> None:
         if self.log.value(name) != value:

@@ -14,6 +14,7 @@ import broker
 from broker.cli import main
 from broker.client.blocking import Client
 from tests.broker.test_durable_serve import Broker
+from tests.polling import wait_until
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 PERSISTENT_LOG = {
@@ -135,3 +136,45 @@ def test_numbers_of_a_queue_whose_first_messages_were_not_saved(served: Broker, 
             (5, b"kept1"),
         ]
         assert c.queue_bounds("mixed", 1) == broker.SequenceBounds(4, 5)
+
+
+def test_retained_messages_of_a_persistent_queue_survive_kill_9(served: Broker, zctx: Ctx) -> None:
+    options = {**PERSISTENT_LOG, "Status": "Push", "Retain": True}
+    with client(served, zctx) as producer, client(served, zctx) as consumer:
+        producer.create_queue("events", 1, options)
+        consumer.join("events")
+        for i in range(6):
+            producer.push("events", 1, f"v{i}")
+        for _ in range(6):
+            m = consumer.receive(timeout=10)
+            assert m is not None
+            consumer.ack(m)
+        assert wait_until(lambda: len(producer.browse("events", 1, 0)) == 6)
+        # the consumer's acknowledges are in; the retained copies are written before a
+        # reply that depends on a later write (the push acknowledged below) goes out
+        producer.push("events", 1, "v6", ack=False)
+        m = consumer.receive(timeout=10)
+        assert m is not None
+        consumer.ack(m)
+        assert wait_until(lambda: len(producer.browse("events", 1, 0)) == 7)
+        producer.create_channel("barrier")  # a definition write: durable before its ack
+    served.kill()
+    served.start()
+    with client(served, zctx) as c:
+        got = c.browse("events", 1, 0)
+        assert [(b.sequence, bytes(b.message.payload)) for b in got] == [
+            (i + 1, f"v{i}".encode()) for i in range(7)
+        ]
+        assert c.queue_bounds("events", 1) == broker.SequenceBounds(1, 7)
+        assert c.release("events", 1, 4) == 4
+        c.create_channel("barrier-2")
+    served.kill()
+    served.start()
+    with client(served, zctx) as c:
+        assert [b.sequence for b in c.browse("events", 1, 0)] == [5, 6, 7]
+        assert c.queue_bounds("events", 1) == broker.SequenceBounds(5, 7)
+        c.update_queue("events", 1, {"RetainLimit": 2})
+    served.stop()
+    served.start()
+    with client(served, zctx) as c:
+        assert [b.sequence for b in c.browse("events", 1, 0)] == [6, 7]
