@@ -121,6 +121,9 @@ class Header:
     #: zerohub: on a queue message sent again (after a consumer went away, a nack or an
     #: acknowledge timeout), the number of this delivery (2 for the first redelivery).
     DELIVERY_COUNT = "Delivery-Count"
+    #: zerohub: beside ``Delivery-Count`` on a message sent again: ``true`` (the message
+    #: may have been seen before; also after a broker restart, on persistent queues).
+    REDELIVERED = "Redelivered"
     #: Issued in the connect response; a client reconnecting under its id sends it back
     #: as a connection-info property to prove it owns the session (see broker.server.peers).
     SESSION_SECRET = "Session-Secret"

@@ -61,7 +61,8 @@ class Ledger:
             message = m.message
             if message.wire is not None:
                 message = message.replace()  # a store keeps messages, not a door's octets
-            q.store.append(q.key, StoredMessage(m.seq, message, producer, m.put_backs))
+            stored = StoredMessage(m.seq, message, producer, m.put_backs, m.delivered)
+            q.store.append(q.key, stored)
         except Exception as exc:
             q.error("store.append", exc)
             return
@@ -84,6 +85,14 @@ class Ledger:
                 q.error("store.remove", exc)
         if q.hooks.dequeued:
             q.hooks.message_dequeued(m)
+
+    def delivered(self, m: QueueMessage) -> None:
+        """A saved message went to a consumer that must acknowledge it: note the count."""
+        q = self.q
+        try:
+            q.store.delivered(q.key, m.seq, m.delivered, m.put_backs, m.high_priority)
+        except Exception as exc:
+            q.error("store.delivered", exc)
 
     def retain(self, m: QueueMessage) -> None:
         """Keep a consumed message readable by sequence (``reading``), in the store too

@@ -285,6 +285,11 @@ class Queue:
     ) -> None:
         self.ledger.ack_producer(m, when, out, reason, source)
 
+    def note_delivered(self, m: QueueMessage) -> None:
+        """A saved message went to a consumer that must acknowledge it (the store notes
+        the count, so that a restart flags it redelivered)."""
+        self.ledger.delivered(m)
+
     def side_effects(self, m: QueueMessage, d: Decision, out: list[Outgoing]) -> None:
         self.ledger.side_effects(m, d, out)
 
@@ -422,6 +427,7 @@ class Queue:
         m = QueueMessage(stored.sequence, stored.message, producer, False, now)
         m.saved = True
         m.put_backs = stored.put_backs
+        m.delivered = stored.delivery_count  # sent before the restart: flagged redelivered
         self.sequence = max(self.sequence, m.seq)
         self.messages.requeue(m, PutBack.END)
 
