@@ -55,6 +55,7 @@ def test_a_retried_acknowledged_push_is_acknowledged_and_kept_once(
     c.push("orders", 1, "other", ack=True, message_id="order-43")
     assert held(c, "orders", 1) == [b"first", b"other"]
     assert c.queue_bounds("orders", 1).last == 2  # the duplicate took no number
+    assert c.queue_info("orders", 1)["DuplicateMessages"] == 1
 
 
 def test_a_repeated_id_without_ack_is_dropped_too(make_client: MakeClient) -> None:
