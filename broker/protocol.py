@@ -64,6 +64,13 @@ class Operation(IntEnum):
     QUEUE_BOUNDS = 206
     QUEUE_BROWSE = 207
     QUEUE_RELEASE = 208
+    #: zerohub: a queue's trash (``broker.engine.queue.trash``): list (binary, as a
+    #: browse; each message with a ``Trash-Reason`` header), resubmit to the queue and
+    #: purge (JSON ``{"Resubmitted": n}`` / ``{"Purged": n}``); header ``Sequences``
+    #: (comma-separated sequence numbers; absent: every message in the trash).
+    TRASH_LIST = 210
+    TRASH_RESUBMIT = 211
+    TRASH_PURGE = 212
     STATS = 901  # zerohub: broker-wide counters as JSON (needs the ADMIN permission)
 
 
@@ -137,6 +144,10 @@ class Header:
     FROM_SEQ = "From-Seq"
     LIMIT = "Limit"
     THROUGH_SEQ = "Through-Seq"
+    SEQUENCES = "Sequences"
+    #: zerohub: on a message listed from a queue's trash, why it is there (``expired``,
+    #: ``put-back-limit``, or the nack reason of a delivery not put back).
+    TRASH_REASON = "Trash-Reason"
 
 
 def header(frame: tmqp.Frame, name: str, default: str | None = None) -> str | None:

@@ -105,6 +105,8 @@ _QUEUE_FIELDS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "AllowRelease": ("allow_release", _bool),
     "DuplicateWindow": ("duplicate_window", _count),
     "DuplicateWindowTime": ("duplicate_window_time", _count),
+    "TrashLimit": ("trash_limit", _count),
+    "TrashRetention": ("trash_retention", _count),
 }
 
 _CHANNEL_FIELDS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
@@ -169,6 +171,10 @@ class ChannelQueueOptions:
     #: producer message ids remembered (0: no duplicate suppression) and for how long (ms).
     duplicate_window: int = 10_000
     duplicate_window_time: int = 300_000
+    #: zerohub (``broker.engine.queue.trash``): messages the trash keeps (0: none) and for
+    #: how long (ms; 0: no time bound).
+    trash_limit: int = 1_000
+    trash_retention: int = 86_400_000
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -192,6 +198,8 @@ class ChannelQueueOptions:
             "AllowRelease": self.allow_release,
             "DuplicateWindow": self.duplicate_window,
             "DuplicateWindowTime": self.duplicate_window_time,
+            "TrashLimit": self.trash_limit,
+            "TrashRetention": self.trash_retention,
         }
 
     def updated(self, data: bytes | str | Mapping[str, Any]) -> ChannelQueueOptions:

@@ -60,6 +60,7 @@ from broker.engine.queue.messages import MessageOrder
 from broker.engine.queue.protocols import QueueHost
 from broker.engine.queue.reading import Retained
 from broker.engine.queue.statuses import StatusStrategy, strategy_for
+from broker.engine.queue.trash import Trash, Trashed
 from broker.protocol import NackReason, Outgoing, ResultCode, Tracked
 from broker.store import Store, StoredMessage
 
@@ -151,6 +152,8 @@ class Queue:
         self.recent = RecentIds()
         #: Pushes taken as duplicates of a message id in that window.
         self.duplicates = 0
+        #: What left without being consumed (``trash``).
+        self.trash = Trash()
         self.ledger = Ledger(self)
         self.tracker = AckTracker(self)
         self.dispatch = Dispatcher(self)
@@ -291,6 +294,16 @@ class Queue:
     ) -> None:
         self.ledger.ack_producer(m, when, out, reason, source)
 
+    def to_trash(self, m: QueueMessage, reason: str) -> None:
+        """``m`` leaves without being consumed (expired, past its put-back limit, nacked
+        and not put back): keep it in the queue's trash (the caller finishes it)."""
+        opts = self.options
+        message = m.message
+        if message.wire is not None:
+            message = message.replace()
+        item = Trashed(message, reason, self.host.now)
+        self.trash.add(m.seq, item, opts.trash_limit, opts.trash_retention)
+
     def note_delivered(self, m: QueueMessage) -> None:
         """A saved message went to a consumer that must acknowledge it (the store notes
         the count, so that a restart flags it redelivered)."""
@@ -427,6 +440,7 @@ class Queue:
         self.clear(out, priority=True, regular=True, in_flight=True)
         self.retained.clear()
         self.recent.clear()
+        self.trash.clear()
         self.alive = False
 
     def restore(self, stored: StoredMessage, producer: Client | None, now: float) -> None:
