@@ -73,7 +73,8 @@ class Ledger:
         """The message leaves the queue for good (and the store, if saved); one that was
         consumed (in flight until now) stays readable on a ``Retain`` queue."""
         q = self.q
-        retain = m.state == INFLIGHT and q.options.retain
+        # (a message at or below the last release is not kept: ``reading.Retained.floor``)
+        retain = m.state == INFLIGHT and q.options.retain and m.seq > q.retained.floor
         m.state = DONE
         if retain:
             self.retain(m)
