@@ -3,8 +3,8 @@
 A queue *holds* a message while it waits, while it is in flight to a consumer (until
 acknowledged) or delayed for a put-back, and, on a queue with the ``Retain`` option,
 after it was consumed, until released or pushed out by newer ones past ``RetainLimit``
-(:class:`Retained`).  Browsing lists held messages by sequence number without changing
-anything: no consumer sees a browse, no counter moves.  Releasing finishes held
+(``broker.engine.queue.retained``).  Browsing lists held messages by sequence number
+without changing anything: no consumer sees a browse, no counter moves.  Releasing finishes held
 messages up to a sequence number as if consumed (a producer waiting for the consumer's
 acknowledge gets a positive one); deliveries in flight are left to their consumers.
 
