@@ -5,8 +5,8 @@ TMQP frame: the log must outlive any one wire protocol (a message that came in t
 STOMP has no TMQP octets, and TMQP's limits are not the store's), and the record also
 keeps what no wire frame carries (the producing client's id).  Little-endian::
 
-    version u8 (= 1) | flags u8 (1 high priority, 2 first acquirer, 4 wants ack)
-    | ttl u8 | content type u16
+    version u8 (= 2) | flags u8 (1 high priority, 2 first acquirer, 4 wants ack)
+    | ttl u8 | content type u16 | the engine's sequence number u64 (0: none given)
     | message id, source, target, producer id: each u16 length + UTF-8
     | header count u16, then per header: name u16 length + UTF-8, value u32 length + UTF-8
     | payload (the rest)
@@ -14,11 +14,23 @@ keeps what no wire frame carries (the producing client's id).  Little-endian::
 Put-backs and the priority flag also go into the record's metadata (``records.Meta``),
 which the log keeps in memory and can rewrite without the payload.
 
-Sequence numbers.  The engine numbers a queue's messages itself; the log gives each
-record its own gap-free number.  The adapter keeps, per queue, engine number -> log
-number for the live records it wrote or recovered; recovered messages come back with
-their log number as their engine number (so the engine's numbers after a restart start
-above them).
+Version 1 (written before the sequence number was kept) is still read: its records come
+back with their log number as their engine number.
+
+Sequence numbers.  The engine numbers a queue's messages itself (``broker.sequence``:
+clients read queues by these numbers, so they must survive restarts); the log gives each
+record its own gap-free number, which differs as soon as one of the queue's messages was
+not saved.  So each record keeps the engine's number (version 2), and recovered messages
+come back under it.  The adapter keeps, per queue, engine number -> log number for the
+live records it wrote or recovered, and the highest engine number it saw; when a queue's
+last live record is removed, that number is first kept as the value
+``sequence/<queue id>/<channel>`` (written before the removal, so a removal that became
+durable implies it): :meth:`DurableStore.last_sequence` gives it back after a restart,
+and numbering goes on above it.
+
+Retained messages.  A consumed message a ``Retain`` queue keeps readable by sequence is
+written again under the queue's id plus :data:`RETAINED_OFFSET` (a log key no TMQP queue
+id reaches), then removed from the queue's live records; releasing it removes it there.
 
 Tickets.  :attr:`DurableStore.appended` is the highest ticket of a write whose
 durability a reply depends on (a message or a definition saved); the server holds its
@@ -45,9 +57,13 @@ from broker.store.log.records import NO_META
 log = logging.getLogger("broker.store.durable")
 
 #: Version octet of the blob format described in the module docstring.
-BLOB_VERSION = 1
-_HEAD = struct.Struct("<BBBH")
-_HEAD_ID = struct.Struct("<BBBHH")  # the head and the message id's length
+BLOB_VERSION = 2
+_HEAD_ID_V1 = struct.Struct("<BBBHH")  # version 1: the head and the message id's length
+_HEAD_ID = struct.Struct("<BBBHQH")  # the head, the sequence number, the id's length
+#: A queue's retained messages live in the log under its id plus this (above TMQP's ids).
+RETAINED_OFFSET = 0x1_0000
+#: Values this adapter keeps for itself beside the engine's definitions.
+SEQUENCE_PREFIX = "sequence/"
 _NO_HEADERS = b"\0\0"
 #: ``Message(...)`` from every field, without the named tuple's Python-level ``__new__``
 _new_message = tuple.__new__
@@ -55,6 +71,8 @@ _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _HIGH, _FIRST, _WANTS_ACK = 1, 2, 4
 _U16_MAX = 0xFFFF
+_U32_MAX = 0xFFFF_FFFF
+_U64_LIMIT = 2**64
 
 
 def _text(out: list[bytes], value: str) -> None:
@@ -65,8 +83,17 @@ def _text(out: list[bytes], value: str) -> None:
     out.append(raw)
 
 
-def encode_message(message: Message, producer_id: str = "") -> bytes:
-    """A message (and its producer's id) as a blob; ValueError if a field does not fit.
+def _sequence_name(queue: QueueKey) -> str:
+    return f"{SEQUENCE_PREFIX}{queue[1]}/{queue[0]}"
+
+
+def _retained_key(queue: QueueKey) -> QueueKey:
+    return (queue[0], queue[1] + RETAINED_OFFSET)
+
+
+def encode_message(message: Message, producer_id: str = "", sequence: int = 0) -> bytes:
+    """A message (its producer's id, its engine sequence number) as a blob; ValueError if
+    a field does not fit.
 
     Runs once per persistent message received: one ``join`` of packed parts, no helper
     calls per field."""
@@ -85,8 +112,10 @@ def encode_message(message: Message, producer_id: str = "") -> bytes:
     headers = message.headers
     if max(len(mid), len(source), len(target), len(producer), len(headers)) > _U16_MAX:
         raise ValueError(f"a text field or the header count exceeds {_U16_MAX}")
+    if not 0 <= sequence < _U64_LIMIT:
+        raise ValueError("sequence must be 0..2**64-1")
     pack16 = _U16.pack
-    head = _HEAD_ID.pack(BLOB_VERSION, flags, ttl, content_type, len(mid))
+    head = _HEAD_ID.pack(BLOB_VERSION, flags, ttl, content_type, sequence, len(mid))
     if not headers:
         return b"".join(
             (head, mid, pack16(len(source)), source, pack16(len(target)), target,
@@ -104,18 +133,31 @@ def encode_message(message: Message, producer_id: str = "") -> bytes:
 
 
 def decode_message(blob: bytes) -> tuple[Message, str]:
-    """The message and producer id of a blob; CorruptRecord if it is not one.
+    """The message and producer id of a blob; CorruptRecord if it is not one."""
+    message, producer, _ = decode_record(blob)
+    return message, producer
+
+
+def decode_record(blob: bytes) -> tuple[Message, str, int]:
+    """The message, producer id and engine sequence number (0: not kept, version 1) of a
+    blob; CorruptRecord if it is not one.
 
     Runs once per message recovered: offsets walked inline, no reader object."""
     size = len(blob)
-    if size < _HEAD_ID.size:
+    version = blob[0] if size else 0
+    head = _HEAD_ID if version == BLOB_VERSION else _HEAD_ID_V1
+    if version not in (1, BLOB_VERSION):
+        raise CorruptRecord(f"message blob version {version} (this code reads 1..{BLOB_VERSION})")
+    if size < head.size:
         raise CorruptRecord("message blob ends early")
-    version, flags, ttl, content_type, n = _HEAD_ID.unpack_from(blob, 0)
-    if version != BLOB_VERSION:
-        raise CorruptRecord(f"message blob version {version} (this code reads {BLOB_VERSION})")
+    if version == BLOB_VERSION:
+        version, flags, ttl, content_type, sequence, n = head.unpack_from(blob, 0)
+    else:
+        version, flags, ttl, content_type, n = head.unpack_from(blob, 0)
+        sequence = 0
     unpack16 = _U16.unpack_from
     try:
-        pos = _HEAD_ID.size
+        pos = head.size
         texts = []
         for _ in range(3):  # message id, source, target; then the producer's id
             end = pos + n
@@ -149,7 +191,7 @@ def decode_message(blob: bytes) -> tuple[Message, str]:
         (texts[0], texts[1], texts[2], content_type, bool(flags & _HIGH),
          bool(flags & _FIRST), bool(flags & _WANTS_ACK), ttl, headers, blob[pos:], None),
     )  # fmt: skip
-    return message, producer
+    return message, producer, sequence
 
 
 def _meta(message: StoredMessage) -> Meta:
@@ -161,8 +203,8 @@ def _meta(message: StoredMessage) -> Meta:
     ):
         return NO_META
     return Meta(
-        delivery_count=message.delivery_count,
-        put_backs=message.put_backs,
+        delivery_count=min(message.delivery_count, _U32_MAX),
+        put_backs=min(message.put_backs, _U32_MAX),
         priority=message.message.high_priority,
         deadline=message.deadline,
     )
@@ -177,6 +219,8 @@ class DurableStore(Store):
     def __init__(self, log_store: LogStore) -> None:
         self.log = log_store
         self._seqs: dict[QueueKey, dict[int, int]] = {}
+        #: highest engine sequence number seen per queue (see the module docstring)
+        self._last: dict[QueueKey, int] = {}
         #: highest ticket of a write a reply depends on (see the module docstring)
         self.appended = 0
 
@@ -191,12 +235,15 @@ class DurableStore(Store):
         return self.log.drain()
 
     def append(self, queue: QueueKey, message: StoredMessage) -> None:
-        blob = encode_message(message.message, message.producer_id)
+        sequence = message.sequence
+        blob = encode_message(message.message, message.producer_id, sequence)
         done = self.log.append(queue, blob, _meta(message))
         seqs = self._seqs.get(queue)
         if seqs is None:
             seqs = self._seqs[queue] = {}
-        seqs[message.sequence] = done.seq
+        seqs[sequence] = done.seq
+        if sequence > self._last.get(queue, 0):
+            self._last[queue] = sequence
         self.appended = done.ticket
 
     def update(self, queue: QueueKey, message: StoredMessage) -> None:
@@ -208,13 +255,59 @@ class DurableStore(Store):
             with contextlib.suppress(NoSuchRecord):  # (removed meanwhile)
                 self.log.update(queue, seq, _meta(message))
 
+    def retain(self, queue: QueueKey, message: StoredMessage) -> None:
+        """Write the consumed message under the queue's retained key, then forget the live
+        record (a crash between leaves both: recovery prefers the live one)."""
+        if message.sequence not in self._seqs.get(queue, {}):
+            return
+        shadow = _retained_key(queue)
+        blob = encode_message(message.message, message.producer_id, message.sequence)
+        done = self.log.append(shadow, blob, Meta(priority=message.message.high_priority))
+        self._seqs.setdefault(shadow, {})[message.sequence] = done.seq
+        self.remove(queue, message.sequence)
+
+    def retained(self, queue: QueueKey) -> Iterator[StoredMessage]:
+        live = self._seqs.get(queue, {})
+        for stored in self.iterate(_retained_key(queue)):
+            if stored.sequence in live:  # a crash between retain's two writes
+                self.forget_retained(queue, stored.sequence)
+                continue
+            yield stored
+
+    def forget_retained(self, queue: QueueKey, sequence: int) -> None:
+        shadow = _retained_key(queue)
+        seq = self._seqs.get(shadow, {}).pop(sequence, None)
+        if seq is not None:
+            self.log.remove(shadow, seq)
+
     def remove(self, queue: QueueKey, sequence: int) -> None:
         seqs = self._seqs.get(queue)
         if seqs is None:
             return
         seq = seqs.pop(sequence, None)
         if seq is not None:
+            if not seqs:  # the last live one: keep its queue's number first
+                self._keep_last(queue)
             self.log.remove(queue, seq)
+
+    def _keep_last(self, queue: QueueKey) -> None:
+        last = self._last.get(queue, 0)
+        if last:
+            name = _sequence_name(queue)
+            value = str(last).encode()
+            if self.log.value(name) != value:
+                self.log.put_value(name, value)
+
+    def last_sequence(self, queue: QueueKey) -> int:
+        """The highest engine sequence number this queue has had (0: none known)."""
+        last = self._last.get(queue, 0)
+        raw = self.log.value(_sequence_name(queue))
+        if raw is not None:
+            try:
+                last = max(last, int(raw))
+            except ValueError:
+                log.warning("queue %s: unreadable kept sequence number %r", queue, raw)
+        return last
 
     def iterate(self, queue: QueueKey) -> Iterator[StoredMessage]:
         """The queue's live messages in order (records that cannot be read are logged
@@ -223,24 +316,33 @@ class DurableStore(Store):
         for seq in list(self.log.sequences(queue)):
             try:
                 record = self.log.read(queue, seq)
-                message, producer = decode_message(record.blob)
+                message, producer, sequence = decode_record(record.blob)
             except NoSuchRecord:
                 continue
             except CorruptRecord as exc:
                 log.warning("queue %s record %d skipped: %s", queue, seq, exc)
                 continue
-            seqs[seq] = seq
+            sequence = sequence or seq  # version 1: the log's number
+            seqs[sequence] = seq
+            if sequence > self._last.get(queue, 0):
+                self._last[queue] = sequence
             meta = record.meta
             yield StoredMessage(
-                seq, message, producer, meta.put_backs, meta.delivery_count, meta.deadline
+                sequence, message, producer, meta.put_backs, meta.delivery_count, meta.deadline
             )
 
     def queues(self) -> list[QueueKey]:
-        return [q for q in self.log.queues() if self.log.bounds(q).count]
+        return [
+            q for q in self.log.queues() if q[1] < RETAINED_OFFSET and self.log.bounds(q).count
+        ]
 
     def drop_queue(self, queue: QueueKey) -> None:
-        self._seqs.pop(queue, None)
-        self.log.purge(queue)
+        shadow = _retained_key(queue)
+        for key in (queue, shadow):
+            self._seqs.pop(key, None)
+            self._last.pop(key, None)
+            self.log.purge(key)
+        self.log.delete_value(_sequence_name(queue))
 
     def put_definition(self, name: str, value: bytes) -> None:
         if self.log.value(name) != value:
@@ -250,7 +352,11 @@ class DurableStore(Store):
         self.log.delete_value(name)
 
     def definitions(self) -> dict[str, bytes]:
-        return self.log.values()
+        return {
+            name: value
+            for name, value in self.log.values().items()
+            if not name.startswith(SEQUENCE_PREFIX)
+        }
 
     def flush(self) -> None:
         self.log.flush()
