@@ -289,8 +289,8 @@ def _open_data(data: str) -> Any:
 def _stomp_listen_options(url: str | None, insecure: bool) -> Any:
     """``--stomp tcp://HOST:PORT`` as listener options (None: no STOMP listener).
 
-    Off by default; a non-loopback host needs ``--insecure`` (STOMP logins are not
-    checked by this listener yet)."""
+    Off by default; a non-loopback host needs ``--insecure`` (or TLS): a STOMP
+    ``passcode`` is the engine client token the broker's authorizer checks."""
     if url is None:
         return None
     import ipaddress

@@ -56,6 +56,7 @@ from typing import Any
 
 from broker import tmqp
 from broker.engine import tmqp_door
+from broker.engine.auth import Action
 from broker.engine.engine import Engine
 from broker.engine.errors import ClientRejected, OperationError
 from broker.engine.options import ChannelOptions, ChannelQueueOptions
@@ -75,6 +76,7 @@ from broker.protocol import (
 from broker.stomp.backend import ConnectionInfo, Delivery, DeliverySink
 from broker.stomp.destinations import Destination, DestinationKind
 from broker.stomp.errors import BackendError
+from broker.stomp.session import Credentials
 from broker.stomp.subscription import (
     DEFAULT_CREDIT_COUNT,
     AckMode,
@@ -97,6 +99,8 @@ QUEUE_OPTIONS = ChannelQueueOptions(
 TOPIC_OPTIONS = ChannelQueueOptions(status=QueueStatus.BROADCAST)
 #: Engine headers a STOMP consumer does not see as user headers (read into the delivery).
 _HIDDEN = frozenset({"delivery-count"})
+#: The user id of a connection without ``login``.
+ANONYMOUS = "anonymous"
 #: Headers a STOMP SEND may not carry: the engine acts on them.
 _RESERVED = frozenset({"cc", "delivery-count"})
 
@@ -238,12 +242,25 @@ class EngineDoor:
     # -- operations (server thread) -------------------------------------------------------
 
     def op_connect(self, conn: int, info: ConnectionInfo, now: float) -> list[Outgoing]:
-        engine_info = EngineConnectionInfo(name=info.user or None, type="stomp")
+        """Register a connection whose CONNECT needs no engine check (see op_login)."""
+        try:
+            return self.op_login(conn, info.user or None, None, now)
+        except BackendError as exc:
+            log.warning("engine refused STOMP connection %d: %s", conn, exc)
+            return []
+
+    def op_login(
+        self, conn: int, login: str | None, passcode: str | None, now: float
+    ) -> list[Outgoing]:
+        """Register a connection as an engine client: ``login`` is its name, ``passcode``
+        its ``Client-Token``, checked by the engine's authorizer (BackendError if refused)."""
+        if conn in self.client_of:
+            return []
+        engine_info = EngineConnectionInfo(name=login or None, type="stomp", token=passcode)
         try:
             client_id, out = self.engine.connect(engine_info, now)
         except ClientRejected as exc:
-            log.warning("engine refused STOMP connection %d: %s", conn, exc)
-            return []
+            raise BackendError(f"authentication failed: {exc.reason}") from None
         self.conn_of[client_id] = conn
         self.client_of[conn] = client_id
         return out
@@ -262,12 +279,18 @@ class EngineDoor:
             raise BackendError("not connected to the broker engine")
         return client_id
 
-    def _ensure(self, destination: Destination, out: list[Outgoing]) -> str:
-        """The destination's channel and queue, created as the mapping says if missing."""
+    def _ensure(self, client_id: str, destination: Destination, out: list[Outgoing]) -> str:
+        """The destination's channel and queue, created as the mapping says if missing
+        (when the engine's authorizer lets this client create channels/queues)."""
         name = channel_of(destination)
         options = TOPIC_OPTIONS if destination.kind is DestinationKind.TOPIC else QUEUE_OPTIONS
         engine = self.engine
         channel = engine.channels.get(name)
+        missing = Action.CHANNEL_CREATE if channel is None else Action.QUEUE_CREATE
+        if (channel is None or QUEUE_ID not in channel.queues) and not self._allows(
+            client_id, missing, name
+        ):
+            raise BackendError(f"cannot use {destination.stomp}: not authorized to create it")
         try:
             if channel is None:
                 base = engine.config.channel_defaults
@@ -278,6 +301,10 @@ class EngineDoor:
             raise BackendError(f"cannot use {destination.stomp}: {exc.reason}") from None
         return name
 
+    def _allows(self, client_id: str, action: Action, channel: str) -> bool:
+        client = self.engine.clients.get(client_id)
+        return client is not None and self.engine.authorizer.allows(client, action, channel)
+
     def op_publish(
         self, conn: int, spec: PublishSpec, message_id: str, now: float
     ) -> list[Outgoing]:
@@ -286,7 +313,7 @@ class EngineDoor:
         for destination in spec.destinations:
             if destination.kind not in (DestinationKind.QUEUE, DestinationKind.TOPIC):
                 raise BackendError(f"cannot send to {destination.stomp}")
-            channel = self._ensure(destination, out)
+            channel = self._ensure(client_id, destination, out)
             message = Message(
                 message_id,
                 client_id,
@@ -316,7 +343,7 @@ class EngineDoor:
         client_id = self._client(conn)
         out: list[Outgoing] = []
         for destination in channels:
-            channel = self._ensure(destination, out)
+            channel = self._ensure(client_id, destination, out)
             try:
                 out.extend(self.engine.subscribe(client_id, channel, now, prefetch=prefetch))
             except OperationError as exc:
@@ -453,10 +480,26 @@ class EngineBackend:
 
     # -- Backend ---------------------------------------------------------------------------
 
+    def authenticate(self, credentials: Credentials) -> str | None:
+        """The session's authenticator: the engine admits the connection (its authorizer
+        checks ``passcode`` as the client token) before CONNECTED is sent; None if refused."""
+        door, conn = self.door, credentials.connection_id
+        login, passcode = credentials.login, credentials.passcode
+        try:
+            self._call(lambda now: door.op_login(conn, login, passcode, now))
+        except BackendError as exc:
+            # a late answer may still register it: the disconnect runs after (FIFO)
+            door.submit(lambda now: door.op_disconnect(conn, now))
+            if str(exc).startswith("authentication failed"):
+                log.info("STOMP connection %d refused by the engine: %s", conn, exc)
+                return None
+            raise
+        return login or ANONYMOUS
+
     def attach(self, connection: ConnectionInfo, sink: DeliverySink) -> None:
         self.conns[connection.id] = _Conn(connection, sink)
         door, conn = self.door, connection.id
-        door.submit(lambda now: door.op_connect(conn, connection, now))
+        door.submit(lambda now: door.op_connect(conn, connection, now))  # none if logged in
 
     def detach(self, connection_id: int) -> None:
         if self.conns.pop(connection_id, None) is None:
@@ -612,7 +655,7 @@ def listen(
     from broker.stomp.server import StompListener
 
     backend = EngineBackend(door)
-    listener = StompListener(backend, options)
+    listener = StompListener(backend, options, authenticator=backend.authenticate)
     backend.bind(lambda fn: listener.loop.call_soon_threadsafe(fn), listener.flush_all)
     add_reader(door.fileno(), door.run_ops)
     return listener

@@ -88,9 +88,12 @@ class Credentials:
     virtual_host: str
     version: Version
     peer: str
+    #: The listener's id of the connection asking (a backend registers it under that id).
+    connection_id: int = 0
 
 
-#: Returns the user id for these credentials, or None to refuse the connection.
+#: Returns the user id for these credentials, or None to refuse the connection; may
+#: raise BackendError (the broker could not answer: the client gets that ERROR).
 Authenticator = Callable[[Credentials], "str | None"]
 
 
@@ -355,13 +358,19 @@ class Session:
             )
         self.version = version
         vhost = self._virtual_host(frame.header("host"), version)
+        # every check of the frame first: once the authenticator said yes, CONNECTED follows
+        client_hb = _parse_heartbeat(frame.header("heart-beat")) if version.rank else (0, 0)
         credentials = Credentials(
-            frame.header("login"), frame.header("passcode"), vhost.name, version, self.peer
+            frame.header("login"),
+            frame.header("passcode"),
+            vhost.name,
+            version,
+            self.peer,
+            self.connection_id,
         )
         user = self.authenticator(credentials)
         if user is None:
             raise ProtocolViolation("authentication failed")
-        client_hb = _parse_heartbeat(frame.header("heart-beat")) if version.rank else (0, 0)
         self._parser.version = version
         self.info = ConnectionInfo(self.connection_id, user, vhost.name, version.value, self.peer)
         sx, sy = self.config.heartbeat if version.rank else (0, 0)

@@ -188,12 +188,13 @@ def test_stomp_py_heartbeats(backend: MemoryBackend) -> None:
 class Raw:
     """A hand-driven client socket that parses what the server sends."""
 
-    def __init__(self, listener: StompListener, rcvbuf: int | None = None) -> None:
+    def __init__(self, listener: StompListener | int, rcvbuf: int | None = None) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         if rcvbuf is not None:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         self.sock.settimeout(WAIT)
-        self.sock.connect(("127.0.0.1", listener.port))
+        port = listener if isinstance(listener, int) else listener.port
+        self.sock.connect(("127.0.0.1", port))
         self.parser = FrameParser(commands=SERVER_COMMANDS, version=Version.V1_2)
         self.frames: list[Frame] = []
 
