@@ -108,6 +108,7 @@ def _build_engine(
     from broker.engine.engine import Engine, EngineError
     from broker.engine.limits import Limits, LimitsError
     from broker.engine.options import BrokerConfig, ChannelOptions, OptionsError
+    from broker.engine.per_message import PER_MESSAGE, PerMessageDeliveryHandler
     from broker.server.server import REPLY_OVERHEAD
 
     section = dict(config.get("broker") or {})
@@ -152,7 +153,10 @@ def _build_engine(
             config=broker_config,
             authorizer=authorizer,
             store=store,
-            handlers={"persistent": PersistentDeliveryHandler()},
+            handlers={
+                "persistent": PersistentDeliveryHandler(),
+                PER_MESSAGE: PerMessageDeliveryHandler(broker_config.wall_clock),
+            },
         )
     except EngineError as exc:  # the routers of the config: invalid, or too many
         raise UsageError(f"config broker: {exc.reason}") from None
@@ -237,7 +241,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if door is not None:
         from broker.stomp.engine_backend import listen
 
-        listener = listen(door, server.add_reader, stomp)
+        listener = listen(door, server.add_reader, stomp, gate=server.gate)
 
     try:
         with sigterm_interrupts():

@@ -52,7 +52,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from broker import tmqp
 from broker.engine import tmqp_door
@@ -60,6 +60,7 @@ from broker.engine.auth import Action
 from broker.engine.engine import Engine
 from broker.engine.errors import ClientRejected, OperationError
 from broker.engine.options import ChannelOptions, ChannelQueueOptions
+from broker.engine.per_message import PER_MESSAGE, PerMessageDeliveryHandler
 from broker.message import Headers, Message
 from broker.protocol import (
     ConnectionInfo as EngineConnectionInfo,
@@ -87,13 +88,19 @@ from zproto.errors import EncodeError
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 #: Queue id of every channel a STOMP destination maps to.
 QUEUE_ID = 0
 #: Seconds a SEND or SUBSCRIBE waits for the engine thread before it is refused.
 ANSWER_TIMEOUT = 10.0
 #: Options of a queue created for ``/queue/NAME``: one consumer per message, acknowledged.
+#: Its delivery handler reads ``persistent``/``expires`` per message (``per_message``).
 QUEUE_OPTIONS = ChannelQueueOptions(
-    status=QueueStatus.ROUND_ROBIN, request_acknowledge=True, acknowledge_timeout=0
+    status=QueueStatus.ROUND_ROBIN,
+    request_acknowledge=True,
+    acknowledge_timeout=0,
+    message_delivery_handler=PER_MESSAGE,
 )
 #: Options of a queue created for ``/topic/NAME``: a copy to every consumer online.
 TOPIC_OPTIONS = ChannelQueueOptions(status=QueueStatus.BROADCAST)
@@ -139,6 +146,11 @@ class EngineDoor:
     def __init__(self, engine: Engine, clock: Callable[[], float] = time.monotonic) -> None:
         self.engine = engine
         self.clock = clock
+        if PER_MESSAGE not in engine.handlers:  # the CLI registers it before recovery
+            engine.handlers[PER_MESSAGE] = PerMessageDeliveryHandler(engine.config.wall_clock)
+        #: Runs a function once the store's writes so far are durable (the server's
+        #: ``OutputGate.call``; without a store: at once).  Receipts and deliveries wait.
+        self.after_durable: Callable[[Callable[[], None]], None] = _at_once
         self._ops: deque[Op] = deque()
         self._rx, self._tx = socket.socketpair()
         self._rx.setblocking(False)
@@ -196,6 +208,11 @@ class EngineDoor:
         except OSError:
             pass  # closed: the door is shutting down
 
+    @property
+    def pending_ops(self) -> int:
+        """Operations submitted and not run yet."""
+        return len(self._ops)
+
     def run_ops(self, now: float) -> list[Outgoing]:
         """Run every submitted operation (server thread); returns TMQP-bound output."""
         try:
@@ -233,11 +250,15 @@ class EngineDoor:
                 mine.append((conn, item[1]))  # type: ignore[arg-type]  # Tracked: a Message
             # else: a TMQP reply to a STOMP connection (its answer is read by the operation)
         if mine and self.post is not None and self.deliver is not None:
-            try:
-                self.post(_bind(self.deliver, mine))
-            except RuntimeError:  # the listener's loop is closed: the connections are gone
-                log.debug("STOMP listener stopped; %d deliveries left unsent", len(mine))
+            self.after_durable(_bind(self._post, _bind(self.deliver, mine)))
         return keep
+
+    def _post(self, fn: Callable[[], None]) -> None:
+        assert self.post is not None
+        try:
+            self.post(fn)
+        except RuntimeError:  # the listener's loop is closed: the connections are gone
+            log.debug("STOMP listener stopped; deliveries left unsent")
 
     # -- operations (server thread) -------------------------------------------------------
 
@@ -394,10 +415,17 @@ class _Refused(Exception):
         self.out = out
 
 
-def _bind(
-    fn: Callable[[list[tuple[int, Message]]], None], items: list[tuple[int, Message]]
-) -> Callable[[], None]:
-    return lambda: fn(items)
+def _bind(fn: Callable[[T], None], arg: T) -> Callable[[], None]:
+    return lambda: fn(arg)
+
+
+def _resolve(done: concurrent.futures.Future[None]) -> None:
+    if not done.done():
+        done.set_result(None)
+
+
+def _at_once(fn: Callable[[], None]) -> None:
+    fn()
 
 
 def _rest(base: ChannelOptions) -> dict[str, Any]:
@@ -469,7 +497,8 @@ class EngineBackend:
             except BaseException as exc:
                 done.set_exception(BackendError(f"broker error: {exc}"))
                 raise
-            done.set_result(None)
+            # the answer (a RECEIPT) only once what the operation wrote is durable
+            self.door.after_durable(_bind(_resolve, done))
             return out
 
         self.door.submit(run)
@@ -648,11 +677,19 @@ def _delivery(sub: _Sub, message: Message, tag: int) -> Delivery:
 
 
 def listen(
-    door: EngineDoor, add_reader: Callable[[Any, Callable[[float], list[Any]]], None], options: Any
+    door: EngineDoor,
+    add_reader: Callable[[Any, Callable[[float], list[Any]]], None],
+    options: Any,
+    *,
+    gate: Any = None,
 ) -> Any:
     """A :class:`~broker.stomp.server.StompListener` (not started) on ``door``, whose
-    operations the server loop runs (``add_reader`` is ``Server.add_reader``)."""
+    operations the server loop runs (``add_reader`` is ``Server.add_reader``); ``gate``:
+    the server's ``OutputGate`` when the engine has a durable store (``Server.gate``)."""
     from broker.stomp.server import StompListener
+
+    if gate is not None:
+        door.after_durable = gate.call
 
     backend = EngineBackend(door)
     listener = StompListener(backend, options, authenticator=backend.authenticate)

@@ -236,3 +236,65 @@ def test_virtual_host_rules(
     named = raws(server.port)
     named.send(connect_frame(accept_version="1.2", host="127.0.0.1"))
     assert _first(named).command is Command.CONNECTED
+
+
+# -- reliable messaging: persistent:true + receipt survives kill -9 ----------------------
+
+
+def test_persistent_send_receipted_survives_kill_9(
+    serve_factory: Callable[..., Serve], tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    server = serve_factory("--data", str(data))
+    producer = stomp12(server.port)
+    for i in range(20):
+        producer.send(
+            "/queue/orders", f"order-{i}", headers={"persistent": "true"}, receipt=f"p{i}"
+        )
+    producer.send("/queue/orders", "fleeting", receipt="np")  # not persistent: memory only
+    assert wait_until(lambda: len(recorder(producer).receipts) == 21)
+    server.kill9()  # no chance to flush anything after the receipts
+    server.restart()
+    consumer = stomp12(server.port)
+    consumer.subscribe("/queue/orders", id="s", ack="client-individual")
+    want = [f"order-{i}" for i in range(20)]
+    assert wait_until(lambda: bodies(consumer) == want), bodies(consumer)
+    frames = list(recorder(consumer).messages)
+    assert all(f.headers["persistent"] == "true" for f in frames)
+    for frame in frames:
+        consumer.ack(frame.headers["ack"])
+    consumer.disconnect(receipt="bye")
+    # acknowledged: deleted from the store, so a second restart has nothing to redeliver
+    assert server.stop() == 0
+    server.restart()
+    again = stomp12(server.port)
+    again.subscribe("/queue/orders", id="s")
+    again.send("/queue/orders", "marker", receipt="m")
+    assert wait_until(lambda: bodies(again) == ["marker"]), bodies(again)
+    again.disconnect()
+
+
+# -- expiration ------------------------------------------------------------------------
+
+
+def test_expired_messages_are_dropped_and_ttl_sets_expires(
+    serve_factory: Callable[..., Serve],
+) -> None:
+    server = serve_factory()
+    producer = stomp12(server.port)
+    producer.send("/queue/exp", "stale", headers={"expires": "1"}, receipt="a")  # 1970
+    producer.send("/queue/exp", "fresh", headers={"ttl": "600000"}, receipt="b")
+    producer.send("/queue/exp", "forever", receipt="c")
+    assert wait_until(lambda: len(recorder(producer).receipts) == 3)
+    consumer = stomp12(server.port)
+    consumer.subscribe("/queue/exp", id="s")
+    assert wait_until(lambda: bodies(consumer) == ["fresh", "forever"]), bodies(consumer)
+    fresh = recorder(consumer).messages[0]
+    assert int(fresh.headers["expires"]) > 1_700_000_000_000 and "ttl" not in fresh.headers
+    bad = stomp.Connection12([("127.0.0.1", server.port)])
+    rec = Recorder()
+    bad.set_listener("rec", rec)
+    bad.connect(wait=True)
+    bad.send("/queue/exp", "x", headers={"ttl": "soon"})
+    assert wait_until(lambda: len(rec.errors) == 1)
+    assert "ttl must be an integer" in rec.errors[0].headers["message"]
