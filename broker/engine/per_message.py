@@ -13,6 +13,21 @@ adds two, read from the message's headers (names compared without case):
   is not sent: it is dropped when the queue reaches it (its producer, if it still waits,
   gets a negative acknowledge).  A value that is not a non-negative integer is ignored.
 
+* ``message_group: NAME`` -- every message of a group goes to one consumer of the
+  channel at a time: the consumer chosen by rendezvous (consistent) hashing with xxhash
+  of the group name over the channel's consumers.  While a group has messages in flight
+  (sent, not acknowledged) it stays with their consumer; once none are, it is hashed
+  again over the consumers present -- so a consumer that joins takes over its share of
+  the groups as soon as their in-flight messages are acknowledged (the rebalancing the
+  Apollo manual describes), and a consumer that leaves hands its groups on.
+
+And one rule per consumer: an *exclusive* consumer (:meth:`set_exclusive`, STOMP's
+``exclusive:true``) -- while one is a consumer of the channel, the earliest of them
+gets every message; when it leaves, its unacknowledged messages go back and the next
+exclusive one (or, if none is left, every consumer) takes over.
+
+Memory: one entry per group with messages in flight and per exclusive consumer.
+
 Sans-IO: the wall clock (UNIX seconds) is injected; ``now`` is never read here.  Register
 it with the engine under :data:`PER_MESSAGE` (``Engine(handlers={PER_MESSAGE: ...})``) and
 select it with the queue option ``MessageDeliveryHandler``.
@@ -20,8 +35,10 @@ select it with the queue option ``MessageDeliveryHandler``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import xxhash
 
 from broker.engine.delivery import (
     ALLOW,
@@ -34,11 +51,13 @@ from broker.engine.delivery import (
 
 if TYPE_CHECKING:
     from broker.engine.channel import Client
-    from broker.engine.message import QueueMessage
+    from broker.engine.message import Delivery, Message, QueueMessage
     from broker.engine.queue_view import QueueView as Queue
 
 #: The handler's key among the engine's delivery handlers.
 PER_MESSAGE = "per-message"
+#: The header naming a message's group.
+GROUP = "message_group"
 #: Save, acknowledge nobody yet (a queue with consumer acknowledges relays them).
 _SAVE = Decision(save=True)
 
@@ -58,13 +77,99 @@ def expires_ms(message: QueueMessage) -> int | None:
     return int(value)
 
 
+def rendezvous(group: str, consumers: Sequence[str]) -> str:
+    """The consumer (id) a group goes to: highest xxhash of ``consumer NUL group``."""
+    key = group.encode()
+    return max(consumers, key=lambda c: xxhash.xxh64_intdigest(c.encode() + b"\0" + key))
+
+
 class PerMessageDeliveryHandler(DefaultDeliveryHandler):
-    """Default rules, plus ``persistent`` and ``expires`` read per message."""
+    """Default rules, plus ``persistent``, ``expires``, ``message_group`` read per message
+    and exclusive consumers."""
 
     def __init__(self, wall_clock: Callable[[], float]) -> None:
         self.wall_clock = wall_clock  # UNIX seconds
         #: Messages dropped because their ``expires`` time had come.
         self.expired = 0
+        #: channel -> its exclusive consumers' ids, in the order they asked
+        self._exclusive: dict[str, list[str]] = {}
+        #: (channel, group) -> [consumer id, messages in flight] while any are
+        self._groups: dict[tuple[str, str], list[Any]] = {}
+
+    # -- exclusive consumers (the front door says who) -----------------------------------
+
+    def set_exclusive(self, channel: str, client_id: str, exclusive: bool) -> None:
+        """Mark (or unmark) ``client_id`` as an exclusive consumer of ``channel``."""
+        ids = self._exclusive.setdefault(channel, [])
+        if client_id in ids:
+            ids.remove(client_id)
+        if exclusive:
+            ids.append(client_id)
+        if not ids:
+            del self._exclusive[channel]
+
+    def group_owner(self, channel: str, group: str) -> str | None:
+        """The consumer a group is held by while it has messages in flight."""
+        entry = self._groups.get((channel, group))
+        return None if entry is None else str(entry[0])
+
+    def _eligible(self, queue: Queue, message: QueueMessage) -> list[str]:
+        consumers = [c.id for c in queue.channel.consumer_list]
+        exclusive = self._exclusive.get(queue.channel.name)
+        if exclusive:
+            present = [c for c in exclusive if c in consumers]
+            if present:
+                return present[:1]
+        return consumers
+
+    def can_consumer_receive(self, queue: Queue, message: QueueMessage, receiver: Client) -> bool:
+        if not self._exclusive and not self._groups and message.message.header(GROUP) is None:
+            return True  # the common case: nothing to decide
+        eligible = self._eligible(queue, message)
+        if receiver.id not in eligible:
+            return False
+        group = message.message.header(GROUP)
+        if group is None:
+            return True
+        entry = self._groups.get((queue.channel.name, group))
+        if entry is not None and entry[0] in eligible:
+            return bool(entry[0] == receiver.id)
+        return rendezvous(group, eligible) == receiver.id
+
+    def consumer_received(self, queue: Queue, delivery: Delivery, receiver: Client) -> Decision:
+        group = delivery.message.message.header(GROUP)
+        if group is not None and queue.options.request_acknowledge:
+            entry = self._groups.setdefault((queue.channel.name, group), [receiver.id, 0])
+            entry[0] = receiver.id
+            entry[1] += 1
+        return ALLOW
+
+    def _settled(self, queue: Queue, delivery: Delivery) -> None:
+        group = delivery.message.message.header(GROUP)
+        if group is None:
+            return
+        key = (queue.channel.name, group)
+        entry = self._groups.get(key)
+        if entry is not None:
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del self._groups[key]
+
+    def acknowledge_received(
+        self, queue: Queue, ack: Message, delivery: Delivery, success: bool
+    ) -> Decision:
+        self._settled(queue, delivery)
+        return super().acknowledge_received(queue, ack, delivery, success)
+
+    def consumer_receive_failed(
+        self, queue: Queue, delivery: Delivery, receiver: Client
+    ) -> Decision:
+        self._settled(queue, delivery)
+        return super().consumer_receive_failed(queue, delivery, receiver)
+
+    def acknowledge_timed_out(self, queue: Queue, delivery: Delivery) -> Decision:
+        self._settled(queue, delivery)
+        return super().acknowledge_timed_out(queue, delivery)
 
     def received_from_producer(
         self, queue: Queue, message: QueueMessage, sender: Client | None

@@ -51,7 +51,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from broker import tmqp
@@ -71,17 +71,19 @@ from broker.protocol import (
     NackReason,
     Outgoing,
     QueueStatus,
+    ResultCode,
     Tracked,
     header,
 )
 from broker.stomp.backend import ConnectionInfo, Delivery, DeliverySink
-from broker.stomp.destinations import Destination, DestinationKind
+from broker.stomp.destinations import Destination, DestinationKind, temp_owner
 from broker.stomp.errors import BackendError
 from broker.stomp.session import Credentials
 from broker.stomp.subscription import (
     DEFAULT_CREDIT_COUNT,
     AckMode,
     PublishSpec,
+    RetainAction,
     SubscriptionSpec,
 )
 from zproto.errors import EncodeError
@@ -104,12 +106,17 @@ QUEUE_OPTIONS = ChannelQueueOptions(
 )
 #: Options of a queue created for ``/topic/NAME``: a copy to every consumer online.
 TOPIC_OPTIONS = ChannelQueueOptions(status=QueueStatus.BROADCAST)
+#: Headers a STOMP SEND gets on the engine: its sender's user id and when the broker
+#: received it (ms since the epoch), for ``add_user_header``/``add_timestamp_header``.
+USER_HEADER = "Stomp-User"
+TIMESTAMP_HEADER = "Stomp-Timestamp"
+_USER = USER_HEADER.lower()
 #: Engine headers a STOMP consumer does not see as user headers (read into the delivery).
-_HIDDEN = frozenset({"delivery-count"})
+_HIDDEN = frozenset({"delivery-count", _USER, TIMESTAMP_HEADER.lower()})
 #: The user id of a connection without ``login``.
 ANONYMOUS = "anonymous"
-#: Headers a STOMP SEND may not carry: the engine acts on them.
-_RESERVED = frozenset({"cc", "delivery-count"})
+#: Headers a STOMP SEND may not carry: the engine acts on them, or the broker sets them.
+_RESERVED = frozenset({"cc", "delivery-count", _USER, TIMESTAMP_HEADER.lower()})
 
 #: An operation run on the engine thread: ``now`` in, TMQP output out.
 Op = Callable[[float], list[Outgoing]]
@@ -130,10 +137,14 @@ def check_headers(headers: Headers) -> None:
         raise BackendError(f"headers cannot be carried to every client: {exc}") from None
 
 
+#: Topic channels are named after their STOMP destination (queue channels: the bare name).
+TOPIC_CHANNEL_PREFIX = "/topic/"
+
+
 def channel_of(destination: Destination) -> str:
     """The engine channel a (non-wildcard) STOMP destination maps to."""
     if destination.kind is DestinationKind.TOPIC:
-        return "/topic/" + destination.name
+        return TOPIC_CHANNEL_PREFIX + destination.name
     return destination.name
 
 
@@ -160,6 +171,15 @@ class EngineDoor:
         #: STOMP connections' engine client ids -> connection ids, and back.
         self.conn_of: dict[str, int] = {}
         self.client_of: dict[int, str] = {}
+        #: The last ``retain:set`` message of each topic channel (memory only).
+        self.retained: dict[str, Message] = {}
+        #: Wildcard subscriptions by (connection, subscription id).
+        self.wild: dict[tuple[int, str], _Wild] = {}
+        #: Per connection: the channels it consumes exclusively, its temporary channels.
+        self.exclusive_of: dict[int, set[str]] = {}
+        self.temps_of: dict[int, set[str]] = {}
+        handler = engine.handlers[PER_MESSAGE]
+        self.handler = handler if isinstance(handler, PerMessageDeliveryHandler) else None
         self.closed = False
 
     # -- the engine, passed through (what the server calls) ------------------------------
@@ -249,8 +269,8 @@ class EngineDoor:
             elif item.__class__ is Tracked:
                 mine.append((conn, item[1]))  # type: ignore[arg-type]  # Tracked: a Message
             # else: a TMQP reply to a STOMP connection (its answer is read by the operation)
-        if mine and self.post is not None and self.deliver is not None:
-            self.after_durable(_bind(self._post, _bind(self.deliver, mine)))
+        if mine:
+            self._post_deliveries(mine)
         return keep
 
     def _post(self, fn: Callable[[], None]) -> None:
@@ -287,11 +307,27 @@ class EngineDoor:
         return out
 
     def op_disconnect(self, conn: int, now: float) -> list[Outgoing]:
+        """The connection ended: its engine client, wildcard subscriptions, exclusive
+        marks and temporary destinations (channels ``temp.<broker>.<conn>.*``) go."""
         client_id = self.client_of.pop(conn, None)
         if client_id is None:
             return []
         out = self.engine.disconnect(client_id, now)
         self.conn_of.pop(client_id, None)  # after: what it returns is for the others
+        for key in [k for k in self.wild if k[0] == conn]:
+            del self.wild[key]
+        for channel in self.exclusive_of.pop(conn, ()):
+            if self.handler is not None:
+                self.handler.set_exclusive(channel, client_id, False)
+        registry = self.engine.channel_registry
+        for name in self.temps_of.pop(conn, ()):
+            self.retained.pop(name, None)
+            temp = self.engine.channels.get(name)
+            if temp is not None:
+                try:
+                    registry.remove_channel(temp, out)
+                except OperationError as exc:
+                    log.warning("temporary destination %s not removed: %s", name, exc.reason)
         return out
 
     def _client(self, conn: int) -> str:
@@ -302,8 +338,14 @@ class EngineDoor:
 
     def _ensure(self, client_id: str, destination: Destination, out: list[Outgoing]) -> str:
         """The destination's channel and queue, created as the mapping says if missing
-        (when the engine's authorizer lets this client create channels/queues)."""
+        (when the engine's authorizer lets this client create channels/queues).  A
+        temporary destination exists only while the connection that made it does."""
         name = channel_of(destination)
+        owner = temp_owner(destination.name)
+        if owner is not None and name not in self.engine.channels:
+            if owner[1] not in self.client_of:
+                raise BackendError(f"{destination.stomp}: no such temporary destination")
+            self.temps_of.setdefault(owner[1], set()).add(name)
         options = TOPIC_OPTIONS if destination.kind is DestinationKind.TOPIC else QUEUE_OPTIONS
         engine = self.engine
         channel = engine.channels.get(name)
@@ -320,7 +362,58 @@ class EngineDoor:
                 engine.create_queue(name, QUEUE_ID, options, out)
         except OperationError as exc:
             raise BackendError(f"cannot use {destination.stomp}: {exc.reason}") from None
+        if channel is None:
+            self._join_wildcards(name, out)
         return name
+
+    def _join_wildcards(self, name: str, out: list[Outgoing]) -> None:
+        """A new channel: the wildcard subscriptions it matches start consuming it."""
+        for wild in self.wild.values():
+            if wild.matches(name):
+                self._join(wild.conn, name, wild.prefetch, wild.exclusive, out, wild)
+
+    def _join(
+        self,
+        conn: int,
+        name: str,
+        prefetch: int | None,
+        exclusive: bool,
+        out: list[Outgoing],
+        wild: _Wild | None = None,
+    ) -> None:
+        """Make connection ``conn`` a consumer of channel ``name``; a retained message
+        of the channel is delivered to it first.  OperationError if refused."""
+        client_id = self.client_of[conn]
+        channel = self.engine.channels.get(name)
+        if channel is not None and client_id in channel.consumers:
+            if wild is not None:
+                return  # another subscription of this connection has it: first one wins
+            raise OperationError(ResultCode.ALREADY_CREATED, "already subscribed")
+        if exclusive and self.handler is not None:
+            self.handler.set_exclusive(name, client_id, True)
+            self.exclusive_of.setdefault(conn, set()).add(name)
+        retained = self.retained.get(name)
+        if retained is not None:
+            self._post_deliveries([(conn, retained)])
+        try:
+            out.extend(self.engine.subscribe(client_id, name, self.clock(), prefetch=prefetch))
+        except OperationError:
+            self._forget_exclusive(conn, name)
+            raise
+        if wild is not None:
+            wild.channels.add(name)
+
+    def _forget_exclusive(self, conn: int, name: str) -> None:
+        names = self.exclusive_of.get(conn)
+        if names is not None and name in names:
+            names.discard(name)
+            client_id = self.client_of.get(conn)
+            if self.handler is not None and client_id is not None:
+                self.handler.set_exclusive(name, client_id, False)
+
+    def _post_deliveries(self, items: list[tuple[int, Message]]) -> None:
+        if self.post is not None and self.deliver is not None:
+            self.after_durable(_bind(self._post, _bind(self.deliver, items)))
 
     def _allows(self, client_id: str, action: Action, channel: str) -> bool:
         client = self.engine.clients.get(client_id)
@@ -343,6 +436,11 @@ class EngineDoor:
                 headers=spec.headers,
                 payload=spec.body,
             )
+            if destination.kind is DestinationKind.TOPIC and spec.retain is not None:
+                if spec.retain is RetainAction.SET:
+                    self.retained[channel] = message
+                else:
+                    self.retained.pop(channel, None)
             sent = self.engine.publish(client_id, message, now, wants_response=True)
             for item in sent:
                 frame = item[1]
@@ -359,17 +457,42 @@ class EngineDoor:
         return out
 
     def op_subscribe(
-        self, conn: int, channels: Sequence[Destination], prefetch: int | None, now: float
+        self,
+        conn: int,
+        sub_id: str,
+        destinations: Sequence[Destination],
+        prefetch: int | None,
+        exclusive: bool,
+        now: float,
     ) -> list[Outgoing]:
+        """Consume the destinations' channels (created as needed); a wildcard one
+        consumes every matching channel now and each one created later."""
         client_id = self._client(conn)
         out: list[Outgoing] = []
-        for destination in channels:
+        patterns = [d for d in destinations if d.wildcard]
+        wild = _Wild(conn, tuple(patterns), prefetch, exclusive) if patterns else None
+        for destination in destinations:
+            if destination.wildcard:
+                continue
             channel = self._ensure(client_id, destination, out)
             try:
-                out.extend(self.engine.subscribe(client_id, channel, now, prefetch=prefetch))
+                self._join(conn, channel, prefetch, exclusive, out)
             except OperationError as exc:
                 raise _Refused(f"{destination.stomp}: {exc.reason}", out) from None
+        if wild is not None:
+            self.wild[(conn, sub_id)] = wild
+            for name in list(self.engine.channels):
+                if wild.matches(name):
+                    with contextlib.suppress(OperationError):  # not authorized: skipped
+                        self._join(conn, name, prefetch, exclusive, out, wild)
         return out
+
+    def op_drop_wildcard(self, conn: int, sub_id: str, now: float) -> list[Outgoing]:
+        """A wildcard subscription ended: stop consuming what it joined."""
+        wild = self.wild.pop((conn, sub_id), None)
+        if wild is None:
+            return []
+        return self.op_unsubscribe(conn, sorted(wild.channels), now)
 
     def op_unsubscribe(self, conn: int, channels: Sequence[str], now: float) -> list[Outgoing]:
         client_id = self.client_of.get(conn)
@@ -377,6 +500,7 @@ class EngineDoor:
         if client_id is None:
             return out
         for channel in channels:
+            self._forget_exclusive(conn, channel)
             with contextlib.suppress(OperationError):  # already gone (channel removed)
                 out.extend(self.engine.unsubscribe(client_id, channel, now))
         return out
@@ -404,6 +528,37 @@ class EngineDoor:
                 )
             )
         return out
+
+
+@dataclass(slots=True)
+class _Wild:
+    """A wildcard subscription, as the engine thread keeps it."""
+
+    conn: int
+    patterns: tuple[Destination, ...]
+    prefetch: int | None
+    exclusive: bool
+    channels: set[str] = field(default_factory=set)  # the channels it joined
+
+    def matches(self, channel: str) -> bool:
+        return any(_matches(d, channel, self.conn) for d in self.patterns)
+
+
+def destination_of(channel: str) -> Destination:
+    """The STOMP destination of an engine channel (the inverse of :func:`channel_of`)."""
+    if channel.startswith(TOPIC_CHANNEL_PREFIX):
+        return Destination(DestinationKind.TOPIC, channel[len(TOPIC_CHANNEL_PREFIX) :])
+    return Destination(DestinationKind.QUEUE, channel)
+
+
+def _matches(pattern: Destination, channel: str, conn: int) -> bool:
+    """Does wildcard ``pattern`` (of connection ``conn``) match an engine channel?  Never
+    another connection's temporary destination."""
+    destination = destination_of(channel)
+    owner = temp_owner(destination.name)
+    if owner is not None and owner[1] != conn:
+        return False
+    return pattern.matches(destination.kind, destination.name)
 
 
 class _Refused(Exception):
@@ -448,6 +603,15 @@ def _rest(base: ChannelOptions) -> dict[str, Any]:
 class _Sub:
     spec: SubscriptionSpec
     channels: dict[str, Destination]  # engine channel -> its STOMP destination
+    patterns: tuple[Destination, ...] = ()  # its wildcard destinations
+
+    def claim(self, channel: str, conn: int) -> bool:
+        """A delivery from ``channel`` matches a wildcard of this subscription: the
+        channel is now one of its own."""
+        if not any(_matches(p, channel, conn) for p in self.patterns):
+            return False
+        self.channels[channel] = destination_of(channel)
+        return True
 
 
 @dataclass(slots=True)
@@ -465,8 +629,15 @@ class _Conn:
 class EngineBackend:
     """The :class:`~broker.stomp.backend.Backend` on an :class:`EngineDoor` (listener thread)."""
 
-    def __init__(self, door: EngineDoor, *, answer_timeout: float = ANSWER_TIMEOUT) -> None:
+    def __init__(
+        self,
+        door: EngineDoor,
+        *,
+        answer_timeout: float = ANSWER_TIMEOUT,
+        wall_clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+    ) -> None:
         self.door = door
+        self.wall_clock_ms = wall_clock_ms
         self.answer_timeout = answer_timeout
         self.conns: dict[int, _Conn] = {}
         self.after_deliveries: Callable[[], None] = lambda: None
@@ -538,6 +709,10 @@ class EngineBackend:
 
     def publish(self, connection_id: int, spec: PublishSpec) -> None:
         check_headers(spec.headers)
+        conn = self.conns.get(connection_id)
+        user = conn.info.user if conn is not None else ANONYMOUS
+        stamp = ((USER_HEADER, user), (TIMESTAMP_HEADER, str(self.wall_clock_ms())))
+        spec = replace(spec, headers=spec.headers + stamp)
         self._ids += 1
         message_id = f"stomp-{connection_id}-{self._ids}"
         door = self.door
@@ -547,18 +722,23 @@ class EngineBackend:
         conn = self.conns[connection_id]
         channels: dict[str, Destination] = {}
         for destination in spec.destinations:
-            if destination.wildcard or destination.kind is DestinationKind.DSUB:
+            if destination.kind is DestinationKind.DSUB:
                 raise BackendError(f"{destination.stomp} is not supported on the engine yet")
+            if destination.wildcard:
+                continue
             name = channel_of(destination)
             if name in conn.by_channel or name in channels:
                 raise BackendError(f"{destination.stomp} is already subscribed on this connection")
             channels[name] = destination
-        sub = _Sub(spec, channels)
-        door, wanted = self.door, list(channels.values())
+        sub = _Sub(spec, channels, tuple(d for d in spec.destinations if d.wildcard))
+        door, wanted = self.door, list(spec.destinations)
         # no credit header (the STOMP default): the engine's window (BrokerConfig.prefetch)
         count = spec.credit.count
         prefetch = None if count == DEFAULT_CREDIT_COUNT else max(1, count)
-        self._call(lambda now: door.op_subscribe(connection_id, wanted, prefetch, now))
+        sub_id, exclusive = spec.id, spec.exclusive
+        self._call(
+            lambda now: door.op_subscribe(connection_id, sub_id, wanted, prefetch, exclusive, now)
+        )
         conn.subs[spec.id] = sub
         for name in channels:
             conn.by_channel[name] = sub
@@ -579,6 +759,8 @@ class EngineBackend:
         door, names = self.door, list(sub.channels)
         door.submit(lambda now: door.op_settle(connection_id, settles, 0, now))
         door.submit(lambda now: door.op_unsubscribe(connection_id, names, now))
+        if sub.patterns:
+            door.submit(lambda now: door.op_drop_wildcard(connection_id, subscription_id, now))
 
     def ack(self, connection_id: int, tags: Sequence[int]) -> None:
         self._settle(connection_id, tags, True)
@@ -607,6 +789,13 @@ class EngineBackend:
 
     # -- deliveries --------------------------------------------------------------------------
 
+    def _wildcard_sub(self, conn_id: int, conn: _Conn, channel: str) -> _Sub | None:
+        for sub in conn.subs.values():
+            if sub.patterns and sub.claim(channel, conn_id):
+                conn.by_channel[channel] = sub
+                return sub
+        return None
+
     def _on_deliveries(self, items: list[tuple[int, Message]]) -> None:
         by_conn: dict[int, list[Message]] = {}
         for conn_id, message in items:
@@ -627,6 +816,8 @@ class EngineBackend:
         pending = iter(messages)
         for message in pending:
             sub = conn.by_channel.get(message.target)
+            if sub is None:
+                sub = self._wildcard_sub(conn_id, conn, message.target)
             if sub is None:  # unsubscribed meanwhile: back to the queue
                 taken += 1
                 if message.wants_ack:
@@ -656,11 +847,19 @@ class EngineBackend:
 
 def _delivery(sub: _Sub, message: Message, tag: int) -> Delivery:
     redeliveries = 0
+    sender = message.source or None
+    timestamp: int | None = None
     headers: list[tuple[str, str]] = []
     for key, value in message.headers:
-        if key.lower() in _HIDDEN:
-            with contextlib.suppress(ValueError):
-                redeliveries = max(0, int(value) - 1)
+        lower = key.lower()
+        if lower in _HIDDEN:
+            if lower == "delivery-count":
+                with contextlib.suppress(ValueError):
+                    redeliveries = max(0, int(value) - 1)
+            elif lower == _USER:
+                sender = value
+            elif value.isdigit():
+                timestamp = int(value)
             continue
         headers.append((key, value))
     destination = sub.channels[message.target]
@@ -672,7 +871,8 @@ def _delivery(sub: _Sub, message: Message, tag: int) -> Delivery:
         headers=tuple(headers),
         body=bytes(message.payload),
         redeliveries=redeliveries,
-        sender=message.source or None,
+        sender=sender,
+        timestamp_ms=timestamp,
     )
 
 

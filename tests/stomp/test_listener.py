@@ -389,7 +389,8 @@ def test_small_frame_limits_are_configurable(backend: MemoryBackend) -> None:
         server.stop()
 
 
-def test_tls(backend: MemoryBackend, tmp_path: Path) -> None:
+def self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    """A throw-away key and certificate for ``localhost`` (openssl)."""
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(
         [
@@ -411,6 +412,11 @@ def test_tls(backend: MemoryBackend, tmp_path: Path) -> None:
         check=True,
         capture_output=True,
     )
+    return key, cert
+
+
+def test_tls(backend: MemoryBackend, tmp_path: Path) -> None:
+    key, cert = self_signed(tmp_path)
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_ctx.load_cert_chain(cert, key)
     server = make_listener(backend, ssl=server_ctx)

@@ -298,3 +298,371 @@ def test_expired_messages_are_dropped_and_ttl_sets_expires(
     bad.send("/queue/exp", "x", headers={"ttl": "soon"})
     assert wait_until(lambda: len(rec.errors) == 1)
     assert "ttl must be an integer" in rec.errors[0].headers["message"]
+
+
+# -- Apollo destination features on the engine (one broker for the lot) ------------------
+
+FEATURES = (
+    '[stomp]\nadd_user_header = "JMSXUserID"\nadd_timestamp_header = "timestamp"\n'
+    'add_redeliveries_header = "redeliveries"\n'
+)
+
+
+@pytest.fixture(scope="module")
+def featured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
+    server = Serve(tmp_path_factory.mktemp("featured"), config=FEATURES)
+    yield server
+    assert server.stop() == 0
+
+
+@pytest.fixture
+def clients(featured: Serve) -> Iterator[Callable[..., Any]]:
+    made: list[Any] = []
+
+    def make(login: str | None = None) -> Any:
+        conn = stomp12(featured.port, login, None)
+        made.append(conn)
+        return conn
+
+    yield make
+    for conn in made:
+        if conn.is_connected():
+            conn.disconnect()
+
+
+def synced(conn: Any, tag: str) -> None:
+    """Wait until the broker has done everything ``conn`` sent before (a receipt)."""
+    conn.send("/queue/sync-sink", "", receipt=tag)
+    assert wait_until(lambda: tag in recorder(conn).receipts)
+
+
+def test_composite_send_and_subscribe(clients: Callable[..., Any]) -> None:
+    consumer = clients()
+    consumer.subscribe("/queue/comp-a,/topic/comp-t", id="s")
+    synced(consumer, "sub")
+    other = clients()
+    other.subscribe("/queue/comp-b", id="s")
+    synced(other, "sub")
+    producer = clients()
+    producer.send("/queue/comp-a,/queue/comp-b,/topic/comp-t", "rocks", receipt="r")
+    assert wait_until(lambda: sorted(bodies(consumer)) == ["rocks", "rocks"])
+    assert wait_until(lambda: bodies(other) == ["rocks"])
+    destinations = sorted(m.headers["destination"] for m in recorder(consumer).messages)
+    assert destinations == ["/queue/comp-a", "/topic/comp-t"]
+
+
+def test_wildcard_subscriptions_match_existing_and_new_destinations(
+    clients: Callable[..., Any],
+) -> None:
+    producer = clients()
+    producer.send("/topic/PRICE.STOCK.NASDAQ.IBM", "warm-up", receipt="w")  # exists first
+    synced(producer, "w2")
+    stocks = clients()
+    stocks.subscribe("/topic/PRICE.STOCK.**", id="all")
+    digits = clients()
+    digits.subscribe("/topic/PRICE.STOCK.*.*{[0-9]}", id="digits")
+    nasdaq = clients()
+    nasdaq.subscribe("/topic/PRICE.STOCK.NASDAQ.*", id="nasdaq")
+    for conn in (stocks, digits, nasdaq):
+        synced(conn, "subscribed")
+    for name in ("PRICE.STOCK.NASDAQ.IBM", "PRICE.STOCK.NYSE.SUNW", "PRICE.STOCK.NYSE.X1"):
+        producer.send(f"/topic/{name}", name, receipt=name)  # two of them created now
+    producer.send("/topic/PRICE.BOND.X1", "bond", receipt="bond")
+    assert wait_until(lambda: len(bodies(stocks)) == 3), bodies(stocks)
+    assert sorted(bodies(stocks)) == [
+        "PRICE.STOCK.NASDAQ.IBM",
+        "PRICE.STOCK.NYSE.SUNW",
+        "PRICE.STOCK.NYSE.X1",
+    ]
+    assert wait_until(lambda: bodies(digits) == ["PRICE.STOCK.NYSE.X1"])
+    assert bodies(nasdaq) == ["PRICE.STOCK.NASDAQ.IBM"]
+    frame = recorder(stocks).messages[0]
+    assert frame.headers["destination"].startswith("/topic/PRICE.STOCK.")
+    stocks.unsubscribe("all")
+    synced(stocks, "unsubscribed")
+    producer.send("/topic/PRICE.STOCK.NYSE.SUNW", "after", receipt="after")
+    assert wait_until(
+        lambda: bodies(nasdaq) == ["PRICE.STOCK.NASDAQ.IBM"] and "after" not in bodies(stocks)
+    )
+    synced(producer, "done")
+    assert len(bodies(stocks)) == 3
+
+
+def test_wildcards_are_refused_on_send(featured: Serve, raws: Callable[[int], Raw]) -> None:
+    raw = raws(featured.port)
+    raw.connect()
+    raw.send(b"SEND\ndestination:/queue/a.*\nreceipt:w\n\nx\x00")
+    error = raw.next()
+    assert error.command is Command.ERROR and "only be used in SUBSCRIBE" in str(
+        error.header("message")
+    )
+
+
+@pytest.mark.parametrize("bad", ["/queue/a$b", "/queue/a..b", "/queue/", "/bogus/x", "/queue/é"])
+def test_destination_name_restrictions(
+    featured: Serve, raws: Callable[[int], Raw], bad: str
+) -> None:
+    raw = raws(featured.port)
+    raw.connect()
+    raw.send(f"SEND\ndestination:{bad}\nreceipt:n\n\nx\x00".encode())
+    error = raw.next()
+    assert error.command is Command.ERROR and error.header("receipt-id") == "n"
+    assert raw.closed_by_server()
+    ok = raws(featured.port)  # URL-encoded names are fine, and the broker still serves
+    ok.connect()
+    ok.send(b"SUBSCRIBE\nid:1\ndestination:/queue/caf%C3%A9\n\n\x00")
+    ok.send(b"SEND\ndestination:/queue/caf%C3%A9\n\nyes\x00")
+    assert ok.next().body == b"yes"
+
+
+def test_retained_topic_message(clients: Callable[..., Any]) -> None:
+    producer = clients()
+    producer.send("/topic/stock.IBM", "111.00", headers={"retain": "set"}, receipt="a")
+    producer.send("/topic/stock.IBM", "112.12", headers={"retain": "set"}, receipt="b")
+    synced(producer, "c")
+    late = clients()
+    late.subscribe("/topic/stock.IBM", id="s")
+    assert wait_until(lambda: bodies(late) == ["112.12"])
+    producer.send("/topic/stock.IBM", "gone", headers={"retain": "remove"}, receipt="d")
+    assert wait_until(lambda: bodies(late) == ["112.12", "gone"])
+    later = clients()
+    later.subscribe("/topic/stock.IBM", id="s")
+    synced(later, "subscribed")
+    producer.send("/topic/stock.IBM", "live", receipt="e")
+    assert wait_until(lambda: bodies(later) == ["live"])
+
+
+def test_temporary_queue_reply_to_and_owner_only(
+    clients: Callable[..., Any], featured: Serve, raws: Callable[[int], Raw]
+) -> None:
+    requester = clients()
+    requester.subscribe("/temp-queue/replies", id="r")
+    synced(requester, "subscribed")
+    server = clients()
+    server.subscribe("/queue/PO.REQUEST", id="s")
+    synced(server, "subscribed")
+    requester.send("/queue/PO.REQUEST", "PO145", headers={"reply-to": "/temp-queue/replies"})
+    assert wait_until(lambda: len(bodies(server)) == 1)
+    reply_to = recorder(server).messages[0].headers["reply-to"]
+    assert reply_to.startswith("/queue/temp.default.") and reply_to.endswith(".replies")
+    server.send(reply_to, "accepted", receipt="replied")
+    assert wait_until(lambda: bodies(requester) == ["accepted"])
+    thief = raws(featured.port)
+    thief.connect()
+    thief.send(f"SUBSCRIBE\nid:1\ndestination:{reply_to}\nreceipt:t\n\n\x00".encode())
+    error = thief.next()
+    assert error.command is Command.ERROR and "another connection" in str(error.header("message"))
+    requester.disconnect()  # its temporary queue goes with it
+    assert wait_until(lambda: not requester.is_connected())
+    late = clients()
+    late.send(reply_to, "too late", receipt="late")
+    assert wait_until(lambda: len(recorder(late).errors) == 1)
+    assert "no such temporary destination" in recorder(late).errors[0].headers["message"]
+
+
+def test_exclusive_subscription_gets_everything_then_fails_over(
+    clients: Callable[..., Any],
+) -> None:
+    normal = clients()
+    normal.subscribe("/queue/excl", id="n", ack="client-individual")
+    first = clients()
+    first.subscribe("/queue/excl", id="x", ack="client-individual", headers={"exclusive": "true"})
+    second = clients()
+    second.subscribe("/queue/excl", id="x", ack="client-individual", headers={"exclusive": "true"})
+    for conn in (normal, first, second):
+        synced(conn, "subscribed")
+    producer = clients()
+    for i in range(10):
+        producer.send("/queue/excl", f"m{i}")
+    synced(producer, "sent")
+    assert wait_until(lambda: len(bodies(first)) == 10)
+    assert bodies(normal) == [] and bodies(second) == []
+    for frame in recorder(first).messages[:4]:
+        first.ack(frame.headers["ack"])
+    synced(first, "acked")
+    first.disconnect()  # the 6 unacknowledged fail over to the next exclusive one, in order
+    assert wait_until(lambda: len(bodies(second)) == 6), bodies(second)
+    assert bodies(second) == [f"m{i}" for i in range(4, 10)]
+    assert bodies(normal) == []
+    producer.send("/queue/excl", "m10", receipt="m10")
+    assert wait_until(lambda: bodies(second)[-1:] == ["m10"])
+
+
+def test_message_groups_stick_to_one_consumer_and_rebalance(
+    clients: Callable[..., Any],
+) -> None:
+    a = clients()
+    a.subscribe("/queue/groups", id="s", ack="client-individual")
+    synced(a, "subscribed")
+    producer = clients()
+    groups = [f"g{i}" for i in range(12)]
+    for group in groups:
+        producer.send("/queue/groups", group, headers={"message_group": group})
+    synced(producer, "first")
+    assert wait_until(lambda: len(bodies(a)) == 12)
+    b = clients()  # joins while every group is in flight on a
+    b.subscribe("/queue/groups", id="s", ack="client-individual")
+    synced(b, "subscribed")
+    for group in groups:
+        producer.send("/queue/groups", group, headers={"message_group": group})
+    synced(producer, "second")
+    # nothing moves while a still has the groups' first messages unacknowledged
+    assert wait_until(lambda: len(bodies(a)) == 24)
+    assert bodies(b) == []
+    for frame in list(recorder(a).messages):
+        a.ack(frame.headers["ack"])
+    synced(a, "acked")
+    for group in groups:
+        producer.send("/queue/groups", group, headers={"message_group": group})
+    synced(producer, "third")
+    # rebalanced: each group now on one consumer, and b took its share
+    assert wait_until(lambda: len(bodies(a)) + len(bodies(b)) == 36)
+    on_a, on_b = set(bodies(a)[24:]), set(bodies(b))
+    assert on_b and on_a and not on_a & on_b and on_a | on_b == set(groups)
+    for frame in recorder(b).messages:
+        b.ack(frame.headers["ack"])
+    for group in groups:  # and they stay put
+        producer.send("/queue/groups", group, headers={"message_group": group})
+    synced(producer, "fourth")
+    assert wait_until(lambda: len(bodies(a)) + len(bodies(b)) == 48)
+    assert set(bodies(b)[len(on_b) :]) == on_b
+
+
+def test_user_timestamp_and_redelivery_headers(clients: Callable[..., Any]) -> None:
+    producer = clients("alice")
+    producer.send("/queue/hdrs", "x", headers={"JMSXUserID": "mallory"}, receipt="r")
+    synced(producer, "sent")
+    consumer = clients("bob")
+    consumer.subscribe("/queue/hdrs", id="s", ack="client-individual")
+    assert wait_until(lambda: len(bodies(consumer)) == 1)
+    first = recorder(consumer).messages[0]
+    assert first.headers["JMSXUserID"] == "alice"  # the broker's, not the forged one
+    assert int(first.headers["timestamp"]) > 1_700_000_000_000
+    assert "redeliveries" not in first.headers
+    consumer.nack(first.headers["ack"])
+    assert wait_until(lambda: len(bodies(consumer)) == 2)
+    assert recorder(consumer).messages[1].headers["redeliveries"] == "1"
+    assert "Stomp-User" not in recorder(consumer).messages[1].headers
+
+
+# -- broker serve: WebSocket, TLS, usage errors ------------------------------------------
+
+
+def test_stomp_over_websocket_meets_tcp(
+    serve_factory: Callable[..., Serve], raws: Callable[[int], Raw]
+) -> None:
+    pytest.importorskip("websockets")
+    from websockets.sync.client import connect
+
+    from tests.stomp.test_websocket import WsPeer
+
+    ws_port = free_port()
+    server = serve_factory("--stomp-ws", f"ws://127.0.0.1:{ws_port}")
+    tcp = raws(server.port)
+    tcp.connect()
+    tcp.send(b"SUBSCRIBE\nid:1\ndestination:/queue/from-browser\n\n\x00")
+    tcp.send(b"SEND\ndestination:/queue/sync\nreceipt:sub\n\n\x00")
+    assert tcp.next().command is Command.RECEIPT
+    with connect(f"ws://127.0.0.1:{ws_port}/stomp", subprotocols=["v12.stomp"]) as ws:  # type: ignore[list-item]
+        peer = WsPeer(ws)
+        ws.send(b"CONNECT\naccept-version:1.2\nhost:localhost\n\n\x00")
+        assert peer.next().command is Command.CONNECTED
+        ws.send(b"SEND\ndestination:/queue/from-browser\nreceipt:r\n\nhi from ws\x00")
+        assert peer.next().command is Command.RECEIPT
+    message = tcp.next()
+    assert message.command is Command.MESSAGE and message.body == b"hi from ws"
+
+
+def test_stomp_over_tls(serve_factory: Callable[..., Serve], tmp_path: Path) -> None:
+    import socket
+    import ssl
+
+    from broker.stomp.frames import SERVER_COMMANDS, FrameParser, Version
+    from tests.stomp.test_listener import self_signed
+
+    key, cert = self_signed(tmp_path)
+    server = serve_factory("--stomp-tls-cert", str(cert), "--stomp-tls-key", str(key))
+    context = ssl.create_default_context(cafile=str(cert))
+    with (
+        socket.create_connection(("127.0.0.1", server.port), timeout=WAIT) as plain,
+        context.wrap_socket(plain, server_hostname="localhost") as tls,
+    ):
+        tls.sendall(b"CONNECT\naccept-version:1.2\nhost:localhost\n\n\x00")
+        tls.sendall(b"SUBSCRIBE\nid:1\ndestination:/queue/tls\n\n\x00")
+        tls.sendall(b"SEND\ndestination:/queue/tls\n\nprivate\x00")
+        parser = FrameParser(commands=SERVER_COMMANDS, version=Version.V1_2)
+        frames: list[Frame] = []
+        while len(frames) < 2:
+            data = tls.recv(4096)
+            assert data
+            frames.extend(parser.feed(data))
+    assert [f.command for f in frames] == [Command.CONNECTED, Command.MESSAGE]
+    assert frames[1].body == b"private"
+
+
+@pytest.mark.parametrize(
+    ("args", "config", "match"),
+    [
+        (["--stomp-ws", "ws://127.0.0.1:1"], None, "need --stomp"),
+        (["--stomp", "tcp://127.0.0.1:1", "--stomp-ws", "ws://10.0.0.1:1"], None, "same host"),
+        (["--stomp", "tcp://127.0.0.1:1", "--stomp-tls-cert", "c.pem"], None, "go together"),
+        (["--stomp", "tcp://10.0.0.1:1"], None, "not a loopback address"),
+        (["--stomp", "nonsense"], None, "expected tcp://HOST:PORT"),
+        (["--stomp", "tcp://127.0.0.1:1"], "[stomp]\nbogus = 1\n", "unknown keys"),
+        (["--stomp", "tcp://127.0.0.1:1"], "[stomp]\nmax_headers = -1\n", "must be a int"),
+        (["--stomp", "tcp://127.0.0.1:1"], '[stomp]\ndie_delay = "x"\n', "must be a float"),
+    ],
+)
+def test_serve_stomp_usage_errors_are_one_line_exit_2(
+    tmp_path: Path, args: list[str], config: str | None, match: str
+) -> None:
+    import sys
+
+    if config is not None:
+        path = tmp_path / "c.toml"
+        path.write_text(config)
+        args = [*args, "--config", str(path)]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "broker",
+            "serve",
+            "--bind",
+            f"tcp://127.0.0.1:{free_port()}",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and match in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_unreadable_tls_certificate_is_one_line_exit_1(tmp_path: Path) -> None:
+    import sys
+
+    missing = str(tmp_path / "missing.pem")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "broker",
+            "serve",
+            "--bind",
+            f"tcp://127.0.0.1:{free_port()}",
+            "--stomp",
+            f"tcp://127.0.0.1:{free_port()}",
+            "--stomp-tls-cert",
+            missing,
+            "--stomp-tls-key",
+            missing,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.count("\n") == 1 and "TLS certificate" in done.stderr
