@@ -75,7 +75,7 @@ from broker.protocol import (
     Tracked,
     header,
 )
-from broker.stomp.backend import ConnectionInfo, Delivery, DeliverySink
+from broker.stomp.backend import ConnectionInfo, Delivery, DeliverySink, PublishAnswer
 from broker.stomp.destinations import Destination, DestinationKind, temp_owner
 from broker.stomp.errors import BackendError
 from broker.stomp.session import Credentials
@@ -163,11 +163,18 @@ class EngineDoor:
         #: ``OutputGate.call``; without a store: at once).  Receipts and deliveries wait.
         self.after_durable: Callable[[Callable[[], None]], None] = _at_once
         self._ops: deque[Op] = deque()
+        self._woken = False  # a wake-up octet is on its way (see submit)
         self._rx, self._tx = socket.socketpair()
         self._rx.setblocking(False)
         self._tx.setblocking(False)
         self.post: Post | None = None  # set by EngineBackend.bind
         self.deliver: Callable[[list[tuple[int, Message]]], None] | None = None
+        #: Runs a batch of publish answers on the listener thread (EngineBackend.bind).
+        self.answer: Callable[[list[tuple[PublishAnswer, str | None]]], None] | None = None
+        self._answers: list[tuple[PublishAnswer, str | None]] = []
+        #: Connections one of whose asynchronous SENDs was refused: their ERROR is on its
+        #: way, so their later SENDs and SUBSCRIBEs take no effect (as if processed in turn).
+        self.failed: set[int] = set()
         #: STOMP connections' engine client ids -> connection ids, and back.
         self.conn_of: dict[str, int] = {}
         self.client_of: dict[int, str] = {}
@@ -219,8 +226,15 @@ class EngineDoor:
         return self._rx.fileno()
 
     def submit(self, op: Op) -> None:
-        """Queue ``op`` for the engine thread and wake it (any thread)."""
+        """Queue ``op`` for the engine thread and wake it (any thread).
+
+        One wake-up octet per batch: none is sent while one is on its way (``_woken``,
+        cleared by :meth:`run_ops` before it takes the operations, so an operation
+        queued after that clearing sends a new one)."""
         self._ops.append(op)
+        if self._woken:
+            return
+        self._woken = True
         try:
             self._tx.send(b"\0")
         except (BlockingIOError, InterruptedError):
@@ -240,6 +254,7 @@ class EngineDoor:
                 pass
         except (BlockingIOError, InterruptedError):
             pass
+        self._woken = False
         out: list[Outgoing] = []
         ops = self._ops
         while ops:
@@ -248,7 +263,12 @@ class EngineDoor:
                 out.extend(op(now))
             except Exception:
                 log.exception("STOMP operation failed on the engine")
-        return self._split(out)
+        keep = self._split(out)
+        if self._answers and self.answer is not None:
+            answers, self._answers = self._answers, []
+            # after the deliveries (posted by _split), once the messages are durable
+            self.after_durable(_bind(self._post, _bind(self.answer, answers)))
+        return keep
 
     def close(self) -> None:
         self.closed = True
@@ -309,6 +329,7 @@ class EngineDoor:
     def op_disconnect(self, conn: int, now: float) -> list[Outgoing]:
         """The connection ended: its engine client, wildcard subscriptions, exclusive
         marks and temporary destinations (channels ``temp.<broker>.<conn>.*``) go."""
+        self.failed.discard(conn)
         client_id = self.client_of.pop(conn, None)
         if client_id is None:
             return []
@@ -334,6 +355,8 @@ class EngineDoor:
         client_id = self.client_of.get(conn)
         if client_id is None:
             raise BackendError("not connected to the broker engine")
+        if conn in self.failed:
+            raise BackendError("an earlier SEND of this connection was refused")
         return client_id
 
     def _ensure(self, client_id: str, destination: Destination, out: list[Outgoing]) -> str:
@@ -454,6 +477,27 @@ class EngineDoor:
                     reason = header(frame, Header.REASON) or f"code {frame.content_type}"
                     raise _Refused(f"{destination.stomp}: {reason}", out + sent)
             out.extend(sent)
+        return out
+
+    def op_publish_answered(
+        self, conn: int, spec: PublishSpec, message_id: str, answer: PublishAnswer, now: float
+    ) -> list[Outgoing]:
+        """:meth:`op_publish` whose outcome goes to ``answer`` (on the listener thread,
+        with the batch of :meth:`run_ops`) instead of a waiting caller."""
+        try:
+            out = self.op_publish(conn, spec, message_id, now)
+        except _Refused as exc:
+            self.failed.add(conn)
+            self._answers.append((answer, exc.reason))
+            return exc.out
+        except BackendError as exc:
+            self.failed.add(conn)
+            self._answers.append((answer, str(exc)))
+            return []
+        except Exception as exc:
+            self._answers.append((answer, f"broker error: {exc}"))
+            raise
+        self._answers.append((answer, None))
         return out
 
     def op_subscribe(
@@ -648,6 +692,7 @@ class EngineBackend:
         what the sessions produced (the listener's ``flush_all``)."""
         self.after_deliveries = after_deliveries
         self.door.deliver = self._on_deliveries
+        self.door.answer = self._on_answers
         self.door.post = post
 
     # -- waiting for the engine ------------------------------------------------------------
@@ -707,12 +752,31 @@ class EngineBackend:
         door = self.door
         door.submit(lambda now: door.op_disconnect(connection_id, now))
 
-    def publish(self, connection_id: int, spec: PublishSpec) -> None:
+    def _stamped(self, connection_id: int, spec: PublishSpec) -> PublishSpec:
         check_headers(spec.headers)
         conn = self.conns.get(connection_id)
         user = conn.info.user if conn is not None else ANONYMOUS
         stamp = ((USER_HEADER, user), (TIMESTAMP_HEADER, str(self.wall_clock_ms())))
-        spec = replace(spec, headers=spec.headers + stamp)
+        return replace(spec, headers=spec.headers + stamp)
+
+    def publish_async(self, connection_id: int, spec: PublishSpec, answer: PublishAnswer) -> None:
+        """Submit the SEND without waiting (:class:`~broker.stomp.backend.AsyncPublisher`):
+        the engine thread runs it in order with this connection's other operations."""
+        spec = self._stamped(connection_id, spec)
+        self._ids += 1
+        message_id = f"stomp-{connection_id}-{self._ids}"
+        door = self.door
+        door.submit(
+            lambda now: door.op_publish_answered(connection_id, spec, message_id, answer, now)
+        )
+
+    def _on_answers(self, answers: list[tuple[PublishAnswer, str | None]]) -> None:
+        for answer, error in answers:
+            answer(error)
+        self.after_deliveries()
+
+    def publish(self, connection_id: int, spec: PublishSpec) -> None:
+        spec = self._stamped(connection_id, spec)
         self._ids += 1
         message_id = f"stomp-{connection_id}-{self._ids}"
         door = self.door

@@ -666,3 +666,48 @@ def test_unreadable_tls_certificate_is_one_line_exit_1(tmp_path: Path) -> None:
     )
     assert done.returncode == 1, done.stderr
     assert done.stderr.count("\n") == 1 and "TLS certificate" in done.stderr
+
+
+# -- pipelined SENDs: receipts in order, and nothing after a refused one ------------------
+
+
+def test_pipelined_sends_get_receipts_in_order_then_disconnect(
+    featured: Serve, raws: Callable[[int], Raw]
+) -> None:
+    consumer = raws(featured.port)
+    consumer.connect()
+    consumer.send(b"SUBSCRIBE\nid:1\ndestination:/queue/piped\nreceipt:s\n\n\x00")
+    assert consumer.next().command is Command.RECEIPT
+    raw = raws(featured.port)
+    raw.connect()
+    burst = b"".join(
+        f"SEND\ndestination:/queue/piped\nreceipt:r{i}\n\nm{i}\x00".encode() for i in range(300)
+    )
+    raw.send(burst + b"DISCONNECT\nreceipt:bye\n\n\x00")
+    receipts = [raw.next() for _ in range(301)]
+    assert [f.header("receipt-id") for f in receipts] == [f"r{i}" for i in range(300)] + ["bye"]
+    assert raw.closed_by_server()
+    bodies_in = [consumer.next().body for _ in range(300)]
+    assert bodies_in == [f"m{i}".encode() for i in range(300)]
+
+
+def test_nothing_after_a_refused_pipelined_send_takes_effect(
+    featured: Serve, raws: Callable[[int], Raw], clients: Callable[..., Any]
+) -> None:
+    raw = raws(featured.port)
+    raw.connect()
+    frames = [f"SEND\ndestination:/queue/half\nreceipt:r{i}\n\nm{i}\x00" for i in range(5)]
+    # a reply to a temporary queue whose connection is gone: refused by the engine
+    frames.append("SEND\ndestination:/queue/temp.default.999999.x\nreceipt:bad\n\nx\x00")
+    frames += [f"SEND\ndestination:/queue/half\nreceipt:q{i}\n\nlate{i}\x00" for i in range(5)]
+    raw.send("".join(frames).encode())
+    got = [raw.next() for _ in range(6)]
+    assert [f.command for f in got] == [Command.RECEIPT] * 5 + [Command.ERROR]
+    assert got[5].header("receipt-id") == "bad"
+    assert raw.closed_by_server() and raw.frames == []
+    reader = clients()
+    reader.subscribe("/queue/half", id="s")
+    synced(reader, "subscribed")
+    assert wait_until(lambda: len(bodies(reader)) == 5)
+    synced(reader, "again")
+    assert bodies(reader) == [f"m{i}" for i in range(5)]
