@@ -26,7 +26,10 @@ And one rule per consumer: an *exclusive* consumer (:meth:`set_exclusive`, STOMP
 gets every message; when it leaves, its unacknowledged messages go back and the next
 exclusive one (or, if none is left, every consumer) takes over.
 
-Memory: one entry per group with messages in flight and per exclusive consumer.
+And one rule per channel: a channel with an *owner* (:meth:`set_owner`, a STOMP
+temporary destination) delivers to that consumer only.
+
+Memory: one entry per owned channel, per group with messages in flight and per exclusive consumer.
 
 Sans-IO: the wall clock (UNIX seconds) is injected; ``now`` is never read here.  Register
 it with the engine under :data:`PER_MESSAGE` (``Engine(handlers={PER_MESSAGE: ...})``) and
@@ -95,6 +98,15 @@ class PerMessageDeliveryHandler(DefaultDeliveryHandler):
         self._exclusive: dict[str, list[str]] = {}
         #: (channel, group) -> [consumer id, messages in flight] while any are
         self._groups: dict[tuple[str, str], list[Any]] = {}
+        #: channel -> the only consumer id it may deliver to
+        self._owners: dict[str, str] = {}
+
+    def set_owner(self, channel: str, client_id: str | None) -> None:
+        """Only ``client_id`` may receive from ``channel`` (None: anyone again)."""
+        if client_id is None:
+            self._owners.pop(channel, None)
+        else:
+            self._owners[channel] = client_id
 
     # -- exclusive consumers (the front door says who) -----------------------------------
 
@@ -123,6 +135,10 @@ class PerMessageDeliveryHandler(DefaultDeliveryHandler):
         return consumers
 
     def can_consumer_receive(self, queue: Queue, message: QueueMessage, receiver: Client) -> bool:
+        if self._owners:
+            owner = self._owners.get(queue.channel.name)
+            if owner is not None and owner != receiver.id:
+                return False
         if not self._exclusive and not self._groups and message.message.header(GROUP) is None:
             return True  # the common case: nothing to decide
         eligible = self._eligible(queue, message)

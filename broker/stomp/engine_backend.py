@@ -38,6 +38,15 @@ Mapping (see README "STOMP on the engine"):
 * a connection whose outbound buffer is full keeps further deliveries in order on this
   side without reporting them sent: the engine's window stops the rest.
 
+Beyond these (README "STOMP on the engine" has the whole table): CONNECT is admitted by
+the engine's authorizer (``passcode`` = client token) before CONNECTED; SENDs are
+published without waiting (``publish_async``: answers, hence RECEIPTs, once durable for
+``persistent:true``); the ``per-message`` delivery handler (``broker.engine.per_message``)
+serves ``persistent``, ``expires``, ``message_group``, exclusive consumers and the
+owner-only temporary destinations; this module keeps retained topic messages, wildcard
+subscriptions (joined to matching channels as they appear) and each connection's
+temporary channels (removed with it).
+
 Limits: an operation waits at most ``answer_timeout`` (10 s) for the engine (the SEND or
 SUBSCRIBE is then refused); a connection holds at most its window of deliveries.
 """
@@ -187,6 +196,16 @@ class EngineDoor:
         self.temps_of: dict[int, set[str]] = {}
         handler = engine.handlers[PER_MESSAGE]
         self.handler = handler if isinstance(handler, PerMessageDeliveryHandler) else None
+        self._drop_stale_temporaries()
+
+    def _drop_stale_temporaries(self) -> None:
+        """Temporary destinations recovered from the store belonged to connections of an
+        earlier run: removed, so a new connection with the same id cannot inherit them."""
+        registry = self.engine.channel_registry
+        out: list[Outgoing] = []
+        for name in [n for n in self.engine.channels if temp_owner(n) is not None]:
+            with contextlib.suppress(OperationError):
+                registry.remove_channel(self.engine.channels[name], out)
         self.closed = False
 
     # -- the engine, passed through (what the server calls) ------------------------------
@@ -343,6 +362,8 @@ class EngineDoor:
         registry = self.engine.channel_registry
         for name in self.temps_of.pop(conn, ()):
             self.retained.pop(name, None)
+            if self.handler is not None:
+                self.handler.set_owner(name, None)
             temp = self.engine.channels.get(name)
             if temp is not None:
                 try:
@@ -366,9 +387,12 @@ class EngineDoor:
         name = channel_of(destination)
         owner = temp_owner(destination.name)
         if owner is not None and name not in self.engine.channels:
-            if owner[1] not in self.client_of:
+            owner_client = self.client_of.get(owner[1])
+            if owner_client is None:
                 raise BackendError(f"{destination.stomp}: no such temporary destination")
             self.temps_of.setdefault(owner[1], set()).add(name)
+            if self.handler is not None:  # TMQP clients that join it get nothing either
+                self.handler.set_owner(name, owner_client)
         options = TOPIC_OPTIONS if destination.kind is DestinationKind.TOPIC else QUEUE_OPTIONS
         engine = self.engine
         channel = engine.channels.get(name)
@@ -788,6 +812,11 @@ class EngineBackend:
         for destination in spec.destinations:
             if destination.kind is DestinationKind.DSUB:
                 raise BackendError(f"{destination.stomp} is not supported on the engine yet")
+            if spec.selector is not None and destination.kind is not DestinationKind.TOPIC:
+                # a message no consumer selects would hold up the queue behind it
+                raise BackendError(
+                    f"{destination.stomp}: selectors are supported on topics only (engine)"
+                )
             if destination.wildcard:
                 continue
             name = channel_of(destination)
@@ -889,6 +918,10 @@ class EngineBackend:
                         (message.target, message.content_type, message.message_id, False)
                     )
                 continue
+            selector = sub.spec.selector
+            if selector is not None and not selector.matches(_first_wins(message.headers)):
+                taken += 1  # a topic copy this subscription does not select: dropped
+                continue
             tag = conn.next_tag
             delivery = _delivery(sub, message, tag)
             if not conn.sink(delivery):
@@ -907,6 +940,14 @@ class EngineBackend:
         if taken or settles:
             door = self.door
             door.submit(lambda now: door.op_settle(conn_id, settles, taken, now))
+
+
+def _first_wins(headers: Headers) -> dict[str, str]:
+    """Headers as a selector reads them (a repeated name: its first value)."""
+    env: dict[str, str] = {}
+    for name, value in headers:
+        env.setdefault(name, value)
+    return env
 
 
 def _delivery(sub: _Sub, message: Message, tag: int) -> Delivery:
