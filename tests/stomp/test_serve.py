@@ -4,7 +4,9 @@ its durable store (kill -9 after the RECEIPT, restart: the message is there)."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import socket
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -305,6 +307,7 @@ def test_expired_messages_are_dropped_and_ttl_sets_expires(
 FEATURES = (
     '[stomp]\nadd_user_header = "JMSXUserID"\nadd_timestamp_header = "timestamp"\n'
     'add_redeliveries_header = "redeliveries"\n'
+    "max_data_length = 65536\nmax_headers = 50\nmax_header_length = 4096\n"
 )
 
 
@@ -730,3 +733,65 @@ def test_selectors_filter_topic_copies_and_are_refused_on_queues(
     raw.send(b"SUBSCRIBE\nid:1\ndestination:/queue/cars\nselector:a = 1\nreceipt:q\n\n\x00")
     error = raw.next()
     assert error.command is Command.ERROR and "topics only" in str(error.header("message"))
+
+
+# -- bad input against broker serve: one ERROR, the others keep being served ------------
+
+
+@pytest.mark.parametrize(
+    ("attack", "match"),
+    [
+        (b"\x00\xffgarbage\n\n\x00", "unknown command"),
+        (
+            b"SEND\ndestination:/queue/bad\nx:" + b"y" * (1024 * 1024) + b"\n\n\x00",
+            "max_header_length",
+        ),
+        (b"SEND\ndestination:/queue/bad\n" + b"h:v\n" * 100_000 + b"\n\x00", "max_headers"),
+        (
+            b"SEND\ndestination:/queue/bad\ncontent-length:65537\n\n" + b"x" * 65537 + b"\x00",
+            "max_body",
+        ),
+        (b"SEND\ndestination:/queue/bad\n\n" + b"x" * 70_000 + b"\x00", "max_body"),
+    ],
+    ids=["garbage", "1MiB-header", "100k-headers", "announced-body", "unannounced-body"],
+)
+def test_bad_input_gets_one_error_and_spares_the_others(
+    featured: Serve,
+    raws: Callable[[int], Raw],
+    clients: Callable[..., Any],
+    attack: bytes,
+    match: str,
+) -> None:
+    calm = clients()
+    calm.subscribe("/queue/calm", id="s")
+    synced(calm, "subscribed")
+    raw = raws(featured.port)
+    raw.connect()
+    # the broker may close while we are still sending: it has answered already
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        raw.send(attack)
+    error = raw.next()
+    assert error.command is Command.ERROR and match in str(error.header("message")), error
+    assert raw.closed_by_server()
+    producer = clients()
+    producer.send("/queue/calm", "still here", receipt="r")
+    assert wait_until(lambda: bodies(calm) == ["still here"])
+
+
+def test_a_frame_split_at_every_byte_is_one_frame(
+    featured: Serve, raws: Callable[[int], Raw]
+) -> None:
+    raw = raws(featured.port)
+    raw.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for byte in b"CONNECT\naccept-version:1.2\nhost:localhost\n\n\x00":
+        raw.send(bytes([byte]))
+    assert raw.next().command is Command.CONNECTED
+    frames = (
+        b"SUBSCRIBE\nid:1\ndestination:/queue/split\n\n\x00"
+        b"SEND\ndestination:/queue/split\ncontent-length:5\nk:a\\cb\n\nx\x00y\x00z\x00"
+    )
+    for byte in frames:
+        raw.send(bytes([byte]))
+    message = raw.next()
+    assert message.command is Command.MESSAGE and message.body == b"x\x00y\x00z"
+    assert message.header("k") == "a:b"
