@@ -70,6 +70,7 @@ from broker.engine.engine import Engine
 from broker.engine.errors import ClientRejected, OperationError
 from broker.engine.options import ChannelOptions, ChannelQueueOptions
 from broker.engine.per_message import PER_MESSAGE, PerMessageDeliveryHandler
+from broker.engine.queue import reading
 from broker.message import Headers, Message
 from broker.protocol import (
     ConnectionInfo as EngineConnectionInfo,
@@ -84,6 +85,7 @@ from broker.protocol import (
     Tracked,
     header,
 )
+from broker.sequence import FROM_FIRST
 from broker.stomp.backend import ConnectionInfo, Delivery, DeliverySink, PublishAnswer
 from broker.stomp.destinations import Destination, DestinationKind, temp_owner
 from broker.stomp.errors import BackendError
@@ -103,6 +105,8 @@ T = TypeVar("T")
 
 #: Queue id of every channel a STOMP destination maps to.
 QUEUE_ID = 0
+#: Messages one browse step reads from a queue (the next step starts once they are taken).
+BROWSE_PAGE = 500
 #: Seconds a SEND or SUBSCRIBE waits for the engine thread before it is refused.
 ANSWER_TIMEOUT = 10.0
 #: Options of a queue created for ``/queue/NAME``: one consumer per message, acknowledged.
@@ -178,6 +182,8 @@ class EngineDoor:
         self._tx.setblocking(False)
         self.post: Post | None = None  # set by EngineBackend.bind
         self.deliver: Callable[[list[tuple[int, Message]]], None] | None = None
+        #: Takes a browse page on the listener thread (EngineBackend.bind).
+        self.browsed: Callable[[_BrowsePage], None] | None = None
         #: Runs a batch of publish answers on the listener thread (EngineBackend.bind).
         self.answer: Callable[[list[tuple[PublishAnswer, str | None]]], None] | None = None
         self._answers: list[tuple[PublishAnswer, str | None]] = []
@@ -555,6 +561,23 @@ class EngineDoor:
                         self._join(conn, name, prefetch, exclusive, out, wild)
         return out
 
+    def op_browse_page(
+        self, conn: int, sub_id: str, channel: str, from_seq: int, now: float
+    ) -> list[Outgoing]:
+        """The next :data:`BROWSE_PAGE` messages the channel's queue holds from sequence
+        ``from_seq`` on (``broker.engine.queue.reading``: nothing is consumed), posted to
+        the listener as one page; fewer than a page: the browse is at its end."""
+        client_id = self._client(conn)
+        if not self._allows(client_id, Action.BROWSE, channel):
+            raise BackendError(f"not authorized to browse {channel!r}")
+        found = self.engine.channels.get(channel)
+        queue = found.queues.get(QUEUE_ID) if found is not None else None
+        entries = reading.browse(queue, from_seq, BROWSE_PAGE) if queue is not None else []
+        page = _BrowsePage(conn, sub_id, entries, len(entries) < BROWSE_PAGE)
+        if self.post is not None and self.browsed is not None:
+            self.after_durable(_bind(self._post, _bind(self.browsed, page)))
+        return []
+
     def op_drop_wildcard(self, conn: int, sub_id: str, now: float) -> list[Outgoing]:
         """A wildcard subscription ended: stop consuming what it joined."""
         wild = self.wild.pop((conn, sub_id), None)
@@ -596,6 +619,16 @@ class EngineDoor:
                 )
             )
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class _BrowsePage:
+    """Messages a browse read, for one subscription (``done``: nothing after them)."""
+
+    conn: int
+    sub_id: str
+    entries: list[tuple[int, Message]]
+    done: bool
 
 
 @dataclass(slots=True)
@@ -672,6 +705,10 @@ class _Sub:
     spec: SubscriptionSpec
     channels: dict[str, Destination]  # engine channel -> its STOMP destination
     patterns: tuple[Destination, ...] = ()  # its wildcard destinations
+    #: A browser: the page not yet taken by the connection, and whether it is the last.
+    browsing: deque[tuple[int, Message]] | None = None
+    browse_done: bool = False
+    browse_next: int = FROM_FIRST
 
     def claim(self, channel: str, conn: int) -> bool:
         """A delivery from ``channel`` matches a wildcard of this subscription: the
@@ -717,6 +754,7 @@ class EngineBackend:
         self.after_deliveries = after_deliveries
         self.door.deliver = self._on_deliveries
         self.door.answer = self._on_answers
+        self.door.browsed = self._on_browse_page
         self.door.post = post
 
     # -- waiting for the engine ------------------------------------------------------------
@@ -809,6 +847,12 @@ class EngineBackend:
     def subscribe(self, connection_id: int, spec: SubscriptionSpec) -> None:
         conn = self.conns[connection_id]
         channels: dict[str, Destination] = {}
+        if spec.browser or spec.from_seq is not None:
+            for destination in spec.destinations:
+                if not destination.wildcard and destination.kind is not DestinationKind.DSUB:
+                    channels[channel_of(destination)] = destination
+            self._browse(connection_id, conn, spec, channels)
+            return
         for destination in spec.destinations:
             if destination.kind is DestinationKind.DSUB:
                 raise BackendError(f"{destination.stomp} is not supported on the engine yet")
@@ -835,6 +879,62 @@ class EngineBackend:
         conn.subs[spec.id] = sub
         for name in channels:
             conn.by_channel[name] = sub
+
+    def _browse(
+        self,
+        connection_id: int,
+        conn: _Conn,
+        spec: SubscriptionSpec,
+        channels: dict[str, Destination],
+    ) -> None:
+        """``browser:true``: the messages the queue holds (from ``from-seq``), without
+        consuming them, then the ``browser:end`` marker."""
+        if not spec.browser:
+            raise BackendError("from-seq needs browser:true on the engine")
+        if len(channels) != 1 or len(spec.destinations) != 1:
+            raise BackendError("browser:true takes one queue or topic destination")
+        if not spec.browser_end:
+            raise BackendError("browser-end:false is not supported on the engine yet")
+        (channel,) = channels
+        start = FROM_FIRST if spec.from_seq is None else spec.from_seq
+        sub = _Sub(spec, channels, browsing=deque(), browse_next=start)
+        door, sub_id = self.door, spec.id
+        self._call(lambda now: door.op_browse_page(connection_id, sub_id, channel, start, now))
+        conn.subs[spec.id] = sub  # (not in by_channel: no engine delivery is for it)
+
+    def _on_browse_page(self, page: _BrowsePage) -> None:
+        conn = self.conns.get(page.conn)
+        sub = conn.subs.get(page.sub_id) if conn is not None else None
+        if conn is None or sub is None or sub.browsing is None:
+            return  # unsubscribed meanwhile
+        sub.browsing.extend(page.entries)
+        sub.browse_done = page.done
+        if page.entries:
+            sub.browse_next = page.entries[-1][0] + 1
+        self._pump_browse(page.conn, conn, sub)
+        self.after_deliveries()
+
+    def _pump_browse(self, conn_id: int, conn: _Conn, sub: _Sub) -> None:
+        """Offer the page to the connection; at its end ask for the next (or end)."""
+        pending = sub.browsing
+        if pending is None:
+            return
+        while pending:
+            seq, message = pending[0]
+            delivery = replace(_delivery(sub, message, conn.next_tag), sequence=seq)
+            if not conn.sink(delivery):
+                return  # resume() goes on
+            conn.next_tag += 1
+            pending.popleft()
+        if not sub.browse_done:
+            door, sub_id, start = self.door, sub.spec.id, sub.browse_next
+            (channel,) = sub.channels
+            door.submit(lambda now: door.op_browse_page(conn_id, sub_id, channel, start, now))
+            return
+        end = Delivery(sub.spec.id, conn.next_tag, "", "", (), b"", browse_end=True)
+        if conn.sink(end):
+            conn.next_tag += 1
+            sub.browsing = None  # over
 
     def unsubscribe(self, connection_id: int, subscription_id: str, *, destroy: bool) -> None:
         conn = self.conns.get(connection_id)
@@ -870,6 +970,10 @@ class EngineBackend:
             held = list(conn.held)
             conn.held.clear()
             self._deliver_to(connection_id, conn, held)
+        if conn is not None:
+            for sub in list(conn.subs.values()):
+                if sub.browsing is not None and not conn.held:
+                    self._pump_browse(connection_id, conn, sub)
 
     def _settle(self, connection_id: int, tags: Sequence[int], ok: bool) -> None:
         conn = self.conns.get(connection_id)

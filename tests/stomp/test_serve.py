@@ -795,3 +795,52 @@ def test_a_frame_split_at_every_byte_is_one_frame(
     message = raw.next()
     assert message.command is Command.MESSAGE and message.body == b"x\x00y\x00z"
     assert message.header("k") == "a:b"
+
+
+# -- browsing a queue (seq4's reading by sequence) ---------------------------------------
+
+
+def test_browser_reads_without_consuming_from_seq_with_include_seq(
+    clients: Callable[..., Any],
+) -> None:
+    producer = clients()
+    for i in range(1, 1201):  # more than one browse page (500)
+        producer.send("/queue/browsed", f"b{i}")
+    synced(producer, "sent")
+    browser = clients()
+    browser.subscribe("/queue/browsed", id="b", headers={"browser": "true", "include-seq": "seq"})
+    assert wait_until(lambda: len(recorder(browser).messages) == 1201, timeout=30)
+    frames = recorder(browser).messages
+    assert [f.body for f in frames[:-1]] == [f"b{i}" for i in range(1, 1201)]
+    assert [int(f.headers["seq"]) for f in frames[:-1]] == list(range(1, 1201))
+    assert frames[-1].headers["browser"] == "end"
+    late = clients()  # from-seq: where to start
+    late.subscribe(
+        "/queue/browsed",
+        id="l",
+        headers={"browser": "true", "from-seq": "1199", "include-seq": "s"},
+    )
+    assert wait_until(lambda: len(recorder(late).messages) == 3)
+    assert [f.body for f in recorder(late).messages[:2]] == ["b1199", "b1200"]
+    consumer = clients()  # nothing was consumed by the browsers
+    consumer.subscribe("/queue/browsed", id="c")
+    assert wait_until(lambda: len(bodies(consumer)) == 1200, timeout=30)
+
+
+@pytest.mark.parametrize(
+    ("headers", "match"),
+    [
+        ({"from-seq": "5"}, "needs browser:true"),
+        ({"browser": "true", "browser-end": "false"}, "not supported"),
+        ({"browser": "true", "from-seq": "x"}, "must be an integer"),
+    ],
+)
+def test_browse_options_the_engine_cannot_serve_are_errors(
+    featured: Serve, raws: Callable[[int], Raw], headers: dict[str, str], match: str
+) -> None:
+    raw = raws(featured.port)
+    raw.connect()
+    extra = "".join(f"{k}:{v}\n" for k, v in headers.items())
+    raw.send(f"SUBSCRIBE\nid:1\ndestination:/queue/browsed2\n{extra}receipt:r\n\n\x00".encode())
+    error = raw.next()
+    assert error.command is Command.ERROR and match in str(error.header("message")), error
