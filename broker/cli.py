@@ -104,11 +104,11 @@ def _build_engine(
     import time as _time
 
     from broker.engine.auth import ALL_ACTIONS, Action, TokenAuthorizer
-    from broker.engine.delivery import PersistentDeliveryHandler
+    from broker.engine.delivery import PerMessageDeliveryHandler, PersistentDeliveryHandler
     from broker.engine.engine import Engine, EngineError
     from broker.engine.limits import Limits, LimitsError
     from broker.engine.options import BrokerConfig, ChannelOptions, OptionsError
-    from broker.engine.per_message import PER_MESSAGE, PerMessageDeliveryHandler
+    from broker.engine.per_message import PER_MESSAGE
     from broker.server.server import REPLY_OVERHEAD
 
     section = dict(config.get("broker") or {})

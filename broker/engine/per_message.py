@@ -1,9 +1,11 @@
-"""A delivery handler that reads a message's own headers: persistence and expiry per message.
+"""Per-message delivery rules: a message's own headers, exclusive consumers, owned channels.
 
 The queue options decide for every message of a queue; some producers (STOMP's
-``persistent:true``, ``expires``) decide per message.  :class:`PerMessageDeliveryHandler`
-keeps :class:`~broker.engine.delivery.DefaultDeliveryHandler`'s at-least-once rules and
-adds two, read from the message's headers (names compared without case):
+``persistent:true``, ``expires``) decide per message.  :class:`PerMessageRules` holds
+these rules (sans-IO, no engine decisions here);
+:class:`~broker.engine.delivery.PerMessageDeliveryHandler` keeps the default handler's
+at-least-once rules and applies these, read from the message's headers (names compared
+without case):
 
 * ``persistent: true`` -- the message is saved in the engine's store when received (a
   queue without consumer acknowledges then acknowledges its producer once it is saved;
@@ -32,8 +34,8 @@ temporary destination) delivers to that consumer only.
 Memory: one entry per owned channel, per group with messages in flight and per exclusive consumer.
 
 Sans-IO: the wall clock (UNIX seconds) is injected; ``now`` is never read here.  Register
-it with the engine under :data:`PER_MESSAGE` (``Engine(handlers={PER_MESSAGE: ...})``) and
-select it with the queue option ``MessageDeliveryHandler``.
+the handler with the engine under :data:`PER_MESSAGE` (``Engine(handlers={PER_MESSAGE:
+...})``) and select it with the queue option ``MessageDeliveryHandler``.
 """
 
 from __future__ import annotations
@@ -43,26 +45,15 @@ from typing import TYPE_CHECKING, Any
 
 import xxhash
 
-from broker.engine.delivery import (
-    ALLOW,
-    ALLOW_ACK,
-    DENY,
-    SAVE_ACK,
-    Decision,
-    DefaultDeliveryHandler,
-)
-
 if TYPE_CHECKING:
     from broker.engine.channel import Client
-    from broker.engine.message import Delivery, Message, QueueMessage
+    from broker.engine.message import Delivery, QueueMessage
     from broker.engine.queue_view import QueueView as Queue
 
 #: The handler's key among the engine's delivery handlers.
 PER_MESSAGE = "per-message"
 #: The header naming a message's group.
 GROUP = "message_group"
-#: Save, acknowledge nobody yet (a queue with consumer acknowledges relays them).
-_SAVE = Decision(save=True)
 
 
 def _header(message: QueueMessage, name: str) -> str | None:
@@ -86,14 +77,14 @@ def rendezvous(group: str, consumers: Sequence[str]) -> str:
     return max(consumers, key=lambda c: xxhash.xxh64_intdigest(c.encode() + b"\0" + key))
 
 
-class PerMessageDeliveryHandler(DefaultDeliveryHandler):
-    """Default rules, plus ``persistent``, ``expires``, ``message_group`` read per message
-    and exclusive consumers."""
+class PerMessageRules:
+    """``persistent``, ``expires``, ``message_group`` read per message, exclusive
+    consumers and owned channels (what the delivery handler asks)."""
 
     def __init__(self, wall_clock: Callable[[], float]) -> None:
         self.wall_clock = wall_clock  # UNIX seconds
-        #: Messages dropped because their ``expires`` time had come.
-        self.expired = 0
+        #: Messages found expired (``expires`` time come) when their queue reached them.
+        self.expired_count = 0
         #: channel -> its exclusive consumers' ids, in the order they asked
         self._exclusive: dict[str, list[str]] = {}
         #: (channel, group) -> [consumer id, messages in flight] while any are
@@ -125,7 +116,7 @@ class PerMessageDeliveryHandler(DefaultDeliveryHandler):
         entry = self._groups.get((channel, group))
         return None if entry is None else str(entry[0])
 
-    def _eligible(self, queue: Queue, message: QueueMessage) -> list[str]:
+    def _candidates(self, queue: Queue) -> list[str]:
         consumers = [c.id for c in queue.channel.consumer_list]
         exclusive = self._exclusive.get(queue.channel.name)
         if exclusive:
@@ -134,14 +125,15 @@ class PerMessageDeliveryHandler(DefaultDeliveryHandler):
                 return present[:1]
         return consumers
 
-    def can_consumer_receive(self, queue: Queue, message: QueueMessage, receiver: Client) -> bool:
+    def eligible(self, queue: Queue, message: QueueMessage, receiver: Client) -> bool:
+        """May ``receiver`` take ``message`` (owner, exclusive consumer, group)?"""
         if self._owners:
             owner = self._owners.get(queue.channel.name)
             if owner is not None and owner != receiver.id:
                 return False
         if not self._exclusive and not self._groups and message.message.header(GROUP) is None:
             return True  # the common case: nothing to decide
-        eligible = self._eligible(queue, message)
+        eligible = self._candidates(queue)
         if receiver.id not in eligible:
             return False
         group = message.message.header(GROUP)
@@ -152,13 +144,13 @@ class PerMessageDeliveryHandler(DefaultDeliveryHandler):
             return bool(entry[0] == receiver.id)
         return rendezvous(group, eligible) == receiver.id
 
-    def consumer_received(self, queue: Queue, delivery: Delivery, receiver: Client) -> Decision:
+    def sent(self, queue: Queue, delivery: Delivery, receiver: Client) -> None:
+        """A message went to ``receiver``: its group (if any) is in flight there."""
         group = delivery.message.message.header(GROUP)
         if group is not None and queue.options.request_acknowledge:
             entry = self._groups.setdefault((queue.channel.name, group), [receiver.id, 0])
             entry[0] = receiver.id
             entry[1] += 1
-        return ALLOW
 
     def _settled(self, queue: Queue, delivery: Delivery) -> None:
         group = delivery.message.message.header(GROUP)
@@ -171,33 +163,18 @@ class PerMessageDeliveryHandler(DefaultDeliveryHandler):
             if entry[1] <= 0:
                 del self._groups[key]
 
-    def acknowledge_received(
-        self, queue: Queue, ack: Message, delivery: Delivery, success: bool
-    ) -> Decision:
+    def settled(self, queue: Queue, delivery: Delivery) -> None:
+        """A delivery was acknowledged, failed or timed out: no longer in flight."""
         self._settled(queue, delivery)
-        return super().acknowledge_received(queue, ack, delivery, success)
 
-    def consumer_receive_failed(
-        self, queue: Queue, delivery: Delivery, receiver: Client
-    ) -> Decision:
-        self._settled(queue, delivery)
-        return super().consumer_receive_failed(queue, delivery, receiver)
+    def persistent(self, message: QueueMessage) -> bool:
+        """Does the message ask to be saved (``persistent: true``)?"""
+        return (_header(message, "persistent") or "").lower() == "true"
 
-    def acknowledge_timed_out(self, queue: Queue, delivery: Delivery) -> Decision:
-        self._settled(queue, delivery)
-        return super().acknowledge_timed_out(queue, delivery)
-
-    def received_from_producer(
-        self, queue: Queue, message: QueueMessage, sender: Client | None
-    ) -> Decision:
-        persistent = (_header(message, "persistent") or "").lower() == "true"
-        if queue.options.request_acknowledge:
-            return _SAVE if persistent else ALLOW
-        return SAVE_ACK if persistent else ALLOW_ACK
-
-    def begin_send(self, queue: Queue, message: QueueMessage) -> Decision:
+    def expired(self, message: QueueMessage) -> bool:
+        """Has the message's ``expires`` time come?  (Counted in ``expired_count``.)"""
         deadline = expires_ms(message)
         if deadline is not None and deadline <= self.wall_clock() * 1000:
-            self.expired += 1
-            return DENY
-        return ALLOW
+            self.expired_count += 1
+            return True
+        return False

@@ -66,10 +66,11 @@ from typing import Any, TypeVar
 from broker import tmqp
 from broker.engine import tmqp_door
 from broker.engine.auth import Action
+from broker.engine.delivery import PerMessageDeliveryHandler
 from broker.engine.engine import Engine
 from broker.engine.errors import ClientRejected, OperationError
 from broker.engine.options import ChannelOptions, ChannelQueueOptions
-from broker.engine.per_message import PER_MESSAGE, PerMessageDeliveryHandler
+from broker.engine.per_message import PER_MESSAGE, PerMessageRules
 from broker.engine.queue import reading
 from broker.message import Headers, Message
 from broker.protocol import (
@@ -201,7 +202,10 @@ class EngineDoor:
         self.exclusive_of: dict[int, set[str]] = {}
         self.temps_of: dict[int, set[str]] = {}
         handler = engine.handlers[PER_MESSAGE]
-        self.handler = handler if isinstance(handler, PerMessageDeliveryHandler) else None
+        #: The rules of the ``per-message`` handler (groups, exclusive consumers, owners).
+        self.handler: PerMessageRules | None = (
+            handler.rules if isinstance(handler, PerMessageDeliveryHandler) else None
+        )
         self._drop_stale_temporaries()
 
     def _drop_stale_temporaries(self) -> None:

@@ -5,10 +5,12 @@ its deliveries wait until the store says the message is durable (``OutputGate.ca
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
+from broker.engine.delivery import PerMessageDeliveryHandler
 from broker.engine.engine import Engine
-from broker.engine.per_message import PER_MESSAGE, PerMessageDeliveryHandler
+from broker.engine.per_message import PER_MESSAGE
 from broker.server.gate import OutputGate
 from broker.stomp.backend import ConnectionInfo, Delivery
 from broker.stomp.destinations import parse_destinations
@@ -110,7 +112,8 @@ def test_expired_messages_are_not_delivered() -> None:
     door = EngineDoor(engine)
     backend = EngineBackend(door)
     got: list[Delivery] = []
-    backend.bind(lambda fn: fn(), lambda: None)
+    posted: list[Callable[[], None]] = []  # the listener loop's queue, run by the test
+    backend.bind(posted.append, lambda: None)
     door.op_login(1, "c", None, 0.0)
     backend.attach(ConnectionInfo(1, "c", "default", "1.2"), sink(got))
     ok = threading.Thread(
@@ -128,6 +131,8 @@ def test_expired_messages_are_not_delivered() -> None:
     )
     sub.start()
     assert wait_until(lambda: door.run_ops(0.0) == [] and not sub.is_alive())
+    while posted:  # the loop runs what was posted once subscribe() has returned
+        posted.pop(0)()
     assert [d.body for d in got] == [b"new", b"bad"]
-    assert handler.expired == 1
+    assert handler.rules.expired_count == 1
     door.close()
