@@ -440,3 +440,32 @@ def test_temporary_destinations_of_an_earlier_run_are_removed() -> None:
     door = EngineDoor(engine)
     assert "temp.default.1.inbox" not in engine.channels and "temperature" in engine.channels
     door.close()
+
+
+def test_message_groups_span_stomp_and_tmqp_consumers(
+    broker: Broker, tmqp: Callable[[], Client], stomp_client: Any
+) -> None:
+    """One engine, two doors: a group sticks to one consumer whichever door it uses."""
+    conn, rec = stomp_client()
+    conn.subscribe("/queue/mixed", id="s", ack="client-individual")
+    assert wait_until(lambda: subscribed(broker, "mixed", 1))
+    worker = tmqp()
+    worker.join("mixed")
+    assert wait_until(lambda: subscribed(broker, "mixed", 2))
+    producer, _ = stomp_client()
+    groups = [f"g{i}" for i in range(16)]
+    for round_ in range(3):
+        for group in groups:
+            producer.send("/queue/mixed", f"{group}:{round_}", headers={"message_group": group})
+    on_tmqp: list[str] = []
+    while len(on_tmqp) + len(rec.messages) < 48:
+        message = worker.receive(timeout=10)
+        if message is None:
+            break
+        on_tmqp.append(bytes(message.payload).decode())
+        worker.ack(message)
+    assert wait_until(lambda: len(on_tmqp) + len(rec.messages) == 48)
+    tmqp_groups = {body.split(":")[0] for body in on_tmqp}
+    stomp_groups = {body.split(":")[0] for body in rec.bodies()}
+    assert tmqp_groups and stomp_groups and not tmqp_groups & stomp_groups
+    assert tmqp_groups | stomp_groups == set(groups)
