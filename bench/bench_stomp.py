@@ -2,7 +2,10 @@
 
 Every party runs in its own (spawned) process on loopback TCP:
 
-* the zerohub STOMP listener (``broker.stomp.server``) with the in-memory backend;
+* zerohub: ``broker serve --stomp`` (the STOMP listener on the broker engine, the
+  ``/queue/bench`` channel shared with TMQP clients; ``--data DIR`` to run it with the
+  durable store), and with ``--memory`` also the standalone listener on the in-memory
+  backend (``python -m broker.stomp``);
 * with ``--rabbitmq``: RabbitMQ's STOMP plugin, same clients, same run (the server is
   installed and started by ``bench_broker.RabbitMQ``).
 
@@ -11,13 +14,20 @@ last message), and the same with a ``receipt`` on every SEND (the producer's clo
 when every RECEIPT is in).  stomp.py itself is usually the limit: the "send loop" column
 is the rate of the producer's ``send`` calls alone.
 
-Usage: ``python bench/bench_stomp.py [--messages 10000 100000] [--rabbitmq]``.
+Usage: ``python bench/bench_stomp.py [--messages 10000 100000] [--rabbitmq] [--memory]
+[--data DIR]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
+import os
+import select
+import signal
+import socket
+import subprocess
 import sys
 import threading
 import time
@@ -35,15 +45,42 @@ class Row:
     rates: tuple[float, float]  # end to end; the producer's send loop alone
 
 
-def serve_zerohub(port_out: Any, stop: Any) -> None:
-    from broker.stomp.memory import MemoryBackend
-    from broker.stomp.server import ListenerOptions, StompListener
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
-    listener = StompListener(MemoryBackend(), ListenerOptions(port=0))
-    listener.start()
-    port_out.put(listener.port)
-    stop.wait()
-    listener.stop()
+
+@contextlib.contextmanager
+def zerohub(args: list[str], ready: bytes) -> Any:
+    """A zerohub server process (``python -m ...``), stopped with SIGTERM afterwards."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    seen = b""
+    deadline = time.monotonic() + 60
+    streams = [proc.stdout, proc.stderr]
+    while ready not in seen and time.monotonic() < deadline:
+        readable, _, _ = select.select(streams, [], [], 0.5)
+        for stream in readable:
+            chunk = os.read(stream.fileno(), 4096)
+            seen += chunk
+        if proc.poll() is not None:
+            break
+    if ready not in seen:
+        proc.kill()
+        raise SystemExit(f"{' '.join(args)} did not start: {seen.decode(errors='replace')}")
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
 
 
 def consumer(port: int, vhost: str, count: int, ready: Any, out: Any) -> None:
@@ -115,63 +152,59 @@ def run_pair(ctx: Any, port: int, vhost: str, count: int, receipts: bool) -> tup
     return count / (end - start), count / (results["sent"] - start)
 
 
+def measure(ctx: Any, name: str, port: int, vhost: str, counts: list[int]) -> list[Row]:
+    rows = []
+    for count in counts:
+        rows.append(Row(f"{name} auto-ack", count, run_pair(ctx, port, vhost, count, False)))
+        rows.append(
+            Row(f"{name} receipt per SEND", count, run_pair(ctx, port, vhost, count, True))
+        )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--rabbitmq", action="store_true", help="also measure RabbitMQ STOMP")
+    parser.add_argument(
+        "--memory", action="store_true", help="also the standalone in-memory listener"
+    )
+    parser.add_argument("--data", default="none", help="broker serve --data (default none)")
     args = parser.parse_args(argv)
     ctx = mp.get_context("spawn")
     rows: list[Row] = []
-    port_q, stop = ctx.Queue(), ctx.Event()
-    server = ctx.Process(target=serve_zerohub, args=(port_q, stop))
-    server.start()
-    port = port_q.get(timeout=60)
-    rabbit = None
-    try:
-        for count in args.messages:
-            rows.append(
-                Row(
-                    "zerohub STOMP auto-ack", count, run_pair(ctx, port, "localhost", count, False)
-                )
-            )
-            rows.append(
-                Row(
-                    "zerohub STOMP receipt per SEND",
-                    count,
-                    run_pair(ctx, port, "localhost", count, True),
-                )
-            )
-        if args.rabbitmq:
-            sys.path.insert(0, str(Path(__file__).parent))
-            from bench_broker import RabbitMQ
+    port = free_port()
+    serve = [
+        "broker",
+        "serve",
+        "--bind",
+        f"tcp://127.0.0.1:{free_port()}",
+        "--stomp",
+        f"tcp://127.0.0.1:{port}",
+        "--data",
+        args.data,
+    ]
+    with zerohub(serve, b"broker serving on"):
+        rows += measure(ctx, "zerohub serve --stomp", port, "localhost", args.messages)
+    if args.memory:
+        port = free_port()
+        with zerohub(["broker.stomp", "--bind", f"tcp://127.0.0.1:{port}"], b"listening on"):
+            rows += measure(ctx, "zerohub in-memory", port, "localhost", args.messages)
+    if args.rabbitmq:
+        sys.path.insert(0, str(Path(__file__).parent))
+        from bench_broker import RabbitMQ
 
-            RabbitMQ.install()
-            rabbit = RabbitMQ()
-            rabbit.start()
-            for count in args.messages:
-                rows.append(
-                    Row(
-                        "RabbitMQ STOMP auto-ack",
-                        count,
-                        run_pair(ctx, rabbit.stomp_port, "/", count, False),
-                    )
-                )
-                rows.append(
-                    Row(
-                        "RabbitMQ STOMP receipt per SEND",
-                        count,
-                        run_pair(ctx, rabbit.stomp_port, "/", count, True),
-                    )
-                )
-    finally:
-        stop.set()
-        server.join(30)
-        if rabbit is not None:
+        RabbitMQ.install()
+        rabbit = RabbitMQ()
+        rabbit.start()
+        try:
+            rows += measure(ctx, "RabbitMQ STOMP", rabbit.stomp_port, "/", args.messages)
+        finally:
             rabbit.stop()
-    print(f"{'case':36} {'messages':>9} {'msg/s':>9} {'send loop msg/s':>16}")
+    print(f"{'case':40} {'messages':>9} {'msg/s':>9} {'send loop msg/s':>16}")
     for row in rows:
         rate, loop = row.rates
-        print(f"{row.name:36} {row.count:>9} {rate:>9.0f} {loop:>16.0f}")
+        print(f"{row.name:40} {row.count:>9} {rate:>9.0f} {loop:>16.0f}")
     return 0
 
 

@@ -108,10 +108,11 @@ def _build_engine(
     import time as _time
 
     from broker.engine.auth import ALL_ACTIONS, Action, TokenAuthorizer
-    from broker.engine.delivery import PersistentDeliveryHandler
+    from broker.engine.delivery import PerMessageDeliveryHandler, PersistentDeliveryHandler
     from broker.engine.engine import Engine, EngineError
     from broker.engine.limits import Limits, LimitsError
     from broker.engine.options import BrokerConfig, ChannelOptions, OptionsError
+    from broker.engine.per_message import PER_MESSAGE
     from broker.server.server import REPLY_OVERHEAD
 
     section = dict(config.get("broker") or {})
@@ -156,7 +157,10 @@ def _build_engine(
             config=broker_config,
             authorizer=authorizer,
             store=store,
-            handlers={"persistent": PersistentDeliveryHandler()},
+            handlers={
+                "persistent": PersistentDeliveryHandler(),
+                PER_MESSAGE: PerMessageDeliveryHandler(broker_config.wall_clock),
+            },
         )
     except EngineError as exc:  # the routers of the config: invalid, or too many
         raise UsageError(f"config broker: {exc.reason}") from None
@@ -213,7 +217,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     except (TypeError, ValueError) as exc:
         raise UsageError(f"server options: {exc}") from None
-    stomp = _stomp_listen_options(args.stomp, bool(section.get("insecure")))
+    stomp = _stomp_listen_options(args, config.get("stomp"), bool(section.get("insecure")))
     if args.data is None:  # the user's data directory (federation keeps its id there too)
         args.data = str(default_data_dir())
     federation_settings = _federation_settings(args, config, options)
@@ -245,7 +249,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if door is not None:
         from broker.stomp.engine_backend import listen
 
-        listener = listen(door, server.add_reader, stomp)
+        listener = listen(door, server.add_reader, stomp, gate=server.gate)
 
     # From here on a signal asks the server to stop and nothing else (a KeyboardInterrupt
     # raised by a handler was once dropped in a ZeroMQ frame's finaliser: the loop never
@@ -259,7 +263,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     listener.start()
                 except OSError as exc:
                     raise ServerError(f"cannot serve STOMP on {args.stomp}: {exc}") from None
-                also = f" (STOMP on tcp://{listener.options.host}:{listener.port})"
+                except ImportError:
+                    raise ServerError(
+                        "--stomp-ws needs the stomp-ws extra (pip install 'zerohub[stomp-ws]')"
+                    ) from None
+                host = listener.options.host
+                also = f" (STOMP on tcp://{host}:{listener.port}"
+                if listener.options.ws_port is not None:
+                    also += f" and ws://{host}:{listener.ws_port}"
+                also += ")"
             print(f"broker serving on {endpoint}{also}", file=sys.stderr, flush=True)
             if store is not None:
                 print(f"broker recovered {recovered} messages from {args.data}", file=sys.stderr)
@@ -430,31 +442,111 @@ def _open_data(args: argparse.Namespace) -> Any:
         raise CommandError(f"serve --data {data}: {exc}") from None
 
 
-def _stomp_listen_options(url: str | None, insecure: bool) -> Any:
-    """``--stomp tcp://HOST:PORT`` as listener options (None: no STOMP listener).
+#: Keys of the config file's ``[stomp]`` table (the STOMP session options; see README).
+STOMP_KEYS = {
+    "add_user_header": str,
+    "add_timestamp_header": str,
+    "add_redeliveries_header": str,
+    "max_header_length": int,
+    "max_headers": int,
+    "max_data_length": int,
+    "die_delay": float,
+    "require_host": bool,
+    "max_connections": int,
+    "max_subscriptions": int,
+}
 
-    Off by default; a non-loopback host needs ``--insecure`` (STOMP logins are not
-    checked by this listener yet)."""
+
+def _stomp_listen_options(args: argparse.Namespace, table: Any, insecure: bool) -> Any:
+    """``--stomp tcp://HOST:PORT`` (``--stomp-ws ws://HOST:PORT``, ``--stomp-tls-cert``/
+    ``--stomp-tls-key``, the config's ``[stomp]`` table) as listener options (None: no
+    STOMP listener).
+
+    Off by default; a non-loopback host needs TLS or ``--insecure``: a STOMP
+    ``passcode`` is the engine client token the broker's authorizer checks."""
+    url: str | None = args.stomp
     if url is None:
+        if args.stomp_ws is not None or args.stomp_tls_cert is not None:
+            raise UsageError("--stomp-ws and --stomp-tls-* need --stomp tcp://HOST:PORT")
         return None
+    import dataclasses
+    import ssl
+
+    from broker.stomp.cli import parse_address
+    from broker.stomp.frames import Limits
+    from broker.stomp.server import ListenerOptions
+    from broker.stomp.session import SessionConfig
+
+    bind = parse_address(url, "tcp")
+    ws = parse_address(args.stomp_ws, "ws") if args.stomp_ws is not None else None
+    if ws is not None and ws.host != bind.host:
+        raise UsageError("--stomp-ws must use the same host as --stomp")
+    if (args.stomp_tls_cert is None) != (args.stomp_tls_key is None):
+        raise UsageError("--stomp-tls-cert and --stomp-tls-key go together")
+    if not _is_loopback(bind.host) and args.stomp_tls_cert is None and not insecure:
+        raise UsageError(
+            f"--stomp {url}: not a loopback address (add --stomp-tls-cert/-key or --insecure)"
+        )
+    context: ssl.SSLContext | None = None
+    if args.stomp_tls_cert is not None:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            context.load_cert_chain(args.stomp_tls_cert, args.stomp_tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise CommandError(f"cannot load the STOMP TLS certificate: {exc}") from None
+    settings = _stomp_settings(table)
+    limits = Limits(
+        **{
+            name: settings.pop(key)
+            for key, name in (
+                ("max_header_length", "max_header_length"),
+                ("max_headers", "max_headers"),
+                ("max_data_length", "max_body"),
+            )
+            if key in settings
+        }
+    )
+    listener = {k: settings.pop(k) for k in ("max_connections",) if k in settings}
+    session = dataclasses.replace(SessionConfig(), limits=limits, **settings)
+    return ListenerOptions(
+        host=bind.host,
+        port=bind.port,
+        ws_port=ws.port if ws is not None else None,
+        ssl=context,
+        session=session,
+        **listener,
+    )
+
+
+def _stomp_settings(table: Any) -> dict[str, Any]:
+    if table is None:
+        return {}
+    if not isinstance(table, dict):
+        raise UsageError("config stomp: expected a table")
+    unknown = set(table) - set(STOMP_KEYS)
+    if unknown:
+        raise UsageError(f"config stomp: unknown keys {sorted(unknown)}")
+    settings: dict[str, Any] = {}
+    for key, value in table.items():
+        kind = STOMP_KEYS[key]
+        ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            ok, value = True, float(value)
+        if not ok or (kind in (int, float) and value < 0) or (kind is str and not value):
+            raise UsageError(f"config stomp: {key} must be a {kind.__name__} (got {value!r})")
+        settings[key] = value
+    return settings
+
+
+def _is_loopback(host: str) -> bool:
     import ipaddress
 
-    from broker.stomp.server import ListenerOptions
-
-    host, sep, port_text = url.removeprefix("tcp://").rpartition(":")
-    if not url.startswith("tcp://") or not sep or not host or not port_text.isdigit():
-        raise UsageError(f"--stomp wants tcp://HOST:PORT, not {url!r}")
-    port = int(port_text)
-    if port > 65535:
-        raise UsageError(f"--stomp port out of range: {port}")
-    host = host.strip("[]")
+    if host == "localhost":
+        return True
     try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+        return ipaddress.ip_address(host).is_loopback
     except ValueError:
-        loopback = False
-    if not loopback and not insecure:
-        raise UsageError(f"--stomp {url}: not a loopback address (add --insecure to allow)")
-    return ListenerOptions(host=host, port=port)
+        return False
 
 
 @contextlib.contextmanager
@@ -744,6 +836,13 @@ def build_parser() -> ArgumentParser:
         help="also serve STOMP 1.0-1.2 on this address (off by default; e.g. "
         "tcp://127.0.0.1:61613), on the same engine as TMQP",
     )
+    serve.add_argument(
+        "--stomp-ws",
+        metavar="ws://HOST:PORT",
+        help="also serve STOMP over WebSocket (same host as --stomp; e.g. ws://127.0.0.1:61614)",
+    )
+    serve.add_argument("--stomp-tls-cert", metavar="FILE", help="STOMP listeners' TLS certificate")
+    serve.add_argument("--stomp-tls-key", metavar="FILE", help="its private key (PEM)")
     serve.add_argument(
         "--data",
         metavar="DIR",

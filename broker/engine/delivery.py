@@ -12,9 +12,12 @@ with the engine; ``None`` means the engine's default handler.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
+
+from broker.engine.per_message import PerMessageRules
 
 if TYPE_CHECKING:
     from broker.engine.channel import Client
@@ -172,3 +175,51 @@ class PersistentDeliveryHandler(DefaultDeliveryHandler):
         self, queue: Queue, message: QueueMessage, sender: Client | None
     ) -> Decision:
         return SAVE_ACK
+
+
+class PerMessageDeliveryHandler(DefaultDeliveryHandler):
+    """The default rules plus :class:`~broker.engine.per_message.PerMessageRules`:
+    ``persistent: true`` saves a message (a queue without acknowledges then confirms its
+    producer once saved), an ``expires`` time come drops it when its queue reaches it, and
+    groups, exclusive consumers and owned channels choose who may receive it."""
+
+    def __init__(self, wall_clock: Callable[[], float]) -> None:
+        self.rules = PerMessageRules(wall_clock)
+
+    def received_from_producer(
+        self, queue: Queue, message: QueueMessage, sender: Client | None
+    ) -> Decision:
+        persistent = self.rules.persistent(message)
+        if queue.options.request_acknowledge:
+            return _SAVE if persistent else ALLOW
+        return SAVE_ACK if persistent else ALLOW_ACK
+
+    def begin_send(self, queue: Queue, message: QueueMessage) -> Decision:
+        return DENY if self.rules.expired(message) else ALLOW
+
+    def can_consumer_receive(self, queue: Queue, message: QueueMessage, receiver: Client) -> bool:
+        return self.rules.eligible(queue, message, receiver)
+
+    def consumer_received(self, queue: Queue, delivery: Delivery, receiver: Client) -> Decision:
+        self.rules.sent(queue, delivery, receiver)
+        return ALLOW
+
+    def acknowledge_received(
+        self, queue: Queue, ack: Message, delivery: Delivery, success: bool
+    ) -> Decision:
+        self.rules.settled(queue, delivery)
+        return super().acknowledge_received(queue, ack, delivery, success)
+
+    def consumer_receive_failed(
+        self, queue: Queue, delivery: Delivery, receiver: Client
+    ) -> Decision:
+        self.rules.settled(queue, delivery)
+        return super().consumer_receive_failed(queue, delivery, receiver)
+
+    def acknowledge_timed_out(self, queue: Queue, delivery: Delivery) -> Decision:
+        self.rules.settled(queue, delivery)
+        return super().acknowledge_timed_out(queue, delivery)
+
+
+#: Save, acknowledge nobody yet (a queue with consumer acknowledges relays them).
+_SAVE = Decision(save=True)

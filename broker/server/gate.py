@@ -43,7 +43,7 @@ class OutputGate:
     def __init__(self, store: DurableLike, send: Callable[[list[Any]], None]) -> None:
         self.store = store
         self._send = send
-        self._held: deque[tuple[int, list[Any]]] = deque()
+        self._held: deque[tuple[int, list[Any] | Callable[[], None]]] = deque()
         #: outputs held so far (a counter for statistics)
         self.holds = 0
 
@@ -68,6 +68,21 @@ class OutputGate:
             self._held.append((ticket, outs))
             self.holds += 1
 
+    def call(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` once everything admitted so far has left and the store's newest
+        write is durable (now if nothing is pending): how another door (STOMP) sends a
+        receipt or a delivery only once the message it concerns is on disk."""
+        store = self.store
+        ticket = store.appended
+        done = store.completed
+        if self._held:
+            self._send_upto(done)
+        if not self._held and ticket <= done:
+            fn()
+        else:
+            self._held.append((ticket, fn))
+            self.holds += 1
+
     def release(self) -> None:
         """Send what became durable (call when ``fileno`` is readable)."""
         self._send_upto(self.store.drain())
@@ -75,7 +90,11 @@ class OutputGate:
     def _send_upto(self, done: int) -> None:
         held = self._held
         while held and held[0][0] <= done:
-            self._send(held.popleft()[1])
+            item = held.popleft()[1]
+            if isinstance(item, list):
+                self._send(item)
+            else:
+                item()  # a call (see call)
 
     def forget(self, client_id: str) -> None:
         """Drop what is held for a client whose session ended: the engine already counts
@@ -83,7 +102,11 @@ class OutputGate:
         session under the same id must not get the old one's frames."""
         if self._held:
             self._held = deque(
-                (ticket, [o for o in outs if o[0] != client_id]) for ticket, outs in self._held
+                (
+                    ticket,
+                    [o for o in outs if o[0] != client_id] if isinstance(outs, list) else outs,
+                )
+                for ticket, outs in self._held
             )
 
     def release_all(self) -> None:

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from broker.stomp.subscription import PublishSpec, SubscriptionSpec
 
@@ -98,3 +98,23 @@ class Backend(Protocol):
     def credit(self, connection_id: int, tags: Sequence[int]) -> None: ...
 
     def resume(self, connection_id: int) -> None: ...
+
+
+#: Called once with the outcome of an asynchronous publish: None (accepted -- durable,
+#: for a persistent message) or the reason it was refused.
+PublishAnswer = Callable[["str | None"], None]
+
+
+@runtime_checkable
+class AsyncPublisher(Protocol):
+    """A backend that can also publish without making the session wait.
+
+    ``publish_async`` either raises BackendError at once (nothing was sent) or calls
+    ``answer`` exactly once later, on the session's thread, after which the backend
+    writes the session's output (as it does after deliveries).  Answers come in the
+    order of the calls for one connection.
+    """
+
+    def publish_async(
+        self, connection_id: int, spec: PublishSpec, answer: PublishAnswer
+    ) -> None: ...

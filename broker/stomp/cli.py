@@ -1,8 +1,8 @@
 """``python -m broker.stomp``: a standalone STOMP listener on the in-memory backend.
 
-A preview until the broker engine's typed operations land and ``broker serve --stomp``
-joins the STOMP front door to the TMQP one.  Nothing is shared with a TMQP broker and
-nothing survives a restart.
+For trying STOMP clients alone: ``broker serve --stomp`` is the STOMP front door on the
+broker engine (shared with TMQP clients, logins checked, durable with ``--data``).  Here
+nothing is shared with a TMQP broker and nothing survives a restart.
 
     python -m broker.stomp [--bind tcp://127.0.0.1:61613] [--ws ws://127.0.0.1:61614]
                            [--tls-cert FILE --tls-key FILE] [--insecure]

@@ -38,6 +38,15 @@ Mapping (see README "STOMP on the engine"):
 * a connection whose outbound buffer is full keeps further deliveries in order on this
   side without reporting them sent: the engine's window stops the rest.
 
+Beyond these (README "STOMP on the engine" has the whole table): CONNECT is admitted by
+the engine's authorizer (``passcode`` = client token) before CONNECTED; SENDs are
+published without waiting (``publish_async``: answers, hence RECEIPTs, once durable for
+``persistent:true``); the ``per-message`` delivery handler (``broker.engine.per_message``)
+serves ``persistent``, ``expires``, ``message_group``, exclusive consumers and the
+owner-only temporary destinations; this module keeps retained topic messages, wildcard
+subscriptions (joined to matching channels as they appear) and each connection's
+temporary channels (removed with it).
+
 Limits: an operation waits at most ``answer_timeout`` (10 s) for the engine (the SEND or
 SUBSCRIBE is then refused); a connection holds at most its window of deliveries.
 """
@@ -51,14 +60,18 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 from broker import tmqp
 from broker.engine import tmqp_door
+from broker.engine.auth import Action
+from broker.engine.delivery import PerMessageDeliveryHandler
 from broker.engine.engine import Engine
 from broker.engine.errors import ClientRejected, OperationError
 from broker.engine.options import ChannelOptions, ChannelQueueOptions
+from broker.engine.per_message import PER_MESSAGE, PerMessageRules
+from broker.engine.queue import reading
 from broker.message import Headers, Message
 from broker.protocol import (
     ConnectionInfo as EngineConnectionInfo,
@@ -69,36 +82,55 @@ from broker.protocol import (
     NackReason,
     Outgoing,
     QueueStatus,
+    ResultCode,
     Tracked,
     header,
 )
-from broker.stomp.backend import ConnectionInfo, Delivery, DeliverySink
-from broker.stomp.destinations import Destination, DestinationKind
+from broker.sequence import FROM_FIRST
+from broker.stomp.backend import ConnectionInfo, Delivery, DeliverySink, PublishAnswer
+from broker.stomp.destinations import Destination, DestinationKind, temp_owner
 from broker.stomp.errors import BackendError
+from broker.stomp.session import Credentials
 from broker.stomp.subscription import (
     DEFAULT_CREDIT_COUNT,
     AckMode,
     PublishSpec,
+    RetainAction,
     SubscriptionSpec,
 )
 from zproto.errors import EncodeError
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 #: Queue id of every channel a STOMP destination maps to.
 QUEUE_ID = 0
+#: Messages one browse step reads from a queue (the next step starts once they are taken).
+BROWSE_PAGE = 500
 #: Seconds a SEND or SUBSCRIBE waits for the engine thread before it is refused.
 ANSWER_TIMEOUT = 10.0
 #: Options of a queue created for ``/queue/NAME``: one consumer per message, acknowledged.
+#: Its delivery handler reads ``persistent``/``expires`` per message (``per_message``).
 QUEUE_OPTIONS = ChannelQueueOptions(
-    status=QueueStatus.ROUND_ROBIN, request_acknowledge=True, acknowledge_timeout=0
+    status=QueueStatus.ROUND_ROBIN,
+    request_acknowledge=True,
+    acknowledge_timeout=0,
+    message_delivery_handler=PER_MESSAGE,
 )
 #: Options of a queue created for ``/topic/NAME``: a copy to every consumer online.
 TOPIC_OPTIONS = ChannelQueueOptions(status=QueueStatus.BROADCAST)
+#: Headers a STOMP SEND gets on the engine: its sender's user id and when the broker
+#: received it (ms since the epoch), for ``add_user_header``/``add_timestamp_header``.
+USER_HEADER = "Stomp-User"
+TIMESTAMP_HEADER = "Stomp-Timestamp"
+_USER = USER_HEADER.lower()
 #: Engine headers a STOMP consumer does not see as user headers (read into the delivery).
-_HIDDEN = frozenset({"delivery-count"})
-#: Headers a STOMP SEND may not carry: the engine acts on them.
-_RESERVED = frozenset({"cc", "delivery-count"})
+_HIDDEN = frozenset({"delivery-count", _USER, TIMESTAMP_HEADER.lower()})
+#: The user id of a connection without ``login``.
+ANONYMOUS = "anonymous"
+#: Headers a STOMP SEND may not carry: the engine acts on them, or the broker sets them.
+_RESERVED = frozenset({"cc", "delivery-count", _USER, TIMESTAMP_HEADER.lower()})
 
 #: An operation run on the engine thread: ``now`` in, TMQP output out.
 Op = Callable[[float], list[Outgoing]]
@@ -119,10 +151,14 @@ def check_headers(headers: Headers) -> None:
         raise BackendError(f"headers cannot be carried to every client: {exc}") from None
 
 
+#: Topic channels are named after their STOMP destination (queue channels: the bare name).
+TOPIC_CHANNEL_PREFIX = "/topic/"
+
+
 def channel_of(destination: Destination) -> str:
     """The engine channel a (non-wildcard) STOMP destination maps to."""
     if destination.kind is DestinationKind.TOPIC:
-        return "/topic/" + destination.name
+        return TOPIC_CHANNEL_PREFIX + destination.name
     return destination.name
 
 
@@ -135,15 +171,51 @@ class EngineDoor:
     def __init__(self, engine: Engine, clock: Callable[[], float] = time.monotonic) -> None:
         self.engine = engine
         self.clock = clock
+        if PER_MESSAGE not in engine.handlers:  # the CLI registers it before recovery
+            engine.handlers[PER_MESSAGE] = PerMessageDeliveryHandler(engine.config.wall_clock)
+        #: Runs a function once the store's writes so far are durable (the server's
+        #: ``OutputGate.call``; without a store: at once).  Receipts and deliveries wait.
+        self.after_durable: Callable[[Callable[[], None]], None] = _at_once
         self._ops: deque[Op] = deque()
+        self._woken = False  # a wake-up octet is on its way (see submit)
         self._rx, self._tx = socket.socketpair()
         self._rx.setblocking(False)
         self._tx.setblocking(False)
         self.post: Post | None = None  # set by EngineBackend.bind
         self.deliver: Callable[[list[tuple[int, Message]]], None] | None = None
+        #: Takes a browse page on the listener thread (EngineBackend.bind).
+        self.browsed: Callable[[_BrowsePage], None] | None = None
+        #: Runs a batch of publish answers on the listener thread (EngineBackend.bind).
+        self.answer: Callable[[list[tuple[PublishAnswer, str | None]]], None] | None = None
+        self._answers: list[tuple[PublishAnswer, str | None]] = []
+        #: Connections one of whose asynchronous SENDs was refused: their ERROR is on its
+        #: way, so their later SENDs and SUBSCRIBEs take no effect (as if processed in turn).
+        self.failed: set[int] = set()
         #: STOMP connections' engine client ids -> connection ids, and back.
         self.conn_of: dict[str, int] = {}
         self.client_of: dict[int, str] = {}
+        #: The last ``retain:set`` message of each topic channel (memory only).
+        self.retained: dict[str, Message] = {}
+        #: Wildcard subscriptions by (connection, subscription id).
+        self.wild: dict[tuple[int, str], _Wild] = {}
+        #: Per connection: the channels it consumes exclusively, its temporary channels.
+        self.exclusive_of: dict[int, set[str]] = {}
+        self.temps_of: dict[int, set[str]] = {}
+        handler = engine.handlers[PER_MESSAGE]
+        #: The rules of the ``per-message`` handler (groups, exclusive consumers, owners).
+        self.handler: PerMessageRules | None = (
+            handler.rules if isinstance(handler, PerMessageDeliveryHandler) else None
+        )
+        self._drop_stale_temporaries()
+
+    def _drop_stale_temporaries(self) -> None:
+        """Temporary destinations recovered from the store belonged to connections of an
+        earlier run: removed, so a new connection with the same id cannot inherit them."""
+        registry = self.engine.channel_registry
+        out: list[Outgoing] = []
+        for name in [n for n in self.engine.channels if temp_owner(n) is not None]:
+            with contextlib.suppress(OperationError):
+                registry.remove_channel(self.engine.channels[name], out)
         self.closed = False
 
     # -- the engine, passed through (what the server calls) ------------------------------
@@ -183,14 +255,26 @@ class EngineDoor:
         return self._rx.fileno()
 
     def submit(self, op: Op) -> None:
-        """Queue ``op`` for the engine thread and wake it (any thread)."""
+        """Queue ``op`` for the engine thread and wake it (any thread).
+
+        One wake-up octet per batch: none is sent while one is on its way (``_woken``,
+        cleared by :meth:`run_ops` before it takes the operations, so an operation
+        queued after that clearing sends a new one)."""
         self._ops.append(op)
+        if self._woken:
+            return
+        self._woken = True
         try:
             self._tx.send(b"\0")
         except (BlockingIOError, InterruptedError):
             pass  # the pair is full of wake-ups already: the server will run the ops
         except OSError:
             pass  # closed: the door is shutting down
+
+    @property
+    def pending_ops(self) -> int:
+        """Operations submitted and not run yet."""
+        return len(self._ops)
 
     def run_ops(self, now: float) -> list[Outgoing]:
         """Run every submitted operation (server thread); returns TMQP-bound output."""
@@ -199,6 +283,7 @@ class EngineDoor:
                 pass
         except (BlockingIOError, InterruptedError):
             pass
+        self._woken = False
         out: list[Outgoing] = []
         ops = self._ops
         while ops:
@@ -207,7 +292,12 @@ class EngineDoor:
                 out.extend(op(now))
             except Exception:
                 log.exception("STOMP operation failed on the engine")
-        return self._split(out)
+        keep = self._split(out)
+        if self._answers and self.answer is not None:
+            answers, self._answers = self._answers, []
+            # after the deliveries (posted by _split), once the messages are durable
+            self.after_durable(_bind(self._post, _bind(self.answer, answers)))
+        return keep
 
     def close(self) -> None:
         self.closed = True
@@ -228,46 +318,99 @@ class EngineDoor:
             elif item.__class__ is Tracked:
                 mine.append((conn, item[1]))  # type: ignore[arg-type]  # Tracked: a Message
             # else: a TMQP reply to a STOMP connection (its answer is read by the operation)
-        if mine and self.post is not None and self.deliver is not None:
-            try:
-                self.post(_bind(self.deliver, mine))
-            except RuntimeError:  # the listener's loop is closed: the connections are gone
-                log.debug("STOMP listener stopped; %d deliveries left unsent", len(mine))
+        if mine:
+            self._post_deliveries(mine)
         return keep
+
+    def _post(self, fn: Callable[[], None]) -> None:
+        assert self.post is not None
+        try:
+            self.post(fn)
+        except RuntimeError:  # the listener's loop is closed: the connections are gone
+            log.debug("STOMP listener stopped; deliveries left unsent")
 
     # -- operations (server thread) -------------------------------------------------------
 
     def op_connect(self, conn: int, info: ConnectionInfo, now: float) -> list[Outgoing]:
-        engine_info = EngineConnectionInfo(name=info.user or None, type="stomp")
+        """Register a connection whose CONNECT needs no engine check (see op_login)."""
+        try:
+            return self.op_login(conn, info.user or None, None, now)
+        except BackendError as exc:
+            log.warning("engine refused STOMP connection %d: %s", conn, exc)
+            return []
+
+    def op_login(
+        self, conn: int, login: str | None, passcode: str | None, now: float
+    ) -> list[Outgoing]:
+        """Register a connection as an engine client: ``login`` is its name, ``passcode``
+        its ``Client-Token``, checked by the engine's authorizer (BackendError if refused)."""
+        if conn in self.client_of:
+            return []
+        engine_info = EngineConnectionInfo(name=login or None, type="stomp", token=passcode)
         try:
             client_id, out = self.engine.connect(engine_info, now)
         except ClientRejected as exc:
-            log.warning("engine refused STOMP connection %d: %s", conn, exc)
-            return []
+            raise BackendError(f"authentication failed: {exc.reason}") from None
         self.conn_of[client_id] = conn
         self.client_of[conn] = client_id
         return out
 
     def op_disconnect(self, conn: int, now: float) -> list[Outgoing]:
+        """The connection ended: its engine client, wildcard subscriptions, exclusive
+        marks and temporary destinations (channels ``temp.<broker>.<conn>.*``) go."""
+        self.failed.discard(conn)
         client_id = self.client_of.pop(conn, None)
         if client_id is None:
             return []
         out = self.engine.disconnect(client_id, now)
         self.conn_of.pop(client_id, None)  # after: what it returns is for the others
+        for key in [k for k in self.wild if k[0] == conn]:
+            del self.wild[key]
+        for channel in self.exclusive_of.pop(conn, ()):
+            if self.handler is not None:
+                self.handler.set_exclusive(channel, client_id, False)
+        registry = self.engine.channel_registry
+        for name in self.temps_of.pop(conn, ()):
+            self.retained.pop(name, None)
+            if self.handler is not None:
+                self.handler.set_owner(name, None)
+            temp = self.engine.channels.get(name)
+            if temp is not None:
+                try:
+                    registry.remove_channel(temp, out)
+                except OperationError as exc:
+                    log.warning("temporary destination %s not removed: %s", name, exc.reason)
         return out
 
     def _client(self, conn: int) -> str:
         client_id = self.client_of.get(conn)
         if client_id is None:
             raise BackendError("not connected to the broker engine")
+        if conn in self.failed:
+            raise BackendError("an earlier SEND of this connection was refused")
         return client_id
 
-    def _ensure(self, destination: Destination, out: list[Outgoing]) -> str:
-        """The destination's channel and queue, created as the mapping says if missing."""
+    def _ensure(self, client_id: str, destination: Destination, out: list[Outgoing]) -> str:
+        """The destination's channel and queue, created as the mapping says if missing
+        (when the engine's authorizer lets this client create channels/queues).  A
+        temporary destination exists only while the connection that made it does."""
         name = channel_of(destination)
+        owner = temp_owner(destination.name)
+        if owner is not None and name not in self.engine.channels:
+            owner_client = self.client_of.get(owner[1])
+            if owner_client is None:
+                raise BackendError(f"{destination.stomp}: no such temporary destination")
+            self.temps_of.setdefault(owner[1], set()).add(name)
+            if self.handler is not None:  # TMQP clients that join it get nothing either
+                self.handler.set_owner(name, owner_client)
         options = TOPIC_OPTIONS if destination.kind is DestinationKind.TOPIC else QUEUE_OPTIONS
         engine = self.engine
         channel = engine.channels.get(name)
+        missing = Action.CHANNEL_CREATE if channel is None else Action.QUEUE_CREATE
+        if (channel is None or QUEUE_ID not in channel.queues) and not self._allows(
+            client_id, missing, name
+        ):
+            raise BackendError(f"cannot use {destination.stomp}: not authorized to create it")
         try:
             if channel is None:
                 base = engine.config.channel_defaults
@@ -276,7 +419,62 @@ class EngineDoor:
                 engine.create_queue(name, QUEUE_ID, options, out)
         except OperationError as exc:
             raise BackendError(f"cannot use {destination.stomp}: {exc.reason}") from None
+        if channel is None:
+            self._join_wildcards(name, out)
         return name
+
+    def _join_wildcards(self, name: str, out: list[Outgoing]) -> None:
+        """A new channel: the wildcard subscriptions it matches start consuming it."""
+        for wild in self.wild.values():
+            if wild.matches(name):
+                self._join(wild.conn, name, wild.prefetch, wild.exclusive, out, wild)
+
+    def _join(
+        self,
+        conn: int,
+        name: str,
+        prefetch: int | None,
+        exclusive: bool,
+        out: list[Outgoing],
+        wild: _Wild | None = None,
+    ) -> None:
+        """Make connection ``conn`` a consumer of channel ``name``; a retained message
+        of the channel is delivered to it first.  OperationError if refused."""
+        client_id = self.client_of[conn]
+        channel = self.engine.channels.get(name)
+        if channel is not None and client_id in channel.consumers:
+            if wild is not None:
+                return  # another subscription of this connection has it: first one wins
+            raise OperationError(ResultCode.ALREADY_CREATED, "already subscribed")
+        if exclusive and self.handler is not None:
+            self.handler.set_exclusive(name, client_id, True)
+            self.exclusive_of.setdefault(conn, set()).add(name)
+        retained = self.retained.get(name)
+        if retained is not None:
+            self._post_deliveries([(conn, retained)])
+        try:
+            out.extend(self.engine.subscribe(client_id, name, self.clock(), prefetch=prefetch))
+        except OperationError:
+            self._forget_exclusive(conn, name)
+            raise
+        if wild is not None:
+            wild.channels.add(name)
+
+    def _forget_exclusive(self, conn: int, name: str) -> None:
+        names = self.exclusive_of.get(conn)
+        if names is not None and name in names:
+            names.discard(name)
+            client_id = self.client_of.get(conn)
+            if self.handler is not None and client_id is not None:
+                self.handler.set_exclusive(name, client_id, False)
+
+    def _post_deliveries(self, items: list[tuple[int, Message]]) -> None:
+        if self.post is not None and self.deliver is not None:
+            self.after_durable(_bind(self._post, _bind(self.deliver, items)))
+
+    def _allows(self, client_id: str, action: Action, channel: str) -> bool:
+        client = self.engine.clients.get(client_id)
+        return client is not None and self.engine.authorizer.allows(client, action, channel)
 
     def op_publish(
         self, conn: int, spec: PublishSpec, message_id: str, now: float
@@ -286,7 +484,7 @@ class EngineDoor:
         for destination in spec.destinations:
             if destination.kind not in (DestinationKind.QUEUE, DestinationKind.TOPIC):
                 raise BackendError(f"cannot send to {destination.stomp}")
-            channel = self._ensure(destination, out)
+            channel = self._ensure(client_id, destination, out)
             message = Message(
                 message_id,
                 client_id,
@@ -295,6 +493,11 @@ class EngineDoor:
                 headers=spec.headers,
                 payload=spec.body,
             )
+            if destination.kind is DestinationKind.TOPIC and spec.retain is not None:
+                if spec.retain is RetainAction.SET:
+                    self.retained[channel] = message
+                else:
+                    self.retained.pop(channel, None)
             sent = self.engine.publish(client_id, message, now, wants_response=True)
             for item in sent:
                 frame = item[1]
@@ -310,18 +513,81 @@ class EngineDoor:
             out.extend(sent)
         return out
 
-    def op_subscribe(
-        self, conn: int, channels: Sequence[Destination], prefetch: int | None, now: float
+    def op_publish_answered(
+        self, conn: int, spec: PublishSpec, message_id: str, answer: PublishAnswer, now: float
     ) -> list[Outgoing]:
+        """:meth:`op_publish` whose outcome goes to ``answer`` (on the listener thread,
+        with the batch of :meth:`run_ops`) instead of a waiting caller."""
+        try:
+            out = self.op_publish(conn, spec, message_id, now)
+        except _Refused as exc:
+            self.failed.add(conn)
+            self._answers.append((answer, exc.reason))
+            return exc.out
+        except BackendError as exc:
+            self.failed.add(conn)
+            self._answers.append((answer, str(exc)))
+            return []
+        except Exception as exc:
+            self._answers.append((answer, f"broker error: {exc}"))
+            raise
+        self._answers.append((answer, None))
+        return out
+
+    def op_subscribe(
+        self,
+        conn: int,
+        sub_id: str,
+        destinations: Sequence[Destination],
+        prefetch: int | None,
+        exclusive: bool,
+        now: float,
+    ) -> list[Outgoing]:
+        """Consume the destinations' channels (created as needed); a wildcard one
+        consumes every matching channel now and each one created later."""
         client_id = self._client(conn)
         out: list[Outgoing] = []
-        for destination in channels:
-            channel = self._ensure(destination, out)
+        patterns = [d for d in destinations if d.wildcard]
+        wild = _Wild(conn, tuple(patterns), prefetch, exclusive) if patterns else None
+        for destination in destinations:
+            if destination.wildcard:
+                continue
+            channel = self._ensure(client_id, destination, out)
             try:
-                out.extend(self.engine.subscribe(client_id, channel, now, prefetch=prefetch))
+                self._join(conn, channel, prefetch, exclusive, out)
             except OperationError as exc:
                 raise _Refused(f"{destination.stomp}: {exc.reason}", out) from None
+        if wild is not None:
+            self.wild[(conn, sub_id)] = wild
+            for name in list(self.engine.channels):
+                if wild.matches(name):
+                    with contextlib.suppress(OperationError):  # not authorized: skipped
+                        self._join(conn, name, prefetch, exclusive, out, wild)
         return out
+
+    def op_browse_page(
+        self, conn: int, sub_id: str, channel: str, from_seq: int, now: float
+    ) -> list[Outgoing]:
+        """The next :data:`BROWSE_PAGE` messages the channel's queue holds from sequence
+        ``from_seq`` on (``broker.engine.queue.reading``: nothing is consumed), posted to
+        the listener as one page; fewer than a page: the browse is at its end."""
+        client_id = self._client(conn)
+        if not self._allows(client_id, Action.BROWSE, channel):
+            raise BackendError(f"not authorized to browse {channel!r}")
+        found = self.engine.channels.get(channel)
+        queue = found.queues.get(QUEUE_ID) if found is not None else None
+        entries = reading.browse(queue, from_seq, BROWSE_PAGE) if queue is not None else []
+        page = _BrowsePage(conn, sub_id, entries, len(entries) < BROWSE_PAGE)
+        if self.post is not None and self.browsed is not None:
+            self.after_durable(_bind(self._post, _bind(self.browsed, page)))
+        return []
+
+    def op_drop_wildcard(self, conn: int, sub_id: str, now: float) -> list[Outgoing]:
+        """A wildcard subscription ended: stop consuming what it joined."""
+        wild = self.wild.pop((conn, sub_id), None)
+        if wild is None:
+            return []
+        return self.op_unsubscribe(conn, sorted(wild.channels), now)
 
     def op_unsubscribe(self, conn: int, channels: Sequence[str], now: float) -> list[Outgoing]:
         client_id = self.client_of.get(conn)
@@ -329,6 +595,7 @@ class EngineDoor:
         if client_id is None:
             return out
         for channel in channels:
+            self._forget_exclusive(conn, channel)
             with contextlib.suppress(OperationError):  # already gone (channel removed)
                 out.extend(self.engine.unsubscribe(client_id, channel, now))
         return out
@@ -358,6 +625,47 @@ class EngineDoor:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class _BrowsePage:
+    """Messages a browse read, for one subscription (``done``: nothing after them)."""
+
+    conn: int
+    sub_id: str
+    entries: list[tuple[int, Message]]
+    done: bool
+
+
+@dataclass(slots=True)
+class _Wild:
+    """A wildcard subscription, as the engine thread keeps it."""
+
+    conn: int
+    patterns: tuple[Destination, ...]
+    prefetch: int | None
+    exclusive: bool
+    channels: set[str] = field(default_factory=set)  # the channels it joined
+
+    def matches(self, channel: str) -> bool:
+        return any(_matches(d, channel, self.conn) for d in self.patterns)
+
+
+def destination_of(channel: str) -> Destination:
+    """The STOMP destination of an engine channel (the inverse of :func:`channel_of`)."""
+    if channel.startswith(TOPIC_CHANNEL_PREFIX):
+        return Destination(DestinationKind.TOPIC, channel[len(TOPIC_CHANNEL_PREFIX) :])
+    return Destination(DestinationKind.QUEUE, channel)
+
+
+def _matches(pattern: Destination, channel: str, conn: int) -> bool:
+    """Does wildcard ``pattern`` (of connection ``conn``) match an engine channel?  Never
+    another connection's temporary destination."""
+    destination = destination_of(channel)
+    owner = temp_owner(destination.name)
+    if owner is not None and owner[1] != conn:
+        return False
+    return pattern.matches(destination.kind, destination.name)
+
+
 class _Refused(Exception):
     """An operation refused by the engine, with the output it caused before that."""
 
@@ -367,10 +675,17 @@ class _Refused(Exception):
         self.out = out
 
 
-def _bind(
-    fn: Callable[[list[tuple[int, Message]]], None], items: list[tuple[int, Message]]
-) -> Callable[[], None]:
-    return lambda: fn(items)
+def _bind(fn: Callable[[T], None], arg: T) -> Callable[[], None]:
+    return lambda: fn(arg)
+
+
+def _resolve(done: concurrent.futures.Future[None]) -> None:
+    if not done.done():
+        done.set_result(None)
+
+
+def _at_once(fn: Callable[[], None]) -> None:
+    fn()
 
 
 def _rest(base: ChannelOptions) -> dict[str, Any]:
@@ -393,6 +708,19 @@ def _rest(base: ChannelOptions) -> dict[str, Any]:
 class _Sub:
     spec: SubscriptionSpec
     channels: dict[str, Destination]  # engine channel -> its STOMP destination
+    patterns: tuple[Destination, ...] = ()  # its wildcard destinations
+    #: A browser: the page not yet taken by the connection, and whether it is the last.
+    browsing: deque[tuple[int, Message]] | None = None
+    browse_done: bool = False
+    browse_next: int = FROM_FIRST
+
+    def claim(self, channel: str, conn: int) -> bool:
+        """A delivery from ``channel`` matches a wildcard of this subscription: the
+        channel is now one of its own."""
+        if not any(_matches(p, channel, conn) for p in self.patterns):
+            return False
+        self.channels[channel] = destination_of(channel)
+        return True
 
 
 @dataclass(slots=True)
@@ -410,8 +738,15 @@ class _Conn:
 class EngineBackend:
     """The :class:`~broker.stomp.backend.Backend` on an :class:`EngineDoor` (listener thread)."""
 
-    def __init__(self, door: EngineDoor, *, answer_timeout: float = ANSWER_TIMEOUT) -> None:
+    def __init__(
+        self,
+        door: EngineDoor,
+        *,
+        answer_timeout: float = ANSWER_TIMEOUT,
+        wall_clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+    ) -> None:
         self.door = door
+        self.wall_clock_ms = wall_clock_ms
         self.answer_timeout = answer_timeout
         self.conns: dict[int, _Conn] = {}
         self.after_deliveries: Callable[[], None] = lambda: None
@@ -422,6 +757,8 @@ class EngineBackend:
         what the sessions produced (the listener's ``flush_all``)."""
         self.after_deliveries = after_deliveries
         self.door.deliver = self._on_deliveries
+        self.door.answer = self._on_answers
+        self.door.browsed = self._on_browse_page
         self.door.post = post
 
     # -- waiting for the engine ------------------------------------------------------------
@@ -442,7 +779,8 @@ class EngineBackend:
             except BaseException as exc:
                 done.set_exception(BackendError(f"broker error: {exc}"))
                 raise
-            done.set_result(None)
+            # the answer (a RECEIPT) only once what the operation wrote is durable
+            self.door.after_durable(_bind(_resolve, done))
             return out
 
         self.door.submit(run)
@@ -453,10 +791,26 @@ class EngineBackend:
 
     # -- Backend ---------------------------------------------------------------------------
 
+    def authenticate(self, credentials: Credentials) -> str | None:
+        """The session's authenticator: the engine admits the connection (its authorizer
+        checks ``passcode`` as the client token) before CONNECTED is sent; None if refused."""
+        door, conn = self.door, credentials.connection_id
+        login, passcode = credentials.login, credentials.passcode
+        try:
+            self._call(lambda now: door.op_login(conn, login, passcode, now))
+        except BackendError as exc:
+            # a late answer may still register it: the disconnect runs after (FIFO)
+            door.submit(lambda now: door.op_disconnect(conn, now))
+            if str(exc).startswith("authentication failed"):
+                log.info("STOMP connection %d refused by the engine: %s", conn, exc)
+                return None
+            raise
+        return login or ANONYMOUS
+
     def attach(self, connection: ConnectionInfo, sink: DeliverySink) -> None:
         self.conns[connection.id] = _Conn(connection, sink)
         door, conn = self.door, connection.id
-        door.submit(lambda now: door.op_connect(conn, connection, now))
+        door.submit(lambda now: door.op_connect(conn, connection, now))  # none if logged in
 
     def detach(self, connection_id: int) -> None:
         if self.conns.pop(connection_id, None) is None:
@@ -464,8 +818,31 @@ class EngineBackend:
         door = self.door
         door.submit(lambda now: door.op_disconnect(connection_id, now))
 
-    def publish(self, connection_id: int, spec: PublishSpec) -> None:
+    def _stamped(self, connection_id: int, spec: PublishSpec) -> PublishSpec:
         check_headers(spec.headers)
+        conn = self.conns.get(connection_id)
+        user = conn.info.user if conn is not None else ANONYMOUS
+        stamp = ((USER_HEADER, user), (TIMESTAMP_HEADER, str(self.wall_clock_ms())))
+        return replace(spec, headers=spec.headers + stamp)
+
+    def publish_async(self, connection_id: int, spec: PublishSpec, answer: PublishAnswer) -> None:
+        """Submit the SEND without waiting (:class:`~broker.stomp.backend.AsyncPublisher`):
+        the engine thread runs it in order with this connection's other operations."""
+        spec = self._stamped(connection_id, spec)
+        self._ids += 1
+        message_id = f"stomp-{connection_id}-{self._ids}"
+        door = self.door
+        door.submit(
+            lambda now: door.op_publish_answered(connection_id, spec, message_id, answer, now)
+        )
+
+    def _on_answers(self, answers: list[tuple[PublishAnswer, str | None]]) -> None:
+        for answer, error in answers:
+            answer(error)
+        self.after_deliveries()
+
+    def publish(self, connection_id: int, spec: PublishSpec) -> None:
+        spec = self._stamped(connection_id, spec)
         self._ids += 1
         message_id = f"stomp-{connection_id}-{self._ids}"
         door = self.door
@@ -474,22 +851,94 @@ class EngineBackend:
     def subscribe(self, connection_id: int, spec: SubscriptionSpec) -> None:
         conn = self.conns[connection_id]
         channels: dict[str, Destination] = {}
+        if spec.browser or spec.from_seq is not None:
+            for destination in spec.destinations:
+                if not destination.wildcard and destination.kind is not DestinationKind.DSUB:
+                    channels[channel_of(destination)] = destination
+            self._browse(connection_id, conn, spec, channels)
+            return
         for destination in spec.destinations:
-            if destination.wildcard or destination.kind is DestinationKind.DSUB:
+            if destination.kind is DestinationKind.DSUB:
                 raise BackendError(f"{destination.stomp} is not supported on the engine yet")
+            if spec.selector is not None and destination.kind is not DestinationKind.TOPIC:
+                # a message no consumer selects would hold up the queue behind it
+                raise BackendError(
+                    f"{destination.stomp}: selectors are supported on topics only (engine)"
+                )
+            if destination.wildcard:
+                continue
             name = channel_of(destination)
             if name in conn.by_channel or name in channels:
                 raise BackendError(f"{destination.stomp} is already subscribed on this connection")
             channels[name] = destination
-        sub = _Sub(spec, channels)
-        door, wanted = self.door, list(channels.values())
+        sub = _Sub(spec, channels, tuple(d for d in spec.destinations if d.wildcard))
+        door, wanted = self.door, list(spec.destinations)
         # no credit header (the STOMP default): the engine's window (BrokerConfig.prefetch)
         count = spec.credit.count
         prefetch = None if count == DEFAULT_CREDIT_COUNT else max(1, count)
-        self._call(lambda now: door.op_subscribe(connection_id, wanted, prefetch, now))
+        sub_id, exclusive = spec.id, spec.exclusive
+        self._call(
+            lambda now: door.op_subscribe(connection_id, sub_id, wanted, prefetch, exclusive, now)
+        )
         conn.subs[spec.id] = sub
         for name in channels:
             conn.by_channel[name] = sub
+
+    def _browse(
+        self,
+        connection_id: int,
+        conn: _Conn,
+        spec: SubscriptionSpec,
+        channels: dict[str, Destination],
+    ) -> None:
+        """``browser:true``: the messages the queue holds (from ``from-seq``), without
+        consuming them, then the ``browser:end`` marker."""
+        if not spec.browser:
+            raise BackendError("from-seq needs browser:true on the engine")
+        if len(channels) != 1 or len(spec.destinations) != 1:
+            raise BackendError("browser:true takes one queue or topic destination")
+        if not spec.browser_end:
+            raise BackendError("browser-end:false is not supported on the engine yet")
+        (channel,) = channels
+        start = FROM_FIRST if spec.from_seq is None else spec.from_seq
+        sub = _Sub(spec, channels, browsing=deque(), browse_next=start)
+        door, sub_id = self.door, spec.id
+        self._call(lambda now: door.op_browse_page(connection_id, sub_id, channel, start, now))
+        conn.subs[spec.id] = sub  # (not in by_channel: no engine delivery is for it)
+
+    def _on_browse_page(self, page: _BrowsePage) -> None:
+        conn = self.conns.get(page.conn)
+        sub = conn.subs.get(page.sub_id) if conn is not None else None
+        if conn is None or sub is None or sub.browsing is None:
+            return  # unsubscribed meanwhile
+        sub.browsing.extend(page.entries)
+        sub.browse_done = page.done
+        if page.entries:
+            sub.browse_next = page.entries[-1][0] + 1
+        self._pump_browse(page.conn, conn, sub)
+        self.after_deliveries()
+
+    def _pump_browse(self, conn_id: int, conn: _Conn, sub: _Sub) -> None:
+        """Offer the page to the connection; at its end ask for the next (or end)."""
+        pending = sub.browsing
+        if pending is None:
+            return
+        while pending:
+            seq, message = pending[0]
+            delivery = replace(_delivery(sub, message, conn.next_tag), sequence=seq)
+            if not conn.sink(delivery):
+                return  # resume() goes on
+            conn.next_tag += 1
+            pending.popleft()
+        if not sub.browse_done:
+            door, sub_id, start = self.door, sub.spec.id, sub.browse_next
+            (channel,) = sub.channels
+            door.submit(lambda now: door.op_browse_page(conn_id, sub_id, channel, start, now))
+            return
+        end = Delivery(sub.spec.id, conn.next_tag, "", "", (), b"", browse_end=True)
+        if conn.sink(end):
+            conn.next_tag += 1
+            sub.browsing = None  # over
 
     def unsubscribe(self, connection_id: int, subscription_id: str, *, destroy: bool) -> None:
         conn = self.conns.get(connection_id)
@@ -507,6 +956,8 @@ class EngineBackend:
         door, names = self.door, list(sub.channels)
         door.submit(lambda now: door.op_settle(connection_id, settles, 0, now))
         door.submit(lambda now: door.op_unsubscribe(connection_id, names, now))
+        if sub.patterns:
+            door.submit(lambda now: door.op_drop_wildcard(connection_id, subscription_id, now))
 
     def ack(self, connection_id: int, tags: Sequence[int]) -> None:
         self._settle(connection_id, tags, True)
@@ -523,6 +974,10 @@ class EngineBackend:
             held = list(conn.held)
             conn.held.clear()
             self._deliver_to(connection_id, conn, held)
+        if conn is not None:
+            for sub in list(conn.subs.values()):
+                if sub.browsing is not None and not conn.held:
+                    self._pump_browse(connection_id, conn, sub)
 
     def _settle(self, connection_id: int, tags: Sequence[int], ok: bool) -> None:
         conn = self.conns.get(connection_id)
@@ -534,6 +989,13 @@ class EngineBackend:
             door.submit(lambda now: door.op_settle(connection_id, settles, 0, now))
 
     # -- deliveries --------------------------------------------------------------------------
+
+    def _wildcard_sub(self, conn_id: int, conn: _Conn, channel: str) -> _Sub | None:
+        for sub in conn.subs.values():
+            if sub.patterns and sub.claim(channel, conn_id):
+                conn.by_channel[channel] = sub
+                return sub
+        return None
 
     def _on_deliveries(self, items: list[tuple[int, Message]]) -> None:
         by_conn: dict[int, list[Message]] = {}
@@ -555,12 +1017,18 @@ class EngineBackend:
         pending = iter(messages)
         for message in pending:
             sub = conn.by_channel.get(message.target)
+            if sub is None:
+                sub = self._wildcard_sub(conn_id, conn, message.target)
             if sub is None:  # unsubscribed meanwhile: back to the queue
                 taken += 1
                 if message.wants_ack:
                     settles.append(
                         (message.target, message.content_type, message.message_id, False)
                     )
+                continue
+            selector = sub.spec.selector
+            if selector is not None and not selector.matches(_first_wins(message.headers)):
+                taken += 1  # a topic copy this subscription does not select: dropped
                 continue
             tag = conn.next_tag
             delivery = _delivery(sub, message, tag)
@@ -582,13 +1050,29 @@ class EngineBackend:
             door.submit(lambda now: door.op_settle(conn_id, settles, taken, now))
 
 
+def _first_wins(headers: Headers) -> dict[str, str]:
+    """Headers as a selector reads them (a repeated name: its first value)."""
+    env: dict[str, str] = {}
+    for name, value in headers:
+        env.setdefault(name, value)
+    return env
+
+
 def _delivery(sub: _Sub, message: Message, tag: int) -> Delivery:
     redeliveries = 0
+    sender = message.source or None
+    timestamp: int | None = None
     headers: list[tuple[str, str]] = []
     for key, value in message.headers:
-        if key.lower() in _HIDDEN:
-            with contextlib.suppress(ValueError):
-                redeliveries = max(0, int(value) - 1)
+        lower = key.lower()
+        if lower in _HIDDEN:
+            if lower == "delivery-count":
+                with contextlib.suppress(ValueError):
+                    redeliveries = max(0, int(value) - 1)
+            elif lower == _USER:
+                sender = value
+            elif value.isdigit():
+                timestamp = int(value)
             continue
         headers.append((key, value))
     destination = sub.channels[message.target]
@@ -600,19 +1084,28 @@ def _delivery(sub: _Sub, message: Message, tag: int) -> Delivery:
         headers=tuple(headers),
         body=bytes(message.payload),
         redeliveries=redeliveries,
-        sender=message.source or None,
+        sender=sender,
+        timestamp_ms=timestamp,
     )
 
 
 def listen(
-    door: EngineDoor, add_reader: Callable[[Any, Callable[[float], list[Any]]], None], options: Any
+    door: EngineDoor,
+    add_reader: Callable[[Any, Callable[[float], list[Any]]], None],
+    options: Any,
+    *,
+    gate: Any = None,
 ) -> Any:
     """A :class:`~broker.stomp.server.StompListener` (not started) on ``door``, whose
-    operations the server loop runs (``add_reader`` is ``Server.add_reader``)."""
+    operations the server loop runs (``add_reader`` is ``Server.add_reader``); ``gate``:
+    the server's ``OutputGate`` when the engine has a durable store (``Server.gate``)."""
     from broker.stomp.server import StompListener
 
+    if gate is not None:
+        door.after_durable = gate.call
+
     backend = EngineBackend(door)
-    listener = StompListener(backend, options)
+    listener = StompListener(backend, options, authenticator=backend.authenticate)
     backend.bind(lambda fn: listener.loop.call_soon_threadsafe(fn), listener.flush_all)
     add_reader(door.fileno(), door.run_ops)
     return listener

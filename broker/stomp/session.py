@@ -44,12 +44,12 @@ Rules enforced here:
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from broker.stomp.backend import Backend, ConnectionInfo, Delivery
+from broker.stomp.backend import AsyncPublisher, Backend, ConnectionInfo, Delivery
 from broker.stomp.destinations import parse_destinations, temp_owner
 from broker.stomp.errors import (
     BackendError,
@@ -88,9 +88,12 @@ class Credentials:
     virtual_host: str
     version: Version
     peer: str
+    #: The listener's id of the connection asking (a backend registers it under that id).
+    connection_id: int = 0
 
 
-#: Returns the user id for these credentials, or None to refuse the connection.
+#: Returns the user id for these credentials, or None to refuse the connection; may
+#: raise BackendError (the broker could not answer: the client gets that ERROR).
 Authenticator = Callable[[Credentials], "str | None"]
 
 
@@ -121,6 +124,10 @@ class SessionConfig:
     max_subscriptions: int = 1000
     max_transactions: int = 16
     max_transaction_frames: int = 10_000
+    #: With a backend that publishes asynchronously: SENDs in flight (not yet answered)
+    #: per connection, and their body bytes; past either, a SEND waits for its answer.
+    max_unanswered_sends: int = 1000
+    max_unanswered_bytes: int = 16 * 1024 * 1024
     add_user_header: str | None = None
     add_timestamp_header: str | None = None
     add_redeliveries_header: str | None = None
@@ -137,6 +144,16 @@ class SessionState(Enum):
 class _Pending:
     message_id: str
     tag: int
+
+
+@dataclass(slots=True)
+class _Answer:
+    """A frame whose RECEIPT waits for an earlier (asynchronous) SEND's answer."""
+
+    receipt: str | None
+    size: int = 0
+    done: bool = False
+    close: bool = False  # DISCONNECT: close once it is answered
 
 
 @dataclass(slots=True)
@@ -183,6 +200,12 @@ class Session:
         self._tag_owner: dict[int, str] = {}  # delivery tag -> subscription id
         self._transactions: dict[str, list[Frame]] = {}
         self._attached = False
+        self._async = backend if isinstance(backend, AsyncPublisher) else None
+        #: Receipts in order, behind SENDs still waiting for the backend's answer.
+        self._unanswered: deque[_Answer] = deque()
+        self._unanswered_bytes = 0
+        self._deferred = False  # the frame being handled answers later
+        self._now = now
 
     # -- the I/O layer's side -------------------------------------------------------------
 
@@ -193,7 +216,7 @@ class Session:
     def receive(self, data: bytes, now: float) -> None:
         if self.state in (SessionState.CLOSING, SessionState.CLOSED):
             return
-        self._last_received = now
+        self._last_received = self._now = now
         try:
             frames = self._parser.feed(data)
         except FrameError as exc:
@@ -205,6 +228,7 @@ class Session:
             self._handle(frame, now)
 
     def tick(self, now: float) -> None:
+        self._now = now
         if self.state is SessionState.CLOSING:
             if self._close_at is not None and now >= self._close_at:
                 self.state = SessionState.CLOSED
@@ -342,7 +366,14 @@ class Session:
         except StompError as exc:
             self._fail(str(exc), now, frame.header("receipt"))
             return
+        if self._deferred:
+            self._deferred = False  # its answer sends the receipt
+            return
         receipt = frame.header("receipt")
+        if self._unanswered:
+            if receipt is not None:
+                self._unanswered.append(_Answer(receipt, done=True))
+            return
         if receipt is not None and self.state is not SessionState.CLOSED:
             self._send(make_frame(Command.RECEIPT, [("receipt-id", receipt)]))
 
@@ -355,13 +386,19 @@ class Session:
             )
         self.version = version
         vhost = self._virtual_host(frame.header("host"), version)
+        # every check of the frame first: once the authenticator said yes, CONNECTED follows
+        client_hb = _parse_heartbeat(frame.header("heart-beat")) if version.rank else (0, 0)
         credentials = Credentials(
-            frame.header("login"), frame.header("passcode"), vhost.name, version, self.peer
+            frame.header("login"),
+            frame.header("passcode"),
+            vhost.name,
+            version,
+            self.peer,
+            self.connection_id,
         )
         user = self.authenticator(credentials)
         if user is None:
             raise ProtocolViolation("authentication failed")
-        client_hb = _parse_heartbeat(frame.header("heart-beat")) if version.rank else (0, 0)
         self._parser.version = version
         self.info = ConnectionInfo(self.connection_id, user, vhost.name, version.value, self.peer)
         sx, sy = self.config.heartbeat if version.rank else (0, 0)
@@ -394,7 +431,46 @@ class Session:
     def _on_send(self, frame: Frame, now: float) -> None:
         if self._buffered(frame):
             return
-        self._publish(frame)
+        if self._async is None or (
+            len(self._unanswered) >= self.config.max_unanswered_sends
+            or self._unanswered_bytes >= self.config.max_unanswered_bytes
+        ):
+            self._publish(frame)  # waits for the backend (the connection's backpressure)
+            return
+        spec = parse_send(
+            frame,
+            broker_id=self.config.broker_id,
+            connection_id=self.connection_id,
+            now_ms=self.wall_clock_ms(),
+        )
+        entry = _Answer(frame.header("receipt"), len(spec.body))
+        self._async.publish_async(
+            self.connection_id, spec, lambda error: self._answered(entry, error)
+        )
+        self._unanswered.append(entry)
+        self._unanswered_bytes += entry.size
+        self._deferred = True
+
+    def _answered(self, entry: _Answer, error: str | None) -> None:
+        """The backend's answer to an asynchronous SEND: receipts that waited for it go."""
+        entry.done = True
+        if self.state is SessionState.CLOSED or not self._unanswered:
+            return  # the session is over (an ERROR was sent): nothing more to say
+        self._unanswered_bytes -= entry.size
+        if error is not None:
+            self._unanswered.clear()
+            self._fail(error, self._now, entry.receipt)
+            self.on_delivery()
+            return
+        queue = self._unanswered
+        while queue and queue[0].done:
+            head = queue.popleft()
+            if head.receipt is not None:
+                self._send(make_frame(Command.RECEIPT, [("receipt-id", head.receipt)]))
+            if head.close:
+                self.state = SessionState.CLOSED
+                queue.clear()
+        self.on_delivery()
 
     def _publish(self, frame: Frame) -> None:
         spec = parse_send(
@@ -584,6 +660,12 @@ class Session:
 
     def _on_disconnect(self, frame: Frame, now: float) -> None:
         receipt = frame.header("receipt")
+        if self._unanswered:  # its receipt (and the close) after the SENDs' answers
+            self._unanswered.append(_Answer(receipt, done=True, close=True))
+            self.state = SessionState.CLOSING
+            self._close_at = now + self.config.connect_timeout  # the backend never answered
+            self._deferred = True
+            return
         if receipt is not None:
             self._send(make_frame(Command.RECEIPT, [("receipt-id", receipt)]))
         self.state = SessionState.CLOSED
@@ -611,6 +693,8 @@ class Session:
         self._out += serialize(make_frame(Command.ERROR, headers, body), version)
         self.error = summary
         self._transactions.clear()
+        self._unanswered.clear()
+        self._unanswered_bytes = 0
         self.state = SessionState.CLOSING
         self._close_at = now + self.config.die_delay
 

@@ -110,3 +110,20 @@ def test_producer_ack_leaves_only_after_fsync(tmp_path: Path) -> None:
             gate.release()
         assert len(sent_when) == 20
         assert all(done >= ticket for ticket, done in sent_when)
+
+
+def test_a_call_runs_in_order_once_its_writes_are_durable() -> None:
+    """``call`` (another door's receipt or delivery) waits like output does, in order."""
+    store = Tickets()
+    sent: list[Any] = []
+    gate = OutputGate(store, sent.append)
+    gate.call(lambda: sent.append("at once"))  # nothing pending
+    assert sent == ["at once"]
+    store.appended = 2
+    gate.admit(["ack 2"])
+    gate.call(lambda: sent.append("receipt"))
+    gate.forget("anyone")  # calls are not a client's output: kept
+    assert sent == ["at once"] and gate.held == 2
+    store.completed = 2
+    gate.release()
+    assert sent == ["at once", ["ack 2"], "receipt"] and gate.held == 0

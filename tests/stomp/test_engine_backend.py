@@ -411,3 +411,61 @@ def test_a_stomp_consumer_that_never_reads_holds_at_most_its_window(
     # nothing lost: what the auto-ack STOMP connection took is settled, everything it
     # was never handed (the held window too) comes to the TMQP consumer
     assert len(seen) == total - taken
+
+
+def test_a_tmqp_client_joining_a_temporary_queue_gets_nothing(
+    broker: Broker, tmqp: Callable[[], Client], stomp_client: Any
+) -> None:
+    owner, rec = stomp_client()
+    owner.subscribe("/temp-queue/inbox", id="t")
+    owner.send("/queue/where", "x", headers={"reply-to": "/temp-queue/inbox"}, receipt="r")
+    assert wait_until(lambda: rec.receipts == ["r"])
+    name = next(n for n in broker.engine.channels if n.startswith("temp."))
+    spy = tmqp()
+    spy.join(name)  # the channel exists; the engine lets it join...
+    assert wait_until(lambda: subscribed(broker, name, 2))
+    sender = tmqp()
+    for i in range(5):
+        sender.push(name, 0, f"reply {i}".encode(), ack=False)
+    assert wait_until(lambda: len(rec.bodies()) == 5)  # ...but only the owner is served
+    assert spy.receive(timeout=0.5) is None
+    owner.disconnect()
+    assert wait_until(lambda: name not in broker.engine.channels)  # deleted with it
+
+
+def test_temporary_destinations_of_an_earlier_run_are_removed() -> None:
+    engine = Engine()
+    engine.create_channel("temp.default.1.inbox")
+    engine.create_channel("temperature")  # not a temporary name: kept
+    door = EngineDoor(engine)
+    assert "temp.default.1.inbox" not in engine.channels and "temperature" in engine.channels
+    door.close()
+
+
+def test_message_groups_span_stomp_and_tmqp_consumers(
+    broker: Broker, tmqp: Callable[[], Client], stomp_client: Any
+) -> None:
+    """One engine, two doors: a group sticks to one consumer whichever door it uses."""
+    conn, rec = stomp_client()
+    conn.subscribe("/queue/mixed", id="s", ack="client-individual")
+    assert wait_until(lambda: subscribed(broker, "mixed", 1))
+    worker = tmqp()
+    worker.join("mixed")
+    assert wait_until(lambda: subscribed(broker, "mixed", 2))
+    producer, _ = stomp_client()
+    groups = [f"g{i}" for i in range(16)]
+    for round_ in range(3):
+        for group in groups:
+            producer.send("/queue/mixed", f"{group}:{round_}", headers={"message_group": group})
+    on_tmqp: list[str] = []
+    while len(on_tmqp) + len(rec.messages) < 48:
+        message = worker.receive(timeout=10)
+        if message is None:
+            break
+        on_tmqp.append(bytes(message.payload).decode())
+        worker.ack(message)
+    assert wait_until(lambda: len(on_tmqp) + len(rec.messages) == 48)
+    tmqp_groups = {body.split(":")[0] for body in on_tmqp}
+    stomp_groups = {body.split(":")[0] for body in rec.bodies()}
+    assert tmqp_groups and stomp_groups and not tmqp_groups & stomp_groups
+    assert tmqp_groups | stomp_groups == set(groups)

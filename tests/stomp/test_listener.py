@@ -193,12 +193,13 @@ def test_stomp_py_heartbeats(backend: MemoryBackend) -> None:
 class Raw:
     """A hand-driven client socket that parses what the server sends."""
 
-    def __init__(self, listener: StompListener, rcvbuf: int | None = None) -> None:
+    def __init__(self, listener: StompListener | int, rcvbuf: int | None = None) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         if rcvbuf is not None:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         self.sock.settimeout(WAIT)
-        self.sock.connect(("127.0.0.1", listener.port))
+        port = listener if isinstance(listener, int) else listener.port
+        self.sock.connect(("127.0.0.1", port))
         self.parser = FrameParser(commands=SERVER_COMMANDS, version=Version.V1_2)
         self.frames: list[Frame] = []
 
@@ -393,7 +394,8 @@ def test_small_frame_limits_are_configurable(backend: MemoryBackend) -> None:
         server.stop()
 
 
-def test_tls(backend: MemoryBackend, tmp_path: Path) -> None:
+def self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    """A throw-away key and certificate for ``localhost`` (openssl)."""
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(
         [
@@ -415,6 +417,11 @@ def test_tls(backend: MemoryBackend, tmp_path: Path) -> None:
         check=True,
         capture_output=True,
     )
+    return key, cert
+
+
+def test_tls(backend: MemoryBackend, tmp_path: Path) -> None:
+    key, cert = self_signed(tmp_path)
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_ctx.load_cert_chain(cert, key)
     server = make_listener(backend, ssl=server_ctx)

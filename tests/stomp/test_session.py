@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.stomp.frames import Command, Version
+from broker.stomp.memory import MemoryBackend
 from broker.stomp.session import Credentials, SessionConfig, SessionState, VirtualHost
 
 from .kit import WALL_MS, Peer, World
@@ -790,3 +793,69 @@ def test_random_input_never_raises_and_every_reply_is_a_frame(
         assert peer.session.state is SessionState.CLOSING
     peer.session.connection_lost()
     assert world.backend.connections == 0
+
+
+# -- a backend that publishes asynchronously --------------------------------------------
+
+
+class _LaterBackend(MemoryBackend):
+    """Publishes when the test says so (``answer``), as the engine backend answers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting: list[tuple[Any, Any]] = []
+        self.sync_publishes = 0
+
+    def publish_async(self, connection_id: int, spec: Any, answer: Any) -> None:
+        self.waiting.append((spec, answer))
+
+    def publish(self, connection_id: int, spec: Any) -> None:
+        self.sync_publishes += 1
+        super().publish(connection_id, spec)
+
+    def answer(self, count: int, error: str | None = None) -> None:
+        for _spec, answer in self.waiting[:count]:
+            answer(error)
+        del self.waiting[:count]
+
+
+def _later_peer(**config: Any) -> tuple[_LaterBackend, Peer]:
+    world = World(config=SessionConfig(**config))
+    backend = _LaterBackend()
+    world.backend = backend
+    return backend, world.connected()
+
+
+def test_async_send_receipts_wait_for_answers_in_order() -> None:
+    backend, peer = _later_peer()
+    peer.send(Command.SEND, {"destination": "/queue/a", "receipt": "s1"}, b"1")
+    peer.send(Command.SUBSCRIBE, {"destination": "/queue/b", "id": "x", "receipt": "sub"})
+    peer.send(Command.SEND, {"destination": "/queue/a", "receipt": "s2"}, b"2")
+    assert peer.read() == []  # nothing answered yet: no receipt, not even SUBSCRIBE's
+    backend.answer(1)
+    assert [f.header("receipt-id") for f in peer.read()] == ["s1", "sub"]
+    peer.send(Command.DISCONNECT, {"receipt": "bye"})
+    assert peer.read() == [] and not peer.session.closed
+    backend.answer(1)
+    assert [f.header("receipt-id") for f in peer.read()] == ["s2", "bye"]
+    assert peer.session.closed
+
+
+def test_async_send_refused_is_an_error_with_its_receipt() -> None:
+    backend, peer = _later_peer(die_delay=0.1)
+    peer.send(Command.SEND, {"destination": "/queue/a", "receipt": "ok"}, b"1")
+    peer.send(Command.SEND, {"destination": "/queue/a", "receipt": "no"}, b"2")
+    peer.send(Command.SEND, {"destination": "/queue/a", "receipt": "after"}, b"3")
+    backend.answer(1)
+    backend.answer(1, "queue full")
+    backend.answer(1)  # the answer after the ERROR says nothing more
+    frames = peer.read()
+    assert [f.command for f in frames] == [Command.RECEIPT, Command.ERROR]
+    assert frames[1].header("receipt-id") == "no" and frames[1].header("message") == "queue full"
+
+
+def test_async_sends_in_flight_are_bounded() -> None:
+    backend, peer = _later_peer(max_unanswered_sends=3)
+    for i in range(5):
+        peer.send(Command.SEND, {"destination": "/queue/a"}, str(i).encode())
+    assert len(backend.waiting) == 3 and backend.sync_publishes == 2

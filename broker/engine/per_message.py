@@ -1,0 +1,180 @@
+"""Per-message delivery rules: a message's own headers, exclusive consumers, owned channels.
+
+The queue options decide for every message of a queue; some producers (STOMP's
+``persistent:true``, ``expires``) decide per message.  :class:`PerMessageRules` holds
+these rules (sans-IO, no engine decisions here);
+:class:`~broker.engine.delivery.PerMessageDeliveryHandler` keeps the default handler's
+at-least-once rules and applies these, read from the message's headers (names compared
+without case):
+
+* ``persistent: true`` -- the message is saved in the engine's store when received (a
+  queue without consumer acknowledges then acknowledges its producer once it is saved;
+  with acknowledges the consumer's acknowledge is relayed as usual).  Any other value,
+  or no header: not saved (as the default handler).
+* ``expires: MS`` (milliseconds since the UNIX epoch) -- a message whose time has come
+  is not sent: it is dropped when the queue reaches it (its producer, if it still waits,
+  gets a negative acknowledge).  A value that is not a non-negative integer is ignored.
+
+* ``message_group: NAME`` -- every message of a group goes to one consumer of the
+  channel at a time: the consumer chosen by rendezvous (consistent) hashing with xxhash
+  of the group name over the channel's consumers.  While a group has messages in flight
+  (sent, not acknowledged) it stays with their consumer; once none are, it is hashed
+  again over the consumers present -- so a consumer that joins takes over its share of
+  the groups as soon as their in-flight messages are acknowledged (the rebalancing the
+  Apollo manual describes), and a consumer that leaves hands its groups on.
+
+And one rule per consumer: an *exclusive* consumer (:meth:`set_exclusive`, STOMP's
+``exclusive:true``) -- while one is a consumer of the channel, the earliest of them
+gets every message; when it leaves, its unacknowledged messages go back and the next
+exclusive one (or, if none is left, every consumer) takes over.
+
+And one rule per channel: a channel with an *owner* (:meth:`set_owner`, a STOMP
+temporary destination) delivers to that consumer only.
+
+Memory: one entry per owned channel, per group with messages in flight and per exclusive consumer.
+
+Sans-IO: the wall clock (UNIX seconds) is injected; ``now`` is never read here.  Register
+the handler with the engine under :data:`PER_MESSAGE` (``Engine(handlers={PER_MESSAGE:
+...})``) and select it with the queue option ``MessageDeliveryHandler``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import xxhash
+
+if TYPE_CHECKING:
+    from broker.engine.channel import Client
+    from broker.engine.message import Delivery, QueueMessage
+    from broker.engine.queue_view import QueueView as Queue
+
+#: The handler's key among the engine's delivery handlers.
+PER_MESSAGE = "per-message"
+#: The header naming a message's group.
+GROUP = "message_group"
+
+
+def _header(message: QueueMessage, name: str) -> str | None:
+    for key, value in message.message.headers:
+        if key.lower() == name:
+            return value
+    return None
+
+
+def expires_ms(message: QueueMessage) -> int | None:
+    """The message's ``expires`` header (ms since the epoch), None if absent or invalid."""
+    value = _header(message, "expires")
+    if value is None or not value.isdigit() or len(value) > 20:
+        return None
+    return int(value)
+
+
+def rendezvous(group: str, consumers: Sequence[str]) -> str:
+    """The consumer (id) a group goes to: highest xxhash of ``consumer NUL group``."""
+    key = group.encode()
+    return max(consumers, key=lambda c: xxhash.xxh64_intdigest(c.encode() + b"\0" + key))
+
+
+class PerMessageRules:
+    """``persistent``, ``expires``, ``message_group`` read per message, exclusive
+    consumers and owned channels (what the delivery handler asks)."""
+
+    def __init__(self, wall_clock: Callable[[], float]) -> None:
+        self.wall_clock = wall_clock  # UNIX seconds
+        #: Messages found expired (``expires`` time come) when their queue reached them.
+        self.expired_count = 0
+        #: channel -> its exclusive consumers' ids, in the order they asked
+        self._exclusive: dict[str, list[str]] = {}
+        #: (channel, group) -> [consumer id, messages in flight] while any are
+        self._groups: dict[tuple[str, str], list[Any]] = {}
+        #: channel -> the only consumer id it may deliver to
+        self._owners: dict[str, str] = {}
+
+    def set_owner(self, channel: str, client_id: str | None) -> None:
+        """Only ``client_id`` may receive from ``channel`` (None: anyone again)."""
+        if client_id is None:
+            self._owners.pop(channel, None)
+        else:
+            self._owners[channel] = client_id
+
+    # -- exclusive consumers (the front door says who) -----------------------------------
+
+    def set_exclusive(self, channel: str, client_id: str, exclusive: bool) -> None:
+        """Mark (or unmark) ``client_id`` as an exclusive consumer of ``channel``."""
+        ids = self._exclusive.setdefault(channel, [])
+        if client_id in ids:
+            ids.remove(client_id)
+        if exclusive:
+            ids.append(client_id)
+        if not ids:
+            del self._exclusive[channel]
+
+    def group_owner(self, channel: str, group: str) -> str | None:
+        """The consumer a group is held by while it has messages in flight."""
+        entry = self._groups.get((channel, group))
+        return None if entry is None else str(entry[0])
+
+    def _candidates(self, queue: Queue) -> list[str]:
+        consumers = [c.id for c in queue.channel.consumer_list]
+        exclusive = self._exclusive.get(queue.channel.name)
+        if exclusive:
+            present = [c for c in exclusive if c in consumers]
+            if present:
+                return present[:1]
+        return consumers
+
+    def eligible(self, queue: Queue, message: QueueMessage, receiver: Client) -> bool:
+        """May ``receiver`` take ``message`` (owner, exclusive consumer, group)?"""
+        if self._owners:
+            owner = self._owners.get(queue.channel.name)
+            if owner is not None and owner != receiver.id:
+                return False
+        if not self._exclusive and not self._groups and message.message.header(GROUP) is None:
+            return True  # the common case: nothing to decide
+        eligible = self._candidates(queue)
+        if receiver.id not in eligible:
+            return False
+        group = message.message.header(GROUP)
+        if group is None:
+            return True
+        entry = self._groups.get((queue.channel.name, group))
+        if entry is not None and entry[0] in eligible:
+            return bool(entry[0] == receiver.id)
+        return rendezvous(group, eligible) == receiver.id
+
+    def sent(self, queue: Queue, delivery: Delivery, receiver: Client) -> None:
+        """A message went to ``receiver``: its group (if any) is in flight there."""
+        group = delivery.message.message.header(GROUP)
+        if group is not None and queue.options.request_acknowledge:
+            entry = self._groups.setdefault((queue.channel.name, group), [receiver.id, 0])
+            entry[0] = receiver.id
+            entry[1] += 1
+
+    def _settled(self, queue: Queue, delivery: Delivery) -> None:
+        group = delivery.message.message.header(GROUP)
+        if group is None:
+            return
+        key = (queue.channel.name, group)
+        entry = self._groups.get(key)
+        if entry is not None:
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del self._groups[key]
+
+    def settled(self, queue: Queue, delivery: Delivery) -> None:
+        """A delivery was acknowledged, failed or timed out: no longer in flight."""
+        self._settled(queue, delivery)
+
+    def persistent(self, message: QueueMessage) -> bool:
+        """Does the message ask to be saved (``persistent: true``)?"""
+        return (_header(message, "persistent") or "").lower() == "true"
+
+    def expired(self, message: QueueMessage) -> bool:
+        """Has the message's ``expires`` time come?  (Counted in ``expired_count``.)"""
+        deadline = expires_ms(message)
+        if deadline is not None and deadline <= self.wall_clock() * 1000:
+            self.expired_count += 1
+            return True
+        return False

@@ -1,0 +1,138 @@
+"""The engine backend with a durable store: a persistent SEND's answer (the RECEIPT) and
+its deliveries wait until the store says the message is durable (``OutputGate.call``);
+``expires`` drops a message the queue reaches too late."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from broker.engine.delivery import PerMessageDeliveryHandler
+from broker.engine.engine import Engine
+from broker.engine.per_message import PER_MESSAGE
+from broker.server.gate import OutputGate
+from broker.stomp.backend import ConnectionInfo, Delivery
+from broker.stomp.destinations import parse_destinations
+from broker.stomp.engine_backend import EngineBackend, EngineDoor
+from broker.stomp.subscription import PublishSpec, SubscriptionSpec
+from broker.store.durable import DurableStore
+from broker.store.log import LogStore
+from tests.polling import wait_until
+
+
+def sink(into: list[Delivery]):  # type: ignore[no-untyped-def]
+    """A connection that takes every delivery."""
+
+    def take(delivery: Delivery) -> bool:
+        into.append(delivery)
+        return True
+
+    return take
+
+
+class Lagging:
+    """The real store's tickets, except that completion is decided by the test."""
+
+    def __init__(self, store: DurableStore) -> None:
+        self.store = store
+        self.completed = 0
+
+    @property
+    def appended(self) -> int:
+        return self.store.appended
+
+    def fileno(self) -> int:
+        return -1
+
+    def drain(self) -> int:
+        return self.completed
+
+    def flush(self) -> None:
+        self.completed = self.appended
+
+
+def queue(name: str) -> tuple:  # type: ignore[type-arg]
+    return parse_destinations(name, broker_id="b", connection_id=1, allow_wildcards=False)
+
+
+def test_persistent_publish_returns_only_once_durable(tmp_path: Path) -> None:
+    with LogStore(tmp_path) as log:
+        store = DurableStore(log)
+        engine = Engine(store=store)
+        door = EngineDoor(engine)
+        lagging = Lagging(store)
+        gate = OutputGate(lagging, lambda outs: None)
+        door.after_durable = gate.call
+        backend = EngineBackend(door)
+        got: list[Delivery] = []
+        backend.bind(lambda fn: fn(), lambda: None)  # deliveries run on the server thread
+        door.op_login(1, "producer", None, 0.0)
+        backend.attach(ConnectionInfo(1, "producer", "default", "1.2"), lambda d: True)
+        door.op_login(2, "consumer", None, 0.0)
+        backend.attach(ConnectionInfo(2, "consumer", "default", "1.2"), sink(got))
+        door.run_ops(0.0)
+
+        returned = threading.Event()
+        spec = PublishSpec(queue("/queue/q"), (("persistent", "true"),), b"kept")
+
+        def publish() -> None:
+            backend.publish(1, spec)
+            returned.set()
+
+        subscribing = threading.Thread(
+            target=backend.subscribe, args=(2, SubscriptionSpec("s", queue("/queue/q")))
+        )
+        subscribing.start()
+
+        def serve_durably() -> bool:  # the server thread, with every write made durable
+            door.run_ops(0.0)
+            lagging.completed = store.appended  # (the channel's definition)
+            gate.release()
+            return not subscribing.is_alive()
+
+        assert wait_until(serve_durably)
+        producer = threading.Thread(target=publish)
+        producer.start()
+        assert wait_until(lambda: door.pending_ops > 0)
+        door.run_ops(0.0)  # the engine saved it: the write is not durable yet
+        assert store.appended > lagging.completed
+        assert not returned.wait(0.2) and got == []  # no RECEIPT, no delivery
+        lagging.completed = store.appended
+        gate.release()
+        producer.join(10)
+        assert returned.is_set() and [d.body for d in got] == [b"kept"]
+        door.close()
+
+
+def test_expired_messages_are_not_delivered() -> None:
+    wall = [1_000.0]
+    handler = PerMessageDeliveryHandler(lambda: wall[0])
+    engine = Engine(handlers={PER_MESSAGE: handler})
+    door = EngineDoor(engine)
+    backend = EngineBackend(door)
+    got: list[Delivery] = []
+    posted: list[Callable[[], None]] = []  # the listener loop's queue, run by the test
+    backend.bind(posted.append, lambda: None)
+    door.op_login(1, "c", None, 0.0)
+    backend.attach(ConnectionInfo(1, "c", "default", "1.2"), sink(got))
+    ok = threading.Thread(
+        target=lambda: [
+            backend.publish(1, PublishSpec(queue("/queue/e"), (("expires", "1000500"),), b"old")),
+            backend.publish(1, PublishSpec(queue("/queue/e"), (("expires", "1002000"),), b"new")),
+            backend.publish(1, PublishSpec(queue("/queue/e"), (("expires", "x"),), b"bad")),
+        ]
+    )
+    ok.start()
+    assert wait_until(lambda: door.run_ops(0.0) == [] and not ok.is_alive())
+    wall[0] = 1_001.0  # the first one's time has come, not the second's
+    sub = threading.Thread(
+        target=backend.subscribe, args=(1, SubscriptionSpec("s", queue("/queue/e")))
+    )
+    sub.start()
+    assert wait_until(lambda: door.run_ops(0.0) == [] and not sub.is_alive())
+    while posted:  # the loop runs what was posted once subscribe() has returned
+        posted.pop(0)()
+    assert [d.body for d in got] == [b"new", b"bad"]
+    assert handler.rules.expired_count == 1
+    door.close()
