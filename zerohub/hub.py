@@ -11,6 +11,7 @@ and nothing was done for nothing.
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any
 
 import zmq
 
+from broker.engine.auth import Authorizer
 from broker.engine.engine import Engine
 from broker.engine.limits import Limits
 from broker.engine.options import BrokerConfig as EngineConfig
@@ -29,6 +31,7 @@ from filemq.server import Mount
 from filemq.state import default_state_dir
 from zerohub.config import HubConfig, split_address
 from zerohub.httpd import HttpServer
+from zerohub.rates import QueueRates
 
 __all__ = ["Hub", "HubEndpoints", "build"]
 
@@ -65,6 +68,10 @@ class Hub:
         self.http = list(http)
         #: Contexts the hub made itself (terminated by :meth:`stop`).
         self.owned = list(owned)
+        #: The token the console's actions need ("" without a console).
+        self.console_token = ""
+        #: Per-queue rates, updated each time the status is read.
+        self.rates = QueueRates()
 
     def start(self) -> HubEndpoints:
         """Bind every socket, then start serving (walks and hashes the published trees).
@@ -110,7 +117,10 @@ class Hub:
         """What the console shows (``zerohub.status``)."""
         from zerohub.status import broker_status, files_status
 
-        return {"files": files_status(self.files), "broker": broker_status(self.broker)}
+        broker = broker_status(self.broker)
+        if "queue_list" in broker:
+            self.rates.update(broker["queue_list"])
+        return {"files": files_status(self.files), "broker": broker}
 
 
 def _filters(config: HubConfig) -> Filters | None:
@@ -121,8 +131,14 @@ def _filters(config: HubConfig) -> Filters | None:
     return Filters(lines) if lines else None
 
 
-def build(config: HubConfig, context: zmq.Context[Any]) -> Hub:
-    """The hub ``config`` describes, on ``context`` (nothing bound or started yet)."""
+def build(
+    config: HubConfig, context: zmq.Context[Any], *, authorizer: Authorizer | None = None
+) -> Hub:
+    """The hub ``config`` describes, on ``context`` (nothing bound or started yet).
+
+    ``authorizer`` decides what the broker's clients (the console's among them) may do
+    (default: everything).
+    """
     f, b = config.files, config.broker
     state_dir = None
     if f.state:
@@ -159,7 +175,8 @@ def build(config: HubConfig, context: zmq.Context[Any]) -> Hub:
         broker_context = zmq.Context()
         owned.append(broker_context)
     engine = Engine(
-        config=EngineConfig(node_name=b.node_name, wall_clock=time.time, limits=limits)
+        config=EngineConfig(node_name=b.node_name, wall_clock=time.time, limits=limits),
+        authorizer=authorizer,
     )
     broker = Server(
         engine,
@@ -183,7 +200,24 @@ def build(config: HubConfig, context: zmq.Context[Any]) -> Hub:
         hub.http.append(metrics_server(address, registry(files, broker)))
     if config.console.enabled:
         from zerohub.console import console_server
+        from zerohub.console.actions import ConsoleActions
 
-        address = split_address(config.console.address)
-        hub.http.append(console_server(address, hub.status, refresh=config.console.refresh))
+        console = config.console
+        address = split_address(console.address)
+        hub.console_token = console.token or secrets.token_urlsafe(24)
+        actions = ConsoleActions(
+            lambda: broker.endpoint,
+            engine,
+            broker_context,
+            broker_token=console.broker_token or None,
+        )
+        hub.http.append(
+            console_server(
+                address,
+                hub.status,
+                refresh=console.refresh,
+                actions=actions,
+                token=hub.console_token,
+            )
+        )
     return hub

@@ -62,7 +62,6 @@ from zerohub.config import (
     LOG_LEVELS,
     METRICS_ADDRESS,
     BrokerConfig,
-    ConsoleConfig,
     FilesConfig,
     HubConfig,
     LoggingConfig,
@@ -219,8 +218,8 @@ def _configure(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Hub
     if args.metrics is not None:
         changes["metrics"] = MetricsConfig(enabled=True, address=args.metrics)
     if args.console is not None:
-        changes["console"] = ConsoleConfig(
-            enabled=True, address=args.console, refresh=config.console.refresh
+        changes["console"] = dataclasses.replace(
+            config.console, enabled=True, address=args.console
         )
     logging_ = config.logging
     changes["logging"] = LoggingConfig(
@@ -251,7 +250,13 @@ def _report(config: HubConfig, hub: Hub, endpoints: HubEndpoints) -> None:
     f = config.files
     watching = "not watching" if not f.watch else "polling" if f.poll else "watching"
     lines = [f"broker serving on {endpoints.broker}"]
-    lines += [f"{name} on {url}/" for name, url in endpoints.http.items()]
+    for name, url in endpoints.http.items():
+        if name == "console" and not config.console.token:
+            lines.append(f"console on {url}/#token={hub.console_token}")
+        elif name == "console":
+            lines.append(f"console on {url}/ (actions need [console] token)")
+        else:
+            lines.append(f"{name} on {url}/")
     lines.append(
         f"serving {where} on {endpoints.files} ({files} files, {hashed} hashed, {watching})"
     )

@@ -17,7 +17,10 @@ Broker (``zerohub_broker_``): ``peers``, ``clients``, ``channels``, ``queues``,
 ``received_total`` (pushes), ``sent_total``, ``deliveries_total``, ``acks_total``,
 ``nacks_total``, ``timeouts_total``, ``removed_total``,
 ``dropped_deliveries_total``, ``errors_total``; per queue
-``queue_messages{channel,queue}`` and ``queue_unacked{channel,queue}``, per channel
+``queue_messages{channel,queue}`` and ``queue_unacked{channel,queue}``, the counters
+``queue_published_total{channel,queue}`` (pushed into it) and
+``queue_delivered_total{channel,queue}`` (sent out of it; ``rate()`` of both are the
+console's per-queue rates), per channel
 ``channel_consumers{channel}``; and the transport's ``frames_total{direction}`` and
 ``transport_events_total{event}`` (``refused``, ``bad_frames``, ``expired``,
 ``dropped_out``... by reason).  ``zerohub_broker_up`` is 0 when the statistics could
@@ -136,12 +139,22 @@ class BrokerCollector(Collector):
         unacked = GaugeMetricFamily(
             p + "queue_unacked", "Deliveries of a queue not acknowledged yet", labels=labels
         )
+        published = CounterMetricFamily(
+            p + "queue_published", "Messages pushed into a queue", labels=labels
+        )
+        delivered = CounterMetricFamily(
+            p + "queue_delivered", "Messages sent out of a queue to consumers", labels=labels
+        )
         for q in s["queue_list"]:
             names = [q["channel"], str(q["queue"])]
             depth.add_metric(names, q["messages"])
             unacked.add_metric(names, q["unacked"])
+            published.add_metric(names, q["received"])
+            delivered.add_metric(names, q["sent"])
         yield depth
         yield unacked
+        yield published
+        yield delivered
         consumers = GaugeMetricFamily(
             p + "channel_consumers", "Consumers of a channel", labels=["channel"]
         )

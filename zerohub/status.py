@@ -128,6 +128,8 @@ def broker_status(server: Server) -> dict[str, Any]:
                     "status": q.get("Status"),
                     "messages": int(q.get("Messages") or 0) + int(q.get("PriorityMessages") or 0),
                     "unacked": int(q.get("PendingAcknowledges") or 0),
+                    "received": int(q.get("ReceivedMessages") or 0),
+                    "sent": int(q.get("SentMessages") or 0),
                     "consumers": channel["consumers"],
                 }
             )

@@ -694,6 +694,13 @@ class Engine:
                 count += 1
         return count
 
+    def peek(self, channel: str, queue_id: int, limit: int) -> list[QueueMessage]:
+        """Up to ``limit`` messages waiting in a queue, in the order consumers get them,
+        left where they are; KeyError when there is no such channel or queue.  Only reads:
+        another thread may call it while the engine runs (a queue changed during the read
+        raises RuntimeError: read again)."""
+        return self.channels[channel].queues[queue_id].messages.peek(limit)
+
     def stats(self) -> dict[str, object]:
         """Counters and a per-queue summary, JSON-able (for ``broker stats``)."""
         return models.engine_stats(self._counts(), list(self.channels.values()))
