@@ -244,7 +244,8 @@ class ConsoleActions:
                     **_text(payload),
                 }
             )
-        return {"channel": channel, "queue": queue, "messages": messages}
+        shown = f"{len(messages)} message(s) of {channel}/{queue} shown, none taken"
+        return {"done": shown, "channel": channel, "queue": queue, "messages": messages}
 
     def _check(self, client: Client, action: Action, channel: str, queue: int) -> None:
         """Ask the engine's authorizer about the console's own broker client."""

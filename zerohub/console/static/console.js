@@ -182,16 +182,23 @@ async function onQueueAction(target) {
   if (request.action === "browse" && !result.error) showBrowsed(result);
 }
 
-function setUp() {
+// The link zerohub serve prints carries the token after '#' (never sent to a server):
+// kept for this tab's life, then taken out of the address bar and the history.
+function tokenFromLink(known) {
   const fromLink = new URLSearchParams(location.hash.slice(1)).get("token");
   if (fromLink) {
     sessionStorage.setItem(TOKEN_KEY, fromLink);
-    history.replaceState(null, "", location.pathname);  // out of the address bar
+    history.replaceState(null, "", location.pathname);
   }
+  known();
+}
+
+function setUp() {
   const tokenState = document.getElementById("token-state");
   const known = () => { tokenState.textContent = sessionStorage.getItem(TOKEN_KEY) ?
     "token set" : "no token: actions are refused"; };
-  known();
+  tokenFromLink(known);
+  window.addEventListener("hashchange", () => tokenFromLink(known));
   document.getElementById("token-form").addEventListener("submit", (event) => {
     event.preventDefault();
     sessionStorage.setItem(TOKEN_KEY, document.getElementById("token").value.trim());
