@@ -124,6 +124,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         owner = self.server.owner
+        if not owner.actions:  # a server without actions has no POST at all
+            self.send_error(501, f"Unsupported method ({self.command!r})")
+            return
         path = self.path.partition("?")[0]
         response = self._refusal(path)
         if response is None:
