@@ -7,7 +7,7 @@ broker's hot paths for metrics' sake.  Off by default; ``zerohub serve --metrics
 
 Families (``_total`` ones are counters, the rest gauges):
 
-FILEMQ (``zerohub_filemq_``): ``index_entries{mount}``, ``clients``,
+FILEMQ (``zerohub_filemq_``): ``index_entries{mount}``, ``index_bytes{mount}``, ``clients``,
 ``sent_files_total``, ``sent_bytes_total``, ``resyncs_total`` (subscriptions
 answered), ``rescans_total``, ``watcher_overflows_total``, and per subscriber
 ``subscriber_queued_files{client}`` (its lag: files queued for it, not sent yet).
@@ -59,9 +59,14 @@ class FilesCollector(Collector):
         index = GaugeMetricFamily(
             p + "index_entries", "Entries in a mount's index", labels=["mount"]
         )
+        size = GaugeMetricFamily(
+            p + "index_bytes", "Bytes of the files in a mount's index", labels=["mount"]
+        )
         for mount in s["mounts"]:
             index.add_metric([mount["at"]], mount["files"])
+            size.add_metric([mount["at"]], mount["bytes"])
         yield index
+        yield size
         yield GaugeMetricFamily(p + "clients", "Clients with a session", value=s["clients"])
         for key, about in (
             ("sent_files", "Whole files sent to clients"),
