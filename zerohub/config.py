@@ -139,6 +139,9 @@ class BrokerConfig:
     ping_interval: float = field(default=5.0, metadata=_meta(low=0.05))
     peer_timeout: float = field(default=15.0, metadata=_meta(low=0.1))
     max_connections: int = field(default=11_000, metadata=_meta(low=1))
+    #: Keep the broker's saved messages and definitions in this folder (the durable
+    #: log, as ``broker serve --data``); none: in memory only.
+    data: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,16 +15,20 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import zmq
 
 from broker.engine.auth import Authorizer
+from broker.engine.delivery import PersistentDeliveryHandler
 from broker.engine.engine import Engine
 from broker.engine.limits import Limits
 from broker.engine.options import BrokerConfig as EngineConfig
-from broker.server.options import ServerOptions
+from broker.server.options import ServerError, ServerOptions
 from broker.server.server import REPLY_OVERHEAD, Server
+from broker.store.durable import DurableStore
+from broker.store.log import LogStore, StoreError
 from filemq.filters import Filters, read_pattern_file
 from filemq.live import LiveFileServer
 from filemq.server import Mount
@@ -62,12 +66,15 @@ class Hub:
         http: Sequence[HttpServer] = (),
         *,
         owned: Sequence[zmq.Context[Any]] = (),
+        store: LogStore | None = None,
     ) -> None:
         self.files = files
         self.broker = broker
         self.http = list(http)
         #: Contexts the hub made itself (terminated by :meth:`stop`).
         self.owned = list(owned)
+        #: The broker's durable log (with ``data``): closed by :meth:`stop`.
+        self.store = store
         #: The token the console's actions need ("" without a console).
         self.console_token = ""
         #: Per-queue rates, updated each time the status is read.
@@ -102,6 +109,9 @@ class Hub:
         steps: list[Callable[[], object]] = [door.stop for door in self.http]
         steps.append(lambda: self.files.stop(timeout))
         steps.append(lambda: self.broker.stop(timeout))
+        store, self.store = self.store, None
+        if store is not None:
+            steps.append(store.close)
         steps += [context.term for context in self.owned]
         self.owned = []
         first: BaseException | None = None
@@ -121,6 +131,18 @@ class Hub:
         if "queue_list" in broker:
             self.rates.update(broker["queue_list"])
         return {"files": files_status(self.files), "broker": broker}
+
+
+def _open_data(data: Path | None) -> tuple[LogStore | None, DurableStore | None]:
+    """The broker's durable log in ``data`` and the engine's store over it (None, None:
+    in memory); ServerError if it cannot be opened."""
+    if data is None:
+        return None, None
+    try:
+        log_store = LogStore(data)
+    except StoreError as exc:
+        raise ServerError(f"--data {data}: {exc}") from None
+    return log_store, DurableStore(log_store)
 
 
 def _filters(config: HubConfig) -> Filters | None:
@@ -174,30 +196,41 @@ def build(
     if f.allow is not None and b.allow is not None and f.allow.resolve() != b.allow.resolve():
         broker_context = zmq.Context()
         owned.append(broker_context)
-    engine = Engine(
-        config=EngineConfig(node_name=b.node_name, wall_clock=time.time, limits=limits),
-        authorizer=authorizer,
-    )
-    broker = Server(
-        engine,
-        ServerOptions(
-            endpoint=b.bind,
-            curve_secret=None if b.curve_secret is None else str(b.curve_secret),
-            allow_dir=None if b.allow is None else str(b.allow),
-            insecure=b.insecure,
-            max_frame_size=b.max_frame_size,
-            ping_interval=b.ping_interval,
-            peer_timeout=b.peer_timeout,
-            max_connections=b.max_connections,
-        ),
-        context=broker_context,
-    )
-    hub = Hub(files, broker, owned=owned)
+    log_store, durable = _open_data(b.data)
+    try:
+        engine = Engine(
+            config=EngineConfig(node_name=b.node_name, wall_clock=time.time, limits=limits),
+            authorizer=authorizer,
+            store=durable,
+            handlers={"persistent": PersistentDeliveryHandler()},
+        )
+        if durable is not None:
+            engine.recover(time.monotonic())
+        broker = Server(
+            engine,
+            ServerOptions(
+                endpoint=b.bind,
+                curve_secret=None if b.curve_secret is None else str(b.curve_secret),
+                allow_dir=None if b.allow is None else str(b.allow),
+                insecure=b.insecure,
+                max_frame_size=b.max_frame_size,
+                ping_interval=b.ping_interval,
+                peer_timeout=b.peer_timeout,
+                max_connections=b.max_connections,
+            ),
+            context=broker_context,
+            durable=durable,
+        )
+    except BaseException:
+        if log_store is not None:
+            log_store.close()
+        raise
+    hub = Hub(files, broker, owned=owned, store=log_store)
     if config.metrics.enabled:
         from zerohub.metrics import metrics_server, registry
 
         address = split_address(config.metrics.address)
-        hub.http.append(metrics_server(address, registry(files, broker)))
+        hub.http.append(metrics_server(address, registry(files, broker, log_store)))
     if config.console.enabled:
         from zerohub.console import console_server
         from zerohub.console.actions import ConsoleActions

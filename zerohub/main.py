@@ -123,6 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
         "keys, allow-list and --insecure as the file server; default broker settings)",
     )
     serve.add_argument(
+        "--data",
+        metavar="DIR",
+        help="keep the broker's saved messages in DIR (the durable log; default: memory)",
+    )
+    serve.add_argument(
         "--metrics",
         nargs="?",
         const=METRICS_ADDRESS,
@@ -197,7 +202,11 @@ def _from_options(args: argparse.Namespace) -> HubConfig:
         links=not args.no_links,
     )
     broker = BrokerConfig(
-        bind=args.broker_bind, curve_secret=curve, allow=allow, insecure=args.insecure
+        bind=args.broker_bind,
+        curve_secret=curve,
+        allow=allow,
+        insecure=args.insecure,
+        data=None if args.data is None else Path(args.data),
     )
     return HubConfig(files=files, broker=broker)
 

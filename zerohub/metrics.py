@@ -26,6 +26,13 @@ console's per-queue rates), per channel
 ``dropped_out``... by reason).  ``zerohub_broker_up`` is 0 when the statistics could
 not be read at that scrape.
 
+The broker's durable log (``zerohub serve --data DIR``, ``zerohub_store_``): gauges
+``segments``, ``disk_bytes``, ``live_bytes``, ``live_records``, ``index_bytes``,
+``pending_records``, ``recovered_records``, ``damaged``, ``compacting``; counters
+``fsyncs_total``, ``fsync_seconds_total`` (their ratio is the mean fsync latency),
+``batches_total`` and ``batch_records_total`` (their ratio is the mean group commit
+size), ``compactions_total``.
+
 Per-subscriber and per-queue series are capped at ``zerohub.status.MAX_LISTED`` each
 (the most lagging / deepest first).
 """
@@ -40,11 +47,12 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from broker.server.server import Server
+from broker.store.log import LogStore
 from filemq.live import LiveFileServer
 from zerohub.httpd import HttpServer, Response
 from zerohub.status import broker_status, files_status
 
-__all__ = ["BrokerCollector", "FilesCollector", "metrics_server", "registry"]
+__all__ = ["BrokerCollector", "FilesCollector", "StoreCollector", "metrics_server", "registry"]
 
 
 class FilesCollector(Collector):
@@ -168,13 +176,54 @@ class BrokerCollector(Collector):
         yield consumers
 
 
-def registry(files: LiveFileServer | None, broker: Server | None) -> CollectorRegistry:
+_STORE_GAUGES = (
+    ("segments", "segments", "Segment files of the log"),
+    ("disk_bytes", "disk_bytes", "Bytes of the segment files"),
+    ("live_bytes", "live_bytes", "Bytes of the records still live"),
+    ("live_records", "live_records", "Records still live (saved messages not removed)"),
+    ("index_bytes", "index_bytes", "Bytes of memory the log's index takes"),
+    ("pending", "pending_records", "Records waiting for the writer"),
+    ("recovered_records", "recovered_records", "Records recovered when the store opened"),
+)
+_STORE_COUNTERS = (
+    ("syncs", "fsyncs", "fsyncs of segment files"),
+    ("batches", "batches", "Write batches (group commits)"),
+    ("batch_records", "batch_records", "Records written in batches (/ batches: mean group size)"),
+    ("sync_seconds", "fsync_seconds", "Seconds spent in fsyncs after batches (/ fsyncs: latency)"),
+    ("compactions", "compactions", "Segments compacted (and deleted)"),
+)
+
+
+class StoreCollector(Collector):
+    """The broker's durable log (``LogStore.stats()``), read at scrape time."""
+
+    def __init__(self, store: LogStore) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.store.stats()
+        p = "zerohub_store_"
+        for key, name, about in _STORE_GAUGES:
+            yield GaugeMetricFamily(p + name, about, value=getattr(s, key))
+        yield GaugeMetricFamily(p + "damaged", "Damage found at recovery", value=len(s.damage))
+        yield GaugeMetricFamily(
+            p + "compacting", "1 while a compaction runs or is due", value=int(s.compacting)
+        )
+        for key, name, about in _STORE_COUNTERS:
+            yield CounterMetricFamily(p + name, about, value=getattr(s, key))
+
+
+def registry(
+    files: LiveFileServer | None, broker: Server | None, store: LogStore | None = None
+) -> CollectorRegistry:
     """A registry of the hub's collectors only (no process or platform collectors)."""
     out = CollectorRegistry(auto_describe=False)
     if files is not None:
         out.register(FilesCollector(files))
     if broker is not None:
         out.register(BrokerCollector(broker))
+    if store is not None:
+        out.register(StoreCollector(store))
     return out
 
 
