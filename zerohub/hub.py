@@ -12,6 +12,7 @@ and nothing was done for nothing.
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,7 +38,10 @@ from zerohub.config import HubConfig, split_address
 from zerohub.httpd import HttpServer
 from zerohub.rates import QueueRates
 
-__all__ = ["Hub", "HubEndpoints", "build"]
+__all__ = ["STATUS_TTL", "Hub", "HubEndpoints", "build"]
+
+#: Seconds one read of the broker's figures serves every reader (metrics, console).
+STATUS_TTL = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +81,13 @@ class Hub:
         self.store = store
         #: The token the console's actions need ("" without a console).
         self.console_token = ""
-        #: Per-queue rates, updated each time the status is read.
+        #: Per-queue rates, updated each time the broker's figures are read.
         self.rates = QueueRates()
+        #: Seconds one read of the broker's figures serves (metrics, console, several
+        #: readers at once: one read of the engine, ``broker_snapshot``).
+        self.status_ttl = STATUS_TTL
+        self._snapshot: tuple[float, dict[str, Any]] | None = None
+        self._snapshot_lock = threading.Lock()
 
     def start(self) -> HubEndpoints:
         """Bind every socket, then start serving (walks and hashes the published trees).
@@ -123,14 +132,27 @@ class Hub:
         if first is not None:
             raise first
 
+    def broker_snapshot(self) -> dict[str, Any]:
+        """The broker's figures (:func:`zerohub.status.broker_status`, with the queues'
+        rates), read again once ``status_ttl`` seconds have passed: the metrics and the
+        console share a read.  The dict is shared: read it, never change it."""
+        from zerohub.status import broker_status
+
+        with self._snapshot_lock:
+            now = time.monotonic()
+            if self._snapshot is not None and now - self._snapshot[0] < self.status_ttl:
+                return self._snapshot[1]
+            broker = broker_status(self.broker)
+            if "queue_list" in broker:
+                self.rates.update(broker["queue_list"])
+            self._snapshot = (now, broker)
+            return broker
+
     def status(self) -> dict[str, Any]:
         """What the console shows (``zerohub.status``)."""
-        from zerohub.status import broker_status, files_status
+        from zerohub.status import files_status
 
-        broker = broker_status(self.broker)
-        if "queue_list" in broker:
-            self.rates.update(broker["queue_list"])
-        return {"files": files_status(self.files), "broker": broker}
+        return {"files": files_status(self.files), "broker": self.broker_snapshot()}
 
 
 def _open_data(data: Path | None) -> tuple[LogStore | None, DurableStore | None]:
@@ -230,7 +252,8 @@ def build(
         from zerohub.metrics import metrics_server, registry
 
         address = split_address(config.metrics.address)
-        hub.http.append(metrics_server(address, registry(files, broker, log_store)))
+        metrics = registry(files, broker, log_store, broker_read=hub.broker_snapshot)
+        hub.http.append(metrics_server(address, metrics))
     if config.console.enabled:
         from zerohub.console import console_server
         from zerohub.console.actions import ConsoleActions

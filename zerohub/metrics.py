@@ -39,12 +39,15 @@ Per-subscriber and per-queue series are capped at ``zerohub.status.MAX_LISTED`` 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from broker.server.server import Server
 from broker.store.log import LogStore
@@ -52,7 +55,14 @@ from filemq.live import LiveFileServer
 from zerohub.httpd import HttpServer, Response
 from zerohub.status import broker_status, files_status
 
-__all__ = ["BrokerCollector", "FilesCollector", "StoreCollector", "metrics_server", "registry"]
+__all__ = [
+    "BrokerCollector",
+    "FilesCollector",
+    "StoreCollector",
+    "exposition",
+    "metrics_server",
+    "registry",
+]
 
 
 class FilesCollector(Collector):
@@ -121,11 +131,13 @@ _COUNTERS = (
 class BrokerCollector(Collector):
     """The broker's figures (``Server.stats``), read at scrape time."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Server, read: Callable[[], dict[str, Any]] | None = None) -> None:
         self.server = server
+        #: How the figures are read (the hub shares one read with its console).
+        self.read = read or (lambda: broker_status(server))
 
     def collect(self) -> Iterator[Metric]:
-        s = broker_status(self.server)
+        s = self.read()
         p = "zerohub_broker_"
         ok = "error" not in s
         yield GaugeMetricFamily(p + "up", "1 if the statistics could be read", value=int(ok))
@@ -214,24 +226,81 @@ class StoreCollector(Collector):
 
 
 def registry(
-    files: LiveFileServer | None, broker: Server | None, store: LogStore | None = None
+    files: LiveFileServer | None,
+    broker: Server | None,
+    store: LogStore | None = None,
+    *,
+    broker_read: Callable[[], dict[str, Any]] | None = None,
 ) -> CollectorRegistry:
-    """A registry of the hub's collectors only (no process or platform collectors)."""
+    """A registry of the hub's collectors only (no process or platform collectors);
+    ``broker_read`` reads the broker's figures (default: ``broker_status(broker)``)."""
     out = CollectorRegistry(auto_describe=False)
     if files is not None:
         out.register(FilesCollector(files))
     if broker is not None:
-        out.register(BrokerCollector(broker))
+        out.register(BrokerCollector(broker, broker_read))
     if store is not None:
         out.register(StoreCollector(store))
     return out
+
+
+def _label_value(value: str) -> str:
+    if "\\" in value or "\n" in value or '"' in value:
+        return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    return value
+
+
+def exposition(metrics: CollectorRegistry) -> bytes:
+    """The registry in Prometheus' text format, as ``generate_latest`` writes it.
+
+    A leaner writer for what the hub's collectors yield (gauges and counters, label
+    names that need no escaping, no timestamps): ``generate_latest`` validates and
+    escapes every label name of every sample again.  Anything else (another family
+    type, a timestamp, a label name to escape) is left to ``generate_latest``.
+    """
+    families = list(metrics.collect())
+    out = _write(families)
+    return out if out is not None else generate_latest(metrics)
+
+
+def _write(families: list[Metric]) -> bytes | None:
+    out: list[str] = []
+    append = out.append
+    number = floatToGoString
+    for family in families:
+        kind = family.type
+        if kind not in ("counter", "gauge"):
+            return None
+        name = family.name + "_total" if kind == "counter" else family.name
+        about = family.documentation.replace("\\", "\\\\").replace("\n", "\\n")
+        append(f"# HELP {name} {about}\n# TYPE {name} {kind}\n")
+        names: tuple[str, ...] | None = None
+        for sample in family.samples:
+            if sample.timestamp is not None or sample.exemplar is not None:
+                return None
+            labels = sample.labels
+            if not labels:
+                append(f"{sample.name} {number(sample.value)}\n")
+                continue
+            keys = tuple(labels)
+            if keys != names:
+                if any(not _LABEL_NAME.fullmatch(k) for k in keys):
+                    return None
+                names = keys
+            pairs = sorted(labels.items()) if len(keys) > 1 else labels.items()
+            text = ",".join(f'{k}="{_label_value(v)}"' for k, v in pairs)
+            append(f"{sample.name}{{{text}}} {number(sample.value)}\n")
+    return "".join(out).encode("utf-8")
+
+
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
 def metrics_server(address: tuple[str, int], metrics: CollectorRegistry) -> HttpServer:
     """An :class:`HttpServer` answering ``/metrics`` (and ``/`` with a pointer to it)."""
 
     def scrape() -> Response:
-        return Response(generate_latest(metrics), CONTENT_TYPE_LATEST)
+        return Response(exposition(metrics), CONTENT_TYPE_LATEST)
 
     def index() -> Response:
         return Response(b"zerohub metrics: /metrics\n")

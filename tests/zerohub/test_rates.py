@@ -84,6 +84,7 @@ def test_rates_in_the_console_and_counters_in_prometheus(
     the_hub, endpoints, _tmp = hub
     clock = Clock()
     the_hub.rates.clock = clock  # the hub's sampling clock, under the test's control
+    the_hub.status_ttl = 0.0  # every read reads the engine again
     console = endpoints.http["console"]
 
     def queue_entry() -> dict[str, Any]:
