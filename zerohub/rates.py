@@ -9,7 +9,8 @@ themselves (``rate()`` there does the same arithmetic).
 
 Bounds: a sample is taken at most every ``min_interval`` seconds (default 0.5; readers
 in between, several consoles say, get the last rates); ``history`` points (default 60)
-per queue; queues no longer listed are forgotten at the next update (the status lists
+per queue, given for the first ``charts`` queues listed (default 100, the deepest);
+queues no longer listed are forgotten at the next update (the status lists
 ``zerohub.status.MAX_LISTED`` queues at most).  A counter that went down (a queue
 deleted and created again) restarts that queue's rates at 0.
 """
@@ -23,12 +24,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DEFAULT_HISTORY", "DEFAULT_MIN_INTERVAL", "QueueRates"]
+__all__ = ["DEFAULT_CHARTS", "DEFAULT_HISTORY", "DEFAULT_MIN_INTERVAL", "QueueRates"]
 
 #: Points of history kept per queue.
 DEFAULT_HISTORY = 60
 #: Seconds between two samples at least.
 DEFAULT_MIN_INTERVAL = 0.5
+#: Queues whose history is given (the first ones listed: the deepest); the others get
+#: their rates and an empty history (a status of 1000 queues stays small).
+DEFAULT_CHARTS = 100
 
 
 @dataclass(slots=True)
@@ -49,11 +53,13 @@ class QueueRates:
         *,
         history: int = DEFAULT_HISTORY,
         min_interval: float = DEFAULT_MIN_INTERVAL,
+        charts: int = DEFAULT_CHARTS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if history < 1 or min_interval <= 0:
-            raise ValueError("history and min_interval must be positive")
+        if history < 1 or min_interval <= 0 or charts < 0:
+            raise ValueError("history and min_interval must be positive, charts not negative")
         self.history = history
+        self.charts = charts
         self.min_interval = min_interval
         self.clock = clock
         self._tracks: dict[tuple[str, str], _Track] = {}
@@ -73,12 +79,13 @@ class QueueRates:
                     track = _Track(now, received, sent, history=deque(maxlen=self.history))
                 elif now - track.at >= self.min_interval:
                     span = now - track.at
-                    track.in_rate = (received - track.received) / span
-                    track.out_rate = (sent - track.sent) / span
+                    track.in_rate = round((received - track.received) / span, 2)
+                    track.out_rate = round((sent - track.sent) / span, 2)
                     track.at, track.received, track.sent = now, received, sent
                     track.history.append((track.in_rate, track.out_rate))
                 seen[key] = track
-                q["in_rate"] = round(track.in_rate, 2)
-                q["out_rate"] = round(track.out_rate, 2)
-                q["history"] = [[round(i, 2), round(o, 2)] for i, o in track.history]
+                q["in_rate"] = track.in_rate
+                q["out_rate"] = track.out_rate
+                charted = len(seen) <= self.charts
+                q["history"] = [list(point) for point in track.history] if charted else []
             self._tracks = seen

@@ -71,11 +71,24 @@ def test_a_recreated_queue_starts_again_and_a_gone_one_is_forgotten() -> None:
     assert back[0]["history"] == []  # forgotten: a first sample again
 
 
+def test_histories_for_the_first_queues_listed_only() -> None:
+    clock = Clock()
+    rates = QueueRates(charts=2, clock=clock)
+    rates.update([entry(0, 0, queue=q) for q in range(4)])
+    clock.now += 1.0
+    listed = [entry(q, 0, queue=q) for q in range(4)]
+    rates.update(listed)
+    assert [q["in_rate"] for q in listed] == [0.0, 1.0, 2.0, 3.0]
+    assert [q["history"] for q in listed] == [[[0.0, 0.0]], [[1.0, 0.0]], [], []]
+
+
 def test_bad_bounds_are_refused() -> None:
     with pytest.raises(ValueError):
         QueueRates(history=0)
     with pytest.raises(ValueError):
         QueueRates(min_interval=0)
+    with pytest.raises(ValueError):
+        QueueRates(charts=-1)
 
 
 def test_rates_in_the_console_and_counters_in_prometheus(
