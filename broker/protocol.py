@@ -55,7 +55,7 @@ class Operation(IntEnum):
     QUEUE_DELETE = 203
     QUEUE_LIST = 204
     QUEUE_INFO = 205
-    QUEUE_PURGE = 206  # zerohub: remove a queue's waiting messages (needs QUEUE_UPDATE)
+    QUEUE_PURGE = 220  # zerohub: remove a queue's waiting messages (needs QUEUE_UPDATE)
     NODE_LIST = 301
     CLIENT_LIST = 302
     STATS = 901  # zerohub: broker-wide counters as JSON (needs the ADMIN permission)
