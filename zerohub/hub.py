@@ -263,7 +263,6 @@ def build(
         hub.console_token = console.token or secrets.token_urlsafe(24)
         actions = ConsoleActions(
             lambda: broker.endpoint,
-            engine,
             broker_context,
             broker_token=console.broker_token or None,
         )

@@ -85,7 +85,12 @@ from broker.engine.events import EventHub
 from broker.engine.frames import pull_marker
 from broker.engine.host import QueueServices
 from broker.engine.message import QueueMessage
-from broker.engine.options import BrokerConfig, ChannelOptions, ChannelQueueOptions
+from broker.engine.options import (
+    DEFAULT_RETAIN_LIMIT,
+    BrokerConfig,
+    ChannelOptions,
+    ChannelQueueOptions,
+)
 from broker.engine.parts import EngineParts
 from broker.engine.queue.queue import Queue
 from broker.engine.replies import answer_failure, reject_push
@@ -458,6 +463,8 @@ class Engine:
                 and queue.push_plain(m, client, now, out)
             ):
                 return
+            if not wants_response and queue.duplicate(m.message_id, client, m.wants_ack, now, out):
+                return  # taken before (a retry after a lost acknowledge): done
             if m.headers:
                 ccs = [v for k, v in m.headers if k.lower() == _CC]
                 if ccs:
@@ -659,9 +666,10 @@ class Engine:
 
     def recover(self, now: float) -> int:
         """Rebuild channels, queues and their saved messages from the store (after a
-        restart), in sequence order; returns the message count.  A definition or queue
-        that cannot be recreated (options this broker refuses, a limit) is logged and
-        skipped; its messages stay in the store."""
+        restart), in sequence order, each queue numbering on above its last sequence
+        number the store knows (``broker.sequence``); returns the message count.  A
+        definition or queue that cannot be recreated (options this broker refuses, a
+        limit) is logged and skipped; its messages stay in the store."""
         self.services.now = now
         out: list[Outgoing] = []
         registry = self.channel_registry
@@ -692,14 +700,38 @@ class Engine:
             for stored in self.store.iterate(key):
                 queue.restore(stored, None, now)
                 count += 1
+        for channel in self.channels.values():  # numbering goes on where it stopped
+            for queue in channel.queues.values():
+                try:
+                    last = self.store.last_sequence(queue.key)
+                except Exception as exc:
+                    self.count_error("store.last_sequence", exc)
+                    continue
+                queue.sequence = max(queue.sequence, last)
+                count += self._recover_retained(queue)
         return count
 
-    def peek(self, channel: str, queue_id: int, limit: int) -> list[QueueMessage]:
-        """Up to ``limit`` messages waiting in a queue, in the order consumers get them,
-        left where they are; KeyError when there is no such channel or queue.  Only reads:
-        another thread may call it while the engine runs (a queue changed during the read
-        raises RuntimeError: read again)."""
-        return self.channels[channel].queues[queue_id].messages.peek(limit)
+    def _recover_retained(self, queue: Queue) -> int:
+        """Bring back a queue's retained messages (``Retain``), oldest first, within its
+        ``RetainLimit``; returns how many."""
+        try:
+            kept = list(self.store.retained(queue.key))
+        except Exception as exc:
+            self.count_error("store.retained", exc)
+            return 0
+        limit = queue.options.retain_limit or DEFAULT_RETAIN_LIMIT
+        for stored in kept[: max(0, len(kept) - limit)]:
+            self.store.forget_retained(queue.key, stored.sequence)
+        kept = kept[max(0, len(kept) - limit) :]
+        opts = queue.options
+        for stored in kept:
+            queue.retained.restore(stored.sequence, stored.message)
+            if stored.message.message_id and opts.use_message_id and opts.duplicate_window:
+                queue.recent.add(
+                    stored.message.message_id, self.services.now, opts.duplicate_window
+                )
+            queue.sequence = max(queue.sequence, stored.sequence)
+        return len(kept)
 
     def stats(self) -> dict[str, object]:
         """Counters and a per-queue summary, JSON-able (for ``broker stats``)."""

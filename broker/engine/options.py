@@ -19,6 +19,10 @@ from typing import Any
 from broker.engine.limits import Limits
 from broker.protocol import QueueStatus
 
+#: Consumed messages a ``Retain`` queue keeps readable unless its ``RetainLimit`` says
+#: otherwise (0 there means this default too).
+DEFAULT_RETAIN_LIMIT = 10_000
+
 
 class OptionsError(ValueError):
     """Options JSON is malformed, has an unknown key or a value of the wrong type."""
@@ -96,6 +100,13 @@ _QUEUE_FIELDS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "PutBackDelay": ("put_back_delay", _count),
     "Prefetch": ("prefetch", _count),
     "Tag": ("tag", _text),
+    "Retain": ("retain", _bool),
+    "RetainLimit": ("retain_limit", _count),
+    "AllowRelease": ("allow_release", _bool),
+    "DuplicateWindow": ("duplicate_window", _count),
+    "DuplicateWindowTime": ("duplicate_window_time", _count),
+    "TrashLimit": ("trash_limit", _count),
+    "TrashRetention": ("trash_retention", _count),
 }
 
 _CHANNEL_FIELDS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
@@ -150,6 +161,20 @@ class ChannelQueueOptions:
     put_back_delay: int = 0
     prefetch: int = 0
     tag: str | None = None
+    #: zerohub (``broker.sequence``): consumed messages stay readable by sequence
+    #: (browse) until released or pushed out by newer ones past ``retain_limit``.
+    retain: bool = False
+    retain_limit: int = DEFAULT_RETAIN_LIMIT
+    #: zerohub: clients with the ``release`` permission may remove messages by sequence.
+    allow_release: bool = False
+    #: zerohub (``broker.engine.queue.dedupe``): with ``use_message_id``, the latest
+    #: producer message ids remembered (0: no duplicate suppression) and for how long (ms).
+    duplicate_window: int = 10_000
+    duplicate_window_time: int = 300_000
+    #: zerohub (``broker.engine.queue.trash``): messages the trash keeps (0: none) and for
+    #: how long (ms; 0: no time bound).
+    trash_limit: int = 1_000
+    trash_retention: int = 86_400_000
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -168,6 +193,13 @@ class ChannelQueueOptions:
             "PutBackDelay": self.put_back_delay,
             "Prefetch": self.prefetch,
             "Tag": self.tag,
+            "Retain": self.retain,
+            "RetainLimit": self.retain_limit,
+            "AllowRelease": self.allow_release,
+            "DuplicateWindow": self.duplicate_window,
+            "DuplicateWindowTime": self.duplicate_window_time,
+            "TrashLimit": self.trash_limit,
+            "TrashRetention": self.trash_retention,
         }
 
     def updated(self, data: bytes | str | Mapping[str, Any]) -> ChannelQueueOptions:

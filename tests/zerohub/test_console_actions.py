@@ -221,7 +221,7 @@ def test_the_console_is_no_way_around_the_brokers_authorization(
                 {"action": "set-status", "channel": "orders", "queue": 1, "status": "Stopped"},
                 {"action": "create-queue", "channel": "orders", "queue": 2},
                 {"action": "delete-channel", "channel": "orders"},
-                {"action": "browse", "channel": "orders", "queue": 1},  # reading needs pull
+                {"action": "browse", "channel": "orders", "queue": 1},  # needs browse
             ):
                 status, answer = post(url, request, token=token)
                 assert status == 401, (request, status, answer)

@@ -5,9 +5,8 @@ delete a channel or queue, set a queue's status, purge a queue) is a TMQP server
 operation sent to the broker's own endpoint by a client connected with the console's
 ``broker_token`` as its ``Client-Token``, so the engine's authorizer decides exactly as
 it does for any other client (a refusal comes back as a 401 and is shown as such).
-Browsing a queue reads the messages the engine holds in memory without moving them
-(``Engine.peek``), after asking the same authorizer whether that client may ``pull``
-from the queue.
+Browsing a queue is the broker's ``QUEUE_BROWSE`` operation (``broker.sequence``: the
+messages it holds, oldest sequence number first, none taken; the ``browse`` action).
 
 :class:`ConsoleActions` takes a request (a JSON object: ``{"action": NAME, ...}``),
 checks its fields and answers a JSON-able dict; anything wrong is an
@@ -27,18 +26,16 @@ import zmq
 
 from broker.client.blocking import Client
 from broker.client.errors import ClientError, RemoteError
-from broker.engine.auth import Action
 from broker.engine.options import status_name
 from broker.protocol import QueueStatus
+from broker.sequence import FROM_FIRST
 
 __all__ = ["BROWSE_LIMIT", "PREVIEW_OCTETS", "ActionError", "ConsoleActions"]
 
-#: Messages a browse shows at most (the first ones, in the order consumers get them).
+#: Messages a browse shows at most (the first ones the queue holds, oldest first).
 BROWSE_LIMIT = 100
 #: Octets of a browsed message's payload shown (the size is always given).
 PREVIEW_OCTETS = 1024
-#: Reads of a queue a browse tries (the broker changed it during the read: again).
-_BROWSE_TRIES = 5
 #: Channel names longer than this are refused before they reach the broker.
 _MAX_NAME = 256
 
@@ -102,21 +99,19 @@ def _text(payload: bytes) -> dict[str, Any]:
 class ConsoleActions:
     """The console's actions on one broker (see the module docstring).
 
-    ``endpoint()`` is the broker's bound endpoint (known once it started); ``engine`` the
-    engine it serves (read by browse only).  ``context`` is the hub's ZeroMQ context.
+    ``endpoint()`` is the broker's bound endpoint (known once it started); ``context`` is
+    the hub's ZeroMQ context.
     """
 
     def __init__(
         self,
         endpoint: Callable[[], str | None],
-        engine: Any,
         context: zmq.Context[Any],
         *,
         broker_token: str | None = None,
         timeout: float = 10.0,
     ) -> None:
         self._endpoint = endpoint
-        self._engine = engine
         self._context = context
         self._token = broker_token or None
         self._timeout = timeout
@@ -228,48 +223,21 @@ class ConsoleActions:
 
     def _browse(self, client: Client, request: Mapping[str, Any]) -> dict[str, Any]:
         channel, queue, limit = _channel(request), _queue(request), _limit(request)
-        self._check(client, Action.PULL, channel, queue)
-        held = self._peek(channel, queue, limit)
+        held = client.browse(channel, queue, FROM_FIRST, limit)
         messages = []
-        for m in held:
-            payload = bytes(m.message.payload)
+        for entry in held[:limit]:
+            m = entry.message
+            payload = bytes(m.payload)
             messages.append(
                 {
-                    "sequence": m.seq,
+                    "sequence": entry.sequence,
                     "id": m.message_id,
-                    "producer": m.producer_id,
+                    "producer": m.source,
                     "high_priority": m.high_priority,
                     "size": len(payload),
-                    "headers": [list(pair) for pair in m.message.headers],
+                    "headers": [list(pair) for pair in m.headers],
                     **_text(payload),
                 }
             )
         shown = f"{len(messages)} message(s) of {channel}/{queue} shown, none taken"
         return {"done": shown, "channel": channel, "queue": queue, "messages": messages}
-
-    def _check(self, client: Client, action: Action, channel: str, queue: int) -> None:
-        """Ask the engine's authorizer about the console's own broker client."""
-        authorizer = getattr(self._engine, "authorizer", None)
-        clients = getattr(self._engine, "clients", {})
-        me = clients.get(client.client_id) if client.client_id else None
-        if authorizer is None or me is None:
-            raise ActionError(503, "the broker does not know the console's client")
-        try:
-            allowed = bool(authorizer.allows(me, action, channel, queue))
-        except Exception:
-            allowed = False
-        if not allowed:
-            raise ActionError(401, f"the broker refused: {action.value} not allowed")
-
-    def _peek(self, channel: str, queue: int, limit: int) -> list[Any]:
-        peek = getattr(self._engine, "peek", None)
-        if peek is None:
-            raise ActionError(501, "this broker cannot be browsed")
-        for _ in range(_BROWSE_TRIES):
-            try:
-                return list(peek(channel, queue, limit))
-            except KeyError:
-                raise ActionError(404, f"no queue {channel}/{queue}") from None
-            except RuntimeError:  # the broker changed the queue during the read
-                continue
-        raise ActionError(503, "the queue changed during every read: try again")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from broker.engine.delivery import AckWhen, Decision
 from broker.engine.frames import ack as ack_frame
-from broker.engine.message import DONE, QueueMessage
+from broker.engine.message import DONE, INFLIGHT, QueueMessage
 from broker.engine.queue.protocols import QueueCore
 from broker.protocol import NackReason, Outgoing
 from broker.store import StoredMessage
@@ -61,7 +61,8 @@ class Ledger:
             message = m.message
             if message.wire is not None:
                 message = message.replace()  # a store keeps messages, not a door's octets
-            q.store.append(q.key, StoredMessage(m.seq, message, producer, m.put_backs))
+            stored = StoredMessage(m.seq, message, producer, m.put_backs, m.delivered)
+            q.store.append(q.key, stored)
         except Exception as exc:
             q.error("store.append", exc)
             return
@@ -69,10 +70,15 @@ class Ledger:
         q.saves += 1
 
     def finish(self, m: QueueMessage) -> None:
-        """The message leaves the queue for good (and the store, if saved)."""
-        m.state = DONE
+        """The message leaves the queue for good (and the store, if saved); one that was
+        consumed (in flight until now) stays readable on a ``Retain`` queue."""
         q = self.q
-        if m.saved:
+        # (a message at or below the last release is not kept: ``reading.Retained.floor``)
+        retain = m.state == INFLIGHT and q.options.retain and m.seq > q.retained.floor
+        m.state = DONE
+        if retain:
+            self.retain(m)
+        elif m.saved:
             m.saved = False
             try:
                 q.store.remove(q.key, m.seq)
@@ -81,9 +87,36 @@ class Ledger:
         if q.hooks.dequeued:
             q.hooks.message_dequeued(m)
 
+    def delivered(self, m: QueueMessage) -> None:
+        """A saved message went to a consumer that must acknowledge it: note the count."""
+        q = self.q
+        try:
+            q.store.delivered(q.key, m.seq, m.delivered, m.put_backs, m.high_priority)
+        except Exception as exc:
+            q.error("store.delivered", exc)
+
+    def retain(self, m: QueueMessage) -> None:
+        """Keep a consumed message readable by sequence (``reading``), in the store too
+        when it was saved; forget those pushed out past ``RetainLimit``."""
+        q = self.q
+        message = m.message
+        if message.wire is not None:
+            message = message.replace()
+        try:
+            if m.saved:
+                m.saved = False
+                producer = m.producer.id if m.producer is not None else ""
+                stored = StoredMessage(m.seq, message, producer, m.put_backs)
+                q.store.retain(q.key, stored)
+            for seq in q.retained.keep(m.seq, message, q.options.retain_limit):
+                q.store.forget_retained(q.key, seq)
+        except Exception as exc:
+            q.error("store.retain", exc)
+
     def drop(self, m: QueueMessage, out: list[Outgoing], reason: str, count: bool = True) -> None:
         """Remove a message that was not consumed; a waiting producer gets a nack."""
         if count:
             self.q.removed += 1
         self.ack_producer(m, AckWhen.NEGATIVE, out, reason)
+        m.state = DONE  # dropped, not consumed: never retained
         self.finish(m)

@@ -129,22 +129,6 @@ class MessageOrder:
         else:
             (self.priority if m.high_priority else self.regular).append(m)
 
-    def peek(self, limit: int) -> list[QueueMessage]:
-        """Up to ``limit`` waiting messages in the order they would be taken, none moved.
-
-        Only reads (another thread may call it between the owner's steps): a deque
-        changed during the read raises RuntimeError, and the caller reads again.
-        """
-        out: list[QueueMessage] = []
-        for high, dq in ((True, self.priority), (False, self.regular)):
-            for source in (list(self.front), dq):
-                for m in source:
-                    if len(out) >= limit:
-                        return out
-                    if m.state == QUEUED and m.high_priority is high:
-                        out.append(m)
-        return out
-
     def take(self, *, priority: bool, regular: bool) -> list[QueueMessage]:
         """Empty the chosen deques; returns their waiting messages (still QUEUED)."""
         self.flush_front()

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from broker.engine.options import BrokerConfig, ChannelQueueOptions
     from broker.engine.queue.hooks import HandlerHooks
     from broker.engine.queue.messages import MessageOrder
+    from broker.engine.queue.reading import Retained
     from broker.engine.queue.statuses import StatusStrategy
     from broker.protocol import Outgoing
     from broker.store import Store
@@ -36,6 +37,8 @@ class QueueHost(Protocol[Q_contra]):
 
     store: Store
     config: BrokerConfig
+    #: the ``now`` of the call being served
+    now: float
 
     def client(self, client_id: str) -> Client[Any] | None: ...
 
@@ -61,6 +64,7 @@ class QueueCore(Protocol):
     strategy: StatusStrategy
     hooks: HandlerHooks
     messages: MessageOrder
+    retained: Retained
     #: False once the queue is removed (its messages went with it).
     alive: bool
     #: Deliveries in flight per consumer id; the default window size.
@@ -101,6 +105,10 @@ class QueueCore(Protocol):
     def save(self, m: QueueMessage) -> None: ...
 
     def finish(self, m: QueueMessage) -> None: ...
+
+    def to_trash(self, m: QueueMessage, reason: str) -> None: ...
+
+    def note_delivered(self, m: QueueMessage) -> None: ...
 
     def ack_producer(
         self, m: QueueMessage, when: AckWhen, out: list[Outgoing], reason: str, source: str = ""

@@ -1,5 +1,5 @@
-"""Purging a queue (the QUEUE_PURGE operation) and peeking at what it holds
-(``Engine.peek``), on the sans-IO engine: expected values worked out by hand."""
+"""Purging a queue (the QUEUE_PURGE operation) on the sans-IO engine: expected values
+worked out by hand."""
 
 from __future__ import annotations
 
@@ -65,40 +65,3 @@ def test_purge_needs_queue_update_and_an_existing_queue() -> None:
         admin, Operation.QUEUE_PURGE, "orders", headers=((Header.QUEUE_ID, "9"),), response=True
     )
     assert missing.content_type == ResultCode.NOT_FOUND
-
-
-def test_peek_shows_the_waiting_messages_in_consumption_order_and_moves_none() -> None:
-    kit = Kit()
-    producer = kit.connect("producer")
-    kit.queue(producer, "orders", 1, status=PULL)
-    kit.push(producer, "orders", 1, b"r1")
-    kit.push(producer, "orders", 1, b"h1", high=True)
-    kit.push(producer, "orders", 1, b"r2")
-    kit.push(producer, "orders", 1, b"h2", high=True)
-
-    peeked = kit.engine.peek("orders", 1, 10)
-    assert [bytes(m.payload) for m in peeked] == [b"h1", b"h2", b"r1", b"r2"]
-    assert [bytes(m.payload) for m in kit.engine.peek("orders", 1, 3)] == [b"h1", b"h2", b"r1"]
-    assert kit.info(producer, "orders", 1)["Messages"] == 2  # (and 2 of high priority)
-
-    consumer = kit.connect("consumer")
-    kit.join(consumer, "orders")
-    pulled = [
-        f.payload
-        for f in kit.pull(consumer, "orders", 1, headers=((Header.COUNT, "10"),))
-        if f.message_type == MessageType.QUEUE and f.payload  # (not the markers)
-    ]
-    assert pulled == [b"h1", b"h2", b"r1", b"r2"]  # what peek said, in that order
-    assert kit.engine.peek("orders", 1, 10) == []
-
-
-def test_peek_of_an_unknown_queue_is_a_key_error() -> None:
-    kit = Kit()
-    producer = kit.connect("producer")
-    kit.queue(producer, "orders", 1, status=PULL)
-    for channel, queue in (("orders", 2), ("nowhere", 1)):
-        try:
-            kit.engine.peek(channel, queue, 1)
-        except KeyError:
-            continue
-        raise AssertionError(f"peek({channel!r}, {queue}) did not raise")
