@@ -14,6 +14,10 @@ For each tree size N (files of 1 KiB in N/100 folders, page cache warm), in one 
   zerohub resync ``filemq sync ENDPOINT DEST --once`` on an already complete DEST,
                  with its saved DEST index (the CLI default); wall clock from launch
                  to exit, Python start-up included
+  ..., 10 excludes  the two resyncs again with the same ten exclude patterns
+                 (``bench_filemq.EXCLUDES``; rsync ``--exclude``, filemq ``--exclude``
+                 on the mirror; none matches a file: the cost of the patterns); the
+                 issue's filters benchmark (issue 13: 100,000 files, same run)
   client RSS     peak resident set of that ``filemq sync`` process (``ru_maxrss``
                  from ``os.wait4``: the child alone, not this process)
 
@@ -38,6 +42,9 @@ import time
 from pathlib import Path
 
 PY = sys.executable
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_filemq import EXCLUDES  # noqa: E402
+
 _SCRIPT = Path(PY).parent / "filemq"
 FILEMQ = [str(_SCRIPT), "-q"] if _SCRIPT.exists() else [PY, "-m", "filemq", "-q"]
 SIZE = 1024
@@ -169,6 +176,20 @@ def bench_size(work: Path, count: int, rounds: int, rsync: str) -> list[list[str
         run_child([*FILEMQ, "sync", server.endpoint, str(dest_z), "--once", "--index", str(idx)])
         if not (same_tree(src, dest_r) and same_tree(src, dest_z)):
             raise RuntimeError("a mirror does not match its source")
+        excluded = [f"--exclude={p}" for p in EXCLUDES]
+        idx_x = work / "d-zh-excludes.idx"
+        zh_excluded = [*FILEMQ, "sync", server.endpoint, str(dest_z), "--once"]
+        zh_excluded += ["--index", str(idx_x), *excluded]
+        run_child(zh_excluded)  # its own saved index, made with the patterns
+        for _ in range(rounds):
+            t_r, rss_r = run_child([rsync, "-a", *excluded, f"{src}/", f"{dest_r}/"])
+            t_z, rss_z = run_child(zh_excluded)
+            for run, t, rss in (
+                ("rsync -a resync, 10 excludes", t_r, rss_r),
+                ("zerohub resync, 10 excludes", t_z, rss_z),
+            ):
+                ratio = f"{t / t_r:.2f}"
+                rows.append([f"{count:,}", run, f"{t:.3f}", ratio, f"{rss / 1024:.1f}", ""])
         for _ in range(rounds):
             t_r, rss_r = run_child([rsync, "-a", f"{src}/", f"{dest_r}/"])
             cmd = [*FILEMQ, "sync", server.endpoint, str(dest_z), "--once", "--index", str(idx)]

@@ -55,6 +55,7 @@ class Operation(IntEnum):
     QUEUE_DELETE = 203
     QUEUE_LIST = 204
     QUEUE_INFO = 205
+    QUEUE_PURGE = 220  # zerohub: remove a queue's waiting messages (needs QUEUE_UPDATE)
     NODE_LIST = 301
     CLIENT_LIST = 302
     #: zerohub: reading a queue by sequence number (``broker.sequence``): the bounds

@@ -42,6 +42,11 @@ put-back-limit or a nack reason), 211 resubmits messages to the queue as new
 messages (JSON {"Resubmitted": N}), 212 purges them (JSON {"Purged": N}); both
 take header Sequences (comma-separated sequence numbers; absent: all). Listing
 needs the browse permission, resubmit and purge the trash permission.
+Purging a queue (zerohub): content type 220 (pending response set; channel in
+target, queue in a Queue-Id header) removes the messages waiting in the queue,
+not those delivered and not acknowledged yet, and answers JSON
+{"Removed": N}; it needs the queue-update permission; an unknown channel or
+queue is 404.
 
 Generated codec: ``encode(msg) -> list[bytes]`` and ``decode(frames) -> msg``.
 ``decode`` raises only ``zproto.errors.DecodeError``; ``encode`` raises

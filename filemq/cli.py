@@ -1,4 +1,4 @@
-"""``filemq`` command line: ``serve``, ``sync``, ``subscribe``, ``ls`` and ``keys new``.
+"""``filemq`` command line: ``serve``, ``sync``, ``subscribe``, ``ls``, ``status``, ``keys new``.
 
 ``serve`` watches what it publishes (inotify; ``--poll`` for a polling
 observer, ``--no-watch`` for none) and pushes each complete file to subscribed
@@ -12,7 +12,11 @@ within ``--check-interval`` seconds (default 2; see ``filemq.client``).
 ``ls ENDPOINT [PATH]`` prints what the server publishes under PATH (mode in octal,
 ``-`` when the server sends none; size, mtime in UTC, SHA-1, virtual path;
 ``--json``: one JSON object per file, ``mode`` as octal text) and copies nothing
-(``filemq.lister``).  ``sync`` and ``subscribe`` take ``--bwlimit RATE`` (``10M``,
+(``filemq.lister``).  ``status URL`` prints what a running hub's file server
+publishes and how its subscribers keep up (mounts with their files and bytes, clients,
+files queued per subscriber: its lag; ``--json``: one object), read from the hub's
+HTTP (``zerohub serve --console`` or ``--metrics``: ``zerohub.status_http``).
+``sync`` and ``subscribe`` take ``--bwlimit RATE`` (``10M``,
 ``500K``: bytes per second, x1024 per letter; ``filemq.ratelimit``); ``serve`` too,
 for all its clients together.  ``sync`` draws a progress bar on a terminal (files,
 bytes, rate, ETA) and logs a progress line every few seconds otherwise.
@@ -43,10 +47,11 @@ used up).
 Exit codes (``zerohub.cli.ExitCode``, the same in every zerohub command): 0 success;
 1 failure: the sync failed or ended with errors (refused names, files that never
 verified, no answer), an endpoint in use, a key pair that exists, ``ls`` got no
-listing; 2 usage (bad
-option, malformed endpoint, a non-loopback bind without CURVE or --insecure);
-3 access refused (SRSLY, CURVE handshake failed); 4 the server answered RTFM
-twice; 5 another process is mirroring into DEST (``sync``/``subscribe``: the lock
+listing, ``status`` got no answer or not a hub's; 2 usage (bad
+option, malformed endpoint or URL, a non-loopback bind without CURVE or --insecure);
+3 access refused (SRSLY, CURVE handshake failed, ``status``: HTTP 401/403/421);
+4 the server answered RTFM twice; 5 another process is mirroring into DEST
+(``sync``/``subscribe``: the lock
 ``DEST/.filemq-part-lock`` is held; the line names its pid); 130 interrupted (Ctrl-C)
 before done; 141 stdout closed by its reader.
 ``serve``, ``subscribe`` and ``sync`` without ``--once`` stop on SIGINT/SIGTERM with 0.
@@ -424,6 +429,22 @@ def _ls_options(ls: argparse.ArgumentParser) -> None:
     )
 
 
+def _status_options(status: argparse.ArgumentParser) -> None:
+    status.add_argument(
+        "url",
+        help="the hub's console or metrics address, e.g. http://127.0.0.1:9465 "
+        "(zerohub serve --console / --metrics)",
+    )
+    status.add_argument("--json", action="store_true", help="the figures as one JSON object")
+    status.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="give up (exit 1) when the hub has not answered in this long (default %(default)s)",
+    )
+
+
 def _keys_options(keys: argparse.ArgumentParser) -> None:
     keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
     new = keys_sub.add_parser(
@@ -517,6 +538,11 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "sync": ("mirror a server path into DEST", _sync_options),
     "subscribe": ("keep DEST a live mirror of a server path", _subscribe_command_options),
     "ls": ("list what a server publishes (modes, sizes, SHA-1...), copying nothing", _ls_options),
+    "status": (
+        "what a running hub's file server publishes: mounts, files, bytes, subscribers "
+        "and their lag (exit 1: no answer, 2: bad URL, 3: refused)",
+        _status_options,
+    ),
     "keys": ("CURVE certificates", _keys_options),
 }
 
@@ -904,6 +930,42 @@ def _ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def _status(args: argparse.Namespace) -> int:
+    """``filemq status URL``: the figures of a running hub's file server (its HTTP)."""
+    import json
+
+    from zerohub.status_http import StatusError, check_url, files_status
+
+    url = check_url(args.url)  # ValueError: a usage error (2)
+    if args.timeout <= 0:
+        raise UsageError("status: --timeout must be positive")
+    try:
+        figures = files_status(url, args.timeout)
+    except StatusError as exc:
+        raise CommandError(str(exc), ExitCode.REFUSED if exc.refused else ExitCode.FAILURE)
+    if args.json:
+        print(json.dumps(figures, ensure_ascii=False, sort_keys=True, separators=(",", ":")))
+        return 0
+    subscribers = figures.get("subscribers") or []
+    lag = sum(int(s.get("queued", 0)) for s in subscribers)
+    print(
+        f"{len(figures.get('mounts') or [])} mounts, {figures.get('files', 0)} files, "
+        f"{figures.get('bytes', 0)} bytes; {figures.get('clients', 0)} subscribers, "
+        f"{lag} files queued (lag); sent {figures.get('sent_files', 0)} files, "
+        f"{figures.get('sent_bytes', 0)} bytes; {figures.get('resyncs', 0)} resyncs, "
+        f"{figures.get('rescans', 0)} rescans, "
+        f"{figures.get('watcher_overflows', 0)} watcher overflows"
+    )
+    for m in figures.get("mounts") or []:
+        where = f"  {m['dir']}" if m.get("dir") else ""
+        print(f"mount {m['at']}: {m.get('files', 0)} files, {m.get('bytes', 0)} bytes{where}")
+    for sub in subscribers:
+        paths = " ".join(sub.get("paths") or [])
+        sent = f", sent {sub['sent_files']} files" if "sent_files" in sub else ""
+        print(f"subscriber {sub['client']}: {sub['queued']} files queued{sent}  {paths}".rstrip())
+    return 0
+
+
 def _run_client(run: Callable[[], _T], context: zmq.Context[Any]) -> _T:
     """Run a sync or subscribe session; a failure becomes a CommandError with its code.
 
@@ -934,7 +996,14 @@ def _keys(args: argparse.Namespace) -> int:
     return 0
 
 
-_RUN = {"serve": _serve, "sync": _sync, "subscribe": _subscribe, "ls": _ls, "keys": _keys}
+_RUN = {
+    "serve": _serve,
+    "sync": _sync,
+    "subscribe": _subscribe,
+    "ls": _ls,
+    "status": _status,
+    "keys": _keys,
+}
 
 
 def _command(argv: Sequence[str] | None) -> int:

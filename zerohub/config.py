@@ -144,6 +144,9 @@ class BrokerConfig:
     ping_interval: float = field(default=5.0, metadata=_meta(low=0.05))
     peer_timeout: float = field(default=15.0, metadata=_meta(low=0.1))
     max_connections: int = field(default=11_000, metadata=_meta(low=1))
+    #: Keep the broker's saved messages and definitions in this folder (the durable
+    #: log, as ``broker serve --data``); none: in memory only.
+    data: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +180,12 @@ class ConsoleConfig:
     address: str = CONSOLE_ADDRESS
     #: Seconds between the page's refreshes.
     refresh: float = field(default=2.0, metadata=_meta(low=0.2, high=3600))
+    #: The token actions need (``X-Zerohub-Token``); empty: a new one is made at each
+    #: start and printed.  At least 16 characters.
+    token: str = ""
+    #: The ``Client-Token`` the console's broker connection presents: the broker's
+    #: authorization decides what its actions may do.  Empty: none.
+    broker_token: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -449,6 +458,8 @@ def check(config: HubConfig, checker: _Checker | None = None) -> HubConfig:
             raise checker.fail(key, str(exc)) from None
     _check_patterns(files, checker)
     metrics, console = config.metrics, config.console
+    if console.token and (len(console.token) < 16 or not console.token.isprintable()):
+        raise checker.fail("console.token", "must be at least 16 printable characters")
     if (
         metrics.enabled
         and console.enabled

@@ -11,26 +11,37 @@ and nothing was done for nothing.
 
 from __future__ import annotations
 
+import secrets
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import zmq
 
+from broker.engine.auth import Authorizer
+from broker.engine.delivery import PersistentDeliveryHandler
 from broker.engine.engine import Engine
 from broker.engine.limits import Limits
 from broker.engine.options import BrokerConfig as EngineConfig
-from broker.server.options import ServerOptions
+from broker.server.options import ServerError, ServerOptions
 from broker.server.server import REPLY_OVERHEAD, Server
+from broker.store.durable import DurableStore
+from broker.store.log import LogStore, StoreError
 from filemq.filters import Filters, read_pattern_file
 from filemq.live import LiveFileServer
 from filemq.server import Mount
 from filemq.state import default_state_dir
 from zerohub.config import ConfigError, HubConfig, split_address
 from zerohub.httpd import HttpServer
+from zerohub.rates import QueueRates
 
-__all__ = ["Hub", "HubEndpoints", "build"]
+__all__ = ["STATUS_TTL", "Hub", "HubEndpoints", "build"]
+
+#: Seconds one read of the broker's figures serves every reader (metrics, console).
+STATUS_TTL = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +72,7 @@ class Hub:
         owned: Sequence[zmq.Context[Any]] = (),
         events: tuple[str, int] | None = None,
         federation: Any = None,
+        store: LogStore | None = None,
     ) -> None:
         self.files = files
         self.broker = broker
@@ -73,6 +85,17 @@ class Hub:
         self.federation: Any = None  # the running federation
         #: Contexts the hub made itself (terminated by :meth:`stop`).
         self.owned = list(owned)
+        #: The broker's durable log (with ``data``): closed by :meth:`stop`.
+        self.store = store
+        #: The token the console's actions need ("" without a console).
+        self.console_token = ""
+        #: Per-queue rates, updated each time the broker's figures are read.
+        self.rates = QueueRates()
+        #: Seconds one read of the broker's figures serves (metrics, console, several
+        #: readers at once: one read of the engine, ``broker_snapshot``).
+        self.status_ttl = STATUS_TTL
+        self._snapshot: tuple[float, dict[str, Any]] | None = None
+        self._snapshot_lock = threading.Lock()
 
     def start(self) -> HubEndpoints:
         """Bind every socket, then start serving (walks and hashes the published trees).
@@ -129,6 +152,9 @@ class Hub:
         if self.federation is not None:
             steps.append(lambda: self.federation.stop(timeout))
         steps.append(lambda: self.broker.stop(timeout))
+        store, self.store = self.store, None
+        if store is not None:
+            steps.append(store.close)
         steps += [context.term for context in self.owned]
         self.owned = []
         first: BaseException | None = None
@@ -140,11 +166,39 @@ class Hub:
         if first is not None:
             raise first
 
+    def broker_snapshot(self) -> dict[str, Any]:
+        """The broker's figures (:func:`zerohub.status.broker_status`, with the queues'
+        rates), read again once ``status_ttl`` seconds have passed: the metrics and the
+        console share a read.  The dict is shared: read it, never change it."""
+        from zerohub.status import broker_status
+
+        with self._snapshot_lock:
+            now = time.monotonic()
+            if self._snapshot is not None and now - self._snapshot[0] < self.status_ttl:
+                return self._snapshot[1]
+            broker = broker_status(self.broker)
+            if "queue_list" in broker:
+                self.rates.update(broker["queue_list"])
+            self._snapshot = (now, broker)
+            return broker
+
     def status(self) -> dict[str, Any]:
         """What the console shows (``zerohub.status``)."""
-        from zerohub.status import broker_status, files_status
+        from zerohub.status import files_status
 
-        return {"files": files_status(self.files), "broker": broker_status(self.broker)}
+        return {"files": files_status(self.files), "broker": self.broker_snapshot()}
+
+
+def _open_data(data: Path | None) -> tuple[LogStore | None, DurableStore | None]:
+    """The broker's durable log in ``data`` and the engine's store over it (None, None:
+    in memory); ServerError if it cannot be opened."""
+    if data is None:
+        return None, None
+    try:
+        log_store = LogStore(data)
+    except StoreError as exc:
+        raise ServerError(f"--data {data}: {exc}") from None
+    return log_store, DurableStore(log_store)
 
 
 def _federation(config: HubConfig) -> Any:
@@ -159,7 +213,10 @@ def _federation(config: HubConfig) -> Any:
 
     try:
         return FederationSettings(
-            broker_id=broker_id_for(fed.broker_id or None, None),
+            broker_id=broker_id_for(
+                fed.broker_id or None,
+                None if config.broker.data is None else str(config.broker.data),
+            ),
             links=tuple(parse_link(link) for link in fed.links),
             accept=fed.accept,
             default_depth=fed.depth,
@@ -178,8 +235,14 @@ def _filters(config: HubConfig) -> Filters | None:
     return Filters(lines) if lines else None
 
 
-def build(config: HubConfig, context: zmq.Context[Any]) -> Hub:
-    """The hub ``config`` describes, on ``context`` (nothing bound or started yet)."""
+def build(
+    config: HubConfig, context: zmq.Context[Any], *, authorizer: Authorizer | None = None
+) -> Hub:
+    """The hub ``config`` describes, on ``context`` (nothing bound or started yet).
+
+    ``authorizer`` decides what the broker's clients (the console's among them) may do
+    (default: everything).
+    """
     f, b = config.files, config.broker
     state_dir = None
     if f.state:
@@ -215,23 +278,6 @@ def build(config: HubConfig, context: zmq.Context[Any]) -> Hub:
     if f.allow is not None and b.allow is not None and f.allow.resolve() != b.allow.resolve():
         broker_context = zmq.Context()
         owned.append(broker_context)
-    engine = Engine(
-        config=EngineConfig(node_name=b.node_name, wall_clock=time.time, limits=limits)
-    )
-    broker = Server(
-        engine,
-        ServerOptions(
-            endpoint=b.bind,
-            curve_secret=None if b.curve_secret is None else str(b.curve_secret),
-            allow_dir=None if b.allow is None else str(b.allow),
-            insecure=b.insecure,
-            max_frame_size=b.max_frame_size,
-            ping_interval=b.ping_interval,
-            peer_timeout=b.peer_timeout,
-            max_connections=b.max_connections,
-        ),
-        context=broker_context,
-    )
     events = None
     if f.events:
         from filemq.broker_events import EventsConfigError, EventTarget
@@ -243,7 +289,44 @@ def build(config: HubConfig, context: zmq.Context[Any]) -> Hub:
         except EventsConfigError as exc:
             raise ConfigError("files.events", str(exc)) from None
         events = (f.events, f.events_buffer)
-    hub = Hub(files, broker, owned=owned, events=events, federation=_federation(config))
+    federation = _federation(config)
+    log_store, durable = _open_data(b.data)
+    try:
+        engine = Engine(
+            config=EngineConfig(node_name=b.node_name, wall_clock=time.time, limits=limits),
+            authorizer=authorizer,
+            store=durable,
+            handlers={"persistent": PersistentDeliveryHandler()},
+        )
+        if durable is not None:
+            engine.recover(time.monotonic())
+        broker = Server(
+            engine,
+            ServerOptions(
+                endpoint=b.bind,
+                curve_secret=None if b.curve_secret is None else str(b.curve_secret),
+                allow_dir=None if b.allow is None else str(b.allow),
+                insecure=b.insecure,
+                max_frame_size=b.max_frame_size,
+                ping_interval=b.ping_interval,
+                peer_timeout=b.peer_timeout,
+                max_connections=b.max_connections,
+            ),
+            context=broker_context,
+            durable=durable,
+        )
+    except BaseException:
+        if log_store is not None:
+            log_store.close()
+        raise
+    hub = Hub(
+        files,
+        broker,
+        owned=owned,
+        events=events,
+        federation=federation,
+        store=log_store,
+    )
     if config.metrics.enabled:
         from zerohub.metrics import LinksCollector, metrics_server, registry
 
@@ -252,10 +335,27 @@ def build(config: HubConfig, context: zmq.Context[Any]) -> Hub:
             lambda: None if hub.federation is None else hub.federation.stats(),
             lambda: None if hub.events is None else hub.events.stats(),
         )
-        hub.http.append(metrics_server(address, registry(files, broker, links)))
+        metrics = registry(files, broker, log_store, broker_read=hub.broker_snapshot, links=links)
+        hub.http.append(metrics_server(address, metrics))
     if config.console.enabled:
         from zerohub.console import console_server
+        from zerohub.console.actions import ConsoleActions
 
-        address = split_address(config.console.address)
-        hub.http.append(console_server(address, hub.status, refresh=config.console.refresh))
+        console = config.console
+        address = split_address(console.address)
+        hub.console_token = console.token or secrets.token_urlsafe(24)
+        actions = ConsoleActions(
+            lambda: broker.endpoint,
+            broker_context,
+            broker_token=console.broker_token or None,
+        )
+        hub.http.append(
+            console_server(
+                address,
+                hub.status,
+                refresh=console.refresh,
+                actions=actions,
+                token=hub.console_token,
+            )
+        )
     return hub

@@ -59,7 +59,6 @@ from zerohub.config import (
     LOG_LEVELS,
     METRICS_ADDRESS,
     BrokerConfig,
-    ConsoleConfig,
     FilesConfig,
     HubConfig,
     LoggingConfig,
@@ -119,6 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ENDPOINT",
         help=f"where the broker listens (default {DEFAULT_BROKER_ENDPOINT}; same CURVE "
         "keys, allow-list and --insecure as the file server; default broker settings)",
+    )
+    serve.add_argument(
+        "--data",
+        metavar="DIR",
+        help="keep the broker's saved messages in DIR (the durable log; default: memory)",
     )
     serve.add_argument(
         "--metrics",
@@ -195,7 +199,11 @@ def _from_options(args: argparse.Namespace) -> HubConfig:
         links=not args.no_links,
     )
     broker = BrokerConfig(
-        bind=args.broker_bind, curve_secret=curve, allow=allow, insecure=args.insecure
+        bind=args.broker_bind,
+        curve_secret=curve,
+        allow=allow,
+        insecure=args.insecure,
+        data=None if args.data is None else Path(args.data),
     )
     return HubConfig(files=files, broker=broker)
 
@@ -216,8 +224,8 @@ def _configure(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Hub
     if args.metrics is not None:
         changes["metrics"] = MetricsConfig(enabled=True, address=args.metrics)
     if args.console is not None:
-        changes["console"] = ConsoleConfig(
-            enabled=True, address=args.console, refresh=config.console.refresh
+        changes["console"] = dataclasses.replace(
+            config.console, enabled=True, address=args.console
         )
     logging_ = config.logging
     changes["logging"] = LoggingConfig(
@@ -248,7 +256,13 @@ def _report(config: HubConfig, hub: Hub, endpoints: HubEndpoints) -> bool:
     f = config.files
     watching = "not watching" if not f.watch else "polling" if f.poll else "watching"
     lines = [f"broker serving on {endpoints.broker}"]
-    lines += [f"{name} on {url}/" for name, url in endpoints.http.items()]
+    for name, url in endpoints.http.items():
+        if name == "console" and not config.console.token:
+            lines.append(f"console on {url}/#token={hub.console_token}")
+        elif name == "console":
+            lines.append(f"console on {url}/ (actions need [console] token)")
+        else:
+            lines.append(f"{name} on {url}/")
     lines.append(f"serving {_published(config)} on {endpoints.files} ({counts}, {watching})")
     for line in lines:
         print(f"zerohub: {line}", file=sys.stderr, flush=True)

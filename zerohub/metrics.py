@@ -7,7 +7,7 @@ broker's hot paths for metrics' sake.  Off by default; ``zerohub serve --metrics
 
 Families (``_total`` ones are counters, the rest gauges):
 
-FILEMQ (``zerohub_filemq_``): ``index_entries{mount}``, ``clients``,
+FILEMQ (``zerohub_filemq_``): ``index_entries{mount}``, ``index_bytes{mount}``, ``clients``,
 ``sent_files_total``, ``sent_bytes_total``, ``resyncs_total`` (subscriptions
 answered), ``rescans_total``, ``watcher_overflows_total``, and per subscriber
 ``subscriber_queued_files{client}`` (its lag: files queued for it, not sent yet).
@@ -17,7 +17,10 @@ Broker (``zerohub_broker_``): ``peers``, ``clients``, ``channels``, ``queues``,
 ``received_total`` (pushes), ``sent_total``, ``deliveries_total``, ``acks_total``,
 ``nacks_total``, ``timeouts_total``, ``removed_total``,
 ``dropped_deliveries_total``, ``errors_total``; per queue
-``queue_messages{channel,queue}`` and ``queue_unacked{channel,queue}``, per channel
+``queue_messages{channel,queue}`` and ``queue_unacked{channel,queue}``, the counters
+``queue_published_total{channel,queue}`` (pushed into it) and
+``queue_delivered_total{channel,queue}`` (sent out of it; ``rate()`` of both are the
+console's per-queue rates), per channel
 ``channel_consumers{channel}``; and the transport's ``frames_total{direction}`` and
 ``transport_events_total{event}`` (``refused``, ``bad_frames``, ``expired``,
 ``dropped_out``... by reason).  ``zerohub_broker_up`` is 0 when the statistics could
@@ -31,12 +34,20 @@ broker ``peer_up{peer}`` and ``peer_in_flight{peer}``.  File events
 (``zerohub_file_events_``, with ``[files] events``): ``published_total``,
 ``dropped_total``, ``buffered``.
 
+The broker's durable log (``zerohub serve --data DIR``, ``zerohub_store_``): gauges
+``segments``, ``disk_bytes``, ``live_bytes``, ``live_records``, ``index_bytes``,
+``pending_records``, ``recovered_records``, ``damaged``, ``compacting``; counters
+``fsyncs_total``, ``fsync_seconds_total`` (their ratio is the mean fsync latency),
+``batches_total`` and ``batch_records_total`` (their ratio is the mean group commit
+size), ``compactions_total``.
+
 Per-subscriber and per-queue series are capped at ``zerohub.status.MAX_LISTED`` each
 (the most lagging / deepest first).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -44,13 +55,23 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from broker.server.server import Server
+from broker.store.log import LogStore
 from filemq.live import LiveFileServer
 from zerohub.httpd import HttpServer, Response
 from zerohub.status import broker_status, files_status
 
-__all__ = ["BrokerCollector", "FilesCollector", "LinksCollector", "metrics_server", "registry"]
+__all__ = [
+    "BrokerCollector",
+    "FilesCollector",
+    "LinksCollector",
+    "StoreCollector",
+    "exposition",
+    "metrics_server",
+    "registry",
+]
 
 
 class FilesCollector(Collector):
@@ -65,9 +86,14 @@ class FilesCollector(Collector):
         index = GaugeMetricFamily(
             p + "index_entries", "Entries in a mount's index", labels=["mount"]
         )
+        size = GaugeMetricFamily(
+            p + "index_bytes", "Bytes of the files in a mount's index", labels=["mount"]
+        )
         for mount in s["mounts"]:
             index.add_metric([mount["at"]], mount["files"])
+            size.add_metric([mount["at"]], mount["bytes"])
         yield index
+        yield size
         yield GaugeMetricFamily(p + "clients", "Clients with a session", value=s["clients"])
         for key, about in (
             ("sent_files", "Whole files sent to clients"),
@@ -114,11 +140,13 @@ _COUNTERS = (
 class BrokerCollector(Collector):
     """The broker's figures (``Server.stats``), read at scrape time."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Server, read: Callable[[], dict[str, Any]] | None = None) -> None:
         self.server = server
+        #: How the figures are read (the hub shares one read with its console).
+        self.read = read or (lambda: broker_status(server))
 
     def collect(self) -> Iterator[Metric]:
-        s = broker_status(self.server)
+        s = self.read()
         p = "zerohub_broker_"
         ok = "error" not in s
         yield GaugeMetricFamily(p + "up", "1 if the statistics could be read", value=int(ok))
@@ -145,12 +173,22 @@ class BrokerCollector(Collector):
         unacked = GaugeMetricFamily(
             p + "queue_unacked", "Deliveries of a queue not acknowledged yet", labels=labels
         )
+        published = CounterMetricFamily(
+            p + "queue_published", "Messages pushed into a queue", labels=labels
+        )
+        delivered = CounterMetricFamily(
+            p + "queue_delivered", "Messages sent out of a queue to consumers", labels=labels
+        )
         for q in s["queue_list"]:
             names = [q["channel"], str(q["queue"])]
             depth.add_metric(names, q["messages"])
             unacked.add_metric(names, q["unacked"])
+            published.add_metric(names, q["received"])
+            delivered.add_metric(names, q["sent"])
         yield depth
         yield unacked
+        yield published
+        yield delivered
         consumers = GaugeMetricFamily(
             p + "channel_consumers", "Consumers of a channel", labels=["channel"]
         )
@@ -213,27 +251,122 @@ class LinksCollector(Collector):
                                     value=events["buffered"])  # fmt: skip
 
 
+_STORE_GAUGES = (
+    ("segments", "segments", "Segment files of the log"),
+    ("disk_bytes", "disk_bytes", "Bytes of the segment files"),
+    ("live_bytes", "live_bytes", "Bytes of the records still live"),
+    ("live_records", "live_records", "Records still live (saved messages not removed)"),
+    ("index_bytes", "index_bytes", "Bytes of memory the log's index takes"),
+    ("pending", "pending_records", "Records waiting for the writer"),
+    ("recovered_records", "recovered_records", "Records recovered when the store opened"),
+)
+_STORE_COUNTERS = (
+    ("syncs", "fsyncs", "fsyncs of segment files"),
+    ("batches", "batches", "Write batches (group commits)"),
+    ("batch_records", "batch_records", "Records written in batches (/ batches: mean group size)"),
+    ("sync_seconds", "fsync_seconds", "Seconds spent in fsyncs after batches (/ fsyncs: latency)"),
+    ("compactions", "compactions", "Segments compacted (and deleted)"),
+)
+
+
+class StoreCollector(Collector):
+    """The broker's durable log (``LogStore.stats()``), read at scrape time."""
+
+    def __init__(self, store: LogStore) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.store.stats()
+        p = "zerohub_store_"
+        for key, name, about in _STORE_GAUGES:
+            yield GaugeMetricFamily(p + name, about, value=getattr(s, key))
+        yield GaugeMetricFamily(p + "damaged", "Damage found at recovery", value=len(s.damage))
+        yield GaugeMetricFamily(
+            p + "compacting", "1 while a compaction runs or is due", value=int(s.compacting)
+        )
+        for key, name, about in _STORE_COUNTERS:
+            yield CounterMetricFamily(p + name, about, value=getattr(s, key))
+
+
 def registry(
     files: LiveFileServer | None,
     broker: Server | None,
+    store: LogStore | None = None,
+    *,
+    broker_read: Callable[[], dict[str, Any]] | None = None,
     links: LinksCollector | None = None,
 ) -> CollectorRegistry:
-    """A registry of the hub's collectors only (no process or platform collectors)."""
+    """A registry of the hub's collectors only (no process or platform collectors);
+    ``broker_read`` reads the broker's figures (default: ``broker_status(broker)``)."""
     out = CollectorRegistry(auto_describe=False)
     if files is not None:
         out.register(FilesCollector(files))
     if broker is not None:
-        out.register(BrokerCollector(broker))
+        out.register(BrokerCollector(broker, broker_read))
+    if store is not None:
+        out.register(StoreCollector(store))
     if links is not None:
         out.register(links)
     return out
+
+
+def _label_value(value: str) -> str:
+    if "\\" in value or "\n" in value or '"' in value:
+        return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    return value
+
+
+def exposition(metrics: CollectorRegistry) -> bytes:
+    """The registry in Prometheus' text format, as ``generate_latest`` writes it.
+
+    A leaner writer for what the hub's collectors yield (gauges and counters, label
+    names that need no escaping, no timestamps): ``generate_latest`` validates and
+    escapes every label name of every sample again.  Anything else (another family
+    type, a timestamp, a label name to escape) is left to ``generate_latest``.
+    """
+    families = list(metrics.collect())
+    out = _write(families)
+    return out if out is not None else generate_latest(metrics)
+
+
+def _write(families: list[Metric]) -> bytes | None:
+    out: list[str] = []
+    append = out.append
+    number = floatToGoString
+    for family in families:
+        kind = family.type
+        if kind not in ("counter", "gauge"):
+            return None
+        name = family.name + "_total" if kind == "counter" else family.name
+        about = family.documentation.replace("\\", "\\\\").replace("\n", "\\n")
+        append(f"# HELP {name} {about}\n# TYPE {name} {kind}\n")
+        names: tuple[str, ...] | None = None
+        for sample in family.samples:
+            if sample.timestamp is not None or sample.exemplar is not None:
+                return None
+            labels = sample.labels
+            if not labels:
+                append(f"{sample.name} {number(sample.value)}\n")
+                continue
+            keys = tuple(labels)
+            if keys != names:
+                if any(not _LABEL_NAME.fullmatch(k) for k in keys):
+                    return None
+                names = keys
+            pairs = sorted(labels.items()) if len(keys) > 1 else labels.items()
+            text = ",".join(f'{k}="{_label_value(v)}"' for k, v in pairs)
+            append(f"{sample.name}{{{text}}} {number(sample.value)}\n")
+    return "".join(out).encode("utf-8")
+
+
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
 def metrics_server(address: tuple[str, int], metrics: CollectorRegistry) -> HttpServer:
     """An :class:`HttpServer` answering ``/metrics`` (and ``/`` with a pointer to it)."""
 
     def scrape() -> Response:
-        return Response(generate_latest(metrics), CONTENT_TYPE_LATEST)
+        return Response(exposition(metrics), CONTENT_TYPE_LATEST)
 
     def index() -> Response:
         return Response(b"zerohub metrics: /metrics\n")

@@ -37,6 +37,7 @@ def files_status(live: LiveFileServer) -> dict[str, Any]:
             "at": m.virtual,
             "dir": str(m.directory),
             "files": stats.index_files.get(m.virtual, 0),
+            "bytes": _published_bytes(server.indexes.get(m.virtual)),
         }
         for m in server.mounts
     ]
@@ -44,6 +45,7 @@ def files_status(live: LiveFileServer) -> dict[str, Any]:
         "endpoint": server.endpoint,
         "mounts": mounts,
         "files": sum(stats.index_files.values()),
+        "bytes": sum(m["bytes"] for m in mounts),
         "clients": stats.clients,
         "sent_files": stats.sent_files,
         "sent_bytes": stats.sent_bytes,
@@ -64,6 +66,13 @@ def files_status(live: LiveFileServer) -> dict[str, Any]:
         ],
         "truncated": max(0, len(subscribers) - MAX_LISTED),
     }
+
+
+def _published_bytes(index: Any) -> int:
+    """The size of the files a mount's index holds (a copy of its entries is summed)."""
+    if index is None:
+        return 0
+    return sum(entry.size for entry in index)
 
 
 _TOTALS = (
@@ -128,6 +137,8 @@ def broker_status(server: Server) -> dict[str, Any]:
                     "status": q.get("Status"),
                     "messages": int(q.get("Messages") or 0) + int(q.get("PriorityMessages") or 0),
                     "unacked": int(q.get("PendingAcknowledges") or 0),
+                    "received": int(q.get("ReceivedMessages") or 0),
+                    "sent": int(q.get("SentMessages") or 0),
                     "consumers": channel["consumers"],
                 }
             )

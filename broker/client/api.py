@@ -509,6 +509,10 @@ class ClientApi(Generic[R]):
     def queue_info(self, channel: str, queue_id: int) -> R:
         return self._op(Operation.QUEUE_INFO, channel, queue_id=queue_id, path=())
 
+    def purge_queue(self, channel: str, queue_id: int) -> R:
+        """Remove the queue's waiting messages; the answer is ``{"Removed": n}``."""
+        return self._op(Operation.QUEUE_PURGE, channel, queue_id=queue_id, path=())
+
     def clients(self, client_type: str = "") -> R:
         return self._op(Operation.CLIENT_LIST, client_type, path=())
 

@@ -158,6 +158,9 @@ def channel_stats(c: Channel[QV]) -> dict[str, Any]:
                 **queue_summary(q),
                 "PendingAcknowledges": len(q.pending),
                 "Sequence": q.sequence,
+                # counters: the hub's per-queue rates are their differences over time
+                "ReceivedMessages": q.received,
+                "SentMessages": q.sent,
             }
             for q in c.queues.values()
         ],

@@ -304,6 +304,17 @@ def queue_delete(
     parts.channels.remove_queue(queue, out)
 
 
+def queue_purge(
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> dict[str, int]:
+    """Remove the messages waiting in a queue (not those delivered and not acknowledged
+    yet); their producers waiting for an acknowledge are nacked.  ``{"Removed": n}``."""
+    queue = _queue(parts, frame)
+    _allow(parts, client, Action.QUEUE_UPDATE, queue.channel.name, queue.id)
+    removed = queue.clear(out, priority=True, regular=True, in_flight=False)
+    return {"Removed": removed}
+
+
 def queue_list(
     parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> Page:
@@ -561,6 +572,7 @@ _OPERATIONS: dict[int, tuple[_Op, bool]] = {
     Operation.QUEUE_DELETE: (queue_delete, False),
     Operation.QUEUE_LIST: (queue_list, True),
     Operation.QUEUE_INFO: (queue_info, True),
+    Operation.QUEUE_PURGE: (queue_purge, True),
     Operation.QUEUE_BOUNDS: (queue_bounds, True),
     Operation.QUEUE_BROWSE: (queue_browse, True),
     Operation.QUEUE_RELEASE: (queue_release, True),

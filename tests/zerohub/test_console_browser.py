@@ -1,22 +1,30 @@
 """The web console in a real headless browser (Debian's ``chromium``): the page loads, runs
-its script, fetches the status and shows a queue a test created, names as plain text.
+its script, fetches the status and shows a queue a test created, names as plain text; an
+action taken in the page (driven over the DevTools protocol, ``tests/zerohub/cdp.py``)
+changes the broker, and is refused without the token or from a page elsewhere.
 
 Slow (a browser start or two); skipped when no ``chromium`` is installed (``.ci/run``
-installs it).  The screenshot is kept in ``.artifacts/console.png`` (or under
-``$ZEROHUB_ARTIFACTS``).
+installs it).  The screenshots are kept in ``.artifacts/console.png`` and
+``.artifacts/console-action.png`` (or under ``$ZEROHUB_ARTIFACTS``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import zmq
 
 from broker.client.blocking import Client
+from broker.client.errors import RemoteError
+from tests.polling import wait_until
+from tests.zerohub.cdp import WAIT, Browser
 from zerohub.hub import Hub, HubEndpoints
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -72,7 +80,7 @@ def test_the_console_shows_a_queue_in_a_real_browser(
         # the queue's row, its name as text (escaped), not as markup
         row = (
             "<tr><td>&lt;b&gt;orders&lt;/b&gt;</td><td>5</td><td>Pull</td>"
-            '<td class="n">2</td><td class="n">0</td><td class="n">0</td></tr>'
+            '<td class="n">2</td><td class="n">0</td><td class="n">0</td>'
         )
         assert row in dom, dom
         assert "<b>orders</b>" not in dom
@@ -86,3 +94,153 @@ def test_the_console_shows_a_queue_in_a_real_browser(
         )
     assert taken.returncode == 0, taken.stderr[-2000:]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _queue_button(action: str, channel: str, queue: int) -> str:
+    """JavaScript: true once the row's button for ``action`` on a queue is drawn."""
+    return (
+        f"!![...document.querySelectorAll('#queues button[data-action={action}]')]"
+        f".find(b => b.dataset.channel === {json.dumps(channel)} && "
+        f"b.dataset.queue === '{queue}')"
+    )
+
+
+def _has_queue(client: Client, channel: str, queue: int) -> bool:
+    try:
+        client.queue_info(channel, queue)
+    except RemoteError as exc:
+        assert exc.code == 404
+        return False
+    return True
+
+
+def _click(action: str, channel: str, queue: int) -> str:
+    """JavaScript: click the row's button for ``action`` on a queue."""
+    return (
+        f"[...document.querySelectorAll('#queues button[data-action={action}]')]"
+        f".find(b => b.dataset.channel === {json.dumps(channel)} && "
+        f"b.dataset.queue === '{queue}').click()"
+    )
+
+
+def test_an_action_in_the_page_changes_the_broker_and_needs_the_token(
+    hub: tuple[Hub, HubEndpoints, Path], zctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    the_hub, endpoints, tmp_path = hub
+    url = endpoints.http["console"] + "/"
+    with Client(endpoints.broker, context=zctx, timeout=10).connect() as client:
+        client.create_queue("orders", 5, {"Status": "Pull"})
+        for i in range(2):
+            client.push("orders", 5, f"order {i}".encode(), ack=True)
+        messages = lambda: client.queue_info("orders", 5)["Messages"]  # noqa: E731
+
+        with Browser(tmp_path / "profile-cdp") as browser:
+            # without the token: the page asks, the console refuses, nothing changes
+            browser.navigate(url)
+            browser.wait_for(_queue_button("purge", "orders", 5))
+            browser.evaluate(_click("purge", "orders", 5))
+            said = browser.wait_for(
+                "document.getElementById('outcome').textContent.startsWith('refused') && "
+                "document.getElementById('outcome').textContent"
+            )
+            assert "token" in said
+            assert browser.dialogs == ["purge orders/5?"]
+            assert messages() == 2
+
+            # with the token from the link zerohub serve prints
+            browser.navigate(f"{url}#token={the_hub.console_token}")
+            browser.wait_for("location.hash === ''")  # taken out of the address bar
+            assert browser.evaluate("document.getElementById('token-state').textContent") == (
+                "token set"
+            )
+            browser.wait_for(_queue_button("purge", "orders", 5))
+            browser.evaluate(_click("purge", "orders", 5))
+            assert wait_until(lambda: messages() == 0, timeout=WAIT)
+            said = browser.wait_for(
+                "document.getElementById('outcome').className === 'ok' && "
+                "document.getElementById('outcome').textContent"
+            )
+            assert said == "queue orders/5 purged: 2 removed"
+
+            # a queue created through the page's form
+            browser.evaluate(
+                "document.getElementById('new-channel').value = 'made-in-page';"
+                "document.getElementById('new-queue').value = '7';"
+                "document.getElementById('new-status').value = 'Cache';"
+                "document.getElementById('create').click()"
+            )
+            assert wait_until(lambda: _has_queue(client, "made-in-page", 7), timeout=WAIT)
+            assert client.queue_info("made-in-page", 7)["Status"] == "Cache"
+            browser.wait_for(_queue_button("browse", "made-in-page", 7))
+
+            # browse shows what a queue holds and takes nothing
+            client.push("made-in-page", 7, b"<i>latest</i>", ack=True)
+            browser.evaluate(_click("browse", "made-in-page", 7))
+            cell = browser.wait_for(
+                "document.querySelector('#browsed tbody td:last-child')?.textContent"
+            )
+            assert cell == "<i>latest</i>"  # as text
+            assert client.queue_info("made-in-page", 7)["Messages"] == 1
+
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            shot = ARTIFACTS / "console-action.png"
+            browser.screenshot(shot)
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+_EVIL_PAGE = """<!doctype html><html><body><script>
+const target = %(target)s, token = %(token)s;
+const body = JSON.stringify({action: "purge", channel: "orders", queue: 1});
+const tries = [
+  fetch(target, {method: "POST", mode: "no-cors", body,
+                 headers: {"Content-Type": "text/plain"}}).then(() => "no-cors sent"),
+  fetch(target, {method: "POST", body, headers: {"Content-Type": "application/json",
+                 "X-Zerohub-Token": token}}).then(r => "cors " + r.status),
+];
+Promise.allSettled(tries).then(results => {
+  document.title = "done: " + results.map(r => r.value || r.reason).join(" | ");
+});
+</script></body></html>"""
+
+
+def test_a_page_elsewhere_cannot_act_on_the_console_even_knowing_the_token(
+    hub: tuple[Hub, HubEndpoints, Path], zctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    the_hub, endpoints, tmp_path = hub
+    console = next(door for door in the_hub.http if door.name == "console")
+    page = _EVIL_PAGE % {
+        "target": json.dumps(endpoints.http["console"] + "/api/action"),
+        "token": json.dumps(the_hub.console_token),
+    }
+
+    class Evil(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            data = page.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    evil = ThreadingHTTPServer(("127.0.0.1", 0), Evil)
+    thread = threading.Thread(target=evil.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with Client(endpoints.broker, context=zctx, timeout=10).connect() as client:
+            client.create_queue("orders", 1, {"Status": "Pull"})
+            client.push("orders", 1, b"keep me", ack=True)
+            served = console.served
+            with Browser(tmp_path / "profile-evil") as browser:
+                browser.navigate(f"http://127.0.0.1:{evil.server_address[1]}/")
+                title = browser.wait_for("document.title.startsWith('done') && document.title")
+            assert "no-cors sent" in title
+            assert "cors 200" not in title
+            assert console.served > served  # the forged request did reach the console
+            assert client.queue_info("orders", 1)["Messages"] == 1
+    finally:
+        evil.shutdown()
+        evil.server_close()
+        thread.join()

@@ -111,7 +111,6 @@ class QueueCore(Protocol):
 
     def to_trash(self, m: QueueMessage, reason: str) -> None: ...
 
-
     def ack_producer(
         self, m: QueueMessage, when: AckWhen, out: list[Outgoing], reason: str, source: str = ""
     ) -> None: ...

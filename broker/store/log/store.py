@@ -97,6 +97,12 @@ class StoreStats:
     compacting: bool
     #: fsyncs of segment files since the store opened
     syncs: int
+    #: write batches (group commits) and the records they took, since the store opened:
+    #: records / batches is the mean group size
+    batches: int = 0
+    batch_records: int = 0
+    #: seconds spent in the fsyncs after batches (their latency, summed)
+    sync_seconds: float = 0.0
 
 
 @dataclass(slots=True)
@@ -177,6 +183,9 @@ class LogStore:
         self._look_for_victim = True
         self._compaction: _Compaction | None = None
         self._compactions = 0
+        self._batches = 0
+        self._batch_records = 0
+        self._sync_seconds = 0.0
         self._syncs = 0
         self._closing = False
         self._failed: StoreIOError | None = None
@@ -482,6 +491,9 @@ class LogStore:
                 compacting=self._compaction is not None
                 or self._state.table.victim(self._head) is not None,
                 syncs=self._syncs,
+                batches=self._batches,
+                batch_records=self._batch_records,
+                sync_seconds=self._sync_seconds,
             )
 
     # -- under the lock --------------------------------------------------------------------
@@ -573,6 +585,8 @@ class LogStore:
             return batch, stop
 
     def _write(self, batch: list[tuple[int, bytes, int]]) -> None:
+        self._batches += 1
+        self._batch_records += len(batch)
         start = 0
         while start < len(batch):
             segment = batch[start][0]
@@ -647,9 +661,11 @@ class LogStore:
                 and time.monotonic() - self._last_sync >= self.options.batch_interval
             )
         if unsynced and self._fd >= 0 and (forced or due):
+            began = time.monotonic()
             self._sync_head()
             self._syncs += 1
             self._last_sync = time.monotonic()
+            self._sync_seconds += self._last_sync - began
             with self._lock:
                 self._synced_ticket = written
                 self._written_cond.notify_all()

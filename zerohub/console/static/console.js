@@ -1,6 +1,11 @@
-// zerohub console: draws /api/status, again every data-refresh-ms milliseconds.
+// zerohub console: draws /api/status, again every data-refresh-ms milliseconds, and
+// sends the actions (POST /api/action with the token in X-Zerohub-Token).
 // Every value goes into the page as a text node: names chosen by clients stay text.
 "use strict";
+
+const SVG = "http://www.w3.org/2000/svg";
+const STATUSES = ["Broadcast", "Push", "RoundRobin", "Pull", "Cache", "Paused", "Stopped"];
+const TOKEN_KEY = "zerohub-console-token";
 
 function cell(row, value, numeric) {
   const td = document.createElement("td");
@@ -18,6 +23,75 @@ function fill(tableId, rows, columns) {
       const value = typeof key === "function" ? key(item) : item[key];
       cell(tr, value, numeric);
     }
+    fresh.appendChild(tr);
+  }
+  body.replaceWith(fresh);
+}
+
+// A small line chart of a queue's rates (in: green, out: blue), drawn as inline SVG.
+function chart(history) {
+  const svg = document.createElementNS(SVG, "svg");
+  svg.setAttribute("class", "chart");
+  svg.setAttribute("viewBox", "0 0 120 28");
+  const points = history || [];
+  let top = 1;
+  for (const [i, o] of points) top = Math.max(top, i, o);
+  for (const [index, name] of [[0, "in"], [1, "out"]]) {
+    const line = document.createElementNS(SVG, "polyline");
+    line.setAttribute("class", name);
+    const step = points.length > 1 ? 120 / (points.length - 1) : 0;
+    line.setAttribute("points", points.map((p, k) =>
+      (k * step).toFixed(1) + "," + (27 - (p[index] / top) * 26).toFixed(1)).join(" "));
+    svg.appendChild(line);
+  }
+  const title = document.createElementNS(SVG, "title");
+  title.textContent = "peak " + top + "/s (in: green, out: blue)";
+  svg.appendChild(title);
+  return svg;
+}
+
+function button(label, action, q) {
+  const b = document.createElement("button");
+  b.type = "button";
+  b.textContent = label;
+  b.dataset.action = action;
+  b.dataset.channel = q.channel;
+  b.dataset.queue = String(q.queue);
+  return b;
+}
+
+function statusPicker(q) {
+  const select = document.createElement("select");
+  select.dataset.action = "set-status";
+  select.dataset.channel = q.channel;
+  select.dataset.queue = String(q.queue);
+  for (const name of STATUSES) {
+    const option = document.createElement("option");
+    option.value = name;
+    option.textContent = name;
+    option.selected = name === q.status;
+    select.appendChild(option);
+  }
+  return select;
+}
+
+function queueRows(queues) {
+  const body = document.querySelector("#queues tbody");
+  const fresh = document.createElement("tbody");
+  for (const q of queues) {
+    const tr = document.createElement("tr");
+    for (const [key, numeric] of [["channel", false], ["queue", false], ["status", false],
+      ["messages", true], ["unacked", true], ["consumers", true], ["in_rate", true],
+      ["out_rate", true]]) cell(tr, q[key], numeric);
+    const graph = document.createElement("td");
+    graph.appendChild(chart(q.history));
+    tr.appendChild(graph);
+    const acts = document.createElement("td");
+    acts.className = "act";
+    acts.appendChild(statusPicker(q));
+    for (const [label, action] of [["browse", "browse"], ["purge", "purge"],
+      ["delete", "delete-queue"]]) acts.appendChild(button(label, action, q));
+    tr.appendChild(acts);
     fresh.appendChild(tr);
   }
   body.replaceWith(fresh);
@@ -55,11 +129,115 @@ function draw(status) {
     ["deliveries", b.deliveries], ["acks", b.acks], ["nacks", b.nacks],
     ["dropped", b.dropped_deliveries],
   ]);
-  fill("queues", b.queue_list || [], [
-    ["channel", false], ["queue", false], ["status", false], ["messages", true],
-    ["unacked", true], ["consumers", true],
-  ]);
+  if (!document.querySelector("#queues select:focus")) queueRows(b.queue_list || []);
 }
+
+function say(text, ok) {
+  const outcome = document.getElementById("outcome");
+  outcome.textContent = text;
+  outcome.className = ok ? "ok" : "error";
+}
+
+async function act(request) {
+  const token = sessionStorage.getItem(TOKEN_KEY) || "";
+  let result;
+  try {
+    const answer = await fetch("/api/action", {
+      method: "POST",
+      cache: "no-store",
+      headers: { "Content-Type": "application/json", "X-Zerohub-Token": token },
+      body: JSON.stringify(request),
+    });
+    result = await answer.json().catch(() => ({ error: "HTTP " + answer.status }));
+    if (!answer.ok && !result.error) result.error = "HTTP " + answer.status;
+  } catch (err) {
+    result = { error: err.message };
+  }
+  say(result.error ? "refused: " + result.error : result.done || "done", !result.error);
+  if (!result.error && request.action !== "browse") refresh();
+  return result;
+}
+
+function showBrowsed(result) {
+  const box = document.getElementById("browse");
+  document.getElementById("browse-title").textContent =
+    result.channel + "/" + result.queue + " (" + result.messages.length + " shown)";
+  fill("browsed", result.messages, [
+    [(m) => result.messages.indexOf(m) + 1, true], ["sequence", true], ["id", false],
+    ["producer", false], ["size", true],
+    [(m) => (m.text !== undefined ? m.text : "base64: " + m.base64), false],
+  ]);
+  box.hidden = false;
+}
+
+async function onQueueAction(target) {
+  const request = { action: target.dataset.action, channel: target.dataset.channel,
+    queue: Number(target.dataset.queue) };
+  const where = request.channel + "/" + request.queue;
+  if (request.action === "set-status") request.status = target.value;
+  if (request.action === "browse") request.limit = 20;
+  if ((request.action === "purge" || request.action === "delete-queue") &&
+      !confirm(request.action + " " + where + "?")) return;
+  const result = await act(request);
+  if (request.action === "browse" && !result.error) showBrowsed(result);
+}
+
+// The link zerohub serve prints carries the token after '#' (never sent to a server):
+// kept for this tab's life, then taken out of the address bar and the history.
+function tokenFromLink(known) {
+  const fromLink = new URLSearchParams(location.hash.slice(1)).get("token");
+  if (fromLink) {
+    sessionStorage.setItem(TOKEN_KEY, fromLink);
+    history.replaceState(null, "", location.pathname);
+  }
+  known();
+}
+
+function setUp() {
+  const tokenState = document.getElementById("token-state");
+  const known = () => { tokenState.textContent = sessionStorage.getItem(TOKEN_KEY) ?
+    "token set" : "no token: actions are refused"; };
+  tokenFromLink(known);
+  window.addEventListener("hashchange", () => tokenFromLink(known));
+  document.getElementById("token-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    sessionStorage.setItem(TOKEN_KEY, document.getElementById("token").value.trim());
+    document.getElementById("token").value = "";
+    known();
+  });
+  const picker = document.getElementById("new-status");
+  for (const name of STATUSES) {
+    const option = document.createElement("option");
+    option.value = name;
+    option.textContent = name;
+    picker.appendChild(option);
+  }
+  document.getElementById("create-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const channel = document.getElementById("new-channel").value;
+    const queue = document.getElementById("new-queue").value;
+    const status = picker.value;
+    if (queue === "") act({ action: "create-channel", channel });
+    else act({ action: "create-queue", channel, queue: Number(queue),
+      ...(status ? { status } : {}) });
+  });
+  document.getElementById("delete-channel").addEventListener("click", () => {
+    const channel = document.getElementById("new-channel").value;
+    if (channel && confirm("delete channel " + channel + "?")) {
+      act({ action: "delete-channel", channel });
+    }
+  });
+  const queues = document.getElementById("queues");
+  queues.addEventListener("click", (event) => {
+    const target = event.target.closest("button[data-action]");
+    if (target) onQueueAction(target);
+  });
+  queues.addEventListener("change", (event) => {
+    const target = event.target.closest("select[data-action]");
+    if (target) onQueueAction(target);
+  });
+}
+
 
 async function refresh() {
   const state = document.getElementById("state");
@@ -76,5 +254,6 @@ async function refresh() {
 }
 
 const every = Number(document.body.dataset.refreshMs) || 2000;
+setUp();
 refresh();
 setInterval(refresh, every);
