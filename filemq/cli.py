@@ -1,4 +1,5 @@
-"""``filemq`` command line: ``serve``, ``sync``, ``subscribe``, ``ls`` and ``keys new``.
+"""``filemq`` command line: ``serve``, ``sync``, ``subscribe``, ``ls``, ``keys new`` and
+``manifest`` (Parquet manifests of a tree, made here or on Spark: ``filemq.manifest_cli``).
 
 ``serve`` watches what it publishes (inotify; ``--poll`` for a polling
 observer, ``--no-watch`` for none) and pushes each complete file to subscribed
@@ -442,7 +443,15 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "subscribe": ("keep DEST a live mirror of a server path", _subscribe_options),
     "ls": ("list what a server publishes (modes, sizes, SHA-1...), copying nothing", _ls_options),
     "keys": ("CURVE certificates", _keys_options),
-}
+    "manifest": ("make, import (as an index) or compare Parquet manifests of a tree",
+                 lambda parser: _manifest_module().manifest_options(parser)),
+}  # fmt: skip
+
+
+def _manifest_module() -> Any:
+    from filemq import manifest_cli  # only `filemq manifest` pays for its import
+
+    return manifest_cli
 
 
 @functools.cache
@@ -838,7 +847,12 @@ def _keys(args: argparse.Namespace) -> int:
     return 0
 
 
-_RUN = {"serve": _serve, "sync": _sync, "subscribe": _subscribe, "ls": _ls, "keys": _keys}
+def _manifest(args: argparse.Namespace) -> int:
+    return int(_manifest_module().run_manifest(args))
+
+
+_RUN = {"serve": _serve, "sync": _sync, "subscribe": _subscribe, "ls": _ls, "keys": _keys,
+        "manifest": _manifest}  # fmt: skip
 
 
 def _command(argv: Sequence[str] | None) -> int:
