@@ -856,7 +856,12 @@ _RUN = {"serve": _serve, "sync": _sync, "subscribe": _subscribe, "ls": _ls, "key
 
 
 def _command(argv: Sequence[str] | None) -> int:
-    args = build_parser(argv).parse_args(argv)
+    parser = build_parser(argv)
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "manifest" and not any(word.startswith("-") for word in extra):
+        args.operands += extra  # `manifest diff --spark A B`: operands on both sides
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(
         level=log_level(args, logging.INFO), format="%(levelname)s %(name)s: %(message)s"
     )

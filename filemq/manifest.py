@@ -8,8 +8,9 @@ A manifest has one row per regular file under a root, sorted by path::
     sha1      string  40 hex digits (what FILEMQ sends and checks)
     xxh3      string  16 hex digits, xxh3-64 (a change check ~12x faster than SHA-1)
 
-The walk is ``filemq.walk.scan_tree``'s: no symbolic link is followed or listed, names
-that are not UTF-8 and the clients' part files are left out.  A file that changes while
+The walk is ``filemq.walk.scan_tree``'s, with the policy of ``filemq.index.FileIndex``
+(what a server indexes): no symbolic link is followed or listed, names that are not
+UTF-8 are left out.  A file that changes while
 it is hashed is read again (up to ``_HASH_RETRIES`` times); one that cannot be read is
 left out of the manifest and counted (``ManifestStats.unreadable``).
 
@@ -69,6 +70,10 @@ _READ_BUFFER = 1 << 20  # octets read at a time while hashing (1 MiB)
 _HASH_RETRIES = 3  # a file that keeps changing while it is hashed is left out after this
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
 _READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+#: What the walk keeps: every UTF-8 name (an index's policy; no ignore patterns)
+_EVERY_UTF8_NAME = PathFilter(())
 
 
 class ManifestError(FilemqError):
@@ -165,7 +170,7 @@ def rows_of(
     Yields a row per file, or the ``OSError`` of a file that could not be read (a file
     that vanished meanwhile yields nothing).  What a Spark task runs on its share.
     """
-    walker = PathFilter()
+    walker = _EVERY_UTF8_NAME
     names: list[Iterable[str]] = [files]
     names.extend(
         (rel for rel, _st in scan_tree(root, subtree=sub, ignore=walker, missing_ok=True))
@@ -187,7 +192,7 @@ def split_tree(root: str | os.PathLike[str], want: int) -> tuple[list[str], list
     folders whose whole content is left to ``rows_of``.  Opens one level at a time
     (breadth first), so the driver lists a few folders and the tasks list the rest.
     """
-    walker = PathFilter()
+    walker = _EVERY_UTF8_NAME
     root_s = os.fspath(root)
     if not os.path.isdir(root_s):
         raise ManifestError(f"{root_s}: not a directory")

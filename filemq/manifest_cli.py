@@ -61,7 +61,9 @@ def run_manifest(args: argparse.Namespace) -> int:
     action = operands[0] if operands[0] in _ACTIONS else None
     wanted = _ACTIONS[action] + 1 if action else 2
     if len(operands) != wanted:
-        shape = f"{action} {'A B' if action == 'diff' else 'MANIFEST ROOT'}" if action else "ROOT OUT"
+        shape = (
+            f"{action} {'A B' if action == 'diff' else 'MANIFEST ROOT'}" if action else "ROOT OUT"
+        )
         raise UsageError(f"manifest: expected {shape}")
     if args.master is not None and not args.spark:
         raise UsageError("manifest: --master goes with --spark")
