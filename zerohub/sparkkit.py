@@ -18,7 +18,6 @@ without the extra.
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import sys
