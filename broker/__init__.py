@@ -12,15 +12,27 @@ if TYPE_CHECKING:
     from broker.client.aio import AsyncClient
     from broker.client.blocking import Client, Message
     from broker.engine.engine import Engine
+    from broker.sequence import Browsed, SequenceBounds
     from broker.server.server import Server, ServerOptions
 
-__all__ = ["AsyncClient", "Client", "Engine", "Message", "Server", "ServerOptions"]
+__all__ = [
+    "AsyncClient",
+    "Browsed",
+    "Client",
+    "Engine",
+    "Message",
+    "SequenceBounds",
+    "Server",
+    "ServerOptions",
+]
 
 _LAZY = {
     "AsyncClient": "broker.client.aio",
     "Client": "broker.client.blocking",
     "Message": "broker.client.blocking",
     "Engine": "broker.engine.engine",
+    "Browsed": "broker.sequence",
+    "SequenceBounds": "broker.sequence",
     "Server": "broker.server.server",
     "ServerOptions": "broker.server.server",
 }

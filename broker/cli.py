@@ -1,4 +1,4 @@
-"""``broker`` command line: serve, push, consume, pull, admin, stats, bridge.
+"""``broker`` command line: serve, push, consume, pull, browse, admin, stats, bridge.
 
 The server binds ``tcp://127.0.0.1:5680`` unless ``--bind`` (or the config file) says
 otherwise; clients connect to ``--connect`` (default: the same, or ``$BROKER_ENDPOINT``).
@@ -434,6 +434,47 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return 0
 
 
+def _browse_line(sequence: int, message: Any, as_json: bool) -> str:
+    """One line per browsed message: ``SEQ<TAB>PAYLOAD`` (a payload that is not one line
+    of UTF-8 text is shown as ``hex:`` and its octets in hex), or a JSON record."""
+    raw = bytes(message.payload)
+    try:
+        text = raw.decode("utf-8")
+        if "\n" in text or "\r" in text:
+            raise ValueError("several lines")
+    except ValueError:
+        text = "hex:" + raw.hex()
+    if not as_json:
+        return f"{sequence}\t{text}"
+    record = {
+        "sequence": sequence,
+        "id": message.message_id,
+        "source": message.source,
+        "headers": dict(message.headers),
+        "high_priority": message.high_priority,
+        "payload": text,
+    }
+    return json.dumps(record)
+
+
+def cmd_browse(args: argparse.Namespace) -> int:
+    if args.from_seq < -1:
+        raise UsageError("browse: --from-seq must be -1 (after the last), 0 (first) or more")
+    if args.limit < 1:
+        raise UsageError("browse: --limit must be at least 1")
+    with _session(args) as client:
+        start, left = args.from_seq, args.limit
+        while left > 0:
+            page = client.browse(args.channel, args.queue, start, min(left, 1000))
+            if not page:
+                break
+            for item in page:
+                print(_browse_line(item.sequence, item.message, args.json), flush=True)
+            left -= len(page)
+            start = page[-1].sequence + 1
+    return 0
+
+
 def _options(text: str | None) -> Any:
     if text is None:
         return None
@@ -603,6 +644,22 @@ def build_parser() -> ArgumentParser:
     pull.add_argument("--info", action="store_true", help="ask for the remaining counts")
     pull.add_argument("--json", action="store_true", help="one JSON record per message")
     pull.set_defaults(func=cmd_pull)
+
+    browse = client_command("browse", "read a queue by sequence number without consuming")
+    browse.add_argument("channel", help="channel name")
+    browse.add_argument("queue", type=int, help="queue id")
+    browse.add_argument(
+        "--from-seq",
+        type=int,
+        default=0,
+        metavar="N",
+        help="first sequence number (0: the oldest held, the default; -1: after the last)",
+    )
+    browse.add_argument(
+        "--limit", type=int, default=1000, metavar="N", help="messages at most (default 1000)"
+    )
+    browse.add_argument("--json", action="store_true", help="one JSON record per message")
+    browse.set_defaults(func=cmd_browse)
 
     admin = client_command("admin", "create/update/delete/list/info channels and queues")
     admin.add_argument(

@@ -57,6 +57,13 @@ class Operation(IntEnum):
     QUEUE_INFO = 205
     NODE_LIST = 301
     CLIENT_LIST = 302
+    #: zerohub: reading a queue by sequence number (``broker.sequence``): the bounds
+    #: (JSON ``{"First": n, "Last": n}``), a browse (binary, see ``broker.sequence``) and
+    #: a release (JSON ``{"Released": n}``); headers ``Queue-Id`` and ``From-Seq``/
+    #: ``Limit`` (browse) or ``Through-Seq`` (release).
+    QUEUE_BOUNDS = 206
+    QUEUE_BROWSE = 207
+    QUEUE_RELEASE = 208
     STATS = 901  # zerohub: broker-wide counters as JSON (needs the ADMIN permission)
 
 
@@ -121,6 +128,12 @@ class Header:
     #: reply's key to ask the next page with.
     PAGE_AFTER = "Page-After"
     PAGE_NEXT = "Page-Next"
+    #: zerohub: reading by sequence (``broker.sequence``): where a browse starts (a
+    #: sequence number, 0 the first held, -1 after the last), how many it returns at
+    #: most, and up to which sequence number a release removes.
+    FROM_SEQ = "From-Seq"
+    LIMIT = "Limit"
+    THROUGH_SEQ = "Through-Seq"
 
 
 def header(frame: tmqp.Frame, name: str, default: str | None = None) -> str | None:

@@ -16,6 +16,7 @@ the session core; a failure is a ``RemoteError`` with the broker's status code.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
@@ -36,6 +37,12 @@ from broker.client.frames import (
 from broker.client.message import Message
 from broker.client.session import Call, Reply, Session
 from broker.protocol import Header, MessageType, Operation, ResultCode
+from broker.sequence import (
+    DEFAULT_BROWSE_LIMIT,
+    Browsed,
+    SequenceBounds,
+    decode_browse,
+)
 
 R = TypeVar("R")
 
@@ -43,6 +50,35 @@ R = TypeVar("R")
 ANSWER: Any = object()
 
 _QUEUE = int(MessageType.QUEUE)  # a plain int: IntEnum arithmetic costs ~0.1 us a push
+
+
+def _json_object(frame: tmqp.Frame) -> dict[str, Any]:
+    try:
+        value = json.loads(frame.payload)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError("not a JSON object")
+    return value
+
+
+def _whole(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} is not an integer")
+    return value
+
+
+def _bounds_of(frame: tmqp.Frame) -> SequenceBounds:
+    obj = _json_object(frame)
+    return SequenceBounds(_whole(obj.get("First"), "First"), _whole(obj.get("Last"), "Last"))
+
+
+def _released_of(frame: tmqp.Frame) -> int:
+    return _whole(_json_object(frame).get("Released"), "Released")
+
+
+def _browsed_of(frame: tmqp.Frame) -> list[Browsed]:
+    return decode_browse(frame.payload)
 
 
 def _joined(channel: str, prefetch: int | None) -> Callable[[Session], None]:
@@ -238,6 +274,55 @@ class ClientApi(Generic[R]):
         frame = pull_frame(self.new_id(), channel, queue_id, count, clear=clear, order=order,
                            info=info)  # fmt: skip
         return Call(frame, Reply.PULL)
+
+    # -- reading by sequence (broker.sequence) ---------------------------------------
+
+    def _sequence_op(
+        self,
+        operation: int,
+        channel: str,
+        queue: int,
+        headers: tuple[tuple[str, str], ...],
+        decode: Callable[[tmqp.Frame], Any],
+        timeout: float | None,
+    ) -> R:
+        frame = operation_frame(self.new_id(), operation, channel, queue_id=queue, response=True)
+        frame = frame.replace(headers=(*frame.headers, *headers))
+        return self._perform(Call(frame, Reply.DECODED, decode=decode), timeout)
+
+    def queue_bounds(self, channel: str, queue: int, *, timeout: float | None = None) -> R:
+        """The queue's oldest held sequence number and the newest given
+        (a :class:`~broker.sequence.SequenceBounds`; ``first == last + 1``: it holds none)."""
+        return self._sequence_op(Operation.QUEUE_BOUNDS, channel, queue, (), _bounds_of, timeout)
+
+    def browse(
+        self,
+        channel: str,
+        queue: int,
+        from_seq: int,
+        limit: int = DEFAULT_BROWSE_LIMIT,
+        *,
+        timeout: float | None = None,
+    ) -> R:
+        """Up to ``limit`` messages the queue holds numbered ``from_seq`` or more, in order,
+        without consuming them (a list of :class:`~broker.sequence.Browsed`).  ``from_seq``
+        0: from the oldest held; -1: only newer than the newest (none now).  The broker may
+        return fewer (its reply size limit); ask again from the last one's sequence + 1."""
+        headers = ((Header.FROM_SEQ, str(from_seq)), (Header.LIMIT, str(limit)))
+        return self._sequence_op(
+            Operation.QUEUE_BROWSE, channel, queue, headers, _browsed_of, timeout
+        )
+
+    def release(
+        self, channel: str, queue: int, through_seq: int, *, timeout: float | None = None
+    ) -> R:
+        """Remove the queue's messages numbered ``through_seq`` or less as consumed
+        (deliveries in flight stay with their consumers); gives how many.  The queue must
+        have the option ``AllowRelease`` (else ``RemoteError`` 406)."""
+        headers = ((Header.THROUGH_SEQ, str(through_seq)),)
+        return self._sequence_op(
+            Operation.QUEUE_RELEASE, channel, queue, headers, _released_of, timeout
+        )
 
     # -- direct messages ---------------------------------------------------------------
 

@@ -112,6 +112,7 @@ class Reply(IntEnum):
     JSON = 2  # a RESPONSE's JSON payload, every page of it (server operations)
     PULL = 3  # the messages answering a pull request (a list of Message)
     NONE = 4  # nothing (acknowledged pushes, joins, creations)
+    DECODED = 5  # a RESPONSE read by the call's ``decode`` (reading by sequence)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +125,8 @@ class Call:
     path: tuple[str, ...] = ()
     #: run by the core when the request succeeded (remember a join, a subscription)
     on_success: Callable[[Session], None] | None = None
+    #: ``Reply.DECODED``: the RESPONSE frame to the caller's value (ValueError: not one)
+    decode: Callable[[tmqp.Frame], Any] | None = None
 
 
 def _asked(pull: tmqp.Frame) -> int:
@@ -441,6 +444,13 @@ class Session:
             return (Failed(entry.waiter, ProtocolError(f"an ACK answered the {what} {mid}")),)
         elif kind is Reply.PULL:
             value = [Message(frame)]  # a cache queue answers with a response
+        elif kind is Reply.DECODED:
+            assert call.decode is not None
+            try:
+                value = call.decode(frame)
+            except ValueError as exc:
+                bad = ProtocolError(f"the broker's answer to {mid} cannot be read: {exc}")
+                return (Failed(entry.waiter, bad),)
         else:
             return self._page(entry, frame, now)
         if call.on_success is not None:

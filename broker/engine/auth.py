@@ -34,6 +34,8 @@ class Action(Enum):
     ROUTER_PUBLISH = "router-publish"
     ROUTER_MANAGE = "router-manage"
     ADMIN = "admin"  # client and node lists
+    BROWSE = "browse"  # read a queue by sequence number (bounds, browse): consumes nothing
+    RELEASE = "release"  # remove a queue's messages up to a sequence number
 
 
 #: Everything a client may do.

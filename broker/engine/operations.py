@@ -23,9 +23,11 @@ from broker.engine.channels import Channel, Client
 from broker.engine.errors import OperationError
 from broker.engine.options import ChannelOptions, OptionsError
 from broker.engine.parts import EngineParts
+from broker.engine.queue import reading
 from broker.engine.queue.queue import Queue
 from broker.engine.replies import reply
 from broker.engine.router import Router, RouterError, binding_from_json, method_from_json
+from broker.engine.tmqp_door import encode as encode_message
 from broker.paging import Page, cut, parse_after
 from broker.protocol import (
     EVENT_NAMES,
@@ -38,6 +40,7 @@ from broker.protocol import (
     RouterOperation,
     header,
 )
+from broker.sequence import DEFAULT_BROWSE_LIMIT, MAX_BROWSE_LIMIT, encode_browse, entry_size
 
 _Op = Callable[[EngineParts, Client, tmqp.Frame, float, list[Outgoing]], Any]
 
@@ -72,7 +75,10 @@ def dispatch(
         if model.next is not None:
             headers = ((Header.PAGE_NEXT, model.next),)
         model = model.items
-    payload = json.dumps(model, separators=(",", ":")).encode() if is_response else b""
+    if isinstance(model, bytes):  # a binary answer (a browse)
+        payload = model
+    else:
+        payload = json.dumps(model, separators=(",", ":")).encode() if is_response else b""
     reply(client, frame, out, response=is_response, payload=payload, headers=headers)
     out.extend(caused)
 
@@ -316,6 +322,70 @@ def queue_info(
     return queue.information(parts.config.wall_clock(), now)
 
 
+# ---------------------------------------------------------------------- reading by sequence
+
+
+def _seq_header(frame: tmqp.Frame, name: str, default: int | None, lowest: int) -> int:
+    raw = header(frame, name)
+    if raw is None:
+        if default is None:
+            raise _error(ResultCode.BAD_REQUEST, f"{name} header required")
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise _error(ResultCode.BAD_REQUEST, f"bad {name} {raw!r}: an integer") from None
+    if not lowest <= value <= 2**63 - 1:
+        raise _error(ResultCode.BAD_REQUEST, f"bad {name} {raw!r}: at least {lowest}")
+    return value
+
+
+def queue_bounds(
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> dict[str, Any]:
+    queue = _queue(parts, frame)
+    _allow(parts, client, Action.BROWSE, queue.channel.name, queue.id)
+    b = reading.bounds(queue)
+    return {"First": b.first, "Last": b.last}
+
+
+def queue_browse(
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> bytes:
+    """Held messages from ``From-Seq`` on (``Limit`` at most; the reply budget may cut the
+    list shorter, never below one message), as ``broker.sequence`` entries."""
+    queue = _queue(parts, frame)
+    _allow(parts, client, Action.BROWSE, queue.channel.name, queue.id)
+    from_seq = _seq_header(frame, Header.FROM_SEQ, None, -1)
+    limit = _seq_header(frame, Header.LIMIT, DEFAULT_BROWSE_LIMIT, 1)
+    budget = _budget(parts)
+    entries: list[tuple[int, bytes]] = []
+    used = 0
+    for seq, message in reading.browse(queue, from_seq, min(limit, MAX_BROWSE_LIMIT)):
+        octets = encode_message(message)
+        used += entry_size(octets)
+        if entries and used > budget:
+            break
+        entries.append((seq, octets))
+    return encode_browse(entries)
+
+
+def queue_release(
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> dict[str, Any]:
+    queue = _queue(parts, frame)
+    _allow(parts, client, Action.RELEASE, queue.channel.name, queue.id)
+    if not queue.options.allow_release:
+        raise _error(
+            ResultCode.UNACCEPTABLE,
+            f"queue {queue.channel.name}/{queue.id} does not allow release (option AllowRelease)",
+        )
+    through = _seq_header(frame, Header.THROUGH_SEQ, None, 0)
+    released = reading.release(queue, through, out)
+    queue.drain(now, out)
+    return {"Released": released}
+
+
 # ---------------------------------------------------------------------- connections
 
 
@@ -433,6 +503,9 @@ _OPERATIONS: dict[int, tuple[_Op, bool]] = {
     Operation.QUEUE_DELETE: (queue_delete, False),
     Operation.QUEUE_LIST: (queue_list, True),
     Operation.QUEUE_INFO: (queue_info, True),
+    Operation.QUEUE_BOUNDS: (queue_bounds, True),
+    Operation.QUEUE_BROWSE: (queue_browse, True),
+    Operation.QUEUE_RELEASE: (queue_release, True),
     Operation.NODE_LIST: (node_list, True),
     Operation.CLIENT_LIST: (client_list, True),
     RouterOperation.ROUTER_CREATE: (router_create, False),

@@ -19,6 +19,10 @@ from typing import Any
 from broker.engine.limits import Limits
 from broker.protocol import QueueStatus
 
+#: Consumed messages a ``Retain`` queue keeps readable unless its ``RetainLimit`` says
+#: otherwise (0 there means this default too).
+DEFAULT_RETAIN_LIMIT = 10_000
+
 
 class OptionsError(ValueError):
     """Options JSON is malformed, has an unknown key or a value of the wrong type."""
@@ -96,6 +100,9 @@ _QUEUE_FIELDS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "PutBackDelay": ("put_back_delay", _count),
     "Prefetch": ("prefetch", _count),
     "Tag": ("tag", _text),
+    "Retain": ("retain", _bool),
+    "RetainLimit": ("retain_limit", _count),
+    "AllowRelease": ("allow_release", _bool),
 }
 
 _CHANNEL_FIELDS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
@@ -150,6 +157,12 @@ class ChannelQueueOptions:
     put_back_delay: int = 0
     prefetch: int = 0
     tag: str | None = None
+    #: zerohub (``broker.sequence``): consumed messages stay readable by sequence
+    #: (browse) until released or pushed out by newer ones past ``retain_limit``.
+    retain: bool = False
+    retain_limit: int = DEFAULT_RETAIN_LIMIT
+    #: zerohub: clients with the ``release`` permission may remove messages by sequence.
+    allow_release: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -168,6 +181,9 @@ class ChannelQueueOptions:
             "PutBackDelay": self.put_back_delay,
             "Prefetch": self.prefetch,
             "Tag": self.tag,
+            "Retain": self.retain,
+            "RetainLimit": self.retain_limit,
+            "AllowRelease": self.allow_release,
         }
 
     def updated(self, data: bytes | str | Mapping[str, Any]) -> ChannelQueueOptions:

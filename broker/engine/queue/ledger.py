@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from broker.engine.delivery import AckWhen, Decision
 from broker.engine.frames import ack as ack_frame
-from broker.engine.message import DONE, QueueMessage
+from broker.engine.message import DONE, INFLIGHT, QueueMessage
 from broker.engine.queue.protocols import QueueCore
 from broker.protocol import NackReason, Outgoing
 from broker.store import StoredMessage
@@ -69,9 +69,12 @@ class Ledger:
         q.saves += 1
 
     def finish(self, m: QueueMessage) -> None:
-        """The message leaves the queue for good (and the store, if saved)."""
-        m.state = DONE
+        """The message leaves the queue for good (and the store, if saved); one that was
+        consumed (in flight until now) stays readable on a ``Retain`` queue."""
         q = self.q
+        if m.state == INFLIGHT and q.options.retain:
+            q.retained.keep(m.seq, m.message, q.options.retain_limit)
+        m.state = DONE
         if m.saved:
             m.saved = False
             try:
@@ -86,4 +89,5 @@ class Ledger:
         if count:
             self.q.removed += 1
         self.ack_producer(m, AckWhen.NEGATIVE, out, reason)
+        m.state = DONE  # dropped, not consumed: never retained
         self.finish(m)

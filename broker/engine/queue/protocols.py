@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from broker.engine.options import BrokerConfig, ChannelQueueOptions
     from broker.engine.queue.hooks import HandlerHooks
     from broker.engine.queue.messages import MessageOrder
+    from broker.engine.queue.reading import Retained
     from broker.engine.queue.statuses import StatusStrategy
     from broker.protocol import Outgoing
     from broker.store import Store
@@ -61,6 +62,7 @@ class QueueCore(Protocol):
     strategy: StatusStrategy
     hooks: HandlerHooks
     messages: MessageOrder
+    retained: Retained
     #: False once the queue is removed (its messages went with it).
     alive: bool
     #: Deliveries in flight per consumer id; the default window size.

@@ -56,6 +56,7 @@ from broker.engine.queue.hooks import HandlerHooks
 from broker.engine.queue.ledger import Ledger
 from broker.engine.queue.messages import MessageOrder
 from broker.engine.queue.protocols import QueueHost
+from broker.engine.queue.reading import Retained
 from broker.engine.queue.statuses import StatusStrategy, strategy_for
 from broker.protocol import NackReason, Outgoing, ResultCode, Tracked
 from broker.store import Store, StoredMessage
@@ -142,6 +143,8 @@ class Queue:
         self.last_sent: float | None = None
         # the parts
         self.messages = MessageOrder()
+        #: Consumed messages kept readable by sequence (option ``Retain``; ``reading``).
+        self.retained = Retained()
         self.ledger = Ledger(self)
         self.tracker = AckTracker(self)
         self.dispatch = Dispatcher(self)
@@ -180,6 +183,7 @@ class Queue:
             or opts.send_only_first_acquirer
             or opts.hide_client_names
             or opts.message_timeout
+            or opts.retain
         )
 
     def apply_options(self, options: ChannelQueueOptions, now: float, out: list[Outgoing]) -> None:
@@ -410,6 +414,7 @@ class Queue:
     def close(self, out: list[Outgoing]) -> None:
         """The queue is removed: drop everything and stop timers."""
         self.clear(out, priority=True, regular=True, in_flight=True)
+        self.retained.clear()
         self.alive = False
 
     def restore(self, stored: StoredMessage, producer: Client | None, now: float) -> None:

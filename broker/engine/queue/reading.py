@@ -1,0 +1,130 @@
+"""Reading a queue by sequence number: bounds, browse, release (``broker.sequence``).
+
+A queue *holds* a message while it waits, while it is in flight to a consumer (until
+acknowledged) or delayed for a put-back, and, on a queue with the ``Retain`` option,
+after it was consumed, until released or pushed out by newer ones past ``RetainLimit``
+(:class:`Retained`).  Browsing lists held messages by sequence number without changing
+anything: no consumer sees a browse, no counter moves.  Releasing finishes held
+messages up to a sequence number as if consumed (a producer waiting for the consumer's
+acknowledge gets a positive one); deliveries in flight are left to their consumers.
+
+A message a fast-path push handed straight to a consumer's socket (``Queue.push_plain``)
+is not held; a queue with ``Retain`` never takes that path.
+
+Sans-IO: everything here works on the queue's parts and appends to ``out``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from broker.engine.delivery import AckWhen
+from broker.engine.message import DELAYED, DONE, QUEUED, Message, QueueMessage
+from broker.engine.options import DEFAULT_RETAIN_LIMIT
+from broker.protocol import NackReason, Outgoing
+from broker.sequence import FROM_FIRST, FROM_LAST, SequenceBounds
+
+if TYPE_CHECKING:
+    from broker.engine.queue.queue import Queue
+
+
+class Retained:
+    """Consumed messages of a ``Retain`` queue, by sequence number (oldest first)."""
+
+    __slots__ = ("messages",)
+
+    def __init__(self) -> None:
+        #: sequence number -> message, in the order they were consumed
+        self.messages: dict[int, Message] = {}
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def keep(self, seq: int, message: Message, limit: int) -> list[int]:
+        """Keep a consumed message; the sequence numbers pushed out past ``limit``."""
+        messages = self.messages
+        messages[seq] = message
+        limit = limit or DEFAULT_RETAIN_LIMIT
+        gone: list[int] = []
+        while len(messages) > limit:
+            old = next(iter(messages))
+            del messages[old]
+            gone.append(old)
+        return gone
+
+    def release(self, through: int) -> list[int]:
+        """Forget every message numbered ``through`` or less; their numbers."""
+        gone = [seq for seq in self.messages if seq <= through]
+        for seq in gone:
+            del self.messages[seq]
+        return gone
+
+    def clear(self) -> None:
+        self.messages.clear()
+
+
+def _held(q: Queue) -> dict[int, QueueMessage | Message]:
+    """Every message the queue holds, by sequence number (unordered)."""
+    held: dict[int, QueueMessage | Message] = dict(q.retained.messages)
+    messages = q.messages
+    for group in (messages.front, messages.priority, messages.regular):
+        for m in group:
+            if m.state == QUEUED:
+                held[m.seq] = m
+    for dl in q.tracker.pending.values():
+        held[dl.message.seq] = dl.message
+    for _, m, _where in q.tracker.delayed:
+        if m.state == DELAYED:
+            held[m.seq] = m
+    return held
+
+
+def bounds(q: Queue) -> SequenceBounds:
+    """The oldest held sequence number and the newest given (``first = last + 1``: none)."""
+    last = q.sequence
+    held = _held(q)
+    first = min(held) if held else last + 1
+    return SequenceBounds(first, last)
+
+
+def browse(q: Queue, from_seq: int, limit: int) -> list[tuple[int, Message]]:
+    """Up to ``limit`` held messages numbered ``from_seq`` or more, in sequence order
+    (``FROM_FIRST``: from the oldest held; ``FROM_LAST``: only newer than the newest)."""
+    if from_seq == FROM_LAST:
+        return []
+    start = 1 if from_seq == FROM_FIRST else from_seq
+    held = _held(q)
+    wanted = sorted(seq for seq in held if seq >= start)[:limit]
+    out: list[tuple[int, Message]] = []
+    for seq in wanted:
+        item = held[seq]
+        out.append((seq, item.message if isinstance(item, QueueMessage) else item))
+    return out
+
+
+def release(q: Queue, through: int, out: list[Outgoing]) -> int:
+    """Finish every held message numbered ``through`` or less that no consumer has in
+    flight, as consumed; returns how many."""
+    count = len(q.retained.release(through))
+    messages = q.messages
+    messages.flush_front()
+    taken: list[QueueMessage] = []
+    for group in (messages.priority, messages.regular):
+        for m in group:
+            if m.seq <= through and m.state == QUEUED:
+                taken.append(m)
+    for m in taken:
+        messages.uncount(m)
+        _consumed(q, m, out)
+    for _, m, _where in q.tracker.delayed:
+        if m.seq <= through and m.state == DELAYED:
+            _consumed(q, m, out)
+            taken.append(m)
+    q.removed += len(taken)
+    return count + len(taken)
+
+
+def _consumed(q: Queue, m: QueueMessage, out: list[Outgoing]) -> None:
+    m.state = DONE  # not retained: released means gone
+    q.ack_producer(m, AckWhen.ALWAYS, out, NackReason.NONE)
+    q.finish(m)
