@@ -7,6 +7,26 @@ ZeroMQ: two flag octets, three 1-octet lengths, a 16-bit content type, a
 variable-length payload length, the id/source/target strings, an optional
 header block and the payload. All numbers are little-endian. PING and PONG are
 fixed 8-octet frames; a connection opens with the 8 octets "TMQP/2.0".
+Reading a queue by sequence number (zerohub server operations, message type
+0x10, pending response set; channel in target, queue in a Queue-Id header).
+Every queue message has a per-queue sequence number: from 1, one more per
+message the queue accepts, never reused, kept across restarts with serve
+--data. Content type 206 (bounds) answers JSON {"First": F, "Last": L}: F is
+the oldest message the queue holds, L the newest number given, F = L + 1 when
+it holds none. Content type 207 (browse) takes headers From-Seq (0: the oldest
+held, -1: after the newest, else a number) and Limit (default 1000, at most
+10000) and answers with a binary payload, one entry per message in sequence
+order: sequence (8 octets LE), frame length (4 octets LE), the message as a
+QUEUE frame; it consumes nothing, and an answer longer than max_reply_size is
+cut short (never below one message): ask again from the last sequence + 1.
+Content type 208 (release) takes header Through-Seq and answers JSON
+{"Released": N}: the messages numbered Through-Seq or less that the queue holds
+and no consumer has in flight are removed as consumed; the queue option
+AllowRelease must be true (else 406). A queue holds a message while it waits,
+is in flight or is delayed for a put-back; with the queue option Retain also
+after it was consumed, until released or pushed out past RetainLimit (default
+10000). Bounds and browse need the browse permission, release the release
+permission; a bad header is 400, an unknown channel or queue 404.
 
 Generated codec: ``encode(msg) -> list[bytes]`` and ``decode(frames) -> msg``.
 ``decode`` raises only ``zproto.errors.DecodeError``; ``encode`` raises

@@ -85,7 +85,12 @@ from broker.engine.events import EventHub
 from broker.engine.frames import pull_marker
 from broker.engine.host import QueueServices
 from broker.engine.message import QueueMessage
-from broker.engine.options import BrokerConfig, ChannelOptions, ChannelQueueOptions
+from broker.engine.options import (
+    DEFAULT_RETAIN_LIMIT,
+    BrokerConfig,
+    ChannelOptions,
+    ChannelQueueOptions,
+)
 from broker.engine.parts import EngineParts
 from broker.engine.queue.queue import Queue
 from broker.engine.replies import answer_failure, reject_push
@@ -659,9 +664,10 @@ class Engine:
 
     def recover(self, now: float) -> int:
         """Rebuild channels, queues and their saved messages from the store (after a
-        restart), in sequence order; returns the message count.  A definition or queue
-        that cannot be recreated (options this broker refuses, a limit) is logged and
-        skipped; its messages stay in the store."""
+        restart), in sequence order, each queue numbering on above its last sequence
+        number the store knows (``broker.sequence``); returns the message count.  A
+        definition or queue that cannot be recreated (options this broker refuses, a
+        limit) is logged and skipped; its messages stay in the store."""
         self.services.now = now
         out: list[Outgoing] = []
         registry = self.channel_registry
@@ -692,7 +698,33 @@ class Engine:
             for stored in self.store.iterate(key):
                 queue.restore(stored, None, now)
                 count += 1
+        for channel in self.channels.values():  # numbering goes on where it stopped
+            for queue in channel.queues.values():
+                try:
+                    last = self.store.last_sequence(queue.key)
+                except Exception as exc:
+                    self.count_error("store.last_sequence", exc)
+                    continue
+                queue.sequence = max(queue.sequence, last)
+                count += self._recover_retained(queue)
         return count
+
+    def _recover_retained(self, queue: Queue) -> int:
+        """Bring back a queue's retained messages (``Retain``), oldest first, within its
+        ``RetainLimit``; returns how many."""
+        try:
+            kept = list(self.store.retained(queue.key))
+        except Exception as exc:
+            self.count_error("store.retained", exc)
+            return 0
+        limit = queue.options.retain_limit or DEFAULT_RETAIN_LIMIT
+        for stored in kept[: max(0, len(kept) - limit)]:
+            self.store.forget_retained(queue.key, stored.sequence)
+        kept = kept[max(0, len(kept) - limit) :]
+        for stored in kept:
+            queue.retained.restore(stored.sequence, stored.message)
+            queue.sequence = max(queue.sequence, stored.sequence)
+        return len(kept)
 
     def stats(self) -> dict[str, object]:
         """Counters and a per-queue summary, JSON-able (for ``broker stats``)."""

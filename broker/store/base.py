@@ -47,6 +47,24 @@ class Store(ABC):
     def queues(self) -> list[QueueKey]:
         """Queues that have saved messages."""
 
+    def retain(self, queue: QueueKey, message: StoredMessage) -> None:
+        """A saved message was consumed on a queue that keeps consumed messages readable
+        (option ``Retain``): keep it apart from the queue's live messages (``retained``)
+        instead of forgetting it.  A store that does not outlive the process forgets it."""
+        self.remove(queue, message.sequence)
+
+    def retained(self, queue: QueueKey) -> Iterator[StoredMessage]:
+        """The queue's retained messages (what ``retain`` kept), in sequence order."""
+        return iter(())
+
+    def forget_retained(self, queue: QueueKey, sequence: int) -> None:  # noqa: B027
+        """A retained message was released or pushed out (unknown numbers are ignored)."""
+
+    def last_sequence(self, queue: QueueKey) -> int:
+        """The highest sequence number this store knows the queue has given, saved
+        messages or not (0: none); a restart numbers the queue's messages above it."""
+        return max((m.sequence for m in self.iterate(queue)), default=0)
+
     def drop_queue(self, queue: QueueKey) -> None:
         """Forget every message of a queue (queue removed or stopped)."""
         for message in list(self.iterate(queue)):

@@ -72,10 +72,11 @@ class Ledger:
         """The message leaves the queue for good (and the store, if saved); one that was
         consumed (in flight until now) stays readable on a ``Retain`` queue."""
         q = self.q
-        if m.state == INFLIGHT and q.options.retain:
-            q.retained.keep(m.seq, m.message, q.options.retain_limit)
+        retain = m.state == INFLIGHT and q.options.retain
         m.state = DONE
-        if m.saved:
+        if retain:
+            self.retain(m)
+        elif m.saved:
             m.saved = False
             try:
                 q.store.remove(q.key, m.seq)
@@ -83,6 +84,24 @@ class Ledger:
                 q.error("store.remove", exc)
         if q.hooks.dequeued:
             q.hooks.message_dequeued(m)
+
+    def retain(self, m: QueueMessage) -> None:
+        """Keep a consumed message readable by sequence (``reading``), in the store too
+        when it was saved; forget those pushed out past ``RetainLimit``."""
+        q = self.q
+        message = m.message
+        if message.wire is not None:
+            message = message.replace()
+        try:
+            if m.saved:
+                m.saved = False
+                producer = m.producer.id if m.producer is not None else ""
+                stored = StoredMessage(m.seq, message, producer, m.put_backs)
+                q.store.retain(q.key, stored)
+            for seq in q.retained.keep(m.seq, message, q.options.retain_limit):
+                q.store.forget_retained(q.key, seq)
+        except Exception as exc:
+            q.error("store.retain", exc)
 
     def drop(self, m: QueueMessage, out: list[Outgoing], reason: str, count: bool = True) -> None:
         """Remove a message that was not consumed; a waiting producer gets a nack."""

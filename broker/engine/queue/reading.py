@@ -62,6 +62,10 @@ class Retained:
     def clear(self) -> None:
         self.messages.clear()
 
+    def restore(self, seq: int, message: Message) -> None:
+        """A retained message recovered from the store (oldest first)."""
+        self.messages[seq] = message
+
 
 def _held(q: Queue) -> dict[int, QueueMessage | Message]:
     """Every message the queue holds, by sequence number (unordered)."""
@@ -105,7 +109,13 @@ def browse(q: Queue, from_seq: int, limit: int) -> list[tuple[int, Message]]:
 def release(q: Queue, through: int, out: list[Outgoing]) -> int:
     """Finish every held message numbered ``through`` or less that no consumer has in
     flight, as consumed; returns how many."""
-    count = len(q.retained.release(through))
+    gone = q.retained.release(through)
+    for seq in gone:
+        try:
+            q.store.forget_retained(q.key, seq)
+        except Exception as exc:
+            q.error("store.forget_retained", exc)
+    count = len(gone)
     messages = q.messages
     messages.flush_front()
     taken: list[QueueMessage] = []

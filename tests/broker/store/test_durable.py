@@ -13,7 +13,13 @@ from broker.engine.options import ChannelQueueOptions
 from broker.message import Message
 from broker.protocol import ConnectionInfo
 from broker.store import StoredMessage
-from broker.store.durable import BLOB_VERSION, DurableStore, decode_message, encode_message
+from broker.store.durable import (
+    BLOB_VERSION,
+    DurableStore,
+    decode_message,
+    decode_record,
+    encode_message,
+)
 from broker.store.log import CorruptRecord, LogStore
 
 FULL = Message(
@@ -48,11 +54,20 @@ def test_blob_layout_by_hand() -> None:
     """An independent vector: the octets worked out from the module docstring."""
     m = Message(message_id="a", target="q", content_type=258, ttl=5, payload=b"P")
     expected = (
-        bytes([BLOB_VERSION, 0, 5]) + struct.pack("<H", 258)
+        bytes([2, 0, 5]) + struct.pack("<H", 258) + struct.pack("<Q", 0x0102030405)
         + b"\x01\x00a" + b"\x00\x00" + b"\x01\x00q" + b"\x02\x00me"
         + b"\x00\x00" + b"P"
     )  # fmt: skip
-    assert encode_message(m, "me") == expected
+    assert BLOB_VERSION == 2
+    assert encode_message(m, "me", 0x0102030405) == expected
+    assert decode_record(expected) == (m, "me", 0x0102030405)
+
+
+def test_version_1_blobs_are_still_read() -> None:
+    """Written before the engine's sequence number was kept: no u64 after the head."""
+    old = bytes([1, 0, 5]) + struct.pack("<H", 258) + b"\x01\x00a" + b"\x00\x00" * 4 + b"P"
+    m = Message(message_id="a", content_type=258, ttl=5, payload=b"P")
+    assert decode_record(old) == (m, "", 0)
 
 
 @pytest.mark.parametrize("cut", [0, 1, 4, 6, 9, 20])
@@ -66,7 +81,10 @@ def test_unknown_version_and_bad_text_are_corrupt() -> None:
     blob = encode_message(FULL)
     with pytest.raises(CorruptRecord, match="version"):
         decode_message(bytes([BLOB_VERSION + 1]) + blob[1:])
-    bad = bytes([BLOB_VERSION, 0, 0, 0, 0]) + b"\x02\x00\xff\xfe" + b"\x00\x00" * 3 + b"\x00\x00"
+    bad = (
+        bytes([BLOB_VERSION, 0, 0, 0, 0]) + bytes(8)
+        + b"\x02\x00\xff\xfe" + b"\x00\x00" * 3 + b"\x00\x00"
+    )  # fmt: skip
     with pytest.raises(CorruptRecord, match="UTF-8"):
         decode_message(bad)
 
@@ -93,11 +111,35 @@ def test_sequences_map_and_survive_reopen(tmp_path: Path) -> None:
         assert store.queues() == [key]
         back = list(store.iterate(key))
         assert [m.message.message_id for m in back] == ["10", "12"]
-        assert [m.sequence for m in back] == [1, 3]  # the log's numbers
+        # the engine's numbers (before blob version 2 these came back as the log's: 1, 3)
+        assert [m.sequence for m in back] == [10, 12]
         assert back[0].producer_id == "p" and back[0].put_backs == 1
         store.remove(key, back[0].sequence)  # recovered numbers are removable
     with LogStore(tmp_path) as log:
         assert [m.message.message_id for m in DurableStore(log).iterate(key)] == ["12"]
+
+
+def test_last_sequence_survives_an_emptied_queue(tmp_path: Path) -> None:
+    key, other = ("orders", 1), ("orders", 2)
+    with LogStore(tmp_path) as log:
+        store = DurableStore(log)
+        for seq in (4, 5):
+            store.append(key, StoredMessage(seq, Message(message_id=str(seq))))
+        store.append(other, StoredMessage(9, Message()))
+        store.remove(key, 4)
+        store.remove(key, 5)  # the queue is empty now
+        assert store.last_sequence(key) == 5
+        log.flush()
+    with LogStore(tmp_path) as log:
+        store = DurableStore(log)
+        assert list(store.iterate(key)) == []
+        assert store.last_sequence(key) == 5
+        assert store.last_sequence(other) == 0  # not iterated yet: the kept value only
+        assert [m.sequence for m in store.iterate(other)] == [9]
+        assert store.last_sequence(other) == 9
+        assert store.definitions() == {}  # the kept numbers are not engine definitions
+        store.drop_queue(key)
+        assert store.last_sequence(key) == 0
 
 
 def test_undecodable_record_is_skipped_and_the_rest_kept(tmp_path: Path) -> None:
