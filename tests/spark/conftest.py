@@ -20,8 +20,10 @@ def spark() -> Iterator[Any]:
         sparkkit.require()
     except sparkkit.SparkUnavailable as exc:
         pytest.skip(str(exc))
+    # local[2] with up to 3 attempts per task (local mode's default is 1: no retries; the
+    # writer's retry test needs them)
     session = sparkkit.session(
-        "local[2]",
+        "local[2,3]",
         "zerohub-tests",
         **{
             "spark.sql.shuffle.partitions": "2",
