@@ -17,7 +17,7 @@ from broker.spark import register
 from tests.polling import wait_until
 from zerohub.zmqkit import new_certificate
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]  # a loaded 2-core machine
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 HELD = {"Status": "Push"}  # no consumer joins: every message stays held (browsable)
@@ -198,34 +198,86 @@ def test_stream_commit_releases_what_spark_processed(
         query.stop()
 
 
-def test_writer_retry_does_not_duplicate(spark: Any, endpoint: str, client: Client) -> None:
-    """A task that fails after pushing half its rows runs again: the queue (UseMessageId)
-    keeps one message per id."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import BinaryType
+_FILLER = b"x" * 16384  # rows big enough to leave the workers' 64 KiB stream buffers
 
+
+def _flaky_rows(spark: Any) -> None:
+    """Register "flaky_rows": 80 rows in one partition; attempt 0 of its task dies at row
+    50, once the broker holds 20 messages of queue once/1 (so its writer pushed them)."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader
+
+    class FlakyReader(DataSourceReader):
+        def __init__(self, endpoint: str) -> None:
+            self.endpoint = endpoint
+
+        def read(self, partition: Any) -> Iterator[tuple[bytes]]:
+            from pyspark import TaskContext
+
+            from broker.client.blocking import Client
+            from tests.polling import wait_until
+
+            context = TaskContext.get()
+            for n in range(80):
+                if n == 50 and context is not None and context.attemptNumber() == 0:
+                    with Client(self.endpoint, timeout=30) as c:
+                        pushed = wait_until(lambda: len(c.browse("once", 1, 0)) >= 20, 60)
+                    raise RuntimeError(f"attempt 0 dies (20 rows pushed before: {pushed})")
+                yield (b"row %d " % n + _FILLER,)
+
+    class FlakyRows(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "flaky_rows"
+
+        def schema(self) -> str:
+            return "payload binary"
+
+        def reader(self, schema: Any) -> DataSourceReader:
+            return FlakyReader(self.options["endpoint"])
+
+    spark.dataSource.register(FlakyRows)
+
+
+def _write_flaky_rows(spark: Any, endpoint: str, client: Client) -> list[Any]:
+    """Write flaky_rows into once/1 (a UseMessageId queue); what the queue then holds."""
+    _flaky_rows(spark)
     client.create_queue("once", 1, {"Status": "Push", "UseMessageId": True})
-
-    def fail_first_attempt(n: int) -> bytes:
-        from pyspark import TaskContext
-
-        context = TaskContext.get()
-        if n == 50 and context is not None and context.attemptNumber() == 0:
-            raise RuntimeError("task attempt 0 dies after pushing rows")
-        return b"row %d" % n
-
-    payload = F.udf(fail_first_attempt, BinaryType())
-    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "10")
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "10")  # stream, not bulk
     try:
-        df = spark.range(0, 80, 1, 1).select(payload(F.col("id")).alias("payload"))
+        df = spark.read.format("flaky_rows").option("endpoint", endpoint).load()
         df.write.format("zerohub").option("endpoint", endpoint).option("channel", "once").option(
             "queue", "1"
         ).mode("append").save()
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
-    held = _browse_all(client, "once")
+    return _browse_all(client, "once")
+
+
+def test_writer_retry_pushes_the_same_ids_again(spark: Any, endpoint: str, client: Client) -> None:
+    """A task that dies after the broker acknowledged some of its rows runs again and
+    pushes every row under the id the first attempt used."""
+    held = _write_flaky_rows(spark, endpoint, client)
+    by_id: dict[str, set[bytes]] = {}
+    for b in held:
+        by_id.setdefault(b.message.message_id, set()).add(bytes(b.message.payload))
+    assert len(by_id) == 80  # one id per row, whichever attempt pushed it
+    assert all(len(payloads) == 1 for payloads in by_id.values())
+    assert sorted(p for (p,) in by_id.values()) == sorted(
+        b"row %d " % n + _FILLER for n in range(80)
+    )
+    assert len(held) >= 100  # attempt 0 pushed 20 or more before it died (kept, for now)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs the broker's duplicate suppression by message id (UseMessageId), "
+    "which seq4 is adding; until then a retried task's repeats stay in the queue",
+)
+def test_writer_retry_does_not_duplicate(spark: Any, endpoint: str, client: Client) -> None:
+    """The same, on a queue that keeps one message per id: exactly the 80 rows."""
+    held = _write_flaky_rows(spark, endpoint, client)
     assert sorted(bytes(b.message.payload) for b in held) == sorted(
-        b"row %d" % n for n in range(80)
+        b"row %d " % n + _FILLER for n in range(80)
     )
 
 

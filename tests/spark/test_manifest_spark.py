@@ -12,7 +12,7 @@ from filemq import manifest
 from filemq.index import FileIndex
 from filemq.manifest_spark import build_on_spark, diff_on_spark
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]  # a loaded 2-core machine
 
 
 def _tree(root: Path, folders: int = 12, per_folder: int = 5) -> None:
