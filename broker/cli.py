@@ -434,9 +434,10 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return 0
 
 
-def _browse_line(sequence: int, message: Any, as_json: bool) -> str:
+def _browse_line(sequence: int, message: Any, as_json: bool, reason: str | None = None) -> str:
     """One line per browsed message: ``SEQ<TAB>PAYLOAD`` (a payload that is not one line
-    of UTF-8 text is shown as ``hex:`` and its octets in hex), or a JSON record."""
+    of UTF-8 text is shown as ``hex:`` and its octets in hex), or a JSON record; a trashed
+    message's ``reason`` goes between them (``SEQ<TAB>REASON<TAB>PAYLOAD``)."""
     raw = bytes(message.payload)
     try:
         text = raw.decode("utf-8")
@@ -445,8 +446,9 @@ def _browse_line(sequence: int, message: Any, as_json: bool) -> str:
     except ValueError:
         text = "hex:" + raw.hex()
     if not as_json:
-        return f"{sequence}\t{text}"
-    record = {
+        return f"{sequence}\t{text}" if reason is None else f"{sequence}\t{reason}\t{text}"
+    record: dict[str, Any] = {} if reason is None else {"reason": reason}
+    record |= {
         "sequence": sequence,
         "id": message.message_id,
         "source": message.source,
@@ -472,6 +474,33 @@ def cmd_browse(args: argparse.Namespace) -> int:
                 print(_browse_line(item.sequence, item.message, args.json), flush=True)
             left -= len(page)
             start = page[-1].sequence + 1
+    return 0
+
+
+def cmd_trash(args: argparse.Namespace) -> int:
+    from broker.protocol import Header
+
+    chosen = args.seq or None
+    if chosen is not None and any(n < 1 for n in chosen):
+        raise UsageError("trash: --seq takes sequence numbers (1 or more)")
+    if args.action == "list" and chosen is not None:
+        raise UsageError("trash list: --seq is for resubmit and purge")
+    with _session(args) as client:
+        if args.action == "list":
+            start, left = 0, args.limit
+            while left > 0:
+                page = client.trash_list(args.channel, args.queue, start, min(left, 1000))
+                if not page:
+                    break
+                for item in page:
+                    reason = dict(item.message.headers).get(Header.TRASH_REASON, "")
+                    print(_browse_line(item.sequence, item.message, args.json, reason), flush=True)
+                left -= len(page)
+                start = page[-1].sequence + 1
+        elif args.action == "resubmit":
+            print(client.trash_resubmit(args.channel, args.queue, chosen), flush=True)
+        else:
+            print(client.trash_purge(args.channel, args.queue, chosen), flush=True)
     return 0
 
 
@@ -660,6 +689,23 @@ def build_parser() -> ArgumentParser:
     )
     browse.add_argument("--json", action="store_true", help="one JSON record per message")
     browse.set_defaults(func=cmd_browse)
+
+    trash = client_command("trash", "list, resubmit or purge what a queue's trash holds")
+    trash.add_argument("action", choices=["list", "resubmit", "purge"], help="what to do")
+    trash.add_argument("channel", help="channel name")
+    trash.add_argument("queue", type=int, help="queue id")
+    trash.add_argument(
+        "--seq",
+        type=int,
+        action="append",
+        metavar="N",
+        help="resubmit/purge only this sequence number (repeatable; default: all)",
+    )
+    trash.add_argument(
+        "--limit", type=int, default=1000, metavar="N", help="list: messages at most"
+    )
+    trash.add_argument("--json", action="store_true", help="list: one JSON record per message")
+    trash.set_defaults(func=cmd_trash)
 
     admin = client_command("admin", "create/update/delete/list/info channels and queues")
     admin.add_argument(

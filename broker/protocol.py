@@ -64,6 +64,13 @@ class Operation(IntEnum):
     QUEUE_BOUNDS = 206
     QUEUE_BROWSE = 207
     QUEUE_RELEASE = 208
+    #: zerohub: a queue's trash (``broker.engine.queue.trash``): list (binary, as a
+    #: browse; each message with a ``Trash-Reason`` header), resubmit to the queue and
+    #: purge (JSON ``{"Resubmitted": n}`` / ``{"Purged": n}``); header ``Sequences``
+    #: (comma-separated sequence numbers; absent: every message in the trash).
+    TRASH_LIST = 210
+    TRASH_RESUBMIT = 211
+    TRASH_PURGE = 212
     STATS = 901  # zerohub: broker-wide counters as JSON (needs the ADMIN permission)
 
 
@@ -121,6 +128,9 @@ class Header:
     #: zerohub: on a queue message sent again (after a consumer went away, a nack or an
     #: acknowledge timeout), the number of this delivery (2 for the first redelivery).
     DELIVERY_COUNT = "Delivery-Count"
+    #: zerohub: beside ``Delivery-Count`` on a message sent again: ``true`` (the message
+    #: may have been seen before; also after a broker restart, on persistent queues).
+    REDELIVERED = "Redelivered"
     #: Issued in the connect response; a client reconnecting under its id sends it back
     #: as a connection-info property to prove it owns the session (see broker.server.peers).
     SESSION_SECRET = "Session-Secret"
@@ -134,6 +144,10 @@ class Header:
     FROM_SEQ = "From-Seq"
     LIMIT = "Limit"
     THROUGH_SEQ = "Through-Seq"
+    SEQUENCES = "Sequences"
+    #: zerohub: on a message listed from a queue's trash, why it is there (``expired``,
+    #: ``put-back-limit``, or the nack reason of a delivery not put back).
+    TRASH_REASON = "Trash-Reason"
 
 
 def header(frame: tmqp.Frame, name: str, default: str | None = None) -> str | None:

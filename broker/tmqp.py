@@ -27,6 +27,12 @@ is in flight or is delayed for a put-back; with the queue option Retain also
 after it was consumed, until released or pushed out past RetainLimit (default
 10000). Bounds and browse need the browse permission, release the release
 permission; a bad header is 400, an unknown channel or queue 404.
+A queue's trash (zerohub): content type 210 lists it as a browse does (headers
+From-Seq, Limit; each message with a Trash-Reason header: expired,
+put-back-limit or a nack reason), 211 resubmits messages to the queue as new
+messages (JSON {"Resubmitted": N}), 212 purges them (JSON {"Purged": N}); both
+take header Sequences (comma-separated sequence numbers; absent: all). Listing
+needs the browse permission, resubmit and purge the trash permission.
 
 Generated codec: ``encode(msg) -> list[bytes]`` and ``decode(frames) -> msg``.
 ``decode`` raises only ``zproto.errors.DecodeError``; ``encode`` raises

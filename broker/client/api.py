@@ -17,7 +17,7 @@ the session core; a failure is a ``RemoteError`` with the broker's status code.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 from broker import tmqp
@@ -79,6 +79,16 @@ def _released_of(frame: tmqp.Frame) -> int:
 
 def _browsed_of(frame: tmqp.Frame) -> list[Browsed]:
     return decode_browse(frame.payload)
+
+
+def _count_of(name: str) -> Callable[[tmqp.Frame], int]:
+    return lambda frame: _whole(_json_object(frame).get(name), name)
+
+
+def _chosen(sequences: Iterable[int] | None) -> tuple[tuple[str, str], ...]:
+    if sequences is None:
+        return ()
+    return ((Header.SEQUENCES, ",".join(str(int(s)) for s in sequences)),)
 
 
 def _joined(channel: str, prefetch: int | None) -> Callable[[Session], None]:
@@ -323,6 +333,52 @@ class ClientApi(Generic[R]):
         return self._sequence_op(
             Operation.QUEUE_RELEASE, channel, queue, headers, _released_of, timeout
         )
+
+    # -- a queue's trash (broker.engine.queue.trash) -----------------------------------
+
+    def trash_list(
+        self,
+        channel: str,
+        queue: int,
+        from_seq: int = 0,
+        limit: int = DEFAULT_BROWSE_LIMIT,
+        *,
+        timeout: float | None = None,
+    ) -> R:
+        """What the queue's trash holds (expired, past the put-back limit, nacked and not
+        put back), by sequence number: a list of :class:`~broker.sequence.Browsed`, each
+        message with a ``Trash-Reason`` header."""
+        headers = ((Header.FROM_SEQ, str(from_seq)), (Header.LIMIT, str(limit)))
+        return self._sequence_op(
+            Operation.TRASH_LIST, channel, queue, headers, _browsed_of, timeout
+        )
+
+    def trash_resubmit(
+        self,
+        channel: str,
+        queue: int,
+        sequences: Iterable[int] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> R:
+        """Push trashed messages (those numbered, or all) back into their queue as new
+        messages; gives how many went back."""
+        count = _count_of("Resubmitted")
+        op = Operation.TRASH_RESUBMIT
+        return self._sequence_op(op, channel, queue, _chosen(sequences), count, timeout)
+
+    def trash_purge(
+        self,
+        channel: str,
+        queue: int,
+        sequences: Iterable[int] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> R:
+        """Empty the queue's trash (or remove the messages numbered); gives how many."""
+        count = _count_of("Purged")
+        op = Operation.TRASH_PURGE
+        return self._sequence_op(op, channel, queue, _chosen(sequences), count, timeout)
 
     # -- direct messages ---------------------------------------------------------------
 

@@ -36,6 +36,7 @@ class Action(Enum):
     ADMIN = "admin"  # client and node lists
     BROWSE = "browse"  # read a queue by sequence number (bounds, browse): consumes nothing
     RELEASE = "release"  # remove a queue's messages up to a sequence number
+    TRASH = "trash"  # resubmit or purge what a queue's trash holds (listing: browse)
 
 
 #: Everything a client may do.

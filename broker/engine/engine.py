@@ -463,6 +463,8 @@ class Engine:
                 and queue.push_plain(m, client, now, out)
             ):
                 return
+            if not wants_response and queue.duplicate(m.message_id, client, m.wants_ack, now, out):
+                return  # taken before (a retry after a lost acknowledge): done
             if m.headers:
                 ccs = [v for k, v in m.headers if k.lower() == _CC]
                 if ccs:
@@ -721,8 +723,13 @@ class Engine:
         for stored in kept[: max(0, len(kept) - limit)]:
             self.store.forget_retained(queue.key, stored.sequence)
         kept = kept[max(0, len(kept) - limit) :]
+        opts = queue.options
         for stored in kept:
             queue.retained.restore(stored.sequence, stored.message)
+            if stored.message.message_id and opts.use_message_id and opts.duplicate_window:
+                queue.recent.add(
+                    stored.message.message_id, self.services.now, opts.duplicate_window
+                )
             queue.sequence = max(queue.sequence, stored.sequence)
         return len(kept)
 

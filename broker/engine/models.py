@@ -60,6 +60,10 @@ def queue_information(q: Queue, wall: float, now: float) -> dict[str, Any]:
         # (queues without acknowledges) handed to the transport and not yet sent
         "InFlight": sum(q.used.values()),
         "DroppedDeliveries": q.dropped,
+        # zerohub: pushes taken as duplicates of a recent message id (``queue.dedupe``),
+        # and consumed messages kept readable by sequence (``Retain``)
+        "DuplicateMessages": q.duplicates,
+        "RetainedMessages": len(q.retained),
     }
 
 

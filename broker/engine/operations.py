@@ -340,6 +340,19 @@ def _seq_header(frame: tmqp.Frame, name: str, default: int | None, lowest: int) 
     return value
 
 
+def _browse_payload(parts: EngineParts, items: list[tuple[int, Any]]) -> bytes:
+    budget = _budget(parts)
+    entries: list[tuple[int, bytes]] = []
+    used = 0
+    for seq, message in items:
+        octets = encode_message(message)
+        used += entry_size(octets)
+        if entries and used > budget:
+            break
+        entries.append((seq, octets))
+    return encode_browse(entries)
+
+
 def queue_bounds(
     parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> dict[str, Any]:
@@ -358,16 +371,7 @@ def queue_browse(
     _allow(parts, client, Action.BROWSE, queue.channel.name, queue.id)
     from_seq = _seq_header(frame, Header.FROM_SEQ, None, -1)
     limit = _seq_header(frame, Header.LIMIT, DEFAULT_BROWSE_LIMIT, 1)
-    budget = _budget(parts)
-    entries: list[tuple[int, bytes]] = []
-    used = 0
-    for seq, message in reading.browse(queue, from_seq, min(limit, MAX_BROWSE_LIMIT)):
-        octets = encode_message(message)
-        used += entry_size(octets)
-        if entries and used > budget:
-            break
-        entries.append((seq, octets))
-    return encode_browse(entries)
+    return _browse_payload(parts, reading.browse(queue, from_seq, min(limit, MAX_BROWSE_LIMIT)))
 
 
 def queue_release(
@@ -384,6 +388,60 @@ def queue_release(
     released = reading.release(queue, through, out)
     queue.drain(now, out)
     return {"Released": released}
+
+
+def _sequences(frame: tmqp.Frame) -> set[int] | None:
+    raw = header(frame, Header.SEQUENCES)
+    if raw is None:
+        return None
+    out: set[int] = set()
+    for part in raw.split(","):
+        part = part.strip()
+        if not part.isdigit() or len(part) > 19:
+            raise _error(ResultCode.BAD_REQUEST, f"bad {Header.SEQUENCES} {raw!r}")
+        out.add(int(part))
+    return out
+
+
+def trash_list(
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> bytes:
+    queue = _queue(parts, frame)
+    _allow(parts, client, Action.BROWSE, queue.channel.name, queue.id)
+    from_seq = _seq_header(frame, Header.FROM_SEQ, 0, 0)
+    limit = min(_seq_header(frame, Header.LIMIT, DEFAULT_BROWSE_LIMIT, 1), MAX_BROWSE_LIMIT)
+    queue.trash.prune(now, queue.options.trash_retention)
+    return _browse_payload(parts, queue.trash.listing(from_seq, limit))
+
+
+def trash_resubmit(
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> dict[str, Any]:
+    """Push trashed messages back into their queue (oldest first) as new messages; one
+    the queue refuses (full, Stopped) stays in the trash, with those after it."""
+    queue = _queue(parts, frame)
+    _allow(parts, client, Action.TRASH, queue.channel.name, queue.id)
+    chosen = _sequences(frame)
+    queue.trash.prune(now, queue.options.trash_retention)
+    taken = queue.trash.take(chosen)
+    done = 0
+    for i, (_seq, item) in enumerate(taken):
+        if queue.check_push(len(item.message.payload)):
+            for back_seq, back in reversed(taken[i:]):
+                queue.trash.put_back(back_seq, back)
+            break
+        message = item.message.replace(wants_ack=False)
+        queue.accept(message, None, now, out, False)
+        done += 1
+    return {"Resubmitted": done}
+
+
+def trash_purge(
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> dict[str, Any]:
+    queue = _queue(parts, frame)
+    _allow(parts, client, Action.TRASH, queue.channel.name, queue.id)
+    return {"Purged": len(queue.trash.take(_sequences(frame)))}
 
 
 # ---------------------------------------------------------------------- connections
@@ -506,6 +564,9 @@ _OPERATIONS: dict[int, tuple[_Op, bool]] = {
     Operation.QUEUE_BOUNDS: (queue_bounds, True),
     Operation.QUEUE_BROWSE: (queue_browse, True),
     Operation.QUEUE_RELEASE: (queue_release, True),
+    Operation.TRASH_LIST: (trash_list, True),
+    Operation.TRASH_RESUBMIT: (trash_resubmit, True),
+    Operation.TRASH_PURGE: (trash_purge, True),
     Operation.NODE_LIST: (node_list, True),
     Operation.CLIENT_LIST: (client_list, True),
     RouterOperation.ROUTER_CREATE: (router_create, False),

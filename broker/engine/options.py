@@ -103,6 +103,10 @@ _QUEUE_FIELDS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "Retain": ("retain", _bool),
     "RetainLimit": ("retain_limit", _count),
     "AllowRelease": ("allow_release", _bool),
+    "DuplicateWindow": ("duplicate_window", _count),
+    "DuplicateWindowTime": ("duplicate_window_time", _count),
+    "TrashLimit": ("trash_limit", _count),
+    "TrashRetention": ("trash_retention", _count),
 }
 
 _CHANNEL_FIELDS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
@@ -163,6 +167,14 @@ class ChannelQueueOptions:
     retain_limit: int = DEFAULT_RETAIN_LIMIT
     #: zerohub: clients with the ``release`` permission may remove messages by sequence.
     allow_release: bool = False
+    #: zerohub (``broker.engine.queue.dedupe``): with ``use_message_id``, the latest
+    #: producer message ids remembered (0: no duplicate suppression) and for how long (ms).
+    duplicate_window: int = 10_000
+    duplicate_window_time: int = 300_000
+    #: zerohub (``broker.engine.queue.trash``): messages the trash keeps (0: none) and for
+    #: how long (ms; 0: no time bound).
+    trash_limit: int = 1_000
+    trash_retention: int = 86_400_000
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -184,6 +196,10 @@ class ChannelQueueOptions:
             "Retain": self.retain,
             "RetainLimit": self.retain_limit,
             "AllowRelease": self.allow_release,
+            "DuplicateWindow": self.duplicate_window,
+            "DuplicateWindowTime": self.duplicate_window_time,
+            "TrashLimit": self.trash_limit,
+            "TrashRetention": self.trash_retention,
         }
 
     def updated(self, data: bytes | str | Mapping[str, Any]) -> ChannelQueueOptions:

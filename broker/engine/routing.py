@@ -77,9 +77,11 @@ def _route(
             return False
         if not parts.authorizer.allows(client, Action.PUSH, queue.channel.name, queue.id):
             return False
+        waits = interaction is Interaction.ACKNOWLEDGE and frame.pending_ack and keep_id
+        if keep_id and queue.duplicate(mid, client, waits, now, out):
+            return True  # taken before (a retry): done
         if parts.channels.check_push(queue, len(frame.payload)):
             return False
-        waits = interaction is Interaction.ACKNOWLEDGE and frame.pending_ack and keep_id
         message = message_of(frame)
         return queue.accept(message, client, now, out, waits, message_id=mid) is not None
     receivers = parts.clients.find_receivers(binding.target)

@@ -28,6 +28,8 @@ class StoredMessage:
     message: Message
     producer_id: str = ""
     put_backs: int = 0
+    #: times it was sent to a consumer that had to acknowledge it (``delivered``)
+    delivery_count: int = 0
 
 
 class Store(ABC):
@@ -46,6 +48,13 @@ class Store(ABC):
     @abstractmethod
     def queues(self) -> list[QueueKey]:
         """Queues that have saved messages."""
+
+    def delivered(  # noqa: B027 - optional hook
+        self, queue: QueueKey, sequence: int, count: int, put_backs: int, priority: bool
+    ) -> None:
+        """A saved message was sent (``count`` times now) to a consumer that must
+        acknowledge it: after a restart it comes back flagged as redelivered.  Not a
+        durability point: the note rides with the next writes."""
 
     def retain(self, queue: QueueKey, message: StoredMessage) -> None:
         """A saved message was consumed on a queue that keeps consumed messages readable

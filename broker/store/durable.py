@@ -44,6 +44,7 @@ itself skips records whose checksum fails.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import struct
 from collections.abc import Iterator
@@ -66,6 +67,7 @@ _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _HIGH, _FIRST, _WANTS_ACK = 1, 2, 4
 _U16_MAX = 0xFFFF
+_U32_MAX = 0xFFFF_FFFF
 
 
 def _text(out: list[bytes], value: str) -> None:
@@ -193,12 +195,27 @@ class DurableStore(Store):
 
     def append(self, queue: QueueKey, message: StoredMessage) -> None:
         blob = encode_message(message.message, message.producer_id, message.sequence)
-        meta = Meta(put_backs=message.put_backs, priority=message.message.high_priority)
+        meta = Meta(
+            delivery_count=min(message.delivery_count, _U32_MAX),
+            put_backs=message.put_backs,
+            priority=message.message.high_priority,
+        )
         done = self.log.append(queue, blob, meta)
         self._seqs.setdefault(queue, {})[message.sequence] = done.seq
         if message.sequence > self._last.get(queue, 0):
             self._last[queue] = message.sequence
         self.appended = done.ticket
+
+    def delivered(
+        self, queue: QueueKey, sequence: int, count: int, put_backs: int, priority: bool
+    ) -> None:
+        seq = self._seqs.get(queue, {}).get(sequence)
+        if seq is None:
+            return
+        meta = Meta(delivery_count=min(count, _U32_MAX), put_backs=min(put_backs, _U32_MAX),
+                    priority=priority)  # fmt: skip
+        with contextlib.suppress(NoSuchRecord):  # removed meanwhile: nothing to note
+            self.log.update(queue, seq, meta)
 
     def retain(self, queue: QueueKey, message: StoredMessage) -> None:
         """Write the consumed message under the queue's retained key, then forget the live
@@ -271,7 +288,8 @@ class DurableStore(Store):
             seqs[sequence] = seq
             if sequence > self._last.get(queue, 0):
                 self._last[queue] = sequence
-            yield StoredMessage(sequence, message, producer, record.meta.put_backs)
+            meta = record.meta
+            yield StoredMessage(sequence, message, producer, meta.put_backs, meta.delivery_count)
 
     def queues(self) -> list[QueueKey]:
         return [

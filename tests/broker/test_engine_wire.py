@@ -98,11 +98,12 @@ def test_a_typed_publish_with_forged_octets_reaches_a_tmqp_consumer_intact() -> 
     c = kit.connect("c")
     kit.join(c, "ch")
     kit.take(c)
-    for forged in ((tmqp_door.WIRE.name, b"lie"), (tmqp_door.WIRE, b"lie")):
-        hostile = Message("m1", p, "ch", 0, payload=b"true", wire=forged)
+    for n, forged in enumerate(((tmqp_door.WIRE.name, b"lie"), (tmqp_door.WIRE, b"lie"))):
+        # (distinct ids: the queue takes a repeated id as a duplicate, broker.engine.queue.dedupe)
+        hostile = Message(f"m{n}", p, "ch", 0, payload=b"true", wire=forged)
         outs = kit.route(kit.engine.publish(p, hostile, kit.now))
         (got,) = [o.frame for o in outs if o.client_id == c]
-        assert got.payload == b"true" and got.message_id == "m1"
+        assert got.payload == b"true" and got.message_id == f"m{n}"
 
 
 def test_a_stored_message_keeps_no_door_octets() -> None:

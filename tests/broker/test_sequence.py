@@ -129,6 +129,25 @@ def test_retained_queue_is_readable_after_consumption_and_release_drops(
     assert wait_until(lambda: [b.sequence for b in producer.browse("log", 2, 0)] == [7])
 
 
+def test_release_leaves_deliveries_in_flight_to_their_consumer(make_client: MakeClient) -> None:
+    producer, consumer = make_client(), make_client()
+    producer.create_queue("log", 4, LOG)
+    consumer.join("log", prefetch=1)
+    for i in range(3):
+        producer.push("log", 4, f"f{i}")
+    m = consumer.receive(timeout=10)  # 1 in flight; 2 and 3 wait (window of one)
+    assert m is not None and m.payload == b"f0"
+    assert wait_until(lambda: producer.queue_bounds("log", 4).last == 3)
+    assert producer.release("log", 4, 2) == 1  # 2 only: 1 is the consumer's
+    assert [b.sequence for b in producer.browse("log", 4, 0)] == [1, 3]
+    consumer.ack(m)  # consumed after the release: not kept (the release passed it)
+    nxt = consumer.receive(timeout=10)
+    assert nxt is not None and nxt.payload == b"f2"
+    consumer.ack(nxt)
+    assert wait_until(lambda: [b.sequence for b in producer.browse("log", 4, 0)] == [3])
+    assert producer.queue_bounds("log", 4) == broker.SequenceBounds(3, 3)
+
+
 def test_retain_limit_pushes_out_the_oldest(make_client: MakeClient) -> None:
     c = make_client()
     c.create_queue("log", 3, {"Status": "Push", "Retain": True, "RetainLimit": 3})

@@ -113,6 +113,9 @@ class AckTracker:
                 self.put_back(m, d.put_back, now, out)
             return
         if m.inflight <= 0 and m.state == INFLIGHT:
+            if not success:  # nacked (or failed) and not put back: to the trash
+                q.to_trash(m, reason)
+                m.state = DONE  # not consumed: never retained
             q.finish(m)
 
     def put_back(self, m: QueueMessage, where: PutBack, now: float, out: list[Outgoing]) -> None:
@@ -121,6 +124,7 @@ class AckTracker:
         m.put_backs += 1
         limit = q.options.put_back_limit
         if limit and m.put_backs > limit:
+            q.to_trash(m, "put-back-limit")
             q.drop(m, out, NackReason.LIMIT_EXCEEDED)
             return
         if not q.alive or not q.strategy.keeps_returns:
@@ -223,4 +227,5 @@ class AckTracker:
             q.save(m)
         if d.send_ack is not AckWhen.NONE:
             q.ack_producer(m, d.send_ack, out, NackReason.TIMEOUT)
+        q.to_trash(m, "expired")
         q.finish(m)

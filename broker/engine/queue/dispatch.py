@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker.engine.delivery import ALLOW, PutBack
 from broker.engine.flow import ACKED, BROADCAST, CACHE, COPY, PLAIN
-from broker.engine.message import INFLIGHT, Delivery, Message, QueueMessage, derive
+from broker.engine.message import INFLIGHT, Delivery, Headers, Message, QueueMessage, derive
 from broker.engine.queue.protocols import QueueCore
 from broker.protocol import Header, NackReason, Outgoing, Tracked
 
@@ -29,6 +29,17 @@ _INF = float("inf")
 #: ``Tracked(client_id, frame)`` without the named tuple's Python-level __new__.
 _tracked = tuple.__new__
 _DELIVERY_COUNT = Header.DELIVERY_COUNT.lower()
+_REDELIVERY = (_DELIVERY_COUNT, Header.REDELIVERED.lower())
+
+
+def redelivery_headers(headers: Headers, delivered: int) -> Headers:
+    """``headers`` of a message sent ``delivered`` times before: ``Delivery-Count`` (this
+    delivery's number) and ``Redelivered: true``, replacing any the producer set."""
+    return (
+        *((k, v) for k, v in headers if k.lower() not in _REDELIVERY),
+        (Header.DELIVERY_COUNT, str(delivered + 1)),
+        (Header.REDELIVERED, "true"),
+    )
 
 
 class Dispatcher:
@@ -254,10 +265,7 @@ class Dispatcher:
             source = "" if opts.hide_client_names else f.source
             headers = f.headers
             if count:
-                headers = (
-                    *((k, v) for k, v in headers if k.lower() != _DELIVERY_COUNT),
-                    (Header.DELIVERY_COUNT, str(count + 1)),
-                )
+                headers = redelivery_headers(headers, count)
             f = derive(
                 f,
                 opts.request_acknowledge,
@@ -302,6 +310,8 @@ class Dispatcher:
         m.transmitted += 1
         m.delivered += 1  # a put-back resets m.out: the next send carries Delivery-Count
         if kind == ACKED:
+            if m.saved:  # a restart must still flag it redelivered
+                q.note_delivered(m)
             return  # the window slot is held until the acknowledge
         self.q.release(client_id)
         m.unsent -= 1

@@ -61,7 +61,8 @@ class Ledger:
             message = m.message
             if message.wire is not None:
                 message = message.replace()  # a store keeps messages, not a door's octets
-            q.store.append(q.key, StoredMessage(m.seq, message, producer, m.put_backs))
+            stored = StoredMessage(m.seq, message, producer, m.put_backs, m.delivered)
+            q.store.append(q.key, stored)
         except Exception as exc:
             q.error("store.append", exc)
             return
@@ -72,7 +73,8 @@ class Ledger:
         """The message leaves the queue for good (and the store, if saved); one that was
         consumed (in flight until now) stays readable on a ``Retain`` queue."""
         q = self.q
-        retain = m.state == INFLIGHT and q.options.retain
+        # (a message at or below the last release is not kept: ``reading.Retained.floor``)
+        retain = m.state == INFLIGHT and q.options.retain and m.seq > q.retained.floor
         m.state = DONE
         if retain:
             self.retain(m)
@@ -84,6 +86,14 @@ class Ledger:
                 q.error("store.remove", exc)
         if q.hooks.dequeued:
             q.hooks.message_dequeued(m)
+
+    def delivered(self, m: QueueMessage) -> None:
+        """A saved message went to a consumer that must acknowledge it: note the count."""
+        q = self.q
+        try:
+            q.store.delivered(q.key, m.seq, m.delivered, m.put_backs, m.high_priority)
+        except Exception as exc:
+            q.error("store.delivered", exc)
 
     def retain(self, m: QueueMessage) -> None:
         """Keep a consumed message readable by sequence (``reading``), in the store too

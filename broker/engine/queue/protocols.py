@@ -37,6 +37,8 @@ class QueueHost(Protocol[Q_contra]):
 
     store: Store
     config: BrokerConfig
+    #: the ``now`` of the call being served
+    now: float
 
     def client(self, client_id: str) -> Client[Any] | None: ...
 
@@ -103,6 +105,10 @@ class QueueCore(Protocol):
     def save(self, m: QueueMessage) -> None: ...
 
     def finish(self, m: QueueMessage) -> None: ...
+
+    def to_trash(self, m: QueueMessage, reason: str) -> None: ...
+
+    def note_delivered(self, m: QueueMessage) -> None: ...
 
     def ack_producer(
         self, m: QueueMessage, when: AckWhen, out: list[Outgoing], reason: str, source: str = ""

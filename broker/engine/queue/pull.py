@@ -22,6 +22,7 @@ from broker.engine.flow import ACKED, CACHE, COPY
 from broker.engine.frames import pull_marker, response, response_with
 from broker.engine.message import INFLIGHT, Message, QueueMessage, derive
 from broker.engine.options import status_name
+from broker.engine.queue.dispatch import redelivery_headers
 from broker.engine.queue.protocols import QueueCore
 from broker.protocol import (
     ClearOption,
@@ -109,14 +110,13 @@ def pull_messages(
     kind = ACKED if req_ack else COPY
     for index, m in enumerate(batch, 1):
         f = m.message
-        redelivery = ((Header.DELIVERY_COUNT, str(m.delivered + 1)),) if m.delivered else ()
+        headers = redelivery_headers(f.headers, m.delivered) if m.delivered else f.headers
         headers = (
-            *f.headers,
+            *headers,
             (Header.REQUEST_ID, rid),
             (Header.INDEX, str(index)),
             (Header.COUNT, str(total)),
             *extra,
-            *redelivery,
         )
         source = "" if opts.hide_client_names else f.source
         frame = derive(f, req_ack, q.id, f.message_id, source, name, headers)

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from broker.engine import models
 from broker.engine.delivery import ALLOW, AckWhen, Decision, PutBack
 from broker.engine.flow import PLAIN
+from broker.engine.frames import ack as ack_frame
 from broker.engine.message import (
     DELAYED,
     DONE,
@@ -51,6 +52,7 @@ from broker.engine.message import (
 from broker.engine.options import ChannelQueueOptions
 from broker.engine.queue import pull
 from broker.engine.queue.acks import AckTracker
+from broker.engine.queue.dedupe import RecentIds
 from broker.engine.queue.dispatch import Dispatcher
 from broker.engine.queue.hooks import HandlerHooks
 from broker.engine.queue.ledger import Ledger
@@ -58,6 +60,7 @@ from broker.engine.queue.messages import MessageOrder
 from broker.engine.queue.protocols import QueueHost
 from broker.engine.queue.reading import Retained
 from broker.engine.queue.statuses import StatusStrategy, strategy_for
+from broker.engine.queue.trash import Trash, Trashed
 from broker.protocol import NackReason, Outgoing, ResultCode, Tracked
 from broker.store import Store, StoredMessage
 
@@ -145,6 +148,12 @@ class Queue:
         self.messages = MessageOrder()
         #: Consumed messages kept readable by sequence (option ``Retain``; ``reading``).
         self.retained = Retained()
+        #: Producer message ids taken lately (option ``UseMessageId``; ``dedupe``).
+        self.recent = RecentIds()
+        #: Pushes taken as duplicates of a message id in that window.
+        self.duplicates = 0
+        #: What left without being consumed (``trash``).
+        self.trash = Trash()
         self.ledger = Ledger(self)
         self.tracker = AckTracker(self)
         self.dispatch = Dispatcher(self)
@@ -285,6 +294,21 @@ class Queue:
     ) -> None:
         self.ledger.ack_producer(m, when, out, reason, source)
 
+    def to_trash(self, m: QueueMessage, reason: str) -> None:
+        """``m`` leaves without being consumed (expired, past its put-back limit, nacked
+        and not put back): keep it in the queue's trash (the caller finishes it)."""
+        opts = self.options
+        message = m.message
+        if message.wire is not None:
+            message = message.replace()
+        item = Trashed(message, reason, self.host.now)
+        self.trash.add(m.seq, item, opts.trash_limit, opts.trash_retention)
+
+    def note_delivered(self, m: QueueMessage) -> None:
+        """A saved message went to a consumer that must acknowledge it (the store notes
+        the count, so that a restart flags it redelivered)."""
+        self.ledger.delivered(m)
+
     def side_effects(self, m: QueueMessage, d: Decision, out: list[Outgoing]) -> None:
         self.ledger.side_effects(m, d, out)
 
@@ -415,6 +439,8 @@ class Queue:
         """The queue is removed: drop everything and stop timers."""
         self.clear(out, priority=True, regular=True, in_flight=True)
         self.retained.clear()
+        self.recent.clear()
+        self.trash.clear()
         self.alive = False
 
     def restore(self, stored: StoredMessage, producer: Client | None, now: float) -> None:
@@ -422,6 +448,8 @@ class Queue:
         m = QueueMessage(stored.sequence, stored.message, producer, False, now)
         m.saved = True
         m.put_backs = stored.put_backs
+        m.delivered = stored.delivery_count  # sent before the restart: flagged redelivered
+        self.remember_id(m.message_id, now)
         self.sequence = max(self.sequence, m.seq)
         self.messages.requeue(m, PutBack.END)
 
@@ -477,6 +505,9 @@ class Queue:
             return False
         if not m.message_id and opts.use_message_id:
             return False  # accept() gives it an id
+        dedupe = opts.use_message_id and opts.duplicate_window
+        if dedupe and self.recent.seen(m.message_id, now, opts.duplicate_window_time):
+            return False  # a duplicate: answered by duplicate()
         consumers = self.channel.consumer_list
         messages = self.messages
         c: Client | None = None
@@ -489,6 +520,8 @@ class Queue:
             return False  # accept() after check_push
         if m.source != sender.id:
             m = with_source(m, sender.id)
+        if dedupe:
+            self.recent.add(m.message_id, now, opts.duplicate_window)
         self.sequence += 1
         self.received += 1
         self.last_received = now
@@ -527,6 +560,7 @@ class Queue:
         """
         opts = self.options
         mid = message.message_id if message_id is None else message_id
+        remember = bool(mid) and opts.use_message_id and opts.duplicate_window > 0
         if not mid and (opts.use_message_id or opts.request_acknowledge or producer_waits):
             mid = self.host.new_id()
         src = sender.id if sender is not None else message.source
@@ -552,8 +586,38 @@ class Queue:
             if not d.allow and d.put_back is PutBack.NO:
                 self.drop(m, out, NackReason.UNACCEPTABLE)
                 return None
+        if remember:
+            self.recent.add(mid, now, opts.duplicate_window)
         self.strategy.admit(self, m, now, out)
         return m
+
+    def remember_id(self, message_id: str, now: float) -> None:
+        """A message recovered after a restart: its id counts for duplicate suppression."""
+        opts = self.options
+        if message_id and opts.use_message_id and opts.duplicate_window:
+            self.recent.add(message_id, now, opts.duplicate_window)
+
+    def duplicate(
+        self,
+        message_id: str,
+        sender: Client | None,
+        producer_waits: bool,
+        now: float,
+        out: list[Outgoing],
+    ) -> bool:
+        """Is this push a duplicate of a message id the queue took within its window
+        (``dedupe``)?  Then it is answered as done (a positive acknowledge to a producer
+        that waits for one) and must not be accepted."""
+        opts = self.options
+        if not (message_id and opts.use_message_id and opts.duplicate_window):
+            return False
+        if not self.recent.seen(message_id, now, opts.duplicate_window_time):
+            return False
+        self.duplicates += 1
+        if producer_waits and sender is not None and self.client(sender.id) is sender:
+            frame = ack_frame(self.id, message_id, "", self.channel.name)
+            out.append(Outgoing(sender.id, frame))
+        return True
 
     # ------------------------------------------------------------------ pull
 

@@ -16,6 +16,8 @@ Sans-IO: everything here works on the queue's parts and appends to ``out``.
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from broker.engine.delivery import AckWhen
@@ -31,17 +33,22 @@ if TYPE_CHECKING:
 class Retained:
     """Consumed messages of a ``Retain`` queue, by sequence number (oldest first)."""
 
-    __slots__ = ("messages",)
+    __slots__ = ("floor", "messages")
 
     def __init__(self) -> None:
         #: sequence number -> message, in the order they were consumed
         self.messages: dict[int, Message] = {}
+        #: the highest number released: a message at or below it consumed later (it was
+        #: in flight during the release) is not kept, so bounds never go back
+        self.floor = 0
 
     def __len__(self) -> int:
         return len(self.messages)
 
     def keep(self, seq: int, message: Message, limit: int) -> list[int]:
         """Keep a consumed message; the sequence numbers pushed out past ``limit``."""
+        if seq <= self.floor:
+            return [seq]
         messages = self.messages
         messages[seq] = message
         limit = limit or DEFAULT_RETAIN_LIMIT
@@ -52,8 +59,10 @@ class Retained:
             gone.append(old)
         return gone
 
-    def release(self, through: int) -> list[int]:
-        """Forget every message numbered ``through`` or less; their numbers."""
+    def release(self, through: int, last: int) -> list[int]:
+        """Forget every message numbered ``through`` or less (``last``: the newest number
+        the queue gave, above which nothing is passed); their numbers."""
+        self.floor = max(self.floor, min(through, last))
         gone = [seq for seq in self.messages if seq <= through]
         for seq in gone:
             del self.messages[seq]
@@ -67,49 +76,58 @@ class Retained:
         self.messages[seq] = message
 
 
-def _held(q: Queue) -> dict[int, QueueMessage | Message]:
-    """Every message the queue holds, by sequence number (unordered)."""
-    held: dict[int, QueueMessage | Message] = dict(q.retained.messages)
+def _held(q: Queue) -> Iterator[tuple[int, QueueMessage | Message]]:
+    """Every message the queue holds with its sequence number, in no particular order
+    (a message in flight to several consumers may come more than once)."""
+    yield from q.retained.messages.items()
     messages = q.messages
     for group in (messages.front, messages.priority, messages.regular):
         for m in group:
             if m.state == QUEUED:
-                held[m.seq] = m
+                yield m.seq, m
     for dl in q.tracker.pending.values():
-        held[dl.message.seq] = dl.message
+        yield dl.message.seq, dl.message
     for _, m, _where in q.tracker.delayed:
         if m.state == DELAYED:
-            held[m.seq] = m
-    return held
+            yield m.seq, m
 
 
 def bounds(q: Queue) -> SequenceBounds:
     """The oldest held sequence number and the newest given (``first = last + 1``: none)."""
     last = q.sequence
-    held = _held(q)
-    first = min(held) if held else last + 1
+    first = min((seq for seq, _ in _held(q)), default=last + 1)
     return SequenceBounds(first, last)
 
 
 def browse(q: Queue, from_seq: int, limit: int) -> list[tuple[int, Message]]:
     """Up to ``limit`` held messages numbered ``from_seq`` or more, in sequence order
-    (``FROM_FIRST``: from the oldest held; ``FROM_LAST``: only newer than the newest)."""
+    (``FROM_FIRST``: from the oldest held; ``FROM_LAST``: only newer than the newest).
+
+    One pass over what the queue holds, keeping only the ``limit`` lowest numbers: the
+    time grows with the queue, the memory only with ``limit``."""
     if from_seq == FROM_LAST:
         return []
     start = 1 if from_seq == FROM_FIRST else from_seq
-    held = _held(q)
-    wanted = sorted(seq for seq in held if seq >= start)[:limit]
+    wanted = heapq.nsmallest(limit, ((seq, item) for seq, item in _held(q) if seq >= start),
+                             key=_first)  # fmt: skip
     out: list[tuple[int, Message]] = []
-    for seq in wanted:
-        item = held[seq]
+    last = 0
+    for seq, item in wanted:
+        if seq == last:
+            continue  # in flight to several consumers
+        last = seq
         out.append((seq, item.message if isinstance(item, QueueMessage) else item))
     return out
+
+
+def _first(entry: tuple[int, object]) -> int:
+    return entry[0]
 
 
 def release(q: Queue, through: int, out: list[Outgoing]) -> int:
     """Finish every held message numbered ``through`` or less that no consumer has in
     flight, as consumed; returns how many."""
-    gone = q.retained.release(through)
+    gone = q.retained.release(through, q.sequence)
     for seq in gone:
         try:
             q.store.forget_retained(q.key, seq)
