@@ -238,10 +238,12 @@ def _flaky_rows(spark: Any) -> None:
     spark.dataSource.register(FlakyRows)
 
 
-def _write_flaky_rows(spark: Any, endpoint: str, client: Client) -> list[Any]:
-    """Write flaky_rows into once/1 (a UseMessageId queue); what the queue then holds."""
+def _write_flaky_rows(
+    spark: Any, endpoint: str, client: Client, queue_options: dict[str, Any]
+) -> list[Any]:
+    """Write flaky_rows into once/1; what the queue then holds."""
     _flaky_rows(spark)
-    client.create_queue("once", 1, {"Status": "Push", "UseMessageId": True})
+    client.create_queue("once", 1, {"Status": "Push", **queue_options})
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "10")  # stream, not bulk
     try:
         df = spark.read.format("flaky_rows").option("endpoint", endpoint).load()
@@ -255,8 +257,9 @@ def _write_flaky_rows(spark: Any, endpoint: str, client: Client) -> list[Any]:
 
 def test_writer_retry_pushes_the_same_ids_again(spark: Any, endpoint: str, client: Client) -> None:
     """A task that dies after the broker acknowledged some of its rows runs again and
-    pushes every row under the id the first attempt used."""
-    held = _write_flaky_rows(spark, endpoint, client)
+    pushes every row under the id the first attempt used (on a queue that keeps
+    repeated ids, to see them)."""
+    held = _write_flaky_rows(spark, endpoint, client, {"DuplicateWindow": 0})
     by_id: dict[str, set[bytes]] = {}
     for b in held:
         by_id.setdefault(b.message.message_id, set()).add(bytes(b.message.payload))
@@ -265,17 +268,13 @@ def test_writer_retry_pushes_the_same_ids_again(spark: Any, endpoint: str, clien
     assert sorted(p for (p,) in by_id.values()) == sorted(
         b"row %d " % n + _FILLER for n in range(80)
     )
-    assert len(held) >= 100  # attempt 0 pushed 20 or more before it died (kept, for now)
+    assert len(held) >= 100  # attempt 0 pushed 20 or more before it died
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the broker's duplicate suppression by message id (UseMessageId), "
-    "which seq4 is adding; until then a retried task's repeats stay in the queue",
-)
 def test_writer_retry_does_not_duplicate(spark: Any, endpoint: str, client: Client) -> None:
-    """The same, on a queue that keeps one message per id: exactly the 80 rows."""
-    held = _write_flaky_rows(spark, endpoint, client)
+    """The same on a queue that drops repeated ids (UseMessageId, the default): the 80
+    rows once each -- exactly once, though a task pushed part of them twice."""
+    held = _write_flaky_rows(spark, endpoint, client, {"UseMessageId": True})
     assert sorted(bytes(b.message.payload) for b in held) == sorted(
         b"row %d " % n + _FILLER for n in range(80)
     )
