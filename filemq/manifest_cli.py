@@ -103,6 +103,8 @@ def _make(args: argparse.Namespace, root: str, out: str) -> int:
             raise
         except Exception as exc:
             raise _spark_failure(exc) from None
+        finally:
+            spark.stop()
     else:
         table, stats = manifest.build(root)
         manifest.write(table, out)
@@ -155,6 +157,8 @@ def _diff(args: argparse.Namespace, a: str, b: str) -> int:
             raise
         except Exception as exc:
             raise _spark_failure(exc) from None
+        finally:
+            spark.stop()
         return 0
     for change, path in manifest.diff(a, b):
         print(f"{change.value} {path}")
