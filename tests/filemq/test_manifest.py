@@ -136,6 +136,9 @@ def test_import_trusts_a_row_only_for_the_file_it_describes(
     rows.append({**rows[0], "path": "../escape"})
     rows.append({**rows[0], "path": "/etc/passwd"})
     rows.append({**rows[0], "path": "bad-sha1", "sha1": "zz"})
+    b_row = next(r for r in rows if r["path"] == "d/b.bin")
+    (root / "through").symlink_to(root / "d")
+    rows.append({**b_row, "path": "through/b.bin"})  # the same file, reached through a link
     pq.write_table(pa.Table.from_pylist(rows), m)
     (root / "a.txt").write_bytes(b"ALPHA\n")  # same size, new mtime
     st = (root / "a.txt").stat()
@@ -144,14 +147,14 @@ def test_import_trusts_a_row_only_for_the_file_it_describes(
     (root / "d" / "e" / "f" / "deep.txt").unlink()
     (root / "d" / "e" / "f" / "deep.txt").mkdir()
     result = manifest.import_index(m, root, tmp_path / "index")
-    assert result == manifest.ImportResult(imported=2, stale=3, refused=3)
+    assert result == manifest.ImportResult(imported=2, stale=4, refused=3)
     (tmp_path / "index").rename(tmp_path / "keep")
     assert main(["manifest", "import", str(m), str(root), "--state-dir", str(state)]) == 0
     index = _start_stop(zctx, root, state).indexes["/"]
     assert index.hashed_files == 1  # a.txt only
     a = index.get("a.txt")
     assert a is not None and a.sha1 == hashlib.sha1(b"ALPHA\n").hexdigest()
-    assert "empty" not in index and "../escape" not in index
+    assert "empty" not in index and "../escape" not in index and "through/b.bin" not in index
 
 
 def test_import_for_a_mirror_and_at_a_virtual_path(tmp_path: Path, zctx: zmq.Context[Any]) -> None:
