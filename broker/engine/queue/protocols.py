@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from broker.engine.options import BrokerConfig, ChannelQueueOptions
     from broker.engine.queue.hooks import HandlerHooks
     from broker.engine.queue.messages import MessageOrder
-    from broker.engine.queue.reading import Retained
+    from broker.engine.queue.retained import Retained
     from broker.engine.queue.statuses import StatusStrategy
     from broker.protocol import Outgoing
     from broker.store import Store

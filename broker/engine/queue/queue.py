@@ -58,7 +58,7 @@ from broker.engine.queue.hooks import HandlerHooks
 from broker.engine.queue.ledger import Ledger
 from broker.engine.queue.messages import MessageOrder
 from broker.engine.queue.protocols import QueueHost
-from broker.engine.queue.reading import Retained
+from broker.engine.queue.retained import Retained
 from broker.engine.queue.statuses import StatusStrategy, strategy_for
 from broker.engine.queue.trash import Trash, Trashed
 from broker.protocol import NackReason, Outgoing, ResultCode, Tracked

@@ -3,8 +3,8 @@
 A queue *holds* a message while it waits, while it is in flight to a consumer (until
 acknowledged) or delayed for a put-back, and, on a queue with the ``Retain`` option,
 after it was consumed, until released or pushed out by newer ones past ``RetainLimit``
-(:class:`Retained`).  Browsing lists held messages by sequence number without changing
-anything: no consumer sees a browse, no counter moves.  Releasing finishes held
+(``broker.engine.queue.retained``).  Browsing lists held messages by sequence number
+without changing anything: no consumer sees a browse, no counter moves.  Releasing finishes held
 messages up to a sequence number as if consumed (a producer waiting for the consumer's
 acknowledge gets a positive one); deliveries in flight are left to their consumers.
 
@@ -22,58 +22,11 @@ from typing import TYPE_CHECKING
 
 from broker.engine.delivery import AckWhen
 from broker.engine.message import DELAYED, DONE, QUEUED, Message, QueueMessage
-from broker.engine.options import DEFAULT_RETAIN_LIMIT
 from broker.protocol import NackReason, Outgoing
 from broker.sequence import FROM_FIRST, FROM_LAST, SequenceBounds
 
 if TYPE_CHECKING:
     from broker.engine.queue.queue import Queue
-
-
-class Retained:
-    """Consumed messages of a ``Retain`` queue, by sequence number (oldest first)."""
-
-    __slots__ = ("floor", "messages")
-
-    def __init__(self) -> None:
-        #: sequence number -> message, in the order they were consumed
-        self.messages: dict[int, Message] = {}
-        #: the highest number released: a message at or below it consumed later (it was
-        #: in flight during the release) is not kept, so bounds never go back
-        self.floor = 0
-
-    def __len__(self) -> int:
-        return len(self.messages)
-
-    def keep(self, seq: int, message: Message, limit: int) -> list[int]:
-        """Keep a consumed message; the sequence numbers pushed out past ``limit``."""
-        if seq <= self.floor:
-            return [seq]
-        messages = self.messages
-        messages[seq] = message
-        limit = limit or DEFAULT_RETAIN_LIMIT
-        gone: list[int] = []
-        while len(messages) > limit:
-            old = next(iter(messages))
-            del messages[old]
-            gone.append(old)
-        return gone
-
-    def release(self, through: int, last: int) -> list[int]:
-        """Forget every message numbered ``through`` or less (``last``: the newest number
-        the queue gave, above which nothing is passed); their numbers."""
-        self.floor = max(self.floor, min(through, last))
-        gone = [seq for seq in self.messages if seq <= through]
-        for seq in gone:
-            del self.messages[seq]
-        return gone
-
-    def clear(self) -> None:
-        self.messages.clear()
-
-    def restore(self, seq: int, message: Message) -> None:
-        """A retained message recovered from the store (oldest first)."""
-        self.messages[seq] = message
 
 
 def _held(q: Queue) -> Iterator[tuple[int, QueueMessage | Message]]:
