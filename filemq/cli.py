@@ -1,4 +1,5 @@
-"""``filemq`` command line: ``serve``, ``sync``, ``subscribe``, ``ls``, ``status``, ``keys new``.
+"""``filemq`` command line: ``serve``, ``sync``, ``subscribe``, ``ls``, ``status``, ``keys new``
+and ``manifest`` (Parquet manifests of a tree, made here or on Spark: ``filemq.manifest_cli``).
 
 ``serve`` watches what it publishes (inotify; ``--poll`` for a polling
 observer, ``--no-watch`` for none) and pushes each complete file to subscribed
@@ -544,7 +545,15 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
         _status_options,
     ),
     "keys": ("CURVE certificates", _keys_options),
-}
+    "manifest": ("make, import (as an index) or compare Parquet manifests of a tree",
+                 lambda parser: _manifest_module().manifest_options(parser)),
+}  # fmt: skip
+
+
+def _manifest_module() -> Any:
+    from filemq import manifest_cli  # only `filemq manifest` pays for its import
+
+    return manifest_cli
 
 
 @functools.cache
@@ -996,6 +1005,10 @@ def _keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def _manifest(args: argparse.Namespace) -> int:
+    return int(_manifest_module().run_manifest(args))
+
+
 _RUN = {
     "serve": _serve,
     "sync": _sync,
@@ -1003,11 +1016,17 @@ _RUN = {
     "ls": _ls,
     "status": _status,
     "keys": _keys,
+    "manifest": _manifest,
 }
 
 
 def _command(argv: Sequence[str] | None) -> int:
-    args = build_parser(argv).parse_args(argv)
+    parser = build_parser(argv)
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "manifest" and not any(word.startswith("-") for word in extra):
+        args.operands += extra  # `manifest diff --spark A B`: operands on both sides
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(
         level=log_level(args, logging.INFO), format="%(levelname)s %(name)s: %(message)s"
     )

@@ -1,0 +1,184 @@
+"""Spark benchmark: the broker as a Spark source and sink, FILEMQ manifests on Spark.
+
+    python bench/bench_spark.py            # 200,000 messages, a 256 MiB tree
+    python bench/bench_spark.py --quick    # 20,000 messages, a 32 MiB tree
+
+Needs the spark extra and Java 17.  One local[2] SparkSession; the broker runs in its own
+process (``broker serve`` on a loopback port), so it does not share the driver's GIL.
+
+  (a) streaming read: N messages of 100 octets already in a queue, read by
+      ``readStream.format("zerohub")`` into the ``noop`` sink (micro-batches of
+      ``maxRowsPerTrigger`` = 50,000, then 200,000; partitions of 25,000); rows/s over
+      the micro-batches' own execution times (Spark's progress reports), and over the
+      wall clock of the whole query
+      (its first planning included).  Target (issue 14): >= 50,000 rows/s.
+  (b) writer: a DataFrame of N rows of 100 octets written with ``df.write.format("zerohub")``
+      (2 tasks, producer acks, 1,000 in flight per task); rows/s over the job's wall clock.
+  (c) manifest: a tree of 256 KiB files in 32 folders hashed (SHA-1 + xxh3) in one
+      process (``filemq manifest``'s default) and as a Spark job on local[2]; MB/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from broker.client.blocking import Client
+from broker.spark import register
+from filemq import manifest
+from filemq.manifest_spark import build_on_spark
+from zerohub.sparkkit import session
+
+#: maxRowsPerTrigger of the streaming read runs (a micro-batch costs Spark ~1 s to plan and
+#: schedule here whatever its size: larger ones amortize it)
+TRIGGERS = (50_000, 200_000)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _broker(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
+    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "broker", "serve", "--bind", endpoint],
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp / "broker.log", "wb"),  # noqa: SIM115
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with Client(endpoint, timeout=2, reconnect=False) as c:
+                c.stats()
+            return proc, endpoint
+        except Exception:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError("the broker did not start (see broker.log)") from None
+            time.sleep(0.2)
+
+
+def _fill(endpoint: str, channel: str, count: int) -> None:
+    payload = b"x" * 100
+    with Client(endpoint, timeout=60) as c:
+        c.create_queue(channel, 1, {"Status": "Push"})
+        for _ in range(count):
+            c.push(channel, 1, payload)
+        c.push(channel, 1, payload, ack=True)  # (in order: all before it are in)
+
+
+def bench_stream_read(
+    spark: Any, endpoint: str, count: int, per_trigger: int, tmp: Path
+) -> tuple[float, float]:
+    channel = f"read{per_trigger}"
+    _fill(endpoint, channel, count - 1)
+    df = (
+        spark.readStream.format("zerohub")
+        .option("endpoint", endpoint)
+        .option("channel", channel)
+        .option("queue", "1")
+        .option("maxRowsPerTrigger", str(per_trigger))
+        .option("rowsPerPartition", "25000")
+        .load()
+    )
+    started = time.perf_counter()
+    query = (
+        df.writeStream.format("noop")
+        .option("checkpointLocation", str(tmp / f"{channel}-checkpoint"))
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+        wall = time.perf_counter() - started
+        progress = [p for p in query.recentProgress if p["numInputRows"]]
+    finally:
+        query.stop()
+    rows = sum(p["numInputRows"] for p in progress)
+    busy = sum(p["durationMs"]["triggerExecution"] for p in progress) / 1000
+    assert rows == count, f"read {rows} of {count}"
+    return rows / busy, rows / wall
+
+
+def bench_write(spark: Any, endpoint: str, count: int) -> float:
+    from pyspark.sql import functions as F
+
+    with Client(endpoint, timeout=60) as c:
+        c.create_queue("write", 1, {"Status": "Push"})
+    df = spark.range(0, count, 1, 2).select(
+        F.expr("cast(rpad(cast(id as string), 100, 'x') as binary)").alias("payload")
+    )
+    started = time.perf_counter()
+    df.write.format("zerohub").option("endpoint", endpoint).option("channel", "write").option(
+        "queue", "1"
+    ).mode("append").save()
+    elapsed = time.perf_counter() - started
+    with Client(endpoint, timeout=60) as c:
+        bounds = c.queue_bounds("write", 1)
+    assert bounds.last == count, f"{bounds.last} of {count} written"
+    return count / elapsed
+
+
+def bench_manifest(spark: Any, tmp: Path, octets: int) -> tuple[float, float, int]:
+    root = tmp / "tree"
+    block = os.urandom(256 * 1024)
+    files = octets // len(block)
+    for i in range(files):
+        folder = root / f"d{i % 32:02d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"f{i:05d}").write_bytes(block[i % 251 :] + block[: i % 251])
+    started = time.perf_counter()
+    table, stats = manifest.build(root)
+    local = time.perf_counter() - started
+    started = time.perf_counter()
+    on_spark = build_on_spark(spark, root, str(tmp / "manifest"))
+    spark_s = time.perf_counter() - started
+    assert on_spark == stats and manifest.read(tmp / "manifest").equals(table)
+    mb = stats.octets / 1e6
+    return mb / local, mb / spark_s, stats.files
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes (seconds)")
+    args = parser.parse_args()
+    count = 20_000 if args.quick else 200_000
+    octets = (32 if args.quick else 256) * 1024 * 1024
+    spark = session("local[2]", "bench-spark", **{"spark.sql.shuffle.partitions": "2"})
+    register(spark)
+    with tempfile.TemporaryDirectory(prefix="bench-spark-") as name:
+        tmp = Path(name)
+        proc, endpoint = _broker(tmp)
+        try:
+            spark.range(10).count()  # first action's warm-up, not timed
+            reads = {n: bench_stream_read(spark, endpoint, count, n, tmp) for n in TRIGGERS}
+            write = bench_write(spark, endpoint, count)
+            local_mb, spark_mb, files = bench_manifest(spark, tmp, octets)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    spark.stop()
+    print()
+    print(f"{'what':<58} {'result':>16}")
+    print(f"{'-' * 58} {'-' * 16}")
+    for per_trigger, (busy, wall) in reads.items():
+        what = f"(a) streaming read, {count:,} x 100 B, {per_trigger:,} per micro-batch"
+        print(f"{what:<58} {busy:>10,.0f} rows/s")
+        print(f"{'    the same over the query wall clock':<58} {wall:>10,.0f} rows/s")
+    print(f"{f'(b) writer, {count:,} x 100 B, acked, 2 tasks':<58} {write:>10,.0f} rows/s")
+    tree = f"{files:,} x 256 KiB"
+    print(f"{f'(c) manifest, one process ({tree})':<58} {local_mb:>12,.0f} MB/s")
+    print(f"{'    manifest, Spark local[2]':<58} {spark_mb:>12,.0f} MB/s")
+    print("target (a) >= 50,000 rows/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""The ``zerohub`` source: a broker queue read by sequence number, without consuming it.
+
+Offsets are the queue's sequence numbers (``broker.sequence``): an offset
+``{"seq": N}`` means "every message numbered N or less is processed".  A micro-batch
+from offset S to offset E reads the messages the queue holds numbered S+1..E, cut into
+Spark partitions of ``rowsPerPartition`` sequence numbers; each task browses its range
+(pages of ``browseLimit`` messages) and yields pyarrow record batches.  Reading changes
+nothing in the queue: a restarted query reads again from the offset its checkpoint
+holds, so each message reaches the sink once when the sink is idempotent (Spark's file
+sink, the ``zerohub`` sink on a ``UseMessageId`` queue).
+
+What a query can read is what the queue *holds*: waiting messages, deliveries in flight,
+and on a queue with the ``Retain`` option consumed ones too (until released or pushed
+out past ``RetainLimit``).  A queue that consumers also take from must have ``Retain``,
+or the query misses what they consumed first.  With ``release=true`` Spark's commit of
+a micro-batch releases its messages (``AllowRelease`` on the queue): the broker then
+forgets what the query has durably processed.  (Spark commits a micro-batch when it
+plans the next one, so the last one before a stop is released by the next run.)
+
+Admission control: ``maxRowsPerTrigger`` caps the sequence numbers of one micro-batch
+(``latestOffset(start, limit)`` with Spark's ``ReadMaxRows``; a trigger that asks for
+everything, such as ``availableNow``, gets everything).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+
+from broker.client.blocking import Client
+from broker.sequence import SequenceBounds
+from broker.spark.connect import open_client
+from broker.spark.options import EARLIEST, LATEST, ReadOptions
+from broker.spark.rows import arrow_schema, browsed_batch
+
+log = logging.getLogger(__name__)
+
+
+class SequenceRange(InputPartition):
+    """One Spark partition: the queue's sequence numbers ``first`` through ``last``."""
+
+    def __init__(self, first: int, last: int) -> None:
+        super().__init__((first, last))
+        self.first = first
+        self.last = last
+
+
+def split(first: int, last: int, per_partition: int) -> list[SequenceRange]:
+    """``first..last`` cut into ranges of at most ``per_partition`` numbers."""
+    return [
+        SequenceRange(at, min(at + per_partition - 1, last))
+        for at in range(first, last + 1, per_partition)
+    ]
+
+
+def read_range(options: ReadOptions, first: int, last: int) -> Iterator[Any]:
+    """Record batches of the held messages numbered ``first..last``, in order."""
+    connect = options.connect
+    schema = arrow_schema()
+    client = open_client(connect, threaded=False)
+    try:
+        cursor = first
+        while cursor <= last:
+            limit = min(options.browse_limit, last - cursor + 1)
+            page = client.browse(connect.channel, connect.queue, cursor, limit)
+            wanted = [entry for entry in page if entry.sequence <= last]
+            if not wanted:
+                return  # nothing more held in the range
+            yield browsed_batch(wanted, connect.channel, connect.queue, schema)
+            cursor = wanted[-1].sequence + 1
+    finally:
+        client.close()
+
+
+class _Driver:
+    """The driver side's client (opened on first use; never pickled to the tasks)."""
+
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+        self._client: Client | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_client"] = None
+        return state
+
+    def client(self) -> Client:
+        if self._client is None:
+            self._client = open_client(self.options.connect)
+        return self._client
+
+    def bounds(self) -> SequenceBounds:
+        c = self.options.connect
+        bounds: SequenceBounds = self.client().queue_bounds(c.channel, c.queue)
+        return bounds
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+class BatchReader(DataSourceReader):
+    """``spark.read.format("zerohub")``: what the queue holds when the query is planned
+    (from ``startingOffsets`` on, when it is a sequence number)."""
+
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> Sequence[InputPartition]:
+        driver = _Driver(self.options)
+        try:
+            bounds = driver.bounds()
+        finally:
+            driver.close()
+        first = bounds.first
+        if isinstance(self.options.starting, int):
+            first = max(first, self.options.starting)
+        elif self.options.starting == LATEST:
+            first = bounds.last + 1
+        return split(first, bounds.last, self.options.rows_per_partition)
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, SequenceRange)
+        yield from read_range(self.options, partition.first, partition.last)
+
+
+class StreamReader(_Driver, DataSourceStreamReader):
+    """``spark.readStream.format("zerohub")``: see the module docstring."""
+
+    def initialOffset(self) -> dict[str, int]:
+        bounds = self.bounds()
+        starting = self.options.starting
+        if starting == EARLIEST:
+            return {"seq": bounds.first - 1}
+        if starting == LATEST:
+            return {"seq": bounds.last}
+        assert isinstance(starting, int)
+        return {"seq": starting - 1}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        most = self.options.max_rows_per_trigger
+        return ReadAllAvailable() if most is None else ReadMaxRows(most)
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        begin = int(start["seq"])
+        end = self.bounds().last
+        if isinstance(limit, ReadMaxRows):
+            end = min(end, begin + limit.max_rows)
+        return {"seq": max(begin, end)}
+
+    def reportLatestOffset(self) -> dict[str, int]:
+        return {"seq": self.bounds().last}
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        return split(int(start["seq"]) + 1, int(end["seq"]), self.options.rows_per_partition)
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, SequenceRange)
+        yield from read_range(self.options, partition.first, partition.last)
+
+    def commit(self, end: dict[str, int]) -> None:
+        if self.options.release:
+            c = self.options.connect
+            released = self.client().release(c.channel, c.queue, int(end["seq"]))
+            log.debug("zerohub source: released %d messages through %s", released, end["seq"])
+
+    def stop(self) -> None:
+        self.close()
