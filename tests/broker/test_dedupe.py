@@ -4,7 +4,6 @@ a producer retrying after a lost acknowledge makes no duplicate; against live br
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -109,16 +108,6 @@ def test_a_refused_push_is_not_remembered(make_client: MakeClient) -> None:
     assert c.release("small", 1, 1) == 1
     c.push("small", 1, "two", ack=True, message_id="two")
     assert held(c, "small", 1) == [b"two"]
-
-
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[Broker]:
-    b = Broker(tmp_path / "data")
-    b.start()
-    yield b
-    if b.proc is not None:
-        b.proc.kill()
-        b.proc.wait(10)
 
 
 def test_duplicates_are_suppressed_across_kill_9(served: Broker, zctx: Ctx) -> None:

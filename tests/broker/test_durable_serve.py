@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,13 +44,8 @@ class Broker:
 
 
 @pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Broker]:
-    b = Broker(tmp_path / "data")
-    b.start()
-    yield b
-    if b.proc is not None:
-        b.proc.kill()
-        b.proc.wait(10)
+def broker(served: Broker) -> Broker:
+    return served  # (tests/broker/conftest.py)
 
 
 def push_acked(endpoint: str, zctx: zmq.Context[zmq.Socket[bytes]], n: int) -> list[str]:

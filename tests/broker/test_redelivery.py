@@ -5,7 +5,6 @@ acknowledge (it went away, or its AcknowledgeTimeout passed) is sent again flagg
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import zmq
@@ -71,16 +70,6 @@ def test_an_acknowledge_timeout_means_a_flagged_redelivery(endpoint: str, zctx: 
         assert flags(third) == ("true", "3")
         c.ack(third)
         assert c.receive(timeout=0.5) is None
-
-
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[Broker]:
-    b = Broker(tmp_path / "data")
-    b.start()
-    yield b
-    if b.proc is not None:
-        b.proc.kill()
-        b.proc.wait(10)
 
 
 def test_delivered_before_a_kill_9_is_flagged_after_the_restart(served: Broker, zctx: Ctx) -> None:

@@ -4,8 +4,6 @@ and restart with ``--data``; ``broker browse`` prints one line per message."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import zmq
@@ -23,16 +21,6 @@ PERSISTENT_LOG = {
     "Status": "Pull",
     "AllowRelease": True,
 }
-
-
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[Broker]:
-    b = Broker(tmp_path / "data")
-    b.start()
-    yield b
-    if b.proc is not None:
-        b.proc.kill()
-        b.proc.wait(10)
 
 
 def client(b: Broker, zctx: Ctx) -> Client:
