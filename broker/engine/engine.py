@@ -697,9 +697,7 @@ class Engine:
             except OperationError as err:
                 log.warning("cannot recover queue %s: %s", key, err.reason)
                 continue
-            for stored in self.store.iterate(key):
-                queue.restore(stored, None, now)
-                count += 1
+            count += queue.restore_all(self.store.iterate(key), now)
         for channel in self.channels.values():  # numbering goes on where it stopped
             for queue in channel.queues.values():
                 try:

@@ -311,25 +311,34 @@ class DurableStore(Store):
 
     def iterate(self, queue: QueueKey) -> Iterator[StoredMessage]:
         """The queue's live messages in order (records that cannot be read are logged
-        and skipped); each one read becomes known to :meth:`remove` under its number."""
+        and skipped); each one read becomes known to :meth:`remove` under its number.
+
+        A restart reads every queue through here: the log's bulk reader
+        (``LogStore.read_live``: large sequential reads, every checksum verified), one
+        blob decode per record, the bookkeeping in locals."""
         seqs = self._seqs.setdefault(queue, {})
-        for seq in list(self.log.sequences(queue)):
-            try:
-                record = self.log.read(queue, seq)
-                message, producer, sequence = decode_record(record.blob)
-            except NoSuchRecord:
-                continue
-            except CorruptRecord as exc:
-                log.warning("queue %s record %d skipped: %s", queue, seq, exc)
-                continue
-            sequence = sequence or seq  # version 1: the log's number
-            seqs[sequence] = seq
-            if sequence > self._last.get(queue, 0):
-                self._last[queue] = sequence
-            meta = record.meta
-            yield StoredMessage(
-                sequence, message, producer, meta.put_backs, meta.delivery_count, meta.deadline
-            )
+        last = self._last.get(queue, 0)
+        try:
+            for seq, record in self.log.read_live(queue):
+                if isinstance(record, CorruptRecord):
+                    log.warning("queue %s record %d skipped: %s", queue, seq, record)
+                    continue
+                try:
+                    message, producer, sequence = decode_record(record.blob)
+                except CorruptRecord as exc:
+                    log.warning("queue %s record %d skipped: %s", queue, seq, exc)
+                    continue
+                sequence = sequence or seq  # version 1: the log's number
+                seqs[sequence] = seq
+                if sequence > last:
+                    last = sequence
+                meta = record.meta
+                yield StoredMessage(
+                    sequence, message, producer, meta.put_backs, meta.delivery_count, meta.deadline
+                )
+        finally:
+            if last > self._last.get(queue, 0):
+                self._last[queue] = last
 
     def queues(self) -> list[QueueKey]:
         return [

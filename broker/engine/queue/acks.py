@@ -11,7 +11,7 @@ the queue asks its host (the engine) to wake it at its next deadline.
 
 from __future__ import annotations
 
-import bisect
+import heapq
 from collections import OrderedDict, deque
 from typing import TYPE_CHECKING, Any
 
@@ -218,17 +218,17 @@ class AckTracker:
             if self.wake_at is None:
                 self.arm(m.deadline)
 
-    def restore_deadline(self, m: QueueMessage, deadline: float) -> None:
-        """A recovered message keeps its deadline (the expiry stays in deadline order)."""
-        m.deadline = deadline
-        expiry = self.expiry
-        if expiry and expiry[-1][0] > deadline:
-            entries = list(expiry)
-            bisect.insort(entries, (deadline, m), key=lambda e: e[0])
-            self.expiry = deque(entries)
+    def restore_deadlines(self, pairs: list[tuple[float, QueueMessage]]) -> None:
+        """Recovered messages keep their deadlines: each one set, the expiry kept in
+        deadline order (the new ones sorted once, then merged)."""
+        for deadline, m in pairs:
+            m.deadline = deadline
+        ordered = sorted(pairs, key=_first)
+        if self.expiry and self.expiry[-1][0] > ordered[0][0]:
+            self.expiry = deque(heapq.merge(self.expiry, ordered, key=_first))
         else:
-            expiry.append((deadline, m))
-        self.arm(deadline)
+            self.expiry.extend(ordered)
+        self.arm(ordered[0][0])
 
     def expire(self, m: QueueMessage, out: list[Outgoing]) -> None:
         """A queued message (already uncounted) passed its MessageTimeout."""
@@ -242,3 +242,7 @@ class AckTracker:
             q.ack_producer(m, d.send_ack, out, NackReason.TIMEOUT)
         q.to_trash(m, "expired")
         q.finish(m)
+
+
+def _first(entry: tuple[float, QueueMessage]) -> float:
+    return entry[0]

@@ -31,7 +31,7 @@ engine) to wake it at its next deadline.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from broker.engine import models
@@ -449,18 +449,53 @@ class Queue:
         store) still where it was -- passed while the broker was down: it expires at the
         next tick.  A message saved without a deadline on a queue that has a timeout
         starts its clock now."""
-        m = QueueMessage(stored.sequence, parked(stored.message), producer, False, now)
-        m.saved = True
-        m.put_backs = stored.put_backs
-        m.delivered = stored.delivery_count  # sent before the restart: flagged redelivered
-        self.remember_id(m.message_id, now)
-        self.sequence = max(self.sequence, m.seq)
-        self.messages.requeue(m, PutBack.END)
-        if stored.deadline:
-            wall = self.host.config.wall_clock()
-            self.tracker.restore_deadline(m, now + (stored.deadline - wall))
-        elif self.options.message_timeout:
-            self.tracker.restore_deadline(m, now + self.options.message_timeout / 1000.0)
+        self.restore_all((stored,), now, producer)
+
+    def restore_all(
+        self, stored: Iterable[StoredMessage], now: float, producer: Client | None = None
+    ) -> int:
+        """:meth:`restore` for a whole queue's saved messages at once (a restart), in the
+        order given; returns how many.  The same state as one :meth:`restore` per
+        message -- order per priority, sequence numbers, put-backs, delivery counts,
+        deadlines, remembered ids -- with the lookups done once, the deques appended to
+        directly and the deadlines merged into the expiry order in one sort."""
+        opts = self.options
+        remember = self.recent.add if opts.use_message_id and opts.duplicate_window else None
+        window = opts.duplicate_window
+        timeout = opts.message_timeout / 1000.0 if opts.message_timeout else 0.0
+        wall = self.host.config.wall_clock()
+        order = self.messages
+        priority, regular = order.priority, order.regular
+        deadlines: list[tuple[float, QueueMessage]] = []
+        n_priority = n_regular = 0
+        highest = self.sequence
+        for s in stored:
+            m = QueueMessage(s.sequence, parked(s.message), producer, False, now)
+            m.saved = True
+            m.put_backs = s.put_backs
+            m.delivered = s.delivery_count  # sent before the restart: flagged redelivered
+            m.state = QUEUED
+            m.out = None
+            if remember is not None and m.message_id:
+                remember(m.message_id, now, window)
+            if m.seq > highest:
+                highest = m.seq
+            if m.high_priority:
+                priority.append(m)
+                n_priority += 1
+            else:
+                regular.append(m)
+                n_regular += 1
+            if s.deadline:
+                deadlines.append((now + (s.deadline - wall), m))
+            elif timeout:
+                deadlines.append((now + timeout, m))
+        order.n_priority += n_priority
+        order.n_regular += n_regular
+        self.sequence = highest
+        if deadlines:
+            self.tracker.restore_deadlines(deadlines)
+        return n_priority + n_regular
 
     # ------------------------------------------------------------------ push
 
