@@ -157,13 +157,19 @@ def decode_record(blob: bytes) -> tuple[Message, str, int]:
         sequence = 0
     unpack16 = _U16.unpack_from
     try:
-        pos = head.size
-        texts = []
-        for _ in range(3):  # message id, source, target; then the producer's id
-            end = pos + n
-            texts.append(blob[pos:end].decode())
-            (n,) = unpack16(blob, end)
-            pos = end + 2
+        pos = head.size  # message id, source, target, the producer's id: unrolled
+        end = pos + n
+        message_id = blob[pos:end].decode()
+        (n,) = unpack16(blob, end)
+        pos = end + 2
+        end = pos + n
+        source = blob[pos:end].decode()
+        (n,) = unpack16(blob, end)
+        pos = end + 2
+        end = pos + n
+        target = blob[pos:end].decode()
+        (n,) = unpack16(blob, end)
+        pos = end + 2
         end = pos + n
         producer = blob[pos:end].decode()
         (count,) = unpack16(blob, end)
@@ -188,7 +194,7 @@ def decode_record(blob: bytes) -> tuple[Message, str, int]:
         raise CorruptRecord(f"message blob ends {pos - size} octets early")
     message = _new_message(
         Message,
-        (texts[0], texts[1], texts[2], content_type, bool(flags & _HIGH),
+        (message_id, source, target, content_type, bool(flags & _HIGH),
          bool(flags & _FIRST), bool(flags & _WANTS_ACK), ttl, headers, blob[pos:], None),
     )  # fmt: skip
     return message, producer, sequence

@@ -49,6 +49,7 @@ _U64 = struct.Struct("<Q")
 _U64_U32 = struct.Struct("<QI")
 _META = struct.Struct("<IIBd")
 META_SIZE = _META.size
+_PUT_TAIL = _U64_U32.size + META_SIZE  # after a PUT's key: seq, origin, meta
 _MAX_CHANNEL = 0xFFFF
 
 QueueKey = tuple[str, int]
@@ -229,6 +230,33 @@ def check(buf: bytes | memoryview, offset: int, seed: int, max_size: int) -> tup
     except ValueError:
         raise BadRecord(f"unknown record kind {kind}") from None
     return kind, size
+
+
+def checked_put_blob(buf: bytes | memoryview, offset: int, seed: int, max_size: int) -> bytes:
+    """The blob of the PUT record at ``offset``, with every check of :func:`check` (magic,
+    length, fits in ``buf``, checksum) and its kind PUT; BadRecord otherwise.  One call
+    per record a restart reads (``LogStore.read_live``): the checks inlined."""
+    end = len(buf)
+    if end - offset < HEADER_SIZE:
+        raise BadRecord("truncated header")
+    magic, summed, length, kind = _HEAD.unpack_from(buf, offset)
+    if magic != MAGIC:
+        raise BadRecord("no record magic")
+    size = HEADER_SIZE + length
+    if size > max_size:
+        raise BadRecord(f"length {length} beyond the record limit")
+    if offset + size > end:
+        raise BadRecord("truncated record")
+    if xxhash.xxh3_64_intdigest(buf[offset + _SUMMED_FROM : offset + size], seed) != summed:
+        raise BadRecord("checksum mismatch")
+    if kind != RecordKind.PUT:
+        raise BadRecord(f"record kind {kind} where a PUT was indexed")
+    at = offset + HEADER_SIZE
+    (n,) = _KEY.unpack_from(buf, at)
+    start = at + 6 + n + _PUT_TAIL
+    if start > offset + size:
+        raise BadRecord("short PUT body")
+    return bytes(buf[start : offset + size])
 
 
 def decode_body(kind: int, body: bytes | memoryview) -> Record:

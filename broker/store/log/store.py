@@ -332,7 +332,7 @@ class LogStore:
         of a queue lie mostly one after another), never past what the writer wrote."""
         cursor = start
         seed, max_size = self._seed, self.options.max_record_size
-        check, blob_of_put = records.check, records.blob_of_put
+        checked_put_blob = records.checked_put_blob
         window_segment, window_start, window = 0, 0, memoryview(b"")
         while True:
             found: list[tuple[int, StoredRecord | CorruptRecord]] = []
@@ -355,7 +355,7 @@ class LogStore:
                         window = memoryview(os.pread(self._read_fd(segment), length, offset))
                         window_segment, window_start, at = segment, offset, 0
                     try:
-                        check(window, at, seed, max_size)
+                        blob = checked_put_blob(window, at, seed, max_size)
                     except records.BadRecord as exc:
                         name = segments.segment_name(segment)
                         damage = CorruptRecord(f"segment {name} offset {offset}: {exc}")
@@ -365,7 +365,6 @@ class LogStore:
                         meta = Meta(count, put_backs, bool(flags), deadline)
                     else:
                         meta = NO_META
-                    blob = blob_of_put(window[at : at + size])
                     found.append((seq, StoredRecord(seq, meta, blob)))
                 cursor = slots[-1][0] + 1
             yield from found
