@@ -21,7 +21,8 @@ system temp directory):
    to 10 million records; plus reads by sequence number (pread + checksum) per second.
 
 The machine may be shared: the load average is printed with the table; latencies are
-wall-clock, recovery is given in CPU seconds too.
+wall-clock, recovery is given in CPU seconds too.  Row 4 is the log alone: a whole broker
+restart (log open, blob decode, queues restored) is ``bench/bench_restart.py``.
 """
 
 from __future__ import annotations
