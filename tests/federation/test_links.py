@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -363,3 +364,60 @@ def test_persistent_queue_survives_a_restart_of_the_source(
         f"missing {sorted(want - set(payloads(received)))[:10]}"
     )
     sub.close()
+
+
+ROUND_ROBIN = {"Status": "RoundRobin", "RequestAcknowledge": True}
+
+
+def test_round_robin_queue_consumed_exactly_once_across_brokers(
+    brokers: list[Broker], zctx: Ctx
+) -> None:
+    """A queue that hands each message to one consumer, with consumers on three linked
+    brokers: every message pushed on A is consumed exactly once in the federation, none
+    lost (a message a federation client takes and cannot place goes back to its queue),
+    none copied to two brokers."""
+    a, b, c = Broker("A"), Broker("B"), Broker("C")
+    brokers += [a, b, c]
+    a.start(a.link(b))
+    b.start(b.link(c))
+    c.start(c.link(a))
+    subs = [x.client(zctx) for x in (a, b, c)]
+    got: list[Message] = []
+    lock = threading.Lock()
+
+    def taker(sub: Client) -> Callable[[Message], None]:
+        def take(m: Message) -> None:
+            with lock:
+                got.append(m)
+            sub.ack(m)
+
+        return take
+
+    for sub in subs:
+        sub.create_queue("jobs", 0, ROUND_ROBIN)
+        sub.on_message(taker(sub))
+        sub.join("jobs")
+    wait_joined(subs, "jobs")
+    for me, sub in zip("ABC", subs, strict=True):
+        wait_interest(sub, set("ABC") - {me}, "jobs")
+    n = 300
+    expected = Counter(f"j-{i}".encode() for i in range(n))
+    for i in range(n):
+        subs[0].push("jobs", 0, f"j-{i}")
+
+    def all_in() -> bool:
+        with lock:
+            return set(payloads(got)) >= set(expected)
+
+    done = wait_until(all_in, 30)
+    with lock:
+        missing = sorted(set(expected) - set(payloads(got)))
+    assert done, (f"{len(missing)} lost: {missing[:10]}", [federation_stats(s) for s in subs])
+    time.sleep(1.5)  # a copy sent to two brokers would arrive meanwhile
+    with lock:
+        counts = payloads(got)
+    assert counts == expected, sorted(p for p, k in counts.items() if k > 1)[:10]
+    where = Counter(m.header("Hops") or "A" for m in got)
+    assert len(where) > 1, where  # the remote consumers took part
+    for sub in subs:
+        sub.close()
