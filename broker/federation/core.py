@@ -476,6 +476,8 @@ class FederationCore:
             if peer.backoff is None:
                 peer.backoff = Backoff(*self.settings.retry)
             peer.paused_until = peer.backoff.failed(now)
+            if not peer.up:  # failed after it went down: give back what may go back
+                actions.extend(self._went_down(peer))
         actions.extend(self._pump(peer, now))
         return actions
 

@@ -421,3 +421,60 @@ def test_round_robin_queue_consumed_exactly_once_across_brokers(
     assert len(where) > 1, where  # the remote consumers took part
     for sub in subs:
         sub.close()
+
+
+def test_round_robin_queue_peer_killed_local_consumer_gets_the_rest(
+    brokers: list[Broker], zctx: Ctx
+) -> None:
+    """kill -9 of the remote broker of a RoundRobin queue: what A's federation client
+    takes for it from then on goes back to A's queue, so A's own consumer gets every
+    message pushed after the kill (none waits for the dead broker)."""
+    a, b = Broker("A"), Broker("B")
+    brokers += [a, b]
+    b.start()
+    a.start(a.link(b))
+    sub_a, sub_b = a.client(zctx), b.client(zctx)
+    got: dict[str, list[Message]] = {"A": [], "B": []}
+    lock = threading.Lock()
+
+    def taker(name: str, sub: Client) -> Callable[[Message], None]:
+        def take(m: Message) -> None:
+            with lock:
+                got[name].append(m)
+            sub.ack(m)
+
+        return take
+
+    for name, sub in (("A", sub_a), ("B", sub_b)):
+        sub.create_queue("jobs", 0, ROUND_ROBIN)
+        sub.on_message(taker(name, sub))
+        sub.join("jobs")
+    wait_joined([sub_a, sub_b], "jobs")
+    wait_interest(sub_a, {"B"}, "jobs")
+    for i in range(50):
+        sub_a.push("jobs", 0, f"warm-{i}")
+    warm = {f"warm-{i}".encode() for i in range(50)}
+
+    def warmed() -> bool:
+        with lock:
+            return warm <= set(payloads(got["A"] + got["B"]))
+
+    assert wait_until(warmed, 30), federation_stats(sub_a)
+    with lock:
+        assert got["B"], "B's consumer took none: the link was not used"
+    b.kill()
+    n = 100
+    for i in range(n):
+        sub_a.push("jobs", 0, f"late-{i}")
+    late = {f"late-{i}".encode() for i in range(n)}
+
+    def all_on_a() -> bool:
+        with lock:
+            return late <= set(payloads(got["A"]))
+
+    done = wait_until(all_on_a, 40)
+    with lock:
+        missing = sorted(late - set(payloads(got["A"])))
+    assert done, (f"{len(missing)} never reached A: {missing[:10]}", federation_stats(sub_a))
+    sub_a.close()
+    sub_b.close()
