@@ -25,6 +25,15 @@ actions (:class:`Join`, :class:`Leave`, :class:`Forward`, :class:`AckLocal`,
   refuses for good (a channel its admin does not allow) is counted and given up.
 * Bounds: ``window`` forwards in flight per peer; ``max_pending`` messages held for
   peers in all; beyond it a delivery that needs no acknowledge is dropped (counted).
+* Queues that hand each message to one consumer (RoundRobin, Push with first acquirer:
+  ``one_consumer``): the federation client is one consumer among the local ones, so a
+  message it takes goes to ONE peer (never copied to two brokers), and only to a peer
+  that is up with room in its window.  A delivery that needs an acknowledge and has no
+  such peer is given back to its queue (:class:`NackLocal`, a negative acknowledge: the
+  queue puts it back and hands it to the next consumer), so a local consumer gets it.
+  Only when the channel has no local consumer is it held for an interested peer that is
+  down or busy (nothing local could take it).  When a peer goes down, what waits for it
+  (not yet sent) on a channel with local consumers is given back too.
 """
 
 from __future__ import annotations
@@ -48,6 +57,10 @@ from broker.federation.wire import (
     parse_depth,
     parse_hops,
 )
+
+#: Seconds a give-back waits when the message may come straight back to the federation
+#: client (no local consumer, or given back before): bounds a put-back loop.
+GIVE_BACK_DELAY = 0.2
 
 # -- actions --------------------------------------------------------------------------
 
@@ -83,6 +96,15 @@ class AckLocal:
 
 
 @dataclass(frozen=True, slots=True)
+class NackLocal:
+    """Give a local delivery back to its queue (negative acknowledge: put back), after
+    ``delay`` seconds (0: now)."""
+
+    ref: Any
+    delay: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class PushLocal:
     """Push a peer's message into the local queue; report ``local_done(token, ok)``."""
 
@@ -106,7 +128,7 @@ class Refuse:
     permanent: bool
 
 
-Action = Join | Leave | Forward | AckLocal | PushLocal | Confirm | Refuse
+Action = Join | Leave | Forward | AckLocal | NackLocal | PushLocal | Confirm | Refuse
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +156,7 @@ class Counters:
     forward_failures: int = 0  # forwards that failed (sent again later)
     refused_by_peer: int = 0  # forwards a peer refused for good
     dropped: int = 0  # deliveries without acknowledge dropped: max_pending reached
+    given_back: int = 0  # one-consumer deliveries no peer could take, put back (nack)
     invalid: int = 0  # local deliveries with a bad Hops/Depth header (not forwarded)
     received: int = 0  # peers' messages pushed locally
     duplicates: int = 0  # peers' messages already seen (dropped)
@@ -167,6 +190,7 @@ class _Out:
     ref: Any
     needs_ack: bool
     targets: dict[str, bool]  # peer -> sent (True: in flight)
+    one_consumer: bool = False  # from a queue that hands each message to one consumer
 
 
 @dataclass(slots=True)
@@ -229,11 +253,37 @@ class FederationCore:
         actions.extend(self._pump(peer, now))
         return actions
 
-    def peer_down(self, peer_id: str) -> None:
-        """The peer stopped answering; its interest is kept, forwards to it wait."""
+    def peer_down(self, peer_id: str) -> list[Action]:
+        """The peer stopped answering; its interest is kept, forwards to it wait (but
+        see :meth:`_went_down`)."""
         peer = self.peers.get(peer_id)
-        if peer is not None:
-            peer.up = False
+        if peer is None or not peer.up:
+            return []
+        return self._went_down(peer)
+
+    def _went_down(self, peer: Peer) -> list[Action]:
+        """``peer`` is down: one-consumer deliveries waiting for it (not sent yet) on a
+        channel with local consumers go back to their queue; in-flight ones wait (the
+        peer may have them: they are sent again, deduplicated, when it is back)."""
+        peer.up = False
+        actions: list[Action] = []
+        keep: deque[int] = deque()
+        for token in peer.waiting:
+            out = self._out.get(token)
+            if (
+                out is not None
+                and out.one_consumer
+                and out.needs_ack
+                and out.targets.get(peer.id) is False
+                and out.envelope.channel in self.local
+            ):
+                del self._out[token]
+                self.counters.given_back += 1
+                actions.append(NackLocal(out.ref))
+            else:
+                keep.append(token)
+        peer.waiting = keep
+        return actions
 
     def local_interest(self, channels: set[str]) -> None:
         """The channels with local subscribers (besides the federation client)."""
@@ -280,7 +330,7 @@ class FederationCore:
         actions: list[Action] = []
         for peer in self.peers.values():
             if peer.up and now - peer.last_heard > self.settings.peer_timeout:
-                peer.up = False
+                actions.extend(self._went_down(peer))
             if peer.up and peer.waiting and now >= peer.paused_until:
                 actions.extend(self._pump(peer, now))
         return actions
@@ -299,8 +349,13 @@ class FederationCore:
         needs_ack: bool,
         ref: Any,
         now: float,
+        *,
+        one_consumer: bool = False,
+        redelivered: bool = False,
     ) -> list[Action]:
-        """A message of a joined channel reached the federation client."""
+        """A message of a joined channel reached the federation client (``one_consumer``:
+        from a queue that hands each message to one consumer; ``redelivered``: it was
+        delivered before)."""
         counters = self.counters
         counters.local_received += 1
         lookup = {k.lower(): v for k, v in headers}
@@ -318,6 +373,13 @@ class FederationCore:
                 for p in self.peers.values()
                 if p.id not in hops and channel in p.interest and p.policy.sends(channel)
             ]
+        if one_consumer:
+            placed = self._place_one(channel, targets, needs_ack)
+            if placed is None:
+                counters.given_back += 1
+                delay = GIVE_BACK_DELAY if redelivered or channel not in self.local else 0.0
+                return [NackLocal(ref, delay)]
+            targets = placed
         if not targets:
             counters.local_kept += 1
             return [AckLocal(ref)]
@@ -335,7 +397,9 @@ class FederationCore:
             high_priority,
         )
         token = next(self._tokens)
-        self._out[token] = _Out(envelope, ref, needs_ack, dict.fromkeys(targets, False))
+        self._out[token] = _Out(
+            envelope, ref, needs_ack, dict.fromkeys(targets, False), one_consumer
+        )
         actions: list[Action] = []
         for peer_id in targets:
             peer = self.peers[peer_id]
@@ -343,6 +407,24 @@ class FederationCore:
             if peer.up:
                 actions.extend(self._pump(peer, now))
         return actions
+
+    def _load(self, peer_id: str) -> tuple[int, str]:
+        peer = self.peers[peer_id]
+        return (peer.in_flight + len(peer.waiting), peer_id)
+
+    def _place_one(self, channel: str, candidates: list[str], needs_ack: bool) -> list[str] | None:
+        """The one peer for a one-consumer delivery: the least loaded that is up with room
+        in its window.  With none, an acknowledged delivery is given back (None), unless
+        no local consumer could take it either: then it waits for an interested peer."""
+        window = self.settings.window
+        ready = [p for p in candidates if self.peers[p].up and self._load(p)[0] < window]
+        if ready:
+            return [min(ready, key=self._load)]
+        if not needs_ack:  # it left its queue already: the peer it waits for has it
+            return [min(candidates, key=self._load)] if candidates else []
+        if candidates and channel not in self.local:
+            return [min(candidates, key=self._load)]
+        return None
 
     def _new_id(self, message_id: str, source: str) -> str:
         if message_id:
@@ -394,6 +476,8 @@ class FederationCore:
             if peer.backoff is None:
                 peer.backoff = Backoff(*self.settings.retry)
             peer.paused_until = peer.backoff.failed(now)
+            if not peer.up:  # failed after it went down: give back what may go back
+                actions.extend(self._went_down(peer))
         actions.extend(self._pump(peer, now))
         return actions
 

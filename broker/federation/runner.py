@@ -35,6 +35,7 @@ from broker.federation.core import (
     Forward,
     Join,
     Leave,
+    NackLocal,
     Policy,
     PushLocal,
     Refuse,
@@ -53,7 +54,7 @@ from broker.federation.wire import (
     message_headers,
     parse_message,
 )
-from broker.protocol import ResultCode
+from broker.protocol import Header, NackReason, ResultCode
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,9 @@ IDLE_SLICE = 0.05
 CONNECT_TIMEOUT = 2.0
 #: Seconds a call to this broker's own endpoint may take (join, leave, channel list).
 LOCAL_TIMEOUT = 10.0
+#: Local queue statuses that hand each message to one consumer (Push only with
+#: OnlyFirstAcquirer: without it every consumer gets a copy).
+ONE_CONSUMER = frozenset({"RoundRobin"})
 
 
 @dataclass(slots=True)
@@ -144,6 +148,10 @@ class Federation:
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._next_exchange = 0.0
+        #: (channel, queue id) -> does the local queue hand each message to one consumer
+        #: (asked once per exchange period: a queue's status can change)
+        self._one_consumer: dict[tuple[str, int], bool] = {}
+        self._give_back: list[tuple[float, Message]] = []  # delayed nacks, by due time
         self.failure: BaseException | None = None
         self.errors = 0  # events the driver failed on (logged)
 
@@ -255,6 +263,11 @@ class Federation:
             for link in self.links:
                 self._exchange(link)
         self._run(self._locked(lambda: self.core.poll(self._clock())))
+        if self._give_back and self._give_back[0][0] <= now:
+            due = [m for at, m in self._give_back if at <= now]
+            self._give_back = [(at, m) for at, m in self._give_back if at > now]
+            for m in due:
+                self._quiet(self.local.nack, m, NackReason.NO_CONSUMERS)
         try:
             event = self._events.get(timeout=IDLE_SLICE)
         except queue.Empty:
@@ -285,6 +298,7 @@ class Federation:
         except ClientError as exc:
             log.warning("federation: cannot list the local channels: %s", exc)
             return
+        self._one_consumer.clear()
         with self._lock:
             joined = self.core.joined
             wanted = {
@@ -320,10 +334,9 @@ class Federation:
             except BadPeerMessage as exc:
                 error = exc
         if error is not None:
-            if link.peer_id is not None:
-                self.core.peer_down(link.peer_id)
+            actions = self.core.peer_down(link.peer_id) if link.peer_id is not None else []
             log.debug("link to %s: interest exchange failed: %s", link.spec.endpoint, error)
-            return []
+            return actions
         if peer_id == self.me:
             log.warning("link to %s leads back to this broker: not used", link.spec.endpoint)
             return []
@@ -354,9 +367,12 @@ class Federation:
         now = self._clock()
         if m.kind is Kind.QUEUE:
             frame = m.frame
+            one = self._hands_to_one(m.channel, m.queue_id)
+            again = (m.header(Header.REDELIVERED) or "").lower() == "true"
             return self.core.local_delivery(m.channel, m.queue_id, m.id, m.source, m.headers,
                                             m.payload, bool(frame.high_priority), m.needs_ack,
-                                            m, now)  # fmt: skip
+                                            m, now, one_consumer=one,
+                                            redelivered=again)  # fmt: skip
         if m.kind is not Kind.DIRECT:
             return []
         ref = (self.local, m)
@@ -374,6 +390,25 @@ class Federation:
             self._respond(self.local, m, json.dumps(self.stats(), sort_keys=True).encode())
             return []
         return self.core.bad_message(ref, f"unknown federation message {m.content_type}")
+
+    def _hands_to_one(self, channel: str, queue_id: int) -> bool:
+        """Does the local queue hand each message to one consumer?  Asked of the broker
+        once per exchange period; if it cannot say, the queue is taken for a copying one
+        (a delivery is then acknowledged once its peers have it, as before)."""
+        key = (channel, queue_id)
+        known = self._one_consumer.get(key)
+        if known is None:
+            try:
+                info = self.local.queue_info(channel, queue_id)
+            except ClientError as exc:
+                log.warning("federation: cannot read queue %s/%d: %s", channel, queue_id, exc)
+                return False
+            status = info.get("Status")
+            known = status in ONE_CONSUMER or (
+                status == "Push" and bool(info.get("OnlyFirstAcquirer"))
+            )
+            self._one_consumer[key] = known
+        return known
 
     def _interest_request(self, m: Message) -> list[Action]:
         """A linked broker (its link's client on this broker) offers its interest."""
@@ -424,6 +459,14 @@ class Federation:
                 case AckLocal(ref):
                     if ref.needs_ack:
                         self._quiet(self.local.ack, ref)
+                case NackLocal(ref, delay):
+                    if not ref.needs_ack:
+                        pass
+                    elif delay > 0:
+                        self._give_back.append((self._clock() + delay, ref))
+                        self._give_back.sort(key=lambda due: due[0])
+                    else:
+                        self._quiet(self.local.nack, ref, NackReason.NO_CONSUMERS)
                 case PushLocal(token, envelope):
                     future = self.local.push_async(
                         envelope.channel,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from broker.federation.core import (
+    GIVE_BACK_DELAY,
     AckLocal,
     Action,
     Confirm,
@@ -12,6 +13,7 @@ from broker.federation.core import (
     Forward,
     Join,
     Leave,
+    NackLocal,
     Policy,
     PushLocal,
     Refuse,
@@ -272,3 +274,76 @@ def test_peers_are_bounded() -> None:
     c.interest_heard("B", BOTH, {}, 0.0)
     c.interest_heard("C", BOTH, {}, 0.0)
     assert c.accepts_peer("B") and not c.accepts_peer("D")
+
+
+def one(c: FederationCore, ref: object, headers=(), mid: str = "m1", needs_ack: bool = True,
+        redelivered: bool = False, now: float = 0.0) -> list[Action]:  # fmt: skip
+    """A delivery from a local queue that hands each message to one consumer."""
+    return c.local_delivery("news", 0, mid, "pub", tuple(headers), b"body", False, needs_ack,
+                            ref, now, one_consumer=True, redelivered=redelivered)  # fmt: skip
+
+
+def test_one_consumer_delivery_goes_to_one_peer_the_least_loaded() -> None:
+    c = core()
+    c.interest_heard("B", BOTH, {"news": ("B",)}, 0.0)
+    c.interest_heard("C", BOTH, {"news": ("C",)}, 0.0)
+    first = forwards(one(c, "r1"))
+    second = forwards(one(c, "r2", mid="m2"))
+    assert len(first) == 1 and len(second) == 1  # never a copy to two brokers
+    assert {first[0].peer, second[0].peer} == {"B", "C"}
+    assert len(forwards(deliver(c, "r3", mid="m3"))) == 2  # a copying queue: both
+
+
+def test_one_consumer_delivery_no_peer_can_take_is_given_back() -> None:
+    c = core()
+    c.local_interest({"news"})  # a local consumer can take it
+    c.interest_heard("B", BOTH, {"news": ("B",)}, 0.0)
+    # the only interested peer is in Hops, or Depth is spent: back to the queue, not acked
+    assert one(c, "r1", headers=[("Hops", "B")]) == [NackLocal("r1", 0.0)]
+    assert one(c, "r2", headers=[("Depth", "0")], mid="m2") == [NackLocal("r2", 0.0)]
+    # given back before: after a pause (it may come straight back here)
+    assert one(c, "r3", headers=[("Hops", "B")], mid="m3", redelivered=True) == [
+        NackLocal("r3", GIVE_BACK_DELAY)
+    ]
+    assert c.counters.given_back == 3 and c.counters.local_kept == 0 and c.pending == 0
+
+
+def test_one_consumer_delivery_waits_only_for_a_peer_with_room() -> None:
+    c = core(window=1)
+    c.local_interest({"news"})
+    c.interest_heard("B", BOTH, {"news": ("B",)}, 0.0)
+    assert len(forwards(one(c, "r1"))) == 1
+    assert one(c, "r2", mid="m2") == [NackLocal("r2", 0.0)]  # B's window is full
+    c.peer_down("B")
+    assert one(c, "r3", mid="m3") == [NackLocal("r3", 0.0)]  # B is down
+
+
+def test_one_consumer_delivery_without_local_consumer_waits_for_the_peer() -> None:
+    c = core()
+    c.interest_heard("B", BOTH, {"news": ("B",)}, 0.0)
+    c.peer_down("B")
+    assert one(c, "r1") == []  # nothing local could take it: held for B
+    [fwd] = forwards(c.interest_heard("B", BOTH, {"news": ("B",)}, 1.0))
+    assert c.forward_done(fwd.token, "B", True, 1.0) == [AckLocal("r1")]
+    # no peer at all (all in Hops) and no local consumer: given back after a pause
+    assert one(c, "r2", headers=[("Hops", "B")], mid="m2") == [NackLocal("r2", GIVE_BACK_DELAY)]
+
+
+def test_peer_down_gives_back_what_waits_for_it_on_a_channel_with_local_consumers() -> None:
+    c = core(window=1, peer_timeout=5.0)
+    c.interest_heard("B", BOTH, {"news": ("B",)}, 0.0)
+    sent = forwards(one(c, "r1"))  # in flight
+    assert one(c, "r2", mid="m2") == []  # no local consumer yet: waits for B
+    c.local_interest({"news"})
+    assert c.peer_down("B") == [NackLocal("r2")]  # waiting: back to the queue
+    assert c.pending == 1  # the one in flight waits (B may have it): sent again later
+    [again] = forwards(c.interest_heard("B", BOTH, {"news": ("B",)}, 1.0))
+    assert again.envelope == sent[0].envelope
+    assert c.poll(20.0) == []  # silent too long: down, nothing waiting to give back
+
+
+def test_one_consumer_delivery_without_acknowledge_goes_to_one_peer() -> None:
+    c = core()
+    c.interest_heard("B", BOTH, {"news": ("B",)}, 0.0)
+    c.interest_heard("C", BOTH, {"news": ("C",)}, 0.0)
+    assert len(forwards(one(c, "r1", needs_ack=False))) == 1

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -363,3 +364,117 @@ def test_persistent_queue_survives_a_restart_of_the_source(
         f"missing {sorted(want - set(payloads(received)))[:10]}"
     )
     sub.close()
+
+
+ROUND_ROBIN = {"Status": "RoundRobin", "RequestAcknowledge": True}
+
+
+def test_round_robin_queue_consumed_exactly_once_across_brokers(
+    brokers: list[Broker], zctx: Ctx
+) -> None:
+    """A queue that hands each message to one consumer, with consumers on three linked
+    brokers: every message pushed on A is consumed exactly once in the federation, none
+    lost (a message a federation client takes and cannot place goes back to its queue),
+    none copied to two brokers."""
+    a, b, c = Broker("A"), Broker("B"), Broker("C")
+    brokers += [a, b, c]
+    a.start(a.link(b))
+    b.start(b.link(c))
+    c.start(c.link(a))
+    subs = [x.client(zctx) for x in (a, b, c)]
+    got: list[Message] = []
+    lock = threading.Lock()
+
+    def taker(sub: Client) -> Callable[[Message], None]:
+        def take(m: Message) -> None:
+            with lock:
+                got.append(m)
+            sub.ack(m)
+
+        return take
+
+    for sub in subs:
+        sub.create_queue("jobs", 0, ROUND_ROBIN)
+        sub.on_message(taker(sub))
+        sub.join("jobs")
+    wait_joined(subs, "jobs")
+    for me, sub in zip("ABC", subs, strict=True):
+        wait_interest(sub, set("ABC") - {me}, "jobs")
+    n = 300
+    expected = Counter(f"j-{i}".encode() for i in range(n))
+    for i in range(n):
+        subs[0].push("jobs", 0, f"j-{i}")
+
+    def all_in() -> bool:
+        with lock:
+            return set(payloads(got)) >= set(expected)
+
+    done = wait_until(all_in, 30)
+    with lock:
+        missing = sorted(set(expected) - set(payloads(got)))
+    assert done, (f"{len(missing)} lost: {missing[:10]}", [federation_stats(s) for s in subs])
+    time.sleep(1.5)  # a copy sent to two brokers would arrive meanwhile
+    with lock:
+        counts = payloads(got)
+    assert counts == expected, sorted(p for p, k in counts.items() if k > 1)[:10]
+    where = Counter(m.header("Hops") or "A" for m in got)
+    assert len(where) > 1, where  # the remote consumers took part
+    for sub in subs:
+        sub.close()
+
+
+def test_round_robin_queue_peer_killed_local_consumer_gets_the_rest(
+    brokers: list[Broker], zctx: Ctx
+) -> None:
+    """kill -9 of the remote broker of a RoundRobin queue: what A's federation client
+    takes for it from then on goes back to A's queue, so A's own consumer gets every
+    message pushed after the kill (none waits for the dead broker)."""
+    a, b = Broker("A"), Broker("B")
+    brokers += [a, b]
+    b.start()
+    a.start(a.link(b))
+    sub_a, sub_b = a.client(zctx), b.client(zctx)
+    got: dict[str, list[Message]] = {"A": [], "B": []}
+    lock = threading.Lock()
+
+    def taker(name: str, sub: Client) -> Callable[[Message], None]:
+        def take(m: Message) -> None:
+            with lock:
+                got[name].append(m)
+            sub.ack(m)
+
+        return take
+
+    for name, sub in (("A", sub_a), ("B", sub_b)):
+        sub.create_queue("jobs", 0, ROUND_ROBIN)
+        sub.on_message(taker(name, sub))
+        sub.join("jobs")
+    wait_joined([sub_a, sub_b], "jobs")
+    wait_interest(sub_a, {"B"}, "jobs")
+    for i in range(50):
+        sub_a.push("jobs", 0, f"warm-{i}")
+    warm = {f"warm-{i}".encode() for i in range(50)}
+
+    def warmed() -> bool:
+        with lock:
+            return warm <= set(payloads(got["A"] + got["B"]))
+
+    assert wait_until(warmed, 30), federation_stats(sub_a)
+    with lock:
+        assert got["B"], "B's consumer took none: the link was not used"
+    b.kill()
+    n = 100
+    for i in range(n):
+        sub_a.push("jobs", 0, f"late-{i}")
+    late = {f"late-{i}".encode() for i in range(n)}
+
+    def all_on_a() -> bool:
+        with lock:
+            return late <= set(payloads(got["A"]))
+
+    done = wait_until(all_on_a, 40)
+    with lock:
+        missing = sorted(late - set(payloads(got["A"])))
+    assert done, (f"{len(missing)} never reached A: {missing[:10]}", federation_stats(sub_a))
+    sub_a.close()
+    sub_b.close()
