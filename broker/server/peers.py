@@ -439,6 +439,12 @@ class PeerSessions:
     def scan(self, now: float) -> None:
         opts = self.options
         self.next_scan = now + min(1.0, opts.ping_interval / 2)
+        # A peer is known to be quiet only up to the last time the ROUTER was read empty:
+        # a stalled server's unread input may hold its messages.  Pinging a producer taken
+        # for quiet that way lost messages: it had closed after its last ones, its side
+        # ended the connection with the PING unread (a reset), and what the server had
+        # not read yet was gone.
+        quiet_until = min(now, self.emptied_at)
         for peer in list(self.by_rid.values()):
             idle = now - peer.last_seen
             if peer.state is not PeerState.READY:
@@ -450,7 +456,7 @@ class PeerSessions:
                 bye = terminate_frame(ResultCode.FAILED, f"silent for {idle:.0f} s: session ended")
                 self.sender.send_rid(peer.rid, tmqp.encode(bye)[0])
                 self.drop(peer, now)
-            elif idle >= opts.ping_interval and not peer.pinged:
+            elif not peer.pinged and quiet_until - peer.last_seen >= opts.ping_interval:
                 peer.pinged = True
                 self.sender.send_raw(peer, _PING)
         if self.ended:

@@ -319,9 +319,7 @@ class Server:
                     gate.release()  # before the messages: acknowledges leave first
                 if router in events:
                     self._drain(router)
-                elif (self.sessions.ended or self.sessions.unreachable) and not int(
-                    router.get(zmq.EVENTS)
-                ) & zmq.POLLIN:
+                elif not int(router.get(zmq.EVENTS)) & zmq.POLLIN:
                     self.sessions.emptied_at = self.clock()  # nothing left to read
                 now = self.clock()
                 for pollable, handler in readers:
