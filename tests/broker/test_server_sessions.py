@@ -459,10 +459,11 @@ def test_a_stalled_server_does_not_ping_a_producer_whose_messages_wait_unread(
     # (in its pipes, in TCP buffers) for a quiet one and pinged it.  The producer had
     # closed after its last messages: its side of the connection ended with the PING
     # unread, which resets the connection (RST), and what the server had not read yet
-    # was lost.  A peer is quiet only for as long as the ROUTER was read empty.
+    # was lost.  A peer is quiet only for as long as the ROUTER was read empty.  25,000
+    # messages: more than the two pipes hold, so that some wait in TCP buffers.
     clock = StallingClock(step=2.5)
     options = ServerOptions(
-        endpoint="tcp://127.0.0.1:*", batch=16, hwm=50, ping_interval=1.0, peer_timeout=1e6
+        endpoint="tcp://127.0.0.1:*", batch=256, ping_interval=1.0, peer_timeout=1e6
     )
     srv = Server(Engine(), options, context=zctx, clock=clock)
     endpoint = srv.start()
@@ -472,13 +473,13 @@ def test_a_stalled_server_does_not_ping_a_producer_whose_messages_wait_unread(
             producer = Client(endpoint, context=zctx, threaded=False, timeout=10, linger=30)
             producer.connect()
             clock.stall = True
-            for i in range(5000):
+            for i in range(25_000):
                 producer.push("tail", 1, b"%d" % i)
             producer.close()
 
             def stored() -> int:
                 return int(consumer.queue_info("tail", 1)["Messages"])
 
-            assert wait_until(lambda: stored() == 5000, 30), (stored(), srv.counters)
+            assert wait_until(lambda: stored() == 25_000, 30), (stored(), srv.counters)
     finally:
         srv.stop()
