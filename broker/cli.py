@@ -68,7 +68,6 @@ from zerohub.cli import (
     connect_endpoint,
     log_level,
     run,
-    sigterm_interrupts,
     stop_signals,
     verbosity_flags,
 )
@@ -633,22 +632,37 @@ def _print_message(message: Any, as_json: bool) -> None:
         sys.stdout.buffer.flush()
 
 
+#: Longest wait for a message before ``broker consume`` looks whether a stop was asked.
+_CONSUME_SLICE = 0.2
+
+
 def cmd_consume(args: argparse.Namespace) -> int:
     seen = 0
     with _session(args) as client:
         for channel in args.channel:
             client.join(channel)
-        try:
-            with sigterm_interrupts():
-                for message in client.consume(timeout=args.wait):
-                    _print_message(message, args.json)
-                    if message.needs_ack and not args.no_ack:
-                        client.ack(message)
-                    seen += 1
-                    if args.count and seen >= args.count:
-                        break
-        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the normal way to stop
-            pass
+        # SIGINT/SIGTERM ask for a stop (exit 0) and raise nothing: a KeyboardInterrupt
+        # raised by a handler can be dropped in a ZeroMQ frame's finaliser, or cut a
+        # message between its printing and its acknowledge.
+        with stop_signals("broker consume") as stop:
+            idle_until = None if args.wait is None else time.monotonic() + args.wait
+            while not stop.is_set():
+                wait = _CONSUME_SLICE
+                if idle_until is not None:
+                    wait = max(0.0, min(wait, idle_until - time.monotonic()))
+                message = client.receive(wait)
+                if message is None:
+                    if idle_until is not None and time.monotonic() >= idle_until:
+                        break  # --wait seconds without a message
+                    continue
+                _print_message(message, args.json)
+                if message.needs_ack and not args.no_ack:
+                    client.ack(message)
+                seen += 1
+                if args.count and seen >= args.count:
+                    break
+                if args.wait is not None:
+                    idle_until = time.monotonic() + args.wait
     return 0
 
 

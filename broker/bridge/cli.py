@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import logging
-import threading
 import time
 from typing import Any
 
@@ -240,7 +239,7 @@ def _run(bridges: list[tuple[Settings, Any]], args: argparse.Namespace) -> int:
     import zmq
 
     from broker.bridge.runner import Bridge
-    from zerohub.cli import sigterm_interrupts
+    from zerohub.cli import stop_signals
 
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     options = {"timeout": args.timeout, "token": args.token, "name": args.name or "bridge"}
@@ -255,18 +254,17 @@ def _run(bridges: list[tuple[Settings, Any]], args: argparse.Namespace) -> int:
             bridge.start()
             running.append(bridge)
             log.info("bridging %s", ", ".join(map(str, settings.routes)))
-        stop = threading.Event()  # never set: wait() is the interruptible sleep
         next_stats = time.monotonic() + args.stats_interval
-        try:
-            with sigterm_interrupts():
-                while all(bridge.running for bridge in running):
-                    stop.wait(_WATCH_SLICE)
-                    if time.monotonic() >= next_stats:
-                        for bridge in running:
-                            log.info("counters: %s", bridge.stats())
-                        next_stats += args.stats_interval
-        except KeyboardInterrupt:
-            pass
+        # SIGINT/SIGTERM ask for a stop (exit 0, one line) and raise nothing: a
+        # KeyboardInterrupt raised by a handler can be dropped in a ZeroMQ frame's finaliser.
+        with stop_signals("broker bridge") as stop:
+            while all(bridge.running for bridge in running):
+                if stop.wait(_WATCH_SLICE):
+                    break
+                if time.monotonic() >= next_stats:
+                    for bridge in running:
+                        log.info("counters: %s", bridge.stats())
+                    next_stats += args.stats_interval
     finally:
         for bridge in running:
             bridge.stop()

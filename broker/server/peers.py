@@ -169,6 +169,8 @@ class PeerSessions:
         self.closing: dict[Link, float] = {}  # connections to shut down, and when
         self.connections: Connections | None = None  # set by the server once bound
         self.ended: dict[int, float] = {}  # descriptors of ended connections: check until
+        #: Peers libzmq refused a frame for (connection ended), and when: see ``bury``.
+        self.unreachable: dict[Peer, float] = {}
         #: When a read of the ROUTER last found nothing more to read (the server sets it):
         #: every message a connection sent before its end was read by then.
         self.emptied_at = float("-inf")
@@ -378,6 +380,7 @@ class PeerSessions:
             if self.sender.gate is not None:
                 self.sender.gate.forget(peer.client_id)
         self.sender.blocked.discard(peer)
+        self.unreachable.pop(peer, None)
 
     def drop(self, peer: Peer, now: float) -> None:
         """End a READY peer's session in the engine and forget it; close its connection."""
@@ -410,14 +413,38 @@ class PeerSessions:
             self.closing.setdefault(link, now + _CLOSE_GRACE)
 
     def bury(self, now: float) -> None:
+        """End the sessions of the peers libzmq refused a frame for (EHOSTUNREACH).
+
+        libzmq refuses frames for a connection as soon as it has ended, while the
+        messages it sent before its end still wait in the ROUTER to be read (a server
+        stalled between two reads pings a producer that has just closed).  Ending the
+        session at the refusal turned those messages away ("handshake required").  The
+        session ends once the ROUTER was read empty after the refusal: by then everything
+        the connection sent was read (libzmq's pipe holds it all before it reports the
+        end).  A peer whose ROUTER is never read empty is ended by its silence
+        (``peer_timeout``) once its messages stop.
+        """
         gone, self.sender.gone = self.sender.gone, []
+        unreachable = self.unreachable
         for peer in gone:
             if self.by_rid.get(peer.rid) is peer:
-                self.drop(peer, now)
+                unreachable.setdefault(peer, now)
+        emptied = self.emptied_at
+        for peer, noticed in list(unreachable.items()):
+            if emptied > noticed:
+                del unreachable[peer]
+                if self.by_rid.get(peer.rid) is peer:
+                    self.drop(peer, now)
 
     def scan(self, now: float) -> None:
         opts = self.options
         self.next_scan = now + min(1.0, opts.ping_interval / 2)
+        # A peer is known to be quiet only up to the last time the ROUTER was read empty:
+        # a stalled server's unread input may hold its messages.  Pinging a producer taken
+        # for quiet that way lost messages: it had closed after its last ones, its side
+        # ended the connection with the PING unread (a reset), and what the server had
+        # not read yet was gone.
+        quiet_until = min(now, self.emptied_at)
         for peer in list(self.by_rid.values()):
             idle = now - peer.last_seen
             if peer.state is not PeerState.READY:
@@ -429,7 +456,7 @@ class PeerSessions:
                 bye = terminate_frame(ResultCode.FAILED, f"silent for {idle:.0f} s: session ended")
                 self.sender.send_rid(peer.rid, tmqp.encode(bye)[0])
                 self.drop(peer, now)
-            elif idle >= opts.ping_interval and not peer.pinged:
+            elif not peer.pinged and quiet_until - peer.last_seen >= opts.ping_interval:
                 peer.pinged = True
                 self.sender.send_raw(peer, _PING)
         if self.ended:

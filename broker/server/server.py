@@ -319,7 +319,7 @@ class Server:
                     gate.release()  # before the messages: acknowledges leave first
                 if router in events:
                     self._drain(router)
-                elif self.sessions.ended and not int(router.get(zmq.EVENTS)) & zmq.POLLIN:
+                elif not int(router.get(zmq.EVENTS)) & zmq.POLLIN:
                     self.sessions.emptied_at = self.clock()  # nothing left to read
                 now = self.clock()
                 for pollable, handler in readers:
@@ -332,7 +332,7 @@ class Server:
                     self.sessions.scan(now)
                 if self.sender.blocked:
                     self.sender.flush_backlogs()
-                if self.sender.gone:
+                if self.sender.gone or self.sessions.unreachable:
                     self.sessions.bury(now)
                 if self.sender.outq:
                     self.sender.flush_out()
@@ -353,7 +353,7 @@ class Server:
             wake = deadline
         if self.sender.sent_to:
             return 0  # deliveries to report: the engine may release more at once
-        if self.sender.blocked or self.sender.gone:
+        if self.sender.blocked or self.sender.gone or self.sessions.unreachable:
             return 1
         return max(0, int((wake - now) * 1000) + 1)
 

@@ -162,3 +162,22 @@ def _consumers(client: Client, channel: str) -> int:
         return int(client.channel_info(channel)["ActiveClients"])
     except Exception:
         return 0
+
+
+def test_sigterm_stops_the_bridge_with_one_line(serve: str, zctx: Ctx) -> None:
+    # SIGTERM used to raise KeyboardInterrupt wherever the main thread was (it can be
+    # dropped inside a ZeroMQ frame's finaliser); now it asks for a stop: exit 0, one line.
+    out_port = free_port()
+    app_pull = zctx.socket(zmq.PULL)
+    app_pull.bind(f"tcp://127.0.0.1:{out_port}")
+    proc = bridge(serve, f"out:quiet/1=push:tcp://127.0.0.1:{out_port}")
+    try:
+        with Client(serve, context=zctx, timeout=10) as local:
+            assert wait_until(lambda: _consumers(local, "quiet") >= 1, WAIT)
+        err = finish(proc)
+        stops = [line for line in err.decode().splitlines() if "stopping" in line]
+        assert stops == ["broker bridge: stopping (SIGTERM)"], err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

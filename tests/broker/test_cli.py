@@ -156,3 +156,33 @@ def test_serve_with_a_toml_config(tmp_path: Path, capsys: pytest.CaptureFixture[
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(10) == 0
+
+
+def test_consume_stops_on_sigterm_with_one_line(
+    endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # SIGTERM used to raise KeyboardInterrupt wherever the main thread was (it can be
+    # dropped inside a ZeroMQ frame's finaliser); now it asks for a stop: exit 0, one line.
+    c = ("--connect", endpoint)
+    assert (
+        run(capsys, "admin", *c, "create", "cli-term", "1", "--options", '{"Status": 1}')[0] == 0
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "broker", "consume", *c, "cli-term"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        # pushed until the consumer has joined and printed one (a push queue keeps them)
+        assert run(capsys, "push", *c, "cli-term", "1", "first", "--ack")[0] == 0
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        assert ready and proc.stdout.readline() == b"first\n"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+        _, err = proc.communicate(5)
+        assert err.decode().splitlines() == ["broker consume: stopping (SIGTERM)"], err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)

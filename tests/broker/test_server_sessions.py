@@ -417,3 +417,69 @@ def test_a_stalled_server_reads_a_closed_connection_to_its_end(zctx: Ctx) -> Non
             assert wait_until(lambda: len(srv.peers()) == 1), srv.peers()
     finally:
         srv.stop()
+
+
+def test_a_ping_to_a_closed_connection_does_not_end_its_session_early(zctx: Ctx) -> None:
+    # A server stalled between two reads pings the peer it has not heard from for
+    # ping_interval.  The peer closed its connection after its last messages: libzmq
+    # refuses the PING (EHOSTUNREACH) while those messages still wait to be read.  That
+    # refusal ended the session at once, and what was still queued was refused
+    # ("handshake required") and lost.
+    clock = StallingClock(step=2.5)
+    options = ServerOptions(
+        endpoint="tcp://127.0.0.1:*", batch=16, ping_interval=1.0, peer_timeout=1e6
+    )
+    srv = Server(Engine(), options, context=zctx, clock=clock)
+    endpoint = srv.start()
+    try:
+        with Client(endpoint, context=zctx, timeout=10) as consumer:
+            consumer.create_queue("tail", 1, {"Status": 3})  # pull: kept until pulled
+            producer = Client(endpoint, context=zctx, threaded=False, timeout=10, linger=30)
+            producer.connect()
+            clock.stall = True
+            for i in range(3000):
+                producer.push("tail", 1, b"%d" % i)
+            producer.close()
+
+            def stored() -> int:
+                return int(consumer.queue_info("tail", 1)["Messages"])
+
+            assert wait_until(lambda: stored() == 3000, 30), (stored(), srv.counters)
+            assert srv.counters["refused"] == 0, srv.counters
+            # and the closed session did end (only the consumer's is left)
+            assert wait_until(lambda: len(srv.peers()) == 1), srv.peers()
+    finally:
+        srv.stop()
+
+
+def test_a_stalled_server_does_not_ping_a_producer_whose_messages_wait_unread(
+    zctx: Ctx,
+) -> None:
+    # A server stalled between two reads took a producer whose messages waited unread
+    # (in its pipes, in TCP buffers) for a quiet one and pinged it.  The producer had
+    # closed after its last messages: its side of the connection ended with the PING
+    # unread, which resets the connection (RST), and what the server had not read yet
+    # was lost.  A peer is quiet only for as long as the ROUTER was read empty.  25,000
+    # messages: more than the two pipes hold, so that some wait in TCP buffers.
+    clock = StallingClock(step=2.5)
+    options = ServerOptions(
+        endpoint="tcp://127.0.0.1:*", batch=256, ping_interval=1.0, peer_timeout=1e6
+    )
+    srv = Server(Engine(), options, context=zctx, clock=clock)
+    endpoint = srv.start()
+    try:
+        with Client(endpoint, context=zctx, timeout=10) as consumer:
+            consumer.create_queue("tail", 1, {"Status": 3})  # pull: kept until pulled
+            producer = Client(endpoint, context=zctx, threaded=False, timeout=10, linger=30)
+            producer.connect()
+            clock.stall = True
+            for i in range(25_000):
+                producer.push("tail", 1, b"%d" % i)
+            producer.close()
+
+            def stored() -> int:
+                return int(consumer.queue_info("tail", 1)["Messages"])
+
+            assert wait_until(lambda: stored() == 25_000, 30), (stored(), srv.counters)
+    finally:
+        srv.stop()
