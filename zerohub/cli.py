@@ -234,20 +234,6 @@ def _discard_stdout() -> None:
         os.close(devnull)
 
 
-@contextlib.contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM raises KeyboardInterrupt meanwhile, as Ctrl-C does (a clean stop, exit 0)."""
-
-    def stop(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 class StopRequest:
     """Set by the first SIGINT/SIGTERM (:func:`stop_signals`); ``wait`` for it.
 

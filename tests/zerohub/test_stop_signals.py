@@ -50,7 +50,7 @@ class SignalInFinaliser:
 
 
 def test_a_signal_handled_inside_a_finaliser_still_stops() -> None:
-    # (sigterm_interrupts raised KeyboardInterrupt from the handler: raised in a
+    # (the old sigterm handler raised KeyboardInterrupt from the handler: raised in a
     # finaliser, such as a ZeroMQ frame's, it is printed as "Exception ignored" and
     # dropped, and `broker serve` went on serving after its SIGTERM)
     with stop_signals("test", final=False) as stop:
