@@ -68,6 +68,7 @@ from broker.stomp.frames import (
     Version,
     make_frame,
     serialize,
+    serialize_receipt,
 )
 from broker.stomp.subscription import AckMode, SubscriptionSpec, parse_send, parse_subscribe
 
@@ -419,7 +420,7 @@ class Session:
                 self._unanswered.append(_Answer(receipt, done=True))
             return
         if receipt is not None and self.state is not SessionState.CLOSED:
-            self._send(make_frame(Command.RECEIPT, [("receipt-id", receipt)]))
+            self._out += serialize_receipt(receipt, self.version or Version.V1_2)
 
     def _on_connect(self, frame: Frame, now: float) -> None:
         version = _negotiate(frame.header("accept-version"))
@@ -507,7 +508,7 @@ class Session:
         while queue and queue[0].done:
             head = queue.popleft()
             if head.receipt is not None:
-                self._send(make_frame(Command.RECEIPT, [("receipt-id", head.receipt)]))
+                self._out += serialize_receipt(head.receipt, self.version or Version.V1_2)
             if head.close:
                 self.state = SessionState.CLOSED
                 queue.clear()
@@ -710,7 +711,7 @@ class Session:
             self._deferred = True
             return
         if receipt is not None:
-            self._send(make_frame(Command.RECEIPT, [("receipt-id", receipt)]))
+            self._out += serialize_receipt(receipt, self.version or Version.V1_2)
         self.state = SessionState.CLOSED
 
     # -- output ---------------------------------------------------------------------------
