@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             rows += measure(ctx, "RabbitMQ STOMP", rabbit.stomp_port, "/", args.messages)
         finally:
             rabbit.stop()
-    print(f"{"case":48} {'messages':>9} {'msg/s':>9} {'send loop msg/s':>16}")
+    print(f"{'case':48} {'messages':>9} {'msg/s':>9} {'send loop msg/s':>16}")
     for row in rows:
         rate, loop = row.rates
         print(f"{row.name:48} {row.count:>9} {rate:>9.0f} {loop:>16.0f}")
