@@ -142,6 +142,8 @@ def check_headers(headers: Headers) -> None:
     """Refuse (BackendError) SEND headers a TMQP client could not receive (a name holding
     ``:`` or a value holding a line break, after STOMP unescaping; more than a TMQP
     header block holds) or that the engine would act on (``CC``, ``Delivery-Count``)."""
+    if not headers:
+        return  # nothing to refuse (the common SEND: only control headers)
     for key, _value in headers:
         if key.lower() in _RESERVED:
             raise BackendError(f"header {key!r} is reserved by the broker")

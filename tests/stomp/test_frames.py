@@ -271,3 +271,19 @@ def test_serialize_receipt_is_serialize_of_a_receipt_frame(version: Version, rec
             serialize_receipt(receipt, version)
     else:
         assert serialize_receipt(receipt, version) == expected
+
+
+def test_parsed_destinations_are_cached_per_connection_and_errors_are_not() -> None:
+    from broker.stomp.destinations import parse_destinations
+    from broker.stomp.errors import DestinationError
+
+    def parse(header: str, conn: int) -> str:
+        (d,) = parse_destinations(header, broker_id="b", connection_id=conn, allow_wildcards=False)
+        return d.name
+
+    # a temporary destination is the sending connection's own, cache or not
+    assert parse("/temp-queue/x", 1) != parse("/temp-queue/x", 2)
+    assert parse("/temp-queue/x", 1) == parse("/temp-queue/x", 1)
+    for _ in range(2):  # refused every time, not remembered as anything else
+        with pytest.raises(DestinationError):
+            parse("/queue/a.*", 1)
