@@ -54,12 +54,18 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def zerohub(args: list[str], ready: bytes) -> Any:
-    """A zerohub server process (``python -m ...``), stopped with SIGTERM afterwards."""
+def zerohub(args: list[str], ready: bytes, source: str | None = None) -> Any:
+    """A zerohub server process (``python -m ...``), stopped with SIGTERM afterwards;
+    ``source``: run the code of that checkout instead (PYTHONPATH)."""
+    env = dict(os.environ)
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [source, env.get("PYTHONPATH")]))
     proc = subprocess.Popen(
         [sys.executable, "-m", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        env=env,
+        cwd=source,
     )
     seen = b""
     deadline = time.monotonic() + 60
@@ -228,6 +234,11 @@ def main(argv: list[str] | None = None) -> int:
         "--memory", action="store_true", help="also the standalone in-memory listener"
     )
     parser.add_argument("--data", default="none", help="broker serve --data (default none)")
+    parser.add_argument(
+        "--baseline",
+        metavar="CHECKOUT",
+        help="also serve the code of another checkout (e.g. a worktree of main), same run",
+    )
     args = parser.parse_args(argv)
     ctx = mp.get_context("spawn")
     rows: list[Row] = []
@@ -254,6 +265,14 @@ def main(argv: list[str] | None = None) -> int:
         echo.join(30)
     port = free_port()
     serve[serve.index("--stomp") + 1] = f"tcp://127.0.0.1:{port}"
+    if args.baseline:
+        with zerohub(serve, b"broker serving on", args.baseline):
+            rows += measure(
+                ctx, "zerohub serve --stomp (baseline)", port, "localhost", args.messages
+            )
+        port = free_port()
+        serve[serve.index("--stomp") + 1] = f"tcp://127.0.0.1:{port}"
+        serve[serve.index("--bind") + 1] = f"tcp://127.0.0.1:{free_port()}"
     with zerohub(serve, b"broker serving on"):
         rows += measure(ctx, "zerohub serve --stomp", port, "localhost", args.messages)
     if args.memory:
