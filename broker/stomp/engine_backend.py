@@ -8,8 +8,9 @@ in a thread of its own.  Two objects, one per thread:
   engine (``receive``/``tick``/``transmitted``... are passed through) and it takes from
   every output the items addressed to STOMP connections' client ids: deliveries go to
   the STOMP thread, the rest (engine replies a STOMP client has no use for) is dropped.
-  The STOMP side submits typed operations (:meth:`EngineDoor.submit`: a deque and one
-  octet on a socket pair); the server polls the pair's reading end
+  The STOMP side submits typed operations (:meth:`EngineDoor.submit_many`: a deque and
+  one octet on a socket pair per batch; the listener hands over one loop iteration's
+  operations together); the server polls the pair's reading end
   (:meth:`EngineDoor.fileno`, ``Server.add_reader``) and calls :meth:`EngineDoor.run_ops`,
   whose TMQP output (a STOMP SEND delivered to a TMQP consumer) it sends.
 * :class:`EngineBackend` (listener thread) is the :class:`~broker.stomp.backend.Backend`
