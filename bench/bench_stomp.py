@@ -12,7 +12,9 @@ Every party runs in its own (spawned) process on loopback TCP:
 Rows: auto-ack with fire-and-forget SENDs (the producer's clock stops at the consumer's
 last message), and the same with a ``receipt`` on every SEND (the producer's clock stops
 when every RECEIPT is in).  stomp.py itself is usually the limit: the "send loop" column
-is the rate of the producer's ``send`` calls alone.
+is the rate of the producer's ``send`` calls alone, and the "stomp.py ceiling" rows run
+the same clients through a trivial relay (:func:`relay`: no queue, no checks), so the
+table says how close a broker comes to the client's own limit.
 
 Usage: ``python bench/bench_stomp.py [--messages 10000 100000] [--rabbitmq] [--memory]
 [--data DIR]``.
@@ -52,12 +54,18 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def zerohub(args: list[str], ready: bytes) -> Any:
-    """A zerohub server process (``python -m ...``), stopped with SIGTERM afterwards."""
+def zerohub(args: list[str], ready: bytes, source: str | None = None) -> Any:
+    """A zerohub server process (``python -m ...``), stopped with SIGTERM afterwards;
+    ``source``: run the code of that checkout instead (PYTHONPATH)."""
+    env = dict(os.environ)
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [source, env.get("PYTHONPATH")]))
     proc = subprocess.Popen(
         [sys.executable, "-m", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        env=env,
+        cwd=source,
     )
     seen = b""
     deadline = time.monotonic() + 60
@@ -135,6 +143,62 @@ def producer(port: int, vhost: str, count: int, receipts: bool, go: Any, out: An
     conn.disconnect()
 
 
+def relay(port: int, ready: Any) -> None:
+    """The client's ceiling: a trivial STOMP relay (no queue, no acknowledgements, no
+    checks): CONNECTED, a RECEIPT when asked, each SEND forwarded at once as a MESSAGE
+    to the first subscriber.  Frames are cut at NUL (the bench's bodies hold none)."""
+    import asyncio
+
+    async def main() -> None:
+        subscribers: list[tuple[asyncio.StreamWriter, bytes]] = []
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            buf, seq = b"", 0
+            while data := await reader.read(65536):
+                *frames, buf = (buf + data).split(b"\0")
+                out: list[bytes] = []
+                forward: list[bytes] = []
+                close = False
+                for raw in frames:
+                    raw = raw.lstrip(b"\r\n")
+                    if not raw:
+                        continue
+                    head, _, body = raw.partition(b"\n\n")
+                    command, *lines = head.split(b"\n")
+                    headers = dict(line.split(b":", 1) for line in lines if b":" in line)
+                    if command in (b"CONNECT", b"STOMP"):
+                        out.append(b"CONNECTED\nversion:1.2\n\n\0")
+                    elif command == b"SUBSCRIBE":
+                        subscribers.append((writer, headers.get(b"id", b"0")))
+                    elif command == b"SEND" and subscribers:
+                        seq += 1
+                        forward.append(
+                            b"MESSAGE\nsubscription:%s\nmessage-id:%d\ndestination:%s\n"
+                            b"content-length:%d\n\n%s\0"
+                            % (subscribers[0][1], seq, headers[b"destination"], len(body), body)
+                        )
+                    elif command == b"DISCONNECT":
+                        close = True
+                    if b"receipt" in headers:
+                        out.append(b"RECEIPT\nreceipt-id:%s\n\n\0" % headers[b"receipt"])
+                if forward:
+                    subscribers[0][0].write(b"".join(forward))
+                if out:
+                    writer.write(b"".join(out))
+                await writer.drain()
+                if close:
+                    break
+            subscribers[:] = [s for s in subscribers if s[0] is not writer]
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", port)
+        ready.set()
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(main())
+
+
 def run_pair(ctx: Any, port: int, vhost: str, count: int, receipts: bool) -> tuple[float, float]:
     out, ready, go = ctx.Queue(), ctx.Event(), ctx.Event()
     c = ctx.Process(target=consumer, args=(port, vhost, count, ready, out))
@@ -170,6 +234,11 @@ def main(argv: list[str] | None = None) -> int:
         "--memory", action="store_true", help="also the standalone in-memory listener"
     )
     parser.add_argument("--data", default="none", help="broker serve --data (default none)")
+    parser.add_argument(
+        "--baseline",
+        metavar="CHECKOUT",
+        help="also serve the code of another checkout (e.g. a worktree of main), same run",
+    )
     args = parser.parse_args(argv)
     ctx = mp.get_context("spawn")
     rows: list[Row] = []
@@ -184,6 +253,26 @@ def main(argv: list[str] | None = None) -> int:
         "--data",
         args.data,
     ]
+    port = free_port()
+    ready = ctx.Event()
+    echo = ctx.Process(target=relay, args=(port, ready), daemon=True)
+    echo.start()
+    ready.wait(60)
+    try:
+        rows += measure(ctx, "stomp.py ceiling (trivial relay)", port, "/", args.messages)
+    finally:
+        echo.kill()
+        echo.join(30)
+    port = free_port()
+    serve[serve.index("--stomp") + 1] = f"tcp://127.0.0.1:{port}"
+    if args.baseline:
+        with zerohub(serve, b"broker serving on", args.baseline):
+            rows += measure(
+                ctx, "zerohub serve --stomp (baseline)", port, "localhost", args.messages
+            )
+        port = free_port()
+        serve[serve.index("--stomp") + 1] = f"tcp://127.0.0.1:{port}"
+        serve[serve.index("--bind") + 1] = f"tcp://127.0.0.1:{free_port()}"
     with zerohub(serve, b"broker serving on"):
         rows += measure(ctx, "zerohub serve --stomp", port, "localhost", args.messages)
     if args.memory:
@@ -201,10 +290,10 @@ def main(argv: list[str] | None = None) -> int:
             rows += measure(ctx, "RabbitMQ STOMP", rabbit.stomp_port, "/", args.messages)
         finally:
             rabbit.stop()
-    print(f"{'case':40} {'messages':>9} {'msg/s':>9} {'send loop msg/s':>16}")
+    print(f"{'case':48} {'messages':>9} {'msg/s':>9} {'send loop msg/s':>16}")
     for row in rows:
         rate, loop = row.rates
-        print(f"{row.name:40} {row.count:>9} {rate:>9.0f} {loop:>16.0f}")
+        print(f"{row.name:48} {row.count:>9} {rate:>9.0f} {loop:>16.0f}")
     return 0
 
 

@@ -106,9 +106,23 @@ def parse_destinations(
     connection_id: int,
     allow_wildcards: bool,
 ) -> tuple[Destination, ...]:
-    """Parse a ``destination`` header (composite allowed) or raise ``DestinationError``."""
+    """Parse a ``destination`` header (composite allowed) or raise ``DestinationError``.
+
+    Answers are cached (``DESTINATION_CACHE`` entries; a client sends to the same few
+    destinations over and over, and each parse checks and may compile patterns)."""
     if header is None or header == "":
         raise DestinationError("missing destination header")
+    return _parse_cached(header, broker_id, connection_id, allow_wildcards)
+
+
+#: Parsed destination headers kept (least recently used go first).
+DESTINATION_CACHE = 1024
+
+
+@lru_cache(maxsize=DESTINATION_CACHE)
+def _parse_cached(
+    header: str, broker_id: str, connection_id: int, allow_wildcards: bool
+) -> tuple[Destination, ...]:
     if len(header) > MAX_DESTINATION_LENGTH:
         raise DestinationError(f"destination longer than {MAX_DESTINATION_LENGTH} characters")
     parts = header.split(DESTINATION_SEPARATOR)

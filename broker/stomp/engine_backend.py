@@ -8,8 +8,9 @@ in a thread of its own.  Two objects, one per thread:
   engine (``receive``/``tick``/``transmitted``... are passed through) and it takes from
   every output the items addressed to STOMP connections' client ids: deliveries go to
   the STOMP thread, the rest (engine replies a STOMP client has no use for) is dropped.
-  The STOMP side submits typed operations (:meth:`EngineDoor.submit`: a deque and one
-  octet on a socket pair); the server polls the pair's reading end
+  The STOMP side submits typed operations (:meth:`EngineDoor.submit_many`: a deque and
+  one octet on a socket pair per batch; the listener hands over one loop iteration's
+  operations together); the server polls the pair's reading end
   (:meth:`EngineDoor.fileno`, ``Server.add_reader``) and calls :meth:`EngineDoor.run_ops`,
   whose TMQP output (a STOMP SEND delivered to a TMQP consumer) it sends.
 * :class:`EngineBackend` (listener thread) is the :class:`~broker.stomp.backend.Backend`
@@ -142,6 +143,8 @@ def check_headers(headers: Headers) -> None:
     """Refuse (BackendError) SEND headers a TMQP client could not receive (a name holding
     ``:`` or a value holding a line break, after STOMP unescaping; more than a TMQP
     header block holds) or that the engine would act on (``CC``, ``Delivery-Count``)."""
+    if not headers:
+        return  # nothing to refuse (the common SEND: only control headers)
     for key, _value in headers:
         if key.lower() in _RESERVED:
             raise BackendError(f"header {key!r} is reserved by the broker")
@@ -188,6 +191,9 @@ class EngineDoor:
         #: Runs a batch of publish answers on the listener thread (EngineBackend.bind).
         self.answer: Callable[[list[tuple[PublishAnswer, str | None]]], None] | None = None
         self._answers: list[tuple[PublishAnswer, str | None]] = []
+        #: While run_ops runs: what it posts to the listener thread, posted as one call
+        #: at its end (one loop wake-up per batch, not one per kind of output).
+        self._posting: list[Callable[[], None]] | None = None
         #: Connections one of whose asynchronous SENDs was refused: their ERROR is on its
         #: way, so their later SENDs and SUBSCRIBEs take no effect (as if processed in turn).
         self.failed: set[int] = set()
@@ -260,7 +266,11 @@ class EngineDoor:
         One wake-up octet per batch: none is sent while one is on its way (``_woken``,
         cleared by :meth:`run_ops` before it takes the operations, so an operation
         queued after that clearing sends a new one)."""
-        self._ops.append(op)
+        self.submit_many((op,))
+
+    def submit_many(self, ops: Iterable[Op]) -> None:
+        """Queue ``ops`` in order with one wake-up (any thread)."""
+        self._ops.extend(ops)
         if self._woken:
             return
         self._woken = True
@@ -286,17 +296,26 @@ class EngineDoor:
         self._woken = False
         out: list[Outgoing] = []
         ops = self._ops
-        while ops:
-            op = ops.popleft()
-            try:
-                out.extend(op(now))
-            except Exception:
-                log.exception("STOMP operation failed on the engine")
-        keep = self._split(out)
-        if self._answers and self.answer is not None:
-            answers, self._answers = self._answers, []
-            # after the deliveries (posted by _split), once the messages are durable
-            self.after_durable(_bind(self._post, _bind(self.answer, answers)))
+        posting: list[Callable[[], None]] = []
+        self._posting = posting
+        try:
+            while ops:
+                op = ops.popleft()
+                try:
+                    out.extend(op(now))
+                except Exception:
+                    log.exception("STOMP operation failed on the engine")
+            keep = self._split(out)
+            if self._answers and self.answer is not None:
+                answers, self._answers = self._answers, []
+                # after the deliveries (posted by _split), once the messages are durable
+                self.after_durable(_bind(self._post, _bind(self.answer, answers)))
+        finally:
+            self._posting = None
+        if len(posting) == 1:
+            self._post(posting[0])
+        elif posting:
+            self._post(_bind(_run_all, posting))
         return keep
 
     def close(self) -> None:
@@ -323,6 +342,9 @@ class EngineDoor:
         return keep
 
     def _post(self, fn: Callable[[], None]) -> None:
+        if self._posting is not None:
+            self._posting.append(fn)
+            return
         assert self.post is not None
         try:
             self.post(fn)
@@ -684,6 +706,14 @@ def _resolve(done: concurrent.futures.Future[None]) -> None:
         done.set_result(None)
 
 
+def _run_all(fns: list[Callable[[], None]]) -> None:
+    for fn in fns:
+        try:
+            fn()
+        except Exception:  # as the loop would for separate callbacks: logged, go on
+            log.exception("STOMP listener callback failed")
+
+
 def _at_once(fn: Callable[[], None]) -> None:
     fn()
 
@@ -751,15 +781,40 @@ class EngineBackend:
         self.conns: dict[int, _Conn] = {}
         self.after_deliveries: Callable[[], None] = lambda: None
         self._ids = 0
+        #: Operations of this loop iteration, handed to the door together (one wake-up
+        #: of the engine thread per batch, not one per SEND or ACK); see :meth:`bind`.
+        self._batch: list[Op] = []
+        self._soon: Post | None = None
 
-    def bind(self, post: Post, after_deliveries: Callable[[], None]) -> None:
+    def bind(
+        self, post: Post, after_deliveries: Callable[[], None], soon: Post | None = None
+    ) -> None:
         """Deliveries reach this thread through ``post``; ``after_deliveries`` then writes
-        what the sessions produced (the listener's ``flush_all``)."""
+        what the sessions produced (the listener's ``flush_all``).  ``soon`` (the
+        listener loop's ``call_soon``) batches the operations of one loop iteration;
+        without it each operation is submitted at once."""
         self.after_deliveries = after_deliveries
+        self._soon = soon
         self.door.deliver = self._on_deliveries
         self.door.answer = self._on_answers
         self.door.browsed = self._on_browse_page
         self.door.post = post
+
+    def _submit(self, op: Op) -> None:
+        """Queue ``op`` for the engine thread, in order with every other operation."""
+        if self._soon is None:
+            self.door.submit(op)
+            return
+        batch = self._batch
+        batch.append(op)
+        if len(batch) == 1:
+            self._soon(self._flush_ops)
+
+    def _flush_ops(self) -> None:
+        """Hand the batched operations to the door (one wake-up)."""
+        if self._batch:
+            batch, self._batch = self._batch, []
+            self.door.submit_many(batch)
 
     # -- waiting for the engine ------------------------------------------------------------
 
@@ -783,6 +838,7 @@ class EngineBackend:
             self.door.after_durable(_bind(_resolve, done))
             return out
 
+        self._flush_ops()
         self.door.submit(run)
         try:
             done.result(self.answer_timeout)
@@ -800,6 +856,7 @@ class EngineBackend:
             self._call(lambda now: door.op_login(conn, login, passcode, now))
         except BackendError as exc:
             # a late answer may still register it: the disconnect runs after (FIFO)
+            self._flush_ops()
             door.submit(lambda now: door.op_disconnect(conn, now))
             if str(exc).startswith("authentication failed"):
                 log.info("STOMP connection %d refused by the engine: %s", conn, exc)
@@ -810,12 +867,13 @@ class EngineBackend:
     def attach(self, connection: ConnectionInfo, sink: DeliverySink) -> None:
         self.conns[connection.id] = _Conn(connection, sink)
         door, conn = self.door, connection.id
-        door.submit(lambda now: door.op_connect(conn, connection, now))  # none if logged in
+        self._submit(lambda now: door.op_connect(conn, connection, now))  # none if logged in
 
     def detach(self, connection_id: int) -> None:
         if self.conns.pop(connection_id, None) is None:
             return
         door = self.door
+        self._flush_ops()
         door.submit(lambda now: door.op_disconnect(connection_id, now))
 
     def _stamped(self, connection_id: int, spec: PublishSpec) -> PublishSpec:
@@ -832,7 +890,7 @@ class EngineBackend:
         self._ids += 1
         message_id = f"stomp-{connection_id}-{self._ids}"
         door = self.door
-        door.submit(
+        self._submit(
             lambda now: door.op_publish_answered(connection_id, spec, message_id, answer, now)
         )
 
@@ -933,7 +991,7 @@ class EngineBackend:
         if not sub.browse_done:
             door, sub_id, start = self.door, sub.spec.id, sub.browse_next
             (channel,) = sub.channels
-            door.submit(lambda now: door.op_browse_page(conn_id, sub_id, channel, start, now))
+            self._submit(lambda now: door.op_browse_page(conn_id, sub_id, channel, start, now))
             return
         end = Delivery(sub.spec.id, conn.next_tag, "", "", (), b"", browse_end=True)
         if conn.sink(end):
@@ -954,10 +1012,10 @@ class EngineBackend:
             if channel in sub.channels
         ]
         door, names = self.door, list(sub.channels)
-        door.submit(lambda now: door.op_settle(connection_id, settles, 0, now))
-        door.submit(lambda now: door.op_unsubscribe(connection_id, names, now))
+        self._submit(lambda now: door.op_settle(connection_id, settles, 0, now))
+        self._submit(lambda now: door.op_unsubscribe(connection_id, names, now))
         if sub.patterns:
-            door.submit(lambda now: door.op_drop_wildcard(connection_id, subscription_id, now))
+            self._submit(lambda now: door.op_drop_wildcard(connection_id, subscription_id, now))
 
     def ack(self, connection_id: int, tags: Sequence[int]) -> None:
         self._settle(connection_id, tags, True)
@@ -986,7 +1044,7 @@ class EngineBackend:
         settles = [(*conn.pending.pop(t), ok) for t in tags if t in conn.pending]
         if settles:
             door = self.door
-            door.submit(lambda now: door.op_settle(connection_id, settles, 0, now))
+            self._submit(lambda now: door.op_settle(connection_id, settles, 0, now))
 
     # -- deliveries --------------------------------------------------------------------------
 
@@ -1047,7 +1105,7 @@ class EngineBackend:
                 conn.pending[tag] = key
         if taken or settles:
             door = self.door
-            door.submit(lambda now: door.op_settle(conn_id, settles, taken, now))
+            self._submit(lambda now: door.op_settle(conn_id, settles, taken, now))
 
 
 def _first_wins(headers: Headers) -> dict[str, str]:
@@ -1106,6 +1164,10 @@ def listen(
 
     backend = EngineBackend(door)
     listener = StompListener(backend, options, authenticator=backend.authenticate)
-    backend.bind(lambda fn: listener.loop.call_soon_threadsafe(fn), listener.flush_all)
+    backend.bind(
+        lambda fn: listener.loop.call_soon_threadsafe(fn),
+        listener.flush_all,
+        lambda fn: listener.loop.call_soon(fn),
+    )
     add_reader(door.fileno(), door.run_ops)
     return listener

@@ -409,27 +409,34 @@ def serialize(frame: Frame, version: Version = Version.V1_2) -> bytes:
     escape = frame.command not in _UNESCAPED_COMMANDS and version is not Version.V1_0
     table = _ENCODE_1_2 if version is Version.V1_2 else _ENCODE_1_1
     parts = [frame.command.value, "\n"]
+    append = parts.append
+    length: str | None = None
     for name, value in frame.headers:
         if "\0" in name or "\0" in value:
             raise EncodeError(f"header {name[:40]!r} contains NUL")
+        if length is None and name == "content-length":
+            length = value
         if escape:
-            parts.append(name.translate(table))
-            parts.append(":")
-            parts.append(value.translate(table))
+            append(f"{name.translate(table)}:{value.translate(table)}\n")
         else:
             _check_raw_header(name, value, version)
-            parts.append(name)
-            parts.append(":")
-            parts.append(value)
-        parts.append("\n")
-    parts.append("\n")
+            append(f"{name}:{value}\n")
+    append("\n")
     head = "".join(parts).encode("utf-8")
-    length = frame.header("content-length")
-    if length is None and b"\0" in frame.body:
+    body = frame.body
+    if length is None and b"\0" in body:
         raise EncodeError("a body with NUL bytes needs a content-length header")
-    if length is not None and length != str(len(frame.body)):
-        raise EncodeError(f"content-length {length} does not match the body ({len(frame.body)})")
-    return head + frame.body + b"\0"
+    if length is not None and length != str(len(body)):
+        raise EncodeError(f"content-length {length} does not match the body ({len(body)})")
+    return b"".join((head, body, b"\0"))
+
+
+def serialize_receipt(receipt_id: str, version: Version = Version.V1_2) -> bytes:
+    """``serialize`` of a RECEIPT frame for ``receipt_id``, without building the frame."""
+    if version is Version.V1_0 or "\0" in receipt_id:
+        return serialize(Frame(Command.RECEIPT, (("receipt-id", receipt_id),)), version)
+    table = _ENCODE_1_2 if version is Version.V1_2 else _ENCODE_1_1
+    return b"RECEIPT\nreceipt-id:" + receipt_id.translate(table).encode("utf-8") + b"\n\n\0"
 
 
 def _check_raw_header(name: str, value: str, version: Version) -> None:

@@ -123,13 +123,11 @@ class _Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.writable = False
-        if self.transport is not None and not self.closing:
-            self.transport.pause_reading()
+        self._sync_reading()
 
     def resume_writing(self) -> None:
         self.writable = True
-        if self.transport is not None and not self.closing:
-            self.transport.resume_reading()
+        self._sync_reading()
         if self.session is not None and self.session.info is not None:
             self.refused = False
             self.listener.backend.resume(self.id)
@@ -151,6 +149,18 @@ class _Connection(asyncio.Protocol):
             return False
         return True
 
+    def _sync_reading(self) -> None:
+        """Read while the transport has room and the session handles what it reads
+        (not while its SENDs wait for answers: ``Session.reading_paused``)."""
+        transport, session = self.transport, self.session
+        if transport is None or self.closing or transport.is_closing():
+            return
+        want = self.writable and not (session is not None and session.reading_paused)
+        if want and not transport.is_reading():
+            transport.resume_reading()
+        elif not want and transport.is_reading():
+            transport.pause_reading()
+
     def _mark_dirty(self) -> None:
         self.listener.dirty.add(self)
 
@@ -169,6 +179,7 @@ class _Connection(asyncio.Protocol):
         if session.closed or wire.finished:
             self._close(abort_after=self.listener.options.close_timeout)
             return
+        self._sync_reading()
         if self.refused and self.writable and session.info is not None:
             # refused for our own pending bytes, which are now in a transport with room
             self.refused = False

@@ -68,6 +68,7 @@ from broker.stomp.frames import (
     Version,
     make_frame,
     serialize,
+    serialize_receipt,
 )
 from broker.stomp.subscription import AckMode, SubscriptionSpec, parse_send, parse_subscribe
 
@@ -205,6 +206,12 @@ class Session:
         self._unanswered: deque[_Answer] = deque()
         self._unanswered_bytes = 0
         self._deferred = False  # the frame being handled answers later
+        #: Frames read but not handled yet: a SEND found the window of unanswered SENDs
+        #: full, so it and everything after it wait for answers (in order).  The I/O
+        #: layer stops reading meanwhile (``reading_paused``), which bounds this to what
+        #: one read brought.
+        self._parked: deque[Frame] = deque()
+        self._draining = False
         self._now = now
 
     # -- the I/O layer's side -------------------------------------------------------------
@@ -222,10 +229,45 @@ class Session:
         except FrameError as exc:
             self._fail(str(exc), now)
             return
-        for frame in frames:
-            if self.state not in (SessionState.AWAITING_CONNECT, SessionState.CONNECTED):
-                return  # an ERROR or DISCONNECT ended the session: the rest is ignored
-            self._handle(frame, now)
+        if frames:
+            self._parked.extend(frames)
+            self._drain(now)
+
+    @property
+    def reading_paused(self) -> bool:
+        """True while read frames wait for answers to earlier SENDs: read no more."""
+        return bool(self._parked)
+
+    def _window_full(self) -> bool:
+        return (
+            len(self._unanswered) >= self.config.max_unanswered_sends
+            or self._unanswered_bytes >= self.config.max_unanswered_bytes
+        )
+
+    def _drain(self, now: float) -> None:
+        """Handle parked frames in order, up to a SEND the window has no room for."""
+        if self._draining:
+            return  # an answer given while handling a frame: the loop below goes on
+        self._draining = True
+        parked = self._parked
+        try:
+            while parked:
+                if self.state not in (SessionState.AWAITING_CONNECT, SessionState.CONNECTED):
+                    parked.clear()  # an ERROR or DISCONNECT ended the session: ignored
+                    return
+                frame = parked[0]
+                if (
+                    frame.command is Command.SEND
+                    and self._async is not None
+                    and self.state is SessionState.CONNECTED
+                    and self._window_full()
+                    and frame.header("transaction") is None
+                ):
+                    return  # resumed by _answered
+                parked.popleft()
+                self._handle(frame, now)
+        finally:
+            self._draining = False
 
     def tick(self, now: float) -> None:
         self._now = now
@@ -239,6 +281,8 @@ class Session:
             return
         if self.state is not SessionState.CONNECTED:
             return
+        if self._parked:
+            self._last_received = now  # we are the ones not reading: no timeout
         if self._receive_interval and now - self._last_received >= (
             self._receive_interval * self.config.heartbeat_grace
         ):
@@ -279,6 +323,7 @@ class Session:
     def connection_lost(self) -> None:
         """The transport is gone: open transactions are dropped, the backend detaches."""
         self._transactions.clear()
+        self._parked.clear()
         if self.state is not SessionState.CLOSED:
             self.state = SessionState.CLOSED
         if self._attached:
@@ -375,7 +420,7 @@ class Session:
                 self._unanswered.append(_Answer(receipt, done=True))
             return
         if receipt is not None and self.state is not SessionState.CLOSED:
-            self._send(make_frame(Command.RECEIPT, [("receipt-id", receipt)]))
+            self._out += serialize_receipt(receipt, self.version or Version.V1_2)
 
     def _on_connect(self, frame: Frame, now: float) -> None:
         version = _negotiate(frame.header("accept-version"))
@@ -431,11 +476,8 @@ class Session:
     def _on_send(self, frame: Frame, now: float) -> None:
         if self._buffered(frame):
             return
-        if self._async is None or (
-            len(self._unanswered) >= self.config.max_unanswered_sends
-            or self._unanswered_bytes >= self.config.max_unanswered_bytes
-        ):
-            self._publish(frame)  # waits for the backend (the connection's backpressure)
+        if self._async is None or self._window_full():
+            self._publish(frame)  # waits for the backend
             return
         spec = parse_send(
             frame,
@@ -466,10 +508,12 @@ class Session:
         while queue and queue[0].done:
             head = queue.popleft()
             if head.receipt is not None:
-                self._send(make_frame(Command.RECEIPT, [("receipt-id", head.receipt)]))
+                self._out += serialize_receipt(head.receipt, self.version or Version.V1_2)
             if head.close:
                 self.state = SessionState.CLOSED
                 queue.clear()
+        if self._parked:
+            self._drain(self._now)
         self.on_delivery()
 
     def _publish(self, frame: Frame) -> None:
@@ -667,7 +711,7 @@ class Session:
             self._deferred = True
             return
         if receipt is not None:
-            self._send(make_frame(Command.RECEIPT, [("receipt-id", receipt)]))
+            self._out += serialize_receipt(receipt, self.version or Version.V1_2)
         self.state = SessionState.CLOSED
 
     # -- output ---------------------------------------------------------------------------
@@ -693,6 +737,7 @@ class Session:
         self._out += serialize(make_frame(Command.ERROR, headers, body), version)
         self.error = summary
         self._transactions.clear()
+        self._parked.clear()
         self._unanswered.clear()
         self._unanswered_bytes = 0
         self.state = SessionState.CLOSING

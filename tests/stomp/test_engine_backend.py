@@ -469,3 +469,46 @@ def test_message_groups_span_stomp_and_tmqp_consumers(
     stomp_groups = {body.split(":")[0] for body in rec.bodies()}
     assert tmqp_groups and stomp_groups and not tmqp_groups & stomp_groups
     assert tmqp_groups | stomp_groups == set(groups)
+
+
+def test_a_burst_beyond_the_send_window_is_parked_and_every_receipt_comes_in_order(
+    zctx: Ctx,
+) -> None:
+    """3000 SENDs with receipts in one write, window 8: the listener parks what the
+    window has no room for (reading paused) and resumes as answers come; every message
+    reaches the queue in order and every RECEIPT comes back in order."""
+    engine = Engine()
+    door = EngineDoor(engine)
+    server = Server(door, ServerOptions(endpoint="tcp://127.0.0.1:*"), context=zctx)
+    session = SessionConfig(die_delay=0.1, heartbeat=(0, 0), max_unanswered_sends=8)
+    listener = listen(door, server.add_reader, ListenerOptions(port=0, session=session))
+    server.start()
+    listener.start()
+    count = 3000
+    try:
+        with socket.create_connection(("127.0.0.1", listener.port), timeout=60) as sock:
+            sock.sendall(b"CONNECT\naccept-version:1.2\nhost:localhost\n\n\0")
+            burst = b"".join(
+                b"SEND\ndestination:/queue/burst\nreceipt:r%d\ncontent-length:%d\n\n%d\0"
+                % (i, len(str(i)), i)
+                for i in range(count)
+            )
+            sock.sendall(burst)
+            data = b""
+            while data.count(b"RECEIPT") < count:
+                chunk = sock.recv(65536)
+                assert chunk, "the listener closed the connection"
+                data += chunk
+            assert b"ERROR" not in data
+            receipts = [
+                line.split(b":", 1)[1].decode()
+                for line in data.split(b"\n")
+                if line.startswith(b"receipt-id:")
+            ]
+            assert receipts == [f"r{i}" for i in range(count)]
+            queue = engine.channels["burst"].queues[0]
+            assert wait_until(lambda: queue.messages.count == count)  # a RECEIPT: taken
+    finally:
+        listener.stop()
+        server.stop()
+        door.close()

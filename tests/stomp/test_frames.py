@@ -15,8 +15,10 @@ from broker.stomp.frames import (
     FrameParser,
     Limits,
     Version,
+    make_frame,
     parse_all,
     serialize,
+    serialize_receipt,
 )
 
 SEND_WITH_NULS = b"SEND\ndestination:/queue/a\ncontent-length:5\n\na\x00b\x00c\x00"
@@ -254,3 +256,34 @@ def test_round_trip_random_frames(version: Version) -> None:
         assert parse_all(stream, version) == batch
 
     check()
+
+
+@pytest.mark.parametrize("version", [Version.V1_0, Version.V1_1, Version.V1_2])
+@pytest.mark.parametrize("receipt", ["r-1", "a:b\\c", "line\nbreak", "cr\r", "näme", "nul\0"])
+def test_serialize_receipt_is_serialize_of_a_receipt_frame(version: Version, receipt: str) -> None:
+    frame = make_frame(Command.RECEIPT, [("receipt-id", receipt)])
+    try:
+        expected: bytes | type[Exception] = serialize(frame, version)
+    except EncodeError:
+        expected = EncodeError
+    if expected is EncodeError:
+        with pytest.raises(EncodeError):
+            serialize_receipt(receipt, version)
+    else:
+        assert serialize_receipt(receipt, version) == expected
+
+
+def test_parsed_destinations_are_cached_per_connection_and_errors_are_not() -> None:
+    from broker.stomp.destinations import parse_destinations
+    from broker.stomp.errors import DestinationError
+
+    def parse(header: str, conn: int) -> str:
+        (d,) = parse_destinations(header, broker_id="b", connection_id=conn, allow_wildcards=False)
+        return d.name
+
+    # a temporary destination is the sending connection's own, cache or not
+    assert parse("/temp-queue/x", 1) != parse("/temp-queue/x", 2)
+    assert parse("/temp-queue/x", 1) == parse("/temp-queue/x", 1)
+    for _ in range(2):  # refused every time, not remembered as anything else
+        with pytest.raises(DestinationError):
+            parse("/queue/a.*", 1)

@@ -855,7 +855,31 @@ def test_async_send_refused_is_an_error_with_its_receipt() -> None:
 
 
 def test_async_sends_in_flight_are_bounded() -> None:
+    """A full window parks the next frames (reading pauses) instead of blocking the
+    listener on a synchronous publish per SEND; answers resume them in order."""
     backend, peer = _later_peer(max_unanswered_sends=3)
     for i in range(5):
         peer.send(Command.SEND, {"destination": "/queue/a"}, str(i).encode())
-    assert len(backend.waiting) == 3 and backend.sync_publishes == 2
+    peer.send(Command.DISCONNECT, {"receipt": "bye"})
+    assert len(backend.waiting) == 3 and backend.sync_publishes == 0
+    assert peer.session.reading_paused and not peer.session.closed
+    backend.answer(3)
+    assert [spec.body for spec, _ in backend.waiting] == [b"3", b"4"]
+    assert not peer.session.reading_paused
+    backend.answer(2)
+    assert [f.header("receipt-id") for f in peer.read()] == ["bye"]
+    assert peer.session.closed and backend.sync_publishes == 0
+
+
+def test_parked_frames_after_a_refused_send_take_no_effect() -> None:
+    backend, peer = _later_peer(max_unanswered_sends=1)
+    peer.send(Command.SEND, {"destination": "/queue/a", "receipt": "r0"}, b"0")
+    peer.send(Command.SEND, {"destination": "/queue/a", "receipt": "r1"}, b"1")
+    peer.send(Command.SUBSCRIBE, {"destination": "/queue/b", "id": "x"})
+    assert len(backend.waiting) == 1 and peer.session.reading_paused
+    backend.answer(1, "queue full")
+    frames = peer.read()
+    assert [f.command for f in frames] == [Command.ERROR]
+    assert frames[0].header("receipt-id") == "r0"
+    assert backend.waiting == [] and backend.sync_publishes == 0
+    assert not peer.session.reading_paused
