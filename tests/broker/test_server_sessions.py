@@ -389,13 +389,15 @@ class StallingClock:
         return time.monotonic() + self.offset
 
 
-def test_a_stalled_server_reads_a_closed_connection_to_its_end(zctx: Ctx) -> None:
-    # The connection's end is noticed while its last messages still wait in the ROUTER's
-    # pipe; a server stalled longer than the orphan grace between two reads (a small batch
-    # each) ended the session after the first read and lost what was still queued.
+def _close_after_pushing_to_a_stalled_server(
+    zctx: Ctx, count: int, *, batch: int, ping_interval: float
+) -> Server:
+    """A producer pushes ``count`` messages to a pull queue while the server's clock
+    stalls 2.5 s per reading, then closes; asserts every message was stored and gives
+    back the (stopped) server for further checks."""
     clock = StallingClock(step=2.5)
     options = ServerOptions(
-        endpoint="tcp://127.0.0.1:*", batch=16, ping_interval=1e5, peer_timeout=1e6
+        endpoint="tcp://127.0.0.1:*", batch=batch, ping_interval=ping_interval, peer_timeout=1e6
     )
     srv = Server(Engine(), options, context=zctx, clock=clock)
     endpoint = srv.start()
@@ -405,18 +407,26 @@ def test_a_stalled_server_reads_a_closed_connection_to_its_end(zctx: Ctx) -> Non
             producer = Client(endpoint, context=zctx, threaded=False, timeout=10, linger=30)
             producer.connect()
             clock.stall = True
-            for i in range(3000):
+            for i in range(count):
                 producer.push("tail", 1, b"%d" % i)
             producer.close()
 
             def stored() -> int:
                 return int(consumer.queue_info("tail", 1)["Messages"])
 
-            assert wait_until(lambda: stored() == 3000, 30), stored()
+            assert wait_until(lambda: stored() == count, 30), (stored(), srv.counters)
             # and the closed session did end (only the consumer's is left)
             assert wait_until(lambda: len(srv.peers()) == 1), srv.peers()
     finally:
         srv.stop()
+    return srv
+
+
+def test_a_stalled_server_reads_a_closed_connection_to_its_end(zctx: Ctx) -> None:
+    # The connection's end is noticed while its last messages still wait in the ROUTER's
+    # pipe; a server stalled longer than the orphan grace between two reads (a small batch
+    # each) ended the session after the first read and lost what was still queued.
+    _close_after_pushing_to_a_stalled_server(zctx, 3000, batch=16, ping_interval=1e5)
 
 
 def test_a_ping_to_a_closed_connection_does_not_end_its_session_early(zctx: Ctx) -> None:
@@ -425,31 +435,8 @@ def test_a_ping_to_a_closed_connection_does_not_end_its_session_early(zctx: Ctx)
     # refuses the PING (EHOSTUNREACH) while those messages still wait to be read.  That
     # refusal ended the session at once, and what was still queued was refused
     # ("handshake required") and lost.
-    clock = StallingClock(step=2.5)
-    options = ServerOptions(
-        endpoint="tcp://127.0.0.1:*", batch=16, ping_interval=1.0, peer_timeout=1e6
-    )
-    srv = Server(Engine(), options, context=zctx, clock=clock)
-    endpoint = srv.start()
-    try:
-        with Client(endpoint, context=zctx, timeout=10) as consumer:
-            consumer.create_queue("tail", 1, {"Status": 3})  # pull: kept until pulled
-            producer = Client(endpoint, context=zctx, threaded=False, timeout=10, linger=30)
-            producer.connect()
-            clock.stall = True
-            for i in range(3000):
-                producer.push("tail", 1, b"%d" % i)
-            producer.close()
-
-            def stored() -> int:
-                return int(consumer.queue_info("tail", 1)["Messages"])
-
-            assert wait_until(lambda: stored() == 3000, 30), (stored(), srv.counters)
-            assert srv.counters["refused"] == 0, srv.counters
-            # and the closed session did end (only the consumer's is left)
-            assert wait_until(lambda: len(srv.peers()) == 1), srv.peers()
-    finally:
-        srv.stop()
+    srv = _close_after_pushing_to_a_stalled_server(zctx, 3000, batch=16, ping_interval=1.0)
+    assert srv.counters["refused"] == 0, srv.counters
 
 
 def test_a_stalled_server_does_not_ping_a_producer_whose_messages_wait_unread(
@@ -461,25 +448,4 @@ def test_a_stalled_server_does_not_ping_a_producer_whose_messages_wait_unread(
     # unread, which resets the connection (RST), and what the server had not read yet
     # was lost.  A peer is quiet only for as long as the ROUTER was read empty.  25,000
     # messages: more than the two pipes hold, so that some wait in TCP buffers.
-    clock = StallingClock(step=2.5)
-    options = ServerOptions(
-        endpoint="tcp://127.0.0.1:*", batch=256, ping_interval=1.0, peer_timeout=1e6
-    )
-    srv = Server(Engine(), options, context=zctx, clock=clock)
-    endpoint = srv.start()
-    try:
-        with Client(endpoint, context=zctx, timeout=10) as consumer:
-            consumer.create_queue("tail", 1, {"Status": 3})  # pull: kept until pulled
-            producer = Client(endpoint, context=zctx, threaded=False, timeout=10, linger=30)
-            producer.connect()
-            clock.stall = True
-            for i in range(25_000):
-                producer.push("tail", 1, b"%d" % i)
-            producer.close()
-
-            def stored() -> int:
-                return int(consumer.queue_info("tail", 1)["Messages"])
-
-            assert wait_until(lambda: stored() == 25_000, 30), (stored(), srv.counters)
-    finally:
-        srv.stop()
+    _close_after_pushing_to_a_stalled_server(zctx, 25_000, batch=256, ping_interval=1.0)
