@@ -210,6 +210,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, reference scaled")
     parser.add_argument("--skip-latency", action="store_true")
     parser.add_argument("--skip-startup", action="store_true")
+    parser.add_argument("--skip-reference", action="store_true", help="zerohub rows only")
     args = parser.parse_args()
     n = 20 if args.quick else args.n
     many = 5 if args.quick else args.subscribers
@@ -230,6 +231,8 @@ def main() -> None:
                 (f"reference sim ({scale:g} s poll + {5 * scale:g} s settle)", 1, reference),
                 (f"reference sim ({scale:g} s poll + {5 * scale:g} s settle)", many, reference),
             ]
+            if args.skip_reference:
+                rows = rows[:2]
             for label, subs, server_args in rows:
                 values = latency(work / "lat", subs, n, args.interval, server_args)
                 print(

@@ -492,6 +492,77 @@ def _serve_command_options(serve: argparse.ArgumentParser) -> None:
 def _subscribe_command_options(daemon: argparse.ArgumentParser) -> None:
     _subscribe_options(daemon)
     events_options(daemon)
+    _relay_options(daemon)
+
+
+def _relay_options(daemon: argparse.ArgumentParser) -> None:
+    """``subscribe --serve``: the mirror is a relay (``filemq.relay``)."""
+    group = daemon.add_argument_group("relay (serve DEST live to other mirrors)")
+    group.add_argument(
+        "--serve",
+        type=bind_endpoint,
+        metavar="ENDPOINT",
+        help="serve DEST at / on ENDPOINT (same protocol as serve): mirrors form a tree",
+    )
+    group.add_argument(
+        "--serve-curve-secret",
+        metavar="RELAY.key_secret",
+        help="the relay's own server secret key file: serve over CURVE (with --serve-allow)",
+    )
+    group.add_argument(
+        "--serve-allow", metavar="DIR", help="folder of public keys allowed to mirror the relay"
+    )
+    group.add_argument(
+        "--serve-insecure", action="store_true", help="allow serving plain text off loopback"
+    )
+    group.add_argument(
+        "--serve-state-dir",
+        metavar="DIR",
+        help="where the relay's index of DEST persists (default $XDG_STATE_HOME/filemq; "
+        "none with --no-index)",
+    )
+
+
+def _relay(args: argparse.Namespace, context: zmq.Context[Any]) -> Any:
+    """The relay ``subscribe --serve`` asks for, started (prints its serving line), or None."""
+    if args.serve is None:
+        if args.serve_curve_secret or args.serve_allow:
+            raise UsageError("subscribe: --serve-curve-secret/--serve-allow need --serve")
+        return None
+    if (args.serve_curve_secret is None) != (args.serve_allow is None):
+        raise UsageError("subscribe: --serve-curve-secret and --serve-allow go together")
+    try:
+        zmqkit.check_bind(
+            args.serve, curve=args.serve_curve_secret is not None, insecure=args.serve_insecure
+        )
+    except zmqkit.SecurityError as exc:
+        raise UsageError(str(exc)) from None
+    from filemq.relay import Relay
+    from filemq.state import default_state_dir
+
+    state_dir = None if args.no_index else Path(args.serve_state_dir or default_state_dir())
+    relay = Relay(
+        context,
+        args.dest,
+        endpoint=args.serve,
+        wire=args.wire,
+        curve_secret=args.serve_curve_secret,
+        allow_dir=args.serve_allow,
+        insecure=args.serve_insecure,
+        state_dir=state_dir,
+    )
+    try:
+        relay.start()
+    except (FilemqError, zmqkit.SecurityError, OSError) as exc:
+        relay.stop()
+        raise CommandError(str(exc)) from None
+    print(
+        f"filemq: serving {args.dest} at / on {relay.endpoint} "
+        f"({index_counts(relay.server)}, relaying {args.endpoint}{args.path})",
+        file=sys.stderr,
+        flush=True,
+    )
+    return relay
 
 
 def start_events(args: argparse.Namespace, origin: str) -> Any:
@@ -842,6 +913,8 @@ def _subscribe(args: argparse.Namespace) -> int:
 
     def on_event(event: MirrorEvent) -> None:
         nonlocal output_closed, warned
+        if relay is not None:
+            relay.applied(event)
         if events is not None:
             events.applied(event)
         if event.kind == "resync-complete" and not warned:
@@ -856,6 +929,11 @@ def _subscribe(args: argparse.Namespace) -> int:
 
     index = None if args.no_index else (args.index or default_index_path(args.dest))
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        relay = _relay(args, context)
+    except BaseException:
+        context.term()
+        raise
     events = start_events(args, f"filemq subscribe {args.dest}")
     subscriber = Subscriber(
         args.endpoint,
@@ -880,8 +958,16 @@ def _subscribe(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: subscriber.client.stop())
     log.info("mirroring %s%s into %s", args.endpoint, args.path, args.dest)
+
+    def mirror() -> Any:
+        try:
+            return subscriber.run()
+        finally:
+            if relay is not None:  # (before the context is terminated)
+                relay.stop()
+
     try:
-        result = _run_client(subscriber.run, context)
+        result = _run_client(mirror, context)
     finally:
         stop_events(events)
     if output_closed:
