@@ -100,8 +100,36 @@ class Process:
             self.proc.stdout.close()
 
 
+_CLK = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / _CLK
+
+
+def rss_bytes(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE
+
+
+class Costs:
+    """What a latency row cost: server and subscriber CPU per change, server RSS per
+    idle subscriber (its RSS with them connected and idle minus before they connected)."""
+
+    server_cpu = 0.0  # seconds per change
+    subscriber_cpu = 0.0  # seconds per file received, one subscriber
+    rss_per_subscriber = 0.0  # bytes
+
+
 def latency(
-    work: Path, subscribers: int, n: int, interval: float, server_args: list[str]
+    work: Path,
+    subscribers: int,
+    n: int,
+    interval: float,
+    server_args: list[str],
+    costs: Costs | None = None,
 ) -> list[float]:
     """Seconds from close to renamed-into-place, for every (file, subscriber)."""
     src = work / "src"
@@ -116,6 +144,8 @@ def latency(
     sel = selectors.DefaultSelector()
     try:
         endpoint = server.wait_log(r"on (tcp://\S+) \(", 60).group(1)
+        time.sleep(0.3)  # (past its start-up: the RSS baseline)
+        rss_before = rss_bytes(server.proc.pid)
         for i in range(subscribers):
             sub = Process(
                 ["subscribe", endpoint, str(work / f"dest{i:02d}"), "--json", "--no-index"],
@@ -136,6 +166,9 @@ def latency(
         payload = os.urandom(SIZE)
         closed: dict[str, float] = {}
         arrived: dict[tuple[int, str], float] = {}
+        rss_idle = rss_bytes(server.proc.pid)
+        cpu_server = cpu_seconds(server.proc.pid)
+        cpu_subs = sum(cpu_seconds(sub.proc.pid) for sub in subs)
 
         def collect(timeout: float) -> None:
             for key, _ in sel.select(timeout=timeout):
@@ -158,6 +191,11 @@ def latency(
             collect(1.0)
         if len(arrived) < n * subscribers:
             raise RuntimeError(f"{n * subscribers - len(arrived)} deliveries missing")
+        if costs is not None:
+            costs.server_cpu = (cpu_seconds(server.proc.pid) - cpu_server) / n
+            spent = sum(cpu_seconds(sub.proc.pid) for sub in subs) - cpu_subs
+            costs.subscriber_cpu = spent / (n * subscribers)
+            costs.rss_per_subscriber = (rss_idle - rss_before) / subscribers
         return [t - closed[name] for (_fd, name), t in arrived.items()]
     finally:
         sel.close()
@@ -224,7 +262,10 @@ def main() -> None:
                 f"\nChange-to-mirrored latency, {n} changes of {SIZE} B, "
                 f"one every {args.interval * 1000:g} ms",
             )
-            print(f"{'mode':<48} {'subs':>4} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9}")
+            print(
+                f"{'mode':<48} {'subs':>4} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9} "
+                f"{'srv CPU ms/chg':>14} {'sub CPU ms/file':>15} {'srv KiB/idle sub':>16}"
+            )
             rows = [
                 ("zerohub (inotify, settle 50 ms)", 1, []),
                 ("zerohub (inotify, settle 50 ms)", many, []),
@@ -234,10 +275,13 @@ def main() -> None:
             if args.skip_reference:
                 rows = rows[:2]
             for label, subs, server_args in rows:
-                values = latency(work / "lat", subs, n, args.interval, server_args)
+                costs = Costs()
+                values = latency(work / "lat", subs, n, args.interval, server_args, costs)
                 print(
                     f"{label:<48} {subs:>4} {percentile(values, 50) * 1000:>9.1f} "
-                    f"{percentile(values, 99) * 1000:>9.1f} {max(values) * 1000:>9.1f}",
+                    f"{percentile(values, 99) * 1000:>9.1f} {max(values) * 1000:>9.1f} "
+                    f"{costs.server_cpu * 1000:>14.2f} {costs.subscriber_cpu * 1000:>15.2f} "
+                    f"{costs.rss_per_subscriber / 1024:>16.1f}",
                     flush=True,
                 )
         if not args.skip_startup:

@@ -36,6 +36,13 @@ Rules enforced here:
   left out (those entries are sent again).  The latest options hold for the whole
   session; ``wants(name)`` leaves out names the client's patterns exclude, matched
   relative to the subscription that covers the name (the client's DEST);
+* live changes queued for one client and not sent yet are bounded
+  (``max_live``, default ``DEFAULT_MAX_LIVE`` operations; a change to a name
+  already queued replaces it and costs nothing): a client that stops reading
+  while changes keep coming is told KTHXBAI and closed (``overflowed``) rather
+  than queued for without end.  Nothing is lost: the client reconnects and its
+  resync (by its cache) sends what it lacks.  A resync's own operations are not
+  counted (it queues what the path holds, however many files);
 * on a wire with ``empty_final_chunk`` (``--wire czmq``) every data chunk has
   eof=0 and a file ends with one more chunk, zero-length, eof=1, at offset =
   bytes sent, carrying those headers: the reference C client closes a file on a
@@ -85,6 +92,7 @@ from filemq.meta import (
 from filemq.paths import UnsafePathError, all_relative_safe, relative_parts, virtual_path
 
 __all__ = [
+    "DEFAULT_MAX_LIVE",
     "AccessPolicy",
     "ChunkPlan",
     "Close",
@@ -106,6 +114,8 @@ log = logging.getLogger(__name__)
 AccessPolicy = Callable[[str, str], bool]
 _MAX_CREDIT = (1 << 63) - 1
 _MAX_RESUME_POINTS = 64  # RESUME lines read from one ICANHAZ (a client holds a few)
+#: Live operations queued for one client, not sent yet, before it is closed (KTHXBAI).
+DEFAULT_MAX_LIVE = 10_000
 
 
 class SessionState(Enum):
@@ -288,9 +298,12 @@ class ServerSession:
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         peer_key: str = "",
         access: AccessPolicy | None = None,
+        max_live: int = DEFAULT_MAX_LIVE,
     ) -> None:
         if chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
+        if max_live < 1:
+            raise ValueError("max_live must be >= 1")
         self.wire = wire
         self.codec: Any = wire.codec
         self.client_id = client_id
@@ -310,6 +323,10 @@ class ServerSession:
         self._empty_final = wire.empty_final_chunk
         self._ending = False  # (empty_final_chunk) the data of _current is all sent
         self._markers = 0
+        self.max_live = max_live
+        self._live: set[str] = set()  # names queued by live changes, not sent yet
+        #: Closed because its live queue passed ``max_live`` (it stopped reading).
+        self.overflowed = False
         #: The client's META mask (None: it takes files only), link policy and patterns.
         self.meta: int | None = None
         self.links = LinkPolicy.SKIP
@@ -358,6 +375,7 @@ class ServerSession:
         self.state = state
         self._queue.clear()
         self._pending.clear()
+        self._live.clear()
         self._current = None
         self._ending = False
         self.credit = 0
@@ -437,8 +455,12 @@ class ServerSession:
         rel = name[len(path) :].lstrip("/")
         return bool(rel) and self.filters.excluded_path(rel, is_dir)
 
-    def enqueue(self, ops: Iterable[FileOp]) -> int:
-        """Queue operations; a not-yet-started op for the same name is replaced."""
+    def enqueue(self, ops: Iterable[FileOp], *, live: bool = False) -> int:
+        """Queue operations; a not-yet-started op for the same name is replaced.
+
+        ``live``: changes seen while the client is subscribed, counted against
+        ``max_live``; past it the session is closed (see ``overflow``).
+        """
         if self.state is not SessionState.READY:
             return 0
         count = 0
@@ -448,9 +470,20 @@ class ServerSession:
                 continue
             if op.name not in self._pending:
                 self._queue.append(op.name)
+                if live:
+                    self._live.add(op.name)
             self._pending[op.name] = op
             count += 1
+        if len(self._live) > self.max_live:
+            self.overflowed = True
         return count
+
+    def overflow(self) -> list[Action]:
+        """The live queue passed ``max_live``: KTHXBAI, and the session ends (its
+        client reconnects and resyncs by its cache: nothing is lost)."""
+        reason = f"more than {self.max_live} live changes queued: the client is not reading"
+        self._stop(SessionState.CLOSED)
+        return [Reply(self.codec.encode(self.codec.Kthxbai())), Close(reason)]
 
     def enqueue_marker(self, path: str) -> None:
         """Queue the resync-complete marker (after everything queued so far)."""
@@ -475,8 +508,11 @@ class ServerSession:
 
     def _pop(self) -> FileOp | None:
         while self._queue:
-            op = self._pending.pop(self._queue.popleft(), None)
+            name = self._queue.popleft()
+            op = self._pending.pop(name, None)
             if op is not None:
+                if self._live:
+                    self._live.discard(name)
                 return op
         return None
 

@@ -19,7 +19,12 @@ Live changes: ``notify_changed(mount, name)``, ``notify_deleted(mount, name)``
 and ``rescan(mount, subtree)`` are thread-safe; they post to the loop over the
 control PAIR, the loop updates the index and queues a create/delete for every
 client whose subscription matches -- only when the file's version really
-changed (a repeated notice costs one stat and hash, no traffic).  The file
+changed (a repeated notice costs one stat and hash, no traffic).  Live changes
+queued for one client are bounded (``max_live``, default 10,000 names not sent yet,
+``engine_server.DEFAULT_MAX_LIVE``): a client that stops reading (no credit) while
+changes keep coming is told KTHXBAI and forgotten instead of holding memory without
+end; it reconnects and resyncs by its cache, so nothing is lost, and the others'
+changes never wait for it (the pump skips a client without credit or with a full pipe).  The file
 watcher (``filemq.live``) plugs in here; with ``indexes_live=True`` the server
 trusts it to keep the indexes fresh and does not re-stat a mount when a client
 connects or subscribes.
@@ -89,6 +94,7 @@ from filemq.engine import (
     load_wire,
 )
 from filemq.engine_server import (
+    DEFAULT_MAX_LIVE,
     ChunkPlan,
     Close,
     FileOp,
@@ -234,6 +240,7 @@ class FileServer:
         filters: Filters | None = None,
         links: bool = True,
         events: FileEventSink | None = None,
+        max_live: int = DEFAULT_MAX_LIVE,
     ) -> None:
         if not mounts:
             raise ValueError("publish at least one directory")
@@ -246,6 +253,8 @@ class FileServer:
         self.client_ttl = client_ttl
         self.deny = tuple(virtual_path(d) for d in deny)
         self.max_clients = max_clients
+        #: Live changes queued for one client before it is closed (``engine_server``).
+        self.max_live = max_live
         self.rescan_interval = rescan_interval
         self._bind = endpoint
         self._curve_secret = curve_secret
@@ -616,6 +625,7 @@ class FileServer:
                 chunk_size=self.chunk_size,
                 peer_key=_peer_key(body[0]),
                 access=self._access,
+                max_live=self.max_live,
             )
         actions = session.receive(body, now)
         if is_new and session.state is not SessionState.EXPECT_OHAI:
@@ -1127,12 +1137,25 @@ class FileServer:
 
     def _queue_live(self, ops: Iterable[FileOp], skip: ServerSession | None = None) -> None:
         ops = [op for op in ops if not self._denied(op.name)]
-        for session in self._sessions.values():
+        for session in list(self._sessions.values()):
             if session is skip:
                 continue
             wanted = [op for op in ops if session.wants(op.name)]
             if wanted:
-                session.enqueue(wanted)
+                self._enqueue_live(session, wanted)
+
+    def _enqueue_live(self, session: ServerSession, ops: list[FileOp]) -> None:
+        """Queue live changes for ``session``; a client whose live queue passed
+        ``max_live`` (it stopped reading) is told KTHXBAI and forgotten."""
+        session.enqueue(ops, live=True)
+        if not session.overflowed:
+            return
+        client = session.client_id
+        log.warning("client %s: over %d live changes queued; closed", client.hex(), self.max_live)
+        for action in session.overflow():
+            if isinstance(action, Reply) and client not in self._stalled:
+                self._try_send(client, action.frames)  # (a parked client never reads it)
+        self._drop(client)
 
     def _queue_nodes(
         self, mount: Mount, nodes: Iterable[Node], skip: ServerSession | None = None
@@ -1144,7 +1167,7 @@ class FileServer:
             if self._owner(mount.prefix + node.name) is mount
             and not self._denied(mount.prefix + node.name)
         ]
-        for session in self._sessions.values():
+        for session in list(self._sessions.values()):
             if session is skip or session.meta is None:
                 continue
             ops = [
@@ -1153,7 +1176,7 @@ class FileServer:
                 if session.wants(name, node.kind == NODE_DIR)
             ]
             if ops:
-                session.enqueue(ops)
+                self._enqueue_live(session, ops)
 
     def _requeue_copies(
         self, mount: Mount, names: Iterable[str], skip: ServerSession | None = None
@@ -1167,7 +1190,7 @@ class FileServer:
         nodes = [node for node in map(index.node, sorted(links)) if node is not None]
         if not nodes:
             return
-        for session in self._sessions.values():
+        for session in list(self._sessions.values()):
             if session is skip or session.meta is None or session.links is not LinkPolicy.COPY:
                 continue
             ops = []
@@ -1178,7 +1201,7 @@ class FileServer:
                 offer = self._node_offer(session, mount, node, name, self._covering(session, name))
                 ops.append(offer.op)
             if ops:
-                session.enqueue(ops)
+                self._enqueue_live(session, ops)
 
     def _update_name(
         self,
