@@ -112,6 +112,7 @@ from filemq.meta import Kind, LinkPolicy, attr_file, attr_kind, local_mode
 from filemq.offer import LinkOffer, delete_op, file_op, node_offer, node_unchanged, unchanged
 from filemq.paths import absent, local_parts, open_beneath, relative_inside, virtual_path
 from filemq.ratelimit import TokenBucket, burst_for
+from filemq.sharedread import DEFAULT_MAX_FILE, SharedReads, Version
 from filemq.state import load_index, server_index_path, server_state_dir
 from filemq.walk import DEFAULT_IGNORE, PathFilter
 from zerohub import zmqkit
@@ -303,6 +304,7 @@ class FileServer:
         self._sessions: dict[bytes, ServerSession] = {}
         self._stalled: dict[bytes, deque[list[bytes]]] = {}
         self._files: dict[bytes, tuple[str, int]] = {}  # client -> (name, fd) being sent
+        self._shared = SharedReads()  # small files read once for every client
         self._ctl_lock = threading.Lock()
         self._ctl: zmq.Socket[Any] | None = None
         self._router: zmq.Socket[Any] | None = None
@@ -776,6 +778,12 @@ class FileServer:
         client = session.client_id
         if op.operation is not Operation.CREATE or op.size == 0:
             return session.chunk_frames(plan, b"")
+        shared = _shared_version(plan)
+        if shared is not None:  # a small file sent whole: read once for every client
+            data = self._shared.get(shared, time.monotonic())
+            if data is not None:
+                self._close_file(client)
+                return session.chunk_frames(plan, data)
         if plan.first:
             self._close_file(client)
             try:
@@ -816,6 +824,8 @@ class FileServer:
             data = b""  # the file ends short: the client's SHA-1 check fails, it asks again
         if plan.eof or len(data) < plan.size:
             self._close_file(client)
+        if shared is not None and plan.op is op:  # (read as that version: fstat agreed)
+            self._shared.put(shared, data, time.monotonic())
         return session.chunk_frames(plan, data)
 
     def _open_source(self, name: str) -> int:
@@ -1290,6 +1300,14 @@ class _Found:
     files: dict[str, tuple[Mount, FileEntry]]  # virtual name -> its mount and entry
     nodes: dict[str, tuple[Mount, Node]]  # folders and links
     has: set[str]  # every name there, the excluded ones too (never deleted)
+
+
+def _shared_version(plan: ChunkPlan) -> Version | None:
+    """The version a plan sending a small file whole reads (``filemq.sharedread``)."""
+    op = plan.op
+    if not (plan.first and plan.eof and op.start == 0) or op.size > DEFAULT_MAX_FILE:
+        return None
+    return (op.source_name or op.name, op.size, op.mtime_ns, op.inode, op.sha1)
 
 
 def _dest_base(path: str) -> str:
