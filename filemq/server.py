@@ -304,7 +304,7 @@ class FileServer:
         self._sessions: dict[bytes, ServerSession] = {}
         self._stalled: dict[bytes, deque[list[bytes]]] = {}
         self._files: dict[bytes, tuple[str, int]] = {}  # client -> (name, fd) being sent
-        self._shared = SharedReads()  # small files read once for every client
+        self._shared = SharedReads()  # small files read once per round of sending
         self._ctl_lock = threading.Lock()
         self._ctl: zmq.Socket[Any] | None = None
         self._router: zmq.Socket[Any] | None = None
@@ -729,6 +729,7 @@ class FileServer:
         """Send chunks round-robin; True if some client could take more right now."""
         if self._stalled:
             self._flush_stalled()
+        self._shared.clear()  # (a round's clients share reads: ``filemq.sharedread``)
         budget = _PUMP_BUDGET
         bucket = self._bucket
         active = [s for s in self._sessions.values() if s.has_work()]
@@ -780,7 +781,7 @@ class FileServer:
             return session.chunk_frames(plan, b"")
         shared = _shared_version(plan)
         if shared is not None:  # a small file sent whole: read once for every client
-            data = self._shared.get(shared, time.monotonic())
+            data = self._shared.get(shared)
             if data is not None:
                 self._close_file(client)
                 return session.chunk_frames(plan, data)
@@ -825,7 +826,7 @@ class FileServer:
         if plan.eof or len(data) < plan.size:
             self._close_file(client)
         if shared is not None and plan.op is op:  # (read as that version: fstat agreed)
-            self._shared.put(shared, data, time.monotonic())
+            self._shared.put(shared, data)
         return session.chunk_frames(plan, data)
 
     def _open_source(self, name: str) -> int:

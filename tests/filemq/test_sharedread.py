@@ -23,21 +23,23 @@ def _version(name: str, data: bytes, mtime: int = 1, sha1: str = "a" * 40) -> An
     return (name, len(data), mtime, 7, sha1)
 
 
-def test_kept_by_version_bounded_in_bytes_and_in_age() -> None:
-    shared = SharedReads(max_bytes=10, max_age=2.0)
+def test_kept_by_version_bounded_in_bytes_emptied_per_round() -> None:
+    shared = SharedReads(max_bytes=10)
     a, b = _version("/a", b"aaaa"), _version("/b", b"bbbbbb")
-    shared.put(a, b"aaaa", 0.0)
-    shared.put(b, b"bbbbbb", 0.0)
-    assert shared.get(a, 1.0) == b"aaaa" and shared.get(b, 1.0) == b"bbbbbb"
-    assert shared.get(_version("/a", b"aaaa", mtime=2), 1.0) is None  # another version
-    shared.put(_version("/c", b"c"), b"c", 0.5)  # 11 bytes: the least recently used goes
-    assert shared.get(a, 1.0) is None and len(shared) == 2
-    assert shared.get(b, 2.5) is None  # read too long ago: read again
-    shared.put(_version("/d", b"dd"), b"d", 0.0)  # a short read is not the version
-    assert shared.get(_version("/d", b"dd"), 0.0) is None
+    shared.put(a, b"aaaa")
+    shared.put(b, b"bbbbbb")
+    assert shared.get(a) == b"aaaa" and shared.get(b) == b"bbbbbb"
+    assert shared.get(_version("/a", b"aaaa", mtime=2)) is None  # another version
+    assert shared.get(_version("/a", b"aaaa", sha1="b" * 40)) is None  # another content
+    shared.put(_version("/c", b"c"), b"c")  # 11 bytes: the least recently used goes
+    assert shared.get(a) is None and len(shared) == 2
+    shared.put(_version("/d", b"dd"), b"d")  # a short read is not the version
+    assert shared.get(_version("/d", b"dd")) is None
     big = b"x" * (DEFAULT_MAX_FILE + 1)
-    shared.put(_version("/big", big), big, 0.0)
-    assert shared.get(_version("/big", big), 0.0) is None
+    shared.put(_version("/big", big), big)
+    assert shared.get(_version("/big", big)) is None
+    shared.clear()  # a new round: nothing is kept
+    assert shared.get(b) is None and len(shared) == 0
     assert shared.hits == 2
 
 
