@@ -152,6 +152,7 @@ def scenario(
     env = {**os.environ, "XDG_STATE_HOME": str(work / "state"), "XDG_CACHE_HOME": str(work)}
     procs: list[Proc] = []
     context: zmq.Context[Any] = zmq.Context()
+    context.max_sockets = mirrors + 64  # (one DEALER per mirror; the default is 1,023)
     farm: Farm | None = None
     try:
         origin = Proc(
