@@ -230,8 +230,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mirrors", type=int, default=1000)
     parser.add_argument("--relays", type=int, default=10, help="relays of the relayed row")
-    parser.add_argument("-n", type=int, default=50, help="changes per row")
-    parser.add_argument("--interval", type=float, default=0.1, help="seconds between changes")
+    parser.add_argument("-n", type=int, default=30, help="changes per row")
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=0.5,
+        help="seconds between changes (the engines, one thread, must keep up: figures per "
+        "change, not of a backlog)",
+    )
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     mirrors, relays, n = (100, 4, 10) if args.quick else (args.mirrors, args.relays, args.n)
