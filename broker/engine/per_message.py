@@ -73,8 +73,9 @@ GROUP = "message_group"
 
 
 def _header(message: QueueMessage, name: str) -> str | None:
+    size = len(name)
     for key, value in message.message.headers:
-        if key.lower() == name:
+        if len(key) == size and key.lower() == name:  # (the length first: per message)
             return value
     return None
 
@@ -220,12 +221,12 @@ class PerMessageRules:
             selects = chosen.get(receiver.id) if chosen is not None else None
             if selects is not None and not selects(message.message.headers):
                 return False
-        if not self._exclusive and not self._groups and message.message.header(GROUP) is None:
+        if not self._exclusive and not self._groups and _header(message, GROUP) is None:
             return True  # the common case: nothing to decide
         eligible = self._candidates(queue)
         if receiver.id not in eligible:
             return False
-        group = message.message.header(GROUP)
+        group = _header(message, GROUP)
         if group is None:
             return True
         entry = self._groups.get((queue.channel.name, group))
@@ -248,7 +249,7 @@ class PerMessageRules:
                 else:  # nothing will be acknowledged: given back at once
                     credit.count += 1
                     credit.size += size
-        group = delivery.message.message.header(GROUP)
+        group = _header(delivery.message, GROUP)
         if group is not None and queue.options.request_acknowledge:
             entry = self._groups.setdefault((queue.channel.name, group), [receiver.id, 0])
             entry[0] = receiver.id
@@ -259,7 +260,7 @@ class PerMessageRules:
             self.return_credit(
                 queue.channel.name, delivery.receiver.id, delivery.message.message_id
             )
-        group = delivery.message.message.header(GROUP)
+        group = _header(delivery.message, GROUP)
         if group is None:
             return
         key = (queue.channel.name, group)

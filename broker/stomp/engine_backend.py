@@ -984,7 +984,16 @@ class EngineBackend:
         conn = self.conns.get(connection_id)
         user = conn.info.user if conn is not None else ANONYMOUS
         stamp = ((USER_HEADER, user), (TIMESTAMP_HEADER, str(self.wall_clock_ms())))
-        return replace(spec, headers=spec.headers + stamp)
+        # (the constructor, not dataclasses.replace: this runs for every SEND)
+        return PublishSpec(
+            spec.destinations,
+            spec.headers + stamp,
+            spec.body,
+            spec.persistent,
+            spec.retain,
+            spec.expires,
+            spec.message_group,
+        )
 
     def publish_async(self, connection_id: int, spec: PublishSpec, answer: PublishAnswer) -> None:
         """Submit the SEND without waiting (:class:`~broker.stomp.backend.AsyncPublisher`):

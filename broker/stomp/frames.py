@@ -100,6 +100,9 @@ _UNESCAPED_COMMANDS = frozenset({Command.CONNECT, Command.STOMP, Command.CONNECT
 
 #: Longest command line accepted (bytes, before its EOL); the longest command is 11.
 MAX_COMMAND_LENGTH = 32
+#: The parser's fast path reads a frame's command and headers in one go when their end
+#: (an empty line) is within this many bytes; anything else goes line by line.
+FAST_HEAD = 4096
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -253,6 +256,8 @@ class FrameParser:
             if self._state is _State.IDLE:
                 if not self._skip_eols():
                     return None
+                if self._fast_head():
+                    continue  # (state BODY now)
                 line = self._line(MAX_COMMAND_LENGTH, "command")
                 if line is None:
                     return None
@@ -267,6 +272,46 @@ class FrameParser:
                     self._start_body()
             else:
                 return self._read_body()
+
+    def _fast_head(self) -> bool:
+        """Read a whole command + header block at once when it is plainly well formed:
+        ends within :data:`FAST_HEAD` bytes, LF line ends only, no NUL, valid UTF-8,
+        within the limits, every header line with a ``:``.  False (nothing consumed):
+        the line-by-line path reads it and reports what is wrong."""
+        buf = self._buf
+        pos = self._pos
+        end = buf.find(b"\n\n", pos, pos + FAST_HEAD)
+        if end < 0:
+            return False
+        head = bytes(buf[pos:end])
+        if b"\r" in head or b"\0" in head:
+            return False
+        try:
+            text = head.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        lines = text.split("\n")
+        command = _COMMANDS.get(lines[0])
+        limits = self.limits
+        if command is None or command not in self.commands or len(lines) > limits.max_headers + 1:
+            return False
+        table = _escapes_for(self.version, command) if "\\" in text else None
+        headers: list[tuple[str, str]] = []
+        append = headers.append
+        limit = limits.max_header_length
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep or len(line) > limit // 4 and len(line.encode("utf-8")) > limit:
+                return False
+            if table is not None:
+                name = _unescape(name, table)
+                value = _unescape(value, table)
+            append((name, value))
+        self._command = command
+        self._headers = headers
+        self._pos = end + 2
+        self._start_body()
+        return True
 
     def _skip_eols(self) -> bool:
         """Skip heart-beat EOLs; True when a command byte is next."""
@@ -383,6 +428,9 @@ class FrameParser:
         self._headers = []
         self._body_length = None
         return frame
+
+
+_COMMANDS = {c.value: c for c in Command}
 
 
 def _parse_length(value: str) -> int:

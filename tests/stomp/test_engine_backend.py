@@ -561,3 +561,29 @@ def test_a_consumer_that_never_reads_costs_its_credit_and_spares_everyone_else(
     assert wait_until(lambda: len(good_rec.bodies()) == total, timeout=30)
     seen = sorted(int(m.headers["n"]) for m in good_rec.messages)
     assert seen == list(range(total))
+
+
+def test_stamping_a_send_keeps_every_field_of_its_spec(broker: Broker) -> None:
+    """The user and time stamps are added without dataclasses.replace (per SEND): every
+    other field must come through, including any a later change adds."""
+    import dataclasses
+
+    from broker.stomp.destinations import Destination, DestinationKind
+    from broker.stomp.subscription import PublishSpec, RetainAction
+
+    spec = PublishSpec(
+        (Destination(DestinationKind.TOPIC, "t"),),
+        (("k", "v"),),
+        b"body",
+        persistent=True,
+        retain=RetainAction.SET,
+        expires=123,
+        message_group="g",
+    )
+    defaults = PublishSpec((), (), b"")
+    for f in dataclasses.fields(PublishSpec):  # every field set to a non-default value
+        assert getattr(spec, f.name) != getattr(defaults, f.name), f.name
+    stamped = broker.listener.backend._stamped(12345, spec)  # type: ignore[attr-defined]
+    assert stamped.headers[:1] == (("k", "v"),)
+    assert [k for k, _ in stamped.headers[1:]] == ["Stomp-User", "Stomp-Timestamp"]
+    assert dataclasses.replace(stamped, headers=spec.headers) == spec
