@@ -301,7 +301,7 @@ class FrameParser:
         limit = limits.max_header_length
         for line in lines[1:]:
             name, sep, value = line.partition(":")
-            if not sep or len(line) > limit // 4 and len(line.encode("utf-8")) > limit:
+            if not sep or (len(line) > limit // 4 and len(line.encode("utf-8")) > limit):
                 return False
             if table is not None:
                 name = _unescape(name, table)
@@ -477,6 +477,23 @@ def serialize(frame: Frame, version: Version = Version.V1_2) -> bytes:
     if length is not None and length != str(len(body)):
         raise EncodeError(f"content-length {length} does not match the body ({len(body)})")
     return b"".join((head, body, b"\0"))
+
+
+def serialize_escaped(
+    command: Command, headers: Iterable[tuple[str, str]], body: bytes, version: Version
+) -> bytes:
+    """``serialize(Frame(command, headers, body), version)`` for a command whose headers
+    are escaped on ``version`` (1.1/1.2, not CONNECT/CONNECTED) and whose ``headers``
+    already hold the body's ``content-length``: no Frame is built (every MESSAGE)."""
+    table = _ENCODE_1_2 if version is Version.V1_2 else _ENCODE_1_1
+    parts = [command.value, "\n"]
+    append = parts.append
+    for name, value in headers:
+        if "\0" in name or "\0" in value:
+            raise EncodeError(f"header {name[:40]!r} contains NUL")
+        append(f"{name.translate(table)}:{value.translate(table)}\n")
+    append("\n")
+    return b"".join(("".join(parts).encode("utf-8"), body, b"\0"))
 
 
 def serialize_receipt(receipt_id: str, version: Version = Version.V1_2) -> bytes:

@@ -18,6 +18,7 @@ from broker.stomp.frames import (
     make_frame,
     parse_all,
     serialize,
+    serialize_escaped,
     serialize_receipt,
 )
 
@@ -327,3 +328,21 @@ def test_a_whole_bad_header_block_gets_the_same_error(data: bytes, match: str) -
     limits = Limits(max_headers=3, max_header_length=20, max_body=1000)
     with pytest.raises(FrameError, match=match):
         FrameParser(limits, version=Version.V1_2).feed(data)
+
+
+@pytest.mark.parametrize("version", [Version.V1_1, Version.V1_2])
+def test_serialize_escaped_writes_what_serialize_writes(version: Version) -> None:
+    headers = [
+        ("subscription", "s:1"),
+        ("message-id", "m\n2"),
+        ("destination", "/queue/a\\b"),
+        ("content-length", "4"),
+        ("k\r", "v:\r\n"),
+        ("é", "ü"),
+    ]
+    frame = Frame(Command.MESSAGE, tuple(headers), b"a\x00bc")
+    assert serialize_escaped(Command.MESSAGE, headers, frame.body, version) == serialize(
+        frame, version
+    )
+    with pytest.raises(EncodeError):
+        serialize_escaped(Command.MESSAGE, [("k", "a\x00b")], b"", version)
