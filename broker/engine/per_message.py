@@ -38,6 +38,9 @@ And two more per consumer of a channel, set by the front door:
   room selects stays in the queue and the messages behind it still go to the consumers
   that select them (the queue *looks past* it, see ``Dispatcher.drain``: at most
   ``LOOK_PAST_LIMIT`` messages per pass); it goes once a consumer that selects it comes.
+* a *first sequence* (:meth:`set_from_seq`, STOMP's ``from-seq`` on a consuming queue
+  subscription): the consumer is offered only messages numbered that or higher in the
+  queue; the older ones are looked past as unselected ones are.
 * *credit* windows (:meth:`set_credit`, STOMP's ``credit:count,size``): a
   :class:`Credit` (shared by the channels of one subscription) of messages and payload
   octets.  A delivery takes one message and its payload size from it; the consumer may
@@ -131,6 +134,8 @@ class PerMessageRules:
         self._owners: dict[str, str] = {}
         #: channel -> consumer id -> its selector
         self._selectors: dict[str, dict[str, Selects]] = {}
+        #: channel -> consumer id -> the first queue sequence it may receive
+        self._from_seq: dict[str, dict[str, int]] = {}
         #: (channel, consumer id) -> its credit windows
         self._credits: dict[tuple[str, str], Credit] = {}
         #: (channel, consumer id, message id) -> the credit a delivery took, its size
@@ -147,6 +152,16 @@ class PerMessageRules:
             chosen[client_id] = selects
         if not chosen:
             del self._selectors[channel]
+
+    def set_from_seq(self, channel: str, client_id: str, first: int | None) -> None:
+        """Offer ``client_id`` only messages of ``channel`` numbered ``first`` or more."""
+        firsts = self._from_seq.setdefault(channel, {})
+        if first is None:
+            firsts.pop(client_id, None)
+        else:
+            firsts[client_id] = first
+        if not firsts:
+            del self._from_seq[channel]
 
     def set_credit(self, channel: str, client_id: str, credit: Credit | None) -> None:
         """Limit what ``client_id`` has in flight from ``channel`` (None: no limit here)."""
@@ -171,7 +186,7 @@ class PerMessageRules:
     def looks_past(self, channel: str) -> bool:
         """Do consumers of ``channel`` select messages (a message nobody selects must not
         hold up the others)?"""
-        return channel in self._selectors
+        return channel in self._selectors or channel in self._from_seq
 
     def set_owner(self, channel: str, client_id: str | None) -> None:
         """Only ``client_id`` may receive from ``channel`` (None: anyone again)."""
@@ -215,6 +230,11 @@ class PerMessageRules:
         if self._credits:
             credit = self._credits.get((queue.channel.name, receiver.id))
             if credit is not None and not credit.open:
+                return False
+        if self._from_seq:
+            firsts = self._from_seq.get(queue.channel.name)
+            first = firsts.get(receiver.id) if firsts is not None else None
+            if first is not None and message.seq < first:
                 return False
         if self._selectors:
             chosen = self._selectors.get(queue.channel.name)

@@ -522,11 +522,20 @@ class EngineDoor:
         if extras.include_seq:
             self.seq_wanted.add((conn, name))
         handler = self.handler
-        if handler is None or (extras.selects is None and extras.credit is None):
+        if handler is None or (
+            extras.selects is None and extras.credit is None and not extras.from_seq
+        ):
             return prefetch
         self.ruled.add((conn, name))
         if extras.selects is not None:
             handler.set_selector(name, client_id, extras.selects)
+        if extras.from_seq:  # (0: from the head, as without it)
+            first = extras.from_seq
+            if first == -1:  # the tail: only messages that come after this
+                channel = self.engine.channels.get(name)
+                queue = channel.queues.get(QUEUE_ID) if channel is not None else None
+                first = queue.sequence + 1 if queue is not None else 1
+            handler.set_from_seq(name, client_id, first)
         if extras.credit is None:
             return prefetch
         handler.set_credit(name, client_id, extras.credit)
@@ -542,6 +551,7 @@ class EngineDoor:
                 self.ruled.discard((conn, name))
                 if self.handler is not None:
                     self.handler.set_selector(name, client_id, None)
+                    self.handler.set_from_seq(name, client_id, None)
                     self.handler.set_credit(name, client_id, None)
 
     def _forget_exclusive(self, conn: int, name: str) -> None:
@@ -752,11 +762,13 @@ class SubExtras:
     a message nobody selects stays queued without holding up the others); ``credit`` --
     its credit windows, one object shared by its channels (``PerMessageRules.set_credit``;
     None: no ``credit`` header, the engine window alone); ``include_seq`` -- deliveries
-    carry their queue sequence."""
+    carry their queue sequence; ``from_seq`` -- only messages numbered that or more
+    (``PerMessageRules.set_from_seq``; -1: those that come after it joined)."""
 
     selects: Callable[[Sequence[tuple[str, str]]], bool] | None = None
     credit: Credit | None = None
     include_seq: bool = False
+    from_seq: int | None = None  # ``from-seq`` (-1: the tail, 0: the head)
 
 
 @dataclass(slots=True)
@@ -1021,7 +1033,7 @@ class EngineBackend:
     def subscribe(self, connection_id: int, spec: SubscriptionSpec) -> None:
         conn = self.conns[connection_id]
         channels: dict[str, Destination] = {}
-        if spec.browser or spec.from_seq is not None:
+        if spec.browser:
             for destination in spec.destinations:
                 if not destination.wildcard and destination.kind is not DestinationKind.DSUB:
                     channels[channel_of(destination)] = destination
@@ -1061,8 +1073,6 @@ class EngineBackend:
     ) -> None:
         """``browser:true``: the messages the queue holds (from ``from-seq``), without
         consuming them, then the ``browser:end`` marker."""
-        if not spec.browser:
-            raise BackendError("from-seq needs browser:true on the engine")
         if len(channels) != 1 or len(spec.destinations) != 1:
             raise BackendError("browser:true takes one queue or topic destination")
         if not spec.browser_end:
@@ -1244,9 +1254,9 @@ def _extras(spec: SubscriptionSpec) -> SubExtras | None:
     credit = None
     if spec.credit != CreditSpec():
         credit = Credit(spec.credit.count, spec.credit.size)
-    if selects is None and credit is None and not spec.include_seq:
+    if selects is None and credit is None and not spec.include_seq and spec.from_seq is None:
         return None
-    return SubExtras(selects, credit, bool(spec.include_seq))
+    return SubExtras(selects, credit, bool(spec.include_seq), spec.from_seq)
 
 
 def _first_wins(headers: Sequence[tuple[str, str]]) -> dict[str, str]:

@@ -296,3 +296,43 @@ def test_a_send_cannot_forge_the_sequence_header(raws: Callable[[], Raw]) -> Non
     raw.send(frame("SEND", destination="/queue/forged", **{"Stomp-Seq": "7"}, receipt="r"))
     error = raw.next()
     assert error.command is Command.ERROR and "reserved" in str(error.header("message"))
+
+
+# -- from-seq on consuming queue subscriptions ---------------------------------------------
+
+
+def test_from_seq_on_a_consuming_subscription(
+    clients: Callable[[], Any], raws: Callable[[], Raw]
+) -> None:
+    """Only messages numbered from-seq or more; the older ones are not blocked: they go
+    to a consumer without from-seq.  -1: only messages sent after it subscribed."""
+    producer = clients()
+    send_all(producer, "/queue/fromseq", [(f"f{i}", {}) for i in range(1, 6)])
+    late = raws()
+    late.send(
+        frame("SUBSCRIBE", id="l", destination="/queue/fromseq", from_seq="3", include_seq="q")
+    )
+    got = raw_synced(late, "late")
+    assert [(f.body, f.header("q")) for f in got] == [(b"f3", "3"), (b"f4", "4"), (b"f5", "5")]
+    early = clients()
+    early.subscribe("/queue/fromseq", id="e")
+    assert wait_until(lambda: bodies(early) == ["f1", "f2"])
+    send_all(producer, "/queue/fromtail", [("old1", {}), ("old2", {})])
+    tail = clients()
+    tail.subscribe("/queue/fromtail", id="t", headers={"from-seq": "-1"})
+    synced(tail, "t")
+    send_all(producer, "/queue/fromtail", [("new1", {})])
+    assert wait_until(lambda: bodies(tail) == ["new1"])
+    synced(tail, "t2")
+    assert bodies(tail) == ["new1"]
+    head = clients()
+    head.subscribe("/queue/fromtail", id="h", headers={"from-seq": "0"})
+    assert wait_until(lambda: bodies(head) == ["old1", "old2"])
+
+
+def test_from_seq_is_refused_on_wildcards_and_composites(raws: Callable[[], Raw]) -> None:
+    for destination in ("/queue/fs.*", "/queue/fs1,/queue/fs2"):
+        raw = raws()
+        raw.send(frame("SUBSCRIBE", id="w", destination=destination, from_seq="1"))
+        error = raw.next()
+        assert error.command is Command.ERROR and "from-seq" in str(error.header("message"))
