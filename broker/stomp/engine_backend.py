@@ -34,8 +34,16 @@ Mapping (see README "STOMP on the engine"):
   takes it; ``client``/``client-individual``: on ACK; NACK is a negative acknowledge (the
   message goes back to its queue for the next consumer, ``Delivery-Count`` grows);
   a connection that ends returns what it had not acknowledged;
-* ``credit`` count -> the engine window (``prefetch``) of the subscription's channel
-  (no ``credit`` header: the broker's default window, ``BrokerConfig.prefetch``, 1000);
+* ``credit:count,size`` on a queue -> the ``per-message`` handler's credit windows for
+  the subscription (``PerMessageRules.set_credit``: a message goes while either window is
+  above zero; ACK/NACK give the credit back, a transactional ACK at once through
+  :meth:`EngineDoor.op_return_credit`), with the engine window ``max(count,
+  BrokerConfig.prefetch)``; on a topic, ``count`` is the engine window (``prefetch``);
+  no ``credit`` header: the broker's default window, ``BrokerConfig.prefetch``, 1000;
+* ``selector``, ``from-seq`` on a queue -> the handler's per-consumer rules (a message
+  nobody with room may take is looked past, not a block); on a topic the listener
+  filters each subscriber's copies; ``include-seq`` -> the engine thread adds the
+  delivery's queue sequence (``SEQ_HEADER``, hidden) for the listener;
 * a connection whose outbound buffer is full keeps further deliveries in order on this
   side without reporting them sent: the engine's window stops the rest.
 
