@@ -1109,8 +1109,12 @@ class EngineBackend:
         pending = sub.browsing
         if pending is None:
             return
+        selector = sub.spec.selector
         while pending:
             seq, message = pending[0]
+            if selector is not None and not selector.matches(_first_wins(message.headers)):
+                pending.popleft()  # a browser sees only what it selects
+                continue
             delivery = replace(_delivery(sub, message, conn.next_tag), sequence=seq)
             if not conn.sink(delivery):
                 return  # resume() goes on

@@ -336,3 +336,17 @@ def test_from_seq_is_refused_on_wildcards_and_composites(raws: Callable[[], Raw]
         raw.send(frame("SUBSCRIBE", id="w", destination=destination, from_seq="1"))
         error = raw.next()
         assert error.command is Command.ERROR and "from-seq" in str(error.header("message"))
+
+
+def test_a_browser_sees_only_what_its_selector_selects(clients: Callable[[], Any]) -> None:
+    producer = clients()
+    send_all(producer, "/queue/browsel", [(f"b{i}", {"n": str(i)}) for i in range(6)])
+    browser = clients()
+    browser.subscribe("/queue/browsel", id="b", headers={"browser": "true", "selector": "n >= 4"})
+    assert wait_until(lambda: len(recorder(browser).messages) == 3)
+    frames = recorder(browser).messages
+    assert [f.body for f in frames[:2]] == ["b4", "b5"]
+    assert frames[2].headers["browser"] == "end"
+    consumer = clients()  # nothing was consumed
+    consumer.subscribe("/queue/browsel", id="c")
+    assert wait_until(lambda: len(bodies(consumer)) == 6)
