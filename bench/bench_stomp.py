@@ -16,8 +16,15 @@ is the rate of the producer's ``send`` calls alone, and the "stomp.py ceiling" r
 the same clients through a trivial relay (:func:`relay`: no queue, no checks), so the
 table says how close a broker comes to the client's own limit.
 
+With ``--raw`` every broker is also driven by minimal raw-socket clients (SEND frames
+built once and written in batches; the consumer counts NULs): the client costs next to
+nothing, so those rows show the broker's own rate.  The last column is the broker
+process's CPU time per message (``/proc``; for RabbitMQ its Erlang VM): on a machine
+shared with other work it varies far less than msg/s.  With ``--rabbitmq`` a last table
+gives zerohub / RabbitMQ for each case of the same run.
+
 Usage: ``python bench/bench_stomp.py [--messages 10000 100000] [--rabbitmq] [--memory]
-[--data DIR]``.
+[--raw] [--data DIR]``.
 """
 
 from __future__ import annotations
@@ -45,6 +52,19 @@ class Row:
     name: str
     count: int
     rates: tuple[float, float]  # end to end; the producer's send loop alone
+    cpu_us: float | None = None  # the broker process's CPU time per message (µs)
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU time of process ``pid`` so far (Linux /proc), None if unknown.
+    Unlike msg/s, it hardly depends on what else the machine runs."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:
@@ -143,6 +163,89 @@ def producer(port: int, vhost: str, count: int, receipts: bool, go: Any, out: An
     conn.disconnect()
 
 
+def _raw_connect(port: int, vhost: str) -> socket.socket:
+    """A raw STOMP 1.2 connection (login guest/guest), CONNECTED read."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=600)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.sendall(
+        b"CONNECT\naccept-version:1.2\nhost:%s\nlogin:guest\npasscode:guest\n"
+        b"heart-beat:0,0\n\n\0" % vhost.encode()
+    )
+    got = b""
+    while b"\0" not in got:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise SystemExit(f"raw client: connection closed before CONNECTED: {got!r}")
+        got += chunk
+    if not got.startswith(b"CONNECTED"):
+        raise SystemExit(f"raw client: not connected: {got[:200]!r}")
+    return sock
+
+
+def raw_consumer(port: int, vhost: str, count: int, ready: Any, out: Any) -> None:
+    """A minimal raw-socket consumer (auto ack): counts the frames (NULs) it reads, so
+    the client costs next to nothing and the broker's own rate shows."""
+    sock = _raw_connect(port, vhost)
+    sock.sendall(b"SUBSCRIBE\nid:1\ndestination:/queue/bench\nack:auto\nreceipt:sub\n\n\0")
+    got = b""
+    while b"\0" not in got:  # the RECEIPT of the SUBSCRIBE
+        got += sock.recv(65536)
+    seen = got.count(b"\0") - 1
+    ready.set()
+    while seen < count:
+        chunk = sock.recv(1 << 20)
+        if not chunk:
+            break
+        seen += chunk.count(b"\0")
+    out.put(("consumer", time.perf_counter()))
+    sock.sendall(b"DISCONNECT\n\n\0")
+    sock.close()
+
+
+def raw_producer(port: int, vhost: str, count: int, receipts: bool, go: Any, out: Any) -> None:
+    """A minimal raw-socket producer: SEND frames built once, written in batches of 500
+    (a thread counts the RECEIPTs when asked for one per SEND)."""
+    sock = _raw_connect(port, vhost)
+    body = PAYLOAD.encode()
+    plain = b"SEND\ndestination:/queue/bench\ncontent-length:%d\n\n%s\0" % (len(body), body)
+    done = threading.Event()
+
+    def count_receipts() -> None:
+        seen = 0
+        while seen < count:
+            chunk = sock.recv(1 << 20)
+            if not chunk:
+                break
+            seen += chunk.count(b"\0")
+        done.set()
+
+    reader = threading.Thread(target=count_receipts, daemon=True)
+    if receipts:
+        reader.start()
+    go.wait(60)
+    start = time.perf_counter()
+    batch: list[bytes] = []
+    for i in range(count):
+        if receipts:
+            batch.append(
+                b"SEND\ndestination:/queue/bench\nreceipt:%d\ncontent-length:%d\n\n%s\0"
+                % (i, len(body), body)
+            )
+        else:
+            batch.append(plain)
+        if len(batch) == 500:
+            sock.sendall(b"".join(batch))
+            batch.clear()
+    if batch:
+        sock.sendall(b"".join(batch))
+    out.put(("sent", time.perf_counter()))
+    if receipts:
+        done.wait(600)
+        out.put(("receipts", time.perf_counter()))
+    out.put(("producer", start))
+    sock.close()
+
+
 def relay(port: int, ready: Any) -> None:
     """The client's ceiling: a trivial STOMP relay (no queue, no acknowledgements, no
     checks): CONNECTED, a RECEIPT when asked, each SEND forwarded at once as a MESSAGE
@@ -199,12 +302,15 @@ def relay(port: int, ready: Any) -> None:
     asyncio.run(main())
 
 
-def run_pair(ctx: Any, port: int, vhost: str, count: int, receipts: bool) -> tuple[float, float]:
+def run_pair(
+    ctx: Any, port: int, vhost: str, count: int, receipts: bool, raw: bool = False
+) -> tuple[float, float]:
     out, ready, go = ctx.Queue(), ctx.Event(), ctx.Event()
-    c = ctx.Process(target=consumer, args=(port, vhost, count, ready, out))
+    take, give = (raw_consumer, raw_producer) if raw else (consumer, producer)
+    c = ctx.Process(target=take, args=(port, vhost, count, ready, out))
     c.start()
     ready.wait(60)
-    p = ctx.Process(target=producer, args=(port, vhost, count, receipts, go, out))
+    p = ctx.Process(target=give, args=(port, vhost, count, receipts, go, out))
     p.start()
     time.sleep(0.5)
     go.set()
@@ -216,13 +322,29 @@ def run_pair(ctx: Any, port: int, vhost: str, count: int, receipts: bool) -> tup
     return count / (end - start), count / (results["sent"] - start)
 
 
-def measure(ctx: Any, name: str, port: int, vhost: str, counts: list[int]) -> list[Row]:
+def measure(
+    ctx: Any,
+    name: str,
+    port: int,
+    vhost: str,
+    counts: list[int],
+    raw: bool = False,
+    pid: int | None = None,
+) -> list[Row]:
+    """The cases for one broker; ``pid``: its process, for the CPU column."""
+    cases = [("auto-ack", False, False), ("receipt per SEND", True, False)]
+    if raw:
+        cases += [("raw client", False, True), ("raw client, receipts", True, True)]
     rows = []
     for count in counts:
-        rows.append(Row(f"{name} auto-ack", count, run_pair(ctx, port, vhost, count, False)))
-        rows.append(
-            Row(f"{name} receipt per SEND", count, run_pair(ctx, port, vhost, count, True))
-        )
+        for label, receipts, raw_client in cases:
+            before = cpu_seconds(pid)
+            rates = run_pair(ctx, port, vhost, count, receipts, raw_client)
+            after = cpu_seconds(pid)
+            cpu = None
+            if before is not None and after is not None:
+                cpu = (after - before) / count * 1e6
+            rows.append(Row(f"{name} {label}", count, rates, cpu))
     return rows
 
 
@@ -234,6 +356,11 @@ def main(argv: list[str] | None = None) -> int:
         "--memory", action="store_true", help="also the standalone in-memory listener"
     )
     parser.add_argument("--data", default="none", help="broker serve --data (default none)")
+    parser.add_argument(
+        "--raw",
+        action="store_true",
+        help="also with minimal raw-socket clients (the broker's own rate, not stomp.py's)",
+    )
     parser.add_argument(
         "--baseline",
         metavar="CHECKOUT",
@@ -259,7 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     echo.start()
     ready.wait(60)
     try:
-        rows += measure(ctx, "stomp.py ceiling (trivial relay)", port, "/", args.messages)
+        rows += measure(
+            ctx, "stomp.py ceiling (trivial relay)", port, "/", args.messages, args.raw
+        )
     finally:
         echo.kill()
         echo.join(30)
@@ -273,8 +402,10 @@ def main(argv: list[str] | None = None) -> int:
         port = free_port()
         serve[serve.index("--stomp") + 1] = f"tcp://127.0.0.1:{port}"
         serve[serve.index("--bind") + 1] = f"tcp://127.0.0.1:{free_port()}"
-    with zerohub(serve, b"broker serving on"):
-        rows += measure(ctx, "zerohub serve --stomp", port, "localhost", args.messages)
+    with zerohub(serve, b"broker serving on") as proc:
+        rows += measure(
+            ctx, "zerohub serve --stomp", port, "localhost", args.messages, args.raw, proc.pid
+        )
     if args.memory:
         port = free_port()
         with zerohub(["broker.stomp", "--bind", f"tcp://127.0.0.1:{port}"], b"listening on"):
@@ -287,13 +418,33 @@ def main(argv: list[str] | None = None) -> int:
         rabbit = RabbitMQ()
         rabbit.start()
         try:
-            rows += measure(ctx, "RabbitMQ STOMP", rabbit.stomp_port, "/", args.messages)
+            rows += measure(
+                ctx, "RabbitMQ STOMP", rabbit.stomp_port, "/", args.messages, args.raw, rabbit.pid
+            )
         finally:
             rabbit.stop()
-    print(f"{'case':48} {'messages':>9} {'msg/s':>9} {'send loop msg/s':>16}")
+    print(
+        f"{'case':52} {'messages':>9} {'msg/s':>9} {'send loop msg/s':>16} "
+        f"{'broker CPU us/msg':>18}"
+    )
     for row in rows:
         rate, loop = row.rates
-        print(f"{row.name:48} {row.count:>9} {rate:>9.0f} {loop:>16.0f}")
+        cpu = "" if row.cpu_us is None else f"{row.cpu_us:.1f}"
+        print(f"{row.name:52} {row.count:>9} {rate:>9.0f} {loop:>16.0f} {cpu:>18}")
+    ours = {(r.name.removeprefix("zerohub serve --stomp"), r.count): r for r in rows}
+    theirs = [r for r in rows if r.name.startswith("RabbitMQ STOMP")]
+    if theirs:
+        print(
+            f"\n{'zerohub / RabbitMQ (same run)':52} {'messages':>9} {'msg/s ratio':>12} "
+            f"{'CPU/msg ratio':>14}"
+        )
+    for rabbit_row in theirs:
+        key = (rabbit_row.name.removeprefix("RabbitMQ STOMP"), rabbit_row.count)
+        if key in ours:
+            ratio = ours[key].rates[0] / rabbit_row.rates[0]
+            mine, other = ours[key].cpu_us, rabbit_row.cpu_us
+            cpu = f"{mine / other:.2f}" if mine and other else ""
+            print(f"{key[0].strip():52} {key[1]:>9} {ratio:>12.2f} {cpu:>14}")
     return 0
 
 

@@ -89,6 +89,13 @@ class DeliveryHandler:
         """Filter consumers per message."""
         return True
 
+    def looks_past(self, queue: Queue) -> bool:
+        """May a message that no consumer with room may receive be passed over, so the
+        messages behind it still reach the consumers that may receive them?  (False: it
+        waits at the head of the queue, and the messages behind it wait too.)  Called
+        only when :meth:`can_consumer_receive` refused every consumer with room."""
+        return False
+
     def consumer_received(self, queue: Queue, delivery: Delivery, receiver: Client) -> Decision:
         """The message was handed to the wire for ``receiver``."""
         return ALLOW
@@ -199,6 +206,9 @@ class PerMessageDeliveryHandler(DefaultDeliveryHandler):
 
     def can_consumer_receive(self, queue: Queue, message: QueueMessage, receiver: Client) -> bool:
         return self.rules.eligible(queue, message, receiver)
+
+    def looks_past(self, queue: Queue) -> bool:
+        return self.rules.looks_past(queue.channel.name)
 
     def consumer_received(self, queue: Queue, delivery: Delivery, receiver: Client) -> Decision:
         self.rules.sent(queue, delivery, receiver)

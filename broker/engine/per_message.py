@@ -31,7 +31,26 @@ exclusive one (or, if none is left, every consumer) takes over.
 And one rule per channel: a channel with an *owner* (:meth:`set_owner`, a STOMP
 temporary destination) delivers to that consumer only.
 
-Memory: one entry per owned channel, per group with messages in flight and per exclusive consumer.
+And two more per consumer of a channel, set by the front door:
+
+* a *selector* (:meth:`set_selector`, STOMP's ``selector`` on a queue): the consumer is
+  offered only the messages whose headers it matches.  A message that no consumer with
+  room selects stays in the queue and the messages behind it still go to the consumers
+  that select them (the queue *looks past* it, see ``Dispatcher.drain``: at most
+  ``LOOK_PAST_LIMIT`` messages per pass); it goes once a consumer that selects it comes.
+* a *first sequence* (:meth:`set_from_seq`, STOMP's ``from-seq`` on a consuming queue
+  subscription): the consumer is offered only messages numbered that or higher in the
+  queue; the older ones are looked past as unselected ones are.
+* *credit* windows (:meth:`set_credit`, STOMP's ``credit:count,size``): a
+  :class:`Credit` (shared by the channels of one subscription) of messages and payload
+  octets.  A delivery takes one message and its payload size from it; the consumer may
+  receive while either window is above zero (the Apollo rule).  The delivery's
+  acknowledge, negative acknowledge, time-out or its consumer leaving gives it back;
+  :meth:`return_credit` gives it back earlier (STOMP's transactional ACK), and then its
+  acknowledge gives back nothing more.  The front door drains the queue after that.
+
+Memory: one entry per owned channel, per group with messages in flight, per exclusive
+consumer, per consumer with a selector or credit, and per delivery charged to a credit.
 
 Sans-IO: the wall clock (UNIX seconds) is injected; ``now`` is never read here.  Register
 the handler with the engine under :data:`PER_MESSAGE` (``Engine(handlers={PER_MESSAGE:
@@ -57,8 +76,9 @@ GROUP = "message_group"
 
 
 def _header(message: QueueMessage, name: str) -> str | None:
+    size = len(name)
     for key, value in message.message.headers:
-        if key.lower() == name:
+        if len(key) == size and key.lower() == name:  # (the length first: per message)
             return value
     return None
 
@@ -69,6 +89,27 @@ def expires_ms(message: QueueMessage) -> int | None:
     if value is None or not value.isdigit() or len(value) > 20:
         return None
     return int(value)
+
+
+class Credit:
+    """A consumer's credit windows (messages, payload octets); see the module docstring."""
+
+    __slots__ = ("count", "size")
+
+    def __init__(self, count: int, size: int) -> None:
+        self.count = count
+        self.size = size
+
+    @property
+    def open(self) -> bool:
+        return self.count > 0 or self.size > 0
+
+    def __repr__(self) -> str:
+        return f"Credit(count={self.count}, size={self.size})"
+
+
+#: A consumer's selector: the message's headers in, "offer it" out.
+Selects = Callable[[Sequence[tuple[str, str]]], bool]
 
 
 def rendezvous(group: str, consumers: Sequence[str]) -> str:
@@ -91,6 +132,61 @@ class PerMessageRules:
         self._groups: dict[tuple[str, str], list[Any]] = {}
         #: channel -> the only consumer id it may deliver to
         self._owners: dict[str, str] = {}
+        #: channel -> consumer id -> its selector
+        self._selectors: dict[str, dict[str, Selects]] = {}
+        #: channel -> consumer id -> the first queue sequence it may receive
+        self._from_seq: dict[str, dict[str, int]] = {}
+        #: (channel, consumer id) -> its credit windows
+        self._credits: dict[tuple[str, str], Credit] = {}
+        #: (channel, consumer id, message id) -> the credit a delivery took, its size
+        self._charged: dict[tuple[str, str, str], tuple[Credit, int]] = {}
+
+    # -- selectors and credit (the front door says who) ----------------------------------
+
+    def set_selector(self, channel: str, client_id: str, selects: Selects | None) -> None:
+        """Offer ``client_id`` only the messages of ``channel`` it ``selects`` (None: all)."""
+        chosen = self._selectors.setdefault(channel, {})
+        if selects is None:
+            chosen.pop(client_id, None)
+        else:
+            chosen[client_id] = selects
+        if not chosen:
+            del self._selectors[channel]
+
+    def set_from_seq(self, channel: str, client_id: str, first: int | None) -> None:
+        """Offer ``client_id`` only messages of ``channel`` numbered ``first`` or more."""
+        firsts = self._from_seq.setdefault(channel, {})
+        if first is None:
+            firsts.pop(client_id, None)
+        else:
+            firsts[client_id] = first
+        if not firsts:
+            del self._from_seq[channel]
+
+    def set_credit(self, channel: str, client_id: str, credit: Credit | None) -> None:
+        """Limit what ``client_id`` has in flight from ``channel`` (None: no limit here)."""
+        if credit is None:
+            self._credits.pop((channel, client_id), None)
+            for key in [k for k in self._charged if k[0] == channel and k[1] == client_id]:
+                del self._charged[key]
+        else:
+            self._credits[(channel, client_id)] = credit
+
+    def return_credit(self, channel: str, client_id: str, message_id: str) -> bool:
+        """Give back now the credit of a delivery still in flight (once); True if it had
+        taken some."""
+        entry = self._charged.pop((channel, client_id, message_id), None)
+        if entry is None:
+            return False
+        credit, size = entry
+        credit.count += 1
+        credit.size += size
+        return True
+
+    def looks_past(self, channel: str) -> bool:
+        """Do consumers of ``channel`` select messages (a message nobody selects must not
+        hold up the others)?"""
+        return channel in self._selectors or channel in self._from_seq
 
     def set_owner(self, channel: str, client_id: str | None) -> None:
         """Only ``client_id`` may receive from ``channel`` (None: anyone again)."""
@@ -131,12 +227,26 @@ class PerMessageRules:
             owner = self._owners.get(queue.channel.name)
             if owner is not None and owner != receiver.id:
                 return False
-        if not self._exclusive and not self._groups and message.message.header(GROUP) is None:
+        if self._credits:
+            credit = self._credits.get((queue.channel.name, receiver.id))
+            if credit is not None and not credit.open:
+                return False
+        if self._from_seq:
+            firsts = self._from_seq.get(queue.channel.name)
+            first = firsts.get(receiver.id) if firsts is not None else None
+            if first is not None and message.seq < first:
+                return False
+        if self._selectors:
+            chosen = self._selectors.get(queue.channel.name)
+            selects = chosen.get(receiver.id) if chosen is not None else None
+            if selects is not None and not selects(message.message.headers):
+                return False
+        if not self._exclusive and not self._groups and _header(message, GROUP) is None:
             return True  # the common case: nothing to decide
         eligible = self._candidates(queue)
         if receiver.id not in eligible:
             return False
-        group = message.message.header(GROUP)
+        group = _header(message, GROUP)
         if group is None:
             return True
         entry = self._groups.get((queue.channel.name, group))
@@ -146,14 +256,31 @@ class PerMessageRules:
 
     def sent(self, queue: Queue, delivery: Delivery, receiver: Client) -> None:
         """A message went to ``receiver``: its group (if any) is in flight there."""
-        group = delivery.message.message.header(GROUP)
+        if self._credits:
+            channel = queue.channel.name
+            credit = self._credits.get((channel, receiver.id))
+            if credit is not None:
+                size = len(delivery.message.message.payload)
+                credit.count -= 1
+                credit.size -= size
+                key = (channel, receiver.id, delivery.message.message_id)
+                if queue.options.request_acknowledge:
+                    self._charged[key] = (credit, size)
+                else:  # nothing will be acknowledged: given back at once
+                    credit.count += 1
+                    credit.size += size
+        group = _header(delivery.message, GROUP)
         if group is not None and queue.options.request_acknowledge:
             entry = self._groups.setdefault((queue.channel.name, group), [receiver.id, 0])
             entry[0] = receiver.id
             entry[1] += 1
 
     def _settled(self, queue: Queue, delivery: Delivery) -> None:
-        group = delivery.message.message.header(GROUP)
+        if self._charged:
+            self.return_credit(
+                queue.channel.name, delivery.receiver.id, delivery.message.message_id
+            )
+        group = _header(delivery.message, GROUP)
         if group is None:
             return
         key = (queue.channel.name, group)

@@ -34,8 +34,16 @@ Mapping (see README "STOMP on the engine"):
   takes it; ``client``/``client-individual``: on ACK; NACK is a negative acknowledge (the
   message goes back to its queue for the next consumer, ``Delivery-Count`` grows);
   a connection that ends returns what it had not acknowledged;
-* ``credit`` count -> the engine window (``prefetch``) of the subscription's channel
-  (no ``credit`` header: the broker's default window, ``BrokerConfig.prefetch``, 1000);
+* ``credit:count,size`` on a queue -> the ``per-message`` handler's credit windows for
+  the subscription (``PerMessageRules.set_credit``: a message goes while either window is
+  above zero; ACK/NACK give the credit back, a transactional ACK at once through
+  :meth:`EngineDoor.op_return_credit`), with the engine window ``max(count,
+  BrokerConfig.prefetch)``; on a topic, ``count`` is the engine window (``prefetch``);
+  no ``credit`` header: the broker's default window, ``BrokerConfig.prefetch``, 1000;
+* ``selector``, ``from-seq`` on a queue -> the handler's per-consumer rules (a message
+  nobody with room may take is looked past, not a block); on a topic the listener
+  filters each subscriber's copies; ``include-seq`` -> the engine thread adds the
+  delivery's queue sequence (``SEQ_HEADER``, hidden) for the listener;
 * a connection whose outbound buffer is full keeps further deliveries in order on this
   side without reporting them sent: the engine's window stops the rest.
 
@@ -71,7 +79,7 @@ from broker.engine.delivery import PerMessageDeliveryHandler
 from broker.engine.engine import Engine
 from broker.engine.errors import ClientRejected, OperationError
 from broker.engine.options import ChannelOptions, ChannelQueueOptions
-from broker.engine.per_message import PER_MESSAGE, PerMessageRules
+from broker.engine.per_message import PER_MESSAGE, Credit, PerMessageRules
 from broker.engine.queue import reading
 from broker.message import Headers, Message
 from broker.protocol import (
@@ -99,6 +107,9 @@ from broker.stomp.subscription import (
     RetainAction,
     SubscriptionSpec,
 )
+from broker.stomp.subscription import (
+    Credit as CreditSpec,
+)
 from zproto.errors import EncodeError
 
 log = logging.getLogger(__name__)
@@ -125,13 +136,17 @@ TOPIC_OPTIONS = ChannelQueueOptions(status=QueueStatus.BROADCAST)
 #: received it (ms since the epoch), for ``add_user_header``/``add_timestamp_header``.
 USER_HEADER = "Stomp-User"
 TIMESTAMP_HEADER = "Stomp-Timestamp"
+#: Header the engine thread adds to a queue delivery for an ``include-seq`` subscription:
+#: the message's sequence in its queue (read into ``Delivery.sequence``, never shown).
+SEQ_HEADER = "Stomp-Seq"
 _USER = USER_HEADER.lower()
+_SEQ = SEQ_HEADER.lower()
 #: Engine headers a STOMP consumer does not see as user headers (read into the delivery).
-_HIDDEN = frozenset({"delivery-count", _USER, TIMESTAMP_HEADER.lower()})
+_HIDDEN = frozenset({"delivery-count", _USER, TIMESTAMP_HEADER.lower(), _SEQ})
 #: The user id of a connection without ``login``.
 ANONYMOUS = "anonymous"
 #: Headers a STOMP SEND may not carry: the engine acts on them, or the broker sets them.
-_RESERVED = frozenset({"cc", "delivery-count", _USER, TIMESTAMP_HEADER.lower()})
+_RESERVED = frozenset({"cc", "delivery-count", _USER, TIMESTAMP_HEADER.lower(), _SEQ})
 
 #: An operation run on the engine thread: ``now`` in, TMQP output out.
 Op = Callable[[float], list[Outgoing]]
@@ -206,6 +221,10 @@ class EngineDoor:
         self.wild: dict[tuple[int, str], _Wild] = {}
         #: Per connection: the channels it consumes exclusively, its temporary channels.
         self.exclusive_of: dict[int, set[str]] = {}
+        #: (connection, queue channel) of subscriptions with ``include-seq``, and of
+        #: those with a selector or credit registered in the handler's rules.
+        self.seq_wanted: set[tuple[int, str]] = set()
+        self.ruled: set[tuple[int, str]] = set()
         self.temps_of: dict[int, set[str]] = {}
         handler = engine.handlers[PER_MESSAGE]
         #: The rules of the ``per-message`` handler (groups, exclusive consumers, owners).
@@ -335,11 +354,23 @@ class EngineDoor:
             if conn is None:
                 keep.append(item)
             elif item.__class__ is Tracked:
-                mine.append((conn, item[1]))  # type: ignore[arg-type]  # Tracked: a Message
+                message: Message = item[1]  # type: ignore[assignment]  # Tracked: a Message
+                if self.seq_wanted and (conn, message.target) in self.seq_wanted:
+                    message = self._with_seq(item[0], message)
+                mine.append((conn, message))
             # else: a TMQP reply to a STOMP connection (its answer is read by the operation)
         if mine:
             self._post_deliveries(mine)
         return keep
+
+    def _with_seq(self, client_id: str, message: Message) -> Message:
+        """``message`` (a queue delivery to ``client_id``) with its queue sequence."""
+        channel = self.engine.channels.get(message.target)
+        queue = channel.queues.get(message.content_type) if channel is not None else None
+        delivery = queue.pending.get((client_id, message.message_id)) if queue else None
+        if delivery is None:
+            return message  # no acknowledge tracked (not a queue delivery): no sequence
+        return message.replace(headers=(*message.headers, (SEQ_HEADER, str(delivery.message.seq))))
 
     def _post(self, fn: Callable[[], None]) -> None:
         if self._posting is not None:
@@ -388,6 +419,7 @@ class EngineDoor:
         self.conn_of.pop(client_id, None)  # after: what it returns is for the others
         for key in [k for k in self.wild if k[0] == conn]:
             del self.wild[key]
+        self._forget_rules(conn, client_id, None)
         for channel in self.exclusive_of.pop(conn, ()):
             if self.handler is not None:
                 self.handler.set_exclusive(channel, client_id, False)
@@ -449,7 +481,9 @@ class EngineDoor:
         """A new channel: the wildcard subscriptions it matches start consuming it."""
         for wild in self.wild.values():
             if wild.matches(name):
-                self._join(wild.conn, name, wild.prefetch, wild.exclusive, out, wild)
+                self._join(
+                    wild.conn, name, wild.prefetch, wild.exclusive, out, wild, extras=wild.extras
+                )
 
     def _join(
         self,
@@ -459,6 +493,8 @@ class EngineDoor:
         exclusive: bool,
         out: list[Outgoing],
         wild: _Wild | None = None,
+        *,
+        extras: SubExtras | None = None,
     ) -> None:
         """Make connection ``conn`` a consumer of channel ``name``; a retained message
         of the channel is delivered to it first.  OperationError if refused."""
@@ -471,6 +507,8 @@ class EngineDoor:
         if exclusive and self.handler is not None:
             self.handler.set_exclusive(name, client_id, True)
             self.exclusive_of.setdefault(conn, set()).add(name)
+        if extras is not None and not name.startswith(TOPIC_CHANNEL_PREFIX):
+            prefetch = self._rule(conn, client_id, name, extras, prefetch)
         retained = self.retained.get(name)
         if retained is not None:
             self._post_deliveries([(conn, retained)])
@@ -478,9 +516,51 @@ class EngineDoor:
             out.extend(self.engine.subscribe(client_id, name, self.clock(), prefetch=prefetch))
         except OperationError:
             self._forget_exclusive(conn, name)
+            self._forget_rules(conn, client_id, [name])
             raise
         if wild is not None:
             wild.channels.add(name)
+
+    def _rule(
+        self, conn: int, client_id: str, name: str, extras: SubExtras, prefetch: int | None
+    ) -> int | None:
+        """Register a queue subscription's selector, credit and include-seq; returns the
+        engine window to join with (with credit: its count, at least the broker's
+        ``prefetch``, so the credit windows decide and the engine window bounds memory)."""
+        if extras.include_seq:
+            self.seq_wanted.add((conn, name))
+        handler = self.handler
+        if handler is None or (
+            extras.selects is None and extras.credit is None and not extras.from_seq
+        ):
+            return prefetch
+        self.ruled.add((conn, name))
+        if extras.selects is not None:
+            handler.set_selector(name, client_id, extras.selects)
+        if extras.from_seq:  # (0: from the head, as without it)
+            first = extras.from_seq
+            if first == -1:  # the tail: only messages that come after this
+                channel = self.engine.channels.get(name)
+                queue = channel.queues.get(QUEUE_ID) if channel is not None else None
+                first = queue.sequence + 1 if queue is not None else 1
+            handler.set_from_seq(name, client_id, first)
+        if extras.credit is None:
+            return prefetch
+        handler.set_credit(name, client_id, extras.credit)
+        return max(1, extras.credit.count, self.engine.config.prefetch)
+
+    def _forget_rules(self, conn: int, client_id: str, names: Sequence[str] | None) -> None:
+        """Drop the selector/credit/include-seq of ``conn`` on ``names`` (None: all)."""
+        if names is None:
+            names = [n for c, n in self.seq_wanted | self.ruled if c == conn]
+        for name in names:
+            self.seq_wanted.discard((conn, name))
+            if (conn, name) in self.ruled:
+                self.ruled.discard((conn, name))
+                if self.handler is not None:
+                    self.handler.set_selector(name, client_id, None)
+                    self.handler.set_from_seq(name, client_id, None)
+                    self.handler.set_credit(name, client_id, None)
 
     def _forget_exclusive(self, conn: int, name: str) -> None:
         names = self.exclusive_of.get(conn)
@@ -564,19 +644,24 @@ class EngineDoor:
         prefetch: int | None,
         exclusive: bool,
         now: float,
+        *,
+        extras: SubExtras | None = None,
     ) -> list[Outgoing]:
         """Consume the destinations' channels (created as needed); a wildcard one
-        consumes every matching channel now and each one created later."""
+        consumes every matching channel now and each one created later.  ``extras``:
+        the queue subscription's selector, credit and include-seq (see :class:`SubExtras`)."""
         client_id = self._client(conn)
         out: list[Outgoing] = []
         patterns = [d for d in destinations if d.wildcard]
-        wild = _Wild(conn, tuple(patterns), prefetch, exclusive) if patterns else None
+        wild = None
+        if patterns:
+            wild = _Wild(conn, tuple(patterns), prefetch, exclusive, extras=extras)
         for destination in destinations:
             if destination.wildcard:
                 continue
             channel = self._ensure(client_id, destination, out)
             try:
-                self._join(conn, channel, prefetch, exclusive, out)
+                self._join(conn, channel, prefetch, exclusive, out, extras=extras)
             except OperationError as exc:
                 raise _Refused(f"{destination.stomp}: {exc.reason}", out) from None
         if wild is not None:
@@ -584,7 +669,27 @@ class EngineDoor:
             for name in list(self.engine.channels):
                 if wild.matches(name):
                     with contextlib.suppress(OperationError):  # not authorized: skipped
-                        self._join(conn, name, prefetch, exclusive, out, wild)
+                        self._join(conn, name, prefetch, exclusive, out, wild, extras=extras)
+        return out
+
+    def op_return_credit(
+        self, conn: int, deliveries: Sequence[tuple[str, int, str]], now: float
+    ) -> list[Outgoing]:
+        """A transactional ACK: the deliveries' credit comes back now (they stay
+        unacknowledged); their queues then send what the credit allows."""
+        client_id = self.client_of.get(conn)
+        out: list[Outgoing] = []
+        if client_id is None or self.handler is None:
+            return out
+        queues = []
+        for channel, queue_id, message_id in deliveries:
+            if self.handler.return_credit(channel, client_id, message_id):
+                found = self.engine.channels.get(channel)
+                queue = found.queues.get(queue_id) if found is not None else None
+                if queue is not None and queue not in queues:
+                    queues.append(queue)
+        for queue in queues:
+            queue.drain(now, out)
         return out
 
     def op_browse_page(
@@ -620,6 +725,7 @@ class EngineDoor:
             self._forget_exclusive(conn, channel)
             with contextlib.suppress(OperationError):  # already gone (channel removed)
                 out.extend(self.engine.unsubscribe(client_id, channel, now))
+        self._forget_rules(conn, client_id, channels)
         return out
 
     def op_settle(
@@ -657,6 +763,22 @@ class _BrowsePage:
     done: bool
 
 
+@dataclass(frozen=True, slots=True)
+class SubExtras:
+    """What a queue subscription asks of the engine beyond joining (engine thread):
+    ``selects`` -- its selector, applied by the queue (``PerMessageRules.set_selector``:
+    a message nobody selects stays queued without holding up the others); ``credit`` --
+    its credit windows, one object shared by its channels (``PerMessageRules.set_credit``;
+    None: no ``credit`` header, the engine window alone); ``include_seq`` -- deliveries
+    carry their queue sequence; ``from_seq`` -- only messages numbered that or more
+    (``PerMessageRules.set_from_seq``; -1: those that come after it joined)."""
+
+    selects: Callable[[Sequence[tuple[str, str]]], bool] | None = None
+    credit: Credit | None = None
+    include_seq: bool = False
+    from_seq: int | None = None  # ``from-seq`` (-1: the tail, 0: the head)
+
+
 @dataclass(slots=True)
 class _Wild:
     """A wildcard subscription, as the engine thread keeps it."""
@@ -666,6 +788,7 @@ class _Wild:
     prefetch: int | None
     exclusive: bool
     channels: set[str] = field(default_factory=set)  # the channels it joined
+    extras: SubExtras | None = None
 
     def matches(self, channel: str) -> bool:
         return any(_matches(d, channel, self.conn) for d in self.patterns)
@@ -881,7 +1004,16 @@ class EngineBackend:
         conn = self.conns.get(connection_id)
         user = conn.info.user if conn is not None else ANONYMOUS
         stamp = ((USER_HEADER, user), (TIMESTAMP_HEADER, str(self.wall_clock_ms())))
-        return replace(spec, headers=spec.headers + stamp)
+        # (the constructor, not dataclasses.replace: this runs for every SEND)
+        return PublishSpec(
+            spec.destinations,
+            spec.headers + stamp,
+            spec.body,
+            spec.persistent,
+            spec.retain,
+            spec.expires,
+            spec.message_group,
+        )
 
     def publish_async(self, connection_id: int, spec: PublishSpec, answer: PublishAnswer) -> None:
         """Submit the SEND without waiting (:class:`~broker.stomp.backend.AsyncPublisher`):
@@ -909,7 +1041,7 @@ class EngineBackend:
     def subscribe(self, connection_id: int, spec: SubscriptionSpec) -> None:
         conn = self.conns[connection_id]
         channels: dict[str, Destination] = {}
-        if spec.browser or spec.from_seq is not None:
+        if spec.browser:
             for destination in spec.destinations:
                 if not destination.wildcard and destination.kind is not DestinationKind.DSUB:
                     channels[channel_of(destination)] = destination
@@ -918,11 +1050,6 @@ class EngineBackend:
         for destination in spec.destinations:
             if destination.kind is DestinationKind.DSUB:
                 raise BackendError(f"{destination.stomp} is not supported on the engine yet")
-            if spec.selector is not None and destination.kind is not DestinationKind.TOPIC:
-                # a message no consumer selects would hold up the queue behind it
-                raise BackendError(
-                    f"{destination.stomp}: selectors are supported on topics only (engine)"
-                )
             if destination.wildcard:
                 continue
             name = channel_of(destination)
@@ -935,8 +1062,11 @@ class EngineBackend:
         count = spec.credit.count
         prefetch = None if count == DEFAULT_CREDIT_COUNT else max(1, count)
         sub_id, exclusive = spec.id, spec.exclusive
+        extras = _extras(spec)
         self._call(
-            lambda now: door.op_subscribe(connection_id, sub_id, wanted, prefetch, exclusive, now)
+            lambda now: door.op_subscribe(
+                connection_id, sub_id, wanted, prefetch, exclusive, now, extras=extras
+            )
         )
         conn.subs[spec.id] = sub
         for name in channels:
@@ -951,8 +1081,6 @@ class EngineBackend:
     ) -> None:
         """``browser:true``: the messages the queue holds (from ``from-seq``), without
         consuming them, then the ``browser:end`` marker."""
-        if not spec.browser:
-            raise BackendError("from-seq needs browser:true on the engine")
         if len(channels) != 1 or len(spec.destinations) != 1:
             raise BackendError("browser:true takes one queue or topic destination")
         if not spec.browser_end:
@@ -981,8 +1109,12 @@ class EngineBackend:
         pending = sub.browsing
         if pending is None:
             return
+        selector = sub.spec.selector
         while pending:
             seq, message = pending[0]
+            if selector is not None and not selector.matches(_first_wins(message.headers)):
+                pending.popleft()  # a browser sees only what it selects
+                continue
             delivery = replace(_delivery(sub, message, conn.next_tag), sequence=seq)
             if not conn.sink(delivery):
                 return  # resume() goes on
@@ -1024,7 +1156,17 @@ class EngineBackend:
         self._settle(connection_id, tags, False)
 
     def credit(self, connection_id: int, tags: Sequence[int]) -> None:
-        """A transactional ACK: the engine's window is freed by the COMMIT's ack only."""
+        """A transactional ACK: the deliveries' subscription credit comes back now (the
+        engine's rules, ``op_return_credit``); they stay unacknowledged until the COMMIT
+        settles them (no more credit then) -- after an ABORT, until a later ACK, a NACK
+        or the connection's end (then they are redelivered)."""
+        conn = self.conns.get(connection_id)
+        if conn is None:
+            return
+        keys = [conn.pending[t] for t in tags if t in conn.pending]
+        if keys:
+            door = self.door
+            self._submit(lambda now: door.op_return_credit(connection_id, keys, now))
 
     def resume(self, connection_id: int) -> None:
         conn = self.conns.get(connection_id)
@@ -1085,7 +1227,11 @@ class EngineBackend:
                     )
                 continue
             selector = sub.spec.selector
-            if selector is not None and not selector.matches(_first_wins(message.headers)):
+            if (
+                selector is not None
+                and not message.wants_ack  # (a queue applies the selector itself)
+                and not selector.matches(_first_wins(message.headers))
+            ):
                 taken += 1  # a topic copy this subscription does not select: dropped
                 continue
             tag = conn.next_tag
@@ -1108,7 +1254,24 @@ class EngineBackend:
             self._submit(lambda now: door.op_settle(conn_id, settles, taken, now))
 
 
-def _first_wins(headers: Headers) -> dict[str, str]:
+def _extras(spec: SubscriptionSpec) -> SubExtras | None:
+    """What the engine applies for a queue subscription (None: nothing to apply)."""
+    selector = spec.selector
+    selects = None
+    if selector is not None:
+
+        def selects(headers: Sequence[tuple[str, str]]) -> bool:
+            return selector.matches(_first_wins(headers))
+
+    credit = None
+    if spec.credit != CreditSpec():
+        credit = Credit(spec.credit.count, spec.credit.size)
+    if selects is None and credit is None and not spec.include_seq and spec.from_seq is None:
+        return None
+    return SubExtras(selects, credit, bool(spec.include_seq), spec.from_seq)
+
+
+def _first_wins(headers: Sequence[tuple[str, str]]) -> dict[str, str]:
     """Headers as a selector reads them (a repeated name: its first value)."""
     env: dict[str, str] = {}
     for name, value in headers:
@@ -1118,6 +1281,7 @@ def _first_wins(headers: Headers) -> dict[str, str]:
 
 def _delivery(sub: _Sub, message: Message, tag: int) -> Delivery:
     redeliveries = 0
+    sequence: int | None = None
     sender = message.source or None
     timestamp: int | None = None
     headers: list[tuple[str, str]] = []
@@ -1129,6 +1293,9 @@ def _delivery(sub: _Sub, message: Message, tag: int) -> Delivery:
                     redeliveries = max(0, int(value) - 1)
             elif lower == _USER:
                 sender = value
+            elif lower == _SEQ:
+                with contextlib.suppress(ValueError):
+                    sequence = int(value)
             elif value.isdigit():
                 timestamp = int(value)
             continue
@@ -1142,6 +1309,7 @@ def _delivery(sub: _Sub, message: Message, tag: int) -> Delivery:
         headers=tuple(headers),
         body=bytes(message.payload),
         redeliveries=redeliveries,
+        sequence=sequence,
         sender=sender,
         timestamp_ms=timestamp,
     )

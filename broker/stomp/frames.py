@@ -100,6 +100,9 @@ _UNESCAPED_COMMANDS = frozenset({Command.CONNECT, Command.STOMP, Command.CONNECT
 
 #: Longest command line accepted (bytes, before its EOL); the longest command is 11.
 MAX_COMMAND_LENGTH = 32
+#: The parser's fast path reads a frame's command and headers in one go when their end
+#: (an empty line) is within this many bytes; anything else goes line by line.
+FAST_HEAD = 4096
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -253,6 +256,8 @@ class FrameParser:
             if self._state is _State.IDLE:
                 if not self._skip_eols():
                     return None
+                if self._fast_head():
+                    continue  # (state BODY now)
                 line = self._line(MAX_COMMAND_LENGTH, "command")
                 if line is None:
                     return None
@@ -267,6 +272,46 @@ class FrameParser:
                     self._start_body()
             else:
                 return self._read_body()
+
+    def _fast_head(self) -> bool:
+        """Read a whole command + header block at once when it is plainly well formed:
+        ends within :data:`FAST_HEAD` bytes, LF line ends only, no NUL, valid UTF-8,
+        within the limits, every header line with a ``:``.  False (nothing consumed):
+        the line-by-line path reads it and reports what is wrong."""
+        buf = self._buf
+        pos = self._pos
+        end = buf.find(b"\n\n", pos, pos + FAST_HEAD)
+        if end < 0:
+            return False
+        head = bytes(buf[pos:end])
+        if b"\r" in head or b"\0" in head:
+            return False
+        try:
+            text = head.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        lines = text.split("\n")
+        command = _COMMANDS.get(lines[0])
+        limits = self.limits
+        if command is None or command not in self.commands or len(lines) > limits.max_headers + 1:
+            return False
+        table = _escapes_for(self.version, command) if "\\" in text else None
+        headers: list[tuple[str, str]] = []
+        append = headers.append
+        limit = limits.max_header_length
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep or (len(line) > limit // 4 and len(line.encode("utf-8")) > limit):
+                return False
+            if table is not None:
+                name = _unescape(name, table)
+                value = _unescape(value, table)
+            append((name, value))
+        self._command = command
+        self._headers = headers
+        self._pos = end + 2
+        self._start_body()
+        return True
 
     def _skip_eols(self) -> bool:
         """Skip heart-beat EOLs; True when a command byte is next."""
@@ -385,6 +430,9 @@ class FrameParser:
         return frame
 
 
+_COMMANDS = {c.value: c for c in Command}
+
+
 def _parse_length(value: str) -> int:
     text = value
     if not text.isdigit() or not text.isascii() or len(text) > 20:
@@ -429,6 +477,23 @@ def serialize(frame: Frame, version: Version = Version.V1_2) -> bytes:
     if length is not None and length != str(len(body)):
         raise EncodeError(f"content-length {length} does not match the body ({len(body)})")
     return b"".join((head, body, b"\0"))
+
+
+def serialize_escaped(
+    command: Command, headers: Iterable[tuple[str, str]], body: bytes, version: Version
+) -> bytes:
+    """``serialize(Frame(command, headers, body), version)`` for a command whose headers
+    are escaped on ``version`` (1.1/1.2, not CONNECT/CONNECTED) and whose ``headers``
+    already hold the body's ``content-length``: no Frame is built (every MESSAGE)."""
+    table = _ENCODE_1_2 if version is Version.V1_2 else _ENCODE_1_1
+    parts = [command.value, "\n"]
+    append = parts.append
+    for name, value in headers:
+        if "\0" in name or "\0" in value:
+            raise EncodeError(f"header {name[:40]!r} contains NUL")
+        append(f"{name.translate(table)}:{value.translate(table)}\n")
+    append("\n")
+    return b"".join(("".join(parts).encode("utf-8"), body, b"\0"))
 
 
 def serialize_receipt(receipt_id: str, version: Version = Version.V1_2) -> bytes:

@@ -68,6 +68,7 @@ from broker.stomp.frames import (
     Version,
     make_frame,
     serialize,
+    serialize_escaped,
     serialize_receipt,
 )
 from broker.stomp.subscription import AckMode, SubscriptionSpec, parse_send, parse_subscribe
@@ -343,7 +344,11 @@ class Session:
         sub = self._subscriptions.get(delivery.subscription)
         if sub is None or not self.writable():
             return False
-        self._send(self._message_frame(sub.spec, delivery))
+        if delivery.browse_end or self.version is Version.V1_0:
+            self._send(self._message_frame(sub.spec, delivery))
+        else:  # (every other delivery: no Frame built)
+            headers = self._message_headers(sub.spec, delivery)
+            self._out += serialize_escaped(Command.MESSAGE, headers, delivery.body, self.version)
         self.on_delivery()
         if not delivery.browse_end and sub.spec.ack is not AckMode.AUTO:
             sub.pending[delivery.tag] = _Pending(delivery.message_id, delivery.tag)
@@ -361,6 +366,11 @@ class Session:
                     ("browser", "end"),
                 ],
             )
+        return make_frame(Command.MESSAGE, self._message_headers(spec, delivery), delivery.body)
+
+    def _message_headers(
+        self, spec: SubscriptionSpec, delivery: Delivery
+    ) -> list[tuple[str, str]]:
         headers = [
             ("subscription", spec.id),
             ("message-id", delivery.message_id),
@@ -384,7 +394,7 @@ class Session:
             for name, value in delivery.headers
             if name not in ours and self._representable(name, value)
         )
-        return make_frame(Command.MESSAGE, headers, delivery.body)
+        return headers
 
     def _representable(self, name: str, value: str) -> bool:
         if self.version is not Version.V1_0:

@@ -512,3 +512,78 @@ def test_a_burst_beyond_the_send_window_is_parked_and_every_receipt_comes_in_ord
         listener.stop()
         server.stop()
         door.close()
+
+
+def test_a_consumer_that_never_reads_costs_its_credit_and_spares_everyone_else(
+    broker: Broker, stomp_client: Callable[[], tuple[Any, Recorder]]
+) -> None:
+    """A client-individual consumer with ``credit:0,100000`` whose socket buffer is full
+    (it never reads): the broker keeps at most its size window of deliveries for it
+    (plus what its socket and the listener's ``max_outbound`` hold); a second consumer of
+    the same queue and a producer with a receipt per SEND go on; when it goes, what it
+    never acknowledged comes to the other consumer: nothing is lost."""
+    stuck = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stuck.settimeout(10)
+    stuck.connect(("127.0.0.1", broker.listener.port))
+    stuck.sendall(b"CONNECT\naccept-version:1.2\nhost:localhost\n\n\x00")
+    assert stuck.recv(65536).startswith(b"CONNECTED\n")
+    stuck.sendall(
+        b"SUBSCRIBE\nid:s\ndestination:/queue/stuck\nack:client-individual\n"
+        b"credit:0,100000\n\n\x00"
+    )
+    assert wait_until(lambda: subscribed(broker, "stuck", 1))
+    good, good_rec = stomp_client()
+    good.subscribe("/queue/stuck", id="g", ack="auto")
+    assert wait_until(lambda: subscribed(broker, "stuck", 2))
+    producer, produced = stomp_client()
+    total, body = 400, "x" * 10_000
+    for i in range(total):
+        producer.send("/queue/stuck", body, headers={"n": str(i)}, receipt=str(i))
+    assert wait_until(lambda: len(produced.receipts) == total, timeout=60)
+    backend = broker.listener.backend
+    conn_id = next(  # the stuck connection: the one with subscription "s"
+        c
+        for c, conn in backend.conns.items()
+        if "s" in conn.subs  # type: ignore[attr-defined]
+    )
+
+    def handed() -> int:  # deliveries the broker gave the stuck connection (sent or held)
+        conn = backend.conns[conn_id]  # type: ignore[attr-defined]
+        return int(conn.next_tag - 1 + len(conn.held))
+
+    window = 100_000 // 10_000 + 1  # the last one may cross the window
+    assert wait_until(lambda: len(good_rec.bodies()) == total - broker.listener.call(handed))
+    assert 1 <= broker.listener.call(handed) <= window
+    unsent = broker.listener.call(broker.listener.outbound_bytes).get(conn_id, 0)
+    assert unsent <= window * (10_000 + 500)  # its buffer holds at most its window
+    stuck.close()
+    assert wait_until(lambda: len(good_rec.bodies()) == total, timeout=30)
+    seen = sorted(int(m.headers["n"]) for m in good_rec.messages)
+    assert seen == list(range(total))
+
+
+def test_stamping_a_send_keeps_every_field_of_its_spec(broker: Broker) -> None:
+    """The user and time stamps are added without dataclasses.replace (per SEND): every
+    other field must come through, including any a later change adds."""
+    import dataclasses
+
+    from broker.stomp.destinations import Destination, DestinationKind
+    from broker.stomp.subscription import PublishSpec, RetainAction
+
+    spec = PublishSpec(
+        (Destination(DestinationKind.TOPIC, "t"),),
+        (("k", "v"),),
+        b"body",
+        persistent=True,
+        retain=RetainAction.SET,
+        expires=123,
+        message_group="g",
+    )
+    defaults = PublishSpec((), (), b"")
+    for f in dataclasses.fields(PublishSpec):  # every field set to a non-default value
+        assert getattr(spec, f.name) != getattr(defaults, f.name), f.name
+    stamped = broker.listener.backend._stamped(12345, spec)  # type: ignore[attr-defined]
+    assert stamped.headers[:1] == (("k", "v"),)
+    assert [k for k, _ in stamped.headers[1:]] == ["Stomp-User", "Stomp-Timestamp"]
+    assert dataclasses.replace(stamped, headers=spec.headers) == spec

@@ -18,6 +18,7 @@ from broker.stomp.frames import (
     make_frame,
     parse_all,
     serialize,
+    serialize_escaped,
     serialize_receipt,
 )
 
@@ -287,3 +288,61 @@ def test_parsed_destinations_are_cached_per_connection_and_errors_are_not() -> N
     for _ in range(2):  # refused every time, not remembered as anything else
         with pytest.raises(DestinationError):
             parse("/queue/a.*", 1)
+
+
+# -- the parser's fast path (a whole header block at once) reads what the slow one does --
+
+FAST_CASES = [
+    b"SEND\ndestination:/queue/a\ncontent-length:3\n\nabc\x00",
+    b"SEND\ndestination:/queue/a\nk:a\\cb\\nc\\\\d\nk:second\nempty:\n:novalue\n\nbody\x00",
+    b"SEND\ndestination:/queue/a\nx:y:z\n\n\x00\n\nSEND\ndestination:/queue/b\n\nq\x00",
+    b"SUBSCRIBE\nid:1\ndestination:/queue/\xc3\xa9t\xc3\xa9\n\n\x00",
+    b"SEND\r\ndestination:/queue/crlf\r\n\r\nc\x00",
+]
+
+
+@pytest.mark.parametrize("data", FAST_CASES)
+def test_whole_and_byte_by_byte_parses_are_the_same(data: bytes) -> None:
+    whole = FrameParser(version=Version.V1_2).feed(data)
+    split = FrameParser(version=Version.V1_2)
+    pieces: list[Frame] = []
+    for byte in data:
+        pieces.extend(split.feed(bytes([byte])))
+    assert whole == pieces and whole
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (b"SEND\na:1\nb:2\nc:3\nd:4\n\n\x00", "max_headers"),
+        (b"SEND\nlong:" + b"v" * 40 + b"\n\n\x00", "max_header_length"),
+        (b"SEND\nlong:" + "é".encode() * 15 + b"\n\n\x00", "max_header_length"),
+        (b"SEND\nno colon\n\n\x00", "without ':'"),
+        (b"SEND\nk:\xff\n\n\x00", "UTF-8"),
+        (b"SEND\nk:a\\qb\n\n\x00", "undefined escape"),
+        (b"FLY\nk:v\n\n\x00", "unknown command"),
+        (b"SEND\ncontent-length:99999\n\n\x00", "max_body"),
+    ],
+)
+def test_a_whole_bad_header_block_gets_the_same_error(data: bytes, match: str) -> None:
+    limits = Limits(max_headers=3, max_header_length=20, max_body=1000)
+    with pytest.raises(FrameError, match=match):
+        FrameParser(limits, version=Version.V1_2).feed(data)
+
+
+@pytest.mark.parametrize("version", [Version.V1_1, Version.V1_2])
+def test_serialize_escaped_writes_what_serialize_writes(version: Version) -> None:
+    headers = [
+        ("subscription", "s:1"),
+        ("message-id", "m\n2"),
+        ("destination", "/queue/a\\b"),
+        ("content-length", "4"),
+        ("k\r", "v:\r\n"),
+        ("é", "ü"),
+    ]
+    frame = Frame(Command.MESSAGE, tuple(headers), b"a\x00bc")
+    assert serialize_escaped(Command.MESSAGE, headers, frame.body, version) == serialize(
+        frame, version
+    )
+    with pytest.raises(EncodeError):
+        serialize_escaped(Command.MESSAGE, [("k", "a\x00b")], b"", version)

@@ -716,9 +716,7 @@ def test_nothing_after_a_refused_pipelined_send_takes_effect(
     assert bodies(reader) == [f"m{i}" for i in range(5)]
 
 
-def test_selectors_filter_topic_copies_and_are_refused_on_queues(
-    clients: Callable[..., Any], featured: Serve, raws: Callable[[int], Raw]
-) -> None:
+def test_selectors_filter_topic_copies(clients: Callable[..., Any]) -> None:
     blue = clients()
     blue.subscribe("/topic/cars", id="s", headers={"selector": "color = 'blue' AND weight > 2500"})
     synced(blue, "subscribed")
@@ -728,11 +726,7 @@ def test_selectors_filter_topic_copies_and_are_refused_on_queues(
     producer.send("/topic/cars", "heavy", headers={"color": "blue", "weight": "3000"})
     synced(producer, "sent")
     assert wait_until(lambda: bodies(blue) == ["heavy"])
-    raw = raws(featured.port)
-    raw.connect()
-    raw.send(b"SUBSCRIBE\nid:1\ndestination:/queue/cars\nselector:a = 1\nreceipt:q\n\n\x00")
-    error = raw.next()
-    assert error.command is Command.ERROR and "topics only" in str(error.header("message"))
+    # (queue selectors: tests/stomp/test_serve_flow.py)
 
 
 # -- bad input against broker serve: one ERROR, the others keep being served ------------
@@ -830,7 +824,6 @@ def test_browser_reads_without_consuming_from_seq_with_include_seq(
 @pytest.mark.parametrize(
     ("headers", "match"),
     [
-        ({"from-seq": "5"}, "needs browser:true"),
         ({"browser": "true", "browser-end": "false"}, "not supported"),
         ({"browser": "true", "from-seq": "x"}, "must be an integer"),
     ],

@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     from broker.engine.channel import Client
 
 _INF = float("inf")
+#: Messages one drain passes over at most (no consumer with room may receive them, and
+#: the delivery handler lets the messages behind them go first: ``looks_past``); past
+#: that many the drain stops until the next one.
+LOOK_PAST_LIMIT = 1000
 #: ``Tracked(client_id, frame)`` without the named tuple's Python-level __new__.
 _tracked = tuple.__new__
 _DELIVERY_COUNT = Header.DELIVERY_COUNT.lower()
@@ -45,12 +49,14 @@ def redelivery_headers(headers: Headers, delivered: int) -> Headers:
 class Dispatcher:
     """Delivery to the consumers of one queue (see the module docstring)."""
 
-    __slots__ = ("out_version", "q")
+    __slots__ = ("out_version", "passable", "q")
 
     def __init__(self, queue: QueueCore) -> None:
         self.q = queue
         #: Bumped when options change: the frames prepared for sending are made again.
         self.out_version = 0
+        #: Set by :meth:`send`: the message it put back at the front may be passed over.
+        self.passable = False
 
     # ------------------------------------------------------------------ returns
 
@@ -80,17 +86,32 @@ class Dispatcher:
             return
         wait = q.options.wait_for_acknowledge
         pending = q.pending
-        while True:
-            if wait and pending:
-                return
-            m = messages.next_first()
-            if m is None:
-                return
-            if m.deadline and m.deadline <= now:
-                q.expire(m, out)
-                continue
-            if not self.send(m, consumers, now, out):
-                return
+        passed: list[QueueMessage] = []
+        try:
+            while True:
+                if wait and pending:
+                    return
+                m = messages.next_first()
+                if m is None:
+                    return
+                if m.deadline and m.deadline <= now:
+                    q.expire(m, out)
+                    continue
+                if not self.send(m, consumers, now, out):
+                    if not self.passable or len(passed) >= LOOK_PAST_LIMIT:
+                        return
+                    # nobody with room may take it: the ones behind it go first
+                    self.passable = False
+                    taken = messages.next_first()  # m, put back at the front by send
+                    if taken is not m:  # (cannot happen: keep the queue as it was)
+                        if taken is not None:
+                            messages.unpop(taken)
+                        return
+                    passed.append(m)
+        finally:
+            self.passable = False
+            for m in reversed(passed):
+                messages.unpop(m)
 
     def send(
         self,
@@ -123,7 +144,10 @@ class Dispatcher:
         if not targets:
             if keep:
                 q.messages.unpop(m)
-                q.stalled = True
+                if self._may_pass(consumers):
+                    self.passable = True  # (not stalled: a push behind it may go)
+                else:
+                    q.stalled = True
             return False
         frame = m.out
         if frame is None or m.out_version != self.out_version:
@@ -188,6 +212,19 @@ class Dispatcher:
         if full and not keep:
             q.dropped += full
         return targets
+
+    def _may_pass(self, consumers: Sequence[Client[Any]]) -> bool:
+        """A message nobody took: may the drain pass over it?  Only when some consumer
+        has room (the handler refused them all) and the handler says so."""
+        q = self.q
+        if not q.hooks.can_receive:
+            return False
+        name = q.channel.name
+        window = q.window
+        used = q.used
+        if not any(used.get(c.id, 0) < (c.prefetch.get(name) or window) for c in consumers):
+            return False
+        return q.hooks.looks_past()
 
     def _eligible(self, m: QueueMessage, c: Client[Any], req_ack: bool) -> bool:
         q = self.q

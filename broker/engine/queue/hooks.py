@@ -89,6 +89,16 @@ class HandlerHooks:
             self._error("can_consumer_receive", exc)
             return False
 
+    def looks_past(self) -> bool:
+        """The handler's ``looks_past`` (False when it filters no consumer, or raises)."""
+        if not self.can_receive:
+            return False
+        try:
+            return bool(self.handler.looks_past(self._queue))
+        except Exception as exc:
+            self._error("looks_past", exc)
+            return False
+
     def message_dequeued(self, m: QueueMessage) -> None:
         """Tell the handler ``m`` left the queue (callers check :attr:`dequeued` first)."""
         if self.dequeued:

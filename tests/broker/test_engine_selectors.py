@@ -1,0 +1,109 @@
+"""The ``per-message`` handler's per-consumer rules on the sans-IO engine: selectors (a
+message nobody with room selects is looked past, not a block), first sequences, and
+credit windows (count and size; given back by acknowledges or at once)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from broker.engine.delivery import PerMessageDeliveryHandler
+from broker.engine.per_message import PER_MESSAGE, Credit, PerMessageRules
+from broker.engine.queue import dispatch
+from broker.protocol import QueueStatus
+from tests.broker.engine_kit import Kit, queue_messages
+
+
+def setup(consumers: int = 2) -> tuple[Kit, PerMessageRules, str, list[str]]:
+    handler = PerMessageDeliveryHandler(lambda: 1_700_000_000.0)
+    kit = Kit(handlers={PER_MESSAGE: handler})
+    producer = kit.connect("producer")
+    kit.queue(
+        producer,
+        "ch",
+        1,
+        status=QueueStatus.ROUND_ROBIN,
+        request_acknowledge=True,
+        message_delivery_handler=PER_MESSAGE,
+    )
+    names = [kit.connect(f"c{i}") for i in range(consumers)]
+    for name in names:
+        kit.join(name, "ch")
+    return kit, handler.rules, producer, names
+
+
+def kind_is(kind: str) -> object:
+    def selects(headers: Sequence[tuple[str, str]]) -> bool:
+        return dict(headers).get("kind") == kind
+
+    return selects
+
+
+def test_each_consumer_gets_what_it_selects_and_the_rest_waits_without_blocking() -> None:
+    kit, rules, producer, (a, b) = setup()
+    rules.set_selector("ch", a, kind_is("a"))  # type: ignore[arg-type]
+    rules.set_selector("ch", b, kind_is("b"))  # type: ignore[arg-type]
+    for kind in ("z", "a", "b", "z", "a", "b"):
+        kit.push(producer, "ch", 1, kind.encode(), headers=(("kind", kind),))
+    assert [m.payload for m in queue_messages(kit.take(a))] == [b"a", b"a"]
+    assert [m.payload for m in queue_messages(kit.take(b))] == [b"b", b"b"]
+    assert kit.info(producer, "ch", 1)["Messages"] == 2  # the two "z" wait, in order
+    rules.set_selector("ch", a, None)
+    kit.push(producer, "ch", 1, b"a", headers=(("kind", "a"),))  # a drain: a selects all now
+    assert [m.payload for m in queue_messages(kit.take(a))] == [b"z", b"z", b"a"]
+
+
+def test_a_drain_looks_past_at_most_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dispatch, "LOOK_PAST_LIMIT", 3)
+    kit, rules, producer, (a,) = setup(1)
+    rules.set_selector("ch", a, kind_is("a"))  # type: ignore[arg-type]
+    for _ in range(3):
+        kit.push(producer, "ch", 1, b"z", headers=(("kind", "z"),))
+    kit.push(producer, "ch", 1, b"a1", headers=(("kind", "a"),))  # 3 ahead: still reached
+    assert [m.payload for m in queue_messages(kit.take(a))] == [b"a1"]
+    kit.push(producer, "ch", 1, b"z", headers=(("kind", "z"),))
+    kit.push(producer, "ch", 1, b"a2", headers=(("kind", "a"),))  # 4 ahead: past the limit
+    assert queue_messages(kit.take(a)) == []
+
+
+def test_without_selectors_a_message_nobody_may_take_still_waits_at_the_head() -> None:
+    """Other rules (here the credit) refuse without looking past: the order is kept."""
+    kit, rules, producer, (a,) = setup(1)
+    rules.set_credit("ch", a, Credit(1, 0))
+    kit.push(producer, "ch", 1, b"m1")
+    kit.push(producer, "ch", 1, b"m2")
+    (first,) = queue_messages(kit.take(a))
+    assert first.payload == b"m1"
+    kit.ack(a, first)
+    assert [m.payload for m in queue_messages(kit.take(a))] == [b"m2"]
+
+
+def test_from_seq_offers_only_later_messages() -> None:
+    kit, rules, producer, (a, b) = setup()
+    rules.set_from_seq("ch", a, 3)
+    rules.set_selector("ch", b, kind_is("none"))  # type: ignore[arg-type]  # b takes nothing
+    for i in range(1, 5):
+        kit.push(producer, "ch", 1, str(i).encode())
+    assert [m.payload for m in queue_messages(kit.take(a))] == [b"3", b"4"]
+    assert kit.info(producer, "ch", 1)["Messages"] == 2
+
+
+def test_the_size_window_and_credit_given_back_once() -> None:
+    kit, rules, producer, (a,) = setup(1)
+    rules.set_credit("ch", a, Credit(0, 250))
+    for i in range(6):
+        kit.push(producer, "ch", 1, b"%d" % i + b"x" * 99)
+    got = queue_messages(kit.take(a))
+    assert [m.payload[:1] for m in got] == [b"0", b"1", b"2"]  # 300 octets: crossed 250
+    kit.ack(a, got[0])  # 100 back: 50 left
+    more = queue_messages(kit.take(a))
+    assert [m.payload[:1] for m in more] == [b"3"]
+    assert rules.return_credit("ch", a, got[1].message_id)  # at once (a transactional ACK)
+    assert not rules.return_credit("ch", a, got[1].message_id)  # once only
+    out: list[object] = []  # the front door drains the queue after giving credit back
+    kit.engine.channels["ch"].queues[1].drain(kit.now, out)  # type: ignore[arg-type]
+    kit.route(out)  # type: ignore[arg-type]
+    assert [m.payload[:1] for m in queue_messages(kit.take(a))] == [b"4"]
+    kit.ack(a, got[1])  # its credit was given already: nothing more goes
+    assert queue_messages(kit.take(a)) == []
