@@ -79,7 +79,9 @@ from broker.engine import flow, models, operations, routing
 from broker.engine.auth import Action, AllowAll, Authorizer
 from broker.engine.channels import Channel, ChannelRegistry, Client, valid_channel_name
 from broker.engine.clients import ClientRegistry
+from broker.engine.definitions import DSUB_PREFIX, ROUTER_PREFIX
 from broker.engine.delivery import DefaultDeliveryHandler, DeliveryHandler
+from broker.engine.dsubs import DurableSubscriptions
 from broker.engine.errors import ClientRejected, EngineError, OperationError
 from broker.engine.events import EventHub
 from broker.engine.frames import pull_marker
@@ -94,7 +96,7 @@ from broker.engine.options import (
 from broker.engine.parts import EngineParts
 from broker.engine.queue.queue import Queue
 from broker.engine.replies import answer_failure, reject_push
-from broker.engine.router import Router, RouterTable, router_from_json
+from broker.engine.router import Router, RouterError, RouterTable, router_from_json
 from broker.engine.tmqp_door import message_of
 from broker.message import Message
 from broker.protocol import (
@@ -161,6 +163,8 @@ class Engine:
             config, authorizer, new_id, events, self.channel_registry, services, clients
         )
         self.router_table = RouterTable(config.limits)
+        #: Durable subscriptions (``broker.engine.dsubs``): topic copies kept while away.
+        self.durable = DurableSubscriptions(self.channel_registry)
         self.parts = EngineParts(
             config,
             authorizer,
@@ -169,6 +173,7 @@ class Engine:
             self.channel_registry,
             self.client_registry,
             self.router_table,
+            self.durable,
         )
         #: Connected clients by id; channels by name; routers by name (the registries' tables).
         self.clients = clients
@@ -456,8 +461,10 @@ class Engine:
                 client, Action.PUSH, queue.channel.name, queue.id
             ):
                 raise OperationError(ResultCode.UNAUTHORIZED, "push not allowed")
+            copies = self.durable.queues_for(queue.channel.name) if self.durable.by_topic else ()
             if (
                 queue.plain
+                and not copies
                 and not wants_response
                 and not self.events.has(EventName.MESSAGE_PRODUCED)
                 and queue.push_plain(m, client, now, out)
@@ -468,17 +475,45 @@ class Engine:
             if m.headers:
                 ccs = [v for k, v in m.headers if k.lower() == _CC]
                 if ccs:
-                    self._push_cc(client, m, queue, ccs, now, out)
+                    self._push_cc(client, m, queue, ccs, now, out, copies)
                     return
             code = self.channel_registry.check_push(queue, len(m.payload))
             if code:
                 raise OperationError(ResultCode(code), "push refused by the queue")
+            if copies:
+                self._check_durable(copies, len(m.payload))
         except OperationError as err:
             reject_push(client, m, wants_response, out, err)
             return
         qm = queue.accept(m, client, now, out, m.wants_ack)
         if qm is not None:
             self._produced(queue, qm, out)
+        for copy in copies:
+            self._copy_durable(copy, m, client, now, out)
+
+    def _check_durable(self, copies: Iterable[Queue], size: int) -> None:
+        """OperationError unless every durable subscription queue takes a copy."""
+        for copy in copies:
+            code = self.channel_registry.check_push(copy, size)
+            if code:
+                raise OperationError(
+                    ResultCode(code), f"durable subscription {copy.channel.name} is full"
+                )
+
+    def _copy_durable(
+        self,
+        queue: Queue,
+        message: Message,
+        client: Client,
+        now: float,
+        out: list[Outgoing],
+        headers: tuple[tuple[str, str], ...] | None = None,
+    ) -> None:
+        """A topic message's copy into a durable subscription (same id; its producer
+        waits for the topic's acknowledge only)."""
+        m = queue.accept(message, client, now, out, False, headers=headers)
+        if m is not None:
+            self._produced(queue, m, out)
 
     def _produced(self, queue: Queue, m: QueueMessage, out: list[Outgoing]) -> None:
         """The MessageProduced event, when anyone subscribed to it."""
@@ -499,6 +534,7 @@ class Engine:
         ccs: list[str],
         now: float,
         out: list[Outgoing],
+        durable: Iterable[Queue] = (),
     ) -> None:
         """Push into the target queue and a copy into each ``CC`` queue, all or nothing.
 
@@ -535,6 +571,7 @@ class Engine:
             code = self.channel_registry.check_push(queue, size)
             if code:
                 raise OperationError(ResultCode(code), f"push refused by {queue.key}")
+        self._check_durable(durable, size)
         plain = tuple((k, v) for k, v in message.headers if k.lower() != _CC)
         targets: list[tuple[Queue, str | None, bool]] = [(primary, None, message.wants_ack)]
         targets += [(q, copy_id, False) for q, copy_id in copies]
@@ -544,6 +581,8 @@ class Engine:
             )
             if m is not None:
                 self._produced(queue, m, out)
+        for copy in durable:
+            self._copy_durable(copy, message, client, now, out, plain)
 
     def _on_ack(self, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]) -> None:
         if frame.high_priority:  # acknowledge of a direct message: pass it on
@@ -689,6 +728,8 @@ class Engine:
                 registry.create_queue(name, qid, ChannelQueueOptions.from_json(options), out)
             except (OperationError, ValueError) as err:
                 log.warning("cannot recreate queue %s/%d: %s", name, qid, err)
+        self._recover_routers()
+        self.durable.recover(registry.definitions.saved_under(DSUB_PREFIX))
         count = 0
         for key in self.store.queues():
             channel_name, queue_id = key
@@ -708,6 +749,18 @@ class Engine:
                 queue.sequence = max(queue.sequence, last)
                 count += self._recover_retained(queue)
         return count
+
+    def _recover_routers(self) -> None:
+        """Routers (with bindings) created by operations before the restart; one the
+        configuration already defines keeps the configuration's definition."""
+        saved = self.channel_registry.definitions.saved_under(ROUTER_PREFIX)
+        for name, definition in sorted(saved.items()):
+            if name in self.routers:
+                continue
+            try:
+                self.router_table.add(router_from_json(definition))
+            except (OperationError, RouterError) as err:
+                log.warning("cannot recreate router %r: %s", name, err)
 
     def _recover_retained(self, queue: Queue) -> int:
         """Bring back a queue's retained messages (``Retain``), oldest first, within its

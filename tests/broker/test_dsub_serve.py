@@ -1,0 +1,215 @@
+"""Durable subscriptions and routers over TMQP on ``broker serve --data DIR`` (real
+processes, kill -9): a durable subscription made by a TMQP client (operation 230)
+collects a topic channel's messages while its consumer is away, survives kill -9 with
+what it holds, is consumed by joining ``/dsub/ID`` and destroyed by operation 231; its
+limits (``[limits]``) refuse, never drop; routers and bindings made on the wire come
+back after a restart; queue options and statuses changed on the wire too."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from broker.client.blocking import Client
+from broker.client.errors import RemoteError
+from tests.broker.test_cli import free_port, start_serve
+
+
+class Served:
+    """``broker serve --data DIR [--config FILE]``, restartable on the same directory."""
+
+    def __init__(self, tmp: Path, config: str | None = None) -> None:
+        self.data = tmp / "data"
+        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.args = ["--bind", self.endpoint, "--data", str(self.data)]
+        if config is not None:
+            path = tmp / "broker.toml"
+            path.write_text(config)
+            self.args += ["--config", str(path)]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = start_serve(*self.args)
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self.proc = None
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(10)
+            self.proc = None
+
+    def client(self, zctx: zmq.Context[zmq.Socket[bytes]]) -> Client:
+        return Client(self.endpoint, context=zctx, timeout=10).connect()
+
+
+@pytest.fixture
+def make(tmp_path: Path) -> Iterator[type[Served]]:
+    made: list[Served] = []
+
+    def build(config: str | None = None) -> Served:
+        served = Served(tmp_path, config)
+        served.start()
+        made.append(served)
+        return served
+
+    yield build  # type: ignore[misc]
+    for served in made:
+        served.close()
+
+
+def drain(client: Client, idle: float = 1.0) -> list[str]:
+    got: list[str] = []
+    while (m := client.receive(timeout=idle)) is not None:
+        got.append(bytes(m.payload).decode())
+        client.ack(m)
+    return got
+
+
+def test_tmqp_durable_subscription_survives_kill_9_and_is_destroyed(
+    make: type[Served], zctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    broker = make()
+    with broker.client(zctx) as admin:
+        admin.create_channel("news", {"Status": "Broadcast"})
+        admin.create_durable_subscription("reader", ["news"])
+        for i in range(20):
+            admin.push("news", 0, f"n{i}", ack=True)
+    broker.kill9()
+    broker.start()
+    with broker.client(zctx) as reader:
+        listed = reader.durable_subscriptions()
+        assert listed == [{"Id": "reader", "Topics": ["news"], "Messages": 20, "Consumers": 0}]
+        reader.join("/dsub/reader")
+        assert drain(reader) == [f"n{i}" for i in range(20)]
+        reader.push("news", 0, "after restart", ack=True)  # still attached to the topic
+        assert drain(reader) == ["after restart"]
+        reader.destroy_durable_subscription("reader")
+        assert reader.durable_subscriptions() == []
+        with pytest.raises(RemoteError) as err:
+            reader.destroy_durable_subscription("reader")
+        assert err.value.code == 404
+    broker.kill9()
+    broker.start()
+    with broker.client(zctx) as admin:
+        assert admin.durable_subscriptions() == []
+        assert "/dsub/reader" not in [c["Name"] for c in admin.channels()]
+
+
+def test_unacknowledged_durable_messages_come_back_after_kill_9(
+    make: type[Served], zctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    broker = make()
+    with broker.client(zctx) as admin:
+        admin.create_durable_subscription("d", ["t"])
+        for i in range(5):
+            admin.push("t", 0, f"m{i}", ack=True)
+        admin.join("/dsub/d")
+        first = admin.receive(timeout=10)
+        assert first is not None and bytes(first.payload) == b"m0"
+        admin.ack(first)
+        taken = admin.receive(timeout=10)  # delivered, never acknowledged
+        assert taken is not None and bytes(taken.payload) == b"m1"
+        admin.queue_info("/dsub/d", 0)  # a round trip: the ack of m0 reached the broker
+    broker.kill9()
+    broker.start()
+    with broker.client(zctx) as again:
+        again.join("/dsub/d")
+        assert drain(again) == ["m1", "m2", "m3", "m4"]  # m0 acknowledged: gone
+
+
+LIMITS = "[limits]\nmax_durable_subscriptions = 2\nmax_durable_subscription_messages = 3\n"
+
+
+def test_limits_refuse_and_lose_nothing(
+    make: type[Served], zctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """A full durable subscription refuses the topic's push (482) before any copy is made,
+    so nothing the producer was told was taken is dropped; one subscription beyond the
+    broker's maximum is refused (482)."""
+    broker = make(LIMITS)
+    with broker.client(zctx) as admin:
+        admin.create_channel("t", {"Status": "Broadcast"})
+        admin.create_durable_subscription("full", ["t"])
+        admin.create_durable_subscription("roomy", ["t"])
+        with pytest.raises(RemoteError) as err:
+            admin.create_durable_subscription("third", ["t"])
+        assert err.value.code == 482
+        for i in range(3):
+            admin.push("t", 0, f"m{i}", ack=True)
+        with pytest.raises(RemoteError) as err:
+            admin.push("t", 0, "refused", ack=True)
+        assert err.value.code == 482
+        admin.join("/dsub/roomy")  # the other subscription has no copy of it either
+        assert drain(admin) == ["m0", "m1", "m2"]
+        with pytest.raises(RemoteError):
+            admin.push("t", 0, "still refused", ack=True)  # "full" still holds 3
+    broker.kill9()
+    broker.start()
+    with broker.client(zctx) as reader:
+        reader.join("/dsub/full")
+        assert drain(reader) == ["m0", "m1", "m2"]
+        reader.push("t", 0, "room again", ack=True)
+        assert drain(reader) == ["room again"]
+
+
+@pytest.mark.parametrize(
+    ("sub_id", "payload_topics", "code"),
+    [
+        ("bad id", ["t"], 400),  # a space: not a channel name
+        ("ok", [], 400),  # no topic
+        ("ok", ["/dsub/other"], 400),  # a durable subscription is not a topic
+        ("", ["t"], 400),
+    ],
+)
+def test_bad_durable_subscription_requests_are_400_and_the_broker_serves_on(
+    make: type[Served],
+    zctx: zmq.Context[zmq.Socket[bytes]],
+    sub_id: str,
+    payload_topics: list[str],
+    code: int,
+) -> None:
+    broker = make()
+    with broker.client(zctx) as client:
+        with pytest.raises(RemoteError) as err:
+            client.create_durable_subscription(sub_id, payload_topics)
+        assert err.value.code == code
+        assert client.durable_subscriptions() == []
+        client.create_durable_subscription("fine", ["t"])
+        client.push("t", 0, "x", ack=True)
+        client.join("/dsub/fine")
+        assert drain(client) == ["x"]
+
+
+def test_routers_bindings_and_queue_status_survive_kill_9(
+    make: type[Served], zctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    broker = make()
+    with broker.client(zctx) as admin:
+        admin.create_queue("orders", 1, {"Status": "Push", "Tag": "t1"})
+        admin.update_queue("orders", 1, {"Status": "RoundRobin"})
+        admin.create_router("fan", {"Method": "RoundRobin"})
+        admin.add_binding("fan", {"Name": "b1", "Target": "orders", "Queue": 1, "Priority": 5})
+        admin.add_binding("fan", {"Name": "b2", "Target": "audit", "Queue": 0})
+        admin.remove_binding("fan", "b2")
+        admin.create_router("gone")
+        admin.remove_router("gone")
+    broker.kill9()
+    broker.start()
+    with broker.client(zctx) as admin:
+        routers = admin.routers()
+        assert [r["Name"] for r in routers] == ["fan"]
+        assert routers[0]["Method"] == "RoundRobin"
+        assert [b["Name"] for b in routers[0]["Bindings"]] == ["b1"]
+        assert routers[0]["Bindings"][0]["Priority"] == 5
+        info = admin.queue_info("orders", 1)
+        assert info["Status"] in ("RoundRobin", 2) and info["Tag"] == "t1"
