@@ -30,6 +30,9 @@ Mapping (see README "STOMP on the engine"):
   ``/queue/NAME`` subscriber too (a channel is what a consumer joins);
 * ``/topic/NAME`` -> channel ``/topic/NAME``, queue 0, Broadcast status (every consumer
   online gets a copy; nothing is kept);
+* ``/dsub/ID`` -> channel ``/dsub/ID``, queue 0: durable subscription ``ID``
+  (``broker.engine.dsubs``), made by ``SUBSCRIBE persistent:true`` with ``id:ID`` on
+  ``/topic/`` destinations, destroyed by ``UNSUBSCRIBE persistent:true``;
 * ack ``auto``: the delivery is acknowledged to the engine as soon as the connection
   takes it; ``client``/``client-individual``: on ACK; NACK is a negative acknowledge (the
   message goes back to its queue for the next consumer, ``Delivery-Count`` grows);

@@ -89,6 +89,8 @@ def test_tmqp_durable_subscription_survives_kill_9_and_is_destroyed(
     with broker.client(zctx) as reader:
         listed = reader.durable_subscriptions()
         assert listed == [{"Id": "reader", "Topics": ["news"], "Messages": 20, "Consumers": 0}]
+        browsed = reader.browse("/dsub/reader", 0, 0)  # consumes nothing
+        assert [bytes(b.message.payload) for b in browsed] == [b"n%d" % i for i in range(20)]
         reader.join("/dsub/reader")
         assert drain(reader) == [f"n{i}" for i in range(20)]
         reader.push("news", 0, "after restart", ack=True)  # still attached to the topic
