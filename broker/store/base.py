@@ -53,10 +53,13 @@ class Store(ABC):
     def queues(self) -> list[QueueKey]:
         """Queues that have saved messages."""
 
-    def update(self, queue: QueueKey, message: StoredMessage) -> None:  # noqa: B027
+    def update(  # noqa: B027
+        self, queue: QueueKey, message: StoredMessage, *, durable: bool = False
+    ) -> None:
         """A saved message's put-backs, delivery count or deadline changed (the message
         itself did not); a store that does not outlive the process may ignore it, and so
-        may a store for an unknown sequence number."""
+        may a store for an unknown sequence number.  ``durable``: what the engine answers
+        next depends on it (a put-back), so it counts as a write replies wait for."""
 
     def retain(self, queue: QueueKey, message: StoredMessage) -> None:
         """A saved message was consumed on a queue that keeps consumed messages readable

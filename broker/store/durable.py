@@ -252,14 +252,17 @@ class DurableStore(Store):
             self._last[queue] = sequence
         self.appended = done.ticket
 
-    def update(self, queue: QueueKey, message: StoredMessage) -> None:
+    def update(self, queue: QueueKey, message: StoredMessage, *, durable: bool = False) -> None:
         """Rewrite the record's metadata (not its blob); a message this store does not
-        hold is ignored.  Not a write a reply waits for (``appended`` stays)."""
+        hold is ignored.  A write replies wait for (``appended``) only when ``durable``
+        (a put-back: the requeued message is seen only once its count is kept)."""
         seqs = self._seqs.get(queue)
         seq = None if seqs is None else seqs.get(message.sequence)
         if seq is not None:
             with contextlib.suppress(NoSuchRecord):  # (removed meanwhile)
-                self.log.update(queue, seq, _meta(message))
+                ticket = self.log.update(queue, seq, _meta(message))
+                if durable:
+                    self.appended = ticket
 
     def retain(self, queue: QueueKey, message: StoredMessage) -> None:
         """Write the consumed message under the queue's retained key, then forget the live

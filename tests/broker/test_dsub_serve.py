@@ -215,3 +215,41 @@ def test_routers_bindings_and_queue_status_survive_kill_9(
         assert routers[0]["Bindings"][0]["Priority"] == 5
         info = admin.queue_info("orders", 1)
         assert info["Status"] in ("RoundRobin", 2) and info["Tag"] == "t1"
+
+
+PUT_BACK = {
+    "MessageDeliveryHandler": "persistent",
+    "RequestAcknowledge": True,
+    "PutBackLimit": 1,
+    "PutBackDelay": 600_000,  # ten minutes: the put-back waits, delayed, when killed
+}
+
+
+def test_a_put_back_is_durable_before_anyone_can_see_it_kill_9_right_after(
+    make: type[Served], zctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """A nack's put-back (one more put-back) is written and synced before the broker
+    answers anything after it: killed right after, the restarted queue still counts it,
+    so the next nack passes PutBackLimit 1 and trashes the message.  (It used to reach the
+    log only with the next delivery: the restart forgot it and delivered a third time.)"""
+    broker = make()
+    with broker.client(zctx) as client:
+        client.create_queue("work", 1, PUT_BACK)
+        client.push("work", 1, "job", ack=True, message_id="j1")
+        client.join("work")
+        first = client.receive(timeout=10)
+        assert first is not None and first.id == "j1"
+        client.nack(first)
+        client.queue_info("work", 1)  # answered after the nack, once it is durable
+    broker.kill9()
+    broker.start()
+    with broker.client(zctx) as client:
+        client.join("work")
+        again = client.receive(timeout=10)
+        assert again is not None and again.id == "j1"
+        assert dict(again.headers).get("Delivery-Count") == "2"
+        client.nack(again)  # the second put-back: past the limit of 1
+        trashed = client.trash_list("work", 1)
+        assert [t.message.message_id for t in trashed] == ["j1"]
+        assert dict(trashed[0].message.headers)["Trash-Reason"] == "put-back-limit"
+        assert client.receive(timeout=0.5) is None

@@ -131,6 +131,7 @@ class AckTracker:
         if not q.alive or not q.strategy.keeps_returns:
             q.drop(m, out, NackReason.CLEARED)
             return
+        q.put_back_saved(m, now)  # kept before anything can see it requeued
         delay = q.options.put_back_delay
         if delay:
             m.state = DELAYED

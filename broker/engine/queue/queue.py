@@ -291,6 +291,10 @@ class Queue:
     def delivered(self, m: QueueMessage, now: float) -> None:
         self.ledger.delivered(m, now)
 
+    def put_back_saved(self, m: QueueMessage, now: float) -> None:
+        """A saved message was put back: its new count is kept (``Ledger.delivered``)."""
+        self.ledger.delivered(m, now, durable=True)
+
     def finish(self, m: QueueMessage) -> None:
         self.ledger.finish(m)
 
