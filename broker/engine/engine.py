@@ -748,7 +748,20 @@ class Engine:
                     continue
                 queue.sequence = max(queue.sequence, last)
                 count += self._recover_retained(queue)
+                self._recover_trash(queue, now)
         return count
+
+    def _recover_trash(self, queue: Queue, now: float) -> None:
+        """Bring back what the queue's trash kept in the store (oldest first), within its
+        ``TrashLimit`` and ``TrashRetention``."""
+        try:
+            kept = list(self.store.trashed(queue.key))
+        except Exception as exc:
+            self.count_error("store.trashed", exc)
+            return
+        for stored, reason, at in kept:
+            queue.restore_trashed(stored, reason, at, now)
+            queue.sequence = max(queue.sequence, stored.sequence)
 
     def _recover_routers(self) -> None:
         """Routers (with bindings) created by operations before the restart; one the

@@ -433,17 +433,15 @@ def trash_resubmit(
     the queue refuses (full, Stopped) stays in the trash, with those after it."""
     queue = _queue(parts, frame)
     _allow(parts, client, Action.TRASH, queue.channel.name, queue.id)
-    chosen = _sequences(frame)
-    queue.trash.prune(now, queue.options.trash_retention)
-    taken = queue.trash.take(chosen)
+    trash = queue.trash
+    trash.prune(now, queue.options.trash_retention)
     done = 0
-    for i, (_seq, item) in enumerate(taken):
+    for seq in trash.chosen(_sequences(frame)):
+        item = trash.peek(seq)
         if queue.check_push(len(item.message.payload)):
-            for back_seq, back in reversed(taken[i:]):
-                queue.trash.put_back(back_seq, back)
             break
-        message = item.message.replace(wants_ack=False)
-        queue.accept(message, None, now, out, False)
+        queue.accept(item.message.replace(wants_ack=False), None, now, out, False)
+        trash.pop(seq)  # (after: saved as a new message first, then forgotten there)
         done += 1
     return {"Resubmitted": done}
 

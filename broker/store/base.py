@@ -74,6 +74,18 @@ class Store(ABC):
     def forget_retained(self, queue: QueueKey, sequence: int) -> None:  # noqa: B027
         """A retained message was released or pushed out (unknown numbers are ignored)."""
 
+    def trash(self, queue: QueueKey, message: StoredMessage, reason: str, at: float) -> None:  # noqa: B027
+        """A saved message went to its queue's trash (``reason``, at wall-clock UNIX
+        seconds ``at``): keep it there (the engine removes the live record after this).
+        A store that does not outlive the process may ignore it."""
+
+    def trashed(self, queue: QueueKey) -> Iterator[tuple[StoredMessage, str, float]]:
+        """The queue's kept trash (message, reason, wall-clock time), in sequence order."""
+        return iter(())
+
+    def forget_trashed(self, queue: QueueKey, sequence: int) -> None:  # noqa: B027
+        """A trashed message was resubmitted, purged or pushed out (unknown: ignored)."""
+
     def last_sequence(self, queue: QueueKey) -> int:
         """The highest sequence number this store knows the queue has given, saved
         messages or not (0: none); a restart numbers the queue's messages above it."""

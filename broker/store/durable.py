@@ -32,6 +32,12 @@ Retained messages.  A consumed message a ``Retain`` queue keeps readable by sequ
 written again under the queue's id plus :data:`RETAINED_OFFSET` (a log key no TMQP queue
 id reaches), then removed from the queue's live records; releasing it removes it there.
 
+Trash.  A saved message that went to its queue's trash (``broker.engine.queue.trash``)
+is written again under the queue's id plus :data:`TRASH_OFFSET`, with two more headers,
+``Trash-Reason`` and ``Trash-At`` (wall-clock seconds), before its live record is
+removed; resubmitting, purging or the retention policy remove it there.  A crash between
+the two writes leaves both: recovery prefers the live one.
+
 Tickets.  :attr:`DurableStore.appended` is the highest ticket of a write whose
 durability a reply depends on (a message or a definition saved); the server holds its
 output until :attr:`completed` reaches it (``broker.server.gate``).  Removals do not
@@ -48,6 +54,7 @@ import contextlib
 import logging
 import struct
 from collections.abc import Iterator
+from dataclasses import replace
 
 from broker.message import Headers, Message
 from broker.store.base import QueueKey, Store, StoredMessage
@@ -62,6 +69,10 @@ _HEAD_ID_V1 = struct.Struct("<BBBHH")  # version 1: the head and the message id'
 _HEAD_ID = struct.Struct("<BBBHQH")  # the head, the sequence number, the id's length
 #: A queue's retained messages live in the log under its id plus this (above TMQP's ids).
 RETAINED_OFFSET = 0x1_0000
+#: A queue's trashed messages live in the log under its id plus this.
+TRASH_OFFSET = 0x2_0000
+_TRASH_REASON = "Trash-Reason"
+_TRASH_AT = "Trash-At"
 #: Values this adapter keeps for itself beside the engine's definitions.
 SEQUENCE_PREFIX = "sequence/"
 _NO_HEADERS = b"\0\0"
@@ -89,6 +100,10 @@ def _sequence_name(queue: QueueKey) -> str:
 
 def _retained_key(queue: QueueKey) -> QueueKey:
     return (queue[0], queue[1] + RETAINED_OFFSET)
+
+
+def _trash_key(queue: QueueKey) -> QueueKey:
+    return (queue[0], queue[1] + TRASH_OFFSET)
 
 
 def encode_message(message: Message, producer_id: str = "", sequence: int = 0) -> bytes:
@@ -289,6 +304,42 @@ class DurableStore(Store):
         if seq is not None:
             self.log.remove(shadow, seq)
 
+    def trash(self, queue: QueueKey, message: StoredMessage, reason: str, at: float) -> None:
+        """Write the message under the queue's trash key with its reason and time (the
+        engine then removes the live record; a crash between leaves both)."""
+        shadow = _trash_key(queue)
+        marks = ((_TRASH_REASON, reason), (_TRASH_AT, repr(at)))
+        kept = message.message
+        kept = kept.replace(headers=(*kept.headers, *marks))
+        blob = encode_message(kept, message.producer_id, message.sequence)
+        meta = _meta(replace(message, deadline=0.0))
+        done = self.log.append(shadow, blob, meta)
+        self._seqs.setdefault(shadow, {})[message.sequence] = done.seq
+
+    def trashed(self, queue: QueueKey) -> Iterator[tuple[StoredMessage, str, float]]:
+        live = self._seqs.get(queue, {})
+        for stored in self.iterate(_trash_key(queue)):
+            if stored.sequence in live:  # a crash between trash's two writes
+                self.forget_trashed(queue, stored.sequence)
+                continue
+            reason, at, headers = "", 0.0, []
+            for name, value in stored.message.headers:
+                if name == _TRASH_REASON:
+                    reason = value
+                elif name == _TRASH_AT:
+                    with contextlib.suppress(ValueError):
+                        at = float(value)
+                else:
+                    headers.append((name, value))
+            message = stored.message.replace(headers=tuple(headers))
+            yield replace(stored, message=message), reason, at
+
+    def forget_trashed(self, queue: QueueKey, sequence: int) -> None:
+        shadow = _trash_key(queue)
+        seq = self._seqs.get(shadow, {}).pop(sequence, None)
+        if seq is not None:
+            self.log.remove(shadow, seq)
+
     def remove(self, queue: QueueKey, sequence: int) -> None:
         seqs = self._seqs.get(queue)
         if seqs is None:
@@ -356,7 +407,7 @@ class DurableStore(Store):
 
     def drop_queue(self, queue: QueueKey) -> None:
         shadow = _retained_key(queue)
-        for key in (queue, shadow):
+        for key in (queue, shadow, _trash_key(queue)):
             self._seqs.pop(key, None)
             self._last.pop(key, None)
             self.log.purge(key)

@@ -253,3 +253,49 @@ def test_a_put_back_is_durable_before_anyone_can_see_it_kill_9_right_after(
         assert [t.message.message_id for t in trashed] == ["j1"]
         assert dict(trashed[0].message.headers)["Trash-Reason"] == "put-back-limit"
         assert client.receive(timeout=0.5) is None
+
+
+TRASHING = {
+    "MessageDeliveryHandler": "persistent",
+    "RequestAcknowledge": True,
+    "PutBackLimit": 1,
+}
+
+
+def test_the_trash_of_a_persistent_queue_survives_kill_9_resubmit_and_purge_after(
+    make: type[Served], zctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    broker = make()
+    with broker.client(zctx) as client:
+        client.create_queue("jobs", 1, TRASHING)
+        for i in range(3):
+            client.push("jobs", 1, f"j{i}", ack=True, message_id=f"j{i}")
+        client.join("jobs")
+        while (m := client.receive(timeout=1.0)) is not None:
+            client.nack(m)  # twice each: past PutBackLimit 1, to the trash
+        assert len(client.trash_list("jobs", 1)) == 3
+    broker.kill9()
+    broker.start()
+    with broker.client(zctx) as client:
+        trashed = client.trash_list("jobs", 1)
+        assert [t.message.message_id for t in trashed] == ["j0", "j1", "j2"]
+        reasons = {dict(t.message.headers)["Trash-Reason"] for t in trashed}
+        assert reasons == {"put-back-limit"}
+        assert client.queue_info("jobs", 1)["Messages"] == 0  # not back in the queue
+        assert client.trash_resubmit("jobs", 1, [trashed[0].sequence]) == 1
+    broker.kill9()  # the resubmitted message is a saved message of the queue now
+    broker.start()
+    with broker.client(zctx) as client:
+        assert [t.message.message_id for t in client.trash_list("jobs", 1)] == ["j1", "j2"]
+        client.join("jobs")
+        back = client.receive(timeout=10)
+        assert back is not None and bytes(back.payload) == b"j0"
+        client.ack(back)
+        assert client.trash_purge("jobs", 1) == 2
+        client.queue_info("jobs", 1)  # a round trip: the acknowledge was taken
+    broker.kill9()
+    broker.start()
+    with broker.client(zctx) as client:
+        assert client.trash_list("jobs", 1) == []
+        client.join("jobs")
+        assert client.receive(timeout=1.0) is None
