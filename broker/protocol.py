@@ -80,6 +80,11 @@ class Operation(IntEnum):
     STATS = 901  # zerohub: broker-wide counters as JSON (needs the ADMIN permission)
 
 
+#: zerohub: content type of a receipt (``broker.engine.receipts``), a direct message the
+#: broker sends a producer that asked for one with header ``Receipt: ONE|ALL``.
+RECEIPT_CONTENT_TYPE = 233
+
+
 class ResultCode(IntEnum):
     """Content type of responses and acknowledges: 0 success, else a status code."""
 

@@ -52,6 +52,15 @@ with 482. 231 destroys it with every message it holds (404 if unknown); 232
 answers JSON [{"Id", "Topics", "Messages", "Consumers"}]. Creating needs the
 channel-create permission on /dsub/target and join on each topic, destroying
 channel-remove on /dsub/target, listing channel-list.
+Receipts (zerohub, SMQP RECEIPT): a queue message with header Receipt: ONE or
+ALL brings its producer one direct message of content type 233 from source
+@receipts, headers Receipt-For (the message id), Receipt, Delivered ("X/Y":
+consumers that received it of those it was sent to), Receipt-Status (complete or
+incomplete), Channel-Name and Queue-Id: ONE when one consumer received it, ALL
+when every consumer it was sent to did and it left the queue, else incomplete
+when it left the queue otherwise or at the timeout (header Receipt-Timeout in
+ms, else the queue's MessageTimeout, else 60 s). A bad header is 400, more than
+max_pending_receipts waiting 482.
 Purging a queue (zerohub): content type 220 (pending response set; channel in
 target, queue in a Queue-Id header) removes the messages waiting in the queue,
 not those delivered and not acknowledged yet, and answers JSON

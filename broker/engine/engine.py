@@ -75,7 +75,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 
 from broker import paging, tmqp
-from broker.engine import flow, models, operations, routing
+from broker.engine import flow, models, operations, receipts, routing
 from broker.engine.auth import Action, AllowAll, Authorizer
 from broker.engine.channels import Channel, ChannelRegistry, Client, valid_channel_name
 from broker.engine.clients import ClientRegistry
@@ -86,7 +86,7 @@ from broker.engine.errors import ClientRejected, EngineError, OperationError
 from broker.engine.events import EventHub
 from broker.engine.frames import pull_marker
 from broker.engine.host import QueueServices
-from broker.engine.message import QueueMessage
+from broker.engine.message import DONE, QueueMessage
 from broker.engine.options import (
     DEFAULT_RETAIN_LIMIT,
     BrokerConfig,
@@ -128,6 +128,7 @@ log = logging.getLogger("broker.engine.engine")
 _Handler = Callable[[Client, tmqp.Frame, float, list[Outgoing]], None]
 _QUEUE = int(MessageType.QUEUE)
 _CC = Header.CC.lower()
+_NO_RECEIPT: tuple[str, int | None] = ("", None)
 
 
 def _default_id_factory() -> Callable[[], str]:
@@ -163,6 +164,8 @@ class Engine:
             config, authorizer, new_id, events, self.channel_registry, services, clients
         )
         self.router_table = RouterTable(config.limits)
+        #: Receipts asked for by producers (``broker.engine.receipts``).
+        self.receipts = services.receipts
         #: Durable subscriptions (``broker.engine.dsubs``): topic copies kept while away.
         self.durable = DurableSubscriptions(self.channel_registry)
         self.parts = EngineParts(
@@ -303,6 +306,8 @@ class Engine:
         try:
             if mt == _QUEUE:
                 self._push(client, message_of(frame, data), frame.pending_response, now, out)
+                if self.receipts.outbox:
+                    self.receipts.take(out)
                 return out
             handle = self._handlers.get(mt)
             if handle is not None:
@@ -317,6 +322,7 @@ class Engine:
         except Exception as exc:
             self.count_error(f"receive type {mt:#x}", exc)
             answer_failure(client, frame, out, OperationError(ResultCode.FAILED, "internal error"))
+        self.receipts.take(out)
         return out
 
     # ------------------------------------------------------------------ typed operations
@@ -439,6 +445,7 @@ class Engine:
             raise
         except Exception as exc:
             self.count_error(what, exc)
+        self.receipts.take(out)
         return out
 
     # ------------------------------------------------------------------ queue messages
@@ -461,10 +468,14 @@ class Engine:
                 client, Action.PUSH, queue.channel.name, queue.id
             ):
                 raise OperationError(ResultCode.UNAUTHORIZED, "push not allowed")
+            receipt = receipts.requested(m.headers) if m.headers else _NO_RECEIPT
+            if receipt[0]:
+                self.receipts.check_room()
             copies = self.durable.queues_for(queue.channel.name) if self.durable.by_topic else ()
             if (
                 queue.plain
                 and not copies
+                and not receipt[0]
                 and not wants_response
                 and not self.events.has(EventName.MESSAGE_PRODUCED)
                 and queue.push_plain(m, client, now, out)
@@ -475,7 +486,7 @@ class Engine:
             if m.headers:
                 ccs = [v for k, v in m.headers if k.lower() == _CC]
                 if ccs:
-                    self._push_cc(client, m, queue, ccs, now, out, copies)
+                    self._push_cc(client, m, queue, ccs, now, out, copies, receipt)
                     return
             code = self.channel_registry.check_push(queue, len(m.payload))
             if code:
@@ -487,9 +498,27 @@ class Engine:
             return
         qm = queue.accept(m, client, now, out, m.wants_ack)
         if qm is not None:
+            if receipt[0]:
+                self._watch_receipt(queue, qm, client, receipt, now)
             self._produced(queue, qm, out)
         for copy in copies:
             self._copy_durable(copy, m, client, now, out)
+
+    def _watch_receipt(
+        self,
+        queue: Queue,
+        m: QueueMessage,
+        client: Client,
+        receipt: tuple[str, int | None],
+        now: float,
+    ) -> None:
+        """The producer asked for a receipt (``broker.engine.receipts``)."""
+        mode, timeout = receipt
+        if not timeout:
+            timeout = queue.options.message_timeout or receipts.DEFAULT_TIMEOUT_MS
+        self.receipts.watch(queue.key, m.seq, m.message_id, client.id, mode, now, timeout)
+        if m.state == DONE:  # its fate was decided at once (a broadcast nobody took)
+            self.receipts.finished(queue.key, m.seq)
 
     def _check_durable(self, copies: Iterable[Queue], size: int) -> None:
         """OperationError unless every durable subscription queue takes a copy."""
@@ -535,6 +564,7 @@ class Engine:
         now: float,
         out: list[Outgoing],
         durable: Iterable[Queue] = (),
+        receipt: tuple[str, int | None] = ("", None),
     ) -> None:
         """Push into the target queue and a copy into each ``CC`` queue, all or nothing.
 
@@ -580,6 +610,8 @@ class Engine:
                 message, client, now, out, waits, headers=plain, message_id=message_id
             )
             if m is not None:
+                if receipt[0] and queue is primary:
+                    self._watch_receipt(queue, m, client, receipt, now)
                 self._produced(queue, m, out)
         for copy in durable:
             self._copy_durable(copy, message, client, now, out, plain)
@@ -645,6 +677,7 @@ class Engine:
             except Exception as exc:
                 self.count_error("transmitted", exc)
         self._drain_ready([q for q in ready if q.stalled], now, out)
+        self.receipts.take(out)
         return out
 
     def disconnect(self, client_id: str, now: float) -> list[Outgoing]:
@@ -657,6 +690,7 @@ class Engine:
             return out
         if not client.unsent:
             self.client_registry.disconnect(client_id, now, out)
+            self._receipts_after_disconnect(client_id, out)
             return out
         ready: dict[Queue, None] = {}
         try:
@@ -665,7 +699,18 @@ class Engine:
             self.count_error("disconnect", exc)
         self.client_registry.disconnect(client_id, now, out)
         self._drain_ready(ready, now, out)
+        self._receipts_after_disconnect(client_id, out)
         return out
+
+    def _receipts_after_disconnect(self, client_id: str, out: list[Outgoing]) -> None:
+        """The client's own pending receipts are forgotten (nobody to tell); those its
+        leaving decided for others go out."""
+        receipts = self.receipts
+        receipts.forget_producer(client_id)
+        if receipts.outbox:
+            kept = [item for item in receipts.outbox if item[0] != client_id]
+            receipts.outbox.clear()
+            out.extend(kept)
 
     def _drain_ready(self, ready: Iterable[Queue], now: float, out: list[Outgoing]) -> None:
         for queue in ready:
@@ -695,11 +740,21 @@ class Engine:
                 touched.append(queue.channel)
         for channel in touched:
             self.channel_registry.maybe_destroy(channel, out)
+        receipts = self.receipts
+        if receipts.pending or receipts.outbox:
+            receipts.tick(now)
+            receipts.take(out)
         return out
 
     def next_deadline(self) -> float | None:
         """Earliest ``now`` at which :meth:`tick` has work (None: no timer armed)."""
-        return self.services.timers.next_deadline()
+        timers = self.services.timers.next_deadline()
+        if not self.receipts.pending:
+            return timers
+        due = self.receipts.next_deadline()
+        if due is None or timers is None:
+            return due if timers is None else timers
+        return min(timers, due)
 
     # ------------------------------------------------------------------ recovery, stats
 

@@ -66,6 +66,9 @@ class Limits:
     #: topic one of whose durable subscriptions is full is refused (482), all or nothing.
     max_durable_subscriptions: int = 1_000
     max_durable_subscription_messages: int = 100_000
+    #: Receipts (``Receipt: ONE|ALL``) waiting for their message's fate (per broker);
+    #: a push asking for one more is refused (482).
+    max_pending_receipts: int = 100_000
     #: Octets of JSON in one list/statistics reply; longer lists come in pages.
     max_reply_size: int = 1024 * 1024
 

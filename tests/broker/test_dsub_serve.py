@@ -126,7 +126,11 @@ def test_unacknowledged_durable_messages_come_back_after_kill_9(
     broker.start()
     with broker.client(zctx) as again:
         again.join("/dsub/d")
-        assert drain(again) == ["m1", "m2", "m3", "m4"]  # m0 acknowledged: gone
+        got = drain(again)
+    # every unacknowledged one is back, in order; the acknowledged m0 is gone -- unless
+    # its removal had not reached the disk yet (a removal is not waited for: a late one
+    # costs a redelivery, never a loss), then it comes back first
+    assert got in (["m1", "m2", "m3", "m4"], ["m0", "m1", "m2", "m3", "m4"])
 
 
 LIMITS = "[limits]\nmax_durable_subscriptions = 2\nmax_durable_subscription_messages = 3\n"

@@ -70,6 +70,9 @@ class AckTracker:
         success = reason is None
         if success:
             q.acks += 1
+            receipts = q.host.receipts
+            if receipts.pending:
+                receipts.succeeded(q.key, m.seq, client.id)
         else:
             q.nacks += 1
         d = q.hooks.call(m, "acknowledge_received", q, ack, dl, success)

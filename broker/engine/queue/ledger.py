@@ -99,6 +99,9 @@ class Ledger:
         # (a message at or below the last release is not kept: ``reading.Retained.floor``)
         retain = m.state == INFLIGHT and q.options.retain and m.seq > q.retained.floor
         m.state = DONE
+        receipts = q.host.receipts
+        if receipts.pending:  # its fate is known: a receipt asked for goes now
+            receipts.finished(q.key, m.seq)
         if retain:
             self.retain(m)
         elif m.saved:
