@@ -190,3 +190,33 @@ def test_send_to_a_durable_subscription_and_bad_requests(
     # the broker keeps serving the subscription
     publish(connected(raws, server.port), "/topic/x", ["still"])
     assert [m.body for m in messages(owner, 1)] == [b"still"]
+
+
+def test_only_a_client_allowed_to_may_create_or_destroy_one(
+    raws: Callable[[int], Raw], tmp_path: Path
+) -> None:
+    """The broker's authorizer: anonymous clients may consume (``join``) but neither
+    create a durable subscription (``channel-create`` on ``/dsub/ID``) nor destroy
+    another's (``channel-remove``); the owner's subscription goes on collecting."""
+    config = 'anonymous = ["join"]\n[tokens]\ns3cret = "all"\n'
+    server = Serve(tmp_path, "--data", str(tmp_path / "data"), config=config)
+    try:
+        owner, writer = raws(server.port), raws(server.port)
+        for raw in (owner, writer):
+            raw.send(b"CONNECT\naccept-version:1.2\nhost:localhost\npasscode:s3cret\n\n\x00")
+            expect(raw, Command.CONNECTED)
+        sub = frame("SUBSCRIBE", id="mine", persistent="true", destination="/topic/x", receipt="s")
+        receipt(owner, sub, "s")
+        attempts = [
+            frame("SUBSCRIBE", id="theirs", persistent="true", destination="/topic/x"),
+            frame("UNSUBSCRIBE", id="mine", persistent="true"),
+        ]
+        for data in attempts:
+            anon = connected(raws, server.port)
+            anon.send(data)
+            error = expect(anon, Command.ERROR)
+            assert "not authorized" in (error.header("message") or "")
+        publish(writer, "/topic/x", ["kept"])
+        assert [m.body for m in messages(owner, 1)] == [b"kept"]
+    finally:
+        server.stop()
