@@ -12,6 +12,7 @@ from broker.protocol import (
     Operation,
     QueueStatus,
     ResultCode,
+    RouterOperation,
     header,
 )
 from tests.broker.engine_kit import Frame, Kit
@@ -137,3 +138,20 @@ def test_durable_subscription_collects_and_refuses_when_full() -> None:
     ]:
         bad = kit.op(admin, Operation.DSUB_CREATE, target, payload=payload)
         assert bad.content_type == ResultCode.BAD_REQUEST, (target, payload)
+
+
+def test_a_router_publishing_into_a_topic_feeds_its_durable_subscriptions() -> None:
+    kit = Kit()
+    admin = kit.connect("a")
+    kit.queue(admin, "t", 0, status=QueueStatus.BROADCAST)
+    kit.ok(admin, Operation.DSUB_CREATE, "d", payload={"Topics": ["t"]})
+    kit.ok(admin, RouterOperation.ROUTER_CREATE, "r")
+    binding = {"Name": "b", "Type": "Queue", "Target": "t", "Queue": 0}
+    kit.ok(admin, RouterOperation.BINDING_ADD, "r", payload=binding)
+    kit.send(
+        admin,
+        Frame(message_type=MessageType.ROUTER, target="r", message_id="x1", payload=b"via"),
+    )
+    reader = kit.connect("r")
+    kit.join(reader, "/dsub/d")
+    assert kit.payloads(reader) == [b"via"]
