@@ -220,3 +220,26 @@ def test_only_a_client_allowed_to_may_create_or_destroy_one(
         assert [m.body for m in messages(owner, 1)] == [b"kept"]
     finally:
         server.stop()
+
+
+def test_subscribing_again_with_another_topic_moves_the_subscription(
+    serve_factory: Callable[..., Serve], raws: Callable[[int], Raw], tmp_path: Path
+) -> None:
+    """Apollo: the same id with another destination updates the durable subscription."""
+    server = serve_factory("--data", str(tmp_path / "data"))
+    owner = connected(raws, server.port)
+    sub = frame("SUBSCRIBE", id="u", persistent="true", destination="/topic/a", receipt="1")
+    receipt(owner, sub, "1")
+    receipt(owner, frame("UNSUBSCRIBE", id="u", receipt="2"), "2")  # not destroyed
+    moved = frame("SUBSCRIBE", id="u", persistent="true", destination="/topic/b", receipt="3")
+    receipt(owner, moved, "3")
+    writer = connected(raws, server.port)
+    publish(writer, "/topic/a", ["old topic"])
+    publish(writer, "/topic/b", ["new topic"])
+    assert [m.body for m in messages(owner, 1)] == [b"new topic"]
+    owner.sock.settimeout(0.5)
+    try:
+        extra = owner.next()
+    except TimeoutError:
+        extra = None
+    assert extra is None  # nothing of /topic/a
