@@ -165,10 +165,10 @@ class DurableSubscriptions:
             )
         self._unlink(sub)
         registry = self.registry
-        registry.definitions.forget_dsub(sub_id)
         channel = registry.channels.get(sub.channel)
-        if channel is not None:
-            registry.remove_channel(channel, out)
+        if channel is not None:  # first: a crash before the next write leaves a
+            registry.remove_channel(channel, out)  # definition without channel (forgotten)
+        registry.definitions.forget_dsub(sub_id)
 
     def queues_for(self, topic: str) -> list[Queue]:
         """The queues a message pushed into ``topic`` is copied to (a subscription whose

@@ -39,9 +39,10 @@ removed; resubmitting, purging or the retention policy remove it there.  A crash
 the two writes leaves both: recovery prefers the live one.
 
 Tickets.  :attr:`DurableStore.appended` is the highest ticket of a write whose
-durability a reply depends on (a message or a definition saved); the server holds its
-output until :attr:`completed` reaches it (``broker.server.gate``).  Removals do not
-count: forgetting an acknowledged message late costs a redelivery, never a loss.
+durability a reply depends on (a message or a definition saved or deleted, a put-back
+written); the server holds its output until :attr:`completed` reaches it
+(``broker.server.gate``).  Message removals do not count: forgetting an acknowledged
+message late costs a redelivery, never a loss.
 
 Damage.  A record whose blob cannot be decoded (a bug, or a version this code does not
 read) is logged with its queue and sequence number and skipped on recovery; the log
@@ -418,7 +419,9 @@ class DurableStore(Store):
             self.appended = self.log.put_value(name, value)
 
     def delete_definition(self, name: str) -> None:
-        self.log.delete_value(name)
+        """A write replies wait for, as a put is: a removed channel or durable
+        subscription answered as removed must not come back after a crash."""
+        self.appended = max(self.appended, self.log.delete_value(name))
 
     def definitions(self) -> dict[str, bytes]:
         return {
