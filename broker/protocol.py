@@ -72,7 +72,17 @@ class Operation(IntEnum):
     TRASH_LIST = 210
     TRASH_RESUBMIT = 211
     TRASH_PURGE = 212
+    #: zerohub: durable subscriptions (``broker.engine.dsubs``): create or update (target
+    #: = id, JSON ``{"Topics": [channel, ...]}``), destroy (target = id), list (JSON).
+    DSUB_CREATE = 230
+    DSUB_DESTROY = 231
+    DSUB_LIST = 232
     STATS = 901  # zerohub: broker-wide counters as JSON (needs the ADMIN permission)
+
+
+#: zerohub: content type of a receipt (``broker.engine.receipts``), a direct message the
+#: broker sends a producer that asked for one with header ``Receipt: ONE|ALL``.
+RECEIPT_CONTENT_TYPE = 233
 
 
 class ResultCode(IntEnum):

@@ -42,6 +42,25 @@ put-back-limit or a nack reason), 211 resubmits messages to the queue as new
 messages (JSON {"Resubmitted": N}), 212 purges them (JSON {"Purged": N}); both
 take header Sequences (comma-separated sequence numbers; absent: all). Listing
 needs the browse permission, resubmit and purge the trash permission.
+Durable subscriptions (zerohub): content type 230 creates durable subscription
+target (or sets the topics of an existing one) from JSON {"Topics": [channel,
+...]}: every message pushed into a queue of a topic channel is then also copied
+into queue 0 of channel /dsub/target, which keeps it (saved with serve --data)
+until a consumer that joined /dsub/target acknowledges it; a push when one of
+those copies does not fit (limit max_durable_subscription_messages) is refused
+with 482. 231 destroys it with every message it holds (404 if unknown); 232
+answers JSON [{"Id", "Topics", "Messages", "Consumers"}]. Creating needs the
+channel-create permission on /dsub/target and join on each topic, destroying
+channel-remove on /dsub/target, listing channel-list.
+Receipts (zerohub, SMQP RECEIPT): a queue message with header Receipt: ONE or
+ALL brings its producer one direct message of content type 233 from source
+@receipts, headers Receipt-For (the message id), Receipt, Delivered ("X/Y":
+consumers that received it of those it was sent to), Receipt-Status (complete or
+incomplete), Channel-Name and Queue-Id: ONE when one consumer received it, ALL
+when every consumer it was sent to did and it left the queue, else incomplete
+when it left the queue otherwise or at the timeout (header Receipt-Timeout in
+ms, else the queue's MessageTimeout, else 60 s). A bad header is 400, more than
+max_pending_receipts waiting 482.
 Purging a queue (zerohub): content type 220 (pending response set; channel in
 target, queue in a Queue-Id header) removes the messages waiting in the queue,
 not those delivered and not acknowledged yet, and answers JSON

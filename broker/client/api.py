@@ -36,7 +36,7 @@ from broker.client.frames import (
 )
 from broker.client.message import Message
 from broker.client.session import Call, Reply, Session
-from broker.protocol import Header, MessageType, Operation, ResultCode
+from broker.protocol import Header, MessageType, Operation, ResultCode, RouterOperation
 from broker.sequence import (
     DEFAULT_BROWSE_LIMIT,
     Browsed,
@@ -512,6 +512,42 @@ class ClientApi(Generic[R]):
     def purge_queue(self, channel: str, queue_id: int) -> R:
         """Remove the queue's waiting messages; the answer is ``{"Removed": n}``."""
         return self._op(Operation.QUEUE_PURGE, channel, queue_id=queue_id, path=())
+
+    # -- routers (broker.engine.router) ------------------------------------------------
+
+    def create_router(self, name: str, options: Mapping[str, Any] | None = None) -> R:
+        """Create router ``name`` (``{"Method": "Distribute"|"OnlyFirst"|"RoundRobin"}``)."""
+        return self._op(RouterOperation.ROUTER_CREATE, name, payload=options)
+
+    def remove_router(self, name: str) -> R:
+        return self._op(RouterOperation.ROUTER_REMOVE, name)
+
+    def routers(self, pattern: str = "") -> R:
+        """Routers with their bindings (``Router.to_json``)."""
+        return self._op(RouterOperation.ROUTER_LIST, pattern, path=())
+
+    def add_binding(self, router: str, binding: Mapping[str, Any]) -> R:
+        return self._op(RouterOperation.BINDING_ADD, router, payload=binding)
+
+    def remove_binding(self, router: str, name: str) -> R:
+        return self._op(RouterOperation.BINDING_REMOVE, router, payload={"Name": name})
+
+    # -- durable subscriptions (broker.engine.dsubs) -------------------------------------
+
+    def create_durable_subscription(self, sub_id: str, topics: Iterable[str]) -> R:
+        """Create durable subscription ``sub_id`` collecting what is pushed to the topic
+        channels ``topics`` (or set the topics of an existing one).  Consume it by joining
+        channel ``/dsub/<sub_id>`` (acknowledge each message); browse it as that
+        channel's queue 0."""
+        return self._op(Operation.DSUB_CREATE, sub_id, payload={"Topics": list(topics)})
+
+    def destroy_durable_subscription(self, sub_id: str) -> R:
+        """Remove the durable subscription and every message it holds."""
+        return self._op(Operation.DSUB_DESTROY, sub_id)
+
+    def durable_subscriptions(self) -> R:
+        """Every durable subscription: ``[{"Id", "Topics", "Messages", "Consumers"}]``."""
+        return self._op(Operation.DSUB_LIST, path=())
 
     def clients(self, client_type: str = "") -> R:
         return self._op(Operation.CLIENT_LIST, client_type, path=())

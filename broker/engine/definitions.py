@@ -1,8 +1,11 @@
-"""Channel and queue definitions kept in the store, so that a restart recreates them.
+"""Channel, queue, router and durable subscription definitions kept in the store, so
+that a restart recreates them.
 
 Names: ``channel/<channel name>`` holds the channel's options as JSON
 (``ChannelOptions.to_json``); ``queue/<queue id>/<channel name>`` the queue's
-(``ChannelQueueOptions.to_json``) -- the id first, as a channel name may hold a ``/``.
+(``ChannelQueueOptions.to_json``) -- the id first, as a channel name may hold a ``/``;
+``router/<name>`` a router with its bindings (``Router.to_json``); ``dsub/<id>`` a
+durable subscription (``broker.engine.dsubs``).
 The registry writes a definition when a channel or queue is created or updated and
 forgets it when it is removed; a store that does not outlive the process ignores them.
 A failing store write is counted as an engine error: the live broker goes on.
@@ -21,6 +24,10 @@ log = logging.getLogger("broker.engine.definitions")
 
 CHANNEL_PREFIX = "channel/"
 QUEUE_PREFIX = "queue/"
+ROUTER_PREFIX = "router/"
+DSUB_PREFIX = "dsub/"
+#: Prefixes read by their own owners (:meth:`Definitions.saved_under`), not by ``saved``.
+_OTHER_PREFIXES = (ROUTER_PREFIX, DSUB_PREFIX)
 
 
 def channel_name(name: str) -> str:
@@ -56,6 +63,30 @@ class Definitions:
     def forget_queue(self, channel: str, queue_id: int) -> None:
         self._delete(queue_name(channel, queue_id))
 
+    def router(self, name: str, definition: dict[str, Any]) -> None:
+        self._put(ROUTER_PREFIX + name, _json(definition))
+
+    def forget_router(self, name: str) -> None:
+        self._delete(ROUTER_PREFIX + name)
+
+    def dsub(self, sub_id: str, definition: dict[str, Any]) -> None:
+        self._put(DSUB_PREFIX + sub_id, _json(definition))
+
+    def forget_dsub(self, sub_id: str) -> None:
+        self._delete(DSUB_PREFIX + sub_id)
+
+    def saved_under(self, prefix: str) -> dict[str, Any]:
+        """The kept definitions named ``prefix`` + key, as key -> parsed JSON (one that
+        is not JSON is logged and skipped)."""
+        found: dict[str, Any] = {}
+        for name, value in self.store.definitions().items():
+            if name.startswith(prefix):
+                try:
+                    found[name[len(prefix) :]] = json.loads(value)
+                except ValueError:
+                    log.warning("definition %r is not JSON: ignored", name)
+        return found
+
     def saved(self) -> tuple[dict[str, bytes], dict[tuple[str, int], bytes]]:
         """The kept channel options by name and queue options by (channel, id)."""
         channels: dict[str, bytes] = {}
@@ -69,7 +100,7 @@ class Definitions:
                     queues[(channel, int(qid))] = value
                     continue
                 log.warning("unknown definition %r ignored", name)
-            else:
+            elif not name.startswith(_OTHER_PREFIXES):
                 log.warning("unknown definition %r ignored", name)
         return channels, queues
 

@@ -75,16 +75,18 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 
 from broker import paging, tmqp
-from broker.engine import flow, models, operations, routing
+from broker.engine import flow, models, operations, receipts, routing
 from broker.engine.auth import Action, AllowAll, Authorizer
 from broker.engine.channels import Channel, ChannelRegistry, Client, valid_channel_name
 from broker.engine.clients import ClientRegistry
+from broker.engine.definitions import DSUB_PREFIX, ROUTER_PREFIX
 from broker.engine.delivery import DefaultDeliveryHandler, DeliveryHandler
+from broker.engine.dsubs import DurableSubscriptions
 from broker.engine.errors import ClientRejected, EngineError, OperationError
 from broker.engine.events import EventHub
 from broker.engine.frames import pull_marker
 from broker.engine.host import QueueServices
-from broker.engine.message import QueueMessage
+from broker.engine.message import DONE, QueueMessage
 from broker.engine.options import (
     DEFAULT_RETAIN_LIMIT,
     BrokerConfig,
@@ -94,7 +96,7 @@ from broker.engine.options import (
 from broker.engine.parts import EngineParts
 from broker.engine.queue.queue import Queue
 from broker.engine.replies import answer_failure, reject_push
-from broker.engine.router import Router, RouterTable, router_from_json
+from broker.engine.router import Router, RouterError, RouterTable, router_from_json
 from broker.engine.tmqp_door import message_of
 from broker.message import Message
 from broker.protocol import (
@@ -126,6 +128,7 @@ log = logging.getLogger("broker.engine.engine")
 _Handler = Callable[[Client, tmqp.Frame, float, list[Outgoing]], None]
 _QUEUE = int(MessageType.QUEUE)
 _CC = Header.CC.lower()
+_NO_RECEIPT: tuple[str, int | None] = ("", None)
 
 
 def _default_id_factory() -> Callable[[], str]:
@@ -161,6 +164,10 @@ class Engine:
             config, authorizer, new_id, events, self.channel_registry, services, clients
         )
         self.router_table = RouterTable(config.limits)
+        #: Receipts asked for by producers (``broker.engine.receipts``).
+        self.receipts = services.receipts
+        #: Durable subscriptions (``broker.engine.dsubs``): topic copies kept while away.
+        self.durable = DurableSubscriptions(self.channel_registry)
         self.parts = EngineParts(
             config,
             authorizer,
@@ -169,6 +176,7 @@ class Engine:
             self.channel_registry,
             self.client_registry,
             self.router_table,
+            self.durable,
         )
         #: Connected clients by id; channels by name; routers by name (the registries' tables).
         self.clients = clients
@@ -298,6 +306,8 @@ class Engine:
         try:
             if mt == _QUEUE:
                 self._push(client, message_of(frame, data), frame.pending_response, now, out)
+                if self.receipts.outbox:
+                    self.receipts.take(out)
                 return out
             handle = self._handlers.get(mt)
             if handle is not None:
@@ -312,6 +322,7 @@ class Engine:
         except Exception as exc:
             self.count_error(f"receive type {mt:#x}", exc)
             answer_failure(client, frame, out, OperationError(ResultCode.FAILED, "internal error"))
+        self.receipts.take(out)
         return out
 
     # ------------------------------------------------------------------ typed operations
@@ -434,6 +445,7 @@ class Engine:
             raise
         except Exception as exc:
             self.count_error(what, exc)
+        self.receipts.take(out)
         return out
 
     # ------------------------------------------------------------------ queue messages
@@ -456,8 +468,14 @@ class Engine:
                 client, Action.PUSH, queue.channel.name, queue.id
             ):
                 raise OperationError(ResultCode.UNAUTHORIZED, "push not allowed")
+            receipt = receipts.requested(m.headers) if m.headers else _NO_RECEIPT
+            if receipt[0]:
+                self.receipts.check_room()
+            copies = self.durable.queues_for(queue.channel.name) if self.durable.by_topic else ()
             if (
                 queue.plain
+                and not copies
+                and not receipt[0]
                 and not wants_response
                 and not self.events.has(EventName.MESSAGE_PRODUCED)
                 and queue.push_plain(m, client, now, out)
@@ -468,17 +486,63 @@ class Engine:
             if m.headers:
                 ccs = [v for k, v in m.headers if k.lower() == _CC]
                 if ccs:
-                    self._push_cc(client, m, queue, ccs, now, out)
+                    self._push_cc(client, m, queue, ccs, now, out, copies, receipt)
                     return
             code = self.channel_registry.check_push(queue, len(m.payload))
             if code:
                 raise OperationError(ResultCode(code), "push refused by the queue")
+            if copies:
+                self._check_durable(copies, len(m.payload))
         except OperationError as err:
             reject_push(client, m, wants_response, out, err)
             return
         qm = queue.accept(m, client, now, out, m.wants_ack)
         if qm is not None:
+            if receipt[0]:
+                self._watch_receipt(queue, qm, client, receipt, now)
             self._produced(queue, qm, out)
+        for copy in copies:
+            self._copy_durable(copy, m, client, now, out)
+
+    def _watch_receipt(
+        self,
+        queue: Queue,
+        m: QueueMessage,
+        client: Client,
+        receipt: tuple[str, int | None],
+        now: float,
+    ) -> None:
+        """The producer asked for a receipt (``broker.engine.receipts``)."""
+        mode, timeout = receipt
+        if not timeout:
+            timeout = queue.options.message_timeout or receipts.DEFAULT_TIMEOUT_MS
+        self.receipts.watch(queue.key, m.seq, m.message_id, client.id, mode, now, timeout)
+        if m.state == DONE:  # its fate was decided at once (a broadcast nobody took)
+            self.receipts.finished(queue.key, m.seq)
+
+    def _check_durable(self, copies: Iterable[Queue], size: int) -> None:
+        """OperationError unless every durable subscription queue takes a copy."""
+        for copy in copies:
+            code = self.channel_registry.check_push(copy, size)
+            if code:
+                raise OperationError(
+                    ResultCode(code), f"durable subscription {copy.channel.name} is full"
+                )
+
+    def _copy_durable(
+        self,
+        queue: Queue,
+        message: Message,
+        client: Client,
+        now: float,
+        out: list[Outgoing],
+        headers: tuple[tuple[str, str], ...] | None = None,
+    ) -> None:
+        """A topic message's copy into a durable subscription (same id; its producer
+        waits for the topic's acknowledge only)."""
+        m = queue.accept(message, client, now, out, False, headers=headers)
+        if m is not None:
+            self._produced(queue, m, out)
 
     def _produced(self, queue: Queue, m: QueueMessage, out: list[Outgoing]) -> None:
         """The MessageProduced event, when anyone subscribed to it."""
@@ -499,6 +563,8 @@ class Engine:
         ccs: list[str],
         now: float,
         out: list[Outgoing],
+        durable: Iterable[Queue] = (),
+        receipt: tuple[str, int | None] = ("", None),
     ) -> None:
         """Push into the target queue and a copy into each ``CC`` queue, all or nothing.
 
@@ -535,6 +601,7 @@ class Engine:
             code = self.channel_registry.check_push(queue, size)
             if code:
                 raise OperationError(ResultCode(code), f"push refused by {queue.key}")
+        self._check_durable(durable, size)
         plain = tuple((k, v) for k, v in message.headers if k.lower() != _CC)
         targets: list[tuple[Queue, str | None, bool]] = [(primary, None, message.wants_ack)]
         targets += [(q, copy_id, False) for q, copy_id in copies]
@@ -543,7 +610,11 @@ class Engine:
                 message, client, now, out, waits, headers=plain, message_id=message_id
             )
             if m is not None:
+                if receipt[0] and queue is primary:
+                    self._watch_receipt(queue, m, client, receipt, now)
                 self._produced(queue, m, out)
+        for copy in durable:
+            self._copy_durable(copy, message, client, now, out, plain)
 
     def _on_ack(self, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]) -> None:
         if frame.high_priority:  # acknowledge of a direct message: pass it on
@@ -606,6 +677,7 @@ class Engine:
             except Exception as exc:
                 self.count_error("transmitted", exc)
         self._drain_ready([q for q in ready if q.stalled], now, out)
+        self.receipts.take(out)
         return out
 
     def disconnect(self, client_id: str, now: float) -> list[Outgoing]:
@@ -618,6 +690,7 @@ class Engine:
             return out
         if not client.unsent:
             self.client_registry.disconnect(client_id, now, out)
+            self._receipts_after_disconnect(client_id, out)
             return out
         ready: dict[Queue, None] = {}
         try:
@@ -626,7 +699,18 @@ class Engine:
             self.count_error("disconnect", exc)
         self.client_registry.disconnect(client_id, now, out)
         self._drain_ready(ready, now, out)
+        self._receipts_after_disconnect(client_id, out)
         return out
+
+    def _receipts_after_disconnect(self, client_id: str, out: list[Outgoing]) -> None:
+        """The client's own pending receipts are forgotten (nobody to tell); those its
+        leaving decided for others go out."""
+        receipts = self.receipts
+        receipts.forget_producer(client_id)
+        if receipts.outbox:
+            kept = [item for item in receipts.outbox if item[0] != client_id]
+            receipts.outbox.clear()
+            out.extend(kept)
 
     def _drain_ready(self, ready: Iterable[Queue], now: float, out: list[Outgoing]) -> None:
         for queue in ready:
@@ -656,11 +740,21 @@ class Engine:
                 touched.append(queue.channel)
         for channel in touched:
             self.channel_registry.maybe_destroy(channel, out)
+        receipts = self.receipts
+        if receipts.pending or receipts.outbox:
+            receipts.tick(now)
+            receipts.take(out)
         return out
 
     def next_deadline(self) -> float | None:
         """Earliest ``now`` at which :meth:`tick` has work (None: no timer armed)."""
-        return self.services.timers.next_deadline()
+        timers = self.services.timers.next_deadline()
+        if not self.receipts.pending:
+            return timers
+        due = self.receipts.next_deadline()
+        if due is None or timers is None:
+            return due if timers is None else timers
+        return min(timers, due)
 
     # ------------------------------------------------------------------ recovery, stats
 
@@ -689,6 +783,8 @@ class Engine:
                 registry.create_queue(name, qid, ChannelQueueOptions.from_json(options), out)
             except (OperationError, ValueError) as err:
                 log.warning("cannot recreate queue %s/%d: %s", name, qid, err)
+        self._recover_routers()
+        self.durable.recover(registry.definitions.saved_under(DSUB_PREFIX))
         count = 0
         for key in self.store.queues():
             channel_name, queue_id = key
@@ -707,7 +803,32 @@ class Engine:
                     continue
                 queue.sequence = max(queue.sequence, last)
                 count += self._recover_retained(queue)
+                self._recover_trash(queue, now)
         return count
+
+    def _recover_trash(self, queue: Queue, now: float) -> None:
+        """Bring back what the queue's trash kept in the store (oldest first), within its
+        ``TrashLimit`` and ``TrashRetention``."""
+        try:
+            kept = list(self.store.trashed(queue.key))
+        except Exception as exc:
+            self.count_error("store.trashed", exc)
+            return
+        for stored, reason, at in kept:
+            queue.restore_trashed(stored, reason, at, now)
+            queue.sequence = max(queue.sequence, stored.sequence)
+
+    def _recover_routers(self) -> None:
+        """Routers (with bindings) created by operations before the restart; one the
+        configuration already defines keeps the configuration's definition."""
+        saved = self.channel_registry.definitions.saved_under(ROUTER_PREFIX)
+        for name, definition in sorted(saved.items()):
+            if name in self.routers:
+                continue
+            try:
+                self.router_table.add(router_from_json(definition))
+            except (OperationError, RouterError) as err:
+                log.warning("cannot recreate router %r: %s", name, err)
 
     def _recover_retained(self, queue: Queue) -> int:
         """Bring back a queue's retained messages (``Retain``), oldest first, within its

@@ -18,6 +18,7 @@ from broker.engine.delivery import DeliveryHandler
 from broker.engine.errors import OperationError
 from broker.engine.options import BrokerConfig
 from broker.engine.queue.queue import Queue
+from broker.engine.receipts import Receipts
 from broker.protocol import ResultCode
 from broker.store import Store
 
@@ -76,6 +77,8 @@ class QueueServices:
         self.errors = 0
         #: The ``now`` of the call being served (queues created on the fly drain with it).
         self.now = 0.0
+        #: Receipts waiting for their message's fate (``broker.engine.receipts``).
+        self.receipts = Receipts(new_id, config.limits.max_pending_receipts)
 
     def client(self, client_id: str) -> Client[Any] | None:
         return self.clients.get(client_id)

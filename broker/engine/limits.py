@@ -11,7 +11,10 @@ What happens at a limit: creating one more channel/queue/router/binding, joining
 channel or subscribing one more event answers ``LimitExceeded`` (482); a client beyond
 ``max_clients`` is refused at connect (TERMINATE 482); a push naming more distinct ``CC``
 queues than ``max_cc`` is refused (482) before any copy is made; a queue holding
-``max_queue_messages`` refuses pushes (482) like its own ``MessageLimit``.  Lists longer
+``max_queue_messages`` refuses pushes (482) like its own ``MessageLimit``; creating one
+more durable subscription than ``max_durable_subscriptions`` answers 482, and a push to
+a channel one of whose durable subscriptions holds ``max_durable_subscription_messages``
+is refused (482) before any copy is made (``broker.engine.dsubs``).  Lists longer
 than ``max_reply_size`` octets of JSON come in pages (``Page-After`` / ``Page-Next``
 headers, see ``broker.paging``).
 """
@@ -59,6 +62,13 @@ class Limits:
     #: Routers (per broker), and bindings of one router.
     max_routers: int = 1_000
     max_bindings_per_router: int = 1_000
+    #: Durable subscriptions (per broker), and messages one of them may hold: a push to a
+    #: topic one of whose durable subscriptions is full is refused (482), all or nothing.
+    max_durable_subscriptions: int = 1_000
+    max_durable_subscription_messages: int = 100_000
+    #: Receipts (``Receipt: ONE|ALL``) waiting for their message's fate (per broker);
+    #: a push asking for one more is refused (482).
+    max_pending_receipts: int = 100_000
     #: Octets of JSON in one list/statistics reply; longer lists come in pages.
     max_reply_size: int = 1024 * 1024
 

@@ -20,6 +20,7 @@ from broker import tmqp
 from broker.engine import models
 from broker.engine.auth import Action
 from broker.engine.channels import Channel, Client
+from broker.engine.dsubs import channel_name as dsub_channel
 from broker.engine.errors import OperationError
 from broker.engine.options import ChannelOptions, OptionsError
 from broker.engine.parts import EngineParts
@@ -432,17 +433,15 @@ def trash_resubmit(
     the queue refuses (full, Stopped) stays in the trash, with those after it."""
     queue = _queue(parts, frame)
     _allow(parts, client, Action.TRASH, queue.channel.name, queue.id)
-    chosen = _sequences(frame)
-    queue.trash.prune(now, queue.options.trash_retention)
-    taken = queue.trash.take(chosen)
+    trash = queue.trash
+    trash.prune(now, queue.options.trash_retention)
     done = 0
-    for i, (_seq, item) in enumerate(taken):
+    for seq in trash.chosen(_sequences(frame)):
+        item = trash.peek(seq)
         if queue.check_push(len(item.message.payload)):
-            for back_seq, back in reversed(taken[i:]):
-                queue.trash.put_back(back_seq, back)
             break
-        message = item.message.replace(wants_ack=False)
-        queue.accept(message, None, now, out, False)
+        queue.accept(item.message.replace(wants_ack=False), None, now, out, False)
+        trash.pop(seq)  # (after: saved as a new message first, then forgotten there)
         done += 1
     return {"Resubmitted": done}
 
@@ -493,7 +492,8 @@ def router_create(
     _allow(parts, client, Action.ROUTER_MANAGE, target=frame.target)
     if not frame.target or len(frame.target.encode()) > 255:
         raise _error(ResultCode.BAD_REQUEST, "router name required")
-    parts.routers.add(Router(frame.target, method_from_json(frame.payload)))
+    router = parts.routers.add(Router(frame.target, method_from_json(frame.payload)))
+    _keep_router(parts, router)
 
 
 def router_remove(
@@ -502,6 +502,7 @@ def router_remove(
     router = _router(parts, frame)
     _allow(parts, client, Action.ROUTER_MANAGE, target=router.name)
     parts.routers.remove(router.name)
+    parts.channels.definitions.forget_router(router.name)
 
 
 def router_list(
@@ -526,6 +527,7 @@ def binding_add(
         router.add(binding)
     except RouterError as exc:
         raise _error(ResultCode.ALREADY_CREATED, str(exc)) from None
+    _keep_router(parts, router)
 
 
 def binding_remove(
@@ -544,6 +546,7 @@ def binding_remove(
         raise _error(ResultCode.BAD_REQUEST, 'binding name required ({"Name": ...})')
     if not router.remove(name):
         raise _error(ResultCode.NOT_FOUND, f"no binding {name!r}")
+    _keep_router(parts, router)
 
 
 def binding_list(
@@ -556,6 +559,50 @@ def binding_list(
     return cut(
         positions, _after(frame, numeric=True), lambda i: bindings[i].to_json(), _budget(parts)
     )
+
+
+def _keep_router(parts: EngineParts, router: Router) -> None:
+    """Keep the router's definition (with its bindings) for a restart."""
+    parts.channels.definitions.router(router.name, router.to_json())
+
+
+# ---------------------------------------------------------------------- durable subscriptions
+
+
+def dsub_create(
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> None:
+    """Create (or update the topics of) durable subscription ``target``: JSON
+    ``{"Topics": [channel, ...]}``; needs channel-create on its channel and join on each
+    topic."""
+    sub_id = frame.target
+    try:
+        obj = json.loads(frame.payload) if _has_payload(frame) else None
+    except ValueError:
+        obj = None
+    topics = obj.get("Topics") if isinstance(obj, dict) else None
+    if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
+        raise _error(ResultCode.BAD_REQUEST, 'topics required ({"Topics": [channel, ...]})')
+    _allow(parts, client, Action.CHANNEL_CREATE, dsub_channel(sub_id))
+    for topic in topics:
+        _allow(parts, client, Action.JOIN, topic)
+    parts.durable.create(sub_id, topics, out)
+
+
+def dsub_destroy(
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> None:
+    _allow(parts, client, Action.CHANNEL_REMOVE, dsub_channel(frame.target))
+    parts.durable.destroy(frame.target, out)
+
+
+def dsub_list(
+    parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
+) -> Page:
+    _allow(parts, client, Action.CHANNEL_LIST)
+    subs = parts.durable.listing()
+    by_id = {item["Id"]: item for item in subs}
+    return cut(sorted(by_id), _after(frame), lambda i: by_id[i], _budget(parts))
 
 
 # operation content type -> (function, answered by a RESPONSE)
@@ -581,6 +628,9 @@ _OPERATIONS: dict[int, tuple[_Op, bool]] = {
     Operation.TRASH_PURGE: (trash_purge, True),
     Operation.NODE_LIST: (node_list, True),
     Operation.CLIENT_LIST: (client_list, True),
+    Operation.DSUB_CREATE: (dsub_create, False),
+    Operation.DSUB_DESTROY: (dsub_destroy, False),
+    Operation.DSUB_LIST: (dsub_list, True),
     RouterOperation.ROUTER_CREATE: (router_create, False),
     RouterOperation.ROUTER_REMOVE: (router_remove, False),
     RouterOperation.ROUTER_LIST: (router_list, True),

@@ -80,10 +80,17 @@ def _route(
         waits = interaction is Interaction.ACKNOWLEDGE and frame.pending_ack and keep_id
         if keep_id and queue.duplicate(mid, client, waits, now, out):
             return True  # taken before (a retry): done
-        if parts.channels.check_push(queue, len(frame.payload)):
+        size = len(frame.payload)
+        if parts.channels.check_push(queue, size):
             return False
+        copies = parts.durable.queues_for(queue.channel.name) if parts.durable.by_topic else []
+        if any(parts.channels.check_push(copy, size) for copy in copies):
+            return False  # a durable subscription of the channel is full: all or nothing
         message = message_of(frame)
-        return queue.accept(message, client, now, out, waits, message_id=mid) is not None
+        taken = queue.accept(message, client, now, out, waits, message_id=mid) is not None
+        for copy in copies:  # (broker.engine.dsubs)
+            copy.accept(message, client, now, out, False, message_id=mid)
+        return taken
     receivers = parts.clients.find_receivers(binding.target)
     if frame.first_acquirer:
         receivers = receivers[:1]

@@ -30,6 +30,9 @@ Mapping (see README "STOMP on the engine"):
   ``/queue/NAME`` subscriber too (a channel is what a consumer joins);
 * ``/topic/NAME`` -> channel ``/topic/NAME``, queue 0, Broadcast status (every consumer
   online gets a copy; nothing is kept);
+* ``/dsub/ID`` -> channel ``/dsub/ID``, queue 0: durable subscription ``ID``
+  (``broker.engine.dsubs``), made by ``SUBSCRIBE persistent:true`` with ``id:ID`` on
+  ``/topic/`` destinations, destroyed by ``UNSUBSCRIBE persistent:true``;
 * ack ``auto``: the delivery is acknowledged to the engine as soon as the connection
   takes it; ``client``/``client-individual``: on ACK; NACK is a negative acknowledge (the
   message goes back to its queue for the next consumer, ``Delivery-Count`` grows);
@@ -73,7 +76,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from broker import tmqp
-from broker.engine import tmqp_door
+from broker.engine import dsubs, tmqp_door
 from broker.engine.auth import Action
 from broker.engine.delivery import PerMessageDeliveryHandler
 from broker.engine.engine import Engine
@@ -177,6 +180,8 @@ def channel_of(destination: Destination) -> str:
     """The engine channel a (non-wildcard) STOMP destination maps to."""
     if destination.kind is DestinationKind.TOPIC:
         return TOPIC_CHANNEL_PREFIX + destination.name
+    if destination.kind is DestinationKind.DSUB:
+        return dsubs.channel_name(destination.name)
     return destination.name
 
 
@@ -584,9 +589,12 @@ class EngineDoor:
         client_id = self._client(conn)
         out: list[Outgoing] = []
         for destination in spec.destinations:
-            if destination.kind not in (DestinationKind.QUEUE, DestinationKind.TOPIC):
+            if destination.kind is DestinationKind.DSUB:
+                channel = self._durable(destination)
+            elif destination.kind not in (DestinationKind.QUEUE, DestinationKind.TOPIC):
                 raise BackendError(f"cannot send to {destination.stomp}")
-            channel = self._ensure(client_id, destination, out)
+            else:
+                channel = self._ensure(client_id, destination, out)
             message = Message(
                 message_id,
                 client_id,
@@ -659,7 +667,13 @@ class EngineDoor:
         for destination in destinations:
             if destination.wildcard:
                 continue
-            channel = self._ensure(client_id, destination, out)
+            if destination.kind is DestinationKind.DSUB:
+                try:
+                    channel = self._durable(destination)
+                except BackendError as exc:
+                    raise _Refused(str(exc), out) from None
+            else:
+                channel = self._ensure(client_id, destination, out)
             try:
                 self._join(conn, channel, prefetch, exclusive, out, extras=extras)
             except OperationError as exc:
@@ -690,6 +704,58 @@ class EngineDoor:
                     queues.append(queue)
         for queue in queues:
             queue.drain(now, out)
+        return out
+
+    def _durable(self, destination: Destination) -> str:
+        """The channel of an existing durable subscription (BackendError if none)."""
+        if self.engine.durable.get(destination.name) is None:
+            raise BackendError(f"no durable subscription {destination.name!r}")
+        return channel_of(destination)
+
+    def op_subscribe_durable(
+        self,
+        conn: int,
+        sub_id: str,
+        topics: Sequence[Destination],
+        prefetch: int | None,
+        now: float,
+    ) -> list[Outgoing]:
+        """``persistent:true``: create durable subscription ``sub_id`` on the topics'
+        channels (or update an existing one's; none given: it must exist), then consume
+        its channel (``/dsub/<id>``, ``broker.engine.dsubs``)."""
+        client_id = self._client(conn)
+        out: list[Outgoing] = []
+        durable = self.engine.durable
+        name = dsubs.channel_name(sub_id)
+        if topics:
+            channels = [self._ensure(client_id, d, out) for d in topics]
+            if durable.get(sub_id) is None and not self._allows(
+                client_id, Action.CHANNEL_CREATE, name
+            ):
+                raise _Refused(f"durable subscription {sub_id!r}: not authorized", out)
+            try:
+                durable.create(sub_id, channels, out)
+            except OperationError as exc:
+                raise _Refused(f"durable subscription {sub_id!r}: {exc.reason}", out) from None
+        elif durable.get(sub_id) is None:
+            raise _Refused(f"no durable subscription {sub_id!r}", out)
+        try:
+            self._join(conn, name, prefetch, False, out)
+        except OperationError as exc:
+            raise _Refused(f"/dsub/{sub_id}: {exc.reason}", out) from None
+        return out
+
+    def op_destroy_durable(self, conn: int, sub_id: str, now: float) -> list[Outgoing]:
+        """``UNSUBSCRIBE`` with ``persistent:true``: remove the durable subscription and
+        what it holds (BackendError if there is none or the client may not)."""
+        client_id = self._client(conn)
+        if not self._allows(client_id, Action.CHANNEL_REMOVE, dsubs.channel_name(sub_id)):
+            raise BackendError(f"durable subscription {sub_id!r}: not authorized to destroy it")
+        out: list[Outgoing] = []
+        try:
+            self.engine.durable.destroy(sub_id, out)
+        except OperationError as exc:
+            raise BackendError(exc.reason) from None
         return out
 
     def op_browse_page(
@@ -798,6 +864,8 @@ def destination_of(channel: str) -> Destination:
     """The STOMP destination of an engine channel (the inverse of :func:`channel_of`)."""
     if channel.startswith(TOPIC_CHANNEL_PREFIX):
         return Destination(DestinationKind.TOPIC, channel[len(TOPIC_CHANNEL_PREFIX) :])
+    if channel.startswith(dsubs.CHANNEL_PREFIX):
+        return Destination(DestinationKind.DSUB, channel[len(dsubs.CHANNEL_PREFIX) :])
     return Destination(DestinationKind.QUEUE, channel)
 
 
@@ -1043,13 +1111,14 @@ class EngineBackend:
         channels: dict[str, Destination] = {}
         if spec.browser:
             for destination in spec.destinations:
-                if not destination.wildcard and destination.kind is not DestinationKind.DSUB:
+                if not destination.wildcard:
                     channels[channel_of(destination)] = destination
             self._browse(connection_id, conn, spec, channels)
             return
+        if spec.persistent:
+            self._subscribe_durable(connection_id, conn, spec)
+            return
         for destination in spec.destinations:
-            if destination.kind is DestinationKind.DSUB:
-                raise BackendError(f"{destination.stomp} is not supported on the engine yet")
             if destination.wildcard:
                 continue
             name = channel_of(destination)
@@ -1071,6 +1140,32 @@ class EngineBackend:
         conn.subs[spec.id] = sub
         for name in channels:
             conn.by_channel[name] = sub
+
+    def _subscribe_durable(self, connection_id: int, conn: _Conn, spec: SubscriptionSpec) -> None:
+        """``persistent:true`` with ``id``: the durable subscription ``id`` on the /topic/
+        destinations (or an existing one, addressed by ``/dsub/<id>``), consumed here."""
+        topics = [d for d in spec.destinations if d.kind is DestinationKind.TOPIC]
+        others = [d for d in spec.destinations if d.kind is not DestinationKind.TOPIC]
+        if any(d.wildcard for d in spec.destinations):
+            raise BackendError("a durable subscription takes no wildcard destinations (engine)")
+        if spec.selector is not None:
+            raise BackendError("a durable subscription takes no selector (engine)")
+        if others and (topics or others != [Destination(DestinationKind.DSUB, spec.id)]):
+            raise BackendError("a durable subscription needs /topic/ destinations")
+        name = dsubs.channel_name(spec.id)
+        if name in conn.by_channel:
+            raise BackendError(f"/dsub/{spec.id} is already subscribed on this connection")
+        # deliveries name the topic they were sent to when there is one, else /dsub/ID
+        shown = topics[0] if len(topics) == 1 else Destination(DestinationKind.DSUB, spec.id)
+        count = spec.credit.count
+        prefetch = None if count == DEFAULT_CREDIT_COUNT else max(1, count)
+        door, sub_id = self.door, spec.id
+        self._call(
+            lambda now: door.op_subscribe_durable(connection_id, sub_id, topics, prefetch, now)
+        )
+        sub = _Sub(spec, {name: shown})
+        conn.subs[spec.id] = sub
+        conn.by_channel[name] = sub
 
     def _browse(
         self,
@@ -1133,8 +1228,13 @@ class EngineBackend:
     def unsubscribe(self, connection_id: int, subscription_id: str, *, destroy: bool) -> None:
         conn = self.conns.get(connection_id)
         sub = conn.subs.pop(subscription_id, None) if conn is not None else None
-        if conn is None or sub is None:
-            return
+        if conn is not None and sub is not None:
+            self._drop(connection_id, conn, subscription_id, sub)
+        if destroy:  # persistent:true: the durable subscription goes (BackendError if none)
+            door = self.door
+            self._call(lambda now: door.op_destroy_durable(connection_id, subscription_id, now))
+
+    def _drop(self, connection_id: int, conn: _Conn, subscription_id: str, sub: _Sub) -> None:
         for name in sub.channels:
             conn.by_channel.pop(name, None)
         # its unacknowledged deliveries go back

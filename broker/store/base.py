@@ -53,10 +53,13 @@ class Store(ABC):
     def queues(self) -> list[QueueKey]:
         """Queues that have saved messages."""
 
-    def update(self, queue: QueueKey, message: StoredMessage) -> None:  # noqa: B027
+    def update(  # noqa: B027
+        self, queue: QueueKey, message: StoredMessage, *, durable: bool = False
+    ) -> None:
         """A saved message's put-backs, delivery count or deadline changed (the message
         itself did not); a store that does not outlive the process may ignore it, and so
-        may a store for an unknown sequence number."""
+        may a store for an unknown sequence number.  ``durable``: what the engine answers
+        next depends on it (a put-back), so it counts as a write replies wait for."""
 
     def retain(self, queue: QueueKey, message: StoredMessage) -> None:
         """A saved message was consumed on a queue that keeps consumed messages readable
@@ -70,6 +73,18 @@ class Store(ABC):
 
     def forget_retained(self, queue: QueueKey, sequence: int) -> None:  # noqa: B027
         """A retained message was released or pushed out (unknown numbers are ignored)."""
+
+    def trash(self, queue: QueueKey, message: StoredMessage, reason: str, at: float) -> None:  # noqa: B027
+        """A saved message went to its queue's trash (``reason``, at wall-clock UNIX
+        seconds ``at``): keep it there (the engine removes the live record after this).
+        A store that does not outlive the process may ignore it."""
+
+    def trashed(self, queue: QueueKey) -> Iterator[tuple[StoredMessage, str, float]]:
+        """The queue's kept trash (message, reason, wall-clock time), in sequence order."""
+        return iter(())
+
+    def forget_trashed(self, queue: QueueKey, sequence: int) -> None:  # noqa: B027
+        """A trashed message was resubmitted, purged or pushed out (unknown: ignored)."""
 
     def last_sequence(self, queue: QueueKey) -> int:
         """The highest sequence number this store knows the queue has given, saved

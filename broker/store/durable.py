@@ -32,10 +32,17 @@ Retained messages.  A consumed message a ``Retain`` queue keeps readable by sequ
 written again under the queue's id plus :data:`RETAINED_OFFSET` (a log key no TMQP queue
 id reaches), then removed from the queue's live records; releasing it removes it there.
 
+Trash.  A saved message that went to its queue's trash (``broker.engine.queue.trash``)
+is written again under the queue's id plus :data:`TRASH_OFFSET`, with two more headers,
+``Trash-Reason`` and ``Trash-At`` (wall-clock seconds), before its live record is
+removed; resubmitting, purging or the retention policy remove it there.  A crash between
+the two writes leaves both: recovery prefers the live one.
+
 Tickets.  :attr:`DurableStore.appended` is the highest ticket of a write whose
-durability a reply depends on (a message or a definition saved); the server holds its
-output until :attr:`completed` reaches it (``broker.server.gate``).  Removals do not
-count: forgetting an acknowledged message late costs a redelivery, never a loss.
+durability a reply depends on (a message or a definition saved or deleted, a put-back
+written); the server holds its output until :attr:`completed` reaches it
+(``broker.server.gate``).  Message removals do not count: forgetting an acknowledged
+message late costs a redelivery, never a loss.
 
 Damage.  A record whose blob cannot be decoded (a bug, or a version this code does not
 read) is logged with its queue and sequence number and skipped on recovery; the log
@@ -48,6 +55,7 @@ import contextlib
 import logging
 import struct
 from collections.abc import Iterator
+from dataclasses import replace
 
 from broker.message import Headers, Message
 from broker.store.base import QueueKey, Store, StoredMessage
@@ -62,6 +70,10 @@ _HEAD_ID_V1 = struct.Struct("<BBBHH")  # version 1: the head and the message id'
 _HEAD_ID = struct.Struct("<BBBHQH")  # the head, the sequence number, the id's length
 #: A queue's retained messages live in the log under its id plus this (above TMQP's ids).
 RETAINED_OFFSET = 0x1_0000
+#: A queue's trashed messages live in the log under its id plus this.
+TRASH_OFFSET = 0x2_0000
+_TRASH_REASON = "Trash-Reason"
+_TRASH_AT = "Trash-At"
 #: Values this adapter keeps for itself beside the engine's definitions.
 SEQUENCE_PREFIX = "sequence/"
 _NO_HEADERS = b"\0\0"
@@ -89,6 +101,10 @@ def _sequence_name(queue: QueueKey) -> str:
 
 def _retained_key(queue: QueueKey) -> QueueKey:
     return (queue[0], queue[1] + RETAINED_OFFSET)
+
+
+def _trash_key(queue: QueueKey) -> QueueKey:
+    return (queue[0], queue[1] + TRASH_OFFSET)
 
 
 def encode_message(message: Message, producer_id: str = "", sequence: int = 0) -> bytes:
@@ -252,14 +268,17 @@ class DurableStore(Store):
             self._last[queue] = sequence
         self.appended = done.ticket
 
-    def update(self, queue: QueueKey, message: StoredMessage) -> None:
+    def update(self, queue: QueueKey, message: StoredMessage, *, durable: bool = False) -> None:
         """Rewrite the record's metadata (not its blob); a message this store does not
-        hold is ignored.  Not a write a reply waits for (``appended`` stays)."""
+        hold is ignored.  A write replies wait for (``appended``) only when ``durable``
+        (a put-back: the requeued message is seen only once its count is kept)."""
         seqs = self._seqs.get(queue)
         seq = None if seqs is None else seqs.get(message.sequence)
         if seq is not None:
             with contextlib.suppress(NoSuchRecord):  # (removed meanwhile)
-                self.log.update(queue, seq, _meta(message))
+                ticket = self.log.update(queue, seq, _meta(message))
+                if durable:
+                    self.appended = ticket
 
     def retain(self, queue: QueueKey, message: StoredMessage) -> None:
         """Write the consumed message under the queue's retained key, then forget the live
@@ -282,6 +301,42 @@ class DurableStore(Store):
 
     def forget_retained(self, queue: QueueKey, sequence: int) -> None:
         shadow = _retained_key(queue)
+        seq = self._seqs.get(shadow, {}).pop(sequence, None)
+        if seq is not None:
+            self.log.remove(shadow, seq)
+
+    def trash(self, queue: QueueKey, message: StoredMessage, reason: str, at: float) -> None:
+        """Write the message under the queue's trash key with its reason and time (the
+        engine then removes the live record; a crash between leaves both)."""
+        shadow = _trash_key(queue)
+        marks = ((_TRASH_REASON, reason), (_TRASH_AT, repr(at)))
+        kept = message.message
+        kept = kept.replace(headers=(*kept.headers, *marks))
+        blob = encode_message(kept, message.producer_id, message.sequence)
+        meta = _meta(replace(message, deadline=0.0))
+        done = self.log.append(shadow, blob, meta)
+        self._seqs.setdefault(shadow, {})[message.sequence] = done.seq
+
+    def trashed(self, queue: QueueKey) -> Iterator[tuple[StoredMessage, str, float]]:
+        live = self._seqs.get(queue, {})
+        for stored in self.iterate(_trash_key(queue)):
+            if stored.sequence in live:  # a crash between trash's two writes
+                self.forget_trashed(queue, stored.sequence)
+                continue
+            reason, at, headers = "", 0.0, []
+            for name, value in stored.message.headers:
+                if name == _TRASH_REASON:
+                    reason = value
+                elif name == _TRASH_AT:
+                    with contextlib.suppress(ValueError):
+                        at = float(value)
+                else:
+                    headers.append((name, value))
+            message = stored.message.replace(headers=tuple(headers))
+            yield replace(stored, message=message), reason, at
+
+    def forget_trashed(self, queue: QueueKey, sequence: int) -> None:
+        shadow = _trash_key(queue)
         seq = self._seqs.get(shadow, {}).pop(sequence, None)
         if seq is not None:
             self.log.remove(shadow, seq)
@@ -353,7 +408,7 @@ class DurableStore(Store):
 
     def drop_queue(self, queue: QueueKey) -> None:
         shadow = _retained_key(queue)
-        for key in (queue, shadow):
+        for key in (queue, shadow, _trash_key(queue)):
             self._seqs.pop(key, None)
             self._last.pop(key, None)
             self.log.purge(key)
@@ -364,7 +419,9 @@ class DurableStore(Store):
             self.appended = self.log.put_value(name, value)
 
     def delete_definition(self, name: str) -> None:
-        self.log.delete_value(name)
+        """A write replies wait for, as a put is: a removed channel or durable
+        subscription answered as removed must not come back after a crash."""
+        self.appended = max(self.appended, self.log.delete_value(name))
 
     def definitions(self) -> dict[str, bytes]:
         return {

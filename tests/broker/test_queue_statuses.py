@@ -27,6 +27,7 @@ from broker.engine.queue.statuses import (
     Stopped,
     strategy_for,
 )
+from broker.engine.receipts import Receipts
 from broker.protocol import (
     ConnectionInfo,
     Header,
@@ -54,6 +55,7 @@ class Host:
         self.wakes: list[float] = []
         self.errors: list[str] = []
         self.handler = DefaultDeliveryHandler()
+        self.receipts = Receipts(self.new_id, limit=1000)
 
     def client(self, client_id: str) -> Client | None:
         return self.clients.get(client_id)

@@ -70,6 +70,9 @@ class AckTracker:
         success = reason is None
         if success:
             q.acks += 1
+            receipts = q.host.receipts
+            if receipts.pending:
+                receipts.succeeded(q.key, m.seq, client.id)
         else:
             q.nacks += 1
         d = q.hooks.call(m, "acknowledge_received", q, ack, dl, success)
@@ -131,6 +134,7 @@ class AckTracker:
         if not q.alive or not q.strategy.keeps_returns:
             q.drop(m, out, NackReason.CLEARED)
             return
+        q.put_back_saved(m, now)  # kept before anything can see it requeued
         delay = q.options.put_back_delay
         if delay:
             m.state = DELAYED

@@ -345,6 +345,12 @@ class Dispatcher:
         if not m.transmitted:
             q.sent += 1  # the first copy of this send
         m.transmitted += 1
+        receipts = q.host.receipts
+        if receipts.pending:  # (a receipt asked for: this consumer got a copy)
+            if kind == ACKED:
+                receipts.sent(q.key, m.seq, client_id)
+            else:
+                receipts.succeeded(q.key, m.seq, client_id)
         m.delivered += 1  # a put-back resets m.out: the next send carries Delivery-Count
         if m.saved:
             q.delivered(m, now)  # the store keeps the count for a restart

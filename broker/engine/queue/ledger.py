@@ -76,14 +76,19 @@ class Ledger:
         m.saved = True
         q.saves += 1
 
-    def delivered(self, m: QueueMessage, now: float) -> None:
-        """A saved message went out once more: the store learns its delivery count (and
-        put-backs), so that a restart neither resets them nor restarts its TTL clock."""
+    def delivered(self, m: QueueMessage, now: float, *, durable: bool = False) -> None:
+        """A saved message went out once more (or, ``durable``, was put back): the store
+        learns its delivery count and put-backs, so that a restart neither resets them
+        nor restarts its TTL clock.  A put-back's update is one the engine's next answers
+        wait for (``Store.update(durable=True)``): the message is seen requeued (by a
+        consumer, by a reply after the nack) only once its new count is kept."""
         q = self.q
+        if not m.saved:
+            return
         deadline = q.host.config.wall_clock() + (m.deadline - now) if m.deadline else 0.0
         stored = StoredMessage(m.seq, m.message, "", m.put_backs, m.delivered, max(deadline, 0.0))
         try:
-            q.store.update(q.key, stored)
+            q.store.update(q.key, stored, durable=durable)
         except Exception as exc:
             q.error("store.update", exc)
 
@@ -94,6 +99,9 @@ class Ledger:
         # (a message at or below the last release is not kept: ``reading.Retained.floor``)
         retain = m.state == INFLIGHT and q.options.retain and m.seq > q.retained.floor
         m.state = DONE
+        receipts = q.host.receipts
+        if receipts.pending:  # its fate is known: a receipt asked for goes now
+            receipts.finished(q.key, m.seq)
         if retain:
             self.retain(m)
         elif m.saved:

@@ -26,8 +26,9 @@ if TYPE_CHECKING:
     from broker.engine.queue.messages import MessageOrder
     from broker.engine.queue.retained import Retained
     from broker.engine.queue.statuses import StatusStrategy
+    from broker.engine.receipts import Receipts
     from broker.protocol import Outgoing
-    from broker.store import Store
+from broker.store import Store
 
 Q_contra = TypeVar("Q_contra", contravariant=True)
 
@@ -39,6 +40,7 @@ class QueueHost(Protocol[Q_contra]):
     config: BrokerConfig
     #: the ``now`` of the call being served
     now: float
+    receipts: Receipts
 
     def client(self, client_id: str) -> Client[Any] | None: ...
 
@@ -106,6 +108,8 @@ class QueueCore(Protocol):
     def save(self, m: QueueMessage) -> None: ...
 
     def delivered(self, m: QueueMessage, now: float) -> None: ...
+
+    def put_back_saved(self, m: QueueMessage, now: float) -> None: ...
 
     def finish(self, m: QueueMessage) -> None: ...
 

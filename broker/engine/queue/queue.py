@@ -154,7 +154,7 @@ class Queue:
         #: Pushes taken as duplicates of a message id in that window.
         self.duplicates = 0
         #: What left without being consumed (``trash``).
-        self.trash = Trash()
+        self.trash = Trash(self._forget_trashed)
         self.ledger = Ledger(self)
         self.tracker = AckTracker(self)
         self.dispatch = Dispatcher(self)
@@ -291,6 +291,10 @@ class Queue:
     def delivered(self, m: QueueMessage, now: float) -> None:
         self.ledger.delivered(m, now)
 
+    def put_back_saved(self, m: QueueMessage, now: float) -> None:
+        """A saved message was put back: its new count is kept (``Ledger.delivered``)."""
+        self.ledger.delivered(m, now, durable=True)
+
     def finish(self, m: QueueMessage) -> None:
         self.ledger.finish(m)
 
@@ -307,7 +311,30 @@ class Queue:
         if message.wire is not None:
             message = message.replace()
         item = Trashed(message, reason, self.host.now)
+        if m.saved and opts.trash_limit:  # kept on disk too (before the live record goes)
+            producer = m.producer.id if m.producer is not None else ""
+            stored = StoredMessage(m.seq, message, producer, m.put_backs, m.delivered)
+            try:
+                self.store.trash(self.key, stored, reason, self.host.config.wall_clock())
+            except Exception as exc:
+                self.error("store.trash", exc)
         self.trash.add(m.seq, item, opts.trash_limit, opts.trash_retention)
+
+    def _forget_trashed(self, seq: int) -> None:
+        try:
+            self.store.forget_trashed(self.key, seq)
+        except Exception as exc:
+            self.error("store.forget_trashed", exc)
+
+    def restore_trashed(self, stored: StoredMessage, reason: str, at: float, now: float) -> None:
+        """A trashed message kept in the store, after a restart (``at``: wall-clock time
+        it was trashed; its age counts toward ``TrashRetention``)."""
+        age = max(0.0, self.host.config.wall_clock() - at) if at else 0.0
+        opts = self.options
+        item = Trashed(stored.message, reason, now - age)
+        self.trash.add(stored.sequence, item, opts.trash_limit, opts.trash_retention)
+        if stored.sequence not in self.trash.entries:  # no room (TrashLimit 0): gone
+            self._forget_trashed(stored.sequence)
 
     def side_effects(self, m: QueueMessage, d: Decision, out: list[Outgoing]) -> None:
         self.ledger.side_effects(m, d, out)

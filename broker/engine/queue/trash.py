@@ -11,13 +11,20 @@ came; it is emptied by its retention policy -- the latest ``TrashLimit`` message
 (default 1,000; 0: no trash) for ``TrashRetention`` milliseconds each (default
 86,400,000: one day; 0: no time bound) -- or by a purge.  It is listed like a browse
 (``broker.sequence``; each message with a ``Trash-Reason`` header) and a resubmit pushes
-messages back into their queue as new messages (new sequence numbers).  It lives in
-memory: a restart empties it.
+messages back into their queue as new messages (new sequence numbers).
+
+On disk: a queue's saved (persistent) messages that go to the trash are kept in the
+store too (``Store.trash``, written before their live record is removed), and every
+entry that leaves the trash -- resubmitted, purged, past the retention policy -- is
+reported to ``forget`` (``Store.forget_trashed``), so a restart brings the trash back
+(``Engine.recover``) with each entry's age counted in wall-clock time.  What an
+in-memory queue trashes lives in memory only.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from broker.engine.message import Message
@@ -39,10 +46,12 @@ class Trashed:
 class Trash:
     """One queue's trash, oldest first (see the module docstring)."""
 
-    __slots__ = ("entries",)
+    __slots__ = ("entries", "forget")
 
-    def __init__(self) -> None:
+    def __init__(self, forget: Callable[[int], None] = lambda seq: None) -> None:
         self.entries: OrderedDict[int, Trashed] = OrderedDict()
+        #: Told the sequence number of every entry that leaves (not by ``clear``).
+        self.forget = forget
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -54,7 +63,7 @@ class Trash:
         entries[seq] = item
         self.prune(item.at, retention_ms)
         while len(entries) > limit:
-            entries.popitem(last=False)
+            self.forget(entries.popitem(last=False)[0])
 
     def prune(self, now: float, retention_ms: int) -> None:
         """Forget what passed its retention time."""
@@ -63,7 +72,7 @@ class Trash:
         cutoff = now - retention_ms / 1000.0
         entries = self.entries
         while entries and next(iter(entries.values())).at <= cutoff:
-            entries.popitem(last=False)
+            self.forget(entries.popitem(last=False)[0])
 
     def listing(self, from_seq: int, limit: int) -> list[tuple[int, Message]]:
         """Up to ``limit`` messages numbered ``from_seq`` or more, in sequence order, each
@@ -80,13 +89,20 @@ class Trash:
 
     def take(self, sequences: set[int] | None) -> list[tuple[int, Trashed]]:
         """Remove and return the chosen entries (None: all), oldest first."""
-        chosen = [s for s in self.entries if sequences is None or s in sequences]
-        return [(s, self.entries.pop(s)) for s in chosen]
+        return [(s, self.pop(s)) for s in self.chosen(sequences)]
 
-    def put_back(self, seq: int, item: Trashed) -> None:
-        """Undo :meth:`take` for one entry (its queue refused it)."""
-        self.entries[seq] = item
-        self.entries.move_to_end(seq, last=False)
+    def chosen(self, sequences: set[int] | None) -> list[int]:
+        """The sequence numbers held of ``sequences`` (None: all), oldest first."""
+        return [s for s in self.entries if sequences is None or s in sequences]
+
+    def peek(self, seq: int) -> Trashed:
+        return self.entries[seq]
+
+    def pop(self, seq: int) -> Trashed:
+        """Remove one entry (it leaves: ``forget`` is told)."""
+        item = self.entries.pop(seq)
+        self.forget(seq)
+        return item
 
     def clear(self) -> None:
         self.entries.clear()
