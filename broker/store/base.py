@@ -13,6 +13,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from broker.message import Message
 
@@ -36,7 +37,26 @@ class StoredMessage:
     deadline: float = 0.0
 
 
+class IndexEntry(NamedTuple):
+    """A saved message's place in its queue, without its payload (``Store.index``): what
+    a restart needs to queue it (order, priority, put-backs, delivery count, deadline);
+    ``stored`` is the whole message when the store had to read it anyway, else None
+    (``Store.read`` gives it when it is wanted)."""
+
+    sequence: int
+    high_priority: bool
+    put_backs: int
+    delivery_count: int
+    deadline: float
+    stored: StoredMessage | None
+
+
 class Store(ABC):
+    #: Is :meth:`read` worth calling instead of holding a message in memory (the store
+    #: keeps its messages elsewhere than in this process's memory)?  A queue pages the
+    #: payloads of its saved waiting messages out only to such a store.
+    pages = False
+
     @abstractmethod
     def append(self, queue: QueueKey, message: StoredMessage) -> None:
         """Save a message (sequence numbers only grow within a queue)."""
@@ -70,6 +90,23 @@ class Store(ABC):
 
     def forget_retained(self, queue: QueueKey, sequence: int) -> None:  # noqa: B027
         """A retained message was released or pushed out (unknown numbers are ignored)."""
+
+    def read(self, queue: QueueKey, sequence: int) -> StoredMessage:
+        """One saved message, by its sequence number; LookupError when the store holds
+        none under that number (a store may raise its own subclass, or its own error for
+        a record it cannot read)."""
+        for message in self.iterate(queue):
+            if message.sequence == sequence:
+                return message
+        raise LookupError(f"{queue} holds no message {sequence}")
+
+    def index(self, queue: QueueKey) -> Iterator[IndexEntry]:
+        """:meth:`iterate` without payloads where the store can (see
+        :class:`IndexEntry`); this default reads every message."""
+        for m in self.iterate(queue):
+            yield IndexEntry(
+                m.sequence, m.message.high_priority, m.put_backs, m.delivery_count, m.deadline, m
+            )
 
     def last_sequence(self, queue: QueueKey) -> int:
         """The highest sequence number this store knows the queue has given, saved
