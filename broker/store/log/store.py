@@ -205,9 +205,7 @@ class LogStore:
 
     # -- queues ---------------------------------------------------------------------------
 
-    def append(
-        self, queue: QueueKey, blob: bytes, meta: Meta = NO_META, at: int = 0
-    ) -> Appended:
+    def append(self, queue: QueueKey, blob: bytes, meta: Meta = NO_META, at: int = 0) -> Appended:
         """Add a record to ``queue``; its sequence number and ticket.  With ``at`` (not
         below the queue's next number) the record takes that number: the numbers between
         are skipped, never given (a caller that numbers its own records keeps them equal
