@@ -30,8 +30,8 @@ engine) to wake it at its next deadline.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from broker.engine import models
@@ -63,7 +63,7 @@ from broker.engine.queue.statuses import StatusStrategy, strategy_for
 from broker.engine.queue.trash import Trash, Trashed
 from broker.message import parked
 from broker.protocol import NackReason, Outgoing, ResultCode, Tracked
-from broker.store import Store, StoredMessage
+from broker.store import IndexEntry, Store, StoredMessage
 
 if TYPE_CHECKING:
     from broker import tmqp
@@ -167,6 +167,7 @@ class Queue:
             host.handler_for(options.message_delivery_handler), self, self.error
         )
         self.plain = self._plain()
+        self._set_paging()
         # the calls made per message go straight to the part that answers them
         self.drain = self.dispatch.drain
         self.settle_plain = self.dispatch.settle_plain
@@ -208,8 +209,56 @@ class Queue:
             handler = self.host.handler_for(options.message_delivery_handler)
             self.hooks = HandlerHooks(handler, self, self.error)
         self.plain = self._plain()
+        self._set_paging()
         self.strategy.entered(self, old.status, out)
         self.drain(now, out)
+
+    def _set_paging(self) -> None:
+        """Page saved waiting messages out to the store (``messages``: "Paging") when it
+        keeps them on disk and no hook of the delivery handler looks at a message while
+        it waits or is sent (a message read back is a new object)."""
+        order = self.messages
+        store = self.host.store
+        if store is None or not store.pages:
+            order.window = 0
+            return
+        order.page_in = self._page_in
+        hooks = self.hooks
+        watched = (
+            hooks.begin_send or hooks.can_receive or hooks.received or hooks.end_send
+            or hooks.dequeued
+        )  # fmt: skip
+        order.window = 0 if watched else self.host.config.limits.paged_window
+
+    def _page_in(self, seqs: list[int]) -> dict[int, QueueMessage]:
+        """Paged messages read back from the store (``MessageOrder.page_in``); one that
+        cannot be read is reported, forgotten by the store and left out."""
+        store, key, now = self.host.store, self.key, self.host.now
+        found: dict[int, QueueMessage] = {}
+        deadlines: list[tuple[float, QueueMessage]] = []
+        wall = 0.0
+        for seq in seqs:
+            try:
+                s = store.read(key, seq)
+            except Exception as exc:
+                self.error(f"paged message {seq} lost", exc)
+                self.removed += 1
+                try:
+                    store.remove(key, seq)
+                except Exception as err:
+                    self.error("store.remove", err)
+                continue
+            m = QueueMessage(seq, parked(s.message), None, False, now)
+            m.saved = True
+            m.put_backs = s.put_backs
+            m.delivered = s.delivery_count
+            if s.deadline:  # (paged after a restart with its clock running: it goes on)
+                wall = wall or self.host.config.wall_clock()
+                deadlines.append((now + (s.deadline - wall), m))
+            found[seq] = m
+        if deadlines:
+            self.tracker.restore_deadlines(deadlines)
+        return found
 
     @property
     def handler(self) -> Any:
@@ -428,12 +477,26 @@ class Queue:
 
     def clear(self, out: list[Outgoing], *, priority: bool, regular: bool, in_flight: bool) -> int:
         """Remove waiting (and optionally in-flight / delayed) messages; returns the count."""
+        held, paged = self.messages.take_paged(priority=priority, regular=regular)
         taken = self.messages.take(priority=priority, regular=regular)
+        taken += held
         for m in taken:
             self.drop(m, out, NackReason.CLEARED)
+        self.forget_paged(paged)
         if in_flight:
             self.tracker.clear(out)
-        return len(taken)
+        return len(taken) + len(paged)
+
+    def forget_paged(self, seqs: list[int]) -> None:
+        """Paged messages taken out of the queue unconsumed (cleared): the store forgets
+        them (nobody waits for them: a paged message's producer was answered)."""
+        self.removed += len(seqs)
+        store, key = self.host.store, self.key
+        for seq in seqs:
+            try:
+                store.remove(key, seq)
+            except Exception as exc:
+                self.error("store.remove", exc)
 
     def close(self, out: list[Outgoing]) -> None:
         """The queue is removed: drop everything and stop timers."""
@@ -496,6 +559,93 @@ class Queue:
         if deadlines:
             self.tracker.restore_deadlines(deadlines)
         return n_priority + n_regular
+
+    def restore_index(self, entries: Iterable[IndexEntry], now: float) -> int:
+        """:meth:`restore_all` for a queue that pages (``messages``: "Paging"): from the
+        store's index (``Store.index``), the first :attr:`MessageOrder.window` messages
+        per priority read back whole, the rest left in the store as their numbers --
+        except one with a deadline, read and held (its clock runs while it waits).  The
+        ids of the newest ``DuplicateWindow`` messages are remembered (read back for
+        those paged).  Returns how many."""
+        order = self.messages
+        window = order.window
+        if not window:
+            return self.restore_all(self._whole(entries), now)
+        store, key = self.host.store, self.key
+        opts = self.options
+        dedupe = opts.duplicate_window if opts.use_message_id else 0
+        newest: deque[tuple[int, QueueMessage | None]] = deque(maxlen=dedupe or 1)
+        timeout = opts.message_timeout / 1000.0 if opts.message_timeout else 0.0
+        wall = self.host.config.wall_clock()
+        deadlines: list[tuple[float, QueueMessage]] = []
+        highest = self.sequence
+        count = 0
+        for e in entries:
+            seq = e.sequence
+            if e.high_priority:
+                dq, tail = order.priority, order.paged_priority
+            else:
+                dq, tail = order.regular, order.paged_regular
+            paging = bool(tail) or len(dq) >= window
+            if paging and e.stored is None and not e.deadline and not timeout:
+                tail.seqs.append(seq)
+                m = None
+            else:
+                stored = e.stored
+                if stored is None:
+                    try:
+                        stored = store.read(key, seq)
+                    except Exception as exc:
+                        self.error(f"recovered message {seq} lost", exc)
+                        continue
+                m = QueueMessage(seq, parked(stored.message), None, False, now)
+                m.saved = True
+                m.put_backs = e.put_backs
+                m.delivered = e.delivery_count
+                m.state = QUEUED
+                if paging:
+                    tail.held[seq] = m
+                    tail.seqs.append(seq)
+                else:
+                    dq.append(m)
+                if e.deadline:
+                    deadlines.append((now + (e.deadline - wall), m))
+                elif timeout:
+                    deadlines.append((now + timeout, m))
+            if e.high_priority:
+                order.n_priority += 1
+            else:
+                order.n_regular += 1
+            if seq > highest:
+                highest = seq
+            if dedupe:
+                newest.append((seq, m))
+            count += 1
+        self.sequence = highest
+        if deadlines:
+            self.tracker.restore_deadlines(deadlines)
+        for seq, m in newest if dedupe else ():
+            if m is not None:
+                mid = m.message_id
+            else:
+                try:
+                    mid = store.read(key, seq).message.message_id
+                except Exception:  # (reported when its turn comes: _page_in)
+                    continue
+            if mid:
+                self.recent.add(mid, now, dedupe)
+        return count
+
+    def _whole(self, entries: Iterable[IndexEntry]) -> Iterator[StoredMessage]:
+        """The entries' messages, each read back if the index did not give it."""
+        for e in entries:
+            if e.stored is not None:
+                yield e.stored
+                continue
+            try:
+                yield self.host.store.read(self.key, e.sequence)
+            except Exception as exc:
+                self.error(f"recovered message {e.sequence} lost", exc)
 
     # ------------------------------------------------------------------ push
 
@@ -577,7 +727,9 @@ class Queue:
             used[cid] = used.get(cid, 0) + 1
             return True
         qm = QueueMessage(self.sequence, parked(m), sender, False, now)
-        if qm.high_priority:  # (MessageOrder.enqueue, inline: this runs per message)
+        if messages.paging:
+            messages.enqueue(qm)
+        elif qm.high_priority:  # (MessageOrder.enqueue, inline: this runs per message)
             messages.priority.append(qm)
             messages.n_priority += 1
         else:
