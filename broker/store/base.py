@@ -100,6 +100,19 @@ class Store(ABC):
                 return message
         raise LookupError(f"{queue} holds no message {sequence}")
 
+    def read_many(
+        self, queue: QueueKey, sequences: list[int]
+    ) -> dict[int, StoredMessage | Exception]:
+        """:meth:`read` for each of ``sequences``: the message, or the error that one
+        raised (the others still read)."""
+        found: dict[int, StoredMessage | Exception] = {}
+        for seq in sequences:
+            try:
+                found[seq] = self.read(queue, seq)
+            except Exception as exc:
+                found[seq] = exc
+        return found
+
     def index(self, queue: QueueKey) -> Iterator[IndexEntry]:
         """:meth:`iterate` without payloads where the store can (see
         :class:`IndexEntry`); this default reads every message."""

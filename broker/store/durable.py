@@ -339,6 +339,42 @@ class DurableStore(Store):
             sequence, message, producer, meta.put_backs, meta.delivery_count, meta.deadline
         )
 
+    def read_many(
+        self, queue: QueueKey, sequences: list[int]
+    ) -> dict[int, StoredMessage | Exception]:
+        """:meth:`read` for each of ``sequences``.  Within the queue's equal range one
+        pass of the log's bulk reader (``LogStore.read_live``: large sequential reads)
+        from the lowest to the highest wanted; a record damaged on disk comes back as
+        its CorruptRecord, one not live as NoSuchRecord."""
+        if not sequences:
+            return {}
+        low, high = min(sequences), max(sequences)
+        span = self._range(queue)
+        if not (span[0] <= low and high < span[1]) or len(sequences) < 2:
+            return super().read_many(queue, sequences)
+        wanted = set(sequences)
+        found: dict[int, StoredMessage | Exception] = {}
+        for seq, record in self.log.read_live(queue, low):
+            if seq > high:
+                break
+            if seq not in wanted:
+                continue
+            if isinstance(record, CorruptRecord):
+                found[seq] = record
+                continue
+            try:
+                message, producer, _ = decode_record(record.blob)
+            except CorruptRecord as exc:
+                found[seq] = exc
+                continue
+            meta = record.meta
+            found[seq] = StoredMessage(
+                seq, message, producer, meta.put_backs, meta.delivery_count, meta.deadline
+            )
+        for seq in wanted.difference(found):
+            found[seq] = NoSuchRecord(f"{queue} has no live message {seq}")
+        return found
+
     def index(self, queue: QueueKey) -> Iterator[IndexEntry]:
         """The queue's live messages in order, from the log's index alone within the
         queue's equal range (no payload read); a record outside it is read and decoded

@@ -85,6 +85,8 @@ __all__ = [
 ]
 
 _INF = float("inf")
+#: Recovered messages read back from the store at once (``Queue.restore_index``).
+_READ_BATCH = 1024
 #: ``Tracked(client_id, frame)`` without the named tuple's Python-level __new__.
 _tracked = tuple.__new__
 #: Methods of :class:`Queue` that only pass the call on to one of its parts: each queue
@@ -236,12 +238,14 @@ class Queue:
         store, key, now = self.host.store, self.key, self.host.now
         found: dict[int, QueueMessage] = {}
         deadlines: list[tuple[float, QueueMessage]] = []
+        opts = self.options
+        timeout = opts.message_timeout / 1000.0 if opts.message_timeout else 0.0
         wall = 0.0
+        loaded = store.read_many(key, seqs)
         for seq in seqs:
-            try:
-                s = store.read(key, seq)
-            except Exception as exc:
-                self.error(f"paged message {seq} lost", exc)
+            s = loaded.get(seq)
+            if not isinstance(s, StoredMessage):
+                self.error(f"paged message {seq} lost", s or LookupError(seq))
                 self.removed += 1
                 try:
                     store.remove(key, seq)
@@ -255,6 +259,8 @@ class Queue:
             if s.deadline:  # (paged after a restart with its clock running: it goes on)
                 wall = wall or self.host.config.wall_clock()
                 deadlines.append((now + (s.deadline - wall), m))
+            elif timeout:  # (saved before the queue had a timeout: its clock starts now)
+                deadlines.append((now + timeout, m))
             found[seq] = m
         if deadlines:
             self.tracker.restore_deadlines(deadlines)
@@ -563,78 +569,102 @@ class Queue:
     def restore_index(self, entries: Iterable[IndexEntry], now: float) -> int:
         """:meth:`restore_all` for a queue that pages (``messages``: "Paging"): from the
         store's index (``Store.index``), the first :attr:`MessageOrder.window` messages
-        per priority read back whole, the rest left in the store as their numbers --
-        except one with a deadline, read and held (its clock runs while it waits).  The
-        ids of the newest ``DuplicateWindow`` messages are remembered (read back for
-        those paged).  Returns how many."""
+        per priority read back whole (:data:`_READ_BATCH` at a time), the rest left in
+        the store as their numbers -- except one with a deadline, read and held (its
+        clock runs while it waits).  The ids of the newest ``DuplicateWindow`` messages
+        are remembered (read back for those paged).  Returns how many."""
         order = self.messages
         window = order.window
         if not window:
             return self.restore_all(self._whole(entries), now)
-        store, key = self.host.store, self.key
         opts = self.options
         dedupe = opts.duplicate_window if opts.use_message_id else 0
-        newest: deque[tuple[int, QueueMessage | None]] = deque(maxlen=dedupe or 1)
-        timeout = opts.message_timeout / 1000.0 if opts.message_timeout else 0.0
-        wall = self.host.config.wall_clock()
-        deadlines: list[tuple[float, QueueMessage]] = []
+        newest: deque[int] = deque(maxlen=dedupe or 1)
+        #: (entry, held in the tail?) waiting to be read back and queued, in order
+        batch: list[tuple[IndexEntry, bool]] = []
+        in_memory = [0, 0]  # per priority (regular, high): messages bound for the deque
         highest = self.sequence
         count = 0
         for e in entries:
             seq = e.sequence
-            if e.high_priority:
-                dq, tail = order.priority, order.paged_priority
-            else:
-                dq, tail = order.regular, order.paged_regular
-            paging = bool(tail) or len(dq) >= window
-            if paging and e.stored is None and not e.deadline and not timeout:
+            high = e.high_priority
+            tail = order.paged_priority if high else order.paged_regular
+            paging = bool(tail) or in_memory[high] >= window
+            if not paging:
+                in_memory[high] += 1
+                batch.append((e, False))
+            elif e.stored is None and not e.deadline:
                 tail.seqs.append(seq)
-                m = None
             else:
-                stored = e.stored
-                if stored is None:
-                    try:
-                        stored = store.read(key, seq)
-                    except Exception as exc:
-                        self.error(f"recovered message {seq} lost", exc)
-                        continue
-                m = QueueMessage(seq, parked(stored.message), None, False, now)
-                m.saved = True
-                m.put_backs = e.put_backs
-                m.delivered = e.delivery_count
-                m.state = QUEUED
-                if paging:
-                    tail.held[seq] = m
-                    tail.seqs.append(seq)
-                else:
-                    dq.append(m)
-                if e.deadline:
-                    deadlines.append((now + (e.deadline - wall), m))
-                elif timeout:
-                    deadlines.append((now + timeout, m))
-            if e.high_priority:
+                tail.seqs.append(seq)
+                batch.append((e, True))
+            if len(batch) >= _READ_BATCH:
+                self._restore_batch(batch, now)
+                batch = []
+            if high:
                 order.n_priority += 1
             else:
                 order.n_regular += 1
             if seq > highest:
                 highest = seq
             if dedupe:
-                newest.append((seq, m))
+                newest.append(seq)
             count += 1
+        self._restore_batch(batch, now)
         self.sequence = highest
+        if dedupe:
+            self._remember_ids(list(newest), now, dedupe)
+        return count
+
+    def _restore_batch(self, batch: list[tuple[IndexEntry, bool]], now: float) -> None:
+        """Queue recovered entries whole (``restore_index``), read back together."""
+        if not batch:
+            return
+        order = self.messages
+        wanted = [e.sequence for e, _ in batch if e.stored is None]
+        loaded = self.host.store.read_many(self.key, wanted) if wanted else {}
+        opts = self.options
+        timeout = opts.message_timeout / 1000.0 if opts.message_timeout else 0.0
+        wall = self.host.config.wall_clock()
+        deadlines: list[tuple[float, QueueMessage]] = []
+        for e, held in batch:
+            seq = e.sequence
+            stored = e.stored or loaded.get(seq)
+            if not isinstance(stored, StoredMessage):
+                if held:  # its number stays in the tail: reported when its turn comes
+                    continue
+                self.error(f"recovered message {seq} lost", stored or LookupError(seq))
+                if e.high_priority:
+                    order.n_priority -= 1
+                else:
+                    order.n_regular -= 1
+                continue
+            m = QueueMessage(seq, parked(stored.message), None, False, now)
+            m.saved = True
+            m.put_backs = e.put_backs
+            m.delivered = e.delivery_count  # sent before the restart: flagged redelivered
+            m.state = QUEUED
+            if held:
+                tail = order.paged_priority if e.high_priority else order.paged_regular
+                tail.held[seq] = m
+            elif e.high_priority:
+                order.priority.append(m)
+            else:
+                order.regular.append(m)
+            if e.deadline:
+                deadlines.append((now + (e.deadline - wall), m))
+            elif timeout:
+                deadlines.append((now + timeout, m))
         if deadlines:
             self.tracker.restore_deadlines(deadlines)
-        for seq, m in newest if dedupe else ():
-            if m is not None:
-                mid = m.message_id
-            else:
-                try:
-                    mid = store.read(key, seq).message.message_id
-                except Exception:  # (reported when its turn comes: _page_in)
-                    continue
-            if mid:
-                self.recent.add(mid, now, dedupe)
-        return count
+
+    def _remember_ids(self, seqs: list[int], now: float, window: int) -> None:
+        """The ids of recovered messages count for duplicate suppression (``dedupe``)."""
+        found = self.host.store.read_many(self.key, seqs) if seqs else {}
+        for seq in seqs:
+            stored = found.get(seq)
+            if isinstance(stored, StoredMessage) and stored.message.message_id:
+                self.recent.add(stored.message.message_id, now, window)
 
     def _whole(self, entries: Iterable[IndexEntry]) -> Iterator[StoredMessage]:
         """The entries' messages, each read back if the index did not give it."""
