@@ -121,6 +121,17 @@ class Store(ABC):
                 m.sequence, m.message.high_priority, m.put_backs, m.delivery_count, m.deadline, m
             )
 
+    def index_chunks(self, queue: QueueKey) -> Iterator[list[IndexEntry]]:
+        """:meth:`index` a list at a time (a restart's bulk path)."""
+        chunk: list[IndexEntry] = []
+        for entry in self.index(queue):
+            chunk.append(entry)
+            if len(chunk) >= 1024:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
+
     def last_sequence(self, queue: QueueKey) -> int:
         """The highest sequence number this store knows the queue has given, saved
         messages or not (0: none); a restart numbers the queue's messages above it."""

@@ -387,16 +387,35 @@ class DurableStore(Store):
                     m.deadline, m,
                 )  # fmt: skip
             return
+        for chunk in self.index_chunks(queue):
+            yield from chunk
+
+    def index_chunks(self, queue: QueueKey) -> Iterator[list[IndexEntry]]:
+        """:meth:`index` a chunk of the log's index at a time."""
+        span = self._range(queue)
+        if not span[1]:
+            yield from super().index_chunks(queue)
+            return
         low, high = span[0], span[1]
         new = tuple.__new__
         for slots in self.log.live_index(queue):
+            if low <= slots[0][0] and slots[-1][0] < high:  # (all equal: no read)
+                yield [
+                    new(IndexEntry, (seq, flags == 1, put_backs, count, deadline, None))
+                    for seq, _, _, _, count, put_backs, flags, deadline in slots
+                ]
+                continue
+            chunk = []
             for seq, _segment, _offset, _size, count, put_backs, flags, deadline in slots:
                 if low <= seq < high:
-                    yield new(IndexEntry, (seq, bool(flags), put_backs, count, deadline, None))
+                    chunk.append(
+                        new(IndexEntry, (seq, flags == 1, put_backs, count, deadline, None))
+                    )
                     continue
                 entry = self._read_entry(queue, seq)
                 if entry is not None:
-                    yield entry
+                    chunk.append(entry)
+            yield chunk
 
     def _read_entry(self, queue: QueueKey, seq: int) -> IndexEntry | None:
         """A record outside the equal range, decoded (None: damaged, logged)."""

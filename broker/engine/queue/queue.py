@@ -566,7 +566,7 @@ class Queue:
             self.tracker.restore_deadlines(deadlines)
         return n_priority + n_regular
 
-    def restore_index(self, entries: Iterable[IndexEntry], now: float) -> int:
+    def restore_index(self, chunks: Iterable[list[IndexEntry]], now: float) -> int:
         """:meth:`restore_all` for a queue that pages (``messages``: "Paging"): from the
         store's index (``Store.index``), the first :attr:`MessageOrder.window` messages
         per priority read back whole (:data:`_READ_BATCH` at a time), the rest left in
@@ -576,7 +576,7 @@ class Queue:
         order = self.messages
         window = order.window
         if not window:
-            return self.restore_all(self._whole(entries), now)
+            return self.restore_all(self._whole(e for c in chunks for e in c), now)
         opts = self.options
         dedupe = opts.duplicate_window if opts.use_message_id else 0
         newest: deque[int] = deque(maxlen=dedupe or 1)
@@ -585,11 +585,44 @@ class Queue:
         in_memory = [0, 0]  # per priority (regular, high): messages bound for the deque
         highest = self.sequence
         count = 0
-        for e in entries:
+        regular_tail = order.paged_regular.seqs
+        for chunk in chunks:
+            if (
+                regular_tail  # the regular deque is full: a chunk of plain ones is numbers
+                and not any(e.high_priority or e.deadline or e.stored for e in chunk)
+            ):
+                regular_tail.extend([e.sequence for e in chunk])
+                order.n_regular += len(chunk)
+                count += len(chunk)
+                highest = max(highest, chunk[-1].sequence)
+                if dedupe:
+                    newest.extend(e.sequence for e in chunk[-dedupe:])
+                continue
+            count += self._restore_chunk(chunk, now, in_memory, batch, newest if dedupe else None)
+            if chunk:
+                highest = max(highest, max(e.sequence for e in chunk))
+        self._restore_batch(batch, now)
+        self.sequence = highest
+        if dedupe:
+            self._remember_ids(list(newest), now, dedupe)
+        return count
+
+    def _restore_chunk(
+        self,
+        chunk: list[IndexEntry],
+        now: float,
+        in_memory: list[int],
+        batch: list[tuple[IndexEntry, bool]],
+        newest: deque[int] | None,
+    ) -> int:
+        """``restore_index`` for one chunk, entry by entry."""
+        order = self.messages
+        window = order.window
+        for e in chunk:
             seq = e.sequence
             high = e.high_priority
             tail = order.paged_priority if high else order.paged_regular
-            paging = bool(tail) or in_memory[high] >= window
+            paging = len(tail.seqs) > tail.head or in_memory[high] >= window
             if not paging:
                 in_memory[high] += 1
                 batch.append((e, False))
@@ -600,21 +633,14 @@ class Queue:
                 batch.append((e, True))
             if len(batch) >= _READ_BATCH:
                 self._restore_batch(batch, now)
-                batch = []
+                batch.clear()
             if high:
                 order.n_priority += 1
             else:
                 order.n_regular += 1
-            if seq > highest:
-                highest = seq
-            if dedupe:
+            if newest is not None:
                 newest.append(seq)
-            count += 1
-        self._restore_batch(batch, now)
-        self.sequence = highest
-        if dedupe:
-            self._remember_ids(list(newest), now, dedupe)
-        return count
+        return len(chunk)
 
     def _restore_batch(self, batch: list[tuple[IndexEntry, bool]], now: float) -> None:
         """Queue recovered entries whole (``restore_index``), read back together."""

@@ -255,3 +255,21 @@ def test_put_backs_and_redeliveries_keep_their_place_with_paging(
         got = _consume_all(kit)
     assert sorted(got) == sorted(b"p%d" % i for i in range(1, 9))
     assert got[: len(first)] == [f.payload for f in first]
+
+
+def test_a_long_paged_queue_restarts_in_order_chunk_after_chunk(tmp_path: Path) -> None:
+    """More messages than one chunk of the log's index (1,024): chunks of regular ones
+    go to the paged tail whole, a chunk with a high-priority one entry by entry."""
+    high = frozenset(range(700, 3001, 700))
+    with LogStore(tmp_path) as log:
+        _fill(_kit(log), 3000, high)
+    with LogStore(tmp_path) as log:
+        kit = _kit(log)
+        assert kit.engine.recover(kit.now) == 3000
+        queue = kit.engine.channels["orders"].queues[1]
+        assert queue.message_count == 3000 and queue.sequence == 3000
+        assert _waiting_in_memory(kit) <= 2 * WINDOW
+        got = _consume_all(kit)
+    assert got == [b"p%d" % i for i in sorted(high)] + [
+        b"p%d" % i for i in range(1, 3001) if i not in high
+    ]
