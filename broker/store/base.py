@@ -11,6 +11,7 @@ batches its fsyncs and makes ``flush`` the barrier.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -121,8 +122,10 @@ class Store(ABC):
                 m.sequence, m.message.high_priority, m.put_backs, m.delivery_count, m.deadline, m
             )
 
-    def index_chunks(self, queue: QueueKey) -> Iterator[list[IndexEntry]]:
-        """:meth:`index` a list at a time (a restart's bulk path)."""
+    def index_chunks(self, queue: QueueKey) -> Iterator[list[IndexEntry] | array]:
+        """:meth:`index` a list at a time (a restart's bulk path).  A store may give an
+        ``array`` of sequence numbers instead of a list: messages of regular priority,
+        without deadline, not read (put-backs and delivery count come with ``read``)."""
         chunk: list[IndexEntry] = []
         for entry in self.index(queue):
             chunk.append(entry)

@@ -58,7 +58,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import struct
+from array import array
 from collections.abc import Iterator
+from itertools import compress
 
 from broker.message import Headers, Message
 from broker.store.base import IndexEntry, QueueKey, Store, StoredMessage
@@ -388,34 +390,54 @@ class DurableStore(Store):
                 )  # fmt: skip
             return
         for chunk in self.index_chunks(queue):
-            yield from chunk
+            if isinstance(chunk, array):
+                for seq in chunk:
+                    try:
+                        meta = self.log.meta(queue, seq)
+                    except NoSuchRecord:
+                        continue
+                    yield IndexEntry(seq, False, meta.put_backs, meta.delivery_count, 0.0, None)
+            else:
+                yield from chunk
 
-    def index_chunks(self, queue: QueueKey) -> Iterator[list[IndexEntry]]:
-        """:meth:`index` a chunk of the log's index at a time."""
+    def index_chunks(self, queue: QueueKey) -> Iterator[list[IndexEntry] | array]:
+        """:meth:`index` a span of the log's index at a time: a span within the equal
+        range whose live records are all of regular priority without deadline comes as
+        an ``array`` of their numbers (no object per record); others as entries."""
         span = self._range(queue)
         if not span[1]:
             yield from super().index_chunks(queue)
             return
         low, high = span[0], span[1]
-        new = tuple.__new__
-        for slots in self.log.live_index(queue):
-            if low <= slots[0][0] and slots[-1][0] < high:  # (all equal: no read)
-                yield [
-                    new(IndexEntry, (seq, flags == 1, put_backs, count, deadline, None))
-                    for seq, _, _, _, count, put_backs, flags, deadline in slots
-                ]
+        for first, segment, flags, deadline in self.log.live_columns(queue):
+            end = first + len(segment)
+            if (
+                low <= first
+                and end <= high
+                and not any(compress(flags, segment))
+                and not any(compress(deadline, segment))
+            ):
+                seqs = array("Q", compress(range(first, end), segment))
+                if seqs:
+                    yield seqs
                 continue
-            chunk = []
-            for seq, _segment, _offset, _size, count, put_backs, flags, deadline in slots:
-                if low <= seq < high:
-                    chunk.append(
-                        new(IndexEntry, (seq, flags == 1, put_backs, count, deadline, None))
-                    )
-                    continue
-                entry = self._read_entry(queue, seq)
-                if entry is not None:
-                    chunk.append(entry)
-            yield chunk
+            for slots in self.log.live_index(queue, first):
+                chunk = []
+                for seq, _segment, _offset, _size, count, put_backs, flag, dl in slots:
+                    if seq >= end:
+                        break
+                    if low <= seq < high:
+                        chunk.append(
+                            tuple.__new__(IndexEntry, (seq, flag == 1, put_backs, count, dl, None))
+                        )
+                        continue
+                    entry = self._read_entry(queue, seq)
+                    if entry is not None:
+                        chunk.append(entry)
+                if chunk:
+                    yield chunk
+                if slots[-1][0] >= end - 1:
+                    break
 
     def _read_entry(self, queue: QueueKey, seq: int) -> IndexEntry | None:
         """A record outside the equal range, decoded (None: damaged, logged)."""

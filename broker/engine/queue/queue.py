@@ -30,6 +30,7 @@ engine) to wake it at its next deadline.
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -104,6 +105,14 @@ _TO_DISPATCH = (
     "after_send",
     "settle_unsent",
 )
+
+
+def _entries(chunk: list[IndexEntry] | array) -> list[IndexEntry]:
+    """A chunk of ``Store.index_chunks`` as entries (an array: plain numbers)."""
+    if isinstance(chunk, array):
+        new = tuple.__new__
+        return [new(IndexEntry, (seq, False, 0, 0, 0.0, None)) for seq in chunk]
+    return chunk
 
 
 class Queue:
@@ -566,7 +575,7 @@ class Queue:
             self.tracker.restore_deadlines(deadlines)
         return n_priority + n_regular
 
-    def restore_index(self, chunks: Iterable[list[IndexEntry]], now: float) -> int:
+    def restore_index(self, chunks: Iterable[list[IndexEntry] | array], now: float) -> int:
         """:meth:`restore_all` for a queue that pages (``messages``: "Paging"): from the
         store's index (``Store.index``), the first :attr:`MessageOrder.window` messages
         per priority read back whole (:data:`_READ_BATCH` at a time), the rest left in
@@ -576,7 +585,7 @@ class Queue:
         order = self.messages
         window = order.window
         if not window:
-            return self.restore_all(self._whole(e for c in chunks for e in c), now)
+            return self.restore_all(self._whole(e for c in chunks for e in _entries(c)), now)
         opts = self.options
         dedupe = opts.duplicate_window if opts.use_message_id else 0
         newest: deque[int] = deque(maxlen=dedupe or 1)
@@ -587,20 +596,20 @@ class Queue:
         count = 0
         regular_tail = order.paged_regular.seqs
         for chunk in chunks:
-            if (
-                regular_tail  # the regular deque is full: a chunk of plain ones is numbers
-                and not any(e.high_priority or e.deadline or e.stored for e in chunk)
-            ):
-                regular_tail.extend([e.sequence for e in chunk])
+            if isinstance(chunk, array) and regular_tail:  # plain, the regular deque full
+                regular_tail.extend(chunk)
                 order.n_regular += len(chunk)
                 count += len(chunk)
-                highest = max(highest, chunk[-1].sequence)
+                highest = max(highest, chunk[-1])
                 if dedupe:
-                    newest.extend(e.sequence for e in chunk[-dedupe:])
+                    newest.extend(chunk[-dedupe:])
                 continue
-            count += self._restore_chunk(chunk, now, in_memory, batch, newest if dedupe else None)
-            if chunk:
-                highest = max(highest, max(e.sequence for e in chunk))
+            entries = _entries(chunk)
+            count += self._restore_chunk(
+                entries, now, in_memory, batch, newest if dedupe else None
+            )
+            if entries:
+                highest = max(highest, max(e.sequence for e in entries))
         self._restore_batch(batch, now)
         self.sequence = highest
         if dedupe:
@@ -667,8 +676,8 @@ class Queue:
                 continue
             m = QueueMessage(seq, parked(stored.message), None, False, now)
             m.saved = True
-            m.put_backs = e.put_backs
-            m.delivered = e.delivery_count  # sent before the restart: flagged redelivered
+            m.put_backs = stored.put_backs
+            m.delivered = stored.delivery_count  # sent before the restart: redelivered
             m.state = QUEUED
             if held:
                 tail = order.paged_priority if e.high_priority else order.paged_regular
@@ -677,8 +686,8 @@ class Queue:
                 order.priority.append(m)
             else:
                 order.regular.append(m)
-            if e.deadline:
-                deadlines.append((now + (e.deadline - wall), m))
+            if stored.deadline:
+                deadlines.append((now + (stored.deadline - wall), m))
             elif timeout:
                 deadlines.append((now + timeout, m))
         if deadlines:

@@ -27,6 +27,7 @@ import os
 import struct
 import threading
 import time
+from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,7 @@ log = logging.getLogger("broker.store.log")
 
 _U32_MAX = 0xFFFF_FFFF
 _CHUNK = 1024  # records listed per turn of the lock
+_COLUMN_CHUNK = 65536  # index slots copied per turn of the lock (``live_columns``)
 _READ_AHEAD = 1024 * 1024  # octets per pread when a whole queue is read (``read_live``)
 _IDLE_WAIT = 0.5  # seconds the writer sleeps with nothing to do before looking again
 _ZEROS = 1024 * 1024  # octets of zeros written per pwrite when preallocating
@@ -388,6 +390,21 @@ class LogStore:
                 return
             yield slots
             cursor = slots[-1][0] + 1
+
+    def live_columns(
+        self, queue: QueueKey, start: int = 0
+    ) -> Iterator[tuple[int, array, array, array]]:
+        """``queue``'s index from ``start`` on as column copies (``QueueIndex.columns``),
+        :data:`_COLUMN_CHUNK` slots per turn of the lock."""
+        cursor = start
+        while True:
+            with self._lock:
+                index = self._state.queues.get(queue)
+                found = None if index is None else index.columns(cursor, _COLUMN_CHUNK)
+            if found is None:
+                return
+            yield found
+            cursor = found[0] + len(found[1])
 
     def sequences(self, queue: QueueKey, start: int = 0) -> Iterator[int]:
         """Live sequence numbers of ``queue`` from ``start``, in order, taken a chunk at

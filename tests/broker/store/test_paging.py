@@ -273,3 +273,28 @@ def test_a_long_paged_queue_restarts_in_order_chunk_after_chunk(tmp_path: Path) 
     assert got == [b"p%d" % i for i in sorted(high)] + [
         b"p%d" % i for i in range(1, 3001) if i not in high
     ]
+
+
+def test_restart_in_small_index_spans_mixing_plain_and_priority_spans(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spans of the index with only plain messages come as bare numbers, spans with a
+    high-priority one as entries; together, in order, after a removal in the middle."""
+    from broker.store.log import store as log_store
+
+    monkeypatch.setattr(log_store, "_COLUMN_CHUNK", 100)
+    high = frozenset({150, 620})
+    with LogStore(tmp_path) as log:
+        kit = _kit(log)
+        _fill(kit, 1000, high)
+        for seq in range(300, 321):
+            kit.engine.store.remove(Q, seq)  # (gone from the log, not from this engine)
+    with LogStore(tmp_path) as log:
+        kit = _kit(log)
+        assert kit.engine.recover(kit.now) == 1000 - 21
+        queue = kit.engine.channels["orders"].queues[1]
+        assert _waiting_in_memory(kit) <= 2 * WINDOW
+        got = _consume_all(kit)
+    left = [i for i in range(1, 1001) if not 300 <= i <= 320]
+    assert got == [b"p150", b"p620"] + [b"p%d" % i for i in left if i not in high]
+    assert queue.message_count == 0
