@@ -62,8 +62,8 @@ class Ledger:
             if message.wire is not None:
                 message = message.replace()  # a store keeps messages, not a door's octets
             timeout = q.options.message_timeout
-            if m.deadline:  # (saved after its clock started: measured from its receipt)
-                deadline = q.host.config.wall_clock() + (m.deadline - m.created)
+            if m.deadline:  # (saved after its clock started: the time it has left)
+                deadline = q.host.config.wall_clock() + (m.deadline - q.host.now)
             elif timeout:  # (saved on receipt: the clock starts now)
                 deadline = q.host.config.wall_clock() + timeout / 1000.0
             else:

@@ -329,7 +329,7 @@ class Queue:
         return not self.messages.count and self.tracker.idle()
 
     def enqueue(self, m: QueueMessage) -> None:
-        m.message = parked(m.message)  # (memory: see broker.message.parked)
+        m.park()  # (memory: see broker.message.parked)
         self.messages.enqueue(m)
 
     # ------------------------------------------------------------------ the host
