@@ -34,7 +34,9 @@ engine number, the adapter asks the log to give each record the engine's number 
 first record so written, a queue's numbers are equal; the value ``aligned/<queue
 id>/<channel>`` keeps where that started (``"LO"``), and where it stopped (``"LO HI"``)
 if a record ever could not get its engine's number (a queue removed and made again numbers
-from 1 while the log's numbers go on): records from then on are mapped as above.  Within
+from 1 while the log's numbers go on), or would have to skip more than
+:data:`MAX_SKIP` numbers while older records live: records from then on are mapped as
+above.  Within
 ``LO..HI`` no map entry is kept (no memory per message), :meth:`DurableStore.index` lists
 the queue from the log's index alone, and :meth:`DurableStore.read` reads one message
 back (a queue that pages its payloads, ``broker.engine.queue.messages``).
@@ -78,6 +80,10 @@ RETAINED_OFFSET = 0x1_0000
 #: Values this adapter keeps for itself beside the engine's definitions.
 SEQUENCE_PREFIX = "sequence/"
 ALIGNED_PREFIX = "aligned/"
+#: Numbers of unsaved messages the log may skip to keep a queue's numbers equal while
+#: older records live: every number between costs the log's index a slot (33 octets),
+#: so a longer gap (a queue that saves only some messages) ends the equal range.
+MAX_SKIP = 1024
 _NO_HEADERS = b"\0\0"
 #: ``Message(...)`` from every field, without the named tuple's Python-level ``__new__``
 _new_message = tuple.__new__
@@ -270,7 +276,7 @@ class DurableStore(Store):
         span = self._ranges.get(queue)
         if span is None or not (span[1] or span[2]):
             span = self._range(queue, start=sequence)
-        if span[2] > 0:
+        if span[2] > 0 and (sequence - span[1] <= MAX_SKIP or not self.log.bounds(queue).count):
             done = self.log.append(queue, blob, _meta(message), sequence)
             if done.seq == sequence:
                 span[1] = sequence + 1
@@ -278,9 +284,12 @@ class DurableStore(Store):
                     self._last[queue] = sequence
                 self.appended = done.ticket
                 return
-            span[2] = 0  # the log was ahead: mapped from here on
-            self.log.put_value(_aligned_name(queue), f"{span[0]} {span[1]}".encode())
         else:
+            done = None
+        if span[2] > 0:  # the log was ahead, or too far behind: mapped from here on
+            span[2] = 0
+            self.log.put_value(_aligned_name(queue), f"{span[0]} {span[1]}".encode())
+        if done is None:
             done = self.log.append(queue, blob, _meta(message))
         seqs = self._seqs.get(queue)
         if seqs is None:

@@ -298,3 +298,29 @@ def test_restart_in_small_index_spans_mixing_plain_and_priority_spans(
     left = [i for i in range(1, 1001) if not 300 <= i <= 320]
     assert got == [b"p150", b"p620"] + [b"p%d" % i for i in left if i not in high]
     assert queue.message_count == 0
+
+
+def test_a_long_gap_while_older_records_live_ends_the_equal_range(tmp_path: Path) -> None:
+    """A queue that saves only some messages (a per-message ``persistent`` flag) must not
+    make the log's index hold a slot per unsaved number: past MAX_SKIP numbers skipped
+    while an older record lives, records are mapped instead."""
+    from broker.store.durable import MAX_SKIP
+
+    far = 3 + MAX_SKIP * 50
+    with LogStore(tmp_path) as log:
+        store = DurableStore(log)
+        store.append(Q, StoredMessage(1, Message(message_id="a")))
+        store.append(Q, StoredMessage(3, Message(message_id="b")))  # a short gap: skipped
+        store.append(Q, StoredMessage(far, Message(message_id="c")))
+        assert [r.seq for r in log.records(Q)] == [1, 3, 4]
+        assert log.stats().index_bytes < 33 * MAX_SKIP
+        assert store.read(Q, far).message.message_id == "c"
+        store.remove(Q, 1)
+        assert store.last_sequence(Q) == far
+    with LogStore(tmp_path) as log:
+        store = DurableStore(log)
+        got = [(e.sequence, e.stored is None) for e in store.index(Q)]
+        assert got == [(3, True), (far, False)]  # the mapped one read back
+        store.remove(Q, far)
+        store.remove(Q, 3)
+        assert list(store.iterate(Q)) == [] and store.last_sequence(Q) == far
