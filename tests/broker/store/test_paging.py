@@ -324,3 +324,30 @@ def test_a_long_gap_while_older_records_live_ends_the_equal_range(tmp_path: Path
         store.remove(Q, far)
         store.remove(Q, 3)
         assert list(store.iterate(Q)) == [] and store.last_sequence(Q) == far
+
+
+def test_pulls_in_either_order_reach_into_the_paged_tail(tmp_path: Path) -> None:
+    from broker.engine.options import QueueStatus
+    from broker.protocol import Header, header
+
+    with LogStore(tmp_path) as log:
+        kit = _kit(log, window=2)
+        producer = kit.connect("producer")
+        kit.queue(producer, "ch", 1, status=QueueStatus.PULL,
+                  message_delivery_handler="persistent")  # fmt: skip
+        for i in range(10):
+            kit.push(producer, "ch", 1, b"%d" % i, high=i == 7)
+        consumer = kit.connect("consumer")
+        kit.join(consumer, "ch")
+
+        def pull(count: int, order: str) -> list[bytes]:
+            headers = ((Header.COUNT, str(count)), (Header.ORDER, order))
+            frames = kit.pull(consumer, "ch", 1, headers=headers)
+            return [f.payload for f in frames if header(f, Header.NO_CONTENT) is None]
+
+        assert pull(3, "LIFO") == [b"7", b"9", b"8"]
+        assert pull(2, "FIFO") == [b"0", b"1"]
+        assert pull(10, "LIFO") == [b"6", b"5", b"4", b"3", b"2"]
+        assert kit.engine.channels["ch"].queues[1].message_count == 0
+        log.flush()
+        assert log.bounds(("ch", 1)).count == 0
