@@ -218,6 +218,14 @@ class QueueMessage:
             life = self.life = Life()
         life.wire = value
 
+    def lived(self) -> Life:
+        """Its :class:`Life`, made now if it has none (hot paths use it directly rather
+        than one property call per field)."""
+        life = self.life
+        if life is None:
+            life = self.life = Life()
+        return life
+
     def park(self) -> None:
         """The form a message waits in (``broker.message.parked``): no wire form, its
         source and target the interned strings."""
