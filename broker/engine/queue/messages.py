@@ -47,7 +47,8 @@ def pageable(m: QueueMessage) -> bool:
 
 class PagedTail:
     """Sequence numbers of messages waiting behind a deque, oldest first (paging: see
-    the module docstring); ``held`` keeps those that could not be paged out."""
+    the module docstring); ``held`` keeps those that could not be paged out.  ``seqs``
+    is empty exactly when the tail is (the hot paths test it: no Python call)."""
 
     __slots__ = ("head", "held", "seqs")
 
@@ -155,13 +156,13 @@ class MessageOrder:
     def enqueue(self, m: QueueMessage) -> None:
         """Append a new message to the end of its deque (or its paged tail)."""
         if m.high_priority:
-            if self.paged_priority or (self.window and len(self.priority) >= self.window):
+            if self.paged_priority.seqs or (self.window and len(self.priority) >= self.window):
                 self.paged_priority.add(m)
             else:
                 self.priority.append(m)
             self.n_priority += 1
         else:
-            if self.paged_regular or (self.window and len(self.regular) >= self.window):
+            if self.paged_regular.seqs or (self.window and len(self.regular) >= self.window):
                 self.paged_regular.add(m)
             else:
                 self.regular.append(m)
@@ -170,7 +171,7 @@ class MessageOrder:
     @property
     def paging(self) -> bool:
         """Do messages wait paged (or may new ones be)?"""
-        return bool(self.window or self.paged_priority or self.paged_regular)
+        return bool(self.window or self.paged_priority.seqs or self.paged_regular.seqs)
 
     def _refill(self, high: bool) -> None:
         """Read the next batch of the tail back into the (empty) deque."""
@@ -245,7 +246,7 @@ class MessageOrder:
                 if m.state == QUEUED:
                     self.n_priority -= 1
                     return m
-            if not self.paged_priority:
+            if not self.paged_priority.seqs:
                 break
             self._refill(True)
         dq = self.regular
@@ -255,7 +256,7 @@ class MessageOrder:
                 if m.state == QUEUED:
                     self.n_regular -= 1
                     return m
-            if not self.paged_regular:
+            if not self.paged_regular.seqs:
                 return None
             self._refill(False)
 
@@ -269,7 +270,7 @@ class MessageOrder:
         """Take the newest waiting message (high priority first)."""
         for dq, high in ((self.priority, True), (self.regular, False)):
             tail = self.paged_priority if high else self.paged_regular
-            while tail:
+            while tail.seqs:
                 seq = tail.pop()
                 m = self._load_one(tail, seq)
                 tail.held.pop(seq, None)
@@ -308,7 +309,7 @@ class MessageOrder:
         m.state = QUEUED
         dq = self.priority if m.high_priority else self.regular
         tail = self.paged_priority if m.high_priority else self.paged_regular
-        if last and tail:
+        if last and tail.seqs:
             tail.held[m.seq] = m
             tail.seqs.append(m.seq)
         elif last:
@@ -340,7 +341,7 @@ class MessageOrder:
         tail = self.paged_priority if m.high_priority else self.paged_regular
         if where is PutBack.START:
             self.front.append(m)
-        elif tail:
+        elif tail.seqs:
             tail.held[m.seq] = m
             tail.seqs.append(m.seq)
         else:

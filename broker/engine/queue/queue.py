@@ -792,8 +792,8 @@ class Queue:
             used[cid] = used.get(cid, 0) + 1
             return True
         qm = QueueMessage(self.sequence, parked(m), sender, False, now)
-        if messages.paging:
-            messages.enqueue(qm)
+        if messages.window or messages.paged_regular.seqs or messages.paged_priority.seqs:
+            messages.enqueue(qm)  # (paging)
         elif qm.high_priority:  # (MessageOrder.enqueue, inline: this runs per message)
             messages.priority.append(qm)
             messages.n_priority += 1
