@@ -207,6 +207,10 @@ class QueueMessage:
         return self.flags >> 2
 
     @property
+    def first_acquirer(self) -> bool:
+        return bool(self.flags & _FIRST)
+
+    @property
     def wire(self) -> Wire | None:
         life = self.life
         return None if life is None else life.wire
