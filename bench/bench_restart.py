@@ -114,7 +114,8 @@ def main() -> None:
         if not args.profile:
             print(
                 f"{'messages':>10} {'run':>3} {'log open s':>10} {'engine s':>9} "
-                f"{'total s':>8} {'CPU s':>6} {'msgs/s':>9} {'1M est s':>8}"
+                f"{'total s':>8} {'CPU s':>6} {'log CPU':>7} {'eng CPU':>7} {'msgs/s':>9} "
+                f"{'1M est s':>8} {'1M CPU s':>8}"
             )
         for count in args.messages:
             path = root / str(count)
@@ -129,8 +130,9 @@ def main() -> None:
                 total = log_s + engine_s
                 print(
                     f"{got:>10,} {run:>3} {log_s:>10.2f} {engine_s:>9.2f} {total:>8.2f} "
-                    f"{log_cpu + engine_cpu:>6.2f} {got / total:>9,.0f} "
-                    f"{total * 1_000_000 / got:>8.1f}"
+                    f"{log_cpu + engine_cpu:>6.2f} {log_cpu:>7.2f} {engine_cpu:>7.2f} "
+                    f"{got / total:>9,.0f} {total * 1_000_000 / got:>8.1f} "
+                    f"{(log_cpu + engine_cpu) * 1_000_000 / got:>8.1f}"
                 )
             shutil.rmtree(path)
     finally:

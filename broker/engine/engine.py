@@ -793,7 +793,10 @@ class Engine:
             except OperationError as err:
                 log.warning("cannot recover queue %s: %s", key, err.reason)
                 continue
-            count += queue.restore_all(self.store.iterate(key), now)
+            if queue.messages.window:  # paging: the store's index, payloads left on disk
+                count += queue.restore_index(self.store.index_chunks(key), now)
+            else:
+                count += queue.restore_all(self.store.iterate(key), now)
         for channel in self.channels.values():  # numbering goes on where it stopped
             for queue in channel.queues.values():
                 try:

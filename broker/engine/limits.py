@@ -71,6 +71,10 @@ class Limits:
     max_pending_receipts: int = 100_000
     #: Octets of JSON in one list/statistics reply; longer lists come in pages.
     max_reply_size: int = 1024 * 1024
+    #: Waiting messages of a queue held in memory whole, per priority, when its store
+    #: keeps them on disk (``persistent``); saved ones behind them wait as the store's
+    #: index entries and are read back when their turn comes (``engine.queue.messages``).
+    paged_window: int = 10_000
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -7,9 +7,10 @@ in one queue (sequence number, state, producer, delivery counts).
 
 from __future__ import annotations
 
+from sys import intern as _intern
 from typing import TYPE_CHECKING
 
-from broker.message import Headers, Message, derive, with_source
+from broker.message import Headers, Message, Wire, derive, with_source
 
 if TYPE_CHECKING:
     from broker.engine.channel import Client
@@ -27,6 +28,9 @@ __all__ = [
     "with_source",
 ]
 
+#: ``Message(...)`` from a tuple of every field (``broker.message._new``).
+_new = tuple.__new__
+
 # message states
 QUEUED = 0  # waiting in the queue
 INFLIGHT = 1  # handed to consumers: waiting for the transport or their acknowledges
@@ -34,28 +38,97 @@ DELAYED = 2  # put back, waiting for the put-back delay
 DONE = 3  # finished (consumed, removed or timed out)
 
 
-class QueueMessage:
-    """A message in a queue (hooks receive it; ``message`` is what consumers get)."""
+class Life:
+    """What a queue message gathers once it is sent, awaited or put back: made at the
+    first such change (a message that only waits has none, see :class:`QueueMessage`)."""
 
     __slots__ = (
         "acked",
-        "created",
         "deadline",
         "delivered",
-        "high_priority",
         "inflight",
-        "message",
-        "message_id",
         "out",
         "out_version",
-        "producer",
         "producer_waits",
         "put_backs",
         "saved",
-        "seq",
-        "state",
         "transmitted",
         "unsent",
+        "wire",
+    )
+
+    def __init__(self) -> None:
+        #: The waiting producer was answered.
+        self.acked = False
+        #: MessageTimeout deadline (monotonic seconds; 0: none).
+        self.deadline = 0.0
+        #: Sends to consumers that had to acknowledge it (Delivery-Count).
+        self.delivered = 0
+        #: Deliveries waiting for their consumers' acknowledges.
+        self.inflight = 0
+        #: What consumers get under the queue's current options (made at the first send).
+        self.out: Message | None = None
+        self.out_version = -1
+        #: Its producer waits for an acknowledge.
+        self.producer_waits = False
+        self.put_backs = 0
+        #: The store holds it.
+        self.saved = False
+        #: Copies of the current send the transport took; all sends ever (Delivery-Count).
+        self.transmitted = 0
+        #: Copies of the current send handed to the transport and not yet reported sent.
+        self.unsent = 0
+        #: The message's wire form until it is parked (``broker.message``).
+        self.wire: Wire | None = None
+
+    def plain(self) -> bool:
+        """Nothing gathered yet (the message may do without)."""
+        return (
+            not (
+                self.acked
+                or self.deadline
+                or self.delivered
+                or self.inflight
+                or self.out is not None
+                or self.producer_waits
+                or self.put_backs
+                or self.saved
+                or self.transmitted
+                or self.unsent
+                or self.wire is not None
+            )
+            and self.out_version == -1
+        )
+
+
+#: ``QueueMessage.flags``: first acquirer, wants ack, and the TTL above them (with the
+#: default TTL the value stays a small int, one Python keeps shared: no object).
+_FIRST, _WANTS_ACK = 1, 2
+
+
+class QueueMessage:
+    """A message in a queue (hooks receive it; ``message`` is what consumers get).
+
+    Memory: one object per waiting message, holding the message's own fields (no
+    :class:`Message` tuple: :attr:`message` makes one when asked) and what its life in
+    the queue adds once it is sent, awaited or put back (:class:`Life`, None until
+    then).  A waiting 100-byte message costs this object, its payload, its id and its
+    sequence number (``bench/bench_memory.py``).  ``created`` is accepted and not kept.
+    """
+
+    __slots__ = (
+        "content_type",
+        "flags",
+        "headers",
+        "high_priority",
+        "life",
+        "message_id",
+        "payload",
+        "producer",
+        "seq",
+        "source",
+        "state",
+        "target",
     )
 
     def __init__(
@@ -64,37 +137,245 @@ class QueueMessage:
         message: Message,
         producer: Client | None,
         producer_waits: bool,
-        created: float,
+        created: float = 0.0,
     ) -> None:
         self.seq = seq
-        self.message = message
-        self.message_id = message.message_id
-        self.high_priority = message.high_priority
         self.producer = producer
-        self.producer_waits = producer_waits
-        self.created = created
-        self.deadline = 0.0
-        self.put_backs = 0
-        self.saved = False
-        self.acked = False
-        self.inflight = 0
-        #: Copies of the current send handed to the transport and not yet reported sent.
-        self.unsent = 0
-        #: Copies of the current send the transport took; all sends ever (Delivery-Count).
-        self.transmitted = 0
-        self.delivered = 0
         self.state = QUEUED
-        #: What consumers get under the queue's current options (made at the first send).
-        self.out: Message | None = None
-        self.out_version = -1
+        self.life: Life | None = None
+        (
+            self.message_id,
+            self.source,
+            self.target,
+            self.content_type,
+            self.high_priority,
+            first,
+            wants_ack,
+            ttl,
+            self.headers,
+            self.payload,
+            wire,
+        ) = message
+        self.flags = (_FIRST if first else 0) | (_WANTS_ACK if wants_ack else 0) | ttl << 2
+        if wire is not None or producer_waits:
+            life = self.life = Life()
+            life.wire = wire
+            life.producer_waits = producer_waits
 
     @property
-    def payload(self) -> bytes | memoryview:
-        return self.message.payload
+    def message(self) -> Message:
+        """The message (a new tuple each time; its wire form until parked)."""
+        flags, life = self.flags, self.life
+        return _new(
+            Message,
+            (
+                self.message_id,
+                self.source,
+                self.target,
+                self.content_type,
+                self.high_priority,
+                bool(flags & _FIRST),
+                bool(flags & _WANTS_ACK),
+                flags >> 2,
+                self.headers,
+                self.payload,
+                None if life is None else life.wire,
+            ),
+        )
+
+    @message.setter
+    def message(self, message: Message) -> None:
+        (
+            self.message_id,
+            self.source,
+            self.target,
+            self.content_type,
+            self.high_priority,
+            first,
+            wants_ack,
+            ttl,
+            self.headers,
+            self.payload,
+            wire,
+        ) = message
+        self.flags = (_FIRST if first else 0) | (_WANTS_ACK if wants_ack else 0) | ttl << 2
+        if self.life is not None or wire is not None:
+            self.wire = wire
+
+    @property
+    def ttl(self) -> int:
+        return self.flags >> 2
+
+    @property
+    def first_acquirer(self) -> bool:
+        return bool(self.flags & _FIRST)
+
+    @property
+    def wire(self) -> Wire | None:
+        life = self.life
+        return None if life is None else life.wire
+
+    @wire.setter
+    def wire(self, value: Wire | None) -> None:
+        life = self.life
+        if life is None:
+            life = self.life = Life()
+        life.wire = value
+
+    def lived(self) -> Life:
+        """Its :class:`Life`, made now if it has none (hot paths use it directly rather
+        than one property call per field)."""
+        life = self.life
+        if life is None:
+            life = self.life = Life()
+        return life
+
+    def park(self) -> None:
+        """The form a message waits in (``broker.message.parked``): no wire form, its
+        source and target the interned strings."""
+        self.source = _intern(self.source)
+        self.target = _intern(self.target)
+        life = self.life
+        if life is not None:
+            life.wire = None
+            if life.plain():
+                self.life = None
+
+    @property
+    def acked(self) -> bool:
+        life = self.life
+        return False if life is None else life.acked
+
+    @acked.setter
+    def acked(self, value: bool) -> None:
+        life = self.life
+        if life is None:
+            life = self.life = Life()
+        life.acked = value
+
+    @property
+    def deadline(self) -> float:
+        life = self.life
+        return 0.0 if life is None else life.deadline
+
+    @deadline.setter
+    def deadline(self, value: float) -> None:
+        life = self.life
+        if life is None:
+            life = self.life = Life()
+        life.deadline = value
+
+    @property
+    def delivered(self) -> int:
+        life = self.life
+        return 0 if life is None else life.delivered
+
+    @delivered.setter
+    def delivered(self, value: int) -> None:
+        life = self.life
+        if life is None:
+            life = self.life = Life()
+        life.delivered = value
+
+    @property
+    def inflight(self) -> int:
+        life = self.life
+        return 0 if life is None else life.inflight
+
+    @inflight.setter
+    def inflight(self, value: int) -> None:
+        life = self.life
+        if life is None:
+            life = self.life = Life()
+        life.inflight = value
+
+    @property
+    def out(self) -> Message | None:
+        life = self.life
+        return None if life is None else life.out
+
+    @out.setter
+    def out(self, value: Message | None) -> None:
+        life = self.life
+        if life is None:
+            life = self.life = Life()
+        life.out = value
+
+    @property
+    def out_version(self) -> int:
+        life = self.life
+        return -1 if life is None else life.out_version
+
+    @out_version.setter
+    def out_version(self, value: int) -> None:
+        life = self.life
+        if life is None:
+            life = self.life = Life()
+        life.out_version = value
+
+    @property
+    def producer_waits(self) -> bool:
+        life = self.life
+        return False if life is None else life.producer_waits
+
+    @producer_waits.setter
+    def producer_waits(self, value: bool) -> None:
+        life = self.life
+        if life is None:
+            life = self.life = Life()
+        life.producer_waits = value
+
+    @property
+    def put_backs(self) -> int:
+        life = self.life
+        return 0 if life is None else life.put_backs
+
+    @put_backs.setter
+    def put_backs(self, value: int) -> None:
+        life = self.life
+        if life is None:
+            life = self.life = Life()
+        life.put_backs = value
+
+    @property
+    def saved(self) -> bool:
+        life = self.life
+        return False if life is None else life.saved
+
+    @saved.setter
+    def saved(self, value: bool) -> None:
+        life = self.life
+        if life is None:
+            life = self.life = Life()
+        life.saved = value
+
+    @property
+    def transmitted(self) -> int:
+        life = self.life
+        return 0 if life is None else life.transmitted
+
+    @transmitted.setter
+    def transmitted(self, value: int) -> None:
+        life = self.life
+        if life is None:
+            life = self.life = Life()
+        life.transmitted = value
+
+    @property
+    def unsent(self) -> int:
+        life = self.life
+        return 0 if life is None else life.unsent
+
+    @unsent.setter
+    def unsent(self, value: int) -> None:
+        life = self.life
+        if life is None:
+            life = self.life = Life()
+        life.unsent = value
 
     @property
     def producer_id(self) -> str:
-        return self.producer.id if self.producer is not None else self.message.source
+        return self.producer.id if self.producer is not None else self.source
 
     def __repr__(self) -> str:
         return f"QueueMessage(seq={self.seq}, id={self.message_id!r}, state={self.state})"

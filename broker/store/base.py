@@ -11,8 +11,10 @@ batches its fsyncs and makes ``flush`` the barrier.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from broker.message import Message
 
@@ -36,7 +38,26 @@ class StoredMessage:
     deadline: float = 0.0
 
 
+class IndexEntry(NamedTuple):
+    """A saved message's place in its queue, without its payload (``Store.index``): what
+    a restart needs to queue it (order, priority, put-backs, delivery count, deadline);
+    ``stored`` is the whole message when the store had to read it anyway, else None
+    (``Store.read`` gives it when it is wanted)."""
+
+    sequence: int
+    high_priority: bool
+    put_backs: int
+    delivery_count: int
+    deadline: float
+    stored: StoredMessage | None
+
+
 class Store(ABC):
+    #: Is :meth:`read` worth calling instead of holding a message in memory (the store
+    #: keeps its messages elsewhere than in this process's memory)?  A queue pages the
+    #: payloads of its saved waiting messages out only to such a store.
+    pages = False
+
     @abstractmethod
     def append(self, queue: QueueKey, message: StoredMessage) -> None:
         """Save a message (sequence numbers only grow within a queue)."""
@@ -85,6 +106,49 @@ class Store(ABC):
 
     def forget_trashed(self, queue: QueueKey, sequence: int) -> None:  # noqa: B027
         """A trashed message was resubmitted, purged or pushed out (unknown: ignored)."""
+
+    def read(self, queue: QueueKey, sequence: int) -> StoredMessage:
+        """One saved message, by its sequence number; LookupError when the store holds
+        none under that number (a store may raise its own subclass, or its own error for
+        a record it cannot read)."""
+        for message in self.iterate(queue):
+            if message.sequence == sequence:
+                return message
+        raise LookupError(f"{queue} holds no message {sequence}")
+
+    def read_many(
+        self, queue: QueueKey, sequences: list[int]
+    ) -> dict[int, StoredMessage | Exception]:
+        """:meth:`read` for each of ``sequences``: the message, or the error that one
+        raised (the others still read)."""
+        found: dict[int, StoredMessage | Exception] = {}
+        for seq in sequences:
+            try:
+                found[seq] = self.read(queue, seq)
+            except Exception as exc:
+                found[seq] = exc
+        return found
+
+    def index(self, queue: QueueKey) -> Iterator[IndexEntry]:
+        """:meth:`iterate` without payloads where the store can (see
+        :class:`IndexEntry`); this default reads every message."""
+        for m in self.iterate(queue):
+            yield IndexEntry(
+                m.sequence, m.message.high_priority, m.put_backs, m.delivery_count, m.deadline, m
+            )
+
+    def index_chunks(self, queue: QueueKey) -> Iterator[list[IndexEntry] | array]:
+        """:meth:`index` a list at a time (a restart's bulk path).  A store may give an
+        ``array`` of sequence numbers instead of a list: messages of regular priority,
+        without deadline, not read (put-backs and delivery count come with ``read``)."""
+        chunk: list[IndexEntry] = []
+        for entry in self.index(queue):
+            chunk.append(entry)
+            if len(chunk) >= 1024:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
 
     def last_sequence(self, queue: QueueKey) -> int:
         """The highest sequence number this store knows the queue has given, saved

@@ -28,6 +28,19 @@ last live record is removed, that number is first kept as the value
 durable implies it): :meth:`DurableStore.last_sequence` gives it back after a restart,
 and numbering goes on above it.
 
+Equal numbers.  So that a restart need not read every payload to learn each record's
+engine number, the adapter asks the log to give each record the engine's number itself
+(``LogStore.append(..., at=)``: the numbers of messages not saved are skipped).  From the
+first record so written, a queue's numbers are equal; the value ``aligned/<queue
+id>/<channel>`` keeps where that started (``"LO"``), and where it stopped (``"LO HI"``)
+if a record ever could not get its engine's number (a queue removed and made again numbers
+from 1 while the log's numbers go on), or would have to skip more than
+:data:`MAX_SKIP` numbers while older records live: records from then on are mapped as
+above.  Within
+``LO..HI`` no map entry is kept (no memory per message), :meth:`DurableStore.index` lists
+the queue from the log's index alone, and :meth:`DurableStore.read` reads one message
+back (a queue that pages its payloads, ``broker.engine.queue.messages``).
+
 Retained messages.  A consumed message a ``Retain`` queue keeps readable by sequence is
 written again under the queue's id plus :data:`RETAINED_OFFSET` (a log key no TMQP queue
 id reaches), then removed from the queue's live records; releasing it removes it there.
@@ -54,11 +67,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import struct
+from array import array
 from collections.abc import Iterator
 from dataclasses import replace
+from itertools import compress
 
 from broker.message import Headers, Message
-from broker.store.base import QueueKey, Store, StoredMessage
+from broker.store.base import IndexEntry, QueueKey, Store, StoredMessage
 from broker.store.log import CorruptRecord, LogStore, Meta, NoSuchRecord
 from broker.store.log.records import NO_META
 
@@ -76,6 +91,11 @@ _TRASH_REASON = "Trash-Reason"
 _TRASH_AT = "Trash-At"
 #: Values this adapter keeps for itself beside the engine's definitions.
 SEQUENCE_PREFIX = "sequence/"
+ALIGNED_PREFIX = "aligned/"
+#: Numbers of unsaved messages the log may skip to keep a queue's numbers equal while
+#: older records live: every number between costs the log's index a slot (33 octets),
+#: so a longer gap (a queue that saves only some messages) ends the equal range.
+MAX_SKIP = 1024
 _NO_HEADERS = b"\0\0"
 #: ``Message(...)`` from every field, without the named tuple's Python-level ``__new__``
 _new_message = tuple.__new__
@@ -97,6 +117,10 @@ def _text(out: list[bytes], value: str) -> None:
 
 def _sequence_name(queue: QueueKey) -> str:
     return f"{SEQUENCE_PREFIX}{queue[1]}/{queue[0]}"
+
+
+def _aligned_name(queue: QueueKey) -> str:
+    return f"{ALIGNED_PREFIX}{queue[1]}/{queue[0]}"
 
 
 def _retained_key(queue: QueueKey) -> QueueKey:
@@ -238,9 +262,15 @@ class DurableStore(Store):
     Called from the engine's thread only.  The log is owned by the caller, who closes it
     (``close`` here closes it too, for convenience)."""
 
+    pages = True
+
     def __init__(self, log_store: LogStore) -> None:
         self.log = log_store
+        #: engine number -> log number, for records outside their queue's equal range
         self._seqs: dict[QueueKey, dict[int, int]] = {}
+        #: per queue [LO, HI, open]: engine number == log number for LO <= n < HI
+        #: (see "Equal numbers"); [0, 0, 0]: none yet, [0, 0, -1]: none possible
+        self._ranges: dict[QueueKey, list[int]] = {}
         #: highest engine sequence number seen per queue (see the module docstring)
         self._last: dict[QueueKey, int] = {}
         #: highest ticket of a write a reply depends on (see the module docstring)
@@ -259,7 +289,24 @@ class DurableStore(Store):
     def append(self, queue: QueueKey, message: StoredMessage) -> None:
         sequence = message.sequence
         blob = encode_message(message.message, message.producer_id, sequence)
-        done = self.log.append(queue, blob, _meta(message))
+        span = self._ranges.get(queue)
+        if span is None or not (span[1] or span[2]):
+            span = self._range(queue, start=sequence)
+        if span[2] > 0 and (sequence - span[1] <= MAX_SKIP or not self.log.bounds(queue).count):
+            done = self.log.append(queue, blob, _meta(message), sequence)
+            if done.seq == sequence:
+                span[1] = sequence + 1
+                if sequence > self._last.get(queue, 0):
+                    self._last[queue] = sequence
+                self.appended = done.ticket
+                return
+        else:
+            done = None
+        if span[2] > 0:  # the log was ahead, or too far behind: mapped from here on
+            span[2] = 0
+            self.log.put_value(_aligned_name(queue), f"{span[0]} {span[1]}".encode())
+        if done is None:
+            done = self.log.append(queue, blob, _meta(message))
         seqs = self._seqs.get(queue)
         if seqs is None:
             seqs = self._seqs[queue] = {}
@@ -268,12 +315,183 @@ class DurableStore(Store):
             self._last[queue] = sequence
         self.appended = done.ticket
 
+    def _range(self, queue: QueueKey, start: int = 0) -> list[int]:
+        """The queue's equal range (see "Equal numbers"), read back from the log's value
+        at first use; with ``start`` (a record about to be appended with that number)
+        one is begun there if the queue has none and the log is not ahead of it."""
+        span = self._ranges.get(queue)
+        if span is not None and (span[1] or span[2] or not start):
+            return span
+        raw = self.log.value(_aligned_name(queue))
+        span = [0, 0, 0]
+        if raw is not None:
+            try:
+                parts = [int(x) for x in raw.split()]
+            except ValueError:
+                parts = []
+            if len(parts) == 1:
+                span = [parts[0], max(parts[0], self.log.bounds(queue).last + 1), 1]
+            elif len(parts) == 2:
+                span = [parts[0], parts[1], 0]
+            else:
+                log.warning("queue %s: unreadable equal range %r", queue, raw)
+        elif start and start > self.log.bounds(queue).last:
+            self.log.put_value(_aligned_name(queue), str(start).encode())
+            span = [start, start, 1]
+        elif start:
+            span = [0, 0, -1]  # the log is ahead: mapped (until a restart looks again)
+        self._ranges[queue] = span
+        return span
+
+    def _lookup(self, queue: QueueKey, sequence: int) -> int | None:
+        """The log number of the queue's record numbered ``sequence`` by the engine."""
+        seqs = self._seqs.get(queue)
+        if seqs:
+            seq = seqs.get(sequence)
+            if seq is not None:
+                return seq
+        span = self._ranges.get(queue) or self._range(queue)
+        return sequence if span[0] <= sequence < span[1] else None
+
+    def read(self, queue: QueueKey, sequence: int) -> StoredMessage:
+        """One live message read back from the log: NoSuchRecord when the queue has none
+        under that number, CorruptRecord when its record or blob cannot be read."""
+        seq = self._lookup(queue, sequence)
+        if seq is None:
+            raise NoSuchRecord(f"{queue} has no live message {sequence}")
+        record = self.log.read(queue, seq)
+        message, producer, _ = decode_record(record.blob)
+        meta = record.meta
+        return StoredMessage(
+            sequence, message, producer, meta.put_backs, meta.delivery_count, meta.deadline
+        )
+
+    def read_many(
+        self, queue: QueueKey, sequences: list[int]
+    ) -> dict[int, StoredMessage | Exception]:
+        """:meth:`read` for each of ``sequences``.  Within the queue's equal range one
+        pass of the log's bulk reader (``LogStore.read_live``: large sequential reads)
+        from the lowest to the highest wanted; a record damaged on disk comes back as
+        its CorruptRecord, one not live as NoSuchRecord."""
+        if not sequences:
+            return {}
+        low, high = min(sequences), max(sequences)
+        span = self._range(queue)
+        if not (span[0] <= low and high < span[1]) or len(sequences) < 2:
+            return super().read_many(queue, sequences)
+        wanted = set(sequences)
+        found: dict[int, StoredMessage | Exception] = {}
+        for seq, record in self.log.read_live(queue, low):
+            if seq > high:
+                break
+            if seq not in wanted:
+                continue
+            if isinstance(record, CorruptRecord):
+                found[seq] = record
+                continue
+            try:
+                message, producer, _ = decode_record(record.blob)
+            except CorruptRecord as exc:
+                found[seq] = exc
+                continue
+            meta = record.meta
+            found[seq] = StoredMessage(
+                seq, message, producer, meta.put_backs, meta.delivery_count, meta.deadline
+            )
+        for seq in wanted.difference(found):
+            found[seq] = NoSuchRecord(f"{queue} has no live message {seq}")
+        return found
+
+    def index(self, queue: QueueKey) -> Iterator[IndexEntry]:
+        """The queue's live messages in order, from the log's index alone within the
+        queue's equal range (no payload read); a record outside it is read and decoded
+        (a damaged one is logged and skipped, as by :meth:`iterate`)."""
+        span = self._range(queue)
+        if not span[1]:
+            for m in self.iterate(queue):
+                yield IndexEntry(
+                    m.sequence, m.message.high_priority, m.put_backs, m.delivery_count,
+                    m.deadline, m,
+                )  # fmt: skip
+            return
+        for chunk in self.index_chunks(queue):
+            if isinstance(chunk, array):
+                for seq in chunk:
+                    try:
+                        meta = self.log.meta(queue, seq)
+                    except NoSuchRecord:
+                        continue
+                    yield IndexEntry(seq, False, meta.put_backs, meta.delivery_count, 0.0, None)
+            else:
+                yield from chunk
+
+    def index_chunks(self, queue: QueueKey) -> Iterator[list[IndexEntry] | array]:
+        """:meth:`index` a span of the log's index at a time: a span within the equal
+        range whose live records are all of regular priority without deadline comes as
+        an ``array`` of their numbers (no object per record); others as entries."""
+        span = self._range(queue)
+        if not span[1]:
+            yield from super().index_chunks(queue)
+            return
+        low, high = span[0], span[1]
+        for first, segment, flags, deadline in self.log.live_columns(queue):
+            end = first + len(segment)
+            if (
+                low <= first
+                and end <= high
+                and not any(compress(flags, segment))
+                and not any(compress(deadline, segment))
+            ):
+                seqs = array("Q", compress(range(first, end), segment))
+                if seqs:
+                    yield seqs
+                continue
+            for slots in self.log.live_index(queue, first):
+                chunk = []
+                for seq, _segment, _offset, _size, count, put_backs, flag, dl in slots:
+                    if seq >= end:
+                        break
+                    if low <= seq < high:
+                        chunk.append(
+                            tuple.__new__(IndexEntry, (seq, flag == 1, put_backs, count, dl, None))
+                        )
+                        continue
+                    entry = self._read_entry(queue, seq)
+                    if entry is not None:
+                        chunk.append(entry)
+                if chunk:
+                    yield chunk
+                if slots[-1][0] >= end - 1:
+                    break
+
+    def _read_entry(self, queue: QueueKey, seq: int) -> IndexEntry | None:
+        """A record outside the equal range, decoded (None: damaged, logged)."""
+        try:
+            record = self.log.read(queue, seq)
+            message, producer, sequence = decode_record(record.blob)
+        except NoSuchRecord:
+            return None
+        except CorruptRecord as exc:
+            log.warning("queue %s record %d skipped: %s", queue, seq, exc)
+            return None
+        sequence = sequence or seq
+        self._seqs.setdefault(queue, {})[sequence] = seq
+        if sequence > self._last.get(queue, 0):
+            self._last[queue] = sequence
+        meta = record.meta
+        stored = StoredMessage(
+            sequence, message, producer, meta.put_backs, meta.delivery_count, meta.deadline
+        )
+        return IndexEntry(
+            sequence, message.high_priority, meta.put_backs, meta.delivery_count,
+            meta.deadline, stored,
+        )  # fmt: skip
+
     def update(self, queue: QueueKey, message: StoredMessage, *, durable: bool = False) -> None:
         """Rewrite the record's metadata (not its blob); a message this store does not
         hold is ignored.  A write replies wait for (``appended``) only when ``durable``
         (a put-back: the requeued message is seen only once its count is kept)."""
-        seqs = self._seqs.get(queue)
-        seq = None if seqs is None else seqs.get(message.sequence)
+        seq = self._lookup(queue, message.sequence)
         if seq is not None:
             with contextlib.suppress(NoSuchRecord):  # (removed meanwhile)
                 ticket = self.log.update(queue, seq, _meta(message))
@@ -283,7 +501,7 @@ class DurableStore(Store):
     def retain(self, queue: QueueKey, message: StoredMessage) -> None:
         """Write the consumed message under the queue's retained key, then forget the live
         record (a crash between leaves both: recovery prefers the live one)."""
-        if message.sequence not in self._seqs.get(queue, {}):
+        if self._lookup(queue, message.sequence) is None:
             return
         shadow = _retained_key(queue)
         blob = encode_message(message.message, message.producer_id, message.sequence)
@@ -292,9 +510,8 @@ class DurableStore(Store):
         self.remove(queue, message.sequence)
 
     def retained(self, queue: QueueKey) -> Iterator[StoredMessage]:
-        live = self._seqs.get(queue, {})
         for stored in self.iterate(_retained_key(queue)):
-            if stored.sequence in live:  # a crash between retain's two writes
+            if self._live(queue, stored.sequence):  # a crash between retain's two writes
                 self.forget_retained(queue, stored.sequence)
                 continue
             yield stored
@@ -304,6 +521,16 @@ class DurableStore(Store):
         seq = self._seqs.get(shadow, {}).pop(sequence, None)
         if seq is not None:
             self.log.remove(shadow, seq)
+
+    def _live(self, queue: QueueKey, sequence: int) -> bool:
+        seq = self._lookup(queue, sequence)
+        if seq is None:
+            return False
+        try:
+            self.log.meta(queue, seq)
+        except NoSuchRecord:
+            return False
+        return True
 
     def trash(self, queue: QueueKey, message: StoredMessage, reason: str, at: float) -> None:
         """Write the message under the queue's trash key with its reason and time (the
@@ -318,9 +545,8 @@ class DurableStore(Store):
         self._seqs.setdefault(shadow, {})[message.sequence] = done.seq
 
     def trashed(self, queue: QueueKey) -> Iterator[tuple[StoredMessage, str, float]]:
-        live = self._seqs.get(queue, {})
         for stored in self.iterate(_trash_key(queue)):
-            if stored.sequence in live:  # a crash between trash's two writes
+            if self._live(queue, stored.sequence):  # a crash between trash's two writes
                 self.forget_trashed(queue, stored.sequence)
                 continue
             reason, at, headers = "", 0.0, []
@@ -343,13 +569,15 @@ class DurableStore(Store):
 
     def remove(self, queue: QueueKey, sequence: int) -> None:
         seqs = self._seqs.get(queue)
-        if seqs is None:
-            return
-        seq = seqs.pop(sequence, None)
+        seq = None if not seqs else seqs.pop(sequence, None)
         if seq is not None:
-            if not seqs:  # the last live one: keep its queue's number first
-                self._keep_last(queue)
+            if not seqs and not self._range(queue)[1]:
+                self._keep_last(queue)  # the last live one: keep its queue's number first
             self.log.remove(queue, seq)
+            return
+        span = self._ranges.get(queue) or self._range(queue)
+        if span[0] <= sequence < span[1]:  # (the log's own number goes on: "Equal numbers")
+            self.log.remove(queue, sequence)
 
     def _keep_last(self, queue: QueueKey) -> None:
         last = self._last.get(queue, 0)
@@ -361,7 +589,7 @@ class DurableStore(Store):
 
     def last_sequence(self, queue: QueueKey) -> int:
         """The highest engine sequence number this queue has had (0: none known)."""
-        last = self._last.get(queue, 0)
+        last = max(self._last.get(queue, 0), self._range(queue)[1] - 1)
         raw = self.log.value(_sequence_name(queue))
         if raw is not None:
             try:
@@ -379,6 +607,7 @@ class DurableStore(Store):
         blob decode per record, the bookkeeping in locals."""
         seqs = self._seqs.setdefault(queue, {})
         last = self._last.get(queue, 0)
+        low, high, _ = self._range(queue)
         try:
             for seq, record in self.log.read_live(queue):
                 if isinstance(record, CorruptRecord):
@@ -390,7 +619,8 @@ class DurableStore(Store):
                     log.warning("queue %s record %d skipped: %s", queue, seq, exc)
                     continue
                 sequence = sequence or seq  # version 1: the log's number
-                seqs[sequence] = seq
+                if sequence != seq or not low <= seq < high:
+                    seqs[sequence] = seq
                 if sequence > last:
                     last = sequence
                 meta = record.meta
@@ -413,6 +643,8 @@ class DurableStore(Store):
             self._last.pop(key, None)
             self.log.purge(key)
         self.log.delete_value(_sequence_name(queue))
+        self._ranges[queue] = [0, 0, -1]
+        self.log.delete_value(_aligned_name(queue))
 
     def put_definition(self, name: str, value: bytes) -> None:
         if self.log.value(name) != value:
@@ -427,7 +659,7 @@ class DurableStore(Store):
         return {
             name: value
             for name, value in self.log.values().items()
-            if not name.startswith(SEQUENCE_PREFIX)
+            if not name.startswith((SEQUENCE_PREFIX, ALIGNED_PREFIX))
         }
 
     def flush(self) -> None:

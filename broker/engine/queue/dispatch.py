@@ -149,10 +149,11 @@ class Dispatcher:
                 else:
                     q.stalled = True
             return False
-        frame = m.out
-        if frame is None or m.out_version != self.out_version:
+        life = m.lived()
+        frame = life.out
+        if frame is None or life.out_version != self.out_version:
             frame = self.out_message(m)
-        m.transmitted = 0
+        life.transmitted = 0
         if req_ack:
             timeout = opts.acknowledge_timeout
             deadline = now + timeout / 1000.0 if timeout else _INF
@@ -168,7 +169,7 @@ class Dispatcher:
         else:
             m.state = INFLIGHT
             kind = COPY if keep else BROADCAST
-            m.unsent += len(targets)
+            life.unsent += len(targets)
             for c in targets:
                 self.hand(c, kind, m, frame, out)
             if hooks.received:
@@ -297,7 +298,8 @@ class Dispatcher:
         """What consumers get of ``m`` under the queue's options (cached on ``m``)."""
         f = m.message
         opts = self.q.options
-        count = m.delivered
+        life = m.lived()
+        count = life.delivered
         if opts.request_acknowledge or (opts.hide_client_names and f.source) or count:
             source = "" if opts.hide_client_names else f.source
             headers = f.headers
@@ -312,8 +314,8 @@ class Dispatcher:
                 f.target,
                 headers,
             )
-        m.out = f
-        m.out_version = self.out_version
+        life.out = f
+        life.out_version = self.out_version
         return f
 
     # ------------------------------------------------------------------ settling
@@ -342,23 +344,24 @@ class Dispatcher:
         if m is None:  # CACHE
             q.sent += 1
             return
-        if not m.transmitted:
+        life = m.lived()
+        if not life.transmitted:
             q.sent += 1  # the first copy of this send
-        m.transmitted += 1
+        life.transmitted += 1
         receipts = q.host.receipts
         if receipts.pending:  # (a receipt asked for: this consumer got a copy)
             if kind == ACKED:
                 receipts.sent(q.key, m.seq, client_id)
             else:
                 receipts.succeeded(q.key, m.seq, client_id)
-        m.delivered += 1  # a put-back resets m.out: the next send carries Delivery-Count
-        if m.saved:
+        life.delivered += 1  # a put-back resets m.out: the next send carries Delivery-Count
+        if life.saved:
             q.delivered(m, now)  # the store keeps the count for a restart
         if kind == ACKED:
             return  # the window slot is held until the acknowledge
         self.q.release(client_id)
-        m.unsent -= 1
-        if m.unsent <= 0 and m.state == INFLIGHT and q.alive:
+        life.unsent -= 1
+        if life.unsent <= 0 and m.state == INFLIGHT and q.alive:
             q.finish(m)  # (a removed queue took its messages and store with it)
 
     def settle_unsent(

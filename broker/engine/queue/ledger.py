@@ -43,9 +43,15 @@ class Ledger:
         self, m: QueueMessage, when: AckWhen, out: list[Outgoing], reason: str, source: str = ""
     ) -> None:
         """Acknowledge the producer (once per message, only if it waits for it)."""
-        if m.acked or not m.producer_waits or (when is AckWhen.IF_SAVED and not m.saved):
+        life = m.life  # (None: nobody waits for it)
+        if (
+            life is None
+            or life.acked
+            or not life.producer_waits
+            or (when is AckWhen.IF_SAVED and not life.saved)
+        ):
             return
-        m.acked = True
+        life.acked = True
         producer = m.producer
         q = self.q
         if producer is None or q.client(producer.id) is not producer:
@@ -62,8 +68,8 @@ class Ledger:
             if message.wire is not None:
                 message = message.replace()  # a store keeps messages, not a door's octets
             timeout = q.options.message_timeout
-            if m.deadline:  # (saved after its clock started: measured from its receipt)
-                deadline = q.host.config.wall_clock() + (m.deadline - m.created)
+            if m.deadline:  # (saved after its clock started: the time it has left)
+                deadline = q.host.config.wall_clock() + (m.deadline - q.host.now)
             elif timeout:  # (saved on receipt: the clock starts now)
                 deadline = q.host.config.wall_clock() + timeout / 1000.0
             else:

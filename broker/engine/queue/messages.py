@@ -8,24 +8,137 @@ back one after another keep their order.
 
 :class:`MessageOrder` knows nothing of consumers, acknowledges or the store: it is the
 queue's ordering part, owned by :class:`broker.engine.queue.queue.Queue`.
+
+Paging.  A queue whose store keeps its messages outside the process (``Store.pages``)
+holds at most :attr:`MessageOrder.window` waiting messages per priority in its deque;
+behind them, messages wait as bare sequence numbers in a :class:`PagedTail` (8 octets
+each; the store's own index holds the rest), and are read back from the store, a batch
+of :data:`PAGE_IN_BATCH` at a time, when the deque runs dry (:attr:`MessageOrder.page_in`,
+given by the queue).  Only a message the store holds as it stands is paged out: saved,
+never sent, no producer waiting for it, no deadline of its own.  Any other message that
+must queue behind paged ones waits in the tail's ``held`` map under its number, so that
+the order stays as it was.  A paged message that cannot be read back is reported by the
+loader and leaves the counts; the rest come in order.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
+from collections.abc import Callable, Iterator
 
 from broker.engine.delivery import PutBack
 from broker.engine.message import QUEUED, QueueMessage
+
+#: Paged messages read back from the store at once when a deque runs dry.
+PAGE_IN_BATCH = 256
+_TRIM_AT = 4096  # numbers taken from a tail's front before its array is cut
+
+
+def pageable(m: QueueMessage) -> bool:
+    """Does the store hold ``m`` as it stands (may it wait as its number alone)?"""
+    return (
+        m.saved
+        and m.state == QUEUED
+        and not (m.deadline or m.delivered or m.put_backs or m.out is not None)
+        and (m.acked or not m.producer_waits)
+    )
+
+
+class PagedTail:
+    """Sequence numbers of messages waiting behind a deque, oldest first (paging: see
+    the module docstring); ``held`` keeps those that could not be paged out.  ``seqs``
+    is empty exactly when the tail is (the hot paths test it: no Python call)."""
+
+    __slots__ = ("head", "held", "seqs")
+
+    def __init__(self) -> None:
+        self.seqs = array("Q")
+        self.head = 0
+        self.held: dict[int, QueueMessage] = {}
+
+    def __len__(self) -> int:
+        return len(self.seqs) - self.head
+
+    def __iter__(self) -> Iterator[int]:
+        seqs = self.seqs
+        for i in range(self.head, len(seqs)):
+            yield seqs[i]
+
+    def add(self, m: QueueMessage) -> None:
+        """``m`` waits at the end: as its number if it may, else held."""
+        if not pageable(m):
+            self.held[m.seq] = m
+        self.seqs.append(m.seq)
+
+    def take(self, limit: int) -> list[int]:
+        """Up to ``limit`` numbers from the front."""
+        head = self.head
+        taken = self.seqs[head : head + limit].tolist()
+        head += len(taken)
+        if head >= _TRIM_AT and head * 2 >= len(self.seqs):
+            del self.seqs[:head]
+            head = 0
+        if head == len(self.seqs):
+            del self.seqs[:]
+            head = 0
+        self.head = head
+        return taken
+
+    def pop(self) -> int:
+        """The number at the end (the tail is not empty)."""
+        seq = self.seqs.pop()
+        if self.head == len(self.seqs):
+            del self.seqs[:]
+            self.head = 0
+        return seq
+
+    def last(self) -> Iterator[int]:
+        """The numbers from the end backwards."""
+        seqs = self.seqs
+        for i in range(len(seqs) - 1, self.head - 1, -1):
+            yield seqs[i]
+
+    def keep(self, wanted: Callable[[int], bool]) -> list[int]:
+        """Drop every number ``wanted`` does not want; returns the dropped ones."""
+        kept = array("Q")
+        dropped: list[int] = []
+        for seq in self:
+            (kept if wanted(seq) else dropped).append(seq)
+        self.seqs = kept
+        self.head = 0
+        return dropped
+
+
+#: The loader a paging queue gives its order: numbers -> the messages read back (one
+#: that cannot be read is left out, reported by the loader).
+PageIn = Callable[[list[int]], dict[int, QueueMessage]]
 
 
 class MessageOrder:
     """The waiting messages of one queue (see the module docstring)."""
 
-    __slots__ = ("front", "n_priority", "n_regular", "priority", "regular")
+    __slots__ = (
+        "front",
+        "n_priority",
+        "n_regular",
+        "page_in",
+        "paged_priority",
+        "paged_regular",
+        "priority",
+        "regular",
+        "window",
+    )
 
     def __init__(self) -> None:
         self.priority: deque[QueueMessage] = deque()
         self.regular: deque[QueueMessage] = deque()
+        #: Waiting behind the deques (paging, see the module docstring).
+        self.paged_priority = PagedTail()
+        self.paged_regular = PagedTail()
+        #: Messages a deque holds before new ones are paged out (0: none are).
+        self.window = 0
+        self.page_in: PageIn | None = None
         #: Messages waiting, per priority (the deques may also hold finished ones).
         self.n_priority = 0
         self.n_regular = 0
@@ -41,13 +154,81 @@ class MessageOrder:
         return bool(self.n_priority or self.n_regular or self.front)
 
     def enqueue(self, m: QueueMessage) -> None:
-        """Append a new message to the end of its deque."""
+        """Append a new message to the end of its deque (or its paged tail)."""
         if m.high_priority:
-            self.priority.append(m)
+            if self.paged_priority.seqs or (self.window and len(self.priority) >= self.window):
+                self.paged_priority.add(m)
+            else:
+                self.priority.append(m)
             self.n_priority += 1
         else:
-            self.regular.append(m)
+            if self.paged_regular.seqs or (self.window and len(self.regular) >= self.window):
+                self.paged_regular.add(m)
+            else:
+                self.regular.append(m)
             self.n_regular += 1
+
+    @property
+    def paging(self) -> bool:
+        """Do messages wait paged (or may new ones be)?"""
+        return bool(self.window or self.paged_priority.seqs or self.paged_regular.seqs)
+
+    def _refill(self, high: bool) -> None:
+        """Read the next batch of the tail back into the (empty) deque."""
+        tail = self.paged_priority if high else self.paged_regular
+        dq = self.priority if high else self.regular
+        seqs = tail.take(PAGE_IN_BATCH)
+        held = tail.held
+        wanted = [seq for seq in seqs if seq not in held]
+        loaded = self.page_in(wanted) if wanted and self.page_in is not None else {}
+        lost = 0
+        for seq in seqs:
+            m = held.pop(seq, None) or loaded.get(seq)
+            if m is None:
+                lost += 1
+            else:
+                dq.append(m)
+        if high:
+            self.n_priority -= lost
+        else:
+            self.n_regular -= lost
+
+    def paged(self) -> Iterator[tuple[int, QueueMessage | None]]:
+        """Every number waiting in a tail, with its message when held (None: paged)."""
+        for tail in (self.paged_priority, self.paged_regular):
+            held = tail.held
+            for seq in tail:
+                yield seq, held.get(seq)
+
+    def take_paged(
+        self,
+        *,
+        priority: bool = True,
+        regular: bool = True,
+        wanted: Callable[[int], bool] | None = None,
+    ) -> tuple[list[QueueMessage], list[int]]:
+        """Take the chosen tails' waiting messages (those ``wanted`` says, or all): the
+        held ones still QUEUED, and the numbers of the paged ones; counts follow."""
+        held_out: list[QueueMessage] = []
+        paged_out: list[int] = []
+        for tail, high in ((self.paged_priority, True), (self.paged_regular, False)):
+            if not tail or not (priority if high else regular):
+                continue
+            dropped = tail.keep((lambda seq: not wanted(seq)) if wanted else (lambda seq: False))
+            lost = 0
+            for seq in dropped:
+                m = tail.held.pop(seq, None)
+                if m is None:
+                    paged_out.append(seq)
+                    lost += 1
+                elif m.state == QUEUED:
+                    held_out.append(m)
+                    lost += 1
+            if high:
+                self.n_priority -= lost
+            else:
+                self.n_regular -= lost
+        return held_out, paged_out
 
     def uncount(self, m: QueueMessage) -> None:
         """``m`` left the queue from the middle (it stays in its deque, not QUEUED)."""
@@ -59,22 +240,47 @@ class MessageOrder:
     def next_first(self) -> QueueMessage | None:
         """Take the oldest waiting message (high priority first)."""
         dq = self.priority
-        while dq:
-            m = dq.popleft()
-            if m.state == QUEUED:
-                self.n_priority -= 1
-                return m
+        while True:
+            while dq:
+                m = dq.popleft()
+                if m.state == QUEUED:
+                    self.n_priority -= 1
+                    return m
+            if not self.paged_priority.seqs:
+                break
+            self._refill(True)
         dq = self.regular
-        while dq:
-            m = dq.popleft()
-            if m.state == QUEUED:
-                self.n_regular -= 1
-                return m
-        return None
+        while True:
+            while dq:
+                m = dq.popleft()
+                if m.state == QUEUED:
+                    self.n_regular -= 1
+                    return m
+            if not self.paged_regular.seqs:
+                return None
+            self._refill(False)
+
+    def _load_one(self, tail: PagedTail, seq: int) -> QueueMessage | None:
+        m = tail.held.get(seq)
+        if m is None and self.page_in is not None:
+            m = self.page_in([seq]).get(seq)
+        return m
 
     def next_last(self) -> QueueMessage | None:
         """Take the newest waiting message (high priority first)."""
         for dq, high in ((self.priority, True), (self.regular, False)):
+            tail = self.paged_priority if high else self.paged_regular
+            while tail.seqs:
+                seq = tail.pop()
+                m = self._load_one(tail, seq)
+                tail.held.pop(seq, None)
+                if m is None or m.state == QUEUED:
+                    if high:
+                        self.n_priority -= 1
+                    else:
+                        self.n_regular -= 1
+                    if m is not None:
+                        return m
             while dq:
                 m = dq.pop()
                 if m.state == QUEUED:
@@ -88,7 +294,11 @@ class MessageOrder:
     def latest(self) -> QueueMessage | None:
         """The newest waiting message, left where it is (high priority first)."""
         self.flush_front()
-        for dq in (self.priority, self.regular):
+        for dq, tail in ((self.priority, self.paged_priority), (self.regular, self.paged_regular)):
+            for seq in tail.last():
+                m = self._load_one(tail, seq)
+                if m is not None and m.state == QUEUED:
+                    return m
             for m in reversed(dq):
                 if m.state == QUEUED:
                     return m
@@ -98,7 +308,11 @@ class MessageOrder:
         """Undo :meth:`next_first` (or, with ``last``, :meth:`next_last`)."""
         m.state = QUEUED
         dq = self.priority if m.high_priority else self.regular
-        if last:
+        tail = self.paged_priority if m.high_priority else self.paged_regular
+        if last and tail.seqs:
+            tail.held[m.seq] = m
+            tail.seqs.append(m.seq)
+        elif last:
             dq.append(m)
         else:
             dq.appendleft(m)
@@ -124,13 +338,18 @@ class MessageOrder:
             self.n_priority += 1
         else:
             self.n_regular += 1
+        tail = self.paged_priority if m.high_priority else self.paged_regular
         if where is PutBack.START:
             self.front.append(m)
+        elif tail.seqs:
+            tail.held[m.seq] = m
+            tail.seqs.append(m.seq)
         else:
             (self.priority if m.high_priority else self.regular).append(m)
 
     def take(self, *, priority: bool, regular: bool) -> list[QueueMessage]:
-        """Empty the chosen deques; returns their waiting messages (still QUEUED)."""
+        """Empty the chosen deques; returns their waiting messages (still QUEUED).  The
+        paged tails behind them are the caller's to take first (:meth:`take_paged`)."""
         self.flush_front()
         taken: list[QueueMessage] = []
         if priority:

@@ -30,8 +30,9 @@ engine) to wake it at its next deadline.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from array import array
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from broker.engine import models
@@ -63,7 +64,7 @@ from broker.engine.queue.statuses import StatusStrategy, strategy_for
 from broker.engine.queue.trash import Trash, Trashed
 from broker.message import parked
 from broker.protocol import NackReason, Outgoing, ResultCode, Tracked
-from broker.store import Store, StoredMessage
+from broker.store import IndexEntry, Store, StoredMessage
 
 if TYPE_CHECKING:
     from broker import tmqp
@@ -85,6 +86,8 @@ __all__ = [
 ]
 
 _INF = float("inf")
+#: Recovered messages read back from the store at once (``Queue.restore_index``).
+_READ_BATCH = 1024
 #: ``Tracked(client_id, frame)`` without the named tuple's Python-level __new__.
 _tracked = tuple.__new__
 #: Methods of :class:`Queue` that only pass the call on to one of its parts: each queue
@@ -102,6 +105,14 @@ _TO_DISPATCH = (
     "after_send",
     "settle_unsent",
 )
+
+
+def _entries(chunk: list[IndexEntry] | array) -> list[IndexEntry]:
+    """A chunk of ``Store.index_chunks`` as entries (an array: plain numbers)."""
+    if isinstance(chunk, array):
+        new = tuple.__new__
+        return [new(IndexEntry, (seq, False, 0, 0, 0.0, None)) for seq in chunk]
+    return chunk
 
 
 class Queue:
@@ -167,6 +178,7 @@ class Queue:
             host.handler_for(options.message_delivery_handler), self, self.error
         )
         self.plain = self._plain()
+        self._set_paging()
         # the calls made per message go straight to the part that answers them
         self.drain = self.dispatch.drain
         self.settle_plain = self.dispatch.settle_plain
@@ -208,8 +220,60 @@ class Queue:
             handler = self.host.handler_for(options.message_delivery_handler)
             self.hooks = HandlerHooks(handler, self, self.error)
         self.plain = self._plain()
+        self._set_paging()
         self.strategy.entered(self, old.status, out)
         self.drain(now, out)
+
+    def _set_paging(self) -> None:
+        """Page saved waiting messages out to the store (``messages``: "Paging") when it
+        keeps them on disk and no hook of the delivery handler looks at a message while
+        it waits or is sent (a message read back is a new object)."""
+        order = self.messages
+        store = self.host.store
+        if store is None or not store.pages:
+            order.window = 0
+            return
+        order.page_in = self._page_in
+        hooks = self.hooks
+        watched = (
+            hooks.begin_send or hooks.can_receive or hooks.received or hooks.end_send
+            or hooks.dequeued
+        )  # fmt: skip
+        order.window = 0 if watched else self.host.config.limits.paged_window
+
+    def _page_in(self, seqs: list[int]) -> dict[int, QueueMessage]:
+        """Paged messages read back from the store (``MessageOrder.page_in``); one that
+        cannot be read is reported, forgotten by the store and left out."""
+        store, key, now = self.host.store, self.key, self.host.now
+        found: dict[int, QueueMessage] = {}
+        deadlines: list[tuple[float, QueueMessage]] = []
+        opts = self.options
+        timeout = opts.message_timeout / 1000.0 if opts.message_timeout else 0.0
+        wall = 0.0
+        loaded = store.read_many(key, seqs)
+        for seq in seqs:
+            s = loaded.get(seq)
+            if not isinstance(s, StoredMessage):
+                self.error(f"paged message {seq} lost", s or LookupError(seq))
+                self.removed += 1
+                try:
+                    store.remove(key, seq)
+                except Exception as err:
+                    self.error("store.remove", err)
+                continue
+            m = QueueMessage(seq, parked(s.message), None, False, now)
+            m.saved = True
+            m.put_backs = s.put_backs
+            m.delivered = s.delivery_count
+            if s.deadline:  # (paged after a restart with its clock running: it goes on)
+                wall = wall or self.host.config.wall_clock()
+                deadlines.append((now + (s.deadline - wall), m))
+            elif timeout:  # (saved before the queue had a timeout: its clock starts now)
+                deadlines.append((now + timeout, m))
+            found[seq] = m
+        if deadlines:
+            self.tracker.restore_deadlines(deadlines)
+        return found
 
     @property
     def handler(self) -> Any:
@@ -265,7 +329,7 @@ class Queue:
         return not self.messages.count and self.tracker.idle()
 
     def enqueue(self, m: QueueMessage) -> None:
-        m.message = parked(m.message)  # (memory: see broker.message.parked)
+        m.park()  # (memory: see broker.message.parked)
         self.messages.enqueue(m)
 
     # ------------------------------------------------------------------ the host
@@ -455,12 +519,26 @@ class Queue:
 
     def clear(self, out: list[Outgoing], *, priority: bool, regular: bool, in_flight: bool) -> int:
         """Remove waiting (and optionally in-flight / delayed) messages; returns the count."""
+        held, paged = self.messages.take_paged(priority=priority, regular=regular)
         taken = self.messages.take(priority=priority, regular=regular)
+        taken += held
         for m in taken:
             self.drop(m, out, NackReason.CLEARED)
+        self.forget_paged(paged)
         if in_flight:
             self.tracker.clear(out)
-        return len(taken)
+        return len(taken) + len(paged)
+
+    def forget_paged(self, seqs: list[int]) -> None:
+        """Paged messages taken out of the queue unconsumed (cleared): the store forgets
+        them (nobody waits for them: a paged message's producer was answered)."""
+        self.removed += len(seqs)
+        store, key = self.host.store, self.key
+        for seq in seqs:
+            try:
+                store.remove(key, seq)
+            except Exception as exc:
+                self.error("store.remove", exc)
 
     def close(self, out: list[Outgoing]) -> None:
         """The queue is removed: drop everything and stop timers."""
@@ -523,6 +601,143 @@ class Queue:
         if deadlines:
             self.tracker.restore_deadlines(deadlines)
         return n_priority + n_regular
+
+    def restore_index(self, chunks: Iterable[list[IndexEntry] | array], now: float) -> int:
+        """:meth:`restore_all` for a queue that pages (``messages``: "Paging"): from the
+        store's index (``Store.index``), the first :attr:`MessageOrder.window` messages
+        per priority read back whole (:data:`_READ_BATCH` at a time), the rest left in
+        the store as their numbers -- except one with a deadline, read and held (its
+        clock runs while it waits).  The ids of the newest ``DuplicateWindow`` messages
+        are remembered (read back for those paged).  Returns how many."""
+        order = self.messages
+        window = order.window
+        if not window:
+            return self.restore_all(self._whole(e for c in chunks for e in _entries(c)), now)
+        opts = self.options
+        dedupe = opts.duplicate_window if opts.use_message_id else 0
+        newest: deque[int] = deque(maxlen=dedupe or 1)
+        #: (entry, held in the tail?) waiting to be read back and queued, in order
+        batch: list[tuple[IndexEntry, bool]] = []
+        in_memory = [0, 0]  # per priority (regular, high): messages bound for the deque
+        highest = self.sequence
+        count = 0
+        regular_tail = order.paged_regular.seqs
+        for chunk in chunks:
+            if isinstance(chunk, array) and regular_tail:  # plain, the regular deque full
+                regular_tail.extend(chunk)
+                order.n_regular += len(chunk)
+                count += len(chunk)
+                highest = max(highest, chunk[-1])
+                if dedupe:
+                    newest.extend(chunk[-dedupe:])
+                continue
+            entries = _entries(chunk)
+            count += self._restore_chunk(
+                entries, now, in_memory, batch, newest if dedupe else None
+            )
+            if entries:
+                highest = max(highest, max(e.sequence for e in entries))
+        self._restore_batch(batch, now)
+        self.sequence = highest
+        if dedupe:
+            self._remember_ids(list(newest), now, dedupe)
+        return count
+
+    def _restore_chunk(
+        self,
+        chunk: list[IndexEntry],
+        now: float,
+        in_memory: list[int],
+        batch: list[tuple[IndexEntry, bool]],
+        newest: deque[int] | None,
+    ) -> int:
+        """``restore_index`` for one chunk, entry by entry."""
+        order = self.messages
+        window = order.window
+        for e in chunk:
+            seq = e.sequence
+            high = e.high_priority
+            tail = order.paged_priority if high else order.paged_regular
+            paging = len(tail.seqs) > tail.head or in_memory[high] >= window
+            if not paging:
+                in_memory[high] += 1
+                batch.append((e, False))
+            elif e.stored is None and not e.deadline:
+                tail.seqs.append(seq)
+            else:
+                tail.seqs.append(seq)
+                batch.append((e, True))
+            if len(batch) >= _READ_BATCH:
+                self._restore_batch(batch, now)
+                batch.clear()
+            if high:
+                order.n_priority += 1
+            else:
+                order.n_regular += 1
+            if newest is not None:
+                newest.append(seq)
+        return len(chunk)
+
+    def _restore_batch(self, batch: list[tuple[IndexEntry, bool]], now: float) -> None:
+        """Queue recovered entries whole (``restore_index``), read back together."""
+        if not batch:
+            return
+        order = self.messages
+        wanted = [e.sequence for e, _ in batch if e.stored is None]
+        loaded = self.host.store.read_many(self.key, wanted) if wanted else {}
+        opts = self.options
+        timeout = opts.message_timeout / 1000.0 if opts.message_timeout else 0.0
+        wall = self.host.config.wall_clock()
+        deadlines: list[tuple[float, QueueMessage]] = []
+        for e, held in batch:
+            seq = e.sequence
+            stored = e.stored or loaded.get(seq)
+            if not isinstance(stored, StoredMessage):
+                if held:  # its number stays in the tail: reported when its turn comes
+                    continue
+                self.error(f"recovered message {seq} lost", stored or LookupError(seq))
+                if e.high_priority:
+                    order.n_priority -= 1
+                else:
+                    order.n_regular -= 1
+                continue
+            m = QueueMessage(seq, parked(stored.message), None, False, now)
+            m.saved = True
+            m.put_backs = stored.put_backs
+            m.delivered = stored.delivery_count  # sent before the restart: redelivered
+            m.state = QUEUED
+            if held:
+                tail = order.paged_priority if e.high_priority else order.paged_regular
+                tail.held[seq] = m
+            elif e.high_priority:
+                order.priority.append(m)
+            else:
+                order.regular.append(m)
+            if stored.deadline:
+                deadlines.append((now + (stored.deadline - wall), m))
+            elif timeout:
+                deadlines.append((now + timeout, m))
+        if deadlines:
+            self.tracker.restore_deadlines(deadlines)
+
+    def _remember_ids(self, seqs: list[int], now: float, window: int) -> None:
+        """The ids of recovered messages count for duplicate suppression (``dedupe``)."""
+        found = self.host.store.read_many(self.key, seqs) if seqs else {}
+        for seq in seqs:
+            stored = found.get(seq)
+            if isinstance(stored, StoredMessage) and stored.message.message_id:
+                self.recent.add(stored.message.message_id, now, window)
+
+    def _whole(self, entries: Iterable[IndexEntry]) -> Iterator[StoredMessage]:
+        """The entries' messages, each read back if the index did not give it."""
+        for e in entries:
+            if e.stored is not None:
+                yield e.stored
+                continue
+            try:
+                yield self.host.store.read(self.key, e.sequence)
+            except Exception as exc:
+                self.error(f"recovered message {e.sequence} lost", exc)
 
     # ------------------------------------------------------------------ push
 
@@ -604,7 +819,9 @@ class Queue:
             used[cid] = used.get(cid, 0) + 1
             return True
         qm = QueueMessage(self.sequence, parked(m), sender, False, now)
-        if qm.high_priority:  # (MessageOrder.enqueue, inline: this runs per message)
+        if messages.window or messages.paged_regular.seqs or messages.paged_priority.seqs:
+            messages.enqueue(qm)  # (paging)
+        elif qm.high_priority:  # (MessageOrder.enqueue, inline: this runs per message)
             messages.priority.append(qm)
             messages.n_priority += 1
         else:

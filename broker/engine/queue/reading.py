@@ -29,15 +29,19 @@ if TYPE_CHECKING:
     from broker.engine.queue.queue import Queue
 
 
-def _held(q: Queue) -> Iterator[tuple[int, QueueMessage | Message]]:
+def _held(q: Queue) -> Iterator[tuple[int, QueueMessage | Message | None]]:
     """Every message the queue holds with its sequence number, in no particular order
-    (a message in flight to several consumers may come more than once)."""
+    (a message in flight to several consumers may come more than once); None for one
+    paged out to the store (``messages``: "Paging")."""
     yield from q.retained.messages.items()
     messages = q.messages
     for group in (messages.front, messages.priority, messages.regular):
         for m in group:
             if m.state == QUEUED:
                 yield m.seq, m
+    for seq, held in messages.paged():
+        if held is None or held.state == QUEUED:
+            yield seq, held
     for dl in q.tracker.pending.values():
         yield dl.message.seq, dl.message
     for _, m, _where in q.tracker.delayed:
@@ -69,6 +73,12 @@ def browse(q: Queue, from_seq: int, limit: int) -> list[tuple[int, Message]]:
         if seq == last:
             continue  # in flight to several consumers
         last = seq
+        if item is None:  # paged: read back
+            try:
+                item = q.store.read(q.key, seq).message
+            except Exception as exc:
+                q.error(f"paged message {seq} unreadable", exc)
+                continue
         out.append((seq, item.message if isinstance(item, QueueMessage) else item))
     return out
 
@@ -97,6 +107,12 @@ def release(q: Queue, through: int, out: list[Outgoing]) -> int:
     for m in taken:
         messages.uncount(m)
         _consumed(q, m, out)
+    held, paged = messages.take_paged(wanted=lambda seq: seq <= through)
+    for m in held:
+        _consumed(q, m, out)
+    taken += held
+    q.forget_paged(paged)  # (their producers were answered: only the store is told)
+    count += len(paged)
     for _, m, _where in q.tracker.delayed:
         if m.seq <= through and m.state == DELAYED:
             _consumed(q, m, out)

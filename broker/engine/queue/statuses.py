@@ -181,7 +181,7 @@ def _all_or_first(
     q: StatusHost, m: QueueMessage, consumers: Sequence[Client], req_ack: bool, keep: bool
 ) -> Sequence[Client]:
     """Every consumer with room, or the first one with room (first acquirer)."""
-    if q.options.send_only_first_acquirer or m.message.first_acquirer:
+    if q.options.send_only_first_acquirer or m.first_acquirer:
         return q.choose_one(m, consumers, False, req_ack)
     return q.with_room(m, consumers, req_ack, keep)
 

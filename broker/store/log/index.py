@@ -264,6 +264,17 @@ class QueueIndex:
             i += 1
         return found
 
+    def columns(self, start: int, limit: int) -> tuple[int, array, array, array] | None:
+        """Up to ``limit`` slots from ``start`` on, dead ones too, as copies of their
+        columns: (the first slot's sequence number, segment (0: dead), flags, deadline);
+        None past the end.  What a restart that pages needs, without a tuple per record."""
+        i = max(start - self._base, self._head, 0)
+        end = len(self._segment)
+        if i >= end:
+            return None
+        j = min(i + limit, end)
+        return self._base + i, self._segment[i:j], self._flags[i:j], self._deadline[i:j]
+
     def live_below(self, below: int) -> list[tuple[int, Location]]:
         """(seq, location) of every live record with a sequence number below ``below``."""
         found = []

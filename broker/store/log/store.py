@@ -27,6 +27,7 @@ import os
 import struct
 import threading
 import time
+from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,7 @@ log = logging.getLogger("broker.store.log")
 
 _U32_MAX = 0xFFFF_FFFF
 _CHUNK = 1024  # records listed per turn of the lock
+_COLUMN_CHUNK = 65536  # index slots copied per turn of the lock (``live_columns``)
 _READ_AHEAD = 1024 * 1024  # octets per pread when a whole queue is read (``read_live``)
 _IDLE_WAIT = 0.5  # seconds the writer sleeps with nothing to do before looking again
 _ZEROS = 1024 * 1024  # octets of zeros written per pwrite when preallocating
@@ -205,8 +207,11 @@ class LogStore:
 
     # -- queues ---------------------------------------------------------------------------
 
-    def append(self, queue: QueueKey, blob: bytes, meta: Meta = NO_META) -> Appended:
-        """Add a record to ``queue``; its sequence number and ticket."""
+    def append(self, queue: QueueKey, blob: bytes, meta: Meta = NO_META, at: int = 0) -> Appended:
+        """Add a record to ``queue``; its sequence number and ticket.  With ``at`` (not
+        below the queue's next number) the record takes that number: the numbers between
+        are skipped, never given (a caller that numbers its own records keeps them equal
+        to the log's, see ``broker.store.durable``); otherwise the next one."""
         key = self._keys.get(queue)
         if key is None:
             key = _encode_key(queue)
@@ -223,7 +228,7 @@ class LogStore:
             if index is None:
                 index = self._state.queue(queue)
                 self._keys[queue] = key
-            seq = index.next_seq
+            seq = index.next_seq if at < index.next_seq else at
             origin = self._head_for(size)
             record = records.encode_put(key, seq, origin, meta, blob, self._seed)
             segment, offset = self._reserve(record)
@@ -368,6 +373,38 @@ class LogStore:
                     found.append((seq, StoredRecord(seq, meta, blob)))
                 cursor = slots[-1][0] + 1
             yield from found
+
+    def live_index(
+        self, queue: QueueKey, start: int = 0
+    ) -> Iterator[list[tuple[int, int, int, int, int, int, int, float]]]:
+        """The index of ``queue``'s live records from ``start`` on, in order, without
+        reading the log: lists of (seq, segment, offset, size, delivery count, put-backs,
+        priority flag, deadline), :data:`_CHUNK` per turn of the lock (a restart that
+        pages payloads builds its queues from this alone)."""
+        cursor = start
+        while True:
+            with self._lock:
+                index = self._state.queues.get(queue)
+                slots = [] if index is None else index.live_slots(cursor, _CHUNK)
+            if not slots:
+                return
+            yield slots
+            cursor = slots[-1][0] + 1
+
+    def live_columns(
+        self, queue: QueueKey, start: int = 0
+    ) -> Iterator[tuple[int, array, array, array]]:
+        """``queue``'s index from ``start`` on as column copies (``QueueIndex.columns``),
+        :data:`_COLUMN_CHUNK` slots per turn of the lock."""
+        cursor = start
+        while True:
+            with self._lock:
+                index = self._state.queues.get(queue)
+                found = None if index is None else index.columns(cursor, _COLUMN_CHUNK)
+            if found is None:
+                return
+            yield found
+            cursor = found[0] + len(found[1])
 
     def sequences(self, queue: QueueKey, start: int = 0) -> Iterator[int]:
         """Live sequence numbers of ``queue`` from ``start``, in order, taken a chunk at
