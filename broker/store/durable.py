@@ -562,10 +562,12 @@ class DurableStore(Store):
             yield replace(stored, message=message), reason, at
 
     def forget_trashed(self, queue: QueueKey, sequence: int) -> None:
+        """A write replies wait for: a purge or resubmit answered must not bring the
+        trashed message back after a crash."""
         shadow = _trash_key(queue)
         seq = self._seqs.get(shadow, {}).pop(sequence, None)
         if seq is not None:
-            self.log.remove(shadow, seq)
+            self.appended = max(self.appended, self.log.remove(shadow, seq))
 
     def remove(self, queue: QueueKey, sequence: int) -> None:
         seqs = self._seqs.get(queue)
