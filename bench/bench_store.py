@@ -1,6 +1,7 @@
 """The durable log store (broker/store/log) against the disk's own limits and sqlite3.
 
     python bench/bench_store.py [--quick] [--dir DIR] [--seconds S] [--records N]
+    python bench/bench_store.py --zeros-ahead [--dir DIR] [--seconds S]
 
 Everything in one run, on the file system of ``--dir`` (default: a temp folder in the
 system temp directory):
@@ -19,6 +20,11 @@ system temp directory):
 4. recovery: a store of N records (default 1,000,000 of 100 B) is reopened in a fresh
    process: recovery time (wall and CPU), RSS per live record, and the RSS extrapolated
    to 10 million records; plus reads by sequence number (pread + checksum) per second.
+
+``--zeros-ahead`` runs only a comparison of the log with and without zeros written ahead
+of the head (``LogOptions.preallocate`` 0 against 4 MiB), ``fsync`` and ``batch`` modes,
+the two taking turns within each row; "sync ms" is the mean duration of the head's
+syncs (``stats().sync_seconds / syncs``).
 
 The machine may be shared: the load average is printed with the table; latencies are
 wall-clock, recovery is given in CPU seconds too.  Row 4 is the log alone: a whole broker
@@ -212,19 +218,31 @@ def _ignore(_value: object) -> None:
     return None
 
 
-def open_log(path: Path, mode: Durability) -> Subject:
+def open_log(
+    path: Path,
+    mode: Durability,
+    preallocate: int | None = None,
+    sync_ms: list[float] | None = None,
+) -> Subject:
+    """The log store; ``preallocate`` None: its default.  ``sync_ms`` gets the mean sync
+    duration appended when the subject closes."""
     tracker = Tracker()
-    store = LogStore(path, LogOptions(durability=mode), tracker.on_complete)
+    options = LogOptions(durability=mode)
+    if preallocate is not None:
+        options = LogOptions(durability=mode, preallocate=preallocate)
+    store = LogStore(path, options, tracker.on_complete)
 
     def close() -> float | None:
-        syncs = store.stats().syncs
+        stats = store.stats()
         count = store.bounds(Q).count
         store.close()
-        return _per(count, syncs)
+        if sync_ms is not None:
+            sync_ms.append(stats.sync_seconds / stats.syncs * 1000 if stats.syncs else 0.0)
+        return _per(count, stats.syncs)
 
     return Subject(
         "log",
-        str(mode),
+        str(mode) if preallocate is None else f"{mode} z={preallocate >> 20}M",
         lambda blob: store.append(Q, blob).ticket,
         lambda ticket: _ignore(store.wait(ticket)),
         tracker,
@@ -404,6 +422,29 @@ def durable_table(root: Path, seconds: float) -> None:
                 shutil.rmtree(where)
 
 
+def zeros_ahead_table(root: Path, seconds: float) -> None:
+    """The log with zeros ahead of the head (4 MiB) and without, taking turns per row."""
+    print(f"{'engine':7} {'mode':13} {'size':>5} {'appenders':>10} {'msgs/s':>10} "
+          f"{'p99 ms':>8} {'per fsync':>9} {'sync ms':>8}")  # fmt: skip
+    for mode in (Durability.FSYNC, Durability.BATCH):
+        for size in (100, 4096):
+            for appenders in ("1", "8", "pipelined"):
+                where = root / f"zeros-{mode}-{size}-{appenders}"
+                where.mkdir()
+                sync_ms: list[float] = []
+                subjects = [
+                    open_log(where / "off", mode, 0, sync_ms),
+                    open_log(where / "on", mode, 4 << 20, sync_ms),
+                ]
+                rows = compare(subjects, size, appenders, seconds)
+                for row, ms in zip(rows, sync_ms, strict=True):
+                    per = "" if row.per_sync is None else f"{row.per_sync:,.1f}"
+                    print(f"{row.engine:7} {row.mode:13} {row.size:>5} {row.appenders:>10} "
+                          f"{row.rate:>10,.0f} {row.p99_ms:>8.2f} {per:>9} "
+                          f"{ms:>8.2f}")  # fmt: skip
+                shutil.rmtree(where)
+
+
 def _print(row: Row) -> None:
     per = "" if row.per_sync is None else f"{row.per_sync:,.1f}"
     print(f"{row.engine:7} {row.mode:13} {row.size:>5} {row.appenders:>10} "
@@ -498,12 +539,25 @@ def main() -> None:
     parser.add_argument("--dir", help="where to write (its file system is measured)")
     parser.add_argument("--seconds", type=float, help="seconds per row (default 2)")
     parser.add_argument("--records", type=int, help="records for the recovery row")
+    parser.add_argument(
+        "--zeros-ahead", action="store_true", help="only: preallocate 0 against 4 MiB"
+    )
     parser.add_argument("--measure-open", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure_open:
         measure_open(args.measure_open[0], int(args.measure_open[1]))
         return
     seconds = args.seconds or (0.3 if args.quick else 2.0)
+    if args.zeros_ahead:
+        root = Path(tempfile.mkdtemp(prefix="bench-zeros-", dir=args.dir))
+        try:
+            print(f"directory {root}; load average {os.getloadavg()[0]:.1f}")
+            print(f"disk: {disk_fsync_rate(root, seconds):,.0f} fsyncs/s (100 B + fsync)")
+            zeros_ahead_table(root, seconds)
+            print(f"load average now {os.getloadavg()[0]:.1f}")
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        return
     records = args.records or (20_000 if args.quick else 1_000_000)
     root = Path(tempfile.mkdtemp(prefix="bench-store-", dir=args.dir))
     try:

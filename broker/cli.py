@@ -427,6 +427,8 @@ def _open_data(args: argparse.Namespace) -> Any:
     if args.segment_size is not None:  # a record never spans two segments
         extra["segment_size"] = args.segment_size
         extra["max_record_size"] = min(LogOptions().max_record_size, args.segment_size - 64)
+    if args.preallocate is not None:
+        extra["preallocate"] = args.preallocate
     try:
         options = LogOptions(
             durability=Durability(args.durability),
@@ -885,6 +887,14 @@ def build_parser() -> ArgumentParser:
         metavar="OCTETS",
         help="size of one log segment file (default 64 MiB; at least 4096); a persistent "
         "message larger than a segment is refused (negative acknowledge 'failed')",
+    )
+    serve.add_argument(
+        "--preallocate",
+        type=int,
+        default=None,
+        metavar="OCTETS",
+        help="octets of zeros kept written ahead of the log's head (fsync/batch modes; "
+        "default: the store's, see README 'Zeros ahead of the head'; 0: off)",
     )
     federation_flags(serve)
     serve.set_defaults(func=cmd_serve)

@@ -18,6 +18,11 @@ after a backoff, under the same client id with the broker's session secret, join
 channels and subscribing the events again.  A refusal for good (401/406/400) or a denied
 CURVE handshake closes the client with ``ConnectError`` (``AccessRefused``).
 
+Closing loses nothing the broker sent (``broker.client.session``): ``close`` sends the
+goodbye and lets the task read on until the broker's TERMINATE ends the session (at most
+``linger`` seconds); deliveries that need no acknowledge stay readable by ``receive``
+after ``close`` (beyond a full inbox too), those that need one go back to the broker.
+
 CURVE: ``server_key`` (the broker's public key file) and ``curve_secret`` (this
 client's certificate), as for the blocking client (``zerohub.zmqkit`` reads them).
 """
@@ -29,6 +34,7 @@ import contextlib
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
 from typing import Any
 
@@ -110,6 +116,10 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
         self._task: asyncio.Task[None] | None = None
         self._connected: asyncio.Future[str] | None = None
         self._inbox: asyncio.Queue[Message | _Closed] = asyncio.Queue(max_inbox)
+        #: closing: deliveries read after the goodbye that found the inbox full
+        self._held: deque[Message] = deque()
+        self._ended = asyncio.Event()  # the broker ended the session after the goodbye
+        self._closing = asyncio.Event()  # close() sent the goodbye
 
     @property
     def connected(self) -> bool:
@@ -142,11 +152,16 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
         return self
 
     async def close(self) -> None:
-        """Send TERMINATE (within ``linger``), stop the reader, fail what is outstanding."""
+        """Send TERMINATE, read on until the broker ended the session (all within
+        ``linger``), stop the reader, fail what is outstanding."""
         sock = self._sock
         if sock is not None and self.connected:
+            deadline = time.monotonic() + self.linger
             with contextlib.suppress(TimeoutError, zmq.ZMQError):
                 await asyncio.wait_for(sock.send(self._session.goodbye()), self.linger)
+                self._closing.set()  # a task waiting for room in the inbox reads on
+                left = deadline - time.monotonic()
+                await asyncio.wait_for(self._ended.wait(), max(0.0, left))
         await self._shutdown(ClientClosed("client is closed"))
 
     async def __aenter__(self) -> AsyncClient:
@@ -247,6 +262,9 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
                 await self._to_inbox(ev.message)
             elif isinstance(ev, S.Notify):
                 S.notify(ev)
+            elif isinstance(ev, S.Ended):
+                self._ended.set()
+                raise _Stop  # nothing more comes: close() takes it from here
             elif isinstance(ev, S.Ready):
                 log.debug("async session ready as %s", ev.client_id)
                 if self._monitor is not None:
@@ -286,18 +304,31 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
             inbox.put_nowait(message)
             return
         session = self._session
+        if session.state is S.SessionState.CLOSING:
+            self._held.append(message)  # read after the goodbye: never wait for a reader
+            return
         put = asyncio.ensure_future(inbox.put(message))
+        closing = asyncio.ensure_future(self._closing.wait())
         session.paused = True
         try:
             while True:
-                done, _ = await asyncio.wait({put}, timeout=session.next_wake(time.monotonic()))
-                if done:
+                done, _ = await asyncio.wait(
+                    {put, closing},
+                    timeout=session.next_wake(time.monotonic()),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if put in done:
+                    return
+                if closing in done:
+                    if put.cancel():  # still waiting: it put nothing (else it is in)
+                        self._held.append(message)
                     return
                 await self._apply(session.tick(time.monotonic()))  # PINGs: not reading is not gone
         finally:
             session.paused = False
-            if not put.done():
-                put.cancel()
+            for waiting in (put, closing):
+                if not waiting.done():
+                    waiting.cancel()
 
     # -- the driver hooks of ClientApi -------------------------------------------------
 
@@ -335,19 +366,29 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
         the messages received before that have been read.
         """
         inbox = self._inbox
-        if not inbox.empty():
-            item = inbox.get_nowait()
-        elif self._session.state is S.SessionState.CLOSED:
-            raise self._session.closed_error()
-        else:
-            try:
-                item = await asyncio.wait_for(inbox.get(), timeout)
-            except TimeoutError:
-                return None
-        if isinstance(item, _Closed):
-            self._end_inbox()  # for the next reader
-            raise self._session.closed_error()
-        return item
+        session = self._session
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            item: Message | _Closed
+            if not inbox.empty():
+                item = inbox.get_nowait()
+            elif self._held:
+                item = self._held.popleft()
+            elif session.state is S.SessionState.CLOSED:
+                raise session.closed_error()
+            else:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    item = await asyncio.wait_for(inbox.get(), left)
+                except TimeoutError:
+                    return None
+            if isinstance(item, _Closed):
+                self._end_inbox()  # for the next reader
+                if not self._held:
+                    raise session.closed_error()
+                item = self._held.popleft()
+            if not S.Session.unanswerable(item, session.state):
+                return item
 
     async def consume(self, timeout: float | None = None) -> AsyncIterator[Message]:
         """Iterate over received messages; stops after ``timeout`` seconds without one."""

@@ -311,20 +311,28 @@ class Client(ClientApi[Any]):
         self._core.on_message = callback
 
     def receive(self, timeout: float | None = None) -> Message | None:
-        """Next queue/direct/event message, or None after ``timeout`` seconds."""
+        """Next queue/direct/event message, or None after ``timeout`` seconds.
+
+        After ``close`` it hands out what the client still holds (messages that need no
+        acknowledge: the broker counted them done), then raises ``ClientClosed``.
+        """
         core = self._core
         items = core.inbox.items
-        if not items:
-            deadline = None if timeout is None else time.monotonic() + timeout
-            if core.loop is not None:
-                if not core.pump(lambda: bool(items), deadline):
+        deadline = None
+        while True:
+            if not items:
+                if deadline is None and timeout is not None:
+                    deadline = time.monotonic() + timeout
+                if core.loop is not None:
+                    if not core.pump(lambda: bool(items), deadline):
+                        return None
+                elif not core.inbox.wait(deadline, self._closed):
                     return None
-            elif not core.inbox.wait(deadline, self._closed):
-                return None
-        msg = items.popleft()
-        if self._session.paused and core.inbox.drained:
-            self._resume()
-        return msg
+            msg = items.popleft()
+            if self._session.paused and core.inbox.drained:
+                self._resume()
+            if not Session.unanswerable(msg, self._session.state):
+                return msg
 
     def _closed(self) -> ClientError | None:
         if self._session.state is SessionState.CLOSED:
@@ -336,7 +344,9 @@ class Client(ClientApi[Any]):
         items = self._core.inbox.items
         while True:
             if items and not self._session.paused:
-                yield items.popleft()
+                held = items.popleft()
+                if not Session.unanswerable(held, self._session.state):
+                    yield held
                 continue
             msg = self.receive(timeout)
             if msg is None:

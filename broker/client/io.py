@@ -300,7 +300,10 @@ class IOLoop:
         self.want_out = False
 
     def goodbye(self) -> None:
-        """Closing: send what is queued (within the linger time) and TERMINATE."""
+        """Closing: send what is queued and TERMINATE, then read what the broker sent
+        until its TERMINATE ends the session (``broker.client.session``: deliveries that
+        need no ack still reach the inbox or callback, the others go back to the broker),
+        all within the linger time."""
         c = self.c
         sock = self.sock
         if sock is None or self.s.state is not S.SessionState.READY:
@@ -314,10 +317,38 @@ class IOLoop:
                 out.popleft()
             except zmq.Again:
                 sock.poll(50, zmq.POLLOUT)
+        if not out and not self._read_to_the_end(sock, deadline):
+            log.debug("no end of the session from the broker within the linger time")
         sock.linger = max(0, int((deadline - time.monotonic()) * 1000))
         self._unregister(sock)
         sock.close()
         self.sock = None
+
+    def _read_to_the_end(self, sock: zmq.Socket[bytes], deadline: float) -> bool:
+        """After the goodbye: feed what arrives until the session's end (True) or the
+        deadline (False)."""
+        feed = self.s.feed
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if not sock.poll(max(1, int(left * 1000)), zmq.POLLIN):
+                continue
+            now = time.monotonic()
+            for _ in range(_BATCH):
+                try:
+                    data = sock.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                for event in feed(data, now):
+                    if isinstance(event, S.Ended):
+                        return True
+                    if isinstance(event, S.Deliver):
+                        self._deliver(event.message)
+                    elif isinstance(event, S.Settled | S.Failed):
+                        S.resolve(event)
+                    elif isinstance(event, S.Notify):
+                        S.notify(event)
 
     def finish(self) -> None:
         """The loop is over: close the sockets, fail what still waits, wake the waiters."""

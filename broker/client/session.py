@@ -21,6 +21,15 @@ the events again.  Session states::
 
     HANDSHAKE --connect response--> READY --TERMINATE / silence--> BACKOFF --> HANDSHAKE
         \\--refused (401/406/400) or CURVE denied--> CLOSED (error raised to the caller)
+    READY --goodbye()--> CLOSING --the broker's TERMINATE (Ended) / linger--> CLOSED
+
+Closing (:meth:`Session.goodbye`) loses nothing the broker sent: the driver sends the
+goodbye, then keeps feeding what arrives until :class:`Ended` (the broker answers a
+goodbye with TERMINATE once it ended the session: everything it sent before is read by
+then) or its linger runs out.  Meanwhile a delivery that needs an acknowledge is let go
+(no ack can follow: the broker puts it back into its queue when the session ends), one
+that needs none is delivered as usual (the broker counted it done when it left), and a
+direct request is let go (no response can follow).
 """
 
 from __future__ import annotations
@@ -120,6 +129,7 @@ class SessionState(Enum):
     HANDSHAKE = "handshake"
     READY = "ready"
     BACKOFF = "backoff"
+    CLOSING = "closing"
     CLOSED = "closed"
 
 
@@ -231,6 +241,11 @@ class Closed:
     error: ClientError
 
 
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """After a goodbye: the broker ended the session; nothing more of it is on its way."""
+
+
 def resolve(event: Settled | Failed) -> None:
     """Complete the waiter of a request (a ``concurrent.futures`` or ``asyncio`` future)."""
     waiter = event.waiter
@@ -250,8 +265,9 @@ def notify(event: Notify) -> None:
             log.exception("event callback failed")
 
 
-Event = Send | Dial | Ready | Deliver | Notify | Settled | Failed | Lost | Closed
+Event = Send | Dial | Ready | Deliver | Notify | Settled | Failed | Lost | Closed | Ended
 _NONE: tuple[Event, ...] = ()
+_ENDED: tuple[Event, ...] = (Ended(),)
 
 
 @dataclass(slots=True)
@@ -352,8 +368,22 @@ class Session:
         return [GREETING, tmqp.encode(frame)[0]]
 
     def goodbye(self) -> bytes:
-        """The frame that ends the session (send it, then close)."""
+        """The frame that ends the session: send it, then feed what arrives until
+        :class:`Ended` or the linger runs out (see the module docstring), then close."""
+        self.state = SessionState.CLOSING
         return TERMINATE
+
+    @staticmethod
+    def unanswerable(message: Message, state: SessionState) -> bool:
+        """Whether ``message`` waits for an acknowledge or response that can no longer be
+        sent (the session is closing or closed), so the client must not hand it out: a
+        queue message goes back to its queue when the session ends (handed out, it would
+        be handled twice); a direct request's sender gets no answer, as if the client had
+        closed a moment earlier."""
+        frame = message.frame
+        return (frame.pending_ack or frame.pending_response) and (
+            state is SessionState.CLOSING or state is SessionState.CLOSED
+        )
 
     def close(self, error: ClientError) -> list[Failed]:
         """The driver is closing: fail every waiter with ``error`` (or the earlier one)."""
@@ -413,7 +443,11 @@ class Session:
                 log.warning("undecodable frame from the broker: %s", exc.reason)
             return _NONE
         if type(msg) is not tmqp.Frame:
+            if self.state is SessionState.CLOSING:
+                return _NONE
             return (Send(PONG),) if type(msg) is tmqp.Ping else _NONE
+        if self.state is SessionState.CLOSING:
+            return self._closing(msg, now)
         mt = msg.message_type
         if mt == _QUEUE:
             if msg.headers:
@@ -434,6 +468,25 @@ class Session:
         if mt != MessageType.PONG:
             log.debug("ignored frame type %#x from the broker", mt)
         return _NONE
+
+    def _closing(self, msg: tmqp.Frame, now: float) -> Sequence[Event]:
+        """A frame after the goodbye (see the module docstring)."""
+        mt = msg.message_type
+        if mt == MessageType.TERMINATE:
+            return _ENDED
+        if mt in (_QUEUE, _DIRECT):
+            if msg.pending_ack or msg.pending_response:
+                return _NONE  # let go: the broker puts a queue message back
+            if mt == _QUEUE and msg.headers:
+                pulled = self._pulled(msg, now)
+                if pulled is not None:
+                    return pulled
+            return (Deliver(Message(msg)),)
+        if mt in (_ACK, _RESPONSE):
+            return self._settle(msg, now)
+        if mt == MessageType.EVENT:
+            return self._event(msg)
+        return _NONE  # PING, PONG: the session is ending
 
     def _settle(self, frame: tmqp.Frame, now: float) -> Sequence[Event]:
         mid = frame.message_id

@@ -15,7 +15,9 @@ takes the id over at once (its old session ends; its old connection is told and 
 which is how a client resumes after losing its connection before the broker noticed.
 Nobody else gets the id before the session ends: it ends when the client leaves
 (TERMINATE), when its connection is gone, or when it has been silent for
-``peer_timeout`` (missed PINGs); then the id is free for anyone.  Authentication (the
+``peer_timeout`` (missed PINGs); then the id is free for anyone.  A client's TERMINATE
+is answered with TERMINATE 0 "goodbye" once its session ended in the engine: a client
+reading up to it has read everything the session sent it.  Authentication (the
 engine's token check) comes before any of this: a refused token changes nothing.
 Secrets are compared in constant time and replaced at every connect.
 The connect response also announces ``peer_timeout`` (``Peer-Timeout-Ms``): clients pace
@@ -64,6 +66,18 @@ _PONG = tmqp.encode(tmqp.Pong())[0]
 #: Seconds between telling a peer its session is over (TERMINATE) and shutting its
 #: connection down: time for the frame to leave, and for a well-behaved client to go first.
 _CLOSE_GRACE = 1.0
+#: The same for a client that said goodbye (TERMINATE): it reads what the server sent it
+#: before the answering TERMINATE (messages that are its own once sent), then hangs up.
+_GOODBYE_GRACE = 5.0
+#: The answer to a client's TERMINATE, sent once its session ended in the engine: the last
+#: frame of the session (everything sent to the client before it went first).
+_GOODBYE = tmqp.encode(
+    tmqp.Frame(
+        message_type=MessageType.TERMINATE,
+        content_type=ResultCode.OK,
+        headers=((Header.REASON, "goodbye"),),
+    )
+)[0]
 _SECRET_KEY = Header.SESSION_SECRET.lower()
 #: A session whose connection has ended is ended once nothing more came from it for this
 #: long (seconds): the messages it sent before the close are read after libzmq reports it.
@@ -382,13 +396,21 @@ class PeerSessions:
         self.sender.blocked.discard(peer)
         self.unreachable.pop(peer, None)
 
-    def drop(self, peer: Peer, now: float) -> None:
-        """End a READY peer's session in the engine and forget it; close its connection."""
+    def goodbye(self, peer: Peer, now: float) -> None:
+        """The client ended its session (TERMINATE): end it in the engine (what it did not
+        acknowledge and what never reached its socket go back to their queues), then
+        answer TERMINATE 0 "goodbye": a client reading up to it has everything it was sent."""
+        self.drop(peer, now, _GOODBYE_GRACE)
+        self.sender.send_rid(peer.rid, _GOODBYE)
+
+    def drop(self, peer: Peer, now: float, grace: float = _CLOSE_GRACE) -> None:
+        """End a READY peer's session in the engine and forget it; close its connection
+        ``grace`` seconds later."""
         link = self.links.get(peer.rid)
         self.sender.flush_out()  # what is batched for it goes out (or into its backlog) first
         self._forget(peer)
         if link is not None:
-            self.closing.setdefault(link, now + _CLOSE_GRACE)
+            self.closing.setdefault(link, now + grace)
         if peer.state is PeerState.READY:
             peer.state = PeerState.AWAIT_INFO
             # the engine learns what reached the peer; the rest goes back to the queues

@@ -416,7 +416,7 @@ class Server:
         if type(msg) is _Frame:
             mt = msg.message_type
             if mt == _TERMINATE:
-                self.sessions.drop(peer, now)
+                self.sessions.goodbye(peer, now)
                 return
             if mt == _SERVER and msg.content_type == STATS_OPERATION:
                 self.sender.send_to(peer, self._stats_reply(peer, msg))

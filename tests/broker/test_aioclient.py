@@ -435,3 +435,32 @@ def test_a_session_the_broker_ends_is_resumed_with_its_channels(zctx: Ctx) -> No
     ((info, rejoin),) = seen
     assert info.client_id == "fake-1"
     assert rejoin.target == "orders" and (Header.PREFETCH, "3") in rejoin.headers
+
+
+def test_close_keeps_every_delivery_on_its_way_beyond_a_full_inbox(endpoint: str) -> None:
+    """300 deliveries of a queue without acknowledges reached the consumer (the broker
+    counts them done) while its inbox holds 10: ``close`` reads the rest off the socket
+    until the broker ends the session, and ``receive`` hands all 300 out after it."""
+
+    async def main(ctx: zmq.asyncio.Context, ep: str) -> None:
+        async with client(ctx, ep) as producer:
+            await producer.create_queue("held", 1, {"Status": 1})
+            consumer = await client(ctx, ep, max_inbox=10).connect()
+            await consumer.join("held")
+            for i in range(300):
+                await producer.push("held", 1, b"%d" % i)
+
+            async def all_sent() -> bool:
+                return (await producer.queue_info("held", 1))["SentMessages"] == 300
+
+            assert await until(all_sent, timeout=30)
+            await consumer.close()
+            got = []
+            with pytest.raises(ClientClosed):
+                while True:
+                    message = await consumer.receive(timeout=0)
+                    assert message is not None
+                    got.append(int(message.payload))
+            assert got == list(range(300))
+
+    run(endpoint, main)

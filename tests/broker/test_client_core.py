@@ -574,3 +574,27 @@ def test_endless_pages_are_cut_at_the_limit(monkeypatch: pytest.MonkeyPatch) -> 
     err = waiter.exception(0)
     assert isinstance(err, ProtocolError) and "over 5 pages" in str(err)
     assert n == 5 and not session.pending
+
+
+def test_after_the_goodbye_deliveries_needing_an_answer_are_let_go_until_the_end() -> None:
+    """CLOSING: a queue message without ack is still delivered (the broker counted it
+    done); one waiting for an ack, or a direct request, is let go (no answer can follow:
+    the broker takes a queue message back); a PING gets no PONG; the broker's TERMINATE
+    is the end, not a lost session to reconnect."""
+    session, now = ready_session()
+    assert session.goodbye() == S.TERMINATE
+    assert session.state is S.SessionState.CLOSING
+    plain = encode(message_type=MessageType.QUEUE, message_id="q1", target="c", payload=b"1")
+    acked = encode(message_type=MessageType.QUEUE, message_id="q2", target="c", pending_ack=True)
+    request = encode(message_type=MessageType.DIRECT, message_id="d1", pending_response=True)
+    (delivered,) = session.feed(plain, now)
+    assert isinstance(delivered, S.Deliver) and delivered.message.payload == b"1"
+    assert session.feed(acked, now) == ()
+    assert session.feed(request, now) == ()
+    assert session.feed(encode(message_type=MessageType.PING), now) == ()
+    kept = S.Message(tmqp.decode((acked,)))  # type: ignore[arg-type]
+    assert S.Session.unanswerable(kept, session.state)
+    assert not S.Session.unanswerable(kept, S.SessionState.READY)
+    bye = encode(message_type=MessageType.TERMINATE, headers=((Header.REASON, "goodbye"),))
+    assert session.feed(bye, now) == (S.Ended(),)
+    assert session.state is S.SessionState.CLOSING  # the driver closes (session.close)

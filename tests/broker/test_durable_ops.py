@@ -231,26 +231,38 @@ def _segments(data: Path) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("preallocate", [0, 4 << 20], ids=["zeros-off", "zeros-ahead"])
 @pytest.mark.parametrize("seed", range(3))
 def test_kill_9_during_compaction_loses_nothing_acked(
-    brokers: list[Broker], zctx: zmq.Context[zmq.Socket[bytes]], tmp_path: Path, seed: int
+    brokers: list[Broker],
+    zctx: zmq.Context[zmq.Socket[bytes]],
+    tmp_path: Path,
+    seed: int,
+    preallocate: int,
 ) -> None:
     """Small segments, two queues pushed in turn (queue A's messages 3x larger); a consumer
     empties A while B is pushed on, so finished segments fall under the compaction ratio
     and B's records are copied forward.  The broker is killed once compaction has deleted
     a segment (the next one is being compacted), at a random moment after that.  After
     the restart: every acknowledged B message once and in order, every acknowledged A
-    message not consumed before the kill, nothing invented, nothing twice."""
+    message not consumed before the kill, nothing invented, nothing twice -- and no A
+    message whose consumption was durable before the kill: every 20 acks the consumer
+    pushes to a third persistent queue and waits for its acknowledge (given once the push
+    is fsync'ed, and with it every removal the broker wrote before it: the acks went
+    first on the same connection).  With and without zeros ahead of the log's head."""
     import random
     import threading
     import time
 
     rng = random.Random(seed)
     data = tmp_path / "d"
-    broker = Broker("--data", str(data), "--segment-size", "32768")
+    broker = Broker(
+        "--data", str(data), "--segment-size", "32768", "--preallocate", str(preallocate)
+    )
     brokers.append(broker.start())
     acked: dict[str, list[str]] = {"A": [], "B": []}
     consumed: set[str] = set()
+    durably_consumed: set[str] = set()
     stop = threading.Event()
 
     def produce() -> None:
@@ -275,12 +287,19 @@ def test_kill_9_during_compaction_loses_nothing_acked(
             with Client(broker.endpoint, context=zctx, timeout=5, reconnect=False).connect() as c:
                 while not stop.is_set() and len(acked["A"]) < 400:
                     time.sleep(0.01)  # (let A fill a few segments first)
+                c.create_queue("C", 1, PERSISTENT)
                 c.join("A")
+                since_barrier: list[str] = []
                 while not stop.is_set():
                     m = c.receive(timeout=0.2)
                     if m is not None:
                         c.ack(m)
                         consumed.add(m.id)  # (its removal may not be durable: may return)
+                        since_barrier.append(m.id)
+                    if len(since_barrier) >= 20:
+                        c.push("C", 1, b"barrier", ack=True, timeout=5)
+                        durably_consumed.update(since_barrier)  # must never return
+                        since_barrier.clear()
         except Exception:
             pass
 
@@ -304,6 +323,8 @@ def test_kill_9_during_compaction_loses_nothing_acked(
     assert len(got_b) == len(set(got_b)) and len(got_a) == len(set(got_a))
     assert got_b == sorted(got_b) and set(acked["B"]) <= set(got_b)
     assert set(acked["A"]) - consumed <= set(got_a)
+    assert durably_consumed, "no consumption was made durable before the kill"
+    assert not durably_consumed & set(got_a), "a durably acknowledged message came back"
     assert all(m.startswith("b") for m in got_b) and all(m.startswith("a") for m in got_a)
     pushed = max(len(acked["A"]), len(acked["B"]))  # at most one push in flight each
     assert all(int(m[1:]) <= pushed for m in got_a + got_b)

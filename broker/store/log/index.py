@@ -158,6 +158,10 @@ class QueueIndex:
             origin = min(origin, old[3])
         else:
             self._live += 1
+            if i < self._head:
+                # a compaction copy replayed after the slots before it were found dead:
+                # the first live slot moves back to it (``_head`` bounds every listing)
+                self._head = i
         self._segment[i] = segment
         self._offset[i] = offset
         self._size[i] = size

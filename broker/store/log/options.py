@@ -50,9 +50,9 @@ class LogOptions:
     #: head segment's data, so that its syncs are ``fdatasync`` of blocks already on disk
     #: (no file-size change, so no file-system journal commit per batch); a segment is
     #: cut back to its data when finished, and recovery cuts a zero tail.  0: off; at
-    #: most the segment's size.  Off by default: with it on, the slow kill -9 test
-    #: (tests/broker/store/test_crash.py::test_kill_9_over_many_seeds) lost completed
-    #: appends under CPU load (2 of 7 runs; 0 of 7 with it off); cause not found yet.
+    #: most the segment's size.  Off by default: measured, no steady throughput gain
+    #: (README, "Zeros ahead of the head"; ``bench/bench_store.py --zeros-ahead``).  The
+    #: kill -9 losses once seen with it on were an index defect (test_recovery_order.py).
     preallocate: int = 0
 
     def __post_init__(self) -> None:

@@ -1,8 +1,10 @@
-"""A store writer to be killed: ``python crash_worker.py DIR ROUND SEED DURABILITY``.
+"""A store writer to be killed: ``python crash_worker.py DIR ROUND SEED DURABILITY PREALLOCATE``.
 
 Four appender threads append to three queues, one thread removes most of what was
 appended, one thread sets and deletes definitions; segments are 8 KiB, so the writer is
-compacting nearly all the time.  After a write completes (its ticket), a line goes to
+compacting nearly all the time (``PREALLOCATE``: octets of zeros ahead of the head,
+``LogOptions.preallocate``; with 8 KiB segments any value over 8 KiB fills each segment
+with zeros at its first write).  After a write completes (its ticket), a line goes to
 stdout, flushed at once; whoever kills this process with SIGKILL reads those lines and
 checks the recovered store against them:
 
@@ -31,13 +33,14 @@ def blob_for(token: str) -> bytes:
 
 
 def main() -> None:
-    directory, round_, seed, durability = sys.argv[1:5]
+    directory, round_, seed, durability, preallocate = sys.argv[1:6]
     options = LogOptions(
         durability=Durability(durability),
         segment_size=8192,
         max_record_size=4096,
         compact_step=5,
         batch_interval=0.002,
+        preallocate=int(preallocate),
     )
     store = LogStore(directory, options)
     out = threading.Lock()

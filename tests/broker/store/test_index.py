@@ -65,3 +65,20 @@ def test_remove_in_the_middle_keeps_order() -> None:
         index.remove(seq)
     assert list(index.sequences()) == [1, 3, 4, 6, 7, 8, 10]
     assert [s for s, _ in index.live_below(7)] == [1, 3, 4, 6]
+
+
+def test_a_copy_replayed_below_the_first_live_slot_is_listed() -> None:
+    """The kill -9 crash test's lost appends: recovery replays a compaction copy of an
+    older record (4) after the slot before it was removed, so the first live slot had
+    moved past 4 already; the copy must be listed again, not only be locatable."""
+    index = QueueIndex()
+    index.put(2, _loc(2), Meta())  # a copy of 2, then a newer record, then 2 removed
+    index.put(9, _loc(9), Meta())
+    index.remove(2)
+    assert index.first_seq == 9
+    index.put(4, _loc(4), Meta())  # the copy of 4, later in the log
+    assert index.first_seq == 4
+    assert list(index.sequences()) == [4, 9]
+    assert [slot[0] for slot in index.live_slots(0, 10)] == [4, 9]
+    assert index.live_below(10) == [(4, _loc(4)), (9, _loc(9))]
+    assert index.min_origin() == 1
