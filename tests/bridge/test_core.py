@@ -71,7 +71,7 @@ def test_refused_publish_is_published_again() -> None:
     core = connected_core()
     [publish] = core.local_message(OUT, b"x", "rx")
     assert isinstance(publish, Publish)
-    assert core.remote_refused(publish.token, 1) == [Publish(publish.token, OUT, b"x")]
+    assert core.remote_refused(publish.token, 1) == [Publish(publish.token, OUT, b"x", True)]
     assert core.counters.out_refused == 1
     assert core.remote_accepted(publish.token, 1) == [AckLocal("rx")]
 
