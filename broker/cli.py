@@ -351,7 +351,12 @@ def _federation_settings(args: argparse.Namespace, config: dict[str, Any], optio
     """Federation settings from the flags and the config's ``[federation]`` table, or None
     when this broker does not federate."""
     from broker.federation.errors import ConfigError
-    from broker.federation.settings import FederationSettings, broker_id_for, parse_link
+    from broker.federation.settings import (
+        FederationSettings,
+        broker_id_for,
+        parse_link,
+        seen_file_for,
+    )
 
     table = dict(config.get("federation") or {})
     known = {"links", "broker_id", "depth", "accept", "server_key", "secret", "federate"}
@@ -371,6 +376,7 @@ def _federation_settings(args: argparse.Namespace, config: dict[str, Any], optio
             ),
             server_key=args.link_server_key or table.get("server_key"),
             curve_secret=args.link_secret or table.get("secret"),
+            seen_file=seen_file_for(args.data),
         )
     except (ConfigError, TypeError, ValueError) as exc:
         raise UsageError(f"federation: {exc}") from None
@@ -397,7 +403,12 @@ def _start_federation(settings: Any, server: Any, context: Any, options: Any) ->
     keys = None
     if options.curve_secret is not None:
         keys = (str(options.curve_secret), str(settings.curve_secret))
-    federation = Federation(settings, endpoint, context=context, local_keys=keys)
+    from broker.federation.errors import ConfigError
+
+    try:
+        federation = Federation(settings, endpoint, context=context, local_keys=keys)
+    except ConfigError as exc:  # its seen window's file cannot be read
+        raise CommandError(f"federation: {exc}") from None
     federation.start()
     print(f"broker federation: id {settings.broker_id}", file=sys.stderr, flush=True)
     return federation

@@ -209,14 +209,18 @@ def _federation(config: HubConfig) -> Any:
     if config.broker.curve_secret is not None:
         raise ConfigError("federation", "the hub's federation needs a broker without CURVE")
     from broker.federation.errors import ConfigError as FederationConfigError
-    from broker.federation.settings import FederationSettings, broker_id_for, parse_link
+    from broker.federation.settings import (
+        FederationSettings,
+        broker_id_for,
+        parse_link,
+        seen_file_for,
+    )
 
+    data = None if config.broker.data is None else str(config.broker.data)
     try:
         return FederationSettings(
-            broker_id=broker_id_for(
-                fed.broker_id or None,
-                None if config.broker.data is None else str(config.broker.data),
-            ),
+            broker_id=broker_id_for(fed.broker_id or None, data),
+            seen_file=seen_file_for(data),
             links=tuple(parse_link(link) for link in fed.links),
             accept=fed.accept,
             default_depth=fed.depth,

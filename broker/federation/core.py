@@ -16,8 +16,10 @@ actions (:class:`Join`, :class:`Leave`, :class:`Forward`, :class:`AckLocal`,
   arriving with this broker's id in Hops is confirmed and dropped.
 * Duplicates: a message id (``Fed-Id``) accepted once is remembered (the newest
   ``seen_window`` ids); a second copy is confirmed and dropped.  A copy arriving while
-  the first is still being pushed waits for that push.  (The window is in memory: after
-  a restart an old copy resent by a peer can be delivered again.)
+  the first is still being pushed waits for that push.  An accepted id is handed to the
+  driver (:class:`Remember`) before its confirms: the driver keeps the window in a file
+  (:mod:`broker.federation.seen`) and seeds a new core with it (:meth:`remember`), so a
+  copy resent after a restart is still dropped.
 * Acked forwarding: a local delivery is acknowledged to the local broker only once every
   peer it went to confirmed it (the peer's broker acknowledged the push, durably for a
   persistent queue).  A forward that fails is sent again after a backoff; a peer that is
@@ -113,6 +115,13 @@ class PushLocal:
 
 
 @dataclass(frozen=True, slots=True)
+class Remember:
+    """Keep ``fed_id`` as accepted (durably, before the confirms that follow it)."""
+
+    fed_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class Confirm:
     """Answer a peer's forward: this broker has it (or had it already)."""
 
@@ -128,7 +137,7 @@ class Refuse:
     permanent: bool
 
 
-Action = Join | Leave | Forward | AckLocal | NackLocal | PushLocal | Confirm | Refuse
+Action = Join | Leave | Forward | AckLocal | NackLocal | PushLocal | Remember | Confirm | Refuse
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +224,19 @@ class FederationCore:
         self._in: dict[str, _In] = {}
         self._in_tokens: dict[int, str] = {}
         self._tokens = itertools.count(1)
+
+    def remember(self, fed_ids: list[str]) -> None:
+        """Seed the seen window (ids accepted before a restart, oldest first)."""
+        seen = self._seen
+        for fed_id in fed_ids:
+            seen[fed_id] = None
+            seen.move_to_end(fed_id)
+        while len(seen) > self.settings.seen_window:
+            seen.popitem(last=False)
+
+    def seen_ids(self) -> list[str]:
+        """The seen window, oldest first."""
+        return list(self._seen)
 
     @property
     def pending(self) -> int:
@@ -529,7 +551,7 @@ class FederationCore:
         seen[fed_id] = None
         while len(seen) > self.settings.seen_window:
             seen.popitem(last=False)
-        return [Confirm(ref) for ref in pending.refs]
+        return [Remember(fed_id), *(Confirm(ref) for ref in pending.refs)]
 
     def stats(self) -> dict[str, Any]:
         counts: dict[str, Any] = self.counters.snapshot()

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -39,8 +40,10 @@ from broker.federation.core import (
     Policy,
     PushLocal,
     Refuse,
+    Remember,
 )
-from broker.federation.errors import BadPeerMessage
+from broker.federation.errors import BadPeerMessage, ConfigError
+from broker.federation.seen import SeenJournal
 from broker.federation.settings import FederationSettings, LinkMode, LinkSpec
 from broker.federation.wire import (
     FEDERATION_CLIENT,
@@ -154,6 +157,15 @@ class Federation:
         self._give_back: list[tuple[float, Message]] = []  # delayed nacks, by due time
         self.failure: BaseException | None = None
         self.errors = 0  # events the driver failed on (logged)
+        #: confirms to peers held until the seen ids before them are durable
+        self._confirms: list[tuple[Client, Message]] = []
+        self.journal: SeenJournal | None = None
+        if settings.seen_file is not None:
+            self.journal = SeenJournal(Path(settings.seen_file), settings.seen_window)
+            try:
+                self.core.remember(self.journal.load())
+            except OSError as exc:
+                raise ConfigError(f"federation seen window {settings.seen_file}: {exc}") from None
 
     def _link_client(self, spec: LinkSpec) -> Client:
         keys: dict[str, Any] = {}
@@ -207,6 +219,8 @@ class Federation:
             if link.client is not None:
                 link.client.close(timeout=1.0)
         self.local.close(timeout=1.0)
+        if self.journal is not None:
+            self.journal.close()
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -272,12 +286,28 @@ class Federation:
             event = self._events.get(timeout=IDLE_SLICE)
         except queue.Empty:
             return
-        while True:
-            self._guarded(event)
-            try:
-                event = self._events.get_nowait()
-            except queue.Empty:
-                return
+        try:
+            while True:
+                self._guarded(event)
+                try:
+                    event = self._events.get_nowait()
+                except queue.Empty:
+                    return
+        finally:
+            self._send_confirms()
+
+    def _send_confirms(self) -> None:
+        """Confirm what waited: the ids remembered before are made durable first (one
+        fsync for the batch)."""
+        if not self._confirms:
+            return
+        if self.journal is not None:
+            with self._lock:
+                newest = self.core.seen_ids() if self.journal.due_for_rewrite else None
+            self.journal.sync(newest)
+        confirms, self._confirms = self._confirms, []
+        for client, m in confirms:
+            self._respond(client, m, b"")
 
     def _guarded(self, event: _Event) -> None:
         """Feed one event; a failure is logged and counted, the driver goes on."""
@@ -477,8 +507,11 @@ class Federation:
                         timeout=self.settings.answer_timeout,
                     )
                     self._when(future, self._push_answer(token))
+                case Remember(fed_id):
+                    if self.journal is not None:
+                        self.journal.add(fed_id)
                 case Confirm(ref):
-                    self._respond(ref[0], ref[1], b"")
+                    self._confirms.append(ref)
                 case Refuse(ref, reason, permanent):
                     code = ResultCode.UNAUTHORIZED if permanent else ResultCode.BUSY
                     self._respond(ref[0], ref[1], b"", code, reason)

@@ -124,6 +124,15 @@ def check_broker_id(value: str) -> str:
     return value
 
 
+def seen_file_for(data: str | None) -> str | None:
+    """The seen window's file under ``data`` (None without a data directory)."""
+    from broker.federation.seen import SEEN_FILE
+
+    if data and data != "none":
+        return str(Path(data) / SEEN_FILE)
+    return None
+
+
 def broker_id_for(explicit: str | None, data: str | None) -> str:
     """The broker's id: ``explicit``, else the one kept in ``data/broker-id`` (made on
     first use), else a random one for this process only."""
@@ -168,6 +177,9 @@ class FederationSettings:
     #: CURVE: the remote brokers' public key file and this side's secret key file.
     server_key: str | None = None
     curve_secret: str | None = None
+    #: The file keeping the seen window across restarts (``broker.federation.seen``;
+    #: ``federation-seen`` under ``--data``); None: memory only.
+    seen_file: str | None = None
 
     def __post_init__(self) -> None:
         check_broker_id(self.broker_id)

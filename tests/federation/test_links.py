@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -478,3 +479,58 @@ def test_round_robin_queue_peer_killed_local_consumer_gets_the_rest(
     assert done, (f"{len(missing)} never reached A: {missing[:10]}", federation_stats(sub_a))
     sub_a.close()
     sub_b.close()
+
+
+def test_a_copy_resent_after_kill_9_is_not_delivered_twice(
+    brokers: list[Broker], zctx: Ctx, tmp_path: Path
+) -> None:
+    """A peer whose confirm was lost sends a message again after the receiving broker was
+    killed (-9) and restarted: the seen window, kept under --data, drops the copy."""
+    from broker.client.blocking import RemoteError
+    from broker.federation.wire import FEDERATION_CLIENT, INTEREST, MESSAGE
+
+    b = Broker("B", data=tmp_path / "b")
+    brokers.append(b)
+
+    def subscriber(into: list[Message]) -> Client:
+        sub = b.client(zctx)
+        assert wait_until(lambda: stats_or_none(sub) is not None, 20)
+        with contextlib.suppress(RemoteError):  # kept from before the restart
+            sub.create_queue("orders", 0, {"Status": "Push"})
+        collect(sub, into)
+        sub.join("orders")
+        return sub
+
+    def send(peer: Client, fed_id: str, payload: bytes) -> None:
+        headers = {"Fed-Broker": "P", "Fed-Channel": "orders", "Fed-Queue": "0",
+                   "Fed-Id": fed_id, "Hops": "P", "Depth": "-1"}  # fmt: skip
+        peer.request(FEDERATION_CLIENT, payload, content_type=MESSAGE, headers=headers,
+                     timeout=10)  # fmt: skip
+
+    def link_peer() -> Client:
+        """A linked broker "P" (its link's client on B, as the federation runner has)."""
+        peer = b.client(zctx, client_type="zerohub-link")
+        offer = b'{"broker": "P", "interest": {}}'
+        peer.request(FEDERATION_CLIENT, offer, content_type=INTEREST, timeout=10)
+        return peer
+
+    b.start()
+    before: list[Message] = []
+    sub = subscriber(before)
+    peer = link_peer()
+    send(peer, "P/1", b"m1")  # confirmed: B has it, and its id is on disk
+    assert wait_until(lambda: payloads(before) == Counter([b"m1"]), 20)
+    peer.close()
+    sub.close()
+    b.kill()
+    b.start()
+    after: list[Message] = []
+    sub = subscriber(after)
+    peer = link_peer()
+    send(peer, "P/1", b"m1")  # the confirm was lost: P sends it again
+    send(peer, "P/2", b"m2")
+    assert wait_until(lambda: b"m2" in payloads(after), 20)
+    assert payloads(after) == Counter([b"m2"])  # m1 was not delivered a second time
+    assert federation_stats(sub)["duplicates"] == 1
+    peer.close()
+    sub.close()
