@@ -352,6 +352,8 @@ def _federation_settings(args: argparse.Namespace, config: dict[str, Any], optio
     when this broker does not federate."""
     from broker.federation.errors import ConfigError
     from broker.federation.settings import (
+        DEFAULT_EXCHANGE_INTERVAL,
+        DEFAULT_PEER_TIMEOUT,
         FederationSettings,
         broker_id_for,
         parse_link,
@@ -359,7 +361,8 @@ def _federation_settings(args: argparse.Namespace, config: dict[str, Any], optio
     )
 
     table = dict(config.get("federation") or {})
-    known = {"links", "broker_id", "depth", "accept", "server_key", "secret", "federate"}
+    known = {"links", "broker_id", "depth", "accept", "server_key", "secret", "federate",
+             "exchange_interval", "peer_timeout"}  # fmt: skip
     if set(table) - known:
         raise UsageError(f"config federation: unknown keys {sorted(set(table) - known)}")
     links = list(table.get("links") or []) + list(args.link or [])
@@ -377,6 +380,8 @@ def _federation_settings(args: argparse.Namespace, config: dict[str, Any], optio
             server_key=args.link_server_key or table.get("server_key"),
             curve_secret=args.link_secret or table.get("secret"),
             seen_file=seen_file_for(args.data),
+            exchange_interval=float(table.get("exchange_interval", DEFAULT_EXCHANGE_INTERVAL)),
+            peer_timeout=float(table.get("peer_timeout", DEFAULT_PEER_TIMEOUT)),
         )
     except (ConfigError, TypeError, ValueError) as exc:
         raise UsageError(f"federation: {exc}") from None

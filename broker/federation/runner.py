@@ -4,10 +4,16 @@ It holds this broker's federation client (client id
 :data:`~broker.federation.wire.FEDERATION_CLIENT`, on the broker's own endpoint) and one
 client per ``--link`` (type :data:`~broker.federation.wire.LINK_TYPE`, on the remote
 broker, with CURVE keys when given).  The clients' I/O threads only queue events; this
-thread alone touches the core.  Every ``exchange_interval`` it reads which local channels
-have subscribers and exchanges interest with each linked broker.  Links connect with
-backoff and reconnect by themselves (the broker client's session); a peer that stops
-answering is down until an exchange succeeds again.
+thread alone touches the core.  Interest is pushed: the federation client subscribes to
+the broker's ``ClientJoined``/``ClientLeft``/``ClientDisconnected`` events, and on one it
+reads which local channels have subscribers (at most every :data:`PUSH_GAP` seconds) and
+offers each peer whose interest from here changed the new one at once: a link peer by a
+request on the link, an accepting broker's peer by a request to the link's client on this
+broker (answered with that peer's interest).  Interest heard from one peer that changes
+what this broker offers another is pushed the same way.  Every ``exchange_interval``
+the full exchange runs anyway (it is the peers' liveness check, and it repairs anything
+an event missed).  Links connect with backoff and reconnect by themselves (the broker
+client's session); a peer that stops answering is down until an exchange succeeds again.
 """
 
 from __future__ import annotations
@@ -51,13 +57,14 @@ from broker.federation.wire import (
     LINK_TYPE,
     MESSAGE,
     STATS,
+    Interest,
     decode_interest,
     encode_interest,
     local_headers,
     message_headers,
     parse_message,
 )
-from broker.protocol import Header, NackReason, ResultCode
+from broker.protocol import EventName, Header, NackReason, ResultCode
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +72,11 @@ log = logging.getLogger(__name__)
 IDLE_SLICE = 0.05
 #: Seconds a link's first connect attempt may take before it is tried again.
 CONNECT_TIMEOUT = 2.0
+#: Smallest gap (seconds) between two local refreshes that events asked for: a burst of
+#: joins costs one channel list.
+PUSH_GAP = 0.02
+#: Events after which the local interest is read again (and pushed if it changed).
+INTEREST_EVENTS = (EventName.CLIENT_JOINED, EventName.CLIENT_LEFT, EventName.CLIENT_DISCONNECTED)
 #: Seconds a call to this broker's own endpoint may take (join, leave, channel list).
 LOCAL_TIMEOUT = 10.0
 #: Local queue statuses that hand each message to one consumer (Push only with
@@ -99,6 +111,11 @@ class _FromLink:
 
 
 @dataclass(frozen=True, slots=True)
+class _LocalChanged:
+    """A client joined or left a local channel (an event of this broker)."""
+
+
+@dataclass(frozen=True, slots=True)
 class _Connected:
     link: _Link
     client: Client
@@ -112,7 +129,7 @@ class _Answer:
     then: Callable[[Future[Any]], list[Action]]
 
 
-_Event = _Local | _FromLink | _Connected | _Answer
+_Event = _Local | _FromLink | _Connected | _Answer | _LocalChanged
 
 
 class Federation:
@@ -151,6 +168,13 @@ class Federation:
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._next_exchange = 0.0
+        self._refresh_due = False  # an event said the local interest may have changed
+        self._next_refresh = 0.0
+        self._offers_due = False  # interest changed: offer peers what changed
+        #: peer id -> the interest last offered to it (sent or answered)
+        self._offered: dict[str, Interest] = {}
+        self._offering: set[str] = set()  # accepted peers with a push under way
+        self.pushes = 0  # interest offers pushed on a change (not the periodic exchange)
         #: (channel, queue id) -> does the local queue hand each message to one consumer
         #: (asked once per exchange period: a queue's status can change)
         self._one_consumer: dict[tuple[str, int], bool] = {}
@@ -198,6 +222,11 @@ class Federation:
                 log.warning("federation: cannot connect to this broker: %s", exc)
                 self._stopping.wait(backoff.failed(0.0))
                 continue
+            for name in INTEREST_EVENTS:  # (the session subscribes again on a reconnect)
+                try:
+                    self.local.subscribe(name, lambda _m: self._events.put(_LocalChanged()))
+                except ClientError as exc:  # the periodic exchange still works
+                    log.warning("federation: no %s events (interest polled only): %s", name, exc)
             for link in self.links:
                 self._spawn(self._connect_link, link, name="federation-connect")
             return True
@@ -226,6 +255,7 @@ class Federation:
         with self._lock:
             counts = self.core.stats()
         counts["broker"] = self.me
+        counts["interest_pushes"] = self.pushes
         counts["links"] = {
             link.spec.endpoint: {
                 "connected": link.connected,
@@ -273,9 +303,17 @@ class Federation:
         now = self._clock()
         if now >= self._next_exchange:
             self._next_exchange = now + self.settings.exchange_interval
+            self._refresh_due = False
             self._refresh_local()
             for link in self.links:
                 self._exchange(link)
+        elif self._refresh_due and now >= self._next_refresh:
+            self._refresh_due = False
+            self._next_refresh = now + PUSH_GAP
+            self._refresh_local()
+        if self._offers_due:
+            self._offers_due = False
+            self._offer_changes()
         self._run(self._locked(lambda: self.core.poll(self._clock())))
         if self._give_back and self._give_back[0][0] <= now:
             due = [m for at, m in self._give_back if at <= now]
@@ -336,13 +374,79 @@ class Federation:
                 for c in channels
                 if int(c.get("ActiveClients", 0)) > (1 if c["Name"] in joined else 0)
             }
+            if wanted != self.core.local:
+                self._offers_due = True
             self.core.local_interest(wanted)
+
+    def _offer_changes(self) -> None:
+        """Offer each up peer whose interest from here changed since it last heard it."""
+        with self._lock:
+            core = self.core
+            changed = {
+                peer_id
+                for peer_id, peer in core.peers.items()
+                if peer.up and core.advert_for(peer_id) != self._offered.get(peer_id)
+            }
+        for link in self.links:
+            if link.peer_id in changed:
+                changed.discard(link.peer_id)
+                if link.asking:  # its answer comes with a fresh look
+                    self._offers_due = True
+                else:
+                    self.pushes += 1
+                    self._exchange(link)
+        for peer_id in changed:
+            source = self._accepted.get(peer_id)
+            if source is None:
+                continue
+            if peer_id in self._offering:
+                self._offers_due = True
+                continue
+            self.pushes += 1
+            self._push_offer(peer_id, source)
+
+    def _push_offer(self, peer_id: str, source: str) -> None:
+        """Offer an accepted peer our interest (a request to its link's client here)."""
+        with self._lock:
+            offer = self._offered[peer_id] = self.core.advert_for(peer_id)
+        self._offering.add(peer_id)
+        future = self.local.request_async(
+            source,
+            encode_interest(self.me, offer),
+            content_type=INTEREST,
+            timeout=self.settings.answer_timeout,
+        )
+        self._when(future, lambda done: self._offer_answered(peer_id, done))
+
+    def _offer_answered(self, peer_id: str, done: Future[Any]) -> list[Action]:
+        self._offering.discard(peer_id)
+        error = done.exception()
+        if error is not None:
+            self._offered.pop(peer_id, None)  # offered again at the next change
+            log.debug("interest push to %s failed: %s", peer_id, error)
+            return []
+        try:
+            sender, interest = decode_interest(done.result().payload)
+        except BadPeerMessage as exc:
+            log.warning("interest push to %s: bad answer: %s", peer_id, exc)
+            return []
+        if sender != peer_id:
+            return []
+        return self._heard(peer_id, Policy(LinkMode.BOTH, self.settings.accept), interest)
+
+    def _heard(self, peer_id: str, policy: Policy, interest: Interest) -> list[Action]:
+        """A peer's interest, from any of the exchanges (what others are offered may
+        change with it)."""
+        self._offers_due = True
+        return self.core.interest_heard(peer_id, policy, interest, self._clock())
 
     def _exchange(self, link: _Link) -> None:
         if link.client is None or link.asking:
             return
         with self._lock:
             offer = self.core.advert_for(link.peer_id)
+        if link.peer_id is not None:
+            self._offered[link.peer_id] = offer
         link.asking = True
         future = link.client.request_async(
             FEDERATION_CLIENT,
@@ -374,9 +478,11 @@ class Federation:
             log.warning("link to %s: more than %d linked brokers", link.spec.endpoint,
                         self.settings.max_peers)  # fmt: skip
             return []
+        if link.peer_id != peer_id:
+            self._offered.pop(peer_id, None)  # it was offered before its id was known
         link.peer_id = peer_id
         policy = Policy(link.spec.mode, link.spec.channels)
-        return self.core.interest_heard(peer_id, policy, interest, self._clock())
+        return self._heard(peer_id, policy, interest)
 
     def _feed(self, event: _Event) -> list[Action]:
         match event:
@@ -391,6 +497,8 @@ class Federation:
                 self._exchange(link)
             case _Answer(future, then):
                 return then(future)
+            case _LocalChanged():
+                self._refresh_due = True
         return []
 
     def _from_local(self, m: Message) -> list[Action]:
@@ -458,15 +566,17 @@ class Federation:
             return self.core.bad_message((self.local, m), f"broker {peer_id!r} is linked already")
         self._accepted[peer_id] = m.source
         policy = Policy(LinkMode.BOTH, self.settings.accept)
-        actions = self.core.interest_heard(peer_id, policy, interest, self._clock())
-        offer = encode_interest(self.me, self.core.advert_for(peer_id))
-        self._respond(self.local, m, offer)
+        actions = self._heard(peer_id, policy, interest)
+        offer = self._offered[peer_id] = self.core.advert_for(peer_id)
+        self._respond(self.local, m, encode_interest(self.me, offer))
         return actions
 
     def _from_link(self, link: _Link, m: Message) -> list[Action]:
         ref = (link.client, m)
         if m.kind is not Kind.DIRECT or link.client is None:
             return []
+        if m.content_type == INTEREST and m.source == FEDERATION_CLIENT:
+            return self._interest_pushed(link, m)
         if m.content_type != MESSAGE or m.source != FEDERATION_CLIENT:
             return self.core.bad_message(ref, "not a federation message")
         try:
@@ -478,6 +588,21 @@ class Federation:
                 ref, f"message from {sender!r} on the link to {link.peer_id!r}"
             )
         return self.core.remote_message(sender, envelope, ref)
+
+    def _interest_pushed(self, link: _Link, m: Message) -> list[Action]:
+        """The linked broker pushed its interest (it changed): answer with ours."""
+        ref = (link.client, m)
+        try:
+            peer_id, interest = decode_interest(m.payload)
+        except BadPeerMessage as exc:
+            return self.core.bad_message(ref, str(exc))
+        if link.peer_id is None or peer_id != link.peer_id:
+            return self.core.bad_message(ref, f"interest of {peer_id!r} on this link")
+        actions = self._heard(peer_id, Policy(link.spec.mode, link.spec.channels), interest)
+        offer = self._offered[peer_id] = self.core.advert_for(peer_id)
+        assert link.client is not None
+        self._respond(link.client, m, encode_interest(self.me, offer))
+        return actions
 
     # -- actions -----------------------------------------------------------------------
 

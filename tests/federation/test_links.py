@@ -534,3 +534,43 @@ def test_a_copy_resent_after_kill_9_is_not_delivered_twice(
     assert federation_stats(sub)["duplicates"] == 1
     peer.close()
     sub.close()
+
+
+def test_interest_is_pushed_a_new_subscriber_gets_messages_at_once(
+    brokers: list[Broker], zctx: Ctx, tmp_path: Path
+) -> None:
+    """Both ways across a link: a subscriber that joins on one broker gets what is
+    published on the other right after, with the periodic exchange set to 60 s (so only
+    the pushed interest can carry it within the bounded wait)."""
+    config = tmp_path / "slow-exchange.toml"
+    config.write_text("[federation]\nexchange_interval = 60\npeer_timeout = 300\n")
+    a = Broker("A", "--config", str(config))
+    b = Broker("B", "--config", str(config))
+    brokers += [a, b]
+    a.start()
+    b.start(b.link(a))
+    ca, cb = a.client(zctx), b.client(zctx)
+    for c in (ca, cb):
+        c.create_queue("news", 0, BROADCAST)
+    # the link is up (the first exchange runs when it connects)
+    assert wait_until(lambda: "B" in (stats_or_none(ca) or {}).get("peers", {}), 20)
+    assert wait_until(lambda: "A" in (stats_or_none(cb) or {}).get("peers", {}), 20)
+    for publisher, subscriber_at in ((cb, a), (ca, b)):  # B -> A (accepting side), A -> B
+        sub = subscriber_at.client(zctx)
+        got: list[Message] = []
+        collect(sub, got)
+        sub.join("news")
+        sent = 0
+
+        def arrived(publisher: Client = publisher) -> bool:
+            nonlocal sent
+            publisher.push("news", 0, f"n{sent}", ack=True)
+            sent += 1
+            return bool(got)  # noqa: B023 (read in this iteration only)
+
+        assert wait_until(arrived, 20), federation_stats(publisher)
+        sub.close()
+    assert federation_stats(ca)["interest_pushes"] >= 1
+    assert federation_stats(cb)["interest_pushes"] >= 1
+    ca.close()
+    cb.close()
