@@ -353,6 +353,7 @@ def _federation_settings(args: argparse.Namespace, config: dict[str, Any], optio
     from broker.federation.errors import ConfigError
     from broker.federation.settings import (
         DEFAULT_EXCHANGE_INTERVAL,
+        DEFAULT_PEER_IN_FLIGHT,
         DEFAULT_PEER_TIMEOUT,
         FederationSettings,
         broker_id_for,
@@ -362,7 +363,7 @@ def _federation_settings(args: argparse.Namespace, config: dict[str, Any], optio
 
     table = dict(config.get("federation") or {})
     known = {"links", "broker_id", "depth", "accept", "server_key", "secret", "federate",
-             "exchange_interval", "peer_timeout"}  # fmt: skip
+             "exchange_interval", "peer_timeout", "peer_in_flight"}  # fmt: skip
     if set(table) - known:
         raise UsageError(f"config federation: unknown keys {sorted(set(table) - known)}")
     links = list(table.get("links") or []) + list(args.link or [])
@@ -382,6 +383,7 @@ def _federation_settings(args: argparse.Namespace, config: dict[str, Any], optio
             seen_file=seen_file_for(args.data),
             exchange_interval=float(table.get("exchange_interval", DEFAULT_EXCHANGE_INTERVAL)),
             peer_timeout=float(table.get("peer_timeout", DEFAULT_PEER_TIMEOUT)),
+            peer_in_flight=int(table.get("peer_in_flight", DEFAULT_PEER_IN_FLIGHT)),
         )
     except (ConfigError, TypeError, ValueError) as exc:
         raise UsageError(f"federation: {exc}") from None

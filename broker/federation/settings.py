@@ -40,6 +40,9 @@ DEFAULT_WINDOW = 100
 #: that needs one stays unacknowledged on its queue.  Also the prefetch the federation
 #: client joins channels with (the engine hands it at most this many per queue at once).
 DEFAULT_MAX_PENDING = 10_000
+#: A peer's messages waiting for an answer here (being pushed into the local broker);
+#: beyond, a forward is refused busy (a flooding peer; honest ones keep to their window).
+DEFAULT_PEER_IN_FLIGHT = 1_000
 #: Linked brokers known at once (a peer is remembered, with its interest, once heard).
 DEFAULT_MAX_PEERS = 64
 #: Seconds between two interest exchanges on a link.
@@ -169,6 +172,7 @@ class FederationSettings:
     seen_window: int = DEFAULT_SEEN_WINDOW
     window: int = DEFAULT_WINDOW
     max_pending: int = DEFAULT_MAX_PENDING
+    peer_in_flight: int = DEFAULT_PEER_IN_FLIGHT
     max_peers: int = DEFAULT_MAX_PEERS
     exchange_interval: float = DEFAULT_EXCHANGE_INTERVAL
     peer_timeout: float = DEFAULT_PEER_TIMEOUT
@@ -185,7 +189,7 @@ class FederationSettings:
         check_broker_id(self.broker_id)
         if self.default_depth < -1:
             raise ConfigError(f"depth is -1 (unlimited) or more, got {self.default_depth}")
-        for name in ("seen_window", "window", "max_pending", "max_peers"):
+        for name in ("seen_window", "window", "max_pending", "max_peers", "peer_in_flight"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"federation {name} must be at least 1")
         if not 0 < self.exchange_interval < self.peer_timeout:

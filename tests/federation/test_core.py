@@ -397,3 +397,19 @@ def test_seen_journal_survives_reopen_torn_tail_and_rewrite(tmp_path: Path) -> N
     journal.add("id9")
     journal.close()
     assert SeenJournal(path, window=3).load() == ["id7", "id8", "id9"]
+
+
+def test_a_peer_flooding_past_its_window_is_refused_busy_others_unaffected() -> None:
+    c = core(peer_in_flight=2)
+    c.interest_heard("B", BOTH, {}, 0.0)
+    c.interest_heard("C", BOTH, {}, 0.0)
+    [p1] = c.remote_message("B", env(("B",), fed_id="b1"), "r1")
+    assert c.remote_message("B", env(("B",), fed_id="b1"), "r1-copy") == []  # counts too
+    [refused] = c.remote_message("B", env(("B",), fed_id="b2"), "r2")
+    assert isinstance(refused, Refuse) and not refused.permanent  # busy: sent again later
+    assert c.counters.flooded == 1
+    [other] = c.remote_message("C", env(("C",), fed_id="c1"), "rc")  # C is not slowed
+    assert isinstance(other, PushLocal)
+    assert c.local_done(p1.token, True) == [Remember("b1"), Confirm("r1"), Confirm("r1-copy")]
+    [again] = c.remote_message("B", env(("B",), fed_id="b2"), "r2-again")  # room again
+    assert isinstance(again, PushLocal)

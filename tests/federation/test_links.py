@@ -574,3 +574,58 @@ def test_interest_is_pushed_a_new_subscriber_gets_messages_at_once(
     assert federation_stats(cb)["interest_pushes"] >= 1
     ca.close()
     cb.close()
+
+
+def test_a_link_peer_flooding_past_its_window_is_refused_and_others_lose_nothing(
+    brokers: list[Broker], zctx: Ctx, tmp_path: Path
+) -> None:
+    """A hostile link client fires 300 forwards without waiting for answers, past
+    ``peer_in_flight`` (20 here): the excess is refused busy, what was accepted is
+    delivered once, and a real linked broker's messages all still arrive."""
+    from broker.client.blocking import RemoteError
+    from broker.federation.wire import FEDERATION_CLIENT, INTEREST, MESSAGE
+
+    config = tmp_path / "tight.toml"
+    config.write_text("[federation]\npeer_in_flight = 20\n")
+    a = Broker("A", "--config", str(config))
+    b = Broker("B")
+    brokers += [a, b]
+    a.start()
+    b.start(b.link(a))
+    sub = a.client(zctx)
+    sub.create_queue("news", 0, BROADCAST)
+    got: list[Message] = []
+    collect(sub, got)
+    sub.join("news")
+    pub = b.client(zctx)
+    pub.create_queue("news", 0, BROADCAST)
+    wait_joined([pub], "news", 1)
+    evil = a.client(zctx, client_type="zerohub-link")
+    evil.request(FEDERATION_CLIENT, b'{"broker": "P", "interest": {}}',
+                 content_type=INTEREST, timeout=10)  # fmt: skip
+    futures = []
+    for i in range(300):
+        headers = {"Fed-Broker": "P", "Fed-Channel": "news", "Fed-Queue": "0",
+                   "Fed-Id": f"P/{i}", "Hops": "P", "Depth": "-1"}  # fmt: skip
+        futures.append(evil.request_async(FEDERATION_CLIENT, f"flood{i}".encode(),
+                                          content_type=MESSAGE, headers=headers,
+                                          timeout=30))  # fmt: skip
+    accepted, busy = set(), 0
+    for i, future in enumerate(futures):
+        try:
+            future.result(60)
+            accepted.add(f"flood{i}".encode())
+        except RemoteError as exc:
+            assert exc.code == 503, exc
+            busy += 1
+    assert busy > 0 and accepted
+    for i in range(50):
+        pub.push("news", 0, f"real{i}", ack=True)
+    real = {f"real{i}".encode() for i in range(50)}
+    assert wait_until(lambda: real <= set(payloads(got)), 30)
+    flood = Counter(p for p in payloads(got).elements() if p.startswith(b"flood"))
+    assert set(flood) == accepted and max(flood.values()) == 1  # each accepted one once
+    assert federation_stats(sub)["flooded"] == busy
+    assert a.alive()
+    for client in (sub, pub, evil):
+        client.close()
