@@ -52,13 +52,21 @@ from broker.federation.errors import BadPeerMessage, ConfigError
 from broker.federation.seen import SeenJournal
 from broker.federation.settings import FederationSettings, LinkMode, LinkSpec
 from broker.federation.wire import (
+    BATCH,
+    BATCH_OK,
+    BATCH_REFUSED,
+    BATCH_RETRY,
     FEDERATION_CLIENT,
     INTEREST,
     LINK_TYPE,
+    MAX_BATCH,
     MESSAGE,
     STATS,
+    Envelope,
     Interest,
+    decode_batch,
     decode_interest,
+    encode_batch,
     encode_interest,
     local_headers,
     message_headers,
@@ -108,6 +116,24 @@ class _Local:
 class _FromLink:
     link: _Link
     message: Message
+
+
+@dataclass(slots=True)
+class _BatchIn:
+    """A peer's BATCH being answered: one result per message (``left`` to come)."""
+
+    client: Client
+    message: Message
+    results: list[int]
+    left: int
+
+
+@dataclass(frozen=True, slots=True)
+class _BatchItem:
+    """The ``ref`` of one message of a BATCH (what Confirm/Refuse settle)."""
+
+    batch: _BatchIn
+    index: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +208,11 @@ class Federation:
         self.failure: BaseException | None = None
         self.errors = 0  # events the driver failed on (logged)
         #: confirms to peers held until the seen ids before them are durable
-        self._confirms: list[tuple[Client, Message]] = []
+        self._confirms: list[Any] = []
+        #: peer id -> forwards asked for during this turn (sent at its end, batched)
+        self._outbox: dict[str, list[tuple[int, Envelope]]] = {}
+        self._no_batch: set[str] = set()  # peers that refused a BATCH
+        self.batches = 0  # BATCH requests sent
         self.journal: SeenJournal | None = None
         if settings.seen_file is not None:
             self.journal = SeenJournal(Path(settings.seen_file), settings.seen_window)
@@ -256,6 +286,7 @@ class Federation:
             counts = self.core.stats()
         counts["broker"] = self.me
         counts["interest_pushes"] = self.pushes
+        counts["batches"] = self.batches
         counts["links"] = {
             link.spec.endpoint: {
                 "connected": link.connected,
@@ -323,6 +354,7 @@ class Federation:
         try:
             event = self._events.get(timeout=IDLE_SLICE)
         except queue.Empty:
+            self._send_forwards()
             return
         try:
             while True:
@@ -332,6 +364,7 @@ class Federation:
                 except queue.Empty:
                     return
         finally:
+            self._send_forwards()
             self._send_confirms()
 
     def _send_confirms(self) -> None:
@@ -344,8 +377,19 @@ class Federation:
                 newest = self.core.seen_ids() if self.journal.due_for_rewrite else None
             self.journal.sync(newest)
         confirms, self._confirms = self._confirms, []
-        for client, m in confirms:
-            self._respond(client, m, b"")
+        for ref in confirms:
+            if isinstance(ref, _BatchItem):
+                self._settle(ref, BATCH_OK)
+            else:
+                self._respond(ref[0], ref[1], b"")
+
+    def _settle(self, item: _BatchItem, code: int) -> None:
+        """One message of a peer's BATCH is answered; the batch once all are."""
+        batch = item.batch
+        batch.results[item.index] = code
+        batch.left -= 1
+        if batch.left == 0:
+            self._respond(batch.client, batch.message, bytes(batch.results))
 
     def _guarded(self, event: _Event) -> None:
         """Feed one event; a failure is logged and counted, the driver goes on."""
@@ -524,6 +568,8 @@ class Federation:
             if self._accepted.get(sender) != m.source:
                 return self.core.bad_message(ref, f"no link of broker {sender!r} from here")
             return self.core.remote_message(sender, envelope, ref)
+        if m.content_type == BATCH:
+            return self._batch_in(self.local, m, lambda s: self._accepted.get(s) == m.source)
         if m.content_type == STATS:
             self._respond(self.local, m, json.dumps(self.stats(), sort_keys=True).encode())
             return []
@@ -577,6 +623,8 @@ class Federation:
             return []
         if m.content_type == INTEREST and m.source == FEDERATION_CLIENT:
             return self._interest_pushed(link, m)
+        if m.content_type == BATCH and m.source == FEDERATION_CLIENT:
+            return self._batch_in(link.client, m, lambda s: s == link.peer_id)
         if m.content_type != MESSAGE or m.source != FEDERATION_CLIENT:
             return self.core.bad_message(ref, "not a federation message")
         try:
@@ -610,7 +658,7 @@ class Federation:
         for action in actions:
             match action:
                 case Forward(peer, token, envelope):
-                    self._forward(peer, token, envelope)
+                    self._outbox.setdefault(peer, []).append((token, envelope))
                 case AckLocal(ref):
                     if ref.needs_ack:
                         self._quiet(self.local.ack, ref)
@@ -637,6 +685,9 @@ class Federation:
                         self.journal.add(fed_id)
                 case Confirm(ref):
                     self._confirms.append(ref)
+                case Refuse(ref, reason, permanent) if isinstance(ref, _BatchItem):
+                    log.info("refused a message of a batch: %s", reason)
+                    self._settle(ref, BATCH_REFUSED if permanent else BATCH_RETRY)
                 case Refuse(ref, reason, permanent):
                     code = ResultCode.UNAUTHORIZED if permanent else ResultCode.BUSY
                     self._respond(ref[0], ref[1], b"", code, reason)
@@ -646,15 +697,94 @@ class Federation:
                 case Leave(channel):
                     self._quiet(self.local.leave, channel, timeout=LOCAL_TIMEOUT)
 
-    def _forward(self, peer: str, token: int, envelope: Any) -> None:
-        headers = message_headers(envelope, self.me)
-        client: Client | None = None
-        target = FEDERATION_CLIENT
+    def _send_forwards(self) -> None:
+        """Send what the core asked to forward during this turn: to each peer, one
+        BATCH of what is ready at once (single MESSAGEs to a peer without BATCH)."""
+        outbox, self._outbox = self._outbox, {}
+        for peer, items in outbox.items():
+            if len(items) == 1 or peer in self._no_batch:
+                for token, envelope in items:
+                    self._forward(peer, token, envelope)
+                continue
+            for at in range(0, len(items), MAX_BATCH):
+                self._forward_batch(peer, items[at : at + MAX_BATCH])
+
+    def _route(self, peer: str) -> tuple[Client, str] | None:
+        """The client and target that reach ``peer``'s federation client."""
         for link in self.links:
             if link.peer_id == peer and link.client is not None:
-                client = link.client
-        if client is None and peer in self._accepted:
-            client, target = self.local, self._accepted[peer]
+                return link.client, FEDERATION_CLIENT
+        if peer in self._accepted:
+            return self.local, self._accepted[peer]
+        return None
+
+    def _forward_batch(self, peer: str, items: list[tuple[int, Envelope]]) -> None:
+        tokens = [token for token, _ in items]
+        route = self._route(peer)
+        if route is None:
+            failed: Future[Any] = Future()
+            failed.set_exception(ClientError(f"no connection to {peer}"))
+            self._events.put(_Answer(failed, lambda done: self._batch_done(peer, tokens, done)))
+            return
+        client, target = route
+        payload = encode_batch([(message_headers(e, self.me), e.payload) for _, e in items])
+        self.batches += 1
+        future = client.request_async(
+            target, payload, content_type=BATCH, timeout=self.settings.answer_timeout
+        )
+        self._when(future, lambda done: self._batch_done(peer, tokens, done))
+
+    def _batch_done(self, peer: str, tokens: list[int], done: Future[Any]) -> list[Action]:
+        """A peer's answer to a BATCH: one result per message (all failed, to be sent
+        again, if the batch itself failed; a peer that does not know BATCH gets single
+        messages from then on)."""
+        now = self._clock()
+        error = done.exception()
+        results = b""
+        if error is None:
+            results = bytes(done.result().payload)
+        elif isinstance(error, RemoteError) and error.code == ResultCode.BAD_REQUEST:
+            log.warning("broker %s does not take batches: single messages to it", peer)
+            self._no_batch.add(peer)
+        if error is None and len(results) != len(tokens):
+            log.warning("broker %s answered a batch of %d with %d results", peer,
+                        len(tokens), len(results))  # fmt: skip
+            results = b""
+        actions: list[Action] = []
+        with self._lock:
+            for n, token in enumerate(tokens):
+                code = results[n] if results else BATCH_RETRY
+                ok, permanent = code == BATCH_OK, code == BATCH_REFUSED
+                actions += self.core.forward_done(token, peer, ok, now, permanent)
+        return actions
+
+    def _batch_in(
+        self, client: Client, m: Message, senders: Callable[[str], bool]
+    ) -> list[Action]:
+        """A peer's BATCH (``senders``: which Fed-Broker may send on this connection)."""
+        try:
+            items = decode_batch(m.payload)
+        except BadPeerMessage as exc:
+            return self.core.bad_message((client, m), str(exc))
+        batch = _BatchIn(client, m, [BATCH_RETRY] * len(items), len(items))
+        actions: list[Action] = []
+        for index, (headers, payload) in enumerate(items):
+            item = _BatchItem(batch, index)
+            try:
+                sender, envelope = parse_message(headers, payload)
+            except BadPeerMessage as exc:
+                actions += self.core.bad_message(item, str(exc))
+                continue
+            if not senders(sender):
+                actions += self.core.bad_message(item, f"no link of broker {sender!r} here")
+                continue
+            actions += self.core.remote_message(sender, envelope, item)
+        return actions
+
+    def _forward(self, peer: str, token: int, envelope: Any) -> None:
+        headers = message_headers(envelope, self.me)
+        route = self._route(peer)
+        client, target = route if route is not None else (None, FEDERATION_CLIENT)
         if client is None:
             failed: Future[Any] = Future()
             failed.set_exception(ClientError(f"no connection to {peer}"))

@@ -413,3 +413,16 @@ def test_a_peer_flooding_past_its_window_is_refused_busy_others_unaffected() -> 
     assert c.local_done(p1.token, True) == [Remember("b1"), Confirm("r1"), Confirm("r1-copy")]
     [again] = c.remote_message("B", env(("B",), fed_id="b2"), "r2-again")  # room again
     assert isinstance(again, PushLocal)
+
+
+def test_batch_wire_round_trip_and_garbage() -> None:
+    from broker.federation.wire import MAX_BATCH, decode_batch, encode_batch
+
+    items = [((("Fed-Broker", "B"), ("Hops", "B")), b"one"), ((("X", "a:b"),), b"")]
+    assert decode_batch(encode_batch(items)) == items
+    good = encode_batch(items)
+    for bad in (b"", good[:-1], b"\x05\x00\x00\x00ab", b"\x03\x00\x00\x00abc"):
+        with pytest.raises(BadPeerMessage):
+            decode_batch(bad)
+    with pytest.raises(BadPeerMessage):
+        decode_batch(encode_batch([((), b"x")] * (MAX_BATCH + 1)))

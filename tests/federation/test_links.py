@@ -323,6 +323,9 @@ def test_a_fast_broadcast_burst_crosses_the_link_whole(brokers: list[Broker], zc
     pub.push("burst", 0, f"b{n - 1}", ack=True)
     assert wait_until(lambda: len(got) >= n, 60), federation_stats(pub)
     assert len(payloads(got)) == n
+    # what was ready at once went as BATCH requests, each message exactly once
+    assert federation_stats(pub)["batches"] >= 1
+    assert len(got) == n
     pub.close()
     sub.close()
 
