@@ -186,6 +186,9 @@ class Federation:
             client_type="zerohub-federation",
             name=f"federation-{self.me}",
             timeout=LOCAL_TIMEOUT,
+            # a one-consumer queue hands it a message only when no local consumer has
+            # room (broker.engine.channel.LOW_PRIORITY_PROPERTY)
+            properties={"Consumer-Priority": "low"},
             **keys,
         )
         self.links = [_Link(spec) for spec in settings.links]

@@ -389,10 +389,13 @@ def test_round_robin_queue_consumed_exactly_once_across_brokers(
     got: list[Message] = []
     lock = threading.Lock()
 
+    takers: Counter[str] = Counter()  # which broker's consumer took each message
+
     def taker(sub: Client) -> Callable[[Message], None]:
         def take(m: Message) -> None:
             with lock:
                 got.append(m)
+                takers[sub.endpoint] += 1
             sub.ack(m)
 
         return take
@@ -400,7 +403,10 @@ def test_round_robin_queue_consumed_exactly_once_across_brokers(
     for sub in subs:
         sub.create_queue("jobs", 0, ROUND_ROBIN)
         sub.on_message(taker(sub))
-        sub.join("jobs")
+    # A's own consumer has a window of 1: the federation client (a low-priority
+    # consumer) gets a message only while it is full
+    for sub, prefetch in zip(subs, (1, None, None), strict=True):
+        sub.join("jobs", prefetch=prefetch)
     wait_joined(subs, "jobs")
     for me, sub in zip("ABC", subs, strict=True):
         wait_interest(sub, set("ABC") - {me}, "jobs")
@@ -421,8 +427,7 @@ def test_round_robin_queue_consumed_exactly_once_across_brokers(
     with lock:
         counts = payloads(got)
     assert counts == expected, sorted(p for p, k in counts.items() if k > 1)[:10]
-    where = Counter(m.header("Hops") or "A" for m in got)
-    assert len(where) > 1, where  # the remote consumers took part
+    assert len(takers) > 1, takers  # the remote consumers took part
     for sub in subs:
         sub.close()
 
@@ -632,3 +637,50 @@ def test_a_link_peer_flooding_past_its_window_is_refused_and_others_lose_nothing
     assert a.alive()
     for client in (sub, pub, evil):
         client.close()
+
+
+def test_federation_client_yields_to_local_consumers_with_room(
+    brokers: list[Broker], zctx: Ctx
+) -> None:
+    """On a round-robin queue the federation client is a low-priority consumer: while the
+    local consumer has room every message stays local; once its window is full (it stops
+    acknowledging) the rest go to the linked broker's consumer, none lost."""
+    a, b = Broker("A"), Broker("B")
+    brokers += [a, b]
+    b.start()
+    a.start(a.link(b))
+    local, remote = a.client(zctx), b.client(zctx)
+    got_local: list[Message] = []
+    got_remote: list[Message] = []
+
+    def ack_local(m: Message) -> None:
+        got_local.append(m)
+        local.ack(m)
+
+    def ack_remote(m: Message) -> None:
+        got_remote.append(m)
+        remote.ack(m)
+
+    for client, take in ((local, ack_local), (remote, ack_remote)):
+        client.create_queue("jobs", 0, ROUND_ROBIN)
+        client.on_message(take)
+        client.join("jobs")
+    wait_joined([local], "jobs")  # its consumer and the federation client
+    wait_interest(local, {"B"}, "jobs")
+    for i in range(100):
+        local.push("jobs", 0, f"first-{i}", ack=True)
+    assert wait_until(lambda: len(got_local) == 100, 20)
+    assert got_remote == []  # (before: about half went to B)
+    local.close()
+    stuck = a.client(zctx)  # joins with a window of 5 and never acknowledges
+    held: list[Message] = []
+    stuck.on_message(held.append)
+    stuck.join("jobs", prefetch=5)
+    assert wait_until(lambda: consumers(stuck, "jobs") >= 2, 20)
+    for i in range(50):
+        stuck.push("jobs", 0, f"then-{i}")  # (an acknowledged push waits for its consumer)
+    want = {f"then-{i}".encode() for i in range(50)}
+    assert wait_until(lambda: set(payloads(held)) | set(payloads(got_remote)) == want, 30)
+    assert len(held) == 5 and len(got_remote) == 45
+    stuck.close()
+    remote.close()
