@@ -457,7 +457,9 @@ def test_round_robin_queue_peer_killed_local_consumer_gets_the_rest(
     for name, sub in (("A", sub_a), ("B", sub_b)):
         sub.create_queue("jobs", 0, ROUND_ROBIN)
         sub.on_message(taker(name, sub))
-        sub.join("jobs")
+        # A's consumer has a window of 1: the federation client (low priority) takes
+        # a message only while it is full
+        sub.join("jobs", prefetch=1 if name == "A" else None)
     wait_joined([sub_a, sub_b], "jobs")
     wait_interest(sub_a, {"B"}, "jobs")
     for i in range(50):
