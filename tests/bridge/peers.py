@@ -163,7 +163,12 @@ class RabbitMQ:
     def start(self, timeout: float = 60.0) -> None:
         log = open(self.workdir / "server.out", "ab")  # noqa: SIM115 (kept by the child)
         self.proc = subprocess.Popen(
-            [str(self.server)], env=self.env, stdout=log, stderr=log, start_new_session=True
+            [str(self.server)],
+            env=self.env,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            cwd=self.workdir,  # a killed node may leave a MnesiaCore dump in its cwd
         )
         log.close()
         proc = self.proc
