@@ -351,10 +351,19 @@ def _federation_settings(args: argparse.Namespace, config: dict[str, Any], optio
     """Federation settings from the flags and the config's ``[federation]`` table, or None
     when this broker does not federate."""
     from broker.federation.errors import ConfigError
-    from broker.federation.settings import FederationSettings, broker_id_for, parse_link
+    from broker.federation.settings import (
+        DEFAULT_EXCHANGE_INTERVAL,
+        DEFAULT_PEER_IN_FLIGHT,
+        DEFAULT_PEER_TIMEOUT,
+        FederationSettings,
+        broker_id_for,
+        parse_link,
+        seen_file_for,
+    )
 
     table = dict(config.get("federation") or {})
-    known = {"links", "broker_id", "depth", "accept", "server_key", "secret", "federate"}
+    known = {"links", "broker_id", "depth", "accept", "server_key", "secret", "federate",
+             "exchange_interval", "peer_timeout", "peer_in_flight"}  # fmt: skip
     if set(table) - known:
         raise UsageError(f"config federation: unknown keys {sorted(set(table) - known)}")
     links = list(table.get("links") or []) + list(args.link or [])
@@ -371,6 +380,10 @@ def _federation_settings(args: argparse.Namespace, config: dict[str, Any], optio
             ),
             server_key=args.link_server_key or table.get("server_key"),
             curve_secret=args.link_secret or table.get("secret"),
+            seen_file=seen_file_for(args.data),
+            exchange_interval=float(table.get("exchange_interval", DEFAULT_EXCHANGE_INTERVAL)),
+            peer_timeout=float(table.get("peer_timeout", DEFAULT_PEER_TIMEOUT)),
+            peer_in_flight=int(table.get("peer_in_flight", DEFAULT_PEER_IN_FLIGHT)),
         )
     except (ConfigError, TypeError, ValueError) as exc:
         raise UsageError(f"federation: {exc}") from None
@@ -397,7 +410,12 @@ def _start_federation(settings: Any, server: Any, context: Any, options: Any) ->
     keys = None
     if options.curve_secret is not None:
         keys = (str(options.curve_secret), str(settings.curve_secret))
-    federation = Federation(settings, endpoint, context=context, local_keys=keys)
+    from broker.federation.errors import ConfigError
+
+    try:
+        federation = Federation(settings, endpoint, context=context, local_keys=keys)
+    except ConfigError as exc:  # its seen window's file cannot be read
+        raise CommandError(f"federation: {exc}") from None
     federation.start()
     print(f"broker federation: id {settings.broker_id}", file=sys.stderr, flush=True)
     return federation

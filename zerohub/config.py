@@ -125,10 +125,13 @@ class FilesConfig:
     exclude_from: tuple[Path, ...] = ()
     links: bool = True
     #: ``CHANNEL[/QUEUE]`` of the hub's own broker that gets a JSON event per file change
-    #: (``filemq.broker_events``); "" = off.  Not with a CURVE broker.
+    #: (``filemq.broker_events``); "" = off.
     events: str = ""
     #: Events held while the broker does not take them; beyond it they are dropped.
     events_buffer: int = field(default=10_000, metadata=_meta(low=1))
+    #: With a CURVE broker: the events client's ``.key_secret`` (its public key in the
+    #: broker's ``allow`` folder).
+    events_secret: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +155,8 @@ class BrokerConfig:
 @dataclass(frozen=True, slots=True)
 class FederationConfig:
     """``[federation]``: links of the hub's broker to other brokers (``broker serve
-    --link``, ``broker.federation``); off unless ``links`` or ``federate``."""
+    --link``, ``broker.federation``); off unless ``links`` or ``federate``.  With a CURVE
+    broker ``secret`` is also the federation client's key on it (allow its public key)."""
 
     links: tuple[str, ...] = ()
     federate: bool = False

@@ -72,6 +72,8 @@ class Hub:
         owned: Sequence[zmq.Context[Any]] = (),
         events: tuple[str, int] | None = None,
         federation: Any = None,
+        events_keys: tuple[str, str] | None = None,
+        federation_keys: tuple[str, str] | None = None,
         store: LogStore | None = None,
     ) -> None:
         self.files = files
@@ -80,6 +82,10 @@ class Hub:
         #: (``CHANNEL[/QUEUE]``, buffer): file events to the hub's own broker, or None.
         self.events_spec = events
         self.events: Any = None  # the publisher, once started
+        #: (broker's key file, client's .key_secret) of a CURVE broker, for the events
+        #: client and the federation client, or None.
+        self.events_keys = events_keys
+        self.federation_keys = federation_keys
         #: Federation settings of the broker (``broker.federation``), or None.
         self.federation_settings = federation
         self.federation: Any = None  # the running federation
@@ -115,7 +121,10 @@ class Hub:
 
                 local = broker_endpoint.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:")
                 self.federation = Federation(
-                    self.federation_settings, local, context=self.broker.context
+                    self.federation_settings,
+                    local,
+                    context=self.broker.context,
+                    local_keys=self.federation_keys,
                 )
                 self.federation.start()
             self.files.start()
@@ -132,7 +141,10 @@ class Hub:
         assert self.events_spec is not None
         channel, buffer = self.events_spec
         local = broker_endpoint.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:")
-        target = EventTarget.parse(local, channel, buffer=buffer)
+        server_key, secret = self.events_keys or (None, None)
+        target = EventTarget.parse(
+            local, channel, buffer=buffer, server_key=server_key, curve_secret=secret
+        )
         self.events = publisher(target, f"zerohub serve {self.files.server.endpoint}",
                                 self.broker.context)  # fmt: skip
         self.files.server.events = self.events
@@ -206,17 +218,22 @@ def _federation(config: HubConfig) -> Any:
     fed = config.federation
     if not fed.links and not fed.federate:
         return None
-    if config.broker.curve_secret is not None:
-        raise ConfigError("federation", "the hub's federation needs a broker without CURVE")
+    if config.broker.curve_secret is not None and fed.secret is None:
+        raise ConfigError("federation", "with a CURVE broker the federation needs a secret "
+                          "(its client's key on the broker, allowed there)")  # fmt: skip
     from broker.federation.errors import ConfigError as FederationConfigError
-    from broker.federation.settings import FederationSettings, broker_id_for, parse_link
+    from broker.federation.settings import (
+        FederationSettings,
+        broker_id_for,
+        parse_link,
+        seen_file_for,
+    )
 
+    data = None if config.broker.data is None else str(config.broker.data)
     try:
         return FederationSettings(
-            broker_id=broker_id_for(
-                fed.broker_id or None,
-                None if config.broker.data is None else str(config.broker.data),
-            ),
+            broker_id=broker_id_for(fed.broker_id or None, data),
+            seen_file=seen_file_for(data),
             links=tuple(parse_link(link) for link in fed.links),
             accept=fed.accept,
             default_depth=fed.depth,
@@ -282,8 +299,9 @@ def build(
     if f.events:
         from filemq.broker_events import EventsConfigError, EventTarget
 
-        if b.curve_secret is not None:
-            raise ConfigError("files.events", "file events need a broker without CURVE")
+        if b.curve_secret is not None and f.events_secret is None:
+            raise ConfigError("files.events", "with a CURVE broker file events need "
+                              "events_secret (a key allowed by the broker)")  # fmt: skip
         try:
             EventTarget.parse(b.bind, f.events, buffer=f.events_buffer)
         except EventsConfigError as exc:
@@ -319,6 +337,7 @@ def build(
         if log_store is not None:
             log_store.close()
         raise
+    curve = None if b.curve_secret is None else str(b.curve_secret)
     hub = Hub(
         files,
         broker,
@@ -326,7 +345,10 @@ def build(
         events=events,
         federation=federation,
         store=log_store,
-    )
+        events_keys=None if curve is None else (curve, str(f.events_secret)),
+        federation_keys=None if curve is None or federation is None
+        else (curve, str(federation.curve_secret)),
+    )  # fmt: skip
     if config.metrics.enabled:
         from zerohub.metrics import LinksCollector, metrics_server, registry
 

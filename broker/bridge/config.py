@@ -80,6 +80,7 @@ class RemoteUrl:
     username: str | None = None
     password: str | None = None
     vhost: str = "/"
+    vhost_named: bool = False  # the URL has a /VHOST part (else vhost is the default "/")
 
     def redacted(self) -> str:
         user = f"{self.username}@" if self.username else ""
@@ -108,6 +109,7 @@ def parse_url(text: str, scheme: str) -> RemoteUrl:
         username=unquote(parts.username) if parts.username else None,
         password=unquote(parts.password) if parts.password else None,
         vhost=vhost,
+        vhost_named=len(parts.path) > 1,
     )
 
 

@@ -30,6 +30,9 @@ from broker.bridge.config import Route, Settings
 
 Headers = tuple[tuple[str, str], ...]
 
+#: The header a connector sets (value ``true``) on a publish that may be a duplicate.
+RESENT_HEADER = "zerohub-resent"
+
 
 class Backoff:
     """Exponential retry schedule: ``first``, doubled after each failure, at most ``largest``."""
@@ -64,11 +67,15 @@ class Connect:
 
 @dataclass(frozen=True, slots=True)
 class Publish:
-    """Publish to the remote; report ``remote_accepted(token)`` when it accepted."""
+    """Publish to the remote; report ``remote_accepted(token)`` when it accepted.
+    ``resent``: this message may have reached the remote before (a publish again after a
+    reconnect or a refusal, or a local redelivery): the connector flags the copy
+    (:data:`RESENT_HEADER`), so a duplicate on the remote side is always a flagged one."""
 
     token: int
     route: Route
     payload: bytes
+    resent: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +143,7 @@ class _Outbound:
     payload: bytes
     ref: Any
     sent_in: int = 0  # the generation it was last published on (0: not yet)
+    resent: bool = False  # may have reached the remote before (see Publish)
 
 
 @dataclass(slots=True)
@@ -225,18 +233,23 @@ class BridgeCore:
 
     # -- local -> remote ---------------------------------------------------------------
 
-    def local_message(self, route: Route, payload: bytes, ref: Any) -> list[Action]:
-        """A local delivery to forward (``ref``: what ``AckLocal`` gives back)."""
+    def local_message(
+        self, route: Route, payload: bytes, ref: Any, redelivered: bool = False
+    ) -> list[Action]:
+        """A local delivery to forward (``ref``: what ``AckLocal`` gives back;
+        ``redelivered``: the local broker handed it out before, maybe to this bridge)."""
         token = next(self._tokens)
-        item = _Outbound(route, payload, ref)
+        item = _Outbound(route, payload, ref, resent=redelivered)
         self._out[token] = item
         self.counters.out_received += 1
         return [self._publish(token, item)] if self.up else []
 
     def _publish(self, token: int, item: _Outbound) -> Publish:
+        if item.sent_in:
+            item.resent = True
         item.sent_in = self.generation
         self.counters.out_published += 1
-        return Publish(token, item.route, item.payload)
+        return Publish(token, item.route, item.payload, item.resent)
 
     def remote_accepted(self, token: int, generation: int) -> list[Action]:
         item = self._out.get(token)

@@ -41,6 +41,7 @@ from broker.bridge.events import (
     RemoteRefused,
 )
 from broker.bridge.local import LocalSide
+from broker.protocol import Header
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +158,8 @@ class Bridge:
         core = self.core
         match event:
             case LocalDelivery(route, message):
-                return core.local_message(route, message.payload, message)
+                again = (message.header(Header.REDELIVERED) or "").lower() == "true"
+                return core.local_message(route, message.payload, message, again)
             case RemoteAccepted(token, generation):
                 return core.remote_accepted(token, generation)
             case RemoteRefused(token, generation, reason):
@@ -180,8 +182,8 @@ class Bridge:
     def _run(self, actions: list[Action]) -> None:
         for action in actions:
             match action:
-                case Publish(token, route, payload):
-                    self._to_remote(self.connector.publish, token, route.remote, payload)
+                case Publish(token, route, payload, resent):
+                    self._to_remote(self.connector.publish, token, route.remote, payload, resent)
                 case AckLocal(ref):
                     self.local.ack(ref)
                 case PushLocal(token, route, payload, headers):

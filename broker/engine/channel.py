@@ -21,6 +21,10 @@ Q = TypeVar("Q")
 Transit = tuple[int, Q, Any, Any, int]
 
 
+#: The connection-info property that makes a client a low-priority consumer.
+LOW_PRIORITY_PROPERTY = "Consumer-Priority"
+
+
 class Client(Generic[Q]):
     """A connected client as the engine sees it."""
 
@@ -30,6 +34,7 @@ class Client(Generic[Q]):
         "connected_at",
         "id",
         "info",
+        "low_priority",
         "name",
         "pending_queues",
         "prefetch",
@@ -45,6 +50,13 @@ class Client(Generic[Q]):
         self.name = info.name
         self.type = info.type
         self.token = info.token
+        #: zerohub: ``Consumer-Priority: low`` in the connection info (a federation
+        #: client): a queue that hands each message to one consumer hands it one only
+        #: when no other consumer has room for it (``broker.engine.queue.dispatch``).
+        self.low_priority = any(
+            k.lower() == LOW_PRIORITY_PROPERTY.lower() and v.strip().lower() == "low"
+            for k, v in info.properties.items()
+        )
         self.connected_at = now
         #: Channels joined, in join order.
         self.channels: dict[str, Channel[Q]] = {}

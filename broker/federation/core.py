@@ -16,8 +16,10 @@ actions (:class:`Join`, :class:`Leave`, :class:`Forward`, :class:`AckLocal`,
   arriving with this broker's id in Hops is confirmed and dropped.
 * Duplicates: a message id (``Fed-Id``) accepted once is remembered (the newest
   ``seen_window`` ids); a second copy is confirmed and dropped.  A copy arriving while
-  the first is still being pushed waits for that push.  (The window is in memory: after
-  a restart an old copy resent by a peer can be delivered again.)
+  the first is still being pushed waits for that push.  An accepted id is handed to the
+  driver (:class:`Remember`) before its confirms: the driver keeps the window in a file
+  (:mod:`broker.federation.seen`) and seeds a new core with it (:meth:`remember`), so a
+  copy resent after a restart is still dropped.
 * Acked forwarding: a local delivery is acknowledged to the local broker only once every
   peer it went to confirmed it (the peer's broker acknowledged the push, durably for a
   persistent queue).  A forward that fails is sent again after a backoff; a peer that is
@@ -25,6 +27,10 @@ actions (:class:`Join`, :class:`Leave`, :class:`Forward`, :class:`AckLocal`,
   refuses for good (a channel its admin does not allow) is counted and given up.
 * Bounds: ``window`` forwards in flight per peer; ``max_pending`` messages held for
   peers in all; beyond it a delivery that needs no acknowledge is dropped (counted).
+  A peer's messages not yet answered here are at most ``peer_in_flight`` (a peer that
+  floods past its window): beyond, each is refused as busy (not for good: an honest
+  sender sends it again after a backoff), counted ``flooded``; nothing already taken
+  is touched, and other peers are not slowed.
 * Queues that hand each message to one consumer (RoundRobin, Push with first acquirer:
   ``one_consumer``): the federation client is one consumer among the local ones, so a
   message it takes goes to ONE peer (never copied to two brokers), and only to a peer
@@ -113,6 +119,13 @@ class PushLocal:
 
 
 @dataclass(frozen=True, slots=True)
+class Remember:
+    """Keep ``fed_id`` as accepted (durably, before the confirms that follow it)."""
+
+    fed_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class Confirm:
     """Answer a peer's forward: this broker has it (or had it already)."""
 
@@ -128,7 +141,7 @@ class Refuse:
     permanent: bool
 
 
-Action = Join | Leave | Forward | AckLocal | NackLocal | PushLocal | Confirm | Refuse
+Action = Join | Leave | Forward | AckLocal | NackLocal | PushLocal | Remember | Confirm | Refuse
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +176,7 @@ class Counters:
     loops: int = 0  # peers' messages that had passed here already (dropped)
     refused: int = 0  # peers' messages refused (not allowed, unknown peer, push failed)
     bad_messages: int = 0  # malformed federation messages from peers
+    flooded: int = 0  # peers' messages refused busy: over peer_in_flight unanswered
     peers_up: int = 0  # times a peer came up
 
     def snapshot(self) -> dict[str, int]:
@@ -196,7 +210,7 @@ class _Out:
 @dataclass(slots=True)
 class _In:
     token: int
-    refs: list[Any]
+    refs: list[tuple[str, Any]]  # (peer id, what Confirm/Refuse answer)
 
 
 class FederationCore:
@@ -214,7 +228,22 @@ class FederationCore:
         self._out: dict[int, _Out] = {}
         self._in: dict[str, _In] = {}
         self._in_tokens: dict[int, str] = {}
+        #: peer id -> its messages waiting for an answer here (pushes and their copies)
+        self._in_by_peer: dict[str, int] = {}
         self._tokens = itertools.count(1)
+
+    def remember(self, fed_ids: list[str]) -> None:
+        """Seed the seen window (ids accepted before a restart, oldest first)."""
+        seen = self._seen
+        for fed_id in fed_ids:
+            seen[fed_id] = None
+            seen.move_to_end(fed_id)
+        while len(seen) > self.settings.seen_window:
+            seen.popitem(last=False)
+
+    def seen_ids(self) -> list[str]:
+        """The seen window, oldest first."""
+        return list(self._seen)
 
     @property
     def pending(self) -> int:
@@ -500,13 +529,19 @@ class FederationCore:
         if fed_id in self._seen:
             counters.duplicates += 1
             return [Confirm(ref)]
+        waiting = self._in_by_peer.get(peer_id, 0)
+        if waiting >= self.settings.peer_in_flight:
+            counters.flooded += 1
+            limit = self.settings.peer_in_flight
+            return [Refuse(ref, f"over {limit} messages in flight from {peer_id!r}", False)]
+        self._in_by_peer[peer_id] = waiting + 1
         pending = self._in.get(fed_id)
         if pending is not None:
             counters.duplicates += 1
-            pending.refs.append(ref)
+            pending.refs.append((peer_id, ref))
             return []
         token = next(self._tokens)
-        self._in[fed_id] = _In(token, [ref])
+        self._in[fed_id] = _In(token, [(peer_id, ref)])
         self._in_tokens[token] = fed_id
         return [PushLocal(token, envelope)]
 
@@ -520,16 +555,22 @@ class FederationCore:
         if fed_id is None:
             return []
         pending = self._in.pop(fed_id)
+        for peer_id, _ in pending.refs:
+            left = self._in_by_peer[peer_id] - 1
+            if left:
+                self._in_by_peer[peer_id] = left
+            else:
+                del self._in_by_peer[peer_id]
         if not ok:
             self.counters.refused += 1
             reason = reason or "the broker did not take it"
-            return [Refuse(ref, reason, False) for ref in pending.refs]
+            return [Refuse(ref, reason, False) for _, ref in pending.refs]
         self.counters.received += 1
         seen = self._seen
         seen[fed_id] = None
         while len(seen) > self.settings.seen_window:
             seen.popitem(last=False)
-        return [Confirm(ref) for ref in pending.refs]
+        return [Remember(fed_id), *(Confirm(ref) for _, ref in pending.refs)]
 
     def stats(self) -> dict[str, Any]:
         counts: dict[str, Any] = self.counters.snapshot()

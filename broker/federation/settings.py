@@ -40,6 +40,9 @@ DEFAULT_WINDOW = 100
 #: that needs one stays unacknowledged on its queue.  Also the prefetch the federation
 #: client joins channels with (the engine hands it at most this many per queue at once).
 DEFAULT_MAX_PENDING = 10_000
+#: A peer's messages waiting for an answer here (being pushed into the local broker);
+#: beyond, a forward is refused busy (a flooding peer; honest ones keep to their window).
+DEFAULT_PEER_IN_FLIGHT = 1_000
 #: Linked brokers known at once (a peer is remembered, with its interest, once heard).
 DEFAULT_MAX_PEERS = 64
 #: Seconds between two interest exchanges on a link.
@@ -124,6 +127,15 @@ def check_broker_id(value: str) -> str:
     return value
 
 
+def seen_file_for(data: str | None) -> str | None:
+    """The seen window's file under ``data`` (None without a data directory)."""
+    from broker.federation.seen import SEEN_FILE
+
+    if data and data != "none":
+        return str(Path(data) / SEEN_FILE)
+    return None
+
+
 def broker_id_for(explicit: str | None, data: str | None) -> str:
     """The broker's id: ``explicit``, else the one kept in ``data/broker-id`` (made on
     first use), else a random one for this process only."""
@@ -160,6 +172,7 @@ class FederationSettings:
     seen_window: int = DEFAULT_SEEN_WINDOW
     window: int = DEFAULT_WINDOW
     max_pending: int = DEFAULT_MAX_PENDING
+    peer_in_flight: int = DEFAULT_PEER_IN_FLIGHT
     max_peers: int = DEFAULT_MAX_PEERS
     exchange_interval: float = DEFAULT_EXCHANGE_INTERVAL
     peer_timeout: float = DEFAULT_PEER_TIMEOUT
@@ -168,12 +181,15 @@ class FederationSettings:
     #: CURVE: the remote brokers' public key file and this side's secret key file.
     server_key: str | None = None
     curve_secret: str | None = None
+    #: The file keeping the seen window across restarts (``broker.federation.seen``;
+    #: ``federation-seen`` under ``--data``); None: memory only.
+    seen_file: str | None = None
 
     def __post_init__(self) -> None:
         check_broker_id(self.broker_id)
         if self.default_depth < -1:
             raise ConfigError(f"depth is -1 (unlimited) or more, got {self.default_depth}")
-        for name in ("seen_window", "window", "max_pending", "max_peers"):
+        for name in ("seen_window", "window", "max_pending", "max_peers", "peer_in_flight"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"federation {name} must be at least 1")
         if not 0 < self.exchange_interval < self.peer_timeout:

@@ -14,6 +14,15 @@ connection.  Two kinds (the direct message's content type):
   broker ids the message passed, the sender last), ``Depth`` (hops it may still take
   after this one; -1 unlimited), and the message's own headers.
 
+* :data:`BATCH` (request; content type 250): several MESSAGEs to the same peer in one
+  request, sent when more than one is ready at once (within the sender's window).  The
+  payload is, per message, a 4-octet little-endian length and the message's header block
+  (``key:value`` lines, CRLF-ended, the MESSAGE headers), then a 4-octet length and its
+  payload; at most :data:`MAX_BATCH` messages.  The answer (once every message was taken
+  or refused) has one octet per message: :data:`BATCH_OK`, :data:`BATCH_RETRY` (refused
+  for now: send it again later) or :data:`BATCH_REFUSED` (for good).  A peer that does
+  not know BATCH refuses it (400): the sender then sends that peer single MESSAGEs.
+
 * :data:`STATS` (request, any client of the broker): the answer is the federation's
   counters, its peers (up, in flight, waiting, channels of interest) and joined channels
   as JSON.
@@ -42,6 +51,11 @@ INTEREST = 1
 MESSAGE = 2
 #: Request (empty payload): the federation's counters, peers and joined channels as JSON.
 STATS = 3
+#: Request: several MESSAGEs in one (see the module docstring).
+BATCH = 250
+BATCH_OK, BATCH_RETRY, BATCH_REFUSED = 0, 1, 2
+#: Messages in one BATCH at most.
+MAX_BATCH = 1_000
 
 HOPS = "Hops"
 DEPTH = "Depth"
@@ -214,3 +228,56 @@ def decode_interest(payload: bytes) -> tuple[str, Interest]:
             raise BadPeerMessage("an interest path must start with the sender's id")
         interest[channel] = tuple(path)
     return broker, interest
+
+
+def _header_block(headers: Headers) -> bytes:
+    return "".join(f"{k}:{v}\r\n" for k, v in headers).encode()
+
+
+def encode_batch(items: list[tuple[Headers, bytes]]) -> bytes:
+    """A BATCH payload of (MESSAGE headers, payload) items."""
+    parts: list[bytes] = []
+    for headers, payload in items:
+        block = _header_block(headers)
+        parts += [len(block).to_bytes(4, "little"), block,
+                  len(payload).to_bytes(4, "little"), payload]  # fmt: skip
+    return b"".join(parts)
+
+
+def decode_batch(data: bytes) -> list[tuple[Headers, bytes]]:
+    """The items of a BATCH payload (``BadPeerMessage`` if malformed or over a limit)."""
+    view = memoryview(data)
+    items: list[tuple[Headers, bytes]] = []
+    at = 0
+
+    def take() -> bytes:
+        nonlocal at
+        if at + 4 > len(view):
+            raise BadPeerMessage("batch cut short")
+        size = int.from_bytes(view[at : at + 4], "little")
+        at += 4
+        if at + size > len(view):
+            raise BadPeerMessage("batch item cut short")
+        chunk = bytes(view[at : at + size])
+        at += size
+        return chunk
+
+    while at < len(view):
+        if len(items) >= MAX_BATCH:
+            raise BadPeerMessage(f"batch of more than {MAX_BATCH} messages")
+        try:
+            text = take().decode()
+        except UnicodeDecodeError:
+            raise BadPeerMessage("batch headers are not UTF-8") from None
+        headers: list[tuple[str, str]] = []
+        for line in text.split("\r\n"):
+            if not line:
+                continue
+            key, colon, value = line.partition(":")
+            if not colon:
+                raise BadPeerMessage(f"bad batch header line {line[:40]!r}")
+            headers.append((key.strip(), value.strip()))
+        items.append((tuple(headers), take()))
+    if not items:
+        raise BadPeerMessage("empty batch")
+    return items

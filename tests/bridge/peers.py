@@ -116,7 +116,8 @@ _RABBIT_BIN = Path("/usr/lib/rabbitmq/bin")
 
 class RabbitMQ:
     """A rabbitmq-server node of its own (HOME, mnesia, logs, epmd port) in a temp dir,
-    started without systemd; ``stop(sig)`` ends the node's process group and its epmd."""
+    started without systemd; ``stop(sig)`` ends the node's process group and its epmd.
+    Its STOMP plugin (``rabbitmq_stomp``) listens on ``stomp_port`` (``stomp_url``)."""
 
     def __init__(self, workdir: Path) -> None:
         server = _RABBIT_BIN / "rabbitmq-server"
@@ -125,6 +126,7 @@ class RabbitMQ:
         self.server = server
         self.workdir = workdir
         self.port = free_port()
+        self.stomp_port = free_port()
         self.epmd_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         home = workdir / "home"
@@ -145,21 +147,36 @@ class RabbitMQ:
             "RABBITMQ_CONFIG_FILE": str(workdir / "rabbitmq"),
             "RABBITMQ_ADVANCED_CONFIG_FILE": str(workdir / "advanced.config"),
         }
-        (workdir / "enabled_plugins").write_text("[].\n")
-        (workdir / "rabbitmq.conf").write_text("loopback_users = none\n")
+        (workdir / "enabled_plugins").write_text("[rabbitmq_stomp].\n")
+        (workdir / "rabbitmq.conf").write_text(
+            f"loopback_users = none\nstomp.listeners.tcp.1 = 127.0.0.1:{self.stomp_port}\n"
+        )
 
     @property
     def url(self) -> str:
         return f"amqp://guest:guest@127.0.0.1:{self.port}/"
 
+    @property
+    def stomp_url(self) -> str:
+        return f"stomp://guest:guest@127.0.0.1:{self.stomp_port}/"
+
     def start(self, timeout: float = 60.0) -> None:
         log = open(self.workdir / "server.out", "ab")  # noqa: SIM115 (kept by the child)
         self.proc = subprocess.Popen(
-            [str(self.server)], env=self.env, stdout=log, stderr=log, start_new_session=True
+            [str(self.server)],
+            env=self.env,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            cwd=self.workdir,  # a killed node may leave a MnesiaCore dump in its cwd
         )
         log.close()
         proc = self.proc
-        if not wait_until(lambda: port_open(self.port) or proc.poll() is not None, timeout):
+
+        def listening() -> bool:
+            return port_open(self.port) and port_open(self.stomp_port)
+
+        if not wait_until(lambda: listening() or proc.poll() is not None, timeout):
             self.stop(signal.SIGKILL)
             pytest.skip("rabbitmq-server did not start listening in time")
         if proc.poll() is not None:
@@ -176,7 +193,7 @@ class RabbitMQ:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
         deadline = time.monotonic() + 15
-        while port_open(self.port) and time.monotonic() < deadline:
+        while (port_open(self.port) or port_open(self.stomp_port)) and time.monotonic() < deadline:
             time.sleep(0.05)
 
     def close(self) -> None:

@@ -71,7 +71,7 @@ def test_refused_publish_is_published_again() -> None:
     core = connected_core()
     [publish] = core.local_message(OUT, b"x", "rx")
     assert isinstance(publish, Publish)
-    assert core.remote_refused(publish.token, 1) == [Publish(publish.token, OUT, b"x")]
+    assert core.remote_refused(publish.token, 1) == [Publish(publish.token, OUT, b"x", True)]
     assert core.counters.out_refused == 1
     assert core.remote_accepted(publish.token, 1) == [AckLocal("rx")]
 
@@ -115,3 +115,40 @@ def test_oversized_or_unrouted_remote_messages_are_dead_lettered_and_acked() -> 
     ]
     assert core.counters.dead_lettered == 2 and core.in_in_flight == 0
     assert isinstance(core.remote_message(IN, b"1234", "ok")[0], PushLocal)
+
+
+def test_copies_that_may_be_duplicates_are_flagged_resent() -> None:
+    """A publish sent again after a reconnect, and a local redelivery, are flagged (the
+    connector marks them ``zerohub-resent``); a first publish is not."""
+    core = connected_core()
+    [first] = core.local_message(OUT, b"a", "ra")
+    assert isinstance(first, Publish) and not first.resent
+    [again] = core.local_message(OUT, b"b", "rb", redelivered=True)
+    assert isinstance(again, Publish) and again.resent
+    core.lost(1.0)
+    core.poll(5.0)
+    resent = core.connected(5.0)
+    assert {p.payload: p.resent for p in resent if isinstance(p, Publish)} == {
+        b"a": True,
+        b"b": True,
+    }
+
+
+def test_stomp_redelivered_message_is_flagged_locally() -> None:
+    """RabbitMQ's ``redelivered:true`` on a MESSAGE becomes ``Bridge-Redelivered``."""
+    pytest.importorskip("stomp")
+    from broker.bridge.config import parse_url
+    from broker.bridge.connectors.stomp import StompConnector
+    from broker.bridge.events import RemoteMessage
+
+    route = Route(Direction.IN, "sensors", 2, "/queue/in")
+    connector = StompConnector(parse_url("stomp://127.0.0.1:1", "stomp"), (route,), window=1)
+    seen: list[object] = []
+    connector._sink = seen.append
+    for flag in ("true", "false"):
+        headers = {"destination": "/queue/in", "ack": f"a-{flag}", "redelivered": flag}
+        connector._message(headers, b"p", 1)
+    first, second = seen
+    assert isinstance(first, RemoteMessage) and isinstance(second, RemoteMessage)
+    assert ("Bridge-Redelivered", "true") in first.headers
+    assert ("Bridge-Redelivered", "true") not in second.headers

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from broker.federation.core import (
@@ -17,6 +19,7 @@ from broker.federation.core import (
     Policy,
     PushLocal,
     Refuse,
+    Remember,
 )
 from broker.federation.errors import BadPeerMessage, ConfigError
 from broker.federation.settings import FederationSettings, LinkMode, parse_link
@@ -157,7 +160,12 @@ def test_remote_message_is_pushed_once_and_a_second_copy_is_dropped() -> None:
     [push] = c.remote_message("B", env(("X", "B")), "ref-b")
     assert isinstance(push, PushLocal) and push.envelope.hops == ("X", "B")
     assert c.remote_message("C", env(("X", "C")), "ref-c") == []  # waits for the first push
-    assert c.local_done(push.token, True) == [Confirm("ref-b"), Confirm("ref-c")]
+    # the id is remembered (kept durably by the driver) before the confirms go
+    assert c.local_done(push.token, True) == [
+        Remember("X/p/1"),
+        Confirm("ref-b"),
+        Confirm("ref-c"),
+    ]
     assert c.remote_message("C", env(("X", "C")), "ref-c2") == [Confirm("ref-c2")]
     assert c.counters.duplicates == 2 and c.counters.received == 1
 
@@ -347,3 +355,74 @@ def test_one_consumer_delivery_without_acknowledge_goes_to_one_peer() -> None:
     c.interest_heard("B", BOTH, {"news": ("B",)}, 0.0)
     c.interest_heard("C", BOTH, {"news": ("C",)}, 0.0)
     assert len(forwards(one(c, "r1", needs_ack=False))) == 1
+
+
+def test_seen_window_seeded_after_a_restart_drops_a_resent_copy() -> None:
+    """A new core (a restarted broker) seeded with the ids kept on disk drops a copy a
+    peer sends again; without the seed it would push it a second time."""
+    first = core()
+    first.interest_heard("B", BOTH, {}, 0.0)
+    [push] = first.remote_message("B", env(("B",), fed_id="k1"), "r1")
+    assert first.local_done(push.token, True)[0] == Remember("k1")
+    again = core()
+    again.interest_heard("B", BOTH, {}, 0.0)
+    assert isinstance(again.remote_message("B", env(("B",), fed_id="k1"), "x")[0], PushLocal)
+    seeded = core(seen_window=2)
+    seeded.remember(["old", "k0", "k1"])  # past the window: the oldest is forgotten
+    seeded.interest_heard("B", BOTH, {}, 0.0)
+    assert seeded.remote_message("B", env(("B",), fed_id="k1"), "y") == [Confirm("y")]
+    assert seeded.seen_ids() == ["k0", "k1"]
+
+
+def test_seen_journal_survives_reopen_torn_tail_and_rewrite(tmp_path: Path) -> None:
+    from broker.federation.seen import SeenJournal
+
+    path = tmp_path / "federation-seen"
+    journal = SeenJournal(path, window=3)
+    assert journal.load() == []
+    for i in range(4):
+        journal.add(f"id{i}")
+    journal.sync()
+    journal.close()
+    with path.open("ab") as f:
+        f.write(b"torn-without-newline")  # kill -9 mid-write: not confirmed
+    journal = SeenJournal(path, window=3)
+    assert journal.load() == ["id1", "id2", "id3"]
+    assert path.read_bytes().endswith(b"id3\n")  # the torn tail is gone
+    for i in range(4, 9):
+        journal.add(f"id{i}")
+    assert journal.due_for_rewrite
+    journal.sync([f"id{i}" for i in range(9)])
+    assert path.read_bytes() == b"id6\nid7\nid8\n"
+    journal.add("id9")
+    journal.close()
+    assert SeenJournal(path, window=3).load() == ["id7", "id8", "id9"]
+
+
+def test_a_peer_flooding_past_its_window_is_refused_busy_others_unaffected() -> None:
+    c = core(peer_in_flight=2)
+    c.interest_heard("B", BOTH, {}, 0.0)
+    c.interest_heard("C", BOTH, {}, 0.0)
+    [p1] = c.remote_message("B", env(("B",), fed_id="b1"), "r1")
+    assert c.remote_message("B", env(("B",), fed_id="b1"), "r1-copy") == []  # counts too
+    [refused] = c.remote_message("B", env(("B",), fed_id="b2"), "r2")
+    assert isinstance(refused, Refuse) and not refused.permanent  # busy: sent again later
+    assert c.counters.flooded == 1
+    [other] = c.remote_message("C", env(("C",), fed_id="c1"), "rc")  # C is not slowed
+    assert isinstance(other, PushLocal)
+    assert c.local_done(p1.token, True) == [Remember("b1"), Confirm("r1"), Confirm("r1-copy")]
+    [again] = c.remote_message("B", env(("B",), fed_id="b2"), "r2-again")  # room again
+    assert isinstance(again, PushLocal)
+
+
+def test_batch_wire_round_trip_and_garbage() -> None:
+    from broker.federation.wire import MAX_BATCH, decode_batch, encode_batch
+
+    items = [((("Fed-Broker", "B"), ("Hops", "B")), b"one"), ((("X", "a:b"),), b"")]
+    assert decode_batch(encode_batch(items)) == items
+    good = encode_batch(items)
+    for bad in (b"", good[:-1], b"\x05\x00\x00\x00ab", b"\x03\x00\x00\x00abc"):
+        with pytest.raises(BadPeerMessage):
+            decode_batch(bad)
+    with pytest.raises(BadPeerMessage):
+        decode_batch(encode_batch([((), b"x")] * (MAX_BATCH + 1)))

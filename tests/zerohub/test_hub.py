@@ -179,3 +179,82 @@ def test_hub_broker_links_to_another_broker(
                 p.wait()
             if p.stderr is not None:
                 p.stderr.close()
+
+
+def test_hub_with_a_curve_broker_federates_and_sends_file_events(
+    tmp_path: Path, zctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """A CURVE hub broker: ``[federation] secret`` is also its federation client's key,
+    ``[files] events_secret`` the events client's (both allowed by the broker); the link
+    goes to a CURVE ``broker serve``.  (Before: both were refused with a CURVE broker.)"""
+    import json
+
+    from tests.broker.test_cli import start_serve
+    from tests.federation.kit import stats_or_none
+    from zerohub import config
+    from zerohub.hub import build
+    from zerohub.zmqkit import new_certificate
+
+    keys = tmp_path / "keys"
+    hub_pub, hub_sec = new_certificate("hub", keys)
+    remote_pub, remote_sec = new_certificate("remote", keys)
+    fed_pub, fed_sec = new_certificate("fed", keys)
+    events_pub, events_sec = new_certificate("events", keys)
+    client_pub, client_sec = new_certificate("client", keys)
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    for name, public in (("fed", fed_pub), ("events", events_pub), ("client", client_pub)):
+        (allowed / f"{name}.key").write_bytes(public.read_bytes())
+    remote_endpoint = f"tcp://127.0.0.1:{free_port()}"
+    remote = start_serve(
+        "--bind", remote_endpoint, "--broker-id", "R", "--federate",
+        "--curve-secret", str(remote_sec), "--allow", str(allowed),
+        "--link-secret", str(fed_sec),
+    )  # fmt: skip
+    src = tmp_path / "public"
+    src.mkdir()
+    (tmp_path / "hub.toml").write_text(
+        '[files]\nbind = "tcp://127.0.0.1:*"\nstate = false\nevents = "files.events/3"\n'
+        f'events_secret = "{events_sec}"\n[[files.publish]]\ndir = "public"\n'
+        f'[broker]\nbind = "tcp://127.0.0.1:*"\ncurve_secret = "{hub_sec}"\n'
+        f'allow = "{allowed}"\n'
+        f'[federation]\nlinks = ["{remote_endpoint}"]\nbroker_id = "HUB"\n'
+        f'secret = "{fed_sec}"\nserver_key = "{remote_pub}"\n'
+    )
+    hub = build(config.load(tmp_path / "hub.toml"), zctx)
+    endpoints = hub.start()
+    keys_of = {"curve_secret": client_sec, "timeout": 10}
+    try:
+        with (
+            Client(endpoints.broker, context=zctx, server_key=hub_pub, **keys_of).connect() as pub,
+            Client(
+                remote_endpoint, context=zctx, server_key=remote_pub, **keys_of
+            ).connect() as sub,
+        ):
+            events: list[dict[str, object]] = []
+            with contextlib.suppress(RemoteError):  # the hub made it first
+                pub.create_queue("files.events", 3)
+            pub.on_message(lambda m: events.append(json.loads(m.payload)))
+            pub.join("files.events")
+            (src / "new.txt").write_bytes(b"news")
+            assert wait_until(lambda: any(e["path"] == "/new.txt" for e in events), 30), events
+            got: list[bytes] = []
+            sub.create_queue("news", 0, {"Status": "Broadcast"})
+            sub.on_message(lambda m: got.append(bytes(m.payload)))
+            sub.join("news")
+            pub.create_queue("news", 0, {"Status": "Broadcast"})
+
+            def wanted() -> bool:
+                stats = stats_or_none(pub)
+                peers = {} if stats is None else stats["peers"]
+                return "R" in peers and "news" in peers["R"]["interest"]
+
+            assert wait_until(wanted, 30)
+            pub.push("news", 0, "over CURVE", ack=True)
+            assert wait_until(lambda: got == [b"over CURVE"], 30), got
+    finally:
+        hub.stop()
+        remote.send_signal(signal.SIGTERM)
+        remote.wait(20)
+        if remote.stderr is not None:
+            remote.stderr.close()

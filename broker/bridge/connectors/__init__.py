@@ -2,10 +2,11 @@
 
 A connector is used by one thread only (the bridge driver's) and follows
 :class:`Connector`: ``open`` connects (and subscribes the inbound routes) or raises
-``ConnectorError``; ``publish`` sends and later reports ``RemoteAccepted``/``RemoteRefused``
-to the sink; inbound deliveries are reported as ``RemoteMessage`` and acknowledged by
-``ack(ref)``; ``pump`` runs the network for a while and raises ``ConnectorError`` once the
-connection is gone.
+``ConnectorError``; ``publish`` sends (flagging a ``resent`` copy where the protocol has
+headers: ``broker.bridge.core.RESENT_HEADER``) and later reports ``RemoteAccepted`` or
+``RemoteRefused`` to the sink; inbound deliveries are reported as ``RemoteMessage`` and
+acknowledged by ``ack(ref)``; ``pump`` runs the network for a while and raises
+``ConnectorError`` once the connection is gone.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ Sink = Callable[[Event], None]
 class Connector(Protocol):
     def open(self, sink: Sink, generation: int, timeout: float) -> None: ...
 
-    def publish(self, token: int, remote: str, payload: bytes) -> None: ...
+    def publish(self, token: int, remote: str, payload: bytes, resent: bool = False) -> None: ...
 
     def ack(self, ref: Any) -> None: ...
 

@@ -4,6 +4,9 @@
   confirm mode: the broker's confirm is the acceptance; a nack or an unroutable return is a
   refusal (published again after the reconnect or at once).  pika's blocking channel waits
   for each confirm, so publishing is one message at a time (correct, not fast).
+* A copy published again (after a reconnect or a refusal) carries the message header
+  ``zerohub-resent: true``; a delivery RabbitMQ flags ``redelivered`` is pushed locally with
+  ``Bridge-Redelivered: true``: duplicates are only ever flagged copies.
 * Consumes the inbound queues with manual acks and ``basic_qos(prefetch_count=window)``:
   a delivery is acknowledged (``basic_ack``) only when the bridge says so.
 * Remote names: outbound ``EXCHANGE/ROUTING_KEY``, or ``QUEUE`` (the default exchange
@@ -18,6 +21,7 @@ from typing import Any
 
 from broker.bridge.config import RemoteUrl, Route
 from broker.bridge.connectors import Sink
+from broker.bridge.core import RESENT_HEADER
 from broker.bridge.errors import ConnectorError, MissingLibrary
 from broker.bridge.events import RemoteAccepted, RemoteMessage, RemoteRefused
 
@@ -96,7 +100,7 @@ class AmqpConnector:
 
         return delivered
 
-    def publish(self, token: int, remote: str, payload: bytes) -> None:
+    def publish(self, token: int, remote: str, payload: bytes, resent: bool = False) -> None:
         exchange, slash, key = remote.rpartition("/")
         if not slash:
             exchange, key = "", remote
@@ -106,7 +110,9 @@ class AmqpConnector:
                 exchange=exchange,
                 routing_key=key,
                 body=payload,
-                properties=pika.BasicProperties(delivery_mode=2),
+                properties=pika.BasicProperties(
+                    delivery_mode=2, headers={RESENT_HEADER: "true"} if resent else None
+                ),
                 mandatory=True,
             )
         except (pika.exceptions.UnroutableError, pika.exceptions.NackError) as exc:

@@ -154,7 +154,7 @@ class MqttConnector:
 
     # -- traffic -----------------------------------------------------------------------
 
-    def publish(self, token: int, remote: str, payload: bytes) -> None:
+    def publish(self, token: int, remote: str, payload: bytes, resent: bool = False) -> None:
         info = self._client.publish(remote, payload, qos=1)
         if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
             raise ConnectorError(f"publish to {remote!r} failed: {mqtt.error_string(info.rc)}")

@@ -1,7 +1,11 @@
 """STOMP 1.2 connector (stomp.py) — ``pip install 'zerohub[bridges]'``.
 
 * Publishes with a ``receipt`` header; the RECEIPT is the remote's acceptance, an ERROR
-  naming the receipt a refusal (published again).  Messages go ``persistent:true``.
+  naming the receipt a refusal (published again).  Messages go ``persistent:true``; a copy
+  sent again carries ``zerohub-resent:true``.  (RabbitMQ sends the RECEIPT of a SEND once
+  its publisher confirm came: a persistent message to a durable queue is on disk.)
+* A remote MESSAGE flagged ``redelivered:true`` (RabbitMQ) is pushed locally with
+  ``Bridge-Redelivered: true``: the only inbound copies that can be duplicates.
 * Subscribes the inbound destinations with ``ack:client-individual``: a remote message is
   ACKed (its ``ack`` header) only when the bridge says so (after the local broker took
   it); an ACK for a message of an older connection is not sent (the remote redelivers).
@@ -11,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -18,6 +23,7 @@ from typing import Any
 
 from broker.bridge.config import RemoteUrl, Route
 from broker.bridge.connectors import Sink
+from broker.bridge.core import RESENT_HEADER
 from broker.bridge.errors import ConnectorError, MissingLibrary
 from broker.bridge.events import RemoteAccepted, RemoteMessage, RemoteRefused
 
@@ -29,6 +35,8 @@ except ImportError:  # pragma: no cover - depends on the install
 
 #: Heart-beats (milliseconds) asked of and offered to the remote.
 HEARTBEAT_MS = 10_000
+#: Seconds ``close`` waits for stomp.py's receiver thread to end.
+CLOSE_WAIT = 5.0
 
 
 class StompConnector:
@@ -46,18 +54,44 @@ class StompConnector:
         self._ids = itertools.count(1)
         self._lost: str | None = None
         self._routes = {r.remote: r for r in routes}
+        self._host: str | None = None  # the CONNECT host header the server took
 
     def open(self, sink: Sink, generation: int, timeout: float) -> None:
         self._sink = sink
         self._generation = generation
         self._receipts = {}
         self._lost = None
+        hosts = self._host_headers()
+        for n, host in enumerate(hosts):
+            self._lost = None
+            try:
+                self._conn = self._open(host, generation, timeout)
+            except _Refused:
+                if n == len(hosts) - 1:
+                    raise
+                continue
+            self._host = host  # the one this server takes: first next time
+            return
+
+    def _host_headers(self) -> list[str]:
+        """The CONNECT ``host`` headers (virtual host) to try, in order: the URL's
+        /VHOST when it names one; else the server's host name (as STOMP 1.2 says), then
+        "/" (RabbitMQ refuses a virtual host it does not know, its default is "/")."""
+        if self.url.vhost_named:
+            return [self.url.vhost]
+        names = [self.url.host, "/"]
+        if self._host in names:
+            names.remove(self._host)
+            names.insert(0, self._host)
+        return names
+
+    def _open(self, host: str, generation: int, timeout: float) -> Any:
         conn = stomp.Connection12(
             [(self.url.host, self.url.port)],
             heartbeats=(HEARTBEAT_MS, HEARTBEAT_MS),
             reconnect_attempts_max=1,
             timeout=timeout,
-            vhost=self.url.vhost if self.url.vhost != "/" else self.url.host,
+            vhost=host,
             auto_decode=False,  # payloads stay octets
         )
         conn.set_listener("bridge", _Listener(self, generation))
@@ -67,20 +101,26 @@ class StompConnector:
                 conn.subscribe(route.remote, id=f"bridge-{n}", ack="client-individual",
                                headers={"credit": str(self.window),
                                         "activemq.prefetchSize": str(self.window)})  # fmt: skip
-        except (StompException, OSError) as exc:
+        except OSError as exc:
             self._close(conn)
             raise ConnectorError(f"STOMP {self.url.redacted()}: {exc}") from None
+        except StompException as exc:
+            self._close(conn)
+            raise _Refused(f"STOMP {self.url.redacted()} (host {host!r}): {exc}") from None
         if not conn.is_connected():
             self._close(conn)
-            raise ConnectorError(f"STOMP {self.url.redacted()}: connection refused")
-        self._conn = conn
+            raise _Refused(f"STOMP {self.url.redacted()} (host {host!r}): connection refused")
+        return conn
 
-    def publish(self, token: int, remote: str, payload: bytes) -> None:
+    def publish(self, token: int, remote: str, payload: bytes, resent: bool = False) -> None:
         receipt = f"r{next(self._ids)}"
         with self._lock:
             self._receipts[receipt] = token
+        headers = {"receipt": receipt, "persistent": "true"}
+        if resent:
+            headers[RESENT_HEADER] = "true"
         try:
-            self._conn.send(remote, payload, headers={"receipt": receipt, "persistent": "true"})
+            self._conn.send(remote, payload, headers=headers)
         except (StompException, OSError) as exc:
             raise ConnectorError(f"STOMP send: {exc}") from None
 
@@ -105,11 +145,19 @@ class StompConnector:
 
     @staticmethod
     def _close(conn: Any) -> None:
+        """DISCONNECT if connected; in any case close the socket and let stomp.py's
+        receiver thread end (a refused CONNECT leaves it running otherwise)."""
         try:
             if conn.is_connected():
                 conn.disconnect()
         except (StompException, OSError):
             pass
+        transport = conn.transport
+        with contextlib.suppress(Exception):  # stomp.py closing a dead socket
+            transport.disconnect_socket()
+        thread = getattr(transport, "io_thread", None)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(CLOSE_WAIT)
 
     # -- from stomp.py's receiver thread ---------------------------------------------------
 
@@ -138,9 +186,16 @@ class StompConnector:
         ack_id = headers.get("ack") or headers.get("message-id", "")
         payload = body if isinstance(body, bytes) else str(body).encode()
         extra = tuple((k, v) for k, v in headers.items() if k in ("message-id", "destination"))
+        ours = [("Stomp-" + k, v) for k, v in extra]
+        if headers.get("redelivered", "").lower() == "true":  # RabbitMQ: may be a duplicate
+            ours.append(("Bridge-Redelivered", "true"))
         if self._sink is not None:
             self._sink(RemoteMessage(route, payload, (generation, ack_id), generation,
-                                     tuple(("Stomp-" + k, v) for k, v in extra)))  # fmt: skip
+                                     tuple(ours)))  # fmt: skip
+
+
+class _Refused(ConnectorError):
+    """The server answered, but did not take the CONNECT (e.g. its virtual host)."""
 
 
 class _Listener:

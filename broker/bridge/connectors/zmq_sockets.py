@@ -119,7 +119,7 @@ class ZmqConnector:
             self.close()
             raise ConnectorError(f"zmq socket: {exc}") from None
 
-    def publish(self, token: int, remote: str, payload: bytes) -> None:
+    def publish(self, token: int, remote: str, payload: bytes, resent: bool = False) -> None:
         self._waiting.append((token, remote, payload))
         self._flush()
 

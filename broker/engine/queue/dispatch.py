@@ -243,7 +243,8 @@ class Dispatcher:
         self, m: QueueMessage, consumers: Sequence[Client[Any]], rotate: bool, req_ack: bool
     ) -> tuple[Client[Any], ...]:
         """The first consumer with room that may take ``m`` (from the round-robin
-        position, moved past it, when ``rotate``)."""
+        position, moved past it, when ``rotate``); low-priority consumers
+        (``Consumer-Priority: low``) only when no other one can take it."""
         q = self.q
         n = len(consumers)
         start = q.rr % n if rotate else 0
@@ -251,14 +252,21 @@ class Dispatcher:
         name = q.channel.name
         window = q.window
         used = q.used
-        for i in range(n):
-            c = consumers[(start + i) % n]
-            if used.get(c.id, 0) >= (c.prefetch.get(name) or window):
-                continue  # its window is full: the next one
-            if not check or self._eligible(m, c, req_ack):
-                if rotate:
-                    q.rr = (start + i + 1) % n
-                return (c,)
+        later = False  # a low-priority consumer was passed over (second round for it)
+        for low in (False, True):
+            for i in range(n):
+                c = consumers[(start + i) % n]
+                if c.low_priority is not low:
+                    later = later or c.low_priority
+                    continue
+                if used.get(c.id, 0) >= (c.prefetch.get(name) or window):
+                    continue  # its window is full: the next one
+                if not check or self._eligible(m, c, req_ack):
+                    if rotate:
+                        q.rr = (start + i + 1) % n
+                    return (c,)
+            if not later:
+                break
         return ()
 
     # ------------------------------------------------------------------ handing over
