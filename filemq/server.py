@@ -12,9 +12,10 @@ at most ``_PUMP_BUDGET`` messages before polling again.  Sends are
 non-blocking with ``ROUTER_MANDATORY``: a client whose pipe is full is parked
 with its pending frames and retried later, so a slow client never blocks the
 others; a client that vanished is forgotten.  A client's pipe holds at most
-``SEND_QUEUE_BYTES`` (16 MiB) of chunks (its high-water mark, in messages of
-``chunk_size``, 16 to 1000): a client granting huge credit and reading nothing
-costs the server that much, whatever it granted.  File content is read from disk
+``SEND_QUEUE_BYTES`` (16 MiB) of chunks, but never fewer than 64 messages nor more
+than 1000 (its high-water mark, in messages of ``chunk_size``: 64 MiB with the
+default 1 MiB chunk): a client granting huge credit and reading nothing costs the
+server that much, whatever it granted.  File content is read from disk
 per chunk (``os.pread`` on an fd opened for the current file), never buffered
 whole.
 
@@ -122,7 +123,7 @@ _PUMP_BUDGET = 64  # messages sent per pump before the loop polls again
 #: high-water mark is this over the chunk size, ``_MIN_SEND_HWM``..``_MAX_SEND_HWM``):
 #: a client that grants huge credit and stops reading holds no more of our memory.
 SEND_QUEUE_BYTES = 16 << 20
-_MIN_SEND_HWM = 16
+_MIN_SEND_HWM = 64  # (small files: 16 held back the pipelining of 10 KiB files)
 _MAX_SEND_HWM = 1000  # (libzmq's default: small chunks keep it)
 _DRAIN_BUDGET = 256  # messages received per poll
 _MAX_MESSAGE = 128 << 20  # ICANHAZ with a 100k-entry cache fits
