@@ -24,10 +24,13 @@ is (this environment sets PYTHONDONTWRITEBYTECODE=1, which would otherwise make
 every timed process compile them again: ~18 ms each).  (c) and (c') are the
 median of 3 runs, rsync's too.
 raw: a PUSH process reads the files and streams [name, offset, data] in 1 MiB
-messages to a PULL process that writes them (no protocol, no checks): the floor
-for Python + ZeroMQ moving the same bytes.
-Targets (issue 3): (a) CURVE >= 1.0x rsync throughput; (b) <= 1.5x rsync time;
-(c) <= 2x rsync time.
+messages (zero-copy sends) to a PULL process that receives zero-copy and writes
+them on a writer thread (``os.pwrite``) while it receives the next (no protocol, no
+checks, no hashing): the floor for Python + ZeroMQ moving the same bytes.
+Targets (issue 15): (a) CURVE >= 1.2x rsync throughput, and within 10% of the raw
+stream; (b) and (c) <= 1.0x rsync time, plain and CURVE.  CPU columns: seconds of
+CPU both sides used (server + client; rsync's processes; raw sender + receiver),
+a figure the load of other processes on the machine barely moves.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 #: (d): ten ordinary exclude patterns (none matches a file of (b): pure matching cost)
 EXCLUDES = [
@@ -103,6 +107,36 @@ def ensure_rsync() -> str | None:
     return shutil.which("rsync")
 
 
+def _ticks(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far (``/proc``)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def timed_cpu(cmd: list[str], server: int | None = None) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of ``cmd`` (and its waited-for children), plus what
+    process ``server`` used meanwhile: a figure the machine's load barely moves."""
+    before = _ticks(server) if server else 0.0
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - start
+    proc.stderr.close()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd[:4]} failed ({proc.returncode}): {err[-2000:]!r}")
+    cpu = usage.ru_utime + usage.ru_stime
+    if server:
+        cpu += _ticks(server) - before
+    return elapsed, cpu
+
+
 def timed(cmd: list[str], env: dict[str, str] | None = None) -> float:
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -148,7 +182,12 @@ class Server:
             self.proc.stderr.close()
 
 
+_RAW_CHUNK = 1 << 20  # bytes per raw message (the best of 256 KiB..4 MiB here)
+
+
 def raw_send(endpoint: str, src: str) -> None:
+    """Read the files and stream them: zero-copy sends, the next read while the wire
+    moves the last (libzmq's I/O thread sends; this thread only reads)."""
     import zmq
 
     ctx = zmq.Context()
@@ -159,58 +198,90 @@ def raw_send(endpoint: str, src: str) -> None:
         for name in sorted(files):
             path = os.path.join(dirpath, name)
             rel = os.path.relpath(path, src).encode()
-            with open(path, "rb") as f:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
                 offset = 0
                 while True:
-                    data = f.read(1 << 20)
-                    push.send_multipart([rel, offset.to_bytes(8, "big"), data])
+                    data = os.pread(fd, _RAW_CHUNK, offset)
+                    big = len(data) >= (64 << 10)  # zero-copy only where it pays
+                    push.send_multipart([rel, offset.to_bytes(8, "big"), data], copy=not big)
                     offset += len(data)
-                    if len(data) < (1 << 20):
+                    if len(data) < _RAW_CHUNK:
                         break
+            finally:
+                os.close(fd)
     push.send_multipart([b"", b"", b""])
     push.close(linger=-1)
     ctx.term()
 
 
 def raw_recv(endpoint: str, dest: str) -> None:
+    """Receive the stream; a writer thread writes (``os.pwrite``) while this one receives."""
+    import queue
+    import threading
+
     import zmq
 
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
     pull.bind(endpoint)
+    jobs: queue.Queue[tuple[int, Any, int] | None] = queue.Queue(maxsize=16)
+
+    def writer() -> None:
+        while (job := jobs.get()) is not None:
+            fd, data, offset = job
+            if fd < 0:
+                os.close(-fd - 1)
+                continue
+            view = memoryview(data)
+            while view:
+                n = os.pwrite(fd, view, offset)
+                view, offset = view[n:], offset + n
+
+    thread = threading.Thread(target=writer)
+    thread.start()
     made: set[str] = set()
-    current, f = b"", None
+    current, fd = b"", -1
     while True:
-        rel, _offset, data = pull.recv_multipart()
-        if not rel:
+        rel, offset, data = pull.recv_multipart(copy=False)
+        name = rel.bytes
+        if not name:
             break
-        if rel != current:
-            if f:
-                f.close()
-            path = os.path.join(dest, rel.decode())
+        if name != current:
+            if fd >= 0:
+                jobs.put((-fd - 1, b"", 0))  # close it after its writes
+            path = os.path.join(dest, name.decode())
             parent = os.path.dirname(path)
             if parent not in made:
                 os.makedirs(parent, exist_ok=True)
                 made.add(parent)
-            f = open(path, "wb")  # noqa: SIM115
-            current = rel
-        assert f is not None
-        f.write(data)
-    if f:
-        f.close()
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            current = name
+        jobs.put((fd, data.buffer, int.from_bytes(offset.bytes, "big")))
+    if fd >= 0:
+        jobs.put((-fd - 1, b"", 0))
+    jobs.put(None)
+    thread.join()
     pull.close()
     ctx.term()
 
 
-def time_raw(src: Path, dest: Path, port: int) -> float:
+def time_raw(src: Path, dest: Path, port: int) -> tuple[float, float]:
+    """(wall, CPU seconds of both processes)."""
     endpoint = f"tcp://127.0.0.1:{port}"
     me = os.path.abspath(__file__)
     start = time.perf_counter()
     recv = subprocess.Popen([PY, me, "--raw-recv", endpoint, str(dest)])
     send = subprocess.Popen([PY, me, "--raw-send", endpoint, str(src)])
-    if recv.wait() != 0 or send.wait() != 0:
+    cpu = 0.0
+    for proc in (recv, send):
+        _pid, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        cpu += usage.ru_utime + usage.ru_stime
+    if recv.returncode != 0 or send.returncode != 0:
         raise RuntimeError("raw stream failed")
-    return time.perf_counter() - start
+    return time.perf_counter() - start, cpu
 
 
 # -- runs -------------------------------------------------------------------------
@@ -297,7 +368,7 @@ def run(work: Path, big: int, count: int, small: int) -> int:
         "--curve-secret",
         str(keys / "client.key_secret"),
     ]
-    rows: list[tuple[str, str, float, int]] = []
+    rows: list[tuple[str, str, float, int, float]] = []
     port = 47000 + os.getpid() % 1000
 
     scenarios = [(f"(b) {count} x {small >> 10} KiB", work / "b-src", count * small)]
@@ -307,14 +378,15 @@ def run(work: Path, big: int, count: int, small: int) -> int:
         tag = label[:3]
         if rsync:
             dest = work / f"{tag}-rsync"
-            rows.append((label, "rsync -a", timed([rsync, "-a", f"{src}/", f"{dest}/"]), nbytes))
+            t, cpu = timed_cpu([rsync, "-a", f"{src}/", f"{dest}/"])
+            rows.append((label, "rsync -a", t, nbytes, cpu))
             check_same(src, dest)
             if tag == "(b)":
                 t = median_time([rsync, "-a", f"{src}/", f"{dest}/"])
-                rows.append(("(c) no-change resync of (b)", "rsync -a", t, 0))
+                rows.append(("(c) no-change resync of (b)", "rsync -a", t, 0, 0.0))
                 excludes = [f"--exclude={p}" for p in EXCLUDES]
                 t = median_time([rsync, "-a", *excludes, f"{src}/", f"{dest}/"])
-                rows.append(("(d) (c), 10 exclude patterns", "rsync -a", t, 0))
+                rows.append(("(d) (c), 10 exclude patterns", "rsync -a", t, 0, 0.0))
         for mode, server_extra, client_extra in (
             ("zerohub plain", [], []),
             ("zerohub CURVE", curve_server, curve_client),
@@ -322,45 +394,59 @@ def run(work: Path, big: int, count: int, small: int) -> int:
             server = Server(src, server_extra)
             try:
                 dest, index = work / f"{tag}-{mode[8:]}", work / f"{tag}-{mode[8:]}.idx"
-                t = timed(sync_cmd(server, dest, index, client_extra))
-                rows.append((label, mode, t, nbytes))
+                t, cpu = timed_cpu(sync_cmd(server, dest, index, client_extra), server.proc.pid)
+                rows.append((label, mode, t, nbytes, cpu))
                 check_same(src, dest)
                 if tag == "(b)":
                     t = median_time(sync_cmd(server, dest, index, client_extra))
-                    rows.append(("(c) no-change resync of (b)", mode, t, 0))
+                    rows.append(("(c) no-change resync of (b)", mode, t, 0, 0.0))
                     t = median_time(sync_cmd(server, dest, None, client_extra))
-                    rows.append(("(c') (c), client re-hashes DEST", mode, t, 0))
+                    rows.append(("(c') (c), client re-hashes DEST", mode, t, 0, 0.0))
                     excludes = [f"--exclude={p}" for p in EXCLUDES]
                     t = median_time(sync_cmd(server, dest, index, client_extra + excludes))
-                    rows.append(("(d) (c), 10 exclude patterns", mode, t, 0))
+                    rows.append(("(d) (c), 10 exclude patterns", mode, t, 0, 0.0))
             finally:
                 server.stop()
         dest = work / f"{tag}-raw"
         port += 1
-        rows.append((label, "raw pyzmq stream", time_raw(src, dest, port), nbytes))
+        t, cpu = time_raw(src, dest, port)
+        rows.append((label, "raw pyzmq stream", t, nbytes, cpu))
         check_same(src, dest)
 
     print_table(rows)
     return 0
 
 
-def print_table(rows: list[tuple[str, str, float, int]]) -> None:
-    rsync = {label[:3]: t for label, method, t, _ in rows if method == "rsync -a"}
-    print(f"\n{'scenario':34} {'method':18} {'seconds':>8} {'MB/s':>8} {'x rsync':>8}  target")
-    for label, method, t, nbytes in rows:
+def print_table(rows: list[tuple[str, str, float, int, float]]) -> None:
+    """Wall clock against rsync's, and CPU seconds (both processes: server + client,
+    rsync's own, raw sender + receiver) against rsync's: on a machine loaded by
+    others the wall-clock ratio mostly says who got the cores, the CPU ratio what
+    each needs."""
+    rsync = {label[:3]: t for label, method, t, _n, _c in rows if method == "rsync -a"}
+    rsync_cpu = {label[:3]: c for label, method, _t, _n, c in rows if method == "rsync -a"}
+    print(
+        f"\n{'scenario':34} {'method':18} {'seconds':>8} {'MB/s':>8} {'x rsync':>8}"
+        f" {'CPU s':>7} {'CPU x':>6}  target"
+    )
+    for label, method, t, nbytes, cpu in rows:
         key = "(c)" if label.startswith("(c") else label[:3]  # ((d) against rsync's (d))
         ref = rsync.get(key)
         rate = f"{nbytes / t / 1e6:8.0f}" if nbytes else f"{'-':>8}"
         ratio = f"{t / ref:8.2f}" if ref else f"{'-':>8}"
+        ref_cpu = rsync_cpu.get(key)
+        cpus = f"{cpu:7.2f}" if cpu else f"{'-':>7}"
+        cpu_ratio = f"{cpu / ref_cpu:6.2f}" if cpu and ref_cpu else f"{'-':>6}"
         target = ""
         if ref and method == "zerohub CURVE" and label.startswith("(a)"):
-            target = (
-                f"throughput {ref / t:.2f}x rsync >= 1.0: {'OK' if ref / t >= 1 else 'MISSED'}"
-            )
+            ok = ref / t >= 1.2
+            target = f"throughput {ref / t:.2f}x rsync >= 1.2: {'OK' if ok else 'MISSED'}"
         elif ref and method.startswith("zerohub") and label[:3] in ("(b)", "(c)"):
-            limit = 1.5 if label.startswith("(b)") else 2.0
-            target = f"<= {limit}x: {'OK' if t / ref <= limit else 'MISSED'}"
-        print(f"{label:34} {method:18} {t:8.3f} {rate} {ratio}  {target}")
+            target = f"<= 1.0x: {'OK' if t / ref <= 1.0 else 'MISSED'}"
+        print(f"{label:34} {method:18} {t:8.3f} {rate} {ratio} {cpus} {cpu_ratio}  {target}")
+    raw = {label[:3]: t for label, method, t, _n, _c in rows if method == "raw pyzmq stream"}
+    for label, method, t, _n, _c in rows:
+        if method.startswith("zerohub") and label[:3] in raw and label[:3] in ("(a)", "(b)"):
+            print(f"{label[:3]} {method}: {t / raw[label[:3]]:.2f}x the raw stream's time")
 
 
 def measure_defaults(work: Path, size: int) -> int:

@@ -989,6 +989,8 @@ class SyncClient:
             return  # this file was refused at its first chunk
         try:
             mirror.write(chunk.data)
+            if chunk.eof:
+                mirror.flush()  # (pipelined: the writes of this file are done, or failed)
         except OSError as exc:
             log.error("cannot write %s: %s", chunk.name, exc)
             self.result.errors += 1

@@ -313,10 +313,15 @@ def _check_names(names: list[Any], path: str | os.PathLike[str]) -> None:
     """
     if not all(type(name) is str for name in names):
         raise IndexFormatError(f"{path}: malformed entries")
-    if not names:
-        return  # an empty mirror's index (framing two NULs would read as an empty name)
-    text = "\0" + "\0".join(names) + "\0"
-    bad = text.count("\0") != len(names) + 1 or any(b in text for b in _NOT_FROM_A_WALK)
+    if names:  # (an empty mirror's index: framing two NULs would read as an empty name)
+        _check_joined("\0".join(names), len(names), path)
+
+
+def _check_joined(joined: str, count: int, path: str | os.PathLike[str]) -> None:
+    """``_check_names`` of ``count`` names given joined by NUL (version 3 stores them so:
+    no list to walk, no join to make)."""
+    text = "\0" + joined + "\0"
+    bad = text.count("\0") != count + 1 or any(b in text for b in _NOT_FROM_A_WALK)
     if not bad and not text.isascii():
         try:
             text.encode("utf-8")
@@ -912,10 +917,12 @@ def _unpack_entries(
         raise IndexFormatError(f"{path}: corrupt header")
     if len(body) != size + count * (8 + 8 + 8 + 4 + 20):
         raise IndexFormatError(f"{path}: corrupt index (length)")
-    names = body[:size].decode("utf-8").split("\0") if count else []
+    joined = body[:size].decode("utf-8")
+    names = joined.split("\0") if count else []
     if len(names) != count or (not count and size):
         raise IndexFormatError(f"{path}: entry count does not match the header")
-    _check_names(names, path)
+    if count:
+        _check_joined(joined, count, path)
     columns = []
     at = size
     for typecode, width in _COLUMNS:

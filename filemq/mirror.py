@@ -88,6 +88,7 @@ from filemq.paths import (
     safe_target,
     set_attrs_beneath,
 )
+from filemq.writer import ChunkWriter, write_all
 
 __all__ = ["LOCK_NAME", "PARTIAL_PREFIX", "RESUME_MIN_SIZE", "TEMP_PREFIX", "Mirror"]
 
@@ -114,14 +115,6 @@ def _verify(size: int, digest: str, headers: dict[str, str]) -> str:
     if want_sha1 is not None and want_sha1.lower() != digest:
         return f"SHA-1 {digest}, server said {want_sha1}"
     return ""
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    written = os.write(fd, data)
-    if written < len(data):  # a short write (rare): finish it
-        view = memoryview(data)[written:]
-        while view:
-            view = view[os.write(fd, view) :]
 
 
 def _umask() -> int:
@@ -198,6 +191,7 @@ class Mirror:
         self._parts: tuple[str, ...] = ()
         self._sha1: Any = None
         self._size = 0
+        self._writer: ChunkWriter | None = None  # writes and hashes the chunks
 
     def clean_temp(self) -> None:
         """Remove temp files an interrupted run left in DEST (not the lock file)."""
@@ -309,7 +303,7 @@ class Mirror:
         tmp = self._temp_name()
         fd = os.open(tmp, _TEMP_FLAGS, _TEMP_MODE)
         try:
-            _write_all(fd, data)
+            write_all(fd, data)
         except BaseException:
             os.close(fd)
             os.unlink(tmp)
@@ -350,6 +344,7 @@ class Mirror:
         self._tmp, self._parts = tmp, parts
         self._sha1 = new_sha1()
         self._size = 0
+        self._writer = ChunkWriter(self._fd, self._sha1, journal=self._journal)
 
     def resume_points(self) -> list[ResumePoint]:
         """Partial files left by an interrupted transfer, proven (``filemq.partial``)."""
@@ -372,20 +367,34 @@ class Mirror:
         self._fd, self._journal, self._sha1 = taken
         self._tmp, self._parts = self.partials.data_path(name), parts
         self._size = offset
+        self._writer = ChunkWriter(self._fd, self._sha1, size=offset, journal=self._journal)
         return ""
 
     def write(self, data: bytes) -> None:
-        _write_all(self._fd, data)
-        self._sha1.update(data)
+        """Queue the next chunk of the file being received (``filemq.writer``: written
+        and hashed off the receive loop); raises the ``OSError`` of an earlier one."""
+        assert self._writer is not None
+        self._writer.write(data)
         self._size += len(data)
-        if self._journal is not None:
-            self._journal.checkpoint(self._size, self._sha1)
+
+    def flush(self) -> None:
+        """Wait until the chunks written so far are on disk; raise a write's failure."""
+        if self._writer is not None:
+            self._writer.settle()
 
     def finish(self, headers: dict[str, str], meta: EntryMeta | None = None) -> tuple[bool, str]:
         """Verify and rename into place: (verified, reason).
 
         Raises OSError/UnsafePathError when a verified file cannot be placed.
         """
+        try:
+            self.flush()
+        except OSError:
+            self.abort()  # (as after a failed write: a resumable partial file stays)
+            raise
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
         fd, self._fd = self._fd, -1
         tmp, self._tmp = self._tmp, ""
         journal, self._journal = self._journal, None
@@ -417,6 +426,12 @@ class Mirror:
     def abort(self) -> None:
         """Stop receiving the file being received: a resumable partial file stays (with
         its journal) for the next session; any other temp file goes."""
+        if self._writer is not None:  # (before the descriptors close: it may be writing)
+            if self._journal is not None:
+                self._writer.close()  # what was received is kept for the next session
+            else:
+                self._writer.discard()  # (the temp file goes)
+            self._writer = None
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

@@ -11,7 +11,11 @@ over the clients with credit and queued work, one chunk per client per round,
 at most ``_PUMP_BUDGET`` messages before polling again.  Sends are
 non-blocking with ``ROUTER_MANDATORY``: a client whose pipe is full is parked
 with its pending frames and retried later, so a slow client never blocks the
-others; a client that vanished is forgotten.  File content is read from disk
+others; a client that vanished is forgotten.  A client's pipe holds at most
+``SEND_QUEUE_BYTES`` (16 MiB) of chunks, but never fewer than 64 messages nor more
+than 1000 (its high-water mark, in messages of ``chunk_size``: 64 MiB with the
+default 1 MiB chunk): a client granting huge credit and reading nothing costs the
+server that much, whatever it granted.  File content is read from disk
 per chunk (``os.pread`` on an fd opened for the current file), never buffered
 whole.
 
@@ -122,6 +126,12 @@ __all__ = ["DEFAULT_ENDPOINT", "FileServer", "Mount", "ServerStats", "Subscriber
 log = logging.getLogger(__name__)
 
 _PUMP_BUDGET = 64  # messages sent per pump before the loop polls again
+#: Content bytes queued in the ROUTER for one client before it is parked (its pipe's
+#: high-water mark is this over the chunk size, ``_MIN_SEND_HWM``..``_MAX_SEND_HWM``):
+#: a client that grants huge credit and stops reading holds no more of our memory.
+SEND_QUEUE_BYTES = 16 << 20
+_MIN_SEND_HWM = 64  # (small files: 16 held back the pipelining of 10 KiB files)
+_MAX_SEND_HWM = 1000  # (libzmq's default: small chunks keep it)
 _DRAIN_BUDGET = 256  # messages received per poll
 _MAX_MESSAGE = 128 << 20  # ICANHAZ with a 100k-entry cache fits
 _PREWARM_EVERY = 0.5  # seconds between index refreshes triggered by OHAI
@@ -330,6 +340,9 @@ class FileServer:
         try:
             router.linger = self._linger
             router.router_mandatory = 1
+            router.sndhwm = min(
+                _MAX_SEND_HWM, max(_MIN_SEND_HWM, SEND_QUEUE_BYTES // self.chunk_size)
+            )
             router.maxmsgsize = _MAX_MESSAGE
             if self._curve_secret is not None and self._allow_dir is not None:
                 self._auth = zmqkit.start_authenticator(self.context, self._allow_dir)

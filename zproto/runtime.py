@@ -168,22 +168,25 @@ _OCTET = OCTET
 
 
 def enc_hash(value: Mapping[str, str]) -> bytes:
-    """hash: number-4 count, then (string key, longstr value) per entry."""
-    parts = [_U32.pack(len(value))]
-    append = parts.append
+    """hash: number-4 count, then (string key, longstr value) per entry.
+
+    Built in one growing buffer: a list of four pieces per entry then joined made a
+    peak of ~8x the result (a 100,000-file ICANHAZ cache: 56 MiB for 6.7 MiB).
+    """
+    out = bytearray(_U32.pack(len(value)))
     octet = _OCTET
     u32 = _U32.pack
     for key, val in value.items():
         k = key.encode("utf-8")
         v = val.encode("utf-8")
         try:
-            append(octet[len(k)])
+            out += octet[len(k)]
         except IndexError:
             raise EncodeError(f"hash key {key[:40]!r}... is longer than 255 octets") from None
-        append(k)
-        append(u32(len(v)))
-        append(v)
-    return b"".join(parts)
+        out += k
+        out += u32(len(v))
+        out += v
+    return bytes(out)
 
 
 def dec_hash(buf: bytes, pos: int, what: str) -> tuple[dict[str, str], int]:

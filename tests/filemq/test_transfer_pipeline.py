@@ -1,0 +1,166 @@
+"""The pipelined transfer: chunks written and hashed off the receive loop
+(``filemq.writer``), and what a hostile client can make the server hold.
+
+Adversaries: a client that grants huge credit and stops reading (the server's memory
+for it is bounded by its pipe's high-water mark, not by the credit); a disk that
+refuses a write in the middle of a pipelined file (the error surfaces, nothing
+queued after it is written, the file is never taken as complete: the end-to-end
+"disk full" run is ``test_resume``'s file-size-limit test); a disk slower than the
+wire (the writer's queue is bounded: the receive loop waits).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import resource
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from filemq import fmq_msg
+from filemq.client import SyncResult
+from filemq.server import SEND_QUEUE_BYTES, FileServer
+from filemq.writer import ChunkWriter
+from tests.polling import wait_until
+
+from .conftest import read_tree, write_tree
+from .test_resume import _sync_process
+
+Serve = Callable[..., FileServer]
+Sync = Callable[..., SyncResult]
+MiB = 1 << 20
+
+
+# -- the server: a client that grants huge credit and never reads ------------------------
+
+
+def test_huge_credit_and_no_reading_holds_bounded_server_memory(
+    tmp_path: Path, serve: Serve, sync_once: Sync, zctx: zmq.Context[Any]
+) -> None:
+    src = tmp_path / "src"
+    size = 48 * MiB  # more than a pipe of 1000 (libzmq's default) 64 KiB chunks holds
+    write_tree(src, {"big.bin": os.urandom(size)})
+    server = serve(src, chunk_size=64 << 10)
+    hostile = zctx.socket(zmq.DEALER)
+    hostile.linger = 0
+    hostile.rcvhwm = 1
+    hostile.rcvbuf = 64 << 10
+    hostile.connect(server.endpoint)
+    try:
+        hostile.send_multipart(fmq_msg.encode(fmq_msg.Ohai()))
+        assert hostile.poll(10_000)
+        assert isinstance(fmq_msg.decode(hostile.recv_multipart()), fmq_msg.OhaiOk)
+        hostile.send_multipart(fmq_msg.encode(fmq_msg.Icanhaz("/", {"RESYNC": "1"}, {})))
+        hostile.send_multipart(fmq_msg.encode(fmq_msg.Nom(1 << 62, 0)))  # then reads nothing
+
+        def sent() -> int:
+            return sum(s.sent_bytes for s in server.stats().subscribers)
+
+        # the server parks it once its pipe is full (or, unbounded, sends it everything)
+        assert wait_until(lambda: bool(server._stalled) or sent() >= size, timeout=30)
+        # pipe (the bound) + the kernel's socket buffers on both sides (a few MiB)
+        assert sent() <= SEND_QUEUE_BYTES + 16 * MiB < size
+        # and the others are served meanwhile
+        write_tree(tmp_path / "other", {})
+        result = sync_once(server.endpoint, tmp_path / "good", connect_timeout=30.0)
+        assert result.synced and read_tree(tmp_path / "good") == read_tree(src)
+    finally:
+        hostile.close()
+
+
+# -- the writer ------------------------------------------------------------------------
+
+
+def test_chunks_are_written_and_hashed_in_order(tmp_path: Path) -> None:
+    chunks = [os.urandom(n) for n in (1, 70_000, 1 << 20, 3, 0, 500_000)]
+    with open(tmp_path / "f", "wb") as f:
+        writer = ChunkWriter(f.fileno(), hashlib.sha1(), max_pending=100_000)
+        for chunk in chunks:
+            writer.write(chunk)
+        writer.settle()
+        writer.close()
+    whole = b"".join(chunks)
+    assert (tmp_path / "f").read_bytes() == whole
+    assert writer.hasher.hexdigest() == hashlib.sha1(whole).hexdigest()
+    assert writer.size == len(whole)
+
+
+def test_a_failed_write_surfaces_and_nothing_after_it_is_written(tmp_path: Path) -> None:
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write now fails (EPIPE): a disk that refuses
+    writer = ChunkWriter(write_end, hashlib.sha1())
+    try:
+        writer.write(b"a" * 1000)
+        with pytest.raises(OSError):
+            writer.settle()
+        with pytest.raises(OSError):  # and stays failed
+            writer.write(b"b")
+        assert writer.size == 0  # nothing counted as written
+    finally:
+        writer.discard()
+        os.close(write_end)
+
+
+def test_a_slow_disk_holds_the_receiver_not_memory(tmp_path: Path) -> None:
+    read_end, write_end = os.pipe()  # a "disk" that takes nothing until read
+    writer = ChunkWriter(write_end, hashlib.sha1(), max_pending=1 * MiB)
+    chunks = [os.urandom(600 << 10) for _ in range(3)]
+    returned: list[int] = []
+
+    def receive() -> None:
+        for i, chunk in enumerate(chunks):
+            writer.write(chunk)
+            returned.append(i)
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    try:
+        assert wait_until(lambda: len(returned) == 2)
+        thread.join(0.3)  # the third must wait: 1.2 MiB queued, over the bound
+        assert returned == [0, 1] and thread.is_alive()
+        got = bytearray()
+        while len(got) < 3 * (600 << 10):
+            got += os.read(read_end, 1 << 20)
+        thread.join(10)
+        writer.settle()
+        assert bytes(got) == b"".join(chunks) and returned == [0, 1, 2]
+    finally:
+        writer.close()
+        thread.join(10)
+        os.close(read_end)
+        os.close(write_end)
+
+
+def test_disk_full_during_pipelined_writes_is_one_clear_error_and_no_file(
+    tmp_path: Path, serve: Serve, sync_once: Sync
+) -> None:
+    """A file too small to be resumable, whose write fails half-way (a file size limit,
+    as a full disk): the run ends with an error naming it, DEST holds neither the file
+    nor a temp file, and the next run (no limit) completes it."""
+    content = os.urandom(6 * MiB)
+    write_tree(tmp_path / "src", {"f.bin": content, "small.txt": b"small"})
+    server = serve(tmp_path / "src", chunk_size=256 << 10)
+    dest = tmp_path / "dest"
+    limit = 2 * MiB
+
+    def limited() -> None:  # (in the child, before exec)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    proc = _sync_process(tmp_path, server.endpoint, dest, preexec_fn=limited)
+    assert proc.wait(timeout=60) == 1
+    log = (tmp_path / "sync.log").read_text()
+    assert "cannot write f.bin" in log and "Traceback" not in log, log
+    assert sorted(p.name for p in dest.iterdir() if not p.name.endswith("lock")) in (
+        [],
+        ["small.txt"],
+    )
+    result = sync_once(server.endpoint, dest)
+    assert result.synced and result.errors == 0
+    assert read_tree(dest) == {"f.bin": content, "small.txt": b"small"}

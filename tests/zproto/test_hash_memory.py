@@ -1,0 +1,22 @@
+"""Encoding a big ``hash`` field (a mirror's 100,000-file ICANHAZ cache) must not hold
+several times the message in memory: the client's peak RSS during a resync was set by it."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+from zproto import runtime
+
+
+def test_encoding_a_big_hash_peaks_near_its_own_size() -> None:
+    cache = {f"dir{i % 100:03d}/file{i:06d}.dat": f"{i * 7919:040x}" for i in range(20_000)}
+    tracemalloc.start()
+    try:
+        encoded = runtime.enc_hash(cache)
+        _current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # the result, a growing buffer of the same size, and small change; not ~8x
+    assert peak < 3 * len(encoded)
+    decoded, end = runtime.dec_hash(encoded, 0, "cache")
+    assert decoded == cache and end == len(encoded)
