@@ -177,7 +177,11 @@ class Client(ClientApi[Any]):
         return self
 
     def close(self, timeout: float = 5.0) -> None:
-        """End the session (TERMINATE), stop the I/O thread, fail what is outstanding."""
+        """End the session (TERMINATE), stop the I/O thread, fail what is outstanding.
+
+        The I/O thread reads on after the goodbye until the broker ends the session, at
+        most ``linger`` seconds (``broker.client.io``): close waits that long plus
+        ``timeout`` for the thread before it raises ClientError."""
         core = self._core
         loop = core.loop
         if isinstance(loop, IOLoop):
@@ -199,9 +203,11 @@ class Client(ClientApi[Any]):
             and thread.ident is not None  # started
             and thread is not threading.current_thread()
         ):
-            thread.join(timeout)
+            thread.join(core.linger + timeout)
             if thread.is_alive():
-                raise ClientError(f"client I/O thread did not stop within {timeout} s")
+                raise ClientError(
+                    f"client I/O thread did not stop within {core.linger + timeout} s"
+                )
         self._session.state = SessionState.CLOSED
         core.inbox.wake_all()
 
