@@ -9,8 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import zmq
 
+from broker.client import Client
+from broker.engine import Engine
+from broker.server import Server, ServerOptions
 from tests.bridge.peers import RabbitMQ
+
+Ctx = zmq.Context[zmq.Socket[bytes]]
 
 
 @pytest.fixture(scope="session")
@@ -19,3 +25,18 @@ def rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitMQ]:
     node.start()
     yield node
     node.close()
+
+
+@pytest.fixture
+def server(zctx: Ctx) -> Iterator[Server]:
+    """The local broker of a bridge test: an in-process server, random loopback port."""
+    with Server(Engine(), ServerOptions(endpoint="tcp://127.0.0.1:*"), context=zctx) as srv:
+        yield srv
+
+
+@pytest.fixture
+def local(zctx: Ctx, server: Server) -> Iterator[Client]:
+    """The test's own client of the local broker."""
+    assert server.endpoint is not None
+    with Client(server.endpoint, context=zctx, timeout=5.0) as client:
+        yield client

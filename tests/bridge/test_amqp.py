@@ -9,7 +9,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,8 +17,7 @@ import zmq
 from broker.bridge.config import Direction, Route, Settings, parse_url
 from broker.bridge.runner import Bridge
 from broker.client.blocking import Client
-from broker.engine.engine import Engine
-from broker.server.server import Server, ServerOptions
+from broker.server.server import Server
 from tests.bridge.peers import RabbitMQ
 from tests.bridge.test_mqtt import WAIT, consume
 from tests.bridge.test_rabbit_stomp import drain_flagged, take, unflagged_duplicates
@@ -30,19 +28,6 @@ from broker.bridge.connectors.amqp import AmqpConnector  # noqa: E402
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 RESTART_WAIT = 90.0  # a RabbitMQ node takes ~10 s to boot on a loaded 2-core machine
-
-
-@pytest.fixture
-def server(zctx: Ctx) -> Iterator[Server]:
-    with Server(Engine(), ServerOptions(endpoint="tcp://127.0.0.1:*"), context=zctx) as srv:
-        yield srv
-
-
-@pytest.fixture
-def local(zctx: Ctx, server: Server) -> Iterator[Client]:
-    assert server.endpoint is not None
-    with Client(server.endpoint, context=zctx, timeout=5.0) as client:
-        yield client
 
 
 class Amqp:

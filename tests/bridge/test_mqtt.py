@@ -18,8 +18,7 @@ import zmq
 from broker.bridge.config import Direction, Route, Settings, parse_url
 from broker.bridge.runner import Bridge
 from broker.client.blocking import Client
-from broker.engine.engine import Engine
-from broker.server.server import Server, ServerOptions
+from broker.server.server import Server
 from tests.bridge.peers import Mosquitto
 from tests.polling import wait_until
 
@@ -40,19 +39,6 @@ def mosquitto(tmp_path: Path) -> Iterator[Mosquitto]:
     yield peer
     peer.resume() if peer.proc is not None else None
     peer.stop()
-
-
-@pytest.fixture
-def server(zctx: Ctx) -> Iterator[Server]:
-    with Server(Engine(), ServerOptions(endpoint="tcp://127.0.0.1:*"), context=zctx) as srv:
-        yield srv
-
-
-@pytest.fixture
-def local(zctx: Ctx, server: Server) -> Iterator[Client]:
-    assert server.endpoint is not None
-    with Client(server.endpoint, context=zctx, timeout=5.0) as client:
-        yield client
 
 
 class RemoteClient:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import signal
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,8 +19,7 @@ from broker.bridge.config import Direction, Route, Settings, parse_url
 from broker.bridge.core import RESENT_HEADER
 from broker.bridge.runner import Bridge
 from broker.client.blocking import Client, Message
-from broker.engine.engine import Engine
-from broker.server.server import Server, ServerOptions
+from broker.server.server import Server
 from tests.bridge.peers import RabbitMQ
 from tests.polling import wait_until
 
@@ -32,19 +30,6 @@ from broker.bridge.connectors.stomp import StompConnector  # noqa: E402
 Ctx = zmq.Context[zmq.Socket[bytes]]
 WAIT = 30.0
 RESTART_WAIT = 90.0  # a RabbitMQ node takes ~10 s to boot on a loaded 2-core machine
-
-
-@pytest.fixture
-def server(zctx: Ctx) -> Iterator[Server]:
-    with Server(Engine(), ServerOptions(endpoint="tcp://127.0.0.1:*"), context=zctx) as srv:
-        yield srv
-
-
-@pytest.fixture
-def local(zctx: Ctx, server: Server) -> Iterator[Client]:
-    assert server.endpoint is not None
-    with Client(server.endpoint, context=zctx, timeout=5.0) as client:
-        yield client
 
 
 class Amqp:

@@ -20,43 +20,18 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
 import pytest
 import zmq
 
 from broker.client.blocking import Client, ClientClosed
-from broker.engine.engine import Engine
 from broker.protocol import QueueStatus
-from broker.server.server import Server, ServerOptions
 from tests.polling import wait_until
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 MakeClient = Callable[..., Client]
 CHANNEL = "goodbye"
-
-
-@pytest.fixture
-def server(zctx: Ctx) -> Iterator[Server]:
-    with Server(Engine(), ServerOptions(endpoint="tcp://127.0.0.1:*"), context=zctx) as srv:
-        yield srv
-
-
-@pytest.fixture
-def make_client(zctx: Ctx, server: Server) -> Iterator[MakeClient]:
-    made: list[Client] = []
-
-    def make(**kw: Any) -> Client:
-        assert server.endpoint is not None
-        kw.setdefault("timeout", 10.0)
-        client = Client(server.endpoint, context=zctx, **kw).connect()
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        client.close()
 
 
 TOTAL = 12_000  # messages pushed

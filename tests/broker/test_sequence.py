@@ -4,7 +4,7 @@ live Server + Engine over real sockets (restarts: tests/broker/test_sequence_res
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -28,28 +28,6 @@ Ctx = zmq.Context[zmq.Socket[bytes]]
 MakeClient = Callable[..., Client]
 
 LOG = {"Status": "Push", "Retain": True, "AllowRelease": True, "RequestAcknowledge": True}
-
-
-@pytest.fixture
-def server(zctx: Ctx) -> Iterator[Server]:
-    with Server(Engine(), ServerOptions(endpoint="tcp://127.0.0.1:*"), context=zctx) as srv:
-        yield srv
-
-
-@pytest.fixture
-def make_client(zctx: Ctx, server: Server) -> Iterator[MakeClient]:
-    made: list[Client] = []
-
-    def make(**kw: Any) -> Client:
-        assert server.endpoint is not None
-        kw.setdefault("timeout", 10.0)
-        client = Client(server.endpoint, context=zctx, **kw).connect()
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        client.close()
 
 
 def payloads(items: list[broker.Browsed]) -> list[bytes]:
