@@ -59,6 +59,7 @@ from broker.engine.queue.ledger import Ledger
 from broker.engine.queue.messages import MessageOrder
 from broker.engine.queue.protocols import QueueHost
 from broker.engine.queue.retained import Retained
+from broker.engine.queue.seqindex import SequenceIndex
 from broker.engine.queue.statuses import StatusStrategy, strategy_for
 from broker.engine.queue.trash import Trash, Trashed
 from broker.message import parked
@@ -155,6 +156,9 @@ class Queue:
         self.duplicates = 0
         #: What left without being consumed (``trash``).
         self.trash = Trash()
+        #: Held messages by sequence number, built by the first bounds/browse
+        #: (``broker.engine.queue.seqindex``); None: nobody reads this queue by sequence.
+        self.index: SequenceIndex | None = None
         self.ledger = Ledger(self)
         self.tracker = AckTracker(self)
         self.dispatch = Dispatcher(self)
@@ -441,6 +445,7 @@ class Queue:
         self.retained.clear()
         self.recent.clear()
         self.trash.clear()
+        self.index = None
         self.alive = False
 
     def restore(self, stored: StoredMessage, producer: Client | None, now: float) -> None:
@@ -493,6 +498,7 @@ class Queue:
         order.n_priority += n_priority
         order.n_regular += n_regular
         self.sequence = highest
+        self.index = None  # rebuilt by the next read by sequence
         if deadlines:
             self.tracker.restore_deadlines(deadlines)
         return n_priority + n_regular
@@ -577,6 +583,8 @@ class Queue:
             used[cid] = used.get(cid, 0) + 1
             return True
         qm = QueueMessage(self.sequence, parked(m), sender, False, now)
+        if self.index is not None:
+            self.index.add(qm)
         if qm.high_priority:  # (MessageOrder.enqueue, inline: this runs per message)
             messages.priority.append(qm)
             messages.n_priority += 1
@@ -612,6 +620,8 @@ class Queue:
         message = derive(message, False, self.id, mid, src, self.channel.name, hdrs)
         self.sequence += 1
         m = QueueMessage(self.sequence, message, sender, producer_waits, now)
+        if self.index is not None:
+            self.index.add(m)
         self.received += 1
         self.last_received = now
         try:
