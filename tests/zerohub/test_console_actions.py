@@ -18,6 +18,7 @@ import zmq
 from broker.client.blocking import Client
 from broker.client.errors import RemoteError
 from broker.engine.auth import Action, TokenAuthorizer
+from tests.polling import wait_until
 from zerohub.config import (
     BrokerConfig,
     ConsoleConfig,
@@ -251,3 +252,83 @@ def test_a_console_whose_broker_token_is_refused_says_so(
         conn.close()
     finally:
         hub.stop()
+
+
+def _expired_queue(client: Client, channel: str, n: int) -> None:
+    """A Pull queue whose ``n`` messages expired into its trash (then no timeout any
+    more: what is resubmitted stays)."""
+    client.create_queue(channel, 1, {"Status": "Pull", "MessageTimeout": 50})
+    for i in range(n):
+        client.push(channel, 1, f"lost {i}".encode(), ack=True)
+    assert wait_until(lambda: len(client.trash_list(channel, 1)) == n, timeout=30)
+    client.update_queue(channel, 1, {"MessageTimeout": 0})
+
+
+def test_trash_list_resubmit_and_purge(watched: tuple[Hub, str, Client]) -> None:
+    the_hub, url, client = watched
+    token = the_hub.console_token
+    _expired_queue(client, "late", 4)
+    status, listed = post(url, {"action": "trash", "channel": "late", "queue": 1}, token=token)
+    assert status == 200, listed
+    assert listed["trash"] is True and listed["channel"] == "late"
+    rows = listed["messages"]
+    assert [m["text"] for m in rows] == [f"lost {i}" for i in range(4)]
+    assert {m["reason"] for m in rows} == {"expired"}
+    assert all(m["headers"] == [] for m in rows)  # the reason is not shown twice
+    seqs = [m["sequence"] for m in rows]
+    # one message back into its queue
+    status, done = post(
+        url,
+        {"action": "trash-resubmit", "channel": "late", "queue": 1, "sequences": [seqs[1]]},
+        token=token,
+    )
+    assert (status, done["resubmitted"]) == (200, 1)
+    assert client.queue_info("late", 1)["Messages"] == 1
+    assert [bytes(b.message.payload) for b in client.browse("late", 1, 0)] == [b"lost 1"]
+    # one removed, then the rest
+    status, done = post(
+        url,
+        {"action": "trash-purge", "channel": "late", "queue": 1, "sequences": [seqs[0]]},
+        token=token,
+    )
+    assert (status, done["purged"]) == (200, 1)
+    left = [b.sequence for b in client.trash_list("late", 1)]
+    assert left == [seqs[2], seqs[3]]
+    status, done = post(url, {"action": "trash-purge", "channel": "late", "queue": 1}, token=token)
+    assert (status, done["purged"]) == (200, 2)
+    assert client.trash_list("late", 1) == []
+    assert client.queue_info("late", 1)["Messages"] == 1  # the resubmitted one stays
+
+
+@pytest.mark.parametrize(
+    "sequences",
+    [[], "1", [0], [-3], [True], [2**63], list(range(1, 102)), [1.5]],
+    ids=["empty", "text", "zero", "negative", "bool", "too-big", "too-many", "float"],
+)
+def test_trash_actions_refuse_bad_sequences_and_change_nothing(
+    watched: tuple[Hub, str, Client], sequences: Any
+) -> None:
+    the_hub, url, client = watched
+    _expired_queue(client, "bad", 2)
+    for action in ("trash-resubmit", "trash-purge"):
+        status, answer = post(
+            url,
+            {"action": action, "channel": "bad", "queue": 1, "sequences": sequences},
+            token=the_hub.console_token,
+        )
+        assert status == 400 and "sequences" in answer["error"]
+    assert len(client.trash_list("bad", 1)) == 2
+    assert client.queue_info("bad", 1)["Messages"] == 0
+
+
+def test_trash_actions_need_the_token_and_the_brokers_permission(
+    watched: tuple[Hub, str, Client],
+) -> None:
+    the_hub, url, client = watched
+    _expired_queue(client, "kept", 1)
+    status, _ = post(url, {"action": "trash-purge", "channel": "kept", "queue": 1}, token=None)
+    assert status == 401
+    status, _ = post(url, {"action": "trash", "channel": "nowhere", "queue": 1},
+                     token=the_hub.console_token)  # fmt: skip
+    assert status == 404
+    assert len(client.trash_list("kept", 1)) == 1
