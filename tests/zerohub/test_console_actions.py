@@ -21,10 +21,12 @@ from broker.engine.auth import Action, TokenAuthorizer
 from tests.polling import wait_until
 from zerohub.config import (
     BrokerConfig,
+    ConfigError,
     ConsoleConfig,
     FilesConfig,
     HubConfig,
     PublishConfig,
+    check,
 )
 from zerohub.console import TOKEN_HEADER
 from zerohub.hub import Hub, HubEndpoints, build
@@ -332,3 +334,112 @@ def test_trash_actions_need_the_token_and_the_brokers_permission(
                      token=the_hub.console_token)  # fmt: skip
     assert status == 404
     assert len(client.trash_list("kept", 1)) == 1
+
+
+def _curve_hub(
+    tmp_path: Path, zctx: zmq.Context[zmq.Socket[bytes]], console_key: str | None
+) -> Hub:
+    """A hub whose broker requires CURVE (keys in ``tmp_path/allow``: the client's and,
+    with ``console_key`` "allowed", the console's); the console's certificate as told."""
+    from zerohub.zmqkit import new_certificate
+
+    public = tmp_path / "public"
+    public.mkdir()
+    allow = tmp_path / "allow"
+    allow.mkdir()
+    _pub, server_sec = new_certificate("broker", tmp_path / "server")
+    client_pub, _sec = new_certificate("client", tmp_path / "clients")
+    (allow / "client.key").write_bytes(client_pub.read_bytes())
+    console_sec = None
+    if console_key is not None:
+        console_pub, console_sec = new_certificate("console", tmp_path / "console")
+        if console_key == "allowed":
+            (allow / "console.key").write_bytes(console_pub.read_bytes())
+    config = HubConfig(
+        files=FilesConfig(
+            bind="tcp://127.0.0.1:*", publish=(PublishConfig(public, "/"),), state=False
+        ),
+        broker=BrokerConfig(bind="tcp://127.0.0.1:*", curve_secret=server_sec, allow=allow),
+        console=ConsoleConfig(
+            enabled=True,
+            address="127.0.0.1:0",
+            token="a-console-token-of-some-length",
+            curve_secret=console_sec,
+        ),
+    )
+    return build(check(config), zctx)
+
+
+def _curve_client(tmp_path: Path, endpoint: str, zctx: zmq.Context[zmq.Socket[bytes]]) -> Client:
+    return Client(
+        endpoint,
+        context=zctx,
+        server_key=tmp_path / "server" / "broker.key",
+        curve_secret=tmp_path / "clients" / "client.key_secret",
+        timeout=10,
+    ).connect()
+
+
+def test_console_actions_on_a_curve_broker_with_the_consoles_own_key(
+    tmp_path: Path, zctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """Regression: the console's broker client had no key, so every action on a CURVE
+    broker failed (502).  With ``[console] curve_secret`` they work."""
+    hub = _curve_hub(tmp_path, zctx, "allowed")
+    endpoints = hub.start()
+    try:
+        url, token = endpoints.http["console"], "a-console-token-of-some-length"
+        with _curve_client(tmp_path, endpoints.broker, zctx) as client:
+            status, answer = post(
+                url,
+                {"action": "create-queue", "channel": "sealed", "queue": 4, "status": "Pull"},
+                token=token,
+            )
+            assert status == 200, answer
+            client.push("sealed", 4, b"inside", ack=True)
+            status, answer = post(url, {"action": "browse", "channel": "sealed", "queue": 4},
+                                  token=token)  # fmt: skip
+            assert status == 200 and [m["text"] for m in answer["messages"]] == ["inside"]
+            status, answer = post(url, {"action": "purge", "channel": "sealed", "queue": 4},
+                                  token=token)  # fmt: skip
+            assert (status, answer["removed"]) == (200, 1)
+            assert client.queue_info("sealed", 4)["Messages"] == 0
+    finally:
+        hub.stop()
+
+
+def test_console_of_a_curve_broker_without_a_key_says_which_to_set(
+    tmp_path: Path, zctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    hub = _curve_hub(tmp_path, zctx, None)
+    endpoints = hub.start()
+    try:
+        status, answer = post(
+            endpoints.http["console"],
+            {"action": "create-channel", "channel": "x"},
+            token="a-console-token-of-some-length",
+        )
+        assert status == 503 and "[console] curve_secret" in answer["error"], answer
+        with _curve_client(tmp_path, endpoints.broker, zctx) as client:
+            assert [c["Name"] for c in client.channels()] == []
+    finally:
+        hub.stop()
+
+
+def test_a_console_key_the_broker_does_not_allow_is_a_config_error(
+    tmp_path: Path, zctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        _curve_hub(tmp_path, zctx, "not-allowed")
+    assert caught.value.key == "console.curve_secret"
+    assert "broker.allow" in str(caught.value)
+
+
+def test_a_console_key_without_a_curve_broker_is_a_config_error(tmp_path: Path) -> None:
+    config = HubConfig(
+        files=FilesConfig(publish=(PublishConfig(tmp_path, "/"),), state=False),
+        console=ConsoleConfig(enabled=True, curve_secret=tmp_path / "c.key_secret"),
+    )
+    with pytest.raises(ConfigError) as caught:
+        check(config)
+    assert caught.value.key == "console.curve_secret"

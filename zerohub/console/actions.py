@@ -5,6 +5,9 @@ delete a channel or queue, set a queue's status, purge a queue) is a TMQP server
 operation sent to the broker's own endpoint by a client connected with the console's
 ``broker_token`` as its ``Client-Token``, so the engine's authorizer decides exactly as
 it does for any other client (a refusal comes back as a 401 and is shown as such).
+A CURVE broker admits the console's connection like any client's: with the console's
+own certificate (``[console] curve_secret``), whose public key the broker's ``allow``
+folder must hold; without one, actions answer 503 saying so.
 Browsing a queue is the broker's ``QUEUE_BROWSE`` operation (``broker.sequence``: the
 messages it holds, oldest sequence number first, none taken; the ``browse`` action).
 A queue's trash (what left it without being consumed: expired, past its put-back limit,
@@ -24,6 +27,7 @@ it stops the broker).
 from __future__ import annotations
 
 import base64
+import os
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -135,10 +139,19 @@ class ConsoleActions:
         *,
         broker_token: str | None = None,
         timeout: float = 10.0,
+        server_key: str | os.PathLike[str] | None = None,
+        curve_secret: str | os.PathLike[str] | None = None,
+        unavailable: str | None = None,
     ) -> None:
         self._endpoint = endpoint
         self._context = context
         self._token = broker_token or None
+        #: CURVE (a CURVE broker): the broker's public key file (a ``.key_secret`` file
+        #: holds it too) and the console's client certificate.
+        self._server_key = server_key
+        self._curve_secret = curve_secret
+        #: Why actions cannot be done at all (503), e.g. no key for a CURVE broker.
+        self._unavailable = unavailable
         self._timeout = timeout
         self._lock = threading.Lock()
         self._client: Client | None = None
@@ -188,6 +201,8 @@ class ConsoleActions:
     def _connected(self) -> Client:
         if self._closed:
             raise ActionError(503, "the console is stopping")
+        if self._unavailable is not None:
+            raise ActionError(503, self._unavailable)
         if self._client is not None and self._client.connected:
             return self._client
         self._drop()
@@ -202,6 +217,8 @@ class ConsoleActions:
             token=self._token,
             timeout=self._timeout,
             linger=0.0,
+            server_key=self._server_key,
+            curve_secret=self._curve_secret,
         )
         try:
             client.connect()
