@@ -85,6 +85,8 @@ def test_the_console_shows_a_queue_in_a_real_browser(
         assert row in dom, dom
         assert "<b>orders</b>" not in dom
         assert "<tr><td>/</td><td>" in dom  # the mount
+        # the channels, with their consumers
+        assert '<tr><td>&lt;b&gt;orders&lt;/b&gt;</td><td class="n">0</td></tr>' in dom
 
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         shot = ARTIFACTS / "console.png"

@@ -129,6 +129,7 @@ function draw(status) {
     ["deliveries", b.deliveries], ["acks", b.acks], ["nacks", b.nacks],
     ["dropped", b.dropped_deliveries],
   ]);
+  fill("channels", b.channel_list || [], [["name", false], ["consumers", true]]);
   if (!document.querySelector("#queues select:focus")) queueRows(b.queue_list || []);
 }
 
