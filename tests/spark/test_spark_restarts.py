@@ -186,7 +186,7 @@ def test_stream_read_through_a_broker_kill_9_mid_batch(
     try:
         with Client(served.endpoint, context=zctx, timeout=30) as c:
             c.create_queue("log", 1, PERSISTENT_HELD)
-            ids = [f"r{i:05d}" for i in range(3000)]
+            ids = [f"r{i:05d}" for i in range(5000)]
             futures = [c.push_async("log", 1, b"x", message_id=mid) for mid in ids]
             for f in futures:
                 f.result(30)  # saved: the persistent handler acknowledges once stored
@@ -200,7 +200,7 @@ def test_stream_read_through_a_broker_kill_9_mid_batch(
                 .option("queue", "1")
                 .option("maxRowsPerTrigger", "1000")
                 .option("rowsPerPartition", "500")
-                .option("browseLimit", "5")  # many round trips: a long batch to kill in
+                .option("browseLimit", "1")  # a round trip a row: a long batch to kill in
                 .option("timeout", "3")
                 .load()
             )
@@ -231,7 +231,7 @@ def test_stream_read_through_a_broker_kill_9_mid_batch(
                 query.processAllAvailable()
         finally:
             query.stop()
-        if query.exception() is not None or _rows(spark, sink) < 3000:
+        if query.exception() is not None or _rows(spark, sink) < len(ids):
             _run_to_end(start)  # restarted from the checkpoint
         got = Counter(r.id for r in spark.read.parquet(str(sink)).select("id").collect())
         assert sorted(got) == sorted(ids)  # none lost
