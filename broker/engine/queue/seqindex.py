@@ -28,12 +28,22 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from broker.engine.message import DELAYED, DONE, INFLIGHT, QUEUED, Message, QueueMessage
+from broker.engine.queue.messages import MessageOrder
+from broker.engine.queue.retained import Retained
 
-if TYPE_CHECKING:
-    from broker.engine.queue.queue import Queue
+
+class Queue(Protocol):
+    """What the index reads of its queue (no import of the queue module: no cycle)."""
+
+    messages: MessageOrder
+    retained: Retained
+
+    @property
+    def tracker(self) -> Any: ...
+
 
 #: Dead entries tolerated beyond twice the held count before a full sweep.
 SLACK = 64
