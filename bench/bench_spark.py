@@ -50,7 +50,8 @@ def _free_port() -> int:
 def _broker(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
     endpoint = f"tcp://127.0.0.1:{_free_port()}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "broker", "serve", "--bind", endpoint],
+        # (its own --data: the default folder is shared with every other broker here)
+        [sys.executable, "-m", "broker", "serve", "--bind", endpoint, "--data", str(tmp / "data")],
         stdout=subprocess.DEVNULL,
         stderr=open(tmp / "broker.log", "wb"),  # noqa: SIM115
     )
@@ -76,8 +77,12 @@ def _fill(endpoint: str, channel: str, count: int) -> None:
         c.push(channel, 1, payload, ack=True)  # (in order: all before it are in)
 
 
+#: Spark's per-micro-batch phases (``durationMs`` of a progress report) shown by --phases
+PHASES = ("latestOffset", "walCommit", "queryPlanning", "addBatch", "commitOffsets")
+
+
 def bench_stream_read(
-    spark: Any, endpoint: str, count: int, per_trigger: int, tmp: Path
+    spark: Any, endpoint: str, count: int, per_trigger: int, tmp: Path, phases: bool = False
 ) -> tuple[float, float]:
     channel = f"read{per_trigger}"
     _fill(endpoint, channel, count - 1)
@@ -104,6 +109,12 @@ def bench_stream_read(
         query.stop()
     rows = sum(p["numInputRows"] for p in progress)
     busy = sum(p["durationMs"]["triggerExecution"] for p in progress) / 1000
+    if phases:
+        mean = {
+            k: sum(p["durationMs"].get(k, 0) for p in progress) / len(progress) for k in PHASES
+        }
+        shown = ", ".join(f"{k} {v:,.0f}" for k, v in mean.items())
+        print(f"  {per_trigger:,} per micro-batch, {len(progress)} batches, mean ms: {shown}")
     assert rows == count, f"read {rows} of {count}"
     return rows / busy, rows / wall
 
@@ -149,8 +160,16 @@ def bench_manifest(spark: Any, tmp: Path, octets: int) -> tuple[float, float, in
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (seconds)")
+    parser.add_argument("--count", type=int, help="messages (default 200,000; quick 20,000)")
+    parser.add_argument(
+        "--triggers",
+        help=f"maxRowsPerTrigger values, comma-separated (default {','.join(map(str, TRIGGERS))})",
+    )
+    parser.add_argument("--read-only", action="store_true", help="only (a)")
+    parser.add_argument("--phases", action="store_true", help="Spark's time per phase of (a)")
     args = parser.parse_args()
-    count = 20_000 if args.quick else 200_000
+    count = args.count or (20_000 if args.quick else 200_000)
+    triggers = tuple(int(t) for t in args.triggers.split(",")) if args.triggers else TRIGGERS
     octets = (32 if args.quick else 256) * 1024 * 1024
     spark = session("local[2]", "bench-spark", **{"spark.sql.shuffle.partitions": "2"})
     register(spark)
@@ -159,9 +178,12 @@ def main() -> None:
         proc, endpoint = _broker(tmp)
         try:
             spark.range(10).count()  # first action's warm-up, not timed
-            reads = {n: bench_stream_read(spark, endpoint, count, n, tmp) for n in TRIGGERS}
-            write = bench_write(spark, endpoint, count)
-            local_mb, spark_mb, files = bench_manifest(spark, tmp, octets)
+            reads = {
+                n: bench_stream_read(spark, endpoint, count, n, tmp, args.phases) for n in triggers
+            }
+            if not args.read_only:
+                write = bench_write(spark, endpoint, count)
+                local_mb, spark_mb, files = bench_manifest(spark, tmp, octets)
         finally:
             proc.terminate()
             proc.wait(30)
@@ -173,11 +195,13 @@ def main() -> None:
         what = f"(a) streaming read, {count:,} x 100 B, {per_trigger:,} per micro-batch"
         print(f"{what:<58} {busy:>10,.0f} rows/s")
         print(f"{'    the same over the query wall clock':<58} {wall:>10,.0f} rows/s")
+    print("target (a) >= 50,000 rows/s")
+    if args.read_only:
+        return
     print(f"{f'(b) writer, {count:,} x 100 B, acked, 2 tasks':<58} {write:>10,.0f} rows/s")
     tree = f"{files:,} x 256 KiB"
     print(f"{f'(c) manifest, one process ({tree})':<58} {local_mb:>12,.0f} MB/s")
     print(f"{'    manifest, Spark local[2]':<58} {spark_mb:>12,.0f} MB/s")
-    print("target (a) >= 50,000 rows/s")
 
 
 if __name__ == "__main__":

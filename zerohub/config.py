@@ -190,6 +190,11 @@ class ConsoleConfig:
     #: The ``Client-Token`` the console's broker connection presents: the broker's
     #: authorization decides what its actions may do.  Empty: none.
     broker_token: str = ""
+    #: With a CURVE broker (``broker.curve_secret``): the console's own client
+    #: certificate (``NAME.key_secret``, e.g. from ``zerohub keys``/``broker keygen``);
+    #: its public half (``NAME.key``) must be in ``broker.allow``.  Without it the
+    #: console of a CURVE broker shows the status but refuses actions (503).
+    curve_secret: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -471,6 +476,10 @@ def check(config: HubConfig, checker: _Checker | None = None) -> HubConfig:
         and not metrics.address.endswith(":0")
     ):
         raise checker.fail("console.address", f"{console.address} is the metrics address too")
+    if console.curve_secret is not None and broker.curve_secret is None:
+        raise checker.fail(
+            "console.curve_secret", "only with a CURVE broker (set broker.curve_secret)"
+        )
     for i, virtual in enumerate(files.deny):
         try:
             virtual_path(virtual)

@@ -201,6 +201,38 @@ class Hub:
         return {"files": files_status(self.files), "broker": self.broker_snapshot()}
 
 
+def _console_curve(config: HubConfig) -> dict[str, Any]:
+    """How the console's client reaches a CURVE broker: its certificate (checked: the
+    broker's ``allow`` folder holds its public key), or why its actions cannot."""
+    b, console = config.broker, config.console
+    if b.curve_secret is None:
+        return {}
+    if console.curve_secret is None:
+        return {
+            "unavailable": "the broker uses CURVE: set [console] curve_secret to a client "
+            "certificate whose public key is in [broker] allow"
+        }
+    from zerohub import zmqkit
+
+    try:
+        public = zmqkit.load_secret(console.curve_secret)[0]
+    except zmqkit.SecurityError as exc:
+        raise ConfigError("console.curve_secret", str(exc)) from None
+    allowed = set()
+    assert b.allow is not None  # (checked with broker.curve_secret)
+    for key_file in sorted(Path(b.allow).glob("*.key")):
+        try:
+            allowed.add(zmqkit.load_public(key_file))
+        except zmqkit.SecurityError:
+            continue  # (the broker's authenticator skips it too)
+    if public not in allowed:
+        raise ConfigError(
+            "console.curve_secret",
+            f"its public key is not in broker.allow ({b.allow}): copy its .key file there",
+        )
+    return {"server_key": str(b.curve_secret), "curve_secret": str(console.curve_secret)}
+
+
 def _open_data(data: Path | None) -> tuple[LogStore | None, DurableStore | None]:
     """The broker's durable log in ``data`` and the engine's store over it (None, None:
     in memory); ServerError if it cannot be opened."""
@@ -370,6 +402,7 @@ def build(
             lambda: broker.endpoint,
             broker_context,
             broker_token=console.broker_token or None,
+            **_console_curve(config),
         )
         hub.http.append(
             console_server(

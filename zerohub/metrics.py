@@ -329,10 +329,39 @@ def exposition(metrics: CollectorRegistry) -> bytes:
     return out if out is not None else generate_latest(metrics)
 
 
+#: Label sets already written, as their text (``{k="v",...}``): a scrape writes the same
+#: thousands of per-queue label sets as the one before.  Emptied past _LABEL_CACHE_MAX.
+_label_texts: dict[tuple[tuple[str, str], ...], str] = {}
+_LABEL_CACHE_MAX = 50_000
+
+
+def _number(value: float) -> str:
+    """``floatToGoString``, quicker for the integers most samples are (below 10**6: Go
+    writes larger ones with an exponent, as the library does)."""
+    if type(value) is int and -(10**15) < value < 1_000_000:
+        return f"{value}.0"
+    return floatToGoString(value)
+
+
+def _labels(labels: dict[str, str]) -> str | None:
+    key = tuple(labels.items())
+    text = _label_texts.get(key)
+    if text is None:
+        if any(not _LABEL_NAME.fullmatch(k) for k in labels):
+            return None
+        pairs = sorted(key) if len(key) > 1 else key
+        text = "{" + ",".join(f'{k}="{_label_value(v)}"' for k, v in pairs) + "}"
+        if len(_label_texts) >= _LABEL_CACHE_MAX:
+            _label_texts.clear()
+        _label_texts[key] = text
+    return text
+
+
 def _write(families: list[Metric]) -> bytes | None:
     out: list[str] = []
     append = out.append
-    number = floatToGoString
+    number = _number
+    texts = _label_texts
     for family in families:
         kind = family.type
         if kind not in ("counter", "gauge"):
@@ -340,7 +369,6 @@ def _write(families: list[Metric]) -> bytes | None:
         name = family.name + "_total" if kind == "counter" else family.name
         about = family.documentation.replace("\\", "\\\\").replace("\n", "\\n")
         append(f"# HELP {name} {about}\n# TYPE {name} {kind}\n")
-        names: tuple[str, ...] | None = None
         for sample in family.samples:
             if sample.timestamp is not None or sample.exemplar is not None:
                 return None
@@ -348,14 +376,10 @@ def _write(families: list[Metric]) -> bytes | None:
             if not labels:
                 append(f"{sample.name} {number(sample.value)}\n")
                 continue
-            keys = tuple(labels)
-            if keys != names:
-                if any(not _LABEL_NAME.fullmatch(k) for k in keys):
-                    return None
-                names = keys
-            pairs = sorted(labels.items()) if len(keys) > 1 else labels.items()
-            text = ",".join(f'{k}="{_label_value(v)}"' for k, v in pairs)
-            append(f"{sample.name}{{{text}}} {number(sample.value)}\n")
+            text = texts.get(tuple(labels.items())) or _labels(labels)
+            if text is None:
+                return None
+            append(f"{sample.name}{text} {number(sample.value)}\n")
     return "".join(out).encode("utf-8")
 
 

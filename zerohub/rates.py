@@ -42,7 +42,8 @@ class _Track:
     sent: int
     in_rate: float = 0.0
     out_rate: float = 0.0
-    history: deque[tuple[float, float]] = field(default_factory=deque)
+    #: points as the status gives them (``[in, out]``: shared, never changed)
+    history: deque[list[float]] = field(default_factory=deque)
 
 
 class QueueRates:
@@ -82,10 +83,10 @@ class QueueRates:
                     track.in_rate = round((received - track.received) / span, 2)
                     track.out_rate = round((sent - track.sent) / span, 2)
                     track.at, track.received, track.sent = now, received, sent
-                    track.history.append((track.in_rate, track.out_rate))
+                    track.history.append([track.in_rate, track.out_rate])
                 seen[key] = track
                 q["in_rate"] = track.in_rate
                 q["out_rate"] = track.out_rate
                 charted = len(seen) <= self.charts
-                q["history"] = [list(point) for point in track.history] if charted else []
+                q["history"] = list(track.history) if charted else []
             self._tracks = seen

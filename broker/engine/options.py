@@ -48,7 +48,11 @@ def _status(value: Any) -> QueueStatus:
 
 def status_name(status: QueueStatus) -> str:
     """The status as the document's QueueInformation shows it (``"RoundRobin"``)."""
-    return "".join(part.capitalize() for part in status.name.split("_"))
+    return _STATUS_NAMES[status]
+
+
+#: (made once: the statistics name every queue's status at each read)
+_STATUS_NAMES = {s: "".join(part.capitalize() for part in s.name.split("_")) for s in QueueStatus}
 
 
 def _bool(value: Any, key: str) -> bool:

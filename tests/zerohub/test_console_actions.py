@@ -18,12 +18,15 @@ import zmq
 from broker.client.blocking import Client
 from broker.client.errors import RemoteError
 from broker.engine.auth import Action, TokenAuthorizer
+from tests.polling import wait_until
 from zerohub.config import (
     BrokerConfig,
+    ConfigError,
     ConsoleConfig,
     FilesConfig,
     HubConfig,
     PublishConfig,
+    check,
 )
 from zerohub.console import TOKEN_HEADER
 from zerohub.hub import Hub, HubEndpoints, build
@@ -251,3 +254,192 @@ def test_a_console_whose_broker_token_is_refused_says_so(
         conn.close()
     finally:
         hub.stop()
+
+
+def _expired_queue(client: Client, channel: str, n: int) -> None:
+    """A Pull queue whose ``n`` messages expired into its trash (then no timeout any
+    more: what is resubmitted stays)."""
+    client.create_queue(channel, 1, {"Status": "Pull", "MessageTimeout": 50})
+    for i in range(n):
+        client.push(channel, 1, f"lost {i}".encode(), ack=True)
+    assert wait_until(lambda: len(client.trash_list(channel, 1)) == n, timeout=30)
+    client.update_queue(channel, 1, {"MessageTimeout": 0})
+
+
+def test_trash_list_resubmit_and_purge(watched: tuple[Hub, str, Client]) -> None:
+    the_hub, url, client = watched
+    token = the_hub.console_token
+    _expired_queue(client, "late", 4)
+    status, listed = post(url, {"action": "trash", "channel": "late", "queue": 1}, token=token)
+    assert status == 200, listed
+    assert listed["trash"] is True and listed["channel"] == "late"
+    rows = listed["messages"]
+    assert [m["text"] for m in rows] == [f"lost {i}" for i in range(4)]
+    assert {m["reason"] for m in rows} == {"expired"}
+    assert all(m["headers"] == [] for m in rows)  # the reason is not shown twice
+    seqs = [m["sequence"] for m in rows]
+    # one message back into its queue
+    status, done = post(
+        url,
+        {"action": "trash-resubmit", "channel": "late", "queue": 1, "sequences": [seqs[1]]},
+        token=token,
+    )
+    assert (status, done["resubmitted"]) == (200, 1)
+    assert client.queue_info("late", 1)["Messages"] == 1
+    assert [bytes(b.message.payload) for b in client.browse("late", 1, 0)] == [b"lost 1"]
+    # one removed, then the rest
+    status, done = post(
+        url,
+        {"action": "trash-purge", "channel": "late", "queue": 1, "sequences": [seqs[0]]},
+        token=token,
+    )
+    assert (status, done["purged"]) == (200, 1)
+    left = [b.sequence for b in client.trash_list("late", 1)]
+    assert left == [seqs[2], seqs[3]]
+    status, done = post(url, {"action": "trash-purge", "channel": "late", "queue": 1}, token=token)
+    assert (status, done["purged"]) == (200, 2)
+    assert client.trash_list("late", 1) == []
+    assert client.queue_info("late", 1)["Messages"] == 1  # the resubmitted one stays
+
+
+@pytest.mark.parametrize(
+    "sequences",
+    [[], "1", [0], [-3], [True], [2**63], list(range(1, 102)), [1.5]],
+    ids=["empty", "text", "zero", "negative", "bool", "too-big", "too-many", "float"],
+)
+def test_trash_actions_refuse_bad_sequences_and_change_nothing(
+    watched: tuple[Hub, str, Client], sequences: Any
+) -> None:
+    the_hub, url, client = watched
+    _expired_queue(client, "bad", 2)
+    for action in ("trash-resubmit", "trash-purge"):
+        status, answer = post(
+            url,
+            {"action": action, "channel": "bad", "queue": 1, "sequences": sequences},
+            token=the_hub.console_token,
+        )
+        assert status == 400 and "sequences" in answer["error"]
+    assert len(client.trash_list("bad", 1)) == 2
+    assert client.queue_info("bad", 1)["Messages"] == 0
+
+
+def test_trash_actions_need_the_token_and_the_brokers_permission(
+    watched: tuple[Hub, str, Client],
+) -> None:
+    the_hub, url, client = watched
+    _expired_queue(client, "kept", 1)
+    status, _ = post(url, {"action": "trash-purge", "channel": "kept", "queue": 1}, token=None)
+    assert status == 401
+    status, _ = post(url, {"action": "trash", "channel": "nowhere", "queue": 1},
+                     token=the_hub.console_token)  # fmt: skip
+    assert status == 404
+    assert len(client.trash_list("kept", 1)) == 1
+
+
+def _curve_hub(
+    tmp_path: Path, zctx: zmq.Context[zmq.Socket[bytes]], console_key: str | None
+) -> Hub:
+    """A hub whose broker requires CURVE (keys in ``tmp_path/allow``: the client's and,
+    with ``console_key`` "allowed", the console's); the console's certificate as told."""
+    from zerohub.zmqkit import new_certificate
+
+    public = tmp_path / "public"
+    public.mkdir()
+    allow = tmp_path / "allow"
+    allow.mkdir()
+    _pub, server_sec = new_certificate("broker", tmp_path / "server")
+    client_pub, _sec = new_certificate("client", tmp_path / "clients")
+    (allow / "client.key").write_bytes(client_pub.read_bytes())
+    console_sec = None
+    if console_key is not None:
+        console_pub, console_sec = new_certificate("console", tmp_path / "console")
+        if console_key == "allowed":
+            (allow / "console.key").write_bytes(console_pub.read_bytes())
+    config = HubConfig(
+        files=FilesConfig(
+            bind="tcp://127.0.0.1:*", publish=(PublishConfig(public, "/"),), state=False
+        ),
+        broker=BrokerConfig(bind="tcp://127.0.0.1:*", curve_secret=server_sec, allow=allow),
+        console=ConsoleConfig(
+            enabled=True,
+            address="127.0.0.1:0",
+            token="a-console-token-of-some-length",
+            curve_secret=console_sec,
+        ),
+    )
+    return build(check(config), zctx)
+
+
+def _curve_client(tmp_path: Path, endpoint: str, zctx: zmq.Context[zmq.Socket[bytes]]) -> Client:
+    return Client(
+        endpoint,
+        context=zctx,
+        server_key=tmp_path / "server" / "broker.key",
+        curve_secret=tmp_path / "clients" / "client.key_secret",
+        timeout=10,
+    ).connect()
+
+
+def test_console_actions_on_a_curve_broker_with_the_consoles_own_key(
+    tmp_path: Path, zctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """Regression: the console's broker client had no key, so every action on a CURVE
+    broker failed (502).  With ``[console] curve_secret`` they work."""
+    hub = _curve_hub(tmp_path, zctx, "allowed")
+    endpoints = hub.start()
+    try:
+        url, token = endpoints.http["console"], "a-console-token-of-some-length"
+        with _curve_client(tmp_path, endpoints.broker, zctx) as client:
+            status, answer = post(
+                url,
+                {"action": "create-queue", "channel": "sealed", "queue": 4, "status": "Pull"},
+                token=token,
+            )
+            assert status == 200, answer
+            client.push("sealed", 4, b"inside", ack=True)
+            status, answer = post(url, {"action": "browse", "channel": "sealed", "queue": 4},
+                                  token=token)  # fmt: skip
+            assert status == 200 and [m["text"] for m in answer["messages"]] == ["inside"]
+            status, answer = post(url, {"action": "purge", "channel": "sealed", "queue": 4},
+                                  token=token)  # fmt: skip
+            assert (status, answer["removed"]) == (200, 1)
+            assert client.queue_info("sealed", 4)["Messages"] == 0
+    finally:
+        hub.stop()
+
+
+def test_console_of_a_curve_broker_without_a_key_says_which_to_set(
+    tmp_path: Path, zctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    hub = _curve_hub(tmp_path, zctx, None)
+    endpoints = hub.start()
+    try:
+        status, answer = post(
+            endpoints.http["console"],
+            {"action": "create-channel", "channel": "x"},
+            token="a-console-token-of-some-length",
+        )
+        assert status == 503 and "[console] curve_secret" in answer["error"], answer
+        with _curve_client(tmp_path, endpoints.broker, zctx) as client:
+            assert [c["Name"] for c in client.channels()] == []
+    finally:
+        hub.stop()
+
+
+def test_a_console_key_the_broker_does_not_allow_is_a_config_error(
+    tmp_path: Path, zctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        _curve_hub(tmp_path, zctx, "not-allowed")
+    assert caught.value.key == "console.curve_secret"
+    assert "broker.allow" in str(caught.value)
+
+
+def test_a_console_key_without_a_curve_broker_is_a_config_error(tmp_path: Path) -> None:
+    config = HubConfig(
+        files=FilesConfig(publish=(PublishConfig(tmp_path, "/"),), state=False),
+        console=ConsoleConfig(enabled=True, curve_secret=tmp_path / "c.key_secret"),
+    )
+    with pytest.raises(ConfigError) as caught:
+        check(config)
+    assert caught.value.key == "console.curve_secret"

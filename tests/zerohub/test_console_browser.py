@@ -85,6 +85,8 @@ def test_the_console_shows_a_queue_in_a_real_browser(
         assert row in dom, dom
         assert "<b>orders</b>" not in dom
         assert "<tr><td>/</td><td>" in dom  # the mount
+        # the channels, with their consumers
+        assert '<tr><td>&lt;b&gt;orders&lt;/b&gt;</td><td class="n">0</td></tr>' in dom
 
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         shot = ARTIFACTS / "console.png"
@@ -184,6 +186,64 @@ def test_an_action_in_the_page_changes_the_broker_and_needs_the_token(
 
             ARTIFACTS.mkdir(parents=True, exist_ok=True)
             shot = ARTIFACTS / "console-action.png"
+            browser.screenshot(shot)
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_trash_view_lists_resubmits_and_purges_in_the_page(
+    hub: tuple[Hub, HubEndpoints, Path], zctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """A queue's trash in the page: its messages with why they left, one pushed back
+    into the queue by its row's button, the rest removed by "purge all" (confirmed)."""
+    the_hub, endpoints, tmp_path = hub
+    url = endpoints.http["console"] + "/"
+    with Client(endpoints.broker, context=zctx, timeout=10).connect() as client:
+        client.create_queue("late", 2, {"Status": "Pull", "MessageTimeout": 50})
+        for i in range(3):
+            client.push("late", 2, f"<u>lost {i}</u>".encode(), ack=True)
+        assert wait_until(lambda: len(client.trash_list("late", 2)) == 3, timeout=WAIT)
+        client.update_queue("late", 2, {"MessageTimeout": 0})
+        seqs = [b.sequence for b in client.trash_list("late", 2)]
+
+        with Browser(tmp_path / "profile-trash") as browser:
+            browser.navigate(f"{url}#token={the_hub.console_token}")
+            browser.wait_for(_queue_button("trash", "late", 2))
+            browser.evaluate(_click("trash", "late", 2))
+            rows = browser.wait_for(
+                "document.querySelectorAll('#trashed tbody tr').length === 3 && "
+                "[...document.querySelectorAll('#trashed tbody tr')].map(tr => "
+                "[...tr.querySelectorAll('td')].slice(0, 5).map(td => td.textContent))"
+            )
+            assert [r[0] for r in rows] == [str(s) for s in seqs]
+            assert [r[2] for r in rows] == ["expired"] * 3
+            assert [r[4] for r in rows] == [f"<u>lost {i}</u>" for i in range(3)]  # as text
+            assert not browser.evaluate("document.getElementById('trash').hidden")
+
+            # the middle one back into its queue
+            browser.evaluate(
+                "document.querySelector('#trashed button[data-action=trash-resubmit]"
+                f'[data-sequence="{seqs[1]}"]\').click()'
+            )
+            assert wait_until(lambda: client.queue_info("late", 2)["Messages"] == 1, WAIT)
+            browser.wait_for("document.querySelectorAll('#trashed tbody tr').length === 2")
+            assert [bytes(b.message.payload) for b in client.browse("late", 2, 0)] == [
+                b"<u>lost 1</u>"
+            ]
+
+            # the rest removed for good
+            browser.evaluate("document.getElementById('trash-purge-all').click()")
+            assert wait_until(lambda: client.trash_list("late", 2) == [], timeout=WAIT)
+            browser.wait_for("document.querySelectorAll('#trashed tbody tr').length === 0")
+            assert browser.dialogs == ["remove everything from the trash of late/2?"]
+            said = browser.wait_for(
+                "document.getElementById('outcome').className === 'ok' && "
+                "document.getElementById('outcome').textContent"
+            )
+            assert said == "2 message(s) of the trash of late/2 removed"
+            assert client.queue_info("late", 2)["Messages"] == 1
+
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            shot = ARTIFACTS / "console-trash.png"
             browser.screenshot(shot)
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -53,6 +53,22 @@ def test_the_same_text_as_the_library_with_hostile_labels() -> None:
     assert b'channel="a\\"quote"' in exposition(metrics)
 
 
+def test_integers_and_label_sets_written_again_read_the_same() -> None:
+    """The writer's quick paths (integers, label texts kept from the last scrape) write
+    what the library writes: the same label sets with new values, integers near the
+    float limits, a label set first seen with a bad name."""
+    ints = [0, -1, 7, 999_999, 10**6, 1234567, 10**15, -(10**15) + 1, -(10**15), 2**53 + 1, True]
+    for round_ in range(3):
+        gauge = GaugeMetricFamily("g", "g", labels=["channel", "queue"])
+        for i, value in enumerate(ints):
+            gauge.add_metric([f"ch{i}", str(i % 3)], value + round_)
+        # the same label values under other names: must not reuse the texts
+        other = CounterMetricFamily("c", "c", labels=["queue", "channel"])
+        other.add_metric(["ch1", "1"], round_)
+        metrics = _registry(gauge, other)
+        assert exposition(metrics) == generate_latest(metrics)
+
+
 def test_a_family_it_does_not_write_goes_to_the_library() -> None:
     histogram = HistogramMetricFamily(
         "h", "latency", buckets=[("1.0", 2), ("+Inf", 3)], sum_value=4

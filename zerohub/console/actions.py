@@ -5,8 +5,17 @@ delete a channel or queue, set a queue's status, purge a queue) is a TMQP server
 operation sent to the broker's own endpoint by a client connected with the console's
 ``broker_token`` as its ``Client-Token``, so the engine's authorizer decides exactly as
 it does for any other client (a refusal comes back as a 401 and is shown as such).
+A CURVE broker admits the console's connection like any client's: with the console's
+own certificate (``[console] curve_secret``), whose public key the broker's ``allow``
+folder must hold; without one, actions answer 503 saying so.
 Browsing a queue is the broker's ``QUEUE_BROWSE`` operation (``broker.sequence``: the
 messages it holds, oldest sequence number first, none taken; the ``browse`` action).
+A queue's trash (what left it without being consumed: expired, past its put-back limit,
+nacked and not put back) is listed the same way with its reasons (``trash``), pushed
+back into the queue (``trash-resubmit``) or emptied (``trash-purge``), all of it or the
+messages whose sequence numbers the request lists (``"sequences": [3, 7]``, at most
+:data:`BROWSE_LIMIT`); listing needs the broker's browse permission, the other two its
+trash permission.
 
 :class:`ConsoleActions` takes a request (a JSON object: ``{"action": NAME, ...}``),
 checks its fields and answers a JSON-able dict; anything wrong is an
@@ -18,6 +27,7 @@ it stops the broker).
 from __future__ import annotations
 
 import base64
+import os
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -31,6 +41,9 @@ from broker.protocol import QueueStatus
 from broker.sequence import FROM_FIRST
 
 __all__ = ["BROWSE_LIMIT", "PREVIEW_OCTETS", "ActionError", "ConsoleActions"]
+
+#: The header a trashed message carries: why it left its queue.
+_TRASH_REASON = "Trash-Reason"
 
 #: Messages a browse shows at most (the first ones the queue holds, oldest first).
 BROWSE_LIMIT = 100
@@ -88,6 +101,22 @@ def _limit(request: Mapping[str, Any]) -> int:
     return min(raw, BROWSE_LIMIT)
 
 
+def _sequences(request: Mapping[str, Any]) -> list[int] | None:
+    raw = request.get("sequences")
+    if raw is None:
+        return None
+    if (
+        not isinstance(raw, list)
+        or not raw
+        or len(raw) > BROWSE_LIMIT
+        or any(not isinstance(n, int) or isinstance(n, bool) or not 1 <= n < 2**63 for n in raw)
+    ):
+        raise ActionError(
+            400, f"sequences must be a list of 1 to {BROWSE_LIMIT} sequence numbers (1 or more)"
+        )
+    return raw
+
+
 def _text(payload: bytes) -> dict[str, Any]:
     shown = payload[:PREVIEW_OCTETS]
     try:
@@ -110,10 +139,19 @@ class ConsoleActions:
         *,
         broker_token: str | None = None,
         timeout: float = 10.0,
+        server_key: str | os.PathLike[str] | None = None,
+        curve_secret: str | os.PathLike[str] | None = None,
+        unavailable: str | None = None,
     ) -> None:
         self._endpoint = endpoint
         self._context = context
         self._token = broker_token or None
+        #: CURVE (a CURVE broker): the broker's public key file (a ``.key_secret`` file
+        #: holds it too) and the console's client certificate.
+        self._server_key = server_key
+        self._curve_secret = curve_secret
+        #: Why actions cannot be done at all (503), e.g. no key for a CURVE broker.
+        self._unavailable = unavailable
         self._timeout = timeout
         self._lock = threading.Lock()
         self._client: Client | None = None
@@ -126,6 +164,9 @@ class ConsoleActions:
             "set-status": self._set_status,
             "purge": self._purge,
             "browse": self._browse,
+            "trash": self._trash,
+            "trash-resubmit": self._trash_resubmit,
+            "trash-purge": self._trash_purge,
         }
 
     @property
@@ -160,6 +201,8 @@ class ConsoleActions:
     def _connected(self) -> Client:
         if self._closed:
             raise ActionError(503, "the console is stopping")
+        if self._unavailable is not None:
+            raise ActionError(503, self._unavailable)
         if self._client is not None and self._client.connected:
             return self._client
         self._drop()
@@ -174,6 +217,8 @@ class ConsoleActions:
             token=self._token,
             timeout=self._timeout,
             linger=0.0,
+            server_key=self._server_key,
+            curve_secret=self._curve_secret,
         )
         try:
             client.connect()
@@ -224,20 +269,51 @@ class ConsoleActions:
     def _browse(self, client: Client, request: Mapping[str, Any]) -> dict[str, Any]:
         channel, queue, limit = _channel(request), _queue(request), _limit(request)
         held = client.browse(channel, queue, FROM_FIRST, limit)
-        messages = []
-        for entry in held[:limit]:
-            m = entry.message
-            payload = bytes(m.payload)
-            messages.append(
-                {
-                    "sequence": entry.sequence,
-                    "id": m.message_id,
-                    "producer": m.source,
-                    "high_priority": m.high_priority,
-                    "size": len(payload),
-                    "headers": [list(pair) for pair in m.headers],
-                    **_text(payload),
-                }
-            )
+        messages = [_shown(entry) for entry in held[:limit]]
         shown = f"{len(messages)} message(s) of {channel}/{queue} shown, none taken"
         return {"done": shown, "channel": channel, "queue": queue, "messages": messages}
+
+    def _trash(self, client: Client, request: Mapping[str, Any]) -> dict[str, Any]:
+        channel, queue, limit = _channel(request), _queue(request), _limit(request)
+        trashed = client.trash_list(channel, queue, 0, limit)
+        messages = [_shown(entry) for entry in trashed[:limit]]
+        shown = f"{len(messages)} message(s) in the trash of {channel}/{queue} shown"
+        return {
+            "done": shown,
+            "channel": channel,
+            "queue": queue,
+            "trash": True,
+            "messages": messages,
+        }
+
+    def _trash_resubmit(self, client: Client, request: Mapping[str, Any]) -> dict[str, Any]:
+        channel, queue, chosen = _channel(request), _queue(request), _sequences(request)
+        done = int(client.trash_resubmit(channel, queue, chosen))
+        what = f"{done} message(s) of the trash of {channel}/{queue} pushed back into it"
+        return {"done": what, "resubmitted": done}
+
+    def _trash_purge(self, client: Client, request: Mapping[str, Any]) -> dict[str, Any]:
+        channel, queue, chosen = _channel(request), _queue(request), _sequences(request)
+        done = int(client.trash_purge(channel, queue, chosen))
+        return {"done": f"{done} message(s) of the trash of {channel}/{queue} removed",
+                "purged": done}  # fmt: skip
+
+
+def _shown(entry: Any) -> dict[str, Any]:
+    """A browsed or trashed message as the page shows it."""
+    m = entry.message
+    payload = bytes(m.payload)
+    headers = [list(pair) for pair in m.headers if pair[0] != _TRASH_REASON]
+    out = {
+        "sequence": entry.sequence,
+        "id": m.message_id,
+        "producer": m.source,
+        "high_priority": m.high_priority,
+        "size": len(payload),
+        "headers": headers,
+        **_text(payload),
+    }
+    reason = m.header(_TRASH_REASON) if m.headers else None
+    if reason is not None:
+        out["reason"] = reason
+    return out

@@ -386,7 +386,10 @@ class Dispatcher:
         if kind == PLAIN:
             self.q.release(client_id)
             assert frame is not None
-            self.give_back(QueueMessage(seq, frame, None, False, now), out)
+            back = QueueMessage(seq, frame, None, False, now)
+            if self.q.index is not None:
+                self.q.index.add(back)  # (before give_back: a drop finishes it)
+            self.give_back(back, out)
             return
         if m is None or kind == ACKED:
             return  # CACHE: nothing left the queue; ACKED: the acknowledge tracker returns it

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from broker.engine.queue.hooks import HandlerHooks
     from broker.engine.queue.messages import MessageOrder
     from broker.engine.queue.retained import Retained
+    from broker.engine.queue.seqindex import SequenceIndex
     from broker.engine.queue.statuses import StatusStrategy
     from broker.engine.receipts import Receipts
     from broker.protocol import Outgoing
@@ -68,6 +69,7 @@ class QueueCore(Protocol):
     hooks: HandlerHooks
     messages: MessageOrder
     retained: Retained
+    index: SequenceIndex | None
     #: False once the queue is removed (its messages went with it).
     alive: bool
     #: Deliveries in flight per consumer id; the default window size.

@@ -60,6 +60,7 @@ from broker.engine.queue.ledger import Ledger
 from broker.engine.queue.messages import MessageOrder
 from broker.engine.queue.protocols import QueueHost
 from broker.engine.queue.retained import Retained
+from broker.engine.queue.seqindex import SequenceIndex
 from broker.engine.queue.statuses import StatusStrategy, strategy_for
 from broker.engine.queue.trash import Trash, Trashed
 from broker.message import parked
@@ -166,6 +167,9 @@ class Queue:
         self.duplicates = 0
         #: What left without being consumed (``trash``).
         self.trash = Trash(self._forget_trashed)
+        #: Held messages by sequence number, built by the first bounds/browse
+        #: (``broker.engine.queue.seqindex``); None: nobody reads this queue by sequence.
+        self.index: SequenceIndex | None = None
         self.ledger = Ledger(self)
         self.tracker = AckTracker(self)
         self.dispatch = Dispatcher(self)
@@ -273,6 +277,11 @@ class Queue:
             found[seq] = m
         if deadlines:
             self.tracker.restore_deadlines(deadlines)
+        index = self.index
+        if index is not None:  # the numbers' entries become the objects read back...
+            index.paged_in(found.values())
+            if len(found) < len(seqs):  # ...or go with the unreadable ones
+                index.discard(seq for seq in seqs if seq not in found)
         return found
 
     @property
@@ -331,6 +340,8 @@ class Queue:
     def enqueue(self, m: QueueMessage) -> None:
         m.park()  # (memory: see broker.message.parked)
         self.messages.enqueue(m)
+        if self.index is not None:
+            self.index.enqueued(self.messages, m)  # (paged out: its entry becomes its number)
 
     # ------------------------------------------------------------------ the host
 
@@ -533,6 +544,8 @@ class Queue:
         """Paged messages taken out of the queue unconsumed (cleared): the store forgets
         them (nobody waits for them: a paged message's producer was answered)."""
         self.removed += len(seqs)
+        if self.index is not None:
+            self.index.discard(seqs)
         store, key = self.host.store, self.key
         for seq in seqs:
             try:
@@ -546,6 +559,7 @@ class Queue:
         self.retained.clear()
         self.recent.clear()
         self.trash.clear()
+        self.index = None
         self.alive = False
 
     def restore(self, stored: StoredMessage, producer: Client | None, now: float) -> None:
@@ -598,6 +612,7 @@ class Queue:
         order.n_priority += n_priority
         order.n_regular += n_regular
         self.sequence = highest
+        self.index = None  # rebuilt by the next read by sequence
         if deadlines:
             self.tracker.restore_deadlines(deadlines)
         return n_priority + n_regular
@@ -611,6 +626,7 @@ class Queue:
         are remembered (read back for those paged).  Returns how many."""
         order = self.messages
         window = order.window
+        self.index = None  # rebuilt by the next read by sequence
         if not window:
             return self.restore_all(self._whole(e for c in chunks for e in _entries(c)), now)
         opts = self.options
@@ -819,8 +835,13 @@ class Queue:
             used[cid] = used.get(cid, 0) + 1
             return True
         qm = QueueMessage(self.sequence, parked(m), sender, False, now)
+        index = self.index
+        if index is not None:
+            index.add(qm)
         if messages.window or messages.paged_regular.seqs or messages.paged_priority.seqs:
             messages.enqueue(qm)  # (paging)
+            if index is not None:
+                index.enqueued(messages, qm)  # (paged out: its entry becomes its number)
         elif qm.high_priority:  # (MessageOrder.enqueue, inline: this runs per message)
             messages.priority.append(qm)
             messages.n_priority += 1
@@ -856,6 +877,8 @@ class Queue:
         message = derive(message, False, self.id, mid, src, self.channel.name, hdrs)
         self.sequence += 1
         m = QueueMessage(self.sequence, message, sender, producer_waits, now)
+        if self.index is not None:
+            self.index.add(m)
         self.received += 1
         self.last_received = now
         try:

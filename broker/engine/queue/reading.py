@@ -9,82 +9,88 @@ messages up to a sequence number as if consumed (a producer waiting for the cons
 acknowledge gets a positive one); deliveries in flight are left to their consumers.
 
 A message a fast-path push handed straight to a consumer's socket (``Queue.push_plain``)
-is not held; a queue with ``Retain`` never takes that path.
+is not held (as a message sent without an acknowledge request on the general path is
+not); one that waits for a consumer is, and a browse lists it.  A queue with ``Retain``
+never takes that path.  Bounds and browse read the queue's sequence index
+(``broker.engine.queue.seqindex``), not the whole queue.  A message paged out to the
+store (``messages``: "Paging") is held and listed in its place: a browse reads its payload
+back from the store (the queue unchanged); one that cannot be read is reported and skipped.
 
 Sans-IO: everything here works on the queue's parts and appends to ``out``.
 """
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from broker.engine.delivery import AckWhen
 from broker.engine.message import DELAYED, DONE, QUEUED, Message, QueueMessage
+from broker.engine.queue.seqindex import SequenceIndex
 from broker.protocol import NackReason, Outgoing
 from broker.sequence import FROM_FIRST, FROM_LAST, SequenceBounds
+from broker.store import StoredMessage
 
 if TYPE_CHECKING:
     from broker.engine.queue.queue import Queue
 
 
-def _held(q: Queue) -> Iterator[tuple[int, QueueMessage | Message | None]]:
-    """Every message the queue holds with its sequence number, in no particular order
-    (a message in flight to several consumers may come more than once); None for one
-    paged out to the store (``messages``: "Paging")."""
-    yield from q.retained.messages.items()
-    messages = q.messages
-    for group in (messages.front, messages.priority, messages.regular):
-        for m in group:
-            if m.state == QUEUED:
-                yield m.seq, m
-    for seq, held in messages.paged():
-        if held is None or held.state == QUEUED:
-            yield seq, held
-    for dl in q.tracker.pending.values():
-        yield dl.message.seq, dl.message
-    for _, m, _where in q.tracker.delayed:
-        if m.state == DELAYED:
-            yield m.seq, m
+def index(q: Queue) -> SequenceIndex:
+    """The queue's sequence index, built on first use (``seqindex``)."""
+    ix = q.index
+    if ix is None:
+        ix = q.index = SequenceIndex.build(q)
+    return ix
 
 
 def bounds(q: Queue) -> SequenceBounds:
     """The oldest held sequence number and the newest given (``first = last + 1``: none)."""
     last = q.sequence
-    first = min((seq for seq, _ in _held(q)), default=last + 1)
-    return SequenceBounds(first, last)
+    first = index(q).first()
+    return SequenceBounds(last + 1 if first is None else first, last)
 
 
 def browse(q: Queue, from_seq: int, limit: int) -> list[tuple[int, Message]]:
     """Up to ``limit`` held messages numbered ``from_seq`` or more, in sequence order
     (``FROM_FIRST``: from the oldest held; ``FROM_LAST``: only newer than the newest).
 
-    One pass over what the queue holds, keeping only the ``limit`` lowest numbers: the
-    time grows with the queue, the memory only with ``limit``."""
-    if from_seq == FROM_LAST:
+    Bisection in the queue's sequence index, then a walk of ``limit`` entries (plus the
+    dead ones not swept yet), paged ones read back from the store in one batch: the time
+    does not grow with the queue (``seqindex``).  The caller bounds ``limit``
+    (``broker.sequence.MAX_BROWSE_LIMIT``)."""
+    if from_seq == FROM_LAST or limit <= 0:
         return []
     start = 1 if from_seq == FROM_FIRST else from_seq
-    wanted = heapq.nsmallest(limit, ((seq, item) for seq, item in _held(q) if seq >= start),
-                             key=_first)  # fmt: skip
+    if start > q.sequence:
+        return []
+    ix = index(q)
     out: list[tuple[int, Message]] = []
-    last = 0
-    for seq, item in wanted:
-        if seq == last:
-            continue  # in flight to several consumers
-        last = seq
-        if item is None:  # paged: read back
-            try:
-                item = q.store.read(q.key, seq).message
-            except Exception as exc:
-                q.error(f"paged message {seq} unreadable", exc)
-                continue
-        out.append((seq, item.message if isinstance(item, QueueMessage) else item))
+    while len(out) < limit:
+        wanted = limit - len(out)
+        entries = ix.read(start, wanted)
+        if not entries:
+            break
+        paged = [seq for seq, m in entries if m is None]
+        stored = _read_paged(q, paged) if paged else {}
+        for seq, m in entries:
+            if m is None:  # paged: its payload is in the store
+                s = stored.get(seq)
+                if not isinstance(s, StoredMessage):
+                    q.error(f"paged message {seq} unreadable", s or LookupError(seq))
+                    continue  # (skipped: the next entries fill its place)
+                m = s.message
+            out.append((seq, m))
+        if len(entries) < wanted:
+            break  # the index has no more
+        start = entries[-1][0] + 1
     return out
 
 
-def _first(entry: tuple[int, object]) -> int:
-    return entry[0]
+def _read_paged(q: Queue, seqs: list[int]) -> dict[int, StoredMessage | Exception]:
+    """Paged messages' payloads read back for a browse (the queue is not changed)."""
+    try:
+        return q.store.read_many(q.key, seqs)
+    except Exception as exc:  # (each then reported unreadable)
+        return dict.fromkeys(seqs, exc)
 
 
 def release(q: Queue, through: int, out: list[Outgoing]) -> int:

@@ -89,7 +89,7 @@ function queueRows(queues) {
     const acts = document.createElement("td");
     acts.className = "act";
     acts.appendChild(statusPicker(q));
-    for (const [label, action] of [["browse", "browse"], ["purge", "purge"],
+    for (const [label, action] of [["browse", "browse"], ["trash", "trash"], ["purge", "purge"],
       ["delete", "delete-queue"]]) acts.appendChild(button(label, action, q));
     tr.appendChild(acts);
     fresh.appendChild(tr);
@@ -129,6 +129,7 @@ function draw(status) {
     ["deliveries", b.deliveries], ["acks", b.acks], ["nacks", b.nacks],
     ["dropped", b.dropped_deliveries],
   ]);
+  fill("channels", b.channel_list || [], [["name", false], ["consumers", true]]);
   if (!document.querySelector("#queues select:focus")) queueRows(b.queue_list || []);
 }
 
@@ -154,7 +155,7 @@ async function act(request) {
     result = { error: err.message };
   }
   say(result.error ? "refused: " + result.error : result.done || "done", !result.error);
-  if (!result.error && request.action !== "browse") refresh();
+  if (!result.error && request.action !== "browse" && request.action !== "trash") refresh();
   return result;
 }
 
@@ -170,12 +171,69 @@ function showBrowsed(result) {
   box.hidden = false;
 }
 
+// A queue's trash: what left it unconsumed, with why; each message (or all of them)
+// can be pushed back into the queue or removed for good.
+function showTrash(result) {
+  const box = document.getElementById("trash");
+  box.dataset.channel = result.channel;
+  box.dataset.queue = String(result.queue);
+  document.getElementById("trash-title").textContent =
+    result.channel + "/" + result.queue + " (" + result.messages.length + " shown)";
+  const body = document.querySelector("#trashed tbody");
+  const fresh = document.createElement("tbody");
+  for (const m of result.messages) {
+    const tr = document.createElement("tr");
+    cell(tr, m.sequence, true);
+    cell(tr, m.id, false);
+    cell(tr, m.reason, false);
+    cell(tr, m.size, true);
+    cell(tr, m.text !== undefined ? m.text : "base64: " + m.base64, false);
+    const acts = document.createElement("td");
+    acts.className = "act";
+    for (const [label, action] of [["resubmit", "trash-resubmit"], ["purge", "trash-purge"]]) {
+      const b = document.createElement("button");
+      b.type = "button";
+      b.textContent = label;
+      b.dataset.action = action;
+      b.dataset.sequence = String(m.sequence);
+      acts.appendChild(b);
+    }
+    tr.appendChild(acts);
+    fresh.appendChild(tr);
+  }
+  body.replaceWith(fresh);
+  box.hidden = false;
+}
+
+async function listTrash(channel, queue) {
+  const result = await act({ action: "trash", channel, queue, limit: 100 });
+  if (!result.error) showTrash(result);
+  return result;
+}
+
+async function onTrashAction(target) {
+  const box = document.getElementById("trash");
+  const channel = box.dataset.channel;
+  const queue = Number(box.dataset.queue);
+  const request = { action: target.dataset.action, channel, queue };
+  if (target.dataset.sequence) request.sequences = [Number(target.dataset.sequence)];
+  const what = target.dataset.sequence ? "message " + target.dataset.sequence : "everything";
+  if (request.action === "trash-purge" &&
+      !confirm("remove " + what + " from the trash of " + channel + "/" + queue + "?")) return;
+  const result = await act(request);
+  if (!result.error) {
+    const shown = await listTrash(channel, queue);
+    if (!shown.error) say(result.done, true);
+  }
+}
+
 async function onQueueAction(target) {
   const request = { action: target.dataset.action, channel: target.dataset.channel,
     queue: Number(target.dataset.queue) };
   const where = request.channel + "/" + request.queue;
   if (request.action === "set-status") request.status = target.value;
   if (request.action === "browse") request.limit = 20;
+  if (request.action === "trash") { listTrash(request.channel, request.queue); return; }
   if ((request.action === "purge" || request.action === "delete-queue") &&
       !confirm(request.action + " " + where + "?")) return;
   const result = await act(request);
@@ -231,6 +289,10 @@ function setUp() {
   queues.addEventListener("click", (event) => {
     const target = event.target.closest("button[data-action]");
     if (target) onQueueAction(target);
+  });
+  document.getElementById("trash").addEventListener("click", (event) => {
+    const target = event.target.closest("button[data-action]");
+    if (target) onTrashAction(target);
   });
   queues.addEventListener("change", (event) => {
     const target = event.target.closest("select[data-action]");
