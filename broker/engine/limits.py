@@ -61,6 +61,10 @@ class Limits:
     max_bindings_per_router: int = 1_000
     #: Octets of JSON in one list/statistics reply; longer lists come in pages.
     max_reply_size: int = 1024 * 1024
+    #: Connected clients the in-process statistics list (``Engine.stats()["client_list"]``,
+    #: oldest connection first; the hub's console and status): a broker with 10,000
+    #: clients still answers a status read in bounded time and size.
+    max_listed_clients: int = 500
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
