@@ -92,7 +92,7 @@ def test_the_console_shows_a_queue_in_a_real_browser(
         assert '<tr><td>&lt;b&gt;orders&lt;/b&gt;</td><td class="n">0</td></tr>' in dom
         # the connected clients: the test's own, its name as text, and where it is from
         client_row = (
-            f'<tr><td>{client.client_id}</td><td>&lt;i&gt;tester&lt;/i&gt;</td><td>cli</td>'
+            f"<tr><td>{client.client_id}</td><td>&lt;i&gt;tester&lt;/i&gt;</td><td>cli</td>"
             "<td>127.0.0.1</td>"
         )
         assert client_row in dom, dom
