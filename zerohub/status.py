@@ -8,7 +8,9 @@ they only read, and a table changed during the read is read again (at most
 ``_TRIES`` times; then the figures it could not read are left out and ``error`` says
 why).  Both return JSON-able dicts; lists are cut at a documented number of entries
 (``truncated`` says how many were left out) so that a hub with many subscribers or
-queues answers in bounded size.
+queues answers in bounded size.  The broker's connected clients (``client_list``) are
+listed by the engine, at most ``Limits.max_listed_clients`` (500; oldest connections
+first); ``clients_more`` says how many more are connected.
 """
 
 from __future__ import annotations
@@ -147,4 +149,25 @@ def broker_status(server: Server) -> dict[str, Any]:
     out["channel_list"] = channels[:MAX_LISTED]
     out["queue_list"] = queues[:MAX_LISTED]
     out["truncated"] = max(0, len(queues) - MAX_LISTED) + max(0, len(channels) - MAX_LISTED)
+    out["client_list"] = _client_rows(engine.get("client_list") or (), server.clock())
+    # the engine lists at most Limits.max_listed_clients (oldest connections first)
+    out["clients_more"] = max(0, out["clients"] - len(out["client_list"]))
     return out
+
+
+def _client_rows(listed: Any, now: float) -> list[dict[str, Any]]:
+    """The engine's ``client_list`` for the console: who, from where, since when
+    (``connected_s``), in which channels, and its deliveries in flight."""
+    return [
+        {
+            "id": c.get("Id"),
+            "name": c.get("Name"),
+            "type": c.get("Type"),
+            "address": c.get("Address"),
+            "connected_s": round(max(0.0, now - float(c.get("ConnectedAt") or now)), 1),
+            "channels": list(c.get("Channels") or ()),
+            "unacked": int(c.get("Unacked") or 0),
+            "unsent": int(c.get("Unsent") or 0),
+        }
+        for c in listed
+    ]

@@ -856,8 +856,13 @@ class Engine:
         return len(kept)
 
     def stats(self) -> dict[str, object]:
-        """Counters and a per-queue summary, JSON-able (for ``broker stats``)."""
-        return models.engine_stats(self._counts(), list(self.channels.values()))
+        """Counters and a per-queue summary, JSON-able (for ``broker stats``), and the
+        first ``Limits.max_listed_clients`` connected clients, oldest connection first
+        (``client_list``, see :func:`models.client_rows`; ``clients`` counts them all)."""
+        out = models.engine_stats(self._counts(), list(self.channels.values()))
+        limit = self.config.limits.max_listed_clients
+        out["client_list"] = models.client_rows(self.clients.values(), limit)
+        return out
 
     def stats_page(self, after: str | None, budget: int) -> tuple[dict[str, object], str | None]:
         """The statistics with one page of ``channel_list`` (channels by name, after

@@ -75,6 +75,10 @@ class Limits:
     #: keeps them on disk (``persistent``); saved ones behind them wait as the store's
     #: index entries and are read back when their turn comes (``engine.queue.messages``).
     paged_window: int = 10_000
+    #: Connected clients the in-process statistics list (``Engine.stats()["client_list"]``,
+    #: oldest connection first; the hub's console and status): a broker with 10,000
+    #: clients still answers a status read in bounded time and size.
+    max_listed_clients: int = 500
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

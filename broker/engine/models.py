@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import itertools
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -165,6 +166,31 @@ def channel_stats(c: Channel[QV]) -> dict[str, Any]:
             for q in c.queues.values()
         ],
     }
+
+
+def client_rows(clients: Iterable[Client[Any]], limit: int) -> list[dict[str, Any]]:
+    """The statistics' ``client_list``: the first ``limit`` clients of ``clients`` (the
+    engine passes them oldest connection first), each with what it said about itself,
+    since when it is connected (``ConnectedAt``: the engine's clock), the channels it
+    joined (in join order), its deliveries waiting for its acknowledge (``Unacked``: its
+    window slots in the queues it owes acknowledges to) and those not yet taken by the
+    transport (``Unsent``).  Costs O(``limit`` x channels and queues a client holds),
+    never a walk over every client or every delivery."""
+    rows = []
+    for c in itertools.islice(clients, max(0, limit)):
+        cid = c.id
+        rows.append(
+            {
+                "Id": cid,
+                "Name": c.name,
+                "Type": c.type,
+                "ConnectedAt": c.connected_at,
+                "Channels": list(c.channels),
+                "Unacked": sum(q.used.get(cid, 0) for q in c.pending_queues),
+                "Unsent": len(c.unsent),
+            }
+        )
+    return rows
 
 
 @dataclass(frozen=True, slots=True)

@@ -165,6 +165,18 @@ def _split_secret(info: ConnectionInfo) -> tuple[ConnectionInfo, str | None]:
     return dataclasses.replace(info, properties=props), secret
 
 
+def peer_address(part: zmq.Frame | None) -> str | None:
+    """The remote address of the connection a message came on (libzmq's
+    ``Peer-Address`` property: TCP and IPC peers), or None when libzmq has none."""
+    if part is None:
+        return None
+    try:
+        address = part.get("Peer-Address")
+    except (zmq.ZMQError, ValueError, TypeError):
+        return None
+    return address if isinstance(address, str) and address else None
+
+
 class PeerSessions:
     """Handshakes and sessions of the ROUTER peers (see the module docstring)."""
 
@@ -321,6 +333,7 @@ class PeerSessions:
         self.handshakes -= 1
         peer.state = PeerState.READY
         peer.client_id = client_id
+        peer.address = peer_address(part)
         self.sender.by_client[client_id] = peer
         issued = secrets.token_urlsafe(24)
         self.proofs[peer.rid] = SessionProof(issued.encode(), key)

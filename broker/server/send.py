@@ -52,6 +52,7 @@ class Peer:
     """A ROUTER peer (routing id): its handshake state, session and send backlog."""
 
     __slots__ = (
+        "address",
         "backlog",
         "client_id",
         "last_seen",
@@ -75,6 +76,8 @@ class Peer:
         #: Tracked deliveries libzmq took since the last report to the engine.
         self.transmitted = 0
         self.overflowing = False
+        #: The remote address libzmq gave the connection info's message (None: unknown).
+        self.address: str | None = None
 
 
 def _no_socket(*args: Any, **kw: Any) -> Any:

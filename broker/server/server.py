@@ -512,7 +512,14 @@ class Server:
         """Transport counters plus the engine's statistics."""
         counters = dict(self.counters, frames_out=self.sender.frames_out)
         out: dict[str, object] = {"server": counters, "peers": len(self.sessions.by_rid)}
-        out["engine"] = self._guard_stats()
+        engine = self._guard_stats()
+        listed = engine.get("client_list")
+        if isinstance(listed, list):  # the transport knows where each client connects from
+            by_client = self.sender.by_client
+            for row in listed:
+                peer = by_client.get(row.get("Id"))
+                row["Address"] = peer.address if peer is not None else None
+        out["engine"] = engine
         return out
 
     def _guard_stats(self) -> dict[str, object]:

@@ -1,7 +1,8 @@
 """The web console in a real headless browser (Debian's ``chromium``): the page loads, runs
 its script, fetches the status and shows a queue a test created, names as plain text; an
 action taken in the page (driven over the DevTools protocol, ``tests/zerohub/cdp.py``)
-changes the broker, and is refused without the token or from a page elsewhere.
+changes the broker, and is refused without the token or from a page elsewhere; the
+connected clients are listed (id, name as text, address).
 
 Slow (a browser start or two); skipped when no ``chromium`` is installed (``.ci/run``
 installs it).  The screenshots are kept in ``.artifacts/console.png`` and
@@ -68,7 +69,9 @@ def test_the_console_shows_a_queue_in_a_real_browser(
 ) -> None:
     _hub, endpoints, tmp_path = hub
     url = endpoints.http["console"] + "/"
-    with Client(endpoints.broker, context=zctx, timeout=10).connect() as client:
+    with Client(
+        endpoints.broker, context=zctx, timeout=10, name="<i>tester</i>", client_type="cli"
+    ).connect() as client:
         client.create_queue("<b>orders</b>", 5, {"Status": 3})
         for i in range(2):
             client.push("<b>orders</b>", 5, f"order {i}".encode(), ack=True)
@@ -87,6 +90,13 @@ def test_the_console_shows_a_queue_in_a_real_browser(
         assert "<tr><td>/</td><td>" in dom  # the mount
         # the channels, with their consumers
         assert '<tr><td>&lt;b&gt;orders&lt;/b&gt;</td><td class="n">0</td></tr>' in dom
+        # the connected clients: the test's own, its name as text, and where it is from
+        client_row = (
+            f"<tr><td>{client.client_id}</td><td>&lt;i&gt;tester&lt;/i&gt;</td><td>cli</td>"
+            "<td>127.0.0.1</td>"
+        )
+        assert client_row in dom, dom
+        assert "<i>tester</i>" not in dom
 
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         shot = ARTIFACTS / "console.png"

@@ -130,6 +130,13 @@ function draw(status) {
     ["dropped", b.dropped_deliveries],
   ]);
   fill("channels", b.channel_list || [], [["name", false], ["consumers", true]]);
+  fill("clients", b.client_list || [], [
+    ["id", false], ["name", false], ["type", false], ["address", false],
+    ["connected_s", true], [(c) => (c.channels || []).join(" "), false], ["unacked", true],
+    ["unsent", true],
+  ]);
+  document.getElementById("clients-more").textContent =
+    b.clients_more > 0 ? b.clients_more + " more clients connected (not listed)" : "";
   if (!document.querySelector("#queues select:focus")) queueRows(b.queue_list || []);
 }
 
