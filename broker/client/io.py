@@ -101,6 +101,8 @@ class IOLoop:
                 self._drain(sock)
             if ev & zmq.POLLOUT:
                 self.want_out = False
+                # the pipe was full and takes frames again: the broker reads them
+                s.drained(time.monotonic())
         if self.monitor is not None and self.monitor in events:
             err = handshake_refusal(self.monitor, curve=c.curve is not None, endpoint=s.endpoint)
             if err is not None:

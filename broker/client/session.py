@@ -23,6 +23,15 @@ the events again.  Session states::
         \\--refused (401/406/400) or CURVE denied--> CLOSED (error raised to the caller)
     READY --goodbye()--> CLOSING --the broker's TERMINATE (Ended) / linger--> CLOSED
 
+Keep-alive runs both ways.  Anything from the broker proves it alive, and so does the
+socket taking frames again after it had been full (:meth:`Session.drained`: the broker
+reads what the client sends); silence in both ways for ``peer_timeout`` loses the session.
+The client proves itself alive with a PING at least every ``keepalive`` seconds, also
+while it is busy receiving: a consumer reading a long stream sends nothing else, and the
+broker's PING to it waits behind everything the broker sent before (megaoctets under
+load), so answering that PING is no timely proof (the broker ended such sessions as
+silent, and what was in flight on a queue without acknowledges was lost).
+
 Closing (:meth:`Session.goodbye`) loses nothing the broker sent: the driver sends the
 goodbye, then keeps feeding what arrives until :class:`Ended` (the broker answers a
 goodbye with TERMINATE once it ended the session: everything it sent before is read by
@@ -432,6 +441,13 @@ class Session:
         self._last_rx = now
         self._pinged = False
 
+    def drained(self, now: float) -> None:
+        """The socket takes frames again after it had been full: the broker is reading
+        what this client sends, so it is alive even if nothing came back (a producer's
+        PING waits behind every push before it, megaoctets on a loaded machine)."""
+        self._last_rx = now
+        self._pinged = False
+
     def feed(self, data: bytes, now: float) -> Sequence[Event]:
         """One message from the broker; what to do about it."""
         self._last_rx = now
@@ -635,6 +651,7 @@ class Session:
         self._attempt = 0
         self._last_rx = now
         self._pinged = False
+        self._keepalive_at = now + self.keepalive
         events: list[Event] = []
         if not self.first:
             # a new session: join the channels and subscribe the events again (unawaited)
@@ -658,9 +675,12 @@ class Session:
         elif state is SessionState.BACKOFF:
             wake = min(wake, self._retry_at)
         elif state is SessionState.READY:
-            wake = min(wake, self._last_rx + self.keepalive)
             if self.paused:
                 wake = min(wake, self._keepalive_at)
+            elif self._pinged:  # a probe is out: next, giving up on the silence
+                wake = min(wake, self._last_rx + self.peer_timeout)
+            else:
+                wake = min(wake, self._last_rx + self.keepalive, self._keepalive_at)
         if self.first:
             wake = min(wake, self._connect_deadline)
         if self.pending:
@@ -686,8 +706,15 @@ class Session:
             idle = now - self._last_rx
             if idle >= self.peer_timeout:
                 events.extend(self.lost(f"no traffic from the broker for {idle:.1f} s", now))
-            elif idle >= self.keepalive and not self._pinged:
-                self._pinged = True
+            elif idle >= self.keepalive:
+                if not self._pinged:  # one probe per silence
+                    self._pinged = True
+                    self._keepalive_at = now + self.keepalive
+                    events.append(Send(PING))
+            elif now >= self._keepalive_at:
+                # Hearing from the broker, but it may not hear from us: a busy reader
+                # sends nothing else, and the broker's PING waits behind its deliveries.
+                self._keepalive_at = now + self.keepalive
                 events.append(Send(PING))
         elif state is SessionState.HANDSHAKE and now >= self._hs_deadline:
             events.extend(self.lost("handshake timed out", now))

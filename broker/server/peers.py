@@ -23,7 +23,9 @@ Secrets are compared in constant time and replaced at every connect.
 The connect response also announces ``peer_timeout`` (``Peer-Timeout-Ms``): clients pace
 their PINGs from it, so one that stops reading for a while is not taken for dead.
 
-Quiet peers get a PING, silent ones are ended, told (TERMINATE) and then their connection
+A peer is alive while frames come from it, and while it drains what the server sends
+(its send backlog shrinks: ``broker.server.send``).  Quiet peers get a PING, silent ones
+are ended, told (TERMINATE) and then their connection
 is shut down (``broker.server.links``), as are connections whose connection info was
 refused or whose session a resumed one replaced, or that do not finish the handshake
 within ``handshake_timeout`` (counted from the TCP accept: a connection that never says
@@ -481,7 +483,15 @@ class PeerSessions:
         # not read yet was gone.
         quiet_until = min(now, self.emptied_at)
         for peer in list(self.by_rid.values()):
-            idle = now - peer.last_seen
+            if peer.drained:
+                # It took frames that waited for room in its pipe: it reads what we send,
+                # though our PING to it waits behind all that (a consumer busy reading a
+                # long stream sends nothing else, and was ended as silent).
+                peer.drained = False
+                peer.pinged = False
+                peer.drained_at = now
+            seen = peer.last_seen if peer.last_seen > peer.drained_at else peer.drained_at
+            idle = now - seen
             if peer.state is not PeerState.READY:
                 if now - peer.since >= opts.handshake_timeout:
                     self._turn_away(peer, ResultCode.BAD_REQUEST, "handshake timed out", now)
@@ -491,7 +501,7 @@ class PeerSessions:
                 bye = terminate_frame(ResultCode.FAILED, f"silent for {idle:.0f} s: session ended")
                 self.sender.send_rid(peer.rid, tmqp.encode(bye)[0])
                 self.drop(peer, now)
-            elif not peer.pinged and quiet_until - peer.last_seen >= opts.ping_interval:
+            elif not peer.pinged and quiet_until - seen >= opts.ping_interval:
                 peer.pinged = True
                 self.sender.send_raw(peer, _PING)
         if self.ended:

@@ -7,7 +7,9 @@ unchanged is sent as the octets received (a queue delivery is a ``broker.message
 encoded by ``broker.engine.tmqp_door``, which sends the received octets of a message
 that was not changed).  A peer whose send pipe is full gets a
 per-peer backlog instead of blocking the loop or losing frames, and stays connected: a
-slow reader is not a dead one (only missed pings end a session).  A peer whose
+slow reader is not a dead one (only missed pings end a session), and one whose backlog
+drains reads what the server sends: it is alive (``Peer.drained``) even while the
+server's PING to it still waits behind that backlog.  A peer whose
 connection went away is put on a list for the loop to end its session after the batch.
 
 Queue deliveries come from the engine as ``Tracked`` frames: each one libzmq takes is
@@ -55,6 +57,8 @@ class Peer:
         "address",
         "backlog",
         "client_id",
+        "drained",
+        "drained_at",
         "last_seen",
         "overflowing",
         "pinged",
@@ -71,6 +75,10 @@ class Peer:
         self.since = now
         self.last_seen = now
         self.pinged = False
+        #: It took frames from its backlog since the last scan: its pipe had been full and
+        #: has room again, so it reads what the server sends (``drained_at``: when noticed).
+        self.drained = False
+        self.drained_at = float("-inf")
         #: Frames waiting for room in the peer's pipe: (octets, tracked delivery?).
         self.backlog: deque[tuple[bytes, bool]] | None = None
         #: Tracked deliveries libzmq took since the last report to the engine.
@@ -292,6 +300,7 @@ class SendPath:
                     break
                 router.send(data, zmq.NOBLOCK, copy=len(data) < _BIG)
                 backlog.popleft()
+                peer.drained = True
                 self.frames_out += 1
                 if tracked:
                     self.count_sent(peer)

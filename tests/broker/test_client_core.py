@@ -319,8 +319,58 @@ def test_a_paused_session_pings_at_a_third_of_the_peer_timeout_the_broker_announ
     session.paused = False
     later = sent[-1] + 5.0
     session.heard(later)
+    # no PING went for 5 s: one is due at once (hearing the broker proves nothing to it)
+    assert session.next_wake(later) == 0.0
+    assert apply(session.tick(later)) == [S.Send(S.PING)]
     assert session.next_wake(later) == pytest.approx(1.0)
     assert apply(session.tick(later + 1.0)) == [S.Send(S.PING)]
+
+
+def drive(session: S.Session, start: float, seconds: float, step: float) -> list[Any]:
+    """Tick ``session`` every ``step`` seconds (driver-style, with no other input);
+    the events that came out, resolved as ``apply`` does."""
+    now, out = start, []
+    while now < start + seconds:
+        now = round(now + step, 6)
+        out += [(now, e) for e in apply(session.tick(now))]
+    return out
+
+
+def test_a_session_busy_receiving_still_pings_the_broker() -> None:
+    # A consumer reading a long stream sent nothing to the broker: its PINGs went only
+    # after a silence from the broker, which never came.  The broker's own PING to it
+    # waited behind megaoctets of deliveries, so the broker ended the session as silent
+    # (peer timeout 3 s) and what was in flight on a queue without acks was lost.
+    announced = ((Header.PEER_TIMEOUT_MS, "3000"),)
+    session, now = ready_session(announced, ping_interval=5.0, peer_timeout=15.0)
+    delivery = encode(message_type=MessageType.QUEUE, target="q", payload=b"x")
+    sent, t = [], now
+    while t < now + 10.0:
+        t = round(t + 0.05, 6)
+        assert [type(e) for e in session.feed(delivery, t)] == [S.Deliver]
+        assert session.next_wake(t) <= 1.0
+        events = apply(session.tick(t))
+        assert not [e for e in events if isinstance(e, S.Lost)]
+        sent += [t for e in events if e == S.Send(S.PING)]
+    gaps = [b - a for a, b in zip([now, *sent], sent, strict=False)]
+    assert len(sent) >= 9 and max(gaps) <= 1.0 + 0.06, gaps
+
+
+def test_a_broker_reading_what_the_client_sends_is_alive() -> None:
+    # A producer hears nothing from the broker while it pushes; its PING waits behind
+    # every push before it.  The socket taking frames again (the broker reads them) is
+    # proof enough: the session was lost ("no traffic from the broker for 15 s").
+    session, now = ready_session(ping_interval=1.0, peer_timeout=3.0)
+    events: list[Any] = []
+    t = now
+    while t < now + 10.0:
+        t = round(t + 0.5, 6)
+        session.drained(t)
+        events += apply(session.tick(t))
+    assert not [e for e in events if isinstance(e, S.Lost)], events
+    assert S.Send(S.PING) in events  # still proving itself alive
+    # and once the socket stops taking frames too, the silence ends it
+    assert S.Lost in [type(e) for _t, e in drive(session, t, 3.5, 0.25)]
 
 
 @pytest.mark.parametrize(

@@ -20,12 +20,13 @@ import zmq.asyncio
 from broker import tmqp
 from broker.client.aio import AsyncClient
 from broker.client.blocking import Client, ConnectError
+from broker.client.frames import join_frame
 from broker.engine.auth import ALL_ACTIONS, TokenAuthorizer
 from broker.engine.engine import Engine
 from broker.protocol import ConnectionInfo, Header, MessageType, ResultCode, header
 from broker.server.server import Server, ServerOptions
 from tests.broker.netproxy import TcpProxy
-from tests.broker.test_server_transport import PING, Peer
+from tests.broker.test_server_transport import PING, PONG, Peer
 from tests.polling import wait_until
 from zerohub import zmqkit as security
 from zerohub.zmqkit import new_certificate
@@ -449,3 +450,52 @@ def test_a_stalled_server_does_not_ping_a_producer_whose_messages_wait_unread(
     # was lost.  A peer is quiet only for as long as the ROUTER was read empty.  25,000
     # messages: more than the two pipes hold, so that some wait in TCP buffers.
     _close_after_pushing_to_a_stalled_server(zctx, 25_000, batch=256, ping_interval=1.0)
+
+
+@pytest.mark.slow
+def test_a_consumer_busy_reading_is_not_taken_for_silent(zctx: Ctx) -> None:
+    # A consumer reading a long stream as fast as it can sends nothing: the server PINGs
+    # it, and the PING waits behind thousands of deliveries (the pipe, TCP buffers), so
+    # the answer comes long after the peer timeout.  The server ended such sessions as
+    # silent while they were reading (and what was in flight on a queue without acks was
+    # lost).  A peer draining its backlog reads what the server sends: it is alive.  This
+    # one answers PINGs as it meets them, like any client, but sends nothing else.  More
+    # is queued than the pipes and TCP buffers hold (~20 MB), so the server has a backlog
+    # for it all along (a peer that is sent nothing more is proven alive by its client's
+    # own PINGs: tests/broker/test_client_core.py).
+    total, pad = 40_000, 1000
+    with serve(zctx, ping_interval=0.2, peer_timeout=4.0) as srv:
+        assert srv.endpoint is not None
+        with Client(srv.endpoint, context=zctx, timeout=10.0).connect() as producer:
+            producer.create_queue("busy", 1, {"Status": 1})
+            for i in range(total):
+                producer.push("busy", 1, b"%d" % i + b" " * pad)
+            assert wait_until(lambda: producer.queue_info("busy", 1)["Messages"] == total)
+            consumer = Peer(zctx, srv.endpoint)
+            try:
+                reply = hello(consumer, "reader")
+                assert reply.content_type == ResultCode.OK, reply
+                consumer.frame(join_frame("j", "busy"))
+                got: list[int] = []
+                # at most ~2,000 a second for 6 s: the first PING waits behind ~20,000
+                # deliveries (~10 s), the peer timeout is 4 s; the backlog drains in bursts
+                # (libzmq's pipe takes frames again once 1,024 left it), ~1.5 s apart
+                while len(got) < 12_000:
+                    assert consumer.sock.poll(5000), f"stopped after {len(got)}: {srv.counters}"
+                    data = consumer.sock.recv()
+                    if data == PING:
+                        consumer.send(PONG)
+                        continue
+                    frame = tmqp.decode([data])
+                    assert isinstance(frame, tmqp.Frame), frame
+                    if frame.message_type == MessageType.QUEUE:
+                        got.append(int(frame.payload))
+                        if len(got) % 20 == 0:
+                            time.sleep(0.01)
+                    else:  # the join's answer; a TERMINATE would end the stream here
+                        assert frame.message_type == MessageType.ACK, frame
+                assert srv.counters["expired"] == 0, srv.counters
+                assert "reader" in srv.peers()
+                assert got == list(range(len(got)))
+            finally:
+                consumer.close()
