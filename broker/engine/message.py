@@ -179,24 +179,9 @@ class QueueMessage:
         self.producer = producer
         self.state = QUEUED
         self.life: Life | None = None
-        (
-            self.message_id,
-            self.source,
-            self.target,
-            self.content_type,
-            self.high_priority,
-            first,
-            wants_ack,
-            ttl,
-            self.headers,
-            self.payload,
-            wire,
-        ) = message
-        self.flags = (_FIRST if first else 0) | (_WANTS_ACK if wants_ack else 0) | ttl << 2
-        if wire is not None or producer_waits:
-            life = self.life = Life()
-            life.wire = wire
-            life.producer_waits = producer_waits
+        self.message = message  # (the setter: the fields, and a Life for a wire form)
+        if producer_waits:
+            self.lived().producer_waits = True
 
     @property
     def message(self) -> Message:

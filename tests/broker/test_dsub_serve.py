@@ -7,9 +7,7 @@ back after a restart; queue options and statuses changed on the wire too."""
 
 from __future__ import annotations
 
-import signal
-import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,54 +15,33 @@ import zmq
 
 from broker.client.blocking import Client
 from broker.client.errors import RemoteError
-from tests.broker.test_cli import free_port, start_serve
+from tests.broker.test_durable_ops import Broker
+
+MakeBroker = Callable[..., Broker]
 
 
-class Served:
+def serve_on_data(tmp: Path, config: str | None = None) -> Broker:
     """``broker serve --data DIR [--config FILE]``, restartable on the same directory."""
-
-    def __init__(self, tmp: Path, config: str | None = None) -> None:
-        self.data = tmp / "data"
-        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
-        self.args = ["--bind", self.endpoint, "--data", str(self.data)]
-        if config is not None:
-            path = tmp / "broker.toml"
-            path.write_text(config)
-            self.args += ["--config", str(path)]
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = start_serve(*self.args)
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-        self.proc = None
-
-    def close(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(10)
-            self.proc = None
-
-    def client(self, zctx: zmq.Context[zmq.Socket[bytes]]) -> Client:
-        return Client(self.endpoint, context=zctx, timeout=10).connect()
+    args = ["--data", str(tmp / "data")]
+    if config is not None:
+        path = tmp / "broker.toml"
+        path.write_text(config)
+        args += ["--config", str(path)]
+    return Broker(*args)
 
 
 @pytest.fixture
-def make(tmp_path: Path) -> Iterator[type[Served]]:
-    made: list[Served] = []
+def make(tmp_path: Path) -> Iterator[MakeBroker]:
+    made: list[Broker] = []
 
-    def build(config: str | None = None) -> Served:
-        served = Served(tmp_path, config)
-        served.start()
-        made.append(served)
-        return served
+    def build(config: str | None = None) -> Broker:
+        broker = serve_on_data(tmp_path, config).start()
+        made.append(broker)
+        return broker
 
-    yield build  # type: ignore[misc]
-    for served in made:
-        served.close()
+    yield build
+    for broker in made:
+        broker.close()
 
 
 def drain(client: Client, idle: float = 1.0) -> list[str]:
@@ -76,7 +53,7 @@ def drain(client: Client, idle: float = 1.0) -> list[str]:
 
 
 def test_tmqp_durable_subscription_survives_kill_9_and_is_destroyed(
-    make: type[Served], zctx: zmq.Context[zmq.Socket[bytes]]
+    make: MakeBroker, zctx: zmq.Context[zmq.Socket[bytes]]
 ) -> None:
     broker = make()
     with broker.client(zctx) as admin:
@@ -84,7 +61,7 @@ def test_tmqp_durable_subscription_survives_kill_9_and_is_destroyed(
         admin.create_durable_subscription("reader", ["news"])
         for i in range(20):
             admin.push("news", 0, f"n{i}", ack=True)
-    broker.kill9()
+    broker.kill()
     broker.start()
     with broker.client(zctx) as reader:
         listed = reader.durable_subscriptions()
@@ -100,7 +77,7 @@ def test_tmqp_durable_subscription_survives_kill_9_and_is_destroyed(
         with pytest.raises(RemoteError) as err:
             reader.destroy_durable_subscription("reader")
         assert err.value.code == 404
-    broker.kill9()
+    broker.kill()
     broker.start()
     with broker.client(zctx) as admin:
         assert admin.durable_subscriptions() == []
@@ -108,7 +85,7 @@ def test_tmqp_durable_subscription_survives_kill_9_and_is_destroyed(
 
 
 def test_unacknowledged_durable_messages_come_back_after_kill_9(
-    make: type[Served], zctx: zmq.Context[zmq.Socket[bytes]]
+    make: MakeBroker, zctx: zmq.Context[zmq.Socket[bytes]]
 ) -> None:
     broker = make()
     with broker.client(zctx) as admin:
@@ -122,7 +99,7 @@ def test_unacknowledged_durable_messages_come_back_after_kill_9(
         taken = admin.receive(timeout=10)  # delivered, never acknowledged
         assert taken is not None and bytes(taken.payload) == b"m1"
         admin.queue_info("/dsub/d", 0)  # a round trip: the ack of m0 reached the broker
-    broker.kill9()
+    broker.kill()
     broker.start()
     with broker.client(zctx) as again:
         again.join("/dsub/d")
@@ -137,7 +114,7 @@ LIMITS = "[limits]\nmax_durable_subscriptions = 2\nmax_durable_subscription_mess
 
 
 def test_limits_refuse_and_lose_nothing(
-    make: type[Served], zctx: zmq.Context[zmq.Socket[bytes]]
+    make: MakeBroker, zctx: zmq.Context[zmq.Socket[bytes]]
 ) -> None:
     """A full durable subscription refuses the topic's push (482) before any copy is made,
     so nothing the producer was told was taken is dropped; one subscription beyond the
@@ -159,7 +136,7 @@ def test_limits_refuse_and_lose_nothing(
         assert drain(admin) == ["m0", "m1", "m2"]
         with pytest.raises(RemoteError):
             admin.push("t", 0, "still refused", ack=True)  # "full" still holds 3
-    broker.kill9()
+    broker.kill()
     broker.start()
     with broker.client(zctx) as reader:
         reader.join("/dsub/full")
@@ -178,7 +155,7 @@ def test_limits_refuse_and_lose_nothing(
     ],
 )
 def test_bad_durable_subscription_requests_are_400_and_the_broker_serves_on(
-    make: type[Served],
+    make: MakeBroker,
     zctx: zmq.Context[zmq.Socket[bytes]],
     sub_id: str,
     payload_topics: list[str],
@@ -197,7 +174,7 @@ def test_bad_durable_subscription_requests_are_400_and_the_broker_serves_on(
 
 
 def test_routers_bindings_and_queue_status_survive_kill_9(
-    make: type[Served], zctx: zmq.Context[zmq.Socket[bytes]]
+    make: MakeBroker, zctx: zmq.Context[zmq.Socket[bytes]]
 ) -> None:
     broker = make()
     with broker.client(zctx) as admin:
@@ -209,7 +186,7 @@ def test_routers_bindings_and_queue_status_survive_kill_9(
         admin.remove_binding("fan", "b2")
         admin.create_router("gone")
         admin.remove_router("gone")
-    broker.kill9()
+    broker.kill()
     broker.start()
     with broker.client(zctx) as admin:
         routers = admin.routers()
@@ -230,7 +207,7 @@ PUT_BACK = {
 
 
 def test_a_put_back_is_durable_before_anyone_can_see_it_kill_9_right_after(
-    make: type[Served], zctx: zmq.Context[zmq.Socket[bytes]]
+    make: MakeBroker, zctx: zmq.Context[zmq.Socket[bytes]]
 ) -> None:
     """A nack's put-back (one more put-back) is written and synced before the broker
     answers anything after it: killed right after, the restarted queue still counts it,
@@ -245,7 +222,7 @@ def test_a_put_back_is_durable_before_anyone_can_see_it_kill_9_right_after(
         assert first is not None and first.id == "j1"
         client.nack(first)
         client.queue_info("work", 1)  # answered after the nack, once it is durable
-    broker.kill9()
+    broker.kill()
     broker.start()
     with broker.client(zctx) as client:
         client.join("work")
@@ -267,7 +244,7 @@ TRASHING = {
 
 
 def test_the_trash_of_a_persistent_queue_survives_kill_9_resubmit_and_purge_after(
-    make: type[Served], zctx: zmq.Context[zmq.Socket[bytes]]
+    make: MakeBroker, zctx: zmq.Context[zmq.Socket[bytes]]
 ) -> None:
     broker = make()
     with broker.client(zctx) as client:
@@ -278,7 +255,7 @@ def test_the_trash_of_a_persistent_queue_survives_kill_9_resubmit_and_purge_afte
         while (m := client.receive(timeout=1.0)) is not None:
             client.nack(m)  # twice each: past PutBackLimit 1, to the trash
         assert len(client.trash_list("jobs", 1)) == 3
-    broker.kill9()
+    broker.kill()
     broker.start()
     with broker.client(zctx) as client:
         trashed = client.trash_list("jobs", 1)
@@ -287,7 +264,7 @@ def test_the_trash_of_a_persistent_queue_survives_kill_9_resubmit_and_purge_afte
         assert reasons == {"put-back-limit"}
         assert client.queue_info("jobs", 1)["Messages"] == 0  # not back in the queue
         assert client.trash_resubmit("jobs", 1, [trashed[0].sequence]) == 1
-    broker.kill9()  # the resubmitted message is a saved message of the queue now
+    broker.kill()  # the resubmitted message is a saved message of the queue now
     broker.start()
     with broker.client(zctx) as client:
         assert [t.message.message_id for t in client.trash_list("jobs", 1)] == ["j1", "j2"]
@@ -297,7 +274,7 @@ def test_the_trash_of_a_persistent_queue_survives_kill_9_resubmit_and_purge_afte
         client.ack(back)
         assert client.trash_purge("jobs", 1) == 2
         client.queue_info("jobs", 1)  # a round trip: the acknowledge was taken
-    broker.kill9()
+    broker.kill()
     broker.start()
     with broker.client(zctx) as client:
         assert client.trash_list("jobs", 1) == []

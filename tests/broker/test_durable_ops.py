@@ -45,6 +45,10 @@ class Broker:
             self.proc.wait(10)
             self.proc = None
 
+    def client(self, zctx: zmq.Context[zmq.Socket[bytes]], timeout: float = 10.0) -> Client:
+        """A connected client (the caller closes it)."""
+        return Client(self.endpoint, context=zctx, timeout=timeout).connect()
+
 
 @pytest.fixture
 def brokers() -> Iterator[list[Broker]]:

@@ -15,7 +15,8 @@ from broker.client.blocking import Client
 from broker.client.errors import RemoteError
 from broker.client.message import Kind, Message
 from broker.protocol import RECEIPT_CONTENT_TYPE
-from tests.broker.test_dsub_serve import Served, make  # noqa: F401 (fixture)
+from tests.broker.test_dsub_serve import MakeBroker, make  # noqa: F401 (fixture)
+from tests.broker.test_durable_ops import Broker
 
 
 def receipt_of(client: Client, timeout: float = 10) -> Message:
@@ -28,12 +29,12 @@ def receipt_of(client: Client, timeout: float = 10) -> Message:
 
 
 @pytest.fixture
-def broker(make: type[Served]) -> Iterator[Served]:  # noqa: F811
+def broker(make: MakeBroker) -> Iterator[Broker]:  # noqa: F811
     yield make("[limits]\nmax_pending_receipts = 3\n")
 
 
 def test_receipt_one_comes_when_a_consumer_acknowledges(
-    broker: Served, zctx: zmq.Context[zmq.Socket[bytes]]
+    broker: Broker, zctx: zmq.Context[zmq.Socket[bytes]]
 ) -> None:
     with broker.client(zctx) as producer, broker.client(zctx) as consumer:
         producer.create_queue("work", 1, {"Status": "RoundRobin", "RequestAcknowledge": True})
@@ -51,7 +52,7 @@ def test_receipt_one_comes_when_a_consumer_acknowledges(
 
 
 def test_receipt_all_on_a_broadcast_counts_every_consumer(
-    broker: Served, zctx: zmq.Context[zmq.Socket[bytes]]
+    broker: Broker, zctx: zmq.Context[zmq.Socket[bytes]]
 ) -> None:
     with (
         broker.client(zctx) as producer,
@@ -77,7 +78,7 @@ def test_receipt_all_on_a_broadcast_counts_every_consumer(
 
 
 def test_at_the_timeout_the_receipt_says_x_of_y(
-    broker: Served, zctx: zmq.Context[zmq.Socket[bytes]]
+    broker: Broker, zctx: zmq.Context[zmq.Socket[bytes]]
 ) -> None:
     with broker.client(zctx) as producer, broker.client(zctx) as consumer:
         producer.create_queue("slow", 1, {"Status": "RoundRobin", "RequestAcknowledge": True})
@@ -94,7 +95,7 @@ def test_at_the_timeout_the_receipt_says_x_of_y(
 
 
 def test_bad_receipt_headers_and_the_limit_refuse_the_push(
-    broker: Served, zctx: zmq.Context[zmq.Socket[bytes]]
+    broker: Broker, zctx: zmq.Context[zmq.Socket[bytes]]
 ) -> None:
     with broker.client(zctx) as producer:
         producer.create_queue("q", 1, {"Status": "RoundRobin"})
