@@ -18,9 +18,10 @@ from broker.bridge.config import Direction, Route, Settings, parse_url
 from broker.bridge.runner import Bridge
 from broker.client.blocking import Client
 from broker.server.server import Server
+from tests.bridge.amqp_peer import AmqpPeer
 from tests.bridge.peers import RabbitMQ
 from tests.bridge.test_mqtt import WAIT, consume
-from tests.bridge.test_rabbit_stomp import drain_flagged, take, unflagged_duplicates
+from tests.bridge.test_rabbit_stomp import take, unflagged_duplicates
 from tests.polling import wait_until
 
 pika = pytest.importorskip("pika", reason="pika not installed ([bridges])")
@@ -28,36 +29,6 @@ from broker.bridge.connectors.amqp import AmqpConnector  # noqa: E402
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 RESTART_WAIT = 90.0  # a RabbitMQ node takes ~10 s to boot on a loaded 2-core machine
-
-
-class Amqp:
-    """A plain pika connection of the test: declare, publish with confirms, read back."""
-
-    def __init__(self, rabbit: RabbitMQ) -> None:
-        self.connection = pika.BlockingConnection(pika.URLParameters(rabbit.url))
-        self.channel = self.connection.channel()
-        self.channel.confirm_delivery()
-
-    def declare(self, *queues: str) -> None:
-        for name in queues:
-            self.channel.queue_declare(name, durable=True)
-
-    def publish(self, queue: str, payload: bytes) -> None:
-        self.channel.basic_publish(
-            "", queue, payload, pika.BasicProperties(delivery_mode=2), mandatory=True
-        )
-
-    def drain(self, queue: str) -> list[bytes]:
-        got = []
-        while True:
-            method, _, body = self.channel.basic_get(queue, auto_ack=True)
-            if method is None:
-                return got
-            got.append(body)
-
-    def close(self) -> None:
-        if self.connection.is_open:
-            self.connection.close()
 
 
 def make_bridge(zctx: Ctx, server: Server, rabbit: RabbitMQ, *routes: Route, **kw: Any) -> Bridge:
@@ -74,7 +45,7 @@ def make_bridge(zctx: Ctx, server: Server, rabbit: RabbitMQ, *routes: Route, **k
 def test_amqp_round_trips_both_ways(
     zctx: Ctx, server: Server, rabbit: RabbitMQ, local: Client
 ) -> None:
-    peer = Amqp(rabbit)
+    peer = AmqpPeer(rabbit)
     try:
         peer.declare("rt.out", "rt.in")
         local.create_queue("sensors", 2, {"Status": "Push"})
@@ -96,7 +67,7 @@ def test_amqp_round_trips_both_ways(
             assert consume(local, len(incoming)) == incoming
             assert wait_until(lambda: bridge.stats()["in_accepted"] == 100, WAIT)
             # every delivery acked on RabbitMQ: nothing is left unacked or ready there
-            assert wait_until(lambda: _depth(peer, "rt.in") == 0, WAIT)
+            assert wait_until(lambda: peer.depth("rt.in") == 0, WAIT)
     finally:
         peer.close()
 
@@ -110,7 +81,7 @@ def test_unroutable_publish_is_refused_and_not_acked_locally(
         assert wait_until(lambda: bridge.stats()["out_refused"] >= 2, WAIT)
         assert bridge.stats()["out_accepted"] == 0
         assert local.queue_info("lost", 1)["Acks"] == 0
-        peer = Amqp(rabbit)
+        peer = AmqpPeer(rabbit)
         try:
             peer.declare("no.such.queue")  # the route appears: the next attempt goes through
             assert wait_until(lambda: bridge.stats()["out_accepted"] == 1, WAIT)
@@ -124,7 +95,7 @@ def test_rabbit_killed_and_restarted_mid_stream_loses_nothing(
 ) -> None:
     """kill -9 of RabbitMQ mid-stream both ways, then a restart: nothing lost, and a
     payload seen twice always has a flagged copy (resent / redelivered)."""
-    peer = Amqp(rabbit)
+    peer = AmqpPeer(rabbit)
     peer.declare("rs.out", "rs.in")
     incoming = [f"i{i}".encode() for i in range(200)]
     for payload in incoming:
@@ -155,24 +126,19 @@ def test_rabbit_killed_and_restarted_mid_stream_loses_nothing(
         ), sorted(set(incoming) - {p for p, _ in copies})[:10]
         assert wait_until(lambda: local.queue_info("orders", 3)["Acks"] == 300, RESTART_WAIT)
     assert not unflagged_duplicates(copies)
-    peer = Amqp(rabbit)
+    peer = AmqpPeer(rabbit)
     try:
-        got_out = drain_flagged(peer.channel, "rs.out")
+        got_out = peer.drain_flagged("rs.out")
         assert {p for p, _ in got_out} == set(sent)  # confirmed = on disk: all there
         assert not unflagged_duplicates(got_out)
     finally:
         peer.close()
 
 
-def _depth(peer: Amqp, queue: str) -> int:
-    result = peer.channel.queue_declare(queue, durable=True, passive=True)
-    return int(result.method.message_count)
-
-
 def test_bridge_amqp_command_publishes_with_confirms_and_stops_on_sigterm(
     rabbit: RabbitMQ, local: Client, server: Server
 ) -> None:
-    peer = Amqp(rabbit)
+    peer = AmqpPeer(rabbit)
     try:
         peer.declare("cli.out")
         assert server.endpoint is not None

@@ -16,46 +16,19 @@ import pytest
 import zmq
 
 from broker.bridge.config import Direction, Route, Settings, parse_url
-from broker.bridge.core import RESENT_HEADER
 from broker.bridge.runner import Bridge
 from broker.client.blocking import Client, Message
 from broker.server.server import Server
+from tests.bridge.amqp_peer import AmqpPeer
 from tests.bridge.peers import RabbitMQ
 from tests.polling import wait_until
 
-pika = pytest.importorskip("pika", reason="pika not installed ([bridges])")
 pytest.importorskip("stomp", reason="stomp.py not installed ([bridges])")
-from broker.bridge.connectors.stomp import StompConnector  # noqa: E402
+from broker.bridge.connectors.stomp import StompConnector
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 WAIT = 30.0
 RESTART_WAIT = 90.0  # a RabbitMQ node takes ~10 s to boot on a loaded 2-core machine
-
-
-class Amqp:
-    """The test's own view of RabbitMQ (pika): publish with confirms, read back."""
-
-    def __init__(self, rabbit: RabbitMQ) -> None:
-        self.connection = pika.BlockingConnection(pika.URLParameters(rabbit.url))
-        self.channel = self.connection.channel()
-        self.channel.confirm_delivery()
-
-    def publish(self, queue: str, payload: bytes) -> None:
-        self.channel.basic_publish(
-            "", queue, payload, pika.BasicProperties(delivery_mode=2), mandatory=True
-        )
-
-    def drain(self, queue: str) -> list[tuple[bytes, bool]]:
-        return drain_flagged(self.channel, queue)
-
-    def depth(self, queue: str) -> int:
-        """Messages ready on ``queue`` (not those delivered and not yet acknowledged)."""
-        result = self.channel.queue_declare(queue, durable=True, passive=True)
-        return int(result.method.message_count)
-
-    def close(self) -> None:
-        if self.connection.is_open:
-            self.connection.close()
 
 
 def make_bridge(zctx: Ctx, server: Server, rabbit: RabbitMQ, *routes: Route, **kw: Any) -> Bridge:
@@ -68,17 +41,6 @@ def make_bridge(zctx: Ctx, server: Server, rabbit: RabbitMQ, *routes: Route, **k
     return Bridge(
         settings, connector, server.endpoint, context=zctx, client_options={"timeout": 5.0}
     )
-
-
-def drain_flagged(channel: Any, queue: str) -> list[tuple[bytes, bool]]:
-    """(payload, flagged as resent by the bridge) of every message on ``queue`` (taken)."""
-    got: list[tuple[bytes, bool]] = []
-    while True:
-        method, props, body = channel.basic_get(queue, auto_ack=True)
-        if method is None:
-            return got
-        flagged = (props.headers or {}).get(RESENT_HEADER) in ("true", b"true")
-        got.append((body, flagged))
 
 
 def unflagged_duplicates(copies: list[tuple[bytes, bool]]) -> list[bytes]:
@@ -103,7 +65,7 @@ def _redelivered(m: Message) -> bool:
 def test_stomp_bridge_round_trips_through_rabbitmq_acked_both_ways(
     zctx: Ctx, server: Server, rabbit: RabbitMQ, local: Client
 ) -> None:
-    peer = Amqp(rabbit)
+    peer = AmqpPeer(rabbit)
     try:
         local.create_queue("sensors", 2, {"Status": "Push"})
         local.join("sensors")
@@ -119,7 +81,7 @@ def test_stomp_bridge_round_trips_through_rabbitmq_acked_both_ways(
             # acknowledged locally only once RabbitMQ's RECEIPT came (its confirm)
             assert wait_until(lambda: bridge.stats()["out_accepted"] == 100, WAIT)
             assert wait_until(lambda: local.queue_info("orders", 1)["Acks"] == 100, WAIT)
-            got_out = peer.drain("st.out")
+            got_out = peer.drain_flagged("st.out")
             assert {p for p, _ in got_out} == out and len(got_out) == 100
             for payload in sorted(incoming):
                 peer.publish("st.in", payload)
@@ -138,7 +100,7 @@ def test_stomp_bridge_leaves_unaccepted_remote_messages_on_rabbitmq(
 ) -> None:
     """A message the local broker refuses is never ACKed on RabbitMQ (client-individual):
     when the bridge goes away it is ready there again, none lost."""
-    peer = Amqp(rabbit)
+    peer = AmqpPeer(rabbit)
     try:
         # a queue the local broker refuses every push into (payloads over its size limit)
         local.create_queue("full", 1, {"Status": "Push", "MessageSizeLimit": 1})
@@ -160,7 +122,7 @@ def test_rabbit_killed_and_restarted_mid_stream_stomp_loses_nothing(
 ) -> None:
     """kill -9 of RabbitMQ with both directions in flight, then a restart: every message
     arrives, and a payload seen twice always has a flagged copy."""
-    peer = Amqp(rabbit)
+    peer = AmqpPeer(rabbit)
     incoming = [f"i{i}".encode() for i in range(200)]
     try:
         local.create_queue("sensors", 3, {"Status": "Push"})
@@ -193,8 +155,8 @@ def test_rabbit_killed_and_restarted_mid_stream_stomp_loses_nothing(
             ), sorted(set(incoming) - {p for p, _ in copies})[:10]
             assert wait_until(lambda: local.queue_info("orders", 3)["Acks"] == 300, RESTART_WAIT)
         assert not unflagged_duplicates(copies)
-        peer = Amqp(rabbit)
-        got_out = peer.drain("rs.st.out")
+        peer = AmqpPeer(rabbit)
+        got_out = peer.drain_flagged("rs.st.out")
         assert {p for p, _ in got_out} == set(sent)  # receipted = confirmed = on disk
         assert not unflagged_duplicates(got_out)
         assert peer.depth("rs.st.in") == 0
