@@ -15,6 +15,7 @@ from broker.engine.engine import Engine
 from broker.server.server import Server, ServerOptions
 from broker.spark import register
 from tests.polling import wait_until
+from tests.spark.streaming import processing, run_to_end
 from zerohub.zmqkit import new_certificate
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]  # a loaded 2-core machine
@@ -144,25 +145,18 @@ def test_stream_reads_each_message_once_across_a_restart(
     def run() -> Any:
         df = _source(spark, endpoint, "events", stream=True, maxRowsPerTrigger=10,
                      rowsPerPartition=4)  # fmt: skip
-        query = (
+        return (
             df.writeStream.format("parquet")
             .option("path", str(sink))
             .option("checkpointLocation", str(checkpoint))
             .start()
         )
-        try:
-            query.processAllAvailable()
-        finally:
-            query.stop()
-        return query
 
-    first = run()
-    sizes = [p["numInputRows"] for p in first.recentProgress if p["numInputRows"]]
+    sizes = [p["numInputRows"] for p in run_to_end(run)]
     assert sizes == [10, 10, 10]  # admission control: three micro-batches
     assert sorted(_file_sink_ids(spark, sink)) == sorted(ids)
     ids += [client.push("events", 1, b"e%03d" % i, ack=True) for i in range(30, 45)]
-    second = run()
-    assert [p["numInputRows"] for p in second.recentProgress if p["numInputRows"]] == [10, 5]
+    assert [p["numInputRows"] for p in run_to_end(run)] == [10, 5]
     seen = _file_sink_ids(spark, sink)
     assert sorted(seen) == sorted(ids) and len(seen) == 45  # each message exactly once
     assert len(_browse_all(client, "events")) == 45  # nothing consumed, nothing released
@@ -175,15 +169,16 @@ def test_stream_commit_releases_what_spark_processed(
     for i in range(12):
         client.push("work", 1, b"w%d" % i, ack=True)
     df = _source(spark, endpoint, "work", stream=True, release="true", maxRowsPerTrigger=5)
-    query = (
-        df.writeStream.format("memory")
-        .queryName("released")
-        .option("checkpointLocation", str(tmp_path / "checkpoint"))
-        .trigger(processingTime="200 milliseconds")
-        .start()
+    query, _ = processing(
+        lambda: (
+            df.writeStream.format("memory")
+            .queryName("released")
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(processingTime="200 milliseconds")
+            .start()
+        )
     )
     try:
-        query.processAllAvailable()
         assert spark.sql("select count(*) from released").collect()[0][0] == 12
         # batches 5 + 5 + 2: Spark commits a micro-batch when it plans the next one with
         # data, so the first two are released, the last one is not yet

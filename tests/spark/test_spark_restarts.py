@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from broker.server.server import Server, ServerOptions
 from broker.spark import register
 from tests.broker.test_durable_serve import Broker
 from tests.polling import wait_until
+from tests.spark.streaming import ATTEMPTS, run_to_end, slow_start
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]  # a loaded 2-core machine
 
@@ -71,39 +72,6 @@ def _pipeline(spark: Any, endpoint: str, checkpoint: Path, sink_queue: int) -> A
     )
 
 
-#: Spark starts a streaming source's Python runner as a fresh process that must connect
-#: back within 10 s (fixed in Spark): on an overloaded machine it may not.  The query
-#: then fails before reading anything; it is started again from its checkpoint (what
-#: these tests are about anyway), a few times at most.
-_ATTEMPTS = 5
-
-
-def _slow_start(exc: BaseException) -> bool:
-    return "connect back" in str(exc)
-
-
-def _run_to_end(start: Callable[[], Any]) -> list[dict[str, Any]]:
-    """Start the query (again from its checkpoint if Spark's Python runner came up too
-    late) until it processed everything available; the progress of the micro-batches
-    that read rows."""
-    progress: list[dict[str, Any]] = []
-    for _ in range(_ATTEMPTS):
-        query = start()
-        try:
-            query.processAllAvailable()
-            done = True
-        except Exception as exc:
-            if not _slow_start(exc):
-                raise
-            done = False
-        finally:
-            query.stop()
-        progress += [p for p in query.recentProgress if p["numInputRows"]]
-        if done:
-            return progress
-    raise AssertionError(f"Spark's Python runner did not start in {_ATTEMPTS} attempts")
-
-
 def _last_commit(checkpoint: Path) -> Path:
     commits = [p for p in (checkpoint / "commits").iterdir() if p.name.isdigit()]
     return max(commits, key=lambda p: int(p.name))
@@ -129,12 +97,8 @@ def test_sink_restarted_from_its_checkpoint_holds_each_row_once(
         c.create_queue("copies", 1, sink_options)
         for i in range(25):
             c.push("events", 1, b"e%03d" % i, ack=True)
-        query = _pipeline(spark, endpoint, checkpoint, 1)
-        try:
-            query.processAllAvailable()
-        finally:
-            query.stop()
-        assert [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]] == [
+        first = run_to_end(lambda: _pipeline(spark, endpoint, checkpoint, 1))
+        assert [p["numInputRows"] for p in first] == [
             10,
             10,
             5,
@@ -151,7 +115,7 @@ def test_sink_restarted_from_its_checkpoint_holds_each_row_once(
             crc.unlink()
         for i in range(25, 32):  # and more arrives while it is down
             c.push("events", 1, b"e%03d" % i, ack=True)
-        rerun = _run_to_end(lambda: _pipeline(spark, endpoint, checkpoint, 1))
+        rerun = run_to_end(lambda: _pipeline(spark, endpoint, checkpoint, 1))
         assert next((p["batchId"], p["numInputRows"]) for p in rerun) == (2, 5)  # 2 again
         held = _browse_all(c, "copies")
         payloads = Counter(bytes(b.message.payload) for b in held)
@@ -213,7 +177,7 @@ def test_stream_read_through_a_broker_kill_9_mid_batch(
             )
 
         killed_in: int | None = None
-        for _ in range(_ATTEMPTS):
+        for _ in range(ATTEMPTS):
             query = start()
             # batch 0 done, batch 1 running: kill the broker under its tasks
             wait_until(partial(_mid_batch_or_ended, query), timeout=300)
@@ -222,7 +186,7 @@ def test_stream_read_through_a_broker_kill_9_mid_batch(
                 break
             query.stop()
             exc = query.exception()
-            assert exc is not None and _slow_start(exc), (exc, query.status)
+            assert exc is not None and slow_start(exc), (exc, query.status)
         assert killed_in is not None and killed_in >= 1
         served.kill()
         served.start()
@@ -232,7 +196,7 @@ def test_stream_read_through_a_broker_kill_9_mid_batch(
         finally:
             query.stop()
         if query.exception() is not None or _rows(spark, sink) < len(ids):
-            _run_to_end(start)  # restarted from the checkpoint
+            run_to_end(start)  # restarted from the checkpoint
         got = Counter(r.id for r in spark.read.parquet(str(sink)).select("id").collect())
         assert sorted(got) == sorted(ids)  # none lost
         assert set(got.values()) == {1}  # none twice
