@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from broker.store.log import LogStore, QueueKey
+from tests.variants import variants
 
 from .crash_worker import NAMES, QUEUES, blob_for
 
@@ -161,11 +162,15 @@ def test_kill_9_loses_nothing_completed(tmp_path: Path, seed: int) -> None:
     assert seen.acked and seen.removed
 
 
+#: seeds 10-13 cover fsync/batch/os and zeros ahead on/off; ZH_ALL_VARIANTS=1: 10-21
+MANY_SEEDS = variants(chosen=range(10, 14), every=range(10, 22))
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # ~80 s on a quiet machine; 180-320 s seen under heavy load
+@pytest.mark.timeout(900)  # all 12 seeds: ~80 s on a quiet machine, 180-320 s under load
 def test_kill_9_over_many_seeds(tmp_path: Path) -> None:
     compactions = 0
-    for seed in range(10, 22):
+    for seed in MANY_SEEDS:
         seen = _crash_rounds(tmp_path, seed, rounds=4)
         compactions += seen.compactions
     assert compactions > 0, "no kill landed while compactions were running"
