@@ -14,6 +14,7 @@ import zmq
 
 from broker.client.blocking import Client
 from tests.broker.test_cli import free_port, start_serve
+from tests.variants import variants
 
 PERSISTENT = {"MessageDeliveryHandler": "persistent", "RequestAcknowledge": True, "Tag": "kept"}
 N = 200
@@ -141,7 +142,7 @@ def test_kill_9_mid_push_from_several_producers_loses_nothing_acked(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("seed", variants(chosen=range(3), every=range(8)))  # tests/variants.py
 def test_kill_9_mid_push_at_random_points(
     broker: Broker, zctx: zmq.Context[zmq.Socket[bytes]], seed: int
 ) -> None:
