@@ -55,6 +55,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from broker.server.server import Server
@@ -168,33 +169,53 @@ class BrokerCollector(Collector):
             if name not in ("frames_in", "frames_out") and isinstance(value, int):
                 events.add_metric([name], value)
         yield events
-        labels = ["channel", "queue"]
-        depth = GaugeMetricFamily(p + "queue_messages", "Messages in a queue", labels=labels)
-        unacked = GaugeMetricFamily(
-            p + "queue_unacked", "Deliveries of a queue not acknowledged yet", labels=labels
+        labels = ("channel", "queue")
+        depth = Rows(p + "queue_messages", "Messages in a queue", "gauge", labels)
+        unacked = Rows(
+            p + "queue_unacked", "Deliveries of a queue not acknowledged yet", "gauge", labels
         )
-        published = CounterMetricFamily(
-            p + "queue_published", "Messages pushed into a queue", labels=labels
+        published = Rows(p + "queue_published", "Messages pushed into a queue", "counter", labels)
+        delivered = Rows(
+            p + "queue_delivered", "Messages sent out of a queue to consumers", "counter", labels
         )
-        delivered = CounterMetricFamily(
-            p + "queue_delivered", "Messages sent out of a queue to consumers", labels=labels
-        )
-        for q in s["queue_list"]:
-            names = [q["channel"], str(q["queue"])]
-            depth.add_metric(names, q["messages"])
-            unacked.add_metric(names, q["unacked"])
-            published.add_metric(names, q["received"])
-            delivered.add_metric(names, q["sent"])
+        add_depth, add_unacked = depth.rows.append, unacked.rows.append
+        add_published, add_delivered = published.rows.append, delivered.rows.append
+        for q in s["queue_list"]:  # one pass, four families
+            names = (q["channel"], str(q["queue"]))
+            add_depth((names, q["messages"]))
+            add_unacked((names, q["unacked"]))
+            add_published((names, q["received"]))
+            add_delivered((names, q["sent"]))
         yield depth
         yield unacked
         yield published
         yield delivered
-        consumers = GaugeMetricFamily(
-            p + "channel_consumers", "Consumers of a channel", labels=["channel"]
-        )
-        for c in s["channel_list"]:
-            consumers.add_metric([c["name"]], c["consumers"])
+        consumers = Rows(p + "channel_consumers", "Consumers of a channel", "gauge", ("channel",))
+        consumers.rows.extend(((c["name"],), c["consumers"]) for c in s["channel_list"])
         yield consumers
+
+
+class Rows(Metric):
+    """A gauge or counter family of many label sets (per queue, per channel), kept as
+    rows of (label values, value): the hub's writer (:func:`exposition`) writes them
+    straight from the rows (each label set's text kept from the last scrape); their
+    ``samples``, what ``generate_latest`` and other readers of a registry see, are made
+    only when asked for."""
+
+    def __init__(self, name: str, documentation: str, kind: str, labels: tuple[str, ...]):
+        super().__init__(name, documentation, kind)
+        self.label_names = labels
+        self.rows: list[tuple[tuple[str, ...], float]] = []
+
+    @property
+    def samples(self) -> list[Sample]:
+        name = self.name + "_total" if self.type == "counter" else self.name
+        names = self.label_names
+        return [Sample(name, dict(zip(names, v, strict=True)), x) for v, x in self.rows]
+
+    @samples.setter
+    def samples(self, _samples: list[Sample]) -> None:
+        """(``Metric.__init__`` sets an empty list: the rows stand for it.)"""
 
 
 #: What a :class:`LinksCollector` reads: the federation's and the file events'
@@ -369,6 +390,10 @@ def _write(families: list[Metric]) -> bytes | None:
         name = family.name + "_total" if kind == "counter" else family.name
         about = family.documentation.replace("\\", "\\\\").replace("\n", "\\n")
         append(f"# HELP {name} {about}\n# TYPE {name} {kind}\n")
+        if type(family) is Rows:
+            if not _write_rows(family, name, append):
+                return None
+            continue
         for sample in family.samples:
             if sample.timestamp is not None or sample.exemplar is not None:
                 return None
@@ -382,6 +407,31 @@ def _write(families: list[Metric]) -> bytes | None:
             append(f"{sample.name}{text} {number(sample.value)}\n")
     return "".join(out).encode("utf-8")
 
+
+def _write_rows(family: Rows, name: str, append: Callable[[str], None]) -> bool:
+    """The lines of a :class:`Rows` family; False if a label name needs escaping."""
+    names = family.label_names
+    texts = _row_texts.get(names)
+    if texts is None:
+        if any(not _LABEL_NAME.fullmatch(k) for k in names):
+            return False
+        texts = _row_texts[names] = {}
+    order = sorted(range(len(names)), key=names.__getitem__)
+    number = _number
+    for values, value in family.rows:
+        text = texts.get(values)
+        if text is None:
+            pairs = ",".join(f'{names[i]}="{_label_value(values[i])}"' for i in order)
+            text = "{" + pairs + "}"
+            if len(texts) >= _LABEL_CACHE_MAX:
+                texts.clear()
+            texts[values] = text
+        append(f"{name}{text} {number(value)}\n")
+    return True
+
+
+#: The label texts of :class:`Rows` families, per tuple of label names, by label values.
+_row_texts: dict[tuple[str, ...], dict[tuple[str, ...], str]] = {}
 
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 

@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 
 from broker.client.blocking import Client
 from zerohub.hub import Hub, HubEndpoints
-from zerohub.metrics import exposition, registry
+from zerohub.metrics import Rows, exposition, registry
 
 HOSTILE = ["plain", 'a"quote', "back\\slash", "new\nline", "", "ünï©ødé", '\\"\n\\n', "{}=,"]
 
@@ -67,6 +67,24 @@ def test_integers_and_label_sets_written_again_read_the_same() -> None:
         other.add_metric(["ch1", "1"], round_)
         metrics = _registry(gauge, other)
         assert exposition(metrics) == generate_latest(metrics)
+
+
+def test_row_families_read_the_same_both_ways_scrape_after_scrape() -> None:
+    """The per-queue families (:class:`Rows`: written from their rows, each label set's
+    text kept from the last scrape) against the library reading their samples: hostile
+    values, label names not in sorted order, the same label values under other names,
+    new values for the same label sets."""
+    for round_ in range(3):
+        gauge = Rows("depth", "d", "gauge", ("channel", "queue"))
+        counter = Rows("sent", "s", "counter", ("queue", "channel"))
+        single = Rows("consumers", "c", "gauge", ("channel",))
+        for i, text in enumerate(HOSTILE):
+            gauge.rows.append(((text, str(i)), i + round_))
+            counter.rows.append(((text, str(i)), 10**i * 1.5 + round_))
+            single.rows.append(((text,), float("nan") if i == 3 else -i))
+        metrics = _registry(gauge, counter, single, Rows("none", "n", "counter", ("x",)))
+        assert exposition(metrics) == generate_latest(metrics)
+    assert b'sent_total{channel="0",queue="plain"} 3.5' in exposition(metrics)
 
 
 def test_a_family_it_does_not_write_goes_to_the_library() -> None:
