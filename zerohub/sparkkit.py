@@ -21,9 +21,19 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DEFAULT_MASTER", "SparkUnavailable", "require", "session", "use_this_python"]
+__all__ = [
+    "DEFAULT_MASTER",
+    "START_ATTEMPTS",
+    "SparkUnavailable",
+    "processing",
+    "require",
+    "runner_too_late",
+    "session",
+    "use_this_python",
+]
 
 #: The master a command uses when none is given: every core of this machine.
 DEFAULT_MASTER = "local[*]"
@@ -74,3 +84,37 @@ def session(master: str = DEFAULT_MASTER, app_name: str = "zerohub", **conf: str
     for key, value in settings.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+#: Starts of one streaming query at most in :func:`processing`.
+START_ATTEMPTS = 5
+
+
+def runner_too_late(exc: BaseException) -> bool:
+    """Whether ``exc`` is Spark giving up on a Python runner connecting back.  Spark starts
+    a streaming Python data source's runner as a fresh process that must connect back
+    within 10 s (fixed in Spark): on an overloaded machine it may not, and the query
+    fails before reading anything."""
+    return "connect back" in str(exc)
+
+
+def processing(
+    start: Callable[[], Any], attempts: int = START_ATTEMPTS
+) -> tuple[Any, list[dict[str, Any]]]:
+    """Start a streaming query (``start()`` returns it) and wait until it has processed
+    everything available; when Spark's Python runner came up too late, stop it and start
+    it again (from its checkpoint, when it has one), ``attempts`` times at most.  Any
+    other failure is raised at once.  Returns the query, still running (the caller stops
+    it), and the progress reports of earlier attempts' micro-batches that read rows."""
+    earlier: list[dict[str, Any]] = []
+    for _ in range(attempts):
+        query = start()
+        try:
+            query.processAllAvailable()
+            return query, earlier
+        except Exception as exc:
+            query.stop()
+            if not runner_too_late(exc):
+                raise
+        earlier += [p for p in query.recentProgress if p["numInputRows"]]
+    raise RuntimeError(f"Spark's Python runner did not connect back in {attempts} starts")

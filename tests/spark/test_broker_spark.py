@@ -15,7 +15,8 @@ from broker.engine.engine import Engine
 from broker.server.server import Server, ServerOptions
 from broker.spark import register
 from tests.polling import wait_until
-from tests.spark.streaming import processing, run_to_end
+from tests.spark.streaming import run_to_end
+from zerohub.sparkkit import processing
 from zerohub.zmqkit import new_certificate
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]  # a loaded 2-core machine

@@ -22,7 +22,8 @@ from broker.server.server import Server, ServerOptions
 from broker.spark import register
 from tests.broker.test_durable_serve import Broker
 from tests.polling import wait_until
-from tests.spark.streaming import ATTEMPTS, run_to_end, slow_start
+from tests.spark.streaming import run_to_end
+from zerohub.sparkkit import START_ATTEMPTS, runner_too_late
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]  # a loaded 2-core machine
 
@@ -177,7 +178,7 @@ def test_stream_read_through_a_broker_kill_9_mid_batch(
             )
 
         killed_in: int | None = None
-        for _ in range(ATTEMPTS):
+        for _ in range(START_ATTEMPTS):
             query = start()
             # batch 0 done, batch 1 running: kill the broker under its tasks
             wait_until(partial(_mid_batch_or_ended, query), timeout=300)
@@ -186,7 +187,7 @@ def test_stream_read_through_a_broker_kill_9_mid_batch(
                 break
             query.stop()
             exc = query.exception()
-            assert exc is not None and slow_start(exc), (exc, query.status)
+            assert exc is not None and runner_too_late(exc), (exc, query.status)
         assert killed_in is not None and killed_in >= 1
         served.kill()
         served.start()
