@@ -4,7 +4,8 @@ Offsets are the queue's sequence numbers (``broker.sequence``): an offset
 ``{"seq": N}`` means "every message numbered N or less is processed".  A micro-batch
 from offset S to offset E reads the messages the queue holds numbered S+1..E, cut into
 Spark partitions of ``rowsPerPartition`` sequence numbers; each task browses its range
-(pages of ``browseLimit`` messages) and yields pyarrow record batches.  Reading changes
+(pages of ``browseLimit`` messages, the next one asked for while the last one is
+handed to Spark) and yields pyarrow record batches.  Reading changes
 nothing in the queue: a restarted query reads again from the offset its checkpoint
 holds, so each message reaches the sink once when the sink is idempotent (Spark's file
 sink, the ``zerohub`` sink on a ``UseMessageId`` queue).
@@ -26,15 +27,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
+from broker.client.admin import operation_frame
 from broker.client.blocking import Client
-from broker.sequence import SequenceBounds
+from broker.protocol import Header, Operation
+from broker.sequence import SequenceBounds, decode_browse
 from broker.spark.connect import open_client
-from broker.spark.options import EARLIEST, LATEST, ReadOptions
+from broker.spark.options import EARLIEST, LATEST, ConnectOptions, ReadOptions
 from broker.spark.rows import arrow_schema, browsed_batch
 
 log = logging.getLogger(__name__)
@@ -57,21 +61,37 @@ def split(first: int, last: int, per_partition: int) -> list[SequenceRange]:
     ]
 
 
+def _ask(client: Client, connect: ConnectOptions, cursor: int, limit: int) -> Future[Any]:
+    """Send one browse request (``Client.browse``'s frame) without waiting for its answer."""
+    frame = operation_frame(
+        client.new_id(), Operation.QUEUE_BROWSE, connect.channel, queue_id=connect.queue,
+        response=True,
+    )  # fmt: skip
+    asked = ((Header.FROM_SEQ, str(cursor)), (Header.LIMIT, str(limit)))
+    return client.request_frame(frame.replace(headers=(*frame.headers, *asked)))
+
+
 def read_range(options: ReadOptions, first: int, last: int) -> Iterator[Any]:
-    """Record batches of the held messages numbered ``first..last``, in order."""
+    """Record batches of the held messages numbered ``first..last``, in order.
+
+    Pipelined: the next page is asked for before this one is turned into a record batch
+    and handed to Spark, so the broker (its own process) reads and encodes it meanwhile.
+    """
     connect = options.connect
     schema = arrow_schema()
+    most = options.browse_limit
     client = open_client(connect, threaded=False)
     try:
-        cursor = first
-        while cursor <= last:
-            limit = min(options.browse_limit, last - cursor + 1)
-            page = client.browse(connect.channel, connect.queue, cursor, limit)
+        asked: Future[Any] | None = _ask(client, connect, first, min(most, last - first + 1))
+        while asked is not None:
+            page = decode_browse(asked.result().payload)
             wanted = [entry for entry in page if entry.sequence <= last]
             if not wanted:
                 return  # nothing more held in the range
-            yield browsed_batch(wanted, connect.channel, connect.queue, schema)
             cursor = wanted[-1].sequence + 1
+            more = cursor <= last and len(wanted) == len(page)  # else: the range's end seen
+            asked = _ask(client, connect, cursor, min(most, last - cursor + 1)) if more else None
+            yield browsed_batch(wanted, connect.channel, connect.queue, schema)
     finally:
         client.close()
 
