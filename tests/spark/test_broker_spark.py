@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -170,15 +171,20 @@ def test_stream_commit_releases_what_spark_processed(
     for i in range(12):
         client.push("work", 1, b"w%d" % i, ack=True)
     df = _source(spark, endpoint, "work", stream=True, release="true", maxRowsPerTrigger=5)
-    query, _ = processing(
-        lambda: (
+    starts = itertools.count()
+
+    def start() -> Any:
+        # a fresh checkpoint for each start: the memory sink cannot recover from one (a
+        # start whose Python runner came up too late read and released nothing)
+        return (
             df.writeStream.format("memory")
             .queryName("released")
-            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .option("checkpointLocation", str(tmp_path / f"checkpoint{next(starts)}"))
             .trigger(processingTime="200 milliseconds")
             .start()
         )
-    )
+
+    query, _ = processing(start)
     try:
         assert spark.sql("select count(*) from released").collect()[0][0] == 12
         # batches 5 + 5 + 2: Spark commits a micro-batch when it plans the next one with
