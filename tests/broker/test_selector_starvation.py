@@ -14,7 +14,7 @@ import pytest
 from broker.engine.delivery import PerMessageDeliveryHandler
 from broker.engine.limits import Limits
 from broker.engine.options import BrokerConfig
-from broker.engine.per_message import PER_MESSAGE, PerMessageRules
+from broker.engine.per_message import PER_MESSAGE, Credit, PerMessageRules
 from broker.engine.queue import dispatch, reading
 from broker.protocol import Header, Operation, QueueStatus
 from broker.sequence import FROM_FIRST
@@ -57,6 +57,17 @@ def setup(
     return kit, rules, producer, names
 
 
+def settle(kit: Kit) -> None:
+    """Run the ticks the queue asks for to go on behind what it set aside (the server
+    loop does this), until it asks for none."""
+    for _ in range(1000):
+        due = kit.engine.next_deadline()
+        if due is None or due > kit.now + dispatch.DRAIN_AGAIN_AFTER:
+            return
+        kit.advance(dispatch.DRAIN_AGAIN_AFTER)
+    raise AssertionError("the queue keeps asking for ticks")
+
+
 def push(kit: Kit, producer: str, kind: str, payload: bytes, *, high: bool = False) -> None:
     kit.push(producer, "ch", 1, payload, headers=(("kind", kind),), high=high)
 
@@ -73,6 +84,49 @@ def test_a_selected_message_behind_5000_nobody_selects_is_delivered() -> None:
     push(kit, producer, "a", b"a2")
     assert [m.payload for m in queue_messages(kit.take(a))] == [b"a1", b"a2"]
     assert kit.info(producer, "ch", 1)["Messages"] == 5000
+
+
+def test_a_backlog_is_gone_through_a_bounded_step_per_tick() -> None:
+    """5,000 unselected then one selected wait before the consumer comes: each drain sets
+    aside at most the limit and asks for the next tick; no spinning once done."""
+    kit, rules, producer, _ = setup(consumers=0)
+    for i in range(5000):
+        push(kit, producer, "z", b"z%d" % i)
+    push(kit, producer, "a", b"a")
+    a = kit.connect("a")
+    selector = Counting("a")
+    rules.set_selector("ch", a, selector)  # type: ignore[arg-type]
+    kit.join(a, "ch")  # the first drain
+    assert queue_messages(kit.take(a)) == []
+    assert selector.calls <= 2 * dispatch.LOOK_PAST_LIMIT + 2  # (2 per message looked at)
+    assert kit.engine.next_deadline() == kit.now + dispatch.DRAIN_AGAIN_AFTER  # asked for more
+    ticks = 0
+    while not (got := queue_messages(kit.take(a))):
+        selector.calls = 0
+        kit.advance(dispatch.DRAIN_AGAIN_AFTER)
+        ticks += 1
+        assert selector.calls <= 2 * dispatch.LOOK_PAST_LIMIT + 2  # (2 per message looked at)
+        assert ticks <= 5
+    assert [m.payload for m in got] == [b"a"]
+    due = kit.engine.next_deadline()  # the acknowledge timeout only: no busy loop
+    assert due is None or due > kit.now + 1
+
+
+def test_a_full_consumer_that_selects_the_head_causes_no_busy_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(dispatch, "LOOK_PAST_LIMIT", 3)
+    kit, rules, producer, (a, b) = setup(consumers=2)
+    rules.set_selector("ch", a, Counting("a"))  # type: ignore[arg-type]
+    rules.set_credit("ch", a, Credit(1, 0))
+    rules.set_selector("ch", b, Counting("b"))  # type: ignore[arg-type]
+    for i in range(10):
+        push(kit, producer, "a", b"a%d" % i)
+    push(kit, producer, "b", b"b")
+    assert [m.payload for m in queue_messages(kit.take(a))] == [b"a0"]
+    assert queue_messages(kit.take(b)) == []  # behind 9 that a selects: it waits for a
+    due = kit.engine.next_deadline()  # the acknowledge timeout only: no busy loop
+    assert due is None or due > kit.now + 1
 
 
 def test_unselected_messages_set_aside_come_back_in_order_with_priorities(
@@ -141,14 +195,17 @@ def test_a_new_selector_or_consumer_sees_what_was_set_aside(
     rules.set_selector("ch", b, Counting("b"))  # type: ignore[arg-type]
     for i in range(10):
         push(kit, producer, "z" if i % 2 else "y", b"%d" % i)
+    settle(kit)
     assert queue_messages(kit.take(a)) == [] and queue_messages(kit.take(b)) == []
     rules.set_selector("ch", b, Counting("y"))  # type: ignore[arg-type]
     push(kit, producer, "a", b"a")  # a drain: b now selects the "y" ones set aside
+    settle(kit)
     assert [m.payload for m in queue_messages(kit.take(a))] == [b"a"]
     assert [m.payload for m in queue_messages(kit.take(b))] == [b"0", b"2", b"4", b"6", b"8"]
     c = kit.connect("c")
     rules.set_selector("ch", c, Counting("z"))  # type: ignore[arg-type]
     kit.join(c, "ch")  # a consumer joins: the rest are looked at again
+    settle(kit)
     assert [m.payload for m in queue_messages(kit.take(c))] == [b"1", b"3", b"5", b"7", b"9"]
 
 
@@ -158,6 +215,7 @@ def test_purge_and_release_count_what_was_set_aside(monkeypatch: pytest.MonkeyPa
     rules.set_selector("ch", a, Counting("a"))  # type: ignore[arg-type]
     for i in range(10):
         push(kit, producer, "z", b"z%d" % i)
+    settle(kit)
     q = kit.engine.channels["ch"].queues[1]
     assert q.messages.aside_regular  # (the test is about messages set aside)
     out: list[object] = []
@@ -186,7 +244,9 @@ def test_a_persistent_queue_restarts_with_every_message_set_aside(tmp_path: Path
         kit, rules, producer, (a,) = setup(on=kit_on(log))
         rules.set_selector("ch", a, Counting("a"))  # type: ignore[arg-type]
         for i in range(2500):
-            kit.push(producer, "ch", 1, b"z%d" % i, headers=(("kind", "z"), ("persistent", "true")))
+            kit.push(
+                producer, "ch", 1, b"z%d" % i, headers=(("kind", "z"), ("persistent", "true"))
+            )
         kit.push(producer, "ch", 1, b"a", headers=(("kind", "a"), ("persistent", "true")))
         got = queue_messages(kit.take(a))
         assert [f.payload for f in got] == [b"a"]

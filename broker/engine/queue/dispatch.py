@@ -32,6 +32,9 @@ _INF = float("inf")
 #: (those no consumer selects at all: see :meth:`Dispatcher.drain`), so a drain looks
 #: at no more than twice this many messages it cannot send.
 LOOK_PAST_LIMIT = 1000
+#: Seconds after which a drain that set aside its bound goes on (the engine's tick then:
+#: other work gets its turn in between, and one tick never loops over a whole backlog).
+DRAIN_AGAIN_AFTER = 0.001
 #: ``Tracked(client_id, frame)`` without the named tuple's Python-level __new__.
 _tracked = tuple.__new__
 _DELIVERY_COUNT = Header.DELIVERY_COUNT.lower()
@@ -87,7 +90,10 @@ class Dispatcher:
         :data:`LOOK_PAST_LIMIT` per drain: the next drains start behind it, so a long
         run of messages nobody selects costs each drain nothing once set aside, and a
         message selected behind them is reached.  They are looked at again when the
-        consumers or what they select change (``aside_key``)."""
+        consumers or what they select change (``aside_key``).  A drain that set aside its
+        bound asks for another soon (``drain_again``: a tick :data:`DRAIN_AGAIN_AFTER`
+        later), so a
+        backlog is gone through a bounded step at a time, other work in between."""
         q = self.q
         messages = q.messages
         if messages.front:
@@ -108,6 +114,7 @@ class Dispatcher:
         passed: list[QueueMessage] = []
         passed_high = passed_regular = False  # a message of that priority was passed
         set_aside = 0
+        more = False
         try:
             while True:
                 if wait and pending:
@@ -129,6 +136,9 @@ class Dispatcher:
                         and messages.may_set_aside(m)
                         and hooks.nobody_selects(m, consumers)
                     )
+                    if not aside and set_aside >= LOOK_PAST_LIMIT:
+                        more = True  # set aside its bound: the next tick goes on
+                        return
                     if not aside and len(passed) >= LOOK_PAST_LIMIT:
                         return
                     # nobody with room may take it: the ones behind it go first
@@ -152,6 +162,8 @@ class Dispatcher:
             self.passable = False
             for m in reversed(passed):
                 messages.unpop(m)
+            if more:
+                q.drain_again(now + DRAIN_AGAIN_AFTER)  # more may wait behind it
 
     def send(
         self,

@@ -366,7 +366,10 @@ class MessageOrder:
 
     def restore_aside(self) -> None:
         """Put the messages set aside back at the front of their deques, in order."""
-        for aside, dq in ((self.aside_priority, self.priority), (self.aside_regular, self.regular)):
+        for aside, dq in (
+            (self.aside_priority, self.priority),
+            (self.aside_regular, self.regular),
+        ):
             if aside:
                 aside.reverse()
                 dq.extendleft(aside)
