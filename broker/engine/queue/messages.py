@@ -160,9 +160,10 @@ class MessageOrder:
         self.n_regular = 0
         #: Put back at the start, not yet in a deque (oldest first).
         self.front: list[QueueMessage] = []
-        #: Set aside by drains, ahead of their deques (see the module docstring).
-        self.aside_priority: deque[QueueMessage] = deque()
-        self.aside_regular: deque[QueueMessage] = deque()
+        #: Set aside by drains, ahead of their deques (see the module docstring); an
+        #: empty tuple until a drain sets one aside (an empty deque costs 600+ octets).
+        self.aside_priority: deque[QueueMessage] | tuple[()] = ()
+        self.aside_regular: deque[QueueMessage] | tuple[()] = ()
 
     @property
     def count(self) -> int:
@@ -358,9 +359,13 @@ class MessageOrder:
     def set_aside(self, m: QueueMessage) -> None:
         """``m``, just taken by :meth:`next_fresh`, waits set aside (still QUEUED)."""
         if m.high_priority:
+            if not isinstance(self.aside_priority, deque):
+                self.aside_priority = deque()
             self.aside_priority.append(m)
             self.n_priority += 1
         else:
+            if not isinstance(self.aside_regular, deque):
+                self.aside_regular = deque()
             self.aside_regular.append(m)
             self.n_regular += 1
 
@@ -370,7 +375,7 @@ class MessageOrder:
             (self.aside_priority, self.priority),
             (self.aside_regular, self.regular),
         ):
-            if aside:
+            if isinstance(aside, deque) and aside:
                 aside.reverse()
                 dq.extendleft(aside)
                 aside.clear()
