@@ -92,8 +92,10 @@ class Dispatcher:
         message selected behind them is reached.  They are looked at again when the
         consumers or what they select change (``aside_key``).  A drain that set aside its
         bound asks for another soon (``drain_again``: a tick :data:`DRAIN_AGAIN_AFTER`
-        later), so a
-        backlog is gone through a bounded step at a time, other work in between."""
+        later), so a backlog is gone through a bounded step at a time, other work in
+        between.  Messages a full consumer selects are only passed over: a drain may look
+        at up to :data:`LOOK_PAST_LIMIT` of them again each time that consumer gets room
+        while another with room selects none of them (bounded per drain, not amortized)."""
         q = self.q
         messages = q.messages
         if messages.front:
