@@ -266,3 +266,30 @@ def test_a_persistent_queue_restarts_with_every_message_set_aside(tmp_path: Path
                 got_all.append(f.payload)
                 kit.ack(anyone, f)
         assert got_all == [b"z%d" % i for i in range(2500)]
+
+
+def test_messages_set_aside_still_time_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A MessageTimeout runs for a message set aside as for any waiting one: it leaves
+    the counts when its time comes, and a later consumer never gets it."""
+    monkeypatch.setattr(dispatch, "LOOK_PAST_LIMIT", 3)
+    handler = PerMessageDeliveryHandler(lambda: 1_700_000_000.0)
+    kit = Kit(handlers={PER_MESSAGE: handler})
+    producer = kit.connect("producer")
+    kit.queue(producer, "ch", 1, status=QueueStatus.ROUND_ROBIN, request_acknowledge=True,
+              message_delivery_handler=PER_MESSAGE, message_timeout=5000)  # fmt: skip
+    a = kit.connect("a")
+    kit.join(a, "ch")
+    handler.rules.set_selector("ch", a, Counting("a"))  # type: ignore[arg-type]
+    for i in range(10):
+        push(kit, producer, "z", b"z%d" % i)
+    settle(kit)
+    q = kit.engine.channels["ch"].queues[1]
+    assert q.messages.aside_regular and q.message_count == 10
+    kit.advance(2.5)
+    push(kit, producer, "z", b"late")  # pushed 2.5 s later: times out 2.5 s later
+    settle(kit)
+    kit.advance(2.6)
+    assert q.message_count == 1
+    anyone = kit.connect("anyone")
+    kit.join(anyone, "ch")
+    assert [m.payload for m in queue_messages(kit.take(anyone))] == [b"late"]
