@@ -96,6 +96,18 @@ class DeliveryHandler:
         only when :meth:`can_consumer_receive` refused every consumer with room."""
         return False
 
+    def selects(self, queue: Queue, message: QueueMessage, receiver: Client) -> bool:
+        """Does ``receiver`` want ``message`` at all, whatever its room, credit or turn
+        (its selector, its first sequence)?  A message looked past that no consumer of
+        the queue selects may be set aside: the next drains do not look at it again until
+        the consumers or :meth:`selection` change.  Called only after :meth:`looks_past`."""
+        return True
+
+    def selection(self, queue: Queue) -> int:
+        """A number that changes whenever :meth:`selects` may answer otherwise for a
+        consumer of ``queue`` (a selector or first sequence set or removed)."""
+        return 0
+
     def consumer_received(self, queue: Queue, delivery: Delivery, receiver: Client) -> Decision:
         """The message was handed to the wire for ``receiver``."""
         return ALLOW
@@ -209,6 +221,12 @@ class PerMessageDeliveryHandler(DefaultDeliveryHandler):
 
     def looks_past(self, queue: Queue) -> bool:
         return self.rules.looks_past(queue.channel.name)
+
+    def selects(self, queue: Queue, message: QueueMessage, receiver: Client) -> bool:
+        return self.rules.selects(queue.channel.name, message, receiver.id)
+
+    def selection(self, queue: Queue) -> int:
+        return self.rules.selection
 
     def consumer_received(self, queue: Queue, delivery: Delivery, receiver: Client) -> Decision:
         self.rules.sent(queue, delivery, receiver)

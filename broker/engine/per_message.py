@@ -37,7 +37,9 @@ And two more per consumer of a channel, set by the front door:
   offered only the messages whose headers it matches.  A message that no consumer with
   room selects stays in the queue and the messages behind it still go to the consumers
   that select them (the queue *looks past* it, see ``Dispatcher.drain``: at most
-  ``LOOK_PAST_LIMIT`` messages per pass); it goes once a consumer that selects it comes.
+  ``LOOK_PAST_LIMIT`` messages per pass; one that no consumer selects at all is set
+  aside, so the next pass goes on behind it); it goes once a consumer that selects it
+  comes.
 * a *first sequence* (:meth:`set_from_seq`, STOMP's ``from-seq`` on a consuming queue
   subscription): the consumer is offered only messages numbered that or higher in the
   queue; the older ones are looked past as unselected ones are.
@@ -140,11 +142,14 @@ class PerMessageRules:
         self._credits: dict[tuple[str, str], Credit] = {}
         #: (channel, consumer id, message id) -> the credit a delivery took, its size
         self._charged: dict[tuple[str, str, str], tuple[Credit, int]] = {}
+        #: Bumped whenever a selector or first sequence is set or removed.
+        self.selection = 0
 
     # -- selectors and credit (the front door says who) ----------------------------------
 
     def set_selector(self, channel: str, client_id: str, selects: Selects | None) -> None:
         """Offer ``client_id`` only the messages of ``channel`` it ``selects`` (None: all)."""
+        self.selection += 1
         chosen = self._selectors.setdefault(channel, {})
         if selects is None:
             chosen.pop(client_id, None)
@@ -155,6 +160,7 @@ class PerMessageRules:
 
     def set_from_seq(self, channel: str, client_id: str, first: int | None) -> None:
         """Offer ``client_id`` only messages of ``channel`` numbered ``first`` or more."""
+        self.selection += 1
         firsts = self._from_seq.setdefault(channel, {})
         if first is None:
             firsts.pop(client_id, None)
@@ -187,6 +193,21 @@ class PerMessageRules:
         """Do consumers of ``channel`` select messages (a message nobody selects must not
         hold up the others)?"""
         return channel in self._selectors or channel in self._from_seq
+
+    def selects(self, channel: str, message: QueueMessage, client_id: str) -> bool:
+        """Does ``client_id``'s selector and first sequence on ``channel`` take
+        ``message`` (whatever its credit, group or exclusivity)?"""
+        firsts = self._from_seq.get(channel)
+        if firsts is not None:
+            first = firsts.get(client_id)
+            if first is not None and message.seq < first:
+                return False
+        chosen = self._selectors.get(channel)
+        if chosen is not None:
+            selects = chosen.get(client_id)
+            if selects is not None and not selects(message.message.headers):
+                return False
+        return True
 
     def set_owner(self, channel: str, client_id: str | None) -> None:
         """Only ``client_id`` may receive from ``channel`` (None: anyone again)."""

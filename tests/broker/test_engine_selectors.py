@@ -54,17 +54,32 @@ def test_each_consumer_gets_what_it_selects_and_the_rest_waits_without_blocking(
     assert [m.payload for m in queue_messages(kit.take(a))] == [b"z", b"z", b"a"]
 
 
-def test_a_drain_looks_past_at_most_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_drain_looks_past_at_most_the_limit_of_what_a_full_consumer_selects(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Messages a consumer selects but has no room for are passed over (not set aside:
+    its room comes back), at most ``LOOK_PAST_LIMIT`` per drain; a message behind more
+    of them waits until that consumer takes some (messages nobody selects at all are set
+    aside instead: ``tests/broker/test_selector_starvation.py``)."""
     monkeypatch.setattr(dispatch, "LOOK_PAST_LIMIT", 3)
-    kit, rules, producer, (a,) = setup(1)
+    kit, rules, producer, (a, b) = setup()
     rules.set_selector("ch", a, kind_is("a"))  # type: ignore[arg-type]
-    for _ in range(3):
-        kit.push(producer, "ch", 1, b"z", headers=(("kind", "z"),))
-    kit.push(producer, "ch", 1, b"a1", headers=(("kind", "a"),))  # 3 ahead: still reached
-    assert [m.payload for m in queue_messages(kit.take(a))] == [b"a1"]
-    kit.push(producer, "ch", 1, b"z", headers=(("kind", "z"),))
-    kit.push(producer, "ch", 1, b"a2", headers=(("kind", "a"),))  # 4 ahead: past the limit
-    assert queue_messages(kit.take(a)) == []
+    rules.set_credit("ch", a, Credit(1, 0))
+    rules.set_selector("ch", b, kind_is("b"))  # type: ignore[arg-type]
+    kit.push(producer, "ch", 1, b"a0", headers=(("kind", "a"),))
+    (a0,) = queue_messages(kit.take(a))  # a has no credit left
+    for i in (1, 2, 3):
+        kit.push(producer, "ch", 1, b"a%d" % i, headers=(("kind", "a"),))
+    kit.push(producer, "ch", 1, b"b1", headers=(("kind", "b"),))  # 3 ahead: still reached
+    assert [m.payload for m in queue_messages(kit.take(b))] == [b"b1"]
+    kit.push(producer, "ch", 1, b"a4", headers=(("kind", "a"),))
+    kit.push(producer, "ch", 1, b"b2", headers=(("kind", "b"),))  # 4 ahead: past the limit
+    assert queue_messages(kit.take(b)) == []
+    kit.ack(a, a0)  # a takes a1: 3 ahead of b2 now
+    (a1,) = queue_messages(kit.take(a))
+    assert a1.payload == b"a1"
+    assert [m.payload for m in queue_messages(kit.take(b))] == [b"b2"]
+    assert kit.info(producer, "ch", 1)["Messages"] == 3  # a2, a3, a4 wait for a's credit
 
 
 def test_without_selectors_a_message_nobody_may_take_still_waits_at_the_head() -> None:

@@ -125,6 +125,50 @@ def test_a_message_nobody_selects_does_not_block_the_queue(
     assert wait_until(lambda: bodies(green) == ["green0", "green1"])
 
 
+def test_thousands_of_messages_nobody_selects_do_not_starve_a_selected_one(
+    raws: Callable[[], Raw],
+) -> None:
+    """Regression (selector starvation): a drain used to look past at most 1,000
+    messages nobody selects and start again at the head each time, so 1,001 of them kept
+    a selected message behind them forever.  Now 2,500 (a backlog), then 1,500 more (live)
+    do not; they stay, in order, for a consumer without a selector."""
+
+    def sends(prefix: str, count: int, blue: str) -> bytes:
+        head = "SEND\ndestination:/queue/starve\ncolor:"
+        frames = [f"{head}green\n\n{prefix}{i}\x00" for i in range(count)]
+        return "".join([*frames, f"{head}blue\n\n{blue}\x00"]).encode()
+
+    producer = raws()
+    producer.send(sends("g", 2500, "b0"))
+    assert raw_synced(producer, "backlog") == []
+    blue = raws()
+    blue.send(
+        frame(
+            "SUBSCRIBE",
+            id="b",
+            destination="/queue/starve",
+            ack="client-individual",
+            selector="color = 'blue'",
+            receipt="sub",
+        )
+    )
+    assert blue.next().command is Command.RECEIPT
+    got = blue.next()  # behind 2,500 nobody selects: it comes (the drains go on behind them)
+    assert got.command is Command.MESSAGE and got.body == b"b0"
+    blue.send(frame("ACK", id=str(got.header("ack"))))
+    producer.send(sends("h", 1500, "b1"))
+    got = blue.next()  # live, behind 1,500 more
+    assert got.command is Command.MESSAGE and got.body == b"b1"
+    blue.send(frame("ACK", id=str(got.header("ack"))))
+    blue.send(frame("DISCONNECT", receipt="bye"))
+    assert blue.next().command is Command.RECEIPT
+    anyone = raws()
+    anyone.send(frame("SUBSCRIBE", id="a", destination="/queue/starve"))
+    seen = [anyone.next().body for _ in range(4000)]
+    assert seen == [b"g%d" % i for i in range(2500)] + [b"h%d" % i for i in range(1500)]
+    assert raw_synced(anyone, "end") == []  # nothing more: every message once
+
+
 def test_a_consumer_without_a_selector_takes_what_selectors_leave(
     clients: Callable[[], Any],
 ) -> None:

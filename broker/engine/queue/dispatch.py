@@ -28,8 +28,13 @@ if TYPE_CHECKING:
 _INF = float("inf")
 #: Messages one drain passes over at most (no consumer with room may receive them, and
 #: the delivery handler lets the messages behind them go first: ``looks_past``); past
-#: that many the drain stops until the next one.
+#: that many the drain stops until the next one.  Also the most one drain sets aside
+#: (those no consumer selects at all: see :meth:`Dispatcher.drain`), so a drain looks
+#: at no more than twice this many messages it cannot send.
 LOOK_PAST_LIMIT = 1000
+#: Seconds after which a drain that set aside its bound goes on (the engine's tick then:
+#: other work gets its turn in between, and one tick never loops over a whole backlog).
+DRAIN_AGAIN_AFTER = 0.001
 #: ``Tracked(client_id, frame)`` without the named tuple's Python-level __new__.
 _tracked = tuple.__new__
 _DELIVERY_COUNT = Header.DELIVERY_COUNT.lower()
@@ -49,7 +54,7 @@ def redelivery_headers(headers: Headers, delivered: int) -> Headers:
 class Dispatcher:
     """Delivery to the consumers of one queue (see the module docstring)."""
 
-    __slots__ = ("out_version", "passable", "q")
+    __slots__ = ("aside_key", "out_version", "passable", "q")
 
     def __init__(self, queue: QueueCore) -> None:
         self.q = queue
@@ -57,6 +62,8 @@ class Dispatcher:
         self.out_version = 0
         #: Set by :meth:`send`: the message it put back at the front may be passed over.
         self.passable = False
+        #: What the messages set aside were looked past under (``HandlerHooks.selection``).
+        self.aside_key: tuple[object, ...] = ()
 
     # ------------------------------------------------------------------ returns
 
@@ -73,7 +80,22 @@ class Dispatcher:
     # ------------------------------------------------------------------ sending
 
     def drain(self, now: float, out: list[Outgoing]) -> None:
-        """Send waiting messages to consumers as far as the status and options allow."""
+        """Send waiting messages to consumers as far as the status and options allow.
+
+        A message no consumer with room may take, when the handler ``looks_past``, is
+        passed over (put back in its place when the drain ends), at most
+        :data:`LOOK_PAST_LIMIT` per drain.  One that no consumer of the queue *selects*
+        at all (the handler's ``selects``), met before any passed over of its priority,
+        is set aside instead (``MessageOrder``: "Set aside"), also at most
+        :data:`LOOK_PAST_LIMIT` per drain: the next drains start behind it, so a long
+        run of messages nobody selects costs each drain nothing once set aside, and a
+        message selected behind them is reached.  They are looked at again when the
+        consumers or what they select change (``aside_key``).  A drain that set aside its
+        bound asks for another soon (``drain_again``: a tick :data:`DRAIN_AGAIN_AFTER`
+        later), so a backlog is gone through a bounded step at a time, other work in
+        between.  Messages a full consumer selects are only passed over: a drain may look
+        at up to :data:`LOOK_PAST_LIMIT` of them again each time that consumer gets room
+        while another with room selects none of them (bounded per drain, not amortized)."""
         q = self.q
         messages = q.messages
         if messages.front:
@@ -84,34 +106,66 @@ class Dispatcher:
         consumers = q.channel.consumer_list
         if not consumers or not (messages.n_priority or messages.n_regular):
             return
+        hooks = q.hooks
+        if (messages.aside_priority or messages.aside_regular) and (
+            hooks.selection(consumers) != self.aside_key
+        ):
+            messages.restore_aside()
         wait = q.options.wait_for_acknowledge
         pending = q.pending
         passed: list[QueueMessage] = []
+        passed_high = passed_regular = False  # a message of that priority was passed
+        set_aside = 0
+        more = False
         try:
             while True:
                 if wait and pending:
                     return
-                m = messages.next_first()
+                m = messages.next_fresh()
                 if m is None:
                     return
                 if m.deadline and m.deadline <= now:
                     q.expire(m, out)
                     continue
                 if not self.send(m, consumers, now, out):
-                    if not self.passable or len(passed) >= LOOK_PAST_LIMIT:
+                    if not self.passable:
+                        return
+                    self.passable = False
+                    high = m.high_priority
+                    aside = (
+                        set_aside < LOOK_PAST_LIMIT
+                        and not (passed_high if high else passed_regular)
+                        and messages.may_set_aside(m)
+                        and hooks.nobody_selects(m, consumers)
+                    )
+                    if not aside and set_aside >= LOOK_PAST_LIMIT:
+                        more = True  # set aside its bound: the next tick goes on
+                        return
+                    if not aside and len(passed) >= LOOK_PAST_LIMIT:
                         return
                     # nobody with room may take it: the ones behind it go first
-                    self.passable = False
-                    taken = messages.next_first()  # m, put back at the front by send
+                    taken = messages.next_fresh()  # m, put back at the front by send
                     if taken is not m:  # (cannot happen: keep the queue as it was)
                         if taken is not None:
                             messages.unpop(taken)
                         return
+                    if aside:
+                        if not (messages.aside_priority or messages.aside_regular):
+                            self.aside_key = hooks.selection(consumers)
+                        messages.set_aside(m)
+                        set_aside += 1
+                        continue
                     passed.append(m)
+                    if high:
+                        passed_high = True
+                    else:
+                        passed_regular = True
         finally:
             self.passable = False
             for m in reversed(passed):
                 messages.unpop(m)
+            if more:
+                q.drain_again(now + DRAIN_AGAIN_AFTER)  # more may wait behind it
 
     def send(
         self,

@@ -9,7 +9,7 @@ decides what follows (``broker.engine.delivery``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from broker.engine.delivery import ALLOW, Decision, DefaultDeliveryHandler, DeliveryHandler
@@ -38,6 +38,7 @@ class HandlerHooks:
         "from_producer",
         "handler",
         "received",
+        "selects",
     )
 
     def __init__(
@@ -52,6 +53,7 @@ class HandlerHooks:
         self.received = _overrides(handler, "consumer_received")
         self.end_send = _overrides(handler, "end_send")
         self.dequeued = _overrides(handler, "message_dequeued")
+        self.selects = _overrides(handler, "selects")
         # The default handler's received_from_producer only acknowledges a producer that
         # waits for it, and such pushes never take the fast path.
         self.from_producer = type(handler).received_from_producer not in _PLAIN_RECEIVED
@@ -98,6 +100,27 @@ class HandlerHooks:
         except Exception as exc:
             self._error("looks_past", exc)
             return False
+
+    def nobody_selects(self, m: QueueMessage, consumers: Sequence[Any]) -> bool:
+        """Does no consumer select ``m`` at all (the handler's ``selects``; False when it
+        has none, or raises: the message is then only looked past)?"""
+        if not self.selects:
+            return False
+        try:
+            return not any(self.handler.selects(self._queue, m, c) for c in consumers)
+        except Exception as exc:
+            self._error("selects", exc)
+            return False
+
+    def selection(self, consumers: Sequence[Any]) -> tuple[object, ...]:
+        """What the answers of ``selects`` depend on: the handler, its ``selection``
+        number and the consumers (a change: what was set aside is looked at again)."""
+        try:
+            number: object = self.handler.selection(self._queue)
+        except Exception as exc:
+            self._error("selection", exc)
+            number = object()  # never the same: nothing stays set aside
+        return (id(self.handler), number, *(c.id for c in consumers))
 
     def message_dequeued(self, m: QueueMessage) -> None:
         """Tell the handler ``m`` left the queue (callers check :attr:`dequeued` first)."""

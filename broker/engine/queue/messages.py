@@ -19,6 +19,20 @@ never sent, no producer waiting for it, no deadline of its own.  Any other messa
 must queue behind paged ones waits in the tail's ``held`` map under its number, so that
 the order stays as it was.  A paged message that cannot be read back is reported by the
 loader and leaves the counts; the rest come in order.
+
+Set aside.  A drain that looks past a message no consumer of the queue selects at all
+(``Dispatcher.drain``) moves it to :attr:`MessageOrder.aside_priority` /
+:attr:`~MessageOrder.aside_regular`: still waiting and counted, logically ahead of its
+deque (they are the oldest), skipped by the next drains (:meth:`MessageOrder.next_fresh`)
+so that each one goes on where the last one stopped instead of looking at the same
+messages again.  Every other reader sees the queue as if nothing were set aside:
+:meth:`~MessageOrder.next_first`, :meth:`~MessageOrder.next_last`,
+:meth:`~MessageOrder.latest`, :meth:`~MessageOrder.take` first put them back at the
+front of their deques (:meth:`~MessageOrder.restore_aside`, C-speed ``extendleft``), as
+does the dispatcher when the consumers or what they select change.  A message put back
+"at the start" while others are set aside waits behind them (before every message the
+drains have not looked past yet).  In a queue that pages, at most :attr:`window`
+messages per priority are set aside (the rest of the memory bound).
 """
 
 from __future__ import annotations
@@ -119,6 +133,8 @@ class MessageOrder:
     """The waiting messages of one queue (see the module docstring)."""
 
     __slots__ = (
+        "aside_priority",
+        "aside_regular",
         "front",
         "n_priority",
         "n_regular",
@@ -144,6 +160,10 @@ class MessageOrder:
         self.n_regular = 0
         #: Put back at the start, not yet in a deque (oldest first).
         self.front: list[QueueMessage] = []
+        #: Set aside by drains, ahead of their deques (see the module docstring); an
+        #: empty tuple until a drain sets one aside (an empty deque costs 600+ octets).
+        self.aside_priority: deque[QueueMessage] | tuple[()] = ()
+        self.aside_regular: deque[QueueMessage] | tuple[()] = ()
 
     @property
     def count(self) -> int:
@@ -239,6 +259,12 @@ class MessageOrder:
 
     def next_first(self) -> QueueMessage | None:
         """Take the oldest waiting message (high priority first)."""
+        if self.aside_priority or self.aside_regular:
+            self.restore_aside()
+        return self.next_fresh()
+
+    def next_fresh(self) -> QueueMessage | None:
+        """:meth:`next_first` leaving the messages set aside where they are (a drain)."""
         dq = self.priority
         while True:
             while dq:
@@ -268,6 +294,7 @@ class MessageOrder:
 
     def next_last(self) -> QueueMessage | None:
         """Take the newest waiting message (high priority first)."""
+        self.restore_aside()
         for dq, high in ((self.priority, True), (self.regular, False)):
             tail = self.paged_priority if high else self.paged_regular
             while tail.seqs:
@@ -294,6 +321,7 @@ class MessageOrder:
     def latest(self) -> QueueMessage | None:
         """The newest waiting message, left where it is (high priority first)."""
         self.flush_front()
+        self.restore_aside()
         for dq, tail in ((self.priority, self.paged_priority), (self.regular, self.paged_regular)):
             for seq in tail.last():
                 m = self._load_one(tail, seq)
@@ -320,6 +348,37 @@ class MessageOrder:
             self.n_priority += 1
         else:
             self.n_regular += 1
+
+    def may_set_aside(self, m: QueueMessage) -> bool:
+        """Is there room to set ``m`` aside (a paging queue sets at most its window
+        aside per priority)?"""
+        if not self.window:
+            return True
+        return len(self.aside_priority if m.high_priority else self.aside_regular) < self.window
+
+    def set_aside(self, m: QueueMessage) -> None:
+        """``m``, just taken by :meth:`next_fresh`, waits set aside (still QUEUED)."""
+        if m.high_priority:
+            if not isinstance(self.aside_priority, deque):
+                self.aside_priority = deque()
+            self.aside_priority.append(m)
+            self.n_priority += 1
+        else:
+            if not isinstance(self.aside_regular, deque):
+                self.aside_regular = deque()
+            self.aside_regular.append(m)
+            self.n_regular += 1
+
+    def restore_aside(self) -> None:
+        """Put the messages set aside back at the front of their deques, in order."""
+        for aside, dq in (
+            (self.aside_priority, self.priority),
+            (self.aside_regular, self.regular),
+        ):
+            if isinstance(aside, deque) and aside:
+                aside.reverse()
+                dq.extendleft(aside)
+                aside.clear()
 
     def flush_front(self) -> None:
         """Move the messages put back at the start into their deques."""
@@ -351,6 +410,7 @@ class MessageOrder:
         """Empty the chosen deques; returns their waiting messages (still QUEUED).  The
         paged tails behind them are the caller's to take first (:meth:`take_paged`)."""
         self.flush_front()
+        self.restore_aside()
         taken: list[QueueMessage] = []
         if priority:
             taken.extend(m for m in self.priority if m.state == QUEUED)

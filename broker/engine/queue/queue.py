@@ -447,6 +447,11 @@ class Queue:
     def next_deadline(self) -> float | None:
         return self.tracker.next_deadline()
 
+    def drain_again(self, when: float) -> None:
+        """Ask the engine for a tick at ``when`` (a drain that stopped at its bound while
+        it was making progress: the next one goes on, after what else is waiting)."""
+        self.tracker.arm(when)
+
     # ------------------------------------------------------------------ windows
 
     def room(self, c: Client) -> bool:

@@ -105,6 +105,7 @@ def release(q: Queue, through: int, out: list[Outgoing]) -> int:
     count = len(gone)
     messages = q.messages
     messages.flush_front()
+    messages.restore_aside()
     taken: list[QueueMessage] = []
     for group in (messages.priority, messages.regular):
         for m in group:

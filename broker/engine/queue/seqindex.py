@@ -125,7 +125,8 @@ class SequenceIndex:
         ix = cls(q)
         seen: dict[int, Entry] = {}
         messages = q.messages
-        for group in (messages.front, messages.priority, messages.regular):
+        groups = (messages.front, messages.aside_priority, messages.aside_regular)
+        for group in (*groups, messages.priority, messages.regular):
             for m in group:
                 if m.state == QUEUED:
                     seen[m.seq] = m
