@@ -1,4 +1,5 @@
-"""``broker`` command line: serve, push, consume, pull, browse, admin, stats, bridge.
+"""``broker`` command line: serve, push, consume, pull, browse, trash, dsub, admin, stats,
+bridge.
 
 The server binds ``tcp://127.0.0.1:5680`` unless ``--bind`` (or the config file) says
 otherwise; clients connect to ``--connect`` (default: the same, or ``$BROKER_ENDPOINT``).
@@ -774,6 +775,31 @@ def cmd_trash(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dsub(args: argparse.Namespace) -> int:
+    if args.action != "list" and not args.id:
+        raise UsageError(f"dsub {args.action} needs an ID")
+    if args.action == "create" and not args.topics:
+        raise UsageError("dsub create needs at least one TOPIC channel")
+    if args.action != "create" and args.topics:
+        raise UsageError(f"dsub {args.action}: TOPIC is for create")
+    if args.action == "list" and args.id:
+        raise UsageError("dsub list takes no ID")
+    with _session(args) as client:
+        if args.action == "list":
+            for sub in client.durable_subscriptions():
+                if args.json:
+                    print(json.dumps(sub, sort_keys=True), flush=True)
+                else:
+                    topics = ",".join(sub.get("Topics", ()))
+                    print(f"{sub['Id']}\t{topics}\t{sub.get('Messages', 0)}\t"
+                          f"{sub.get('Consumers', 0)}", flush=True)  # fmt: skip
+        elif args.action == "create":
+            client.create_durable_subscription(args.id, args.topics)
+        else:
+            client.destroy_durable_subscription(args.id)
+    return 0
+
+
 def _options(text: str | None) -> Any:
     if text is None:
         return None
@@ -1015,6 +1041,14 @@ def build_parser() -> ArgumentParser:
     )
     trash.add_argument("--json", action="store_true", help="list: one JSON record per message")
     trash.set_defaults(func=cmd_trash)
+
+    dsub = client_command("dsub", "list, create or delete durable subscriptions")
+    dsub.add_argument("action", choices=["list", "create", "delete"], help="what to do")
+    dsub.add_argument("id", nargs="?", help="subscription id (create, delete)")
+    dsub.add_argument("topics", nargs="*", metavar="TOPIC",
+                      help="create: the topic channels it collects from")  # fmt: skip
+    dsub.add_argument("--json", action="store_true", help="list: one JSON record per line")
+    dsub.set_defaults(func=cmd_dsub)
 
     admin = client_command("admin", "create/update/delete/list/info channels and queues")
     admin.add_argument(

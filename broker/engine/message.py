@@ -60,29 +60,35 @@ class Life:
         "wire",
     )
 
+    # What each field holds:
+    # acked: the waiting producer was answered; deadline: MessageTimeout deadline
+    # (monotonic seconds; 0: none); delivered: sends to consumers that had to acknowledge
+    # it (Delivery-Count); inflight: deliveries waiting for their consumers' acknowledges;
+    # out: what consumers get under the queue's current options (made at the first send),
+    # for out_version; producer_waits: its producer waits for an acknowledge; saved: the
+    # store holds it; transmitted: copies of the current send the transport took;
+    # unsent: copies of the current send handed to the transport and not yet reported
+    # sent; wire: the message's wire form until it is parked (``broker.message``).
+    # (Chained assignments: a Life is made for every message sent, this is a hot path.)
+    acked: bool
+    deadline: float
+    delivered: int
+    inflight: int
+    out: Message | None
+    out_version: int
+    producer_waits: bool
+    put_backs: int
+    saved: bool
+    transmitted: int
+    unsent: int
+    wire: Wire | None
+
     def __init__(self) -> None:
-        #: The waiting producer was answered.
-        self.acked = False
-        #: MessageTimeout deadline (monotonic seconds; 0: none).
+        self.acked = self.producer_waits = self.saved = False
         self.deadline = 0.0
-        #: Sends to consumers that had to acknowledge it (Delivery-Count).
-        self.delivered = 0
-        #: Deliveries waiting for their consumers' acknowledges.
-        self.inflight = 0
-        #: What consumers get under the queue's current options (made at the first send).
-        self.out: Message | None = None
+        self.delivered = self.inflight = self.put_backs = self.transmitted = self.unsent = 0
+        self.out = self.wire = None
         self.out_version = -1
-        #: Its producer waits for an acknowledge.
-        self.producer_waits = False
-        self.put_backs = 0
-        #: The store holds it.
-        self.saved = False
-        #: Copies of the current send the transport took; all sends ever (Delivery-Count).
-        self.transmitted = 0
-        #: Copies of the current send handed to the transport and not yet reported sent.
-        self.unsent = 0
-        #: The message's wire form until it is parked (``broker.message``).
-        self.wire: Wire | None = None
 
     def plain(self) -> bool:
         """Nothing gathered yet (the message may do without)."""

@@ -54,10 +54,15 @@ def redelivery_headers(headers: Headers, delivered: int) -> Headers:
 class Dispatcher:
     """Delivery to the consumers of one queue (see the module docstring)."""
 
-    __slots__ = ("aside_key", "out_version", "passable", "q")
+    __slots__ = ("aside_key", "fresh", "fresh_message", "out_version", "passable", "q")
 
     def __init__(self, queue: QueueCore) -> None:
         self.q = queue
+        #: The message being accepted and the tuple it was made from (set by the queue's
+        #: ``accept`` around its admission): sent at once, it is not rebuilt from its
+        #: fields (:meth:`out_message`).
+        self.fresh: QueueMessage | None = None
+        self.fresh_message: Message | None = None
         #: Bumped when options change: the frames prepared for sending are made again.
         self.out_version = 0
         #: Set by :meth:`send`: the message it put back at the front may be passed over.
@@ -358,9 +363,11 @@ class Dispatcher:
 
     def out_message(self, m: QueueMessage) -> Message:
         """What consumers get of ``m`` under the queue's options (cached on ``m``)."""
-        f = m.message
-        opts = self.q.options
         life = m.lived()
+        f = self.fresh_message
+        if m is not self.fresh or f is None or (f.wire is not None and life.wire is None):
+            f = m.message  # (not the one being accepted, or parked since: no wire form)
+        opts = self.q.options
         count = life.delivered
         if opts.request_acknowledge or (opts.hide_client_names and f.source) or count:
             source = "" if opts.hide_client_names else f.source

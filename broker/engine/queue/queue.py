@@ -904,7 +904,12 @@ class Queue:
                 return None
         if remember:
             self.recent.add(mid, now, opts.duplicate_window)
-        self.strategy.admit(self, m, now, out)
+        dispatch = self.dispatch
+        dispatch.fresh, dispatch.fresh_message = m, message  # (sent at once: not rebuilt)
+        try:
+            self.strategy.admit(self, m, now, out)
+        finally:
+            dispatch.fresh = dispatch.fresh_message = None
         return m
 
     def remember_id(self, message_id: str, now: float) -> None:
