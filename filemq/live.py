@@ -14,10 +14,10 @@ Order at start: the server's socket is bound first (an endpoint in use fails bef
 any directory is walked), its saved indexes are read (not checked yet), then the
 publisher's watches are in place -- on the folders a saved index lists, without a walk of
 the tree; the folders the server's check against the disk finds beyond them are watched
-as it finds them -- *before* the server's initial scan, so a file changed between the two is seen by one or the other
-(or both: a repeated notice is harmless, the server only pushes a version it
-has not pushed).  Events arriving before the server runs are held and replayed
-once it does.  Stop order is the reverse: publisher first, then the server
+as it finds them -- *before* the server's initial scan, so a file changed between the
+two is seen by one or the other (or both: a repeated notice is harmless, the server
+only pushes a version it has not pushed).  Events arriving before the server runs are
+held and replayed once it does.  Stop order is the reverse: publisher first, then the server
 (which saves its indexes).
 
 With watching on, the server is told its indexes are live
