@@ -444,3 +444,32 @@ def test_a_start_from_the_saved_index_watches_folders_made_while_the_server_was_
         assert sub.error is None
     finally:
         server.stop()
+
+
+def test_a_damaged_saved_index_means_one_warning_a_full_scan_and_every_folder_watched(
+    tmp_path: Path, zctx: zmq.Context[Any], loopback: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A torn saved index is not trusted: one line, the tree hashed again, and the
+    watches come from a walk (not from the index), so every folder is watched."""
+    src, state = tmp_path / "src", tmp_path / "state"
+    write_tree(src, {f"d{i}/e/f.txt": b"%d" % i for i in range(3)})
+    server = LiveFileServer(zctx, [Mount(src, "/")], endpoint=loopback, state_dir=state)
+    server.start()
+    server.stop()
+    (saved,) = server.server.index_files.values()
+    saved.write_bytes(saved.read_bytes()[:-7])  # torn
+    (src / "d1" / "e" / "f.txt").write_bytes(b"changed while down")
+    server = LiveFileServer(zctx, [Mount(src, "/")], endpoint=loopback, state_dir=state)
+    try:
+        with caplog.at_level("WARNING", logger="filemq"):
+            server.start()
+        index = server.server.indexes["/"]
+        warnings = [r for r in caplog.records if "saved index" in r.getMessage()]
+        assert len(warnings) == 1 and not index.loaded and index.hashed_files == 3
+        entry = index.get("d1/e/f.txt")
+        assert entry is not None
+        assert entry.sha1 == hashlib.sha1(b"changed while down").hexdigest()
+        (src / "d2" / "e" / "late.txt").write_bytes(b"late")
+        assert wait_until(lambda: index.get("d2/e/late.txt") is not None, WAIT)
+    finally:
+        server.stop()
