@@ -81,7 +81,7 @@ import stat
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -322,7 +322,7 @@ class FileServer:
         #: (with ``indexes_live`` and a saved index, by the loop, before any answer).
         self.verified = threading.Event()
         self._unverified: list[Mount] = []
-        self._loaded: list[str] | None = None  # mounts whose saved index was read
+        self._loaded = False  # the saved indexes were read (load_indexes)
         #: Told of folders a loaded index did not list / listed but gone (a live watcher).
         self.folder_watcher: FolderWatcher | None = None
         #: Rescans done (requested, periodic or after a watcher's overflow).
@@ -395,11 +395,11 @@ class FileServer:
         Nothing is checked against the disk here: with ``indexes_live`` the loop does
         that first (and tells ``folder_watcher`` of folders the saved index missed).
         """
-        if self._loaded is None:
+        if not self._loaded:
             for mount in self.mounts:
                 if not mount.directory.is_dir():
                     raise FileNotFoundError(f"{mount.directory}: not a directory")
-            self._loaded = [mount.virtual for mount in self.mounts]
+            self._loaded = True
             for mount in self.mounts:
                 self.indexes[mount.virtual] = load_index(
                     self.index_files.get(mount.virtual),
@@ -409,9 +409,7 @@ class FileServer:
                     tree=True,
                 )
         return {
-            virtual: _folders(index)
-            for virtual, index in self.indexes.items()
-            if index.loaded and virtual in self._loaded
+            virtual: _folders(index) for virtual, index in self.indexes.items() if index.loaded
         }
 
     def start(self) -> FileServer:
@@ -470,9 +468,10 @@ class FileServer:
             index = self.indexes[mount.virtual]
             before = set(_folders(index))
             delta = self._refresh_mount(mount)
-            if self.folder_watcher is not None:
-                delta = self._watch_new_folders(mount, before, delta)
             self._publish(mount, delta)
+            if self.folder_watcher is not None:
+                for again in self._watch_new_folders(mount, before):
+                    self._publish(mount, again)
             self._log_mount(mount)
             changes = len(delta.changed) + len(delta.removed)
             changes += len(delta.nodes) + len(delta.removed_nodes)
@@ -486,34 +485,27 @@ class FileServer:
         self._save_indexes()
         self.verified.set()
 
-    def _watch_new_folders(self, mount: Mount, before: set[str], delta: IndexDelta) -> IndexDelta:
+    def _watch_new_folders(self, mount: Mount, before: set[str]) -> Iterator[IndexDelta]:
         """Tell the watcher of the folders the saved index did not list (made while the
-        server was down) and of those gone; read the new ones again once watched (a file
-        made in one between the check and its watch would be missed otherwise)."""
+        server was down) and of those gone; read each new one again once watched (a file
+        made in it between the check and its watch would be missed otherwise)."""
         assert self.folder_watcher is not None
         index = self.indexes[mount.virtual]
         now = set(_folders(index))
         new, gone = now - before, before - now
         if gone:
             self.folder_watcher.unwatch_folders(mount.virtual, _tops(gone))
+        if not new:
+            return
         top = _tops(new)
-        if not top:
-            return delta
         self.folder_watcher.watch_folders(mount.virtual, top)
-        changed, nodes = list(delta.changed), list(delta.nodes)
-        removed, removed_nodes = list(delta.removed), list(delta.removed_nodes)
-        for folder in top:
-            again = index.refresh(folder)
-            changed += again.changed
-            nodes += again.nodes
-            removed += again.removed
-            removed_nodes += again.removed_nodes
         log.info(
             "mount %s: %d folders made while the server was down now watched",
             mount.virtual,
             len(new),
         )
-        return IndexDelta(tuple(changed), tuple(removed), tuple(nodes), tuple(removed_nodes))
+        for folder in top:
+            yield index.refresh(folder)
 
     def _unbind(self) -> None:
         """Bound but never started: close the ROUTER and the authenticator."""
