@@ -930,11 +930,15 @@ def _unpack_entries(
         column.frombytes(body[at : at + width * count])
         if _SWAP:
             column.byteswap()
-        columns.append(column.tolist())
+        columns.append(column)
         at += width * count
-    sizes, mtimes, inodes, modes = columns
-    if count and (min(sizes) < 0 or min(modes) < -1 or max(modes) > _PERMS):
+    sizes, mtimes, inodes = (column.tolist() for column in columns[:3])
+    mode_column = columns[3]
+    if count and (min(sizes) < 0 or min(mode_column) < -1 or max(mode_column) > _PERMS):
         raise IndexFormatError(f"{path}: malformed entries")
+    # a tree has a few distinct modes: one int object each, not one per file (28 octets
+    # a file: 0o644 is beyond the ints CPython shares); read from the array one at a time
+    modes = map({mode: mode for mode in set(mode_column)}.__getitem__, mode_column)
     hexes = body[at:].hex()
     sha1s = [hexes[i : i + 40] for i in range(0, len(hexes), 40)]
     entries.update(

@@ -11,11 +11,13 @@ Publisher events become server notices:
   directory removed with files nobody listed, a root recreated).
 
 Order at start: the server's socket is bound first (an endpoint in use fails before
-any directory is walked), then the publisher's watches are in place *before* the server's
-initial scan, so a file changed between the two is seen by one or the other
-(or both: a repeated notice is harmless, the server only pushes a version it
-has not pushed).  Events arriving before the server runs are held and replayed
-once it does.  Stop order is the reverse: publisher first, then the server
+any directory is walked), its saved indexes are read (not checked yet), then the
+publisher's watches are in place -- on the folders a saved index lists, without a walk of
+the tree; the folders the server's check against the disk finds beyond them are watched
+as it finds them -- *before* the server's initial scan, so a file changed between the
+two is seen by one or the other (or both: a repeated notice is harmless, the server
+only pushes a version it has not pushed).  Events arriving before the server runs are
+held and replayed once it does.  Stop order is the reverse: publisher first, then the server
 (which saves its indexes).
 
 With watching on, the server is told its indexes are live
@@ -96,7 +98,11 @@ class LiveFileServer:
         self.server.bind()  # an endpoint in use fails before any directory is watched
         try:
             if self.publisher is not None:
-                self.publisher.start()
+                # the folders a saved index lists are watched without a walk of the tree;
+                # those made while the server was down are found by the server's check
+                # against the disk, which runs after this, and watched then
+                self.publisher.start(self.server.load_indexes())
+                self.server.folder_watcher = self.publisher
             self.server.start()
         except BaseException:
             if self.publisher is not None:

@@ -238,10 +238,14 @@ class Publisher:
     def running(self) -> bool:
         return self._worker is not None and self._worker.is_alive()
 
-    def start(self) -> None:
+    def start(self, folders: Mapping[str, Iterable[str]] | None = None) -> None:
         """Watch every root (the watches are in place on return) and start the worker.
 
-        Raises NotADirectoryError if a root is not an existing directory.
+        ``folders``: mount name -> the folders below its root known to be there (a
+        saved index): an observer that can (inotify) watches those instead of walking
+        the tree; the caller then reports the folders it finds that were not in it
+        (:meth:`watch_folders`).  Raises NotADirectoryError if a root is not an
+        existing directory.
         """
         with self._lock:
             if self._worker is not None:
@@ -251,6 +255,10 @@ class Publisher:
                     raise NotADirectoryError(f"mount {m.name!r}: {m.root} is not a directory")
             observer = self._observer_factory()
             try:
+                seed = getattr(observer, "seed_folders", None)
+                for name, known in (folders or {}).items():
+                    if seed is not None and name in self._mounts:
+                        seed(self._mounts[name].root, known)
                 for m in self._mounts.values():
                     self._schedule(observer, m)
                 observer.start()
@@ -260,6 +268,22 @@ class Publisher:
             self._observer = observer
             self._worker = threading.Thread(target=self._run, name="filemq-publisher", daemon=True)
             self._worker.start()
+
+    def watch_folders(self, mount: str, folders: Iterable[str]) -> None:
+        """Watch ``folders`` of ``mount`` (relative names) and what is below them: folders
+        found on the disk that the ``folders`` given to :meth:`start` did not name (an
+        observer that walked the tree at start watches them already)."""
+        self._call_observer("watch_folders", mount, folders)
+
+    def unwatch_folders(self, mount: str, folders: Iterable[str]) -> None:
+        """Stop watching ``folders`` of ``mount``: gone, or no longer folders (a link)."""
+        self._call_observer("unwatch_folders", mount, folders)
+
+    def _call_observer(self, method: str, mount: str, folders: Iterable[str]) -> None:
+        call = getattr(self._observer, method, None)
+        root = self._mounts.get(mount)
+        if call is not None and root is not None and root.state is MountState.WATCHING:
+            call(root.root, list(folders))
 
     def stop(self) -> None:
         """Stop the worker, then the observer; idempotent."""

@@ -81,7 +81,7 @@ import stat
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -174,6 +174,30 @@ class FileEventSink(Protocol):
     def file_changed(self, path: str, size: int, sha1: str, mtime_ns: int) -> None: ...
 
     def file_deleted(self, path: str) -> None: ...
+
+
+class FolderWatcher(Protocol):
+    """What watches a mount's folders (``filemq.live``: the publisher)."""
+
+    def watch_folders(self, mount: str, folders: Iterable[str]) -> None: ...
+
+    def unwatch_folders(self, mount: str, folders: Iterable[str]) -> None: ...
+
+
+def _folders(index: FileIndex) -> list[str]:
+    """The folders ``index`` lists (relative names)."""
+    return [name for name, node in index.nodes().items() if node.kind == NODE_DIR]
+
+
+def _tops(folders: set[str]) -> list[str]:
+    """The ``folders`` not below another one of them, sorted."""
+    return sorted(
+        f
+        for f in folders
+        if not any(
+            p in folders for p in itertools.accumulate(f.split("/")[:-1], lambda a, b: f"{a}/{b}")
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -298,6 +322,9 @@ class FileServer:
         #: (with ``indexes_live`` and a saved index, by the loop, before any answer).
         self.verified = threading.Event()
         self._unverified: list[Mount] = []
+        self._loaded = False  # the saved indexes were read (load_indexes)
+        #: Told of folders a loaded index did not list / listed but gone (a live watcher).
+        self.folder_watcher: FolderWatcher | None = None
         #: Rescans done (requested, periodic or after a watcher's overflow).
         self.rescans = 0
         #: File content bytes sent to clients gone (all of them once stopped).
@@ -361,21 +388,36 @@ class FileServer:
         self.endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
         return self.endpoint
 
-    def start(self) -> FileServer:
-        self.bind()
-        try:
+    def load_indexes(self) -> dict[str, list[str]]:
+        """Read the saved indexes (once; ``start`` does it when nobody did): mount ->
+        the folders a loaded index lists, for a watcher to watch without a walk.
+
+        Nothing is checked against the disk here: with ``indexes_live`` the loop does
+        that first (and tells ``folder_watcher`` of folders the saved index missed).
+        """
+        if not self._loaded:
             for mount in self.mounts:
                 if not mount.directory.is_dir():
                     raise FileNotFoundError(f"{mount.directory}: not a directory")
+            self._loaded = True
             for mount in self.mounts:
-                index = load_index(
+                self.indexes[mount.virtual] = load_index(
                     self.index_files.get(mount.virtual),
                     mount.directory,
                     exclude=self._exclude[mount.virtual],
                     filters=self.filters,
                     tree=True,
                 )
-                self.indexes[mount.virtual] = index
+        return {
+            virtual: _folders(index) for virtual, index in self.indexes.items() if index.loaded
+        }
+
+    def start(self) -> FileServer:
+        self.bind()
+        try:
+            self.load_indexes()
+            for mount in self.mounts:
+                index = self.indexes[mount.virtual]
                 if index.loaded and self.indexes_live:
                     self._unverified.append(mount)  # the loop re-stats it before any answer
                     continue
@@ -423,8 +465,13 @@ class FileServer:
         """
         started = time.monotonic()
         for mount in self._unverified:
+            index = self.indexes[mount.virtual]
+            before = set(_folders(index))
             delta = self._refresh_mount(mount)
             self._publish(mount, delta)
+            if self.folder_watcher is not None:
+                for again in self._watch_new_folders(mount, before):
+                    self._publish(mount, again)
             self._log_mount(mount)
             changes = len(delta.changed) + len(delta.removed)
             changes += len(delta.nodes) + len(delta.removed_nodes)
@@ -437,6 +484,28 @@ class FileServer:
         self._unverified.clear()
         self._save_indexes()
         self.verified.set()
+
+    def _watch_new_folders(self, mount: Mount, before: set[str]) -> Iterator[IndexDelta]:
+        """Tell the watcher of the folders the saved index did not list (made while the
+        server was down) and of those gone; read each new one again once watched (a file
+        made in it between the check and its watch would be missed otherwise)."""
+        assert self.folder_watcher is not None
+        index = self.indexes[mount.virtual]
+        now = set(_folders(index))
+        new, gone = now - before, before - now
+        if gone:
+            self.folder_watcher.unwatch_folders(mount.virtual, _tops(gone))
+        if not new:
+            return
+        top = _tops(new)
+        self.folder_watcher.watch_folders(mount.virtual, top)
+        log.info(
+            "mount %s: %d folders made while the server was down now watched",
+            mount.virtual,
+            len(new),
+        )
+        for folder in top:
+            yield index.refresh(folder)
 
     def _unbind(self) -> None:
         """Bound but never started: close the ROUTER and the authenticator."""

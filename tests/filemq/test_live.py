@@ -411,3 +411,65 @@ def test_watching_server_with_a_saved_index_answers_after_finding_changes_made_w
         server.stop()
     assert read_tree(dest) == read_tree(src)
     assert (dest / "d2" / "f2.txt").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_start_from_the_saved_index_watches_folders_made_while_the_server_was_down(
+    tmp_path: Path, zctx: zmq.Context[Any], loopback: str, subscribe: Callable[..., Subscriber]
+) -> None:
+    """The watches of a start with a saved index come from its folders (no walk); the
+    check against the disk finds the folders made while the server was down and has
+    them watched: a file written in one, or in a folder below it, afterwards is pushed
+    live.  A folder replaced by a link out of the root is not watched through the link."""
+    src, state, outside = tmp_path / "src", tmp_path / "state", tmp_path / "outside"
+    write_tree(src, {f"d{i}/f.txt": b"%d" % i for i in range(3)})
+    write_tree(outside, {"x.txt": b"outside"})
+    server = LiveFileServer(zctx, [Mount(src, "/")], endpoint=loopback, state_dir=state)
+    server.start()
+    server.stop()
+    write_tree(src, {"new/deep/f.txt": b"made while down", "new/g.txt": b"g"})
+    shutil.rmtree(src / "d2")
+    (src / "d2").symlink_to(outside)
+    server = LiveFileServer(zctx, [Mount(src, "/")], endpoint=loopback, state_dir=state)
+    try:
+        server.start()
+        assert wait_until(server.server.verified.is_set, WAIT)
+        assert server.server.indexes["/"].loaded
+        dest = tmp_path / "dest"
+        sub = subscribe(server.server.endpoint, dest)
+        assert wait_until(lambda: "new/deep/f.txt" in files(dest), WAIT)
+        write_tree(src, {"new/deep/late.txt": b"after", "new/late.txt": b"after", "d0/l": b"a"})
+        (outside / "y.txt").write_bytes(b"not ours")
+        assert wait_until(mirrored(src, dest), WAIT), (files(src), files(dest))
+        assert not any(n.startswith("d2/") for n in server.server.indexes["/"].entries())
+        assert sub.error is None
+    finally:
+        server.stop()
+
+
+def test_a_damaged_saved_index_means_one_warning_a_full_scan_and_every_folder_watched(
+    tmp_path: Path, zctx: zmq.Context[Any], loopback: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A torn saved index is not trusted: one line, the tree hashed again, and the
+    watches come from a walk (not from the index), so every folder is watched."""
+    src, state = tmp_path / "src", tmp_path / "state"
+    write_tree(src, {f"d{i}/e/f.txt": b"%d" % i for i in range(3)})
+    server = LiveFileServer(zctx, [Mount(src, "/")], endpoint=loopback, state_dir=state)
+    server.start()
+    server.stop()
+    (saved,) = server.server.index_files.values()
+    saved.write_bytes(saved.read_bytes()[:-7])  # torn
+    (src / "d1" / "e" / "f.txt").write_bytes(b"changed while down")
+    server = LiveFileServer(zctx, [Mount(src, "/")], endpoint=loopback, state_dir=state)
+    try:
+        with caplog.at_level("WARNING", logger="filemq"):
+            server.start()
+        index = server.server.indexes["/"]
+        warnings = [r for r in caplog.records if "saved index" in r.getMessage()]
+        assert len(warnings) == 1 and not index.loaded and index.hashed_files == 3
+        entry = index.get("d1/e/f.txt")
+        assert entry is not None
+        assert entry.sha1 == hashlib.sha1(b"changed while down").hexdigest()
+        (src / "d2" / "e" / "late.txt").write_bytes(b"late")
+        assert wait_until(lambda: index.get("d2/e/late.txt") is not None, WAIT)
+    finally:
+        server.stop()

@@ -436,3 +436,36 @@ def test_restart_after_stop(root: Path, mirror: Mirror) -> None:
     with pub:
         write(root / "again", b"2")
         mirror.wait_changed("again")
+
+
+def test_a_start_seeded_with_known_folders_watches_those_and_more_when_told(
+    root: Path, mirror: Mirror
+) -> None:
+    """``start(folders)``: the root and the folders named are watched without a walk;
+    a folder left out is watched once ``watch_folders`` names it (with what is below it),
+    and ``unwatch_folders`` drops a folder's watches.  inotify reports a change in a
+    folder it does not watch never: events of one descriptor come in order, so a change
+    there made before one in a watched folder would come first."""
+    for folder in ("known", "known/deep", "unknown", "unknown/deep"):
+        (root / folder).mkdir()
+    pub = publish(mirror, observer_factory=OverflowAwareInotifyObserver)
+    pub.start({M: ["known", "known/deep"]})
+    try:
+        mirror.events.clear()
+        write(root / "unknown/deep/a", b"unwatched")
+        write(root / "unknown/b", b"unwatched")
+        write(root / "known/deep/c", b"watched")
+        write(root / "top", b"watched")
+        mirror.wait_changed("top")
+        assert {"known/deep/c", "top"} <= mirror.relpaths()
+        assert not {"unknown/deep/a", "unknown/b"} & mirror.relpaths()
+        pub.watch_folders(M, ["unknown"])  # and below it: unknown/deep
+        write(root / "unknown/deep/d", b"watched now")
+        mirror.wait_changed("unknown/deep/d")
+        pub.unwatch_folders(M, ["known"])  # and below it: known/deep
+        write(root / "known/deep/e", b"unwatched now")
+        write(root / "f", b"watched")
+        mirror.wait_changed("f")
+        assert "known/deep/e" not in mirror.relpaths()
+    finally:
+        pub.stop()

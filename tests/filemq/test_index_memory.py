@@ -1,0 +1,41 @@
+"""What a loaded FILEMQ index costs in memory per file (issue 15: a 100,000-file resync).
+
+Measured with tracemalloc (allocation sizes are deterministic, unlike RSS or time)."""
+
+from __future__ import annotations
+
+import gc
+import os
+import tracemalloc
+from pathlib import Path
+
+from filemq.index import FileIndex
+
+COUNT = 1000
+
+
+def test_a_loaded_index_shares_its_few_file_modes_and_costs_at_most_400_octets_a_file(
+    tmp_path: Path,
+) -> None:
+    """Names of 21 characters (``d0001/file0000001.dat``), two modes: the
+    entry tuple, its name, hex SHA-1 and numbers and the table slot; one int object per
+    distinct mode, not one per file (412 octets a file before)."""
+    root = tmp_path / "root"
+    for i in range(COUNT):
+        path = root / f"d{i % 30:04d}" / f"file{i:07d}.dat"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(i.to_bytes(8, "little"))
+        os.chmod(path, 0o644 if i % 2 else 0o640)
+    index = FileIndex(root)
+    index.refresh()
+    index.save(tmp_path / "index")
+    gc.collect()
+    tracemalloc.start()
+    try:
+        loaded = FileIndex.load(tmp_path / "index", root)
+        octets = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert loaded.entries() == index.entries()  # nothing lost on the way
+    assert {entry.mode for entry in loaded} == {0o644, 0o640}
+    assert octets / COUNT <= 400, f"{octets / COUNT:.0f} octets a file"
