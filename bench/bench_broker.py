@@ -3,6 +3,9 @@
 Every party runs in its own process (spawned), on loopback TCP, 100-byte messages:
 
 * raw pyzmq DEALER -> ROUTER: the ceiling for one Python sender and one receiver;
+* raw pyzmq forwarder: source DEALER -> ROUTER -> sink DEALER, the ROUTER process doing
+  nothing but 2 receives and 2 sends per message: the ceiling of any one-process Python
+  broker that moves one ZeroMQ message per TMQP frame (zerohub rows give the broker's CPU);
 * raw pyzmq round trip (DEALER -> ROUTER echo -> DEALER), one message at a time,
   measured in blocks alternating with the zerohub round trips (same conditions);
 * zerohub 1 producer -> broker -> 1 consumer on a push queue (non-persistent,
@@ -124,6 +127,67 @@ def raw_echo(endpoint: str, ready: Any, stop: Any) -> None:
     ctx.term()
 
 
+def raw_forwarder(endpoint: str, count: int, ready: Any, cpu: Any) -> None:
+    """A ROUTER that forwards every message to the one DEALER that said hello first:
+    what a broker costs with no work at all (2 receives and 2 sends per message)."""
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.sndhwm = sock.rcvhwm = 100_000
+    sock.bind(endpoint)
+    ready.set()
+    sink = sock.recv_multipart()[0]
+    cpu0 = time.process_time()
+    recv, send = sock.recv, sock.send
+    for _ in range(count):
+        recv()
+        data = recv()
+        send(sink, zmq.SNDMORE)
+        send(data)
+    cpu.put(time.process_time() - cpu0)
+    sock.close(linger=5000)
+    ctx.term()
+
+
+def raw_forwarded_sink(endpoint: str, count: int, ready: Any, out: Any) -> None:
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.rcvhwm = 100_000
+    sock.connect(endpoint)
+    sock.send(b"hello")
+    ready.set()
+    recv = sock.recv
+    for _ in range(count):
+        recv()
+    out.put(time.perf_counter())
+    sock.close(linger=0)
+    ctx.term()
+
+
+def bench_raw_forwarder(ctx: Any, count: int) -> Row:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    ready, sink_ready, out, cpu = ctx.Event(), ctx.Event(), ctx.Queue(), ctx.Queue()
+    forwarder = ctx.Process(target=raw_forwarder, args=(endpoint, count, ready, cpu))
+    forwarder.start()
+    ready.wait(10)
+    sink = ctx.Process(target=raw_forwarded_sink, args=(endpoint, count, sink_ready, out))
+    sink.start()
+    sink_ready.wait(10)
+    time.sleep(0.2)  # bench only: the hello reaches the forwarder before the source starts
+    source = ctx.Process(target=raw_source, args=(endpoint, count, out))
+    source.start()
+    a, b = out.get(timeout=120), out.get(timeout=120)
+    used = cpu.get(timeout=120)
+    for p in (source, sink, forwarder):
+        p.join(10)
+    rate = count / (max(a, b) - min(a, b))
+    note = f"forwarder CPU {used:.2f} s, {used / count * 1e6:.1f} us/msg"
+    return Row("raw pyzmq forwarder 1p/1c (no work)", rate=rate, note=note)
+
+
 def bench_raw(ctx: Any, count: int) -> Row:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     ready, out = ctx.Event(), ctx.Queue()
@@ -231,7 +295,9 @@ def zh_producer(
     _close(client)
 
 
-def bench_zerohub(ctx: Any, endpoint: str, count: int, pairs: int, threaded: bool) -> Row:
+def bench_zerohub(
+    ctx: Any, endpoint: str, count: int, pairs: int, threaded: bool, broker_pid: int | None = None
+) -> Row:
     setup = _client(endpoint)
     channels = [f"bench-{pairs}-{threaded:d}-{i}" for i in range(pairs)]
     for channel in channels:
@@ -253,8 +319,10 @@ def bench_zerohub(ctx: Any, endpoint: str, count: int, pairs: int, threaded: boo
     for r in readies:
         r.wait(30)
     time.sleep(0.5)  # let the producers connect
+    cpu0 = _cpu_seconds(broker_pid) if broker_pid else 0.0
     go.set()
     results = [out.get(timeout=300) for _ in procs]
+    used = _cpu_seconds(broker_pid) - cpu0 if broker_pid else 0.0
     for p in procs:
         p.join(30)
     start = min(t for role, t, _ in results if role == "producer")
@@ -262,7 +330,10 @@ def bench_zerohub(ctx: Any, endpoint: str, count: int, pairs: int, threaded: boo
     seen = sum(n for role, _, n in results if role == "consumer")
     name = "zerohub push queue 1p/1c" if pairs == 1 else f"zerohub push queues {pairs}p/{pairs}c"
     name += " (threaded)" if threaded else ""
-    return Row(name, rate=seen / (end - start), note=f"{seen} delivered")
+    note = f"{seen} delivered"
+    if broker_pid:
+        note += f", broker CPU {used:.2f} s, {used / max(1, seen) * 1e6:.1f} us/msg"
+    return Row(name, rate=seen / (end - start), note=note)
 
 
 #: acknowledged pushes one persistent-queue producer keeps in flight
@@ -765,6 +836,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.persistent_only:
         raw = bench_raw(ctx, count)
         rows.append(raw)
+        rows.append(bench_raw_forwarder(ctx, count))
         endpoint = f"tcp://127.0.0.1:{free_port()}"
         ready, stop = ctx.Event(), ctx.Event()
         broker = ctx.Process(target=serve_broker, args=(endpoint, args.engine, ready, stop))
@@ -772,9 +844,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if not ready.wait(30):
                 raise SystemExit("broker did not start")
-            rows.append(bench_zerohub(ctx, endpoint, count, 1, False))
-            rows.append(bench_zerohub(ctx, endpoint, count, 1, True))
-            rows.append(bench_zerohub(ctx, endpoint, max(1, count // 4), 4, False))
+            pid = broker.pid
+            rows.append(bench_zerohub(ctx, endpoint, count, 1, False, pid))
+            rows.append(bench_zerohub(ctx, endpoint, count, 1, True, pid))
+            rows.append(bench_zerohub(ctx, endpoint, max(1, count // 4), 4, False, pid))
             raw_rtt, *zh_rtt = bench_round_trips(ctx, endpoint, rounds)
             rows.insert(1, raw_rtt)
             rows.extend(zh_rtt)
