@@ -12,7 +12,7 @@ Every party runs in its own process (spawned), on loopback TCP, 100-byte message
   fire-and-forget pushes; the producer's last push waits for the broker's ack);
 * zerohub 4 producers / 4 consumers: four channels, one push queue each;
 * broadcast (``--broadcast N``, default 50): raw pyzmq PUB -> N SUB processes against a
-  zerohub broadcast queue (Status 0) -> N consumer processes, messages/10 per consumer;
+  zerohub broadcast queue (Status 0) -> N consumer processes, messages/50 per consumer;
   the rate is the producer's messages per second until every consumer has them all;
 * zerohub round trip: a client pushes into a queue of a channel it joined and waits
   for the delivery, one message at a time;
@@ -929,7 +929,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=50,
         metavar="N",
-        help="broadcast rows to N consumer processes, messages/10 each (0: none; default 50)",
+        help="broadcast rows to N consumer processes, messages/50 each (0: none; default 50)",
     )
     parser.add_argument(
         "--persistent-only",
@@ -963,7 +963,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.insert(1, raw_rtt)
             rows.extend(zh_rtt)
             if args.broadcast:
-                n = max(1, count // 10)
+                n = max(1, count // 50)
                 raw_pub = bench_raw_broadcast(ctx, n, args.broadcast)
                 rows.append(raw_pub)
                 rows.append(
