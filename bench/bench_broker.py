@@ -3,11 +3,17 @@
 Every party runs in its own process (spawned), on loopback TCP, 100-byte messages:
 
 * raw pyzmq DEALER -> ROUTER: the ceiling for one Python sender and one receiver;
+* raw pyzmq forwarder: source DEALER -> ROUTER -> sink DEALER, the ROUTER process doing
+  nothing but 2 receives and 2 sends per message: the ceiling of any one-process Python
+  broker that moves one ZeroMQ message per TMQP frame (zerohub rows give the broker's CPU);
 * raw pyzmq round trip (DEALER -> ROUTER echo -> DEALER), one message at a time,
   measured in blocks alternating with the zerohub round trips (same conditions);
 * zerohub 1 producer -> broker -> 1 consumer on a push queue (non-persistent,
   fire-and-forget pushes; the producer's last push waits for the broker's ack);
 * zerohub 4 producers / 4 consumers: four channels, one push queue each;
+* broadcast (``--broadcast N``, default 50): raw pyzmq PUB -> N SUB processes against a
+  zerohub broadcast queue (Status 0) -> N consumer processes, messages/50 per consumer;
+  the rate is the producer's messages per second until every consumer has them all;
 * zerohub round trip: a client pushes into a queue of a channel it joined and waits
   for the delivery, one message at a time;
 * zerohub rows use poll-on-call clients (``Client(threaded=False)``, no I/O thread);
@@ -124,6 +130,162 @@ def raw_echo(endpoint: str, ready: Any, stop: Any) -> None:
     ctx.term()
 
 
+def raw_forwarder(endpoint: str, count: int, ready: Any, cpu: Any) -> None:
+    """A ROUTER that forwards every message to the one DEALER that said hello first:
+    what a broker costs with no work at all (2 receives and 2 sends per message)."""
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.sndhwm = sock.rcvhwm = 100_000
+    sock.bind(endpoint)
+    ready.set()
+    sink = sock.recv_multipart()[0]
+    cpu0 = time.process_time()
+    recv, send = sock.recv, sock.send
+    for _ in range(count):
+        recv()
+        data = recv()
+        send(sink, zmq.SNDMORE)
+        send(data)
+    cpu.put(time.process_time() - cpu0)
+    sock.close(linger=5000)
+    ctx.term()
+
+
+def raw_forwarded_sink(endpoint: str, count: int, ready: Any, out: Any) -> None:
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.rcvhwm = 100_000
+    sock.connect(endpoint)
+    sock.send(b"hello")
+    ready.set()
+    recv = sock.recv
+    for _ in range(count):
+        recv()
+    out.put(time.perf_counter())
+    sock.close(linger=0)
+    ctx.term()
+
+
+def bench_raw_forwarder(ctx: Any, count: int) -> Row:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    ready, sink_ready, out, cpu = ctx.Event(), ctx.Event(), ctx.Queue(), ctx.Queue()
+    forwarder = ctx.Process(target=raw_forwarder, args=(endpoint, count, ready, cpu))
+    forwarder.start()
+    ready.wait(10)
+    sink = ctx.Process(target=raw_forwarded_sink, args=(endpoint, count, sink_ready, out))
+    sink.start()
+    sink_ready.wait(10)
+    time.sleep(0.2)  # bench only: the hello reaches the forwarder before the source starts
+    source = ctx.Process(target=raw_source, args=(endpoint, count, out))
+    source.start()
+    a, b = out.get(timeout=120), out.get(timeout=120)
+    used = cpu.get(timeout=120)
+    for p in (source, sink, forwarder):
+        p.join(10)
+    rate = count / (max(a, b) - min(a, b))
+    note = f"forwarder CPU {used:.2f} s, {used / count * 1e6:.1f} us/msg"
+    return Row("raw pyzmq forwarder 1p/1c (no work)", rate=rate, note=note)
+
+
+def raw_subscriber(endpoint: str, count: int, ready: Any, out: Any) -> None:
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.SUB)
+    sock.rcvhwm = 0
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    sock.connect(endpoint)
+    recv = sock.recv
+    while recv() != WARM_UP:
+        pass
+    ready.set()
+    seen = 0
+    while seen < count:
+        if len(recv()) == SIZE:
+            seen += 1
+    out.put(time.perf_counter())
+    sock.close(linger=0)
+    ctx.term()
+
+
+#: What the raw publisher sends until every subscriber is connected (PUB drops before).
+WARM_UP = b"w"
+
+
+def bench_raw_broadcast(ctx: Any, count: int, consumers: int) -> Row:
+    import zmq
+
+    zctx = zmq.Context()
+    pub = zctx.socket(zmq.PUB)
+    pub.sndhwm = 0
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    out = ctx.Queue()
+    readies = [ctx.Event() for _ in range(consumers)]
+    subs = [
+        ctx.Process(target=raw_subscriber, args=(f"tcp://127.0.0.1:{port}", count, r, out))
+        for r in readies
+    ]
+    for p in subs:
+        p.start()
+    deadline = time.monotonic() + 120
+    while not all(r.is_set() for r in readies) and time.monotonic() < deadline:
+        pub.send(WARM_UP)
+        time.sleep(0.01)
+    time.sleep(0.2)
+    t0 = time.perf_counter()
+    send = pub.send
+    for _ in range(count):
+        send(PAYLOAD)
+    ends = [out.get(timeout=300) for _ in subs]
+    for p in subs:
+        p.join(10)
+    pub.close(linger=0)
+    zctx.term()
+    return Row(f"raw pyzmq PUB->SUB x{consumers}", rate=count / (max(ends) - t0))
+
+
+def bench_zerohub_broadcast(
+    ctx: Any, endpoint: str, count: int, consumers: int, broker_pid: int, raw: Row
+) -> Row:
+    setup = _client(endpoint)
+    channel = f"bench-broadcast-{consumers}"
+    setup.create_queue(channel, 1, {"Status": 0})
+    _close(setup)
+    out = ctx.Queue()
+    readies = [ctx.Event() for _ in range(consumers)]
+    go = ctx.Event()
+    procs = [
+        ctx.Process(target=zh_consumer, args=(endpoint, channel, count, False, r, out))
+        for r in readies
+    ]
+    procs.append(ctx.Process(target=zh_producer, args=(endpoint, channel, count, False, go, out)))
+    for p in procs:
+        p.start()
+    for r in readies:
+        r.wait(120)
+    time.sleep(0.5)
+    cpu0 = _cpu_seconds(broker_pid)
+    go.set()
+    results = [out.get(timeout=600) for _ in procs]
+    used = _cpu_seconds(broker_pid) - cpu0
+    for p in procs:
+        p.join(30)
+    start = min(t for role, t, _ in results if role == "producer")
+    end = max(t for role, t, _ in results if role == "consumer")
+    seen = sum(n for role, _, n in results if role == "consumer")
+    rate = count / (end - start)
+    note = (
+        f"{seen} delivered, broker CPU {used:.2f} s, {used / max(1, seen) * 1e6:.1f} us/delivery"
+    )
+    if raw.rate:
+        note = f"{rate / raw.rate:.2f}x raw PUB/SUB  {note}"
+    return Row(f"zerohub broadcast x{consumers}", rate=rate, note=note)
+
+
 def bench_raw(ctx: Any, count: int) -> Row:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     ready, out = ctx.Event(), ctx.Queue()
@@ -231,7 +393,9 @@ def zh_producer(
     _close(client)
 
 
-def bench_zerohub(ctx: Any, endpoint: str, count: int, pairs: int, threaded: bool) -> Row:
+def bench_zerohub(
+    ctx: Any, endpoint: str, count: int, pairs: int, threaded: bool, broker_pid: int | None = None
+) -> Row:
     setup = _client(endpoint)
     channels = [f"bench-{pairs}-{threaded:d}-{i}" for i in range(pairs)]
     for channel in channels:
@@ -253,8 +417,10 @@ def bench_zerohub(ctx: Any, endpoint: str, count: int, pairs: int, threaded: boo
     for r in readies:
         r.wait(30)
     time.sleep(0.5)  # let the producers connect
+    cpu0 = _cpu_seconds(broker_pid) if broker_pid else 0.0
     go.set()
     results = [out.get(timeout=300) for _ in procs]
+    used = _cpu_seconds(broker_pid) - cpu0 if broker_pid else 0.0
     for p in procs:
         p.join(30)
     start = min(t for role, t, _ in results if role == "producer")
@@ -262,7 +428,10 @@ def bench_zerohub(ctx: Any, endpoint: str, count: int, pairs: int, threaded: boo
     seen = sum(n for role, _, n in results if role == "consumer")
     name = "zerohub push queue 1p/1c" if pairs == 1 else f"zerohub push queues {pairs}p/{pairs}c"
     name += " (threaded)" if threaded else ""
-    return Row(name, rate=seen / (end - start), note=f"{seen} delivered")
+    note = f"{seen} delivered"
+    if broker_pid:
+        note += f", broker CPU {used:.2f} s, {used / max(1, seen) * 1e6:.1f} us/msg"
+    return Row(name, rate=seen / (end - start), note=note)
 
 
 #: acknowledged pushes one persistent-queue producer keeps in flight
@@ -730,7 +899,13 @@ def print_table(rows: list[Row], raw: Row, raw_rtt: Row) -> None:
         p50 = f"{row.p50:.0f}" if row.p50 is not None else ""
         p99 = f"{row.p99:.0f}" if row.p99 is not None else ""
         note = row.note
-        if row.rate and raw.rate and row is not raw:
+        if (
+            row.rate
+            and raw.rate
+            and row is not raw
+            and "broadcast" not in row.name
+            and "SUB" not in row.name
+        ):
             note = f"{row.rate / raw.rate:.2f}x raw pyzmq  {note}"
         if row.p50 is not None and raw_rtt.p50 and row is not raw_rtt:
             note = f"{row.p50 / raw_rtt.p50:.2f}x raw RTT  {note}"
@@ -750,6 +925,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", default="broker.engine.engine:Engine", help=argparse.SUPPRESS)
     parser.add_argument("--no-persistent", action="store_true", help="skip the persistent rows")
     parser.add_argument(
+        "--broadcast",
+        type=int,
+        default=50,
+        metavar="N",
+        help="broadcast rows to N consumer processes, messages/50 each (0: none; default 50)",
+    )
+    parser.add_argument(
         "--persistent-only",
         action="store_true",
         help="only the acknowledged-push rows (memory, persistent, the disk, RabbitMQ)",
@@ -765,6 +947,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.persistent_only:
         raw = bench_raw(ctx, count)
         rows.append(raw)
+        rows.append(bench_raw_forwarder(ctx, count))
         endpoint = f"tcp://127.0.0.1:{free_port()}"
         ready, stop = ctx.Event(), ctx.Event()
         broker = ctx.Process(target=serve_broker, args=(endpoint, args.engine, ready, stop))
@@ -772,12 +955,20 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if not ready.wait(30):
                 raise SystemExit("broker did not start")
-            rows.append(bench_zerohub(ctx, endpoint, count, 1, False))
-            rows.append(bench_zerohub(ctx, endpoint, count, 1, True))
-            rows.append(bench_zerohub(ctx, endpoint, max(1, count // 4), 4, False))
+            pid = broker.pid
+            rows.append(bench_zerohub(ctx, endpoint, count, 1, False, pid))
+            rows.append(bench_zerohub(ctx, endpoint, count, 1, True, pid))
+            rows.append(bench_zerohub(ctx, endpoint, max(1, count // 4), 4, False, pid))
             raw_rtt, *zh_rtt = bench_round_trips(ctx, endpoint, rounds)
             rows.insert(1, raw_rtt)
             rows.extend(zh_rtt)
+            if args.broadcast:
+                n = max(1, count // 50)
+                raw_pub = bench_raw_broadcast(ctx, n, args.broadcast)
+                rows.append(raw_pub)
+                rows.append(
+                    bench_zerohub_broadcast(ctx, endpoint, n, args.broadcast, pid, raw_pub)
+                )
         finally:
             stop.set()
             broker.join(30)
