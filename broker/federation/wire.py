@@ -39,11 +39,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from broker.engine.federated import FED_ID_HEADER, MAX_ID
+from broker.engine.federated import FEDERATION_CLIENT as FEDERATION_CLIENT  # its pushes
 from broker.federation.errors import BadPeerMessage
 from broker.federation.settings import BROKER_ID
 
-#: The client id of each broker's federation client.
-FEDERATION_CLIENT = "zerohub-federation"
 #: The client type of a link's connection to a remote broker.
 LINK_TYPE = "zerohub-link"
 
@@ -59,7 +59,7 @@ MAX_BATCH = 1_000
 
 HOPS = "Hops"
 DEPTH = "Depth"
-FED_ID = "Fed-Id"
+FED_ID = FED_ID_HEADER
 FED_BROKER = "Fed-Broker"
 FED_CHANNEL = "Fed-Channel"
 FED_QUEUE = "Fed-Queue"
@@ -72,7 +72,7 @@ _OURS = frozenset(h.lower() for h in (HOPS, DEPTH, FED_ID, FED_BROKER, FED_CHANN
 #: Limits on what a peer may send (a larger value is refused).
 MAX_HOPS = 32
 MAX_DEPTH = 1000
-MAX_FED_ID = 256
+MAX_FED_ID = MAX_ID
 MAX_INTEREST_CHANNELS = 10_000
 MAX_INTEREST_SIZE = 4 * 1024 * 1024
 MAX_CHANNEL = 255

@@ -546,6 +546,67 @@ def test_a_copy_resent_after_kill_9_is_not_delivered_twice(
     sub.close()
 
 
+def test_kill_9_between_the_local_push_and_the_seen_journal_delivers_once(
+    brokers: list[Broker], zctx: Ctx, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The receiving broker is killed (-9) right after its local push of a federated
+    message into a persistent queue was answered, before the id reached the federation's
+    seen journal; the peer got no confirm and sends the message again after the restart:
+    the consumer gets it once (the engine wrote the id with the message,
+    ``broker.engine.federated``; before, the recovered copy and the resent one both)."""
+    from broker.client.blocking import ClientError
+    from broker.federation.runner import KILL_AFTER_PUSH_ENV
+    from broker.federation.wire import FEDERATION_CLIENT, INTEREST, MESSAGE
+
+    b = Broker("B", data=tmp_path / "b")
+    brokers.append(b)
+
+    def link_peer() -> Client:
+        peer = b.client(zctx, client_type="zerohub-link")
+        assert wait_until(lambda: stats_or_none(peer) is not None, 20)  # federation is up
+        offer = b'{"broker": "P", "interest": {}}'
+        peer.request(FEDERATION_CLIENT, offer, content_type=INTEREST, timeout=10)
+        return peer
+
+    def send(peer: Client, fed_id: str, payload: bytes, timeout: float = 10) -> None:
+        headers = {"Fed-Broker": "P", "Fed-Channel": "orders", "Fed-Queue": "1",
+                   "Fed-Id": fed_id, "Hops": "P", "Depth": "-1"}  # fmt: skip
+        peer.request(FEDERATION_CLIENT, payload, content_type=MESSAGE, headers=headers,
+                     timeout=timeout)  # fmt: skip
+
+    monkeypatch.setenv(KILL_AFTER_PUSH_ENV, "1")
+    b.start()
+    monkeypatch.delenv(KILL_AFTER_PUSH_ENV)
+    owner = b.client(zctx)
+    owner.create_queue("orders", 1, PERSISTENT)
+    peer = link_peer()
+    with pytest.raises(ClientError):  # B dies before it confirms
+        send(peer, "P/1", b"m1", timeout=5)
+    assert b.proc is not None and b.proc.wait(20) == -9
+    b.proc = None
+    peer.close(timeout=1)
+    owner.close(timeout=1)
+    b.start()
+    peer = link_peer()
+    send(peer, "P/1", b"m1")  # no confirm came: P sends it again
+    send(peer, "P/2", b"m2")
+    sub = b.client(zctx)
+    received: list[Message] = []
+
+    def take(m: Message) -> None:
+        received.append(m)
+        sub.ack(m)
+
+    sub.on_message(take)
+    sub.join("orders")
+    # one consumer of a FIFO queue: a second m1 would come before m2
+    assert wait_until(lambda: b"m2" in payloads(received), 20)
+    assert payloads(received) == Counter([b"m1", b"m2"])
+    assert wait_until(lambda: _queue_empty(sub, "orders", 1), 20)
+    peer.close()
+    sub.close()
+
+
 def test_interest_is_pushed_a_new_subscriber_gets_messages_at_once(
     brokers: list[Broker], zctx: Ctx, tmp_path: Path
 ) -> None:
