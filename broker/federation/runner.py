@@ -92,6 +92,10 @@ LOCAL_TIMEOUT = 10.0
 #: Local queue statuses that hand each message to one consumer (Push only with
 #: OnlyFirstAcquirer: without it every consumer gets a copy).
 ONE_CONSUMER = frozenset({"RoundRobin"})
+#: Answers of a peer that does not know BATCH: 400, or 401 "not a federation message"
+#: (what a zerohub from before BATCH answers).  Its messages then go one by one (a link
+#: refused for good is refused those too, each with its own answer).
+BATCH_UNKNOWN = frozenset({ResultCode.BAD_REQUEST, ResultCode.UNAUTHORIZED})
 #: Test hook (crash tests only): with this variable set to 1 the process kills itself
 #: (SIGKILL) as soon as a local push of a federated message is answered, before its id
 #: reaches the seen journal -- the crash the engine's own window (``broker.engine.federated``)
@@ -753,7 +757,7 @@ class Federation:
         results = b""
         if error is None:
             results = bytes(done.result().payload)
-        elif isinstance(error, RemoteError) and error.code == ResultCode.BAD_REQUEST:
+        elif isinstance(error, RemoteError) and error.code in BATCH_UNKNOWN:
             log.warning("broker %s does not take batches: single messages to it", peer)
             self._no_batch.add(peer)
         if error is None and len(results) != len(tokens):

@@ -21,7 +21,8 @@ connection.  Two kinds (the direct message's content type):
   payload; at most :data:`MAX_BATCH` messages.  The answer (once every message was taken
   or refused) has one octet per message: :data:`BATCH_OK`, :data:`BATCH_RETRY` (refused
   for now: send it again later) or :data:`BATCH_REFUSED` (for good).  A peer that does
-  not know BATCH refuses it (400): the sender then sends that peer single MESSAGEs.
+  not know BATCH refuses it (400, or 401 "not a federation message" from a zerohub
+  before BATCH): the sender then sends that peer single MESSAGEs.
 
 * :data:`STATS` (request, any client of the broker): the answer is the federation's
   counters, its peers (up, in flight, waiting, channels of interest) and joined channels

@@ -607,6 +607,64 @@ def test_kill_9_between_the_local_push_and_the_seen_journal_delivers_once(
     sub.close()
 
 
+def test_a_peer_refusing_batch_gets_single_messages_and_loses_none(
+    brokers: list[Broker], zctx: Ctx
+) -> None:
+    """The linked broker B is a zerohub from before BATCH: its federation client refuses
+    content type 250 as "not a federation message" (401, what that code answered).  A
+    burst ready at once goes to it as a BATCH first; A then sends it single MESSAGEs:
+    every message arrives, once."""
+    from broker.federation.wire import BATCH, FEDERATION_CLIENT, INTEREST, MESSAGE
+    from tests.broker.test_cli import free_port, start_serve
+
+    a = Broker("A")
+    brokers.append(a)
+    b_port = free_port()
+    b_endpoint = f"tcp://127.0.0.1:{b_port}"
+    b_proc = start_serve("--bind", b_endpoint)  # no federation of its own
+    old = Client(b_endpoint, context=zctx, timeout=10, client_id=FEDERATION_CLIENT).connect()
+    got: list[bytes] = []
+    refused: list[int] = []
+    stop = threading.Event()
+
+    def serve_old_peer() -> None:
+        """Answer as a pre-BATCH federation client does."""
+        while not stop.is_set():
+            m = old.receive(timeout=0.05)
+            if m is None or not m.needs_response:
+                continue
+            if m.content_type == INTEREST:
+                old.respond(m, b'{"broker": "B", "interest": {"burst": ["B"]}}')
+            elif m.content_type == MESSAGE:
+                got.append(bytes(m.payload))
+                old.respond(m, b"")
+            else:
+                refused.append(m.content_type)
+                old.respond(m, b"", code=401, headers=(("Reason", "not a federation message"),))
+
+    server = threading.Thread(target=serve_old_peer, daemon=True)
+    server.start()
+    try:
+        a.start(f"--link={b_endpoint}")
+        pub = a.client(zctx)
+        pub.create_queue("burst", 0, BROADCAST)
+        wait_interest(pub, {"B"}, "burst")
+        n = 60
+        for i in range(n - 1):
+            pub.push("burst", 0, f"b{i}")
+        pub.push("burst", 0, f"b{n - 1}", ack=True)
+        assert wait_until(lambda: len(got) >= n, 60), (len(got), federation_stats(pub))
+        assert sorted(got) == sorted(f"b{i}".encode() for i in range(n))  # each once
+        assert BATCH in refused  # a batch was tried first, and refused
+        pub.close()
+    finally:
+        stop.set()
+        server.join(5)
+        old.close(timeout=1)
+        b_proc.terminate()
+        b_proc.wait(20)
+
+
 def test_interest_is_pushed_a_new_subscriber_gets_messages_at_once(
     brokers: list[Broker], zctx: Ctx, tmp_path: Path
 ) -> None:
