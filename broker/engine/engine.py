@@ -612,6 +612,9 @@ class Engine:
             if code:
                 raise OperationError(ResultCode(code), f"push refused by {queue.key}")
         self._check_durable(durable, size)
+        fed_id = FederatedIds.id_of(client.id, message.headers)
+        if fed_id is not None:  # a federated message its publisher gave CC headers
+            self.federated.add(fed_id)
         plain = tuple((k, v) for k, v in message.headers if k.lower() != _CC)
         targets: list[tuple[Queue, str | None, bool]] = [(primary, None, message.wants_ack)]
         targets += [(q, copy_id, False) for q, copy_id in copies]

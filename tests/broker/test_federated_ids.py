@@ -31,10 +31,12 @@ def _engine(store: DurableStore, *, limit: int = 0) -> Engine:
 _ids = itertools.count()
 
 
-def _push(engine: Engine, client: str, fed_id: str, payload: bytes) -> list[Outgoing]:
+def _push(
+    engine: Engine, client: str, fed_id: str, payload: bytes, *more: tuple[str, str]
+) -> list[Outgoing]:
     """A push as a client makes it: each with a message id of its own."""
     m = Message(target="orders", content_type=1, message_id=f"m{next(_ids)}", wants_ack=True,
-                headers=(("Fed-Id", fed_id),), payload=payload)  # fmt: skip
+                headers=(("Fed-Id", fed_id), *more), payload=payload)  # fmt: skip
     return engine.publish(client, m, now=0.0)
 
 
@@ -72,6 +74,19 @@ def test_a_federated_push_is_taken_once_also_after_a_restart(tmp_path: Path) -> 
         assert _waiting(engine) == 1  # answered as done, not queued again
         assert _acked(_push(engine, FEDERATION_CLIENT, "P/2", b"m2"), FEDERATION_CLIENT)
         assert _waiting(engine) == 2
+
+
+def test_a_federated_push_with_cc_headers_is_taken_once(tmp_path: Path) -> None:
+    """The publisher's CC header travels with the message: its copies count too."""
+    with LogStore(tmp_path) as log:
+        engine = _engine(DurableStore(log))
+        engine.create_queue("orders", 2, PERSISTENT)
+        engine.connect(ConnectionInfo(client_id=FEDERATION_CLIENT), now=0.0)
+        for _ in range(2):
+            outs = _push(engine, FEDERATION_CLIENT, "P/1", b"m1", ("CC", "orders;2"))
+            assert _acked(outs, FEDERATION_CLIENT)
+        assert _waiting(engine) == 1
+        assert engine.channels["orders"].queues[2].messages.count == 1
 
 
 def test_another_clients_fed_id_header_is_not_remembered(tmp_path: Path) -> None:
