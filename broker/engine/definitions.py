@@ -26,8 +26,10 @@ CHANNEL_PREFIX = "channel/"
 QUEUE_PREFIX = "queue/"
 ROUTER_PREFIX = "router/"
 DSUB_PREFIX = "dsub/"
+#: Federation ids the engine took (``broker.engine.federated``).
+FEDSEEN_PREFIX = "fedseen/"
 #: Prefixes read by their own owners (:meth:`Definitions.saved_under`), not by ``saved``.
-_OTHER_PREFIXES = (ROUTER_PREFIX, DSUB_PREFIX)
+_OTHER_PREFIXES = (ROUTER_PREFIX, DSUB_PREFIX, FEDSEEN_PREFIX)
 
 
 def channel_name(name: str) -> str:

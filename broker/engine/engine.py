@@ -84,6 +84,7 @@ from broker.engine.delivery import DefaultDeliveryHandler, DeliveryHandler
 from broker.engine.dsubs import DurableSubscriptions
 from broker.engine.errors import ClientRejected, EngineError, OperationError
 from broker.engine.events import EventHub
+from broker.engine.federated import FederatedIds
 from broker.engine.frames import pull_marker
 from broker.engine.host import QueueServices
 from broker.engine.message import DONE, QueueMessage
@@ -95,7 +96,7 @@ from broker.engine.options import (
 )
 from broker.engine.parts import EngineParts
 from broker.engine.queue.queue import Queue
-from broker.engine.replies import answer_failure, reject_push
+from broker.engine.replies import answer_done, answer_failure, reject_push
 from broker.engine.router import Router, RouterError, RouterTable, router_from_json
 from broker.engine.tmqp_door import message_of
 from broker.message import Message
@@ -168,6 +169,8 @@ class Engine:
         self.receipts = services.receipts
         #: Durable subscriptions (``broker.engine.dsubs``): topic copies kept while away.
         self.durable = DurableSubscriptions(self.channel_registry)
+        #: Federation ids taken (``broker.engine.federated``): a resend is not queued again.
+        self.federated = FederatedIds(store)
         self.parts = EngineParts(
             config,
             authorizer,
@@ -460,6 +463,10 @@ class Engine:
     ) -> None:
         channel = self.channels.get(m.target)
         queue = channel.queues.get(m.content_type) if channel is not None else None
+        fed_id = FederatedIds.id_of(client.id, m.headers)
+        if fed_id is not None and self.federated.seen(fed_id):
+            answer_done(client, m, wants_response, out)  # taken before: done
+            return
         try:
             if queue is None:
                 queue = self.channel_registry.resolve_queue(client, m.target, m.content_type, out)
@@ -474,6 +481,7 @@ class Engine:
             copies = self.durable.queues_for(queue.channel.name) if self.durable.by_topic else ()
             if (
                 queue.plain
+                and fed_id is None
                 and not copies
                 and not receipt[0]
                 and not wants_response
@@ -496,6 +504,8 @@ class Engine:
         except OperationError as err:
             reject_push(client, m, wants_response, out, err)
             return
+        if fed_id is not None:  # in the same output as the message: durable before it
+            self.federated.add(fed_id)
         qm = queue.accept(m, client, now, out, m.wants_ack)
         if qm is not None:
             if receipt[0]:
@@ -602,6 +612,9 @@ class Engine:
             if code:
                 raise OperationError(ResultCode(code), f"push refused by {queue.key}")
         self._check_durable(durable, size)
+        fed_id = FederatedIds.id_of(client.id, message.headers)
+        if fed_id is not None:  # a federated message its publisher gave CC headers
+            self.federated.add(fed_id)
         plain = tuple((k, v) for k, v in message.headers if k.lower() != _CC)
         targets: list[tuple[Queue, str | None, bool]] = [(primary, None, message.wants_ack)]
         targets += [(q, copy_id, False) for q, copy_id in copies]
@@ -784,6 +797,7 @@ class Engine:
             except (OperationError, ValueError) as err:
                 log.warning("cannot recreate queue %s/%d: %s", name, qid, err)
         self._recover_routers()
+        self.federated.load()
         self.durable.recover(registry.definitions.saved_under(DSUB_PREFIX))
         count = 0
         for key in self.store.queues():

@@ -63,6 +63,17 @@ def answer_failure(
         out.append(Outgoing(client.id, ack_frame(frame, err.code, err, high=direct)))
 
 
+def answer_done(
+    client: Client[Any], message: Message, wants_response: bool, out: list[Outgoing]
+) -> None:
+    """A push taken before (a resend): answered as done, as a push taken now would be."""
+    if message.wants_ack:
+        qid, mid, target = message.content_type, message.message_id, message.target
+        out.append(Outgoing(client.id, frames.ack(qid, mid, "", target)))
+    elif wants_response:
+        out.append(Outgoing(client.id, frames.response(message.message_id, client.id, 0)))
+
+
 def reject_push(
     client: Client[Any],
     message: Message,

@@ -6,8 +6,11 @@ restart (its confirm was lost with the connection) has it delivered twice.  The 
 appended once the local broker took the message, and made durable (flush + fsync) before
 the peer is confirmed: a confirmed id is always in the file.  On start the newest
 ``window`` ids are read back.  A last line without its newline (kill -9 mid-write) is
-ignored: its message was not confirmed, the peer sends it again, and the local broker
-may then get it a second time only if the crash fell between the push and this write.
+ignored: its message was not confirmed and the peer sends it again.  A crash between
+the local push and this write does not deliver the resend twice either: the engine wrote
+the id in the same step as the message (``broker.engine.federated``) and answers the
+resend as done; this file spares that round trip and covers a broker without ``--data``
+only until it stops.
 When the file holds more than twice the window it is rewritten with the newest window
 (a temporary file renamed over it).
 """

@@ -21,7 +21,8 @@ connection.  Two kinds (the direct message's content type):
   payload; at most :data:`MAX_BATCH` messages.  The answer (once every message was taken
   or refused) has one octet per message: :data:`BATCH_OK`, :data:`BATCH_RETRY` (refused
   for now: send it again later) or :data:`BATCH_REFUSED` (for good).  A peer that does
-  not know BATCH refuses it (400): the sender then sends that peer single MESSAGEs.
+  not know BATCH refuses it (400, or 401 "not a federation message" from a zerohub
+  before BATCH): the sender then sends that peer single MESSAGEs.
 
 * :data:`STATS` (request, any client of the broker): the answer is the federation's
   counters, its peers (up, in flight, waiting, channels of interest) and joined channels
@@ -39,11 +40,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from broker.engine.federated import FED_ID_HEADER, MAX_ID
+from broker.engine.federated import FEDERATION_CLIENT as FEDERATION_CLIENT  # its pushes
 from broker.federation.errors import BadPeerMessage
 from broker.federation.settings import BROKER_ID
 
-#: The client id of each broker's federation client.
-FEDERATION_CLIENT = "zerohub-federation"
 #: The client type of a link's connection to a remote broker.
 LINK_TYPE = "zerohub-link"
 
@@ -59,7 +60,7 @@ MAX_BATCH = 1_000
 
 HOPS = "Hops"
 DEPTH = "Depth"
-FED_ID = "Fed-Id"
+FED_ID = FED_ID_HEADER
 FED_BROKER = "Fed-Broker"
 FED_CHANNEL = "Fed-Channel"
 FED_QUEUE = "Fed-Queue"
@@ -72,7 +73,7 @@ _OURS = frozenset(h.lower() for h in (HOPS, DEPTH, FED_ID, FED_BROKER, FED_CHANN
 #: Limits on what a peer may send (a larger value is refused).
 MAX_HOPS = 32
 MAX_DEPTH = 1000
-MAX_FED_ID = 256
+MAX_FED_ID = MAX_ID
 MAX_INTEREST_CHANNELS = 10_000
 MAX_INTEREST_SIZE = 4 * 1024 * 1024
 MAX_CHANNEL = 255

@@ -229,3 +229,73 @@ class RabbitMQ:
         subprocess.run(
             ["epmd", "-kill"], env=self.env, capture_output=True, timeout=10, check=False
         )
+
+
+_ACTIVEMQ_HOME = Path("/usr/share/activemq")
+
+_ACTIVEMQ_XML = """<beans xmlns="http://www.springframework.org/schema/beans"
+  xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance"
+  xsi:schemaLocation="http://www.springframework.org/schema/beans
+    http://www.springframework.org/schema/beans/spring-beans-2.0.xsd
+    http://activemq.apache.org/schema/core
+    http://activemq.apache.org/schema/core/activemq-core.xsd">
+  <broker xmlns="http://activemq.apache.org/schema/core" useJmx="false"
+          brokerName="zerohub-test" dataDirectory="{data}">
+    <persistenceAdapter><kahaDB directory="{data}/kahadb"/></persistenceAdapter>
+    <transportConnectors>
+      <transportConnector name="stomp" uri="stomp://127.0.0.1:{port}"/>
+    </transportConnectors>
+  </broker>
+</beans>
+"""
+
+
+class ActiveMQ:
+    """Debian's ``activemq`` (5.17) run by ``java -jar activemq.jar`` in a temp dir,
+    without systemd or the init script: only a STOMP connector, on ``stomp_url``."""
+
+    def __init__(self, workdir: Path) -> None:
+        jar = _ACTIVEMQ_HOME / "bin" / "activemq.jar"
+        java = shutil.which("java")
+        if not jar.exists() or java is None:
+            pytest.skip("activemq is not installed (apt-get install activemq)")
+        self.command = [
+            java, "-Xms64M", "-Xmx256M",
+            f"-Dactivemq.home={_ACTIVEMQ_HOME}", f"-Dactivemq.base={workdir}",
+            f"-Dactivemq.conf={workdir}", f"-Dactivemq.data={workdir / 'data'}",
+            "-jar", str(jar), "start", f"xbean:file:{workdir / 'activemq.xml'}",
+        ]  # fmt: skip
+        self.workdir = workdir
+        self.stomp_port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        (workdir / "activemq.xml").write_text(
+            _ACTIVEMQ_XML.format(data=workdir / "data", port=self.stomp_port)
+        )
+
+    @property
+    def stomp_url(self) -> str:
+        return f"stomp://127.0.0.1:{self.stomp_port}/"
+
+    def start(self, timeout: float = 90.0) -> None:
+        log = open(self.workdir / "server.out", "ab")  # noqa: SIM115 (kept by the child)
+        self.proc = subprocess.Popen(
+            self.command, stdout=log, stderr=log, cwd=self.workdir, start_new_session=True
+        )
+        log.close()
+        proc = self.proc
+        if not wait_until(lambda: port_open(self.stomp_port) or proc.poll() is not None, timeout):
+            self.stop(signal.SIGKILL)
+            pytest.skip("activemq did not start listening in time")
+        if proc.poll() is not None:
+            text = (self.workdir / "server.out").read_text(errors="replace")
+            pytest.skip(f"activemq could not start: {text.strip()[-300:]}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(sig)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)

@@ -546,6 +546,125 @@ def test_a_copy_resent_after_kill_9_is_not_delivered_twice(
     sub.close()
 
 
+def test_kill_9_between_the_local_push_and_the_seen_journal_delivers_once(
+    brokers: list[Broker], zctx: Ctx, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The receiving broker is killed (-9) right after its local push of a federated
+    message into a persistent queue was answered, before the id reached the federation's
+    seen journal; the peer got no confirm and sends the message again after the restart:
+    the consumer gets it once (the engine wrote the id with the message,
+    ``broker.engine.federated``; before, the recovered copy and the resent one both)."""
+    from broker.client.blocking import ClientError
+    from broker.federation.runner import KILL_AFTER_PUSH_ENV
+    from broker.federation.wire import FEDERATION_CLIENT, INTEREST, MESSAGE
+
+    b = Broker("B", data=tmp_path / "b")
+    brokers.append(b)
+
+    def link_peer() -> Client:
+        peer = b.client(zctx, client_type="zerohub-link")
+        assert wait_until(lambda: stats_or_none(peer) is not None, 20)  # federation is up
+        offer = b'{"broker": "P", "interest": {}}'
+        peer.request(FEDERATION_CLIENT, offer, content_type=INTEREST, timeout=10)
+        return peer
+
+    def send(peer: Client, fed_id: str, payload: bytes, timeout: float = 10) -> None:
+        headers = {"Fed-Broker": "P", "Fed-Channel": "orders", "Fed-Queue": "1",
+                   "Fed-Id": fed_id, "Hops": "P", "Depth": "-1"}  # fmt: skip
+        peer.request(FEDERATION_CLIENT, payload, content_type=MESSAGE, headers=headers,
+                     timeout=timeout)  # fmt: skip
+
+    monkeypatch.setenv(KILL_AFTER_PUSH_ENV, "1")
+    b.start()
+    monkeypatch.delenv(KILL_AFTER_PUSH_ENV)
+    owner = b.client(zctx)
+    owner.create_queue("orders", 1, PERSISTENT)
+    peer = link_peer()
+    with pytest.raises(ClientError):  # B dies before it confirms
+        send(peer, "P/1", b"m1", timeout=5)
+    assert b.proc is not None and b.proc.wait(20) == -9
+    b.proc = None
+    peer.close(timeout=1)
+    owner.close(timeout=1)
+    b.start()
+    peer = link_peer()
+    send(peer, "P/1", b"m1")  # no confirm came: P sends it again
+    send(peer, "P/2", b"m2")
+    sub = b.client(zctx)
+    received: list[Message] = []
+
+    def take(m: Message) -> None:
+        received.append(m)
+        sub.ack(m)
+
+    sub.on_message(take)
+    sub.join("orders")
+    # one consumer of a FIFO queue: a second m1 would come before m2
+    assert wait_until(lambda: b"m2" in payloads(received), 20)
+    assert payloads(received) == Counter([b"m1", b"m2"])
+    assert wait_until(lambda: _queue_empty(sub, "orders", 1), 20)
+    peer.close()
+    sub.close()
+
+
+def test_a_peer_refusing_batch_gets_single_messages_and_loses_none(
+    brokers: list[Broker], zctx: Ctx
+) -> None:
+    """The linked broker B is a zerohub from before BATCH: its federation client refuses
+    content type 250 as "not a federation message" (401, what that code answered).  A
+    burst ready at once goes to it as a BATCH first; A then sends it single MESSAGEs:
+    every message arrives, once."""
+    from broker.federation.wire import BATCH, FEDERATION_CLIENT, INTEREST, MESSAGE
+    from tests.broker.test_cli import free_port, start_serve
+
+    a = Broker("A")
+    brokers.append(a)
+    b_port = free_port()
+    b_endpoint = f"tcp://127.0.0.1:{b_port}"
+    b_proc = start_serve("--bind", b_endpoint)  # no federation of its own
+    old = Client(b_endpoint, context=zctx, timeout=10, client_id=FEDERATION_CLIENT).connect()
+    got: list[bytes] = []
+    refused: list[int] = []
+    stop = threading.Event()
+
+    def serve_old_peer() -> None:
+        """Answer as a pre-BATCH federation client does."""
+        while not stop.is_set():
+            m = old.receive(timeout=0.05)
+            if m is None or not m.needs_response:
+                continue
+            if m.content_type == INTEREST:
+                old.respond(m, b'{"broker": "B", "interest": {"burst": ["B"]}}')
+            elif m.content_type == MESSAGE:
+                got.append(bytes(m.payload))
+                old.respond(m, b"")
+            else:
+                refused.append(m.content_type)
+                old.respond(m, b"", code=401, headers=(("Reason", "not a federation message"),))
+
+    server = threading.Thread(target=serve_old_peer, daemon=True)
+    server.start()
+    try:
+        a.start(f"--link={b_endpoint}")
+        pub = a.client(zctx)
+        pub.create_queue("burst", 0, BROADCAST)
+        wait_interest(pub, {"B"}, "burst")
+        n = 60
+        for i in range(n - 1):
+            pub.push("burst", 0, f"b{i}")
+        pub.push("burst", 0, f"b{n - 1}", ack=True)
+        assert wait_until(lambda: len(got) >= n, 60), (len(got), federation_stats(pub))
+        assert sorted(got) == sorted(f"b{i}".encode() for i in range(n))  # each once
+        assert BATCH in refused  # a batch was tried first, and refused
+        pub.close()
+    finally:
+        stop.set()
+        server.join(5)
+        old.close(timeout=1)
+        b_proc.terminate()
+        b_proc.wait(20)
+
+
 def test_interest_is_pushed_a_new_subscriber_gets_messages_at_once(
     brokers: list[Broker], zctx: Ctx, tmp_path: Path
 ) -> None:
