@@ -82,6 +82,7 @@ from broker.stomp.backend import ConnectionInfo, Delivery, DeliverySink, Publish
 from broker.stomp.destinations import Destination, DestinationKind
 from broker.stomp.engine_browse import BrowsePage
 from broker.stomp.engine_door import EngineDoor, Op, Post, Refused, bound
+from broker.stomp.engine_durable import durable_plan
 from broker.stomp.engine_flow import SubExtras, extras_of, first_wins
 from broker.stomp.engine_mapping import (
     ANONYMOUS,
@@ -126,6 +127,8 @@ class _Sub:
     browsing: deque[tuple[int, Message]] | None = None
     browse_done: bool = False
     browse_next: int = FROM_FIRST
+    #: A page (or, following, the next message) is asked for and not arrived yet.
+    browse_asked: bool = False
 
     def claim(self, channel: str, conn: int) -> bool:
         """A delivery from ``channel`` matches a wildcard of this subscription: the
@@ -142,6 +145,12 @@ class _Conn:
     sink: DeliverySink
     subs: dict[str, _Sub] = field(default_factory=dict)
     by_channel: dict[str, _Sub] = field(default_factory=dict)
+    #: Queue channels two or more subscriptions of this connection consume (one engine
+    #: consumer): their subscriptions, taking turns for each delivery.
+    shared: dict[str, list[_Sub]] = field(default_factory=dict)
+    #: tag -> subscription of deliveries from a shared channel (whose NACK an UNSUBSCRIBE
+    #: of the other subscription must not touch).
+    tag_sub: dict[int, _Sub] = field(default_factory=dict)
     #: tag -> (channel, queue id, message id) of deliveries waiting for ACK/NACK
     pending: dict[int, tuple[str, int, str]] = field(default_factory=dict)
     held: deque[Message] = field(default_factory=deque)  # not taken by the connection yet
@@ -310,45 +319,45 @@ class EngineBackend:
         if spec.persistent:
             self._subscribe_durable(connection_id, conn, spec)
             return
+        joined: set[str] = set()  # queue channels another subscription here consumes
         for destination in spec.destinations:
             if destination.wildcard:
                 continue
             name = channel_of(destination)
-            if name in conn.by_channel or name in channels:
-                raise BackendError(f"{destination.stomp} is already subscribed on this connection")
+            if name in channels:
+                raise BackendError(f"{destination.stomp} is named twice")
+            if name in conn.by_channel:
+                _check_shareable(conn, name, destination, spec)
+                joined.add(name)
             channels[name] = destination
         sub = _Sub(spec, channels, tuple(d for d in spec.destinations if d.wildcard))
-        door, wanted = self.door, list(spec.destinations)
+        door = self.door
+        wanted = [d for d in spec.destinations if d.wildcard or channel_of(d) not in joined]
         # no credit header (the STOMP default): the engine's window (BrokerConfig.prefetch)
         count = spec.credit.count
         prefetch = None if count == DEFAULT_CREDIT_COUNT else max(1, count)
         sub_id, exclusive = spec.id, spec.exclusive
         extras = extras_of(spec)
-        self._call(
-            lambda now: door.op_subscribe(
-                connection_id, sub_id, wanted, prefetch, exclusive, now, extras=extras
+        if wanted:
+            self._call(
+                lambda now: door.op_subscribe(
+                    connection_id, sub_id, wanted, prefetch, exclusive, now, extras=extras
+                )
             )
-        )
         conn.subs[spec.id] = sub
         for name in channels:
-            conn.by_channel[name] = sub
+            if name in joined:  # the engine consumer is shared: deliveries take turns
+                conn.shared.setdefault(name, [conn.by_channel[name]]).append(sub)
+            else:
+                conn.by_channel[name] = sub
 
     def _subscribe_durable(self, connection_id: int, conn: _Conn, spec: SubscriptionSpec) -> None:
         """``persistent:true`` with ``id``: the durable subscription ``id`` on the /topic/
         destinations (or an existing one, addressed by ``/dsub/<id>``), consumed here."""
-        topics = [d for d in spec.destinations if d.kind is DestinationKind.TOPIC]
-        others = [d for d in spec.destinations if d.kind is not DestinationKind.TOPIC]
-        if any(d.wildcard for d in spec.destinations):
-            raise BackendError("a durable subscription takes no wildcard destinations (engine)")
-        if spec.selector is not None:
-            raise BackendError("a durable subscription takes no selector (engine)")
-        if others and (topics or others != [Destination(DestinationKind.DSUB, spec.id)]):
-            raise BackendError("a durable subscription needs /topic/ destinations")
+        topics, shown = durable_plan(spec)
         name = dsubs.channel_name(spec.id)
         if name in conn.by_channel:
             raise BackendError(f"/dsub/{spec.id} is already subscribed on this connection")
-        # deliveries name the topic they were sent to when there is one, else /dsub/ID
-        shown = topics[0] if len(topics) == 1 else Destination(DestinationKind.DSUB, spec.id)
         count = spec.credit.count
         prefetch = None if count == DEFAULT_CREDIT_COUNT else max(1, count)
         door, sub_id = self.door, spec.id
@@ -367,14 +376,13 @@ class EngineBackend:
         channels: dict[str, Destination],
     ) -> None:
         """``browser:true``: the messages the queue holds (from ``from-seq``), without
-        consuming them, then the ``browser:end`` marker."""
+        consuming them, then the ``browser:end`` marker -- or, with ``browser-end:false``,
+        no marker: the browser goes on seeing each message the queue takes after that."""
         if len(channels) != 1 or len(spec.destinations) != 1:
             raise BackendError("browser:true takes one queue or topic destination")
-        if not spec.browser_end:
-            raise BackendError("browser-end:false is not supported on the engine yet")
         (channel,) = channels
         start = FROM_FIRST if spec.from_seq is None else spec.from_seq
-        sub = _Sub(spec, channels, browsing=deque(), browse_next=start)
+        sub = _Sub(spec, channels, browsing=deque(), browse_next=start, browse_asked=True)
         door, sub_id = self.door, spec.id
         self._call(lambda now: door.op_browse_page(connection_id, sub_id, channel, start, now))
         conn.subs[spec.id] = sub  # (not in by_channel: no engine delivery is for it)
@@ -386,8 +394,11 @@ class EngineBackend:
             return  # unsubscribed meanwhile
         sub.browsing.extend(page.entries)
         sub.browse_done = page.done
+        sub.browse_asked = False
         if page.entries:
             sub.browse_next = page.entries[-1][0] + 1
+        if page.done:  # every message up to page.high it still holds was in the page
+            sub.browse_next = max(sub.browse_next, page.high + 1)
         self._pump_browse(page.conn, conn, sub)
         self.after_deliveries()
 
@@ -407,10 +418,16 @@ class EngineBackend:
                 return  # resume() goes on
             conn.next_tag += 1
             pending.popleft()
-        if not sub.browse_done:
+        if sub.browse_asked:
+            return  # the next page is on its way
+        if not sub.browse_done or not sub.spec.browser_end:
             door, sub_id, start = self.door, sub.spec.id, sub.browse_next
             (channel,) = sub.channels
-            self._submit(lambda now: door.op_browse_page(conn_id, sub_id, channel, start, now))
+            sub.browse_asked = True
+            if sub.browse_done:  # browser-end:false at the end: wait for the next message
+                self._submit(lambda now: door.op_follow(conn_id, sub_id, channel, start, now))
+            else:
+                self._submit(lambda now: door.op_browse_page(conn_id, sub_id, channel, start, now))
             return
         end = Delivery(sub.spec.id, conn.next_tag, "", "", (), b"", browse_end=True)
         if conn.sink(end):
@@ -427,15 +444,30 @@ class EngineBackend:
             self._call(lambda now: door.op_destroy_durable(connection_id, subscription_id, now))
 
     def _drop(self, connection_id: int, conn: _Conn, subscription_id: str, sub: _Sub) -> None:
+        if sub.browsing is not None:
+            door = self.door
+            self._submit(lambda now: door.op_unfollow(connection_id, subscription_id, now))
+        names = []  # the channels no other subscription here consumes: left
         for name in sub.channels:
-            conn.by_channel.pop(name, None)
-        # its unacknowledged deliveries go back
+            others = conn.shared.get(name)
+            if others is None:
+                conn.by_channel.pop(name, None)
+                names.append(name)
+                continue
+            others.remove(sub)
+            conn.by_channel[name] = others[0]
+            if len(others) == 1:
+                del conn.shared[name]
+        # its unacknowledged deliveries go back (not those of a subscription it shared with)
+        tag_sub = conn.tag_sub
         settles = [
             (*conn.pending.pop(tag), False)
             for tag, (channel, _q, _m) in list(conn.pending.items())
-            if channel in sub.channels
+            if channel in sub.channels and tag_sub.get(tag, sub) is sub
         ]
-        door, names = self.door, list(sub.channels)
+        for tag in [t for t, owner in tag_sub.items() if owner is sub]:
+            del tag_sub[tag]
+        door = self.door
         self._submit(lambda now: door.op_settle(connection_id, settles, 0, now))
         self._submit(lambda now: door.op_unsubscribe(connection_id, names, now))
         if sub.patterns:
@@ -476,6 +508,9 @@ class EngineBackend:
         if conn is None:
             return
         settles = [(*conn.pending.pop(t), ok) for t in tags if t in conn.pending]
+        if conn.tag_sub:
+            for t in tags:
+                conn.tag_sub.pop(t, None)
         if settles:
             door = self.door
             self._submit(lambda now: door.op_settle(connection_id, settles, 0, now))
@@ -509,6 +544,10 @@ class EngineBackend:
         pending = iter(messages)
         for message in pending:
             sub = conn.by_channel.get(message.target)
+            shared = conn.shared.get(message.target) if conn.shared else None
+            if shared is not None:  # subscriptions sharing the queue take turns
+                sub = shared.pop(0)
+                shared.append(sub)
             if sub is None:
                 sub = self._wildcard_sub(conn_id, conn, message.target)
             if sub is None:  # unsubscribed meanwhile: back to the queue
@@ -541,9 +580,31 @@ class EngineBackend:
                 settles.append((*key, True))
             else:
                 conn.pending[tag] = key
+                if shared is not None:
+                    conn.tag_sub[tag] = sub
         if taken or settles:
             door = self.door
             self._submit(lambda now: door.op_settle(conn_id, settles, taken, now))
+
+
+def _check_shareable(
+    conn: _Conn, name: str, destination: Destination, spec: SubscriptionSpec
+) -> None:
+    """A second subscription of one connection to a queue shares its engine consumer (and
+    its window): only plain ones may (BackendError otherwise): a ``/queue/`` destination,
+    no selector, ``credit``, ``from-seq``, ``include-seq`` or ``exclusive`` on any of them
+    (the engine applies those per consumer), no wildcard."""
+    subs = conn.shared.get(name) or [conn.by_channel[name]]
+    plain = destination.kind is DestinationKind.QUEUE and all(
+        extras_of(s.spec) is None and not s.spec.exclusive and not s.patterns
+        for s in (*subs, _Sub(spec, {}, tuple(d for d in spec.destinations if d.wildcard)))
+    )
+    if not plain:
+        raise BackendError(
+            f"{destination.stomp} is already subscribed on this connection (a second "
+            "subscription to a queue takes no selector, credit, from-seq, include-seq "
+            "or exclusive, and neither may the first)"
+        )
 
 
 def _delivery(sub: _Sub, message: Message, tag: int) -> Delivery:

@@ -37,7 +37,8 @@ from broker.protocol import (
 )
 from broker.stomp.backend import ConnectionInfo, PublishAnswer
 from broker.stomp.destinations import Destination, DestinationKind, temp_owner
-from broker.stomp.engine_browse import BrowsePage, read_page
+from broker.stomp.engine_browse import BrowsePage, Followers, read_page
+from broker.stomp.engine_durable import existing_channel
 from broker.stomp.engine_flow import SubExtras
 from broker.stomp.engine_mapping import (
     QUEUE_ID,
@@ -101,6 +102,8 @@ class EngineDoor:
         self.retained: dict[str, Message] = {}
         #: Wildcard subscriptions by (connection, subscription id).
         self.wild: dict[tuple[int, str], Wild] = {}
+        #: ``browser-end:false`` browsers at the end of their queue (engine_browse).
+        self.followers = Followers()
         #: Per connection: the channels it consumes exclusively, its temporary channels.
         self.exclusive_of: dict[int, set[str]] = {}
         #: (connection, queue channel) of subscriptions with ``include-seq``, and of
@@ -226,6 +229,8 @@ class EngineDoor:
 
     def _split(self, out: list[Outgoing]) -> list[Outgoing]:
         """Output for TMQP peers; deliveries for STOMP connections go to their thread."""
+        if self.followers.waiting:
+            self._wake_followers()
         conn_of = self.conn_of
         if not conn_of or not out:
             return out
@@ -294,6 +299,7 @@ class EngineDoor:
         """The connection ended: its engine client, wildcard subscriptions, exclusive
         marks and temporary destinations (channels ``temp.<broker>.<conn>.*``) go."""
         self.failed.discard(conn)
+        self.followers.drop(conn)
         client_id = self.client_of.pop(conn, None)
         if client_id is None:
             return []
@@ -469,7 +475,7 @@ class EngineDoor:
         out: list[Outgoing] = []
         for destination in spec.destinations:
             if destination.kind is DestinationKind.DSUB:
-                channel = self._durable(destination)
+                channel = existing_channel(self.engine, destination)
             elif destination.kind not in (DestinationKind.QUEUE, DestinationKind.TOPIC):
                 raise BackendError(f"cannot send to {destination.stomp}")
             else:
@@ -548,7 +554,7 @@ class EngineDoor:
                 continue
             if destination.kind is DestinationKind.DSUB:
                 try:
-                    channel = self._durable(destination)
+                    channel = existing_channel(self.engine, destination)
                 except BackendError as exc:
                     raise Refused(str(exc), out) from None
             else:
@@ -584,12 +590,6 @@ class EngineDoor:
         for queue in queues:
             queue.drain(now, out)
         return out
-
-    def _durable(self, destination: Destination) -> str:
-        """The channel of an existing durable subscription (BackendError if none)."""
-        if self.engine.durable.get(destination.name) is None:
-            raise BackendError(f"no durable subscription {destination.name!r}")
-        return channel_of(destination)
 
     def op_subscribe_durable(
         self,
@@ -650,6 +650,30 @@ class EngineDoor:
         if self.post is not None and self.browsed is not None:
             self.after_durable(bound(self._post, bound(self.browsed, page)))
         return []
+
+    def op_follow(
+        self, conn: int, sub_id: str, channel: str, from_seq: int, now: float
+    ) -> list[Outgoing]:
+        """A ``browser-end:false`` browser read its queue to the end: its next page is
+        read (and posted) once the queue numbers a message at ``from_seq`` or past it."""
+        if conn not in self.client_of:
+            return []
+        self.followers.add(channel, conn, sub_id, from_seq)
+        self._wake_followers()
+        return []
+
+    def op_unfollow(self, conn: int, sub_id: str, now: float) -> list[Outgoing]:
+        """A browsing subscription ended: it waits for nothing more."""
+        self.followers.drop(conn, sub_id)
+        return []
+
+    def _wake_followers(self) -> None:
+        """Post the next page to every follower whose queue got a message for it."""
+        if self.post is None or self.browsed is None:
+            return
+        for channel, conn, sub_id, start in self.followers.due(self.engine):
+            page = read_page(self.engine, conn, sub_id, channel, start)
+            self.after_durable(bound(self._post, bound(self.browsed, page)))
 
     def op_drop_wildcard(self, conn: int, sub_id: str, now: float) -> list[Outgoing]:
         """A wildcard subscription ended: stop consuming what it joined."""
