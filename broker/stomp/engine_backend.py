@@ -83,7 +83,13 @@ from broker.stomp.destinations import Destination, DestinationKind
 from broker.stomp.engine_browse import BrowsePage
 from broker.stomp.engine_door import EngineDoor, Op, Post, Refused, bound
 from broker.stomp.engine_durable import durable_plan
-from broker.stomp.engine_flow import SubExtras, extras_of, first_wins
+from broker.stomp.engine_flow import (
+    SubExtras,
+    TopicCredit,
+    extras_of,
+    first_wins,
+    topic_credit_of,
+)
 from broker.stomp.engine_mapping import (
     ANONYMOUS,
     HIDDEN_HEADERS,
@@ -129,6 +135,8 @@ class _Sub:
     browse_next: int = FROM_FIRST
     #: A page (or, following, the next message) is asked for and not arrived yet.
     browse_asked: bool = False
+    #: The credit windows of its topic deliveries (``engine_flow.TopicCredit``).
+    topic_credit: TopicCredit | None = None
 
     def claim(self, channel: str, conn: int) -> bool:
         """A delivery from ``channel`` matches a wildcard of this subscription: the
@@ -151,6 +159,8 @@ class _Conn:
     #: tag -> subscription of deliveries from a shared channel (whose NACK an UNSUBSCRIBE
     #: of the other subscription must not touch).
     tag_sub: dict[int, _Sub] = field(default_factory=dict)
+    #: tag -> (windows, octets) of topic deliveries counted against a TopicCredit.
+    topic_taken: dict[int, tuple[TopicCredit, int]] = field(default_factory=dict)
     #: tag -> (channel, queue id, message id) of deliveries waiting for ACK/NACK
     pending: dict[int, tuple[str, int, str]] = field(default_factory=dict)
     held: deque[Message] = field(default_factory=deque)  # not taken by the connection yet
@@ -331,11 +341,14 @@ class EngineBackend:
                 joined.add(name)
             channels[name] = destination
         sub = _Sub(spec, channels, tuple(d for d in spec.destinations if d.wildcard))
+        sub.topic_credit = topic_credit_of(spec)
         door = self.door
         wanted = [d for d in spec.destinations if d.wildcard or channel_of(d) not in joined]
         # no credit header (the STOMP default): the engine's window (BrokerConfig.prefetch)
         count = spec.credit.count
         prefetch = None if count == DEFAULT_CREDIT_COUNT else max(1, count)
+        if sub.topic_credit is not None:  # this side keeps the windows: the engine's own
+            prefetch = None
         sub_id, exclusive = spec.id, spec.exclusive
         extras = extras_of(spec)
         if wanted:
@@ -467,6 +480,10 @@ class EngineBackend:
         ]
         for tag in [t for t, owner in tag_sub.items() if owner is sub]:
             del tag_sub[tag]
+        if sub.topic_credit is not None:
+            credit, taken = sub.topic_credit, conn.topic_taken
+            for tag in [t for t, (c, _n) in taken.items() if c is credit]:
+                del taken[tag]
         door = self.door
         self._submit(lambda now: door.op_settle(connection_id, settles, 0, now))
         self._submit(lambda now: door.op_unsubscribe(connection_id, names, now))
@@ -487,6 +504,7 @@ class EngineBackend:
         conn = self.conns.get(connection_id)
         if conn is None:
             return
+        self._give_topic_credit(conn, tags)
         keys = [conn.pending[t] for t in tags if t in conn.pending]
         if keys:
             door = self.door
@@ -507,6 +525,7 @@ class EngineBackend:
         conn = self.conns.get(connection_id)
         if conn is None:
             return
+        self._give_topic_credit(conn, tags)
         settles = [(*conn.pending.pop(t), ok) for t in tags if t in conn.pending]
         if conn.tag_sub:
             for t in tags:
@@ -514,6 +533,16 @@ class EngineBackend:
         if settles:
             door = self.door
             self._submit(lambda now: door.op_settle(connection_id, settles, 0, now))
+
+    def _give_topic_credit(self, conn: _Conn, tags: Sequence[int]) -> None:
+        """Topic deliveries acknowledged (or transactionally): their credit comes back
+        once (a later ACK of the same tag gives nothing)."""
+        taken = conn.topic_taken
+        if taken:
+            for t in tags:
+                entry = taken.pop(t, None)
+                if entry is not None:
+                    entry[0].give(entry[1])
 
     # -- deliveries --------------------------------------------------------------------------
 
@@ -565,6 +594,10 @@ class EngineBackend:
             ):
                 taken += 1  # a topic copy this subscription does not select: dropped
                 continue
+            credit = sub.topic_credit
+            if credit is not None and not message.wants_ack and not credit.open():
+                taken += 1  # a topic copy beyond the subscription's credit: dropped
+                continue
             tag = conn.next_tag
             delivery = _delivery(sub, message, tag)
             if not conn.sink(delivery):
@@ -574,6 +607,10 @@ class EngineBackend:
             conn.next_tag += 1
             taken += 1
             if not message.wants_ack:
+                if credit is not None:
+                    size = len(message.payload)
+                    credit.take(size)
+                    conn.topic_taken[tag] = (credit, size)
                 continue
             key = (message.target, message.content_type, message.message_id)
             if sub.spec.ack is AckMode.AUTO:

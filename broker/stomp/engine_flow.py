@@ -1,6 +1,12 @@
-"""What a STOMP queue subscription asks of the engine beyond joining: its selector,
-credit windows, ``include-seq`` and ``from-seq`` (applied by the ``per-message`` handler's
-rules, ``broker.engine.per_message``).  Built on the listener thread, used on the engine's.
+"""Flow and rules of STOMP subscriptions on the engine.
+
+A queue subscription's selector, credit windows, ``include-seq`` and ``from-seq`` are
+applied by the engine (the ``per-message`` handler's rules, ``broker.engine.per_message``):
+:class:`SubExtras`, built on the listener thread, used on the engine's.  A topic
+subscription's credit windows (with ``ack:client``/``client-individual``) are kept by the
+listener thread (:class:`TopicCredit`): a topic keeps nothing, so a copy that reaches a
+subscription whose windows are both closed is dropped for it, as the engine's broadcast
+drops a copy for a consumer without room.
 """
 
 from __future__ import annotations
@@ -9,8 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from broker.engine.per_message import Credit
+from broker.stomp.subscription import AckMode, SubscriptionSpec
 from broker.stomp.subscription import Credit as CreditSpec
-from broker.stomp.subscription import SubscriptionSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,3 +58,32 @@ def first_wins(headers: Sequence[tuple[str, str]]) -> dict[str, str]:
     for name, value in headers:
         env.setdefault(name, value)
     return env
+
+
+@dataclass(slots=True)
+class TopicCredit:
+    """The two credit windows of a topic subscription acknowledged by the client
+    (listener thread): a copy goes while either is above zero; each delivery takes one
+    message and its body's octets, its ACK/NACK (or transactional ACK) gives them back."""
+
+    count: int
+    size: int
+
+    def open(self) -> bool:
+        return self.count > 0 or self.size > 0
+
+    def take(self, size: int) -> None:
+        self.count -= 1
+        self.size -= size
+
+    def give(self, size: int) -> None:
+        self.count += 1
+        self.size += size
+
+
+def topic_credit_of(spec: SubscriptionSpec) -> TopicCredit | None:
+    """The windows of a subscription's topic deliveries (None: no ``credit`` header, or
+    ``ack:auto`` -- credit would come back as each copy goes: the engine window alone)."""
+    if spec.ack is AckMode.AUTO or spec.credit == CreditSpec():
+        return None
+    return TopicCredit(spec.credit.count, spec.credit.size)
