@@ -395,9 +395,14 @@ def main(argv: list[str] | None = None) -> int:
     port = free_port()
     serve[serve.index("--stomp") + 1] = f"tcp://127.0.0.1:{port}"
     if args.baseline:
-        with zerohub(serve, b"broker serving on", args.baseline):
+        with zerohub(serve, b"broker serving on", args.baseline) as base:
             rows += measure(
-                ctx, "zerohub serve --stomp (baseline)", port, "localhost", args.messages
+                ctx,
+                "zerohub serve --stomp (baseline)",
+                port,
+                "localhost",
+                args.messages,
+                pid=base.pid,
             )
         port = free_port()
         serve[serve.index("--stomp") + 1] = f"tcp://127.0.0.1:{port}"

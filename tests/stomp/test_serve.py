@@ -824,7 +824,6 @@ def test_browser_reads_without_consuming_from_seq_with_include_seq(
 @pytest.mark.parametrize(
     ("headers", "match"),
     [
-        ({"browser": "true", "browser-end": "false"}, "not supported"),
         ({"browser": "true", "from-seq": "x"}, "must be an integer"),
     ],
 )

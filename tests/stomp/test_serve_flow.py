@@ -302,6 +302,92 @@ def test_a_transactional_ack_returns_credit_at_once_commit_consumes_abort_keeps(
     assert wait_until(lambda: sorted(bodies(other)) == ["t2", "t3", "t4", "t5"])
 
 
+# -- credit windows on topic subscriptions ----------------------------------------------
+
+
+def test_the_size_window_of_a_topic_subscription_drops_copies_beyond_it(
+    raws: Callable[[], Raw], clients: Callable[[], Any]
+) -> None:
+    """``credit:0,1000`` on a topic with client acks: copies go while the unacknowledged
+    octets are below 1000 (the last may cross it); a topic keeps nothing, so the copies
+    that came while the window was closed are gone for it; each ACK gives octets back.
+    A subscriber without credit gets every copy meanwhile."""
+    consumer = raws()
+    consumer.send(
+        frame(
+            "SUBSCRIBE",
+            id="s",
+            destination="/topic/tsized",
+            ack="client-individual",
+            credit="0,1000",
+            receipt="sub",
+        )
+    )
+    assert consumer.next().command is Command.RECEIPT
+    everyone = clients()
+    everyone.subscribe("/topic/tsized", id="e")
+    synced(everyone, "e")
+    producer = clients()
+    send_all(producer, "/topic/tsized", [(f"{i:03d}" + "x" * 297, {}) for i in range(10)])
+    # (both copies of a message reach the listener together: once ``everyone`` has the
+    # last one, the consumer's copies were delivered or dropped)
+    assert wait_until(lambda: len(bodies(everyone)) == 10)
+    # (both copies of a message reach the listener together: once ``everyone`` has the
+    # last one, the consumer's copies were delivered or dropped)
+    assert wait_until(lambda: len(bodies(everyone)) == 10)
+    got = raw_synced(consumer, "one")
+    assert [f.body[:3] for f in got] == [b"000", b"001", b"002", b"003"]  # 1200 octets
+    consumer.send(frame("ACK", id=str(got[0].header("ack"))))  # 300 back: 100 left
+    assert raw_synced(consumer, "acked") == []  # (the ACK is in before the next SENDs)
+    send_all(producer, "/topic/tsized", [(f"{i:03d}" + "y" * 297, {}) for i in range(10, 13)])
+    assert wait_until(lambda: len(bodies(everyone)) == 13)
+    got += raw_synced(consumer, "two")
+    assert [f.body[:3] for f in got[4:]] == [b"010"]
+    for f in got[1:]:
+        consumer.send(frame("ACK", id=str(f.header("ack"))))
+    assert raw_synced(consumer, "acked-all") == []
+    send_all(producer, "/topic/tsized", [(f"{i:03d}" + "z" * 297, {}) for i in range(13, 15)])
+    assert wait_until(lambda: len(bodies(everyone)) == 15)  # nobody held back
+    got += raw_synced(consumer, "three")
+    assert [f.body[:3] for f in got[5:]] == [b"013", b"014"]
+
+
+def test_a_topic_window_comes_back_once_for_a_transactional_ack(
+    raws: Callable[[], Raw], clients: Callable[[], Any]
+) -> None:
+    """Adversary: a transactional ACK gives a topic copy's credit back at once; its
+    COMMIT, or a second plain ACK of the same copy, gives nothing more."""
+    consumer = raws()
+    consumer.send(
+        frame(
+            "SUBSCRIBE",
+            id="s",
+            destination="/topic/ttx",
+            ack="client-individual",
+            credit="1,0",
+            receipt="sub",
+        )
+    )
+    assert consumer.next().command is Command.RECEIPT
+    everyone = clients()
+    everyone.subscribe("/topic/ttx", id="e")
+    synced(everyone, "e")
+    producer = clients()
+    send_all(producer, "/topic/ttx", [("a0", {}), ("a1", {})])
+    assert wait_until(lambda: len(bodies(everyone)) == 2)
+    got = raw_synced(consumer, "start")
+    assert [f.body for f in got] == [b"a0"]  # one message of credit
+    consumer.send(frame("BEGIN", transaction="tx"))
+    consumer.send(frame("ACK", id=str(got[0].header("ack")), transaction="tx"))
+    consumer.send(frame("COMMIT", transaction="tx"))
+    consumer.send(frame("ACK", id=str(got[0].header("ack"))))
+    assert raw_synced(consumer, "acks") == []
+    send_all(producer, "/topic/ttx", [("b0", {}), ("b1", {})])
+    assert wait_until(lambda: len(bodies(everyone)) == 4)
+    got = raw_synced(consumer, "after")
+    assert [f.body for f in got] == [b"b0"]  # credit for one, not three
+
+
 # -- include-seq on consuming subscriptions ----------------------------------------------
 
 

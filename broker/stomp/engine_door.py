@@ -1,0 +1,759 @@
+"""The engine thread's side of the STOMP backend (see ``broker.stomp.engine_backend`` for
+the two threads and the whole mapping): :class:`EngineDoor` wraps the engine the server
+drives, runs the operations the listener thread submits and posts deliveries back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from broker import tmqp
+from broker.engine import dsubs
+from broker.engine.auth import Action
+from broker.engine.delivery import PerMessageDeliveryHandler
+from broker.engine.engine import Engine
+from broker.engine.errors import ClientRejected, OperationError
+from broker.engine.options import ChannelOptions
+from broker.engine.per_message import PER_MESSAGE, PerMessageRules
+from broker.message import Message
+from broker.protocol import (
+    ConnectionInfo as EngineConnectionInfo,
+)
+from broker.protocol import (
+    Header,
+    MessageType,
+    NackReason,
+    Outgoing,
+    ResultCode,
+    Tracked,
+    header,
+)
+from broker.stomp.backend import ConnectionInfo, PublishAnswer
+from broker.stomp.destinations import Destination, DestinationKind, temp_owner
+from broker.stomp.engine_browse import BrowsePage, Followers, read_page
+from broker.stomp.engine_durable import existing_channel
+from broker.stomp.engine_flow import SubExtras
+from broker.stomp.engine_mapping import (
+    QUEUE_ID,
+    QUEUE_OPTIONS,
+    SEQ_HEADER,
+    TOPIC_CHANNEL_PREFIX,
+    TOPIC_OPTIONS,
+    channel_of,
+    channel_rest,
+    wildcard_matches,
+)
+from broker.stomp.errors import BackendError
+from broker.stomp.subscription import PublishSpec, RetainAction
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: An operation run on the engine thread: ``now`` in, TMQP output out.
+Op = Callable[[float], list[Outgoing]]
+#: Runs a function on the listener's thread (``loop.call_soon_threadsafe``).
+Post = Callable[[Callable[[], None]], Any]
+
+
+class EngineDoor:
+    """The engine, as the server drives it, with STOMP connections beside TMQP peers.
+
+    Everything but :meth:`submit` is called on the server's thread.
+    """
+
+    def __init__(self, engine: Engine, clock: Callable[[], float] = time.monotonic) -> None:
+        self.engine = engine
+        self.clock = clock
+        if PER_MESSAGE not in engine.handlers:  # the CLI registers it before recovery
+            engine.handlers[PER_MESSAGE] = PerMessageDeliveryHandler(engine.config.wall_clock)
+        #: Runs a function once the store's writes so far are durable (the server's
+        #: ``OutputGate.call``; without a store: at once).  Receipts and deliveries wait.
+        self.after_durable: Callable[[Callable[[], None]], None] = _at_once
+        self._ops: deque[Op] = deque()
+        self._woken = False  # a wake-up octet is on its way (see submit)
+        self._rx, self._tx = socket.socketpair()
+        self._rx.setblocking(False)
+        self._tx.setblocking(False)
+        self.post: Post | None = None  # set by EngineBackend.bind
+        self.deliver: Callable[[list[tuple[int, Message]]], None] | None = None
+        #: Takes a browse page on the listener thread (EngineBackend.bind).
+        self.browsed: Callable[[BrowsePage], None] | None = None
+        #: Runs a batch of publish answers on the listener thread (EngineBackend.bind).
+        self.answer: Callable[[list[tuple[PublishAnswer, str | None]]], None] | None = None
+        self._answers: list[tuple[PublishAnswer, str | None]] = []
+        #: While run_ops runs: what it posts to the listener thread, posted as one call
+        #: at its end (one loop wake-up per batch, not one per kind of output).
+        self._posting: list[Callable[[], None]] | None = None
+        #: Connections one of whose asynchronous SENDs was refused: their ERROR is on its
+        #: way, so their later SENDs and SUBSCRIBEs take no effect (as if processed in turn).
+        self.failed: set[int] = set()
+        #: STOMP connections' engine client ids -> connection ids, and back.
+        self.conn_of: dict[str, int] = {}
+        self.client_of: dict[int, str] = {}
+        #: The last ``retain:set`` message of each topic channel (memory only).
+        self.retained: dict[str, Message] = {}
+        #: Wildcard subscriptions by (connection, subscription id).
+        self.wild: dict[tuple[int, str], Wild] = {}
+        #: ``browser-end:false`` browsers at the end of their queue (engine_browse).
+        self.followers = Followers()
+        #: Per connection: the channels it consumes exclusively, its temporary channels.
+        self.exclusive_of: dict[int, set[str]] = {}
+        #: (connection, queue channel) of subscriptions with ``include-seq``, and of
+        #: those with a selector or credit registered in the handler's rules.
+        self.seq_wanted: set[tuple[int, str]] = set()
+        self.ruled: set[tuple[int, str]] = set()
+        self.temps_of: dict[int, set[str]] = {}
+        handler = engine.handlers[PER_MESSAGE]
+        #: The rules of the ``per-message`` handler (groups, exclusive consumers, owners).
+        self.handler: PerMessageRules | None = (
+            handler.rules if isinstance(handler, PerMessageDeliveryHandler) else None
+        )
+        self._drop_stale_temporaries()
+
+    def _drop_stale_temporaries(self) -> None:
+        """Temporary destinations recovered from the store belonged to connections of an
+        earlier run: removed, so a new connection with the same id cannot inherit them."""
+        registry = self.engine.channel_registry
+        out: list[Outgoing] = []
+        for name in [n for n in self.engine.channels if temp_owner(n) is not None]:
+            with contextlib.suppress(OperationError):
+                registry.remove_channel(self.engine.channels[name], out)
+        self.closed = False
+
+    # -- the engine, passed through (what the server calls) ------------------------------
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    def connect(self, info: EngineConnectionInfo, now: float, *, replace: bool = False) -> Any:
+        client_id, out = self.engine.connect(info, now, replace=replace)
+        return client_id, self._split(out)
+
+    def receive(self, client_id: str, frame: Any, now: float, data: bytes | None = None) -> Any:
+        return self._split(self.engine.receive(client_id, frame, now, data))
+
+    def disconnect(self, client_id: str, now: float) -> list[Outgoing]:
+        return self._split(self.engine.disconnect(client_id, now))
+
+    def transmitted(self, counts: Any, now: float) -> list[Outgoing]:
+        return self._split(self.engine.transmitted(counts, now))
+
+    def tick(self, now: float) -> list[Outgoing]:
+        return self._split(self.engine.tick(now))
+
+    def next_deadline(self) -> float | None:
+        return self.engine.next_deadline()
+
+    def stats(self) -> dict[str, object]:
+        return self.engine.stats()
+
+    def stats_page(self, after: str | None, budget: int) -> tuple[dict[str, object], str | None]:
+        return self.engine.stats_page(after, budget)
+
+    # -- the meeting point ----------------------------------------------------------------
+
+    def fileno(self) -> int:
+        """The descriptor the server polls: readable when operations wait."""
+        return self._rx.fileno()
+
+    def submit(self, op: Op) -> None:
+        """Queue ``op`` for the engine thread and wake it (any thread).
+
+        One wake-up octet per batch: none is sent while one is on its way (``_woken``,
+        cleared by :meth:`run_ops` before it takes the operations, so an operation
+        queued after that clearing sends a new one)."""
+        self.submit_many((op,))
+
+    def submit_many(self, ops: Iterable[Op]) -> None:
+        """Queue ``ops`` in order with one wake-up (any thread)."""
+        self._ops.extend(ops)
+        if self._woken:
+            return
+        self._woken = True
+        try:
+            self._tx.send(b"\0")
+        except (BlockingIOError, InterruptedError):
+            pass  # the pair is full of wake-ups already: the server will run the ops
+        except OSError:
+            pass  # closed: the door is shutting down
+
+    @property
+    def pending_ops(self) -> int:
+        """Operations submitted and not run yet."""
+        return len(self._ops)
+
+    def run_ops(self, now: float) -> list[Outgoing]:
+        """Run every submitted operation (server thread); returns TMQP-bound output."""
+        try:
+            while self._rx.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        self._woken = False
+        out: list[Outgoing] = []
+        ops = self._ops
+        posting: list[Callable[[], None]] = []
+        self._posting = posting
+        try:
+            while ops:
+                op = ops.popleft()
+                try:
+                    out.extend(op(now))
+                except Exception:
+                    log.exception("STOMP operation failed on the engine")
+            keep = self._split(out)
+            if self._answers and self.answer is not None:
+                answers, self._answers = self._answers, []
+                # after the deliveries (posted by _split), once the messages are durable
+                self.after_durable(bound(self._post, bound(self.answer, answers)))
+        finally:
+            self._posting = None
+        if len(posting) == 1:
+            self._post(posting[0])
+        elif posting:
+            self._post(bound(_run_all, posting))
+        return keep
+
+    def close(self) -> None:
+        self.closed = True
+        self._rx.close()
+        self._tx.close()
+
+    def _split(self, out: list[Outgoing]) -> list[Outgoing]:
+        """Output for TMQP peers; deliveries for STOMP connections go to their thread."""
+        if self.followers.waiting:
+            self._wake_followers()
+        conn_of = self.conn_of
+        if not conn_of or not out:
+            return out
+        keep: list[Outgoing] = []
+        mine: list[tuple[int, Message]] = []
+        for item in out:
+            conn = conn_of.get(item[0])
+            if conn is None:
+                keep.append(item)
+            elif item.__class__ is Tracked:
+                message: Message = item[1]  # type: ignore[assignment]  # Tracked: a Message
+                if self.seq_wanted and (conn, message.target) in self.seq_wanted:
+                    message = self._with_seq(item[0], message)
+                mine.append((conn, message))
+            # else: a TMQP reply to a STOMP connection (its answer is read by the operation)
+        if mine:
+            self._post_deliveries(mine)
+        return keep
+
+    def _with_seq(self, client_id: str, message: Message) -> Message:
+        """``message`` (a queue delivery to ``client_id``) with its queue sequence."""
+        channel = self.engine.channels.get(message.target)
+        queue = channel.queues.get(message.content_type) if channel is not None else None
+        delivery = queue.pending.get((client_id, message.message_id)) if queue else None
+        if delivery is None:
+            return message  # no acknowledge tracked (not a queue delivery): no sequence
+        return message.replace(headers=(*message.headers, (SEQ_HEADER, str(delivery.message.seq))))
+
+    def _post(self, fn: Callable[[], None]) -> None:
+        if self._posting is not None:
+            self._posting.append(fn)
+            return
+        assert self.post is not None
+        try:
+            self.post(fn)
+        except RuntimeError:  # the listener's loop is closed: the connections are gone
+            log.debug("STOMP listener stopped; deliveries left unsent")
+
+    # -- operations (server thread) -------------------------------------------------------
+
+    def op_connect(self, conn: int, info: ConnectionInfo, now: float) -> list[Outgoing]:
+        """Register a connection whose CONNECT needs no engine check (see op_login)."""
+        try:
+            return self.op_login(conn, info.user or None, None, now)
+        except BackendError as exc:
+            log.warning("engine refused STOMP connection %d: %s", conn, exc)
+            return []
+
+    def op_login(
+        self, conn: int, login: str | None, passcode: str | None, now: float
+    ) -> list[Outgoing]:
+        """Register a connection as an engine client: ``login`` is its name, ``passcode``
+        its ``Client-Token``, checked by the engine's authorizer (BackendError if refused)."""
+        if conn in self.client_of:
+            return []
+        engine_info = EngineConnectionInfo(name=login or None, type="stomp", token=passcode)
+        try:
+            client_id, out = self.engine.connect(engine_info, now)
+        except ClientRejected as exc:
+            raise BackendError(f"authentication failed: {exc.reason}") from None
+        self.conn_of[client_id] = conn
+        self.client_of[conn] = client_id
+        return out
+
+    def op_disconnect(self, conn: int, now: float) -> list[Outgoing]:
+        """The connection ended: its engine client, wildcard subscriptions, exclusive
+        marks and temporary destinations (channels ``temp.<broker>.<conn>.*``) go."""
+        self.failed.discard(conn)
+        self.followers.drop(conn)
+        client_id = self.client_of.pop(conn, None)
+        if client_id is None:
+            return []
+        out = self.engine.disconnect(client_id, now)
+        self.conn_of.pop(client_id, None)  # after: what it returns is for the others
+        for key in [k for k in self.wild if k[0] == conn]:
+            del self.wild[key]
+        self._forget_rules(conn, client_id, None)
+        for channel in self.exclusive_of.pop(conn, ()):
+            if self.handler is not None:
+                self.handler.set_exclusive(channel, client_id, False)
+        registry = self.engine.channel_registry
+        for name in self.temps_of.pop(conn, ()):
+            self.retained.pop(name, None)
+            if self.handler is not None:
+                self.handler.set_owner(name, None)
+            temp = self.engine.channels.get(name)
+            if temp is not None:
+                try:
+                    registry.remove_channel(temp, out)
+                except OperationError as exc:
+                    log.warning("temporary destination %s not removed: %s", name, exc.reason)
+        return out
+
+    def _client(self, conn: int) -> str:
+        client_id = self.client_of.get(conn)
+        if client_id is None:
+            raise BackendError("not connected to the broker engine")
+        if conn in self.failed:
+            raise BackendError("an earlier SEND of this connection was refused")
+        return client_id
+
+    def _ensure(self, client_id: str, destination: Destination, out: list[Outgoing]) -> str:
+        """The destination's channel and queue, created as the mapping says if missing
+        (when the engine's authorizer lets this client create channels/queues).  A
+        temporary destination exists only while the connection that made it does."""
+        name = channel_of(destination)
+        owner = temp_owner(destination.name)
+        if owner is not None and name not in self.engine.channels:
+            owner_client = self.client_of.get(owner[1])
+            if owner_client is None:
+                raise BackendError(f"{destination.stomp}: no such temporary destination")
+            self.temps_of.setdefault(owner[1], set()).add(name)
+            if self.handler is not None:  # TMQP clients that join it get nothing either
+                self.handler.set_owner(name, owner_client)
+        options = TOPIC_OPTIONS if destination.kind is DestinationKind.TOPIC else QUEUE_OPTIONS
+        engine = self.engine
+        channel = engine.channels.get(name)
+        missing = Action.CHANNEL_CREATE if channel is None else Action.QUEUE_CREATE
+        if (channel is None or QUEUE_ID not in channel.queues) and not self._allows(
+            client_id, missing, name
+        ):
+            raise BackendError(f"cannot use {destination.stomp}: not authorized to create it")
+        try:
+            if channel is None:
+                base = engine.config.channel_defaults
+                engine.create_channel(
+                    name, ChannelOptions(queue=options, **channel_rest(base)), out
+                )
+            elif QUEUE_ID not in channel.queues:
+                engine.create_queue(name, QUEUE_ID, options, out)
+        except OperationError as exc:
+            raise BackendError(f"cannot use {destination.stomp}: {exc.reason}") from None
+        if channel is None:
+            self._join_wildcards(name, out)
+        return name
+
+    def _join_wildcards(self, name: str, out: list[Outgoing]) -> None:
+        """A new channel: the wildcard subscriptions it matches start consuming it."""
+        for wild in self.wild.values():
+            if wild.matches(name):
+                self._join(
+                    wild.conn, name, wild.prefetch, wild.exclusive, out, wild, extras=wild.extras
+                )
+
+    def _join(
+        self,
+        conn: int,
+        name: str,
+        prefetch: int | None,
+        exclusive: bool,
+        out: list[Outgoing],
+        wild: Wild | None = None,
+        *,
+        extras: SubExtras | None = None,
+    ) -> None:
+        """Make connection ``conn`` a consumer of channel ``name``; a retained message
+        of the channel is delivered to it first.  OperationError if refused."""
+        client_id = self.client_of[conn]
+        channel = self.engine.channels.get(name)
+        if channel is not None and client_id in channel.consumers:
+            if wild is not None:
+                return  # another subscription of this connection has it: first one wins
+            raise OperationError(ResultCode.ALREADY_CREATED, "already subscribed")
+        if exclusive and self.handler is not None:
+            self.handler.set_exclusive(name, client_id, True)
+            self.exclusive_of.setdefault(conn, set()).add(name)
+        if extras is not None and not name.startswith(TOPIC_CHANNEL_PREFIX):
+            prefetch = self._rule(conn, client_id, name, extras, prefetch)
+        retained = self.retained.get(name)
+        if retained is not None:
+            self._post_deliveries([(conn, retained)])
+        try:
+            out.extend(self.engine.subscribe(client_id, name, self.clock(), prefetch=prefetch))
+        except OperationError:
+            self._forget_exclusive(conn, name)
+            self._forget_rules(conn, client_id, [name])
+            raise
+        if wild is not None:
+            wild.channels.add(name)
+
+    def _rule(
+        self, conn: int, client_id: str, name: str, extras: SubExtras, prefetch: int | None
+    ) -> int | None:
+        """Register a queue subscription's selector, credit and include-seq; returns the
+        engine window to join with (with credit: its count, at least the broker's
+        ``prefetch``, so the credit windows decide and the engine window bounds memory)."""
+        if extras.include_seq:
+            self.seq_wanted.add((conn, name))
+        handler = self.handler
+        if handler is None or (
+            extras.selects is None and extras.credit is None and not extras.from_seq
+        ):
+            return prefetch
+        self.ruled.add((conn, name))
+        if extras.selects is not None:
+            handler.set_selector(name, client_id, extras.selects)
+        if extras.from_seq:  # (0: from the head, as without it)
+            first = extras.from_seq
+            if first == -1:  # the tail: only messages that come after this
+                channel = self.engine.channels.get(name)
+                queue = channel.queues.get(QUEUE_ID) if channel is not None else None
+                first = queue.sequence + 1 if queue is not None else 1
+            handler.set_from_seq(name, client_id, first)
+        if extras.credit is None:
+            return prefetch
+        handler.set_credit(name, client_id, extras.credit)
+        return max(1, extras.credit.count, self.engine.config.prefetch)
+
+    def _forget_rules(self, conn: int, client_id: str, names: Sequence[str] | None) -> None:
+        """Drop the selector/credit/include-seq of ``conn`` on ``names`` (None: all)."""
+        if names is None:
+            names = [n for c, n in self.seq_wanted | self.ruled if c == conn]
+        for name in names:
+            self.seq_wanted.discard((conn, name))
+            if (conn, name) in self.ruled:
+                self.ruled.discard((conn, name))
+                if self.handler is not None:
+                    self.handler.set_selector(name, client_id, None)
+                    self.handler.set_from_seq(name, client_id, None)
+                    self.handler.set_credit(name, client_id, None)
+
+    def _forget_exclusive(self, conn: int, name: str) -> None:
+        names = self.exclusive_of.get(conn)
+        if names is not None and name in names:
+            names.discard(name)
+            client_id = self.client_of.get(conn)
+            if self.handler is not None and client_id is not None:
+                self.handler.set_exclusive(name, client_id, False)
+
+    def _post_deliveries(self, items: list[tuple[int, Message]]) -> None:
+        if self.post is not None and self.deliver is not None:
+            self.after_durable(bound(self._post, bound(self.deliver, items)))
+
+    def _allows(self, client_id: str, action: Action, channel: str) -> bool:
+        client = self.engine.clients.get(client_id)
+        return client is not None and self.engine.authorizer.allows(client, action, channel)
+
+    def op_publish(
+        self, conn: int, spec: PublishSpec, message_id: str, now: float
+    ) -> list[Outgoing]:
+        client_id = self._client(conn)
+        out: list[Outgoing] = []
+        for destination in spec.destinations:
+            if destination.kind is DestinationKind.DSUB:
+                channel = existing_channel(self.engine, destination)
+            elif destination.kind not in (DestinationKind.QUEUE, DestinationKind.TOPIC):
+                raise BackendError(f"cannot send to {destination.stomp}")
+            else:
+                channel = self._ensure(client_id, destination, out)
+            message = Message(
+                message_id,
+                client_id,
+                channel,
+                QUEUE_ID,
+                headers=spec.headers,
+                payload=spec.body,
+            )
+            if destination.kind is DestinationKind.TOPIC and spec.retain is not None:
+                if spec.retain is RetainAction.SET:
+                    self.retained[channel] = message
+                else:
+                    self.retained.pop(channel, None)
+            sent = self.engine.publish(client_id, message, now, wants_response=True)
+            for item in sent:
+                frame = item[1]
+                if (
+                    item[0] == client_id
+                    and item.__class__ is not Tracked
+                    and isinstance(frame, tmqp.Frame)
+                    and frame.message_type == MessageType.RESPONSE
+                    and frame.message_id == message_id
+                ):
+                    reason = header(frame, Header.REASON) or f"code {frame.content_type}"
+                    raise Refused(f"{destination.stomp}: {reason}", out + sent)
+            out.extend(sent)
+        return out
+
+    def op_publish_answered(
+        self, conn: int, spec: PublishSpec, message_id: str, answer: PublishAnswer, now: float
+    ) -> list[Outgoing]:
+        """:meth:`op_publish` whose outcome goes to ``answer`` (on the listener thread,
+        with the batch of :meth:`run_ops`) instead of a waiting caller."""
+        try:
+            out = self.op_publish(conn, spec, message_id, now)
+        except Refused as exc:
+            self.failed.add(conn)
+            self._answers.append((answer, exc.reason))
+            return exc.out
+        except BackendError as exc:
+            self.failed.add(conn)
+            self._answers.append((answer, str(exc)))
+            return []
+        except Exception as exc:
+            self._answers.append((answer, f"broker error: {exc}"))
+            raise
+        self._answers.append((answer, None))
+        return out
+
+    def op_subscribe(
+        self,
+        conn: int,
+        sub_id: str,
+        destinations: Sequence[Destination],
+        prefetch: int | None,
+        exclusive: bool,
+        now: float,
+        *,
+        extras: SubExtras | None = None,
+    ) -> list[Outgoing]:
+        """Consume the destinations' channels (created as needed); a wildcard one
+        consumes every matching channel now and each one created later.  ``extras``:
+        the queue subscription's selector, credit and include-seq (see :class:`SubExtras`)."""
+        client_id = self._client(conn)
+        out: list[Outgoing] = []
+        patterns = [d for d in destinations if d.wildcard]
+        wild = None
+        if patterns:
+            wild = Wild(conn, tuple(patterns), prefetch, exclusive, extras=extras)
+        for destination in destinations:
+            if destination.wildcard:
+                continue
+            if destination.kind is DestinationKind.DSUB:
+                try:
+                    channel = existing_channel(self.engine, destination)
+                except BackendError as exc:
+                    raise Refused(str(exc), out) from None
+            else:
+                channel = self._ensure(client_id, destination, out)
+            try:
+                self._join(conn, channel, prefetch, exclusive, out, extras=extras)
+            except OperationError as exc:
+                raise Refused(f"{destination.stomp}: {exc.reason}", out) from None
+        if wild is not None:
+            self.wild[(conn, sub_id)] = wild
+            for name in list(self.engine.channels):
+                if wild.matches(name):
+                    with contextlib.suppress(OperationError):  # not authorized: skipped
+                        self._join(conn, name, prefetch, exclusive, out, wild, extras=extras)
+        return out
+
+    def op_return_credit(
+        self, conn: int, deliveries: Sequence[tuple[str, int, str]], now: float
+    ) -> list[Outgoing]:
+        """A transactional ACK: the deliveries' credit comes back now (they stay
+        unacknowledged); their queues then send what the credit allows."""
+        client_id = self.client_of.get(conn)
+        out: list[Outgoing] = []
+        if client_id is None or self.handler is None:
+            return out
+        queues = []
+        for channel, queue_id, message_id in deliveries:
+            if self.handler.return_credit(channel, client_id, message_id):
+                found = self.engine.channels.get(channel)
+                queue = found.queues.get(queue_id) if found is not None else None
+                if queue is not None and queue not in queues:
+                    queues.append(queue)
+        for queue in queues:
+            queue.drain(now, out)
+        return out
+
+    def op_subscribe_durable(
+        self,
+        conn: int,
+        sub_id: str,
+        topics: Sequence[Destination],
+        prefetch: int | None,
+        now: float,
+    ) -> list[Outgoing]:
+        """``persistent:true``: create durable subscription ``sub_id`` on the topics'
+        channels (or update an existing one's; none given: it must exist), then consume
+        its channel (``/dsub/<id>``, ``broker.engine.dsubs``)."""
+        client_id = self._client(conn)
+        out: list[Outgoing] = []
+        durable = self.engine.durable
+        name = dsubs.channel_name(sub_id)
+        if topics:
+            channels = [self._ensure(client_id, d, out) for d in topics]
+            if durable.get(sub_id) is None and not self._allows(
+                client_id, Action.CHANNEL_CREATE, name
+            ):
+                raise Refused(f"durable subscription {sub_id!r}: not authorized", out)
+            try:
+                durable.create(sub_id, channels, out)
+            except OperationError as exc:
+                raise Refused(f"durable subscription {sub_id!r}: {exc.reason}", out) from None
+        elif durable.get(sub_id) is None:
+            raise Refused(f"no durable subscription {sub_id!r}", out)
+        try:
+            self._join(conn, name, prefetch, False, out)
+        except OperationError as exc:
+            raise Refused(f"/dsub/{sub_id}: {exc.reason}", out) from None
+        return out
+
+    def op_destroy_durable(self, conn: int, sub_id: str, now: float) -> list[Outgoing]:
+        """``UNSUBSCRIBE`` with ``persistent:true``: remove the durable subscription and
+        what it holds (BackendError if there is none or the client may not)."""
+        client_id = self._client(conn)
+        if not self._allows(client_id, Action.CHANNEL_REMOVE, dsubs.channel_name(sub_id)):
+            raise BackendError(f"durable subscription {sub_id!r}: not authorized to destroy it")
+        out: list[Outgoing] = []
+        try:
+            self.engine.durable.destroy(sub_id, out)
+        except OperationError as exc:
+            raise BackendError(exc.reason) from None
+        return out
+
+    def op_browse_page(
+        self, conn: int, sub_id: str, channel: str, from_seq: int, now: float
+    ) -> list[Outgoing]:
+        """The next page of messages the channel's queue holds from sequence ``from_seq``
+        on (``engine_browse.read_page``: nothing is consumed), posted to the listener as
+        one page; fewer than a page: the browse is at its end."""
+        client_id = self._client(conn)
+        if not self._allows(client_id, Action.BROWSE, channel):
+            raise BackendError(f"not authorized to browse {channel!r}")
+        page = read_page(self.engine, conn, sub_id, channel, from_seq)
+        if self.post is not None and self.browsed is not None:
+            self.after_durable(bound(self._post, bound(self.browsed, page)))
+        return []
+
+    def op_follow(
+        self, conn: int, sub_id: str, channel: str, from_seq: int, now: float
+    ) -> list[Outgoing]:
+        """A ``browser-end:false`` browser read its queue to the end: its next page is
+        read (and posted) once the queue numbers a message at ``from_seq`` or past it."""
+        if conn not in self.client_of:
+            return []
+        self.followers.add(channel, conn, sub_id, from_seq)
+        self._wake_followers()
+        return []
+
+    def op_unfollow(self, conn: int, sub_id: str, now: float) -> list[Outgoing]:
+        """A browsing subscription ended: it waits for nothing more."""
+        self.followers.drop(conn, sub_id)
+        return []
+
+    def _wake_followers(self) -> None:
+        """Post the next page to every follower whose queue got a message for it."""
+        if self.post is None or self.browsed is None:
+            return
+        for channel, conn, sub_id, start in self.followers.due(self.engine):
+            page = read_page(self.engine, conn, sub_id, channel, start)
+            self.after_durable(bound(self._post, bound(self.browsed, page)))
+
+    def op_drop_wildcard(self, conn: int, sub_id: str, now: float) -> list[Outgoing]:
+        """A wildcard subscription ended: stop consuming what it joined."""
+        wild = self.wild.pop((conn, sub_id), None)
+        if wild is None:
+            return []
+        return self.op_unsubscribe(conn, sorted(wild.channels), now)
+
+    def op_unsubscribe(self, conn: int, channels: Sequence[str], now: float) -> list[Outgoing]:
+        client_id = self.client_of.get(conn)
+        out: list[Outgoing] = []
+        if client_id is None:
+            return out
+        for channel in channels:
+            self._forget_exclusive(conn, channel)
+            with contextlib.suppress(OperationError):  # already gone (channel removed)
+                out.extend(self.engine.unsubscribe(client_id, channel, now))
+        self._forget_rules(conn, client_id, channels)
+        return out
+
+    def op_settle(
+        self,
+        conn: int,
+        settles: Sequence[tuple[str, int, str, bool]],
+        counts: int,
+        now: float,
+    ) -> list[Outgoing]:
+        """Report ``counts`` deliveries taken, then acknowledge (True) or nack each."""
+        client_id = self.client_of.get(conn)
+        out: list[Outgoing] = []
+        if client_id is None:
+            return out
+        engine = self.engine
+        if counts:
+            out.extend(engine.transmitted({client_id: counts}, now))
+        for channel, queue_id, message_id, ok in settles:
+            reason = None if ok else NackReason.NONE
+            out.extend(
+                engine.acknowledge(
+                    client_id, channel, queue_id, message_id, now, nack_reason=reason
+                )
+            )
+        return out
+
+
+@dataclass(slots=True)
+class Wild:
+    """A wildcard subscription, as the engine thread keeps it."""
+
+    conn: int
+    patterns: tuple[Destination, ...]
+    prefetch: int | None
+    exclusive: bool
+    channels: set[str] = field(default_factory=set)  # the channels it joined
+    extras: SubExtras | None = None
+
+    def matches(self, channel: str) -> bool:
+        return any(wildcard_matches(d, channel, self.conn) for d in self.patterns)
+
+
+class Refused(Exception):
+    """An operation refused by the engine, with the output it caused before that."""
+
+    def __init__(self, reason: str, out: list[Outgoing]) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.out = out
+
+
+def bound(fn: Callable[[T], None], arg: T) -> Callable[[], None]:
+    return lambda: fn(arg)
+
+
+def _run_all(fns: list[Callable[[], None]]) -> None:
+    for fn in fns:
+        try:
+            fn()
+        except Exception:  # as the loop would for separate callbacks: logged, go on
+            log.exception("STOMP listener callback failed")
+
+
+def _at_once(fn: Callable[[], None]) -> None:
+    fn()
