@@ -9,10 +9,12 @@ from typing import Any
 
 from broker import tmqp
 from broker.engine import tmqp_door
+from broker.engine.delivery import PerMessageDeliveryHandler
 from broker.engine.engine import Engine, Outgoing, Tracked
 from broker.engine.options import BrokerConfig, ChannelQueueOptions
+from broker.engine.per_message import PER_MESSAGE, PerMessageRules
 from broker.message import Message
-from broker.protocol import ConnectionInfo, Header, MessageType, Operation, header
+from broker.protocol import ConnectionInfo, Header, MessageType, Operation, QueueStatus, header
 
 Frame = tmqp.Frame
 
@@ -290,3 +292,28 @@ def acks(frames: list[Frame]) -> list[Frame]:
 
 def queue_messages(frames: list[Frame]) -> list[Frame]:
     return [f for f in frames if f.message_type == MessageType.QUEUE]
+
+
+def per_message_queue(
+    consumers: int, on: tuple[Kit, PerMessageRules] | None = None
+) -> tuple[Kit, PerMessageRules, str, list[str]]:
+    """A round-robin queue ``ch`` (acknowledges, the ``per-message`` handler) with a
+    producer and ``consumers`` joined: ``(kit, rules, producer, consumers)``; ``on`` gives
+    a kit and its handler's rules made elsewhere (e.g. on a store)."""
+    if on is None:
+        handler = PerMessageDeliveryHandler(lambda: 1_700_000_000.0)
+        on = Kit(handlers={PER_MESSAGE: handler}), handler.rules
+    kit, rules = on
+    producer = kit.connect("producer")
+    kit.queue(
+        producer,
+        "ch",
+        1,
+        status=QueueStatus.ROUND_ROBIN,
+        request_acknowledge=True,
+        message_delivery_handler=PER_MESSAGE,
+    )
+    names = [kit.connect(f"c{i}") for i in range(consumers)]
+    for name in names:
+        kit.join(name, "ch")
+    return kit, rules, producer, names

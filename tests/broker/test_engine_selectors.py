@@ -8,29 +8,13 @@ from collections.abc import Sequence
 
 import pytest
 
-from broker.engine.delivery import PerMessageDeliveryHandler
-from broker.engine.per_message import PER_MESSAGE, Credit, PerMessageRules
+from broker.engine.per_message import Credit, PerMessageRules
 from broker.engine.queue import dispatch
-from broker.protocol import QueueStatus
-from tests.broker.engine_kit import Kit, queue_messages
+from tests.broker.engine_kit import Kit, per_message_queue, queue_messages
 
 
 def setup(consumers: int = 2) -> tuple[Kit, PerMessageRules, str, list[str]]:
-    handler = PerMessageDeliveryHandler(lambda: 1_700_000_000.0)
-    kit = Kit(handlers={PER_MESSAGE: handler})
-    producer = kit.connect("producer")
-    kit.queue(
-        producer,
-        "ch",
-        1,
-        status=QueueStatus.ROUND_ROBIN,
-        request_acknowledge=True,
-        message_delivery_handler=PER_MESSAGE,
-    )
-    names = [kit.connect(f"c{i}") for i in range(consumers)]
-    for name in names:
-        kit.join(name, "ch")
-    return kit, handler.rules, producer, names
+    return per_message_queue(consumers)
 
 
 def kind_is(kind: str) -> object:

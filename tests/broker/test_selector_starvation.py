@@ -20,7 +20,7 @@ from broker.protocol import Header, Operation, QueueStatus
 from broker.sequence import FROM_FIRST
 from broker.store.durable import DurableStore
 from broker.store.log import LogStore
-from tests.broker.engine_kit import Kit, queue_messages
+from tests.broker.engine_kit import Kit, per_message_queue, queue_messages
 
 
 class Counting:
@@ -38,23 +38,7 @@ class Counting:
 def setup(
     consumers: int = 1, on: tuple[Kit, PerMessageRules] | None = None
 ) -> tuple[Kit, PerMessageRules, str, list[str]]:
-    if on is None:
-        handler = PerMessageDeliveryHandler(lambda: 1_700_000_000.0)
-        on = Kit(handlers={PER_MESSAGE: handler}), handler.rules
-    kit, rules = on
-    producer = kit.connect("producer")
-    kit.queue(
-        producer,
-        "ch",
-        1,
-        status=QueueStatus.ROUND_ROBIN,
-        request_acknowledge=True,
-        message_delivery_handler=PER_MESSAGE,
-    )
-    names = [kit.connect(f"c{i}") for i in range(consumers)]
-    for name in names:
-        kit.join(name, "ch")
-    return kit, rules, producer, names
+    return per_message_queue(consumers, on)
 
 
 def settle(kit: Kit) -> None:

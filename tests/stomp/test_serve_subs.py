@@ -13,7 +13,7 @@ import pytest
 from broker.stomp.frames import Command
 from tests.polling import wait_until
 from tests.stomp.test_listener import Raw
-from tests.stomp.test_serve import Serve, bodies, recorder, stomp12, synced
+from tests.stomp.test_serve import Serve, bodies, recorder, synced
 from tests.stomp.test_serve_flow import frame, raw_synced, send_all
 
 FOLLOW = {"browser": "true", "browser-end": "false"}
@@ -24,36 +24,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
     serve = Serve(tmp_path_factory.mktemp("subs"))
     yield serve
     assert serve.stop() == 0
-
-
-@pytest.fixture
-def clients(server: Serve) -> Iterator[Callable[[], Any]]:
-    made: list[Any] = []
-
-    def make() -> Any:
-        conn = stomp12(server.port)
-        made.append(conn)
-        return conn
-
-    yield make
-    for conn in made:
-        if conn.is_connected():
-            conn.disconnect()
-
-
-@pytest.fixture
-def raws(server: Serve) -> Iterator[Callable[[], Raw]]:
-    made: list[Raw] = []
-
-    def make() -> Raw:
-        raw = Raw(server.port)
-        raw.connect()
-        made.append(raw)
-        return raw
-
-    yield make
-    for raw in made:
-        raw.close()
 
 
 def test_a_following_browser_sees_what_is_there_then_each_new_message(
