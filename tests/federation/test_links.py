@@ -48,6 +48,19 @@ def collect(client: Client, into: list[Message]) -> None:
     client.on_message(into.append)
 
 
+def acked_into(sub: Client, channel: str) -> list[Message]:
+    """Join ``channel`` with ``sub`` acknowledging each message; the list they go into."""
+    received: list[Message] = []
+
+    def take(m: Message) -> None:
+        received.append(m)
+        sub.ack(m)
+
+    sub.on_message(take)
+    sub.join(channel)
+    return received
+
+
 def payloads(got: list[Message]) -> Counter[bytes]:
     return Counter(bytes(m.payload) for m in got)
 
@@ -155,14 +168,7 @@ def test_persistent_queue_survives_link_drop_and_restart(
     a.start(a.link(b))
     sub = b.client(zctx)
     sub.create_queue("orders", 1, PERSISTENT)
-    received: list[Message] = []
-
-    def take(m: Message) -> None:
-        received.append(m)
-        sub.ack(m)
-
-    sub.on_message(take)
-    sub.join("orders")
+    received = acked_into(sub, "orders")
     pub = a.client(zctx)
     pub.create_queue("orders", 1, PERSISTENT)
     wait_joined([pub], "orders", 1)
@@ -342,14 +348,7 @@ def test_persistent_queue_survives_a_restart_of_the_source(
     a.start(a.link(b))
     sub = b.client(zctx)
     sub.create_queue("orders", 1, PERSISTENT)
-    received: list[Message] = []
-
-    def take(m: Message) -> None:
-        received.append(m)
-        sub.ack(m)
-
-    sub.on_message(take)
-    sub.join("orders")
+    received = acked_into(sub, "orders")
     pub = a.client(zctx)
     pub.create_queue("orders", 1, PERSISTENT)
     wait_joined([pub], "orders", 1)
@@ -591,14 +590,7 @@ def test_kill_9_between_the_local_push_and_the_seen_journal_delivers_once(
     send(peer, "P/1", b"m1")  # no confirm came: P sends it again
     send(peer, "P/2", b"m2")
     sub = b.client(zctx)
-    received: list[Message] = []
-
-    def take(m: Message) -> None:
-        received.append(m)
-        sub.ack(m)
-
-    sub.on_message(take)
-    sub.join("orders")
+    received = acked_into(sub, "orders")
     # one consumer of a FIFO queue: a second m1 would come before m2
     assert wait_until(lambda: b"m2" in payloads(received), 20)
     assert payloads(received) == Counter([b"m1", b"m2"])
