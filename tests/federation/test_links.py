@@ -183,9 +183,10 @@ def test_persistent_queue_survives_link_drop_and_restart(
     assert wait_until(lambda: want <= set(payloads(received)), 30), (
         f"missing {sorted(want - set(payloads(received)))[:10]}"
     )
-    # and A's queue let go of them once B confirmed: all acknowledged, none left
+    # and A's queue let go of them once B confirmed: all acknowledged, none left ("Messages"
+    # leaves out deliveries still waiting for the link's acknowledge: wait for those too)
     assert wait_until(lambda: _queue_empty(pub, "orders", 1), 20)
-    assert int(pub.queue_info("orders", 1)["Acks"]) >= n
+    assert wait_until(lambda: _all_acked(pub, "orders", 1, n), 30), pub.queue_info("orders", 1)
     pub.close()
     sub.close()
 
@@ -193,6 +194,11 @@ def test_persistent_queue_survives_link_drop_and_restart(
 def _queue_empty(client: Client, channel: str, queue_id: int) -> bool:
     info = client.queue_info(channel, queue_id)
     return int(info["Messages"]) == 0 and int(info["PriorityMessages"]) == 0
+
+
+def _all_acked(client: Client, channel: str, queue_id: int, n: int) -> bool:
+    info = client.queue_info(channel, queue_id)
+    return int(info["Acks"]) >= n and int(info["PendingAcknowledges"]) == 0
 
 
 def test_unauthorised_link_is_refused(brokers: list[Broker], zctx: Ctx, tmp_path: Path) -> None:
