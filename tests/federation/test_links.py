@@ -606,15 +606,22 @@ def test_a_peer_refusing_batch_gets_single_messages_and_loses_none(
     content type 250 as "not a federation message" (401, what that code answered).  A
     burst ready at once goes to it as a BATCH first; A then sends it single MESSAGEs:
     every message arrives, once."""
+    from broker.engine.engine import Engine
     from broker.federation.wire import BATCH, FEDERATION_CLIENT, INTEREST, MESSAGE
-    from tests.broker.test_cli import free_port, start_serve
+    from broker.protocol import Header
+    from broker.server.server import Server, ServerOptions
+    from tests.broker.test_cli import free_port
 
     a = Broker("A")
     brokers.append(a)
-    b_port = free_port()
-    b_endpoint = f"tcp://127.0.0.1:{b_port}"
-    b_proc = start_serve("--bind", b_endpoint)  # no federation of its own
-    old = Client(b_endpoint, context=zctx, timeout=10, client_id=FEDERATION_CLIENT).connect()
+    b_endpoint = f"tcp://127.0.0.1:{free_port()}"
+    # B: no federation of its own; the scripted one below has the federation's secret
+    secret = {Header.FEDERATION_SECRET: "old-peer"}
+    b_server = Server(Engine(), ServerOptions(endpoint=b_endpoint, federation_secret="old-peer"),
+                      context=zctx)  # fmt: skip
+    b_server.start()
+    old = Client(b_endpoint, context=zctx, timeout=10, client_id=FEDERATION_CLIENT,
+                 properties=secret).connect()  # fmt: skip
     got: list[bytes] = []
     refused: list[int] = []
     stop = threading.Event()
@@ -653,8 +660,7 @@ def test_a_peer_refusing_batch_gets_single_messages_and_loses_none(
         stop.set()
         server.join(5)
         old.close(timeout=1)
-        b_proc.terminate()
-        b_proc.wait(20)
+        b_server.stop()
 
 
 def test_interest_is_pushed_a_new_subscriber_gets_messages_at_once(
