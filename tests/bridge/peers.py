@@ -7,6 +7,7 @@ when the program is not installed (``.ci/run`` installs it where the package man
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -229,6 +230,24 @@ class RabbitMQ:
         subprocess.run(
             ["epmd", "-kill"], env=self.env, capture_output=True, timeout=10, check=False
         )
+
+    def declared_on_disk(self, *queues: str) -> bool:
+        """Are these queues' definitions in the node's Mnesia files yet?
+
+        RabbitMQ answers a queue declare (and then confirms messages into the queue)
+        before its definition is on disk: Mnesia's transaction log goes through
+        disk_log's write cache, written out 2 s after its first entry.  A kill -9 in that
+        window loses the queue, and with it every message it confirmed
+        (``bench/rabbit_declare_kill.py`` shows it without zerohub).  A test that kills
+        the node waits for this first.  The files hold each name as its octets (Erlang's
+        external term format): LATEST.LOG, PREVIOUS.LOG and the tables' .DCD/.DCL."""
+        node = self.workdir / "mnesia" / self.env["RABBITMQ_NODENAME"]
+        contents = b""
+        for f in node.glob("*"):
+            if f.suffix in (".LOG", ".DCD", ".DCL"):
+                with contextlib.suppress(OSError):  # Mnesia renames its log as it dumps it
+                    contents += f.read_bytes()
+        return all(q.encode() in contents for q in queues)
 
 
 _ACTIVEMQ_HOME = Path("/usr/share/activemq")

@@ -1,7 +1,9 @@
 """The AMQP 0-9-1 bridge against a real rabbitmq-server and a real zerohub Server.
 
 At-least-once: distinct payloads are counted; RabbitMQ keeps confirmed persistent
-messages in durable queues across a kill -9, so a restart may duplicate, never lose.
+messages across a kill -9 in durable queues whose definitions are on its disk (the
+restart test waits for that: ``RabbitMQ.declared_on_disk``), so a restart may
+duplicate, never lose.
 """
 
 from __future__ import annotations
@@ -114,6 +116,8 @@ def test_rabbit_killed_and_restarted_mid_stream_loses_nothing(
             local.push("orders", 3, payload)
         assert wait_until(lambda: bridge.stats()["out_accepted"] >= 30, WAIT)
         assert wait_until(lambda: len(take(local, copies, 0.1)) >= 20, WAIT)
+        # confirmed messages survive in a queue whose definition is on disk
+        assert wait_until(lambda: rabbit.declared_on_disk("rs.out", "rs.in"), WAIT)
         rabbit.stop(signal.SIGKILL)  # kill -9 mid-stream, both directions in flight
         for payload in sent[150:]:
             local.push("orders", 3, payload)
