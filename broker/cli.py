@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -221,6 +222,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.data is None:  # the user's data directory (federation keeps its id there too)
         args.data = str(default_data_dir())
     federation_settings = _federation_settings(args, config, options)
+    federation_secret = None
+    if federation_settings is not None:  # the reserved client id: its own client only
+        from broker.federation.runner import local_proof
+
+        curve = options.curve_secret is not None
+        federation_secret, federation_key = local_proof(
+            federation_settings.curve_secret if curve else None
+        )
+        options = dataclasses.replace(
+            options, federation_secret=federation_secret, federation_key=federation_key
+        )
     store = _open_data(args)
     recovered = 0
     try:
@@ -277,7 +289,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 print(f"broker recovered {recovered} messages from {args.data}", file=sys.stderr)
             server.start()
             if federation_settings is not None:
-                federation = _start_federation(federation_settings, server, context, options)
+                federation = _start_federation(
+                    federation_settings, server, context, options, federation_secret
+                )
             while not stop.wait(_STOP_POLL):
                 if not server.serving:  # the loop failed (its error is logged): stop too
                     raise CommandError("the server loop ended unexpectedly")
@@ -403,8 +417,11 @@ def _federation_settings(args: argparse.Namespace, config: dict[str, Any], optio
     return settings
 
 
-def _start_federation(settings: Any, server: Any, context: Any, options: Any) -> Any:
-    """Start the federation client on this broker's own endpoint (served from then on)."""
+def _start_federation(
+    settings: Any, server: Any, context: Any, options: Any, secret: str | None
+) -> Any:
+    """Start the federation client on this broker's own endpoint (served from then on);
+    ``secret``: the one the server gives the federation's reserved client id for."""
     from broker.federation.runner import Federation
 
     endpoint = str(server.endpoint).replace("tcp://0.0.0.0:", "tcp://127.0.0.1:")
@@ -414,7 +431,9 @@ def _start_federation(settings: Any, server: Any, context: Any, options: Any) ->
     from broker.federation.errors import ConfigError
 
     try:
-        federation = Federation(settings, endpoint, context=context, local_keys=keys)
+        federation = Federation(
+            settings, endpoint, context=context, local_keys=keys, local_secret=secret
+        )
     except ConfigError as exc:  # its seen window's file cannot be read
         raise CommandError(f"federation: {exc}") from None
     federation.start()

@@ -145,6 +145,9 @@ class Header:
     #: Issued in the connect response; a client reconnecting under its id sends it back
     #: as a connection-info property to prove it owns the session (see broker.server.peers).
     SESSION_SECRET = "Session-Secret"
+    #: zerohub: a connection-info property, the secret that lets this broker's own
+    #: federation client use its reserved client id (see broker.engine.federated).
+    FEDERATION_SECRET = "Federation-Secret"
     #: zerohub: issued in the connect response, the broker's peer timeout in whole
     #: milliseconds (a session silent this long is ended).  Clients PING at a third of it
     #: at most, while they do not read too; absent (older brokers): their own interval.

@@ -74,6 +74,7 @@ class Hub:
         federation: Any = None,
         events_keys: tuple[str, str] | None = None,
         federation_keys: tuple[str, str] | None = None,
+        federation_secret: str | None = None,
         store: LogStore | None = None,
     ) -> None:
         self.files = files
@@ -86,6 +87,9 @@ class Hub:
         #: client and the federation client, or None.
         self.events_keys = events_keys
         self.federation_keys = federation_keys
+        #: The secret the broker gives the federation's reserved client id for
+        #: (``broker.federation.runner.local_proof``), or None.
+        self.federation_secret = federation_secret
         #: Federation settings of the broker (``broker.federation``), or None.
         self.federation_settings = federation
         self.federation: Any = None  # the running federation
@@ -125,6 +129,7 @@ class Hub:
                     local,
                     context=self.broker.context,
                     local_keys=self.federation_keys,
+                    local_secret=self.federation_secret,
                 )
                 self.federation.start()
             self.files.start()
@@ -340,6 +345,17 @@ def build(
             raise ConfigError("files.events", str(exc)) from None
         events = (f.events, f.events_buffer)
     federation = _federation(config)
+    federation_secret = federation_key = None
+    if federation is not None:  # the reserved client id: the hub's own federation only
+        from broker.federation.runner import local_proof
+        from zerohub.zmqkit import SecurityError
+
+        try:
+            federation_secret, federation_key = local_proof(
+                None if b.curve_secret is None else str(federation.curve_secret)
+            )
+        except SecurityError as exc:
+            raise ConfigError("federation", str(exc)) from None
     log_store, durable = _open_data(b.data)
     try:
         engine = Engine(
@@ -361,6 +377,8 @@ def build(
                 ping_interval=b.ping_interval,
                 peer_timeout=b.peer_timeout,
                 max_connections=b.max_connections,
+                federation_secret=federation_secret,
+                federation_key=federation_key,
             ),
             context=broker_context,
             durable=durable,
@@ -380,6 +398,7 @@ def build(
         events_keys=None if curve is None else (curve, str(f.events_secret)),
         federation_keys=None if curve is None or federation is None
         else (curve, str(federation.curve_secret)),
+        federation_secret=federation_secret,
     )  # fmt: skip
     if config.metrics.enabled:
         from zerohub.metrics import LinksCollector, metrics_server, registry

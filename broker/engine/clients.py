@@ -23,6 +23,7 @@ from broker.engine.channel import Client as _Client
 from broker.engine.channels import ChannelRegistry, Client
 from broker.engine.errors import ClientRejected, OperationError
 from broker.engine.events import EventHub
+from broker.engine.federated import FEDERATION_CLIENT
 from broker.engine.host import QueueServices
 from broker.engine.options import BrokerConfig
 from broker.engine.replies import answer_failure
@@ -67,15 +68,22 @@ class ClientRegistry:
 
     # ------------------------------------------------------------------ connections
 
-    def admit(self, info: ConnectionInfo, replace: bool) -> str:
+    def admit(self, info: ConnectionInfo, replace: bool, federation: bool = False) -> str:
         """The id a connecting client gets; raises :class:`ClientRejected` (401, 481, 400).
 
         The token is checked first: a refused client changes nothing.  An id in use is
         refused (481), unless ``replace`` (the caller then ends the old session first).
+        The federation's id (``FEDERATION_CLIENT``) is reserved: refused (401) unless
+        ``federation`` (the front door checked the connection's proof).
         """
         if not self.authorizer.authenticate(info):
             raise ClientRejected(ResultCode.UNAUTHORIZED, "client token refused")
         client_id = info.client_id
+        if client_id == FEDERATION_CLIENT and not federation:
+            raise ClientRejected(
+                ResultCode.UNAUTHORIZED,
+                f"client id {client_id!r} is reserved for this broker's own federation",
+            )
         if client_id is None:
             client_id = self.new_id()
             while client_id in self.clients:

@@ -272,7 +272,7 @@ class Engine:
     # ------------------------------------------------------------------ connections
 
     def connect(
-        self, info: ConnectionInfo, now: float, *, replace: bool = False
+        self, info: ConnectionInfo, now: float, *, replace: bool = False, federation: bool = False
     ) -> tuple[str, list[Outgoing]]:
         """Register a client; raises :class:`ClientRejected` (401, 481, 482 or 400).
 
@@ -280,10 +280,13 @@ class Engine:
         refused (481), unless ``replace``: the front end has proven that this connection
         belongs to the owner of that session (its session secret or CURVE key), whose old
         session then ends as if by :meth:`disconnect` before the new one takes the id.
+        The federation client's id is refused (401) unless ``federation``: the front end
+        has proven that this connection is this broker's own federation client
+        (``broker.engine.federated``).
         """
         self.services.now = now
         registry = self.client_registry
-        client_id = registry.admit(info, replace)
+        client_id = registry.admit(info, replace, federation)
         out: list[Outgoing] = []
         if client_id in self.clients:
             out.extend(self.disconnect(client_id, now))

@@ -19,8 +19,15 @@ push whose id is remembered is answered as done and not queued again.  On start 
 store's values give the window back, oldest first.
 
 Only the federation client's pushes count: another client's ``Fed-Id`` header means
-nothing (an impostor cannot make the broker drop a real federated message).  Sans-IO:
-the window writes through the ``Store`` it is given.
+nothing (an impostor cannot make the broker drop a real federated message).  And the
+federation client's id is reserved (``Engine.connect(federation=...)``): a connection
+gets it only when the front door checked its proof -- the secret ``broker serve`` made
+for its own federation client (connection-info property ``Federation-Secret``, never
+shown to the engine) and, on a CURVE broker, the federation's key too
+(``ServerOptions.federation_secret``/``federation_key``).  A broker that does not
+federate refuses the id to everyone (401), so nobody can take it while the link is down
+and pre-mark guessable ids as seen.  Sans-IO: the window writes through the ``Store`` it
+is given.
 """
 
 from __future__ import annotations

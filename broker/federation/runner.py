@@ -169,6 +169,20 @@ class _Answer:
 _Event = _Local | _FromLink | _Connected | _Answer | _LocalChanged
 
 
+def local_proof(link_secret: str | None) -> tuple[str, str | None]:
+    """What this broker's own federation client proves itself with, for the server that
+    checks it (``ServerOptions.federation_secret``/``federation_key``) and the client
+    (``Federation(local_secret=...)``): a fresh random secret, kept in memory only, and
+    on a CURVE broker the public key (Z85) of the links' ``.key_secret`` file, which the
+    client authenticates with (``local_keys``)."""
+    key = None
+    if link_secret is not None:
+        from zerohub import zmqkit
+
+        key = zmqkit.load_secret(link_secret)[0].decode("ascii")
+    return secrets.token_urlsafe(32), key
+
+
 class Federation:
     """A running federation: ``start()``, ``stop()``, ``stats()``."""
 
@@ -179,6 +193,7 @@ class Federation:
         *,
         context: zmq.Context[zmq.Socket[bytes]],
         local_keys: tuple[str, str] | None = None,
+        local_secret: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
@@ -190,6 +205,12 @@ class Federation:
         keys: dict[str, Any] = {}
         if local_keys is not None:
             keys = {"server_key": local_keys[0], "curve_secret": local_keys[1]}
+        # a one-consumer queue hands it a message only when no local consumer has
+        # room (broker.engine.channel.LOW_PRIORITY_PROPERTY); the secret: the broker
+        # gives the reserved FEDERATION_CLIENT id only to a client showing it
+        properties = {"Consumer-Priority": "low"}
+        if local_secret is not None:
+            properties[Header.FEDERATION_SECRET] = local_secret
         self.local = Client(
             local_endpoint,
             context=context,
@@ -197,9 +218,7 @@ class Federation:
             client_type="zerohub-federation",
             name=f"federation-{self.me}",
             timeout=LOCAL_TIMEOUT,
-            # a one-consumer queue hands it a message only when no local consumer has
-            # room (broker.engine.channel.LOW_PRIORITY_PROPERTY)
-            properties={"Consumer-Priority": "low"},
+            properties=properties,
             **keys,
         )
         self.links = [_Link(spec) for spec in settings.links]

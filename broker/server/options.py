@@ -21,6 +21,13 @@ class ServerOptions:
     allow_dir: str | None = None
     #: Allow a non-loopback bind without CURVE.
     insecure: bool = False
+    #: The proof of this broker's own federation client: the client id
+    #: ``zerohub-federation`` is given only to a connection whose connection info has the
+    #: property ``Federation-Secret`` equal to ``federation_secret`` and, when
+    #: ``federation_key`` is set (a CURVE broker), that authenticated with that public key
+    #: (Z85).  None (a broker that does not federate): the id is refused to everyone.
+    federation_secret: str | None = None
+    federation_key: str | None = None
     #: Largest frame accepted.  It is the ROUTER's ZMQ_MAXMSGSIZE: libzmq drops the
     #: connection of a peer announcing a larger message before buffering any of it.
     max_frame_size: int = 16 * 1024 * 1024

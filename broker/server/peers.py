@@ -81,6 +81,7 @@ _GOODBYE = tmqp.encode(
     )
 )[0]
 _SECRET_KEY = Header.SESSION_SECRET.lower()
+_FEDERATION_KEY = Header.FEDERATION_SECRET.lower()
 #: A session whose connection has ended is ended once nothing more came from it for this
 #: long (seconds): the messages it sent before the close are read after libzmq reports it.
 _ORPHAN_GRACE = 2.0
@@ -94,7 +95,7 @@ class EngineLike(Protocol):
     """What the server needs from ``broker.engine.Engine``."""
 
     def connect(
-        self, info: ConnectionInfo, now: float, *, replace: bool = False
+        self, info: ConnectionInfo, now: float, *, replace: bool = False, federation: bool = False
     ) -> tuple[str, list[Any]]: ...
     def receive(
         self, client_id: str, frame: tmqp.Frame, now: float, data: bytes | None = None
@@ -155,9 +156,12 @@ class SessionProof:
         return hmac.compare_digest(secret.encode("utf-8", "replace"), self.secret)
 
 
-def _split_secret(info: ConnectionInfo) -> tuple[ConnectionInfo, str | None]:
-    """The connection info without its session secret (the engine never sees it), and it."""
-    found = [k for k in info.properties if k.lower() == _SECRET_KEY]
+def _split_secret(
+    info: ConnectionInfo, name: str = _SECRET_KEY
+) -> tuple[ConnectionInfo, str | None]:
+    """The connection info without its secret property ``name`` (lower case: the session
+    secret, or the federation's), which the engine never sees, and that secret."""
+    found = [k for k in info.properties if k.lower() == name]
     if not found:
         return info, None
     props = dict(info.properties)
@@ -314,11 +318,13 @@ class PeerSessions:
     ) -> None:
         """Connection info received: authenticate, settle who owns the id, connect."""
         info, secret = _split_secret(info)
+        info, federation_secret = _split_secret(info, _FEDERATION_KEY)
         key = curve_key(part) if part is not None and self.options.curve_secret else None
         old = self.sender.by_client.get(info.client_id) if info.client_id else None
         owner = old is not None and old is not peer and self._owns(old, secret, key)
+        federation = self._is_federation(federation_secret, key)
         try:
-            client_id, outs = self.engine.connect(info, now, replace=owner)
+            client_id, outs = self.engine.connect(info, now, replace=owner, federation=federation)
         except Exception as exc:
             code = getattr(exc, "code", None)
             if code is None:
@@ -352,6 +358,21 @@ class PeerSessions:
             # The engine did not answer the connection info: tell the client its id.
             self.sender.send_to(peer, self._connected_frame(msg.message_id, client_id, extra))
         self.sender.send_all(outs)
+
+    def _is_federation(self, secret: str | None, key: str | None) -> bool:
+        """Did this connection prove it is this broker's own federation client (which
+        alone may use the client id ``zerohub-federation``)?  Its secret and, when the
+        options name one, its CURVE key (``ServerOptions.federation_secret``/``_key``)."""
+        opts = self.options
+        if opts.federation_secret is None or secret is None:
+            return False
+        proven = hmac.compare_digest(
+            secret.encode("utf-8", "replace"), opts.federation_secret.encode()
+        )
+        if opts.federation_key is None:
+            return proven
+        right_key = hmac.compare_digest((key or "").encode(), opts.federation_key.encode())
+        return right_key and proven
 
     def _owns(self, old: Peer, secret: str | None, key: str | None) -> bool:
         proof = self.proofs.get(old.rid)

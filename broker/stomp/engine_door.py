@@ -133,8 +133,15 @@ class EngineDoor:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)
 
-    def connect(self, info: EngineConnectionInfo, now: float, *, replace: bool = False) -> Any:
-        client_id, out = self.engine.connect(info, now, replace=replace)
+    def connect(
+        self,
+        info: EngineConnectionInfo,
+        now: float,
+        *,
+        replace: bool = False,
+        federation: bool = False,
+    ) -> Any:
+        client_id, out = self.engine.connect(info, now, replace=replace, federation=federation)
         return client_id, self._split(out)
 
     def receive(self, client_id: str, frame: Any, now: float, data: bytes | None = None) -> Any:

@@ -1,7 +1,9 @@
 """The AMQP 0-9-1 bridge against a real rabbitmq-server and a real zerohub Server.
 
 At-least-once: distinct payloads are counted; RabbitMQ keeps confirmed persistent
-messages in durable queues across a kill -9, so a restart may duplicate, never lose.
+messages across a kill -9 in durable queues whose definitions are on its disk (the
+restart test restarts it gracefully after declaring them: ``RabbitMQ.settle``), so a
+restart may duplicate, never lose.
 """
 
 from __future__ import annotations
@@ -97,6 +99,9 @@ def test_rabbit_killed_and_restarted_mid_stream_loses_nothing(
     payload seen twice always has a flagged copy (resent / redelivered)."""
     peer = AmqpPeer(rabbit)
     peer.declare("rs.out", "rs.in")
+    peer.close()
+    rabbit.settle()  # the queues' definitions on RabbitMQ's disk (see RabbitMQ.settle)
+    peer = AmqpPeer(rabbit)
     incoming = [f"i{i}".encode() for i in range(200)]
     for payload in incoming:
         peer.publish("rs.in", payload)

@@ -6,13 +6,16 @@ import dataclasses
 import itertools
 from pathlib import Path
 
+import pytest
+
 from broker import tmqp
 from broker.engine.delivery import PersistentDeliveryHandler
 from broker.engine.engine import Engine
+from broker.engine.errors import ClientRejected
 from broker.engine.federated import FEDERATION_CLIENT, FederatedIds
 from broker.engine.options import ChannelQueueOptions
 from broker.message import Message
-from broker.protocol import ConnectionInfo, Header, MessageType, Outgoing, header
+from broker.protocol import ConnectionInfo, Header, MessageType, Outgoing, ResultCode, header
 from broker.store.durable import DurableStore
 from broker.store.log import LogStore
 
@@ -59,7 +62,7 @@ def test_a_federated_push_is_taken_once_also_after_a_restart(tmp_path: Path) -> 
     with LogStore(tmp_path) as log:
         store = DurableStore(log)
         engine = _engine(store)
-        engine.connect(ConnectionInfo(client_id=FEDERATION_CLIENT), now=0.0)
+        engine.connect(ConnectionInfo(client_id=FEDERATION_CLIENT), now=0.0, federation=True)
         before = store.appended
         assert _acked(_push(engine, FEDERATION_CLIENT, "P/1", b"m1"), FEDERATION_CLIENT)
         assert store.appended > before  # the id is a write the acknowledge waits for
@@ -69,7 +72,7 @@ def test_a_federated_push_is_taken_once_also_after_a_restart(tmp_path: Path) -> 
     with LogStore(tmp_path) as log:  # a restart: the id comes back with the message
         engine = _engine(DurableStore(log))
         assert _waiting(engine) == 1
-        engine.connect(ConnectionInfo(client_id=FEDERATION_CLIENT), now=0.0)
+        engine.connect(ConnectionInfo(client_id=FEDERATION_CLIENT), now=0.0, federation=True)
         assert _acked(_push(engine, FEDERATION_CLIENT, "P/1", b"m1"), FEDERATION_CLIENT)
         assert _waiting(engine) == 1  # answered as done, not queued again
         assert _acked(_push(engine, FEDERATION_CLIENT, "P/2", b"m2"), FEDERATION_CLIENT)
@@ -81,7 +84,7 @@ def test_a_federated_push_with_cc_headers_is_taken_once(tmp_path: Path) -> None:
     with LogStore(tmp_path) as log:
         engine = _engine(DurableStore(log))
         engine.create_queue("orders", 2, PERSISTENT)
-        engine.connect(ConnectionInfo(client_id=FEDERATION_CLIENT), now=0.0)
+        engine.connect(ConnectionInfo(client_id=FEDERATION_CLIENT), now=0.0, federation=True)
         for _ in range(2):
             outs = _push(engine, FEDERATION_CLIENT, "P/1", b"m1", ("CC", "orders;2"))
             assert _acked(outs, FEDERATION_CLIENT)
@@ -94,7 +97,7 @@ def test_another_clients_fed_id_header_is_not_remembered(tmp_path: Path) -> None
     with LogStore(tmp_path) as log:
         engine = _engine(DurableStore(log))
         engine.connect(ConnectionInfo(client_id="impostor"), now=0.0)
-        engine.connect(ConnectionInfo(client_id=FEDERATION_CLIENT), now=0.0)
+        engine.connect(ConnectionInfo(client_id=FEDERATION_CLIENT), now=0.0, federation=True)
         assert _acked(_push(engine, "impostor", "P/1", b"fake"), "impostor")
         assert _acked(_push(engine, FEDERATION_CLIENT, "P/1", b"m1"), FEDERATION_CLIENT)
         assert _waiting(engine) == 2
@@ -104,7 +107,7 @@ def test_a_refused_federated_push_is_not_remembered(tmp_path: Path) -> None:
     """A push the queue refused (full) must be taken when it comes again."""
     with LogStore(tmp_path) as log:
         engine = _engine(DurableStore(log), limit=1)
-        engine.connect(ConnectionInfo(client_id=FEDERATION_CLIENT), now=0.0)
+        engine.connect(ConnectionInfo(client_id=FEDERATION_CLIENT), now=0.0, federation=True)
         assert _acked(_push(engine, FEDERATION_CLIENT, "P/1", b"m1"), FEDERATION_CLIENT)
         refused = _push(engine, FEDERATION_CLIENT, "P/2", b"m2")
         assert refused and not _acked(refused, FEDERATION_CLIENT)
@@ -132,3 +135,18 @@ def test_the_window_keeps_the_newest_ids_in_their_order(tmp_path: Path) -> None:
         ids = FederatedIds(DurableStore(log), window=3)
         ids.load()
         assert list(ids.ids) == ["P/3", "P/4", "P/5"]
+
+
+def test_the_federation_client_id_is_reserved_for_a_proven_connection(tmp_path: Path) -> None:
+    """Without the front door's proof nobody gets the federation's id (401, said why):
+    an impostor cannot pre-mark a federation id as seen; the proven client's push with
+    that id is then taken."""
+    with LogStore(tmp_path) as log:
+        engine = _engine(DurableStore(log))
+        with pytest.raises(ClientRejected, match="reserved") as refused:
+            engine.connect(ConnectionInfo(client_id=FEDERATION_CLIENT), now=0.0)
+        assert refused.value.code == ResultCode.UNAUTHORIZED
+        assert FEDERATION_CLIENT not in engine.clients
+        engine.connect(ConnectionInfo(client_id=FEDERATION_CLIENT), now=0.0, federation=True)
+        assert _acked(_push(engine, FEDERATION_CLIENT, "P/1", b"m1"), FEDERATION_CLIENT)
+        assert _waiting(engine) == 1

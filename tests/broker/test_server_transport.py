@@ -41,7 +41,7 @@ class ScriptedEngine:
         self.count = 0
 
     def connect(
-        self, info: ConnectionInfo, now: float, *, replace: bool = False
+        self, info: ConnectionInfo, now: float, *, replace: bool = False, federation: bool = False
     ) -> tuple[str, list[Any]]:
         if info.token == "bad":
             raise ClientRejected(ResultCode.UNAUTHORIZED, "token refused")
