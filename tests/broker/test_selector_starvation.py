@@ -277,3 +277,85 @@ def test_messages_set_aside_still_time_out(monkeypatch: pytest.MonkeyPatch) -> N
     anyone = kit.connect("anyone")
     kit.join(anyone, "ch")
     assert [m.payload for m in queue_messages(kit.take(anyone))] == [b"late"]
+
+
+def full_and_selecting(kit: Kit, rules: PerMessageRules) -> tuple[str, str, str, Counting]:
+    """Queue ``ch`` with a window of one delivery per consumer: ``full`` (no selector) and
+    ``picky`` (a counted selector taking ``kind = red``).  Returns (producer, full, picky,
+    picky's selector)."""
+    producer = kit.connect("producer")
+    kit.queue(producer, "ch", 1, status=QueueStatus.ROUND_ROBIN, request_acknowledge=True,
+              message_delivery_handler=PER_MESSAGE, prefetch=1)  # fmt: skip
+    full, picky = kit.connect("full"), kit.connect("picky")
+    kit.join(full, "ch")
+    kit.join(picky, "ch")
+    selector = Counting("red")
+    rules.set_selector("ch", picky, selector)  # type: ignore[arg-type]
+    return producer, full, picky, selector
+
+
+def test_a_full_consumer_and_a_selecting_one_with_room_cost_no_pass_over_per_drain(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The quadratic pass-over sel6 found: ``full`` (window full, no selector) takes the
+    head, ``picky`` has room and selects none of the waiting messages.  Each slot ``full``
+    frees costs a drain; that drain must not look at the waiting messages ``full`` will
+    take later again (before: up to ``LOOK_PAST_LIMIT`` selector calls each, O(n^2)
+    overall).  Order, counts and the selected ones behind are kept."""
+    monkeypatch.setattr(dispatch, "LOOK_PAST_LIMIT", 50)
+    handler = PerMessageDeliveryHandler(lambda: 1_700_000_000.0)
+    kit = Kit(handlers={PER_MESSAGE: handler})
+    producer, full, picky, selector = full_and_selecting(kit, handler.rules)
+    for i in range(400):
+        push(kit, producer, "blue", b"b%d" % i)
+    push(kit, producer, "red", b"r0")
+    settle(kit)  # the backlog is gone through a bounded step per tick
+    (red,) = queue_messages(kit.take(picky))
+    assert red.payload == b"r0"
+    kit.ack(picky, red)
+    got = queue_messages(kit.take(full))
+    assert [m.payload for m in got] == [b"b0"]
+    per_drain = []
+    for i in range(1, 400):
+        selector.calls = 0
+        kit.ack(full, got[0])  # one slot free: one drain
+        got = queue_messages(kit.take(full))
+        assert [m.payload for m in got] == [b"b%d" % i]
+        per_drain.append(selector.calls)
+        if i % 100 == 0:  # a selected one pushed now goes at once
+            push(kit, producer, "red", b"r%d" % i)
+            (red,) = queue_messages(kit.take(picky))
+            assert red.payload == b"r%d" % i
+            kit.ack(picky, red)
+    assert max(per_drain) <= 2, per_drain[:20]
+    kit.ack(full, got[0])
+    assert kit.info(producer, "ch", 1)["Messages"] == 0
+
+
+def test_each_slot_a_full_consumer_frees_costs_a_constant_number_of_selector_calls() -> None:
+    """Within the look-past limit (so the old drain delivered everything too), the cost:
+    200 waiting messages ``full`` takes one slot at a time, a red one every 100 for
+    ``picky``; before, every drain asked ``picky``'s selector about those waiting up to
+    the next red one again (~50 per drain, ~10,000 in all)."""
+    handler = PerMessageDeliveryHandler(lambda: 1_700_000_000.0)
+    kit = Kit(handlers={PER_MESSAGE: handler})
+    producer, full, picky, selector = full_and_selecting(kit, handler.rules)
+    for i in range(200):
+        push(kit, producer, "red" if i % 100 == 99 else "blue", b"%d" % i)
+    settle(kit)
+    selector.calls = 0
+    to_full: list[bytes] = []
+    to_picky: list[bytes] = []
+    while True:
+        got_full = queue_messages(kit.take(full))
+        got_picky = queue_messages(kit.take(picky))
+        if not (got_full or got_picky):
+            break
+        for name, got, into in ((full, got_full, to_full), (picky, got_picky, to_picky)):
+            for m in got:
+                into.append(m.payload)
+                kit.ack(name, m)
+    assert to_picky == [b"99", b"199"]
+    assert to_full == [b"%d" % i for i in range(200) if i % 100 != 99]
+    assert kit.info(producer, "ch", 1)["Messages"] == 0
+    assert selector.calls <= 2 * 200, selector.calls  # before: ~10,000

@@ -33,6 +33,18 @@ does the dispatcher when the consumers or what they select change.  A message pu
 "at the start" while others are set aside waits behind them (before every message the
 drains have not looked past yet).  In a queue that pages, at most :attr:`window`
 messages per priority are set aside (the rest of the memory bound).
+
+Waiting for room.  A message looked past that some consumer selects, but none with room
+may take now (the one that selects it is full, out of credit, or its group is held
+elsewhere), is set aside too, marked as *waiting* (:class:`Aside`): the next drains
+offer the waiting ones to the consumers with room first (``Dispatcher.drain``), each
+consumer from its own *cursor*: the point before which every waiting message is one it
+does not select (taken, or for others).  A consumer's cursor only moves past what it
+does not select, so a message it may take later is never skipped; since what a consumer
+selects changes only with :meth:`HandlerHooks.selection`, the cursors stay right until
+the consumers or the selection change (then everything set aside is restored).  So a
+full consumer that takes the head one slot at a time costs each drain the messages it
+takes, not a look at the same waiting ones again (the quadratic pass-over sel6 found).
 """
 
 from __future__ import annotations
@@ -124,6 +136,104 @@ class PagedTail:
         return dropped
 
 
+class Aside:
+    """The messages of one priority set aside by drains, oldest first (see the module
+    docstring).  Slots of messages taken out are None until the front is trimmed;
+    positions are absolute (``base`` is the position of ``items[0]``), so the consumers'
+    cursors stay valid across a trim.  ``waits[i]`` is 1 for a message some consumer
+    selects (waiting for room), 0 for one nobody selects."""
+
+    __slots__ = ("base", "cursors", "head", "items", "live", "waiting", "waits")
+
+    def __init__(self) -> None:
+        self.items: list[QueueMessage | None] = []
+        self.waits = bytearray()
+        self.base = 0
+        self.head = 0  # items[:head] are all None
+        self.live = 0
+        self.waiting = 0  # live ones marked waiting
+        #: consumer id -> position before which nothing waits that it selects
+        self.cursors: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return self.live
+
+    def __iter__(self) -> Iterator[QueueMessage]:
+        items = self.items
+        for i in range(self.head, len(items)):
+            m = items[i]
+            if m is not None:
+                yield m
+
+    @property
+    def start(self) -> int:
+        """The position of the first slot that may hold a message."""
+        return self.base + self.head
+
+    @property
+    def end(self) -> int:
+        """The position after the last slot."""
+        return self.base + len(self.items)
+
+    def add(self, m: QueueMessage, waits: bool) -> None:
+        self.items.append(m)
+        self.waits.append(1 if waits else 0)
+        self.live += 1
+        if waits:
+            self.waiting += 1
+
+    def at(self, pos: int) -> tuple[QueueMessage | None, bool]:
+        """The message at ``pos`` (None: taken) and whether it waits for room."""
+        i = pos - self.base
+        return self.items[i], bool(self.waits[i])
+
+    def take(self, pos: int) -> QueueMessage | None:
+        """Empty the slot at ``pos``; returns what it held."""
+        i = pos - self.base
+        m = self.items[i]
+        if m is not None:
+            self.items[i] = None
+            self.live -= 1
+            if self.waits[i]:
+                self.waiting -= 1
+        return m
+
+    def put(self, pos: int, m: QueueMessage) -> None:
+        """Undo :meth:`take` (the slot is still empty)."""
+        i = pos - self.base
+        self.items[i] = m
+        self.live += 1
+        if self.waits[i]:
+            self.waiting += 1
+
+    def trim(self) -> None:
+        """Forget the empty slots at the front (cut the list once they are many)."""
+        items = self.items
+        head = self.head
+        while head < len(items) and items[head] is None:
+            head += 1
+        if head == len(items):
+            self.base += head
+            items.clear()
+            self.waits.clear()
+            head = 0
+        elif head >= _TRIM_AT and head * 2 >= len(items):
+            del items[:head]
+            del self.waits[:head]
+            self.base += head
+            head = 0
+        self.head = head
+
+    def clear(self) -> list[QueueMessage]:
+        """Empty it; returns its messages, oldest first."""
+        taken = list(self)
+        self.items.clear()
+        self.waits.clear()
+        self.cursors.clear()
+        self.base = self.head = self.live = self.waiting = 0
+        return taken
+
+
 #: The loader a paging queue gives its order: numbers -> the messages read back (one
 #: that cannot be read is left out, reported by the loader).
 PageIn = Callable[[list[int]], dict[int, QueueMessage]]
@@ -161,9 +271,9 @@ class MessageOrder:
         #: Put back at the start, not yet in a deque (oldest first).
         self.front: list[QueueMessage] = []
         #: Set aside by drains, ahead of their deques (see the module docstring); an
-        #: empty tuple until a drain sets one aside (an empty deque costs 600+ octets).
-        self.aside_priority: deque[QueueMessage] | tuple[()] = ()
-        self.aside_regular: deque[QueueMessage] | tuple[()] = ()
+        #: empty tuple until a drain sets one aside (queues without selectors pay nothing).
+        self.aside_priority: Aside | tuple[()] = ()
+        self.aside_regular: Aside | tuple[()] = ()
 
     @property
     def count(self) -> int:
@@ -356,17 +466,40 @@ class MessageOrder:
             return True
         return len(self.aside_priority if m.high_priority else self.aside_regular) < self.window
 
-    def set_aside(self, m: QueueMessage) -> None:
-        """``m``, just taken by :meth:`next_fresh`, waits set aside (still QUEUED)."""
+    def set_aside(self, m: QueueMessage, waits: bool = False) -> None:
+        """``m``, just taken by :meth:`next_fresh`, waits set aside (still QUEUED);
+        ``waits``: some consumer selects it (it waits for room)."""
         if m.high_priority:
-            if not isinstance(self.aside_priority, deque):
-                self.aside_priority = deque()
-            self.aside_priority.append(m)
+            if not isinstance(self.aside_priority, Aside):
+                self.aside_priority = Aside()
+            self.aside_priority.add(m, waits)
             self.n_priority += 1
         else:
-            if not isinstance(self.aside_regular, deque):
-                self.aside_regular = deque()
-            self.aside_regular.append(m)
+            if not isinstance(self.aside_regular, Aside):
+                self.aside_regular = Aside()
+            self.aside_regular.add(m, waits)
+            self.n_regular += 1
+
+    def take_aside(self, aside: Aside, pos: int) -> QueueMessage | None:
+        """Take the message set aside at ``pos`` out of the queue (as :meth:`next_fresh`
+        would); None if the slot is empty."""
+        m = aside.take(pos)
+        if m is not None:
+            self.uncount(m)
+        return m
+
+    def return_aside(self, aside: Aside, pos: int, m: QueueMessage) -> None:
+        """Undo :meth:`take_aside` after a send that put ``m`` back at the front of its
+        deque (``Dispatcher.send`` found nobody to take it)."""
+        dq = self.priority if m.high_priority else self.regular
+        if not dq or dq[0] is not m:
+            return  # (not put back at the front: it stays wherever it went)
+        dq.popleft()
+        self.uncount(m)
+        aside.put(pos, m)
+        if m.high_priority:
+            self.n_priority += 1
+        else:
             self.n_regular += 1
 
     def restore_aside(self) -> None:
@@ -375,10 +508,10 @@ class MessageOrder:
             (self.aside_priority, self.priority),
             (self.aside_regular, self.regular),
         ):
-            if isinstance(aside, deque) and aside:
-                aside.reverse()
-                dq.extendleft(aside)
-                aside.clear()
+            if isinstance(aside, Aside) and aside.items:
+                taken = aside.clear()
+                taken.reverse()
+                dq.extendleft(taken)
 
     def flush_front(self) -> None:
         """Move the messages put back at the start into their deques."""
