@@ -216,16 +216,20 @@ def test_purge_and_release_count_what_was_set_aside(monkeypatch: pytest.MonkeyPa
 
 def test_a_persistent_queue_restarts_with_every_message_set_aside(tmp_path: Path) -> None:
     """Saved messages set aside are in the store as any waiting one: a restart (with a
-    small paged window) brings them all back in order; the selected one was delivered."""
-    config = BrokerConfig(wall_clock=lambda: 1_700_000_000.0, limits=Limits(paged_window=4))
+    small paged window) brings them all back in order; the selected one was delivered.
+    (Before the restart the window holds them all: a paging queue sets aside at most its
+    window, see ``test_a_paging_queue_sets_aside_at_most_its_window``.)"""
 
-    def kit_on(log: LogStore) -> tuple[Kit, PerMessageRules]:
+    def kit_on(log: LogStore, window: int = 4) -> tuple[Kit, PerMessageRules]:
+        config = BrokerConfig(
+            wall_clock=lambda: 1_700_000_000.0, limits=Limits(paged_window=window)
+        )
         handler = PerMessageDeliveryHandler(lambda: 1_700_000_000.0)
         kit = Kit(store=DurableStore(log), handlers={PER_MESSAGE: handler}, config=config)
         return kit, handler.rules
 
     with LogStore(tmp_path) as log:
-        kit, rules, producer, (a,) = setup(on=kit_on(log))
+        kit, rules, producer, (a,) = setup(on=kit_on(log, 5000))
         rules.set_selector("ch", a, Counting("a"))  # type: ignore[arg-type]
         for i in range(2500):
             kit.push(

@@ -190,6 +190,9 @@ class AckTracker:
             if m.state == QUEUED:
                 q.messages.uncount(m)
                 self.expire(m, out)
+        paged = q.messages.paged_deadline()
+        if paged is not None and paged <= now:
+            q.expire_paged(now, out)
         q.drain(now, out)
         self.schedule()
 
@@ -201,6 +204,9 @@ class AckTracker:
             when = min(when, next(iter(self.pending.values())).deadline)
         if self.expiry:
             when = min(when, self.expiry[0][0])
+        paged = self.q.messages.paged_deadline()  # (paged out: their deadlines kept apart)
+        if paged is not None:
+            when = min(when, paged)
         return None if when == _INF else when
 
     def schedule(self) -> None:
