@@ -147,7 +147,7 @@ def test_unselected_messages_set_aside_come_back_in_order_with_priorities(
         for f in frames:
             got.append(f.payload)
             kit.ack(anyone, f)
-    assert got == expected
+    assert got == expected, repr(got)
     assert kit.info(producer, "ch", 1)["Messages"] == 0
 
 
@@ -363,3 +363,63 @@ def test_each_slot_a_full_consumer_frees_costs_a_constant_number_of_selector_cal
     assert to_full == [b"%d" % i for i in range(200) if i % 100 != 99]
     assert kit.info(producer, "ch", 1)["Messages"] == 0
     assert selector.calls <= 2 * 200, selector.calls  # before: ~10,000
+
+
+def test_messages_waiting_for_room_keep_order_priorities_counts_and_browse(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Messages set aside as waiting for room (``full`` selects them, has no room) are
+    counted, browsable in sequence order and purge-able; a consumer joining restores
+    them: a plain consumer then gets them high priority first, each in order."""
+    monkeypatch.setattr(dispatch, "LOOK_PAST_LIMIT", 5)
+    handler = PerMessageDeliveryHandler(lambda: 1_700_000_000.0)
+    kit = Kit(handlers={PER_MESSAGE: handler})
+    producer, full, picky, _ = full_and_selecting(kit, handler.rules)
+    sent = []
+    for i in range(30):
+        high = i % 4 == 1
+        push(kit, producer, "blue", b"b%d" % i, high=high)
+        sent.append((high, b"b%d" % i))
+    settle(kit)
+    q = kit.engine.channels["ch"].queues[1]
+    aside = q.messages.aside_regular
+    assert aside and aside.waiting  # (the test is about messages waiting for room)
+    (first,) = queue_messages(kit.take(full))
+    assert first.payload == b"b0"
+    info = kit.info(producer, "ch", 1)
+    assert (info["Messages"], info["PriorityMessages"]) == (21, 8)  # (regular, high)
+    assert [s for s, _ in reading.browse(q, FROM_FIRST, 100)] == list(range(1, 31))
+    kit.ack(full, first)  # full takes the oldest high-priority one next
+    (second,) = queue_messages(kit.take(full))
+    assert second.payload == b"b1"
+    kit.disconnect(full)  # consumers change: everything set aside is looked at again
+    kit.disconnect(picky)
+    anyone = kit.connect("anyone")
+    kit.join(anyone, "ch")
+    got = []  # (b1, given back by full's leaving, comes again)
+    while frames := queue_messages(kit.take(anyone)):
+        for f in frames:
+            got.append(f.payload)
+            kit.ack(anyone, f)
+    rest = sent[2:]
+    # b1, put back at the start while others were set aside, waits behind them (the
+    # rule of "Set aside": before every message no drain looked past yet)
+    expected = [p for h, p in rest if h] + [b"b1"] + [p for h, p in rest if not h]
+    assert got == expected, repr(got)
+    assert kit.info(producer, "ch", 1)["Messages"] == 0
+
+
+def test_purge_reaches_messages_waiting_for_room(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dispatch, "LOOK_PAST_LIMIT", 5)
+    handler = PerMessageDeliveryHandler(lambda: 1_700_000_000.0)
+    kit = Kit(handlers={PER_MESSAGE: handler})
+    producer, _full, picky, _ = full_and_selecting(kit, handler.rules)
+    for i in range(20):
+        push(kit, producer, "blue", b"b%d" % i)
+    settle(kit)
+    q = kit.engine.channels["ch"].queues[1]
+    assert q.messages.aside_regular and q.message_count == 19
+    kit.ok(producer, Operation.QUEUE_PURGE, "ch", headers=((Header.QUEUE_ID, "1"),))
+    assert q.message_count == 0 and not q.messages.aside_regular
+    push(kit, producer, "red", b"r")
+    assert [m.payload for m in queue_messages(kit.take(picky))] == [b"r"]

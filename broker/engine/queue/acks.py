@@ -12,6 +12,7 @@ the queue asks its host (the engine) to wake it at its next deadline.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from collections import OrderedDict, deque
 from typing import TYPE_CHECKING, Any
 
@@ -223,10 +224,14 @@ class AckTracker:
         """Start the message's MessageTimeout (if the queue has one)."""
         timeout = self.q.options.message_timeout
         if timeout:
-            m.deadline = now + timeout / 1000.0
-            self.expiry.append((m.deadline, m))
-            if self.wake_at is None:
-                self.arm(m.deadline)
+            m.deadline = deadline = now + timeout / 1000.0
+            expiry = self.expiry
+            if expiry and expiry[-1][0] > deadline:  # (the timeout was shortened: in order)
+                expiry.insert(bisect_right(expiry, deadline, key=_first), (deadline, m))
+            else:
+                expiry.append((deadline, m))
+            if self.wake_at is None or deadline < self.wake_at:
+                self.arm(deadline)
 
     def restore_deadlines(self, pairs: list[tuple[float, QueueMessage]]) -> None:
         """Recovered messages keep their deadlines: each one set, the expiry kept in

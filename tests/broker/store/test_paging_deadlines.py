@@ -14,7 +14,7 @@ from broker.engine.limits import Limits
 from broker.engine.options import BrokerConfig
 from broker.engine.per_message import PER_MESSAGE
 from broker.engine.queue.queue import Queue
-from broker.protocol import MessageType, QueueStatus
+from broker.protocol import Header, MessageType, Operation, QueueStatus
 from broker.store.durable import DurableStore
 from broker.store.log import LogStore
 
@@ -190,3 +190,76 @@ def test_a_per_message_queue_pages_and_a_selecting_consumer_gets_paged_messages(
                 rest.append(f.payload)
                 kit.ack(anyone, f)
         assert rest == [b"z%d" % i for i in range(60) if i % 3]
+
+
+def test_a_shorter_timeout_behind_paged_ones_is_held_and_still_expires_first(
+    tmp_path: Path,
+) -> None:
+    """The adversary of the ordered deadline column: the MessageTimeout shortened while
+    messages are paged out.  Those pushed after it would be due before the ones paged
+    ahead of them: they are held in memory (with their timer) and expire at their own
+    time, the paged ones at theirs; the trash gets each once."""
+    with LogStore(tmp_path) as log:
+        kit = _kit(log)
+        producer = _timeout_queue(kit, 10_000)
+        _push(kit, producer, 1, 20)
+        reply = kit.update(producer, "orders", 1, MessageTimeout=1000)
+        assert reply.message_type == MessageType.ACK or reply is not None
+        _push(kit, producer, 21, 30)
+        q = _queue(kit)
+        assert len(q.messages.paged_regular.held) == 10  # 21-30: held, not paged
+        kit.advance(1.5)
+        assert q.message_count == 20 and q.timeouts == 10
+        assert list(q.trash.entries) == list(range(21, 31))
+        kit.advance(9.0)
+        assert q.message_count == 0 and q.timeouts == 30
+        assert sorted(q.trash.entries) == list(range(1, 31))
+
+
+def test_purge_and_release_reach_paged_messages_with_deadlines(tmp_path: Path) -> None:
+    """Numbers taken from the middle keep the deadline column beside them: a release of
+    the oldest 15 and then a purge leave nothing to expire later; new ones still page
+    and expire."""
+    from broker.engine.queue import reading
+
+    with LogStore(tmp_path) as log:
+        kit = _kit(log)
+        producer = _timeout_queue(kit)
+        _push(kit, producer, 1, 30)
+        q = _queue(kit)
+        out: list[object] = []
+        assert reading.release(q, 15, out) == 15  # type: ignore[arg-type]
+        assert q.message_count == 15
+        tail = q.messages.paged_regular
+        assert tail.deadlines is not None and len(tail.deadlines) == len(tail.seqs)
+        kit.ok(producer, Operation.QUEUE_PURGE, "orders", headers=((Header.QUEUE_ID, "1"),))
+        assert q.message_count == 0
+        kit.advance(6.0)
+        assert q.message_count == 0 and q.timeouts == 0 and len(q.trash) == 0
+        _push(kit, producer, 31, 40)
+        assert q.message_count == 10
+        kit.advance(6.0)
+        assert q.message_count == 0 and q.timeouts == 10
+        assert list(q.trash.entries) == list(range(31, 41))
+
+
+def test_a_shortened_timeout_expires_at_its_time_in_memory_too() -> None:
+    """(Found by the test above, without paging.)  The timers were kept in push order
+    and the wake-up only armed when none was: messages pushed after MessageTimeout was
+    shortened waited for the older, later deadlines before expiring."""
+    kit = Kit()
+    producer = kit.connect("producer")
+    kit.queue(producer, "orders", 1, message_timeout=10_000)
+    for i in range(5):
+        kit.push(producer, "orders", 1, b"long%d" % i)
+    kit.update(producer, "orders", 1, MessageTimeout=1000)
+    for i in range(5):
+        kit.push(producer, "orders", 1, b"short%d" % i)
+    q = _queue(kit)
+    kit.advance(1.5)
+    assert q.message_count == 5 and q.timeouts == 5
+    assert [t.message.payload for t in q.trash.entries.values()] == [
+        b"short%d" % i for i in range(5)
+    ]
+    kit.advance(9.0)
+    assert q.message_count == 0 and q.timeouts == 10
