@@ -15,7 +15,9 @@ behind them, messages wait as bare sequence numbers in a :class:`PagedTail` (8 o
 each; the store's own index holds the rest), and are read back from the store, a batch
 of :data:`PAGE_IN_BATCH` at a time, when the deque runs dry (:attr:`MessageOrder.page_in`,
 given by the queue).  Only a message the store holds as it stands is paged out: saved,
-never sent, no producer waiting for it, no deadline of its own.  Any other message that
+never sent, no producer waiting for it; a deadline (MessageTimeout) is kept beside its
+number (:class:`PagedTail`, "Deadlines") and a paged message whose time comes expires
+from the tail's front (:meth:`MessageOrder.paged_due`).  Any other message that
 must queue behind paged ones waits in the tail's ``held`` map under its number, so that
 the order stays as it was.  A paged message that cannot be read back is reported by the
 loader and leaves the counts; the rest come in order.

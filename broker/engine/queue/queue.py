@@ -650,8 +650,9 @@ class Queue:
         """:meth:`restore_all` for a queue that pages (``messages``: "Paging"): from the
         store's index (``Store.index``), the first :attr:`MessageOrder.window` messages
         per priority read back whole (:data:`_READ_BATCH` at a time), the rest left in
-        the store as their numbers -- except one with a deadline, read and held (its
-        clock runs while it waits).  The ids of the newest ``DuplicateWindow`` messages
+        the store as their numbers, each with its deadline (its clock runs while it
+        waits) -- except one due before the number paged ahead of it, read and held
+        (``PagedTail``: "Deadlines").  The ids of the newest ``DuplicateWindow`` messages
         are remembered (read back for those paged).  Returns how many."""
         order = self.messages
         window = order.window
