@@ -12,6 +12,10 @@ producer, no consumer, 100-byte payloads, ids as the Python client makes them:
 3. recovery: a fresh process opens that store and ``Engine.recover`` rebuilds the queue:
    wall and CPU seconds and RSS per message, extrapolated to 1 million messages.
 
+``--message-timeout MS`` gives the persistent queue a MessageTimeout (that long: nothing
+expires while measured): its messages page out with their deadlines kept beside their
+numbers (8 octets more each) instead of being held in memory with a timer each.
+
 ``--only persistent --messages 10000000`` is the issue's 10-million run (about 2 GB of
 log; ``--dir`` puts it elsewhere than the temp directory).  ``--serve`` runs it through a
 real ``broker serve`` process instead: ``--producers`` client processes fill the queue
@@ -71,13 +75,15 @@ def _engine(data: str | None, count: int) -> tuple[Any, Any]:
     return engine, store
 
 
-def fill(data: str | None, count: int) -> dict[str, float]:
+def fill(data: str | None, count: int, timeout_ms: int = 0) -> dict[str, float]:
     from broker import tmqp
     from broker.protocol import ConnectionInfo, MessageType
 
     engine, store = _engine(data, count)
     cid, _ = engine.connect(ConnectionInfo(client_id="producer-0001"), 0.0)
-    options = {"MessageDeliveryHandler": "persistent"} if data is not None else {}
+    options: dict[str, Any] = {"MessageDeliveryHandler": "persistent"} if data else {}
+    if options and timeout_ms:
+        options["MessageTimeout"] = timeout_ms
     payload = b"x" * SIZE
     queue_type = int(MessageType.QUEUE)
 
@@ -267,9 +273,11 @@ def serve_run(root: str, count: int, producers: int, window: int, durability: st
         print(f"{name:<44} {value:>14}  {note}")
 
 
-def _child(kind: str, data: str, count: int) -> dict[str, float]:
+def _child(kind: str, data: str, count: int, timeout_ms: int = 0) -> dict[str, float]:
+    command = [sys.executable, __file__, "--child", kind, "--data", data]
+    command += ["--messages", str(count), "--message-timeout", str(timeout_ms)]
     done = subprocess.run(
-        [sys.executable, __file__, "--child", kind, "--data", data, "--messages", str(count)],
+        command,
         capture_output=True,
         text=True,
         check=True,
@@ -283,6 +291,8 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--child", choices=("memory", "persistent", "recover"))
     parser.add_argument("--data")
+    parser.add_argument("--message-timeout", type=int, default=0,
+                        help="MessageTimeout (ms) of the persistent queue")  # fmt: skip
     parser.add_argument("--only", choices=("memory", "persistent"),
                         help="only this queue kind (persistent: with its recovery)")  # fmt: skip
     parser.add_argument("--dir", help="where the persistent queue's log goes (default: tmp)")
@@ -302,13 +312,14 @@ def main() -> None:
         if args.child == "recover":
             print(json.dumps(recover(args.data, args.messages)))
         else:
-            print(json.dumps(fill(data, args.messages)))
+            print(json.dumps(fill(data, args.messages, args.message_timeout)))
         return
     n = args.messages
     with tempfile.TemporaryDirectory(prefix="bench-memory-", dir=args.dir) as tmp:
         data = str(Path(tmp) / "store")
         mem = _child("memory", data, n) if args.only != "persistent" else None
-        per = _child("persistent", data, n) if args.only != "memory" else None
+        timeout = args.message_timeout
+        per = _child("persistent", data, n, timeout) if args.only != "memory" else None
         rec = _child("recover", data, n) if per is not None else None
     print(f"\n{'100-byte messages, one queue':<44} {'messages':>10} {'B/msg':>7}  extrapolated")
     print("-" * 100)

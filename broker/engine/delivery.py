@@ -75,6 +75,13 @@ class DeliveryHandler:
     hook is counted as a queue error and :meth:`exception_thrown` decides what follows.
     """
 
+    #: Do the hooks only read what a message read back from the store has too (its
+    #: sequence number, id, headers, payload), keeping no message object between calls?
+    #: Then a queue on a store that pages (``broker.engine.queue.messages``: "Paging")
+    #: pages its saved waiting messages out although this handler overrides the hooks
+    #: that see them while they wait or are sent.  False: such a queue keeps them all.
+    pages_safely = False
+
     def received_from_producer(
         self, queue: Queue, message: QueueMessage, sender: Client | None
     ) -> Decision:
@@ -201,6 +208,9 @@ class PerMessageDeliveryHandler(DefaultDeliveryHandler):
     ``persistent: true`` saves a message (a queue without acknowledges then confirms its
     producer once saved), an ``expires`` time come drops it when its queue reaches it, and
     groups, exclusive consumers and owned channels choose who may receive it."""
+
+    #: The rules read headers, numbers and ids, and key what they keep by id.
+    pages_safely = True
 
     def __init__(self, wall_clock: Callable[[], float]) -> None:
         self.rules = PerMessageRules(wall_clock)

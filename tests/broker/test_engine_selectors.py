@@ -41,10 +41,11 @@ def test_each_consumer_gets_what_it_selects_and_the_rest_waits_without_blocking(
 def test_a_drain_looks_past_at_most_the_limit_of_what_a_full_consumer_selects(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Messages a consumer selects but has no room for are passed over (not set aside:
-    its room comes back), at most ``LOOK_PAST_LIMIT`` per drain; a message behind more
-    of them waits until that consumer takes some (messages nobody selects at all are set
-    aside instead: ``tests/broker/test_selector_starvation.py``)."""
+    """Messages a consumer selects but may not take (here: out of credit) are set aside
+    as waiting for room and offered to it first in each drain; the looks at those it
+    still may not take count against ``LOOK_PAST_LIMIT`` per drain, so a message behind
+    more of them waits until that consumer takes some (messages nobody selects at all
+    cost nothing once set aside: ``tests/broker/test_selector_starvation.py``)."""
     monkeypatch.setattr(dispatch, "LOOK_PAST_LIMIT", 3)
     kit, rules, producer, (a, b) = setup()
     rules.set_selector("ch", a, kind_is("a"))  # type: ignore[arg-type]

@@ -147,7 +147,7 @@ def test_unselected_messages_set_aside_come_back_in_order_with_priorities(
         for f in frames:
             got.append(f.payload)
             kit.ack(anyone, f)
-    assert got == expected
+    assert got == expected, repr(got)
     assert kit.info(producer, "ch", 1)["Messages"] == 0
 
 
@@ -216,16 +216,20 @@ def test_purge_and_release_count_what_was_set_aside(monkeypatch: pytest.MonkeyPa
 
 def test_a_persistent_queue_restarts_with_every_message_set_aside(tmp_path: Path) -> None:
     """Saved messages set aside are in the store as any waiting one: a restart (with a
-    small paged window) brings them all back in order; the selected one was delivered."""
-    config = BrokerConfig(wall_clock=lambda: 1_700_000_000.0, limits=Limits(paged_window=4))
+    small paged window) brings them all back in order; the selected one was delivered.
+    (Before the restart the window holds them all: a paging queue sets aside at most its
+    window, see ``test_a_paging_queue_sets_aside_at_most_its_window``.)"""
 
-    def kit_on(log: LogStore) -> tuple[Kit, PerMessageRules]:
+    def kit_on(log: LogStore, window: int = 4) -> tuple[Kit, PerMessageRules]:
+        config = BrokerConfig(
+            wall_clock=lambda: 1_700_000_000.0, limits=Limits(paged_window=window)
+        )
         handler = PerMessageDeliveryHandler(lambda: 1_700_000_000.0)
         kit = Kit(store=DurableStore(log), handlers={PER_MESSAGE: handler}, config=config)
         return kit, handler.rules
 
     with LogStore(tmp_path) as log:
-        kit, rules, producer, (a,) = setup(on=kit_on(log))
+        kit, rules, producer, (a,) = setup(on=kit_on(log, 5000))
         rules.set_selector("ch", a, Counting("a"))  # type: ignore[arg-type]
         for i in range(2500):
             kit.push(
@@ -277,3 +281,145 @@ def test_messages_set_aside_still_time_out(monkeypatch: pytest.MonkeyPatch) -> N
     anyone = kit.connect("anyone")
     kit.join(anyone, "ch")
     assert [m.payload for m in queue_messages(kit.take(anyone))] == [b"late"]
+
+
+def full_and_selecting(kit: Kit, rules: PerMessageRules) -> tuple[str, str, str, Counting]:
+    """Queue ``ch`` with a window of one delivery per consumer: ``full`` (no selector) and
+    ``picky`` (a counted selector taking ``kind = red``).  Returns (producer, full, picky,
+    picky's selector)."""
+    producer = kit.connect("producer")
+    kit.queue(producer, "ch", 1, status=QueueStatus.ROUND_ROBIN, request_acknowledge=True,
+              message_delivery_handler=PER_MESSAGE, prefetch=1)  # fmt: skip
+    full, picky = kit.connect("full"), kit.connect("picky")
+    kit.join(full, "ch")
+    kit.join(picky, "ch")
+    selector = Counting("red")
+    rules.set_selector("ch", picky, selector)  # type: ignore[arg-type]
+    return producer, full, picky, selector
+
+
+def test_a_full_consumer_and_a_selecting_one_with_room_cost_no_pass_over_per_drain(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The quadratic pass-over sel6 found: ``full`` (window full, no selector) takes the
+    head, ``picky`` has room and selects none of the waiting messages.  Each slot ``full``
+    frees costs a drain; that drain must not look at the waiting messages ``full`` will
+    take later again (before: up to ``LOOK_PAST_LIMIT`` selector calls each, O(n^2)
+    overall).  Order, counts and the selected ones behind are kept."""
+    monkeypatch.setattr(dispatch, "LOOK_PAST_LIMIT", 50)
+    handler = PerMessageDeliveryHandler(lambda: 1_700_000_000.0)
+    kit = Kit(handlers={PER_MESSAGE: handler})
+    producer, full, picky, selector = full_and_selecting(kit, handler.rules)
+    for i in range(400):
+        push(kit, producer, "blue", b"b%d" % i)
+    push(kit, producer, "red", b"r0")
+    settle(kit)  # the backlog is gone through a bounded step per tick
+    (red,) = queue_messages(kit.take(picky))
+    assert red.payload == b"r0"
+    kit.ack(picky, red)
+    got = queue_messages(kit.take(full))
+    assert [m.payload for m in got] == [b"b0"]
+    per_drain = []
+    for i in range(1, 400):
+        selector.calls = 0
+        kit.ack(full, got[0])  # one slot free: one drain
+        got = queue_messages(kit.take(full))
+        assert [m.payload for m in got] == [b"b%d" % i]
+        per_drain.append(selector.calls)
+        if i % 100 == 0:  # a selected one pushed now goes at once
+            push(kit, producer, "red", b"r%d" % i)
+            (red,) = queue_messages(kit.take(picky))
+            assert red.payload == b"r%d" % i
+            kit.ack(picky, red)
+    assert max(per_drain) <= 2, per_drain[:20]
+    kit.ack(full, got[0])
+    assert kit.info(producer, "ch", 1)["Messages"] == 0
+
+
+def test_each_slot_a_full_consumer_frees_costs_a_constant_number_of_selector_calls() -> None:
+    """Within the look-past limit (so the old drain delivered everything too), the cost:
+    200 waiting messages ``full`` takes one slot at a time, a red one every 100 for
+    ``picky``; before, every drain asked ``picky``'s selector about those waiting up to
+    the next red one again (~50 per drain, ~10,000 in all)."""
+    handler = PerMessageDeliveryHandler(lambda: 1_700_000_000.0)
+    kit = Kit(handlers={PER_MESSAGE: handler})
+    producer, full, picky, selector = full_and_selecting(kit, handler.rules)
+    for i in range(200):
+        push(kit, producer, "red" if i % 100 == 99 else "blue", b"%d" % i)
+    settle(kit)
+    selector.calls = 0
+    to_full: list[bytes] = []
+    to_picky: list[bytes] = []
+    while True:
+        got_full = queue_messages(kit.take(full))
+        got_picky = queue_messages(kit.take(picky))
+        if not (got_full or got_picky):
+            break
+        for name, got, into in ((full, got_full, to_full), (picky, got_picky, to_picky)):
+            for m in got:
+                into.append(m.payload)
+                kit.ack(name, m)
+    assert to_picky == [b"99", b"199"]
+    assert to_full == [b"%d" % i for i in range(200) if i % 100 != 99]
+    assert kit.info(producer, "ch", 1)["Messages"] == 0
+    assert selector.calls <= 2 * 200, selector.calls  # before: ~10,000
+
+
+def test_messages_waiting_for_room_keep_order_priorities_counts_and_browse(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Messages set aside as waiting for room (``full`` selects them, has no room) are
+    counted, browsable in sequence order and purge-able; a consumer joining restores
+    them: a plain consumer then gets them high priority first, each in order."""
+    monkeypatch.setattr(dispatch, "LOOK_PAST_LIMIT", 5)
+    handler = PerMessageDeliveryHandler(lambda: 1_700_000_000.0)
+    kit = Kit(handlers={PER_MESSAGE: handler})
+    producer, full, picky, _ = full_and_selecting(kit, handler.rules)
+    sent = []
+    for i in range(30):
+        high = i % 4 == 1
+        push(kit, producer, "blue", b"b%d" % i, high=high)
+        sent.append((high, b"b%d" % i))
+    settle(kit)
+    q = kit.engine.channels["ch"].queues[1]
+    aside = q.messages.aside_regular
+    assert aside and aside.waiting  # (the test is about messages waiting for room)
+    (first,) = queue_messages(kit.take(full))
+    assert first.payload == b"b0"
+    info = kit.info(producer, "ch", 1)
+    assert (info["Messages"], info["PriorityMessages"]) == (21, 8)  # (regular, high)
+    assert [s for s, _ in reading.browse(q, FROM_FIRST, 100)] == list(range(1, 31))
+    kit.ack(full, first)  # full takes the oldest high-priority one next
+    (second,) = queue_messages(kit.take(full))
+    assert second.payload == b"b1"
+    kit.disconnect(full)  # consumers change: everything set aside is looked at again
+    kit.disconnect(picky)
+    anyone = kit.connect("anyone")
+    kit.join(anyone, "ch")
+    got = []  # (b1, given back by full's leaving, comes again)
+    while frames := queue_messages(kit.take(anyone)):
+        for f in frames:
+            got.append(f.payload)
+            kit.ack(anyone, f)
+    rest = sent[2:]
+    # b1, put back at the start while others were set aside, waits behind them (the
+    # rule of "Set aside": before every message no drain looked past yet)
+    expected = [p for h, p in rest if h] + [b"b1"] + [p for h, p in rest if not h]
+    assert got == expected, repr(got)
+    assert kit.info(producer, "ch", 1)["Messages"] == 0
+
+
+def test_purge_reaches_messages_waiting_for_room(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dispatch, "LOOK_PAST_LIMIT", 5)
+    handler = PerMessageDeliveryHandler(lambda: 1_700_000_000.0)
+    kit = Kit(handlers={PER_MESSAGE: handler})
+    producer, _full, picky, _ = full_and_selecting(kit, handler.rules)
+    for i in range(20):
+        push(kit, producer, "blue", b"b%d" % i)
+    settle(kit)
+    q = kit.engine.channels["ch"].queues[1]
+    assert q.messages.aside_regular and q.message_count == 19
+    kit.ok(producer, Operation.QUEUE_PURGE, "ch", headers=((Header.QUEUE_ID, "1"),))
+    assert q.message_count == 0 and not q.messages.aside_regular
+    push(kit, producer, "red", b"r")
+    assert [m.payload for m in queue_messages(kit.take(picky))] == [b"r"]

@@ -12,6 +12,7 @@ the queue asks its host (the engine) to wake it at its next deadline.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from collections import OrderedDict, deque
 from typing import TYPE_CHECKING, Any
 
@@ -190,6 +191,9 @@ class AckTracker:
             if m.state == QUEUED:
                 q.messages.uncount(m)
                 self.expire(m, out)
+        paged = q.messages.paged_deadline()
+        if paged is not None and paged <= now:
+            q.expire_paged(now, out)
         q.drain(now, out)
         self.schedule()
 
@@ -201,6 +205,9 @@ class AckTracker:
             when = min(when, next(iter(self.pending.values())).deadline)
         if self.expiry:
             when = min(when, self.expiry[0][0])
+        paged = self.q.messages.paged_deadline()  # (paged out: their deadlines kept apart)
+        if paged is not None:
+            when = min(when, paged)
         return None if when == _INF else when
 
     def schedule(self) -> None:
@@ -217,10 +224,14 @@ class AckTracker:
         """Start the message's MessageTimeout (if the queue has one)."""
         timeout = self.q.options.message_timeout
         if timeout:
-            m.deadline = now + timeout / 1000.0
-            self.expiry.append((m.deadline, m))
-            if self.wake_at is None:
-                self.arm(m.deadline)
+            m.deadline = deadline = now + timeout / 1000.0
+            expiry = self.expiry
+            if expiry and expiry[-1][0] > deadline:  # (the timeout was shortened: in order)
+                expiry.insert(bisect_right(expiry, deadline, key=_first), (deadline, m))
+            else:
+                expiry.append((deadline, m))
+            if self.wake_at is None or deadline < self.wake_at:
+                self.arm(deadline)
 
     def restore_deadlines(self, pairs: list[tuple[float, QueueMessage]]) -> None:
         """Recovered messages keep their deadlines: each one set, the expiry kept in

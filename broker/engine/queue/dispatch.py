@@ -17,7 +17,16 @@ from typing import TYPE_CHECKING, Any
 
 from broker.engine.delivery import ALLOW, PutBack
 from broker.engine.flow import ACKED, BROADCAST, CACHE, COPY, PLAIN
-from broker.engine.message import INFLIGHT, Delivery, Headers, Message, QueueMessage, derive
+from broker.engine.message import (
+    INFLIGHT,
+    QUEUED,
+    Delivery,
+    Headers,
+    Message,
+    QueueMessage,
+    derive,
+)
+from broker.engine.queue.messages import Aside
 from broker.engine.queue.protocols import QueueCore
 from broker.protocol import Header, NackReason, Outgoing, Tracked
 
@@ -88,19 +97,23 @@ class Dispatcher:
         """Send waiting messages to consumers as far as the status and options allow.
 
         A message no consumer with room may take, when the handler ``looks_past``, is
-        passed over (put back in its place when the drain ends), at most
-        :data:`LOOK_PAST_LIMIT` per drain.  One that no consumer of the queue *selects*
-        at all (the handler's ``selects``), met before any passed over of its priority,
-        is set aside instead (``MessageOrder``: "Set aside"), also at most
-        :data:`LOOK_PAST_LIMIT` per drain: the next drains start behind it, so a long
-        run of messages nobody selects costs each drain nothing once set aside, and a
-        message selected behind them is reached.  They are looked at again when the
-        consumers or what they select change (``aside_key``).  A drain that set aside its
-        bound asks for another soon (``drain_again``: a tick :data:`DRAIN_AGAIN_AFTER`
-        later), so a backlog is gone through a bounded step at a time, other work in
-        between.  Messages a full consumer selects are only passed over: a drain may look
-        at up to :data:`LOOK_PAST_LIMIT` of them again each time that consumer gets room
-        while another with room selects none of them (bounded per drain, not amortized)."""
+        set aside (``MessageOrder``: "Set aside"), at most :data:`LOOK_PAST_LIMIT` per
+        drain: marked *waiting* when some consumer of the queue selects it (the
+        handler's ``selects``; it waits for room), not when nobody does.  The next drains
+        start behind what was set aside, so a long run of such messages costs each drain
+        nothing once set aside, and a message selected behind them is reached.  Before
+        the fresh messages of a priority, the waiting ones of that priority are offered
+        to each consumer with room, from that consumer's cursor ("Waiting for room"):
+        what it does not select is passed once per consumer, not once per drain, so a
+        drain's work is what it delivers plus, per consumer with room, at most one look
+        at a message it selects but may not take (out of credit, group held elsewhere);
+        such looks count against :data:`LOOK_PAST_LIMIT` with the messages passed over
+        (put back in their place when the drain ends: in a paging queue past its window
+        of set-aside messages), and past that many the drain stops until the next one.
+        Everything set aside is looked at again when the consumers or what they select
+        change (``aside_key``).  A drain that set aside its bound asks for another soon
+        (``drain_again``: a tick :data:`DRAIN_AGAIN_AFTER` later), so a backlog is gone
+        through a bounded step at a time, other work in between."""
         q = self.q
         messages = q.messages
         if messages.front:
@@ -122,11 +135,27 @@ class Dispatcher:
         passed_high = passed_regular = False  # a message of that priority was passed
         set_aside = 0
         more = False
+        offered = 0  # the waiting ones offered: 1 high priority, 2 both
+        looked = [0]  # looks at waiting messages a consumer with room selects, not taken
         try:
             while True:
                 if wait and pending:
                     return
+                if not offered:
+                    offered = 1
+                    if messages.aside_priority and not self.offer_waiting(
+                        True, consumers, now, out, looked
+                    ):
+                        return
                 m = messages.next_fresh()
+                if offered == 1 and (m is None or not m.high_priority):
+                    offered = 2
+                    if messages.aside_regular:
+                        if m is not None:
+                            messages.unpop(m)
+                        if not self.offer_waiting(False, consumers, now, out, looked):
+                            return
+                        continue
                 if m is None:
                     return
                 if m.deadline and m.deadline <= now:
@@ -141,12 +170,11 @@ class Dispatcher:
                         set_aside < LOOK_PAST_LIMIT
                         and not (passed_high if high else passed_regular)
                         and messages.may_set_aside(m)
-                        and hooks.nobody_selects(m, consumers)
                     )
                     if not aside and set_aside >= LOOK_PAST_LIMIT:
                         more = True  # set aside its bound: the next tick goes on
                         return
-                    if not aside and len(passed) >= LOOK_PAST_LIMIT:
+                    if not aside and len(passed) + looked[0] >= LOOK_PAST_LIMIT:
                         return
                     # nobody with room may take it: the ones behind it go first
                     taken = messages.next_fresh()  # m, put back at the front by send
@@ -157,7 +185,7 @@ class Dispatcher:
                     if aside:
                         if not (messages.aside_priority or messages.aside_regular):
                             self.aside_key = hooks.selection(consumers)
-                        messages.set_aside(m)
+                        messages.set_aside(m, not hooks.nobody_selects(m, consumers))
                         set_aside += 1
                         continue
                     passed.append(m)
@@ -171,6 +199,77 @@ class Dispatcher:
                 messages.unpop(m)
             if more:
                 q.drain_again(now + DRAIN_AGAIN_AFTER)  # more may wait behind it
+
+    def offer_waiting(
+        self,
+        high: bool,
+        consumers: Sequence[Client[Any]],
+        now: float,
+        out: list[Outgoing],
+        looked: list[int],
+    ) -> bool:
+        """Offer the messages of one priority set aside as waiting for room to each
+        consumer with room, oldest first, from its cursor (see :meth:`drain`); False
+        stops the drain (its bound of looks reached, a hook put a message back, or a
+        WaitForAcknowledge queue has one in flight)."""
+        q = self.q
+        messages = q.messages
+        aside = messages.aside_priority if high else messages.aside_regular
+        if not isinstance(aside, Aside) or not aside.waiting:
+            return True
+        hooks = q.hooks
+        req_ack = q.options.request_acknowledge
+        wait = q.options.wait_for_acknowledge
+        name = q.channel.name
+        window = q.window
+        used = q.used
+        cursors = aside.cursors
+        try:
+            for c in consumers:
+                limit = c.prefetch.get(name) or window
+                if used.get(c.id, 0) >= limit:
+                    continue
+                pos = max(cursors.get(c.id, 0), aside.start)
+                advancing = True  # everything before pos is not for c
+                while pos < aside.end and aside.waiting and used.get(c.id, 0) < limit:
+                    m, waits = aside.at(pos)
+                    if m is None or not waits:
+                        pass
+                    elif m.state != QUEUED:  # timed out while it waited: gone for good
+                        aside.take(pos)
+                    elif not hooks.selected_by(m, c):
+                        pass
+                    elif m.deadline and m.deadline <= now:
+                        messages.take_aside(aside, pos)
+                        q.expire(m, out)
+                    elif not self._eligible(m, c, req_ack):
+                        advancing = False  # it may take it later: the cursor stays
+                        looked[0] += 1
+                        if looked[0] > LOOK_PAST_LIMIT:
+                            return False
+                    else:
+                        messages.take_aside(aside, pos)
+                        if not self.send(m, consumers, now, out):
+                            if m.state == QUEUED and (self.passable or q.stalled):
+                                messages.return_aside(aside, pos, m)  # (send put it back)
+                                self.passable = False
+                                advancing = False
+                                looked[0] += 1
+                                if q.stalled or looked[0] > LOOK_PAST_LIMIT:
+                                    return False
+                            else:
+                                return False  # a hook put it back: as for a fresh one
+                        elif wait and q.pending:
+                            pos += 1
+                            if advancing:
+                                cursors[c.id] = pos
+                            return False
+                    pos += 1
+                    if advancing:
+                        cursors[c.id] = pos
+            return True
+        finally:
+            aside.trim()
 
     def send(
         self,

@@ -112,6 +112,17 @@ class HandlerHooks:
             self._error("selects", exc)
             return False
 
+    def selected_by(self, m: QueueMessage, c: Any) -> bool:
+        """Does consumer ``c`` select ``m`` (True when the handler has no ``selects``, or
+        it raises: the message is then not passed by that consumer's cursor)?"""
+        if not self.selects:
+            return True
+        try:
+            return bool(self.handler.selects(self._queue, m, c))
+        except Exception as exc:
+            self._error("selects", exc)
+            return True
+
     def selection(self, consumers: Sequence[Any]) -> tuple[object, ...]:
         """What the answers of ``selects`` depend on: the handler, its ``selection``
         number and the consumers (a change: what was set aside is looked at again)."""

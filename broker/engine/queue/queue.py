@@ -57,7 +57,7 @@ from broker.engine.queue.dedupe import RecentIds
 from broker.engine.queue.dispatch import Dispatcher
 from broker.engine.queue.hooks import HandlerHooks
 from broker.engine.queue.ledger import Ledger
-from broker.engine.queue.messages import MessageOrder
+from broker.engine.queue.messages import PAGE_IN_BATCH, MessageOrder
 from broker.engine.queue.protocols import QueueHost
 from broker.engine.queue.retained import Retained
 from broker.engine.queue.seqindex import SequenceIndex
@@ -231,7 +231,8 @@ class Queue:
     def _set_paging(self) -> None:
         """Page saved waiting messages out to the store (``messages``: "Paging") when it
         keeps them on disk and no hook of the delivery handler looks at a message while
-        it waits or is sent (a message read back is a new object)."""
+        it waits or is sent (a message read back is a new object), or the handler says
+        its hooks only read what a message read back has too (``pages_safely``)."""
         order = self.messages
         store = self.host.store
         if store is None or not store.pages:
@@ -243,11 +244,25 @@ class Queue:
             hooks.begin_send or hooks.can_receive or hooks.received or hooks.end_send
             or hooks.dequeued
         )  # fmt: skip
-        order.window = 0 if watched else self.host.config.limits.paged_window
+        safe = bool(getattr(hooks.handler, "pages_safely", False))
+        order.window = 0 if watched and not safe else self.host.config.limits.paged_window
 
-    def _page_in(self, seqs: list[int]) -> dict[int, QueueMessage]:
+    def expire_paged(self, now: float, out: list[Outgoing]) -> None:
+        """Paged-out messages whose deadline came (``MessageOrder.paged_due``) expire as
+        any waiting one (trash, counts, hooks), read back a batch at a time."""
+        due = self.messages.paged_due(now)
+        for i in range(0, len(due), PAGE_IN_BATCH):
+            batch = due[i : i + PAGE_IN_BATCH]
+            found = self._page_in(batch, timers=False)
+            for seq in batch:
+                m = found.get(seq)
+                if m is not None:  # (one that cannot be read is reported and gone)
+                    self.tracker.expire(m, out)
+
+    def _page_in(self, seqs: list[int], timers: bool = True) -> dict[int, QueueMessage]:
         """Paged messages read back from the store (``MessageOrder.page_in``); one that
-        cannot be read is reported, forgotten by the store and left out."""
+        cannot be read is reported, forgotten by the store and left out.  ``timers``:
+        start the MessageTimeout timers of those read back (not for ones expiring)."""
         store, key, now = self.host.store, self.key, self.host.now
         found: dict[int, QueueMessage] = {}
         deadlines: list[tuple[float, QueueMessage]] = []
@@ -275,7 +290,7 @@ class Queue:
             elif timeout:  # (saved before the queue had a timeout: its clock starts now)
                 deadlines.append((now + timeout, m))
             found[seq] = m
-        if deadlines:
+        if deadlines and timers:
             self.tracker.restore_deadlines(deadlines)
         index = self.index
         if index is not None:  # the numbers' entries become the objects read back...
@@ -339,7 +354,16 @@ class Queue:
 
     def enqueue(self, m: QueueMessage) -> None:
         m.park()  # (memory: see broker.message.parked)
-        self.messages.enqueue(m)
+        messages = self.messages
+        if m.deadline and messages.paging:
+            # its timer (just started) goes if it is paged out: the tail keeps its deadline
+            expiry = self.tracker.expiry
+            timed = bool(expiry) and expiry[-1][1] is m
+            if messages.enqueue(m, deadline_ok=timed) and timed:
+                expiry.pop()
+                self.tracker.arm(m.deadline)  # (the tail's front is due first)
+        else:
+            messages.enqueue(m)
         if self.index is not None:
             self.index.enqueued(self.messages, m)  # (paged out: its entry becomes its number)
 
@@ -626,8 +650,9 @@ class Queue:
         """:meth:`restore_all` for a queue that pages (``messages``: "Paging"): from the
         store's index (``Store.index``), the first :attr:`MessageOrder.window` messages
         per priority read back whole (:data:`_READ_BATCH` at a time), the rest left in
-        the store as their numbers -- except one with a deadline, read and held (its
-        clock runs while it waits).  The ids of the newest ``DuplicateWindow`` messages
+        the store as their numbers, each with its deadline (its clock runs while it
+        waits) -- except one due before the number paged ahead of it, read and held
+        (``PagedTail``: "Deadlines").  The ids of the newest ``DuplicateWindow`` messages
         are remembered (read back for those paged).  Returns how many."""
         order = self.messages
         window = order.window
@@ -642,10 +667,15 @@ class Queue:
         in_memory = [0, 0]  # per priority (regular, high): messages bound for the deque
         highest = self.sequence
         count = 0
-        regular_tail = order.paged_regular.seqs
+        regular_tail = order.paged_regular
+        timeout = opts.message_timeout / 1000.0 if opts.message_timeout else 0.0
         for chunk in chunks:
-            if isinstance(chunk, array) and regular_tail:  # plain, the regular deque full
-                regular_tail.extend(chunk)
+            if (  # plain, the regular deque full (their clock starts now: in order)
+                isinstance(chunk, array)
+                and regular_tail.seqs
+                and (not timeout or regular_tail.last_deadline() <= now + timeout)
+            ):
+                regular_tail.extend(chunk, [now + timeout] * len(chunk) if timeout else None)
                 order.n_regular += len(chunk)
                 count += len(chunk)
                 highest = max(highest, chunk[-1])
@@ -675,6 +705,9 @@ class Queue:
         """``restore_index`` for one chunk, entry by entry."""
         order = self.messages
         window = order.window
+        opts = self.options
+        timeout = opts.message_timeout / 1000.0 if opts.message_timeout else 0.0
+        wall = self.host.config.wall_clock() if timeout or any(e.deadline for e in chunk) else 0.0
         for e in chunk:
             seq = e.sequence
             high = e.high_priority
@@ -683,11 +716,16 @@ class Queue:
             if not paging:
                 in_memory[high] += 1
                 batch.append((e, False))
-            elif e.stored is None and not e.deadline:
-                tail.seqs.append(seq)
             else:
-                tail.seqs.append(seq)
-                batch.append((e, True))
+                # paged out with its deadline (its clock running since it was saved),
+                # unless that is earlier than the one before it: then read and held
+                if e.deadline:
+                    deadline = now + (e.deadline - wall)
+                else:
+                    deadline = now + timeout if timeout else 0.0
+                if e.stored is not None or not tail.append(seq, deadline):
+                    tail.slot(seq)
+                    batch.append((e, True))
             if len(batch) >= _READ_BATCH:
                 self._restore_batch(batch, now)
                 batch.clear()
