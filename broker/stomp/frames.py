@@ -153,6 +153,11 @@ _ENCODE_1_1 = str.maketrans({"\\": "\\\\", "\n": "\\n", ":": "\\c"})
 _ENCODE_1_2 = str.maketrans({"\\": "\\\\", "\n": "\\n", ":": "\\c", "\r": "\\r"})
 
 
+def escape_table(version: Version) -> dict[int, str]:
+    """The ``str.translate`` table escaping header names and values on 1.1 or 1.2."""
+    return _ENCODE_1_2 if version is Version.V1_2 else _ENCODE_1_1
+
+
 def _escapes_for(version: Version | None, command: Command) -> dict[int, str] | None:
     if version is None or version is Version.V1_0 or command in _UNESCAPED_COMMANDS:
         return None
