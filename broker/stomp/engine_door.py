@@ -338,6 +338,9 @@ class EngineDoor:
         (when the engine's authorizer lets this client create channels/queues).  A
         temporary destination exists only while the connection that made it does."""
         name = channel_of(destination)
+        channel = self.engine.channels.get(name)
+        if channel is not None and QUEUE_ID in channel.queues:
+            return name  # (every SEND but the first to a destination)
         owner = temp_owner(destination.name)
         if owner is not None and name not in self.engine.channels:
             owner_client = self.client_of.get(owner[1])

@@ -259,10 +259,13 @@ class FrameParser:
         """Advance by at most one frame; return it when complete, else None."""
         while True:
             if self._state is _State.IDLE:
-                if not self._skip_eols():
+                pos = self._pos
+                if pos >= len(self._buf):
+                    return None
+                if self._buf[pos] in _EOL_BYTES and not self._skip_eols():
                     return None
                 if self._fast_head():
-                    continue  # (state BODY now)
+                    return self._read_body()  # (state BODY now)
                 line = self._line(MAX_COMMAND_LENGTH, "command")
                 if line is None:
                     return None
@@ -436,6 +439,7 @@ class FrameParser:
 
 
 _COMMANDS = {c.value: c for c in Command}
+_EOL_BYTES = (0x0A, 0x0D)  # a heart-beat between frames starts with one
 
 
 def _parse_length(value: str) -> int:
