@@ -45,7 +45,7 @@ def _subscribed(
     return peer
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     version=st.sampled_from([Version.V1_1, Version.V1_2]),
     sub_id=st.text(alphabet=st.sampled_from("s1:\\\né"), min_size=1, max_size=4),
@@ -128,7 +128,7 @@ def test_the_destination_lines_kept_per_subscription_are_bounded() -> None:
 FRAME_TEXT = st.text(alphabet=st.sampled_from("ab:\\\n\ré-"), max_size=5)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     frames=st.lists(
         st.tuples(
@@ -186,7 +186,7 @@ def _carried(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return out
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     headers=st.lists(
         st.tuples(
