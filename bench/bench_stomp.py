@@ -6,6 +6,8 @@ Every party runs in its own (spawned) process on loopback TCP:
   ``/queue/bench`` channel shared with TMQP clients; ``--data DIR`` to run it with the
   durable store), and with ``--memory`` also the standalone listener on the in-memory
   backend (``python -m broker.stomp``);
+* with ``--baseline CHECKOUT``: the same server from another checkout (e.g. main), its
+  rows and a last table of this checkout / that one (msg/s and CPU per message);
 * with ``--rabbitmq``: RabbitMQ's STOMP plugin, same clients, same run (the server is
   installed and started by ``bench_broker.RabbitMQ``).
 
@@ -402,7 +404,8 @@ def main(argv: list[str] | None = None) -> int:
                 port,
                 "localhost",
                 args.messages,
-                pid=base.pid,
+                args.raw,
+                base.pid,
             )
         port = free_port()
         serve[serve.index("--stomp") + 1] = f"tcp://127.0.0.1:{port}"
@@ -449,6 +452,24 @@ def main(argv: list[str] | None = None) -> int:
             ratio = ours[key].rates[0] / rabbit_row.rates[0]
             mine, other = ours[key].cpu_us, rabbit_row.cpu_us
             cpu = f"{mine / other:.2f}" if mine and other else ""
+            print(f"{key[0].strip():52} {key[1]:>9} {ratio:>12.2f} {cpu:>14}")
+    base = {(r.name.removeprefix("zerohub serve --stomp (baseline)"), r.count): r for r in rows}
+    mine = [
+        r
+        for r in rows
+        if r.name.startswith("zerohub serve --stomp ") and "(baseline)" not in r.name
+    ]
+    if args.baseline:
+        print(
+            f"\n{'zerohub / baseline checkout (same run)':52} {'messages':>9} "
+            f"{'msg/s ratio':>12} {'CPU/msg ratio':>14}"
+        )
+    for row in mine:
+        key = (row.name.removeprefix("zerohub serve --stomp"), row.count)
+        if args.baseline and key in base:
+            ratio = row.rates[0] / base[key].rates[0]
+            mine_cpu, other = row.cpu_us, base[key].cpu_us
+            cpu = f"{mine_cpu / other:.2f}" if mine_cpu and other else ""
             print(f"{key[0].strip():52} {key[1]:>9} {ratio:>12.2f} {cpu:>14}")
     return 0
 

@@ -79,7 +79,7 @@ GROUP = "message_group"
 
 def _header(message: QueueMessage, name: str) -> str | None:
     size = len(name)
-    for key, value in message.message.headers:
+    for key, value in message.headers:  # (not message.message: that builds a tuple)
         if len(key) == size and key.lower() == name:  # (the length first: per message)
             return value
     return None
@@ -205,7 +205,7 @@ class PerMessageRules:
         chosen = self._selectors.get(channel)
         if chosen is not None:
             selects = chosen.get(client_id)
-            if selects is not None and not selects(message.message.headers):
+            if selects is not None and not selects(message.headers):
                 return False
         return True
 
@@ -260,7 +260,7 @@ class PerMessageRules:
         if self._selectors:
             chosen = self._selectors.get(queue.channel.name)
             selects = chosen.get(receiver.id) if chosen is not None else None
-            if selects is not None and not selects(message.message.headers):
+            if selects is not None and not selects(message.headers):
                 return False
         if not self._exclusive and not self._groups and _header(message, GROUP) is None:
             return True  # the common case: nothing to decide
@@ -281,7 +281,7 @@ class PerMessageRules:
             channel = queue.channel.name
             credit = self._credits.get((channel, receiver.id))
             if credit is not None:
-                size = len(delivery.message.message.payload)
+                size = len(delivery.message.payload)
                 credit.count -= 1
                 credit.size -= size
                 key = (channel, receiver.id, delivery.message.message_id)

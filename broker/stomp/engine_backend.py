@@ -103,6 +103,7 @@ from broker.stomp.engine_mapping import (
     wildcard_matches,
 )
 from broker.stomp.errors import BackendError
+from broker.stomp.frames import Headers
 from broker.stomp.session import Credentials
 from broker.stomp.subscription import (
     DEFAULT_CREDIT_COUNT,
@@ -278,31 +279,25 @@ class EngineBackend:
         self._flush_ops()
         door.submit(lambda now: door.op_disconnect(connection_id, now))
 
-    def _stamped(self, connection_id: int, spec: PublishSpec) -> PublishSpec:
+    def _stamp(self, connection_id: int, spec: PublishSpec) -> Headers:
+        """The headers the broker adds to a SEND (its user, its time), after checking the
+        user's; the engine thread appends them (no second PublishSpec per SEND)."""
         check_headers(spec.headers)
         conn = self.conns.get(connection_id)
         user = conn.info.user if conn is not None else ANONYMOUS
-        stamp = ((USER_HEADER, user), (TIMESTAMP_HEADER, str(self.wall_clock_ms())))
-        # (the constructor, not dataclasses.replace: this runs for every SEND)
-        return PublishSpec(
-            spec.destinations,
-            spec.headers + stamp,
-            spec.body,
-            spec.persistent,
-            spec.retain,
-            spec.expires,
-            spec.message_group,
-        )
+        return ((USER_HEADER, user), (TIMESTAMP_HEADER, str(self.wall_clock_ms())))
 
     def publish_async(self, connection_id: int, spec: PublishSpec, answer: PublishAnswer) -> None:
         """Submit the SEND without waiting (:class:`~broker.stomp.backend.AsyncPublisher`):
         the engine thread runs it in order with this connection's other operations."""
-        spec = self._stamped(connection_id, spec)
+        stamp = self._stamp(connection_id, spec)
         self._ids += 1
         message_id = f"stomp-{connection_id}-{self._ids}"
         door = self.door
         self._submit(
-            lambda now: door.op_publish_answered(connection_id, spec, message_id, answer, now)
+            lambda now: door.op_publish_answered(
+                connection_id, spec, message_id, answer, now, stamp
+            )
         )
 
     def _on_answers(self, answers: list[tuple[PublishAnswer, str | None]]) -> None:
@@ -311,11 +306,11 @@ class EngineBackend:
         self.after_deliveries()
 
     def publish(self, connection_id: int, spec: PublishSpec) -> None:
-        spec = self._stamped(connection_id, spec)
+        stamp = self._stamp(connection_id, spec)
         self._ids += 1
         message_id = f"stomp-{connection_id}-{self._ids}"
         door = self.door
-        self._call(lambda now: door.op_publish(connection_id, spec, message_id, now))
+        self._call(lambda now: door.op_publish(connection_id, spec, message_id, now, stamp))
 
     def subscribe(self, connection_id: int, spec: SubscriptionSpec) -> None:
         conn = self.conns[connection_id]

@@ -51,6 +51,7 @@ from broker.stomp.engine_mapping import (
     wildcard_matches,
 )
 from broker.stomp.errors import BackendError
+from broker.stomp.frames import Headers
 from broker.stomp.subscription import PublishSpec, RetainAction
 
 log = logging.getLogger(__name__)
@@ -344,6 +345,9 @@ class EngineDoor:
         (when the engine's authorizer lets this client create channels/queues).  A
         temporary destination exists only while the connection that made it does."""
         name = channel_of(destination)
+        channel = self.engine.channels.get(name)
+        if channel is not None and QUEUE_ID in channel.queues:
+            return name  # (every SEND but the first to a destination)
         owner = temp_owner(destination.name)
         if owner is not None and name not in self.engine.channels:
             owner_client = self.client_of.get(owner[1])
@@ -476,10 +480,13 @@ class EngineDoor:
         return client is not None and self.engine.authorizer.allows(client, action, channel)
 
     def op_publish(
-        self, conn: int, spec: PublishSpec, message_id: str, now: float
+        self, conn: int, spec: PublishSpec, message_id: str, now: float, stamp: Headers = ()
     ) -> list[Outgoing]:
+        """Publish ``spec`` to each of its destinations; ``stamp``: headers the broker
+        adds after the user's (EngineBackend._stamp)."""
         client_id = self._client(conn)
         out: list[Outgoing] = []
+        headers = spec.headers + stamp if stamp else spec.headers
         for destination in spec.destinations:
             if destination.kind is DestinationKind.DSUB:
                 channel = existing_channel(self.engine, destination)
@@ -492,7 +499,7 @@ class EngineDoor:
                 client_id,
                 channel,
                 QUEUE_ID,
-                headers=spec.headers,
+                headers=headers,
                 payload=spec.body,
             )
             if destination.kind is DestinationKind.TOPIC and spec.retain is not None:
@@ -516,12 +523,18 @@ class EngineDoor:
         return out
 
     def op_publish_answered(
-        self, conn: int, spec: PublishSpec, message_id: str, answer: PublishAnswer, now: float
+        self,
+        conn: int,
+        spec: PublishSpec,
+        message_id: str,
+        answer: PublishAnswer,
+        now: float,
+        stamp: Headers = (),
     ) -> list[Outgoing]:
         """:meth:`op_publish` whose outcome goes to ``answer`` (on the listener thread,
         with the batch of :meth:`run_ops`) instead of a waiting caller."""
         try:
-            out = self.op_publish(conn, spec, message_id, now)
+            out = self.op_publish(conn, spec, message_id, now, stamp)
         except Refused as exc:
             self.failed.add(conn)
             self._answers.append((answer, exc.reason))

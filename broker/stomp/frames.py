@@ -153,6 +153,11 @@ _ENCODE_1_1 = str.maketrans({"\\": "\\\\", "\n": "\\n", ":": "\\c"})
 _ENCODE_1_2 = str.maketrans({"\\": "\\\\", "\n": "\\n", ":": "\\c", "\r": "\\r"})
 
 
+def escape_table(version: Version) -> dict[int, str]:
+    """The ``str.translate`` table escaping header names and values on 1.1 or 1.2."""
+    return _ENCODE_1_2 if version is Version.V1_2 else _ENCODE_1_1
+
+
 def _escapes_for(version: Version | None, command: Command) -> dict[int, str] | None:
     if version is None or version is Version.V1_0 or command in _UNESCAPED_COMMANDS:
         return None
@@ -254,10 +259,13 @@ class FrameParser:
         """Advance by at most one frame; return it when complete, else None."""
         while True:
             if self._state is _State.IDLE:
-                if not self._skip_eols():
+                pos = self._pos
+                if pos >= len(self._buf):
+                    return None
+                if self._buf[pos] in _EOL_BYTES and not self._skip_eols():
                     return None
                 if self._fast_head():
-                    continue  # (state BODY now)
+                    return self._read_body()  # (state BODY now)
                 line = self._line(MAX_COMMAND_LENGTH, "command")
                 if line is None:
                     return None
@@ -431,6 +439,7 @@ class FrameParser:
 
 
 _COMMANDS = {c.value: c for c in Command}
+_EOL_BYTES = (0x0A, 0x0D)  # a heart-beat between frames starts with one
 
 
 def _parse_length(value: str) -> int:

@@ -38,6 +38,8 @@ DEFAULT_CREDIT_SIZE_ALONE = 65536
 MAX_SUBSCRIPTION_ID = 256
 
 _CONTROL_HEADERS = frozenset({"destination", "receipt", "transaction", "content-length"})
+#: SEND headers not carried to consumers as they came (``expires`` is put back, computed).
+_NOT_CARRIED = _CONTROL_HEADERS | {"ttl", "expires"}
 
 
 class AckMode(Enum):
@@ -90,7 +92,10 @@ class PublishSpec:
 
 
 def _flag(frame: Frame, name: str, default: bool = False) -> bool:
-    value = frame.header(name)
+    return _flag_value(name, frame.header(name), default)
+
+
+def _flag_value(name: str, value: str | None, default: bool) -> bool:
     if value is None:
         return default
     if value in ("true", "false"):
@@ -99,7 +104,10 @@ def _flag(frame: Frame, name: str, default: bool = False) -> bool:
 
 
 def _integer(frame: Frame, name: str, minimum: int) -> int | None:
-    value = frame.header(name)
+    return _integer_value(name, frame.header(name), minimum)
+
+
+def _integer_value(name: str, value: str | None, minimum: int) -> int | None:
     if value is None:
         return None
     try:
@@ -182,13 +190,23 @@ def _selector(text: str | None) -> Selector | None:
 
 
 def parse_send(frame: Frame, *, broker_id: str, connection_id: int, now_ms: int) -> PublishSpec:
+    # one pass over the headers (a SEND is parsed per message): the first value of each
+    # name, and the user headers in order; then the checks, in the order they always had
+    first: dict[str, str] = {}
+    headers: list[tuple[str, str]] = []
+    for name, value in frame.headers:
+        if name in first:
+            continue
+        first[name] = value
+        if name not in _NOT_CARRIED:
+            headers.append((name, value))
     destinations = parse_destinations(
-        frame.header("destination"),
+        first.get("destination"),
         broker_id=broker_id,
         connection_id=connection_id,
         allow_wildcards=False,
     )
-    retain_text = frame.header("retain")
+    retain_text = first.get("retain")
     retain: RetainAction | None = None
     if retain_text is not None:
         if retain_text in ("set", "true"):
@@ -197,31 +215,25 @@ def parse_send(frame: Frame, *, broker_id: str, connection_id: int, now_ms: int)
             retain = RetainAction.REMOVE
         else:
             raise ProtocolViolation(f"retain must be set or remove, not {retain_text[:40]!r}")
-    expires = _integer(frame, "expires", 0)
-    ttl = _integer(frame, "ttl", 0)
+    expires = _integer_value("expires", first.get("expires"), 0)
+    ttl = _integer_value("ttl", first.get("ttl"), 0)
     if ttl is not None and expires is None:
         expires = now_ms + ttl
-    headers: list[tuple[str, str]] = []
-    seen: set[str] = set()
-    for name, value in frame.headers:
-        if name in _CONTROL_HEADERS or name in seen or name == "ttl":
-            continue
-        seen.add(name)
-        if name == "reply-to":
-            value = _rewrite_reply_to(value, broker_id, connection_id)
-        if name == "expires":
-            continue
-        headers.append((name, value))
+    reply_to = first.get("reply-to")
+    if reply_to is not None:
+        rewritten = _rewrite_reply_to(reply_to, broker_id, connection_id)
+        if rewritten != reply_to:
+            headers = [(n, rewritten if n == "reply-to" else v) for n, v in headers]
     if expires is not None:
         headers.append(("expires", str(expires)))
     return PublishSpec(
         destinations=destinations,
         headers=tuple(headers),
         body=frame.body,
-        persistent=_flag(frame, "persistent"),
+        persistent=_flag_value("persistent", first.get("persistent"), False),
         retain=retain,
         expires=expires,
-        message_group=frame.header("message_group"),
+        message_group=first.get("message_group"),
     )
 
 

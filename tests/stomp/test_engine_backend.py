@@ -563,27 +563,28 @@ def test_a_consumer_that_never_reads_costs_its_credit_and_spares_everyone_else(
     assert seen == list(range(total))
 
 
-def test_stamping_a_send_keeps_every_field_of_its_spec(broker: Broker) -> None:
-    """The user and time stamps are added without dataclasses.replace (per SEND): every
-    other field must come through, including any a later change adds."""
-    import dataclasses
-
-    from broker.stomp.destinations import Destination, DestinationKind
-    from broker.stomp.subscription import PublishSpec, RetainAction
-
-    spec = PublishSpec(
-        (Destination(DestinationKind.TOPIC, "t"),),
-        (("k", "v"),),
-        b"body",
-        persistent=True,
-        retain=RetainAction.SET,
-        expires=123,
-        message_group="g",
-    )
-    defaults = PublishSpec((), (), b"")
-    for f in dataclasses.fields(PublishSpec):  # every field set to a non-default value
-        assert getattr(spec, f.name) != getattr(defaults, f.name), f.name
-    stamped = broker.listener.backend._stamped(12345, spec)  # type: ignore[attr-defined]
-    assert stamped.headers[:1] == (("k", "v"),)
-    assert [k for k, _ in stamped.headers[1:]] == ["Stomp-User", "Stomp-Timestamp"]
-    assert dataclasses.replace(stamped, headers=spec.headers) == spec
+def test_a_send_reaches_tmqp_with_its_headers_then_the_stamps(
+    broker: Broker, tmqp: Callable[[], Client], stomp_client: Any
+) -> None:
+    """The user and time stamps are appended on the engine thread (no second PublishSpec
+    per SEND): the user's headers come first, in order, then Stomp-User and
+    Stomp-Timestamp; a synchronous and an asynchronous SEND alike."""
+    conn, rec = stomp_client()
+    conn.begin("tx")  # a transactional SEND is published synchronously at COMMIT
+    conn.send("/queue/st", "one", headers={"a": "1", "b": "2"}, transaction="tx")
+    conn.commit("tx")
+    conn.send("/queue/st", "two", headers={"a": "3", "b": "4"}, receipt="r")
+    assert wait_until(lambda: rec.receipts == ["r"])
+    consumer = tmqp()
+    consumer.join("st")
+    for body, a, b in ((b"one", "1", "2"), (b"two", "3", "4")):
+        message = consumer.receive(timeout=10)
+        assert message is not None and message.payload == body
+        names = [k for k, _ in message.headers]
+        assert names[-2:] == ["Stomp-User", "Stomp-Timestamp"], names
+        assert ("a", a) in message.headers and ("b", b) in message.headers
+        assert names.index("a") < names.index("b") < names.index("Stomp-User")
+        assert dict(message.headers)["Stomp-User"] == "user"
+        assert dict(message.headers)["Stomp-Timestamp"].isdigit()
+        consumer.ack(message)
+    assert rec.errors == []
