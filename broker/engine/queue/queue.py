@@ -490,6 +490,29 @@ class Queue:
     ) -> bool:
         return self.dispatch.send(m, consumers, now, out, keep)
 
+    def publish(self, m: QueueMessage, stream: Any, now: float, out: list[Outgoing]) -> bool:
+        """Publish ``m`` once on the channel's fan-out ``stream`` (``broker.engine.fanout``)
+        for its members; False (nothing done) when it needs per-consumer work: the queue
+        requests acknowledges or has delivery hooks, or a receipt waits for ``m``."""
+        hooks = self.hooks
+        if (
+            self.options.request_acknowledge
+            or hooks.begin_send
+            or hooks.received
+            or hooks.end_send
+            or hooks.can_receive
+        ):
+            return False
+        receipts = self.host.receipts
+        if receipts.pending and (self.key, m.seq) in receipts.pending:
+            return False
+        stream.publish(self.dispatch.out_message(m), out)
+        self.sent += 1
+        self.deliveries += len(stream.members)
+        self.last_sent = now
+        m.state = INFLIGHT
+        return True
+
     def eligible(self, m: QueueMessage, c: Client) -> bool:
         return self.dispatch.eligible(m, c)
 
