@@ -3,9 +3,11 @@
 A JOIN the broker answered with a fan-out grant (``session.Fanout``) subscribes the
 channel's stream token on a SUB connected to the announced endpoint (CURVE with the
 client's keys when it uses CURVE; a wildcard host is replaced by the broker's host).  The
-join completes when the stream's marker arrives: the subscription is live from then on.
-Each stream's sequence numbers must follow one another; a jump is a *gap*: messages
-published while the subscription was not live yet, or dropped at a full pipe (the
+join completes when the stream's marker arrives: the subscription is live from then on,
+and that is where the join takes effect (every message pushed after ``join()`` returned
+comes; one pushed while it waited may not, as a push racing a one-by-one join).  From
+there each stream's sequence numbers must follow one another; a jump is a *gap*:
+messages dropped at a full pipe (the
 broker's ``fanout_hwm`` and this SUB's high-water mark).  A gap is never silent: it is
 logged, counted and kept in :attr:`FanoutReader.gaps` (``Client.fanout_gaps``).  The broker
 never resends a broadcast.  The session's loss ends every stream (a re-join after a
@@ -62,7 +64,7 @@ class _Stream:
         self.token = grant.token
         self.waiter: Any = grant.waiter
         self.deadline = now + READY_TIMEOUT
-        #: The next sequence number due (the one after the join answer's).
+        #: The next sequence number due (set again from the first marker).
         self.expected = grant.seq + 1
         self.live = False
 
@@ -151,9 +153,14 @@ class FanoutReader:
             data = parts[1]
             if not data:  # a marker: the last number sent when a subscription was applied
                 if not stream.live:
+                    # the join takes effect here, where join() returns: messages published
+                    # between the broker's answer and this marker were pushed before it
+                    # (as with a one-by-one join, a push racing the join may miss it)
                     stream.live = True
+                    stream.expected = seq + 1
                     if not stream.waiter.done():
                         stream.waiter.set_result(None)
+                    continue
                 if seq >= stream.expected:
                     self._gap(stream, stream.expected, seq)
                     stream.expected = seq + 1

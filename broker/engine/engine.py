@@ -705,6 +705,12 @@ class Engine:
         fanout = self.channel_registry.fanout
         return fanout.check(topic) if fanout is not None else None
 
+    def fanout_beat(self) -> list[Outgoing]:
+        """Every fan-out stream's marker (the server sends them about once a second): a
+        subscriber whose last messages were dropped learns of that gap from it."""
+        fanout = self.channel_registry.fanout
+        return fanout.markers() if fanout is not None else []
+
     def disconnect(self, client_id: str, now: float) -> list[Outgoing]:
         """The client is gone: what never reached its socket returns to its queues first,
         then its unacknowledged deliveries return and its requests fail."""

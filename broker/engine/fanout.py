@@ -29,11 +29,14 @@ member leaves, so it reads until then, no longer.
 Gaps: the sequence numbers of a stream are consecutive (one per published message), so a
 subscriber sees any message it missed (a SUB subscribed late, messages dropped at a full
 pipe: the XPUB's send high-water mark ``ServerOptions.fanout_hwm``, default 10,000, and
-the SUB's own) as a jump in the numbers at the next message or marker.  Each applied
-subscription publishes a *marker* (the stream head with an empty second frame and the
-last sequence number sent) so a new subscriber learns where it starts and the client can
-tell its join is live; messages between the join answer and the marker are a reported
-gap too.  The broker never resends: fan-out is for broadcast queues, which keep nothing.
+the SUB's own) as a jump in the numbers at the next message or marker.  A *marker* is
+the stream head with an empty second frame and the last sequence number sent: each
+applied subscription publishes one, so a new subscriber learns where it starts and the
+client can tell its join is live (the client's join returns then and takes effect there:
+``broker.client.fanout``), and the server publishes every stream's marker about once a second
+(its session scan), so a subscriber whose *last* messages were dropped learns of that
+gap within a second of reading again (a marker can be dropped at a full pipe too: the
+next one tells).  The broker never resends: fan-out is for broadcast queues, which keep nothing.
 """
 
 from __future__ import annotations
@@ -118,6 +121,14 @@ class FanoutStreams:
         if stream is not None:
             channel.fanout = None
             self.by_token.pop(stream.token, None)
+
+    def markers(self) -> list[Outgoing]:
+        """A marker for each stream that published something (its last number)."""
+        return [
+            Publish(head(s.token, s.seq), None)  # type: ignore[arg-type]
+            for s in self.by_token.values()
+            if s.seq
+        ]
 
     def check(self, topic: bytes) -> bytes | None:
         """A subscription asked on the XPUB: the marker's head when ``topic`` is exactly a

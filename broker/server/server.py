@@ -352,6 +352,8 @@ class Server:
                     self.sender.send_all(self.sessions.guard("tick", self.engine.tick, now))
                 if now >= self.sessions.next_scan:
                     self.sessions.scan(now)
+                    if self.sender.fanout is not None:  # each stream's marker (tail gaps)
+                        self.sender.send_all(self.engine.fanout_beat())  # type: ignore[attr-defined]
                 if self.sender.blocked:
                     self.sender.flush_backlogs()
                 if self.sender.gone or self.sessions.unreachable:
