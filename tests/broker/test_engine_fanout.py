@@ -103,3 +103,15 @@ def _push_frame(kit: Kit, producer: str, payload: bytes) -> tmqp.Frame:
         message_type=MessageType.QUEUE, content_type=1, target=CHANNEL,
         message_id=kit.mid(), source=producer, payload=payload,
     )  # fmt: skip
+
+
+def test_a_message_asking_for_a_receipt_goes_one_by_one() -> None:
+    """A receipt counts the consumers that received the message: a publish cannot."""
+    kit = _kit()
+    producer, member = kit.connect(), kit.connect()
+    kit.queue(producer, CHANNEL, 1, status=QueueStatus.BROADCAST)
+    _fan_join(kit, member)
+    frame = _push_frame(kit, producer, b"a").replace(headers=(("Receipt", "ALL"),))
+    outs = kit.send(producer, frame)
+    assert _published(outs) == []
+    assert kit.payloads(member) == [b"a"]

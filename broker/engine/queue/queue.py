@@ -51,6 +51,7 @@ from broker.engine.message import (
     with_source,
 )
 from broker.engine.options import ChannelQueueOptions
+from broker.engine.receipts import requested as receipt_requested
 from broker.engine.queue import pull
 from broker.engine.queue.acks import AckTracker
 from broker.engine.queue.dedupe import RecentIds
@@ -493,7 +494,7 @@ class Queue:
     def publish(self, m: QueueMessage, stream: Any, now: float, out: list[Outgoing]) -> bool:
         """Publish ``m`` once on the channel's fan-out ``stream`` (``broker.engine.fanout``)
         for its members; False (nothing done) when it needs per-consumer work: the queue
-        requests acknowledges or has delivery hooks, or a receipt waits for ``m``."""
+        requests acknowledges or has delivery hooks, or ``m`` asks for a receipt."""
         hooks = self.hooks
         if (
             self.options.request_acknowledge
@@ -503,9 +504,9 @@ class Queue:
             or hooks.can_receive
         ):
             return False
-        receipts = self.host.receipts
-        if receipts.pending and (self.key, m.seq) in receipts.pending:
-            return False
+        headers = m.message.headers
+        if headers and receipt_requested(headers)[0]:
+            return False  # (a receipt counts who received the message: one by one)
         stream.publish(self.dispatch.out_message(m), out)
         self.sent += 1
         self.deliveries += len(stream.members)
