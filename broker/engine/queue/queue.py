@@ -51,7 +51,6 @@ from broker.engine.message import (
     with_source,
 )
 from broker.engine.options import ChannelQueueOptions
-from broker.engine.receipts import requested as receipt_requested
 from broker.engine.queue import pull
 from broker.engine.queue.acks import AckTracker
 from broker.engine.queue.dedupe import RecentIds
@@ -64,6 +63,7 @@ from broker.engine.queue.retained import Retained
 from broker.engine.queue.seqindex import SequenceIndex
 from broker.engine.queue.statuses import StatusStrategy, strategy_for
 from broker.engine.queue.trash import Trash, Trashed
+from broker.engine.receipts import requested as receipt_requested
 from broker.message import parked
 from broker.protocol import NackReason, Outgoing, ResultCode, Tracked
 from broker.store import IndexEntry, Store, StoredMessage
