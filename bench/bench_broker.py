@@ -282,13 +282,15 @@ def bench_zerohub_broadcast(
     used = _cpu_seconds(broker_pid) - cpu0
     for p in procs:
         p.join(30)
-    start = min(t for role, t, _ in results if role == "producer")
-    end = max(t for role, t, _ in results if role == "consumer")
-    seen = sum(n for role, _, n in results if role == "consumer")
+    start = min(r[1] for r in results if r[0] == "producer")
+    end = max(r[1] for r in results if r[0] == "consumer")
+    seen = sum(r[2] for r in results if r[0] == "consumer")
     rate = count / (end - start)
     note = (
         f"{seen} delivered, broker CPU {used:.2f} s, {used / max(1, seen) * 1e6:.1f} us/delivery"
     )
+    consumers_cpu = sum(r[3] for r in results if r[0] == "consumer")
+    note = f"{note}, consumers {consumers_cpu / max(1, seen) * 1e6:.1f} us/delivery"
     if fanout:
         note = f"{note}, {count * consumers - seen} missed (reported gaps)"
     if raw.rate:
@@ -391,13 +393,14 @@ def zh_consumer(
     client = _client(endpoint, max_inbox=50_000, threaded=threaded, fanout=fanout)
     client.join(channel)
     ready.set()
+    cpu0 = time.process_time()  # (this process, libzmq's I/O thread included)
     seen = 0
     if not fanout:
         for _message in client.consume(timeout=60):
             seen += 1
             if seen >= count:
                 break
-        out.put(("consumer", time.perf_counter(), seen))
+        out.put(("consumer", time.perf_counter(), seen, time.process_time() - cpu0))
         _close(client)
         return
     missed = 0
@@ -411,7 +414,7 @@ def zh_consumer(
             if seen + missed >= count:
                 break
         missed = sum(gap.count for gap in client.fanout_gaps)
-    out.put(("consumer", last, seen))
+    out.put(("consumer", last, seen, time.process_time() - cpu0))
     _close(client)
 
 
@@ -459,9 +462,9 @@ def bench_zerohub(
     used = _cpu_seconds(broker_pid) - cpu0 if broker_pid else 0.0
     for p in procs:
         p.join(30)
-    start = min(t for role, t, _ in results if role == "producer")
-    end = max(t for role, t, _ in results if role == "consumer")
-    seen = sum(n for role, _, n in results if role == "consumer")
+    start = min(r[1] for r in results if r[0] == "producer")
+    end = max(r[1] for r in results if r[0] == "consumer")
+    seen = sum(r[2] for r in results if r[0] == "consumer")
     name = "zerohub push queue 1p/1c" if pairs == 1 else f"zerohub push queues {pairs}p/{pairs}c"
     name += " (threaded)" if threaded else ""
     note = f"{seen} delivered"

@@ -17,7 +17,9 @@ FANOUT_TOKEN = "Fanout-Token"
 FANOUT_SEQ = "Fanout-Seq"
 #: Octets of a stream token (the SUB's subscription topic).
 TOKEN_SIZE = 16
-_SEQ = struct.Struct("<Q")
+#: The sequence number in a head frame (readers unpack it in place).
+SEQ = struct.Struct("<Q")
+_SEQ = SEQ
 HEAD_SIZE = TOKEN_SIZE + _SEQ.size
 
 

@@ -26,10 +26,9 @@ import zmq
 
 from broker import tmqp
 from broker.client.errors import ConnectError
-from broker.client.message import Message
 from broker.client.session import Fanout
 from broker.client.sockets import Curve
-from broker.fanout import read_head
+from broker.fanout import HEAD_SIZE, SEQ, TOKEN_SIZE
 from zerohub import zmqkit
 from zproto.errors import DecodeError
 
@@ -40,6 +39,7 @@ READY_TIMEOUT = 10.0
 #: Gaps kept for the application (the oldest are forgotten beyond this; all are counted).
 MAX_GAPS = 1000
 _BATCH = 1024
+_decode = tmqp.decode
 _WILDCARDS = ("0.0.0.0", "*", "::", "[::]")
 
 
@@ -130,55 +130,61 @@ class FanoutReader:
                 if self.sock is not None:
                     self.sock.setsockopt(zmq.UNSUBSCRIBE, token)
 
-    def read(self, deliver: Callable[[Message], None]) -> None:
-        """Read what the SUB holds (one batch): deliveries in order, gaps reported."""
+    def read(self, take: Callable[[tmqp.Frame], None]) -> None:
+        """Read what the SUB holds (one batch): ``take`` each delivery's frame in order,
+        gaps reported.  (Two plain ``recv``: about a third of the cost of
+        ``recv_multipart``, measured.)"""
         sock = self.sock
         if sock is None:
             return
         streams = self.streams
+        recv = sock.recv
+        decode = _decode
+        frame_type = tmqp.Frame
+        unpack = SEQ.unpack_from
         for _ in range(_BATCH):
             try:
-                parts = sock.recv_multipart(zmq.NOBLOCK)
+                first = recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if len(parts) != 2:
-                continue
-            try:
-                token, seq = read_head(parts[0])
-            except ValueError:
-                continue
-            stream = streams.get(token)
+            # the broker's XPUB sends every message as two parts, delivered together
+            # (RCVMORE checks would cost two enum conversions per message in pyzmq)
+            data = recv(zmq.NOBLOCK)
+            stream = streams.get(first[:TOKEN_SIZE]) if len(first) == HEAD_SIZE else None
             if stream is None:
-                continue  # (left, or a stream of an earlier session)
-            data = parts[1]
+                continue  # (left, a stream of an earlier session, or not a head)
+            seq = unpack(first, TOKEN_SIZE)[0]
             if not data:  # a marker: the last number sent when a subscription was applied
-                if not stream.live:
-                    # the join takes effect here, where join() returns: messages published
-                    # between the broker's answer and this marker were pushed before it
-                    # (as with a one-by-one join, a push racing the join may miss it)
-                    stream.live = True
-                    stream.expected = seq + 1
-                    if not stream.waiter.done():
-                        stream.waiter.set_result(None)
-                    continue
-                if seq >= stream.expected:
-                    self._gap(stream, stream.expected, seq)
-                    stream.expected = seq + 1
+                self._marker(stream, seq)
                 continue
-            if seq < stream.expected:
-                continue  # (sent before this client's join)
-            if seq > stream.expected:
-                self._gap(stream, stream.expected, seq - 1)
+            expected = stream.expected
+            if seq != expected:
+                if seq < expected:
+                    continue  # (sent before this client's join)
+                self._gap(stream, expected, seq - 1)
             stream.expected = seq + 1
             try:
-                frame = tmqp.decode((data,))
+                frame = decode((data,))
             except DecodeError:
                 log.warning("an undecodable fan-out message on %r", stream.channel)
                 continue
-            if type(frame) is not tmqp.Frame:
-                continue
-            self.received += 1
-            deliver(Message(frame))
+            if type(frame) is frame_type:
+                self.received += 1
+                take(frame)
+
+    def _marker(self, stream: _Stream, seq: int) -> None:
+        if not stream.live:
+            # the join takes effect here, where join() returns: messages published
+            # between the broker's answer and this marker were pushed before it
+            # (as with a one-by-one join, a push racing the join may miss it)
+            stream.live = True
+            stream.expected = seq + 1
+            if not stream.waiter.done():
+                stream.waiter.set_result(None)
+            return
+        if seq >= stream.expected:
+            self._gap(stream, stream.expected, seq)
+            stream.expected = seq + 1
 
     def _gap(self, stream: _Stream, first: int, last: int) -> None:
         gap = Gap(stream.channel, first, last)

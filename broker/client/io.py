@@ -116,9 +116,7 @@ class IOLoop:
                 # the pipe was full and takes frames again: the broker reads them
                 s.drained(time.monotonic())
         if fan.sock is not None and fan.sock in events:
-            fan.read(self._deliver)
-            if c.on_message is None and c.inbox.full:
-                s.paused = True
+            self._read_fan()
         if fan.streams:
             fan.expire(time.monotonic())
         if self.monitor is not None and self.monitor in events:
@@ -316,6 +314,29 @@ class IOLoop:
             self._unregister(self.monitor)
             close_monitor(self.sock, self.monitor)
             self.monitor = None
+
+    def _read_fan(self) -> None:
+        """A batch of the fan-out SUB (``broker.client.fanout``), to the inbox as the
+        DEALER's fast path puts deliveries there, or to the ``on_message`` callback."""
+        c = self.c
+        inbox = c.inbox
+        if c.on_message is None:
+            append = inbox.items.append
+
+            def take(frame: tmqp.Frame) -> None:
+                message = _new(Message)
+                _set_message_frame(message, frame)
+                append(message)
+
+            try:
+                self.fan.read(take)
+            finally:
+                if inbox.items and inbox.waiting:
+                    inbox.wake_all()
+            if inbox.full:
+                self.s.paused = True
+        else:
+            self.fan.read(lambda frame: self._deliver(Message(frame)))
 
     def _close_fan(self) -> None:
         if self.fan.sock is not None:
