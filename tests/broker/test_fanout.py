@@ -242,3 +242,31 @@ def test_joins_and_leaves_during_traffic(fan: Fan) -> None:
         after.append(int(m.payload))
     assert all(n < mark for n in after)
     assert after == list(range(seen[-1] + 1, seen[-1] + 1 + len(after)))
+
+
+def test_broker_serve_fanout_delivers_through_the_pub_socket(zctx: Ctx) -> None:
+    from tests.broker.test_cli import free_port, start_serve
+
+    port, pub = free_port(), free_port()
+    proc = start_serve("--bind", f"tcp://127.0.0.1:{port}", "--fanout", f"tcp://127.0.0.1:{pub}")
+    try:
+        with Client(f"tcp://127.0.0.1:{port}", context=zctx, timeout=20) as member:
+            _broadcast_queue(member)
+            member.join(CHANNEL)
+            for i in range(20):
+                member.push(CHANNEL, 1, str(i).encode())
+            assert _numbers(member, 20) == list(range(20))
+            assert member._core.fanout.received == 20  # all through the SUB socket
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0
+
+
+def test_broker_serve_refuses_a_plain_fanout_off_loopback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from broker.cli import main
+
+    code = main(["serve", "--data", "none", "--fanout", "tcp://10.9.8.7:5681"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "10.9.8.7" in err
