@@ -12,7 +12,9 @@ Every party runs in its own process (spawned), on loopback TCP, 100-byte message
   fire-and-forget pushes; the producer's last push waits for the broker's ack);
 * zerohub 4 producers / 4 consumers: four channels, one push queue each;
 * broadcast (``--broadcast N``, default 50): raw pyzmq PUB -> N SUB processes against a
-  zerohub broadcast queue (Status 0) -> N consumer processes, messages/50 per consumer;
+  zerohub broadcast queue (Status 0) -> N consumer processes, messages/50 per consumer,
+  once sent one by one by the broker and once published on its fan-out socket
+  (``serve --fanout``, ``broker.engine.fanout``: libzmq copies to the N SUBs);
   the rate is the producer's messages per second until every consumer has them all;
 * zerohub round trip: a client pushes into a queue of a channel it joined and waits
   for the delivery, one message at a time;
@@ -249,17 +251,23 @@ def bench_raw_broadcast(ctx: Any, count: int, consumers: int) -> Row:
 
 
 def bench_zerohub_broadcast(
-    ctx: Any, endpoint: str, count: int, consumers: int, broker_pid: int, raw: Row
+    ctx: Any,
+    endpoint: str,
+    count: int,
+    consumers: int,
+    broker_pid: int,
+    raw: Row,
+    fanout: bool = False,
 ) -> Row:
     setup = _client(endpoint)
-    channel = f"bench-broadcast-{consumers}"
+    channel = f"bench-broadcast-{consumers}-{'fanout' if fanout else 'direct'}"
     setup.create_queue(channel, 1, {"Status": 0})
     _close(setup)
     out = ctx.Queue()
     readies = [ctx.Event() for _ in range(consumers)]
     go = ctx.Event()
     procs = [
-        ctx.Process(target=zh_consumer, args=(endpoint, channel, count, False, r, out))
+        ctx.Process(target=zh_consumer, args=(endpoint, channel, count, False, r, out, fanout))
         for r in readies
     ]
     procs.append(ctx.Process(target=zh_producer, args=(endpoint, channel, count, False, go, out)))
@@ -274,16 +282,21 @@ def bench_zerohub_broadcast(
     used = _cpu_seconds(broker_pid) - cpu0
     for p in procs:
         p.join(30)
-    start = min(t for role, t, _ in results if role == "producer")
-    end = max(t for role, t, _ in results if role == "consumer")
-    seen = sum(n for role, _, n in results if role == "consumer")
+    start = min(r[1] for r in results if r[0] == "producer")
+    end = max(r[1] for r in results if r[0] == "consumer")
+    seen = sum(r[2] for r in results if r[0] == "consumer")
     rate = count / (end - start)
     note = (
         f"{seen} delivered, broker CPU {used:.2f} s, {used / max(1, seen) * 1e6:.1f} us/delivery"
     )
+    consumers_cpu = sum(r[3] for r in results if r[0] == "consumer")
+    note = f"{note}, consumers {consumers_cpu / max(1, seen) * 1e6:.1f} us/delivery"
+    if fanout:
+        note = f"{note}, {count * consumers - seen} missed (reported gaps)"
     if raw.rate:
         note = f"{rate / raw.rate:.2f}x raw PUB/SUB  {note}"
-    return Row(f"zerohub broadcast x{consumers}", rate=rate, note=note)
+    how = "fan-out" if fanout else "one by one"
+    return Row(f"zerohub broadcast x{consumers} ({how})", rate=rate, note=note)
 
 
 def bench_raw(ctx: Any, count: int) -> Row:
@@ -311,7 +324,9 @@ def serve_broker(endpoint: str, engine_spec: str, ready: Any, stop: Any) -> None
     module, _, name = engine_spec.partition(":")
     factory: Callable[[], Any] = getattr(importlib.import_module(module), name)
     ctx = zmq.Context()
-    server = Server(factory(), ServerOptions(endpoint=endpoint), context=ctx)
+    # a fan-out socket for the broadcast rows (consumers that do not ask never use it)
+    options = ServerOptions(endpoint=endpoint, fanout="tcp://127.0.0.1:*")
+    server = Server(factory(), options, context=ctx)
     server.start()
     ready.set()
     stop.wait()
@@ -365,17 +380,41 @@ def _close(client: Any) -> None:
 
 
 def zh_consumer(
-    endpoint: str, channel: str, count: int, threaded: bool, ready: Any, out: Any
+    endpoint: str,
+    channel: str,
+    count: int,
+    threaded: bool,
+    ready: Any,
+    out: Any,
+    fanout: bool = False,
 ) -> None:
-    client = _client(endpoint, max_inbox=50_000, threaded=threaded)
+    """Reads ``count`` messages; with ``fanout``, received or reported missed (its time:
+    when the last one came, not the idle wait for a gap's marker)."""
+    client = _client(endpoint, max_inbox=50_000, threaded=threaded, fanout=fanout)
     client.join(channel)
     ready.set()
+    cpu0 = time.process_time()  # (this process, libzmq's I/O thread included)
     seen = 0
-    for _message in client.consume(timeout=60):
-        seen += 1
-        if seen >= count:
-            break
-    out.put(("consumer", time.perf_counter(), seen))
+    if not fanout:
+        for _message in client.consume(timeout=60):
+            seen += 1
+            if seen >= count:
+                break
+        out.put(("consumer", time.perf_counter(), seen, time.process_time() - cpu0))
+        _close(client)
+        return
+    missed = 0
+    last = time.perf_counter()
+    clock = time.perf_counter
+    deadline = time.monotonic() + 120
+    while seen + missed < count and time.monotonic() < deadline:
+        for _message in client.consume(timeout=1.0):
+            seen += 1
+            last = clock()
+            if seen + missed >= count:
+                break
+        missed = sum(gap.count for gap in client.fanout_gaps)
+    out.put(("consumer", last, seen, time.process_time() - cpu0))
     _close(client)
 
 
@@ -423,9 +462,9 @@ def bench_zerohub(
     used = _cpu_seconds(broker_pid) - cpu0 if broker_pid else 0.0
     for p in procs:
         p.join(30)
-    start = min(t for role, t, _ in results if role == "producer")
-    end = max(t for role, t, _ in results if role == "consumer")
-    seen = sum(n for role, _, n in results if role == "consumer")
+    start = min(r[1] for r in results if r[0] == "producer")
+    end = max(r[1] for r in results if r[0] == "consumer")
+    seen = sum(r[2] for r in results if r[0] == "consumer")
     name = "zerohub push queue 1p/1c" if pairs == 1 else f"zerohub push queues {pairs}p/{pairs}c"
     name += " (threaded)" if threaded else ""
     note = f"{seen} delivered"
@@ -966,9 +1005,11 @@ def main(argv: list[str] | None = None) -> int:
                 n = max(1, count // 50)
                 raw_pub = bench_raw_broadcast(ctx, n, args.broadcast)
                 rows.append(raw_pub)
-                rows.append(
-                    bench_zerohub_broadcast(ctx, endpoint, n, args.broadcast, pid, raw_pub)
-                )
+                for fanout in (False, True):
+                    rows.append(
+                        bench_zerohub_broadcast(ctx, endpoint, n, args.broadcast, pid, raw_pub,
+                                                fanout)
+                    )  # fmt: skip
         finally:
             stop.set()
             broker.join(30)

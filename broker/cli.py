@@ -185,6 +185,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "handshake_timeout",
         "max_handshakes",
         "max_connections",
+        "fanout",
+        "fanout_hwm",
     }
     if set(section) - known:
         raise UsageError(f"config server: unknown keys {sorted(set(section) - known)}")
@@ -199,8 +201,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError("serve: --curve-secret and --allow go together")
     from zerohub import zmqkit
 
+    fanout = section.get("fanout")
     try:
         zmqkit.check_bind(endpoint, curve=curve, insecure=bool(section.get("insecure")))
+        if fanout is not None:
+            check_endpoint(str(fanout), bind=True)
+            zmqkit.check_bind(str(fanout), curve=curve, insecure=bool(section.get("insecure")))
     except zmqkit.SecurityError as exc:
         raise UsageError(str(exc)) from None
     try:
@@ -215,6 +221,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             handshake_timeout=float(section.get("handshake_timeout", 10.0)),
             max_handshakes=int(section.get("max_handshakes", 1_000)),
             max_connections=int(section.get("max_connections", 11_000)),
+            fanout=str(fanout) if fanout is not None else None,
+            fanout_hwm=int(section.get("fanout_hwm", 10_000)),
         )
     except (TypeError, ValueError) as exc:
         raise UsageError(f"server options: {exc}") from None
@@ -904,6 +912,15 @@ def build_parser() -> ArgumentParser:
     )
     serve.add_argument("--allow", metavar="DIR", help="folder of allowed client public .key files")
     serve.add_argument("--insecure", action="store_true", help="allow plain text off loopback")
+    serve.add_argument(
+        "--fanout",
+        type=bind_endpoint,
+        metavar="ENDPOINT",
+        help="bind a PUB socket there for broadcast fan-out to consumers that ask for it",
+    )
+    serve.add_argument(
+        "--fanout-hwm", type=int, help="messages queued per fan-out subscriber (10000)"
+    )
     serve.add_argument("--max-frame-size", type=int, help="largest frame accepted (octets)")
     serve.add_argument("--ping-interval", type=float, help="seconds before pinging a quiet peer")
     serve.add_argument(

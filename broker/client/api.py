@@ -113,6 +113,9 @@ class ClientApi(Generic[R]):
     """The protocol calls of a client (see the module docstring)."""
 
     _session: Session
+    #: Ask for broadcast fan-out when joining (``broker.client.fanout``): only the
+    #: clients whose I/O loop reads a fan-out SUB socket.
+    _fanout = False
 
     def _perform(self, call: Call, timeout: float | None = None, result: Any = ANSWER) -> R:
         raise NotImplementedError
@@ -239,7 +242,7 @@ class ClientApi(Generic[R]):
         client at once (unacknowledged, or not yet read off its socket); None takes the
         queue's ``Prefetch`` option or the broker's default.  Kept across reconnects.
         """
-        frame = join_frame(self.new_id(), channel, prefetch)
+        frame = join_frame(self.new_id(), channel, prefetch, fanout=self._fanout)
         call = Call(frame, Reply.NONE, on_success=_joined(channel, prefetch))
         return self._perform(call, timeout)
 

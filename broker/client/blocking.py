@@ -55,6 +55,7 @@ from broker.client.errors import (
     ConnectionLost,
     RemoteError,
 )
+from broker.client.fanout import Gap
 from broker.client.frames import Headers
 from broker.client.io import IOLoop
 from broker.client.message import Kind, Message
@@ -101,6 +102,7 @@ class Client(ClientApi[Any]):
         hwm: int = 10_000,
         linger: float = 1.0,
         threaded: bool = True,
+        fanout: bool = True,
     ) -> None:
         info = ConnectionInfo(
             client_id=client_id,
@@ -129,6 +131,18 @@ class Client(ClientApi[Any]):
         )
         self.threaded = threaded
         self._thread: threading.Thread | None = None
+        #: Ask for broadcast fan-out at every join (``broker.client.fanout``): a broker
+        #: serving ``--fanout`` then publishes its broadcast queues' messages to this
+        #: client through libzmq; any other broker ignores the question.
+        self._fanout = fanout
+
+    @property
+    def fanout_gaps(self) -> list[Gap]:
+        """Broadcast messages this client's fan-out never received (``broker.client.fanout``:
+        a SUB that fell behind, messages published before its subscription was live); the
+        newest ``MAX_GAPS`` of them, oldest first."""
+        fan = self._core.fanout
+        return list(fan.gaps) if fan is not None else []
 
     # -- lifecycle ---------------------------------------------------------------------
 

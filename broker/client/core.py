@@ -74,6 +74,8 @@ class ClientCore:
         self.wake_addr = f"inproc://zerohub-client-{os.getpid()}-{next(_ids)}"
         self.wake_tx: Any = None  # the PAIR socket waking the I/O thread, or _NO_WAKE
         self.loop: Pump | None = None  # poll-on-call: the loop the caller drives
+        #: The I/O loop's fan-out reader (``broker.client.fanout``), once there is a loop.
+        self.fanout: Any = None
         self._unpumped = 0
 
     def closed_error(self) -> ClientError:

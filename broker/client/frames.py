@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 from broker import tmqp
 from broker.client.message import Message
+from broker.fanout import FANOUT
 from broker.protocol import Header, MessageType, Operation, ResultCode
 
 Headers = Mapping[str, str] | tuple[tuple[str, str], ...]
@@ -123,15 +124,22 @@ def ack_frame(message: Message, headers: tuple[tuple[str, str], ...] = ()) -> tm
     )
 
 
-def join_frame(message_id: str, channel: str, prefetch: int | None = None) -> tmqp.Frame:
+def join_frame(
+    message_id: str, channel: str, prefetch: int | None = None, fanout: bool = False
+) -> tmqp.Frame:
     """JOIN ``channel``; ``prefetch``: the most deliveries of each of its queues this client
-    takes in flight (``Prefetch`` header; None: the queue's or the broker's default)."""
+    takes in flight (``Prefetch`` header; None: the queue's or the broker's default).
+    ``fanout``: ask for the broadcast fan-out (``broker.engine.fanout``), answered by a
+    RESPONSE whose headers say where to subscribe (none from a broker without it)."""
     if prefetch is not None and (isinstance(prefetch, bool) or prefetch < 1):
         raise ValueError("prefetch must be a positive integer")
     headers = ((Header.PREFETCH, str(prefetch)),) if prefetch is not None else ()
+    if fanout:
+        headers = (*headers, (FANOUT, "1"))
     return tmqp.Frame(
         message_type=MessageType.SERVER,
-        pending_ack=True,
+        pending_ack=not fanout,
+        pending_response=fanout,
         content_type=Operation.JOIN,
         message_id=message_id,
         target=channel,

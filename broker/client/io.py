@@ -20,6 +20,7 @@ from broker import tmqp
 from broker.client import session as S
 from broker.client.core import ClientCore
 from broker.client.errors import ClientClosed, ClientError, StopLoop
+from broker.client.fanout import FanoutReader
 from broker.client.message import Message
 from broker.client.sockets import close_monitor, handshake_refusal, open_dealer
 from broker.protocol import MessageType
@@ -58,6 +59,10 @@ class IOLoop:
         self.poller = zmq.Poller()
         self.flags: dict[Any, int] = {}
         self.want_out = False
+        #: The broadcast fan-out SUB and its streams (``broker.client.fanout``).
+        self.fan = core.fanout = FanoutReader(
+            core.context, core.curve, core.hwm, core.session.endpoint
+        )
         if wake is not None:
             self._register(wake, zmq.POLLIN)
 
@@ -89,9 +94,16 @@ class IOLoop:
             if self.want_out:
                 flags |= zmq.POLLOUT
             self._register(sock, flags)
+        fan = self.fan
+        if fan.sock is not None:
+            self._register(fan.sock, 0 if s.paused else zmq.POLLIN)
         timeout = int(s.next_wake(time.monotonic()) * 1000) + 1
         if cap_ms is not None and cap_ms < timeout:
             timeout = cap_ms
+        if fan.streams:
+            waits = fan.pending_deadline()
+            if waits is not None:
+                timeout = max(0, min(timeout, int((waits - time.monotonic()) * 1000) + 1))
         events = dict(self.poller.poll(timeout))
         if self.wake is not None and self.wake in events:
             self._drain_wake()
@@ -103,6 +115,10 @@ class IOLoop:
                 self.want_out = False
                 # the pipe was full and takes frames again: the broker reads them
                 s.drained(time.monotonic())
+        if fan.sock is not None and fan.sock in events:
+            self._read_fan()
+        if fan.streams:
+            fan.expire(time.monotonic())
         if self.monitor is not None and self.monitor in events:
             err = handshake_refusal(self.monitor, curve=c.curve is not None, endpoint=s.endpoint)
             if err is not None:
@@ -238,7 +254,12 @@ class IOLoop:
                     self.flush()
                 if ev.first:
                     c.connected.set_result(ev.client_id)
+            elif isinstance(ev, S.Fanout):
+                self.fan.grant(ev, time.monotonic())
+            elif isinstance(ev, S.Unfanout):
+                self.fan.leave(ev.channel)
             elif isinstance(ev, S.Lost):
+                self._close_fan()
                 self._close_socket()
             elif isinstance(ev, S.Dial):
                 self._dial()
@@ -246,6 +267,7 @@ class IOLoop:
                 c.error = ev.error
                 if not c.connected.done():
                     c.connected.set_exception(ev.error)
+                self._close_fan()
                 self._close_socket()
                 raise StopLoop
 
@@ -292,6 +314,34 @@ class IOLoop:
             self._unregister(self.monitor)
             close_monitor(self.sock, self.monitor)
             self.monitor = None
+
+    def _read_fan(self) -> None:
+        """A batch of the fan-out SUB (``broker.client.fanout``), to the inbox as the
+        DEALER's fast path puts deliveries there, or to the ``on_message`` callback."""
+        c = self.c
+        inbox = c.inbox
+        if c.on_message is None:
+            append = inbox.items.append
+
+            def take(frame: tmqp.Frame) -> None:
+                message = _new(Message)
+                _set_message_frame(message, frame)
+                append(message)
+
+            try:
+                self.fan.read(take)
+            finally:
+                if inbox.items and inbox.waiting:
+                    inbox.wake_all()
+            if inbox.full:
+                self.s.paused = True
+        else:
+            self.fan.read(lambda frame: self._deliver(Message(frame)))
+
+    def _close_fan(self) -> None:
+        if self.fan.sock is not None:
+            self._unregister(self.fan.sock)
+        self.fan.close()
 
     def _close_socket(self) -> None:
         self._close_monitor()
@@ -355,6 +405,7 @@ class IOLoop:
     def finish(self) -> None:
         """The loop is over: close the sockets, fail what still waits, wake the waiters."""
         c = self.c
+        self._close_fan()
         self._close_socket()
         err = c.error or ClientClosed("client is closed")
         for ev in self.s.close(err):

@@ -67,6 +67,7 @@ from broker.client.errors import (
 )
 from broker.client.frames import event_frame, join_frame
 from broker.client.message import Message
+from broker.fanout import FANOUT_ENDPOINT, FANOUT_SEQ, FANOUT_TOKEN, TOKEN_SIZE
 from broker.paging import merge
 from broker.protocol import (
     CODE_FOR_NACK_REASON,
@@ -76,6 +77,7 @@ from broker.protocol import (
     Header,
     MessageType,
     NoContent,
+    Operation,
     ResultCode,
     header,
 )
@@ -173,6 +175,24 @@ def _asked(pull: tmqp.Frame) -> int:
     return int(count) if count is not None and count.isdigit() else 1
 
 
+def _fanout_grant(waiter: Any, channel: str, answer: tmqp.Frame) -> Fanout | None:
+    """The fan-out a JOIN's answer granted (None: none, or headers that cannot be read)."""
+    endpoint = header(answer, FANOUT_ENDPOINT)
+    token = header(answer, FANOUT_TOKEN)
+    seq = header(answer, FANOUT_SEQ)
+    if endpoint is None or token is None or seq is None:
+        return None
+    try:
+        raw = bytes.fromhex(token)
+        number = int(seq)
+    except ValueError:
+        log.warning("the broker's fan-out grant for %r cannot be read", channel)
+        return None
+    if len(raw) != TOKEN_SIZE or number < 0:
+        return None
+    return Fanout(waiter, channel, endpoint, raw, number)
+
+
 def _paged(value: Any, path: tuple[str, ...]) -> bool:
     """Whether ``value`` holds a list at ``path`` (a page of a paged answer must)."""
     for key in path:
@@ -237,6 +257,25 @@ class Failed:
 
 
 @dataclass(frozen=True, slots=True)
+class Fanout:
+    """A JOIN granted broadcast fan-out (``broker.engine.fanout``): subscribe ``token`` on
+    a SUB connected to ``endpoint``, then complete ``waiter`` once its marker arrives."""
+
+    waiter: Any
+    channel: str
+    endpoint: str
+    token: bytes
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Unfanout:
+    """The client left ``channel``: stop reading its fan-out stream."""
+
+    channel: str
+
+
+@dataclass(frozen=True, slots=True)
 class Lost:
     """The session is gone: close the socket (a :class:`Dial` follows after a backoff)."""
 
@@ -274,7 +313,20 @@ def notify(event: Notify) -> None:
             log.exception("event callback failed")
 
 
-Event = Send | Dial | Ready | Deliver | Notify | Settled | Failed | Lost | Closed | Ended
+Event = (
+    Send
+    | Dial
+    | Ready
+    | Deliver
+    | Notify
+    | Settled
+    | Failed
+    | Fanout
+    | Unfanout
+    | Lost
+    | Closed
+    | Ended
+)
 _NONE: tuple[Event, ...] = ()
 _ENDED: tuple[Event, ...] = (Ended(),)
 
@@ -546,6 +598,14 @@ class Session:
             return self._page(entry, frame, now)
         if call.on_success is not None:
             call.on_success(self)
+        if kind is Reply.NONE and call.frame.message_type == MessageType.SERVER:
+            op = call.frame.content_type
+            if op == Operation.JOIN and frame.headers:
+                grant = _fanout_grant(entry.waiter, call.frame.target, frame)
+                if grant is not None:
+                    return (grant,)
+            elif op == Operation.LEAVE:
+                return (Unfanout(call.frame.target), Settled(entry.waiter, value))
         return (Settled(entry.waiter, value),)
 
     def _page(self, entry: _Pending, reply: tmqp.Frame, now: float) -> Sequence[Event]:

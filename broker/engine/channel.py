@@ -78,7 +78,7 @@ class Client(Generic[Q]):
 class Channel(Generic[Q]):
     """A named set of queues and the clients that joined it (its consumers)."""
 
-    __slots__ = ("consumer_list", "consumers", "name", "options", "queues")
+    __slots__ = ("consumer_list", "consumers", "fanout", "name", "options", "queues")
 
     def __init__(self, name: str, options: ChannelOptions) -> None:
         self.name = name
@@ -87,3 +87,6 @@ class Channel(Generic[Q]):
         self.consumers: dict[str, Client[Q]] = {}
         #: Consumers in join order (the "first acquirer" is consumer_list[0]).
         self.consumer_list: list[Client[Q]] = []
+        #: The channel's fan-out stream (``broker.engine.fanout.Stream``) while some
+        #: consumer reads its broadcast queues through the broker's PUB socket.
+        self.fanout: Any = None

@@ -20,6 +20,7 @@ from broker.engine.channel import Client as _Client
 from broker.engine.definitions import Definitions
 from broker.engine.errors import OperationError
 from broker.engine.events import EventHub
+from broker.engine.fanout import FanoutStreams
 from broker.engine.host import QueueServices
 from broker.engine.options import BrokerConfig, ChannelOptions, ChannelQueueOptions
 from broker.engine.queue.queue import Queue
@@ -56,6 +57,8 @@ class ChannelRegistry:
         self.channels: dict[str, Channel] = {}
         #: Queues in all channels (bounded by ``config.limits.max_queues``).
         self.queue_count = 0
+        #: The broker's fan-out streams (``broker.engine.fanout``); None: no fan-out socket.
+        self.fanout: FanoutStreams | None = None
 
     def check_push(self, queue: Queue, size: int) -> int:
         """Result code a push of ``size`` octets into ``queue`` would get (0 = accepted):
@@ -181,6 +184,8 @@ class ChannelRegistry:
             self.store.drop_queue(queue.key)
             self.definitions.forget_queue(channel.name, queue.id)
         self.definitions.forget_channel(channel.name)
+        if self.fanout is not None:
+            self.fanout.drop(channel)
         self.queue_count -= len(channel.queues)
         channel.queues.clear()
         for client in channel.consumer_list:
@@ -214,6 +219,8 @@ class ChannelRegistry:
             raise OperationError(ResultCode.LIMIT_EXCEEDED, "channel client limit reached")
         channel.consumers[client.id] = client
         channel.consumer_list.append(client)
+        if channel.fanout is not None:
+            channel.fanout.direct = None
         client.channels[channel.name] = channel
         if prefetch is not None:
             client.prefetch[channel.name] = prefetch
@@ -231,6 +238,8 @@ class ChannelRegistry:
         return True
 
     def remove_consumer(self, channel: Channel, client: Client, out: list[Outgoing]) -> None:
+        if self.fanout is not None:
+            self.fanout.leave(channel, client.id)
         channel.consumers.pop(client.id, None)
         if client in channel.consumer_list:
             channel.consumer_list.remove(client)

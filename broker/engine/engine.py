@@ -84,6 +84,7 @@ from broker.engine.delivery import DefaultDeliveryHandler, DeliveryHandler
 from broker.engine.dsubs import DurableSubscriptions
 from broker.engine.errors import ClientRejected, EngineError, OperationError
 from broker.engine.events import EventHub
+from broker.engine.fanout import FanoutStreams
 from broker.engine.federated import FederatedIds
 from broker.engine.frames import pull_marker
 from broker.engine.host import QueueServices
@@ -695,6 +696,23 @@ class Engine:
         self._drain_ready([q for q in ready if q.stalled], now, out)
         self.receipts.take(out)
         return out
+
+    def enable_fanout(self, endpoint: str) -> None:
+        """Consumers may ask for broadcast fan-out (``broker.engine.fanout``); their SUB
+        sockets connect to ``endpoint`` (the server's XPUB)."""
+        self.channel_registry.fanout = FanoutStreams(endpoint)
+
+    def fanout_check(self, topic: bytes) -> bytes | None:
+        """A subscription on the fan-out socket: the marker's head to publish when its
+        topic is a live stream token (apply it), else None (refuse it)."""
+        fanout = self.channel_registry.fanout
+        return fanout.check(topic) if fanout is not None else None
+
+    def fanout_beat(self) -> list[Outgoing]:
+        """Every fan-out stream's marker (the server sends them about once a second): a
+        subscriber whose last messages were dropped learns of that gap from it."""
+        fanout = self.channel_registry.fanout
+        return fanout.markers() if fanout is not None else []
 
     def disconnect(self, client_id: str, now: float) -> list[Outgoing]:
         """The client is gone: what never reached its socket returns to its queues first,

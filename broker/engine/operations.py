@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from broker import tmqp
@@ -29,6 +30,7 @@ from broker.engine.queue.queue import Queue
 from broker.engine.replies import reply
 from broker.engine.router import Router, RouterError, binding_from_json, method_from_json
 from broker.engine.tmqp_door import encode as encode_message
+from broker.fanout import FANOUT
 from broker.paging import Page, cut, parse_after
 from broker.protocol import (
     EVENT_NAMES,
@@ -72,6 +74,8 @@ def dispatch(
         out.extend(caused)
         return
     headers: tuple[tuple[str, str], ...] = ()
+    if isinstance(model, Headed):
+        headers, model = model.headers, None
     if isinstance(model, Page):
         if model.next is not None:
             headers = ((Header.PAGE_NEXT, model.next),)
@@ -204,10 +208,31 @@ def channel_info(
     return models.channel_information(channel)
 
 
+@dataclass(frozen=True, slots=True)
+class Headed:
+    """An operation's answer that is only headers (a JOIN granting fan-out)."""
+
+    headers: tuple[tuple[str, str], ...]
+
+
 def join(
     parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
-) -> None:
+) -> Headed | None:
     join_channel(parts, client, frame.target, _prefetch(parts, frame), now, out)
+    fanout = parts.channels.fanout
+    if fanout is None:
+        return None
+    channel = parts.channels.channels.get(frame.target)
+    if channel is None or client.id not in channel.consumers:
+        return None
+    asked = bool(frame.headers) and header(frame, FANOUT) == "1"
+    # (an ACK carries no headers: a grant would not reach the client)
+    if not asked or not frame.pending_response or frame.pending_ack:
+        # a join without fan-out (a re-join after a reconnect) ends a membership: that
+        # client gets every delivery one by one again
+        fanout.leave(channel, client.id)
+        return None
+    return Headed(fanout.grant(channel, client.id))
 
 
 def join_channel(

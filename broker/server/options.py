@@ -56,6 +56,10 @@ class ServerOptions:
     #: goes out at once, so latency grows only under load (at most one batch's work).
     send_batch: int = 256
     linger: float = 0.5
+    #: Where to bind the broadcast fan-out XPUB (``broker.engine.fanout``); None: none.
+    fanout: str | None = None
+    #: Messages one fan-out subscriber may have queued before it misses some (a gap).
+    fanout_hwm: int = 10_000
 
     def __post_init__(self) -> None:
         if self.max_frame_size < 64:
@@ -64,5 +68,7 @@ class ServerOptions:
             raise ValueError("need 0 < ping_interval < peer_timeout")
         if self.batch < 1 or self.send_batch < 1:
             raise ValueError("batch and send_batch must be at least 1")
+        if self.fanout_hwm < 1:
+            raise ValueError("fanout_hwm must be at least 1")
         if self.max_handshakes < 1 or self.max_connections < 1:
             raise ValueError("max_handshakes and max_connections must be at least 1")

@@ -32,6 +32,7 @@ from typing import Any
 import zmq
 
 from broker import tmqp
+from broker.engine.fanout import Publish
 from broker.engine.tmqp_door import WIRE, encode
 from broker.message import Message
 from broker.protocol import Tracked
@@ -109,6 +110,8 @@ class SendPath:
         #: Peers whose ``transmitted`` count waits to be reported to the engine.
         self.sent_to: list[Peer] = []
         self.flush_at = options.send_batch
+        #: The broadcast fan-out socket (``broker.server.fanout``); None: not bound.
+        self.fanout: Any = None
         #: Holds engine output until the store made it durable (None: memory only).
         self.gate: OutputGate | None = None
         self.counters: dict[str, int] = dict.fromkeys(
@@ -155,6 +158,8 @@ class SendPath:
                         log.error("engine produced an unencodable message: %s", exc)
                         self.counters["engine_errors"] += 1
                         data = b""
+                elif frame is None:  # a fan-out marker
+                    data = b""
                 else:
                     try:
                         data = frame.encode()[0]
@@ -165,6 +170,9 @@ class SendPath:
             peer = by_client.get(client_id)
             tracked = out.__class__ is Tracked
             if peer is None:
+                if out.__class__ is Publish and self.fanout is not None:
+                    self.fanout.publish(client_id, data)  # (client_id: the head frame)
+                    continue
                 # gone: the engine returns tracked deliveries when it disconnects the client
                 self.counters["dropped_out"] += 1
             elif not data:

@@ -57,6 +57,7 @@ from broker import tmqp
 from broker.engine.limits import MIN_REPLY_SIZE
 from broker.paging import json_size
 from broker.protocol import GREETING, Header, MessageType, Operation, ResultCode, header
+from broker.server.fanout import FanoutDoor
 from broker.server.gate import DurableLike, OutputGate
 from broker.server.links import Connections
 from broker.server.options import ServerError, ServerOptions
@@ -201,12 +202,32 @@ class Server:
             sock.close(linger=0)
             self._stop_auth()
             raise ServerError(f"cannot serve on {opts.endpoint}: {exc}") from None
+        if opts.fanout is not None:
+            try:
+                self._bind_fanout(opts.fanout, curve)
+            except ServerError:
+                sock.close(linger=0)
+                raise
         self.sender.router = sock
         self.sessions.connections = Connections(sock, opts.max_connections)
         self.sender.fast_send = zmqkit.fast_send(sock)
         endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.endpoint = endpoint
         return endpoint
+
+    def _bind_fanout(self, endpoint: str, curve: bool) -> None:
+        """Bind the broadcast fan-out XPUB (``broker.server.fanout``) beside the ROUTER."""
+        opts = self.options
+        try:
+            zmqkit.check_bind(endpoint, curve=curve, insecure=opts.insecure)
+            door = FanoutDoor.bind(self.context, endpoint, opts.fanout_hwm, opts.linger,
+                                   opts.curve_secret, self.engine, self.counters)  # fmt: skip
+        except (zmq.ZMQError, zmqkit.SecurityError) as exc:
+            self._stop_auth()
+            raise ServerError(f"cannot publish on {endpoint}: {exc}") from None
+        self.sender.fanout = door
+        self.engine.enable_fanout(door.endpoint)  # type: ignore[attr-defined]
+        self.add_reader(door.sock, door.on_readable)
 
     def start(self) -> str:
         """Bind and serve on a background thread; returns the bound endpoint."""
@@ -250,6 +271,7 @@ class Server:
             self._close_connections()
             self.sender.router.close(linger=0)
             self.sender.router = None
+            self._close_fanout()
         self._stop_auth()
 
     def __enter__(self) -> Server:
@@ -330,6 +352,8 @@ class Server:
                     self.sender.send_all(self.sessions.guard("tick", self.engine.tick, now))
                 if now >= self.sessions.next_scan:
                     self.sessions.scan(now)
+                    if self.sender.fanout is not None:  # each stream's marker (tail gaps)
+                        self.sender.send_all(self.engine.fanout_beat())  # type: ignore[attr-defined]
                 if self.sender.blocked:
                     self.sender.flush_backlogs()
                 if self.sender.gone or self.sessions.unreachable:
@@ -464,6 +488,12 @@ class Server:
         self._close_connections()
         router.close(linger=int(self.options.linger * 1000))
         self.sender.router = None
+        self._close_fanout()
+
+    def _close_fanout(self) -> None:
+        if self.sender.fanout is not None:
+            self.sender.fanout.close(self.options.linger)
+            self.sender.fanout = None
 
     # -- statistics --------------------------------------------------------------------
 

@@ -63,6 +63,7 @@ from broker.engine.queue.retained import Retained
 from broker.engine.queue.seqindex import SequenceIndex
 from broker.engine.queue.statuses import StatusStrategy, strategy_for
 from broker.engine.queue.trash import Trash, Trashed
+from broker.engine.receipts import requested as receipt_requested
 from broker.message import parked
 from broker.protocol import NackReason, Outgoing, ResultCode, Tracked
 from broker.store import IndexEntry, Store, StoredMessage
@@ -513,6 +514,29 @@ class Queue:
         keep: bool = True,
     ) -> bool:
         return self.dispatch.send(m, consumers, now, out, keep)
+
+    def publish(self, m: QueueMessage, stream: Any, now: float, out: list[Outgoing]) -> bool:
+        """Publish ``m`` once on the channel's fan-out ``stream`` (``broker.engine.fanout``)
+        for its members; False (nothing done) when it needs per-consumer work: the queue
+        requests acknowledges or has delivery hooks, or ``m`` asks for a receipt."""
+        hooks = self.hooks
+        if (
+            self.options.request_acknowledge
+            or hooks.begin_send
+            or hooks.received
+            or hooks.end_send
+            or hooks.can_receive
+        ):
+            return False
+        headers = m.message.headers
+        if headers and receipt_requested(headers)[0]:
+            return False  # (a receipt counts who received the message: one by one)
+        stream.publish(self.dispatch.out_message(m), out)
+        self.sent += 1
+        self.deliveries += len(stream.members)
+        self.last_sent = now
+        m.state = INFLIGHT
+        return True
 
     def eligible(self, m: QueueMessage, c: Client) -> bool:
         return self.dispatch.eligible(m, c)

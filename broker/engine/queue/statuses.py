@@ -30,9 +30,9 @@ is one new class implementing :class:`StatusStrategy` and one entry in :data:`ST
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from broker.engine.message import QUEUED
+from broker.engine.message import INFLIGHT, QUEUED
 from broker.protocol import NackReason, Outgoing, QueueStatus
 
 if TYPE_CHECKING:
@@ -70,6 +70,10 @@ class StatusHost(Protocol):
     ) -> bool: ...
 
     def drain(self, now: float, out: list[Outgoing]) -> None: ...
+
+    def publish(self, m: QueueMessage, stream: Any, now: float, out: list[Outgoing]) -> bool: ...
+
+    def finish(self, m: QueueMessage) -> None: ...
 
     def drop(
         self, m: QueueMessage, out: list[Outgoing], reason: str, count: bool = True
@@ -227,7 +231,17 @@ class Broadcast:
     keeps_returns: ClassVar[bool] = True
 
     def admit(self, q: StatusHost, m: QueueMessage, now: float, out: list[Outgoing]) -> None:
-        consumers = q.channel.consumer_list
+        channel = q.channel
+        stream = channel.fanout
+        if stream is not None and q.publish(m, stream, now, out):
+            # the fan-out members have it (``broker.engine.fanout``): the others one by one
+            others = stream.others(channel.consumer_list)
+            if others:
+                q.send(m, others, now, out, keep=False)
+            if m.state == INFLIGHT and not m.lived().unsent:
+                q.finish(m)  # no copy waits for the transport
+            return
+        consumers = channel.consumer_list
         sent = bool(consumers) and q.send(m, consumers, now, out, keep=False)
         if not sent and m.state == QUEUED:  # nobody took it: broadcast keeps nothing
             q.drop(m, out, NackReason.NO_CONSUMERS, count=False)

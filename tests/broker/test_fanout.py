@@ -1,0 +1,272 @@
+"""Broadcast fan-out through the broker's XPUB (``broker.engine.fanout``), real sockets.
+
+Consumers that ask for fan-out get a broadcast queue's messages from one publish per
+message, in order; a SUB without a granted token gets nothing (CURVE on and off); a
+consumer that falls behind sees its gap reported, never a silent one; joins and leaves
+during traffic keep every member's stream in order.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from broker.client import Client
+from broker.engine import Engine
+from broker.server import Server, ServerOptions
+from tests.polling import wait_until
+from zerohub import zmqkit
+from zerohub.zmqkit import new_certificate
+
+Ctx = zmq.Context[zmq.Socket[bytes]]
+CHANNEL = "news"
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> dict[str, Path]:
+    allow = tmp_path / "allow"
+    allow.mkdir()
+    server_pub, server_sec = new_certificate("server", tmp_path / "server")
+    good_pub, good_sec = new_certificate("good", tmp_path / "clients")
+    _bad_pub, bad_sec = new_certificate("bad", tmp_path / "clients")
+    (allow / "good.key").write_bytes(good_pub.read_bytes())
+    return {"server_pub": server_pub, "server_sec": server_sec, "good_sec": good_sec,
+            "bad_sec": bad_sec, "allow": allow}  # fmt: skip
+
+
+class Fan:
+    """A broker serving fan-out and a way to make its clients (closed at the end)."""
+
+    def __init__(self, ctx: Ctx, keys: dict[str, Path] | None, **opts: Any) -> None:
+        self.ctx = ctx
+        self.keys = keys
+        curve: dict[str, Any] = {}
+        if keys is not None:
+            curve = {"curve_secret": str(keys["server_sec"]), "allow_dir": str(keys["allow"])}
+        options = ServerOptions(
+            endpoint="tcp://127.0.0.1:*", fanout="tcp://127.0.0.1:*", **curve, **opts
+        )
+        self.server = Server(Engine(), options, context=ctx)
+        self.endpoint = self.server.start()
+        assert self.server.sender.fanout is not None
+        self.fanout = self.server.sender.fanout.endpoint
+        self.clients: list[Client] = []
+
+    def client(self, **kw: Any) -> Client:
+        if self.keys is not None:
+            kw.setdefault("server_key", self.keys["server_pub"])
+            kw.setdefault("curve_secret", self.keys["good_sec"])
+        kw.setdefault("timeout", 20.0)
+        client = Client(self.endpoint, context=self.ctx, **kw).connect()
+        self.clients.append(client)
+        return client
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+        self.server.stop()
+
+
+@pytest.fixture(params=[False, True], ids=["plain", "curve"])
+def fan(request: pytest.FixtureRequest, zctx: Ctx, keys: dict[str, Path]) -> Iterator[Fan]:
+    f = Fan(zctx, keys if request.param else None)
+    yield f
+    f.close()
+
+
+def _broadcast_queue(producer: Client) -> None:
+    producer.create_queue(CHANNEL, 1, {"Status": 0})  # broadcast, no acknowledges
+
+
+def _numbers(client: Client, count: int, timeout: float = 20.0) -> list[int]:
+    got: list[int] = []
+    while len(got) < count:
+        message = client.receive(timeout=timeout)
+        assert message is not None, f"{len(got)} of {count} received"
+        got.append(int(message.payload))
+    return got
+
+
+@pytest.mark.parametrize("consumers", [1, 50])
+def test_every_member_receives_every_message_in_order(fan: Fan, consumers: int) -> None:
+    producer = fan.client()
+    _broadcast_queue(producer)
+    members = [fan.client(threaded=False) for _ in range(consumers)]
+    direct = fan.client(fanout=False)  # an older client: the one-by-one path
+    for c in [*members, direct]:
+        c.join(CHANNEL)
+    total = 300
+    for i in range(total):
+        producer.push(CHANNEL, 1, str(i).encode())
+    for c in [*members, direct]:
+        assert _numbers(c, total) == list(range(total))
+        assert c.fanout_gaps == []
+    counters = fan.server.counters
+    assert counters["fanout_published"] == total  # once per message, not once per member
+    assert counters["fanout_subscribed"] == consumers
+
+
+def _spy(ctx: Ctx, fan: Fan, topics: list[bytes], secret: Path | None) -> zmq.Socket[bytes]:
+    sub = ctx.socket(zmq.SUB)
+    sub.linger = 0
+    if fan.keys is not None:
+        assert secret is not None
+        zmqkit.configure_client(sub, secret, fan.keys["server_pub"])
+    for topic in topics:
+        sub.setsockopt(zmq.SUBSCRIBE, topic)
+    sub.connect(fan.fanout)
+    return sub
+
+
+def test_a_subscriber_without_a_granted_token_receives_nothing(fan: Fan, zctx: Ctx) -> None:
+    producer = fan.client()
+    _broadcast_queue(producer)
+    member = fan.client()
+    member.join(CHANNEL)
+    token = bytes.fromhex(_token_of(fan))
+    # everything, a prefix of the real token, a guessed token, the token with one bit off
+    guesses = [b"", token[:1], token[:15], bytes(16), bytes([token[0] ^ 1]) + token[1:]]
+    spies = [_spy(zctx, fan, [g], fan.keys["good_sec"] if fan.keys else None) for g in guesses]
+    if fan.keys is not None:  # and a key the broker does not allow, with the real token
+        spies.append(_spy(zctx, fan, [token], fan.keys["bad_sec"]))
+    try:
+        # the broker saw and refused the allowed-key spies' subscriptions (the empty one
+        # too) before anything is published
+        assert wait_until(lambda: fan.server.counters["fanout_refused"] >= len(guesses))
+        total = 200
+        for i in range(total):
+            producer.push(CHANNEL, 1, str(i).encode())
+        assert _numbers(member, total) == list(range(total))
+        # the member's stream ends with a marker: published after the last message, so a
+        # spy that could read anything would hold the messages by now
+        late = fan.client()
+        late.join(CHANNEL)
+        assert wait_until(lambda: fan.server.counters["fanout_markers"] >= 2)
+        producer.push(CHANNEL, 1, b"-1", ack=True)
+        assert _numbers(late, 1) == [-1]
+        for spy in spies:
+            assert spy.poll(0) == 0, "an unauthorised subscriber received a message"
+    finally:
+        for spy in spies:
+            spy.close(linger=0)
+
+
+def _token_of(fan: Fan) -> str:
+    """The live stream token, as the adversary cannot read it (from the engine)."""
+    engine = fan.server.engine
+    channel = engine.channels[CHANNEL]  # type: ignore[attr-defined]
+    assert channel.fanout is not None
+    token: bytes = channel.fanout.token
+    return token.hex()
+
+
+def test_a_consumer_that_falls_behind_sees_its_gap_reported(zctx: Ctx) -> None:
+    f = Fan(zctx, None, fanout_hwm=10)
+    try:
+        producer = f.client()
+        _broadcast_queue(producer)
+        # reads nothing while its inbox is full: its SUB and the broker's pipe fill up
+        slow = f.client(max_inbox=5, hwm=10)
+        slow.join(CHANNEL)
+        total = 3000
+        payload = b"x" * 8000  # 24 MB in all: more than loopback's socket buffers hold
+        for i in range(total):
+            producer.push(CHANNEL, 1, b"%d %s" % (i, payload))
+        # the tail of what it missed: the broker's markers (about one a second) tell
+        received: list[int] = []
+
+        def settled() -> bool:
+            while (m := slow.receive(timeout=0)) is not None:
+                received.append(int(m.payload.split(b" ")[0]))
+            missed = sum(g.count for g in slow.fanout_gaps)
+            return len(received) + missed == total
+
+        assert wait_until(settled, timeout=60)
+        gaps = slow.fanout_gaps
+        assert gaps, "the consumer fell behind without a reported gap"
+        assert received == sorted(received)
+        # every stream number is either received or inside a reported gap, never both
+        holes = {n for g in gaps for n in range(g.first, g.last + 1)}
+        assert len(holes) == sum(g.count for g in gaps)
+        stream_numbers = {n + 1 for n in received}  # stream numbers start at 1
+        assert not holes & stream_numbers
+        assert holes | stream_numbers == set(range(1, total + 1))
+    finally:
+        f.close()
+
+
+def test_joins_and_leaves_during_traffic(fan: Fan) -> None:
+    producer = fan.client()
+    _broadcast_queue(producer)
+    steady = fan.client()
+    got: list[int] = []
+    steady.on_message(lambda m: got.append(int(m.payload)))  # reads all along
+    steady.join(CHANNEL)
+    stop = threading.Event()
+    sent: list[int] = []
+
+    def produce() -> None:
+        i = 0
+        while not stop.is_set() and i < 50_000:
+            # every 20th push acknowledged: the producer keeps pace with the broker
+            producer.push(CHANNEL, 1, str(i).encode(), ack=i % 20 == 0)
+            sent.append(i)
+            i += 1
+
+    writer = threading.Thread(target=produce)
+    writer.start()
+    try:
+        assert wait_until(lambda: len(sent) > 100)
+        visitor = fan.client()
+        visitor.join(CHANNEL)  # live from its marker on: what follows comes in order
+        seen = _numbers(visitor, 300)
+        assert seen == list(range(seen[0], seen[0] + 300))
+        visitor.leave(CHANNEL)
+        mark = len(sent)  # pushes from here on reach the broker after the leave
+        assert wait_until(lambda: len(sent) > mark + 500)
+    finally:
+        stop.set()
+        writer.join(30)
+    total = len(sent)
+    assert wait_until(lambda: len(got) >= total, timeout=30)
+    assert got == list(range(total))
+    assert steady.fanout_gaps == [] and visitor.fanout_gaps == []
+    # after its leave the visitor reads nothing published later
+    after: list[int] = []
+    while (m := visitor.receive(timeout=0)) is not None:
+        after.append(int(m.payload))
+    assert all(n < mark for n in after)
+    assert after == list(range(seen[-1] + 1, seen[-1] + 1 + len(after)))
+
+
+def test_broker_serve_fanout_delivers_through_the_pub_socket(zctx: Ctx) -> None:
+    from tests.broker.test_cli import free_port, start_serve
+
+    port, pub = free_port(), free_port()
+    proc = start_serve("--bind", f"tcp://127.0.0.1:{port}", "--fanout", f"tcp://127.0.0.1:{pub}")
+    try:
+        with Client(f"tcp://127.0.0.1:{port}", context=zctx, timeout=20) as member:
+            _broadcast_queue(member)
+            member.join(CHANNEL)
+            for i in range(20):
+                member.push(CHANNEL, 1, str(i).encode())
+            assert _numbers(member, 20) == list(range(20))
+            assert member._core.fanout.received == 20  # all through the SUB socket
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0
+
+
+def test_broker_serve_refuses_a_plain_fanout_off_loopback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from broker.cli import main
+
+    code = main(["serve", "--data", "none", "--fanout", "tcp://10.9.8.7:5681"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "10.9.8.7" in err
