@@ -65,6 +65,7 @@ __all__ = [
     "relative_parts",
     "remove_beneath",
     "replace_beneath",
+    "replace_in",
     "resolve_beneath",
     "rmdir_beneath",
     "safe_target",
@@ -336,6 +337,14 @@ def replace_beneath(source: str, root: Root, parts: Sequence[str]) -> None:
         os.replace(source, parts[-1], dst_dir_fd=parent)
     finally:
         os.close(parent)
+
+
+def replace_in(source: str, folder: int, name: str) -> None:
+    """Rename file ``source`` to ``name`` in the folder descriptor ``folder`` (one from
+    ``open_dir_beneath``); ``name`` must be a plain component.  A link at ``name`` is
+    replaced, never followed; a folder there fails (``IsADirectoryError``)."""
+    _check_part(name)
+    os.replace(source, name, dst_dir_fd=folder)
 
 
 def remove_beneath(root: Root, parts: Sequence[str], *, prune: bool = True) -> bool:

@@ -1,0 +1,104 @@
+"""The mirror's kept folder descriptors (``Mirror._folder``): small files into one folder
+walk it once per receive batch, the descriptors are bounded and released, and a folder
+removed or swapped for a link is never written through."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+import filemq.mirror as mirror_module
+import filemq.paths as paths
+from filemq.index import FileIndex
+from filemq.mirror import MAX_FOLDER_FDS, Mirror
+from filemq.paths import UnsafePathError
+
+from .conftest import read_tree, write_tree
+
+
+def _place(mirror: Mirror, name: str, data: bytes) -> None:
+    parts = tuple(name.split("/"))
+    headers = {"size": str(len(data)), "sha1": hashlib.sha1(data).hexdigest()}
+    ok, reason = mirror.place(parts, mirror.target(parts), data, headers)
+    assert ok, reason
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_files_into_one_folder_walk_it_once_per_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rename into place walked DEST from its root for every file (four system
+    calls more per small file); now once per folder until ``release_folders``."""
+    walks: list[tuple[str, ...]] = []  # the walks that make missing folders: renames
+    real = paths.open_dir_beneath
+
+    def counting(root: object, parts: tuple[str, ...], *, create: bool = False) -> int:
+        if create:
+            walks.append(tuple(parts))
+        return real(root, parts, create=create)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(mirror_module, "open_dir_beneath", counting)
+    monkeypatch.setattr(paths, "open_dir_beneath", counting)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    mirror = Mirror(dest, FileIndex(dest))
+    for i in range(50):
+        _place(mirror, f"a/b/f{i}", b"x%d" % i)
+    assert walks.count(("a", "b")) == 1
+    mirror.release_folders()  # (what the client does before each wait for the socket)
+    _place(mirror, "a/b/last", b"last")
+    assert walks.count(("a", "b")) == 2
+    mirror.release_folders()
+    assert read_tree(dest) == {**{f"a/b/f{i}": b"x%d" % i for i in range(50)}, "a/b/last": b"last"}
+
+
+def test_kept_folder_descriptors_are_bounded_and_released(tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    mirror = Mirror(dest, FileIndex(dest))
+    before = _open_fds()
+    for i in range(MAX_FOLDER_FDS + 20):
+        _place(mirror, f"d{i}/f", b"%d" % i)
+        assert _open_fds() - before <= MAX_FOLDER_FDS
+    mirror.release_folders()
+    assert _open_fds() == before
+    assert len(read_tree(dest)) == MAX_FOLDER_FDS + 20
+
+
+def test_a_folder_removed_within_a_batch_is_made_again(tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    mirror = Mirror(dest, FileIndex(dest))
+    _place(mirror, "sub/one", b"1")
+    shutil.rmtree(dest / "sub")  # a local user, while the kept descriptor is open
+    _place(mirror, "sub/two", b"2")
+    mirror.release_folders()
+    assert read_tree(dest) == {"sub/two": b"2"}
+    assert not [p for p in dest.iterdir() if p.name.startswith(".filemq-part-")]
+
+
+def test_a_folder_swapped_for_a_link_is_never_written_through(tmp_path: Path) -> None:
+    """Within a batch the kept descriptor still names the folder itself (moved away:
+    never the link's target); from the next batch on the walk refuses the link."""
+    dest, outside, moved = tmp_path / "dest", tmp_path / "victim", tmp_path / "moved"
+    dest.mkdir()
+    write_tree(outside, {"own": b"victim's"})
+    mirror = Mirror(dest, FileIndex(dest))
+    _place(mirror, "sub/one", b"1")
+    (dest / "sub").rename(moved)
+    (dest / "sub").symlink_to(outside, target_is_directory=True)
+    _place(mirror, "sub/two", b"2")  # this batch: into the folder, where it went
+    mirror.release_folders()
+    with pytest.raises(UnsafePathError):
+        _place(mirror, "sub/three", b"3")
+    mirror.release_folders()
+    assert read_tree(outside) == {"own": b"victim's"}
+    assert read_tree(moved) == {"one": b"1", "two": b"2"}
+    assert not [p for p in dest.iterdir() if p.name.startswith(".filemq-part-")]
