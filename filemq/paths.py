@@ -60,6 +60,7 @@ __all__ = [
     "lstat_beneath",
     "open_beneath",
     "open_dir_beneath",
+    "open_in",
     "readlink_beneath",
     "relative_inside",
     "relative_parts",
@@ -304,13 +305,25 @@ def open_beneath(
     _check_part(parts[-1])
     parent = open_dir_beneath(root, parts[:-1])
     try:
+        return _open_last(parent, parts, flags, mode)
+    finally:
+        os.close(parent)
+
+
+def open_in(folder: int, parts: Sequence[str], flags: int = os.O_RDONLY) -> int:
+    """``open_beneath`` of ``parts`` with its folder already walked: ``folder`` is a
+    descriptor of ``parts[:-1]`` from ``open_dir_beneath`` (the caller keeps it)."""
+    _check_part(parts[-1])
+    return _open_last(folder, parts, flags, 0o666)
+
+
+def _open_last(parent: int, parts: Sequence[str], flags: int, mode: int) -> int:
+    try:
         return os.open(parts[-1], flags | _NOFOLLOW | _CLOEXEC, mode, dir_fd=parent)
     except OSError as exc:
         if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and flags & _DIRECTORY):
             raise _in_the_way(parent, parts, len(parts) - 1) from None
         raise
-    finally:
-        os.close(parent)
 
 
 def lstat_beneath(root: Root, parts: Sequence[str]) -> os.stat_result:

@@ -7,15 +7,19 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import filemq.mirror as mirror_module
 import filemq.paths as paths
+import filemq.server as server_module
+from filemq.client import SyncResult
 from filemq.index import FileIndex
 from filemq.mirror import MAX_FOLDER_FDS, Mirror
 from filemq.paths import UnsafePathError
+from filemq.server import FileServer
 
 from .conftest import read_tree, write_tree
 
@@ -102,3 +106,29 @@ def test_a_folder_swapped_for_a_link_is_never_written_through(tmp_path: Path) ->
     assert read_tree(outside) == {"own": b"victim's"}
     assert read_tree(moved) == {"one": b"1", "two": b"2"}
     assert not [p for p in dest.iterdir() if p.name.startswith(".filemq-part-")]
+
+
+def test_server_walks_a_folder_once_per_round_of_sending(
+    tmp_path: Path, serve: Callable[..., FileServer], sync_once: Callable[..., SyncResult],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The server walked DEST from the mount's root for every file it opened (and
+    ``fstat``-ed it twice); now a folder's descriptor serves a whole round (at most
+    ``_PUMP_BUDGET`` = 64 messages), so 60 small files need a few walks, not 60."""
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    tree = {f"sub/f{i:02d}": b"%d" % i for i in range(60)}
+    write_tree(src, tree)
+    server = serve(src, indexes_live=True)  # (indexed before: its reads are not counted)
+    walks: list[tuple[str, ...]] = []
+    real = paths.open_dir_beneath
+
+    def counting(root: object, parts: tuple[str, ...], *, create: bool = False) -> int:
+        walks.append(tuple(parts))
+        return real(root, parts, create=create)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(server_module, "open_dir_beneath", counting)
+    monkeypatch.setattr(paths, "open_dir_beneath", counting)
+    result = sync_once(server.endpoint, dest)
+    assert result.synced and result.errors == 0
+    assert read_tree(dest) == tree
+    assert 1 <= walks.count(("sub",)) <= 20  # (the mirror's walks: one per batch)
