@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import filemq.paths as paths
 import filemq.server as server_module
 from filemq.client import SyncResult
 from filemq.index import FileIndex
+from filemq.meta import EntryMeta, Kind
 from filemq.mirror import MAX_FOLDER_FDS, Mirror
 from filemq.paths import UnsafePathError
 from filemq.server import FileServer
@@ -132,3 +134,47 @@ def test_server_walks_a_folder_once_per_round_of_sending(
     assert result.synced and result.errors == 0
     assert read_tree(dest) == tree
     assert 1 <= walks.count(("sub",)) <= 20  # (the mirror's walks: one per batch)
+
+
+@pytest.mark.parametrize(
+    ("umask", "mode", "mask", "chmods"),
+    [
+        (0o022, 0o644, 0o777, 0),  # the usual case: created with its final bits
+        (0o022, 0o000, 0o777, 0),
+        (0o077, 0o644, 0o777, 1),  # the umask took bits away: fchmod puts them back
+        (0o022, 0o4755, 0o7777, 1),  # special bits: created 0600, then fchmod
+        (0o022, 0o4755, 0o777, 0),  # (stripped by the mask)
+    ],
+)
+def test_a_small_file_is_created_with_its_final_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, umask: int, mode: int, mask: int, chmods: int
+) -> None:
+    """A verified whole file was created 0600 and ``fchmod``-ed every time (a system call
+    per small file); now only when the created bits are not the final ones."""
+    calls: list[int] = []
+    real = os.fchmod
+
+    def counting(fd: int, bits: int) -> None:
+        calls.append(bits)
+        real(fd, bits)
+
+    monkeypatch.setattr(os, "fchmod", counting)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    mirror = Mirror(dest, FileIndex(dest), mask=mask)
+    data = b"content"
+    headers = {"size": str(len(data)), "sha1": hashlib.sha1(data).hexdigest()}
+    meta = EntryMeta(Kind.FILE, mode, 1_600_000_000_000_000_000)
+    old = os.umask(umask)
+    try:
+        ok, reason = mirror.place(("d", "f"), mirror.target(("d", "f")), data, headers, meta)
+    finally:
+        os.umask(old)
+        mirror.release_folders()
+    assert ok, reason
+    st = (dest / "d" / "f").stat()
+    assert stat.S_IMODE(st.st_mode) == mode & mask
+    assert st.st_mtime_ns == 1_600_000_000_000_000_000
+    assert len(calls) == chmods
+    assert mirror.index.get("d/f") is not None
+    assert mirror.index.get("d/f").mode == mode & mask  # type: ignore[union-attr]
