@@ -116,9 +116,9 @@ def test_server_walks_a_folder_once_per_round_of_sending(
 ) -> None:  # fmt: skip
     """The server walked DEST from the mount's root for every file it opened (and
     ``fstat``-ed it twice); now a folder's descriptor serves a whole round (at most
-    ``_PUMP_BUDGET`` = 64 messages), so 60 small files need a few walks, not 60."""
+    ``_PUMP_BUDGET`` = 64 messages), so 100 small files need a few walks, not 100."""
     src, dest = tmp_path / "src", tmp_path / "dest"
-    tree = {f"sub/f{i:02d}": b"%d" % i for i in range(60)}
+    tree = {f"sub/f{i:03d}": b"%d" % i for i in range(100)}
     write_tree(src, tree)
     server = serve(src, indexes_live=True)  # (indexed before: its reads are not counted)
     walks: list[tuple[str, ...]] = []
@@ -133,7 +133,9 @@ def test_server_walks_a_folder_once_per_round_of_sending(
     result = sync_once(server.endpoint, dest)
     assert result.synced and result.errors == 0
     assert read_tree(dest) == tree
-    assert 1 <= walks.count(("sub",)) <= 20  # (the mirror's walks: one per batch)
+    # (a few rounds, and the mirror's first check of its folder; bound loose for a
+    # loaded machine: every round is one walk at most)
+    assert 1 <= walks.count(("sub",)) <= 34
 
 
 @pytest.mark.parametrize(
