@@ -636,6 +636,7 @@ class SyncClient:
             while not self._stop.is_set():
                 wakeup = session.wakeup(now)  # (capped credit to grant: inf when none)
                 wait = _POLL_MS if wakeup * 1000 >= _POLL_MS else int(wakeup * 1000) + 1
+                mirror.release_folders()  # (folders walked again after each wait)
                 events = dict(poller.poll(wait))
                 now = time.monotonic()
                 if monitor is not None and monitor in events:
@@ -702,6 +703,7 @@ class SyncClient:
             return _Outcome.RETRY  # (the partial file is left by the abort below)
         finally:
             mirror.abort()
+            mirror.release_folders()
             close_dealer(sock, monitor)
 
     def _offer_partials(self, session: ClientSession, mirror: Mirror) -> bool:

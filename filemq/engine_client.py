@@ -110,6 +110,9 @@ __all__ = [
 ]
 
 
+_DIR = Kind.DIR.value  # (read once: an Enum member's value is a descriptor call)
+
+
 class PeerTimeout(RemoteProtocolError):
     """The server sent nothing for longer than the timeout."""
 
@@ -562,7 +565,7 @@ class ClientSession:
             except UnsafePathError as exc:
                 return [FileRefused(msg.filename, str(exc))]
             kind = msg.headers.get(HEADER_KIND)
-            if self._excluded is not None and self._excluded(rel, kind == Kind.DIR.value):
+            if self._excluded is not None and self._excluded(rel, kind == _DIR):
                 return []  # never delete what the mirror's patterns leave out
             return [FileDelete(rel, parts, kinded=kind is not None)]
         if op != Operation.CREATE:
@@ -585,7 +588,7 @@ class ClientSession:
                 actions.append(FileRefused(msg.filename, str(exc)))
                 current = _Transfer(msg.filename, None, msg.offset)
             else:
-                is_dir = msg.headers.get(HEADER_KIND) == Kind.DIR.value
+                is_dir = msg.headers.get(HEADER_KIND) == _DIR
                 if self._excluded is not None and self._excluded(rel, is_dir):
                     actions.append(FileSkipped(rel))
                     current = _Transfer(msg.filename, None, msg.offset)

@@ -219,15 +219,17 @@ def canonical_target(link: Sequence[str], resolved: Sequence[str]) -> str:
     return "/".join([".."] * up + rest)
 
 
+_KINDS = {kind.value: kind for kind in Kind}
+
+
 def parse_entry(headers: Mapping[str, str], link: Sequence[str]) -> EntryMeta:
     """The checked ``EntryMeta`` of a CREATE's last chunk at ``link`` parts; ``MetaError``
     for a header that cannot be true (unknown kind, bad mode or mtime, a link target
     that would lead out of DEST)."""
-    kind_text = headers.get(HEADER_KIND, Kind.FILE.value)
-    try:
-        kind = Kind(kind_text)
-    except ValueError:
-        raise MetaError(f"unknown kind {kind_text[:30]!r}") from None
+    kind_text = headers.get(HEADER_KIND)
+    kind = Kind.FILE if kind_text is None else _KINDS.get(kind_text)  # (no Enum call)
+    if kind is None:
+        raise MetaError(f"unknown kind {(kind_text or '')[:30]!r}")
     mode_text = headers.get(HEADER_MODE)
     mode = None if mode_text is None else _parse_mode(mode_text)
     mtime_text = headers.get("mtime_ns")

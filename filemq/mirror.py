@@ -36,7 +36,13 @@ inside DEST) before a file is received, and created when missing.  The rename
 into place and every delete then walk DEST again through ``filemq.paths`` (one
 descriptor per folder, no symbolic link followed), so a folder swapped for a
 link pointing out of DEST while the mirror runs is refused, not written or
-deleted through; a folder removed meanwhile is made again.  Deletes also remove
+deleted through; a folder removed meanwhile is made again.  (The descriptor of a
+folder walked is kept for the next renames into it until the client next waits
+for the socket -- at most 256 messages -- or a delete, folder change or DEST check
+comes: ``release_folders``; at most ``MAX_FOLDER_FDS`` kept.  This saves four
+system calls per small file; a folder swapped within one such batch still
+receives that batch's files in the folder it was, wherever it was moved: never
+through the link.)  Deletes also remove
 the folders they empty (unless the server mirrors folders: ``delete``).  A
 verified file whose place in DEST is held by a directory (a local change)
 replaces that directory and everything under it: DEST is a mirror
@@ -45,7 +51,10 @@ replaces that directory and everything under it: DEST is a mirror
 Metadata (``filemq.meta``): a verified file gets the server's ``mode & mask`` and
 its ``mtime`` on the temp file's descriptor, *after* verification and *before* the
 rename, so it shows up at its name complete, with its final mode and mtime at once
-(never with wider permissions in between; the temp file itself is created 0600).
+(never with wider permissions in between; the temp file of a file received in
+chunks is created 0600; one sent whole, verified before it is written, is created
+with its final permission bits when they are plain rwx bits, and ``fchmod``-ed only
+when the umask took some away).
 ``mask`` is 0o777 by default: setuid, setgid and sticky bits are stripped unless
 the mirror keeps them (``--special-bits``).  A later version of a file of mode 000
 is still put in place (a rename needs no access to the old file); mode and mtime
@@ -84,6 +93,7 @@ from filemq.paths import (
     open_dir_beneath,
     remove_beneath,
     replace_beneath,
+    replace_in,
     rmdir_beneath,
     safe_target,
     set_attrs_beneath,
@@ -102,6 +112,8 @@ LOCK_NAME = TEMP_PREFIX + "lock"
 PARTIAL_PREFIX = TEMP_PREFIX + "resume-"
 #: Files at least this big are received into resumable partial files.
 RESUME_MIN_SIZE = 8 << 20
+#: Folder descriptors kept between walks (``Mirror._folder``); beyond: the oldest closed.
+MAX_FOLDER_FDS = 128
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 _TEMP_MODE = 0o600  # until verified and given its own mode: readable by the mirror only
 
@@ -135,31 +147,42 @@ def _umask() -> int:
 _DEFAULT_MODE = 0o666 & ~_umask()
 
 
+def _final_mode(headers: dict[str, str], meta: EntryMeta | None, mask: int) -> int:
+    """The permission bits a received file gets: the server's mode ``& mask``, or
+    ``0o666 & ~umask`` without one (as if created in place)."""
+    if meta is not None and meta.mode is not None:
+        return local_mode(meta.mode, mask, Kind.FILE)
+    return _DEFAULT_MODE
+
+
 def _stamp_and_close(
     fd: int, headers: dict[str, str], meta: EntryMeta | None, mask: int
 ) -> os.stat_result:
-    """Set the server's mode (``& mask``) and mtime on the open temp file, stat it, close it.
+    """Set the server's mode (``& mask``, ``_final_mode``) and mtime on the open temp
+    file, stat it, close it.
 
-    Without a mode from the server the file gets ``0o666 & ~umask``, as if created
-    in place.  ``meta`` is what the engine checked; without it (an older caller) the
-    mtime header is used when it is a plain number.
+    ``meta`` is what the engine checked; without it (an older caller) the mtime
+    header is used when it is a plain number.  A file created with its final mode
+    already (``Mirror.place``: verified content; the ``fstat`` shows it) is not
+    ``fchmod``-ed: one system call less per small file.
     """
     try:
-        mode = _DEFAULT_MODE
+        mode = _final_mode(headers, meta, mask)
         if meta is not None:
             ns = meta.mtime_ns
-            if meta.mode is not None:
-                mode = local_mode(meta.mode, mask, Kind.FILE)
         else:
             mtime = headers.get(HEADER_MTIME)
             ns = int(mtime) if mtime is not None and mtime.isdigit() else None
-        os.fchmod(fd, mode)
         if ns is not None:
             try:
                 os.utime(fd, ns=(ns, ns))
             except (OverflowError, OSError) as exc:  # a time the file system cannot hold
                 log.warning("cannot set mtime %d: %s", ns, exc)
-        return os.fstat(fd)
+        st = os.fstat(fd)
+        if stat.S_IMODE(st.st_mode) != mode:  # (chmod keeps the mtime just set)
+            os.fchmod(fd, mode)
+            st = os.fstat(fd)
+        return st
     finally:
         os.close(fd)
 
@@ -184,6 +207,8 @@ class Mirror:
         self._root = str(root)
         self.index = index
         self._safe_dirs: set[tuple[str, ...]] = set()
+        #: Descriptors of folders walked (``open_dir_beneath``) this receive batch.
+        self._dir_fds: dict[tuple[str, ...], int] = {}
         self._temp_base = f"{self._root}/{TEMP_PREFIX}{os.getpid()}-"
         self._counter = 0
         self._fd = -1
@@ -207,6 +232,25 @@ class Mirror:
     def forget_folders(self) -> None:
         """DEST changed under us: check every folder again before writing into it."""
         self._safe_dirs.clear()
+        self.release_folders()
+
+    def release_folders(self) -> None:
+        """Close the folder descriptors kept for renames: the next rename walks DEST
+        again (the client calls this before each wait for the socket: see the module doc)."""
+        fds, self._dir_fds = self._dir_fds, {}
+        for fd in fds.values():
+            os.close(fd)
+
+    def _folder(self, parts: tuple[str, ...]) -> int:
+        """A descriptor of folder ``parts`` (made when missing), walked without following
+        a link (``open_dir_beneath``) once per receive batch and then reused."""
+        fd = self._dir_fds.get(parts)
+        if fd is None:
+            fd = open_dir_beneath(self.root, parts, create=True)
+            if len(self._dir_fds) >= MAX_FOLDER_FDS:  # the oldest goes
+                os.close(self._dir_fds.pop(next(iter(self._dir_fds))))
+            self._dir_fds[parts] = fd
+        return fd
 
     def target(self, parts: tuple[str, ...]) -> str:
         """Where ``parts`` goes; raises UnsafePathError when that is not a safe place.
@@ -232,9 +276,12 @@ class Mirror:
     def _replace(self, tmp: str, parts: tuple[str, ...]) -> None:
         """Rename ``tmp`` to ``parts`` under DEST (``filemq.paths.replace_beneath``)."""
         try:
-            replace_beneath(tmp, self.root, parts)
+            replace_in(tmp, self._folder(parts[:-1]), parts[-1])
         except IsADirectoryError:  # DEST holds a directory where the server has this file
             self._remove_directory(parts)
+            replace_beneath(tmp, self.root, parts)
+        except FileNotFoundError:  # the folder kept was removed meanwhile: walk (make) again
+            self.release_folders()
             replace_beneath(tmp, self.root, parts)
         if parts[:-1] not in self._safe_dirs:
             self._note_folders(parts)
@@ -261,6 +308,7 @@ class Mirror:
         removal itself follows no link: ``shutil.rmtree`` relative to that folder)."""
         if not shutil.rmtree.avoids_symlink_attacks:
             raise UnsafePathError(f"{'/'.join(parts)!r}: a directory is in the way")
+        self.release_folders()
         parent = open_dir_beneath(self.root, parts[:-1])
         try:
             try:
@@ -301,7 +349,8 @@ class Mirror:
         if reason:
             return False, reason
         tmp = self._temp_name()
-        fd = os.open(tmp, _TEMP_FLAGS, _TEMP_MODE)
+        mode = _final_mode(headers, meta, self.mask)  # (verified: no need to hide it)
+        fd = os.open(tmp, _TEMP_FLAGS, mode if mode <= PERMISSION_BITS else _TEMP_MODE)
         try:
             write_all(fd, data)
         except BaseException:
@@ -451,6 +500,7 @@ class Mirror:
         empty folder; False when there was nothing to remove (a folder that is not empty
         stays: what it holds is not the server's to delete)."""
         self.index.forget("/".join(parts))
+        self.release_folders()  # (a delete may remove folders: walked again)
         for depth in range(1, len(parts)):  # checked again from DEST on the next write
             self._safe_dirs.discard(parts[:depth])
         try:
@@ -467,6 +517,7 @@ class Mirror:
     def make_dir(self, parts: tuple[str, ...], mode: int | None) -> Node:
         """Make folder ``parts`` (a file or link in the way goes) with the server's mode."""
         name = "/".join(parts)
+        self.release_folders()  # (a file in the way may go)
         try:
             os.close(open_dir_beneath(self.root, parts, create=True))
         except OutsideRootError:  # the last component is a file or link: DEST is a mirror

@@ -60,11 +60,13 @@ __all__ = [
     "lstat_beneath",
     "open_beneath",
     "open_dir_beneath",
+    "open_in",
     "readlink_beneath",
     "relative_inside",
     "relative_parts",
     "remove_beneath",
     "replace_beneath",
+    "replace_in",
     "resolve_beneath",
     "rmdir_beneath",
     "safe_target",
@@ -303,13 +305,25 @@ def open_beneath(
     _check_part(parts[-1])
     parent = open_dir_beneath(root, parts[:-1])
     try:
+        return _open_last(parent, parts, flags, mode)
+    finally:
+        os.close(parent)
+
+
+def open_in(folder: int, parts: Sequence[str], flags: int = os.O_RDONLY) -> int:
+    """``open_beneath`` of ``parts`` with its folder already walked: ``folder`` is a
+    descriptor of ``parts[:-1]`` from ``open_dir_beneath`` (the caller keeps it)."""
+    _check_part(parts[-1])
+    return _open_last(folder, parts, flags, 0o666)
+
+
+def _open_last(parent: int, parts: Sequence[str], flags: int, mode: int) -> int:
+    try:
         return os.open(parts[-1], flags | _NOFOLLOW | _CLOEXEC, mode, dir_fd=parent)
     except OSError as exc:
         if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and flags & _DIRECTORY):
             raise _in_the_way(parent, parts, len(parts) - 1) from None
         raise
-    finally:
-        os.close(parent)
 
 
 def lstat_beneath(root: Root, parts: Sequence[str]) -> os.stat_result:
@@ -336,6 +350,14 @@ def replace_beneath(source: str, root: Root, parts: Sequence[str]) -> None:
         os.replace(source, parts[-1], dst_dir_fd=parent)
     finally:
         os.close(parent)
+
+
+def replace_in(source: str, folder: int, name: str) -> None:
+    """Rename file ``source`` to ``name`` in the folder descriptor ``folder`` (one from
+    ``open_dir_beneath``); ``name`` must be a plain component.  A link at ``name`` is
+    replaced, never followed; a folder there fails (``IsADirectoryError``)."""
+    _check_part(name)
+    os.replace(source, name, dst_dir_fd=folder)
 
 
 def remove_beneath(root: Root, parts: Sequence[str], *, prune: bool = True) -> bool:

@@ -17,7 +17,8 @@ than 1000 (its high-water mark, in messages of ``chunk_size``: 64 MiB with the
 default 1 MiB chunk): a client granting huge credit and reading nothing costs the
 server that much, whatever it granted.  File content is read from disk
 per chunk (``os.pread`` on an fd opened for the current file), never buffered
-whole.
+whole; the folders are walked (``filemq.paths``, no link followed) once per round of
+sending and their descriptors kept for that round (at most ``_MAX_FOLDERS``).
 
 Live changes: ``notify_changed(mount, name)``, ``notify_deleted(mount, name)``
 and ``rescan(mount, subtree)`` are thread-safe; they post to the loop over the
@@ -114,7 +115,14 @@ from filemq.filters import Filters
 from filemq.index import NODE_DIR, FileEntry, FileIndex, IndexDelta, Node
 from filemq.meta import Kind, LinkPolicy, attr_file, attr_kind, local_mode
 from filemq.offer import LinkOffer, delete_op, file_op, node_offer, node_unchanged, unchanged
-from filemq.paths import absent, local_parts, open_beneath, relative_inside, virtual_path
+from filemq.paths import (
+    absent,
+    local_parts,
+    open_dir_beneath,
+    open_in,
+    relative_inside,
+    virtual_path,
+)
 from filemq.ratelimit import TokenBucket, burst_for
 from filemq.sharedread import DEFAULT_MAX_FILE, SharedReads, Version
 from filemq.state import load_index, server_index_path, server_state_dir
@@ -139,6 +147,8 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 # O_NONBLOCK: a file swapped for a FIFO after it was indexed must not block the loop
 _READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+#: Folder descriptors kept within one round of sending (``_folder``); beyond: the oldest closed.
+_MAX_FOLDERS = 128
 _ids = itertools.count()
 _IGNORE = PathFilter(DEFAULT_IGNORE)
 
@@ -342,6 +352,8 @@ class FileServer:
         self._stalled: dict[bytes, deque[list[bytes]]] = {}
         self._files: dict[bytes, tuple[str, int]] = {}  # client -> (name, fd) being sent
         self._shared = SharedReads()  # small files read once per round of sending
+        #: Folders walked this round of sending (``_open_source``): (mount dir, parts) -> fd.
+        self._folders: dict[tuple[Path, tuple[str, ...]], int] = {}
         self._ctl_lock = threading.Lock()
         self._ctl: zmq.Socket[Any] | None = None
         self._router: zmq.Socket[Any] | None = None
@@ -654,6 +666,7 @@ class FileServer:
         finally:
             for client in list(self._files):
                 self._close_file(client)
+            self._release_folders()
             self.sent_bytes += sum(s.sent_bytes for s in self._sessions.values())
             self.sent_files += sum(s.sent_files for s in self._sessions.values())
             self._sessions.clear()
@@ -812,6 +825,7 @@ class FileServer:
         if self._stalled:
             self._flush_stalled()
         self._shared.clear()  # (a round's clients share reads: ``filemq.sharedread``)
+        self._release_folders()  # (walked again each round, as the reads are checked)
         budget = _PUMP_BUDGET
         bucket = self._bucket
         active = [s for s in self._sessions.values() if s.has_work()]
@@ -870,13 +884,12 @@ class FileServer:
         if plan.first:
             self._close_file(client)
             try:
-                fd = self._open_source(op.source_name or op.name)
+                fd, st = self._open_source(op.source_name or op.name)
             except OSError as exc:
                 if op.source_name:  # a copied link's file went: the next resync tells
                     session.skip_current()
                     return None
                 return self._unopenable(session, plan, exc, retry=retry)
-            st = os.fstat(fd)
             if (st.st_size, st.st_mtime_ns, st.st_ino) != (op.size, op.mtime_ns, op.inode):
                 if op.source_name:  # its file changed: sent again as that file's change
                     os.close(fd)
@@ -911,17 +924,37 @@ class FileServer:
             self._shared.put(shared, data)
         return session.chunk_frames(plan, data)
 
-    def _open_source(self, name: str) -> int:
-        """Open the regular file behind virtual ``name``, no link followed (``filemq.paths``)."""
+    def _open_source(self, name: str) -> tuple[int, os.stat_result]:
+        """Open the regular file behind virtual ``name``, no link followed (``filemq.paths``):
+        its descriptor and ``fstat``.  Its folder is walked once per round of sending
+        (``_folder``): a folder swapped for a link within a round is still read where
+        it went (never through the link), and its files are checked by ``fstat``."""
         located = self._locate(name)
         if located is None:
             raise FileNotFoundError(f"{name}: in no mount")
         mount, rel = located
-        fd = open_beneath(mount.directory, local_parts(rel), _READ_FLAGS)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        parts = local_parts(rel)
+        fd = open_in(self._folder(mount.directory, parts[:-1]), parts, _READ_FLAGS)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             os.close(fd)
             raise FileNotFoundError(f"{name}: not a regular file")
+        return fd, st
+
+    def _folder(self, directory: Path, parts: tuple[str, ...]) -> int:
+        key = (directory, parts)
+        fd = self._folders.get(key)
+        if fd is None:
+            fd = open_dir_beneath(directory, parts)
+            if len(self._folders) >= _MAX_FOLDERS:  # the oldest goes
+                os.close(self._folders.pop(next(iter(self._folders))))
+            self._folders[key] = fd
         return fd
+
+    def _release_folders(self) -> None:
+        folders, self._folders = self._folders, {}
+        for fd in folders.values():
+            os.close(fd)
 
     def _unopenable(
         self, session: ServerSession, plan: ChunkPlan, exc: OSError, *, retry: bool

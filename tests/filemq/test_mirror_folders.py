@@ -1,0 +1,189 @@
+"""The mirror's kept folder descriptors (``Mirror._folder``): small files into one folder
+walk it once per receive batch, the descriptors are bounded and released, and a folder
+removed or swapped for a link is never written through."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import filemq.mirror as mirror_module
+import filemq.paths as paths
+import filemq.server as server_module
+from filemq.client import SyncResult
+from filemq.index import FileIndex
+from filemq.meta import EntryMeta, Kind
+from filemq.mirror import MAX_FOLDER_FDS, Mirror
+from filemq.paths import UnsafePathError
+from filemq.server import FileServer
+
+from .conftest import read_tree, write_tree
+
+
+def _place(mirror: Mirror, name: str, data: bytes) -> None:
+    parts = tuple(name.split("/"))
+    headers = {"size": str(len(data)), "sha1": hashlib.sha1(data).hexdigest()}
+    ok, reason = mirror.place(parts, mirror.target(parts), data, headers)
+    assert ok, reason
+
+
+def _open_under(dest: Path) -> int:
+    """Descriptors this process holds on folders under ``dest`` (the mirror's only)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith(f"{dest}/"):
+                count += 1
+        except OSError:  # (closed meanwhile)
+            pass
+    return count
+
+
+def test_files_into_one_folder_walk_it_once_per_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rename into place walked DEST from its root for every file (four system
+    calls more per small file); now once per folder until ``release_folders``."""
+    walks: list[tuple[str, ...]] = []  # the walks that make missing folders: renames
+    real = paths.open_dir_beneath
+
+    def counting(root: object, parts: tuple[str, ...], *, create: bool = False) -> int:
+        if create:
+            walks.append(tuple(parts))
+        return real(root, parts, create=create)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(mirror_module, "open_dir_beneath", counting)
+    monkeypatch.setattr(paths, "open_dir_beneath", counting)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    mirror = Mirror(dest, FileIndex(dest))
+    for i in range(50):
+        _place(mirror, f"a/b/f{i}", b"x%d" % i)
+    assert walks.count(("a", "b")) == 1
+    mirror.release_folders()  # (what the client does before each wait for the socket)
+    _place(mirror, "a/b/last", b"last")
+    assert walks.count(("a", "b")) == 2
+    mirror.release_folders()
+    assert read_tree(dest) == {**{f"a/b/f{i}": b"x%d" % i for i in range(50)}, "a/b/last": b"last"}
+
+
+def test_kept_folder_descriptors_are_bounded_and_released(tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    mirror = Mirror(dest, FileIndex(dest))
+    for i in range(MAX_FOLDER_FDS + 20):
+        _place(mirror, f"d{i}/f", b"%d" % i)
+        assert _open_under(dest) == min(i + 1, MAX_FOLDER_FDS)
+    mirror.release_folders()
+    assert _open_under(dest) == 0
+    assert len(read_tree(dest)) == MAX_FOLDER_FDS + 20
+
+
+def test_a_folder_removed_within_a_batch_is_made_again(tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    mirror = Mirror(dest, FileIndex(dest))
+    _place(mirror, "sub/one", b"1")
+    shutil.rmtree(dest / "sub")  # a local user, while the kept descriptor is open
+    _place(mirror, "sub/two", b"2")
+    mirror.release_folders()
+    assert read_tree(dest) == {"sub/two": b"2"}
+    assert not [p for p in dest.iterdir() if p.name.startswith(".filemq-part-")]
+
+
+def test_a_folder_swapped_for_a_link_is_never_written_through(tmp_path: Path) -> None:
+    """Within a batch the kept descriptor still names the folder itself (moved away:
+    never the link's target); from the next batch on the walk refuses the link."""
+    dest, outside, moved = tmp_path / "dest", tmp_path / "victim", tmp_path / "moved"
+    dest.mkdir()
+    write_tree(outside, {"own": b"victim's"})
+    mirror = Mirror(dest, FileIndex(dest))
+    _place(mirror, "sub/one", b"1")
+    (dest / "sub").rename(moved)
+    (dest / "sub").symlink_to(outside, target_is_directory=True)
+    _place(mirror, "sub/two", b"2")  # this batch: into the folder, where it went
+    mirror.release_folders()
+    with pytest.raises(UnsafePathError):
+        _place(mirror, "sub/three", b"3")
+    mirror.release_folders()
+    assert read_tree(outside) == {"own": b"victim's"}
+    assert read_tree(moved) == {"one": b"1", "two": b"2"}
+    assert not [p for p in dest.iterdir() if p.name.startswith(".filemq-part-")]
+
+
+def test_server_walks_a_folder_once_per_round_of_sending(
+    tmp_path: Path, serve: Callable[..., FileServer], sync_once: Callable[..., SyncResult],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The server walked DEST from the mount's root for every file it opened (and
+    ``fstat``-ed it twice); now a folder's descriptor serves a whole round (at most
+    ``_PUMP_BUDGET`` = 64 messages), so 100 small files need a few walks, not 100."""
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    tree = {f"sub/f{i:03d}": b"%d" % i for i in range(100)}
+    write_tree(src, tree)
+    server = serve(src, indexes_live=True)  # (indexed before: its reads are not counted)
+    walks: list[tuple[str, ...]] = []
+    real = paths.open_dir_beneath
+
+    def counting(root: object, parts: tuple[str, ...], *, create: bool = False) -> int:
+        walks.append(tuple(parts))
+        return real(root, parts, create=create)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(server_module, "open_dir_beneath", counting)
+    monkeypatch.setattr(paths, "open_dir_beneath", counting)
+    result = sync_once(server.endpoint, dest)
+    assert result.synced and result.errors == 0
+    assert read_tree(dest) == tree
+    # (a few rounds, and the mirror's first check of its folder; bound loose for a
+    # loaded machine: every round is one walk at most)
+    assert 1 <= walks.count(("sub",)) <= 34
+
+
+@pytest.mark.parametrize(
+    ("umask", "mode", "mask", "chmods"),
+    [
+        (0o022, 0o644, 0o777, 0),  # the usual case: created with its final bits
+        (0o022, 0o000, 0o777, 0),
+        (0o077, 0o644, 0o777, 1),  # the umask took bits away: fchmod puts them back
+        (0o022, 0o4755, 0o7777, 1),  # special bits: created 0600, then fchmod
+        (0o022, 0o4755, 0o777, 0),  # (stripped by the mask)
+    ],
+)
+def test_a_small_file_is_created_with_its_final_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, umask: int, mode: int, mask: int, chmods: int
+) -> None:
+    """A verified whole file was created 0600 and ``fchmod``-ed every time (a system call
+    per small file); now only when the created bits are not the final ones."""
+    calls: list[int] = []
+    real = os.fchmod
+
+    def counting(fd: int, bits: int) -> None:
+        calls.append(bits)
+        real(fd, bits)
+
+    monkeypatch.setattr(os, "fchmod", counting)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    mirror = Mirror(dest, FileIndex(dest), mask=mask)
+    data = b"content"
+    headers = {"size": str(len(data)), "sha1": hashlib.sha1(data).hexdigest()}
+    meta = EntryMeta(Kind.FILE, mode, 1_600_000_000_000_000_000)
+    old = os.umask(umask)
+    try:
+        ok, reason = mirror.place(("d", "f"), mirror.target(("d", "f")), data, headers, meta)
+    finally:
+        os.umask(old)
+        mirror.release_folders()
+    assert ok, reason
+    st = (dest / "d" / "f").stat()
+    assert stat.S_IMODE(st.st_mode) == mode & mask
+    assert st.st_mtime_ns == 1_600_000_000_000_000_000
+    assert len(calls) == chmods
+    assert mirror.index.get("d/f") is not None
+    assert mirror.index.get("d/f").mode == mode & mask  # type: ignore[union-attr]
