@@ -58,7 +58,7 @@ from broker.client.errors import (
 from broker.client.frames import Headers, ack_frame, as_bytes, normalize_headers, queue_frame
 from broker.client.io import IOLoop
 from broker.client.message import Kind, Message
-from broker.client.session import Call, Reply, Session, SessionState
+from broker.client.session import SEND_BATCH, Call, Reply, Session, SessionState
 from broker.client.sockets import Curve
 from broker.protocol import DEFAULT_ENDPOINT, ConnectionInfo, MessageType
 
@@ -105,7 +105,11 @@ class Client(ClientApi[Any]):
         hwm: int = 10_000,
         linger: float = 1.0,
         threaded: bool = True,
+        batch: int = SEND_BATCH,
     ) -> None:
+        """``batch``: frames (pushes, acknowledges) one batch sent to the broker may hold
+        at most (``broker.batch``: what waits in the outbox leaves together); 0: one
+        ZeroMQ message per frame."""
         info = ConnectionInfo(
             client_id=client_id,
             name=name,
@@ -121,6 +125,7 @@ class Client(ClientApi[Any]):
             peer_timeout=peer_timeout,
             reconnect=reconnect,
             backoff=backoff,
+            batch=batch,
         )
         self._core = ClientCore(
             self._session,

@@ -95,7 +95,7 @@ MIN_KEEPALIVE = 0.05
 #: Deliveries one message from the broker may carry (``broker.batch``; the connection
 #: info's ``Batch-Deliveries`` property, which the caller may set itself, 0: none).
 DELIVERY_BATCH = 256
-#: Frames one batch of this client holds at most (and the broker's ``Batch-Max``).
+#: Frames one batch of this client holds at most by default (and the broker's ``Batch-Max``).
 SEND_BATCH = 256
 #: Octets of frames one batch of this client gathers at most.
 SEND_BATCH_OCTETS = 1024 * 1024
@@ -319,8 +319,11 @@ class Session:
         peer_timeout: float = 15.0,
         reconnect: bool = True,
         backoff: tuple[float, float] = (0.05, 5.0),
+        batch: int = SEND_BATCH,
     ) -> None:
         self.endpoint = endpoint
+        #: Frames one batch of this client may hold at most (0: no batches).
+        self.batch_limit = max(0, batch)
         self.info = info
         self.timeout = timeout
         self.ping_interval = ping_interval
@@ -747,7 +750,7 @@ class Session:
         self.state = SessionState.READY
         announced = header(frame, batch.BATCH_MAX)
         self.batch_max = (
-            min(int(announced), SEND_BATCH) if announced and announced.isdigit() else 0
+            min(int(announced), self.batch_limit) if announced and announced.isdigit() else 0
         )
         self._attempt = 0
         self._last_rx = now
