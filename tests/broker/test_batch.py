@@ -242,3 +242,36 @@ def test_push_many_reports_each_refused_push(make_client: MakeClient) -> None:
     assert [i for i, _e in failed] == [3, 4]
     assert all(isinstance(e, RemoteError) for _i, e in failed)
     assert client.queue_info("small", 1)["Messages"] == 3
+
+
+def test_a_batch_reading_consumer_that_stops_reading_holds_at_most_its_prefetch(
+    raw: Callable[..., Raw], make_client: MakeClient
+) -> None:
+    """Each delivery in a batch takes a slot of the consumer's prefetch: a consumer that
+    reads nothing and acknowledges nothing is sent its prefetch, no more."""
+    producer = make_client()
+    producer.create_queue("stall", 1, {"Status": 1, "RequestAcknowledge": True})
+    peer = raw({"Batch-Deliveries": "16"})
+    join = tmqp.Frame(
+        message_type=MessageType.SERVER,
+        pending_response=True,
+        content_type=110,
+        message_id="j",
+        target="stall",
+        headers=((Header.PREFETCH, "20"),),
+    )
+    peer.send(tmqp.encode(join)[0])
+    assert peer.frame().message_id == "j"
+    assert producer.push_many("stall", 1, [b"%d" % i for i in range(300)], ack=False) == []
+    assert wait_until(lambda: producer.queue_info("stall", 1)["ReceivedMessages"] == 300)
+    info = producer.queue_info("stall", 1)
+    assert (info["InFlight"], info["Messages"]) == (20, 280)  # the rest waits in the queue
+    entries = 0
+    peer.sock.rcvtimeo = 500
+    while True:
+        try:
+            f = peer.frame()
+        except zmq.Again:
+            break
+        entries += len(batch.unpack(f.payload, 1024)) if f.content_type == 261 else 1
+    assert entries == 20
