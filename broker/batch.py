@@ -46,6 +46,11 @@ DELIVERIES = 261
 DEFAULT_MAX_FRAMES = 1024
 #: Header of the connect response: the most entries one batch may hold (absent: none).
 BATCH_MAX = "Batch-Max"
+#: Header of the connect response: the most octets of entries one batch may hold (what
+#: ``max_frame_size`` leaves beside the batch frame's own fields, ``BATCH_OVERHEAD``).
+BATCH_OCTETS = "Batch-Octets"
+#: Octets a batch frame may need beside its entries (flags, lengths, ids, headers).
+BATCH_OVERHEAD = 1024
 #: Connection-info property of a client that reads delivery batches: the most entries.
 BATCH_DELIVERIES = "Batch-Deliveries"
 #: Octets of payload a delivery batch gathers at most before it is sent.

@@ -162,6 +162,8 @@ class IOLoop:
                     and data[5] | data[6] << 8 == _DELIVERIES
                     and self._inbox_batch(data, append)
                 ):
+                    if inbox.full:
+                        break  # a batch of deliveries holds many: stop at the inbox's limit
                     continue
                 if (
                     append is not None
@@ -257,7 +259,7 @@ class IOLoop:
         size = 0
         for i in range(n):
             data = out[i]
-            if not batchable(data) or size + len(data) > S.SEND_BATCH_OCTETS:
+            if not batchable(data) or size + len(data) + 4 > s.batch_octets:
                 break
             entries.append(data)
             size += len(data)

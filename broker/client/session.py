@@ -94,7 +94,7 @@ MAX_PAGES = 10_000
 MIN_KEEPALIVE = 0.05
 #: Deliveries one message from the broker may carry (``broker.batch``; the connection
 #: info's ``Batch-Deliveries`` property, which the caller may set itself, 0: none).
-DELIVERY_BATCH = 256
+DELIVERY_BATCH = 64
 #: Frames one batch of this client holds at most by default (and the broker's ``Batch-Max``).
 SEND_BATCH = 256
 #: Octets of frames one batch of this client gathers at most.
@@ -362,6 +362,9 @@ class Session:
         #: Frames one batch may hold in this session (the broker's ``Batch-Max``, at most
         #: :data:`SEND_BATCH`; 0: the broker takes no batches).
         self.batch_max = 0
+        #: Octets of frames one batch may hold in this session (the broker's
+        #: ``Batch-Octets``, at most :data:`SEND_BATCH_OCTETS`).
+        self.batch_octets = 0
         #: Batches sent, by id: (index, message id) of each push in it that waits for
         #: an acknowledge, which the batch's one acknowledge settles.
         self.batched: dict[str, list[tuple[int, str]]] = {}
@@ -527,8 +530,8 @@ class Session:
     @staticmethod
     def batchable(data: bytes) -> bool:
         """Whether a frame this client sends may go in a batch: a queue push that waits
-        for no response, or an acknowledge, of at most 64 KiB."""
-        if len(data) < 8 or len(data) > 65536:
+        for no response, or an acknowledge, of at most 16 KiB."""
+        if len(data) < 8 or len(data) > 16384:
             return False
         kind = data[0] & 63
         if kind == _QUEUE_BITS:
@@ -751,6 +754,10 @@ class Session:
         announced = header(frame, batch.BATCH_MAX)
         self.batch_max = (
             min(int(announced), self.batch_limit) if announced and announced.isdigit() else 0
+        )
+        octets = header(frame, batch.BATCH_OCTETS)
+        self.batch_octets = (
+            min(int(octets), SEND_BATCH_OCTETS) if octets and octets.isdigit() else 0
         )
         self._attempt = 0
         self._last_rx = now

@@ -382,7 +382,11 @@ class PeerSessions:
             (Header.PEER_TIMEOUT_MS, timeout_ms),
         )
         if hasattr(self.engine, "receive_batch"):  # batches understood (broker.batch)
-            headers += ((batch.BATCH_MAX, str(self.options.max_batch_frames)),)
+            octets = max(0, self.options.max_frame_size - batch.BATCH_OVERHEAD)
+            headers += (
+                (batch.BATCH_MAX, str(self.options.max_batch_frames)),
+                (batch.BATCH_OCTETS, str(octets)),
+            )
         return headers
 
     @staticmethod

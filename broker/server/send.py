@@ -43,6 +43,7 @@ log = logging.getLogger("broker.server.server")
 
 _BIG = 65536  # frames at least this large are sent without copying
 _SNDMORE_NOBLOCK = zmq.SNDMORE | zmq.NOBLOCK
+_PENDING_ACK = 64  # in a TMQP frame's second octet: the receiver must acknowledge
 
 
 class PeerState(Enum):
@@ -245,12 +246,18 @@ class SendPath:
         """``flush_out`` when some peers read delivery batches (``broker.batch``): each
         such peer's deliveries that follow one another in the batch (no other frame to it
         between them) go out as one message of up to ``Peer.batch`` of them and
-        ``batch.DELIVERY_OCTETS`` octets; each delivery in it counts as sent."""
+        ``batch.DELIVERY_OCTETS`` octets; each delivery in it counts as sent.
+
+        Only deliveries that wait for the consumer's acknowledge share a message: those
+        stay in flight, within the consumer's prefetch, until acknowledged, wherever they
+        are.  One without acknowledge is done once libzmq took it, and the pipe's
+        high-water mark counts messages: batched, a consumer that stops reading would
+        hold many times more of them in its pipe."""
         groups: list[tuple[Peer, list[bytes] | bytes, bool]] = []
         open_: dict[Peer, tuple[list[bytes], list[int]]] = {}
         limit = batch.DELIVERY_OCTETS
         for peer, data, tracked in outq:
-            if not tracked or not peer.batch:
+            if not tracked or not peer.batch or not data[1] & _PENDING_ACK:
                 if open_:
                     open_.pop(peer, None)
                 groups.append((peer, data, tracked))

@@ -164,6 +164,8 @@ class Server:
         self._max_frame = self.options.max_frame_size
         #: The engine's batch entry (``broker.batch``); None: batches are not understood.
         self._receive_batch = getattr(engine, "receive_batch", None)
+        #: Frames beyond one in the batch just handled (``_on_message``'s drain budget).
+        self._batched = 0
         #: Octets of JSON in one reply: what a frame holds beside ids and headers.
         self._reply_budget = max(MIN_REPLY_SIZE, self._max_frame - REPLY_OVERHEAD)
         limits = getattr(getattr(engine, "config", None), "limits", None)
@@ -392,8 +394,12 @@ class Server:
                 while recv(zmq.NOBLOCK, copy=False).more:
                     pass
                 on_message(rid, b"", True, now, part)
-            else:
-                on_message(rid, part.bytes, False, now, part)
+            elif on_message(rid, part.bytes, False, now, part):
+                # a batch: its frames count against this drain's budget, so that timers
+                # and keep-alive (other peers' PINGs wait unread) are not held up
+                count += self._batched
+                if count >= batch:
+                    break
             if count == 1 and self.sender.outq:
                 # A lone message (light load) must not wait for the next recv(), which
                 # costs several microseconds when it finds nothing: send its output now.
@@ -407,39 +413,41 @@ class Server:
 
     def _on_message(
         self, rid: bytes, data: bytes, multipart: bool, now: float, part: zmq.Frame
-    ) -> None:
+    ) -> bool:
+        """Handle one ZeroMQ message; True when it was a batch (``self._batched`` more
+        frames than one)."""
         peer = self._peers.get(rid)
         if peer is None or peer.state is not _READY:
             self.sessions.handshake(rid, peer, b"" if multipart else data, now, part)
-            return
+            return False
         peer.last_seen = now
         peer.pinged = False
         if multipart:
             self.sessions.bad(
                 peer, b"", "one TMQP frame per ZeroMQ message", ResultCode.BAD_REQUEST
             )
-            return
+            return False
         if len(data) > self._max_frame:
             reason = f"frame of {len(data)} octets exceeds {self._max_frame}"
             self.sessions.bad(peer, data, reason, ResultCode.LIMIT_EXCEEDED)
-            return
+            return False
         try:
             msg = _decode((data,))
         except DecodeError as exc:
             self.sessions.bad(peer, data, f"malformed frame: {exc.reason}", ResultCode.BAD_REQUEST)
-            return
+            return False
         if type(msg) is _Frame:
             mt = msg.message_type
             if mt == _TERMINATE:
                 self.sessions.goodbye(peer, now)
-                return
+                return False
             if mt == _SERVER:
                 if msg.content_type == _BATCH and self._receive_batch is not None:
                     self._batch(peer, msg, now)
-                    return
+                    return True
                 if msg.content_type == STATS_OPERATION:
                     self.sender.send_to(peer, self._stats_reply(peer, msg))
-                    return
+                    return False
             # the engine often forwards the very frame it was given (a push delivered
             # as is): send_all then reuses these octets instead of encoding again
             sender = self.sender
@@ -461,12 +469,14 @@ class Server:
             self.sender.send_raw(peer, _PONG)
         elif type(msg) is tmqp.Handshake:
             self.sender.send_raw(peer, GREETING)
+        return False
 
     def _batch(self, peer: Peer, msg: tmqp.Frame, now: float) -> None:
         """A batch of frames (``broker.batch``): split and decoded in one pass, handed to
         the engine in one call, answered (when the batch waits for it) by one acknowledge
         listing the entries refused.  An entry that is not a readable push or
         acknowledge is refused by index; the others are taken."""
+        self._batched = 0
         try:
             entries = batch.unpack(msg.payload, self.options.max_batch_frames)
         except batch.TooMany as exc:
@@ -493,6 +503,7 @@ class Server:
                 continue
             items.append((index, frame, data))
         client_id = peer.client_id
+        self._batched = len(entries) - 1 if entries else 0
         self.counters["batched_in"] += len(entries)
         self.sender.in_frame = None
         assert self._receive_batch is not None

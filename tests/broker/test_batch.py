@@ -173,10 +173,12 @@ def test_batched_deliveries_only_to_a_client_that_asked(
     raw: Callable[..., Raw], make_client: MakeClient
 ) -> None:
     """An old client (no Batch-Deliveries property) gets one frame per delivery; one that
-    asked gets several per message, each counted against its prefetch."""
+    asked gets several per message, each counted against its prefetch; deliveries that
+    need no acknowledge go one per message (the pipe's high-water mark counts messages:
+    it bounds what a consumer that stops reading holds only so)."""
     old = raw()
     new = raw({"Batch-Deliveries": "8"})
-    for peer, name in ((old, "old"), (new, "new")):
+    for peer, name in ((old, "old"), (new, "new"), (new, "noack")):
         join = tmqp.Frame(
             message_type=MessageType.SERVER,
             pending_response=True,
@@ -188,9 +190,10 @@ def test_batched_deliveries_only_to_a_client_that_asked(
         peer.send(tmqp.encode(join)[0])
         assert peer.frame().message_id == f"j-{name}"
     producer = make_client()
-    for name in ("old", "new"):
-        producer.create_queue(name, 1, {"Status": 1})
-        failed = producer.push_many(name, 1, [f"{name}-{i}".encode() for i in range(20)])
+    for name in ("old", "new", "noack"):
+        producer.create_queue(name, 1, {"Status": 1, "RequestAcknowledge": name != "noack"})
+        payloads = [f"{name}-{i}".encode() for i in range(20)]
+        failed = producer.push_many(name, 1, payloads, ack=False)
         assert failed == []
     plain = [old.frame() for _ in range(20)]
     assert all(f.message_type == MessageType.QUEUE for f in plain)
@@ -209,6 +212,10 @@ def test_batched_deliveries_only_to_a_client_that_asked(
             payloads.append(f.payload)
     assert payloads == [f"new-{i}".encode() for i in range(20)]
     assert messages < 20  # some arrived together
+    singles = [new.frame() for _ in range(20)]
+    assert [(f.message_type, f.payload) for f in singles] == [
+        (MessageType.QUEUE, f"noack-{i}".encode()) for i in range(20)
+    ]
 
 
 @pytest.mark.parametrize("threaded", [True, False], ids=["threaded", "poll-on-call"])
