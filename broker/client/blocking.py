@@ -330,9 +330,9 @@ class Client(ClientApi[Any]):
         headers: Headers | None = None,
         timeout: float | None = None,
     ) -> list[Future[Any]]:
-        """Push several messages at once: queued together, they leave in batches (one
-        ZeroMQ message, one acknowledge each, with a broker that takes batches:
-        ``broker.batch``; one frame each otherwise).  With ``ack``: the futures of their
+        """Push several messages at once, in batches (one ZeroMQ message, one acknowledge
+        each, with a broker that takes batches: ``broker.batch``; one frame each
+        otherwise).  With ``ack``: the futures of their
         acknowledges, in order (RemoteError for a push refused); without: []."""
         session = self._session
         source = session.client_id or ""
@@ -364,10 +364,10 @@ class Client(ClientApi[Any]):
                     )[0]
                 )
             if len(chunk) >= _ENQUEUE_CHUNK:
-                core.enqueue_many(chunk)
+                core.enqueue_many(session.batches(chunk))
                 chunk = []
         if chunk:
-            core.enqueue_many(chunk)
+            core.enqueue_many(session.batches(chunk))
         return futures
 
     def push_many(
@@ -398,7 +398,7 @@ class Client(ClientApi[Any]):
         """Acknowledge several messages at once (in batches with a broker that takes them)."""
         datas = [tmqp.encode(ack_frame(m))[0] for m in messages]
         for start in range(0, len(datas), _ENQUEUE_CHUNK):
-            self._core.enqueue_many(datas[start : start + _ENQUEUE_CHUNK])
+            self._core.enqueue_many(self._session.batches(datas[start : start + _ENQUEUE_CHUNK]))
 
     # -- receiving ---------------------------------------------------------------------
 

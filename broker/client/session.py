@@ -529,14 +529,37 @@ class Session:
 
     @staticmethod
     def batchable(data: bytes) -> bool:
-        """Whether a frame this client sends may go in a batch: a queue push that waits
-        for no response, or an acknowledge, of at most 16 KiB."""
+        """Whether a frame waiting in the outbox may share a batch with its neighbours:
+        a push waiting for an acknowledge (not a response), or an acknowledge, of at most
+        16 KiB.  Those are bounded by what their sender waits for (its acknowledges, its
+        prefetch); a fire-and-forget push travels alone unless the caller asked for a
+        batch (``push_many``): the pipes' high-water marks count ZeroMQ messages, and
+        batched they would let a producer run that much further ahead of the broker."""
         if len(data) < 8 or len(data) > 16384:
             return False
         kind = data[0] & 63
         if kind == _QUEUE_BITS:
-            return not data[1] & 128
+            return data[1] & 192 == 64
         return kind == _ACK_BITS and not data[1] & 192
+
+    def batches(self, entries: Sequence[bytes]) -> list[bytes]:
+        """``entries`` (pushes, acknowledges) as batch frames within this session's
+        limits; as they are when the broker takes no batches."""
+        limit, octets = self.batch_max, self.batch_octets
+        if limit < 2 or len(entries) < 2:
+            return list(entries)
+        out: list[bytes] = []
+        chunk: list[bytes] = []
+        size = 0
+        for data in entries:
+            if chunk and (len(chunk) >= limit or size + len(data) + 4 > octets):
+                out.append(self.batch_of(chunk) if len(chunk) > 1 else chunk[0])
+                chunk, size = [], 0
+            chunk.append(data)
+            size += len(data) + 4
+        if chunk:
+            out.append(self.batch_of(chunk) if len(chunk) > 1 else chunk[0])
+        return out
 
     def batch_of(self, entries: Sequence[bytes]) -> bytes:
         """One batch frame carrying ``entries`` (frames :meth:`batchable` allowed); the

@@ -81,9 +81,7 @@ def _take(consumer: Client, got: list[int], ack: bool, until: Callable[[], bool]
 def test_a_consumer_closing_mid_stream_loses_nothing(
     make_client: MakeClient, ack: bool, threaded: bool
 ) -> None:
-    # one frame per push: batched pushes would fill the queue faster than the leaving
-    # poll-on-call consumer reads, and the stream would be over before it closes
-    producer_client = make_client(batch=0)
+    producer_client = make_client()
     options = {"Status": int(QueueStatus.ROUND_ROBIN), "RequestAcknowledge": ack}
     producer_client.create_queue(CHANNEL, 1, options)
     leaving = make_client(threaded=threaded)
