@@ -381,7 +381,7 @@ class PeerSessions:
             (Header.SESSION_SECRET, secret),
             (Header.PEER_TIMEOUT_MS, timeout_ms),
         )
-        if hasattr(self.engine, "receive_batch"):  # batches understood (broker.batch)
+        if getattr(self.engine, "receive_batch", None) is not None:  # broker.batch
             octets = max(0, self.options.max_frame_size - batch.BATCH_OVERHEAD)
             headers += (
                 (batch.BATCH_MAX, str(self.options.max_batch_frames)),

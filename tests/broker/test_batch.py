@@ -282,3 +282,28 @@ def test_a_batch_reading_consumer_that_stops_reading_holds_at_most_its_prefetch(
             break
         entries += len(batch.unpack(f.payload, 1024)) if f.content_type == 261 else 1
     assert entries == 20
+
+
+class _EngineWithoutBatches(Engine):
+    """An engine as before batches: the server then neither announces nor takes them."""
+
+    receive_batch = None  # type: ignore[assignment]
+
+
+def test_a_new_client_against_a_broker_without_batches_sends_one_frame_each(
+    zctx: Ctx,
+) -> None:
+    opts = ServerOptions(endpoint="tcp://127.0.0.1:*")
+    with Server(_EngineWithoutBatches(), opts, context=zctx) as srv:
+        assert srv.endpoint is not None
+        peer = Raw(zctx, srv.endpoint)
+        try:
+            assert header(peer.ready, "Batch-Max") is None
+        finally:
+            peer.close()
+        with Client(srv.endpoint, context=zctx, timeout=10).connect() as client:
+            client.create_queue("old", 1, {"Status": 3})  # a pull queue: nothing delivered
+            assert client.push_many("old", 1, [b"%d" % i for i in range(300)]) == []
+            assert client.queue_info("old", 1)["Messages"] == 300
+            stats = client.stats()["server"]
+            assert stats["batched_in"] == 0 and stats["frames_in"] >= 300
