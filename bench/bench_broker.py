@@ -11,6 +11,10 @@ Every party runs in its own process (spawned), on loopback TCP, 100-byte message
 * zerohub 1 producer -> broker -> 1 consumer on a push queue (non-persistent,
   fire-and-forget pushes; the producer's last push waits for the broker's ack);
 * zerohub 4 producers / 4 consumers: four channels, one push queue each;
+* "batched" rows: the same with ``push_many`` (``BATCH`` pushes per TMQP batch,
+  ``broker.batch``) and consumers reading batched deliveries; in the acknowledged rows,
+  8 producers with ``push_many_async`` (``PERSIST_BATCH`` per batch, the same
+  ``PERSIST_WINDOW`` in flight);
 * broadcast (``--broadcast N``, default 50): raw pyzmq PUB -> N SUB processes against a
   zerohub broadcast queue (Status 0) -> N consumer processes, messages/50 per consumer,
   once sent one by one by the broker and once published on its fan-out socket
@@ -432,11 +436,39 @@ def zh_producer(
     _close(client)
 
 
+#: pushes per ``push_many`` call in the batched rows (one TMQP batch each: ``broker.batch``)
+BATCH = 256
+
+
+def zh_batch_producer(
+    endpoint: str, channel: str, count: int, threaded: bool, go: Any, out: Any
+) -> None:
+    """``zh_producer`` with ``push_many``: BATCH fire-and-forget pushes per batch."""
+    client = _client(endpoint, max_outbox=50_000, threaded=threaded)
+    go.wait(30)
+    t0 = time.perf_counter()
+    left = count - 1
+    chunk = [PAYLOAD] * BATCH
+    while left > 0:
+        n = min(BATCH, left)
+        client.push_many(channel, 1, chunk if n == BATCH else chunk[:n], ack=False)
+        left -= n
+    client.push(channel, 1, PAYLOAD, ack=True, timeout=60)
+    out.put(("producer", t0, count))
+    _close(client)
+
+
 def bench_zerohub(
-    ctx: Any, endpoint: str, count: int, pairs: int, threaded: bool, broker_pid: int | None = None
+    ctx: Any,
+    endpoint: str,
+    count: int,
+    pairs: int,
+    threaded: bool,
+    broker_pid: int | None = None,
+    batched: bool = False,
 ) -> Row:
     setup = _client(endpoint)
-    channels = [f"bench-{pairs}-{threaded:d}-{i}" for i in range(pairs)]
+    channels = [f"bench-{pairs}-{threaded:d}-{batched:d}-{i}" for i in range(pairs)]
     for channel in channels:
         setup.create_queue(channel, 1, {"Status": 1})
     _close(setup)
@@ -447,8 +479,9 @@ def bench_zerohub(
         ctx.Process(target=zh_consumer, args=(endpoint, ch, count, threaded, r, out))
         for ch, r in zip(channels, readies, strict=True)
     ]
+    producer = zh_batch_producer if batched else zh_producer
     procs += [
-        ctx.Process(target=zh_producer, args=(endpoint, ch, count, threaded, go, out))
+        ctx.Process(target=producer, args=(endpoint, ch, count, threaded, go, out))
         for ch in channels
     ]
     for p in procs:
@@ -467,6 +500,7 @@ def bench_zerohub(
     seen = sum(r[2] for r in results if r[0] == "consumer")
     name = "zerohub push queue 1p/1c" if pairs == 1 else f"zerohub push queues {pairs}p/{pairs}c"
     name += " (threaded)" if threaded else ""
+    name += " batched" if batched else ""
     note = f"{seen} delivered"
     if broker_pid:
         note += f", broker CPU {used:.2f} s, {used / max(1, seen) * 1e6:.1f} us/msg"
@@ -477,10 +511,22 @@ def bench_zerohub(
 PERSIST_WINDOW = 64
 
 
+#: pushes per batch in the batched acknowledged rows (PERSIST_WINDOW / this in flight)
+PERSIST_BATCH = 32
+
+
 def zh_acked_producer(
-    endpoint: str, channel: str, count: int, size: int, ready: Any, go: Any, out: Any
+    endpoint: str,
+    channel: str,
+    count: int,
+    size: int,
+    ready: Any,
+    go: Any,
+    out: Any,
+    batched: bool = False,
 ) -> None:
-    """Push ``count`` messages, each acknowledged; ack latencies from submit to done."""
+    """Push ``count`` messages, each acknowledged; ack latencies from submit to done.
+    ``batched``: PERSIST_BATCH at a time with ``push_many_async`` (one batch each)."""
     from collections import deque
 
     client = _client(endpoint, max_outbox=50_000)
@@ -491,6 +537,22 @@ def zh_acked_producer(
     inflight: deque[Any] = deque()
     clock = time.perf_counter
     t0 = clock()
+    if batched:
+        chunk = [payload] * PERSIST_BATCH
+        for start in range(0, count, PERSIST_BATCH):
+            while len(inflight) >= PERSIST_WINDOW:
+                inflight.popleft().result(60)
+            sent = clock()
+            for future in client.push_many_async(
+                channel, 1, chunk[: min(PERSIST_BATCH, count - start)], timeout=60
+            ):
+                future.add_done_callback(lambda _f, t=sent: latencies.append(clock() - t))
+                inflight.append(future)
+        for future in inflight:
+            future.result(60)
+        out.put((t0, clock(), count, latencies))
+        _close(client)
+        return
     for _ in range(count):
         if len(inflight) >= PERSIST_WINDOW:
             inflight.popleft().result(60)
@@ -520,10 +582,11 @@ def bench_acked(
     persistent: bool,
     broker_pid: int,
     stats: Any,
+    batched: bool = False,
 ) -> Row:
     """``producers`` processes push ``count`` messages of ``size`` octets with acks."""
     setup = _client(endpoint)
-    channel = f"{'persist' if persistent else 'mem'}-{producers}-{size}"
+    channel = f"{'persist' if persistent else 'mem'}-{producers}-{size}-{batched:d}"
     options = {"MessageDeliveryHandler": "persistent"} if persistent else {}
     setup.create_queue(channel, 1, options)
     _close(setup)
@@ -532,7 +595,9 @@ def bench_acked(
     per = max(1, count // producers)
     readies = [ctx.Event() for _ in range(producers)]
     procs = [
-        ctx.Process(target=zh_acked_producer, args=(endpoint, channel, per, size, r, go, out))
+        ctx.Process(
+            target=zh_acked_producer, args=(endpoint, channel, per, size, r, go, out, batched)
+        )
         for r in readies
     ]
     for p in procs:
@@ -555,8 +620,8 @@ def bench_acked(
     note = f"broker CPU {cpu / total * 1e6:.0f} us/msg"
     if persistent:
         note += f", {total / max(1, syncs):.0f} msgs/fsync"
-    return Row(f"zerohub {kind} {_size_name(size)} {producers}p", rate=total / (end - start),
-               p50=p50, p99=p99, note=note)  # fmt: skip
+    name = f"zerohub {kind} {_size_name(size)} {producers}p" + (" batched" if batched else "")
+    return Row(name, rate=total / (end - start), p50=p50, p99=p99, note=note)
 
 
 def _size_name(size: int) -> str:
@@ -593,6 +658,11 @@ def persistent_rows(ctx: Any, count: int, sizes: tuple[int, ...] = (SIZE, 4096))
                             bench_acked(ctx, endpoint, n, producers, size, persistent,
                                         broker.pid, mine)
                         )  # fmt: skip
+                # the same pushes in batches (broker.batch): one batch, one store wait
+                rows.append(
+                    bench_acked(ctx, endpoint, count, 8, SIZE, persistent, broker.pid, mine,
+                                batched=True)
+                )  # fmt: skip
             finally:
                 stop.set()
                 broker.join(60)
@@ -998,6 +1068,10 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(bench_zerohub(ctx, endpoint, count, 1, False, pid))
             rows.append(bench_zerohub(ctx, endpoint, count, 1, True, pid))
             rows.append(bench_zerohub(ctx, endpoint, max(1, count // 4), 4, False, pid))
+            rows.append(bench_zerohub(ctx, endpoint, count, 1, False, pid, batched=True))
+            rows.append(
+                bench_zerohub(ctx, endpoint, max(1, count // 4), 4, False, pid, batched=True)
+            )
             raw_rtt, *zh_rtt = bench_round_trips(ctx, endpoint, rounds)
             rows.insert(1, raw_rtt)
             rows.extend(zh_rtt)

@@ -66,6 +66,23 @@ target, queue in a Queue-Id header) removes the messages waiting in the queue,
 not those delivered and not acknowledged yet, and answers JSON
 {"Removed": N}; it needs the queue-update permission; an unknown channel or
 queue is 404.
+Batches (zerohub, broker.batch): several frames in one ZeroMQ message. Content
+type 260 (batch, client to broker; a server operation frame) carries in its payload
+entries, each a 4-octet little-endian length and one whole QUEUE frame (a push, no
+response awaited) or ACK frame (a consumer's acknowledge). The broker takes them in
+order as if sent alone and, when the batch has the pending-ack flag, answers with ONE
+ACK frame of content type 260 and the batch's message id: empty payload when every
+acknowledged push was taken, else JSON {"Refused": [[index, nack reason, reason],
+...], "Later": [index, ...]} (0-based entry indexes; Later: pushes whose own ACK comes
+later, from queues that acknowledge once a consumer did). An entry that is not a
+readable push or acknowledge is refused with bad-request, the others are taken. A
+batch whose entries cannot be split is refused whole with 400, one of more than
+max_batch_frames entries (default 1024, the Batch-Max header of the connect
+response) with 482; a batch is a frame, bounded by max_frame_size. Content type 261
+(deliveries, broker to client) carries QUEUE frames the same way; the broker sends it
+only to a client whose connection info has the property Batch-Deliveries: N (N > 1:
+at most N entries, at most 1024); each entry counts against the consumer's prefetch
+as one delivery. A client uses batches only with a broker that sent Batch-Max.
 
 Generated codec: ``encode(msg) -> list[bytes]`` and ``decode(frames) -> msg``.
 ``decode`` raises only ``zproto.errors.DecodeError``; ``encode`` raises

@@ -39,7 +39,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from typing import Any
 
@@ -56,14 +56,18 @@ from broker.client.errors import (
     RemoteError,
 )
 from broker.client.fanout import Gap
-from broker.client.frames import Headers
+from broker.client.frames import Headers, ack_frame, as_bytes, normalize_headers, queue_frame
 from broker.client.io import IOLoop
 from broker.client.message import Kind, Message
-from broker.client.session import Call, Reply, Session, SessionState
+from broker.client.session import SEND_BATCH, Call, Reply, Session, SessionState
 from broker.client.sockets import Curve
-from broker.protocol import DEFAULT_ENDPOINT, ConnectionInfo
+from broker.protocol import DEFAULT_ENDPOINT, ConnectionInfo, MessageType
 
 log = logging.getLogger(__name__)
+
+_QUEUE = int(MessageType.QUEUE)
+#: Frames ``push_many``/``ack_many`` queue at once (each waits for outbox room).
+_ENQUEUE_CHUNK = 256
 
 __all__ = [
     "Client",
@@ -103,7 +107,11 @@ class Client(ClientApi[Any]):
         linger: float = 1.0,
         threaded: bool = True,
         fanout: bool = True,
+        batch: int = SEND_BATCH,
     ) -> None:
+        """``batch``: frames (pushes, acknowledges) one batch sent to the broker may hold
+        at most (``broker.batch``: what waits in the outbox leaves together); 0: one
+        ZeroMQ message per frame."""
         info = ConnectionInfo(
             client_id=client_id,
             name=name,
@@ -119,6 +127,7 @@ class Client(ClientApi[Any]):
             peer_timeout=peer_timeout,
             reconnect=reconnect,
             backoff=backoff,
+            batch=batch,
         )
         self._core = ClientCore(
             self._session,
@@ -323,6 +332,87 @@ class Client(ClientApi[Any]):
         future of the answer frame."""
         call = self._direct_call(target, payload, content_type, headers, Reply.FRAME, ack)
         return self._core.submit(call, timeout)
+
+    def push_many_async(
+        self,
+        channel: str,
+        queue_id: int,
+        payloads: Iterable[bytes | str],
+        *,
+        ack: bool = True,
+        high_priority: bool = False,
+        headers: Headers | None = None,
+        timeout: float | None = None,
+    ) -> list[Future[Any]]:
+        """Push several messages at once, in batches (one ZeroMQ message, one acknowledge
+        each, with a broker that takes batches: ``broker.batch``; one frame each
+        otherwise).  With ``ack``: the futures of their
+        acknowledges, in order (RemoteError for a push refused); without: []."""
+        session = self._session
+        source = session.client_id or ""
+        hdrs = normalize_headers(headers)
+        core = self._core
+        futures: list[Future[Any]] = []
+        chunk: list[bytes] = []
+        now = time.monotonic()
+        for payload in payloads:
+            mid = f"{session.prefix}{next(session.counter)}"
+            body = payload if type(payload) is bytes else as_bytes(payload)
+            if ack:
+                frame = queue_frame(mid, channel, queue_id, body, source=source, ack=True,
+                                    headers=hdrs, high_priority=high_priority)  # fmt: skip
+                future = core.future()
+                chunk.append(session.start(Call(frame, Reply.NONE), future, now, timeout))
+                futures.append(future)
+            else:
+                chunk.append(
+                    tmqp.encode_frame(
+                        high_priority=high_priority,
+                        message_type=_QUEUE,
+                        content_type=queue_id,
+                        message_id=mid,
+                        source=source,
+                        target=channel,
+                        headers=hdrs,
+                        payload=body,
+                    )[0]
+                )
+            if len(chunk) >= _ENQUEUE_CHUNK:
+                core.enqueue_many(session.batches(chunk))
+                chunk = []
+        if chunk:
+            core.enqueue_many(session.batches(chunk))
+        return futures
+
+    def push_many(
+        self,
+        channel: str,
+        queue_id: int,
+        payloads: Iterable[bytes | str],
+        *,
+        ack: bool = True,
+        high_priority: bool = False,
+        headers: Headers | None = None,
+        timeout: float | None = None,
+    ) -> list[tuple[int, ClientError]]:
+        """``push_many_async`` and wait: the pushes refused (or not answered in time), as
+        (index, error); [] when the broker acknowledged them all (or ``ack`` is False)."""
+        futures = self.push_many_async(channel, queue_id, payloads, ack=ack,
+                                       high_priority=high_priority, headers=headers,
+                                       timeout=timeout)  # fmt: skip
+        failed: list[tuple[int, ClientError]] = []
+        for index, future in enumerate(futures):
+            try:
+                self._core.wait(future, timeout)
+            except ClientError as exc:
+                failed.append((index, exc))
+        return failed
+
+    def ack_many(self, messages: Iterable[Message]) -> None:
+        """Acknowledge several messages at once (in batches with a broker that takes them)."""
+        datas = [tmqp.encode(ack_frame(m))[0] for m in messages]
+        for start in range(0, len(datas), _ENQUEUE_CHUNK):
+            self._core.enqueue_many(self._session.batches(datas[start : start + _ENQUEUE_CHUNK]))
 
     # -- receiving ---------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ class Pump(Protocol):
 
     def step(self, cap_ms: int | None = None) -> None: ...
     def send_or_queue(self, data: bytes) -> None: ...
+    def flush(self) -> None: ...
     def finish(self) -> None: ...
 
 
@@ -135,6 +136,33 @@ class ClientCore:
             if self.wake_tx is None:
                 raise self.closed_error()
             self.outbox.append(data)
+            self.wake()
+
+    def enqueue_many(self, datas: list[bytes]) -> None:
+        """``enqueue`` several frames at once: queued together, they may leave in one
+        batch (``broker.batch``; the I/O loop coalesces what waits in the outbox)."""
+        loop = self.loop
+        if loop is not None:
+            self.outbox.extend(datas)
+            loop.flush()
+            self._unpumped += len(datas)
+            out = self.outbox
+            if len(out) >= self.max_outbox:
+                self.pump(lambda: len(out) < self.max_outbox // 2, None)
+            elif self._unpumped >= 1000:
+                self.pump(lambda: True, 0.0, first=True)
+            return
+        with self.cv:
+            if len(self.outbox) >= self.max_outbox and threading.get_ident() != self.io_ident:
+                self.out_waiting += 1
+                try:
+                    while len(self.outbox) >= self.max_outbox and self.wake_tx is not None:
+                        self.cv.wait(1.0)
+                finally:
+                    self.out_waiting -= 1
+            if self.wake_tx is None:
+                raise self.closed_error()
+            self.outbox.extend(datas)
             self.wake()
 
     def wake(self) -> None:

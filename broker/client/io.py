@@ -16,7 +16,7 @@ from typing import Any
 
 import zmq
 
-from broker import tmqp
+from broker import batch, tmqp
 from broker.client import session as S
 from broker.client.core import ClientCore
 from broker.client.errors import ClientClosed, ClientError, StopLoop
@@ -38,6 +38,8 @@ _set_message_frame: Callable[[Message, tmqp.Frame], None] = vars(Message)["frame
 _decode = tmqp.decode
 _Frame = tmqp.Frame
 _QUEUE_BITS = int(MessageType.QUEUE)  # low 6 bits of the first octet
+_SERVER_BITS = int(MessageType.SERVER)
+_DELIVERIES = batch.DELIVERIES  # content type of several deliveries (octets 5-6)
 _HEADER_BIT = 32  # in the second octet: a header block follows
 
 
@@ -172,6 +174,16 @@ class IOLoop:
                 if (
                     append is not None
                     and len(data) > 8
+                    and data[0] & 63 == _SERVER_BITS
+                    and data[5] | data[6] << 8 == _DELIVERIES
+                    and self._inbox_batch(data, append)
+                ):
+                    if inbox.full:
+                        break  # a batch of deliveries holds many: stop at the inbox's limit
+                    continue
+                if (
+                    append is not None
+                    and len(data) > 8
                     and data[0] & 63 == _QUEUE_BITS
                     and not data[1] & _HEADER_BIT
                 ):
@@ -197,6 +209,31 @@ class IOLoop:
         if c.on_message is None and inbox.full:
             s.paused = True
 
+    @staticmethod
+    def _inbox_batch(data: bytes, append: Callable[[Message], None]) -> bool:
+        """Several deliveries in one message (``broker.batch``) straight to the inbox,
+        when each is a plain delivery (no headers); False: the session core reads it."""
+        try:
+            frame = _decode((data,))
+            if type(frame) is not _Frame:
+                return False
+            entries = batch.unpack(frame.payload, batch.DEFAULT_MAX_FRAMES)
+            frames = []
+            for entry in entries:
+                if entry[0] & 63 != _QUEUE_BITS or entry[1] & _HEADER_BIT:
+                    return False
+                one = _decode((entry,))
+                if type(one) is not _Frame:
+                    return False
+                frames.append(one)
+        except (DecodeError, batch.BatchError):
+            return False
+        for one in frames:
+            message = _new(Message)
+            _set_message_frame(message, one)
+            append(message)
+        return True
+
     def flush(self) -> None:
         """Send the outbox until it is empty or the socket's pipe is full."""
         c = self.c
@@ -205,17 +242,46 @@ class IOLoop:
             return
         out = c.outbox
         send = self.send
+        s = self.s
         while out:
             data = out[0]
+            taken = 1
+            if s.batch_max and len(out) > 1 and s.batchable(data):
+                data, taken = self._coalesce()
             try:
                 send(data, zmq.NOBLOCK, len(data) < _BIG)
             except zmq.Again:
+                if taken > 1:  # the batch is made: it goes first, once there is room
+                    for _ in range(taken):
+                        out.popleft()
+                    out.appendleft(data)
                 self.want_out = True
                 break
-            out.popleft()
+            for _ in range(taken):
+                out.popleft()
         if c.out_waiting and len(out) < c.max_outbox:
             with c.cv:
                 c.cv.notify_all()
+
+    def _coalesce(self) -> tuple[bytes, int]:
+        """The frames at the head of the outbox that may share a batch (``broker.batch``:
+        pushes and acknowledges, up to the session's ``batch_max`` and
+        ``SEND_BATCH_OCTETS``) as one batch frame, and how many it took."""
+        out = self.c.outbox
+        s = self.s
+        batchable = s.batchable
+        n = min(len(out), s.batch_max)
+        entries: list[bytes] = []
+        size = 0
+        for i in range(n):
+            data = out[i]
+            if not batchable(data) or size + len(data) + 4 > s.batch_octets:
+                break
+            entries.append(data)
+            size += len(data)
+        if len(entries) == 1:
+            return entries[0], 1
+        return s.batch_of(entries), len(entries)
 
     def send_or_queue(self, data: bytes) -> None:
         """Poll-on-call: send ``data`` now unless frames wait before it; else queue it."""

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from typing import Any
 
-from broker import tmqp
+from broker import batch, tmqp
 from broker.client.admin import next_page
 from broker.client.errors import (
     AccessRefused,
@@ -94,6 +94,13 @@ MAX_PAGES = 10_000
 #: The shortest keep-alive interval (seconds) a broker's announced peer timeout can
 #: give a client: a broker announcing a tiny timeout must not make it PING in a loop.
 MIN_KEEPALIVE = 0.05
+#: Deliveries one message from the broker may carry (``broker.batch``; the connection
+#: info's ``Batch-Deliveries`` property, which the caller may set itself, 0: none).
+DELIVERY_BATCH = 64
+#: Frames one batch of this client holds at most by default (and the broker's ``Batch-Max``).
+SEND_BATCH = 256
+#: Octets of frames one batch of this client gathers at most.
+SEND_BATCH_OCTETS = 1024 * 1024
 #: Refusals of the connection info that no retry can change.
 PERMANENT = frozenset({ResultCode.UNAUTHORIZED, ResultCode.UNACCEPTABLE, ResultCode.BAD_REQUEST})
 
@@ -101,6 +108,10 @@ _QUEUE = MessageType.QUEUE
 _ACK = MessageType.ACK
 _RESPONSE = MessageType.RESPONSE
 _DIRECT = MessageType.DIRECT
+_SERVER = MessageType.SERVER
+_QUEUE_BITS = int(MessageType.QUEUE)
+_ACK_BITS = int(MessageType.ACK)
+_DELIVERIES = batch.DELIVERIES
 _decode = tmqp.decode
 
 
@@ -130,6 +141,9 @@ def session_properties(properties: Mapping[str, str], secret: str | None) -> dic
     props = {k: v for k, v in properties.items() if k.lower() != Header.SESSION_SECRET.lower()}
     if secret:
         props[Header.SESSION_SECRET] = secret
+    wanted = batch.BATCH_DELIVERIES.lower()
+    if not any(k.lower() == wanted for k in props):  # the caller may set it (0: none)
+        props[batch.BATCH_DELIVERIES] = str(DELIVERY_BATCH)
     return props
 
 
@@ -357,8 +371,11 @@ class Session:
         peer_timeout: float = 15.0,
         reconnect: bool = True,
         backoff: tuple[float, float] = (0.05, 5.0),
+        batch: int = SEND_BATCH,
     ) -> None:
         self.endpoint = endpoint
+        #: Frames one batch of this client may hold at most (0: no batches).
+        self.batch_limit = max(0, batch)
         self.info = info
         self.timeout = timeout
         self.ping_interval = ping_interval
@@ -394,6 +411,15 @@ class Session:
         self._pinged = False
         self._keepalive_at = 0.0
         self._next_sweep = 0.0
+        #: Frames one batch may hold in this session (the broker's ``Batch-Max``, at most
+        #: :data:`SEND_BATCH`; 0: the broker takes no batches).
+        self.batch_max = 0
+        #: Octets of frames one batch may hold in this session (the broker's
+        #: ``Batch-Octets``, at most :data:`SEND_BATCH_OCTETS`).
+        self.batch_octets = 0
+        #: Batches sent, by id: (index, message id) of each push in it that waits for
+        #: an acknowledge, which the batch's one acknowledge settles.
+        self.batched: dict[str, list[tuple[int, str]]] = {}
 
     # -- ids and lifecycle -------------------------------------------------------------
 
@@ -514,6 +540,8 @@ class Session:
             if self.state is SessionState.CLOSING:
                 return _NONE
             return (Send(PONG),) if type(msg) is tmqp.Ping else _NONE
+        if msg.message_type == _SERVER and msg.content_type == _DELIVERIES:
+            return self._deliveries(msg, now)
         if self.state is SessionState.CLOSING:
             return self._closing(msg, now)
         mt = msg.message_type
@@ -536,6 +564,102 @@ class Session:
         if mt != MessageType.PONG:
             log.debug("ignored frame type %#x from the broker", mt)
         return _NONE
+
+    def _deliveries(self, msg: tmqp.Frame, now: float) -> Sequence[Event]:
+        """Several deliveries in one message (``broker.batch``): each as if alone."""
+        try:
+            entries = batch.unpack(msg.payload, batch.DEFAULT_MAX_FRAMES)
+        except batch.BatchError as exc:
+            log.warning("unreadable batch of deliveries from the broker: %s", exc)
+            return _NONE
+        events: list[Event] = []
+        for data in entries:
+            events += self.feed(data, now)
+        return events
+
+    # -- batches (broker.batch) ----------------------------------------------------------
+
+    @staticmethod
+    def batchable(data: bytes) -> bool:
+        """Whether a frame waiting in the outbox may share a batch with its neighbours:
+        a push waiting for an acknowledge (not a response), or an acknowledge, of at most
+        16 KiB.  Those are bounded by what their sender waits for (its acknowledges, its
+        prefetch); a fire-and-forget push travels alone unless the caller asked for a
+        batch (``push_many``): the pipes' high-water marks count ZeroMQ messages, and
+        batched they would let a producer run that much further ahead of the broker."""
+        if len(data) < 8 or len(data) > 16384:
+            return False
+        kind = data[0] & 63
+        if kind == _QUEUE_BITS:
+            return data[1] & 192 == 64
+        return kind == _ACK_BITS and not data[1] & 192
+
+    def batches(self, entries: Sequence[bytes]) -> list[bytes]:
+        """``entries`` (pushes, acknowledges) as batch frames within this session's
+        limits; as they are when the broker takes no batches."""
+        limit, octets = self.batch_max, self.batch_octets
+        if limit < 2 or len(entries) < 2:
+            return list(entries)
+        out: list[bytes] = []
+        chunk: list[bytes] = []
+        size = 0
+        for data in entries:
+            if chunk and (len(chunk) >= limit or size + len(data) + 4 > octets):
+                out.append(self.batch_of(chunk) if len(chunk) > 1 else chunk[0])
+                chunk, size = [], 0
+            chunk.append(data)
+            size += len(data) + 4
+        if chunk:
+            out.append(self.batch_of(chunk) if len(chunk) > 1 else chunk[0])
+        return out
+
+    def batch_of(self, entries: Sequence[bytes]) -> bytes:
+        """One batch frame carrying ``entries`` (frames :meth:`batchable` allowed); the
+        acknowledged pushes in it are settled by its one acknowledge."""
+        bid = self.new_id()
+        acked = [
+            (i, tmqp.peek_message_id(d) or "")
+            for i, d in enumerate(entries)
+            if d[0] & 63 == _QUEUE_BITS and d[1] & 64
+        ]
+        if acked:
+            self.batched[bid] = acked
+        return batch.batch_frame(bid, self.client_id or "", entries, bool(acked))
+
+    def _batch_settled(self, frame: tmqp.Frame, now: float) -> Sequence[Event]:
+        """The acknowledge of a batch: each acknowledged push in it settled as its own
+        acknowledge would have (a refused one fails; a 'later' one keeps waiting)."""
+        inner = self.batched.pop(frame.message_id)
+        err: ClientError | None = failure(frame)
+        if err is None and frame.message_type == _RESPONSE:
+            err = ProtocolError(f"a response answered the batch {frame.message_id}")
+        refused: dict[int, tuple[str, str]] = {}
+        later: set[int] = set()
+        if err is None:
+            try:
+                rows, waits = batch.result_of(frame)
+            except ValueError as exc:
+                err = ProtocolError(f"the acknowledge of batch {frame.message_id}: {exc}")
+            else:
+                refused = {i: (nack, reason) for i, nack, reason in rows}
+                later = set(waits)
+        events: list[Event] = []
+        pending = self.pending
+        for index, mid in inner:
+            if err is not None:
+                entry = pending.pop(mid, None)
+                if entry is not None:
+                    events.append(Failed(entry.waiter, err))
+                continue
+            if index in later or mid not in pending:
+                continue
+            why = refused.get(index)
+            headers: tuple[tuple[str, str], ...] = ()
+            if why is not None:
+                headers = ((Header.NACK_REASON, why[0]), (Header.REASON, why[1] or why[0]))
+            one = tmqp.Frame(message_type=_ACK, message_id=mid, headers=headers)
+            events += self._settle(one, now)
+        return events
 
     def _closing(self, msg: tmqp.Frame, now: float) -> Sequence[Event]:
         """A frame after the goodbye (see the module docstring)."""
@@ -563,6 +687,8 @@ class Session:
             if err is None:
                 return self._ready(frame, now)
             return self._refused(err.code, err.reason, now)
+        if self.batched and mid in self.batched:
+            return self._batch_settled(frame, now)
         entry = self.pending.pop(mid, None)
         if entry is None:
             err = failure(frame)
@@ -708,6 +834,14 @@ class Session:
             self.ping_interval, header(frame, Header.PEER_TIMEOUT_MS)
         )
         self.state = SessionState.READY
+        announced = header(frame, batch.BATCH_MAX)
+        self.batch_max = (
+            min(int(announced), self.batch_limit) if announced and announced.isdigit() else 0
+        )
+        octets = header(frame, batch.BATCH_OCTETS)
+        self.batch_octets = (
+            min(int(octets), SEND_BATCH_OCTETS) if octets and octets.isdigit() else 0
+        )
         self._attempt = 0
         self._last_rx = now
         self._pinged = False
@@ -791,6 +925,11 @@ class Session:
             if entry.deadline <= now and self.pending.pop(mid, None) is not None:
                 what = f"no answer from the broker to {mid} within {entry.timeout} s"
                 events.append(Failed(entry.waiter, RequestTimeout(what)))
+        if self.batched:  # batches none of whose pushes waits any more
+            pending = self.pending
+            for bid, inner in list(self.batched.items()):
+                if not any(mid in pending for _i, mid in inner):
+                    del self.batched[bid]
         return events
 
     def lost(self, reason: str, now: float) -> list[Event]:
@@ -810,6 +949,7 @@ class Session:
         return events
 
     def _fail_all(self, err: ClientError) -> list[Failed]:
+        self.batched.clear()
         events: list[Failed] = []
         for mid in list(self.pending):
             entry = self.pending.pop(mid, None)

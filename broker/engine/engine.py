@@ -129,6 +129,10 @@ log = logging.getLogger("broker.engine.engine")
 
 _Handler = Callable[[Client, tmqp.Frame, float, list[Outgoing]], None]
 _QUEUE = int(MessageType.QUEUE)
+_ACK = int(MessageType.ACK)
+_Frame = tmqp.Frame
+_NACK = Header.NACK_REASON.lower()
+_REASON = Header.REASON.lower()
 _CC = Header.CC.lower()
 _NO_RECEIPT: tuple[str, int | None] = ("", None)
 
@@ -331,6 +335,49 @@ class Engine:
             answer_failure(client, frame, out, OperationError(ResultCode.FAILED, "internal error"))
         self.receipts.take(out)
         return out
+
+    def receive_batch(
+        self,
+        client_id: str,
+        items: Iterable[tuple[int, tmqp.Frame, bytes]],
+        now: float,
+    ) -> tuple[list[Outgoing], list[tuple[int, str, str]], list[int]]:
+        """Several frames of one client in one call (a TMQP batch, ``broker.batch``):
+        ``items`` are (index in the batch, frame, its octets).
+
+        Returns the output of every frame except the acknowledges of its pushes, which
+        the caller answers with one acknowledge of the whole batch; the pushes refused:
+        (index, nack reason, reason); and the indexes of acknowledged pushes that got no
+        acknowledge yet (one comes later on its own).  Each frame is handled as
+        :meth:`receive` handles it alone, in order.
+        """
+        out: list[Outgoing] = []
+        refused: list[tuple[int, str, str]] = []
+        later: list[int] = []
+        receive = self.receive
+        for index, frame, data in items:
+            outs = receive(client_id, frame, now, data)
+            if frame.message_type == _QUEUE and frame.pending_ack:
+                mid = frame.message_id
+                for i, o in enumerate(outs):
+                    f = o[1]
+                    if (
+                        o[0] == client_id
+                        and f.__class__ is _Frame
+                        and f.message_type == _ACK
+                        and f.message_id == mid
+                    ):
+                        del outs[i]
+                        if f.headers:
+                            fields = {k.lower(): v for k, v in f.headers}
+                            nack = fields.get(_NACK)
+                            if nack is not None:
+                                refused.append((index, nack, fields.get(_REASON, "")))
+                        break
+                else:
+                    later.append(index)
+            out += outs
+        return out, refused, later
 
     # ------------------------------------------------------------------ typed operations
 

@@ -55,6 +55,9 @@ class ServerOptions:
     #: (on 2 cores: 1.6x the throughput of sending each frame at once); a lone message
     #: goes out at once, so latency grows only under load (at most one batch's work).
     send_batch: int = 256
+    #: Entries one TMQP batch may hold (``broker.batch``; announced to clients as the
+    #: connect response's ``Batch-Max``); a batch with more is refused whole (482).
+    max_batch_frames: int = 1024
     linger: float = 0.5
     #: Where to bind the broadcast fan-out XPUB (``broker.engine.fanout``); None: none.
     fanout: str | None = None
@@ -66,8 +69,8 @@ class ServerOptions:
             raise ValueError("max_frame_size must be at least 64 octets")
         if not 0 < self.ping_interval < self.peer_timeout:
             raise ValueError("need 0 < ping_interval < peer_timeout")
-        if self.batch < 1 or self.send_batch < 1:
-            raise ValueError("batch and send_batch must be at least 1")
+        if self.batch < 1 or self.send_batch < 1 or self.max_batch_frames < 1:
+            raise ValueError("batch, send_batch and max_batch_frames must be at least 1")
         if self.fanout_hwm < 1:
             raise ValueError("fanout_hwm must be at least 1")
         if self.max_handshakes < 1 or self.max_connections < 1:

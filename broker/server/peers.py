@@ -41,12 +41,12 @@ import dataclasses
 import hmac
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import zmq
 
-from broker import tmqp
+from broker import batch, tmqp
 from broker.protocol import (
     GREETING,
     ConnectionInfo,
@@ -108,6 +108,19 @@ class EngineLike(Protocol):
     def stats_page(
         self, after: str | None, budget: int
     ) -> tuple[dict[str, object], str | None]: ...
+
+
+def delivery_batch(properties: Mapping[str, str]) -> int:
+    """Deliveries one message may carry to a client, from its connection info's
+    ``Batch-Deliveries`` property (``broker.batch``): 0 (one each) when absent or bad,
+    at most ``batch.DEFAULT_MAX_FRAMES``."""
+    wanted = batch.BATCH_DELIVERIES.lower()
+    for key, value in properties.items():
+        if key.lower() == wanted:
+            value = value.strip()
+            if value.isdigit() and int(value) > 1:
+                return min(int(value), batch.DEFAULT_MAX_FRAMES)
+    return 0
 
 
 def salvage_message_id(data: bytes) -> str:
@@ -342,6 +355,9 @@ class PeerSessions:
         peer.state = PeerState.READY
         peer.client_id = client_id
         peer.address = peer_address(part)
+        peer.batch = delivery_batch(info.properties)
+        if peer.batch:
+            self.sender.batching = True
         self.sender.by_client[client_id] = peer
         issued = secrets.token_urlsafe(24)
         self.proofs[peer.rid] = SessionProof(issued.encode(), key)
@@ -382,7 +398,17 @@ class PeerSessions:
         """What the connect response tells a client about its session: the secret that
         proves it owns it, and how long a silence ends it (the client paces its PINGs)."""
         timeout_ms = str(int(self.options.peer_timeout * 1000))
-        return ((Header.SESSION_SECRET, secret), (Header.PEER_TIMEOUT_MS, timeout_ms))
+        headers: tuple[tuple[str, str], ...] = (
+            (Header.SESSION_SECRET, secret),
+            (Header.PEER_TIMEOUT_MS, timeout_ms),
+        )
+        if getattr(self.engine, "receive_batch", None) is not None:  # broker.batch
+            octets = max(0, self.options.max_frame_size - batch.BATCH_OVERHEAD)
+            headers += (
+                (batch.BATCH_MAX, str(self.options.max_batch_frames)),
+                (batch.BATCH_OCTETS, str(octets)),
+            )
+        return headers
 
     @staticmethod
     def _connected_frame(
@@ -408,6 +434,12 @@ class PeerSessions:
         self._refuse(peer.rid, code, reason)
         if link is not None:
             self.closing.setdefault(link, now + _CLOSE_GRACE)
+
+    def bad_request(self, peer: Peer, message_id: str, reason: str, code: ResultCode) -> None:
+        """A request refused whole (a batch over its limits): counted, answered."""
+        self.counters["bad_frames"] += 1
+        log.debug("bad request from %s: %s", peer.client_id, reason)
+        self.sender.send_to(peer, error_frame(message_id, code, reason))
 
     def bad(self, peer: Peer, data: bytes, reason: str, code: ResultCode) -> None:
         self.counters["bad_frames"] += 1

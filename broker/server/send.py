@@ -31,7 +31,7 @@ from typing import Any
 
 import zmq
 
-from broker import tmqp
+from broker import batch, tmqp
 from broker.engine.fanout import Publish
 from broker.engine.tmqp_door import WIRE, encode
 from broker.message import Message
@@ -44,6 +44,7 @@ log = logging.getLogger("broker.server.server")
 
 _BIG = 65536  # frames at least this large are sent without copying
 _SNDMORE_NOBLOCK = zmq.SNDMORE | zmq.NOBLOCK
+_PENDING_ACK = 64  # in a TMQP frame's second octet: the receiver must acknowledge
 
 
 class PeerState(Enum):
@@ -57,6 +58,7 @@ class Peer:
     __slots__ = (
         "address",
         "backlog",
+        "batch",
         "client_id",
         "drained",
         "drained_at",
@@ -87,6 +89,12 @@ class Peer:
         self.overflowing = False
         #: The remote address libzmq gave the connection info's message (None: unknown).
         self.address: str | None = None
+        #: Deliveries one message to this peer may carry (``broker.batch``; 0: one each).
+        self.batch = 0
+
+
+def _entries(item: list[bytes] | bytes) -> list[bytes]:
+    return [item] if isinstance(item, bytes) else item
 
 
 def _no_socket(*args: Any, **kw: Any) -> Any:
@@ -112,6 +120,8 @@ class SendPath:
         self.flush_at = options.send_batch
         #: The broadcast fan-out socket (``broker.server.fanout``); None: not bound.
         self.fanout: Any = None
+        #: A peer that reads delivery batches connected (``Peer.batch``; see flush_out).
+        self.batching = False
         #: Holds engine output until the store made it durable (None: memory only).
         self.gate: OutputGate | None = None
         self.counters: dict[str, int] = dict.fromkeys(
@@ -124,6 +134,9 @@ class SendPath:
                 "engine_errors",
                 "backlogged",
                 "overflowed",
+                "batched_in",
+                "batch_refused",
+                "batched_out",
             ),
             0,
         )
@@ -214,6 +227,9 @@ class SendPath:
         if not outq:
             return
         self.outq = []
+        if self.batching:
+            self._flush_batched(outq)
+            return
         send = self.fast_send
         sent = 0
         sent_to = self.sent_to
@@ -233,6 +249,67 @@ class SendPath:
                     sent_to.append(peer)
                 peer.transmitted += 1
         self.frames_out += sent
+
+    def _flush_batched(self, outq: list[tuple[Peer, bytes, bool]]) -> None:
+        """``flush_out`` when some peers read delivery batches (``broker.batch``): each
+        such peer's deliveries that follow one another in the batch (no other frame to it
+        between them) go out as one message of up to ``Peer.batch`` of them and
+        ``batch.DELIVERY_OCTETS`` octets; each delivery in it counts as sent.
+
+        Only deliveries that wait for the consumer's acknowledge share a message: those
+        stay in flight, within the consumer's prefetch, until acknowledged, wherever they
+        are.  One without acknowledge is done once libzmq took it, and the pipe's
+        high-water mark counts messages: batched, a consumer that stops reading would
+        hold many times more of them in its pipe."""
+        groups: list[tuple[Peer, list[bytes] | bytes, bool]] = []
+        open_: dict[Peer, tuple[list[bytes], list[int]]] = {}
+        limit = batch.DELIVERY_OCTETS
+        for peer, data, tracked in outq:
+            if not tracked or not peer.batch or not data[1] & _PENDING_ACK:
+                if open_:
+                    open_.pop(peer, None)
+                groups.append((peer, data, tracked))
+                continue
+            group = open_.get(peer)
+            if group is not None and len(group[0]) < peer.batch and group[1][0] < limit:
+                group[0].append(data)
+                group[1][0] += len(data)
+                continue
+            entries = [data]
+            open_[peer] = (entries, [len(data)])
+            groups.append((peer, entries, True))
+        send = self.fast_send
+        sent = 0
+        for peer, item, tracked in groups:
+            if isinstance(item, bytes):
+                data, count = item, 1
+            elif len(item) == 1:
+                data, count = item[0], 1
+            else:
+                data, count = batch.deliveries_frame(item), len(item)
+            if peer.backlog:
+                self._queue_each(peer, item, tracked)
+                continue
+            try:
+                send(peer.rid, _SNDMORE_NOBLOCK)
+            except zmq.ZMQError:
+                # full pipe or gone: the slow path decides, one delivery at a time
+                for one in _entries(item):
+                    self.send_raw(peer, one, tracked)
+                continue
+            send(data, zmq.NOBLOCK)
+            sent += 1
+            if count > 1:
+                self.counters["batched_out"] += count
+            if tracked:
+                if not peer.transmitted:
+                    self.sent_to.append(peer)
+                peer.transmitted += count
+        self.frames_out += sent
+
+    def _queue_each(self, peer: Peer, item: list[bytes] | bytes, tracked: bool) -> None:
+        for one in _entries(item):
+            self._queue(peer, one, tracked)
 
     def send_to(self, peer: Peer, frame: tmqp.Frame) -> None:
         self.send_raw(peer, tmqp.encode(frame)[0])

@@ -53,10 +53,19 @@ from typing import Any
 
 import zmq
 
-from broker import tmqp
+from broker import batch, tmqp
 from broker.engine.limits import MIN_REPLY_SIZE
 from broker.paging import json_size
-from broker.protocol import GREETING, Header, MessageType, Operation, ResultCode, header
+from broker.protocol import (
+    GREETING,
+    Header,
+    MessageType,
+    NackReason,
+    Operation,
+    Outgoing,
+    ResultCode,
+    header,
+)
 from broker.server.fanout import FanoutDoor
 from broker.server.gate import DurableLike, OutputGate
 from broker.server.links import Connections
@@ -90,6 +99,9 @@ log = logging.getLogger(__name__)
 _PONG = tmqp.encode(tmqp.Pong())[0]
 _TERMINATE = int(MessageType.TERMINATE)
 _SERVER = int(MessageType.SERVER)
+_QUEUE = int(MessageType.QUEUE)
+_ACK = int(MessageType.ACK)
+_BATCH = batch.BATCH
 _Frame = tmqp.Frame
 _decode = tmqp.decode
 _ids = itertools.count(1)
@@ -99,6 +111,7 @@ _ids = itertools.count(1)
 STATS_OPERATION = int(Operation.STATS)
 
 _READY = PeerState.READY
+_ONLY_PUSHES_AND_ACKS = "a batch holds queue pushes and acknowledges only"
 #: Messages received between two reports of sent deliveries during one socket drain.
 _REPORT_EVERY = 256
 #: Octets CURVE adds to a message on the wire, which libzmq counts against ZMQ_MAXMSGSIZE:
@@ -150,6 +163,10 @@ class Server:
         #: Other doors' wake-ups: (pollable, handler(now) -> engine output), see add_reader.
         self._readers: list[tuple[Any, Callable[[float], list[Any]]]] = []
         self._max_frame = self.options.max_frame_size
+        #: The engine's batch entry (``broker.batch``); None: batches are not understood.
+        self._receive_batch = getattr(engine, "receive_batch", None)
+        #: Frames beyond one in the batch just handled (``_on_message``'s drain budget).
+        self._batched = 0
         #: Octets of JSON in one reply: what a frame holds beside ids and headers.
         self._reply_budget = max(MIN_REPLY_SIZE, self._max_frame - REPLY_OVERHEAD)
         limits = getattr(getattr(engine, "config", None), "limits", None)
@@ -401,8 +418,12 @@ class Server:
                 while recv(zmq.NOBLOCK, copy=False).more:
                     pass
                 on_message(rid, b"", True, now, part)
-            else:
-                on_message(rid, part.bytes, False, now, part)
+            elif on_message(rid, part.bytes, False, now, part):
+                # a batch: its frames count against this drain's budget, so that timers
+                # and keep-alive (other peers' PINGs wait unread) are not held up
+                count += self._batched
+                if count >= batch:
+                    break
             if count == 1 and self.sender.outq:
                 # A lone message (light load) must not wait for the next recv(), which
                 # costs several microseconds when it finds nothing: send its output now.
@@ -416,35 +437,41 @@ class Server:
 
     def _on_message(
         self, rid: bytes, data: bytes, multipart: bool, now: float, part: zmq.Frame
-    ) -> None:
+    ) -> bool:
+        """Handle one ZeroMQ message; True when it was a batch (``self._batched`` more
+        frames than one)."""
         peer = self._peers.get(rid)
         if peer is None or peer.state is not _READY:
             self.sessions.handshake(rid, peer, b"" if multipart else data, now, part)
-            return
+            return False
         peer.last_seen = now
         peer.pinged = False
         if multipart:
             self.sessions.bad(
                 peer, b"", "one TMQP frame per ZeroMQ message", ResultCode.BAD_REQUEST
             )
-            return
+            return False
         if len(data) > self._max_frame:
             reason = f"frame of {len(data)} octets exceeds {self._max_frame}"
             self.sessions.bad(peer, data, reason, ResultCode.LIMIT_EXCEEDED)
-            return
+            return False
         try:
             msg = _decode((data,))
         except DecodeError as exc:
             self.sessions.bad(peer, data, f"malformed frame: {exc.reason}", ResultCode.BAD_REQUEST)
-            return
+            return False
         if type(msg) is _Frame:
             mt = msg.message_type
             if mt == _TERMINATE:
                 self.sessions.goodbye(peer, now)
-                return
-            if mt == _SERVER and msg.content_type == STATS_OPERATION:
-                self.sender.send_to(peer, self._stats_reply(peer, msg))
-                return
+                return False
+            if mt == _SERVER:
+                if msg.content_type == _BATCH and self._receive_batch is not None:
+                    self._batch(peer, msg, now)
+                    return True
+                if msg.content_type == STATS_OPERATION:
+                    self.sender.send_to(peer, self._stats_reply(peer, msg))
+                    return False
             # the engine often forwards the very frame it was given (a push delivered
             # as is): send_all then reuses these octets instead of encoding again
             sender = self.sender
@@ -466,6 +493,61 @@ class Server:
             self.sender.send_raw(peer, _PONG)
         elif type(msg) is tmqp.Handshake:
             self.sender.send_raw(peer, GREETING)
+        return False
+
+    def _batch(self, peer: Peer, msg: tmqp.Frame, now: float) -> None:
+        """A batch of frames (``broker.batch``): split and decoded in one pass, handed to
+        the engine in one call, answered (when the batch waits for it) by one acknowledge
+        listing the entries refused.  An entry that is not a readable push or
+        acknowledge is refused by index; the others are taken."""
+        self._batched = 0
+        try:
+            entries = batch.unpack(msg.payload, self.options.max_batch_frames)
+        except batch.TooMany as exc:
+            self.sessions.bad_request(peer, msg.message_id, str(exc), ResultCode.LIMIT_EXCEEDED)
+            return
+        except batch.BatchError as exc:
+            self.sessions.bad_request(peer, msg.message_id, f"bad batch: {exc}",
+                                      ResultCode.BAD_REQUEST)  # fmt: skip
+            return
+        refused: list[tuple[int, str, str]] = []
+        items: list[tuple[int, tmqp.Frame, bytes]] = []
+        for index, data in enumerate(entries):
+            try:
+                frame = _decode((data,))
+            except DecodeError as exc:
+                refused.append((index, NackReason.BAD_REQUEST, f"malformed frame: {exc.reason}"))
+                continue
+            if (
+                type(frame) is not _Frame
+                or frame.pending_response
+                or (frame.message_type != _QUEUE and frame.message_type != _ACK)
+            ):
+                refused.append((index, NackReason.BAD_REQUEST, _ONLY_PUSHES_AND_ACKS))
+                continue
+            items.append((index, frame, data))
+        client_id = peer.client_id
+        self._batched = len(entries) - 1 if entries else 0
+        self.counters["batched_in"] += len(entries)
+        self.sender.in_frame = None
+        assert self._receive_batch is not None
+        try:
+            outs, taken_refused, later = self._receive_batch(client_id, items, now)
+        except Exception:
+            log.exception("engine failed on a batch from %s", client_id)
+            self.counters["engine_errors"] += 1
+            if msg.message_id:
+                self.sender.send_to(peer, error_frame(msg.message_id, ResultCode.FAILED, "error"))
+            return
+        if taken_refused:
+            refused = sorted(refused + taken_refused) if refused else taken_refused
+        if refused:
+            self.counters["batch_refused"] += len(refused)
+        if msg.pending_ack:
+            result = batch.result_frame(msg.message_id, client_id, refused, later)
+            outs.append(Outgoing(client_id, result))
+        if outs:
+            self.sender.send_all(outs)
 
     def _shutdown(self, router: zmq.Socket[bytes]) -> None:
         """Tell connected clients the server is stopping, end their sessions, close."""
