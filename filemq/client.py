@@ -155,7 +155,7 @@ from filemq.engine_client import (
     Touch,
 )
 from filemq.filters import Filters
-from filemq.index import NODE_DIR, NODE_SYMLINK, FileEntry, FileIndex, IndexDelta
+from filemq.index import NODE_DIR, NODE_SYMLINK, FileIndex, IndexDelta
 from filemq.loopguard import dest_option
 from filemq.meta import (
     OPTION_FILTER,
@@ -321,13 +321,13 @@ def _attrs_text(index: FileIndex, base: str, path: str, links: LinkPolicy) -> st
     have sent it) is left out.  (10,000 files: ~6 ms; the server reads them in ~10.)"""
     full = path != base
     head = base if full else ""
-    entries: Iterable[FileEntry] = index  # (made one at a time from the index's rows)
+    stamps = index.stamps()  # (name, mode, mtime_ns) read from the index's rows
     if full:
-        entries = (e for e in entries if (head + e.name).startswith(path))
+        stamps = (s for s in stamps if (head + s[0]).startswith(path))
     file_lines = (
-        f"{head}{e.name}\tf\t{e.mode:o}\t{e.mtime_ns}"
-        for e in entries
-        if e.mode >= 0 and "\t" not in e.name and "\n" not in e.name
+        f"{head}{name}\tf\t{mode:o}\t{mtime_ns}"
+        for name, mode, mtime_ns in stamps
+        if mode >= 0 and "\t" not in name and "\n" not in name
     )
     # joined a slice at a time: a list of every line would cost ~100 octets a file
     lines = []

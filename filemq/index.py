@@ -81,11 +81,12 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Callable, ItemsView, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import compress, repeat
 from json.encoder import encode_basestring as _json_string
 from operator import itemgetter
 from pathlib import Path
 from stat import S_ISDIR, S_ISLNK, S_ISREG
+from struct import iter_unpack
 from typing import Any, NamedTuple
 
 from filemq.engine import FilemqError
@@ -412,18 +413,28 @@ class _Entries:
         )
 
     def same(self, name: str, size: int, mtime_ns: int, inode: int, mode: int) -> bool:
-        """Does ``name`` have an entry with these values (the quick test of a refresh)?"""
-        old = self._over.get(name)
-        if old is not None:
-            return (
-                old.size == size
-                and old.mtime_ns == mtime_ns
-                and old.inode == inode
-                and old.mode == mode
-            )
-        row = self._row(name)
-        return (
-            row >= 0
+        """Does ``name`` have an entry with these values (the quick test of a refresh,
+        once per file: ``_row`` written out)?"""
+        if self._over:
+            old = self._over.get(name)
+            if old is not None:
+                return (
+                    old.size == size
+                    and old.mtime_ns == mtime_ns
+                    and old.inode == inode
+                    and old.mode == mode
+                )
+        if not self._live:
+            return False
+        names = self._names
+        row = self._hint + 1
+        if row >= len(names) or names[row] != name:
+            row = bisect_left(names, name)
+            if row >= len(names) or names[row] != name:
+                return False
+        self._hint = row
+        return bool(
+            self._alive[row]
             and self._sizes[row] == size
             and self._mtimes[row] == mtime_ns
             and self._inodes[row] == inode
@@ -478,27 +489,48 @@ class _Entries:
         if self._over.pop(name, None) is None and not self._drop_row(name):
             raise KeyError(name)
 
-    def _rows(self) -> Iterable[int]:
-        """The alive rows now (a snapshot: rows never change)."""
-        if self._live == len(self._alive):
-            return range(self._live)
-        return [row for row, alive in enumerate(self._alive) if alive]
+    def _alive_now(self) -> bytes | None:
+        """A copy of the rows' alive marks, or None when every row is alive."""
+        return None if self._live == len(self._alive) else bytes(self._alive)
 
     def __iter__(self) -> Iterator[str]:
         """The names (a snapshot: the table may change while they are read)."""
-        names = self._names
-        return iter([*map(names.__getitem__, self._rows()), *self._over])
+        alive = self._alive_now()
+        names = self._names if alive is None else compress(self._names, alive)
+        return iter([*names, *self._over])
 
     def values(self) -> Iterator[FileEntry]:
-        """The entries, made one at a time from a snapshot."""
+        """The entries, made one at a time (C-level passes) from a snapshot."""
         over = list(self._over.values())
-        yield from map(self._entry_at, self._rows())
+        alive = self._alive_now()
+        if self._live:
+            rows: Iterator[tuple[Any, ...]] = zip(
+                self._names,
+                self._sizes,
+                self._mtimes,
+                self._inodes,
+                _hexes(self._sha1),
+                self._modes,
+                strict=True,
+            )
+            if alive is not None:
+                rows = compress(rows, alive)
+            yield from map(_entry, repeat(FileEntry), rows)
+        yield from over
+
+    def stamps(self) -> Iterator[tuple[str, int, int]]:
+        """(name, mode, mtime_ns) of every entry, from a snapshot (no entry made)."""
+        over = [(e.name, e.mode, e.mtime_ns) for e in self._over.values()]
+        if self._live:
+            rows = zip(self._names, self._modes, self._mtimes, strict=True)
+            alive = self._alive_now()
+            yield from rows if alive is None else compress(rows, alive)
         yield from over
 
     def digests(self) -> _Digests:
         """name -> SHA-1 hex now (``FileIndex.digests``)."""
         over = {name: entry.sha1 for name, entry in self._over.items()}
-        return _Digests(self._names, self._sha1, bytearray(self._alive), self._live, over)
+        return _Digests(self._names, self._sha1, self._alive_now(), self._live, over)
 
     def columns(self) -> tuple[list[str], list[array[int]], bytes] | None:
         """The rows as loaded (names, columns, SHA-1s) when nothing changed since."""
@@ -511,12 +543,17 @@ class _Digests(Mapping[str, str]):
     """name -> SHA-1 hex of an index at one moment (a resync cache), read from its rows.
 
     (A loaded row and an entry set since never share a name.)  A snapshot that costs a
-    copy of the rows' alive marks and of the entries set since (the rows themselves
-    never change), not a dict of every name.
+    copy of the rows' alive marks (none while every row is) and of the entries set
+    since (the rows themselves never change), not a dict of every name.
     """
 
     def __init__(
-        self, names: list[str], sha1: bytes, alive: bytearray, live: int, over: dict[str, str]
+        self,
+        names: list[str],
+        sha1: bytes,
+        alive: bytes | None,
+        live: int,
+        over: dict[str, str],
     ) -> None:
         self._names, self._sha1, self._alive, self._live, self._over = (
             names,
@@ -531,7 +568,7 @@ class _Digests(Mapping[str, str]):
             return -1
         names = self._names
         row = bisect_left(names, name)
-        if row < len(names) and names[row] == name and self._alive[row]:
+        if row < len(names) and names[row] == name and (self._alive is None or self._alive[row]):
             return row
         return -1
 
@@ -544,13 +581,10 @@ class _Digests(Mapping[str, str]):
             raise KeyError(name)
         return self._sha1[20 * row : 20 * row + 20].hex()
 
-    def _rows(self) -> Iterator[int]:
-        if self._live == len(self._alive):
-            return iter(range(self._live))
-        return (row for row, alive in enumerate(self._alive) if alive)
-
     def __iter__(self) -> Iterator[str]:
-        yield from map(self._names.__getitem__, self._rows())
+        if self._live:
+            names = self._names
+            yield from names if self._alive is None else compress(names, self._alive)
         yield from self._over
 
     def __len__(self) -> int:
@@ -560,10 +594,16 @@ class _Digests(Mapping[str, str]):
         return _DigestItems(self)
 
     def pairs(self) -> Iterator[tuple[str, str]]:
-        names, sha1 = self._names, self._sha1
-        for row in self._rows():
-            yield names[row], sha1[20 * row : 20 * row + 20].hex()
+        """(name, SHA-1 hex) in row order, made at C level."""
+        if self._live:
+            pairs: Iterator[tuple[str, str]] = zip(self._names, _hexes(self._sha1), strict=True)
+            yield from pairs if self._alive is None else compress(pairs, self._alive)
         yield from self._over.items()
+
+
+def _hexes(sha1: bytes) -> Iterator[str]:
+    """The hex SHA-1s of 20-octet rows, one at a time."""
+    return map(bytes.hex, map(itemgetter(0), iter_unpack("20s", sha1)))
 
 
 class _DigestItems(ItemsView[str, str]):
@@ -619,7 +659,8 @@ class FileIndex:
 
     def entries(self) -> dict[str, FileEntry]:
         """A snapshot copy of name -> entry."""
-        return {entry.name: entry for entry in self._entries.values()}
+        entries = list(self._entries.values())
+        return dict(zip(map(itemgetter(0), entries), entries, strict=True))
 
     def nodes(self) -> dict[str, Node]:
         """A snapshot copy of name -> folder or link (``tree=True``)."""
@@ -642,6 +683,11 @@ class FileIndex:
         """name -> SHA-1 hex of every entry now (a resync cache): a snapshot that reads
         the loaded rows instead of holding a string for each."""
         return self._entries.digests()
+
+    def stamps(self) -> Iterator[tuple[str, int, int]]:
+        """(name, mode, mtime_ns) of every entry now, made without the entries (what a
+        mirror tells its server besides contents)."""
+        return self._entries.stamps()
 
     # -- what cannot be read ------------------------------------------------
 
