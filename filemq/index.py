@@ -665,6 +665,10 @@ class FileIndex:
     def get(self, name: str) -> FileEntry | None:
         return self._entries.get(name)
 
+    def names(self) -> list[str]:
+        """The names of the entries now (no entry made)."""
+        return list(self._entries)
+
     def entries(self) -> dict[str, FileEntry]:
         """A snapshot copy of name -> entry."""
         entries = list(self._entries.values())
