@@ -842,7 +842,9 @@ class SyncClient:
                 self._chunk(session, mirror, action)
             elif isinstance(action, Send):
                 try:
-                    self._sock.send_multipart(action.frames)
+                    # frames past pyzmq's copy_threshold (64 KiB: a big ICANHAZ cache)
+                    # are handed to libzmq as they are, not copied into its memory
+                    self._sock.send_multipart(action.frames, copy=False)
                 except zmq.Again:  # no connection to queue on (a failed handshake drops it)
                     if self._monitor is not None:
                         self._check_monitor(self._monitor)
