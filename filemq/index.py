@@ -349,11 +349,11 @@ class _Entries:
     A loaded row costs its name (a ``str`` in a sorted list) and 48 octets of
     columns (size, mtime_ns, inode, mode in ``array`` columns, the SHA-1 as 20
     octets of one ``bytes``), about 130 octets for a 22-character name instead of
-    ~400 as a ``FileEntry`` in a dict; an entry is made when it is asked for.
+    ~350 as a ``FileEntry`` in a dict; an entry is made when it is asked for.
     Rows never change: setting or removing a name marks its row gone (``_alive``)
-    and keeps a new entry in ``_over``.  Names are found by bisection, starting
-    next to the last row found (a folder walked in name order finds each row
-    at once).
+    and keeps a new entry in ``_over``.  Names are found by bisection, the row
+    after the last one found tried first (look-ups in name order cost one
+    comparison each).
     """
 
     __slots__ = (
