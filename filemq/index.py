@@ -361,6 +361,7 @@ class _Entries:
         "_hint",
         "_inodes",
         "_live",
+        "_made",
         "_modes",
         "_mtimes",
         "_names",
@@ -380,6 +381,7 @@ class _Entries:
         self._live = 0  # rows alive
         self._over: dict[str, FileEntry] = {}  # entries set since the rows were loaded
         self._hint = -1  # the row found last
+        self._made: dict[str, FileEntry] | None = None  # every entry, kept till a change
 
     @classmethod
     def packed(cls, names: list[str], columns: list[array[int]], sha1: bytes) -> _Entries:
@@ -462,7 +464,16 @@ class _Entries:
     def __len__(self) -> int:
         return self._live + len(self._over)
 
+    def table(self) -> dict[str, FileEntry]:
+        """A copy of name -> entry.  The entries made are kept until the next change: a
+        server answering many resyncs of an unchanged tree makes them once."""
+        if self._made is None:
+            entries = list(self.values())
+            self._made = dict(zip(map(itemgetter(0), entries), entries, strict=True))
+        return dict(self._made)
+
     def update(self, pairs: Iterable[tuple[str, FileEntry]]) -> None:
+        self._made = None
         if not self._live:
             self._over.update(pairs)
             return
@@ -470,6 +481,7 @@ class _Entries:
             self[name] = entry
 
     def __setitem__(self, name: str, entry: FileEntry) -> None:
+        self._made = None
         self._drop_row(name)
         self._over[name] = entry
 
@@ -483,6 +495,7 @@ class _Entries:
 
     def pop(self, name: str) -> FileEntry | None:
         """Remove ``name``: its entry, or None when it had none."""
+        self._made = None
         old = self._over.pop(name, None)
         if old is not None:
             return old
@@ -494,6 +507,7 @@ class _Entries:
         return self._entry_at(row)
 
     def __delitem__(self, name: str) -> None:
+        self._made = None
         if self._over.pop(name, None) is None and not self._drop_row(name):
             raise KeyError(name)
 
@@ -671,8 +685,7 @@ class FileIndex:
 
     def entries(self) -> dict[str, FileEntry]:
         """A snapshot copy of name -> entry."""
-        entries = list(self._entries.values())
-        return dict(zip(map(itemgetter(0), entries), entries, strict=True))
+        return self._entries.table()
 
     def nodes(self) -> dict[str, Node]:
         """A snapshot copy of name -> folder or link (``tree=True``)."""

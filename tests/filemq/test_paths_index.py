@@ -441,3 +441,34 @@ def test_a_loaded_index_changed_after_its_load_agrees_with_one_made_anew(
     data = saved.read_bytes()
     FileIndex.load(saved, root).save(saved)
     assert saved.read_bytes() == data
+
+
+def test_entries_made_for_one_caller_follow_every_later_change(tmp_path: Path) -> None:
+    """``entries()`` keeps what it made for the next caller (a server answering many
+    resyncs): every kind of change after it shows in the next copy, and a copy
+    handed out is the caller's own."""
+    root = tmp_path / "root"
+    root.mkdir()
+    for name in ("a", "b", "c"):
+        (root / name).write_bytes(name.encode())
+    index = FileIndex(root)
+    index.refresh()
+    index.save(tmp_path / "idx")
+    loaded = FileIndex.load(tmp_path / "idx", root)
+    first = loaded.entries()
+    first.pop("a")  # the caller's copy
+    assert sorted(loaded.entries()) == ["a", "b", "c"]
+    (root / "b").write_bytes(b"bb")
+    (root / "d").write_bytes(b"d")
+    loaded.refresh()
+    assert sorted(loaded.entries()) == ["a", "b", "c", "d"]
+    assert loaded.entries()["b"].sha1 == hashlib.sha1(b"bb").hexdigest()
+    loaded.forget("c")
+    assert sorted(loaded.entries()) == ["a", "b", "d"]
+    entry = loaded.get("a")
+    assert entry is not None
+    loaded.record(entry._replace(sha1="0" * 40))
+    assert loaded.entries()["a"].sha1 == "0" * 40
+    (root / "d").unlink()
+    loaded.update("d")
+    assert sorted(loaded.entries()) == ["a", "b"]
