@@ -114,12 +114,13 @@ Deletes from a server that sends no folders also remove the folders they leave e
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import os
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TextIO
@@ -190,6 +191,7 @@ log = logging.getLogger(__name__)
 
 _EventName = Literal["create", "delete", "resync-complete", "disconnected"]
 _MAX_REFETCH = 3
+_ATTRS_SLICE = 4096  # ATTRS lines joined at a time (then the slices are joined)
 _OHAI_WAIT_MS = 50  # after reading the saved index: wait this long for OHAI-OK at most
 _MAX_CORRECTIONS = 64  # more files differ from the saved index: one ICANHAZ for all
 _BACKOFF_BASE = 0.1
@@ -319,14 +321,18 @@ def _attrs_text(index: FileIndex, base: str, path: str, links: LinkPolicy) -> st
     have sent it) is left out.  (10,000 files: ~6 ms; the server reads them in ~10.)"""
     full = path != base
     head = base if full else ""
-    entries = list(index)  # (a list of the entries: no copy of the name table)
+    stamps = index.stamps()  # (name, mode, mtime_ns) read from the index's rows
     if full:
-        entries = [e for e in entries if (head + e.name).startswith(path)]
-    lines = [
-        f"{head}{e.name}\tf\t{e.mode:o}\t{e.mtime_ns}"
-        for e in entries
-        if e.mode >= 0 and "\t" not in e.name and "\n" not in e.name
-    ]
+        stamps = (s for s in stamps if (head + s[0]).startswith(path))
+    file_lines = (
+        f"{head}{name}\tf\t{mode:o}\t{mtime_ns}"
+        for name, mode, mtime_ns in stamps
+        if mode >= 0 and "\t" not in name and "\n" not in name
+    )
+    # joined a slice at a time: a list of every line would cost ~100 octets a file
+    lines = []
+    while chunk := "\n".join(itertools.islice(file_lines, _ATTRS_SLICE)):
+        lines.append(chunk)
     for node in index.nodes().values():
         name = head + node.name
         if (full and not name.startswith(path)) or "\t" in name or "\n" in name:
@@ -735,7 +741,7 @@ class SyncClient:
         if not self.dry_run:
             mirror.clean_temp()
         outcome = None
-        sent: dict[str, str] | None = None
+        sent: Mapping[str, str] | None = None
         if len(index) and sock.poll(_OHAI_WAIT_MS):
             session.cache = index.digests()
             frames = sock.recv_multipart()
@@ -796,7 +802,7 @@ class SyncClient:
         self._correct(session, mirror, before, delta)
 
     def _correct(
-        self, session: ClientSession, mirror: Mirror, sent: dict[str, str], delta: IndexDelta
+        self, session: ClientSession, mirror: Mirror, sent: Mapping[str, str], delta: IndexDelta
     ) -> None:
         """ICANHAZ went out with the saved index: ask again for what DEST holds differently."""
         names = [e.name for e in delta.changed if sent.get(e.name) != e.sha1]
@@ -838,7 +844,9 @@ class SyncClient:
                 self._chunk(session, mirror, action)
             elif isinstance(action, Send):
                 try:
-                    self._sock.send_multipart(action.frames)
+                    # frames past pyzmq's copy_threshold (64 KiB: a big ICANHAZ cache)
+                    # are handed to libzmq as they are, not copied into its memory
+                    self._sock.send_multipart(action.frames, copy=False)
                 except zmq.Again:  # no connection to queue on (a failed handshake drops it)
                     if self._monitor is not None:
                         self._check_monitor(self._monitor)

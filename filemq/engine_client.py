@@ -264,7 +264,7 @@ class ClientSession:
         self,
         wire: Wire,
         path: str,
-        cache: dict[str, str],
+        cache: Mapping[str, str],
         now: float,
         *,
         window: int = DEFAULT_CREDIT_WINDOW,
@@ -349,10 +349,10 @@ class ClientSession:
     def in_file(self) -> bool:
         return self._current is not None
 
-    def _icanhaz(self, path: str, cache: dict[str, str]) -> Send:
+    def _icanhaz(self, path: str, cache: Mapping[str, str]) -> Send:
         limit = min(255, self.wire.max_name_octets)  # a hash key is a 1-octet-length string
         if max(map(len, cache), default=0) <= limit and "".join(cache).isascii():
-            wire_cache = cache  # every key fits (the usual case; checked in C)
+            wire_cache: Mapping[str, str] = cache  # every key fits (the usual case; checked in C)
         else:
             wire_cache = {k: v for k, v in cache.items() if len(k.encode()) <= limit}
         self._pending_oks += 1
@@ -448,7 +448,7 @@ class ClientSession:
             return []
         return [self._send(self.codec.Kthxbai())]
 
-    def refetch(self, name: str, local: dict[str, str]) -> list[Action]:
+    def refetch(self, name: str, local: Mapping[str, str]) -> list[Action]:
         """Ask again for relative ``name`` (its SHA-1 did not match)."""
         if self.state is not ClientState.ACTIVE:
             return []

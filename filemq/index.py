@@ -38,9 +38,14 @@ and links as JSON lines, then the files as columns (little-endian)::
     N x 20 octets SHA-1
 
 ``C`` is the CRC-32 of everything after the header line: a torn or damaged
-file is refused, never trusted.  Loading it makes no list per row and parses no
-text per file (100,000 files: ~4x faster than version 2, a third of the peak
-memory).
+file is refused, never trusted.  The names must be in order, each once (they
+are looked up by bisection).  Loading it parses no text per file and makes no
+object per file but its name: in memory the loaded rows *stay* columns (names in
+a sorted list, ``array`` columns, the SHA-1s in one ``bytes``: ~130 octets a file
+for 22-character names, against ~350 as a ``FileEntry`` in a dict); a
+``FileEntry`` is made when one is asked for, and entries set or removed after
+the load are kept beside the rows (``_Entries``).  ``digests()`` (a resync
+cache) is a snapshot view of the rows, not a dict.
 
 Version 2 (still read, and written by ``save(version=2)``) is UTF-8 JSON lines:
 the same header without ``names``/``crc32``, the node lines, then one line
@@ -61,15 +66,19 @@ module knows the layout.  Where index files
 live (server state dir, mirror cache) is ``filemq.state``'s business.
 
 Speed (every ``filemq sync`` loads and refreshes its DEST's index; 10,000
-files on this machine): ``load`` ~9 ms (one JSON parse, columns checked with
-C-level passes), ``refresh`` ~20 ms of which ~12 ms are the ``lstat`` calls
-(made relative to an open folder descriptor), both with the cyclic GC paused.
+files on this machine): ``load`` ~6 ms (one JSON parse, columns checked with
+C-level passes; 100,000 files: ~0.09 s CPU and ~14 MiB, was ~0.2 s and ~55 MiB
+as entries), ``refresh`` ~20 ms of which ~12 ms are the ``lstat`` calls (made
+relative to an open folder descriptor), both with the cyclic GC paused.
+Making every entry (``entries()``, iterating) costs ~1.5 us a file that a dict of
+entries did not.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import json
 import logging
 import os
@@ -77,13 +86,15 @@ import stat
 import sys
 import zlib
 from array import array
-from collections.abc import Callable, Iterator
+from bisect import bisect_left
+from collections.abc import Callable, ItemsView, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import compress, repeat
 from json.encoder import encode_basestring as _json_string
 from operator import itemgetter
 from pathlib import Path
 from stat import S_ISDIR, S_ISLNK, S_ISREG
+from struct import iter_unpack
 from typing import Any, NamedTuple
 
 from filemq.engine import FilemqError
@@ -331,6 +342,301 @@ def _check_joined(joined: str, count: int, path: str | os.PathLike[str]) -> None
         raise IndexFormatError(f"{path}: a name in the index cannot be a file under its root")
 
 
+class _Entries:
+    """name -> ``FileEntry`` of one index: the rows a saved index held, packed, and a
+    dict of the entries set since.
+
+    A loaded row costs its name (a ``str`` in a sorted list) and 48 octets of
+    columns (size, mtime_ns, inode, mode in ``array`` columns, the SHA-1 as 20
+    octets of one ``bytes``), about 130 octets for a 22-character name instead of
+    ~350 as a ``FileEntry`` in a dict; an entry is made when it is asked for.
+    Rows never change: setting or removing a name marks its row gone (``_alive``)
+    and keeps a new entry in ``_over``.  Names are found by bisection, the row
+    after the last one found tried first (look-ups in name order cost one
+    comparison each).
+    """
+
+    __slots__ = (
+        "_alive",
+        "_hint",
+        "_inodes",
+        "_live",
+        "_made",
+        "_modes",
+        "_mtimes",
+        "_names",
+        "_over",
+        "_sha1",
+        "_sizes",
+    )
+
+    def __init__(self) -> None:
+        self._names: list[str] = []  # sorted, unique
+        self._sizes = array("q")
+        self._mtimes = array("q")
+        self._inodes = array("Q")
+        self._modes = array("i")
+        self._sha1 = b""  # 20 octets a row
+        self._alive = bytearray()  # 1: the row is the name's entry; 0: replaced or removed
+        self._live = 0  # rows alive
+        self._over: dict[str, FileEntry] = {}  # entries set since the rows were loaded
+        self._hint = -1  # the row found last
+        self._made: dict[str, FileEntry] | None = None  # every entry, kept till a change
+
+    @classmethod
+    def packed(cls, names: list[str], columns: list[array[int]], sha1: bytes) -> _Entries:
+        """Entries from rows in name order (``names`` sorted and unique: checked by the
+        caller), ``columns`` size, mtime_ns, inode, mode."""
+        table = cls()
+        table._names = names
+        table._sizes, table._mtimes, table._inodes, table._modes = columns
+        table._sha1 = sha1
+        table._alive = bytearray(b"\1") * len(names)
+        table._live = len(names)
+        return table
+
+    def _row(self, name: str) -> int:
+        """The alive row of ``name``, or -1."""
+        if not self._live:
+            return -1
+        names = self._names
+        row = self._hint + 1
+        if not (row < len(names) and names[row] == name):
+            row = bisect_left(names, name)
+            if row >= len(names) or names[row] != name:
+                return -1
+        self._hint = row
+        return row if self._alive[row] else -1
+
+    def _entry_at(self, row: int) -> FileEntry:
+        at = 20 * row
+        return _entry(
+            FileEntry,
+            (
+                self._names[row],
+                self._sizes[row],
+                self._mtimes[row],
+                self._inodes[row],
+                self._sha1[at : at + 20].hex(),
+                self._modes[row],
+            ),
+        )
+
+    def same(self, name: str, size: int, mtime_ns: int, inode: int, mode: int) -> bool:
+        """Does ``name`` have an entry with these values (the quick test of a refresh,
+        once per file: ``_row`` written out)?"""
+        if self._over:
+            old = self._over.get(name)
+            if old is not None:
+                return (
+                    old.size == size
+                    and old.mtime_ns == mtime_ns
+                    and old.inode == inode
+                    and old.mode == mode
+                )
+        if not self._live:
+            return False
+        names = self._names
+        row = self._hint + 1
+        if row >= len(names) or names[row] != name:
+            row = bisect_left(names, name)
+            if row >= len(names) or names[row] != name:
+                return False
+        self._hint = row
+        return bool(
+            self._alive[row]
+            and self._sizes[row] == size
+            and self._mtimes[row] == mtime_ns
+            and self._inodes[row] == inode
+            and self._modes[row] == mode
+        )
+
+    def get(self, name: str) -> FileEntry | None:
+        old = self._over.get(name)
+        if old is not None:
+            return old
+        row = self._row(name)
+        return None if row < 0 else self._entry_at(row)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._over or (type(name) is str and self._row(name) >= 0)
+
+    def __len__(self) -> int:
+        return self._live + len(self._over)
+
+    def table(self) -> dict[str, FileEntry]:
+        """A copy of name -> entry.  The entries made are kept until the next change: a
+        server answering many resyncs of an unchanged tree makes them once."""
+        if self._made is None:
+            entries = list(self.values())
+            self._made = dict(zip(map(itemgetter(0), entries), entries, strict=True))
+        return dict(self._made)
+
+    def update(self, pairs: Iterable[tuple[str, FileEntry]]) -> None:
+        self._made = None
+        if not self._live:
+            self._over.update(pairs)
+            return
+        for name, entry in pairs:
+            self[name] = entry
+
+    def __setitem__(self, name: str, entry: FileEntry) -> None:
+        self._made = None
+        self._drop_row(name)
+        self._over[name] = entry
+
+    def _drop_row(self, name: str) -> bool:
+        row = self._row(name)
+        if row < 0:
+            return False
+        self._alive[row] = 0
+        self._live -= 1
+        return True
+
+    def pop(self, name: str) -> FileEntry | None:
+        """Remove ``name``: its entry, or None when it had none."""
+        self._made = None
+        old = self._over.pop(name, None)
+        if old is not None:
+            return old
+        row = self._row(name)
+        if row < 0:
+            return None
+        self._alive[row] = 0
+        self._live -= 1
+        return self._entry_at(row)
+
+    def __delitem__(self, name: str) -> None:
+        self._made = None
+        if self._over.pop(name, None) is None and not self._drop_row(name):
+            raise KeyError(name)
+
+    def _alive_now(self) -> bytes | None:
+        """A copy of the rows' alive marks, or None when every row is alive."""
+        return None if self._live == len(self._alive) else bytes(self._alive)
+
+    def __iter__(self) -> Iterator[str]:
+        """The names (a snapshot: the table may change while they are read)."""
+        alive = self._alive_now()
+        names = self._names if alive is None else compress(self._names, alive)
+        return iter([*names, *self._over])
+
+    def values(self) -> Iterator[FileEntry]:
+        """The entries, made one at a time (C-level passes) from a snapshot."""
+        over = list(self._over.values())
+        alive = self._alive_now()
+        if self._live:
+            rows: Iterator[tuple[Any, ...]] = zip(
+                self._names,
+                self._sizes,
+                self._mtimes,
+                self._inodes,
+                _hexes(self._sha1),
+                self._modes,
+                strict=True,
+            )
+            if alive is not None:
+                rows = compress(rows, alive)
+            yield from map(_entry, repeat(FileEntry), rows)
+        yield from over
+
+    def stamps(self) -> Iterator[tuple[str, int, int]]:
+        """(name, mode, mtime_ns) of every entry, from a snapshot (no entry made)."""
+        over = [(e.name, e.mode, e.mtime_ns) for e in self._over.values()]
+        if self._live:
+            rows = zip(self._names, self._modes, self._mtimes, strict=True)
+            alive = self._alive_now()
+            yield from rows if alive is None else compress(rows, alive)
+        yield from over
+
+    def digests(self) -> _Digests:
+        """name -> SHA-1 hex now (``FileIndex.digests``)."""
+        over = {name: entry.sha1 for name, entry in self._over.items()}
+        return _Digests(self._names, self._sha1, self._alive_now(), self._live, over)
+
+    def columns(self) -> tuple[list[str], list[array[int]], bytes] | None:
+        """The rows as loaded (names, columns, SHA-1s) when nothing changed since."""
+        if self._over or self._live != len(self._names):
+            return None
+        return self._names, [self._sizes, self._mtimes, self._inodes, self._modes], self._sha1
+
+
+class _Digests(Mapping[str, str]):
+    """name -> SHA-1 hex of an index at one moment (a resync cache), read from its rows.
+
+    (A loaded row and an entry set since never share a name.)  A snapshot that costs a
+    copy of the rows' alive marks (none while every row is) and of the entries set
+    since (the rows themselves never change), not a dict of every name.
+    """
+
+    def __init__(
+        self,
+        names: list[str],
+        sha1: bytes,
+        alive: bytes | None,
+        live: int,
+        over: dict[str, str],
+    ) -> None:
+        self._names, self._sha1, self._alive, self._live, self._over = (
+            names,
+            sha1,
+            alive,
+            live,
+            over,
+        )
+
+    def _row(self, name: str) -> int:
+        if not self._live:
+            return -1
+        names = self._names
+        row = bisect_left(names, name)
+        if row < len(names) and names[row] == name and (self._alive is None or self._alive[row]):
+            return row
+        return -1
+
+    def __getitem__(self, name: str) -> str:
+        found = self._over.get(name)
+        if found is not None:
+            return found
+        row = self._row(name) if type(name) is str else -1
+        if row < 0:
+            raise KeyError(name)
+        return self._sha1[20 * row : 20 * row + 20].hex()
+
+    def __iter__(self) -> Iterator[str]:
+        if self._live:
+            names = self._names
+            yield from names if self._alive is None else compress(names, self._alive)
+        yield from self._over
+
+    def __len__(self) -> int:
+        return self._live + len(self._over)
+
+    def items(self) -> _DigestItems:
+        return _DigestItems(self)
+
+    def pairs(self) -> Iterator[tuple[str, str]]:
+        """(name, SHA-1 hex) in row order, made at C level."""
+        if self._live:
+            pairs: Iterator[tuple[str, str]] = zip(self._names, _hexes(self._sha1), strict=True)
+            yield from pairs if self._alive is None else compress(pairs, self._alive)
+        yield from self._over.items()
+
+
+def _hexes(sha1: bytes) -> Iterator[str]:
+    """The hex SHA-1s of 20-octet rows, one at a time."""
+    return map(bytes.hex, map(itemgetter(0), iter_unpack("20s", sha1)))
+
+
+class _DigestItems(ItemsView[str, str]):
+    """``_Digests.items()``: (name, SHA-1) pairs read in row order, no look-up each."""
+
+    _mapping: _Digests
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return self._mapping.pairs()
+
+
 class FileIndex:
     """Index of the regular files under ``root`` (not thread-safe; one owner)."""
 
@@ -347,7 +653,7 @@ class FileIndex:
         self._filters = filters if filters else None
         #: Folders and links are listed too (``nodes()``).
         self.tree = tree
-        self._entries: dict[str, FileEntry] = {}
+        self._entries = _Entries()
         self._nodes: dict[str, Node] = {}
         self._unreadable: dict[str, str] = {}  # file name -> why it cannot be read
         self._unlisted: dict[str, str] = {}  # folder name ("" the root) -> why
@@ -364,7 +670,8 @@ class FileIndex:
         return len(self._entries)
 
     def __iter__(self) -> Iterator[FileEntry]:
-        return iter(list(self._entries.values()))
+        """The entries as they are now (made one at a time: the index may change meanwhile)."""
+        return self._entries.values()
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries
@@ -372,9 +679,13 @@ class FileIndex:
     def get(self, name: str) -> FileEntry | None:
         return self._entries.get(name)
 
+    def names(self) -> list[str]:
+        """The names of the entries now (no entry made)."""
+        return list(self._entries)
+
     def entries(self) -> dict[str, FileEntry]:
         """A snapshot copy of name -> entry."""
-        return dict(self._entries)
+        return self._entries.table()
 
     def nodes(self) -> dict[str, Node]:
         """A snapshot copy of name -> folder or link (``tree=True``)."""
@@ -393,10 +704,15 @@ class FileIndex:
             return True
         return self._filters is not None and self._filters.excluded_path(name, is_dir)
 
-    def digests(self) -> dict[str, str]:
-        """name -> SHA-1 hex of every entry (a resync cache)."""
-        entries = self._entries
-        return dict(zip(entries, map(itemgetter(4), entries.values()), strict=True))
+    def digests(self) -> Mapping[str, str]:
+        """name -> SHA-1 hex of every entry now (a resync cache): a snapshot that reads
+        the loaded rows instead of holding a string for each."""
+        return self._entries.digests()
+
+    def stamps(self) -> Iterator[tuple[str, int, int]]:
+        """(name, mode, mtime_ns) of every entry now, made without the entries (what a
+        mirror tells its server besides contents)."""
+        return self._entries.stamps()
 
     # -- what cannot be read ------------------------------------------------
 
@@ -508,6 +824,7 @@ class FileIndex:
                 log.warning("index %s: refresh of %r refused: %s", self.root, subdir, exc)
                 return IndexDelta((), ())
         entries = self._entries
+        same = entries.same
         nodes = self._nodes
         tree = self.tree
         exclude = self._exclude
@@ -580,24 +897,19 @@ class FileIndex:
                                         changed_nodes.append(node)
                                         self.dirty = True
                             continue  # devices, sockets are never indexed
-                        old = entries.get(name)
-                        if (
-                            old is not None
-                            and old.size == st.st_size
-                            and old.mtime_ns == st.st_mtime_ns
-                            and old.inode == st.st_ino
-                            and old.mode == st.st_mode & _PERMS
-                            and (not retry or name not in retry)
-                        ):
+                        if same(
+                            name, st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode & _PERMS
+                        ) and (not retry or name not in retry):
                             hits.append(name)  # (cheaper than a set: most names land here)
                             continue
+                        old = entries.get(name)
                         entry = self._hash(name, st, rehash=name in retry)
                         if entry is None:
                             if name in self._unreadable:
                                 seen.add(name)  # never read: nothing to keep, nothing removed
                             continue
                         seen.add(name)
-                        if entry is not old:
+                        if entry != old:
                             entries[name] = entry
                             changed.append(entry)
                             self.dirty = True
@@ -721,7 +1033,7 @@ class FileIndex:
         if entry is None:
             if name not in self._unreadable:
                 self._forget_file(name)
-        elif self._entries.get(name) is not entry:
+        elif self._entries.get(name) != entry:
             self._entries[name] = entry
             self.dirty = True
         return entry
@@ -738,7 +1050,7 @@ class FileIndex:
 
     def record_node(self, node: Node) -> None:
         """Store a folder or link the caller just made."""
-        self._entries.pop(node.name, None)
+        self._entries.pop(node.name)
         self._nodes[node.name] = node
         self.dirty = True
 
@@ -748,7 +1060,7 @@ class FileIndex:
         self._forget_node(name)
 
     def _forget_file(self, name: str) -> None:
-        if self._entries.pop(name, None) is not None:
+        if self._entries.pop(name) is not None:
             self.dirty = True
 
     def _forget_node(self, name: str) -> None:
@@ -791,7 +1103,7 @@ class FileIndex:
             rows = (
                 f'[{_json_string(e.name)}, {e.size}, {e.mtime_ns}, {e.inode}, "{e.sha1}", '
                 f"{e.mode}]\n"
-                for e in (entries[n] for n in sorted(entries))
+                for e in sorted(entries.values())
             )
             with open(tmp, "w", encoding="utf-8") as f:
                 f.write(json.dumps(header) + "\n")
@@ -840,7 +1152,8 @@ class FileIndex:
                     crc = zlib.crc32(body, zlib.crc32(b"".join(node_lines)))
                     if crc != header.get("crc32"):
                         raise IndexFormatError(f"{path}: corrupt index (checksum)")
-                    _unpack_entries(index._entries, header, body, path)
+                    index._entries = _unpack_entries(header, body, path)
+                    del body
                 else:
                     # one parse of all rows (JSON strings never hold a raw newline)
                     text = body.decode("utf-8").rstrip("\n")
@@ -896,10 +1209,22 @@ def _column(typecode: str, values: Iterator[int] | list[int]) -> bytes:
     return column.tobytes()
 
 
-def _pack_entries(entries: dict[str, FileEntry]) -> tuple[int, list[bytes]]:
+def _pack_entries(entries: _Entries) -> tuple[int, list[bytes]]:
     """Version 3 body: (octets of the names, [names, sizes, mtimes, inodes, modes, sha1s])."""
-    names = sorted(entries)
-    rows = [entries[n] for n in names]
+    loaded = entries.columns()
+    if loaded is not None:  # nothing changed since the load: the rows as they are
+        names, columns, sha1 = loaded
+        text = "\0".join(names).encode("utf-8")
+        parts = [text]
+        for column in columns:
+            if _SWAP:
+                column = array(column.typecode, column)
+                column.byteswap()
+            parts.append(column.tobytes())
+        parts.append(sha1)
+        return len(text), parts
+    rows = sorted(entries.values())
+    names = list(map(itemgetter(0), rows))
     text = "\0".join(names).encode("utf-8")
     parts = [text]
     for (typecode, _width), field in zip(_COLUMNS, (1, 2, 3, 5), strict=True):
@@ -908,10 +1233,9 @@ def _pack_entries(entries: dict[str, FileEntry]) -> tuple[int, list[bytes]]:
     return len(text), parts
 
 
-def _unpack_entries(
-    entries: dict[str, FileEntry], header: dict[str, Any], body: bytes, path: Any
-) -> None:
-    """Fill ``entries`` from a version 3 body (IndexFormatError when it is not one)."""
+def _unpack_entries(header: dict[str, Any], body: bytes, path: Any) -> _Entries:
+    """The entries of a version 3 body (IndexFormatError when it is not one): kept as
+    its columns, no object made per file but its name."""
     count, size = header.get("entries"), header.get("names")
     if type(count) is not int or type(size) is not int or count < 0 or size < 0:
         raise IndexFormatError(f"{path}: corrupt header")
@@ -923,6 +1247,10 @@ def _unpack_entries(
         raise IndexFormatError(f"{path}: entry count does not match the header")
     if count:
         _check_joined(joined, count, path)
+    del joined
+    # found by bisection: the names must be in order, each once (a tampered file may not be)
+    if not all(map(str.__lt__, names, itertools.islice(names, 1, None))):
+        raise IndexFormatError(f"{path}: names out of order")
     columns = []
     at = size
     for typecode, width in _COLUMNS:
@@ -932,26 +1260,10 @@ def _unpack_entries(
             column.byteswap()
         columns.append(column)
         at += width * count
-    sizes, mtimes, inodes = (column.tolist() for column in columns[:3])
-    mode_column = columns[3]
-    if count and (min(sizes) < 0 or min(mode_column) < -1 or max(mode_column) > _PERMS):
+    sizes, modes = columns[0], columns[3]
+    if count and (min(sizes) < 0 or min(modes) < -1 or max(modes) > _PERMS):
         raise IndexFormatError(f"{path}: malformed entries")
-    # a tree has a few distinct modes: one int object each, not one per file (28 octets
-    # a file: 0o644 is beyond the ints CPython shares); read from the array one at a time
-    modes = map({mode: mode for mode in set(mode_column)}.__getitem__, mode_column)
-    hexes = body[at:].hex()
-    sha1s = [hexes[i : i + 40] for i in range(0, len(hexes), 40)]
-    entries.update(
-        zip(
-            names,
-            map(
-                _entry,
-                repeat(FileEntry),
-                zip(names, sizes, mtimes, inodes, sha1s, modes, strict=True),
-            ),
-            strict=True,
-        )
-    )
+    return _Entries.packed(names, columns, body[at:])
 
 
 def _node_row(node: Node) -> list[Any]:

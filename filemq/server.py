@@ -439,7 +439,9 @@ class FileServer:
                 self.verified.set()
             if self.events is not None:  # what is there now (or was, when saved) is known
                 self.events.seed(
-                    m.prefix + e.name for m in self.mounts for e in self.indexes[m.virtual]
+                    m.prefix + name
+                    for m in self.mounts
+                    for name in self.indexes[m.virtual].names()
                 )
             self._save_indexes()
         except BaseException:

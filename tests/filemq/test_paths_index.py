@@ -373,3 +373,102 @@ def test_refresh_finds_a_removal_hidden_by_an_addition(tmp_path: Path) -> None:
     assert sorted(e.name for e in delta.changed) == ["d0/f0", "d2/new"]
     assert len(index) == 20 and "d1/f1" not in index
     assert index.refresh() == type(delta)((), ())
+
+
+def test_version_3_index_with_names_out_of_order_is_refused(tmp_path: Path) -> None:
+    """Loaded names are found by bisection: a tampered file whose names are not in
+    order (or twice), checksum recomputed, is refused instead of hiding entries."""
+    import zlib
+
+    root = tmp_path / "root"
+    root.mkdir()
+    for name in ("ab", "ba", "ca"):
+        (root / name).write_bytes(name.encode())
+    index = FileIndex(root)
+    index.refresh()
+    saved = tmp_path / "idx"
+    index.save(saved)
+    header, rest = saved.read_bytes().split(b"\n", 1)
+    head = json.loads(header)
+    for names in (b"ba\0ab\0ca", b"ab\0ab\0ca"):
+        body = names + rest[len(names) :]
+        head["crc32"] = zlib.crc32(body)
+        saved.write_bytes(json.dumps(head).encode() + b"\n" + body)
+        with pytest.raises(IndexFormatError, match="out of order"):
+            FileIndex.load(saved, root)
+
+
+def test_a_loaded_index_changed_after_its_load_agrees_with_one_made_anew(
+    tmp_path: Path,
+) -> None:
+    """Entries set, replaced and removed after a load (kept beside the loaded rows):
+    look-ups, iteration, a cache taken before the changes (a snapshot), and the index
+    saved again all agree with an index built from the disk."""
+    root = tmp_path / "root"
+    for i in range(60):
+        (root / f"d{i % 4}").mkdir(parents=True, exist_ok=True)
+        (root / f"d{i % 4}" / f"f{i:02d}").write_bytes(b"%d" % i)
+    index = FileIndex(root)
+    index.refresh()
+    saved = tmp_path / "idx"
+    index.save(saved)
+    loaded = FileIndex.load(saved, root)
+    before = loaded.digests()
+    assert dict(before) == {e.name: e.sha1 for e in index} and len(before) == 60
+    (root / "d1" / "f01").unlink()
+    (root / "d2" / "f02").write_bytes(b"changed")
+    (root / "d3" / "new").write_bytes(b"new")
+    os.chmod(root / "d0" / "f00", 0o600)
+    delta = loaded.refresh()
+    assert delta.removed == ("d1/f01",)
+    assert sorted(e.name for e in delta.changed) == ["d0/f00", "d2/f02", "d3/new"]
+    assert loaded.hashed_files == 2  # the mode alone is no reason to read again
+    loaded.forget("d0/f04")
+    assert loaded.update("d0/f04") is not None  # read again from the disk
+    fresh = FileIndex(root)
+    fresh.refresh()
+    assert loaded.entries() == fresh.entries() and len(loaded) == len(fresh) == 60
+    assert sorted(loaded, key=lambda e: e.name) == sorted(fresh, key=lambda e: e.name)
+    assert "d1/f01" not in loaded and loaded.get("d1/f01") is None
+    assert loaded.get("d0/f00").mode == 0o600  # type: ignore[union-attr]
+    # the cache taken before is what the index held then
+    assert len(before) == 60 and "d1/f01" in before and "d3/new" not in before
+    assert before["d2/f02"] == index.get("d2/f02").sha1  # type: ignore[union-attr]
+    assert dict(loaded.digests()) == {e.name: e.sha1 for e in fresh}
+    loaded.save(saved)
+    assert FileIndex.load(saved, root).entries() == fresh.entries()
+    # loaded and saved again with no change: the same file
+    data = saved.read_bytes()
+    FileIndex.load(saved, root).save(saved)
+    assert saved.read_bytes() == data
+
+
+def test_entries_made_for_one_caller_follow_every_later_change(tmp_path: Path) -> None:
+    """``entries()`` keeps what it made for the next caller (a server answering many
+    resyncs): every kind of change after it shows in the next copy, and a copy
+    handed out is the caller's own."""
+    root = tmp_path / "root"
+    root.mkdir()
+    for name in ("a", "b", "c"):
+        (root / name).write_bytes(name.encode())
+    index = FileIndex(root)
+    index.refresh()
+    index.save(tmp_path / "idx")
+    loaded = FileIndex.load(tmp_path / "idx", root)
+    first = loaded.entries()
+    first.pop("a")  # the caller's copy
+    assert sorted(loaded.entries()) == ["a", "b", "c"]
+    (root / "b").write_bytes(b"bb")
+    (root / "d").write_bytes(b"d")
+    loaded.refresh()
+    assert sorted(loaded.entries()) == ["a", "b", "c", "d"]
+    assert loaded.entries()["b"].sha1 == hashlib.sha1(b"bb").hexdigest()
+    loaded.forget("c")
+    assert sorted(loaded.entries()) == ["a", "b", "d"]
+    entry = loaded.get("a")
+    assert entry is not None
+    loaded.record(entry._replace(sha1="0" * 40))
+    assert loaded.entries()["a"].sha1 == "0" * 40
+    (root / "d").unlink()
+    loaded.update("d")
+    assert sorted(loaded.entries()) == ["a", "b"]
