@@ -25,6 +25,9 @@ from broker import tmqp
 from broker.message import Message
 
 _ENTRY = struct.Struct("<QI")
+#: One entry's header (sequence, frame length), for a reader that decodes the payload its
+#: own way (``broker.spark.rows.page_batch``).
+ENTRY = _ENTRY
 
 #: ``from_seq`` meaning "the oldest message the queue still holds".
 FROM_FIRST = 0

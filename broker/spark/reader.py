@@ -36,10 +36,10 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from broker.client.admin import operation_frame
 from broker.client.blocking import Client
 from broker.protocol import Header, Operation
-from broker.sequence import SequenceBounds, decode_browse
+from broker.sequence import SequenceBounds
 from broker.spark.connect import open_client
 from broker.spark.options import EARLIEST, LATEST, ConnectOptions, ReadOptions
-from broker.spark.rows import arrow_schema, browsed_batch
+from broker.spark.rows import arrow_schema, page_batch
 
 log = logging.getLogger(__name__)
 
@@ -84,14 +84,13 @@ def read_range(options: ReadOptions, first: int, last: int) -> Iterator[Any]:
     try:
         asked: Future[Any] | None = _ask(client, connect, first, min(most, last - first + 1))
         while asked is not None:
-            page = decode_browse(asked.result().payload)
-            wanted = [entry for entry in page if entry.sequence <= last]
-            if not wanted:
+            page = page_batch(asked.result().payload, last, connect.channel, connect.queue, schema)
+            if not page.last:
                 return  # nothing more held in the range
-            cursor = wanted[-1].sequence + 1
-            more = cursor <= last and len(wanted) == len(page)  # else: the range's end seen
+            cursor = page.last + 1
+            more = cursor <= last and page.complete  # else: the range's end seen
             asked = _ask(client, connect, cursor, min(most, last - cursor + 1)) if more else None
-            yield browsed_batch(wanted, connect.channel, connect.queue, schema)
+            yield page.batch
     finally:
         client.close()
 
