@@ -76,20 +76,37 @@ def read_range(options: ReadOptions, first: int, last: int) -> Iterator[Any]:
 
     Pipelined: the next page is asked for before this one is turned into a record batch
     and handed to Spark, so the broker (its own process) reads and encodes it meanwhile.
+
+    Sized to the broker's reply budget (``max_reply_size``): an answer of several
+    messages cut short by it tells how many octets the broker sends; later pages ask for
+    as many messages as fit in that many octets at the last page's mean size, so the
+    broker does not read messages from its index that it then leaves out of the answer.
     """
     connect = options.connect
     schema = arrow_schema()
     most = options.browse_limit
+    step = most  # messages to ask for at a time
+    budget = 0  # the most octets an answer was cut to (0: none cut yet)
     client = open_client(connect, threaded=False)
     try:
-        asked: Future[Any] | None = _ask(client, connect, first, min(most, last - first + 1))
+        wanted = min(step, last - first + 1)
+        asked: Future[Any] | None = _ask(client, connect, first, wanted)
         while asked is not None:
-            page = page_batch(asked.result().payload, last, connect.channel, connect.queue, schema)
+            payload = asked.result().payload
+            page = page_batch(payload, last, connect.channel, connect.queue, schema)
             if not page.last:
                 return  # nothing more held in the range
+            rows = page.batch.num_rows
+            if page.complete and 1 < rows < wanted:  # cut to the budget (or all it holds)
+                budget = max(budget, len(payload))  # (one message alone may exceed it)
+            if budget:
+                step = max(1, min(most, budget * rows // len(payload)))
             cursor = page.last + 1
             more = cursor <= last and page.complete  # else: the range's end seen
-            asked = _ask(client, connect, cursor, min(most, last - cursor + 1)) if more else None
+            asked = None
+            if more:
+                wanted = min(step, last - cursor + 1)
+                asked = _ask(client, connect, cursor, wanted)
             yield page.batch
     finally:
         client.close()
