@@ -118,6 +118,8 @@ class _Driver:
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
         self._client: Client | None = None
+        #: the newest sequence number the broker has given, as last asked (0: not asked)
+        self.newest = 0
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -132,6 +134,7 @@ class _Driver:
     def bounds(self) -> SequenceBounds:
         c = self.options.connect
         bounds: SequenceBounds = self.client().queue_bounds(c.channel, c.queue)
+        self.newest = max(self.newest, bounds.last)
         return bounds
 
     def close(self) -> None:
@@ -183,14 +186,21 @@ class StreamReader(_Driver, DataSourceStreamReader):
         return ReadAllAvailable() if most is None else ReadMaxRows(most)
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        """The end of the next micro-batch.  With a row limit that the newest number
+        already known covers (a backlog being worked through), no round trip to the
+        broker: sequence numbers are never taken back."""
         begin = int(start["seq"])
+        if isinstance(limit, ReadMaxRows) and begin + limit.max_rows <= self.newest:
+            return {"seq": begin + limit.max_rows}
         end = self.bounds().last
         if isinstance(limit, ReadMaxRows):
             end = min(end, begin + limit.max_rows)
         return {"seq": max(begin, end)}
 
     def reportLatestOffset(self) -> dict[str, int]:
-        return {"seq": self.bounds().last}
+        """The newest sequence number known (Spark reports it each trigger, after
+        ``latestOffset``; asked from the broker only when nothing is known yet)."""
+        return {"seq": self.newest or self.bounds().last}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         return split(int(start["seq"]) + 1, int(end["seq"]), self.options.rows_per_partition)

@@ -93,3 +93,36 @@ def test_pages_are_asked_for_as_many_messages_as_the_reply_budget_holds(
     assert limits[0] == 60  # (nothing known yet: the whole range)
     assert all(limit <= fits for limit in limits[1:]), limits
     assert len(limits) <= 60 // (fits - 1) + 3, limits  # pages of about `fits`, not of 1
+
+
+def test_latest_offset_works_through_a_known_backlog_without_asking_the_broker(
+    zctx: Ctx,
+) -> None:
+    """Sequence numbers are never taken back: while the newest number known is ahead of
+    ``start + maxRowsPerTrigger``, the next micro-batch's end needs no round trip (the
+    broker is stopped here to prove it); past it, the broker is asked again."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    from broker.client.errors import ClientError
+    from broker.spark.reader import StreamReader
+
+    with Server(Engine(), ServerOptions(endpoint="tcp://127.0.0.1:*"), context=zctx) as srv:
+        assert srv.endpoint is not None
+        with Client(srv.endpoint, context=zctx, timeout=30) as c:
+            c.create_queue("l", 1, {"Status": "Push"})
+            for i in range(25):
+                c.push("l", 1, b"%d" % i, ack=True)
+        raw = {"endpoint": srv.endpoint, "channel": "l", "queue": "1", "timeout": "0.5"}
+        reader = StreamReader(ReadOptions.parse(raw))
+        try:
+            assert reader.initialOffset() == {"seq": 0}
+            assert reader.latestOffset({"seq": 0}, ReadMaxRows(10)) == {"seq": 10}
+            srv.stop()
+            assert reader.latestOffset({"seq": 10}, ReadMaxRows(10)) == {"seq": 20}
+            assert reader.reportLatestOffset() == {"seq": 25}
+            with pytest.raises(ClientError):  # past what is known: asked, no broker
+                reader.latestOffset({"seq": 20}, ReadMaxRows(10))
+            with pytest.raises(ClientError):
+                reader.latestOffset({"seq": 20}, ReadAllAvailable())
+        finally:
+            reader.stop()
