@@ -4,11 +4,11 @@ Offsets are the queue's sequence numbers (``broker.sequence``): an offset
 ``{"seq": N}`` means "every message numbered N or less is processed".  A micro-batch
 from offset S to offset E reads the messages the queue holds numbered S+1..E, cut into
 Spark partitions of ``rowsPerPartition`` sequence numbers; each task browses its range
-(pages of ``browseLimit`` messages, the next one asked for while the last one is
-handed to Spark) and yields pyarrow record batches.  Reading changes
-nothing in the queue: a restarted query reads again from the offset its checkpoint
-holds, so each message reaches the sink once when the sink is idempotent (Spark's file
-sink, the ``zerohub`` sink on a ``UseMessageId`` queue).
+(pages of ``browseLimit`` messages at most, or as many as the broker's reply size holds;
+the next one asked for while the last one is handed to Spark) and yields pyarrow record
+batches.  Reading changes nothing in the queue: a restarted query reads again from the
+offset its checkpoint holds, so each message reaches the sink once when the sink is
+idempotent (Spark's file sink, the ``zerohub`` sink on a ``UseMessageId`` queue).
 
 What a query can read is what the queue *holds*: waiting messages, deliveries in flight,
 and on a queue with the ``Retain`` option consumed ones too (until released or pushed
