@@ -50,6 +50,59 @@ from zerohub.sparkkit import processing, session
 TRIGGERS = (50_000, 100_000, 250_000)
 
 
+def _cpu(pid: int) -> tuple[str, float]:
+    """A process's name and its CPU seconds (its own, and its waited-for children's)."""
+    with open(f"/proc/{pid}/stat") as f:
+        name, _, rest = f.read().partition(" (")[2].rpartition(")")
+    fields = rest.split()
+    ticks = sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime stime cutime cstime
+    return name, ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _tree(root: int) -> list[int]:
+    """``root`` and its descendants (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rpartition(")")[2].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+class CpuMeter:
+    """CPU seconds of the broker process, Spark's JVM and its Python workers (every
+    ``python`` process under the JVM), read from /proc before and after a run."""
+
+    def __init__(self, spark: Any, broker: int) -> None:
+        self.broker = broker
+        self.jvm = int(spark.sparkContext._gateway.proc.pid)
+
+    def read(self) -> dict[str, float]:
+        out = {"broker": 0.0, "jvm": 0.0, "python": 0.0}
+        pids = [(self.broker, "broker")] + [(p, "") for p in _tree(self.jvm)]
+        for pid, role in pids:
+            try:
+                name, seconds = _cpu(pid)
+            except (OSError, ValueError, IndexError):
+                continue  # (gone meanwhile)
+            out[role or ("python" if name.startswith("python") else "jvm")] += seconds
+        return out
+
+    @staticmethod
+    def per_row(before: dict[str, float], after: dict[str, float], rows: int) -> dict[str, float]:
+        """Microseconds of CPU per row, by role."""
+        return {k: (after[k] - before[k]) / rows * 1e6 for k in before}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -127,17 +180,25 @@ def bench_fixed_cost(spark: Any, endpoint: str, tmp: Path) -> tuple[float, float
 
 
 def bench_stream_read(
-    spark: Any, endpoint: str, count: int, per_trigger: int, tmp: Path, phases: bool = False
-) -> tuple[float, float, int]:
-    """Rows/s over the micro-batches' execution times and over the query's wall clock, and
-    the number of micro-batches."""
+    spark: Any,
+    endpoint: str,
+    count: int,
+    per_trigger: int,
+    tmp: Path,
+    meter: CpuMeter,
+    phases: bool = False,
+) -> tuple[float, float, int, dict[str, float]]:
+    """Rows/s over the micro-batches' execution times and over the query's wall clock, the
+    number of micro-batches, and CPU microseconds per row (broker, JVM, Python workers)."""
     channel = f"read{per_trigger}"
     _fill(endpoint, channel, count - 1)
+    cpu = meter.read()
     started = time.perf_counter()
     # (started again if Spark's Python runner connects back too late: counted in the wall)
     query, _ = processing(lambda: _stream(spark, endpoint, channel, per_trigger, tmp))
     try:
         wall = time.perf_counter() - started
+        used = CpuMeter.per_row(cpu, meter.read(), count)
         progress = [p for p in query.recentProgress if p["numInputRows"]]
     finally:
         query.stop()
@@ -150,7 +211,7 @@ def bench_stream_read(
         shown = ", ".join(f"{k} {v:,.0f}" for k, v in mean.items())
         print(f"  {per_trigger:,} per micro-batch, {len(progress)} batches, mean ms: {shown}")
     assert rows == count, f"read {rows} of {count}"
-    return rows / busy, rows / wall, len(progress)
+    return rows / busy, rows / wall, len(progress), used
 
 
 def bench_write(spark: Any, endpoint: str, count: int) -> float:
@@ -213,8 +274,10 @@ def main() -> None:
         try:
             spark.range(10).count()  # first action's warm-up, not timed
             fixed, start = bench_fixed_cost(spark, endpoint, tmp)
+            meter = CpuMeter(spark, proc.pid)
             reads = {
-                n: bench_stream_read(spark, endpoint, count, n, tmp, args.phases) for n in triggers
+                n: bench_stream_read(spark, endpoint, count, n, tmp, meter, args.phases)
+                for n in triggers
             }
             if not args.read_only:
                 write = bench_write(spark, endpoint, count)
@@ -228,13 +291,15 @@ def main() -> None:
     print(f"{'-' * 58} {'-' * 16}")
     print(f"{'(a0) Spark fixed cost per micro-batch (1 row)':<58} {fixed * 1000:>13,.0f} ms")
     print(f"{'     query start (to its first micro-batch)':<58} {start * 1000:>13,.0f} ms")
-    for per_trigger, (busy, wall, batches) in reads.items():
+    for per_trigger, (busy, wall, batches, used) in reads.items():
         what = f"(a) streaming read, {count:,} x 100 B, maxRowsPerTrigger {per_trigger:,}"
         print(what)
         print(f"{'    over the query wall clock':<58} {wall:>10,.0f} rows/s")
         print(f"{f'    over the {batches} micro-batches execution':<58} {busy:>10,.0f} rows/s")
         reading = count / (count / busy - batches * fixed)
         print(f"{'    the same less the fixed cost per micro-batch':<58} {reading:>10,.0f} rows/s")
+        cpu = ", ".join(f"{k} {v:.1f}" for k, v in used.items())
+        print(f"{'    CPU us/row (query start included): ' + cpu:<58}")
     print("target (a) >= 50,000 rows/s")
     if args.read_only:
         return

@@ -25,6 +25,9 @@ from broker import tmqp
 from broker.message import Message
 
 _ENTRY = struct.Struct("<QI")
+#: One entry's header (sequence, frame length), for a reader that decodes the payload its
+#: own way (``broker.spark.rows.page_batch``).
+ENTRY = _ENTRY
 
 #: ``from_seq`` meaning "the oldest message the queue still holds".
 FROM_FIRST = 0
@@ -62,18 +65,22 @@ class BrowseFormatError(ValueError):
     """A browse answer that is not a list of entries (see the module docstring)."""
 
 
-def encode_browse(entries: Iterable[tuple[int, bytes]]) -> bytes:
-    """The payload for ``(sequence, encoded QUEUE frame)`` pairs."""
+def encode_browse(entries: Iterable[tuple[int, bytes]], budget: int | None = None) -> bytes:
+    """The payload for ``(sequence, encoded QUEUE frame)`` pairs; ``budget``: stop before
+    the entry that would take the payload past that many octets (never below one entry;
+    ``entries`` is read no further, so it may encode lazily)."""
+    pack, head = _ENTRY.pack, _ENTRY.size
     out: list[bytes] = []
+    used = 0
     for seq, frame in entries:
-        out.append(_ENTRY.pack(seq, len(frame)))
+        size = len(frame)
+        if budget is not None:
+            used += head + size
+            if out and used > budget:
+                break
+        out.append(pack(seq, size))
         out.append(frame)
     return b"".join(out)
-
-
-def entry_size(frame: bytes) -> int:
-    """Octets one entry takes in the payload."""
-    return _ENTRY.size + len(frame)
 
 
 def _message(frame: tmqp.Frame) -> Message:

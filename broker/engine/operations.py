@@ -43,7 +43,7 @@ from broker.protocol import (
     RouterOperation,
     header,
 )
-from broker.sequence import DEFAULT_BROWSE_LIMIT, MAX_BROWSE_LIMIT, encode_browse, entry_size
+from broker.sequence import DEFAULT_BROWSE_LIMIT, MAX_BROWSE_LIMIT, encode_browse
 
 _Op = Callable[[EngineParts, Client, tmqp.Frame, float, list[Outgoing]], Any]
 
@@ -378,16 +378,8 @@ def _seq_header(frame: tmqp.Frame, name: str, default: int | None, lowest: int) 
 
 
 def _browse_payload(parts: EngineParts, items: list[tuple[int, Any]]) -> bytes:
-    budget = _budget(parts)
-    entries: list[tuple[int, bytes]] = []
-    used = 0
-    for seq, message in items:
-        octets = encode_message(message)
-        used += entry_size(octets)
-        if entries and used > budget:
-            break
-        entries.append((seq, octets))
-    return encode_browse(entries)
+    encoded = ((seq, encode_message(message)) for seq, message in items)
+    return encode_browse(encoded, _budget(parts))
 
 
 def queue_bounds(

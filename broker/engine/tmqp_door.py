@@ -34,6 +34,7 @@ WIRE = _DoorKey("tmqp")
 
 _QUEUE = int(MessageType.QUEUE)
 _Frame = tmqp.Frame
+_encode_frame = tmqp.encode_frame
 _new = tuple.__new__
 
 
@@ -84,4 +85,18 @@ def encode(m: Message) -> bytes:
     wire = m.wire
     if wire is not None and wire[0] is WIRE:
         return wire[1]
-    return frame_of(m).encode()[0]
+    payload = m.payload
+    return _encode_frame(  # (frame_of's frame, without building it)
+        m.first_acquirer,
+        m.high_priority,
+        _QUEUE,
+        False,
+        m.wants_ack,
+        m.ttl,
+        m.content_type,
+        m.message_id,
+        m.source,
+        m.target,
+        m.headers,
+        payload if type(payload) is bytes else bytes(payload),
+    )[0]

@@ -22,8 +22,9 @@ Reader: ``startingOffsets`` (``earliest``: the oldest message the queue holds, t
 default; ``latest``: only messages pushed after the query started; or a sequence number:
 from that one on), ``maxRowsPerTrigger`` (most sequence numbers per micro-batch; default
 none: everything available), ``rowsPerPartition`` (sequence numbers per Spark partition,
-default 10,000: a micro-batch of 50,000 is read by 5 tasks), ``browseLimit`` (messages
-per browse request, default and most 10,000), ``release`` (``true``: Spark's commit of a
+default 10,000: a micro-batch of 50,000 is read by 5 tasks), ``browseLimit`` (most
+messages per browse request, default and most 10,000; fewer once the broker's reply size
+is seen to hold fewer), ``release`` (``true``: Spark's commit of a
 micro-batch releases its messages on the broker; the queue needs ``AllowRelease``;
 default ``false``).
 

@@ -4,11 +4,11 @@ Offsets are the queue's sequence numbers (``broker.sequence``): an offset
 ``{"seq": N}`` means "every message numbered N or less is processed".  A micro-batch
 from offset S to offset E reads the messages the queue holds numbered S+1..E, cut into
 Spark partitions of ``rowsPerPartition`` sequence numbers; each task browses its range
-(pages of ``browseLimit`` messages, the next one asked for while the last one is
-handed to Spark) and yields pyarrow record batches.  Reading changes
-nothing in the queue: a restarted query reads again from the offset its checkpoint
-holds, so each message reaches the sink once when the sink is idempotent (Spark's file
-sink, the ``zerohub`` sink on a ``UseMessageId`` queue).
+(pages of ``browseLimit`` messages at most, or as many as the broker's reply size holds;
+the next one asked for while the last one is handed to Spark) and yields pyarrow record
+batches.  Reading changes nothing in the queue: a restarted query reads again from the
+offset its checkpoint holds, so each message reaches the sink once when the sink is
+idempotent (Spark's file sink, the ``zerohub`` sink on a ``UseMessageId`` queue).
 
 What a query can read is what the queue *holds*: waiting messages, deliveries in flight,
 and on a queue with the ``Retain`` option consumed ones too (until released or pushed
@@ -36,10 +36,10 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from broker.client.admin import operation_frame
 from broker.client.blocking import Client
 from broker.protocol import Header, Operation
-from broker.sequence import SequenceBounds, decode_browse
+from broker.sequence import SequenceBounds
 from broker.spark.connect import open_client
 from broker.spark.options import EARLIEST, LATEST, ConnectOptions, ReadOptions
-from broker.spark.rows import arrow_schema, browsed_batch
+from broker.spark.rows import arrow_schema, page_batch
 
 log = logging.getLogger(__name__)
 
@@ -76,22 +76,38 @@ def read_range(options: ReadOptions, first: int, last: int) -> Iterator[Any]:
 
     Pipelined: the next page is asked for before this one is turned into a record batch
     and handed to Spark, so the broker (its own process) reads and encodes it meanwhile.
+
+    Sized to the broker's reply budget (``max_reply_size``): an answer of several
+    messages cut short by it tells how many octets the broker sends; later pages ask for
+    as many messages as fit in that many octets at the last page's mean size, so the
+    broker does not read messages from its index that it then leaves out of the answer.
     """
     connect = options.connect
     schema = arrow_schema()
     most = options.browse_limit
+    step = most  # messages to ask for at a time
+    budget = 0  # the most octets an answer was cut to (0: none cut yet)
     client = open_client(connect, threaded=False)
     try:
-        asked: Future[Any] | None = _ask(client, connect, first, min(most, last - first + 1))
+        wanted = min(step, last - first + 1)
+        asked: Future[Any] | None = _ask(client, connect, first, wanted)
         while asked is not None:
-            page = decode_browse(asked.result().payload)
-            wanted = [entry for entry in page if entry.sequence <= last]
-            if not wanted:
+            payload = asked.result().payload
+            page = page_batch(payload, last, connect.channel, connect.queue, schema)
+            if not page.last:
                 return  # nothing more held in the range
-            cursor = wanted[-1].sequence + 1
-            more = cursor <= last and len(wanted) == len(page)  # else: the range's end seen
-            asked = _ask(client, connect, cursor, min(most, last - cursor + 1)) if more else None
-            yield browsed_batch(wanted, connect.channel, connect.queue, schema)
+            rows = page.batch.num_rows
+            if page.complete and 1 < rows < wanted:  # cut to the budget (or all it holds)
+                budget = max(budget, len(payload))  # (one message alone may exceed it)
+            if budget:
+                step = max(1, min(most, budget * rows // len(payload)))
+            cursor = page.last + 1
+            more = cursor <= last and page.complete  # else: the range's end seen
+            asked = None
+            if more:
+                wanted = min(step, last - cursor + 1)
+                asked = _ask(client, connect, cursor, wanted)
+            yield page.batch
     finally:
         client.close()
 
@@ -102,6 +118,8 @@ class _Driver:
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
         self._client: Client | None = None
+        #: the newest sequence number the broker has given, as last asked (0: not asked)
+        self.newest = 0
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -116,6 +134,7 @@ class _Driver:
     def bounds(self) -> SequenceBounds:
         c = self.options.connect
         bounds: SequenceBounds = self.client().queue_bounds(c.channel, c.queue)
+        self.newest = max(self.newest, bounds.last)
         return bounds
 
     def close(self) -> None:
@@ -167,14 +186,21 @@ class StreamReader(_Driver, DataSourceStreamReader):
         return ReadAllAvailable() if most is None else ReadMaxRows(most)
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        """The end of the next micro-batch.  With a row limit that the newest number
+        already known covers (a backlog being worked through), no round trip to the
+        broker: sequence numbers are never taken back."""
         begin = int(start["seq"])
+        if isinstance(limit, ReadMaxRows) and begin + limit.max_rows <= self.newest:
+            return {"seq": begin + limit.max_rows}
         end = self.bounds().last
         if isinstance(limit, ReadMaxRows):
             end = min(end, begin + limit.max_rows)
         return {"seq": max(begin, end)}
 
     def reportLatestOffset(self) -> dict[str, int]:
-        return {"seq": self.bounds().last}
+        """The newest sequence number known (Spark reports it each trigger, after
+        ``latestOffset``; asked from the broker only when nothing is known yet)."""
+        return {"seq": self.newest or self.bounds().last}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         return split(int(start["seq"]) + 1, int(end["seq"]), self.options.rows_per_partition)

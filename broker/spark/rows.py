@@ -22,11 +22,14 @@ and the timestamp travel as headers; the writer sets them from their columns (a
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from broker.sequence import Browsed
+from broker import tmqp
+from broker.message import Headers
+from broker.sequence import ENTRY, BrowseFormatError
 
 __all__ = [
     "CONTENT_TYPE",
@@ -34,9 +37,10 @@ __all__ = [
     "TIMESTAMP",
     "WRITABLE",
     "Outgoing",
+    "Page",
     "arrow_schema",
-    "browsed_batch",
     "outgoing",
+    "page_batch",
 ]
 
 SCHEMA = (
@@ -79,50 +83,131 @@ def _micros(text: str | None) -> int | None:
     return int(text)
 
 
-def browsed_batch(entries: Sequence[Browsed], channel: str, queue: int, schema: Any) -> Any:
-    """A pyarrow RecordBatch of ``entries`` (read from ``channel``/``queue``)."""
+def _special(
+    headers: Headers,
+) -> tuple[str | None, int | None, list[tuple[str, str]]]:
+    """A message's headers as the row has them: the content type, the timestamp and
+    every other header (the first of a repeated name)."""
+    content_type = stamp = None
+    others: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for key, value in headers:
+        lower = key.lower()
+        if lower in _SPECIAL:
+            if lower == "content-type":
+                content_type = value if content_type is None else content_type
+            elif stamp is None:
+                stamp = _micros(value)
+        elif key not in seen:
+            seen.add(key)
+            others.append((key, value))
+    return content_type, stamp, others
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One browse answer read as a record batch (:func:`page_batch`)."""
+
+    #: pyarrow RecordBatch of the entries numbered ``through`` or less (maybe 0 rows)
+    batch: Any
+    #: the sequence number of its last row (0: no row)
+    last: int
+    #: True when every entry of the answer was numbered ``through`` or less
+    complete: bool
+
+
+def page_batch(payload: bytes, through: int, channel: str, queue: int, schema: Any) -> Page:
+    """The rows of a browse answer (``broker.sequence``'s payload) numbered ``through``
+    or less, as a RecordBatch of ``schema`` (:func:`arrow_schema`), in one pass.
+
+    No per-row objects beyond the frame the codec decodes: each column is a list of
+    plain values handed to pyarrow once; the headers map, content type and timestamp
+    columns are built from the few rows that have headers (none: empty maps, nulls).
+    Raises :class:`~broker.sequence.BrowseFormatError` as ``decode_browse`` does."""
     import pyarrow as pa
 
+    unpack = ENTRY.unpack_from
+    head = ENTRY.size
+    decode, frame_type = tmqp.decode, tmqp.Frame
     ids: list[str] = []
-    content_types: list[str | None] = []
-    headers: list[list[tuple[str, str]]] = []
     payloads: list[bytes] = []
     sequences: list[int] = []
-    stamps: list[int | None] = []
-    for entry in entries:
-        m = entry.message
-        ids.append(m.message_id)
-        payloads.append(bytes(m.payload))
-        sequences.append(entry.sequence)
-        content_type = stamp = None
-        others: list[tuple[str, str]] = []
-        if m.headers:
-            seen: set[str] = set()
-            for key, value in m.headers:
-                lower = key.lower()
-                if lower in _SPECIAL:
-                    if lower == "content-type":
-                        content_type = value if content_type is None else content_type
-                    elif stamp is None:
-                        stamp = _micros(value)
-                elif key not in seen:
-                    seen.add(key)
-                    others.append((key, value))
-        content_types.append(content_type)
-        headers.append(others)
-        stamps.append(stamp)
+    headed: list[tuple[int, Headers]] = []  # (row, headers) of the rows that have any
+    pos, end, last = 0, len(payload), 0
+    complete = True
+    while pos < end:
+        if end - pos < head:
+            raise BrowseFormatError(f"browse answer ends inside an entry header at {pos}")
+        seq, size = unpack(payload, pos)
+        pos += head
+        if size > end - pos:
+            raise BrowseFormatError(f"browse entry {seq} claims {size} octets, {end - pos} left")
+        if seq <= last:
+            raise BrowseFormatError(f"browse entries out of order ({seq} after {last})")
+        if seq > through:
+            complete = False
+            break
+        last = seq
+        try:
+            frame = decode((payload[pos : pos + size],))
+        except tmqp.DecodeError as exc:
+            raise BrowseFormatError(f"browse entry {seq} is not a TMQP frame: {exc}") from None
+        if type(frame) is not frame_type:
+            raise BrowseFormatError(f"browse entry {seq} is not a message frame")
+        pos += size
+        if frame.headers:
+            headed.append((len(ids), frame.headers))
+        ids.append(frame.message_id)
+        payloads.append(frame.payload)
+        sequences.append(seq)
     n = len(ids)
+    string, stamp_type = pa.string(), pa.timestamp("us", tz="UTC")
+    map_type = pa.map_(string, string)
+    if headed:
+        content_types: list[str | None] = [None] * n
+        stamps: list[int | None] = [None] * n
+        counts = [0] * n
+        keys: list[str] = []
+        values: list[str] = []
+        for row, headers in headed:
+            content_types[row], stamps[row], others = _special(headers)
+            counts[row] = len(others)
+            for key, value in others:
+                keys.append(key)
+                values.append(value)
+        offsets = [0] * (n + 1)
+        total = 0
+        for row, count in enumerate(counts, 1):
+            total += count
+            offsets[row] = total
+        types_column = pa.array(content_types, string)
+        stamps_column = pa.array(stamps, stamp_type)
+        maps = pa.MapArray.from_arrays(
+            pa.array(offsets, pa.int32()),
+            pa.array(keys, string),
+            pa.array(values, string),
+            type=map_type,
+        )
+    else:
+        types_column = pa.nulls(n, string)
+        stamps_column = pa.nulls(n, stamp_type)
+        maps = pa.MapArray.from_arrays(
+            pa.repeat(pa.scalar(0, pa.int32()), n + 1),
+            pa.array((), string),
+            pa.array((), string),
+            type=map_type,
+        )
     columns = [
-        pa.array(ids, pa.string()),
-        pa.array([channel] * n, pa.string()),
-        pa.array([queue] * n, pa.int32()),
-        pa.array(content_types, pa.string()),
-        pa.array(headers, pa.map_(pa.string(), pa.string())),
+        pa.array(ids, string),
+        pa.repeat(pa.scalar(channel, string), n),
+        pa.repeat(pa.scalar(queue, pa.int32()), n),
+        types_column,
+        maps,
         pa.array(payloads, pa.binary()),
         pa.array(sequences, pa.int64()),
-        pa.array(stamps, pa.timestamp("us", tz="UTC")),
+        stamps_column,
     ]
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
+    return Page(pa.RecordBatch.from_arrays(columns, schema=schema), last, complete)
 
 
 Outgoing = tuple[str | None, str | None, int | None, bytes, tuple[tuple[str, str], ...]]

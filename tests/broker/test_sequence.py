@@ -4,7 +4,7 @@ live Server + Engine over real sockets (restarts: tests/broker/test_sequence_res
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -294,3 +294,20 @@ def test_browse_payload_decoder_refuses_garbage() -> None:
     ):
         with pytest.raises(BrowseFormatError):
             decode_browse(bad)
+
+
+def test_browse_payload_budget_counts_whole_entries_and_reads_no_further() -> None:
+    frame = tmqp.encode(tmqp.Frame(message_type=MessageType.QUEUE, payload=b"p" * 20))[0]
+    entry = len(encode_browse([(1, frame)]))  # 12 octets of header + the frame
+    read: list[int] = []
+
+    def lazy() -> Iterator[tuple[int, bytes]]:
+        for seq in range(1, 6):
+            read.append(seq)
+            yield seq, frame
+
+    assert encode_browse(lazy(), 2 * entry) == encode_browse([(1, frame), (2, frame)])
+    assert read == [1, 2, 3]  # the third was encoded, found too big, and the rest never asked
+    assert len(encode_browse(lazy(), 3 * entry - 1)) == 2 * entry
+    assert encode_browse([(7, frame)], 1) == encode_browse([(7, frame)])  # never below one
+    assert len(encode_browse(lazy())) == 5 * entry  # no budget: all

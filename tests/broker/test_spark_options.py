@@ -6,8 +6,11 @@ from datetime import UTC, datetime
 
 import pytest
 
+from broker import tmqp
+from broker.engine.tmqp_door import encode as encode_message
 from broker.message import Message
-from broker.sequence import Browsed
+from broker.protocol import MessageType
+from broker.sequence import BrowseFormatError, decode_browse, encode_browse
 from broker.spark.options import (
     DEFAULT_ROWS_PER_PARTITION,
     EARLIEST,
@@ -19,7 +22,7 @@ from broker.spark.options import (
 
 pa = pytest.importorskip("pyarrow")
 
-from broker.spark.rows import arrow_schema, browsed_batch, outgoing  # noqa: E402
+from broker.spark.rows import arrow_schema, outgoing, page_batch  # noqa: E402
 
 BASE = {"channel": "c", "queue": "7"}
 
@@ -75,12 +78,15 @@ def test_rows_round_trip_through_arrow() -> None:
     stamp = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
     micros = str(int(stamp.timestamp()) * 1_000_000 + stamp.microsecond)
     entries = [
-        Browsed(5, Message("id-5", "p", "c", 7, headers=(("Content-Type", "text/csv"),
-                ("Timestamp", micros), ("a", "1"), ("a", "2"), ("b", "")), payload=b"\0\xff")),
-        Browsed(9, Message("id-9", "p", "c", 7, headers=(("timestamp", "not a number"),),
-                payload=memoryview(b"view"))),
+        (5, Message("id-5", "p", "c", 7, headers=(("Content-Type", "text/csv"),
+            ("Timestamp", micros), ("a", "1"), ("a", "2"), ("b", "")), payload=b"\0\xff")),
+        (9, Message("id-9", "p", "c", 7, headers=(("timestamp", "not a number"),),
+            payload=memoryview(b"view"))),
     ]  # fmt: skip
-    batch = browsed_batch(entries, "c", 7, arrow_schema())
+    payload = encode_browse((seq, encode_message(m)) for seq, m in entries)
+    page = page_batch(payload, 9, "c", 7, arrow_schema())
+    assert (page.last, page.complete) == (9, True)
+    batch = page.batch
     assert batch.schema == arrow_schema()
     rows = batch.to_pylist()
     assert rows[0] == {
@@ -116,3 +122,77 @@ def test_outgoing_takes_only_a_payload_and_strings() -> None:
     )  # fmt: skip
     # the content_type column owns Content-Type: a map entry of that name is dropped
     assert list(outgoing(headers)) == [(None, None, None, b"x", (("k", "v"),))]
+
+
+def _expected_rows(payload: bytes, through: int, channel: str, queue: int) -> list[dict]:
+    """The rows of a browse answer built the plain way: ``decode_browse``, one dict each."""
+    rows = []
+    for entry in decode_browse(payload):
+        if entry.sequence > through:
+            break
+        m = entry.message
+        content_type = stamp = None
+        others: dict[str, str] = {}
+        for key, value in m.headers:
+            if key.lower() == "content-type":
+                content_type = value if content_type is None else content_type
+            elif key.lower() == "timestamp":
+                if stamp is None and value.strip().isdigit() and len(value.strip()) <= 18:
+                    stamp = datetime.fromtimestamp(int(value) / 1e6, UTC)
+            else:
+                others.setdefault(key, value)
+        rows.append({
+            "id": m.message_id, "channel": channel, "queue": queue,
+            "content_type": content_type, "headers": list(others.items()),
+            "payload": bytes(m.payload), "sequence": entry.sequence, "timestamp": stamp,
+        })  # fmt: skip
+    return rows
+
+
+def test_page_batch_equals_the_plain_decoding_of_every_page() -> None:
+    """Pages of rows with and without headers mixed (none, all, a few, at the ends), cut
+    at every ``through``: the one-pass columns equal the row-by-row decoding."""
+    import random
+
+    rnd = random.Random(14)
+    heads = [
+        (("Content-Type", "a/b"),),
+        (("Timestamp", "1700000000000001"), ("k", "v")),
+        (("x", "1"), ("X", "2"), ("x", "3")),
+        (("timestamp", "12x"), ("Timestamp", "7")),
+    ]
+    for case in range(60):
+        n = rnd.choice((0, 1, 2, 5, 40))
+        share = rnd.choice((0.0, 0.1, 1.0))
+        seq = rnd.randint(1, 1000)
+        entries = []
+        for i in range(n):
+            seq += rnd.choice((1, 1, 3))
+            headers = rnd.choice(heads) if rnd.random() < share else ()
+            body = bytes(rnd.randrange(256) for _ in range(rnd.choice((0, 1, 100, 300))))
+            m = Message(f"id-{case}-{i}", "p", "ch", 3, headers=headers, payload=body)
+            entries.append((seq, encode_message(m)))
+        payload = encode_browse(entries)
+        for through in sorted({0, seq, seq + 5, *(s for s, _ in entries[:3])}):
+            page = page_batch(payload, through, "ch", 3, arrow_schema())
+            want = _expected_rows(payload, through, "ch", 3)
+            assert page.batch.schema == arrow_schema()
+            assert page.batch.to_pylist() == want, (case, through)
+            assert page.last == (want[-1]["sequence"] if want else 0)
+            assert page.complete == (len(want) == n)
+
+
+def test_page_batch_refuses_garbage() -> None:
+    frame = tmqp.encode(tmqp.Frame(message_type=MessageType.QUEUE, payload=b"p"))[0]
+    good = encode_browse([(1, frame), (2, frame)])
+    assert page_batch(good, 2, "c", 1, arrow_schema()).batch.num_rows == 2
+    for bad in (
+        good[:-1],  # truncated frame
+        good[:5],  # truncated entry header
+        encode_browse([(2, frame), (1, frame)]),  # out of order
+        encode_browse([(1, frame), (1, frame)]),  # repeated
+        encode_browse([(1, b"\x00\x01garbage")]),  # not a frame
+        encode_browse([(1, tmqp.encode(tmqp.Ping())[0])]),  # a frame, not a message
+    ):
+        with pytest.raises(BrowseFormatError):
+            page_batch(bad, 10, "c", 1, arrow_schema())
