@@ -117,24 +117,11 @@ class ClientCore:
     def enqueue(self, data: bytes) -> None:
         loop = self.loop
         if loop is not None:  # poll-on-call: send right here
-            out = self.outbox
             loop.send_or_queue(data)
-            self._unpumped += 1
-            if len(out) >= self.max_outbox:
-                self.pump(lambda: len(out) < self.max_outbox // 2, None)
-            elif self._unpumped >= 1000:
-                self.pump(lambda: True, 0.0, first=True)  # replies, PINGs: no waiting
+            self._sent_on_call(1)
             return
         with self.cv:
-            if len(self.outbox) >= self.max_outbox and threading.get_ident() != self.io_ident:
-                self.out_waiting += 1
-                try:
-                    while len(self.outbox) >= self.max_outbox and self.wake_tx is not None:
-                        self.cv.wait(1.0)
-                finally:
-                    self.out_waiting -= 1
-            if self.wake_tx is None:
-                raise self.closed_error()
+            self._wait_for_room()
             self.outbox.append(data)
             self.wake()
 
@@ -145,25 +132,35 @@ class ClientCore:
         if loop is not None:
             self.outbox.extend(datas)
             loop.flush()
-            self._unpumped += len(datas)
-            out = self.outbox
-            if len(out) >= self.max_outbox:
-                self.pump(lambda: len(out) < self.max_outbox // 2, None)
-            elif self._unpumped >= 1000:
-                self.pump(lambda: True, 0.0, first=True)
+            self._sent_on_call(len(datas))
             return
         with self.cv:
-            if len(self.outbox) >= self.max_outbox and threading.get_ident() != self.io_ident:
-                self.out_waiting += 1
-                try:
-                    while len(self.outbox) >= self.max_outbox and self.wake_tx is not None:
-                        self.cv.wait(1.0)
-                finally:
-                    self.out_waiting -= 1
-            if self.wake_tx is None:
-                raise self.closed_error()
+            self._wait_for_room()
             self.outbox.extend(datas)
             self.wake()
+
+    def _sent_on_call(self, n: int) -> None:
+        """Poll-on-call: ``n`` frames were handed to the loop; pump when the outbox is
+        full, or now and then for replies and PINGs (no waiting)."""
+        self._unpumped += n
+        out = self.outbox
+        if len(out) >= self.max_outbox:
+            self.pump(lambda: len(out) < self.max_outbox // 2, None)
+        elif self._unpumped >= 1000:
+            self.pump(lambda: True, 0.0, first=True)
+
+    def _wait_for_room(self) -> None:
+        """(Holding ``cv``, threaded) wait while the outbox is full, unless called on the
+        I/O thread; raise once the client is closed."""
+        if len(self.outbox) >= self.max_outbox and threading.get_ident() != self.io_ident:
+            self.out_waiting += 1
+            try:
+                while len(self.outbox) >= self.max_outbox and self.wake_tx is not None:
+                    self.cv.wait(1.0)
+            finally:
+                self.out_waiting -= 1
+        if self.wake_tx is None:
+            raise self.closed_error()
 
     def wake(self) -> None:
         """Wake the I/O thread (once until it drains the wake socket)."""
