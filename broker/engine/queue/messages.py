@@ -429,11 +429,15 @@ class MessageOrder:
                     lost += 1
                 else:
                     dq.append(m)
-            if high:
-                self.n_priority -= lost
-            else:
-                self.n_regular -= lost
+            self._uncount(high, lost)
         return due
+
+    def _uncount(self, high: bool, n: int) -> None:
+        """``n`` messages of one priority left the counts (taken from a paged tail)."""
+        if high:
+            self.n_priority -= n
+        else:
+            self.n_regular -= n
 
     @property
     def paging(self) -> bool:
@@ -455,10 +459,7 @@ class MessageOrder:
                 lost += 1
             else:
                 dq.append(m)
-        if high:
-            self.n_priority -= lost
-        else:
-            self.n_regular -= lost
+        self._uncount(high, lost)
 
     def paged(self) -> Iterator[tuple[int, QueueMessage | None]]:
         """Every number waiting in a tail, with its message when held (None: paged)."""
@@ -491,10 +492,7 @@ class MessageOrder:
                 elif m.state == QUEUED:
                     held_out.append(m)
                     lost += 1
-            if high:
-                self.n_priority -= lost
-            else:
-                self.n_regular -= lost
+            self._uncount(high, lost)
         return held_out, paged_out
 
     def uncount(self, m: QueueMessage) -> None:
