@@ -357,7 +357,7 @@ class PeerSessions:
         peer.address = peer_address(part)
         peer.batch = delivery_batch(info.properties)
         if peer.batch:
-            self.sender.batching = True
+            self.sender.batching += 1
         self.sender.by_client[client_id] = peer
         issued = secrets.token_urlsafe(24)
         self.proofs[peer.rid] = SessionProof(issued.encode(), key)
@@ -459,6 +459,8 @@ class PeerSessions:
                 self.handshakes -= 1
         if peer.client_id and self.sender.by_client.get(peer.client_id) is peer:
             del self.sender.by_client[peer.client_id]
+            if peer.batch:
+                self.sender.batching -= 1
             if self.sender.gate is not None:
                 self.sender.gate.forget(peer.client_id)
         self.sender.blocked.discard(peer)

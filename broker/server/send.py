@@ -120,8 +120,8 @@ class SendPath:
         self.flush_at = options.send_batch
         #: The broadcast fan-out socket (``broker.server.fanout``); None: not bound.
         self.fanout: Any = None
-        #: A peer that reads delivery batches connected (``Peer.batch``; see flush_out).
-        self.batching = False
+        #: Connected peers that read delivery batches (``Peer.batch``; see flush_out).
+        self.batching = 0
         #: Holds engine output until the store made it durable (None: memory only).
         self.gate: OutputGate | None = None
         self.counters: dict[str, int] = dict.fromkeys(

@@ -307,3 +307,20 @@ def test_a_new_client_against_a_broker_without_batches_sends_one_frame_each(
             assert client.queue_info("old", 1)["Messages"] == 300
             stats = client.stats()["server"]
             assert stats["batched_in"] == 0 and stats["frames_in"] >= 300
+
+
+def test_the_send_path_batches_only_while_a_batch_reading_client_is_connected(
+    server: Server, make_client: MakeClient
+) -> None:
+    """The send path counts the connected clients that read delivery batches: the batched
+    flush is taken while one is there, and left again once the last one said goodbye (it
+    was a flag set by the first such client and never cleared)."""
+    sender = server.sender
+    assert sender.batching == 0
+    first = make_client()
+    second = make_client()
+    assert wait_until(lambda: sender.batching == 2, 10), sender.batching
+    first.close()
+    assert wait_until(lambda: sender.batching == 1, 10), sender.batching
+    second.close()
+    assert wait_until(lambda: sender.batching == 0, 10), sender.batching
