@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -61,6 +61,13 @@ class Store(ABC):
     @abstractmethod
     def append(self, queue: QueueKey, message: StoredMessage) -> None:
         """Save a message (sequence numbers only grow within a queue)."""
+
+    def append_many(self, queue: QueueKey, messages: Sequence[StoredMessage]) -> None:
+        """:meth:`append` of each message, in order (one queue's batch of pushes); a store
+        may save them with one write and one durability wait.  Callers that need to know
+        which message a failure concerns append one by one."""
+        for message in messages:
+            self.append(queue, message)
 
     @abstractmethod
     def remove(self, queue: QueueKey, sequence: int) -> None:

@@ -68,7 +68,7 @@ import contextlib
 import logging
 import struct
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from itertools import compress
 
@@ -314,6 +314,56 @@ class DurableStore(Store):
         if sequence > self._last.get(queue, 0):
             self._last[queue] = sequence
         self.appended = done.ticket
+
+    def append_many(self, queue: QueueKey, messages: Sequence[StoredMessage]) -> None:
+        """:meth:`append` of each message (in sequence order) with one call into the log
+        (``LogStore.append_many``: one turn of its lock, one entry for its writer): what
+        a batch of pushes into one queue saves.  Messages whose numbers cannot all stay
+        equal to the log's (see "Equal numbers") go one by one through :meth:`append`."""
+        if len(messages) < 2:
+            for message in messages:
+                self.append(queue, message)
+            return
+        first = messages[0].sequence
+        span = self._ranges.get(queue)
+        if span is None or not (span[1] or span[2]):
+            span = self._range(queue, start=first)
+        follows = span[1]
+        fits = span[2] > 0 and (first - follows <= MAX_SKIP or not self.log.bounds(queue).count)
+        if fits:
+            follows = first
+            for message in messages:
+                sequence = message.sequence
+                if not follows <= sequence <= follows + MAX_SKIP:
+                    fits = False
+                    break
+                follows = sequence + 1
+        if not fits:
+            for message in messages:
+                self.append(queue, message)
+            return
+        items = [
+            (encode_message(m.message, m.producer_id, m.sequence), _meta(m), m.sequence)
+            for m in messages
+        ]
+        given, ticket = self.log.append_many(queue, items)
+        last = self._last.get(queue, 0)
+        seqs = None
+        for message, seq in zip(messages, given, strict=True):
+            sequence = message.sequence
+            if sequence > last:
+                last = sequence
+            if span[2] > 0 and seq == sequence:
+                span[1] = sequence + 1
+                continue
+            if span[2] > 0:  # the log was ahead: mapped from here on (as ``append``)
+                span[2] = 0
+                self.log.put_value(_aligned_name(queue), f"{span[0]} {span[1]}".encode())
+            if seqs is None:
+                seqs = self._seqs.setdefault(queue, {})
+            seqs[sequence] = seq
+        self._last[queue] = last
+        self.appended = ticket
 
     def _range(self, queue: QueueKey, start: int = 0) -> list[int]:
         """The queue's equal range (see "Equal numbers"), read back from the log's value

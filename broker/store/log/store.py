@@ -28,9 +28,10 @@ import struct
 import threading
 import time
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from broker.store.log import records, segments
 from broker.store.log.completion import Completions
@@ -56,14 +57,19 @@ _COLUMN_CHUNK = 65536  # index slots copied per turn of the lock (``live_columns
 _READ_AHEAD = 1024 * 1024  # octets per pread when a whole queue is read (``read_live``)
 _IDLE_WAIT = 0.5  # seconds the writer sleeps with nothing to do before looking again
 _ZEROS = 1024 * 1024  # octets of zeros written per pwrite when preallocating
+_PUT_FIXED = records.put_overhead(b"") - records.HEADER_SIZE  # a PUT's octets but key, blob
+_NO_META_BYTES = records.encode_meta(NO_META)
 
 
-@dataclass(frozen=True, slots=True)
-class Appended:
-    """What ``append`` gives back: the record's sequence number and its ticket."""
+class Appended(NamedTuple):
+    """What ``append`` gives back: the record's sequence number and its ticket (a tuple:
+    one is made per message saved)."""
 
     seq: int
     ticket: int
+
+
+_new_appended = tuple.__new__
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,46 +220,120 @@ class LogStore:
         to the log's, see ``broker.store.durable``); otherwise the next one."""
         key = self._keys.get(queue)
         if key is None:
-            key = _encode_key(queue)
-        if meta is not NO_META:
+            key = self._keys[queue] = _encode_key(queue)
+        if meta is NO_META:
+            packed = _NO_META_BYTES
+        else:
             _check_meta(meta)
-        size = records.put_overhead(key) + len(blob)
+            packed = records.encode_meta(meta)
+        size = records.HEADER_SIZE + _PUT_FIXED + len(key) + len(blob)
         if size > self.options.max_record_size:
             raise RecordTooLarge(
                 f"record of {len(blob)} octets exceeds {self.options.max_record_size}"
             )
         with self._lock:
-            self._check_writable(limited=True)
+            if self._failed is not None or self._closing or self._pending_full():
+                self._check_writable(limited=True)
             index = self._state.queues.get(queue)
             if index is None:
                 index = self._state.queue(queue)
-                self._keys[queue] = key
             seq = index.next_seq if at < index.next_seq else at
-            origin = self._head_for(size)
-            record = records.encode_put(key, seq, origin, meta, blob, self._seed)
-            segment, offset = self._reserve(record)
+            segment = self._head_for(size)
+            offset = self._head_size
+            record = records.encode_put_packed(key, seq, segment, packed, blob, self._seed)
+            self._head_size = offset + size
+            info = self._state.table.segments[segment]
+            info.size = offset + size
+            info.live += size
+            self._ticket = ticket = self._ticket + 1
+            self._pending.append((segment, record, ticket))
+            if self._writer_waiting:
+                self._wake.notify()
             index.put_raw(
-                seq,
-                segment,
-                offset,
-                size,
-                origin,
-                meta.delivery_count,
-                meta.put_backs,
-                int(meta.priority),
-                meta.deadline,
-            )
-            self._state.table.segments[segment].live += size
-            return Appended(seq, self._ticket)
+                seq, segment, offset, size, segment, meta.delivery_count, meta.put_backs,
+                int(meta.priority), meta.deadline,
+            )  # fmt: skip
+            return _new_appended(Appended, (seq, ticket))
+
+    def append_many(
+        self, queue: QueueKey, items: Sequence[tuple[bytes, Meta, int]]
+    ) -> tuple[list[int], int]:
+        """:meth:`append` of each (blob, meta, at) of ``items`` in one turn of the lock:
+        the records of one segment go to the writer as one entry (one ticket), so the
+        group costs one wake-up and one completion.  The sequence numbers given, in
+        order, and the ticket of the last entry (tickets complete in order: once it is
+        complete, every record of the group is).  A usage error (key, meta, a record too
+        large) is raised before anything is written; ``([], ticket so far)`` for none."""
+        key = self._keys.get(queue)
+        if key is None:
+            key = self._keys[queue] = _encode_key(queue)
+        limit = self.options.max_record_size
+        base = records.HEADER_SIZE + _PUT_FIXED + len(key)
+        packs = []
+        for blob, meta, _at in items:
+            if meta is NO_META:
+                packs.append(_NO_META_BYTES)
+            else:
+                _check_meta(meta)
+                packs.append(records.encode_meta(meta))
+            if base + len(blob) > limit:
+                raise RecordTooLarge(f"record of {len(blob)} octets exceeds {limit}")
+        seqs: list[int] = []
+        encode = records.encode_put_packed
+        with self._lock:
+            if not items:
+                return seqs, self._ticket
+            if self._failed is not None or self._closing or self._pending_full():
+                self._check_writable(limited=True)
+            index = self._state.queues.get(queue)
+            if index is None:
+                index = self._state.queue(queue)
+            put, seed = index.put_raw, self._seed
+            segments_ = self._state.table.segments
+            run: list[bytes] = []
+            run_segment = self._head
+            for (blob, meta, at), packed in zip(items, packs, strict=True):
+                size = base + len(blob)
+                seq = index.next_seq if at < index.next_seq else at
+                segment = self._head_for(size)
+                if segment != run_segment:  # the head rolled: what came before goes first
+                    if run:
+                        self._reserve_run(run_segment, run)
+                        run = []
+                    run_segment = segment
+                offset = self._head_size
+                run.append(encode(key, seq, segment, packed, blob, seed))
+                self._head_size = offset + size
+                info = segments_[segment]
+                info.size = offset + size
+                info.live += size
+                put(
+                    seq, segment, offset, size, segment, meta.delivery_count, meta.put_backs,
+                    int(meta.priority), meta.deadline,
+                )  # fmt: skip
+                seqs.append(seq)
+            self._reserve_run(run_segment, run)
+            return seqs, self._ticket
+
+    def _reserve_run(self, segment: int, run: list[bytes]) -> None:
+        """Queue records already given their places in ``segment`` as one entry."""
+        self._ticket += 1
+        self._pending.append((segment, run[0] if len(run) == 1 else b"".join(run), self._ticket))
+        if self._writer_waiting:
+            self._wake.notify()
 
     def remove(self, queue: QueueKey, seq: int) -> int:
         """Forget a record (a tombstone); unknown sequence numbers are ignored.  A ticket."""
         with self._lock:
-            self._check_writable(limited=False)
+            if self._failed is not None or self._closing:
+                self._check_writable(limited=False)
             old = self._state.apply_remove(queue, seq)
             if old is None:
                 return self._ticket
-            self._reserve(records.encode(records.Remove(queue, seq, old.origin), self._seed))
+            key = self._keys.get(queue)
+            if key is None:
+                key = self._keys[queue] = records.encode_key(queue)  # (a key it holds)
+            self._reserve(records.encode_remove(key, seq, old.origin, self._seed))
             self._look_for_victim = True
             return self._ticket
 
@@ -583,6 +663,9 @@ class LogStore:
             )
 
     # -- under the lock --------------------------------------------------------------------
+
+    def _pending_full(self) -> bool:
+        return len(self._pending) >= self.options.max_pending
 
     def _check_writable(self, limited: bool) -> None:
         if self._failed is not None:

@@ -1,6 +1,7 @@
 """A store writer to be killed: ``python crash_worker.py DIR ROUND SEED DURABILITY PREALLOCATE``.
 
-Four appender threads append to three queues, one thread removes most of what was
+Four appender threads append to three queues (one of them in groups of 1-8 records,
+``LogStore.append_many``), one thread removes most of what was
 appended, one thread sets and deletes definitions; segments are 8 KiB, so the writer is
 compacting nearly all the time (``PREALLOCATE``: octets of zeros ahead of the head,
 ``LogOptions.preallocate``; with 8 KiB segments any value over 8 KiB fills each segment
@@ -22,6 +23,7 @@ import threading
 import zlib
 
 from broker.store.log import Durability, LogOptions, LogStore
+from broker.store.log.records import NO_META
 
 QUEUES = [("orders", 1), ("orders", 2), ("audit", 9)]
 NAMES = ["channel/orders", "queue/orders/1", "router/r"]
@@ -57,14 +59,23 @@ def main() -> None:
         counter = 0
         while True:
             queue = rng.choice(QUEUES)
-            token = f"{round_}.{k}.{counter}"
-            counter += 1
-            appended = store.append(queue, blob_for(token))
-            store.wait(appended.ticket)
+            if k == 3:  # groups (``append_many``), often across a segment's end
+                tokens = [f"{round_}.{k}.{counter + i}" for i in range(rng.randrange(1, 9))]
+                counter += len(tokens)
+                items = [(blob_for(t), NO_META, 0) for t in tokens]
+                seqs, ticket = store.append_many(queue, items)
+                store.wait(ticket)
+            else:
+                tokens = [f"{round_}.{k}.{counter}"]
+                counter += 1
+                appended = store.append(queue, blob_for(tokens[0]))
+                seqs = [appended.seq]
+                store.wait(appended.ticket)
             with out:
-                sys.stdout.write(f"A {queue[0]} {queue[1]} {appended.seq} {token}\n")
+                for seq, token in zip(seqs, tokens, strict=True):
+                    sys.stdout.write(f"A {queue[0]} {queue[1]} {seq} {token}\n")
+                    acked.append((queue[0], queue[1], seq))
                 sys.stdout.flush()
-                acked.append((queue[0], queue[1], appended.seq))
                 acked_ready.notify()
 
     def remover() -> None:
