@@ -221,6 +221,21 @@ class QueueIndex:
         if i is None:
             return None
         old = self._location(i)
+        self._drop(i)
+        return old
+
+    def remove_raw(self, seq: int) -> tuple[int, int, int] | None:
+        """:meth:`remove` without a Location (an acknowledge's hot path): the record's
+        (segment, size, origin), or None if it was not live."""
+        i = seq - self._base
+        segment = self._segment
+        if i < 0 or i >= len(segment) or not segment[i]:
+            return None
+        old = (segment[i], self._size[i], self._origin[i])
+        self._drop(i)
+        return old
+
+    def _drop(self, i: int) -> None:
         self._segment[i] = 0
         self._live -= 1
         if self._live == 0:
@@ -235,7 +250,6 @@ class QueueIndex:
                     del column[: self._head]
                 self._base += self._head
                 self._head = 0
-        return old
 
     def sequences(self, start: int = 0) -> Iterator[int]:
         """Live sequence numbers from ``start`` on, in order (a snapshot is not taken:

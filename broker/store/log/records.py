@@ -218,6 +218,14 @@ def encode_remove(key: bytes, seq: int, origin: int, seed: int) -> bytes:
     return b"".join((MAGIC, _U64.pack(_xxh3(summed, seed)), summed))
 
 
+def encode_meta_update(key: bytes, seq: int, packed: bytes, seed: int) -> bytes:
+    """A META record from an encoded key and packed meta: each delivery of a saved
+    message writes one (its delivery count)."""
+    summed = b"".join((_PUT_PREFIX.pack(len(key) + 8 + META_SIZE, RecordKind.META), key,
+                       _U64.pack(seq), packed))  # fmt: skip
+    return b"".join((MAGIC, _U64.pack(_xxh3(summed, seed)), summed))
+
+
 def put_overhead(key: bytes) -> int:
     """Octets a PUT adds around its blob."""
     return HEADER_SIZE + len(key) + _U64_U32.size + META_SIZE

@@ -49,6 +49,19 @@ class StoreState:
             self._unlive(old)
         return old
 
+    def apply_remove_raw(self, key: QueueKey, seq: int) -> int | None:
+        """:meth:`apply_remove` without a Location: the removed record's origin, or None
+        if it was not live."""
+        index = self.queues.get(key)
+        old = None if index is None else index.remove_raw(seq)
+        if old is None:
+            return None
+        segment, size, origin = old
+        info = self.table.segments.get(segment)
+        if info is not None:
+            info.live -= size
+        return origin
+
     def apply_mark(self, key: QueueKey, next_seq: int) -> None:
         index = self.queue(key)
         index.next_seq = max(index.next_seq, next_seq)

@@ -327,13 +327,13 @@ class LogStore:
         with self._lock:
             if self._failed is not None or self._closing:
                 self._check_writable(limited=False)
-            old = self._state.apply_remove(queue, seq)
-            if old is None:
+            origin = self._state.apply_remove_raw(queue, seq)
+            if origin is None:
                 return self._ticket
             key = self._keys.get(queue)
             if key is None:
                 key = self._keys[queue] = records.encode_key(queue)  # (a key it holds)
-            self._reserve(records.encode_remove(key, seq, old.origin, self._seed))
+            self._reserve(records.encode_remove(key, seq, origin, self._seed))
             self._look_for_victim = True
             return self._ticket
 
@@ -345,7 +345,11 @@ class LogStore:
             index = self._state.queues.get(queue)
             if index is None or not index.set_meta(seq, meta):
                 raise NoSuchRecord(f"{queue} has no live record {seq}")
-            self._reserve(records.encode(records.MetaUpdate(queue, seq, meta), self._seed))
+            key = self._keys.get(queue)
+            if key is None:
+                key = self._keys[queue] = records.encode_key(queue)  # (a key it holds)
+            packed = records.encode_meta(meta)
+            self._reserve(records.encode_meta_update(key, seq, packed, self._seed))
             return self._ticket
 
     def purge(self, queue: QueueKey) -> int:

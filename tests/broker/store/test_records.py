@@ -91,3 +91,24 @@ def test_malformed_body_with_a_valid_checksum_is_bad() -> None:
     forged = b"ZHr1" + struct.pack("<Q", xxhash.xxh3_64_intdigest(summed, SEED)) + summed
     with pytest.raises(records.BadRecord, match="unknown record kind"):
         records.check(forged, 0, SEED, 1 << 20)
+
+
+@pytest.mark.parametrize("meta", [records.NO_META, Meta(2, 1, True, 1700000000.5)])
+def test_hot_path_encoders_write_what_decode_reads(meta: Meta) -> None:
+    """The append/acknowledge/delivery encoders (an encoded key, packed meta) give the
+    records the general decoder reads back field for field."""
+    key = records.encode_key(("orders", 7))
+    packed = records.encode_meta(meta)
+    cases = [
+        (records.encode_put_packed(key, 42, 3, packed, b"payload", SEED),
+         records.Put(("orders", 7), 42, 3, meta, b"payload")),
+        (records.encode_remove(key, 42, 3, SEED), records.Remove(("orders", 7), 42, 3)),
+        (records.encode_meta_update(key, 42, packed, SEED),
+         records.MetaUpdate(("orders", 7), 42, meta)),
+    ]  # fmt: skip
+    for data, record in cases:
+        kind, size = records.check(data, 0, SEED, 1 << 20)
+        assert size == len(data)
+        assert records.decode_body(kind, data[records.HEADER_SIZE :]) == record
+        if not isinstance(record, records.Put):
+            assert data == records.frame(RecordKind(kind), data[records.HEADER_SIZE :], SEED)

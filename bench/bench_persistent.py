@@ -1,0 +1,158 @@
+"""Engine + store cost of a persistent push, in one process (no sockets): what the
+persistent path adds to the broker's CPU per message.
+
+    python bench/bench_persistent.py [--messages N] [--rounds R]
+
+Rows (each in its own process, taking turns ``--rounds`` times; the CPU column is the
+process's CPU time, the store's writer thread included):
+
+* ``memory``: the engine with the persistent handler but no store (the baseline);
+* ``persistent``: the same with a ``DurableStore`` over a ``LogStore`` in fsync mode;
+* ``+ consumed``: a consumer takes and acknowledges every message (the store's remove);
+* ``store only``: ``DurableStore.append`` of the same messages (no engine).
+
+Pushes are decoded TMQP frames (with their octets, as the server hands them over),
+100-octet payloads, the producer waiting for acks; the loop waits for the store's
+completion every ``WINDOW`` pushes, as the server's gate would release its acks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import tempfile
+import time
+from typing import Any
+
+SIZE = 100
+WINDOW = 256
+
+
+def _case(kind: str, n: int, out: Any) -> None:
+    from broker import tmqp
+    from broker.engine.delivery import PersistentDeliveryHandler
+    from broker.engine.engine import Engine
+    from broker.message import Message
+    from broker.protocol import ConnectionInfo, Header, MessageType, Operation, Tracked
+    from broker.store.base import StoredMessage
+    from broker.store.durable import DurableStore
+    from broker.store.log import LogStore
+
+    with tempfile.TemporaryDirectory(prefix="bench-persistent-") as data:
+        store = DurableStore(LogStore(data)) if kind != "memory" else None
+        if kind == "store only":
+            assert store is not None
+            msg = Message(message_id="m-0000001", source="", target="ch", content_type=1,
+                          payload=b"x" * SIZE)  # fmt: skip
+            stored = [StoredMessage(i, msg, "prod") for i in range(1, n + 1)]
+            start, cpu = time.perf_counter(), time.process_time()
+            for i, s in enumerate(stored):
+                store.append(("ch", 1), s)
+                if not i % WINDOW:
+                    store.log.wait(store.appended, 30)
+            store.flush()
+            out.put((time.perf_counter() - start, time.process_time() - cpu))
+            store.close()
+            return
+        engine = Engine(store=store, handlers={"persistent": PersistentDeliveryHandler()})
+        producer, _ = engine.connect(ConnectionInfo(client_id="prod"), 0.0)
+        consumer, _ = engine.connect(ConnectionInfo(client_id="cons"), 0.0)
+        options = {"MessageDeliveryHandler": "persistent"}
+        consumed = kind == "+ consumed"
+        if consumed:
+            options["RequestAcknowledge"] = True  # type: ignore[assignment]
+            join = tmqp.Frame(message_type=MessageType.SERVER, content_type=Operation.JOIN,
+                              target="ch", message_id="j")  # fmt: skip
+            engine.receive(consumer, join, 0.0)
+        create = tmqp.Frame(message_type=MessageType.SERVER, content_type=Operation.QUEUE_CREATE,
+                            target="ch", message_id="q", headers=((Header.QUEUE_ID, "1"),),
+                            payload=json.dumps(options).encode())  # fmt: skip
+        engine.receive(producer, create, 0.0)
+        payload = b"x" * SIZE
+        pushes = []
+        for i in range(n):
+            frame = tmqp.Frame(
+                message_type=MessageType.QUEUE,
+                content_type=1,
+                target="ch",
+                message_id=f"m{i:07d}",
+                payload=payload,
+                pending_ack=True,
+            )
+            (raw,) = tmqp.encode(frame)
+            pushes.append((tmqp.decode([raw]), raw))
+        acks = [
+            tmqp.Frame(
+                message_type=MessageType.ACK, content_type=1, target="ch", message_id=f"m{i:07d}"
+            )
+            for i in range(n)
+        ]
+        receive, transmitted = engine.receive, engine.transmitted
+        count = sent = 0
+        start, cpu = time.perf_counter(), time.process_time()
+        for i, (push, raw) in enumerate(pushes):
+            outs = receive(producer, push, 1.0, raw)
+            count += len(outs)
+            if consumed:
+                sent += sum(1 for o in outs if type(o) is Tracked)
+                count += len(receive(consumer, acks[i], 1.0))
+                if sent >= WINDOW:
+                    outs = transmitted({consumer: sent}, 1.0)
+                    sent = sum(1 for o in outs if type(o) is Tracked)
+            if store is not None and not i % WINDOW:
+                store.log.wait(store.appended, 30)
+        if store is not None:
+            store.flush()
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+        assert count >= n, (kind, count)
+        out.put((elapsed, cpu))
+        if store is not None:
+            store.close()
+
+
+def profile(kind: str, n: int) -> None:
+    """cProfile of one row in this process (``--profile KIND``)."""
+    import cProfile
+    import pstats
+    import queue
+
+    prof = cProfile.Profile()
+    prof.enable()
+    _case(kind, n, queue.Queue())
+    prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(40)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=50_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--profile", metavar="KIND", help="cProfile one row instead")
+    args = parser.parse_args()
+    if args.profile:
+        profile(args.profile, args.messages)
+        return
+    ctx = mp.get_context("spawn")
+    kinds = ("memory", "persistent", "+ consumed", "store only")
+    results: dict[str, list[tuple[float, float]]] = {k: [] for k in kinds}
+    for _ in range(args.rounds):
+        for kind in kinds:
+            q: Any = ctx.Queue()
+            p = ctx.Process(target=_case, args=(kind, args.messages, q))
+            p.start()
+            results[kind].append(q.get(timeout=600))
+            p.join(60)
+    print(f"{'row':<14} {'CPU us/msg (best, median)':>28} {'wall us/msg (best)':>20}")
+    base = min(c for _, c in results["memory"])
+    for kind in kinds:
+        cpus = sorted(c for _, c in results[kind])
+        walls = sorted(w for w, _ in results[kind])
+        per = 1e6 / args.messages
+        extra = f"  (+{(cpus[0] - base) * per:.1f} over memory)" if kind in kinds[1:3] else ""
+        print(f"{kind:<14} {cpus[0] * per:>12.1f} {cpus[len(cpus) // 2] * per:>14.1f} "
+              f"{walls[0] * per:>20.1f}{extra}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
