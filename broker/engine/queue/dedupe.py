@@ -51,6 +51,12 @@ class RecentIds:
             self._forget_until(now - lifetime_ms / 1000.0)
         return message_id in self.ids
 
+    def forget_expired(self, now: float, lifetime_ms: int) -> None:
+        """Forget the ids past their time at ``now``: what :meth:`seen` does first, once
+        for a run of ids checked at the same ``now`` (then ``id in ids`` is :meth:`seen`)."""
+        if lifetime_ms and self.oldest <= now - lifetime_ms / 1000.0:
+            self._forget_until(now - lifetime_ms / 1000.0)
+
     def _forget_until(self, cutoff: float) -> None:
         ids = self.ids
         while ids:
