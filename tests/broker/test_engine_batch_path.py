@@ -198,7 +198,8 @@ def _counters(kit: Kit) -> list[tuple[Any, ...]]:
     return [
         (name, q.id, q.sequence, q.received, q.sent, q.deliveries, q.n_priority, q.n_regular,
          q.last_received, q.last_sent, q.acks, q.nacks, q.rr, len(q.pending), dict(q.used),
-         q.dropped, q.duplicates, q.stalled, list(q.recent.ids))
+         q.dropped, q.duplicates, q.stalled, list(q.recent.ids), q.recent.oldest,
+         q.recent.newest)
         for name, channel in sorted(kit.engine.channels.items())
         for q in channel.queues.values()
     ]  # fmt: skip

@@ -82,6 +82,23 @@ class RecentIds:
         while len(ids) > count:
             ids.popitem(last=False)
 
+    def add_new(self, message_id: str, now: float, count: int) -> None:
+        """:meth:`add` of an id not stored (the caller checked), without the order
+        bookkeeping: a run of such calls at one ``now`` ends with :meth:`added_at`."""
+        ids = self.ids
+        ids[message_id] = now
+        if len(ids) > count:
+            ids.popitem(last=False)
+
+    def added_at(self, now: float) -> None:
+        """The order bookkeeping of :meth:`add` for the ids :meth:`add_new` stored at
+        ``now`` (the same for each of them: once is enough)."""
+        if now < self.newest:
+            self.oldest = -_NEVER
+        elif now < self.oldest:
+            self.oldest = now
+        self.newest = now
+
     def clear(self) -> None:
         self.ids.clear()
         self.oldest = _NEVER

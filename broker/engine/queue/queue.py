@@ -961,7 +961,7 @@ class Queue:
         if dedupe:
             recent.forget_expired(now, opts.duplicate_window_time)
         seen = recent.ids
-        remember = recent.add
+        remember = recent.add_new
         window = opts.duplicate_window
         limited = opts.message_limit
         name = self.channel.name
@@ -1029,6 +1029,8 @@ class Queue:
         if taken:
             self.received += taken
             self.last_received = now
+            if dedupe:
+                recent.added_at(now)
         if queued and consumers and (not self.stalled or high):
             self.drain(now, out)  # (stalled: see accept)
         return taken
