@@ -122,6 +122,9 @@ class SendPath:
         self.fanout: Any = None
         #: Connected peers that read delivery batches (``Peer.batch``; see flush_out).
         self.batching = 0
+        #: ``outq`` holds a delivery a batch may carry (``_flush_batched``): one to a peer
+        #: that reads batches, awaiting its acknowledge.  False: the plain flush.
+        self.batchable = False
         #: Holds engine output until the store made it durable (None: memory only).
         self.gate: OutputGate | None = None
         self.counters: dict[str, int] = dict.fromkeys(
@@ -197,6 +200,8 @@ class SendPath:
                 outq = self.outq  # _send_raw flushed the batch: a new list
             else:  # the common case: sent with the batch (see _flush_out)
                 outq.append((peer, data, tracked))
+                if tracked and peer.batch and data[1] & _PENDING_ACK:
+                    self.batchable = True
                 if len(outq) >= flush_at:
                     self.flush_out()
                     outq = self.outq
@@ -227,7 +232,8 @@ class SendPath:
         if not outq:
             return
         self.outq = []
-        if self.batching:
+        if self.batchable:  # (else nothing in it may share a message: one by one)
+            self.batchable = False
             self._flush_batched(outq)
             return
         send = self.fast_send

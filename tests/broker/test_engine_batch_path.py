@@ -20,6 +20,7 @@ import pytest
 
 from broker import tmqp
 from broker.engine.engine import Engine, Outgoing
+from broker.engine.queue.dedupe import RecentIds
 from broker.engine.queue.queue import Queue
 from broker.protocol import Header, MessageType, Operation
 
@@ -311,3 +312,24 @@ def test_deliveries_a_leaving_consumer_never_got_go_to_the_other_in_order() -> N
     assert [g for g in got if int(g) >= 8] == [b"%d" % k for k in range(8, 15)]
     queue = kit.engine.channels["ch"].queues[1]
     assert queue.is_empty() and queue.received == 15
+
+
+def test_ids_stored_without_bookkeeping_leave_the_window_as_add_does() -> None:
+    """``RecentIds.add_new`` + ``added_at`` (once per ``now``: the batch run, and
+    ``push_plain`` when ``now`` moved) keep the ids and the order bounds ``add`` keeps."""
+    rnd = random.Random(7)
+    one, other = RecentIds(), RecentIds()
+    now = 10.0
+    for n in range(3000):
+        now += rnd.choice([0.0, 0.0, 0.001, 1.0, -0.5])  # the same, later, or back
+        mid = f"i{rnd.randrange(400)}"
+        for ids in (one, other):
+            ids.forget_expired(now, 2000)
+        if mid in one.ids:
+            continue  # (both only store ids they have not seen)
+        one.add(mid, now, 50)
+        other.add_new(mid, now, 50)
+        if now != other.newest:
+            other.added_at(now)
+        assert (list(one.ids.items()), one.oldest, one.newest) == (
+            list(other.ids.items()), other.oldest, other.newest), n  # fmt: skip

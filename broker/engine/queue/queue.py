@@ -890,7 +890,10 @@ class Queue:
         if m.source != sender.id:
             m = with_source(m, sender.id)
         if dedupe:
-            self.recent.add(m.message_id, now, opts.duplicate_window)
+            recent = self.recent  # (RecentIds.add of an id just found unseen)
+            recent.add_new(m.message_id, now, opts.duplicate_window)
+            if now != recent.newest:
+                recent.added_at(now)  # (at the same now again it changes nothing)
         self.sequence += 1
         self.received += 1
         self.last_received = now
