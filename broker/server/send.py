@@ -120,7 +120,8 @@ class SendPath:
         self.flush_at = options.send_batch
         #: The broadcast fan-out socket (``broker.server.fanout``); None: not bound.
         self.fanout: Any = None
-        #: Connected peers that read delivery batches (``Peer.batch``; see flush_out).
+        #: Connected peers that read delivery batches (``Peer.batch``; a count: flush_out
+        #: looks at ``batchable``, what the queued output holds).
         self.batching = 0
         #: ``outq`` holds a delivery a batch may carry (``_flush_batched``): one to a peer
         #: that reads batches, awaiting its acknowledge.  False: the plain flush.
