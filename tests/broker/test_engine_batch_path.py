@@ -20,6 +20,7 @@ import pytest
 
 from broker import tmqp
 from broker.engine.engine import Engine, Outgoing
+from broker.engine.options import BrokerConfig
 from broker.engine.queue.dedupe import RecentIds
 from broker.engine.queue.queue import Queue
 from broker.protocol import Header, MessageType, Operation
@@ -99,7 +100,7 @@ def _batch(rnd: random.Random, n: int, length: int) -> list[dict[str, Any]]:
                 "channel": channel,
                 "queue": queue_id,
                 "mid": mid,
-                "ack": rnd.random() < 0.12,
+                "ack": rnd.random() < 0.25,
                 "high": rnd.random() < 0.2,
                 "headers": (("K", "v"),) if rnd.random() < 0.05 else (),
                 "size": rnd.choice([1, 1, 1, 40]),
@@ -206,9 +207,21 @@ def _counters(kit: Kit) -> list[tuple[Any, ...]]:
     ]  # fmt: skip
 
 
-def _kits(auto_transmit: bool) -> tuple[Kit, Kit]:
-    kits = Kit(auto_transmit=auto_transmit), Kit(auto_transmit=auto_transmit)
+def _kits(auto_transmit: bool, auto_create: bool = True) -> tuple[Kit, Kit]:
+    def config() -> BrokerConfig:
+        return BrokerConfig(
+            wall_clock=lambda: 1_700_000_000.0,
+            auto_create_channel=auto_create,
+            auto_create_queue=auto_create,
+        )
+
+    kits = (
+        Kit(auto_transmit=auto_transmit, config=config()),
+        Kit(auto_transmit=auto_transmit, config=config()),
+    )
     for kit in kits:
+        kit.engine.create_channel("ch")
+        kit.engine.create_channel("ot")
         kit.connect("p")
         for client in CONSUMERS:
             kit.connect(client)
@@ -220,9 +233,11 @@ def _kits(auto_transmit: bool) -> tuple[Kit, Kit]:
     return kits
 
 
-def _compare(steps: list[tuple[str, str, Any]], auto_transmit: bool, seed: int) -> int:
-    batched, single = _kits(auto_transmit)
-    taken = 0
+def _compare(
+    steps: list[tuple[str, str, Any]], auto_transmit: bool, auto_create: bool, seed: int
+) -> tuple[int, int]:
+    batched, single = _kits(auto_transmit, auto_create)
+    taken = refused = 0
     for n, step in enumerate(steps):
         batched.now = single.now = batched.now + 0.001
         got = _step(batched, True, step)
@@ -230,13 +245,18 @@ def _compare(steps: list[tuple[str, str, Any]], auto_transmit: bool, seed: int) 
         assert _counters(batched) == _counters(single), (seed, n, step[0])
         if step[0] == "batch":
             taken += len(got[0])
+            refused += len(got[1])
     assert batched.inbox == single.inbox, seed
-    return taken
+    return taken, refused
 
 
-@pytest.mark.parametrize("auto_transmit", [True, False])
+@pytest.mark.parametrize(
+    ("auto_transmit", "auto_create"),
+    [(True, True), (False, True), (True, False)],
+    ids=["sent-at-once", "held-back", "no-auto-create"],
+)
 def test_a_batch_gives_what_its_frames_give_one_by_one(
-    auto_transmit: bool, monkeypatch: pytest.MonkeyPatch
+    auto_transmit: bool, auto_create: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runs = 0
     real = Queue.push_plain_run
@@ -248,10 +268,14 @@ def test_a_batch_gives_what_its_frames_give_one_by_one(
         return taken
 
     monkeypatch.setattr(Queue, "push_plain_run", counted)
-    delivered = 0
+    delivered = refused = 0
     for seed in range(30):
         rnd = random.Random(seed)
-        delivered += _compare(_session(rnd, rnd.randint(5, 40)), auto_transmit, seed)
+        steps = _session(rnd, rnd.randint(5, 40))
+        got, no = _compare(steps, auto_transmit, auto_create, seed)
+        delivered += got
+        refused += no
+    assert refused >= (5 if auto_create else 200)  # refusals by index were compared too
     assert runs >= 100  # the batches went through the run path, not only one by one
     assert delivered >= 3000  # the sessions compare deliveries, not two empty outputs
 
