@@ -269,14 +269,14 @@ def test_a_batch_gives_what_its_frames_give_one_by_one(
 
     monkeypatch.setattr(Queue, "push_plain_run", counted)
     delivered = refused = 0
-    for seed in range(30):
+    for seed in range(20):
         rnd = random.Random(seed)
         steps = _session(rnd, rnd.randint(5, 40))
         got, no = _compare(steps, auto_transmit, auto_create, seed)
         delivered += got
         refused += no
     assert refused >= (5 if auto_create else 200)  # refusals by index were compared too
-    assert runs >= 100  # the batches went through the run path, not only one by one
+    assert runs >= 80  # the batches went through the run path, not only one by one
     assert delivered >= 3000  # the sessions compare deliveries, not two empty outputs
 
 
