@@ -72,7 +72,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from broker import paging, tmqp
 from broker.engine import flow, models, operations, receipts, routing
@@ -339,7 +339,7 @@ class Engine:
     def receive_batch(
         self,
         client_id: str,
-        items: Iterable[tuple[int, tmqp.Frame, bytes]],
+        items: Sequence[tuple[int, tmqp.Frame, bytes]],
         now: float,
     ) -> tuple[list[Outgoing], list[tuple[int, str, str]], list[int]]:
         """Several frames of one client in one call (a TMQP batch, ``broker.batch``):
@@ -348,36 +348,129 @@ class Engine:
         Returns the output of every frame except the acknowledges of its pushes, which
         the caller answers with one acknowledge of the whole batch; the pushes refused:
         (index, nack reason, reason); and the indexes of acknowledged pushes that got no
-        acknowledge yet (one comes later on its own).  Each frame is handled as
-        :meth:`receive` handles it alone, in order.
+        acknowledge yet (one comes later on its own).  The outcome is that of each frame
+        handled as :meth:`receive` handles it alone, in order; a run of pushes into one
+        existing queue that need no answer and carry no headers goes in with one call
+        (:meth:`_push_run`: the checks of the run once, ``Queue.push_plain_run``), the
+        other frames one by one.
         """
+        self.services.now = now
         out: list[Outgoing] = []
         refused: list[tuple[int, str, str]] = []
         later: list[int] = []
+        client = self.clients.get(client_id)
+        if client is None:
+            return out, refused, later
         receive = self.receive
-        for index, frame, data in items:
+        n = len(items)
+        i = 0
+        run_end = 0  # items[run_start:run_end]: pushes into one queue that wait for nothing
+        run_start = 0
+        run_queue: Queue | None = None  # their queue, when they may take its fast path
+        run: list[Message] = []  # their messages
+        while i < n:
+            index, frame, data = items[i]
+            if i >= run_end and (
+                frame.message_type == _QUEUE
+                and not frame.headers
+                and not frame.pending_ack
+                and not frame.pending_response
+            ):
+                run_start, run_end = i, self._run_end(items, i)
+                run_queue = None
+                if run_end - i > 1:
+                    run_queue = self._run_queue(client, frame)
+                    if run_queue is not None:
+                        run = [message_of(f, d) for _, f, d in items[i:run_end]]
+            if run_queue is not None and i < run_end:
+                try:
+                    taken = run_queue.push_plain_run(run, i - run_start, client, now, out)
+                except Exception as exc:  # nobody in the run waits for an answer
+                    self.count_error("receive batch", exc)
+                    taken = run_end - i
+                if taken:
+                    i += taken
+                    continue
             outs = receive(client_id, frame, now, data)
             if frame.message_type == _QUEUE and frame.pending_ack:
-                mid = frame.message_id
-                for i, o in enumerate(outs):
-                    f = o[1]
-                    if (
-                        o[0] == client_id
-                        and f.__class__ is _Frame
-                        and f.message_type == _ACK
-                        and f.message_id == mid
-                    ):
-                        del outs[i]
-                        if f.headers:
-                            fields = {k.lower(): v for k, v in f.headers}
-                            nack = fields.get(_NACK)
-                            if nack is not None:
-                                refused.append((index, nack, fields.get(_REASON, "")))
-                        break
-                else:
-                    later.append(index)
+                self._take_push_ack(client_id, index, frame, outs, refused, later)
             out += outs
+            i += 1
         return out, refused, later
+
+    @staticmethod
+    def _run_end(items: Sequence[tuple[int, tmqp.Frame, bytes]], start: int) -> int:
+        """The end of the run of pushes from ``items[start]`` on into its queue that
+        carry no headers and wait for no answer."""
+        first = items[start][1]
+        target = first.target
+        content_type = first.content_type
+        end = start + 1
+        n = len(items)
+        while end < n:
+            f = items[end][1]
+            if (
+                f.message_type != _QUEUE
+                or f.headers
+                or f.pending_ack
+                or f.pending_response
+                or f.content_type != content_type
+                or f.target != target
+            ):
+                break
+            end += 1
+        return end
+
+    def _run_queue(self, client: Client, first: tmqp.Frame) -> Queue | None:
+        """The queue a run of pushes goes to when ``_push`` would offer each of them to
+        its fast path (``Queue.push_plain``): it exists, the producer may push, no
+        MESSAGE_PRODUCED subscriber and no durable subscription wait; None: one by one.
+        None of that changes within a batch (it holds only pushes and acknowledges)."""
+        channel = self.channels.get(first.target)
+        queue = channel.queues.get(first.content_type) if channel is not None else None
+        if (
+            queue is None
+            or not queue.plain
+            or self.events.has(EventName.MESSAGE_PRODUCED)
+            or (self.durable.by_topic and self.durable.queues_for(queue.channel.name))
+        ):
+            return None
+        authorizer = self.authorizer
+        if type(authorizer) is not AllowAll and not authorizer.allows(
+            client, Action.PUSH, queue.channel.name, queue.id
+        ):
+            return None  # refused one by one
+        return queue
+
+    @staticmethod
+    def _take_push_ack(
+        client_id: str,
+        index: int,
+        frame: tmqp.Frame,
+        outs: list[Outgoing],
+        refused: list[tuple[int, str, str]],
+        later: list[int],
+    ) -> None:
+        """Take the acknowledge of a batched push out of its output (the batch's one
+        acknowledge answers it): a negative one becomes a refusal by index; none yet:
+        the index goes to ``later``."""
+        mid = frame.message_id
+        for i, o in enumerate(outs):
+            f = o[1]
+            if (
+                o[0] == client_id
+                and f.__class__ is _Frame
+                and f.message_type == _ACK
+                and f.message_id == mid
+            ):
+                del outs[i]
+                if f.headers:
+                    fields = {k.lower(): v for k, v in f.headers}
+                    nack = fields.get(_NACK)
+                    if nack is not None:
+                        refused.append((index, nack, fields.get(_REASON, "")))
+                return
+        later.append(index)
 
     # ------------------------------------------------------------------ typed operations
 

@@ -58,6 +58,13 @@ class ServerOptions:
     #: Entries one TMQP batch may hold (``broker.batch``; announced to clients as the
     #: connect response's ``Batch-Max``); a batch with more is refused whole (482).
     max_batch_frames: int = 1024
+    #: Deliveries that need no acknowledge carried in one delivery batch at most, to a
+    #: client that reads batches (``broker.batch``; its ``Batch-Deliveries`` bounds it too).
+    #: 0 (the default): one per message, so the pipe's high-water mark (``hwm``, in
+    #: messages) bounds what a consumer that stops reading holds.  N: such a consumer may
+    #: hold up to ``hwm`` x N of them (each done once libzmq took it), for about half the
+    #: broker's and the consumer's CPU per message (README, "Benchmarks", session 8).
+    unacked_batch: int = 0
     linger: float = 0.5
     #: Where to bind the broadcast fan-out XPUB (``broker.engine.fanout``); None: none.
     fanout: str | None = None
@@ -71,6 +78,8 @@ class ServerOptions:
             raise ValueError("need 0 < ping_interval < peer_timeout")
         if self.batch < 1 or self.send_batch < 1 or self.max_batch_frames < 1:
             raise ValueError("batch, send_batch and max_batch_frames must be at least 1")
+        if not 0 <= self.unacked_batch <= 1024:
+            raise ValueError("unacked_batch must be from 0 to 1024")
         if self.fanout_hwm < 1:
             raise ValueError("fanout_hwm must be at least 1")
         if self.max_handshakes < 1 or self.max_connections < 1:

@@ -118,10 +118,17 @@ class SendPath:
         #: Peers whose ``transmitted`` count waits to be reported to the engine.
         self.sent_to: list[Peer] = []
         self.flush_at = options.send_batch
+        #: Deliveries without acknowledge one delivery batch may carry (0: none).
+        self.unacked_batch = options.unacked_batch
         #: The broadcast fan-out socket (``broker.server.fanout``); None: not bound.
         self.fanout: Any = None
-        #: Connected peers that read delivery batches (``Peer.batch``; see flush_out).
+        #: Connected peers that read delivery batches (``Peer.batch``; a count: flush_out
+        #: looks at ``batchable``, what the queued output holds).
         self.batching = 0
+        #: ``outq`` holds a delivery a batch may carry (``_flush_batched``): one to a peer
+        #: that reads batches, awaiting its acknowledge (or any, with ``unacked_batch``).
+        #: False: the plain flush.
+        self.batchable = False
         #: Holds engine output until the store made it durable (None: memory only).
         self.gate: OutputGate | None = None
         self.counters: dict[str, int] = dict.fromkeys(
@@ -197,6 +204,8 @@ class SendPath:
                 outq = self.outq  # _send_raw flushed the batch: a new list
             else:  # the common case: sent with the batch (see _flush_out)
                 outq.append((peer, data, tracked))
+                if tracked and peer.batch and (data[1] & _PENDING_ACK or self.unacked_batch):
+                    self.batchable = True
                 if len(outq) >= flush_at:
                     self.flush_out()
                     outq = self.outq
@@ -227,7 +236,8 @@ class SendPath:
         if not outq:
             return
         self.outq = []
-        if self.batching:
+        if self.batchable:  # (else nothing in it may share a message: one by one)
+            self.batchable = False
             self._flush_batched(outq)
             return
         send = self.fast_send
@@ -256,22 +266,27 @@ class SendPath:
         between them) go out as one message of up to ``Peer.batch`` of them and
         ``batch.DELIVERY_OCTETS`` octets; each delivery in it counts as sent.
 
-        Only deliveries that wait for the consumer's acknowledge share a message: those
-        stay in flight, within the consumer's prefetch, until acknowledged, wherever they
-        are.  One without acknowledge is done once libzmq took it, and the pipe's
-        high-water mark counts messages: batched, a consumer that stops reading would
-        hold many times more of them in its pipe."""
+        Deliveries that wait for the consumer's acknowledge share a message: those stay
+        in flight, within the consumer's prefetch, until acknowledged, wherever they are.
+        One without acknowledge is done once libzmq took it, and the pipe's high-water
+        mark counts messages: batched, a consumer that stops reading would hold many
+        times more of them in its pipe; they share one only with
+        ``ServerOptions.unacked_batch`` (at most that many of them in one message)."""
         groups: list[tuple[Peer, list[bytes] | bytes, bool]] = []
         open_: dict[Peer, tuple[list[bytes], list[int]]] = {}
         limit = batch.DELIVERY_OCTETS
+        unacked = self.unacked_batch
         for peer, data, tracked in outq:
-            if not tracked or not peer.batch or not data[1] & _PENDING_ACK:
+            cap = peer.batch
+            if tracked and cap and not data[1] & _PENDING_ACK:
+                cap = min(cap, unacked)
+            if not tracked or not cap:
                 if open_:
                     open_.pop(peer, None)
                 groups.append((peer, data, tracked))
                 continue
             group = open_.get(peer)
-            if group is not None and len(group[0]) < peer.batch and group[1][0] < limit:
+            if group is not None and len(group[0]) < cap and group[1][0] < limit:
                 group[0].append(data)
                 group[1][0] += len(data)
                 continue

@@ -114,6 +114,8 @@ _READY = PeerState.READY
 _ONLY_PUSHES_AND_ACKS = "a batch holds queue pushes and acknowledges only"
 #: Messages received between two reports of sent deliveries during one socket drain.
 _REPORT_EVERY = 256
+_EVENTS = zmq.EVENTS
+_POLLIN = int(zmq.POLLIN)
 #: Octets CURVE adds to a message on the wire, which libzmq counts against ZMQ_MAXMSGSIZE:
 #: the MESSAGE command's name and nonce (16), the box's MAC (16) and the flags octet.
 _CURVE_OVERHEAD = 33
@@ -424,10 +426,16 @@ class Server:
                 count += self._batched
                 if count >= batch:
                     break
-            if count == 1 and self.sender.outq:
+            if count == 1:
                 # A lone message (light load) must not wait for the next recv(), which
                 # costs several microseconds when it finds nothing: send its output now.
-                self.sender.flush_out()
+                if self.sender.outq:
+                    self.sender.flush_out()
+                # and ask whether another one waits: half what a recv() raising Again
+                # costs (a round trip pays it on the way; a busy drain once)
+                if not int(router.get(_EVENTS)) & _POLLIN:
+                    self.sessions.emptied_at = now
+                    break
             elif not count % _REPORT_EVERY and self.sender.sent_to:
                 # Window slots come back while a long drain goes on, not only after it.
                 self.sessions.report_transmitted(now)

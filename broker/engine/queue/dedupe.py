@@ -51,6 +51,12 @@ class RecentIds:
             self._forget_until(now - lifetime_ms / 1000.0)
         return message_id in self.ids
 
+    def forget_expired(self, now: float, lifetime_ms: int) -> None:
+        """Forget the ids past their time at ``now``: what :meth:`seen` does first, once
+        for a run of ids checked at the same ``now`` (then ``id in ids`` is :meth:`seen`)."""
+        if lifetime_ms and self.oldest <= now - lifetime_ms / 1000.0:
+            self._forget_until(now - lifetime_ms / 1000.0)
+
     def _forget_until(self, cutoff: float) -> None:
         ids = self.ids
         while ids:
@@ -75,6 +81,23 @@ class RecentIds:
         self.newest = now
         while len(ids) > count:
             ids.popitem(last=False)
+
+    def add_new(self, message_id: str, now: float, count: int) -> None:
+        """:meth:`add` of an id not stored (the caller checked), without the order
+        bookkeeping: a run of such calls at one ``now`` ends with :meth:`added_at`."""
+        ids = self.ids
+        ids[message_id] = now
+        if len(ids) > count:
+            ids.popitem(last=False)
+
+    def added_at(self, now: float) -> None:
+        """The order bookkeeping of :meth:`add` for the ids :meth:`add_new` stored at
+        ``now`` (the same for each of them: once is enough)."""
+        if now < self.newest:
+            self.oldest = -_NEVER
+        elif now < self.oldest:
+            self.oldest = now
+        self.newest = now
 
     def clear(self) -> None:
         self.ids.clear()

@@ -890,7 +890,10 @@ class Queue:
         if m.source != sender.id:
             m = with_source(m, sender.id)
         if dedupe:
-            self.recent.add(m.message_id, now, opts.duplicate_window)
+            recent = self.recent  # (RecentIds.add of an id just found unseen)
+            recent.add_new(m.message_id, now, opts.duplicate_window)
+            if now != recent.newest:
+                recent.added_at(now)  # (at the same now again it changes nothing)
         self.sequence += 1
         self.received += 1
         self.last_received = now
@@ -902,6 +905,15 @@ class Queue:
             used[cid] = used.get(cid, 0) + 1
             return True
         qm = QueueMessage(self.sequence, parked(m), sender, False, now)
+        self._enqueue_plain(qm)
+        if consumers and (not self.stalled or qm.high_priority):
+            self.drain(now, out)  # (stalled: see accept)
+        return True
+
+    def _enqueue_plain(self, qm: QueueMessage) -> None:
+        """A plain push that no consumer took at once waits (``MessageOrder.enqueue``,
+        inline but for a paging queue: this runs per message)."""
+        messages = self.messages
         index = self.index
         if index is not None:
             index.add(qm)
@@ -909,15 +921,122 @@ class Queue:
             messages.enqueue(qm)  # (paging)
             if index is not None:
                 index.enqueued(messages, qm)  # (paged out: its entry becomes its number)
-        elif qm.high_priority:  # (MessageOrder.enqueue, inline: this runs per message)
+        elif qm.high_priority:
             messages.priority.append(qm)
             messages.n_priority += 1
         else:
             messages.regular.append(qm)
             messages.n_regular += 1
-        if consumers and (not self.stalled or qm.high_priority):
+
+    def push_plain_run(
+        self, ms: Sequence[Message], start: int, sender: Client, now: float, out: list[Outgoing]
+    ) -> int:
+        """:meth:`push_plain` for several pushes of one producer in one call (a TMQP
+        batch, ``broker.batch``): ``ms[start:]``; returns how many it took from
+        ``start`` on; the one after them (if any) is not plain and takes the general
+        path, then the rest may come here again.  The conditions are checked once for
+        the run where they cannot change within it (the queue's options and status, a
+        wait for acknowledges), per message where they can (headers and flags, size,
+        its id against the duplicate window, which is swept once); one consumer's room
+        is read once instead of per message; the messages no consumer takes at once
+        wait and the queue is drained once at the end, not once per message.  The
+        outcome is what :meth:`push_plain` one message at a time gives (tested against
+        it: ``tests/broker/test_engine_batch_path.py``).  The caller has checked what
+        :meth:`push_plain`'s caller checks, for the whole run.
+        """
+        strategy = self.strategy
+        if not self.plain or not strategy.takes_plain:
+            return 0
+        opts = self.options
+        if opts.wait_for_acknowledge and self.tracker.pending:
+            return 0
+        consumers = self.channel.consumer_list
+        messages = self.messages
+        direct = bool(consumers) and not (
+            messages.n_priority or messages.n_regular or messages.front
+        )
+        if direct and len(consumers) > 1 and not strategy.plain_many:
+            return 0  # a push to several consumers is followed as a QueueMessage
+        size_limit = opts.message_size_limit
+        use_id = opts.use_message_id
+        recent = self.recent
+        dedupe = use_id and opts.duplicate_window
+        if dedupe:
+            recent.forget_expired(now, opts.duplicate_window_time)
+        seen = recent.ids
+        remember = recent.add_new
+        window = opts.duplicate_window
+        limited = opts.message_limit
+        name = self.channel.name
+        qid = self.id
+        sid = sender.id
+        used = self.used
+        one: Client | None = None  # the single consumer: its room read once
+        room = 0
+        if direct and len(consumers) == 1:
+            one = strategy.plain_target(self, consumers)  # (its side effects, once)
+            if one is None:
+                direct = False
+            else:
+                room = (one.prefetch.get(name) or self.window) - used.get(one.id, 0)
+        taken = 0
+        queued = False
+        high = False
+        for k in range(start, len(ms)):
+            m = ms[k]
+            if (
+                m.headers
+                or m.wants_ack
+                or m.first_acquirer
+                or m.content_type != qid
+                or m.target != name
+                or (size_limit and len(m.payload) > size_limit)
+            ):
+                break
+            mid = m.message_id
+            if not mid:
+                if use_id:
+                    break  # accept() gives it an id
+            elif dedupe and mid in seen:
+                break  # a duplicate: answered by duplicate()
+            c: Client | None = None
+            if direct:
+                if one is not None:
+                    if room > 0:
+                        room -= 1
+                        c = one
+                    else:
+                        direct = False
+                else:
+                    c = strategy.plain_target(self, consumers)
+                    if c is None:
+                        direct = False
+            if c is None and limited:
+                break  # accept() after check_push
+            if m.source != sid:
+                m = with_source(m, sid)
+            if dedupe:
+                remember(mid, now, window)
+            self.sequence += 1
+            taken += 1
+            if c is not None:
+                cid = c.id
+                out.append(_tracked(Tracked, (cid, m)))
+                c.unsent.append((PLAIN, self, None, m, self.sequence))
+                used[cid] = used.get(cid, 0) + 1
+                continue
+            qm = QueueMessage(self.sequence, parked(m), sender, False, now)
+            self._enqueue_plain(qm)
+            queued = True
+            high = high or qm.high_priority
+        if taken:
+            self.received += taken
+            self.last_received = now
+            if dedupe:
+                recent.added_at(now)
+        if queued and consumers and (not self.stalled or high):
             self.drain(now, out)  # (stalled: see accept)
-        return True
+        return taken
 
     def accept(
         self,
