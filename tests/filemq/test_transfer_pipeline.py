@@ -164,3 +164,51 @@ def test_disk_full_during_pipelined_writes_is_one_clear_error_and_no_file(
     result = sync_once(server.endpoint, dest)
     assert result.synced and result.errors == 0
     assert read_tree(dest) == {"f.bin": content, "small.txt": b"small"}
+
+
+# -- zero-copy chunks: a big CHEEZBURGER is decoded in place ---------------------------
+
+
+def _cheezburger(chunk: bytes, name: str = "dir/big.bin") -> bytes:
+    msg = fmq_msg.Cheezburger(7, 1, name, 1 << 20, 0, {"sha1": "ab" * 20}, chunk)
+    (frame,) = fmq_msg.encode(msg)
+    return frame
+
+
+@pytest.mark.parametrize("codec", ["fmq_msg", "fmq_msg_czmq"])
+def test_a_big_chunk_is_a_view_of_the_received_frame_not_a_copy(codec: str) -> None:
+    module = fmq_msg if codec == "fmq_msg" else __import__("filemq.fmq_msg_czmq").fmq_msg_czmq
+    chunk = os.urandom(256 << 10)
+    (encoded,) = module.encode(module.Cheezburger(7, 1, "dir/big.bin", 99, 0, {"k": "v"}, chunk))
+    frame = bytearray(encoded)  # what a zero-copy receive hands over: not bytes
+    msg = module.decode([frame])
+    assert isinstance(msg, module.Cheezburger)
+    assert (msg.filename, msg.offset, msg.headers, bytes(msg.chunk)) == (
+        "dir/big.bin",
+        99,
+        {"k": "v"},
+        chunk,
+    )
+    frame[-1] ^= 0xFF  # the chunk shares the frame's memory: no copy was made
+    assert msg.chunk[-1] == chunk[-1] ^ 0xFF
+    # a zmq.Frame (what recv_multipart(copy=False) gives) decodes the same way
+    assert bytes(module.decode([zmq.Frame(encoded)]).chunk) == chunk
+
+
+def test_small_frames_and_other_messages_decode_to_bytes() -> None:
+    small = fmq_msg.decode([bytearray(_cheezburger(b"x" * 100))])
+    assert type(small.chunk) is bytes and small.chunk == b"x" * 100
+    big_other = fmq_msg.Icanhaz("/" + "p" * 200, {"k" * 200: "v" * 70_000}, {})
+    (frame,) = fmq_msg.encode(big_other)
+    assert fmq_msg.decode([bytearray(frame)]) == big_other
+
+
+def test_a_malformed_big_frame_in_place_is_a_decode_error() -> None:
+    frame = bytearray(_cheezburger(os.urandom(100 << 10)))
+    for broken in (frame[:-1], frame + b"\0", frame[:20] + frame[24:]):
+        with pytest.raises(fmq_msg.DecodeError):
+            fmq_msg.decode([broken])
+    bad_name = bytearray(_cheezburger(os.urandom(100 << 10), name="ab"))
+    bad_name[13:15] = b"\xff\xfe"  # the filename (1-octet length at 12) is not UTF-8
+    with pytest.raises(fmq_msg.DecodeError):
+        fmq_msg.decode([bad_name])
