@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import zmq
 
-from filemq import fmq_msg
+from filemq import fmq_msg, fmq_msg_czmq
 from filemq.client import SyncClient, SyncError, SyncResult
 from filemq.server import SEND_QUEUE_BYTES, FileServer
 from filemq.writer import ChunkWriter
@@ -180,7 +180,7 @@ def _cheezburger(chunk: bytes, name: str = "dir/big.bin") -> bytes:
 
 @pytest.mark.parametrize("codec", ["fmq_msg", "fmq_msg_czmq"])
 def test_a_big_chunk_is_a_view_of_the_received_frame_not_a_copy(codec: str) -> None:
-    module = fmq_msg if codec == "fmq_msg" else __import__("filemq.fmq_msg_czmq").fmq_msg_czmq
+    module: Any = fmq_msg if codec == "fmq_msg" else fmq_msg_czmq
     chunk = os.urandom(256 << 10)
     (encoded,) = module.encode(module.Cheezburger(7, 1, "dir/big.bin", 99, 0, {"k": "v"}, chunk))
     frame = bytearray(encoded)  # what a zero-copy receive hands over: not bytes
