@@ -298,7 +298,7 @@ def time_raw(src: Path, dest: Path, port: int, curve: bool = False) -> tuple[flo
     """(wall, CPU seconds of both processes)."""
     endpoint = f"tcp://127.0.0.1:{port}"
     me = os.path.abspath(__file__)
-    keys = ["--keys", *_curve_keys()] if curve else []
+    keys = ["--keys=" + ",".join(_curve_keys())] if curve else []  # (z85 may start with -)
     start = time.perf_counter()
     recv = subprocess.Popen([PY, me, "--raw-recv", endpoint, str(dest), *keys])
     send = subprocess.Popen([PY, me, "--raw-send", endpoint, str(src), *keys])
@@ -386,7 +386,7 @@ def main() -> int:
     parser.add_argument("--ceiling", action="store_true", help="libzmq alone, plain vs CURVE")
     parser.add_argument("--raw-send", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--raw-recv", nargs=2, help=argparse.SUPPRESS)
-    parser.add_argument("--keys", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--keys", type=lambda text: text.split(","), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.raw_send:
         raw_send(*args.raw_send, keys=args.keys)
