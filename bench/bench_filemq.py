@@ -333,6 +333,13 @@ def compile_sources() -> None:
             compileall.compile_dir(folder, quiet=1)
 
 
+def shown(row: tuple[str, str, float, int, float]) -> tuple[str, str, float, int, float]:
+    """``row``, printed on stderr as it is measured (a run cut short still tells)."""
+    label, method, t, _n, cpu = row
+    print(f"  {label}  {method}: {t:.3f} s wall, {cpu:.2f} s CPU", file=sys.stderr, flush=True)
+    return row
+
+
 CONDITIONS = (
     "conditions: SRC warm in the page cache (read through before each run); DEST new, on "
     "SRC's file system; sync before each run (no dirty pages outstanding); earlier DEST "
@@ -446,7 +453,7 @@ def run(work: Path, big: int, count: int, small: int) -> int:
             if rsync:
                 dest = fresh_dest(work, f"{tag}-rsync", src)
                 t, cpu = timed_cpu([rsync, "-a", f"{src}/", f"{dest}/"])
-                rows.append((f"{label} #{rnd}", "rsync -a", t, big, cpu))
+                rows.append(shown((f"{label} #{rnd}", "rsync -a", t, big, cpu)))
                 check_same(src, dest)
             for mode, server_extra, client_extra in (
                 ("zerohub plain", [], []),
@@ -457,7 +464,7 @@ def run(work: Path, big: int, count: int, small: int) -> int:
                     dest = fresh_dest(work, f"{tag}-{mode[8:]}", src)
                     cmd = sync_cmd(server, dest, work / f"{tag}-{mode[8:]}.idx", client_extra)
                     t, cpu = timed_cpu(cmd, server.proc.pid)
-                    rows.append((f"{label} #{rnd}", mode, t, big, cpu))
+                    rows.append(shown((f"{label} #{rnd}", mode, t, big, cpu)))
                     check_same(src, dest)
                 finally:
                     server.stop()
@@ -465,7 +472,7 @@ def run(work: Path, big: int, count: int, small: int) -> int:
                 dest = fresh_dest(work, f"{tag}-{mode[10:]}", src)
                 port += 1
                 t, cpu = time_raw(src, dest, port, curve)
-                rows.append((f"{label} #{rnd}", mode, t, big, cpu))
+                rows.append(shown((f"{label} #{rnd}", mode, t, big, cpu)))
                 check_same(src, dest)
         fresh_dest(work, "", src)  # (the last round's trees go too)
 
