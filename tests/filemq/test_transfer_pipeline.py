@@ -242,10 +242,10 @@ def test_server_killed_mid_file_puts_nothing_half_written_in_place(
             dest,
             once=True,
             bwlimit=8 * MiB,
-            timeout=2.0,
+            timeout=1.0,  # (the dead server is noticed within a second)
             heartbeat=0.2,
-            connect_timeout=5.0,
-            max_retries=1,
+            connect_timeout=10.0,
+            max_retries=0,  # (then the run ends: no reconnect to wait for)
         )
         failures: list[Exception] = []
 
@@ -266,6 +266,7 @@ def test_server_killed_mid_file_puts_nothing_half_written_in_place(
                 return 0
 
         assert wait_until(lambda: held() >= 8 * MiB or not thread.is_alive(), timeout=60)
+        assert thread.is_alive(), "the client ended before the server was killed"
         server.send_signal(signal.SIGKILL)
         server.wait()
         thread.join(60)
