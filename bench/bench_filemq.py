@@ -5,9 +5,15 @@
     python bench/bench_filemq.py --skip-big # (b) and (c) only
     python bench/bench_filemq.py --measure-defaults [--quick]   # chunk size x credit
 
-Scenarios, all on this machine in one run, page cache warm (sources were just
-written), every tool in its own process, time = wall clock of the receiving
-process from launch to exit (Python start-up included for zerohub and raw):
+Scenarios, all on this machine in one run, every tool in its own process, time =
+wall clock of the receiving process from launch to exit (Python start-up included
+for zerohub and raw).  Conditions, the same for every method and run (printed
+with the table): SRC warm in the page cache (read through before each run),
+DEST a new folder on the same file system as SRC, no dirty pages outstanding
+when the clock starts (``sync`` before each run: a run never pays the writeback
+of the one before it), no method fsyncs (rsync does not by default; zerohub does
+not), DEST trees of earlier runs deleted first.  (a) runs every method twice
+(rounds 1 and 2, interleaved: rsync, plain, CURVE, raw, raw CURVE, then again).
 
   (a) one big file into an empty DEST
   (b) many small files (100 folders) into an empty DEST
@@ -26,7 +32,14 @@ median of 3 runs, rsync's too.
 raw: a PUSH process reads the files and streams [name, offset, data] in 1 MiB
 messages (zero-copy sends) to a PULL process that receives zero-copy and writes
 them on a writer thread (``os.pwrite``) while it receives the next (no protocol, no
-checks, no hashing): the floor for Python + ZeroMQ moving the same bytes.
+checks, no hashing): the floor for Python + ZeroMQ moving the same bytes; "raw
+CURVE" is the same over CURVE (libzmq encrypts and decrypts on its I/O threads).
+
+    python bench/bench_filemq.py --ceiling  # ZeroMQ alone: memory -> /dev/null, plain vs CURVE
+
+``--ceiling`` sends 1 GiB from memory and drops it on arrival (no file, no Python work
+per byte): what libzmq itself moves on this machine, plain and CURVE, and the CPU
+seconds it takes (CURVE's ceiling bounds any CURVE transfer).
 Targets (issue 15): (a) CURVE >= 1.2x rsync throughput, and within 10% of the raw
 stream; (b) and (c) <= 1.0x rsync time, plain and CURVE.  CPU columns: seconds of
 CPU both sides used (server + client; rsync's processes; raw sender + receiver),
@@ -185,13 +198,24 @@ class Server:
 _RAW_CHUNK = 1 << 20  # bytes per raw message (the best of 256 KiB..4 MiB here)
 
 
-def raw_send(endpoint: str, src: str) -> None:
+def _curve_keys() -> list[str]:
+    """Server public, server secret, client public, client secret (z85 text)."""
+    import zmq
+
+    server, client = zmq.curve_keypair(), zmq.curve_keypair()
+    return [k.decode() for k in (*server, *client)]
+
+
+def raw_send(endpoint: str, src: str, keys: list[str] | None = None) -> None:
     """Read the files and stream them: zero-copy sends, the next read while the wire
     moves the last (libzmq's I/O thread sends; this thread only reads)."""
     import zmq
 
     ctx = zmq.Context()
     push = ctx.socket(zmq.PUSH)
+    if keys:
+        push.curve_serverkey = keys[0].encode()
+        push.curve_publickey, push.curve_secretkey = keys[2].encode(), keys[3].encode()
     push.sndhwm = 64
     push.connect(endpoint)
     for dirpath, _dirs, files in os.walk(src):
@@ -216,7 +240,7 @@ def raw_send(endpoint: str, src: str) -> None:
     ctx.term()
 
 
-def raw_recv(endpoint: str, dest: str) -> None:
+def raw_recv(endpoint: str, dest: str, keys: list[str] | None = None) -> None:
     """Receive the stream; a writer thread writes (``os.pwrite``) while this one receives."""
     import queue
     import threading
@@ -225,6 +249,9 @@ def raw_recv(endpoint: str, dest: str) -> None:
 
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
+    if keys:
+        pull.curve_server = True
+        pull.curve_secretkey = keys[1].encode()
     pull.bind(endpoint)
     jobs: queue.Queue[tuple[int, Any, int] | None] = queue.Queue(maxsize=16)
 
@@ -267,13 +294,14 @@ def raw_recv(endpoint: str, dest: str) -> None:
     ctx.term()
 
 
-def time_raw(src: Path, dest: Path, port: int) -> tuple[float, float]:
+def time_raw(src: Path, dest: Path, port: int, curve: bool = False) -> tuple[float, float]:
     """(wall, CPU seconds of both processes)."""
     endpoint = f"tcp://127.0.0.1:{port}"
     me = os.path.abspath(__file__)
+    keys = ["--keys=" + ",".join(_curve_keys())] if curve else []  # (z85 may start with -)
     start = time.perf_counter()
-    recv = subprocess.Popen([PY, me, "--raw-recv", endpoint, str(dest)])
-    send = subprocess.Popen([PY, me, "--raw-send", endpoint, str(src)])
+    recv = subprocess.Popen([PY, me, "--raw-recv", endpoint, str(dest), *keys])
+    send = subprocess.Popen([PY, me, "--raw-send", endpoint, str(src), *keys])
     cpu = 0.0
     for proc in (recv, send):
         _pid, status, usage = os.wait4(proc.pid, 0)
@@ -305,6 +333,47 @@ def compile_sources() -> None:
             compileall.compile_dir(folder, quiet=1)
 
 
+def shown(row: tuple[str, str, float, int, float]) -> tuple[str, str, float, int, float]:
+    """``row``, printed on stderr as it is measured (a run cut short still tells)."""
+    label, method, t, _n, cpu = row
+    print(f"  {label}  {method}: {t:.3f} s wall, {cpu:.2f} s CPU", file=sys.stderr, flush=True)
+    return row
+
+
+CONDITIONS = (
+    "conditions: SRC warm in the page cache (read through before each run); DEST new, on "
+    "SRC's file system; sync before each run (no dirty pages outstanding); earlier DEST "
+    "trees deleted; no method fsyncs"
+)
+
+
+def warm(src: Path) -> None:
+    """Read every file of ``src`` through (into the page cache, if it was not)."""
+    for dirpath, _dirs, files in os.walk(src):
+        for name in files:
+            with open(os.path.join(dirpath, name), "rb", buffering=0) as f:
+                while f.read(8 << 20):
+                    pass
+
+
+def fresh_dest(work: Path, name: str, src: Path, keep: str = "") -> Path:
+    """The same start for every run: DEST trees of earlier runs (but those named
+    ``keep``...) deleted, no dirty pages outstanding (``sync``: a run never pays the
+    writeback of the one before), SRC in the page cache.  Returns ``work / name``."""
+    for old in work.iterdir():
+        if "-src" in old.name or old.name in ("keys", "allow"):
+            continue
+        if keep and old.name.startswith(keep):
+            continue
+        if old.is_dir():
+            shutil.rmtree(old)
+        else:
+            old.unlink()
+    os.sync()
+    warm(src)
+    return work / name
+
+
 def median_time(cmd: list[str], runs: int = 3) -> float:
     return sorted(timed(cmd) for _ in range(runs))[runs // 2]
 
@@ -320,22 +389,27 @@ def main() -> int:
     parser.add_argument("--skip-big", action="store_true", help="skip scenario (a)")
     parser.add_argument("--measure-defaults", action="store_true")
     parser.add_argument("--dir", help="work folder (default: a temp folder)")
+    parser.add_argument("--only-big", action="store_true", help="scenario (a) only")
+    parser.add_argument("--ceiling", action="store_true", help="libzmq alone, plain vs CURVE")
     parser.add_argument("--raw-send", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--raw-recv", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--keys", type=lambda text: text.split(","), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.raw_send:
-        raw_send(*args.raw_send)
+        raw_send(*args.raw_send, keys=args.keys)
         return 0
     if args.raw_recv:
-        raw_recv(*args.raw_recv)
+        raw_recv(*args.raw_recv, keys=args.keys)
         return 0
+    if args.ceiling:
+        return ceiling((64 << 20) if args.quick else (1 << 30))
     big = (8 << 20) if args.quick else (1 << 30)
     count, small = (200, 10 << 10) if args.quick else (10_000, 10 << 10)
     work = Path(tempfile.mkdtemp(prefix="bench-filemq-", dir=args.dir))
     try:
         if args.measure_defaults:
             return measure_defaults(work, (16 << 20) if args.quick else (512 << 20))
-        return run(work, 0 if args.skip_big else big, count, small)
+        return run(work, 0 if args.skip_big else big, 0 if args.only_big else count, small)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -370,44 +444,72 @@ def run(work: Path, big: int, count: int, small: int) -> int:
     ]
     rows: list[tuple[str, str, float, int, float]] = []
     port = 47000 + os.getpid() % 1000
+    print(CONDITIONS)
+
+    if big:
+        src, label = work / "a-src", f"(a) 1 x {big >> 20} MiB"
+        for rnd in (1, 2):
+            tag = f"(a){rnd}"
+            if rsync:
+                dest = fresh_dest(work, f"{tag}-rsync", src)
+                t, cpu = timed_cpu([rsync, "-a", f"{src}/", f"{dest}/"])
+                rows.append(shown((f"{label} #{rnd}", "rsync -a", t, big, cpu)))
+                check_same(src, dest)
+            for mode, server_extra, client_extra in (
+                ("zerohub plain", [], []),
+                ("zerohub CURVE", curve_server, curve_client),
+            ):
+                server = Server(src, server_extra)
+                try:
+                    dest = fresh_dest(work, f"{tag}-{mode[8:]}", src)
+                    cmd = sync_cmd(server, dest, work / f"{tag}-{mode[8:]}.idx", client_extra)
+                    t, cpu = timed_cpu(cmd, server.proc.pid)
+                    rows.append(shown((f"{label} #{rnd}", mode, t, big, cpu)))
+                    check_same(src, dest)
+                finally:
+                    server.stop()
+            for mode, curve in (("raw pyzmq stream", False), ("raw pyzmq CURVE", True)):
+                dest = fresh_dest(work, f"{tag}-{mode[10:]}", src)
+                port += 1
+                t, cpu = time_raw(src, dest, port, curve)
+                rows.append(shown((f"{label} #{rnd}", mode, t, big, cpu)))
+                check_same(src, dest)
+        fresh_dest(work, "", src)  # (the last round's trees go too)
 
     scenarios = [(f"(b) {count} x {small >> 10} KiB", work / "b-src", count * small)]
-    if big:
-        scenarios.insert(0, (f"(a) 1 x {big >> 20} MiB", work / "a-src", big))
-    for label, src, nbytes in scenarios:
+    for label, src, nbytes in scenarios if count else []:
         tag = label[:3]
         if rsync:
-            dest = work / f"{tag}-rsync"
+            dest = fresh_dest(work, f"{tag}-rsync", src, keep=f"{tag}-")
             t, cpu = timed_cpu([rsync, "-a", f"{src}/", f"{dest}/"])
             rows.append((label, "rsync -a", t, nbytes, cpu))
             check_same(src, dest)
-            if tag == "(b)":
-                t = median_time([rsync, "-a", f"{src}/", f"{dest}/"])
-                rows.append(("(c) no-change resync of (b)", "rsync -a", t, 0, 0.0))
-                excludes = [f"--exclude={p}" for p in EXCLUDES]
-                t = median_time([rsync, "-a", *excludes, f"{src}/", f"{dest}/"])
-                rows.append(("(d) (c), 10 exclude patterns", "rsync -a", t, 0, 0.0))
+            t = median_time([rsync, "-a", f"{src}/", f"{dest}/"])
+            rows.append(("(c) no-change resync of (b)", "rsync -a", t, 0, 0.0))
+            excludes = [f"--exclude={p}" for p in EXCLUDES]
+            t = median_time([rsync, "-a", *excludes, f"{src}/", f"{dest}/"])
+            rows.append(("(d) (c), 10 exclude patterns", "rsync -a", t, 0, 0.0))
         for mode, server_extra, client_extra in (
             ("zerohub plain", [], []),
             ("zerohub CURVE", curve_server, curve_client),
         ):
             server = Server(src, server_extra)
             try:
-                dest, index = work / f"{tag}-{mode[8:]}", work / f"{tag}-{mode[8:]}.idx"
+                dest = fresh_dest(work, f"{tag}-{mode[8:]}", src, keep=f"{tag}-")
+                index = work / f"{tag}-{mode[8:]}.idx"
                 t, cpu = timed_cpu(sync_cmd(server, dest, index, client_extra), server.proc.pid)
                 rows.append((label, mode, t, nbytes, cpu))
                 check_same(src, dest)
-                if tag == "(b)":
-                    t = median_time(sync_cmd(server, dest, index, client_extra))
-                    rows.append(("(c) no-change resync of (b)", mode, t, 0, 0.0))
-                    t = median_time(sync_cmd(server, dest, None, client_extra))
-                    rows.append(("(c') (c), client re-hashes DEST", mode, t, 0, 0.0))
-                    excludes = [f"--exclude={p}" for p in EXCLUDES]
-                    t = median_time(sync_cmd(server, dest, index, client_extra + excludes))
-                    rows.append(("(d) (c), 10 exclude patterns", mode, t, 0, 0.0))
+                t = median_time(sync_cmd(server, dest, index, client_extra))
+                rows.append(("(c) no-change resync of (b)", mode, t, 0, 0.0))
+                t = median_time(sync_cmd(server, dest, None, client_extra))
+                rows.append(("(c') (c), client re-hashes DEST", mode, t, 0, 0.0))
+                excludes = [f"--exclude={p}" for p in EXCLUDES]
+                t = median_time(sync_cmd(server, dest, index, client_extra + excludes))
+                rows.append(("(d) (c), 10 exclude patterns", mode, t, 0, 0.0))
             finally:
                 server.stop()
-        dest = work / f"{tag}-raw"
+        dest = fresh_dest(work, f"{tag}-raw", src, keep=f"{tag}-")
         port += 1
         t, cpu = time_raw(src, dest, port)
         rows.append((label, "raw pyzmq stream", t, nbytes, cpu))
@@ -422,14 +524,14 @@ def print_table(rows: list[tuple[str, str, float, int, float]]) -> None:
     rsync's own, raw sender + receiver) against rsync's: on a machine loaded by
     others the wall-clock ratio mostly says who got the cores, the CPU ratio what
     each needs."""
-    rsync = {label[:3]: t for label, method, t, _n, _c in rows if method == "rsync -a"}
-    rsync_cpu = {label[:3]: c for label, method, _t, _n, c in rows if method == "rsync -a"}
+    rsync = {_key(label): t for label, method, t, _n, _c in rows if method == "rsync -a"}
+    rsync_cpu = {_key(label): c for label, method, _t, _n, c in rows if method == "rsync -a"}
     print(
         f"\n{'scenario':34} {'method':18} {'seconds':>8} {'MB/s':>8} {'x rsync':>8}"
         f" {'CPU s':>7} {'CPU x':>6}  target"
     )
     for label, method, t, nbytes, cpu in rows:
-        key = "(c)" if label.startswith("(c") else label[:3]  # ((d) against rsync's (d))
+        key = _key(label)
         ref = rsync.get(key)
         rate = f"{nbytes / t / 1e6:8.0f}" if nbytes else f"{'-':>8}"
         ratio = f"{t / ref:8.2f}" if ref else f"{'-':>8}"
@@ -443,10 +545,70 @@ def print_table(rows: list[tuple[str, str, float, int, float]]) -> None:
         elif ref and method.startswith("zerohub") and label[:3] in ("(b)", "(c)"):
             target = f"<= 1.0x: {'OK' if t / ref <= 1.0 else 'MISSED'}"
         print(f"{label:34} {method:18} {t:8.3f} {rate} {ratio} {cpus} {cpu_ratio}  {target}")
-    raw = {label[:3]: t for label, method, t, _n, _c in rows if method == "raw pyzmq stream"}
-    for label, method, t, _n, _c in rows:
-        if method.startswith("zerohub") and label[:3] in raw and label[:3] in ("(a)", "(b)"):
-            print(f"{label[:3]} {method}: {t / raw[label[:3]]:.2f}x the raw stream's time")
+    # zerohub against the raw stream of the same round and security (plain, CURVE)
+    raw = {
+        (_key(label), method[10:]): (t, c)
+        for label, method, t, _n, c in rows
+        if method.startswith("raw pyzmq")
+    }
+    for label, method, t, _n, cpu in rows:
+        security = "stream" if method == "zerohub plain" else "CURVE"
+        base = raw.get((_key(label), security))
+        if method.startswith("zerohub") and base:
+            print(
+                f"{_key(label)} {method}: {t / base[0]:.2f}x the raw {security}'s time,"
+                f" {cpu / base[1]:.2f}x its CPU"
+            )
+
+
+def _key(label: str) -> str:
+    """The row of rsync a row is compared with: same scenario, same round."""
+    if label.startswith("(c"):
+        return "(c)"  # ((c') against rsync's (c))
+    return label[:3] + (label[label.index("#") :] if "#" in label else "")
+
+
+def ceiling(size: int, chunk: int = 1 << 20) -> int:
+    """libzmq alone: ``size`` bytes from memory to a receiver that drops them, plain and
+    CURVE, over loopback TCP (one context, so one I/O thread, per side, as two
+    processes have): MB/s and the CPU seconds of both sides (I/O threads included)."""
+    import threading
+
+    import zmq
+
+    print(f"\nlibzmq {zmq.zmq_version()}: {size >> 20} MiB memory -> /dev/null, {chunk >> 10} KiB")
+    print(f"{'security':10} {'round':>5} {'seconds':>8} {'MB/s':>8} {'CPU s':>7}")
+    data = os.urandom(chunk)
+    for rnd in (1, 2):
+        for security in ("plain", "CURVE"):
+            ctx_in, ctx_out = zmq.Context(), zmq.Context()
+            pull, push = ctx_in.socket(zmq.PULL), ctx_out.socket(zmq.PUSH)
+            if security == "CURVE":
+                public, secret = zmq.curve_keypair()
+                pull.curve_server, pull.curve_secretkey = True, secret
+                push.curve_serverkey = public
+                push.curve_publickey, push.curve_secretkey = zmq.curve_keypair()
+            port = pull.bind_to_random_port("tcp://127.0.0.1")
+            push.connect(f"tcp://127.0.0.1:{port}")
+            count = size // chunk
+
+            def send(push: zmq.Socket[bytes] = push, count: int = count) -> None:
+                for _ in range(count):
+                    push.send(data, copy=False)
+
+            start, cpu = time.perf_counter(), time.process_time()
+            sender = threading.Thread(target=send)
+            sender.start()
+            for _ in range(count):
+                pull.recv(copy=False)
+            sender.join()
+            wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+            push.close(0)
+            pull.close(0)
+            ctx_in.term()
+            ctx_out.term()
+            print(f"{security:10} {rnd:>5} {wall:8.3f} {size / wall / 1e6:8.0f} {cpu:7.2f}")
+    return 0
 
 
 def measure_defaults(work: Path, size: int) -> int:

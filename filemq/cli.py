@@ -76,6 +76,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import zmq
 
 from filemq.engine import DEFAULT_CHUNK_SIZE, DEFAULT_CREDIT_WINDOW, DEFAULT_ENDPOINT, FilemqError
+from filemq.heap import keep_freed_memory
 from zerohub import zmqkit
 from zerohub.cli import (
     ArgumentParser,
@@ -1116,6 +1117,8 @@ def _command(argv: Sequence[str] | None) -> int:
     logging.basicConfig(
         level=log_level(args, logging.INFO), format="%(levelname)s %(name)s: %(message)s"
     )
+    if args.command == "serve":
+        keep_freed_memory()  # chunk buffers reused, not faulted in afresh (filemq.heap)
     if argv is None and args.command == "sync" and args.once:
         # a short-lived process that makes almost no reference cycles: the collector's
         # passes over DEST's index (10,000 entries) would cost ~10 ms of a no-change sync

@@ -650,7 +650,8 @@ class SyncClient:
                 if sock in events:
                     for _ in range(256):
                         try:
-                            frames = sock.recv_multipart(zmq.NOBLOCK)
+                            # copy=False: a chunk is decoded in place (fmq_msg's frame_view)
+                            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
                         except zmq.Again:
                             break
                         self._answered = True

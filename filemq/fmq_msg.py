@@ -801,7 +801,7 @@ def _decode_cheezburger(buf: bytes, frames: Any) -> Cheezburger:
     end = pos + 1 + buf[pos]
     if end > size:
         raise _rt.truncated("Cheezburger.filename")
-    m.filename = buf[pos + 1 : end].decode()
+    m.filename = str(buf[pos + 1 : end], "utf-8")
     pos = end
     (m.offset, m.eof) = _BE_QB.unpack_from(buf, pos)
     pos = pos + 9
@@ -919,6 +919,9 @@ _DECODERS: tuple[Any, ...] = tuple(
 )
 
 
+_VIEWS = frozenset({8})
+
+
 def decode(frames: Any) -> Message:
     """Decode ZeroMQ frames (bytes-like) into a message.
 
@@ -927,7 +930,7 @@ def decode(frames: Any) -> Message:
     try:
         buf = frames[0]
         if type(buf) is not bytes:
-            buf = _rt.frame_bytes(buf)
+            buf = _rt.frame_view(buf, _VIEWS)
         decoder = _DECODERS[buf[2]]
     except (TypeError, LookupError):
         decoder = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from zproto import __version__
 from zproto.attrs import Attr, attributes, plain_default, twin_name
-from zproto.decoder import DecoderWriter, FastDecoderWriter
+from zproto.decoder import DecoderWriter, FastDecoderWriter, decodes_in_place
 from zproto.encoder import EncoderWriter
 from zproto.model import Message, Protocol, to_const_name
 from zproto.peek import PeekWriter, peekable
@@ -301,6 +301,12 @@ class PythonGenerator:
             src(")")
             src()
             src()
+            views = [m for m in p.messages if decodes_in_place(m)]
+            if views:  # their big frames are decoded in place: the chunk is a view
+                ids = ", ".join(str(m.id) for m in views)
+                src(f"_VIEWS = frozenset({{{ids}}})")
+                src()
+                src()
         elif literals:
             src("_LITERALS: dict[bytes, Any] = {")
             for msg in literals:
@@ -329,7 +335,10 @@ class PythonGenerator:
             src("    try:")
             src("        buf = frames[0]")
             src("        if type(buf) is not bytes:")
-            src("            buf = _rt.frame_bytes(buf)")
+            if any(decodes_in_place(m) for m in p.messages):
+                src("            buf = _rt.frame_view(buf, _VIEWS)")
+            else:
+                src("            buf = _rt.frame_bytes(buf)")
             src("        decoder = _DECODERS[buf[2]]")
             src("    except (TypeError, LookupError):")
             src("        decoder = None")

@@ -54,6 +54,23 @@ def stored_directly(msg: Message) -> set[str]:
     return direct
 
 
+#: Field types a decoder reads the same from a memoryview as from bytes (strings through
+#: ``str(view, "utf-8")``, a hash through ``_rt.dec_hash``, a fixed octets field unpacked).
+_VIEW_SAFE = frozenset({"number", "bits", "string", "longstr", "chunk", "hash", "uuid"})
+
+
+def decodes_in_place(msg: Message) -> bool:
+    """True when ``msg`` has a chunk field and every field of it reads the same from a
+    memoryview: a classic ``decode()`` then hands its decoder a view of a big frame
+    (``_rt.frame_view``) and the chunk is a slice of the frame, never copied."""
+    fields = msg.fields
+    if not any(f.type == "chunk" for f in fields):
+        return False
+    return all(
+        f.type in _VIEW_SAFE or (f.type == "octets" and f.length_ref is None) for f in fields
+    )
+
+
 def fixed_size(msg: Message) -> int | None:
     """The size of a classic message's one frame when every field has a fixed size and
     one byte order (the whole frame is then one ``struct``), else None."""
@@ -115,6 +132,8 @@ class DecoderWriter:
         self._ctx = _DecodeCtx(src, 3 if self.classic else 0, cname, self.structs)
         attrs = attributes(msg)
         self._direct = stored_directly(msg) if attrs else set()
+        # a message with a chunk field may be decoded from a memoryview (``frame_view``)
+        self._view = self.classic and decodes_in_place(msg)
         if whole is not None:
             # one struct covers the frame, signature and id included (pad octets)
             src(f"if len(buf) != {whole}:")
@@ -229,7 +248,10 @@ class DecoderWriter:
                 src("if end > size:")
                 src(f'    raise _rt.truncated("{what}")')
                 sliced = f"buf[{body}:end]" if body == "pos" else f"buf[{body} : end]"
-                src(f"{ident} = {sliced}{decode}")
+                if decode and self._view:  # (str() takes a memoryview, .decode() does not)
+                    src(f'{ident} = str({sliced}, "utf-8")')
+                else:
+                    src(f"{ident} = {sliced}{decode}")
             src("pos = end")
             if fld.value is not None:
                 src(f"if {ident} != {lit(fld.value)}:")

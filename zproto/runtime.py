@@ -36,6 +36,7 @@ __all__ = [
     "expose_slots",
     "frame_bytes",
     "frame_out",
+    "frame_view",
     "frames_out",
     "refused",
     "truncated",
@@ -141,6 +142,24 @@ def frame_bytes(frame: Any) -> bytes:
     return memoryview(frame).tobytes()
 
 
+#: A received frame this long or longer, of a message with a chunk field, is decoded in
+#: place (``frame_view``): its chunk is a memoryview of the frame, not a copy.
+VIEW_MIN = 64 << 10
+
+
+def frame_view(frame: Any, ids: frozenset[int]) -> Any:
+    """A received frame to decode: a memoryview of it when it is at least ``VIEW_MIN``
+    octets and its message id is in ``ids`` (messages with a chunk field: their
+    decoders take a view, and the chunk stays in the frame's memory), else bytes."""
+    view = memoryview(frame)
+    if view.nbytes >= VIEW_MIN:
+        if view.ndim != 1 or view.itemsize != 1:
+            view = view.cast("B")
+        if view[2] in ids:
+            return view
+    return view.tobytes()
+
+
 def frame_out(value: Any) -> bytes:
     """A frame field to send: bytes-like only (an int must not become zero bytes)."""
     if type(value) is bytes:
@@ -200,12 +219,12 @@ def dec_hash(buf: bytes, pos: int, what: str) -> tuple[dict[str, str], int]:
         end = pos + 1 + buf[pos]
         if end + 4 > size:
             raise truncated(what)
-        key = buf[pos + 1 : end].decode("utf-8")
+        key = str(buf[pos + 1 : end], "utf-8")  # (str(): buf may be a memoryview)
         (length,) = _U32.unpack_from(buf, end)
         pos = end + 4 + length
         if pos > size:
             raise truncated(what)
-        out[key] = buf[end + 4 : pos].decode("utf-8")
+        out[key] = str(buf[end + 4 : pos], "utf-8")
     return out, pos
 
 

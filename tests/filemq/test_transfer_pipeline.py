@@ -15,6 +15,8 @@ import hashlib
 import os
 import resource
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -23,14 +25,15 @@ from typing import Any
 import pytest
 import zmq
 
-from filemq import fmq_msg
-from filemq.client import SyncResult
+from filemq import fmq_msg, fmq_msg_czmq
+from filemq.client import SyncClient, SyncError, SyncResult
 from filemq.server import SEND_QUEUE_BYTES, FileServer
 from filemq.writer import ChunkWriter
 from tests.polling import wait_until
 
 from .conftest import read_tree, write_tree
-from .test_resume import _sync_process
+from .procs import read_endpoint
+from .test_resume import _sync_process, store
 
 Serve = Callable[..., FileServer]
 Sync = Callable[..., SyncResult]
@@ -164,3 +167,121 @@ def test_disk_full_during_pipelined_writes_is_one_clear_error_and_no_file(
     result = sync_once(server.endpoint, dest)
     assert result.synced and result.errors == 0
     assert read_tree(dest) == {"f.bin": content, "small.txt": b"small"}
+
+
+# -- zero-copy chunks: a big CHEEZBURGER is decoded in place ---------------------------
+
+
+def _cheezburger(chunk: bytes, name: str = "dir/big.bin") -> bytes:
+    msg = fmq_msg.Cheezburger(7, 1, name, 1 << 20, 0, {"sha1": "ab" * 20}, chunk)
+    (frame,) = fmq_msg.encode(msg)
+    return frame
+
+
+@pytest.mark.parametrize("codec", ["fmq_msg", "fmq_msg_czmq"])
+def test_a_big_chunk_is_a_view_of_the_received_frame_not_a_copy(codec: str) -> None:
+    module: Any = fmq_msg if codec == "fmq_msg" else fmq_msg_czmq
+    chunk = os.urandom(256 << 10)
+    (encoded,) = module.encode(module.Cheezburger(7, 1, "dir/big.bin", 99, 0, {"k": "v"}, chunk))
+    frame = bytearray(encoded)  # what a zero-copy receive hands over: not bytes
+    msg = module.decode([frame])
+    assert isinstance(msg, module.Cheezburger)
+    assert (msg.filename, msg.offset, msg.headers, bytes(msg.chunk)) == (
+        "dir/big.bin",
+        99,
+        {"k": "v"},
+        chunk,
+    )
+    frame[-1] ^= 0xFF  # the chunk shares the frame's memory: no copy was made
+    assert msg.chunk[-1] == chunk[-1] ^ 0xFF
+    # a zmq.Frame (what recv_multipart(copy=False) gives) decodes the same way
+    assert bytes(module.decode([zmq.Frame(encoded)]).chunk) == chunk
+
+
+def test_small_frames_and_other_messages_decode_to_bytes() -> None:
+    small = fmq_msg.decode([bytearray(_cheezburger(b"x" * 100))])
+    assert type(small.chunk) is bytes and small.chunk == b"x" * 100
+    big_other = fmq_msg.Icanhaz("/" + "p" * 200, {"k" * 200: "v" * 70_000}, {})
+    (frame,) = fmq_msg.encode(big_other)
+    assert fmq_msg.decode([bytearray(frame)]) == big_other
+
+
+def test_a_malformed_big_frame_in_place_is_a_decode_error() -> None:
+    frame = bytearray(_cheezburger(os.urandom(100 << 10)))
+    for broken in (frame[:-1], frame + b"\0", frame[:20] + frame[24:]):
+        with pytest.raises(fmq_msg.DecodeError):
+            fmq_msg.decode([broken])
+    bad_name = bytearray(_cheezburger(os.urandom(100 << 10), name="ab"))
+    bad_name[13:15] = b"\xff\xfe"  # the filename (1-octet length at 12) is not UTF-8
+    with pytest.raises(fmq_msg.DecodeError):
+        fmq_msg.decode([bad_name])
+
+
+def test_server_killed_mid_file_puts_nothing_half_written_in_place(
+    tmp_path: Path, zctx: zmq.Context[Any]
+) -> None:
+    """The zero-copy path end to end (256 KiB chunks: views on both sides, writes on the
+    writer thread): a server killed -9 in the middle of a file leaves no DEST file, and
+    the partial file it leaves holds only bytes of the source, from its start."""
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    data = os.urandom(32 * MiB)
+    write_tree(src, {"big.bin": data})
+    cmd = [sys.executable, "-m", "filemq", "-q", "serve", "--bind", "tcp://127.0.0.1:*"]
+    cmd += ["--publish", str(src), "--no-state", "--no-watch", "--chunk-size", str(256 << 10)]
+    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    client: SyncClient | None = None
+    thread: threading.Thread | None = None
+    try:
+        assert server.stderr is not None
+        endpoint = read_endpoint(server.stderr)
+        assert endpoint, "filemq serve did not start"
+        # capped so that the kill lands in the middle: 32 MiB at 8 MiB/s takes ~4 s
+        client = SyncClient(
+            zctx,
+            endpoint,
+            dest,
+            once=True,
+            bwlimit=8 * MiB,
+            timeout=1.0,  # (the dead server is noticed within a second)
+            heartbeat=0.2,
+            connect_timeout=10.0,
+            max_retries=0,  # (then the run ends: no reconnect to wait for)
+        )
+        failures: list[Exception] = []
+
+        def run(client: SyncClient = client) -> None:
+            try:
+                client.run()
+            except SyncError as exc:  # (what the run ends with: the server is gone)
+                failures.append(exc)
+
+        thread = threading.Thread(target=run, name="killed-server-client")
+        thread.start()
+        partial = dest / store(dest).data_name("big.bin")
+
+        def held() -> int:
+            try:
+                return partial.stat().st_size
+            except FileNotFoundError:
+                return 0
+
+        assert wait_until(lambda: held() >= 8 * MiB or not thread.is_alive(), timeout=60)
+        assert thread.is_alive(), "the client ended before the server was killed"
+        server.send_signal(signal.SIGKILL)
+        server.wait()
+        thread.join(60)
+        assert not thread.is_alive(), "the client did not give up on the dead server"
+        assert failures and not client.result.synced
+        assert not (dest / "big.bin").exists()  # nothing half-written put in place
+        kept = partial.read_bytes() if partial.exists() else b""
+        assert data.startswith(kept)  # a partial file holds the source's first bytes only
+    finally:
+        if client is not None:
+            client.stop()
+        if thread is not None:
+            thread.join(30)
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        if server.stderr is not None:
+            server.stderr.close()
