@@ -78,7 +78,13 @@ from broker.engine import dsubs
 from broker.message import Message
 from broker.protocol import Outgoing
 from broker.sequence import FROM_FIRST
-from broker.stomp.backend import ConnectionInfo, Delivery, DeliverySink, PublishAnswer
+from broker.stomp.backend import (
+    BatchAnswer,
+    ConnectionInfo,
+    Delivery,
+    DeliverySink,
+    PublishAnswer,
+)
 from broker.stomp.destinations import Destination, DestinationKind
 from broker.stomp.engine_browse import BrowsePage
 from broker.stomp.engine_door import EngineDoor, Op, Post, Refused, bound
@@ -298,6 +304,23 @@ class EngineBackend:
             lambda now: door.op_publish_answered(
                 connection_id, spec, message_id, answer, now, stamp
             )
+        )
+
+    def publish_batch(
+        self, connection_id: int, specs: Sequence[PublishSpec], answer: BatchAnswer
+    ) -> None:
+        """A run of SENDs in one operation (:class:`~broker.stomp.backend.BatchPublisher`):
+        the engine thread publishes them in order and stops at the first it refuses."""
+        for spec in specs:
+            check_headers(spec.headers)  # BackendError: nothing handed over
+        conn = self.conns.get(connection_id)
+        user = conn.info.user if conn is not None else ANONYMOUS
+        stamp = ((USER_HEADER, user), (TIMESTAMP_HEADER, str(self.wall_clock_ms())))
+        first = self._ids + 1
+        self._ids += len(specs)
+        door = self.door
+        self._submit(
+            lambda now: door.op_publish_batch(connection_id, specs, first, answer, now, stamp)
         )
 
     def _on_answers(self, answers: list[tuple[PublishAnswer, str | None]]) -> None:

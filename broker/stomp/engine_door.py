@@ -12,6 +12,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 from broker import tmqp
@@ -35,7 +36,7 @@ from broker.protocol import (
     Tracked,
     header,
 )
-from broker.stomp.backend import ConnectionInfo, PublishAnswer
+from broker.stomp.backend import BatchAnswer, ConnectionInfo, PublishAnswer
 from broker.stomp.destinations import Destination, DestinationKind, temp_owner
 from broker.stomp.engine_browse import BrowsePage, Followers, read_page
 from broker.stomp.engine_durable import existing_channel
@@ -547,6 +548,39 @@ class EngineDoor:
             self._answers.append((answer, f"broker error: {exc}"))
             raise
         self._answers.append((answer, None))
+        return out
+
+    def op_publish_batch(
+        self,
+        conn: int,
+        specs: Sequence[PublishSpec],
+        first_id: int,
+        answer: BatchAnswer,
+        now: float,
+        stamp: Headers = (),
+    ) -> list[Outgoing]:
+        """A run of SENDs of one connection (``EngineBackend.publish_batch``): each as
+        :meth:`op_publish` (message ids ``stomp-<conn>-<first_id + i>``), in order, up to
+        the first refused; one answer for the run, ``answer(taken, error)``."""
+        out: list[Outgoing] = []
+        prefix = f"stomp-{conn}-"
+        publish = self.op_publish
+        for i, spec in enumerate(specs):
+            try:
+                out += publish(conn, spec, f"{prefix}{first_id + i}", now, stamp)
+            except Refused as exc:
+                self.failed.add(conn)
+                self._answers.append((partial(answer, i), exc.reason))
+                return out + exc.out
+            except BackendError as exc:
+                self.failed.add(conn)
+                self._answers.append((partial(answer, i), str(exc)))
+                return out
+            except Exception as exc:  # what was taken before it is delivered
+                log.exception("STOMP SEND failed on the engine")
+                self._answers.append((partial(answer, i), f"broker error: {exc}"))
+                return out
+        self._answers.append((partial(answer, len(specs)), None))
         return out
 
     def op_subscribe(
