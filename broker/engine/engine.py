@@ -72,7 +72,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from broker import paging, tmqp
 from broker.engine import flow, models, operations, receipts, routing
@@ -449,6 +449,32 @@ class Engine:
         return self._typed(
             client_id, now, "acknowledge", lambda c, out: self._ack(c, ack, now, out)
         )
+
+    def acknowledge_many(
+        self,
+        client_id: str,
+        acks: Sequence[tuple[str, int, str, str | None]],
+        now: float,
+    ) -> list[Outgoing]:
+        """Several :meth:`acknowledge` calls of one client in one operation (the STOMP
+        door settles a batch of deliveries at once): ``acks`` are (channel, queue id,
+        message id, nack reason or None), handled in order."""
+
+        def run(c: Client, out: list[Outgoing]) -> None:
+            ack = self._ack
+            for channel, queue_id, message_id, nack_reason in acks:
+                headers = ((Header.NACK_REASON, nack_reason),) if nack_reason is not None else ()
+                try:  # as separate calls would: one failing does not stop the others
+                    ack(
+                        c,
+                        Message(message_id, client_id, channel, queue_id, headers=headers),
+                        now,
+                        out,
+                    )
+                except Exception as exc:
+                    self.count_error("acknowledge", exc)
+
+        return self._typed(client_id, now, "acknowledge", run)
 
     def pull(
         self,

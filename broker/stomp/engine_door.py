@@ -763,13 +763,10 @@ class EngineDoor:
         engine = self.engine
         if counts:
             out.extend(engine.transmitted({client_id: counts}, now))
-        for channel, queue_id, message_id, ok in settles:
-            reason = None if ok else NackReason.NONE
-            out.extend(
-                engine.acknowledge(
-                    client_id, channel, queue_id, message_id, now, nack_reason=reason
-                )
-            )
+        if settles:
+            nack = NackReason.NONE
+            acks = [(ch, qid, mid, None if ok else nack) for ch, qid, mid, ok in settles]
+            out.extend(engine.acknowledge_many(client_id, acks, now))
         return out
 
 
