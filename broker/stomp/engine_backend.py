@@ -71,7 +71,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from broker.engine import dsubs
@@ -444,7 +444,7 @@ class EngineBackend:
             if selector is not None and not selector.matches(first_wins(message.headers)):
                 pending.popleft()  # a browser sees only what it selects
                 continue
-            delivery = replace(_delivery(sub, message, conn.next_tag), sequence=seq)
+            delivery = _delivery(sub, message, conn.next_tag)._replace(sequence=seq)
             if not conn.sink(delivery):
                 return  # resume() goes on
             conn.next_tag += 1
