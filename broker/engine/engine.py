@@ -111,6 +111,7 @@ from broker.protocol import (
     Outgoing,
     ResultCode,
     Tracked,
+    header,
 )
 from broker.store import MemoryStore, Store
 
@@ -130,6 +131,7 @@ log = logging.getLogger("broker.engine.engine")
 _Handler = Callable[[Client, tmqp.Frame, float, list[Outgoing]], None]
 _QUEUE = int(MessageType.QUEUE)
 _ACK = int(MessageType.ACK)
+_RESPONSE = int(MessageType.RESPONSE)
 _Frame = tmqp.Frame
 _NACK = Header.NACK_REASON.lower()
 _REASON = Header.REASON.lower()
@@ -494,6 +496,47 @@ class Engine:
             lambda c, out: self._push(c, message, wants_response, now, out),
         )
 
+    def publish_many(
+        self, client_id: str, messages: Sequence[Message], now: float
+    ) -> tuple[list[Outgoing], int, str | None]:
+        """Several :meth:`publish` calls of one client with ``wants_response`` in one
+        operation (the STOMP door's run of SENDs), in order, up to the first refused.
+
+        Returns the output, how many were taken, and why the next one was refused (None:
+        all taken); the refusal's response is not in the output.  An unknown client gets
+        ``([], 0, None)``."""
+        taken = 0
+        refused: str | None = None
+
+        def run(c: Client, out: list[Outgoing]) -> None:
+            nonlocal taken, refused
+            push = self._push
+            for m in messages:
+                if m.wire is not None:
+                    m = m.replace()  # octets come only from the door that read them
+                mark = len(out)
+                try:
+                    push(c, m, True, now, out)
+                except Exception as exc:  # as publish() would: counted, the others go on
+                    self.count_error("publish", exc)
+                if len(out) > mark:
+                    last = out[-1]
+                    f = last[1]
+                    if (
+                        last[0] == client_id
+                        and f.__class__ is _Frame
+                        and f.message_type == _RESPONSE
+                        and f.message_id == m.message_id
+                        and f.content_type
+                    ):
+                        del out[-1]
+                        refused = header(f, Header.REASON) or f"code {f.content_type}"
+                        return
+                taken += 1
+
+        out = self._typed(client_id, now, "publish", run)
+        return out, taken, refused
+
     def subscribe(
         self, client_id: str, channel: str, now: float, *, prefetch: int | None = None
     ) -> list[Outgoing]:
@@ -542,6 +585,32 @@ class Engine:
         return self._typed(
             client_id, now, "acknowledge", lambda c, out: self._ack(c, ack, now, out)
         )
+
+    def acknowledge_many(
+        self,
+        client_id: str,
+        acks: Sequence[tuple[str, int, str, str | None]],
+        now: float,
+    ) -> list[Outgoing]:
+        """Several :meth:`acknowledge` calls of one client in one operation (the STOMP
+        door settles a batch of deliveries at once): ``acks`` are (channel, queue id,
+        message id, nack reason or None), handled in order."""
+
+        def run(c: Client, out: list[Outgoing]) -> None:
+            ack = self._ack
+            for channel, queue_id, message_id, nack_reason in acks:
+                headers = ((Header.NACK_REASON, nack_reason),) if nack_reason is not None else ()
+                try:  # as separate calls would: one failing does not stop the others
+                    ack(
+                        c,
+                        Message(message_id, client_id, channel, queue_id, headers=headers),
+                        now,
+                        out,
+                    )
+                except Exception as exc:
+                    self.count_error("acknowledge", exc)
+
+        return self._typed(client_id, now, "acknowledge", run)
 
     def pull(
         self,

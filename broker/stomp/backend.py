@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from broker.stomp.subscription import PublishSpec, SubscriptionSpec
 
@@ -57,9 +57,11 @@ class ConnectionInfo:
     peer: str = ""  # "host:port" for logs
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """One message for one subscription of one connection."""
+class Delivery(NamedTuple):
+    """One message for one subscription of one connection.
+
+    (A named tuple, not a frozen dataclass: one is made per message delivered, and a
+    frozen dataclass's ``__init__`` costs about five times as much.)"""
 
     subscription: str  # the SUBSCRIBE id
     tag: int  # unique per connection; names this delivery in ack/nack
@@ -117,4 +119,26 @@ class AsyncPublisher(Protocol):
 
     def publish_async(
         self, connection_id: int, spec: PublishSpec, answer: PublishAnswer
+    ) -> None: ...
+
+
+#: Called once with the outcome of a batch of asynchronous publishes: how many of them
+#: were taken, in order, and None (all of them) or why the next one was refused (the
+#: ones after it take no effect).
+BatchAnswer = Callable[[int, "str | None"], None]
+
+
+@runtime_checkable
+class BatchPublisher(Protocol):
+    """An :class:`AsyncPublisher` that also takes a run of SENDs of one connection in
+    one call (one hand-over to the broker and one answer for them all).
+
+    ``publish_batch`` either raises BackendError at once (nothing was sent: the session
+    then publishes them one by one, which says which one is refused) or calls
+    ``answer(taken, error)`` exactly once later, as ``publish_async`` does.  Answers of
+    batches and single publishes of one connection come in the order of the calls.
+    """
+
+    def publish_batch(
+        self, connection_id: int, specs: Sequence[PublishSpec], answer: BatchAnswer
     ) -> None: ...

@@ -71,14 +71,20 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from broker.engine import dsubs
 from broker.message import Message
 from broker.protocol import Outgoing
 from broker.sequence import FROM_FIRST
-from broker.stomp.backend import ConnectionInfo, Delivery, DeliverySink, PublishAnswer
+from broker.stomp.backend import (
+    BatchAnswer,
+    ConnectionInfo,
+    Delivery,
+    DeliverySink,
+    PublishAnswer,
+)
 from broker.stomp.destinations import Destination, DestinationKind
 from broker.stomp.engine_browse import BrowsePage
 from broker.stomp.engine_door import EngineDoor, Op, Post, Refused, bound
@@ -300,6 +306,23 @@ class EngineBackend:
             )
         )
 
+    def publish_batch(
+        self, connection_id: int, specs: Sequence[PublishSpec], answer: BatchAnswer
+    ) -> None:
+        """A run of SENDs in one operation (:class:`~broker.stomp.backend.BatchPublisher`):
+        the engine thread publishes them in order and stops at the first it refuses."""
+        for spec in specs:
+            check_headers(spec.headers)  # BackendError: nothing handed over
+        conn = self.conns.get(connection_id)
+        user = conn.info.user if conn is not None else ANONYMOUS
+        stamp = ((USER_HEADER, user), (TIMESTAMP_HEADER, str(self.wall_clock_ms())))
+        first = self._ids + 1
+        self._ids += len(specs)
+        door = self.door
+        self._submit(
+            lambda now: door.op_publish_batch(connection_id, specs, first, answer, now, stamp)
+        )
+
     def _on_answers(self, answers: list[tuple[PublishAnswer, str | None]]) -> None:
         for answer, error in answers:
             answer(error)
@@ -421,7 +444,7 @@ class EngineBackend:
             if selector is not None and not selector.matches(first_wins(message.headers)):
                 pending.popleft()  # a browser sees only what it selects
                 continue
-            delivery = replace(_delivery(sub, message, conn.next_tag), sequence=seq)
+            delivery = _delivery(sub, message, conn.next_tag)._replace(sequence=seq)
             if not conn.sink(delivery):
                 return  # resume() goes on
             conn.next_tag += 1

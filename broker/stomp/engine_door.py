@@ -12,6 +12,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 from broker import tmqp
@@ -35,7 +36,7 @@ from broker.protocol import (
     Tracked,
     header,
 )
-from broker.stomp.backend import ConnectionInfo, PublishAnswer
+from broker.stomp.backend import BatchAnswer, ConnectionInfo, PublishAnswer
 from broker.stomp.destinations import Destination, DestinationKind, temp_owner
 from broker.stomp.engine_browse import BrowsePage, Followers, read_page
 from broker.stomp.engine_durable import existing_channel
@@ -549,6 +550,97 @@ class EngineDoor:
         self._answers.append((answer, None))
         return out
 
+    def op_publish_batch(
+        self,
+        conn: int,
+        specs: Sequence[PublishSpec],
+        first_id: int,
+        answer: BatchAnswer,
+        now: float,
+        stamp: Headers = (),
+    ) -> list[Outgoing]:
+        """A run of SENDs of one connection (``EngineBackend.publish_batch``): each as
+        :meth:`op_publish` (message ids ``stomp-<conn>-<first_id + i>``), in order, up to
+        the first refused; one answer for the run, ``answer(taken, error)``."""
+        prefix = f"stomp-{conn}-"
+        if all(_plain(spec) for spec in specs):
+            return self._publish_plain(conn, specs, prefix, first_id, answer, now, stamp)
+        out: list[Outgoing] = []
+        publish = self.op_publish
+        for i, spec in enumerate(specs):
+            try:
+                out += publish(conn, spec, f"{prefix}{first_id + i}", now, stamp)
+            except Refused as exc:
+                self.failed.add(conn)
+                self._answers.append((partial(answer, i), exc.reason))
+                return out + exc.out
+            except BackendError as exc:
+                self.failed.add(conn)
+                self._answers.append((partial(answer, i), str(exc)))
+                return out
+            except Exception as exc:  # what was taken before it is delivered
+                log.exception("STOMP SEND failed on the engine")
+                self._answers.append((partial(answer, i), f"broker error: {exc}"))
+                return out
+        self._answers.append((partial(answer, len(specs)), None))
+        return out
+
+    def _publish_plain(
+        self,
+        conn: int,
+        specs: Sequence[PublishSpec],
+        prefix: str,
+        first_id: int,
+        answer: BatchAnswer,
+        now: float,
+        stamp: Headers,
+    ) -> list[Outgoing]:
+        """:meth:`op_publish_batch` of SENDs to one queue or topic each, nothing retained:
+        the messages go to the engine in one call (``Engine.publish_many``)."""
+        try:
+            client_id = self._client(conn)
+        except BackendError as exc:
+            self.failed.add(conn)
+            self._answers.append((partial(answer, 0), str(exc)))
+            return []
+        out: list[Outgoing] = []
+        messages: list[Message] = []
+        channels: dict[Destination, str] = {}
+        error: str | None = None
+        for i, spec in enumerate(specs):
+            destination = spec.destinations[0]
+            channel = channels.get(destination)
+            if channel is None:
+                try:
+                    channel = self._ensure(client_id, destination, out)
+                except BackendError as exc:  # those before it go; it and the rest do not
+                    error = str(exc)
+                    break
+                channels[destination] = channel
+            headers = spec.headers + stamp if stamp else spec.headers
+            messages.append(
+                Message(
+                    f"{prefix}{first_id + i}",
+                    client_id,
+                    channel,
+                    QUEUE_ID,
+                    headers=headers,
+                    payload=spec.body,
+                )
+            )
+        taken = 0
+        if messages:
+            sent, taken, refused = self.engine.publish_many(client_id, messages, now)
+            out += sent
+            if refused is not None:
+                error = f"{specs[taken].destinations[0].stomp}: {refused}"
+        if error is not None:
+            self.failed.add(conn)
+            self._answers.append((partial(answer, taken), error))
+        else:
+            self._answers.append((partial(answer, len(specs)), None))
+        return out
+
     def op_subscribe(
         self,
         conn: int,
@@ -729,13 +821,10 @@ class EngineDoor:
         engine = self.engine
         if counts:
             out.extend(engine.transmitted({client_id: counts}, now))
-        for channel, queue_id, message_id, ok in settles:
-            reason = None if ok else NackReason.NONE
-            out.extend(
-                engine.acknowledge(
-                    client_id, channel, queue_id, message_id, now, nack_reason=reason
-                )
-            )
+        if settles:
+            nack = NackReason.NONE
+            acks = [(ch, qid, mid, None if ok else nack) for ch, qid, mid, ok in settles]
+            out.extend(engine.acknowledge_many(client_id, acks, now))
         return out
 
 
@@ -777,3 +866,12 @@ def _run_all(fns: list[Callable[[], None]]) -> None:
 
 def _at_once(fn: Callable[[], None]) -> None:
     fn()
+
+
+def _plain(spec: PublishSpec) -> bool:
+    """A SEND to one queue or topic that retains nothing (``EngineDoor._publish_plain``)."""
+    return (
+        len(spec.destinations) == 1
+        and spec.retain is None
+        and spec.destinations[0].kind in (DestinationKind.QUEUE, DestinationKind.TOPIC)
+    )

@@ -49,7 +49,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from broker.stomp.backend import AsyncPublisher, Backend, ConnectionInfo, Delivery
+from broker.stomp.backend import (
+    AsyncPublisher,
+    Backend,
+    BatchPublisher,
+    ConnectionInfo,
+    Delivery,
+)
 from broker.stomp.destinations import parse_destinations, temp_owner
 from broker.stomp.errors import (
     BackendError,
@@ -72,7 +78,14 @@ from broker.stomp.frames import (
     serialize,
     serialize_receipt,
 )
-from broker.stomp.subscription import AckMode, SubscriptionSpec, parse_send, parse_subscribe
+from broker.stomp.subscription import (
+    AckMode,
+    PublishSpec,
+    SubscriptionSpec,
+    parse_send,
+    parse_send_control,
+    parse_subscribe,
+)
 
 SUPPORTED_VERSIONS = (Version.V1_0, Version.V1_1, Version.V1_2)
 SERVER_NAME = "zerohub/0.1"
@@ -157,6 +170,10 @@ class _Answer:
     size: int = 0
     done: bool = False
     close: bool = False  # DISCONNECT: close once it is answered
+    #: SENDs it stands for (a batch: ``Session._publish_run``; else 1)
+    count: int = 1
+    #: A batch: each SEND's receipt (None: it asked for none), in order.
+    receipts: list[str | None] | None = None
 
 
 #: Destination lines kept per subscription by the MESSAGE encoder (a wildcard one may
@@ -217,9 +234,14 @@ class Session:
         self._transactions: dict[str, list[Frame]] = {}
         self._attached = False
         self._async = backend if isinstance(backend, AsyncPublisher) else None
+        #: Runs of plain SENDs go to the backend in one call (``_publish_run``).
+        self._batch = (
+            backend if self._async is not None and isinstance(backend, BatchPublisher) else None
+        )
         #: Receipts in order, behind SENDs still waiting for the backend's answer.
         self._unanswered: deque[_Answer] = deque()
         self._unanswered_bytes = 0
+        self._unanswered_count = 0  # SENDs (and receipts) in _unanswered
         self._deferred = False  # the frame being handled answers later
         #: Frames read but not handled yet: a SEND found the window of unanswered SENDs
         #: full, so it and everything after it wait for answers (in order).  The I/O
@@ -255,7 +277,7 @@ class Session:
 
     def _window_full(self) -> bool:
         return (
-            len(self._unanswered) >= self.config.max_unanswered_sends
+            self._unanswered_count >= self.config.max_unanswered_sends
             or self._unanswered_bytes >= self.config.max_unanswered_bytes
         )
 
@@ -275,10 +297,11 @@ class Session:
                     frame.command is Command.SEND
                     and self._async is not None
                     and self.state is SessionState.CONNECTED
-                    and self._window_full()
-                    and frame.header("transaction") is None
                 ):
-                    return  # resumed by _answered
+                    if self._window_full() and frame.header("transaction") is None:
+                        return  # resumed by _answered
+                    if self._batch is not None and self._publish_run(now):
+                        continue
                 parked.popleft()
                 self._handle(frame, now)
         finally:
@@ -486,6 +509,7 @@ class Session:
         if self._unanswered:
             if receipt is not None:
                 self._unanswered.append(_Answer(receipt, done=True))
+                self._unanswered_count += 1
             return
         if receipt is not None and self.state is not SessionState.CLOSED:
             self._out += serialize_receipt(receipt, self.version or Version.V1_2)
@@ -559,6 +583,7 @@ class Session:
         )
         self._unanswered.append(entry)
         self._unanswered_bytes += entry.size
+        self._unanswered_count += 1
         self._deferred = True
 
     def _answered(self, entry: _Answer, error: str | None) -> None:
@@ -568,21 +593,104 @@ class Session:
             return  # the session is over (an ERROR was sent): nothing more to say
         self._unanswered_bytes -= entry.size
         if error is not None:
-            self._unanswered.clear()
-            self._fail(error, self._now, entry.receipt)
+            self._fail(error, self._now, entry.receipt)  # (the queue goes with it)
             self.on_delivery()
             return
+        self._release_answered()
+        if self._parked:
+            self._drain(self._now)
+        self.on_delivery()
+
+    def _publish_run(self, now: float) -> bool:
+        """Hand the run of plain SENDs at the head of ``_parked`` to the backend in one
+        call (:class:`~broker.stomp.backend.BatchPublisher`), as far as the window of
+        unanswered SENDs has room; one entry in ``_unanswered`` answers them all.
+
+        False when the head SEND is not plain (transactional, or it does not parse: the
+        usual path handles it, with its ERROR).  A SEND after the run that does not parse
+        is left parked: the next turn of ``_drain`` reports it, after the run was handed
+        over, as if each SEND had been handled in turn."""
+        parked = self._parked
+        config = self.config
+        room = config.max_unanswered_sends - self._unanswered_count
+        room_bytes = config.max_unanswered_bytes - self._unanswered_bytes
+        broker_id, conn = config.broker_id, self.connection_id
+        now_ms = self.wall_clock_ms()
+        specs: list[PublishSpec] = []
+        receipts: list[str | None] = []
+        size = 0
+        send = Command.SEND
+        for frame in parked:
+            if frame.command is not send or len(specs) >= room or size >= room_bytes:
+                break
+            try:
+                spec, receipt, transaction = parse_send_control(
+                    frame, broker_id=broker_id, connection_id=conn, now_ms=now_ms
+                )
+            except StompError:
+                break
+            if transaction is not None:
+                break
+            specs.append(spec)
+            receipts.append(receipt)
+            size += len(spec.body)
+        if not specs:
+            return False
+        frames = [parked.popleft() for _ in specs]
+        entry = _Answer(None, size, count=len(specs), receipts=receipts)
+        assert self._batch is not None
+        self._unanswered.append(entry)
+        self._unanswered_bytes += size
+        self._unanswered_count += entry.count
+        try:
+            self._batch.publish_batch(
+                conn, specs, lambda taken, error: self._answered_run(entry, taken, error)
+            )
+        except BackendError:
+            # nothing was handed over: one by one, the usual path says which SEND fails
+            self._unanswered.pop()
+            self._unanswered_bytes -= size
+            self._unanswered_count -= entry.count
+            for frame in frames:
+                if self.state is not SessionState.CONNECTED:
+                    break
+                self._handle(frame, now)
+        return True
+
+    def _answered_run(self, entry: _Answer, taken: int, error: str | None) -> None:
+        """The backend's answer to a run of SENDs (``_publish_run``): the first ``taken``
+        were taken; ``error``: why the next one was refused (the rest took no effect)."""
+        if error is None:
+            self._answered(entry, None)
+            return
+        entry.done = True
+        if self.state is SessionState.CLOSED or not self._unanswered:
+            return  # the session is over (an ERROR was sent): nothing more to say
+        # the SENDs before the refused one were taken: their receipts, then the ERROR
+        receipts = entry.receipts or []
+        failed = receipts[taken] if taken < len(receipts) else None
+        entry.receipts = receipts[:taken]
+        self._release_answered()
+        self._fail(error, self._now, failed)
+        self.on_delivery()
+
+    def _release_answered(self) -> None:
+        """The receipts of the answered entries at the head of the queue go out."""
         queue = self._unanswered
         while queue and queue[0].done:
             head = queue.popleft()
-            if head.receipt is not None:
+            self._unanswered_count -= head.count
+            if head.receipts is not None:
+                version = self.version or Version.V1_2
+                for receipt in head.receipts:
+                    if receipt is not None:
+                        self._out += serialize_receipt(receipt, version)
+            elif head.receipt is not None:
                 self._out += serialize_receipt(head.receipt, self.version or Version.V1_2)
             if head.close:
                 self.state = SessionState.CLOSED
                 queue.clear()
-        if self._parked:
-            self._drain(self._now)
-        self.on_delivery()
+                self._unanswered_count = 0
 
     def _publish(self, frame: Frame) -> None:
         spec = parse_send(
@@ -774,6 +882,7 @@ class Session:
         receipt = frame.header("receipt")
         if self._unanswered:  # its receipt (and the close) after the SENDs' answers
             self._unanswered.append(_Answer(receipt, done=True, close=True))
+            self._unanswered_count += 1
             self.state = SessionState.CLOSING
             self._close_at = now + self.config.connect_timeout  # the backend never answered
             self._deferred = True
@@ -808,6 +917,7 @@ class Session:
         self._parked.clear()
         self._unanswered.clear()
         self._unanswered_bytes = 0
+        self._unanswered_count = 0
         self.state = SessionState.CLOSING
         self._close_at = now + self.config.die_delay
 

@@ -190,6 +190,21 @@ def _selector(text: str | None) -> Selector | None:
 
 
 def parse_send(frame: Frame, *, broker_id: str, connection_id: int, now_ms: int) -> PublishSpec:
+    return _parse_send(frame, broker_id, connection_id, now_ms)[0]
+
+
+def parse_send_control(
+    frame: Frame, *, broker_id: str, connection_id: int, now_ms: int
+) -> tuple[PublishSpec, str | None, str | None]:
+    """:func:`parse_send`, with the frame's ``receipt`` and ``transaction`` headers (None:
+    absent) read in the same pass (the session's batched SEND path)."""
+    spec, first = _parse_send(frame, broker_id, connection_id, now_ms)
+    return spec, first.get("receipt"), first.get("transaction")
+
+
+def _parse_send(
+    frame: Frame, broker_id: str, connection_id: int, now_ms: int
+) -> tuple[PublishSpec, dict[str, str]]:
     # one pass over the headers (a SEND is parsed per message): the first value of each
     # name, and the user headers in order; then the checks, in the order they always had
     first: dict[str, str] = {}
@@ -226,7 +241,7 @@ def parse_send(frame: Frame, *, broker_id: str, connection_id: int, now_ms: int)
             headers = [(n, rewritten if n == "reply-to" else v) for n, v in headers]
     if expires is not None:
         headers.append(("expires", str(expires)))
-    return PublishSpec(
+    spec = PublishSpec(
         destinations=destinations,
         headers=tuple(headers),
         body=frame.body,
@@ -235,6 +250,7 @@ def parse_send(frame: Frame, *, broker_id: str, connection_id: int, now_ms: int)
         expires=expires,
         message_group=first.get("message_group"),
     )
+    return spec, first
 
 
 def _rewrite_reply_to(value: str, broker_id: str, connection_id: int) -> str:

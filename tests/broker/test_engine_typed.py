@@ -212,3 +212,29 @@ def test_typed_deliveries_are_tracked_for_flow_control() -> None:
     assert all(isinstance(o.frame, Message) for o in delivered)
     more = kit.engine.transmitted({c: 2}, kit.now)
     assert [o.frame.payload for o in more if isinstance(o, Tracked)] == [b"2"]
+
+
+def test_acknowledge_many_settles_each_in_order_as_separate_calls_would() -> None:
+    """The STOMP door's batch of settles: acks and nacks of one client in one call; one
+    that matches nothing is counted and does not stop the ones after it."""
+    kit = typed_kit("typed-c", "typed-p")
+    p = kit.connect("typed-p")
+    c = kit.connect("typed-c")
+    kit.queue(p, "ch", 1, request_acknowledge=True)
+    kit.route(kit.engine.subscribe(c, "ch", kit.now))
+    for i in (1, 2, 3):
+        kit.route(kit.engine.publish(p, Message(f"m{i}", p, "ch", 1, payload=b"%d" % i), kit.now))
+    assert [m.message_id for m in messages(kit.take(c))] == ["m1", "m2", "m3"]
+    acks = [
+        ("ch", 1, "m1", None),
+        ("ch", 1, "nope", None),
+        ("ch", 1, "m2", NackReason.TIMEOUT),
+        ("ch", 1, "m3", None),
+    ]
+    kit.route(kit.engine.acknowledge_many(c, acks, kit.now))
+    (again,) = messages(kit.take(c))
+    assert again.message_id == "m2" and again.header(Header.DELIVERY_COUNT) == "2"
+    info = kit.info(p, "ch", 1)
+    assert (info["Acks"], info["NegativeAcks"], info["PendingAcknowledges"]) == (2, 1, 1)
+    assert kit.engine.unmatched_acks == 1
+    assert kit.engine.acknowledge_many("ghost", acks, kit.now) == []

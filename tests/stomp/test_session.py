@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.stomp.frames import Command, Version
+from broker.stomp.errors import BackendError
+from broker.stomp.frames import Command, Version, make_frame, serialize
 from broker.stomp.memory import MemoryBackend
 from broker.stomp.session import Credentials, SessionConfig, SessionState, VirtualHost
 
@@ -883,3 +884,117 @@ def test_parked_frames_after_a_refused_send_take_no_effect() -> None:
     assert frames[0].header("receipt-id") == "r0"
     assert backend.waiting == [] and backend.sync_publishes == 0
     assert not peer.session.reading_paused
+
+
+# -- runs of SENDs handed over in one call (BatchPublisher) -----------------------------
+
+
+class _RunBackend(_LaterBackend):
+    """Takes runs of SENDs (``publish_batch``) and answers them when the test says so;
+    a SEND with a ``bad`` header is refused at once, as ``check_headers`` refuses one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs: list[tuple[list[Any], Any]] = []
+
+    def publish_batch(self, connection_id: int, specs: Any, answer: Any) -> None:
+        if any(name == "bad" for spec in specs for name, _ in spec.headers):
+            raise BackendError("bad header")
+        self.runs.append((list(specs), answer))
+
+    def publish_async(self, connection_id: int, spec: Any, answer: Any) -> None:
+        if any(name == "bad" for name, _ in spec.headers):
+            raise BackendError("bad header")
+        super().publish_async(connection_id, spec, answer)
+
+    def answer_run(self, taken: int | None = None, error: str | None = None) -> None:
+        specs, answer = self.runs.pop(0)
+        answer(len(specs) if taken is None else taken, error)
+
+
+def _run_peer(**config: Any) -> tuple[_RunBackend, Peer]:
+    world = World(config=SessionConfig(**config))
+    backend = _RunBackend()
+    world.backend = backend
+    return backend, world.connected()
+
+
+def _sends(*items: tuple[str, dict[str, str]]) -> bytes:
+    """SEND frames to /queue/a in one string: (body, extra headers) each."""
+    return b"".join(
+        serialize(make_frame(Command.SEND, [("destination", "/queue/a"), *h.items()], b.encode()))
+        for b, h in items
+    )
+
+
+def _bodies(run: tuple[list[Any], Any]) -> list[bytes]:
+    return [spec.body for spec in run[0]]
+
+
+def test_pipelined_sends_reach_the_backend_as_one_run_with_one_answer() -> None:
+    backend, peer = _run_peer()
+    peer.send_bytes(_sends(*[(str(i), {"receipt": f"r{i}"}) for i in range(5)]))
+    assert [_bodies(r) for r in backend.runs] == [[b"0", b"1", b"2", b"3", b"4"]]
+    assert backend.waiting == [] and peer.read() == []
+    backend.answer_run()
+    assert [f.header("receipt-id") for f in peer.read()] == [f"r{i}" for i in range(5)]
+
+
+def test_a_run_refused_in_the_middle_receipts_those_before_then_one_error() -> None:
+    backend, peer = _run_peer(die_delay=0.1)
+    peer.send_bytes(_sends(*[(str(i), {"receipt": f"r{i}"}) for i in range(5)]))
+    peer.send_bytes(_sends(("late", {"receipt": "late"})))
+    assert len(backend.runs) == 2
+    backend.answer_run(2, "queue full")
+    backend.answer_run()  # the run after the refused SEND: nothing more is said
+    frames = peer.read()
+    assert [f.command for f in frames] == [Command.RECEIPT] * 2 + [Command.ERROR]
+    assert [f.header("receipt-id") for f in frames] == ["r0", "r1", "r2"]
+    assert frames[2].header("message") == "queue full"
+    assert peer.session.state is SessionState.CLOSING
+
+
+def test_a_run_stops_at_a_transactional_send_and_before_a_send_that_does_not_parse() -> None:
+    backend, peer = _run_peer(die_delay=0.1)
+    peer.send(Command.BEGIN, {"transaction": "t"})
+    peer.send_bytes(
+        _sends(
+            ("1", {}),
+            ("2", {}),
+            ("tx", {"transaction": "t"}),
+            ("4", {}),
+            ("5", {"expires": "soon", "receipt": "bad"}),
+            ("6", {}),
+        )
+        + serialize(make_frame(Command.COMMIT, [("transaction", "t")]))
+    )
+    assert [_bodies(r) for r in backend.runs] == [[b"1", b"2"], [b"4"]]
+    (error,) = peer.read()
+    assert error.command is Command.ERROR and "expires" in str(error.header("message"))
+    assert error.header("receipt-id") == "bad"
+    assert backend.waiting == [] and backend.sync_publishes == 0  # neither tx nor 6
+
+
+def test_a_run_the_backend_refuses_at_once_goes_one_by_one_up_to_the_bad_send() -> None:
+    backend, peer = _run_peer(die_delay=0.1)
+    peer.send_bytes(
+        _sends(("0", {"receipt": "r0"}), ("1", {"bad": "x", "receipt": "r1"}), ("2", {}))
+    )
+    assert backend.runs == [] and [s.body for s, _ in backend.waiting] == [b"0"]
+    (error,) = peer.read()
+    assert error.command is Command.ERROR and error.header("receipt-id") == "r1"
+    backend.answer(1)
+    assert peer.read() == []  # the session is over: no receipt after its ERROR
+
+
+def test_runs_are_cut_to_the_window_of_unanswered_sends() -> None:
+    backend, peer = _run_peer(max_unanswered_sends=3)
+    peer.send_bytes(_sends(*[(str(i), {"receipt": f"r{i}"}) for i in range(7)]))
+    assert [_bodies(r) for r in backend.runs] == [[b"0", b"1", b"2"]]
+    assert peer.session.reading_paused
+    backend.answer_run()
+    assert [_bodies(r) for r in backend.runs] == [[b"3", b"4", b"5"]]
+    backend.answer_run()
+    backend.answer_run()
+    assert [f.header("receipt-id") for f in peer.read()] == [f"r{i}" for i in range(7)]
+    assert not peer.session.reading_paused and backend.sync_publishes == 0
