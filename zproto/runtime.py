@@ -174,6 +174,10 @@ OCTET = tuple(bytes((n,)) for n in range(256))
 _OCTET = OCTET
 
 
+#: A hash value longer than this (an ASCII one) is appended a slice at a time.
+_BIG_VALUE = 1 << 16
+
+
 def enc_hash(value: Mapping[str, str]) -> bytes:
     """hash: number-4 count, then (string key, longstr value) per entry."""
     out = bytearray()
@@ -194,14 +198,19 @@ def enc_hash_into(out: bytearray, value: Mapping[str, str]) -> None:
     u32 = _U32.pack
     for key, val in value.items():
         k = key.encode("utf-8")
-        v = val.encode("utf-8")
         try:
             out += octet[len(k)]
         except IndexError:
             raise EncodeError(f"hash key {key[:40]!r}... is longer than 255 octets") from None
         out += k
-        out += u32(len(v))
-        out += v
+        if len(val) > _BIG_VALUE and val.isascii():  # (its length in octets is len())
+            out += u32(len(val))
+            for start in range(0, len(val), _BIG_VALUE):  # not a whole encoded copy
+                out += val[start : start + _BIG_VALUE].encode("ascii")
+        else:
+            v = val.encode("utf-8")
+            out += u32(len(v))
+            out += v
 
 
 def dec_hash(buf: bytes, pos: int, what: str) -> tuple[dict[str, str], int]:

@@ -37,3 +37,18 @@ def test_a_message_with_a_big_hash_is_encoded_in_one_buffer() -> None:
     assert peak < 1.5 * len(frames[0])  # the frame and the growth of its buffer
     assert fmq_msg.decode(frames) == msg
     assert fmq_msg.encode_icanhaz("dir", {"x": "y"}, cache) == frames
+
+
+def test_a_big_value_is_not_copied_whole_while_encoded() -> None:
+    """A mirror's ATTRS option (a line per file: ~5 MiB at 100,000 files) went into the
+    buffer through a whole encoded copy of itself (~2x the value at once)."""
+    value = "".join(f"dir{i % 100:03d}/file{i:06d}.dat\tf\t644\t{i}\n" for i in range(60_000))
+    options = {"ATTRS": value, "é": "ü" * 70_000}  # (a big value that is not ASCII too)
+    tracemalloc.start()
+    try:
+        frames = fmq_msg.encode_icanhaz("", options, {})
+        _current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1.5 * len(frames[0])
+    assert fmq_msg.decode(frames) == fmq_msg.Icanhaz("", options, {})
