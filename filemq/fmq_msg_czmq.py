@@ -761,8 +761,8 @@ def _decode_icanhaz(buf: bytes, frames: Any) -> Icanhaz:
         raise _rt.truncated("Icanhaz.path")
     m.path = buf[pos + 4 : end].decode()
     pos = end
-    m.options, pos = _rt.dec_hash(buf, pos, "Icanhaz.options")
-    m.cache, pos = _rt.dec_hash(buf, pos, "Icanhaz.cache")
+    m.options, pos = _rt.dec_hash(buf, pos, "Icanhaz.options", 256)
+    m.cache, pos = _rt.dec_hash(buf, pos, "Icanhaz.cache", 2000000)
     if size != pos:
         raise DecodeError("Icanhaz: trailing octets after the last field")
     m.__class__ = Icanhaz

@@ -29,14 +29,17 @@ __all__ = [
     "dec_strings",
     "dec_varlen",
     "enc_hash",
+    "enc_hash_into",
     "enc_headers",
     "enc_strings",
     "enc_varlen",
     "encode_failure",
     "expose_slots",
     "frame_bytes",
+    "frame_of",
     "frame_out",
     "frames_out",
+    "over_limit",
     "refused",
     "truncated",
     "unknown_fields",
@@ -107,6 +110,12 @@ _LIMITS = {1: 0xFF, 2: 0xFFFF, 4: 0xFFFFFFFF, 8: 0xFFFFFFFFFFFFFFFF}
 
 def truncated(what: str) -> DecodeError:
     return DecodeError(f"{what}: length runs past the end of the frame")
+
+
+def over_limit(what: str, count: int, limit: int) -> DecodeError:
+    """A strings/hash field with more entries than its model's ``limit=`` (refused
+    before any is decoded: tiny entries cost ~30x their octets as Python objects)."""
+    return DecodeError(f"{what}: {count} entries, more than {limit}")
 
 
 def wrong_size(name: str, size: int, expected: int) -> DecodeError:
@@ -213,10 +222,14 @@ def enc_hash_into(out: bytearray, value: Mapping[str, str]) -> None:
             out += v
 
 
-def dec_hash(buf: bytes, pos: int, what: str) -> tuple[dict[str, str], int]:
+def dec_hash(
+    buf: bytes, pos: int, what: str, limit: int | None = None
+) -> tuple[dict[str, str], int]:
     size = len(buf)
     (count,) = _U32.unpack_from(buf, pos)
     pos += 4
+    if limit is not None and count > limit:
+        raise over_limit(what, count, limit)
     if count * 5 > size - pos:  # every entry takes at least 5 octets
         raise truncated(what)
     out: dict[str, str] = {}
@@ -245,10 +258,14 @@ def enc_strings(value: Sequence[str]) -> bytes:
     return b"".join(parts)
 
 
-def dec_strings(buf: bytes, pos: int, what: str) -> tuple[list[str], int]:
+def dec_strings(
+    buf: bytes, pos: int, what: str, limit: int | None = None
+) -> tuple[list[str], int]:
     size = len(buf)
     (count,) = _U32.unpack_from(buf, pos)
     pos += 4
+    if limit is not None and count > limit:
+        raise over_limit(what, count, limit)
     if count * 4 > size - pos:
         raise truncated(what)
     out: list[str] = []

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import tracemalloc
 
+import pytest
+
 from filemq import fmq_msg
 from zproto import runtime
+from zproto.errors import DecodeError
 
 
 def test_encoding_a_big_hash_peaks_near_its_own_size() -> None:
@@ -52,3 +55,16 @@ def test_a_big_value_is_not_copied_whole_while_encoded() -> None:
         tracemalloc.stop()
     assert peak < 1.5 * len(frames[0])
     assert fmq_msg.decode(frames) == fmq_msg.Icanhaz("", options, {})
+
+
+def test_a_hash_or_strings_past_its_limit_is_refused_before_any_entry() -> None:
+    """``limit=`` (a count checked before decoding): at the limit decoded, past it a
+    DecodeError naming the field."""
+    three = runtime.enc_hash({"a": "1", "b": "2", "c": "3"})
+    assert runtime.dec_hash(three, 0, "m.h", 3) == ({"a": "1", "b": "2", "c": "3"}, len(three))
+    with pytest.raises(DecodeError, match=r"m\.h: 3 entries, more than 2"):
+        runtime.dec_hash(three, 0, "m.h", 2)
+    words = runtime.enc_strings(["x", "y"])
+    assert runtime.dec_strings(words, 0, "m.s", 2) == (["x", "y"], len(words))
+    with pytest.raises(DecodeError, match="more than 1"):
+        runtime.dec_strings(words, 0, "m.s", 1)
