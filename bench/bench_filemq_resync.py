@@ -213,7 +213,7 @@ def bench_size(
             with_x[tag] = [*sync, "--index", str(idx_x), *excluded]
             run_child(plain[tag], _env(code))
             if not same_tree(src, dest_z):  # (a --once that ended early: said, then again)
-                print(f"{tag}mirror incomplete after its first sync: syncing again", file=sys.stderr)
+                print(f"{tag}mirror incomplete after a first sync: again", file=sys.stderr)
                 run_child(plain[tag], _env(code))
             if not (same_tree(src, dest_r) and same_tree(src, dest_z)):
                 raise RuntimeError("a mirror does not match its source")
