@@ -28,6 +28,10 @@ turns.  The filemq and zproto sources are byte-compiled first, as an installed
 package is.  Targets (issue 15): server start with a valid index < 0.5 s
 (100k files); client RSS <= 40 MiB (100k files); no-change resync <= 1.0x rsync
 time (10k and 100k files).
+
+``--base DIR`` (a checkout of another commit, e.g. ``git archive BASE | tar -x -C DIR``)
+adds "base" rows: the same server start and resyncs run from DIR's sources
+(``PYTHONPATH``; its own server, state and DEST), taking turns with this tree's.
 """
 
 from __future__ import annotations
@@ -70,6 +74,11 @@ def make_tree(root: Path, count: int) -> None:
 _TIME = "/usr/bin/time" if os.path.exists("/usr/bin/time") else None
 
 
+def _env(base: str | None) -> dict[str, str]:
+    """The environment of a child: running ``base``'s sources when given."""
+    return {**os.environ, "PYTHONPATH": base} if base else dict(os.environ)
+
+
 def run_child(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int]:
     """(wall seconds, peak RSS in KiB) of one child process that must exit 0."""
     if _TIME is not None:
@@ -91,8 +100,8 @@ def run_child(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float,
 class Server:
     """A ``filemq serve`` process, state kept in ``state``; ready at its "serving" line."""
 
-    def __init__(self, src: Path, state: Path) -> None:
-        env = {**os.environ, "XDG_STATE_HOME": str(state)}
+    def __init__(self, src: Path, state: Path, base: str | None = None) -> None:
+        env = {**_env(base), "XDG_STATE_HOME": str(state)}
         cmd = [*FILEMQ, "serve", "--bind", "tcp://127.0.0.1:*", "--publish", str(src)]
         self.start = time.perf_counter()
         self.proc = subprocess.Popen(
@@ -161,67 +170,73 @@ def same_tree(a: Path, b: Path) -> bool:
     return sig(a) == sig(b)
 
 
-def bench_size(work: Path, count: int, rounds: int, rsync: str) -> list[list[str]]:
-    src, state = work / "src", work / "state"
+def bench_size(
+    work: Path, count: int, rounds: int, rsync: str, base: str | None = None
+) -> list[list[str]]:
+    src = work / "src"
     print(f"preparing {count:,} files in {work} ...", file=sys.stderr)
     make_tree(src, count)
     rows: list[list[str]] = []
-    first = Server(src, state)  # hashes everything, saves the index
-    first.stop()
+    kinds = [("", None)] + ([("base ", base)] if base else [])
+    for tag, code in kinds:
+        first = Server(src, work / f"{tag}state", code)  # hashes everything, saves the index
+        first.stop()
     for _ in range(rounds):
-        server = Server(src, state)
-        rows.append([f"{count:,}", "server start: serving", f"{server.serving:.3f}", "", "", ""])
-        rows.append(
-            [
-                f"{count:,}",
-                "server start: index checked",
-                f"{server.ready:.3f}",
-                "",
-                "",
-                server.hashed,
-            ]
-        )
-        server.stop()
-    server = Server(src, state)
-    try:
-        dest_r, dest_z, idx = work / "d-rsync", work / "d-zh", work / "d-zh.idx"
-        run_child([rsync, "-a", f"{src}/", f"{dest_r}/"])
-        run_child([*FILEMQ, "sync", server.endpoint, str(dest_z), "--once", "--index", str(idx)])
-        if not (same_tree(src, dest_r) and same_tree(src, dest_z)):
-            raise RuntimeError("a mirror does not match its source")
-        excluded = [f"--exclude={p}" for p in EXCLUDES]
-        idx_x = work / "d-zh-excludes.idx"
-        zh_excluded = [*FILEMQ, "sync", server.endpoint, str(dest_z), "--once"]
-        zh_excluded += ["--index", str(idx_x), *excluded]
-        run_child(zh_excluded)  # its own saved index, made with the patterns
-        for _ in range(rounds):
-            t_r, rss_r = run_child([rsync, "-a", *excluded, f"{src}/", f"{dest_r}/"])
-            t_z, rss_z = run_child(zh_excluded)
-            for run, t, rss in (
-                ("rsync -a resync, 10 excludes", t_r, rss_r),
-                ("zerohub resync, 10 excludes", t_z, rss_z),
-            ):
-                ratio = f"{t / t_r:.2f}"
-                rows.append([f"{count:,}", run, f"{t:.3f}", ratio, f"{rss / 1024:.1f}", ""])
-        for _ in range(rounds):
-            t_r, rss_r = run_child([rsync, "-a", f"{src}/", f"{dest_r}/"])
-            cmd = [*FILEMQ, "sync", server.endpoint, str(dest_z), "--once", "--index", str(idx)]
-            t_z, rss_z = run_child(cmd)
+        for tag, code in kinds:
+            server = Server(src, work / f"{tag}state", code)
             rows.append(
-                [f"{count:,}", "rsync -a resync", f"{t_r:.3f}", "1.00", f"{rss_r / 1024:.1f}", ""]
+                [f"{count:,}", f"{tag}server start: serving", f"{server.serving:.3f}", "", "", ""]
             )
             rows.append(
                 [
                     f"{count:,}",
-                    "zerohub resync",
-                    f"{t_z:.3f}",
-                    f"{t_z / t_r:.2f}",
-                    f"{rss_z / 1024:.1f}",
+                    f"{tag}server start: index checked",
+                    f"{server.ready:.3f}",
                     "",
+                    "",
+                    server.hashed,
                 ]
             )
+            server.stop()
+    servers = {tag: Server(src, work / f"{tag}state", code) for tag, code in kinds}
+    try:
+        dest_r = work / "d-rsync"
+        run_child([rsync, "-a", f"{src}/", f"{dest_r}/"])
+        excluded = [f"--exclude={p}" for p in EXCLUDES]
+        plain: dict[str, list[str]] = {}
+        with_x: dict[str, list[str]] = {}
+        for tag, code in kinds:
+            dest_z, name = work / f"d-{tag.strip() or 'zh'}", tag.strip() or "zh"
+            idx, idx_x = work / f"d-{name}.idx", work / f"d-{name}-excludes.idx"
+            sync = [*FILEMQ, "sync", servers[tag].endpoint, str(dest_z), "--once"]
+            plain[tag] = [*sync, "--index", str(idx)]
+            with_x[tag] = [*sync, "--index", str(idx_x), *excluded]
+            run_child(plain[tag], _env(code))
+            if not same_tree(src, dest_z):  # (a --once that ended early: said, then again)
+                print(f"{tag}mirror incomplete after a first sync: again", file=sys.stderr)
+                run_child(plain[tag], _env(code))
+            if not (same_tree(src, dest_r) and same_tree(src, dest_z)):
+                raise RuntimeError("a mirror does not match its source")
+            run_child(with_x[tag], _env(code))  # its own saved index, made with the patterns
+        for label, cmds, flags in (
+            (", 10 excludes", with_x, excluded),
+            ("", plain, []),
+        ):
+            for _ in range(rounds):
+                t_r, rss_r = run_child([rsync, "-a", *flags, f"{src}/", f"{dest_r}/"])
+                rows.append(
+                    [f"{count:,}", f"rsync -a resync{label}", f"{t_r:.3f}", "1.00",
+                     f"{rss_r / 1024:.1f}", ""]
+                )  # fmt: skip
+                for tag, code in kinds:
+                    t_z, rss_z = run_child(cmds[tag], _env(code))
+                    rows.append(
+                        [f"{count:,}", f"{tag}zerohub resync{label}", f"{t_z:.3f}",
+                         f"{t_z / t_r:.2f}", f"{rss_z / 1024:.1f}", ""]
+                    )  # fmt: skip
     finally:
-        server.stop()
+        for server in servers.values():
+            server.stop()
     return rows
 
 
@@ -231,6 +246,7 @@ def main() -> int:
     parser.add_argument("--files", type=int, nargs="*", help="tree sizes (default 10k 100k)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--dir", help="work folder (default: a temp folder)")
+    parser.add_argument("--base", help="also run another checkout's sources (base rows)")
     args = parser.parse_args()
     sizes = args.files or ([2_000] if args.quick else [10_000, 100_000])
     rsync = shutil.which("rsync")
@@ -238,16 +254,20 @@ def main() -> int:
         print("rsync missing (apt-get install -y rsync)", file=sys.stderr)
         return 1
     compile_sources()
+    if args.base:
+        import compileall
+
+        compileall.compile_dir(args.base, quiet=1)
     rows: list[list[str]] = []
     for count in sizes:
         work = Path(tempfile.mkdtemp(prefix="bench-resync-", dir=args.dir))
         try:
-            rows += bench_size(work, count, args.rounds, rsync)
+            rows += bench_size(work, count, args.rounds, rsync, args.base)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"\n{'files':>8} {'run':<28} {'seconds':>8} {'x rsync':>8} {'RSS MiB':>8}  hashed")
+    print(f"\n{'files':>8} {'run':<33} {'seconds':>8} {'x rsync':>8} {'RSS MiB':>8}  hashed")
     for files, run, secs, ratio, rss, hashed in rows:
-        print(f"{files:>8} {run:<28} {secs:>8} {ratio:>8} {rss:>8}  {hashed}")
+        print(f"{files:>8} {run:<33} {secs:>8} {ratio:>8} {rss:>8}  {hashed}")
     return 0
 
 

@@ -24,9 +24,12 @@ that has not answered at all within ``connect_timeout`` seconds ends the run
 ``--once`` completion: the run ends when the server's resync-complete marker
 (``filemq.engine``) arrived for every ICANHAZ sent and no file is half
 received; for peers that send no marker (the reference C server),
-``idle_timeout`` seconds without file traffic after OHAI-OK also count as
-complete (logged as one warning).  Heartbeats are not traffic: such a server
-answers every HUGZ, so the idle timer would never run out if they were.  A
+``idle_timeout`` seconds without file traffic after every ICANHAZ-OK also count
+as complete (logged as one warning; zerohub's server answers ICANHAZ once the
+resync is planned, so a slow plan never looks like an idle peer).  A server that
+never answers an ICANHAZ while answering heartbeats keeps such a mirror waiting.
+Heartbeats are not traffic: such a server answers every HUGZ, so the idle timer
+would never run out if they were.  A
 server that goes silent in the middle of a file for ``idle_timeout`` seconds
 (while still answering heartbeats) ends the session as a protocol error (the
 partial file is dropped; reconnect, at most ``max_retries`` times).
@@ -684,6 +687,7 @@ class SyncClient:
                 if (
                     self.once
                     and subscribed_at is not None
+                    and session.confirmed  # (a server answers once its resync is planned)
                     and now - session.last_traffic > self.idle_timeout
                 ):
                     if session.in_file:

@@ -337,6 +337,11 @@ class ClientSession:
         return Send(self.codec.encode(msg))
 
     @property
+    def confirmed(self) -> bool:
+        """Has every ICANHAZ sent been answered (ICANHAZ-OK)?"""
+        return self._pending_oks == 0
+
+    @property
     def synced(self) -> bool:
         return (
             self.state is ClientState.ACTIVE

@@ -515,13 +515,12 @@ def _encode_ohai_ok(m: OhaiOk) -> list[bytes]:
 def _encode_icanhaz(m: Icanhaz) -> list[bytes]:
     try:
         _v_path = m.path.encode()
-        _p = [
-            _BE_BBBI.pack(0xAA, 0xA3, 0x05, len(_v_path)),
-            _v_path,
-            _rt.enc_hash(m.options),
-            _rt.enc_hash(m.cache),
-        ]
-        return [b"".join(_p)]
+        _b = bytearray()
+        _b += _BE_BBBI.pack(0xAA, 0xA3, 0x05, len(_v_path))
+        _b += _v_path
+        _rt.enc_hash_into(_b, m.options)
+        _rt.enc_hash_into(_b, m.cache)
+        return [_rt.frame_of(_b)]
     except _rt.ENCODE_FAILURES as _exc:
         raise _rt.encode_failure(m, _SPEC_ICANHAZ, _exc) from None
 
@@ -623,13 +622,12 @@ def encode_icanhaz(
         cache = dict()
     try:
         _v_path = path.encode()
-        _p = [
-            _BE_BBBI.pack(0xAA, 0xA3, 0x05, len(_v_path)),
-            _v_path,
-            _rt.enc_hash(options),
-            _rt.enc_hash(cache),
-        ]
-        return [b"".join(_p)]
+        _b = bytearray()
+        _b += _BE_BBBI.pack(0xAA, 0xA3, 0x05, len(_v_path))
+        _b += _v_path
+        _rt.enc_hash_into(_b, options)
+        _rt.enc_hash_into(_b, cache)
+        return [_rt.frame_of(_b)]
     except _rt.ENCODE_FAILURES as _exc:
         raise _rt.encode_failure(Icanhaz(path, options, cache), _SPEC_ICANHAZ, _exc) from None
 
@@ -763,8 +761,8 @@ def _decode_icanhaz(buf: bytes, frames: Any) -> Icanhaz:
         raise _rt.truncated("Icanhaz.path")
     m.path = buf[pos + 4 : end].decode()
     pos = end
-    m.options, pos = _rt.dec_hash(buf, pos, "Icanhaz.options")
-    m.cache, pos = _rt.dec_hash(buf, pos, "Icanhaz.cache")
+    m.options, pos = _rt.dec_hash(buf, pos, "Icanhaz.options", 256)
+    m.cache, pos = _rt.dec_hash(buf, pos, "Icanhaz.cache", 2000000)
     if size != pos:
         raise DecodeError("Icanhaz: trailing octets after the last field")
     m.__class__ = Icanhaz

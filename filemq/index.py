@@ -1077,6 +1077,7 @@ class FileIndex:
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        _remove_dead_saves(target)
         entries, nodes = self._entries, self._nodes
         node_text = "".join(
             json.dumps(_node_row(nodes[name]), ensure_ascii=False) + "\n" for name in sorted(nodes)
@@ -1207,6 +1208,34 @@ def _column(typecode: str, values: Iterator[int] | list[int]) -> bytes:
     if _SWAP:
         column.byteswap()
     return column.tobytes()
+
+
+def _remove_dead_saves(target: Path) -> None:
+    """Remove the temp files of saves of ``target`` by processes that are gone (a
+    ``kill -9`` mid-save leaves one as big as the index, never read: the index
+    itself is replaced whole or not at all)."""
+    mine = os.getpid()
+    head = f".{target.name}."
+    try:
+        found = [n for n in os.listdir(target.parent) if n.startswith(head)]
+    except OSError:
+        return
+    for name in found:
+        pid = name[len(head) : -4] if name.endswith(".tmp") else ""
+        if not (pid.isascii() and pid.isdigit()) or int(pid) == mine or _alive(int(pid)):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(target.parent / name)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # (another user's process: there)
+        return True
+    return True
 
 
 def _pack_entries(entries: _Entries) -> tuple[int, list[bytes]]:

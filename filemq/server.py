@@ -733,11 +733,23 @@ class FileServer:
             # registered before its OHAI-OK leaves: whoever hears the answer finds the session
             self._sessions[client] = session
             log.info("client %s connected", client.hex())
+        # ICANHAZ-OK leaves once its resync is planned: a mirror's idle timer (how it
+        # ends with a server that sends no completion marker) starts at that answer, and
+        # planning 100,000 files on a loaded machine took longer than its 10 s: it ended
+        # at once with nothing received (exit 0, an empty mirror)
+        held: list[list[bytes]] = []
+        subscribing = any(isinstance(action, Subscribe) for action in actions)
         for action in actions:
             if isinstance(action, Reply):
-                self._send(client, action.frames)
+                if subscribing:
+                    held.append(action.frames)
+                else:
+                    self._send(client, action.frames)
             elif isinstance(action, Subscribe):
-                self._subscribe(session, action)
+                self._subscribe(session, action, held)
+                for frames in held:
+                    self._send(client, frames)
+                held.clear()
             elif isinstance(action, Close):
                 log.info("client %s closed: %s", client.hex(), action.reason)
                 self._drop(client)
@@ -1071,10 +1083,18 @@ class FileServer:
                 )
         return ""
 
-    def _subscribe(self, session: ServerSession, sub: Subscribe) -> None:
+    def _subscribe(
+        self, session: ServerSession, sub: Subscribe, answers: list[list[bytes]] | None = None
+    ) -> None:
+        """Plan the resync of a subscription; ``answers``: replies to send before a refusal
+        (the caller sends them after the plan otherwise)."""
         loop = self._mirror_loop(sub)
         if loop:
             log.warning("client %s refused: %s", session.client_id.hex(), loop)
+            for frames in answers or ():
+                self._send(session.client_id, frames)
+            if answers:
+                answers.clear()
             for action in session.refuse(loop):
                 if isinstance(action, Reply):
                     self._send(session.client_id, action.frames)

@@ -266,7 +266,8 @@ class DecoderWriter:
             ctx.flush()
             ctx.materialize()
             fn = "dec_strings" if fld.type == "strings" else "dec_hash"
-            src(f'{ident}, pos = _rt.{fn}(buf, pos, "{what}")')
+            limit = "" if fld.limit is None else f", {fld.limit}"
+            src(f'{ident}, pos = _rt.{fn}(buf, pos, "{what}"{limit})')
         elif fld.type == "frame":
             src(f"{ident} = _rt.frame_bytes(frames[{frame_index}])")
             return frame_index + 1

@@ -51,6 +51,7 @@ class _Item:
     expr: str
     char: str = ""
     order: str | None = None  # None: byte order irrelevant (one octet)
+    into: str | None = None  # appends itself to the buffer ``_b`` (no copy of its own)
 
 
 #: A join() operand: (callee, arguments) for a struct pack, (expression, None) else.
@@ -219,11 +220,17 @@ class EncoderWriter:
         for group in group_checks(checks, LINE_LENGTH - 4 * src.level - 4):
             src(f"if {group}:")
             src("    raise _rt.Invalid")
-        plan = plan_fast(msg) if self.fast and not self.classic else None
+        # a hash appends itself to one buffer; not beside a chunk (join() sizes the
+        # frame once: a growing buffer would move a big chunk as it grows)
+        grow = any(item.into for section in sections for item in section.items)
+        grow = grow and not any(fld.type == "chunk" for fld in msg.fields)
+        plan = plan_fast(msg) if self.fast and not self.classic and not grow else None
         if plan is not None:
             self._simplest(src, plan)
         head = _merge(sections[0].items, self.structs)
-        if len(sections) == 1 and len(head) == 1 and head[0][1] is not None:
+        if grow:
+            first = self._grow(src, sections)
+        elif len(sections) == 1 and len(head) == 1 and head[0][1] is not None:
             first = "_first"
             _emit(src, "_first = ", head[0], "")
         else:
@@ -269,6 +276,34 @@ class EncoderWriter:
             src.dedent()
             src(") from None")
         src.dedent()
+
+    def _grow(self, src: Source, sections: list[_Section]) -> str:
+        """The frame built in one growing buffer ``_b`` (a message with a hash field:
+        the field appends itself, so a big hash is never held twice); returns the
+        frame's expression."""
+        src("_b = bytearray()")
+        for section in sections:
+            if not section.items:
+                continue
+            if section.flag is not None:
+                src(f"if {section.flag}:")
+                src.indent()
+                for line in section.prep + section.late:
+                    src(line)
+            run: list[_Item] = []  # pieces merged and appended before the next hash
+            for item in section.items:
+                if item.into is None:
+                    run.append(item)
+                    continue
+                for operand in _merge(run, self.structs):
+                    _emit(src, "_b += ", operand, "")
+                run = []
+                src(item.into)
+            for operand in _merge(run, self.structs):
+                _emit(src, "_b += ", operand, "")
+            if section.flag is not None:
+                src.dedent()
+        return "_rt.frame_of(_b)"
 
     def _simplest(self, src: Source, plan: Plan) -> None:
         """The message in its simplest shape (no optional section, one-octet variable
@@ -405,7 +440,8 @@ class EncoderWriter:
         elif fld.type == "strings":
             items.append(_Item("bytes", f"_rt.enc_strings({attr})"))
         elif fld.type == "hash":
-            items.append(_Item("bytes", f"_rt.enc_hash({attr})"))
+            into = f"_rt.enc_hash_into(_b, {attr})"
+            items.append(_Item("bytes", f"_rt.enc_hash({attr})", into=into))
         elif fld.type == "headers":
             prep.append(f"_v_{ident} = _rt.enc_headers({attr})")
             items.append(_Item("bytes", f"_v_{ident}"))

@@ -86,6 +86,7 @@ class Field:
     description: str = ""
     tests: tuple[tuple[str | None, str], ...] = ()
     default: str | None = None
+    limit: int | None = None  # most entries a strings/hash field decodes (None: any)
 
 
 @dataclass(frozen=True)
@@ -522,6 +523,14 @@ class _Loader:
                 _parse_int(default, "default", where_f)
             elif ftype not in ("string", "longstr"):
                 raise ModelError(f"{where_f}: default= applies to number and string fields")
+        limit: int | None = None
+        limit_text = elem.get("limit")
+        if limit_text is not None:
+            if ftype not in ("strings", "hash"):
+                raise ModelError(f"{where_f}: limit= applies to strings and hash fields")
+            limit = _parse_int(limit_text, "limit", where_f)
+            if limit < 0:
+                raise ModelError(f"{where_f}: negative limit")
         bits: tuple[Bit, ...] = ()
         if ftype == "bits":
             bits = self._bits(elem, where_f, int(size or 1) * 8)
@@ -542,6 +551,7 @@ class _Loader:
                 description=_text(elem),
                 tests=self._tests(elem),
                 default=default,
+                limit=limit,
             )
         ]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, cast
 
 from zproto.errors import DecodeError, EncodeError
 
@@ -29,15 +29,18 @@ __all__ = [
     "dec_strings",
     "dec_varlen",
     "enc_hash",
+    "enc_hash_into",
     "enc_headers",
     "enc_strings",
     "enc_varlen",
     "encode_failure",
     "expose_slots",
     "frame_bytes",
+    "frame_of",
     "frame_out",
     "frame_view",
     "frames_out",
+    "over_limit",
     "refused",
     "truncated",
     "unknown_fields",
@@ -110,6 +113,12 @@ def truncated(what: str) -> DecodeError:
     return DecodeError(f"{what}: length runs past the end of the frame")
 
 
+def over_limit(what: str, count: int, limit: int) -> DecodeError:
+    """A strings/hash field with more entries than its model's ``limit=`` (refused
+    before any is decoded: tiny entries cost ~30x their octets as Python objects)."""
+    return DecodeError(f"{what}: {count} entries, more than {limit}")
+
+
 def wrong_size(name: str, size: int, expected: int) -> DecodeError:
     """The error of a fixed-size message whose frame has another size."""
     if size < expected:
@@ -170,6 +179,13 @@ def frame_out(value: Any) -> bytes:
         raise Invalid from None
 
 
+def frame_of(buf: bytearray) -> bytes:
+    """A frame built in one growing buffer, handed on as it is (not copied: a copy
+    would hold a big hash twice).  Typed ``bytes``; it is a ``bytearray``: equal to
+    the same octets as ``bytes``, sent and decoded alike, but not hashable."""
+    return cast(bytes, buf)
+
+
 def frames_out(value: Any) -> list[bytes]:
     """A msg field to send: a list of bytes-like frames."""
     if isinstance(value, (str, bytes, bytearray, memoryview)):
@@ -186,32 +202,53 @@ OCTET = tuple(bytes((n,)) for n in range(256))
 _OCTET = OCTET
 
 
-def enc_hash(value: Mapping[str, str]) -> bytes:
-    """hash: number-4 count, then (string key, longstr value) per entry.
+#: A hash value longer than this (an ASCII one) is appended a slice at a time.
+_BIG_VALUE = 1 << 16
 
-    Built in one growing buffer: a list of four pieces per entry then joined made a
-    peak of ~8x the result (a 100,000-file ICANHAZ cache: 56 MiB for 6.7 MiB).
+
+def enc_hash(value: Mapping[str, str]) -> bytes:
+    """hash: number-4 count, then (string key, longstr value) per entry."""
+    out = bytearray()
+    enc_hash_into(out, value)
+    return bytes(out)
+
+
+def enc_hash_into(out: bytearray, value: Mapping[str, str]) -> None:
+    """Append a hash to ``out``: the message's one growing buffer.
+
+    A list of four pieces per entry then joined made a peak of ~8x the result (a
+    100,000-file ICANHAZ cache: 56 MiB for 6.7 MiB); a buffer per field then joined
+    into the frame still held the field twice.  The entries are read one at a time,
+    so a mapping that makes them on demand (a packed index) is never held as a dict.
     """
-    out = bytearray(_U32.pack(len(value)))
+    out += _U32.pack(len(value))
     octet = _OCTET
     u32 = _U32.pack
     for key, val in value.items():
         k = key.encode("utf-8")
-        v = val.encode("utf-8")
         try:
             out += octet[len(k)]
         except IndexError:
             raise EncodeError(f"hash key {key[:40]!r}... is longer than 255 octets") from None
         out += k
-        out += u32(len(v))
-        out += v
-    return bytes(out)
+        if len(val) > _BIG_VALUE and val.isascii():  # (its length in octets is len())
+            out += u32(len(val))
+            for start in range(0, len(val), _BIG_VALUE):  # not a whole encoded copy
+                out += val[start : start + _BIG_VALUE].encode("ascii")
+        else:
+            v = val.encode("utf-8")
+            out += u32(len(v))
+            out += v
 
 
-def dec_hash(buf: bytes, pos: int, what: str) -> tuple[dict[str, str], int]:
+def dec_hash(
+    buf: bytes, pos: int, what: str, limit: int | None = None
+) -> tuple[dict[str, str], int]:
     size = len(buf)
     (count,) = _U32.unpack_from(buf, pos)
     pos += 4
+    if limit is not None and count > limit:
+        raise over_limit(what, count, limit)
     if count * 5 > size - pos:  # every entry takes at least 5 octets
         raise truncated(what)
     out: dict[str, str] = {}
@@ -240,10 +277,14 @@ def enc_strings(value: Sequence[str]) -> bytes:
     return b"".join(parts)
 
 
-def dec_strings(buf: bytes, pos: int, what: str) -> tuple[list[str], int]:
+def dec_strings(
+    buf: bytes, pos: int, what: str, limit: int | None = None
+) -> tuple[list[str], int]:
     size = len(buf)
     (count,) = _U32.unpack_from(buf, pos)
     pos += 4
+    if limit is not None and count > limit:
+        raise over_limit(what, count, limit)
     if count * 4 > size - pos:
         raise truncated(what)
     out: list[str] = []

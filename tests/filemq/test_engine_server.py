@@ -310,3 +310,30 @@ def test_czmq_wire_short_read_still_ends_with_an_empty_chunk() -> None:
         sent.append(msg)
     assert [(c.offset, c.chunk, c.eof) for c in sent] == [(0, b"12345", 0), (5, b"", 1)]
     assert sent[-1].headers["size"] == "20"  # the client's check fails: it asks again
+
+
+def _icanhaz_raw(options: int, cache: int) -> list[bytes]:
+    """An ICANHAZ of ``/`` whose hashes hold that many minimal entries (an empty key,
+    an empty value: 5 octets each), as a hostile client makes them."""
+    tiny = b"\x00\x00\x00\x00\x00"
+    raw = b"\xaa\xa3\x05\x01/" + options.to_bytes(4, "big") + tiny * options
+    return [raw + cache.to_bytes(4, "big") + tiny * cache]
+
+
+@pytest.mark.parametrize(("options", "cache"), [(257, 0), (0, 2_000_001)])
+def test_a_file_list_past_its_limit_is_refused_before_it_is_decoded(
+    options: int, cache: int
+) -> None:
+    """A 128 MiB ICANHAZ of tiny entries would decode into ~30x its size in Python
+    objects: the cache holds 2,000,000 entries at most, the options 256 (the models'
+    ``limit=``); over it: RTFM, the session closed, nothing subscribed."""
+    s = ready()
+    actions = s.receive(_icanhaz_raw(options, cache), 1.0)
+    answer = replies(actions)
+    assert len(answer) == 1 and isinstance(answer[0], fmq_msg.Rtfm)
+    assert "more than" in answer[0].reason
+    assert any(isinstance(a, Close) for a in actions)
+    assert not any(isinstance(a, Subscribe) for a in actions)
+    if options:  # the limit itself is accepted (2,000,000 entries: seconds to decode)
+        s = ready()
+        assert replies(s.receive(_icanhaz_raw(256, 0), 1.0)) == [fmq_msg.IcanhazOk()]

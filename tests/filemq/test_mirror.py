@@ -354,3 +354,27 @@ def test_unusual_local_name_never_becomes_an_icanhaz_path(
     result = sync_once(server.endpoint, dest, index_path=idx)
     assert "differs from its saved index in 1 files: resyncing all" in caplog.text
     assert result.synced and result.errors == 0
+
+
+def test_a_resync_planned_slowly_does_not_end_a_mirror_with_nothing(
+    serve: Callable[..., FileServer],
+    sync_once: Callable[..., SyncResult],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ICANHAZ-OK left before the server planned the resync; planning 100,000 files on
+    a loaded machine took longer than a mirror's idle timeout (10 s), which then ended
+    as with a server that sends no completion marker: exit 0, an empty mirror."""
+    src = tmp_path / "src"
+    write_tree(src, {"a": b"1", "d/b": b"22"})
+    plan = FileServer._subscribe
+
+    def slow(self: FileServer, *args: Any) -> None:
+        time.sleep(1.0)  # the planning of a big tree (a fault made, not a synchronisation)
+        plan(self, *args)
+
+    monkeypatch.setattr(FileServer, "_subscribe", slow)
+    server = serve(src)
+    result = sync_once(server.endpoint, tmp_path / "d", idle_timeout=0.4)
+    assert result.synced
+    assert read_tree(tmp_path / "d") == read_tree(src)

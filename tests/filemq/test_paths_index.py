@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -472,3 +473,53 @@ def test_entries_made_for_one_caller_follow_every_later_change(tmp_path: Path) -
     (root / "d").unlink()
     loaded.update("d")
     assert sorted(loaded.entries()) == ["a", "b"]
+
+
+_SAVER = """
+import sys
+from filemq.index import FileEntry, FileIndex
+index = FileIndex(sys.argv[1])
+for i in range(5_000):
+    index.record(FileEntry(f"d{i % 50}/f{i:05d}", i, i, i, f"{i:040x}", 0o644))
+while True:
+    index.save(sys.argv[2])
+    print("saved", flush=True)
+"""
+
+
+def test_kill_9_mid_save_leaves_the_index_whole_and_its_temp_file_is_removed(
+    tmp_path: Path,
+) -> None:
+    """A saver killed at any moment: the index on disk is a whole one (loaded as it
+    was, never a torn one trusted), and the temp file the dead save left (as big as
+    the index, one per crash) is removed by the next save (it stayed forever)."""
+    import signal
+    import subprocess
+    import sys
+
+    from filemq.state import load_index
+
+    root, saved = tmp_path / "root", tmp_path / "idx"
+    root.mkdir()
+    for delay in (0.0, 0.02):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _SAVER, str(root), str(saved)], stdout=subprocess.PIPE
+        )
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"saved\n"  # (bounded: the save takes ~0.1 s)
+        time.sleep(delay)  # a spread of moments in the next saves, not a synchronisation
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        proc.stdout.close()
+        loaded = load_index(saved, root)
+        assert loaded.loaded and len(loaded) == 5_000
+        assert loaded.get("d7/f04357").sha1 == f"{4357:040x}"  # type: ignore[union-attr]
+    dead = tmp_path / f".idx.{proc.pid}.tmp"  # (as a kill mid-write leaves it)
+    dead.write_bytes(b"torn")
+    alive = tmp_path / f".idx.{os.getpid()}1.tmp.keep"  # not one of its temp files
+    alive.write_bytes(b"")
+    loaded.save(saved)
+    assert not dead.exists() and alive.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [".idx." + f"{os.getpid()}1.tmp.keep", "idx", "root"]
+    )

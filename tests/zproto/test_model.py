@@ -74,6 +74,16 @@ def _model(tmp_path: Path, body: str, attrs: str = 'signature = "1"') -> Path:
         ('<message name = "a"><field name = "x" type = "octets"/></message>', None, "need size"),
         ('<message name = "a"><field name = "x" type = "bits"/></message>', None, "unknown type"),
         (
+            '<message name = "a"><field name = "x" type = "string" limit = "3"/></message>',
+            None,
+            "limit= applies to strings and hash",
+        ),
+        (
+            '<message name = "a"><field name = "x" type = "hash" limit = "-1"/></message>',
+            None,
+            "negative limit",
+        ),
+        (
             '<message name = "a"><field name = "s" type = "string" length = "n"/></message>',
             None,
             "dialect",
