@@ -77,6 +77,8 @@ class ClientCore:
         self.loop: Pump | None = None  # poll-on-call: the loop the caller drives
         #: The I/O loop's fan-out reader (``broker.client.fanout``), once there is a loop.
         self.fanout: Any = None
+        #: Raw fan-out reading ("payloads", "numbered"; "": messages): ``FanoutReader.raw``.
+        self.raw_fanout = ""
         self._unpumped = 0
 
     def closed_error(self) -> ClientError:

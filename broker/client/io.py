@@ -63,7 +63,7 @@ class IOLoop:
         self.want_out = False
         #: The broadcast fan-out SUB and its streams (``broker.client.fanout``).
         self.fan = core.fanout = FanoutReader(
-            core.context, core.curve, core.hwm, core.session.endpoint
+            core.context, core.curve, core.hwm, core.session.endpoint, core.raw_fanout
         )
         if wake is not None:
             self._register(wake, zmq.POLLIN)
@@ -151,7 +151,7 @@ class IOLoop:
                 raise StopLoop
         with c.cv:
             c.woken = False
-        if self.s.paused and c.inbox.drained:
+        if self.s.paused and c.inbox.drained and self.fan.held <= c.inbox.limit // 2:
             self.s.paused = False
 
     def _drain(self, sock: zmq.Socket[bytes]) -> None:
@@ -386,6 +386,13 @@ class IOLoop:
         DEALER's fast path puts deliveries there, or to the ``on_message`` callback."""
         c = self.c
         inbox = c.inbox
+        fan = self.fan
+        if fan.raw:  # raw reading: batches of payloads for Client.receive_payloads
+            if fan.read_raw() and inbox.waiting:
+                inbox.wake_all()
+            if fan.held >= inbox.limit:
+                self.s.paused = True
+            return
         if c.on_message is None:
             append = inbox.items.append
 
