@@ -270,3 +270,112 @@ def test_broker_serve_refuses_a_plain_fanout_off_loopback(
     code = main(["serve", "--data", "none", "--fanout", "tcp://10.9.8.7:5681"])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "10.9.8.7" in err
+
+
+def _drain_numbers(client: Client, wait: float) -> list[int]:
+    """What ``client`` holds or receives within ``wait`` seconds of silence."""
+    got: list[int] = []
+    while (m := client.receive(timeout=wait)) is not None:
+        got.append(int(m.payload))
+    return got
+
+
+def test_a_member_that_leaves_but_keeps_its_sub_receives_nothing_more(fan: Fan) -> None:
+    """The adversary: a member leaves and keeps its SUB subscribed to the stream (its
+    client does not unsubscribe).  Nothing pushed after the leave reaches it; the member
+    that stays loses nothing and sees no gap across the token change."""
+    producer = fan.client()
+    _broadcast_queue(producer)
+    stays, leaver = fan.client(), fan.client()
+    for c in (stays, leaver):
+        c.join(CHANNEL)
+    leaver._core.fanout.leave = lambda channel: None  # keeps reading what its SUB gets
+    first = 100
+    for i in range(first):
+        producer.push(CHANNEL, 1, str(i).encode())
+    assert _numbers(leaver, first) == list(range(first))
+    leaver.leave(CHANNEL)
+    total = 300
+    for i in range(first, total):
+        producer.push(CHANNEL, 1, str(i).encode())
+    assert _numbers(stays, total) == list(range(total))
+    # the broker's beat publishes the stream's marker after the last message: by the time
+    # the one that stays heard it, a SUB that still could read would hold everything
+    markers = fan.server.counters["fanout_markers"]
+    assert wait_until(lambda: fan.server.counters["fanout_markers"] > markers, timeout=30)
+    assert _drain_numbers(stays, 1.0) == []
+    assert stays.fanout_gaps == []
+    assert _drain_numbers(leaver, 0.5) == [], "the leaver read on after its leave"
+
+
+def test_joining_again_a_channel_whose_stream_is_read_loses_nothing(fan: Fan) -> None:
+    """A member joining its channel again (a new prefetch, say) while messages flow: the
+    join completes at once, and every message comes exactly once, without a gap."""
+    producer = fan.client()
+    _broadcast_queue(producer)
+    member = fan.client()
+    member.join(CHANNEL)
+    half = 150
+    for i in range(half):
+        producer.push(CHANNEL, 1, str(i).encode())
+    member.join(CHANNEL, prefetch=50)
+    total = 2 * half
+    for i in range(half, total):
+        producer.push(CHANNEL, 1, str(i).encode())
+    assert _numbers(member, total, timeout=5) == list(range(total))
+    assert member.fanout_gaps == []
+
+
+def test_a_join_answer_racing_fanout_messages_and_direct_frames(fan: Fan) -> None:
+    """A member joins while a producer streams: messages published once (fan-out) and
+    messages asking a receipt (sent to each consumer one by one over its DEALER) follow
+    the join answer in the same broker steps.  Nothing comes twice, nothing pushed after
+    join() returned is missed, the published ones come in order and no gap is reported."""
+    producer = fan.client()
+    _broadcast_queue(producer)
+    steady = fan.client()
+    steady.join(CHANNEL)
+    stop = threading.Event()
+    sent: list[int] = []
+
+    def produce() -> None:
+        i = 0
+        while not stop.is_set() and i < 50_000:
+            receipt = i % 7 == 0  # one by one (a receipt counts who received it)
+            headers = {"Receipt": "ONE"} if receipt else None
+            producer.push(CHANNEL, 1, str(i).encode(), headers=headers, ack=i % 20 == 0)
+            sent.append(i)
+            i += 1
+
+    writer = threading.Thread(target=produce)
+    writer.start()
+    try:
+        assert wait_until(lambda: len(sent) > 50)
+        member = fan.client()
+        member.join(CHANNEL)
+        # pushed from here on: after join() returned (push ``len(sent)`` may be on its way)
+        mark = len(sent) + 1
+        assert wait_until(lambda: len(sent) > mark + 500)
+    finally:
+        stop.set()
+        writer.join(30)
+    total = len(sent)
+    got: list[int] = []
+    after = set(range(mark, total))
+
+    def complete() -> bool:
+        _fill(member, got)
+        return after <= set(got)
+
+    assert wait_until(complete, timeout=30), f"missing: {sorted(after - set(got))[:20]}"
+    got += _drain_numbers(member, 0.5)
+    assert len(got) == len(set(got)), "a message came twice"
+    published = [n for n in got if n % 7]
+    assert published == sorted(published)
+    assert member.fanout_gaps == [] and steady.fanout_gaps == []
+
+
+def _fill(client: Client, got: list[int]) -> None:
+    """Take what ``client`` holds into ``got``."""
+    while (m := client.receive(timeout=0)) is not None:
+        got.append(int(m.payload))
