@@ -463,8 +463,11 @@ class Client(ClientApi[Any]):
         batches = fan.batches
         if not batches:
             deadline = None if timeout is None else time.monotonic() + timeout
-            if core.loop is not None:
-                if not core.pump(lambda: bool(batches), deadline):
+            loop = core.loop
+            if loop is not None:  # poll-on-call: straight from the SUB while it may
+                if not loop.read_fan_between(deadline) and not core.pump(
+                    lambda: bool(batches), deadline
+                ):
                     return []
             elif not core.inbox.wait(deadline, self._closed, batches):
                 return []

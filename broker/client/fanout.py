@@ -58,6 +58,11 @@ _BATCH = 1024
 #: Where a published delivery's payload length is (the frame's octet 7), the shortest one.
 _LENGTH_AT = HEAD_SIZE + 7
 _SMALLEST = HEAD_SIZE + 8
+_NOBLOCK = int(zmq.NOBLOCK)
+_EVENTS = int(zmq.EVENTS)
+#: Raw reading: milliseconds a poll-on-call client's receive may block on the SUB alone
+#: (its receive timeout) before the client's loop takes a whole step again.
+RAW_WAIT_MS = 20
 _decode = tmqp.decode
 _WILDCARDS = ("0.0.0.0", "*", "::", "[::]")
 
@@ -166,6 +171,8 @@ class FanoutReader:
             sock = self.context.socket(zmq.SUB)
             sock.linger = 0
             sock.rcvhwm = self.hwm
+            if self.raw:
+                sock.rcvtimeo = RAW_WAIT_MS
             if self.curve is not None:
                 try:
                     zmqkit.configure_client(sock, self.curve.secret, self.curve.server_key)
@@ -241,25 +248,37 @@ class FanoutReader:
                 self.received += 1
                 take(frame)
 
-    def read_raw(self) -> int:
+    def read_raw(self, wait: bool = False) -> int:
         """``read`` for raw reading: one batch of payloads (``raw`` "payloads") or
-        ``(number, payload)`` pairs ("numbered") appended to ``batches``; how many."""
+        ``(number, payload)`` pairs ("numbered") appended to ``batches``; how many.
+        ``wait``: the first receive may block, :data:`RAW_WAIT_MS` at most (the SUB's
+        receive timeout; cheaper than a poll, where nothing else needs watching)."""
         sock = self.sock
         if sock is None:
             return 0
-        streams = self.streams
         recv = sock.recv
+        try:
+            data = recv(0 if wait else _NOBLOCK)
+        except zmq.Again:
+            return 0
+        datas = [data]
+        # one look at the socket's events: a lone message (a trickle) costs no zmq.Again
+        # (a raised exception costs several microseconds), a burst is read on to it
+        if sock.getsockopt(_EVENTS) & 1:  # type: ignore[operator]
+            more = datas.append
+            try:
+                for _ in range(_BATCH - 1):
+                    more(recv(_NOBLOCK))
+            except zmq.Again:
+                pass
+        streams = self.streams
         unpack = SEQ.unpack_from
         numbered = self.raw == "numbered"
         got: list[Any] = []
         append = got.append
         last_token = b""
         stream: Any = None
-        for _ in range(_BATCH):
-            try:
-                data = recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
+        for data in datas:
             if data[:TOKEN_SIZE] != last_token:
                 last_token = data[:TOKEN_SIZE]
                 stream = streams.get(last_token)

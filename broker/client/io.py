@@ -20,7 +20,7 @@ from broker import batch, tmqp
 from broker.client import session as S
 from broker.client.core import ClientCore
 from broker.client.errors import ClientClosed, ClientError, StopLoop
-from broker.client.fanout import FanoutReader
+from broker.client.fanout import RAW_WAIT_MS, FanoutReader
 from broker.client.message import Message
 from broker.client.sockets import close_monitor, handshake_refusal, open_dealer
 from broker.protocol import MessageType
@@ -31,6 +31,9 @@ log = logging.getLogger("broker.client.blocking")
 
 _BIG = 65536
 _BATCH = 1024
+#: Seconds a poll-on-call client may read fan-out batches between two loop steps.
+_SERVE_EVERY = 0.02
+_RAW_WAIT = RAW_WAIT_MS / 1000
 
 _new = object.__new__
 #: Sets a new Message's frame without the frozen dataclass's __init__ (half the cost).
@@ -61,6 +64,8 @@ class IOLoop:
         self.poller = zmq.Poller()
         self.flags: dict[Any, int] = {}
         self.want_out = False
+        #: Poll-on-call: raw fan-out batches may be read without a step until then.
+        self.serve_by = 0.0
         #: The broadcast fan-out SUB and its streams (``broker.client.fanout``).
         self.fan = core.fanout = FanoutReader(
             core.context, core.curve, core.hwm, core.session.endpoint, core.raw_fanout
@@ -127,7 +132,27 @@ class IOLoop:
                 self._apply(s.fatal(err))
         if c.outbox:
             self.flush()
-        self._apply(s.tick(time.monotonic()))
+        now = time.monotonic()
+        self._apply(s.tick(now))
+        self.serve_by = now + _SERVE_EVERY
+
+    def read_fan_between(self, deadline: float | None) -> bool:
+        """Poll-on-call raw fan-out reading (``Client.receive_payloads``): take a batch
+        from the SUB without a whole step (no poll, no timers), waiting for it at most
+        ``fanout.RAW_WAIT_MS``, while the last step is at most ``_SERVE_EVERY`` old and
+        ``deadline`` (None: none) is further away than that wait; True when a batch came."""
+        fan = self.fan
+        if fan.sock is None or self.s.paused:
+            return False
+        now = time.monotonic()
+        if now >= self.serve_by or (deadline is not None and deadline - now < _RAW_WAIT):
+            return False
+        c = self.c
+        if fan.read_raw(wait=True) and c.inbox.waiting:
+            c.inbox.wake_all()
+        if fan.held >= c.inbox.limit:
+            self.s.paused = True
+        return bool(fan.batches)
 
     def _register(self, sock: Any, flags: int) -> None:
         if self.flags.get(sock) != flags:
