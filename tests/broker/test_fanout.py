@@ -379,3 +379,44 @@ def _fill(client: Client, got: list[int]) -> None:
     """Take what ``client`` holds into ``got``."""
     while (m := client.receive(timeout=0)) is not None:
         got.append(int(m.payload))
+
+
+def test_the_asyncio_client_reads_a_fanout_stream_across_a_token_change(zctx: Ctx) -> None:
+    """AsyncClient asks for fan-out too: its task reads the SUB beside its DEALER; a
+    member's leave replaces the token and the one that stays follows, losing nothing."""
+    from broker.client.aio import AsyncClient
+    from tests.broker.test_aioclient import run
+
+    f = Fan(zctx, None)
+    try:
+        producer = f.client()
+        _broadcast_queue(producer)
+
+        async def numbers(client: AsyncClient, count: int) -> list[int]:
+            got: list[int] = []
+            while len(got) < count:
+                message = await client.receive(timeout=20)
+                assert message is not None, f"{len(got)} of {count} received"
+                got.append(int(message.payload))
+            return got
+
+        async def main(ctx: Any, ep: str) -> None:
+            async with AsyncClient(ep, context=ctx) as stays, AsyncClient(ep, context=ctx) as goes:
+                await stays.join(CHANNEL)
+                await goes.join(CHANNEL)
+                assert f.server.counters["fanout_subscribed"] == 2
+                for i in range(100):
+                    producer.push(CHANNEL, 1, str(i).encode())
+                assert await numbers(stays, 100) == list(range(100))
+                assert await numbers(goes, 100) == list(range(100))
+                await goes.leave(CHANNEL)
+                for i in range(100, 200):
+                    producer.push(CHANNEL, 1, str(i).encode())
+                assert await numbers(stays, 100) == list(range(100, 200))
+                assert f.server.counters["fanout_published"] == 200  # never one by one
+                assert stays.fanout_gaps == [] and goes.fanout_gaps == []
+                assert await goes.receive(timeout=0.2) is None
+
+        run(f.endpoint, main)
+    finally:
+        f.close()
