@@ -251,6 +251,7 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
                         poller.register(sub, zmq.POLLIN)
                     ready = dict(await poller.poll(wait_ms))
                     readable = sock in ready
+                    # (the poller may answer with its asyncio wrapper of the plain SUB)
                     if sub is not None and any(getattr(k, "underlying", None) == sub.underlying
                                                for k in ready):  # fmt: skip
                         await self._read_fan()
