@@ -18,7 +18,8 @@ Every party runs in its own process (spawned), on loopback TCP, 100-byte message
 * broadcast (``--broadcast N``, default 50): raw pyzmq PUB -> N SUB processes against a
   zerohub broadcast queue (Status 0) -> N consumer processes, messages/50 per consumer,
   once sent one by one by the broker and once published on its fan-out socket
-  (``serve --fanout``, ``broker.engine.fanout``: libzmq copies to the N SUBs);
+  (``serve --fanout``, ``broker.engine.fanout``: libzmq copies to the N SUBs), the
+  latter read as messages and raw (``Client(raw_fanout="payloads")``);
   the rate is the producer's messages per second until every consumer has them all;
 * zerohub round trip: a client pushes into a queue of a channel it joined and waits
   for the delivery, one message at a time;
@@ -262,16 +263,19 @@ def bench_zerohub_broadcast(
     broker_pid: int,
     raw: Row,
     fanout: bool = False,
+    raw_read: str = "",
 ) -> Row:
     setup = _client(endpoint)
-    channel = f"bench-broadcast-{consumers}-{'fanout' if fanout else 'direct'}"
+    channel = f"bench-broadcast-{consumers}-{'fanout' if fanout else 'direct'}{raw_read}"
     setup.create_queue(channel, 1, {"Status": 0})
     _close(setup)
     out = ctx.Queue()
     readies = [ctx.Event() for _ in range(consumers)]
     go = ctx.Event()
     procs = [
-        ctx.Process(target=zh_consumer, args=(endpoint, channel, count, False, r, out, fanout))
+        ctx.Process(
+            target=zh_consumer, args=(endpoint, channel, count, False, r, out, fanout, raw_read)
+        )
         for r in readies
     ]
     procs.append(ctx.Process(target=zh_producer, args=(endpoint, channel, count, False, go, out)))
@@ -299,7 +303,7 @@ def bench_zerohub_broadcast(
         note = f"{note}, {count * consumers - seen} missed (reported gaps)"
     if raw.rate:
         note = f"{rate / raw.rate:.2f}x raw PUB/SUB  {note}"
-    how = "fan-out" if fanout else "one by one"
+    how = ("fan-out, raw payloads" if raw_read else "fan-out") if fanout else "one by one"
     return Row(f"zerohub broadcast x{consumers} ({how})", rate=rate, note=note)
 
 
@@ -395,10 +399,13 @@ def zh_consumer(
     ready: Any,
     out: Any,
     fanout: bool = False,
+    raw: str = "",
 ) -> None:
     """Reads ``count`` messages; with ``fanout``, received or reported missed (its time:
-    when the last one came, not the idle wait for a gap's marker)."""
-    client = _client(endpoint, max_inbox=50_000, threaded=threaded, fanout=fanout)
+    when the last one came, not the idle wait for a gap's marker); ``raw``: read raw
+    (``Client(raw_fanout=raw)``, ``receive_payloads``: no message objects)."""
+    kw = {"raw_fanout": raw} if raw else {}
+    client = _client(endpoint, max_inbox=50_000, threaded=threaded, fanout=fanout, **kw)
     client.join(channel)
     ready.set()
     cpu0 = time.process_time()  # (this process, libzmq's I/O thread included)
@@ -416,6 +423,13 @@ def zh_consumer(
     clock = time.perf_counter
     deadline = time.monotonic() + 120
     while seen + missed < count and time.monotonic() < deadline:
+        if raw:
+            got = client.receive_payloads(timeout=1.0)
+            if got:
+                seen += len(got)
+                last = clock()
+            missed = sum(gap.count for gap in client.fanout_gaps)
+            continue
         for _message in client.consume(timeout=1.0):
             seen += 1
             last = clock()
@@ -1106,6 +1120,12 @@ def main(argv: list[str] | None = None) -> int:
                         bench_zerohub_broadcast(ctx, endpoint, n, args.broadcast, pid, raw_pub,
                                                 fanout)
                     )  # fmt: skip
+                # the consumers reading raw (``Client.receive_payloads``; bench_fanout.py
+                # has the consumers' CPU beside raw SUBs')
+                rows.append(
+                    bench_zerohub_broadcast(ctx, endpoint, n, args.broadcast, pid, raw_pub,
+                                            True, "payloads")
+                )  # fmt: skip
         finally:
             stop.set()
             broker.join(30)

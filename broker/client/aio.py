@@ -41,9 +41,11 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from broker import tmqp
 from broker.client import session as S
 from broker.client.api import ANSWER, ClientApi
 from broker.client.errors import ClientClosed, ClientError
+from broker.client.fanout import FanoutReader, Gap
 from broker.client.message import Message
 from broker.client.sockets import Curve, close_monitor, handshake_refusal, open_dealer
 from broker.protocol import ConnectionInfo
@@ -90,7 +92,11 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
         peer_timeout: float = 15.0,
         reconnect: bool = True,
         backoff: tuple[float, float] = (0.05, 5.0),
+        fanout: bool = True,
     ) -> None:
+        """``fanout``: ask for broadcast fan-out at every join (``broker.client.fanout``:
+        a broker serving ``--fanout`` publishes its broadcast queues' messages to this
+        client's SUB socket, read by its task; any other broker ignores the question)."""
         info = ConnectionInfo(
             client_id=client_id,
             name=name,
@@ -120,10 +126,22 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
         self._held: deque[Message] = deque()
         self._ended = asyncio.Event()  # the broker ended the session after the goodbye
         self._closing = asyncio.Event()  # close() sent the goodbye
+        self._fanout = fanout
+        #: The fan-out SUB and its streams: a plain socket on the same libzmq context,
+        #: watched by the task beside the DEALER.
+        self._fan = FanoutReader(
+            zmq.Context.shadow(context.underlying), self._curve, hwm, endpoint
+        )
 
     @property
     def connected(self) -> bool:
         return self._session.state is S.SessionState.READY
+
+    @property
+    def fanout_gaps(self) -> list[Gap]:
+        """Broadcast messages this client's fan-out never received (as
+        ``Client.fanout_gaps``); the newest ``MAX_GAPS`` of them, oldest first."""
+        return list(self._fan.gaps)
 
     @property
     def _pending(self) -> dict[str, Any]:
@@ -187,6 +205,7 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
         self._end_inbox()
 
     def _close_socket(self, linger: float = 0.0) -> None:
+        self._fan.close()  # the session's end ends every stream
         sock, self._sock = self._sock, None
         if self._monitor is not None:
             close_monitor(sock, self._monitor)
@@ -212,17 +231,31 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
                 if sock is None:
                     await asyncio.sleep(wait)
                     continue
+                fan = self._fan
+                if fan.streams:
+                    fan.expire(time.monotonic())
+                    waits = fan.pending_deadline()
+                    if waits is not None:
+                        wait = max(0.0, min(wait, waits - time.monotonic()))
                 wait_ms = int(wait * 1000) + 1
                 monitor = self._monitor
-                if monitor is None:
+                sub = fan.sock if not session.paused else None
+                if monitor is None and sub is None:
                     readable = bool(await sock.poll(wait_ms))
-                else:  # the handshake: watch the monitor too
+                else:  # the handshake: watch the monitor too; the fan-out SUB
                     poller = zmq.asyncio.Poller()
                     poller.register(sock, zmq.POLLIN)
-                    poller.register(monitor, zmq.POLLIN)
+                    if monitor is not None:
+                        poller.register(monitor, zmq.POLLIN)
+                    if sub is not None:
+                        poller.register(sub, zmq.POLLIN)
                     ready = dict(await poller.poll(wait_ms))
                     readable = sock in ready
-                    if monitor in ready:
+                    # (the poller may answer with its asyncio wrapper of the plain SUB)
+                    if sub is not None and any(getattr(k, "underlying", None) == sub.underlying
+                                               for k in ready):  # fmt: skip
+                        await self._read_fan()
+                    if monitor is not None and monitor in ready:
                         curve = self._curve is not None
                         err = handshake_refusal(monitor, curve=curve, endpoint=self.endpoint)
                         if err is not None:
@@ -251,6 +284,13 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
                 if sock is not self._sock:
                     return  # the session was reset
 
+    async def _read_fan(self) -> None:
+        """A batch of the fan-out SUB (``broker.client.fanout``) into the inbox."""
+        frames: list[tmqp.Frame] = []
+        self._fan.read(frames.append)
+        for frame in frames:
+            await self._to_inbox(Message(frame))
+
     async def _apply(self, events: Iterable[S.Event]) -> None:
         for ev in events:
             if isinstance(ev, S.Send):
@@ -262,6 +302,10 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
                 await self._to_inbox(ev.message)
             elif isinstance(ev, S.Notify):
                 S.notify(ev)
+            elif isinstance(ev, S.Fanout):
+                self._fan.grant(ev, time.monotonic())
+            elif isinstance(ev, S.Unfanout):
+                self._fan.leave(ev.channel)
             elif isinstance(ev, S.Ended):
                 self._ended.set()
                 raise _Stop  # nothing more comes: close() takes it from here

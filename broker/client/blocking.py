@@ -108,10 +108,14 @@ class Client(ClientApi[Any]):
         threaded: bool = True,
         fanout: bool = True,
         batch: int = SEND_BATCH,
+        raw_fanout: str = "",
     ) -> None:
         """``batch``: frames (pushes, acknowledges) one batch sent to the broker may hold
         at most (``broker.batch``: what waits in the outbox leaves together); 0: one
-        ZeroMQ message per frame."""
+        ZeroMQ message per frame.  ``raw_fanout``: "payloads" or "numbered": fan-out
+        deliveries are read raw, for :meth:`receive_payloads` only (never ``receive``)."""
+        if raw_fanout not in ("", "payloads", "numbered"):
+            raise ValueError(f"raw_fanout: '', 'payloads' or 'numbered', not {raw_fanout!r}")
         info = ConnectionInfo(
             client_id=client_id,
             name=name,
@@ -138,6 +142,7 @@ class Client(ClientApi[Any]):
             hwm=hwm,
             linger=linger,
         )
+        self._core.raw_fanout = raw_fanout
         self.threaded = threaded
         self._thread: threading.Thread | None = None
         #: Ask for broadcast fan-out at every join (``broker.client.fanout``): a broker
@@ -443,6 +448,36 @@ class Client(ClientApi[Any]):
                 self._resume()
             if not Session.unanswerable(msg, self._session.state):
                 return msg
+
+    def receive_payloads(self, timeout: float | None = None) -> list[Any]:
+        """Fan-out deliveries read raw (``Client(raw_fanout=...)``, ``broker.client.fanout``):
+        every payload (``raw_fanout="payloads"``) or ``(stream number, payload)`` pair
+        ("numbered") the client holds, oldest first, waiting up to ``timeout`` seconds for
+        one (an empty list then).  No message objects are built: headers and ids of these
+        deliveries are not read, and gaps are reported as with messages (``fanout_gaps``).
+        Other messages (one-by-one deliveries, direct messages) wait for ``receive``."""
+        core = self._core
+        fan = core.fanout
+        if fan is None or not fan.raw:
+            raise ClientError("receive_payloads needs Client(raw_fanout='payloads' or 'numbered')")
+        batches = fan.batches
+        if not batches:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            loop = core.loop
+            if loop is not None:  # poll-on-call: straight from the SUB while it may
+                if not loop.read_fan_between(deadline) and not core.pump(
+                    lambda: bool(batches), deadline
+                ):
+                    return []
+            elif not core.inbox.wait(deadline, self._closed, batches):
+                return []
+        got: list[Any] = batches.popleft()
+        while batches:
+            got += batches.popleft()
+        fan.raw_out += len(got)
+        if self._session.paused and core.inbox.drained and fan.held <= core.inbox.limit // 2:
+            self._resume()
+        return got
 
     def _closed(self) -> ClientError | None:
         if self._session.state is SessionState.CLOSED:

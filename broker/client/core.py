@@ -41,6 +41,7 @@ class Pump(Protocol):
     def send_or_queue(self, data: bytes) -> None: ...
     def flush(self) -> None: ...
     def finish(self) -> None: ...
+    def read_fan_between(self, deadline: float | None) -> bool: ...
 
 
 class ClientCore:
@@ -77,6 +78,8 @@ class ClientCore:
         self.loop: Pump | None = None  # poll-on-call: the loop the caller drives
         #: The I/O loop's fan-out reader (``broker.client.fanout``), once there is a loop.
         self.fanout: Any = None
+        #: Raw fan-out reading ("payloads", "numbered"; "": messages): ``FanoutReader.raw``.
+        self.raw_fanout = ""
         self._unpumped = 0
 
     def closed_error(self) -> ClientError:

@@ -1,22 +1,37 @@
 """The client's side of broadcast fan-out (``broker.engine.fanout``): one SUB socket.
 
 A JOIN the broker answered with a fan-out grant (``session.Fanout``) subscribes the
-channel's stream token on a SUB connected to the announced endpoint (CURVE with the
-client's keys when it uses CURVE; a wildcard host is replaced by the broker's host).  The
-join completes when the stream's marker arrives: the subscription is live from then on,
-and that is where the join takes effect (every message pushed after ``join()`` returned
-comes; one pushed while it waited may not, as a push racing a one-by-one join).  From
-there each stream's sequence numbers must follow one another; a jump is a *gap*:
-messages dropped at a full pipe (the
-broker's ``fanout_hwm`` and this SUB's high-water mark).  A gap is never silent: it is
-logged, counted and kept in :attr:`FanoutReader.gaps` (``Client.fanout_gaps``).  The broker
-never resends a broadcast.  The session's loss ends every stream (a re-join after a
-reconnect takes the one-by-one path); a LEAVE unsubscribes.
+channel's stream token (this SUB's own filter) and the member's ticket (the broker's
+XPUB applies the token to this SUB's pipe when it sees the ticket) on a SUB connected to
+the announced endpoint (CURVE with the client's keys when it uses CURVE; a wildcard host
+is replaced by the broker's host).  The join completes when the stream's marker arrives:
+the subscription is live from then on, and that is where the join takes effect (every
+message pushed after ``join()`` returned comes; one pushed while it waited may not, as a
+push racing a one-by-one join).  A join of a channel whose stream this client already
+reads completes at once.  From there each stream's sequence numbers must follow one
+another; a jump is a *gap*: messages dropped at a full pipe (the broker's ``fanout_hwm``
+and this SUB's high-water mark).  A gap is never silent: it is logged, counted and kept
+in :attr:`FanoutReader.gaps` (``Client.fanout_gaps``).  The broker never resends a
+broadcast.
+
+When another member leaves, the broker replaces the stream's token and tells this client
+(``session.Fanout`` without a waiter, with the old token's last number): the new token
+and ticket are subscribed beside the old ones; the old token's messages are read up to
+that number, the new one's marker makes it live, and the old subscription goes.  The
+numbers run on across the change, so a message lost there is a reported gap too.
+
+Raw reading (``Client(raw_fanout=...)``, :meth:`FanoutReader.read_raw`): the payloads
+(or ``(number, payload)`` pairs) of a batch of deliveries as one list, without building
+frames or messages; their headers and ids are not read.
+
+The session's loss ends every stream (a re-join after a reconnect takes the one-by-one
+path); a LEAVE unsubscribes.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +46,7 @@ from broker.client.sockets import Curve
 from broker.fanout import HEAD_SIZE, SEQ, TOKEN_SIZE
 from zerohub import zmqkit
 from zproto.errors import DecodeError
+from zproto.runtime import dec_varlen
 
 log = logging.getLogger("broker.client")
 
@@ -39,6 +55,14 @@ READY_TIMEOUT = 10.0
 #: Gaps kept for the application (the oldest are forgotten beyond this; all are counted).
 MAX_GAPS = 1000
 _BATCH = 1024
+#: Where a published delivery's payload length is (the frame's octet 7), the shortest one.
+_LENGTH_AT = HEAD_SIZE + 7
+_SMALLEST = HEAD_SIZE + 8
+_NOBLOCK = int(zmq.NOBLOCK)
+_EVENTS = int(zmq.EVENTS)
+#: Raw reading: milliseconds a poll-on-call client's receive may block on the SUB alone
+#: (its receive timeout) before the client's loop takes a whole step again.
+RAW_WAIT_MS = 20
 _decode = tmqp.decode
 _WILDCARDS = ("0.0.0.0", "*", "::", "[::]")
 
@@ -57,16 +81,22 @@ class Gap:
 
 
 class _Stream:
-    __slots__ = ("channel", "deadline", "expected", "live", "token", "waiter")
+    __slots__ = ("base", "channel", "deadline", "expected", "live", "replaces", "ticket",
+                 "token", "waiters")  # fmt: skip
 
     def __init__(self, grant: Fanout, now: float) -> None:
         self.channel = grant.channel
         self.token = grant.token
-        self.waiter: Any = grant.waiter
+        self.ticket = grant.ticket
+        self.waiters: list[Any] = [grant.waiter] if grant.waiter is not None else []
         self.deadline = now + READY_TIMEOUT
         #: The next sequence number due (set again from the first marker).
         self.expected = grant.seq + 1
         self.live = False
+        #: A token change: the old token's last number (None: a join).
+        self.base: int | None = None
+        #: The streams (old tokens) this one replaces once live.
+        self.replaces: list[_Stream] = []
 
 
 def reachable(announced: str, broker_endpoint: str) -> str:
@@ -86,7 +116,9 @@ def reachable(announced: str, broker_endpoint: str) -> str:
 class FanoutReader:
     """The SUB socket and the streams it reads (driven by the client's I/O loop)."""
 
-    def __init__(self, context: Any, curve: Curve | None, hwm: int, broker: str) -> None:
+    def __init__(
+        self, context: Any, curve: Curve | None, hwm: int, broker: str, raw: str = ""
+    ) -> None:
         self.context = context
         self.curve = curve
         self.hwm = hwm
@@ -98,42 +130,89 @@ class FanoutReader:
         #: Messages missed in all (every gap, also those no longer in ``gaps``).
         self.missed = 0
         self.received = 0
+        #: Raw reading (``read_raw``): "payloads" or "numbered"; "": frames (``read``).
+        self.raw = raw
+        #: Batches read raw, for the application (appended here, taken by it).
+        self.batches: deque[list[Any]] = deque()
+        #: Raw deliveries put into / taken out of ``batches`` (one writer each).
+        self.raw_in = 0
+        self.raw_out = 0
+
+    @property
+    def held(self) -> int:
+        """Raw deliveries read and not taken by the application yet."""
+        return self.raw_in - self.raw_out
 
     def grant(self, grant: Fanout, now: float) -> None:
-        """Subscribe a granted stream (the join completes at its marker)."""
+        """Subscribe a granted stream (a join completes at its marker), or a stream's new
+        token (``grant.waiter`` None)."""
+        current = [st for st in self.streams.values() if st.channel == grant.channel]
+        if grant.waiter is None:
+            if not current:
+                return  # (left already)
+        else:
+            same = self.streams.get(grant.token)
+            if same is not None:  # joined again: the stream is read already
+                if same.live:
+                    if not grant.waiter.done():
+                        grant.waiter.set_result(None)
+                else:
+                    same.waiters.append(grant.waiter)
+                return
         endpoint = reachable(grant.endpoint, self.broker)
         if self.sock is not None and endpoint != self.endpoint:
-            grant.waiter.set_exception(
-                ConnectError(f"a second fan-out endpoint {endpoint} (have {self.endpoint})")
-            )
+            err = ConnectError(f"a second fan-out endpoint {endpoint} (have {self.endpoint})")
+            if grant.waiter is not None:
+                grant.waiter.set_exception(err)
+            else:
+                log.warning("fan-out of %r: %s", grant.channel, err)
             return
         if self.sock is None:
             sock = self.context.socket(zmq.SUB)
             sock.linger = 0
             sock.rcvhwm = self.hwm
+            if self.raw:
+                sock.rcvtimeo = RAW_WAIT_MS
             if self.curve is not None:
                 try:
                     zmqkit.configure_client(sock, self.curve.secret, self.curve.server_key)
                 except zmqkit.SecurityError as exc:
                     sock.close(linger=0)
-                    grant.waiter.set_exception(ConnectError(str(exc)))
+                    if grant.waiter is not None:
+                        grant.waiter.set_exception(ConnectError(str(exc)))
                     return
             sock.connect(endpoint)
             self.sock, self.endpoint = sock, endpoint
-        self.streams[grant.token] = _Stream(grant, now)
-        self.sock.setsockopt(zmq.SUBSCRIBE, grant.token)
+        stream = _Stream(grant, now)
+        if grant.waiter is None:
+            for old in current:
+                if old.live:
+                    # its messages up to grant.seq are still to come on this SUB
+                    stream.replaces.append(old)
+                    stream.base = grant.seq
+                else:  # a join still waiting: it completes on the new token
+                    stream.waiters += old.waiters
+                    stream.deadline = old.deadline
+                    self._drop(old)
+        self.streams[grant.token] = stream
+        self.sock.setsockopt(zmq.SUBSCRIBE, grant.token)  # this SUB's own filter
+        self.sock.setsockopt(zmq.SUBSCRIBE, grant.ticket)  # the broker applies the token
+
+    def _drop(self, stream: _Stream) -> None:
+        if self.streams.get(stream.token) is stream:
+            del self.streams[stream.token]
+        if self.sock is not None:
+            self.sock.setsockopt(zmq.UNSUBSCRIBE, stream.token)
+            self.sock.setsockopt(zmq.UNSUBSCRIBE, stream.ticket)
 
     def leave(self, channel: str) -> None:
-        for token, stream in list(self.streams.items()):
+        for stream in list(self.streams.values()):
             if stream.channel == channel:
-                del self.streams[token]
-                if self.sock is not None:
-                    self.sock.setsockopt(zmq.UNSUBSCRIBE, token)
+                self._drop(stream)
 
     def read(self, take: Callable[[tmqp.Frame], None]) -> None:
         """Read what the SUB holds (one batch): ``take`` each delivery's frame in order,
-        gaps reported.  (Two plain ``recv``: about a third of the cost of
-        ``recv_multipart``, measured.)"""
+        gaps reported."""
         sock = self.sock
         if sock is None:
             return
@@ -144,17 +223,14 @@ class FanoutReader:
         unpack = SEQ.unpack_from
         for _ in range(_BATCH):
             try:
-                first = recv(zmq.NOBLOCK)
+                data = recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            # the broker's XPUB sends every message as two parts, delivered together
-            # (RCVMORE checks would cost two enum conversions per message in pyzmq)
-            data = recv(zmq.NOBLOCK)
-            stream = streams.get(first[:TOKEN_SIZE]) if len(first) == HEAD_SIZE else None
-            if stream is None:
-                continue  # (left, a stream of an earlier session, or not a head)
-            seq = unpack(first, TOKEN_SIZE)[0]
-            if not data:  # a marker: the last number sent when a subscription was applied
+            stream = streams.get(data[:TOKEN_SIZE])
+            if stream is None or len(data) < HEAD_SIZE:
+                continue  # (left, replaced, a stream of an earlier session, not a head)
+            seq = unpack(data, TOKEN_SIZE)[0]
+            if len(data) == HEAD_SIZE:  # a marker: the last number sent
                 self._marker(stream, seq)
                 continue
             expected = stream.expected
@@ -164,7 +240,7 @@ class FanoutReader:
                 self._gap(stream, expected, seq - 1)
             stream.expected = seq + 1
             try:
-                frame = decode((data,))
+                frame = decode((data[HEAD_SIZE:],))
             except DecodeError:
                 log.warning("an undecodable fan-out message on %r", stream.channel)
                 continue
@@ -172,15 +248,86 @@ class FanoutReader:
                 self.received += 1
                 take(frame)
 
+    def read_raw(self, wait: bool = False) -> int:
+        """``read`` for raw reading: one batch of payloads (``raw`` "payloads") or
+        ``(number, payload)`` pairs ("numbered") appended to ``batches``; how many.
+        ``wait``: the first receive may block, :data:`RAW_WAIT_MS` at most (the SUB's
+        receive timeout; cheaper than a poll, where nothing else needs watching)."""
+        sock = self.sock
+        if sock is None:
+            return 0
+        recv = sock.recv
+        try:
+            data = recv(0 if wait else _NOBLOCK)
+        except zmq.Again:
+            return 0
+        datas = [data]
+        # one look at the socket's events: a lone message (a trickle) costs no zmq.Again
+        # (a raised exception costs several microseconds), a burst is read on to it
+        if sock.getsockopt(_EVENTS) & 1:  # type: ignore[operator]
+            more = datas.append
+            try:
+                for _ in range(_BATCH - 1):
+                    more(recv(_NOBLOCK))
+            except zmq.Again:
+                pass
+        streams = self.streams
+        unpack = SEQ.unpack_from
+        numbered = self.raw == "numbered"
+        got: list[Any] = []
+        append = got.append
+        last_token = b""
+        stream: Any = None
+        for data in datas:
+            if data[:TOKEN_SIZE] != last_token:
+                last_token = data[:TOKEN_SIZE]
+                stream = streams.get(last_token)
+            size = len(data)
+            if stream is None or size < _SMALLEST:
+                if stream is not None and size == HEAD_SIZE:
+                    self._marker(stream, unpack(data, TOKEN_SIZE)[0])
+                    stream = streams.get(last_token)  # (a marker may replace streams)
+                continue
+            seq = unpack(data, TOKEN_SIZE)[0]
+            if seq != stream.expected:
+                if seq < stream.expected:
+                    continue
+                self._gap(stream, stream.expected, seq - 1)
+            stream.expected = seq + 1
+            # the payload is a frame's last field: its length is at octet 7 of the frame
+            length = data[_LENGTH_AT]
+            if length > 252:
+                length = dec_varlen(data, _LENGTH_AT, "little")[0]
+            payload = data[size - length :] if length else b""
+            append((seq, payload) if numbered else payload)
+        if got:
+            self.received += len(got)
+            self.raw_in += len(got)
+            self.batches.append(got)
+        return len(got)
+
     def _marker(self, stream: _Stream, seq: int) -> None:
         if not stream.live:
             # the join takes effect here, where join() returns: messages published
             # between the broker's answer and this marker were pushed before it
-            # (as with a one-by-one join, a push racing the join may miss it)
+            # (as with a one-by-one join, a push racing the join may miss it); after a
+            # token change the numbers run on from the old token's last one
             stream.live = True
-            stream.expected = seq + 1
-            if not stream.waiter.done():
-                stream.waiter.set_result(None)
+            if stream.base is not None:
+                for old in stream.replaces:
+                    if old.expected <= stream.base:  # the old token's tail never came
+                        self._gap(old, old.expected, stream.base)
+                    self._drop(old)
+                stream.replaces = []
+                if seq >= stream.expected:
+                    self._gap(stream, stream.expected, seq)
+                stream.expected = max(stream.expected, seq + 1)
+            else:
+                stream.expected = seq + 1
+            for waiter in stream.waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            stream.waiters = []
             return
         if seq >= stream.expected:
             self._gap(stream, stream.expected, seq)
@@ -199,23 +346,25 @@ class FanoutReader:
 
     def expire(self, now: float) -> None:
         """Fail the joins whose marker did not come within ``READY_TIMEOUT``."""
-        for token, stream in list(self.streams.items()):
-            if not stream.live and now >= stream.deadline:
-                del self.streams[token]
-                if not stream.waiter.done():
-                    stream.waiter.set_exception(
-                        ConnectError(f"no fan-out from {self.endpoint} for {stream.channel!r}")
-                    )
+        for stream in list(self.streams.values()):
+            if not stream.live and stream.waiters and now >= stream.deadline:
+                self._drop(stream)
+                for waiter in stream.waiters:
+                    if not waiter.done():
+                        waiter.set_exception(
+                            ConnectError(f"no fan-out from {self.endpoint} for {stream.channel!r}")
+                        )
 
     def pending_deadline(self) -> float | None:
-        waits = [s.deadline for s in self.streams.values() if not s.live]
+        waits = [s.deadline for s in self.streams.values() if not s.live and s.waiters]
         return min(waits) if waits else None
 
     def close(self) -> None:
         """The session is gone: every stream ends (a waiting join fails)."""
         for stream in self.streams.values():
-            if not stream.live and not stream.waiter.done():
-                stream.waiter.set_exception(ConnectError("the session ended before fan-out"))
+            for waiter in stream.waiters:
+                if not waiter.done():
+                    waiter.set_exception(ConnectError("the session ended before fan-out"))
         self.streams.clear()
         if self.sock is not None:
             self.sock.close(linger=0)

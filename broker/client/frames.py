@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from broker import tmqp
 from broker.client.message import Message
 from broker.fanout import FANOUT
+from broker.fanout import VERSION as FANOUT_VERSION
 from broker.protocol import Header, MessageType, Operation, ResultCode
 
 Headers = Mapping[str, str] | tuple[tuple[str, str], ...]
@@ -135,7 +136,7 @@ def join_frame(
         raise ValueError("prefetch must be a positive integer")
     headers = ((Header.PREFETCH, str(prefetch)),) if prefetch is not None else ()
     if fanout:
-        headers = (*headers, (FANOUT, "1"))
+        headers = (*headers, (FANOUT, FANOUT_VERSION))
     return tmqp.Frame(
         message_type=MessageType.SERVER,
         pending_ack=not fanout,

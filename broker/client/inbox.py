@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 
 from broker.client.errors import ClientError
 from broker.client.message import Message
@@ -44,12 +44,19 @@ class Inbox:
         """Down to half: reading may resume."""
         return len(self.items) <= self.limit // 2
 
-    def wait(self, deadline: float | None, closed: Callable[[], ClientError | None]) -> bool:
+    def wait(
+        self,
+        deadline: float | None,
+        closed: Callable[[], ClientError | None],
+        items: Sized | None = None,
+    ) -> bool:
         """Wait until a message is in (True) or the deadline passed (False).
 
-        ``closed()`` gives the error to raise once the client is closed (else None).
+        ``closed()`` gives the error to raise once the client is closed (else None);
+        ``items``: another collection the I/O loop fills (the fan-out's raw batches).
         """
-        items = self.items
+        if items is None:
+            items = self.items
         with self.cv:
             self.waiting += 1
             try:

@@ -20,7 +20,7 @@ from broker import batch, tmqp
 from broker.client import session as S
 from broker.client.core import ClientCore
 from broker.client.errors import ClientClosed, ClientError, StopLoop
-from broker.client.fanout import FanoutReader
+from broker.client.fanout import RAW_WAIT_MS, FanoutReader
 from broker.client.message import Message
 from broker.client.sockets import close_monitor, handshake_refusal, open_dealer
 from broker.protocol import MessageType
@@ -35,6 +35,9 @@ _BATCH = 1024
 _POLLIN = int(zmq.POLLIN)
 _POLLOUT = int(zmq.POLLOUT)
 _EVENTS = zmq.EVENTS
+#: Seconds a poll-on-call client may read fan-out batches between two loop steps.
+_SERVE_EVERY = 0.02
+_RAW_WAIT = RAW_WAIT_MS / 1000
 
 _new = object.__new__
 #: Sets a new Message's frame without the frozen dataclass's __init__ (half the cost).
@@ -65,9 +68,11 @@ class IOLoop:
         self.poller = zmq.Poller()
         self.flags: dict[Any, int] = {}
         self.want_out = False
+        #: Poll-on-call: raw fan-out batches may be read without a step until then.
+        self.serve_by = 0.0
         #: The broadcast fan-out SUB and its streams (``broker.client.fanout``).
         self.fan = core.fanout = FanoutReader(
-            core.context, core.curve, core.hwm, core.session.endpoint
+            core.context, core.curve, core.hwm, core.session.endpoint, core.raw_fanout
         )
         if wake is not None:
             self._register(wake, zmq.POLLIN)
@@ -131,7 +136,27 @@ class IOLoop:
                 self._apply(s.fatal(err))
         if c.outbox:
             self.flush()
-        self._apply(s.tick(time.monotonic()))
+        now = time.monotonic()
+        self._apply(s.tick(now))
+        self.serve_by = now + _SERVE_EVERY
+
+    def read_fan_between(self, deadline: float | None) -> bool:
+        """Poll-on-call raw fan-out reading (``Client.receive_payloads``): take a batch
+        from the SUB without a whole step (no poll, no timers), waiting for it at most
+        ``fanout.RAW_WAIT_MS``, while the last step is at most ``_SERVE_EVERY`` old and
+        ``deadline`` (None: none) is further away than that wait; True when a batch came."""
+        fan = self.fan
+        if fan.sock is None or self.s.paused:
+            return False
+        now = time.monotonic()
+        if now >= self.serve_by or (deadline is not None and deadline - now < _RAW_WAIT):
+            return False
+        c = self.c
+        if fan.read_raw(wait=True) and c.inbox.waiting:
+            c.inbox.wake_all()
+        if fan.held >= c.inbox.limit:
+            self.s.paused = True
+        return bool(fan.batches)
 
     def _register(self, sock: Any, flags: int) -> None:
         if self.flags.get(sock) != flags:
@@ -155,7 +180,7 @@ class IOLoop:
                 raise StopLoop
         with c.cv:
             c.woken = False
-        if self.s.paused and c.inbox.drained:
+        if self.s.paused and c.inbox.drained and self.fan.held <= c.inbox.limit // 2:
             self.s.paused = False
 
     def _drain(self, sock: zmq.Socket[bytes]) -> None:
@@ -392,6 +417,13 @@ class IOLoop:
         DEALER's fast path puts deliveries there, or to the ``on_message`` callback."""
         c = self.c
         inbox = c.inbox
+        fan = self.fan
+        if fan.raw:  # raw reading: batches of payloads for Client.receive_payloads
+            if fan.read_raw() and inbox.waiting:
+                inbox.wake_all()
+            if fan.held >= inbox.limit:
+                self.s.paused = True
+            return
         if c.on_message is None:
             append = inbox.items.append
 

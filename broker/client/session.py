@@ -67,7 +67,15 @@ from broker.client.errors import (
 )
 from broker.client.frames import event_frame, join_frame
 from broker.client.message import Message
-from broker.fanout import FANOUT_ENDPOINT, FANOUT_SEQ, FANOUT_TOKEN, TOKEN_SIZE
+from broker.fanout import (
+    FANOUT_ENDPOINT,
+    FANOUT_SEQ,
+    FANOUT_TICKET,
+    FANOUT_TOKEN,
+    ROTATED,
+    SOURCE,
+    TOKEN_SIZE,
+)
 from broker.paging import merge
 from broker.protocol import (
     CODE_FOR_NACK_REASON,
@@ -190,21 +198,24 @@ def _asked(pull: tmqp.Frame) -> int:
 
 
 def _fanout_grant(waiter: Any, channel: str, answer: tmqp.Frame) -> Fanout | None:
-    """The fan-out a JOIN's answer granted (None: none, or headers that cannot be read)."""
+    """The fan-out a JOIN's answer (or a token change: ``waiter`` None) granted (None:
+    none, or headers that cannot be read)."""
     endpoint = header(answer, FANOUT_ENDPOINT)
     token = header(answer, FANOUT_TOKEN)
+    ticket = header(answer, FANOUT_TICKET)
     seq = header(answer, FANOUT_SEQ)
-    if endpoint is None or token is None or seq is None:
+    if endpoint is None or token is None or ticket is None or seq is None:
         return None
     try:
         raw = bytes.fromhex(token)
+        claim = bytes.fromhex(ticket)
         number = int(seq)
     except ValueError:
         log.warning("the broker's fan-out grant for %r cannot be read", channel)
         return None
-    if len(raw) != TOKEN_SIZE or number < 0:
+    if len(raw) != TOKEN_SIZE or len(claim) != TOKEN_SIZE or number < 0:
         return None
-    return Fanout(waiter, channel, endpoint, raw, number)
+    return Fanout(waiter, channel, endpoint, raw, number, claim)
 
 
 def _paged(value: Any, path: tuple[str, ...]) -> bool:
@@ -272,14 +283,17 @@ class Failed:
 
 @dataclass(frozen=True, slots=True)
 class Fanout:
-    """A JOIN granted broadcast fan-out (``broker.engine.fanout``): subscribe ``token`` on
-    a SUB connected to ``endpoint``, then complete ``waiter`` once its marker arrives."""
+    """A JOIN granted broadcast fan-out (``broker.engine.fanout``): subscribe ``token`` and
+    ``ticket`` on a SUB connected to ``endpoint``, then complete ``waiter`` once its
+    marker arrives.  ``waiter`` None: the broker replaced the token of a stream this
+    client reads (a member left); ``seq`` is the last number of the old token."""
 
     waiter: Any
     channel: str
     endpoint: str
     token: bytes
     seq: int
+    ticket: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -554,6 +568,8 @@ class Session:
         if mt in (_ACK, _RESPONSE):
             return self._settle(msg, now)
         if mt == _DIRECT:
+            if msg.content_type == ROTATED and msg.source == SOURCE:
+                return self._rotated(msg)
             return (Deliver(Message(msg)),)
         if mt == MessageType.EVENT:
             return self._event(msg)
@@ -564,6 +580,15 @@ class Session:
         if mt != MessageType.PONG:
             log.debug("ignored frame type %#x from the broker", mt)
         return _NONE
+
+    def _rotated(self, msg: tmqp.Frame) -> Sequence[Event]:
+        """A fan-out stream's new token (``broker.engine.fanout``: a member left)."""
+        channel = header(msg, Header.CHANNEL_NAME) or ""
+        grant = _fanout_grant(None, channel, msg)
+        if grant is None:
+            log.warning("an unreadable fan-out token change for %r", channel)
+            return _NONE
+        return (grant,)
 
     def _deliveries(self, msg: tmqp.Frame, now: float) -> Sequence[Event]:
         """Several deliveries in one message (``broker.batch``): each as if alone."""
@@ -669,6 +694,8 @@ class Session:
         if mt in (_QUEUE, _DIRECT):
             if msg.pending_ack or msg.pending_response:
                 return _NONE  # let go: the broker puts a queue message back
+            if msg.content_type == ROTATED and msg.source == SOURCE:
+                return _NONE  # (a fan-out token change: no stream is read any more)
             if mt == _QUEUE and msg.headers:
                 pulled = self._pulled(msg, now)
                 if pulled is not None:

@@ -239,7 +239,7 @@ class ChannelRegistry:
 
     def remove_consumer(self, channel: Channel, client: Client, out: list[Outgoing]) -> None:
         if self.fanout is not None:
-            self.fanout.leave(channel, client.id)
+            self.fanout.leave(channel, client.id, out)
         channel.consumers.pop(client.id, None)
         if client in channel.consumer_list:
             channel.consumer_list.remove(client)

@@ -911,15 +911,17 @@ class Engine:
         sockets connect to ``endpoint`` (the server's XPUB)."""
         self.channel_registry.fanout = FanoutStreams(endpoint)
 
-    def fanout_check(self, topic: bytes) -> bytes | None:
-        """A subscription on the fan-out socket: the marker's head to publish when its
-        topic is a live stream token (apply it), else None (refuse it)."""
+    def fanout_claim(self, topic: bytes) -> tuple[bytes, list[Outgoing]] | None:
+        """A subscription on the fan-out socket: when its topic is a member's live ticket,
+        the stream token to apply to that pipe and what to publish then (its marker, and
+        what a token change held); else None (refuse it)."""
         fanout = self.channel_registry.fanout
-        return fanout.check(topic) if fanout is not None else None
+        return fanout.claim(topic) if fanout is not None else None
 
     def fanout_beat(self) -> list[Outgoing]:
         """Every fan-out stream's marker (the server sends them about once a second): a
-        subscriber whose last messages were dropped learns of that gap from it."""
+        subscriber whose last messages were dropped learns of that gap from it; a hold
+        for a token change lets go after ``broker.engine.fanout.HOLD_BEATS`` of them."""
         fanout = self.channel_registry.fanout
         return fanout.markers() if fanout is not None else []
 

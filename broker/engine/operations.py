@@ -31,6 +31,7 @@ from broker.engine.replies import reply
 from broker.engine.router import Router, RouterError, binding_from_json, method_from_json
 from broker.engine.tmqp_door import encode as encode_message
 from broker.fanout import FANOUT
+from broker.fanout import VERSION as FANOUT_VERSION
 from broker.paging import Page, cut, parse_after
 from broker.protocol import (
     EVENT_NAMES,
@@ -225,12 +226,12 @@ def join(
     channel = parts.channels.channels.get(frame.target)
     if channel is None or client.id not in channel.consumers:
         return None
-    asked = bool(frame.headers) and header(frame, FANOUT) == "1"
+    asked = bool(frame.headers) and header(frame, FANOUT) == FANOUT_VERSION
     # (an ACK carries no headers: a grant would not reach the client)
     if not asked or not frame.pending_response or frame.pending_ack:
         # a join without fan-out (a re-join after a reconnect) ends a membership: that
         # client gets every delivery one by one again
-        fanout.leave(channel, client.id)
+        fanout.leave(channel, client.id, out)
         return None
     return Headed(fanout.grant(channel, client.id))
 

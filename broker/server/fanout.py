@@ -2,8 +2,8 @@
 
 See ``broker.engine.fanout`` for the protocol.  This door binds the XPUB (``serve
 --fanout ENDPOINT``; CURVE with the ROUTER's key and authenticator when CURVE is on),
-runs it in manual mode and applies a SUB's subscription only when the engine knows its
-topic as a live stream token; each applied subscription publishes the stream's marker.
+runs it in manual mode and, when a SUB's subscription is a member's live ticket, applies
+the stream's token to that SUB's pipe; each applied claim publishes the stream's marker.
 Publishing never blocks: a subscriber whose pipe holds ``fanout_hwm`` messages misses
 what follows (libzmq drops for that pipe alone) and sees the gap in the sequence numbers.
 """
@@ -15,7 +15,6 @@ from typing import Any
 
 import zmq
 
-from broker.engine.fanout import Publish
 from zerohub import zmqkit
 
 log = logging.getLogger("broker.server.server")
@@ -64,7 +63,8 @@ class FanoutDoor:
         return self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
     def on_readable(self, now: float) -> list[Any]:
-        """Subscriptions from SUB sockets: apply those naming a live token; markers out."""
+        """Subscriptions from SUB sockets: a live ticket gets its stream's token applied;
+        markers (and what a token change held) out."""
         sock = self.sock
         out: list[Any] = []
         while True:
@@ -78,20 +78,21 @@ class FanoutDoor:
             if msg[0] == 0:
                 sock.setsockopt(zmq.UNSUBSCRIBE, topic)
                 continue
-            marker = self.engine.fanout_check(topic)
-            if marker is None:
+            claim = self.engine.fanout_claim(topic)
+            if claim is None:
                 self.counters["fanout_refused"] += 1
                 continue
-            # manual mode: applies to the pipe of the subscription just read
-            sock.setsockopt(zmq.SUBSCRIBE, topic)
+            # manual mode: applies to the pipe of the subscription just read (the ticket's
+            # SUB gets the stream token, never the ticket itself)
+            sock.setsockopt(zmq.SUBSCRIBE, claim[0])
             self.counters["fanout_subscribed"] += 1
-            out.append(Publish(marker, None))  # type: ignore[arg-type]
+            out += claim[1]
         return out
 
     def publish(self, head: bytes, data: bytes) -> None:
+        """One frame: the head and the delivery (a marker: the head alone)."""
         try:
-            self.sock.send(head, zmq.SNDMORE | zmq.NOBLOCK)
-            self.sock.send(data, zmq.NOBLOCK)
+            self.sock.send(head + data if data else head, zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             log.error("fan-out publish failed: %s", exc)
             return

@@ -9,6 +9,7 @@ during traffic keep every member's stream in order.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 import zmq
 
 from broker.client import Client
+from broker.client.errors import ClientError
 from broker.engine import Engine
 from broker.server import Server, ServerOptions
 from tests.polling import wait_until
@@ -270,3 +272,222 @@ def test_broker_serve_refuses_a_plain_fanout_off_loopback(
     code = main(["serve", "--data", "none", "--fanout", "tcp://10.9.8.7:5681"])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "10.9.8.7" in err
+
+
+def _drain_numbers(client: Client, wait: float) -> list[int]:
+    """What ``client`` holds or receives within ``wait`` seconds of silence."""
+    got: list[int] = []
+    while (m := client.receive(timeout=wait)) is not None:
+        got.append(int(m.payload))
+    return got
+
+
+def test_a_member_that_leaves_but_keeps_its_sub_receives_nothing_more(fan: Fan) -> None:
+    """The adversary: a member leaves and keeps its SUB subscribed to the stream (its
+    client does not unsubscribe).  Nothing pushed after the leave reaches it; the member
+    that stays loses nothing and sees no gap across the token change."""
+    producer = fan.client()
+    _broadcast_queue(producer)
+    stays, leaver = fan.client(), fan.client()
+    for c in (stays, leaver):
+        c.join(CHANNEL)
+    leaver._core.fanout.leave = lambda channel: None  # keeps reading what its SUB gets
+    first = 100
+    for i in range(first):
+        producer.push(CHANNEL, 1, str(i).encode())
+    assert _numbers(leaver, first) == list(range(first))
+    leaver.leave(CHANNEL)
+    total = 300
+    for i in range(first, total):
+        producer.push(CHANNEL, 1, str(i).encode())
+    assert _numbers(stays, total) == list(range(total))
+    # the broker's beat publishes the stream's marker after the last message: by the time
+    # the one that stays heard it, a SUB that still could read would hold everything
+    markers = fan.server.counters["fanout_markers"]
+    assert wait_until(lambda: fan.server.counters["fanout_markers"] > markers, timeout=30)
+    assert _drain_numbers(stays, 0.3) == []
+    assert stays.fanout_gaps == []
+    assert _drain_numbers(leaver, 0.3) == [], "the leaver read on after its leave"
+
+
+def test_joining_again_a_channel_whose_stream_is_read_loses_nothing(fan: Fan) -> None:
+    """A member joining its channel again (a new prefetch, say) while messages flow: the
+    join completes at once, and every message comes exactly once, without a gap."""
+    producer = fan.client()
+    _broadcast_queue(producer)
+    member = fan.client()
+    member.join(CHANNEL)
+    half = 150
+    for i in range(half):
+        producer.push(CHANNEL, 1, str(i).encode())
+    member.join(CHANNEL, prefetch=50)
+    total = 2 * half
+    for i in range(half, total):
+        producer.push(CHANNEL, 1, str(i).encode())
+    assert _numbers(member, total, timeout=5) == list(range(total))
+    assert member.fanout_gaps == []
+
+
+def test_a_join_answer_racing_fanout_messages_and_direct_frames(fan: Fan) -> None:
+    """A member joins while a producer streams: messages published once (fan-out) and
+    messages asking a receipt (sent to each consumer one by one over its DEALER) follow
+    the join answer in the same broker steps.  Nothing comes twice, nothing pushed after
+    join() returned is missed, the published ones come in order and no gap is reported."""
+    producer = fan.client()
+    _broadcast_queue(producer)
+    steady = fan.client()
+    steady.join(CHANNEL)
+    stop = threading.Event()
+    sent: list[int] = []
+
+    def produce() -> None:
+        i = 0
+        while not stop.is_set() and i < 50_000:
+            receipt = i % 7 == 0  # one by one (a receipt counts who received it)
+            headers = {"Receipt": "ONE"} if receipt else None
+            producer.push(CHANNEL, 1, str(i).encode(), headers=headers, ack=i % 20 == 0)
+            sent.append(i)
+            i += 1
+
+    writer = threading.Thread(target=produce)
+    writer.start()
+    try:
+        assert wait_until(lambda: len(sent) > 50)
+        member = fan.client()
+        member.join(CHANNEL)
+        # pushed from here on: after join() returned (push ``len(sent)`` may be on its way)
+        mark = len(sent) + 1
+        assert wait_until(lambda: len(sent) > mark + 500)
+    finally:
+        stop.set()
+        writer.join(30)
+    total = len(sent)
+    got: list[int] = []
+    after = set(range(mark, total))
+
+    def complete() -> bool:
+        _fill(member, got)
+        return after <= set(got)
+
+    assert wait_until(complete, timeout=30), f"missing: {sorted(after - set(got))[:20]}"
+    got += _drain_numbers(member, 0.5)
+    assert len(got) == len(set(got)), "a message came twice"
+    published = [n for n in got if n % 7]
+    assert published == sorted(published)
+    assert member.fanout_gaps == [] and steady.fanout_gaps == []
+
+
+def _fill(client: Client, got: list[int]) -> None:
+    """Take what ``client`` holds into ``got``."""
+    while (m := client.receive(timeout=0)) is not None:
+        got.append(int(m.payload))
+
+
+def test_the_asyncio_client_reads_a_fanout_stream_across_a_token_change(zctx: Ctx) -> None:
+    """AsyncClient asks for fan-out too: its task reads the SUB beside its DEALER; a
+    member's leave replaces the token and the one that stays follows, losing nothing."""
+    from broker.client.aio import AsyncClient
+    from tests.broker.test_aioclient import run
+
+    f = Fan(zctx, None)
+    try:
+        producer = f.client()
+        _broadcast_queue(producer)
+
+        async def numbers(client: AsyncClient, count: int) -> list[int]:
+            got: list[int] = []
+            while len(got) < count:
+                message = await client.receive(timeout=20)
+                assert message is not None, f"{len(got)} of {count} received"
+                got.append(int(message.payload))
+            return got
+
+        async def main(ctx: Any, ep: str) -> None:
+            async with AsyncClient(ep, context=ctx) as stays, AsyncClient(ep, context=ctx) as goes:
+                await stays.join(CHANNEL)
+                await goes.join(CHANNEL)
+                assert f.server.counters["fanout_subscribed"] == 2
+                for i in range(100):
+                    producer.push(CHANNEL, 1, str(i).encode())
+                assert await numbers(stays, 100) == list(range(100))
+                assert await numbers(goes, 100) == list(range(100))
+                await goes.leave(CHANNEL)
+                for i in range(100, 200):
+                    producer.push(CHANNEL, 1, str(i).encode())
+                assert await numbers(stays, 100) == list(range(100, 200))
+                assert f.server.counters["fanout_published"] == 200  # never one by one
+                assert stays.fanout_gaps == [] and goes.fanout_gaps == []
+                assert await goes.receive(timeout=0.2) is None
+
+        run(f.endpoint, main)
+    finally:
+        f.close()
+
+
+def _payloads(client: Client, count: int) -> list[Any]:
+    got: list[Any] = []
+    deadline = time.monotonic() + 20
+    while len(got) < count and time.monotonic() < deadline:
+        got += client.receive_payloads(timeout=1.0)
+    return got
+
+
+@pytest.mark.parametrize("threaded", [False, True], ids=["poll-on-call", "threaded"])
+def test_raw_fanout_reading_hands_payloads_and_numbers(fan: Fan, threaded: bool) -> None:
+    """``raw_fanout``: the payloads (any size: the length's long form, a header block
+    before them) or (number, payload) pairs, in order, without message objects; what
+    does not come by fan-out (a message asking a receipt) still comes to ``receive``."""
+    producer = fan.client()
+    _broadcast_queue(producer)
+    plain = fan.client(raw_fanout="payloads", threaded=threaded)
+    numbered = fan.client(raw_fanout="numbered", threaded=threaded)
+    for c in (plain, numbered):
+        c.join(CHANNEL)
+    # (below 64 KiB: larger frames go zero-copy, which starts pyzmq's collector thread)
+    sizes = [0, 1, 100, 252, 253, 300, 65_000]
+    sent = [bytes([65 + i % 26]) * n for i, n in enumerate(sizes * 3)]
+    for i, payload in enumerate(sent):
+        headers = {"Trace": f"t{i}"} if i % 2 else None
+        producer.push(CHANNEL, 1, payload, headers=headers)
+    producer.push(CHANNEL, 1, b"one by one", headers={"Receipt": "ONE"}, ack=True)
+    assert _payloads(plain, len(sent)) == sent
+    pairs = _payloads(numbered, len(sent))
+    assert [p for _, p in pairs] == sent
+    assert [n for n, _ in pairs] == list(range(1, len(sent) + 1))
+    for c in (plain, numbered):
+        message = c.receive(timeout=20)
+        assert message is not None and message.payload == b"one by one"
+        assert c.receive_payloads(timeout=0.1) == []
+        assert c.fanout_gaps == []
+    with pytest.raises(ClientError, match="raw_fanout"):
+        producer.receive_payloads(timeout=0)
+    with pytest.raises(ValueError, match="raw_fanout"):
+        Client(fan.endpoint, context=fan.ctx, raw_fanout="frames")
+
+
+def test_raw_fanout_reading_reports_gaps(zctx: Ctx) -> None:
+    """A raw reader that falls behind sees its gaps as the message reader does."""
+    f = Fan(zctx, None, fanout_hwm=10)
+    try:
+        producer = f.client()
+        _broadcast_queue(producer)
+        slow = f.client(raw_fanout="numbered", hwm=10, threaded=False)
+        slow.join(CHANNEL)
+        total = 3000
+        payload = b"x" * 8000
+        for i in range(total):
+            producer.push(CHANNEL, 1, b"%d %s" % (i, payload))
+        got: list[tuple[int, bytes]] = []
+
+        def settled() -> bool:
+            got.extend(slow.receive_payloads(timeout=0.05))
+            return len(got) + sum(g.count for g in slow.fanout_gaps) == total
+
+        assert wait_until(settled, timeout=60)
+        assert slow.fanout_gaps, "the raw reader fell behind without a reported gap"
+        numbers = [n for n, _ in got]
+        holes = {n for g in slow.fanout_gaps for n in range(g.first, g.last + 1)}
+        assert not holes & set(numbers) and holes | set(numbers) == set(range(1, total + 1))
+        assert all(int(p.split(b" ")[0]) == n - 1 for n, p in got)
+    finally:
+        f.close()
