@@ -60,9 +60,10 @@ wrong count, a malformed line or a name that is not a plain relative name
 (``..``, absolute, backslash, NUL...: a tampered file) with
 ``IndexFormatError``; callers treat that as "no index" and rebuild.  ``save``
 writes a temp file beside the target and renames it into place, so a crash
-never leaves a half-written index.  A newer format gets a new version number
-and a reader for the old one here, behind ``load``; nothing outside this
-module knows the layout.  Where index files
+never leaves a half-written index; the temp file of a save that failed is removed, and
+those of writers killed mid-save (their pid gone) by the next ``save``.  A newer format
+gets a new version number and a reader for the old one here, behind ``load``; nothing
+outside this module knows the layout.  Where index files
 live (server state dir, mirror cache) is ``filemq.state``'s business.
 
 Speed (every ``filemq sync`` loads and refreshes its DEST's index; 10,000
@@ -1077,6 +1078,7 @@ class FileIndex:
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        _drop_stale_temps(target)
         entries, nodes = self._entries, self._nodes
         node_text = "".join(
             json.dumps(_node_row(nodes[name]), ensure_ascii=False) + "\n" for name in sorted(nodes)
@@ -1088,28 +1090,32 @@ class FileIndex:
             "entries": len(entries),
             "nodes": len(nodes),
         }
-        if version == 3:
-            body = _pack_entries(entries)
-            header["names"] = body[0]
-            blob = b"".join(body[1])
-            header["crc32"] = zlib.crc32(blob, zlib.crc32(node_text))
-            with open(tmp, "wb") as fb:
-                fb.write(json.dumps(header).encode() + b"\n")
-                fb.write(node_text)
-                fb.write(blob)
-        else:
-            # the same text json.dumps(row, ensure_ascii=False) gives, ~5x faster (only
-            # the name needs escaping; the SHA-1 is hex)
-            rows = (
-                f'[{_json_string(e.name)}, {e.size}, {e.mtime_ns}, {e.inode}, "{e.sha1}", '
-                f"{e.mode}]\n"
-                for e in sorted(entries.values())
-            )
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(json.dumps(header) + "\n")
-                f.write(node_text.decode("utf-8"))
-                f.writelines(rows)
-        os.replace(tmp, target)
+        try:
+            if version == 3:
+                body = _pack_entries(entries)
+                header["names"] = body[0]
+                blob = b"".join(body[1])
+                header["crc32"] = zlib.crc32(blob, zlib.crc32(node_text))
+                with open(tmp, "wb") as fb:
+                    fb.write(json.dumps(header).encode() + b"\n")
+                    fb.write(node_text)
+                    fb.write(blob)
+            else:
+                # the same text json.dumps(row, ensure_ascii=False) gives, ~5x faster (only
+                # the name needs escaping; the SHA-1 is hex)
+                rows = (
+                    f'[{_json_string(e.name)}, {e.size}, {e.mtime_ns}, {e.inode}, "{e.sha1}", '
+                    f"{e.mode}]\n"
+                    for e in sorted(entries.values())
+                )
+                with open(tmp, "w", encoding="utf-8") as f:
+                    f.write(json.dumps(header) + "\n")
+                    f.write(node_text.decode("utf-8"))
+                    f.writelines(rows)
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a full disk keeps no partial copy
+            raise
         self.dirty = False
 
     @classmethod
@@ -1195,6 +1201,30 @@ class FileIndex:
             index._nodes.clear()
         index.loaded = True
         return index
+
+
+def _drop_stale_temps(target: Path) -> None:
+    """Remove the temp files of ``save`` calls killed mid-write (``.NAME.PID.tmp`` of a
+    pid that no longer runs): each would stay beside the index for good, as large as it.
+    A pid that runs (another writer, or a reused number) keeps its file."""
+    prefix = f".{target.name}."
+    try:
+        names = os.listdir(target.parent)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(prefix) : -len(".tmp")]
+        if not (name.startswith(prefix) and name.endswith(".tmp") and pid.isdigit()):
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # still running
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OverflowError):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(target.parent / name)
 
 
 # Version 3 columns after the names, in this order: typecode, octets per entry
