@@ -60,9 +60,10 @@ wrong count, a malformed line or a name that is not a plain relative name
 (``..``, absolute, backslash, NUL...: a tampered file) with
 ``IndexFormatError``; callers treat that as "no index" and rebuild.  ``save``
 writes a temp file beside the target and renames it into place, so a crash
-never leaves a half-written index.  A newer format gets a new version number
-and a reader for the old one here, behind ``load``; nothing outside this
-module knows the layout.  Where index files
+never leaves a half-written index; the temp file of a save that failed is removed, and
+those of writers killed mid-save (their pid gone) by the next ``save``.  A newer format
+gets a new version number and a reader for the old one here, behind ``load``; nothing
+outside this module knows the layout.  Where index files
 live (server state dir, mirror cache) is ``filemq.state``'s business.
 
 Speed (every ``filemq sync`` loads and refreshes its DEST's index; 10,000
@@ -1089,28 +1090,32 @@ class FileIndex:
             "entries": len(entries),
             "nodes": len(nodes),
         }
-        if version == 3:
-            body = _pack_entries(entries)
-            header["names"] = body[0]
-            blob = b"".join(body[1])
-            header["crc32"] = zlib.crc32(blob, zlib.crc32(node_text))
-            with open(tmp, "wb") as fb:
-                fb.write(json.dumps(header).encode() + b"\n")
-                fb.write(node_text)
-                fb.write(blob)
-        else:
-            # the same text json.dumps(row, ensure_ascii=False) gives, ~5x faster (only
-            # the name needs escaping; the SHA-1 is hex)
-            rows = (
-                f'[{_json_string(e.name)}, {e.size}, {e.mtime_ns}, {e.inode}, "{e.sha1}", '
-                f"{e.mode}]\n"
-                for e in sorted(entries.values())
-            )
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(json.dumps(header) + "\n")
-                f.write(node_text.decode("utf-8"))
-                f.writelines(rows)
-        os.replace(tmp, target)
+        try:
+            if version == 3:
+                body = _pack_entries(entries)
+                header["names"] = body[0]
+                blob = b"".join(body[1])
+                header["crc32"] = zlib.crc32(blob, zlib.crc32(node_text))
+                with open(tmp, "wb") as fb:
+                    fb.write(json.dumps(header).encode() + b"\n")
+                    fb.write(node_text)
+                    fb.write(blob)
+            else:
+                # the same text json.dumps(row, ensure_ascii=False) gives, ~5x faster (only
+                # the name needs escaping; the SHA-1 is hex)
+                rows = (
+                    f'[{_json_string(e.name)}, {e.size}, {e.mtime_ns}, {e.inode}, "{e.sha1}", '
+                    f"{e.mode}]\n"
+                    for e in sorted(entries.values())
+                )
+                with open(tmp, "w", encoding="utf-8") as f:
+                    f.write(json.dumps(header) + "\n")
+                    f.write(node_text.decode("utf-8"))
+                    f.writelines(rows)
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a full disk keeps no partial copy
+            raise
         self.dirty = False
 
     @classmethod

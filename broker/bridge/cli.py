@@ -246,18 +246,22 @@ def _run(bridges: list[tuple[Settings, Any]], args: argparse.Namespace) -> int:
     if args.server_key or args.curve_secret:
         options.update(server_key=args.server_key, curve_secret=args.curve_secret)
     running: list[Bridge] = []
-    try:
-        for settings, connector in bridges:
-            bridge = Bridge(
-                settings, connector, args.connect, context=context, client_options=options
-            )
-            bridge.start()
-            running.append(bridge)
-            log.info("bridging %s", ", ".join(map(str, settings.routes)))
-        next_stats = time.monotonic() + args.stats_interval
-        # SIGINT/SIGTERM ask for a stop (exit 0, one line) and raise nothing: a
-        # KeyboardInterrupt raised by a handler can be dropped in a ZeroMQ frame's finaliser.
-        with stop_signals("broker bridge") as stop:
+    # SIGINT/SIGTERM ask for a stop (exit 0, one line) and raise nothing: a
+    # KeyboardInterrupt raised by a handler can be dropped in a ZeroMQ frame's finaliser.
+    # Taken before the first bridge starts: a signal that comes once the broker sees the
+    # bridge (a test, a supervisor) found the default action there, and killed it.
+    with stop_signals("broker bridge") as stop:
+        try:
+            for settings, connector in bridges:
+                if stop.is_set():
+                    break
+                bridge = Bridge(
+                    settings, connector, args.connect, context=context, client_options=options
+                )
+                bridge.start()
+                running.append(bridge)
+                log.info("bridging %s", ", ".join(map(str, settings.routes)))
+            next_stats = time.monotonic() + args.stats_interval
             while all(bridge.running for bridge in running):
                 if stop.wait(_WATCH_SLICE):
                     break
@@ -265,10 +269,10 @@ def _run(bridges: list[tuple[Settings, Any]], args: argparse.Namespace) -> int:
                     for bridge in running:
                         log.info("counters: %s", bridge.stats())
                     next_stats += args.stats_interval
-    finally:
-        for bridge in running:
-            bridge.stop()
-        context.term()
+        finally:
+            for bridge in running:
+                bridge.stop()
+            context.term()
     for bridge in running:
         log.info("counters: %s", bridge.stats())
         if bridge.failure is not None:

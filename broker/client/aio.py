@@ -339,7 +339,13 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
             return
         self._sock, self._monitor = sock, monitor
         for data in session.hello(time.monotonic()):
-            await sock.send(data)
+            try:
+                await sock.send(data, zmq.NOBLOCK)
+            except zmq.Again:
+                # the connection already ended (a handshake refused at once: libzmq drops
+                # the pipe for good; waiting to send would never end): the monitor says
+                # why, else the session's connect timeout ends or redials
+                break
 
     async def _to_inbox(self, message: Message) -> None:
         """Put ``message`` in the inbox; while it is full, keep the session alive."""

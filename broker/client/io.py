@@ -403,7 +403,13 @@ class IOLoop:
         if monitor is not None:
             self._register(monitor, zmq.POLLIN)
         for data in s.hello(time.monotonic()):
-            sock.send(data, zmq.NOBLOCK)
+            try:
+                sock.send(data, zmq.NOBLOCK)
+            except zmq.Again:
+                # the connection already ended: a handshake refused at once (a plain
+                # client at a CURVE server) makes libzmq drop the pipe for good.  The
+                # monitor says why, else the session's connect timeout ends or redials.
+                break
         self.want_out = False
 
     def _close_monitor(self) -> None:

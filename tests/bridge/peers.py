@@ -3,16 +3,24 @@
 ``Mosquitto`` runs Debian's ``mosquitto`` in the foreground (persistence on, so a graceful
 restart keeps sessions and queued messages).  ``peer_or_skip`` skips a test with the reason
 when the program is not installed (``.ci/run`` installs it where the package manager can).
+
+Every peer started is recorded (a JSON file per peer in :func:`records_dir`) until it is
+stopped: a pytest run killed by ``timeout`` or kill -9 cannot stop its peers (they run in
+sessions of their own), and a RabbitMQ node left behind holds ~100 MB and a core's share.
+The first peer start of a run reaps them (:func:`reap_stale`): the peers whose recorded
+owner (the test process that started them) is gone.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -70,12 +78,101 @@ def peer_or_skip(program: str) -> str:
     return found
 
 
+def records_dir() -> Path:
+    """Where started peers are recorded: ``$ZEROHUB_TEST_PEERS``, else a directory of the
+    user's in the temp dir (shared by every test run of the machine, whatever its checkout)."""
+    chosen = os.environ.get("ZEROHUB_TEST_PEERS")
+    if chosen:
+        return Path(chosen)
+    return Path(tempfile.gettempdir()) / f"zerohub-test-peers-{os.getuid()}"
+
+
+def _started(pid: int) -> int | None:
+    """The start time (clock ticks since boot) of a live process, None if there is none
+    (or only a zombie): with the pid it names one process, whatever reused the number."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])  # field 22 of proc(5): starttime
+
+
+def _record(path: Path, pid: int, name: str, epmd_port: int | None) -> None:
+    owner = os.getpid()
+    text = json.dumps(
+        {
+            "name": name,
+            "pid": pid,
+            "started": _started(pid),
+            "owner": owner,
+            "owner_started": _started(owner),
+            "epmd_port": epmd_port,
+        }
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".tmp")
+    partial.write_text(text)
+    partial.replace(path)
+
+
+def reap_stale(directory: Path | None = None) -> list[str]:
+    """Kill the recorded peers whose owner is gone (their whole process group, and a
+    RabbitMQ node's epmd once no node uses it); forget records of peers already gone.
+    A peer whose owner still runs (another test run, on any checkout) is left alone; so
+    is a process that only reuses a recorded pid (its start time differs).  Returns what
+    was killed, as "name pid"."""
+    directory = directory or records_dir()
+    killed: list[str] = []
+    for path in sorted(directory.glob("*.json")):
+        try:
+            rec = json.loads(path.read_text())
+            pid, owner = int(rec["pid"]), int(rec["owner"])
+        except (OSError, ValueError, KeyError, TypeError):
+            path.unlink(missing_ok=True)  # torn or foreign: nothing to act on
+            continue
+        if rec.get("owner_started") is not None and _started(owner) == rec["owner_started"]:
+            continue  # its test run is still going
+        if rec.get("started") is not None and _started(pid) == rec["started"]:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+                killed.append(f"{rec.get('name')} {pid}")
+            except ProcessLookupError:
+                pass
+            wait_until(lambda pid=pid: _started(pid) is None, 10.0)
+        if rec.get("epmd_port"):
+            env = {
+                **os.environ,
+                "ERL_EPMD_PORT": str(rec["epmd_port"]),
+                "ERL_EPMD_ADDRESS": "127.0.0.1",
+            }
+            epmd = shutil.which("epmd")
+            if epmd is not None:  # refused by epmd while a node still uses it
+                subprocess.run([epmd, "-kill"], env=env, capture_output=True, timeout=10)
+        path.unlink(missing_ok=True)
+    return killed
+
+
+_reaped: set[Path] = set()
+
+
+def _reap_once() -> None:
+    directory = records_dir()
+    if directory not in _reaped:
+        _reaped.add(directory)
+        reap_stale(directory)
+
+
 class PeerProcess:
     """A peer broker's process, started by its command in ``workdir``: ``start()`` waits
     until every port of ``ports`` listens (the output goes to ``workdir/log``);
     ``stop(sig)`` signals its process group, waits (SIGKILL after ``stop_wait`` s) and
     then for the ports to be free; ``signal(sig)`` (SIGSTOP/SIGCONT).  A peer that does
-    not listen in time or dies at the start is ``on_timeout`` (skip or fail) with why."""
+    not listen in time or dies at the start is ``on_timeout`` (skip or fail) with why.
+    A started peer is recorded in :func:`records_dir` until ``stop()`` (the first start of
+    a run reaps the peers of runs that were killed first)."""
 
     def __init__(
         self,
@@ -88,6 +185,7 @@ class PeerProcess:
         log: str = "server.out",
         stop_wait: float = 30.0,
         on_timeout: Callable[[str], NoReturn] = pytest.skip,
+        epmd_port: int | None = None,
     ) -> None:
         self.name = name
         self.command = command
@@ -97,12 +195,15 @@ class PeerProcess:
         self.log = workdir / log
         self.stop_wait = stop_wait
         self.on_timeout = on_timeout
+        self.epmd_port = epmd_port
         self.proc: subprocess.Popen[bytes] | None = None
+        self.record: Path | None = None
 
     def listening(self) -> bool:
         return all(port_open(port) for port in self.ports)
 
     def start(self, timeout: float) -> None:
+        _reap_once()
         log = open(self.log, "ab")  # noqa: SIM115 (kept by the child)
         self.proc = subprocess.Popen(
             self.command,
@@ -114,6 +215,8 @@ class PeerProcess:
         )
         log.close()
         proc = self.proc
+        self.record = records_dir() / f"{proc.pid}.json"
+        _record(self.record, proc.pid, self.name, self.epmd_port)
         if not wait_until(lambda: self.listening() or proc.poll() is not None, timeout):
             self.stop(signal.SIGKILL)
             self.on_timeout(f"{self.name} did not start listening in time")
@@ -130,6 +233,9 @@ class PeerProcess:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
+        if self.record is not None:
+            self.record.unlink(missing_ok=True)
+            self.record = None
         # the ports are free again once nothing listens on them
         deadline = time.monotonic() + 15
         while any(port_open(p) for p in self.ports) and time.monotonic() < deadline:
@@ -228,8 +334,9 @@ class RabbitMQ:
             f"loopback_users = none\nstomp.listeners.tcp.1 = 127.0.0.1:{self.stomp_port}\n"
         )
         self.process = PeerProcess(
-            "rabbitmq-server", [str(server)], workdir, (self.port, self.stomp_port), env=self.env
-        )
+            "rabbitmq-server", [str(server)], workdir, (self.port, self.stomp_port),
+            env=self.env, epmd_port=self.epmd_port,
+        )  # fmt: skip
 
     @property
     def url(self) -> str:

@@ -27,7 +27,11 @@ from broker.engine.engine import Engine
 from broker.protocol import ConnectionInfo, EventName, Header, MessageType, ResultCode
 from broker.server.server import Server, ServerOptions
 from tests.broker.test_client_session import FakeBroker
-from tests.broker.test_server_curve import curve_server, keys  # noqa: F401 (fixtures)
+from tests.broker.test_server_curve import (  # noqa: F401 (fixtures)
+    curve_server,
+    keys,
+    refused_before_the_hello,
+)
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 Main = Callable[[zmq.asyncio.Context, str], Awaitable[None]]
@@ -342,6 +346,24 @@ def test_curve_settings_are_checked(curve: tuple[str, dict[str, Path]]) -> None:
 def test_plain_async_client_against_a_curve_server_is_told(
     curve: tuple[str, dict[str, Path]],
 ) -> None:
+    endpoint, _certs = curve
+
+    async def main(ctx: zmq.asyncio.Context, ep: str) -> None:
+        plain = client(ctx, ep, timeout=3.0)
+        with pytest.raises(AccessRefused, match="requires CURVE"):
+            await asyncio.wait_for(plain.connect(), 10)
+
+    run(endpoint, main)
+
+
+def test_plain_async_client_refused_before_its_hello_is_told(
+    curve: tuple[str, dict[str, Path]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Was: the hello's send waited for room in a pipe libzmq had dropped: connect hung
+    past its timeout (seen under load)."""
+    import broker.client.aio as driver
+
+    refused_before_the_hello(monkeypatch, driver)
     endpoint, _certs = curve
 
     async def main(ctx: zmq.asyncio.Context, ep: str) -> None:

@@ -35,7 +35,9 @@ def start_serve(*args: str) -> subprocess.Popen[bytes]:
         stdout=subprocess.DEVNULL,
     )
     assert proc.stderr is not None
-    deadline = time.monotonic() + 15
+    # a deadline, not a delay: at load 40-60 on 2 cores a Python process's start alone
+    # took 25-35 s (15 s here failed the FILEMQ events tests: 'did not start: b''')
+    deadline = time.monotonic() + 60
     line = b""
     while time.monotonic() < deadline and b"broker serving on" not in line:
         ready, _, _ = select.select([proc.stderr], [], [], 0.1)

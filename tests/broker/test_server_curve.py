@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zmq
 
+from broker.client import sockets
 from broker.client.blocking import Client, ConnectError
+from broker.client.errors import AccessRefused
 from broker.engine.engine import Engine
 from broker.server.server import Server, ServerError, ServerOptions
+from tests.polling import wait_until
 from zerohub.zmqkit import new_certificate
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
@@ -88,6 +92,43 @@ def test_plain_client_gets_nothing_from_a_curve_server(
     assert srv.endpoint is not None
     client = Client(srv.endpoint, context=zctx, timeout=0.5)
     with pytest.raises(ConnectError):
+        client.connect()
+    assert engine.clients == {}
+
+
+def refused_before_the_hello(monkeypatch: pytest.MonkeyPatch, driver: Any) -> None:
+    """Make ``driver`` (a client module) dial as on a loaded machine where the client's
+    thread is descheduled between connect and the hello: the server's refusal of the
+    handshake has already ended the connection (libzmq drops the DEALER's pipe for good,
+    and a send would find no room: zmq.Again, or an async send that waits forever)."""
+    opened = sockets.open_dealer
+
+    def late(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        for _attempt in range(10):  # libzmq drops the pipe on most refusals, not all
+            sock, monitor = opened(*args, **kwargs)
+            plain = zmq.Socket.shadow(sock.underlying)  # (an asyncio socket's poll: a future)
+            if wait_until(lambda: not plain.poll(0, zmq.POLLOUT), 2.0):  # noqa: B023
+                return sock, monitor
+            if monitor is not None:
+                sockets.close_monitor(sock, monitor)
+            sock.close(linger=0)
+        pytest.fail("the pipe was never dropped")
+
+    monkeypatch.setattr(driver, "open_dealer", late)
+
+
+def test_a_plain_client_refused_before_its_hello_is_a_connect_error(
+    zctx: Ctx, curve_server: tuple[Server, Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Was: zmq.Again from the hello's send killed the I/O thread ("client I/O thread
+    failed"), seen under load."""
+    from broker.client import io
+
+    refused_before_the_hello(monkeypatch, io)
+    srv, engine = curve_server
+    assert srv.endpoint is not None
+    client = Client(srv.endpoint, context=zctx, timeout=3.0)
+    with pytest.raises(AccessRefused, match="requires CURVE"):
         client.connect()
     assert engine.clients == {}
 

@@ -754,7 +754,10 @@ def test_a_link_peer_flooding_past_its_window_is_refused_and_others_lose_nothing
     assert wait_until(lambda: real <= set(payloads(got)), 30)
     flood = Counter(p for p in payloads(got).elements() if p.startswith(b"flood"))
     assert set(flood) == accepted and max(flood.values()) == 1  # each accepted one once
-    assert federation_stats(sub)["flooded"] == busy
+    # every busy refusal the flooder saw is counted; the counter is the broker's, so B's
+    # real link may add its own when its forwards come faster than A answers them (a
+    # loaded machine: 276 and 294 counted against 267 and 260 seen); B sends those again
+    assert federation_stats(sub)["flooded"] >= busy
     assert a.alive()
     for client in (sub, pub, evil):
         client.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import re
 import types
 import uuid
 from pathlib import Path
@@ -20,6 +21,13 @@ from zproto.selftest import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS_DIR = Path(__file__).resolve().parent / "models"
+
+
+def value_id(value: object) -> str:
+    """A parametrize id from a value's repr, without memory addresses (``<object object
+    at 0x7f..>``): pytest-xdist's workers must collect the same test ids."""
+    return re.sub(r" at 0x[0-9a-f]+", "", repr(value))
+
 
 #: (model path, importable module name or None for test-only models)
 PROJECT_MODELS = [

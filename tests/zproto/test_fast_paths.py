@@ -23,6 +23,7 @@ from tests.zproto.support import (
     fields_of,
     general_codec,
     message_strategy,
+    value_id,
 )
 from zproto.decoder import BASES_LIMIT
 from zproto.errors import DecodeError, EncodeError
@@ -179,7 +180,7 @@ def test_every_truncation_is_a_decode_error(proto, msg, fast, general) -> None: 
 @pytest.mark.parametrize(
     "frames",
     [None, 5, "text", b"raw", {}, {0: b"x"}, {1: b"x"}, [None], [1], [object()], [[b"x"]], ()],
-    ids=repr,
+    ids=value_id,
 )
 def test_anything_that_is_not_frames_is_a_decode_error(proto, fast, general, frames) -> None:  # type: ignore[no-untyped-def]
     for module in (fast, general):

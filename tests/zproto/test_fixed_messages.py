@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from filemq import fmq_msg
-from tests.zproto.support import ALL_MODELS, codec
+from tests.zproto.support import ALL_MODELS, codec, value_id
 from zproto.codegen import PythonGenerator
 from zproto.decoder import fixed_size
 from zproto.errors import DecodeError
@@ -139,7 +139,7 @@ def _refusal(proto: Protocol, frames: Any) -> tuple[Any, ...] | None:
         [memoryview(b"\xaa\xa3\xfe")],
         [bytearray(b"\x00\x00\x00")],
     ],
-    ids=repr,
+    ids=value_id,
 )
 def test_refused_frames_get_the_error_they_always_got(
     proto: Protocol, module: types.ModuleType, frames: Any
