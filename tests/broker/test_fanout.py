@@ -211,17 +211,7 @@ def test_joins_and_leaves_during_traffic(fan: Fan) -> None:
     steady.join(CHANNEL)
     stop = threading.Event()
     sent: list[int] = []
-
-    def produce() -> None:
-        i = 0
-        while not stop.is_set() and i < 50_000:
-            # every 20th push acknowledged: the producer keeps pace with the broker
-            producer.push(CHANNEL, 1, str(i).encode(), ack=i % 20 == 0)
-            sent.append(i)
-            i += 1
-
-    writer = threading.Thread(target=produce)
-    writer.start()
+    writer = _producing(producer, stop, sent, receipt_every=0)
     try:
         assert wait_until(lambda: len(sent) > 100)
         visitor = fan.client()
@@ -339,18 +329,8 @@ def test_a_join_answer_racing_fanout_messages_and_direct_frames(fan: Fan) -> Non
     steady.join(CHANNEL)
     stop = threading.Event()
     sent: list[int] = []
-
-    def produce() -> None:
-        i = 0
-        while not stop.is_set() and i < 50_000:
-            receipt = i % 7 == 0  # one by one (a receipt counts who received it)
-            headers = {"Receipt": "ONE"} if receipt else None
-            producer.push(CHANNEL, 1, str(i).encode(), headers=headers, ack=i % 20 == 0)
-            sent.append(i)
-            i += 1
-
-    writer = threading.Thread(target=produce)
-    writer.start()
+    # every 7th push one by one (a receipt counts who received it)
+    writer = _producing(producer, stop, sent, receipt_every=7)
     try:
         assert wait_until(lambda: len(sent) > 50)
         member = fan.client()
@@ -491,3 +471,24 @@ def test_raw_fanout_reading_reports_gaps(zctx: Ctx) -> None:
         assert all(int(p.split(b" ")[0]) == n - 1 for n, p in got)
     finally:
         f.close()
+
+
+def _producing(
+    producer: Any, stop: threading.Event, sent: list[int], *, receipt_every: int
+) -> threading.Thread:
+    """A started thread pushing 0, 1, 2 ... to ``CHANNEL`` (appending each to ``sent``) until
+    ``stop``; every 20th push acknowledged so the producer keeps pace with the broker, and every
+    ``receipt_every``-th (if > 0) asks a receipt, which sends it one by one."""
+
+    def produce() -> None:
+        i = 0
+        while not stop.is_set() and i < 50_000:
+            receipt = receipt_every > 0 and i % receipt_every == 0
+            headers = {"Receipt": "ONE"} if receipt else None
+            producer.push(CHANNEL, 1, str(i).encode(), headers=headers, ack=i % 20 == 0)
+            sent.append(i)
+            i += 1
+
+    writer = threading.Thread(target=produce)
+    writer.start()
+    return writer
