@@ -30,6 +30,7 @@ from filemq.server import FileServer
 from tests.polling import wait_until
 
 from .conftest import read_tree, write_tree
+from .reference_client import ReferenceLikeClient
 
 KiB = 1 << 10
 
@@ -210,3 +211,23 @@ def test_two_clients_at_once_get_every_big_file_exactly(
     for name in ("one", "two"):
         assert results[name].synced
         assert read_tree(tmp_path / name) == tree
+
+
+def test_big_chunks_on_the_czmq_wire_reach_a_reference_like_client_byte_exact(
+    tmp_path: Path, serve: Callable[..., FileServer], zctx: zmq.Context[Any]
+) -> None:
+    """The buffer path on the C reference's wire (longstr names, every data chunk eof=0,
+    then the empty closing chunk): files of whole chunks, a ragged tail, one below a chunk."""
+    chunk = 128 * KiB
+    sizes = {"whole.bin": 4 * chunk, "ragged.bin": 3 * chunk + 7, "d/one.bin": chunk - 1}
+    tree = {name: os.urandom(size) for name, size in sizes.items()}
+    write_tree(tmp_path / "src", tree)
+    server = serve(tmp_path / "src", wire="czmq", chunk_size=chunk)
+    client = ReferenceLikeClient(zctx, server.endpoint, tmp_path / "inbox")
+    try:
+        client.subscribe("/", resync=True)
+        assert client.pump(lambda: bool(client.skipped))  # up to the resync marker
+        assert sorted(client.delivered) == sorted(tree)  # each file closed once
+        assert read_tree(tmp_path / "inbox") == tree
+    finally:
+        client.close()
