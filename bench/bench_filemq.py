@@ -30,10 +30,12 @@ is (this environment sets PYTHONDONTWRITEBYTECODE=1, which would otherwise make
 every timed process compile them again: ~18 ms each).  (c) and (c') are the
 median of 3 runs, rsync's too.
 raw: a PUSH process reads the files and streams [name, offset, data] in 1 MiB
-messages (zero-copy sends) to a PULL process that receives zero-copy and writes
+messages (read with ``os.preadv`` into buffers sent zero-copy and used again once
+libzmq is done with them) to a PULL process that receives zero-copy and writes
 them on a writer thread (``os.pwrite``) while it receives the next (no protocol, no
-checks, no hashing): the floor for Python + ZeroMQ moving the same bytes; "raw
-CURVE" is the same over CURVE (libzmq encrypts and decrypts on its I/O threads).
+checks, no hashing; both keep freed buffers in the heap, ``filemq.heap``): the floor
+for Python + ZeroMQ moving the same bytes; "raw CURVE" is the same over CURVE
+(libzmq encrypts and decrypts on its I/O threads).
 
     python bench/bench_filemq.py --ceiling  # ZeroMQ alone: memory -> /dev/null, plain vs CURVE
 
@@ -206,11 +208,24 @@ def _curve_keys() -> list[str]:
     return [k.decode() for k in (*server, *client)]
 
 
+def _keep_heap() -> None:
+    """glibc keeps freed 1 MiB buffers in the heap (``filemq.heap``: what ``filemq serve``
+    does): no page faults and zeroing per message on either raw side."""
+    from filemq.heap import keep_freed_memory
+
+    keep_freed_memory()
+
+
 def raw_send(endpoint: str, src: str, keys: list[str] | None = None) -> None:
-    """Read the files and stream them: zero-copy sends, the next read while the wire
-    moves the last (libzmq's I/O thread sends; this thread only reads)."""
+    """Read the files and stream them: each chunk read (``os.preadv``) straight into a
+    buffer sent zero-copy and read into again once libzmq is done with it (a
+    ``MessageTracker``): no copy but the kernel's, no buffer zeroed; the next read
+    while the wire moves the last (libzmq's I/O thread sends; this thread only reads)."""
+    from collections import deque
+
     import zmq
 
+    _keep_heap()
     ctx = zmq.Context()
     push = ctx.socket(zmq.PUSH)
     if keys:
@@ -218,6 +233,14 @@ def raw_send(endpoint: str, src: str, keys: list[str] | None = None) -> None:
         push.curve_publickey, push.curve_secretkey = keys[2].encode(), keys[3].encode()
     push.sndhwm = 64
     push.connect(endpoint)
+    lent: deque[tuple[bytearray, Any]] = deque()
+    free: list[bytearray] = []
+
+    def buffer() -> bytearray:
+        while lent and lent[0][1].done:
+            free.append(lent.popleft()[0])
+        return free.pop() if free else bytearray(_RAW_CHUNK)
+
     for dirpath, _dirs, files in os.walk(src):
         for name in sorted(files):
             path = os.path.join(dirpath, name)
@@ -227,11 +250,17 @@ def raw_send(endpoint: str, src: str, keys: list[str] | None = None) -> None:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
                 offset = 0
                 while True:
-                    data = os.pread(fd, _RAW_CHUNK, offset)
-                    big = len(data) >= (64 << 10)  # zero-copy only where it pays
-                    push.send_multipart([rel, offset.to_bytes(8, "big"), data], copy=not big)
-                    offset += len(data)
-                    if len(data) < _RAW_CHUNK:
+                    buf = buffer()
+                    n = os.preadv(fd, [buf], offset)
+                    head = [rel, offset.to_bytes(8, "big")]
+                    if n == _RAW_CHUNK:  # zero-copy, tracked: the buffer is used again
+                        push.send_multipart(head, zmq.SNDMORE)
+                        lent.append((buf, push.send(buf, copy=False, track=True)))
+                    else:  # (a file's short tail: sent as bytes)
+                        push.send_multipart([*head, bytes(buf[:n])])
+                        free.append(buf)
+                    offset += n
+                    if n < _RAW_CHUNK:
                         break
             finally:
                 os.close(fd)
@@ -247,6 +276,7 @@ def raw_recv(endpoint: str, dest: str, keys: list[str] | None = None) -> None:
 
     import zmq
 
+    _keep_heap()
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
     if keys:

@@ -570,7 +570,8 @@ class SyncClient:
                 else:
                     retries += 1
                     if self.max_retries is not None and retries > self.max_retries:
-                        raise SyncError(f"giving up after {self.max_retries} reconnects")
+                        why = f": {self._lost}" if self._lost else ""  # (the last cause)
+                        raise SyncError(f"giving up after {self.max_retries} reconnects{why}")
                 delay = self._backoff(retries)
                 log.info("reconnecting to %s in %.2f s", self.endpoint, delay)
                 self._stop.wait(delay)

@@ -6,7 +6,10 @@ to send back), ``Subscribe`` (the server must compute which files to queue) and
 ``Close`` (forget this client).  Sending file data is pull-based:
 ``next_chunk()`` says which bytes of which file may go out now (within credit),
 the I/O layer reads them, and ``chunk_frames(plan, data)`` encodes the
-CHEEZBURGER and advances offset, credit and sequence.
+CHEEZBURGER and advances offset, credit and sequence.  For a big chunk the I/O layer
+reads straight into the frame instead: ``chunk_buffer(plan)`` encodes the head into a
+buffer with room for the chunk, ``chunk_filled(plan, buffer, n)`` advances (a short
+read falls back to ``chunk_frames``): the chunk is never copied into a joined frame.
 
 Rules enforced here:
 
@@ -94,6 +97,7 @@ from filemq.paths import UnsafePathError, all_relative_safe, relative_parts, vir
 __all__ = [
     "DEFAULT_MAX_LIVE",
     "AccessPolicy",
+    "ChunkBuffer",
     "ChunkPlan",
     "Close",
     "FileOp",
@@ -157,6 +161,15 @@ class ChunkPlan:
     size: int
     first: bool
     eof: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkBuffer:
+    """A CHEEZBURGER's frame with room for its chunk: ``data`` (a view of ``frame``'s
+    tail, after the encoded head) is where the I/O layer reads the file's bytes."""
+
+    frame: bytearray
+    data: memoryview
 
 
 @dataclass(frozen=True, slots=True)
@@ -567,19 +580,68 @@ class ServerSession:
         check fails and it fetches the file again).  A short read also ends the
         file early.
         """
-        op = plan.op
-        if op is not self._current or plan.offset != self._offset:
-            raise ValueError("chunk_frames: plan is not the current one")
-        operation = op.operation
+        self._check_current(plan)
+        operation = plan.op.operation
         if data is None:
             data = b""
             if operation is Operation.CREATE and plan.first:
                 operation = Operation.DELETE
-        if self._empty_final and operation is Operation.CREATE and data:
+        eof, headers = self._chunk_ending(plan, operation, len(data))
+        msg = self.codec.Cheezburger(
+            self._sequence, int(operation), plan.op.name, plan.offset, int(eof), headers, data
+        )
+        frames: list[bytes] = self.codec.encode(msg)
+        self._chunk_sent(plan, operation, eof, len(data))
+        return frames
+
+    def chunk_buffer(
+        self, plan: ChunkPlan, alloc: Callable[[int], bytearray] = bytearray
+    ) -> ChunkBuffer:
+        """A buffer for ``plan``'s bytes, read whole, behind the encoded head of its
+        CHEEZBURGER (``encode_cheezburger_head``): the I/O layer reads the file into
+        ``data`` and hands the buffer to ``chunk_filled``.  The chunk is never copied
+        into a joined frame.  Nothing advances until ``chunk_filled``.  ``alloc(n)``
+        gives the frame (``n`` octets, any content: all of it is written here or by the
+        read), e.g. one used again (``filemq.framepool``)."""
+        self._check_current(plan)
+        op = plan.op
+        if op.operation is not Operation.CREATE:
+            raise ValueError("chunk_buffer: only a file's content is read into a buffer")
+        eof, headers = self._chunk_ending(plan, op.operation, plan.size)
+        head = self.codec.encode_cheezburger_head(
+            plan.size, self._sequence, int(op.operation), op.name, plan.offset, int(eof), headers
+        )
+        frame = alloc(len(head) + plan.size)
+        frame[: len(head)] = head
+        return ChunkBuffer(frame, memoryview(frame)[len(head) :])
+
+    def chunk_filled(self, plan: ChunkPlan, buffer: ChunkBuffer, length: int) -> list[Any]:
+        """The frames for ``plan`` once ``length`` bytes were read into ``buffer.data``:
+        the buffer itself when the read was whole, else (a short read: the file ends
+        early) what ``chunk_frames`` makes of the bytes read."""
+        if length != plan.size:
+            data = bytes(buffer.data[:length])
+            buffer.data.release()
+            return self.chunk_frames(plan, data)
+        self._check_current(plan)
+        eof, _headers = self._chunk_ending(plan, plan.op.operation, length)
+        buffer.data.release()  # (the frame goes whole; nothing else may write into it)
+        self._chunk_sent(plan, plan.op.operation, eof, length)
+        return [buffer.frame]
+
+    def _check_current(self, plan: ChunkPlan) -> None:
+        if plan.op is not self._current or plan.offset != self._offset:
+            raise ValueError("chunk_frames: plan is not the current one")
+
+    def _chunk_ending(
+        self, plan: ChunkPlan, operation: Operation, length: int
+    ) -> tuple[bool, dict[str, str]]:
+        """The eof flag and headers of ``plan``'s CHEEZBURGER carrying ``length`` bytes."""
+        op = plan.op
+        if self._empty_final and operation is Operation.CREATE and length:
             eof = False  # a data chunk never ends a file: the empty chunk does
-            self._ending = len(data) < plan.size  # a short read: the end comes next
         else:
-            eof = plan.eof or len(data) < plan.size or operation is not Operation.CREATE
+            eof = plan.eof or length < plan.size or operation is not Operation.CREATE
         headers: dict[str, str] = dict(op.headers) if plan.first else {}
         if not op.described and (
             operation is Operation.STAT or (operation is Operation.CREATE and (eof or plan.first))
@@ -589,22 +651,23 @@ class ServerSession:
             headers[HEADER_MTIME] = str(op.mtime_ns)
             if op.mode >= 0:
                 headers[HEADER_MODE] = format_mode(op.mode)
-        msg = self.codec.Cheezburger(
-            self._sequence, int(operation), op.name, plan.offset, int(eof), headers, data
-        )
-        frames: list[bytes] = self.codec.encode(msg)
+        return eof, headers
+
+    def _chunk_sent(self, plan: ChunkPlan, operation: Operation, eof: bool, length: int) -> None:
+        """Sequence, credit, offset and counts advanced past ``plan``'s CHEEZBURGER."""
+        if self._empty_final and operation is Operation.CREATE and length:
+            self._ending = length < plan.size  # a short read: the end comes next
         self._sequence += 1
-        self.credit -= len(data)
-        self._offset += len(data)
+        self.credit -= length
+        self._offset += length
         self.sent_messages += 1
-        self.sent_bytes += len(data)
+        self.sent_bytes += length
         if eof:
-            if operation is Operation.CREATE and not op.described:  # (not a folder, link)
+            if operation is Operation.CREATE and not plan.op.described:  # (not a folder, link)
                 self.sent_files += 1
             self._current = None
             self._offset = 0
             self._ending = False
-        return frames
 
     def expired(self, now: float, ttl: float) -> bool:
         return now - self.last_seen > ttl

@@ -43,6 +43,7 @@ __all__ = [
     "decode",
     "encode",
     "encode_cheezburger",
+    "encode_cheezburger_head",
     "encode_hugz",
     "encode_hugz_ok",
     "encode_icanhaz",
@@ -716,6 +717,40 @@ def encode_rtfm(reason: str = "") -> list[bytes]:
         return [b"".join(_p)]
     except _rt.ENCODE_FAILURES as _exc:
         raise _rt.encode_failure(Rtfm(reason), _SPEC_RTFM, _exc) from None
+
+
+def encode_cheezburger_head(
+    chunk_size: int,
+    sequence: int = 0,
+    operation: int = 0,
+    filename: str = "",
+    offset: int = 0,
+    eof: int = 0,
+    headers: dict[str, str] | None = None,
+) -> bytes:
+    """The frame of ``encode(Cheezburger(...))`` before the content of its
+    chunk_size octets of ``chunk`` (the frame is this head + that content).
+    """
+    if chunk_size >> 32:  # (negative, or more than the 4-octet length holds)
+        raise EncodeError(f"Cheezburger.chunk: size {chunk_size} is out of range")
+    if headers is None:
+        headers = dict()
+    try:
+        _v_filename = filename.encode()
+        _p = [
+            _BE_BBBQBI.pack(0xAA, 0xA3, 0x08, sequence, operation, len(_v_filename)),
+            _v_filename,
+            _BE_QB.pack(offset, eof),
+            _rt.enc_hash(headers),
+            _BE_I.pack(chunk_size),
+        ]
+        return b"".join(_p)
+    except _rt.ENCODE_FAILURES as _exc:
+        raise _rt.encode_failure(
+            Cheezburger(sequence, operation, filename, offset, eof, headers, b""),
+            _SPEC_CHEEZBURGER,
+            _exc,
+        ) from None
 
 
 def _decode_ohai(buf: bytes, frames: Any) -> Ohai:

@@ -112,6 +112,7 @@ from filemq.engine_server import (
     resume_points,
 )
 from filemq.filters import Filters
+from filemq.framepool import FramePool
 from filemq.index import NODE_DIR, FileEntry, FileIndex, IndexDelta, Node
 from filemq.meta import Kind, LinkPolicy, attr_file, attr_kind, local_mode
 from filemq.offer import LinkOffer, delete_op, file_op, node_offer, node_unchanged, unchanged
@@ -354,6 +355,7 @@ class FileServer:
         self._stalled: dict[bytes, deque[list[bytes]]] = {}
         self._files: dict[bytes, tuple[str, int]] = {}  # client -> (name, fd) being sent
         self._shared = SharedReads()  # small files read once per round of sending
+        self._frames = FramePool()  # big chunks' frames, used again once sent
         #: Folders walked this round of sending (``_open_source``): (mount dir, parts) -> fd.
         self._folders: dict[tuple[Path, tuple[str, ...]], int] = {}
         self._ctl_lock = threading.Lock()
@@ -816,7 +818,12 @@ class FileServer:
             for frame in frames[:-1]:
                 send(frame, _MORE_NOBLOCK)
             last = frames[-1]
-            send(last, _NOBLOCK, copy=len(last) < ZERO_COPY_MIN)
+            if len(last) < ZERO_COPY_MIN:
+                send(last, _NOBLOCK)
+            elif type(last) is bytearray:  # a pool's frame: used again once libzmq is done
+                self._frames.lent(last, send(last, _NOBLOCK, copy=False, track=True))
+            else:
+                send(last, _NOBLOCK, copy=False)
             return True
         except zmq.Again:
             self._stalled.setdefault(client, deque()).append(frames)
@@ -931,6 +938,8 @@ class FileServer:
         held = self._files.get(client)
         if held is None:
             return session.chunk_frames(plan, None)
+        if plan.size >= ZERO_COPY_MIN and shared is None:
+            return self._read_into_frame(session, plan, held[1])
         try:
             data = os.pread(held[1], plan.size, plan.offset)
         except OSError as exc:
@@ -941,6 +950,19 @@ class FileServer:
         if shared is not None and plan.op is op:  # (read as that version: fstat agreed)
             self._shared.put(shared, data)
         return session.chunk_frames(plan, data)
+
+    def _read_into_frame(self, session: ServerSession, plan: ChunkPlan, fd: int) -> list[Any]:
+        """A big chunk read straight into its frame, behind the encoded head (sent
+        zero-copy: the file's bytes are copied once, by the kernel, into the frame)."""
+        buffer = session.chunk_buffer(plan, self._frames.take)
+        try:
+            length = os.preadv(fd, [buffer.data], plan.offset)
+        except OSError as exc:
+            log.error("%s: read failed at offset %d: %s", plan.op.name, plan.offset, exc)
+            length = 0  # the file ends short: the client's SHA-1 check fails, it asks again
+        if plan.eof or length < plan.size:
+            self._close_file(session.client_id)
+        return session.chunk_filled(plan, buffer, length)
 
     def _open_source(self, name: str) -> tuple[int, os.stat_result]:
         """Open the regular file behind virtual ``name``, no link followed (``filemq.paths``):

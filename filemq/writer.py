@@ -1,28 +1,32 @@
 """Writing and hashing a received file's chunks off the receive loop (``filemq.mirror``).
 
 A file received in several chunks is written to its temp (or partial) file and
-hashed (SHA-1) as it comes.  Both release the GIL, so ``ChunkWriter`` does them on
-a worker thread while the client's loop receives and decodes the next chunks:
-disk writes, hashing and the wire overlap.
+hashed (SHA-1) as it comes.  Both release the GIL, so ``ChunkWriter`` does each on a
+worker thread of its own while the client's loop receives and decodes the next
+chunks: disk writes, hashing and the wire overlap (one thread doing both spent the
+sum of the two per chunk, ~2 CPU s per GiB here: the transfer's slowest stage).
 
 Rules:
 
 * chunks are written in the order given, each whole (short writes are finished),
-  each at the end of the previous one; the hasher sees exactly what was written;
-* a journal checkpoint (``filemq.partial``) is written by the worker *after* the
-  bytes it covers, so a journal never claims bytes the file lacks (kill -9 included);
-* at most ``max_pending`` bytes wait for the worker (default ``MAX_PENDING``, 8 MiB):
-  ``write`` blocks beyond that, so a disk slower than the wire holds the loop (and
-  with it the credit it grants) instead of filling memory;
+  each at the end of the previous one; the hasher sees exactly what was written, in
+  the same order;
+* a journal checkpoint (``filemq.partial``) is written by the hashing worker after it
+  hashed a chunk *and* the writing worker wrote it, so a journal never claims bytes
+  the file lacks (kill -9 included);
+* at most ``max_pending`` bytes wait for the workers (default ``MAX_PENDING``, 8 MiB;
+  a chunk counts until both are done with it): ``write`` blocks beyond that, so a
+  disk slower than the wire holds the loop (and with it the credit it grants)
+  instead of filling memory;
 * the first write that fails (disk full, I/O error, a file size limit) is kept:
   nothing queued after it is written, and the next ``write`` or ``settle`` raises
   it (an ``OSError``), so the caller drops the file: never taken as complete;
 * ``settle`` waits until everything queued is on disk and hashed, ``close`` stops
-  the worker (what was queued is written first; ``discard`` drops it instead).
+  the workers (what was queued is written first; ``discard`` drops it instead).
 
-One ``ChunkWriter`` serves one file: its worker starts with the first write and
-ends at ``close``/``discard`` (a thread per multi-chunk file; small files, whole in
-one chunk, never use one).
+One ``ChunkWriter`` serves one file: its workers start with the first write and
+end at ``close``/``discard`` (two threads per multi-chunk file; small files, whole
+in one chunk, never use one).
 """
 
 from __future__ import annotations
@@ -52,7 +56,8 @@ def write_all(fd: int, data: Any) -> None:
 
 
 class ChunkWriter:
-    """Write chunks to ``fd`` and feed them to ``hasher`` on a worker thread, in order."""
+    """Write chunks to ``fd`` and feed them to ``hasher``, each on a worker thread of
+    its own, in order."""
 
     def __init__(
         self,
@@ -65,87 +70,161 @@ class ChunkWriter:
     ) -> None:
         self.fd = fd
         self.hasher = hasher
-        #: Bytes written and hashed so far (the worker's count; ``settle`` to read it).
+        #: Bytes written and hashed so far (the workers' count; ``settle`` to read it).
         self.size = size
         self._journal = journal
         self._max_pending = max(1, max_pending)
-        self._jobs: deque[Any] = deque()
-        self._pending = 0
+        self._to_write: deque[Any] = deque()
+        self._to_hash: deque[Any] = deque()
+        self._unfinished: deque[int] = deque()  # sizes of chunks a worker still owes
+        self._pending = 0  # their total
+        self._written = 0  # chunks written (from the first), then hashed, by the workers
+        self._hashed = 0
+        self._finished = 0  # chunks both workers are done with
+        self._hashed_bytes = size  # the hashing worker's own count (its checkpoints)
+        self._taken = 0  # chunks the hashing worker took
+        self._busy = False  # the writing worker is in a write
+        self._cut = False  # nothing more is written (a failure, ``discard``)
         self._error: OSError | None = None
         self._stopping = False
-        self._busy = False
         self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
 
     def write(self, data: Any) -> None:
         """Queue ``data`` (bytes-like, not changed afterwards); raises an earlier failure."""
         with self._cond:
             self._raise()
-            while self._pending >= self._max_pending and self._jobs and self._error is None:
+            while self._pending >= self._max_pending and self._unfinished and not self._error:
                 self._cond.wait()
             self._raise()
-            self._jobs.append(data)
+            self._to_write.append(data)
+            self._to_hash.append(data)
+            self._unfinished.append(len(data))
             self._pending += len(data)
             self._cond.notify_all()
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._work, name="filemq-writer", daemon=True)
-            self._thread.start()
+        if not self._threads:
+            for name, work in (("filemq-writer", self._writing), ("filemq-hasher", self._hashing)):
+                thread = threading.Thread(target=work, name=name, daemon=True)
+                thread.start()
+                self._threads.append(thread)
 
     def settle(self) -> None:
         """Wait until everything queued is written and hashed; raise a failure."""
         with self._cond:
-            while (self._jobs or self._busy) and self._error is None:
+            while self._unfinished and self._error is None:
                 self._cond.wait()
             self._raise()
 
     def close(self) -> None:
-        """Write what is queued, then stop the worker (a failure is kept for ``settle``)."""
+        """Write what is queued, then stop the workers (a failure is kept for ``settle``)."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        for thread in self._threads:
+            thread.join()
+        self._threads = []
 
     def discard(self) -> None:
-        """Drop what is queued and stop the worker (after the write in progress)."""
+        """Drop what is queued and stop the workers (after the chunk each is at)."""
         with self._cond:
-            self._jobs.clear()
-            self._pending = 0
+            self._drop()
         self.close()
 
     def _raise(self) -> None:
         if self._error is not None:
             raise self._error
 
-    def _work(self) -> None:
+    def _drop(self) -> None:
+        """Nothing queued is written any more; what was written is still hashed (and
+        checkpointed: a partial file resumes from its last written byte) (under the lock)."""
+        self._cut = True
+        self._to_write.clear()
+        self._unfinished.clear()
+        self._pending = 0
+        self._cond.notify_all()
+
+    def _next_write(self) -> Any:
+        """The next chunk to write, or None: stop (under the lock)."""
+        while not self._to_write and not self._stopping and not self._cut:
+            self._cond.wait()
+        if not self._to_write or self._cut:
+            return None
+        self._busy = True
+        return self._to_write.popleft()
+
+    def _next_hash(self) -> Any:
+        """The next chunk to hash, or None: stop (under the lock).  After a cut, only
+        chunks that were written (or are being written) are hashed."""
+        while True:
+            if self._cut:
+                if self._taken < self._written and self._to_hash:
+                    break
+                if not self._busy:
+                    return None
+            elif self._to_hash:
+                break
+            elif self._stopping:
+                return None
+            self._cond.wait()
+        self._taken += 1
+        return self._to_hash.popleft()
+
+    def _finish(self) -> None:
+        """Chunks both workers are done with leave the count (under the lock)."""
+        while self._finished < min(self._written, self._hashed) and self._unfinished:
+            length = self._unfinished.popleft()
+            self._finished += 1
+            self._pending -= length
+            self.size += length
+        self._cond.notify_all()
+
+    def _failed(self, exc: OSError) -> None:
+        """The first failure is kept; nothing queued after it is written (under the lock)."""
+        if self._error is None:
+            self._error = exc
+        self._drop()
+
+    def _writing(self) -> None:
         cond = self._cond
         while True:
             with cond:
-                while not self._jobs and not self._stopping:
-                    cond.wait()
-                if not self._jobs or self._error is not None:
-                    self._jobs.clear()
-                    self._pending = 0
-                    cond.notify_all()
+                data = self._next_write()
+                if data is None:
                     return
-                data = self._jobs.popleft()
-                self._busy = True
             try:
                 write_all(self.fd, data)
-                self.hasher.update(data)
-                self.size += len(data)
-                if self._journal is not None:
-                    self._journal.checkpoint(self.size, self.hasher)
             except OSError as exc:
-                error: OSError | None = exc
-            else:
-                error = None
+                with cond:
+                    self._busy = False
+                    self._failed(exc)
+                return
             with cond:
                 self._busy = False
-                self._pending -= len(data)
-                if error is not None:
-                    self._error = error
-                    self._jobs.clear()
-                    self._pending = 0
-                cond.notify_all()
+                self._written += 1
+                self._finish()
+
+    def _hashing(self) -> None:
+        cond = self._cond
+        while True:
+            with cond:
+                data = self._next_hash()
+                if data is None:
+                    return
+            self.hasher.update(data)
+            self._hashed_bytes += len(data)
+            with cond:
+                self._hashed += 1
+                self._finish()
+                if self._journal is None:
+                    continue
+                # a checkpoint only once the bytes it covers are written
+                while self._written < self._hashed and (self._busy or not self._cut):
+                    cond.wait()
+                if self._written < self._hashed:  # (cut before its bytes were written)
+                    return
+            try:
+                self._journal.checkpoint(self._hashed_bytes, self.hasher)
+            except OSError as exc:
+                with cond:
+                    self._failed(exc)
+                return

@@ -12,7 +12,7 @@ from __future__ import annotations
 from zproto import __version__
 from zproto.attrs import Attr, attributes, plain_default, twin_name
 from zproto.decoder import DecoderWriter, FastDecoderWriter, decodes_in_place
-from zproto.encoder import EncoderWriter
+from zproto.encoder import EncoderWriter, head_chunk
 from zproto.model import Message, Protocol, to_const_name
 from zproto.peek import PeekWriter, peekable
 from zproto.pysource import LINE_LENGTH, Source, StructNames, assign, isort_key, lit
@@ -50,6 +50,8 @@ class PythonGenerator:
             self.encoders.write(body, msg)
         for msg in self.proto.messages:
             self.encoders.write_fields(body, msg)
+        for msg in self.proto.messages:
+            self.encoders.write_head(body, msg)
         for msg in self.proto.messages:
             if msg.literal is None:
                 self.decoders.write(body, msg)
@@ -118,6 +120,7 @@ class PythonGenerator:
         names += [m.class_name for m in p.messages]
         names += ["decode", "encode"]
         names += [f"encode_{m.ident}" for m in p.messages]
+        names += [f"encode_{m.ident}_head" for m in p.messages if head_chunk(m) is not None]
         if not self.classic:
             general = [m for m in p.messages if m.literal is None]
             names += [f"peek_{f.ident}" for m in general for f in peekable(m)]

@@ -7,6 +7,13 @@ Each message gets two encoders built from one template:
   without building the object (the hot path of a sender; same signature and defaults
   as the class, same octets and the same ``EncodeError`` as ``encode(Class(...))``).
 
+A message whose only frame ends with a ``chunk`` (outside any optional section) also
+gets ``encode_<message>_head(<chunk>_size, field=..., ...) -> bytes``: the frame's octets
+before the chunk's content, its 4-octet length saying ``<chunk>_size``.  The head and
+``<chunk>_size`` octets of content are the frame ``encode`` makes: a sender reads a
+file chunk straight into a buffer behind the head and sends that buffer, the chunk
+never copied into a joined frame.
+
 Fixed-size fields merge into one ``struct`` pack per run; strings are encoded once up
 front (their lengths feed length fields); an optional section is prepared and appended
 only when its flag is set; a one-octet variable length is a table look-up.  Any
@@ -106,6 +113,22 @@ class _Section:
     late: list[str]
 
 
+def head_chunk(msg: Message) -> Field | None:
+    """The chunk field that ends ``msg``'s only frame (outside any optional section),
+    when ``msg`` gets a head encoder: None when it has none (see the module text)."""
+    if msg.literal is not None or not msg.items:
+        return None
+    last = msg.items[-1]
+    if isinstance(last, Optional) or last.type != "chunk":
+        return None
+    if any(fld.type in ("frame", "msg") for fld in msg.fields):
+        return None
+    idents = {attr.ident for attr in attributes(msg)}
+    if f"{last.ident}_size" in idents or idents & _BUILTINS_USED:
+        return None  # (a field holds that name, or hides a builtin: no head encoder)
+    return last
+
+
 class EncoderWriter:
     """Writes ``_encode_<message>`` and ``encode_<message>`` into a generated module."""
 
@@ -116,6 +139,8 @@ class EncoderWriter:
         self.fast = fast
         #: modules-level helpers the generated code needs (name -> definition)
         self.helpers: dict[str, str] = {}
+        #: while writing a head encoder: the chunk field left out (its size a parameter)
+        self.head_of: Field | None = None
 
     # -- the two entry points ----------------------------------------------
 
@@ -124,6 +149,53 @@ class EncoderWriter:
         src(f"def _encode_{msg.ident}(m: {msg.class_name}) -> list[bytes]:")
         src.indent()
         self._body(src, msg, lambda ident: f"m.{ident}", "m")
+        src.dedent()
+        src()
+        src()
+
+    def write_head(self, src: Source, msg: Message) -> None:
+        """``encode_<message>_head(<chunk>_size, ...)``: the frame before the chunk's
+        content (only for a message ``head_chunk`` accepts)."""
+        chunk = head_chunk(msg)
+        if chunk is None:
+            return
+        size = f"{chunk.ident}_size"
+        attrs = [a for a in attributes(msg) if a.ident != chunk.ident]
+        params = [f"{size}: int"]
+        fresh: list[str] = []
+        for attr in attrs:
+            if attr.default.startswith("field(default_factory="):
+                params.append(f"{attr.ident}: {attr.pytype} | None = None")
+                fresh.append(attr.ident)
+            else:
+                params.append(f"{attr.ident}: {attr.pytype} = {attr.default}")
+        src.wrapped(f"def encode_{msg.ident}_head(", params, ") -> bytes:")
+        src.indent()
+        src(f'"""The frame of ``encode({msg.class_name}(...))`` before the content of its')
+        src(f"{size} octets of ``{chunk.ident}`` (the frame is this head + that content).")
+        src('"""')
+        # the object the validator names a bad field in (its chunk empty: the size is
+        # checked here, the content is the caller's)
+        values = [a.ident if a.ident != chunk.ident else 'b""' for a in attributes(msg)]
+        build = f"{msg.class_name}({', '.join(values)})"
+        src(f"if {size} >> 32:  # (negative, or more than the 4-octet length holds)")
+        text = f'f"{msg.class_name}.{chunk.ident}: size {{{size}}} is out of range"'
+        one = f"    raise EncodeError({text})"
+        if len(one) + 4 * src.level <= LINE_LENGTH:
+            src(one)
+        else:
+            src("    raise EncodeError(")
+            src(f"        {text}")
+            src("    )")
+        for ident in fresh:
+            default = next(a.default for a in attrs if a.ident == ident)
+            src(f"if {ident} is None:")
+            src(f"    {ident} = {plain_default(default)}")
+        self.head_of = chunk
+        try:
+            self._body(src, msg, lambda ident: ident, build)
+        finally:
+            self.head_of = None
         src.dedent()
         src()
         src()
@@ -224,7 +296,8 @@ class EncoderWriter:
         # frame once: a growing buffer would move a big chunk as it grows)
         grow = any(item.into for section in sections for item in section.items)
         grow = grow and not any(fld.type == "chunk" for fld in msg.fields)
-        plan = plan_fast(msg) if self.fast and not self.classic and not grow else None
+        fast = self.fast and not self.classic and not grow and self.head_of is None
+        plan = plan_fast(msg) if fast else None
         if plan is not None:
             self._simplest(src, plan)
         head = _merge(sections[0].items, self.structs)
@@ -255,7 +328,10 @@ class EncoderWriter:
                 if section.flag is not None:
                     src.dedent()
             first = 'b"".join(_p)'
-        src.wrapped("return [", [first, *frames], "]")
+        if self.head_of is not None:
+            src(f"return {first}")
+        else:
+            src.wrapped("return [", [first, *frames], "]")
         src.dedent()
         src("except _rt.ENCODE_FAILURES as _exc:")
         src.indent()
@@ -425,6 +501,8 @@ class EncoderWriter:
                     _Item("struct", f"len(_v_{ident})", char, "big" if char == "I" else None)
                 )
             items.append(_Item("bytes", f"_v_{ident}"))
+        elif fld.type == "chunk" and fld is self.head_of:  # the head ends with its length
+            items.append(_Item("struct", f"{ident}_size", "I", "big"))
         elif fld.type == "chunk":
             items.append(_Item("struct", f"len({attr})", "I", "big"))
             items.append(_Item("bytes", attr))

@@ -1,0 +1,126 @@
+"""FILEMQ bulk: CPU seconds per GiB of the server and of the client, two source trees
+(a base and this one) and the raw pyzmq stream taking turns in the same run.
+
+    python bench/bench_filemq_bulk.py --base /tmp/base-main          # 1 GiB, 3 rounds
+    python bench/bench_filemq_bulk.py --base /tmp/base-main --quick  # 64 MiB, 2 rounds
+
+``--base`` is a checkout of another commit (``git worktree add /tmp/base-main main``):
+its ``filemq`` and ``zproto`` run with ``PYTHONPATH`` pointing at it, this tree's
+without; both with this interpreter.  Each round runs base, branch and raw in turn
+(the order rotates), each after a ``sync`` with the source in the page cache, into a
+new DEST (deleted afterwards).  A ``filemq serve --no-state`` process is started and
+has indexed the file before the clock starts; the client is ``filemq sync --once
+--no-index``.  Columns: wall seconds of the client (launch to exit: noise on a loaded
+machine), CPU seconds per GiB of the server (``/proc`` ticks while the client ran:
+its I/O thread included) and of the client (``wait4``: all its threads), their sum,
+and the raw stream's (sender + receiver, ``bench_filemq.time_raw``: no protocol, no
+SHA-1) beside it.  CPU per GiB is the figure the load of other processes barely moves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_filemq  # (the raw stream and the data maker)
+
+HERE = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+
+def _run(tree: Path | None, src: Path, dest: Path, port: int) -> tuple[float, float, float]:
+    """(client wall s, server CPU s, client CPU s) of one transfer with ``tree``'s code."""
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
+    serve = [PY, "-m", "filemq", "-q", "serve", "--bind", f"tcp://127.0.0.1:{port}"]
+    serve += ["--publish", str(src), "--no-state", "--no-watch"]
+    server = subprocess.Popen(serve, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env)
+    try:
+        assert server.stderr is not None
+        while b"tcp://" not in (line := server.stderr.readline()):
+            if not line:
+                raise RuntimeError("filemq serve did not start")
+        before = bench_filemq._ticks(server.pid)
+        start = time.perf_counter()
+        sync = [PY, "-m", "filemq", "-q", "sync", f"tcp://127.0.0.1:{port}", str(dest)]
+        client = subprocess.Popen([*sync, "--once", "--no-index"], env=env)
+        _pid, status, usage = os.wait4(client.pid, 0)
+        wall = time.perf_counter() - start
+        server_cpu = bench_filemq._ticks(server.pid) - before
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise RuntimeError(f"filemq sync failed ({tree or 'branch'})")
+    finally:
+        server.terminate()
+        server.wait(30)
+        if server.stderr is not None:
+            server.stderr.close()
+    bench_filemq.check_same(src, dest)
+    return wall, server_cpu, usage.ru_utime + usage.ru_stime
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", type=Path, required=True, help="checkout of the base commit")
+    parser.add_argument("--quick", action="store_true", help="64 MiB, 2 rounds")
+    parser.add_argument("--size-mib", type=int, default=1024)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dir", help="work folder (default: a temp folder)")
+    args = parser.parse_args()
+    if not (args.base / "filemq" / "server.py").exists():
+        print(f"bench_filemq_bulk: {args.base} holds no filemq/", file=sys.stderr)
+        return 2
+    size = (64 if args.quick else args.size_mib) << 20
+    rounds = 2 if args.quick else args.rounds
+    work = Path(tempfile.mkdtemp(prefix="bench-bulk-", dir=args.dir))
+    try:
+        src = work / "big-src"  # (fresh_dest keeps what is named *-src)
+        bench_filemq.make_big(src, size)
+        gib = size / (1 << 30)
+        port = 48000 + os.getpid() % 1000
+        print(f"1 x {size >> 20} MiB, plain; base {args.base}, branch {HERE}")
+        print(bench_filemq.CONDITIONS)
+        print(
+            f"{'round':>5} {'code':8} {'wall s':>7} {'server CPU/GiB':>14} "
+            f"{'client CPU/GiB':>14} {'sum':>6} {'x raw CPU':>9}  load"
+        )
+        order = [("base", args.base), ("branch", None), ("raw", None)]
+        for rnd in range(1, rounds + 1):
+            results: dict[str, tuple[float, float, float]] = {}
+            for name, tree in order:
+                dest = bench_filemq.fresh_dest(work, f"dest-{name}", src)
+                port += 1
+                if name == "raw":
+                    dest.mkdir()
+                    wall, cpu = bench_filemq.time_raw(src, dest, port)
+                    results[name] = (wall, 0.0, cpu)
+                else:
+                    results[name] = _run(tree, src, dest, port)
+                shutil.rmtree(dest)
+            raw_cpu = results["raw"][2]
+            for name, _tree in order:
+                wall, server_cpu, client_cpu = results[name]
+                total = server_cpu + client_cpu
+                server = f"{server_cpu / gib:14.2f}" if name != "raw" else f"{'-':>14}"
+                client = f"{client_cpu / gib:14.2f}" if name != "raw" else f"{'-':>14}"
+                print(
+                    f"{rnd:>5} {name:8} {wall:7.2f} {server} {client} {total / gib:6.2f}"
+                    f" {total / raw_cpu:9.2f}  {os.getloadavg()[0]:.1f}",
+                    flush=True,
+                )
+            order = order[1:] + order[:1]  # (who goes first rotates)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
