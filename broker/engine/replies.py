@@ -15,6 +15,28 @@ from broker.message import Message
 from broker.protocol import Outgoing, ResultCode
 
 
+def find_answer(
+    out: list[Outgoing], start: int, client_id: str, message_type: int, message_id: str
+) -> int:
+    """Where in ``out[start:]`` the engine answered ``client_id``'s push ``message_id``
+    with a frame of ``message_type`` (ACK or RESPONSE); -1: it did not (yet).
+
+    Searched from the end: a push's own answer is the last thing it adds (a refusal, or
+    an acknowledge after the deliveries it caused)."""
+    frame_class = tmqp.Frame
+    for i in range(len(out) - 1, start - 1, -1):
+        o = out[i]
+        f = o[1]
+        if (
+            f.__class__ is frame_class
+            and f.message_type == message_type
+            and f.message_id == message_id
+            and o[0] == client_id
+        ):
+            return i
+    return -1
+
+
 def ack_frame(
     frame: tmqp.Frame, code: int, err: OperationError | None, high: bool = False
 ) -> tmqp.Frame:
