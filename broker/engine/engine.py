@@ -97,7 +97,7 @@ from broker.engine.options import (
 )
 from broker.engine.parts import EngineParts
 from broker.engine.queue.queue import Queue
-from broker.engine.replies import answer_done, answer_failure, find_answer, reject_push
+from broker.engine.replies import answer_done, answer_failure, is_answer, reject_push
 from broker.engine.router import Router, RouterError, RouterTable, router_from_json
 from broker.engine.tmqp_door import message_of
 from broker.message import Message
@@ -460,15 +460,16 @@ class Engine:
         """Take the acknowledge of a batched push out of its output (the batch's one
         acknowledge answers it): a negative one becomes a refusal by index; none yet:
         the index goes to ``later``."""
-        i = find_answer(outs, 0, client_id, _ACK, frame.message_id)
-        if i >= 0:
-            f = outs.pop(i)[1]
-            if f.headers:
-                fields = {k.lower(): v for k, v in f.headers}
-                nack = fields.get(_NACK)
-                if nack is not None:
-                    refused.append((index, nack, fields.get(_REASON, "")))
-            return
+        mid = frame.message_id
+        for i, o in enumerate(outs):
+            if is_answer(o, client_id, _ACK, mid):
+                f = outs.pop(i)[1]
+                if f.headers:
+                    fields = {k.lower(): v for k, v in f.headers}
+                    nack = fields.get(_NACK)
+                    if nack is not None:
+                        refused.append((index, nack, fields.get(_REASON, "")))
+                return
         later.append(index)
 
     # ------------------------------------------------------------------ typed operations
@@ -529,12 +530,12 @@ class Engine:
                     m = m.replace()  # octets come only from the door that read them
                 mark = len(out)
                 push(c, m, True, now, out)
-                i = find_answer(out, mark, client_id, _RESPONSE, m.message_id)
-                if i >= 0:
-                    f = out[i][1]
-                    assert isinstance(f, _Frame)  # (what find_answer finds)
+                # (a push's response, if any, is the last thing it adds)
+                if len(out) > mark and is_answer(out[-1], client_id, _RESPONSE, m.message_id):
+                    f = out[-1][1]
+                    assert isinstance(f, _Frame)  # (what is_answer says)
                     if f.content_type:  # (0: done, a resend taken before)
-                        del out[i]
+                        del out[-1]
                         refused = header(f, Header.REASON) or f"code {f.content_type}"
                         return
                 taken += 1

@@ -15,26 +15,17 @@ from broker.message import Message
 from broker.protocol import Outgoing, ResultCode
 
 
-def find_answer(
-    out: list[Outgoing], start: int, client_id: str, message_type: int, message_id: str
-) -> int:
-    """Where in ``out[start:]`` the engine answered ``client_id``'s push ``message_id``
-    with a frame of ``message_type`` (ACK or RESPONSE); -1: it did not (yet).
-
-    Searched from the end: a push's own answer is the last thing it adds (a refusal, or
-    an acknowledge after the deliveries it caused)."""
-    frame_class = tmqp.Frame
-    for i in range(len(out) - 1, start - 1, -1):
-        o = out[i]
-        f = o[1]
-        if (
-            f.__class__ is frame_class
-            and f.message_type == message_type
-            and f.message_id == message_id
-            and o[0] == client_id
-        ):
-            return i
-    return -1
+def is_answer(item: Outgoing, client_id: str, message_type: int, message_id: str) -> bool:
+    """Is ``item`` the engine's answer (a frame of ``message_type``: ACK or RESPONSE) to
+    push ``message_id`` of ``client_id``?  (How a caller that batches pushes finds, in
+    their output, the answers it gives in its own way.)"""
+    f = item[1]
+    return (
+        f.__class__ is tmqp.Frame
+        and f.message_type == message_type
+        and f.message_id == message_id
+        and item[0] == client_id
+    )
 
 
 def ack_frame(
