@@ -110,6 +110,7 @@ from broker.stomp.engine_mapping import (
 )
 from broker.stomp.errors import BackendError
 from broker.stomp.frames import Headers
+from broker.stomp.handoff import Handoff
 from broker.stomp.session import Credentials
 from broker.stomp.subscription import (
     DEFAULT_CREDIT_COUNT,
@@ -715,8 +716,9 @@ def listen(
 
     backend = EngineBackend(door)
     listener = StompListener(backend, options, authenticator=backend.authenticate)
+    handoff = Handoff(lambda fn: listener.loop.call_soon_threadsafe(fn))
     backend.bind(
-        lambda fn: listener.loop.call_soon_threadsafe(fn),
+        handoff.post,
         listener.flush_all,
         lambda fn: listener.loop.call_soon(fn),
     )
