@@ -699,6 +699,11 @@ def _delivery(sub: _Sub, message: Message, tag: int) -> Delivery:
     )
 
 
+def _written_by_handoff() -> None:
+    """``EngineBackend.after_deliveries`` under :func:`listen`: nothing to do, the
+    handoff's batch ends with the listener's ``flush_all``."""
+
+
 def listen(
     door: EngineDoor,
     add_reader: Callable[[Any, Callable[[float], list[Any]]], None],
@@ -716,10 +721,12 @@ def listen(
 
     backend = EngineBackend(door)
     listener = StompListener(backend, options, authenticator=backend.authenticate)
-    handoff = Handoff(lambda fn: listener.loop.call_soon_threadsafe(fn))
+    # what the engine thread hands over is written once per batch (Handoff's ``after``),
+    # not after each call of it
+    handoff = Handoff(lambda fn: listener.loop.call_soon_threadsafe(fn), listener.flush_all)
     backend.bind(
         handoff.post,
-        listener.flush_all,
+        _written_by_handoff,
         lambda fn: listener.loop.call_soon(fn),
     )
     add_reader(door.fileno(), door.run_ops)

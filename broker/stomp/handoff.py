@@ -4,7 +4,9 @@
 time (a system call on each side, ~4% of the door's busy time in a run of SENDs with
 receipts).  A :class:`Handoff` queues the calls and wakes the loop once while it has not
 taken the earlier ones: calls made while the loop is busy ride on the wake-up already
-sent.  Order is kept (one queue, run first in, first out, on the loop's thread).
+sent.  Order is kept (one queue, run first in, first out, on the loop's thread).  An
+``after`` call runs once after each batch (the listener writes what the calls produced
+then: one write per connection for the batch, not one per call).
 """
 
 from __future__ import annotations
@@ -23,10 +25,15 @@ class Handoff:
     closed: :meth:`post` passes it on, as a direct call would, and forgets the calls
     still queued -- nobody would run them)."""
 
-    __slots__ = ("_call_soon_threadsafe", "_calls", "_lock")
+    __slots__ = ("_after", "_call_soon_threadsafe", "_calls", "_lock")
 
-    def __init__(self, call_soon_threadsafe: Callable[[Callable[[], None]], object]) -> None:
+    def __init__(
+        self,
+        call_soon_threadsafe: Callable[[Callable[[], None]], object],
+        after: Callable[[], None] = lambda: None,
+    ) -> None:
         self._call_soon_threadsafe = call_soon_threadsafe
+        self._after = after
         self._calls: list[Callable[[], None]] = []
         self._lock = threading.Lock()
 
@@ -44,10 +51,11 @@ class Handoff:
             raise
 
     def _run(self) -> None:
-        """On the loop: every call queued so far (those posted meanwhile: next wake-up)."""
+        """On the loop: every call queued so far (those posted meanwhile: next wake-up),
+        then ``after``."""
         with self._lock:
             calls, self._calls = self._calls, []
-        for fn in calls:
+        for fn in (*calls, self._after):
             try:
                 fn()
             except Exception:  # as the loop would: logged, the next ones still run

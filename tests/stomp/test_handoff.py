@@ -1,6 +1,7 @@
 """``broker.stomp.handoff``: calls from another thread reach a real asyncio loop in
-order, those posted while the loop is busy ride on one wake-up, a failing call does not
-stop the next ones, and a closed loop is reported to the poster."""
+order, those posted while the loop is busy ride on one wake-up and are followed by one
+``after`` call, a failing call does not stop the next ones, and a closed loop is
+reported to the poster."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from broker.stomp.handoff import Handoff
-from tests.polling import WAIT
+from tests.polling import WAIT, wait_until
 
 
 class LoopThread:
@@ -44,9 +45,9 @@ def loop_thread() -> Iterator[LoopThread]:
 def test_calls_posted_while_the_loop_is_busy_run_in_order_on_one_wakeup(
     loop_thread: LoopThread,
 ) -> None:
-    handoff = Handoff(loop_thread.call_soon_threadsafe)
-    busy, release, done = threading.Event(), threading.Event(), threading.Event()
     ran: list[tuple[int, str]] = []
+    handoff = Handoff(loop_thread.call_soon_threadsafe, lambda: ran.append((-1, "after")))
+    busy, release, done = threading.Event(), threading.Event(), threading.Event()
 
     def hold() -> None:  # keeps the loop busy until the test has posted the rest
         busy.set()
@@ -59,13 +60,15 @@ def test_calls_posted_while_the_loop_is_busy_run_in_order_on_one_wakeup(
     handoff.post(done.set)
     release.set()
     assert done.wait(WAIT)
-    assert [i for i, _ in ran] == list(range(100))
-    assert {name for _, name in ran} == {loop_thread.thread.name}  # on the loop's thread
+    assert wait_until(lambda: len(ran) == 101)
+    assert [i for i, _ in ran] == [*range(100), -1]  # in order, then ``after`` once
+    assert {name for _, name in ran[:-1]} == {loop_thread.thread.name}  # on the loop
     assert loop_thread.wakeups == 1
 
     again = threading.Event()  # the loop took them all: the next post wakes it again
     handoff.post(again.set)
     assert again.wait(WAIT)
+    assert wait_until(lambda: len(ran) == 102) and ran[-1] == (-1, "after")
     assert loop_thread.wakeups == 2
 
 
