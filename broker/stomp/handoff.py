@@ -10,9 +10,9 @@ then: one write per connection for the batch, not one per call).
 
 The queue has no limit of its own: the engine thread posts one call per turn
 (``EngineDoor.run_ops``; with a durable store, one more per write made durable), what
-those calls carry is bounded where it is made (deliveries
-by the consumers' windows, answers by each session's window of unanswered SENDs), and
-the engine runs a turn only for work the listener handed it.
+those calls carry is bounded where it is made (deliveries by the consumers' windows,
+answers by each session's window of unanswered SENDs), and the engine runs a turn only
+for work the listener handed it.
 """
 
 from __future__ import annotations
