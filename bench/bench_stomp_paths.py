@@ -5,7 +5,9 @@ per MESSAGE encoded, for this checkout and (``--baseline CHECKOUT``) another one
   100-byte body) fed to ``FrameParser`` in 64 KiB reads;
 * send spec: ``parse_send_control`` of each parsed SEND (what the session does per SEND
   of a run);
-* encode: ``Session._encode`` of an auto-ack MESSAGE (100-byte body, no user headers).
+* encode: ``Session._encode`` of an auto-ack MESSAGE (100-byte body, no user headers);
+* receipts: the RECEIPTs of a run of 1000 SENDs as the session writes them
+  (``serialize_receipts``; a checkout without it: ``serialize_receipt`` of each).
 
 Each checkout runs in its own subprocess (``PYTHONPATH``), the two taking turns
 ``--turns`` times (baseline first in odd turns); the figure is the best of ``--repeat``
@@ -22,6 +24,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 #: Frames per timed pass, and passes per timing.
@@ -78,12 +81,42 @@ def measure(repeat: int) -> dict[str, float]:
             for d in deliveries:
                 encode(sub, d)
 
+    receipt_ids: list[str | None] = [str(12345 + i) for i in range(FRAMES)]
+    write_receipts = _receipt_writer()
+
+    def receipts() -> None:
+        for _ in range(PASSES):
+            out = bytearray()
+            write_receipts(out, receipt_ids)
+
     per = 1e6 / (FRAMES * PASSES)
     return {
         "parse SEND": _best(parse, repeat) * per,
         "SEND spec (parse_send_control)": _best(spec, repeat) * per,
         "encode MESSAGE (auto ack)": _best(encode_all, repeat) * per,
+        "RECEIPT of a run": _best(receipts, repeat) * per,
     }
+
+
+def _receipt_writer() -> Callable[[bytearray, list[str | None]], None]:
+    """How the checkout's session writes a run's RECEIPTs into its output buffer."""
+    from broker.stomp import frames
+    from broker.stomp.frames import Version
+
+    batch = getattr(frames, "serialize_receipts", None)
+    if batch is not None:
+
+        def at_once(out: bytearray, ids: list[str | None]) -> None:
+            out += batch(ids, Version.V1_2)
+
+        return at_once
+
+    def each(out: bytearray, ids: list[str | None]) -> None:
+        for r in ids:
+            if r is not None:
+                out += frames.serialize_receipt(r, Version.V1_2)
+
+    return each
 
 
 def _session() -> tuple[object, object]:

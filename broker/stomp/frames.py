@@ -521,6 +521,19 @@ def serialize_receipt(receipt_id: str, version: Version = Version.V1_2) -> bytes
     return b"RECEIPT\nreceipt-id:" + receipt_id.translate(table).encode("utf-8") + b"\n\n\0"
 
 
+def serialize_receipts(
+    receipt_ids: Iterable[str | None], version: Version = Version.V1_2
+) -> bytes:
+    """The RECEIPT frames of ``receipt_ids`` (None: none), in order: the bytes of
+    :func:`serialize_receipt` of each, escaped and encoded in one go (a run of SENDs is
+    answered at once).  EncodeError (an id with a NUL) before anything is written."""
+    ids = [r for r in receipt_ids if r is not None]
+    if version is Version.V1_0 or any("\0" in r for r in ids):
+        return b"".join([serialize_receipt(r, version) for r in ids])
+    table = _ENCODE_1_2 if version is Version.V1_2 else _ENCODE_1_1
+    return "".join([f"RECEIPT\nreceipt-id:{r.translate(table)}\n\n\0" for r in ids]).encode()
+
+
 def _check_raw_header(name: str, value: str, version: Version) -> None:
     if "\n" in name or "\n" in value or ":" in name:
         raise EncodeError(

@@ -77,6 +77,7 @@ from broker.stomp.frames import (
     make_frame,
     serialize,
     serialize_receipt,
+    serialize_receipts,
 )
 from broker.stomp.subscription import (
     AckMode,
@@ -696,10 +697,7 @@ class Session:
             head = queue.popleft()
             self._unanswered_count -= head.count
             if head.receipts is not None:
-                version = self.version or Version.V1_2
-                for receipt in head.receipts:
-                    if receipt is not None:
-                        self._out += serialize_receipt(receipt, version)
+                self._out += serialize_receipts(head.receipts, self.version or Version.V1_2)
             elif head.receipt is not None:
                 self._out += serialize_receipt(head.receipt, self.version or Version.V1_2)
             if head.close:
