@@ -130,6 +130,7 @@ def test_a_run_stops_with_an_error_at_the_send_the_broker_failed_to_take(
 
 
 def test_a_lone_send_the_broker_failed_to_take_gets_an_error(flaky: Broker) -> None:
+    """Each SEND waits for its answer: each is a run of one."""
     producer = _raw(flaky)
     answers = []
     for i in range(3):  # one at a time: each waits for its answer
@@ -173,3 +174,16 @@ def test_a_lone_persistent_send_the_store_refused_gets_an_error(full: Broker) ->
         answers.append(producer.next())
     _assert_refused_at_r2(answers, "not saved")
     assert producer.closed_by_server()
+
+
+def test_a_composite_send_the_broker_failed_to_take_gets_an_error(flaky: Broker) -> None:
+    """A composite destination goes through ``Engine.publish`` once per destination (not
+    a run): a push that raised there is refused as well."""
+    producer = _raw(flaky)
+    burst = "".join(
+        f"SEND\ndestination:/queue/x,/queue/p\nreceipt:r{i}\n\nm{i}\x00" for i in range(4)
+    )
+    producer.send(burst.encode())
+    assert producer.closed_by_server()
+    _assert_refused_at_r2(producer.frames)
+    assert _consumed(flaky, 2) == [b"m0", b"m1"]
