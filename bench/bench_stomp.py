@@ -25,8 +25,11 @@ process's CPU time per message (``/proc``; for RabbitMQ its Erlang VM): on a mac
 shared with other work it varies far less than msg/s.  With ``--rabbitmq`` a last table
 gives zerohub / RabbitMQ for each case of the same run.
 
+``--turns N`` measures every server N times, this checkout and the baseline taking
+turns (the baseline first in odd turns, last in even ones), with ratio tables per turn.
+
 Usage: ``python bench/bench_stomp.py [--messages 10000 100000] [--rabbitmq] [--memory]
-[--raw] [--data DIR]``.
+[--raw] [--data DIR] [--baseline CHECKOUT] [--turns N]``.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class Row:
     count: int
     rates: tuple[float, float]  # end to end; the producer's send loop alone
     cpu_us: float | None = None  # the broker process's CPU time per message (µs)
+    turn: int = 1  # the round (``--turns``) it was measured in
 
 
 def cpu_seconds(pid: int | None) -> float | None:
@@ -350,6 +354,83 @@ def measure(
     return rows
 
 
+def _turn(ctx: Any, args: Any, serve: list[str], turn: int, rabbit: Any) -> list[Row]:
+    """One round: this checkout and the baseline (if any) in turns -- the baseline first
+    in odd rounds, last in even ones, so a drift in the machine's load falls on both --
+    then RabbitMQ (if any); each server on fresh ports."""
+    rows: list[Row] = []
+    turns: list[tuple[str, str | None]] = [("zerohub serve --stomp", None)]
+    if args.baseline:
+        turns.insert(0, ("zerohub serve --stomp (baseline)", args.baseline))
+        if turn % 2 == 0:
+            turns.reverse()
+    for name, source in turns:
+        port = free_port()
+        serve[serve.index("--stomp") + 1] = f"tcp://127.0.0.1:{port}"
+        serve[serve.index("--bind") + 1] = f"tcp://127.0.0.1:{free_port()}"
+        with zerohub(serve, b"broker serving on", source) as proc:
+            rows += measure(ctx, name, port, "localhost", args.messages, args.raw, proc.pid)
+    if rabbit is not None:
+        rows += measure(
+            ctx, "RabbitMQ STOMP", rabbit.stomp_port, "/", args.messages, args.raw, rabbit.pid
+        )
+    for row in rows:
+        row.turn = turn
+    return rows
+
+
+def _table(rows: list[Row]) -> None:
+    print(
+        f"{'case':52} {'turn':>4} {'messages':>9} {'msg/s':>9} {'send loop msg/s':>16} "
+        f"{'broker CPU us/msg':>18}"
+    )
+    for row in rows:
+        rate, loop = row.rates
+        cpu = "" if row.cpu_us is None else f"{row.cpu_us:.1f}"
+        print(f"{row.name:52} {row.turn:>4} {row.count:>9} {rate:>9.0f} {loop:>16.0f} {cpu:>18}")
+
+
+def _ratio_rows(title: str, mine: dict[tuple[str, int], Row], other: list[Row], cut: str) -> None:
+    """``title``, then for each row of ``other``: this checkout's row of the same case
+    over it (msg/s and CPU per message)."""
+    lines = []
+    for theirs in other:
+        key = (theirs.name.removeprefix(cut), theirs.count)
+        ours = mine.get(key)
+        if ours is None:
+            continue
+        ratio = ours.rates[0] / theirs.rates[0]
+        cpu = f"{ours.cpu_us / theirs.cpu_us:.2f}" if ours.cpu_us and theirs.cpu_us else ""
+        lines.append(f"{key[0].strip():52} {key[1]:>9} {ratio:>12.2f} {cpu:>14}")
+    if lines:
+        print(f"\n{title:52} {'messages':>9} {'msg/s ratio':>12} {'CPU/msg ratio':>14}")
+        print("\n".join(lines))
+
+
+def _ratios(rows: list[Row], turn: str) -> None:
+    """zerohub / RabbitMQ and zerohub / baseline, for the rows of one turn."""
+    prefix = "zerohub serve --stomp"
+    mine = {
+        (r.name.removeprefix(prefix), r.count): r
+        for r in rows
+        if r.name.startswith(prefix + " ") and "(baseline)" not in r.name
+    }
+    rabbit = "RabbitMQ STOMP"
+    _ratio_rows(
+        f"zerohub / RabbitMQ (same run){turn}",
+        mine,
+        [r for r in rows if r.name.startswith(rabbit)],
+        rabbit,
+    )
+    base = prefix + " (baseline)"
+    _ratio_rows(
+        f"zerohub / baseline checkout (same run){turn}",
+        mine,
+        [r for r in rows if r.name.startswith(base)],
+        base,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, nargs="+", default=[10_000, 100_000])
@@ -368,7 +449,15 @@ def main(argv: list[str] | None = None) -> int:
         metavar="CHECKOUT",
         help="also serve the code of another checkout (e.g. a worktree of main), same run",
     )
+    parser.add_argument(
+        "--turns",
+        type=int,
+        default=1,
+        help="rounds of every server (baseline and this checkout in alternating order)",
+    )
     args = parser.parse_args(argv)
+    if args.turns < 1:
+        parser.error("--turns must be at least 1")
     ctx = mp.get_context("spawn")
     rows: list[Row] = []
     port = free_port()
@@ -394,30 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         echo.kill()
         echo.join(30)
-    port = free_port()
-    serve[serve.index("--stomp") + 1] = f"tcp://127.0.0.1:{port}"
-    if args.baseline:
-        with zerohub(serve, b"broker serving on", args.baseline) as base:
-            rows += measure(
-                ctx,
-                "zerohub serve --stomp (baseline)",
-                port,
-                "localhost",
-                args.messages,
-                args.raw,
-                base.pid,
-            )
-        port = free_port()
-        serve[serve.index("--stomp") + 1] = f"tcp://127.0.0.1:{port}"
-        serve[serve.index("--bind") + 1] = f"tcp://127.0.0.1:{free_port()}"
-    with zerohub(serve, b"broker serving on") as proc:
-        rows += measure(
-            ctx, "zerohub serve --stomp", port, "localhost", args.messages, args.raw, proc.pid
-        )
-    if args.memory:
-        port = free_port()
-        with zerohub(["broker.stomp", "--bind", f"tcp://127.0.0.1:{port}"], b"listening on"):
-            rows += measure(ctx, "zerohub in-memory", port, "localhost", args.messages)
+    rabbit = None
     if args.rabbitmq:
         sys.path.insert(0, str(Path(__file__).parent))
         from bench_broker import RabbitMQ
@@ -425,52 +491,19 @@ def main(argv: list[str] | None = None) -> int:
         RabbitMQ.install()
         rabbit = RabbitMQ()
         rabbit.start()
-        try:
-            rows += measure(
-                ctx, "RabbitMQ STOMP", rabbit.stomp_port, "/", args.messages, args.raw, rabbit.pid
-            )
-        finally:
+    try:
+        for turn in range(1, args.turns + 1):
+            rows += _turn(ctx, args, serve, turn, rabbit)
+    finally:
+        if rabbit is not None:
             rabbit.stop()
-    print(
-        f"{'case':52} {'messages':>9} {'msg/s':>9} {'send loop msg/s':>16} "
-        f"{'broker CPU us/msg':>18}"
-    )
-    for row in rows:
-        rate, loop = row.rates
-        cpu = "" if row.cpu_us is None else f"{row.cpu_us:.1f}"
-        print(f"{row.name:52} {row.count:>9} {rate:>9.0f} {loop:>16.0f} {cpu:>18}")
-    ours = {(r.name.removeprefix("zerohub serve --stomp"), r.count): r for r in rows}
-    theirs = [r for r in rows if r.name.startswith("RabbitMQ STOMP")]
-    if theirs:
-        print(
-            f"\n{'zerohub / RabbitMQ (same run)':52} {'messages':>9} {'msg/s ratio':>12} "
-            f"{'CPU/msg ratio':>14}"
-        )
-    for rabbit_row in theirs:
-        key = (rabbit_row.name.removeprefix("RabbitMQ STOMP"), rabbit_row.count)
-        if key in ours:
-            ratio = ours[key].rates[0] / rabbit_row.rates[0]
-            mine, other = ours[key].cpu_us, rabbit_row.cpu_us
-            cpu = f"{mine / other:.2f}" if mine and other else ""
-            print(f"{key[0].strip():52} {key[1]:>9} {ratio:>12.2f} {cpu:>14}")
-    base = {(r.name.removeprefix("zerohub serve --stomp (baseline)"), r.count): r for r in rows}
-    mine = [
-        r
-        for r in rows
-        if r.name.startswith("zerohub serve --stomp ") and "(baseline)" not in r.name
-    ]
-    if args.baseline:
-        print(
-            f"\n{'zerohub / baseline checkout (same run)':52} {'messages':>9} "
-            f"{'msg/s ratio':>12} {'CPU/msg ratio':>14}"
-        )
-    for row in mine:
-        key = (row.name.removeprefix("zerohub serve --stomp"), row.count)
-        if args.baseline and key in base:
-            ratio = row.rates[0] / base[key].rates[0]
-            mine_cpu, other = row.cpu_us, base[key].cpu_us
-            cpu = f"{mine_cpu / other:.2f}" if mine_cpu and other else ""
-            print(f"{key[0].strip():52} {key[1]:>9} {ratio:>12.2f} {cpu:>14}")
+    if args.memory:
+        port = free_port()
+        with zerohub(["broker.stomp", "--bind", f"tcp://127.0.0.1:{port}"], b"listening on"):
+            rows += measure(ctx, "zerohub in-memory", port, "localhost", args.messages)
+    _table(rows)
+    for turn in range(1, args.turns + 1):
+        _ratios([r for r in rows if r.turn == turn], f" (turn {turn})" if args.turns > 1 else "")
     return 0
 
 

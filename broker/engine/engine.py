@@ -97,7 +97,7 @@ from broker.engine.options import (
 )
 from broker.engine.parts import EngineParts
 from broker.engine.queue.queue import Queue
-from broker.engine.replies import answer_done, answer_failure, reject_push
+from broker.engine.replies import answer_done, answer_failure, is_answer, reject_push
 from broker.engine.router import Router, RouterError, RouterTable, router_from_json
 from broker.engine.tmqp_door import message_of
 from broker.message import Message
@@ -137,6 +137,10 @@ _NACK = Header.NACK_REASON.lower()
 _REASON = Header.REASON.lower()
 _CC = Header.CC.lower()
 _NO_RECEIPT: tuple[str, int | None] = ("", None)
+#: A push a collaborator failed (it raised): how a producer that waits is refused.
+_INTERNAL = OperationError(ResultCode.FAILED, "internal error")
+#: A push its handler wanted saved that the store refused.
+_UNSAVED = OperationError(ResultCode.FAILED, "not saved: the store failed")
 
 
 def _default_id_factory() -> Callable[[], str]:
@@ -458,14 +462,8 @@ class Engine:
         the index goes to ``later``."""
         mid = frame.message_id
         for i, o in enumerate(outs):
-            f = o[1]
-            if (
-                o[0] == client_id
-                and f.__class__ is _Frame
-                and f.message_type == _ACK
-                and f.message_id == mid
-            ):
-                del outs[i]
+            if is_answer(o, client_id, _ACK, mid):
+                f = outs.pop(i)[1]
                 if f.headers:
                     fields = {k.lower(): v for k, v in f.headers}
                     nack = fields.get(_NACK)
@@ -493,8 +491,24 @@ class Engine:
             client_id,
             now,
             "publish",
-            lambda c, out: self._push(c, message, wants_response, now, out),
+            lambda c, out: self._push_answered(c, message, wants_response, now, out),
         )
+
+    def _push_answered(
+        self, client: Client, m: Message, wants_response: bool, now: float, out: list[Outgoing]
+    ) -> None:
+        """:meth:`_push` for the typed operations: an error it raises refuses the push to a
+        producer that waits (an internal one -- a collaborator that raised -- is counted
+        and answered FAILED "internal error", as :meth:`receive` answers a frame): no
+        waiting producer takes silence for success.  What the push did before it raised
+        stays in ``out`` (deliveries it made go out: at least once, never a false yes)."""
+        try:
+            self._push(client, m, wants_response, now, out)
+        except OperationError as err:  # (``_push`` answers its own refusals: a late one)
+            reject_push(client, m, wants_response, out, err)
+        except Exception as exc:
+            self.count_error("publish", exc)
+            reject_push(client, m, wants_response, out, _INTERNAL)
 
     def publish_many(
         self, client_id: str, messages: Sequence[Message], now: float
@@ -510,25 +524,17 @@ class Engine:
 
         def run(c: Client, out: list[Outgoing]) -> None:
             nonlocal taken, refused
-            push = self._push
+            push = self._push_answered
             for m in messages:
                 if m.wire is not None:
                     m = m.replace()  # octets come only from the door that read them
                 mark = len(out)
-                try:
-                    push(c, m, True, now, out)
-                except Exception as exc:  # as publish() would: counted, the others go on
-                    self.count_error("publish", exc)
-                if len(out) > mark:
-                    last = out[-1]
-                    f = last[1]
-                    if (
-                        last[0] == client_id
-                        and f.__class__ is _Frame
-                        and f.message_type == _RESPONSE
-                        and f.message_id == m.message_id
-                        and f.content_type
-                    ):
+                push(c, m, True, now, out)
+                # (a push's response, if any, is the last thing it adds)
+                if len(out) > mark and is_answer(out[-1], client_id, _RESPONSE, m.message_id):
+                    f = out[-1][1]
+                    assert isinstance(f, _Frame)  # (what is_answer says)
+                    if f.content_type:  # (0: done, a resend taken before)
                         del out[-1]
                         refused = header(f, Header.REASON) or f"code {f.content_type}"
                         return
@@ -719,6 +725,7 @@ class Engine:
             return
         if fed_id is not None:  # in the same output as the message: durable before it
             self.federated.add(fed_id)
+        unsaved = queue.unsaved
         qm = queue.accept(m, client, now, out, m.wants_ack)
         if qm is not None:
             if receipt[0]:
@@ -726,6 +733,11 @@ class Engine:
             self._produced(queue, qm, out)
         for copy in copies:
             self._copy_durable(copy, m, client, now, out)
+        if queue.unsaved != unsaved and wants_response and not m.wants_ack:
+            # its handler wanted it saved and the store refused (full or failed disk):
+            # no "done" to a producer that waits (one waiting for an acknowledge got a
+            # negative one from the queue); it stays queued in memory (at least once)
+            reject_push(client, m, True, out, _UNSAVED)
 
     def _watch_receipt(
         self,

@@ -15,6 +15,19 @@ from broker.message import Message
 from broker.protocol import Outgoing, ResultCode
 
 
+def is_answer(item: Outgoing, client_id: str, message_type: int, message_id: str) -> bool:
+    """Is ``item`` the engine's answer (a frame of ``message_type``: ACK or RESPONSE) to
+    push ``message_id`` of ``client_id``?  (How a caller that batches pushes finds, in
+    their output, the answers it gives in its own way.)"""
+    f = item[1]
+    return (
+        f.__class__ is tmqp.Frame
+        and f.message_type == message_type
+        and f.message_id == message_id
+        and item[0] == client_id
+    )
+
+
 def ack_frame(
     frame: tmqp.Frame, code: int, err: OperationError | None, high: bool = False
 ) -> tmqp.Frame:

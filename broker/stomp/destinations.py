@@ -67,15 +67,21 @@ class Destination:
     kind: DestinationKind
     name: str
     pattern: DestinationPattern | None = field(default=None, compare=False)
+    #: The destination as a STOMP header value (``/queue/NAME``); made once (a
+    #: destination is parsed once and cached, and read per message delivered).
+    stomp: str = field(init=False, compare=False, repr=False)
+    _hash: int = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stomp", _STOMP_PREFIX[self.kind] + self.name)
+        object.__setattr__(self, "_hash", hash((self.kind, self.name)))
+
+    def __hash__(self) -> int:  # (a run of SENDs looks its destination up per message)
+        return self._hash
 
     @property
     def wildcard(self) -> bool:
         return self.pattern is not None
-
-    @property
-    def stomp(self) -> str:
-        """The destination as a STOMP header value (``/queue/NAME``)."""
-        return _STOMP_PREFIX[self.kind] + self.name
 
     def matches(self, kind: DestinationKind, name: str) -> bool:
         if kind is not self.kind:

@@ -110,6 +110,7 @@ from broker.stomp.engine_mapping import (
 )
 from broker.stomp.errors import BackendError
 from broker.stomp.frames import Headers
+from broker.stomp.handoff import Handoff
 from broker.stomp.session import Credentials
 from broker.stomp.subscription import (
     DEFAULT_CREDIT_COUNT,
@@ -698,6 +699,11 @@ def _delivery(sub: _Sub, message: Message, tag: int) -> Delivery:
     )
 
 
+def _written_by_handoff() -> None:
+    """``EngineBackend.after_deliveries`` under :func:`listen`: nothing to do, the
+    handoff's batch ends with the listener's ``flush_all``."""
+
+
 def listen(
     door: EngineDoor,
     add_reader: Callable[[Any, Callable[[float], list[Any]]], None],
@@ -715,9 +721,12 @@ def listen(
 
     backend = EngineBackend(door)
     listener = StompListener(backend, options, authenticator=backend.authenticate)
+    # what the engine thread hands over is written once per batch (Handoff's ``after``),
+    # not after each call of it
+    handoff = Handoff(lambda fn: listener.loop.call_soon_threadsafe(fn), listener.flush_all)
     backend.bind(
-        lambda fn: listener.loop.call_soon_threadsafe(fn),
-        listener.flush_all,
+        handoff.post,
+        _written_by_handoff,
         lambda fn: listener.loop.call_soon(fn),
     )
     add_reader(door.fileno(), door.run_ops)

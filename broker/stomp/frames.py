@@ -33,6 +33,7 @@ adds headers: builders put ``content-length`` on frames that need it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum, StrEnum
@@ -291,12 +292,11 @@ class FrameParser:
         end = buf.find(b"\n\n", pos, pos + FAST_HEAD)
         if end < 0:
             return False
-        head = bytes(buf[pos:end])
-        if b"\r" in head or b"\0" in head:
-            return False
         try:
-            text = head.decode("utf-8")
+            text = buf[pos:end].decode("utf-8")
         except UnicodeDecodeError:
+            return False
+        if "\r" in text or "\0" in text:
             return False
         lines = text.split("\n")
         command = _COMMANDS.get(lines[0])
@@ -307,18 +307,22 @@ class FrameParser:
         headers: list[tuple[str, str]] = []
         append = headers.append
         limit = limits.max_header_length
-        for line in lines[1:]:
+        short = limit // 4  # (a line this long cannot pass the limit in UTF-8)
+        length: str | None = None  # the first content-length (read here, not in a 2nd pass)
+        for line in itertools.islice(lines, 1, None):
             name, sep, value = line.partition(":")
-            if not sep or (len(line) > limit // 4 and len(line.encode("utf-8")) > limit):
+            if not sep or (len(line) > short and len(line.encode("utf-8")) > limit):
                 return False
             if table is not None:
                 name = _unescape(name, table)
                 value = _unescape(value, table)
+            if length is None and name == "content-length":
+                length = value
             append((name, value))
         self._command = command
         self._headers = headers
         self._pos = end + 2
-        self._start_body()
+        self._begin_body(length)
         return True
 
     def _skip_eols(self) -> bool:
@@ -395,11 +399,15 @@ class FrameParser:
         self._headers.append((name, value))
 
     def _start_body(self) -> None:
-        length: int | None = None
         for name, value in self._headers:
             if name == "content-length":
-                length = _parse_length(value)
-                break
+                self._begin_body(value)
+                return
+        self._begin_body(None)
+
+    def _begin_body(self, length_text: str | None) -> None:
+        """The body comes next; ``length_text``: the frame's first content-length."""
+        length = None if length_text is None else _parse_length(length_text)
         if length is not None and length > self.limits.max_body:
             raise LimitExceeded(
                 "max_body", f"content-length {length} is above {self.limits.max_body} bytes"
@@ -511,6 +519,19 @@ def serialize_receipt(receipt_id: str, version: Version = Version.V1_2) -> bytes
         return serialize(Frame(Command.RECEIPT, (("receipt-id", receipt_id),)), version)
     table = _ENCODE_1_2 if version is Version.V1_2 else _ENCODE_1_1
     return b"RECEIPT\nreceipt-id:" + receipt_id.translate(table).encode("utf-8") + b"\n\n\0"
+
+
+def serialize_receipts(
+    receipt_ids: Iterable[str | None], version: Version = Version.V1_2
+) -> bytes:
+    """The RECEIPT frames of ``receipt_ids`` (None: none), in order: the bytes of
+    :func:`serialize_receipt` of each, escaped and encoded in one go (a run of SENDs is
+    answered at once).  EncodeError (an id with a NUL) before anything is written."""
+    ids = [r for r in receipt_ids if r is not None]
+    if version is Version.V1_0 or any("\0" in r for r in ids):
+        return b"".join([serialize_receipt(r, version) for r in ids])
+    table = _ENCODE_1_2 if version is Version.V1_2 else _ENCODE_1_1
+    return "".join([f"RECEIPT\nreceipt-id:{r.translate(table)}\n\n\0" for r in ids]).encode()
 
 
 def _check_raw_header(name: str, value: str, version: Version) -> None:

@@ -77,6 +77,7 @@ from broker.stomp.frames import (
     make_frame,
     serialize,
     serialize_receipt,
+    serialize_receipts,
 )
 from broker.stomp.subscription import (
     AckMode,
@@ -408,12 +409,27 @@ class Session:
         if not sub.head:
             sub.head = f"MESSAGE\nsubscription:{spec.id.translate(table)}\nmessage-id:"
         body = delivery.body
-        parts = [sub.head, delivery.message_id.translate(table), line]
         ack = self.version is Version.V1_2 and spec.ack is not AckMode.AUTO
+        config = self.config
+        if not (
+            ack
+            or delivery.headers
+            or spec.include_seq
+            or config.add_user_header
+            or config.add_timestamp_header
+            or config.add_redeliveries_header
+        ):  # the usual MESSAGE: nothing but its head, id, destination and length
+            text = (
+                f"{sub.head}{delivery.message_id.translate(table)}{line}"
+                f"content-length:{len(body)}\n\n"
+            )
+            if "\0" in text:
+                raise EncodeError("a MESSAGE header contains NUL")
+            return b"".join((text.encode("utf-8"), body, b"\0"))
+        parts = [sub.head, delivery.message_id.translate(table), line]
         if ack:
             parts.append(f"ack:{delivery.tag}\n")
         parts.append(f"content-length:{len(body)}\n")
-        config = self.config
         extra: list[tuple[str, str]] = []
         if spec.include_seq and delivery.sequence is not None:
             extra.append((spec.include_seq, str(delivery.sequence)))
@@ -681,10 +697,7 @@ class Session:
             head = queue.popleft()
             self._unanswered_count -= head.count
             if head.receipts is not None:
-                version = self.version or Version.V1_2
-                for receipt in head.receipts:
-                    if receipt is not None:
-                        self._out += serialize_receipt(receipt, version)
+                self._out += serialize_receipts(head.receipts, self.version or Version.V1_2)
             elif head.receipt is not None:
                 self._out += serialize_receipt(head.receipt, self.version or Version.V1_2)
             if head.close:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 
 from broker.stomp.destinations import Destination, parse_destinations
 from broker.stomp.errors import ProtocolViolation
@@ -80,8 +81,10 @@ class SubscriptionSpec:
         return ",".join(d.stomp for d in self.destinations)
 
 
-@dataclass(frozen=True, slots=True)
-class PublishSpec:
+class PublishSpec(NamedTuple):
+    """A parsed SEND.  (A named tuple, not a frozen dataclass: one is made per SEND, as
+    a :class:`~broker.stomp.backend.Delivery` per message delivered.)"""
+
     destinations: tuple[Destination, ...]
     headers: tuple[tuple[str, str], ...]  # user headers carried to consumers (first wins)
     body: bytes

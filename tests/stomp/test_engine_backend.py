@@ -29,8 +29,8 @@ FAST = SessionConfig(die_delay=0.1, heartbeat=(0, 0))
 class Broker:
     """A TMQP server and a STOMP listener on one engine."""
 
-    def __init__(self, zctx: Ctx) -> None:
-        self.engine = Engine()
+    def __init__(self, zctx: Ctx, engine: Engine | None = None) -> None:
+        self.engine = engine if engine is not None else Engine()
         self.door = EngineDoor(self.engine)
         self.server = Server(self.door, ServerOptions(endpoint="tcp://127.0.0.1:*"), context=zctx)
         self.listener: StompListener = listen(

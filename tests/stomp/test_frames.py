@@ -20,6 +20,7 @@ from broker.stomp.frames import (
     serialize,
     serialize_escaped,
     serialize_receipt,
+    serialize_receipts,
 )
 
 SEND_WITH_NULS = b"SEND\ndestination:/queue/a\ncontent-length:5\n\na\x00b\x00c\x00"
@@ -272,6 +273,18 @@ def test_serialize_receipt_is_serialize_of_a_receipt_frame(version: Version, rec
             serialize_receipt(receipt, version)
     else:
         assert serialize_receipt(receipt, version) == expected
+
+
+@pytest.mark.parametrize("version", [Version.V1_0, Version.V1_1, Version.V1_2])
+def test_serialize_receipts_is_serialize_receipt_of_each_in_order(version: Version) -> None:
+    ids = ["r-1", None, "a:b\\c", "näme", None, "7"]
+    if version is not Version.V1_0:  # (1.0 has no escapes: EncodeError for these)
+        ids[3:3] = ["line\nbreak", "cr\r"]
+    expected = b"".join(serialize_receipt(r, version) for r in ids if r is not None)
+    assert serialize_receipts(ids, version) == expected
+    assert serialize_receipts([], version) == b"" == serialize_receipts([None], version)
+    with pytest.raises(EncodeError):  # (a NUL: nothing written, not the ids before it)
+        serialize_receipts(["ok", "nul\0"], version)
 
 
 def test_parsed_destinations_are_cached_per_connection_and_errors_are_not() -> None:

@@ -78,6 +78,7 @@ class Ledger:
             q.store.append(q.key, stored)
         except Exception as exc:
             q.error("store.append", exc)
+            q.unsaved += 1
             return
         m.saved = True
         q.saves += 1

@@ -86,6 +86,7 @@ class QueueCore(Protocol):
     nacks: int
     timeouts: int
     saves: int
+    unsaved: int
     removed: int
     dropped: int
     last_received: float | None

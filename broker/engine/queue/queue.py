@@ -152,6 +152,8 @@ class Queue:
         self.nacks = 0
         self.timeouts = 0
         self.saves = 0
+        #: Saves the delivery handler wanted that the store refused (``Ledger.save``).
+        self.unsaved = 0
         self.removed = 0
         #: Broadcast copies not sent because the consumer's window was full or it left.
         self.dropped = 0

@@ -1,0 +1,184 @@
+"""STOMP door per-frame paths in one process, no sockets: CPU time per SEND parsed and
+per MESSAGE encoded, for this checkout and (``--baseline CHECKOUT``) another one.
+
+* parse: a stomp.py-like run of SEND frames (destination, content-length, receipt,
+  100-byte body) fed to ``FrameParser`` in 64 KiB reads;
+* send spec: ``parse_send_control`` of each parsed SEND (what the session does per SEND
+  of a run);
+* encode: ``Session._encode`` of an auto-ack MESSAGE (100-byte body, no user headers);
+* receipts: the RECEIPTs of a run of 1000 SENDs as the session writes them
+  (``serialize_receipts``; a checkout without it: ``serialize_receipt`` of each).
+
+Each checkout runs in its own subprocess (``PYTHONPATH``), the two taking turns
+``--turns`` times (baseline first in odd turns); the figure is the best of ``--repeat``
+timings of ``process_time`` (CPU, not wall: it moves far less on a loaded machine).
+
+Usage: ``python bench/bench_stomp_paths.py [--baseline CHECKOUT] [--turns 2]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+#: Frames per timed pass, and passes per timing.
+FRAMES = 1000
+PASSES = 5
+
+
+def _best(fn: object, repeat: int) -> float:
+    """Best CPU seconds of ``repeat`` calls of ``fn``."""
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.process_time()
+        fn()  # type: ignore[operator]
+        best = min(best, time.process_time() - start)
+    return best
+
+
+def measure(repeat: int) -> dict[str, float]:
+    """µs per operation of each path, for the ``broker`` package importable here."""
+    from broker.stomp.backend import Delivery
+    from broker.stomp.frames import FrameParser, Version
+    from broker.stomp.subscription import parse_send_control
+
+    frame = (
+        b"SEND\ncontent-length:100\ndestination:/queue/bench\nreceipt:12345\n\n"
+        + b"x" * 100
+        + b"\0"
+    )
+    data = frame * FRAMES
+    chunks = [data[i : i + 65536] for i in range(0, len(data), 65536)]
+    parser = FrameParser(version=Version.V1_2)
+    parsed = [f for chunk in chunks for f in parser.feed(chunk)]
+    assert len(parsed) == FRAMES
+
+    def parse() -> None:
+        for _ in range(PASSES):
+            for chunk in chunks:
+                parser.feed(chunk)
+
+    def spec() -> None:
+        for _ in range(PASSES):
+            for f in parsed:
+                parse_send_control(f, broker_id="default", connection_id=1, now_ms=0)
+
+    session, sub = _session()
+    body = b"x" * 100
+    deliveries = [
+        Delivery("1", i, f"stomp-1-{i}", "/queue/bench", (), body) for i in range(FRAMES)
+    ]
+    encode = session._encode
+
+    def encode_all() -> None:
+        for _ in range(PASSES):
+            for d in deliveries:
+                encode(sub, d)
+
+    receipt_ids: list[str | None] = [str(12345 + i) for i in range(FRAMES)]
+    write_receipts = _receipt_writer()
+
+    def receipts() -> None:
+        for _ in range(PASSES):
+            out = bytearray()
+            write_receipts(out, receipt_ids)
+
+    per = 1e6 / (FRAMES * PASSES)
+    return {
+        "parse SEND": _best(parse, repeat) * per,
+        "SEND spec (parse_send_control)": _best(spec, repeat) * per,
+        "encode MESSAGE (auto ack)": _best(encode_all, repeat) * per,
+        "RECEIPT of a run": _best(receipts, repeat) * per,
+    }
+
+
+def _receipt_writer() -> Callable[[bytearray, list[str | None]], None]:
+    """How the checkout's session writes a run's RECEIPTs into its output buffer."""
+    from broker.stomp import frames
+    from broker.stomp.frames import Version
+
+    batch = getattr(frames, "serialize_receipts", None)
+    if batch is not None:
+
+        def at_once(out: bytearray, ids: list[str | None]) -> None:
+            out += batch(ids, Version.V1_2)
+
+        return at_once
+
+    def each(out: bytearray, ids: list[str | None]) -> None:
+        for r in ids:
+            if r is not None:
+                out += frames.serialize_receipt(r, Version.V1_2)
+
+    return each
+
+
+def _session() -> tuple[object, object]:
+    """A connected 1.2 session with subscription ``1`` (auto ack) on /queue/bench."""
+    from broker.stomp.frames import Version
+    from broker.stomp.memory import MemoryBackend
+    from broker.stomp.session import Session
+
+    session = Session(MemoryBackend(), 1, 0.0)
+    session.receive(b"CONNECT\naccept-version:1.2\nhost:localhost\n\n\0", 0.0)
+    session.receive(b"SUBSCRIBE\nid:1\ndestination:/queue/bench\n\n\0", 0.0)
+    session.take_output(0.0)
+    assert session.version is Version.V1_2
+    return session, session._subscriptions["1"]
+
+
+def _run(checkout: str, repeat: int) -> dict[str, float]:
+    env = dict(os.environ, PYTHONPATH=checkout)
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", str(repeat)],
+        env=env,
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"{checkout}: {done.stderr.strip().splitlines()[-1:]}")
+    result: dict[str, float] = json.loads(done.stdout)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", metavar="CHECKOUT", help="another checkout (e.g. main)")
+    parser.add_argument("--turns", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child is not None:
+        print(json.dumps(measure(args.child)))
+        return 0
+    if args.turns < 1 or args.repeat < 1:
+        parser.error("--turns and --repeat must be at least 1")
+    here = str(Path(__file__).resolve().parent.parent)
+    print(
+        f"{'path (CPU us per frame, best of ' + str(args.repeat) + ')':44} {'turn':>4} "
+        f"{'this':>8} {'baseline':>9} {'ratio':>6}"
+    )
+    for turn in range(1, args.turns + 1):
+        base: dict[str, float] = {}
+        if args.baseline and turn % 2:
+            base = _run(args.baseline, args.repeat)
+        mine = _run(here, args.repeat)
+        if args.baseline and not turn % 2:
+            base = _run(args.baseline, args.repeat)
+        for name, us in mine.items():
+            other = base.get(name)
+            shown = f"{other:9.2f} {us / other:6.2f}" if other else f"{'':9} {'':6}"
+            print(f"{name:44} {turn:>4} {us:8.2f} {shown}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

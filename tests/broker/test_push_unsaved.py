@@ -1,0 +1,73 @@
+"""A push its delivery handler wants saved, that the store refuses (full or failing
+disk), is never answered as taken: a producer that waits for an acknowledge gets a
+negative one (``Ledger``), one that waits for a response gets FAILED (``Engine._push``)
+instead of the silence that means success; the message stays queued in memory."""
+
+from __future__ import annotations
+
+from broker.engine.delivery import PersistentDeliveryHandler
+from broker.protocol import Header as H
+from broker.protocol import MessageType, ResultCode, header
+from broker.store.base import QueueKey, StoredMessage
+from broker.store.log.errors import StoreIOError
+from broker.store.memory import MemoryStore
+from broker.tmqp import Frame
+from tests.broker.engine_kit import Kit
+
+
+class FullDisk(MemoryStore):
+    """A store with room for ``room`` messages: every later append raises."""
+
+    def __init__(self, room: int) -> None:
+        super().__init__()
+        self.room = room
+
+    def append(self, queue: QueueKey, message: StoredMessage) -> None:
+        if self.room <= 0:
+            raise StoreIOError("No space left on device")
+        self.room -= 1
+        super().append(queue, message)
+
+
+def _push(kit: Kit, mid: str, *, response: bool = False, ack: bool = False) -> list[Frame]:
+    kit.send(
+        "p",
+        Frame(
+            message_type=MessageType.QUEUE,
+            content_type=1,
+            target="orders",
+            message_id=mid,
+            source="p",
+            payload=mid.encode(),
+            pending_response=response,
+            pending_ack=ack,
+        ),
+    )
+    return [f for f in kit.take("p") if f.message_id == mid]
+
+
+def _kit() -> Kit:
+    kit = Kit(store=FullDisk(room=1), handlers={"persistent": PersistentDeliveryHandler()})
+    kit.connect("p")
+    kit.queue("p", "orders", 1, message_delivery_handler="persistent")
+    kit.take("p")
+    return kit
+
+
+def test_a_producer_waiting_for_a_response_hears_the_store_refused_its_message() -> None:
+    kit = _kit()
+    assert _push(kit, "m1", response=True) == []  # saved: no refusal
+    refused = _push(kit, "m2", response=True)
+    assert [(f.message_type, f.content_type) for f in refused] == [
+        (MessageType.RESPONSE, ResultCode.FAILED)
+    ]
+    assert "not saved" in str(header(refused[0], H.REASON))
+    assert kit.info("p", "orders", 1)["Messages"] == 2  # m2 stays queued (in memory)
+
+
+def test_a_producer_waiting_for_an_acknowledge_gets_one_negative_not_two() -> None:
+    kit = _kit()
+    assert [f.message_type for f in _push(kit, "m1", ack=True)] == [MessageType.ACK]
+    refused = _push(kit, "m2", ack=True)
+    assert [f.message_type for f in refused] == [MessageType.ACK]
+    assert header(refused[0], H.NACK_REASON) is not None
