@@ -200,6 +200,8 @@ _MAX_CORRECTIONS = 64  # more files differ from the saved index: one ICANHAZ for
 _BACKOFF_BASE = 0.1
 _CHECK_SHARE = 0.05  # local drift checks take at most this share of the time (big DEST)
 _POLL_MS = 100  # longest wait for the socket before timers and capped credit are looked at
+_RECV_BUDGET = 256  # messages received per wake-up before timers are looked at
+_NOBLOCK = int(zmq.NOBLOCK)
 _MONITOR_EVENTS = zmqkit.HANDSHAKE_EVENTS | zmq.EVENT_DISCONNECTED
 
 
@@ -651,10 +653,9 @@ class SyncClient:
                 if monitor is not None and monitor in events:
                     self._check_monitor(monitor)
                 if sock in events:
-                    for _ in range(256):
+                    for _ in range(_RECV_BUDGET):
                         try:
-                            # copy=False: a chunk is decoded in place (fmq_msg's frame_view)
-                            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                            frames = _receive(sock)
                         except zmq.Again:
                             break
                         self._answered = True
@@ -1047,6 +1048,19 @@ class SyncClient:
         self.result.refetched += 1
         local = {e.name: e.sha1 for e in mirror.index if e.name.startswith(chunk.name)}
         self._perform(session, mirror, session.refetch(chunk.name, local))
+
+
+def _receive(sock: zmq.Socket[Any]) -> list[Any]:
+    """The frames of one message waiting on ``sock`` (``zmq.Again``: none), as
+    ``recv_multipart(NOBLOCK, copy=False)`` gives them, without its ``RCVMORE`` option
+    read per frame (each frame says whether more follow): called once per file.
+    (``copy=False``: a chunk is decoded in place, ``fmq_msg``'s frame_view.)"""
+    frame = sock.recv(_NOBLOCK, copy=False)
+    frames = [frame]
+    while frame.more:  # (the rest of a message is there once its first frame is)
+        frame = sock.recv(_NOBLOCK, copy=False)
+        frames.append(frame)
+    return frames
 
 
 def default_index_path(dest: str | os.PathLike[str]) -> Path:

@@ -295,6 +295,8 @@ class FileServer:
             raise zmqkit.SecurityError("CURVE needs both a server secret and an allow-list")
         self.context = context
         self.mounts = sorted(mounts, key=lambda m: len(m.virtual))  # most specific last
+        #: (prefix, mount), the most specific first (``_locate``: once per file sent).
+        self._prefixes = [(mount.prefix, mount) for mount in reversed(self.mounts)]
         self.wire = load_wire(wire)
         self.chunk_size = chunk_size
         self.client_ttl = client_ttl
@@ -354,6 +356,7 @@ class FileServer:
         self._stalled: dict[bytes, deque[list[bytes]]] = {}
         self._files: dict[bytes, tuple[str, int]] = {}  # client -> (name, fd) being sent
         self._shared = SharedReads()  # small files read once per round of sending
+        self._sharing = False  # this round has several clients to send to (``_pump``)
         #: Folders walked this round of sending (``_open_source``): (mount dir, parts) -> fd.
         self._folders: dict[tuple[Path, tuple[str, ...]], int] = {}
         self._ctl_lock = threading.Lock()
@@ -853,6 +856,7 @@ class FileServer:
         budget = _PUMP_BUDGET
         bucket = self._bucket
         active = [s for s in self._sessions.values() if s.has_work()]
+        self._sharing = len(active) > 1  # (one client alone never reads a file twice)
         batch = _SendBatch()
         while active and budget > 0:
             ready = []
@@ -903,7 +907,7 @@ class FileServer:
         client = session.client_id
         if op.operation is not Operation.CREATE or op.size == 0:
             return session.chunk_frames(plan, b"")
-        shared = _shared_version(plan)
+        shared = _shared_version(plan) if self._sharing else None
         if shared is not None:  # a small file sent whole: read once for every client
             data = self._shared.get(shared)
             if data is not None:
@@ -1016,9 +1020,9 @@ class FileServer:
     # -- files and subscriptions ----------------------------------------------
 
     def _locate(self, name: str) -> tuple[Mount, str] | None:
-        for mount in reversed(self.mounts):
-            if name.startswith(mount.prefix):
-                return mount, name[len(mount.prefix) :]
+        for prefix, mount in self._prefixes:
+            if name.startswith(prefix):
+                return mount, name[len(prefix) :]
         return None
 
     def _op(
