@@ -853,18 +853,31 @@ class FileServer:
             self._flush_stalled()
         self._shared.clear()  # (a round's clients share reads: ``filemq.sharedread``)
         self._release_folders()  # (walked again each round, as the reads are checked)
-        budget = _PUMP_BUDGET
-        bucket = self._bucket
         active = [s for s in self._sessions.values() if s.has_work()]
         self._sharing = len(active) > 1  # (one client alone never reads a file twice)
         batch = _SendBatch()
+        try:  # (whatever ends the rounds, each message built goes out: its sequence is given)
+            if not self._send_rounds(active, batch):
+                return False  # capped: the loop waits for tokens (_throttled_ms)
+        finally:
+            self._send_batch(batch)
+        return any(
+            s.has_work() and s.client_id not in self._stalled for s in self._sessions.values()
+        )
+
+    def _send_rounds(self, active: list[ServerSession], batch: _SendBatch) -> bool:
+        """Round-robin over ``active``, one chunk per client per round, at most
+        ``_PUMP_BUDGET`` messages, built into ``batch`` (sent when it is full, the rest
+        by ``_pump``); False when the cap's bucket ran out of tokens."""
+        budget = _PUMP_BUDGET
+        bucket = self._bucket
         while active and budget > 0:
             ready = []
             for session in active:
                 if session.client_id in self._stalled:
                     continue
                 if bucket is not None and bucket.available(time.monotonic()) <= 0:
-                    return False  # capped: the loop waits for tokens (_throttled_ms)
+                    return False
                 sent = session.sent_bytes
                 try:
                     plan = session.next_chunk()
@@ -887,10 +900,7 @@ class FileServer:
                 if session.has_work():
                     ready.append(session)
             active = ready
-        self._send_batch(batch)
-        return any(
-            s.has_work() and s.client_id not in self._stalled for s in self._sessions.values()
-        )
+        return True
 
     def _throttled_ms(self) -> int:
         """With a cap: how long the loop may wait before tokens let a chunk go."""
