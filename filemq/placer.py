@@ -35,6 +35,9 @@ __all__ = ["MAX_PENDING", "Placer"]
 
 #: Content bytes submitted and not yet placed before ``submit`` waits.
 MAX_PENDING = 8 << 20
+#: Jobs queued before a waiting worker is woken (``settle`` wakes it for fewer): one
+#: wake-up (futex calls, a GIL hand-off) per few small files, not per file.
+_HANDOFF = 4
 
 T = TypeVar("T")
 
@@ -59,7 +62,8 @@ class Placer(Generic[T]):
                 self._cond.wait()
             self._jobs.append((job, size, token))
             self._pending += size
-            self._cond.notify_all()
+            if len(self._jobs) >= _HANDOFF or self._pending >= self._max_pending:
+                self._cond.notify_all()  # (a worker that waits sees a few at once)
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="filemq-placer", daemon=True)
             self._thread.start()
@@ -74,6 +78,7 @@ class Placer(Generic[T]):
         """Wait until every job submitted has run: (token, result or exception) each,
         in the order submitted, and forget them."""
         with self._cond:
+            self._cond.notify_all()  # (the jobs the worker was not woken for yet)
             while self._jobs or self._running:
                 self._cond.wait()
             done, self._done = self._done, []
