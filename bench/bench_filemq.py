@@ -152,6 +152,14 @@ def timed_cpu(cmd: list[str], server: int | None = None) -> tuple[float, float]:
     return elapsed, cpu
 
 
+def timed_split(cmd: list[str], server: int | None = None) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds of ``cmd``, CPU seconds process ``server`` used
+    meanwhile): ``timed_cpu`` with the two sides apart (per-file CPU of (b))."""
+    before = _ticks(server) if server else 0.0
+    wall, cpu = timed_cpu(cmd)
+    return wall, cpu, (_ticks(server) - before) if server else 0.0
+
+
 def timed(cmd: list[str], env: dict[str, str] | None = None) -> float:
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -507,12 +515,14 @@ def run(work: Path, big: int, count: int, small: int) -> int:
         fresh_dest(work, "", src)  # (the last round's trees go too)
 
     scenarios = [(f"(b) {count} x {small >> 10} KiB", work / "b-src", count * small)]
+    per_file: list[tuple[str, str, float, float]] = []  # (b): label, method, client, server
     for label, src, nbytes in scenarios if count else []:
         tag = label[:3]
         if rsync:
             dest = fresh_dest(work, f"{tag}-rsync", src, keep=f"{tag}-")
             t, cpu = timed_cpu([rsync, "-a", f"{src}/", f"{dest}/"])
             rows.append((label, "rsync -a", t, nbytes, cpu))
+            per_file.append((label, "rsync -a", cpu, 0.0))
             check_same(src, dest)
             t = median_time([rsync, "-a", f"{src}/", f"{dest}/"])
             rows.append(("(c) no-change resync of (b)", "rsync -a", t, 0, 0.0))
@@ -527,8 +537,10 @@ def run(work: Path, big: int, count: int, small: int) -> int:
             try:
                 dest = fresh_dest(work, f"{tag}-{mode[8:]}", src, keep=f"{tag}-")
                 index = work / f"{tag}-{mode[8:]}.idx"
-                t, cpu = timed_cpu(sync_cmd(server, dest, index, client_extra), server.proc.pid)
-                rows.append((label, mode, t, nbytes, cpu))
+                cmd = sync_cmd(server, dest, index, client_extra)
+                t, client_cpu, server_cpu = timed_split(cmd, server.proc.pid)
+                rows.append((label, mode, t, nbytes, client_cpu + server_cpu))
+                per_file.append((label, mode, client_cpu, server_cpu))
                 check_same(src, dest)
                 t = median_time(sync_cmd(server, dest, index, client_extra))
                 rows.append(("(c) no-change resync of (b)", mode, t, 0, 0.0))
@@ -544,9 +556,51 @@ def run(work: Path, big: int, count: int, small: int) -> int:
         t, cpu = time_raw(src, dest, port)
         rows.append((label, "raw pyzmq stream", t, nbytes, cpu))
         check_same(src, dest)
+        # (b) a second round, the methods taking turns again (a cold mirror swings most)
+        again = f"{label} #2"
+        if rsync:
+            dest = fresh_dest(work, f"{tag}2-rsync", src)
+            t, cpu = timed_cpu([rsync, "-a", f"{src}/", f"{dest}/"])
+            rows.append((again, "rsync -a", t, nbytes, cpu))
+            per_file.append((again, "rsync -a", cpu, 0.0))
+            check_same(src, dest)
+        for mode, server_extra, client_extra in (
+            ("zerohub plain", [], []),
+            ("zerohub CURVE", curve_server, curve_client),
+        ):
+            server = Server(src, server_extra)
+            try:
+                dest = fresh_dest(work, f"{tag}2-{mode[8:]}", src)
+                cmd = sync_cmd(server, dest, work / f"{tag}2-{mode[8:]}.idx", client_extra)
+                t, client_cpu, server_cpu = timed_split(cmd, server.proc.pid)
+                rows.append((again, mode, t, nbytes, client_cpu + server_cpu))
+                per_file.append((again, mode, client_cpu, server_cpu))
+                check_same(src, dest)
+            finally:
+                server.stop()
+        fresh_dest(work, "", src)
 
     print_table(rows)
+    if per_file:
+        print_per_file(per_file, count)
     return 0
+
+
+def print_per_file(rows: list[tuple[str, str, float, float]], files: int) -> None:
+    """(b): CPU per file of each side (us): the mirror (``filemq sync``, its process
+    start included), the server (``filemq serve`` while it ran), rsync's processes."""
+    print(f"\n(b) CPU per file, us (load {os.getloadavg()[0]:.0f})")
+    print(f"{'round':26} {'method':18} {'client':>8} {'server':>8} {'both':>8} {'x rsync':>8}")
+    rsync = {label: c for label, method, c, _s in rows if method == "rsync -a"}
+    for label, method, client, server in rows:
+        both = client + server
+        ref = rsync.get(label)
+        ratio = f"{both / ref:8.2f}" if ref else f"{'-':>8}"
+        srv = f"{server / files * 1e6:8.0f}" if method != "rsync -a" else f"{'-':>8}"
+        print(
+            f"{label:26} {method:18} {client / files * 1e6:8.0f} {srv}"
+            f" {both / files * 1e6:8.0f} {ratio}"
+        )
 
 
 def print_table(rows: list[tuple[str, str, float, int, float]]) -> None:

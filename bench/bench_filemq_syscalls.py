@@ -31,6 +31,8 @@ from bench_filemq import FILEMQ, Server, check_same
 #: The calls of the file path, in the order a small file meets them.
 SHOWN = ("openat", "newfstatat", "fstat", "pread64", "write", "fchmod", "utimensat")
 SHOWN += ("renameat", "renameat2", "rename", "close", "mkdirat")
+#: Then libzmq's I/O threads (a wake-up per message sent or received) and thread hand-offs.
+SHOWN += ("sendto", "recvfrom", "epoll_wait", "epoll_ctl", "poll", "getpid", "read", "futex")
 
 
 def make_files(root: Path, count: int, size: int, folders: int) -> None:

@@ -12,7 +12,11 @@ file) and the ICANHAZ follows.  Credit is granted in a sliding window
 (``engine_client``).  Received files are written by ``filemq.mirror``: verified
 against the ``size``/``sha1`` headers, renamed into place only when complete; a
 mismatch asks for the file again (up to 3 times).  So DEST never shows a
-partial file and a replaced file has exactly the new size.
+partial file and a replaced file has exactly the new size.  A whole file in one
+message (a small file) is put in place on ``filemq.placer``'s thread while the next
+messages are decoded; the client collects those outcomes (counts, events, a fetch
+again) before any other action on DEST, before a resync is reported complete and
+before each wait for the socket, so they come in the order the files arrived.
 
 Unsafe names (``..``, absolute, NUL, backslash, through a symlink, the temp
 prefix) are logged and skipped; the session goes on and the run ends with
@@ -117,6 +121,7 @@ Deletes from a server that sends no folders also remove the folders they leave e
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import logging
 import os
@@ -173,6 +178,7 @@ from filemq.meta import (
 )
 from filemq.mirror import TEMP_PREFIX, Mirror
 from filemq.paths import UnsafePathError, all_relative_safe, relative_inside
+from filemq.placer import Placer
 from filemq.progress import PLAIN_EVERY, Progress
 from filemq.state import load_index
 from zerohub import zmqkit
@@ -200,6 +206,8 @@ _MAX_CORRECTIONS = 64  # more files differ from the saved index: one ICANHAZ for
 _BACKOFF_BASE = 0.1
 _CHECK_SHARE = 0.05  # local drift checks take at most this share of the time (big DEST)
 _POLL_MS = 100  # longest wait for the socket before timers and capped credit are looked at
+_RECV_BUDGET = 256  # messages received per wake-up before timers are looked at
+_NOBLOCK = int(zmq.NOBLOCK)
 _MONITOR_EVENTS = zmqkit.HANDSHAKE_EVENTS | zmq.EVENT_DISCONNECTED
 
 
@@ -447,6 +455,8 @@ class SyncClient:
         self._progress = Progress(progress, every=progress_every)
         self._stop = threading.Event()
         self._refetches: dict[str, int] = {}
+        #: Whole small files being put in place beside the receive loop (``filemq.placer``).
+        self._placer: Placer[tuple[bool, str]] = Placer()
         self._sock: Any = None
         self._monitor: zmq.Socket[Any] | None = None
         self._scanned = False
@@ -652,10 +662,9 @@ class SyncClient:
                 if monitor is not None and monitor in events:
                     self._check_monitor(monitor)
                 if sock in events:
-                    for _ in range(256):
+                    for _ in range(_RECV_BUDGET):
                         try:
-                            # copy=False: a chunk is decoded in place (fmq_msg's frame_view)
-                            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                            frames = _receive(sock)
                         except zmq.Again:
                             break
                         self._answered = True
@@ -664,6 +673,9 @@ class SyncClient:
                             return outcome
                         if subscribed_at is None and session.state is ClientState.ACTIVE:
                             subscribed_at = now
+                    outcome = self._settle(session, mirror)  # (the files of this batch)
+                    if outcome is not None:
+                        return outcome
                 if subscribed_at is None and now - started > self.connect_timeout:
                     if self.max_retries is not None and not self._answered:
                         # a DEALER retries TCP by itself: a new socket would not make an
@@ -714,6 +726,8 @@ class SyncClient:
             self._lost = str(exc)
             return _Outcome.RETRY  # (the partial file is left by the abort below)
         finally:
+            self._settle_quietly(mirror)  # (the files of a batch an error cut short)
+            self._placer.close()
             mirror.abort()
             mirror.release_folders()
             close_dealer(sock, monitor)
@@ -842,10 +856,42 @@ class SyncClient:
             covered = {n: local[n] for n in ordered[first:last]}
             self._perform(session, mirror, session.refetch(name, covered))
 
+    def _settle(self, session: ClientSession, mirror: Mirror) -> str | None:
+        """Wait for the small files being placed (``filemq.placer``) and finish each as
+        ``_chunk`` would have: count it, or fetch it again.  Before anything else uses
+        DEST or its index (see ``_perform``) and before each wait for the socket."""
+        outcome = None
+        for chunk, result in self._placer.settle():
+            if isinstance(result, OSError | UnsafePathError):
+                log.error("cannot place %s: %s (skipped)", chunk.name, result)
+                self.result.errors += 1
+                continue
+            if isinstance(result, Exception):
+                raise result
+            self._progress.data(len(chunk.data))
+            outcome = self._finished(session, mirror, chunk, *result) or outcome
+        return outcome
+
+    def _settle_quietly(self, mirror: Mirror) -> None:
+        """The session ends on an error: wait for the files being placed and count them
+        (one that did not verify is fetched by the next session's resync)."""
+        for chunk, result in self._placer.settle():
+            if isinstance(result, tuple) and result[0]:
+                self._progress.data(len(chunk.data))
+                self.result.files += 1
+                self.result.bytes += len(chunk.data)
+            elif isinstance(result, Exception):
+                log.error("cannot place %s: %s (skipped)", chunk.name, result)
+                self.result.errors += 1
+
     def _perform(
         self, session: ClientSession, mirror: Mirror, actions: Iterable[Any]
     ) -> str | None:
         for action in actions:
+            if not (isinstance(action, FileChunk) and _whole(action)) and not self._placer.settled:
+                outcome = self._settle(session, mirror)  # (nothing else beside the placer)
+                if outcome is not None:
+                    return outcome
             if isinstance(action, FileChunk):
                 self._chunk(session, mirror, action)
             elif isinstance(action, Send):
@@ -990,16 +1036,11 @@ class SyncClient:
                 self.result.errors += 1
                 return
             if chunk.eof and not chunk.offset:  # the whole file in one message (small files)
-                try:
-                    ok, reason = mirror.place(
-                        chunk.parts, target, chunk.data, chunk.headers, chunk.meta
-                    )
-                except (OSError, UnsafePathError) as exc:
-                    log.error("cannot place %s: %s (skipped)", chunk.name, exc)
-                    self.result.errors += 1
-                    return
-                self._progress.data(len(chunk.data))
-                self._finished(session, mirror, chunk, ok, reason)
+                mirror.abort()  # (no file in chunks goes on beside the placer)
+                place = functools.partial(
+                    mirror.place, chunk.parts, target, chunk.data, chunk.headers, chunk.meta
+                )
+                self._placer.submit(place, len(chunk.data), chunk)  # (see ``_settle``)
                 return
         elif not mirror.busy:
             return  # this file was refused at its first chunk
@@ -1025,7 +1066,7 @@ class SyncClient:
 
     def _finished(
         self, session: ClientSession, mirror: Mirror, chunk: FileChunk, ok: bool, reason: str
-    ) -> None:
+    ) -> str | None:
         """The last chunk of a file was handled: count it, or fetch it again."""
         if ok:
             size = chunk.offset + len(chunk.data)
@@ -1037,17 +1078,35 @@ class SyncClient:
             if self.on_event is not None:
                 sha1 = chunk.headers.get(HEADER_SHA1, "")
                 self._emit("create", chunk.name, size=size, sha1=sha1)
-            return
+            return None
         tries = self._refetches.get(chunk.name, 0) + 1
         self._refetches[chunk.name] = tries
         if tries > _MAX_REFETCH:
             log.error("%s: %s; giving up after %d tries", chunk.name, reason, _MAX_REFETCH)
             self.result.errors += 1
-            return
+            return None
         log.warning("%s: %s; fetching it again", chunk.name, reason)
         self.result.refetched += 1
         local = {e.name: e.sha1 for e in mirror.index if e.name.startswith(chunk.name)}
-        self._perform(session, mirror, session.refetch(chunk.name, local))
+        return self._perform(session, mirror, session.refetch(chunk.name, local))
+
+
+def _whole(chunk: FileChunk) -> bool:
+    """A whole file in one message (``filemq.placer`` puts it in place)."""
+    return chunk.first and chunk.eof and not chunk.offset
+
+
+def _receive(sock: zmq.Socket[Any]) -> list[Any]:
+    """The frames of one message waiting on ``sock`` (``zmq.Again``: none), as
+    ``recv_multipart(NOBLOCK, copy=False)`` gives them, without its ``RCVMORE`` option
+    read per frame (each frame says whether more follow): called once per file.
+    (``copy=False``: a chunk is decoded in place, ``fmq_msg``'s frame_view.)"""
+    frame = sock.recv(_NOBLOCK, copy=False)
+    frames = [frame]
+    while frame.more:  # (the rest of a message is there once its first frame is)
+        frame = sock.recv(_NOBLOCK, copy=False)
+        frames.append(frame)
+    return frames
 
 
 def default_index_path(dest: str | os.PathLike[str]) -> Path:

@@ -149,6 +149,8 @@ class FileOp:
     @property
     def described(self) -> bool:
         """Its own headers say all there is (a folder, link or touch): no version added."""
+        if not self.headers:  # (a file's op: asked for on every chunk sent)
+            return False
         return any(key in (HEADER_KIND, HEADER_TOUCH) for key, _value in self.headers)
 
 

@@ -134,16 +134,34 @@ class EntryMeta:
     skip: str = ""  # links the server does not offer: why
 
 
+#: Permission bits -> their ``mode`` header text (at most 4,096 entries: every file
+#: sent formats its mode, and a tree holds a handful of distinct ones).
+_MODE_TEXT: dict[int, str] = {}
+#: ``mode`` header texts already checked -> their bits (at most ``_MAX_MODE_TEXTS``: the
+#: text comes from the wire, so a hostile server cannot grow it without end).
+_MODE_BITS: dict[str, int] = {}
+_MAX_MODE_TEXTS = 4096
+
+
 def format_mode(mode: int) -> str:
-    return format(mode & 0o7777, "o")
+    bits = mode & 0o7777
+    text = _MODE_TEXT.get(bits)
+    if text is None:
+        text = _MODE_TEXT[bits] = format(bits, "o")
+    return text
 
 
 def _parse_mode(text: str) -> int:
+    mode = _MODE_BITS.get(text)
+    if mode is not None:
+        return mode
     if not (1 <= len(text) <= 6 and all(c in "01234567" for c in text)):
         raise MetaError(f"mode {text[:20]!r} is not octal permission bits")
     mode = int(text, 8)
     if mode > 0o7777:
         raise MetaError(f"mode {text!r} has bits beyond 7777")
+    if len(_MODE_BITS) < _MAX_MODE_TEXTS:
+        _MODE_BITS[text] = mode
     return mode
 
 

@@ -156,7 +156,7 @@ def _final_mode(headers: dict[str, str], meta: EntryMeta | None, mask: int) -> i
 
 
 def _stamp_and_close(
-    fd: int, headers: dict[str, str], meta: EntryMeta | None, mask: int
+    fd: int, headers: dict[str, str], meta: EntryMeta | None, mask: int, mode: int = -1
 ) -> os.stat_result:
     """Set the server's mode (``& mask``, ``_final_mode``) and mtime on the open temp
     file, stat it, close it.
@@ -164,10 +164,12 @@ def _stamp_and_close(
     ``meta`` is what the engine checked; without it (an older caller) the mtime
     header is used when it is a plain number.  A file created with its final mode
     already (``Mirror.place``: verified content; the ``fstat`` shows it) is not
-    ``fchmod``-ed: one system call less per small file.
+    ``fchmod``-ed: one system call less per small file.  ``mode``: that final mode
+    when the caller has it already (-1: worked out here).
     """
     try:
-        mode = _final_mode(headers, meta, mask)
+        if mode < 0:
+            mode = _final_mode(headers, meta, mask)
         if meta is not None:
             ns = meta.mtime_ns
         else:
@@ -358,7 +360,7 @@ class Mirror:
             os.unlink(tmp)
             raise
         try:
-            st = _stamp_and_close(fd, headers, meta, self.mask)
+            st = _stamp_and_close(fd, headers, meta, self.mask, mode)
         except BaseException:
             os.unlink(tmp)
             raise

@@ -285,3 +285,134 @@ def test_server_killed_mid_file_puts_nothing_half_written_in_place(
             server.wait()
         if server.stderr is not None:
             server.stderr.close()
+
+
+# -- small files in bursts: either side killed -9 in the middle ---------------------------
+
+
+def _small_tree(count: int) -> dict[str, bytes]:
+    """``count`` files of 10 KiB in 10 folders (each message of a burst is a whole file)."""
+    return {f"d{i % 10}/f{i:04d}.bin": os.urandom(10 << 10) for i in range(count)}
+
+
+def _serve_process(src: Path) -> tuple[subprocess.Popen[str], str]:
+    cmd = [sys.executable, "-m", "filemq", "-q", "serve", "--bind", "tcp://127.0.0.1:*"]
+    cmd += ["--publish", str(src), "--no-state", "--no-watch"]
+    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert server.stderr is not None
+    endpoint = read_endpoint(server.stderr)
+    if not endpoint:
+        server.kill()
+        server.wait()
+        server.stderr.close()
+        pytest.fail("filemq serve did not start")
+    return server, endpoint
+
+
+def _stop(proc: subprocess.Popen[Any]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
+def _placed(dest: Path) -> dict[str, bytes]:
+    """The files DEST shows under their own names (temp files of the mirror left out;
+    read once the mirror stopped)."""
+    return {name: data for name, data in read_tree(dest).items() if ".filemq-part-" not in name}
+
+
+def _count_placed(dest: Path) -> int:
+    """How many files DEST shows under their own names now (read while the mirror runs)."""
+    return sum(
+        not name.startswith(".filemq-part-")
+        for _dir, _subs, names in os.walk(dest)
+        for name in names
+    )
+
+
+def test_server_killed_mid_burst_of_small_files_puts_nothing_partial_in_place(
+    tmp_path: Path, zctx: zmq.Context[Any]
+) -> None:
+    """Small files go out many per round trip (a pump's messages sent back to back): a
+    server killed -9 in the middle of such a burst leaves DEST holding only whole files,
+    each the source's bytes, and the next sync (a new server) makes DEST exact."""
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    tree = _small_tree(400)  # 4 MiB
+    write_tree(src, tree)
+    server, endpoint = _serve_process(src)
+    thread: threading.Thread | None = None
+    client: SyncClient | None = None
+    try:
+        client = SyncClient(
+            zctx,
+            endpoint,
+            dest,
+            once=True,
+            bwlimit=1 * MiB,  # (~4 s in all: the kill lands in the middle of the files)
+            timeout=1.0,
+            heartbeat=0.2,
+            max_retries=0,
+        )
+        failures: list[Exception] = []
+
+        def run(client: SyncClient = client) -> None:
+            try:
+                client.run()
+            except SyncError as exc:
+                failures.append(exc)
+
+        thread = threading.Thread(target=run, name="burst-killed-server-client")
+        thread.start()
+        assert wait_until(lambda: _count_placed(dest) >= 50 or not thread.is_alive(), timeout=60)
+        assert thread.is_alive(), "the client ended before the server was killed"
+        server.send_signal(signal.SIGKILL)
+        server.wait()
+        thread.join(60)
+        assert not thread.is_alive(), "the client did not give up on the dead server"
+        assert failures and not client.result.synced
+        placed = _placed(dest)
+        assert 50 <= len(placed) < len(tree)  # killed in the middle of the files
+        assert all(tree[name] == data for name, data in placed.items())  # each one whole
+    finally:
+        if client is not None:
+            client.stop()
+        if thread is not None:
+            thread.join(30)
+        _stop(server)
+    server, endpoint = _serve_process(src)
+    try:
+        again = SyncClient(zctx, endpoint, dest, once=True, max_retries=0)
+        assert again.run().synced
+    finally:
+        _stop(server)
+    assert read_tree(dest) == tree  # complete, and no temp file left anywhere
+
+
+def test_client_killed_mid_burst_of_small_files_resumes_exact(tmp_path: Path) -> None:
+    """A ``filemq sync`` killed -9 in the middle of a burst of small files: what it put
+    in DEST is whole, and the next run leaves DEST exact (its temp files gone)."""
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    tree = _small_tree(400)
+    write_tree(src, tree)
+    server, endpoint = _serve_process(src)
+    try:
+        sync = _sync_process(tmp_path, endpoint, dest, "--bwlimit", str(1 * MiB), "--no-index")
+        try:
+            assert wait_until(lambda: _count_placed(dest) >= 50 or sync.poll() is not None, 60)
+            assert sync.poll() is None, "the mirror ended before it was killed"
+        finally:
+            _stop(sync)  # (SIGKILL)
+        placed = _placed(dest)
+        assert 50 <= len(placed) < len(tree)
+        assert all(tree[name] == data for name, data in placed.items())
+        again = _sync_process(tmp_path, endpoint, dest, "--no-index")
+        try:
+            assert again.wait(120) == 0
+        finally:
+            _stop(again)
+    finally:
+        _stop(server)
+    assert read_tree(dest) == tree

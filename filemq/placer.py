@@ -1,0 +1,116 @@
+"""Whole small files put in place on a worker thread while the receive loop decodes the
+next ones (``filemq.client``).
+
+A cold mirror of many small files spends most of its time in the kernel: create the
+temp file, write it, stamp it, rename it into place (``filemq.mirror``).  Those calls
+release the GIL, so ``Placer`` runs them on one worker thread while the client's loop
+receives, decodes and checks the next messages: the file system's work and Python's
+overlap instead of taking turns.
+
+Rules:
+
+* jobs run one at a time, in the order submitted (a later version of a name is placed
+  after the earlier one); a job's result (or the exception it raised) is kept, and
+  ``settle`` hands them all back in that order once every job submitted has run;
+* the caller uses the worker's objects (the ``Mirror``, its index) only between
+  ``settle`` and the next ``submit``: the client settles before any other action on
+  DEST (a delete, a folder, a file in chunks, a DEST check, saving the index) and
+  before each wait for the socket, so nothing else ever runs beside a job;
+* at most ``max_pending`` content bytes wait for the worker (default
+  ``MAX_PENDING``, 8 MiB): ``submit`` blocks beyond that, so a disk slower than the
+  wire holds the receive loop (and the credit it grants) instead of filling memory;
+* ``close`` lets the jobs submitted run, then stops the worker.
+
+The worker starts with the first job (a mirror that receives no small file has none).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+__all__ = ["MAX_PENDING", "Placer"]
+
+#: Content bytes submitted and not yet placed before ``submit`` waits.
+MAX_PENDING = 8 << 20
+#: Jobs queued before a waiting worker is woken (``settle`` wakes it for fewer): one
+#: wake-up (futex calls, a GIL hand-off) per few small files, not per file.
+_HANDOFF = 4
+
+T = TypeVar("T")
+
+
+class Placer(Generic[T]):
+    """Run jobs on one worker thread, in order; ``settle`` collects their outcomes."""
+
+    def __init__(self, max_pending: int = MAX_PENDING) -> None:
+        self._max_pending = max(1, max_pending)
+        self._jobs: deque[tuple[Callable[[], T], int, Any]] = deque()
+        self._done: list[tuple[Any, T | Exception]] = []
+        self._pending = 0  # content bytes of the jobs not run yet
+        self._running = False
+        self._stopping = False
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, job: Callable[[], T], size: int, token: Any) -> None:
+        """Queue ``job`` (``size`` content bytes); ``token`` comes back with its outcome."""
+        with self._cond:
+            while self._pending >= self._max_pending and self._jobs:
+                self._cond.wait()
+            self._jobs.append((job, size, token))
+            self._pending += size
+            if len(self._jobs) >= _HANDOFF or self._pending >= self._max_pending:
+                self._cond.notify_all()  # (a worker that waits sees a few at once)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="filemq-placer", daemon=True)
+            self._thread.start()
+
+    @property
+    def settled(self) -> bool:
+        """Every job submitted has run and its outcome was collected (``settle``)."""
+        with self._cond:
+            return not self._jobs and not self._running and not self._done
+
+    def settle(self) -> list[tuple[Any, T | Exception]]:
+        """Wait until every job submitted has run: (token, result or exception) each,
+        in the order submitted, and forget them."""
+        with self._cond:
+            self._cond.notify_all()  # (the jobs the worker was not woken for yet)
+            while self._jobs or self._running:
+                self._cond.wait()
+            done, self._done = self._done, []
+        return done
+
+    def close(self) -> None:
+        """Run what was submitted, then stop the worker (outcomes stay for ``settle``)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        with self._cond:
+            self._stopping = False
+
+    def _work(self) -> None:
+        cond = self._cond
+        while True:
+            with cond:
+                while not self._jobs and not self._stopping:
+                    cond.wait()
+                if not self._jobs:
+                    return
+                job, size, token = self._jobs.popleft()
+                self._running = True
+            try:
+                outcome: T | Exception = job()
+            except Exception as exc:  # handed to the caller, who decides (as if it ran there)
+                outcome = exc
+            with cond:
+                self._running = False
+                self._pending -= size
+                self._done.append((token, outcome))
+                cond.notify_all()

@@ -1,0 +1,175 @@
+"""Whole small files placed beside the receive loop (``filemq.placer``): in order, every
+outcome handed back, bounded; end to end, a burst with a bad file in the middle.
+
+Adversaries: a job that fails (its error comes back, the jobs after it still run, in
+order); a disk that takes nothing (the submitter waits at the bound instead of queueing
+without end); a server whose file in the middle of a burst does not match its SHA-1
+(fetched again, the rest of the burst placed, the mirror exact).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from filemq import fmq_msg
+from filemq.client import SyncClient, SyncResult
+from filemq.engine import HEADER_PATH, HEADER_RESYNC, RESYNC_COMPLETE, Operation
+from filemq.placer import Placer
+from tests.polling import wait_until
+
+from .conftest import read_tree
+
+
+def test_jobs_run_in_order_and_every_outcome_comes_back_in_that_order() -> None:
+    placer: Placer[int] = Placer()
+    ran: list[int] = []
+
+    def job(i: int) -> int:
+        ran.append(i)
+        if i == 3:
+            raise OSError(28, "No space left on device")
+        return i * 10
+
+    try:
+        for i in range(8):
+            placer.submit(lambda i=i: job(i), 100, f"t{i}")
+        done = placer.settle()
+        assert ran == list(range(8))  # one after the other, as submitted
+        assert [token for token, _ in done] == [f"t{i}" for i in range(8)]
+        assert [r for _, r in done if not isinstance(r, Exception)] == [0, 10, 20, 40, 50, 60, 70]
+        failed = done[3][1]
+        assert isinstance(failed, OSError) and failed.errno == 28  # handed back, not lost
+        assert placer.settled and placer.settle() == []  # collected once
+    finally:
+        placer.close()
+
+
+def test_a_disk_that_takes_nothing_holds_the_submitter_not_memory() -> None:
+    placer: Placer[None] = Placer(max_pending=1000)
+    gate = threading.Event()
+    returned: list[int] = []
+
+    def submit() -> None:
+        for i in range(4):
+            placer.submit(gate.wait, 600, i)  # (a job that waits for the "disk")
+            returned.append(i)
+
+    thread = threading.Thread(target=submit)
+    thread.start()
+    try:
+        assert wait_until(lambda: len(returned) == 2)  # one running, one queued
+        thread.join(0.3)  # the third must wait: 1,200 bytes pending, over the bound
+        assert returned == [0, 1] and thread.is_alive()
+        gate.set()
+        thread.join(10)
+        assert returned == [0, 1, 2, 3]
+        assert [token for token, _ in placer.settle()] == [0, 1, 2, 3]
+    finally:
+        gate.set()
+        thread.join(10)
+        placer.close()
+
+
+def test_close_runs_what_was_submitted_then_a_new_job_starts_the_worker_again() -> None:
+    placer: Placer[str] = Placer()
+    placer.submit(lambda: "a", 1, 1)
+    placer.close()
+    placer.submit(lambda: "b", 1, 2)
+    try:
+        assert placer.settle() == [(1, "a"), (2, "b")]
+    finally:
+        placer.close()
+
+
+def test_a_bad_file_in_the_middle_of_a_burst_is_fetched_again_the_rest_placed(
+    tmp_path: Path, zctx: zmq.Context[Any]
+) -> None:
+    """A hand-driven server sends 40 whole small files in one burst, the 20th with a
+    SHA-1 that does not match: every other file is placed while the burst is received,
+    the bad one is asked for again (an ICANHAZ of its name, sent once the burst's files
+    are placed) and its good copy lands; DEST ends exact, no temp file left."""
+    dest = tmp_path / "dest"
+    router = zctx.socket(zmq.ROUTER)
+    router.linger = 0
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    files = {f"d{i % 4}/f{i:02d}": bytes([i]) * (1000 + i) for i in range(40)}
+    client = SyncClient(zctx, f"tcp://127.0.0.1:{port}", dest, once=True, max_retries=0)
+    outcome: list[SyncResult] = []
+    thread = threading.Thread(target=lambda: outcome.append(client.run()))
+    thread.start()
+    try:
+        poller = zmq.Poller()
+        poller.register(router, zmq.POLLIN)
+
+        def recv() -> tuple[bytes, Any]:
+            assert poller.poll(20_000), "the mirror sent nothing"
+            ident, frame = router.recv_multipart()
+            return ident, fmq_msg.decode([frame])
+
+        ident, msg = recv()
+        assert isinstance(msg, fmq_msg.Ohai)
+        router.send_multipart([ident, *fmq_msg.encode(fmq_msg.OhaiOk())])
+        icanhaz = [m for _i, m in (recv(), recv()) if isinstance(m, fmq_msg.Icanhaz)]
+        assert icanhaz and icanhaz[0].path == "/"
+        router.send_multipart([ident, *fmq_msg.encode(fmq_msg.IcanhazOk())])
+        sequence = 0
+
+        def send(name: str, data: bytes, sha1: str) -> None:
+            nonlocal sequence
+            headers = {"sha1": sha1, "size": str(len(data)), "mtime_ns": "1000000000"}
+            msg = fmq_msg.Cheezburger(
+                sequence, int(Operation.CREATE), "/" + name, 0, 1, headers, data
+            )
+            router.send_multipart([ident, *fmq_msg.encode(msg)])
+            sequence += 1
+
+        for name, data in files.items():  # one burst: nothing waits for the mirror
+            bad = name == "d3/f19"
+            send(name, data, ("0" * 40) if bad else hashlib.sha1(data).hexdigest())
+        again = None
+        while again is None:
+            _i, msg = recv()
+            if isinstance(msg, fmq_msg.Icanhaz):
+                again = msg
+        assert again.path == "/d3/f19"  # only the bad one is asked for again
+        router.send_multipart([ident, *fmq_msg.encode(fmq_msg.IcanhazOk())])
+        send("d3/f19", files["d3/f19"], hashlib.sha1(files["d3/f19"]).hexdigest())
+        for path in ("/", "/d3/f19"):  # each resync asked for is complete
+            headers = {HEADER_RESYNC: RESYNC_COMPLETE, HEADER_PATH: path}
+            marker = fmq_msg.Cheezburger(sequence, int(Operation.MARKER), "", 0, 1, headers, b"")
+            router.send_multipart([ident, *fmq_msg.encode(marker)])
+            sequence += 1
+        thread.join(30)
+        assert not thread.is_alive() and outcome and outcome[0].synced
+        assert outcome[0].files == 40 and outcome[0].refetched == 1
+        assert read_tree(dest) == files
+    finally:
+        client.stop()
+        thread.join(30)
+        router.close()
+
+
+def test_not_settled_until_the_outcomes_are_collected() -> None:
+    """A job that ran but whose outcome was not collected yet still counts: the client
+    settles before a resync's end is reported, so that its files are reported first."""
+    placer: Placer[str] = Placer()
+    ran = threading.Event()
+
+    def job() -> str:
+        ran.set()
+        return "placed"
+
+    try:
+        assert placer.settled
+        placer.submit(job, 1, "f")
+        assert ran.wait(10)
+        assert not placer.settled  # ran, not collected
+        assert placer.settle() == [("f", "placed")]
+        assert placer.settled
+    finally:
+        placer.close()
