@@ -12,17 +12,17 @@ import time
 from pathlib import Path
 
 from tests.filemq.procs import read_endpoint
+from tests.filemq.test_subscribe_cli import files
 
 DAEMONS = 50
 DEADLINE = 90.0
 
 
 def _tree(root: Path) -> dict[str, str]:
-    out = {}
-    for path in root.rglob("*"):
-        if path.is_file() and not path.name.startswith(".filemq-part-"):
-            out[path.relative_to(root).as_posix()] = hashlib.sha1(path.read_bytes()).hexdigest()
-    return out
+    """The files under ``root`` (temp files left out), by SHA-1.  A daemon may delete or
+    replace a file while this walks (``files`` skips one gone between its listing and its
+    read: an rglob-then-read here raced a delete)."""
+    return {name: hashlib.sha1(data).hexdigest() for name, data in files(root).items()}
 
 
 def _wait(pred, timeout: float) -> bool:  # type: ignore[no-untyped-def]
