@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.filemq.procs import read_endpoint
 from tests.filemq.test_subscribe_cli import files
 
@@ -34,6 +36,7 @@ def _wait(pred, timeout: float) -> bool:  # type: ignore[no-untyped-def]
     return bool(pred())
 
 
+@pytest.mark.slow  # 51 processes: ~24 s of CPU, 68 s at load 11-15 (the default suite's costliest)
 def test_fifty_daemons_and_a_stalled_one(tmp_path: Path) -> None:
     src = tmp_path / "src"
     (src / "docs").mkdir(parents=True)
