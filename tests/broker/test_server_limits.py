@@ -316,6 +316,7 @@ def test_every_list_reply_fits_the_frame_limit(zctx: Ctx, serve: Callable[..., B
 
 
 @pytest.mark.slow  # ~3 s of the broker's CPU (10,000 channels): 15 s here, over 120 s at load 50
+@pytest.mark.timeout(600)  # (a hang detector, not a speed bound)
 def test_cli_lists_ten_thousand_channels(
     zctx: Ctx, serve: Callable[..., Broker], capsys: pytest.CaptureFixture[str]
 ) -> None:
