@@ -928,6 +928,18 @@ def _subscribe(args: argparse.Namespace) -> int:
                 output_closed = True
                 subscriber.client.stop()
 
+    # Signals are taken before the relay serves (its serving line tells the world it is
+    # up): one that comes before the mirror exists stops the mirror as it is made.
+    stop_asked: list[int] = []
+    made: list[Subscriber] = []
+
+    def on_stop_signal(signum: int, frame: object) -> None:
+        stop_asked.append(signum)
+        for mirror in made:
+            mirror.client.stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_stop_signal)
     index = None if args.no_index else (args.index or default_index_path(args.dest))
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
@@ -956,8 +968,9 @@ def _subscribe(args: argparse.Namespace) -> int:
         server_key=args.server_key,
         **_mirror_options(args),
     )
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: subscriber.client.stop())
+    made.append(subscriber)
+    if stop_asked:
+        subscriber.client.stop()
     log.info("mirroring %s%s into %s", args.endpoint, args.path, args.dest)
 
     def mirror() -> Any:

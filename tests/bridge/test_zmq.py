@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -76,6 +77,34 @@ def finish(proc: subprocess.Popen[bytes]) -> bytes:
     return err
 
 
+@contextlib.contextmanager
+def running(proc: subprocess.Popen[bytes]) -> Iterator[subprocess.Popen[bytes]]:
+    """``proc`` for the block; killed at its end if it still runs (a test that failed)."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+@contextlib.contextmanager
+def local_client(
+    serve: str, zctx: Ctx, bridged_out: str, bridged_in: str | None = None
+) -> Iterator[tuple[Client, list[Message]]]:
+    """A client of the broker, once the bridge consumes channel ``bridged_out``; with
+    ``bridged_in``, it takes (into the list) what the bridge pushes to that channel's
+    queue 2."""
+    with Client(serve, context=zctx, timeout=10) as local:
+        got: list[Message] = []
+        if bridged_in is not None:
+            local.create_queue(bridged_in, 2, {"Status": "Push"})
+            local.on_message(got.append)
+            local.join(bridged_in)
+        assert wait_until(lambda: _consumers(local, bridged_out) >= 1, WAIT)
+        yield local, got
+
+
 def test_push_out_and_pull_in(serve: str, zctx: Ctx) -> None:
     out_port, in_port = free_port(), free_port()
     app_pull = zctx.socket(zmq.PULL)  # an existing application: it binds, the bridge connects
@@ -85,29 +114,22 @@ def test_push_out_and_pull_in(serve: str, zctx: Ctx) -> None:
     proc = bridge(serve, f"out:jobs/1=push:tcp://127.0.0.1:{out_port}",
                   f"in:results/2=pull:tcp://127.0.0.1:{in_port}")  # fmt: skip
     try:
-        with Client(serve, context=zctx, timeout=10) as local:
-            local.create_queue("results", 2, {"Status": "Push"})
-            got: list[Message] = []
-            local.on_message(got.append)
-            local.join("results")
-            assert wait_until(lambda: _consumers(local, "jobs") >= 1, WAIT)
-            for i in range(50):
-                local.push("jobs", 1, f"j{i}", ack=True)
-            received = set()
-            app_pull.rcvtimeo = 10_000
-            while len(received) < 50:
-                received.add(app_pull.recv())
-            assert received == {f"j{i}".encode() for i in range(50)}
-            assert wait_until(lambda: local.queue_info("jobs", 1)["Acks"] == 50, WAIT)
-            for i in range(50):
-                app_push.send(f"r{i}".encode())
-            assert wait_until(lambda: len(got) >= 50, WAIT)
-            assert [bytes(m.payload) for m in got] == [f"r{i}".encode() for i in range(50)]
-        finish(proc)
+        with running(proc):
+            with local_client(serve, zctx, "jobs", "results") as (local, got):
+                for i in range(50):
+                    local.push("jobs", 1, f"j{i}", ack=True)
+                received: set[bytes] = set()
+                app_pull.rcvtimeo = 10_000
+                while len(received) < 50:
+                    received.add(app_pull.recv())
+                assert received == {f"j{i}".encode() for i in range(50)}
+                assert wait_until(lambda: local.queue_info("jobs", 1)["Acks"] == 50, WAIT)
+                for i in range(50):
+                    app_push.send(f"r{i}".encode())
+                assert wait_until(lambda: len(got) >= 50, WAIT)
+                assert [bytes(m.payload) for m in got] == [f"r{i}".encode() for i in range(50)]
+            finish(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
         app_push.close(linger=0)
 
 
@@ -121,38 +143,31 @@ def test_pub_out_with_topic_and_sub_in(serve: str, zctx: Ctx) -> None:
     app_sub.setsockopt(zmq.SUBSCRIBE, b"news")
     app_sub.connect(f"tcp://127.0.0.1:{out_port}")
     try:
-        with Client(serve, context=zctx, timeout=10) as local:
-            local.create_queue("ticks", 2, {"Status": "Push"})
-            got: list[Message] = []
-            local.on_message(got.append)
-            local.join("ticks")
-            assert wait_until(lambda: _consumers(local, "news") >= 1, WAIT)
-            # PUB drops until the subscription arrived: publish until one comes through
-            app_sub.rcvtimeo = 200
+        with running(proc):
+            with local_client(serve, zctx, "news", "ticks") as (local, got):
+                # PUB drops until the subscription arrived: publish until one comes through
+                app_sub.rcvtimeo = 200
 
-            def seen_news() -> bool:
-                local.push("news", 1, "hello", ack=True)
-                try:
-                    return app_sub.recv_multipart() == [b"news", b"hello"]
-                except zmq.Again:
-                    return False
+                def seen_news() -> bool:
+                    local.push("news", 1, "hello", ack=True)
+                    try:
+                        return app_sub.recv_multipart() == [b"news", b"hello"]
+                    except zmq.Again:
+                        return False
 
-            assert wait_until(seen_news, WAIT)
+                assert wait_until(seen_news, WAIT)
 
-            def seen_tick() -> bool:
-                app_pub.send_multipart([b"tick", b"42"])
-                app_pub.send_multipart([b"other", b"ignored"])
-                return any(bytes(m.payload) == b"42" for m in got)
+                def seen_tick() -> bool:
+                    app_pub.send_multipart([b"tick", b"42"])
+                    app_pub.send_multipart([b"other", b"ignored"])
+                    return any(bytes(m.payload) == b"42" for m in got)
 
-            assert wait_until(seen_tick, WAIT, step=0.1)
-            tick = next(m for m in got if bytes(m.payload) == b"42")
-            assert tick.header("Zmq-Topic") == "tick"
-            assert all(bytes(m.payload) != b"ignored" for m in got)
-        finish(proc)
+                assert wait_until(seen_tick, WAIT, step=0.1)
+                tick = next(m for m in got if bytes(m.payload) == b"42")
+                assert tick.header("Zmq-Topic") == "tick"
+                assert all(bytes(m.payload) != b"ignored" for m in got)
+            finish(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
         app_pub.close(linger=0)
         app_sub.close(linger=0)
 
@@ -182,23 +197,26 @@ def _consumers(client: Client, channel: str) -> int:
         return 0
 
 
-def test_sigterm_stops_the_bridge_with_one_line(serve: str, zctx: Ctx) -> None:
-    # SIGTERM used to raise KeyboardInterrupt wherever the main thread was (it can be
-    # dropped inside a ZeroMQ frame's finaliser); now it asks for a stop: exit 0, one line.
+def stop_lines(serve: str, zctx: Ctx, channel: str, *, late_signals: bool = False) -> list[str]:
+    """The ``stopping`` lines of a bridge (out to a PUSH socket) stopped by SIGTERM as soon
+    as the broker sees it consume ``channel`` (it must exit 0, no traceback)."""
     out_port = free_port()
     app_pull = zctx.socket(zmq.PULL)
     app_pull.bind(f"tcp://127.0.0.1:{out_port}")
-    proc = bridge(serve, f"out:quiet/1=push:tcp://127.0.0.1:{out_port}")
-    try:
-        with Client(serve, context=zctx, timeout=10) as local:
-            assert wait_until(lambda: _consumers(local, "quiet") >= 1, WAIT)
+    proc = bridge(
+        serve, f"out:{channel}/1=push:tcp://127.0.0.1:{out_port}", late_signals=late_signals
+    )
+    with running(proc):
+        with local_client(serve, zctx, channel):
+            pass
         err = finish(proc)
-        stops = [line for line in err.decode().splitlines() if "stopping" in line]
-        assert stops == ["broker bridge: stopping (SIGTERM)"], err
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+    return [line for line in err.decode().splitlines() if "stopping" in line]
+
+
+def test_sigterm_stops_the_bridge_with_one_line(serve: str, zctx: Ctx) -> None:
+    # SIGTERM used to raise KeyboardInterrupt wherever the main thread was (it can be
+    # dropped inside a ZeroMQ frame's finaliser); now it asks for a stop: exit 0, one line.
+    assert stop_lines(serve, zctx, "quiet") == ["broker bridge: stopping (SIGTERM)"]
 
 
 def test_a_sigterm_as_soon_as_the_broker_sees_the_bridge_stops_it_cleanly(
@@ -206,17 +224,5 @@ def test_a_sigterm_as_soon_as_the_broker_sees_the_bridge_stops_it_cleanly(
 ) -> None:
     """Was (seen under load): the bridge joined the broker before it took its signals,
     and a SIGTERM in between killed it (exit -15, no stop line, nothing unsubscribed)."""
-    out_port = free_port()
-    app_pull = zctx.socket(zmq.PULL)
-    app_pull.bind(f"tcp://127.0.0.1:{out_port}")
-    proc = bridge(serve, f"out:early/1=push:tcp://127.0.0.1:{out_port}", late_signals=True)
-    try:
-        with Client(serve, context=zctx, timeout=10) as local:
-            assert wait_until(lambda: _consumers(local, "early") >= 1, WAIT)
-        err = finish(proc)  # exit 0, no traceback
-        stops = [line for line in err.decode().splitlines() if "stopping" in line]
-        assert stops == ["broker bridge: stopping (SIGTERM)"], err
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+    stops = stop_lines(serve, zctx, "early", late_signals=True)
+    assert stops == ["broker bridge: stopping (SIGTERM)"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -226,6 +227,42 @@ def test_a_half_received_file_never_leaves_the_relay(tmp_path: Path, procs: list
     assert event["sha1"] == digest
     assert (dest / "big.bin").read_bytes() == big
     assert wait_until(_same(src, r1, dest), WAIT)
+
+
+# ``filemq`` whose main thread is slow between the relay's serving line and the mirror
+# (as on a loaded machine, where it may be descheduled for seconds): one second there.
+LATE_MIRROR = """
+import sys, time
+import filemq.subscriber
+made = filemq.subscriber.Subscriber.__init__
+def late(self, *args, **kwargs):
+    time.sleep(1.0)
+    made(self, *args, **kwargs)
+filemq.subscriber.Subscriber.__init__ = late
+from filemq.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+STOP_WAIT = 60.0  # a process's stop on a machine at load 40-60 (a deadline, not a delay)
+
+
+def test_a_sigterm_as_soon_as_the_relay_serves_stops_it_cleanly(
+    tmp_path: Path, procs: list[Proc]
+) -> None:
+    """Was (seen under load): ``subscribe --serve`` took its signals after the relay's
+    serving line, and a SIGTERM in between killed it (exit -15, the relay not stopped)."""
+    src = tmp_path / "src"
+    write_tree(src, {"a.txt": b"alpha"})
+    _s, origin = _serve(tmp_path, procs, src)
+    relay = Proc(
+        tmp_path, "late", "subscribe", origin, str(tmp_path / "r1"),
+        "--serve", "tcp://127.0.0.1:*", program=[sys.executable, "-c", LATE_MIRROR],
+    )  # fmt: skip
+    procs.append(relay)
+    relay.wait_stderr(_ENDPOINT)
+    relay.popen.send_signal(signal.SIGTERM)
+    code = relay.popen.wait(STOP_WAIT)
+    assert code == 0, relay.stderr()
+    assert "Traceback" not in relay.stderr()
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,9 @@ def temps(root: Path) -> list[Path]:
 class Proc:
     """A filemq process: stdout read line by line (JSON events), stderr to a file."""
 
-    def __init__(self, tmp_path: Path, name: str, *args: str) -> None:
+    def __init__(
+        self, tmp_path: Path, name: str, *args: str, program: Sequence[str] = FILEMQ
+    ) -> None:
         self.log = tmp_path / f"{name}.log"
         env = {
             **os.environ,
@@ -65,7 +67,7 @@ class Proc:
         }
         with open(self.log, "ab") as err:
             self.popen = subprocess.Popen(
-                [*FILEMQ, *args], stdout=subprocess.PIPE, stderr=err, env=env
+                [*program, *args], stdout=subprocess.PIPE, stderr=err, env=env
             )
         assert self.popen.stdout is not None
         self._sel = selectors.DefaultSelector()

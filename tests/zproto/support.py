@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import strategies as st
 
 from zproto.attrs import attributes
@@ -18,6 +19,12 @@ from zproto.codegen import PythonGenerator
 from zproto.generate import render
 from zproto.model import VARLEN, Field, Message, Protocol, load
 from zproto.selftest import load_module
+
+#: For the CPU-bound modules (Hypothesis, hundreds of examples a test: 3-27 s each at
+#: load 15): 120 s, the suite's timeout (a hang detector), was reached by
+#: test_mutated_valid_messages[zre_msg] and [c_tools_example] under pytest-xdist -n 2 at
+#: load 20-50.  A hang is still caught, at 10 min.
+CPU_BOUND = pytest.mark.timeout(600)
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS_DIR = Path(__file__).resolve().parent / "models"

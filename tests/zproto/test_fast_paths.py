@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from broker import tmqp
 from tests.zproto.support import (
     ALL_MODELS,
+    CPU_BOUND,
     codec,
     fields_of,
     general_codec,
@@ -28,6 +29,8 @@ from tests.zproto.support import (
 from zproto.decoder import BASES_LIMIT
 from zproto.errors import DecodeError, EncodeError
 from zproto.model import Protocol
+
+pytestmark = CPU_BOUND
 
 CODECS: list[tuple[Protocol, types.ModuleType, types.ModuleType]] = []
 for _model, _module in ALL_MODELS:

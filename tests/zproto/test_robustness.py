@@ -10,8 +10,10 @@ from hypothesis import strategies as st
 
 from broker import tmqp
 from filemq import fmq_msg, fmq_msg_czmq
-from tests.zproto.support import ALL_MODELS, codec, message_strategy
+from tests.zproto.support import ALL_MODELS, CPU_BOUND, codec, message_strategy
 from zproto.errors import DecodeError
+
+pytestmark = CPU_BOUND
 
 CODECS = [codec(model, module) for model, module in ALL_MODELS]
 IDS = [proto.name for proto, _ in CODECS]

@@ -6,7 +6,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.zproto.support import ALL_MODELS, codec, message_strategy
+from tests.zproto.support import ALL_MODELS, CPU_BOUND, codec, message_strategy
+
+pytestmark = CPU_BOUND
 
 CASES = []
 for _model, _module in ALL_MODELS:
