@@ -20,6 +20,10 @@ and ticket are subscribed beside the old ones; the old token's messages are read
 that number, the new one's marker makes it live, and the old subscription goes.  The
 numbers run on across the change, so a message lost there is a reported gap too.
 
+Each message of the SUB is a *run* (``broker.fanout``): the head's number is its first
+delivery's, the others follow one by one; a run is read entry by entry in place (one
+``recv`` per run: libzmq's per-message work is paid once for all its deliveries).
+
 Raw reading (``Client(raw_fanout=...)``, :meth:`FanoutReader.read_raw`): the payloads
 (or ``(number, payload)`` pairs) of a batch of deliveries as one list, without building
 frames or messages; their headers and ids are not read.
@@ -43,7 +47,7 @@ from broker import tmqp
 from broker.client.errors import ConnectError
 from broker.client.session import Fanout
 from broker.client.sockets import Curve
-from broker.fanout import HEAD_SIZE, SEQ, TOKEN_SIZE
+from broker.fanout import ENTRY, HEAD_SIZE, SEQ, TOKEN_SIZE
 from zerohub import zmqkit
 from zproto.errors import DecodeError
 from zproto.runtime import dec_varlen
@@ -54,10 +58,13 @@ log = logging.getLogger("broker.client")
 READY_TIMEOUT = 10.0
 #: Gaps kept for the application (the oldest are forgotten beyond this; all are counted).
 MAX_GAPS = 1000
+#: Published messages (runs, ``broker.fanout``) one read takes at most.
 _BATCH = 1024
-#: Where a published delivery's payload length is (the frame's octet 7), the shortest one.
-_LENGTH_AT = HEAD_SIZE + 7
-_SMALLEST = HEAD_SIZE + 8
+#: The shortest delivery (a frame's fixed octets: its payload length is at octet 7).
+_SMALLEST_DELIVERY = 8
+_unpack_seq = SEQ.unpack_from
+_unpack_entry = ENTRY.unpack_from
+_ENTRY_SIZE = ENTRY.size
 _NOBLOCK = int(zmq.NOBLOCK)
 _EVENTS = int(zmq.EVENTS)
 #: Raw reading: milliseconds a poll-on-call client's receive may block on the SUB alone
@@ -216,37 +223,47 @@ class FanoutReader:
         sock = self.sock
         if sock is None:
             return
-        streams = self.streams
         recv = sock.recv
-        decode = _decode
-        frame_type = tmqp.Frame
-        unpack = SEQ.unpack_from
         for _ in range(_BATCH):
             try:
                 data = recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            stream = streams.get(data[:TOKEN_SIZE])
-            if stream is None or len(data) < HEAD_SIZE:
-                continue  # (left, replaced, a stream of an earlier session, not a head)
-            seq = unpack(data, TOKEN_SIZE)[0]
-            if len(data) == HEAD_SIZE:  # a marker: the last number sent
-                self._marker(stream, seq)
-                continue
-            expected = stream.expected
-            if seq != expected:
-                if seq < expected:
-                    continue  # (sent before this client's join)
-                self._gap(stream, expected, seq - 1)
-            stream.expected = seq + 1
-            try:
-                frame = decode((data[HEAD_SIZE:],))
-            except DecodeError:
-                log.warning("an undecodable fan-out message on %r", stream.channel)
-                continue
-            if type(frame) is frame_type:
-                self.received += 1
-                take(frame)
+            self._read_run(data, take)
+
+    def _read_run(self, data: bytes, take: Callable[[tmqp.Frame], None]) -> None:
+        stream = self.streams.get(data[:TOKEN_SIZE])
+        size = len(data)
+        if stream is None or size < HEAD_SIZE:
+            return  # (left, replaced, a stream of an earlier session, not a head)
+        seq = _unpack_seq(data, TOKEN_SIZE)[0]
+        if size == HEAD_SIZE:  # a marker: the last number sent
+            self._marker(stream, seq)
+            return
+        expected = stream.expected
+        if seq > expected:
+            self._gap(stream, expected, seq - 1)
+        decode = _decode
+        frame_type = tmqp.Frame
+        pos = HEAD_SIZE
+        while pos < size:
+            end = pos + _ENTRY_SIZE + _unpack_entry(data, pos)[0]
+            if end > size:
+                log.warning("a cut fan-out run on %r", stream.channel)
+                break
+            if seq >= expected:  # (else sent before this client's join)
+                try:
+                    frame = decode((data[pos + _ENTRY_SIZE : end],))
+                except DecodeError:
+                    log.warning("an undecodable fan-out message on %r", stream.channel)
+                    frame = None
+                if type(frame) is frame_type:
+                    self.received += 1
+                    take(frame)
+            seq += 1
+            pos = end
+        if seq > stream.expected:
+            stream.expected = seq
 
     def read_raw(self, wait: bool = False) -> int:
         """``read`` for raw reading: one batch of payloads (``raw`` "payloads") or
@@ -272,34 +289,38 @@ class FanoutReader:
             except zmq.Again:
                 pass
         streams = self.streams
-        unpack = SEQ.unpack_from
         numbered = self.raw == "numbered"
         got: list[Any] = []
         append = got.append
-        last_token = b""
-        stream: Any = None
         for data in datas:
-            if data[:TOKEN_SIZE] != last_token:
-                last_token = data[:TOKEN_SIZE]
-                stream = streams.get(last_token)
+            stream = streams.get(data[:TOKEN_SIZE])
             size = len(data)
-            if stream is None or size < _SMALLEST:
+            if stream is None or size <= HEAD_SIZE:
                 if stream is not None and size == HEAD_SIZE:
-                    self._marker(stream, unpack(data, TOKEN_SIZE)[0])
-                    stream = streams.get(last_token)  # (a marker may replace streams)
+                    self._marker(stream, _unpack_seq(data, TOKEN_SIZE)[0])
                 continue
-            seq = unpack(data, TOKEN_SIZE)[0]
-            if seq != stream.expected:
-                if seq < stream.expected:
-                    continue
-                self._gap(stream, stream.expected, seq - 1)
-            stream.expected = seq + 1
-            # the payload is a frame's last field: its length is at octet 7 of the frame
-            length = data[_LENGTH_AT]
-            if length > 252:
-                length = dec_varlen(data, _LENGTH_AT, "little")[0]
-            payload = data[size - length :] if length else b""
-            append((seq, payload) if numbered else payload)
+            seq = _unpack_seq(data, TOKEN_SIZE)[0]
+            expected = stream.expected
+            if seq > expected:
+                self._gap(stream, expected, seq - 1)
+            pos = HEAD_SIZE
+            while pos < size:
+                start = pos + _ENTRY_SIZE
+                end = start + _unpack_entry(data, pos)[0]
+                if end > size or end - start < _SMALLEST_DELIVERY:
+                    log.warning("a cut fan-out run on %r", stream.channel)
+                    break
+                if seq >= expected:  # (else sent before this client's join)
+                    # the payload is a delivery's last field: its length at octet 7
+                    length = data[start + 7]
+                    if length > 252:
+                        length = dec_varlen(data, start + 7, "little")[0]
+                    payload = data[end - length : end] if length else b""
+                    append((seq, payload) if numbered else payload)
+                seq += 1
+                pos = end
+            if seq > stream.expected:
+                stream.expected = seq
         if got:
             self.received += len(got)
             self.raw_in += len(got)
