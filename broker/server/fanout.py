@@ -117,8 +117,7 @@ class FanoutDoor:
         if not data:
             if run:
                 self.flush()
-            if self._send(head):
-                self.counters["fanout_markers"] += 1
+            self._send(head, "fanout_markers", 1)
             return
         seq = _unpack_seq(head, TOKEN_SIZE)[0]
         if run and (seq != self.run_next or head[:TOKEN_SIZE] != self.run_token):
@@ -142,14 +141,17 @@ class FanoutDoor:
         entries = self.run_entries
         self.run = []
         self.run_entries = self.run_octets = 0
-        if self._send(b"".join(run)):
-            self.counters["fanout_published"] += entries
+        if self._send(b"".join(run), "fanout_published", entries):
             self.counters["fanout_sends"] += 1
 
-    def _send(self, data: bytes) -> bool:
+    def _send(self, data: bytes, counter: str, count: int) -> bool:
+        """Send ``data``, counted (before: a reader may see it at once) in ``counter``."""
+        counters = self.counters
+        counters[counter] += count
         try:
             self.sock.send(data, zmq.NOBLOCK)
         except zmq.ZMQError as exc:
+            counters[counter] -= count
             log.error("fan-out publish failed: %s", exc)
             return False
         return True
