@@ -246,7 +246,8 @@ class FanoutReader:
         decode = _decode
         frame_type = tmqp.Frame
         pos = HEAD_SIZE
-        while pos < size:
+        last = size - _ENTRY_SIZE  # (a cut length: the rest is a gap at the next head)
+        while pos <= last:
             end = pos + _ENTRY_SIZE + _unpack_entry(data, pos)[0]
             if end > size:
                 log.warning("a cut fan-out run on %r", stream.channel)
@@ -255,11 +256,13 @@ class FanoutReader:
                 try:
                     frame = decode((data[pos + _ENTRY_SIZE : end],))
                 except DecodeError:
-                    log.warning("an undecodable fan-out message on %r", stream.channel)
                     frame = None
                 if type(frame) is frame_type:
                     self.received += 1
                     take(frame)
+                else:  # missed: a gap, never silent
+                    log.warning("an undecodable fan-out message on %r", stream.channel)
+                    self._gap(stream, seq, seq)
             seq += 1
             pos = end
         if seq > stream.expected:
@@ -304,13 +307,19 @@ class FanoutReader:
             if seq > expected:
                 self._gap(stream, expected, seq - 1)
             pos = HEAD_SIZE
-            while pos < size:
+            last = size - _ENTRY_SIZE  # (a cut length: the rest is a gap at the next head)
+            while pos <= last:
                 start = pos + _ENTRY_SIZE
                 end = start + _unpack_entry(data, pos)[0]
-                if end > size or end - start < _SMALLEST_DELIVERY:
+                if end > size:  # the rest: a gap at the next head
                     log.warning("a cut fan-out run on %r", stream.channel)
                     break
-                if seq >= expected:  # (else sent before this client's join)
+                if seq < expected:
+                    pass  # (sent before this client's join)
+                elif end - start < _SMALLEST_DELIVERY:  # missed: a gap, never silent
+                    log.warning("an undecodable fan-out message on %r", stream.channel)
+                    self._gap(stream, seq, seq)
+                else:
                     # the payload is a delivery's last field: its length at octet 7
                     length = data[start + 7]
                     if length > 252:

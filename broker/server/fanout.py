@@ -122,6 +122,7 @@ class FanoutDoor:
         seq = _unpack_seq(head, TOKEN_SIZE)[0]
         if run and (seq != self.run_next or head[:TOKEN_SIZE] != self.run_token):
             self.flush()
+            run = self.run
         if not run:
             run.append(head)
             self.run_token = head[:TOKEN_SIZE]

@@ -574,3 +574,32 @@ def test_a_poll_on_call_receive_without_waiting_reads_what_arrived(fan: Fan, raw
 
     assert wait_until(arrived, timeout=20), f"received {got}"
     assert sorted(got) == [b"one by one", b"published"]
+
+
+def test_two_channels_pushed_in_turn_reach_their_members_whole(fan: Fan) -> None:
+    """Deliveries of two streams interleaved in one broker drain: each run ends where the
+    other stream's delivery comes (a run lost them once), every member gets all of its
+    channels' messages in order, no gap."""
+    producer = fan.client()
+    _broadcast_queue(producer)
+    producer.create_queue("sports", 1, {"Status": 0})
+    both, news = fan.client(), fan.client(raw_fanout="numbered")
+    both.join(CHANNEL)
+    both.join("sports")
+    news.join(CHANNEL)
+    total = 400
+    for i in range(total):  # (queued together, they leave in batches: one drain)
+        producer.push(CHANNEL, 1, b"%d" % i)
+        producer.push("sports", 1, b"%d" % i)
+    got: dict[str, list[int]] = {CHANNEL: [], "sports": []}
+
+    def complete() -> bool:
+        while (m := both.receive(timeout=0)) is not None:
+            got[m.channel].append(int(m.payload))
+        return all(len(v) >= total for v in got.values())
+
+    assert wait_until(complete, timeout=30), {k: len(v) for k, v in got.items()}
+    assert got == {CHANNEL: list(range(total)), "sports": list(range(total))}
+    pairs = _payloads(news, total)
+    assert [int(p) for _, p in pairs] == list(range(total))
+    assert both.fanout_gaps == [] and news.fanout_gaps == []
