@@ -2,20 +2,28 @@
 
 The protocol is described in ``broker.engine.fanout``: JOIN header ``Fanout: 3``; the
 answer's ``Fanout-Endpoint``, ``Fanout-Token`` (hex), ``Fanout-Ticket`` (hex) and
-``Fanout-Seq``; each published ZeroMQ message is ONE frame: the *head* (token, then the
-stream sequence number of its first delivery as 8 octets little-endian) followed by a
-*run* of consecutive deliveries of that stream, each an *entry*: 4 octets little-endian
-length, then the delivery exactly as a consumer gets it over its DEALER (the entry form
-of ``broker.batch``); the n-th entry (from 0) has number head + n.  Nothing follows the
-head in a marker.  A run holds at most :data:`RUN_MAX` entries and about
-:data:`RUN_OCTETS` octets.  A token change (a member left) reaches the remaining members
-as a DIRECT frame of content type :data:`ROTATED` from :data:`SOURCE` with the same
-headers and ``Channel-Name``.
+``Fanout-Seq``; each published ZeroMQ message is ONE frame carrying a *run* of
+consecutive deliveries of one stream (all numbers little-endian, offsets from the start
+of the frame)::
+
+    token (16) | seq (8) | count (2) | count x [payload start (4), end (4)] | deliveries
+
+``seq`` is the first delivery's stream number (the i-th, from 0, has seq + i); the
+deliveries follow the table back to back, each exactly as a consumer gets it over its
+DEALER: delivery i spans from the end of i - 1 (the first: from the table's end) to its
+``end``, its payload (the delivery's last field) from ``payload start`` to ``end``, so a
+reader takes payloads or deliveries with one unpack of the table and slices.  A *marker*
+is ``token | seq`` alone (the last number sent).  A run holds at most :data:`RUN_MAX`
+deliveries and about :data:`RUN_OCTETS` octets.  A token change (a member left) reaches
+the remaining members as a DIRECT frame of content type :data:`ROTATED` from
+:data:`SOURCE` with the same headers and ``Channel-Name``.
 """
 
 from __future__ import annotations
 
 import struct
+
+from zproto.runtime import dec_varlen
 
 #: JOIN header asking for fan-out (value :data:`VERSION`), and the answer's headers.
 FANOUT = "Fanout"
@@ -36,14 +44,19 @@ TOKEN_SIZE = 16
 SEQ = struct.Struct("<Q")
 _SEQ = SEQ
 HEAD_SIZE = TOKEN_SIZE + _SEQ.size
-#: An entry's length prefix (4 octets little-endian, as ``broker.batch``).
-ENTRY = struct.Struct("<I")
-ENTRY_SIZE = ENTRY.size
-#: Entries one published message carries at most (the broker sends a run when it ends
+#: A run's delivery count (after the head) and one table row (payload start, end).
+COUNT = struct.Struct("<H")
+ROW = struct.Struct("<II")
+#: Octets before a run's table.
+TABLE_AT = HEAD_SIZE + COUNT.size
+#: Deliveries one published message carries at most (the broker sends a run when it ends
 #: a drain of its socket, so a run is what it had in hand: no delivery waits for one).
 RUN_MAX = 256
-#: Octets of entries after which the broker sends a run (one entry may pass it).
+#: Octets of deliveries after which the broker sends a run (one delivery may pass it).
 RUN_OCTETS = 64 * 1024
+#: Where a delivery's payload length is (its octet 7; above 252: the long form).
+_PAYLOAD_LENGTH_AT = 7
+_SHORTEST = 8
 
 
 def head(token: bytes, seq: int) -> bytes:
@@ -58,23 +71,56 @@ def read_head(data: bytes) -> tuple[bytes, int]:
     return data[:TOKEN_SIZE], _SEQ.unpack_from(data, TOKEN_SIZE)[0]
 
 
-def entry(delivery: bytes) -> bytes:
-    """A delivery's length prefix (its entry is the prefix, then the delivery)."""
-    return ENTRY.pack(len(delivery))
+def payload_length(delivery: bytes, at: int = 0) -> int:
+    """The payload length of the delivery starting at ``at`` in ``delivery`` (its last
+    field: octet 7, or the long form above 252); ValueError when it cannot be one."""
+    if len(delivery) - at < _SHORTEST:
+        raise ValueError("too short for a delivery")
+    length = delivery[at + _PAYLOAD_LENGTH_AT]
+    if length > 252:
+        length = dec_varlen(delivery, at + _PAYLOAD_LENGTH_AT, "little")[0]
+    return int(length)
 
 
-def read_run(data: bytes) -> list[bytes]:
-    """The deliveries of a published message after its head, in order; ValueError when
-    its entries do not fill it exactly (the readers on the hot path inline this)."""
-    out: list[bytes] = []
-    size = len(data)
-    pos = HEAD_SIZE
-    while pos < size:
-        if pos + ENTRY_SIZE > size:
-            raise ValueError("a fan-out entry's length is cut")
-        end = pos + ENTRY_SIZE + ENTRY.unpack_from(data, pos)[0]
-        if end > size:
-            raise ValueError("a fan-out entry runs past the message")
-        out.append(data[pos + ENTRY_SIZE : end])
-        pos = end
+def pack_run(head: bytes, deliveries: list[bytes], payloads: list[int]) -> bytes:
+    """A run: ``head`` (its first delivery's), the table, the deliveries (``payloads``:
+    each delivery's payload length)."""
+    count = len(deliveries)
+    rows: list[int] = []
+    at = TABLE_AT + ROW.size * count
+    for delivery, length in zip(deliveries, payloads, strict=True):
+        at += len(delivery)
+        rows += (at - length, at)
+    return b"".join((head, COUNT.pack(count), table(count).pack(*rows), *deliveries))
+
+
+def table(count: int) -> struct.Struct:
+    """The layout of a table of ``count`` rows (payload start, end)."""
+    found = _TABLES.get(count)
+    if found is None:
+        found = _TABLES[count] = struct.Struct(f"<{2 * count}I")
+    return found
+
+
+_TABLES: dict[int, struct.Struct] = {}
+
+
+def read_run(data: bytes) -> list[tuple[bytes, bytes]]:
+    """(delivery, payload) of each delivery of a run, in order, checked: ValueError at
+    the first that its table or the frame's size contradicts (the readers on the hot
+    path inline a faster form of this)."""
+    if len(data) < TABLE_AT:
+        raise ValueError("not a run")
+    count = COUNT.unpack_from(data, HEAD_SIZE)[0]
+    at = TABLE_AT + ROW.size * count
+    if count == 0 or len(data) < at:
+        raise ValueError("a run's table is cut")
+    rows = table(count).unpack_from(data, TABLE_AT)
+    out: list[tuple[bytes, bytes]] = []
+    for i in range(count):
+        start, end = rows[2 * i], rows[2 * i + 1]
+        if not at <= start <= end <= len(data):
+            raise ValueError(f"delivery {i} of a run is out of its frame")
+        out.append((data[at:end], data[start:end]))
+        at = end
     return out

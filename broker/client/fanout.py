@@ -21,8 +21,8 @@ that number, the new one's marker makes it live, and the old subscription goes. 
 numbers run on across the change, so a message lost there is a reported gap too.
 
 Each message of the SUB is a *run* (``broker.fanout``): the head's number is its first
-delivery's, the others follow one by one; a run is read entry by entry in place (one
-``recv`` per run: libzmq's per-message work is paid once for all its deliveries).
+delivery's, the others follow one by one; one ``recv`` and one unpack of the run's table
+per run (libzmq's per-message work is paid once for all its deliveries), then slices.
 
 Raw reading (``Client(raw_fanout=...)``, :meth:`FanoutReader.read_raw`): the payloads
 (or ``(number, payload)`` pairs) of a batch of deliveries as one list, without building
@@ -47,10 +47,9 @@ from broker import tmqp
 from broker.client.errors import ConnectError
 from broker.client.session import Fanout
 from broker.client.sockets import Curve
-from broker.fanout import ENTRY, HEAD_SIZE, SEQ, TOKEN_SIZE
+from broker.fanout import COUNT, HEAD_SIZE, ROW, SEQ, TABLE_AT, TOKEN_SIZE, table
 from zerohub import zmqkit
 from zproto.errors import DecodeError
-from zproto.runtime import dec_varlen
 
 log = logging.getLogger("broker.client")
 
@@ -60,17 +59,39 @@ READY_TIMEOUT = 10.0
 MAX_GAPS = 1000
 #: Published messages (runs, ``broker.fanout``) one read takes at most.
 _BATCH = 1024
-#: The shortest delivery (a frame's fixed octets: its payload length is at octet 7).
-_SMALLEST_DELIVERY = 8
 _unpack_seq = SEQ.unpack_from
-_unpack_entry = ENTRY.unpack_from
-_ENTRY_SIZE = ENTRY.size
+_unpack_count = COUNT.unpack_from
+_TABLE_AT = TABLE_AT
+_ROW_SIZE = ROW.size
 _NOBLOCK = int(zmq.NOBLOCK)
 _EVENTS = int(zmq.EVENTS)
 #: Raw reading: milliseconds a poll-on-call client's receive may block on the SUB alone
 #: (its receive timeout) before the client's loop takes a whole step again.
 RAW_WAIT_MS = 20
 _decode = tmqp.decode
+
+
+def _rows(data: bytes, size: int, channel: str) -> tuple[int, tuple[int, ...]]:
+    """Where a run's first delivery starts and its table's rows (payload start, end, ...)
+    up to the first one its frame contradicts (a cut or garbled run: the deliveries
+    after it are a gap, reported at the stream's next head)."""
+    count = _unpack_count(data, HEAD_SIZE)[0] if size >= _TABLE_AT else 0
+    at = _TABLE_AT + _ROW_SIZE * count
+    if count == 0 or size < at:
+        log.warning("a fan-out run without its table on %r", channel)
+        return at, ()
+    rows: tuple[int, ...] = table(count).unpack_from(data, _TABLE_AT)
+    if rows[-1] == size and at <= rows[0]:
+        return at, rows  # (the broker's runs: checked whole by their last end)
+    log.warning("a cut fan-out run on %r", channel)
+    prev = at
+    for i in range(0, len(rows), 2):
+        if not prev <= rows[i] <= rows[i + 1] <= size:
+            return at, rows[:i]
+        prev = rows[i + 1]
+    return at, rows
+
+
 _WILDCARDS = ("0.0.0.0", "*", "::", "[::]")
 
 
@@ -243,18 +264,14 @@ class FanoutReader:
         expected = stream.expected
         if seq > expected:
             self._gap(stream, expected, seq - 1)
+        at, rows = _rows(data, size, stream.channel)
         decode = _decode
         frame_type = tmqp.Frame
-        pos = HEAD_SIZE
-        last = size - _ENTRY_SIZE  # (a cut length: the rest is a gap at the next head)
-        while pos <= last:
-            end = pos + _ENTRY_SIZE + _unpack_entry(data, pos)[0]
-            if end > size:
-                log.warning("a cut fan-out run on %r", stream.channel)
-                break
+        for i in range(1, len(rows), 2):
+            end = rows[i]
             if seq >= expected:  # (else sent before this client's join)
                 try:
-                    frame = decode((data[pos + _ENTRY_SIZE : end],))
+                    frame = decode((data[at:end],))
                 except DecodeError:
                     frame = None
                 if type(frame) is frame_type:
@@ -264,7 +281,7 @@ class FanoutReader:
                     log.warning("an undecodable fan-out message on %r", stream.channel)
                     self._gap(stream, seq, seq)
             seq += 1
-            pos = end
+            at = end
         if seq > stream.expected:
             stream.expected = seq
 
@@ -272,7 +289,8 @@ class FanoutReader:
         """``read`` for raw reading: one batch of payloads (``raw`` "payloads") or
         ``(number, payload)`` pairs ("numbered") appended to ``batches``; how many.
         ``wait``: the first receive may block, :data:`RAW_WAIT_MS` at most (the SUB's
-        receive timeout; cheaper than a poll, where nothing else needs watching)."""
+        receive timeout; cheaper than a poll, where nothing else needs watching).
+        The payloads are sliced where the run's table says (deliveries are not read)."""
         sock = self.sock
         if sock is None:
             return 0
@@ -294,7 +312,6 @@ class FanoutReader:
         streams = self.streams
         numbered = self.raw == "numbered"
         got: list[Any] = []
-        append = got.append
         for data in datas:
             stream = streams.get(data[:TOKEN_SIZE])
             size = len(data)
@@ -306,28 +323,19 @@ class FanoutReader:
             expected = stream.expected
             if seq > expected:
                 self._gap(stream, expected, seq - 1)
-            pos = HEAD_SIZE
-            last = size - _ENTRY_SIZE  # (a cut length: the rest is a gap at the next head)
-            while pos <= last:
-                start = pos + _ENTRY_SIZE
-                end = start + _unpack_entry(data, pos)[0]
-                if end > size:  # the rest: a gap at the next head
-                    log.warning("a cut fan-out run on %r", stream.channel)
-                    break
-                if seq < expected:
-                    pass  # (sent before this client's join)
-                elif end - start < _SMALLEST_DELIVERY:  # missed: a gap, never silent
-                    log.warning("an undecodable fan-out message on %r", stream.channel)
-                    self._gap(stream, seq, seq)
-                else:
-                    # the payload is a delivery's last field: its length at octet 7
-                    length = data[start + 7]
-                    if length > 252:
-                        length = dec_varlen(data, start + 7, "little")[0]
-                    payload = data[end - length : end] if length else b""
-                    append((seq, payload) if numbered else payload)
-                seq += 1
-                pos = end
+            rows = _rows(data, size, stream.channel)[1]
+            pairs = iter(rows)
+            payloads = [data[start:end] for start, end in zip(pairs, pairs, strict=True)]
+            if seq < expected:  # (the first ones were sent before this client's join)
+                del payloads[: expected - seq]
+                first = expected
+            else:
+                first = seq
+            if numbered:
+                got += zip(range(first, first + len(payloads)), payloads, strict=True)
+            else:
+                got += payloads
+            seq += len(rows) // 2
             if seq > stream.expected:
                 stream.expected = seq
         if got:

@@ -8,7 +8,7 @@ Publishing never blocks: a subscriber whose pipe holds ``fanout_hwm`` messages m
 what follows (libzmq drops for that pipe alone) and sees the gap in the sequence numbers.
 
 Runs: consecutive deliveries of one stream are gathered and sent as ONE message (the
-head of the first, then the entries: ``broker.fanout``) when the server calls
+head of the first, a table of offsets, the deliveries: ``broker.fanout``) when the server calls
 :meth:`FanoutDoor.flush` (at the end of each drain of its socket, as its other batched
 sends), at a marker, at another stream's delivery, or at ``RUN_MAX`` entries /
 ``RUN_OCTETS``: a SUB pays libzmq's per-message work once per run, not per delivery.
@@ -22,13 +22,12 @@ from typing import Any
 
 import zmq
 
-from broker.fanout import ENTRY, RUN_MAX, RUN_OCTETS, SEQ, TOKEN_SIZE
+from broker.fanout import RUN_MAX, RUN_OCTETS, SEQ, TOKEN_SIZE, pack_run, payload_length
 from zerohub import zmqkit
 
 log = logging.getLogger("broker.server.server")
 
 
-_pack_entry = ENTRY.pack
 _unpack_seq = SEQ.unpack_from
 
 
@@ -39,12 +38,13 @@ class FanoutDoor:
         self.sock = sock
         self.engine = engine
         self.counters = counters
-        #: The run being gathered: its head, then entry prefixes and deliveries ([]: none).
+        #: The run being gathered: its deliveries ([]: none), their payload lengths, the
+        #: head of the first.
         self.run: list[bytes] = []
-        self.run_token = b""
+        self.run_payloads: list[int] = []
+        self.run_head = b""
         #: The number the run's next delivery must have to join it.
         self.run_next = 0
-        self.run_entries = 0
         self.run_octets = 0
         #: (``fanout_published``: deliveries; ``fanout_sends``: ZeroMQ messages, runs.)
         counters.setdefault("fanout_published", 0)
@@ -119,19 +119,22 @@ class FanoutDoor:
                 self.flush()
             self._send(head, "fanout_markers", 1)
             return
+        try:
+            length = payload_length(data)
+        except ValueError:
+            log.error("fan-out publish of a delivery without a payload length: dropped")
+            return
         seq = _unpack_seq(head, TOKEN_SIZE)[0]
-        if run and (seq != self.run_next or head[:TOKEN_SIZE] != self.run_token):
+        if run and (seq != self.run_next or head[:TOKEN_SIZE] != self.run_head[:TOKEN_SIZE]):
             self.flush()
             run = self.run
         if not run:
-            run.append(head)
-            self.run_token = head[:TOKEN_SIZE]
-        run.append(_pack_entry(len(data)))
+            self.run_head = head
         run.append(data)
+        self.run_payloads.append(length)
         self.run_next = seq + 1
-        self.run_entries += 1
         self.run_octets += len(data)
-        if self.run_entries >= RUN_MAX or self.run_octets >= RUN_OCTETS:
+        if len(run) >= RUN_MAX or self.run_octets >= RUN_OCTETS:
             self.flush()
 
     def flush(self) -> None:
@@ -139,10 +142,11 @@ class FanoutDoor:
         run = self.run
         if not run:
             return
-        entries = self.run_entries
+        payloads = self.run_payloads
         self.run = []
-        self.run_entries = self.run_octets = 0
-        if self._send(b"".join(run), "fanout_published", entries):
+        self.run_payloads = []
+        self.run_octets = 0
+        if self._send(pack_run(self.run_head, run, payloads), "fanout_published", len(run)):
             self.counters["fanout_sends"] += 1
 
     def _send(self, data: bytes, counter: str, count: int) -> bool:
