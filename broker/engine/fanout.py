@@ -23,8 +23,8 @@ the message) is then published once: this engine outputs a ``Publish`` per deliv
 head: token and stream sequence number; the delivery exactly as a consumer gets it over
 its DEALER), and the server's door sends consecutive ones of a stream as ONE frame, a
 *run* (layout in ``broker.fanout``).  libzmq copies it to the subscribed pipes; the
-fan-out members are left out of the per-consumer sends.  Other messages of the channel keep the DEALER path to every
-member, as do clients that did not ask.
+fan-out members are left out of the per-consumer sends.  Other messages of the channel
+keep the DEALER path to every member, as do clients that did not ask.
 
 Leaving: when a member leaves (LEAVE, a join without fan-out, its session's end or
 expiry) and others stay, the stream's token is replaced by a new random one: what a
