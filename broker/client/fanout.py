@@ -11,8 +11,8 @@ push racing a one-by-one join).  A join of a channel whose stream this client al
 reads completes at once.  From there each stream's sequence numbers must follow one
 another; a jump is a *gap*: messages dropped at a full pipe (the broker's ``fanout_hwm``
 and this SUB's high-water mark, both counted in runs).  A gap is never silent: it is
-logged, counted and kept in :attr:`FanoutReader.gaps` (``Client.fanout_gaps``).  The broker never resends a
-broadcast.
+logged, counted and kept in :attr:`FanoutReader.gaps` (``Client.fanout_gaps``).  The
+broker never resends a broadcast.
 
 When another member leaves, the broker replaces the stream's token and tells this client
 (``session.Fanout`` without a waiter, with the old token's last number): the new token
