@@ -10,7 +10,10 @@ rows take turns, ``--rounds`` times (default 2):
 
   - "messages": ``consume()``, one ``Message`` each,
   - "payloads": ``receive_payloads()`` with ``Client(raw_fanout="payloads")``,
-  - "numbered": the same with ``(stream number, payload)`` pairs.
+  - "numbered": the same with ``(stream number, payload)`` pairs;
+  - with ``--batched``, "payloads, push_many": the producer pushes ``push_many`` batches
+    (``bench_broker.BATCH`` a batch), so the broker's cost per message is not a whole
+    receive per push (what a raw PUB never pays).
 
 The rate is the producer's messages per second until every consumer has them all (or
 was told of a gap); beside it the CPU per delivery of the consumers (their process CPU,
@@ -51,6 +54,7 @@ from bench_broker import (
     free_port,
     raw_broadcast,
     serve_broker,
+    zh_batch_producer,
     zh_producer,
 )
 
@@ -60,7 +64,8 @@ def zh_fan_consumer(
 ) -> None:
     """Reads ``count`` deliveries (received or reported missed) in ``mode``; ``calls``:
     under cProfile, the Python calls it made added to what it reports."""
-    kw: dict[str, Any] = {} if mode == "messages" else {"raw_fanout": mode}
+    read = mode.split(",")[0]
+    kw: dict[str, Any] = {} if read == "messages" else {"raw_fanout": read}
     client = _client(endpoint, max_inbox=50_000, threaded=False, fanout=True, **kw)
     client.join(channel)
     ready.set()
@@ -73,7 +78,7 @@ def zh_fan_consumer(
     clock = time.perf_counter
     deadline = time.monotonic() + 120
     while seen + missed < count and time.monotonic() < deadline:
-        if mode == "messages":
+        if read == "messages":
             for _message in client.consume(timeout=1.0):
                 seen += 1
                 last = clock()
@@ -106,7 +111,7 @@ def bench_zerohub(
     calls: bool = False,
 ) -> dict[str, float]:
     setup = _client(endpoint)
-    channel = f"bench-fanout-{mode}-{round_}"
+    channel = f"bench-fanout-{mode.replace(', ', '-')}-{round_}"
     setup.create_queue(channel, 1, {"Status": 0})
     _close(setup)
     out = ctx.Queue()
@@ -116,7 +121,8 @@ def bench_zerohub(
         ctx.Process(target=zh_fan_consumer, args=(endpoint, channel, count, mode, r, out, calls))
         for r in readies
     ]
-    procs.append(ctx.Process(target=zh_producer, args=(endpoint, channel, count, False, go, out)))
+    producer = zh_batch_producer if mode.endswith("push_many") else zh_producer
+    procs.append(ctx.Process(target=producer, args=(endpoint, channel, count, False, go, out)))
     for p in procs:
         p.start()
     for r in readies:
@@ -170,12 +176,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--calls", action="store_true", help="then Python calls per delivery (1 consumer)"
     )
+    parser.add_argument(
+        "--batched", action="store_true", help="a row with a push_many producer (raw payloads)"
+    )
     args = parser.parse_args(argv)
     from broker.client.blocking import Client
 
     modes = ["messages"]
     if "raw_fanout" in inspect.signature(Client).parameters:
         modes += ["payloads", "numbered"]
+        if args.batched:
+            modes.append("payloads, push_many")
     ctx = mp.get_context("spawn")
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     ready, stop = ctx.Event(), ctx.Event()
@@ -210,14 +221,14 @@ def main(argv: list[str] | None = None) -> int:
         broker.join(30)
     n = args.consumers
     print(f"\nbroadcast of {args.messages} x {SIZE}-byte messages to {n} consumer processes")
-    head = f"{'row':<28} {'round':>5} {'msgs/s':>9} {'x raw':>6} {'cons us/dlv':>11}"
+    head = f"{'row':<32} {'round':>5} {'msgs/s':>9} {'x raw':>6} {'cons us/dlv':>11}"
     print(f"{head} {'x raw':>6} {'sender us/dlv':>13} {'dlv/send':>8} {'missed':>7}")
     print("-" * 103)
     raw: dict[int, dict[str, float]] = {r: res for name, r, res in rows if name.startswith("raw")}
     for name, round_, res in rows:
         base = raw[round_]
         print(
-            f"{name:<28} {round_:>5} {res['rate']:>9,.0f} {res['rate'] / base['rate']:>5.2f}x"
+            f"{name:<32} {round_:>5} {res['rate']:>9,.0f} {res['rate'] / base['rate']:>5.2f}x"
             f" {res['consumers_us']:>11.2f} {res['consumers_us'] / base['consumers_us']:>5.2f}x"
             f" {res['sender_us']:>13.2f} {res.get('run', 1.0):>8.1f} {int(res['missed']):>7}"
         )
