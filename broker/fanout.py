@@ -96,13 +96,17 @@ def pack_run(head: bytes, deliveries: list[bytes], payloads: list[int]) -> bytes
 
 def table(count: int) -> struct.Struct:
     """The layout of a table of ``count`` rows (payload start, end)."""
-    found = _TABLES.get(count)
+    found = TABLES.get(count)
     if found is None:
-        found = _TABLES[count] = struct.Struct(f"<{2 * count}I")
+        found = TABLES[count] = struct.Struct(f"<{2 * count}I")
     return found
 
 
-_TABLES: dict[int, struct.Struct] = {}
+#: Table layouts by row count, 1 to ``RUN_MAX`` (readers look a count up here: an
+#: absent one is not a run this broker sends, and goes the checked way).
+TABLES: dict[int, struct.Struct] = {}
+for _count in range(1, RUN_MAX + 1):
+    table(_count)
 
 
 def read_run(data: bytes) -> list[tuple[bytes, bytes]]:
