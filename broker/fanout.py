@@ -95,10 +95,13 @@ def pack_run(head: bytes, deliveries: list[bytes], payloads: list[int]) -> bytes
 
 
 def table(count: int) -> struct.Struct:
-    """The layout of a table of ``count`` rows (payload start, end)."""
+    """The layout of a table of ``count`` rows (payload start, end); kept for counts up to
+    ``RUN_MAX`` only (a run claiming more is not cached: a peer cannot grow the cache)."""
     found = TABLES.get(count)
     if found is None:
-        found = TABLES[count] = struct.Struct(f"<{2 * count}I")
+        found = struct.Struct(f"<{2 * count}I")
+        if count <= RUN_MAX:
+            TABLES[count] = found
     return found
 
 
