@@ -221,14 +221,14 @@ def main(argv: list[str] | None = None) -> int:
         broker.join(30)
     n = args.consumers
     print(f"\nbroadcast of {args.messages} x {SIZE}-byte messages to {n} consumer processes")
-    head = f"{'row':<32} {'round':>5} {'msgs/s':>9} {'x raw':>6} {'cons us/dlv':>11}"
+    head = f"{'row':<38} {'round':>5} {'msgs/s':>9} {'x raw':>6} {'cons us/dlv':>11}"
     print(f"{head} {'x raw':>6} {'sender us/dlv':>13} {'dlv/send':>8} {'missed':>7}")
-    print("-" * 103)
+    print("-" * 109)
     raw: dict[int, dict[str, float]] = {r: res for name, r, res in rows if name.startswith("raw")}
     for name, round_, res in rows:
         base = raw[round_]
         print(
-            f"{name:<32} {round_:>5} {res['rate']:>9,.0f} {res['rate'] / base['rate']:>5.2f}x"
+            f"{name:<38} {round_:>5} {res['rate']:>9,.0f} {res['rate'] / base['rate']:>5.2f}x"
             f" {res['consumers_us']:>11.2f} {res['consumers_us'] / base['consumers_us']:>5.2f}x"
             f" {res['sender_us']:>13.2f} {res.get('run', 1.0):>8.1f} {int(res['missed']):>7}"
         )
