@@ -199,6 +199,7 @@ def bench_raw_forwarder(ctx: Any, count: int) -> Row:
 
 
 def raw_subscriber(endpoint: str, count: int, ready: Any, out: Any) -> None:
+    """A raw SUB: ``recv()`` and a length check per message (the broadcast ceiling)."""
     import zmq
 
     ctx = zmq.Context()
@@ -210,11 +211,12 @@ def raw_subscriber(endpoint: str, count: int, ready: Any, out: Any) -> None:
     while recv() != WARM_UP:
         pass
     ready.set()
+    cpu0 = time.process_time()  # (this process, libzmq's I/O thread included)
     seen = 0
     while seen < count:
         if len(recv()) == SIZE:
             seen += 1
-    out.put(time.perf_counter())
+    out.put(("consumer", time.perf_counter(), seen, time.process_time() - cpu0))
     sock.close(linger=0)
     ctx.term()
 
@@ -223,7 +225,10 @@ def raw_subscriber(endpoint: str, count: int, ready: Any, out: Any) -> None:
 WARM_UP = b"w"
 
 
-def bench_raw_broadcast(ctx: Any, count: int, consumers: int) -> Row:
+def raw_broadcast(ctx: Any, count: int, consumers: int) -> dict[str, float]:
+    """Raw pyzmq PUB -> ``consumers`` SUB processes, ``count`` messages: the rate (until
+    every SUB has them all), the CPU per delivery of the SUBs (``consumers_us``) and of
+    the PUB (``sender_us``), deliveries missed.  (One home: ``bench_fanout.py`` too.)"""
     import zmq
 
     zctx = zmq.Context()
@@ -243,16 +248,30 @@ def bench_raw_broadcast(ctx: Any, count: int, consumers: int) -> Row:
         pub.send(WARM_UP)
         time.sleep(0.01)
     time.sleep(0.2)
+    cpu0 = time.process_time()
     t0 = time.perf_counter()
     send = pub.send
     for _ in range(count):
         send(PAYLOAD)
-    ends = [out.get(timeout=300) for _ in subs]
+    results = [out.get(timeout=300) for _ in subs]
+    publisher = time.process_time() - cpu0
     for p in subs:
         p.join(10)
     pub.close(linger=0)
     zctx.term()
-    return Row(f"raw pyzmq PUB->SUB x{consumers}", rate=count / (max(ends) - t0))
+    seen = sum(r[2] for r in results)
+    return {
+        "rate": count / (max(r[1] for r in results) - t0),
+        "consumers_us": sum(r[3] for r in results) / max(1, seen) * 1e6,
+        "sender_us": publisher / max(1, seen) * 1e6,
+        "missed": count * consumers - seen,
+    }
+
+
+def bench_raw_broadcast(ctx: Any, count: int, consumers: int) -> Row:
+    res = raw_broadcast(ctx, count, consumers)
+    note = f"consumers {res['consumers_us']:.1f} us/delivery, PUB {res['sender_us']:.2f}"
+    return Row(f"raw pyzmq PUB->SUB x{consumers}", rate=res["rate"], note=note)
 
 
 def bench_zerohub_broadcast(

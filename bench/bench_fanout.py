@@ -10,23 +10,36 @@ rows take turns, ``--rounds`` times (default 2):
 
   - "messages": ``consume()``, one ``Message`` each,
   - "payloads": ``receive_payloads()`` with ``Client(raw_fanout="payloads")``,
-  - "numbered": the same with ``(stream number, payload)`` pairs.
+  - "numbered": the same with ``(stream number, payload)`` pairs;
+  - with ``--batched``, "payloads, push_many": the producer pushes ``push_many`` batches
+    (``bench_broker.BATCH`` a batch), so the broker's cost per message is not a whole
+    receive per push (what a raw PUB never pays).
 
 The rate is the producer's messages per second until every consumer has them all (or
 was told of a gap); beside it the CPU per delivery of the consumers (their process CPU,
 libzmq's I/O thread included; the raw SUBs' too) and of the broker.  A client without
 ``raw_fanout`` (an older tree) runs the "messages" row only.
 
-Usage: ``python bench/bench_fanout.py [--consumers 50] [--messages 4000] [--rounds 2]``.
+``--calls``: then each zerohub row once more with ONE consumer run under cProfile: the
+Python function calls per delivery on its receive path (a count, not a time: it moves
+only with the code and with how many deliveries one read finds, which the table gives
+as deliveries per published message, the broker's ``fanout_published / fanout_sends``).
+
+Usage: ``python bench/bench_fanout.py [--consumers 50] [--messages 4000] [--rounds 2]
+[--calls]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import inspect
 import multiprocessing as mp
+import os
+import pstats
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,95 +47,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_broker import (
-    PAYLOAD,
     SIZE,
-    WARM_UP,
     _client,
     _close,
     _cpu_seconds,
     free_port,
+    raw_broadcast,
     serve_broker,
+    zh_batch_producer,
     zh_producer,
 )
 
 
-def raw_sub(endpoint: str, count: int, ready: Any, out: Any) -> None:
-    import zmq
-
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.SUB)
-    sock.rcvhwm = 0
-    sock.setsockopt(zmq.SUBSCRIBE, b"")
-    sock.connect(endpoint)
-    recv = sock.recv
-    while recv() != WARM_UP:
-        pass
-    ready.set()
-    cpu0 = time.process_time()
-    seen = 0
-    while seen < count:
-        if len(recv()) == SIZE:
-            seen += 1
-    out.put(("consumer", time.perf_counter(), seen, time.process_time() - cpu0))
-    sock.close(linger=0)
-    ctx.term()
-
-
-def bench_raw(ctx: Any, count: int, consumers: int) -> dict[str, float]:
-    import zmq
-
-    zctx = zmq.Context()
-    pub = zctx.socket(zmq.PUB)
-    pub.sndhwm = 0
-    port = pub.bind_to_random_port("tcp://127.0.0.1")
-    out = ctx.Queue()
-    readies = [ctx.Event() for _ in range(consumers)]
-    subs = [
-        ctx.Process(target=raw_sub, args=(f"tcp://127.0.0.1:{port}", count, r, out))
-        for r in readies
-    ]
-    for p in subs:
-        p.start()
-    deadline = time.monotonic() + 120
-    while not all(r.is_set() for r in readies) and time.monotonic() < deadline:
-        pub.send(WARM_UP)
-        time.sleep(0.01)
-    time.sleep(0.2)
-    cpu0 = time.process_time()
-    t0 = time.perf_counter()
-    send = pub.send
-    for _ in range(count):
-        send(PAYLOAD)
-    results = [out.get(timeout=300) for _ in subs]
-    publisher = time.process_time() - cpu0
-    for p in subs:
-        p.join(10)
-    pub.close(linger=0)
-    zctx.term()
-    seen = sum(r[2] for r in results)
-    return {
-        "rate": count / (max(r[1] for r in results) - t0),
-        "consumers_us": sum(r[3] for r in results) / max(1, seen) * 1e6,
-        "sender_us": publisher / max(1, seen) * 1e6,
-        "missed": count * consumers - seen,
-    }
-
-
 def zh_fan_consumer(
-    endpoint: str, channel: str, count: int, mode: str, ready: Any, out: Any
+    endpoint: str, channel: str, count: int, mode: str, ready: Any, out: Any, calls: bool = False
 ) -> None:
-    """Reads ``count`` deliveries (received or reported missed) in ``mode``."""
-    kw: dict[str, Any] = {} if mode == "messages" else {"raw_fanout": mode}
+    """Reads ``count`` deliveries (received or reported missed) in ``mode``; ``calls``:
+    under cProfile, the Python calls it made added to what it reports."""
+    read = mode.split(",")[0]
+    kw: dict[str, Any] = {} if read == "messages" else {"raw_fanout": read}
     client = _client(endpoint, max_inbox=50_000, threaded=False, fanout=True, **kw)
     client.join(channel)
     ready.set()
+    profile = cProfile.Profile() if calls else None
+    if profile is not None:
+        profile.enable()
     cpu0 = time.process_time()
     seen = missed = 0
     last = time.perf_counter()
     clock = time.perf_counter
     deadline = time.monotonic() + 120
     while seen + missed < count and time.monotonic() < deadline:
-        if mode == "messages":
+        if read == "messages":
             for _message in client.consume(timeout=1.0):
                 seen += 1
                 last = clock()
@@ -134,34 +90,50 @@ def zh_fan_consumer(
                 seen += len(got)
                 last = clock()
         missed = sum(gap.count for gap in client.fanout_gaps)
-    out.put(("consumer", last, seen, time.process_time() - cpu0))
+    used = time.process_time() - cpu0
+    made = 0
+    if profile is not None:
+        profile.disable()
+        made = pstats.Stats(profile).total_calls  # type: ignore[attr-defined]
+    out.put(("consumer", last, seen, used, made))
     _close(client)
 
 
 def bench_zerohub(
-    ctx: Any, endpoint: str, pid: int, count: int, consumers: int, mode: str, round_: int
+    ctx: Any,
+    endpoint: str,
+    pid: int,
+    count: int,
+    consumers: int,
+    mode: str,
+    round_: int,
+    stats: Callable[[], dict[str, int]],
+    calls: bool = False,
 ) -> dict[str, float]:
     setup = _client(endpoint)
-    channel = f"bench-fanout-{mode}-{round_}"
+    channel = f"bench-fanout-{mode.replace(', ', '-')}-{round_}"
     setup.create_queue(channel, 1, {"Status": 0})
     _close(setup)
     out = ctx.Queue()
     readies = [ctx.Event() for _ in range(consumers)]
     go = ctx.Event()
     procs = [
-        ctx.Process(target=zh_fan_consumer, args=(endpoint, channel, count, mode, r, out))
+        ctx.Process(target=zh_fan_consumer, args=(endpoint, channel, count, mode, r, out, calls))
         for r in readies
     ]
-    procs.append(ctx.Process(target=zh_producer, args=(endpoint, channel, count, False, go, out)))
+    producer = zh_batch_producer if mode.endswith("push_many") else zh_producer
+    procs.append(ctx.Process(target=producer, args=(endpoint, channel, count, False, go, out)))
     for p in procs:
         p.start()
     for r in readies:
         r.wait(120)
     time.sleep(0.5)
+    before = stats()
     cpu0 = _cpu_seconds(pid)
     go.set()
     results = [out.get(timeout=600) for _ in procs]
     used = _cpu_seconds(pid) - cpu0
+    after = stats()
     for p in procs:
         p.join(30)
     start = min(r[1] for r in results if r[0] == "producer")
@@ -172,7 +144,28 @@ def bench_zerohub(
         "consumers_us": sum(r[3] for r in results if r[0] == "consumer") / max(1, seen) * 1e6,
         "sender_us": used / max(1, seen) * 1e6,
         "missed": count * consumers - seen,
+        "calls": sum(r[4] for r in results if r[0] == "consumer") / max(1, seen),
+        "run": _per_send(before, after),
     }
+
+
+def _server_counters(endpoint: str) -> dict[str, int]:
+    """The broker's transport counters (``Client.stats``)."""
+    client = _client(endpoint)
+    try:
+        counters: dict[str, int] = client.stats()["server"]
+        return counters
+    finally:
+        _close(client)
+
+
+def _per_send(before: dict[str, int], after: dict[str, int]) -> float:
+    """Deliveries per published fan-out message between two counter readings (0: none)."""
+    sends = after.get("fanout_sends", 0) - before.get("fanout_sends", 0)
+    published = after.get("fanout_published", 0) - before.get("fanout_published", 0)
+    if "fanout_sends" not in after:  # (an older broker: one delivery each)
+        return 1.0 if published else 0.0
+    return published / sends if sends else 0.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,12 +173,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--consumers", type=int, default=50)
     parser.add_argument("--messages", type=int, default=4000, help="messages (each to all)")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--calls", action="store_true", help="then Python calls per delivery (1 consumer)"
+    )
+    parser.add_argument(
+        "--batched", action="store_true", help="a row with a push_many producer (raw payloads)"
+    )
     args = parser.parse_args(argv)
     from broker.client.blocking import Client
 
     modes = ["messages"]
     if "raw_fanout" in inspect.signature(Client).parameters:
         modes += ["payloads", "numbered"]
+        if args.batched:
+            modes.append("payloads, push_many")
     ctx = mp.get_context("spawn")
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     ready, stop = ctx.Event(), ctx.Event()
@@ -194,34 +195,50 @@ def main(argv: list[str] | None = None) -> int:
     )
     broker.start()
     rows: list[tuple[str, int, dict[str, float]]] = []
+    calls: list[tuple[str, dict[str, float]]] = []
+
+    def stats() -> dict[str, int]:
+        return _server_counters(endpoint)
+
     try:
         if not ready.wait(30):
             raise SystemExit("broker did not start")
         assert broker.pid is not None
         for round_ in range(1, args.rounds + 1):
-            rows.append(("raw pyzmq PUB->SUB", round_, bench_raw(ctx, args.messages,
-                                                                 args.consumers)))  # fmt: skip
+            rows.append(("raw pyzmq PUB->SUB", round_, raw_broadcast(ctx, args.messages,
+                                                                     args.consumers)))  # fmt: skip
             for mode in modes:
                 result = bench_zerohub(ctx, endpoint, broker.pid, args.messages, args.consumers,
-                                       mode, round_)  # fmt: skip
+                                       mode, round_, stats)  # fmt: skip
                 rows.append((f"zerohub fan-out ({mode})", round_, result))
+        if args.calls:
+            for mode in modes:
+                result = bench_zerohub(ctx, endpoint, broker.pid, args.messages, 1, mode, 0,
+                                       stats, calls=True)  # fmt: skip
+                calls.append((mode, result))
     finally:
         stop.set()
         broker.join(30)
     n = args.consumers
     print(f"\nbroadcast of {args.messages} x {SIZE}-byte messages to {n} consumer processes")
-    head = f"{'row':<28} {'round':>5} {'msgs/s':>9} {'x raw':>6} {'cons us/dlv':>11}"
-    print(f"{head} {'x raw':>6} {'sender us/dlv':>13} {'missed':>7}")
-    print("-" * 94)
+    head = f"{'row':<38} {'round':>5} {'msgs/s':>9} {'x raw':>6} {'cons us/dlv':>11}"
+    print(f"{head} {'x raw':>6} {'sender us/dlv':>13} {'dlv/send':>8} {'missed':>7}")
+    print("-" * 109)
     raw: dict[int, dict[str, float]] = {r: res for name, r, res in rows if name.startswith("raw")}
     for name, round_, res in rows:
         base = raw[round_]
         print(
-            f"{name:<28} {round_:>5} {res['rate']:>9,.0f} {res['rate'] / base['rate']:>5.2f}x"
+            f"{name:<38} {round_:>5} {res['rate']:>9,.0f} {res['rate'] / base['rate']:>5.2f}x"
             f" {res['consumers_us']:>11.2f} {res['consumers_us'] / base['consumers_us']:>5.2f}x"
-            f" {res['sender_us']:>13.2f} {int(res['missed']):>7}"
+            f" {res['sender_us']:>13.2f} {res.get('run', 1.0):>8.1f} {int(res['missed']):>7}"
         )
-    print("(sender: the raw PUB process / the broker process, CPU per delivery)")
+    print("(sender: the raw PUB process / the broker process, CPU per delivery; dlv/send:")
+    print(" deliveries per published fan-out message, the broker's runs)")
+    if calls:
+        print("\nPython calls per delivery, one consumer under cProfile:")
+        for mode, res in calls:
+            print(f"  {mode:<10} {res['calls']:>7.2f}  ({res['run']:.1f} deliveries per send)")
+    print(f"load average: {' '.join(f'{x:.1f}' for x in os.getloadavg())} (2 cores, shared)")
     return 0
 
 

@@ -222,7 +222,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_handshakes=int(section.get("max_handshakes", 1_000)),
             max_connections=int(section.get("max_connections", 11_000)),
             fanout=str(fanout) if fanout is not None else None,
-            fanout_hwm=int(section.get("fanout_hwm", 10_000)),
+            fanout_hwm=int(section.get("fanout_hwm", 1_000)),
         )
     except (TypeError, ValueError) as exc:
         raise UsageError(f"server options: {exc}") from None
@@ -919,7 +919,7 @@ def build_parser() -> ArgumentParser:
         help="bind a PUB socket there for broadcast fan-out to consumers that ask for it",
     )
     serve.add_argument(
-        "--fanout-hwm", type=int, help="messages queued per fan-out subscriber (10000)"
+        "--fanout-hwm", type=int, help="runs of messages queued per fan-out subscriber (1000)"
     )
     serve.add_argument("--max-frame-size", type=int, help="largest frame accepted (octets)")
     serve.add_argument("--ping-interval", type=float, help="seconds before pinging a quiet peer")

@@ -83,14 +83,18 @@ response) with 482; a batch is a frame, bounded by max_frame_size. Content type 
 only to a client whose connection info has the property Batch-Deliveries: N (N > 1:
 at most N entries, at most 1024); each entry counts against the consumer's prefetch
 as one delivery. A client uses batches only with a broker that sent Batch-Max.
-Broadcast fan-out (zerohub, broker.engine.fanout): a JOIN with header Fanout: 2 and
+Broadcast fan-out (zerohub, broker.engine.fanout): a JOIN with header Fanout: 3 and
 the pending-response flag, to a broker serving a fan-out socket, is answered with
 headers Fanout-Endpoint (an XPUB), Fanout-Token and Fanout-Ticket (32 hex digits
 each) and Fanout-Seq; a SUB that subscribes the ticket gets the token applied and
-receives the channel's broadcast messages, each ONE frame: token, sequence number
-(8 octets little-endian), the QUEUE frame (a marker: no frame). When a member leaves
-the token is replaced; each remaining member gets a DIRECT frame of content type 251
-from source @fanout with the same headers and Channel-Name.
+receives the channel's broadcast messages in runs, each ONE frame (numbers
+little-endian, offsets from the frame's start): token (16), the first message's
+sequence number (8), count (2), count rows of payload start (4) and end (4), then
+the QUEUE frames back to back (each ends where its row says; its payload, its last
+field, starts there too); a marker is token and sequence number alone. Fanout: 1 and
+Fanout: 2 (one frame per message, session 8) are served one by one. When a member
+leaves the token is replaced; each remaining member gets a DIRECT frame of content
+type 251 from source @fanout with the same headers and Channel-Name.
 
 Generated codec: ``encode(msg) -> list[bytes]`` and ``decode(frames) -> msg``.
 ``decode`` raises only ``zproto.errors.DecodeError``; ``encode`` raises

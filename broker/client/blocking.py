@@ -438,8 +438,8 @@ class Client(ClientApi[Any]):
             if not items:
                 if deadline is None and timeout is not None:
                     deadline = time.monotonic() + timeout
-                if core.loop is not None:
-                    if not core.pump(lambda: bool(items), deadline):
+                if core.loop is not None:  # (one poll at least: timeout 0 reads too)
+                    if not core.pump(lambda: bool(items), deadline, first=True):
                         return None
                 elif not core.inbox.wait(deadline, self._closed):
                     return None
@@ -466,7 +466,7 @@ class Client(ClientApi[Any]):
             loop = core.loop
             if loop is not None:  # poll-on-call: straight from the SUB while it may
                 if not loop.read_fan_between(deadline) and not core.pump(
-                    lambda: bool(batches), deadline
+                    lambda: bool(batches), deadline, first=True
                 ):
                     return []
             elif not core.inbox.wait(deadline, self._closed, batches):

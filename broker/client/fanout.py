@@ -10,15 +10,19 @@ message pushed after ``join()`` returned comes; one pushed while it waited may n
 push racing a one-by-one join).  A join of a channel whose stream this client already
 reads completes at once.  From there each stream's sequence numbers must follow one
 another; a jump is a *gap*: messages dropped at a full pipe (the broker's ``fanout_hwm``
-and this SUB's high-water mark).  A gap is never silent: it is logged, counted and kept
-in :attr:`FanoutReader.gaps` (``Client.fanout_gaps``).  The broker never resends a
-broadcast.
+and this SUB's high-water mark, both counted in runs).  A gap is never silent: it is
+logged, counted and kept in :attr:`FanoutReader.gaps` (``Client.fanout_gaps``).  The
+broker never resends a broadcast.
 
 When another member leaves, the broker replaces the stream's token and tells this client
 (``session.Fanout`` without a waiter, with the old token's last number): the new token
 and ticket are subscribed beside the old ones; the old token's messages are read up to
 that number, the new one's marker makes it live, and the old subscription goes.  The
 numbers run on across the change, so a message lost there is a reported gap too.
+
+Each message of the SUB is a *run* (``broker.fanout``): the head's number is its first
+delivery's, the others follow one by one; one ``recv`` and one unpack of the run's table
+per run (libzmq's per-message work is paid once for all its deliveries), then slices.
 
 Raw reading (``Client(raw_fanout=...)``, :meth:`FanoutReader.read_raw`): the payloads
 (or ``(number, payload)`` pairs) of a batch of deliveries as one list, without building
@@ -43,10 +47,10 @@ from broker import tmqp
 from broker.client.errors import ConnectError
 from broker.client.session import Fanout
 from broker.client.sockets import Curve
-from broker.fanout import HEAD_SIZE, SEQ, TOKEN_SIZE
+from broker.fanout import COUNT, HEAD_SIZE, ROW, SEQ, TABLE_AT, TOKEN_SIZE, table
+from broker.fanout import TABLES as _TABLES
 from zerohub import zmqkit
 from zproto.errors import DecodeError
-from zproto.runtime import dec_varlen
 
 log = logging.getLogger("broker.client")
 
@@ -54,16 +58,41 @@ log = logging.getLogger("broker.client")
 READY_TIMEOUT = 10.0
 #: Gaps kept for the application (the oldest are forgotten beyond this; all are counted).
 MAX_GAPS = 1000
+#: Published messages (runs, ``broker.fanout``) one read takes at most.
 _BATCH = 1024
-#: Where a published delivery's payload length is (the frame's octet 7), the shortest one.
-_LENGTH_AT = HEAD_SIZE + 7
-_SMALLEST = HEAD_SIZE + 8
+_unpack_seq = SEQ.unpack_from
+_unpack_count = COUNT.unpack_from
+_TABLE_AT = TABLE_AT
+_ROW_SIZE = ROW.size
 _NOBLOCK = int(zmq.NOBLOCK)
 _EVENTS = int(zmq.EVENTS)
 #: Raw reading: milliseconds a poll-on-call client's receive may block on the SUB alone
 #: (its receive timeout) before the client's loop takes a whole step again.
 RAW_WAIT_MS = 20
 _decode = tmqp.decode
+
+
+def _rows(data: bytes, size: int, channel: str) -> tuple[int, tuple[int, ...]]:
+    """Where a run's first delivery starts and its table's rows (payload start, end, ...)
+    up to the first one its frame contradicts (a cut or garbled run: the deliveries
+    after it are a gap, reported at the stream's next head)."""
+    count = _unpack_count(data, HEAD_SIZE)[0] if size >= _TABLE_AT else 0
+    at = _TABLE_AT + _ROW_SIZE * count
+    if count == 0 or size < at:
+        log.warning("a fan-out run without its table on %r", channel)
+        return at, ()
+    rows: tuple[int, ...] = table(count).unpack_from(data, _TABLE_AT)
+    if rows[-1] == size and at <= rows[0]:
+        return at, rows  # (the broker's runs: checked whole by their last end)
+    log.warning("a cut fan-out run on %r", channel)
+    prev = at
+    for i in range(0, len(rows), 2):
+        if not prev <= rows[i] <= rows[i + 1] <= size:
+            return at, rows[:i]
+        prev = rows[i + 1]
+    return at, rows
+
+
 _WILDCARDS = ("0.0.0.0", "*", "::", "[::]")
 
 
@@ -216,43 +245,53 @@ class FanoutReader:
         sock = self.sock
         if sock is None:
             return
-        streams = self.streams
         recv = sock.recv
-        decode = _decode
-        frame_type = tmqp.Frame
-        unpack = SEQ.unpack_from
         for _ in range(_BATCH):
             try:
                 data = recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            stream = streams.get(data[:TOKEN_SIZE])
-            if stream is None or len(data) < HEAD_SIZE:
-                continue  # (left, replaced, a stream of an earlier session, not a head)
-            seq = unpack(data, TOKEN_SIZE)[0]
-            if len(data) == HEAD_SIZE:  # a marker: the last number sent
-                self._marker(stream, seq)
-                continue
-            expected = stream.expected
-            if seq != expected:
-                if seq < expected:
-                    continue  # (sent before this client's join)
-                self._gap(stream, expected, seq - 1)
-            stream.expected = seq + 1
-            try:
-                frame = decode((data[HEAD_SIZE:],))
-            except DecodeError:
-                log.warning("an undecodable fan-out message on %r", stream.channel)
-                continue
-            if type(frame) is frame_type:
-                self.received += 1
-                take(frame)
+            self._read_run(data, take)
+
+    def _read_run(self, data: bytes, take: Callable[[tmqp.Frame], None]) -> None:
+        stream = self.streams.get(data[:TOKEN_SIZE])
+        size = len(data)
+        if stream is None or size < HEAD_SIZE:
+            return  # (left, replaced, a stream of an earlier session, not a head)
+        seq = _unpack_seq(data, TOKEN_SIZE)[0]
+        if size == HEAD_SIZE:  # a marker: the last number sent
+            self._marker(stream, seq)
+            return
+        expected = stream.expected
+        if seq > expected:
+            self._gap(stream, expected, seq - 1)
+        at, rows = _rows(data, size, stream.channel)
+        decode = _decode
+        frame_type = tmqp.Frame
+        for i in range(1, len(rows), 2):
+            end = rows[i]
+            if seq >= expected:  # (else sent before this client's join)
+                try:
+                    frame = decode((data[at:end],))
+                except DecodeError:
+                    frame = None
+                if type(frame) is frame_type:
+                    self.received += 1
+                    take(frame)
+                else:  # missed: a gap, never silent
+                    log.warning("an undecodable fan-out message on %r", stream.channel)
+                    self._gap(stream, seq, seq)
+            seq += 1
+            at = end
+        if seq > stream.expected:
+            stream.expected = seq
 
     def read_raw(self, wait: bool = False) -> int:
         """``read`` for raw reading: one batch of payloads (``raw`` "payloads") or
         ``(number, payload)`` pairs ("numbered") appended to ``batches``; how many.
         ``wait``: the first receive may block, :data:`RAW_WAIT_MS` at most (the SUB's
-        receive timeout; cheaper than a poll, where nothing else needs watching)."""
+        receive timeout; cheaper than a poll, where nothing else needs watching).
+        The payloads are sliced where the run's table says (deliveries are not read)."""
         sock = self.sock
         if sock is None:
             return 0
@@ -272,34 +311,47 @@ class FanoutReader:
             except zmq.Again:
                 pass
         streams = self.streams
-        unpack = SEQ.unpack_from
         numbered = self.raw == "numbered"
+        tables = _TABLES
         got: list[Any] = []
-        append = got.append
-        last_token = b""
-        stream: Any = None
         for data in datas:
-            if data[:TOKEN_SIZE] != last_token:
-                last_token = data[:TOKEN_SIZE]
-                stream = streams.get(last_token)
+            stream = streams.get(data[:TOKEN_SIZE])
             size = len(data)
-            if stream is None or size < _SMALLEST:
+            if stream is None or size <= HEAD_SIZE:
                 if stream is not None and size == HEAD_SIZE:
-                    self._marker(stream, unpack(data, TOKEN_SIZE)[0])
-                    stream = streams.get(last_token)  # (a marker may replace streams)
+                    self._marker(stream, _unpack_seq(data, TOKEN_SIZE)[0])
                 continue
-            seq = unpack(data, TOKEN_SIZE)[0]
-            if seq != stream.expected:
-                if seq < stream.expected:
-                    continue
-                self._gap(stream, stream.expected, seq - 1)
-            stream.expected = seq + 1
-            # the payload is a frame's last field: its length is at octet 7 of the frame
-            length = data[_LENGTH_AT]
-            if length > 252:
-                length = dec_varlen(data, _LENGTH_AT, "little")[0]
-            payload = data[size - length :] if length else b""
-            append((seq, payload) if numbered else payload)
+            seq = _unpack_seq(data, TOKEN_SIZE)[0]
+            expected = stream.expected
+            if seq > expected:
+                self._gap(stream, expected, seq - 1)
+            # the broker's runs, checked whole by their last end (else _rows checks each)
+            count = data[HEAD_SIZE] | data[HEAD_SIZE + 1] << 8 if size >= _TABLE_AT else 0
+            layout = tables.get(count)
+            rows: Any = None
+            if layout is not None and size >= _TABLE_AT + _ROW_SIZE * count:
+                rows = layout.unpack_from(data, _TABLE_AT)
+                if rows[-1] != size or rows[0] < _TABLE_AT + _ROW_SIZE * count:
+                    rows = None
+            if rows is None:
+                rows = _rows(data, size, stream.channel)[1]
+            if len(rows) == 2:  # (a run of one: no loop)
+                payloads = [data[rows[0] : rows[1]]]
+            else:
+                pairs = iter(rows)
+                payloads = [data[start:end] for start, end in zip(pairs, pairs, strict=False)]
+            if seq < expected:  # (the first ones were sent before this client's join)
+                del payloads[: expected - seq]
+                first = expected
+            else:
+                first = seq
+            if numbered:
+                got += zip(range(first, first + len(payloads)), payloads, strict=False)
+            else:
+                got += payloads
+            seq += len(rows) // 2
+            if seq > stream.expected:
+                stream.expected = seq
         if got:
             self.received += len(got)
             self.raw_in += len(got)

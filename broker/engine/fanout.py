@@ -2,7 +2,7 @@
 
 A broker started with a fan-out endpoint (``broker serve --fanout tcp://...``) binds an
 XPUB socket there (CURVE with the same authenticator as its ROUTER when CURVE is on).  A
-client joining a channel may ask for fan-out (JOIN header ``Fanout: 2``, answered by a
+client joining a channel may ask for fan-out (JOIN header ``Fanout: 3``, answered by a
 RESPONSE); the broker then answers with
 
 - ``Fanout-Endpoint``: where to connect a SUB socket,
@@ -14,16 +14,17 @@ The member's SUB subscribes the token (its own filter) and the ticket: the XPUB 
 manual mode, and the server applies the *token* to the pipe that sent a subscription
 only when that subscription is a live ticket (:meth:`FanoutStreams.claim`); a token, a
 prefix, everything or a guess is refused.  So the stream reaches only SUBs of members,
-and the engine knows which members read it.  (A JOIN asking ``Fanout: 1``, the older
-two-frame protocol, is served one by one.)
+and the engine knows which members read it.  (A JOIN asking ``Fanout: 1`` or ``2``, the
+older wire forms, is served one by one.)
 
 Every message of a broadcast queue of that channel that needs no per-consumer work (the
 queue requests no acknowledges, has no delivery handler hooks, no receipt is pending for
-the message) is then published once, as ONE frame: the token, the stream sequence
-number (8 octets little-endian), then the delivery exactly as a consumer gets it over
-its DEALER.  libzmq copies it to the subscribed pipes; the fan-out members are left out
-of the per-consumer sends.  Other messages of the channel keep the DEALER path to every
-member, as do clients that did not ask.
+the message) is then published once: this engine outputs a ``Publish`` per delivery (the
+head: token and stream sequence number; the delivery exactly as a consumer gets it over
+its DEALER), and the server's door sends consecutive ones of a stream as ONE frame, a
+*run* (layout in ``broker.fanout``).  libzmq copies it to the subscribed pipes; the
+fan-out members are left out of the per-consumer sends.  Other messages of the channel
+keep the DEALER path to every member, as do clients that did not ask.
 
 Leaving: when a member leaves (LEAVE, a join without fan-out, its session's end or
 expiry) and others stay, the stream's token is replaced by a new random one: what a
@@ -39,8 +40,8 @@ hold: the held messages go out and that member sees them as a reported gap.
 
 Gaps: the sequence numbers of a stream are consecutive (one per published message, across
 token changes), so a subscriber sees any message it missed (messages dropped at a full
-pipe: the XPUB's send high-water mark ``ServerOptions.fanout_hwm``, default 10,000, and
-the SUB's own) as a jump in the numbers at the next message or marker.  A *marker* is
+pipe: the XPUB's send high-water mark ``ServerOptions.fanout_hwm``, default 1,000 runs,
+and the SUB's own) as a jump in the numbers at the next message or marker.  A *marker* is
 the head alone with the last sequence number sent: each applied claim publishes one, so
 a new subscriber learns where it starts and the client can tell its join is live (the
 client's join returns then and takes effect there: ``broker.client.fanout``), and the

@@ -68,8 +68,10 @@ class ServerOptions:
     linger: float = 0.5
     #: Where to bind the broadcast fan-out XPUB (``broker.engine.fanout``); None: none.
     fanout: str | None = None
-    #: Messages one fan-out subscriber may have queued before it misses some (a gap).
-    fanout_hwm: int = 10_000
+    #: Published messages (runs of deliveries, ``broker.fanout``: at most ``RUN_MAX``
+    #: deliveries and ``RUN_OCTETS`` octets plus one delivery each) one fan-out subscriber
+    #: may have queued at the broker before it misses some (a reported gap).
+    fanout_hwm: int = 1_000
 
     def __post_init__(self) -> None:
         if self.max_frame_size < 64:

@@ -122,6 +122,8 @@ class SendPath:
         self.unacked_batch = options.unacked_batch
         #: The broadcast fan-out socket (``broker.server.fanout``); None: not bound.
         self.fanout: Any = None
+        #: The fan-out socket may hold a run of deliveries for ``flush_out`` to send.
+        self.fanning = False
         #: Connected peers that read delivery batches (``Peer.batch``; a count: flush_out
         #: looks at ``batchable``, what the queued output holds).
         self.batching = 0
@@ -192,6 +194,7 @@ class SendPath:
             if peer is None:
                 if out.__class__ is Publish and self.fanout is not None:
                     self.fanout.publish(client_id, data)  # (client_id: the head frame)
+                    self.fanning = True  # the run goes with flush_out
                     continue
                 # gone: the engine returns tracked deliveries when it disconnects the client
                 self.counters["dropped_out"] += 1
@@ -230,8 +233,11 @@ class SendPath:
 
         Sending a batch at a time (at the end of a socket drain, at most ``flush_at``
         frames later) lets libzmq's I/O thread take many frames per wake-up instead of
-        being woken for nearly every frame.
+        being woken for nearly every frame.  The fan-out socket's run goes first.
         """
+        if self.fanning:
+            self.fanning = False
+            self.fanout.flush()
         outq = self.outq
         if not outq:
             return

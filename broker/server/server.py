@@ -377,7 +377,7 @@ class Server:
                     self.sender.flush_backlogs()
                 if self.sender.gone or self.sessions.unreachable:
                     self.sessions.bury(now)
-                if self.sender.outq:
+                if self.sender.outq or self.sender.fanning:
                     self.sender.flush_out()
                 if self.sender.sent_to:
                     self.sessions.report_transmitted(now)
@@ -429,7 +429,7 @@ class Server:
             if count == 1:
                 # A lone message (light load) must not wait for the next recv(), which
                 # costs several microseconds when it finds nothing: send its output now.
-                if self.sender.outq:
+                if self.sender.outq or self.sender.fanning:
                     self.sender.flush_out()
                 # and ask whether another one waits: half what a recv() raising Again
                 # costs (a round trip pays it on the way; a busy drain once)
@@ -440,7 +440,7 @@ class Server:
                 # Window slots come back while a long drain goes on, not only after it.
                 self.sessions.report_transmitted(now)
         self.counters["frames_in"] += count
-        if self.sender.outq:
+        if self.sender.outq or self.sender.fanning:
             self.sender.flush_out()
 
     def _on_message(

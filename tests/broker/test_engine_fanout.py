@@ -186,13 +186,15 @@ def test_a_hold_lets_go_after_its_beats_or_its_size(monkeypatch: pytest.MonkeyPa
     assert published == [(newer, n) for n in range(3, 3 + limit)]
 
 
-def test_a_version_1_join_is_served_one_by_one() -> None:
-    """An older client asks ``Fanout: 1`` (two frames a publish, no tickets): its join
-    is answered without a grant and it gets every message over its own socket."""
+@pytest.mark.parametrize("version", ["1", "2"])
+def test_an_older_version_join_is_served_one_by_one(version: str) -> None:
+    """An older client asks ``Fanout: 1`` (two frames a publish, no tickets) or
+    ``Fanout: 2`` (one delivery a publish, session 8): its join is answered without a
+    grant and it gets every message over its own socket."""
     kit = _kit()
     producer, old = kit.connect(), kit.connect()
     kit.queue(producer, CHANNEL, 1, status=QueueStatus.BROADCAST)
-    reply = kit.op(old, Operation.JOIN, CHANNEL, headers=((FANOUT, "1"),), response=True)
+    reply = kit.op(old, Operation.JOIN, CHANNEL, headers=((FANOUT, version),), response=True)
     assert reply.content_type == 0 and header(reply, FANOUT_TOKEN) is None
     assert _published(_push(kit, producer, b"a")) == []
     assert kit.payloads(old) == [b"a"]

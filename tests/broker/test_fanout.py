@@ -20,6 +20,7 @@ import zmq
 from broker.client import Client
 from broker.client.errors import ClientError
 from broker.engine import Engine
+from broker.engine.fanout import HOLD_MAX
 from broker.server import Server, ServerOptions
 from tests.polling import wait_until
 from zerohub import zmqkit
@@ -492,3 +493,113 @@ def _producing(
     writer = threading.Thread(target=produce)
     writer.start()
     return writer
+
+
+@pytest.mark.parametrize(
+    ("after", "opts"),
+    [(300, {"ping_interval": 0.2, "peer_timeout": 60.0}), (HOLD_MAX + 500, {})],
+    ids=["beats", "size"],
+)
+def test_a_member_that_never_claims_the_new_token_does_not_stall_the_others(
+    zctx: Ctx, after: int, opts: dict[str, Any]
+) -> None:
+    """The adversary: a member that stops reading (a poll-on-call client nobody calls)
+    never hears of the token change when another member leaves, so it never claims.
+    The stream's hold ends without it (its beats: ``ping_interval`` 0.2 makes a beat
+    0.1 s; or ``HOLD_MAX`` held messages): the members that keep reading get everything
+    in order with no gap.  When the stuck one reads again it claims late: what it gets is
+    in order and every number it does not get is inside a reported gap (none silent)."""
+    f = Fan(zctx, None, **opts)
+    try:
+        producer = f.client()
+        _broadcast_queue(producer)
+        readers = [f.client(), f.client()]
+        stuck = f.client(threaded=False)  # (called again only at the end)
+        leaver = f.client()
+        for c in [*readers, stuck, leaver]:
+            c.join(CHANNEL)
+        before = 50
+        for i in range(before):
+            producer.push(CHANNEL, 1, str(i).encode())
+        for r in readers:
+            assert _numbers(r, before) == list(range(before))
+        leaver.leave(CHANNEL)  # a new token: held until the three others claim it
+        total = before + after
+        assert producer.push_many(CHANNEL, 1, [str(i).encode() for i in range(before, total)],
+                                  ack=True, timeout=60) == []  # fmt: skip
+        for r in readers:
+            assert _numbers(r, after, timeout=60) == list(range(before, total))
+            assert r.fanout_gaps == []
+        # the stuck member reads again: it claims, reads the rest of the old token's
+        # stream, then the new token's from its marker on
+        tail = 20
+        got: list[int] = []
+
+        def all_accounted() -> bool:
+            while (m := stuck.receive(timeout=0)) is not None:
+                got.append(int(m.payload))
+            missed = {n - 1 for g in stuck.fanout_gaps for n in range(g.first, g.last + 1)}
+            return set(got) | missed >= set(range(total + tail))
+
+        for i in range(total, total + tail):  # pushed once it could claim (it may miss them)
+            producer.push(CHANNEL, 1, str(i).encode())
+        assert wait_until(all_accounted, timeout=60), f"unaccounted: {len(got)} received"
+        assert got == sorted(got) and len(got) == len(set(got))
+        missed = [n - 1 for g in stuck.fanout_gaps for n in range(g.first, g.last + 1)]
+        assert not set(missed) & set(got), "a message both received and reported missed"
+        assert got[:before] == list(range(before))  # what its SUB held before the change
+    finally:
+        f.close()
+
+
+@pytest.mark.parametrize("raw", ["", "payloads"])
+def test_a_poll_on_call_receive_without_waiting_reads_what_arrived(fan: Fan, raw: str) -> None:
+    """``receive(timeout=0)`` (and ``receive_payloads(timeout=0)``) on a poll-on-call
+    client reads its sockets once: a caller looping on it gets what arrived (it got
+    nothing, ever: the zero deadline ended the wait before the first poll)."""
+    producer = fan.client()
+    _broadcast_queue(producer)
+    member = fan.client(threaded=False, **({"raw_fanout": raw} if raw else {}))
+    member.join(CHANNEL)
+    producer.push(CHANNEL, 1, b"published")  # by fan-out
+    producer.push(CHANNEL, 1, b"one by one", headers={"Receipt": "ONE"}, ack=True)
+    got: list[bytes] = []
+
+    def arrived() -> bool:
+        if raw:
+            got.extend(member.receive_payloads(timeout=0))
+        while (m := member.receive(timeout=0)) is not None:
+            got.append(m.payload)
+        return len(got) == 2
+
+    assert wait_until(arrived, timeout=20), f"received {got}"
+    assert sorted(got) == [b"one by one", b"published"]
+
+
+def test_two_channels_pushed_in_turn_reach_their_members_whole(fan: Fan) -> None:
+    """Deliveries of two streams interleaved in one broker drain: each run ends where the
+    other stream's delivery comes (a run lost them once), every member gets all of its
+    channels' messages in order, no gap."""
+    producer = fan.client()
+    _broadcast_queue(producer)
+    producer.create_queue("sports", 1, {"Status": 0})
+    both, news = fan.client(), fan.client(raw_fanout="numbered")
+    both.join(CHANNEL)
+    both.join("sports")
+    news.join(CHANNEL)
+    total = 400
+    for i in range(total):  # (queued together, they leave in batches: one drain)
+        producer.push(CHANNEL, 1, b"%d" % i)
+        producer.push("sports", 1, b"%d" % i)
+    got: dict[str, list[int]] = {CHANNEL: [], "sports": []}
+
+    def complete() -> bool:
+        while (m := both.receive(timeout=0)) is not None:
+            got[m.channel].append(int(m.payload))
+        return all(len(v) >= total for v in got.values())
+
+    assert wait_until(complete, timeout=30), {k: len(v) for k, v in got.items()}
+    assert got == {CHANNEL: list(range(total)), "sports": list(range(total))}
+    pairs = _payloads(news, total)
+    assert [int(p) for _, p in pairs] == list(range(total))
+    assert both.fanout_gaps == [] and news.fanout_gaps == []
