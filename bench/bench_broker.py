@@ -72,6 +72,8 @@ class Row:
     p50: float | None = None  # microseconds
     p99: float | None = None
     note: str = ""
+    cpu: float | None = None  # the broker's CPU microseconds per message
+    per_sync: float | None = None  # messages per fsync
 
 
 def free_port() -> int:
@@ -666,7 +668,10 @@ def bench_acked(
     if persistent:
         note += f", {total / max(1, syncs):.0f} msgs/fsync"
     name = f"zerohub {kind} {_size_name(size)} {producers}p" + (" batched" if batched else "")
-    return Row(name, rate=total / (end - start), p50=p50, p99=p99, note=note)
+    return Row(
+        name, rate=total / (end - start), p50=p50, p99=p99, note=note, cpu=cpu / total * 1e6,
+        per_sync=total / max(1, syncs) if persistent else None,
+    )  # fmt: skip
 
 
 def _size_name(size: int) -> str:
@@ -1177,6 +1182,7 @@ def main(argv: list[str] | None = None) -> int:
         print_table(rows, raw, raw_rtt)
     if persistent:
         print_persistent(persistent)
+        print_targets(persistent)
     return 0
 
 
@@ -1198,6 +1204,47 @@ def print_persistent(rows: list[Row]) -> None:
         p99 = f"{row.p99 / 1000:.1f}" if row.p99 is not None else ""
         print(f"{row.name:<42} {rate:>9} {p50:>8} {p99:>8}  {note}")
     print(f"load average: {' '.join(f'{x:.1f}' for x in os.getloadavg())} (2 cores, shared)")
+
+
+#: issue 10's targets for persistent pushes with acks, fsync mode, 8 producers
+TARGET_X_RABBIT = 10.0  # x RabbitMQ durable queue + publisher confirms (best of 1/4/8)
+TARGET_OF_MEMORY = 0.5  # of the same broker's non-persistent rate, same producers
+
+
+def print_targets(rows: list[Row]) -> None:
+    """The two target ratios of each 8-producer persistent row side by side, with the
+    disk's own fsync rate and the broker's CPU per message (persistent / memory)."""
+    by_name = {r.name: r for r in rows}
+    disk = by_name.get("disk: write 100 B + fsync")
+    fsyncs = f"{disk.rate:,.0f}" if disk is not None and disk.rate else "?"
+    title = "targets: 8 producers, fsync"
+    print(f"\n{title:<34} {'msgs/s':>8} {'p99 ms':>7} {'x Rabbit':>9} {'of mem':>7} "
+          f"{'disk fsync/s':>12} {'msgs/fsync':>10} {'CPU us/msg (mem)':>17}")  # fmt: skip
+    print("-" * 112)
+    for row in rows:
+        if not (row.name.startswith("zerohub persistent") and " 8p" in row.name and row.rate):
+            continue
+        size = row.name.split(" (fsync) ")[1].split(" 8p")[0]
+        rabbit = by_name.get(f"RabbitMQ durable+confirms {size}")
+        memory = by_name.get(row.name.replace("persistent (fsync)", "memory"))
+        x_rabbit = f"{row.rate / rabbit.rate:.1f}x" if rabbit and rabbit.rate else "--"
+        of_memory = f"{row.rate / memory.rate:.0%}" if memory and memory.rate else "--"
+        if rabbit and rabbit.rate:
+            x_rabbit += "+" if row.rate >= TARGET_X_RABBIT * rabbit.rate else "-"
+        if memory and memory.rate:
+            of_memory += "+" if row.rate >= TARGET_OF_MEMORY * memory.rate else "-"
+        p99 = f"{row.p99 / 1000:.1f}" if row.p99 is not None else ""
+        per_sync = f"{row.per_sync:.0f}" if row.per_sync is not None else ""
+        cpu = f"{row.cpu:.0f}" if row.cpu is not None else ""
+        if memory is not None and memory.cpu is not None:
+            cpu += f" ({memory.cpu:.0f})"
+        name = row.name.replace("zerohub ", "").replace(" (fsync)", "")
+        print(f"{name:<34} {row.rate:>8,.0f} {p99:>7} {x_rabbit:>9} {of_memory:>7} "
+              f"{fsyncs:>12} {per_sync:>10} {cpu:>17}")  # fmt: skip
+    print(
+        f"(+ met, - not: >= {TARGET_X_RABBIT:.0f}x RabbitMQ, >= {TARGET_OF_MEMORY:.0%} of the "
+        "memory row with the same producers; RabbitMQ: best of 1/4/8 confirmed publishers)"
+    )
 
 
 if __name__ == "__main__":

@@ -10,7 +10,13 @@ process's CPU time, the store's writer thread included):
 * ``persistent``: the same with a ``DurableStore`` over a ``LogStore`` in fsync mode;
 * ``..., consumed``: the same two with a consumer that takes and acknowledges every
   message (persistent: the store's delivery-count update and remove);
+* ``..., batched``: the same two, the pushes handed over ``BATCH`` at a time as the
+  server hands a TMQP batch (``Engine.receive_batch``: the store writes a batch's saves
+  as one group, one ticket);
 * ``store only``: ``DurableStore.append`` of the same messages (no engine).
+
+``--calls`` prints Python function calls per message instead (cProfile's count:
+deterministic, the same on a loaded machine).
 
 Pushes are decoded TMQP frames (with their octets, as the server hands them over),
 100-octet payloads, the producer waiting for acks; the loop waits for the store's
@@ -28,6 +34,17 @@ from typing import Any
 
 SIZE = 100
 WINDOW = 256
+#: pushes per ``Engine.receive_batch`` call in the batched rows (bench_broker's PERSIST_BATCH)
+BATCH = 32
+KINDS = (
+    "memory",
+    "persistent",
+    "memory, batched",
+    "persistent, batched",
+    "memory, consumed",
+    "persistent, consumed",
+    "store only",
+)
 
 
 def _case(kind: str, n: int, out: Any) -> None:
@@ -92,6 +109,17 @@ def _case(kind: str, n: int, out: Any) -> None:
         receive, transmitted = engine.receive, engine.transmitted
         count = sent = 0
         start, cpu = time.perf_counter(), time.process_time()
+        if kind.endswith("batched"):
+            for first in range(0, n, BATCH):
+                items = [
+                    (j, push, raw) for j, (push, raw) in enumerate(pushes[first : first + BATCH])
+                ]
+                outs, refused, later = engine.receive_batch(producer, items, 1.0)
+                assert not refused and not later, (refused, later)
+                count += len(items)
+                if store is not None and not (first // BATCH) % (WINDOW // BATCH):
+                    store.log.wait(store.appended, 30)
+            pushes = []
         for i, (push, raw) in enumerate(pushes):
             outs = receive(producer, push, 1.0, raw)
             count += len(outs)
@@ -112,6 +140,22 @@ def _case(kind: str, n: int, out: Any) -> None:
             store.close()
 
 
+def calls(n: int) -> None:
+    """Python function calls per message of each row (cProfile, in this process)."""
+    import cProfile
+    import pstats
+    import queue
+
+    print(f"{'row':<22} {'Python calls/msg':>17}")
+    for kind in KINDS:
+        prof = cProfile.Profile()
+        prof.enable()
+        _case(kind, n, queue.Queue())
+        prof.disable()
+        total = pstats.Stats(prof).total_calls  # type: ignore[attr-defined]
+        print(f"{kind:<22} {total / n:>17.1f}")
+
+
 def profile(kind: str, n: int) -> None:
     """cProfile of one row in this process (``--profile KIND``)."""
     import cProfile
@@ -130,12 +174,16 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=50_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", metavar="KIND", help="cProfile one row instead")
+    parser.add_argument("--calls", action="store_true", help="Python calls per message instead")
     args = parser.parse_args()
+    if args.calls:
+        calls(args.messages)
+        return
     if args.profile:
         profile(args.profile, args.messages)
         return
     ctx = mp.get_context("spawn")
-    kinds = ("memory", "persistent", "memory, consumed", "persistent, consumed", "store only")
+    kinds = KINDS
     results: dict[str, list[tuple[float, float]]] = {k: [] for k in kinds}
     for _ in range(args.rounds):
         for kind in kinds:
@@ -145,7 +193,11 @@ def main() -> None:
             results[kind].append(q.get(timeout=600))
             p.join(60)
     print(f"{'row':<20} {'CPU us/msg (best, median)':>28} {'wall us/msg (best)':>20}")
-    bases = {"persistent": "memory", "persistent, consumed": "memory, consumed"}
+    bases = {
+        "persistent": "memory",
+        "persistent, batched": "memory, batched",
+        "persistent, consumed": "memory, consumed",
+    }
     for kind in kinds:
         cpus = sorted(c for _, c in results[kind])
         walls = sorted(w for w, _ in results[kind])

@@ -358,15 +358,32 @@ class Engine:
         handled as :meth:`receive` handles it alone, in order; a run of pushes into one
         existing queue that need no answer and carry no headers goes in with one call
         (:meth:`_push_run`: the checks of the run once, ``Queue.push_plain_run``), the
-        other frames one by one.
+        other frames one by one.  The store holds the batch's saves and writes each
+        queue's consecutive ones as one group (``Store.hold``): one write, one ticket,
+        one durability wait for the batch's acknowledge.
         """
         self.services.now = now
+        client = self.clients.get(client_id)
+        if client is None:
+            return [], [], []
+        store = self.store
+        store.hold()
+        try:
+            return self._receive_each(client_id, client, items, now)
+        finally:
+            store.release()
+
+    def _receive_each(
+        self,
+        client_id: str,
+        client: Client,
+        items: Sequence[tuple[int, tmqp.Frame, bytes]],
+        now: float,
+    ) -> tuple[list[Outgoing], list[tuple[int, str, str]], list[int]]:
+        """:meth:`receive_batch` of a known client, its saves held."""
         out: list[Outgoing] = []
         refused: list[tuple[int, str, str]] = []
         later: list[int] = []
-        client = self.clients.get(client_id)
-        if client is None:
-            return out, refused, later
         receive = self.receive
         n = len(items)
         i = 0

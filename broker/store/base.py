@@ -69,6 +69,14 @@ class Store(ABC):
         for message in messages:
             self.append(queue, message)
 
+    def hold(self) -> None:  # noqa: B027 - optional hook
+        """Appends from now until :meth:`release` may be kept back and written together
+        (one group, one durability wait).  Each still raises at once what its write
+        would; any other call writes what is held first, so writes keep their order."""
+
+    def release(self) -> None:  # noqa: B027 - optional hook
+        """Write what :meth:`hold` kept back (before the caller's output leaves)."""
+
     @abstractmethod
     def remove(self, queue: QueueKey, sequence: int) -> None:
         """Forget a message; unknown sequence numbers are ignored."""

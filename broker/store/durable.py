@@ -57,6 +57,18 @@ written); the server holds its output until :attr:`completed` reaches it
 (``broker.server.gate``).  Message removals do not count: forgetting an acknowledged
 message late costs a redelivery, never a loss.
 
+Held appends.  Between :meth:`DurableStore.hold` and :meth:`DurableStore.release` (the
+engine's batch of pushes, ``Engine.receive_batch``) an append is encoded and checked at
+once -- what the log would refuse (a record too large, ``max_pending`` writes waiting, a
+failed or closed log) raises there, so the engine refuses that one message as it would
+have -- and kept back; consecutive appends to one queue then go to the log together
+(``LogStore.append_many``: one turn of its lock, one writer entry, one ticket, so one
+durability wait for the group).  Every other call writes what is held first, so the log
+sees the engine's writes in the engine's order (a removal never precedes its record).  A
+held group the log fails to take after all (its writer failed meanwhile) makes
+``appended`` a ticket that never completes: nothing sent after it leaves, as when the
+writer fails under queued appends.
+
 Damage.  A record whose blob cannot be decoded (a bug, or a version this code does not
 read) is logged with its queue and sequence number and skipped on recovery; the log
 itself skips records whose checksum fails.
@@ -105,6 +117,8 @@ _HIGH, _FIRST, _WANTS_ACK = 1, 2, 4
 _U16_MAX = 0xFFFF
 _U32_MAX = 0xFFFF_FFFF
 _U64_LIMIT = 2**64
+#: ``appended`` once held appends could not be written: a ticket no log reaches
+_NEVER = 2**63
 
 
 def _text(out: list[bytes], value: str) -> None:
@@ -275,6 +289,10 @@ class DurableStore(Store):
         self._last: dict[QueueKey, int] = {}
         #: highest ticket of a write a reply depends on (see the module docstring)
         self.appended = 0
+        #: "Held appends": holding?  and the (blob, meta, engine number) of one queue
+        self._holding = False
+        self._held_queue: QueueKey | None = None
+        self._held: list[tuple[bytes, Meta, int]] = []
 
     @property
     def completed(self) -> int:
@@ -286,14 +304,54 @@ class DurableStore(Store):
     def drain(self) -> int:
         return self.log.drain()
 
+    def hold(self) -> None:
+        """Hold appends until :meth:`release` (see "Held appends")."""
+        self._holding = True
+
+    def release(self) -> None:
+        """Write what :meth:`hold` kept back, one group per queue, and stop holding."""
+        self._holding = False
+        if self._held:
+            self._write_held()
+
     def append(self, queue: QueueKey, message: StoredMessage) -> None:
         sequence = message.sequence
         blob = encode_message(message.message, message.producer_id, sequence)
+        meta = _meta(message)
+        if self._holding:
+            self.log.check_append(queue, blob, meta)  # (raises now what the write would)
+            if queue != self._held_queue:
+                if self._held:
+                    self._write_held()
+                self._held_queue = queue
+            self._held.append((blob, meta, sequence))
+            return
+        self._append_one(queue, blob, meta, sequence)
+
+    def _write_held(self) -> None:
+        """Write the held appends of one queue as one group (``_append_group``)."""
+        queue, held = self._held_queue, self._held
+        self._held = []
+        self._held_queue = None
+        assert queue is not None
+        try:
+            if len(held) == 1:
+                self._append_one(queue, *held[0])
+            else:
+                self._append_group(queue, held)
+        except Exception as exc:
+            # The log checked each of them writable when it was held; only a writer
+            # that failed (or a close) since then gets here.  Nothing the engine sent
+            # after holding them may leave: a ticket the log never completes.
+            log.error("queue %s: %d held appends not written: %r", queue, len(held), exc)
+            self.appended = _NEVER
+
+    def _append_one(self, queue: QueueKey, blob: bytes, meta: Meta, sequence: int) -> None:
         span = self._ranges.get(queue)
         if span is None or not (span[1] or span[2]):
             span = self._range(queue, start=sequence)
         if span[2] > 0 and (sequence - span[1] <= MAX_SKIP or not self.log.bounds(queue).count):
-            done = self.log.append(queue, blob, _meta(message), sequence)
+            done = self.log.append(queue, blob, meta, sequence)
             if done.seq == sequence:
                 span[1] = sequence + 1
                 if sequence > self._last.get(queue, 0):
@@ -306,7 +364,7 @@ class DurableStore(Store):
             span[2] = 0
             self.log.put_value(_aligned_name(queue), f"{span[0]} {span[1]}".encode())
         if done is None:
-            done = self.log.append(queue, blob, _meta(message))
+            done = self.log.append(queue, blob, meta)
         seqs = self._seqs.get(queue)
         if seqs is None:
             seqs = self._seqs[queue] = {}
@@ -319,12 +377,24 @@ class DurableStore(Store):
         """:meth:`append` of each message (in sequence order) with one call into the log
         (``LogStore.append_many``: one turn of its lock, one entry for its writer): what
         a batch of pushes into one queue saves.  Messages whose numbers cannot all stay
-        equal to the log's (see "Equal numbers") go one by one through :meth:`append`."""
-        if len(messages) < 2:
-            for message in messages:
-                self.append(queue, message)
+        equal to the log's (see "Equal numbers") go one by one."""
+        if self._held:
+            self._write_held()
+        items = [
+            (encode_message(m.message, m.producer_id, m.sequence), _meta(m), m.sequence)
+            for m in messages
+        ]
+        if len(items) < 2:
+            for item in items:
+                self._append_one(queue, *item)
             return
-        first = messages[0].sequence
+        self._append_group(queue, items)
+
+    def _append_group(self, queue: QueueKey, items: list[tuple[bytes, Meta, int]]) -> None:
+        """(blob, meta, engine number) of two or more messages, in number order, with
+        one ``LogStore.append_many``, or one by one if their numbers cannot all stay
+        equal to the log's."""
+        first = items[0][2]
         span = self._ranges.get(queue)
         if span is None or not (span[1] or span[2]):
             span = self._range(queue, start=first)
@@ -332,25 +402,19 @@ class DurableStore(Store):
         fits = span[2] > 0 and (first - follows <= MAX_SKIP or not self.log.bounds(queue).count)
         if fits:
             follows = first
-            for message in messages:
-                sequence = message.sequence
+            for *_, sequence in items:
                 if not follows <= sequence <= follows + MAX_SKIP:
                     fits = False
                     break
                 follows = sequence + 1
         if not fits:
-            for message in messages:
-                self.append(queue, message)
+            for item in items:
+                self._append_one(queue, *item)
             return
-        items = [
-            (encode_message(m.message, m.producer_id, m.sequence), _meta(m), m.sequence)
-            for m in messages
-        ]
         given, ticket = self.log.append_many(queue, items)
         last = self._last.get(queue, 0)
         seqs = None
-        for message, seq in zip(messages, given, strict=True):
-            sequence = message.sequence
+        for (*_, sequence), seq in zip(items, given, strict=True):
             if sequence > last:
                 last = sequence
             if span[2] > 0 and seq == sequence:
@@ -406,6 +470,8 @@ class DurableStore(Store):
     def read(self, queue: QueueKey, sequence: int) -> StoredMessage:
         """One live message read back from the log: NoSuchRecord when the queue has none
         under that number, CorruptRecord when its record or blob cannot be read."""
+        if self._held:
+            self._write_held()
         seq = self._lookup(queue, sequence)
         if seq is None:
             raise NoSuchRecord(f"{queue} has no live message {sequence}")
@@ -423,6 +489,8 @@ class DurableStore(Store):
         pass of the log's bulk reader (``LogStore.read_live``: large sequential reads)
         from the lowest to the highest wanted; a record damaged on disk comes back as
         its CorruptRecord, one not live as NoSuchRecord."""
+        if self._held:
+            self._write_held()
         if not sequences:
             return {}
         low, high = min(sequences), max(sequences)
@@ -456,6 +524,8 @@ class DurableStore(Store):
         """The queue's live messages in order, from the log's index alone within the
         queue's equal range (no payload read); a record outside it is read and decoded
         (a damaged one is logged and skipped, as by :meth:`iterate`)."""
+        if self._held:
+            self._write_held()
         span = self._range(queue)
         if not span[1]:
             for m in self.iterate(queue):
@@ -479,6 +549,8 @@ class DurableStore(Store):
         """:meth:`index` a span of the log's index at a time: a span within the equal
         range whose live records are all of regular priority without deadline comes as
         an ``array`` of their numbers (no object per record); others as entries."""
+        if self._held:
+            self._write_held()
         span = self._range(queue)
         if not span[1]:
             yield from super().index_chunks(queue)
@@ -541,6 +613,8 @@ class DurableStore(Store):
         """Rewrite the record's metadata (not its blob); a message this store does not
         hold is ignored.  A write replies wait for (``appended``) only when ``durable``
         (a put-back: the requeued message is seen only once its count is kept)."""
+        if self._held:
+            self._write_held()
         seq = self._lookup(queue, message.sequence)
         if seq is not None:
             with contextlib.suppress(NoSuchRecord):  # (removed meanwhile)
@@ -551,6 +625,8 @@ class DurableStore(Store):
     def retain(self, queue: QueueKey, message: StoredMessage) -> None:
         """Write the consumed message under the queue's retained key, then forget the live
         record (a crash between leaves both: recovery prefers the live one)."""
+        if self._held:
+            self._write_held()
         if self._lookup(queue, message.sequence) is None:
             return
         shadow = _retained_key(queue)
@@ -560,6 +636,8 @@ class DurableStore(Store):
         self.remove(queue, message.sequence)
 
     def retained(self, queue: QueueKey) -> Iterator[StoredMessage]:
+        if self._held:
+            self._write_held()
         for stored in self.iterate(_retained_key(queue)):
             if self._live(queue, stored.sequence):  # a crash between retain's two writes
                 self.forget_retained(queue, stored.sequence)
@@ -567,6 +645,8 @@ class DurableStore(Store):
             yield stored
 
     def forget_retained(self, queue: QueueKey, sequence: int) -> None:
+        if self._held:
+            self._write_held()
         shadow = _retained_key(queue)
         seq = self._seqs.get(shadow, {}).pop(sequence, None)
         if seq is not None:
@@ -585,6 +665,8 @@ class DurableStore(Store):
     def trash(self, queue: QueueKey, message: StoredMessage, reason: str, at: float) -> None:
         """Write the message under the queue's trash key with its reason and time (the
         engine then removes the live record; a crash between leaves both)."""
+        if self._held:
+            self._write_held()
         shadow = _trash_key(queue)
         marks = ((_TRASH_REASON, reason), (_TRASH_AT, repr(at)))
         kept = message.message
@@ -595,6 +677,8 @@ class DurableStore(Store):
         self._seqs.setdefault(shadow, {})[message.sequence] = done.seq
 
     def trashed(self, queue: QueueKey) -> Iterator[tuple[StoredMessage, str, float]]:
+        if self._held:
+            self._write_held()
         for stored in self.iterate(_trash_key(queue)):
             if self._live(queue, stored.sequence):  # a crash between trash's two writes
                 self.forget_trashed(queue, stored.sequence)
@@ -614,12 +698,16 @@ class DurableStore(Store):
     def forget_trashed(self, queue: QueueKey, sequence: int) -> None:
         """A write replies wait for: a purge or resubmit answered must not bring the
         trashed message back after a crash."""
+        if self._held:
+            self._write_held()
         shadow = _trash_key(queue)
         seq = self._seqs.get(shadow, {}).pop(sequence, None)
         if seq is not None:
             self.appended = max(self.appended, self.log.remove(shadow, seq))
 
     def remove(self, queue: QueueKey, sequence: int) -> None:
+        if self._held:
+            self._write_held()
         seqs = self._seqs.get(queue)
         seq = None if not seqs else seqs.pop(sequence, None)
         if seq is not None:
@@ -641,6 +729,8 @@ class DurableStore(Store):
 
     def last_sequence(self, queue: QueueKey) -> int:
         """The highest engine sequence number this queue has had (0: none known)."""
+        if self._held:
+            self._write_held()
         last = max(self._last.get(queue, 0), self._range(queue)[1] - 1)
         raw = self.log.value(_sequence_name(queue))
         if raw is not None:
@@ -657,6 +747,8 @@ class DurableStore(Store):
         A restart reads every queue through here: the log's bulk reader
         (``LogStore.read_live``: large sequential reads, every checksum verified), one
         blob decode per record, the bookkeeping in locals."""
+        if self._held:
+            self._write_held()
         seqs = self._seqs.setdefault(queue, {})
         last = self._last.get(queue, 0)
         low, high, _ = self._range(queue)
@@ -684,11 +776,15 @@ class DurableStore(Store):
                 self._last[queue] = last
 
     def queues(self) -> list[QueueKey]:
+        if self._held:
+            self._write_held()
         return [
             q for q in self.log.queues() if q[1] < RETAINED_OFFSET and self.log.bounds(q).count
         ]
 
     def drop_queue(self, queue: QueueKey) -> None:
+        if self._held:
+            self._write_held()
         shadow = _retained_key(queue)
         for key in (queue, shadow, _trash_key(queue)):
             self._seqs.pop(key, None)
@@ -699,15 +795,21 @@ class DurableStore(Store):
         self.log.delete_value(_aligned_name(queue))
 
     def put_definition(self, name: str, value: bytes) -> None:
+        if self._held:
+            self._write_held()
         if self.log.value(name) != value:
             self.appended = self.log.put_value(name, value)
 
     def delete_definition(self, name: str) -> None:
         """A write replies wait for, as a put is: a removed channel or durable
         subscription answered as removed must not come back after a crash."""
+        if self._held:
+            self._write_held()
         self.appended = max(self.appended, self.log.delete_value(name))
 
     def definitions(self) -> dict[str, bytes]:
+        if self._held:
+            self._write_held()
         return {
             name: value
             for name, value in self.log.values().items()
@@ -715,7 +817,11 @@ class DurableStore(Store):
         }
 
     def flush(self) -> None:
+        if self._held:
+            self._write_held()
         self.log.flush()
 
     def close(self) -> None:
+        if self._held:
+            self._write_held()
         self.log.close()

@@ -255,6 +255,24 @@ class LogStore:
             )  # fmt: skip
             return _new_appended(Appended, (seq, ticket))
 
+    def check_append(self, queue: QueueKey, blob: bytes, meta: Meta = NO_META) -> None:
+        """Raise what :meth:`append` of ``blob`` would raise now (a record too large, bad
+        meta, ``max_pending`` entries waiting, a failed or closed store), write nothing:
+        a caller that holds appends to write them as a group refuses each one in time."""
+        if meta is not NO_META:
+            _check_meta(meta)
+        key = self._keys.get(queue)
+        if key is None:
+            key = self._keys[queue] = _encode_key(queue)
+        size = records.HEADER_SIZE + _PUT_FIXED + len(key) + len(blob)
+        if size > self.options.max_record_size:
+            raise RecordTooLarge(
+                f"record of {len(blob)} octets exceeds {self.options.max_record_size}"
+            )
+        if self._failed is not None or self._closing or self._pending_full():
+            with self._lock:
+                self._check_writable(limited=True)
+
     def append_many(
         self, queue: QueueKey, items: Sequence[tuple[bytes, Meta, int]]
     ) -> tuple[list[int], int]:
