@@ -118,8 +118,10 @@ class SendPath:
         #: Peers whose ``transmitted`` count waits to be reported to the engine.
         self.sent_to: list[Peer] = []
         self.flush_at = options.send_batch
-        #: Deliveries without acknowledge one delivery batch may carry (0: none).
+        #: Deliveries without acknowledge one delivery batch may carry (0: none), and
+        #: their octets at most (``ServerOptions.unacked_batch_octets``).
         self.unacked_batch = options.unacked_batch
+        self.unacked_octets = options.unacked_batch_octets
         #: The broadcast fan-out socket (``broker.server.fanout``); None: not bound.
         self.fanout: Any = None
         #: Connected peers that read delivery batches (``Peer.batch``; a count: flush_out
@@ -269,29 +271,39 @@ class SendPath:
         Deliveries that wait for the consumer's acknowledge share a message: those stay
         in flight, within the consumer's prefetch, until acknowledged, wherever they are.
         One without acknowledge is done once libzmq took it, and the pipe's high-water
-        mark counts messages: batched, a consumer that stops reading would hold many
-        times more of them in its pipe; they share one only with
-        ``ServerOptions.unacked_batch`` (at most that many of them in one message)."""
+        mark counts messages: a consumer that stops reading holds ``hwm`` messages in its
+        pipe, so such deliveries share one only up to ``ServerOptions.unacked_batch``
+        entries and ``unacked_batch_octets`` octets (a bigger one travels alone): its pipe
+        holds at most ``hwm`` times that many octets, as if each delivery were that big."""
         groups: list[tuple[Peer, list[bytes] | bytes, bool]] = []
         open_: dict[Peer, tuple[list[bytes], list[int]]] = {}
         limit = batch.DELIVERY_OCTETS
         unacked = self.unacked_batch
+        unacked_octets = self.unacked_octets
         for peer, data, tracked in outq:
             cap = peer.batch
-            if tracked and cap and not data[1] & _PENDING_ACK:
-                cap = min(cap, unacked)
             if not tracked or not cap:
                 if open_:
                     open_.pop(peer, None)
                 groups.append((peer, data, tracked))
                 continue
+            size = len(data) + 4  # (and its length in the batch)
+            if data[1] & _PENDING_ACK:
+                octets = limit
+            else:  # done once libzmq took it: bounded in entries and octets
+                cap = min(cap, unacked)
+                octets = unacked_octets
+                if not cap or size > octets:
+                    open_.pop(peer, None)
+                    groups.append((peer, data, tracked))
+                    continue
             group = open_.get(peer)
-            if group is not None and len(group[0]) < cap and group[1][0] < limit:
+            if group is not None and len(group[0]) < cap and group[1][0] + size <= octets:
                 group[0].append(data)
-                group[1][0] += len(data)
+                group[1][0] += size
                 continue
             entries = [data]
-            open_[peer] = (entries, [len(data)])
+            open_[peer] = (entries, [size])
             groups.append((peer, entries, True))
         send = self.fast_send
         sent = 0
