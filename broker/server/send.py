@@ -276,7 +276,8 @@ class SendPath:
         entries and ``unacked_batch_octets`` octets (a bigger one travels alone): its pipe
         holds at most ``hwm`` times that many octets, as if each delivery were that big."""
         groups: list[tuple[Peer, list[bytes] | bytes, bool]] = []
-        open_: dict[Peer, tuple[list[bytes], list[int]]] = {}
+        #: the group open for a peer: [its entries, how many, their octets]
+        open_: dict[Peer, list[Any]] = {}
         limit = batch.DELIVERY_OCTETS
         unacked = self.unacked_batch
         unacked_octets = self.unacked_octets
@@ -291,19 +292,21 @@ class SendPath:
             if data[1] & _PENDING_ACK:
                 octets = limit
             else:  # done once libzmq took it: bounded in entries and octets
-                cap = min(cap, unacked)
+                if cap > unacked:
+                    cap = unacked
                 octets = unacked_octets
                 if not cap or size > octets:
                     open_.pop(peer, None)
                     groups.append((peer, data, tracked))
                     continue
             group = open_.get(peer)
-            if group is not None and len(group[0]) < cap and group[1][0] + size <= octets:
+            if group is not None and group[1] < cap and group[2] + size <= octets:
                 group[0].append(data)
-                group[1][0] += size
+                group[1] += 1
+                group[2] += size
                 continue
             entries = [data]
-            open_[peer] = (entries, [size])
+            open_[peer] = [entries, 1, size]
             groups.append((peer, entries, True))
         send = self.fast_send
         sent = 0
