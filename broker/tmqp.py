@@ -769,10 +769,11 @@ def _decode_at(buf: bytes, p: int, end: int) -> Frame | None:
     return m
 
 
-def decode_entries(payload: bytes, limit: int) -> list[Message]:
+def decode_entries(payload: bytes, limit: int, spans: list[int] | None = None) -> list[Message]:
     """The frames of ``payload``, entries each a 4-octet length and that many
     octets of one whole frame: each what ``decode((entry,))`` gives, at most
-    ``limit`` of them.
+    ``limit`` of them; ``spans``, when given, gets the start and the end of each
+    entry's frame in ``payload`` (two numbers per entry).
 
     Raises DecodeError, and nothing else, when an entry is cut short, when there
     are more than ``limit``, or when one does not decode (its index is in the reason).
@@ -792,6 +793,8 @@ def decode_entries(payload: bytes, limit: int) -> list[Message]:
             raise DecodeError(f"entry {len(out)}: {size} octets, {total - start} left")
         if len(out) >= limit:
             raise DecodeError(f"more than {limit} entries")
+        if spans is not None:
+            spans += (start, pos)
         m = _decode_at(payload, start, pos)
         out.append(m if m is not None else _entry(payload, start, pos, len(out)))
     return out

@@ -397,11 +397,16 @@ class PythonGenerator:
         if self.fast:
             ((msg, plan),) = self.fast
             FastDecoderWriter(self.structs).write_at(src, msg, plan, literal_size)
-        src("def decode_entries(payload: bytes, limit: int) -> list[Message]:")
+        src.wrapped(
+            "def decode_entries(",
+            ["payload: bytes", "limit: int", "spans: list[int] | None = None"],
+            ") -> list[Message]:",
+        )
         src.indent()
         src(f'"""The frames of ``payload``, entries each a {p.entries}-octet length and that many')
         src("octets of one whole frame: each what ``decode((entry,))`` gives, at most")
-        src("``limit`` of them.")
+        src("``limit`` of them; ``spans``, when given, gets the start and the end of each")
+        src("entry's frame in ``payload`` (two numbers per entry).")
         src()
         src("Raises DecodeError, and nothing else, when an entry is cut short, when there")
         src("are more than ``limit``, or when one does not decode (its index is in the reason).")
@@ -422,6 +427,8 @@ class PythonGenerator:
         src('    raise DecodeError(f"entry {len(out)}: {size} octets, {total - start} left")')
         src("if len(out) >= limit:")
         src('    raise DecodeError(f"more than {limit} entries")')
+        src("if spans is not None:")
+        src("    spans += (start, pos)")
         if self.fast:
             src("m = _decode_at(payload, start, pos)")
             src("out.append(m if m is not None else _entry(payload, start, pos, len(out)))")

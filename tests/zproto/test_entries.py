@@ -124,6 +124,9 @@ def test_entries_decode_as_each_entry_alone_and_as_the_general_codec(
 ) -> None:
     payload = _run(*frames)
     assert _outcome(tmqp, payload) == _each(tmqp, frames)
+    spans: list[int] = []
+    tmqp.decode_entries(payload, 1024, spans)
+    assert [payload[a:b] for a, b in zip(spans[::2], spans[1::2], strict=True)] == frames
     assert _outcome(GENERAL, payload) == _outcome(tmqp, payload)
     # damaged: the fast and the general codec still agree, errors included
     raw = bytearray(payload)
