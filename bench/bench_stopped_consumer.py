@@ -41,21 +41,25 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-def serve(endpoint: str, unacked: int, octets: int, ready: Any, stop: Any) -> None:
+def serve(endpoint: str, unacked: int, octets: int, hwm: int, ready: Any, stop: Any) -> None:
     import zmq
 
     from broker.engine.engine import Engine
     from broker.server.server import Server, ServerOptions
 
     ctx = zmq.Context()
-    options = ServerOptions(endpoint=endpoint, unacked_batch=unacked, unacked_batch_octets=octets)
+    options = ServerOptions(
+        endpoint=endpoint, hwm=hwm, unacked_batch=unacked, unacked_batch_octets=octets
+    )
     with Server(Engine(), options, context=ctx):
         ready.set()
         stop.wait(600)
     ctx.term()
 
 
-def measure(ctx: Any, unacked: int, octets: int, messages: int, limit: int) -> tuple[float, int]:
+def measure(
+    ctx: Any, unacked: int, octets: int, messages: int, limit: int, hwm: int
+) -> tuple[float, int]:
     import zmq
 
     from broker import tmqp
@@ -64,7 +68,7 @@ def measure(ctx: Any, unacked: int, octets: int, messages: int, limit: int) -> t
 
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     ready, stop = ctx.Event(), ctx.Event()
-    broker = ctx.Process(target=serve, args=(endpoint, unacked, octets, ready, stop))
+    broker = ctx.Process(target=serve, args=(endpoint, unacked, octets, hwm, ready, stop))
     broker.start()
     ready.wait(60)
     zctx = zmq.Context()
@@ -109,13 +113,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=400_000)
     parser.add_argument("--limit", type=int, default=100_000, help="the queue's MessageLimit")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--hwm", type=int, default=10_000, help="ServerOptions.hwm")
     args = parser.parse_args(argv)
     ctx = mp.get_context("spawn")
     results: dict[str, list[tuple[float, int]]] = {name: [] for name, _u, _o in ROWS}
     for _ in range(args.rounds):
         for name, unacked, octets in ROWS:
-            results[name].append(measure(ctx, unacked, octets, args.messages, args.limit))
-    print(f"\nstopped consumer, queue limit {args.limit:,}, {args.messages:,} pushes of 100 B")
+            results[name].append(measure(ctx, unacked, octets, args.messages, args.limit, args.hwm))
+    print(
+        f"\nstopped consumer, hwm {args.hwm:,}, queue limit {args.limit:,}, "
+        f"{args.messages:,} pushes of 100 B"
+    )
     print(f"{'row':<52} {'broker RSS grown, MiB':>22} {'deliveries libzmq took':>24}")
     print("-" * 100)
     for name, runs in results.items():
