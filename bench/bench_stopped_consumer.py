@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[tuple[float, int]]] = {name: [] for name, _u, _o in ROWS}
     for _ in range(args.rounds):
         for name, unacked, octets in ROWS:
-            results[name].append(measure(ctx, unacked, octets, args.messages, args.limit, args.hwm))
+            got = measure(ctx, unacked, octets, args.messages, args.limit, args.hwm)
+            results[name].append(got)
     print(
         f"\nstopped consumer, hwm {args.hwm:,}, queue limit {args.limit:,}, "
         f"{args.messages:,} pushes of 100 B"
