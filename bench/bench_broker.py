@@ -49,6 +49,7 @@ import contextlib
 import importlib
 import multiprocessing as mp
 import os
+import queue
 import shutil
 import socket
 import statistics
@@ -511,16 +512,22 @@ def bench_zerohub(
     time.sleep(0.5)  # let the producers connect
     cpu0 = _cpu_seconds(broker_pid) if broker_pid else 0.0
     go.set()
-    results = [out.get(timeout=300) for _ in procs]
+    name = "zerohub push queue 1p/1c" if pairs == 1 else f"zerohub push queues {pairs}p/{pairs}c"
+    name += " (threaded)" if threaded else ""
+    name += " batched" if batched else ""
+    try:
+        results = [out.get(timeout=300) for _ in procs]
+    except queue.Empty:  # a client failed (its traceback is on stderr): the row, not the run
+        for p in procs:
+            p.kill()
+            p.join(10)
+        return Row(name, note="FAILED: a client gave no result in 300 s (see stderr)")
     used = _cpu_seconds(broker_pid) - cpu0 if broker_pid else 0.0
     for p in procs:
         p.join(30)
     start = min(r[1] for r in results if r[0] == "producer")
     end = max(r[1] for r in results if r[0] == "consumer")
     seen = sum(r[2] for r in results if r[0] == "consumer")
-    name = "zerohub push queue 1p/1c" if pairs == 1 else f"zerohub push queues {pairs}p/{pairs}c"
-    name += " (threaded)" if threaded else ""
-    name += " batched" if batched else ""
     note = f"{seen} delivered"
     if broker_pid:
         note += f", broker CPU {used:.2f} s, {used / max(1, seen) * 1e6:.1f} us/msg"
