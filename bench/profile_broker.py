@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import multiprocessing as mp
+import os
 import pstats
 import socket
 import time
@@ -155,7 +156,10 @@ def relay_source(endpoint: str, count: int) -> None:
 
 
 def broker(endpoint: str, unacked: int | None, ready: Any, stop: Any, out: Any, top: int) -> None:
+    """``top`` < 0: no profiler, no counting sockets (the CPU rows)."""
     import threading
+
+    import zmq
 
     from broker.engine.engine import Engine
     from broker.server.server import Server, ServerOptions
@@ -163,13 +167,14 @@ def broker(endpoint: str, unacked: int | None, ready: Any, stop: Any, out: Any, 
     options = ServerOptions(endpoint=endpoint)
     if unacked is not None:
         options = replace(options, unacked_batch=unacked)
-    ctx = _counting_context()
+    ctx = _counting_context() if top >= 0 else zmq.Context()
     server = Server(Engine(), options, context=ctx)
     prof = cProfile.Profile()
 
     def serve() -> None:
         ZMQ_CALLS.update(dict.fromkeys(ZMQ_CALLS, 0))
-        prof.enable()
+        if top >= 0:
+            prof.enable()
         try:
             server.run()
         finally:
@@ -181,7 +186,7 @@ def broker(endpoint: str, unacked: int | None, ready: Any, stop: Any, out: Any, 
     messages = stop.get()
     server.stop()
     thread.join(10)
-    out.put(_counts(prof, messages, top))
+    out.put(_counts(prof, messages, top) if top >= 0 else {})
     ctx.term()
 
 
@@ -267,14 +272,42 @@ def profile_broker(
         p.start()
     c_ready.wait(30)
     time.sleep(0.5)  # bench only: the producer connects before it starts
+    assert server.pid is not None
+    cpu0 = cpu_seconds(server.pid)
     go.set()
     seen = done.get(timeout=300)
+    used = cpu_seconds(server.pid) - cpu0
     for p in procs:
         p.join(30)
     stop.put(seen)
     result: dict[str, Any] = out.get(timeout=60)
+    result["cpu_us"] = used / max(1, seen) * 1e6
     server.join(30)
     return result
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far, its libzmq threads included."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_rows(ctx: Any, count: int, rounds: int) -> None:
+    """Broker CPU per message (no profiler), one per message (``unacked_batch`` 0) and
+    the server's default taking turns ``rounds`` times: the batching alone, same code."""
+    cases = [
+        (f"{kind}, unacked_batch {name}", many, unacked)
+        for kind, many in (("push", False), ("push_many", True))
+        for name, unacked in (("0", 0), ("default", None))
+    ]
+    got: dict[str, list[float]] = {name: [] for name, _m, _u in cases}
+    for _ in range(rounds):
+        for name, many, unacked in cases:
+            got[name].append(profile_broker(ctx, count, many, unacked, -1)["cpu_us"])
+    print(f"\n{'broker CPU us/msg (no profiler)':<36} runs")
+    for name, runs in got.items():
+        print(f"{name:<36} {' / '.join(f'{v:.1f}' for v in runs)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -285,8 +318,15 @@ def main(argv: list[str] | None = None) -> int:
         help="ServerOptions.unacked_batch (default: the server's default)",
     )  # fmt: skip
     parser.add_argument("--top", type=int, default=12, help="functions listed per row")
+    parser.add_argument(
+        "--cpu", type=int, default=0, metavar="ROUNDS",
+        help="instead: broker CPU per message, unacked_batch 0 vs default, ROUNDS turns",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     ctx = mp.get_context("spawn")
+    if args.cpu:
+        cpu_rows(ctx, args.messages, args.cpu)
+        return 0
     rows = [
         ("relay (raw pyzmq ROUTER, no work)", profile_relay(ctx, args.messages, args.top)),
         ("push", profile_broker(ctx, args.messages, False, args.unacked_batch, args.top)),
