@@ -49,6 +49,7 @@ import contextlib
 import importlib
 import multiprocessing as mp
 import os
+import queue
 import shutil
 import socket
 import statistics
@@ -346,7 +347,7 @@ def bench_raw(ctx: Any, count: int) -> Row:
 
 
 def serve_broker(
-    endpoint: str, engine_spec: str, ready: Any, stop: Any, unacked_batch: int = 0
+    endpoint: str, engine_spec: str, ready: Any, stop: Any, unacked_batch: int | None = None
 ) -> None:
     import zmq
 
@@ -357,7 +358,7 @@ def serve_broker(
     ctx = zmq.Context()
     # a fan-out socket for the broadcast rows (consumers that do not ask never use it)
     options = ServerOptions(endpoint=endpoint, fanout="tcp://127.0.0.1:*")
-    if unacked_batch:  # (a keyword only this option's brokers know)
+    if unacked_batch is not None:  # (a keyword only this option's brokers know)
         options = replace(options, unacked_batch=unacked_batch)
     server = Server(factory(), options, context=ctx)
     server.start()
@@ -532,16 +533,22 @@ def bench_zerohub(
     time.sleep(0.5)  # let the producers connect
     cpu0 = _cpu_seconds(broker_pid) if broker_pid else 0.0
     go.set()
-    results = [out.get(timeout=300) for _ in procs]
+    name = "zerohub push queue 1p/1c" if pairs == 1 else f"zerohub push queues {pairs}p/{pairs}c"
+    name += " (threaded)" if threaded else ""
+    name += " batched" if batched else ""
+    try:
+        results = [out.get(timeout=300) for _ in procs]
+    except queue.Empty:  # a client failed (its traceback is on stderr): the row, not the run
+        for p in procs:
+            p.kill()
+            p.join(10)
+        return Row(name, note="FAILED: a client gave no result in 300 s (see stderr)")
     used = _cpu_seconds(broker_pid) - cpu0 if broker_pid else 0.0
     for p in procs:
         p.join(30)
     start = min(r[1] for r in results if r[0] == "producer")
     end = max(r[1] for r in results if r[0] == "consumer")
     seen = sum(r[2] for r in results if r[0] == "consumer")
-    name = "zerohub push queue 1p/1c" if pairs == 1 else f"zerohub push queues {pairs}p/{pairs}c"
-    name += " (threaded)" if threaded else ""
-    name += " batched" if batched else ""
     note = f"{seen} delivered"
     if broker_pid:
         note += f", broker CPU {used:.2f} s, {used / max(1, seen) * 1e6:.1f} us/msg"
@@ -1069,10 +1076,46 @@ def print_table(rows: list[Row], raw: Row, raw_rtt: Row) -> None:
         if row.p50 is not None and raw_rtt.p50 and row is not raw_rtt:
             note = f"{row.p50 / raw_rtt.p50:.2f}x raw RTT  {note}"
         print(f"{row.name:<40} {rate:>10} {p50:>8} {p99:>8}  {note}")
+    print_targets(rows, raw, raw_rtt)
     zh = next((r for r in rows if r.name == "zerohub push queue 1p/1c"), None)
     stomp_row = next((r for r in rows if r.name.startswith("RabbitMQ STOMP")), None)
     if zh and stomp_row and zh.rate and stomp_row.rate:
         print(f"\nzerohub 1p/1c vs RabbitMQ STOMP: {zh.rate / stomp_row.rate:.1f}x")
+
+
+#: issue 15's broker targets: (row, the least x raw pyzmq msgs/s) and the round trip's
+#: most x raw RTT
+TARGETS = (
+    ("zerohub push queue 1p/1c", 0.6),
+    ("zerohub push queue 1p/1c batched", 0.6),
+    ("zerohub push queues 4p/4c", 0.5),
+    ("zerohub push queues 4p/4c batched", 0.5),
+)
+RTT_TARGET = 1.3
+
+
+def print_targets(rows: list[Row], raw: Row, raw_rtt: Row) -> None:
+    """Each target beside what this run measured and beside the floor: the raw forwarder,
+    a ROUTER that relays each message and does nothing else (2 receives, 2 sends), what
+    any one-process Python broker moving one ZeroMQ message per frame pays at least."""
+    by_name = {r.name: r for r in rows}
+    floor = next((r for r in rows if r.name.startswith("raw pyzmq forwarder")), None)
+    if not raw.rate:
+        return
+    print(f"\n{'issue 15 target':<40} {'wanted':>8} {'this run':>9}  met")
+    print("-" * 64)
+    if floor is not None and floor.rate:
+        print(f"{'(floor) raw pyzmq forwarder':<40} {'':>8} {floor.rate / raw.rate:>8.2f}x")
+    for name, least in TARGETS:
+        row = by_name.get(name)
+        if row is not None and row.rate:
+            ratio = row.rate / raw.rate
+            print(f"{name:<40} {least:>7.2f}x {ratio:>8.2f}x  {'yes' if ratio >= least else 'no'}")
+    rtt = by_name.get("zerohub round trip (push->deliver)")
+    if rtt is not None and rtt.p50 and raw_rtt.p50:
+        ratio = rtt.p50 / raw_rtt.p50
+        met = "yes" if ratio <= RTT_TARGET else "no"
+        print(f"{'round trip p50 x raw RTT':<40} {RTT_TARGET:>7.2f}x {ratio:>8.2f}x  {met}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1086,10 +1129,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--unacked-batch",
         type=int,
-        default=0,
+        default=None,
         metavar="N",
         help="serve with ServerOptions.unacked_batch N (deliveries without acknowledge "
-        "batched to consumers that read batches; default 0: one per message)",
+        "batched to consumers that read batches, at most N per message and 2 KiB; "
+        "default: the server's default, 64; 0: one per message)",
     )
     parser.add_argument(
         "--broadcast",

@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Iterable, Sequence
+from itertools import chain
 
 from broker import tmqp
 from broker.protocol import MessageType
@@ -60,6 +61,7 @@ _SERVER = int(MessageType.SERVER)
 _ACK = int(MessageType.ACK)
 _LEN = struct.Struct("<I")
 _pack_len = _LEN.pack
+_chain = chain.from_iterable
 _unpack_len = _LEN.unpack_from
 
 
@@ -73,12 +75,10 @@ class TooMany(BatchError):
 
 def pack(entries: Iterable[bytes]) -> bytes:
     """The payload holding ``entries`` (each the octets of one TMQP frame)."""
-    parts: list[bytes] = []
-    add = parts.append
-    for data in entries:
-        add(_pack_len(len(data)))
-        add(data)
-    return b"".join(parts)
+    if not isinstance(entries, (list, tuple)):
+        entries = list(entries)
+    # (iterated in C: no Python-level call per entry)
+    return b"".join(_chain(zip(map(_pack_len, map(len, entries)), entries, strict=True)))
 
 
 def unpack(payload: bytes, max_entries: int) -> list[bytes]:

@@ -119,6 +119,8 @@ class PythonGenerator:
             names.append("MessageId")
         names += [m.class_name for m in p.messages]
         names += ["decode", "encode"]
+        if p.entries:
+            names.append("decode_entries")
         names += [f"encode_{m.ident}" for m in p.messages]
         names += [f"encode_{m.ident}_head" for m in p.messages if head_chunk(m) is not None]
         if not self.classic:
@@ -384,6 +386,69 @@ class PythonGenerator:
             else:
                 src('raise DecodeError("not a known literal message")')
         src.dedent()
+        src()
+        if p.entries:
+            src()
+            self._entries(src, max((len(m.literal or b"") for m in literals), default=0))
+
+    def _entries(self, src: Source, literal_size: int) -> None:
+        """``decode_entries``: the frames of a run of length-prefixed entries, each decoded
+        where it lies (``_decode_at``) when in its simplest shape, else by ``decode``."""
+        p = self.proto
+        order = "<" if p.byteorder == "little" else ">"
+        length = self.structs.name(order + ("I" if p.entries == 4 else "H"))
+        if self.fast:
+            ((msg, plan),) = self.fast
+            FastDecoderWriter(self.structs).write_at(src, msg, plan, literal_size)
+        src.wrapped(
+            "def decode_entries(",
+            ["payload: bytes", "limit: int", "spans: list[int] | None = None"],
+            ") -> list[Message]:",
+        )
+        src.indent()
+        src(f'"""The frames of ``payload``, entries each a {p.entries}-octet length and that many')
+        src("octets of one whole frame: each what ``decode((entry,))`` gives, at most")
+        src("``limit`` of them; ``spans``, when given, gets the start and the end of each")
+        src("entry's frame in ``payload`` (two numbers per entry).")
+        src()
+        src("Raises DecodeError, and nothing else, when an entry is cut short, when there")
+        src("are more than ``limit``, or when one does not decode (its index is in the reason).")
+        src('"""')
+        src("if type(payload) is not bytes:")
+        src('    raise DecodeError("entries: not bytes", signature_ok=False)')
+        src("out: list[Message] = []")
+        src("total = len(payload)")
+        src("pos = 0")
+        src("while pos < total:")
+        src.indent()
+        src(f"if total - pos < {p.entries}:")
+        src('    raise DecodeError(f"entry {len(out)}: length cut short at octet {pos}")')
+        src(f"(size,) = {length}.unpack_from(payload, pos)")
+        src(f"start = pos + {p.entries}")
+        src("pos = start + size")
+        src("if pos > total:")
+        src('    raise DecodeError(f"entry {len(out)}: {size} octets, {total - start} left")')
+        src("if len(out) >= limit:")
+        src('    raise DecodeError(f"more than {limit} entries")')
+        src("if spans is not None:")
+        src("    spans += (start, pos)")
+        if self.fast:
+            src("m = _decode_at(payload, start, pos)")
+            src("out.append(m if m is not None else _entry(payload, start, pos, len(out)))")
+        else:
+            src("out.append(_entry(payload, start, pos, len(out)))")
+        src.dedent()
+        src("return out")
+        src.dedent()
+        src()
+        src()
+        src("def _entry(buf: bytes, start: int, end: int, index: int) -> Message:")
+        src("    try:")
+        src("        return decode((buf[start:end],))")
+        src("    except DecodeError as exc:")
+        reason = 'f"entry {index}: {exc.reason}"'
+        src(f"        raise DecodeError({reason}, signature_ok=False) from None")
+        src()
         src()
 
     def _decode_fast(self, src: Source, literal_size: int) -> None:

@@ -347,11 +347,6 @@ class FastDecoderWriter:
 
     def write(self, src: Source, msg: Message, plan: Plan, literal_size: int) -> None:
         """``decode``; literals (``literal_size`` octets at most) are never fast."""
-        cname, ident = msg.class_name, msg.ident
-        attrs = attributes(msg)
-        struct_name = self.structs.name(plan.format())
-        absent = {a.ident for f in plan.absent for a in attrs_of(f)}
-        fail = "return _decode(frames)"
         values: dict[str, str] = {}
         for fld in plan.bits:
             values.update(bit_values(fld, f"bits_{fld.ident}"))
@@ -369,22 +364,67 @@ class FastDecoderWriter:
         src("except (TypeError, LookupError):")
         src("    single = False  # the general decoder says what is wrong")
         src("if not single:")
-        src(f"    {fail}")
+        src("    return _decode(frames)")
         src("size = len(buf)")
+        self._simplest(src, msg, plan, literal_size, values, None, "return _decode(frames)")
+        src.dedent()
+        src()
+        src()
+
+    def write_at(self, src: Source, msg: Message, plan: Plan, literal_size: int) -> None:
+        """``_decode_at(buf, p, end)``: the frame ``buf[p:end]`` in its simplest shape,
+        decoded where it lies (no copy of it), else None (``decode_entries``).  Written
+        after :meth:`write`, whose remembered base states it shares."""
+        values: dict[str, str] = {}
+        for fld in plan.bits:
+            values.update(bit_values(fld, f"bits_{fld.ident}"))
+        src(f"def _decode_at(buf: bytes, p: int, end: int) -> {msg.class_name} | None:")
+        src.indent()
+        src('"""``decode((buf[p:end],))`` when that frame has the simplest shape, else None."""')
+        src("size = end - p")
+        self._simplest(src, msg, plan, literal_size, values, "p", "return None")
+        src.dedent()
+        src()
+        src()
+
+    def _simplest(
+        self,
+        src: Source,
+        msg: Message,
+        plan: Plan,
+        literal_size: int,
+        values: dict[str, str],
+        base: str | None,
+        fail: str,
+    ) -> None:
+        """The body of a simplest-shape decoder of ``buf`` (``size`` octets from ``base``,
+        a variable, or from 0 when None): ``fail`` for any other frame."""
+        cname, ident = msg.class_name, msg.ident
+        attrs = attributes(msg)
+        struct_name = self.structs.name(plan.format())
+        absent = {a.ident for f in plan.absent for a in attrs_of(f)}
+
+        def at(offset: int | str) -> str:
+            return str(offset) if base is None else f"{base} + {offset}"
+
+        def part(start: str, end: str) -> str:  # (spaced as ruff formats a slice)
+            return f"buf[{start} : {end}]" if " " in start else f"buf[{start}:{end}]"
+
         tests = [f"size < {max(plan.head_size, literal_size + 1)}"]
-        tests += [f"buf[{offset}] > 252" for offset in plan.short_lengths]
+        tests += [f"buf[{at(offset)}] > 252" for offset in plan.short_lengths]
         src(f"if {' or '.join(tests)}:")
         src(f"    {fail}")
-        src.unpack([t for t, _, _ in plan.head], f"{struct_name}.unpack_from(buf)")
+        where = "buf" if base is None else f"buf, {base}"
+        src.unpack([t for t, _, _ in plan.head], f"{struct_name}.unpack_from({where})")
         checks = [f"{raw} & {mask}" for raw, mask in plan.clear_flags]
         checks += [f"{expr} != {value}" for expr, value in plan.constants]
         ends: list[str] = []
-        position = str(plan.head_size)
+        position = at(plan.head_size)
         for fld in plan.tail:
             src(f"e_{fld.ident} = {position} + f_{fld.length_ref}")
             position = f"e_{fld.ident}"
             ends.append(position)
-        checks.append(f"{position} != size")
+        checks.append(f"{position} != {'size' if base is None else 'end'}")
         for group in group_checks(checks, LINE_LENGTH - 4 * src.level - 4):
             src(f"if {group}:")
             src(f"    {fail}")
@@ -392,19 +432,19 @@ class FastDecoderWriter:
         if strings:
             src("try:")
             src.indent()
-        start = str(plan.head_size)
+        start = at(plan.head_size)
         for fld, end in zip(plan.tail, ends, strict=True):
             if fld.type == "string":
-                src(f"f_{fld.ident} = buf[{start}:{end}].decode()")
+                src(f"f_{fld.ident} = {part(start, end)}.decode()")
             start = end
         if strings:
             src.dedent()
             src("except UnicodeDecodeError:")
             src(f"    {fail}")
-        start = str(plan.head_size)
+        start = at(plan.head_size)
         for fld, end in zip(plan.tail, ends, strict=True):
             if fld.type == "octets":
-                src(f"f_{fld.ident} = buf[{start}:{end}]")
+                src(f"f_{fld.ident} = {part(start, end)}")
             start = end
         entries = []
         for attr in attrs:
@@ -433,9 +473,6 @@ class FastDecoderWriter:
             src("return m")
         else:
             build(src, msg, entries)
-        src.dedent()
-        src()
-        src()
 
     @staticmethod
     def _key(plan: Plan) -> str:

@@ -141,6 +141,9 @@ class Protocol:
     defines: tuple[Define, ...]
     messages: tuple[Message, ...]
     grammar: str = ""
+    #: Octets of the length before each frame of a run of entries (``entries = "N"`` on
+    #: a binary ``<class>``: the module gets ``decode_entries``); 0: none.
+    entries: int = 0
 
     @property
     def signature_bytes(self) -> bytes:
@@ -348,6 +351,9 @@ class _Loader:
                     f"literal= (found {', '.join(m.name for m in general)})"
                 )
         grammar = "\n".join((g.text or "").strip("\n") for g in root.findall("grammar"))
+        entries = _parse_int(root.get("entries", "0"), "entries", self.where)
+        if entries and (dialect != "binary" or entries not in (2, 4)):
+            raise ModelError(f'{self.where}: entries= is 2 or 4, with dialect="binary"')
         return Protocol(
             name=name,
             path=self.path,
@@ -359,6 +365,7 @@ class _Loader:
             defines=defines,
             messages=tuple(messages),
             grammar=grammar,
+            entries=entries,
         )
 
     def _message(self, elem: ET.Element, header: list[Item], next_id: int) -> Message:

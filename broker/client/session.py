@@ -121,6 +121,7 @@ _QUEUE_BITS = int(MessageType.QUEUE)
 _ACK_BITS = int(MessageType.ACK)
 _DELIVERIES = batch.DELIVERIES
 _decode = tmqp.decode
+_decode_entries = tmqp.decode_entries
 
 
 def keepalive_interval(ping_interval: float, announced: str | None) -> float:
@@ -550,6 +551,10 @@ class Session:
             if data != GREETING:
                 log.warning("undecodable frame from the broker: %s", exc.reason)
             return _NONE
+        return self._received(msg, now)
+
+    def _received(self, msg: tmqp.Message, now: float) -> Sequence[Event]:
+        """What to do about one decoded message from the broker."""
         if type(msg) is not tmqp.Frame:
             if self.state is SessionState.CLOSING:
                 return _NONE
@@ -591,15 +596,23 @@ class Session:
         return (grant,)
 
     def _deliveries(self, msg: tmqp.Frame, now: float) -> Sequence[Event]:
-        """Several deliveries in one message (``broker.batch``): each as if alone."""
-        try:
-            entries = batch.unpack(msg.payload, batch.DEFAULT_MAX_FRAMES)
-        except batch.BatchError as exc:
-            log.warning("unreadable batch of deliveries from the broker: %s", exc)
-            return _NONE
+        """Several deliveries in one message (``broker.batch``): each as if alone (decoded
+        where it lies, ``tmqp.decode_entries``; one that does not decode is logged and
+        the others are read)."""
         events: list[Event] = []
-        for data in entries:
-            events += self.feed(data, now)
+        try:
+            frames = _decode_entries(msg.payload, batch.DEFAULT_MAX_FRAMES)
+        except DecodeError:
+            try:
+                entries = batch.unpack(msg.payload, batch.DEFAULT_MAX_FRAMES)
+            except batch.BatchError as exc:
+                log.warning("unreadable batch of deliveries from the broker: %s", exc)
+                return _NONE
+            for data in entries:
+                events += self.feed(data, now)
+            return events
+        for one in frames:
+            events += self._received(one, now)
         return events
 
     # -- batches (broker.batch) ----------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from broker import batch
 from broker.protocol import DEFAULT_ENDPOINT
 
 
@@ -59,12 +60,16 @@ class ServerOptions:
     #: connect response's ``Batch-Max``); a batch with more is refused whole (482).
     max_batch_frames: int = 1024
     #: Deliveries that need no acknowledge carried in one delivery batch at most, to a
-    #: client that reads batches (``broker.batch``; its ``Batch-Deliveries`` bounds it too).
-    #: 0 (the default): one per message, so the pipe's high-water mark (``hwm``, in
-    #: messages) bounds what a consumer that stops reading holds.  N: such a consumer may
-    #: hold up to ``hwm`` x N of them (each done once libzmq took it), for about half the
-    #: broker's and the consumer's CPU per message (README, "Benchmarks", session 8).
-    unacked_batch: int = 0
+    #: client that reads batches (``broker.batch``; its ``Batch-Deliveries`` bounds it too);
+    #: 0: one per message.  Such a delivery is done once libzmq took it, and the pipe's
+    #: high-water mark (``hwm``) counts messages, so a batch of them is also bounded in
+    #: octets (``unacked_batch_octets``): a consumer that stops reading holds at most
+    #: ``hwm`` messages of at most max(one delivery, ``unacked_batch_octets``) octets in
+    #: its pipe, as if its messages were that big (README, "Benchmarks", session 9).
+    unacked_batch: int = 64
+    #: Octets of deliveries without acknowledge one delivery batch carries at most (a
+    #: bigger delivery travels alone).
+    unacked_batch_octets: int = 2048
     linger: float = 0.5
     #: Where to bind the broadcast fan-out XPUB (``broker.engine.fanout``); None: none.
     fanout: str | None = None
@@ -82,6 +87,8 @@ class ServerOptions:
             raise ValueError("batch, send_batch and max_batch_frames must be at least 1")
         if not 0 <= self.unacked_batch <= 1024:
             raise ValueError("unacked_batch must be from 0 to 1024")
+        if not 256 <= self.unacked_batch_octets <= batch.DELIVERY_OCTETS:
+            raise ValueError(f"unacked_batch_octets must be from 256 to {batch.DELIVERY_OCTETS}")
         if self.fanout_hwm < 1:
             raise ValueError("fanout_hwm must be at least 1")
         if self.max_handshakes < 1 or self.max_connections < 1:

@@ -45,6 +45,7 @@ log = logging.getLogger("broker.server.server")
 _BIG = 65536  # frames at least this large are sent without copying
 _SNDMORE_NOBLOCK = zmq.SNDMORE | zmq.NOBLOCK
 _PENDING_ACK = 64  # in a TMQP frame's second octet: the receiver must acknowledge
+_DELIVERY_OCTETS = batch.DELIVERY_OCTETS
 
 
 class PeerState(Enum):
@@ -118,8 +119,10 @@ class SendPath:
         #: Peers whose ``transmitted`` count waits to be reported to the engine.
         self.sent_to: list[Peer] = []
         self.flush_at = options.send_batch
-        #: Deliveries without acknowledge one delivery batch may carry (0: none).
+        #: Deliveries without acknowledge one delivery batch may carry (0: none), and
+        #: their octets at most (``ServerOptions.unacked_batch_octets``).
         self.unacked_batch = options.unacked_batch
+        self.unacked_octets = options.unacked_batch_octets
         #: The broadcast fan-out socket (``broker.server.fanout``); None: not bound.
         self.fanout: Any = None
         #: The fan-out socket may hold a run of deliveries for ``flush_out`` to send.
@@ -127,10 +130,16 @@ class SendPath:
         #: Connected peers that read delivery batches (``Peer.batch``; a count: flush_out
         #: looks at ``batchable``, what the queued output holds).
         self.batching = 0
-        #: ``outq`` holds a delivery a batch may carry (``_flush_batched``): one to a peer
+        #: ``outq`` holds a group of deliveries (``_grouped``, ``_send_groups``): to a peer
         #: that reads batches, awaiting its acknowledge (or any, with ``unacked_batch``).
         #: False: the plain flush.
         self.batchable = False
+        #: The delivery groups open in ``outq``, by peer: [its entries, how many, their
+        #: octets]; a group is an ``outq`` item whose data is that list of entries.
+        self.groups: dict[Peer, list[Any]] = {}
+        #: The group that took the last delivery: [entries, how many, octets, its peer,
+        #: the most deliveries without acknowledge it may hold] (None: none open).
+        self.last_group: list[Any] | None = None
         #: Holds engine output until the store made it durable (None: memory only).
         self.gate: OutputGate | None = None
         self.counters: dict[str, int] = dict.fromkeys(
@@ -206,12 +215,62 @@ class SendPath:
                 self.send_raw(peer, data, tracked)
                 outq = self.outq  # _send_raw flushed the batch: a new list
             else:  # the common case: sent with the batch (see _flush_out)
+                if tracked and peer.batch:
+                    group = self.last_group  # (the group of the delivery before, if any)
+                    if group is not None and group[3] is peer:
+                        size = len(data) + 4
+                        ack = data[1] & _PENDING_ACK
+                        if group[1] < (peer.batch if ack else group[4]) and group[2] + size <= (
+                            _DELIVERY_OCTETS if ack else self.unacked_octets
+                        ):
+                            group[0].append(data)
+                            group[1] += 1
+                            group[2] += size
+                            continue
+                    if self._grouped(peer, data, outq):
+                        outq = self.outq  # (a new list if the group filled the batch)
+                        continue
+                elif self.groups:
+                    self._end_group(peer)  # (another frame to it: its group ends)
                 outq.append((peer, data, tracked))
-                if tracked and peer.batch and (data[1] & _PENDING_ACK or self.unacked_batch):
-                    self.batchable = True
                 if len(outq) >= flush_at:
                     self.flush_out()
                     outq = self.outq
+
+    def _grouped(self, peer: Peer, data: bytes, outq: list[Any]) -> bool:
+        """Put a delivery to a peer that reads batches in its open group, or open one
+        (True), within its bounds (see ``_send_groups``); False: it travels alone."""
+        size = len(data) + 4  # (and its length in the batch)
+        cap = unacked_cap = min(peer.batch, self.unacked_batch)
+        if data[1] & _PENDING_ACK:
+            cap = peer.batch
+            octets = _DELIVERY_OCTETS
+        else:  # done once libzmq took it: bounded in entries and octets
+            octets = self.unacked_octets
+            if not cap or size > octets:
+                if self.groups:
+                    self._end_group(peer)
+                return False
+        groups = self.groups
+        group = groups.get(peer)
+        if group is not None and group[1] < cap and group[2] + size <= octets:
+            group[0].append(data)
+            group[1] += 1
+            group[2] += size
+            self.last_group = group
+            return True
+        entries = [data]
+        groups[peer] = self.last_group = [entries, 1, size, peer, unacked_cap]
+        outq.append((peer, entries, True))
+        self.batchable = True
+        if len(outq) >= self.flush_at:
+            self.flush_out()
+        return True
+
+    def _end_group(self, peer: Peer) -> None:
+        group = self.groups.pop(peer, None)
+        if group is not None and group is self.last_group:
+            self.last_group = None
 
     def count_sent(self, peer: Peer) -> None:
         if not peer.transmitted:
@@ -244,7 +303,9 @@ class SendPath:
         self.outq = []
         if self.batchable:  # (else nothing in it may share a message: one by one)
             self.batchable = False
-            self._flush_batched(outq)
+            self.groups = {}
+            self.last_group = None
+            self._send_groups(outq)
             return
         send = self.fast_send
         sent = 0
@@ -266,39 +327,20 @@ class SendPath:
                 peer.transmitted += 1
         self.frames_out += sent
 
-    def _flush_batched(self, outq: list[tuple[Peer, bytes, bool]]) -> None:
+    def _send_groups(self, groups: list[tuple[Peer, Any, bool]]) -> None:
         """``flush_out`` when some peers read delivery batches (``broker.batch``): each
-        such peer's deliveries that follow one another in the batch (no other frame to it
-        between them) go out as one message of up to ``Peer.batch`` of them and
-        ``batch.DELIVERY_OCTETS`` octets; each delivery in it counts as sent.
+        such peer's deliveries that follow one another in the output (no other frame to
+        it between them) were gathered where they were queued (``_grouped``) and go out
+        as one message of up to ``Peer.batch`` of them and ``batch.DELIVERY_OCTETS``
+        octets; each delivery in it counts as sent.
 
         Deliveries that wait for the consumer's acknowledge share a message: those stay
         in flight, within the consumer's prefetch, until acknowledged, wherever they are.
         One without acknowledge is done once libzmq took it, and the pipe's high-water
-        mark counts messages: batched, a consumer that stops reading would hold many
-        times more of them in its pipe; they share one only with
-        ``ServerOptions.unacked_batch`` (at most that many of them in one message)."""
-        groups: list[tuple[Peer, list[bytes] | bytes, bool]] = []
-        open_: dict[Peer, tuple[list[bytes], list[int]]] = {}
-        limit = batch.DELIVERY_OCTETS
-        unacked = self.unacked_batch
-        for peer, data, tracked in outq:
-            cap = peer.batch
-            if tracked and cap and not data[1] & _PENDING_ACK:
-                cap = min(cap, unacked)
-            if not tracked or not cap:
-                if open_:
-                    open_.pop(peer, None)
-                groups.append((peer, data, tracked))
-                continue
-            group = open_.get(peer)
-            if group is not None and len(group[0]) < cap and group[1][0] < limit:
-                group[0].append(data)
-                group[1][0] += len(data)
-                continue
-            entries = [data]
-            open_[peer] = (entries, [len(data)])
-            groups.append((peer, entries, True))
+        mark counts messages: a consumer that stops reading holds ``hwm`` messages in its
+        pipe, so such deliveries share one only up to ``ServerOptions.unacked_batch``
+        entries and ``unacked_batch_octets`` octets (a bigger one travels alone): its pipe
+        holds at most ``hwm`` times that many octets, as if each delivery were that big."""
         send = self.fast_send
         sent = 0
         for peer, item, tracked in groups:

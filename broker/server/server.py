@@ -104,6 +104,7 @@ _ACK = int(MessageType.ACK)
 _BATCH = batch.BATCH
 _Frame = tmqp.Frame
 _decode = tmqp.decode
+_decode_entries = tmqp.decode_entries
 _ids = itertools.count(1)
 
 #: Server operation (content type) answered by the server itself: a RESPONSE whose payload
@@ -509,34 +510,13 @@ class Server:
         listing the entries refused.  An entry that is not a readable push or
         acknowledge is refused by index; the others are taken."""
         self._batched = 0
-        try:
-            entries = batch.unpack(msg.payload, self.options.max_batch_frames)
-        except batch.TooMany as exc:
-            self.sessions.bad_request(peer, msg.message_id, str(exc), ResultCode.LIMIT_EXCEEDED)
+        taken = self._entries(peer, msg)
+        if taken is None:
             return
-        except batch.BatchError as exc:
-            self.sessions.bad_request(peer, msg.message_id, f"bad batch: {exc}",
-                                      ResultCode.BAD_REQUEST)  # fmt: skip
-            return
-        refused: list[tuple[int, str, str]] = []
-        items: list[tuple[int, tmqp.Frame, bytes]] = []
-        for index, data in enumerate(entries):
-            try:
-                frame = _decode((data,))
-            except DecodeError as exc:
-                refused.append((index, NackReason.BAD_REQUEST, f"malformed frame: {exc.reason}"))
-                continue
-            if (
-                type(frame) is not _Frame
-                or frame.pending_response
-                or (frame.message_type != _QUEUE and frame.message_type != _ACK)
-            ):
-                refused.append((index, NackReason.BAD_REQUEST, _ONLY_PUSHES_AND_ACKS))
-                continue
-            items.append((index, frame, data))
+        items, refused, count = taken
         client_id = peer.client_id
-        self._batched = len(entries) - 1 if entries else 0
-        self.counters["batched_in"] += len(entries)
+        self._batched = count - 1 if count else 0
+        self.counters["batched_in"] += count
         self.sender.in_frame = None
         assert self._receive_batch is not None
         try:
@@ -556,6 +536,65 @@ class Server:
             outs.append(Outgoing(client_id, result))
         if outs:
             self.sender.send_all(outs)
+
+    def _entries(
+        self, peer: Peer, msg: tmqp.Frame
+    ) -> tuple[list[tuple[int, tmqp.Frame, bytes]], list[tuple[int, str, str]], int] | None:
+        """A batch's entries that the engine may take, (index, frame, its octets), those
+        refused by index, and how many entries it has; None: refused whole (answered).
+        Decoded where they lie in the payload (``tmqp.decode_entries``); a batch with an
+        entry that does not decode or a bad length is split and decoded entry by entry
+        (:meth:`_each_entry`), which says what is wrong with which."""
+        payload = msg.payload
+        spans: list[int] = []
+        try:
+            frames = _decode_entries(payload, self.options.max_batch_frames, spans)
+        except DecodeError:
+            return self._each_entry(peer, msg)
+        refused: list[tuple[int, str, str]] = []
+        items: list[tuple[int, tmqp.Frame, bytes]] = []
+        for index, frame in enumerate(frames):
+            if (
+                type(frame) is not _Frame
+                or frame.pending_response
+                or (frame.message_type != _QUEUE and frame.message_type != _ACK)
+            ):
+                refused.append((index, NackReason.BAD_REQUEST, _ONLY_PUSHES_AND_ACKS))
+                continue
+            at = index + index
+            items.append((index, frame, payload[spans[at] : spans[at + 1]]))
+        return items, refused, len(frames)
+
+    def _each_entry(
+        self, peer: Peer, msg: tmqp.Frame
+    ) -> tuple[list[tuple[int, tmqp.Frame, bytes]], list[tuple[int, str, str]], int] | None:
+        """:meth:`_entries` one entry at a time: a malformed entry is refused by index."""
+        try:
+            entries = batch.unpack(msg.payload, self.options.max_batch_frames)
+        except batch.TooMany as exc:
+            self.sessions.bad_request(peer, msg.message_id, str(exc), ResultCode.LIMIT_EXCEEDED)
+            return None
+        except batch.BatchError as exc:
+            self.sessions.bad_request(peer, msg.message_id, f"bad batch: {exc}",
+                                      ResultCode.BAD_REQUEST)  # fmt: skip
+            return None
+        refused: list[tuple[int, str, str]] = []
+        items: list[tuple[int, tmqp.Frame, bytes]] = []
+        for index, data in enumerate(entries):
+            try:
+                frame = _decode((data,))
+            except DecodeError as exc:
+                refused.append((index, NackReason.BAD_REQUEST, f"malformed frame: {exc.reason}"))
+                continue
+            if (
+                type(frame) is not _Frame
+                or frame.pending_response
+                or (frame.message_type != _QUEUE and frame.message_type != _ACK)
+            ):
+                refused.append((index, NackReason.BAD_REQUEST, _ONLY_PUSHES_AND_ACKS))
+                continue
+            items.append((index, frame, data))
+        return items, refused, len(entries)
 
     def _shutdown(self, router: zmq.Socket[bytes]) -> None:
         """Tell connected clients the server is stopping, end their sessions, close."""

@@ -135,3 +135,45 @@ def test_terminate_in_session_triggers_a_new_handshake(zctx: Ctx, fake: FakeBrok
         assert info.client_id == "fake-1"
     finally:
         client.close()
+
+
+def _delivery(payload: bytes, headers: tuple[tuple[str, str], ...] = ()) -> bytes:
+    frame = tmqp.Frame(message_type=MessageType.QUEUE, target="ch", content_type=1,
+                       headers=headers, payload=payload)  # fmt: skip
+    return tmqp.encode(frame)[0]
+
+
+def _deliveries(*entries: bytes) -> bytes:
+    payload = b"".join(len(e).to_bytes(4, "little") + e for e in entries)
+    frame = tmqp.Frame(message_type=MessageType.SERVER, content_type=261, payload=payload)
+    return tmqp.encode(frame)[0]
+
+
+@pytest.mark.parametrize("threaded", [True, False], ids=["threaded", "poll-on-call"])
+def test_batches_of_deliveries_plain_with_headers_and_with_a_damaged_entry(
+    zctx: Ctx, fake: FakeBroker, threaded: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A batch of plain deliveries goes straight to the inbox (entries decoded where they
+    lie); one with a header entry through the session; one with an entry that does not
+    decode loses that entry only (logged), the others are read, in order."""
+    client = Client(fake.endpoint, context=zctx, threaded=threaded, timeout=10)
+    accepted: list[bytes] = []
+    server = threading.Thread(target=lambda: accepted.append(fake.accept()[0]))
+    server.start()
+    client.connect()
+    server.join(10)
+    try:
+        rid = accepted[0]
+        fake.send(rid, _deliveries(_delivery(b"a"), _delivery(b"b")))
+        fake.send(rid, _deliveries(_delivery(b"c"), _delivery(b"d", (("K", "v"),))))
+        fake.send(rid, _deliveries(_delivery(b"e"), b"\x02\x00", _delivery(b"f")))
+        got = []
+        while len(got) < 6:
+            message = client.receive(timeout=10)
+            assert message is not None
+            got.append(message)
+        assert [m.payload for m in got] == [b"a", b"b", b"c", b"d", b"e", b"f"]
+        assert got[3].headers == (("K", "v"),)
+        assert "undecodable frame" in caplog.text
+    finally:
+        client.close()

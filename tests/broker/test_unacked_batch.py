@@ -1,19 +1,23 @@
 """``ServerOptions.unacked_batch``: deliveries that need no acknowledge share delivery
 batches (``broker.batch``) with a client that reads them, at most that many per message
-(default 0: one per message, ``test_batch.py``'s
-``test_batched_deliveries_only_to_a_client_that_asked``)."""
+(default 64) and ``unacked_batch_octets`` octets (default 2048); 0: one per message."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import zmq
 
 from broker import batch, tmqp
+from broker.client.blocking import Client
 from broker.engine.engine import Engine
-from broker.protocol import Header, MessageType
+from broker.protocol import GREETING, ConnectionInfo, Header, MessageType
 from broker.server.server import Server, ServerOptions
+from tests.polling import wait_until
 
 from .conftest import MakeClient
 from .test_batch import Raw
@@ -95,3 +99,120 @@ def test_deliveries_without_acknowledge_share_batches_of_at_most_the_option(
 def test_the_option_is_bounded(bad: int) -> None:
     with pytest.raises(ValueError, match="unacked_batch"):
         ServerOptions(unacked_batch=bad)
+
+
+@pytest.mark.parametrize("bad", [255, batch.DELIVERY_OCTETS + 1])
+def test_the_octet_bound_is_bounded(bad: int) -> None:
+    with pytest.raises(ValueError, match="unacked_batch_octets"):
+        ServerOptions(unacked_batch_octets=bad)
+
+
+def test_the_defaults_batch_deliveries_without_acknowledge_within_2_kib() -> None:
+    options = ServerOptions()
+    assert (options.unacked_batch, options.unacked_batch_octets) == (64, 2048)
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A folder whose path fits an ipc:// endpoint (at most 107 octets)."""
+    path = Path(tempfile.mkdtemp(prefix="zh-ipc-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _stopped_reader(zctx: Ctx, endpoint: str) -> zmq.Socket[bytes]:
+    """A raw consumer that reads batches and will stop reading: its own pipe holds one
+    message and its kernel buffer little, so what the broker handed to libzmq for it sits
+    in the broker's pipe (and the ipc socket's buffer)."""
+    sock = zctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.rcvhwm = 1
+    sock.rcvbuf = 4096
+    sock.rcvtimeo = 10_000
+    sock.connect(endpoint)
+    sock.send(GREETING)
+    assert sock.recv() == GREETING
+    info = ConnectionInfo(client_id="", name="stopped", properties={"Batch-Deliveries": "64"})
+    sock.send(tmqp.encode(info.to_frame("hs").replace(pending_response=True))[0])
+    sock.recv()
+    join = tmqp.Frame(
+        message_type=MessageType.SERVER,
+        pending_response=True,
+        content_type=110,
+        message_id="j",
+        target="stop",
+        headers=((Header.PREFETCH, "100"),),
+    )
+    sock.send(tmqp.encode(join)[0])
+    answer = tmqp.decode((sock.recv(),))
+    while not isinstance(answer, tmqp.Frame):  # (a PING of a loaded machine first)
+        answer = tmqp.decode((sock.recv(),))
+    assert answer.message_id == "j"
+    return sock
+
+
+def _settled(client: Client) -> int:
+    """The queue's sent count once it stops moving (the pipe is full): read every 0.1 s
+    until 5 reads agree."""
+    reads: list[int] = []
+
+    def still() -> bool:
+        reads.append(int(client.queue_info("stop", 1)["SentMessages"]))
+        return len(reads) >= 5 and len(set(reads[-5:])) == 1
+
+    assert wait_until(still, timeout=60, step=0.1)
+    return reads[-1]
+
+
+def _unpacked(data: bytes) -> list[bytes]:
+    """The deliveries (whole frames) one message carries (none: a PING)."""
+    f = tmqp.decode((data,))
+    if isinstance(f, tmqp.Ping):
+        return []
+    assert isinstance(f, tmqp.Frame)
+    if f.message_type == MessageType.SERVER:
+        assert f.content_type == batch.DELIVERIES
+        return batch.unpack(f.payload, 1024)
+    assert f.message_type == MessageType.QUEUE
+    return [data]
+
+
+def test_a_consumer_that_stops_reading_holds_hwm_messages_of_at_most_the_octet_bound(
+    zctx: Ctx, short_dir: Path
+) -> None:
+    """The adversary of default no-ack batches: a consumer stops reading while 30,000
+    deliveries of 100 octets need no acknowledge.  What the broker handed libzmq for it
+    (its pipe of ``hwm`` messages, the socket buffer) is at most ``hwm`` x the octet bound
+    plus the socket buffer, not ``hwm`` x 64 deliveries (with 256 KiB batches it held
+    ~3.5x more); when it reads again every delivery comes, in order.  ipc://: loopback
+    TCP's buffers grow to megaoctets and would hide the pipe."""
+    hwm, count = 200, 30_000
+    # (no PINGs while it does not read: it could not answer them in time on a loaded
+    # machine, and a silent peer is ended)
+    options = ServerOptions(
+        endpoint=f"ipc://{short_dir}/b", hwm=hwm, ping_interval=60, peer_timeout=120
+    )
+    with Server(Engine(), options, context=zctx) as server:
+        assert server.endpoint is not None
+        reader = _stopped_reader(zctx, server.endpoint)
+        producer = Client(server.endpoint, context=zctx, timeout=30).connect()
+        try:
+            producer.create_queue("stop", 1, {"Status": 1})
+            payloads = [b"%099d" % i for i in range(count)]
+            for i in range(0, count, 256):
+                assert producer.push_many("stop", 1, payloads[i : i + 256], ack=False) == []
+            producer.push("stop", 1, b"last", ack=True)
+            taken = _settled(producer)
+            assert taken < count  # it did stop: the rest waits in the queue
+            got: list[bytes] = []
+            while len(got) < count + 1:
+                got += _unpacked(reader.recv())
+            frames = [tmqp.decode((d,)) for d in got]
+            assert [f.payload for f in frames] == [*payloads, b"last"]  # type: ignore[union-attr]
+            # octets libzmq took (the window's 100 waited in the broker's backlog)
+            held = sum(len(d) + 4 for d in got[: taken - 100])
+            socket_buffer = 2 * int(Path("/proc/sys/net/core/wmem_default").read_text())
+            assert held <= hwm * options.unacked_batch_octets + socket_buffer
+        finally:
+            producer.close()
+            reader.close(linger=0)

@@ -1,0 +1,348 @@
+"""Deterministic counts per message on the broker's push path: Python calls and libzmq
+calls (cProfile), beside a trivial broker (a raw pyzmq ROUTER relaying each message: 2
+receives and 2 sends) that is the floor of any one-process Python broker moving one
+ZeroMQ message per frame.
+
+Counts, not times: they do not depend on the machine's load.  Each party runs in its own
+process on loopback TCP, 100-byte messages; the broker (or the relay) runs under cProfile
+on the thread that serves, the producer and consumer are plain clients (not profiled).
+
+Rows:
+
+* ``relay``: raw pyzmq ROUTER, recv(rid) + recv(data) + send(rid, SNDMORE) + send(data);
+* ``push``: ``Client.push`` one by one, a consumer reading (deliveries as the broker
+  chooses: ``--unacked-batch``);
+* ``push_many``: ``Client.push_many`` (``BATCH`` per TMQP batch).
+
+Usage: ``python bench/profile_broker.py [--messages N] [--unacked-batch N] [--top K]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import multiprocessing as mp
+import os
+import pstats
+import socket
+import time
+from dataclasses import replace
+from typing import Any
+
+SIZE = 100
+PAYLOAD = b"x" * SIZE
+BATCH = 256
+#: libzmq calls made through the counting sockets (pyzmq's Cython methods are invisible
+#: to cProfile): recv, send, get (getsockopt) per socket, and zmq_poll per Poller.poll
+#: (``d[k] += 1`` is no call cProfile sees: the counting adds no Python calls)
+ZMQ_CALLS: dict[str, int] = dict.fromkeys(("recv", "send", "get", "poll"), 0)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _counting_context() -> Any:
+    """A zmq.Context whose sockets count the libzmq calls made through them, and
+    ``zmqkit.fast_send`` made to go through them too."""
+    import zmq
+
+    from zerohub import zmqkit
+
+    def counted(name: str) -> Any:
+        method = getattr(zmq.Socket, name)
+
+        def call(self: Any, *args: Any, **kw: Any) -> Any:
+            ZMQ_CALLS[name] += 1
+            return method(self, *args, **kw)
+
+        return call
+
+    class CountingSocket(zmq.Socket):  # type: ignore[type-arg]
+        recv = counted("recv")
+        send = counted("send")
+        get = counted("get")
+
+    class CountingContext(zmq.Context):  # type: ignore[type-arg]
+        _socket_class = CountingSocket
+
+    poll = zmq.Poller.poll
+
+    def counted_poll(self: Any, *args: Any, **kw: Any) -> Any:
+        ZMQ_CALLS["poll"] += 1
+        return poll(self, *args, **kw)
+
+    zmq.Poller.poll = counted_poll  # type: ignore[method-assign]
+    zmqkit.fast_send = lambda sock: sock.send
+    return CountingContext()
+
+
+def _counts(prof: cProfile.Profile, messages: int, top: int) -> dict[str, Any]:
+    """Per message: Python calls (cProfile's count, this file's counting wrappers and
+    pyzmq's Python-level ``Socket.send`` that they call left out) and libzmq calls."""
+    stats = pstats.Stats(prof)
+    raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
+    calls = 0
+    rows = []
+    for (filename, _line, name), (_cc, nc, tt, _ct, _callers) in raw.items():
+        if filename == __file__ or filename.endswith("zmq/sugar/socket.py"):
+            continue
+        if filename.endswith("zmq/sugar/poll.py") and name == "poll":
+            continue
+        calls += nc
+        rows.append((tt, nc, f"{filename.rsplit('/', 2)[-1]}:{name}"))
+    rows.sort(reverse=True)
+    return {
+        "calls": calls / messages,
+        "zmq": sum(ZMQ_CALLS.values()) / messages,
+        "by_call": {k: v / messages for k, v in sorted(ZMQ_CALLS.items())},
+        "top": [(nc / messages, tt / messages * 1e6, where) for tt, nc, where in rows[:top]],
+    }
+
+
+def relay(endpoint: str, count: int, ready: Any, out: Any, top: int) -> None:
+    import zmq
+
+    ctx = _counting_context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.sndhwm = sock.rcvhwm = 100_000
+    sock.bind(endpoint)
+    ready.set()
+    sink = sock.recv_multipart()[0]
+    ZMQ_CALLS.update(dict.fromkeys(ZMQ_CALLS, 0))
+    prof = cProfile.Profile()
+    prof.enable()
+    recv, send = sock.recv, sock.send
+    for _ in range(count):
+        recv()
+        data = recv()
+        send(sink, zmq.SNDMORE)
+        send(data)
+    prof.disable()
+    out.put(_counts(prof, count, top))
+    sock.close(linger=5000)
+    ctx.term()
+
+
+def relay_sink(endpoint: str, count: int, ready: Any) -> None:
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.rcvhwm = 100_000
+    sock.connect(endpoint)
+    sock.send(b"hello")
+    ready.set()
+    for _ in range(count):
+        sock.recv()
+    sock.close(linger=0)
+    ctx.term()
+
+
+def relay_source(endpoint: str, count: int) -> None:
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.sndhwm = 100_000
+    sock.connect(endpoint)
+    time.sleep(0.3)  # bench only: the sink's hello first
+    for _ in range(count):
+        sock.send(PAYLOAD)
+    sock.close(linger=5000)
+    ctx.term()
+
+
+def broker(endpoint: str, unacked: int | None, ready: Any, stop: Any, out: Any, top: int) -> None:
+    """``top`` < 0: no profiler, no counting sockets (the CPU rows)."""
+    import threading
+
+    import zmq
+
+    from broker.engine.engine import Engine
+    from broker.server.server import Server, ServerOptions
+
+    options = ServerOptions(endpoint=endpoint)
+    if unacked is not None:
+        options = replace(options, unacked_batch=unacked)
+    ctx = _counting_context() if top >= 0 else zmq.Context()
+    server = Server(Engine(), options, context=ctx)
+    prof = cProfile.Profile()
+
+    def serve() -> None:
+        ZMQ_CALLS.update(dict.fromkeys(ZMQ_CALLS, 0))
+        if top >= 0:
+            prof.enable()
+        try:
+            server.run()
+        finally:
+            prof.disable()
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    ready.set()
+    messages = stop.get()
+    server.stop()
+    thread.join(10)
+    out.put(_counts(prof, messages, top) if top >= 0 else {})
+    ctx.term()
+
+
+def consumer(endpoint: str, channel: str, count: int, ready: Any, done: Any) -> None:
+    import zmq
+
+    from broker.client.blocking import Client
+
+    client = Client(endpoint, context=zmq.Context(), max_inbox=50_000, threaded=False).connect()
+    client.join(channel)
+    ready.set()
+    seen = 0
+    for _message in client.consume(timeout=60):
+        seen += 1
+        if seen >= count:
+            break
+    done.put(seen)
+    client.close()
+    client.context.term()
+
+
+def producer(endpoint: str, channel: str, count: int, many: bool, go: Any) -> None:
+    import zmq
+
+    from broker.client.blocking import Client
+
+    client = Client(endpoint, context=zmq.Context(), max_outbox=50_000, threaded=False).connect()
+    go.wait(30)
+    left = count - 1
+    if many:
+        chunk = [PAYLOAD] * BATCH
+        while left > 0:
+            n = min(BATCH, left)
+            client.push_many(channel, 1, chunk[:n], ack=False)
+            left -= n
+    else:
+        for _ in range(left):
+            client.push(channel, 1, PAYLOAD)
+    client.push(channel, 1, PAYLOAD, ack=True, timeout=60)
+    client.close()
+    client.context.term()
+
+
+def profile_relay(ctx: Any, count: int, top: int) -> dict[str, Any]:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    ready, sink_ready, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=relay, args=(endpoint, count, ready, out, top))]
+    procs[0].start()
+    ready.wait(10)
+    procs.append(ctx.Process(target=relay_sink, args=(endpoint, count, sink_ready)))
+    procs[1].start()
+    sink_ready.wait(10)
+    procs.append(ctx.Process(target=relay_source, args=(endpoint, count)))
+    procs[2].start()
+    result: dict[str, Any] = out.get(timeout=300)
+    for p in procs:
+        p.join(30)
+    return result
+
+
+def profile_broker(
+    ctx: Any, count: int, many: bool, unacked: int | None, top: int
+) -> dict[str, Any]:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    ready, stop, out = ctx.Event(), ctx.Queue(), ctx.Queue()
+    server = ctx.Process(target=broker, args=(endpoint, unacked, ready, stop, out, top))
+    server.start()
+    ready.wait(30)
+    import zmq
+
+    from broker.client.blocking import Client
+
+    setup = Client(endpoint, context=zmq.Context(), threaded=False).connect()
+    setup.create_queue("profile", 1, {"Status": 1})
+    setup.close()
+    setup.context.term()
+    c_ready, go, done = ctx.Event(), ctx.Event(), ctx.Queue()
+    procs = [
+        ctx.Process(target=consumer, args=(endpoint, "profile", count, c_ready, done)),
+        ctx.Process(target=producer, args=(endpoint, "profile", count, many, go)),
+    ]
+    for p in procs:
+        p.start()
+    c_ready.wait(30)
+    time.sleep(0.5)  # bench only: the producer connects before it starts
+    assert server.pid is not None
+    cpu0 = cpu_seconds(server.pid)
+    go.set()
+    seen = done.get(timeout=300)
+    used = cpu_seconds(server.pid) - cpu0
+    for p in procs:
+        p.join(30)
+    stop.put(seen)
+    result: dict[str, Any] = out.get(timeout=60)
+    result["cpu_us"] = used / max(1, seen) * 1e6
+    server.join(30)
+    return result
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far, its libzmq threads included."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_rows(ctx: Any, count: int, rounds: int) -> None:
+    """Broker CPU per message (no profiler), one per message (``unacked_batch`` 0) and
+    the server's default taking turns ``rounds`` times: the batching alone, same code."""
+    cases = [
+        (f"{kind}, unacked_batch {name}", many, unacked)
+        for kind, many in (("push", False), ("push_many", True))
+        for name, unacked in (("0", 0), ("default", None))
+    ]
+    got: dict[str, list[float]] = {name: [] for name, _m, _u in cases}
+    for _ in range(rounds):
+        for name, many, unacked in cases:
+            got[name].append(profile_broker(ctx, count, many, unacked, -1)["cpu_us"])
+    print(f"\n{'broker CPU us/msg (no profiler)':<36} runs")
+    for name, runs in got.items():
+        print(f"{name:<36} {' / '.join(f'{v:.1f}' for v in runs)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=50_000)
+    parser.add_argument(
+        "--unacked-batch", type=int, default=None, metavar="N",
+        help="ServerOptions.unacked_batch (default: the server's default)",
+    )  # fmt: skip
+    parser.add_argument("--top", type=int, default=12, help="functions listed per row")
+    parser.add_argument(
+        "--cpu", type=int, default=0, metavar="ROUNDS",
+        help="instead: broker CPU per message, unacked_batch 0 vs default, ROUNDS turns",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    ctx = mp.get_context("spawn")
+    if args.cpu:
+        cpu_rows(ctx, args.messages, args.cpu)
+        return 0
+    rows = [
+        ("relay (raw pyzmq ROUTER, no work)", profile_relay(ctx, args.messages, args.top)),
+        ("push", profile_broker(ctx, args.messages, False, args.unacked_batch, args.top)),
+        ("push_many", profile_broker(ctx, args.messages, True, args.unacked_batch, args.top)),
+    ]
+    print(f"\n{'per message (broker process)':<36} {'Python calls':>13} {'libzmq calls':>13}")
+    print("-" * 64)
+    for name, r in rows:
+        each = ", ".join(f"{k} {v:.2f}" for k, v in r["by_call"].items())
+        print(f"{name:<36} {r['calls']:>13.2f} {r['zmq']:>13.2f}  {each}")
+    for name, r in rows:
+        print(f"\n{name}: calls/msg, own us/msg (profiled), function")
+        for calls, us, where in r["top"]:
+            print(f"  {calls:8.3f} {us:8.2f}  {where}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
