@@ -1226,7 +1226,7 @@ def main(argv: list[str] | None = None) -> int:
         print_table(rows, raw, raw_rtt)
     if persistent:
         print_persistent(persistent)
-        print_targets(persistent)
+        print_persistent_targets(persistent)
     return 0
 
 
@@ -1255,7 +1255,7 @@ TARGET_X_RABBIT = 10.0  # x RabbitMQ durable queue + publisher confirms (best of
 TARGET_OF_MEMORY = 0.5  # of the same broker's non-persistent rate, same producers
 
 
-def print_targets(rows: list[Row]) -> None:
+def print_persistent_targets(rows: list[Row]) -> None:
     """The two target ratios of each 8-producer persistent row side by side, with the
     disk's own fsync rate and the broker's CPU per message (persistent / memory)."""
     by_name = {r.name: r for r in rows}
