@@ -168,6 +168,19 @@ def _token_of(fan: Fan) -> str:
     return token.hex()
 
 
+def _beyond_socket_buffers() -> int:
+    """Octets that overflow one loopback TCP connection's kernel buffers (both ends at
+    their autotuning maximum) one and a half times over."""
+    most = 0
+    for name in ("tcp_rmem", "tcp_wmem"):
+        try:
+            with open(f"/proc/sys/net/ipv4/{name}") as f:
+                most += int(f.read().split()[-1])
+        except (OSError, ValueError, IndexError):
+            most += 8 << 20
+    return most * 3 // 2
+
+
 def test_a_consumer_that_falls_behind_sees_its_gap_reported(zctx: Ctx) -> None:
     f = Fan(zctx, None, fanout_hwm=10)
     try:
@@ -176,8 +189,10 @@ def test_a_consumer_that_falls_behind_sees_its_gap_reported(zctx: Ctx) -> None:
         # reads nothing while its inbox is full: its SUB and the broker's pipe fill up
         slow = f.client(max_inbox=5, hwm=10)
         slow.join(CHANNEL)
-        total = 3000
-        payload = b"x" * 8000  # 24 MB in all: more than loopback's socket buffers hold
+        # more than loopback's socket buffers can hold (this kernel's TCP autotuning may
+        # grow a receive buffer to tcp_rmem's maximum: 32 MiB on some machines)
+        payload = b"x" * 60_000
+        total = _beyond_socket_buffers() // len(payload) + 1
         for i in range(total):
             producer.push(CHANNEL, 1, b"%d %s" % (i, payload))
         # the tail of what it missed: the broker's markers (about one a second) tell
