@@ -363,6 +363,7 @@ class _Entries:
         "_inodes",
         "_live",
         "_made",
+        "_memo",
         "_modes",
         "_mtimes",
         "_names",
@@ -383,6 +384,7 @@ class _Entries:
         self._over: dict[str, FileEntry] = {}  # entries set since the rows were loaded
         self._hint = -1  # the row found last
         self._made: dict[str, FileEntry] | None = None  # every entry, kept till a change
+        self._memo: dict[Any, Any] = {}  # values derived from the entries, till a change
 
     @classmethod
     def packed(cls, names: list[str], columns: list[array[int]], sha1: bytes) -> _Entries:
@@ -473,8 +475,17 @@ class _Entries:
             self._made = dict(zip(map(itemgetter(0), entries), entries, strict=True))
         return dict(self._made)
 
+    def memo(self, key: Any, make: Callable[[], Any]) -> Any:
+        """``make()``, kept under ``key`` until the entries change (a set, a removal)."""
+        try:
+            return self._memo[key]
+        except KeyError:
+            value = self._memo[key] = make()
+            return value
+
     def update(self, pairs: Iterable[tuple[str, FileEntry]]) -> None:
         self._made = None
+        self._memo.clear()
         if not self._live:
             self._over.update(pairs)
             return
@@ -483,6 +494,7 @@ class _Entries:
 
     def __setitem__(self, name: str, entry: FileEntry) -> None:
         self._made = None
+        self._memo.clear()
         self._drop_row(name)
         self._over[name] = entry
 
@@ -497,6 +509,7 @@ class _Entries:
     def pop(self, name: str) -> FileEntry | None:
         """Remove ``name``: its entry, or None when it had none."""
         self._made = None
+        self._memo.clear()
         old = self._over.pop(name, None)
         if old is not None:
             return old
@@ -509,6 +522,7 @@ class _Entries:
 
     def __delitem__(self, name: str) -> None:
         self._made = None
+        self._memo.clear()
         if self._over.pop(name, None) is None and not self._drop_row(name):
             raise KeyError(name)
 
@@ -714,6 +728,12 @@ class FileIndex:
         """(name, mode, mtime_ns) of every entry now, made without the entries (what a
         mirror tells its server besides contents)."""
         return self._entries.stamps()
+
+    def memo(self, key: Any, make: Callable[[], Any]) -> Any:
+        """A value derived from the file entries (``make()``), made once and kept under
+        ``key`` until an entry is set or removed (folders and links are not covered: a
+        value that depends on them must not be kept here)."""
+        return self._entries.memo(key, make)
 
     # -- what cannot be read ------------------------------------------------
 
