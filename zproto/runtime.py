@@ -312,7 +312,12 @@ class EncodedHash(Mapping[str, str]):
         return self._count
 
     def __repr__(self) -> str:
-        return f"EncodedHash({self._count} entries, {len(self.octets)} octets)"
+        """As the dict of its entries (a message's repr reads the same either way); one
+        that does not decode says so instead of raising."""
+        try:
+            return repr(self.decoded())
+        except DecodeError:
+            return f"<malformed hash field: {self._count} entries, {len(self.octets)} octets>"
 
 
 def dec_hash_lazy(
