@@ -170,9 +170,10 @@ def compile_sources() -> None:
     import compileall
 
     import filemq
+    import zerohub
     import zproto
 
-    for package in (filemq, zproto):
+    for package in (filemq, zproto, zerohub):  # (zerohub: the CLI's and zmqkit's)
         for folder in package.__path__:
             compileall.compile_dir(folder, quiet=1)
 
