@@ -83,6 +83,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import heapq
 import itertools
 import json
 import logging
@@ -648,13 +649,19 @@ class _Entries:
             yield from map(_entry, repeat(FileEntry), rows)
         yield from over
 
-    def stamps(self) -> Iterator[tuple[str, int, int]]:
-        """(name, mode, mtime_ns) of every entry, from a snapshot (no entry made)."""
+    def stamps(self, ordered: bool = False) -> Iterator[tuple[str, int, int]]:
+        """(name, mode, mtime_ns) of every entry, from a snapshot (no entry made); in
+        name order with ``ordered`` (the rows are: those set since are merged in)."""
         over = [(e.name, e.mode, e.mtime_ns) for e in self._over.values()]
+        rows: Iterator[tuple[str, int, int]] = iter(())
         if self._live:
             rows = zip(self._names, self._modes, self._mtimes, strict=True)
             alive = self._alive_now()
-            yield from rows if alive is None else compress(rows, alive)
+            rows = rows if alive is None else compress(rows, alive)
+        if ordered:
+            yield from heapq.merge(rows, sorted(over))
+            return
+        yield from rows
         yield from over
 
     def digests(self) -> _Digests:
@@ -729,6 +736,15 @@ class _Digests(Mapping[str, str]):
             pairs: Iterator[tuple[str, str]] = zip(self._names, _hexes(self._sha1), strict=True)
             yield from pairs if self._alive is None else compress(pairs, self._alive)
         yield from self._over.items()
+
+    def ordered_pairs(self) -> Iterator[tuple[str, str]]:
+        """``pairs`` in name order, one at a time (the rows are in order; the entries set
+        since are sorted and merged in): no list of every pair."""
+        rows: Iterator[tuple[str, str]] = iter(())
+        if self._live:
+            rows = zip(self._names, _hexes(self._sha1), strict=True)
+            rows = rows if self._alive is None else compress(rows, self._alive)
+        return heapq.merge(rows, sorted(self._over.items()))
 
 
 def _hexes(sha1: bytes) -> Iterator[str]:
@@ -817,10 +833,14 @@ class FileIndex:
         the loaded rows instead of holding a string for each."""
         return self._entries.digests()
 
-    def stamps(self) -> Iterator[tuple[str, int, int]]:
+    def ordered_digests(self) -> Iterator[tuple[str, str]]:
+        """(name, SHA-1 hex) of every entry now, in name order, made one at a time."""
+        return self._entries.digests().ordered_pairs()
+
+    def stamps(self, ordered: bool = False) -> Iterator[tuple[str, int, int]]:
         """(name, mode, mtime_ns) of every entry now, made without the entries (what a
-        mirror tells its server besides contents)."""
-        return self._entries.stamps()
+        mirror tells its server besides contents); in name order with ``ordered``."""
+        return self._entries.stamps(ordered)
 
     def memo(self, key: Any, make: Callable[[], Any]) -> Any:
         """A value derived from the file entries (``make()``), made once and kept under

@@ -179,3 +179,12 @@ def test_the_encoding_the_server_expects_is_the_one_a_mirror_sends(tmp_path: Pat
     frame = fmq_msg.encode(fmq_msg.Icanhaz("/", {}, loaded.digests()))[0]
     assert bytes(frame).endswith(uptodate.cache_octets(index))
     assert uptodate.cache_octets(index) == uptodate.cache_octets(loaded)
+    assert uptodate.attrs_texts(index, 0o777) == uptodate.attrs_texts(loaded, 0o777)
+    (root / "a" / "0.txt").write_bytes(b"sorts first, set after the load")
+    (root / "b.txt").write_bytes(b"changed")
+    for each in (index, loaded):  # (rows and entries set since, merged in name order)
+        each.refresh()
+    assert uptodate.cache_octets(index) == uptodate.cache_octets(loaded)
+    assert uptodate.attrs_texts(index, 0o755) == uptodate.attrs_texts(loaded, 0o755)
+    names = [line.split("\t")[0] for line in uptodate.attrs_texts(loaded, 0o755)[0].split("\n")]
+    assert names == sorted(names) == sorted(loaded.names())
