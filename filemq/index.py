@@ -70,11 +70,7 @@ Speed (every ``filemq sync`` loads and refreshes its DEST's index; 10,000
 files on this machine): ``load`` ~6 ms (one JSON parse, columns checked with
 C-level passes; 100,000 files: ~0.09 s CPU and ~14 MiB, was ~0.2 s and ~55 MiB
 as entries), ``refresh`` ~20 ms of which ~12 ms are the ``lstat`` calls (made
-relative to an open folder descriptor), both with the cyclic GC paused.  A loaded
-index checks a folder's unchanged files in C-level passes (``_left_to_check``: the
-folder's names are a slice of the sorted rows, its ``lstat`` columns equal theirs;
-else a bisection per name), so a no-change ``refresh`` of 100,000 files spends most
-of its time in the ``lstat`` calls themselves (was ~2x them).
+relative to an open folder descriptor), both with the cyclic GC paused.
 Making every entry (``entries()``, iterating) costs ~1.5 us a file that a dict of
 entries did not.
 """
@@ -97,7 +93,7 @@ from collections.abc import Callable, ItemsView, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import compress, repeat
 from json.encoder import encode_basestring as _json_string
-from operator import and_, attrgetter, eq, itemgetter, methodcaller, mul, not_
+from operator import itemgetter
 from pathlib import Path
 from stat import S_ISDIR, S_ISLNK, S_ISREG
 from struct import iter_unpack
@@ -267,40 +263,6 @@ def _open_listing(root: str, root_fd: int, rel: str) -> tuple[Any, int]:
         raise
 
 
-def _left_to_check(
-    entries: _Entries,
-    base: str,
-    listing: list[os.DirEntry[str]],
-    exclude: Callable[[str], bool] | None,
-    retry: set[str],
-    hits: list[str],
-) -> list[os.DirEntry[str]]:
-    """The entries of one folder's ``listing`` that ``refresh`` must look at one by one.
-
-    The regular files whose ``lstat`` matches their loaded row (on a no-change sync:
-    every file) are added to ``hits`` with C-level passes over the folder, no bytecode
-    per file (~2x faster than a ``same`` call each: ``refresh`` of 100,000 files is most
-    of a no-change ``filemq sync`` and of a server's start-up check).  Everything else
-    (folders, links, new, changed or excluded names, names to read again) is left.  A
-    folder whose names are not all ASCII, or whose ``lstat`` fails for one, is left whole.
-    """
-    raw = list(map(_NAME, listing))
-    if not "".join(raw).isascii():  # (the UTF-8 check is made one by one)
-        return listing
-    names = list(map(base.__add__, raw))
-    try:
-        stats = list(map(_LSTAT, listing))  # (kept by each DirEntry: not asked again)
-    except OSError:
-        return listing
-    flags = list(map(mul, entries.same_folder(names, stats), map(S_ISREG, map(_MODE, stats))))
-    if exclude is not None:
-        flags = list(map(mul, flags, map(not_, map(exclude, names))))
-    if retry:
-        flags = list(map(mul, flags, map(not_, map(retry.__contains__, names))))
-    hits.extend(compress(names, flags))
-    return list(compress(listing, map(not_, flags)))
-
-
 @contextlib.contextmanager
 def _closing_fd(fd: int) -> Iterator[None]:
     try:
@@ -311,10 +273,6 @@ def _closing_fd(fd: int) -> Iterator[None]:
 
 
 _entry = tuple.__new__  # FileEntry from a checked row, without a Python-level __new__
-_NAME = attrgetter("name")
-_LSTAT = methodcaller("stat", follow_symlinks=False)
-_SIZE, _MTIME = attrgetter("st_size"), attrgetter("st_mtime_ns")
-_INODE, _MODE = attrgetter("st_ino"), attrgetter("st_mode")
 
 
 def _check_rows(rows: Any, path: str | os.PathLike[str], width: int = 6) -> None:
@@ -496,57 +454,6 @@ class _Entries:
             and self._inodes[row] == inode
             and self._modes[row] == mode
         )
-
-    def same_folder(self, names: list[str], stats: list[os.stat_result]) -> list[int]:
-        """``same_rows``, first tried as one comparison: a folder's files are consecutive
-        rows (a file's name sorts with its folder's others, unless a subfolder's names
-        fall between them), so an unchanged folder is a slice of each column."""
-        count = len(names)
-        if not (self._live and count):
-            return [0] * count
-        order = sorted(range(count), key=names.__getitem__)
-        ordered = list(map(names.__getitem__, order))
-        start = bisect_left(self._names, ordered[0])
-        end = start + count
-        if self._names[start:end] == ordered and self._alive.count(1, start, end) == count:
-            now = list(map(stats.__getitem__, order))
-            perms = map(and_, map(_MODE, now), repeat(_PERMS))
-            if (
-                array("q", map(_SIZE, now)) == self._sizes[start:end]
-                and array("q", map(_MTIME, now)) == self._mtimes[start:end]
-                and array("Q", map(_INODE, now)) == self._inodes[start:end]
-                and array("i", perms) == self._modes[start:end]
-            ):
-                return [1] * count
-        return self.same_rows(names, stats)
-
-    def same_rows(self, names: list[str], stats: list[os.stat_result]) -> list[int]:
-        """1 for each name whose loaded row is alive with the (size, mtime_ns, inode,
-        permission bits) of its ``lstat`` in ``stats``, else 0: ``same`` for one
-        folder's listing in C-level passes, no bytecode per name (an entry set since
-        the load is not a row: 0, the caller asks ``same``)."""
-        table = self._names
-        if not (self._live and names):
-            return [0] * len(names)
-        last = len(table) - 1
-        rows = list(map(min, map(bisect_left, repeat(table), names), repeat(last)))
-        found = map(eq, map(table.__getitem__, rows), names)
-        alive = map(self._alive.__getitem__, rows)
-        wanted = zip(
-            map(self._sizes.__getitem__, rows),
-            map(self._mtimes.__getitem__, rows),
-            map(self._inodes.__getitem__, rows),
-            map(self._modes.__getitem__, rows),
-            strict=True,
-        )
-        now = zip(
-            map(_SIZE, stats),
-            map(_MTIME, stats),
-            map(_INODE, stats),
-            map(and_, map(_MODE, stats), repeat(_PERMS)),
-            strict=False,  # (repeat() is endless)
-        )
-        return list(map(mul, map(mul, found, alive), map(eq, wanted, now)))
 
     def get(self, name: str) -> FileEntry | None:
         old = self._over.get(name)
@@ -998,10 +905,7 @@ class FileIndex:
                         seen_nodes.update(n for n in nodes if n.startswith(base))
                     continue
                 with _closing_fd(fd), it:
-                    listing = list(it)
-                    if filters is None:  # the unchanged files of the folder at once
-                        listing = _left_to_check(entries, base, listing, exclude, retry, hits)
-                    for d in listing:
+                    for d in it:
                         name = base + d.name
                         if not d.name.isascii():
                             try:

@@ -1,6 +1,6 @@
-"""``refresh`` of a loaded index checks a folder's unchanged files with C-level passes
-over its rows; whatever it finds must be what the one-by-one check of an index made
-in memory finds (the oracle: no rows, every name through ``same``)."""
+"""``refresh`` of a loaded index (packed rows, looked up by bisection) must find what
+the check of an index made in memory finds (the oracle: every entry set one by one),
+for every kind of change, and again once changed entries live beside the rows."""
 
 from __future__ import annotations
 
