@@ -18,6 +18,9 @@ For each tree size N (files of 1 KiB in N/100 folders, page cache warm), in one 
                  (``bench_filemq.EXCLUDES``; rsync ``--exclude``, filemq ``--exclude``
                  on the mirror; none matches a file: the cost of the patterns); the
                  issue's filters benchmark (issue 13: 100,000 files, same run)
+  CPU s          user + system CPU of that process (rsync: with its children; a server
+                 start: the server's CPU when its line came): on a loaded machine the
+                 wall clock is mostly waiting for a core, compare these
   client RSS     peak resident set of that ``filemq sync`` process, reported by
                  ``/usr/bin/time`` starting it (``ru_maxrss`` straight from
                  ``os.wait4`` would start at this Python process's size: see
@@ -79,8 +82,12 @@ def _env(base: str | None) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": base} if base else dict(os.environ)
 
 
-def run_child(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int]:
-    """(wall seconds, peak RSS in KiB) of one child process that must exit 0."""
+def run_child(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int, float]:
+    """(wall seconds, peak RSS in KiB, CPU seconds) of one child process that must exit 0.
+
+    CPU (user + system, the process and its children: GNU time's rusage includes the
+    command's) is what to compare on a loaded machine: wall time there is mostly waiting
+    for a core."""
     if _TIME is not None:
         cmd = [_TIME, "-f", "peak-rss-kib %M", *cmd]
     start = time.perf_counter()
@@ -94,7 +101,18 @@ def run_child(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float,
     if proc.returncode != 0:
         raise RuntimeError(f"{cmd[:4]} failed ({proc.returncode}): {err[-2000:]!r}")
     peak = re.findall(rb"peak-rss-kib (\d+)", err)
-    return elapsed, int(peak[-1]) if peak else usage.ru_maxrss
+    cpu = usage.ru_utime + usage.ru_stime
+    return elapsed, int(peak[-1]) if peak else usage.ru_maxrss, cpu
+
+
+def _cpu_of(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far (Linux /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Server:
@@ -112,6 +130,7 @@ class Server:
         sel.register(self.proc.stderr, selectors.EVENT_READ)
         deadline = time.monotonic() + 900
         self.endpoint, self.hashed, self.ready, self.serving = "", "", 0.0, 0.0
+        self.serving_cpu = self.ready_cpu = 0.0
         try:
             while not self.ready and time.monotonic() < deadline:
                 if not sel.select(timeout=1):
@@ -124,9 +143,11 @@ class Server:
                     self.endpoint = found.group(1)
                 if "serving " in line and not self.serving:
                     self.serving = time.perf_counter() - self.start
+                    self.serving_cpu = _cpu_of(self.proc.pid)
                 found = re.search(r"(?:serving|checked) .*\((\d+) files, (\d+) hashed", line)
                 if found:
                     self.ready = time.perf_counter() - self.start
+                    self.ready_cpu = _cpu_of(self.proc.pid)
                     self.hashed = f"{int(found.group(2)):,} of {int(found.group(1)):,}"
         finally:
             sel.close()
@@ -149,9 +170,10 @@ def compile_sources() -> None:
     import compileall
 
     import filemq
+    import zerohub
     import zproto
 
-    for package in (filemq, zproto):
+    for package in (filemq, zproto, zerohub):  # (zerohub: the CLI's and zmqkit's)
         for folder in package.__path__:
             compileall.compile_dir(folder, quiet=1)
 
@@ -185,18 +207,13 @@ def bench_size(
         for tag, code in kinds:
             server = Server(src, work / f"{tag}state", code)
             rows.append(
-                [f"{count:,}", f"{tag}server start: serving", f"{server.serving:.3f}", "", "", ""]
-            )
+                [f"{count:,}", f"{tag}server start: serving", f"{server.serving:.3f}",
+                 f"{server.serving_cpu:.2f}", "", "", ""]
+            )  # fmt: skip
             rows.append(
-                [
-                    f"{count:,}",
-                    f"{tag}server start: index checked",
-                    f"{server.ready:.3f}",
-                    "",
-                    "",
-                    server.hashed,
-                ]
-            )
+                [f"{count:,}", f"{tag}server start: index checked", f"{server.ready:.3f}",
+                 f"{server.ready_cpu:.2f}", "", "", server.hashed]
+            )  # fmt: skip
             server.stop()
     servers = {tag: Server(src, work / f"{tag}state", code) for tag, code in kinds}
     try:
@@ -223,16 +240,16 @@ def bench_size(
             ("", plain, []),
         ):
             for _ in range(rounds):
-                t_r, rss_r = run_child([rsync, "-a", *flags, f"{src}/", f"{dest_r}/"])
+                t_r, rss_r, c_r = run_child([rsync, "-a", *flags, f"{src}/", f"{dest_r}/"])
                 rows.append(
-                    [f"{count:,}", f"rsync -a resync{label}", f"{t_r:.3f}", "1.00",
-                     f"{rss_r / 1024:.1f}", ""]
+                    [f"{count:,}", f"rsync -a resync{label}", f"{t_r:.3f}", f"{c_r:.2f}",
+                     "1.00", f"{rss_r / 1024:.1f}", ""]
                 )  # fmt: skip
                 for tag, code in kinds:
-                    t_z, rss_z = run_child(cmds[tag], _env(code))
+                    t_z, rss_z, c_z = run_child(cmds[tag], _env(code))
                     rows.append(
                         [f"{count:,}", f"{tag}zerohub resync{label}", f"{t_z:.3f}",
-                         f"{t_z / t_r:.2f}", f"{rss_z / 1024:.1f}", ""]
+                         f"{c_z:.2f}", f"{t_z / t_r:.2f}", f"{rss_z / 1024:.1f}", ""]
                     )  # fmt: skip
     finally:
         for server in servers.values():
@@ -265,9 +282,10 @@ def main() -> int:
             rows += bench_size(work, count, args.rounds, rsync, args.base)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"\n{'files':>8} {'run':<33} {'seconds':>8} {'x rsync':>8} {'RSS MiB':>8}  hashed")
-    for files, run, secs, ratio, rss, hashed in rows:
-        print(f"{files:>8} {run:<33} {secs:>8} {ratio:>8} {rss:>8}  {hashed}")
+    head = f"{'files':>8} {'run':<33} {'seconds':>8} {'CPU s':>6} {'x rsync':>8} {'RSS MiB':>8}"
+    print(f"\n{head}  hashed  (load {os.getloadavg()[0]:.0f})")
+    for files, run, secs, cpu, ratio, rss, hashed in rows:
+        print(f"{files:>8} {run:<33} {secs:>8} {cpu:>6} {ratio:>8} {rss:>8}  {hashed}")
     return 0
 
 

@@ -82,6 +82,7 @@ from zerohub.cli import (
     ArgumentParser,
     CommandError,
     ExitCode,
+    HelpFormatter,
     StopRequest,
     UsageError,
     bind_endpoint,
@@ -105,32 +106,6 @@ _T = TypeVar("_T")
 
 #: Seconds ``filemq sync`` waits for a first answer from the server before it gives up.
 DEFAULT_SYNC_TIMEOUT = 10.0
-
-
-@functools.cache
-def _help_width() -> int:
-    """What ``shutil.get_terminal_size`` would say, minus 2 (as argparse sizes help)."""
-    try:
-        columns = int(os.environ.get("COLUMNS", "0"))
-    except ValueError:
-        columns = 0
-    if columns <= 0:
-        try:
-            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
-        except (AttributeError, ValueError, OSError):
-            columns = 0
-    return (columns if columns > 0 else 80) - 2
-
-
-class _HelpFormatter(argparse.HelpFormatter):
-    """argparse's help formatter, sized without importing ``shutil`` (~2 ms of start-up).
-
-    (argparse makes one for every option it adds, and the stock one imports
-    ``shutil`` for the terminal width.)
-    """
-
-    def __init__(self, prog: str) -> None:
-        super().__init__(prog, width=_help_width())
 
 
 def _rate(text: str) -> int:
@@ -453,7 +428,7 @@ def _keys_options(keys: argparse.ArgumentParser) -> None:
         "new",
         help="make NAME.key and NAME.key_secret",
         description="Make a CURVE key pair: NAME.key (public) and NAME.key_secret (0600).",
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
         parents=[_sub_flags()],
     )
     new.add_argument("name", help="file name stem of the pair (letters, digits, . _ -)")
@@ -646,7 +621,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="filemq",
         description="FILEMQ v2 file distribution",
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
         parents=[verbosity_flags(top=True)],
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -655,7 +630,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
             name,
             help=about,
             description=about[0].upper() + about[1:] + ".",
-            formatter_class=_HelpFormatter,
+            formatter_class=HelpFormatter,
             parents=[_sub_flags()],
         )
         if wanted is None or wanted == name:

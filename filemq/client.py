@@ -233,6 +233,8 @@ class ConnectionLost(RemoteProtocolError):
 
 @dataclass
 class SyncResult:
+    """What a run did: files and bytes received, deletes, the end marker seen."""
+
     files: int = 0
     bytes: int = 0
     deleted: int = 0

@@ -126,11 +126,15 @@ class ClientState(Enum):
 
 @dataclass(frozen=True, slots=True)
 class Send:
+    """Frames to send to the server."""
+
     frames: list[bytes]
 
 
 @dataclass(frozen=True, slots=True)
 class FileChunk:
+    """A chunk of file ``name`` to write (version headers on the first and last)."""
+
     name: str  # relative name under DEST
     parts: tuple[str, ...]
     offset: int  # a first chunk at offset > 0 resumes a partial file (offered)
@@ -159,6 +163,8 @@ class ResyncPlan:
 
 @dataclass(frozen=True, slots=True)
 class FileDelete:
+    """The server deleted ``name``: remove the mirror's copy."""
+
     name: str
     parts: tuple[str, ...]
     kinded: bool = False  # the server said what it deleted: it mirrors folders itself
@@ -202,32 +208,44 @@ class FileSkipped:
 
 @dataclass(frozen=True, slots=True)
 class FileRefused:
+    """An entry whose name was refused (unsafe): nothing written."""
+
     name: str  # as received
     reason: str
 
 
 @dataclass(frozen=True, slots=True)
 class Subscribed:
+    """The server confirmed the subscription to ``path`` (ICANHAZ-OK)."""
+
     path: str
 
 
 @dataclass(frozen=True, slots=True)
 class ResyncDone:
+    """The resync of ``path`` is complete (its end marker came)."""
+
     path: str
 
 
 @dataclass(frozen=True, slots=True)
 class Refused:
+    """The server refused a request (RTFM): ``reason``."""
+
     reason: str
 
 
 @dataclass(frozen=True, slots=True)
 class Rejected:
+    """The server refused the session for good (SRSLY): ``reason``."""
+
     reason: str
 
 
 @dataclass(frozen=True, slots=True)
 class ServerClosed:
+    """The server ended the session: ``reason``."""
+
     reason: str
 
 
@@ -252,6 +270,8 @@ Action = (
 
 @dataclass(slots=True)
 class _Transfer:
+    """The file being received: its name on the wire and where it goes."""
+
     wire_name: str
     parts: tuple[str, ...] | None  # None: refused name, chunks are checked and dropped
     next_offset: int = 0

@@ -33,6 +33,12 @@ Rules enforced here:
 * a listing (ICANHAZ option ``LIST=1``) is answered with STAT operations (no
   content, the version headers and ``mode``) and is not a subscription: no live
   changes follow it, and its options do not change the session's;
+* a resync's cache is kept as its octets (the model's ``lazy`` field): the I/O
+  layer's ``up_to_date(subscription, octets, ATTRS text)`` may say the client
+  holds exactly what the server has (``filemq.uptodate``), and the subscription
+  then has nothing to plan (``Subscribe.up_to_date``, cache and attributes not
+  decoded); otherwise the entries are decoded here, and one that is malformed
+  gets RTFM as a malformed command does;
 * ICANHAZ options ``META``, ``LINKS``, ``FILTER`` (``filemq.meta``) are checked
   here: one that cannot be used (a bad mask, an unknown policy, a pattern over the
   limits of ``filemq.filters``) gets SRSLY; ``ATTRS`` lines that cannot be read are
@@ -57,7 +63,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
@@ -105,6 +111,7 @@ __all__ = [
     "ServerSession",
     "SessionState",
     "Subscribe",
+    "UpToDate",
     "plan_headers",
     "resolve_attrs",
     "resolve_cache",
@@ -116,6 +123,9 @@ log = logging.getLogger(__name__)
 
 #: (client key or "", subscription path) -> allowed?
 AccessPolicy = Callable[[str, str], bool]
+#: (subscription, its cache field as encoded, its ATTRS text) -> does the client hold
+#: exactly what the server has there?  (``filemq.uptodate``; the I/O layer's index.)
+UpToDate = Callable[["Subscribe", bytes, str], bool]
 _MAX_CREDIT = (1 << 63) - 1
 _MAX_RESUME_POINTS = 64  # RESUME lines read from one ICANHAZ (a client holds a few)
 #: Live operations queued for one client, not sent yet, before it is closed (KTHXBAI).
@@ -191,6 +201,9 @@ class Subscribe:
     links: LinkPolicy = LinkPolicy.SKIP
     filters: Filters | None = None  # the client's patterns (relative to ``path``)
     attrs: dict[str, str] = field(default_factory=dict)  # virtual path -> ATTRS text
+    #: The cache and ATTRS say exactly what the server has (``UpToDate``): nothing to
+    #: plan, ``cache`` and ``attrs`` were not decoded (left empty).
+    up_to_date: bool = False
 
     @property
     def listing(self) -> bool:
@@ -228,7 +241,7 @@ def resolve_attrs(path: str, text: str) -> dict[str, str]:
     return out
 
 
-def resolve_cache(path: str, cache: dict[str, str]) -> dict[str, str]:
+def resolve_cache(path: str, cache: Mapping[str, str]) -> dict[str, str]:
     """Cache keys as virtual paths, as spec 35 says.
 
     A key starting with '/' must start with ``path`` or it is ignored; any other
@@ -314,6 +327,7 @@ class ServerSession:
         peer_key: str = "",
         access: AccessPolicy | None = None,
         max_live: int = DEFAULT_MAX_LIVE,
+        up_to_date: UpToDate | None = None,
     ) -> None:
         if chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
@@ -330,6 +344,7 @@ class ServerSession:
         self.credit = 0
         self.subscriptions: list[str] = []
         self._access = access
+        self._up_to_date = up_to_date
         self._sequence = 0
         self._queue: deque[str] = deque()  # names in send order (may hold stale names)
         self._pending: dict[str, FileOp] = {}  # name -> latest op not yet started
@@ -426,8 +441,21 @@ class ServerSession:
             self.subscriptions = [p for p in self.subscriptions if not p.startswith(raw)]
             self.subscriptions.append(raw)
         if resync:
-            attrs = resolve_attrs(raw, options.get(OPTION_ATTRS, "")) if meta else {}
-            subscribe = replace(subscribe, cache=resolve_cache(raw, msg.cache), attrs=attrs)
+            text = options.get(OPTION_ATTRS, "") if meta else ""
+            octets = getattr(msg.cache, "octets", None)  # (a lazy field: as it came)
+            if (
+                octets is not None
+                and self._up_to_date is not None
+                and self._up_to_date(subscribe, octets, text)
+            ):
+                subscribe = replace(subscribe, up_to_date=True)
+            else:
+                try:  # (the cache's entries are decoded here: a malformed one is RTFM)
+                    cache = resolve_cache(raw, msg.cache)
+                except self.codec.DecodeError as exc:
+                    return self._rtfm(f"malformed command: {exc.reason}")
+                attrs = resolve_attrs(raw, text) if meta else {}
+                subscribe = replace(subscribe, cache=cache, attrs=attrs)
         return [Reply(self.codec.encode(self.codec.IcanhazOk())), subscribe]
 
     def refuse(self, reason: str) -> list[Action]:

@@ -14,6 +14,7 @@ Generated codec: ``encode(msg) -> list[bytes]`` and ``decode(frames) -> msg``.
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, ClassVar
@@ -166,13 +167,13 @@ class Icanhaz(_IcanhazSlots):
     ID: ClassVar[MessageId] = MessageId.ICANHAZ
     path: str = ""  # Full path or path prefix
     options: dict[str, str] = field(default_factory=dict)  # Subscription options
-    cache: dict[str, str] = field(default_factory=dict)  # File SHA-1 signatures
+    cache: Mapping[str, str] = field(default_factory=dict)  # File SHA-1 signatures
 
     def __new__(
         _cls,
         path: str = "",
         options: dict[str, str] | None = None,
-        cache: dict[str, str] | None = None,
+        cache: Mapping[str, str] | None = None,
     ) -> Icanhaz:
         _m: Any = _IcanhazSlots()
         _m.path = path
@@ -614,7 +615,7 @@ def encode_ohai_ok() -> list[bytes]:
 def encode_icanhaz(
     path: str = "",
     options: dict[str, str] | None = None,
-    cache: dict[str, str] | None = None,
+    cache: Mapping[str, str] | None = None,
 ) -> list[bytes]:
     """``encode(Icanhaz(...))`` without building the message."""
     if options is None:
@@ -797,7 +798,7 @@ def _decode_icanhaz(buf: bytes, frames: Any) -> Icanhaz:
     m.path = buf[pos + 4 : end].decode()
     pos = end
     m.options, pos = _rt.dec_hash(buf, pos, "Icanhaz.options", 256)
-    m.cache, pos = _rt.dec_hash(buf, pos, "Icanhaz.cache", 2000000)
+    m.cache, pos = _rt.dec_hash_lazy(buf, pos, "Icanhaz.cache", 2000000)
     if size != pos:
         raise DecodeError("Icanhaz: trailing octets after the last field")
     m.__class__ = Icanhaz

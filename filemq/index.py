@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import heapq
 import itertools
 import json
 import logging
@@ -363,6 +364,7 @@ class _Entries:
         "_inodes",
         "_live",
         "_made",
+        "_memo",
         "_modes",
         "_mtimes",
         "_names",
@@ -383,6 +385,7 @@ class _Entries:
         self._over: dict[str, FileEntry] = {}  # entries set since the rows were loaded
         self._hint = -1  # the row found last
         self._made: dict[str, FileEntry] | None = None  # every entry, kept till a change
+        self._memo: dict[Any, Any] = {}  # values derived from the entries, till a change
 
     @classmethod
     def packed(cls, names: list[str], columns: list[array[int]], sha1: bytes) -> _Entries:
@@ -473,8 +476,17 @@ class _Entries:
             self._made = dict(zip(map(itemgetter(0), entries), entries, strict=True))
         return dict(self._made)
 
+    def memo(self, key: Any, make: Callable[[], Any]) -> Any:
+        """``make()``, kept under ``key`` until the entries change (a set, a removal)."""
+        try:
+            return self._memo[key]
+        except KeyError:
+            value = self._memo[key] = make()
+            return value
+
     def update(self, pairs: Iterable[tuple[str, FileEntry]]) -> None:
         self._made = None
+        self._memo.clear()
         if not self._live:
             self._over.update(pairs)
             return
@@ -483,6 +495,7 @@ class _Entries:
 
     def __setitem__(self, name: str, entry: FileEntry) -> None:
         self._made = None
+        self._memo.clear()
         self._drop_row(name)
         self._over[name] = entry
 
@@ -497,6 +510,7 @@ class _Entries:
     def pop(self, name: str) -> FileEntry | None:
         """Remove ``name``: its entry, or None when it had none."""
         self._made = None
+        self._memo.clear()
         old = self._over.pop(name, None)
         if old is not None:
             return old
@@ -509,6 +523,7 @@ class _Entries:
 
     def __delitem__(self, name: str) -> None:
         self._made = None
+        self._memo.clear()
         if self._over.pop(name, None) is None and not self._drop_row(name):
             raise KeyError(name)
 
@@ -541,13 +556,19 @@ class _Entries:
             yield from map(_entry, repeat(FileEntry), rows)
         yield from over
 
-    def stamps(self) -> Iterator[tuple[str, int, int]]:
-        """(name, mode, mtime_ns) of every entry, from a snapshot (no entry made)."""
+    def stamps(self, ordered: bool = False) -> Iterator[tuple[str, int, int]]:
+        """(name, mode, mtime_ns) of every entry, from a snapshot (no entry made); in
+        name order with ``ordered`` (the rows are: those set since are merged in)."""
         over = [(e.name, e.mode, e.mtime_ns) for e in self._over.values()]
+        rows: Iterator[tuple[str, int, int]] = iter(())
         if self._live:
             rows = zip(self._names, self._modes, self._mtimes, strict=True)
             alive = self._alive_now()
-            yield from rows if alive is None else compress(rows, alive)
+            rows = rows if alive is None else compress(rows, alive)
+        if ordered:
+            yield from heapq.merge(rows, sorted(over))
+            return
+        yield from rows
         yield from over
 
     def digests(self) -> _Digests:
@@ -622,6 +643,15 @@ class _Digests(Mapping[str, str]):
             pairs: Iterator[tuple[str, str]] = zip(self._names, _hexes(self._sha1), strict=True)
             yield from pairs if self._alive is None else compress(pairs, self._alive)
         yield from self._over.items()
+
+    def ordered_pairs(self) -> Iterator[tuple[str, str]]:
+        """``pairs`` in name order, one at a time (the rows are in order; the entries set
+        since are sorted and merged in): no list of every pair."""
+        rows: Iterator[tuple[str, str]] = iter(())
+        if self._live:
+            rows = zip(self._names, _hexes(self._sha1), strict=True)
+            rows = rows if self._alive is None else compress(rows, self._alive)
+        return heapq.merge(rows, sorted(self._over.items()))
 
 
 def _hexes(sha1: bytes) -> Iterator[str]:
@@ -710,10 +740,20 @@ class FileIndex:
         the loaded rows instead of holding a string for each."""
         return self._entries.digests()
 
-    def stamps(self) -> Iterator[tuple[str, int, int]]:
+    def ordered_digests(self) -> Iterator[tuple[str, str]]:
+        """(name, SHA-1 hex) of every entry now, in name order, made one at a time."""
+        return self._entries.digests().ordered_pairs()
+
+    def stamps(self, ordered: bool = False) -> Iterator[tuple[str, int, int]]:
         """(name, mode, mtime_ns) of every entry now, made without the entries (what a
-        mirror tells its server besides contents)."""
-        return self._entries.stamps()
+        mirror tells its server besides contents); in name order with ``ordered``."""
+        return self._entries.stamps(ordered)
+
+    def memo(self, key: Any, make: Callable[[], Any]) -> Any:
+        """A value derived from the file entries (``make()``), made once and kept under
+        ``key`` until an entry is set or removed (folders and links are not covered: a
+        value that depends on them must not be kept here)."""
+        return self._entries.memo(key, make)
 
     # -- what cannot be read ------------------------------------------------
 

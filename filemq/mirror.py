@@ -77,7 +77,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import stat
 from pathlib import Path
 from typing import Any
@@ -308,6 +307,8 @@ class Mirror:
     def _remove_directory(self, parts: tuple[str, ...]) -> None:
         """Remove the directory at ``parts`` (reached through ``open_dir_beneath``; the
         removal itself follows no link: ``shutil.rmtree`` relative to that folder)."""
+        import shutil  # (here: its bz2 and lzma are start-up time of every ``filemq sync``)
+
         if not shutil.rmtree.avoids_symlink_attacks:
             raise UnsafePathError(f"{'/'.join(parts)!r}: a directory is in the way")
         self.release_folders()

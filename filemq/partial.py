@@ -127,6 +127,8 @@ class ResumePoint:
 
 @dataclass(frozen=True, slots=True)
 class _Checkpoint:
+    """A journal line: the SHA-1 of the first ``offset`` bytes."""
+
     offset: int
     sha1: str
     end: int  # where its line ends in the journal
@@ -195,6 +197,8 @@ class Journal:
 
 @dataclass(slots=True)
 class _Proven:
+    """A partial file checked up to ``offset``, its hasher ready to go on."""
+
     offset: int
     version: Version
     hasher: Any  # SHA-1 of the first ``offset`` bytes

@@ -89,7 +89,7 @@ from typing import Any, Protocol
 
 import zmq
 
-from filemq import loopguard
+from filemq import loopguard, uptodate
 from filemq.engine import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_ENDPOINT,
@@ -348,6 +348,9 @@ class FileServer:
         self.sent_files = 0
         #: Subscriptions answered (ICANHAZ: each is a resync of the client's path).
         self.resyncs = 0
+        #: Of those, resyncs whose cache and attributes said exactly what the server has,
+        #: answered without a plan (``filemq.uptodate``).
+        self.resyncs_up_to_date = 0
         #: Bandwidth cap for all clients together (bytes/s; ``filemq.ratelimit``).
         self._bucket = (
             None if bwlimit is None else TokenBucket(bwlimit, burst_for(bwlimit), time.monotonic())
@@ -732,6 +735,7 @@ class FileServer:
                 peer_key=_peer_key(body[0]),
                 access=self._access,
                 max_live=self.max_live,
+                up_to_date=self._up_to_date,
             )
         actions = session.receive(body, now)
         if is_new and session.state is not SessionState.EXPECT_OHAI:
@@ -1155,6 +1159,11 @@ class FileServer:
         )
         if not sub.resync:
             return
+        if sub.up_to_date:  # (``_up_to_date``: nothing differs, nothing to plan)
+            self.resyncs_up_to_date += 1
+            session.enqueue_marker(sub.path)
+            log.info("client %s: %s is up to date", session.client_id.hex(), sub.path)
+            return
         base = _dest_base(sub.path) if sub.listing else self._covering(session, sub.path)
         found = self._files_under(session, sub, base)
         files, nodes = found.files, found.nodes
@@ -1224,6 +1233,35 @@ class FileServer:
             sub.path,
             len(ops),
         )
+
+    def _up_to_date(self, sub: Subscribe, octets: bytes, attrs: str) -> bool:
+        """Does a resync of ``sub`` (its cache field as encoded, its ``ATTRS`` text) come
+        from a mirror holding exactly what the server has (``filemq.uptodate``)?
+
+        Only for the usual request: a whole mount whose index is live (checked against
+        the disk before any answer, kept by the watcher), one mount under the path, no
+        patterns or deny list on either side, no links.  Anything else, and any octet
+        that differs, is planned file by file (``_subscribe``).
+        """
+        base = sub.path if sub.path.endswith("/") else sub.path + "/"
+        under = [m for m in self.mounts if m.prefix.startswith(base) or base.startswith(m.prefix)]
+        if not (
+            self.indexes_live
+            and not self._unverified
+            and len(under) == 1
+            and under[0].prefix == base
+            and sub.filters is None
+            and sub.links is LinkPolicy.SKIP
+            and not self.deny
+        ):
+            return False
+        index = self.indexes[under[0].virtual]
+        if octets != index.memo("cache", lambda: uptodate.cache_octets(index)):
+            return False
+        if sub.meta is None:  # (a client that sends no ATTRS: contents only)
+            return not attrs
+        expected = uptodate.attrs_texts(index, sub.meta)
+        return expected is not None and uptodate.attrs_match(attrs, expected)
 
     def _resumed(
         self, session: ServerSession, op: FileOp, points: dict[str, tuple[int, str]]

@@ -15,12 +15,10 @@ asyncio (~20-25 ms of start-up for a command that needs no CURVE).
 from __future__ import annotations
 
 import enum
-import ipaddress
 import logging
 import os
 import re
 import sys
-import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -78,6 +76,8 @@ def new_certificate(
             f"{' and '.join(existing)} already exist(s): pass --force to replace the key pair"
         )
     folder.mkdir(parents=True, exist_ok=True)
+    import tempfile  # (here: its shutil, bz2 and lzma are start-up time of every client)
+
     with tempfile.TemporaryDirectory(dir=folder, prefix=".keys-") as private:  # mode 0700
         import zmq.auth
 
@@ -216,6 +216,8 @@ def is_loopback_endpoint(endpoint: str) -> bool:
     host = urlsplit(endpoint).hostname or ""
     if host == "localhost":
         return True
+    import ipaddress  # (here: ~1 ms of start-up every command would pay)
+
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:

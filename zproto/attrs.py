@@ -13,6 +13,8 @@ from zproto.pysource import lit
 
 
 def python_type(fld: Field) -> str:
+    if fld.lazy:  # decoded as a ``zproto.runtime.EncodedHash``; any mapping is encoded
+        return "Mapping[str, str]"
     return {
         "number": "int",
         "octets": "bytes",

@@ -99,6 +99,8 @@ class PythonGenerator:
             imports.append("uuid")
         for mod in imports:
             out(f"import {mod}")
+        if any(f.lazy for m in p.messages for f in m.fields):
+            out("from collections.abc import Mapping")
         needs_field = any(
             a.default.startswith("field(") for m in p.messages for a in attributes(m)
         )

@@ -266,6 +266,8 @@ class DecoderWriter:
             ctx.flush()
             ctx.materialize()
             fn = "dec_strings" if fld.type == "strings" else "dec_hash"
+            if fld.lazy:
+                fn = "dec_hash_lazy"
             limit = "" if fld.limit is None else f", {fld.limit}"
             src(f'{ident}, pos = _rt.{fn}(buf, pos, "{what}"{limit})')
         elif fld.type == "frame":

@@ -87,6 +87,7 @@ class Field:
     tests: tuple[tuple[str | None, str], ...] = ()
     default: str | None = None
     limit: int | None = None  # most entries a strings/hash field decodes (None: any)
+    lazy: bool = False  # a hash field kept encoded, its entries read when first used
 
 
 @dataclass(frozen=True)
@@ -396,6 +397,10 @@ class _Loader:
         if literal is not None and items:
             raise ModelError(f"{where}: a literal message has no fields")
         items = self._resolve(items, where)
+        for pos, item in enumerate(items):  # (its octets run to the end of the frame)
+            lazy = item.fields if isinstance(item, Optional) else (item,)
+            if any(f.lazy for f in lazy) and (isinstance(item, Optional) or pos < len(items) - 1):
+                raise ModelError(f"{where}: a lazy hash must be the last field")
         digest = elem.get("digest")
         if digest is not None:
             digest = digest.strip().upper()
@@ -538,6 +543,11 @@ class _Loader:
             limit = _parse_int(limit_text, "limit", where_f)
             if limit < 0:
                 raise ModelError(f"{where_f}: negative limit")
+        lazy = elem.get("lazy")
+        if lazy not in (None, "0", "1"):
+            raise ModelError(f"{where_f}: lazy= is 0 or 1")
+        if lazy == "1" and ftype != "hash":
+            raise ModelError(f"{where_f}: lazy= applies to hash fields")
         bits: tuple[Bit, ...] = ()
         if ftype == "bits":
             bits = self._bits(elem, where_f, int(size or 1) * 8)
@@ -559,6 +569,7 @@ class _Loader:
                 tests=self._tests(elem),
                 default=default,
                 limit=limit,
+                lazy=lazy == "1",
             )
         ]
 

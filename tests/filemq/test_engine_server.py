@@ -337,3 +337,61 @@ def test_a_file_list_past_its_limit_is_refused_before_it_is_decoded(
     if options:  # the limit itself is accepted (2,000,000 entries: seconds to decode)
         s = ready()
         assert replies(s.receive(_icanhaz_raw(256, 0), 1.0)) == [fmq_msg.IcanhazOk()]
+
+
+def _session_asking(answer: bool) -> tuple[ServerSession, list[tuple[str, bytes, str]]]:
+    """A ready session whose I/O layer answers ``answer`` to every up-to-date question,
+    and the questions it was asked."""
+    asked: list[tuple[str, bytes, str]] = []
+
+    def up_to_date(sub: Subscribe, octets: bytes, attrs: str) -> bool:
+        asked.append((sub.path, octets, attrs))
+        return answer
+
+    s = ServerSession(WIRE, b"c1", 0.0, up_to_date=up_to_date)
+    assert replies(s.receive(frames(fmq_msg.Ohai()), 0.0)) == [fmq_msg.OhaiOk()]
+    return s, asked
+
+
+def test_a_resync_the_server_finds_up_to_date_is_subscribed_without_its_cache() -> None:
+    """The I/O layer is asked with the cache as it came (octets, not a dict) and the
+    ATTRS text; a yes subscribes with nothing to plan and nothing decoded."""
+    cache = {"a.txt": "a" * 40, "d/b.txt": "b" * 40}
+    options = {"RESYNC": "1", "META": "777", "ATTRS": "a.txt\tf\t644\t1"}
+    s, asked = _session_asking(True)
+    actions = s.receive(frames(fmq_msg.Icanhaz("/", options, cache)), 1.0)
+    assert replies(actions) == [fmq_msg.IcanhazOk()]
+    sub = next(a for a in actions if isinstance(a, Subscribe))
+    assert sub.up_to_date and sub.cache == {} and sub.attrs == {} and sub.resync
+    sent = fmq_msg.encode(fmq_msg.Icanhaz("/", {}, cache))[0][9:]  # (after path, options)
+    assert asked == [("/", sent, options["ATTRS"])]
+    s, asked = _session_asking(False)
+    sub = next(
+        a
+        for a in s.receive(frames(fmq_msg.Icanhaz("/", options, cache)), 1.0)
+        if isinstance(a, Subscribe)
+    )
+    assert not sub.up_to_date and sub.cache == {"/a.txt": "a" * 40, "/d/b.txt": "b" * 40}
+    assert sub.attrs == {"/a.txt": "f\t644\t1"} and len(asked) == 1
+    s, asked = _session_asking(True)  # no resync asked: nothing to ask about
+    s.receive(frames(fmq_msg.Icanhaz("/", {}, cache)), 1.0)
+    assert asked == []
+
+
+@pytest.mark.parametrize("answer", [False, True])
+def test_a_cache_entry_that_does_not_decode_gets_rtfm_unless_it_matched(answer: bool) -> None:
+    """The cache is decoded when the server reads it: a malformed entry found then is RTFM
+    as a malformed command found by ``decode`` was (and the session closed).  Octets the
+    server found equal to its own encoding are its own, well-formed ones."""
+    bad = b"\x00\x00\x00\x01" + b"\x02\xff\xfe" + b"\x00\x00\x00\x01x"
+    raw = b"\xaa\xa3\x05\x01/" + fmq_msg.encode(fmq_msg.Icanhaz("", {"RESYNC": "1"}))[0][4:-4]
+    s, _asked = _session_asking(answer)
+    actions = s.receive([raw + bad], 1.0)
+    if answer:
+        assert replies(actions) == [fmq_msg.IcanhazOk()]
+        return
+    answer_frames = replies(actions)
+    assert len(answer_frames) == 1 and isinstance(answer_frames[0], fmq_msg.Rtfm)
+    assert "malformed" in answer_frames[0].reason
+    assert any(isinstance(a, Close) for a in actions)
+    assert not any(isinstance(a, Subscribe) for a in actions)

@@ -1,0 +1,80 @@
+"""``refresh`` of a loaded index (packed rows, looked up by bisection) must find what
+the check of an index made in memory finds (the oracle: every entry set one by one),
+for every kind of change, and again once changed entries live beside the rows."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from filemq.index import FileIndex
+
+from .conftest import write_tree
+
+
+def _tree() -> dict[str, bytes]:
+    tree = {f"d{i % 3}/f{i:03d}.txt": b"content %03d" % i for i in range(90)}
+    tree.update({f"d1/m{i}/g{i}.txt": b"nested %d" % i for i in range(3)})  # (between d1's)
+    tree.update({"ünï/f.txt": b"not ascii", "top.txt": b"top", "d2/.filemq-part-x": b"t"})
+    return tree
+
+
+def _replace(path: Path) -> None:
+    """A new file (new inode) with the same size and mtime: renamed over the old one."""
+    st = path.stat()
+    fresh = path.with_name(path.name + ".new")
+    fresh.write_bytes(path.read_bytes().upper())
+    os.utime(fresh, ns=(st.st_atime_ns, st.st_mtime_ns))
+    fresh.rename(path)
+
+
+def _to_folder(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
+    (path / "inside.txt").write_bytes(b"in")
+
+
+def _f(root: Path, i: int) -> Path:
+    return root / f"d{i % 3}" / f"f{i:03d}.txt"
+
+
+# each change applied twice (k = 0, 1): the second time to another file of the same folder
+CHANGES: dict[str, Callable[[Path, int], object]] = {
+    "size": lambda r, k: _f(r, 3 + 30 * k).write_bytes(b"longer than it was"),
+    "mtime": lambda r, k: os.utime(_f(r, 4 + 30 * k), ns=(10**9, 10**9)),
+    "mode": lambda r, k: os.chmod(_f(r, 5 + 30 * k), 0o600),
+    "replaced by rename": lambda r, k: _replace(_f(r, 6 + 30 * k)),
+    "deleted": lambda r, k: _f(r, 7 + 30 * k).unlink(),
+    "added": lambda r, k: (r / f"d2/new{k}.txt").write_bytes(b"new"),
+    "file to folder": lambda r, k: _to_folder(_f(r, 9 + 30 * k)),
+    "nested": lambda r, k: (r / f"d1/m{k}/g{k}.txt").write_bytes(b"changed nested"),
+    "not ascii": lambda r, k: (r / "ünï/f.txt").write_bytes(b"changed, longer" * (k + 1)),
+    "a whole folder": lambda r, k: [_f(r, i + 30 * k).write_bytes(b"x") for i in (2, 5, 8)],
+}
+
+
+def _same_view(loaded: FileIndex, oracle: FileIndex) -> None:
+    assert loaded.entries() == oracle.entries()
+    assert loaded.nodes() == oracle.nodes()
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_a_loaded_index_finds_what_the_one_by_one_check_finds(tmp_path: Path, change: str) -> None:
+    root = tmp_path / "root"
+    write_tree(root, _tree())
+    skip = lambda name: name.startswith("d2/.filemq-part-")  # noqa: E731 (an exclude)
+    oracle = FileIndex(root, tree=True, exclude=skip)
+    oracle.refresh()
+    oracle.save(tmp_path / "i.idx")
+    loaded = FileIndex.load(tmp_path / "i.idx", root, tree=True, exclude=skip)
+    assert loaded.refresh() == oracle.refresh()  # nothing changed: nothing found
+    for k in range(2):  # (the second time, the first round's entries are not rows)
+        CHANGES[change](root, k)
+        found = loaded.refresh()
+        assert found == oracle.refresh()
+        assert found.changed or found.removed or found.nodes
+        _same_view(loaded, oracle)
+        assert "d2/.filemq-part-x" not in loaded
