@@ -8,25 +8,9 @@ from __future__ import annotations
 from broker.engine.delivery import PersistentDeliveryHandler
 from broker.protocol import Header as H
 from broker.protocol import MessageType, ResultCode, header
-from broker.store.base import QueueKey, StoredMessage
-from broker.store.log.errors import StoreIOError
-from broker.store.memory import MemoryStore
 from broker.tmqp import Frame
 from tests.broker.engine_kit import Kit
-
-
-class FullDisk(MemoryStore):
-    """A store with room for ``room`` messages: every later append raises."""
-
-    def __init__(self, room: int) -> None:
-        super().__init__()
-        self.room = room
-
-    def append(self, queue: QueueKey, message: StoredMessage) -> None:
-        if self.room <= 0:
-            raise StoreIOError("No space left on device")
-        self.room -= 1
-        super().append(queue, message)
+from tests.broker.full_disk import FullDisk
 
 
 def _push(kit: Kit, mid: str, *, response: bool = False, ack: bool = False) -> list[Frame]:

@@ -19,9 +19,7 @@ from broker.engine.engine import Engine
 from broker.message import Message
 from broker.protocol import ConnectionInfo
 from broker.stomp.frames import Command, Frame
-from broker.store.base import QueueKey, StoredMessage
-from broker.store.log.errors import StoreIOError
-from broker.store.memory import MemoryStore
+from tests.broker.full_disk import FullDisk
 from tests.polling import wait_until
 from tests.stomp.test_engine_backend import Broker
 from tests.stomp.test_listener import Raw
@@ -65,20 +63,6 @@ def flaky(zctx: Ctx) -> Iterator[Broker]:
     b = Broker(zctx, Engine(authorizer=FlakyPolicy(fail_at=2)))
     yield b
     b.stop()
-
-
-class FullDisk(MemoryStore):
-    """A store whose disk fills after ``room`` messages: every later append raises."""
-
-    def __init__(self, room: int) -> None:
-        super().__init__()
-        self.room = room
-
-    def append(self, queue: QueueKey, message: StoredMessage) -> None:
-        if self.room <= 0:
-            raise StoreIOError("No space left on device")
-        self.room -= 1
-        super().append(queue, message)
 
 
 @pytest.fixture
