@@ -889,7 +889,7 @@ class Session:
         events: list[Event] = []
         if not self.first:
             # a new session: join the channels and subscribe the events again (unawaited)
-            for name, prefetch in list(self.channels.items()):
+            for name, prefetch in self.channels.copy().items():
                 events.append(Send(tmqp.encode(join_frame(self.new_id(), name, prefetch))[0]))
             for event, channel, queue_id in list(self.subscriptions):
                 frame = event_frame(self.new_id(), event, True, channel, queue_id)
@@ -961,13 +961,17 @@ class Session:
 
     def _sweep(self, now: float) -> list[Event]:
         events: list[Event] = []
-        for mid, entry in list(self.pending.items()):
+        # (a snapshot by ``dict.copy``, not ``list(d.items())``: callers' threads add to
+        # ``pending`` (``start``/``expect``) while the I/O thread sweeps it, and building
+        # the item tuples can run the garbage collector -- Python code, a thread switch --
+        # in the middle of the iteration: "dictionary changed size during iteration")
+        for mid, entry in self.pending.copy().items():
             if entry.deadline <= now and self.pending.pop(mid, None) is not None:
                 what = f"no answer from the broker to {mid} within {entry.timeout} s"
                 events.append(Failed(entry.waiter, RequestTimeout(what)))
         if self.batched:  # batches none of whose pushes waits any more
             pending = self.pending
-            for bid, inner in list(self.batched.items()):
+            for bid, inner in self.batched.copy().items():
                 if not any(mid in pending for _i, mid in inner):
                     del self.batched[bid]
         return events
