@@ -32,6 +32,7 @@ from tests.broker.test_server_curve import (  # noqa: F401 (fixtures)
     keys,
     refused_before_the_hello,
 )
+from tests.dropped_pipe import DEADLINE
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 Main = Callable[[zmq.asyncio.Context, str], Awaitable[None]]
@@ -343,13 +344,14 @@ def test_curve_settings_are_checked(curve: tuple[str, dict[str, Path]]) -> None:
     run("tcp://127.0.0.1:1", main)
 
 
-def told_curve_is_required(endpoint: str) -> None:
-    """A plain client of the CURVE broker at ``endpoint``: its connect fails, saying so."""
+def told_curve_is_required(endpoint: str, timeout: float = 3.0) -> None:
+    """A plain client of the CURVE broker at ``endpoint``: its connect fails, saying so
+    (within ``timeout`` seconds on the client's clock)."""
 
     async def main(ctx: zmq.asyncio.Context, ep: str) -> None:
-        plain = client(ctx, ep, timeout=3.0)
+        plain = client(ctx, ep, timeout=timeout)
         with pytest.raises(AccessRefused, match="requires CURVE"):
-            await asyncio.wait_for(plain.connect(), 10)
+            await asyncio.wait_for(plain.connect(), timeout + 7)
 
     run(endpoint, main)
 
@@ -368,7 +370,8 @@ def test_plain_async_client_refused_before_its_hello_is_told(
     import broker.client.aio as driver
 
     refused_before_the_hello(monkeypatch, driver)
-    told_curve_is_required(curve[0])
+    # the dial runs on the client's clock: its connect waits out the whole search
+    told_curve_is_required(curve[0], timeout=2 * DEADLINE)
 
 
 def test_pull_and_events_now_shared_with_the_blocking_client(endpoint: str) -> None:
