@@ -24,8 +24,8 @@ from broker.store.base import Store
 
 from .engine_kit import Frame, Kit
 from .full_disk import FullDisk
-from .test_engine_batch_durable import PERSISTENT, _kit, _records, _reopened
-from .test_engine_batch_path import _counters, _session, _step, one_by_one
+from .test_engine_batch_durable import PERSISTENT, compare_sessions
+from .test_engine_batch_path import _counters, one_by_one
 
 Item = tuple[int, tmqp.Frame, bytes]
 
@@ -57,29 +57,8 @@ def _mostly_acknowledged(rnd: random.Random, steps: list[tuple[str, str, Any]]) 
 def test_acknowledged_runs_give_what_one_by_one_gives_before_and_after_restart(
     tmp_path: Path, auto_transmit: bool, runs: list[int], request: pytest.FixtureRequest
 ) -> None:
-    refused = kept = 0
-    for seed in range(8):
-        rnd = random.Random(seed)
-        steps = _session(rnd, rnd.randint(10, 40))
-        _mostly_acknowledged(rnd, steps)
-        batched, b_store = _kit(tmp_path / f"b{seed}", auto_transmit)
-        single, s_store = _kit(tmp_path / f"s{seed}", auto_transmit)
-        request.addfinalizer(b_store.close)
-        request.addfinalizer(s_store.close)
-        for n, step in enumerate(steps):
-            batched.now = single.now = batched.now + 0.001
-            got = _step(batched, True, step)
-            assert got == _step(single, False, step), (seed, n, step[0])
-            assert _counters(batched) == _counters(single), (seed, n, step[0])
-            if step[0] == "batch":
-                refused += len(got[1])
-        records = _records(b_store)
-        assert records == _records(s_store), seed
-        kept += sum(len(v) for v in records.values())
-        assert batched.inbox == single.inbox, seed
-        b_store.close()
-        s_store.close()
-        assert _reopened(tmp_path / f"b{seed}") == _reopened(tmp_path / f"s{seed}"), seed
+    _, kept, _, refused = compare_sessions(tmp_path, auto_transmit, request,
+                                           _mostly_acknowledged)  # fmt: skip
     assert sum(n > 1 for n in runs) >= 100 and sum(runs) >= 400  # the run path compared
     assert refused >= 1  # (refusals in the middle of runs: the tests below)
     assert kept >= 40  # and stores holding messages, not empty
@@ -113,21 +92,27 @@ def _stored(store: Store) -> list[bytes]:
     return [s.message.payload[:4] for s in store.iterate(("ch", 1))]
 
 
-def test_a_disk_that_fills_mid_run_acknowledges_only_what_it_stored(runs: list[int]) -> None:
-    """Room for 5 of 12: the 7 after are refused by index ("failed"), each as one by one
-    refuses it; every push not refused is in the store, in order."""
+def _both(store_room: int, items: list[Item], **options: Any) -> tuple[Any, ...]:
+    """The batch through ``receive_batch`` and one by one, each on its own engine over a
+    store with room for ``store_room`` messages: (output, refused, later, stored) of the
+    first, after checking the second gave the same (and the same counters)."""
     results = []
     for batched in (True, False):
-        store = FullDisk(5)
-        kit = _memory_kit(store)
-        items = _acked(12)
+        store = FullDisk(store_room)
+        kit = _memory_kit(store, **options)
         if batched:
             out, refused, later = kit.engine.receive_batch("p", items, kit.now)
         else:
             out, refused, later = one_by_one(kit.engine, "p", items, kit.now)
         results.append((out, refused, later, _stored(store), _counters(kit)))
     assert results[0] == results[1]
-    _, refused, later, stored, _ = results[0]
+    return results[0][:4]
+
+
+def test_a_disk_that_fills_mid_run_acknowledges_only_what_it_stored(runs: list[int]) -> None:
+    """Room for 5 of 12: the 7 after are refused by index ("failed"), each as one by one
+    refuses it; every push not refused is in the store, in order."""
+    _, refused, later, stored = _both(5, _acked(12))
     assert runs == [12]  # (the batch went through the run path, whole)
     assert later == []
     assert refused == [(k, NackReason.FAILED, "") for k in range(5, 12)]
@@ -142,19 +127,8 @@ def test_refused_entries_in_the_middle_of_a_run_take_the_general_path(
     answered as one by one does, the run resumed after it, the rest saved in order."""
     big = frozenset({3, 7})
     ids = {9: "m1"}  # a retry of push 1: a duplicate within the window, answered "done"
-    results = []
-    for batched in (True, False):
-        store = FullDisk(100)
-        kit = _memory_kit(store, message_size_limit=40, use_message_id=True,
-                          duplicate_window=100)  # fmt: skip
-        items = _acked(14, big=big, ids=ids)
-        if batched:
-            out, refused, later = kit.engine.receive_batch("p", items, kit.now)
-        else:
-            out, refused, later = one_by_one(kit.engine, "p", items, kit.now)
-        results.append((out, refused, later, _stored(store), _counters(kit)))
-    assert results[0] == results[1]
-    _, refused, later, stored, _ = results[0]
+    _, refused, later, stored = _both(100, _acked(14, big=big, ids=ids), message_size_limit=40,
+                                      use_message_id=True, duplicate_window=100)  # fmt: skip
     assert [(i, why) for i, why, _ in refused] == [(3, NackReason.LIMIT_EXCEEDED),
                                                    (7, NackReason.LIMIT_EXCEEDED)]  # fmt: skip
     assert later == []
