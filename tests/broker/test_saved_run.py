@@ -19,6 +19,7 @@ from broker import tmqp
 from broker.engine import engine as engine_module
 from broker.engine.delivery import PersistentDeliveryHandler
 from broker.engine.options import BrokerConfig
+from broker.engine.queue import saved_run
 from broker.protocol import MessageType, NackReason
 from broker.store.base import Store
 
@@ -134,3 +135,31 @@ def test_refused_entries_in_the_middle_of_a_run_take_the_general_path(
     assert later == []
     assert stored == [b"%04d" % k for k in range(14) if k not in big and k != 9]
     assert runs[0] == 3 and sum(runs) == 14 - 3  # resumed after each one taken singly
+
+
+def test_a_collaborator_raising_mid_run_refuses_that_push_and_no_other(
+    runs: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The message model raises on the third push of a run (a bug in a collaborator):
+    that push is refused ("failed", "internal error") and counted as an error -- never
+    a false yes -- the two before it are acknowledged and stored, the rest go on."""
+    real = saved_run.derive
+    calls = 0
+
+    def third_raises(*args: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise RuntimeError("a bug")
+        return real(*args)
+
+    monkeypatch.setattr(saved_run, "derive", third_raises)
+    store = FullDisk(100)
+    kit = _memory_kit(store)
+    errors = kit.engine.errors
+    _, refused, later = kit.engine.receive_batch("p", _acked(8), kit.now)
+    assert refused == [(2, NackReason.FAILED, saved_run.INTERNAL_ERROR)]
+    assert later == []
+    assert kit.engine.errors == errors + 1
+    assert _stored(store) == [b"%04d" % k for k in range(8) if k != 2]
+    assert runs == [3, 5]  # the run ended at the failure; the rest came back as one
