@@ -7,7 +7,7 @@ instead of one general push (``Engine._push`` -> ``Queue.accept``) per frame.  T
 answers all its pushes with one acknowledge, so a saved push needs no acknowledge frame
 of its own: it is marked acknowledged; a push the store refused is reported by its
 position (the batch refuses it by index, ``failed``, as the negative acknowledge
-``Ledger.side_effects`` makes would have).
+``Queue.accept`` makes for it would have).
 
 Every rule of the general path is kept, in its order, per message: a push that is not
 acknowledged, carries headers or no message id, goes elsewhere, is a duplicate within
