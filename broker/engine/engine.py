@@ -80,7 +80,11 @@ from broker.engine.auth import Action, AllowAll, Authorizer
 from broker.engine.channels import Channel, ChannelRegistry, Client, valid_channel_name
 from broker.engine.clients import ClientRegistry
 from broker.engine.definitions import DSUB_PREFIX, ROUTER_PREFIX
-from broker.engine.delivery import DefaultDeliveryHandler, DeliveryHandler
+from broker.engine.delivery import (
+    DefaultDeliveryHandler,
+    DeliveryHandler,
+    PersistentDeliveryHandler,
+)
 from broker.engine.dsubs import DurableSubscriptions
 from broker.engine.errors import ClientRejected, EngineError, OperationError
 from broker.engine.events import EventHub
@@ -97,6 +101,7 @@ from broker.engine.options import (
 )
 from broker.engine.parts import EngineParts
 from broker.engine.queue.queue import Queue
+from broker.engine.queue.saved_run import push_saved_run
 from broker.engine.replies import answer_done, answer_failure, is_answer, reject_push
 from broker.engine.router import Router, RouterError, RouterTable, router_from_json
 from broker.engine.tmqp_door import message_of
@@ -107,6 +112,7 @@ from broker.protocol import (
     EventName,
     Header,
     MessageType,
+    NackReason,
     NoContent,
     Outgoing,
     ResultCode,
@@ -141,6 +147,9 @@ _NO_RECEIPT: tuple[str, int | None] = ("", None)
 _INTERNAL = OperationError(ResultCode.FAILED, "internal error")
 #: A push its handler wanted saved that the store refused.
 _UNSAVED = OperationError(ResultCode.FAILED, "not saved: the store failed")
+#: A handler whose ``received_from_producer`` is this saves and confirms every push
+#: (``SAVE_ACK``): its queue's acknowledged runs may take ``saved_run``.
+_SAVES_EVERY_PUSH = PersistentDeliveryHandler.received_from_producer
 
 
 def _default_id_factory() -> Callable[[], str]:
@@ -388,29 +397,32 @@ class Engine:
         n = len(items)
         i = 0
         run_end = 0  # items[run_start:run_end]: pushes into one queue that wait for nothing
-        run_start = 0
+        run_start = 0  # (or, ``saved``, all for an acknowledge)
+        saved = False
         run_queue: Queue | None = None  # their queue, when they may take its fast path
         run: list[Message] = []  # their messages
         while i < n:
             index, frame, data = items[i]
             if i >= run_end and (
-                frame.message_type == _QUEUE
-                and not frame.headers
-                and not frame.pending_ack
-                and not frame.pending_response
+                frame.message_type == _QUEUE and not frame.headers and not frame.pending_response
             ):
-                run_start, run_end = i, self._run_end(items, i)
+                saved = frame.pending_ack  # a run of acknowledged pushes: ``saved_run``
+                run_start, run_end = i, self._run_end(items, i, saved)
                 run_queue = None
                 if run_end - i > 1:
-                    run_queue = self._run_queue(client, frame)
+                    run_queue = self._run_queue(client, frame, saved)
                     if run_queue is not None:
                         run = [message_of(f, d) for _, f, d in items[i:run_end]]
             if run_queue is not None and i < run_end:
-                try:
-                    taken = run_queue.push_plain_run(run, i - run_start, client, now, out)
-                except Exception as exc:  # nobody in the run waits for an answer
-                    self.count_error("receive batch", exc)
-                    taken = run_end - i
+                if saved:
+                    taken = self._push_saved_run(run_queue, run, i - run_start, client, now,
+                                                 out, items, run_start, refused)  # fmt: skip
+                else:
+                    try:
+                        taken = run_queue.push_plain_run(run, i - run_start, client, now, out)
+                    except Exception as exc:  # nobody in the run waits for an answer
+                        self.count_error("receive batch", exc)
+                        taken = run_end - i
                 if taken:
                     i += taken
                     continue
@@ -422,9 +434,12 @@ class Engine:
         return out, refused, later
 
     @staticmethod
-    def _run_end(items: Sequence[tuple[int, tmqp.Frame, bytes]], start: int) -> int:
+    def _run_end(
+        items: Sequence[tuple[int, tmqp.Frame, bytes]], start: int, acked: bool = False
+    ) -> int:
         """The end of the run of pushes from ``items[start]`` on into its queue that
-        carry no headers and wait for no answer."""
+        carry no headers and wait for no answer (``acked``: all wait for an acknowledge,
+        none for a response)."""
         first = items[start][1]
         target = first.target
         content_type = first.content_type
@@ -435,7 +450,7 @@ class Engine:
             if (
                 f.message_type != _QUEUE
                 or f.headers
-                or f.pending_ack
+                or f.pending_ack != acked
                 or f.pending_response
                 or f.content_type != content_type
                 or f.target != target
@@ -444,16 +459,22 @@ class Engine:
             end += 1
         return end
 
-    def _run_queue(self, client: Client, first: tmqp.Frame) -> Queue | None:
+    def _run_queue(self, client: Client, first: tmqp.Frame, saved: bool = False) -> Queue | None:
         """The queue a run of pushes goes to when ``_push`` would offer each of them to
-        its fast path (``Queue.push_plain``): it exists, the producer may push, no
-        MESSAGE_PRODUCED subscriber and no durable subscription wait; None: one by one.
-        None of that changes within a batch (it holds only pushes and acknowledges)."""
+        its fast path (``Queue.push_plain``), or (``saved``: acknowledged pushes) when
+        its handler saves every push and confirms it once saved (``saved_run``): it
+        exists, the producer may push, no MESSAGE_PRODUCED subscriber and no durable
+        subscription wait; None: one by one.  None of that changes within a batch (it
+        holds only pushes and acknowledges)."""
         channel = self.channels.get(first.target)
         queue = channel.queues.get(first.content_type) if channel is not None else None
         if (
             queue is None
-            or not queue.plain
+            or not (
+                type(queue.hooks.handler).received_from_producer is _SAVES_EVERY_PUSH
+                if saved
+                else queue.plain
+            )
             or self.events.has(EventName.MESSAGE_PRODUCED)
             or (self.durable.by_topic and self.durable.queues_for(queue.channel.name))
         ):
@@ -464,6 +485,29 @@ class Engine:
         ):
             return None  # refused one by one
         return queue
+
+    def _push_saved_run(
+        self,
+        queue: Queue,
+        run: list[Message],
+        start: int,
+        client: Client,
+        now: float,
+        out: list[Outgoing],
+        items: Sequence[tuple[int, tmqp.Frame, bytes]],
+        run_start: int,
+        refused: list[tuple[int, str, str]],
+    ) -> int:
+        """``saved_run.push_saved_run`` of ``run[start:]`` (``items[run_start:]``): how
+        many it took; those whose producer must hear "no" are refused by index."""
+        said_no: list[tuple[int, str]] = []
+        limit = self.config.limits.max_queue_messages
+        taken = push_saved_run(queue, run, start, client, now, out, limit, said_no)
+        for k, why in said_no:  # ("": not saved, the negative acknowledge of ``Ledger``)
+            refused.append((items[run_start + k][0], NackReason.FAILED, why))
+        if self.receipts.outbox:
+            self.receipts.take(out)
+        return taken
 
     @staticmethod
     def _take_push_ack(

@@ -360,7 +360,14 @@ class Server:
                 if gate is not None and store_fd in events:
                     gate.release()  # before the messages: acknowledges leave first
                 if router in events:
-                    self._drain(router)
+                    if gate is not None:  # the drain's saves: one group per queue
+                        gate.begin()
+                        try:
+                            self._drain(router)
+                        finally:
+                            gate.end()
+                    else:
+                        self._drain(router)
                 elif not int(router.get(zmq.EVENTS)) & zmq.POLLIN:
                     self.sessions.emptied_at = self.clock()  # nothing left to read
                 now = self.clock()

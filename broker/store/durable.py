@@ -58,16 +58,17 @@ written); the server holds its output until :attr:`completed` reaches it
 message late costs a redelivery, never a loss.
 
 Held appends.  Between :meth:`DurableStore.hold` and :meth:`DurableStore.release` (the
-engine's batch of pushes, ``Engine.receive_batch``) an append is encoded and checked at
-once -- what the log would refuse (a record too large, ``max_pending`` writes waiting, a
-failed or closed log) raises there, so the engine refuses that one message as it would
-have -- and kept back; consecutive appends to one queue then go to the log together
-(``LogStore.append_many``: one turn of its lock, one writer entry, one ticket, so one
-durability wait for the group).  Every other call writes what is held first, so the log
-sees the engine's writes in the engine's order (a removal never precedes its record).  A
-held group the log fails to take after all (its writer failed meanwhile) makes
-``appended`` a ticket that never completes: nothing sent after it leaves, as when the
-writer fails under queued appends.
+engine's batch of pushes, ``Engine.receive_batch``; the server's drain of its socket,
+``OutputGate.begin``/``end``: holds nest, the outermost release writes) an append is
+encoded and checked at once -- what the log would refuse (a record too large,
+``max_pending`` writes waiting, a failed or closed log) raises there, so the engine
+refuses that one message as it would have -- and kept back; consecutive appends to one
+queue then go to the log together (``LogStore.append_many``: one turn of its lock, one
+writer entry, one ticket, so one durability wait for the group).  Every other call
+writes what is held first, so the log sees the engine's writes in the engine's order (a
+removal never precedes its record).  A held group the log fails to take after all (its
+writer failed meanwhile) makes ``appended`` a ticket that never completes: nothing sent
+after it leaves, as when the writer fails under queued appends.
 
 Damage.  A record whose blob cannot be decoded (a bug, or a version this code does not
 read) is logged with its queue and sequence number and skipped on recovery; the log
@@ -289,8 +290,9 @@ class DurableStore(Store):
         self._last: dict[QueueKey, int] = {}
         #: highest ticket of a write a reply depends on (see the module docstring)
         self.appended = 0
-        #: "Held appends": holding?  and the (blob, meta, engine number) of one queue
-        self._holding = False
+        #: "Held appends": open holds (they nest), and the (blob, meta, engine number)
+        #: of one queue's appends kept back
+        self._holds = 0
         self._held_queue: QueueKey | None = None
         self._held: list[tuple[bytes, Meta, int]] = []
 
@@ -305,20 +307,29 @@ class DurableStore(Store):
         return self.log.drain()
 
     def hold(self) -> None:
-        """Hold appends until :meth:`release` (see "Held appends")."""
-        self._holding = True
+        """Hold appends until :meth:`release` (see "Held appends"); holds nest (the
+        server's drain holds around the engine's batch, which holds too)."""
+        self._holds += 1
 
     def release(self) -> None:
-        """Write what :meth:`hold` kept back, one group per queue, and stop holding."""
-        self._holding = False
-        if self._held:
+        """End a :meth:`hold`; the outermost writes what was kept back, one group per
+        queue, and stops holding."""
+        if self._holds > 0:
+            self._holds -= 1
+        if not self._holds and self._held:
             self._write_held()
+
+    @property
+    def unwritten(self) -> int:
+        """Appends held back, not given to the log yet: ``appended`` does not cover them
+        (the gate holds replies until :meth:`release` gives them their ticket)."""
+        return len(self._held)
 
     def append(self, queue: QueueKey, message: StoredMessage) -> None:
         sequence = message.sequence
         blob = encode_message(message.message, message.producer_id, sequence)
         meta = _meta(message)
-        if self._holding:
+        if self._holds:
             self.log.check_append(queue, blob, meta)  # (raises now what the write would)
             if queue != self._held_queue:
                 if self._held:

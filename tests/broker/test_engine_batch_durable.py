@@ -13,6 +13,7 @@ transports, reconnects), on queues whose handler is ``persistent``.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,14 +70,22 @@ def _reopened(directory: Path) -> dict[tuple[str, int], Any]:
         return {key: (_records(store)[key], store.last_sequence(key)) for key in store.queues()}
 
 
-@pytest.mark.parametrize("auto_transmit", [True, False], ids=["sent-at-once", "held-back"])
-def test_saving_a_batch_as_groups_gives_what_one_by_one_gives(
-    tmp_path: Path, auto_transmit: bool, request: pytest.FixtureRequest
-) -> None:
-    saved = kept = compared = 0
+def compare_sessions(
+    tmp_path: Path,
+    auto_transmit: bool,
+    request: pytest.FixtureRequest,
+    tweak: Callable[[random.Random, list[tuple[str, str, Any]]], None] | None = None,
+) -> tuple[int, int, int, int]:
+    """Eight random sessions (``tweak`` may change each one's steps) on two engines over
+    real logs, batched and one by one: the same output, counters, records, inboxes, and
+    the same after a restart.  Returns (messages saved, records kept at the end, outputs
+    and refusals compared, refusals)."""
+    saved = kept = compared = refused = 0
     for seed in range(8):
         rnd = random.Random(seed)
         steps = _session(rnd, rnd.randint(10, 40))
+        if tweak is not None:
+            tweak(rnd, steps)
         batched, b_store = _kit(tmp_path / f"b{seed}", auto_transmit)
         single, s_store = _kit(tmp_path / f"s{seed}", auto_transmit)
         request.addfinalizer(b_store.close)
@@ -88,6 +97,7 @@ def test_saving_a_batch_as_groups_gives_what_one_by_one_gives(
             assert _counters(batched) == _counters(single), (seed, n, step[0])
             if step[0] == "batch":
                 compared += len(got[0]) + len(got[1])
+                refused += len(got[1])
         records = _records(b_store)
         assert records == _records(s_store), seed
         kept += sum(len(v) for v in records.values())
@@ -96,6 +106,14 @@ def test_saving_a_batch_as_groups_gives_what_one_by_one_gives(
         b_store.close()
         s_store.close()
         assert _reopened(tmp_path / f"b{seed}") == _reopened(tmp_path / f"s{seed}"), seed
+    return saved, kept, compared, refused
+
+
+@pytest.mark.parametrize("auto_transmit", [True, False], ids=["sent-at-once", "held-back"])
+def test_saving_a_batch_as_groups_gives_what_one_by_one_gives(
+    tmp_path: Path, auto_transmit: bool, request: pytest.FixtureRequest
+) -> None:
+    saved, kept, compared, _ = compare_sessions(tmp_path, auto_transmit, request)
     assert saved >= 500  # the batches saved messages (compared above)...
     assert kept >= 40  # ...and the stores were compared holding some, not empty
     assert compared >= 1000

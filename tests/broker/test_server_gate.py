@@ -10,10 +10,11 @@ from broker.engine.delivery import PersistentDeliveryHandler
 from broker.engine.engine import Engine
 from broker.engine.options import ChannelQueueOptions
 from broker.message import Message
-from broker.protocol import ConnectionInfo
+from broker.protocol import ConnectionInfo, MessageType
 from broker.server.gate import OutputGate
 from broker.store.durable import DurableStore
 from broker.store.log import LogStore
+from broker.tmqp import Frame
 
 
 class Tickets:
@@ -33,6 +34,19 @@ class Tickets:
     def flush(self) -> None:
         self.flushed += 1
         self.completed = self.appended
+
+    # a drain's held appends (``Store.hold``): the test says how many are kept back
+    def hold(self) -> None:
+        self.holds += 1
+
+    def release(self) -> None:
+        self.holds -= 1
+        if not self.holds and self.unwritten:
+            self.appended += 1  # the held appends go to the log as one group
+            self.unwritten = 0
+
+    holds = 0
+    unwritten = 0
 
 
 def test_output_waits_for_its_ticket_and_nothing_overtakes_it() -> None:
@@ -127,3 +141,101 @@ def test_a_call_runs_in_order_once_its_writes_are_durable() -> None:
     store.completed = 2
     gate.release()
     assert sent == ["at once", ["ack 2"], "receipt"] and gate.held == 0
+
+
+def test_a_drain_tags_what_waited_for_its_held_appends_with_their_ticket() -> None:
+    """Outputs admitted after an append the store holds back cannot know their ticket:
+    they wait (and everything after them) for the drain's end, which tags them with the
+    group's; before that, nothing held back, outputs go as usual."""
+    store = Tickets()
+    sent: list[Any] = []
+    gate = OutputGate(store, sent.append)
+    gate.begin()
+    assert store.holds == 1
+    gate.admit(["pong-like"])  # nothing held back: at once
+    store.unwritten = 2  # two saves held back
+    gate.admit([("p1", "ack 1")])
+    store.unwritten = 0  # (another store call wrote them: the order still holds)
+    gate.admit([("p2", "plain")])
+    gate.call(lambda: sent.append("receipt"))
+    gate.forget("p2")
+    assert sent == [["pong-like"]] and gate.held == 3
+    store.unwritten = 1
+    gate.end()
+    assert store.holds == 0 and store.appended == 1
+    assert sent == [["pong-like"]] and gate.held == 3  # the group's ticket is pending
+    store.completed = 1
+    gate.release()
+    assert sent == [["pong-like"], [("p1", "ack 1")], [], "receipt"] and gate.held == 0
+    gate.begin()
+    gate.admit(["nothing held"])
+    gate.end()
+    assert sent[-1] == ["nothing held"]
+
+
+def _push(producer: str, k: int) -> Frame:
+    return Frame(message_type=MessageType.QUEUE, content_type=1, target="orders",
+                 pending_ack=True, message_id=f"m{k}", source=producer,
+                 payload=b"%04d" % k)  # fmt: skip
+
+
+def _orders(store: DurableStore) -> Engine:
+    engine = Engine(store=store, handlers={"persistent": PersistentDeliveryHandler()})
+    engine.create_channel("orders")
+    engine.create_queue("orders", 1, ChannelQueueOptions(message_delivery_handler="persistent"))
+    return engine
+
+
+def test_single_pushes_of_one_drain_share_one_write_and_acks_leave_after_it(
+    tmp_path: Path,
+) -> None:
+    """Eight producers' single acknowledged pushes in one drain (real log, fsync): one
+    group, one ticket; no acknowledge before that ticket completed; all saved in order."""
+    with LogStore(tmp_path) as log:
+        store = DurableStore(log)
+        engine = _orders(store)
+        producers = [engine.connect(ConnectionInfo(client_id=f"p{i}"), now=0.0)[0]
+                     for i in range(8)]  # fmt: skip
+        engine.receive("p0", _push("p0", 0), 0.0)  # (the queue's first record)
+        log.flush()
+        sent: list[tuple[int, Any]] = []
+        gate = OutputGate(store, lambda outs: sent.extend((log.completed, o) for o in outs))
+        before = store.appended
+        gate.begin()
+        for k, producer in enumerate(producers * 2, start=1):
+            gate.admit(engine.receive(producer, _push(producer, k), 0.0))
+        assert sent == [] and store.appended == before  # held back, nothing out yet
+        gate.end()
+        assert store.appended == before + 1  # the drain's 16 saves: one write, one ticket
+        while gate.held:
+            select.select([gate.fileno()], [], [], 5.0)
+            gate.release()
+        acks = sorted(out.frame.message_id for _, out in sent if not out.frame.headers)
+        assert acks == sorted(f"m{k}" for k in range(1, 17)) and len(sent) == 16
+        assert all(done >= before + 1 for done, _ in sent)
+        kept = [s.message.payload for s in store.iterate(("orders", 1))]
+        assert kept == [b"%04d" % k for k in range(17)]
+
+
+def test_a_log_that_fails_under_a_drain_acknowledges_nothing_unsaved(tmp_path: Path) -> None:
+    """The log takes the drain's first pushes (checked, held), then closes (a writer that
+    failed): the later pushes are refused at once, and the held ones' acknowledges never
+    leave -- nor anything after them; a restart finds none of them."""
+    log = LogStore(tmp_path)
+    store = DurableStore(log)
+    engine = _orders(store)
+    producers = [engine.connect(ConnectionInfo(client_id=f"p{i}"), now=0.0)[0]
+                 for i in range(4)]  # fmt: skip
+    sent: list[Any] = []
+    gate = OutputGate(store, sent.extend)
+    gate.begin()
+    for k, producer in enumerate(producers):
+        gate.admit(engine.receive(producer, _push(producer, k), 0.0))
+    log.close()
+    for k, producer in enumerate(producers, start=4):
+        gate.admit(engine.receive(producer, _push(producer, k), 0.0))
+    gate.end()
+    # never: the held group was not written, and the refusals wait behind it
+    assert store.appended > store.completed and sent == [] and gate.held == 8
+    with LogStore(tmp_path) as again:
+        assert list(DurableStore(again).iterate(("orders", 1))) == []
