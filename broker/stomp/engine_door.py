@@ -149,6 +149,14 @@ class EngineDoor:
     def receive(self, client_id: str, frame: Any, now: float, data: bytes | None = None) -> Any:
         return self._split(self.engine.receive(client_id, frame, now, data))
 
+    def receive_batch(
+        self, client_id: str, items: Sequence[tuple[int, tmqp.Frame, bytes]], now: float
+    ) -> tuple[list[Outgoing], list[tuple[int, str, str]], list[int]]:
+        """``Engine.receive_batch`` (a TMQP batch): its deliveries to STOMP connections
+        go to them, as those of every other engine call the server makes."""
+        outs, refused, later = self.engine.receive_batch(client_id, items, now)
+        return self._split(outs), refused, later
+
     def disconnect(self, client_id: str, now: float) -> list[Outgoing]:
         return self._split(self.engine.disconnect(client_id, now))
 
