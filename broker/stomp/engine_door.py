@@ -659,10 +659,14 @@ class EngineDoor:
         now: float,
         *,
         extras: SubExtras | None = None,
+        auto_ack: bool = False,
     ) -> list[Outgoing]:
         """Consume the destinations' channels (created as needed); a wildcard one
         consumes every matching channel now and each one created later.  ``extras``:
-        the queue subscription's selector, credit and include-seq (see :class:`SubExtras`)."""
+        the queue subscription's selector, credit and include-seq (see :class:`SubExtras`);
+        ``auto_ack``: the engine acknowledges the deliveries of the channels named (not
+        those a wildcard joins) once the listener reports them taken
+        (``Engine.acknowledge_taken``)."""
         client_id = self._client(conn)
         out: list[Outgoing] = []
         patterns = [d for d in destinations if d.wildcard]
@@ -683,6 +687,8 @@ class EngineDoor:
                 self._join(conn, channel, prefetch, exclusive, out, extras=extras)
             except OperationError as exc:
                 raise Refused(f"{destination.stomp}: {exc.reason}", out) from None
+            if auto_ack:
+                self.engine.acknowledge_taken(client_id, channel)
         if wild is not None:
             self.wild[(conn, sub_id)] = wild
             for name in list(self.engine.channels):
@@ -690,6 +696,17 @@ class EngineDoor:
                     with contextlib.suppress(OperationError):  # not authorized: skipped
                         self._join(conn, name, prefetch, exclusive, out, wild, extras=extras)
         return out
+
+    def op_acknowledge_taken(
+        self, conn: int, channels: Sequence[str], on: bool, now: float
+    ) -> list[Outgoing]:
+        """Whether the engine acknowledges the deliveries of the connection's
+        ``channels`` once reported taken (off: the listener acknowledges them itself)."""
+        client_id = self.client_of.get(conn)
+        if client_id is not None:
+            for channel in channels:
+                self.engine.acknowledge_taken(client_id, channel, on)
+        return []
 
     def op_return_credit(
         self, conn: int, deliveries: Sequence[tuple[str, int, str]], now: float
