@@ -29,6 +29,7 @@ class Client(Generic[Q]):
     """A connected client as the engine sees it."""
 
     __slots__ = (
+        "auto_acked",
         "awaiting",
         "channels",
         "connected_at",
@@ -70,6 +71,10 @@ class Client(Generic[Q]):
         self.unsent: deque[Transit[Q]] = deque()
         #: Window asked for at JOIN (``Prefetch`` header), per channel name.
         self.prefetch: dict[str, int] = {}
+        #: Channels whose deliveries this consumer acknowledges by taking them: one
+        #: that waits for an acknowledge is acknowledged once the transport took it
+        #: (``broker.engine.flow.transmitted``; STOMP's ``ack:auto``).
+        self.auto_acked: set[str] = set()
 
     def __repr__(self) -> str:
         return f"Client({self.id!r}, name={self.name!r}, type={self.type!r})"

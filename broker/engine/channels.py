@@ -245,6 +245,7 @@ class ChannelRegistry:
             channel.consumer_list.remove(client)
         client.channels.pop(channel.name, None)
         client.prefetch.pop(channel.name, None)
+        client.auto_acked.discard(channel.name)
         self.events.emit(
             EventName.CLIENT_LEFT, models.subscription_event(channel, client), out, channel.name
         )

@@ -624,6 +624,21 @@ class Engine:
             lambda c, out: operations.join_channel(parts, c, channel, limited, now, out),
         )
 
+    def acknowledge_taken(self, client_id: str, channel: str, on: bool = True) -> bool:
+        """Whether the consumer acknowledges ``channel``'s deliveries by taking them: a
+        delivery that waits for an acknowledge is then acknowledged (positively) once
+        :meth:`transmitted` reports it taken, with no :meth:`acknowledge` per delivery
+        (STOMP's ``ack:auto``).  Until the client leaves the channel; False (nothing set)
+        when it is not a consumer of it."""
+        client = self.clients.get(client_id)
+        if client is None or channel not in client.channels:
+            return False
+        if on:
+            client.auto_acked.add(channel)
+        else:
+            client.auto_acked.discard(channel)
+        return True
+
     def unsubscribe(self, client_id: str, channel: str, now: float) -> list[Outgoing]:
         """The client stops consuming ``channel``; raises :class:`OperationError` (404)
         when it was not a consumer of it."""
@@ -965,17 +980,18 @@ class Engine:
         self.services.now = now
         out: list[Outgoing] = []
         ready: dict[Queue, None] = {}
+        acked: dict[Queue, None] = {}
         clients = self.clients
         for client_id, count in counts.items():
             client = clients.get(client_id)
             if client is None:
                 continue  # already disconnected: its deliveries were returned then
             try:
-                if flow.transmitted(client, count, now, ready) != count:
+                if flow.transmitted(client, count, now, ready, out, acked) != count:
                     self.count_error("transmitted", ValueError(f"{client_id}: {count} > sent"))
             except Exception as exc:
                 self.count_error("transmitted", exc)
-        self._drain_ready([q for q in ready if q.stalled], now, out)
+        self._drain_ready([q for q in ready if q.stalled or q in acked], now, out)
         self.receipts.take(out)
         return out
 

@@ -66,16 +66,27 @@ CACHE = 4
 Transit = tuple[int, "Queue", "QueueMessage | None", "Message | None", int]
 
 
-def transmitted(client: Client[Any], count: int, now: float, ready: dict[QV, None]) -> int:
+def transmitted(
+    client: Client[Any],
+    count: int,
+    now: float,
+    ready: dict[QV, None],
+    out: list[Outgoing],
+    acked: dict[QV, None],
+) -> int:
     """The transport took the client's next ``count`` tracked frames; returns how many
     were settled (fewer only if the server reports more than the engine sent).
 
-    Queues whose window slots were freed are added to ``ready`` (to be drained).
+    Queues whose window slots were freed are added to ``ready`` (to be drained).  A
+    delivery waiting for an acknowledge on a channel the client acknowledges by taking
+    (``Client.auto_acked``) is acknowledged now (what that causes goes to ``out``); its
+    queue is added to ``acked`` (to be drained even if it was not stalled).
     """
     unsent = client.unsent
     if count > len(unsent):
         count = len(unsent)
     cid = client.id
+    auto = client.auto_acked
     pop = unsent.popleft
     run: QV | None = None  # consecutive fast-path pushes of one queue settle together
     run_length = 0
@@ -92,8 +103,12 @@ def transmitted(client: Client[Any], count: int, now: float, ready: dict[QV, Non
             run = queue
             run_length = 1
             continue
-        queue.settle_sent(transit[0], cid, transit[2], now)
+        kind, m = transit[0], transit[2]
+        queue.settle_sent(kind, cid, m, now)
         ready[queue] = None
+        if kind == ACKED and auto and m is not None and queue.channel.name in auto:
+            queue.ack_taken(client, m.message_id, now, out)
+            acked[queue] = None
     if run is not None:
         run.settle_plain(cid, run_length, now)
         ready[run] = None

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sized
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from broker.engine.channel import Channel
+    from broker.engine.channel import Channel, Client
     from broker.engine.message import Message, QueueMessage
     from broker.engine.options import ChannelQueueOptions
     from broker.protocol import Outgoing, QueueStatus
@@ -76,6 +76,10 @@ class QueueView(Protocol):
 
     def settle_sent(
         self, kind: int, client_id: str, m: QueueMessage | None, now: float
+    ) -> None: ...
+
+    def ack_taken(
+        self, client: Client[QueueView], message_id: str, now: float, out: list[Outgoing]
     ) -> None: ...
 
     def settle_unsent(

@@ -33,8 +33,11 @@ Mapping (see README "STOMP on the engine"):
 * ``/dsub/ID`` -> channel ``/dsub/ID``, queue 0: durable subscription ``ID``
   (``broker.engine.dsubs``), made by ``SUBSCRIBE persistent:true`` with ``id:ID`` on
   ``/topic/`` destinations, destroyed by ``UNSUBSCRIBE persistent:true``;
-* ack ``auto``: the delivery is acknowledged to the engine as soon as the connection
-  takes it; ``client``/``client-individual``: on ACK; NACK is a negative acknowledge (the
+* ack ``auto``: the delivery is acknowledged as soon as the connection takes it -- by
+  the engine itself when this side reports it taken (``Engine.acknowledge_taken``, no
+  acknowledge per delivery), or from here on a channel two subscriptions of the
+  connection share or a wildcard or durable subscription joined;
+  ``client``/``client-individual``: on ACK; NACK is a negative acknowledge (the
   message goes back to its queue for the next consumer, ``Delivery-Count`` grows);
   a connection that ends returns what it had not acknowledged;
 * ``credit:count,size`` on a queue -> the ``per-message`` handler's credit windows for
@@ -171,6 +174,11 @@ class _Conn:
     topic_taken: dict[int, tuple[TopicCredit, int]] = field(default_factory=dict)
     #: tag -> (channel, queue id, message id) of deliveries waiting for ACK/NACK
     pending: dict[int, tuple[str, int, str]] = field(default_factory=dict)
+    #: Channels of ``ack:auto`` subscriptions whose deliveries the engine acknowledges
+    #: once reported taken (``EngineDoor.op_subscribe`` with ``auto_ack``): no settle
+    #: per delivery from here.  Not a channel two subscriptions share, nor one a
+    #: wildcard or a durable subscription joined (those are acknowledged from here).
+    engine_acked: set[str] = field(default_factory=set)
     held: deque[Message] = field(default_factory=deque)  # not taken by the connection yet
     next_tag: int = 1
 
@@ -370,18 +378,33 @@ class EngineBackend:
             prefetch = None
         sub_id, exclusive = spec.id, spec.exclusive
         extras = extras_of(spec)
+        auto = spec.ack is AckMode.AUTO
         if wanted:
             self._call(
                 lambda now: door.op_subscribe(
-                    connection_id, sub_id, wanted, prefetch, exclusive, now, extras=extras
+                    connection_id,
+                    sub_id,
+                    wanted,
+                    prefetch,
+                    exclusive,
+                    now,
+                    extras=extras,
+                    auto_ack=auto,
                 )
             )
         conn.subs[spec.id] = sub
+        engine_acked = conn.engine_acked
         for name in channels:
             if name in joined:  # the engine consumer is shared: deliveries take turns
                 conn.shared.setdefault(name, [conn.by_channel[name]]).append(sub)
             else:
                 conn.by_channel[name] = sub
+                if auto:
+                    engine_acked.add(name)
+        shared = [name for name in joined if name in engine_acked]
+        if shared:  # deliveries that take turns are acknowledged from here, by mode
+            engine_acked.difference_update(shared)
+            self._submit(lambda now: door.op_acknowledge_taken(connection_id, shared, False, now))
 
     def _subscribe_durable(self, connection_id: int, conn: _Conn, spec: SubscriptionSpec) -> None:
         """``persistent:true`` with ``id``: the durable subscription ``id`` on the /topic/
@@ -484,6 +507,7 @@ class EngineBackend:
             others = conn.shared.get(name)
             if others is None:
                 conn.by_channel.pop(name, None)
+                conn.engine_acked.discard(name)
                 names.append(name)
                 continue
             others.remove(sub)
@@ -633,7 +657,8 @@ class EngineBackend:
                 continue
             key = (message.target, message.content_type, message.message_id)
             if sub.spec.ack is AckMode.AUTO:
-                settles.append((*key, True))
+                if message.target not in conn.engine_acked:
+                    settles.append((*key, True))
             else:
                 conn.pending[tag] = key
                 if shared is not None:

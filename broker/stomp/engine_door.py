@@ -149,6 +149,14 @@ class EngineDoor:
     def receive(self, client_id: str, frame: Any, now: float, data: bytes | None = None) -> Any:
         return self._split(self.engine.receive(client_id, frame, now, data))
 
+    def receive_batch(
+        self, client_id: str, items: Sequence[tuple[int, tmqp.Frame, bytes]], now: float
+    ) -> tuple[list[Outgoing], list[tuple[int, str, str]], list[int]]:
+        """``Engine.receive_batch`` (a TMQP batch): its deliveries to STOMP connections
+        go to them, as those of every other engine call the server makes."""
+        outs, refused, later = self.engine.receive_batch(client_id, items, now)
+        return self._split(outs), refused, later
+
     def disconnect(self, client_id: str, now: float) -> list[Outgoing]:
         return self._split(self.engine.disconnect(client_id, now))
 
@@ -651,10 +659,14 @@ class EngineDoor:
         now: float,
         *,
         extras: SubExtras | None = None,
+        auto_ack: bool = False,
     ) -> list[Outgoing]:
         """Consume the destinations' channels (created as needed); a wildcard one
         consumes every matching channel now and each one created later.  ``extras``:
-        the queue subscription's selector, credit and include-seq (see :class:`SubExtras`)."""
+        the queue subscription's selector, credit and include-seq (see :class:`SubExtras`);
+        ``auto_ack``: the engine acknowledges the deliveries of the channels named (not
+        those a wildcard joins) once the listener reports them taken
+        (``Engine.acknowledge_taken``)."""
         client_id = self._client(conn)
         out: list[Outgoing] = []
         patterns = [d for d in destinations if d.wildcard]
@@ -675,6 +687,8 @@ class EngineDoor:
                 self._join(conn, channel, prefetch, exclusive, out, extras=extras)
             except OperationError as exc:
                 raise Refused(f"{destination.stomp}: {exc.reason}", out) from None
+            if auto_ack:
+                self.engine.acknowledge_taken(client_id, channel)
         if wild is not None:
             self.wild[(conn, sub_id)] = wild
             for name in list(self.engine.channels):
@@ -682,6 +696,17 @@ class EngineDoor:
                     with contextlib.suppress(OperationError):  # not authorized: skipped
                         self._join(conn, name, prefetch, exclusive, out, wild, extras=extras)
         return out
+
+    def op_acknowledge_taken(
+        self, conn: int, channels: Sequence[str], on: bool, now: float
+    ) -> list[Outgoing]:
+        """Whether the engine acknowledges the deliveries of the connection's
+        ``channels`` once reported taken (off: the listener acknowledges them itself)."""
+        client_id = self.client_of.get(conn)
+        if client_id is not None:
+            for channel in channels:
+                self.engine.acknowledge_taken(client_id, channel, on)
+        return []
 
     def op_return_credit(
         self, conn: int, deliveries: Sequence[tuple[str, int, str]], now: float

@@ -238,3 +238,44 @@ def test_acknowledge_many_settles_each_in_order_as_separate_calls_would() -> Non
     assert (info["Acks"], info["NegativeAcks"], info["PendingAcknowledges"]) == (2, 1, 1)
     assert kit.engine.unmatched_acks == 1
     assert kit.engine.acknowledge_many("ghost", acks, kit.now) == []
+
+
+def test_a_consumer_that_acknowledges_by_taking_is_acknowledged_once_each_is_sent() -> None:
+    """``Engine.acknowledge_taken`` (STOMP's ``ack:auto``): a delivery the queue wants
+    acknowledged is acknowledged when the transport reports it taken -- the producer
+    hears of it then, the window slot comes back -- and what was never taken goes back
+    to the queue when the consumer leaves, as any unacknowledged delivery does."""
+    kit = typed_kit("typed-c", "typed-d", auto_transmit=False)
+    p = kit.connect("p")
+    c = kit.connect("typed-c")
+    kit.queue(p, "ch", 1, request_acknowledge=True)
+    assert not kit.engine.acknowledge_taken(c, "ch")  # not a consumer of it: nothing set
+    kit.route(kit.engine.subscribe(c, "ch", kit.now, prefetch=2))
+    assert kit.engine.acknowledge_taken(c, "ch")
+    mids = [kit.push(p, "ch", 1, b"%d" % i, ack=True) for i in range(4)]
+    assert [m.payload for m in messages(kit.take(c))] == [b"0", b"1"]  # its window
+    assert kit.take(p) == []  # handed to the transport, not taken yet: nothing acknowledged
+    kit.transmit(c, 1)
+    (ack,) = kit.take(p)
+    assert ack.message_id == mids[0] and header(ack, Header.NACK_REASON) is None
+    assert [m.payload for m in messages(kit.take(c))] == [b"2"]  # the slot came back
+    info = kit.info(p, "ch", 1)
+    assert (info["Acks"], info["PendingAcknowledges"]) == (1, 2)
+    kit.disconnect(c)  # "1" and "2" were never taken: back to the queue, in order
+    d = kit.connect("typed-d")
+    kit.route(kit.engine.subscribe(d, "ch", kit.now))  # acknowledges each itself
+    kit.transmit(d)
+    got = messages(kit.take(d))
+    assert [m.payload for m in got] == [b"1", b"2", b"3"]
+    assert kit.take(p) == []  # taken, but d acknowledges by ACK only
+    for m in got:
+        kit.route(kit.engine.acknowledge(d, "ch", 1, m.message_id, kit.now))
+    assert sorted(a.message_id for a in kit.take(p)) == sorted(mids[1:])
+    # leaving the channel ends it: joined again, deliveries wait for an acknowledge
+    assert kit.engine.acknowledge_taken(d, "ch")
+    kit.route(kit.engine.unsubscribe(d, "ch", kit.now))
+    kit.route(kit.engine.subscribe(d, "ch", kit.now))
+    kit.push(p, "ch", 1, b"4", ack=True)
+    kit.transmit(d)
+    assert [m.payload for m in messages(kit.take(d))] == [b"4"]
+    assert kit.take(p) == [] and kit.info(p, "ch", 1)["PendingAcknowledges"] == 1

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 from broker.engine.delivery import AckWhen, Decision, PutBack
 from broker.engine.message import DELAYED, DONE, INFLIGHT, QUEUED, Delivery, QueueMessage
 from broker.engine.queue.protocols import QueueCore
+from broker.message import Message
 from broker.protocol import Header, NackReason, Outgoing
 
 if TYPE_CHECKING:
     from broker.engine.channel import Client
-    from broker.message import Message
 
 _INF = float("inf")
 
@@ -63,6 +63,27 @@ class AckTracker:
         dl = self.pending.pop((client.id, ack.message_id), None)
         if dl is None:
             return False
+        self._settle(client, ack, dl, now, out)
+        self.q.drain(now, out)
+        return True
+
+    def ack_taken(
+        self, client: Client[Any], message_id: str, now: float, out: list[Outgoing]
+    ) -> None:
+        """The transport took a delivery of a consumer that acknowledges what it takes
+        (``Client.auto_acked``, ``broker.engine.flow.transmitted``): acknowledged as if
+        its positive acknowledge had come (the caller drains the queue after its batch)."""
+        dl = self.pending.pop((client.id, message_id), None)
+        if dl is not None:
+            q = self.q
+            ack = Message(message_id, client.id, q.channel.name, q.id)
+            self._settle(client, ack, dl, now, out)
+
+    def _settle(
+        self, client: Client[Any], ack: Message, dl: Delivery, now: float, out: list[Outgoing]
+    ) -> None:
+        """A delivery taken out of ``pending`` ends with ``ack`` (negative with a
+        ``Nack-Reason`` header): counted, then as the handler decides."""
         q = self.q
         q.release(client.id)
         m = dl.message
@@ -78,8 +99,6 @@ class AckTracker:
             q.nacks += 1
         d = q.hooks.call(m, "acknowledge_received", q, ack, dl, success)
         self.resolve(m, d, now, out, reason or NackReason.NONE, client.id, success)
-        q.drain(now, out)
-        return True
 
     def consumer_gone(self, client: Client[Any], now: float, out: list[Outgoing]) -> None:
         """The consumer disconnected: its unacknowledged deliveries fail."""

@@ -97,7 +97,16 @@ _tracked = tuple.__new__
 #: function), which saves a call on paths that run per message.  The ``def`` below stay
 #: as the documentation (and for the type checker).
 _TO_LEDGER = ("save", "delivered", "finish", "side_effects", "drop", "ack_producer")
-_TO_TRACKER = ("on_ack", "consumer_gone", "put_back", "track", "start_timeout", "expire", "tick")
+_TO_TRACKER = (
+    "on_ack",
+    "ack_taken",
+    "consumer_gone",
+    "put_back",
+    "track",
+    "start_timeout",
+    "expire",
+    "tick",
+)
 _TO_DISPATCH = (
     "send",
     "with_room",
@@ -450,6 +459,10 @@ class Queue:
     def on_ack(self, client: Client, ack: Message, now: float, out: list[Outgoing]) -> bool:
         """A consumer acknowledge for this queue; False when no delivery matches."""
         return self.tracker.on_ack(client, ack, now, out)
+
+    def ack_taken(self, client: Client, message_id: str, now: float, out: list[Outgoing]) -> None:
+        """A delivery the consumer acknowledges by taking it was taken by the transport."""
+        self.tracker.ack_taken(client, message_id, now, out)
 
     def consumer_gone(self, client: Client, now: float, out: list[Outgoing]) -> None:
         """The consumer disconnected: its unacknowledged deliveries fail."""
