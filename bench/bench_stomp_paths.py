@@ -7,7 +7,11 @@ per MESSAGE encoded, for this checkout and (``--baseline CHECKOUT``) another one
   of a run);
 * encode: ``Session._encode`` of an auto-ack MESSAGE (100-byte body, no user headers);
 * receipts: the RECEIPTs of a run of 1000 SENDs as the session writes them
-  (``serialize_receipts``; a checkout without it: ``serialize_receipt`` of each).
+  (``serialize_receipts``; a checkout without it: ``serialize_receipt`` of each);
+* engine, auto ack: a run of 1000 SENDs through the engine to an ``ack:auto``
+  consumer of a STOMP queue (``publish_many``, ``transmitted``) and its settling: the
+  engine acknowledging what was taken (``Engine.acknowledge_taken``) or, in a checkout
+  without it, one ``acknowledge_many`` entry per delivery, as the door sends them.
 
 Each checkout runs in its own subprocess (``PYTHONPATH``), the two taking turns
 ``--turns`` times (baseline first in odd turns); the figure is the best of ``--repeat``
@@ -89,13 +93,58 @@ def measure(repeat: int) -> dict[str, float]:
             out = bytearray()
             write_receipts(out, receipt_ids)
 
+    engine_auto_ack = _engine_auto_ack()
     per = 1e6 / (FRAMES * PASSES)
     return {
         "parse SEND": _best(parse, repeat) * per,
         "SEND spec (parse_send_control)": _best(spec, repeat) * per,
         "encode MESSAGE (auto ack)": _best(encode_all, repeat) * per,
         "RECEIPT of a run": _best(receipts, repeat) * per,
+        "engine: SEND to an auto-ack consumer, settled": _best(engine_auto_ack, repeat) * per,
     }
+
+
+def _engine_auto_ack() -> Callable[[], None]:
+    """One consumer of a STOMP queue (``RequestAcknowledge``, the per-message handler)
+    with ``ack:auto``: runs of 1000 messages published, taken, settled."""
+    import itertools
+
+    from broker.engine.engine import Engine
+    from broker.engine.options import ChannelOptions
+    from broker.message import Message
+    from broker.protocol import ConnectionInfo
+    from broker.stomp.engine_door import EngineDoor
+    from broker.stomp.engine_mapping import QUEUE_ID, QUEUE_OPTIONS, channel_rest
+
+    engine = Engine()
+    EngineDoor(engine)  # registers the per-message handler the STOMP queues name
+    producer, _ = engine.connect(ConnectionInfo(name="p", type="stomp"), 0.0)
+    consumer, _ = engine.connect(ConnectionInfo(name="c", type="stomp"), 0.0)
+    rest = channel_rest(engine.config.channel_defaults)
+    engine.create_channel("bench", ChannelOptions(queue=QUEUE_OPTIONS, **rest), [])
+    engine.subscribe(consumer, "bench", 0.0, prefetch=FRAMES)
+    by_taking = getattr(engine, "acknowledge_taken", None)
+    if by_taking is not None:
+        by_taking(consumer, "bench")
+    ids = itertools.count()
+    body = b"x" * 100
+
+    def run() -> None:
+        for _ in range(PASSES):
+            messages = [
+                Message(f"m{next(ids)}", producer, "bench", QUEUE_ID, payload=body)
+                for _ in range(FRAMES)
+            ]
+            engine.publish_many(producer, messages, 0.0)
+            engine.transmitted({consumer: FRAMES}, 0.0)
+            if by_taking is None:
+                acks = [("bench", QUEUE_ID, m.message_id, None) for m in messages]
+                engine.acknowledge_many(consumer, acks, 0.0)
+
+    run()
+    queue = engine.channels["bench"].queues[QUEUE_ID]
+    assert queue.acks == FRAMES * PASSES and not queue.pending  # every one settled
+    return run
 
 
 def _receipt_writer() -> Callable[[bytearray, list[str | None]], None]:
