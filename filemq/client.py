@@ -113,7 +113,10 @@ end the session; the client backs off (exponential from 0.1 s with jitter, at
 most ``backoff_cap`` s; reset after a resync completed), reconnects with a new
 socket and resyncs with the cache of what DEST holds.  Each applied change is
 reported to ``on_event`` as a ``filemq.events.MirrorEvent``; the index is saved
-after each completed resync and every ``save_interval`` s while it changes.
+after each completed resync, every ``save_interval`` s while it changes, and once
+live changes were applied and the socket has nothing more (at most 5% of the time:
+a 10,000-file index takes ~15 ms to save), so a mirror killed -9 after a change does
+not fetch it again at its next start (a relay would write it again: a new inode).
 Deletes from a server that sends no folders also remove the folders they leave empty
 (one that mirrors folders sends their deletes itself).
 """
@@ -205,6 +208,7 @@ _OHAI_WAIT_MS = 50  # after reading the saved index: wait this long for OHAI-OK 
 _MAX_CORRECTIONS = 64  # more files differ from the saved index: one ICANHAZ for all
 _BACKOFF_BASE = 0.1
 _CHECK_SHARE = 0.05  # local drift checks take at most this share of the time (big DEST)
+_SAVE_SHARE = 0.05  # saves of the index made when quiet take at most this share of the time
 _POLL_MS = 100  # longest wait for the socket before timers and capped credit are looked at
 _RECV_BUDGET = 256  # messages received per wake-up before timers are looked at
 _NOBLOCK = int(zmq.NOBLOCK)
@@ -451,6 +455,7 @@ class SyncClient:
         self.repairs = 0
         self._lock = DestLock(self.dest)
         self._next_check = 0.0
+        self._quiet_save = 0.0  # no save of the index when quiet before this (monotonic)
         #: Sessions started (1 + reconnects).
         self.connections = 0
         self.result = SyncResult()
@@ -692,9 +697,13 @@ class SyncClient:
                 self._perform(session, mirror, session.tick(now))
                 if self._check_due(session, now):
                     self._check_dest(session, mirror)
-                if now >= next_save:
+                if now >= next_save or (
+                    sock not in events and now >= self._quiet_save and self._quiet(session, mirror)
+                ):
                     next_save = now + self.save_interval
                     self._save_index(mirror.index)
+                    took = time.monotonic() - now
+                    self._quiet_save = time.monotonic() + took / _SAVE_SHARE
                 if self.once and session.synced:
                     self.result.synced = self.result.marker = True
                     self._perform(session, mirror, session.close())
@@ -783,6 +792,11 @@ class SyncClient:
         if sent is not None and outcome is None:
             self._correct(session, mirror, sent, delta)
         return outcome
+
+    def _quiet(self, session: ClientSession, mirror: Mirror) -> bool:
+        """Live changes applied, nothing received this turn: the index is worth saving
+        now (a ``kill -9`` later would otherwise fetch them again at the next start)."""
+        return self._subscribed and session.synced and mirror.index.dirty
 
     def _check_due(self, session: ClientSession, now: float) -> bool:
         return (
