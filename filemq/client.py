@@ -124,6 +124,7 @@ Deletes from a server that sends no folders also remove the folders they leave e
 from __future__ import annotations
 
 import bisect
+import errno
 import functools
 import itertools
 import logging
@@ -208,6 +209,8 @@ _OHAI_WAIT_MS = 50  # after reading the saved index: wait this long for OHAI-OK 
 _MAX_CORRECTIONS = 64  # more files differ from the saved index: one ICANHAZ for all
 _BACKOFF_BASE = 0.1
 _CHECK_SHARE = 0.05  # local drift checks take at most this share of the time (big DEST)
+#: Write errors that say DEST's file system has no room: every file after would fail too.
+_NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})
 _SAVE_SHARE = 0.05  # saves of the index made when quiet take at most this share of the time
 _POLL_MS = 100  # longest wait for the socket before timers and capped credit are looked at
 _RECV_BUDGET = 256  # messages received per wake-up before timers are looked at
@@ -225,6 +228,10 @@ class SyncRefused(SyncError):
 
 class SyncRejected(SyncError):
     """The server answered RTFM twice (it does not accept what we send)."""
+
+
+class DestFull(SyncError):
+    """DEST's file system has no room left (or the user's quota is spent)."""
 
 
 class SafetyStop(SyncError):
@@ -364,6 +371,7 @@ def _attrs_text(index: FileIndex, base: str, path: str, links: LinkPolicy) -> st
 class _Outcome:
     DONE = "done"
     RETRY = "retry"
+    FULL = "full"  # DEST's file system has no room (``_NO_ROOM``)
     REJECTED = "rejected"
     STOPPED = "stopped"
 
@@ -470,6 +478,7 @@ class SyncClient:
         self._subscribed = False
         self._answered = False  # the server sent something (in any session of this run)
         self._lost = ""
+        self._full = ""  # why DEST has no room this session (its first refused file), or ""
 
     def stop(self) -> None:
         """Ask a running ``run()`` (in another thread) to end within ~0.1 s."""
@@ -577,6 +586,12 @@ class SyncClient:
                 outcome = self._session(mirror)
                 if outcome in (_Outcome.DONE, _Outcome.STOPPED):
                     break
+                if outcome == _Outcome.FULL:
+                    placed = f"{self.result.files} files placed, none in part"
+                    if self.max_retries is not None:  # (a sync: ends; a daemon tries again)
+                        raise DestFull(f"{self._full} ({placed}; sync again once it has room)")
+                    log.error("%s (%s; trying again)", self._full, placed)
+                    self._lost = self._full
                 self._emit("disconnected", detail=self._lost)
                 if self._subscribed:  # that connection completed a resync: count anew
                     retries = rejected = 0
@@ -641,6 +656,7 @@ class SyncClient:
         subscribed_at: float | None = None
         next_save = now + self.save_interval
         self._lost = ""
+        self._full = ""
         try:
             poller = zmq.Poller()
             poller.register(sock, zmq.POLLIN)
@@ -676,6 +692,8 @@ class SyncClient:
                             break
                         self._answered = True
                         outcome = self._perform(session, mirror, session.receive(frames, now))
+                        if outcome is None and self._full:
+                            outcome = self._settle(session, mirror)  # (FULL)
                         if outcome is not None:
                             return outcome
                         if subscribed_at is None and session.state is ClientState.ACTIVE:
@@ -879,14 +897,22 @@ class SyncClient:
         outcome = None
         for chunk, result in self._placer.settle():
             if isinstance(result, OSError | UnsafePathError):
-                log.error("cannot place %s: %s (skipped)", chunk.name, result)
-                self.result.errors += 1
+                self._not_placed(chunk.name, result)
                 continue
             if isinstance(result, Exception):
                 raise result
             self._progress.data(len(chunk.data))
             outcome = self._finished(session, mirror, chunk, *result) or outcome
-        return outcome
+        return _Outcome.FULL if self._full else outcome
+
+    def _not_placed(self, name: str, exc: OSError | UnsafePathError, doing: str = "place") -> None:
+        """``name`` could not be written into DEST: an error, logged; when DEST has no room
+        (``_NO_ROOM``) the session ends after this batch, with one line for them all."""
+        self.result.errors += 1
+        if isinstance(exc, OSError) and exc.errno in _NO_ROOM:
+            self._full = self._full or f"DEST {self.dest} is full: cannot {doing} {name}: {exc}"
+            return
+        log.error("cannot %s %s: %s (skipped)", doing, name, exc)
 
     def _settle_quietly(self, mirror: Mirror) -> None:
         """The session ends on an error: wait for the files being placed and count them
@@ -896,6 +922,8 @@ class SyncClient:
                 self._progress.data(len(chunk.data))
                 self.result.files += 1
                 self.result.bytes += len(chunk.data)
+            elif isinstance(result, OSError | UnsafePathError):
+                self._not_placed(chunk.name, result)
             elif isinstance(result, Exception):
                 log.error("cannot place %s: %s (skipped)", chunk.name, result)
                 self.result.errors += 1
@@ -1047,6 +1075,9 @@ class SyncClient:
                 elif not chunk.eof:
                     mirror.begin(chunk.parts, target, chunk.headers)
             except (OSError, UnsafePathError) as exc:
+                if isinstance(exc, OSError) and exc.errno in _NO_ROOM:
+                    self._not_placed(chunk.name, exc, "create")  # (no temp file made)
+                    return
                 log.error("refused %s: %s (skipped)", chunk.name, exc)
                 self.result.refused += 1
                 self.result.errors += 1
@@ -1065,9 +1096,8 @@ class SyncClient:
             if chunk.eof:
                 mirror.flush()  # (pipelined: the writes of this file are done, or failed)
         except OSError as exc:
-            log.error("cannot write %s: %s", chunk.name, exc)
-            self.result.errors += 1
             mirror.abort()
+            self._not_placed(chunk.name, exc, "write")
             return
         self._progress.data(len(chunk.data))
         if not chunk.eof:
@@ -1075,8 +1105,7 @@ class SyncClient:
         try:
             ok, reason = mirror.finish(chunk.headers, chunk.meta)
         except (OSError, UnsafePathError) as exc:
-            log.error("cannot place %s: %s (skipped)", chunk.name, exc)
-            self.result.errors += 1
+            self._not_placed(chunk.name, exc)
             return
         self._finished(session, mirror, chunk, ok, reason)
 
