@@ -122,7 +122,7 @@ def ensure_rsync() -> str | None:
     return shutil.which("rsync")
 
 
-def _ticks(pid: int) -> float:
+def server_ticks(pid: int) -> float:
     """CPU seconds (user + system) process ``pid`` has used so far (``/proc``)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -135,7 +135,16 @@ def _ticks(pid: int) -> float:
 def timed_cpu(cmd: list[str], server: int | None = None) -> tuple[float, float]:
     """(wall seconds, CPU seconds) of ``cmd`` (and its waited-for children), plus what
     process ``server`` used meanwhile: a figure the machine's load barely moves."""
-    before = _ticks(server) if server else 0.0
+    before = server_ticks(server) if server else 0.0
+    elapsed, user, system = timed_usage(cmd)
+    cpu = user + system
+    if server:
+        cpu += server_ticks(server) - before
+    return elapsed, cpu
+
+
+def timed_usage(cmd: list[str]) -> tuple[float, float, float]:
+    """(wall, user CPU, system CPU) seconds of ``cmd`` and its waited-for children."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     assert proc.stderr is not None
@@ -146,18 +155,15 @@ def timed_cpu(cmd: list[str], server: int | None = None) -> tuple[float, float]:
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise RuntimeError(f"{cmd[:4]} failed ({proc.returncode}): {err[-2000:]!r}")
-    cpu = usage.ru_utime + usage.ru_stime
-    if server:
-        cpu += _ticks(server) - before
-    return elapsed, cpu
+    return elapsed, usage.ru_utime, usage.ru_stime
 
 
 def timed_split(cmd: list[str], server: int | None = None) -> tuple[float, float, float]:
     """(wall seconds, CPU seconds of ``cmd``, CPU seconds process ``server`` used
     meanwhile): ``timed_cpu`` with the two sides apart (per-file CPU of (b))."""
-    before = _ticks(server) if server else 0.0
+    before = server_ticks(server) if server else 0.0
     wall, cpu = timed_cpu(cmd)
-    return wall, cpu, (_ticks(server) - before) if server else 0.0
+    return wall, cpu, (server_ticks(server) - before) if server else 0.0
 
 
 def timed(cmd: list[str], env: dict[str, str] | None = None) -> float:

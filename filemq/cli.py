@@ -325,6 +325,11 @@ def _client_options(command: argparse.ArgumentParser) -> None:
         action="store_true",
         help="delete what the server lacks even when DEST is not a known mirror",
     )
+    command.add_argument(
+        "--place-inline",
+        action="store_true",
+        help="put small files in place on the receiving thread, not a placer thread",
+    )
 
 
 def _sync_options(sync: argparse.ArgumentParser) -> None:
@@ -821,6 +826,7 @@ def _mirror_options(args: argparse.Namespace) -> dict[str, Any]:
         "special_bits": args.special_bits,
         "delete_extraneous": args.delete_extraneous,
         "modify_window": args.modify_window,
+        "place_inline": args.place_inline,
     }
 
 

@@ -71,16 +71,23 @@ def _temp_files(dest: Path) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "tree", [{**SMALL, **BIG}, BIG], ids=["placer-thread-fills-it", "a-file-in-chunks-fills-it"]
+    ("tree", "options"),
+    [({**SMALL, **BIG}, []), ({**SMALL, **BIG}, ["--place-inline"]), (BIG, [])],
+    ids=["placer-thread-fills-it", "placed-inline-fills-it", "a-file-in-chunks-fills-it"],
 )
 def test_sync_into_a_disk_that_fills_ends_with_one_line_and_the_next_sync_is_exact(
-    tmp_path: Path, small_disk: Path, serve: Callable[..., FileServer], tree: dict[str, bytes]
+    tmp_path: Path,
+    small_disk: Path,
+    serve: Callable[..., FileServer],
+    tree: dict[str, bytes],
+    options: list[str],
 ) -> None:
     src = tmp_path / "src"
     write_tree(src, tree)
     server = serve(src)
     dest = small_disk / "dest"
     sync = ["sync", server.endpoint, str(dest), "--once", "--index", str(tmp_path / "d.idx")]
+    sync += options
     full = Proc(tmp_path, "full", *sync)
     try:
         assert full.popen.wait(WAIT * 3) == ExitCode.FAILURE

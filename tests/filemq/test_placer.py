@@ -4,7 +4,8 @@ outcome handed back, bounded; end to end, a burst with a bad file in the middle.
 Adversaries: a job that fails (its error comes back, the jobs after it still run, in
 order); a disk that takes nothing (the submitter waits at the bound instead of queueing
 without end); a server whose file in the middle of a burst does not match its SHA-1
-(fetched again, the rest of the burst placed, the mirror exact).
+(fetched again, the rest of the burst placed, the mirror exact).  The same rules hold
+with the jobs run inline (``Placer(thread=False)``, ``sync --place-inline``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 import zmq
 
 from filemq import fmq_msg
@@ -25,8 +27,9 @@ from tests.polling import wait_until
 from .conftest import read_tree
 
 
-def test_jobs_run_in_order_and_every_outcome_comes_back_in_that_order() -> None:
-    placer: Placer[int] = Placer()
+@pytest.mark.parametrize("thread", [True, False], ids=["thread", "inline"])
+def test_jobs_run_in_order_and_every_outcome_comes_back_in_that_order(thread: bool) -> None:
+    placer: Placer[int] = Placer(thread=thread)
     ran: list[int] = []
 
     def job(i: int) -> int:
@@ -86,8 +89,9 @@ def test_close_runs_what_was_submitted_then_a_new_job_starts_the_worker_again() 
         placer.close()
 
 
+@pytest.mark.parametrize("inline", [False, True], ids=["thread", "inline"])
 def test_a_bad_file_in_the_middle_of_a_burst_is_fetched_again_the_rest_placed(
-    tmp_path: Path, zctx: zmq.Context[Any]
+    tmp_path: Path, zctx: zmq.Context[Any], inline: bool
 ) -> None:
     """A hand-driven server sends 40 whole small files in one burst, the 20th with a
     SHA-1 that does not match: every other file is placed while the burst is received,
@@ -98,7 +102,9 @@ def test_a_bad_file_in_the_middle_of_a_burst_is_fetched_again_the_rest_placed(
     router.linger = 0
     port = router.bind_to_random_port("tcp://127.0.0.1")
     files = {f"d{i % 4}/f{i:02d}": bytes([i]) * (1000 + i) for i in range(40)}
-    client = SyncClient(zctx, f"tcp://127.0.0.1:{port}", dest, once=True, max_retries=0)
+    client = SyncClient(
+        zctx, f"tcp://127.0.0.1:{port}", dest, once=True, max_retries=0, place_inline=inline
+    )
     outcome: list[SyncResult] = []
     thread = threading.Thread(target=lambda: outcome.append(client.run()))
     thread.start()
