@@ -1,8 +1,9 @@
 """The placer thread decision (``filemq.placer``): a cold mirror of 10,000 x 10 KiB with
 small files put in place on the placer thread vs on the receiving thread
-(``filemq sync --place-inline``), rsync beside them, in turns.
+(``filemq sync --placer thread`` / ``--placer inline``), rsync beside them, in turns.
 
     python bench/bench_filemq_placer.py [--turns 4] [--count 10000] [--dir DIR]
+    taskset -c 0 python bench/bench_filemq_placer.py   # everything on one CPU
 
 One ``filemq serve`` (plain, indexed before the clock starts) serves every turn; each
 turn times rsync, the thread and inline, in an order that rotates from turn to turn
@@ -80,7 +81,7 @@ def run(work: Path, src: Path, rsync: str, turns: int, count: int) -> int:
                     cmd = [rsync, "-a", f"{src}/", f"{dest}/"]
                 else:
                     cmd = sync_cmd(server, dest, work / f"t{turn}.idx", [])
-                    cmd += ["--place-inline"] if method == "inline" else []
+                    cmd += ["--placer", "inline" if method == "inline" else "thread"]
                 before = server_ticks(server.proc.pid)
                 wall, user, system = timed_usage(cmd)
                 srv = server_ticks(server.proc.pid) - before if method != "rsync -a" else 0.0

@@ -326,9 +326,11 @@ def _client_options(command: argparse.ArgumentParser) -> None:
         help="delete what the server lacks even when DEST is not a known mirror",
     )
     command.add_argument(
-        "--place-inline",
-        action="store_true",
-        help="put small files in place on the receiving thread, not a placer thread",
+        "--placer",
+        choices=tuple(_PLACERS),
+        default="auto",
+        help="where small files are put in place: a thread of their own, or the receiving "
+        "thread (inline); auto: a thread when 2 CPUs or more are ours (default)",
     )
 
 
@@ -811,6 +813,10 @@ def _check_pair(args: argparse.Namespace) -> None:
         raise UsageError(f"{args.command}: --curve-secret and --server-key go together")
 
 
+#: ``--placer``: ``SyncClient(place_inline=...)`` (None: chosen by the CPUs the mirror has)
+_PLACERS = {"auto": None, "thread": False, "inline": True}
+
+
 def _mirror_options(args: argparse.Namespace) -> dict[str, Any]:
     """What ``sync`` and ``subscribe`` give their client about metadata and patterns."""
     from filemq.meta import LinkPolicy
@@ -826,7 +832,7 @@ def _mirror_options(args: argparse.Namespace) -> dict[str, Any]:
         "special_bits": args.special_bits,
         "delete_extraneous": args.delete_extraneous,
         "modify_window": args.modify_window,
-        "place_inline": args.place_inline,
+        "place_inline": _PLACERS[args.placer],
     }
 
 

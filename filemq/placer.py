@@ -24,7 +24,8 @@ Rules:
 The worker starts with the first job (a mirror that receives no small file has none).
 ``Placer(thread=False)`` runs each job in ``submit`` itself (no worker, no hand-off;
 outcomes still wait for ``settle``): the same rules, for a mirror whose file creation is
-cheaper than a thread hand-off (``filemq sync --place-inline``; see README's table).
+cheaper than a thread hand-off (``filemq sync --placer inline``, and the default on one
+CPU; see README's tables).
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ def _temp_files(dest: Path) -> list[str]:
 
 @pytest.mark.parametrize(
     ("tree", "options"),
-    [({**SMALL, **BIG}, []), ({**SMALL, **BIG}, ["--place-inline"]), (BIG, [])],
+    [({**SMALL, **BIG}, []), ({**SMALL, **BIG}, ["--placer", "inline"]), (BIG, [])],
     ids=["placer-thread-fills-it", "placed-inline-fills-it", "a-file-in-chunks-fills-it"],
 )
 def test_sync_into_a_disk_that_fills_ends_with_one_line_and_the_next_sync_is_exact(

@@ -5,7 +5,7 @@ Adversaries: a job that fails (its error comes back, the jobs after it still run
 order); a disk that takes nothing (the submitter waits at the bound instead of queueing
 without end); a server whose file in the middle of a burst does not match its SHA-1
 (fetched again, the rest of the burst placed, the mirror exact).  The same rules hold
-with the jobs run inline (``Placer(thread=False)``, ``sync --place-inline``).
+with the jobs run inline (``Placer(thread=False)``, ``sync --placer inline``).
 """
 
 from __future__ import annotations
