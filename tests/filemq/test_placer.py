@@ -11,7 +11,9 @@ with the jobs run inline (``Placer(thread=False)``, ``sync --placer inline``).
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +24,10 @@ from filemq import fmq_msg
 from filemq.client import SyncClient, SyncResult
 from filemq.engine import HEADER_PATH, HEADER_RESYNC, RESYNC_COMPLETE, Operation
 from filemq.placer import Placer
+from filemq.server import FileServer
 from tests.polling import wait_until
 
-from .conftest import read_tree
+from .conftest import read_tree, write_tree
 
 
 @pytest.mark.parametrize("thread", [True, False], ids=["thread", "inline"])
@@ -179,3 +182,35 @@ def test_not_settled_until_the_outcomes_are_collected() -> None:
         assert placer.settled
     finally:
         placer.close()
+
+
+@pytest.mark.parametrize("cpus", [1, 2], ids=["one-cpu", "two-cpus"])
+def test_the_default_places_on_a_thread_only_with_two_cpus_or_more(
+    tmp_path: Path, zctx: zmq.Context[Any], serve: Callable[..., FileServer], cpus: int
+) -> None:
+    """``place_inline=None`` (``--placer auto``): a mirror that may run on one CPU puts
+    small files in place itself (a thread there only adds hand-offs: README's table), one
+    with two or more on the placer thread.  Seen from the threads alive while files land."""
+    mine = sorted(os.sched_getaffinity(0))
+    if len(mine) < cpus:
+        pytest.skip(f"this process may use {len(mine)} CPU(s)")
+    files = {f"d{i % 3}/f{i}": b"%d" % i * 100 for i in range(30)}
+    write_tree(tmp_path / "src", files)
+    server = serve(tmp_path / "src")
+    threads_seen: set[str] = set()
+    outcome: list[SyncResult] = []
+
+    def on_event(event: Any) -> None:
+        threads_seen.update(t.name for t in threading.enumerate())
+
+    def mirror() -> None:
+        os.sched_setaffinity(0, mine[:cpus])  # (this thread; the threads it starts inherit)
+        client = SyncClient(zctx, server.endpoint, tmp_path / "dest", once=True, on_event=on_event)
+        outcome.append(client.run())
+
+    thread = threading.Thread(target=mirror)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive() and outcome and outcome[0].files == len(files)
+    assert read_tree(tmp_path / "dest") == files
+    assert ("filemq-placer" in threads_seen) is (cpus > 1), sorted(threads_seen)
