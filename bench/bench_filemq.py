@@ -122,7 +122,7 @@ def ensure_rsync() -> str | None:
     return shutil.which("rsync")
 
 
-def _ticks(pid: int) -> float:
+def server_ticks(pid: int) -> float:
     """CPU seconds (user + system) process ``pid`` has used so far (``/proc``)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -135,7 +135,16 @@ def _ticks(pid: int) -> float:
 def timed_cpu(cmd: list[str], server: int | None = None) -> tuple[float, float]:
     """(wall seconds, CPU seconds) of ``cmd`` (and its waited-for children), plus what
     process ``server`` used meanwhile: a figure the machine's load barely moves."""
-    before = _ticks(server) if server else 0.0
+    before = server_ticks(server) if server else 0.0
+    elapsed, user, system = timed_usage(cmd)
+    cpu = user + system
+    if server:
+        cpu += server_ticks(server) - before
+    return elapsed, cpu
+
+
+def timed_usage(cmd: list[str]) -> tuple[float, float, float]:
+    """(wall, user CPU, system CPU) seconds of ``cmd`` and its waited-for children."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     assert proc.stderr is not None
@@ -146,18 +155,15 @@ def timed_cpu(cmd: list[str], server: int | None = None) -> tuple[float, float]:
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise RuntimeError(f"{cmd[:4]} failed ({proc.returncode}): {err[-2000:]!r}")
-    cpu = usage.ru_utime + usage.ru_stime
-    if server:
-        cpu += _ticks(server) - before
-    return elapsed, cpu
+    return elapsed, usage.ru_utime, usage.ru_stime
 
 
 def timed_split(cmd: list[str], server: int | None = None) -> tuple[float, float, float]:
     """(wall seconds, CPU seconds of ``cmd``, CPU seconds process ``server`` used
     meanwhile): ``timed_cpu`` with the two sides apart (per-file CPU of (b))."""
-    before = _ticks(server) if server else 0.0
+    before = server_ticks(server) if server else 0.0
     wall, cpu = timed_cpu(cmd)
-    return wall, cpu, (_ticks(server) - before) if server else 0.0
+    return wall, cpu, (server_ticks(server) - before) if server else 0.0
 
 
 def timed(cmd: list[str], env: dict[str, str] | None = None) -> float:
@@ -514,76 +520,77 @@ def run(work: Path, big: int, count: int, small: int) -> int:
                 check_same(src, dest)
         fresh_dest(work, "", src)  # (the last round's trees go too)
 
-    scenarios = [(f"(b) {count} x {small >> 10} KiB", work / "b-src", count * small)]
     per_file: list[tuple[str, str, float, float]] = []  # (b): label, method, client, server
-    for label, src, nbytes in scenarios if count else []:
-        tag = label[:3]
-        if rsync:
-            dest = fresh_dest(work, f"{tag}-rsync", src, keep=f"{tag}-")
-            t, cpu = timed_cpu([rsync, "-a", f"{src}/", f"{dest}/"])
-            rows.append((label, "rsync -a", t, nbytes, cpu))
-            per_file.append((label, "rsync -a", cpu, 0.0))
-            check_same(src, dest)
-            t = median_time([rsync, "-a", f"{src}/", f"{dest}/"])
-            rows.append(("(c) no-change resync of (b)", "rsync -a", t, 0, 0.0))
-            excludes = [f"--exclude={p}" for p in EXCLUDES]
-            t = median_time([rsync, "-a", *excludes, f"{src}/", f"{dest}/"])
-            rows.append(("(d) (c), 10 exclude patterns", "rsync -a", t, 0, 0.0))
-        for mode, server_extra, client_extra in (
-            ("zerohub plain", [], []),
-            ("zerohub CURVE", curve_server, curve_client),
-        ):
-            server = Server(src, server_extra)
-            try:
-                dest = fresh_dest(work, f"{tag}-{mode[8:]}", src, keep=f"{tag}-")
-                index = work / f"{tag}-{mode[8:]}.idx"
-                cmd = sync_cmd(server, dest, index, client_extra)
-                t, client_cpu, server_cpu = timed_split(cmd, server.proc.pid)
-                rows.append((label, mode, t, nbytes, client_cpu + server_cpu))
-                per_file.append((label, mode, client_cpu, server_cpu))
-                check_same(src, dest)
-                t = median_time(sync_cmd(server, dest, index, client_extra))
-                rows.append(("(c) no-change resync of (b)", mode, t, 0, 0.0))
-                t = median_time(sync_cmd(server, dest, None, client_extra))
-                rows.append(("(c') (c), client re-hashes DEST", mode, t, 0, 0.0))
-                excludes = [f"--exclude={p}" for p in EXCLUDES]
-                t = median_time(sync_cmd(server, dest, index, client_extra + excludes))
-                rows.append(("(d) (c), 10 exclude patterns", mode, t, 0, 0.0))
-            finally:
-                server.stop()
-        dest = fresh_dest(work, f"{tag}-raw", src, keep=f"{tag}-")
+    if count:
+        src, label = work / "b-src", f"(b) {count} x {small >> 10} KiB"
+        modes = (("zerohub plain", [], []), ("zerohub CURVE", curve_server, curve_client))
+        cold_small(work, 1, label, src, count * small, rsync, modes, rows, per_file)
+        dest = fresh_dest(work, "(b)-raw", src, keep="(b)-")
         port += 1
         t, cpu = time_raw(src, dest, port)
-        rows.append((label, "raw pyzmq stream", t, nbytes, cpu))
+        rows.append((label, "raw pyzmq stream", t, count * small, cpu))
         check_same(src, dest)
         # (b) a second round, the methods taking turns again (a cold mirror swings most)
-        again = f"{label} #2"
-        if rsync:
-            dest = fresh_dest(work, f"{tag}2-rsync", src)
-            t, cpu = timed_cpu([rsync, "-a", f"{src}/", f"{dest}/"])
-            rows.append((again, "rsync -a", t, nbytes, cpu))
-            per_file.append((again, "rsync -a", cpu, 0.0))
-            check_same(src, dest)
-        for mode, server_extra, client_extra in (
-            ("zerohub plain", [], []),
-            ("zerohub CURVE", curve_server, curve_client),
-        ):
-            server = Server(src, server_extra)
-            try:
-                dest = fresh_dest(work, f"{tag}2-{mode[8:]}", src)
-                cmd = sync_cmd(server, dest, work / f"{tag}2-{mode[8:]}.idx", client_extra)
-                t, client_cpu, server_cpu = timed_split(cmd, server.proc.pid)
-                rows.append((again, mode, t, nbytes, client_cpu + server_cpu))
-                per_file.append((again, mode, client_cpu, server_cpu))
-                check_same(src, dest)
-            finally:
-                server.stop()
+        cold_small(work, 2, f"{label} #2", src, count * small, rsync, modes, rows, per_file)
         fresh_dest(work, "", src)
 
     print_table(rows)
     if per_file:
         print_per_file(per_file, count)
     return 0
+
+
+_Mode = tuple[str, list[str], list[str]]  # method, server options, client options
+
+
+def cold_small(
+    work: Path,
+    rnd: int,
+    label: str,
+    src: Path,
+    nbytes: int,
+    rsync: str | None,
+    modes: tuple[_Mode, ...],
+    rows: list[tuple[str, str, float, int, float]],
+    per_file: list[tuple[str, str, float, float]],
+) -> None:
+    """Round ``rnd`` of (b): a cold mirror of ``src`` by rsync, then by each of ``modes``
+    (rows and CPU per file appended); the first round also times (c), (c') and (d) on
+    the mirrors it made (kept until the round's end)."""
+    tag = "(b)" if rnd == 1 else f"(b){rnd}"
+    keep = f"{tag}-" if rnd == 1 else ""
+    excludes = [f"--exclude={p}" for p in EXCLUDES]
+    if rsync:
+        dest = fresh_dest(work, f"{tag}-rsync", src, keep=keep)
+        t, cpu = timed_cpu([rsync, "-a", f"{src}/", f"{dest}/"])
+        rows.append((label, "rsync -a", t, nbytes, cpu))
+        per_file.append((label, "rsync -a", cpu, 0.0))
+        check_same(src, dest)
+        if rnd == 1:
+            t = median_time([rsync, "-a", f"{src}/", f"{dest}/"])
+            rows.append(("(c) no-change resync of (b)", "rsync -a", t, 0, 0.0))
+            t = median_time([rsync, "-a", *excludes, f"{src}/", f"{dest}/"])
+            rows.append(("(d) (c), 10 exclude patterns", "rsync -a", t, 0, 0.0))
+    for mode, server_extra, client_extra in modes:
+        server = Server(src, server_extra)
+        try:
+            dest = fresh_dest(work, f"{tag}-{mode[8:]}", src, keep=keep)
+            index = work / f"{tag}-{mode[8:]}.idx"
+            cmd = sync_cmd(server, dest, index, client_extra)
+            t, client_cpu, server_cpu = timed_split(cmd, server.proc.pid)
+            rows.append((label, mode, t, nbytes, client_cpu + server_cpu))
+            per_file.append((label, mode, client_cpu, server_cpu))
+            check_same(src, dest)
+            if rnd != 1:
+                continue
+            t = median_time(sync_cmd(server, dest, index, client_extra))
+            rows.append(("(c) no-change resync of (b)", mode, t, 0, 0.0))
+            t = median_time(sync_cmd(server, dest, None, client_extra))
+            rows.append(("(c') (c), client re-hashes DEST", mode, t, 0, 0.0))
+            t = median_time(sync_cmd(server, dest, index, client_extra + excludes))
+            rows.append(("(d) (c), 10 exclude patterns", mode, t, 0, 0.0))
+        finally:
+            server.stop()
 
 
 def print_per_file(rows: list[tuple[str, str, float, float]], files: int) -> None:

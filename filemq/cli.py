@@ -55,7 +55,10 @@ option, malformed endpoint or URL, a non-loopback bind without CURVE or --insecu
 (``sync``/``subscribe``: the lock
 ``DEST/.filemq-part-lock`` is held; the line names its pid); 130 interrupted (Ctrl-C)
 before done; 141 stdout closed by its reader.
-``serve``, ``subscribe`` and ``sync`` without ``--once`` stop on SIGINT/SIGTERM with 0.
+``serve``, ``subscribe`` and ``sync`` without ``--once`` stop on SIGINT/SIGTERM with 0,
+from the start: they take the signals before they say they are up (``sync``: its line
+``filemq: syncing ENDPOINT PATH into DEST until stopped``; ``subscribe --serve``: its
+serving line).
 Errors are one line on stderr, never a traceback.
 """
 
@@ -321,6 +324,13 @@ def _client_options(command: argparse.ArgumentParser) -> None:
         "--delete-extraneous",
         action="store_true",
         help="delete what the server lacks even when DEST is not a known mirror",
+    )
+    command.add_argument(
+        "--placer",
+        choices=tuple(_PLACERS),
+        default="auto",
+        help="where small files are put in place: a thread of their own, or the receiving "
+        "thread (inline); auto: a thread when 2 CPUs or more are ours (default)",
     )
 
 
@@ -803,6 +813,10 @@ def _check_pair(args: argparse.Namespace) -> None:
         raise UsageError(f"{args.command}: --curve-secret and --server-key go together")
 
 
+#: ``--placer``: ``SyncClient(place_inline=...)`` (None: chosen by the CPUs the mirror has)
+_PLACERS = {"auto": None, "thread": False, "inline": True}
+
+
 def _mirror_options(args: argparse.Namespace) -> dict[str, Any]:
     """What ``sync`` and ``subscribe`` give their client about metadata and patterns."""
     from filemq.meta import LinkPolicy
@@ -818,11 +832,39 @@ def _mirror_options(args: argparse.Namespace) -> dict[str, Any]:
         "special_bits": args.special_bits,
         "delete_extraneous": args.delete_extraneous,
         "modify_window": args.modify_window,
+        "place_inline": _PLACERS[args.placer],
     }
 
 
+class _StopSignals:
+    """SIGINT/SIGTERM stop the mirrors of a daemon (``sync`` without ``--once``,
+    ``subscribe``) from the moment this is made: taken before the command says it is up
+    (its readiness line), a signal that comes before a mirror exists stops that mirror
+    as soon as it is attached (``attach``), so the command ends cleanly (exit 0)."""
+
+    def __init__(self) -> None:
+        self.asked = False
+        self._stops: list[Callable[[], None]] = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.asked = True
+        for stop in self._stops:
+            stop()
+
+    def attach(self, stop: Callable[[], None]) -> None:
+        """``stop`` is called on a signal, or now when one came already."""
+        self._stops.append(stop)
+        if self.asked:
+            stop()
+
+
 def _sync(args: argparse.Namespace) -> int:
+    # a daemon takes its signals first (see _StopSignals), then says it is up
+    signals = None if args.once or args.dry_run else _StopSignals()
     from filemq.client import SyncClient, default_index_path
+    from filemq.paths import virtual_path
 
     _check_pair(args)
     index = None if args.no_index else (args.index or default_index_path(args.dest))
@@ -858,9 +900,14 @@ def _sync(args: argparse.Namespace) -> int:
         plan=sys.stdout if args.dry_run else None,
         **_mirror_options(args),
     )
-    if not (args.once or args.dry_run):
-        signal.signal(signal.SIGTERM, lambda signum, frame: client.stop())
-        signal.signal(signal.SIGINT, lambda signum, frame: client.stop())
+    if signals is not None:
+        signals.attach(client.stop)
+        path = virtual_path(args.path, directory=True)  # (a bad one: its one line only)
+        print(
+            f"filemq: syncing {args.endpoint}{path} into {args.dest} until stopped",
+            file=sys.stderr,
+            flush=True,
+        )
     result = _run_client(client.run, context)
     log.info(
         "%d files (%d bytes) received, %d deleted, %d refused, %d errors",
@@ -905,16 +952,7 @@ def _subscribe(args: argparse.Namespace) -> int:
 
     # Signals are taken before the relay serves (its serving line tells the world it is
     # up): one that comes before the mirror exists stops the mirror as it is made.
-    stop_asked: list[int] = []
-    made: list[Subscriber] = []
-
-    def on_stop_signal(signum: int, frame: object) -> None:
-        stop_asked.append(signum)
-        for mirror in made:
-            mirror.client.stop()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_stop_signal)
+    signals = _StopSignals()
     index = None if args.no_index else (args.index or default_index_path(args.dest))
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
@@ -943,9 +981,7 @@ def _subscribe(args: argparse.Namespace) -> int:
         server_key=args.server_key,
         **_mirror_options(args),
     )
-    made.append(subscriber)
-    if stop_asked:
-        subscriber.client.stop()
+    signals.attach(subscriber.client.stop)
     log.info("mirroring %s%s into %s", args.endpoint, args.path, args.dest)
 
     def mirror() -> Any:

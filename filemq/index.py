@@ -157,6 +157,16 @@ class FileEntry(NamedTuple):
     def key(self) -> tuple[int, int, int]:
         return (self.size, self.mtime_ns, self.inode)
 
+    def same_version(self, other: FileEntry) -> bool:
+        """What a mirror receives of both is the same (contents, size, mode, mtime):
+        they may differ only by inode, as a file written again with the same bytes."""
+        return (self.sha1, self.size, self.mode, self.mtime_ns) == (
+            other.sha1,
+            other.size,
+            other.mode,
+            other.mtime_ns,
+        )
+
 
 class Node(NamedTuple):
     """A folder or a symbolic link under the root (``FileIndex(tree=True)``)."""

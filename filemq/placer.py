@@ -22,6 +22,10 @@ Rules:
 * ``close`` lets the jobs submitted run, then stops the worker.
 
 The worker starts with the first job (a mirror that receives no small file has none).
+``Placer(thread=False)`` runs each job in ``submit`` itself (no worker, no hand-off;
+outcomes still wait for ``settle``): the same rules, for a mirror whose file creation is
+cheaper than a thread hand-off (``filemq sync --placer inline``, and the default on one
+CPU; see README's tables).
 """
 
 from __future__ import annotations
@@ -45,8 +49,9 @@ T = TypeVar("T")
 class Placer(Generic[T]):
     """Run jobs on one worker thread, in order; ``settle`` collects their outcomes."""
 
-    def __init__(self, max_pending: int = MAX_PENDING) -> None:
+    def __init__(self, max_pending: int = MAX_PENDING, *, thread: bool = True) -> None:
         self._max_pending = max(1, max_pending)
+        self._inline = not thread
         self._jobs: deque[tuple[Callable[[], T], int, Any]] = deque()
         self._done: list[tuple[Any, T | Exception]] = []
         self._pending = 0  # content bytes of the jobs not run yet
@@ -57,6 +62,9 @@ class Placer(Generic[T]):
 
     def submit(self, job: Callable[[], T], size: int, token: Any) -> None:
         """Queue ``job`` (``size`` content bytes); ``token`` comes back with its outcome."""
+        if self._inline:
+            self._done.append((token, _outcome(job)))
+            return
         with self._cond:
             while self._pending >= self._max_pending and self._jobs:
                 self._cond.wait()
@@ -105,12 +113,18 @@ class Placer(Generic[T]):
                     return
                 job, size, token = self._jobs.popleft()
                 self._running = True
-            try:
-                outcome: T | Exception = job()
-            except Exception as exc:  # handed to the caller, who decides (as if it ran there)
-                outcome = exc
+            outcome = _outcome(job)
             with cond:
                 self._running = False
                 self._pending -= size
                 self._done.append((token, outcome))
                 cond.notify_all()
+
+
+def _outcome(job: Callable[[], T]) -> T | Exception:
+    """What ``job`` returned, or the exception it raised: handed to the caller, who
+    decides (as if it ran there)."""
+    try:
+        return job()
+    except Exception as exc:
+        return exc

@@ -16,6 +16,10 @@ What a relay publishes is what its mirror applied, nothing else:
   partial files (``filemq.mirror.TEMP_PREFIX``) are never published, so a
   half-written file never leaves the relay.  A file changed locally in DEST is not
   published: the mirror repairs it (``check_interval``) and publishes the repair;
+* a file the mirror writes again as it was (same contents, mode and mtime: a repair,
+  or a fetch again after a ``kill -9``) is a new inode, not a new version: the server
+  publishes nothing for it (``FileEntry.same_version``), so the mirrors below do not
+  copy it again;
 * after every completed resync with the upstream the relay's index is checked
   against DEST once (``FileServer.rescan``: one ``lstat`` per file, hashing only
   what changed): folders, modes and mtimes the mirror applied reach its own

@@ -1454,6 +1454,12 @@ class FileServer:
         after = index.lookup(rel)
         if after is before:
             return  # this version was published already
+        if (
+            isinstance(before, FileEntry)
+            and isinstance(after, FileEntry)
+            and after.same_version(before)
+        ):
+            return  # written again as it was (a new inode only): the clients hold it
         if after is not None:  # folders made for it first (their modes)
             self._publish(mount, self._folders_above(index, rel), skip=skip)
         if isinstance(after, FileEntry):

@@ -4,29 +4,35 @@ outcome handed back, bounded; end to end, a burst with a bad file in the middle.
 Adversaries: a job that fails (its error comes back, the jobs after it still run, in
 order); a disk that takes nothing (the submitter waits at the bound instead of queueing
 without end); a server whose file in the middle of a burst does not match its SHA-1
-(fetched again, the rest of the burst placed, the mirror exact).
+(fetched again, the rest of the burst placed, the mirror exact).  The same rules hold
+with the jobs run inline (``Placer(thread=False)``, ``sync --placer inline``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import zmq
 
 from filemq import fmq_msg
 from filemq.client import SyncClient, SyncResult
 from filemq.engine import HEADER_PATH, HEADER_RESYNC, RESYNC_COMPLETE, Operation
 from filemq.placer import Placer
+from filemq.server import FileServer
 from tests.polling import wait_until
 
-from .conftest import read_tree
+from .conftest import read_tree, write_tree
 
 
-def test_jobs_run_in_order_and_every_outcome_comes_back_in_that_order() -> None:
-    placer: Placer[int] = Placer()
+@pytest.mark.parametrize("thread", [True, False], ids=["thread", "inline"])
+def test_jobs_run_in_order_and_every_outcome_comes_back_in_that_order(thread: bool) -> None:
+    placer: Placer[int] = Placer(thread=thread)
     ran: list[int] = []
 
     def job(i: int) -> int:
@@ -86,8 +92,9 @@ def test_close_runs_what_was_submitted_then_a_new_job_starts_the_worker_again() 
         placer.close()
 
 
+@pytest.mark.parametrize("inline", [False, True], ids=["thread", "inline"])
 def test_a_bad_file_in_the_middle_of_a_burst_is_fetched_again_the_rest_placed(
-    tmp_path: Path, zctx: zmq.Context[Any]
+    tmp_path: Path, zctx: zmq.Context[Any], inline: bool
 ) -> None:
     """A hand-driven server sends 40 whole small files in one burst, the 20th with a
     SHA-1 that does not match: every other file is placed while the burst is received,
@@ -98,7 +105,9 @@ def test_a_bad_file_in_the_middle_of_a_burst_is_fetched_again_the_rest_placed(
     router.linger = 0
     port = router.bind_to_random_port("tcp://127.0.0.1")
     files = {f"d{i % 4}/f{i:02d}": bytes([i]) * (1000 + i) for i in range(40)}
-    client = SyncClient(zctx, f"tcp://127.0.0.1:{port}", dest, once=True, max_retries=0)
+    client = SyncClient(
+        zctx, f"tcp://127.0.0.1:{port}", dest, once=True, max_retries=0, place_inline=inline
+    )
     outcome: list[SyncResult] = []
     thread = threading.Thread(target=lambda: outcome.append(client.run()))
     thread.start()
@@ -173,3 +182,35 @@ def test_not_settled_until_the_outcomes_are_collected() -> None:
         assert placer.settled
     finally:
         placer.close()
+
+
+@pytest.mark.parametrize("cpus", [1, 2], ids=["one-cpu", "two-cpus"])
+def test_the_default_places_on_a_thread_only_with_two_cpus_or_more(
+    tmp_path: Path, zctx: zmq.Context[Any], serve: Callable[..., FileServer], cpus: int
+) -> None:
+    """``place_inline=None`` (``--placer auto``): a mirror that may run on one CPU puts
+    small files in place itself (a thread there only adds hand-offs: README's table), one
+    with two or more on the placer thread.  Seen from the threads alive while files land."""
+    mine = sorted(os.sched_getaffinity(0))
+    if len(mine) < cpus:
+        pytest.skip(f"this process may use {len(mine)} CPU(s)")
+    files = {f"d{i % 3}/f{i}": b"%d" % i * 100 for i in range(30)}
+    write_tree(tmp_path / "src", files)
+    server = serve(tmp_path / "src")
+    threads_seen: set[str] = set()
+    outcome: list[SyncResult] = []
+
+    def on_event(event: Any) -> None:
+        threads_seen.update(t.name for t in threading.enumerate())
+
+    def mirror() -> None:
+        os.sched_setaffinity(0, mine[:cpus])  # (this thread; the threads it starts inherit)
+        client = SyncClient(zctx, server.endpoint, tmp_path / "dest", once=True, on_event=on_event)
+        outcome.append(client.run())
+
+    thread = threading.Thread(target=mirror)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive() and outcome and outcome[0].files == len(files)
+    assert read_tree(tmp_path / "dest") == files
+    assert ("filemq-placer" in threads_seen) is (cpus > 1), sorted(threads_seen)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from filemq.state import load_index
 from tests.polling import wait_until
 from zerohub.zmqkit import new_certificate
 
@@ -226,6 +227,70 @@ def test_a_half_received_file_never_leaves_the_relay(tmp_path: Path, procs: list
     event = mirror.wait_event(kind("create", "big.bin"))
     assert event["sha1"] == digest
     assert (dest / "big.bin").read_bytes() == big
+    assert wait_until(_same(src, r1, dest), WAIT)
+
+
+def _saved_sha1(index_file: Path, root: Path, name: str) -> str | None:
+    """What the index a mirror saved says of ``name`` (None: not in it, or no index)."""
+    entry = load_index(index_file, root).get(name) if index_file.exists() else None
+    return None if entry is None else entry.sha1
+
+
+def test_a_file_written_again_as_it_was_is_not_sent_to_the_relays_mirrors(
+    tmp_path: Path, procs: list[Proc]
+) -> None:
+    """Was: a relay's mirror that wrote a file again with the same contents (a repair
+    here; after a ``kill -9``, the files its stale index did not list) gave it a new
+    inode, the relay's server took that for a new version and every mirror below
+    copied it again (ops9's three-level tree, seen once)."""
+    src, r1, dest = tmp_path / "src", tmp_path / "r1", tmp_path / "dest"
+    write_tree(src, {"a.txt": b"alpha", "d/b.txt": b"beta"})
+    _s, origin = _serve(tmp_path, procs, src)
+    relay, ep1 = _relay(tmp_path, procs, origin, r1)
+    mirror = _mirror(tmp_path, procs, ep1, dest)
+    relay.wait_event(kind("resync-complete"))  # (its first creates read)
+    mirror.wait_event(kind("resync-complete"))
+    assert wait_until(_same(src, r1, dest), WAIT)
+    before = _inodes(dest)
+    (r1 / "d" / "b.txt").write_bytes(b"changed in the relay's DEST")  # repaired from origin
+    relay.wait_event(kind("create", "d/b.txt"))
+    assert (r1 / "d" / "b.txt").read_bytes() == b"beta"
+    (src / "sync-point.txt").write_bytes(b"after the repair")
+    seen: list[dict[str, object]] = []
+    mirror.wait_event(lambda e: seen.append(e) or kind("create", "sync-point.txt")(e))
+    assert [e for e in seen if e.get("name") == "d/b.txt"] == []
+    after = _inodes(dest)
+    assert {name for name in after if after[name] != before.get(name)} == {"sync-point.txt"}
+
+
+def test_a_relay_killed_right_after_a_change_does_not_fetch_it_again(
+    tmp_path: Path, procs: list[Proc]
+) -> None:
+    """Was: the relay's mirror saved its index every 30 s, so a ``kill -9`` soon after a
+    live change restarted with an index without it: the change was fetched again (and,
+    before the fix above, sent again down the tree).  Now the index is saved as soon
+    as the mirror is quiet after a change."""
+    src, r1, dest, index_file = (tmp_path / n for n in ("src", "r1", "dest", "r1.idx"))
+    write_tree(src, {"a.txt": b"alpha", "d/b.txt": b"beta"})
+    _s, origin = _serve(tmp_path, procs, src)
+    relay, ep1 = _relay(tmp_path, procs, origin, r1, "--index", str(index_file))
+    mirror = _mirror(tmp_path, procs, ep1, dest)
+    mirror.wait_event(kind("resync-complete"))
+    (src / "d" / "new.txt").write_bytes(b"made live")
+    (src / "a.txt").write_bytes(b"alpha, updated live")
+    mirror.wait_event(kind("create", "d/new.txt"))
+    assert wait_until(_same(src, r1, dest), WAIT)
+    want = {n: hashlib.sha1(b).hexdigest() for n, b in files(src).items()}
+    assert wait_until(
+        lambda: all(_saved_sha1(index_file, r1, n) == sha for n, sha in want.items()), WAIT
+    ), "the relay's index was not saved after the live changes"
+    before = _inodes(r1)
+    relay.stop(signal.SIGKILL)
+    relay, _again = _relay(tmp_path, procs, origin, r1, "--index", str(index_file), bind=ep1)
+    seen: list[dict[str, object]] = []
+    relay.wait_event(lambda e: seen.append(e) or kind("resync-complete")(e))
+    assert [e for e in seen if e["kind"] == "create"] == []
+    assert _inodes(r1) == before
     assert wait_until(_same(src, r1, dest), WAIT)
 
 
