@@ -155,6 +155,7 @@ class SendPath:
                 "batched_in",
                 "batch_refused",
                 "batched_out",
+                "run_pushes",
             ),
             0,
         )
