@@ -170,12 +170,16 @@ class Server:
         self._receive_batch = getattr(engine, "receive_batch", None)
         #: Frames beyond one in the batch just handled (``_on_message``'s drain budget).
         self._batched = 0
-        #: Plain pushes read in this drain and not served yet, by producer, in order
-        #: (``_serve_runs``); empty outside a drain.  At most ``options.batch`` frames.
-        self._runs: dict[Peer, list[tuple[int, tmqp.Frame, bytes]]] = {}
+        #: The producers whose plain pushes read in this drain wait in ``Peer.run``, in
+        #: the order of their first one (``_serve_runs``); empty outside a drain.  At
+        #: most ``options.batch`` frames wait.
+        self._runs: list[Peer] = []
         #: Gather plain pushes into runs (``ServerOptions.push_runs``, and the engine
-        #: takes runs: it has ``receive_batch``).
+        #: takes runs: it has ``receive_batch``) ...
         self._gather = options.push_runs and self._receive_batch is not None
+        #: ... from the second message of a drain on (``_gather``; a lone message, a
+        #: round trip's, goes straight through).
+        self._gathering = False
         #: Octets of JSON in one reply: what a frame holds beside ids and headers.
         self._reply_budget = max(MIN_REPLY_SIZE, self._max_frame - REPLY_OVERHEAD)
         limits = getattr(getattr(engine, "config", None), "limits", None)
@@ -431,13 +435,13 @@ class Server:
                 # a batch: its frames count against this drain's budget, so that timers
                 # and keep-alive (other peers' PINGs wait unread) are not held up
                 count += self._batched
+                self._gathering = self._gather
                 if count >= batch:
                     break
             if count == 1:
                 # A lone message (light load) must not wait for the next recv(), which
                 # costs several microseconds when it finds nothing: send its output now.
-                if self._runs:
-                    self._serve_runs(now)
+                self._gathering = self._gather
                 if self.sender.outq or self.sender.fanning:
                     self.sender.flush_out()
                 # and ask whether another one waits: half what a recv() raising Again
@@ -449,6 +453,7 @@ class Server:
                 # Window slots come back while a long drain goes on, not only after it.
                 self.sessions.report_transmitted(now)
         self.counters["frames_in"] += count
+        self._gathering = False
         if self._runs:
             self._serve_runs(now)
         if self.sender.outq or self.sender.fanning:
@@ -486,14 +491,15 @@ class Server:
             mt = msg.message_type
             if (
                 mt == _QUEUE
-                and self._gather
+                and self._gathering
                 and not msg.headers
                 and not msg.pending_ack
                 and not msg.pending_response
             ):
-                run = self._runs.get(peer)
+                run = peer.run
                 if run is None:
-                    self._runs[peer] = [(0, msg, data)]
+                    peer.run = [(0, msg, data)]
+                    self._runs.append(peer)
                 else:
                     run.append((0, msg, data))
                 return False
@@ -557,11 +563,15 @@ class Server:
         messages were read in does not promise either): no push in a run waits for an
         answer, so none is refused aloud, and any other frame was preceded by a call
         here.  A run of one goes through ``Engine.receive``, as without runs."""
-        runs = self._runs
-        self._runs = {}
+        peers = self._runs
+        self._runs = []
         receive_batch = self._receive_batch
         assert receive_batch is not None
-        for peer, items in runs.items():
+        for peer in peers:
+            items = peer.run
+            peer.run = None
+            if items is None:
+                continue
             if len(items) == 1:
                 _index, frame, data = items[0]
                 self._receive_one(peer, frame, data, now)
