@@ -48,7 +48,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
@@ -123,6 +123,26 @@ _CURVE_OVERHEAD = 33
 #: Octets a reply frame may need beside its JSON payload (message id, client id, the
 #: Page-Next header...): ``Limits.max_reply_size`` must leave this much of a frame free.
 REPLY_OVERHEAD = 4096
+
+
+def _pushes_and_acks(
+    frames: Sequence[tmqp.Message | None], refused: list[tuple[int, str, str]]
+) -> list[tuple[int, tmqp.Frame]]:
+    """The entries of a batch (index, frame) that are queue pushes or acknowledges waiting
+    for no response; the others are refused by index (None: refused already, malformed)."""
+    taken: list[tuple[int, tmqp.Frame]] = []
+    for index, frame in enumerate(frames):
+        if frame is None:
+            continue
+        if (
+            type(frame) is not _Frame
+            or frame.pending_response
+            or (frame.message_type != _QUEUE and frame.message_type != _ACK)
+        ):
+            refused.append((index, NackReason.BAD_REQUEST, _ONLY_PUSHES_AND_ACKS))
+            continue
+        taken.append((index, frame))
+    return taken
 
 
 class Server:
@@ -640,17 +660,8 @@ class Server:
         except DecodeError:
             return self._each_entry(peer, msg)
         refused: list[tuple[int, str, str]] = []
-        items: list[tuple[int, tmqp.Frame, bytes]] = []
-        for index, frame in enumerate(frames):
-            if (
-                type(frame) is not _Frame
-                or frame.pending_response
-                or (frame.message_type != _QUEUE and frame.message_type != _ACK)
-            ):
-                refused.append((index, NackReason.BAD_REQUEST, _ONLY_PUSHES_AND_ACKS))
-                continue
-            at = index + index
-            items.append((index, frame, payload[spans[at] : spans[at + 1]]))
+        taken = _pushes_and_acks(frames, refused)
+        items = [(i, f, payload[spans[i + i] : spans[i + i + 1]]) for i, f in taken]
         return items, refused, len(frames)
 
     def _each_entry(
@@ -667,21 +678,17 @@ class Server:
                                       ResultCode.BAD_REQUEST)  # fmt: skip
             return None
         refused: list[tuple[int, str, str]] = []
-        items: list[tuple[int, tmqp.Frame, bytes]] = []
+        frames: list[tmqp.Message | None] = []
         for index, data in enumerate(entries):
             try:
-                frame = _decode((data,))
+                frames.append(_decode((data,)))
             except DecodeError as exc:
                 refused.append((index, NackReason.BAD_REQUEST, f"malformed frame: {exc.reason}"))
-                continue
-            if (
-                type(frame) is not _Frame
-                or frame.pending_response
-                or (frame.message_type != _QUEUE and frame.message_type != _ACK)
-            ):
-                refused.append((index, NackReason.BAD_REQUEST, _ONLY_PUSHES_AND_ACKS))
-                continue
-            items.append((index, frame, data))
+                frames.append(None)
+        taken = _pushes_and_acks(frames, refused)
+        if len(refused) > 1:
+            refused.sort()
+        items = [(i, f, entries[i]) for i, f in taken]
         return items, refused, len(entries)
 
     def _shutdown(self, router: zmq.Socket[bytes]) -> None:
