@@ -252,6 +252,45 @@ def round_trips(endpoint: str, channel: str, count: int, go: Any, done: Any) -> 
     client.context.term()
 
 
+def raw_round_trips(endpoint: str, count: int, done: Any) -> None:
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(endpoint)
+    sock.send(PAYLOAD)
+    sock.recv()
+    cpu = time.process_time()
+    for _ in range(count):
+        sock.send(PAYLOAD)
+        sock.recv()
+    done.put(time.process_time() - cpu)
+    sock.close(linger=0)
+    ctx.term()
+
+
+def raw_echo_cpu(ctx: Any, count: int) -> tuple[float, float]:
+    """CPU per round trip (us) of ``bench_broker.raw_echo`` (the bench's raw round trip
+    baseline: poll, recv_multipart, send_multipart) and of its DEALER client."""
+    from bench_broker import raw_echo
+
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    ready, stop, done = ctx.Event(), ctx.Event(), ctx.Queue()
+    echo = ctx.Process(target=raw_echo, args=(endpoint, ready, stop))
+    echo.start()
+    ready.wait(30)
+    assert echo.pid is not None
+    client = ctx.Process(target=raw_round_trips, args=(endpoint, count, done))
+    cpu0 = cpu_seconds(echo.pid)
+    client.start()
+    client_cpu = done.get(timeout=300)
+    used = cpu_seconds(echo.pid) - cpu0
+    client.join(30)
+    stop.set()
+    echo.join(30)
+    return used / count * 1e6, client_cpu / count * 1e6
+
+
 def profile_relay(ctx: Any, count: int, top: int) -> dict[str, Any]:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     ready, sink_ready, out = ctx.Event(), ctx.Event(), ctx.Queue()
@@ -337,11 +376,15 @@ def cpu_rows(ctx: Any, count: int, rounds: int) -> None:
         for name, many, unacked in cases:
             got[name].append(profile_broker(ctx, count, many, unacked, -1)["cpu_us"])
         r = profile_broker(ctx, min(count, 5_000), False, None, -1, True)
-        trips.append(f"{r['cpu_us']:.1f} (client {r['client_cpu_us']:.1f})")
+        echo, echo_client = raw_echo_cpu(ctx, min(count, 5_000))
+        trips.append(
+            f"{r['cpu_us']:.1f} (client {r['client_cpu_us']:.1f}), "
+            f"raw echo {echo:.1f} (client {echo_client:.1f})"
+        )
     print(f"\n{'broker CPU us/msg (no profiler)':<36} runs")
     for name, runs in got.items():
         print(f"{name:<36} {' / '.join(f'{v:.1f}' for v in runs)}")
-    print(f"{'round trip (per trip)':<36} {' / '.join(trips)}")
+    print(f"{'round trip: broker CPU us per trip':<36} {' / '.join(trips)}")
 
 
 def main(argv: list[str] | None = None) -> int:
