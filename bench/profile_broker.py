@@ -12,7 +12,10 @@ Rows:
 * ``relay``: raw pyzmq ROUTER, recv(rid) + recv(data) + send(rid, SNDMORE) + send(data);
 * ``push``: ``Client.push`` one by one, a consumer reading (deliveries as the broker
   chooses: ``--unacked-batch``);
-* ``push_many``: ``Client.push_many`` (``BATCH`` per TMQP batch).
+* ``push_many``: ``Client.push_many`` (``BATCH`` per TMQP batch);
+* ``round trip``: one client pushes into a queue of a channel it joined and waits for the
+  delivery, one message at a time (as ``bench_broker.py``'s round trip rows): the
+  broker's calls per round trip, its idle polls included.
 
 Usage: ``python bench/profile_broker.py [--messages N] [--unacked-batch N] [--top K]``.
 """
@@ -230,6 +233,64 @@ def producer(endpoint: str, channel: str, count: int, many: bool, go: Any) -> No
     client.context.term()
 
 
+def round_trips(endpoint: str, channel: str, count: int, go: Any, done: Any) -> None:
+    import zmq
+
+    from broker.client.blocking import Client
+
+    client = Client(endpoint, context=zmq.Context(), threaded=False).connect()
+    client.join(channel)
+    go.wait(30)
+    cpu = time.process_time()
+    for _ in range(count):
+        client.push(channel, 1, PAYLOAD)
+        if client.receive(timeout=60) is None:
+            break
+    else:
+        done.put((count, time.process_time() - cpu))
+    client.close()
+    client.context.term()
+
+
+def raw_round_trips(endpoint: str, count: int, done: Any) -> None:
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(endpoint)
+    sock.send(PAYLOAD)
+    sock.recv()
+    cpu = time.process_time()
+    for _ in range(count):
+        sock.send(PAYLOAD)
+        sock.recv()
+    done.put(time.process_time() - cpu)
+    sock.close(linger=0)
+    ctx.term()
+
+
+def raw_echo_cpu(ctx: Any, count: int) -> tuple[float, float]:
+    """CPU per round trip (us) of ``bench_broker.raw_echo`` (the bench's raw round trip
+    baseline: poll, recv_multipart, send_multipart) and of its DEALER client."""
+    from bench_broker import raw_echo
+
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    ready, stop, done = ctx.Event(), ctx.Event(), ctx.Queue()
+    echo = ctx.Process(target=raw_echo, args=(endpoint, ready, stop))
+    echo.start()
+    ready.wait(30)
+    assert echo.pid is not None
+    client = ctx.Process(target=raw_round_trips, args=(endpoint, count, done))
+    cpu0 = cpu_seconds(echo.pid)
+    client.start()
+    client_cpu = done.get(timeout=300)
+    used = cpu_seconds(echo.pid) - cpu0
+    client.join(30)
+    stop.set()
+    echo.join(30)
+    return used / count * 1e6, client_cpu / count * 1e6
+
+
 def profile_relay(ctx: Any, count: int, top: int) -> dict[str, Any]:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     ready, sink_ready, out = ctx.Event(), ctx.Event(), ctx.Queue()
@@ -248,7 +309,7 @@ def profile_relay(ctx: Any, count: int, top: int) -> dict[str, Any]:
 
 
 def profile_broker(
-    ctx: Any, count: int, many: bool, unacked: int | None, top: int
+    ctx: Any, count: int, many: bool, unacked: int | None, top: int, rtt: bool = False
 ) -> dict[str, Any]:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     ready, stop, out = ctx.Event(), ctx.Queue(), ctx.Queue()
@@ -268,6 +329,9 @@ def profile_broker(
         ctx.Process(target=consumer, args=(endpoint, "profile", count, c_ready, done)),
         ctx.Process(target=producer, args=(endpoint, "profile", count, many, go)),
     ]
+    if rtt:
+        procs = [ctx.Process(target=round_trips, args=(endpoint, "profile", count, go, done))]
+        c_ready.set()
     for p in procs:
         p.start()
     c_ready.wait(30)
@@ -277,11 +341,16 @@ def profile_broker(
     go.set()
     seen = done.get(timeout=300)
     used = cpu_seconds(server.pid) - cpu0
+    client_cpu = None
+    if rtt:
+        seen, client_cpu = seen
     for p in procs:
         p.join(30)
     stop.put(seen)
     result: dict[str, Any] = out.get(timeout=60)
     result["cpu_us"] = used / max(1, seen) * 1e6
+    if client_cpu is not None:  # the round-trip client's own CPU (its process)
+        result["client_cpu_us"] = client_cpu / max(1, seen) * 1e6
     server.join(30)
     return result
 
@@ -302,12 +371,20 @@ def cpu_rows(ctx: Any, count: int, rounds: int) -> None:
         for name, unacked in (("0", 0), ("default", None))
     ]
     got: dict[str, list[float]] = {name: [] for name, _m, _u in cases}
+    trips: list[str] = []
     for _ in range(rounds):
         for name, many, unacked in cases:
             got[name].append(profile_broker(ctx, count, many, unacked, -1)["cpu_us"])
+        r = profile_broker(ctx, min(count, 5_000), False, None, -1, True)
+        echo, echo_client = raw_echo_cpu(ctx, min(count, 5_000))
+        trips.append(
+            f"{r['cpu_us']:.1f} (client {r['client_cpu_us']:.1f}), "
+            f"raw echo {echo:.1f} (client {echo_client:.1f})"
+        )
     print(f"\n{'broker CPU us/msg (no profiler)':<36} runs")
     for name, runs in got.items():
         print(f"{name:<36} {' / '.join(f'{v:.1f}' for v in runs)}")
+    print(f"{'round trip: broker CPU us per trip':<36} {' / '.join(trips)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -317,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         "--unacked-batch", type=int, default=None, metavar="N",
         help="ServerOptions.unacked_batch (default: the server's default)",
     )  # fmt: skip
+    parser.add_argument("--round-trips", type=int, default=5_000, help="for the round trip row")
     parser.add_argument("--top", type=int, default=12, help="functions listed per row")
     parser.add_argument(
         "--cpu", type=int, default=0, metavar="ROUNDS",
@@ -331,6 +409,10 @@ def main(argv: list[str] | None = None) -> int:
         ("relay (raw pyzmq ROUTER, no work)", profile_relay(ctx, args.messages, args.top)),
         ("push", profile_broker(ctx, args.messages, False, args.unacked_batch, args.top)),
         ("push_many", profile_broker(ctx, args.messages, True, args.unacked_batch, args.top)),
+        (
+            "round trip",
+            profile_broker(ctx, args.round_trips, False, args.unacked_batch, args.top, True),
+        ),
     ]
     print(f"\n{'per message (broker process)':<36} {'Python calls':>13} {'libzmq calls':>13}")
     print("-" * 64)

@@ -67,6 +67,7 @@ class Peer:
         "overflowing",
         "pinged",
         "rid",
+        "run",
         "since",
         "state",
         "transmitted",
@@ -92,6 +93,9 @@ class Peer:
         self.address: str | None = None
         #: Deliveries one message to this peer may carry (``broker.batch``; 0: one each).
         self.batch = 0
+        #: Its plain pushes read in the current drain, not served yet: (0, frame, octets)
+        #: (``Server._serve_runs``); None: none.
+        self.run: list[tuple[int, tmqp.Frame, bytes]] | None = None
 
 
 def _entries(item: list[bytes] | bytes) -> list[bytes]:
@@ -155,6 +159,7 @@ class SendPath:
                 "batched_in",
                 "batch_refused",
                 "batched_out",
+                "run_pushes",
             ),
             0,
         )
@@ -175,6 +180,9 @@ class SendPath:
         prev: tmqp.Frame | None = None
         in_frame = self.in_frame
         data = b""
+        # the peer of the item before: a run's deliveries to one consumer look it up once
+        to: str | None = None
+        peer: Peer | None = None
         for out in outs:
             client_id, frame = out
             if frame is not prev:
@@ -198,7 +206,9 @@ class SendPath:
                         log.error("engine produced an unencodable frame: %s", exc)
                         self.counters["engine_errors"] += 1
                         data = b""
-            peer = by_client.get(client_id)
+            if client_id is not to:
+                to = client_id
+                peer = by_client.get(client_id)
             tracked = out.__class__ is Tracked
             if peer is None:
                 if out.__class__ is Publish and self.fanout is not None:
@@ -211,14 +221,14 @@ class SendPath:
                 self.counters["dropped_out"] += 1
                 if tracked:  # keep the engine's count in step (the error is counted)
                     self.count_sent(peer)
-            elif peer.backlog or len(data) >= _BIG:
+            elif peer.backlog or (size := len(data) + 4) >= _BIG + 4:
                 self.send_raw(peer, data, tracked)
                 outq = self.outq  # _send_raw flushed the batch: a new list
             else:  # the common case: sent with the batch (see _flush_out)
                 if tracked and peer.batch:
                     group = self.last_group  # (the group of the delivery before, if any)
                     if group is not None and group[3] is peer:
-                        size = len(data) + 4
+                        # (size: its octets and its length in the batch)
                         ack = data[1] & _PENDING_ACK
                         if group[1] < (peer.batch if ack else group[4]) and group[2] + size <= (
                             _DELIVERY_OCTETS if ack else self.unacked_octets

@@ -48,7 +48,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
@@ -125,6 +125,26 @@ _CURVE_OVERHEAD = 33
 REPLY_OVERHEAD = 4096
 
 
+def _pushes_and_acks(
+    frames: Sequence[tmqp.Message | None], refused: list[tuple[int, str, str]]
+) -> list[tuple[int, tmqp.Frame]]:
+    """The entries of a batch (index, frame) that are queue pushes or acknowledges waiting
+    for no response; the others are refused by index (None: refused already, malformed)."""
+    taken: list[tuple[int, tmqp.Frame]] = []
+    for index, frame in enumerate(frames):
+        if frame is None:
+            continue
+        if (
+            type(frame) is not _Frame
+            or frame.pending_response
+            or (frame.message_type != _QUEUE and frame.message_type != _ACK)
+        ):
+            refused.append((index, NackReason.BAD_REQUEST, _ONLY_PUSHES_AND_ACKS))
+            continue
+        taken.append((index, frame))
+    return taken
+
+
 class Server:
     """ROUTER front end of one engine.
 
@@ -170,6 +190,16 @@ class Server:
         self._receive_batch = getattr(engine, "receive_batch", None)
         #: Frames beyond one in the batch just handled (``_on_message``'s drain budget).
         self._batched = 0
+        #: The producers whose plain pushes read in this drain wait in ``Peer.run``, in
+        #: the order of their first one (``_serve_runs``); empty outside a drain.  At
+        #: most ``options.batch`` frames wait.
+        self._runs: list[Peer] = []
+        #: Gather plain pushes into runs (``ServerOptions.push_runs``, and the engine
+        #: takes runs: it has ``receive_batch``) ...
+        self._gather = options.push_runs and self._receive_batch is not None
+        #: ... from the second message of a drain on (``_gather``; a lone message, a
+        #: round trip's, goes straight through).
+        self._gathering = False
         #: Octets of JSON in one reply: what a frame holds beside ids and headers.
         self._reply_budget = max(MIN_REPLY_SIZE, self._max_frame - REPLY_OVERHEAD)
         limits = getattr(getattr(engine, "config", None), "limits", None)
@@ -432,11 +462,13 @@ class Server:
                 # a batch: its frames count against this drain's budget, so that timers
                 # and keep-alive (other peers' PINGs wait unread) are not held up
                 count += self._batched
+                self._gathering = self._gather
                 if count >= batch:
                     break
             if count == 1:
                 # A lone message (light load) must not wait for the next recv(), which
                 # costs several microseconds when it finds nothing: send its output now.
+                self._gathering = self._gather
                 if self.sender.outq or self.sender.fanning:
                     self.sender.flush_out()
                 # and ask whether another one waits: half what a recv() raising Again
@@ -448,6 +480,9 @@ class Server:
                 # Window slots come back while a long drain goes on, not only after it.
                 self.sessions.report_transmitted(now)
         self.counters["frames_in"] += count
+        self._gathering = False
+        if self._runs:
+            self._serve_runs(now)
         if self.sender.outq or self.sender.fanning:
             self.sender.flush_out()
 
@@ -455,29 +490,48 @@ class Server:
         self, rid: bytes, data: bytes, multipart: bool, now: float, part: zmq.Frame
     ) -> bool:
         """Handle one ZeroMQ message; True when it was a batch (``self._batched`` more
-        frames than one)."""
+        frames than one).  A plain push (a QUEUE frame waiting for no answer, without
+        headers) joins its producer's run, served at the end of the drain
+        (:meth:`_serve_runs`); any other message first serves the runs gathered before
+        it, so that it sees every push that came before it."""
         peer = self._peers.get(rid)
         if peer is None or peer.state is not _READY:
+            if self._runs:
+                self._serve_runs(now)
             self.sessions.handshake(rid, peer, b"" if multipart else data, now, part)
             return False
         peer.last_seen = now
         peer.pinged = False
-        if multipart:
-            self.sessions.bad(
-                peer, b"", "one TMQP frame per ZeroMQ message", ResultCode.BAD_REQUEST
-            )
-            return False
-        if len(data) > self._max_frame:
-            reason = f"frame of {len(data)} octets exceeds {self._max_frame}"
-            self.sessions.bad(peer, data, reason, ResultCode.LIMIT_EXCEEDED)
+        if multipart or len(data) > self._max_frame:
+            if self._runs:
+                self._serve_runs(now)
+            self._refuse(peer, data, multipart)
             return False
         try:
             msg = _decode((data,))
         except DecodeError as exc:
+            if self._runs:
+                self._serve_runs(now)
             self.sessions.bad(peer, data, f"malformed frame: {exc.reason}", ResultCode.BAD_REQUEST)
             return False
         if type(msg) is _Frame:
             mt = msg.message_type
+            if (
+                mt == _QUEUE
+                and self._gathering
+                and not msg.headers
+                and not msg.pending_ack
+                and not msg.pending_response
+            ):
+                run = peer.run
+                if run is None:
+                    peer.run = [(0, msg, data)]
+                    self._runs.append(peer)
+                else:
+                    run.append((0, msg, data))
+                return False
+            if self._runs:
+                self._serve_runs(now)
             if mt == _TERMINATE:
                 self.sessions.goodbye(peer, now)
                 return False
@@ -488,28 +542,82 @@ class Server:
                 if msg.content_type == STATS_OPERATION:
                     self.sender.send_to(peer, self._stats_reply(peer, msg))
                     return False
-            # the engine often forwards the very frame it was given (a push delivered
-            # as is): send_all then reuses these octets instead of encoding again
-            sender = self.sender
-            sender.in_frame = msg
-            sender.in_data = data
-            try:
-                outs = self.engine.receive(peer.client_id, msg, now, data)
-            except Exception:
-                log.exception("engine failed on a frame from %s", peer.client_id)
-                self.counters["engine_errors"] += 1
-                outs = []
-                if msg.message_id:
-                    self.sender.send_to(
-                        peer, error_frame(msg.message_id, ResultCode.FAILED, "error")
-                    )
-            if outs:
-                self.sender.send_all(outs)
-        elif type(msg) is tmqp.Ping:
+            self._receive_one(peer, msg, data, now)
+            return False
+        if self._runs:
+            self._serve_runs(now)
+        if type(msg) is tmqp.Ping:
             self.sender.send_raw(peer, _PONG)
         elif type(msg) is tmqp.Handshake:
             self.sender.send_raw(peer, GREETING)
         return False
+
+    def _refuse(self, peer: Peer, data: bytes, multipart: bool) -> None:
+        """Answer a message that is not one frame within ``max_frame_size``."""
+        if multipart:
+            self.sessions.bad(
+                peer, b"", "one TMQP frame per ZeroMQ message", ResultCode.BAD_REQUEST
+            )
+        else:
+            reason = f"frame of {len(data)} octets exceeds {self._max_frame}"
+            self.sessions.bad(peer, data, reason, ResultCode.LIMIT_EXCEEDED)
+
+    def _receive_one(self, peer: Peer, msg: tmqp.Frame, data: bytes, now: float) -> None:
+        """One frame through ``Engine.receive``; its output sent."""
+        # the engine often forwards the very frame it was given (a push delivered
+        # as is): send_all then reuses these octets instead of encoding again
+        sender = self.sender
+        sender.in_frame = msg
+        sender.in_data = data
+        try:
+            outs = self.engine.receive(peer.client_id, msg, now, data)
+        except Exception:
+            log.exception("engine failed on a frame from %s", peer.client_id)
+            self.counters["engine_errors"] += 1
+            outs = []
+            if msg.message_id:
+                sender.send_to(peer, error_frame(msg.message_id, ResultCode.FAILED, "error"))
+        if outs:
+            sender.send_all(outs)
+
+    def _serve_runs(self, now: float) -> None:
+        """Serve the plain pushes gathered in this drain: each producer's run in one
+        engine call (``Engine.receive_batch``: the checks of a run into one queue once,
+        ``Queue.push_plain_run``), the producers in the order their first push came.
+
+        The outcome is that of each push handled alone in the order read, but for the
+        order between two producers' pushes within the drain (which the order their
+        messages were read in does not promise either): no push in a run waits for an
+        answer, so none is refused aloud, and any other frame was preceded by a call
+        here.  A run of one goes through ``Engine.receive``, as without runs."""
+        peers = self._runs
+        self._runs = []
+        receive_batch = self._receive_batch
+        assert receive_batch is not None
+        for peer in peers:
+            items = peer.run
+            peer.run = None
+            if items is None:
+                continue
+            if len(items) == 1:
+                _index, frame, data = items[0]
+                self._receive_one(peer, frame, data, now)
+                continue
+            self.sender.in_frame = None
+            self.counters["run_pushes"] += len(items)
+            try:
+                outs = receive_batch(peer.client_id, items, now)[0]
+            except Exception:
+                log.exception("engine failed on a run of pushes from %s", peer.client_id)
+                self.counters["engine_errors"] += 1
+                for _index, frame, _data in items:
+                    if frame.message_id:
+                        self.sender.send_to(
+                            peer, error_frame(frame.message_id, ResultCode.FAILED, "error")
+                        )
+                continue
+            if outs:
+                self.sender.send_all(outs)
 
     def _batch(self, peer: Peer, msg: tmqp.Frame, now: float) -> None:
         """A batch of frames (``broker.batch``): split and decoded in one pass, handed to
@@ -559,17 +667,8 @@ class Server:
         except DecodeError:
             return self._each_entry(peer, msg)
         refused: list[tuple[int, str, str]] = []
-        items: list[tuple[int, tmqp.Frame, bytes]] = []
-        for index, frame in enumerate(frames):
-            if (
-                type(frame) is not _Frame
-                or frame.pending_response
-                or (frame.message_type != _QUEUE and frame.message_type != _ACK)
-            ):
-                refused.append((index, NackReason.BAD_REQUEST, _ONLY_PUSHES_AND_ACKS))
-                continue
-            at = index + index
-            items.append((index, frame, payload[spans[at] : spans[at + 1]]))
+        taken = _pushes_and_acks(frames, refused)
+        items = [(i, f, payload[spans[i + i] : spans[i + i + 1]]) for i, f in taken]
         return items, refused, len(frames)
 
     def _each_entry(
@@ -586,26 +685,27 @@ class Server:
                                       ResultCode.BAD_REQUEST)  # fmt: skip
             return None
         refused: list[tuple[int, str, str]] = []
-        items: list[tuple[int, tmqp.Frame, bytes]] = []
+        frames: list[tmqp.Message | None] = []
         for index, data in enumerate(entries):
             try:
-                frame = _decode((data,))
+                frames.append(_decode((data,)))
             except DecodeError as exc:
                 refused.append((index, NackReason.BAD_REQUEST, f"malformed frame: {exc.reason}"))
-                continue
-            if (
-                type(frame) is not _Frame
-                or frame.pending_response
-                or (frame.message_type != _QUEUE and frame.message_type != _ACK)
-            ):
-                refused.append((index, NackReason.BAD_REQUEST, _ONLY_PUSHES_AND_ACKS))
-                continue
-            items.append((index, frame, data))
+                frames.append(None)
+        taken = _pushes_and_acks(frames, refused)
+        if len(refused) > 1:
+            refused.sort()
+        items = [(i, f, entries[i]) for i, f in taken]
         return items, refused, len(entries)
 
     def _shutdown(self, router: zmq.Socket[bytes]) -> None:
         """Tell connected clients the server is stopping, end their sessions, close."""
         now = self.clock()
+        if self._runs:  # (a drain that raised) its pushes go in before the sessions end
+            try:
+                self._serve_runs(now)
+            except Exception:
+                log.exception("pushes read before the loop stopped were not served")
         if self.gate is not None:
             try:
                 self.gate.release_all()

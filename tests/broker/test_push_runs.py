@@ -1,0 +1,331 @@
+"""Plain pushes read in one server drain are served as one run per producer
+(``Server._serve_runs``, ``ServerOptions.push_runs``).
+
+Against a live Server + Engine over inproc (a peer's send lands in the ROUTER's pipe at
+once): the test holds the server's loop (a reader whose handler waits, ``Hold``) while the
+peers send, so that everything they sent is read in one drain, deterministically.  The
+differential test plays one script against a server with runs and one without and checks
+both against the outcome worked out from the script by hand.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+import zmq
+
+from broker import tmqp
+from broker.client.blocking import Client
+from broker.client.frames import join_frame
+from broker.engine.engine import Engine
+from broker.protocol import Header, MessageType, ResultCode, header
+from broker.server.server import Server, ServerOptions
+from tests.broker.test_batch import Raw
+from tests.polling import wait_until
+
+Ctx = zmq.Context[zmq.Socket[bytes]]
+PING = tmqp.encode(tmqp.Ping())[0]
+#: Deadline (s) of the waits on the broker's counters: each check is a request to it, and a
+#: machine at load 50 must still make it (no window in these tests is a fixed time).
+LOADED = 60.0
+_names = itertools.count(1)
+
+
+class Hold:
+    """Holds the server's loop on its thread (a reader handler that waits for
+    :meth:`release`), so that what peers send meanwhile waits unread in the pipes."""
+
+    def __init__(self, ctx: Ctx, server: Server) -> None:
+        address = f"inproc://hold-{next(_names)}"
+        self.rx = ctx.socket(zmq.PULL)
+        self.rx.linger = 0
+        self.rx.bind(address)
+        self.tx = ctx.socket(zmq.PUSH)
+        self.tx.linger = 0
+        self.tx.connect(address)
+        self.held = threading.Event()
+        self.go = threading.Event()
+        server.add_reader(self.rx, self._wait)
+
+    def _wait(self, now: float) -> list[object]:
+        while self.rx.poll(0):
+            self.rx.recv()
+        self.held.set()
+        self.go.wait(60)
+        return []
+
+    def hold(self) -> None:
+        self.held.clear()
+        self.go.clear()
+        self.tx.send(b"hold")
+        assert self.held.wait(60), "the server loop did not take the hold"
+
+    def release(self) -> None:
+        self.go.set()
+
+    def close(self) -> None:
+        self.go.set()
+        self.tx.close()
+        self.rx.close()
+
+
+@dataclass
+class Broker:
+    server: Server
+    hold: Hold
+    endpoint: str
+
+
+MakeBroker = Callable[..., Broker]
+
+
+@pytest.fixture
+def start(zctx: Ctx) -> Iterator[MakeBroker]:
+    made: list[Broker] = []
+
+    def make(**options: object) -> Broker:
+        opts = ServerOptions(endpoint=f"inproc://runs-{next(_names)}", **options)  # type: ignore[arg-type]
+        server = Server(Engine(), opts, context=zctx)
+        hold = Hold(zctx, server)
+        endpoint = server.start()
+        made.append(Broker(server, hold, endpoint))
+        return made[-1]
+
+    yield make
+    for broker in made:
+        broker.hold.release()
+        broker.server.stop()
+        broker.hold.close()
+
+
+def push(mid: str, queue_id: int, body: bytes, *, ack: bool = False, headers: tuple = ()) -> bytes:
+    return tmqp.encode_frame(
+        message_type=MessageType.QUEUE,
+        pending_ack=ack,
+        content_type=queue_id,
+        message_id=mid,
+        target="d",
+        headers=headers,
+        payload=body,
+    )[0]
+
+
+def frames_until(peer: Raw, last: str) -> list[tmqp.Message]:
+    """What ``peer`` receives up to and including the frame with message id ``last``."""
+    got: list[tmqp.Message] = []
+    while True:
+        msg = tmqp.decode((peer.sock.recv(),))
+        got.append(msg)
+        if isinstance(msg, tmqp.Frame) and msg.message_id == last:
+            return got
+
+
+# -- the script -----------------------------------------------------------------------------
+
+#: queue 1: push; 2: push, at most 50 octets; 3: stopped; 4: round robin, duplicates dropped
+QUEUES = {
+    1: {"Status": 1},
+    2: {"Status": 1, "MessageSizeLimit": 50},
+    3: {"Status": 6},
+    4: {"Status": 2, "UseMessageId": True, "DuplicateWindow": 100},
+}
+KINDS = ("plain", "plain", "plain", "plain", "acked", "header", "too big", "stopped", "rr",
+         "rr again", "garbage", "ping")  # fmt: skip
+
+
+@dataclass
+class Script:
+    """One producer's frames and what must come of them, worked out by hand."""
+
+    frames: list[bytes]
+    delivered: list[str]  # message ids the consumer gets, in order
+    answers: list[tuple[str, str]]  # (what, message id) the producer gets, in order
+
+
+def script(name: str, count: int, seed: int) -> Script:
+    rng = random.Random(seed)
+    out = Script([], [], [])
+    rr: list[str] = []
+    for i in range(count):
+        kind = rng.choice(KINDS)
+        mid = f"{name}-{i}"
+        if kind == "plain":
+            out.frames.append(push(mid, 1, b"p" * 20))
+            out.delivered.append(mid)
+        elif kind == "acked":
+            out.frames.append(push(mid, 1, b"a" * 20, ack=True))
+            out.delivered.append(mid)
+            out.answers.append(("ack", mid))
+        elif kind == "header":
+            out.frames.append(push(mid, 1, b"h", headers=(("X-Note", "n"),)))
+            out.delivered.append(mid)
+        elif kind == "too big":
+            out.frames.append(push(mid, 2, b"b" * 60, ack=rng.random() < 0.5))
+            if out.frames[-1][1] & 64:
+                out.answers.append(("nack", mid))
+        elif kind == "stopped":
+            out.frames.append(push(mid, 3, b"s"))
+        elif kind == "rr":
+            out.frames.append(push(mid, 4, b"r"))
+            out.delivered.append(mid)
+            rr.append(mid)
+        elif kind == "rr again" and rr:
+            out.frames.append(push(rng.choice(rr), 4, b"r"))  # a duplicate: dropped
+        elif kind == "garbage":
+            out.frames.append(b"\x11\x00\xff\xff\xff")  # lengths running past the end
+            out.answers.append(("bad request", ""))
+        elif kind == "ping":
+            out.frames.append(PING)
+            out.answers.append(("pong", ""))
+    end = f"{name}-end"
+    out.frames.append(push(end, 1, b"end", ack=True))
+    out.delivered.append(end)
+    out.answers.append(("ack", end))
+    return out
+
+
+def answer(msg: tmqp.Message) -> tuple[str, str]:
+    if isinstance(msg, tmqp.Pong):
+        return ("pong", "")
+    assert isinstance(msg, tmqp.Frame)
+    if msg.message_type == MessageType.ACK:
+        return ("nack" if header(msg, Header.NACK_REASON) else "ack", msg.message_id)
+    assert msg.message_type == MessageType.RESPONSE, msg
+    assert msg.content_type == ResultCode.BAD_REQUEST, msg
+    return ("bad request", msg.message_id)
+
+
+def play(broker: Broker, ctx: Ctx, scripts: dict[str, Script]) -> dict[str, object]:
+    """Every producer's script sent while the loop is held (one drain reads it all):
+    per producer, the ids the consumer got (in order) and the answers it got."""
+    admin = Client(broker.endpoint, context=ctx, timeout=10).connect()
+    consumer = Raw(ctx, broker.endpoint)
+    producers = {name: Raw(ctx, broker.endpoint) for name in scripts}
+    try:
+        for qid, options in QUEUES.items():
+            admin.create_queue("d", qid, options)
+        consumer.send(tmqp.encode(join_frame("j", "d"))[0])
+        assert consumer.frame().message_id == "j"
+        broker.hold.hold()
+        for name, s in scripts.items():
+            for data in s.frames:
+                producers[name].send(data)
+        broker.hold.release()
+        answers = {
+            name: [answer(m) for m in frames_until(producers[name], f"{name}-end")]
+            for name in scripts
+        }
+        source = {p.client_id: name for name, p in producers.items()}
+        delivered: dict[str, list[str]] = {name: [] for name in scripts}
+        ends = {f"{name}-end" for name in scripts}
+        while ends:
+            frame = consumer.frame()
+            delivered[source[frame.source]].append(frame.message_id)
+            ends.discard(frame.message_id)
+        runs = admin.stats()["server"]["run_pushes"]
+        return {"answers": answers, "delivered": delivered, "runs": runs}
+    finally:
+        admin.close()
+        consumer.close()
+        for p in producers.values():
+            p.close()
+
+
+def test_runs_and_one_by_one_give_what_the_script_says(start: MakeBroker, zctx: Ctx) -> None:
+    scripts = {name: script(name, 400, seed) for name, seed in (("p1", 1), ("p2", 2))}
+    with_runs = play(start(), zctx, scripts)
+    one_by_one = play(start(push_runs=False), zctx, scripts)
+    for name, s in scripts.items():
+        assert with_runs["delivered"][name] == s.delivered  # type: ignore[index]
+        assert with_runs["answers"][name] == s.answers  # type: ignore[index]
+        assert one_by_one["delivered"][name] == s.delivered  # type: ignore[index]
+        assert one_by_one["answers"][name] == s.answers  # type: ignore[index]
+    assert one_by_one["runs"] == 0
+    # the plain pushes into queue 1 came in runs (of one producer, between other frames)
+    assert with_runs["runs"] > 0
+
+
+def test_garbage_in_the_middle_of_a_drain_leaves_the_other_pushes_served(
+    start: MakeBroker, zctx: Ctx
+) -> None:
+    broker = start()
+    admin = Client(broker.endpoint, context=zctx, timeout=10).connect()
+    consumer = Raw(zctx, broker.endpoint)
+    producer = Raw(zctx, broker.endpoint)
+    try:
+        admin.create_queue("d", 1, QUEUES[1])
+        consumer.send(tmqp.encode(join_frame("j", "d"))[0])
+        assert consumer.frame().message_id == "j"
+        broker.hold.hold()
+        ids = [f"m{i}" for i in range(300)]
+        for mid in ids[:100]:
+            producer.send(push(mid, 1, b"x"))
+        producer.send(b"\x11\x00\xff\xff\xff")  # a QUEUE frame whose lengths run past its end
+        for mid in ids[100:200]:
+            producer.send(push(mid, 1, b"x"))
+        producer.sock.send_multipart([b"two", b"parts"])  # not one frame per message
+        for mid in ids[200:]:
+            producer.send(push(mid, 1, b"x"))
+        producer.send(PING)
+        broker.hold.release()
+        got = [consumer.frame().message_id for _ in ids]
+        assert got == ids
+        replies = [tmqp.decode((producer.sock.recv(),)) for _ in range(3)]
+        assert [type(r) for r in replies] == [tmqp.Frame, tmqp.Frame, tmqp.Pong]
+        assert [r.content_type for r in replies[:2]] == [ResultCode.BAD_REQUEST] * 2  # type: ignore[union-attr]
+        assert admin.stats()["server"]["run_pushes"] >= 297  # three runs, none of one
+    finally:
+        admin.close()
+        consumer.close()
+        producer.close()
+
+
+def test_a_consumer_that_stops_reading_holds_at_most_its_window_beyond_the_pipe(
+    start: MakeBroker, zctx: Ctx
+) -> None:
+    hwm, window, total = 100, 50, 3000
+    broker = start(hwm=hwm)
+    admin = Client(broker.endpoint, context=zctx, timeout=10).connect()
+    consumer = Raw(zctx, broker.endpoint)
+    producer = Raw(zctx, broker.endpoint)
+    # over inproc a pipe holds the sender's high-water mark plus the receiver's
+    pipe = hwm + consumer.sock.rcvhwm
+
+    def info() -> dict[str, int]:
+        return admin.queue_info("d", 1)  # type: ignore[no-any-return]
+
+    try:
+        admin.create_queue("d", 1, QUEUES[1])
+        consumer.send(tmqp.encode(join_frame("j", "d", window))[0])
+        assert consumer.frame().message_id == "j"
+        # (held, the pipe into the server takes at least its hwm without blocking)
+        for first in range(0, total, hwm):
+            broker.hold.hold()
+            for i in range(first, first + hwm):
+                producer.send(push(f"m{i}", 1, b"x" * 20))
+            broker.hold.release()
+        assert wait_until(lambda: info()["ReceivedMessages"] == total, LOADED)
+        # the consumer reads nothing: its pipe fills (libzmq took those: delivered), its
+        # window waits in its backlog (in flight), the rest in the queue: nothing lost,
+        # nothing beyond the bounds
+
+        def held() -> bool:
+            i = info()
+            return i["InFlight"] == window and i["Messages"] + i["Deliveries"] + window == total
+
+        assert wait_until(held, LOADED), str(info())
+        sent = info()["Deliveries"]
+        assert sent <= pipe, (sent, pipe)
+        got = [consumer.frame().message_id for _ in range(total)]
+        assert got == [f"m{i}" for i in range(total)]
+        assert wait_until(lambda: (info()["Messages"], info()["Deliveries"]) == (0, total), LOADED)
+        assert admin.stats()["server"]["run_pushes"] > 0
+    finally:
+        admin.close()
+        consumer.close()
+        producer.close()
