@@ -119,6 +119,7 @@ __all__ = [
     "IndexFormatError",
     "Node",
     "NotRegularFile",
+    "SavedIndex",
     "sha1_beneath",
     "sha1_file",
 ]
@@ -426,34 +427,40 @@ class _Entries:
             ),
         )
 
-    def same(self, name: str, size: int, mtime_ns: int, inode: int, mode: int) -> bool:
+    def same(self, name: str, size: int, mtime_ns: int, inode: int, mode: int) -> str | None:
         """Does ``name`` have an entry with these values (the quick test of a refresh,
-        once per file: ``_row`` written out)?"""
+        once per file: ``_row`` written out)?  Its name as the index holds it when it
+        does (a refresh lists that one, not the one it built: 100,000 unchanged files
+        kept ~7 MiB of new names until the end of the refresh), else None."""
         if self._over:
             old = self._over.get(name)
             if old is not None:
                 return (
-                    old.size == size
+                    old.name
+                    if old.size == size
                     and old.mtime_ns == mtime_ns
                     and old.inode == inode
                     and old.mode == mode
+                    else None
                 )
         if not self._live:
-            return False
+            return None
         names = self._names
         row = self._hint + 1
         if row >= len(names) or names[row] != name:
             row = bisect_left(names, name)
             if row >= len(names) or names[row] != name:
-                return False
+                return None
         self._hint = row
-        return bool(
+        if (
             self._alive[row]
             and self._sizes[row] == size
             and self._mtimes[row] == mtime_ns
             and self._inodes[row] == inode
             and self._modes[row] == mode
-        )
+        ):
+            return names[row]
+        return None
 
     def get(self, name: str) -> FileEntry | None:
         old = self._over.get(name)
@@ -938,10 +945,11 @@ class FileIndex:
                                         changed_nodes.append(node)
                                         self.dirty = True
                             continue  # devices, sockets are never indexed
-                        if same(
+                        held = same(
                             name, st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode & _PERMS
-                        ) and (not retry or name not in retry):
-                            hits.append(name)  # (cheaper than a set: most names land here)
+                        )
+                        if held is not None and (not retry or name not in retry):
+                            hits.append(held)  # (cheaper than a set: most names land here)
                             continue
                         old = entries.get(name)
                         entry = self._hash(name, st, rehash=name in retry)
@@ -1370,6 +1378,153 @@ def _read_entries(
     if count and (min(sizes) < 0 or min(modes) < -1 or max(modes) > _PERMS):
         raise IndexFormatError(f"{path}: malformed entries")
     return _Entries.packed(names, columns, f.read(20 * count))
+
+
+class SavedIndex:
+    """What a mirror's first ICANHAZ says, read from its saved index (version 3) without
+    loading it: names, SHA-1s, modes and mtimes read from the open file a slice of
+    rows at a time, the folders and links.
+
+    ``digests()`` (the resync cache) and ``stamps()`` / ``nodes()`` (the ATTRS text)
+    make each name as they reach it: a 100,000-file cache is encoded while a slice of
+    rows is held, not a loaded index's ~12.6 MiB of name objects and columns, which the
+    mirror loads after the ICANHAZ has gone (peak RSS of a 100,000-file resync: see
+    README).  ``read`` checks the file's length and CRC-32 and that its names are
+    ``entries`` UTF-8 names (a damaged file is no view); their order and shape are the
+    loader's to check: a caller that sent a view of a file ``FileIndex.load`` then
+    refuses asks for everything again.  The file stays open (``close()``): a save
+    meanwhile replaces it by a rename, and this view reads the file it checked.
+    """
+
+    __slots__ = ("_count", "_f", "_names_at", "_nodes", "_size")
+
+    def __init__(
+        self, f: BinaryIO, names_at: int, size: int, count: int, nodes: dict[str, Node]
+    ) -> None:
+        self._f, self._names_at, self._size, self._count = f, names_at, size, count
+        self._nodes = nodes
+
+    @classmethod
+    def read(cls, path: str | os.PathLike[str], root: str | os.PathLike[str]) -> SavedIndex | None:
+        """The view of the version 3 index saved at ``path`` for ``root``; None when there
+        is none, it is another version or it is unusable (``FileIndex.load`` says why)."""
+        try:
+            f = open(path, "rb")  # noqa: SIM115 (kept open by the view: close())
+        except OSError:
+            return None
+        try:
+            header, version, node_lines = _read_head(f, path, Path(root))
+            if version == 3:
+                count, size, at = _v3_layout(f, header, node_lines, path)
+                nodes = {}
+                for line in node_lines:
+                    node = _row_node(json.loads(line or b"null"), path)
+                    nodes[node.name] = node
+                view = cls(f, at, size, count, nodes)
+                if sum(len(names) for names, _row in view._slices()) == count:
+                    return view
+        except (OSError, ValueError, TypeError, IndexFormatError):
+            pass
+        f.close()
+        return None
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __len__(self) -> int:
+        return self._count
+
+    def _slices(self) -> Iterator[tuple[list[str], int]]:
+        """(names, the row of the first) for every slice of the saved names, in order."""
+        fd, at, end = self._f.fileno(), self._names_at, self._names_at + self._size
+        row, rest = 0, b""
+        while self._count and at < end:
+            piece = rest + os.pread(fd, min(_NAMES_SLICE, end - at), at)
+            at += len(piece) - len(rest)
+            if at < end:  # (cut after the last whole name; the rest starts the next slice)
+                cut = piece.rfind(b"\0")
+                rest, piece = piece[cut + 1 :], piece[:cut] if cut >= 0 else b""
+                if cut < 0:
+                    continue
+            names = piece.decode("utf-8").split("\0")
+            yield names, row
+            row += len(names)
+        if self._count and not self._size:
+            yield [""], 0  # (one empty name: the loader refuses it)
+
+    def _rows(self, row: int, count: int, width: int, before: int) -> bytes:
+        """``count`` values of ``width`` octets from ``row`` of the column that starts
+        ``before`` octets per entry past the names."""
+        at = self._names_at + self._size + before * self._count + width * row
+        return os.pread(self._f.fileno(), width * count, at)
+
+    def names(self) -> Iterator[str]:
+        """The names, in order."""
+        for names, _row in self._slices():
+            yield from names
+
+    def pairs(self) -> Iterator[tuple[str, str]]:
+        """(name, SHA-1 hex) in order."""
+        for names, row in self._slices():
+            yield from zip(names, _hexes(self._rows(row, len(names), 20, 28)), strict=True)
+
+    def digests(self) -> Mapping[str, str]:
+        """name -> SHA-1 hex (a resync cache), read from the saved rows."""
+        return _SavedDigests(self)
+
+    def stamps(self, ordered: bool = False) -> Iterator[tuple[str, int, int]]:
+        """(name, mode, mtime_ns) of every file (``FileIndex.stamps``; always in order)."""
+        for names, row in self._slices():
+            modes, mtimes = array("i"), array("q")
+            modes.frombytes(self._rows(row, len(names), 4, 24))
+            mtimes.frombytes(self._rows(row, len(names), 8, 8))
+            if _SWAP:
+                modes.byteswap()
+                mtimes.byteswap()
+            yield from zip(names, modes, mtimes, strict=True)
+
+    def nodes(self) -> dict[str, Node]:
+        """The folders and links saved (``FileIndex.nodes``)."""
+        return dict(self._nodes)
+
+
+#: Octets of saved names read, decoded and split at a time (C-level passes).
+_NAMES_SLICE = 1 << 16
+
+
+class _SavedDigests(Mapping[str, str]):
+    """``SavedIndex.digests()``: name -> SHA-1 hex from the saved rows.  Iterating (what
+    an encoder does) reads a slice of rows at a time; a look-up reads the slices up to
+    the one that holds the name (the names are in order)."""
+
+    def __init__(self, saved: SavedIndex) -> None:
+        self._saved = saved
+
+    def __iter__(self) -> Iterator[str]:
+        return self._saved.names()
+
+    def __len__(self) -> int:
+        return len(self._saved)
+
+    def items(self) -> ItemsView[str, str]:
+        return _SavedPairs(self)
+
+    def __getitem__(self, name: str) -> str:
+        if type(name) is str:
+            for names, row in self._saved._slices():
+                if names[-1] >= name:
+                    at = bisect_left(names, name)
+                    if names[at] == name:
+                        return self._saved._rows(row + at, 1, 20, 28).hex()
+                    break
+        raise KeyError(name)
+
+
+class _SavedPairs(ItemsView[str, str]):
+    _mapping: _SavedDigests
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return self._mapping._saved.pairs()
 
 
 def _node_row(node: Node) -> list[Any]:
