@@ -202,7 +202,11 @@ log = logging.getLogger(__name__)
 _EventName = Literal["create", "delete", "resync-complete", "disconnected"]
 _MAX_REFETCH = 3
 _ATTRS_SLICE = 4096  # ATTRS lines joined at a time (then the slices are joined)
-_OHAI_WAIT_MS = 50  # after reading the saved index: wait this long for OHAI-OK at most
+_OHAI_WAIT_MS = 50  # after loading the saved index: wait this long for OHAI-OK at most
+#: With a view of the saved index (nothing loaded yet), wait this long for OHAI-OK at most:
+#: the index is loaded and DEST re-stat'd while the server works out the ICANHAZ, and
+#: loaded before it only when the server is this late (then both are held at once).
+_VIEW_OHAI_WAIT_MS = 3000
 #: Seconds the first ICANHAZ (a big frame handed to libzmq without a copy) is given to
 #: leave before the saved index is loaded beside it (it is on loopback in ~10 ms for
 #: 100,000 files; past this, the load goes on and the two are held at once).
@@ -809,7 +813,10 @@ class SyncClient:
         it has files and OHAI-OK comes in time): (the outcome, whether it went out)."""
         if not self.dry_run:
             mirror.clean_temp()
-        if saved is None or not len(saved) or not sock.poll(_OHAI_WAIT_MS):
+        wait = _OHAI_WAIT_MS
+        if isinstance(saved, SavedIndex):  # (never past the time a silent server is given)
+            wait = min(_VIEW_OHAI_WAIT_MS, int(self.connect_timeout * 1000))
+        if saved is None or not len(saved) or not sock.poll(wait):
             return None, False
         session.cache = saved.digests()
         attrs = session.attrs
