@@ -127,6 +127,7 @@ Deletes from a server that sends no folders also remove the folders they leave e
 from __future__ import annotations
 
 import bisect
+import contextlib
 import errno
 import functools
 import itertools
@@ -170,7 +171,7 @@ from filemq.engine_client import (
     Touch,
 )
 from filemq.filters import Filters
-from filemq.index import NODE_DIR, NODE_SYMLINK, FileIndex, IndexDelta
+from filemq.index import NODE_DIR, NODE_SYMLINK, FileIndex, IndexDelta, SavedIndex
 from filemq.loopguard import dest_option
 from filemq.meta import (
     OPTION_FILTER,
@@ -208,7 +209,15 @@ log = logging.getLogger(__name__)
 _EventName = Literal["create", "delete", "resync-complete", "disconnected"]
 _MAX_REFETCH = 3
 _ATTRS_SLICE = 4096  # ATTRS lines joined at a time (then the slices are joined)
-_OHAI_WAIT_MS = 50  # after reading the saved index: wait this long for OHAI-OK at most
+_OHAI_WAIT_MS = 50  # after loading the saved index: wait this long for OHAI-OK at most
+#: With a view of the saved index (nothing loaded yet), wait this long for OHAI-OK at most:
+#: the index is loaded and DEST re-stat'd while the server works out the ICANHAZ, and
+#: loaded before it only when the server is this late (then both are held at once).
+_VIEW_OHAI_WAIT_MS = 3000
+#: Seconds the first ICANHAZ (a big frame handed to libzmq without a copy) is given to
+#: leave before the saved index is loaded beside it (it is on loopback in ~10 ms for
+#: 100,000 files; past this, the load goes on and the two are held at once).
+_SENT_WAIT = 5.0
 _MAX_CORRECTIONS = 64  # more files differ from the saved index: one ICANHAZ for all
 _BACKOFF_BASE = 0.1
 _CHECK_SHARE = 0.05  # local drift checks take at most this share of the time (big DEST)
@@ -338,7 +347,7 @@ def check_monitor(monitor: zmq.Socket[Any], endpoint: str, *, curve: bool) -> No
         raise ConnectionLost(f"connection to {endpoint} lost")
 
 
-def _attrs_text(index: FileIndex, base: str, path: str, links: LinkPolicy) -> str:
+def _attrs_text(index: FileIndex | SavedIndex, base: str, path: str, links: LinkPolicy) -> str:
     """The ``ATTRS`` option (``filemq.meta``) of an ICANHAZ of ``path``: what DEST holds
     besides contents.  Names are relative to ``base`` (the session's path) for the
     main ICANHAZ, absolute under ``path`` for a file asked for again.  Links are
@@ -479,6 +488,7 @@ class SyncClient:
             place_inline = len(os.sched_getaffinity(0)) < 2
         self._placer: Placer[tuple[bool, str]] = Placer(thread=not place_inline)
         self._sock: Any = None
+        self._trackers: list[zmq.MessageTracker] | None = None  # sends to wait for, or None
         self._monitor: zmq.Socket[Any] | None = None
         self._scanned = False
         self._subscribed = False
@@ -789,21 +799,26 @@ class SyncClient:
         is here, so the server works out the resync while DEST is re-stat'd
         (for 10,000 files each side takes ~20 ms); whatever the re-stat finds
         different from that cache is then asked for again (``_correct``).
-        Returns an outcome when the first answer ends the session.
+        That ICANHAZ (cache and ATTRS) is made from a ``SavedIndex`` view of the
+        file and the index is loaded after it has gone: the frame and the loaded
+        index are never held at once.  Returns an outcome when the first answer
+        ends the session.
         """
-        index = self._load_index()
+        saved = None if self.index_path is None else SavedIndex.read(self.index_path, self.dest)
+        index = self._load_index() if saved is None else None  # (another version: loaded)
+        try:
+            outcome, told = self._tell_saved(
+                session, mirror, sock, index if saved is None else saved
+            )
+        finally:
+            if saved is not None:
+                saved.close()
+        refused = False  # the cache told came from a file the loader then refused
+        if index is None:
+            index = self._load_index()
+            refused, told = told and not index.loaded, told and index.loaded
         mirror.index = index
-        if not self.dry_run:
-            mirror.clean_temp()
-        outcome = None
-        sent: Mapping[str, str] | None = None
-        if len(index) and sock.poll(_OHAI_WAIT_MS):
-            session.cache = index.digests()
-            frames = sock.recv_multipart()
-            self._answered = True
-            outcome = self._perform(session, mirror, session.receive(frames, time.monotonic()))
-            if session.state is ClientState.ACTIVE:
-                sent = session.cache
+        sent = index.digests() if told else None  # (what the ICANHAZ said: the same rows)
         delta = index.refresh()
         self._scanned = True  # (not before: a session that fails first re-reads and re-stats)
         unknown = not index.loaded and (len(index) > 0 or bool(index.nodes()))
@@ -815,12 +830,47 @@ class SyncClient:
         self._next_check = time.monotonic() + self.check_interval
         if sent is not None and outcome is None:
             self._correct(session, mirror, sent, delta)
+        elif refused and outcome is None:
+            log.info("saved index refused after its cache was sent: resyncing all")
+            self._perform(session, mirror, session.refetch("", index.digests()))
         return outcome
 
     def _quiet(self, session: ClientSession, mirror: Mirror) -> bool:
         """Live changes applied, nothing received this turn: the index is worth saving
         now (a ``kill -9`` later would otherwise fetch them again at the next start)."""
         return self._subscribed and session.synced and mirror.index.dirty
+
+    def _tell_saved(
+        self,
+        session: ClientSession,
+        mirror: Mirror,
+        sock: zmq.Socket[Any],
+        saved: SavedIndex | FileIndex | None,
+    ) -> tuple[str | None, bool]:
+        """Answer OHAI-OK with an ICANHAZ whose cache and ATTRS come from ``saved`` (when
+        it has files and OHAI-OK comes in time): (the outcome, whether it went out)."""
+        if not self.dry_run:
+            mirror.clean_temp()
+        wait = _OHAI_WAIT_MS
+        if isinstance(saved, SavedIndex):  # (never past the time a silent server is given)
+            wait = min(_VIEW_OHAI_WAIT_MS, int(self.connect_timeout * 1000))
+        if saved is None or not len(saved) or not sock.poll(wait):
+            return None, False
+        session.cache = saved.digests()
+        attrs = session.attrs
+        session.attrs = lambda path: _attrs_text(saved, session.path, path, self.links)
+        frames = sock.recv_multipart()
+        self._answered = True
+        self._trackers = []
+        try:
+            outcome = self._perform(session, mirror, session.receive(frames, time.monotonic()))
+        finally:
+            session.attrs, session.cache = attrs, {}
+            trackers, self._trackers = self._trackers, None
+        for tracker in trackers:  # (the frame leaves before the index is loaded: not both)
+            with contextlib.suppress(zmq.NotDone):
+                tracker.wait(_SENT_WAIT)
+        return outcome, session.state is ClientState.ACTIVE
 
     def _check_due(self, session: ClientSession, now: float) -> bool:
         return (
@@ -948,7 +998,11 @@ class SyncClient:
                 try:
                     # frames past pyzmq's copy_threshold (64 KiB: a big ICANHAZ cache)
                     # are handed to libzmq as they are, not copied into its memory
-                    self._sock.send_multipart(action.frames, copy=False)
+                    tracker = self._sock.send_multipart(
+                        action.frames, copy=False, track=self._trackers is not None
+                    )
+                    if self._trackers is not None:
+                        self._trackers.append(tracker)
                 except zmq.Again:  # no connection to queue on (a failed handshake drops it)
                     if self._monitor is not None:
                         self._check_monitor(self._monitor)

@@ -97,7 +97,7 @@ from operator import itemgetter
 from pathlib import Path
 from stat import S_ISDIR, S_ISLNK, S_ISREG
 from struct import iter_unpack
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 from filemq.engine import FilemqError
 from filemq.filters import Filters
@@ -119,6 +119,7 @@ __all__ = [
     "IndexFormatError",
     "Node",
     "NotRegularFile",
+    "SavedIndex",
     "sha1_beneath",
     "sha1_file",
 ]
@@ -436,34 +437,40 @@ class _Entries:
             ),
         )
 
-    def same(self, name: str, size: int, mtime_ns: int, inode: int, mode: int) -> bool:
+    def same(self, name: str, size: int, mtime_ns: int, inode: int, mode: int) -> str | None:
         """Does ``name`` have an entry with these values (the quick test of a refresh,
-        once per file: ``_row`` written out)?"""
+        once per file: ``_row`` written out)?  Its name as the index holds it when it
+        does (a refresh lists that one, not the one it built: 100,000 unchanged files
+        kept ~7 MiB of new names until the end of the refresh), else None."""
         if self._over:
             old = self._over.get(name)
             if old is not None:
                 return (
-                    old.size == size
+                    old.name
+                    if old.size == size
                     and old.mtime_ns == mtime_ns
                     and old.inode == inode
                     and old.mode == mode
+                    else None
                 )
         if not self._live:
-            return False
+            return None
         names = self._names
         row = self._hint + 1
         if row >= len(names) or names[row] != name:
             row = bisect_left(names, name)
             if row >= len(names) or names[row] != name:
-                return False
+                return None
         self._hint = row
-        return bool(
+        if (
             self._alive[row]
             and self._sizes[row] == size
             and self._mtimes[row] == mtime_ns
             and self._inodes[row] == inode
             and self._modes[row] == mode
-        )
+        ):
+            return names[row]
+        return None
 
     def get(self, name: str) -> FileEntry | None:
         old = self._over.get(name)
@@ -948,10 +955,11 @@ class FileIndex:
                                         changed_nodes.append(node)
                                         self.dirty = True
                             continue  # devices, sockets are never indexed
-                        if same(
+                        held = same(
                             name, st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode & _PERMS
-                        ) and (not retry or name not in retry):
-                            hits.append(name)  # (cheaper than a set: most names land here)
+                        )
+                        if held is not None and (not retry or name not in retry):
+                            hits.append(held)  # (cheaper than a set: most names land here)
                             continue
                         old = entries.get(name)
                         entry = self._hash(name, st, rehash=name in retry)
@@ -1187,58 +1195,25 @@ class FileIndex:
         index = cls(root, exclude=exclude, filters=filters, tree=tree)
         try:
             with open(path, "rb") as f:
-                header = json.loads(f.readline())
-                if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
-                    raise IndexFormatError(f"{path}: not a filemq index")
-                version = header.get("version")
-                if version not in _READABLE_VERSIONS:
-                    raise IndexFormatError(
-                        f"{path}: index version {version!r} "
-                        f"(this reader knows {', '.join(map(str, _READABLE_VERSIONS))})"
+                header, version, node_lines = _read_head(f, path, index.root)
+                with _gc_paused():
+                    if version >= 3:
+                        index._entries = _read_entries(f, header, node_lines, path)
+                    else:
+                        _load_rows(index, f.read(), path, version)
+                    node_rows = [json.loads(line or b"null") for line in node_lines]
+                    _check_names(
+                        [row[0] if type(row) is list and row else None for row in node_rows],
+                        path,
                     )
-                if header.get("root") != str(index.root.resolve()):
-                    raise IndexFormatError(f"{path}: index of {header.get('root')!r}")
-                node_count = header.get("nodes", 0) if version >= 2 else 0
-                if type(node_count) is not int or node_count < 0:
-                    raise IndexFormatError(f"{path}: corrupt header")
-                node_lines = [f.readline() for _ in range(node_count)]
-                body = f.read()
-            with _gc_paused():
-                if version >= 3:
-                    crc = zlib.crc32(body, zlib.crc32(b"".join(node_lines)))
-                    if crc != header.get("crc32"):
-                        raise IndexFormatError(f"{path}: corrupt index (checksum)")
-                    index._entries = _unpack_entries(header, body, path)
-                    del body
-                else:
-                    # one parse of all rows (JSON strings never hold a raw newline)
-                    text = body.decode("utf-8").rstrip("\n")
-                    rows = json.loads("[" + text.replace("\n", ",") + "]")
-                    del text
-                    _check_rows(rows, path, 6 if version >= 2 else 5)
-                    _check_names([row[0] for row in rows], path)
-                    if version < 2:
-                        rows = [[*row, -1] for row in rows]
-                    index._entries.update(
-                        zip(
-                            map(itemgetter(0), rows),
-                            map(_entry, repeat(FileEntry), rows),
-                            strict=True,
-                        )
-                    )
-                    index.dirty = True  # saved again in the current format
-                node_rows = [json.loads(line or b"null") for line in node_lines]
-                _check_names(
-                    [row[0] if type(row) is list and row else None for row in node_rows], path
-                )
-                for row in node_rows:
-                    node = _row_node(row, path)
-                    index._nodes[node.name] = node
+                    for row in node_rows:
+                        node = _row_node(row, path)
+                        index._nodes[node.name] = node
         except OSError as exc:
             raise IndexFormatError(f"{path}: cannot read: {exc}") from None
         except (ValueError, TypeError) as exc:
             raise IndexFormatError(f"{path}: corrupt index: {exc}") from None
-        if len(index._entries) != header.get("entries") or len(index._nodes) != node_count:
+        if len(index._entries) != header.get("entries") or len(index._nodes) != len(node_lines):
             raise IndexFormatError(f"{path}: entry count does not match the header")
         if index.dirty:
             log.info(
@@ -1255,6 +1230,7 @@ class FileIndex:
 
 # Version 3 columns after the names, in this order: typecode, octets per entry
 _COLUMNS = (("q", 8), ("q", 8), ("Q", 8), ("i", 4))  # size, mtime_ns, inode, mode
+_ROW_OCTETS = 8 + 8 + 8 + 4 + 20  # the columns and the SHA-1 of one entry
 _SWAP = sys.byteorder != "little"
 
 
@@ -1317,15 +1293,87 @@ def _pack_entries(entries: _Entries) -> tuple[int, list[bytes]]:
     return len(text), parts
 
 
-def _unpack_entries(header: dict[str, Any], body: bytes, path: Any) -> _Entries:
-    """The entries of a version 3 body (IndexFormatError when it is not one): kept as
-    its columns, no object made per file but its name."""
+def _read_head(f: BinaryIO, path: Any, root: Path) -> tuple[dict[str, Any], int, list[bytes]]:
+    """The header (checked: format, a readable version, ``root``), its version and the
+    node lines of the saved index open as ``f``; ``f`` is left at the file rows."""
+    header = json.loads(f.readline())
+    if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
+        raise IndexFormatError(f"{path}: not a filemq index")
+    version = header.get("version")
+    if version not in _READABLE_VERSIONS:
+        raise IndexFormatError(
+            f"{path}: index version {version!r} "
+            f"(this reader knows {', '.join(map(str, _READABLE_VERSIONS))})"
+        )
+    if header.get("root") != str(root.resolve()):
+        raise IndexFormatError(f"{path}: index of {header.get('root')!r}")
+    node_count = header.get("nodes", 0) if version >= 2 else 0
+    if type(node_count) is not int or node_count < 0:
+        raise IndexFormatError(f"{path}: corrupt header")
+    return header, version, [f.readline() for _ in range(node_count)]
+
+
+def _load_rows(index: FileIndex, body: bytes, path: Any, version: int) -> None:
+    """The file rows of a version 1 or 2 index (JSON lines) into ``index`` (dirty)."""
+    # one parse of all rows (JSON strings never hold a raw newline)
+    text = body.decode("utf-8").rstrip("\n")
+    rows = json.loads("[" + text.replace("\n", ",") + "]")
+    del text
+    _check_rows(rows, path, 6 if version >= 2 else 5)
+    _check_names([row[0] for row in rows], path)
+    if version < 2:
+        rows = [[*row, -1] for row in rows]
+    index._entries.update(
+        zip(map(itemgetter(0), rows), map(_entry, repeat(FileEntry), rows), strict=True)
+    )
+    index.dirty = True  # saved again in the current format
+
+
+#: Octets of a saved index read at a time to check its CRC-32 (nothing of it kept).
+_CRC_READ = 1 << 16
+
+
+def _v3_layout(
+    f: BinaryIO, header: dict[str, Any], node_lines: list[bytes], path: Any
+) -> tuple[int, int, int]:
+    """(entries, octets of the names, offset of the names) of the version 3 index open as
+    ``f`` (at its rows), its length and CRC-32 checked by a pass that keeps nothing
+    (a damaged file is refused before any of it is decoded); ``f`` is left at the names."""
     count, size = header.get("entries"), header.get("names")
     if type(count) is not int or type(size) is not int or count < 0 or size < 0:
         raise IndexFormatError(f"{path}: corrupt header")
-    if len(body) != size + count * (8 + 8 + 8 + 4 + 20):
+    at = f.tell()
+    crc = zlib.crc32(b"".join(node_lines))
+    length = 0
+    while piece := f.read(_CRC_READ):
+        crc = zlib.crc32(piece, crc)
+        length += len(piece)
+    if length != size + count * _ROW_OCTETS:
         raise IndexFormatError(f"{path}: corrupt index (length)")
-    joined = body[:size].decode("utf-8")
+    if crc != header.get("crc32"):
+        raise IndexFormatError(f"{path}: corrupt index (checksum)")
+    f.seek(at)
+    return count, size, at
+
+
+def _read_column(f: BinaryIO, typecode: str, count: int) -> array[int]:
+    column = array(typecode)
+    column.fromfile(f, count)
+    if _SWAP:
+        column.byteswap()
+    return column
+
+
+def _read_entries(
+    f: BinaryIO, header: dict[str, Any], node_lines: list[bytes], path: Any
+) -> _Entries:
+    """The entries of a version 3 index (IndexFormatError when it is not one): kept as
+    its columns, no object made per file but its name.  Read in two passes (the CRC,
+    then the parts, the names decoded before the columns are read): at most the names
+    twice and the list of them are held at once, never the whole file beside them
+    (100,000 files: a peak of ~15 MiB, was ~20)."""
+    count, size, _at = _v3_layout(f, header, node_lines, path)
+    joined = f.read(size).decode("utf-8")
     names = joined.split("\0") if count else []
     if len(names) != count or (not count and size):
         raise IndexFormatError(f"{path}: entry count does not match the header")
@@ -1335,19 +1383,158 @@ def _unpack_entries(header: dict[str, Any], body: bytes, path: Any) -> _Entries:
     # found by bisection: the names must be in order, each once (a tampered file may not be)
     if not all(map(str.__lt__, names, itertools.islice(names, 1, None))):
         raise IndexFormatError(f"{path}: names out of order")
-    columns = []
-    at = size
-    for typecode, width in _COLUMNS:
-        column = array(typecode)
-        column.frombytes(body[at : at + width * count])
-        if _SWAP:
-            column.byteswap()
-        columns.append(column)
-        at += width * count
+    columns = [_read_column(f, typecode, count) for typecode, _width in _COLUMNS]
     sizes, modes = columns[0], columns[3]
     if count and (min(sizes) < 0 or min(modes) < -1 or max(modes) > _PERMS):
         raise IndexFormatError(f"{path}: malformed entries")
-    return _Entries.packed(names, columns, body[at:])
+    return _Entries.packed(names, columns, f.read(20 * count))
+
+
+class SavedIndex:
+    """What a mirror's first ICANHAZ says, read from its saved index (version 3) without
+    loading it: names, SHA-1s, modes and mtimes read from the open file a slice of
+    rows at a time, the folders and links.
+
+    ``digests()`` (the resync cache) and ``stamps()`` / ``nodes()`` (the ATTRS text)
+    make each name as they reach it: a 100,000-file cache is encoded while a slice of
+    rows is held, not a loaded index's ~12.6 MiB of name objects and columns, which the
+    mirror loads after the ICANHAZ has gone (peak RSS of a 100,000-file resync: see
+    README).  ``read`` checks the file's length and CRC-32 and that its names are
+    ``entries`` UTF-8 names (a damaged file is no view); their order and shape are the
+    loader's to check: a caller that sent a view of a file ``FileIndex.load`` then
+    refuses asks for everything again.  The file stays open (``close()``): a save
+    meanwhile replaces it by a rename, and this view reads the file it checked.
+    """
+
+    __slots__ = ("_count", "_f", "_names_at", "_nodes", "_size")
+
+    def __init__(
+        self, f: BinaryIO, names_at: int, size: int, count: int, nodes: dict[str, Node]
+    ) -> None:
+        self._f, self._names_at, self._size, self._count = f, names_at, size, count
+        self._nodes = nodes
+
+    @classmethod
+    def read(cls, path: str | os.PathLike[str], root: str | os.PathLike[str]) -> SavedIndex | None:
+        """The view of the version 3 index saved at ``path`` for ``root``; None when there
+        is none, it is another version or it is unusable (``FileIndex.load`` says why)."""
+        try:
+            f = open(path, "rb")  # noqa: SIM115 (kept open by the view: close())
+        except OSError:
+            return None
+        try:
+            header, version, node_lines = _read_head(f, path, Path(root))
+            if version == 3:
+                count, size, at = _v3_layout(f, header, node_lines, path)
+                nodes = {}
+                for line in node_lines:
+                    node = _row_node(json.loads(line or b"null"), path)
+                    nodes[node.name] = node
+                view = cls(f, at, size, count, nodes)
+                if sum(len(names) for names, _row in view._slices()) == count:
+                    return view
+        except (OSError, ValueError, TypeError, IndexFormatError):
+            pass
+        f.close()
+        return None
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __len__(self) -> int:
+        return self._count
+
+    def _slices(self) -> Iterator[tuple[list[str], int]]:
+        """(names, the row of the first) for every slice of the saved names, in order."""
+        fd, at, end = self._f.fileno(), self._names_at, self._names_at + self._size
+        row, rest = 0, b""
+        while self._count and at < end:
+            piece = rest + os.pread(fd, min(_NAMES_SLICE, end - at), at)
+            at += len(piece) - len(rest)
+            if at < end:  # (cut after the last whole name; the rest starts the next slice)
+                cut = piece.rfind(b"\0")
+                rest, piece = piece[cut + 1 :], piece[:cut] if cut >= 0 else b""
+                if cut < 0:
+                    continue
+            names = piece.decode("utf-8").split("\0")
+            yield names, row
+            row += len(names)
+        if self._count and not self._size:
+            yield [""], 0  # (one empty name: the loader refuses it)
+
+    def _rows(self, row: int, count: int, width: int, before: int) -> bytes:
+        """``count`` values of ``width`` octets from ``row`` of the column that starts
+        ``before`` octets per entry past the names."""
+        at = self._names_at + self._size + before * self._count + width * row
+        return os.pread(self._f.fileno(), width * count, at)
+
+    def names(self) -> Iterator[str]:
+        """The names, in order."""
+        for names, _row in self._slices():
+            yield from names
+
+    def pairs(self) -> Iterator[tuple[str, str]]:
+        """(name, SHA-1 hex) in order."""
+        for names, row in self._slices():
+            yield from zip(names, _hexes(self._rows(row, len(names), 20, 28)), strict=True)
+
+    def digests(self) -> Mapping[str, str]:
+        """name -> SHA-1 hex (a resync cache), read from the saved rows."""
+        return _SavedDigests(self)
+
+    def stamps(self, ordered: bool = False) -> Iterator[tuple[str, int, int]]:
+        """(name, mode, mtime_ns) of every file (``FileIndex.stamps``; always in order)."""
+        for names, row in self._slices():
+            modes, mtimes = array("i"), array("q")
+            modes.frombytes(self._rows(row, len(names), 4, 24))
+            mtimes.frombytes(self._rows(row, len(names), 8, 8))
+            if _SWAP:
+                modes.byteswap()
+                mtimes.byteswap()
+            yield from zip(names, modes, mtimes, strict=True)
+
+    def nodes(self) -> dict[str, Node]:
+        """The folders and links saved (``FileIndex.nodes``)."""
+        return dict(self._nodes)
+
+
+#: Octets of saved names read, decoded and split at a time (C-level passes).
+_NAMES_SLICE = 1 << 16
+
+
+class _SavedDigests(Mapping[str, str]):
+    """``SavedIndex.digests()``: name -> SHA-1 hex from the saved rows.  Iterating (what
+    an encoder does) reads a slice of rows at a time; a look-up reads the slices up to
+    the one that holds the name (the names are in order)."""
+
+    def __init__(self, saved: SavedIndex) -> None:
+        self._saved = saved
+
+    def __iter__(self) -> Iterator[str]:
+        return self._saved.names()
+
+    def __len__(self) -> int:
+        return len(self._saved)
+
+    def items(self) -> ItemsView[str, str]:
+        return _SavedPairs(self)
+
+    def __getitem__(self, name: str) -> str:
+        if type(name) is str:
+            for names, row in self._saved._slices():
+                if names[-1] >= name:
+                    at = bisect_left(names, name)
+                    if names[at] == name:
+                        return self._saved._rows(row + at, 1, 20, 28).hex()
+                    break
+        raise KeyError(name)
+
+
+class _SavedPairs(ItemsView[str, str]):
+    _mapping: _SavedDigests
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return self._mapping._saved.pairs()
 
 
 def _node_row(node: Node) -> list[Any]:

@@ -276,10 +276,11 @@ class EncodedHash(Mapping[str, str]):
 
     ``octets`` (the count and the entries, as on the wire) lets a receiver compare a big
     hash with one it expects at C speed, without a dict of every entry: a FILEMQ server
-    answering a mirror whose resync cache says exactly what it has.  The count was
-    checked against the model's ``limit=`` by the decoder; a malformed entry raises
-    ``DecodeError`` when the entries are first read (``decoded()``, any look-up), not
-    from ``decode()``.  Equal to any mapping with the same entries.
+    answering a mirror whose resync cache says exactly what it has.  The decoder
+    (``dec_hash_lazy``) checked the count against the model's ``limit=`` and walked the
+    entries (lengths, UTF-8): a malformed field is a ``DecodeError`` from ``decode()``,
+    as for any other field, and the entries of one it made always read.  Equal to any
+    mapping with the same entries.
     """
 
     __slots__ = ("_count", "_entries", "_what", "octets")
@@ -325,15 +326,63 @@ def dec_hash_lazy(
 ) -> tuple[EncodedHash, int]:
     """A ``lazy`` hash: its count checked (``limit=``, at least 5 octets an entry), the
     rest of the frame kept as its octets (a ``bytes`` copy: comparing a memoryview with
-    ``bytes`` goes an item at a time, ~15x slower than the copy and a memcmp) and
-    decoded when read."""
+    ``bytes`` goes an item at a time, ~15x slower than the copy and a memcmp), its
+    entries walked (``_walk_hash``: malformed is a ``DecodeError`` here, as for every
+    field) and decoded when read."""
     size = len(buf)
     (count,) = _U32.unpack_from(buf, pos)
     if limit is not None and count > limit:
         raise over_limit(what, count, limit)
     if count * 5 > size - pos - 4:
         raise truncated(what)
-    return EncodedHash(bytes(buf[pos:]), count, what), size
+    octets = bytes(buf[pos:])
+    _walk_hash(octets, count, what)
+    return EncodedHash(octets, count, what), size
+
+
+#: Octets of a hash checked to be ASCII at a time (a slice copied: ``bytes.isascii``).
+_ASCII_SLICE = 1 << 16
+
+
+def _ascii_past_count(octets: bytes) -> bool:
+    """Are the octets of a hash all ASCII after its 4-octet count (C speed, a slice at
+    a time: no copy of the whole)?"""
+    return all(
+        octets[at : at + _ASCII_SLICE].isascii() for at in range(4, len(octets), _ASCII_SLICE)
+    )
+
+
+def _walk_hash(octets: bytes, count: int, what: str) -> None:
+    """Check the ``count`` entries of hash ``octets`` (count first) without keeping any:
+    each length within the octets, the last entry ending where the octets end, keys and
+    values UTF-8.  Octets all ASCII after the count are UTF-8 as they are (lengths
+    included): only the lengths are walked; otherwise each key and value is decoded
+    (and dropped).  (100,000 FILEMQ cache entries: ~35-45 ms, no dict, no str kept.)"""
+    size = len(octets)
+    u32 = _U32.unpack_from
+    pos = 4
+    try:
+        if _ascii_past_count(octets):
+            for _ in range(count):  # (a length past the end: the next read fails)
+                end = pos + 1 + octets[pos]
+                pos = end + 4 + u32(octets, end)[0]
+        else:
+            for _ in range(count):
+                end = pos + 1 + octets[pos]
+                (length,) = u32(octets, end)  # (struct.error: the key runs past the end)
+                start, pos = pos + 1, end + 4 + length
+                if pos > size:
+                    raise truncated(what)
+                str(octets[start:end], "utf-8")
+                str(octets[end + 4 : pos], "utf-8")
+    except (IndexError, struct.error):
+        raise truncated(what) from None
+    except UnicodeDecodeError as exc:
+        raise DecodeError(f"{what}: malformed ({exc})") from None
+    if pos > size:
+        raise truncated(what)
+    if pos != size:
+        raise DecodeError(f"{what}: trailing octets after the last entry")
 
 
 def enc_strings(value: Sequence[str]) -> bytes:

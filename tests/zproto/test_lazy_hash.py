@@ -56,26 +56,44 @@ def test_decoding_a_big_cache_makes_no_entry() -> None:
     assert msg.cache == CACHE
 
 
-def test_a_malformed_entry_is_a_decode_error_when_read() -> None:
-    """The count and its bound are checked by ``decode``; an entry that is not UTF-8 or
-    runs past the frame is found when the entries are read, as a ``DecodeError``."""
+def test_a_malformed_entry_is_a_decode_error_from_decode() -> None:
+    """``decode`` walks a lazy field's entries (no dict made): a key or value that is not
+    UTF-8, a length running past the frame or octets after the last entry are a
+    ``DecodeError`` there, as for every other field (they were found only when the
+    entries were first read: a receiver that never read them answered a malformed
+    command as a good one)."""
     bad_key = b"\x00\x00\x00\x01" + b"\x02\xff\xfe" + b"\x00\x00\x00\x01x"
+    bad_value = b"\x00\x00\x00\x01" + b"\x01a" + b"\x00\x00\x00\x02\xc3("
     truncated = b"\x00\x00\x00\x02" + b"\x01a" + b"\x00\x00\x00\x09xy" + b"\x00" * 5
+    key_cut = b"\x00\x00\x00\x02" + b"\x01a\x00\x00\x00\x01x" + b"\x09abc"
     trailing = enc_hash({"a": "1"}) + b"\x01"
+    short = enc_hash({"a": "1", "b": "2"})[:-1]
     for octets, reason in (
         (bad_key, "malformed"),
-        (truncated, "malformed|past the end"),
+        (bad_value, "malformed"),
+        (truncated, "past the end"),
+        (key_cut, "past the end"),
         (trailing, "trailing"),
+        (short, "past the end"),
     ):
-        msg = fmq_msg.decode([_frame("/", {}, octets)])
-        with pytest.raises(DecodeError, match=reason):
-            dict(msg.cache)
-        with pytest.raises(DecodeError):
-            _ = "a" in msg.cache
+        for codec, czmq in ((fmq_msg, False), (fmq_msg_czmq, True)):
+            with pytest.raises(DecodeError, match=reason):
+                codec.decode([_frame("/", {}, octets, czmq)])
     with pytest.raises(DecodeError, match="more than 2000000"):  # (limit=: before any read)
         fmq_msg.decode([_frame("/", {}, (2_000_001).to_bytes(4, "big") + b"\0" * 5)])
     with pytest.raises(DecodeError, match="past the end"):  # a count the octets cannot hold
         fmq_msg.decode([_frame("/", {}, (3).to_bytes(4, "big") + b"\0" * 14)])
+
+
+def test_entries_that_are_not_ascii_are_walked_and_read() -> None:
+    """Non-ASCII names, a key of 200 octets (its length octet is not ASCII) and a value
+    longer than 127 octets take the walk that decodes each key and value: they pass."""
+    cache = {"caf\u00e9/\u00fcber.txt": "ab" * 20, "k" * 200: "v", "long": "x" * 300, "": ""}
+    msg = fmq_msg.decode([_frame("/", {}, enc_hash(cache))])
+    assert isinstance(msg.cache, EncodedHash)
+    assert dict(msg.cache) == cache and len(msg.cache) == 4
+    empty = fmq_msg.decode([_frame("/", {}, enc_hash({}))])
+    assert dict(empty.cache) == {}
 
 
 def _model(tmp_path: Path, body: str) -> Path:
