@@ -30,7 +30,7 @@ from broker.store.log import LogOptions, LogStore
 from broker.store.log.options import Durability
 
 from .engine_kit import Frame, Kit
-from .test_engine_batch_path import CONSUMERS, _counters, _session, _step, one_by_one
+from .test_engine_batch_path import _counters, _session, _step, laid_out, one_by_one
 
 PERSISTENT = "persistent"
 WAIT = 10.0
@@ -44,17 +44,7 @@ def _kit(directory: Path, auto_transmit: bool, **log: Any) -> tuple[Kit, Durable
         store=store,
         handlers={PERSISTENT: PersistentDeliveryHandler()},
     )
-    kit.engine.create_channel("ch")
-    kit.engine.create_channel("ot")
-    kit.connect("p")
-    for client in CONSUMERS:
-        kit.connect(client)
-        kit.join(client, "ch")
-    kit.join("c2", "ot")
-    kit.queue("p", "ch", 1, status=1, message_delivery_handler=PERSISTENT)
-    kit.queue("p", "ch", 2, status=2, message_delivery_handler=PERSISTENT)
-    kit.queue("p", "ot", 1, status=1, message_delivery_handler=PERSISTENT)
-    return kit, store
+    return laid_out(kit, message_delivery_handler=PERSISTENT), store
 
 
 def _records(store: DurableStore) -> dict[tuple[str, int], list[StoredMessage]]:

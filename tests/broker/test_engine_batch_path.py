@@ -215,22 +215,27 @@ def _kits(auto_transmit: bool, auto_create: bool = True) -> tuple[Kit, Kit]:
             auto_create_queue=auto_create,
         )
 
-    kits = (
-        Kit(auto_transmit=auto_transmit, config=config()),
-        Kit(auto_transmit=auto_transmit, config=config()),
+    return (
+        laid_out(Kit(auto_transmit=auto_transmit, config=config())),
+        laid_out(Kit(auto_transmit=auto_transmit, config=config())),
     )
-    for kit in kits:
-        kit.engine.create_channel("ch")
-        kit.engine.create_channel("ot")
-        kit.connect("p")
-        for client in CONSUMERS:
-            kit.connect(client)
-            kit.join(client, "ch")
-        kit.join("c2", "ot")
-        kit.queue("p", "ch", 1, status=1)
-        kit.queue("p", "ch", 2, status=2)
-        kit.queue("p", "ot", 1, status=1)
-    return kits
+
+
+def laid_out(kit: Kit, **queue: Any) -> Kit:
+    """``kit`` with the sessions' layout: channels ``ch`` and ``ot``, producer ``p``, the
+    ``CONSUMERS`` joined to ``ch`` (``c2`` to ``ot`` too), queues ch/1 (status 1), ch/2
+    (status 2) and ot/1 (status 1), each with the ``queue`` options beside its status."""
+    kit.engine.create_channel("ch")
+    kit.engine.create_channel("ot")
+    kit.connect("p")
+    for client in CONSUMERS:
+        kit.connect(client)
+        kit.join(client, "ch")
+    kit.join("c2", "ot")
+    kit.queue("p", "ch", 1, status=1, **queue)
+    kit.queue("p", "ch", 2, status=2, **queue)
+    kit.queue("p", "ot", 1, status=1, **queue)
+    return kit
 
 
 def _compare(
