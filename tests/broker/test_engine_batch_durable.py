@@ -30,7 +30,7 @@ from broker.store.log import LogOptions, LogStore
 from broker.store.log.options import Durability
 
 from .engine_kit import Frame, Kit
-from .test_engine_batch_path import _counters, _session, _step, laid_out, one_by_one
+from .test_engine_batch_path import _session, laid_out, lockstep, one_by_one
 
 PERSISTENT = "persistent"
 WAIT = 10.0
@@ -71,13 +71,8 @@ def test_saving_a_batch_as_groups_gives_what_one_by_one_gives(
         single, s_store = _kit(tmp_path / f"s{seed}", auto_transmit)
         request.addfinalizer(b_store.close)
         request.addfinalizer(s_store.close)
-        for n, step in enumerate(steps):
-            batched.now = single.now = batched.now + 0.001
-            got = _step(batched, True, step)
-            assert got == _step(single, False, step), (seed, n, step[0])
-            assert _counters(batched) == _counters(single), (seed, n, step[0])
-            if step[0] == "batch":
-                compared += len(got[0]) + len(got[1])
+        taken, refused = lockstep(batched, single, steps, seed)
+        compared += taken + refused
         records = _records(b_store)
         assert records == _records(s_store), seed
         kept += sum(len(v) for v in records.values())

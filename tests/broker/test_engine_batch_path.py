@@ -242,6 +242,17 @@ def _compare(
     steps: list[tuple[str, str, Any]], auto_transmit: bool, auto_create: bool, seed: int
 ) -> tuple[int, int]:
     batched, single = _kits(auto_transmit, auto_create)
+    taken, refused = lockstep(batched, single, steps, seed)
+    assert batched.inbox == single.inbox, seed
+    return taken, refused
+
+
+def lockstep(
+    batched: Kit, single: Kit, steps: list[tuple[str, str, Any]], seed: int
+) -> tuple[int, int]:
+    """Run ``steps`` on both kits (``batched`` takes each batch whole, ``single`` frame by
+    frame), checking after each that output and counters agree; the batches' pushes
+    (taken, refused)."""
     taken = refused = 0
     for n, step in enumerate(steps):
         batched.now = single.now = batched.now + 0.001
@@ -251,7 +262,6 @@ def _compare(
         if step[0] == "batch":
             taken += len(got[0])
             refused += len(got[1])
-    assert batched.inbox == single.inbox, seed
     return taken, refused
 
 
