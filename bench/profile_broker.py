@@ -27,10 +27,16 @@ import cProfile
 import multiprocessing as mp
 import os
 import pstats
-import socket
+import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench_broker import forward, free_port, raw_forwarded_sink, raw_source
 
 SIZE = 100
 PAYLOAD = b"x" * SIZE
@@ -39,12 +45,6 @@ BATCH = 256
 #: to cProfile): recv, send, get (getsockopt) per socket, and zmq_poll per Poller.poll
 #: (``d[k] += 1`` is no call cProfile sees: the counting adds no Python calls)
 ZMQ_CALLS: dict[str, int] = dict.fromkeys(("recv", "send", "get", "poll"), 0)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _counting_context() -> Any:
@@ -106,6 +106,7 @@ def _counts(prof: cProfile.Profile, messages: int, top: int) -> dict[str, Any]:
 
 
 def relay(endpoint: str, count: int, ready: Any, out: Any, top: int) -> None:
+    """``bench_broker.raw_forwarder`` over counting sockets, its loop under cProfile."""
     import zmq
 
     ctx = _counting_context()
@@ -116,44 +117,8 @@ def relay(endpoint: str, count: int, ready: Any, out: Any, top: int) -> None:
     sink = sock.recv_multipart()[0]
     ZMQ_CALLS.update(dict.fromkeys(ZMQ_CALLS, 0))
     prof = cProfile.Profile()
-    prof.enable()
-    recv, send = sock.recv, sock.send
-    for _ in range(count):
-        recv()
-        data = recv()
-        send(sink, zmq.SNDMORE)
-        send(data)
-    prof.disable()
+    prof.runcall(forward, sock, sink, count)
     out.put(_counts(prof, count, top))
-    sock.close(linger=5000)
-    ctx.term()
-
-
-def relay_sink(endpoint: str, count: int, ready: Any) -> None:
-    import zmq
-
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.rcvhwm = 100_000
-    sock.connect(endpoint)
-    sock.send(b"hello")
-    ready.set()
-    for _ in range(count):
-        sock.recv()
-    sock.close(linger=0)
-    ctx.term()
-
-
-def relay_source(endpoint: str, count: int) -> None:
-    import zmq
-
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.sndhwm = 100_000
-    sock.connect(endpoint)
-    time.sleep(0.3)  # bench only: the sink's hello first
-    for _ in range(count):
-        sock.send(PAYLOAD)
     sock.close(linger=5000)
     ctx.term()
 
@@ -292,15 +257,17 @@ def raw_echo_cpu(ctx: Any, count: int) -> tuple[float, float]:
 
 
 def profile_relay(ctx: Any, count: int, top: int) -> dict[str, Any]:
+    """The relay row: ``relay`` fed by ``bench_broker``'s raw source and forwarded sink."""
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    ready, sink_ready, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    ready, sink_ready, out, times = ctx.Event(), ctx.Event(), ctx.Queue(), ctx.Queue()
     procs = [ctx.Process(target=relay, args=(endpoint, count, ready, out, top))]
     procs[0].start()
     ready.wait(10)
-    procs.append(ctx.Process(target=relay_sink, args=(endpoint, count, sink_ready)))
+    procs.append(ctx.Process(target=raw_forwarded_sink, args=(endpoint, count, sink_ready, times)))
     procs[1].start()
     sink_ready.wait(10)
-    procs.append(ctx.Process(target=relay_source, args=(endpoint, count)))
+    time.sleep(0.3)  # bench only: the sink's hello reaches the relay before the source starts
+    procs.append(ctx.Process(target=raw_source, args=(endpoint, count, times)))
     procs[2].start()
     result: dict[str, Any] = out.get(timeout=300)
     for p in procs:

@@ -66,6 +66,7 @@ from broker.client.errors import (
     failure,
 )
 from broker.client.frames import event_frame, join_frame
+from broker.client.handover import Handover
 from broker.client.message import Message
 from broker.fanout import (
     FANOUT_ENDPOINT,
@@ -410,7 +411,13 @@ class Session:
         #: session alive with PINGs, since the broker's silence is then the client's own.
         self.paused = False
         self.error: ClientError | None = None
-        self.pending: dict[str, _Pending] = {}
+        #: Requests waiting for their answer, by message id, and (``batched``) batches
+        #: waiting for their acknowledge: the driving thread's alone.  Callers' threads
+        #: register into ``_handed`` (``broker.client.handover``); the driving thread takes
+        #: the registrations at each entry (``feed``, ``tick``, ``next_wake``, ``close``).
+        self._waiting: dict[str, _Pending] = {}
+        self._handed: Handover[_Pending] = Handover()
+        self._handed_queue = self._handed.queue
         self.channels: dict[str, int | None] = {}  # joined channel -> its prefetch
         self.subscriptions: dict[tuple[str, str | None, int | None], None] = {}
         self.handlers: list[tuple[str, str | None, int | None, Callable[[Message], Any]]] = []
@@ -433,8 +440,20 @@ class Session:
         #: ``Batch-Octets``, at most :data:`SEND_BATCH_OCTETS`).
         self.batch_octets = 0
         #: Batches sent, by id: (index, message id) of each push in it that waits for
-        #: an acknowledge, which the batch's one acknowledge settles.
+        #: an acknowledge, which the batch's one acknowledge settles (driving thread).
         self.batched: dict[str, list[tuple[int, str]]] = {}
+
+    @property
+    def pending(self) -> dict[str, _Pending]:
+        """(The driving thread) the requests waiting for their answer, by message id,
+        registrations taken."""
+        self._take()
+        return self._waiting
+
+    def _take(self) -> None:
+        """Take what callers' threads registered (``broker.client.handover``)."""
+        if self._handed_queue:
+            self._handed.take(self._waiting, self.batched)
 
     # -- ids and lifecycle -------------------------------------------------------------
 
@@ -515,17 +534,17 @@ class Session:
         if not mid:
             raise ValueError("a request needs a message id")
         wait = self.timeout if timeout is None else timeout
-        self.pending[mid] = _Pending(waiter, now + wait, call, wait)
+        self._handed.wait(mid, _Pending(waiter, now + wait, call, wait))
         return tmqp.encode(call.frame)[0]
 
     def expect(self, message_id: str, waiter: Any, now: float, timeout: float | None) -> None:
         """Register an answer to a frame the driver encoded itself (a plain ACK/RESPONSE)."""
         wait = self.timeout if timeout is None else timeout
-        self.pending[message_id] = _Pending(waiter, now + wait, None, wait)
+        self._handed.wait(message_id, _Pending(waiter, now + wait, None, wait))
 
     def cancel(self, message_id: str) -> None:
         """Forget a request (its send failed, or its caller gave up)."""
-        self.pending.pop(message_id, None)
+        self._handed.forget(message_id)
 
     # -- inbound -----------------------------------------------------------------------
 
@@ -543,6 +562,8 @@ class Session:
 
     def feed(self, data: bytes, now: float) -> Sequence[Event]:
         """One message from the broker; what to do about it."""
+        if self._handed_queue:  # (registered before their frames left: taken first)
+            self._handed.take(self._waiting, self.batched)
         self._last_rx = now
         self._pinged = False
         try:
@@ -661,7 +682,7 @@ class Session:
             if d[0] & 63 == _QUEUE_BITS and d[1] & 64
         ]
         if acked:
-            self.batched[bid] = acked
+            self._handed.batch(bid, acked)
         return batch.batch_frame(bid, self.client_id or "", entries, bool(acked))
 
     def _batch_settled(self, frame: tmqp.Frame, now: float) -> Sequence[Event]:
@@ -682,7 +703,7 @@ class Session:
                 refused = {i: (nack, reason) for i, nack, reason in rows}
                 later = set(waits)
         events: list[Event] = []
-        pending = self.pending
+        pending = self._waiting
         for index, mid in inner:
             if err is not None:
                 entry = pending.pop(mid, None)
@@ -729,7 +750,7 @@ class Session:
             return self._refused(err.code, err.reason, now)
         if self.batched and mid in self.batched:
             return self._batch_settled(frame, now)
-        entry = self.pending.pop(mid, None)
+        entry = self._waiting.pop(mid, None)
         if entry is None:
             err = failure(frame)
             if err is not None:
@@ -801,7 +822,7 @@ class Session:
             return (Settled(entry.waiter, entry.value),)
         entry.call = Call(request, call.reply, call.path, call.on_success)
         entry.deadline = now + entry.timeout
-        self.pending[request.message_id] = entry
+        self._waiting[request.message_id] = entry
         return (Send(tmqp.encode(request)[0]),)
 
     def _pulled(self, frame: tmqp.Frame, now: float) -> Sequence[Event] | None:
@@ -809,14 +830,14 @@ class Session:
         request = header(frame, Header.REQUEST_ID)
         if request is None:
             return None
-        entry = self.pending.get(request)
+        entry = self._waiting.get(request)
         no_content = header(frame, Header.NO_CONTENT)
         if entry is None or entry.call is None or entry.call.reply is not Reply.PULL:
             # a late End marker is dropped; real messages are delivered
             return _NONE if no_content is not None else None
         if no_content is None:
             if len(entry.messages) >= _asked(entry.call.frame):
-                del self.pending[request]
+                del self._waiting[request]
                 err = ProtocolError(f"the broker sent more messages than pull {request} asked")
                 return (Failed(entry.waiter, err),)
             entry.messages.append(Message(frame))
@@ -825,13 +846,13 @@ class Session:
             if index is None or index != count:
                 return _NONE
         elif no_content not in (NoContent.END, NoContent.EMPTY):
-            del self.pending[request]
+            del self._waiting[request]
             code = CODE_FOR_NACK_REASON.get(no_content.lower(), ResultCode.NOT_FOUND)
             if no_content == NoContent.UNAUTHORIZED:
                 code = ResultCode.UNAUTHORIZED
             reason = header(frame, Header.REASON) or no_content
             return (Failed(entry.waiter, RemoteError(int(code), reason)),)
-        del self.pending[request]
+        del self._waiting[request]
         return (Settled(entry.waiter, entry.messages),)
 
     def _event(self, frame: tmqp.Frame) -> Sequence[Event]:
@@ -902,6 +923,7 @@ class Session:
 
     def next_wake(self, now: float) -> float:
         """Seconds until :meth:`tick` has something to do (at most one)."""
+        self._take()
         wake = now + 1.0
         state = self.state
         if state is SessionState.HANDSHAKE:
@@ -917,12 +939,13 @@ class Session:
                 wake = min(wake, self._last_rx + self.keepalive, self._keepalive_at)
         if self.first:
             wake = min(wake, self._connect_deadline)
-        if self.pending:
+        if self._waiting:
             wake = min(wake, self._next_sweep)
         return max(0.0, wake - now)
 
     def tick(self, now: float) -> list[Event]:
         """The timers: connect deadline, keep-alive, silence, backoff, request deadlines."""
+        self._take()
         state = self.state
         events: list[Event] = []
         if state is SessionState.CLOSED:
@@ -961,19 +984,19 @@ class Session:
 
     def _sweep(self, now: float) -> list[Event]:
         events: list[Event] = []
-        # (a snapshot by ``dict.copy``, not ``list(d.items())``: callers' threads add to
-        # ``pending`` (``start``/``expect``) while the I/O thread sweeps it, and building
-        # the item tuples can run the garbage collector -- Python code, a thread switch --
-        # in the middle of the iteration: "dictionary changed size during iteration")
-        for mid, entry in self.pending.copy().items():
-            if entry.deadline <= now and self.pending.pop(mid, None) is not None:
-                what = f"no answer from the broker to {mid} within {entry.timeout} s"
-                events.append(Failed(entry.waiter, RequestTimeout(what)))
-        if self.batched:  # batches none of whose pushes waits any more
-            pending = self.pending
-            for bid, inner in self.batched.copy().items():
-                if not any(mid in pending for _i, mid in inner):
-                    del self.batched[bid]
+        # (iterated in place: the driving thread's own dicts, which callers' threads never
+        # write -- they register through ``_handed``, taken by ``tick`` before this)
+        waiting = self._waiting
+        for mid in [mid for mid, entry in waiting.items() if entry.deadline <= now]:
+            entry = waiting.pop(mid)
+            what = f"no answer from the broker to {mid} within {entry.timeout} s"
+            events.append(Failed(entry.waiter, RequestTimeout(what)))
+        batched = self.batched
+        if batched:  # batches none of whose pushes waits any more
+            done = [bid for bid, inner in batched.items()
+                    if not any(mid in waiting for _i, mid in inner)]  # fmt: skip
+            for bid in done:
+                del batched[bid]
         return events
 
     def lost(self, reason: str, now: float) -> list[Event]:
@@ -993,10 +1016,11 @@ class Session:
         return events
 
     def _fail_all(self, err: ClientError) -> list[Failed]:
+        self._take()
         self.batched.clear()
         events: list[Failed] = []
-        for mid in list(self.pending):
-            entry = self.pending.pop(mid, None)
+        for mid in list(self._waiting):
+            entry = self._waiting.pop(mid, None)
             if entry is not None:
                 events.append(Failed(entry.waiter, err))
         return events

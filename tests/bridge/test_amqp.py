@@ -92,6 +92,7 @@ def test_unroutable_publish_is_refused_and_not_acked_locally(
             peer.close()
 
 
+@pytest.mark.slow
 def test_rabbit_killed_and_restarted_mid_stream_loses_nothing(
     zctx: Ctx, server: Server, rabbit: RabbitMQ, local: Client
 ) -> None:

@@ -204,6 +204,7 @@ def test_restart_keeps_priority_and_delivery_count(
     assert got == [("high", None), ("seen", "2"), ("low-1", None), ("low-2", None)]
 
 
+@pytest.mark.slow
 def test_restart_keeps_the_ttl_clock_running(
     brokers: list[Broker], zctx: zmq.Context[zmq.Socket[bytes]], tmp_path: Path
 ) -> None:

@@ -132,6 +132,7 @@ def test_a_data_directory_in_use_or_unusable_is_one_line_exit_1(
         assert len(lines) == 1 and "serve --data" in lines[0], lines
 
 
+@pytest.mark.slow
 def test_kill_9_mid_push_from_several_producers_loses_nothing_acked(
     broker: Broker, zctx: zmq.Context[zmq.Socket[bytes]]
 ) -> None:

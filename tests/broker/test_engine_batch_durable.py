@@ -31,7 +31,7 @@ from broker.store.log import LogOptions, LogStore
 from broker.store.log.options import Durability
 
 from .engine_kit import Frame, Kit
-from .test_engine_batch_path import CONSUMERS, _counters, _session, _step, one_by_one
+from .test_engine_batch_path import _session, laid_out, lockstep, one_by_one
 
 PERSISTENT = "persistent"
 WAIT = 10.0
@@ -45,17 +45,7 @@ def _kit(directory: Path, auto_transmit: bool, **log: Any) -> tuple[Kit, Durable
         store=store,
         handlers={PERSISTENT: PersistentDeliveryHandler()},
     )
-    kit.engine.create_channel("ch")
-    kit.engine.create_channel("ot")
-    kit.connect("p")
-    for client in CONSUMERS:
-        kit.connect(client)
-        kit.join(client, "ch")
-    kit.join("c2", "ot")
-    kit.queue("p", "ch", 1, status=1, message_delivery_handler=PERSISTENT)
-    kit.queue("p", "ch", 2, status=2, message_delivery_handler=PERSISTENT)
-    kit.queue("p", "ot", 1, status=1, message_delivery_handler=PERSISTENT)
-    return kit, store
+    return laid_out(kit, message_delivery_handler=PERSISTENT), store
 
 
 def _records(store: DurableStore) -> dict[tuple[str, int], list[StoredMessage]]:
@@ -90,14 +80,9 @@ def compare_sessions(
         single, s_store = _kit(tmp_path / f"s{seed}", auto_transmit)
         request.addfinalizer(b_store.close)
         request.addfinalizer(s_store.close)
-        for n, step in enumerate(steps):
-            batched.now = single.now = batched.now + 0.001
-            got = _step(batched, True, step)
-            assert got == _step(single, False, step), (seed, n, step[0])
-            assert _counters(batched) == _counters(single), (seed, n, step[0])
-            if step[0] == "batch":
-                compared += len(got[0]) + len(got[1])
-                refused += len(got[1])
+        taken, refusals = lockstep(batched, single, steps, seed)
+        compared += taken + refusals
+        refused += refusals
         records = _records(b_store)
         assert records == _records(s_store), seed
         kept += sum(len(v) for v in records.values())

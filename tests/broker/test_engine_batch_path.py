@@ -215,28 +215,44 @@ def _kits(auto_transmit: bool, auto_create: bool = True) -> tuple[Kit, Kit]:
             auto_create_queue=auto_create,
         )
 
-    kits = (
-        Kit(auto_transmit=auto_transmit, config=config()),
-        Kit(auto_transmit=auto_transmit, config=config()),
+    return (
+        laid_out(Kit(auto_transmit=auto_transmit, config=config())),
+        laid_out(Kit(auto_transmit=auto_transmit, config=config())),
     )
-    for kit in kits:
-        kit.engine.create_channel("ch")
-        kit.engine.create_channel("ot")
-        kit.connect("p")
-        for client in CONSUMERS:
-            kit.connect(client)
-            kit.join(client, "ch")
-        kit.join("c2", "ot")
-        kit.queue("p", "ch", 1, status=1)
-        kit.queue("p", "ch", 2, status=2)
-        kit.queue("p", "ot", 1, status=1)
-    return kits
+
+
+def laid_out(kit: Kit, **queue: Any) -> Kit:
+    """``kit`` with the sessions' layout: channels ``ch`` and ``ot``, producer ``p``, the
+    ``CONSUMERS`` joined to ``ch`` (``c2`` to ``ot`` too), queues ch/1 (status 1), ch/2
+    (status 2) and ot/1 (status 1), each with the ``queue`` options beside its status."""
+    kit.engine.create_channel("ch")
+    kit.engine.create_channel("ot")
+    kit.connect("p")
+    for client in CONSUMERS:
+        kit.connect(client)
+        kit.join(client, "ch")
+    kit.join("c2", "ot")
+    kit.queue("p", "ch", 1, status=1, **queue)
+    kit.queue("p", "ch", 2, status=2, **queue)
+    kit.queue("p", "ot", 1, status=1, **queue)
+    return kit
 
 
 def _compare(
     steps: list[tuple[str, str, Any]], auto_transmit: bool, auto_create: bool, seed: int
 ) -> tuple[int, int]:
     batched, single = _kits(auto_transmit, auto_create)
+    taken, refused = lockstep(batched, single, steps, seed)
+    assert batched.inbox == single.inbox, seed
+    return taken, refused
+
+
+def lockstep(
+    batched: Kit, single: Kit, steps: list[tuple[str, str, Any]], seed: int
+) -> tuple[int, int]:
+    """Run ``steps`` on both kits (``batched`` takes each batch whole, ``single`` frame by
+    frame), checking after each that output and counters agree; the batches' pushes
+    (taken, refused)."""
     taken = refused = 0
     for n, step in enumerate(steps):
         batched.now = single.now = batched.now + 0.001
@@ -246,7 +262,6 @@ def _compare(
         if step[0] == "batch":
             taken += len(got[0])
             refused += len(got[1])
-    assert batched.inbox == single.inbox, seed
     return taken, refused
 
 

@@ -22,6 +22,7 @@ from broker.client.errors import ClientError
 from broker.engine import Engine
 from broker.engine.fanout import HOLD_MAX
 from broker.server import Server, ServerOptions
+from tests.broker.kernel import beyond_socket_buffers
 from tests.polling import wait_until
 from zerohub import zmqkit
 from zerohub.zmqkit import new_certificate
@@ -168,19 +169,6 @@ def _token_of(fan: Fan) -> str:
     return token.hex()
 
 
-def _beyond_socket_buffers() -> int:
-    """Octets that overflow one loopback TCP connection's kernel buffers (both ends at
-    their autotuning maximum) one and a half times over."""
-    most = 0
-    for name in ("tcp_rmem", "tcp_wmem"):
-        try:
-            with open(f"/proc/sys/net/ipv4/{name}") as f:
-                most += int(f.read().split()[-1])
-        except (OSError, ValueError, IndexError):
-            most += 8 << 20
-    return most * 3 // 2
-
-
 def test_a_consumer_that_falls_behind_sees_its_gap_reported(zctx: Ctx) -> None:
     f = Fan(zctx, None, fanout_hwm=10)
     try:
@@ -192,7 +180,7 @@ def test_a_consumer_that_falls_behind_sees_its_gap_reported(zctx: Ctx) -> None:
         # more than loopback's socket buffers can hold (this kernel's TCP autotuning may
         # grow a receive buffer to tcp_rmem's maximum: 32 MiB on some machines)
         payload = b"x" * 60_000
-        total = _beyond_socket_buffers() // len(payload) + 1
+        total = beyond_socket_buffers() // len(payload) + 1
         for i in range(total):
             producer.push(CHANNEL, 1, b"%d %s" % (i, payload))
         # the tail of what it missed: the broker's markers (about one a second) tell

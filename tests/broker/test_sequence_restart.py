@@ -126,6 +126,7 @@ def test_numbers_of_a_queue_whose_first_messages_were_not_saved(served: Broker, 
         assert c.queue_bounds("mixed", 1) == broker.SequenceBounds(4, 5)
 
 
+@pytest.mark.slow
 def test_retained_messages_of_a_persistent_queue_survive_kill_9(served: Broker, zctx: Ctx) -> None:
     options = {**PERSISTENT_LOG, "Status": "Push", "Retain": True}
     with client(served, zctx) as producer, client(served, zctx) as consumer:

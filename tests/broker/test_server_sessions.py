@@ -430,6 +430,7 @@ def test_a_stalled_server_reads_a_closed_connection_to_its_end(zctx: Ctx) -> Non
     _close_after_pushing_to_a_stalled_server(zctx, 3000, batch=16, ping_interval=1e5)
 
 
+@pytest.mark.slow
 def test_a_ping_to_a_closed_connection_does_not_end_its_session_early(zctx: Ctx) -> None:
     # A server stalled between two reads pings the peer it has not heard from for
     # ping_interval.  The peer closed its connection after its last messages: libzmq
@@ -440,6 +441,7 @@ def test_a_ping_to_a_closed_connection_does_not_end_its_session_early(zctx: Ctx)
     assert srv.counters["refused"] == 0, srv.counters
 
 
+@pytest.mark.slow
 def test_a_stalled_server_does_not_ping_a_producer_whose_messages_wait_unread(
     zctx: Ctx,
 ) -> None:

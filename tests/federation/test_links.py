@@ -65,6 +65,7 @@ def payloads(got: list[Message]) -> Counter[bytes]:
     return Counter(bytes(m.payload) for m in got)
 
 
+@pytest.mark.slow
 def test_triangle_unlimited_depth_delivers_each_message_once(
     brokers: list[Broker], zctx: Ctx
 ) -> None:
@@ -338,6 +339,7 @@ def test_a_fast_broadcast_burst_crosses_the_link_whole(brokers: list[Broker], zc
     sub.close()
 
 
+@pytest.mark.slow
 def test_persistent_queue_survives_a_restart_of_the_source(
     brokers: list[Broker], zctx: Ctx, tmp_path: Path
 ) -> None:
@@ -433,6 +435,7 @@ def test_round_robin_queue_consumed_exactly_once_across_brokers(
         sub.close()
 
 
+@pytest.mark.slow
 def test_round_robin_queue_peer_killed_local_consumer_gets_the_rest(
     brokers: list[Broker], zctx: Ctx
 ) -> None:
@@ -547,6 +550,7 @@ def test_a_copy_resent_after_kill_9_is_not_delivered_twice(
     sub.close()
 
 
+@pytest.mark.slow
 def test_kill_9_between_the_local_push_and_the_seen_journal_delivers_once(
     brokers: list[Broker], zctx: Ctx, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -77,6 +77,7 @@ def _inodes(root: Path) -> dict[str, int]:
     return {name: (root / name).stat().st_ino for name in files(root)}
 
 
+@pytest.mark.slow
 def test_three_level_tree_stays_exact_through_changes_and_relay_restarts(
     tmp_path: Path, procs: list[Proc]
 ) -> None:
@@ -124,6 +125,7 @@ def test_three_level_tree_stays_exact_through_changes_and_relay_restarts(
     assert mirror.stop() == 0 and _relay2.stop() == 0 and relay1.stop() == 0
 
 
+@pytest.mark.slow
 def test_curve_on_each_hop_with_the_relays_own_keys(tmp_path: Path, procs: list[Proc]) -> None:
     keys, origin_allow, relay_allow = (tmp_path / n for n in ("keys", "oallow", "rallow"))
     origin_pub, origin_sec = new_certificate("origin", keys)

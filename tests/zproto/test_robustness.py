@@ -10,13 +10,26 @@ from hypothesis import strategies as st
 
 from broker import tmqp
 from filemq import fmq_msg, fmq_msg_czmq
-from tests.zproto.support import ALL_MODELS, CPU_BOUND, codec, message_strategy
+from tests.zproto.support import (
+    ALL_MODELS,
+    CPU_BOUND,
+    PROJECT_MODELS,
+    codec,
+    message_strategy,
+)
 from zproto.errors import DecodeError
 
 pytestmark = CPU_BOUND
 
 CODECS = [codec(model, module) for model, module in ALL_MODELS]
 IDS = [proto.name for proto, _ in CODECS]
+#: The mutation runs: the project's codecs in the default run, the test-only models' (the
+#: generator's other shapes, 8-19 s each on a loaded machine) in the slow leg.
+MUTATED = [
+    pytest.param(proto, module, id=proto.name,
+                 marks=() if model in PROJECT_MODELS else pytest.mark.slow)
+    for (proto, module), model in zip(CODECS, ALL_MODELS, strict=True)
+]  # fmt: skip
 
 
 def _decode_or_error(module, frames) -> None:  # type: ignore[no-untyped-def]
@@ -34,7 +47,7 @@ def test_random_bytes(proto, module, frames) -> None:  # type: ignore[no-untyped
     _decode_or_error(module, frames)
 
 
-@pytest.mark.parametrize(("proto", "module"), CODECS, ids=IDS)
+@pytest.mark.parametrize(("proto", "module"), MUTATED)
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_mutated_valid_messages(proto, module, data) -> None:  # type: ignore[no-untyped-def]
