@@ -416,6 +416,7 @@ def queue_release(
         )
     through = _seq_header(frame, Header.THROUGH_SEQ, None, 0)
     released = reading.release(queue, through, out)
+    queue.store.removals_answered()  # (the answer waits for them: durable before it leaves)
     queue.drain(now, out)
     return {"Released": released}
 

@@ -110,6 +110,11 @@ class Store(ABC):
     def forget_retained(self, queue: QueueKey, sequence: int) -> None:  # noqa: B027
         """A retained message was released or pushed out (unknown numbers are ignored)."""
 
+    def removals_answered(self) -> None:  # noqa: B027 - optional hook
+        """The next reply depends on the removals made so far (an explicit release is
+        answered only once they are durable; an acknowledge's removal is not waited for:
+        see ``broker.store.durable``, "Tickets")."""
+
     def trash(self, queue: QueueKey, message: StoredMessage, reason: str, at: float) -> None:  # noqa: B027
         """A saved message went to its queue's trash (``reason``, at wall-clock UNIX
         seconds ``at``): keep it there (the engine removes the live record after this).

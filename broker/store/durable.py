@@ -55,7 +55,9 @@ Tickets.  :attr:`DurableStore.appended` is the highest ticket of a write whose
 durability a reply depends on (a message or a definition saved or deleted, a put-back
 written); the server holds its output until :attr:`completed` reaches it
 (``broker.server.gate``).  Message removals do not count: forgetting an acknowledged
-message late costs a redelivery, never a loss.
+message late costs a redelivery, never a loss -- except where a reply promises them:
+:meth:`DurableStore.removals_answered` (an explicit release: its answer and the queue's
+new first number must survive a crash) makes the removals so far count.
 
 Held appends.  Between :meth:`DurableStore.hold` and :meth:`DurableStore.release` (the
 engine's batch of pushes, ``Engine.receive_batch``; the server's drain of its socket,
@@ -290,6 +292,8 @@ class DurableStore(Store):
         self._last: dict[QueueKey, int] = {}
         #: highest ticket of a write a reply depends on (see the module docstring)
         self.appended = 0
+        #: highest ticket of a removal (counted only by :meth:`removals_answered`)
+        self._removed = 0
         #: "Held appends": open holds (they nest), and the (blob, meta, engine number)
         #: of one queue's appends kept back
         self._holds = 0
@@ -661,7 +665,10 @@ class DurableStore(Store):
         shadow = _retained_key(queue)
         seq = self._seqs.get(shadow, {}).pop(sequence, None)
         if seq is not None:
-            self.log.remove(shadow, seq)
+            self._removed = self.log.remove(shadow, seq)
+
+    def removals_answered(self) -> None:
+        self.appended = max(self.appended, self._removed)
 
     def _live(self, queue: QueueKey, sequence: int) -> bool:
         seq = self._lookup(queue, sequence)
@@ -724,11 +731,11 @@ class DurableStore(Store):
         if seq is not None:
             if not seqs and not self._range(queue)[1]:
                 self._keep_last(queue)  # the last live one: keep its queue's number first
-            self.log.remove(queue, seq)
+            self._removed = self.log.remove(queue, seq)
             return
         span = self._ranges.get(queue) or self._range(queue)
         if span[0] <= sequence < span[1]:  # (the log's own number goes on: "Equal numbers")
-            self.log.remove(queue, sequence)
+            self._removed = self.log.remove(queue, sequence)
 
     def _keep_last(self, queue: QueueKey) -> None:
         last = self._last.get(queue, 0)
