@@ -93,6 +93,24 @@ def _rows(data: bytes, size: int, channel: str) -> tuple[int, tuple[int, ...]]:
     return at, rows
 
 
+def _framed(data: bytes, at: int, rows: tuple[int, ...]) -> tuple[int, ...]:
+    """The leading ``rows`` of a damaged run (``_rows``) whose deliveries decode where
+    their rows say, payload included: raw reading slices payloads where a table says, so
+    a table that contradicts itself (rows swapped, an end going backwards) must not pick
+    another delivery's octets.  The deliveries from the first that does not are a gap."""
+    prev = at
+    for i in range(0, len(rows), 2):
+        start, end = rows[i], rows[i + 1]
+        try:
+            frame = _decode((data[prev:end],))
+        except DecodeError:
+            return rows[:i]
+        if type(frame) is not tmqp.Frame or len(frame.payload) != end - start:
+            return rows[:i]
+        prev = end
+    return rows
+
+
 _WILDCARDS = ("0.0.0.0", "*", "::", "[::]")
 
 
@@ -331,10 +349,17 @@ class FanoutReader:
             rows: Any = None
             if layout is not None and size >= _TABLE_AT + _ROW_SIZE * count:
                 rows = layout.unpack_from(data, _TABLE_AT)
-                if rows[-1] != size or rows[0] < _TABLE_AT + _ROW_SIZE * count:
+                # whole and in order (each row after the one before): a table that
+                # contradicts itself is read the checked way, deliveries decoded
+                if (
+                    rows[-1] != size
+                    or rows[0] < _TABLE_AT + _ROW_SIZE * count
+                    or list(rows) != sorted(rows)
+                ):
                     rows = None
             if rows is None:
-                rows = _rows(data, size, stream.channel)[1]
+                at, rows = _rows(data, size, stream.channel)
+                rows = _framed(data, at, rows)
             if len(rows) == 2:  # (a run of one: no loop)
                 payloads = [data[rows[0] : rows[1]]]
             else:
