@@ -153,7 +153,7 @@ def test_a_cut_or_garbled_run_is_read_to_the_damage_and_the_rest_is_a_gap(
                     assert payload == (b"%03d" % n if n != 8 else b"")
                     got.append(n)
         else:
-            reader.read(lambda frame: got.append(int(frame.payload)))
+            got.extend(int(frame.payload) for frame in reader.read())
 
     def marker_heard() -> bool:
         pub.send(spec_head(TOKEN, 0))  # (a PUB drops until the SUB is connected)
