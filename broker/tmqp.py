@@ -922,6 +922,7 @@ def decode_run(buf: bytes, at: int, ends: Sequence[int]) -> tuple[list[Frame], l
     lazies: list[Any] = [None] * count
     starts = [0] * count
     run = (buf, lazies, starts)
+    bounds: list[int] = []  # their string fields, checked at the end
     j = 0
     k = 0
     total = len(buf)
@@ -950,10 +951,7 @@ def decode_run(buf: bytes, at: int, ends: Sequence[int]) -> tuple[list[Frame], l
             e_payload = e_target + f_payload_length
             if bits_options & 32 or e_payload != end:
                 break
-            if not buf[p + 8 : e_target].isascii() and not _rt.utf8_regions(
-                buf, (p + 8, e_message_id, e_message_id, e_source, e_source, e_target)
-            ):
-                break  # (not UTF-8: decode refuses it)
+            bounds += (p + 8, e_target)
             m = _FrameSlots()
             m.payload = buf[e_target:e_payload]
             m._encoded = run
@@ -974,6 +972,8 @@ def decode_run(buf: bytes, at: int, ends: Sequence[int]) -> tuple[list[Frame], l
             out[k] = m
             k += 1
         p = end
+    if bounds and not _rt.ascii_regions(buf, bounds):
+        return _decode_run(buf, at, ends)  # (each frame by decode: UTF-8 checked)
     del lazies[j:], starts[j:]
     del out[k:]
     return out, bad

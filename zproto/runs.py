@@ -3,8 +3,9 @@
 A binary model with ``runs = "1"`` gets ``decode_run(buf, at, ends)`` (TMQP: a fan-out
 run, ``broker.fanout``, whose table gives each delivery's end).  A frame in its simplest
 shape (``zproto.shape``) is checked whole where it lies, with no call per field: its
-lengths must add up to its end and its string fields must be UTF-8 (one ``isascii`` of
-them, else ``runtime.utf8_regions``), exactly what ``decode`` refuses.  It is then made
+lengths must add up to its end, and its string fields must be ASCII (one join and one
+``isascii`` for the whole run, ``runtime.ascii_regions``; a run with other strings is
+decoded frame by frame by ``decode``, which checks their UTF-8).  It is then made
 with its octets fields (TMQP: the payload) sliced and every other field not decoded yet:
 the twin class's slot ``_encoded`` holds the run (its buffer and the frames still
 waiting, with where each starts), and its ``__getattr__`` (hidden from type checkers,
@@ -240,6 +241,7 @@ class RunWriter:
             src("lazies: list[Any] = [None] * count")
             src("starts = [0] * count")
             src("run = (buf, lazies, starts)")
+            src("bounds: list[int] = []  # their string fields, checked at the end")
             src("j = 0")
         src("k = 0")
         src("total = len(buf)")
@@ -270,12 +272,8 @@ class RunWriter:
             for fld in plan.tail:
                 starts[fld.ident] = position
                 position = f"e_{fld.ident}"
-            first, last = starts[strings[0].ident], f"e_{strings[-1].ident}"
-            regions = [b for f in strings for b in (starts[f.ident], f"e_{f.ident}")]
-            src(f"if not buf[{first} : {last}].isascii() and not _rt.utf8_regions(")
-            src(f"    buf, ({', '.join(regions)})")
-            src("):")
-            src("    break  # (not UTF-8: decode refuses it)")
+            # (one region: the strings and what lies between them, ASCII or decoded)
+            src(f"bounds += ({starts[strings[0].ident]}, e_{strings[-1].ident})")
             src(f"m = {twin}()")
             self._fill(src, msg, plan, values, "m", lazy=eager)
             src(f"m.{ENCODED} = run")
@@ -306,6 +304,8 @@ class RunWriter:
         src("p = end")
         src.dedent()
         if strings:
+            src("if bounds and not _rt.ascii_regions(buf, bounds):")
+            src("    return _decode_run(buf, at, ends)  # (each frame by decode: UTF-8 checked)")
             src("del lazies[j:], starts[j:]")
         src("del out[k:]")
         src("return out, bad")

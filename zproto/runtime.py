@@ -25,6 +25,7 @@ __all__ = [
     "EncodedHash",
     "Invalid",
     "MessageBase",
+    "ascii_regions",
     "dec_hash",
     "dec_hash_lazy",
     "dec_headers",
@@ -370,6 +371,17 @@ def dec_strings(
     return out, pos
 
 
+def _joined(buf: bytes, bounds: Sequence[int]) -> bytes:
+    pairs = iter(bounds)
+    return b"".join([buf[start:end] for start, end in zip(pairs, pairs, strict=True)])
+
+
+def ascii_regions(buf: bytes, bounds: Sequence[int]) -> bool:
+    """Whether every region ``buf[bounds[2 i] : bounds[2 i + 1]]`` is ASCII (so UTF-8
+    too, whatever its boundaries): one join and one ``isascii`` for them all."""
+    return _joined(buf, bounds).isascii()
+
+
 def utf8_regions(buf: bytes, bounds: Sequence[int]) -> bool:
     """Whether every region ``buf[bounds[2 i] : bounds[2 i + 1]]`` is UTF-8, checked for
     them all at once: one join and one ``isascii`` (the common case), else one decode.
@@ -383,8 +395,7 @@ def utf8_regions(buf: bytes, bounds: Sequence[int]) -> bool:
     Each region must lie in ``buf`` with its start before its end (callers have checked
     the lengths).
     """
-    pairs = iter(bounds)
-    joined = b"".join([buf[start:end] for start, end in zip(pairs, pairs, strict=True)])
+    joined = _joined(buf, bounds)
     if joined.isascii():
         return True
     pairs = iter(bounds)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zproto.runtime import utf8_regions
+from zproto.runtime import ascii_regions, utf8_regions
 
 
 def _alone(buf: bytes, bounds: list[int]) -> bool:
@@ -72,3 +72,11 @@ def test_agrees_with_decoding_each_region_alone(pieces: list[bytes], data: st.Da
     cuts = sorted(data.draw(st.lists(st.integers(0, len(buf)), max_size=10)))
     bounds = cuts[: len(cuts) // 2 * 2]
     assert utf8_regions(buf, bounds) == _alone(buf, bounds)
+
+
+def test_ascii_regions_are_ascii_whatever_lies_between() -> None:
+    buf = b"ab\xffcd" + E_ACUTE
+    assert ascii_regions(buf, [0, 2, 3, 5])
+    assert not ascii_regions(buf, [0, 3])
+    assert not ascii_regions(buf, [3, 7])  # UTF-8, not ASCII
+    assert ascii_regions(buf, [])
