@@ -339,6 +339,15 @@ class _DecodeCtx:
 # the simplest shape of a binary frame
 
 
+def unpack_bits(src: Source, targets: list[str]) -> None:
+    """``(target, ...) = bits``: the remembered values of the head's bits into their
+    slots (laid out as ``ruff format`` would)."""
+    if len(targets) == 1:
+        src(f"({targets[0]},) = bits")
+    else:
+        src.wrapped("(", targets, ") = bits")
+
+
 def bits_key(plan: Plan) -> str:
     """One int from the raw bits fields of a simplest-shape head (the key of the
     remembered base states)."""
@@ -475,11 +484,7 @@ class FastDecoderWriter:
             src("if bits is None:")
             src(f"    bits = _base_{ident}(key)")
             src(f"m: Any = {twin_name(msg)}()")
-            targets = [f"m.{name}" for name in values]
-            if len(targets) == 1:
-                src(f"({targets[0]},) = bits")
-            else:
-                src.wrapped("(", targets, ") = bits")
+            unpack_bits(src, [f"m.{name}" for name in values])
             for name, expr in entries:
                 src(f"m.{name} = {expr}")
             src(f"m.__class__ = {cname}")

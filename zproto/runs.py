@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 
 from zproto.attrs import attributes, attrs_of, plain_default, twin_name
-from zproto.decoder import bit_values, bits_key
+from zproto.decoder import bit_values, bits_key, unpack_bits
 from zproto.model import Field, Message, to_const_name
 from zproto.pysource import LINE_LENGTH, Source, StructNames, group_checks
 from zproto.shape import Plan
@@ -193,11 +193,7 @@ class RunWriter:
             src(f"    bits = _BASES_{const}[key]")
             src("except KeyError:")
             src(f"    bits = _base_{msg.ident}(key)")
-            targets = [f"{m}.{name}" for name in values]
-            if len(targets) == 1:
-                src(f"({targets[0]},) = bits")
-            else:
-                src.wrapped("(", targets, ") = bits")
+            unpack_bits(src, [f"{m}.{name}" for name in values])
         absent = {a.ident for f in plan.absent for a in attrs_of(f)}
         starts: dict[str, str] = {}
         position = f"p + {plan.head_size}"

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker import tmqp
-from tests.zproto.support import CPU_BOUND, fields_of, general_codec
+from tests.zproto.support import CPU_BOUND, fields_of, general_codec, tmqp_frames
 from zproto.errors import DecodeError
 from zproto.model import ModelError, load
 
@@ -151,31 +151,8 @@ def test_frames_from_a_misplaced_end_on_are_refused() -> None:
     assert bad == [1, 2] and len(frames) == 1
 
 
-def _frame(
-    mt: int, ack: bool, ttl: int, ct: int, ids: list[str], headers: Any, payload: bytes
-) -> bytes:
-    frame = tmqp.Frame(message_type=mt, pending_ack=ack, ttl=ttl, content_type=ct,
-                       message_id=ids[0], source=ids[1], target=ids[2], headers=headers,
-                       payload=payload)  # fmt: skip
-    return tmqp.encode(frame)[0]
-
-
-def _frames() -> st.SearchStrategy[bytes]:
-    frame = st.builds(
-        _frame,
-        st.integers(0, 63),
-        st.booleans(),
-        st.integers(0, 31),
-        st.integers(0, 65535),
-        st.lists(st.text(max_size=6), min_size=3, max_size=3),
-        st.sampled_from([(), (("k", "v"),)]),
-        st.binary(max_size=300),
-    )
-    return st.one_of(frame, st.just(PING))
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(frames=st.lists(_frames(), max_size=6), data=st.data())
+@given(frames=st.lists(tmqp_frames(), max_size=6), data=st.data())
 def test_a_run_decodes_as_each_frame_alone_and_as_the_general_codec(
     frames: list[bytes], data: st.DataObject
 ) -> None:
