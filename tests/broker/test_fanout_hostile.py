@@ -52,6 +52,9 @@ class HostileBroker:
 
     def _serve(self) -> None:
         try:
+            # (a loaded machine may take seconds to start the client: accept waits 3 s)
+            if not self.fake.sock.poll(60_000):
+                raise AssertionError("no client came")
             rid, _info = self.fake.accept()
             while not self.stop.is_set():
                 if not self.fake.sock.poll(20):
@@ -167,7 +170,9 @@ def test_hostile_runs_are_gaps_and_later_runs_are_read(
     zctx: Ctx, hostile: HostileBroker, threaded: bool, mode: str
 ) -> None:
     raw = "" if mode == "messages" else mode
-    client = Client(hostile.fake.endpoint, context=zctx, threaded=threaded, raw_fanout=raw)
+    client = Client(
+        hostile.fake.endpoint, context=zctx, threaded=threaded, raw_fanout=raw, timeout=60
+    )
     joined = threading.Event()
     with client:  # (connects: the fake broker accepts the session)
 
@@ -181,7 +186,7 @@ def test_hostile_runs_are_gaps_and_later_runs_are_read(
             joiner.start()
             assert wait_until(lambda: hostile.pub.send(spec_head(TOKEN, 0)) or joined.is_set(),
                               timeout=30)  # fmt: skip
-            joiner.join(5)
+            joiner.join(30)
         else:  # (the caller's thread runs the loop: markers from another thread)
             markers = threading.Thread(
                 target=lambda: wait_until(
