@@ -206,11 +206,49 @@ def test_hostile_runs_are_gaps_and_later_runs_are_read(
             return any(n == 30 for n, _ in got)
 
         assert wait_until(read_to_the_end, timeout=30), f"got {[n for n, _ in got]}"
-        numbers = [n for n, _ in got]
-        for n, payload in got:
-            assert payload == b"%03d" % n, f"delivery {n} handed out as {payload!r}"
-        assert numbers == sorted(set(numbers)), "a number handed out twice or out of order"
-        assert MUST <= set(numbers) <= INTACT
-        missed = {n for gap in client.fanout_gaps for n in range(gap.first, gap.last + 1)}
-        assert missed.isdisjoint(numbers)
-        assert missed | set(numbers) == set(range(1, 31)), "a number neither read nor a gap"
+        _verify(got, client.fanout_gaps)
+
+
+def _verify(got: list[tuple[int, bytes]], gaps: list[Any]) -> None:
+    """Every delivery handed out is what was sent under its number, once, in order;
+    every other number of 1..30 is in a reported gap."""
+    numbers = [n for n, _ in got]
+    for n, payload in got:
+        assert payload == b"%03d" % n, f"delivery {n} handed out as {payload!r}"
+    assert numbers == sorted(set(numbers)), "a number handed out twice or out of order"
+    assert MUST <= set(numbers) <= INTACT
+    missed = {n for gap in gaps for n in range(gap.first, gap.last + 1)}
+    assert missed.isdisjoint(numbers)
+    assert missed | set(numbers) == set(range(1, 31)), "a number neither read nor a gap"
+
+
+def test_the_asyncio_client_reads_hostile_runs_as_gaps(hostile: HostileBroker) -> None:
+    from broker.client.aio import AsyncClient
+    from tests.broker.test_aioclient import run
+
+    joined = threading.Event()
+    markers = threading.Thread(
+        target=lambda: wait_until(
+            lambda: hostile.pub.send(spec_head(TOKEN, 0)) or joined.is_set(), timeout=60
+        )
+    )
+    markers.start()
+
+    async def main(ctx: Any, endpoint: str) -> None:
+        async with AsyncClient(endpoint, context=ctx, timeout=60) as client:
+            try:
+                await client.join("news", timeout=30)
+            finally:
+                joined.set()
+                markers.join(30)  # (then this thread alone sends on the PUB)
+            for hostile_run in _hostile_runs():
+                hostile.pub.send(hostile_run)
+            got: list[tuple[int, bytes]] = []
+            while not any(n == 30 for n, _ in got):
+                message = await client.receive(timeout=30)
+                assert message is not None, f"got {[n for n, _ in got]}"
+                got.append((int(message.payload), message.payload))
+            _verify(got, client.fanout_gaps)
+
+    run(hostile.fake.endpoint, main)
+    assert joined.is_set()
