@@ -6,7 +6,8 @@ A run as the broker sends it (``broker.fanout.pack_run``: 256 deliveries of 100 
 * ``decode`` of each delivery (what the reader did up to session 9: the baseline),
 * ``tmqp.decode_run`` (zproto ``runs = "1"``: checked, payload sliced, the rest lazy),
   then reading nothing, the payloads, or the payloads and ids of every delivery
-  (the ids: every lazy field of the run decoded at the first read).
+  (the ids: every lazy field of the run decoded at the first read), and with
+  ``lazy=False`` (what the reader does after it saw the application read fields).
 
 Each row is the best of ``--repeat`` passes of thread CPU (``time.thread_time``), rows
 taking turns ``--rounds`` times; beside it the Python calls per delivery (cProfile).
@@ -67,11 +68,18 @@ def run_payloads_and_ids() -> None:
         frame.message_id  # noqa: B018
 
 
+def run_eager_payloads_and_ids() -> None:
+    for frame in tmqp.decode_run(DATA, AT, ENDS, lazy=False)[0]:
+        frame.payload  # noqa: B018
+        frame.message_id  # noqa: B018
+
+
 ROWS: list[tuple[str, Callable[[], None]]] = [
     ("decode each delivery (baseline)", each_decoded),
     ("decode_run, nothing read", run_nothing_read),
     ("decode_run, payloads read", run_payloads),
     ("decode_run, payloads + ids read", run_payloads_and_ids),
+    ("decode_run lazy=False, same", run_eager_payloads_and_ids),
 ]
 
 

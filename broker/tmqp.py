@@ -132,6 +132,7 @@ __all__ = [
     "peek_message_id",
     "peek_source",
     "peek_target",
+    "waiting_fields",
 ]
 
 DEFAULT_TTL = 16
@@ -820,8 +821,14 @@ def _entry(buf: bytes, start: int, end: int, index: int) -> Message:
         raise DecodeError(f"entry {index}: {exc.reason}", signature_ok=False) from None
 
 
-def _decode_run(buf: bytes, at: int, ends: Sequence[int]) -> tuple[list[Frame], list[int]]:
-    """``decode_run`` without its fast path: every frame through ``decode``."""
+def _decode_run(
+    buf: bytes,
+    at: int,
+    ends: Sequence[int],
+    lazy: bool = True,
+) -> tuple[list[Frame], list[int]]:
+    """``decode_run`` without its fast path: every frame through ``decode``
+    (``lazy`` or not)."""
     out: list[Frame] = []
     bad: list[int] = []
     total = len(buf)
@@ -904,7 +911,17 @@ def _lazy_frame(m: Any, name: str) -> Any:
     return getattr(m, name)
 
 
-def decode_run(buf: bytes, at: int, ends: Sequence[int]) -> tuple[list[Frame], list[int]]:
+def waiting_fields(m: Frame) -> bool:
+    """Whether ``m`` (a Frame ``decode_run`` made) has fields not decoded yet."""
+    return getattr(m, "_encoded", None) is not None
+
+
+def decode_run(
+    buf: bytes,
+    at: int,
+    ends: Sequence[int],
+    lazy: bool = True,
+) -> tuple[list[Frame], list[int]]:
     """The frames lying back to back in ``buf`` from ``at``, the i-th ending at
     ``ends[i]``: (those that decode, in order; the indexes of the others, in order).
 
@@ -913,8 +930,11 @@ def decode_run(buf: bytes, at: int, ends: Sequence[int]) -> tuple[list[Frame], l
     is every frame from one whose end is before its start or past ``buf`` (the
     rest of the run cannot be found).  Frames in their simplest shape are checked
     here (lengths; string fields UTF-8) and keep every field but their octets
-    fields encoded until one is read (``zproto.runs``).  Never raises.
+    fields encoded until one is read (``zproto.runs``); ``lazy`` False: every
+    frame decoded by ``decode``.  Never raises.
     """
+    if not lazy:
+        return _decode_run(buf, at, ends)
     count = len(ends)
     out: list[Any] = [None] * count
     bad: list[int] = []

@@ -133,6 +133,8 @@ class PythonGenerator:
             names.append("decode_entries")
         if p.runs:
             names.append("decode_run")
+        if self._lazy_strings():
+            names.append("waiting_fields")
         names += [f"encode_{m.ident}" for m in p.messages]
         names += [f"encode_{m.ident}_head" for m in p.messages if head_chunk(m) is not None]
         if not self.classic:

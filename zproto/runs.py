@@ -77,18 +77,20 @@ class RunWriter:
         src("is every frame from one whose end is before its start or past ``buf`` (the")
         src("rest of the run cannot be found).  Frames in their simplest shape are checked")
         src("here (lengths; string fields UTF-8) and keep every field but their octets")
-        src("fields encoded until one is read (``zproto.runs``).  Never raises.")
+        src("fields encoded until one is read (``zproto.runs``); ``lazy`` False: every")
+        src("frame decoded by ``decode``.  Never raises.")
         src('"""')
 
     def _general(self, src: Source, msg: Message) -> None:
         cname = msg.class_name
         src.wrapped(
             "def _decode_run(",
-            ["buf: bytes", "at: int", "ends: Sequence[int]"],
+            ["buf: bytes", "at: int", "ends: Sequence[int]", "lazy: bool = True"],
             f") -> tuple[list[{cname}], list[int]]:",
         )
         src.indent()
-        src('"""``decode_run`` without its fast path: every frame through ``decode``."""')
+        src('"""``decode_run`` without its fast path: every frame through ``decode``')
+        src('(``lazy`` or not)."""')
         src(f"out: list[{cname}] = []")
         src("bad: list[int] = []")
         src("total = len(buf)")
@@ -152,6 +154,11 @@ class RunWriter:
         src.dedent()
         src("return getattr(m, name)")
         src.dedent()
+        src()
+        src()
+        src(f"def waiting_fields(m: {cname}) -> bool:")
+        src(f'    """Whether ``m`` (a {cname} ``decode_run`` made) has fields not decoded yet."""')
+        src(f'    return getattr(m, "{ENCODED}", None) is not None')
         src()
         src()
 
@@ -224,11 +231,14 @@ class RunWriter:
         cname, twin = msg.class_name, twin_name(msg)
         src.wrapped(
             "def decode_run(",
-            ["buf: bytes", "at: int", "ends: Sequence[int]"],
+            ["buf: bytes", "at: int", "ends: Sequence[int]", "lazy: bool = True"],
             f") -> tuple[list[{cname}], list[int]]:",
         )
         src.indent()
         self._doc(src, msg)
+        if strings:
+            src("if not lazy:")
+            src("    return _decode_run(buf, at, ends)")
         src("count = len(ends)")
         src("out: list[Any] = [None] * count")
         src("bad: list[int] = []")

@@ -70,6 +70,10 @@ _EVENTS = int(zmq.EVENTS)
 RAW_WAIT_MS = 20
 _decode = tmqp.decode
 _decode_run = tmqp.decode_run
+_waiting_fields = tmqp.waiting_fields
+#: Batches read with every field decoded at once after the application was seen reading
+#: the fields of lazy ones (then a lazy batch looks again).
+EAGER_BATCHES = 64
 
 
 def _rows(data: bytes, size: int, channel: str) -> tuple[int, tuple[int, ...]]:
@@ -181,6 +185,10 @@ class FanoutReader:
         self.raw = raw
         #: Batches read raw, for the application (appended here, taken by it).
         self.batches: deque[list[Any]] = deque()
+        #: Message reading: a frame of the last lazy batch, to see whether the
+        #: application reads the fields (``read``), and eager batches left to read.
+        self.probe: tmqp.Frame | None = None
+        self.eager_left = 0
         #: Raw deliveries put into / taken out of ``batches`` (one writer each).
         self.raw_in = 0
         self.raw_out = 0
@@ -260,21 +268,33 @@ class FanoutReader:
     def read(self) -> list[tmqp.Frame]:
         """Read what the SUB holds (one batch): each delivery's frame in order, gaps
         reported.  A run's deliveries are checked and made by ``tmqp.decode_run``: no
-        call per delivery, string fields decoded only when read."""
+        call per delivery, fields other than the payload decoded when first read.  An
+        application that reads them (the first frame of the last lazy batch has its
+        fields decoded by the next read) gets the next :data:`EAGER_BATCHES` batches
+        decoded at once instead (cheaper than in place), then lazy ones again."""
         sock = self.sock
         out: list[tmqp.Frame] = []
         if sock is None:
             return out
+        probe = self.probe
+        if probe is not None and not _waiting_fields(probe):
+            self.eager_left = EAGER_BATCHES  # the application reads the fields
+        self.probe = None
+        lazy = self.eager_left == 0
+        if not lazy:
+            self.eager_left -= 1
         recv = sock.recv
         for _ in range(_BATCH):
             try:
                 data = recv(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            self._read_run(data, out)
+            self._read_run(data, out, lazy)
+        if lazy and out:
+            self.probe = out[0]
         return out
 
-    def _read_run(self, data: bytes, out: list[tmqp.Frame]) -> None:
+    def _read_run(self, data: bytes, out: list[tmqp.Frame], lazy: bool) -> None:
         stream = self.streams.get(data[:TOKEN_SIZE])
         size = len(data)
         if stream is None or size < HEAD_SIZE:
@@ -293,7 +313,7 @@ class FanoutReader:
             at = ends[skip - 1]
             ends = ends[skip:]
             seq += skip
-        frames, bad = _decode_run(data, at, ends)
+        frames, bad = _decode_run(data, at, ends, lazy)
         if bad:  # missed: gaps, never silent
             log.warning("undecodable fan-out messages on %r", stream.channel)
             first = last = bad[0]

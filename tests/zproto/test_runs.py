@@ -42,8 +42,10 @@ def _ends(at: int, frames: list[bytes]) -> list[int]:
     return ends
 
 
-def _outcome(module: types.ModuleType, buf: bytes, at: int, ends: list[int]) -> Any:
-    frames, bad = module.decode_run(buf, at, ends)
+def _outcome(
+    module: types.ModuleType, buf: bytes, at: int, ends: list[int], lazy: bool = True
+) -> Any:
+    frames, bad = module.decode_run(buf, at, ends, lazy)
     return [list(fields_of(f).items()) for f in frames], bad
 
 
@@ -159,6 +161,7 @@ def test_a_run_decodes_as_each_frame_alone_and_as_the_general_codec(
     buf = b"pre" + b"".join(frames)
     ends = _ends(3, frames)
     assert _outcome(tmqp, buf, 3, ends) == _alone(buf, 3, ends)
+    assert _outcome(tmqp, buf, 3, ends, lazy=False) == _alone(buf, 3, ends)
     assert _outcome(GENERAL, buf, 3, ends) == _alone(buf, 3, ends)
     # damaged octets, a cut buffer and shifted ends: still what decode says, frame by frame
     raw = bytearray(buf)
