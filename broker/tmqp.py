@@ -104,8 +104,9 @@ Generated codec: ``encode(msg) -> list[bytes]`` and ``decode(frames) -> msg``.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zproto import runtime as _rt
 from zproto.errors import DecodeError, EncodeError
@@ -122,6 +123,7 @@ __all__ = [
     "Pong",
     "decode",
     "decode_entries",
+    "decode_run",
     "encode",
     "encode_frame",
     "encode_handshake",
@@ -130,6 +132,7 @@ __all__ = [
     "peek_message_id",
     "peek_source",
     "peek_target",
+    "waiting_fields",
 ]
 
 DEFAULT_TTL = 16
@@ -190,6 +193,7 @@ class _FrameSlots(_rt.MessageBase):
     """The slots of Frame: filled, then given the class Frame."""
 
     __slots__ = (
+        "_encoded",
         "content_type",
         "first_acquirer",
         "headers",
@@ -203,6 +207,12 @@ class _FrameSlots(_rt.MessageBase):
         "target",
         "ttl",
     )
+
+    if not TYPE_CHECKING:  # (hidden from type checkers: every field stays checked)
+
+        def __getattr__(self, name: str) -> Any:
+            """A field of a frame ``decode_run`` made: decoded when first read."""
+            return _lazy_frame(self, name)
 
 
 @dataclass(frozen=True, init=False)
@@ -809,3 +819,181 @@ def _entry(buf: bytes, start: int, end: int, index: int) -> Message:
         return decode((buf[start:end],))
     except DecodeError as exc:
         raise DecodeError(f"entry {index}: {exc.reason}", signature_ok=False) from None
+
+
+def _decode_run(
+    buf: bytes,
+    at: int,
+    ends: Sequence[int],
+    lazy: bool = True,
+) -> tuple[list[Frame], list[int]]:
+    """``decode_run`` without its fast path: every frame through ``decode``
+    (``lazy`` or not)."""
+    out: list[Frame] = []
+    bad: list[int] = []
+    total = len(buf)
+    p = at
+    for i, end in enumerate(ends):
+        if not p <= end <= total:
+            bad += range(i, len(ends))
+            break
+        try:
+            m = decode((buf[p:end],))
+        except DecodeError:
+            m = None
+        if type(m) is Frame:
+            out.append(m)
+        else:
+            bad.append(i)
+        p = end
+    return out, bad
+
+
+_LAZY_FRAME_NAMES = (
+    "first_acquirer",
+    "high_priority",
+    "message_type",
+    "pending_response",
+    "pending_ack",
+    "ttl",
+    "content_type",
+    "message_id",
+    "source",
+    "target",
+    "headers",
+)
+_LAZY_FRAME = frozenset(_LAZY_FRAME_NAMES)
+_set_slot = object.__setattr__
+
+
+def _lazy_frame(m: Any, name: str) -> Any:
+    """``name`` of a Frame that ``decode_run`` made: the fields of the frames of
+    its run still waiting decoded (checked there), once; else AttributeError."""
+    if name not in _LAZY_FRAME:
+        raise AttributeError(f"{type(m).__name__!r} object has no attribute {name!r}")
+    (buf, frames, starts) = m._encoded
+    for one, p in zip(frames, starts, strict=True):
+        if one._encoded is None:
+            continue  # (read already)
+        (
+            bits_flags,
+            bits_options,
+            f_id_length,
+            f_source_length,
+            f_target_length,
+            f_content_type,
+            _,
+        ) = _LE_BBBBBHB.unpack_from(buf, p)
+        e_message_id = p + 8 + f_id_length
+        e_source = e_message_id + f_source_length
+        e_target = e_source + f_target_length
+        _set_slot(one, "__class__", _FrameSlots)  # (plain stores: the frozen class refuses)
+        key = bits_flags << 8 | bits_options
+        try:
+            bits = _BASES_FRAME[key]
+        except KeyError:
+            bits = _base_frame(key)
+        (
+            one.first_acquirer,
+            one.high_priority,
+            one.message_type,
+            one.pending_response,
+            one.pending_ack,
+            one.ttl,
+        ) = bits
+        one.content_type = f_content_type
+        one.message_id = buf[p + 8 : e_message_id].decode()
+        one.source = buf[e_message_id:e_source].decode()
+        one.target = buf[e_source:e_target].decode()
+        one.headers = ()
+        one._encoded = None
+        one.__class__ = Frame
+    return getattr(m, name)
+
+
+def waiting_fields(m: Frame) -> bool:
+    """Whether ``m`` (a Frame ``decode_run`` made) has fields not decoded yet."""
+    return getattr(m, "_encoded", None) is not None
+
+
+def decode_run(
+    buf: bytes,
+    at: int,
+    ends: Sequence[int],
+    lazy: bool = True,
+) -> tuple[list[Frame], list[int]]:
+    """The frames lying back to back in ``buf`` from ``at``, the i-th ending at
+    ``ends[i]``: (those that decode, in order; the indexes of the others, in order).
+
+    A frame is what ``decode((buf[start:end],))`` gives when that is a Frame;
+    one that does not decode, or decodes to another message, is refused, and so
+    is every frame from one whose end is before its start or past ``buf`` (the
+    rest of the run cannot be found).  Frames in their simplest shape are checked
+    here (lengths; string fields UTF-8) and keep every field but their octets
+    fields encoded until one is read (``zproto.runs``); ``lazy`` False: every
+    frame decoded by ``decode``.  Never raises.
+    """
+    if not lazy:
+        return _decode_run(buf, at, ends)
+    count = len(ends)
+    out: list[Any] = [None] * count
+    bad: list[int] = []
+    # the frames made lazily, where each starts, and the run they share
+    lazies: list[Any] = [None] * count
+    starts = [0] * count
+    run = (buf, lazies, starts)
+    bounds: list[int] = []  # their string fields, checked at the end
+    j = 0
+    k = 0
+    total = len(buf)
+    p = at
+    for i, end in enumerate(ends):
+        if not p <= end <= total:
+            bad += range(i, len(ends))
+            break
+        size = end - p
+        m: Any = None
+        while True:  # (once: a frame of another shape breaks out to ``decode``)
+            if size < 9 or buf[p + 7] > 252:
+                break
+            (
+                _,
+                bits_options,
+                f_id_length,
+                f_source_length,
+                f_target_length,
+                _,
+                f_payload_length,
+            ) = _LE_BBBBBHB.unpack_from(buf, p)
+            e_message_id = p + 8 + f_id_length
+            e_source = e_message_id + f_source_length
+            e_target = e_source + f_target_length
+            e_payload = e_target + f_payload_length
+            if bits_options & 32 or e_payload != end:
+                break
+            bounds += (p + 8, e_target)
+            m = _FrameSlots()
+            m.payload = buf[e_target:e_payload]
+            m._encoded = run
+            lazies[j] = m
+            starts[j] = p
+            j += 1
+            m.__class__ = Frame
+            break
+        if m is None:
+            try:
+                m = decode((buf[p:end],))
+            except DecodeError:
+                m = None
+            if type(m) is not Frame:
+                bad.append(i)
+                m = None
+        if m is not None:
+            out[k] = m
+            k += 1
+        p = end
+    if bounds and not _rt.ascii_regions(buf, bounds):
+        return _decode_run(buf, at, ends)  # (each frame by decode: UTF-8 checked)
+    del lazies[j:], starts[j:]
+    del out[k:]
+    return out, bad

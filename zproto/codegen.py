@@ -16,6 +16,7 @@ from zproto.encoder import EncoderWriter, head_chunk
 from zproto.model import Message, Protocol, to_const_name
 from zproto.peek import PeekWriter, peekable
 from zproto.pysource import LINE_LENGTH, Source, StructNames, assign, isort_key, lit
+from zproto.runs import ENCODED, RunWriter, lazy_strings
 from zproto.shape import Plan, plan_fast
 
 __all__ = ["PythonGenerator"]
@@ -37,6 +38,13 @@ class PythonGenerator:
     # -- whole module ------------------------------------------------------
 
     def generate(self) -> str:
+        #: the message with a simplest-shape decoder, and its plan
+        self.fast: list[tuple[Message, Plan]] = []
+        if not self.classic and self.with_fast:
+            for msg in self.proto.messages:
+                plan = plan_fast(msg)
+                if plan is not None:
+                    self.fast.append((msg, plan))
         body = Source()
         for msg in self.proto.messages:
             self._dataclass(body, msg)
@@ -59,13 +67,6 @@ class PythonGenerator:
             for msg in self.proto.messages:
                 if msg.literal is None:
                     PeekWriter(self.structs).write(body, msg)
-        #: the message with a simplest-shape decoder, and its plan
-        self.fast: list[tuple[Message, Plan]] = []
-        if not self.classic and self.with_fast:
-            for msg in self.proto.messages:
-                plan = plan_fast(msg)
-                if plan is not None:
-                    self.fast.append((msg, plan))
         self._api(body)
         return self._header() + "\n".join(body.lines).rstrip() + "\n"
 
@@ -99,8 +100,13 @@ class PythonGenerator:
             imports.append("uuid")
         for mod in imports:
             out(f"import {mod}")
+        abc = []
         if any(f.lazy for m in p.messages for f in m.fields):
-            out("from collections.abc import Mapping")
+            abc.append("Mapping")
+        if p.runs:
+            abc.append("Sequence")
+        if abc:
+            out(f"from collections.abc import {', '.join(abc)}")
         needs_field = any(
             a.default.startswith("field(") for m in p.messages for a in attributes(m)
         )
@@ -111,7 +117,9 @@ class PythonGenerator:
         typing = ["Any"]
         if self.classic:
             typing.append("ClassVar")
-        out(f"from typing import {', '.join(sorted(typing))}")
+        if self._lazy_strings():
+            typing.append("TYPE_CHECKING")
+        out(f"from typing import {', '.join(sorted(typing, key=isort_key))}")
         out()
         out("from zproto import runtime as _rt")
         out("from zproto.errors import DecodeError, EncodeError")
@@ -123,6 +131,10 @@ class PythonGenerator:
         names += ["decode", "encode"]
         if p.entries:
             names.append("decode_entries")
+        if p.runs:
+            names.append("decode_run")
+        if self._lazy_strings():
+            names.append("waiting_fields")
         names += [f"encode_{m.ident}" for m in p.messages]
         names += [f"encode_{m.ident}_head" for m in p.messages if head_chunk(m) is not None]
         if not self.classic:
@@ -176,11 +188,15 @@ class PythonGenerator:
             src.indent()
             src(f'"""The slots of {cname}: filled, then given the class {cname}."""')
             src()
-            names = sorted(f'"{a.ident}"' for a in attrs)
+            lazy = self._lazy_strings()
+            extra = [ENCODED] if lazy and msg.literal is None else []
+            names = sorted(f'"{a}"' for a in [a.ident for a in attrs] + extra)
             if len(names) == 1:
                 src(f"__slots__ = ({names[0]},)")
             else:
                 src.wrapped("__slots__ = (", names, ")")
+            if extra:
+                RunWriter.twin_hook(src, msg)
             src.dedent()
             src()
             src()
@@ -389,9 +405,19 @@ class PythonGenerator:
                 src('raise DecodeError("not a known literal message")')
         src.dedent()
         src()
+        literal_size = max((len(m.literal or b"") for m in literals), default=0)
         if p.entries:
             src()
-            self._entries(src, max((len(m.literal or b"") for m in literals), default=0))
+            self._entries(src, literal_size)
+        if p.runs:
+            if not p.entries:
+                src()
+            plan = self.fast[0][1] if self.fast else None
+            RunWriter(self.structs).write(src, general[0], plan, literal_size)
+
+    def _lazy_strings(self) -> bool:
+        """Whether ``decode_run`` makes frames whose strings are decoded when read."""
+        return self.proto.runs and bool(lazy_strings(self.fast[0][1] if self.fast else None))
 
     def _entries(self, src: Source, literal_size: int) -> None:
         """``decode_entries``: the frames of a run of length-prefixed entries, each decoded

@@ -339,6 +339,26 @@ class _DecodeCtx:
 # the simplest shape of a binary frame
 
 
+def unpack_bits(src: Source, targets: list[str]) -> None:
+    """``(target, ...) = bits``: the remembered values of the head's bits into their
+    slots (laid out as ``ruff format`` would)."""
+    if len(targets) == 1:
+        src(f"({targets[0]},) = bits")
+    else:
+        src.wrapped("(", targets, ") = bits")
+
+
+def bits_key(plan: Plan) -> str:
+    """One int from the raw bits fields of a simplest-shape head (the key of the
+    remembered base states)."""
+    parts = []
+    shift = 0
+    for fld in reversed(plan.bits):
+        parts.append(f"bits_{fld.ident} << {shift}" if shift else f"bits_{fld.ident}")
+        shift += int(fld.size or 1) * 8
+    return " | ".join(reversed(parts))
+
+
 class FastDecoderWriter:
     """Writes the ``decode(frames)`` of a binary model: a one-frame message in its simplest
     shape is decoded inline, with one ``struct`` and one length check; anything else,
@@ -459,32 +479,18 @@ class FastDecoderWriter:
         if values:
             # the fields the head's bits decide: a remembered tuple per value of the bits
             const = to_const_name(msg.name)
-            src(f"key = {self._key(plan)}")
+            src(f"key = {bits_key(plan)}")
             src(f"bits = _BASES_{const}.get(key)")
             src("if bits is None:")
             src(f"    bits = _base_{ident}(key)")
             src(f"m: Any = {twin_name(msg)}()")
-            targets = [f"m.{name}" for name in values]
-            if len(targets) == 1:
-                src(f"({targets[0]},) = bits")
-            else:
-                src.wrapped("(", targets, ") = bits")
+            unpack_bits(src, [f"m.{name}" for name in values])
             for name, expr in entries:
                 src(f"m.{name} = {expr}")
             src(f"m.__class__ = {cname}")
             src("return m")
         else:
             build(src, msg, entries)
-
-    @staticmethod
-    def _key(plan: Plan) -> str:
-        """One int from the raw bits fields of the head."""
-        parts = []
-        shift = 0
-        for fld in reversed(plan.bits):
-            parts.append(f"bits_{fld.ident} << {shift}" if shift else f"bits_{fld.ident}")
-            shift += int(fld.size or 1) * 8
-        return " | ".join(reversed(parts))
 
     def _base(self, src: Source, msg: Message, plan: Plan, values: dict[str, str]) -> None:
         """``_base_<message>(key)``: the values of the fields the head's bits decide, for

@@ -145,6 +145,10 @@ class Protocol:
     #: Octets of the length before each frame of a run of entries (``entries = "N"`` on
     #: a binary ``<class>``: the module gets ``decode_entries``); 0: none.
     entries: int = 0
+    #: Frames also travel back to back in runs whose ends a table gives (``runs = "1"``
+    #: on a binary ``<class>``: the module gets ``decode_run``, whose frames in the
+    #: simplest shape keep their string fields encoded until one is read).
+    runs: bool = False
 
     @property
     def signature_bytes(self) -> bytes:
@@ -355,6 +359,11 @@ class _Loader:
         entries = _parse_int(root.get("entries", "0"), "entries", self.where)
         if entries and (dialect != "binary" or entries not in (2, 4)):
             raise ModelError(f'{self.where}: entries= is 2 or 4, with dialect="binary"')
+        runs = root.get("runs", "0")
+        if runs not in ("0", "1") or (runs == "1" and dialect != "binary"):
+            raise ModelError(f'{self.where}: runs= is 0 or 1, 1 with dialect="binary"')
+        if runs == "1" and not any(m.literal is None for m in messages):
+            raise ModelError(f"{self.where}: runs= needs a message without literal=")
         return Protocol(
             name=name,
             path=self.path,
@@ -367,6 +376,7 @@ class _Loader:
             messages=tuple(messages),
             grammar=grammar,
             entries=entries,
+            runs=runs == "1",
         )
 
     def _message(self, elem: ET.Element, header: list[Item], next_id: int) -> Message:

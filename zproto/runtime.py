@@ -25,6 +25,7 @@ __all__ = [
     "EncodedHash",
     "Invalid",
     "MessageBase",
+    "ascii_regions",
     "dec_hash",
     "dec_hash_lazy",
     "dec_headers",
@@ -46,6 +47,7 @@ __all__ = [
     "refused",
     "truncated",
     "unknown_fields",
+    "utf8_regions",
     "wrong_size",
 ]
 
@@ -416,6 +418,47 @@ def dec_strings(
         out.append(buf[pos + 4 : end].decode("utf-8"))
         pos = end
     return out, pos
+
+
+def _joined(buf: bytes, bounds: Sequence[int]) -> bytes:
+    pairs = iter(bounds)
+    return b"".join([buf[start:end] for start, end in zip(pairs, pairs, strict=True)])
+
+
+def ascii_regions(buf: bytes, bounds: Sequence[int]) -> bool:
+    """Whether every region ``buf[bounds[2 i] : bounds[2 i + 1]]`` is ASCII (so UTF-8
+    too, whatever its boundaries): one join and one ``isascii`` for them all."""
+    return _joined(buf, bounds).isascii()
+
+
+def utf8_regions(buf: bytes, bounds: Sequence[int]) -> bool:
+    """Whether every region ``buf[bounds[2 i] : bounds[2 i + 1]]`` is UTF-8, checked for
+    them all at once: one join and one ``isascii`` (the common case), else one decode.
+
+    For decoders that keep string fields encoded and decode them when first read (a run
+    of frames, a lazy hash): the octets are checked when received, as an eager decode
+    would, for the cost of one call for the lot instead of one per field.  Why one decode
+    of the joined regions suffices: text that decodes is whole characters, each starting
+    at an octet outside 0x80-0xBF; a region that is empty or starts with such an octet
+    then starts on a character boundary, so every region is whole characters alone.
+    Each region must lie in ``buf`` with its start before its end (callers have checked
+    the lengths).
+    """
+    joined = _joined(buf, bounds)
+    if joined.isascii():
+        return True
+    pairs = iter(bounds)
+    if [
+        start
+        for start, end in zip(pairs, pairs, strict=True)
+        if start < end and buf[start] & 0xC0 == 0x80
+    ]:
+        return False  # a region starting inside a character
+    try:
+        joined.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 # ---------------------------------------------------------------------------

@@ -41,7 +41,6 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from broker import tmqp
 from broker.client import session as S
 from broker.client.api import ANSWER, ClientApi
 from broker.client.errors import ClientClosed, ClientError
@@ -286,9 +285,7 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
 
     async def _read_fan(self) -> None:
         """A batch of the fan-out SUB (``broker.client.fanout``) into the inbox."""
-        frames: list[tmqp.Frame] = []
-        self._fan.read(frames.append)
-        for frame in frames:
+        for frame in self._fan.read():
             await self._to_inbox(Message(frame))
 
     async def _apply(self, events: Iterable[S.Event]) -> None:

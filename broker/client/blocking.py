@@ -63,6 +63,8 @@ from broker.client.session import SEND_BATCH, Call, Reply, Session, SessionState
 from broker.client.sockets import Curve
 from broker.protocol import DEFAULT_ENDPOINT, ConnectionInfo, MessageType
 
+_CLOSING = SessionState.CLOSING
+_CLOSED = SessionState.CLOSED
 log = logging.getLogger(__name__)
 
 _QUEUE = int(MessageType.QUEUE)
@@ -487,10 +489,14 @@ class Client(ClientApi[Any]):
     def consume(self, timeout: float | None = None) -> Iterator[Message]:
         """Iterate over received messages; stops after ``timeout`` seconds without one."""
         items = self._core.inbox.items
+        session = self._session
         while True:
-            if items and not self._session.paused:
+            if items and not session.paused:
                 held = items.popleft()
-                if not Session.unanswerable(held, self._session.state):
+                state = session.state  # (open: no call per message)
+                if (state is not _CLOSING and state is not _CLOSED) or not Session.unanswerable(
+                    held, state
+                ):
                     yield held
                 continue
             msg = self.receive(timeout)

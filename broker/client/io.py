@@ -21,7 +21,7 @@ from broker.client import session as S
 from broker.client.core import ClientCore
 from broker.client.errors import ClientClosed, ClientError, StopLoop
 from broker.client.fanout import RAW_WAIT_MS, FanoutReader
-from broker.client.message import Message
+from broker.client.message import Message, messages_of
 from broker.client.sockets import close_monitor, handshake_refusal, open_dealer
 from broker.protocol import MessageType
 from zerohub import zmqkit
@@ -259,9 +259,7 @@ class IOLoop:
             if type(one) is not _Frame or one.message_type != _QUEUE_BITS or one.headers:
                 return False
             plain.append(one)
-        for one in plain:
-            message = _new(Message)
-            _set_message_frame(message, one)
+        for message in messages_of(plain):
             append(message)
         return True
 
@@ -430,23 +428,17 @@ class IOLoop:
             if fan.held >= inbox.limit:
                 self.s.paused = True
             return
+        frames = fan.read()
         if c.on_message is None:
-            append = inbox.items.append
-
-            def take(frame: tmqp.Frame) -> None:
-                message = _new(Message)
-                _set_message_frame(message, frame)
-                append(message)
-
-            try:
-                self.fan.read(take)
-            finally:
-                if inbox.items and inbox.waiting:
+            if frames:
+                inbox.items.extend(messages_of(frames))
+                if inbox.waiting:
                     inbox.wake_all()
             if inbox.full:
                 self.s.paused = True
         else:
-            self.fan.read(lambda frame: self._deliver(Message(frame)))
+            for frame in frames:
+                self._deliver(Message(frame))
 
     def _close_fan(self) -> None:
         if self.fan.sock is not None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections import deque
 from dataclasses import dataclass
 from enum import Enum
+from itertools import repeat
 from typing import Any
 
 from broker import tmqp
@@ -78,6 +80,18 @@ class Message:
     def json(self) -> Any:
         return json.loads(self.frame.payload) if self.frame.payload else None
 
+
+def messages_of(frames: list[tmqp.Frame]) -> list[Message]:
+    """``[Message(frame) for frame in frames]``, made without Python code per frame
+    (``map`` over C functions: the slotted object's ``__new__`` and its slot's setter,
+    not the frozen dataclass's ``__init__``): a fan-out run's deliveries in bulk."""
+    out = list(map(_new, repeat(Message, len(frames))))
+    deque(map(_set_frame, out, frames), maxlen=0)
+    return out
+
+
+_new = object.__new__
+_set_frame = vars(Message)["frame"].__set__
 
 _KINDS = {
     MessageType.QUEUE: Kind.QUEUE,

@@ -501,10 +501,10 @@ class Session:
         queue message goes back to its queue when the session ends (handed out, it would
         be handled twice); a direct request's sender gets no answer, as if the client had
         closed a moment earlier."""
+        if state is not SessionState.CLOSING and state is not SessionState.CLOSED:
+            return False  # (first: a fan-out frame's flags are decoded when first read)
         frame = message.frame
-        return (frame.pending_ack or frame.pending_response) and (
-            state is SessionState.CLOSING or state is SessionState.CLOSED
-        )
+        return frame.pending_ack or frame.pending_response
 
     def close(self, error: ClientError) -> list[Failed]:
         """The driver is closing: fail every waiter with ``error`` (or the earlier one)."""

@@ -31,11 +31,11 @@ TICKET = bytes(range(100, 116))
 OTHER = bytes(range(50, 66))
 
 
-def _head(token: bytes, seq: int) -> bytes:
+def spec_head(token: bytes, seq: int) -> bytes:
     return token + struct.pack("<Q", seq)
 
 
-def _run(token: bytes, seq: int, deliveries: list[bytes]) -> bytes:
+def spec_run(token: bytes, seq: int, deliveries: list[bytes]) -> bytes:
     """A run as the spec lays it out; each delivery's payload is its last ``_PAYLOAD``
     octets (``_delivery``), none for one that is not a delivery (shorter than 8)."""
     count = len(deliveries)
@@ -45,13 +45,13 @@ def _run(token: bytes, seq: int, deliveries: list[bytes]) -> bytes:
         at += len(delivery)
         rows += [at - (_PAYLOAD if len(delivery) >= 8 else 0), at]
     table = struct.pack("<H", count) + struct.pack(f"<{2 * count}I", *rows)
-    return _head(token, seq) + table + b"".join(deliveries)
+    return spec_head(token, seq) + table + b"".join(deliveries)
 
 
 _PAYLOAD = 3  # octets of every payload here
 
 
-def _delivery(number: int) -> bytes:
+def spec_delivery(number: int) -> bytes:
     payload = b"%03d" % number
     frame = tmqp.Frame(False, False, 17, False, False, 16, 1, "m-1", "p-1", "news", (), payload)
     return tmqp.encode(frame)[0]
@@ -79,8 +79,8 @@ def door(zctx: Ctx) -> Iterator[tuple[FanoutDoor, zmq.Socket[bytes]]]:
         return counters["fanout_subscribed"] >= 1
 
     assert wait_until(claimed)
-    door.publish(_head(TOKEN, 0), b"")  # a marker: the pipe has the token from here on
-    assert sub.poll(10_000) and sub.recv() == _head(TOKEN, 0)
+    door.publish(spec_head(TOKEN, 0), b"")  # a marker: the pipe has the token from here on
+    assert sub.poll(10_000) and sub.recv() == spec_head(TOKEN, 0)
     yield door, sub
     sub.close(linger=0)
     door.close(0.0)
@@ -98,21 +98,21 @@ def test_the_door_sends_consecutive_deliveries_as_one_run(
     door: tuple[FanoutDoor, zmq.Socket[bytes]],
 ) -> None:
     fan, sub = door
-    d = [_delivery(i) for i in range(7)]
-    fan.publish(_head(TOKEN, 1), d[1])
-    fan.publish(_head(TOKEN, 2), d[2])
-    fan.publish(_head(TOKEN, 4), d[4])  # not the next number: a new run
-    fan.publish(_head(OTHER, 9), d[0])  # another stream: a new run (not for this SUB)
-    fan.publish(_head(TOKEN, 5), d[5])
-    fan.publish(_head(TOKEN, 5), b"")  # a marker goes after the run before it
-    fan.publish(_head(TOKEN, 6), d[6])
+    d = [spec_delivery(i) for i in range(7)]
+    fan.publish(spec_head(TOKEN, 1), d[1])
+    fan.publish(spec_head(TOKEN, 2), d[2])
+    fan.publish(spec_head(TOKEN, 4), d[4])  # not the next number: a new run
+    fan.publish(spec_head(OTHER, 9), d[0])  # another stream: a new run (not for this SUB)
+    fan.publish(spec_head(TOKEN, 5), d[5])
+    fan.publish(spec_head(TOKEN, 5), b"")  # a marker goes after the run before it
+    fan.publish(spec_head(TOKEN, 6), d[6])
     fan.flush()
     assert _received(sub, 5) == [
-        _run(TOKEN, 1, [d[1], d[2]]),
-        _run(TOKEN, 4, [d[4]]),
-        _run(TOKEN, 5, [d[5]]),
-        _head(TOKEN, 5),
-        _run(TOKEN, 6, [d[6]]),
+        spec_run(TOKEN, 1, [d[1], d[2]]),
+        spec_run(TOKEN, 4, [d[4]]),
+        spec_run(TOKEN, 5, [d[5]]),
+        spec_head(TOKEN, 5),
+        spec_run(TOKEN, 6, [d[6]]),
     ]
     assert fan.counters["fanout_published"] == 6
     assert fan.counters["fanout_sends"] == 5
@@ -121,13 +121,13 @@ def test_the_door_sends_consecutive_deliveries_as_one_run(
 
 def test_a_run_ends_at_its_entry_limit(door: tuple[FanoutDoor, zmq.Socket[bytes]]) -> None:
     fan, sub = door
-    d = _delivery(1)
+    d = spec_delivery(1)
     for seq in range(1, RUN_MAX + 2):
-        fan.publish(_head(TOKEN, seq), d)
+        fan.publish(spec_head(TOKEN, seq), d)
     fan.flush()
     first, second = _received(sub, 2)
-    assert first == _run(TOKEN, 1, [d] * RUN_MAX)
-    assert second == _run(TOKEN, RUN_MAX + 1, [d])
+    assert first == spec_run(TOKEN, 1, [d] * RUN_MAX)
+    assert second == spec_run(TOKEN, RUN_MAX + 1, [d])
 
 
 @pytest.mark.parametrize("raw", ["", "numbered"])
@@ -153,23 +153,23 @@ def test_a_cut_or_garbled_run_is_read_to_the_damage_and_the_rest_is_a_gap(
                     assert payload == (b"%03d" % n if n != 8 else b"")
                     got.append(n)
         else:
-            reader.read(lambda frame: got.append(int(frame.payload)))
+            got.extend(int(frame.payload) for frame in reader.read())
 
     def marker_heard() -> bool:
-        pub.send(_head(TOKEN, 0))  # (a PUB drops until the SUB is connected)
+        pub.send(spec_head(TOKEN, 0))  # (a PUB drops until the SUB is connected)
         read()
         return joined.done()
 
     assert wait_until(marker_heard, timeout=20)
-    d = {n: _delivery(n) for n in range(1, 17)}
-    pub.send(_run(TOKEN, 1, [d[1], d[2], d[3]]))
-    pub.send(_run(TOKEN, 4, [d[4], d[5], d[6]])[:-2])  # cut in the last delivery
-    pub.send(_run(TOKEN, 7, [d[7], b"abc", d[9]]))  # 8 is not a delivery
-    pub.send(_run(OTHER, 10, [d[10]]))  # not this client's stream
-    pub.send(_head(TOKEN, 10)[:20])  # shorter than a head
-    pub.send(_run(TOKEN, 10, [d[10], d[11]]))
-    pub.send(_run(TOKEN, 12, [d[12], d[13]])[:40])  # cut in its table
-    pub.send(_run(TOKEN, 14, [d[14], d[15], d[16]]))
+    d = {n: spec_delivery(n) for n in range(1, 17)}
+    pub.send(spec_run(TOKEN, 1, [d[1], d[2], d[3]]))
+    pub.send(spec_run(TOKEN, 4, [d[4], d[5], d[6]])[:-2])  # cut in the last delivery
+    pub.send(spec_run(TOKEN, 7, [d[7], b"abc", d[9]]))  # 8 is not a delivery
+    pub.send(spec_run(OTHER, 10, [d[10]]))  # not this client's stream
+    pub.send(spec_head(TOKEN, 10)[:20])  # shorter than a head
+    pub.send(spec_run(TOKEN, 10, [d[10], d[11]]))
+    pub.send(spec_run(TOKEN, 12, [d[12], d[13]])[:40])  # cut in its table
+    pub.send(spec_run(TOKEN, 14, [d[14], d[15], d[16]]))
     assert wait_until(lambda: read() or got[-1:] == [16], timeout=20), f"got {got}"
     missed = sorted(n for g in reader.gaps for n in range(g.first, g.last + 1))
     if raw:  # raw reading slices payloads where the table says: 8's is empty
@@ -178,5 +178,47 @@ def test_a_cut_or_garbled_run_is_read_to_the_damage_and_the_rest_is_a_gap(
     else:  # deliveries are decoded: 8 is missed
         assert got == [1, 2, 3, 4, 5, 7, 9, 10, 11, 14, 15, 16]
         assert missed == [6, 8, 12, 13]
+    reader.close()
+    pub.close(linger=0)
+
+
+def test_a_reader_of_fields_gets_its_next_batches_decoded_at_once(zctx: Ctx) -> None:
+    """The message reader makes lazy frames (only the payload sliced) while the
+    application reads payloads only; once it reads other fields of a batch, the next
+    batches come decoded (``tmqp.waiting_fields`` False), which costs less than
+    decoding each frame in place when read."""
+    pub = zctx.socket(zmq.PUB)
+    pub.linger = 0
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    reader = FanoutReader(zctx, None, 1000, "tcp://127.0.0.1:1")
+    joined: Future[None] = Future()
+    reader.grant(Fanout(joined, "news", f"tcp://127.0.0.1:{port}", TOKEN, 0, TICKET), 0.0)
+
+    def marker_heard() -> bool:
+        pub.send(spec_head(TOKEN, 0))
+        reader.read()
+        return joined.done()
+
+    assert wait_until(marker_heard, timeout=20)
+    seq = 1
+
+    def batch() -> list[tmqp.Frame]:
+        nonlocal seq
+        pub.send(spec_run(TOKEN, seq, [spec_delivery(seq), spec_delivery(seq + 1)]))
+        seq += 2
+        got: list[tmqp.Frame] = []
+        assert wait_until(lambda: bool(got.extend(reader.read()) or got), timeout=20)
+        return got
+
+    first = batch()
+    assert [f.payload for f in first] == [b"001", b"002"]
+    assert all(tmqp.waiting_fields(f) for f in first)  # payloads only: still lazy
+    second = batch()
+    assert all(tmqp.waiting_fields(f) for f in second)
+    assert second[1].message_id == "m-1"  # a field read: the run decoded
+    assert not any(tmqp.waiting_fields(f) for f in second)
+    third = batch()
+    assert not any(tmqp.waiting_fields(f) for f in third)  # decoded at once
+    assert [(f.payload, f.source) for f in third] == [(b"005", "p-1"), (b"006", "p-1")]
     reader.close()
     pub.close(linger=0)

@@ -155,3 +155,30 @@ def sample_uuid() -> uuid.UUID:
 def fields_of(msg: Any) -> dict[str, Any]:
     """A generated message's fields by name, in order (its instances have no __dict__)."""
     return {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
+
+
+def _tmqp_frame(
+    mt: int, ack: bool, ttl: int, ct: int, ids: list[str], headers: Any, payload: bytes
+) -> bytes:
+    from broker import tmqp
+
+    frame = tmqp.Frame(message_type=mt, pending_ack=ack, ttl=ttl, content_type=ct,
+                       message_id=ids[0], source=ids[1], target=ids[2], headers=headers,
+                       payload=payload)  # fmt: skip
+    return tmqp.encode(frame)[0]
+
+
+def tmqp_frames() -> st.SearchStrategy[bytes]:
+    """Encoded TMQP frames (any type, flags and ids, with or without a header block) and
+    PINGs: the entries of a batch, the deliveries of a fan-out run."""
+    frame = st.builds(
+        _tmqp_frame,
+        st.integers(0, 63),
+        st.booleans(),
+        st.integers(0, 31),
+        st.integers(0, 65535),
+        st.lists(st.text(max_size=6), min_size=3, max_size=3),
+        st.sampled_from([(), (("k", "v"),)]),
+        st.binary(max_size=300),
+    )
+    return st.one_of(frame, st.just(bytes.fromhex("89FF000000000000")))

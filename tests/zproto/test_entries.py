@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker import tmqp
-from tests.zproto.support import fields_of, general_codec
+from tests.zproto.support import fields_of, general_codec, tmqp_frames
 from zproto.errors import DecodeError
 from zproto.model import ModelError, load
 
@@ -86,39 +86,8 @@ def test_only_bytes_are_entries() -> None:
         tmqp.decode_entries(bytearray(b"\x00\x00\x00\x00"), 2)  # type: ignore[arg-type]
 
 
-def _frame(
-    mt: int, ack: bool, ttl: int, ct: int, ids: list[str], headers: Any, payload: bytes
-) -> bytes:
-    frame = tmqp.Frame(
-        message_type=mt,
-        pending_ack=ack,
-        ttl=ttl,
-        content_type=ct,
-        message_id=ids[0],
-        source=ids[1],
-        target=ids[2],
-        headers=headers,
-        payload=payload,
-    )
-    return tmqp.encode(frame)[0]
-
-
-def _frames() -> st.SearchStrategy[bytes]:
-    frame = st.builds(
-        _frame,
-        st.integers(0, 63),
-        st.booleans(),
-        st.integers(0, 31),
-        st.integers(0, 65535),
-        st.lists(st.text(max_size=6), min_size=3, max_size=3),
-        st.sampled_from([(), (("k", "v"),)]),
-        st.binary(max_size=300),
-    )
-    return st.one_of(frame, st.just(bytes.fromhex("89FF000000000000")))
-
-
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(frames=st.lists(_frames(), max_size=6), data=st.data())
+@given(frames=st.lists(tmqp_frames(), max_size=6), data=st.data())
 def test_entries_decode_as_each_entry_alone_and_as_the_general_codec(
     frames: list[bytes], data: st.DataObject
 ) -> None:

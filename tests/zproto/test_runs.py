@@ -1,0 +1,182 @@
+"""``runs = "1"`` on a binary model: ``decode_run(buf, at, ends)`` decodes frames lying
+back to back (TMQP: a fan-out run's deliveries), refusing by index exactly the frames
+``decode`` refuses, and makes the simplest-shape ones lazily (only their payload sliced;
+every other field decoded, for the whole run, when one is first read).  Checked against
+frames built by hand from the spec, against ``decode`` of each frame alone and against
+the general codec generated with ``fast=False``, with damaged runs."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from broker import tmqp
+from tests.zproto.support import CPU_BOUND, fields_of, general_codec, tmqp_frames
+from zproto.errors import DecodeError
+from zproto.model import ModelError, load
+
+GENERAL = general_codec(Path(tmqp.__file__).with_suffix(".xml"))
+PING = bytes.fromhex("89FF000000000000")
+pytestmark = CPU_BOUND
+
+
+def _queue(mid: bytes, source: bytes, target: bytes, payload: bytes, ct: int = 7) -> bytes:
+    """A QUEUE frame by hand: type 0x02, pending ack (0x40) | ttl 16, the three string
+    lengths, content type (LE), the one-octet payload length, the strings, the payload."""
+    head = bytes([0x02, 0x40 | 16, len(mid), len(source), len(target), ct & 255, ct >> 8])
+    return head + bytes([len(payload)]) + mid + source + target + payload
+
+
+def _ends(at: int, frames: list[bytes]) -> list[int]:
+    ends = []
+    for frame in frames:
+        at += len(frame)
+        ends.append(at)
+    return ends
+
+
+def _outcome(
+    module: types.ModuleType, buf: bytes, at: int, ends: list[int], lazy: bool = True
+) -> Any:
+    frames, bad = module.decode_run(buf, at, ends, lazy)
+    return [list(fields_of(f).items()) for f in frames], bad
+
+
+def _alone(buf: bytes, at: int, ends: list[int]) -> Any:
+    """What ``decode`` of each frame alone gives: the Frames, the others' indexes (all
+    from a misplaced end on)."""
+    frames: list[Any] = []
+    bad: list[int] = []
+    for i, end in enumerate(ends):
+        if not at <= end <= len(buf):
+            bad += range(i, len(ends))
+            break
+        try:
+            msg = tmqp.decode((buf[at:end],))
+        except DecodeError:
+            msg = None
+        if type(msg) is tmqp.Frame:
+            frames.append(list(fields_of(msg).items()))
+        else:
+            bad.append(i)
+        at = end
+    return frames, bad
+
+
+def test_hand_built_frames_decode_to_their_fields() -> None:
+    one = _queue(b"a1", b"s", b"ch", b"hi")
+    two = _queue(b"", "é".encode(), b"x" * 40, b"\x00\xff", ct=300)
+    buf = b"HEAD" + one + two
+    (first, second), bad = tmqp.decode_run(buf, 4, _ends(4, [one, two]))
+    assert bad == []
+    assert type(first) is tmqp.Frame and type(second) is tmqp.Frame
+    assert first.payload == b"hi" and second.payload == b"\x00\xff"
+    assert (first.message_type, first.pending_ack, first.ttl, first.content_type) == (
+        2,
+        True,
+        16,
+        7,
+    )
+    assert (first.message_id, first.source, first.target, first.headers) == ("a1", "s", "ch", ())
+    assert (second.message_id, second.source, second.target) == ("", "é", "x" * 40)
+    assert second.content_type == 300
+    assert tmqp.decode_run(buf, 4, []) == ([], [])
+
+
+def test_frames_made_lazily_behave_as_decoded_ones() -> None:
+    """Equality, hash, repr, pickle, copy, replace and encode read the fields: they give
+    what a decoded frame gives, whichever frame of the run is read first."""
+    datas = [_queue(b"m%d" % i, b"src", b"chan", b"%03d" % i) for i in range(5)]
+    expected = [tmqp.decode((d,)) for d in datas]
+    buf = b"".join(datas)
+    frames, _ = tmqp.decode_run(buf, 0, _ends(0, datas))
+    assert frames[3] == expected[3]  # (the whole run decoded here)
+    assert frames == expected
+    frames, _ = tmqp.decode_run(buf, 0, _ends(0, datas))
+    assert hash(frames[0]) == hash(expected[0])
+    frames, _ = tmqp.decode_run(buf, 0, _ends(0, datas))
+    assert repr(frames[1]) == repr(expected[1])
+    assert pickle.loads(pickle.dumps(frames[2])) == expected[2]
+    frames, _ = tmqp.decode_run(buf, 0, _ends(0, datas))
+    assert copy.copy(frames[4]) == expected[4]
+    assert frames[0].replace(payload=b"z") == expected[0].replace(payload=b"z")
+    assert tmqp.encode(frames[1]) == [datas[1]]
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        frames[2].nope  # noqa: B018
+
+
+def _damaged() -> list[tuple[str, list[bytes]]]:
+    good = _queue(b"id", b"src", b"ch", b"payload")
+    return [
+        ("payload length past its end", [good, good[:-1], good]),
+        ("id not UTF-8", [good, _queue(b"\xff\xfe", b"src", b"ch", b"p"), good]),
+        # "é" is C3 A9: split between the id and the source, each half is not UTF-8
+        ("a character split between two strings", [_queue(b"a\xc3", b"\xa9b", b"ch", b"p")]),
+        (
+            "a header block that does not parse",
+            [bytes([2, 0x20 | 16, 0, 0, 0, 1, 0, 1, 3, 0]) + b"k\r\nx", good],
+        ),
+        ("a literal (PING) in the run", [good, PING, good]),
+        ("too short for a frame", [good, b"\x02\x10", good]),
+    ]
+
+
+@pytest.mark.parametrize(("name", "datas"), _damaged(), ids=[n for n, _ in _damaged()])
+def test_a_frame_decode_refuses_is_refused_by_index(name: str, datas: list[bytes]) -> None:
+    buf = b"".join(datas)
+    ends = _ends(0, datas)
+    assert tmqp.decode_run(buf, 0, ends)[1], name
+    assert _outcome(tmqp, buf, 0, ends) == _alone(buf, 0, ends)
+    assert _outcome(GENERAL, buf, 0, ends) == _alone(buf, 0, ends)
+
+
+def test_valid_non_ascii_strings_are_made_lazily_too() -> None:
+    datas = [_queue("ü".encode(), "源".encode(), "é".encode(), b"x")] * 3
+    frames, bad = tmqp.decode_run(b"".join(datas), 0, _ends(0, datas))
+    assert bad == [] and [f.source for f in frames] == ["源"] * 3
+
+
+def test_frames_from_a_misplaced_end_on_are_refused() -> None:
+    good = _queue(b"id", b"src", b"ch", b"payload")
+    buf = good * 4
+    n = len(good)
+    assert tmqp.decode_run(buf, 0, [n, n - 1, 3 * n, 4 * n])[1] == [1, 2, 3]  # backwards
+    assert tmqp.decode_run(buf, 0, [n, 2 * n, 5 * n, 6 * n])[1] == [2, 3]  # past the end
+    frames, bad = tmqp.decode_run(buf, n, [2 * n, 4 * n, 3 * n])  # two in one, then back
+    assert bad == [1, 2] and len(frames) == 1
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(frames=st.lists(tmqp_frames(), max_size=6), data=st.data())
+def test_a_run_decodes_as_each_frame_alone_and_as_the_general_codec(
+    frames: list[bytes], data: st.DataObject
+) -> None:
+    buf = b"pre" + b"".join(frames)
+    ends = _ends(3, frames)
+    assert _outcome(tmqp, buf, 3, ends) == _alone(buf, 3, ends)
+    assert _outcome(tmqp, buf, 3, ends, lazy=False) == _alone(buf, 3, ends)
+    assert _outcome(GENERAL, buf, 3, ends) == _alone(buf, 3, ends)
+    # damaged octets, a cut buffer and shifted ends: still what decode says, frame by frame
+    raw = bytearray(buf)
+    if len(raw) > 3:
+        pos = data.draw(st.integers(3, len(raw) - 1))
+        raw[pos] = data.draw(st.integers(0, 255))
+    damaged = bytes(raw[: data.draw(st.integers(0, len(raw)))])
+    shifted = [e + data.draw(st.integers(-2, 2)) for e in ends]
+    assert _outcome(tmqp, damaged, 3, shifted) == _alone(damaged, 3, shifted)
+
+
+@pytest.mark.parametrize("attrs", ['runs="1"', 'dialect="binary" runs="2"'])
+def test_runs_is_0_or_1_on_a_binary_model(tmp_path: Path, attrs: str) -> None:
+    path = tmp_path / "t.xml"
+    path.write_text(f'<class name="t" {attrs}><message name="m">'
+                    '<field name="a" type="number" size="1"/></message></class>')  # fmt: skip
+    with pytest.raises(ModelError, match="runs"):
+        load(path)

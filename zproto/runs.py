@@ -1,0 +1,320 @@
+"""``runs = "1"``: frames lying back to back in one buffer, their ends given.
+
+A binary model with ``runs = "1"`` gets ``decode_run(buf, at, ends)`` (TMQP: a fan-out
+run, ``broker.fanout``, whose table gives each delivery's end).  A frame in its simplest
+shape (``zproto.shape``) is checked whole where it lies, with no call per field: its
+lengths must add up to its end, and its string fields must be ASCII (one join and one
+``isascii`` for the whole run, ``runtime.ascii_regions``; a run with other strings is
+decoded frame by frame by ``decode``, which checks their UTF-8).  It is then made
+with its octets fields (TMQP: the payload) sliced and every other field not decoded yet:
+the twin class's slot ``_encoded`` holds the run (its buffer and the frames still
+waiting, with where each starts), and its ``__getattr__`` (hidden from type checkers,
+which keep checking every field) decodes the waiting frames of the whole run the first
+time one of their fields is read: one miss per run, not per frame.  What a caller never
+reads is never decoded; a frame not read yet keeps its run's buffer alive (the run's
+octets, as long as the frame is held).  Frames of other shapes go through ``decode``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from zproto.attrs import attributes, attrs_of, plain_default, twin_name
+from zproto.decoder import bit_values, bits_key, unpack_bits
+from zproto.model import Field, Message, to_const_name
+from zproto.pysource import LINE_LENGTH, Source, StructNames, group_checks
+from zproto.shape import Plan
+
+__all__ = ["ENCODED", "RunWriter", "lazy_strings"]
+
+#: The twin slot holding a lazily made frame's octets up to its last string field.
+ENCODED = "_encoded"
+
+
+def lazy_strings(plan: Plan | None) -> list[Field]:
+    """The string fields of the simplest shape (``decode_run`` makes its frames lazily
+    when there are some: the rest of a frame costs little to decode)."""
+    return [] if plan is None else [f for f in plan.tail if f.type == "string"]
+
+
+class RunWriter:
+    """Writes ``decode_run`` (and the lazy string decoder its frames use)."""
+
+    def __init__(self, structs: StructNames) -> None:
+        self.structs = structs
+
+    @staticmethod
+    def twin_hook(src: Source, msg: Message) -> None:
+        """Inside the twin class: the ``__getattr__`` that decodes a lazy frame's fields
+        on first read (only missing attributes reach it; other frames have them all)."""
+        src()
+        src("if not TYPE_CHECKING:  # (hidden from type checkers: every field stays checked)")
+        src()
+        src("    def __getattr__(self, name: str) -> Any:")
+        src('        """A field of a frame ``decode_run`` made: decoded when first read."""')
+        src(f"        return _lazy_{msg.ident}(self, name)")
+
+    def write(self, src: Source, msg: Message, plan: Plan | None, literal_size: int) -> None:
+        self._general(src, msg)
+        if plan is None:
+            src("decode_run = _decode_run")
+            src()
+            src()
+            return
+        strings = lazy_strings(plan)
+        if strings:
+            self._lazy(src, msg, plan)
+        self._fast(src, msg, plan, literal_size, strings)
+
+    @staticmethod
+    def _doc(src: Source, msg: Message) -> None:
+        cname = msg.class_name
+        src('"""The frames lying back to back in ``buf`` from ``at``, the i-th ending at')
+        src("``ends[i]``: (those that decode, in order; the indexes of the others, in order).")
+        src()
+        src(f"A frame is what ``decode((buf[start:end],))`` gives when that is a {cname};")
+        src("one that does not decode, or decodes to another message, is refused, and so")
+        src("is every frame from one whose end is before its start or past ``buf`` (the")
+        src("rest of the run cannot be found).  Frames in their simplest shape are checked")
+        src("here (lengths; string fields UTF-8) and keep every field but their octets")
+        src("fields encoded until one is read (``zproto.runs``); ``lazy`` False: every")
+        src("frame decoded by ``decode``.  Never raises.")
+        src('"""')
+
+    def _general(self, src: Source, msg: Message) -> None:
+        cname = msg.class_name
+        src.wrapped(
+            "def _decode_run(",
+            ["buf: bytes", "at: int", "ends: Sequence[int]", "lazy: bool = True"],
+            f") -> tuple[list[{cname}], list[int]]:",
+        )
+        src.indent()
+        src('"""``decode_run`` without its fast path: every frame through ``decode``')
+        src('(``lazy`` or not)."""')
+        src(f"out: list[{cname}] = []")
+        src("bad: list[int] = []")
+        src("total = len(buf)")
+        src("p = at")
+        src("for i, end in enumerate(ends):")
+        src.indent()
+        self._misplaced(src)
+        self._by_decode(src, msg, "m")
+        src("p = end")
+        src.dedent()
+        src("return out, bad")
+        src.dedent()
+        src()
+        src()
+
+    @staticmethod
+    def _misplaced(src: Source) -> None:
+        src("if not p <= end <= total:")
+        src("    bad += range(i, len(ends))")
+        src("    break")
+
+    @staticmethod
+    def _by_decode(src: Source, msg: Message, name: str) -> None:
+        src("try:")
+        src(f"    {name} = decode((buf[p:end],))")
+        src("except DecodeError:")
+        src(f"    {name} = None")
+        src(f"if type({name}) is {msg.class_name}:")
+        src(f"    out.append({name})")
+        src("else:")
+        src("    bad.append(i)")
+
+    def _lazy(self, src: Source, msg: Message, plan: Plan) -> None:
+        """``_lazy_<message>(m, name)``: the fields of every frame of ``m``'s run still
+        waiting, decoded from the run's buffer (checked by ``decode_run``), then ``name``."""
+        cname, twin, const = msg.class_name, twin_name(msg), to_const_name(msg.name)
+        eager = {f.ident for f in plan.tail if f.type != "string"}
+        lazy = [a.ident for a in attributes(msg) if a.ident not in eager]
+        src.wrapped(f"_LAZY_{const}_NAMES = (", [f'"{n}"' for n in lazy], ")")
+        src(f"_LAZY_{const} = frozenset(_LAZY_{const}_NAMES)")
+        src("_set_slot = object.__setattr__")
+        src()
+        src()
+        src(f"def _lazy_{msg.ident}(m: Any, name: str) -> Any:")
+        src.indent()
+        src(f'"""``name`` of a {cname} that ``decode_run`` made: the fields of the frames of')
+        src('its run still waiting decoded (checked there), once; else AttributeError."""')
+        src(f"if name not in _LAZY_{const}:")
+        src('    raise AttributeError(f"{type(m).__name__!r} object has no attribute {name!r}")')
+        src(f"(buf, frames, starts) = m.{ENCODED}")
+        src("for one, p in zip(frames, starts, strict=True):")
+        src.indent()
+        src(f"if one.{ENCODED} is None:")
+        src("    continue  # (read already)")
+        body = Source(level=src.level)
+        body(f'_set_slot(one, "__class__", {twin})  # (plain stores: the frozen class refuses)')
+        self._fill(body, msg, plan, self._values(plan), "one", lazy=set(lazy))
+        body(f"one.{ENCODED} = None")
+        body(f"one.__class__ = {cname}")
+        self._head(src, plan, body)
+        src.dedent()
+        src("return getattr(m, name)")
+        src.dedent()
+        src()
+        src()
+        src(f"def waiting_fields(m: {cname}) -> bool:")
+        src(f'    """Whether ``m`` (a {cname} ``decode_run`` made) has fields not decoded yet."""')
+        src(f'    return getattr(m, "{ENCODED}", None) is not None')
+        src()
+        src()
+
+    def _head(self, src: Source, plan: Plan, body: Source) -> None:
+        """Unpack the head at ``p`` and the ends ``e_<field>`` of the tail, as much of
+        them as ``body`` (written after them, at the same level) uses."""
+        text = "\n".join(body.lines)
+        ends = []
+        position = f"p + {plan.head_size}"
+        for fld in plan.tail:
+            ends.append((f"e_{fld.ident}", f"{position} + f_{fld.length_ref}"))
+            position = f"e_{fld.ident}"
+        while ends and not re.search(rf"\b{ends[-1][0]}\b", text):
+            ends.pop()  # (ends nothing after them needs)
+        text += "\n".join(expr for _, expr in ends)
+        used = [t if re.search(rf"\b{t}\b", text) else "_" for t, _, _ in plan.head]
+        src.unpack(used, f"{self.structs.name(plan.format())}.unpack_from(buf, p)")
+        for name, expr in ends:
+            src(f"{name} = {expr}")
+        src.lines += body.lines
+
+    @staticmethod
+    def _values(plan: Plan) -> dict[str, str]:
+        """The bits values of the head (expressions over ``bits_<field>``)."""
+        values: dict[str, str] = {}
+        for fld in plan.bits:
+            values.update(bit_values(fld, f"bits_{fld.ident}"))
+        return values
+
+    @staticmethod
+    def _fill(
+        src: Source, msg: Message, plan: Plan, values: dict[str, str], m: str, lazy: set[str]
+    ) -> None:
+        """Store the fields named in ``lazy`` into the twin ``m`` (the head unpacked)."""
+        if values and lazy & set(values):
+            const = to_const_name(msg.name)
+            src(f"key = {bits_key(plan)}")
+            src("try:")
+            src(f"    bits = _BASES_{const}[key]")
+            src("except KeyError:")
+            src(f"    bits = _base_{msg.ident}(key)")
+            unpack_bits(src, [f"{m}.{name}" for name in values])
+        absent = {a.ident for f in plan.absent for a in attrs_of(f)}
+        starts: dict[str, str] = {}
+        position = f"p + {plan.head_size}"
+        for fld in plan.tail:
+            starts[fld.ident] = position
+            position = f"e_{fld.ident}"
+        for attr in attributes(msg):
+            name = attr.ident
+            if name in values or name not in lazy:
+                continue
+            if name in absent:
+                src(f"{m}.{name} = {plain_default(attr.default)}")
+            elif name in starts:
+                start = starts[name]
+                part = f"buf[{start} : e_{name}]" if " " in start else f"buf[{start}:e_{name}]"
+                field = next(f for f in plan.tail if f.ident == name)
+                src(
+                    f"{m}.{name} = {part}.decode()"
+                    if field.type == "string"
+                    else f"{m}.{name} = {part}"
+                )
+            else:  # a number of the head
+                src(f"{m}.{name} = f_{name}")
+
+    def _fast(
+        self, src: Source, msg: Message, plan: Plan, literal_size: int, strings: list[Field]
+    ) -> None:
+        cname, twin = msg.class_name, twin_name(msg)
+        src.wrapped(
+            "def decode_run(",
+            ["buf: bytes", "at: int", "ends: Sequence[int]", "lazy: bool = True"],
+            f") -> tuple[list[{cname}], list[int]]:",
+        )
+        src.indent()
+        self._doc(src, msg)
+        if strings:
+            src("if not lazy:")
+            src("    return _decode_run(buf, at, ends)")
+        src("count = len(ends)")
+        src("out: list[Any] = [None] * count")
+        src("bad: list[int] = []")
+        if strings:
+            src("# the frames made lazily, where each starts, and the run they share")
+            src("lazies: list[Any] = [None] * count")
+            src("starts = [0] * count")
+            src("run = (buf, lazies, starts)")
+            src("bounds: list[int] = []  # their string fields, checked at the end")
+            src("j = 0")
+        src("k = 0")
+        src("total = len(buf)")
+        src("p = at")
+        src("for i, end in enumerate(ends):")
+        src.indent()
+        self._misplaced(src)
+        src("size = end - p")
+        src("m: Any = None")
+        src("while True:  # (once: a frame of another shape breaks out to ``decode``)")
+        src.indent()
+        tests = [f"size < {max(plan.head_size, literal_size + 1)}"]
+        tests += [f"buf[p + {offset}] > 252" for offset in plan.short_lengths]
+        src(f"if {' or '.join(tests)}:")
+        src("    break")
+        values = self._values(plan)
+        outer, src = src, Source(level=src.level)
+        checks = [f"{raw} & {mask}" for raw, mask in plan.clear_flags]
+        checks += [f"{expr} != {value}" for expr, value in plan.constants]
+        checks.append(f"e_{plan.tail[-1].ident} != end")
+        for group in group_checks(checks, LINE_LENGTH - 4 * src.level - 4):
+            src(f"if {group}:")
+            src("    break")
+        eager = {f.ident for f in plan.tail if f.type != "string"}
+        if strings:
+            starts = {}
+            position = f"p + {plan.head_size}"
+            for fld in plan.tail:
+                starts[fld.ident] = position
+                position = f"e_{fld.ident}"
+            # (one region: the strings and what lies between them, ASCII or decoded)
+            src(f"bounds += ({starts[strings[0].ident]}, e_{strings[-1].ident})")
+            src(f"m = {twin}()")
+            self._fill(src, msg, plan, values, "m", lazy=eager)
+            src(f"m.{ENCODED} = run")
+            src("lazies[j] = m")
+            src("starts[j] = p")
+            src("j += 1")
+        else:
+            src(f"m = {twin}()")
+            self._fill(src, msg, plan, values, "m", lazy={a.ident for a in attributes(msg)})
+        src(f"m.__class__ = {cname}")
+        src("break")
+        self._head(outer, plan, src)
+        src = outer
+        src.dedent()
+        src("if m is None:")
+        src.indent()
+        src("try:")
+        src("    m = decode((buf[p:end],))")
+        src("except DecodeError:")
+        src("    m = None")
+        src(f"if type(m) is not {cname}:")
+        src("    bad.append(i)")
+        src("    m = None")
+        src.dedent()
+        src("if m is not None:")
+        src("    out[k] = m")
+        src("    k += 1")
+        src("p = end")
+        src.dedent()
+        if strings:
+            src("if bounds and not _rt.ascii_regions(buf, bounds):")
+            src("    return _decode_run(buf, at, ends)  # (each frame by decode: UTF-8 checked)")
+            src("del lazies[j:], starts[j:]")
+        src("del out[k:]")
+        src("return out, bad")
+        src.dedent()
+        src()
+        src()
