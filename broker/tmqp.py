@@ -208,12 +208,6 @@ class _FrameSlots(_rt.MessageBase):
         "ttl",
     )
 
-    if not TYPE_CHECKING:  # (hidden from type checkers: every field stays checked)
-
-        def __getattr__(self, name: str) -> Any:
-            """A field of a frame ``decode_run`` made: decoded when first read."""
-            return _lazy_frame(self, name)
-
 
 @dataclass(frozen=True, init=False)
 class Frame(_FrameSlots):
@@ -294,6 +288,41 @@ class Frame(_FrameSlots):
 
 
 _rt.expose_slots(Frame)
+
+
+class _FrameLazy(Frame):
+    """A Frame ``decode_run`` made, its fields waiting: the first read of one
+    decodes its run, whose frames become plain Frames (``zproto.runs``)."""
+
+    __slots__ = ()
+
+    if not TYPE_CHECKING:  # (hidden from type checkers: every field stays checked)
+
+        def __new__(cls, *args: Any, **kwargs: Any) -> Frame:
+            """A plain Frame (``dataclasses.replace`` of a lazy frame)."""
+            return Frame(*args, **kwargs)
+
+        def __getattr__(self, name: str) -> Any:
+            """A field of a frame ``decode_run`` made: decoded when first read."""
+            return _lazy_frame(self, name)
+
+        def __eq__(self, other: object) -> bool:
+            _wake_frame(self)
+            return self == other
+
+        def __hash__(self) -> int:
+            _wake_frame(self)
+            return hash(self)
+
+        def __repr__(self) -> str:
+            _wake_frame(self)
+            return repr(self)
+
+        def __reduce__(self) -> tuple[Any, ...]:
+            _wake_frame(self)
+            return self.__reduce__()
+
+
 _SPEC_FRAME: Any = (
     ("first_acquirer", "bit", 1, None),
     ("high_priority", "bit", 1, None),
@@ -606,6 +635,7 @@ _ENCODERS: dict[type, Any] = {
     Ping: _encode_ping,
     Pong: _encode_pong,
     Frame: _encode_frame,
+    _FrameLazy: _encode_frame,  # (fields decoded when read)
 }
 
 
@@ -867,10 +897,17 @@ _set_slot = object.__setattr__
 
 
 def _lazy_frame(m: Any, name: str) -> Any:
-    """``name`` of a Frame that ``decode_run`` made: the fields of the frames of
-    its run still waiting decoded (checked there), once; else AttributeError."""
+    """``name`` of a Frame that ``decode_run`` made: the fields of the frames
+    of its run still waiting decoded (checked there), once; else AttributeError."""
     if name not in _LAZY_FRAME:
         raise AttributeError(f"{type(m).__name__!r} object has no attribute {name!r}")
+    _wake_frame(m)
+    return getattr(m, name)
+
+
+def _wake_frame(m: Any) -> None:
+    """The fields of the frames of ``m``'s run still waiting decoded (checked by
+    ``decode_run``); each becomes a plain Frame."""
     (buf, frames, starts) = m._encoded
     for one, p in zip(frames, starts, strict=True):
         if one._encoded is None:
@@ -908,7 +945,6 @@ def _lazy_frame(m: Any, name: str) -> Any:
         one.headers = ()
         one._encoded = None
         one.__class__ = Frame
-    return getattr(m, name)
 
 
 def waiting_fields(m: Frame) -> bool:
@@ -978,7 +1014,7 @@ def decode_run(
             lazies[j] = m
             starts[j] = p
             j += 1
-            m.__class__ = Frame
+            m.__class__ = _FrameLazy
             break
         if m is None:
             try:

@@ -16,7 +16,7 @@ from zproto.encoder import EncoderWriter, head_chunk
 from zproto.model import Message, Protocol, to_const_name
 from zproto.peek import PeekWriter, peekable
 from zproto.pysource import LINE_LENGTH, Source, StructNames, assign, isort_key, lit
-from zproto.runs import ENCODED, RunWriter, lazy_strings
+from zproto.runs import ENCODED, RunWriter, lazy_name, lazy_strings
 from zproto.shape import Plan, plan_fast
 
 __all__ = ["PythonGenerator"]
@@ -188,15 +188,12 @@ class PythonGenerator:
             src.indent()
             src(f'"""The slots of {cname}: filled, then given the class {cname}."""')
             src()
-            lazy = self._lazy_strings()
-            extra = [ENCODED] if lazy and msg.literal is None else []
+            extra = [ENCODED] if self._lazy_class(msg) else []
             names = sorted(f'"{a}"' for a in [a.ident for a in attrs] + extra)
             if len(names) == 1:
                 src(f"__slots__ = ({names[0]},)")
             else:
                 src.wrapped("__slots__ = (", names, ")")
-            if extra:
-                RunWriter.twin_hook(src, msg)
             src.dedent()
             src()
             src()
@@ -235,6 +232,10 @@ class PythonGenerator:
         src()
         if attrs:
             src(f"_rt.expose_slots({cname})")
+        if self._lazy_class(msg):
+            src()
+            src()
+            RunWriter.lazy_class(src, msg)
         # what the slow-path validator checks: (attribute, kind, limit, constant)
         entries = [lit((a.ident, a.spec[0], a.spec[1], a.spec[2])) for a in attrs]
         name = f"_SPEC_{to_const_name(msg.name)}: Any = "
@@ -298,6 +299,8 @@ class PythonGenerator:
         src("_ENCODERS: dict[type, Any] = {")
         for msg in p.messages:
             src(f"    {msg.class_name}: _encode_{msg.ident},")
+            if self._lazy_class(msg):
+                src(f"    {lazy_name(msg)}: _encode_{msg.ident},  # (fields decoded when read)")
         src("}")
         src()
         src()
@@ -414,6 +417,10 @@ class PythonGenerator:
                 src()
             plan = self.fast[0][1] if self.fast else None
             RunWriter(self.structs).write(src, general[0], plan, literal_size)
+
+    def _lazy_class(self, msg: Message) -> bool:
+        """Whether ``decode_run`` gives ``msg``'s frames a lazy class (``zproto.runs``)."""
+        return self._lazy_strings() and msg.literal is None
 
     def _lazy_strings(self) -> bool:
         """Whether ``decode_run`` makes frames whose strings are decoded when read."""

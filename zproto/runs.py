@@ -8,11 +8,17 @@ lengths must add up to its end, and its string fields must be ASCII (one join an
 decoded frame by frame by ``decode``, which checks their UTF-8).  It is then made
 with its octets fields (TMQP: the payload) sliced and every other field not decoded yet:
 the twin class's slot ``_encoded`` holds the run (its buffer and the frames still
-waiting, with where each starts), and its ``__getattr__`` (hidden from type checkers,
-which keep checking every field) decodes the waiting frames of the whole run the first
-time one of their fields is read: one miss per run, not per frame.  What a caller never
-reads is never decoded; a frame not read yet keeps its run's buffer alive (the run's
-octets, as long as the frame is held).  Frames of other shapes go through ``decode``.
+waiting, with where each starts), and the frame is given the lazy class (``_FrameLazy``
+for ``Frame``: a subclass with the same slots) whose ``__getattr__`` (hidden from type
+checkers, which keep checking every field) decodes the waiting frames of the whole run
+the first time one of their fields is read: one miss per run, not per frame.  Each of
+them then becomes a plain message: the message class itself has no ``__getattr__``
+(CPython would route every attribute read of every message through it, and 3.11 would
+not specialize them to slot reads: about 4 times slower).  The lazy class decodes
+first what reads the fields as a whole (equality, hash, repr, pickle and copy), so they
+give what a decoded message gives.  What a caller never reads is never decoded; a frame
+not read yet keeps its run's buffer alive (the run's octets, as long as the frame is
+held).  Frames of other shapes go through ``decode``.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from zproto.model import Field, Message, to_const_name
 from zproto.pysource import LINE_LENGTH, Source, StructNames, group_checks
 from zproto.shape import Plan
 
-__all__ = ["ENCODED", "RunWriter", "lazy_strings"]
+__all__ = ["ENCODED", "RunWriter", "lazy_name", "lazy_strings"]
 
 #: The twin slot holding a lazily made frame's octets up to its last string field.
 ENCODED = "_encoded"
@@ -37,6 +43,11 @@ def lazy_strings(plan: Plan | None) -> list[Field]:
     return [] if plan is None else [f for f in plan.tail if f.type == "string"]
 
 
+def lazy_name(msg: Message) -> str:
+    """The lazy class of a message (``_FrameLazy`` for ``Frame``)."""
+    return f"_{msg.class_name}Lazy"
+
+
 class RunWriter:
     """Writes ``decode_run`` (and the lazy string decoder its frames use)."""
 
@@ -44,15 +55,43 @@ class RunWriter:
         self.structs = structs
 
     @staticmethod
-    def twin_hook(src: Source, msg: Message) -> None:
-        """Inside the twin class: the ``__getattr__`` that decodes a lazy frame's fields
-        on first read (only missing attributes reach it; other frames have them all)."""
+    def lazy_class(src: Source, msg: Message) -> None:
+        """The lazy class: the message's slots (no slot of its own) and a ``__getattr__``
+        that decodes a lazy frame's fields on first read (only missing attributes reach
+        it), the message's whole-value methods after decoding (the frame is then a plain
+        message), and a constructor that makes a plain message."""
+        cname, lazy = msg.class_name, lazy_name(msg)
+        src(f"class {lazy}({cname}):")
+        src.indent()
+        src(f'"""A {cname} ``decode_run`` made, its fields waiting: the first read of one')
+        src(f'decodes its run, whose frames become plain {cname}s (``zproto.runs``)."""')
+        src()
+        src("__slots__ = ()")
         src()
         src("if not TYPE_CHECKING:  # (hidden from type checkers: every field stays checked)")
+        src.indent()
         src()
-        src("    def __getattr__(self, name: str) -> Any:")
-        src('        """A field of a frame ``decode_run`` made: decoded when first read."""')
-        src(f"        return _lazy_{msg.ident}(self, name)")
+        src(f"def __new__(cls, *args: Any, **kwargs: Any) -> {cname}:")
+        src(f'    """A plain {cname} (``dataclasses.replace`` of a lazy frame)."""')
+        src(f"    return {cname}(*args, **kwargs)")
+        src()
+        src("def __getattr__(self, name: str) -> Any:")
+        src('    """A field of a frame ``decode_run`` made: decoded when first read."""')
+        src(f"    return _lazy_{msg.ident}(self, name)")
+        for method, args, result, call in (
+            ("__eq__", ", other: object", "bool", "self == other"),
+            ("__hash__", "", "int", "hash(self)"),
+            ("__repr__", "", "str", "repr(self)"),
+            ("__reduce__", "", "tuple[Any, ...]", "self.__reduce__()"),
+        ):
+            src()
+            src(f"def {method}(self{args}) -> {result}:")
+            src(f"    _wake_{msg.ident}(self)")
+            src(f"    return {call}")
+        src.dedent()
+        src.dedent()
+        src()
+        src()
 
     def write(self, src: Source, msg: Message, plan: Plan | None, literal_size: int) -> None:
         self._general(src, msg)
@@ -135,11 +174,19 @@ class RunWriter:
         src()
         src()
         src(f"def _lazy_{msg.ident}(m: Any, name: str) -> Any:")
+        src(f'    """``name`` of a {cname} that ``decode_run`` made: the fields of the frames')
+        src('    of its run still waiting decoded (checked there), once; else AttributeError."""')
+        src(f"    if name not in _LAZY_{const}:")
+        missing = 'f"{type(m).__name__!r} object has no attribute {name!r}"'
+        src(f"        raise AttributeError({missing})")
+        src(f"    _wake_{msg.ident}(m)")
+        src("    return getattr(m, name)")
+        src()
+        src()
+        src(f"def _wake_{msg.ident}(m: Any) -> None:")
         src.indent()
-        src(f'"""``name`` of a {cname} that ``decode_run`` made: the fields of the frames of')
-        src('its run still waiting decoded (checked there), once; else AttributeError."""')
-        src(f"if name not in _LAZY_{const}:")
-        src('    raise AttributeError(f"{type(m).__name__!r} object has no attribute {name!r}")')
+        src('"""The fields of the frames of ``m``\'s run still waiting decoded (checked by')
+        src(f'``decode_run``); each becomes a plain {cname}."""')
         src(f"(buf, frames, starts) = m.{ENCODED}")
         src("for one, p in zip(frames, starts, strict=True):")
         src.indent()
@@ -152,7 +199,6 @@ class RunWriter:
         body(f"one.__class__ = {cname}")
         self._head(src, plan, body)
         src.dedent()
-        src("return getattr(m, name)")
         src.dedent()
         src()
         src()
@@ -289,7 +335,7 @@ class RunWriter:
         else:
             src(f"m = {twin}()")
             self._fill(src, msg, plan, values, "m", lazy={a.ident for a in attributes(msg)})
-        src(f"m.__class__ = {cname}")
+        src(f"m.__class__ = {lazy_name(msg) if strings else cname}")
         src("break")
         self._head(outer, plan, src)
         src = outer

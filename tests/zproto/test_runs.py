@@ -8,6 +8,8 @@ the general codec generated with ``fast=False``, with damaged runs."""
 from __future__ import annotations
 
 import copy
+import dataclasses
+import importlib
 import pickle
 import types
 from pathlib import Path
@@ -76,7 +78,7 @@ def test_hand_built_frames_decode_to_their_fields() -> None:
     buf = b"HEAD" + one + two
     (first, second), bad = tmqp.decode_run(buf, 4, _ends(4, [one, two]))
     assert bad == []
-    assert type(first) is tmqp.Frame and type(second) is tmqp.Frame
+    assert isinstance(first, tmqp.Frame) and type(second) is tmqp.Frame
     assert first.payload == b"hi" and second.payload == b"\x00\xff"
     assert (first.message_type, first.pending_ack, first.ttl, first.content_type) == (
         2,
@@ -87,6 +89,7 @@ def test_hand_built_frames_decode_to_their_fields() -> None:
     assert (first.message_id, first.source, first.target, first.headers) == ("a1", "s", "ch", ())
     assert (second.message_id, second.source, second.target) == ("", "é", "x" * 40)
     assert second.content_type == 300
+    assert type(first) is tmqp.Frame  # (read: a plain Frame now)
     assert tmqp.decode_run(buf, 4, []) == ([], [])
 
 
@@ -110,6 +113,63 @@ def test_frames_made_lazily_behave_as_decoded_ones() -> None:
     assert tmqp.encode(frames[1]) == [datas[1]]
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         frames[2].nope  # noqa: B018
+
+
+_WHOLE_VALUE_READS: list[tuple[str, Any]] = [
+    ("==", lambda f, d: f == d),
+    ("== reflected", lambda f, d: d == f),
+    ("!=", lambda f, d: (f != d) is False),
+    ("hash", lambda f, d: hash(f) == hash(d)),
+    ("repr", lambda f, d: repr(f) == repr(d)),
+    ("pickle", lambda f, d: type(u := pickle.loads(pickle.dumps(f))) is tmqp.Frame and u == d),
+    ("copy", lambda f, d: type(c := copy.copy(f)) is tmqp.Frame and c == d),
+    ("deepcopy", lambda f, d: copy.deepcopy(f) == d),
+    ("replace", lambda f, d: f.replace(ttl=3) == d.replace(ttl=3)),
+    ("dataclasses.replace", lambda f, d: dataclasses.replace(f, ttl=3) == d.replace(ttl=3)),
+    ("asdict", lambda f, d: dataclasses.asdict(f) == dataclasses.asdict(d)),
+    ("encode", lambda f, d: tmqp.encode(f) == tmqp.encode(d) == f.encode()),
+]
+
+
+@pytest.mark.parametrize(
+    "read", [r for _, r in _WHOLE_VALUE_READS], ids=[n for n, _ in _WHOLE_VALUE_READS]
+)
+def test_a_frame_still_waiting_gives_what_a_decoded_one_gives(read: Any) -> None:
+    """Each whole-value operation on a frame not read yet (and on its run's neighbour,
+    also waiting, on the other side of ``==``): it is decoded first, then a plain Frame."""
+    datas = [_queue(b"m%d" % i, b"src", b"chan", b"%03d" % i) for i in range(3)]
+    frames, _ = tmqp.decode_run(b"".join(datas), 0, _ends(0, datas))
+    assert all(tmqp.waiting_fields(f) for f in frames)
+    assert isinstance(frames[1], tmqp.Frame)
+    assert read(frames[1], tmqp.decode((datas[1],)))
+    assert [type(f) for f in frames] == [tmqp.Frame] * 3
+    others, _ = tmqp.decode_run(b"".join(datas), 0, _ends(0, datas))
+    assert frames[0] == others[0] and others[2] != frames[1] and hash(others[2]) == hash(frames[2])
+
+
+def _generated_modules() -> list[types.ModuleType]:
+    names = ["broker.tmqp", "filemq.fmq_msg", "filemq.fmq_msg_czmq"]
+    return [importlib.import_module(name) for name in names]
+
+
+def test_no_message_class_but_the_lazy_one_has_a_getattr_hook() -> None:
+    """A class with ``__getattr__`` sends every attribute read of its instances through
+    CPython's slow hook (3.11 no longer specializes them to slot reads): only the class
+    of frames ``decode_run`` made and left waiting has one, never a message class or its
+    slots.  The regression: fan10 put it on ``_FrameSlots``, slowing every Frame read."""
+    hooked = {
+        f"{module.__name__}.{base.__name__}"
+        for module in _generated_modules()
+        for cls in vars(module).values()
+        if isinstance(cls, type)
+        for base in cls.__mro__
+        if "__getattr__" in vars(base)
+    }
+    assert hooked == {"broker.tmqp._FrameLazy"}
+    assert "__getattr__" not in vars(tmqp.Frame.__mro__[1])  # (its slots: _FrameSlots)
+    frames, _ = tmqp.decode_run(_queue(b"i", b"s", b"t", b"p"), 0, [12])
+    assert type(frames[0]).__mro__[1] is tmqp.Frame and tmqp.waiting_fields(frames[0])
+    assert frames[0].target == "t" and type(frames[0]) is tmqp.Frame
 
 
 def _damaged() -> list[tuple[str, list[bytes]]]:
