@@ -11,7 +11,9 @@ per MESSAGE encoded, for this checkout and (``--baseline CHECKOUT``) another one
 * engine, auto ack: a run of 1000 SENDs through the engine to an ``ack:auto``
   consumer of a STOMP queue (``publish_many``, ``transmitted``) and its settling: the
   engine acknowledging what was taken (``Engine.acknowledge_taken``) or, in a checkout
-  without it, one ``acknowledge_many`` entry per delivery, as the door sends them.
+  without it, one ``acknowledge_many`` entry per delivery, as the door sends them;
+* engine, Python calls: the same path's Python calls per message (cProfile's count of
+  one pass: deterministic, unlike the CPU figures on a loaded machine).
 
 Each checkout runs in its own subprocess (``PYTHONPATH``), the two taking turns
 ``--turns`` times (baseline first in odd turns); the figure is the best of ``--repeat``
@@ -101,7 +103,19 @@ def measure(repeat: int) -> dict[str, float]:
         "encode MESSAGE (auto ack)": _best(encode_all, repeat) * per,
         "RECEIPT of a run": _best(receipts, repeat) * per,
         "engine: SEND to an auto-ack consumer, settled": _best(engine_auto_ack, repeat) * per,
+        "engine: the same, Python calls per message": _calls(engine_auto_ack) / (FRAMES * PASSES),
     }
+
+
+def _calls(fn: Callable[[], None]) -> float:
+    """Function calls (Python and built-in) cProfile counts in one call of ``fn``."""
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    profile.runcall(fn)
+    stats = pstats.Stats(profile)
+    return float(stats.total_calls)  # type: ignore[attr-defined]
 
 
 def _engine_auto_ack() -> Callable[[], None]:
