@@ -11,7 +11,11 @@ per MESSAGE encoded, for this checkout and (``--baseline CHECKOUT``) another one
 * engine, auto ack: a run of 1000 SENDs through the engine to an ``ack:auto``
   consumer of a STOMP queue (``publish_many``, ``transmitted``) and its settling: the
   engine acknowledging what was taken (``Engine.acknowledge_taken``) or, in a checkout
-  without it, one ``acknowledge_many`` entry per delivery, as the door sends them.
+  without it, one ``acknowledge_many`` entry per delivery, as the door sends them;
+* engine, client ack: the same with ``ack:client`` (one ``acknowledge_many`` entry per
+  delivery);
+* engine, Python calls: the same path's Python calls per message (cProfile's count of
+  one pass: deterministic, unlike the CPU figures on a loaded machine).
 
 Each checkout runs in its own subprocess (``PYTHONPATH``), the two taking turns
 ``--turns`` times (baseline first in odd turns); the figure is the best of ``--repeat``
@@ -94,6 +98,7 @@ def measure(repeat: int) -> dict[str, float]:
             write_receipts(out, receipt_ids)
 
     engine_auto_ack = _engine_auto_ack()
+    engine_client_ack = _engine_auto_ack(client_ack=True)
     per = 1e6 / (FRAMES * PASSES)
     return {
         "parse SEND": _best(parse, repeat) * per,
@@ -101,12 +106,28 @@ def measure(repeat: int) -> dict[str, float]:
         "encode MESSAGE (auto ack)": _best(encode_all, repeat) * per,
         "RECEIPT of a run": _best(receipts, repeat) * per,
         "engine: SEND to an auto-ack consumer, settled": _best(engine_auto_ack, repeat) * per,
+        "engine: auto-ack, Python calls per message": _calls(engine_auto_ack) / (FRAMES * PASSES),
+        "engine: SEND to a client-ack consumer, ACKed": _best(engine_client_ack, repeat) * per,
+        "engine: client-ack, Python calls per message": _calls(engine_client_ack)
+        / (FRAMES * PASSES),
     }
 
 
-def _engine_auto_ack() -> Callable[[], None]:
+def _calls(fn: Callable[[], None]) -> float:
+    """Function calls (Python and built-in) cProfile counts in one call of ``fn``."""
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    profile.runcall(fn)
+    stats = pstats.Stats(profile)
+    return float(stats.total_calls)  # type: ignore[attr-defined]
+
+
+def _engine_auto_ack(client_ack: bool = False) -> Callable[[], None]:
     """One consumer of a STOMP queue (``RequestAcknowledge``, the per-message handler)
-    with ``ack:auto``: runs of 1000 messages published, taken, settled."""
+    with ``ack:auto`` (``client_ack``: ``ack:client``, an ACK entry per delivery as
+    the door sends them): runs of 1000 messages published, taken, settled."""
     import itertools
 
     from broker.engine.engine import Engine
@@ -123,7 +144,7 @@ def _engine_auto_ack() -> Callable[[], None]:
     rest = channel_rest(engine.config.channel_defaults)
     engine.create_channel("bench", ChannelOptions(queue=QUEUE_OPTIONS, **rest), [])
     engine.subscribe(consumer, "bench", 0.0, prefetch=FRAMES)
-    by_taking = getattr(engine, "acknowledge_taken", None)
+    by_taking = None if client_ack else getattr(engine, "acknowledge_taken", None)
     if by_taking is not None:
         by_taking(consumer, "bench")
     ids = itertools.count()

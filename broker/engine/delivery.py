@@ -246,7 +246,7 @@ class PerMessageDeliveryHandler(DefaultDeliveryHandler):
         self, queue: Queue, ack: Message, delivery: Delivery, success: bool
     ) -> Decision:
         self.rules.settled(queue, delivery)
-        return super().acknowledge_received(queue, ack, delivery, success)
+        return ALLOW_ACK if success else RETRY_LAST  # (the default's rule, without super())
 
     def consumer_receive_failed(
         self, queue: Queue, delivery: Delivery, receiver: Client

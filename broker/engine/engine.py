@@ -591,8 +591,13 @@ class Engine:
                     m = m.replace()  # octets come only from the door that read them
                 mark = len(out)
                 push(c, m, True, now, out)
-                # (a push's response, if any, is the last thing it adds)
-                if len(out) > mark and is_answer(out[-1], client_id, _RESPONSE, m.message_id):
+                # (a push's response, if any, is the last thing it adds; a delivery --
+                # the common last item -- is a Message: no call to tell)
+                if (
+                    len(out) > mark
+                    and out[-1][1].__class__ is _Frame
+                    and is_answer(out[-1], client_id, _RESPONSE, m.message_id)
+                ):
                     f = out[-1][1]
                     assert isinstance(f, _Frame)  # (what is_answer says)
                     if f.content_type:  # (0: done, a resend taken before)

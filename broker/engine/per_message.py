@@ -87,6 +87,8 @@ def _header(message: QueueMessage, name: str) -> str | None:
 
 def expires_ms(message: QueueMessage) -> int | None:
     """The message's ``expires`` header (ms since the epoch), None if absent or invalid."""
+    if not message.headers:
+        return None  # (the common message: no headers, no call per look-up)
     value = _header(message, "expires")
     if value is None or not value.isdigit() or len(value) > 20:
         return None
@@ -262,7 +264,11 @@ class PerMessageRules:
             selects = chosen.get(receiver.id) if chosen is not None else None
             if selects is not None and not selects(message.headers):
                 return False
-        if not self._exclusive and not self._groups and _header(message, GROUP) is None:
+        if (
+            not self._exclusive
+            and not self._groups
+            and (not message.headers or _header(message, GROUP) is None)
+        ):
             return True  # the common case: nothing to decide
         eligible = self._candidates(queue)
         if receiver.id not in eligible:
@@ -290,18 +296,21 @@ class PerMessageRules:
                 else:  # nothing will be acknowledged: given back at once
                     credit.count += 1
                     credit.size += size
-        group = _header(delivery.message, GROUP)
+        m = delivery.message
+        group = _header(m, GROUP) if m.headers else None
         if group is not None and queue.options.request_acknowledge:
             entry = self._groups.setdefault((queue.channel.name, group), [receiver.id, 0])
             entry[0] = receiver.id
             entry[1] += 1
 
-    def _settled(self, queue: Queue, delivery: Delivery) -> None:
+    def settled(self, queue: Queue, delivery: Delivery) -> None:
+        """A delivery was acknowledged, failed or timed out: no longer in flight."""
         if self._charged:
             self.return_credit(
                 queue.channel.name, delivery.receiver.id, delivery.message.message_id
             )
-        group = _header(delivery.message, GROUP)
+        m = delivery.message
+        group = _header(m, GROUP) if m.headers else None
         if group is None:
             return
         key = (queue.channel.name, group)
@@ -311,16 +320,16 @@ class PerMessageRules:
             if entry[1] <= 0:
                 del self._groups[key]
 
-    def settled(self, queue: Queue, delivery: Delivery) -> None:
-        """A delivery was acknowledged, failed or timed out: no longer in flight."""
-        self._settled(queue, delivery)
-
     def persistent(self, message: QueueMessage) -> bool:
         """Does the message ask to be saved (``persistent: true``)?"""
+        if not message.headers:
+            return False
         return (_header(message, "persistent") or "").lower() == "true"
 
     def expired(self, message: QueueMessage) -> bool:
         """Has the message's ``expires`` time come?  (Counted in ``expired_count``.)"""
+        if not message.headers:
+            return False  # (asked per send: the common message has no headers)
         deadline = expires_ms(message)
         if deadline is not None and deadline <= self.wall_clock() * 1000:
             self.expired_count += 1

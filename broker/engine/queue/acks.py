@@ -53,7 +53,7 @@ class AckTracker:
     def track(self, m: QueueMessage, c: Client[Any], deadline: float) -> None:
         """``m`` was sent to ``c``, which must acknowledge it by ``deadline``."""
         self.pending[(c.id, m.message_id)] = Delivery(m, c, deadline)
-        m.inflight += 1
+        (m.life or m.lived()).inflight += 1  # (the field itself: no property call)
         c.pending_queues.add(self.q)
         if deadline != _INF:
             self.arm(deadline)
@@ -87,7 +87,7 @@ class AckTracker:
         q = self.q
         q.release(client.id)
         m = dl.message
-        m.inflight -= 1
+        (m.life or m.lived()).inflight -= 1
         reason = ack.header(Header.NACK_REASON) if ack.headers else None
         success = reason is None
         if success:
@@ -136,7 +136,8 @@ class AckTracker:
             if m.state == INFLIGHT:
                 self.put_back(m, d.put_back, now, out)
             return
-        if m.inflight <= 0 and m.state == INFLIGHT:
+        life = m.life  # (none: nothing in flight; read directly, per delivery)
+        if (life is None or life.inflight <= 0) and m.state == INFLIGHT:
             if not success:  # nacked (or failed) and not put back: to the trash
                 q.to_trash(m, reason)
                 m.state = DONE  # not consumed: never retained

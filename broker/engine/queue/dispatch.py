@@ -307,7 +307,7 @@ class Dispatcher:
                 else:
                     q.stalled = True
             return False
-        life = m.lived()
+        life = m.life or m.lived()  # (no call when it has one)
         frame = life.out
         if frame is None or life.out_version != self.out_version:
             frame = self.out_message(m)
@@ -462,7 +462,7 @@ class Dispatcher:
 
     def out_message(self, m: QueueMessage) -> Message:
         """What consumers get of ``m`` under the queue's options (cached on ``m``)."""
-        life = m.lived()
+        life = m.life or m.lived()
         f = self.fresh_message
         if m is not self.fresh or f is None or (f.wire is not None and life.wire is None):
             f = m.message  # (not the one being accepted, or parked since: no wire form)
@@ -512,7 +512,7 @@ class Dispatcher:
         if m is None:  # CACHE
             q.sent += 1
             return
-        life = m.lived()
+        life = m.life or m.lived()
         if not life.transmitted:
             q.sent += 1  # the first copy of this send
         life.transmitted += 1

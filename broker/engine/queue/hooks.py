@@ -25,10 +25,29 @@ def _overrides(handler: DeliveryHandler, name: str) -> bool:
     return getattr(type(handler), name) is not getattr(DeliveryHandler, name)
 
 
+class _Bound(dict[str, Callable[..., Decision]]):
+    """A handler's hooks by name, each bound once at its first call (a hook is called
+    per message: a subscript instead of a ``getattr`` each time).  A method set on the
+    handler instance after that first call is not seen (none is: handlers are objects
+    with fixed methods)."""
+
+    __slots__ = ("handler",)
+
+    def __init__(self, handler: DeliveryHandler) -> None:
+        super().__init__()
+        self.handler = handler
+
+    def __missing__(self, name: str) -> Callable[..., Decision]:
+        method: Callable[..., Decision] = getattr(self.handler, name)
+        self[name] = method
+        return method
+
+
 class HandlerHooks:
     """The delivery handler of one queue (see the module docstring)."""
 
     __slots__ = (
+        "_bound",
         "_error",
         "_queue",
         "begin_send",
@@ -45,6 +64,7 @@ class HandlerHooks:
         self, handler: DeliveryHandler, queue: Any, error: Callable[[str, Exception], None]
     ) -> None:
         self.handler = handler
+        self._bound = _Bound(handler)
         #: What the hooks receive as their queue.
         self._queue = queue
         self._error = error
@@ -73,7 +93,7 @@ class HandlerHooks:
     def call(self, m: QueueMessage | None, name: str, *args: Any) -> Decision:
         """Call hook ``name``; an exception goes to ``exception_thrown``."""
         try:
-            result: Decision = getattr(self.handler, name)(*args)
+            result: Decision = self._bound[name](*args)
             return result
         except Exception as exc:
             self._error(name, exc)

@@ -111,7 +111,7 @@ class Ledger:
             receipts.finished(q.key, m.seq)
         if retain:
             self.retain(m)
-        elif m.saved:
+        elif m.life is not None and m.life.saved:  # (the field: no property call)
             m.saved = False
             try:
                 q.store.remove(q.key, m.seq)
