@@ -35,8 +35,10 @@ _BATCH = 1024
 _POLLIN = int(zmq.POLLIN)
 _POLLOUT = int(zmq.POLLOUT)
 _EVENTS = zmq.EVENTS
-#: Seconds a poll-on-call client may read fan-out batches between two loop steps.
+#: Seconds a poll-on-call client may read fan-out batches between two loop steps, and
+#: seconds the session's timers may wait between two steps that look at them.
 _SERVE_EVERY = 0.02
+_READY = S.SessionState.READY
 _RAW_WAIT = RAW_WAIT_MS / 1000
 
 _new = object.__new__
@@ -93,7 +95,8 @@ class IOLoop:
         self._dial()
 
     def step(self, cap_ms: int | None = None) -> None:
-        """One poll of the sockets (at most ``cap_ms``), then the due timers.
+        """One poll of the sockets (at most ``cap_ms``), then the due timers (looked at
+        once per ``_SERVE_EVERY`` while the session is up: they run that much late at most).
 
         Raises ``StopLoop`` when the session ends for good (``close``, refusal, no reconnect).
         """
@@ -109,7 +112,15 @@ class IOLoop:
         fan = self.fan
         if fan.sock is not None:
             self._register(fan.sock, 0 if s.paused else _POLLIN)
-        timeout = int(s.next_wake(time.monotonic()) * 1000) + 1
+        now = time.monotonic()
+        # Timers are looked at (``next_wake``, ``tick``) at most every ``_SERVE_EVERY``
+        # while the session is up: a step soon after the last full one only polls, reads
+        # and sends (a request/reply round trip pays for its timers once per interval).
+        lean = now < self.serve_by and s.state is _READY
+        if lean:
+            timeout = int((self.serve_by - now) * 1000) + 1
+        else:
+            timeout = int(s.next_wake(now) * 1000) + 1
         if cap_ms is not None and cap_ms < timeout:
             timeout = cap_ms
         if fan.streams:
@@ -137,6 +148,8 @@ class IOLoop:
                 self._apply(s.fatal(err))
         if c.outbox:
             self.flush()
+        if lean:
+            return
         now = time.monotonic()
         self._apply(s.tick(now))
         self.serve_by = now + _SERVE_EVERY
@@ -312,22 +325,19 @@ class IOLoop:
             return entries[0], 1
         return s.batch_of(entries), len(entries)
 
-    def send_or_queue(self, data: bytes) -> None:
-        """Poll-on-call: send ``data`` now unless frames wait before it; else queue it."""
+    def send_or_queue(self, data: bytes) -> bool:
+        """Poll-on-call: send ``data`` now unless frames wait before it (True: sent);
+        else queue it (False)."""
         c = self.c
-        if (
-            not c.outbox
-            and not self.want_out
-            and self.s.state is S.SessionState.READY
-            and self.sock is not None
-        ):
+        if not c.outbox and not self.want_out and self.s.state is _READY and self.sock is not None:
             try:
                 self.send(data, zmq.NOBLOCK, len(data) < _BIG)
-                return
+                return True
             except zmq.Again:
                 self.want_out = True
         c.outbox.append(data)
         self.flush()
+        return False
 
     # -- the core's events -------------------------------------------------------------
 
