@@ -39,6 +39,8 @@ _EVENTS = zmq.EVENTS
 #: seconds the session's timers may wait between two steps that look at them.
 _SERVE_EVERY = 0.02
 _READY = S.SessionState.READY
+#: Poll-on-call, between two looks at the timers: how long one recv() may wait (ms).
+_RECV_WAIT_MS = 20
 _RAW_WAIT = RAW_WAIT_MS / 1000
 
 _new = object.__new__
@@ -96,7 +98,8 @@ class IOLoop:
 
     def step(self, cap_ms: int | None = None) -> None:
         """One poll of the sockets (at most ``cap_ms``), then the due timers (looked at
-        once per ``_SERVE_EVERY`` while the session is up: they run that much late at most).
+        once per ``_SERVE_EVERY`` while the session is up, a poll-on-call recv() of up to
+        ``_RECV_WAIT_MS`` on top: they run at most that much late).
 
         Raises ``StopLoop`` when the session ends for good (``close``, refusal, no reconnect).
         """
@@ -127,6 +130,26 @@ class IOLoop:
             waits = fan.pending_deadline()
             if waits is not None:
                 timeout = max(0, min(timeout, int((waits - time.monotonic()) * 1000) + 1))
+        if (
+            lean
+            and sock is not None
+            and flags == _POLLIN
+            and (cap_ms is None or cap_ms >= _RECV_WAIT_MS)
+            and self.wake is None
+            and fan.sock is None
+            and not c.outbox
+        ):
+            # Poll-on-call, the DEALER alone: wait in recv() itself (its RCVTIMEO,
+            # ``_RECV_WAIT_MS``), as a raw DEALER does.  zmq_poll costs two poll() passes,
+            # each asking the socket's EVENTS (itself a poll() of its mailbox).
+            try:
+                first = sock.recv()
+            except zmq.Again:
+                return  # (lean: the timers wait for the next step)
+            self._drain(sock, first)
+            if c.outbox:
+                self.flush()
+            return
         events = dict(self.poller.poll(timeout))
         if self.wake is not None and self.wake in events:
             self._drain_wake()
@@ -197,7 +220,8 @@ class IOLoop:
         if self.s.paused and c.inbox.drained and self.fan.held <= c.inbox.limit // 2:
             self.s.paused = False
 
-    def _drain(self, sock: zmq.Socket[bytes]) -> None:
+    def _drain(self, sock: zmq.Socket[bytes], first: bytes | None = None) -> None:
+        """Read what ``sock`` holds (after ``first``, read already), a batch at most."""
         c = self.c
         s = self.s
         recv = sock.recv
@@ -212,10 +236,13 @@ class IOLoop:
             for i in range(_BATCH):
                 if i == 1 and not int(sock.get(_EVENTS)) & _POLLIN:
                     break  # a lone message: half what a recv() raising Again costs
-                try:
-                    data = recv(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
+                if first is not None:
+                    data, first = first, None
+                else:
+                    try:
+                        data = recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
                 if (
                     append is not None
                     and len(data) > 8
@@ -406,6 +433,8 @@ class IOLoop:
             self._apply(s.fatal(exc))
             return
         self.sock = sock
+        if self.wake is None:  # poll-on-call: a lean step may wait in recv() (see step)
+            sock.rcvtimeo = _RECV_WAIT_MS
         self.send = zmqkit.fast_send(sock)
         self.monitor = monitor
         if monitor is not None:
