@@ -15,9 +15,11 @@ Rows:
 * ``push_many``: ``Client.push_many`` (``BATCH`` per TMQP batch);
 * ``round trip``: one client pushes into a queue of a channel it joined and waits for the
   delivery, one message at a time (as ``bench_broker.py``'s round trip rows): the
-  broker's calls per round trip, its idle polls included.
+  broker's calls per round trip, its idle polls included, and the client's (its own
+  process, under cProfile too).
 
-Usage: ``python bench/profile_broker.py [--messages N] [--unacked-batch N] [--top K]``.
+Usage: ``python bench/profile_broker.py [--messages N] [--unacked-batch N] [--top K]
+[--round-trip-only]``.
 """
 
 from __future__ import annotations
@@ -198,7 +200,11 @@ def producer(endpoint: str, channel: str, count: int, many: bool, go: Any) -> No
     client.context.term()
 
 
-def round_trips(endpoint: str, channel: str, count: int, go: Any, done: Any) -> None:
+def round_trips(
+    endpoint: str, channel: str, count: int, go: Any, done: Any, profiled: bool = False
+) -> None:
+    """One message at a time: push, receive.  Puts (trips, CPU seconds, the client's
+    Python calls per trip under cProfile when ``profiled``, else None)."""
     import zmq
 
     from broker.client.blocking import Client
@@ -206,13 +212,22 @@ def round_trips(endpoint: str, channel: str, count: int, go: Any, done: Any) -> 
     client = Client(endpoint, context=zmq.Context(), threaded=False).connect()
     client.join(channel)
     go.wait(30)
+    prof = cProfile.Profile() if profiled else None
     cpu = time.process_time()
+    if prof is not None:
+        prof.enable()
     for _ in range(count):
         client.push(channel, 1, PAYLOAD)
         if client.receive(timeout=60) is None:
             break
     else:
-        done.put((count, time.process_time() - cpu))
+        used = time.process_time() - cpu
+        calls = None
+        if prof is not None:
+            prof.disable()
+            stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+            calls = sum(row[1] for row in stats.values()) / count
+        done.put((count, used, calls))
     client.close()
     client.context.term()
 
@@ -297,7 +312,9 @@ def profile_broker(
         ctx.Process(target=producer, args=(endpoint, "profile", count, many, go)),
     ]
     if rtt:
-        procs = [ctx.Process(target=round_trips, args=(endpoint, "profile", count, go, done))]
+        procs = [
+            ctx.Process(target=round_trips, args=(endpoint, "profile", count, go, done, top >= 0))
+        ]
         c_ready.set()
     for p in procs:
         p.start()
@@ -308,9 +325,9 @@ def profile_broker(
     go.set()
     seen = done.get(timeout=300)
     used = cpu_seconds(server.pid) - cpu0
-    client_cpu = None
+    client_cpu = client_calls = None
     if rtt:
-        seen, client_cpu = seen
+        seen, client_cpu, client_calls = seen
     for p in procs:
         p.join(30)
     stop.put(seen)
@@ -318,6 +335,8 @@ def profile_broker(
     result["cpu_us"] = used / max(1, seen) * 1e6
     if client_cpu is not None:  # the round-trip client's own CPU (its process)
         result["client_cpu_us"] = client_cpu / max(1, seen) * 1e6
+    if client_calls is not None:  # (profiled: its CPU above is the profiler's too)
+        result["client_calls"] = client_calls
     server.join(30)
     return result
 
@@ -367,25 +386,29 @@ def main(argv: list[str] | None = None) -> int:
         "--cpu", type=int, default=0, metavar="ROUNDS",
         help="instead: broker CPU per message, unacked_batch 0 vs default, ROUNDS turns",
     )  # fmt: skip
+    parser.add_argument(
+        "--round-trip-only", action="store_true", help="only the round trip row (counts)"
+    )
     args = parser.parse_args(argv)
     ctx = mp.get_context("spawn")
     if args.cpu:
         cpu_rows(ctx, args.messages, args.cpu)
         return 0
-    rows = [
-        ("relay (raw pyzmq ROUTER, no work)", profile_relay(ctx, args.messages, args.top)),
-        ("push", profile_broker(ctx, args.messages, False, args.unacked_batch, args.top)),
-        ("push_many", profile_broker(ctx, args.messages, True, args.unacked_batch, args.top)),
-        (
-            "round trip",
-            profile_broker(ctx, args.round_trips, False, args.unacked_batch, args.top, True),
-        ),
-    ]
+    rows = []
+    if not args.round_trip_only:
+        rows = [
+            ("relay (raw pyzmq ROUTER, no work)", profile_relay(ctx, args.messages, args.top)),
+            ("push", profile_broker(ctx, args.messages, False, args.unacked_batch, args.top)),
+            ("push_many", profile_broker(ctx, args.messages, True, args.unacked_batch, args.top)),
+        ]
+    trip = profile_broker(ctx, args.round_trips, False, args.unacked_batch, args.top, True)
+    rows.append(("round trip", trip))
     print(f"\n{'per message (broker process)':<36} {'Python calls':>13} {'libzmq calls':>13}")
     print("-" * 64)
     for name, r in rows:
         each = ", ".join(f"{k} {v:.2f}" for k, v in r["by_call"].items())
         print(f"{name:<36} {r['calls']:>13.2f} {r['zmq']:>13.2f}  {each}")
+    print(f"{'round trip: the client, Python calls':<36} {trip['client_calls']:>13.2f}")
     for name, r in rows:
         print(f"\n{name}: calls/msg, own us/msg (profiled), function")
         for calls, us, where in r["top"]:

@@ -63,6 +63,7 @@ from broker.client.session import SEND_BATCH, Call, Reply, Session, SessionState
 from broker.client.sockets import Curve
 from broker.protocol import DEFAULT_ENDPOINT, ConnectionInfo, MessageType
 
+_READY = SessionState.READY
 _CLOSING = SessionState.CLOSING
 _CLOSED = SessionState.CLOSED
 log = logging.getLogger(__name__)
@@ -448,7 +449,8 @@ class Client(ClientApi[Any]):
             msg = items.popleft()
             if self._session.paused and core.inbox.drained:
                 self._resume()
-            if not Session.unanswerable(msg, self._session.state):
+            state = self._session.state
+            if state is _READY or not Session.unanswerable(msg, state):
                 return msg
 
     def receive_payloads(self, timeout: float | None = None) -> list[Any]:

@@ -32,13 +32,20 @@ from broker.client.session import Call, Session, SessionState
 from broker.client.sockets import Curve
 
 _ids = itertools.count(1)
+#: Poll-on-call: frames sent without a look at what arrived before a pump reads it (the
+#: broker's PINGs and the answers to fire-and-forget pushes' neighbours wait until then).
+_PUMP_EVERY = 1000
+
+
+def _always() -> bool:
+    return True
 
 
 class Pump(Protocol):
     """A poll-on-call client's I/O loop, as the calling thread drives it."""
 
     def step(self, cap_ms: int | None = None) -> None: ...
-    def send_or_queue(self, data: bytes) -> None: ...
+    def send_or_queue(self, data: bytes) -> bool: ...
     def flush(self) -> None: ...
     def finish(self) -> None: ...
     def read_fan_between(self, deadline: float | None) -> bool: ...
@@ -104,7 +111,7 @@ class ClientCore:
                 left = deadline - time.monotonic()
                 if left <= 0 and not first:
                     return False
-                cap = max(0, int(left * 1000) + 1)
+                cap = int(left * 1000) + 1 if left > 0 else 0
             first = False
             try:
                 loop.step(cap)
@@ -120,8 +127,10 @@ class ClientCore:
     def enqueue(self, data: bytes) -> None:
         loop = self.loop
         if loop is not None:  # poll-on-call: send right here
-            loop.send_or_queue(data)
-            self._sent_on_call(1)
+            self._unpumped += 1
+            # sent at once and no pump due: nothing more to look at (the common case)
+            if not loop.send_or_queue(data) or self._unpumped >= _PUMP_EVERY:
+                self._sent_on_call(0)
             return
         with self.cv:
             self._wait_for_room()
@@ -149,8 +158,8 @@ class ClientCore:
         out = self.outbox
         if len(out) >= self.max_outbox:
             self.pump(lambda: len(out) < self.max_outbox // 2, None)
-        elif self._unpumped >= 1000:
-            self.pump(lambda: True, 0.0, first=True)
+        elif self._unpumped >= _PUMP_EVERY:
+            self.pump(_always, 0.0, first=True)
 
     def _wait_for_room(self) -> None:
         """(Holding ``cv``, threaded) wait while the outbox is full, unless called on the

@@ -35,8 +35,12 @@ _BATCH = 1024
 _POLLIN = int(zmq.POLLIN)
 _POLLOUT = int(zmq.POLLOUT)
 _EVENTS = zmq.EVENTS
-#: Seconds a poll-on-call client may read fan-out batches between two loop steps.
+#: Seconds a poll-on-call client may read fan-out batches between two loop steps, and
+#: seconds the session's timers may wait between two steps that look at them.
 _SERVE_EVERY = 0.02
+_READY = S.SessionState.READY
+#: Poll-on-call, between two looks at the timers: how long one recv() may wait (ms).
+_RECV_WAIT_MS = 20
 _RAW_WAIT = RAW_WAIT_MS / 1000
 
 _new = object.__new__
@@ -93,7 +97,9 @@ class IOLoop:
         self._dial()
 
     def step(self, cap_ms: int | None = None) -> None:
-        """One poll of the sockets (at most ``cap_ms``), then the due timers.
+        """One poll of the sockets (at most ``cap_ms``), then the due timers (looked at
+        once per ``_SERVE_EVERY`` while the session is up, a poll-on-call recv() of up to
+        ``_RECV_WAIT_MS`` on top: they run at most that much late).
 
         Raises ``StopLoop`` when the session ends for good (``close``, refusal, no reconnect).
         """
@@ -109,13 +115,41 @@ class IOLoop:
         fan = self.fan
         if fan.sock is not None:
             self._register(fan.sock, 0 if s.paused else _POLLIN)
-        timeout = int(s.next_wake(time.monotonic()) * 1000) + 1
+        now = time.monotonic()
+        # Timers are looked at (``next_wake``, ``tick``) at most every ``_SERVE_EVERY``
+        # while the session is up: a step soon after the last full one only polls, reads
+        # and sends (a request/reply round trip pays for its timers once per interval).
+        lean = now < self.serve_by and s.state is _READY
+        if lean:
+            timeout = int((self.serve_by - now) * 1000) + 1
+        else:
+            timeout = int(s.next_wake(now) * 1000) + 1
         if cap_ms is not None and cap_ms < timeout:
             timeout = cap_ms
         if fan.streams:
             waits = fan.pending_deadline()
             if waits is not None:
                 timeout = max(0, min(timeout, int((waits - time.monotonic()) * 1000) + 1))
+        if (
+            lean
+            and sock is not None
+            and flags == _POLLIN
+            and (cap_ms is None or cap_ms >= _RECV_WAIT_MS)
+            and self.wake is None
+            and fan.sock is None
+            and not c.outbox
+        ):
+            # Poll-on-call, the DEALER alone: wait in recv() itself (its RCVTIMEO,
+            # ``_RECV_WAIT_MS``), as a raw DEALER does.  zmq_poll costs two poll() passes,
+            # each asking the socket's EVENTS (itself a poll() of its mailbox).
+            try:
+                first = sock.recv()
+            except zmq.Again:
+                return  # (lean: the timers wait for the next step)
+            self._drain(sock, first)
+            if c.outbox:
+                self.flush()
+            return
         events = dict(self.poller.poll(timeout))
         if self.wake is not None and self.wake in events:
             self._drain_wake()
@@ -137,6 +171,8 @@ class IOLoop:
                 self._apply(s.fatal(err))
         if c.outbox:
             self.flush()
+        if lean:
+            return
         now = time.monotonic()
         self._apply(s.tick(now))
         self.serve_by = now + _SERVE_EVERY
@@ -184,7 +220,8 @@ class IOLoop:
         if self.s.paused and c.inbox.drained and self.fan.held <= c.inbox.limit // 2:
             self.s.paused = False
 
-    def _drain(self, sock: zmq.Socket[bytes]) -> None:
+    def _drain(self, sock: zmq.Socket[bytes], first: bytes | None = None) -> None:
+        """Read what ``sock`` holds (after ``first``, read already), a batch at most."""
         c = self.c
         s = self.s
         recv = sock.recv
@@ -199,10 +236,13 @@ class IOLoop:
             for i in range(_BATCH):
                 if i == 1 and not int(sock.get(_EVENTS)) & _POLLIN:
                     break  # a lone message: half what a recv() raising Again costs
-                try:
-                    data = recv(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
+                if first is not None:
+                    data, first = first, None
+                else:
+                    try:
+                        data = recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
                 if (
                     append is not None
                     and len(data) > 8
@@ -312,22 +352,19 @@ class IOLoop:
             return entries[0], 1
         return s.batch_of(entries), len(entries)
 
-    def send_or_queue(self, data: bytes) -> None:
-        """Poll-on-call: send ``data`` now unless frames wait before it; else queue it."""
+    def send_or_queue(self, data: bytes) -> bool:
+        """Poll-on-call: send ``data`` now unless frames wait before it (True: sent);
+        else queue it (False)."""
         c = self.c
-        if (
-            not c.outbox
-            and not self.want_out
-            and self.s.state is S.SessionState.READY
-            and self.sock is not None
-        ):
+        if not c.outbox and not self.want_out and self.s.state is _READY and self.sock is not None:
             try:
                 self.send(data, zmq.NOBLOCK, len(data) < _BIG)
-                return
+                return True
             except zmq.Again:
                 self.want_out = True
         c.outbox.append(data)
         self.flush()
+        return False
 
     # -- the core's events -------------------------------------------------------------
 
@@ -396,6 +433,8 @@ class IOLoop:
             self._apply(s.fatal(exc))
             return
         self.sock = sock
+        if self.wake is None:  # poll-on-call: a lean step may wait in recv() (see step)
+            sock.rcvtimeo = _RECV_WAIT_MS
         self.send = zmqkit.fast_send(sock)
         self.monitor = monitor
         if monitor is not None:

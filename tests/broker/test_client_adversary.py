@@ -178,3 +178,44 @@ def test_a_broker_that_stops_replying_times_the_request_out(drive: Callable[...,
         assert await invoke(client.channels()) == [{"Name": "orders"}]
 
     drive([silence, LIST], scenario, timeout=1.0)
+
+
+@pytest.mark.parametrize("threaded", [False, True], ids=["poll-on-call", "threaded"])
+def test_a_request_times_out_while_deliveries_keep_arriving(zctx: Ctx, threaded: bool) -> None:
+    """The broker never answers but never falls silent either: every loop step has
+    something to read (the steps that skip the timers), and still the session's timers
+    run and the request fails with ``RequestTimeout``, not the driver's backstop."""
+    fake = FakeBroker(zctx)
+    stop = threading.Event()
+    sent: list[int] = []
+
+    def chatter() -> None:
+        rid, _info = fake.accept()
+        n = 0
+        while not stop.is_set():
+            frame = tmqp.Frame(
+                message_type=MessageType.QUEUE,
+                message_id=f"d{n}",
+                target="orders",
+                content_type=1,
+                payload=b"x",
+            )
+            fake.send(rid, tmqp.encode(frame)[0])
+            n += 1
+            stop.wait(0.002)  # pacing: a delivery every few milliseconds, not a sync
+        sent.append(n)
+
+    thread = threading.Thread(target=chatter, name="chatty-broker")
+    thread.start()
+    try:
+        with Client(fake.endpoint, context=zctx, timeout=0.5, threaded=threaded) as client:
+            with pytest.raises(RequestTimeout) as info:
+                client.channels()
+            assert "no answer" in str(info.value)
+            first = client.receive(timeout=10)
+            assert first is not None and first.frame.message_id == "d0"
+    finally:
+        stop.set()
+        thread.join(10)
+        fake.sock.close(linger=0)
+    assert sent and sent[0] > 1
