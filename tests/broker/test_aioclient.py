@@ -33,6 +33,7 @@ from tests.broker.test_server_curve import (  # noqa: F401 (fixtures)
     refused_before_the_hello,
 )
 from tests.dropped_pipe import DEADLINE
+from tests.polling import WAIT
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 Main = Callable[[zmq.asyncio.Context, str], Awaitable[None]]
@@ -115,7 +116,7 @@ def test_push_and_consume(endpoint: str) -> None:
             ids = [await producer.push("orders", 1, f"order {i}") for i in range(50)]
             await producer.push("orders", 1, b"last", headers={"Trace": "t-1"}, ack=True)
             got: list[Message] = []
-            async for message in consumer.consume(timeout=5):
+            async for message in consumer.consume(timeout=WAIT):
                 got.append(message)
                 if len(got) == 51:
                     break
@@ -159,8 +160,8 @@ def test_consumer_ack_and_nack_reach_the_queue(endpoint: str) -> None:
             await consumer.join("work")
             await producer.push("work", 1, b"job-1")
             await producer.push("work", 1, b"job-2")
-            first = await consumer.receive(timeout=5)
-            second = await consumer.receive(timeout=5)
+            first = await consumer.receive(timeout=WAIT)
+            second = await consumer.receive(timeout=WAIT)
             assert first is not None and second is not None and first.needs_ack
             await consumer.ack(first)
             await consumer.nack(second, "cannot")
@@ -194,7 +195,7 @@ def test_hundred_concurrent_direct_requests(endpoint: str) -> None:
                 direct = await requester.request(responder.client_id, b"by id", content_type=7)
                 assert direct.payload == b"BY ID"
                 with pytest.raises(RemoteError):
-                    await requester.request("@name:nobody", b"?", timeout=2)
+                    await requester.request("@name:nobody", b"?", timeout=WAIT)
                 assert not requester._pending  # every future was settled and removed
             finally:
                 server_task.cancel()
@@ -230,7 +231,7 @@ def test_close_fails_outstanding_requests_and_wakes_consumers(endpoint: str) -> 
             requester = await client(ctx, ep).connect()
             request = asyncio.create_task(requester.request("@name:mute", b"never", timeout=30))
             waiting = asyncio.create_task(requester.receive())
-            assert await mute.receive(timeout=5) is not None  # the request arrived
+            assert await mute.receive(timeout=WAIT) is not None  # the request arrived
             await requester.close()
             with pytest.raises(ClientClosed):
                 await request
@@ -246,7 +247,8 @@ def test_no_broker_is_a_connect_error(endpoint: str) -> None:
         started = time.monotonic()
         with pytest.raises(ConnectError, match="no answer"):
             await lonely.connect()
-        assert 0.4 < time.monotonic() - started < 3
+        assert time.monotonic() - started > 0.4  # (never before its timeout; that it gives
+        # up at its own timeout is timed with an injected clock: test_client_core)
         assert not lonely.connected
 
     run(endpoint, main)
@@ -271,7 +273,7 @@ def test_a_consumer_that_stops_reading_keeps_its_session(zctx: Ctx) -> None:
                 await asyncio.sleep(1.5)  # the condition under test: longer than the timeout
                 assert consumer.client_id in {c["Id"] for c in await producer.clients()}
                 got = []
-                async for message in consumer.consume(timeout=5):
+                async for message in consumer.consume(timeout=WAIT):
                     got.append(int(message.payload))
                     if len(got) == 501:
                         break
@@ -299,7 +301,7 @@ def test_curve_session_against_a_curve_server(curve: tuple[str, dict[str, Path]]
             await consumer.create_queue("secure", 1, {"Status": 1})
             await consumer.join("secure")
             await producer.push("secure", 1, b"secret", ack=True)
-            message = await consumer.receive(timeout=5)
+            message = await consumer.receive(timeout=WAIT)
             assert message is not None and message.payload == b"secret"
             assert message.source == producer.client_id
 
@@ -382,7 +384,7 @@ def test_pull_and_events_now_shared_with_the_blocking_client(endpoint: str) -> N
             await watcher.subscribe(EventName.MESSAGE_PRODUCED, channel="news", queue_id=1)
             await other.join("news")
             await other.push("news", 1, b"headline", ack=True)
-            event = await watcher.receive(timeout=5)
+            event = await watcher.receive(timeout=WAIT)
             assert event is not None and event.kind is Kind.EVENT
             assert event.json()["ProducerId"] == other.client_id
             assert len(joined) == 1 and joined[0].json()["Channel"] == "news"
@@ -399,7 +401,7 @@ def test_pull_and_events_now_shared_with_the_blocking_client(endpoint: str) -> N
             assert [m.payload for m in await other.pull("jobs", 7, count=5)] == [b"job 2"]
             assert await other.pull("jobs", 7) == []
             with pytest.raises(RemoteError):
-                await other.pull("no-such-channel", 7, timeout=2)
+                await other.pull("no-such-channel", 7, timeout=WAIT)
 
     run(endpoint, main)
 

@@ -14,7 +14,7 @@ from broker.engine.auth import ALL_ACTIONS, TokenAuthorizer
 from broker.engine.engine import Engine
 from broker.protocol import EventName, ResultCode
 from broker.server.server import Server, ServerError, ServerOptions
-from tests.polling import wait_until
+from tests.polling import WAIT, wait_until
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 MakeClient = Callable[..., Client]
@@ -30,7 +30,7 @@ def test_push_and_consume_on_a_push_queue(make_client: MakeClient, threaded: boo
         producer.push("orders", 1, f"order {i}")
     producer.push("orders", 1, b"last", ack=True)
     got = []
-    for message in consumer.consume(timeout=5):
+    for message in consumer.consume(timeout=WAIT):
         got.append(message)
         if len(got) == 501:
             break
@@ -46,7 +46,7 @@ def test_push_with_headers_and_priority(make_client: MakeClient) -> None:
     consumer.join("hdr")
     producer = make_client()
     producer.push("hdr", 2, b"h", headers={"Trace": "t-1"}, high_priority=True, ack=True)
-    message = consumer.receive(timeout=5)
+    message = consumer.receive(timeout=WAIT)
     assert message is not None and message.header("trace") == "t-1"
     assert message.frame.high_priority
 
@@ -57,7 +57,7 @@ def test_push_ack_round_trip_and_nack(make_client: MakeClient) -> None:
     mid = client.push("acked", 1, b"one", ack=True)
     assert mid
     futures = [client.push_async("acked", 1, f"m{i}") for i in range(50)]
-    assert all(f.result(5) is not None for f in futures)
+    assert all(f.result(WAIT) is not None for f in futures)
     client.update_queue("acked", 1, {"Status": 6})  # stopped: pushes are refused
     with pytest.raises(RemoteError) as info:
         client.push("acked", 1, b"refused", ack=True)
@@ -71,7 +71,7 @@ def test_consumer_ack_reaches_the_queue(make_client: MakeClient) -> None:
     consumer.join("work")
     producer.push("work", 1, b"job-1")
     producer.push("work", 1, b"job-2")
-    first, second = consumer.receive(timeout=5), consumer.receive(timeout=5)
+    first, second = consumer.receive(timeout=WAIT), consumer.receive(timeout=WAIT)
     assert first is not None and second is not None and first.needs_ack
     consumer.ack(first)
     consumer.nack(second, "cannot")
@@ -91,7 +91,7 @@ def test_pull_queue(make_client: MakeClient) -> None:
     assert [m.payload for m in client.pull("jobs", 7, count=5)] == [b"job 2"]
     assert client.pull("jobs", 7) == []
     with pytest.raises(RemoteError):
-        client.pull("no-such-channel", 7, timeout=2)
+        client.pull("no-such-channel", 7, timeout=WAIT)
 
 
 @pytest.mark.parametrize("threaded", [True, False], ids=["threaded", "poll-on-call"])
@@ -109,16 +109,16 @@ def test_direct_request_and_response(make_client: MakeClient, threaded: bool) ->
     assert reply.payload == b"HELLO" and reply.source == server_side.client_id
     assert requester.request("@name:calc", "by name").payload == b"BY NAME"
     futures = [requester.request_async("@name:calc", f"r{i}") for i in range(20)]
-    assert [f.result(5).payload for f in futures] == [f"R{i}".encode() for i in range(20)]
+    assert [f.result(WAIT).payload for f in futures] == [f"R{i}".encode() for i in range(20)]
     with pytest.raises(RemoteError):
-        requester.request("@name:nobody", b"?", timeout=2)
+        requester.request("@name:nobody", b"?", timeout=WAIT)
 
 
 def test_fire_and_forget_direct_message(make_client: MakeClient) -> None:
     receiver = make_client(client_type="worker")
     sender = make_client()
     sender.send("@type:worker", b"note", content_type=5)
-    message = receiver.receive(timeout=5)
+    message = receiver.receive(timeout=WAIT)
     assert message is not None and message.kind is Kind.DIRECT
     assert (message.payload, message.content_type) == (b"note", 5)
 
@@ -156,7 +156,7 @@ def test_events_by_callback_and_inbox(make_client: MakeClient) -> None:
     assert wait_until(lambda: len(joined) == 1)
     assert joined[0].kind is Kind.EVENT and joined[0].json()["Channel"] == "news"
     other.push("news", 1, b"headline", ack=True)
-    event = watcher.receive(timeout=5)
+    event = watcher.receive(timeout=WAIT)
     assert event is not None and event.kind is Kind.EVENT
     assert event.json()["ProducerId"] == other.client_id
     watcher.unsubscribe(EventName.MESSAGE_PRODUCED, channel="news", queue_id=1)
@@ -200,12 +200,10 @@ def test_token_refused_is_a_connect_error(zctx: Ctx) -> None:
     engine = Engine(authorizer=TokenAuthorizer({"good": ALL_ACTIONS}, require_token=True))
     with Server(engine, ServerOptions(endpoint="tcp://127.0.0.1:*"), context=zctx) as srv:
         assert srv.endpoint is not None
-        bad = Client(srv.endpoint, context=zctx, token="bad", timeout=3)
-        started = time.monotonic()
-        with pytest.raises(ConnectError, match="refused"):
+        bad = Client(srv.endpoint, context=zctx, token="bad", timeout=WAIT)
+        with pytest.raises(ConnectError, match="refused"):  # (not "no answer": a timeout)
             bad.connect()
-        assert time.monotonic() - started < 2.5
-        with Client(srv.endpoint, context=zctx, token="Bearer good", timeout=3) as good:
+        with Client(srv.endpoint, context=zctx, token="Bearer good", timeout=WAIT) as good:
             good.create_channel("ok")
 
 
@@ -214,7 +212,8 @@ def test_no_broker_is_a_connect_error_after_the_timeout(zctx: Ctx) -> None:
     started = time.monotonic()
     with pytest.raises(ConnectError, match="no answer"):
         client.connect()
-    assert 0.4 < time.monotonic() - started < 3
+    assert time.monotonic() - started > 0.4  # (never before its timeout; that it gives up
+    # at its own timeout is timed with an injected clock: test_client_core)
 
 
 def test_reconnects_and_rejoins_after_a_broker_restart(zctx: Ctx) -> None:
@@ -228,15 +227,17 @@ def test_reconnects_and_rejoins_after_a_broker_restart(zctx: Ctx) -> None:
         consumer.join("again")
         first.stop()  # the consumer receives TERMINATE and starts reconnecting
         second = Server(Engine(), ServerOptions(endpoint=endpoint), context=zctx)
-        deadline = time.monotonic() + 5
-        while True:  # libzmq releases the old listening socket asynchronously
+
+        def rebound() -> bool:
             try:
                 second.start()
-                break
             except ServerError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+                return False
+            return True
+
+        # libzmq closes the old listening socket after stop() returns, on its reaper and
+        # I/O threads: how long the port stays taken is the scheduler's affair
+        assert wait_until(rebound, step=0.05)
         try:
             assert wait_until(lambda: consumer.connected, 10)
             with Client(endpoint, context=zctx) as producer:
@@ -245,7 +246,7 @@ def test_reconnects_and_rejoins_after_a_broker_restart(zctx: Ctx) -> None:
                 # the consumer re-joined "again" on its own: the push reaches it
                 assert wait_until(lambda: producer.channel_info("again")["ActiveClients"] == 1)
                 producer.push("again", 1, b"after restart", ack=True)
-                message = consumer.receive(timeout=5)
+                message = consumer.receive(timeout=WAIT)
                 assert message is not None and message.payload == b"after restart"
             assert consumer.client_id == "steady"
         finally:
@@ -262,4 +263,4 @@ def test_close_fails_outstanding_requests(zctx: Ctx, server: Server) -> None:
         assert wait_until(lambda: mute.receive(timeout=0) is not None)
         requester.close()
         with pytest.raises(Exception, match="closed"):
-            future.result(5)
+            future.result(WAIT)

@@ -11,6 +11,7 @@ import zmq
 from broker import tmqp
 from broker.client.blocking import Client, ConnectError
 from broker.protocol import GREETING, ConnectionInfo, Header, MessageType, ResultCode
+from tests.polling import WAIT
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 PING = tmqp.encode(tmqp.Ping())[0]
@@ -24,7 +25,7 @@ class FakeBroker:
         self.sock.bind("tcp://127.0.0.1:*")
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
-    def recv(self, timeout: float = 3.0) -> tuple[bytes, bytes]:
+    def recv(self, timeout: float = WAIT) -> tuple[bytes, bytes]:
         assert self.sock.poll(int(timeout * 1000)), "nothing from the client in time"
         rid, data = self.sock.recv_multipart()
         return rid, data
@@ -86,10 +87,10 @@ def test_pings_when_quiet_and_reconnects_after_silence(zctx: Ctx, fake: FakeBrok
     client.connect(timeout=5)
     t.join(5)
     try:
-        rid, data = fake.recv(timeout=2)
+        rid, data = fake.recv(timeout=WAIT)
         assert data == PING  # quiet broker: the client probes
         fake.send(rid, PING)
-        assert fake.recv(timeout=2) == (rid, PONG)  # and answers the broker's probes
+        assert fake.recv(timeout=WAIT) == (rid, PONG)  # and answers the broker's probes
         # stay silent: after peer_timeout the client starts a new session, same client id
         rid2, info = fake.accept()
         assert rid2 != rid and info.client_id == "fake-1"

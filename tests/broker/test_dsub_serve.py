@@ -16,6 +16,7 @@ import zmq
 from broker.client.blocking import Client
 from broker.client.errors import RemoteError
 from tests.broker.test_durable_ops import Broker
+from tests.polling import wait_until
 
 MakeBroker = Callable[..., Broker]
 
@@ -252,9 +253,13 @@ def test_the_trash_of_a_persistent_queue_survives_kill_9_resubmit_and_purge_afte
         for i in range(3):
             client.push("jobs", 1, f"j{i}", ack=True, message_id=f"j{i}")
         client.join("jobs")
-        while (m := client.receive(timeout=1.0)) is not None:
-            client.nack(m)  # twice each: past PutBackLimit 1, to the trash
-        assert len(client.trash_list("jobs", 1)) == 3
+
+        def all_trashed() -> bool:
+            while (m := client.receive(timeout=0)) is not None:
+                client.nack(m)  # twice each: past PutBackLimit 1, to the trash
+            return len(client.trash_list("jobs", 1)) == 3
+
+        assert wait_until(all_trashed)
     broker.kill()
     broker.start()
     with broker.client(zctx) as client:

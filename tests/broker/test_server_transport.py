@@ -23,6 +23,7 @@ from broker.protocol import (
     header,
 )
 from broker.server.server import Server, ServerError, ServerOptions, salvage_message_id
+from tests.polling import WAIT
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 PING = tmqp.encode(tmqp.Ping())[0]
@@ -125,11 +126,11 @@ class Peer:
     def frame(self, f: tmqp.Frame) -> None:
         self.send(tmqp.encode(f)[0])
 
-    def recv(self, timeout: float = 3.0) -> bytes:
+    def recv(self, timeout: float = WAIT) -> bytes:
         assert self.sock.poll(int(timeout * 1000)), "no reply within the deadline"
         return self.sock.recv()
 
-    def recv_frame(self, timeout: float = 3.0) -> tmqp.Frame:
+    def recv_frame(self, timeout: float = WAIT) -> tmqp.Frame:
         msg = tmqp.decode([self.recv(timeout)])
         assert isinstance(msg, tmqp.Frame), msg
         return msg
@@ -226,7 +227,7 @@ def test_ping_pong_both_ways(peers: Any) -> None:
     p.send(PING)
     assert p.recv() == PONG
     # then stay silent: the server pings after ping_interval (0.3 s)
-    assert p.recv(timeout=2.0) == PING
+    assert p.recv(timeout=WAIT) == PING
 
 
 def test_silent_client_expires(peers: Any, engine: ScriptedEngine) -> None:
@@ -323,7 +324,7 @@ def test_engine_timers_are_driven_by_next_deadline(peers: Any, engine: ScriptedE
     p = peers()
     p.handshake()
     p.frame(tmqp.Frame(message_type=MessageType.DIRECT, payload=b"arm-timer"))
-    event = p.recv_frame(timeout=2.0)
+    event = p.recv_frame(timeout=WAIT)
     assert event.message_type == MessageType.EVENT and event.target == "Tick"
     assert engine.ticks == 1
 

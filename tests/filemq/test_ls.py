@@ -21,6 +21,7 @@ from filemq.engine_client import FileListed
 from filemq.filters import Filters
 from filemq.lister import ListedFile, list_files
 from filemq.server import FileServer
+from tests.polling import WAIT
 from zerohub.zmqkit import new_certificate
 
 from .conftest import write_tree
@@ -187,7 +188,7 @@ def test_curve_listing_allowed_and_refused(
     listed = list_files(zctx, server.endpoint, curve_secret=good_sec, server_key=server_pub)
     assert listed == expected(tmp_path / "src")
     with pytest.raises(SyncRefused, match="requires CURVE"):
-        list_files(zctx, server.endpoint, timeout=2)
+        list_files(zctx, server.endpoint, timeout=WAIT)
 
 
 # -- the command ------------------------------------------------------------------------------
