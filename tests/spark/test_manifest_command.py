@@ -11,7 +11,7 @@ import pytest
 from filemq import manifest
 from zerohub import sparkkit
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # a Spark job on a loaded 2-core machine
 
 
 def test_manifest_command_on_spark(tmp_path: Path) -> None:
