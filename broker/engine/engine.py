@@ -804,8 +804,6 @@ class Engine:
         except OperationError as err:
             reject_push(client, m, wants_response, out, err)
             return
-        if fed_id is not None:  # in the same output as the message: durable before it
-            self.federated.add(fed_id)
         unsaved = queue.unsaved
         qm = queue.accept(m, client, now, out, m.wants_ack)
         if qm is not None:
@@ -814,11 +812,24 @@ class Engine:
             self._produced(queue, qm, out)
         for copy in copies:
             self._copy_durable(copy, m, client, now, out)
+        if fed_id is not None and queue.unsaved == unsaved:
+            self._remember_federated(fed_id)
         if queue.unsaved != unsaved and wants_response and not m.wants_ack:
             # its handler wanted it saved and the store refused (full or failed disk):
             # no "done" to a producer that waits (one waiting for an acknowledge got a
             # negative one from the queue); it stays queued in memory (at least once)
             reject_push(client, m, True, out, _UNSAVED)
+
+    def _remember_federated(self, fed_id: str) -> None:
+        """Remember a federated push taken just now: after its saves, never before.  The
+        log is written in order, so an id on disk means its message (and its copies) are
+        too; written first, a kill -9 between the two (the server's drain holds the
+        message's save back until the drain ends) left the id without the message, and
+        the link's resend was answered "taken before" and never queued: an acknowledged
+        message lost.  In the same engine output as the push, so its acknowledge and
+        deliveries wait for the id's write as well (``broker.engine.federated``).  Not
+        after a save the store refused: the producer hears "failed" and sends it again."""
+        self.federated.add(fed_id)
 
     def _watch_receipt(
         self,
@@ -918,12 +929,10 @@ class Engine:
             if code:
                 raise OperationError(ResultCode(code), f"push refused by {queue.key}")
         self._check_durable(durable, size)
-        fed_id = FederatedIds.id_of(client.id, message.headers)
-        if fed_id is not None:  # a federated message its publisher gave CC headers
-            self.federated.add(fed_id)
         plain = tuple((k, v) for k, v in message.headers if k.lower() != _CC)
         targets: list[tuple[Queue, str | None, bool]] = [(primary, None, message.wants_ack)]
         targets += [(q, copy_id, False) for q, copy_id in copies]
+        unsaved = primary.unsaved
         for queue, message_id, waits in targets:
             m = queue.accept(
                 message, client, now, out, waits, headers=plain, message_id=message_id
@@ -934,6 +943,9 @@ class Engine:
                 self._produced(queue, m, out)
         for copy in durable:
             self._copy_durable(copy, message, client, now, out, plain)
+        fed_id = FederatedIds.id_of(client.id, message.headers)
+        if fed_id is not None and primary.unsaved == unsaved:  # (a federated message
+            self._remember_federated(fed_id)  # its publisher gave CC headers)
 
     def _on_ack(self, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]) -> None:
         if frame.high_priority:  # acknowledge of a direct message: pass it on

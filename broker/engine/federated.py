@@ -11,12 +11,16 @@ id unknown.
 So the engine remembers the ids itself, in the same step as the push: taking a federated
 push writes the value ``fedseen/<slot>`` = ``"<number> <id>"`` to the store (slots are
 reused round-robin, so the store keeps at most :data:`DEFAULT_WINDOW` of them, no
-deletes), a write replies wait for.  The server holds the engine's whole output -- the
-push's acknowledge and the message's deliveries -- until that write is durable
-(``broker.server.gate``), and the log is written in order: a message someone received
-has its id on disk, and a message whose id is not on disk was received by nobody.  A
-push whose id is remembered is answered as done and not queued again.  On start the
-store's values give the window back, oldest first.
+deletes), a write replies wait for, right AFTER the message's own saves.  The server
+holds the engine's whole output -- the push's acknowledge and the message's deliveries
+-- until that write is durable (``broker.server.gate``), and the log is written in
+order: a message someone received has its id on disk, and an id on disk has its message
+on disk.  A push whose id is remembered is answered as done and not queued again.  (The
+id was written first once; with the server's drain holding the message's save back, a
+kill -9 between the two left an id without its message and the resend was dropped: an
+acknowledged message lost.  The other order's window -- the message written, its id not
+yet, nothing answered -- can at worst deliver a resend twice; the two records usually
+leave in one write.)  On start the store's values give the window back, oldest first.
 
 Only the federation client's pushes count: another client's ``Fed-Id`` header means
 nothing (an impostor cannot make the broker drop a real federated message).  And the

@@ -177,6 +177,7 @@ class Counters:
     refused: int = 0  # peers' messages refused (not allowed, unknown peer, push failed)
     bad_messages: int = 0  # malformed federation messages from peers
     flooded: int = 0  # peers' messages refused busy: over peer_in_flight unanswered
+    unlinked: int = 0  # peers' messages refused busy: their sender not linked on that connection
     peers_up: int = 0  # times a peer came up
 
     def snapshot(self) -> dict[str, int]:
@@ -548,6 +549,17 @@ class FederationCore:
     def bad_message(self, ref: Any, reason: str) -> list[Action]:
         self.counters.bad_messages += 1
         return [Refuse(ref, reason, True)]
+
+    def unlinked(self, ref: Any, reason: str) -> list[Action]:
+        """A well-formed message from a broker not linked on the connection it came by.
+        Refused busy, never for good: after this broker's restart (or a new connection of
+        the peer's link) a peer's forwards -- those its link client queued while this
+        broker was down go first -- can come before the interest exchange that links it
+        again, and a refusal for good makes the sender give the message up (it would be
+        lost, acknowledged to its producer).  An impostor is refused all the same: it
+        gets "busy" as long as it tries."""
+        self.counters.unlinked += 1
+        return [Refuse(ref, reason, False)]
 
     def local_done(self, token: int, ok: bool, reason: str = "") -> list[Action]:
         """The local broker accepted (``ok``) or refused a peer's message."""

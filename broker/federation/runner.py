@@ -599,7 +599,7 @@ class Federation:
             except BadPeerMessage as exc:
                 return self.core.bad_message(ref, str(exc))
             if self._accepted.get(sender) != m.source:
-                return self.core.bad_message(ref, f"no link of broker {sender!r} from here")
+                return self.core.unlinked(ref, f"no link of broker {sender!r} from here")
             return self.core.remote_message(sender, envelope, ref)
         if m.content_type == BATCH:
             return self._batch_in(self.local, m, lambda s: self._accepted.get(s) == m.source)
@@ -809,7 +809,7 @@ class Federation:
                 actions += self.core.bad_message(item, str(exc))
                 continue
             if not senders(sender):
-                actions += self.core.bad_message(item, f"no link of broker {sender!r} here")
+                actions += self.core.unlinked(item, f"no link of broker {sender!r} here")
                 continue
             actions += self.core.remote_message(sender, envelope, item)
         return actions

@@ -150,3 +150,56 @@ def test_the_federation_client_id_is_reserved_for_a_proven_connection(tmp_path: 
         engine.connect(ConnectionInfo(client_id=FEDERATION_CLIENT), now=0.0, federation=True)
         assert _acked(_push(engine, FEDERATION_CLIENT, "P/1", b"m1"), FEDERATION_CLIENT)
         assert _waiting(engine) == 1
+
+
+@pytest.mark.parametrize("cc", [False, True], ids=["plain", "cc"])
+def test_a_kill_while_the_drain_holds_the_save_never_leaves_the_id_without_its_message(
+    tmp_path: Path, cc: bool
+) -> None:
+    """The server's drain holds the store's appends (``Store.hold``) until the drain
+    ends.  A kill -9 before then loses what was held, but nothing that reached the log.
+    The federated push's id must not reach the log before its message: the id written
+    first survived alone, and the link's resend after the restart was answered "taken
+    before" and never queued -- an acknowledged persistent message lost (the federation
+    kill -9 test: 2 of 20 stress runs).  After the fix the id's write gives the held
+    message to the log first; whatever the kill leaves, the resend ends up queued once."""
+    more = (("CC", "orders;2"),) if cc else ()
+    with LogStore(tmp_path) as log:
+        store = DurableStore(log)
+        engine = _engine(store)
+        engine.create_queue("orders", 2, PERSISTENT)
+        engine.connect(ConnectionInfo(client_id=FEDERATION_CLIENT), now=0.0, federation=True)
+        store.hold()  # a drain begins (``OutputGate.begin``)
+        _push(engine, FEDERATION_CLIENT, "P/1", b"m1", *more)
+        # the kill -9: what was given to the log is written, what is held is gone
+        log.flush()
+    with LogStore(tmp_path) as log:
+        engine = _engine(DurableStore(log))
+        engine.connect(ConnectionInfo(client_id=FEDERATION_CLIENT), now=0.0, federation=True)
+        # no acknowledge left before the kill: the link sends it again
+        assert _acked(_push(engine, FEDERATION_CLIENT, "P/1", b"m1", *more), FEDERATION_CLIENT)
+        assert _waiting(engine) == 1, "the resend was dropped: its id survived, not the message"
+        if cc:
+            assert engine.channels["orders"].queues[2].messages.count == 1
+
+
+def test_a_federated_push_the_store_refused_is_not_remembered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A save the store refused (a full or failed disk) answers the push "failed": its
+    id is not remembered, so the link's resend is taken (and saved) when it comes."""
+    with LogStore(tmp_path) as log:
+        store = DurableStore(log)
+        engine = _engine(store)
+        engine.connect(ConnectionInfo(client_id=FEDERATION_CLIENT), now=0.0, federation=True)
+        with monkeypatch.context() as patch:
+
+            def full(*_args: object) -> None:
+                raise OSError(28, "No space left on device")
+
+            patch.setattr(store, "append", full)
+            refused = _push(engine, FEDERATION_CLIENT, "P/1", b"m1")
+        assert refused and not _acked(refused, FEDERATION_CLIENT)
+        assert "P/1" not in engine.federated.ids
+        assert _acked(_push(engine, FEDERATION_CLIENT, "P/1", b"m1"), FEDERATION_CLIENT)
+        assert "P/1" in engine.federated.ids
