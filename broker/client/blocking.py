@@ -84,6 +84,11 @@ __all__ = [
 ]
 
 
+#: What a socket call raises once the application terminated (``destroy``) the context
+#: under an open client: the client is closed, not failed.
+_CONTEXT_GONE = (zmq.ETERM, zmq.ENOTSOCK)
+
+
 class Client(ClientApi[Any]):
     """A connection to the broker.  Use as a context manager or call ``connect``/``close``."""
 
@@ -256,10 +261,19 @@ class Client(ClientApi[Any]):
         loop = IOLoop(core, wake_rx)
         try:
             loop.run()
+        except zmq.ZMQError as exc:
+            if exc.errno not in _CONTEXT_GONE:
+                log.exception("client I/O thread failed")
+                core.error = ClientError("client I/O thread failed")
+            else:  # the application terminated the context under an open client
+                log.info("client I/O thread: its zmq context was terminated: closed")
+                core.error = ClientClosed("the client's zmq context was terminated")
         except Exception:
             log.exception("client I/O thread failed")
             core.error = ClientError("client I/O thread failed")
         finally:
+            with core.cv:
+                core.io_over = True
             wake_rx.close(linger=0)
             loop.finish()
 

@@ -80,6 +80,9 @@ class ClientCore:
         self.connected: Future[str] = Future()
         self.error: ClientError | None = None
         self.io_ident = 0
+        #: The threaded client's I/O loop ended (closed, failed, or its context was
+        #: terminated): a call raises ``closed_error`` instead of waiting for nobody.
+        self.io_over = False
         self.wake_addr = f"inproc://zerohub-client-{os.getpid()}-{next(_ids)}"
         self.wake_tx: Any = None  # the PAIR socket waking the I/O thread, or _NO_WAKE
         self.loop: Pump | None = None  # poll-on-call: the loop the caller drives
@@ -171,7 +174,7 @@ class ClientCore:
                     self.cv.wait(1.0)
             finally:
                 self.out_waiting -= 1
-        if self.wake_tx is None:
+        if self.wake_tx is None or self.io_over:
             raise self.closed_error()
 
     def wake(self) -> None:

@@ -264,3 +264,31 @@ def test_close_fails_outstanding_requests(zctx: Ctx, server: Server) -> None:
         requester.close()
         with pytest.raises(Exception, match="closed"):
             future.result(WAIT)
+
+
+def test_a_context_destroyed_under_an_open_client_closes_it_quietly(
+    server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An application (or a test fixture) that destroys its zmq context while a client
+    is open: the client's I/O thread ends, its calls fail with ClientClosed, and no
+    "client I/O thread failed" traceback is logged (it was, on every failed federation
+    test's teardown: ENOTSOCK from the poll)."""
+    from broker.client.errors import ClientClosed
+
+    assert server.endpoint is not None
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    client = Client(server.endpoint, context=ctx, timeout=5.0).connect()
+    thread = client._thread
+    assert thread is not None
+    with caplog.at_level("INFO", logger="broker.client.blocking"):
+        ctx.destroy(linger=0)
+        thread.join(WAIT)
+    assert not thread.is_alive()
+    with pytest.raises(ClientClosed):
+        client.channels()
+    failed = [
+        r for r in caplog.records if r.levelname == "ERROR" and r.name == "broker.client.blocking"
+    ]
+    assert failed == [], [r.getMessage() for r in failed]
+    assert any("context was terminated" in r.getMessage() for r in caplog.records)
+    client.close(timeout=1)
