@@ -41,11 +41,8 @@ Default endpoint: ``tcp://127.0.0.1:5680`` (``protocol.DEFAULT_ENDPOINT``).
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -78,6 +75,7 @@ from broker.server.peers import (
     terminate_frame,
 )
 from broker.server.send import Peer, PeerState, SendPath
+from broker.server.wait import LoopWait, StopSignal
 from zerohub import zmqkit
 from zproto.errors import DecodeError
 
@@ -105,7 +103,6 @@ _BATCH = batch.BATCH
 _Frame = tmqp.Frame
 _decode = tmqp.decode
 _decode_entries = tmqp.decode_entries
-_ids = itertools.count(1)
 
 #: Server operation (content type) answered by the server itself: a RESPONSE whose payload
 #: is the JSON of ``Server.stats()``.  Needs the engine authorizer's ADMIN action.
@@ -178,8 +175,8 @@ class Server:
         self.context = context
         self.clock = clock
         self.endpoint: str | None = None  # the bound endpoint (port resolved)
-        self._control_addr = f"inproc://zerohub-server-{os.getpid()}-{next(_ids)}"
-        self._stop_tx: zmq.Socket[bytes] | None = None
+        #: How stop() ends the loop (made when serving starts).
+        self._stop: StopSignal | None = None
         self._thread: threading.Thread | None = None
         self._auth: Any = None
         self._lock = threading.Lock()
@@ -284,9 +281,9 @@ class Server:
         if self._thread is not None:
             raise ServerError("server already started")
         endpoint = self.bind()
-        control = self._make_control()
+        stop = self._make_stop()
         self._thread = threading.Thread(
-            target=self._serve, args=(control,), name="broker-server", daemon=True
+            target=self._serve, args=(stop,), name="broker-server", daemon=True
         )
         self._thread.start()
         return endpoint
@@ -300,23 +297,21 @@ class Server:
     def run(self) -> None:
         """Bind and serve on the calling thread until ``stop()`` (or an exception)."""
         self.bind()
-        self._serve(self._make_control())
+        self._serve(self._make_stop())
 
     def stop(self, timeout: float = 5.0) -> None:
         """Ask the loop to end, wait for it (``timeout`` seconds), release everything."""
         with self._lock:
-            tx = self._stop_tx
-            self._stop_tx = None
-        if tx is not None:
-            with contextlib.suppress(zmq.ZMQError):
-                tx.send(b"STOP", zmq.NOBLOCK)
-            tx.close(linger=0)
+            signal = self._stop
+            self._stop = None
+        if signal is not None:
+            signal.set()
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():
                 raise ServerError(f"server thread did not stop within {timeout} s")
             self._thread = None
-        if self.sender.router is not None and tx is None:
+        if self.sender.router is not None and signal is None:
             # bound but never served
             self._close_connections()
             self.sender.router.close(linger=0)
@@ -338,16 +333,11 @@ class Server:
         Call before ``start()``/``run()``."""
         self._readers.append((pollable, handler))
 
-    def _make_control(self) -> zmq.Socket[bytes]:
-        control = self.context.socket(zmq.PAIR)
-        control.linger = 0
-        control.bind(self._control_addr)
-        tx = self.context.socket(zmq.PAIR)
-        tx.linger = 0
-        tx.connect(self._control_addr)
+    def _make_stop(self) -> StopSignal:
+        stop = StopSignal()
         with self._lock:
-            self._stop_tx = tx
-        return control
+            self._stop = stop
+        return stop
 
     def _close_connections(self) -> None:
         if self.sessions.connections is not None:
@@ -361,70 +351,90 @@ class Server:
 
     # -- the loop ----------------------------------------------------------------------
 
-    def _serve(self, control: zmq.Socket[bytes]) -> None:
+    def _serve(self, stop: StopSignal) -> None:
         router = self.sender.router
         assert router is not None
-        poller = zmq.Poller()
-        poller.register(router, zmq.POLLIN)
-        poller.register(control, zmq.POLLIN)
-        monitor = (
-            self.sessions.connections.monitor if self.sessions.connections is not None else None
-        )
-        if monitor is not None:
-            poller.register(monitor, zmq.POLLIN)
+        waiter = LoopWait(router)
+        waiter.add_fd(stop.fileno(), stop)
+        connections = self.sessions.connections
+        monitor = connections.monitor if connections is not None else None
+        if connections is not None:
+            waiter.add_drained(connections.monitor, connections.unread)
         readers = self._readers
         for pollable, _handler in readers:
-            poller.register(pollable, zmq.POLLIN)
+            waiter.add(pollable)
         gate = self.gate
-        store_fd = gate.fileno() if gate is not None else -1
         if gate is not None:
-            poller.register(store_fd, zmq.POLLIN)
+            waiter.add_fd(gate.fileno(), gate)
         self.sessions.next_scan = self.clock() + min(1.0, self.options.ping_interval / 2)
         try:
             while True:
-                events = dict(poller.poll(self._poll_timeout()))
-                if control in events:
-                    break
-                if monitor is not None and monitor in events:
-                    self.sessions.on_connections(self.clock())  # before the messages they bring
-                if gate is not None and store_fd in events:
-                    gate.release()  # before the messages: acknowledges leave first
-                if router in events:
-                    if gate is not None:  # the drain's saves: one group per queue
-                        gate.begin()
-                        try:
-                            self._drain(router)
-                        finally:
-                            gate.end()
-                    else:
-                        self._drain(router)
-                elif not int(router.get(zmq.EVENTS)) & zmq.POLLIN:
-                    self.sessions.emptied_at = self.clock()  # nothing left to read
+                ready, router_empty = waiter.wait(self._poll_timeout())
                 now = self.clock()
-                for pollable, handler in readers:
-                    if pollable in events:
-                        self.sender.send_all(self.sessions.guard("door", handler, now))
-                deadline = self.engine.next_deadline()
-                if deadline is not None and deadline <= now:
-                    self.sender.send_all(self.sessions.guard("tick", self.engine.tick, now))
-                if now >= self.sessions.next_scan:
-                    self.sessions.scan(now)
-                    if self.sender.fanout is not None:  # each stream's marker (tail gaps)
-                        self.sender.send_all(self.engine.fanout_beat())  # type: ignore[attr-defined]
-                if self.sender.blocked:
-                    self.sender.flush_backlogs()
-                if self.sender.gone or self.sessions.unreachable:
-                    self.sessions.bury(now)
-                if self.sender.outq or self.sender.fanning:
-                    self.sender.flush_out()
-                if self.sender.sent_to:
-                    self.sessions.report_transmitted(now)
-                    self.sender.flush_out()
+                if router_empty:
+                    self.sessions.emptied_at = now  # nothing left to read
+                if ready and self._on_ready(ready, router, stop, monitor, router_empty, now):
+                    break
+                self._after_wake(self.clock())
         finally:
             try:
                 self._shutdown(router)
             finally:
-                control.close(linger=0)
+                stop.close()
+
+    def _on_ready(
+        self,
+        ready: list[Any],
+        router: zmq.Socket[bytes],
+        stop: StopSignal,
+        monitor: zmq.Socket[bytes] | None,
+        woken: bool,
+        now: float,
+    ) -> bool:
+        """Serve the sources that have input; True: stop."""
+        if stop in ready:
+            return True
+        gate = self.gate
+        if monitor is not None and monitor in ready:
+            self.sessions.on_connections(now)  # before the messages they bring
+        if gate is not None and gate in ready:
+            gate.release()  # before the messages: acknowledges leave first
+        if router in ready:
+            if gate is not None:  # the drain's saves: one group per queue
+                gate.begin()
+                try:
+                    self._drain(router, woken)
+                finally:
+                    gate.end()
+            else:
+                self._drain(router, woken)
+        if self._readers:
+            now = self.clock()
+            for pollable, handler in self._readers:
+                if pollable in ready:
+                    self.sender.send_all(self.sessions.guard("door", handler, now))
+        return False
+
+    def _after_wake(self, now: float) -> None:
+        """What every wake ends with: timers, keep-alive, backlogs, reports, sending."""
+        sender = self.sender
+        sessions = self.sessions
+        deadline = self.engine.next_deadline()
+        if deadline is not None and deadline <= now:
+            sender.send_all(sessions.guard("tick", self.engine.tick, now))
+        if now >= sessions.next_scan:
+            sessions.scan(now)
+            if sender.fanout is not None:  # each stream's marker (tail gaps)
+                sender.send_all(self.engine.fanout_beat())  # type: ignore[attr-defined]
+        if sender.blocked:
+            sender.flush_backlogs()
+        if sender.gone or sessions.unreachable:
+            sessions.bury(now)
+        if sender.outq or sender.fanning:
+            sender.flush_out()
+        if sender.sent_to:
+            sessions.report_transmitted(now)
+            sender.flush_out()
 
     def _poll_timeout(self) -> int:
         now = self.clock()
@@ -438,7 +448,12 @@ class Server:
             return 1
         return max(0, int((wake - now) * 1000) + 1)
 
-    def _drain(self, router: zmq.Socket[bytes]) -> None:
+    def _drain(self, router: zmq.Socket[bytes], woken: bool) -> None:
+        """Read what the ROUTER holds, ``options.batch`` frames at most.  ``woken``: the
+        loop's wait found nothing to read before it blocked (a wake-up, as every round
+        trip's): the first message is handled alone and its output sent at once, and the
+        wait's next ZMQ_EVENTS (asked before it blocks anyway) tells whether more came,
+        instead of a recv() here that finds nothing (several system calls)."""
         # Two recv() calls per message: recv_multipart() asks RCVMORE through getsockopt
         # on every part, which costs more than the rest of the receive path.
         recv = router.recv
@@ -466,16 +481,14 @@ class Server:
                 if count >= batch:
                     break
             if count == 1:
-                # A lone message (light load) must not wait for the next recv(), which
-                # costs several microseconds when it finds nothing: send its output now.
+                if woken:
+                    break  # (its output leaves at the drain's end)
+                # A first message must not wait for the next recv(), which costs several
+                # microseconds when it finds nothing: send its output now.  Plain pushes
+                # gather into runs from the second message on.
                 self._gathering = self._gather
                 if self.sender.outq or self.sender.fanning:
                     self.sender.flush_out()
-                # and ask whether another one waits: half what a recv() raising Again
-                # costs (a round trip pays it on the way; a busy drain once)
-                if not int(router.get(_EVENTS)) & _POLLIN:
-                    self.sessions.emptied_at = now
-                    break
             elif not count % _REPORT_EVERY and self.sender.sent_to:
                 # Window slots come back while a long drain goes on, not only after it.
                 self.sessions.report_transmitted(now)

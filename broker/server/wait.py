@@ -1,0 +1,157 @@
+"""How the server's loop waits for its sources: one ``poll()`` system call per wake.
+
+``zmq_poll`` over N ZeroMQ sockets makes two ``poll()`` passes and asks every socket for
+its ``ZMQ_EVENTS`` in each (each ask is a system call on the socket's mailbox): with the
+ROUTER, the stop socket, the monitor and the fan-out XPUB that was ten system calls per
+wake, where a round trip wakes the loop once.  :class:`LoopWait` asks each ZeroMQ socket
+once, then makes one ``poll()`` over plain descriptors:
+
+* the ROUTER and other ZeroMQ sockets (the fan-out XPUB, readers added as sockets) by their
+  ``ZMQ_FD``, which libzmq makes readable when commands reach the socket.  It is edge-wise:
+  after a send or a receive only ``ZMQ_EVENTS`` tells whether a message waits, so each is
+  asked before every block (the ROUTER's answer "nothing" is also a "read empty" for the
+  keep-alive rules, ``PeerSessions.emptied_at``).  A readable ``ZMQ_FD`` of another socket
+  is checked with ``ZMQ_EVENTS`` before its reader is called; the ROUTER's is not (its drain
+  stops at the first receive that finds nothing);
+* the monitor (a ZeroMQ PAIR that only the loop reads, always until it is empty, or until
+  its drain's cap: ``unread()`` says so) by its ``ZMQ_FD`` alone, once it was read (a
+  ZeroMQ socket's descriptor announces only what comes after a read that found nothing);
+* plain descriptors: the stop signal (:class:`StopSignal`), the store's, readers added as
+  descriptors (level-triggered: readable until read).
+
+When a socket already has input the ``poll()`` does not block (timeout 0).  Linux and the
+other systems with ``select.poll`` (not Windows).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import threading
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import zmq
+
+_EVENTS = zmq.EVENTS
+_FD = zmq.FD
+_POLLIN = int(zmq.POLLIN)
+
+
+def _events_of(sock: Any) -> Callable[[int], int]:
+    """``sock.get``, typed for the integer options read here (ZMQ_EVENTS, ZMQ_FD)."""
+    get: Callable[[int], int] = sock.get
+    return get
+
+
+class StopSignal:
+    """``Server.stop()`` to the loop, on any thread: a pipe whose reading end the loop
+    polls; ``set`` writes to it (once is enough: it stays readable) and closes its end."""
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+        self._lock = threading.Lock()  # set() and close() run on different threads
+
+    def fileno(self) -> int:
+        return self._read
+
+    def set(self) -> None:
+        """Signal the loop (idempotent, never blocks)."""
+        with self._lock:
+            write, self._write = self._write, -1
+            if write >= 0:
+                with contextlib.suppress(OSError):
+                    os.write(write, b"\0")
+                os.close(write)
+
+    def close(self) -> None:
+        """The loop is over: close the reading end (and the writing end if never set)."""
+        self.set()
+        with self._lock:
+            read, self._read = self._read, -1
+            if read >= 0:
+                os.close(read)
+
+
+class LoopWait:
+    """The loop's sources and one wait over them (see the module docstring).  Keys are the
+    objects registered (a socket, a descriptor number, a reader's pollable); ``wait``
+    returns those that have input, and whether the ROUTER was found without input."""
+
+    def __init__(self, router: zmq.Socket[bytes]) -> None:
+        self.router = router
+        self._router_events = _events_of(router)
+        self._poll = select.poll()
+        self._by_fd: dict[int, Hashable] = {}
+        #: ZeroMQ sockets other than the ROUTER: asked for EVENTS before every block.
+        self._sockets: dict[zmq.Socket[bytes], Callable[[int], int]] = {}
+        #: Sockets read until empty, with their ``unread()`` (the monitor).
+        self._drained: list[tuple[Any, Callable[[], bool]]] = []
+        #: Drained sockets not read yet: ready at the next wait.
+        self._unchecked: list[Any] = []
+        self._add(_events_of(router)(_FD), router)
+
+    def _add(self, fd: int, key: Hashable) -> None:
+        if fd in self._by_fd:
+            raise ValueError(f"descriptor {fd} is watched already")
+        self._by_fd[fd] = key
+        self._poll.register(fd, select.POLLIN)
+
+    def add_fd(self, fd: int, key: Hashable | None = None) -> None:
+        """A plain descriptor (level-triggered): ready while readable."""
+        self._add(fd, fd if key is None else key)
+
+    def add_socket(self, sock: zmq.Socket[bytes]) -> None:
+        """A ZeroMQ socket someone else may send or receive on: ready when it has input."""
+        get = self._sockets[sock] = _events_of(sock)
+        self._add(get(_FD), sock)
+
+    def add_drained(self, sock: Any, unread: Callable[[], bool]) -> None:
+        """A ZeroMQ socket only its reader touches, always reading until it finds nothing
+        unless ``unread()``: ready when its descriptor is readable or ``unread()``."""
+        self._drained.append((sock, unread))
+        self._add(_events_of(sock)(_FD), sock)
+        # Its descriptor announces only what comes after a read that found nothing (a
+        # new pipe is not waited on yet): it is ready once, to be read until empty.
+        self._unchecked.append(sock)
+
+    def add(self, pollable: Any) -> None:
+        """A reader's pollable: a ZeroMQ socket or a descriptor (an int or a ``fileno()``)."""
+        if isinstance(pollable, zmq.Socket):
+            self.add_socket(pollable)
+        elif isinstance(pollable, int):
+            self.add_fd(pollable)
+        else:
+            self.add_fd(pollable.fileno(), pollable)
+
+    def wait(self, timeout_ms: int) -> tuple[list[Hashable], bool]:
+        """The sources with input after at most ``timeout_ms`` (0: do not block), and
+        True when the ROUTER had no message waiting before the wait."""
+        ready: list[Hashable] = []
+        router_empty = not self._router_events(_EVENTS) & _POLLIN
+        if not router_empty:
+            ready.append(self.router)
+        sockets = self._sockets
+        for sock, get in sockets.items():
+            if get(_EVENTS) & _POLLIN:
+                ready.append(sock)
+        for sock, unread in self._drained:
+            if unread():
+                ready.append(sock)
+        if self._unchecked:
+            ready += self._unchecked
+            self._unchecked = []
+        hits = self._poll.poll(0 if ready else timeout_ms)
+        if hits:
+            by_fd = self._by_fd
+            for fd, _events in hits:
+                key = by_fd[fd]
+                if key in ready:
+                    continue
+                get = sockets.get(key)  # type: ignore[call-overload]
+                if get is not None and not get(_EVENTS) & _POLLIN:
+                    continue  # commands only (the descriptor is edge-wise)
+                ready.append(key)
+        return ready, router_empty
