@@ -182,6 +182,8 @@ class Server:
         self._lock = threading.Lock()
         #: Other doors' wake-ups: (pollable, handler(now) -> engine output), see add_reader.
         self._readers: list[tuple[Any, Callable[[float], list[Any]]]] = []
+        #: Of the readers' ZeroMQ sockets, those whose sends are counted (``LoopWait``).
+        self._touched: dict[Any, Callable[[], int]] = {}
         self._max_frame = self.options.max_frame_size
         #: The engine's batch entry (``broker.batch``); None: batches are not understood.
         self._receive_batch = getattr(engine, "receive_batch", None)
@@ -275,6 +277,7 @@ class Server:
         self.sender.fanout = door
         self.engine.enable_fanout(door.endpoint)  # type: ignore[attr-defined]
         self.add_reader(door.sock, door.on_readable)
+        self._touched[door.sock] = lambda: door.sends  # it reads until it finds nothing
 
     def start(self) -> str:
         """Bind and serve on a background thread; returns the bound endpoint."""
@@ -362,7 +365,7 @@ class Server:
             waiter.add_drained(connections.monitor, connections.unread)
         readers = self._readers
         for pollable, _handler in readers:
-            waiter.add(pollable)
+            waiter.add(pollable, self._touched.get(pollable))
         gate = self.gate
         if gate is not None:
             waiter.add_fd(gate.fileno(), gate)

@@ -9,10 +9,11 @@ once, then makes one ``poll()`` over plain descriptors:
 * the ROUTER and other ZeroMQ sockets (the fan-out XPUB, readers added as sockets) by their
   ``ZMQ_FD``, which libzmq makes readable when commands reach the socket.  It is edge-wise:
   after a send or a receive only ``ZMQ_EVENTS`` tells whether a message waits, so each is
-  asked before every block (the ROUTER's answer "nothing" is also a "read empty" for the
-  keep-alive rules, ``PeerSessions.emptied_at``).  A readable ``ZMQ_FD`` of another socket
-  is checked with ``ZMQ_EVENTS`` before its reader is called; the ROUTER's is not (its drain
-  stops at the first receive that finds nothing);
+  asked before a block (the ROUTER's answer "nothing" is also a "read empty" for the
+  keep-alive rules, ``PeerSessions.emptied_at``), but a socket whose sends are counted
+  (the XPUB) and that was found without input is not asked again until it sent.  A
+  readable ``ZMQ_FD`` of another socket is checked with ``ZMQ_EVENTS`` before its reader is
+  called; the ROUTER's is not (its drain stops at the first receive that finds nothing);
 * the monitor (a ZeroMQ PAIR that only the loop reads, always until it is empty, or until
   its drain's cap: ``unread()`` says so) by its ``ZMQ_FD`` alone, once it was read (a
   ZeroMQ socket's descriptor announces only what comes after a read that found nothing);
@@ -30,6 +31,7 @@ import os
 import select
 import threading
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -43,6 +45,17 @@ def _events_of(sock: Any) -> Callable[[int], int]:
     """``sock.get``, typed for the integer options read here (ZMQ_EVENTS, ZMQ_FD)."""
     get: Callable[[int], int] = sock.get
     return get
+
+
+@dataclass(slots=True)
+class _Watched:
+    """A ZeroMQ socket other than the ROUTER (``LoopWait.add_socket``)."""
+
+    get: Callable[[int], int]
+    touched: Callable[[], int] | None
+    #: ``touched()`` when it was last found without input (``quiet``).
+    sends: int = 0
+    quiet: bool = False
 
 
 class StopSignal:
@@ -85,8 +98,8 @@ class LoopWait:
         self._router_events = _events_of(router)
         self._poll = select.poll()
         self._by_fd: dict[int, Hashable] = {}
-        #: ZeroMQ sockets other than the ROUTER: asked for EVENTS before every block.
-        self._sockets: dict[zmq.Socket[bytes], Callable[[int], int]] = {}
+        #: ZeroMQ sockets other than the ROUTER: asked for EVENTS before a block.
+        self._sockets: dict[zmq.Socket[bytes], _Watched] = {}
         #: Sockets read until empty, with their ``unread()`` (the monitor).
         self._drained: list[tuple[Any, Callable[[], bool]]] = []
         #: Drained sockets not read yet: ready at the next wait.
@@ -103,10 +116,15 @@ class LoopWait:
         """A plain descriptor (level-triggered): ready while readable."""
         self._add(fd, fd if key is None else key)
 
-    def add_socket(self, sock: zmq.Socket[bytes]) -> None:
-        """A ZeroMQ socket someone else may send or receive on: ready when it has input."""
-        get = self._sockets[sock] = _events_of(sock)
-        self._add(get(_FD), sock)
+    def add_socket(
+        self, sock: zmq.Socket[bytes], touched: Callable[[], int] | None = None
+    ) -> None:
+        """A ZeroMQ socket someone else may send or receive on: ready when it has input.
+        ``touched``: a count of the sends made on it, when its reader always reads until
+        it finds nothing: while the count stays, a socket found without input is not
+        asked again (its descriptor announces what comes); None: asked before every block."""
+        watched = self._sockets[sock] = _Watched(_events_of(sock), touched)
+        self._add(watched.get(_FD), sock)
 
     def add_drained(self, sock: Any, unread: Callable[[], bool]) -> None:
         """A ZeroMQ socket only its reader touches, always reading until it finds nothing
@@ -117,10 +135,11 @@ class LoopWait:
         # new pipe is not waited on yet): it is ready once, to be read until empty.
         self._unchecked.append(sock)
 
-    def add(self, pollable: Any) -> None:
-        """A reader's pollable: a ZeroMQ socket or a descriptor (an int or a ``fileno()``)."""
+    def add(self, pollable: Any, touched: Callable[[], int] | None = None) -> None:
+        """A reader's pollable: a ZeroMQ socket (see :meth:`add_socket`) or a descriptor
+        (an int or a ``fileno()``)."""
         if isinstance(pollable, zmq.Socket):
-            self.add_socket(pollable)
+            self.add_socket(pollable, touched)
         elif isinstance(pollable, int):
             self.add_fd(pollable)
         else:
@@ -134,8 +153,18 @@ class LoopWait:
         if not router_empty:
             ready.append(self.router)
         sockets = self._sockets
-        for sock, get in sockets.items():
-            if get(_EVENTS) & _POLLIN:
+        for sock, watched in sockets.items():
+            touched = watched.touched
+            if touched is None:
+                if watched.get(_EVENTS) & _POLLIN:
+                    ready.append(sock)
+                continue
+            sends = touched()
+            if watched.quiet and sends == watched.sends:
+                continue  # found without input, untouched since
+            watched.sends = sends
+            watched.quiet = not watched.get(_EVENTS) & _POLLIN
+            if not watched.quiet:
                 ready.append(sock)
         for sock, unread in self._drained:
             if unread():
@@ -150,8 +179,10 @@ class LoopWait:
                 key = by_fd[fd]
                 if key in ready:
                     continue
-                get = sockets.get(key)  # type: ignore[call-overload]
-                if get is not None and not get(_EVENTS) & _POLLIN:
-                    continue  # commands only (the descriptor is edge-wise)
+                watched = sockets.get(key)  # type: ignore[call-overload]
+                if watched is not None:
+                    if not watched.get(_EVENTS) & _POLLIN:
+                        continue  # commands only (the descriptor is edge-wise)
+                    watched.quiet = False  # (asked again at the next wait)
                 ready.append(key)
         return ready, router_empty
