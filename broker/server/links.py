@@ -121,7 +121,9 @@ class Connections:
         self._open: dict[int, _Accepted] = {}  # by descriptor
         self._refused: dict[int, Link] = {}  # shut down as over the limit, until they end
         self.refused = 0  # how many were
-        self._unread = False  # see unread()
+        #: The last ``drain`` stopped at its cap: events may wait that the monitor's
+        #: descriptor will not announce again (``broker.server.wait``).
+        self.unread = False
 
     def __len__(self) -> int:
         return len(self._open)
@@ -132,12 +134,12 @@ class Connections:
         Returns the descriptors of the connections that ended.
         """
         ended: list[int] = []
-        self._unread = True
+        self.unread = True
         for _ in range(_DRAIN):
             try:
                 event = parse_monitor_message(self.monitor.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
-                self._unread = False
+                self.unread = False
                 break
             fd = int(event["value"])
             if event["event"] == zmq.EVENT_DISCONNECTED:
@@ -156,11 +158,6 @@ class Connections:
                 continue
             self._open[fd] = _Accepted(link, now)
         return ended
-
-    def unread(self) -> bool:
-        """The last ``drain`` stopped at its cap: events may wait that the monitor's
-        descriptor will not announce again (``broker.server.wait``)."""
-        return self._unread
 
     def pending(self) -> bool:
         """Events wait on the monitor (drain them before trusting what is known here)."""

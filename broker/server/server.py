@@ -75,7 +75,7 @@ from broker.server.peers import (
     terminate_frame,
 )
 from broker.server.send import Peer, PeerState, SendPath
-from broker.server.wait import LoopWait, StopSignal
+from broker.server.wait import CountsSends, LoopWait, StopSignal
 from zerohub import zmqkit
 from zproto.errors import DecodeError
 
@@ -112,7 +112,7 @@ _READY = PeerState.READY
 _ONLY_PUSHES_AND_ACKS = "a batch holds queue pushes and acknowledges only"
 #: Messages received between two reports of sent deliveries during one socket drain.
 _REPORT_EVERY = 256
-_EVENTS = zmq.EVENTS
+_EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 #: Octets CURVE adds to a message on the wire, which libzmq counts against ZMQ_MAXMSGSIZE:
 #: the MESSAGE command's name and nonce (16), the box's MAC (16) and the flags octet.
@@ -182,11 +182,13 @@ class Server:
         self._lock = threading.Lock()
         #: Other doors' wake-ups: (pollable, handler(now) -> engine output), see add_reader.
         self._readers: list[tuple[Any, Callable[[float], list[Any]]]] = []
-        #: Of the readers' ZeroMQ sockets, those whose sends are counted (``LoopWait``).
-        self._touched: dict[Any, Callable[[], int]] = {}
+        #: Of the readers' ZeroMQ sockets, those whose sends are counted, and by whom.
+        self._senders: dict[Any, CountsSends] = {}
         self._max_frame = self.options.max_frame_size
         #: The engine's batch entry (``broker.batch``); None: batches are not understood.
         self._receive_batch = getattr(engine, "receive_batch", None)
+        #: The engine's next timer when the loop last asked (``_after_wake``).
+        self._deadline: float | None = None
         #: Frames beyond one in the batch just handled (``_on_message``'s drain budget).
         self._batched = 0
         #: The producers whose plain pushes read in this drain wait in ``Peer.run``, in
@@ -277,7 +279,7 @@ class Server:
         self.sender.fanout = door
         self.engine.enable_fanout(door.endpoint)  # type: ignore[attr-defined]
         self.add_reader(door.sock, door.on_readable)
-        self._touched[door.sock] = lambda: door.sends  # it reads until it finds nothing
+        self._senders[door.sock] = door  # (it reads until it finds nothing: LoopWait)
 
     def start(self) -> str:
         """Bind and serve on a background thread; returns the bound endpoint."""
@@ -362,41 +364,43 @@ class Server:
         connections = self.sessions.connections
         monitor = connections.monitor if connections is not None else None
         if connections is not None:
-            waiter.add_drained(connections.monitor, connections.unread)
+            waiter.add_drained(connections.monitor, connections)
         readers = self._readers
         for pollable, _handler in readers:
-            waiter.add(pollable, self._touched.get(pollable))
+            waiter.add(pollable, self._senders.get(pollable))
         gate = self.gate
         if gate is not None:
             waiter.add_fd(gate.fileno(), gate)
         self.sessions.next_scan = self.clock() + min(1.0, self.options.ping_interval / 2)
+        self._deadline = self.engine.next_deadline()
         try:
+            timeout = 0
             while True:
-                ready, router_empty = waiter.wait(self._poll_timeout())
+                ready, router_empty = waiter.wait(timeout)
                 now = self.clock()
                 if router_empty:
                     self.sessions.emptied_at = now  # nothing left to read
-                if ready and self._on_ready(ready, router, stop, monitor, router_empty, now):
-                    break
-                self._after_wake(self.clock())
+                if ready:
+                    if stop in ready:
+                        break
+                    self._serve_ready(ready, router, monitor, router_empty, now)
+                    now = self.clock()
+                timeout = self._after_wake(now)
         finally:
             try:
                 self._shutdown(router)
             finally:
                 stop.close()
 
-    def _on_ready(
+    def _serve_ready(
         self,
         ready: list[Any],
         router: zmq.Socket[bytes],
-        stop: StopSignal,
         monitor: zmq.Socket[bytes] | None,
         woken: bool,
         now: float,
-    ) -> bool:
-        """Serve the sources that have input; True: stop."""
-        if stop in ready:
-            return True
+    ) -> None:
+        """Serve the sources that have input (``woken``: see :meth:`_drain`)."""
         gate = self.gate
         if monitor is not None and monitor in ready:
             self.sessions.on_connections(now)  # before the messages they bring
@@ -416,19 +420,22 @@ class Server:
             for pollable, handler in self._readers:
                 if pollable in ready:
                     self.sender.send_all(self.sessions.guard("door", handler, now))
-        return False
 
-    def _after_wake(self, now: float) -> None:
-        """What every wake ends with: timers, keep-alive, backlogs, reports, sending."""
+    def _after_wake(self, now: float) -> int:
+        """What every wake ends with: timers, keep-alive, backlogs, reports, sending; the
+        next wait's timeout (ms).  Timers are due by the engine's deadline read at the end
+        of the previous wake (one created since is due later: the timeout returned here
+        is taken from a fresh one)."""
         sender = self.sender
         sessions = self.sessions
-        deadline = self.engine.next_deadline()
+        engine = self.engine
+        deadline = self._deadline
         if deadline is not None and deadline <= now:
-            sender.send_all(sessions.guard("tick", self.engine.tick, now))
+            sender.send_all(sessions.guard("tick", engine.tick, now))
         if now >= sessions.next_scan:
             sessions.scan(now)
             if sender.fanout is not None:  # each stream's marker (tail gaps)
-                sender.send_all(self.engine.fanout_beat())  # type: ignore[attr-defined]
+                sender.send_all(engine.fanout_beat())  # type: ignore[attr-defined]
         if sender.blocked:
             sender.flush_backlogs()
         if sender.gone or sessions.unreachable:
@@ -438,17 +445,14 @@ class Server:
         if sender.sent_to:
             sessions.report_transmitted(now)
             sender.flush_out()
-
-    def _poll_timeout(self) -> int:
-        now = self.clock()
-        wake = self.sessions.next_scan
-        deadline = self.engine.next_deadline()
+        self._deadline = deadline = engine.next_deadline()
+        if sender.sent_to:
+            return 0  # deliveries to report: the engine may release more at once
+        if sender.blocked or sender.gone or sessions.unreachable:
+            return 1
+        wake = sessions.next_scan
         if deadline is not None and deadline < wake:
             wake = deadline
-        if self.sender.sent_to:
-            return 0  # deliveries to report: the engine may release more at once
-        if self.sender.blocked or self.sender.gone or self.sessions.unreachable:
-            return 1
         return max(0, int((wake - now) * 1000) + 1)
 
     def _drain(self, router: zmq.Socket[bytes], woken: bool) -> None:
@@ -492,6 +496,12 @@ class Server:
                 self._gathering = self._gather
                 if self.sender.outq or self.sender.fanning:
                     self.sender.flush_out()
+                # and ask whether another one waits: half what a recv() raising Again
+                # costs (a message that came before the wait asked, as a round trip's
+                # when the loop is slower than its client; a busy drain once)
+                if not int(router.get(_EVENTS)) & _POLLIN:
+                    self.sessions.emptied_at = now
+                    break
             elif not count % _REPORT_EVERY and self.sender.sent_to:
                 # Window slots come back while a long drain goes on, not only after it.
                 self.sessions.report_transmitted(now)

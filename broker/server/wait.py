@@ -15,7 +15,7 @@ once, then makes one ``poll()`` over plain descriptors:
   readable ``ZMQ_FD`` of another socket is checked with ``ZMQ_EVENTS`` before its reader is
   called; the ROUTER's is not (its drain stops at the first receive that finds nothing);
 * the monitor (a ZeroMQ PAIR that only the loop reads, always until it is empty, or until
-  its drain's cap: ``unread()`` says so) by its ``ZMQ_FD`` alone, once it was read (a
+  its drain's cap: the reader's ``unread`` says so) by its ``ZMQ_FD`` alone, once it was read (a
   ZeroMQ socket's descriptor announces only what comes after a read that found nothing);
 * plain descriptors: the stop signal (:class:`StopSignal`), the store's, readers added as
   descriptors (level-triggered: readable until read).
@@ -32,7 +32,7 @@ import select
 import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 
@@ -47,13 +47,28 @@ def _events_of(sock: Any) -> Callable[[int], int]:
     return get
 
 
+class CountsSends(Protocol):
+    """Who sends on a watched socket and counts it (``FanoutDoor``)."""
+
+    @property
+    def sends(self) -> int: ...
+
+
+class ReadsToEmpty(Protocol):
+    """The only reader of a socket, which reads it until it finds nothing, or sets
+    ``unread`` (its cap: ``Connections.drain``)."""
+
+    @property
+    def unread(self) -> bool: ...
+
+
 @dataclass(slots=True)
 class _Watched:
     """A ZeroMQ socket other than the ROUTER (``LoopWait.add_socket``)."""
 
     get: Callable[[int], int]
-    touched: Callable[[], int] | None
-    #: ``touched()`` when it was last found without input (``quiet``).
+    sender: CountsSends | None
+    #: ``sender.sends`` when it was last found without input (``quiet``).
     sends: int = 0
     quiet: bool = False
 
@@ -100,8 +115,8 @@ class LoopWait:
         self._by_fd: dict[int, Hashable] = {}
         #: ZeroMQ sockets other than the ROUTER: asked for EVENTS before a block.
         self._sockets: dict[zmq.Socket[bytes], _Watched] = {}
-        #: Sockets read until empty, with their ``unread()`` (the monitor).
-        self._drained: list[tuple[Any, Callable[[], bool]]] = []
+        #: Sockets read until empty, with their reader (the monitor).
+        self._drained: list[tuple[Any, ReadsToEmpty]] = []
         #: Drained sockets not read yet: ready at the next wait.
         self._unchecked: list[Any] = []
         self._add(_events_of(router)(_FD), router)
@@ -116,30 +131,28 @@ class LoopWait:
         """A plain descriptor (level-triggered): ready while readable."""
         self._add(fd, fd if key is None else key)
 
-    def add_socket(
-        self, sock: zmq.Socket[bytes], touched: Callable[[], int] | None = None
-    ) -> None:
+    def add_socket(self, sock: zmq.Socket[bytes], sender: CountsSends | None = None) -> None:
         """A ZeroMQ socket someone else may send or receive on: ready when it has input.
-        ``touched``: a count of the sends made on it, when its reader always reads until
+        ``sender``: who counts the sends made on it, when its reader always reads until
         it finds nothing: while the count stays, a socket found without input is not
         asked again (its descriptor announces what comes); None: asked before every block."""
-        watched = self._sockets[sock] = _Watched(_events_of(sock), touched)
+        watched = self._sockets[sock] = _Watched(_events_of(sock), sender)
         self._add(watched.get(_FD), sock)
 
-    def add_drained(self, sock: Any, unread: Callable[[], bool]) -> None:
-        """A ZeroMQ socket only its reader touches, always reading until it finds nothing
-        unless ``unread()``: ready when its descriptor is readable or ``unread()``."""
-        self._drained.append((sock, unread))
+    def add_drained(self, sock: Any, reader: ReadsToEmpty) -> None:
+        """A ZeroMQ socket only ``reader`` touches, reading until it finds nothing unless
+        it says ``unread``: ready when its descriptor is readable or ``reader.unread``."""
+        self._drained.append((sock, reader))
         self._add(_events_of(sock)(_FD), sock)
         # Its descriptor announces only what comes after a read that found nothing (a
         # new pipe is not waited on yet): it is ready once, to be read until empty.
         self._unchecked.append(sock)
 
-    def add(self, pollable: Any, touched: Callable[[], int] | None = None) -> None:
+    def add(self, pollable: Any, sender: CountsSends | None = None) -> None:
         """A reader's pollable: a ZeroMQ socket (see :meth:`add_socket`) or a descriptor
         (an int or a ``fileno()``)."""
         if isinstance(pollable, zmq.Socket):
-            self.add_socket(pollable, touched)
+            self.add_socket(pollable, sender)
         elif isinstance(pollable, int):
             self.add_fd(pollable)
         else:
@@ -154,20 +167,20 @@ class LoopWait:
             ready.append(self.router)
         sockets = self._sockets
         for sock, watched in sockets.items():
-            touched = watched.touched
-            if touched is None:
+            sender = watched.sender
+            if sender is None:
                 if watched.get(_EVENTS) & _POLLIN:
                     ready.append(sock)
                 continue
-            sends = touched()
+            sends = sender.sends
             if watched.quiet and sends == watched.sends:
                 continue  # found without input, untouched since
             watched.sends = sends
             watched.quiet = not watched.get(_EVENTS) & _POLLIN
             if not watched.quiet:
                 ready.append(sock)
-        for sock, unread in self._drained:
-            if unread():
+        for sock, reader in self._drained:
+            if reader.unread:
                 ready.append(sock)
         if self._unchecked:
             ready += self._unchecked
@@ -178,6 +191,9 @@ class LoopWait:
             for fd, _events in hits:
                 key = by_fd[fd]
                 if key in ready:
+                    continue
+                if key is self.router:
+                    ready.append(key)
                     continue
                 watched = sockets.get(key)  # type: ignore[call-overload]
                 if watched is not None:
