@@ -75,8 +75,9 @@ from broker.server.peers import (
     terminate_frame,
 )
 from broker.server.send import Peer, PeerState, SendPath
-from broker.server.wait import CountsSends, LoopWait, StopSignal
+from broker.server.wait import CountsSends, LoopWait
 from zerohub import zmqkit
+from zerohub.wakeup import Wakeup
 from zproto.errors import DecodeError
 
 __all__ = [
@@ -176,7 +177,7 @@ class Server:
         self.clock = clock
         self.endpoint: str | None = None  # the bound endpoint (port resolved)
         #: How stop() ends the loop (made when serving starts).
-        self._stop: StopSignal | None = None
+        self._stop: Wakeup | None = None
         self._thread: threading.Thread | None = None
         self._auth: Any = None
         self._lock = threading.Lock()
@@ -310,7 +311,7 @@ class Server:
             signal = self._stop
             self._stop = None
         if signal is not None:
-            signal.set()
+            signal.notify()  # (the loop closes it)
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():
@@ -338,8 +339,8 @@ class Server:
         Call before ``start()``/``run()``."""
         self._readers.append((pollable, handler))
 
-    def _make_stop(self) -> StopSignal:
-        stop = StopSignal()
+    def _make_stop(self) -> Wakeup:
+        stop = Wakeup()
         with self._lock:
             self._stop = stop
         return stop
@@ -356,7 +357,7 @@ class Server:
 
     # -- the loop ----------------------------------------------------------------------
 
-    def _serve(self, stop: StopSignal) -> None:
+    def _serve(self, stop: Wakeup) -> None:
         router = self.sender.router
         assert router is not None
         waiter = LoopWait(router)

@@ -17,8 +17,8 @@ once, then makes one ``poll()`` over plain descriptors:
 * the monitor (a ZeroMQ PAIR that only the loop reads, always until it is empty, or until
   its drain's cap: the reader's ``unread`` says so) by its ``ZMQ_FD`` alone, once it was read (a
   ZeroMQ socket's descriptor announces only what comes after a read that found nothing);
-* plain descriptors: the stop signal (:class:`StopSignal`), the store's, readers added as
-  descriptors (level-triggered: readable until read).
+* plain descriptors: the stop signal (``zerohub.wakeup.Wakeup``), the store's, readers added
+  as descriptors (level-triggered: readable until read).
 
 When a socket already has input the ``poll()`` does not block (timeout 0).  Linux and the
 other systems with ``select.poll`` (not Windows).
@@ -26,10 +26,7 @@ other systems with ``select.poll`` (not Windows).
 
 from __future__ import annotations
 
-import contextlib
-import os
 import select
-import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -71,36 +68,6 @@ class _Watched:
     #: ``sender.sends`` when it was last found without input (``quiet``).
     sends: int = 0
     quiet: bool = False
-
-
-class StopSignal:
-    """``Server.stop()`` to the loop, on any thread: a pipe whose reading end the loop
-    polls; ``set`` writes to it (once is enough: it stays readable) and closes its end."""
-
-    def __init__(self) -> None:
-        self._read, self._write = os.pipe()
-        os.set_blocking(self._write, False)
-        self._lock = threading.Lock()  # set() and close() run on different threads
-
-    def fileno(self) -> int:
-        return self._read
-
-    def set(self) -> None:
-        """Signal the loop (idempotent, never blocks)."""
-        with self._lock:
-            write, self._write = self._write, -1
-            if write >= 0:
-                with contextlib.suppress(OSError):
-                    os.write(write, b"\0")
-                os.close(write)
-
-    def close(self) -> None:
-        """The loop is over: close the reading end (and the writing end if never set)."""
-        self.set()
-        with self._lock:
-            read, self._read = self._read, -1
-            if read >= 0:
-                os.close(read)
 
 
 class LoopWait:
