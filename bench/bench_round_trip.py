@@ -58,10 +58,16 @@ def _free_port() -> int:
 
 
 def _cpu(pid: int) -> float:
-    """User + system CPU seconds of a process (all its threads) so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds of a process's threads so far (``/proc/PID/task/*/schedstat``:
+    nanoseconds, where ``/proc/PID/stat`` counts clock ticks of 10 ms)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError):
+            continue  # a thread that ended meanwhile
+    return total / 1e9
 
 
 def role_broker(endpoint: str) -> None:
