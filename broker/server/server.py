@@ -411,16 +411,20 @@ class Server:
             if gate is not None:  # the drain's saves: one group per queue
                 gate.begin()
                 try:
-                    self._drain(router, woken)
+                    self._drain(router, woken, now)
                 finally:
                     gate.end()
             else:
-                self._drain(router, woken)
-        if self._readers:
-            now = self.clock()
-            for pollable, handler in self._readers:
-                if pollable in ready:
-                    self.sender.send_all(self.sessions.guard("door", handler, now))
+                self._drain(router, woken, now)
+            drained = True
+        else:
+            drained = False
+        for pollable, handler in self._readers:
+            if pollable in ready:
+                if drained:  # (a drain may have taken a while)
+                    now = self.clock()
+                    drained = False
+                self.sender.send_all(self.sessions.guard("door", handler, now))
 
     def _after_wake(self, now: float) -> int:
         """What every wake ends with: timers, keep-alive, backlogs, reports, sending; the
@@ -456,7 +460,7 @@ class Server:
             wake = deadline
         return max(0, int((wake - now) * 1000) + 1)
 
-    def _drain(self, router: zmq.Socket[bytes], woken: bool) -> None:
+    def _drain(self, router: zmq.Socket[bytes], woken: bool, now: float) -> None:
         """Read what the ROUTER holds, ``options.batch`` frames at most.  ``woken``: the
         loop's wait found nothing to read before it blocked (a wake-up, as every round
         trip's): the first message is handled alone and its output sent at once, and the
@@ -466,7 +470,6 @@ class Server:
         # on every part, which costs more than the rest of the receive path.
         recv = router.recv
         on_message = self._on_message
-        now = self.clock()
         count = 0
         batch = self.options.batch
         while count < batch:

@@ -133,7 +133,7 @@ class LoopWait:
         if not router_empty:
             ready.append(self.router)
         sockets = self._sockets
-        for sock, watched in sockets.items():
+        for sock, watched in sockets.items() if sockets else ():
             sender = watched.sender
             if sender is None:
                 if watched.get(_EVENTS) & _POLLIN:
