@@ -4,7 +4,7 @@ Design: one background I/O thread owns the DEALER socket; every public method
 may be called from any thread.
 
 * Sending: the caller encodes the frame and appends it to an outbox deque; the
-  I/O thread is woken over an inproc PAIR socket only when the outbox goes from
+  I/O thread is woken (``zerohub.wakeup.Wakeup``, a pipe) only when the outbox goes from
   empty to non-empty, so a burst of ``push`` calls costs one wake-up.  A full
   outbox (``max_outbox`` frames) blocks the caller: backpressure, not memory growth.
 * Replies: requests register a ``concurrent.futures.Future`` with the session core

@@ -2,8 +2,8 @@
 
 Callers encode frames and append them to the outbox (:meth:`ClientCore.enqueue`); requests
 register a future with the session core (:meth:`ClientCore.submit`) and may wait for it
-(:meth:`ClientCore.wait`).  A threaded client's I/O thread is woken over an inproc PAIR
-socket when the outbox goes from empty to non-empty; a poll-on-call client
+(:meth:`ClientCore.wait`).  A threaded client's I/O thread is woken (a
+``zerohub.wakeup.Wakeup``) when the outbox goes from empty to non-empty; a poll-on-call client
 (``threaded=False``) sends at once and runs its I/O loop (``broker.client.io.IOLoop``,
 seen here as a :class:`Pump`) on the calling thread inside every blocking call
 (:meth:`ClientCore.pump`), including waits on the futures it returns.

@@ -146,8 +146,8 @@ def _pushes_and_acks(
 class Server:
     """ROUTER front end of one engine.
 
-    ``start()`` binds and serves on a background thread (``stop()`` ends it over an
-    inproc PAIR socket); ``run()`` serves on the calling thread until ``stop()`` is
+    ``start()`` binds and serves on a background thread (``stop()`` ends it through a
+    ``zerohub.wakeup.Wakeup``); ``run()`` serves on the calling thread until ``stop()`` is
     called from elsewhere.  ``clock`` (monotonic seconds) is injectable for tests.
     """
 
