@@ -376,17 +376,21 @@ class Server:
         self._deadline = self.engine.next_deadline()
         try:
             timeout = 0
+            before = self.clock()  # a time before the wait's look at the ROUTER
             while True:
                 ready, router_empty = waiter.wait(timeout)
                 now = self.clock()
                 if router_empty:
-                    self.sessions.emptied_at = now  # nothing left to read
+                    # Nothing left to read when the wait looked (after ``before``), and
+                    # still nothing now unless the ROUTER woke the wait.
+                    self.sessions.emptied_at = before if router in ready else now
                 if ready:
                     if stop in ready:
                         break
                     self._serve_ready(ready, router, monitor, router_empty, now)
                     now = self.clock()
                 timeout = self._after_wake(now)
+                before = now
         finally:
             try:
                 self._shutdown(router)
