@@ -4,7 +4,7 @@ Design: one background I/O thread owns the DEALER socket; every public method
 may be called from any thread.
 
 * Sending: the caller encodes the frame and appends it to an outbox deque; the
-  I/O thread is woken over an inproc PAIR socket only when the outbox goes from
+  I/O thread is woken (``zerohub.wakeup.Wakeup``, a pipe) only when the outbox goes from
   empty to non-empty, so a burst of ``push`` calls costs one wake-up.  A full
   outbox (``max_outbox`` frames) blocks the caller: backpressure, not memory growth.
 * Replies: requests register a ``concurrent.futures.Future`` with the session core
@@ -34,7 +34,6 @@ the socket side, ``broker.client.core`` what the two share.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -47,7 +46,7 @@ import zmq
 
 from broker import tmqp
 from broker.client.api import ANSWER, ClientApi
-from broker.client.core import NO_WAKE, ClientCore
+from broker.client.core import NO_WAKE, WAKE_STOP, ClientCore
 from broker.client.errors import (
     ClientClosed,
     ClientError,
@@ -62,6 +61,7 @@ from broker.client.message import Kind, Message
 from broker.client.session import SEND_BATCH, Call, Reply, Session, SessionState
 from broker.client.sockets import Curve
 from broker.protocol import DEFAULT_ENDPOINT, ConnectionInfo, MessageType
+from zerohub.wakeup import Wakeup
 
 _READY = SessionState.READY
 _CLOSING = SessionState.CLOSING
@@ -194,14 +194,8 @@ class Client(ClientApi[Any]):
                 self.close()
                 raise
             return self
-        rx = core.context.socket(zmq.PAIR)
-        rx.linger = 0
-        rx.bind(core.wake_addr)
-        tx = core.context.socket(zmq.PAIR)
-        tx.linger = 0
-        tx.connect(core.wake_addr)
-        core.wake_tx = tx
-        self._thread = threading.Thread(target=self._io_main, args=(rx,), name="broker-client")
+        wake = core.wake_tx = Wakeup()
+        self._thread = threading.Thread(target=self._io_main, args=(wake,), name="broker-client")
         self._thread.daemon = True
         try:
             # (inside: Ctrl-C can land while start() waits to return, after the thread runs)
@@ -227,13 +221,13 @@ class Client(ClientApi[Any]):
             loop.finish()
             return
         with core.cv:
-            tx, core.wake_tx = core.wake_tx, None
-            if tx is not None:
-                with contextlib.suppress(zmq.ZMQError):
-                    tx.send(b"STOP", zmq.NOBLOCK)
-                tx.close(linger=0)
+            wake, core.wake_tx = core.wake_tx, None
+            if wake is not None:
+                wake.notify(WAKE_STOP)  # (the I/O thread closes it)
             core.cv.notify_all()
         thread = self._thread
+        if wake is not None and (thread is None or thread.ident is None):
+            wake.close()  # no I/O thread ever ran
         if (
             thread is not None
             and thread.ident is not None  # started
@@ -255,10 +249,10 @@ class Client(ClientApi[Any]):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _io_main(self, wake_rx: zmq.Socket[bytes]) -> None:
+    def _io_main(self, wake: Wakeup) -> None:
         core = self._core
         core.io_ident = threading.get_ident()
-        loop = IOLoop(core, wake_rx)
+        loop = IOLoop(core, wake)
         try:
             loop.run()
         except zmq.ZMQError as exc:
@@ -274,8 +268,8 @@ class Client(ClientApi[Any]):
         finally:
             with core.cv:
                 core.io_over = True
-            wake_rx.close(linger=0)
             loop.finish()
+            wake.close()
 
     def poll(self, timeout: float = 0.0) -> None:
         """Poll-on-call clients: handle what arrived (replies, PINGs, reconnects) for a while.

@@ -2,8 +2,8 @@
 
 Callers encode frames and append them to the outbox (:meth:`ClientCore.enqueue`); requests
 register a future with the session core (:meth:`ClientCore.submit`) and may wait for it
-(:meth:`ClientCore.wait`).  A threaded client's I/O thread is woken over an inproc PAIR
-socket when the outbox goes from empty to non-empty; a poll-on-call client
+(:meth:`ClientCore.wait`).  A threaded client's I/O thread is woken (a
+``zerohub.wakeup.Wakeup``) when the outbox goes from empty to non-empty; a poll-on-call client
 (``threaded=False``) sends at once and runs its I/O loop (``broker.client.io.IOLoop``,
 seen here as a :class:`Pump`) on the calling thread inside every blocking call
 (:meth:`ClientCore.pump`), including waits on the futures it returns.
@@ -13,9 +13,6 @@ The protocol is ``broker.client.session``; the inbox is ``broker.client.inbox``.
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-import os
 import threading
 import time
 from collections import deque
@@ -31,7 +28,8 @@ from broker.client.message import Message
 from broker.client.session import Call, Session, SessionState
 from broker.client.sockets import Curve
 
-_ids = itertools.count(1)
+#: The note of a wake-up that stops the I/O thread (``Client.close``).
+WAKE_STOP = b"S"
 #: Poll-on-call: frames sent without a look at what arrived before a pump reads it (the
 #: broker's PINGs and the answers to fire-and-forget pushes' neighbours wait until then).
 _PUMP_EVERY = 1000
@@ -83,8 +81,9 @@ class ClientCore:
         #: The threaded client's I/O loop ended (closed, failed, or its context was
         #: terminated): a call raises ``closed_error`` instead of waiting for nobody.
         self.io_over = False
-        self.wake_addr = f"inproc://zerohub-client-{os.getpid()}-{next(_ids)}"
-        self.wake_tx: Any = None  # the PAIR socket waking the I/O thread, or _NO_WAKE
+        #: How callers wake the I/O thread (``zerohub.wakeup.Wakeup``; poll-on-call:
+        #: ``NO_WAKE``); None once closed.
+        self.wake_tx: Any = None
         self.loop: Pump | None = None  # poll-on-call: the loop the caller drives
         #: The I/O loop's fan-out reader (``broker.client.fanout``), once there is a loop.
         self.fanout: Any = None
@@ -178,12 +177,11 @@ class ClientCore:
             raise self.closed_error()
 
     def wake(self) -> None:
-        """Wake the I/O thread (once until it drains the wake socket)."""
+        """Wake the I/O thread (once until it takes the wake-up)."""
         tx = self.wake_tx
         if tx is not None and not self.woken:
             self.woken = True
-            with contextlib.suppress(zmq.Again):
-                tx.send(b"", zmq.NOBLOCK)
+            tx.notify()
 
     def submit(self, call: Call, timeout: float | None) -> Future[Any]:
         """Send ``call``; the future of its answer."""
@@ -238,9 +236,9 @@ class _PumpedFuture(Future[Any]):
 
 
 class _NoWake:
-    """Stands in for the wake socket of a poll-on-call client (never signalled)."""
+    """Stands in for the wake-up of a poll-on-call client (never signalled)."""
 
-    def send(self, data: bytes, flags: int = 0) -> None:
+    def notify(self, note: bytes = b"") -> None:
         pass
 
 

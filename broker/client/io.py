@@ -18,13 +18,14 @@ import zmq
 
 from broker import batch, tmqp
 from broker.client import session as S
-from broker.client.core import ClientCore
+from broker.client.core import WAKE_STOP, ClientCore
 from broker.client.errors import ClientClosed, ClientError, StopLoop
 from broker.client.fanout import RAW_WAIT_MS, FanoutReader
 from broker.client.message import Message, messages_of
 from broker.client.sockets import close_monitor, handshake_refusal, open_dealer
 from broker.protocol import MessageType
 from zerohub import zmqkit
+from zerohub.wakeup import Wakeup
 from zproto.errors import DecodeError
 
 log = logging.getLogger("broker.client.blocking")
@@ -62,7 +63,7 @@ def _unbound_send(*args: Any) -> None:
 class IOLoop:
     """The blocking client's I/O loop (see the module docstring)."""
 
-    def __init__(self, core: ClientCore, wake: zmq.Socket[bytes] | None) -> None:
+    def __init__(self, core: ClientCore, wake: Wakeup | None) -> None:
         self.c = core
         self.s = core.session
         self.wake = wake
@@ -79,8 +80,11 @@ class IOLoop:
         self.fan = core.fanout = FanoutReader(
             core.context, core.curve, core.hwm, core.session.endpoint, core.raw_fanout
         )
+        #: The wake-up's descriptor (threaded clients), polled with the sockets.
+        self.wake_fd = -1
         if wake is not None:
-            self._register(wake, zmq.POLLIN)
+            self.wake_fd = wake.fileno()
+            self._register(self.wake_fd, zmq.POLLIN)
 
     # -- main loop ---------------------------------------------------------------------
 
@@ -151,7 +155,7 @@ class IOLoop:
                 self.flush()
             return
         events = dict(self.poller.poll(timeout))
-        if self.wake is not None and self.wake in events:
+        if self.wake_fd in events:
             self._drain_wake()
         if sock is not None and sock is self.sock:
             ev = events.get(sock, 0)
@@ -207,14 +211,9 @@ class IOLoop:
     def _drain_wake(self) -> None:
         c = self.c
         assert self.wake is not None
-        while True:
-            try:
-                msg = self.wake.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            if msg == b"STOP":
-                self.goodbye()
-                raise StopLoop
+        if WAKE_STOP in self.wake.take():
+            self.goodbye()
+            raise StopLoop
         with c.cv:
             c.woken = False
         if self.s.paused and c.inbox.drained and self.fan.held <= c.inbox.limit // 2:

@@ -46,6 +46,9 @@ class FanoutDoor:
         #: The number the run's next delivery must have to join it.
         self.run_next = 0
         self.run_octets = 0
+        #: Messages handed to the socket so far (``broker.server.wait``: a send may take
+        #: the signal of a subscription that came meanwhile).
+        self.sends = 0
         #: (``fanout_published``: deliveries; ``fanout_sends``: ZeroMQ messages, runs.)
         counters.setdefault("fanout_published", 0)
         counters.setdefault("fanout_sends", 0)
@@ -153,6 +156,7 @@ class FanoutDoor:
         """Send ``data``, counted (before: a reader may see it at once) in ``counter``."""
         counters = self.counters
         counters[counter] += count
+        self.sends += 1
         try:
             self.sock.send(data, zmq.NOBLOCK)
         except zmq.ZMQError as exc:

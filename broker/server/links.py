@@ -121,6 +121,9 @@ class Connections:
         self._open: dict[int, _Accepted] = {}  # by descriptor
         self._refused: dict[int, Link] = {}  # shut down as over the limit, until they end
         self.refused = 0  # how many were
+        #: The last ``drain`` stopped at its cap: events may wait that the monitor's
+        #: descriptor will not announce again (``broker.server.wait``).
+        self.unread = False
 
     def __len__(self) -> int:
         return len(self._open)
@@ -131,10 +134,12 @@ class Connections:
         Returns the descriptors of the connections that ended.
         """
         ended: list[int] = []
+        self.unread = True
         for _ in range(_DRAIN):
             try:
                 event = parse_monitor_message(self.monitor.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
+                self.unread = False
                 break
             fd = int(event["value"])
             if event["event"] == zmq.EVENT_DISCONNECTED:

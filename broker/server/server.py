@@ -41,11 +41,8 @@ Default endpoint: ``tcp://127.0.0.1:5680`` (``protocol.DEFAULT_ENDPOINT``).
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -78,7 +75,9 @@ from broker.server.peers import (
     terminate_frame,
 )
 from broker.server.send import Peer, PeerState, SendPath
+from broker.server.wait import CountsSends, LoopWait
 from zerohub import zmqkit
+from zerohub.wakeup import Wakeup
 from zproto.errors import DecodeError
 
 __all__ = [
@@ -105,7 +104,6 @@ _BATCH = batch.BATCH
 _Frame = tmqp.Frame
 _decode = tmqp.decode
 _decode_entries = tmqp.decode_entries
-_ids = itertools.count(1)
 
 #: Server operation (content type) answered by the server itself: a RESPONSE whose payload
 #: is the JSON of ``Server.stats()``.  Needs the engine authorizer's ADMIN action.
@@ -115,7 +113,7 @@ _READY = PeerState.READY
 _ONLY_PUSHES_AND_ACKS = "a batch holds queue pushes and acknowledges only"
 #: Messages received between two reports of sent deliveries during one socket drain.
 _REPORT_EVERY = 256
-_EVENTS = zmq.EVENTS
+_EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 #: Octets CURVE adds to a message on the wire, which libzmq counts against ZMQ_MAXMSGSIZE:
 #: the MESSAGE command's name and nonce (16), the box's MAC (16) and the flags octet.
@@ -148,8 +146,8 @@ def _pushes_and_acks(
 class Server:
     """ROUTER front end of one engine.
 
-    ``start()`` binds and serves on a background thread (``stop()`` ends it over an
-    inproc PAIR socket); ``run()`` serves on the calling thread until ``stop()`` is
+    ``start()`` binds and serves on a background thread (``stop()`` ends it through a
+    ``zerohub.wakeup.Wakeup``); ``run()`` serves on the calling thread until ``stop()`` is
     called from elsewhere.  ``clock`` (monotonic seconds) is injectable for tests.
     """
 
@@ -178,16 +176,20 @@ class Server:
         self.context = context
         self.clock = clock
         self.endpoint: str | None = None  # the bound endpoint (port resolved)
-        self._control_addr = f"inproc://zerohub-server-{os.getpid()}-{next(_ids)}"
-        self._stop_tx: zmq.Socket[bytes] | None = None
+        #: How stop() ends the loop (made when serving starts).
+        self._stop: Wakeup | None = None
         self._thread: threading.Thread | None = None
         self._auth: Any = None
         self._lock = threading.Lock()
         #: Other doors' wake-ups: (pollable, handler(now) -> engine output), see add_reader.
         self._readers: list[tuple[Any, Callable[[float], list[Any]]]] = []
+        #: Of the readers' ZeroMQ sockets, those whose sends are counted, and by whom.
+        self._senders: dict[Any, CountsSends] = {}
         self._max_frame = self.options.max_frame_size
         #: The engine's batch entry (``broker.batch``); None: batches are not understood.
         self._receive_batch = getattr(engine, "receive_batch", None)
+        #: The engine's next timer when the loop last asked (``_after_wake``).
+        self._deadline: float | None = None
         #: Frames beyond one in the batch just handled (``_on_message``'s drain budget).
         self._batched = 0
         #: The producers whose plain pushes read in this drain wait in ``Peer.run``, in
@@ -278,15 +280,16 @@ class Server:
         self.sender.fanout = door
         self.engine.enable_fanout(door.endpoint)  # type: ignore[attr-defined]
         self.add_reader(door.sock, door.on_readable)
+        self._senders[door.sock] = door  # (it reads until it finds nothing: LoopWait)
 
     def start(self) -> str:
         """Bind and serve on a background thread; returns the bound endpoint."""
         if self._thread is not None:
             raise ServerError("server already started")
         endpoint = self.bind()
-        control = self._make_control()
+        stop = self._make_stop()
         self._thread = threading.Thread(
-            target=self._serve, args=(control,), name="broker-server", daemon=True
+            target=self._serve, args=(stop,), name="broker-server", daemon=True
         )
         self._thread.start()
         return endpoint
@@ -300,23 +303,21 @@ class Server:
     def run(self) -> None:
         """Bind and serve on the calling thread until ``stop()`` (or an exception)."""
         self.bind()
-        self._serve(self._make_control())
+        self._serve(self._make_stop())
 
     def stop(self, timeout: float = 5.0) -> None:
         """Ask the loop to end, wait for it (``timeout`` seconds), release everything."""
         with self._lock:
-            tx = self._stop_tx
-            self._stop_tx = None
-        if tx is not None:
-            with contextlib.suppress(zmq.ZMQError):
-                tx.send(b"STOP", zmq.NOBLOCK)
-            tx.close(linger=0)
+            signal = self._stop
+            self._stop = None
+        if signal is not None:
+            signal.notify()  # (the loop closes it)
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():
                 raise ServerError(f"server thread did not stop within {timeout} s")
             self._thread = None
-        if self.sender.router is not None and tx is None:
+        if self.sender.router is not None and signal is None:
             # bound but never served
             self._close_connections()
             self.sender.router.close(linger=0)
@@ -338,16 +339,11 @@ class Server:
         Call before ``start()``/``run()``."""
         self._readers.append((pollable, handler))
 
-    def _make_control(self) -> zmq.Socket[bytes]:
-        control = self.context.socket(zmq.PAIR)
-        control.linger = 0
-        control.bind(self._control_addr)
-        tx = self.context.socket(zmq.PAIR)
-        tx.linger = 0
-        tx.connect(self._control_addr)
+    def _make_stop(self) -> Wakeup:
+        stop = Wakeup()
         with self._lock:
-            self._stop_tx = tx
-        return control
+            self._stop = stop
+        return stop
 
     def _close_connections(self) -> None:
         if self.sessions.connections is not None:
@@ -361,89 +357,123 @@ class Server:
 
     # -- the loop ----------------------------------------------------------------------
 
-    def _serve(self, control: zmq.Socket[bytes]) -> None:
+    def _serve(self, stop: Wakeup) -> None:
         router = self.sender.router
         assert router is not None
-        poller = zmq.Poller()
-        poller.register(router, zmq.POLLIN)
-        poller.register(control, zmq.POLLIN)
-        monitor = (
-            self.sessions.connections.monitor if self.sessions.connections is not None else None
-        )
-        if monitor is not None:
-            poller.register(monitor, zmq.POLLIN)
+        waiter = LoopWait(router)
+        waiter.add_fd(stop.fileno(), stop)
+        connections = self.sessions.connections
+        monitor = connections.monitor if connections is not None else None
+        if connections is not None:
+            waiter.add_drained(connections.monitor, connections)
         readers = self._readers
         for pollable, _handler in readers:
-            poller.register(pollable, zmq.POLLIN)
+            waiter.add(pollable, self._senders.get(pollable))
         gate = self.gate
-        store_fd = gate.fileno() if gate is not None else -1
         if gate is not None:
-            poller.register(store_fd, zmq.POLLIN)
+            waiter.add_fd(gate.fileno(), gate)
         self.sessions.next_scan = self.clock() + min(1.0, self.options.ping_interval / 2)
+        self._deadline = self.engine.next_deadline()
         try:
+            timeout = 0
+            before = self.clock()  # a time before the wait's look at the ROUTER
             while True:
-                events = dict(poller.poll(self._poll_timeout()))
-                if control in events:
-                    break
-                if monitor is not None and monitor in events:
-                    self.sessions.on_connections(self.clock())  # before the messages they bring
-                if gate is not None and store_fd in events:
-                    gate.release()  # before the messages: acknowledges leave first
-                if router in events:
-                    if gate is not None:  # the drain's saves: one group per queue
-                        gate.begin()
-                        try:
-                            self._drain(router)
-                        finally:
-                            gate.end()
-                    else:
-                        self._drain(router)
-                elif not int(router.get(zmq.EVENTS)) & zmq.POLLIN:
-                    self.sessions.emptied_at = self.clock()  # nothing left to read
+                ready, router_empty = waiter.wait(timeout)
                 now = self.clock()
-                for pollable, handler in readers:
-                    if pollable in events:
-                        self.sender.send_all(self.sessions.guard("door", handler, now))
-                deadline = self.engine.next_deadline()
-                if deadline is not None and deadline <= now:
-                    self.sender.send_all(self.sessions.guard("tick", self.engine.tick, now))
-                if now >= self.sessions.next_scan:
-                    self.sessions.scan(now)
-                    if self.sender.fanout is not None:  # each stream's marker (tail gaps)
-                        self.sender.send_all(self.engine.fanout_beat())  # type: ignore[attr-defined]
-                if self.sender.blocked:
-                    self.sender.flush_backlogs()
-                if self.sender.gone or self.sessions.unreachable:
-                    self.sessions.bury(now)
-                if self.sender.outq or self.sender.fanning:
-                    self.sender.flush_out()
-                if self.sender.sent_to:
-                    self.sessions.report_transmitted(now)
-                    self.sender.flush_out()
+                if router_empty:
+                    # Nothing left to read when the wait looked (after ``before``), and
+                    # still nothing now unless the ROUTER woke the wait.
+                    self.sessions.emptied_at = before if router in ready else now
+                if ready:
+                    if stop in ready:
+                        break
+                    self._serve_ready(ready, router, monitor, router_empty, now)
+                    now = self.clock()
+                timeout = self._after_wake(now)
+                before = now
         finally:
             try:
                 self._shutdown(router)
             finally:
-                control.close(linger=0)
+                stop.close()
 
-    def _poll_timeout(self) -> int:
-        now = self.clock()
-        wake = self.sessions.next_scan
-        deadline = self.engine.next_deadline()
+    def _serve_ready(
+        self,
+        ready: list[Any],
+        router: zmq.Socket[bytes],
+        monitor: zmq.Socket[bytes] | None,
+        woken: bool,
+        now: float,
+    ) -> None:
+        """Serve the sources that have input (``woken``: see :meth:`_drain`)."""
+        gate = self.gate
+        if monitor is not None and monitor in ready:
+            self.sessions.on_connections(now)  # before the messages they bring
+        if gate is not None and gate in ready:
+            gate.release()  # before the messages: acknowledges leave first
+        if router in ready:
+            if gate is not None:  # the drain's saves: one group per queue
+                gate.begin()
+                try:
+                    self._drain(router, woken, now)
+                finally:
+                    gate.end()
+            else:
+                self._drain(router, woken, now)
+            drained = True
+        else:
+            drained = False
+        for pollable, handler in self._readers:
+            if pollable in ready:
+                if drained:  # (a drain may have taken a while)
+                    now = self.clock()
+                    drained = False
+                self.sender.send_all(self.sessions.guard("door", handler, now))
+
+    def _after_wake(self, now: float) -> int:
+        """What every wake ends with: timers, keep-alive, backlogs, reports, sending; the
+        next wait's timeout (ms).  Timers are due by the engine's deadline read at the end
+        of the previous wake (one created since is due later: the timeout returned here
+        is taken from a fresh one)."""
+        sender = self.sender
+        sessions = self.sessions
+        engine = self.engine
+        deadline = self._deadline
+        if deadline is not None and deadline <= now:
+            sender.send_all(sessions.guard("tick", engine.tick, now))
+        if now >= sessions.next_scan:
+            sessions.scan(now)
+            if sender.fanout is not None:  # each stream's marker (tail gaps)
+                sender.send_all(engine.fanout_beat())  # type: ignore[attr-defined]
+        if sender.blocked:
+            sender.flush_backlogs()
+        if sender.gone or sessions.unreachable:
+            sessions.bury(now)
+        if sender.outq or sender.fanning:
+            sender.flush_out()
+        if sender.sent_to:
+            sessions.report_transmitted(now)
+            sender.flush_out()
+        self._deadline = deadline = engine.next_deadline()
+        if sender.sent_to:
+            return 0  # deliveries to report: the engine may release more at once
+        if sender.blocked or sender.gone or sessions.unreachable:
+            return 1
+        wake = sessions.next_scan
         if deadline is not None and deadline < wake:
             wake = deadline
-        if self.sender.sent_to:
-            return 0  # deliveries to report: the engine may release more at once
-        if self.sender.blocked or self.sender.gone or self.sessions.unreachable:
-            return 1
         return max(0, int((wake - now) * 1000) + 1)
 
-    def _drain(self, router: zmq.Socket[bytes]) -> None:
+    def _drain(self, router: zmq.Socket[bytes], woken: bool, now: float) -> None:
+        """Read what the ROUTER holds, ``options.batch`` frames at most.  ``woken``: the
+        loop's wait found nothing to read before it blocked (a wake-up, as every round
+        trip's): the first message is handled alone and its output sent at once, and the
+        wait's next ZMQ_EVENTS (asked before it blocks anyway) tells whether more came,
+        instead of a recv() here that finds nothing (several system calls)."""
         # Two recv() calls per message: recv_multipart() asks RCVMORE through getsockopt
         # on every part, which costs more than the rest of the receive path.
         recv = router.recv
         on_message = self._on_message
-        now = self.clock()
         count = 0
         batch = self.options.batch
         while count < batch:
@@ -466,13 +496,17 @@ class Server:
                 if count >= batch:
                     break
             if count == 1:
-                # A lone message (light load) must not wait for the next recv(), which
-                # costs several microseconds when it finds nothing: send its output now.
+                if woken:
+                    break  # (its output leaves at the drain's end)
+                # A first message must not wait for the next recv(), which costs several
+                # microseconds when it finds nothing: send its output now.  Plain pushes
+                # gather into runs from the second message on.
                 self._gathering = self._gather
                 if self.sender.outq or self.sender.fanning:
                     self.sender.flush_out()
                 # and ask whether another one waits: half what a recv() raising Again
-                # costs (a round trip pays it on the way; a busy drain once)
+                # costs (a message that came before the wait asked, as a round trip's
+                # when the loop is slower than its client; a busy drain once)
                 if not int(router.get(_EVENTS)) & _POLLIN:
                     self.sessions.emptied_at = now
                     break
