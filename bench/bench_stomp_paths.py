@@ -10,8 +10,9 @@ per MESSAGE encoded, for this checkout and (``--baseline CHECKOUT``) another one
   (``serialize_receipts``; a checkout without it: ``serialize_receipt`` of each);
 * engine, auto ack: a run of 1000 SENDs (with the user and time headers the door
   stamps on each) through the engine to an ``ack:auto`` consumer of a STOMP queue
-  (``publish_many``, ``transmitted``) and its settling: the engine acknowledging what was taken (``Engine.acknowledge_taken``) or, in a checkout
-  without it, one ``acknowledge_many`` entry per delivery, as the door sends them;
+  (``publish_many``, ``transmitted``) and its settling: the engine acknowledging what
+  was taken (``Engine.acknowledge_taken``) or, in a checkout without it, one
+  ``acknowledge_many`` entry per delivery, as the door sends them;
 * engine, client ack: the same with ``ack:client`` (one ``acknowledge_many`` entry per
   delivery);
 * engine, Python calls: the same path's Python calls per message (cProfile's count of
