@@ -156,9 +156,7 @@ def _engine_auto_ack(client_ack: bool = False) -> Callable[[], None]:
     def run() -> None:
         for _ in range(PASSES):
             messages = [
-                Message(
-                    f"m{next(ids)}", producer, "bench", QUEUE_ID, headers=stamp, payload=body
-                )
+                Message(f"m{next(ids)}", producer, "bench", QUEUE_ID, headers=stamp, payload=body)
                 for _ in range(FRAMES)
             ]
             engine.publish_many(producer, messages, 0.0)
