@@ -8,10 +8,11 @@ per MESSAGE encoded, for this checkout and (``--baseline CHECKOUT``) another one
 * encode: ``Session._encode`` of an auto-ack MESSAGE (100-byte body, no user headers);
 * receipts: the RECEIPTs of a run of 1000 SENDs as the session writes them
   (``serialize_receipts``; a checkout without it: ``serialize_receipt`` of each);
-* engine, auto ack: a run of 1000 SENDs through the engine to an ``ack:auto``
-  consumer of a STOMP queue (``publish_many``, ``transmitted``) and its settling: the
-  engine acknowledging what was taken (``Engine.acknowledge_taken``) or, in a checkout
-  without it, one ``acknowledge_many`` entry per delivery, as the door sends them;
+* engine, auto ack: a run of 1000 SENDs (with the user and time headers the door
+  stamps on each) through the engine to an ``ack:auto`` consumer of a STOMP queue
+  (``publish_many``, ``transmitted``) and its settling: the engine acknowledging what
+  was taken (``Engine.acknowledge_taken``) or, in a checkout without it, one
+  ``acknowledge_many`` entry per delivery, as the door sends them;
 * engine, client ack: the same with ``ack:client`` (one ``acknowledge_many`` entry per
   delivery);
 * engine, Python calls: the same path's Python calls per message (cProfile's count of
@@ -149,11 +150,13 @@ def _engine_auto_ack(client_ack: bool = False) -> Callable[[], None]:
         by_taking(consumer, "bench")
     ids = itertools.count()
     body = b"x" * 100
+    # what the door stamps on every SEND of a run (engine_mapping: its user, its time)
+    stamp = (("Stomp-User", "p"), ("Stomp-Timestamp", "1700000000000"))
 
     def run() -> None:
         for _ in range(PASSES):
             messages = [
-                Message(f"m{next(ids)}", producer, "bench", QUEUE_ID, payload=body)
+                Message(f"m{next(ids)}", producer, "bench", QUEUE_ID, headers=stamp, payload=body)
                 for _ in range(FRAMES)
             ]
             engine.publish_many(producer, messages, 0.0)

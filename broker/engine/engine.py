@@ -89,7 +89,7 @@ from broker.engine.dsubs import DurableSubscriptions
 from broker.engine.errors import ClientRejected, EngineError, OperationError
 from broker.engine.events import EventHub
 from broker.engine.fanout import FanoutStreams
-from broker.engine.federated import FederatedIds
+from broker.engine.federated import FEDERATION_CLIENT, FederatedIds
 from broker.engine.frames import pull_marker
 from broker.engine.host import QueueServices
 from broker.engine.message import DONE, QueueMessage
@@ -150,6 +150,16 @@ _UNSAVED = OperationError(ResultCode.FAILED, "not saved: the store failed")
 #: A handler whose ``received_from_producer`` is this saves and confirms every push
 #: (``SAVE_ACK``): its queue's acknowledged runs may take ``saved_run``.
 _SAVES_EVERY_PUSH = PersistentDeliveryHandler.received_from_producer
+#: Header names (lower case) a push's typed path acts on (``Engine._push``).
+_ACTED_ON = frozenset({_CC, receipts.RECEIPT.lower(), receipts.RECEIPT_TIMEOUT.lower()})
+
+
+def _acted_on(headers: tuple[tuple[str, str], ...]) -> bool:
+    """Does a header ask :meth:`Engine._push` for more than a plain accept?"""
+    for name, _ in headers:  # noqa: SIM110  (per message: no generator)
+        if name.lower() in _ACTED_ON:
+            return True
+    return False
 
 
 def _default_id_factory() -> Callable[[], str]:
@@ -577,6 +587,12 @@ class Engine:
         """Several :meth:`publish` calls of one client with ``wants_response`` in one
         operation (the STOMP door's run of SENDs), in order, up to the first refused.
 
+        Consecutive messages into one queue go in as a run (:meth:`_push_run`): the
+        queue, the authorizer, the durable subscriptions and the event subscribers are
+        looked up once per run, not once per message.  The outcome is that of
+        :meth:`publish` of each in turn, but for the authorizer: it is asked once per run
+        (its answer, or its failure, for the first message stands for the run).
+
         Returns the output, how many were taken, and why the next one was refused (None:
         all taken); the refusal's response is not in the output.  An unknown client gets
         ``([], 0, None)``."""
@@ -585,29 +601,119 @@ class Engine:
 
         def run(c: Client, out: list[Outgoing]) -> None:
             nonlocal taken, refused
-            push = self._push_answered
-            for m in messages:
-                if m.wire is not None:
-                    m = m.replace()  # octets come only from the door that read them
-                mark = len(out)
-                push(c, m, True, now, out)
-                # (a push's response, if any, is the last thing it adds; a delivery --
-                # the common last item -- is a Message: no call to tell)
-                if (
-                    len(out) > mark
-                    and out[-1][1].__class__ is _Frame
-                    and is_answer(out[-1], client_id, _RESPONSE, m.message_id)
-                ):
-                    f = out[-1][1]
-                    assert isinstance(f, _Frame)  # (what is_answer says)
-                    if f.content_type:  # (0: done, a resend taken before)
-                        del out[-1]
-                        refused = header(f, Header.REASON) or f"code {f.content_type}"
-                        return
-                taken += 1
+            i, n = 0, len(messages)
+            while i < n:
+                took, why = self._push_run(c, messages, i, now, out)
+                taken += took
+                i += took
+                if why is not None:
+                    refused = why
+                    return
 
         out = self._typed(client_id, now, "publish", run)
         return out, taken, refused
+
+    def _push_run(
+        self, client: Client, ms: Sequence[Message], start: int, now: float, out: list[Outgoing]
+    ) -> tuple[int, str | None]:
+        """Push the run of ``ms[start:]`` into the first one's queue (as :meth:`publish`
+        with ``wants_response`` would, one after the other): how many were taken, and why
+        the next one was refused (None: the whole run was taken).
+
+        Once per run: the queue (created on the fly as for one push), the authorizer,
+        the durable subscriptions its channel feeds, whether anyone subscribed to
+        MESSAGE_PRODUCED.  Per message: the queue's and the broker's limits
+        (``check_push``), room in the durable copies, ``accept``.  A message the typed
+        path treats apart (an acknowledge wish, ``Receipt``/``Receipt-Timeout``/``CC``
+        headers, a federated push) takes :meth:`_push_one`."""
+        first = ms[start]
+        target, qid = first.target, first.content_type
+        n = len(ms)
+        end = start + 1
+        while end < n and ms[end].target == target and ms[end].content_type == qid:
+            end += 1
+        if end - start == 1 or client.id == FEDERATION_CLIENT:
+            return self._push_one(client, first, now, out)
+        try:
+            queue = self._run_target(client, target, qid, out)
+            copies = self.durable.queues_for(queue.channel.name) if self.durable.by_topic else ()
+        except OperationError as err:
+            return 0, err.reason
+        except Exception as exc:
+            self.count_error("publish", exc)
+            return 0, _INTERNAL.reason
+        produced = self.events.has(EventName.MESSAGE_PRODUCED)
+        check_push = self.channel_registry.check_push
+        accept = queue.accept
+        for k in range(start, end):
+            m = ms[k]
+            if m.wants_ack or (m.headers and _acted_on(m.headers)):
+                _, why = self._push_one(client, m, now, out)
+                if why is not None:
+                    return k - start, why
+                continue
+            if m.wire is not None:
+                m = m.replace()  # octets come only from the door that read them
+            size = len(m.payload)
+            try:
+                code = check_push(queue, size)
+                if code:
+                    return k - start, "push refused by the queue"
+                if copies:
+                    self._check_durable(copies, size)
+                unsaved = queue.unsaved
+                qm = accept(m, client, now, out, False)
+                if qm is not None and produced:
+                    self._produced(queue, qm, out)
+                for copy in copies:
+                    self._copy_durable(copy, m, client, now, out)
+            except OperationError as err:
+                return k - start, err.reason
+            except Exception as exc:
+                self.count_error("publish", exc)
+                return k - start, _INTERNAL.reason
+            if queue.unsaved != unsaved:
+                return k - start, _UNSAVED.reason  # (kept in memory, as for one push)
+        return end - start, None
+
+    def _run_target(
+        self, client: Client, target: str, queue_id: int, out: list[Outgoing]
+    ) -> Queue:
+        """The queue a run of pushes goes to, once it may push there (OperationError
+        if not: no such queue and none may be made, or not authorized)."""
+        channel = self.channels.get(target)
+        queue = channel.queues.get(queue_id) if channel is not None else None
+        if queue is None:
+            queue = self.channel_registry.resolve_queue(client, target, queue_id, out)
+        authorizer = self.authorizer
+        if type(authorizer) is not AllowAll and not authorizer.allows(
+            client, Action.PUSH, queue.channel.name, queue.id
+        ):
+            raise OperationError(ResultCode.UNAUTHORIZED, "push not allowed")
+        return queue
+
+    def _push_one(
+        self, client: Client, m: Message, now: float, out: list[Outgoing]
+    ) -> tuple[int, str | None]:
+        """One message of :meth:`publish_many` through :meth:`_push_answered`: (1, None)
+        when taken, else (0, why) with its response taken out of ``out``."""
+        if m.wire is not None:
+            m = m.replace()  # octets come only from the door that read them
+        mark = len(out)
+        self._push_answered(client, m, True, now, out)
+        # (a push's response, if any, is the last thing it adds; a delivery -- the
+        # common last item -- is a Message: no call to tell)
+        if (
+            len(out) > mark
+            and out[-1][1].__class__ is _Frame
+            and is_answer(out[-1], client.id, _RESPONSE, m.message_id)
+        ):
+            f = out[-1][1]
+            assert isinstance(f, _Frame)  # (what is_answer says)
+            if f.content_type:  # (0: done, a resend taken before)
+                del out[-1]
+                return 0, header(f, Header.REASON) or f"code {f.content_type}"
+        return 1, None
 
     def subscribe(
         self, client_id: str, channel: str, now: float, *, prefetch: int | None = None

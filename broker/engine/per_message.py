@@ -77,22 +77,35 @@ PER_MESSAGE = "per-message"
 GROUP = "message_group"
 
 
-def _header(message: QueueMessage, name: str) -> str | None:
-    size = len(name)
-    for key, value in message.headers:  # (not message.message: that builds a tuple)
-        if len(key) == size and key.lower() == name:  # (the length first: per message)
-            return value
-    return None
+#: (``persistent: true``, ``expires`` in ms or None, ``message_group`` or None) of a
+#: header block: the rules a message's headers hold, read in one pass (:func:`facts`).
+Facts = tuple[bool, "int | None", "str | None"]
+_NO_FACTS: Facts = (False, None, None)
+#: Header blocks whose facts :class:`PerMessageRules` keeps (the messages of a producer's
+#: run share one: one pass per run, not five per message); past it, the cache restarts.
+FACTS_KEPT = 256
 
 
-def expires_ms(message: QueueMessage) -> int | None:
-    """The message's ``expires`` header (ms since the epoch), None if absent or invalid."""
-    if not message.headers:
-        return None  # (the common message: no headers, no call per look-up)
-    value = _header(message, "expires")
-    if value is None or not value.isdigit() or len(value) > 20:
-        return None
-    return int(value)
+def facts(headers: Sequence[tuple[str, str]]) -> Facts:
+    """The rules ``headers`` hold (names compared without case; the first of a name counts;
+    an ``expires`` that is not a non-negative integer of at most 20 digits is ignored)."""
+    persistent: str | None = None
+    expires: str | None = None
+    group: str | None = None
+    for key, value in headers:
+        size = len(key)  # (the length first: the usual header is none of these)
+        if size == 10 and persistent is None and key.lower() == "persistent":
+            persistent = value
+        elif size == 7 and expires is None and key.lower() == "expires":
+            expires = value
+        elif size == 13 and group is None and key.lower() == GROUP:
+            group = value
+    deadline = (
+        int(expires)
+        if expires is not None and expires.isascii() and expires.isdigit() and len(expires) <= 20
+        else None
+    )
+    return (persistent is not None and persistent.lower() == "true", deadline, group)
 
 
 class Credit:
@@ -146,6 +159,21 @@ class PerMessageRules:
         self._charged: dict[tuple[str, str, str], tuple[Credit, int]] = {}
         #: Bumped whenever a selector or first sequence is set or removed.
         self.selection = 0
+        #: header block -> its facts (at most FACTS_KEPT; see :func:`facts`)
+        self._facts: dict[tuple[tuple[str, str], ...], Facts] = {}
+
+    def _facts_of(self, message: QueueMessage) -> Facts:
+        """:func:`facts` of the message's headers, read once per header block."""
+        headers = message.headers
+        if not headers:
+            return _NO_FACTS
+        found = self._facts.get(headers)
+        if found is None:
+            found = facts(headers)
+            if len(self._facts) >= FACTS_KEPT:
+                self._facts.clear()
+            self._facts[headers] = found
+        return found
 
     # -- selectors and credit (the front door says who) ----------------------------------
 
@@ -264,16 +292,12 @@ class PerMessageRules:
             selects = chosen.get(receiver.id) if chosen is not None else None
             if selects is not None and not selects(message.headers):
                 return False
-        if (
-            not self._exclusive
-            and not self._groups
-            and (not message.headers or _header(message, GROUP) is None)
-        ):
+        group = self._facts_of(message)[2]
+        if not self._exclusive and not self._groups and group is None:
             return True  # the common case: nothing to decide
         eligible = self._candidates(queue)
         if receiver.id not in eligible:
             return False
-        group = _header(message, GROUP)
         if group is None:
             return True
         entry = self._groups.get((queue.channel.name, group))
@@ -296,8 +320,7 @@ class PerMessageRules:
                 else:  # nothing will be acknowledged: given back at once
                     credit.count += 1
                     credit.size += size
-        m = delivery.message
-        group = _header(m, GROUP) if m.headers else None
+        group = self._facts_of(delivery.message)[2]
         if group is not None and queue.options.request_acknowledge:
             entry = self._groups.setdefault((queue.channel.name, group), [receiver.id, 0])
             entry[0] = receiver.id
@@ -309,8 +332,7 @@ class PerMessageRules:
             self.return_credit(
                 queue.channel.name, delivery.receiver.id, delivery.message.message_id
             )
-        m = delivery.message
-        group = _header(m, GROUP) if m.headers else None
+        group = self._facts_of(delivery.message)[2]
         if group is None:
             return
         key = (queue.channel.name, group)
@@ -322,15 +344,11 @@ class PerMessageRules:
 
     def persistent(self, message: QueueMessage) -> bool:
         """Does the message ask to be saved (``persistent: true``)?"""
-        if not message.headers:
-            return False
-        return (_header(message, "persistent") or "").lower() == "true"
+        return self._facts_of(message)[0]
 
     def expired(self, message: QueueMessage) -> bool:
         """Has the message's ``expires`` time come?  (Counted in ``expired_count``.)"""
-        if not message.headers:
-            return False  # (asked per send: the common message has no headers)
-        deadline = expires_ms(message)
+        deadline = self._facts_of(message)[1]  # (asked per send: one look-up)
         if deadline is not None and deadline <= self.wall_clock() * 1000:
             self.expired_count += 1
             return True

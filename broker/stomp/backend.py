@@ -78,6 +78,9 @@ class Delivery(NamedTuple):
 
 #: Pushes one delivery to a connection; False = not accepted now (see the contract).
 DeliverySink = Callable[[Delivery], bool]
+#: Pushes a run of deliveries to a connection; returns how many it took, the first ones
+#: in order (fewer than given: it cannot take more now, as a sink returning False).
+RunSink = Callable[[Sequence[Delivery]], int]
 
 
 class Backend(Protocol):
@@ -100,6 +103,16 @@ class Backend(Protocol):
     def credit(self, connection_id: int, tags: Sequence[int]) -> None: ...
 
     def resume(self, connection_id: int) -> None: ...
+
+
+@runtime_checkable
+class RunReceiver(Protocol):
+    """A backend that can also hand a connection a run of deliveries in one call (the
+    deliveries of one hand-over from the broker: the connection's room read once, one
+    write for them all).  ``attach_runs`` is called right after ``attach``; the run
+    sink takes exactly what the single sink would take called on each in turn."""
+
+    def attach_runs(self, connection_id: int, sink: RunSink) -> None: ...
 
 
 #: Called once with the outcome of an asynchronous publish: None (accepted -- durable,

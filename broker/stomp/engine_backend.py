@@ -87,6 +87,7 @@ from broker.stomp.backend import (
     Delivery,
     DeliverySink,
     PublishAnswer,
+    RunSink,
 )
 from broker.stomp.destinations import Destination, DestinationKind
 from broker.stomp.engine_browse import BrowsePage
@@ -181,6 +182,8 @@ class _Conn:
     engine_acked: set[str] = field(default_factory=set)
     held: deque[Message] = field(default_factory=deque)  # not taken by the connection yet
     next_tag: int = 1
+    #: The connection's run sink (``attach_runs``): a hand-over's deliveries in one call.
+    run_sink: RunSink | None = None
 
 
 class EngineBackend:
@@ -286,6 +289,13 @@ class EngineBackend:
         self.conns[connection.id] = _Conn(connection, sink)
         door, conn = self.door, connection.id
         self._submit(lambda now: door.op_connect(conn, connection, now))  # none if logged in
+
+    def attach_runs(self, connection_id: int, sink: RunSink) -> None:
+        """:class:`~broker.stomp.backend.RunReceiver`: the deliveries of one hand-over
+        from the engine thread go to the connection in one call (``_deliver_to``)."""
+        conn = self.conns.get(connection_id)
+        if conn is not None:
+            conn.run_sink = sink
 
     def detach(self, connection_id: int) -> None:
         if self.conns.pop(connection_id, None) is None:
@@ -611,9 +621,16 @@ class EngineBackend:
         self.after_deliveries()
 
     def _deliver_to(self, conn_id: int, conn: _Conn, messages: Iterable[Message]) -> None:
+        """Offer ``messages`` to the connection in order; what it cannot take now waits
+        in ``held`` (until ``resume``); what it took (or a topic copy its subscription
+        does not select) is reported taken, and settled when it is acknowledged by
+        taking.  Deliveries go out in runs through the connection's run sink (one call,
+        its room read once), one by one where a topic credit decides per delivery."""
         taken = 0
         settles: list[tuple[str, int, str, bool]] = []
+        run: list[tuple[Delivery, Message, _Sub, list[_Sub] | None]] = []
         pending = iter(messages)
+        stopped = False
         for message in pending:
             sub = conn.by_channel.get(message.target)
             shared = conn.shared.get(message.target) if conn.shared else None
@@ -638,34 +655,82 @@ class EngineBackend:
                 taken += 1  # a topic copy this subscription does not select: dropped
                 continue
             credit = sub.topic_credit
+            if conn.run_sink is not None and (credit is None or message.wants_ack):
+                run.append(
+                    (_delivery(sub, message, conn.next_tag + len(run)), message, sub, shared)
+                )
+                continue
+            if run:  # (those before it first: a credit decision needs them settled)
+                took = self._hand_run(conn, run, settles)
+                taken += took
+                if took < len(run):
+                    conn.held.extend(m for _, m, _, _ in run[took:])
+                    conn.held.append(message)
+                    conn.held.extend(pending)
+                    stopped = True
+                    break
+                run = []
             if credit is not None and not message.wants_ack and not credit.open():
                 taken += 1  # a topic copy beyond the subscription's credit: dropped
                 continue
             tag = conn.next_tag
-            delivery = _delivery(sub, message, tag)
-            if not conn.sink(delivery):
+            if not conn.sink(_delivery(sub, message, tag)):
                 conn.held.append(message)
                 conn.held.extend(pending)
+                stopped = True
                 break
             conn.next_tag += 1
             taken += 1
-            if not message.wants_ack:
-                if credit is not None:
-                    size = len(message.payload)
-                    credit.take(size)
-                    conn.topic_taken[tag] = (credit, size)
+            if credit is not None and not message.wants_ack:
+                size = len(message.payload)
+                credit.take(size)
+                conn.topic_taken[tag] = (credit, size)
                 continue
-            key = (message.target, message.content_type, message.message_id)
-            if sub.spec.ack is AckMode.AUTO:
-                if message.target not in conn.engine_acked:
-                    settles.append((*key, True))
-            else:
-                conn.pending[tag] = key
-                if shared is not None:
-                    conn.tag_sub[tag] = sub
+            self._taken(conn, tag, message, sub, shared, settles)
+        if run and not stopped:
+            took = self._hand_run(conn, run, settles)
+            taken += took
+            conn.held.extend(m for _, m, _, _ in run[took:])
         if taken or settles:
             door = self.door
             self._submit(lambda now: door.op_settle(conn_id, settles, taken, now))
+
+    def _hand_run(
+        self,
+        conn: _Conn,
+        run: list[tuple[Delivery, Message, _Sub, list[_Sub] | None]],
+        settles: list[tuple[str, int, str, bool]],
+    ) -> int:
+        """The run's deliveries (tags from ``conn.next_tag`` on) to the run sink; the
+        ones it took are the connection's (``_taken``); returns how many."""
+        assert conn.run_sink is not None
+        took = conn.run_sink([d for d, _, _, _ in run])
+        for delivery, message, sub, shared in run[:took]:
+            self._taken(conn, delivery.tag, message, sub, shared, settles)
+        conn.next_tag += took
+        return took
+
+    @staticmethod
+    def _taken(
+        conn: _Conn,
+        tag: int,
+        message: Message,
+        sub: _Sub,
+        shared: list[_Sub] | None,
+        settles: list[tuple[str, int, str, bool]],
+    ) -> None:
+        """A delivery the connection took: settled now (``ack:auto``, unless the engine
+        does it) or pending its ACK."""
+        if not message.wants_ack:
+            return
+        key = (message.target, message.content_type, message.message_id)
+        if sub.spec.ack is AckMode.AUTO:
+            if message.target not in conn.engine_acked:
+                settles.append((*key, True))
+        else:
+            conn.pending[tag] = key
+            if shared is not None:
+                conn.tag_sub[tag] = sub
 
 
 def _check_shareable(

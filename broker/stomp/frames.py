@@ -265,8 +265,9 @@ class FrameParser:
                     return None
                 if self._buf[pos] in _EOL_BYTES and not self._skip_eols():
                     return None
-                if self._fast_head():
-                    return self._read_body()  # (state BODY now)
+                head = self._fast_head()
+                if head is not None:
+                    return self._read_body() if head is _HEAD_ONLY else head
                 line = self._line(MAX_COMMAND_LENGTH, "command")
                 if line is None:
                     return None
@@ -282,27 +283,30 @@ class FrameParser:
             else:
                 return self._read_body()
 
-    def _fast_head(self) -> bool:
+    def _fast_head(self) -> Frame | None:
         """Read a whole command + header block at once when it is plainly well formed:
         ends within :data:`FAST_HEAD` bytes, LF line ends only, no NUL, valid UTF-8,
-        within the limits, every header line with a ``:``.  False (nothing consumed):
-        the line-by-line path reads it and reports what is wrong."""
+        within the limits, every header line with a ``:``.  None (nothing consumed):
+        the line-by-line path reads it and reports what is wrong.  The whole frame when
+        its ``content-length`` body and NUL are in the buffer already (the usual frame of
+        a run: no state kept between head and body), else :data:`_HEAD_ONLY` (state BODY:
+        ``_read_body`` goes on)."""
         buf = self._buf
         pos = self._pos
         end = buf.find(b"\n\n", pos, pos + FAST_HEAD)
         if end < 0:
-            return False
+            return None
         try:
             text = buf[pos:end].decode("utf-8")
         except UnicodeDecodeError:
-            return False
+            return None
         if "\r" in text or "\0" in text:
-            return False
+            return None
         lines = text.split("\n")
         command = _COMMANDS.get(lines[0])
         limits = self.limits
         if command is None or command not in self.commands or len(lines) > limits.max_headers + 1:
-            return False
+            return None
         table = _escapes_for(self.version, command) if "\\" in text else None
         headers: list[tuple[str, str]] = []
         append = headers.append
@@ -312,18 +316,24 @@ class FrameParser:
         for line in itertools.islice(lines, 1, None):
             name, sep, value = line.partition(":")
             if not sep or (len(line) > short and len(line.encode("utf-8")) > limit):
-                return False
+                return None
             if table is not None:
                 name = _unescape(name, table)
                 value = _unescape(value, table)
             if length is None and name == "content-length":
                 length = value
             append((name, value))
+        start = end + 2
+        if length is not None and length.isdigit() and length.isascii() and len(length) <= 20:
+            stop = start + int(length)  # (the body's end: its NUL is there, if it came)
+            if stop < len(buf) and buf[stop] == 0 and stop - start <= limits.max_body:
+                self._pos = stop + 1
+                return Frame(command, tuple(headers), bytes(buf[start:stop]))
         self._command = command
         self._headers = headers
-        self._pos = end + 2
+        self._pos = start
         self._begin_body(length)
-        return True
+        return _HEAD_ONLY
 
     def _skip_eols(self) -> bool:
         """Skip heart-beat EOLs; True when a command byte is next."""
@@ -447,6 +457,8 @@ class FrameParser:
 
 
 _COMMANDS = {c.value: c for c in Command}
+#: ``FrameParser._fast_head`` read a head; its body is still to come.
+_HEAD_ONLY = Frame(Command.SEND, (), b"")
 _EOL_BYTES = (0x0A, 0x0D)  # a heart-beat between frames starts with one
 
 

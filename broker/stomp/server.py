@@ -97,6 +97,7 @@ class _Connection(asyncio.Protocol):
             peer=peer_text,
             writable=self._writable,
             on_delivery=self._mark_dirty,
+            room=self._room,
         )
         self.after_event()
 
@@ -137,17 +138,20 @@ class _Connection(asyncio.Protocol):
 
     def _writable(self) -> bool:
         """May one more delivery be taken?  (Unsent bytes, ours and the transport's.)"""
+        if self._room() > 0:
+            return True
+        self.refused = True
+        return False
+
+    def _room(self) -> int:
+        """Bytes of deliveries that may still be taken before the unsent ones (ours and
+        the transport's) reach ``max_outbound``; 0 while the transport takes none."""
         if not self.writable or self.closing or self.transport is None or self.session is None:
-            self.refused = True
-            return False
+            return 0
         if not self.wire.open:
-            self.refused = True
-            return False
+            return 0
         unsent = self.transport.get_write_buffer_size() + self.session.pending_output
-        if unsent >= self.listener.options.max_outbound:
-            self.refused = True
-            return False
-        return True
+        return self.listener.options.max_outbound - unsent
 
     def _sync_reading(self) -> None:
         """Read while the transport has room and the session handles what it reads

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -55,6 +55,7 @@ from broker.stomp.backend import (
     BatchPublisher,
     ConnectionInfo,
     Delivery,
+    RunReceiver,
 )
 from broker.stomp.destinations import parse_destinations, temp_owner
 from broker.stomp.errors import (
@@ -209,9 +210,14 @@ class Session:
         wall_clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         writable: Callable[[], bool] = lambda: True,
         on_delivery: Callable[[], None] = lambda: None,
+        room: Callable[[], int] | None = None,
     ) -> None:
         self.config = config or SessionConfig()
         self.writable = writable  # False: the transport is full, deliveries are refused
+        #: Bytes of output the transport has room for now (<= 0: none; ``writable`` is
+        #: then False); read once per run of deliveries (:meth:`deliver_run`).  None: ask
+        #: ``writable`` per delivery.
+        self.room = room
         self.on_delivery = on_delivery  # a delivery added output (outside receive/tick)
         self.backend = backend
         self.connection_id = connection_id
@@ -382,15 +388,51 @@ class Session:
         sub = self._subscriptions.get(delivery.subscription)
         if sub is None or not self.writable():
             return False
+        self._append(sub, delivery)
+        self.on_delivery()
+        return True
+
+    def deliver_run(self, deliveries: Sequence[Delivery]) -> int:
+        """The run sink (:class:`~broker.stomp.backend.RunReceiver`): :meth:`deliver` of
+        each in turn, the transport's room read once (``room``) and counted down by the
+        frames appended; returns how many were taken (the first ones)."""
+        if self.state is not SessionState.CONNECTED or self.version is None:
+            return 0
+        if self.room is None:  # no byte count: the single sink's question each time
+            taken = 0
+            for delivery in deliveries:
+                if not self.deliver(delivery):
+                    break
+                taken += 1
+            return taken
+        budget = self.room()
+        subscriptions = self._subscriptions
+        out = self._out
+        taken = 0
+        for delivery in deliveries:
+            sub = subscriptions.get(delivery.subscription)
+            if sub is None:
+                break
+            if budget <= 0:
+                self.writable()  # (False: the transport learns it refused one)
+                break
+            before = len(out)
+            self._append(sub, delivery)
+            budget -= len(out) - before
+            taken += 1
+        if taken:
+            self.on_delivery()
+        return taken
+
+    def _append(self, sub: _Subscription, delivery: Delivery) -> None:
+        """The MESSAGE frame of ``delivery`` into the output; its tag pending an ACK."""
         if delivery.browse_end or self.version is Version.V1_0:
             self._send(self._message_frame(sub.spec, delivery))
         else:  # (every other delivery: no Frame built, no header list)
             self._out += self._encode(sub, delivery)
-        self.on_delivery()
         if not delivery.browse_end and sub.spec.ack is not AckMode.AUTO:
             sub.pending[delivery.tag] = _Pending(delivery.message_id, delivery.tag)
             self._tag_owner[delivery.tag] = sub.spec.id
-        return True
 
     def _encode(self, sub: _Subscription, delivery: Delivery) -> bytes:
         """The MESSAGE frame of ``delivery`` on 1.1/1.2: the same bytes as
@@ -566,6 +608,8 @@ class Session:
         self.state = SessionState.CONNECTED
         self._send(make_frame(Command.CONNECTED, headers))
         self.backend.attach(self.info, self.deliver)
+        if isinstance(self.backend, RunReceiver):
+            self.backend.attach_runs(self.connection_id, self.deliver_run)
         self._attached = True
 
     def _virtual_host(self, host: str | None, version: Version) -> VirtualHost:

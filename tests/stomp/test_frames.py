@@ -142,6 +142,17 @@ def test_a_body_over_the_limit_is_refused_even_when_its_nul_came_with_it() -> No
         parser.feed(b"SEND\n\n0123456789A\x00")
 
 
+def test_a_content_length_over_the_limit_is_refused_when_the_whole_frame_came_in_one_read() -> (
+    None
+):
+    """(The head and body read in one step: the limit holds there too.)"""
+    parser = FrameParser(Limits(max_body=10))
+    ok = b"SEND\ncontent-length:10\n\n0123456789\x00"
+    assert parser.feed(ok + ok)[1].body == b"0123456789"
+    with pytest.raises(LimitExceeded, match="max_body"):
+        parser.feed(b"SEND\ncontent-length:11\n\n0123456789A\x00")
+
+
 def test_a_long_header_line_is_refused_before_its_end_arrives() -> None:
     parser = FrameParser(Limits(max_header_length=100))
     parser.feed(b"SEND\n" + b"k:" + b"v" * 98)

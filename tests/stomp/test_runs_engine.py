@@ -8,13 +8,21 @@ from __future__ import annotations
 import dataclasses
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
+import pytest
+import zmq
+
+from broker.engine.engine import Engine
 from broker.engine.options import ChannelOptions
 from broker.stomp.engine_mapping import QUEUE_ID, QUEUE_OPTIONS, channel_rest
 from broker.stomp.frames import Command, Frame
+from tests.broker.test_engine_publish_runs import Forbids
+from tests.polling import wait_until
 from tests.stomp.test_engine_backend import Broker, broker  # noqa: F401  (fixture)
 from tests.stomp.test_listener import Raw
+
+Ctx = zmq.Context[zmq.Socket[bytes]]
 
 
 def _raw(b: Broker) -> Raw:
@@ -139,3 +147,134 @@ def test_a_run_split_at_every_byte_boundary_arrives_intact(
         producer.send(_TRICKY[:cut])
         producer.send(_TRICKY[cut:])
         assert _tricky_seen([consumer.next() for _ in range(3)]) == _EXPECTED, cut
+
+
+@pytest.fixture
+def guarded(zctx: Ctx) -> Iterator[Broker]:
+    """A broker whose authorizer forbids pushes into channel ``forbidden``."""
+    b = Broker(zctx, Engine(authorizer=Forbids()))
+    yield b
+    b.stop()
+
+
+def _marker_after(consumer: Raw, destination: str) -> list[bytes]:
+    """Bodies the consumer gets before a marker sent through the same queue now."""
+    consumer.send(f"SEND\ndestination:{destination}\n\nmarker\x00".encode())
+    bodies = []
+    while (body := consumer.next().body) != b"marker":
+        bodies.append(body)
+    return bodies
+
+
+def test_a_forbidden_destination_in_the_middle_of_a_run_errors_after_those_before(
+    guarded: Broker,
+) -> None:
+    consumer = _raw(guarded)
+    _subscribe(consumer, "/queue/a")
+    producer = _raw(guarded)
+    targets = ["a", "a", "forbidden", "a"]
+    producer.send(
+        "".join(
+            f"SEND\ndestination:/queue/{t}\nreceipt:r{i}\n\nm{i}\x00"
+            for i, t in enumerate(targets)
+        ).encode()
+    )
+    assert producer.closed_by_server()
+    assert [(f.command, f.header("receipt-id")) for f in producer.frames] == [
+        (Command.RECEIPT, "r0"),
+        (Command.RECEIPT, "r1"),
+        (Command.ERROR, "r2"),
+    ]
+    assert "/queue/forbidden: push not allowed" in str(producer.frames[2].header("message"))
+    assert [consumer.next().body for _ in range(2)] == [b"m0", b"m1"]
+    assert _marker_after(consumer, "/queue/a") == []  # m3 never went in
+
+
+def test_a_send_that_does_not_parse_between_good_ones_errors_after_those_before(
+    broker: Broker,  # noqa: F811
+) -> None:
+    consumer = _raw(broker)
+    _subscribe(consumer, "/queue/g")
+    producer = _raw(broker)
+    frames = [f"SEND\ndestination:/queue/g\nreceipt:r{i}\n\nm{i}\x00" for i in range(3)]
+    frames.append("SEND\nreceipt:bad\n\nno destination\x00")
+    frames += [f"SEND\ndestination:/queue/g\nreceipt:q{i}\n\nlate{i}\x00" for i in range(3)]
+    producer.send("".join(frames).encode())
+    assert producer.closed_by_server()
+    *receipts, error = producer.frames
+    # (refused before the engine: the session ends at once, and the receipts of SENDs
+    # still waiting for the engine's answer are not sent -- as before runs)
+    assert [f.header("receipt-id") for f in receipts] == [f"r{i}" for i in range(len(receipts))]
+    assert error.command is Command.ERROR and error.header("receipt-id") == "bad"
+    assert [consumer.next().body for _ in range(3)] == [b"m0", b"m1", b"m2"]
+    assert _marker_after(consumer, "/queue/g") == []
+
+
+def test_transactions_across_runs_keep_their_order_and_receipts(
+    broker: Broker,  # noqa: F811
+) -> None:
+    """In one read: plain SENDs (runs) between a transaction's SENDs go at once, the
+    transaction's at COMMIT, an aborted one's never; every receipt in frame order."""
+    consumer = _raw(broker)
+    _subscribe(consumer, "/queue/tx")
+
+    def send(body: str, extra: str = "") -> str:
+        return f"SEND\ndestination:/queue/tx\n{extra}\n{body}\x00"
+
+    producer = _raw(broker)
+    burst = [
+        "BEGIN\ntransaction:t\n\n\x00",
+        send("t1", "transaction:t\n"),
+        send("p1"),
+        send("t2", "transaction:t\nreceipt:rt2\n"),
+        send("p2", "receipt:rp2\n"),
+        "COMMIT\ntransaction:t\nreceipt:commit\n\n\x00",
+        "BEGIN\ntransaction:u\n\n\x00",
+        send("x", "transaction:u\n"),
+        send("p3"),
+        "ABORT\ntransaction:u\nreceipt:abort\n\n\x00",
+        send("p4", "receipt:end\n"),
+    ]
+    producer.send("".join(burst).encode())
+    assert [producer.next().header("receipt-id") for _ in range(5)] == [
+        "rt2",
+        "rp2",
+        "commit",
+        "abort",
+        "end",
+    ]
+    expected = [b"p1", b"p2", b"t1", b"t2", b"p3", b"p4"]
+    assert [consumer.next().body for _ in expected] == expected
+    assert _marker_after(consumer, "/queue/tx") == []  # x was aborted
+
+
+def test_a_consumer_that_stops_reading_is_bounded_and_then_gets_every_run_in_order(
+    broker: Broker,  # noqa: F811
+) -> None:
+    """Runs of SENDs to an ``ack:auto`` consumer that stopped reading: its unsent bytes
+    stay within the listener's ``max_outbound`` (plus one frame) and the engine keeps
+    the rest queued; once it reads again it gets every message, in order."""
+    stalled = Raw(broker.listener.port, rcvbuf=4096)
+    stalled.connect()
+    _subscribe(stalled, "/queue/slow")
+    producer = _raw(broker)
+    total, body = 3000, "x" * 10_000  # (30 MB: more than the kernel buffers take)
+    frames = [
+        f"SEND\ndestination:/queue/slow\nn:{i}\n{'receipt:last' if i == total - 1 else ''}"
+        f"\n\n{body}\x00"
+        for i in range(total)
+    ]
+    for start in range(0, total, 100):  # runs of up to 100 SENDs per write
+        producer.send("".join(frames[start : start + 100]).encode())
+    assert producer.next().header("receipt-id") == "last"  # all taken by the engine
+    queue = broker.engine.channels["slow"].queues[QUEUE_ID]
+    limit = broker.listener.options.max_outbound + len(frames[0]) + 200
+    assert wait_until(lambda: queue.message_count > 0)  # the rest waits in the engine
+
+    def unsent() -> int:
+        return sum(broker.listener.call(broker.listener.outbound_bytes).values())
+
+    assert unsent() <= limit
+    seen = [int(str(stalled.next().header("n"))) for _ in range(total)]
+    assert seen == list(range(total))
+    assert wait_until(lambda: queue.message_count == 0 and not queue.pending)

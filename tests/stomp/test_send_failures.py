@@ -78,19 +78,19 @@ def _raw(b: Broker) -> Raw:
     return raw
 
 
-def _send(i: int, persistent: bool = False) -> str:
+def _send(i: int, persistent: bool = False, queue: str = "p") -> str:
     extra = "persistent:true\n" if persistent else ""
-    return f"SEND\ndestination:/queue/p\n{extra}receipt:r{i}\n\nm{i}\x00"
+    return f"SEND\ndestination:/queue/{queue}\n{extra}receipt:r{i}\n\nm{i}\x00"
 
 
-def _consumed(b: Broker, count: int) -> list[bytes]:
+def _consumed(b: Broker, count: int, queue: str = "p") -> list[bytes]:
     """What a consumer that joins now receives: ``count`` messages, then (a marker sent
     after them through the same queue) nothing else before the marker."""
     consumer = _raw(b)
-    consumer.send(b"SUBSCRIBE\nid:s\ndestination:/queue/p\nreceipt:sub\n\n\x00")
+    consumer.send(f"SUBSCRIBE\nid:s\ndestination:/queue/{queue}\nreceipt:sub\n\n\x00".encode())
     assert consumer.next().command is Command.RECEIPT
     bodies = [consumer.next().body for _ in range(count)]
-    consumer.send(b"SEND\ndestination:/queue/p\n\nmarker\x00")
+    consumer.send(f"SEND\ndestination:/queue/{queue}\n\nmarker\x00".encode())
     assert consumer.next().body == b"marker"
     consumer.close()
     return bodies
@@ -102,15 +102,27 @@ def _assert_refused_at_r2(got: list[Frame], why: str = "internal error") -> None
     assert why in str(got[2].header("message"))
 
 
+@pytest.fixture
+def flaky_first(zctx: Ctx) -> Iterator[Broker]:
+    b = Broker(zctx, Engine(authorizer=FlakyPolicy(fail_at=0)))
+    yield b
+    b.stop()
+
+
 def test_a_run_stops_with_an_error_at_the_send_the_broker_failed_to_take(
-    flaky: Broker,
+    flaky_first: Broker,
 ) -> None:
-    producer = _raw(flaky)
-    producer.send("".join(_send(i) for i in range(6)).encode())  # one run
+    """The authorizer is asked once per run into one queue (``Engine.publish_many``):
+    its failure refuses the run's first SEND; those before it (another queue's run in
+    the same read) were taken, none after it takes effect."""
+    producer = _raw(flaky_first)
+    burst = [_send(i, queue="o") for i in range(2)] + [_send(i) for i in range(2, 6)]
+    producer.send("".join(burst).encode())  # one read: runs into /queue/o, /queue/p
     assert producer.closed_by_server()
     _assert_refused_at_r2(producer.frames)
-    assert _consumed(flaky, 2) == [b"m0", b"m1"]  # m3..m5 never went in
-    assert flaky.engine.errors == 1
+    assert _consumed(flaky_first, 2, queue="o") == [b"m0", b"m1"]
+    assert _consumed(flaky_first, 0) == []  # m3..m5 never went in
+    assert flaky_first.engine.errors == 1
 
 
 def test_a_lone_send_the_broker_failed_to_take_gets_an_error(flaky: Broker) -> None:
@@ -126,14 +138,19 @@ def test_a_lone_send_the_broker_failed_to_take_gets_an_error(flaky: Broker) -> N
 
 
 def test_publish_many_counts_a_push_that_raised_as_refused_not_taken() -> None:
-    engine = Engine(authorizer=FlakyPolicy(fail_at=1))
+    engine = Engine(authorizer=FlakyPolicy(fail_at=0))
     client_id, _ = engine.connect(ConnectionInfo(client_id="c"), 0.0)
-    engine.create_channel("p")
-    engine.create_queue("p", 0)
-    messages = [Message(f"id{i}", client_id, "p", 0, payload=b"m%d" % i) for i in range(3)]
+    for name in ("o", "p"):
+        engine.create_channel(name)
+        engine.create_queue(name, 0)
+    targets = ["o", "p", "p"]  # a run into o, then one into p whose check raises
+    messages = [
+        Message(f"id{i}", client_id, t, 0, payload=b"m%d" % i) for i, t in enumerate(targets)
+    ]
     out, taken, refused = engine.publish_many(client_id, messages, 0.0)
     assert (taken, refused) == (1, "internal error")
-    assert engine.channels["p"].queues[0].message_count == 1
+    assert engine.channels["o"].queues[0].message_count == 1
+    assert engine.channels["p"].queues[0].message_count == 0
     assert engine.errors == 1
     assert out == []  # the refusal's response is the third item, not in the output
 

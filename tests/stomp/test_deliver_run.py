@@ -1,0 +1,128 @@
+"""``Session.deliver_run`` (the run sink): what a run of deliveries makes is what
+``deliver`` of each in turn makes -- the same bytes, the same count taken, the same
+refusal -- with the transport's room read once and counted down per frame.  Sans-IO,
+with a room that runs out in the middle of the run."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from broker.stomp.backend import Delivery
+from broker.stomp.frames import Command, Version
+from broker.stomp.memory import MemoryBackend
+from broker.stomp.session import Session
+
+from .kit import Peer, World
+
+
+class Transport:
+    """The listener's rule: deliveries are taken while the unsent bytes stay below
+    ``limit``; a refusal is remembered (the listener then calls ``resume``)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.session: Session | None = None
+        self.refusals = 0
+
+    def room(self) -> int:
+        assert self.session is not None
+        return self.limit - self.session.pending_output
+
+    def writable(self) -> bool:
+        if self.room() > 0:
+            return True
+        self.refusals += 1
+        return False
+
+
+class Recording(MemoryBackend):
+    """The in-memory backend, recording the tags each ACK settles."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.acked: list[list[int]] = []
+
+    def ack(self, connection_id: int, tags: Sequence[int]) -> None:
+        self.acked.append(list(tags))
+        super().ack(connection_id, tags)
+
+
+def _peer(version: Version, ack: str, limit: int) -> tuple[Peer, Transport]:
+    world = World()
+    world.backend = Recording()
+    transport = Transport(limit)
+    peer = world.peer(version, writable=transport.writable)
+    peer.session.room = transport.room
+    transport.session = peer.session
+    peer.connect()
+    headers = {"id": "s", "destination": "/queue/q", "ack": ack, "receipt": "sub"}
+    if version is Version.V1_0:
+        headers.pop("id")
+    peer.send(Command.SUBSCRIBE, headers)
+    assert [f.command for f in peer.read()] == [Command.RECEIPT]
+    return peer, transport
+
+
+def _deliveries(sub: str) -> list[Delivery]:
+    out = []
+    for i in range(12):
+        headers = (("n", str(i)),) if i % 3 == 0 else ()
+        if i == 7:
+            headers = (("tricky:name", "a\nb"),)  # escaped on 1.1+, left out on 1.0
+        out.append(Delivery(sub, 100 + i, f"m{i}", "/queue/q", headers, b"x" * (20 + i)))
+    return out
+
+
+@pytest.mark.parametrize("version", [Version.V1_0, Version.V1_1, Version.V1_2])
+@pytest.mark.parametrize("ack", ["auto", "client-individual"])
+@pytest.mark.parametrize("limit", [1, 400, 1000, 100_000])
+def test_a_run_makes_what_each_delivery_in_turn_makes(
+    version: Version, ack: str, limit: int
+) -> None:
+    sub = "/queue/q" if version is Version.V1_0 else "s"
+    run_peer, run_transport = _peer(version, ack, limit)
+    each_peer, each_transport = _peer(version, ack, limit)
+    deliveries = _deliveries(sub)
+    took = run_peer.session.deliver_run(deliveries)
+    each = 0
+    for delivery in deliveries:
+        if not each_peer.session.deliver(delivery):
+            break
+        each += 1
+    assert took == each
+    assert (limit == 100_000) == (took == len(deliveries))  # (the room ran out, or not)
+    assert run_transport.refusals == each_transport.refusals == (took < len(deliveries))
+    run_bytes = run_peer.session.take_output(0.0)
+    assert run_bytes == each_peer.session.take_output(0.0)
+    assert run_bytes.count(b"\0") == took
+    if ack != "auto" and took:
+        # the deliveries taken wait for their ACK in both: the last one settles alone
+        last = deliveries[took - 1]
+        acked = []
+        for peer in (run_peer, each_peer):
+            if version is Version.V1_2:
+                named = {"id": str(last.tag)}
+            else:
+                named = {"message-id": last.message_id, "subscription": sub}
+            peer.send(Command.ACK, {**named, "receipt": "a"})
+            assert [f.command for f in peer.read()] == [Command.RECEIPT]
+            backend = peer.session.backend
+            assert isinstance(backend, Recording)
+            acked.append(backend.acked)
+        assert acked[0] == acked[1] == [[last.tag]]
+
+
+def test_a_run_stops_at_a_delivery_for_an_unknown_subscription() -> None:
+    peer, _ = _peer(Version.V1_2, "auto", 100_000)
+    deliveries = _deliveries("s")
+    deliveries[4] = deliveries[4]._replace(subscription="gone")
+    assert peer.session.deliver_run(deliveries) == 4
+    assert peer.session.take_output(0.0).count(b"MESSAGE\n") == 4
+
+
+def test_a_closed_session_takes_no_run() -> None:
+    peer, _ = _peer(Version.V1_2, "auto", 100_000)
+    peer.send(Command.DISCONNECT)
+    assert peer.session.deliver_run(_deliveries("s")) == 0
