@@ -37,8 +37,8 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     taken: list[int] = []
     real = engine_module.push_saved_run
 
-    def counted(*args: Any) -> int:
-        n = real(*args)
+    def counted(*args: Any, **kw: Any) -> int:
+        n = real(*args, **kw)
         taken.append(n)
         return n
 

@@ -11,6 +11,8 @@ make a duplicate: at-least-once).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from broker.engine.delivery import AckWhen, Decision
 from broker.engine.frames import ack as ack_frame
 from broker.engine.message import DONE, INFLIGHT, QueueMessage
@@ -61,27 +63,46 @@ class Ledger:
         out.append(Outgoing(producer.id, frame))
 
     def save(self, m: QueueMessage) -> None:
+        """Save one message (:meth:`save_run` of it alone)."""
+        self.save_run((m,))
+
+    def save_run(self, run: Sequence[QueueMessage]) -> None:
+        """Save each message of ``run``, in order, with one call (a run of pushes taken
+        at once: ``saved_run``): each is still given to the store on its own
+        (``Store.append``; a held store writes them as one group), so a refusal (a full
+        or failed disk) concerns exactly its message, which stays unsaved (``saved``
+        False, counted in ``unsaved``)."""
         q = self.q
-        try:
-            producer = m.producer.id if m.producer is not None else ""
-            message = m.message
-            if message.wire is not None:
-                message = message.replace()  # a store keeps messages, not a door's octets
-            timeout = q.options.message_timeout
-            if m.deadline:  # (saved after its clock started: the time it has left)
-                deadline = q.host.config.wall_clock() + (m.deadline - q.host.now)
-            elif timeout:  # (saved on receipt: the clock starts now)
-                deadline = q.host.config.wall_clock() + timeout / 1000.0
-            else:
-                deadline = 0.0
-            stored = StoredMessage(m.seq, message, producer, m.put_backs, m.delivered, deadline)
-            q.store.append(q.key, stored)
-        except Exception as exc:
-            q.error("store.append", exc)
-            q.unsaved += 1
-            return
-        m.saved = True
-        q.saves += 1
+        store, key = q.store, q.key
+        timeout = q.options.message_timeout
+        wall_clock = q.host.config.wall_clock
+        saved = 0
+        for m in run:
+            try:
+                producer = m.producer.id if m.producer is not None else ""
+                message = m.message
+                if message.wire is not None:
+                    message = message.replace()  # a store keeps messages, not a door's octets
+                life = m.life
+                if life is not None and life.deadline:  # (saved after its clock started)
+                    deadline = wall_clock() + (life.deadline - q.host.now)
+                elif timeout:  # (saved on receipt: the clock starts now)
+                    deadline = wall_clock() + timeout / 1000.0
+                else:
+                    deadline = 0.0
+                if life is None:
+                    stored = StoredMessage(m.seq, message, producer, 0, 0, deadline)
+                else:
+                    stored = StoredMessage(m.seq, message, producer, life.put_backs,
+                                           life.delivered, deadline)  # fmt: skip
+                store.append(key, stored)
+            except Exception as exc:
+                q.error("store.append", exc)
+                q.unsaved += 1
+                continue
+            m.lived().saved = True
+            saved += 1
+        q.saves += saved
 
     def delivered(self, m: QueueMessage, now: float, *, durable: bool = False) -> None:
         """A saved message went out once more (or, ``durable``, was put back): the store
