@@ -68,15 +68,15 @@ class Ledger:
 
     def save_run(self, run: Sequence[QueueMessage]) -> None:
         """Save each message of ``run``, in order, with one call (a run of pushes taken
-        at once: ``saved_run``): each is still given to the store on its own
-        (``Store.append``; a held store writes them as one group), so a refusal (a full
-        or failed disk) concerns exactly its message, which stays unsaved (``saved``
-        False, counted in ``unsaved``)."""
+        at once: ``saved_run``): the store still takes or refuses each on its own
+        (``Store.append_each``; a held store writes them as one group), so a refusal (a
+        full or failed disk) concerns exactly its message, which stays unsaved
+        (``saved`` False, counted in ``unsaved``)."""
         q = self.q
-        store, key = q.store, q.key
         timeout = q.options.message_timeout
         wall_clock = q.host.config.wall_clock
-        saved = 0
+        stored: list[StoredMessage] = []
+        kept: list[QueueMessage] = []
         for m in run:
             try:
                 producer = m.producer.id if m.producer is not None else ""
@@ -91,18 +91,28 @@ class Ledger:
                 else:
                     deadline = 0.0
                 if life is None:
-                    stored = StoredMessage(m.seq, message, producer, 0, 0, deadline)
+                    s = StoredMessage(m.seq, message, producer, 0, 0, deadline)
                 else:
-                    stored = StoredMessage(m.seq, message, producer, life.put_backs,
-                                           life.delivered, deadline)  # fmt: skip
-                store.append(key, stored)
+                    s = StoredMessage(m.seq, message, producer, life.put_backs, life.delivered,
+                                      deadline)  # fmt: skip
             except Exception as exc:
                 q.error("store.append", exc)
                 q.unsaved += 1
                 continue
-            m.lived().saved = True
-            saved += 1
-        q.saves += saved
+            stored.append(s)
+            kept.append(m)
+        try:
+            refused = q.store.append_each(q.key, stored)
+        except Exception as exc:  # (it should not raise: none counts as saved, at least once)
+            refused = [(k, exc) for k in range(len(stored))]
+        for _k, exc in refused:
+            q.error("store.append", exc)
+        q.unsaved += len(refused)
+        q.saves += len(kept) - len(refused)
+        skip = {k for k, _exc in refused} if refused else ()
+        for k, m in enumerate(kept):
+            if k not in skip:
+                m.lived().saved = True
 
     def delivered(self, m: QueueMessage, now: float, *, durable: bool = False) -> None:
         """A saved message went out once more (or, ``durable``, was put back): the store

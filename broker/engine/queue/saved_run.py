@@ -79,10 +79,11 @@ def push_saved_run(
     if not strategy.accepts_pushes:
         return 0
     taken: list[QueueMessage] = []
-    failed = _number(q, ms, start, sender, now, max_messages, taken)
+    messages: list[Message] = []
+    failed = _number(q, ms, start, sender, now, max_messages, taken, messages)
     if saves and taken:
         q.ledger.save_run(taken)
-    _admit(q, taken, start, sender.id, now, out, refused, saves, answer)
+    _admit(q, taken, messages, start, sender.id, now, out, refused, saves, answer)
     if failed:
         refused.append((start + len(taken), INTERNAL_ERROR))
         return len(taken) + 1
@@ -97,18 +98,23 @@ def _number(
     now: float,
     max_messages: int,
     taken: list[QueueMessage],
+    messages: list[Message],
 ) -> bool:
     """Step one: the queue messages of the run's pushes, numbered, indexed and counted,
-    their ids remembered, in ``taken``; True when a collaborator raised on the push
-    after them (counted as the queue's error)."""
+    their ids remembered, in ``taken`` (their messages in ``messages``); True when a
+    collaborator raised on the push after them (counted as the queue's error)."""
     opts = q.options
     strategy = q.strategy
     size_limit = opts.message_size_limit
     limit = opts.message_limit if strategy.limits_count else 0
     counted = strategy.limits_count
     dedupe = bool(opts.use_message_id and opts.duplicate_window)
-    window, window_time = opts.duplicate_window, opts.duplicate_window_time
+    window = opts.duplicate_window
     recent = q.recent
+    if dedupe:  # (what ``RecentIds.seen`` does first, once for the run's ``now``)
+        recent.forget_expired(now, opts.duplicate_window_time)
+    seen = recent.ids
+    remember = recent.add_new
     index = q.index
     qid = q.id
     name = q.channel.name
@@ -126,7 +132,7 @@ def _number(
                 or m.target != name
             ):
                 break
-            if dedupe and recent.seen(mid, now, window_time):
+            if dedupe and mid in seen:
                 break  # a duplicate: answered by the general path
             if size_limit and len(m.payload) > size_limit:
                 break  # refused by the general path
@@ -141,17 +147,22 @@ def _number(
             q.received += 1
             q.last_received = now
             if dedupe:
-                recent.add(mid, now, window)
+                remember(mid, now, window)
             taken.append(qm)
+            messages.append(message)
     except Exception as exc:
         q.error("saved run", exc)
         return True
+    finally:
+        if dedupe and taken:
+            recent.added_at(now)  # (the order bookkeeping of ``RecentIds.add``, once)
     return False
 
 
 def _admit(
     q: Queue,
     taken: list[QueueMessage],
+    messages: list[Message],
     start: int,
     sid: str,
     now: float,
@@ -168,7 +179,7 @@ def _admit(
     dispatch = q.dispatch
     qid = q.id
     name = q.channel.name
-    for k, qm in enumerate(taken, start):
+    for k, (qm, message) in enumerate(zip(taken, messages, strict=True), start):
         life = qm.lived()
         life.acked = True  # (answered here, or by the batch's acknowledge)
         if saves and not life.saved:
@@ -180,7 +191,7 @@ def _admit(
         elif answer:
             frame = ack_frame(qid, qm.message_id, "", name)
             out.append(_new(Outgoing, (sid, frame)))
-        dispatch.fresh, dispatch.fresh_message = qm, qm.message  # (as ``accept``)
+        dispatch.fresh, dispatch.fresh_message = qm, message  # (as ``accept``)
         try:
             admit(q, qm, now, out)
         except Exception as exc:
