@@ -103,10 +103,10 @@ class Ledger:
             kept.append(m)
         try:
             refused = q.store.append_each(q.key, stored)
-        except Exception as exc:  # (it should not raise: none counts as saved, at least once)
-            refused = [(k, exc) for k in range(len(stored))]
-        for _k, exc in refused:
-            q.error("store.append", exc)
+        except Exception as failure:  # (it should not raise: none counts as saved)
+            refused = [(k, failure) for k in range(len(stored))]
+        for _k, error in refused:
+            q.error("store.append", error)
         q.unsaved += len(refused)
         q.saves += len(kept) - len(refused)
         skip = {k for k, _exc in refused} if refused else ()
