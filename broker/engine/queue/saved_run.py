@@ -49,9 +49,11 @@ from broker.engine.frames import ack as ack_frame
 from broker.engine.message import QueueMessage
 from broker.engine.queue.queue import Queue
 from broker.message import Message, derive
-from broker.protocol import NackReason, Outgoing
+from broker.protocol import DEFAULT_TTL, MessageType, NackReason, Outgoing
+from broker.tmqp import Frame as _Frame
 
 _new = tuple.__new__
+_ACK = int(MessageType.ACK)
 
 
 def push_saved_run(
@@ -188,8 +190,9 @@ def _admit(
                 out.append(_new(Outgoing, (sid, frame)))
             else:
                 refused.append((k, ""))
-        elif answer:
-            frame = ack_frame(qid, qm.message_id, "", name)
+        elif answer:  # (``frames.ack`` of a positive acknowledge, made in place)
+            frame = _Frame(False, False, _ACK, False, False, DEFAULT_TTL, qid, qm.message_id,
+                           "", name, (), b"")  # fmt: skip
             out.append(_new(Outgoing, (sid, frame)))
         dispatch.fresh, dispatch.fresh_message = qm, message  # (as ``accept``)
         try:
