@@ -22,7 +22,6 @@ from broker import tmqp
 from broker.engine import engine as engine_module
 from broker.engine.delivery import PersistentDeliveryHandler
 from broker.engine.options import BrokerConfig
-from broker.engine.queue import saved_run
 from broker.protocol import Header, MessageType, NackReason, Outgoing
 from broker.store.base import Store
 
@@ -30,6 +29,7 @@ from .engine_kit import Frame, Kit
 from .full_disk import FullDisk
 from .test_engine_batch_durable import PERSISTENT, _kit, _records, _reopened
 from .test_engine_batch_path import _counters, _items, _session, _step, laid_out
+from .test_saved_run import _mostly_acknowledged, third_derive_raises
 
 Item = tuple[int, tmqp.Frame, bytes]
 
@@ -55,14 +55,6 @@ def each_alone(kit: Kit, client_id: str, items: list[Item]) -> list[Outgoing]:
     for _index, frame, data in items:
         out += kit.engine.receive(client_id, frame, kit.now, data)
     return out
-
-
-def _mostly_acknowledged(rnd: random.Random, steps: list[tuple[str, str, Any]]) -> None:
-    for what, _, arg in steps:
-        if what == "batch":
-            for entry in arg:
-                if entry["kind"] == "push":
-                    entry["ack"] = rnd.random() < 0.9
 
 
 def _run_step(kit: Kit, as_run: bool, step: tuple[str, str, Any]) -> Any:
@@ -193,17 +185,7 @@ def test_a_collaborator_raising_mid_run_answers_that_push_no_and_goes_on(
     """The message model raises on the third push of a run: that push is answered
     "failed" (never a false yes), counted as an error, the others acknowledged and
     stored in order."""
-    real = saved_run.derive
-    calls = 0
-
-    def third_raises(*args: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        if calls == 3:
-            raise RuntimeError("a bug")
-        return real(*args)
-
-    monkeypatch.setattr(saved_run, "derive", third_raises)
+    third_derive_raises(monkeypatch)
     store = FullDisk(100)
     kit = _persistent_kit(store)
     errors = kit.engine.errors
