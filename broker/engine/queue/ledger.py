@@ -63,43 +63,33 @@ class Ledger:
         out.append(Outgoing(producer.id, frame))
 
     def save(self, m: QueueMessage) -> None:
-        """Save one message (:meth:`save_run` of it alone)."""
-        self.save_run((m,))
+        """Save one message; one the store refuses stays unsaved (``saved`` False,
+        counted in ``unsaved``)."""
+        q = self.q
+        try:
+            q.store.append(q.key, self._stored(m))
+        except Exception as exc:
+            q.error("store.append", exc)
+            q.unsaved += 1
+            return
+        m.saved = True
+        q.saves += 1
 
     def save_run(self, run: Sequence[QueueMessage]) -> None:
-        """Save each message of ``run``, in order, with one call (a run of pushes taken
-        at once: ``saved_run``): the store still takes or refuses each on its own
-        (``Store.append_each``; a held store writes them as one group), so a refusal (a
-        full or failed disk) concerns exactly its message, which stays unsaved
-        (``saved`` False, counted in ``unsaved``)."""
+        """:meth:`save` of each message of ``run``, in order, with one call (a run of
+        pushes taken at once: ``saved_run``): the store still takes or refuses each on
+        its own (``Store.append_each``; a held store writes them as one group), so a
+        refusal (a full or failed disk) concerns exactly its message."""
         q = self.q
-        timeout = q.options.message_timeout
-        wall_clock = q.host.config.wall_clock
         stored: list[StoredMessage] = []
         kept: list[QueueMessage] = []
         for m in run:
             try:
-                producer = m.producer.id if m.producer is not None else ""
-                message = m.message
-                if message.wire is not None:
-                    message = message.replace()  # a store keeps messages, not a door's octets
-                life = m.life
-                if life is not None and life.deadline:  # (saved after its clock started)
-                    deadline = wall_clock() + (life.deadline - q.host.now)
-                elif timeout:  # (saved on receipt: the clock starts now)
-                    deadline = wall_clock() + timeout / 1000.0
-                else:
-                    deadline = 0.0
-                if life is None:
-                    s = StoredMessage(m.seq, message, producer, 0, 0, deadline)
-                else:
-                    s = StoredMessage(m.seq, message, producer, life.put_backs, life.delivered,
-                                      deadline)  # fmt: skip
+                stored.append(self._stored(m))
             except Exception as exc:
                 q.error("store.append", exc)
                 q.unsaved += 1
                 continue
-            stored.append(s)
             kept.append(m)
         try:
             refused = q.store.append_each(q.key, stored)
@@ -113,6 +103,26 @@ class Ledger:
         for k, m in enumerate(kept):
             if k not in skip:
                 m.lived().saved = True
+
+    def _stored(self, m: QueueMessage) -> StoredMessage:
+        """What the store keeps of ``m``: the message without a door's octets, its
+        producer, counts and the wall-clock deadline of its MessageTimeout."""
+        q = self.q
+        producer = m.producer.id if m.producer is not None else ""
+        message = m.message
+        if message.wire is not None:
+            message = message.replace()  # a store keeps messages, not a door's octets
+        life = m.life
+        timeout = q.options.message_timeout
+        if life is not None and life.deadline:  # (saved after its clock started: the rest)
+            deadline = q.host.config.wall_clock() + (life.deadline - q.host.now)
+        elif timeout:  # (saved on receipt: the clock starts now)
+            deadline = q.host.config.wall_clock() + timeout / 1000.0
+        else:
+            deadline = 0.0
+        if life is None:
+            return StoredMessage(m.seq, message, producer, 0, 0, deadline)
+        return StoredMessage(m.seq, message, producer, life.put_backs, life.delivered, deadline)
 
     def delivered(self, m: QueueMessage, now: float, *, durable: bool = False) -> None:
         """A saved message went out once more (or, ``durable``, was put back): the store
