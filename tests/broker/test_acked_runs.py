@@ -20,16 +20,14 @@ import pytest
 
 from broker import tmqp
 from broker.engine import engine as engine_module
-from broker.engine.delivery import PersistentDeliveryHandler
 from broker.engine.options import BrokerConfig
 from broker.protocol import Header, MessageType, NackReason, Outgoing
-from broker.store.base import Store
 
-from .engine_kit import Frame, Kit
+from .engine_kit import Kit
 from .full_disk import FullDisk
-from .test_engine_batch_durable import PERSISTENT, _kit, _records, _reopened
+from .test_engine_batch_durable import _kit, _records, _reopened
 from .test_engine_batch_path import _counters, _items, _session, _step, laid_out
-from .test_saved_run import _mostly_acknowledged, third_derive_raises
+from .test_saved_run import _acked, _memory_kit, _mostly_acknowledged, _stored, third_derive_raises
 
 Item = tuple[int, tmqp.Frame, bytes]
 
@@ -122,27 +120,6 @@ def test_persistent_runs_give_what_each_push_alone_gives_before_and_after_restar
     assert kept >= 40 and answers >= 400  # stores holding messages, acknowledges compared
 
 
-def _acked(count: int) -> list[Item]:
-    frames = [
-        Frame(message_type=MessageType.QUEUE, content_type=1, target="ch", pending_ack=True,
-              message_id=f"m{k}", source="p", payload=b"%04d" % k)
-        for k in range(count)
-    ]  # fmt: skip
-    return [(i, f, tmqp.encode(f)[0]) for i, f in enumerate(frames)]
-
-
-def _persistent_kit(store: Store) -> Kit:
-    kit = Kit(
-        config=BrokerConfig(wall_clock=lambda: 1_700_000_000.0),
-        store=store,
-        handlers={PERSISTENT: PersistentDeliveryHandler()},
-    )
-    kit.engine.create_channel("ch")
-    kit.connect("p")
-    kit.queue("p", "ch", 1, status=1, message_delivery_handler=PERSISTENT)
-    return kit
-
-
 def _answers(outs: list[Outgoing]) -> list[tuple[str, str | None]]:
     """(message id, nack reason or None) of each acknowledge, in output order."""
     got = []
@@ -163,12 +140,12 @@ def test_a_disk_that_fills_mid_run_acknowledges_only_what_it_stored(
     results = []
     for as_run in (True, False):
         store = FullDisk(5)
-        kit = _persistent_kit(store)
+        kit = _memory_kit(store)
         items = _acked(12)
         outs = (
             kit.engine.receive_run("p", items, kit.now) if as_run else each_alone(kit, "p", items)
         )
-        stored = [s.message.payload for s in store.iterate(("ch", 1))]
+        stored = _stored(store)
         results.append((outs, stored, _counters(kit)))
     assert results[0] == results[1]
     outs, stored, _ = results[0]
@@ -187,7 +164,7 @@ def test_a_collaborator_raising_mid_run_answers_that_push_no_and_goes_on(
     stored in order."""
     third_derive_raises(monkeypatch)
     store = FullDisk(100)
-    kit = _persistent_kit(store)
+    kit = _memory_kit(store)
     errors = kit.engine.errors
     outs = kit.engine.receive_run("p", _acked(8), kit.now)
     answers = _answers(outs)
@@ -195,7 +172,5 @@ def test_a_collaborator_raising_mid_run_answers_that_push_no_and_goes_on(
         [(f"m{k}", None) for k in range(8) if k != 2] + [("m2", NackReason.FAILED)]
     )
     assert kit.engine.errors == errors + 1
-    assert [s.message.payload for s in store.iterate(("ch", 1))] == [
-        b"%04d" % k for k in range(8) if k != 2
-    ]
+    assert _stored(store) == [b"%04d" % k for k in range(8) if k != 2]
     assert [n for n, *_ in runs] == [3, 5]  # the run ended at the failure, the rest came back
