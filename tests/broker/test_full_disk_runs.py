@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,27 +23,13 @@ from broker.client.blocking import Client
 from broker.client.errors import RemoteError
 from tests.broker.test_cli import free_port
 from tests.broker.test_durable_serve import PERSISTENT, consume
+from tests.filemq.test_full_disk import _grow, small_disk  # noqa: F401 (the fixture)
 from tests.polling import wait_until
 
-ROOM = 1 << 20  # the tmpfs: room for a few thousand 1 KiB messages of the 8,000 pushed
+# (``small_disk``: a tmpfs of 1 MiB, FILEMQ's: room for about 900 of the 8,000 1 KiB pushes)
 PRODUCERS = 4
 PUSHES = 2_000  # per producer, 1 KiB each
 START = 60.0  # deadline (s) for a Python process to start at load 50 (test_cli's)
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A folder on a tmpfs of ``ROOM`` bytes (given 64 MiB by ``_grow``)."""
-    where = tmp_path / "disk"
-    where.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={ROOM}", "tmpfs", str(where)],
-                          capture_output=True, text=True, check=False)  # fmt: skip
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 def _serve(endpoint: str, data: Path, log: Path) -> subprocess.Popen[bytes]:
@@ -87,7 +72,9 @@ def _produce(endpoint: str, zctx: zmq.Context[zmq.Socket[bytes]], p: int,
 @pytest.mark.slow  # (~15 s: two broker starts, a disk filled; the engine-level twin is
 # test_acked_runs.py::test_a_disk_that_fills_mid_run_acknowledges_only_what_it_stored)
 def test_a_disk_that_fills_under_single_pushes_acknowledges_only_what_it_stored(
-    small_disk: Path, tmp_path: Path, zctx: zmq.Context[zmq.Socket[bytes]]
+    small_disk: Path,  # noqa: F811
+    tmp_path: Path,
+    zctx: zmq.Context[zmq.Socket[bytes]],
 ) -> None:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     log = tmp_path / "broker.log"
@@ -110,7 +97,7 @@ def test_a_disk_that_fills_under_single_pushes_acknowledges_only_what_it_stored(
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
+    _grow(small_disk)  # (64 MiB)
     proc = _serve(endpoint, small_disk / "data", log)
     try:
         got = {mid for mid, _ in consume(endpoint, zctx)}
