@@ -36,7 +36,9 @@ Every party runs in its own process (spawned), on loopback TCP, 100-byte message
   and messages per fsync; beside them the disk's fsyncs/s and fsync'd sequential MB/s,
   and with ``--rabbitmq`` a durable queue with publisher confirms (pika, persistent
   messages, best of 1/4/8 producer processes; pika's blocking channel waits for each
-  confirm, so one publish in flight per process).
+  confirm, so one publish in flight per process).  The 8-producer 100 B rows also run
+  "batched" (``push_many_async``, TMQP batches) and "singles" (each push sent alone,
+  client ``batch=0``: the broker gathers a drain's into runs, ``Engine.receive_run``).
 
 Usage: ``python bench/bench_broker.py [--quick] [--messages N] [--rabbitmq]
 [--persistent-only]``.
@@ -50,6 +52,7 @@ import importlib
 import multiprocessing as mp
 import os
 import queue
+import re
 import shutil
 import socket
 import statistics
@@ -586,12 +589,15 @@ def zh_acked_producer(
     go: Any,
     out: Any,
     batched: bool = False,
+    singles: bool = False,
 ) -> None:
     """Push ``count`` messages, each acknowledged; ack latencies from submit to done.
-    ``batched``: PERSIST_BATCH at a time with ``push_many_async`` (one batch each)."""
+    ``batched``: PERSIST_BATCH at a time with ``push_many_async`` (one batch each);
+    ``singles``: the client sends every push alone (``batch=0``: no TMQP batches, what a
+    client without them sends; the broker gathers a drain's into runs)."""
     from collections import deque
 
-    client = _client(endpoint, max_outbox=50_000)
+    client = _client(endpoint, max_outbox=50_000, **({"batch": 0} if singles else {}))
     payload = b"x" * size
     ready.set()
     go.wait(30)
@@ -645,10 +651,12 @@ def bench_acked(
     broker_pid: int,
     stats: Any,
     batched: bool = False,
+    singles: bool = False,
 ) -> Row:
-    """``producers`` processes push ``count`` messages of ``size`` octets with acks."""
+    """``producers`` processes push ``count`` messages of ``size`` octets with acks
+    (``batched``, ``singles``: see ``zh_acked_producer``)."""
     setup = _client(endpoint)
-    channel = f"{'persist' if persistent else 'mem'}-{producers}-{size}-{batched:d}"
+    channel = f"{'persist' if persistent else 'mem'}-{producers}-{size}-{batched:d}{singles:d}"
     options = {"MessageDeliveryHandler": "persistent"} if persistent else {}
     setup.create_queue(channel, 1, options)
     _close(setup)
@@ -658,7 +666,8 @@ def bench_acked(
     readies = [ctx.Event() for _ in range(producers)]
     procs = [
         ctx.Process(
-            target=zh_acked_producer, args=(endpoint, channel, per, size, r, go, out, batched)
+            target=zh_acked_producer,
+            args=(endpoint, channel, per, size, r, go, out, batched, singles),
         )
         for r in readies
     ]
@@ -683,6 +692,7 @@ def bench_acked(
     if persistent:
         note += f", {total / max(1, syncs):.0f} msgs/fsync"
     name = f"zerohub {kind} {_size_name(size)} {producers}p" + (" batched" if batched else "")
+    name += " singles" if singles else ""
     return Row(
         name, rate=total / (end - start), p50=p50, p99=p99, note=note, cpu=cpu / total * 1e6,
         per_sync=total / max(1, syncs) if persistent else None,
@@ -727,6 +737,11 @@ def persistent_rows(ctx: Any, count: int, sizes: tuple[int, ...] = (SIZE, 4096))
                 rows.append(
                     bench_acked(ctx, endpoint, count, 8, SIZE, persistent, broker.pid, mine,
                                 batched=True)
+                )  # fmt: skip
+                # and each sent alone (no TMQP batches): the broker's drain runs
+                rows.append(
+                    bench_acked(ctx, endpoint, count, 8, SIZE, persistent, broker.pid, mine,
+                                singles=True)
                 )  # fmt: skip
             finally:
                 stop.set()
@@ -1247,7 +1262,7 @@ def print_persistent(rows: list[Row]) -> None:
     for row in rows:
         note = row.note
         if row.name.startswith("zerohub persistent") and row.rate:
-            size = row.name.split(" (fsync) ")[1].rsplit(" ", 1)[0]
+            size = re.split(r" \d+p", row.name.split(" (fsync) ")[1])[0]
             rabbit = by_name.get(f"RabbitMQ durable+confirms {size}")
             if rabbit is not None and rabbit.rate:
                 note += f", {row.rate / rabbit.rate:.1f}x RabbitMQ"

@@ -13,6 +13,10 @@ process's CPU time, the store's writer thread included):
 * ``..., batched``: the same two, the pushes handed over ``BATCH`` at a time as the
   server hands a TMQP batch (``Engine.receive_batch``: the store writes a batch's saves
   as one group, one ticket);
+* ``..., runs``: the same two, single pushes (each answered with its own acknowledge)
+  handed over ``BATCH`` at a time as the server hands a drain's run of one producer's
+  pushes (``Engine.receive_run``; an engine without it: one ``receive`` each, what its
+  server does);
 * ``store only``: ``DurableStore.append`` of the same messages (no engine).
 
 ``--calls`` prints Python function calls per message instead (cProfile's count:
@@ -41,6 +45,8 @@ KINDS = (
     "persistent",
     "memory, batched",
     "persistent, batched",
+    "memory, runs",
+    "persistent, runs",
     "memory, consumed",
     "persistent, consumed",
     "store only",
@@ -120,6 +126,20 @@ def _case(kind: str, n: int, out: Any) -> None:
                 if store is not None and not (first // BATCH) % (WINDOW // BATCH):
                     store.log.wait(store.appended, 30)
             pushes = []
+        if kind.endswith("runs"):
+            receive_run = getattr(engine, "receive_run", None)
+            for first in range(0, n, BATCH):
+                items = [
+                    (j, push, raw) for j, (push, raw) in enumerate(pushes[first : first + BATCH])
+                ]
+                if receive_run is not None:
+                    outs = receive_run(producer, items, 1.0)
+                else:  # (the engine before runs: its server's one call per push)
+                    outs = [o for _, push, raw in items for o in receive(producer, push, 1.0, raw)]
+                count += len(outs)
+                if store is not None and not (first // BATCH) % (WINDOW // BATCH):
+                    store.log.wait(store.appended, 30)
+            pushes = []
         for i, (push, raw) in enumerate(pushes):
             outs = receive(producer, push, 1.0, raw)
             count += len(outs)
@@ -196,6 +216,7 @@ def main() -> None:
     bases = {
         "persistent": "memory",
         "persistent, batched": "memory, batched",
+        "persistent, runs": "memory, runs",
         "persistent, consumed": "memory, consumed",
     }
     for kind in kinds:

@@ -162,6 +162,24 @@ def _acted_on(headers: tuple[tuple[str, str], ...]) -> bool:
     return False
 
 
+#: A handler whose ``received_from_producer`` is this confirms every push on receipt
+#: (``ALLOW_ACK``) on a queue without consumer acknowledges: ``saved_run`` too.
+_CONFIRMS_EVERY_PUSH = DefaultDeliveryHandler.received_from_producer
+
+
+def _saves_every_push(queue: Queue) -> bool:
+    """Does the queue's handler save every push and confirm it once saved?"""
+    return type(queue.hooks.handler).received_from_producer is _SAVES_EVERY_PUSH
+
+
+def _answers_alike(queue: Queue) -> bool:
+    """Does the queue's handler decide the same for every push (``saved_run``)?"""
+    decides = type(queue.hooks.handler).received_from_producer
+    return decides is _SAVES_EVERY_PUSH or (
+        decides is _CONFIRMS_EVERY_PUSH and not queue.options.request_acknowledge
+    )
+
+
 def _default_id_factory() -> Callable[[], str]:
     prefix = os.urandom(4).hex()
     counter = itertools.count(1)
@@ -376,10 +394,11 @@ class Engine:
         acknowledge yet (one comes later on its own).  The outcome is that of each frame
         handled as :meth:`receive` handles it alone, in order; a run of pushes into one
         existing queue that need no answer and carry no headers goes in with one call
-        (:meth:`_push_run`: the checks of the run once, ``Queue.push_plain_run``), the
-        other frames one by one.  The store holds the batch's saves and writes each
-        queue's consecutive ones as one group (``Store.hold``): one write, one ticket,
-        one durability wait for the batch's acknowledge.
+        (:meth:`_push_run`: the checks of the run once, ``Queue.push_plain_run``), and
+        so does a run of acknowledged ones into a queue whose handler answers each alike
+        (``saved_run``); the other frames one by one.  The store holds the batch's saves
+        and writes each queue's consecutive ones as one group (``Store.hold``): one
+        write, one ticket, one durability wait for the batch's acknowledge.
         """
         self.services.now = now
         client = self.clients.get(client_id)
@@ -388,7 +407,30 @@ class Engine:
         store = self.store
         store.hold()
         try:
-            return self._receive_each(client_id, client, items, now)
+            return self._receive_each(client_id, client, items, now, False)
+        finally:
+            store.release()
+
+    def receive_run(
+        self,
+        client_id: str,
+        items: Sequence[tuple[int, tmqp.Frame, bytes]],
+        now: float,
+    ) -> list[Outgoing]:
+        """Several pushes of one client read one by one (the server's drain of its
+        socket): ``items`` as for :meth:`receive_batch` (the index unused).  Each is
+        answered as :meth:`receive` answers it alone -- its own acknowledge, positive or
+        negative -- and the outcome is that of each handled alone, in order; the runs
+        into one queue take the same paths as a batch's (``Queue.push_plain_run``,
+        ``saved_run``), and the store holds their saves as for a batch."""
+        self.services.now = now
+        client = self.clients.get(client_id)
+        if client is None:
+            return []
+        store = self.store
+        store.hold()
+        try:
+            return self._receive_each(client_id, client, items, now, True)[0]
         finally:
             store.release()
 
@@ -398,8 +440,10 @@ class Engine:
         client: Client,
         items: Sequence[tuple[int, tmqp.Frame, bytes]],
         now: float,
+        answer: bool,
     ) -> tuple[list[Outgoing], list[tuple[int, str, str]], list[int]]:
-        """:meth:`receive_batch` of a known client, its saves held."""
+        """:meth:`receive_batch` (``answer``: :meth:`receive_run`) of a known client,
+        its saves held."""
         out: list[Outgoing] = []
         refused: list[tuple[int, str, str]] = []
         later: list[int] = []
@@ -407,8 +451,9 @@ class Engine:
         n = len(items)
         i = 0
         run_end = 0  # items[run_start:run_end]: pushes into one queue that wait for nothing
-        run_start = 0  # (or, ``saved``, all for an acknowledge)
-        saved = False
+        run_start = 0  # (or, ``acked``, all for an acknowledge)
+        acked = False
+        saves = False  # (``acked``: the queue's handler saves every push)
         run_queue: Queue | None = None  # their queue, when they may take its fast path
         run: list[Message] = []  # their messages
         while i < n:
@@ -416,17 +461,19 @@ class Engine:
             if i >= run_end and (
                 frame.message_type == _QUEUE and not frame.headers and not frame.pending_response
             ):
-                saved = frame.pending_ack  # a run of acknowledged pushes: ``saved_run``
-                run_start, run_end = i, self._run_end(items, i, saved)
+                acked = frame.pending_ack  # a run of acknowledged pushes: ``saved_run``
+                run_start, run_end = i, self._run_end(items, i, acked)
                 run_queue = None
                 if run_end - i > 1:
-                    run_queue = self._run_queue(client, frame, saved)
+                    run_queue = self._run_queue(client, frame, acked)
                     if run_queue is not None:
                         run = [message_of(f, d) for _, f, d in items[i:run_end]]
+                        saves = acked and _saves_every_push(run_queue)
             if run_queue is not None and i < run_end:
-                if saved:
-                    taken = self._push_saved_run(run_queue, run, i - run_start, client, now,
-                                                 out, items, run_start, refused)  # fmt: skip
+                if acked:
+                    taken = self._push_acked_run(run_queue, run, i - run_start, client, now,
+                                                 out, items, run_start, refused, saves,
+                                                 answer)  # fmt: skip
                 else:
                     try:
                         taken = run_queue.push_plain_run(run, i - run_start, client, now, out)
@@ -437,7 +484,7 @@ class Engine:
                     i += taken
                     continue
             outs = receive(client_id, frame, now, data)
-            if frame.message_type == _QUEUE and frame.pending_ack:
+            if not answer and frame.message_type == _QUEUE and frame.pending_ack:
                 self._take_push_ack(client_id, index, frame, outs, refused, later)
             out += outs
             i += 1
@@ -469,22 +516,19 @@ class Engine:
             end += 1
         return end
 
-    def _run_queue(self, client: Client, first: tmqp.Frame, saved: bool = False) -> Queue | None:
+    def _run_queue(self, client: Client, first: tmqp.Frame, acked: bool = False) -> Queue | None:
         """The queue a run of pushes goes to when ``_push`` would offer each of them to
-        its fast path (``Queue.push_plain``), or (``saved``: acknowledged pushes) when
-        its handler saves every push and confirms it once saved (``saved_run``): it
-        exists, the producer may push, no MESSAGE_PRODUCED subscriber and no durable
-        subscription wait; None: one by one.  None of that changes within a batch (it
-        holds only pushes and acknowledges)."""
+        its fast path (``Queue.push_plain``), or (``acked``: acknowledged pushes) when
+        its handler answers every push alike (``saved_run``: it saves every push and
+        confirms it once saved, or confirms it on receipt): it exists, the producer may
+        push, no MESSAGE_PRODUCED subscriber and no durable subscription wait; None: one
+        by one.  None of that changes within a batch or a drain's run (they hold only
+        pushes and acknowledges)."""
         channel = self.channels.get(first.target)
         queue = channel.queues.get(first.content_type) if channel is not None else None
         if (
             queue is None
-            or not (
-                type(queue.hooks.handler).received_from_producer is _SAVES_EVERY_PUSH
-                if saved
-                else queue.plain
-            )
+            or not (_answers_alike(queue) if acked else queue.plain)
             or self.events.has(EventName.MESSAGE_PRODUCED)
             or (self.durable.by_topic and self.durable.queues_for(queue.channel.name))
         ):
@@ -496,7 +540,7 @@ class Engine:
             return None  # refused one by one
         return queue
 
-    def _push_saved_run(
+    def _push_acked_run(
         self,
         queue: Queue,
         run: list[Message],
@@ -507,14 +551,21 @@ class Engine:
         items: Sequence[tuple[int, tmqp.Frame, bytes]],
         run_start: int,
         refused: list[tuple[int, str, str]],
+        saves: bool,
+        answer: bool,
     ) -> int:
         """``saved_run.push_saved_run`` of ``run[start:]`` (``items[run_start:]``): how
-        many it took; those whose producer must hear "no" are refused by index."""
+        many it took; those whose producer must hear "no" are refused by index, or
+        (``answer``: single pushes) answered as :meth:`receive` answers a failure."""
         said_no: list[tuple[int, str]] = []
         limit = self.config.limits.max_queue_messages
-        taken = push_saved_run(queue, run, start, client, now, out, limit, said_no)
+        taken = push_saved_run(queue, run, start, client, now, out, limit, said_no,
+                               saves=saves, answer=answer)  # fmt: skip
         for k, why in said_no:  # ("": not saved, the negative acknowledge of ``Ledger``)
-            refused.append((items[run_start + k][0], NackReason.FAILED, why))
+            if answer:  # (only "internal error": a collaborator raised)
+                answer_failure(client, items[run_start + k][1], out, _INTERNAL)
+            else:
+                refused.append((items[run_start + k][0], NackReason.FAILED, why))
         if self.receipts.outbox:
             self.receipts.take(out)
         return taken

@@ -71,9 +71,10 @@ class ServerOptions:
     #: bigger delivery travels alone).
     unacked_batch_octets: int = 2048
     linger: float = 0.5
-    #: Plain pushes (waiting for no answer, without headers) read in one socket drain are
-    #: handed to the engine as one run per producer (``Engine.receive_batch``: a run's
-    #: checks once, not per push); False: one by one (the reference the runs are tested
+    #: Pushes without headers that wait for no response (for an acknowledge, or for
+    #: nothing) read in one socket drain are handed to the engine as one run per
+    #: producer (``Engine.receive_run``: a run's checks once, not per push; each push
+    #: still answered alone); False: one by one (the reference the runs are tested
     #: against).  Other frames are never gathered and never overtake a push.
     push_runs: bool = True
     #: Where to bind the broadcast fan-out XPUB (``broker.engine.fanout``); None: none.

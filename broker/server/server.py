@@ -190,15 +190,18 @@ class Server:
         self._receive_batch = getattr(engine, "receive_batch", None)
         #: The engine's next timer when the loop last asked (``_after_wake``).
         self._deadline: float | None = None
+        #: The engine's entry for a drain's run of one producer's pushes, each answered
+        #: alone (``Engine.receive_run``); None: runs are not gathered.
+        self._receive_run = getattr(engine, "receive_run", None)
         #: Frames beyond one in the batch just handled (``_on_message``'s drain budget).
         self._batched = 0
         #: The producers whose plain pushes read in this drain wait in ``Peer.run``, in
         #: the order of their first one (``_serve_runs``); empty outside a drain.  At
         #: most ``options.batch`` frames wait.
         self._runs: list[Peer] = []
-        #: Gather plain pushes into runs (``ServerOptions.push_runs``, and the engine
-        #: takes runs: it has ``receive_batch``) ...
-        self._gather = options.push_runs and self._receive_batch is not None
+        #: Gather pushes into runs (``ServerOptions.push_runs``, and the engine takes
+        #: runs: it has ``receive_run``) ...
+        self._gather = options.push_runs and self._receive_run is not None
         #: ... from the second message of a drain on (``_gather``; a lone message, a
         #: round trip's, goes straight through).
         self._gathering = False
@@ -524,10 +527,10 @@ class Server:
         self, rid: bytes, data: bytes, multipart: bool, now: float, part: zmq.Frame
     ) -> bool:
         """Handle one ZeroMQ message; True when it was a batch (``self._batched`` more
-        frames than one).  A plain push (a QUEUE frame waiting for no answer, without
-        headers) joins its producer's run, served at the end of the drain
-        (:meth:`_serve_runs`); any other message first serves the runs gathered before
-        it, so that it sees every push that came before it."""
+        frames than one).  A push without headers that waits for no response (for an
+        acknowledge or for nothing) joins its producer's run, served at the end of the
+        drain (:meth:`_serve_runs`); any other message first serves the runs gathered
+        before it, so that it sees every push that came before it."""
         peer = self._peers.get(rid)
         if peer is None or peer.state is not _READY:
             if self._runs:
@@ -550,13 +553,7 @@ class Server:
             return False
         if type(msg) is _Frame:
             mt = msg.message_type
-            if (
-                mt == _QUEUE
-                and self._gathering
-                and not msg.headers
-                and not msg.pending_ack
-                and not msg.pending_response
-            ):
+            if mt == _QUEUE and self._gathering and not msg.headers and not msg.pending_response:
                 run = peer.run
                 if run is None:
                     peer.run = [(0, msg, data)]
@@ -615,19 +612,22 @@ class Server:
             sender.send_all(outs)
 
     def _serve_runs(self, now: float) -> None:
-        """Serve the plain pushes gathered in this drain: each producer's run in one
-        engine call (``Engine.receive_batch``: the checks of a run into one queue once,
-        ``Queue.push_plain_run``), the producers in the order their first push came.
+        """Serve the pushes gathered in this drain: each producer's run in one engine
+        call (``Engine.receive_run``: the checks of a run into one queue once,
+        ``Queue.push_plain_run`` for pushes that wait for nothing, ``saved_run`` for
+        acknowledged ones, each answered with its own acknowledge), the producers in the
+        order their first push came.
 
         The outcome is that of each push handled alone in the order read, but for the
         order between two producers' pushes within the drain (which the order their
-        messages were read in does not promise either): no push in a run waits for an
-        answer, so none is refused aloud, and any other frame was preceded by a call
-        here.  A run of one goes through ``Engine.receive``, as without runs."""
+        messages were read in does not promise either), and any other frame was
+        preceded by a call here.  The output goes through the gate as one: with the
+        drain's hold, acknowledges leave once the drain's saves are durable.  A run of
+        one goes through ``Engine.receive``, as without runs."""
         peers = self._runs
         self._runs = []
-        receive_batch = self._receive_batch
-        assert receive_batch is not None
+        receive_run = self._receive_run
+        assert receive_run is not None
         for peer in peers:
             items = peer.run
             peer.run = None
@@ -640,7 +640,7 @@ class Server:
             self.sender.in_frame = None
             self.counters["run_pushes"] += len(items)
             try:
-                outs = receive_batch(peer.client_id, items, now)[0]
+                outs = receive_run(peer.client_id, items, now)
             except Exception:
                 log.exception("engine failed on a run of pushes from %s", peer.client_id)
                 self.counters["engine_errors"] += 1

@@ -157,6 +157,13 @@ class EngineDoor:
         outs, refused, later = self.engine.receive_batch(client_id, items, now)
         return self._split(outs), refused, later
 
+    def receive_run(
+        self, client_id: str, items: Sequence[tuple[int, tmqp.Frame, bytes]], now: float
+    ) -> list[Outgoing]:
+        """``Engine.receive_run`` (a drain's run of one producer's pushes): as
+        :meth:`receive_batch`, its deliveries to STOMP connections go to them."""
+        return self._split(self.engine.receive_run(client_id, items, now))
+
     def disconnect(self, client_id: str, now: float) -> list[Outgoing]:
         return self._split(self.engine.disconnect(client_id, now))
 

@@ -69,6 +69,21 @@ class Store(ABC):
         for message in messages:
             self.append(queue, message)
 
+    def append_each(
+        self, queue: QueueKey, messages: Sequence[StoredMessage]
+    ) -> list[tuple[int, Exception]]:
+        """:meth:`append` of each message, in order, each on its own: one the store
+        refuses does not stop the others (what a run of pushes saves, each answered for
+        itself).  Returns (position, error) of each refused, which is not saved; a
+        store that holds appends (:meth:`hold`) may take the others as one group."""
+        refused: list[tuple[int, Exception]] = []
+        for k, message in enumerate(messages):
+            try:
+                self.append(queue, message)
+            except Exception as exc:
+                refused.append((k, exc))
+        return refused
+
     def hold(self) -> None:  # noqa: B027 - optional hook
         """Appends from now until :meth:`release` may be kept back and written together
         (one group, one durability wait).  Each still raises at once what its write

@@ -343,6 +343,33 @@ class DurableStore(Store):
             return
         self._append_one(queue, blob, meta, sequence)
 
+    def append_each(
+        self, queue: QueueKey, messages: Sequence[StoredMessage]
+    ) -> list[tuple[int, Exception]]:
+        """:meth:`Store.append_each`; while appends are held, each message is encoded and
+        checked writable (refused now as the write would refuse it) and kept back with
+        the queue's other held appends, without a call of :meth:`append` per message."""
+        if not self._holds:
+            return super().append_each(queue, messages)
+        if queue != self._held_queue:
+            if self._held:
+                self._write_held()
+            self._held_queue = queue
+        held = self._held
+        check = self.log.check_append
+        refused: list[tuple[int, Exception]] = []
+        for k, message in enumerate(messages):
+            sequence = message.sequence
+            try:
+                blob = encode_message(message.message, message.producer_id, sequence)
+                meta = _meta(message)
+                check(queue, blob, meta)
+            except Exception as exc:
+                refused.append((k, exc))
+                continue
+            held.append((blob, meta, sequence))
+        return refused
+
     def _write_held(self) -> None:
         """Write the held appends of one queue as one group (``_append_group``)."""
         queue, held = self._held_queue, self._held

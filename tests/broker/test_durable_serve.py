@@ -152,8 +152,23 @@ def test_kill_9_mid_push_at_random_points(
     kill_mid_push(broker, zctx, random.Random(seed).randrange(1, 3000))
 
 
-def kill_mid_push(broker: Broker, zctx: zmq.Context[zmq.Socket[bytes]], kill_after: int) -> None:
-    """Kill the broker once ``kill_after`` pushes were acknowledged; check the restart."""
+def test_kill_9_after_acks_of_single_pushes_taken_as_runs_loses_nothing_acked(
+    broker: Broker, zctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """As above, each producer sending every push alone (client ``batch=0``, no TMQP
+    batches): the server reads several of a producer in one drain and hands them to the
+    engine as one run (``Engine.receive_run``, counted in its ``run_pushes``), each
+    answered with its own acknowledge once the drain's saves are durable.  Every
+    acknowledged one is back after the kill -9, once, in its producer's order."""
+    assert kill_mid_push(broker, zctx, 800, batch=0) > 0  # runs were served before the kill
+
+
+def kill_mid_push(
+    broker: Broker, zctx: zmq.Context[zmq.Socket[bytes]], kill_after: int, **client: Any
+) -> int:
+    """Kill the broker once ``kill_after`` pushes were acknowledged; check the restart.
+    ``client``: the producers' client options.  Returns the pushes the server had served
+    in drain runs (its ``run_pushes``) once the acknowledges were counted."""
     import threading
     from collections import deque
 
@@ -163,7 +178,8 @@ def kill_mid_push(broker: Broker, zctx: zmq.Context[zmq.Socket[bytes]], kill_aft
     stop = threading.Event()
 
     def produce(p: int) -> None:
-        client = Client(broker.endpoint, context=zctx, timeout=3, reconnect=False).connect()
+        client = Client(broker.endpoint, context=zctx, timeout=3, reconnect=False,
+                        **client_options).connect()  # fmt: skip
         inflight: deque[tuple[str, Any]] = deque()
         try:
             for i in range(100_000):
@@ -180,12 +196,15 @@ def kill_mid_push(broker: Broker, zctx: zmq.Context[zmq.Socket[bytes]], kill_aft
         finally:
             client.close(timeout=1)
 
+    client_options = client
     threads = [threading.Thread(target=produce, args=(p,)) for p in range(4)]
     for t in threads:
         t.start()
     deadline = time.monotonic() + 30
     while sum(len(v) for v in acked.values()) < kill_after and time.monotonic() < deadline:
         time.sleep(0.01)
+    with Client(broker.endpoint, context=zctx, timeout=10).connect() as admin:
+        served_in_runs = int(admin.stats()["server"]["run_pushes"])
     broker.kill()  # mid-push: appends in flight, acks held, fsyncs pending
     stop.set()
     for t in threads:
@@ -201,3 +220,4 @@ def kill_mid_push(broker: Broker, zctx: zmq.Context[zmq.Socket[bytes]], kill_aft
         assert set(ids) <= set(mine)  # every acknowledged one
         pushed_up_to = (int(ids[-1].split("-")[1]) if ids else -1) + 16  # the window
         assert all(int(m.split("-")[1]) <= pushed_up_to for m in mine)
+    return served_in_runs

@@ -285,6 +285,58 @@ def test_garbage_in_the_middle_of_a_drain_leaves_the_other_pushes_served(
         producer.close()
 
 
+def _answer(frame: tmqp.Message) -> tuple[str, object]:
+    """An acknowledge as (message id, its Nack-Reason or None); another frame as its
+    kind and code."""
+    if type(frame) is tmqp.Frame and frame.message_type == MessageType.ACK:
+        return frame.message_id, header(frame, Header.NACK_REASON)
+    if type(frame) is tmqp.Frame:
+        return "frame", frame.content_type
+    return type(frame).__name__, None
+
+
+def test_acknowledged_pushes_around_garbage_are_each_answered_once_in_order(
+    start: MakeBroker, zctx: Ctx
+) -> None:
+    """Acknowledged single pushes read in one drain, with garbage and a two-part message
+    between them and every 37th too large for the queue: the server serves them as runs
+    of their producer (``Engine.receive_run``), and the producer gets exactly one answer
+    per push in the order it sent them (a negative one for each too large), the two
+    refusals where the garbage was; the consumer gets every push taken, in order."""
+    broker = start()
+    admin = Client(broker.endpoint, context=zctx, timeout=10).connect()
+    consumer = Raw(zctx, broker.endpoint)
+    producer = Raw(zctx, broker.endpoint)
+    try:
+        admin.create_queue("d", 2, QUEUES[2])
+        consumer.send(tmqp.encode(join_frame("j", "d"))[0])
+        assert consumer.frame().message_id == "j"
+        broker.hold.hold()
+        ids = [f"m{i}" for i in range(300)]
+        big = {i for i in range(0, 300, 37)}
+        for i, mid in enumerate(ids):
+            if i == 100:
+                producer.send(b"\x11\x00\xff\xff\xff")  # lengths that run past its end
+            if i == 200:
+                producer.sock.send_multipart([b"two", b"parts"])  # not one frame per message
+            producer.send(push(mid, 2, b"x" * (60 if i in big else 1), ack=True))
+        producer.send(PING)
+        broker.hold.release()
+        answers = [_answer(tmqp.decode((producer.sock.recv(),))) for _ in range(len(ids) + 3)]
+        bad = ("frame", ResultCode.BAD_REQUEST)
+        said = [(mid, "no" if nack else "yes") for mid, nack in answers if mid.startswith("m")]
+        assert said == [(mid, "no" if i in big else "yes") for i, mid in enumerate(ids)]
+        assert [a for a in answers if not a[0].startswith("m")] == [bad, bad, ("Pong", None)]
+        assert answers.index(bad) == 100 and answers.index(bad, 101) == 201
+        taken = [mid for i, mid in enumerate(ids) if i not in big]
+        assert [consumer.frame().message_id for _ in taken] == taken
+        assert admin.stats()["server"]["run_pushes"] >= 297  # three runs, none of one
+    finally:
+        admin.close()
+        consumer.close()
+        producer.close()
+
+
 def test_a_consumer_that_stops_reading_holds_at_most_its_window_beyond_the_pipe(
     start: MakeBroker, zctx: Ctx
 ) -> None:

@@ -37,8 +37,8 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     taken: list[int] = []
     real = engine_module.push_saved_run
 
-    def counted(*args: Any) -> int:
-        n = real(*args)
+    def counted(*args: Any, **kw: Any) -> int:
+        n = real(*args, **kw)
         taken.append(n)
         return n
 
@@ -137,12 +137,9 @@ def test_refused_entries_in_the_middle_of_a_run_take_the_general_path(
     assert runs[0] == 3 and sum(runs) == 14 - 3  # resumed after each one taken singly
 
 
-def test_a_collaborator_raising_mid_run_refuses_that_push_and_no_other(
-    runs: list[int], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The message model raises on the third push of a run (a bug in a collaborator):
-    that push is refused ("failed", "internal error") and counted as an error -- never
-    a false yes -- the two before it are acknowledged and stored, the rest go on."""
+def third_derive_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The message model raises on its third call in a run (``saved_run.derive``: a bug
+    in a collaborator)."""
     real = saved_run.derive
     calls = 0
 
@@ -154,6 +151,15 @@ def test_a_collaborator_raising_mid_run_refuses_that_push_and_no_other(
         return real(*args)
 
     monkeypatch.setattr(saved_run, "derive", third_raises)
+
+
+def test_a_collaborator_raising_mid_run_refuses_that_push_and_no_other(
+    runs: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The message model raises on the third push of a run (a bug in a collaborator):
+    that push is refused ("failed", "internal error") and counted as an error -- never
+    a false yes -- the two before it are acknowledged and stored, the rest go on."""
+    third_derive_raises(monkeypatch)
     store = FullDisk(100)
     kit = _memory_kit(store)
     errors = kit.engine.errors

@@ -51,6 +51,34 @@ def test_a_tmqp_batch_of_pushes_reaches_a_stomp_consumer(
         answer.result(10)  # acknowledged (a negative one raises)
 
 
+@pytest.mark.parametrize("ack", ["auto", "client-individual"])
+def test_single_tmqp_pushes_served_as_a_drain_run_reach_a_stomp_consumer(
+    broker: Broker,  # noqa: F811
+    stomp_client: StompClient,  # noqa: F811
+    ack: str,
+) -> None:
+    """As above for pushes a TMQP client sends each alone (``batch=0``): the server hands
+    the ones it reads in one drain to the engine as a run (``Engine.receive_run``), which
+    must pass the STOMP door as ``receive_batch`` does, or the deliveries to a STOMP
+    consumer are routed as TMQP output and dropped."""
+    conn, rec = stomp_client()
+    conn.subscribe("/queue/singles", id="s", ack=ack)
+    assert wait_until(lambda: subscribed(broker, "singles", 1))
+    producer = Client(broker.endpoint, context=broker.zctx, timeout=10.0, batch=0).connect()
+    try:
+        waiting = [producer.push_async("singles", QUEUE_ID, b"m%d" % i) for i in range(200)]
+        assert wait_until(lambda: len(rec.messages) == 200)
+        assert rec.bodies() == [f"m{i}" for i in range(200)]
+        if ack != "auto":
+            for frame in rec.messages:
+                conn.ack(frame.headers["ack"])
+        for answer in waiting:
+            answer.result(10)  # acknowledged (a negative one raises)
+    finally:
+        producer.close()
+    assert broker.server.counters["run_pushes"] > 1  # (runs were served, not only singles)
+
+
 def test_an_auto_ack_delivery_answers_a_tmqp_producer_waiting_for_its_acknowledge(
     broker: Broker,  # noqa: F811
     tmqp: Callable[[], Client],  # noqa: F811

@@ -11,6 +11,8 @@ make a duplicate: at-least-once).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from broker.engine.delivery import AckWhen, Decision
 from broker.engine.frames import ack as ack_frame
 from broker.engine.message import DONE, INFLIGHT, QueueMessage
@@ -61,27 +63,66 @@ class Ledger:
         out.append(Outgoing(producer.id, frame))
 
     def save(self, m: QueueMessage) -> None:
+        """Save one message; one the store refuses stays unsaved (``saved`` False,
+        counted in ``unsaved``)."""
         q = self.q
         try:
-            producer = m.producer.id if m.producer is not None else ""
-            message = m.message
-            if message.wire is not None:
-                message = message.replace()  # a store keeps messages, not a door's octets
-            timeout = q.options.message_timeout
-            if m.deadline:  # (saved after its clock started: the time it has left)
-                deadline = q.host.config.wall_clock() + (m.deadline - q.host.now)
-            elif timeout:  # (saved on receipt: the clock starts now)
-                deadline = q.host.config.wall_clock() + timeout / 1000.0
-            else:
-                deadline = 0.0
-            stored = StoredMessage(m.seq, message, producer, m.put_backs, m.delivered, deadline)
-            q.store.append(q.key, stored)
+            q.store.append(q.key, self._stored(m))
         except Exception as exc:
             q.error("store.append", exc)
             q.unsaved += 1
             return
         m.saved = True
         q.saves += 1
+
+    def save_run(self, run: Sequence[QueueMessage]) -> None:
+        """:meth:`save` of each message of ``run``, in order, with one call (a run of
+        pushes taken at once: ``saved_run``): the store still takes or refuses each on
+        its own (``Store.append_each``; a held store writes them as one group), so a
+        refusal (a full or failed disk) concerns exactly its message."""
+        q = self.q
+        stored: list[StoredMessage] = []
+        kept: list[QueueMessage] = []
+        for m in run:
+            try:
+                stored.append(self._stored(m))
+            except Exception as exc:
+                q.error("store.append", exc)
+                q.unsaved += 1
+                continue
+            kept.append(m)
+        try:
+            refused = q.store.append_each(q.key, stored)
+        except Exception as failure:  # (it should not raise: none counts as saved)
+            refused = [(k, failure) for k in range(len(stored))]
+        for _k, error in refused:
+            q.error("store.append", error)
+        q.unsaved += len(refused)
+        q.saves += len(kept) - len(refused)
+        skip = {k for k, _exc in refused} if refused else ()
+        for k, m in enumerate(kept):
+            if k not in skip:
+                m.lived().saved = True
+
+    def _stored(self, m: QueueMessage) -> StoredMessage:
+        """What the store keeps of ``m``: the message without a door's octets, its
+        producer, counts and the wall-clock deadline of its MessageTimeout."""
+        q = self.q
+        producer = m.producer.id if m.producer is not None else ""
+        message = m.message
+        if message.wire is not None:
+            message = message.replace()  # a store keeps messages, not a door's octets
+        life = m.life
+        timeout = q.options.message_timeout
+        if life is not None and life.deadline:  # (saved after its clock started: the rest)
+            deadline = q.host.config.wall_clock() + (life.deadline - q.host.now)
+        elif timeout:  # (saved on receipt: the clock starts now)
+            deadline = q.host.config.wall_clock() + timeout / 1000.0
+        else:
+            deadline = 0.0
+        if life is None:
+            return StoredMessage(m.seq, message, producer, 0, 0, deadline)
+        return StoredMessage(m.seq, message, producer, life.put_backs, life.delivered, deadline)
 
     def delivered(self, m: QueueMessage, now: float, *, durable: bool = False) -> None:
         """A saved message went out once more (or, ``durable``, was put back): the store
