@@ -93,9 +93,9 @@ class Peer:
         self.address: str | None = None
         #: Deliveries one message to this peer may carry (``broker.batch``; 0: one each).
         self.batch = 0
-        #: Its plain pushes read in the current drain, not served yet: (0, frame, octets)
-        #: (``Server._serve_runs``); None: none.
-        self.run: list[tuple[int, tmqp.Frame, bytes]] | None = None
+        #: The octets of its plain pushes read in the current drain, not decoded nor
+        #: served yet (``Server._serve_runs``); None: none.
+        self.run: list[bytes] | None = None
 
 
 def _entries(item: list[bytes] | bytes) -> list[bytes]:

@@ -55,6 +55,8 @@ import zmq
 
 from broker import batch, tmqp
 from broker.engine.limits import MIN_REPLY_SIZE
+from broker.engine.tmqp_door import WIRE
+from broker.message import Message
 from broker.paging import json_size
 from broker.protocol import (
     GREETING,
@@ -105,6 +107,12 @@ _BATCH = batch.BATCH
 _Frame = tmqp.Frame
 _decode = tmqp.decode
 _decode_entries = tmqp.decode_entries
+_records = tmqp.decode_message_records
+#: Options octet of a frame that waits for a response (0x80) or an acknowledge (0x40) or
+#: has a header block (0x20): not a plain push.
+_NOT_PLAIN = 0xE0
+#: Low 6 bits of the first octet: the message type.
+_TYPE_BITS = 63
 _ids = itertools.count(1)
 
 #: Server operation (content type) answered by the server itself: a RESPONSE whose payload
@@ -190,13 +198,15 @@ class Server:
         self._receive_batch = getattr(engine, "receive_batch", None)
         #: Frames beyond one in the batch just handled (``_on_message``'s drain budget).
         self._batched = 0
-        #: The producers whose plain pushes read in this drain wait in ``Peer.run``, in
-        #: the order of their first one (``_serve_runs``); empty outside a drain.  At
-        #: most ``options.batch`` frames wait.
+        #: The engine's entry for a producer's run of pushes (``Engine.receive_pushes``).
+        self._receive_pushes = getattr(engine, "receive_pushes", None)
+        #: The producers whose plain pushes read in this drain wait in ``Peer.run`` (their
+        #: octets, not decoded yet), in the order of their first one (``_serve_runs``);
+        #: empty outside a drain.  At most ``options.batch`` frames wait.
         self._runs: list[Peer] = []
         #: Gather plain pushes into runs (``ServerOptions.push_runs``, and the engine
-        #: takes runs: it has ``receive_batch``) ...
-        self._gather = options.push_runs and self._receive_batch is not None
+        #: takes runs: it has ``receive_pushes``) ...
+        self._gather = options.push_runs and self._receive_pushes is not None
         #: ... from the second message of a drain on (``_gather``; a lone message, a
         #: round trip's, goes straight through).
         self._gathering = False
@@ -507,6 +517,20 @@ class Server:
                 self._serve_runs(now)
             self._refuse(peer, data, multipart)
             return False
+        if (
+            self._gathering
+            and len(data) > 1
+            and data[0] & _TYPE_BITS == _QUEUE
+            and not data[1] & _NOT_PLAIN
+        ):
+            # a plain push by its first two octets: decoded with its run (_serve_runs)
+            run = peer.run
+            if run is None:
+                peer.run = [data]
+                self._runs.append(peer)
+            else:
+                run.append(data)
+            return False
         try:
             msg = _decode((data,))
         except DecodeError as exc:
@@ -516,20 +540,6 @@ class Server:
             return False
         if type(msg) is _Frame:
             mt = msg.message_type
-            if (
-                mt == _QUEUE
-                and self._gathering
-                and not msg.headers
-                and not msg.pending_ack
-                and not msg.pending_response
-            ):
-                run = peer.run
-                if run is None:
-                    peer.run = [(0, msg, data)]
-                    self._runs.append(peer)
-                else:
-                    run.append((0, msg, data))
-                return False
             if self._runs:
                 self._serve_runs(now)
             if mt == _TERMINATE:
@@ -581,43 +591,74 @@ class Server:
             sender.send_all(outs)
 
     def _serve_runs(self, now: float) -> None:
-        """Serve the plain pushes gathered in this drain: each producer's run in one
-        engine call (``Engine.receive_batch``: the checks of a run into one queue once,
-        ``Queue.push_plain_run``), the producers in the order their first push came.
+        """Serve the plain pushes gathered in this drain: each producer's run decoded in
+        one call straight into the engine's messages (``tmqp.decode_message_records``: no
+        ``Frame``) and handed to the engine in one call (``Engine.receive_pushes``: the
+        checks of a run into one queue once, ``Queue.push_plain_run``), the producers in
+        the order their first push came.  A frame of the run that does not decode is
+        answered where it stood: the pushes before it are served first, then its error,
+        then the rest (:meth:`_serve_refused`).
 
         The outcome is that of each push handled alone in the order read, but for the
         order between two producers' pushes within the drain (which the order their
         messages were read in does not promise either): no push in a run waits for an
         answer, so none is refused aloud, and any other frame was preceded by a call
-        here.  A run of one goes through ``Engine.receive``, as without runs."""
+        here."""
         peers = self._runs
         self._runs = []
-        receive_batch = self._receive_batch
-        assert receive_batch is not None
         for peer in peers:
-            items = peer.run
+            datas = peer.run
             peer.run = None
-            if items is None:
+            if datas is None:
                 continue
-            if len(items) == 1:
-                _index, frame, data = items[0]
-                self._receive_one(peer, frame, data, now)
-                continue
-            self.sender.in_frame = None
-            self.counters["run_pushes"] += len(items)
+            messages, bad = _records(datas, Message, WIRE)
+            if bad:
+                self._serve_refused(peer, datas, messages, bad, now)
+            else:
+                self._serve_run(peer, messages, now)
+
+    def _serve_run(self, peer: Peer, messages: list[Message], now: float) -> None:
+        """One producer's plain pushes through ``Engine.receive_pushes``; its output sent."""
+        receive_pushes = self._receive_pushes
+        assert receive_pushes is not None
+        sender = self.sender
+        sender.in_frame = None
+        if len(messages) > 1:
+            self.counters["run_pushes"] += len(messages)
+        try:
+            outs = receive_pushes(peer.client_id, messages, now)
+        except Exception:
+            log.exception("engine failed on a run of pushes from %s", peer.client_id)
+            self.counters["engine_errors"] += 1
+            for m in messages:
+                if m.message_id:
+                    sender.send_to(peer, error_frame(m.message_id, ResultCode.FAILED, "error"))
+            return
+        if outs:
+            sender.send_all(outs)
+
+    def _serve_refused(
+        self, peer: Peer, datas: list[bytes], messages: list[Message], bad: list[int], now: float
+    ) -> None:
+        """A run with frames that do not decode (``bad``: their indexes in ``datas``,
+        ``messages`` the others in order): each answered "malformed frame" in its place."""
+        taken = 0  # messages served so far
+        start = 0  # the index in ``datas`` of the next message
+        for index in bad:
+            ahead = index - start
+            if ahead:
+                self._serve_run(peer, messages[taken : taken + ahead], now)
+                taken += ahead
+            data = datas[index]
             try:
-                outs = receive_batch(peer.client_id, items, now)[0]
-            except Exception:
-                log.exception("engine failed on a run of pushes from %s", peer.client_id)
-                self.counters["engine_errors"] += 1
-                for _index, frame, _data in items:
-                    if frame.message_id:
-                        self.sender.send_to(
-                            peer, error_frame(frame.message_id, ResultCode.FAILED, "error")
-                        )
-                continue
-            if outs:
-                self.sender.send_all(outs)
+                _decode((data,))
+                reason = "not a queue frame"  # (a literal cannot start as a QUEUE frame)
+            except DecodeError as exc:
+                reason = exc.reason
+            self.sessions.bad(peer, data, f"malformed frame: {reason}", ResultCode.BAD_REQUEST)
+            start = index + 1
+        if taken < len(messages):
+            self._serve_run(peer, messages[taken:], now)
 
     def _batch(self, peer: Peer, msg: tmqp.Frame, now: float) -> None:
         """A batch of frames (``broker.batch``): split and decoded in one pass, handed to
