@@ -329,3 +329,55 @@ def test_a_consumer_that_stops_reading_holds_at_most_its_window_beyond_the_pipe(
         admin.close()
         consumer.close()
         producer.close()
+
+
+def test_damaged_frames_in_a_run_are_answered_in_order_and_the_others_served(
+    start: MakeBroker, zctx: Ctx
+) -> None:
+    """Frames whose first two octets say "plain push" (gathered undecoded) but that do not
+    decode: cut short, trailing octets, an id that is not UTF-8, lengths past the end,
+    the bare two octets.  Each is answered 400 with the id salvaged from it, in the order
+    sent; every push around them is delivered, in order."""
+    broker = start()
+    admin = Client(broker.endpoint, context=zctx, timeout=10).connect()
+    consumer = Raw(zctx, broker.endpoint)
+    producer = Raw(zctx, broker.endpoint)
+    damaged = [
+        (push("cut-1", 1, b"y" * 30)[:-7], "cut-1"),
+        (push("long-2", 1, b"y") + b"!!", "long-2"),
+        (bytes([0x11, 0x10, 2, 0, 1, 1, 0, 1]) + b"\xff\xfe" + b"d" + b"y", ""),
+        (b"\x11\x00\xff\xff\xff", ""),
+        (b"\x11\x00", ""),
+    ]
+    try:
+        admin.create_queue("d", 1, QUEUES[1])
+        consumer.send(tmqp.encode(join_frame("j", "d"))[0])
+        assert consumer.frame().message_id == "j"
+        broker.hold.hold()
+        ids = []
+        for n, (data, _mid) in enumerate(damaged):
+            for i in range(20):
+                ids.append(f"m{n}-{i}")
+                producer.send(push(ids[-1], 1, b"x"))
+            producer.send(data)
+        ids.append("last")
+        producer.send(push("last", 1, b"x"))
+        producer.send(PING)
+        broker.hold.release()
+        assert [consumer.frame().message_id for _ in ids] == ids
+        replies = [tmqp.decode((producer.sock.recv(),)) for _ in range(len(damaged) + 1)]
+        assert isinstance(replies[-1], tmqp.Pong)
+        errors = replies[:-1]
+        assert all(isinstance(r, tmqp.Frame) for r in errors), errors
+        assert [r.content_type for r in errors] == [ResultCode.BAD_REQUEST] * len(damaged)  # type: ignore[union-attr]
+        assert [r.message_id for r in errors] == [mid for _, mid in damaged]  # type: ignore[union-attr]
+        assert all("malformed frame" in (header(r, Header.REASON) or "") for r in errors)  # type: ignore[arg-type]
+        stats = admin.stats()["server"]
+        assert stats["bad_frames"] == len(damaged)
+        # served in runs: all but the drain's first (straight through) and "last" (a run
+        # of one after the last damaged frame, not counted)
+        assert stats["run_pushes"] == len(ids) - 2
+    finally:
+        admin.close()
+        consumer.close()
+        producer.close()
