@@ -617,23 +617,31 @@ class Server:
             else:
                 self._serve_run(peer, messages, now)
 
-    def _serve_run(self, peer: Peer, messages: list[Message], now: float) -> None:
-        """One producer's plain pushes through ``Engine.receive_pushes``; its output sent."""
+    def _serve_run(
+        self, peer: Peer, messages: list[Message], now: float, carrier: tmqp.Frame | None = None
+    ) -> None:
+        """One producer's plain pushes through ``Engine.receive_pushes``; its output sent
+        (``carrier``: the batch that brought them, then acknowledged when it asks).  The
+        engine failing: each push with an id (or the batch) is answered FAILED."""
         receive_pushes = self._receive_pushes
         assert receive_pushes is not None
         sender = self.sender
         sender.in_frame = None
-        if len(messages) > 1:
+        if carrier is None and len(messages) > 1:
             self.counters["run_pushes"] += len(messages)
         try:
             outs = receive_pushes(peer.client_id, messages, now)
         except Exception:
             log.exception("engine failed on a run of pushes from %s", peer.client_id)
             self.counters["engine_errors"] += 1
-            for m in messages:
-                if m.message_id:
-                    sender.send_to(peer, error_frame(m.message_id, ResultCode.FAILED, "error"))
+            ids = [m.message_id for m in messages] if carrier is None else [carrier.message_id]
+            for mid in ids:
+                if mid:
+                    sender.send_to(peer, error_frame(mid, ResultCode.FAILED, "error"))
             return
+        if carrier is not None and carrier.pending_ack:
+            answer = batch.result_frame(carrier.message_id, peer.client_id, [], [])
+            outs.append(Outgoing(peer.client_id, answer))
         if outs:
             sender.send_all(outs)
 
@@ -666,6 +674,8 @@ class Server:
         listing the entries refused.  An entry that is not a readable push or
         acknowledge is refused by index; the others are taken."""
         self._batched = 0
+        if self._gather and self._plain_batch(peer, msg, now):
+            return
         taken = self._entries(peer, msg)
         if taken is None:
             return
@@ -692,6 +702,27 @@ class Server:
             outs.append(Outgoing(client_id, result))
         if outs:
             self.sender.send_all(outs)
+
+    def _plain_batch(self, peer: Peer, msg: tmqp.Frame, now: float) -> bool:
+        """A batch of plain pushes only (each entry's first two octets say so, and each
+        decodes): decoded straight into the engine's messages and served as one run
+        (:meth:`_serve_run`), answered as :meth:`_batch` answers (nothing refused).
+        False, nothing done: any other batch (:meth:`_batch` decodes and answers it)."""
+        try:
+            datas = batch.unpack(msg.payload, self.options.max_batch_frames)
+        except batch.BatchError:
+            return False
+        for data in datas:
+            if len(data) < 2 or data[0] & _TYPE_BITS != _QUEUE or data[1] & _NOT_PLAIN:
+                return False
+        messages, bad = _records(datas, Message, WIRE)
+        if bad or not messages:
+            return False
+        count = len(messages)
+        self._batched = count - 1
+        self.counters["batched_in"] += count
+        self._serve_run(peer, messages, now, msg)
+        return True
 
     def _entries(
         self, peer: Peer, msg: tmqp.Frame
