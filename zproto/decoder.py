@@ -339,6 +339,15 @@ class _DecodeCtx:
 # the simplest shape of a binary frame
 
 
+def decode_or_none(src: Source, name: str, frame: str) -> None:
+    """``name = decode((frame,))``, None when ``decode`` refuses the frame: the fallback of
+    the generated run decoders (``decode`` has the last word on every error)."""
+    src("try:")
+    src(f"    {name} = decode(({frame},))")
+    src("except DecodeError:")
+    src(f"    {name} = None")
+
+
 def unpack_bits(src: Source, targets: list[str]) -> None:
     """``(target, ...) = bits``: the remembered values of the head's bits into their
     slots (laid out as ``ruff format`` would)."""

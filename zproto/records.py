@@ -18,7 +18,7 @@ nothing else.
 
 from __future__ import annotations
 
-from zproto.decoder import FastDecoderWriter, bit_values, unpack_bits
+from zproto.decoder import FastDecoderWriter, bit_values, decode_or_none, unpack_bits
 from zproto.model import Message, Record
 from zproto.pysource import Source, StructNames
 from zproto.shape import Plan
@@ -58,10 +58,7 @@ class RecordWriter:
             self._fast(src, msg, plan, literal_size, record)
         src("if r is None:")
         src.indent()
-        src("try:")
-        src("    m = decode((buf,))")
-        src("except DecodeError:")
-        src("    m = None")
+        decode_or_none(src, "m", "buf")
         src(f"if type(m) is not {cname}:")
         src("    bad.append(i)")
         src("    continue")
@@ -69,10 +66,7 @@ class RecordWriter:
         src.dedent()
         src("out.append(r)")
         src.dedent()
-        src("return out, bad")
-        src.dedent()
-        src()
-        src()
+        src.end_def("return out, bad")
 
     @staticmethod
     def _doc(src: Source, msg: Message, record: Record) -> None:

@@ -444,16 +444,14 @@ class Engine:
         others one by one through the general push path.  The store holds their saves
         and writes each queue's as one group (as :meth:`receive_batch`)."""
         self.services.now = now
-        out: list[Outgoing] = []
         client = self.clients.get(client_id)
-        if client is None:
-            return out
-        store = self.store
-        store.hold()
-        try:
-            self._push_each(client, messages, now, out)
-        finally:
-            store.release()
+        out: list[Outgoing] = []
+        if client is not None:
+            self.store.hold()
+            try:
+                self._push_each(client, messages, now, out)
+            finally:
+                self.store.release()
         return out
 
     def _push_each(
