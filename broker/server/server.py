@@ -18,8 +18,11 @@ libzmq took, and the engine releases more only then (``broker.flow``), so a slow
 consumer's backlog stays within its windows; before a peer's session ends the engine
 hears what it got, and puts the rest back in the queues.
 
-Hot path: plain frames take the generated codec's fast path (``tmqp.decode``); a frame the engine
-passes through unchanged is forwarded as the octets received; engine output is
+Hot path: plain frames take the generated codec's fast path (``tmqp.decode``); plain pushes
+(told by their first two octets) wait undecoded in their producer's run until the drain ends,
+then each run is decoded in one call straight into the engine's messages
+(``tmqp.decode_message_records``) and served in one engine call (``Engine.receive_pushes``);
+a frame the engine passes through unchanged is forwarded as the octets received; engine output is
 handed to libzmq in batches (``ServerOptions.send_batch``), in order with every
 other frame the server sends, so that libzmq's I/O thread is woken once per batch.
 
@@ -501,9 +504,9 @@ class Server:
     ) -> bool:
         """Handle one ZeroMQ message; True when it was a batch (``self._batched`` more
         frames than one).  A plain push (a QUEUE frame waiting for no answer, without
-        headers) joins its producer's run, served at the end of the drain
-        (:meth:`_serve_runs`); any other message first serves the runs gathered before
-        it, so that it sees every push that came before it."""
+        headers: its first two octets say so) joins its producer's run undecoded, served
+        at the end of the drain (:meth:`_serve_runs`); any other message first serves the
+        runs gathered before it, so that it sees every push that came before it."""
         peer = self._peers.get(rid)
         if peer is None or peer.state is not _READY:
             if self._runs:
