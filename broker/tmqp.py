@@ -106,7 +106,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from zproto import runtime as _rt
 from zproto.errors import DecodeError, EncodeError
@@ -123,6 +123,7 @@ __all__ = [
     "Pong",
     "decode",
     "decode_entries",
+    "decode_message_records",
     "decode_run",
     "encode",
     "encode_frame",
@@ -138,6 +139,8 @@ __all__ = [
 DEFAULT_TTL = 16
 MAX_TTL = 31
 MODEL_NAME = "tmqp"
+#: What a caller of ``decode_<record>_records`` keeps (zproto.records).
+_R = TypeVar("_R", bound=tuple[Any, ...])
 
 _LE_BBBBBH = struct.Struct("<BBBBBH")
 _LE_BBBBBHB = struct.Struct("<BBBBBHB")
@@ -1032,4 +1035,102 @@ def decode_run(
         return _decode_run(buf, at, ends)  # (each frame by decode: UTF-8 checked)
     del lazies[j:], starts[j:]
     del out[k:]
+    return out, bad
+
+
+def decode_message_records(
+    datas: Sequence[Any],
+    cls: type[_R],
+    wire_key: object,
+) -> tuple[list[_R], list[int]]:
+    """Each whole frame of ``datas`` that ``decode`` makes a Frame, as ``cls``
+    built from the tuple of its fields
+    (``message_id``, ``source``, ``target``, ``content_type``, ``high_priority``,
+    ``first_acquirer``, ``pending_ack``, ``ttl``, ``headers``, ``payload``)
+    then ``(wire_key, the frame as given)``;
+    in order, and the indexes of the other frames (refused exactly as ``decode``
+    refuses them, or not a Frame).  No message is made for a frame in its
+    simplest shape.  Never raises.
+
+    The broker's own form of a queue message (broker.message.Message: its
+    field order, the pending-ack flag as wants_ack, then the wire form), made
+    from the octets of the pushes a server drain read, with no Frame made on
+    the way (broker.server.server).
+    """
+    out: list[Any] = []
+    bad: list[int] = []
+    new = tuple.__new__
+    for i, buf in enumerate(datas):
+        r: Any = None
+        while True:  # (once: a frame of another shape breaks out to ``decode``)
+            if type(buf) is not bytes:
+                break
+            size = len(buf)
+            if size < 9 or buf[7] > 252:
+                break
+            (
+                bits_flags,
+                bits_options,
+                f_id_length,
+                f_source_length,
+                f_target_length,
+                f_content_type,
+                f_payload_length,
+            ) = _LE_BBBBBHB.unpack_from(buf)
+            e_message_id = 8 + f_id_length
+            e_source = e_message_id + f_source_length
+            e_target = e_source + f_target_length
+            e_payload = e_target + f_payload_length
+            if bits_options & 32 or e_payload != size:
+                break
+            try:
+                f_message_id = buf[8:e_message_id].decode()
+                f_source = buf[e_message_id:e_source].decode()
+                f_target = buf[e_source:e_target].decode()
+            except UnicodeDecodeError:
+                break
+            f_payload = buf[e_target:e_payload]
+            state = bits_flags << 8 | bits_options
+            bits = _BASES_FRAME.get(state)
+            if bits is None:
+                bits = _base_frame(state)
+            (f_first_acquirer, f_high_priority, _, _, f_pending_ack, f_ttl) = bits
+            fields = (
+                f_message_id,
+                f_source,
+                f_target,
+                f_content_type,
+                f_high_priority,
+                f_first_acquirer,
+                f_pending_ack,
+                f_ttl,
+                (),
+                f_payload,
+                (wire_key, buf),
+            )
+            r = new(cls, fields)
+            break
+        if r is None:
+            try:
+                m = decode((buf,))
+            except DecodeError:
+                m = None
+            if type(m) is not Frame:
+                bad.append(i)
+                continue
+            decoded = (
+                m.message_id,
+                m.source,
+                m.target,
+                m.content_type,
+                m.high_priority,
+                m.first_acquirer,
+                m.pending_ack,
+                m.ttl,
+                m.headers,
+                m.payload,
+                (wire_key, buf),
+            )
+            r = new(cls, decoded)
+        out.append(r)
     return out, bad

@@ -16,6 +16,8 @@ from zproto.encoder import EncoderWriter, head_chunk
 from zproto.model import Message, Protocol, to_const_name
 from zproto.peek import PeekWriter, peekable
 from zproto.pysource import LINE_LENGTH, Source, StructNames, assign, isort_key, lit
+from zproto.records import RecordWriter
+from zproto.records import function_name as record_function
 from zproto.runs import ENCODED, RunWriter, lazy_name, lazy_strings
 from zproto.shape import Plan, plan_fast
 
@@ -103,7 +105,7 @@ class PythonGenerator:
         abc = []
         if any(f.lazy for m in p.messages for f in m.fields):
             abc.append("Mapping")
-        if p.runs:
+        if p.runs or p.records:
             abc.append("Sequence")
         if abc:
             out(f"from collections.abc import {', '.join(abc)}")
@@ -119,6 +121,8 @@ class PythonGenerator:
             typing.append("ClassVar")
         if self._lazy_strings():
             typing.append("TYPE_CHECKING")
+        if p.records:
+            typing.append("TypeVar")
         out(f"from typing import {', '.join(sorted(typing, key=isort_key))}")
         out()
         out("from zproto import runtime as _rt")
@@ -133,6 +137,7 @@ class PythonGenerator:
             names.append("decode_entries")
         if p.runs:
             names.append("decode_run")
+        names += [record_function(r) for r in p.records]
         if self._lazy_strings():
             names.append("waiting_fields")
         names += [f"encode_{m.ident}" for m in p.messages]
@@ -158,6 +163,9 @@ class PythonGenerator:
         out(f"MODEL_NAME = {lit(p.name)}")
         if any(f.type == "uuid" for m in p.messages for f in m.fields):
             out("_NIL_UUID = uuid.UUID(int=0)")
+        if p.records:
+            out("#: What a caller of ``decode_<record>_records`` keeps (zproto.records).")
+            out('_R = TypeVar("_R", bound=tuple[Any, ...])')
         out()
         # struct constants are known only after the body was generated
         for fmt, name in sorted(self.structs.formats.items(), key=lambda kv: kv[1]):
@@ -417,6 +425,9 @@ class PythonGenerator:
                 src()
             plan = self.fast[0][1] if self.fast else None
             RunWriter(self.structs).write(src, general[0], plan, literal_size)
+        for record in p.records:
+            plan = self.fast[0][1] if self.fast else None
+            RecordWriter(self.structs).write(src, general[0], plan, literal_size, record)
 
     def _lazy_class(self, msg: Message) -> bool:
         """Whether ``decode_run`` gives ``msg``'s frames a lazy class (``zproto.runs``)."""

@@ -339,6 +339,15 @@ class _DecodeCtx:
 # the simplest shape of a binary frame
 
 
+def decode_or_none(src: Source, name: str, frame: str) -> None:
+    """``name = decode((frame,))``, None when ``decode`` refuses the frame: the fallback of
+    the generated run decoders (``decode`` has the last word on every error)."""
+    src("try:")
+    src(f"    {name} = decode(({frame},))")
+    src("except DecodeError:")
+    src(f"    {name} = None")
+
+
 def unpack_bits(src: Source, targets: list[str]) -> None:
     """``(target, ...) = bits``: the remembered values of the head's bits into their
     slots (laid out as ``ruff format`` would)."""
@@ -421,8 +430,47 @@ class FastDecoderWriter:
     ) -> None:
         """The body of a simplest-shape decoder of ``buf`` (``size`` octets from ``base``,
         a variable, or from 0 when None): ``fail`` for any other frame."""
-        cname, ident = msg.class_name, msg.ident
+        cname = msg.class_name
+        entries = self.checked_fields(src, msg, plan, literal_size, base, fail)
+        if values:
+            # the fields the head's bits decide: a remembered tuple per value of the bits
+            self.remembered_bits(src, msg, plan, "key")
+            src(f"m: Any = {twin_name(msg)}()")
+            unpack_bits(src, [f"m.{name}" for name in values])
+            for name, expr in entries:
+                src(f"m.{name} = {expr}")
+            src(f"m.__class__ = {cname}")
+            src("return m")
+        else:
+            build(src, msg, entries)
+
+    @staticmethod
+    def remembered_bits(src: Source, msg: Message, plan: Plan, key: str) -> None:
+        """``bits``: the remembered values of the fields the head's bits decide (the
+        table ``_BASES_<MESSAGE>`` that :meth:`write` makes), ``key`` a free local."""
+        const = to_const_name(msg.name)
+        src(f"{key} = {bits_key(plan)}")
+        src(f"bits = _BASES_{const}.get({key})")
+        src("if bits is None:")
+        src(f"    bits = _base_{msg.ident}({key})")
+
+    def checked_fields(
+        self,
+        src: Source,
+        msg: Message,
+        plan: Plan,
+        literal_size: int,
+        base: str | None,
+        fail: str,
+    ) -> list[tuple[str, str]]:
+        """The checks of a frame in its simplest shape (``buf``, ``size`` octets from
+        ``base``, a variable, or from 0 when None; ``fail`` for any other frame) and its
+        tail fields into locals ``f_<field>``; returns (attribute, expression) of every
+        attribute the head's bits do not decide, in the message's order."""
         attrs = attributes(msg)
+        values: dict[str, str] = {}
+        for fld in plan.bits:
+            values.update(bit_values(fld, f"bits_{fld.ident}"))
         struct_name = self.structs.name(plan.format())
         absent = {a.ident for f in plan.absent for a in attrs_of(f)}
 
@@ -476,21 +524,7 @@ class FastDecoderWriter:
                 entries.append((attr.ident, plain_default(attr.default)))
             else:
                 entries.append((attr.ident, f"f_{attr.ident}"))
-        if values:
-            # the fields the head's bits decide: a remembered tuple per value of the bits
-            const = to_const_name(msg.name)
-            src(f"key = {bits_key(plan)}")
-            src(f"bits = _BASES_{const}.get(key)")
-            src("if bits is None:")
-            src(f"    bits = _base_{ident}(key)")
-            src(f"m: Any = {twin_name(msg)}()")
-            unpack_bits(src, [f"m.{name}" for name in values])
-            for name, expr in entries:
-                src(f"m.{name} = {expr}")
-            src(f"m.__class__ = {cname}")
-            src("return m")
-        else:
-            build(src, msg, entries)
+        return entries
 
     def _base(self, src: Source, msg: Message, plan: Plan, values: dict[str, str]) -> None:
         """``_base_<message>(key)``: the values of the fields the head's bits decide, for

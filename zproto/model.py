@@ -125,6 +125,19 @@ class Message:
 
 
 @dataclass(frozen=True)
+class Record:
+    """``<record>`` on a binary model: frames decoded straight into a caller's tuple type
+    (``zproto.records``): the named fields of the model's general message, in the
+    order given, then (``wire``) the frame's octets paired with a key the caller gives."""
+
+    name: str
+    ident: str
+    fields: tuple[str, ...]  # attribute idents of the general message, in record order
+    wire: bool = False
+    description: str = ""
+
+
+@dataclass(frozen=True)
 class Define:
     name: str
     value: str
@@ -149,6 +162,8 @@ class Protocol:
     #: on a binary ``<class>``: the module gets ``decode_run``, whose frames in the
     #: simplest shape keep their string fields encoded until one is read).
     runs: bool = False
+    #: ``<record>`` elements: the module gets ``decode_<record>_records`` for each.
+    records: tuple[Record, ...] = ()
 
     @property
     def signature_bytes(self) -> bytes:
@@ -364,6 +379,7 @@ class _Loader:
             raise ModelError(f'{self.where}: runs= is 0 or 1, 1 with dialect="binary"')
         if runs == "1" and not any(m.literal is None for m in messages):
             raise ModelError(f"{self.where}: runs= needs a message without literal=")
+        records = self._records(root, dialect, messages)
         return Protocol(
             name=name,
             path=self.path,
@@ -377,7 +393,52 @@ class _Loader:
             grammar=grammar,
             entries=entries,
             runs=runs == "1",
+            records=records,
         )
+
+    def _records(
+        self, root: ET.Element, dialect: str, messages: list[Message]
+    ) -> tuple[Record, ...]:
+        """The ``<record>`` elements: each names fields of the binary model's general
+        message (its attributes: no length or flag the codec computes), once each."""
+        out: list[Record] = []
+        for elem in root.findall("record"):
+            name = elem.get("name") or ""
+            where = f"{self.where}: record {name}"
+            general = [m for m in messages if m.literal is None]
+            if dialect != "binary" or not general:
+                raise ModelError(f'{where}: <record> needs dialect="binary" and a message '
+                                 "without literal=")  # fmt: skip
+            try:
+                ident = to_ident(name)
+            except ValueError:
+                raise ModelError(f"{self.where}: <record> needs a name") from None
+            if any(r.ident == ident for r in out):
+                raise ModelError(f"{where}: two records have this name")
+            known: dict[str, str] = {}  # field name or ident -> attribute ident
+            for fld in general[0].fields:
+                if fld.derived:
+                    continue
+                parts = [b for b in fld.bits if not b.derived] if fld.type == "bits" else [fld]
+                for part in parts:
+                    known[part.name] = known[part.ident] = part.ident
+            names = [n.strip() for n in (elem.get("fields") or "").split(",") if n.strip()]
+            if not names:
+                raise ModelError(f"{where}: fields= lists no field")
+            idents: list[str] = []
+            for field_name in names:
+                if field_name not in known:
+                    known_to = general[0].name
+                    raise ModelError(f"{where}: {field_name!r} is not a field of {known_to} "
+                                     "(lengths and flags are computed)")  # fmt: skip
+                if known[field_name] in idents:
+                    raise ModelError(f"{where}: {field_name!r} is named twice")
+                idents.append(known[field_name])
+            wire = elem.get("wire", "0")
+            if wire not in ("0", "1"):
+                raise ModelError(f"{where}: wire= is 0 or 1")
+            out.append(Record(name, ident, tuple(idents), wire == "1", _text(elem)))
+        return tuple(out)
 
     def _message(self, elem: ET.Element, header: list[Item], next_id: int) -> Message:
         name = elem.get("name")

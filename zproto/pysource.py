@@ -77,6 +77,14 @@ class Source:
     def indent(self) -> None:
         self.level += 1
 
+    def end_def(self, last: str) -> None:
+        """The last statement of the function being written (its ``return``), then its
+        end: one level out and the two blank lines after a top-level function."""
+        self(last)
+        self.dedent()
+        self()
+        self()
+
     def dedent(self) -> None:
         self.level -= 1
 

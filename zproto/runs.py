@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 
 from zproto.attrs import attributes, attrs_of, plain_default, twin_name
-from zproto.decoder import bit_values, bits_key, unpack_bits
+from zproto.decoder import bit_values, bits_key, decode_or_none, unpack_bits
 from zproto.model import Field, Message, to_const_name
 from zproto.pysource import LINE_LENGTH, Source, StructNames, group_checks
 from zproto.shape import Plan
@@ -140,10 +140,7 @@ class RunWriter:
         self._by_decode(src, msg, "m")
         src("p = end")
         src.dedent()
-        src("return out, bad")
-        src.dedent()
-        src()
-        src()
+        src.end_def("return out, bad")
 
     @staticmethod
     def _misplaced(src: Source) -> None:
@@ -153,10 +150,7 @@ class RunWriter:
 
     @staticmethod
     def _by_decode(src: Source, msg: Message, name: str) -> None:
-        src("try:")
-        src(f"    {name} = decode((buf[p:end],))")
-        src("except DecodeError:")
-        src(f"    {name} = None")
+        decode_or_none(src, name, "buf[p:end]")
         src(f"if type({name}) is {msg.class_name}:")
         src(f"    out.append({name})")
         src("else:")
@@ -342,10 +336,7 @@ class RunWriter:
         src.dedent()
         src("if m is None:")
         src.indent()
-        src("try:")
-        src("    m = decode((buf[p:end],))")
-        src("except DecodeError:")
-        src("    m = None")
+        decode_or_none(src, "m", "buf[p:end]")
         src(f"if type(m) is not {cname}:")
         src("    bad.append(i)")
         src("    m = None")

@@ -104,7 +104,7 @@ from broker.engine.queue.queue import Queue
 from broker.engine.queue.saved_run import push_saved_run
 from broker.engine.replies import answer_done, answer_failure, is_answer, reject_push
 from broker.engine.router import Router, RouterError, RouterTable, router_from_json
-from broker.engine.tmqp_door import message_of
+from broker.engine.tmqp_door import frame_of, message_of
 from broker.message import Message
 from broker.protocol import (
     ClearOption,
@@ -490,6 +490,67 @@ class Engine:
             i += 1
         return out, refused, later
 
+    def receive_pushes(
+        self, client_id: str, messages: Sequence[Message], now: float
+    ) -> list[Outgoing]:
+        """Pushes of one client that wait for no response, as :meth:`receive` of each
+        frame alone gives them, in order (the server's run of a producer's plain pushes
+        read in one socket drain, made with ``tmqp.decode_message_records``: no frame on
+        the way).  Consecutive pushes into one queue whose fast path may take them go in
+        with one ``Queue.push_plain_run`` (:meth:`_run_queue`: the checks once); the
+        others one by one through the general push path.  The store holds their saves
+        and writes each queue's as one group (as :meth:`receive_batch`)."""
+        self.services.now = now
+        client = self.clients.get(client_id)
+        out: list[Outgoing] = []
+        if client is not None:
+            self.store.hold()
+            try:
+                self._push_each(client, messages, now, out)
+            finally:
+                self.store.release()
+        return out
+
+    def _push_each(
+        self, client: Client, messages: Sequence[Message], now: float, out: list[Outgoing]
+    ) -> None:
+        """:meth:`receive_pushes` of a known client, its saves held."""
+        n = len(messages)
+        i = 0
+        while i < n:
+            m = messages[i]
+            queue = self._run_queue(client, m) if i + 1 < n else None
+            if queue is not None:
+                try:
+                    taken = queue.push_plain_run(messages, i, client, now, out)
+                except Exception as exc:  # nobody waits for an answer: the rest of the run
+                    self.count_error("receive pushes", exc)
+                    taken = self._same_queue(messages, i)
+                if taken:
+                    i += taken
+                    continue
+            try:
+                self._push(client, m, False, now, out)
+            except Exception as exc:
+                self.count_error(f"receive type {_QUEUE:#x}", exc)
+                failure = OperationError(ResultCode.FAILED, "internal error")
+                answer_failure(client, frame_of(m), out, failure)
+            if self.receipts.outbox:
+                self.receipts.take(out)
+            i += 1
+
+    @staticmethod
+    def _same_queue(messages: Sequence[Message], start: int) -> int:
+        """How many of ``messages[start:]`` in a row go to the queue of the first."""
+        first = messages[start]
+        end = start + 1
+        while end < len(messages) and (
+            messages[end].target == first.target
+            and messages[end].content_type == first.content_type
+        ):
+            end += 1
+        return end - start
+
     @staticmethod
     def _run_end(
         items: Sequence[tuple[int, tmqp.Frame, bytes]], start: int, acked: bool = False
@@ -516,7 +577,9 @@ class Engine:
             end += 1
         return end
 
-    def _run_queue(self, client: Client, first: tmqp.Frame, acked: bool = False) -> Queue | None:
+    def _run_queue(
+        self, client: Client, first: tmqp.Frame | Message, acked: bool = False
+    ) -> Queue | None:
         """The queue a run of pushes goes to when ``_push`` would offer each of them to
         its fast path (``Queue.push_plain``), or (``acked``: acknowledged pushes) when
         its handler answers every push alike (``saved_run``: it saves every push and

@@ -93,9 +93,10 @@ class Peer:
         self.address: str | None = None
         #: Deliveries one message to this peer may carry (``broker.batch``; 0: one each).
         self.batch = 0
-        #: Its plain pushes read in the current drain, not served yet: (0, frame, octets)
-        #: (``Server._serve_runs``); None: none.
-        self.run: list[tuple[int, tmqp.Frame, bytes]] | None = None
+        #: Its pushes read in the current drain, not served yet (``Server._serve_runs``):
+        #: the octets of plain ones (not decoded yet), or (index, frame, octets) of ones
+        #: waiting for an acknowledge -- one kind at a time; None: none.
+        self.run: list[Any] | None = None
 
 
 def _entries(item: list[bytes] | bytes) -> list[bytes]:

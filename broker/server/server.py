@@ -18,8 +18,11 @@ libzmq took, and the engine releases more only then (``broker.flow``), so a slow
 consumer's backlog stays within its windows; before a peer's session ends the engine
 hears what it got, and puts the rest back in the queues.
 
-Hot path: plain frames take the generated codec's fast path (``tmqp.decode``); a frame the engine
-passes through unchanged is forwarded as the octets received; engine output is
+Hot path: plain frames take the generated codec's fast path (``tmqp.decode``); plain pushes
+(told by their first two octets) wait undecoded in their producer's run until the drain ends,
+then each run is decoded in one call straight into the engine's messages
+(``tmqp.decode_message_records``) and served in one engine call (``Engine.receive_pushes``);
+a frame the engine passes through unchanged is forwarded as the octets received; engine output is
 handed to libzmq in batches (``ServerOptions.send_batch``), in order with every
 other frame the server sends, so that libzmq's I/O thread is woken once per batch.
 
@@ -52,6 +55,8 @@ import zmq
 
 from broker import batch, tmqp
 from broker.engine.limits import MIN_REPLY_SIZE
+from broker.engine.tmqp_door import WIRE
+from broker.message import Message
 from broker.paging import json_size
 from broker.protocol import (
     GREETING,
@@ -104,6 +109,12 @@ _BATCH = batch.BATCH
 _Frame = tmqp.Frame
 _decode = tmqp.decode
 _decode_entries = tmqp.decode_entries
+_records = tmqp.decode_message_records
+#: Options octet of a frame that waits for a response (0x80) or an acknowledge (0x40) or
+#: has a header block (0x20): not a plain push.
+_NOT_PLAIN = 0xE0
+#: Low 6 bits of the first octet: the message type.
+_TYPE_BITS = 63
 
 #: Server operation (content type) answered by the server itself: a RESPONSE whose payload
 #: is the JSON of ``Server.stats()``.  Needs the engine authorizer's ADMIN action.
@@ -195,13 +206,19 @@ class Server:
         self._receive_run = getattr(engine, "receive_run", None)
         #: Frames beyond one in the batch just handled (``_on_message``'s drain budget).
         self._batched = 0
-        #: The producers whose plain pushes read in this drain wait in ``Peer.run``, in
-        #: the order of their first one (``_serve_runs``); empty outside a drain.  At
-        #: most ``options.batch`` frames wait.
+        #: The engine's entry for a producer's run of pushes (``Engine.receive_pushes``).
+        self._receive_pushes = getattr(engine, "receive_pushes", None)
+        #: The producers whose plain pushes read in this drain wait in ``Peer.run`` (their
+        #: octets, not decoded yet), in the order of their first one (``_serve_runs``);
+        #: empty outside a drain.  At most ``options.batch`` frames wait.
         self._runs: list[Peer] = []
         #: Gather pushes into runs (``ServerOptions.push_runs``, and the engine takes
-        #: runs: it has ``receive_run``) ...
-        self._gather = options.push_runs and self._receive_run is not None
+        #: runs: it has ``receive_pushes`` and ``receive_run``) ...
+        self._gather = (
+            options.push_runs
+            and self._receive_pushes is not None
+            and self._receive_run is not None
+        )
         #: ... from the second message of a drain on (``_gather``; a lone message, a
         #: round trip's, goes straight through).
         self._gathering = False
@@ -527,10 +544,12 @@ class Server:
         self, rid: bytes, data: bytes, multipart: bool, now: float, part: zmq.Frame
     ) -> bool:
         """Handle one ZeroMQ message; True when it was a batch (``self._batched`` more
-        frames than one).  A push without headers that waits for no response (for an
-        acknowledge or for nothing) joins its producer's run, served at the end of the
-        drain (:meth:`_serve_runs`); any other message first serves the runs gathered
-        before it, so that it sees every push that came before it."""
+        frames than one).  A plain push (a QUEUE frame waiting for no answer, without
+        headers: its first two octets say so) joins its producer's run undecoded, and a
+        push without headers that waits for an acknowledge joins it decoded; the run is
+        served at the end of the drain (:meth:`_serve_runs`; a producer switching between
+        the two kinds has its run so far served first); any other message first serves
+        the runs gathered before it, so that it sees every push that came before it."""
         peer = self._peers.get(rid)
         if peer is None or peer.state is not _READY:
             if self._runs:
@@ -544,6 +563,23 @@ class Server:
                 self._serve_runs(now)
             self._refuse(peer, data, multipart)
             return False
+        if (
+            self._gathering
+            and len(data) > 1
+            and data[0] & _TYPE_BITS == _QUEUE
+            and not data[1] & _NOT_PLAIN
+        ):
+            # a plain push by its first two octets: decoded with its run (_serve_runs)
+            run = peer.run
+            if run is None:
+                peer.run = [data]
+                self._runs.append(peer)
+            elif type(run[0]) is bytes:
+                run.append(data)
+            else:  # its acknowledged pushes so far go first (the peer stays in _runs)
+                self._serve_peer(peer, now)
+                peer.run = [data]
+            return False
         try:
             msg = _decode((data,))
         except DecodeError as exc:
@@ -554,12 +590,16 @@ class Server:
         if type(msg) is _Frame:
             mt = msg.message_type
             if mt == _QUEUE and self._gathering and not msg.headers and not msg.pending_response:
+                # (waits for an acknowledge: a plain one was taken by its octets above)
                 run = peer.run
                 if run is None:
                     peer.run = [(0, msg, data)]
                     self._runs.append(peer)
-                else:
+                elif type(run[0]) is tuple:
                     run.append((0, msg, data))
+                else:  # its plain pushes so far go first (the peer stays in _runs)
+                    self._serve_peer(peer, now)
+                    peer.run = [(0, msg, data)]
                 return False
             if self._runs:
                 self._serve_runs(now)
@@ -612,46 +652,113 @@ class Server:
             sender.send_all(outs)
 
     def _serve_runs(self, now: float) -> None:
-        """Serve the pushes gathered in this drain: each producer's run in one engine
-        call (``Engine.receive_run``: the checks of a run into one queue once,
-        ``Queue.push_plain_run`` for pushes that wait for nothing, ``saved_run`` for
-        acknowledged ones, each answered with its own acknowledge), the producers in the
-        order their first push came.
+        """Serve the pushes gathered in this drain, each producer's run in one engine
+        call, the producers in the order their first push came (:meth:`_serve_peer`).
 
         The outcome is that of each push handled alone in the order read, but for the
         order between two producers' pushes within the drain (which the order their
         messages were read in does not promise either), and any other frame was
-        preceded by a call here.  The output goes through the gate as one: with the
-        drain's hold, acknowledges leave once the drain's saves are durable.  A run of
-        one goes through ``Engine.receive``, as without runs."""
+        preceded by a call here.  The output goes through the gate: with the drain's
+        hold, acknowledges leave once the drain's saves are durable."""
         peers = self._runs
         self._runs = []
+        for peer in peers:
+            if peer.run is not None:
+                self._serve_peer(peer, now)
+
+    def _serve_peer(self, peer: Peer, now: float) -> None:
+        """One producer's run.  Plain pushes (their octets) are decoded in one call
+        straight into the engine's messages (``tmqp.decode_message_records``: no
+        ``Frame``) and handed to ``Engine.receive_pushes`` (the checks of a run into one
+        queue once, ``Queue.push_plain_run``); a frame that does not decode is answered
+        where it stood (:meth:`_serve_refused`).  Pushes that wait for an acknowledge
+        (decoded frames) go to ``Engine.receive_run`` (``saved_run`` for a queue whose
+        handler answers every push alike), each answered with its own acknowledge; a
+        run of one goes through ``Engine.receive``, as without runs."""
+        run = peer.run
+        peer.run = None
+        if not run:
+            return
+        if type(run[0]) is bytes:
+            datas: list[bytes] = run
+            messages, bad = _records(datas, Message, WIRE)
+            if bad:
+                self._serve_refused(peer, datas, messages, bad, now)
+            else:
+                self._serve_run(peer, messages, now)
+            return
+        items: list[tuple[int, tmqp.Frame, bytes]] = run
+        if len(items) == 1:
+            _index, frame, data = items[0]
+            self._receive_one(peer, frame, data, now)
+            return
         receive_run = self._receive_run
         assert receive_run is not None
-        for peer in peers:
-            items = peer.run
-            peer.run = None
-            if items is None:
-                continue
-            if len(items) == 1:
-                _index, frame, data = items[0]
-                self._receive_one(peer, frame, data, now)
-                continue
-            self.sender.in_frame = None
-            self.counters["run_pushes"] += len(items)
+        sender = self.sender
+        sender.in_frame = None
+        self.counters["run_pushes"] += len(items)
+        try:
+            outs = receive_run(peer.client_id, items, now)
+        except Exception:
+            log.exception("engine failed on a run of pushes from %s", peer.client_id)
+            self.counters["engine_errors"] += 1
+            for _index, frame, _data in items:
+                if frame.message_id:
+                    sender.send_to(peer, error_frame(frame.message_id, ResultCode.FAILED, "error"))
+            return
+        if outs:
+            sender.send_all(outs)
+
+    def _serve_run(
+        self, peer: Peer, messages: list[Message], now: float, carrier: tmqp.Frame | None = None
+    ) -> None:
+        """One producer's plain pushes through ``Engine.receive_pushes``; its output sent
+        (``carrier``: the batch that brought them, then acknowledged when it asks).  The
+        engine failing: each push with an id (or the batch) is answered FAILED."""
+        receive_pushes = self._receive_pushes
+        assert receive_pushes is not None
+        sender = self.sender
+        sender.in_frame = None
+        if carrier is None and len(messages) > 1:
+            self.counters["run_pushes"] += len(messages)
+        try:
+            outs = receive_pushes(peer.client_id, messages, now)
+        except Exception:
+            log.exception("engine failed on a run of pushes from %s", peer.client_id)
+            self.counters["engine_errors"] += 1
+            ids = [m.message_id for m in messages] if carrier is None else [carrier.message_id]
+            for mid in ids:
+                if mid:
+                    sender.send_to(peer, error_frame(mid, ResultCode.FAILED, "error"))
+            return
+        if carrier is not None and carrier.pending_ack:
+            answer = batch.result_frame(carrier.message_id, peer.client_id, [], [])
+            outs.append(Outgoing(peer.client_id, answer))
+        if outs:
+            sender.send_all(outs)
+
+    def _serve_refused(
+        self, peer: Peer, datas: list[bytes], messages: list[Message], bad: list[int], now: float
+    ) -> None:
+        """A run with frames that do not decode (``bad``: their indexes in ``datas``,
+        ``messages`` the others in order): each answered "malformed frame" in its place."""
+        taken = 0  # messages served so far
+        start = 0  # the index in ``datas`` of the next message
+        for index in bad:
+            ahead = index - start
+            if ahead:
+                self._serve_run(peer, messages[taken : taken + ahead], now)
+                taken += ahead
+            data = datas[index]
             try:
-                outs = receive_run(peer.client_id, items, now)
-            except Exception:
-                log.exception("engine failed on a run of pushes from %s", peer.client_id)
-                self.counters["engine_errors"] += 1
-                for _index, frame, _data in items:
-                    if frame.message_id:
-                        self.sender.send_to(
-                            peer, error_frame(frame.message_id, ResultCode.FAILED, "error")
-                        )
-                continue
-            if outs:
-                self.sender.send_all(outs)
+                _decode((data,))
+                reason = "not a queue frame"  # (a literal cannot start as a QUEUE frame)
+            except DecodeError as exc:
+                reason = exc.reason
+            self.sessions.bad(peer, data, f"malformed frame: {reason}", ResultCode.BAD_REQUEST)
+            start = index + 1
+        if taken < len(messages):
+            self._serve_run(peer, messages[taken:], now)
 
     def _batch(self, peer: Peer, msg: tmqp.Frame, now: float) -> None:
         """A batch of frames (``broker.batch``): split and decoded in one pass, handed to
@@ -659,6 +766,8 @@ class Server:
         listing the entries refused.  An entry that is not a readable push or
         acknowledge is refused by index; the others are taken."""
         self._batched = 0
+        if self._gather and self._plain_batch(peer, msg, now):
+            return
         taken = self._entries(peer, msg)
         if taken is None:
             return
@@ -685,6 +794,27 @@ class Server:
             outs.append(Outgoing(client_id, result))
         if outs:
             self.sender.send_all(outs)
+
+    def _plain_batch(self, peer: Peer, msg: tmqp.Frame, now: float) -> bool:
+        """A batch of plain pushes only (each entry's first two octets say so, and each
+        decodes): decoded straight into the engine's messages and served as one run
+        (:meth:`_serve_run`), answered as :meth:`_batch` answers (nothing refused).
+        False, nothing done: any other batch (:meth:`_batch` decodes and answers it)."""
+        try:
+            datas = batch.unpack(msg.payload, self.options.max_batch_frames)
+        except batch.BatchError:
+            return False
+        for data in datas:
+            if len(data) < 2 or data[0] & _TYPE_BITS != _QUEUE or data[1] & _NOT_PLAIN:
+                return False
+        messages, bad = _records(datas, Message, WIRE)
+        if bad or not messages:
+            return False
+        count = len(messages)
+        self._batched = count - 1
+        self.counters["batched_in"] += count
+        self._serve_run(peer, messages, now, msg)
+        return True
 
     def _entries(
         self, peer: Peer, msg: tmqp.Frame

@@ -164,6 +164,13 @@ class EngineDoor:
         :meth:`receive_batch`, its deliveries to STOMP connections go to them."""
         return self._split(self.engine.receive_run(client_id, items, now))
 
+    def receive_pushes(
+        self, client_id: str, messages: Sequence[Message], now: float
+    ) -> list[Outgoing]:
+        """``Engine.receive_pushes`` (a TMQP producer's run of plain pushes): its
+        deliveries to STOMP connections go to them, as those of every other call."""
+        return self._split(self.engine.receive_pushes(client_id, messages, now))
+
     def disconnect(self, client_id: str, now: float) -> list[Outgoing]:
         return self._split(self.engine.disconnect(client_id, now))
 

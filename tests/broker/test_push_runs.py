@@ -11,6 +11,7 @@ both against the outcome worked out from the script by hand.
 from __future__ import annotations
 
 import itertools
+import json
 import random
 import threading
 from collections.abc import Callable, Iterator
@@ -381,3 +382,140 @@ def test_a_consumer_that_stops_reading_holds_at_most_its_window_beyond_the_pipe(
         admin.close()
         consumer.close()
         producer.close()
+
+
+def test_damaged_frames_in_a_run_are_answered_in_order_and_the_others_served(
+    start: MakeBroker, zctx: Ctx
+) -> None:
+    """Frames whose first two octets say "plain push" (gathered undecoded) but that do not
+    decode: cut short, trailing octets, an id that is not UTF-8, lengths past the end,
+    the bare two octets.  Each is answered 400 with the id salvaged from it, in the order
+    sent; every push around them is delivered, in order."""
+    broker = start()
+    admin = Client(broker.endpoint, context=zctx, timeout=10).connect()
+    consumer = Raw(zctx, broker.endpoint)
+    producer = Raw(zctx, broker.endpoint)
+    damaged = [
+        (push("cut-1", 1, b"y" * 30)[:-7], "cut-1"),
+        (push("long-2", 1, b"y") + b"!!", "long-2"),
+        (bytes([0x11, 0x10, 2, 0, 1, 1, 0, 1]) + b"\xff\xfe" + b"d" + b"y", ""),
+        (b"\x11\x00\xff\xff\xff", ""),
+        (b"\x11\x00", ""),
+    ]
+    try:
+        admin.create_queue("d", 1, QUEUES[1])
+        consumer.send(tmqp.encode(join_frame("j", "d"))[0])
+        assert consumer.frame().message_id == "j"
+        broker.hold.hold()
+        ids = []
+        for n, (data, _mid) in enumerate(damaged):
+            for i in range(20):
+                ids.append(f"m{n}-{i}")
+                producer.send(push(ids[-1], 1, b"x"))
+            producer.send(data)
+        ids.append("last")
+        producer.send(push("last", 1, b"x"))
+        producer.send(PING)
+        broker.hold.release()
+        assert [consumer.frame().message_id for _ in ids] == ids
+        replies = [tmqp.decode((producer.sock.recv(),)) for _ in range(len(damaged) + 1)]
+        assert isinstance(replies[-1], tmqp.Pong)
+        errors = replies[:-1]
+        assert all(isinstance(r, tmqp.Frame) for r in errors), errors
+        assert [r.content_type for r in errors] == [ResultCode.BAD_REQUEST] * len(damaged)  # type: ignore[union-attr]
+        assert [r.message_id for r in errors] == [mid for _, mid in damaged]  # type: ignore[union-attr]
+        assert all("malformed frame" in (header(r, Header.REASON) or "") for r in errors)  # type: ignore[arg-type]
+        stats = admin.stats()["server"]
+        assert stats["bad_frames"] == len(damaged)
+        # served in runs: all but the drain's first (straight through) and "last" (a run
+        # of one after the last damaged frame, not counted)
+        assert stats["run_pushes"] == len(ids) - 2
+    finally:
+        admin.close()
+        consumer.close()
+        producer.close()
+
+
+def _batch_of(mid: str, entries: list[bytes], ack: bool) -> bytes:
+    payload = b"".join(len(e).to_bytes(4, "little") + e for e in entries)
+    return tmqp.encode_frame(message_type=MessageType.SERVER, pending_ack=ack,
+                             content_type=260, message_id=mid, payload=payload)[0]  # fmt: skip
+
+
+def _batches() -> list[tuple[str, bool, list[bytes]]]:
+    """Batches of plain pushes (the server's record path) and others (its frame path)."""
+    plain = [push(f"a{i}", 1, b"p" * 20) for i in range(30)]
+    return [
+        ("plain, acknowledged", True, plain),
+        ("plain, not acknowledged", False, [push(f"n{i}", 1, b"n") for i in range(10)]),
+        ("plain into a stopped and a size-limited queue", True,
+         [push("s1", 3, b"s"), push("big", 2, b"b" * 60), push("ok", 1, b"k")]),
+        ("plain into a queue made on the way", True, [push("q9", 9, b"x"), push("q1", 1, b"y")]),
+        ("plain with duplicates into the round robin queue", True,
+         [push("r1", 4, b"r"), push("r1", 4, b"r"), push("r2", 4, b"r")]),
+        ("one not decoding", True, [push("g0", 1, b"g"), push("g1", 1, b"g")[:-3],
+                                    push("g2", 1, b"g")]),
+        ("one acknowledged push among them", True, [push("k0", 1, b"k"),
+                                                    push("k1", 1, b"k", ack=True)]),
+        ("one with a header", True, [push("h0", 1, b"h"), push("h1", 1, b"h",
+                                                              headers=(("X", "y"),))]),
+    ]  # fmt: skip
+
+
+Played = tuple[list[tuple[str, int, bytes]], list[str], dict[int, int], int]
+
+
+def _play_batches(broker: Broker, ctx: Ctx) -> Played:
+    """Each batch, then an acknowledged push (its acknowledge: the batch was served): the
+    producer's answers, the ids the consumer got, what each queue received, batched_in."""
+    admin = Client(broker.endpoint, context=ctx, timeout=10).connect()
+    consumer = Raw(ctx, broker.endpoint)
+    producer = Raw(ctx, broker.endpoint)
+    try:
+        for qid, options in QUEUES.items():
+            admin.create_queue("d", qid, options)
+        consumer.send(tmqp.encode(join_frame("j", "d"))[0])
+        assert consumer.frame().message_id == "j"
+        answers: list[tuple[str, int, bytes]] = []
+        for n, (_name, ack, entries) in enumerate(_batches()):
+            producer.send(_batch_of(f"B{n}", entries, ack))
+            producer.send(push(f"end{n}", 1, b"e", ack=True))
+            while True:
+                frame = producer.frame()
+                if frame.message_id == f"end{n}":
+                    break
+                answers.append((frame.message_id, frame.message_type, frame.payload))
+        delivered: list[str] = []
+        while not delivered or delivered[-1] != f"end{len(_batches()) - 1}":
+            delivered.append(consumer.frame().message_id)
+        info = {qid: admin.queue_info("d", qid)["ReceivedMessages"] for qid in QUEUES}
+        return answers, delivered, info, admin.stats()["server"]["batched_in"]
+    finally:
+        admin.close()
+        consumer.close()
+        producer.close()
+
+
+def test_batches_of_plain_pushes_give_what_the_frame_path_gives(
+    start: MakeBroker, zctx: Ctx
+) -> None:
+    """A batch whose entries are all plain pushes goes to the engine as one run of records
+    (``Server._plain_batch``); any other batch as frames (``Engine.receive_batch``, the
+    path a server with ``push_runs`` off takes for every batch): the same answers, the
+    same deliveries, the same queues."""
+    records = _play_batches(start(), zctx)
+    frames = _play_batches(start(push_runs=False), zctx)
+    assert records == frames
+    # (worked out by hand: the refusals and what the consumer got)
+    answers, delivered, _received, batched_in = records
+    assert batched_in == sum(len(entries) for _n, _a, entries in _batches())
+    acks = {mid: payload for mid, _mt, payload in answers}
+    assert acks["B0"] == acks["B2"] == acks["B3"] == acks["B4"] == b""  # nothing refused aloud
+    assert "B1" not in acks  # not acknowledged
+    assert [r[0] for r in json.loads(acks["B5"])["Refused"]] == [1]
+    assert delivered[:30] == [f"a{i}" for i in range(30)]
+    for mid in ("ok", "q9", "q1", "r1", "r2", "g0", "g2", "k0", "k1", "h0", "h1"):
+        assert mid in delivered
+    for mid in ("s1", "big", "g1"):
+        assert mid not in delivered
+    assert delivered.count("r1") == 1

@@ -979,7 +979,6 @@ class Queue:
         if dedupe:
             recent.forget_expired(now, opts.duplicate_window_time)
         seen = recent.ids
-        remember = recent.add_new
         window = opts.duplicate_window
         limited = opts.message_limit
         name = self.channel.name
@@ -997,53 +996,67 @@ class Queue:
         taken = 0
         queued = False
         high = False
-        for k in range(start, len(ms)):
-            m = ms[k]
-            if (
-                m.headers
-                or m.wants_ack
-                or m.first_acquirer
-                or m.content_type != qid
-                or m.target != name
-                or (size_limit and len(m.payload) > size_limit)
-            ):
-                break
-            mid = m.message_id
-            if not mid:
-                if use_id:
-                    break  # accept() gives it an id
-            elif dedupe and mid in seen:
-                break  # a duplicate: answered by duplicate()
-            c: Client | None = None
-            if direct:
-                if one is not None:
-                    if room > 0:
-                        room -= 1
-                        c = one
+        sent_one = 0  # deliveries to ``one``: its count in ``used`` grows once, at the end
+        seq = self.sequence  # (written back at the end, even if a message raises)
+        try:
+            for k in range(start, len(ms)):
+                m = ms[k]
+                # (one unpacking: a named tuple's attribute reads cost more per message)
+                mid, src, target, ct, _hp, first, wants_ack, _ttl, headers, payload, _w = m
+                if (
+                    headers
+                    or wants_ack
+                    or first
+                    or ct != qid
+                    or target != name
+                    or (size_limit and len(payload) > size_limit)
+                ):
+                    break
+                if not mid:
+                    if use_id:
+                        break  # accept() gives it an id
+                elif dedupe and mid in seen:
+                    break  # a duplicate: answered by duplicate()
+                c: Client | None = None
+                if direct:
+                    if one is not None:
+                        if room > 0:
+                            room -= 1
+                            c = one
+                        else:
+                            direct = False
                     else:
-                        direct = False
-                else:
-                    c = strategy.plain_target(self, consumers)
-                    if c is None:
-                        direct = False
-            if c is None and limited:
-                break  # accept() after check_push
-            if m.source != sid:
-                m = with_source(m, sid)
-            if dedupe:
-                remember(mid, now, window)
-            self.sequence += 1
-            taken += 1
-            if c is not None:
-                cid = c.id
-                out.append(_tracked(Tracked, (cid, m)))
-                c.unsent.append((PLAIN, self, None, m, self.sequence))
-                used[cid] = used.get(cid, 0) + 1
-                continue
-            qm = QueueMessage(self.sequence, parked(m), sender, False, now)
-            self._enqueue_plain(qm)
-            queued = True
-            high = high or qm.high_priority
+                        c = strategy.plain_target(self, consumers)
+                        if c is None:
+                            direct = False
+                if c is None and limited:
+                    break  # accept() after check_push
+                if src != sid:
+                    m = with_source(m, sid)
+                if dedupe:  # (RecentIds.add_new, inline: a call per message costs more)
+                    seen[mid] = now
+                    if len(seen) > window:
+                        seen.popitem(last=False)
+                seq += 1
+                taken += 1
+                if c is not None:
+                    out.append(_tracked(Tracked, (c.id, m)))
+                    c.unsent.append((PLAIN, self, None, m, seq))
+                    if c is one:
+                        sent_one += 1
+                    else:
+                        used[c.id] = used.get(c.id, 0) + 1
+                    continue
+                self.sequence = seq  # (the queue message is numbered from it)
+                qm = QueueMessage(seq, parked(m), sender, False, now)
+                self._enqueue_plain(qm)
+                queued = True
+                high = high or qm.high_priority
+        finally:
+            self.sequence = seq
+            if sent_one:
+                assert one is not None
+                used[one.id] = used.get(one.id, 0) + sent_one
         if taken:
             self.received += taken
             self.last_received = now
