@@ -75,7 +75,6 @@ the partial files ``PARTIAL_PREFIX...`` with their journals, which it leaves to
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import stat
@@ -89,7 +88,6 @@ from filemq.partial import Journal, PartialStore, ResumePoint, Version, new_sha1
 from filemq.paths import (
     OutsideRootError,
     UnsafePathError,
-    link_in,
     lstat_beneath,
     open_dir_beneath,
     remove_beneath,
@@ -117,12 +115,6 @@ RESUME_MIN_SIZE = 8 << 20
 MAX_FOLDER_FDS = 128
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 _TEMP_MODE = 0o600  # until verified and given its own mode: readable by the mirror only
-#: A whole small file is written unnamed in its folder (``Mirror.place``); needs
-#: ``O_TMPFILE`` and ``/proc`` (``filemq.paths.link_in``).
-_UNNAMED_FLAGS = getattr(os, "O_TMPFILE", 0) | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
-_UNNAMED = hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd")
-#: ``open`` of an unnamed file fails so where the kernel or the file system has none.
-_NO_UNNAMED = {errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOSYS}
 
 
 def _verify(size: int, digest: str, headers: dict[str, str]) -> str:
@@ -165,18 +157,8 @@ def _final_mode(headers: dict[str, str], meta: EntryMeta | None, mask: int) -> i
 def _stamp_and_close(
     fd: int, headers: dict[str, str], meta: EntryMeta | None, mask: int, mode: int = -1
 ) -> os.stat_result:
-    """``_stamp`` the open temp file, then close it."""
-    try:
-        return _stamp(fd, headers, meta, mask, mode)
-    finally:
-        os.close(fd)
-
-
-def _stamp(
-    fd: int, headers: dict[str, str], meta: EntryMeta | None, mask: int, mode: int = -1
-) -> os.stat_result:
     """Set the server's mode (``& mask``, ``_final_mode``) and mtime on the open temp
-    file and stat it.
+    file, stat it, close it.
 
     ``meta`` is what the engine checked; without it (an older caller) the mtime
     header is used when it is a plain number.  A file created with its final mode
@@ -184,23 +166,26 @@ def _stamp(
     ``fchmod``-ed: one system call less per small file.  ``mode``: that final mode
     when the caller has it already (-1: worked out here).
     """
-    if mode < 0:
-        mode = _final_mode(headers, meta, mask)
-    if meta is not None:
-        ns = meta.mtime_ns
-    else:
-        mtime = headers.get(HEADER_MTIME)
-        ns = int(mtime) if mtime is not None and mtime.isdigit() else None
-    if ns is not None:
-        try:
-            os.utime(fd, ns=(ns, ns))
-        except (OverflowError, OSError) as exc:  # a time the file system cannot hold
-            log.warning("cannot set mtime %d: %s", ns, exc)
-    st = os.fstat(fd)
-    if stat.S_IMODE(st.st_mode) != mode:  # (chmod keeps the mtime just set)
-        os.fchmod(fd, mode)
+    try:
+        if mode < 0:
+            mode = _final_mode(headers, meta, mask)
+        if meta is not None:
+            ns = meta.mtime_ns
+        else:
+            mtime = headers.get(HEADER_MTIME)
+            ns = int(mtime) if mtime is not None and mtime.isdigit() else None
+        if ns is not None:
+            try:
+                os.utime(fd, ns=(ns, ns))
+            except (OverflowError, OSError) as exc:  # a time the file system cannot hold
+                log.warning("cannot set mtime %d: %s", ns, exc)
         st = os.fstat(fd)
-    return st
+        if stat.S_IMODE(st.st_mode) != mode:  # (chmod keeps the mtime just set)
+            os.fchmod(fd, mode)
+            st = os.fstat(fd)
+        return st
+    finally:
+        os.close(fd)
 
 
 class Mirror:
@@ -233,8 +218,6 @@ class Mirror:
         self._sha1: Any = None
         self._size = 0
         self._writer: ChunkWriter | None = None  # writes and hashes the chunks
-        #: Whole small files at new names are made unnamed and linked (``_place_unnamed``).
-        self._unnamed = _UNNAMED
 
     def clean_temp(self) -> None:
         """Remove temp files an interrupted run left in DEST (not the lock file)."""
@@ -368,28 +351,8 @@ class Mirror:
         reason = _verify(len(data), digest, headers)
         if reason:
             return False, reason
-        name = "/".join(parts)
-        mode = _final_mode(headers, meta, self.mask)  # (verified: no need to hide it)
-        st = None
-        if self._unnamed and self.index.lookup(name) is None:  # (a new name: a cold mirror)
-            st = self._place_unnamed(parts, data, headers, meta, mode)
-        if st is None:
-            st = self._place_named(parts, data, headers, meta, mode)
-        self.index.record(
-            FileEntry(name, st.st_size, st.st_mtime_ns, st.st_ino, digest, _perms(st))
-        )
-        return True, ""
-
-    def _place_named(
-        self,
-        parts: tuple[str, ...],
-        data: bytes,
-        headers: dict[str, str],
-        meta: EntryMeta | None,
-        mode: int,
-    ) -> os.stat_result:
-        """``place`` through a temp file in DEST renamed over the target."""
         tmp = self._temp_name()
+        mode = _final_mode(headers, meta, self.mask)  # (verified: no need to hide it)
         fd = os.open(tmp, _TEMP_FLAGS, mode if mode <= PERMISSION_BITS else _TEMP_MODE)
         try:
             write_all(fd, data)
@@ -403,47 +366,10 @@ class Mirror:
             os.unlink(tmp)
             raise
         self._rename_into_place(tmp, parts)
-        return st
-
-    def _place_unnamed(
-        self,
-        parts: tuple[str, ...],
-        data: bytes,
-        headers: dict[str, str],
-        meta: EntryMeta | None,
-        mode: int,
-    ) -> os.stat_result | None:
-        """``place`` a file at a name the index does not hold: written, stamped and then
-        linked in its folder (``O_TMPFILE``, ``filemq.paths.link_in``), never seen under
-        any other name (a process killed before the link leaves nothing behind).  None
-        when it cannot be linked there (something holds the name after all, the folder
-        kept was removed, it cannot be written): the caller places it the named way,
-        which replaces, walks again or fails as it always did.  A file system without unnamed files is told once and never asked again."""
-        folder = self._folder(parts[:-1])
-        try:
-            fd = os.open(
-                ".", _UNNAMED_FLAGS, mode if mode <= PERMISSION_BITS else _TEMP_MODE, dir_fd=folder
-            )
-        except OSError as exc:
-            if exc.errno not in _NO_UNNAMED:
-                return None  # (the folder kept was removed, is not writable...: as named)
-            self._unnamed = False
-            log.info(
-                "%s: no unnamed files here (%s): temp files renamed into place", self.root, exc
-            )
-            return None
-        try:
-            write_all(fd, data)
-            st = _stamp(fd, headers, meta, self.mask, mode)
-            link_in(fd, folder, parts[-1])
-        except (FileExistsError, FileNotFoundError):
-            return None
-        finally:
-            os.close(fd)
-        if parts[:-1] not in self._safe_dirs:
-            self._note_folders(parts)
-            self._safe_dirs.add(parts[:-1])
-        return st
+        self.index.record(
+            FileEntry("/".join(parts), st.st_size, st.st_mtime_ns, st.st_ino, digest, _perms(st))
+        )
+        return True, ""
 
     # -- files in several chunks ----------------------------------------------------
 

@@ -24,7 +24,6 @@ a root goes through it:
 * ``open_beneath``: open a file (or a folder to list) under a root;
 * ``lstat_beneath``: what a name is, without following it;
 * ``replace_beneath``: rename a finished temp file into place, creating folders;
-* ``link_in``: name a finished unnamed file (``O_TMPFILE``) in a folder walked so;
 * ``remove_beneath``: delete a file and the folders it leaves empty;
 * ``safe_target``: the same checks for a name about to be written;
 * ``readlink_beneath`` / ``resolve_beneath``: what a symbolic link below the root says,
@@ -57,7 +56,6 @@ __all__ = [
     "UnsafePathError",
     "absent",
     "all_relative_safe",
-    "link_in",
     "local_parts",
     "lstat_beneath",
     "open_beneath",
@@ -360,16 +358,6 @@ def replace_in(source: str, folder: int, name: str) -> None:
     replaced, never followed; a folder there fails (``IsADirectoryError``)."""
     _check_part(name)
     os.replace(source, name, dst_dir_fd=folder)
-
-
-def link_in(fd: int, folder: int, name: str) -> None:
-    """Give the open file ``fd`` (one made unnamed, ``O_TMPFILE``) the name ``name`` in the
-    folder descriptor ``folder`` (one from ``open_dir_beneath``); ``name`` must be a plain
-    component.  Nothing there is replaced or followed: a file, folder or link at
-    ``name`` fails (``FileExistsError``).  Through ``/proc/self/fd`` (``linkat`` by the
-    descriptor itself needs a capability)."""
-    _check_part(name)
-    os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=folder, follow_symlinks=True)
 
 
 def remove_beneath(root: Root, parts: Sequence[str], *, prune: bool = True) -> bool:
