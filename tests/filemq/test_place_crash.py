@@ -1,12 +1,12 @@
-"""A whole small file at a new name is written unnamed in its folder (``O_TMPFILE``) and
-linked in once complete (``filemq.mirror.Mirror.place``); replacements keep the temp file
-renamed into place.
+"""A whole small file put in place (``filemq.mirror.Mirror.place``): written to a temp
+file in DEST, stamped, renamed over its name.
 
 The crash rule: a process killed -9 at any point of a placement never leaves a wrong
 file under the final name (nothing, or the old version, or the new one whole).  The
 kills here are real ``SIGKILL``s of a child process at the named moment (its own
-``link_in``/``write_all``/``rename`` replaced by a kill of itself): the file system's
-state after each is what the parent checks.
+``write_all``/``replace_in`` replaced by a kill of itself): the file system's state
+after each is what the parent checks, and the next mirror's ``clean_temp`` leaves
+DEST exact.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def test_a_new_file_appears_whole_with_its_mode_mtime_and_indexed_inode(tmp_path
     assert st.st_mode & 0o7777 == 0o640 and st.st_mtime_ns == MTIME_NS
     entry = mirror.index.get("a/b/new.txt")
     assert entry is not None and entry.key == (st.st_size, st.st_mtime_ns, st.st_ino)
-    assert _names(dest) == ["a", "a/b", "a/b/new.txt"]  # (no temp name anywhere)
+    assert _names(dest) == ["a", "a/b", "a/b/new.txt"]  # (no temp file left)
 
 
 @pytest.mark.parametrize("in_the_way", ["file", "link out of DEST", "folder", "dangling link"])
@@ -106,11 +106,9 @@ _CHILD = textwrap.dedent(
         killed()
 
     index = FileIndex(dest)
-    index.refresh()  # (what DEST holds: a file there is replaced the named way)
+    index.refresh()  # (what DEST holds)
     mirror = Mirror(dest, index)
-    if moment == "before the link":
-        filemq.mirror.link_in = killed
-    elif moment == "mid-write":
+    if moment == "mid-write":
         filemq.mirror.write_all = half_then_killed
     elif moment == "before the rename":
         filemq.mirror.replace_in = killed
@@ -125,9 +123,9 @@ _CHILD = textwrap.dedent(
 @pytest.mark.parametrize(
     ("moment", "before"),
     [
-        ("before the link", None),
         ("mid-write", None),
         ("mid-write", b"old version"),
+        ("before the rename", None),
         ("before the rename", b"old version"),
     ],
 )
@@ -136,8 +134,8 @@ def test_killed_during_a_placement_no_wrong_file_under_the_final_name(
 ) -> None:
     """``filemq sync`` killed -9 while placing a small file: the final name shows
     nothing (a new name) or the old version (a replacement), never a partial or
-    unverified file; an unnamed file leaves nothing at all, a replacement's temp file
-    stays in DEST's top folder only, where the next mirror's ``clean_temp`` removes it."""
+    unverified file; the temp file stays in DEST's top folder only, where the next
+    mirror's ``clean_temp`` removes it."""
     dest = tmp_path / "dest"
     (dest / "sub").mkdir(parents=True)
     if before is not None:
@@ -148,10 +146,12 @@ def test_killed_during_a_placement_no_wrong_file_under_the_final_name(
         timeout=120,
     )
     assert child.returncode == -signal.SIGKILL, child.stderr.decode()[-2000:]
+    in_sub = [n for n in _names(dest) if n.startswith("sub")]
     if before is None:
-        assert _names(dest) == ["sub"]
+        assert in_sub == ["sub"]
     else:
+        assert in_sub == ["sub", "sub/f.dat"]
         assert (dest / "sub" / "f.dat").read_bytes() == before
-        assert [n for n in _names(dest) if n.startswith("sub")] == ["sub", "sub/f.dat"]
-        Mirror(dest, FileIndex(dest)).clean_temp()
-        assert _names(dest) == ["sub", "sub/f.dat"]
+    assert [n for n in _names(dest) if not n.startswith("sub")]  # (the temp file, at the top)
+    Mirror(dest, FileIndex(dest)).clean_temp()
+    assert _names(dest) == in_sub
