@@ -223,15 +223,16 @@ def _unchanged_files(
     entries: _Entries,
     base: str,
     first: list[os.DirEntry[str]],
-    exclude: Callable[[str], bool] | None,
+    leave_out: list[Callable[[str], bool]],
     retry: set[str],
 ) -> tuple[list[str], list[os.DirEntry[str]]]:
     """A folder's files the index holds unchanged, tested at once: (their names as the
     index holds them, the entries left to test one by one, in name order).
 
     ``base`` is the folder's name and '/' ('' for the root), ``first`` its entries
-    (``_in_name_order``).  When its regular files are exactly a run of the index's rows, alive
-    and with the same ``lstat`` values, none excluded nor waiting to be read again
+    (``_in_name_order``).  When its regular files are exactly a run of the index's
+    rows, alive and with the same ``lstat`` values, none left out (a name one of
+    ``leave_out`` says True of: the exclude, the filters) nor waiting to be read again
     (``retry``), they are all hits; what else the folder holds (folders, links) is
     left.  Otherwise (a file changed, added or gone; a name that is not ASCII; an
     ``lstat`` that fails) nothing is taken here: the caller's test of each name
@@ -254,7 +255,7 @@ def _unchanged_files(
         if not leaves:
             return [], first
     names = list(map(base.__add__, leaves))
-    if (exclude is not None and any(map(exclude, names))) or not retry.isdisjoint(names):
+    if any(any(map(test, names)) for test in leave_out) or not retry.isdisjoint(names):
         return [], first
     held = entries.same_rows(names, stats)
     return ([], first) if held is None else (held, others)
@@ -994,6 +995,9 @@ class FileIndex:
         changed: list[FileEntry] = []
         changed_nodes: list[Node] = []
         retry = self._forget_marks(subdir)  # unreadable last time: read again
+        leave_out = [] if exclude is None else [exclude]  # (what leaves a file out)
+        if filters is not None:
+            leave_out.append(filters.excluded)
         stack = [subdir]
         if subdir and tree:  # the folder itself (a walk lists what is inside it only)
             self._update_node_of(subdir, changed_nodes, seen_nodes)
@@ -1023,10 +1027,9 @@ class FileIndex:
                     continue
                 with _closing_fd(fd), it:
                     listing = _in_name_order(it)
-                    if filters is None and entries.has_rows and type(listing) is list:
-                        # (a filter decides by folder too: one by one)
+                    if entries.has_rows and type(listing) is list:
                         unchanged, listing = _unchanged_files(
-                            entries, base, listing, exclude, retry
+                            entries, base, listing, leave_out, retry
                         )
                         hits.extend(unchanged)
                     for d in listing:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from filemq.filters import Filters
 from filemq.index import FileIndex
 
 from .conftest import write_tree
@@ -100,6 +101,21 @@ def test_a_name_excluded_since_the_save_leaves_a_folder_otherwise_unchanged(
     assert found.removed == ("d0/f003.txt",) and not found.changed
     assert "d0/f003.txt" not in loaded and "d0/f000.txt" in loaded
     assert loaded.hashed_files == 0
+
+
+def test_a_file_the_filters_leave_out_since_the_save_leaves_an_unchanged_folder(
+    tmp_path: Path,
+) -> None:
+    """The same with filters (a mirror's ``--exclude`` added between two runs): the files
+    they leave out leave the index, a folder they leave out whole too, nothing is hashed."""
+    root = tmp_path / "root"
+    write_tree(root, _tree())
+    filters = Filters(["f01*.txt", "m1/"])
+    loaded = _saved_and_loaded(tmp_path, root, filters=filters)
+    found = loaded.refresh()
+    gone = sorted(n for n in _tree() if n.rsplit("/", 1)[-1].startswith("f01") or "/m1/" in n)
+    assert list(found.removed) == gone and not found.changed and len(gone) == 11
+    assert not any(name in loaded for name in gone) and loaded.hashed_files == 0
 
 
 def test_a_file_unreadable_last_time_is_read_again_in_an_unchanged_folder(
