@@ -150,3 +150,18 @@ def test_a_change_in_a_long_folder_is_found(
     found = loaded.refresh()
     assert [e.name for e in found.changed] == ["long/f07"] and found.removed == ("long/f11",)
     assert loaded.get("long/f07") is not None and loaded.hashed_files == 1
+
+
+def test_a_folder_whose_subfolder_sorts_between_its_files(tmp_path: Path) -> None:
+    """``d/a``, ``d/b/x`` (a subfolder's row), ``d/c``: the folder's files are not one run
+    of rows; unchanged they stay unhashed, a change to either kind is found."""
+    root = tmp_path / "root"
+    write_tree(root, {"d/a": b"a", "d/b/x": b"x", "d/c": b"c", "d/b.txt": b"dot sorts first"})
+    loaded = _saved_and_loaded(tmp_path, root)
+    unchanged = loaded.refresh()
+    assert unchanged.changed == () and unchanged.removed == () and loaded.hashed_files == 0
+    assert sorted(loaded.names()) == ["d/a", "d/b.txt", "d/b/x", "d/c"]
+    (root / "d/c").write_bytes(b"changed c")
+    (root / "d/b/x").write_bytes(b"changed x")
+    found = loaded.refresh()
+    assert sorted(e.name for e in found.changed) == ["d/b/x", "d/c"]
