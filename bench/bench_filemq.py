@@ -143,10 +143,10 @@ def timed_cpu(cmd: list[str], server: int | None = None) -> tuple[float, float]:
     return elapsed, cpu
 
 
-def timed_usage(cmd: list[str]) -> tuple[float, float, float]:
+def timed_usage(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float, float]:
     """(wall, user CPU, system CPU) seconds of ``cmd`` and its waited-for children."""
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     assert proc.stderr is not None
     err = proc.stderr.read()
     _pid, status, usage = os.wait4(proc.pid, 0)

@@ -4,6 +4,7 @@ small files put in place on the placer thread vs on the receiving thread
 
     python bench/bench_filemq_placer.py [--turns 4] [--count 10000] [--dir DIR]
     taskset -c 0 python bench/bench_filemq_placer.py   # everything on one CPU
+    python bench/bench_filemq_placer.py --base /tmp/base  # and another checkout's mirror
 
 One ``filemq serve`` (plain, indexed before the clock starts) serves every turn; each
 turn times rsync, the thread and inline, in an order that rotates from turn to turn
@@ -12,6 +13,10 @@ conditions as ``bench_filemq.py`` (SRC warm, no dirty pages outstanding).  Per m
 and turn: wall ms, the mirror's CPU per file split into user and system (us), the
 server's CPU per file meanwhile, and wall x rsync's of the same turn; then the median
 of the turns.  CPU per file is the figure the machine's load moves least.
+
+``--base DIR`` (a checkout of another commit: ``git worktree add --detach DIR BASE``)
+adds "base thread" and "base inline": the same mirror run from DIR's sources
+(``PYTHONPATH``), served by this tree's server, in the same rotating turns.
 """
 
 from __future__ import annotations
@@ -40,12 +45,22 @@ from bench_filemq import (  # (this folder, made importable above)
 )
 
 METHODS = ("rsync -a", "placer thread", "inline")
+BASE_METHODS = ("base thread", "base inline")
 
 
-def turn_order(turn: int) -> list[str]:
+def turn_order(turn: int, methods: tuple[str, ...] = METHODS) -> list[str]:
     """The methods of turn ``turn``, rotated by one place per turn."""
-    shift = turn % len(METHODS)
-    return [*METHODS[shift:], *METHODS[:shift]]
+    shift = turn % len(methods)
+    return [*methods[shift:], *methods[:shift]]
+
+
+def base_env(base: str) -> dict[str, str]:
+    """The environment running ``base``'s sources (byte-compiled first, as this tree's)."""
+    import compileall
+
+    for package in ("filemq", "zproto"):
+        compileall.compile_dir(os.path.join(base, package), quiet=1)
+    return {**os.environ, "PYTHONPATH": base}
 
 
 def main() -> int:
@@ -53,6 +68,7 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--count", type=int, default=10_000, help="files (10 KiB each)")
     parser.add_argument("--dir", help="work folder (default: a temp folder)")
+    parser.add_argument("--base", help="another checkout's mirror beside this one")
     args = parser.parse_args()
     rsync = ensure_rsync()
     if rsync is None:
@@ -63,27 +79,29 @@ def main() -> int:
     try:
         src = work / "b-src"
         make_small(src, args.count, 10 << 10)
-        return run(work, src, rsync, args.turns, args.count)
+        return run(work, src, rsync, args.turns, args.count, args.base)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def run(work: Path, src: Path, rsync: str, turns: int, count: int) -> int:
+def run(work: Path, src: Path, rsync: str, turns: int, count: int, base: str | None) -> int:
     print(CONDITIONS)
     print(f"{count} x 10 KiB, cold; load at start {os.getloadavg()[0]:.0f}")
+    methods = METHODS + (BASE_METHODS if base else ())
+    env = base_env(base) if base else None
     rows: list[tuple[int, str, float, float, float, float]] = []  # turn, method, wall, u, s, srv
     server = Server(src, [])
     try:
         for turn in range(turns):
-            for method in turn_order(turn):
+            for method in turn_order(turn, methods):
                 dest = fresh_dest(work, f"t{turn}-{method.replace(' ', '-')}", src)
                 if method == "rsync -a":
                     cmd = [rsync, "-a", f"{src}/", f"{dest}/"]
                 else:
                     cmd = sync_cmd(server, dest, work / f"t{turn}.idx", [])
-                    cmd += ["--placer", "inline" if method == "inline" else "thread"]
+                    cmd += ["--placer", "inline" if method.endswith("inline") else "thread"]
                 before = server_ticks(server.proc.pid)
-                wall, user, system = timed_usage(cmd)
+                wall, user, system = timed_usage(cmd, env if method in BASE_METHODS else None)
                 srv = server_ticks(server.proc.pid) - before if method != "rsync -a" else 0.0
                 check_same(src, dest)
                 rows.append((turn, method, wall, user, system, srv))
@@ -95,12 +113,14 @@ def run(work: Path, src: Path, rsync: str, turns: int, count: int) -> int:
                 )
     finally:
         server.stop()
-    print_rows(rows, count)
+    print_rows(rows, count, methods)
     print(f"load at end {os.getloadavg()[0]:.0f}")
     return 0
 
 
-def print_rows(rows: list[tuple[int, str, float, float, float, float]], count: int) -> None:
+def print_rows(
+    rows: list[tuple[int, str, float, float, float, float]], count: int, methods: tuple[str, ...]
+) -> None:
     rsync_wall = {turn: wall for turn, method, wall, *_ in rows if method == "rsync -a"}
     head = f"{'turn':>4} {'method':14} {'wall ms':>8} {'x rsync':>8} {'user us':>8}"
     print(f"\n{head} {'sys us':>8} {'mirror us':>9} {'server us':>9}")
@@ -111,7 +131,7 @@ def print_rows(rows: list[tuple[int, str, float, float, float, float]], count: i
             f" {(user + system) / count * 1e6:9.0f} {srv / count * 1e6:9.0f}"
         )
     print("\nmedian of the turns")
-    for method in METHODS:
+    for method in methods:
         mine = [r for r in rows if r[1] == method]
         ratio = statistics.median(wall / rsync_wall[turn] for turn, _m, wall, *_ in mine)
         print(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from filemq.filters import Filters
 from filemq.index import FileIndex
 
 from .conftest import write_tree
@@ -78,3 +79,89 @@ def test_a_loaded_index_finds_what_the_one_by_one_check_finds(tmp_path: Path, ch
         assert found.changed or found.removed or found.nodes
         _same_view(loaded, oracle)
         assert "d2/.filemq-part-x" not in loaded
+
+
+def _saved_and_loaded(tmp_path: Path, root: Path, **options: object) -> FileIndex:
+    """An index of ``root`` saved, then loaded with ``options`` (its rows packed)."""
+    made = FileIndex(root, tree=True)
+    made.refresh()
+    made.save(tmp_path / "i.idx")
+    return FileIndex.load(tmp_path / "i.idx", root, tree=True, **options)  # type: ignore[arg-type]
+
+
+def test_a_name_excluded_since_the_save_leaves_a_folder_otherwise_unchanged(
+    tmp_path: Path,
+) -> None:
+    """The rows of a folder all match the disk, but one of its names is excluded now (the
+    exclude changed between two runs): it leaves the index; the others stay unhashed."""
+    root = tmp_path / "root"
+    write_tree(root, _tree())
+    loaded = _saved_and_loaded(tmp_path, root, exclude=lambda name: name == "d0/f003.txt")
+    found = loaded.refresh()
+    assert found.removed == ("d0/f003.txt",) and not found.changed
+    assert "d0/f003.txt" not in loaded and "d0/f000.txt" in loaded
+    assert loaded.hashed_files == 0
+
+
+def test_a_file_the_filters_leave_out_since_the_save_leaves_an_unchanged_folder(
+    tmp_path: Path,
+) -> None:
+    """The same with filters (a mirror's ``--exclude`` added between two runs): the files
+    they leave out leave the index, a folder they leave out whole too, nothing is hashed."""
+    root = tmp_path / "root"
+    write_tree(root, _tree())
+    filters = Filters(["f01*.txt", "m1/"])
+    loaded = _saved_and_loaded(tmp_path, root, filters=filters)
+    found = loaded.refresh()
+    gone = sorted(n for n in _tree() if n.rsplit("/", 1)[-1].startswith("f01") or "/m1/" in n)
+    assert list(found.removed) == gone and not found.changed and len(gone) == 11
+    assert not any(name in loaded for name in gone) and loaded.hashed_files == 0
+
+
+def test_a_file_unreadable_last_time_is_read_again_in_an_unchanged_folder(
+    tmp_path: Path,
+) -> None:
+    """A name marked unreadable is read again by the next refresh even though its folder
+    matches the rows exactly (its key did not change: it was never read)."""
+    root = tmp_path / "root"
+    write_tree(root, _tree())
+    loaded = _saved_and_loaded(tmp_path, root)
+    loaded.mark_unreadable("d1/f001.txt", PermissionError(13, "Permission denied"))
+    assert loaded.held("d1/f001.txt")
+    loaded.refresh()
+    assert loaded.hashed_files == 1
+    assert not loaded.held("d1/f001.txt") and loaded.unreadable() == {}
+
+
+@pytest.mark.parametrize("at_once", [4, 10_000])
+def test_a_change_in_a_long_folder_is_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at_once: int
+) -> None:
+    """A folder longer than the refresh tests at once (4 here: the folder is read as it
+    comes, name by name) and one it tests at once: the same change found either way."""
+    monkeypatch.setattr("filemq.index._FOLDER_AT_ONCE", at_once)
+    root = tmp_path / "root"
+    tree = {f"long/f{i:02d}": b"%d" % i for i in range(12)}
+    write_tree(root, tree)
+    loaded = _saved_and_loaded(tmp_path, root)
+    assert loaded.refresh().changed == () and sorted(loaded.names()) == sorted(tree)
+    (root / "long/f07").write_bytes(b"changed")
+    (root / "long/f11").unlink()
+    found = loaded.refresh()
+    assert [e.name for e in found.changed] == ["long/f07"] and found.removed == ("long/f11",)
+    assert loaded.get("long/f07") is not None and loaded.hashed_files == 1
+
+
+def test_a_folder_whose_subfolder_sorts_between_its_files(tmp_path: Path) -> None:
+    """``d/a``, ``d/b/x`` (a subfolder's row), ``d/c``: the folder's files are not one run
+    of rows; unchanged they stay unhashed, a change to either kind is found."""
+    root = tmp_path / "root"
+    write_tree(root, {"d/a": b"a", "d/b/x": b"x", "d/c": b"c", "d/b.txt": b"dot sorts first"})
+    loaded = _saved_and_loaded(tmp_path, root)
+    unchanged = loaded.refresh()
+    assert unchanged.changed == () and unchanged.removed == () and loaded.hashed_files == 0
+    assert sorted(loaded.names()) == ["d/a", "d/b.txt", "d/b/x", "d/c"]
+    (root / "d/c").write_bytes(b"changed c")
+    (root / "d/b/x").write_bytes(b"changed x")
+    found = loaded.refresh()
+    assert sorted(e.name for e in found.changed) == ["d/b/x", "d/c"]

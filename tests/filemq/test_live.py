@@ -473,3 +473,48 @@ def test_a_damaged_saved_index_means_one_warning_a_full_scan_and_every_folder_wa
         assert wait_until(lambda: index.get("d2/e/late.txt") is not None, WAIT)
     finally:
         server.stop()
+
+
+def test_files_changed_while_the_server_starts_from_its_saved_index_are_mirrored(
+    tmp_path: Path, zctx: zmq.Context[Any], loopback: str, subscribe: Callable[..., Subscriber]
+) -> None:
+    """Changes made while a server checks its saved index against the disk (right after
+    ``start``: whether each lands before its folder is checked, during, or after, the
+    check or the watcher must see it) and one made while it was down, each of those two
+    the same size with only the mtime moved: every one reaches a mirror, and the index
+    holds the new contents."""
+    src, state = tmp_path / "src", tmp_path / "state"
+    write_tree(src, {f"d{i % 30:02d}/f{i:03d}.txt": b"version 1 %03d" % i for i in range(600)})
+    server = LiveFileServer(zctx, [Mount(src, "/")], endpoint=loopback, state_dir=state)
+    server.start()
+    server.stop()
+    while_down = src / "d07" / "f007.txt"  # (only the check against the disk can see it)
+    while_down.write_bytes(b"VERSION 1 007")
+    later = while_down.stat().st_mtime_ns + 5 * 10**9
+    os.utime(while_down, ns=(later, later))
+    server = LiveFileServer(zctx, [Mount(src, "/")], endpoint=loopback, state_dir=state)
+    try:
+        server.start()
+        changed = {
+            f"d{i % 30:02d}/f{i:03d}.txt": b"version two %03d" % i for i in range(0, 600, 43)
+        }
+        write_tree(src, changed)  # (while the saved index is being checked, or just after)
+        same_size = src / "d05" / "f005.txt"
+        same_size.write_bytes(b"VERSION 1 005")
+        later = same_size.stat().st_mtime_ns + 5 * 10**9
+        os.utime(same_size, ns=(later, later))
+        changed["d05/f005.txt"] = b"VERSION 1 005"
+        changed["d07/f007.txt"] = b"VERSION 1 007"
+        assert wait_until(server.server.verified.is_set, 60)
+        dest = tmp_path / "dest"
+        sub = subscribe(server.server.endpoint, dest)
+        assert wait_until(mirrored(src, dest), 60), sorted(
+            n for n, data in files(src).items() if files(dest).get(n) != data
+        )
+        assert sub.error is None
+        assert server.server.indexes["/"].loaded
+        for name, data in changed.items():
+            entry = server.server.indexes["/"].get(name)
+            assert entry is not None and entry.sha1 == hashlib.sha1(data).hexdigest(), name
+    finally:
+        server.stop()

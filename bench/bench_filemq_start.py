@@ -1,0 +1,140 @@
+"""FILEMQ server start with a valid saved index: the check of that index against the disk.
+
+    python bench/bench_filemq_start.py --base /tmp/base      # 100,000 files, 3 turns
+    python bench/bench_filemq_start.py --files 10000 --turns 5
+
+What ``filemq serve`` does before its first answer when its saved index is valid
+(``load_index`` then ``refresh``, ``tree=True``), on a tree of N files of 1 KiB in
+N/100 folders (``bench_filemq_resync.make_tree``), page cache warm, indexed and saved
+once.  Each turn runs it in a new process per tree (this one, then ``--base DIR``'s
+sources first on ``sys.path``, then the other way round): user and system CPU and wall
+of load + refresh; then once under cProfile for the Python calls per file, a count the
+machine's load does not move.  Beside them, the floor: ``scandir`` and ``lstat`` of every
+name with nothing else (C-level loops), in the same process.  The whole start (process,
+imports, bind, the "checked" line) is ``bench_filemq_resync.py``'s "server start" rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_filemq_resync import make_tree  # (this folder, made importable above)
+
+HERE = str(Path(__file__).resolve().parent.parent)
+
+# Run in a child: argv = sources, root, saved index; prints one JSON line.
+_CHILD = """
+import cProfile, json, os, pstats, resource, sys, time
+from operator import methodcaller
+sys.path.insert(0, sys.argv[1])
+from filemq.state import load_index
+root, saved = sys.argv[2], sys.argv[3]
+
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime, r.ru_stime
+
+def check():
+    index = load_index(saved, root, tree=True)
+    delta = index.refresh()
+    assert index.loaded and not delta.changed and not delta.removed, "not a valid index"
+
+lstat = methodcaller("stat", follow_symlinks=False)
+
+def floor():
+    top = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for folder in os.scandir(top):
+        fd = os.open(folder.name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=top)
+        with os.scandir(fd) as names:
+            list(map(lstat, names))
+        os.close(fd)
+    os.close(top)
+
+out = {}
+for name, work in (("check", check), ("floor", floor)):
+    (u0, s0), t0 = cpu(), time.perf_counter()
+    work()
+    (u1, s1), t1 = cpu(), time.perf_counter()
+    out[name] = (t1 - t0, u1 - u0, s1 - s0)
+profile = cProfile.Profile()
+profile.runcall(check)
+out["calls"] = pstats.Stats(profile).total_calls
+print(json.dumps(out))
+"""
+
+
+def measure(sources: str, root: Path, saved: Path) -> dict[str, object]:
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, sources, str(root), str(saved)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    result: dict[str, object] = json.loads(done.stdout.splitlines()[-1])
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--files", type=int, default=100_000)
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--base", help="another checkout's sources, measured in turns")
+    parser.add_argument("--dir", help="work folder (default: a temp folder)")
+    args = parser.parse_args()
+    trees = [("this", HERE)] + ([("base", os.path.abspath(args.base))] if args.base else [])
+    work = Path(tempfile.mkdtemp(prefix="bench-fmq-start-", dir=args.dir))
+    try:
+        root, saved = work / "src", work / "index"
+        print(f"preparing {args.files:,} files in {work} ...", file=sys.stderr)
+        make_tree(root, args.files)
+        sys.path.insert(0, HERE)
+        from filemq.index import FileIndex
+
+        made = FileIndex(root, tree=True)
+        made.refresh()
+        made.save(saved)
+        rows: list[tuple[int, str, dict[str, object]]] = []
+        for turn in range(args.turns):
+            order = trees if turn % 2 == 0 else trees[::-1]
+            for label, sources in order:
+                rows.append((turn, label, measure(sources, root, saved)))
+                print(f"  turn {turn + 1} {label}: {rows[-1][2]}", file=sys.stderr, flush=True)
+        print_rows(rows, trees, args.files)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def print_rows(
+    rows: list[tuple[int, str, dict[str, object]]], trees: list[tuple[str, str]], files: int
+) -> None:
+    print(f"\n{files:,} files, saved index valid; load {os.getloadavg()[0]:.0f} at the end")
+    head = f"{'turn':>4} {'tree':5} {'wall s':>7} {'user s':>7} {'sys s':>7}"
+    print(f"{head} {'floor user':>10} {'floor sys':>9} {'calls/file':>10}")
+    for turn, label, out in rows:
+        wall, user, system = out["check"]  # type: ignore[misc]
+        _fw, f_user, f_sys = out["floor"]  # type: ignore[misc]
+        calls = int(out["calls"]) / files  # type: ignore[call-overload]
+        print(
+            f"{turn + 1:>4} {label:5} {wall:7.3f} {user:7.3f} {system:7.3f}"
+            f" {f_user:10.3f} {f_sys:9.3f} {calls:10.2f}"
+        )
+    print("median")
+    for label, _sources in trees:
+        mine = [out for _t, name, out in rows if name == label]
+        cols = [statistics.median(o["check"][i] for o in mine) for i in range(3)]  # type: ignore[index]
+        print(f"{'':>4} {label:5} {cols[0]:7.3f} {cols[1]:7.3f} {cols[2]:7.3f}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
