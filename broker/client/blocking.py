@@ -54,6 +54,7 @@ from broker.client.errors import (
     ConnectError,
     ConnectionLost,
     RemoteError,
+    UnconfirmedSends,
 )
 from broker.client.fanout import Gap
 from broker.client.frames import Headers, ack_frame, as_bytes, normalize_headers, queue_frame
@@ -81,6 +82,7 @@ __all__ = [
     "Kind",
     "Message",
     "RemoteError",
+    "UnconfirmedSends",
 ]
 
 
@@ -212,7 +214,10 @@ class Client(ClientApi[Any]):
 
         The I/O thread reads on after the goodbye until the broker ends the session, at
         most ``linger`` seconds (``broker.client.io``): close waits that long plus
-        ``timeout`` for the thread before it raises ClientError."""
+        ``timeout`` for the thread before it raises ClientError.  Then, if frames sent
+        without an answer (pushes without ``ack``, acknowledges) may not have reached the
+        broker (``broker.client.confirm``), close raises ``UnconfirmedSends`` (the client
+        is closed all the same)."""
         core = self._core
         loop = core.loop
         if isinstance(loop, IOLoop):
@@ -220,6 +225,7 @@ class Client(ClientApi[Any]):
             core.wake_tx = None
             loop.goodbye()
             loop.finish()
+            self._report_unconfirmed()
             return
         with core.cv:
             tx, core.wake_tx = core.wake_tx, None
@@ -241,6 +247,13 @@ class Client(ClientApi[Any]):
                 )
         self._session.state = SessionState.CLOSED
         core.inbox.wake_all()
+        self._report_unconfirmed()
+
+    def _report_unconfirmed(self) -> None:
+        with self._core.cv:
+            error = self._core.confirmations.report()
+        if error is not None:
+            raise error
 
     def __enter__(self) -> Client:
         if self._thread is None and self._core.loop is None:
@@ -386,10 +399,10 @@ class Client(ClientApi[Any]):
                     )[0]
                 )
             if len(chunk) >= _ENQUEUE_CHUNK:
-                core.enqueue_many(session.batches(chunk))
+                core.enqueue_many(session.batches(chunk), blind=not ack)
                 chunk = []
         if chunk:
-            core.enqueue_many(session.batches(chunk))
+            core.enqueue_many(session.batches(chunk), blind=not ack)
         return futures
 
     def push_many(
