@@ -12,6 +12,7 @@ server thread is busy there), and every wait is a deadline polled for.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -19,8 +20,10 @@ from typing import Any
 
 import pytest
 import zmq
+import zmq.asyncio
 
 from broker import tmqp
+from broker.client.aio import AsyncClient
 from broker.client.blocking import Client, UnconfirmedSends
 from broker.engine.engine import Engine
 from broker.protocol import GREETING, ConnectionInfo, Header, MessageType
@@ -208,3 +211,43 @@ def test_a_session_taken_over_while_its_pushes_wait_is_reported_at_close(
                 assert "session resumed" in str(reported), reported
         finally:
             newcomer.close(linger=0)
+
+
+def test_the_async_client_reports_what_a_stalled_broker_did_not_read(
+    zctx: Ctx, slow: tuple[Server, SlowEngine]
+) -> None:
+    # The same stall as above for ``AsyncClient`` (its own driver of the session core).
+    srv, engine = slow
+    assert srv.endpoint is not None
+    endpoint = srv.endpoint
+    payload = b"x" * 65536
+    count = beyond_socket_buffers() // len(payload) + HWM + 1
+
+    async def produce() -> UnconfirmedSends | None:
+        actx = zmq.asyncio.Context.shadow(zctx.underlying)
+        producer = AsyncClient(endpoint, context=actx, timeout=10, linger=0.5)
+        await producer.connect()
+        engine.open.clear()
+        for _ in range(count):
+            await producer.push("stalled-aio", 1, payload)
+        while not engine.held.is_set():
+            await asyncio.sleep(0.01)  # polled: the broker reads its first push
+        try:
+            await producer.close()
+        except UnconfirmedSends as exc:
+            return exc
+        return None
+
+    with Client(endpoint, context=zctx, timeout=10) as consumer:
+        consumer.create_queue("stalled-aio", 1, {"Status": 3})
+        try:
+            reported = asyncio.run(asyncio.wait_for(produce(), 120))
+        finally:
+            engine.open.set()
+        if reported is None:
+            assert wait_until(lambda: _stored(consumer, "stalled-aio") == count, 30), (
+                f"close() said nothing, yet {_stored(consumer, 'stalled-aio')} of {count} stored"
+            )
+        else:
+            assert 0 < reported.count <= count
+            assert "did not answer the goodbye" in str(reported), reported
