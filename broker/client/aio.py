@@ -143,6 +143,11 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
         return self._session.state is S.SessionState.READY
 
     @property
+    def unconfirmed(self) -> int:
+        """As ``Client.unconfirmed``: frames sent without an answer not yet known read."""
+        return self._confirmations.unconfirmed
+
+    @property
     def fanout_gaps(self) -> list[Gap]:
         """Broadcast messages this client's fan-out never received (as
         ``Client.fanout_gaps``); the newest ``MAX_GAPS`` of them, oldest first."""

@@ -156,6 +156,13 @@ class Client(ClientApi[Any]):
         self._fanout = fanout
 
     @property
+    def unconfirmed(self) -> int:
+        """Frames this client sent without waiting for an answer (pushes without ``ack``,
+        acknowledges) that the broker is not yet known to have read: the answer to a later
+        keep-alive PING or the goodbye confirms them (``broker.client.confirm``)."""
+        return self._core.confirmations.unconfirmed
+
+    @property
     def fanout_gaps(self) -> list[Gap]:
         """Broadcast messages this client's fan-out never received (``broker.client.fanout``:
         a SUB that fell behind, messages published before its subscription was live); the

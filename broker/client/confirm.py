@@ -37,6 +37,11 @@ class Confirmations:
         self.doubted = 0
         self.reasons: list[str] = []
 
+    @property
+    def unconfirmed(self) -> int:
+        """Frames sent without an answer that the broker is not known to have read."""
+        return self.sent - self.confirmed
+
     def probe(self, queued: int = 0) -> None:
         """A keep-alive PING left, ahead of ``queued`` frames still waiting in the client
         (after every other frame counted so far)."""

@@ -251,3 +251,44 @@ def test_the_async_client_reports_what_a_stalled_broker_did_not_read(
         else:
             assert 0 < reported.count <= count
             assert "did not answer the goodbye" in str(reported), reported
+
+
+def test_a_lost_session_is_reported_only_for_pushes_not_confirmed_before_it(
+    zctx: Ctx, slow: tuple[Server, SlowEngine]
+) -> None:
+    # A broker stalled past the producer's peer_timeout is taken for dead: the session is
+    # lost and what the socket held dropped.  Pushes confirmed before (a PONG answered a
+    # later PING) are not reported; pushes sent into the stall are.
+    srv, engine = slow
+    assert srv.endpoint is not None
+    with Client(srv.endpoint, context=zctx, timeout=10) as consumer:
+        consumer.create_queue("lost", 1, {"Status": 3})
+        producer = Client(srv.endpoint, context=zctx, threaded=False, timeout=10,
+                          peer_timeout=1.0, ping_interval=0.2, linger=10)  # fmt: skip
+        producer.connect()
+        for i in range(100):
+            producer.push("lost", 1, b"%d" % i)
+
+        def confirmed() -> bool:
+            producer.poll(0.05)
+            return producer.unconfirmed == 0
+
+        assert wait_until(confirmed, 30), producer.unconfirmed
+        engine.open.clear()  # the next push stalls the broker
+        for i in range(100, 150):
+            producer.push("lost", 1, b"%d" % i)
+        assert wait_until(engine.held.is_set, 30), "the broker never read a push"
+        first = producer.client_id
+
+        def lost() -> bool:
+            producer.poll(0.05)  # its timers: silence past peer_timeout loses the session
+            return not producer.connected
+
+        assert wait_until(lost, 30), "the session outlived a broker stalled past its timeout"
+        engine.open.set()
+        assert wait_until(lambda: (producer.poll(0.05), producer.connected)[1], 30)
+        assert producer.client_id == first  # resumed with its secret
+        with pytest.raises(UnconfirmedSends) as caught:
+            producer.close()
+        assert caught.value.count == 50, caught.value
+        assert "the session was lost" in str(caught.value)
