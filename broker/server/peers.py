@@ -561,11 +561,14 @@ class PeerSessions:
                 peer.pinged = True
                 peer.reassured_at = now
                 self.sender.send_raw(peer, _PING)
-            elif now - peer.reassured_at >= opts.ping_interval:
-                # Every peer hears from us at least this often, a busy sender too: its own
-                # PING waits behind everything it sent before, unread while we read slowly,
-                # and a client that heard nothing for its peer_timeout dropped the session
-                # and what its socket still held (a poll-on-call producer, loaded CI).
+            elif (
+                now - peer.reassured_at >= opts.ping_interval
+                and peer.last_seen > peer.reassured_at
+            ):
+                # A busy sender hears from us this often too: its own PING waits behind
+                # everything it sent before, unread while we read slowly, and a client that
+                # heard nothing for its peer_timeout dropped the session and what its
+                # socket still held (a poll-on-call producer, loaded CI).
                 peer.reassured_at = now
                 self.sender.send_raw(peer, _PING)
         if self.ended:
