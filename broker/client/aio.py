@@ -144,7 +144,7 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
 
     @property
     def unconfirmed(self) -> int:
-        """As ``Client.unconfirmed``: frames sent without an answer not yet known read."""
+        """As ``Client.unconfirmed``: messages sent without an answer not yet known read."""
         return self._confirmations.unconfirmed
 
     @property
@@ -182,8 +182,8 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
     async def close(self) -> None:
         """Send TERMINATE, read on until the broker ended the session (all within
         ``linger``), stop the reader, fail what is outstanding.  Then raise
-        ``UnconfirmedSends`` if frames sent without an answer (pushes without ``ack``,
-        acknowledges) may not have reached the broker (``broker.client.confirm``)."""
+        ``UnconfirmedSends`` if messages sent without an answer (pushes without ``ack``,
+        direct messages) may not have reached the broker (``broker.client.confirm``)."""
         sock = self._sock
         confirmations = self._confirmations
         if sock is not None and self.connected:
@@ -436,7 +436,8 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
 
     async def _emit(self, data: bytes, result: Any = None) -> Any:
         await self._check().send(data)
-        self._confirmations.sent += 1
+        if result is not None:  # a message (its id), not an acknowledge: see Client._emit
+            self._confirmations.sent += 1
         return result
 
     # -- receiving ---------------------------------------------------------------------

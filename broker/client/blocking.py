@@ -157,9 +157,9 @@ class Client(ClientApi[Any]):
 
     @property
     def unconfirmed(self) -> int:
-        """Frames this client sent without waiting for an answer (pushes without ``ack``,
-        acknowledges) that the broker is not yet known to have read: the answer to a later
-        keep-alive PING or the goodbye confirms them (``broker.client.confirm``)."""
+        """Messages this client sent without waiting for an answer (pushes without
+        ``ack``, direct messages) that the broker is not yet known to have read: the answer
+        to a later keep-alive PING or the goodbye confirms them (``broker.client.confirm``)."""
         return self._core.confirmations.unconfirmed
 
     @property
@@ -222,7 +222,7 @@ class Client(ClientApi[Any]):
         The I/O thread reads on after the goodbye until the broker ends the session, at
         most ``linger`` seconds (``broker.client.io``): close waits that long plus
         ``timeout`` for the thread before it raises ClientError.  Then, if frames sent
-        without an answer (pushes without ``ack``, acknowledges) may not have reached the
+        without an answer (pushes without ``ack``, direct messages) may not have reached the
         broker (``broker.client.confirm``), close raises ``UnconfirmedSends`` (the client
         is closed all the same)."""
         core = self._core
@@ -300,7 +300,10 @@ class Client(ClientApi[Any]):
         return value if result is ANSWER else result
 
     def _emit(self, data: bytes, result: Any = None) -> Any:
-        self._core.enqueue(data)
+        # counted for close()'s report when it is a message (a push or a direct message:
+        # its id is the result); a lost acknowledge is a redelivery, a lost response the
+        # requester's time-out
+        self._core.enqueue(data, result is not None)
         return result
 
     # -- futures -----------------------------------------------------------------------
@@ -440,7 +443,8 @@ class Client(ClientApi[Any]):
         """Acknowledge several messages at once (in batches with a broker that takes them)."""
         datas = [tmqp.encode(ack_frame(m))[0] for m in messages]
         for start in range(0, len(datas), _ENQUEUE_CHUNK):
-            self._core.enqueue_many(self._session.batches(datas[start : start + _ENQUEUE_CHUNK]))
+            chunk = self._session.batches(datas[start : start + _ENQUEUE_CHUNK])
+            self._core.enqueue_many(chunk, blind=False)  # (as ``ack``: not counted)
 
     # -- receiving ---------------------------------------------------------------------
 
