@@ -18,6 +18,9 @@ from broker.message import Message
 #: The 8-octet greeting; one ZeroMQ message each way before anything else.
 GREETING = b"TMQP/2.0"
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5680"
+#: The ``Reason`` of the broker's answer to a client's TERMINATE (status 0): the session
+#: ended after the broker read everything the client sent before it.
+GOODBYE_REASON = "goodbye"
 DEFAULT_TTL = tmqp.DEFAULT_TTL
 MAX_TTL = tmqp.MAX_TTL
 

@@ -43,6 +43,7 @@ import zmq.asyncio
 
 from broker.client import session as S
 from broker.client.api import ANSWER, ClientApi
+from broker.client.confirm import Confirmations
 from broker.client.errors import ClientClosed, ClientError
 from broker.client.fanout import FanoutReader, Gap
 from broker.client.message import Message
@@ -54,6 +55,8 @@ __all__ = ["AsyncClient"]
 log = logging.getLogger(__name__)
 
 _BATCH = 256
+_PING = S.PING
+_PONG = S.PONG
 
 
 class _Closed:
@@ -124,6 +127,9 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
         #: closing: deliveries read after the goodbye that found the inbox full
         self._held: deque[Message] = deque()
         self._ended = asyncio.Event()  # the broker ended the session after the goodbye
+        self._end: S.Ended | None = None  # how (``S.Ended.reason``: empty for the goodbye)
+        #: Frames sent without an answer, and which the broker read (``broker.client.confirm``).
+        self._confirmations = Confirmations()
         self._closing = asyncio.Event()  # close() sent the goodbye
         self._fanout = fanout
         #: The fan-out SUB and its streams: a plain socket on the same libzmq context,
@@ -135,6 +141,11 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
     @property
     def connected(self) -> bool:
         return self._session.state is S.SessionState.READY
+
+    @property
+    def unconfirmed(self) -> int:
+        """As ``Client.unconfirmed``: messages sent without an answer not yet known read."""
+        return self._confirmations.unconfirmed
 
     @property
     def fanout_gaps(self) -> list[Gap]:
@@ -170,8 +181,11 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
 
     async def close(self) -> None:
         """Send TERMINATE, read on until the broker ended the session (all within
-        ``linger``), stop the reader, fail what is outstanding."""
+        ``linger``), stop the reader, fail what is outstanding.  Then raise
+        ``UnconfirmedSends`` if messages sent without an answer (pushes without ``ack``,
+        direct messages) may not have reached the broker (``broker.client.confirm``)."""
         sock = self._sock
+        confirmations = self._confirmations
         if sock is not None and self.connected:
             deadline = time.monotonic() + self.linger
             with contextlib.suppress(TimeoutError, zmq.ZMQError):
@@ -179,7 +193,20 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
                 self._closing.set()  # a task waiting for room in the inbox reads on
                 left = deadline - time.monotonic()
                 await asyncio.wait_for(self._ended.wait(), max(0.0, left))
+            end = self._end
+            if end is not None and not end.reason:
+                confirmations.all_read()
+            elif end is not None:
+                confirmations.doubt(f"the broker ended the session first: {end.reason}")
+            else:
+                why = f"the broker did not answer the goodbye within the linger ({self.linger} s)"
+                confirmations.doubt(why)
+        elif self._connected is not None:
+            confirmations.doubt(f"the session was down at close ({self._session.state.value})")
         await self._shutdown(ClientClosed("client is closed"))
+        error = confirmations.report()
+        if error is not None:
+            raise error
 
     async def __aenter__(self) -> AsyncClient:
         if self._connected is None:
@@ -277,6 +304,8 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
                 data = await sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            if data == _PONG:  # our PING's answer: what we sent before it was read
+                self._confirmations.answered()
             events = session.feed(data, now)
             if events:
                 await self._apply(events)
@@ -292,6 +321,8 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
         for ev in events:
             if isinstance(ev, S.Send):
                 if self._sock is not None:
+                    if ev.data is _PING:
+                        self._confirmations.probe()
                     await self._sock.send(ev.data)
             elif isinstance(ev, S.Settled | S.Failed):
                 S.resolve(ev)
@@ -304,6 +335,7 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
             elif isinstance(ev, S.Unfanout):
                 self._fan.leave(ev.channel)
             elif isinstance(ev, S.Ended):
+                self._end = ev
                 self._ended.set()
                 raise _Stop  # nothing more comes: close() takes it from here
             elif isinstance(ev, S.Ready):
@@ -315,11 +347,13 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
                     self._connected.set_result(ev.client_id)
             elif isinstance(ev, S.Lost):
                 log.info("async session lost: %s", ev.reason)
-                self._close_socket()
+                self._close_socket()  # (what its queue held is dropped)
+                self._confirmations.doubt(f"the session was lost ({ev.reason})")
             elif isinstance(ev, S.Dial):
                 await self._dial()
             elif isinstance(ev, S.Closed):
                 self._close_socket()
+                self._confirmations.doubt(f"the session ended ({ev.error})")
                 if self._connected is not None and not self._connected.done():
                     self._connected.set_exception(ev.error)
                 self._end_inbox()
@@ -402,6 +436,8 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
 
     async def _emit(self, data: bytes, result: Any = None) -> Any:
         await self._check().send(data)
+        if result is not None:  # a message (its id), not an acknowledge: see Client._emit
+            self._confirmations.sent += 1
         return result
 
     # -- receiving ---------------------------------------------------------------------

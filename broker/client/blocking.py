@@ -53,6 +53,7 @@ from broker.client.errors import (
     ConnectError,
     ConnectionLost,
     RemoteError,
+    UnconfirmedSends,
 )
 from broker.client.fanout import Gap
 from broker.client.frames import Headers, ack_frame, as_bytes, normalize_headers, queue_frame
@@ -81,6 +82,7 @@ __all__ = [
     "Kind",
     "Message",
     "RemoteError",
+    "UnconfirmedSends",
 ]
 
 
@@ -159,6 +161,13 @@ class Client(ClientApi[Any]):
         self._fanout = fanout
 
     @property
+    def unconfirmed(self) -> int:
+        """Messages this client sent without waiting for an answer (pushes without
+        ``ack``, direct messages) that the broker is not yet known to have read: the answer
+        to a later keep-alive PING or the goodbye confirms them (``broker.client.confirm``)."""
+        return self._core.confirmations.unconfirmed
+
+    @property
     def fanout_gaps(self) -> list[Gap]:
         """Broadcast messages this client's fan-out never received (``broker.client.fanout``:
         a SUB that fell behind, messages published before its subscription was live); the
@@ -211,7 +220,10 @@ class Client(ClientApi[Any]):
 
         The I/O thread reads on after the goodbye until the broker ends the session, at
         most ``linger`` seconds (``broker.client.io``): close waits that long plus
-        ``timeout`` for the thread before it raises ClientError."""
+        ``timeout`` for the thread before it raises ClientError.  Then, if frames sent
+        without an answer (pushes without ``ack``, direct messages) may not have reached the
+        broker (``broker.client.confirm``), close raises ``UnconfirmedSends`` (the client
+        is closed all the same)."""
         core = self._core
         loop = core.loop
         if isinstance(loop, IOLoop):
@@ -219,6 +231,7 @@ class Client(ClientApi[Any]):
             core.wake_tx = None
             loop.goodbye()
             loop.finish()
+            self._report_unconfirmed()
             return
         with core.cv:
             wake, core.wake_tx = core.wake_tx, None
@@ -240,6 +253,13 @@ class Client(ClientApi[Any]):
                 )
         self._session.state = SessionState.CLOSED
         core.inbox.wake_all()
+        self._report_unconfirmed()
+
+    def _report_unconfirmed(self) -> None:
+        with self._core.cv:
+            error = self._core.confirmations.report()
+        if error is not None:
+            raise error
 
     def __enter__(self) -> Client:
         if self._thread is None and self._core.loop is None:
@@ -288,7 +308,10 @@ class Client(ClientApi[Any]):
         return value if result is ANSWER else result
 
     def _emit(self, data: bytes, result: Any = None) -> Any:
-        self._core.enqueue(data)
+        # counted for close()'s report when it is a message (a push or a direct message:
+        # its id is the result); a lost acknowledge is a redelivery, a lost response the
+        # requester's time-out
+        self._core.enqueue(data, result is not None)
         return result
 
     # -- futures -----------------------------------------------------------------------
@@ -394,10 +417,10 @@ class Client(ClientApi[Any]):
                     )[0]
                 )
             if len(chunk) >= _ENQUEUE_CHUNK:
-                core.enqueue_many(session.batches(chunk))
+                core.enqueue_many(session.batches(chunk), blind=not ack)
                 chunk = []
         if chunk:
-            core.enqueue_many(session.batches(chunk))
+            core.enqueue_many(session.batches(chunk), blind=not ack)
         return futures
 
     def push_many(
@@ -428,7 +451,8 @@ class Client(ClientApi[Any]):
         """Acknowledge several messages at once (in batches with a broker that takes them)."""
         datas = [tmqp.encode(ack_frame(m))[0] for m in messages]
         for start in range(0, len(datas), _ENQUEUE_CHUNK):
-            self._core.enqueue_many(self._session.batches(datas[start : start + _ENQUEUE_CHUNK]))
+            chunk = self._session.batches(datas[start : start + _ENQUEUE_CHUNK])
+            self._core.enqueue_many(chunk, blind=False)  # (as ``ack``: not counted)
 
     # -- receiving ---------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import zmq
 
+from broker.client.confirm import Confirmations
 from broker.client.errors import ClientClosed, ClientError, StopLoop
 from broker.client.inbox import Inbox
 from broker.client.message import Message
@@ -89,6 +90,8 @@ class ClientCore:
         self.fanout: Any = None
         #: Raw fan-out reading ("payloads", "numbered"; "": messages): ``FanoutReader.raw``.
         self.raw_fanout = ""
+        #: Frames sent without an answer, and which the broker read (``broker.client.confirm``).
+        self.confirmations = Confirmations()
         self._unpumped = 0
 
     def closed_error(self) -> ClientError:
@@ -126,9 +129,12 @@ class ClientCore:
 
     # -- sending -----------------------------------------------------------------------
 
-    def enqueue(self, data: bytes) -> None:
+    def enqueue(self, data: bytes, blind: bool = True) -> None:
+        """Send ``data`` (``blind``: it waits for no answer, see ``confirmations``)."""
         loop = self.loop
         if loop is not None:  # poll-on-call: send right here
+            if blind:
+                self.confirmations.sent += 1
             self._unpumped += 1
             # sent at once and no pump due: nothing more to look at (the common case)
             if not loop.send_or_queue(data) or self._unpumped >= _PUMP_EVERY:
@@ -136,20 +142,26 @@ class ClientCore:
             return
         with self.cv:
             self._wait_for_room()
+            if blind:
+                self.confirmations.sent += 1
             self.outbox.append(data)
             self.wake()
 
-    def enqueue_many(self, datas: list[bytes]) -> None:
+    def enqueue_many(self, datas: list[bytes], blind: bool = True) -> None:
         """``enqueue`` several frames at once: queued together, they may leave in one
         batch (``broker.batch``; the I/O loop coalesces what waits in the outbox)."""
         loop = self.loop
         if loop is not None:
+            if blind:
+                self.confirmations.sent += len(datas)
             self.outbox.extend(datas)
             loop.flush()
             self._sent_on_call(len(datas))
             return
         with self.cv:
             self._wait_for_room()
+            if blind:
+                self.confirmations.sent += len(datas)
             self.outbox.extend(datas)
             self.wake()
 
@@ -188,7 +200,7 @@ class ClientCore:
         future = self.future()
         data = self.session.start(call, future, time.monotonic(), timeout)
         try:
-            self.enqueue(data)
+            self.enqueue(data, blind=False)
         except BaseException:
             self.session.cancel(call.frame.message_id)
             raise

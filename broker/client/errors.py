@@ -35,6 +35,22 @@ class ClientClosed(ClientError):
     """The client was closed."""
 
 
+class UnconfirmedSends(ClientError):
+    """``close()``: messages this client sent without waiting for an answer (pushes
+    without ``ack``, direct messages) may not have reached the broker: its session was
+    lost while they were on their way, or the broker did not answer the goodbye (which
+    says it read everything) within the linger time.  ``count`` is at most how many
+    (a batch of pushes counts once); ``reasons`` says when."""
+
+    def __init__(self, count: int, reasons: list[str]) -> None:
+        super().__init__(
+            f"up to {count} messages sent without an answer may not have reached the broker: "
+            + "; ".join(reasons)
+        )
+        self.count = count
+        self.reasons = reasons
+
+
 class RemoteError(ClientError):
     """The broker (or a peer) answered with a failure status or a negative acknowledge."""
 

@@ -53,6 +53,8 @@ _Frame = tmqp.Frame
 _QUEUE_BITS = int(MessageType.QUEUE)  # low 6 bits of the first octet
 _SERVER_BITS = int(MessageType.SERVER)
 _DELIVERIES = batch.DELIVERIES  # content type of several deliveries (octets 5-6)
+_PING = S.PING
+_PONG = S.PONG
 _HEADER_BIT = 32  # in the second octet: a header block follows
 
 
@@ -267,6 +269,8 @@ class IOLoop:
                         _set_message_frame(message, frame)
                         append(message)
                         continue
+                if data == _PONG:  # our PING's answer: what we sent before it was read
+                    c.confirmations.answered()
                 events = feed(data, now)
                 if events:
                     apply(events)
@@ -371,6 +375,9 @@ class IOLoop:
         c = self.c
         for ev in events:
             if isinstance(ev, S.Send):
+                if ev.data is _PING:
+                    with c.cv:  # (threaded: callers count and queue under it)
+                        c.confirmations.probe(len(c.outbox))
                 self._send_now(ev.data)
             elif isinstance(ev, S.Deliver):
                 self._deliver(ev.message)
@@ -391,10 +398,15 @@ class IOLoop:
                 self.fan.leave(ev.channel)
             elif isinstance(ev, S.Lost):
                 self._close_fan()
-                self._close_socket()
+                self._close_socket()  # (what its queue held is dropped)
+                with c.cv:
+                    why = f"the session was lost ({ev.reason})"
+                    c.confirmations.doubt(why, kept=len(c.outbox))
             elif isinstance(ev, S.Dial):
                 self._dial()
             elif isinstance(ev, S.Closed):
+                with c.cv:
+                    c.confirmations.doubt(f"the session ended ({ev.error})", kept=0)
                 c.error = ev.error
                 if not c.connected.done():
                     c.connected.set_exception(ev.error)
@@ -499,6 +511,7 @@ class IOLoop:
         c = self.c
         sock = self.sock
         if sock is None or self.s.state is not S.SessionState.READY:
+            c.confirmations.doubt(f"the session was down at close ({self.s.state.value})")
             return
         deadline = time.monotonic() + c.linger
         out = c.outbox
@@ -509,21 +522,27 @@ class IOLoop:
                 out.popleft()
             except zmq.Again:
                 sock.poll(50, zmq.POLLOUT)
-        if not out and not self._read_to_the_end(sock, deadline):
-            log.debug("no end of the session from the broker within the linger time")
+        why = f"the broker did not answer the goodbye within the linger ({c.linger} s)"
+        if not out:
+            ended = self._read_to_the_end(sock, deadline)
+            if ended is not None and not ended.reason:
+                c.confirmations.all_read()
+            elif ended is not None:
+                why = f"the broker ended the session first: {ended.reason}"
+        c.confirmations.doubt(why)  # (nothing when all read)
         sock.linger = max(0, int((deadline - time.monotonic()) * 1000))
         self._unregister(sock)
         sock.close()
         self.sock = None
 
-    def _read_to_the_end(self, sock: zmq.Socket[bytes], deadline: float) -> bool:
-        """After the goodbye: feed what arrives until the session's end (True) or the
-        deadline (False)."""
+    def _read_to_the_end(self, sock: zmq.Socket[bytes], deadline: float) -> S.Ended | None:
+        """After the goodbye: feed what arrives until the session's end (its ``Ended``)
+        or the deadline (None)."""
         feed = self.s.feed
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                return False
+                return None
             if not sock.poll(max(1, int(left * 1000)), zmq.POLLIN):
                 continue
             now = time.monotonic()
@@ -534,7 +553,7 @@ class IOLoop:
                     break
                 for event in feed(data, now):
                     if isinstance(event, S.Ended):
-                        return True
+                        return event
                     if isinstance(event, S.Deliver):
                         self._deliver(event.message)
                     elif isinstance(event, S.Settled | S.Failed):

@@ -81,6 +81,7 @@ from broker.paging import merge
 from broker.protocol import (
     CODE_FOR_NACK_REASON,
     EVENT_NAMES,
+    GOODBYE_REASON,
     GREETING,
     ConnectionInfo,
     Header,
@@ -321,7 +322,13 @@ class Closed:
 
 @dataclass(frozen=True, slots=True)
 class Ended:
-    """After a goodbye: the broker ended the session; nothing more of it is on its way."""
+    """After a goodbye: the broker ended the session; nothing more of it is on its way.
+
+    ``reason`` is empty when it answered the goodbye (TERMINATE status 0 "goodbye"): it
+    had read everything the client sent before.  Any other TERMINATE (the broker stopping,
+    the session taken over or ended for another cause) says nothing of what it read."""
+
+    reason: str = ""
 
 
 def resolve(event: Settled | Failed) -> None:
@@ -724,7 +731,10 @@ class Session:
         """A frame after the goodbye (see the module docstring)."""
         mt = msg.message_type
         if mt == MessageType.TERMINATE:
-            return _ENDED
+            reason = header(msg, Header.REASON) or "no reason given"
+            if msg.content_type == ResultCode.OK and reason == GOODBYE_REASON:
+                return _ENDED
+            return (Ended(f"{reason} (status {msg.content_type})"),)
         if mt in (_QUEUE, _DIRECT):
             if msg.pending_ack or msg.pending_response:
                 return _NONE  # let go: the broker puts a queue message back

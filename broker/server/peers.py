@@ -48,6 +48,7 @@ import zmq
 
 from broker import batch, tmqp
 from broker.protocol import (
+    GOODBYE_REASON,
     GREETING,
     ConnectionInfo,
     ConnectionInfoError,
@@ -77,7 +78,7 @@ _GOODBYE = tmqp.encode(
     tmqp.Frame(
         message_type=MessageType.TERMINATE,
         content_type=ResultCode.OK,
-        headers=((Header.REASON, "goodbye"),),
+        headers=((Header.REASON, GOODBYE_REASON),),
     )
 )[0]
 _SECRET_KEY = Header.SESSION_SECRET.lower()
@@ -558,6 +559,17 @@ class PeerSessions:
                 self.drop(peer, now)
             elif not peer.pinged and quiet_until - seen >= opts.ping_interval:
                 peer.pinged = True
+                peer.reassured_at = now
+                self.sender.send_raw(peer, _PING)
+            elif (
+                now - peer.reassured_at >= opts.ping_interval
+                and peer.last_seen > peer.reassured_at
+            ):
+                # A busy sender hears from us this often too: its own PING waits behind
+                # everything it sent before, unread while we read slowly, and a client that
+                # heard nothing for its peer_timeout dropped the session and what its
+                # socket still held (a poll-on-call producer, loaded CI).
+                peer.reassured_at = now
                 self.sender.send_raw(peer, _PING)
         if self.ended:
             self._end_orphans(now)

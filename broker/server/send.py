@@ -66,6 +66,7 @@ class Peer:
         "last_seen",
         "overflowing",
         "pinged",
+        "reassured_at",
         "rid",
         "run",
         "since",
@@ -80,6 +81,8 @@ class Peer:
         self.since = now
         self.last_seen = now
         self.pinged = False
+        #: When the server last sent it a PING while it kept sending (``PeerSessions.scan``).
+        self.reassured_at = now
         #: It took frames from its backlog since the last scan: its pipe had been full and
         #: has room again, so it reads what the server sends (``drained_at``: when noticed).
         self.drained = False

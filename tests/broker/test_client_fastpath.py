@@ -33,6 +33,9 @@ def _pushed(zctx: zmq.Context[zmq.Socket[bytes]], pushes: list[dict[str, Any]]) 
             _, data = broker.recv(timeout=5)
             if data != PING:
                 got.append(data)
+        answering = broker.answer_goodbye()  # it read them all: close() has nothing to report
+        client.close()
+        answering.join(5)
         return got
     finally:
         client.close()

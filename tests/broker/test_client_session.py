@@ -10,12 +10,23 @@ import zmq
 
 from broker import tmqp
 from broker.client.blocking import Client, ConnectError
-from broker.protocol import GREETING, ConnectionInfo, Header, MessageType, ResultCode
+from broker.protocol import (
+    GOODBYE_REASON,
+    GREETING,
+    ConnectionInfo,
+    Header,
+    MessageType,
+    ResultCode,
+)
 from tests.polling import WAIT
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 PING = tmqp.encode(tmqp.Ping())[0]
 PONG = tmqp.encode(tmqp.Pong())[0]
+TERMINATE = tmqp.encode(tmqp.Frame(message_type=MessageType.TERMINATE))[0]
+GOODBYE = tmqp.encode(
+    tmqp.Frame(message_type=MessageType.TERMINATE, headers=((Header.REASON, GOODBYE_REASON),))
+)[0]
 
 
 class FakeBroker:
@@ -53,6 +64,22 @@ class FakeBroker:
         )
         self.send(rid, tmqp.encode(reply)[0])
         return rid, ConnectionInfo.from_payload(frame.payload)
+
+    def answer_goodbye(self) -> threading.Thread:
+        """A thread that reads what comes until the client's TERMINATE (its close) and
+        answers it as the broker does, TERMINATE 0 "goodbye": everything was read.  Start
+        it before the client's close(), join it after; the socket is its own meanwhile."""
+
+        def answer() -> None:
+            while self.sock.poll(int(WAIT * 1000)):
+                rid, data = self.sock.recv_multipart()
+                if data == TERMINATE:
+                    self.send(rid, GOODBYE)
+                    return
+
+        thread = threading.Thread(target=answer)
+        thread.start()
+        return thread
 
 
 @pytest.fixture
