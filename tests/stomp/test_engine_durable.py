@@ -61,6 +61,19 @@ def queue(name: str) -> tuple:  # type: ignore[type-arg]
     return parse_destinations(name, broker_id="b", connection_id=1, allow_wildcards=False)
 
 
+def producer_and_consumer(door: EngineDoor) -> tuple[EngineBackend, list[Delivery]]:
+    """A backend on ``door`` whose deliveries run on the server thread, with connection 1
+    (a producer) and connection 2 (a consumer taking every delivery into the list)."""
+    backend = EngineBackend(door)
+    got: list[Delivery] = []
+    backend.bind(lambda fn: fn(), lambda: None)
+    door.op_login(1, "producer", None, 0.0)
+    backend.attach(ConnectionInfo(1, "producer", "default", "1.2"), lambda d: True)
+    door.op_login(2, "consumer", None, 0.0)
+    backend.attach(ConnectionInfo(2, "consumer", "default", "1.2"), sink(got))
+    return backend, got
+
+
 def test_persistent_publish_returns_only_once_durable(tmp_path: Path) -> None:
     with LogStore(tmp_path) as log:
         store = DurableStore(log)
@@ -69,13 +82,7 @@ def test_persistent_publish_returns_only_once_durable(tmp_path: Path) -> None:
         lagging = Lagging(store)
         gate = OutputGate(lagging, lambda outs: None)
         door.after_durable = gate.call
-        backend = EngineBackend(door)
-        got: list[Delivery] = []
-        backend.bind(lambda fn: fn(), lambda: None)  # deliveries run on the server thread
-        door.op_login(1, "producer", None, 0.0)
-        backend.attach(ConnectionInfo(1, "producer", "default", "1.2"), lambda d: True)
-        door.op_login(2, "consumer", None, 0.0)
-        backend.attach(ConnectionInfo(2, "consumer", "default", "1.2"), sink(got))
+        backend, got = producer_and_consumer(door)
         door.run_ops(0.0)
 
         returned = threading.Event()
@@ -159,13 +166,7 @@ def test_an_ack_handed_over_as_the_server_stops_is_applied(
     )
     assert server.gate is not None
     door.after_durable = server.gate.call
-    backend = EngineBackend(door)
-    got: list[Delivery] = []
-    backend.bind(lambda fn: fn(), lambda: None)  # deliveries run on the server thread
-    door.op_login(1, "producer", None, 0.0)
-    backend.attach(ConnectionInfo(1, "producer", "default", "1.2"), lambda d: True)
-    door.op_login(2, "consumer", None, 0.0)
-    backend.attach(ConnectionInfo(2, "consumer", "default", "1.2"), sink(got))
+    backend, got = producer_and_consumer(door)
     rfd, wfd = os.pipe()
 
     def ack_then_stop(now: float) -> list[object]:  # the server thread
