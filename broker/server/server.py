@@ -356,6 +356,8 @@ class Server:
         """Poll ``pollable`` (a zmq socket or a file descriptor) in the loop; when it
         is readable, call ``handler(now)`` on the loop's thread and send the engine output
         it returns.  How another front door (STOMP) drives the engine this loop owns.
+        When the loop stops, a handler whose pollable is readable is called once more
+        (what that door handed over is served before the sessions end).
         Call before ``start()``/``run()``."""
         self._readers.append((pollable, handler))
 
@@ -870,6 +872,7 @@ class Server:
                 self._serve_runs(now)
             except Exception:
                 log.exception("pushes read before the loop stopped were not served")
+        self._serve_doors_left(now)
         if self.gate is not None:
             try:
                 self.gate.release_all()
@@ -889,6 +892,19 @@ class Server:
         router.close(linger=int(self.options.linger * 1000))
         self.sender.router = None
         self._close_fanout()
+
+    def _serve_doors_left(self, now: float) -> None:
+        """What the other doors handed over before the stop (a STOMP client's ACKs and
+        its connection's end, submitted as the listener closed) reaches the engine before
+        the sessions end and the store closes: the stop wakes the loop with them still
+        waiting, and an ACK dropped here is a redelivery after a clean restart."""
+        poller = zmq.Poller()
+        for pollable, _handler in self._readers:
+            poller.register(pollable, zmq.POLLIN)
+        ready = dict(poller.poll(0))
+        for pollable, handler in self._readers:
+            if pollable in ready:
+                self.sender.send_all(self.sessions.guard("door", handler, now))
 
     def _close_fanout(self) -> None:
         if self.sender.fanout is not None:

@@ -1,24 +1,29 @@
 """The engine backend with a durable store: a persistent SEND's answer (the RECEIPT) and
 its deliveries wait until the store says the message is durable (``OutputGate.call``);
-``expires`` drops a message the queue reaches too late."""
+``expires`` drops a message the queue reaches too late; an ACK handed to the engine thread
+as the server stops is applied before the store closes."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
+
+import zmq
 
 from broker.engine.delivery import PerMessageDeliveryHandler
 from broker.engine.engine import Engine
 from broker.engine.per_message import PER_MESSAGE
 from broker.server.gate import OutputGate
+from broker.server.server import Server, ServerOptions
 from broker.stomp.backend import ConnectionInfo, Delivery
 from broker.stomp.destinations import parse_destinations
 from broker.stomp.engine_backend import EngineBackend, EngineDoor
-from broker.stomp.subscription import PublishSpec, SubscriptionSpec
+from broker.stomp.subscription import AckMode, PublishSpec, SubscriptionSpec
 from broker.store.durable import DurableStore
 from broker.store.log import LogStore
-from tests.polling import wait_until
+from tests.polling import WAIT, wait_until
 
 
 def sink(into: list[Delivery]):  # type: ignore[no-untyped-def]
@@ -56,6 +61,19 @@ def queue(name: str) -> tuple:  # type: ignore[type-arg]
     return parse_destinations(name, broker_id="b", connection_id=1, allow_wildcards=False)
 
 
+def producer_and_consumer(door: EngineDoor) -> tuple[EngineBackend, list[Delivery]]:
+    """A backend on ``door`` whose deliveries run on the server thread, with connection 1
+    (a producer) and connection 2 (a consumer taking every delivery into the list)."""
+    backend = EngineBackend(door)
+    got: list[Delivery] = []
+    backend.bind(lambda fn: fn(), lambda: None)
+    door.op_login(1, "producer", None, 0.0)
+    backend.attach(ConnectionInfo(1, "producer", "default", "1.2"), lambda d: True)
+    door.op_login(2, "consumer", None, 0.0)
+    backend.attach(ConnectionInfo(2, "consumer", "default", "1.2"), sink(got))
+    return backend, got
+
+
 def test_persistent_publish_returns_only_once_durable(tmp_path: Path) -> None:
     with LogStore(tmp_path) as log:
         store = DurableStore(log)
@@ -64,13 +82,7 @@ def test_persistent_publish_returns_only_once_durable(tmp_path: Path) -> None:
         lagging = Lagging(store)
         gate = OutputGate(lagging, lambda outs: None)
         door.after_durable = gate.call
-        backend = EngineBackend(door)
-        got: list[Delivery] = []
-        backend.bind(lambda fn: fn(), lambda: None)  # deliveries run on the server thread
-        door.op_login(1, "producer", None, 0.0)
-        backend.attach(ConnectionInfo(1, "producer", "default", "1.2"), lambda d: True)
-        door.op_login(2, "consumer", None, 0.0)
-        backend.attach(ConnectionInfo(2, "consumer", "default", "1.2"), sink(got))
+        backend, got = producer_and_consumer(door)
         door.run_ops(0.0)
 
         returned = threading.Event()
@@ -136,3 +148,55 @@ def test_expired_messages_are_not_delivered() -> None:
     assert [d.body for d in got] == [b"new", b"bad"]
     assert handler.rules.expired_count == 1
     door.close()
+
+
+def test_an_ack_handed_over_as_the_server_stops_is_applied(
+    tmp_path: Path, zctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """Regression: the loop left at the stop signal with the STOMP door's operations
+    unrun, so the ACKs a client sent just before SIGTERM (DISCONNECT already receipted)
+    were dropped and a clean restart redelivered acknowledged messages (test_serve's
+    kill -9 test, about 1 run in 10 under load).  Here the ACK is handed over on the
+    server's own thread right before it is told to stop: both wait in the same wake."""
+    store = DurableStore(LogStore(tmp_path))
+    engine = Engine(store=store)
+    door = EngineDoor(engine)
+    server = Server(
+        engine, ServerOptions(endpoint="tcp://127.0.0.1:*"), context=zctx, durable=store
+    )
+    assert server.gate is not None
+    door.after_durable = server.gate.call
+    backend, got = producer_and_consumer(door)
+    rfd, wfd = os.pipe()
+
+    def ack_then_stop(now: float) -> list[object]:  # the server thread
+        os.read(rfd, 1)
+        backend.ack(2, [got[0].tag])  # the listener's hand-over: queued for the door
+        server.stop()  # (run() on this thread: no join) the stop is now pending too
+        return []
+
+    server.add_reader(door.fileno(), door.run_ops)  # the door first: its turn comes
+    server.add_reader(rfd, ack_then_stop)  # before the ACK in the wake that hands it over
+    loop = threading.Thread(target=server.run, name="served")
+    loop.start()
+    try:
+        backend.publish(1, PublishSpec(queue("/queue/q"), (("persistent", "true"),), b"k"))
+        spec = SubscriptionSpec("s", queue("/queue/q"), ack=AckMode.CLIENT_INDIVIDUAL)
+        backend.subscribe(2, spec)
+        assert wait_until(lambda: [d.body for d in got] == [b"k"])
+        os.write(wfd, b"s")
+        loop.join(WAIT)
+        assert not loop.is_alive()
+    finally:
+        if loop.is_alive():
+            server.stop(timeout=WAIT)
+        door.close()
+        store.close()
+        os.close(rfd)
+        os.close(wfd)
+    reopened = DurableStore(LogStore(tmp_path))
+    try:
+        live = [m.message.payload for key in reopened.queues() for m in reopened.iterate(key)]
+    finally:
+        reopened.close()
+    assert live == []  # acknowledged: gone from the store (it was b"k" before the fix)
