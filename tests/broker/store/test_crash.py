@@ -71,9 +71,18 @@ class Seen:
 
 
 def _run_round(
-    directory: Path, round_: int, seed: int, durability: str, preallocate: int, seen: Seen
+    directory: Path,
+    round_: int,
+    seed: int,
+    durability: str,
+    preallocate: int,
+    seen: Seen,
+    until_compaction: bool = False,
 ) -> int:
-    """Start a worker, let it complete ``kill_after`` appends, SIGKILL it; lines read."""
+    """Start a worker, let it complete ``kill_after`` appends, SIGKILL it; lines read.
+    ``until_compaction``: and, within the round's deadline, until a worker of this seed
+    reported a finished compaction (under load a round's appends can all pass before one ends: a
+    CI run saw none in 16 rounds, and the kill must land while compactions run)."""
     rng = random.Random(f"{seed}-{round_}")
     kill_after = rng.randrange(50, 400)
     proc = subprocess.Popen(
@@ -94,7 +103,9 @@ def _run_round(
     appends = 0
     deadline = time.monotonic() + 60
     try:
-        while appends < kill_after:
+        while appends < kill_after or (
+            until_compaction and not seen.compactions and time.monotonic() < deadline - 10
+        ):
             ready, _, _ = select.select(
                 [proc.stdout], [], [], max(0.0, deadline - time.monotonic())
             )
@@ -150,7 +161,8 @@ def _crash_rounds(tmp_path: Path, seed: int, rounds: int) -> Seen:
     seen = Seen()
     directory = tmp_path / f"store-{seed}"
     for round_ in range(rounds):
-        _run_round(directory, round_, seed, durability, _preallocate(seed), seen)
+        last = round_ == rounds - 1
+        _run_round(directory, round_, seed, durability, _preallocate(seed), seen, last)
         _check(directory, seen)
     return seen
 
