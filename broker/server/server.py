@@ -702,11 +702,7 @@ class Server:
         try:
             outs = receive_run(peer.client_id, items, now)
         except Exception:
-            log.exception("engine failed on a run of pushes from %s", peer.client_id)
-            self.counters["engine_errors"] += 1
-            for _index, frame, _data in items:
-                if frame.message_id:
-                    sender.send_to(peer, error_frame(frame.message_id, ResultCode.FAILED, "error"))
+            self._run_failed(peer, [frame.message_id for _index, frame, _data in items])
             return
         if outs:
             sender.send_all(outs)
@@ -726,18 +722,23 @@ class Server:
         try:
             outs = receive_pushes(peer.client_id, messages, now)
         except Exception:
-            log.exception("engine failed on a run of pushes from %s", peer.client_id)
-            self.counters["engine_errors"] += 1
             ids = [m.message_id for m in messages] if carrier is None else [carrier.message_id]
-            for mid in ids:
-                if mid:
-                    sender.send_to(peer, error_frame(mid, ResultCode.FAILED, "error"))
+            self._run_failed(peer, ids)
             return
         if carrier is not None and carrier.pending_ack:
             answer = batch.result_frame(carrier.message_id, peer.client_id, [], [])
             outs.append(Outgoing(peer.client_id, answer))
         if outs:
             sender.send_all(outs)
+
+    def _run_failed(self, peer: Peer, ids: list[str]) -> None:
+        """The engine raised on a producer's run: logged, counted, and each push with an
+        id (or the batch that carried them) answered FAILED -- never a silent drop."""
+        log.exception("engine failed on a run of pushes from %s", peer.client_id)
+        self.counters["engine_errors"] += 1
+        for mid in ids:
+            if mid:
+                self.sender.send_to(peer, error_frame(mid, ResultCode.FAILED, "error"))
 
     def _serve_refused(
         self, peer: Peer, datas: list[bytes], messages: list[Message], bad: list[int], now: float
