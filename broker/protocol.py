@@ -126,6 +126,10 @@ class Header:
     CHANNEL_NAME = "Channel-Name"
     CC = "CC"
     NACK_REASON = "Nack-Reason"
+    #: zerohub: ``Put-Back: no`` on a negative acknowledge of a queue delivery: do not put
+    #: the message back whatever the queue's delivery handler says; it goes to the queue's
+    #: trash with the nack reason (a dead letter, ``broker.engine.queue.acks``).
+    PUT_BACK = "Put-Back"
     REQUEST_ID = "Request-Id"
     INDEX = "Index"
     COUNT = "Count"

@@ -255,9 +255,13 @@ class ClientApi(Generic[R]):
         """Positive acknowledge of a received queue or direct message."""
         return self._emit(tmqp.encode(ack_frame(message))[0])
 
-    def nack(self, message: Message, reason: str = "none") -> R:
-        """Negative acknowledge (``Nack-Reason`` header)."""
-        return self._emit(tmqp.encode(ack_frame(message, ((Header.NACK_REASON, reason),)))[0])
+    def nack(self, message: Message, reason: str = "none", *, put_back: bool = True) -> R:
+        """Negative acknowledge (``Nack-Reason`` header); ``put_back=False`` (a queue
+        delivery): not put back, to the queue's trash with ``reason`` (``Put-Back: no``)."""
+        headers: tuple[tuple[str, str], ...] = ((Header.NACK_REASON, reason),)
+        if not put_back:
+            headers += ((Header.PUT_BACK, "no"),)
+        return self._emit(tmqp.encode(ack_frame(message, headers))[0])
 
     def pull(
         self,

@@ -4,7 +4,7 @@ The driver (:mod:`broker.federation.runner`) feeds it what happened, with ``now`
 interest exchange with a link peer, a delivery to this broker's federation client, a
 forwarded message from a peer, the answer to a forward or to a local push.  It returns
 actions (:class:`Join`, :class:`Leave`, :class:`Forward`, :class:`AckLocal`,
-:class:`PushLocal`, :class:`Confirm`, :class:`Refuse`).  Rules it enforces:
+:class:`TrashLocal`, :class:`PushLocal`, :class:`Confirm`, :class:`Refuse`).  Rules it enforces:
 
 * Interest, not flooding: a peer is sent a message of channel C only if it said it wants
   C (it has subscribers, or is linked toward a broker that has).  Interest travels as a
@@ -24,7 +24,12 @@ actions (:class:`Join`, :class:`Leave`, :class:`Forward`, :class:`AckLocal`,
   peer it went to confirmed it (the peer's broker acknowledged the push, durably for a
   persistent queue).  A forward that fails is sent again after a backoff; a peer that is
   down keeps its interest, and what waits for it is sent when it is back.  A peer that
-  refuses for good (a channel its admin does not allow) is counted and given up.
+  refuses for good (a channel its admin does not allow, a message it cannot read) is
+  counted and not sent it again; once every other peer answered, a delivery that needs
+  an acknowledge is then dead-lettered (:class:`TrashLocal`: its queue's trash, with the
+  peers' reasons, to be listed and resubmitted), never acknowledged away -- for a
+  one-consumer queue that would be a message nobody got.  One that needs none left its
+  queue already: counted only.
 * Bounds: ``window`` forwards in flight per peer; ``max_pending`` messages held for
   peers in all; beyond it a delivery that needs no acknowledge is dropped (counted).
   A peer's messages not yet answered here are at most ``peer_in_flight`` (a peer that
@@ -67,6 +72,10 @@ from broker.federation.wire import (
 #: Seconds a give-back waits when the message may come straight back to the federation
 #: client (no local consumer, or given back before): bounds a put-back loop.
 GIVE_BACK_DELAY = 0.2
+#: How a dead-lettered delivery's trash reason starts (the peers' reasons follow).
+REFUSED_REASON = "federation: refused for good by "
+#: Characters of a trash reason kept at most (a header value, shown by ``trash list``).
+MAX_REASON = 200
 
 # -- actions --------------------------------------------------------------------------
 
@@ -99,6 +108,15 @@ class AckLocal:
     """Acknowledge a local delivery (if it wants one): every peer has it, or none wants it."""
 
     ref: Any
+
+
+@dataclass(frozen=True, slots=True)
+class TrashLocal:
+    """Dead-letter a local delivery: nack it not to be put back, to its queue's trash
+    with ``reason`` (a peer refused it for good)."""
+
+    ref: Any
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +159,18 @@ class Refuse:
     permanent: bool
 
 
-Action = Join | Leave | Forward | AckLocal | NackLocal | PushLocal | Remember | Confirm | Refuse
+Action = (
+    Join
+    | Leave
+    | Forward
+    | AckLocal
+    | TrashLocal
+    | NackLocal
+    | PushLocal
+    | Remember
+    | Confirm
+    | Refuse
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +197,7 @@ class Counters:
     confirmed: int = 0  # forwards a peer confirmed
     forward_failures: int = 0  # forwards that failed (sent again later)
     refused_by_peer: int = 0  # forwards a peer refused for good
+    dead_lettered: int = 0  # deliveries a peer refused for good, sent to their queue's trash
     dropped: int = 0  # deliveries without acknowledge dropped: max_pending reached
     given_back: int = 0  # one-consumer deliveries no peer could take, put back (nack)
     invalid: int = 0  # local deliveries with a bad Hops/Depth header (not forwarded)
@@ -206,6 +236,7 @@ class _Out:
     needs_ack: bool
     targets: dict[str, bool]  # peer -> sent (True: in flight)
     one_consumer: bool = False  # from a queue that hands each message to one consumer
+    refusals: list[str] = field(default_factory=list)  # "peer: reason" of refusals for good
 
 
 @dataclass(slots=True)
@@ -479,9 +510,16 @@ class FederationCore:
         return actions
 
     def forward_done(
-        self, token: int, peer_id: str, ok: bool, now: float, permanent: bool = False
+        self,
+        token: int,
+        peer_id: str,
+        ok: bool,
+        now: float,
+        permanent: bool = False,
+        reason: str = "",
     ) -> list[Action]:
-        """A peer's answer to a forward (``ok``), or its failure (timeout, lost link)."""
+        """A peer's answer to a forward (``ok``), or its failure (timeout, lost link;
+        ``permanent``: refused for good, for ``reason``)."""
         peer = self.peers.get(peer_id)
         out = self._out.get(token)
         if peer is None or out is None or out.targets.get(peer_id) is not True:
@@ -495,10 +533,11 @@ class FederationCore:
                     peer.backoff.reset()
             else:
                 self.counters.refused_by_peer += 1
+                out.refusals.append(f"{peer_id}: {reason or 'refused'}")
             del out.targets[peer_id]
             if not out.targets:
                 del self._out[token]
-                actions.append(AckLocal(out.ref))
+                actions.append(self._settled(out))
         else:
             self.counters.forward_failures += 1
             out.targets[peer_id] = False
@@ -510,6 +549,15 @@ class FederationCore:
                 actions.extend(self._went_down(peer))
         actions.extend(self._pump(peer, now))
         return actions
+
+    def _settled(self, out: _Out) -> Action:
+        """Every peer ``out`` went to answered: acknowledged, or dead-lettered when one
+        refused it for good and its queue still holds it (it waits for an acknowledge)."""
+        if not out.refusals or not out.needs_ack:
+            return AckLocal(out.ref)
+        self.counters.dead_lettered += 1
+        reason = f"{REFUSED_REASON}{'; '.join(out.refusals)}"
+        return TrashLocal(out.ref, reason[:MAX_REASON])
 
     # -- peers' messages -> local ------------------------------------------------------
 

@@ -49,6 +49,7 @@ from broker.federation.core import (
     PushLocal,
     Refuse,
     Remember,
+    TrashLocal,
 )
 from broker.federation.errors import BadPeerMessage, ConfigError
 from broker.federation.seen import SeenJournal
@@ -100,6 +101,9 @@ BATCH_UNKNOWN = frozenset({ResultCode.BAD_REQUEST, ResultCode.UNAUTHORIZED})
 #: (SIGKILL) as soon as a local push of a federated message is answered, before its id
 #: reaches the seen journal -- the crash the engine's own window (``broker.engine.federated``)
 #: makes harmless.
+#: The trash reason of a message a peer refused for good in a BATCH (its answer is one
+#: result octet per message: the peer logs the why).
+BATCH_REFUSED_REASON = "refused in a batch (the reason is in that broker's log)"
 KILL_AFTER_PUSH_ENV = "ZEROHUB_TEST_KILL_AFTER_FEDERATED_PUSH"
 
 
@@ -695,6 +699,10 @@ class Federation:
                 case AckLocal(ref):
                     if ref.needs_ack:
                         self._quiet(self.local.ack, ref)
+                case TrashLocal(ref, reason):
+                    log.warning("federation: a delivery of %s to its queue's trash: %s",
+                                ref.channel, reason)  # fmt: skip
+                    self._quiet(self.local.nack, ref, reason, put_back=False)
                 case NackLocal(ref, delay):
                     if not ref.needs_ack:
                         pass
@@ -788,7 +796,8 @@ class Federation:
             for n, token in enumerate(tokens):
                 code = results[n] if results else BATCH_RETRY
                 ok, permanent = code == BATCH_OK, code == BATCH_REFUSED
-                actions += self.core.forward_done(token, peer, ok, now, permanent)
+                actions += self.core.forward_done(token, peer, ok, now, permanent,
+                                                  BATCH_REFUSED_REASON)  # fmt: skip
         return actions
 
     def _batch_in(
@@ -841,9 +850,11 @@ class Federation:
             ResultCode.UNAUTHORIZED,
             ResultCode.BAD_REQUEST,
         )
+        reason = ""
         if permanent:
             log.warning("broker %s refused a forwarded message: %s", peer, error)
-        return self.core.forward_done(token, peer, False, now, permanent)
+            reason = str(error)
+        return self.core.forward_done(token, peer, False, now, permanent, reason)
 
     def _push_answer(self, token: int) -> Callable[[Future[Any]], list[Action]]:
         return lambda done: self._pushed(token, done)

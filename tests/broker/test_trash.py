@@ -107,6 +107,36 @@ def test_past_the_put_back_limit_and_nacked_without_put_back(
     consumer.ack(again)
 
 
+def test_a_nack_asking_not_to_be_put_back_goes_to_the_trash_whatever_the_handler(
+    make_client: Callable[..., Client],
+) -> None:
+    """``Put-Back: no`` (``nack(put_back=False)``): the default handler would put it back;
+    the message goes to the trash with the nack reason and its waiting producer is told."""
+    producer, consumer = make_client(), make_client()
+    producer.create_queue("jobs", 1, {"Status": "Push", "RequestAcknowledge": True})
+    consumer.join("jobs")
+    producer.push("jobs", 1, "retried")
+    m = consumer.receive(timeout=10)
+    assert m is not None
+    consumer.nack(m, "busy-now")  # a plain nack: put back, delivered again
+    again = consumer.receive(timeout=10)
+    assert again is not None and again.payload == b"retried"
+    consumer.ack(again)
+    waiting = producer.push_async("jobs", 1, "poison")
+    m = consumer.receive(timeout=10)
+    assert m is not None and m.payload == b"poison"
+    consumer.nack(m, "cannot-parse", put_back=False)
+    with pytest.raises(RemoteError, match="cannot-parse"):
+        waiting.result(timeout=10)
+    assert trashed(producer, "jobs", 1) == [(2, "cannot-parse", b"poison")]
+    info = producer.queue_info("jobs", 1)
+    assert (info["Messages"], info["Acks"], info["NegativeAcks"]) == (0, 1, 2)
+    assert producer.trash_resubmit("jobs", 1) == 1
+    back = consumer.receive(timeout=10)
+    assert back is not None and back.payload == b"poison"
+    consumer.ack(back)
+
+
 def test_trash_limit_keeps_the_latest(make_client: Callable[..., Client]) -> None:
     c = make_client()
     c.create_queue("q", 1, {"Status": "Pull", "MessageTimeout": 20, "TrashLimit": 2})

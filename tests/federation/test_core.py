@@ -8,6 +8,8 @@ import pytest
 
 from broker.federation.core import (
     GIVE_BACK_DELAY,
+    MAX_REASON,
+    REFUSED_REASON,
     AckLocal,
     Action,
     Confirm,
@@ -20,6 +22,7 @@ from broker.federation.core import (
     PushLocal,
     Refuse,
     Remember,
+    TrashLocal,
 )
 from broker.federation.errors import BadPeerMessage, ConfigError
 from broker.federation.settings import FederationSettings, LinkMode, parse_link
@@ -113,12 +116,51 @@ def test_local_ack_only_after_every_peer_confirmed() -> None:
     assert c.pending == 0
 
 
-def test_a_permanent_refusal_gives_the_peer_up() -> None:
+def test_a_permanent_refusal_dead_letters_the_delivery_not_acknowledges_it() -> None:
+    """Refused for good: not sent again, and its queue's trash gets it with the peer's
+    reason (an acknowledge would drop a message nobody got)."""
     c = core()
     c.interest_heard("B", BOTH, {"news": ("B",)}, 0.0)
     [fwd] = forwards(deliver(c, "r"))
-    assert c.forward_done(fwd.token, "B", False, 0.0, permanent=True) == [AckLocal("r")]
-    assert c.counters.refused_by_peer == 1
+    why = "channel 'news' not allowed on this link (status 401)"
+    done = c.forward_done(fwd.token, "B", False, 0.0, permanent=True, reason=why)
+    assert done == [TrashLocal("r", f"{REFUSED_REASON}B: {why}")]
+    assert (c.counters.refused_by_peer, c.counters.dead_lettered, c.pending) == (1, 1, 0)
+    assert forwards(c.poll(100.0)) == []  # never sent again
+
+
+def test_a_delivery_refused_by_one_peer_is_dead_lettered_once_every_peer_answered() -> None:
+    def answer(c: FederationCore, token: int, peer: str) -> list[Action]:
+        if peer == "B":  # B confirms, C refuses for good
+            return c.forward_done(token, "B", True, 1.0)
+        return c.forward_done(token, "C", False, 1.0, permanent=True, reason="no")
+
+    for first, last in (("B", "C"), ("C", "B")):
+        c = core()
+        c.interest_heard("B", BOTH, {"news": ("B",)}, 0.0)
+        c.interest_heard("C", BOTH, {"news": ("C",)}, 0.0)
+        [token] = {f.token for f in forwards(deliver(c, "r"))}
+        assert answer(c, token, first) == []
+        assert answer(c, token, last) == [TrashLocal("r", f"{REFUSED_REASON}C: no")]
+        assert (c.counters.confirmed, c.counters.dead_lettered) == (1, 1)
+
+
+def test_a_refused_delivery_that_needs_no_acknowledge_is_counted_only() -> None:
+    """It left its queue when it was delivered: nothing to give back or trash."""
+    c = core()
+    c.interest_heard("B", BOTH, {"news": ("B",)}, 0.0)
+    [fwd] = forwards(deliver(c, "r", needs_ack=False))
+    assert c.forward_done(fwd.token, "B", False, 0.0, True, "no") == [AckLocal("r")]
+    assert (c.counters.refused_by_peer, c.counters.dead_lettered) == (1, 0)
+
+
+def test_a_dead_letter_reason_is_bounded() -> None:
+    c = core()
+    c.interest_heard("B", BOTH, {"news": ("B",)}, 0.0)
+    [fwd] = forwards(deliver(c, "r"))
+    [trash] = c.forward_done(fwd.token, "B", False, 0.0, True, "x" * 5000)
+    assert isinstance(trash, TrashLocal) and len(trash.reason) == MAX_REASON
+    assert trash.reason.startswith(f"{REFUSED_REASON}B: xxx")
 
 
 def test_a_down_peer_keeps_its_interest_and_gets_what_waited_when_back() -> None:

@@ -5,8 +5,11 @@ Deliveries waiting for a consumer acknowledge live in an ordered dict keyed by
 an AcknowledgeTimeout change, deliveries made under the old value may time out up to
 that difference late).  An acknowledge, a failed consumer or an expired deadline asks
 the delivery handler what to do: complete, put back (at once or after PutBackDelay),
-save, acknowledge the producer.  Message timeouts and put-back delays are timers too;
-the queue asks its host (the engine) to wake it at its next deadline.
+save, acknowledge the producer.  A negative acknowledge with ``Put-Back: no`` overrides
+a put-back: the message goes to the trash with the nack reason (a dead letter; the
+federation's for a forward a linked broker refused for good).  Message timeouts and
+put-back delays are timers too; the queue asks its host (the engine) to wake it at its
+next deadline.
 """
 
 from __future__ import annotations
@@ -26,6 +29,12 @@ if TYPE_CHECKING:
     from broker.engine.channel import Client
 
 _INF = float("inf")
+
+
+def _not_put_back(nack: Message) -> bool:
+    """The consumer asked that its nacked delivery not be put back (``Put-Back: no``):
+    it goes to the trash with the nack reason, a waiting producer is nacked."""
+    return (nack.header(Header.PUT_BACK) or "").strip().lower() == "no"
 
 
 class AckTracker:
@@ -98,6 +107,8 @@ class AckTracker:
         else:
             q.nacks += 1
         d = q.hooks.call(m, "acknowledge_received", q, ack, dl, success)
+        if not success and d.put_back is not PutBack.NO and _not_put_back(ack):
+            d = Decision(allow=False, save=d.save, send_ack=AckWhen.NEGATIVE)
         self.resolve(m, d, now, out, reason or NackReason.NONE, client.id, success)
 
     def consumer_gone(self, client: Client[Any], now: float, out: list[Outgoing]) -> None:

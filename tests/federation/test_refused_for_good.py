@@ -1,0 +1,117 @@
+"""A forward the far broker refuses for good is dead-lettered, never acknowledged away
+(real ``broker serve`` processes): the sending queue's trash keeps it with the reason,
+across a ``kill -9`` of the sender, and a resubmit once the far side allows the channel
+delivers it once."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from broker.cli import main
+from broker.client.blocking import Client, Message
+from broker.federation.core import REFUSED_REASON
+from tests.federation.kit import Broker, federation_stats, stats_or_none, wait_interest
+from tests.polling import wait_until
+
+Ctx = zmq.Context[zmq.Socket[bytes]]
+
+#: A queue that hands each message to one consumer, kept on disk: the federation client
+#: is its only consumer on the sending broker, so a refused forward is nobody's message.
+ONE_CONSUMER_PERSISTENT = {
+    "Status": "RoundRobin",
+    "MessageDeliveryHandler": "persistent",
+    "RequestAcknowledge": True,
+}
+
+
+@pytest.fixture
+def zctx() -> Iterator[Ctx]:
+    ctx: Ctx = zmq.Context()
+    yield ctx
+    ctx.destroy(linger=0)
+
+
+@pytest.fixture
+def brokers() -> Iterator[list[Broker]]:
+    made: list[Broker] = []
+    yield made
+    for b in made:
+        b.kill()
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    code = main(list(argv))
+    out, _err = capsys.readouterr()
+    return code, out
+
+
+def acked_into(sub: Client, channel: str) -> list[Message]:
+    received: list[Message] = []
+
+    def take(m: Message) -> None:
+        received.append(m)
+        sub.ack(m)
+
+    sub.on_message(take)
+    sub.join(channel)
+    return received
+
+
+def test_a_forward_refused_for_good_goes_to_the_trash_survives_kill_9_and_resubmits_once(
+    brokers: list[Broker], zctx: Ctx, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = Broker("A", data=tmp_path / "a")
+    b = Broker("B", data=tmp_path / "b")
+    brokers += [a, b]
+    b.start()
+    a.start(a.link(b))
+    sub = b.client(zctx)
+    sub.create_queue("orders", 1, ONE_CONSUMER_PERSISTENT)
+    sub.join("orders")
+    pub = a.client(zctx)
+    pub.create_queue("orders", 1, ONE_CONSUMER_PERSISTENT)
+    wait_interest(pub, {"B"}, "orders")  # A's federation client took the channel for B
+    b.kill()  # gone without withdrawing its interest: A keeps it
+    sub.close(timeout=1.0)
+    pub.push("orders", 1, "o-1", ack=True)  # acknowledged: on A's disk, held for B
+    # B comes back not allowing the channel any more: the held forward is refused for good
+    b.start("--link-accept", "other")
+    at = ("--connect", a.endpoint)
+    why = f"{REFUSED_REASON}B: channel 'orders' not allowed on this link (status 401)"
+    listed = f"1\t{why}\to-1\n"
+    assert wait_until(lambda: cli(capsys, "trash", "list", *at, "orders", "1")[1] == listed, 30), (
+        f"{cli(capsys, 'trash', 'list', *at, 'orders', '1')} {federation_stats(pub)}"
+    )
+    stats = federation_stats(pub)
+    assert (stats["refused_by_peer"], stats["dead_lettered"], stats["pending"]) == (1, 1, 0)
+    pub.close()
+
+    a.kill()  # the trash is on disk: back after a kill -9
+    a.start(a.link(b))
+    assert cli(capsys, "trash", "list", *at, "orders", "1") == (0, listed)
+
+    b.stop()
+    b.start()  # the channel allowed again; a consumer on B
+    sub = b.client(zctx)
+    received = acked_into(sub, "orders")
+    pub = a.client(zctx)
+    assert wait_until(lambda: stats_or_none(pub) is not None, 30)
+    wait_interest(pub, {"B"}, "orders")
+    assert cli(capsys, "trash", "resubmit", *at, "orders", "1") == (0, "1\n")
+    pub.push("orders", 1, "o-2", ack=True)  # after it: once this is in, so is o-1's one copy
+    got = lambda: Counter(bytes(m.payload) for m in received)  # noqa: E731
+    assert wait_until(lambda: got()[b"o-2"] >= 1 and got()[b"o-1"] >= 1, 30), (
+        got(),
+        federation_stats(pub),
+    )
+    assert got() == Counter({b"o-1": 1, b"o-2": 1})
+    assert cli(capsys, "trash", "list", *at, "orders", "1") == (0, "")
+    assert wait_until(lambda: int(pub.queue_info("orders", 1)["Acks"]) >= 2, 20)
+    assert federation_stats(pub)["dead_lettered"] == 0  # (a new process: counts anew)
+    pub.close()
+    sub.close()
