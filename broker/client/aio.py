@@ -55,6 +55,11 @@ __all__ = ["AsyncClient"]
 log = logging.getLogger(__name__)
 
 _BATCH = 256
+#: Frames sent by ``push``/``ack``/... (no answer awaited) between two turns given to the
+#: event loop: a send the socket takes at once does not yield, so a coroutine sending in
+#: a loop starved every other task, this client's own I/O task (keep-alive PINGs,
+#: reading) among them, and the broker ended a consumer's session as silent.
+YIELD_EVERY = 64
 _PING = S.PING
 _PONG = S.PONG
 
@@ -130,6 +135,7 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
         self._end: S.Ended | None = None  # how (``S.Ended.reason``: empty for the goodbye)
         #: Frames sent without an answer, and which the broker read (``broker.client.confirm``).
         self._confirmations = Confirmations()
+        self._unyielded = 0  # frames sent since the last turn given to the loop
         self._closing = asyncio.Event()  # close() sent the goodbye
         self._fanout = fanout
         #: The fan-out SUB and its streams: a plain socket on the same libzmq context,
@@ -438,6 +444,10 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
         await self._check().send(data)
         if result is not None:  # a message (its id), not an acknowledge: see Client._emit
             self._confirmations.sent += 1
+        self._unyielded += 1
+        if self._unyielded >= YIELD_EVERY:  # the other tasks' turn (see YIELD_EVERY)
+            self._unyielded = 0
+            await asyncio.sleep(0)
         return result
 
     # -- receiving ---------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -254,9 +255,45 @@ def test_no_broker_is_a_connect_error(endpoint: str) -> None:
     run(endpoint, main)
 
 
+def test_a_push_loop_lets_the_other_tasks_run(endpoint: str) -> None:
+    """``await push()`` whose frame the socket takes at once must still yield now and
+    then: a coroutine pushing in a loop starved every other task of the event loop, the
+    clients' own I/O tasks among them (no keep-alive PINGs, nothing read: under load a
+    500-push loop took 0.7 s and the broker ended a consumer's session as silent)."""
+
+    async def main(ctx: zmq.asyncio.Context, ep: str) -> None:
+        async with client(ctx, ep) as producer:
+            await producer.create_queue("busy", 1, {"Status": 1})
+            pushed = 0
+            seen: list[int] = []
+
+            async def watcher() -> None:
+                while True:
+                    seen.append(pushed)
+                    await asyncio.sleep(0)
+
+            watching = asyncio.ensure_future(watcher())
+            await asyncio.sleep(0)
+            for _ in range(2000):
+                await producer.push("busy", 1, b"x")
+                pushed += 1
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
+            assert any(0 < n < 2000 for n in seen), sorted(set(seen))[:5]
+
+    run(endpoint, main)
+
+
 def test_a_consumer_that_stops_reading_keeps_its_session(zctx: Ctx) -> None:
-    """A full inbox stops the reader; its PINGs keep the broker from expiring it."""
-    opts = ServerOptions(endpoint="tcp://127.0.0.1:*", ping_interval=0.2, peer_timeout=0.6)
+    """A full inbox stops the reader; its PINGs keep the broker from expiring it.
+
+    The broker's peer timeout (3 s) is many of the consumer's PING intervals (0.2 s): at
+    load 50-60 this process (broker thread and both clients) went unscheduled for up to
+    1.2 s, and with the 0.6 s it had the broker rightly ended sessions it had not heard
+    from, 10 runs in 30.  The pause still outlasts the timeout: a consumer that does not
+    PING while it does not read is ended."""
+    opts = ServerOptions(endpoint="tcp://127.0.0.1:*", ping_interval=1.0, peer_timeout=3.0)
     with Server(Engine(), opts, context=zctx) as srv:
         assert srv.endpoint is not None
 
@@ -270,7 +307,7 @@ def test_a_consumer_that_stops_reading_keeps_its_session(zctx: Ctx) -> None:
                 for i in range(500):
                     await producer.push("slow", 1, b"%d" % i)
                 await producer.push("slow", 1, b"500", ack=True)
-                await asyncio.sleep(1.5)  # the condition under test: longer than the timeout
+                await asyncio.sleep(3.5)  # the condition under test: longer than the timeout
                 assert consumer.client_id in {c["Id"] for c in await producer.clients()}
                 got = []
                 async for message in consumer.consume(timeout=WAIT):
