@@ -197,7 +197,7 @@ class Counters:
     confirmed: int = 0  # forwards a peer confirmed
     forward_failures: int = 0  # forwards that failed (sent again later)
     refused_by_peer: int = 0  # forwards a peer refused for good
-    dead_lettered: int = 0  # deliveries a peer refused for good, sent to their queue's trash
+    dead_lettered: int = 0  # deliveries a peer refused for good, nacked to their queue's trash
     dropped: int = 0  # deliveries without acknowledge dropped: max_pending reached
     given_back: int = 0  # one-consumer deliveries no peer could take, put back (nack)
     invalid: int = 0  # local deliveries with a bad Hops/Depth header (not forwarded)

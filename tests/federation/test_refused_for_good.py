@@ -15,6 +15,7 @@ import zmq
 from broker.cli import main
 from broker.client.blocking import Client, Message
 from broker.federation.core import REFUSED_REASON
+from broker.federation.runner import BATCH_REFUSED_REASON
 from tests.federation.kit import Broker, federation_stats, stats_or_none, wait_interest
 from tests.polling import wait_until
 
@@ -82,36 +83,41 @@ def test_a_forward_refused_for_good_goes_to_the_trash_survives_kill_9_and_resubm
     # B comes back not allowing the channel any more: the held forward is refused for good
     b.start("--link-accept", "other")
     at = ("--connect", a.endpoint)
-    why = f"{REFUSED_REASON}B: channel 'orders' not allowed on this link (status 401)"
-    listed = f"1\t{why}\to-1\n"
-    assert wait_until(lambda: cli(capsys, "trash", "list", *at, "orders", "1")[1] == listed, 30), (
-        f"{cli(capsys, 'trash', 'list', *at, 'orders', '1')} {federation_stats(pub)}"
-    )
+    trash = lambda: cli(capsys, "trash", "list", *at, "orders", "1")  # noqa: E731
+    assert wait_until(lambda: trash()[1] != "", 60), federation_stats(pub)
+    code, listed = trash()
+    # the reason: B's own for a single forward; a batch's answer has one code per message
+    # (at load 60 the queue's 15 s AcknowledgeTimeout redelivered o-1 to the federation
+    # client while B was away, and both deliveries went in one batch)
+    single = "channel 'orders' not allowed on this link (status 401)"
+    why = single if "status 401" in listed else BATCH_REFUSED_REASON
+    assert (code, listed) == (0, f"1\t{REFUSED_REASON}B: {why}\to-1\n")
     stats = federation_stats(pub)
-    assert (stats["refused_by_peer"], stats["dead_lettered"], stats["pending"]) == (1, 1, 0)
+    assert stats["refused_by_peer"] >= 1 and stats["dead_lettered"] >= 1, stats
+    assert stats["pending"] == 0, stats
     pub.close()
 
     a.kill()  # the trash is on disk: back after a kill -9
     a.start(a.link(b))
-    assert cli(capsys, "trash", "list", *at, "orders", "1") == (0, listed)
+    assert trash() == (0, listed)
 
     b.stop()
     b.start()  # the channel allowed again; a consumer on B
     sub = b.client(zctx)
     received = acked_into(sub, "orders")
     pub = a.client(zctx)
-    assert wait_until(lambda: stats_or_none(pub) is not None, 30)
+    assert wait_until(lambda: stats_or_none(pub) is not None, 60)
     wait_interest(pub, {"B"}, "orders")
     assert cli(capsys, "trash", "resubmit", *at, "orders", "1") == (0, "1\n")
     pub.push("orders", 1, "o-2", ack=True)  # after it: once this is in, so is o-1's one copy
     got = lambda: Counter(bytes(m.payload) for m in received)  # noqa: E731
-    assert wait_until(lambda: got()[b"o-2"] >= 1 and got()[b"o-1"] >= 1, 30), (
+    assert wait_until(lambda: got()[b"o-2"] >= 1 and got()[b"o-1"] >= 1, 60), (
         got(),
         federation_stats(pub),
     )
     assert got() == Counter({b"o-1": 1, b"o-2": 1})
-    assert cli(capsys, "trash", "list", *at, "orders", "1") == (0, "")
-    assert wait_until(lambda: int(pub.queue_info("orders", 1)["Acks"]) >= 2, 20)
+    assert trash() == (0, "")
+    assert wait_until(lambda: int(pub.queue_info("orders", 1)["Acks"]) >= 2, 60)
     assert federation_stats(pub)["dead_lettered"] == 0  # (a new process: counts anew)
     pub.close()
     sub.close()
