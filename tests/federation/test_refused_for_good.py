@@ -6,17 +6,20 @@ delivers it once."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import zmq
 
 from broker.cli import main
-from broker.client.blocking import Client, Message
 from broker.federation.core import REFUSED_REASON
 from broker.federation.runner import BATCH_REFUSED_REASON
 from tests.federation.kit import Broker, federation_stats, stats_or_none, wait_interest
+from tests.federation.test_links import (  # noqa: F401 (the fixtures brokers, zctx)
+    acked_into,
+    brokers,
+    zctx,
+)
 from tests.polling import wait_until
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
@@ -30,41 +33,17 @@ ONE_CONSUMER_PERSISTENT = {
 }
 
 
-@pytest.fixture
-def zctx() -> Iterator[Ctx]:
-    ctx: Ctx = zmq.Context()
-    yield ctx
-    ctx.destroy(linger=0)
-
-
-@pytest.fixture
-def brokers() -> Iterator[list[Broker]]:
-    made: list[Broker] = []
-    yield made
-    for b in made:
-        b.kill()
-
-
 def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
     code = main(list(argv))
     out, _err = capsys.readouterr()
     return code, out
 
 
-def acked_into(sub: Client, channel: str) -> list[Message]:
-    received: list[Message] = []
-
-    def take(m: Message) -> None:
-        received.append(m)
-        sub.ack(m)
-
-    sub.on_message(take)
-    sub.join(channel)
-    return received
-
-
 def test_a_forward_refused_for_good_goes_to_the_trash_survives_kill_9_and_resubmits_once(
-    brokers: list[Broker], zctx: Ctx, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    brokers: list[Broker],  # noqa: F811 (the fixtures imported above)
+    zctx: Ctx,  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     a = Broker("A", data=tmp_path / "a")
     b = Broker("B", data=tmp_path / "b")
