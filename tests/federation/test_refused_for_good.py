@@ -39,6 +39,8 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
     return code, out
 
 
+@pytest.mark.slow  # five broker starts: ~40 s at load 20, 90-160 s at load 60
+@pytest.mark.timeout(600)  # (a hang detector, not a speed bound)
 def test_a_forward_refused_for_good_goes_to_the_trash_survives_kill_9_and_resubmits_once(
     brokers: list[Broker],  # noqa: F811 (the fixtures imported above)
     zctx: Ctx,  # noqa: F811
