@@ -204,6 +204,9 @@ class ClientApi(Generic[R]):
             call = self._push_call(channel, queue_id, payload, mid, headers, high_priority)
             return self._perform(call, timeout, mid)
         body = payload if type(payload) is bytes else as_bytes(payload)
+        if not headers and (high_priority is False or high_priority is True):
+            encode = (session.senders or session.push_encoders())[high_priority]
+            return self._emit(encode(queue_id, mid, channel, body)[0], mid)
         data = tmqp.encode_frame(
             high_priority=high_priority,
             message_type=_QUEUE,

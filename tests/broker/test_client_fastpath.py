@@ -10,8 +10,11 @@ import zmq
 
 from broker import tmqp
 from broker.client.blocking import Client, Kind, Message
+from broker.client.errors import UnconfirmedSends
 from broker.protocol import MessageType
 from zproto.errors import DecodeError, EncodeError
+
+from tests.polling import wait_until
 
 from .test_client_session import PING, FakeBroker
 
@@ -67,6 +70,67 @@ def test_pushed_queue_frames_are_what_the_codec_encodes(
             payload=payload.encode() if isinstance(payload, str) else payload,
         )
         assert data == tmqp.encode(expected)[0]
+
+
+def _next_push(broker: FakeBroker) -> tmqp.Frame:
+    while True:
+        _, data = broker.recv(timeout=10)
+        if data != PING:
+            frame = tmqp.decode([data])
+            assert isinstance(frame, tmqp.Frame)
+            return frame
+
+
+def test_a_push_after_the_broker_gave_another_client_id_carries_the_new_one(
+    zctx: zmq.Context[zmq.Socket[bytes]],
+) -> None:
+    """The push encoders are made per client id (``Session.push_encoders``): a session
+    that comes back under another id (a broker that did not keep the old one) sends the
+    new id as the source, fire-and-forget pushes and batches alike."""
+    broker = FakeBroker(zctx)
+    client = Client(broker.endpoint, context=zctx, threaded=True, timeout=5,
+                    ping_interval=0.2, peer_timeout=0.6, backoff=(0.01, 0.05))  # fmt: skip
+    accepting = threading.Thread(target=lambda: broker.accept("first-id"))
+    accepting.start()
+    try:
+        client.connect()
+        accepting.join(10)
+        client.push("ch", 1, b"one", message_id="m1")
+        assert _next_push(broker).source == "first-id"
+        # the broker stays silent: the client starts a new session, given another id
+        broker.accept("second-id")
+        assert wait_until(lambda: client.client_id == "second-id", timeout=10)
+        client.push("ch", 1, b"two", message_id="m2")
+        client.push("ch", 1, b"three", message_id="m3", high_priority=True)
+        got = [_next_push(broker), _next_push(broker)]
+        assert [(f.source, f.message_id, f.high_priority) for f in got] == [
+            ("second-id", "m2", False),
+            ("second-id", "m3", True),
+        ]
+        # the goodbye answered: only the push before the silence is in doubt
+        answering = broker.answer_goodbye()
+        with pytest.raises(UnconfirmedSends, match="up to 1 message"):
+            client.close()
+        answering.join(10)
+    finally:
+        client.close()
+        broker.sock.close(linger=0)
+
+
+def test_a_push_with_a_priority_that_is_not_a_bool_is_the_codecs_error(
+    zctx: zmq.Context[zmq.Socket[bytes]],
+) -> None:
+    broker = FakeBroker(zctx)
+    client = Client(broker.endpoint, context=zctx, threaded=False, timeout=5)
+    try:
+        with pytest.raises(EncodeError, match="high_priority"):
+            client.push("ch", 1, b"p", high_priority=2)  # type: ignore[arg-type]
+        with pytest.raises(EncodeError, match="high_priority"):
+            client.push_many("ch", 1, [b"p"], ack=False, high_priority=2)  # type: ignore[arg-type]
+        assert broker.sock.poll(100) == 0
+    finally:
+        client.close()
+        broker.sock.close(linger=0)
 
 
 @pytest.mark.parametrize("queue_id", [-1, 65536])
