@@ -12,9 +12,8 @@ from broker import tmqp
 from broker.client.blocking import Client, Kind, Message
 from broker.client.errors import UnconfirmedSends
 from broker.protocol import MessageType
-from zproto.errors import DecodeError, EncodeError
-
 from tests.polling import wait_until
+from zproto.errors import DecodeError, EncodeError
 
 from .test_client_session import PING, FakeBroker
 
