@@ -174,6 +174,28 @@ class _Hoisted:
         return kept, [], left
 
 
+def _keyword_params(attrs: list[Attr]) -> tuple[list[str], list[str]]:
+    """Keyword parameters with the class's defaults for ``attrs``, and the fields whose
+    default is made fresh per call (their parameter defaults to None)."""
+    params: list[str] = []
+    fresh: list[str] = []
+    for attr in attrs:
+        if attr.default.startswith("field(default_factory="):
+            params.append(f"{attr.ident}: {attr.pytype} | None = None")
+            fresh.append(attr.ident)
+        else:
+            params.append(f"{attr.ident}: {attr.pytype} = {attr.default}")
+    return params, fresh
+
+
+def _fill_fresh(src: Source, attrs: list[Attr], fresh: list[str]) -> None:
+    """Statements giving each ``fresh`` parameter left None its class default."""
+    for ident in fresh:
+        default = next(a.default for a in attrs if a.ident == ident)
+        src(f"if {ident} is None:")
+        src(f"    {ident} = {plain_default(default)}")
+
+
 def _parse(text: str, mode: str) -> ast.AST | None:
     try:
         return ast.parse(text, mode=mode)
@@ -218,14 +240,8 @@ class EncoderWriter:
             return
         size = f"{chunk.ident}_size"
         attrs = [a for a in attributes(msg) if a.ident != chunk.ident]
-        params = [f"{size}: int"]
-        fresh: list[str] = []
-        for attr in attrs:
-            if attr.default.startswith("field(default_factory="):
-                params.append(f"{attr.ident}: {attr.pytype} | None = None")
-                fresh.append(attr.ident)
-            else:
-                params.append(f"{attr.ident}: {attr.pytype} = {attr.default}")
+        params, fresh = _keyword_params(attrs)
+        params.insert(0, f"{size}: int")
         src.wrapped(f"def encode_{msg.ident}_head(", params, ") -> bytes:")
         src.indent()
         src(f'"""The frame of ``encode({msg.class_name}(...))`` before the content of its')
@@ -244,10 +260,7 @@ class EncoderWriter:
             src("    raise EncodeError(")
             src(f"        {text}")
             src("    )")
-        for ident in fresh:
-            default = next(a.default for a in attrs if a.ident == ident)
-            src(f"if {ident} is None:")
-            src(f"    {ident} = {plain_default(default)}")
+        _fill_fresh(src, attrs, fresh)
         self.head_of = chunk
         try:
             self._body(src, msg, lambda ident: ident, build)
@@ -260,14 +273,7 @@ class EncoderWriter:
     def write_fields(self, src: Source, msg: Message) -> None:
         """``encode_<message>(...)``: encode from field values, no object built."""
         attrs = attributes(msg)
-        params = []
-        fresh: list[str] = []
-        for attr in attrs:
-            if attr.default.startswith("field(default_factory="):
-                params.append(f"{attr.ident}: {attr.pytype} | None = None")
-                fresh.append(attr.ident)
-            else:
-                params.append(f"{attr.ident}: {attr.pytype} = {attr.default}")
+        params, fresh = _keyword_params(attrs)
         if params:
             src.wrapped(f"def encode_{msg.ident}(", params, ") -> list[bytes]:")
         else:
@@ -286,10 +292,7 @@ class EncoderWriter:
                 src.dedent()
                 src(")")
         else:
-            for ident in fresh:
-                default = next(a.default for a in attrs if a.ident == ident)
-                src(f"if {ident} is None:")
-                src(f"    {ident} = {plain_default(default)}")
+            _fill_fresh(src, attrs, fresh)
             self._body(src, msg, lambda ident: ident, build)
         src.dedent()
         src()
@@ -305,14 +308,7 @@ class EncoderWriter:
         fixed = [a for a in attrs if a.ident not in sender.fields]
         if any(a.ident in _BUILTINS_USED for a in attrs):
             raise ValueError(f"sender {sender.name}: a field shadows a builtin the encoder calls")
-        params: list[str] = []
-        fresh: list[str] = []
-        for attr in fixed:
-            if attr.default.startswith("field(default_factory="):
-                params.append(f"{attr.ident}: {attr.pytype} | None = None")
-                fresh.append(attr.ident)
-            else:
-                params.append(f"{attr.ident}: {attr.pytype} = {attr.default}")
+        params, fresh = _keyword_params(fixed)
         kinds = ", ".join(a.pytype for a in varying)
         gives = f") -> Callable[[{kinds}], list[bytes]]:"
         src.wrapped(f"def encode_{sender.ident}_sender(", ["*", *params] if params else [], gives)
@@ -328,10 +324,7 @@ class EncoderWriter:
         src("the fields given here are checked once, where they can be alone (an")
         src("``EncodeError`` here names the bad one).")
         src('"""')
-        for ident in fresh:
-            default = next(a.default for a in fixed if a.ident == ident)
-            src(f"if {ident} is None:")
-            src(f"    {ident} = {plain_default(default)}")
+        _fill_fresh(src, fixed, fresh)
         body = Source(level=src.level + 1)
         build = f"{msg.class_name}({', '.join(a.ident for a in attrs)})"
         self._body(body, msg, lambda ident: ident, build, frozenset(a.ident for a in fixed))

@@ -419,19 +419,8 @@ class _Loader:
         message (its attributes: no length or flag the codec computes), once each."""
         out: list[Record] = []
         for elem in root.findall("record"):
-            name = elem.get("name") or ""
-            where = f"{self.where}: record {name}"
-            general = [m for m in messages if m.literal is None]
-            if dialect != "binary" or not general:
-                raise ModelError(f'{where}: <record> needs dialect="binary" and a message '
-                                 "without literal=")  # fmt: skip
-            try:
-                ident = to_ident(name)
-            except ValueError:
-                raise ModelError(f"{self.where}: <record> needs a name") from None
-            if any(r.ident == ident for r in out):
-                raise ModelError(f"{where}: two records have this name")
-            idents = _attribute_idents(elem, general[0], where)
+            name, ident, where = self._named(elem, dialect, messages, [r.ident for r in out])
+            idents = _attribute_idents(elem, _general(messages), where)
             wire = elem.get("wire", "0")
             if wire not in ("0", "1"):
                 raise ModelError(f"{where}: wire= is 0 or 1")
@@ -445,21 +434,29 @@ class _Loader:
         message that change from one call to the next (attributes, once each)."""
         out: list[Sender] = []
         for elem in root.findall("sender"):
-            name = elem.get("name") or ""
-            where = f"{self.where}: sender {name}"
-            general = [m for m in messages if m.literal is None]
-            if dialect != "binary" or not general:
-                raise ModelError(f'{where}: <sender> needs dialect="binary" and a message '
-                                 "without literal=")  # fmt: skip
-            try:
-                ident = to_ident(name)
-            except ValueError:
-                raise ModelError(f"{self.where}: <sender> needs a name") from None
-            if any(s.ident == ident for s in out):
-                raise ModelError(f"{where}: two senders have this name")
-            idents = _attribute_idents(elem, general[0], where)
+            name, ident, where = self._named(elem, dialect, messages, [s.ident for s in out])
+            idents = _attribute_idents(elem, _general(messages), where)
             out.append(Sender(name, ident, tuple(idents), _text(elem)))
         return tuple(out)
+
+    def _named(
+        self, elem: ET.Element, dialect: str, messages: list[Message], taken: list[str]
+    ) -> tuple[str, str, str]:
+        """A ``<record>`` or ``<sender>``'s name, ident and place in errors: it needs a
+        binary model with a general message and a name no other of its kind has."""
+        kind = elem.tag
+        name = elem.get("name") or ""
+        where = f"{self.where}: {kind} {name}"
+        if dialect != "binary" or not [m for m in messages if m.literal is None]:
+            raise ModelError(f'{where}: <{kind}> needs dialect="binary" and a message '
+                             "without literal=")  # fmt: skip
+        try:
+            ident = to_ident(name)
+        except ValueError:
+            raise ModelError(f"{self.where}: <{kind}> needs a name") from None
+        if ident in taken:
+            raise ModelError(f"{where}: two {kind}s have this name")
+        return name, ident, where
 
     def _message(self, elem: ET.Element, header: list[Item], next_id: int) -> Message:
         name = elem.get("name")
@@ -761,6 +758,11 @@ class _Loader:
             else:
                 out.append(mark(item))
         return out
+
+
+def _general(messages: list[Message]) -> Message:
+    """The model's message without ``literal=`` (a binary model has at most one)."""
+    return next(m for m in messages if m.literal is None)
 
 
 def _attribute_idents(elem: ET.Element, general: Message, where: str) -> list[str]:

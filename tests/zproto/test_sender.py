@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker import tmqp
-from tests.zproto.support import CPU_BOUND, general_codec
+from tests.zproto.support import CPU_BOUND, general_codec, string_model
 from zproto.errors import EncodeError
 from zproto.model import ModelError, load
 
@@ -138,9 +138,5 @@ def test_a_bad_varying_field_is_the_error_encode_frame_raises(varying: tuple[Any
 def test_a_sender_names_fields_of_the_binary_message(
     tmp_path: Path, model: str, match: str
 ) -> None:
-    path = tmp_path / "t.xml"
-    path.write_text(f'{model}<message name="m">'
-                    '<field name="n" type="number" size="1"/>'
-                    '<field name="a" type="string" length="n"/></message></class>')  # fmt: skip
     with pytest.raises(ModelError, match=match):
-        load(path)
+        load(string_model(tmp_path, model))
