@@ -432,8 +432,10 @@ class Session:
         self.subscriptions: dict[tuple[str, str | None, int | None], None] = {}
         self.handlers: list[tuple[str, str | None, int | None, Callable[[Message], Any]]] = []
         self.first = True
-        self._prefix = f"{random.getrandbits(32):08x}-"
-        self._counter = itertools.count(1)
+        #: Message ids are ``<prefix><next(counter)>`` (``new_id``; the drivers' fast paths
+        #: build them in place: plain attributes, read per push, never set outside).
+        self.prefix = f"{random.getrandbits(32):08x}-"
+        self.counter = itertools.count(1)
         self._connect_deadline = 0.0
         self._hs_id = ""
         self._hs_deadline = 0.0
@@ -467,17 +469,8 @@ class Session:
 
     # -- ids and lifecycle -------------------------------------------------------------
 
-    @property
-    def prefix(self) -> str:
-        """Message ids are ``<prefix><counter>`` (the drivers' fast paths build them too)."""
-        return self._prefix
-
-    @property
-    def counter(self) -> itertools.count[int]:
-        return self._counter
-
     def new_id(self) -> str:
-        return f"{self._prefix}{next(self._counter)}"
+        return f"{self.prefix}{next(self.counter)}"
 
     def push_encoders(self) -> tuple[PushEncoder, PushEncoder]:
         """The encoders of fire-and-forget pushes from this client (``senders``)."""
