@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import zmq
 
-from broker import tmqp
+from broker import batch, tmqp
 from broker.client.blocking import Client, Kind, Message
 from broker.client.errors import UnconfirmedSends
 from broker.protocol import MessageType
@@ -229,3 +229,70 @@ def test_received_messages_equal_what_the_codec_decodes(
     assert all(type(m) is Message and m == Message(m.frame) for m in got)
     assert [m.kind for m in got if m is not None] == [Kind.QUEUE] * 4 + [Kind.DIRECT, Kind.QUEUE]
     assert "undecodable frame" in caplog.text
+
+
+def _delivery(mid: str, payload: bytes, headers: tuple[tuple[str, str], ...] = ()) -> bytes:
+    frame = tmqp.Frame(message_type=MessageType.QUEUE, content_type=1, message_id=mid,
+                       source="prod", target="ch", headers=headers, payload=payload)  # fmt: skip
+    return tmqp.encode(frame)[0]
+
+
+@pytest.mark.parametrize("threaded", [False, True], ids=["poll-on-call", "threaded"])
+def test_batches_of_deliveries_plain_mixed_damaged_and_garbage_between(
+    zctx: zmq.Context[zmq.Socket[bytes]], threaded: bool
+) -> None:
+    """What a broker (or an impostor) sends as batches of deliveries (``broker.batch``):
+    plain ones go to the inbox at once (``IOLoop._inbox_batch``), a batch with a header
+    entry through the session core (its entries still in order, the header kept), an entry
+    cut short or not UTF-8 drops only that entry, an unreadable batch and garbage frames
+    are dropped; the client keeps its session and reads on, in order."""
+    broker = FakeBroker(zctx)
+    client = Client(broker.endpoint, context=zctx, threaded=threaded, timeout=5)
+    rids: list[bytes] = []
+    accepting = threading.Thread(target=lambda: rids.append(broker.accept()[0]))
+    accepting.start()
+    try:
+        client.connect()
+        accepting.join(10)
+        rid = rids[0]
+        plain = [_delivery(f"p{i}", b"%d" % i) for i in range(5)]
+        mixed = [
+            _delivery("m0", b"a"),
+            _delivery("m1", b"b", (("k", "v"),)),
+            _delivery("m2", b"c"),
+        ]
+        bad_utf8 = _delivery("x", b"z").replace(b"x", b"\xff", 1)
+        damaged = [_delivery("d0", b"1"), bad_utf8, _delivery("d2", b"3")]
+        broker.send(rid, batch.deliveries_frame(plain))
+        broker.send(rid, b"\x00garbage")
+        broker.send(rid, batch.deliveries_frame(mixed))
+        broker.send(rid, batch.deliveries_frame(damaged))
+        cut = batch.deliveries_frame([_delivery("c0", b"9")])
+        broker.send(rid, cut[:-3])  # the frame's own lengths no longer hold: not decoded
+        torn = tmqp.encode_frame(message_type=int(MessageType.SERVER),
+                                 content_type=batch.DELIVERIES,
+                                 payload=b"\xff\x00\x00\x00short")[0]  # fmt: skip
+        broker.send(rid, torn)  # an entry longer than the batch: unreadable
+        broker.send(rid, _delivery("last", b"end"))
+        got: list[Message] = []
+        while len(got) < 11:
+            m = client.receive(timeout=10)
+            assert m is not None, f"only {[g.id for g in got]}"
+            got.append(m)
+        assert [m.id for m in got] == [f"p{i}" for i in range(5)] + [
+            "m0",
+            "m1",
+            "m2",
+            "d0",
+            "d2",
+            "last",
+        ]
+        assert [bytes(m.payload) for m in got[5:8]] == [b"a", b"b", b"c"]
+        assert got[6].header("k") == "v" and all(m.kind is Kind.QUEUE for m in got)
+        assert client.connected
+        answering = broker.answer_goodbye()
+        client.close()
+        answering.join(10)
+    finally:
+        client.close()
+        broker.sock.close(linger=0)
