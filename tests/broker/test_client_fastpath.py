@@ -18,16 +18,23 @@ from zproto.errors import DecodeError, EncodeError
 from .test_client_session import PING, FakeBroker
 
 
+def _connect(client: Client, broker: FakeBroker, client_id: str = "fake-1") -> bytes:
+    """Connect ``client`` to the fake broker, which accepts it as ``client_id``; the
+    routing id of its session."""
+    rids: list[bytes] = []
+    accepting = threading.Thread(target=lambda: rids.append(broker.accept(client_id)[0]))
+    accepting.start()
+    client.connect()
+    accepting.join(10)
+    return rids[0]
+
+
 def _pushed(zctx: zmq.Context[zmq.Socket[bytes]], pushes: list[dict[str, Any]]) -> list[bytes]:
     """What the broker receives for each ``Client.push(**kwargs)`` (a live session)."""
     broker = FakeBroker(zctx)
     client = Client(broker.endpoint, context=zctx, threaded=True, timeout=5)
-    rids: list[bytes] = []
-    accepting = threading.Thread(target=lambda: rids.append(broker.accept()[0]))
-    accepting.start()
     try:
-        client.connect()
-        accepting.join(5)
+        _connect(client, broker)
         for kwargs in pushes:
             client.push(**kwargs)
         got = []
@@ -89,11 +96,8 @@ def test_a_push_after_the_broker_gave_another_client_id_carries_the_new_one(
     broker = FakeBroker(zctx)
     client = Client(broker.endpoint, context=zctx, threaded=True, timeout=5,
                     ping_interval=0.2, peer_timeout=0.6, backoff=(0.01, 0.05))  # fmt: skip
-    accepting = threading.Thread(target=lambda: broker.accept("first-id"))
-    accepting.start()
     try:
-        client.connect()
-        accepting.join(10)
+        _connect(client, broker, "first-id")
         client.push("ch", 1, b"one", message_id="m1")
         assert _next_push(broker).source == "first-id"
         # the broker stays silent: the client starts a new session, given another id
@@ -210,15 +214,11 @@ def test_received_messages_equal_what_the_codec_decodes(
 ) -> None:
     broker = FakeBroker(zctx)
     client = Client(broker.endpoint, context=zctx, threaded=threaded, timeout=5)
-    accepting = threading.Thread(target=lambda: rids.append(broker.accept()[0]))
-    rids: list[bytes] = []
-    accepting.start()
     try:
-        client.connect()
-        accepting.join(5)
+        rid = _connect(client, broker)
         wire = _frames_to_deliver()
         for data in wire:
-            broker.send(rids[0], data)
+            broker.send(rid, data)
         got = [client.receive(timeout=5) for _ in range(6)]
         assert client.receive(timeout=0.1) is None
     finally:
@@ -248,13 +248,8 @@ def test_batches_of_deliveries_plain_mixed_damaged_and_garbage_between(
     are dropped; the client keeps its session and reads on, in order."""
     broker = FakeBroker(zctx)
     client = Client(broker.endpoint, context=zctx, threaded=threaded, timeout=5)
-    rids: list[bytes] = []
-    accepting = threading.Thread(target=lambda: rids.append(broker.accept()[0]))
-    accepting.start()
     try:
-        client.connect()
-        accepting.join(10)
-        rid = rids[0]
+        rid = _connect(client, broker)
         plain = [_delivery(f"p{i}", b"%d" % i) for i in range(5)]
         mixed = [
             _delivery("m0", b"a"),
