@@ -104,7 +104,7 @@ Generated codec: ``encode(msg) -> list[bytes]`` and ``decode(frames) -> msg``.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -127,6 +127,7 @@ __all__ = [
     "decode_run",
     "encode",
     "encode_frame",
+    "encode_frame_sender",
     "encode_handshake",
     "encode_ping",
     "encode_pong",
@@ -518,6 +519,123 @@ def encode_frame(
             _SPEC_FRAME,
             _exc,
         ) from None
+
+
+def encode_frame_sender(
+    *,
+    first_acquirer: bool = False,
+    high_priority: bool = False,
+    message_type: int = 0,
+    pending_response: bool = False,
+    pending_ack: bool = False,
+    ttl: int = 16,
+    source: str = "",
+    headers: tuple[tuple[str, str], ...] = (),
+) -> Callable[[int, str, str, bytes], list[bytes]]:
+    """A client's pushes and messages: the same kind, flags, source and headers
+    frame after frame (broker.client.api: the encoder is made once per kind).
+
+    ``encode(content_type, message_id, target, payload)`` gives the frames of
+    ``encode_frame(...)`` with these fields and those, and raises its errors;
+    the fields given here are checked once, where they can be alone (an
+    ``EncodeError`` here names the bad one).
+    """
+    try:
+        _f_has_header = len(headers) > 0
+        _b_flags = first_acquirer << 7 | high_priority << 6 | message_type
+        _b_options = pending_response << 7 | pending_ack << 6 | _f_has_header << 5 | ttl
+        _v_source = source.encode()
+        if (first_acquirer | high_priority) >> 1 or message_type >> 6:
+            raise _rt.Invalid
+        if (pending_response | pending_ack) >> 1 or ttl >> 5:
+            raise _rt.Invalid
+    except _rt.ENCODE_FAILURES as _exc:
+        raise _rt.encode_failure(
+            Frame(
+                first_acquirer,
+                high_priority,
+                message_type,
+                pending_response,
+                pending_ack,
+                ttl,
+                0,
+                "",
+                source,
+                "",
+                headers,
+                b"",
+            ),
+            _SPEC_FRAME,
+            _exc,
+        ) from None
+
+    def encode(content_type: int, message_id: str, target: str, payload: bytes) -> list[bytes]:
+        try:
+            _v_message_id = message_id.encode()
+            _v_target = target.encode()
+            _v_payload = payload
+            _n0 = len(_v_payload)
+            if not _f_has_header and _n0 < 253:
+                return [
+                    b"".join(
+                        (
+                            _LE_BBBBBHB.pack(
+                                _b_flags,
+                                _b_options,
+                                len(_v_message_id),
+                                len(_v_source),
+                                len(_v_target),
+                                content_type,
+                                _n0,
+                            ),
+                            _v_message_id,
+                            _v_source,
+                            _v_target,
+                            _v_payload,
+                        )
+                    )
+                ]
+            _p = [
+                _LE_BBBBBH.pack(
+                    _b_flags,
+                    _b_options,
+                    len(_v_message_id),
+                    len(_v_source),
+                    len(_v_target),
+                    content_type,
+                ),
+                _OCTET[_n0] if _n0 < 253 else _rt.enc_varlen(_n0, "little"),
+                _v_message_id,
+                _v_source,
+                _v_target,
+            ]
+            if _f_has_header:
+                _v_headers = _rt.enc_headers(headers)
+                _p.append(_LE_H.pack(len(_v_headers)))
+                _p.append(_v_headers)
+            _p.append(_v_payload)
+            return [b"".join(_p)]
+        except _rt.ENCODE_FAILURES as _exc:
+            raise _rt.encode_failure(
+                Frame(
+                    first_acquirer,
+                    high_priority,
+                    message_type,
+                    pending_response,
+                    pending_ack,
+                    ttl,
+                    content_type,
+                    message_id,
+                    source,
+                    target,
+                    headers,
+                    payload,
+                ),
+                _SPEC_FRAME,
+                _exc,
+            ) from None
+
+    return encode
 
 
 def _decode_frame(buf: bytes, frames: Any) -> Frame:

@@ -62,6 +62,9 @@ class PythonGenerator:
             self.encoders.write_fields(body, msg)
         for msg in self.proto.messages:
             self.encoders.write_head(body, msg)
+        general = [m for m in self.proto.messages if m.literal is None]
+        for sender in self.proto.senders:
+            self.encoders.write_sender(body, general[0], sender)
         for msg in self.proto.messages:
             if msg.literal is None:
                 self.decoders.write(body, msg)
@@ -105,6 +108,8 @@ class PythonGenerator:
         abc = []
         if any(f.lazy for m in p.messages for f in m.fields):
             abc.append("Mapping")
+        if p.senders:
+            abc.append("Callable")
         if p.runs or p.records:
             abc.append("Sequence")
         if abc:
@@ -142,6 +147,7 @@ class PythonGenerator:
             names.append("waiting_fields")
         names += [f"encode_{m.ident}" for m in p.messages]
         names += [f"encode_{m.ident}_head" for m in p.messages if head_chunk(m) is not None]
+        names += [f"encode_{s.ident}_sender" for s in p.senders]
         if not self.classic:
             general = [m for m in p.messages if m.literal is None]
             names += [f"peek_{f.ident}" for m in general for f in peekable(m)]

@@ -14,6 +14,10 @@ before the chunk's content, its 4-octet length saying ``<chunk>_size``.  The hea
 file chunk straight into a buffer behind the head and sends that buffer, the chunk
 never copied into a joined frame.
 
+A ``<sender>`` gets ``encode_<sender>_sender(fixed fields)``: the template's
+preparations and checks that read only the fixed fields run once there, the rest in the
+``encode(varying fields)`` it gives (same octets and errors as ``encode_<message>``).
+
 Fixed-size fields merge into one ``struct`` pack per run; strings are encoded once up
 front (their lengths feed length fields); an optional section is prepared and appended
 only when its flag is set; a one-octet variable length is a table look-up.  Any
@@ -29,11 +33,12 @@ build the object and encode that instead (correct, only slower).
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from zproto.attrs import attributes, default_source, plain_default
-from zproto.model import VARLEN, Field, Message, Optional, Protocol, to_const_name
+from zproto.attrs import Attr, attributes, default_source, plain_default
+from zproto.model import VARLEN, Field, Message, Optional, Protocol, Sender, to_const_name
 from zproto.pysource import (
     LINE_LENGTH,
     ORDER_PREFIX,
@@ -129,6 +134,80 @@ def head_chunk(msg: Message) -> Field | None:
     return last
 
 
+@dataclass
+class _Hoisted:
+    """A sender's preparations and checks that read only its fixed fields (and earlier
+    such preparations): done once, by the function that makes its encoder."""
+
+    lines: list[str]
+    checks: list[str]
+
+    def take(
+        self, fixed: frozenset[str], attrs: list[Attr], lines: list[str], checks: list[str]
+    ) -> tuple[list[str], list[str], list[str]]:
+        """Move what reads only ``fixed`` here; the preparations and the checks left
+        (a preparation made of several lines, or anything that does not parse alone,
+        stays)."""
+        local = {a.ident for a in attrs}
+        assigned: list[set[str]] = []
+        for line in lines:
+            tree = _parse(line, "exec")
+            targets = set() if tree is None else _names(tree, ast.Store)
+            assigned.append(targets)
+            local |= targets
+        known = set(fixed)
+        kept: list[str] = []
+        for line, targets in zip(lines, assigned, strict=True):
+            tree = _parse(line, "exec")
+            if tree is not None and targets and (_names(tree, ast.Load) & local) <= known:
+                self.lines.append(line)
+                known |= targets
+            else:
+                kept.append(line)
+        left: list[str] = []
+        for check in checks:
+            tree = _parse(check, "eval")
+            if tree is not None and (_names(tree, ast.Load) & local) <= known:
+                self.checks.append(check)
+            else:
+                left.append(check)
+        return kept, [], left
+
+
+def _keyword_params(attrs: list[Attr]) -> tuple[list[str], list[str]]:
+    """Keyword parameters with the class's defaults for ``attrs``, and the fields whose
+    default is made fresh per call (their parameter defaults to None)."""
+    params: list[str] = []
+    fresh: list[str] = []
+    for attr in attrs:
+        if attr.default.startswith("field(default_factory="):
+            params.append(f"{attr.ident}: {attr.pytype} | None = None")
+            fresh.append(attr.ident)
+        else:
+            params.append(f"{attr.ident}: {attr.pytype} = {attr.default}")
+    return params, fresh
+
+
+def _fill_fresh(src: Source, attrs: list[Attr], fresh: list[str]) -> None:
+    """Statements giving each ``fresh`` parameter left None its class default."""
+    for ident in fresh:
+        default = next(a.default for a in attrs if a.ident == ident)
+        src(f"if {ident} is None:")
+        src(f"    {ident} = {plain_default(default)}")
+
+
+def _parse(text: str, mode: str) -> ast.AST | None:
+    try:
+        return ast.parse(text, mode=mode)
+    except SyntaxError:
+        return None
+
+
+def _names(tree: ast.AST, ctx: type[ast.expr_context]) -> set[str]:
+    """The names ``tree`` stores (``ast.Store``) or reads (``ast.Load``)."""
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ctx)}
+
+
 class EncoderWriter:
     """Writes ``_encode_<message>`` and ``encode_<message>`` into a generated module."""
 
@@ -161,14 +240,8 @@ class EncoderWriter:
             return
         size = f"{chunk.ident}_size"
         attrs = [a for a in attributes(msg) if a.ident != chunk.ident]
-        params = [f"{size}: int"]
-        fresh: list[str] = []
-        for attr in attrs:
-            if attr.default.startswith("field(default_factory="):
-                params.append(f"{attr.ident}: {attr.pytype} | None = None")
-                fresh.append(attr.ident)
-            else:
-                params.append(f"{attr.ident}: {attr.pytype} = {attr.default}")
+        params, fresh = _keyword_params(attrs)
+        params.insert(0, f"{size}: int")
         src.wrapped(f"def encode_{msg.ident}_head(", params, ") -> bytes:")
         src.indent()
         src(f'"""The frame of ``encode({msg.class_name}(...))`` before the content of its')
@@ -187,10 +260,7 @@ class EncoderWriter:
             src("    raise EncodeError(")
             src(f"        {text}")
             src("    )")
-        for ident in fresh:
-            default = next(a.default for a in attrs if a.ident == ident)
-            src(f"if {ident} is None:")
-            src(f"    {ident} = {plain_default(default)}")
+        _fill_fresh(src, attrs, fresh)
         self.head_of = chunk
         try:
             self._body(src, msg, lambda ident: ident, build)
@@ -203,14 +273,7 @@ class EncoderWriter:
     def write_fields(self, src: Source, msg: Message) -> None:
         """``encode_<message>(...)``: encode from field values, no object built."""
         attrs = attributes(msg)
-        params = []
-        fresh: list[str] = []
-        for attr in attrs:
-            if attr.default.startswith("field(default_factory="):
-                params.append(f"{attr.ident}: {attr.pytype} | None = None")
-                fresh.append(attr.ident)
-            else:
-                params.append(f"{attr.ident}: {attr.pytype} = {attr.default}")
+        params, fresh = _keyword_params(attrs)
         if params:
             src.wrapped(f"def encode_{msg.ident}(", params, ") -> list[bytes]:")
         else:
@@ -229,20 +292,88 @@ class EncoderWriter:
                 src.dedent()
                 src(")")
         else:
-            for ident in fresh:
-                default = next(a.default for a in attrs if a.ident == ident)
-                src(f"if {ident} is None:")
-                src(f"    {ident} = {plain_default(default)}")
+            _fill_fresh(src, attrs, fresh)
             self._body(src, msg, lambda ident: ident, build)
+        src.dedent()
+        src()
+        src()
+
+    def write_sender(self, src: Source, msg: Message, sender: Sender) -> None:
+        """``encode_<sender>_sender(fixed fields...)``: checks the fields that stay the
+        same once and gives ``encode(varying fields...)`` (positional, in the sender's
+        order), whose frames are those of ``encode_<message>`` with all the fields."""
+        attrs = attributes(msg)
+        by_ident = {a.ident: a for a in attrs}
+        varying = [by_ident[ident] for ident in sender.fields]
+        fixed = [a for a in attrs if a.ident not in sender.fields]
+        if any(a.ident in _BUILTINS_USED for a in attrs):
+            raise ValueError(f"sender {sender.name}: a field shadows a builtin the encoder calls")
+        params, fresh = _keyword_params(fixed)
+        kinds = ", ".join(a.pytype for a in varying)
+        gives = f") -> Callable[[{kinds}], list[bytes]]:"
+        src.wrapped(f"def encode_{sender.ident}_sender(", ["*", *params] if params else [], gives)
+        src.indent()
+        text = sender.description or f"The encoder of a sender of {msg.class_name} frames."
+        lines = text.splitlines()
+        src('"""' + lines[0])
+        for line in lines[1:]:
+            src(line)
+        src()
+        src(f"``encode({', '.join(a.ident for a in varying)})`` gives the frames of")
+        src(f"``encode_{msg.ident}(...)`` with these fields and those, and raises its errors;")
+        src("the fields given here are checked once, where they can be alone (an")
+        src("``EncodeError`` here names the bad one).")
+        src('"""')
+        _fill_fresh(src, fixed, fresh)
+        body = Source(level=src.level + 1)
+        build = f"{msg.class_name}({', '.join(a.ident for a in attrs)})"
+        self._body(body, msg, lambda ident: ident, build, frozenset(a.ident for a in fixed))
+        hoisted = self.hoisted
+        if hoisted.lines or hoisted.checks:
+            # the object the validator names a bad fixed field in: the varying at defaults
+            probe = [a.ident if a in fixed else plain_default(a.default) for a in attrs]
+            src("try:")
+            src.indent()
+            for line in hoisted.lines:
+                src(line)
+            for group in group_checks(hoisted.checks, LINE_LENGTH - 4 * src.level - 4):
+                src(f"if {group}:")
+                src("    raise _rt.Invalid")
+            src.dedent()
+            src("except _rt.ENCODE_FAILURES as _exc:")
+            src.indent()
+            src("raise _rt.encode_failure(")
+            src.indent()
+            src.wrapped(f"{msg.class_name}(", probe, "),")
+            src(f"_SPEC_{to_const_name(msg.name)},")
+            src("_exc,")
+            src.dedent()
+            src(") from None")
+            src.dedent()
+        src()
+        args = [f"{a.ident}: {a.pytype}" for a in varying]
+        src.wrapped("def encode(", args, ") -> list[bytes]:")
+        src.lines.extend(body.lines)
+        src()
+        src("return encode")
         src.dedent()
         src()
         src()
 
     # -- the shared template -----------------------------------------------
 
-    def _body(self, src: Source, msg: Message, value: Callable[[str], str], obj: str) -> None:
+    def _body(
+        self,
+        src: Source,
+        msg: Message,
+        value: Callable[[str], str],
+        obj: str,
+        fixed: frozenset[str] | None = None,
+    ) -> None:
         """Statements encoding ``msg`` whose field ``x`` is the expression ``value(x)``;
-        ``obj`` is the message object handed to the validator on failure."""
+        ``obj`` is the message object handed to the validator on failure.  ``fixed``
+        (a sender's fields that do not change): the preparations and checks that read
+        nothing else are left out and kept in ``self.hoisted`` (see ``write_sender``)."""
         const = to_const_name(msg.name)
         if msg.literal is not None:
             src(f"return [{lit(msg.literal)}]")
@@ -287,6 +418,9 @@ class EncoderWriter:
                 sections.append(_Section(None, prep, [], late))
             else:
                 self._field(item, sections[-1], checks, frames, length_of)
+        self.hoisted = _Hoisted([], [])
+        if fixed is not None:
+            prep, late, checks = self.hoisted.take(fixed, attributes(msg), prep + late, checks)
         for line in prep + late:
             src(line)
         for group in group_checks(checks, LINE_LENGTH - 4 * src.level - 4):

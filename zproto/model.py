@@ -138,6 +138,18 @@ class Record:
 
 
 @dataclass(frozen=True)
+class Sender:
+    """``<sender>`` on a binary model: an encoder of the general message made for a
+    sender whose other fields stay the same message after message
+    (``encode_<message>_sender(fixed...)`` gives ``encode(varying...)``)."""
+
+    name: str
+    ident: str
+    fields: tuple[str, ...]  # attribute idents given to each call, in this order
+    description: str = ""
+
+
+@dataclass(frozen=True)
 class Define:
     name: str
     value: str
@@ -164,6 +176,8 @@ class Protocol:
     runs: bool = False
     #: ``<record>`` elements: the module gets ``decode_<record>_records`` for each.
     records: tuple[Record, ...] = ()
+    #: ``<sender>`` elements: the module gets ``encode_<sender>_sender`` for each.
+    senders: tuple[Sender, ...] = ()
 
     @property
     def signature_bytes(self) -> bytes:
@@ -380,6 +394,7 @@ class _Loader:
         if runs == "1" and not any(m.literal is None for m in messages):
             raise ModelError(f"{self.where}: runs= needs a message without literal=")
         records = self._records(root, dialect, messages)
+        senders = self._senders(root, dialect, messages)
         return Protocol(
             name=name,
             path=self.path,
@@ -394,6 +409,7 @@ class _Loader:
             entries=entries,
             runs=runs == "1",
             records=records,
+            senders=senders,
         )
 
     def _records(
@@ -403,42 +419,44 @@ class _Loader:
         message (its attributes: no length or flag the codec computes), once each."""
         out: list[Record] = []
         for elem in root.findall("record"):
-            name = elem.get("name") or ""
-            where = f"{self.where}: record {name}"
-            general = [m for m in messages if m.literal is None]
-            if dialect != "binary" or not general:
-                raise ModelError(f'{where}: <record> needs dialect="binary" and a message '
-                                 "without literal=")  # fmt: skip
-            try:
-                ident = to_ident(name)
-            except ValueError:
-                raise ModelError(f"{self.where}: <record> needs a name") from None
-            if any(r.ident == ident for r in out):
-                raise ModelError(f"{where}: two records have this name")
-            known: dict[str, str] = {}  # field name or ident -> attribute ident
-            for fld in general[0].fields:
-                if fld.derived:
-                    continue
-                parts = [b for b in fld.bits if not b.derived] if fld.type == "bits" else [fld]
-                for part in parts:
-                    known[part.name] = known[part.ident] = part.ident
-            names = [n.strip() for n in (elem.get("fields") or "").split(",") if n.strip()]
-            if not names:
-                raise ModelError(f"{where}: fields= lists no field")
-            idents: list[str] = []
-            for field_name in names:
-                if field_name not in known:
-                    known_to = general[0].name
-                    raise ModelError(f"{where}: {field_name!r} is not a field of {known_to} "
-                                     "(lengths and flags are computed)")  # fmt: skip
-                if known[field_name] in idents:
-                    raise ModelError(f"{where}: {field_name!r} is named twice")
-                idents.append(known[field_name])
+            name, ident, where = self._named(elem, dialect, messages, [r.ident for r in out])
+            idents = _attribute_idents(elem, _general(messages), where)
             wire = elem.get("wire", "0")
             if wire not in ("0", "1"):
                 raise ModelError(f"{where}: wire= is 0 or 1")
             out.append(Record(name, ident, tuple(idents), wire == "1", _text(elem)))
         return tuple(out)
+
+    def _senders(
+        self, root: ET.Element, dialect: str, messages: list[Message]
+    ) -> tuple[Sender, ...]:
+        """The ``<sender>`` elements: each names the fields of the binary model's general
+        message that change from one call to the next (attributes, once each)."""
+        out: list[Sender] = []
+        for elem in root.findall("sender"):
+            name, ident, where = self._named(elem, dialect, messages, [s.ident for s in out])
+            idents = _attribute_idents(elem, _general(messages), where)
+            out.append(Sender(name, ident, tuple(idents), _text(elem)))
+        return tuple(out)
+
+    def _named(
+        self, elem: ET.Element, dialect: str, messages: list[Message], taken: list[str]
+    ) -> tuple[str, str, str]:
+        """A ``<record>`` or ``<sender>``'s name, ident and place in errors: it needs a
+        binary model with a general message and a name no other of its kind has."""
+        kind = elem.tag
+        name = elem.get("name") or ""
+        where = f"{self.where}: {kind} {name}"
+        if dialect != "binary" or not [m for m in messages if m.literal is None]:
+            raise ModelError(f'{where}: <{kind}> needs dialect="binary" and a message '
+                             "without literal=")  # fmt: skip
+        try:
+            ident = to_ident(name)
+        except ValueError:
+            raise ModelError(f"{self.where}: <{kind}> needs a name") from None
+        if ident in taken:
+            raise ModelError(f"{where}: two {kind}s have this name")
+        return name, ident, where
 
     def _message(self, elem: ET.Element, header: list[Item], next_id: int) -> Message:
         name = elem.get("name")
@@ -740,3 +758,32 @@ class _Loader:
             else:
                 out.append(mark(item))
         return out
+
+
+def _general(messages: list[Message]) -> Message:
+    """The model's message without ``literal=`` (a binary model has at most one)."""
+    return next(m for m in messages if m.literal is None)
+
+
+def _attribute_idents(elem: ET.Element, general: Message, where: str) -> list[str]:
+    """The attribute idents ``elem``'s ``fields=`` names (field names or idents) of the
+    general message: each once, none a length or flag the codec computes."""
+    known: dict[str, str] = {}  # field name or ident -> attribute ident
+    for fld in general.fields:
+        if fld.derived:
+            continue
+        parts = [b for b in fld.bits if not b.derived] if fld.type == "bits" else [fld]
+        for part in parts:
+            known[part.name] = known[part.ident] = part.ident
+    names = [n.strip() for n in (elem.get("fields") or "").split(",") if n.strip()]
+    if not names:
+        raise ModelError(f"{where}: fields= lists no field")
+    idents: list[str] = []
+    for field_name in names:
+        if field_name not in known:
+            raise ModelError(f"{where}: {field_name!r} is not a field of {general.name} "
+                             "(lengths and flags are computed)")  # fmt: skip
+        if known[field_name] in idents:
+            raise ModelError(f"{where}: {field_name!r} is named twice")
+        idents.append(known[field_name])
+    return idents

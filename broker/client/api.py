@@ -199,11 +199,14 @@ class ClientApi(Generic[R]):
         """Push into a queue; with ``ack`` wait for the broker's acknowledge (``RemoteError``
         on a negative one).  Gives the message id."""
         session = self._session
-        mid = message_id or session.new_id()
+        mid = message_id or f"{session.prefix}{next(session.counter)}"  # (``new_id`` inline)
         if ack:
             call = self._push_call(channel, queue_id, payload, mid, headers, high_priority)
             return self._perform(call, timeout, mid)
         body = payload if type(payload) is bytes else as_bytes(payload)
+        if not headers and (high_priority is False or high_priority is True):
+            encode = (session.senders or session.push_encoders())[high_priority]
+            return self._emit(encode(queue_id, mid, channel, body)[0], mid)
         data = tmqp.encode_frame(
             high_priority=high_priority,
             message_type=_QUEUE,

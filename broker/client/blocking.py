@@ -394,6 +394,9 @@ class Client(ClientApi[Any]):
         futures: list[Future[Any]] = []
         chunk: list[bytes] = []
         now = time.monotonic()
+        # fire and forget, no headers: the source's encoder (``frames.queue_senders``)
+        plain = not ack and not hdrs and (high_priority is False or high_priority is True)
+        encode = session.push_encoders()[high_priority] if plain else None
         for payload in payloads:
             mid = f"{session.prefix}{next(session.counter)}"
             body = payload if type(payload) is bytes else as_bytes(payload)
@@ -403,6 +406,8 @@ class Client(ClientApi[Any]):
                 future = core.future()
                 chunk.append(session.start(Call(frame, Reply.NONE), future, now, timeout))
                 futures.append(future)
+            elif encode is not None:
+                chunk.append(encode(queue_id, mid, channel, body)[0])
             else:
                 chunk.append(
                     tmqp.encode_frame(

@@ -6,7 +6,7 @@ event subscriptions.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from broker import tmqp
 from broker.client.message import Message
@@ -31,6 +31,21 @@ def as_bytes(payload: bytes | str | None) -> bytes:
     if payload is None:
         return b""
     return payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
+
+
+#: A queue push's frame from (queue id, message id, channel, payload): see ``queue_senders``.
+PushEncoder = Callable[[int, str, str, bytes], list[bytes]]
+
+
+def queue_senders(source: str) -> tuple[PushEncoder, PushEncoder]:
+    """The encoders of fire-and-forget queue pushes (no headers) from ``source``, indexed
+    by ``high_priority`` (``tmqp.encode_frame_sender``: the flags and the source made
+    once, not per push)."""
+    kind = int(MessageType.QUEUE)
+    return (
+        tmqp.encode_frame_sender(message_type=kind, source=source),
+        tmqp.encode_frame_sender(high_priority=True, message_type=kind, source=source),
+    )
 
 
 def queue_frame(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import zmq
 
@@ -233,6 +233,7 @@ class IOLoop:
         # session would hand back as Deliver: with no callback they go straight to the inbox.
         inbox = c.inbox
         append = inbox.items.append if c.on_message is None else None
+        extend = inbox.items.extend
         try:
             for i in range(_BATCH):
                 if i == 1 and not int(sock.get(_EVENTS)) & _POLLIN:
@@ -249,8 +250,9 @@ class IOLoop:
                     and len(data) > 8
                     and data[0] & 63 == _SERVER_BITS
                     and data[5] | data[6] << 8 == _DELIVERIES
-                    and self._inbox_batch(data, append)
+                    and (delivered := self._inbox_batch(data)) is not None
                 ):
+                    extend(delivered)
                     if inbox.full:
                         break  # a batch of deliveries holds many: stop at the inbox's limit
                     continue
@@ -285,26 +287,22 @@ class IOLoop:
             s.paused = True
 
     @staticmethod
-    def _inbox_batch(data: bytes, append: Callable[[Message], None]) -> bool:
-        """Several deliveries in one message (``broker.batch``) straight to the inbox,
-        when each is a plain delivery (no headers); False: the session core reads it.
+    def _inbox_batch(data: bytes) -> list[Message] | None:
+        """Several deliveries in one message (``broker.batch``), for the inbox at once,
+        when each is a plain delivery (no headers); None: the session core reads it.
         The entries are decoded where they lie in the batch's payload
         (``tmqp.decode_entries``: no copy of each, no ``decode`` call)."""
         try:
             frame = _decode((data,))
             if type(frame) is not _Frame:
-                return False
+                return None
             frames = _decode_entries(frame.payload, batch.DEFAULT_MAX_FRAMES)
         except DecodeError:
-            return False
-        plain: list[tmqp.Frame] = []
+            return None
         for one in frames:
             if type(one) is not _Frame or one.message_type != _QUEUE_BITS or one.headers:
-                return False
-            plain.append(one)
-        for message in messages_of(plain):
-            append(message)
-        return True
+                return None
+        return messages_of(cast("list[tmqp.Frame]", frames))  # (each checked just above)
 
     def flush(self) -> None:
         """Send the outbox until it is empty or the socket's pipe is full."""

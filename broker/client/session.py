@@ -65,7 +65,7 @@ from broker.client.errors import (
     RequestTimeout,
     failure,
 )
-from broker.client.frames import event_frame, join_frame
+from broker.client.frames import PushEncoder, event_frame, join_frame, queue_senders
 from broker.client.handover import Handover
 from broker.client.message import Message
 from broker.fanout import (
@@ -410,6 +410,9 @@ class Session:
         self.backoff = backoff
         self.state = SessionState.IDLE
         self.client_id: str | None = info.client_id
+        #: The push encoders of this client id (``frames.queue_senders``), made at the
+        #: first push after the id is set (``push_encoders``).
+        self.senders: tuple[PushEncoder, PushEncoder] | None = None
         #: The broker's secret for this client's session (sent back when reconnecting).
         self.session_secret: str | None = None
         #: Why the session was last lost (while it waits to reconnect).
@@ -429,8 +432,10 @@ class Session:
         self.subscriptions: dict[tuple[str, str | None, int | None], None] = {}
         self.handlers: list[tuple[str, str | None, int | None, Callable[[Message], Any]]] = []
         self.first = True
-        self._prefix = f"{random.getrandbits(32):08x}-"
-        self._counter = itertools.count(1)
+        #: Message ids are ``<prefix><next(counter)>`` (``new_id``; the drivers' fast paths
+        #: build them in place: plain attributes, read per push, never set outside).
+        self.prefix = f"{random.getrandbits(32):08x}-"
+        self.counter = itertools.count(1)
         self._connect_deadline = 0.0
         self._hs_id = ""
         self._hs_deadline = 0.0
@@ -464,17 +469,14 @@ class Session:
 
     # -- ids and lifecycle -------------------------------------------------------------
 
-    @property
-    def prefix(self) -> str:
-        """Message ids are ``<prefix><counter>`` (the drivers' fast paths build them too)."""
-        return self._prefix
-
-    @property
-    def counter(self) -> itertools.count[int]:
-        return self._counter
-
     def new_id(self) -> str:
-        return f"{self._prefix}{next(self._counter)}"
+        return f"{self.prefix}{next(self.counter)}"
+
+    def push_encoders(self) -> tuple[PushEncoder, PushEncoder]:
+        """The encoders of fire-and-forget pushes from this client (``senders``)."""
+        if self.senders is None:
+            self.senders = queue_senders(self.client_id or "")
+        return self.senders
 
     def begin(self, now: float, connect_timeout: float) -> None:
         """The first connection starts: it must be accepted within ``connect_timeout``."""
@@ -899,6 +901,8 @@ class Session:
 
     def _ready(self, frame: tmqp.Frame, now: float) -> list[Event]:
         client_id = header(frame, Header.CLIENT_ID) or frame.target or self.client_id or ""
+        if client_id != self.client_id:
+            self.senders = None
         self.client_id = client_id
         self.session_secret = header(frame, Header.SESSION_SECRET)
         self.keepalive = keepalive_interval(

@@ -182,3 +182,13 @@ def tmqp_frames() -> st.SearchStrategy[bytes]:
         st.binary(max_size=300),
     )
     return st.one_of(frame, st.just(bytes.fromhex("89FF000000000000")))
+
+
+def string_model(tmp_path: Path, head: str) -> Path:
+    """A model file: ``head`` (the ``<class>`` element's opening and what comes before
+    the message), then message ``m``: a one-octet number ``n``, the length of string ``a``."""
+    path = tmp_path / "t.xml"
+    path.write_text(f'{head}<message name="m">'
+                    '<field name="n" type="number" size="1"/>'
+                    '<field name="a" type="string" length="n"/></message></class>')  # fmt: skip
+    return path

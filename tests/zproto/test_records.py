@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from broker import tmqp
 from broker.engine.tmqp_door import WIRE, message_of
 from broker.message import Message
-from tests.zproto.support import CPU_BOUND, general_codec, tmqp_frames
+from tests.zproto.support import CPU_BOUND, general_codec, string_model, tmqp_frames
 from zproto.errors import DecodeError
 from zproto.model import ModelError, load
 
@@ -181,9 +181,5 @@ def test_records_are_what_decode_gives_frame_by_frame(
 def test_a_record_names_fields_of_the_binary_message(
     tmp_path: Path, model: str, match: str
 ) -> None:
-    path = tmp_path / "t.xml"
-    path.write_text(f'{model}<message name="m">'
-                    '<field name="n" type="number" size="1"/>'
-                    '<field name="a" type="string" length="n"/></message></class>')  # fmt: skip
     with pytest.raises(ModelError, match=match):
-        load(path)
+        load(string_model(tmp_path, model))
