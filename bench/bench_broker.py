@@ -38,7 +38,7 @@ Every party runs in its own process (spawned), on loopback TCP, 100-byte message
   messages, best of 1/4/8 producer processes; pika's blocking channel waits for each
   confirm, so one publish in flight per process).  The 8-producer 100 B rows also run
   "batched" (``push_many_async``, TMQP batches) and "singles" (each push sent alone,
-  client ``batch=0``: the broker gathers a drain's into runs, ``Engine.receive_run``).
+  client ``batch=0``: the broker gathers a drain's into runs, ``Engine.receive_pushes``).
 
 Usage: ``python bench/bench_broker.py [--quick] [--messages N] [--rabbitmq]
 [--persistent-only]``.

@@ -15,8 +15,9 @@ process's CPU time, the store's writer thread included):
   as one group, one ticket);
 * ``..., runs``: the same two, single pushes (each answered with its own acknowledge)
   handed over ``BATCH`` at a time as the server hands a drain's run of one producer's
-  pushes (``Engine.receive_run``; an engine without it: one ``receive`` each, what its
-  server does);
+  pushes, their decoding included (``tmqp.decode_message_records`` and
+  ``Engine.receive_pushes``; an engine before session 12: a frame decoded per push and
+  ``Engine.receive_run``, what its server did);
 * ``store only``: ``DurableStore.append`` of the same messages (no engine).
 
 ``--calls`` prints Python function calls per message instead (cProfile's count:
@@ -57,6 +58,7 @@ def _case(kind: str, n: int, out: Any) -> None:
     from broker import tmqp
     from broker.engine.delivery import PersistentDeliveryHandler
     from broker.engine.engine import Engine
+    from broker.engine.tmqp_door import WIRE
     from broker.message import Message
     from broker.protocol import ConnectionInfo, Header, MessageType, Operation, Tracked
     from broker.store.base import StoredMessage
@@ -127,15 +129,17 @@ def _case(kind: str, n: int, out: Any) -> None:
                     store.log.wait(store.appended, 30)
             pushes = []
         if kind.endswith("runs"):
-            receive_run = getattr(engine, "receive_run", None)
+            # the server's work for a drain's run: its octets decoded, one engine call
+            receive_run = getattr(engine, "receive_run", None)  # (an engine before 12)
+            datas = [raw for _push, raw in pushes]
             for first in range(0, n, BATCH):
-                items = [
-                    (j, push, raw) for j, (push, raw) in enumerate(pushes[first : first + BATCH])
-                ]
-                if receive_run is not None:
+                chunk = datas[first : first + BATCH]
+                if receive_run is None:
+                    messages, _bad = tmqp.decode_message_records(chunk, Message, WIRE)
+                    outs = engine.receive_pushes(producer, messages, 1.0)
+                else:  # (its server decoded each acknowledged push as a frame)
+                    items = [(j, tmqp.decode([raw]), raw) for j, raw in enumerate(chunk)]
                     outs = receive_run(producer, items, 1.0)
-                else:  # (the engine before runs: its server's one call per push)
-                    outs = [o for _, push, raw in items for o in receive(producer, push, 1.0, raw)]
                 count += len(outs)
                 if store is not None and not (first // BATCH) % (WINDOW // BATCH):
                     store.log.wait(store.appended, 30)

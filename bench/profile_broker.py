@@ -13,13 +13,16 @@ Rows:
 * ``push``: ``Client.push`` one by one, a consumer reading (deliveries as the broker
   chooses: ``--unacked-batch``);
 * ``push_many``: ``Client.push_many`` (``BATCH`` per TMQP batch);
+* ``acked push``: ``Client.push_async`` one by one, each waiting for its acknowledge,
+  ``ACK_WINDOW`` in flight, every push sent alone (``batch=0``): the broker gathers a
+  drain's into runs of its producer (``Engine.receive_pushes``);
 * ``round trip``: one client pushes into a queue of a channel it joined and waits for the
   delivery, one message at a time (as ``bench_broker.py``'s round trip rows): the
   broker's calls per round trip, its idle polls included, and the client's (its own
   process, under cProfile too).
 
 Usage: ``python bench/profile_broker.py [--messages N] [--unacked-batch N] [--top K]
-[--round-trip-only]``.
+[--round-trip-only] [--cpu ROUNDS]``.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ from bench_broker import forward, free_port, raw_forwarded_sink, raw_source
 SIZE = 100
 PAYLOAD = b"x" * SIZE
 BATCH = 256
+#: acknowledged pushes the ``acked push`` row's producer keeps in flight
+ACK_WINDOW = 64
 #: libzmq calls made through the counting sockets (pyzmq's Cython methods are invisible
 #: to cProfile): recv, send, get (getsockopt) per socket, and zmq_poll per Poller.poll
 #: (``d[k] += 1`` is no call cProfile sees: the counting adds no Python calls)
@@ -178,15 +183,28 @@ def consumer(endpoint: str, channel: str, count: int, ready: Any, done: Any) -> 
     client.context.term()
 
 
-def producer(endpoint: str, channel: str, count: int, many: bool, go: Any) -> None:
+def producer(endpoint: str, channel: str, count: int, many: bool, go: Any, acked: bool) -> None:
+    from collections import deque
+
     import zmq
 
     from broker.client.blocking import Client
 
-    client = Client(endpoint, context=zmq.Context(), max_outbox=50_000, threaded=False).connect()
+    singles = {"batch": 0} if acked else {}  # (acknowledged pushes: each sent alone)
+    client = Client(
+        endpoint, context=zmq.Context(), max_outbox=50_000, threaded=False, **singles
+    ).connect()
     go.wait(30)
     left = count - 1
-    if many:
+    if acked:
+        inflight: deque[Any] = deque()
+        for _ in range(left):
+            if len(inflight) >= ACK_WINDOW:
+                inflight.popleft().result(60)
+            inflight.append(client.push_async(channel, 1, PAYLOAD, timeout=60))
+        for future in inflight:
+            future.result(60)
+    elif many:
         chunk = [PAYLOAD] * BATCH
         while left > 0:
             n = min(BATCH, left)
@@ -291,7 +309,13 @@ def profile_relay(ctx: Any, count: int, top: int) -> dict[str, Any]:
 
 
 def profile_broker(
-    ctx: Any, count: int, many: bool, unacked: int | None, top: int, rtt: bool = False
+    ctx: Any,
+    count: int,
+    many: bool,
+    unacked: int | None,
+    top: int,
+    rtt: bool = False,
+    acked: bool = False,
 ) -> dict[str, Any]:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     ready, stop, out = ctx.Event(), ctx.Queue(), ctx.Queue()
@@ -309,7 +333,7 @@ def profile_broker(
     c_ready, go, done = ctx.Event(), ctx.Event(), ctx.Queue()
     procs = [
         ctx.Process(target=consumer, args=(endpoint, "profile", count, c_ready, done)),
-        ctx.Process(target=producer, args=(endpoint, "profile", count, many, go)),
+        ctx.Process(target=producer, args=(endpoint, "profile", count, many, go, acked)),
     ]
     if rtt:
         procs = [
@@ -350,17 +374,20 @@ def cpu_seconds(pid: int) -> float:
 
 def cpu_rows(ctx: Any, count: int, rounds: int) -> None:
     """Broker CPU per message (no profiler), one per message (``unacked_batch`` 0) and
-    the server's default taking turns ``rounds`` times: the batching alone, same code."""
+    the server's default taking turns ``rounds`` times: the batching alone, same code;
+    and the ``acked push`` row (the server's default)."""
     cases = [
         (f"{kind}, unacked_batch {name}", many, unacked)
         for kind, many in (("push", False), ("push_many", True))
         for name, unacked in (("0", 0), ("default", None))
     ]
     got: dict[str, list[float]] = {name: [] for name, _m, _u in cases}
+    got["acked push"] = []
     trips: list[str] = []
     for _ in range(rounds):
         for name, many, unacked in cases:
             got[name].append(profile_broker(ctx, count, many, unacked, -1)["cpu_us"])
+        got["acked push"].append(profile_broker(ctx, count, False, None, -1, acked=True)["cpu_us"])
         r = profile_broker(ctx, min(count, 5_000), False, None, -1, True)
         echo, echo_client = raw_echo_cpu(ctx, min(count, 5_000))
         trips.append(
@@ -400,7 +427,9 @@ def main(argv: list[str] | None = None) -> int:
             ("relay (raw pyzmq ROUTER, no work)", profile_relay(ctx, args.messages, args.top)),
             ("push", profile_broker(ctx, args.messages, False, args.unacked_batch, args.top)),
             ("push_many", profile_broker(ctx, args.messages, True, args.unacked_batch, args.top)),
-        ]
+            ("acked push", profile_broker(ctx, args.messages, False, args.unacked_batch,
+                                          args.top, acked=True)),
+        ]  # fmt: skip
     trip = profile_broker(ctx, args.round_trips, False, args.unacked_batch, args.top, True)
     rows.append(("round trip", trip))
     print(f"\n{'per message (broker process)':<36} {'Python calls':>13} {'libzmq calls':>13}")

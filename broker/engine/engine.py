@@ -407,30 +407,7 @@ class Engine:
         store = self.store
         store.hold()
         try:
-            return self._receive_each(client_id, client, items, now, False)
-        finally:
-            store.release()
-
-    def receive_run(
-        self,
-        client_id: str,
-        items: Sequence[tuple[int, tmqp.Frame, bytes]],
-        now: float,
-    ) -> list[Outgoing]:
-        """Several pushes of one client read one by one (the server's drain of its
-        socket): ``items`` as for :meth:`receive_batch` (the index unused).  Each is
-        answered as :meth:`receive` answers it alone -- its own acknowledge, positive or
-        negative -- and the outcome is that of each handled alone, in order; the runs
-        into one queue take the same paths as a batch's (``Queue.push_plain_run``,
-        ``saved_run``), and the store holds their saves as for a batch."""
-        self.services.now = now
-        client = self.clients.get(client_id)
-        if client is None:
-            return []
-        store = self.store
-        store.hold()
-        try:
-            return self._receive_each(client_id, client, items, now, True)[0]
+            return self._receive_each(client_id, client, items, now)
         finally:
             store.release()
 
@@ -440,10 +417,8 @@ class Engine:
         client: Client,
         items: Sequence[tuple[int, tmqp.Frame, bytes]],
         now: float,
-        answer: bool,
     ) -> tuple[list[Outgoing], list[tuple[int, str, str]], list[int]]:
-        """:meth:`receive_batch` (``answer``: :meth:`receive_run`) of a known client,
-        its saves held."""
+        """:meth:`receive_batch` of a known client, its saves held."""
         out: list[Outgoing] = []
         refused: list[tuple[int, str, str]] = []
         later: list[int] = []
@@ -453,7 +428,6 @@ class Engine:
         run_end = 0  # items[run_start:run_end]: pushes into one queue that wait for nothing
         run_start = 0  # (or, ``acked``, all for an acknowledge)
         acked = False
-        saves = False  # (``acked``: the queue's handler saves every push)
         run_queue: Queue | None = None  # their queue, when they may take its fast path
         run: list[Message] = []  # their messages
         while i < n:
@@ -468,12 +442,10 @@ class Engine:
                     run_queue = self._run_queue(client, frame, acked)
                     if run_queue is not None:
                         run = [message_of(f, d) for _, f, d in items[i:run_end]]
-                        saves = acked and _saves_every_push(run_queue)
             if run_queue is not None and i < run_end:
                 if acked:
                     taken = self._push_acked_run(run_queue, run, i - run_start, client, now,
-                                                 out, items, run_start, refused, saves,
-                                                 answer)  # fmt: skip
+                                                 out, refused, items, run_start)  # fmt: skip
                 else:
                     try:
                         taken = run_queue.push_plain_run(run, i - run_start, client, now, out)
@@ -484,7 +456,7 @@ class Engine:
                     i += taken
                     continue
             outs = receive(client_id, frame, now, data)
-            if not answer and frame.message_type == _QUEUE and frame.pending_ack:
+            if frame.message_type == _QUEUE and frame.pending_ack:
                 self._take_push_ack(client_id, index, frame, outs, refused, later)
             out += outs
             i += 1
@@ -493,13 +465,17 @@ class Engine:
     def receive_pushes(
         self, client_id: str, messages: Sequence[Message], now: float
     ) -> list[Outgoing]:
-        """Pushes of one client that wait for no response, as :meth:`receive` of each
-        frame alone gives them, in order (the server's run of a producer's plain pushes
-        read in one socket drain, made with ``tmqp.decode_message_records``: no frame on
-        the way).  Consecutive pushes into one queue whose fast path may take them go in
-        with one ``Queue.push_plain_run`` (:meth:`_run_queue`: the checks once); the
-        others one by one through the general push path.  The store holds their saves
-        and writes each queue's as one group (as :meth:`receive_batch`)."""
+        """Pushes of one client that wait for no response, plain ones and ones waiting
+        for an acknowledge (``Message.wants_ack``), as :meth:`receive` of each frame
+        alone gives them, in order: each acknowledged push gets its own acknowledge,
+        positive or negative, in its place.  The server's run of a producer's pushes read
+        in one socket drain, made with ``tmqp.decode_message_records`` (no frame on the
+        way).  Consecutive pushes of one kind into one queue whose fast path may take
+        them go in with one call (:meth:`_run_queue`: the checks once): plain ones with
+        ``Queue.push_plain_run``, acknowledged ones with ``saved_run`` (the queue's
+        handler answers each alike); the others one by one through the general push
+        path.  The store holds their saves and writes each queue's as one group (as
+        :meth:`receive_batch`): one write, one durability wait for their acknowledges."""
         self.services.now = now
         client = self.clients.get(client_id)
         out: list[Outgoing] = []
@@ -519,13 +495,17 @@ class Engine:
         i = 0
         while i < n:
             m = messages[i]
-            queue = self._run_queue(client, m) if i + 1 < n else None
+            acked = m.wants_ack
+            queue = self._run_queue(client, m, acked) if i + 1 < n else None
             if queue is not None:
-                try:
-                    taken = queue.push_plain_run(messages, i, client, now, out)
-                except Exception as exc:  # nobody waits for an answer: the rest of the run
-                    self.count_error("receive pushes", exc)
-                    taken = self._same_queue(messages, i)
+                if acked:
+                    taken = self._push_acked_run(queue, messages, i, client, now, out)
+                else:
+                    try:
+                        taken = queue.push_plain_run(messages, i, client, now, out)
+                    except Exception as exc:  # nobody waits for an answer: the rest of it
+                        self.count_error("receive pushes", exc)
+                        taken = self._same_queue(messages, i)
                 if taken:
                     i += taken
                     continue
@@ -606,27 +586,28 @@ class Engine:
     def _push_acked_run(
         self,
         queue: Queue,
-        run: list[Message],
+        run: Sequence[Message],
         start: int,
         client: Client,
         now: float,
         out: list[Outgoing],
-        items: Sequence[tuple[int, tmqp.Frame, bytes]],
-        run_start: int,
-        refused: list[tuple[int, str, str]],
-        saves: bool,
-        answer: bool,
+        refused: list[tuple[int, str, str]] | None = None,
+        items: Sequence[tuple[int, tmqp.Frame, bytes]] = (),
+        run_start: int = 0,
     ) -> int:
-        """``saved_run.push_saved_run`` of ``run[start:]`` (``items[run_start:]``): how
-        many it took; those whose producer must hear "no" are refused by index, or
-        (``answer``: single pushes) answered as :meth:`receive` answers a failure."""
+        """``saved_run.push_saved_run`` of ``run[start:]``: how many it took.  Those
+        whose producer must hear "no": in a batch (``refused``, the batch's ``items``
+        from ``run_start`` on) refused by index, answered with the batch's acknowledge;
+        else (single pushes, each its own acknowledge) answered as :meth:`receive`
+        answers a failure."""
         said_no: list[tuple[int, str]] = []
         limit = self.config.limits.max_queue_messages
+        answer = refused is None
         taken = push_saved_run(queue, run, start, client, now, out, limit, said_no,
-                               saves=saves, answer=answer)  # fmt: skip
+                               saves=_saves_every_push(queue), answer=answer)  # fmt: skip
         for k, why in said_no:  # ("": not saved, the negative acknowledge of ``Ledger``)
-            if answer:  # (only "internal error": a collaborator raised)
-                answer_failure(client, items[run_start + k][1], out, _INTERNAL)
+            if refused is None:  # (only "internal error": a collaborator raised)
+                answer_failure(client, frame_of(run[k]), out, _INTERNAL)
             else:
                 refused.append((items[run_start + k][0], NackReason.FAILED, why))
         if self.receipts.outbox:
@@ -1033,23 +1014,12 @@ class Engine:
         for copy in copies:
             self._copy_durable(copy, m, client, now, out)
         if fed_id is not None and queue.unsaved == unsaved:
-            self._remember_federated(fed_id)
+            self.federated.add(fed_id)  # (after the saves: ``FederatedIds.add``)
         if queue.unsaved != unsaved and wants_response and not m.wants_ack:
             # its handler wanted it saved and the store refused (full or failed disk):
             # no "done" to a producer that waits (one waiting for an acknowledge got a
             # negative one from the queue); it stays queued in memory (at least once)
             reject_push(client, m, True, out, _UNSAVED)
-
-    def _remember_federated(self, fed_id: str) -> None:
-        """Remember a federated push taken just now: after its saves, never before.  The
-        log is written in order, so an id on disk means its message (and its copies) are
-        too; written first, a kill -9 between the two (the server's drain holds the
-        message's save back until the drain ends) left the id without the message, and
-        the link's resend was answered "taken before" and never queued: an acknowledged
-        message lost.  In the same engine output as the push, so its acknowledge and
-        deliveries wait for the id's write as well (``broker.engine.federated``).  Not
-        after a save the store refused: the producer hears "failed" and sends it again."""
-        self.federated.add(fed_id)
 
     def _watch_receipt(
         self,
@@ -1165,7 +1135,7 @@ class Engine:
             self._copy_durable(copy, message, client, now, out, plain)
         fed_id = FederatedIds.id_of(client.id, message.headers)
         if fed_id is not None and primary.unsaved == unsaved:  # (a federated message
-            self._remember_federated(fed_id)  # its publisher gave CC headers)
+            self.federated.add(fed_id)  # its publisher gave CC headers; after its saves)
 
     def _on_ack(self, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]) -> None:
         if frame.high_priority:  # acknowledge of a direct message: pass it on

@@ -99,7 +99,16 @@ class FederatedIds:
         return False
 
     def add(self, fed_id: str) -> None:
-        """Remember an id taken now (written to the store, a write replies wait for)."""
+        """Remember an id taken now (written to the store, a write replies wait for).
+
+        The caller's rule of order: call it after the push's saves, never before.  The
+        log is written in order, so an id on disk means its message (and its copies) are
+        too; written first, a kill -9 between the two (the server's drain holds the
+        message's save back until the drain ends) left the id without the message, and
+        the link's resend was answered "taken before" and never queued: an acknowledged
+        message lost.  In the same engine output as the push, so that its acknowledge
+        and deliveries wait for the id's write as well.  Not after a save the store
+        refused: the producer hears "failed" and sends it again."""
         number = self.next
         self.next += 1
         self.ids[fed_id] = number

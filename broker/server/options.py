@@ -73,7 +73,7 @@ class ServerOptions:
     linger: float = 0.5
     #: Pushes without headers that wait for no response (for an acknowledge, or for
     #: nothing) read in one socket drain are handed to the engine as one run per
-    #: producer (``Engine.receive_run``: a run's checks once, not per push; each push
+    #: producer (``Engine.receive_pushes``: a run's checks once, not per push; each push
     #: still answered alone); False: one by one (the reference the runs are tested
     #: against).  Other frames are never gathered and never overtake a push.
     push_runs: bool = True

@@ -97,9 +97,9 @@ class Peer:
         #: Deliveries one message to this peer may carry (``broker.batch``; 0: one each).
         self.batch = 0
         #: Its pushes read in the current drain, not served yet (``Server._serve_runs``):
-        #: the octets of plain ones (not decoded yet), or (index, frame, octets) of ones
-        #: waiting for an acknowledge -- one kind at a time; None: none.
-        self.run: list[Any] | None = None
+        #: their octets, not decoded yet (plain ones and ones waiting for an acknowledge
+        #: alike); None: none.
+        self.run: list[bytes] | None = None
 
 
 def _entries(item: list[bytes] | bytes) -> list[bytes]:

@@ -18,10 +18,11 @@ libzmq took, and the engine releases more only then (``broker.flow``), so a slow
 consumer's backlog stays within its windows; before a peer's session ends the engine
 hears what it got, and puts the rest back in the queues.
 
-Hot path: plain frames take the generated codec's fast path (``tmqp.decode``); plain pushes
-(told by their first two octets) wait undecoded in their producer's run until the drain ends,
-then each run is decoded in one call straight into the engine's messages
-(``tmqp.decode_message_records``) and served in one engine call (``Engine.receive_pushes``);
+Hot path: plain frames take the generated codec's fast path (``tmqp.decode``); pushes without
+headers that wait for no response (plain, or waiting for an acknowledge: their first two
+octets say so) wait undecoded in their producer's run until the drain ends, then each run is
+decoded in one call straight into the engine's messages (``tmqp.decode_message_records``)
+and served in one engine call (``Engine.receive_pushes``);
 a frame the engine passes through unchanged is forwarded as the octets received; engine output is
 handed to libzmq in batches (``ServerOptions.send_batch``), in order with every
 other frame the server sends, so that libzmq's I/O thread is woken once per batch.
@@ -113,6 +114,9 @@ _records = tmqp.decode_message_records
 #: Options octet of a frame that waits for a response (0x80) or an acknowledge (0x40) or
 #: has a header block (0x20): not a plain push.
 _NOT_PLAIN = 0xE0
+#: ... waits for a response or has a header block: a push that does not join a run (one
+#: waiting for an acknowledge does: its record keeps the flag and the message id).
+_NOT_IN_RUN = 0xA0
 #: Low 6 bits of the first octet: the message type.
 _TYPE_BITS = 63
 
@@ -201,24 +205,18 @@ class Server:
         self._receive_batch = getattr(engine, "receive_batch", None)
         #: The engine's next timer when the loop last asked (``_after_wake``).
         self._deadline: float | None = None
-        #: The engine's entry for a drain's run of one producer's pushes, each answered
-        #: alone (``Engine.receive_run``); None: runs are not gathered.
-        self._receive_run = getattr(engine, "receive_run", None)
         #: Frames beyond one in the batch just handled (``_on_message``'s drain budget).
         self._batched = 0
-        #: The engine's entry for a producer's run of pushes (``Engine.receive_pushes``).
+        #: The engine's entry for a drain's run of one producer's pushes, each answered
+        #: as alone (``Engine.receive_pushes``); None: runs are not gathered.
         self._receive_pushes = getattr(engine, "receive_pushes", None)
-        #: The producers whose plain pushes read in this drain wait in ``Peer.run`` (their
+        #: The producers whose pushes read in this drain wait in ``Peer.run`` (their
         #: octets, not decoded yet), in the order of their first one (``_serve_runs``);
         #: empty outside a drain.  At most ``options.batch`` frames wait.
         self._runs: list[Peer] = []
         #: Gather pushes into runs (``ServerOptions.push_runs``, and the engine takes
-        #: runs: it has ``receive_pushes`` and ``receive_run``) ...
-        self._gather = (
-            options.push_runs
-            and self._receive_pushes is not None
-            and self._receive_run is not None
-        )
+        #: runs: it has ``receive_pushes``) ...
+        self._gather = options.push_runs and self._receive_pushes is not None
         #: ... from the second message of a drain on (``_gather``; a lone message, a
         #: round trip's, goes straight through).
         self._gathering = False
@@ -546,12 +544,11 @@ class Server:
         self, rid: bytes, data: bytes, multipart: bool, now: float, part: zmq.Frame
     ) -> bool:
         """Handle one ZeroMQ message; True when it was a batch (``self._batched`` more
-        frames than one).  A plain push (a QUEUE frame waiting for no answer, without
-        headers: its first two octets say so) joins its producer's run undecoded, and a
-        push without headers that waits for an acknowledge joins it decoded; the run is
-        served at the end of the drain (:meth:`_serve_runs`; a producer switching between
-        the two kinds has its run so far served first); any other message first serves
-        the runs gathered before it, so that it sees every push that came before it."""
+        frames than one).  A push without headers that waits for no response (plain or
+        waiting for an acknowledge: its first two octets say so) joins its producer's
+        run undecoded, served at the end of the drain (:meth:`_serve_runs`); any other
+        message first serves the runs gathered before it, so that it sees every push
+        that came before it."""
         peer = self._peers.get(rid)
         if peer is None or peer.state is not _READY:
             if self._runs:
@@ -569,18 +566,15 @@ class Server:
             self._gathering
             and len(data) > 1
             and data[0] & _TYPE_BITS == _QUEUE
-            and not data[1] & _NOT_PLAIN
+            and not data[1] & _NOT_IN_RUN
         ):
-            # a plain push by its first two octets: decoded with its run (_serve_runs)
+            # a push of a run by its first two octets: decoded with its run (_serve_runs)
             run = peer.run
             if run is None:
                 peer.run = [data]
                 self._runs.append(peer)
-            elif type(run[0]) is bytes:
+            else:
                 run.append(data)
-            else:  # its acknowledged pushes so far go first (the peer stays in _runs)
-                self._serve_peer(peer, now)
-                peer.run = [data]
             return False
         try:
             msg = _decode((data,))
@@ -591,18 +585,6 @@ class Server:
             return False
         if type(msg) is _Frame:
             mt = msg.message_type
-            if mt == _QUEUE and self._gathering and not msg.headers and not msg.pending_response:
-                # (waits for an acknowledge: a plain one was taken by its octets above)
-                run = peer.run
-                if run is None:
-                    peer.run = [(0, msg, data)]
-                    self._runs.append(peer)
-                elif type(run[0]) is tuple:
-                    run.append((0, msg, data))
-                else:  # its plain pushes so far go first (the peer stays in _runs)
-                    self._serve_peer(peer, now)
-                    peer.run = [(0, msg, data)]
-                return False
             if self._runs:
                 self._serve_runs(now)
             if mt == _TERMINATE:
@@ -669,50 +651,29 @@ class Server:
                 self._serve_peer(peer, now)
 
     def _serve_peer(self, peer: Peer, now: float) -> None:
-        """One producer's run.  Plain pushes (their octets) are decoded in one call
-        straight into the engine's messages (``tmqp.decode_message_records``: no
-        ``Frame``) and handed to ``Engine.receive_pushes`` (the checks of a run into one
-        queue once, ``Queue.push_plain_run``); a frame that does not decode is answered
-        where it stood (:meth:`_serve_refused`).  Pushes that wait for an acknowledge
-        (decoded frames) go to ``Engine.receive_run`` (``saved_run`` for a queue whose
-        handler answers every push alike), each answered with its own acknowledge; a
-        run of one goes through ``Engine.receive``, as without runs."""
+        """One producer's run: its pushes (their octets; plain ones and ones waiting for
+        an acknowledge alike) decoded in one call straight into the engine's messages
+        (``tmqp.decode_message_records``: no ``Frame``; the acknowledge flag and the
+        message id kept) and served by :meth:`_serve_run`; a frame that does not decode
+        is answered where it stood (:meth:`_serve_refused`)."""
         run = peer.run
         peer.run = None
         if not run:
             return
-        if type(run[0]) is bytes:
-            datas: list[bytes] = run
-            messages, bad = _records(datas, Message, WIRE)
-            if bad:
-                self._serve_refused(peer, datas, messages, bad, now)
-            else:
-                self._serve_run(peer, messages, now)
-            return
-        items: list[tuple[int, tmqp.Frame, bytes]] = run
-        if len(items) == 1:
-            _index, frame, data = items[0]
-            self._receive_one(peer, frame, data, now)
-            return
-        receive_run = self._receive_run
-        assert receive_run is not None
-        sender = self.sender
-        sender.in_frame = None
-        self.counters["run_pushes"] += len(items)
-        try:
-            outs = receive_run(peer.client_id, items, now)
-        except Exception:
-            self._run_failed(peer, [frame.message_id for _index, frame, _data in items])
-            return
-        if outs:
-            sender.send_all(outs)
+        messages, bad = _records(run, Message, WIRE)
+        if bad:
+            self._serve_refused(peer, run, messages, bad, now)
+        else:
+            self._serve_run(peer, messages, now)
 
     def _serve_run(
         self, peer: Peer, messages: list[Message], now: float, carrier: tmqp.Frame | None = None
     ) -> None:
-        """One producer's plain pushes through ``Engine.receive_pushes``; its output sent
-        (``carrier``: the batch that brought them, then acknowledged when it asks).  The
-        engine failing: each push with an id (or the batch) is answered FAILED."""
+        """One producer's pushes through ``Engine.receive_pushes`` (each acknowledged
+        push answered on its own there: ``saved_run`` for a queue whose handler answers
+        every push alike, the held store); its output sent (``carrier``: the batch of
+        plain pushes that brought them, then acknowledged when it asks).  The engine
+        failing: each push with an id (or the batch) is answered FAILED."""
         receive_pushes = self._receive_pushes
         assert receive_pushes is not None
         sender = self.sender

@@ -157,18 +157,12 @@ class EngineDoor:
         outs, refused, later = self.engine.receive_batch(client_id, items, now)
         return self._split(outs), refused, later
 
-    def receive_run(
-        self, client_id: str, items: Sequence[tuple[int, tmqp.Frame, bytes]], now: float
-    ) -> list[Outgoing]:
-        """``Engine.receive_run`` (a drain's run of one producer's pushes): as
-        :meth:`receive_batch`, its deliveries to STOMP connections go to them."""
-        return self._split(self.engine.receive_run(client_id, items, now))
-
     def receive_pushes(
         self, client_id: str, messages: Sequence[Message], now: float
     ) -> list[Outgoing]:
-        """``Engine.receive_pushes`` (a TMQP producer's run of plain pushes): its
-        deliveries to STOMP connections go to them, as those of every other call."""
+        """``Engine.receive_pushes`` (a drain's run of one TMQP producer's pushes, plain
+        or waiting for an acknowledge): its deliveries to STOMP connections go to them,
+        as those of every other call."""
         return self._split(self.engine.receive_pushes(client_id, messages, now))
 
     def disconnect(self, client_id: str, now: float) -> list[Outgoing]:

@@ -1,10 +1,10 @@
 """Acknowledged pushes read one by one and handed to the engine as a run
-(``Engine.receive_run``, the server's drain) give exactly what each frame handled alone
-gives: the same output (each push its own acknowledge, in the same place), counters,
-inboxes, and the same records in a real log, before and after a restart -- on queues
-whose handler saves every push (``persistent``) and on memory queues whose handler
-confirms each on receipt (``saved_run`` without saves).  And a disk that fills in the
-middle of a run acknowledges only what it stored.
+(``Engine.receive_pushes``, the server's drain: :func:`as_drain`) give exactly what each
+frame handled alone gives: the same output (each push its own acknowledge, in the same
+place), counters, inboxes, and the same records in a real log, before and after a
+restart -- on queues whose handler saves every push (``persistent``) and on memory queues
+whose handler confirms each on receipt (``saved_run`` without saves).  And a disk that
+fills in the middle of a run acknowledges only what it stored.
 
 The random sessions are ``test_engine_batch_path``'s, most pushes waiting for an
 acknowledge; "one by one" is each frame through ``Engine.receive``, its output untouched.
@@ -21,6 +21,8 @@ import pytest
 from broker import tmqp
 from broker.engine import engine as engine_module
 from broker.engine.options import BrokerConfig
+from broker.engine.tmqp_door import WIRE
+from broker.message import Message
 from broker.protocol import Header, MessageType, NackReason, Outgoing
 
 from .engine_kit import Kit
@@ -55,13 +57,38 @@ def each_alone(kit: Kit, client_id: str, items: list[Item]) -> list[Outgoing]:
     return out
 
 
+def as_drain(kit: Kit, client_id: str, items: list[Item]) -> list[Outgoing]:
+    """What the server's drain gives ``items`` read one by one: each stretch of pushes
+    without headers that wait for no response (plain or acknowledged) decoded in one
+    call (``tmqp.decode_message_records``) and served by ``Engine.receive_pushes``;
+    every other frame alone through ``Engine.receive``, after the stretch before it."""
+    out: list[Outgoing] = []
+    stretch: list[bytes] = []
+    for _index, frame, data in items:
+        if frame.message_type == MessageType.QUEUE and not (
+            frame.headers or frame.pending_response
+        ):
+            stretch.append(data)
+            continue
+        out += _served(kit, client_id, stretch)
+        stretch = []
+        out += kit.engine.receive(client_id, frame, kit.now, data)
+    return out + _served(kit, client_id, stretch)
+
+
+def _served(kit: Kit, client_id: str, datas: list[bytes]) -> list[Outgoing]:
+    messages, bad = tmqp.decode_message_records(datas, Message, WIRE)
+    assert not bad
+    return kit.engine.receive_pushes(client_id, messages, kit.now) if messages else []
+
+
 def _run_step(kit: Kit, as_run: bool, step: tuple[str, str, Any]) -> Any:
     """A session's step; its batches of frames handed over as one drain's run."""
     what, _, arg = step
     if what != "batch":
         return _step(kit, as_run, step)
     items = _items(kit, arg)
-    outs = kit.engine.receive_run("p", items, kit.now) if as_run else each_alone(kit, "p", items)
+    outs = as_drain(kit, "p", items) if as_run else each_alone(kit, "p", items)
     return [(o.client_id, o.frame) for o in kit.route(outs)]
 
 
@@ -142,9 +169,7 @@ def test_a_disk_that_fills_mid_run_acknowledges_only_what_it_stored(
         store = FullDisk(5)
         kit = _memory_kit(store)
         items = _acked(12)
-        outs = (
-            kit.engine.receive_run("p", items, kit.now) if as_run else each_alone(kit, "p", items)
-        )
+        outs = as_drain(kit, "p", items) if as_run else each_alone(kit, "p", items)
         stored = _stored(store)
         results.append((outs, stored, _counters(kit)))
     assert results[0] == results[1]
@@ -166,7 +191,7 @@ def test_a_collaborator_raising_mid_run_answers_that_push_no_and_goes_on(
     store = FullDisk(100)
     kit = _memory_kit(store)
     errors = kit.engine.errors
-    outs = kit.engine.receive_run("p", _acked(8), kit.now)
+    outs = as_drain(kit, "p", _acked(8))
     answers = _answers(outs)
     assert sorted(answers) == sorted(
         [(f"m{k}", None) for k in range(8) if k != 2] + [("m2", NackReason.FAILED)]
@@ -174,3 +199,35 @@ def test_a_collaborator_raising_mid_run_answers_that_push_no_and_goes_on(
     assert kit.engine.errors == errors + 1
     assert _stored(store) == [b"%04d" % k for k in range(8) if k != 2]
     assert [n for n, *_ in runs] == [3, 5]  # the run ended at the failure, the rest came back
+
+
+def _pushes(ids: list[str], acked: bool) -> list[Item]:
+    frames = [
+        tmqp.Frame(message_type=MessageType.QUEUE, pending_ack=acked, content_type=1,
+                   message_id=mid, source="p", target="ch", payload=b"x")
+        for mid in ids
+    ]  # fmt: skip
+    return [(k, f, tmqp.encode(f)[0]) for k, f in enumerate(frames)]
+
+
+@pytest.mark.parametrize("acked", [True, False], ids=["acknowledged", "plain"])
+def test_a_smaller_duplicate_window_remembers_only_its_newest_ids_on_the_run_path(
+    acked: bool,
+) -> None:
+    """``DuplicateWindow`` made smaller (8 -> 3): the queue remembers its 3 newest ids
+    from then on, whichever path took the pushes.  The run paths stored ids with one
+    eviction per id, so after the change a run still held 8 ids and a resend of an id
+    past the 3 newest (m4) was dropped as a duplicate (each push alone: queued)."""
+    kit = Kit(config=BrokerConfig(wall_clock=lambda: 1.7e9))
+    kit.engine.create_channel("ch")
+    kit.connect("p")
+    kit.queue("p", "ch", 1, status=1, use_message_id=True, duplicate_window=8)
+    as_drain(kit, "p", _pushes([f"m{k}" for k in range(8)], acked))
+    kit.update("p", "ch", 1, DuplicateWindow=3)
+    as_drain(kit, "p", _pushes(["n0", "n1"], acked))
+    queue = kit.engine.channels["ch"].queues[1]
+    assert (queue.received, queue.duplicates) == (10, 0)
+    outs = as_drain(kit, "p", _pushes(["m4", "n1"], acked))
+    assert (queue.received, queue.duplicates) == (11, 1)  # m4 queued again, n1 a duplicate
+    if acked:  # each answered as taken (a duplicate too: done before)
+        assert _answers(outs) == [("m4", None), ("n1", None)]

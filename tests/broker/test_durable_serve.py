@@ -157,7 +157,7 @@ def test_kill_9_after_acks_of_single_pushes_taken_as_runs_loses_nothing_acked(
 ) -> None:
     """As above, each producer sending every push alone (client ``batch=0``, no TMQP
     batches): the server reads several of a producer in one drain and hands them to the
-    engine as one run (``Engine.receive_run``, counted in its ``run_pushes``), each
+    engine as one run (``Engine.receive_pushes``, counted in its ``run_pushes``), each
     answered with its own acknowledge once the drain's saves are durable.  Every
     acknowledged one is back after the kill -9, once, in its producer's order."""
     assert kill_mid_push(broker, zctx, 800, batch=0) > 0  # runs were served before the kill

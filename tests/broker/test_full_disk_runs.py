@@ -1,5 +1,5 @@
 """A broker whose data disk fills while producers push acknowledged single pushes that
-it takes as drain runs (``Engine.receive_run``): no positive acknowledge for a message
+it takes as drain runs (``Engine.receive_pushes``): no positive acknowledge for a message
 the store does not hold.  Real processes: ``broker serve --data DIR`` on a small tmpfs
 (a real file system that runs out of room: ENOSPC in the log's writer), producers
 without TMQP batches (``batch=0``), the broker killed -9 once they stop hearing back,

@@ -301,7 +301,7 @@ def test_acknowledged_pushes_around_garbage_are_each_answered_once_in_order(
 ) -> None:
     """Acknowledged single pushes read in one drain, with garbage and a two-part message
     between them and every 37th too large for the queue: the server serves them as runs
-    of their producer (``Engine.receive_run``), and the producer gets exactly one answer
+    of their producer (``Engine.receive_pushes``), and the producer gets exactly one answer
     per push in the order it sent them (a negative one for each too large), the two
     refusals where the garbage was; the consumer gets every push taken, in order."""
     broker = start()

@@ -58,7 +58,7 @@ def test_single_tmqp_pushes_served_as_a_drain_run_reach_a_stomp_consumer(
     ack: str,
 ) -> None:
     """As above for pushes a TMQP client sends each alone (``batch=0``): the server hands
-    the ones it reads in one drain to the engine as a run (``Engine.receive_run``), which
+    the ones it reads in one drain to the engine as a run (``Engine.receive_pushes``), which
     must pass the STOMP door as ``receive_batch`` does, or the deliveries to a STOMP
     consumer are routed as TMQP output and dropped."""
     conn, rec = stomp_client()

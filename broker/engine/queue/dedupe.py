@@ -82,9 +82,19 @@ class RecentIds:
         while len(ids) > count:
             ids.popitem(last=False)
 
+    def keep_newest(self, count: int) -> None:
+        """Forget all but the newest ``count`` ids (the window was made smaller): the
+        window never holds more than its count, which lets :meth:`add_new` and the
+        run paths evict one id per id they store."""
+        ids = self.ids
+        while len(ids) > count:
+            ids.popitem(last=False)
+
     def add_new(self, message_id: str, now: float, count: int) -> None:
         """:meth:`add` of an id not stored (the caller checked), without the order
-        bookkeeping: a run of such calls at one ``now`` ends with :meth:`added_at`."""
+        bookkeeping: a run of such calls at one ``now`` ends with :meth:`added_at`.
+        One eviction at most: the window holds at most ``count`` ids before the call
+        (:meth:`keep_newest` when the count shrinks)."""
         ids = self.ids
         ids[message_id] = now
         if len(ids) > count:

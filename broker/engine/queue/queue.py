@@ -232,6 +232,8 @@ class Queue:
         self.strategy = strategy_for(options.status)
         self.window = self._window(options)
         self.dispatch.out_version += 1
+        if options.duplicate_window:  # (made smaller: its newest ids only, on every path)
+            self.recent.keep_newest(options.duplicate_window)
         if options.message_delivery_handler != old.message_delivery_handler:
             handler = self.host.handler_for(options.message_delivery_handler)
             self.hooks = HandlerHooks(handler, self, self.error)

@@ -1,7 +1,7 @@
 """A run of acknowledged pushes into one queue whose handler decides the same for each.
 
 Acknowledged pushes of one producer into one queue -- a TMQP batch (``broker.batch``), or
-single pushes the server read in one drain of its socket (``Engine.receive_run``) -- are
+single pushes the server read in one drain of its socket (``Engine.receive_pushes``) -- are
 taken here in one call instead of one general push (``Engine._push`` -> ``Queue.accept``)
 per frame, when the queue's delivery handler answers every push alike:
 
