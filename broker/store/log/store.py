@@ -40,6 +40,7 @@ from broker.store.log.errors import (
     NoSuchRecord,
     RecordTooLarge,
     StoreClosed,
+    StoreError,
     StoreIOError,
     StoreUsageError,
     TooManyPending,
@@ -273,6 +274,37 @@ class LogStore:
             with self._lock:
                 self._check_writable(limited=True)
 
+    def check_run(
+        self, queue: QueueKey, items: Sequence[tuple[bytes, Meta, int]]
+    ) -> list[tuple[int, Exception]]:
+        """:meth:`check_append` of each (blob, meta, at) of ``items`` with one call:
+        (position, error) of each one that :meth:`append` would refuse now, in order.
+        Whether the store takes appends at all (failed, closed, ``max_pending`` entries
+        waiting) is asked once for the run: nothing is written between its records."""
+        refused: list[tuple[int, Exception]] = []
+        key = self._keys.get(queue)
+        if key is None:
+            key = self._keys[queue] = _encode_key(queue)
+        limit = self.options.max_record_size - (records.HEADER_SIZE + _PUT_FIXED + len(key))
+        for k, (blob, meta, _at) in enumerate(items):
+            try:
+                if meta is not NO_META:
+                    _check_meta(meta)
+                if len(blob) > limit:
+                    raise RecordTooLarge(
+                        f"record of {len(blob)} octets exceeds {self.options.max_record_size}"
+                    )
+            except StoreError as exc:
+                refused.append((k, exc))
+        if self._failed is not None or self._closing or self._pending_full():
+            try:
+                with self._lock:
+                    self._check_writable(limited=True)
+            except Exception as exc:  # (as ``check_append``: each record not refused yet)
+                own = dict(refused)
+                return [(k, own.get(k, exc)) for k in range(len(items))]
+        return refused
+
     def append_many(
         self, queue: QueueKey, items: Sequence[tuple[bytes, Meta, int]]
     ) -> tuple[list[int], int]:
@@ -308,12 +340,16 @@ class LogStore:
                 index = self._state.queue(queue)
             put, seed = index.put_raw, self._seed
             segments_ = self._state.table.segments
+            segment_size = self.options.segment_size
             run: list[bytes] = []
             run_segment = self._head
             for (blob, meta, at), packed in zip(items, packs, strict=True):
                 size = base + len(blob)
                 seq = index.next_seq if at < index.next_seq else at
-                segment = self._head_for(size)
+                if self._head_size + size > segment_size:  # (no call while it fits)
+                    segment = self._head_for(size)
+                else:
+                    segment = self._head
                 if segment != run_segment:  # the head rolled: what came before goes first
                     if run:
                         self._reserve_run(run_segment, run)
