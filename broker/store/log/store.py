@@ -45,7 +45,7 @@ from broker.store.log.errors import (
     StoreUsageError,
     TooManyPending,
 )
-from broker.store.log.index import Location
+from broker.store.log.index import Location, Row
 from broker.store.log.options import Durability, LogOptions
 from broker.store.log.records import NO_META, Meta, QueueKey
 from broker.store.log.recovery import DamageReport, read_seed, recover, write_seed
@@ -338,14 +338,22 @@ class LogStore:
             index = self._state.queues.get(queue)
             if index is None:
                 index = self._state.queue(queue)
-            put, seed = index.put_raw, self._seed
+            seed = self._seed
             segments_ = self._state.table.segments
             segment_size = self.options.segment_size
             run: list[bytes] = []
             run_segment = self._head
+            # index slots of consecutive numbers, given to the index together
+            rows: list[Row] = []
+            first = next_seq = index.next_seq
             for (blob, meta, at), packed in zip(items, packs, strict=True):
                 size = base + len(blob)
-                seq = index.next_seq if at < index.next_seq else at
+                seq = next_seq if at < next_seq else at
+                if seq != first + len(rows):  # (a number skipped: the rows so far first)
+                    index.put_rows(first, rows)
+                    rows = []
+                    first = seq
+                next_seq = seq + 1
                 if self._head_size + size > segment_size:  # (no call while it fits)
                     segment = self._head_for(size)
                 else:
@@ -361,11 +369,12 @@ class LogStore:
                 info = segments_[segment]
                 info.size = offset + size
                 info.live += size
-                put(
-                    seq, segment, offset, size, segment, meta.delivery_count, meta.put_backs,
-                    int(meta.priority), meta.deadline,
+                rows.append(
+                    (segment, offset, size, segment, meta.delivery_count, meta.put_backs,
+                     int(meta.priority), meta.deadline)
                 )  # fmt: skip
                 seqs.append(seq)
+            index.put_rows(first, rows)
             self._reserve_run(run_segment, run)
             return seqs, self._ticket
 
