@@ -257,6 +257,10 @@ def decode_record(blob: bytes) -> tuple[Message, str, int]:
     return message, producer, sequence
 
 
+def _first(pair: tuple[int, Exception]) -> int:
+    return pair[0]
+
+
 def _meta(message: StoredMessage) -> Meta:
     if not (
         message.put_backs
@@ -355,19 +359,26 @@ class DurableStore(Store):
             if self._held:
                 self._write_held()
             self._held_queue = queue
-        held = self._held
-        check = self.log.check_append
         refused: list[tuple[int, Exception]] = []
+        items: list[tuple[bytes, Meta, int]] = []
+        places: list[int] = []  # (each item's position in ``messages``)
         for k, message in enumerate(messages):
             sequence = message.sequence
             try:
                 blob = encode_message(message.message, message.producer_id, sequence)
-                meta = _meta(message)
-                check(queue, blob, meta)
             except Exception as exc:
                 refused.append((k, exc))
                 continue
-            held.append((blob, meta, sequence))
+            items.append((blob, _meta(message), sequence))
+            places.append(k)
+        unwritable = self.log.check_run(queue, items)  # (one call for the run)
+        if not unwritable:
+            self._held += items
+            return refused
+        skip = dict(unwritable)
+        self._held += [item for j, item in enumerate(items) if j not in skip]
+        refused += [(places[j], exc) for j, exc in unwritable]
+        refused.sort(key=_first)
         return refused
 
     def _write_held(self) -> None:

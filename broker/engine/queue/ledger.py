@@ -99,7 +99,11 @@ class Ledger:
             q.error("store.append", error)
         q.unsaved += len(refused)
         q.saves += len(kept) - len(refused)
-        skip = {k for k, _exc in refused} if refused else ()
+        if not refused:
+            for m in kept:
+                (m.life or m.lived()).saved = True
+            return
+        skip = {k for k, _exc in refused}
         for k, m in enumerate(kept):
             if k not in skip:
                 m.lived().saved = True

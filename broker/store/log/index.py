@@ -19,6 +19,11 @@ from broker.store.log.records import Meta
 _TRIM_AT = 4096  # dead slots at the front before the columns are cut
 
 
+#: One slot's values in column order (``QueueIndex.put_rows``): segment, offset, size,
+#: origin, delivery count, put-backs, flags, deadline.
+Row = tuple[int, int, int, int, int, int, int, float]
+
+
 @dataclass(frozen=True, slots=True)
 class Location:
     segment: int
@@ -172,6 +177,27 @@ class QueueIndex:
         self._deadline[i] = deadline
         self.next_seq = max(self.next_seq, seq + 1)
         return old
+
+    def put_rows(self, first: int, rows: list[Row]) -> None:
+        """:meth:`put_raw` of each row (segment, offset, size, origin, count, put-backs,
+        flags, deadline) for the numbers ``first``, ``first + 1``, ...: new records of a
+        group (``LogStore.append_many``).  Added after the last slot, the columns grow
+        once for them all; anywhere else, one row at a time."""
+        if first != self._base + len(self._segment) or not rows:
+            for seq, row in enumerate(rows, first):
+                self.put_raw(seq, *row)
+            return
+        if not self._live:  # (as ``put_raw``: the columns begin again at ``first``)
+            self._base = first
+            self._head = 0
+            if self._segment:
+                for column in self._columns():
+                    del column[:]
+        for column, values in zip(self._columns(), zip(*rows, strict=True), strict=True):
+            column.extend(values)
+        self._live += len(rows)
+        if first + len(rows) > self.next_seq:
+            self.next_seq = first + len(rows)
 
     def _location(self, i: int) -> Location | None:
         segment = self._segment[i]

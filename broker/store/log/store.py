@@ -40,11 +40,12 @@ from broker.store.log.errors import (
     NoSuchRecord,
     RecordTooLarge,
     StoreClosed,
+    StoreError,
     StoreIOError,
     StoreUsageError,
     TooManyPending,
 )
-from broker.store.log.index import Location
+from broker.store.log.index import Location, Row
 from broker.store.log.options import Durability, LogOptions
 from broker.store.log.records import NO_META, Meta, QueueKey
 from broker.store.log.recovery import DamageReport, read_seed, recover, write_seed
@@ -273,6 +274,37 @@ class LogStore:
             with self._lock:
                 self._check_writable(limited=True)
 
+    def check_run(
+        self, queue: QueueKey, items: Sequence[tuple[bytes, Meta, int]]
+    ) -> list[tuple[int, Exception]]:
+        """:meth:`check_append` of each (blob, meta, at) of ``items`` with one call:
+        (position, error) of each one that :meth:`append` would refuse now, in order.
+        Whether the store takes appends at all (failed, closed, ``max_pending`` entries
+        waiting) is asked once for the run: nothing is written between its records."""
+        refused: list[tuple[int, Exception]] = []
+        key = self._keys.get(queue)
+        if key is None:
+            key = self._keys[queue] = _encode_key(queue)
+        limit = self.options.max_record_size - (records.HEADER_SIZE + _PUT_FIXED + len(key))
+        for k, (blob, meta, _at) in enumerate(items):
+            try:
+                if meta is not NO_META:
+                    _check_meta(meta)
+                if len(blob) > limit:
+                    raise RecordTooLarge(
+                        f"record of {len(blob)} octets exceeds {self.options.max_record_size}"
+                    )
+            except StoreError as exc:
+                refused.append((k, exc))
+        if self._failed is not None or self._closing or self._pending_full():
+            try:
+                with self._lock:
+                    self._check_writable(limited=True)
+            except Exception as exc:  # (as ``check_append``: each record not refused yet)
+                own = dict(refused)
+                return [(k, own.get(k, exc)) for k in range(len(items))]
+        return refused
+
     def append_many(
         self, queue: QueueKey, items: Sequence[tuple[bytes, Meta, int]]
     ) -> tuple[list[int], int]:
@@ -306,14 +338,26 @@ class LogStore:
             index = self._state.queues.get(queue)
             if index is None:
                 index = self._state.queue(queue)
-            put, seed = index.put_raw, self._seed
+            seed = self._seed
             segments_ = self._state.table.segments
+            segment_size = self.options.segment_size
             run: list[bytes] = []
             run_segment = self._head
+            # index slots of consecutive numbers, given to the index together
+            rows: list[Row] = []
+            first = next_seq = index.next_seq
             for (blob, meta, at), packed in zip(items, packs, strict=True):
                 size = base + len(blob)
-                seq = index.next_seq if at < index.next_seq else at
-                segment = self._head_for(size)
+                seq = next_seq if at < next_seq else at
+                if seq != first + len(rows):  # (a number skipped: the rows so far first)
+                    index.put_rows(first, rows)
+                    rows = []
+                    first = seq
+                next_seq = seq + 1
+                if self._head_size + size > segment_size:  # (no call while it fits)
+                    segment = self._head_for(size)
+                else:
+                    segment = self._head
                 if segment != run_segment:  # the head rolled: what came before goes first
                     if run:
                         self._reserve_run(run_segment, run)
@@ -325,11 +369,12 @@ class LogStore:
                 info = segments_[segment]
                 info.size = offset + size
                 info.live += size
-                put(
-                    seq, segment, offset, size, segment, meta.delivery_count, meta.put_backs,
-                    int(meta.priority), meta.deadline,
+                rows.append(
+                    (segment, offset, size, segment, meta.delivery_count, meta.put_backs,
+                     int(meta.priority), meta.deadline)
                 )  # fmt: skip
                 seqs.append(seq)
+            index.put_rows(first, rows)
             self._reserve_run(run_segment, run)
             return seqs, self._ticket
 

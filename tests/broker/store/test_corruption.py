@@ -13,8 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from broker.message import Message
+from broker.store import StoredMessage
+from broker.store.durable import DurableStore
 from broker.store.log import Durability, LogOptions, LogStore, QueueBounds
 from broker.store.log import segments as seg
+from broker.store.log.records import RecordKind
 
 from .kit import contents, segment_files, small, wait_until
 
@@ -181,3 +185,65 @@ def test_a_segment_cut_inside_its_header(tmp_path: Path, length: int) -> None:
         assert store.wait(store.append(Q, b"more").ticket, 10)
     with LogStore(tmp_path) as store:
         assert store.bounds(Q).count == N + 1
+
+
+def _run_message(seq: int) -> StoredMessage:
+    return StoredMessage(seq, Message(message_id=f"r{seq}", target="orders", payload=_blob(seq)))
+
+
+def test_a_run_cut_by_a_kill_mid_write_keeps_every_acknowledged_record(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run of pushes is written as one group (``DurableStore.append_each`` while held:
+    one write of all its records).  A kill during that write leaves a prefix of it on
+    disk, cut anywhere: every record acknowledged before it (made durable) comes back,
+    every record of the run wholly on disk too, a torn one is skipped with a log line
+    naming the segment and the offset, and the store keeps working."""
+    source = tmp_path / "source"
+    acked, run = range(1, 4), range(4, 12)
+    with LogStore(source) as log:
+        store = DurableStore(log)
+        for seq in acked:
+            store.append(Q, _run_message(seq))
+        store.flush()  # (acknowledged: durable)
+        store.hold()
+        assert store.append_each(Q, [_run_message(seq) for seq in run]) == []
+        ticket = store.appended
+        store.release()
+        assert store.appended == ticket + 1  # the run: one entry of the log, one write
+        store.flush()
+    (name,) = segment_files(source)
+    data = (source / name).read_bytes()
+    puts = [
+        f
+        for f in seg.scan(data, _seed(source), 1 << 20, seg.SEGMENT_HEADER_SIZE)
+        if isinstance(f, seg.Found) and f.kind == RecordKind.PUT
+    ]
+    records = puts[len(acked) :]  # (the queue's numbering values are records too)
+    assert len(records) == len(run)
+    last = records[-1]
+    # the run's last record torn: at every octet of its header, every fifth after it
+    end = last.offset + last.size
+    cuts = {*range(last.offset, last.offset + 32), *range(last.offset, end, 5), end - 1}
+    for r in records[:-1]:  # a kill anywhere else in the run's write
+        cuts |= {r.offset, r.offset + 1, r.offset + r.size // 2, r.offset + r.size - 1}
+    for cut in sorted(cuts):
+        trial = tmp_path / f"cut{cut}"
+        shutil.copytree(source, trial)
+        os.truncate(trial / name, cut)
+        whole = [seq for seq, r in zip(run, records, strict=True) if r.offset + r.size <= cut]
+        torn = [r.offset for r in records if r.offset < cut < r.offset + r.size]
+        caplog.clear()
+        with (
+            caplog.at_level(logging.WARNING, logger="broker.store.log"),
+            LogStore(trial, LogOptions(durability=Durability.OS)) as log,
+        ):
+            store = DurableStore(log)
+            got = [(m.sequence, m.message.payload) for m in store.iterate(Q)]
+            assert got == [(seq, _blob(seq)) for seq in (*acked, *whole)], f"cut at {cut}"
+            assert [d.offset for d in log.stats().damage] == torn, f"cut at {cut}"
+            store.append(Q, _run_message(100))  # it keeps working after the tear
+            store.flush()
+        for start in torn:
+            assert f"segment {name} offset {start}:" in caplog.text, f"cut at {cut}"
+        shutil.rmtree(trial)

@@ -11,7 +11,7 @@ import pytest
 from broker.message import Message
 from broker.store import StoredMessage
 from broker.store.durable import DurableStore
-from broker.store.log import LogOptions, LogStore, RecordTooLarge
+from broker.store.log import LogOptions, LogStore, RecordTooLarge, StoreClosed, StoreUsageError
 
 Q = ("orders", 1)
 OTHER = ("orders", 2)
@@ -84,3 +84,45 @@ def test_a_held_append_the_log_would_refuse_raises_at_once(tmp_path: Path) -> No
         store.release()
         store.flush()
     assert _live(tmp_path) == {Q: [(1, 0), (3, 0)]}
+
+
+def _refusals(refused: list[tuple[int, Exception]]) -> list[tuple[int, type[Exception]]]:
+    return [(k, type(exc)) for k, exc in refused]
+
+
+def test_a_held_run_refuses_exactly_what_the_log_would_refuse(tmp_path: Path) -> None:
+    """``append_each`` while held checks the run with one call into the log; each record
+    the log would refuse (too large, a deadline that is no wall-clock second) is refused
+    at its own position, the others are written as the group."""
+    run = [_stored(seq) for seq in range(1, 7)]
+    run[1] = _stored(2, size=1100)
+    run[3] = StoredMessage(4, run[3].message, "producer-1", deadline=float("inf"))
+    with LogStore(tmp_path, LogOptions(max_record_size=1024)) as log:
+        store = DurableStore(log)
+        store.hold()
+        refused = store.append_each(Q, run)
+        store.release()
+        store.flush()
+    assert _refusals(refused) == [(1, RecordTooLarge), (3, StoreUsageError)]
+    assert _live(tmp_path) == {Q: [(1, 0), (3, 0), (5, 0), (6, 0)]}
+
+
+def test_a_held_run_into_a_closed_log_refuses_every_record_for_its_own_reason(
+    tmp_path: Path,
+) -> None:
+    """A log that takes no appends (closed here; failed or ``max_pending`` full alike)
+    refuses each record of a run; one that is also too large keeps that reason, as one
+    ``append`` at a time would say."""
+    log = LogStore(tmp_path, LogOptions(max_record_size=1024))
+    store = DurableStore(log)
+    store.append(Q, _stored(1))
+    store.flush()
+    log.close()
+    store.hold()
+    run = [_stored(2), _stored(3, size=1100), _stored(4)]
+    refused = store.append_each(Q, run)
+    assert _refusals(refused) == [(0, StoreClosed), (1, RecordTooLarge), (2, StoreClosed)]
+    for k, message in enumerate(run):  # the same as one by one
+        with pytest.raises(type(refused[k][1])):
+            store.append(Q, message)
+    assert _live(tmp_path) == {Q: [(1, 0)]}
