@@ -342,6 +342,12 @@ class EngineBackend:
             lambda now: door.op_publish_batch(connection_id, specs, first, answer, now, stamp)
         )
 
+    def after_applied(self, connection_id: int, answer: PublishAnswer) -> None:
+        """:class:`~broker.stomp.backend.AfterApplied`: ``answer`` once the engine thread
+        ran every operation submitted before this one (and its writes are durable)."""
+        door = self.door
+        self._submit(lambda now: door.op_applied(answer))
+
     def _on_answers(self, answers: list[tuple[PublishAnswer, str | None]]) -> None:
         for answer, error in answers:
             answer(error)

@@ -572,6 +572,12 @@ class EngineDoor:
         self._answers.append((answer, None))
         return out
 
+    def op_applied(self, answer: PublishAnswer) -> list[Outgoing]:
+        """Every operation submitted before this one ran: ``answer`` goes with the batch's
+        publish answers, once their writes are durable (``EngineBackend.after_applied``)."""
+        self._answers.append((answer, None))
+        return []
+
     def op_publish_batch(
         self,
         conn: int,
