@@ -74,14 +74,20 @@ def producer_and_consumer(door: EngineDoor) -> tuple[EngineBackend, list[Deliver
     return backend, got
 
 
+def lagging_door(store: DurableStore) -> tuple[EngineDoor, Lagging, OutputGate]:
+    """A door on an engine saving to ``store``, whose answers wait for a gate on the
+    store's tickets with completion decided by the test (``Lagging``)."""
+    door = EngineDoor(Engine(store=store))
+    lagging = Lagging(store)
+    gate = OutputGate(lagging, lambda outs: None)
+    door.after_durable = gate.call
+    return door, lagging, gate
+
+
 def test_persistent_publish_returns_only_once_durable(tmp_path: Path) -> None:
     with LogStore(tmp_path) as log:
         store = DurableStore(log)
-        engine = Engine(store=store)
-        door = EngineDoor(engine)
-        lagging = Lagging(store)
-        gate = OutputGate(lagging, lambda outs: None)
-        door.after_durable = gate.call
+        door, lagging, gate = lagging_door(store)
         backend, got = producer_and_consumer(door)
         door.run_ops(0.0)
 
@@ -210,11 +216,7 @@ def test_an_answer_after_an_ack_waits_until_its_removal_is_durable(tmp_path: Pat
     in 8).  Here the store completes writes only when the test says so."""
     with LogStore(tmp_path) as log:
         store = DurableStore(log)
-        engine = Engine(store=store)
-        door = EngineDoor(engine)
-        lagging = Lagging(store)
-        gate = OutputGate(lagging, lambda outs: None)
-        door.after_durable = gate.call
+        door, lagging, gate = lagging_door(store)
         backend, got = producer_and_consumer(door)
 
         def serve_durably() -> None:  # the server thread, every write made durable

@@ -243,6 +243,16 @@ def test_virtual_host_rules(
 # -- reliable messaging: persistent:true + receipt survives kill -9 ----------------------
 
 
+def assert_nothing_queued(server: Serve) -> None:
+    """``/queue/orders`` of ``server`` is empty: a subscriber's first message is a
+    marker sent after it subscribed (a redelivery would come first)."""
+    again = stomp12(server.port)
+    again.subscribe("/queue/orders", id="s")
+    again.send("/queue/orders", "marker", receipt="m")
+    assert wait_until(lambda: bodies(again) == ["marker"]), bodies(again)
+    again.disconnect()
+
+
 def test_persistent_send_receipted_survives_kill_9(
     serve_factory: Callable[..., Serve], tmp_path: Path
 ) -> None:
@@ -269,11 +279,7 @@ def test_persistent_send_receipted_survives_kill_9(
     # acknowledged: deleted from the store, so a second restart has nothing to redeliver
     assert server.stop() == 0
     server.restart()
-    again = stomp12(server.port)
-    again.subscribe("/queue/orders", id="s")
-    again.send("/queue/orders", "marker", receipt="m")
-    assert wait_until(lambda: bodies(again) == ["marker"]), bodies(again)
-    again.disconnect()
+    assert_nothing_queued(server)
 
 
 def test_acks_before_a_receipted_disconnect_survive_kill_9(
@@ -301,11 +307,7 @@ def test_acks_before_a_receipted_disconnect_survive_kill_9(
     assert receipt.command is Command.RECEIPT and receipt.header("receipt-id") == "bye"
     server.kill9()
     server.restart()
-    again = stomp12(server.port)
-    again.subscribe("/queue/orders", id="s")
-    again.send("/queue/orders", "marker", receipt="m")
-    assert wait_until(lambda: bodies(again) == ["marker"]), bodies(again)
-    again.disconnect()
+    assert_nothing_queued(server)
 
 
 # -- expiration ------------------------------------------------------------------------
