@@ -22,8 +22,9 @@ With ``--raw`` every broker is also driven by minimal raw-socket clients (SEND f
 built once and written in batches; the consumer counts NULs): the client costs next to
 nothing, so those rows show the broker's own rate.  The last column is the broker
 process's CPU time per message (``/proc``; for RabbitMQ its Erlang VM): on a machine
-shared with other work it varies far less than msg/s.  With ``--rabbitmq`` a last table
-gives zerohub / RabbitMQ for each case of the same run.
+shared with other work it varies far less than msg/s; "clients CPU" is the producer's
+and the consumer's together (stomp.py's own cost, the ceiling's other side).  With
+``--rabbitmq`` a last table gives zerohub / RabbitMQ for each case of the same run.
 
 ``--turns N`` measures every server N times, this checkout and the baseline taking
 turns (the baseline first in odd turns, last in even ones), with ratio tables per turn.
@@ -38,6 +39,7 @@ import argparse
 import contextlib
 import multiprocessing as mp
 import os
+import resource
 import select
 import signal
 import socket
@@ -58,6 +60,7 @@ class Row:
     count: int
     rates: tuple[float, float]  # end to end; the producer's send loop alone
     cpu_us: float | None = None  # the broker process's CPU time per message (µs)
+    clients_us: float | None = None  # the producer's and consumer's CPU per message (µs)
     turn: int = 1  # the round (``--turns``) it was measured in
 
 
@@ -328,6 +331,13 @@ def run_pair(
     return count / (end - start), count / (results["sent"] - start)
 
 
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of this process's children that ended and were
+    waited for: :func:`run_pair` joins its producer and consumer, never a server."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def measure(
     ctx: Any,
     name: str,
@@ -345,12 +355,14 @@ def measure(
     for count in counts:
         for label, receipts, raw_client in cases:
             before = cpu_seconds(pid)
+            clients = _children_cpu()
             rates = run_pair(ctx, port, vhost, count, receipts, raw_client)
+            clients = (_children_cpu() - clients) / count * 1e6
             after = cpu_seconds(pid)
             cpu = None
             if before is not None and after is not None:
                 cpu = (after - before) / count * 1e6
-            rows.append(Row(f"{name} {label}", count, rates, cpu))
+            rows.append(Row(f"{name} {label}", count, rates, cpu, clients))
     return rows
 
 
@@ -382,12 +394,16 @@ def _turn(ctx: Any, args: Any, serve: list[str], turn: int, rabbit: Any) -> list
 def _table(rows: list[Row]) -> None:
     print(
         f"{'case':52} {'turn':>4} {'messages':>9} {'msg/s':>9} {'send loop msg/s':>16} "
-        f"{'broker CPU us/msg':>18}"
+        f"{'broker CPU us/msg':>18} {'clients CPU us/msg':>19}"
     )
     for row in rows:
         rate, loop = row.rates
         cpu = "" if row.cpu_us is None else f"{row.cpu_us:.1f}"
-        print(f"{row.name:52} {row.turn:>4} {row.count:>9} {rate:>9.0f} {loop:>16.0f} {cpu:>18}")
+        clients = "" if row.clients_us is None else f"{row.clients_us:.1f}"
+        print(
+            f"{row.name:52} {row.turn:>4} {row.count:>9} {rate:>9.0f} {loop:>16.0f} {cpu:>18} "
+            f"{clients:>19}"
+        )
 
 
 def _ratio_rows(title: str, mine: dict[tuple[str, int], Row], other: list[Row], cut: str) -> None:

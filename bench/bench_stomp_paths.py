@@ -16,7 +16,11 @@ per MESSAGE encoded, for this checkout and (``--baseline CHECKOUT``) another one
 * engine, client ack: the same with ``ack:client`` (one ``acknowledge_many`` entry per
   delivery);
 * engine, Python calls: the same path's Python calls per message (cProfile's count of
-  one pass: deterministic, unlike the CPU figures on a loaded machine).
+  one pass: deterministic, unlike the CPU figures on a loaded machine);
+* door, client-individual ACKs: 1000 deliveries of a ``/queue/`` subscription with
+  ``ack:client-individual`` acknowledged by 1000 ACKs of one read, as the listener hands
+  them to the engine thread (``EngineBackend.ack``, its batch, ``EngineDoor.run_ops``):
+  CPU and Python calls per ACK, both threads' work, run here on one thread.
 
 Each checkout runs in its own subprocess (``PYTHONPATH``), the two taking turns
 ``--turns`` times (baseline first in odd turns); the figure is the best of ``--repeat``
@@ -98,6 +102,7 @@ def measure(repeat: int) -> dict[str, float]:
             out = bytearray()
             write_receipts(out, receipt_ids)
 
+    door_refill, door_acks = _door_acks()
     engine_auto_ack = _engine_auto_ack()
     engine_client_ack = _engine_auto_ack(client_ack=True)
     per = 1e6 / (FRAMES * PASSES)
@@ -111,7 +116,16 @@ def measure(repeat: int) -> dict[str, float]:
         "engine: SEND to a client-ack consumer, ACKed": _best(engine_client_ack, repeat) * per,
         "engine: client-ack, Python calls per message": _calls(engine_client_ack)
         / (FRAMES * PASSES),
+        "door: client-individual ACKs of a read": _best_after(door_refill, door_acks, repeat)
+        * 1e6
+        / FRAMES,
+        "door: the same, Python calls per ACK": _door_calls(door_refill, door_acks) / FRAMES,
     }
+
+
+def _door_calls(setup: Callable[[], None], fn: Callable[[], None]) -> float:
+    setup()
+    return _calls(fn)
 
 
 def _calls(fn: Callable[[], None]) -> float:
@@ -169,6 +183,85 @@ def _engine_auto_ack(client_ack: bool = False) -> Callable[[], None]:
     queue = engine.channels["bench"].queues[QUEUE_ID]
     assert queue.acks == FRAMES * PASSES and not queue.pending  # every one settled
     return run
+
+
+def _door_acks() -> tuple[Callable[[], None], Callable[[], None]]:
+    """The door with a client-individual consumer of ``/queue/bench``: ``(refill,
+    acks)``; ``refill`` publishes and delivers FRAMES messages (untimed), ``acks`` ACKs
+    them all in one listener batch and runs it on the engine (as the two threads would,
+    here on one)."""
+    import select
+    import threading
+
+    from broker.engine.engine import Engine
+    from broker.stomp.backend import ConnectionInfo, Delivery
+    from broker.stomp.destinations import parse_destinations
+    from broker.stomp.engine_backend import EngineBackend, EngineDoor
+    from broker.stomp.subscription import AckMode, PublishSpec, SubscriptionSpec
+
+    door = EngineDoor(Engine())
+    backend = EngineBackend(door)
+    soon: list[Callable[[], None]] = []
+    posted: list[Callable[[], None]] = []
+    backend.bind(posted.append, lambda: None, soon.append)
+    got: list[Delivery] = []
+
+    def pump() -> None:  # the two threads' turns, on this one
+        while soon or posted or door.pending_ops:
+            while soon:
+                soon.pop(0)()
+            door.run_ops(0.0)
+            while posted:
+                posted.pop(0)()
+
+    for conn in (1, 2):
+        backend.attach(ConnectionInfo(conn, "u", "/", "1.2"), lambda d: got.append(d) or True)
+    pump()
+    dest = parse_destinations(
+        "/queue/bench", broker_id="default", connection_id=1, allow_wildcards=False
+    )
+    done = threading.Event()
+
+    def engine_thread() -> None:  # answers the SUBSCRIBE, which waits for the engine
+        while not done.is_set():
+            select.select([door.fileno()], [], [], 0.05)
+            door.run_ops(0.0)
+
+    helper = threading.Thread(target=engine_thread)
+    helper.start()
+    backend.subscribe(2, SubscriptionSpec("s", dest, ack=AckMode.CLIENT_INDIVIDUAL))
+    done.set()
+    helper.join()
+    tags: list[int] = []
+
+    def refill() -> None:
+        got.clear()
+        for _ in range(FRAMES):
+            backend.publish_async(1, PublishSpec(dest, (), b"x" * 100), lambda error: None)
+        pump()
+        assert len(got) == FRAMES, len(got)
+        tags[:] = [d.tag for d in got]
+
+    def acks() -> None:
+        for tag in tags:
+            backend.ack(2, [tag])
+        while soon:
+            soon.pop(0)()
+        door.run_ops(0.0)
+        assert not door.engine.channels["bench"].queues[0].pending  # every one settled
+
+    return refill, acks
+
+
+def _best_after(setup: Callable[[], None], fn: Callable[[], None], repeat: int) -> float:
+    """Best CPU seconds of ``repeat`` calls of ``fn``, each after an untimed ``setup``."""
+    best = float("inf")
+    for _ in range(repeat):
+        setup()
+        start = time.process_time()
+        fn()
+        best = min(best, time.process_time() - start)
+    return best
 
 
 def _receipt_writer() -> Callable[[bytearray, list[str | None]], None]:

@@ -32,6 +32,9 @@ Contract (what an implementation on the broker engine must do):
   dropped -- and stops offering to that connection until ``resume``.
 * ``unsubscribe(id, destroy=True)`` also deletes a durable subscription (``/dsub/``).
   Unacknowledged deliveries of an unsubscribed subscription are redelivered.
+* A backend that applies operations after the call returns (ACKs handed to another
+  thread) is an :class:`AfterApplied`: the session's RECEIPTs wait for its answer, so a
+  RECEIPT still means every frame before it was applied.
 * ``detach`` (connection gone, cleanly or not): every unacknowledged delivery is
   redelivered to other subscribers, subscriptions end (durable ones keep their
   queue), and the connection's temporary destinations are deleted.
@@ -155,3 +158,18 @@ class BatchPublisher(Protocol):
     def publish_batch(
         self, connection_id: int, specs: Sequence[PublishSpec], answer: BatchAnswer
     ) -> None: ...
+
+
+@runtime_checkable
+class AfterApplied(Protocol):
+    """A backend whose calls may take effect after they return (the engine's: ACKs,
+    NACKs and UNSUBSCRIBEs are handed to the engine thread without waiting).
+
+    ``after_applied(connection_id, answer)`` calls ``answer(None)`` exactly once, on the
+    session's thread, once every call made before it for that connection took effect
+    (durably, where the call writes to a store), in order with the publish answers:
+    the session holds each RECEIPT until then (STOMP: a RECEIPT says the server
+    processed every frame before it).  ``answer(reason)``: it cannot say so (the
+    session ends with an ERROR)."""
+
+    def after_applied(self, connection_id: int, answer: PublishAnswer) -> None: ...

@@ -205,6 +205,11 @@ class EngineBackend:
         #: Operations of this loop iteration, handed to the door together (one wake-up
         #: of the engine thread per batch, not one per SEND or ACK); see :meth:`bind`.
         self._batch: list[Op] = []
+        #: When the batch's last operation settles deliveries of one connection (an
+        #: ACK's): that connection and the list it settles, which the connection's next
+        #: ACK/NACK joins (a read's ACKs: one engine call).  Any other operation and the
+        #: hand-over end it (the list is the engine thread's from then on).
+        self._settling: tuple[int, list[tuple[str, int, str, bool]]] | None = None
         self._soon: Post | None = None
 
     def bind(
@@ -223,6 +228,7 @@ class EngineBackend:
 
     def _submit(self, op: Op) -> None:
         """Queue ``op`` for the engine thread, in order with every other operation."""
+        self._settling = None
         if self._soon is None:
             self.door.submit(op)
             return
@@ -233,6 +239,7 @@ class EngineBackend:
 
     def _flush_ops(self) -> None:
         """Hand the batched operations to the door (one wake-up)."""
+        self._settling = None
         if self._batch:
             batch, self._batch = self._batch, []
             self.door.submit_many(batch)
@@ -341,6 +348,12 @@ class EngineBackend:
         self._submit(
             lambda now: door.op_publish_batch(connection_id, specs, first, answer, now, stamp)
         )
+
+    def after_applied(self, connection_id: int, answer: PublishAnswer) -> None:
+        """:class:`~broker.stomp.backend.AfterApplied`: ``answer`` once the engine thread
+        ran every operation submitted before this one (and its writes are durable)."""
+        door = self.door
+        self._submit(lambda now: door.op_applied(answer))
 
     def _on_answers(self, answers: list[tuple[PublishAnswer, str | None]]) -> None:
         for answer, error in answers:
@@ -584,8 +597,22 @@ class EngineBackend:
             for t in tags:
                 conn.tag_sub.pop(t, None)
         if settles:
-            door = self.door
-            self._submit(lambda now: door.op_settle(connection_id, settles, 0, now))
+            self._submit_settles(connection_id, settles)
+
+    def _submit_settles(
+        self, connection_id: int, settles: list[tuple[str, int, str, bool]]
+    ) -> None:
+        """Settle ``settles`` on the engine thread, in order with every other operation:
+        joined to the batch's last operation when that one settles this connection's
+        deliveries too (``_settling``: consecutive ACKs, one ``acknowledge_many``)."""
+        joined = self._settling
+        if joined is not None and joined[0] == connection_id:
+            joined[1].extend(settles)
+            return
+        door = self.door
+        self._submit(lambda now: door.op_settle(connection_id, settles, 0, now))
+        if self._soon is not None:  # (else it was handed over at once)
+            self._settling = (connection_id, settles)
 
     def _give_topic_credit(self, conn: _Conn, tags: Sequence[int]) -> None:
         """Topic deliveries acknowledged (or transactionally): their credit comes back

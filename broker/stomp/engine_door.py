@@ -566,6 +566,15 @@ class EngineDoor:
         self._answers.append((answer, None))
         return out
 
+    def op_applied(self, answer: PublishAnswer) -> list[Outgoing]:
+        """Every operation submitted before this one ran: ``answer`` goes with the batch's
+        publish answers, once their writes are durable (``EngineBackend.after_applied``)
+        -- the removals of the messages acknowledged so far too: a RECEIPT promises them
+        (a store does not make an acknowledge's removal wait otherwise)."""
+        self.engine.store.removals_answered()
+        self._answers.append((answer, None))
+        return []
+
     def op_publish_batch(
         self,
         conn: int,

@@ -21,6 +21,8 @@ Rules enforced here:
   after ``max(cx, sy) * heartbeat_grace`` ms without any byte from it.  0 disables.
 * any frame carrying ``receipt`` gets a RECEIPT once done (an ERROR it caused carries
   ``receipt-id``); DISCONNECT with ``receipt`` is answered, then the connection closes.
+  "Done" includes what the backend applies later (an :class:`AfterApplied` backend,
+  the engine's: ACKs handed to its thread): the RECEIPT waits for its answer.
 * bad input (a malformed frame, a crossed limit, a rule broken) gets one ERROR frame
   with a ``message`` header and a text body; input after it is ignored and the
   connection closes ``die_delay`` later.  Other connections are not affected.
@@ -50,6 +52,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from broker.stomp.backend import (
+    AfterApplied,
     AsyncPublisher,
     Backend,
     BatchPublisher,
@@ -184,6 +187,10 @@ DESTINATION_LINES = 64
 #: The names of the headers every MESSAGE has (user headers by these names are not sent).
 _MESSAGE_NAMES = frozenset({"subscription", "message-id", "destination", "content-length"})
 _ACK_NAMES = _MESSAGE_NAMES | {"ack"}
+#: Frames whose backend call waits for the broker (``EngineBackend._call``), which has
+#: applied every frame before them when it returns: their RECEIPT needs no
+#: :class:`AfterApplied` answer (a SUBSCRIBE's backlog then follows its RECEIPT).
+_APPLIED_ON_RETURN = frozenset({Command.CONNECT, Command.STOMP, Command.SUBSCRIBE})
 
 
 @dataclass(slots=True)
@@ -241,6 +248,8 @@ class Session:
         self._transactions: dict[str, list[Frame]] = {}
         self._attached = False
         self._async = backend if isinstance(backend, AsyncPublisher) else None
+        #: Receipts wait for the backend to apply every frame before them (AfterApplied).
+        self._applied = backend if isinstance(backend, AfterApplied) else None
         #: Runs of plain SENDs go to the backend in one call (``_publish_run``).
         self._batch = (
             backend if self._async is not None and isinstance(backend, BatchPublisher) else None
@@ -564,13 +573,23 @@ class Session:
             self._deferred = False  # its answer sends the receipt
             return
         receipt = frame.header("receipt")
-        if self._unanswered:
-            if receipt is not None:
-                self._unanswered.append(_Answer(receipt, done=True))
-                self._unanswered_count += 1
+        if receipt is None:
             return
-        if receipt is not None and self.state is not SessionState.CLOSED:
+        if self._applied is not None and frame.command not in _APPLIED_ON_RETURN:
+            self._after_applied(_Answer(receipt))
+        elif self._unanswered:
+            self._unanswered.append(_Answer(receipt, done=True))
+            self._unanswered_count += 1
+        elif self.state is not SessionState.CLOSED:
             self._out += serialize_receipt(receipt, self.version or Version.V1_2)
+
+    def _after_applied(self, entry: _Answer) -> None:
+        """``entry``'s RECEIPT goes once the backend applied every frame before it, after
+        the receipts before it (:class:`~broker.stomp.backend.AfterApplied`)."""
+        assert self._applied is not None
+        self._unanswered.append(entry)
+        self._unanswered_count += 1
+        self._applied.after_applied(self.connection_id, lambda error: self._answered(entry, error))
 
     def _on_connect(self, frame: Frame, now: float) -> None:
         version = _negotiate(frame.header("accept-version"))
@@ -937,12 +956,16 @@ class Session:
 
     def _on_disconnect(self, frame: Frame, now: float) -> None:
         receipt = frame.header("receipt")
-        if self._unanswered:  # its receipt (and the close) after the SENDs' answers
-            self._unanswered.append(_Answer(receipt, done=True, close=True))
-            self._unanswered_count += 1
+        applied = receipt is not None and self._applied is not None
+        if self._unanswered or applied:  # its receipt (and the close) after the answers
             self.state = SessionState.CLOSING
             self._close_at = now + self.config.connect_timeout  # the backend never answered
             self._deferred = True
+            if applied:  # ... and after the frames before it were applied (their ACKs)
+                self._after_applied(_Answer(receipt, close=True))
+            else:
+                self._unanswered.append(_Answer(receipt, done=True, close=True))
+                self._unanswered_count += 1
             return
         if receipt is not None:
             self._out += serialize_receipt(receipt, self.version or Version.V1_2)

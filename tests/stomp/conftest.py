@@ -1,7 +1,9 @@
 """Fixtures shared by the STOMP tests that run one ``broker serve`` per module: a module
 defines ``server`` (a ``tests.stomp.test_serve.Serve``); ``clients`` makes stomp.py
-connections to it and ``raws`` raw-frame sockets, all closed after the test.  A module
-with fixtures of these names of its own (other signatures) keeps them."""
+connections to it and ``raws`` raw-frame sockets, all closed after the test.
+``engine_side`` and ``held_clients``: a listener whose engine thread is the test itself
+(``tests.stomp.engine_side``).  A module with fixtures of these names of its own (other
+signatures) keeps them."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.stomp.engine_side import Engineside, RawClient
 from tests.stomp.test_listener import Raw
 from tests.stomp.test_serve import Serve, stomp12
 
@@ -38,6 +41,28 @@ def raws(server: Serve) -> Iterator[Callable[[], Raw]]:
         raw.connect()
         made.append(raw)
         return raw
+
+    yield make
+    for raw in made:
+        raw.close()
+
+
+@pytest.fixture
+def engine_side() -> Iterator[Engineside]:
+    """A listener whose engine thread is the test (``tests.stomp.engine_side``)."""
+    side = Engineside()
+    yield side
+    side.stop()
+
+
+@pytest.fixture
+def held_clients(engine_side: Engineside) -> Iterator[Callable[[], RawClient]]:
+    """Raw-frame clients of ``engine_side`` (its door's operations run while they wait)."""
+    made: list[RawClient] = []
+
+    def make() -> RawClient:
+        made.append(RawClient(engine_side))
+        return made[-1]
 
     yield make
     for raw in made:

@@ -74,14 +74,20 @@ def producer_and_consumer(door: EngineDoor) -> tuple[EngineBackend, list[Deliver
     return backend, got
 
 
+def lagging_door(store: DurableStore) -> tuple[EngineDoor, Lagging, OutputGate]:
+    """A door on an engine saving to ``store``, whose answers wait for a gate on the
+    store's tickets with completion decided by the test (``Lagging``)."""
+    door = EngineDoor(Engine(store=store))
+    lagging = Lagging(store)
+    gate = OutputGate(lagging, lambda outs: None)
+    door.after_durable = gate.call
+    return door, lagging, gate
+
+
 def test_persistent_publish_returns_only_once_durable(tmp_path: Path) -> None:
     with LogStore(tmp_path) as log:
         store = DurableStore(log)
-        engine = Engine(store=store)
-        door = EngineDoor(engine)
-        lagging = Lagging(store)
-        gate = OutputGate(lagging, lambda outs: None)
-        door.after_durable = gate.call
+        door, lagging, gate = lagging_door(store)
         backend, got = producer_and_consumer(door)
         door.run_ops(0.0)
 
@@ -200,3 +206,43 @@ def test_an_ack_handed_over_as_the_server_stops_is_applied(
     finally:
         reopened.close()
     assert live == []  # acknowledged: gone from the store (it was b"k" before the fix)
+
+
+def test_an_answer_after_an_ack_waits_until_its_removal_is_durable(tmp_path: Path) -> None:
+    """Regression (a RECEIPT after ACKs, ``EngineBackend.after_applied``): an ACK's
+    removal from the store is not waited for in general (a late one costs a redelivery),
+    but a RECEIPT after it promises it: the answer waited for nothing, and a kill -9
+    right after it redelivered the acknowledged message (test_serve's kill -9 test, 2 runs
+    in 8).  Here the store completes writes only when the test says so."""
+    with LogStore(tmp_path) as log:
+        store = DurableStore(log)
+        door, lagging, gate = lagging_door(store)
+        backend, got = producer_and_consumer(door)
+
+        def serve_durably() -> None:  # the server thread, every write made durable
+            door.run_ops(0.0)
+            lagging.completed = store.appended
+            gate.release()
+
+        answers: list[str | None] = []
+        backend.publish_async(
+            1, PublishSpec(queue("/queue/q"), (("persistent", "true"),), b"k"), answers.append
+        )
+        spec = SubscriptionSpec("s", queue("/queue/q"), ack=AckMode.CLIENT_INDIVIDUAL)
+        subscribing = threading.Thread(target=backend.subscribe, args=(2, spec))
+        subscribing.start()
+        assert wait_until(lambda: serve_durably() or (not subscribing.is_alive() and got != []))
+        assert answers == [None] and [d.body for d in got] == [b"k"]
+        applied: list[str | None] = []
+        backend.ack(2, [got[0].tag])
+        backend.after_applied(2, applied.append)
+        door.run_ops(0.0)  # the ACK ran: its removal is written, not durable yet
+        assert applied == []  # the RECEIPT waits for it
+        serve_durably()
+        assert applied == [None]
+        door.close()
+    reopened = DurableStore(LogStore(tmp_path))
+    try:
+        assert [m for key in reopened.queues() for m in reopened.iterate(key)] == []
+    finally:
+        reopened.close()

@@ -243,6 +243,16 @@ def test_virtual_host_rules(
 # -- reliable messaging: persistent:true + receipt survives kill -9 ----------------------
 
 
+def assert_nothing_queued(server: Serve) -> None:
+    """``/queue/orders`` of ``server`` is empty: a subscriber's first message is a
+    marker sent after it subscribed (a redelivery would come first)."""
+    again = stomp12(server.port)
+    again.subscribe("/queue/orders", id="s")
+    again.send("/queue/orders", "marker", receipt="m")
+    assert wait_until(lambda: bodies(again) == ["marker"]), bodies(again)
+    again.disconnect()
+
+
 def test_persistent_send_receipted_survives_kill_9(
     serve_factory: Callable[..., Serve], tmp_path: Path
 ) -> None:
@@ -269,11 +279,35 @@ def test_persistent_send_receipted_survives_kill_9(
     # acknowledged: deleted from the store, so a second restart has nothing to redeliver
     assert server.stop() == 0
     server.restart()
-    again = stomp12(server.port)
-    again.subscribe("/queue/orders", id="s")
-    again.send("/queue/orders", "marker", receipt="m")
-    assert wait_until(lambda: bodies(again) == ["marker"]), bodies(again)
-    again.disconnect()
+    assert_nothing_queued(server)
+
+
+def test_acks_before_a_receipted_disconnect_survive_kill_9(
+    serve_factory: Callable[..., Serve], tmp_path: Path, raws: Callable[[int], Raw]
+) -> None:
+    """A consumer ACKs every persistent message, then DISCONNECTs with a receipt; once
+    the RECEIPT is read the broker is killed (-9) at once: after the restart the next
+    subscriber gets none of them (the RECEIPT waited for the ACKs to be applied and
+    durable; before session 12 it could leave first, and a kill in that gap redelivered)."""
+    server = serve_factory("--data", str(tmp_path / "data"))
+    producer = stomp12(server.port)
+    for i in range(20):
+        producer.send(
+            "/queue/orders", f"order-{i}", headers={"persistent": "true"}, receipt=f"p{i}"
+        )
+    assert wait_until(lambda: len(recorder(producer).receipts) == 20)
+    consumer = raws(server.port)
+    consumer.connect()
+    consumer.send(b"SUBSCRIBE\nid:s\ndestination:/queue/orders\nack:client-individual\n\n\x00")
+    messages = [consumer.next() for _ in range(20)]
+    assert [m.body for m in messages] == [f"order-{i}".encode() for i in range(20)]
+    acks = b"".join(b"ACK\nid:%s\n\n\x00" % m.header("ack").encode() for m in messages)
+    consumer.send(acks + b"DISCONNECT\nreceipt:bye\n\n\x00")
+    receipt = consumer.next()
+    assert receipt.command is Command.RECEIPT and receipt.header("receipt-id") == "bye"
+    server.kill9()
+    server.restart()
+    assert_nothing_queued(server)
 
 
 # -- expiration ------------------------------------------------------------------------
