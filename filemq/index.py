@@ -1014,7 +1014,12 @@ class FileIndex:
                 return IndexDelta((), ())
             root_fd = -1
             stack = []
-        with _gc_paused(), _closing_fd(root_fd), self._logging_anew(), PairedStat() as pair:
+        with (
+            _gc_paused(),
+            _closing_fd(root_fd),
+            self._logging_anew(),
+            contextlib.closing(PairedStat()) as pair,
+        ):
             while stack:
                 current = stack.pop()
                 base = current + "/" if current else ""

@@ -17,7 +17,7 @@ Rules:
   followed): the worker looks up the same names in the same folder, nothing else;
 * a list shorter than ``PAIR_MIN`` is stat-ed by the caller alone (a hand-off costs
   more than it saves), and so is every list when the process may run on one CPU only;
-* the worker starts with the first long list; ``close`` stops it (a ``with`` block);
+* the worker starts with the first long list; ``close`` stops it (``contextlib.closing``);
   one caller at a time.
 """
 
@@ -28,7 +28,6 @@ import queue
 import threading
 from collections.abc import Sequence
 from operator import methodcaller
-from types import TracebackType
 
 __all__ = ["PAIR_MIN", "PairedStat"]
 
@@ -74,17 +73,6 @@ class PairedStat:
             self._jobs.put(None)
             self._thread.join()
             self._thread = None
-
-    def __enter__(self) -> PairedStat:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _work(self) -> None:
         jobs, results = self._jobs, self._results

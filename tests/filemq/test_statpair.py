@@ -5,8 +5,10 @@ give what one thread gives, fail as one thread fails, and a refresh using them
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -44,14 +46,14 @@ def _fields(st: os.stat_result) -> tuple[int, int, int, int]:
 
 def test_two_threads_give_every_entrys_lstat_in_order(tmp_path: Path) -> None:
     folder = _folder(tmp_path / "src", _LONG)
-    with PairedStat(paired=True) as pair:
+    with closing(PairedStat(paired=True)) as pair:
         for entries in _entries(folder):
             got = pair.stat_all(entries)
             assert len(got) == len(entries) == _LONG + 2
             for entry, st in zip(entries, got, strict=True):
                 assert _fields(st) == _fields(os.lstat(folder / entry.name)), entry.name
             names = {e.name: st for e, st in zip(entries, got, strict=True)}
-            assert os.path.stat.S_ISLNK(names["link"].st_mode)  # (the link itself)
+            assert stat.S_ISLNK(names["link"].st_mode)  # (the link itself)
             assert names["f0100"].st_size == 100
 
 
@@ -60,7 +62,7 @@ def test_a_name_gone_before_its_lstat_raises_and_the_worker_stays_usable(
     tmp_path: Path, half: str
 ) -> None:
     folder = _folder(tmp_path / "src", _LONG)
-    with PairedStat(paired=True) as pair:
+    with closing(PairedStat(paired=True)) as pair:
         for entries in _entries(folder):
             gone = entries[1] if half == "first" else entries[-3]
             (folder / gone.name).unlink()
@@ -73,7 +75,7 @@ def test_a_name_gone_before_its_lstat_raises_and_the_worker_stays_usable(
 def test_close_stops_the_worker_and_short_lists_start_none(tmp_path: Path) -> None:
     folder = _folder(tmp_path / "src", PAIR_MIN - 3)  # (+ folder + link: still short)
     before = {t.name for t in threading.enumerate()}
-    with PairedStat(paired=True) as pair:
+    with closing(PairedStat(paired=True)) as pair:
         for entries in _entries(folder):
             assert len(pair.stat_all(entries)) == len(entries)
         assert "filemq-lstat" not in {t.name for t in threading.enumerate()} - before
