@@ -126,6 +126,7 @@ def test_a_folder_swapped_for_a_link_mid_refresh_is_not_read_through(tmp_path: P
             assert index.loaded
         else:
             index = FileIndex(root, exclude=swap_other)
+        index.paired_stat = True  # (as the server's)
         index.refresh()
         assert walked, "the walk met a folder and swapped the other"
         first, other = walked
@@ -135,3 +136,37 @@ def test_a_folder_swapped_for_a_link_mid_refresh_is_not_read_through(tmp_path: P
         assert {n for n in names if n.startswith(f"{first}/")} == mine
         os.unlink(root / other)  # (back as it was for the next round)
         os.rename(tmp_path / "moved", root / other)
+
+
+def test_a_refresh_on_two_threads_finds_what_one_thread_finds(tmp_path: Path) -> None:
+    """The same saved index refreshed with ``paired_stat`` and without, after changes of
+    every kind in long folders: the same delta and the same entries."""
+    root = tmp_path / "root"
+    for folder in ("a", "b", "c"):
+        (root / folder).mkdir(parents=True)
+        for i in range(_LONG):
+            (root / folder / f"f{i:03d}").write_bytes(b"v1 %d" % i)
+    made = FileIndex(root, tree=True)
+    made.refresh()
+    saved = tmp_path / "index"
+    made.save(saved)
+    (root / "a" / "f005").write_bytes(b"changed, longer")  # changed
+    (root / "b" / "f010").unlink()  # gone
+    (root / "b" / "new").write_bytes(b"new")  # added
+    (root / "c" / "f020").unlink()
+    (root / "c" / "f020").mkdir()  # a file became a folder
+    (root / "c" / "f020" / "inside").write_bytes(b"in")
+    found = {}
+    for paired in (False, True):
+        index = FileIndex.load(saved, root, tree=True)
+        index.paired_stat = paired
+        delta = index.refresh()
+        found[paired] = (
+            sorted(e.name for e in delta.changed),
+            sorted(delta.removed),
+            sorted((e.name, e.size, e.inode, e.sha1) for e in index),
+        )
+    assert found[True] == found[False]
+    changed, removed, _entries = found[True]
+    assert changed == ["a/f005", "b/new", "c/f020/inside"]
+    assert removed == ["b/f010", "c/f020"]
