@@ -46,7 +46,6 @@ def cpu():
 
 def check():
     index = load_index(saved, root, tree=True)
-    index.paired_stat = True  # as ``filemq serve`` sets it (an older tree ignores it)
     delta = index.refresh()
     assert index.loaded and not delta.changed and not delta.removed, "not a valid index"
 

@@ -97,7 +97,7 @@ from collections.abc import Callable, ItemsView, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import compress, repeat
 from json.encoder import encode_basestring as _json_string
-from operator import attrgetter, itemgetter
+from operator import attrgetter, itemgetter, methodcaller
 from pathlib import Path
 from stat import S_IMODE, S_ISDIR, S_ISLNK, S_ISREG
 from struct import iter_unpack
@@ -113,7 +113,6 @@ from filemq.paths import (
     open_beneath,
     readlink_beneath,
 )
-from filemq.statpair import PairedStat
 
 __all__ = [
     "FORMAT_NAME",
@@ -199,6 +198,7 @@ class IndexDelta:
 
 
 _NAME = attrgetter("name")
+_LSTAT = methodcaller("stat", follow_symlinks=False)
 _SIZE = attrgetter("st_size")
 _MTIME = attrgetter("st_mtime_ns")
 _INODE = attrgetter("st_ino")
@@ -225,7 +225,6 @@ def _unchanged_files(
     first: list[os.DirEntry[str]],
     leave_out: list[Callable[[str], bool]],
     retry: set[str],
-    stat_all: Callable[[list[os.DirEntry[str]]], list[os.stat_result]],
 ) -> tuple[list[str], list[os.DirEntry[str]]]:
     """A folder's files the index holds unchanged, tested at once: (their names as the
     index holds them, the entries left to test one by one, in name order).
@@ -235,8 +234,7 @@ def _unchanged_files(
     rows, alive and with the same ``lstat`` values, none left out (a name one of
     ``leave_out`` says True of: the exclude, the filters) nor waiting to be read again
     (``retry``), they are all hits; what else the folder holds (folders, links) is
-    left (``stat_all``: ``PairedStat.stat_all``, the ``lstat`` on two threads).
-    Otherwise (a file changed, added or gone; a name that is not ASCII; an
+    left.  Otherwise (a file changed, added or gone; a name that is not ASCII; an
     ``lstat`` that fails) nothing is taken here: the caller's test of each name
     decides, as before this shortcut (it finds the rows it needs by the hint of the
     last one, in name order).
@@ -245,7 +243,7 @@ def _unchanged_files(
     if not first or not "".join(leaves).isascii():
         return [], first
     try:
-        stats = stat_all(first)  # (kept by each DirEntry for the caller's test)
+        stats = list(map(_LSTAT, first))  # (kept by each DirEntry for the caller's test)
     except OSError:
         return [], first
     regular = list(map(S_ISREG, map(_MODE, stats)))
@@ -816,10 +814,6 @@ class FileIndex:
         self.dirty = False
         #: Read from a saved file by ``load`` (not made anew).
         self.loaded = False
-        #: ``refresh`` stats a folder's entries on two threads (``filemq.statpair``): the
-        #: server's indexes (its start's wall time); a mirror's DEST index stays on one
-        #: (measured: the worker cost it ~1.5 MiB of peak RSS and CPU, no wall gain).
-        self.paired_stat = False
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -1018,12 +1012,7 @@ class FileIndex:
                 return IndexDelta((), ())
             root_fd = -1
             stack = []
-        with (
-            _gc_paused(),
-            _closing_fd(root_fd),
-            self._logging_anew(),
-            contextlib.closing(PairedStat(paired=None if self.paired_stat else False)) as pair,
-        ):
+        with _gc_paused(), _closing_fd(root_fd), self._logging_anew():
             while stack:
                 current = stack.pop()
                 base = current + "/" if current else ""
@@ -1040,7 +1029,7 @@ class FileIndex:
                     listing = _in_name_order(it)
                     if entries.has_rows and type(listing) is list:
                         unchanged, listing = _unchanged_files(
-                            entries, base, listing, leave_out, retry, pair.stat_all
+                            entries, base, listing, leave_out, retry
                         )
                         hits.extend(unchanged)
                     for d in listing:

@@ -430,7 +430,6 @@ class FileServer:
                     filters=self.filters,
                     tree=True,
                 )
-                self.indexes[mount.virtual].paired_stat = True  # (``FileIndex.paired_stat``)
         return {
             virtual: _folders(index) for virtual, index in self.indexes.items() if index.loaded
         }
