@@ -145,7 +145,9 @@ class FileOp:
 
     name: str  # virtual path sent as the CHEEZBURGER filename
     operation: Operation
-    source: str = ""  # local file to read (create)
+    # local file to read (create) for an I/O layer that reads by path; ``FileServer``
+    # reads by virtual name (no path made per queued file) and leaves it empty
+    source: str = ""
     size: int = 0
     mtime_ns: int = 0
     sha1: str = ""

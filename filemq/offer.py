@@ -60,8 +60,8 @@ __all__ = [
 ]
 
 
-def file_op(name: str, entry: FileEntry, source: str, source_name: str = "") -> FileOp:
-    """Send the content of ``entry`` as virtual ``name``."""
+def file_op(name: str, entry: FileEntry, source: str = "", source_name: str = "") -> FileOp:
+    """Send the content of ``entry`` as virtual ``name`` (``source``: see ``FileOp``)."""
     return FileOp(
         name,
         Operation.CREATE,

@@ -1064,7 +1064,7 @@ class FileServer:
     def _op(
         self, mount: Mount, entry: FileEntry, operation: Operation = Operation.CREATE
     ) -> FileOp:
-        op = file_op(mount.prefix + entry.name, entry, os.path.join(mount.directory, entry.name))
+        op = file_op(mount.prefix + entry.name, entry)  # (read by its name: ``_open_source``)
         return op if operation is Operation.CREATE else replace(op, operation=operation)
 
     def _published(self, name: str) -> bool:
