@@ -87,7 +87,7 @@ class RecentIds:
         bookkeeping: a run of such calls at one ``now`` ends with :meth:`added_at`."""
         ids = self.ids
         ids[message_id] = now
-        if len(ids) > count:
+        while len(ids) > count:  # (more than one: the window was made smaller)
             ids.popitem(last=False)
 
     def added_at(self, now: float) -> None:

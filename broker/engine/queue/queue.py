@@ -1035,7 +1035,7 @@ class Queue:
                     m = with_source(m, sid)
                 if dedupe:  # (RecentIds.add_new, inline: a call per message costs more)
                     seen[mid] = now
-                    if len(seen) > window:
+                    while len(seen) > window:  # (a window made smaller: down to it)
                         seen.popitem(last=False)
                 seq += 1
                 taken += 1
