@@ -22,12 +22,11 @@ import pytest
 from broker import tmqp
 from broker.engine.fanout import Publish
 from broker.engine.options import BrokerConfig
-from broker.engine.queue.queue import Queue
 from broker.fanout import FANOUT, FANOUT_TICKET, FANOUT_TOKEN, ROTATED, VERSION, read_head
 from broker.protocol import MessageType, Operation, QueueStatus, header
 
 from .engine_kit import Frame, Kit
-from .test_engine_batch_path import _counters, one_by_one
+from .test_engine_batch_path import _counters, count_runs, one_by_one
 
 CHANNEL = "news"
 MEMBERS = ("m1", "m2")
@@ -200,21 +199,12 @@ def _lockstep(steps: list[tuple[str, Any]], seed: int) -> int:
 def test_a_run_into_a_fanout_stream_gives_what_its_pushes_give_one_by_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    runs = 0
-    real = Queue.push_plain_run
-
-    def counted(self: Queue, *args: Any) -> int:
-        nonlocal runs
-        taken = real(self, *args)
-        runs += self.channel.fanout is not None and taken > 1
-        return taken
-
-    monkeypatch.setattr(Queue, "push_plain_run", counted)
+    runs = count_runs(monkeypatch, fanout=True)
     published = 0
     for seed in range(16):
         rnd = random.Random(seed)
         published += _lockstep(_session(rnd, rnd.randint(10, 40)), seed)
-    assert runs >= 50  # the batches took the run path, not only one by one
+    assert runs[0] >= 50  # the batches took the run path, not only one by one
     assert published >= 2000  # publishes were compared, not two empty outputs
 
 
