@@ -67,3 +67,39 @@ def test_an_id_stored_again_still_expires_by_the_first_entry() -> None:
     assert not window.seen("a", 6.5, 1000)  # past 5.0 + 1 s: "a" and then "b" go
     assert not window.seen("b", 6.5, 1000)
     assert window.seen("c", 6.5, 1000)
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["one-push", "a-batch"])
+def test_a_window_made_smaller_forgets_down_to_its_size_on_the_fast_paths(
+    batched: bool,
+) -> None:
+    """``DuplicateWindow`` lowered at run time: the next id a plain push stores (the fast
+    paths, ``Queue.push_plain`` and ``push_plain_run``) leaves the window at its new
+    size, as ``RecentIds.add`` (the general path) does.  Before: the fast paths forgot one
+    id per push, so a push whose id the window no longer holds was taken for a duplicate
+    and dropped (its producer told it was done) where the general path delivers it."""
+    from broker import tmqp
+    from broker.protocol import MessageType
+
+    from .engine_kit import Frame, Kit
+
+    kit = Kit()
+    for client in ("p", "c"):
+        kit.connect(client)
+    kit.queue("p", "ch", 1, status=1, use_message_id=True, duplicate_window=100)
+    kit.join("c", "ch")
+    for mid in ("a", "b", "c", "d", "e"):
+        kit.push("p", "ch", 1, mid=mid)
+    kit.update("p", "ch", 1, DuplicateWindow=2)
+    later = ("f", "b")  # b: out of a window of 2 once f is stored
+    if batched:
+        frames = [Frame(message_type=MessageType.QUEUE, content_type=1, target="ch",
+                        message_id=mid, source="p", payload=b"x") for mid in later]  # fmt: skip
+        items = [(i, f, tmqp.encode(f)[0]) for i, f in enumerate(frames)]
+        kit.route(kit.engine.receive_batch("p", items, kit.now)[0])
+    else:
+        for mid in later:
+            kit.push("p", "ch", 1, mid=mid)
+    got = [f.message_id for f in kit.take("c") if f.message_type == MessageType.QUEUE]
+    assert got == ["a", "b", "c", "d", "e", "f", "b"]
+    assert kit.info("p", "ch", 1)["DuplicateMessages"] == 0

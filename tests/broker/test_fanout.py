@@ -610,3 +610,64 @@ def test_two_channels_pushed_in_turn_reach_their_members_whole(fan: Fan) -> None
     pairs = _payloads(news, total)
     assert [int(p) for _, p in pairs] == list(range(total))
     assert both.fanout_gaps == [] and news.fanout_gaps == []
+
+
+def test_a_batch_published_as_one_run_reaches_a_reader_while_a_member_stops_reading(
+    fan: Fan,
+) -> None:
+    """``push_many`` without acknowledges into a fan-out stream (one run through
+    ``broker.engine.queue.broadcast_run``), a one-by-one consumer beside the members (the
+    general path for that channel) and a batch carrying a push with headers mid-way (the
+    run stops there and goes on after it): a member that stops reading stalls nobody --
+    the reading member gets every message of both channels in order (the one-by-one
+    consumer what broadcast gives it: in order) -- and when it reads again every number
+    is received, in order, or in a reported gap."""
+    producer = fan.client()
+    _broadcast_queue(producer)
+    producer.create_queue("sports", 1, {"Status": 0})
+    reader, stopped = fan.client(), fan.client(threaded=False)  # (stopped: nobody calls it)
+    direct = fan.client(fanout=False)
+    reader.join(CHANNEL)
+    stopped.join(CHANNEL)
+    reader.join("sports")
+    direct.join("sports")
+    total = 1500
+    for channel in (CHANNEL, "sports"):
+        assert producer.push_many(channel, 1, [b"%d" % i for i in range(total // 2)],
+                                  ack=False) == []  # fmt: skip
+        producer.push(channel, 1, b"%d" % (total // 2), headers={"x": "y"})
+        assert producer.push_many(channel, 1, [b"%d" % i for i in range(total // 2 + 1, total)],
+                                  ack=False) == []  # fmt: skip
+    got: dict[str, list[int]] = {CHANNEL: [], "sports": []}
+
+    def complete() -> bool:
+        while (m := reader.receive(timeout=0)) is not None:
+            got[m.channel].append(int(m.payload))
+        return all(len(v) >= total for v in got.values())
+
+    assert wait_until(complete, timeout=60), {k: len(v) for k, v in got.items()}
+    assert got == {CHANNEL: list(range(total)), "sports": list(range(total))}
+    # (one by one, broadcast gives a copy to a consumer with room: order, not all)
+    seen_direct: list[int] = []
+
+    def some_direct() -> bool:
+        while (m := direct.receive(timeout=0)) is not None:
+            seen_direct.append(int(m.payload))
+        return bool(seen_direct)
+
+    assert wait_until(some_direct, timeout=60)
+    assert seen_direct == sorted(set(seen_direct))
+    assert reader.fanout_gaps == []
+    late: list[int] = []
+
+    def accounted() -> bool:
+        while (m := stopped.receive(timeout=0)) is not None:
+            late.append(int(m.payload))
+        missed = sum(g.count for g in stopped.fanout_gaps)
+        return len(late) + missed >= total
+
+    assert wait_until(accounted, timeout=60), f"{len(late)} received"
+    assert late == sorted(late) and len(late) == len(set(late))
+    missed_numbers = {n - 1 for g in stopped.fanout_gaps for n in range(g.first, g.last + 1)}
+    assert not missed_numbers & set(late)
+    assert missed_numbers | set(late) == set(range(total))

@@ -97,7 +97,7 @@ class RecentIds:
         (:meth:`keep_newest` when the count shrinks)."""
         ids = self.ids
         ids[message_id] = now
-        if len(ids) > count:
+        while len(ids) > count:  # (more than one: the window was made smaller)
             ids.popitem(last=False)
 
     def added_at(self, now: float) -> None:

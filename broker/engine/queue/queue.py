@@ -53,6 +53,7 @@ from broker.engine.message import (
 from broker.engine.options import ChannelQueueOptions
 from broker.engine.queue import pull
 from broker.engine.queue.acks import AckTracker
+from broker.engine.queue.broadcast_run import publish_plain_run
 from broker.engine.queue.dedupe import RecentIds
 from broker.engine.queue.dispatch import Dispatcher
 from broker.engine.queue.hooks import HandlerHooks
@@ -65,7 +66,7 @@ from broker.engine.queue.statuses import StatusStrategy, strategy_for
 from broker.engine.queue.trash import Trash, Trashed
 from broker.engine.receipts import requested as receipt_requested
 from broker.message import parked
-from broker.protocol import NackReason, Outgoing, ResultCode, Tracked
+from broker.protocol import NackReason, Outgoing, QueueStatus, ResultCode, Tracked
 from broker.store import IndexEntry, Store, StoredMessage
 
 if TYPE_CHECKING:
@@ -962,8 +963,13 @@ class Queue:
         :meth:`push_plain`'s caller checks, for the whole run.
         """
         strategy = self.strategy
-        if not self.plain or not strategy.takes_plain:
+        if not self.plain:
             return 0
+        if not strategy.takes_plain:
+            stream = self.channel.fanout
+            if stream is None or strategy.status is not QueueStatus.BROADCAST:
+                return 0
+            return publish_plain_run(self, stream, ms, start, sender, now, out)
         opts = self.options
         if opts.wait_for_acknowledge and self.tracker.pending:
             return 0
@@ -1037,7 +1043,7 @@ class Queue:
                     m = with_source(m, sid)
                 if dedupe:  # (RecentIds.add_new, inline: a call per message costs more)
                     seen[mid] = now
-                    if len(seen) > window:
+                    while len(seen) > window:  # (a window made smaller: down to it)
                         seen.popitem(last=False)
                 seq += 1
                 taken += 1
