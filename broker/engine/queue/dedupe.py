@@ -83,18 +83,15 @@ class RecentIds:
             ids.popitem(last=False)
 
     def keep_newest(self, count: int) -> None:
-        """Forget all but the newest ``count`` ids (the window was made smaller): the
-        window never holds more than its count, which lets :meth:`add_new` and the
-        run paths evict one id per id they store."""
+        """Forget all but the newest ``count`` ids (the window was made smaller, at once:
+        the run paths that store ids without :meth:`add_new` evict one per id)."""
         ids = self.ids
         while len(ids) > count:
             ids.popitem(last=False)
 
     def add_new(self, message_id: str, now: float, count: int) -> None:
         """:meth:`add` of an id not stored (the caller checked), without the order
-        bookkeeping: a run of such calls at one ``now`` ends with :meth:`added_at`.
-        One eviction at most: the window holds at most ``count`` ids before the call
-        (:meth:`keep_newest` when the count shrinks)."""
+        bookkeeping: a run of such calls at one ``now`` ends with :meth:`added_at`."""
         ids = self.ids
         ids[message_id] = now
         while len(ids) > count:  # (more than one: the window was made smaller)
