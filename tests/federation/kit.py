@@ -56,6 +56,17 @@ class Broker:
         return Client(self.endpoint, context=zctx, timeout=10, **options).connect()
 
 
+def linked_pair(brokers: list[Broker], data: Path) -> tuple[Broker, Broker]:
+    """Brokers A and B with data dirs under ``data``, B started, then A linked to B
+    (both added to ``brokers``, the fixture that kills what is left at the end)."""
+    a = Broker("A", data=data / "a")
+    b = Broker("B", data=data / "b")
+    brokers += [a, b]
+    b.start()
+    a.start(a.link(b))
+    return a, b
+
+
 def consumers(client: Client, channel: str) -> int:
     """Consumers of ``channel`` (the federation client included), 0 if it is missing."""
     try:

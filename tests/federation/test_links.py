@@ -17,6 +17,7 @@ from tests.federation.kit import (
     Broker,
     consumers,
     federation_stats,
+    linked_pair,
     stats_or_none,
     wait_interest,
     wait_joined,
@@ -162,11 +163,7 @@ def test_no_interest_no_forwarding(brokers: list[Broker], zctx: Ctx) -> None:
 def test_persistent_queue_survives_link_drop_and_restart(
     brokers: list[Broker], zctx: Ctx, tmp_path: Path
 ) -> None:
-    a = Broker("A", data=tmp_path / "a")
-    b = Broker("B", data=tmp_path / "b")
-    brokers += [a, b]
-    b.start()
-    a.start(a.link(b))
+    a, b = linked_pair(brokers, tmp_path)
     sub = b.client(zctx)
     sub.create_queue("orders", 1, PERSISTENT)
     received = acked_into(sub, "orders")
@@ -404,11 +401,7 @@ def test_persistent_queue_survives_a_restart_of_the_source(
 ) -> None:
     """kill -9 of the forwarding broker with messages not yet forwarded (its link peer
     was away): after its restart the recovered messages still reach the remote."""
-    a = Broker("A", data=tmp_path / "a")
-    b = Broker("B", data=tmp_path / "b")
-    brokers += [a, b]
-    b.start()
-    a.start(a.link(b))
+    a, b = linked_pair(brokers, tmp_path)
     sub = b.client(zctx)
     sub.create_queue("orders", 1, PERSISTENT)
     received = acked_into(sub, "orders")

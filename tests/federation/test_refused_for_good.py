@@ -14,7 +14,13 @@ import zmq
 from broker.cli import main
 from broker.federation.core import REFUSED_REASON
 from broker.federation.runner import BATCH_REFUSED_REASON
-from tests.federation.kit import Broker, federation_stats, stats_or_none, wait_interest
+from tests.federation.kit import (
+    Broker,
+    federation_stats,
+    linked_pair,
+    stats_or_none,
+    wait_interest,
+)
 from tests.federation.test_links import (  # noqa: F401 (the fixtures brokers, zctx)
     acked_into,
     brokers,
@@ -47,11 +53,7 @@ def test_a_forward_refused_for_good_goes_to_the_trash_survives_kill_9_and_resubm
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    a = Broker("A", data=tmp_path / "a")
-    b = Broker("B", data=tmp_path / "b")
-    brokers += [a, b]
-    b.start()
-    a.start(a.link(b))
+    a, b = linked_pair(brokers, tmp_path)
     sub = b.client(zctx)
     sub.create_queue("orders", 1, ONE_CONSUMER_PERSISTENT)
     sub.join("orders")
