@@ -24,6 +24,7 @@ import zmq
 
 from broker.client.confirm import Confirmations
 from broker.client.errors import ClientClosed, ClientError, StopLoop
+from broker.client.future import ClientFuture
 from broker.client.inbox import Inbox
 from broker.client.message import Message
 from broker.client.session import Call, Session, SessionState
@@ -100,7 +101,9 @@ class ClientCore:
     # -- poll-on-call ------------------------------------------------------------------
 
     def future(self) -> Future[Any]:
-        return _PumpedFuture(self) if self.loop is not None else Future()
+        """A request's future (threaded: ``broker.client.future``; poll-on-call: one
+        whose waiting drives the loop)."""
+        return _PumpedFuture(self) if self.loop is not None else ClientFuture()
 
     def pump(
         self, done: Callable[[], bool], deadline: float | None, *, first: bool = False
@@ -203,6 +206,18 @@ class ClientCore:
             self.enqueue(data, blind=False)
         except BaseException:
             self.session.cancel(call.frame.message_id)
+            raise
+        return future
+
+    def submit_encoded(self, message_id: str, data: bytes, timeout: float | None) -> Future[Any]:
+        """Send ``data``, a frame encoded by the caller whose answer is the ACK/RESPONSE
+        frame of ``message_id``; the future of that frame."""
+        future = self.future()
+        self.session.expect(message_id, future, time.monotonic(), timeout)
+        try:
+            self.enqueue(data, blind=False)
+        except BaseException:
+            self.session.cancel(message_id)
             raise
         return future
 
