@@ -72,7 +72,10 @@ class ClientCore:
         self.hwm = hwm
         self.linger = linger
         self.inbox = Inbox(max_inbox)
-        self.cv = threading.Condition()
+        #: The lock of ``cv`` (reentrant, as a bare Condition's); the hot paths take it
+        #: directly (in C: no Python frame for the Condition's ``__enter__``/``__exit__``).
+        self.lock = threading.RLock()
+        self.cv = threading.Condition(self.lock)
         self.outbox: deque[bytes] = deque()
         self.woken = False
         self.out_waiting = 0
@@ -143,12 +146,15 @@ class ClientCore:
             if not loop.send_or_queue(data) or self._unpumped >= _PUMP_EVERY:
                 self._sent_on_call(0)
             return
-        with self.cv:
-            self._wait_for_room()
+        with self.lock:
+            out = self.outbox  # (full or closed: the slow path, inline for the common case)
+            if len(out) >= self.max_outbox or self.wake_tx is None or self.io_over:
+                self._wait_for_room()
             if blind:
                 self.confirmations.sent += 1
-            self.outbox.append(data)
-            self.wake()
+            out.append(data)
+            if not self.woken:
+                self.wake()
 
     def enqueue_many(self, datas: list[bytes], blind: bool = True) -> None:
         """``enqueue`` several frames at once: queued together, they may leave in one
@@ -161,12 +167,15 @@ class ClientCore:
             loop.flush()
             self._sent_on_call(len(datas))
             return
-        with self.cv:
-            self._wait_for_room()
+        with self.lock:
+            out = self.outbox  # (full or closed: the slow path, inline for the common case)
+            if len(out) >= self.max_outbox or self.wake_tx is None or self.io_over:
+                self._wait_for_room()
             if blind:
                 self.confirmations.sent += len(datas)
-            self.outbox.extend(datas)
-            self.wake()
+            out.extend(datas)
+            if not self.woken:
+                self.wake()
 
     def _sent_on_call(self, n: int) -> None:
         """Poll-on-call: ``n`` frames were handed to the loop; pump when the outbox is
