@@ -336,10 +336,10 @@ class Client(ClientApi[Any]):
         timeout: float | None = None,
     ) -> Future[Any]:
         """Push asking for an acknowledge: the future of the ACK (RemoteError on a nack)."""
-        mid = message_id or self.new_id()
+        session = self._session
+        mid = message_id or f"{session.prefix}{next(session.counter)}"  # (``new_id``)
         if not headers and (high_priority is False or high_priority is True):
             # no headers: the source's encoder (``frames.queue_senders``), no Frame made
-            session = self._session
             encode = (session.senders or session.push_encoders())[2 + high_priority]
             body = payload if type(payload) is bytes else as_bytes(payload)
             return self._core.submit_encoded(mid, encode(queue_id, mid, channel, body)[0],

@@ -221,7 +221,7 @@ class ClientCore:
     def submit_encoded(self, message_id: str, data: bytes, timeout: float | None) -> Future[Any]:
         """Send ``data``, a frame encoded by the caller whose answer is the ACK/RESPONSE
         frame of ``message_id``; the future of that frame."""
-        future = self.future()
+        future = _PumpedFuture(self) if self.loop is not None else ClientFuture()  # (future())
         self.session.expect(message_id, future, time.monotonic(), timeout)
         try:
             self.enqueue(data, blind=False)

@@ -22,7 +22,9 @@ from typing import Any
 import pytest
 import zmq
 
+from broker import tmqp
 from broker.client.blocking import Client, ConnectionLost, UnconfirmedSends
+from broker.client.frames import queue_frame, queue_senders
 from broker.client.future import ClientFuture
 from tests.broker.test_durable_serve import Broker
 from tests.polling import WAIT, wait_until
@@ -192,6 +194,21 @@ def test_as_completed_yields_as_another_thread_settles() -> None:
     values = sorted(f.result() for f in cf.as_completed(futures, timeout=WAIT))
     t.join(WAIT)
     assert values == list(range(8))
+
+
+@pytest.mark.parametrize("high", [False, True])
+def test_the_acked_push_encoder_makes_the_frame_of_an_acked_push(high: bool) -> None:
+    """``push_async`` without headers encodes through the client id's sender
+    (``queue_senders``): the octets of the frame it used to build and encode."""
+    encode = queue_senders("client-7")[2 + high]
+    cases = [("a-1", "orders", 1, b"x" * 100), ("b-99", "q", 65535, b""),
+             ("c", "\u00e9t\u00e9", 7, b"\0")]  # fmt: skip
+    for mid, channel, queue_id, body in cases:
+        frame = queue_frame(mid, channel, queue_id, body, source="client-7", ack=True,
+                            headers=None, high_priority=high)  # fmt: skip
+        assert encode(queue_id, mid, channel, body) == tmqp.encode(frame)
+        decoded = tmqp.decode(encode(queue_id, mid, channel, body))
+        assert decoded == frame and decoded.pending_ack and decoded.high_priority is high
 
 
 # -- against a real broker --------------------------------------------------------------
