@@ -16,13 +16,11 @@ Usage: ``python bench/bench_client_acked.py [--pushes N] [--turns T] [--base PAT
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent.parent
+from bench_client_push import HERE, measure
 
 #: Run in a fresh interpreter with the checkout under test first on the path.
 _MEASURE = """
@@ -105,13 +103,8 @@ print(json.dumps(out))
 """
 
 
-def measure(root: Path, pushes: int) -> dict[str, float]:
-    env = dict(os.environ, PYTHONPATH=str(root))
-    done = subprocess.run(
-        [sys.executable, "-c", _MEASURE, str(pushes)],
-        cwd=root, env=env, capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+def measure_acked(root: Path, pushes: int) -> dict[str, float]:
+    result = measure(root, pushes, _MEASURE)
     if not str(result.pop("broker")).startswith(str(root)):
         raise SystemExit(f"measured another checkout than {root}")
     return result
@@ -131,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'caller calls':>13} {'I/O calls':>10} {'load':>6}")  # fmt: skip
     for turn in range(1, args.turns + 1):
         for name, root in sides if turn % 2 else sides[::-1]:
-            r = measure(root, args.pushes)
+            r = measure_acked(root, args.pushes)
             client = r["caller_us"] + r["io_us"]
             print(f"{turn:<5} {name:<9} {r['caller_us']:>10.1f} {r['io_us']:>8.1f} "
                   f"{client:>10.1f} {r['caller_calls']:>13.1f} {r['io_calls']:>10.1f} "
