@@ -23,9 +23,10 @@ import pytest
 import zmq
 
 from broker import tmqp
-from broker.client.blocking import Client, ConnectionLost, UnconfirmedSends
+from broker.client.blocking import Client, ConnectionLost, RemoteError, UnconfirmedSends
 from broker.client.frames import queue_frame, queue_senders
 from broker.client.future import ClientFuture
+from broker.protocol import MessageType
 from tests.broker.test_durable_serve import Broker
 from tests.polling import WAIT, wait_until
 
@@ -238,6 +239,25 @@ def test_acked_pushes_through_wait_and_as_completed(served: Broker, zctx: Ctx) -
         got = pull_all(client, "fut")
         assert len(got) == len(futures)
         assert got[0] == b"text"  # (the high-priority one first)
+
+
+def test_push_many_async_futures_give_the_ack_with_or_without_headers(
+    served: Broker, zctx: Ctx
+) -> None:
+    with Client(served.endpoint, context=zctx, timeout=WAIT * 2).connect() as client:
+        client.create_queue("many", 1, {"Status": 3})
+        client.join("many")
+        plain = client.push_many_async("many", 1, [b"p%d" % i for i in range(100)])
+        with_headers = client.push_many_async("many", 1, [b"h0", b"h1"], headers={"k": "v"})
+        client.create_queue("small", 1, {"Status": 3, "MessageLimit": 1})
+        small = client.push_many_async("small", 1, [b"x", b"y", b"z"])
+        for f in cf.as_completed(plain + with_headers, timeout=WAIT * 2):
+            assert f.result().message_type == MessageType.ACK
+        ids = [f.result().message_id for f in plain + with_headers]
+        assert len(set(ids)) == 102
+        assert small[0].exception(WAIT * 2) is None
+        assert all(isinstance(f.exception(WAIT * 2), RemoteError) for f in small[1:])
+        assert len(pull_all(client, "many")) == 102
 
 
 def test_threads_pushing_and_waiting_each_on_its_futures(served: Broker, zctx: Ctx) -> None:
