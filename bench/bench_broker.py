@@ -605,6 +605,7 @@ def zh_acked_producer(
     inflight: deque[Any] = deque()
     clock = time.perf_counter
     t0 = clock()
+    cpu0 = time.process_time()  # (this producer's threads: the caller and the client's I/O)
     if batched:
         chunk = [payload] * PERSIST_BATCH
         for start in range(0, count, PERSIST_BATCH):
@@ -618,7 +619,7 @@ def zh_acked_producer(
                 inflight.append(future)
         for future in inflight:
             future.result(60)
-        out.put((t0, clock(), count, latencies))
+        out.put((t0, clock(), count, latencies, time.process_time() - cpu0))
         _close(client)
         return
     for _ in range(count):
@@ -631,7 +632,7 @@ def zh_acked_producer(
     for future in inflight:
         future.result(60)
     end = clock()
-    out.put((t0, end, count, latencies))
+    out.put((t0, end, count, latencies, time.process_time() - cpu0))
     _close(client)
 
 
@@ -689,6 +690,7 @@ def bench_acked(
     p50, p99 = percentiles([lat for r in results for lat in r[3]])
     kind = "persistent (fsync)" if persistent else "memory"
     note = f"broker CPU {cpu / total * 1e6:.0f} us/msg"
+    note += f", producers {sum(r[4] for r in results) / total * 1e6:.0f}"
     if persistent:
         note += f", {total / max(1, syncs):.0f} msgs/fsync"
     name = f"zerohub {kind} {_size_name(size)} {producers}p" + (" batched" if batched else "")
@@ -1174,6 +1176,8 @@ def main(argv: list[str] | None = None) -> int:
     count = args.messages or (2_000 if args.quick else 200_000)
     rounds = args.rounds or (200 if args.quick else 5_000)
     ctx = mp.get_context("spawn")
+    code = Path(str(importlib.import_module("broker").__file__)).parent.parent
+    print(f"broker and client code: {code}", flush=True)  # (PYTHONPATH=BASE: a base's)
 
     raw = Row("raw pyzmq DEALER->ROUTER")
     raw_rtt = Row("raw pyzmq round trip")

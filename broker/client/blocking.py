@@ -336,7 +336,14 @@ class Client(ClientApi[Any]):
         timeout: float | None = None,
     ) -> Future[Any]:
         """Push asking for an acknowledge: the future of the ACK (RemoteError on a nack)."""
-        mid = message_id or self.new_id()
+        session = self._session
+        mid = message_id or f"{session.prefix}{next(session.counter)}"  # (``new_id``)
+        if not headers and (high_priority is False or high_priority is True):
+            # no headers: the source's encoder (``frames.queue_senders``), no Frame made
+            encode = (session.senders or session.push_encoders())[2 + high_priority]
+            body = payload if type(payload) is bytes else as_bytes(payload)
+            return self._core.submit_encoded(mid, encode(queue_id, mid, channel, body)[0],
+                                             timeout)  # fmt: skip
         call = self._push_call(
             channel, queue_id, payload, mid, headers, high_priority, Reply.FRAME
         )
@@ -385,8 +392,8 @@ class Client(ClientApi[Any]):
     ) -> list[Future[Any]]:
         """Push several messages at once, in batches (one ZeroMQ message, one acknowledge
         each, with a broker that takes batches: ``broker.batch``; one frame each
-        otherwise).  With ``ack``: the futures of their
-        acknowledges, in order (RemoteError for a push refused); without: []."""
+        otherwise).  With ``ack``: the futures of their acknowledges (the ACK frame, as
+        ``push_async``'s), in order (RemoteError for a push refused); without: []."""
         session = self._session
         source = session.client_id or ""
         hdrs = normalize_headers(headers)
@@ -394,20 +401,24 @@ class Client(ClientApi[Any]):
         futures: list[Future[Any]] = []
         chunk: list[bytes] = []
         now = time.monotonic()
-        # fire and forget, no headers: the source's encoder (``frames.queue_senders``)
-        plain = not ack and not hdrs and (high_priority is False or high_priority is True)
-        encode = session.push_encoders()[high_priority] if plain else None
+        # no headers: the source's encoder (``frames.queue_senders``), no Frame made
+        plain = not hdrs and (high_priority is False or high_priority is True)
+        encode = session.push_encoders()[high_priority + (2 if ack else 0)] if plain else None
         for payload in payloads:
             mid = f"{session.prefix}{next(session.counter)}"
             body = payload if type(payload) is bytes else as_bytes(payload)
-            if ack:
+            if encode is not None:
+                chunk.append(encode(queue_id, mid, channel, body)[0])
+                if ack:
+                    future = core.future()
+                    session.expect(mid, future, now, timeout)  # (before its frame leaves)
+                    futures.append(future)
+            elif ack:
                 frame = queue_frame(mid, channel, queue_id, body, source=source, ack=True,
                                     headers=hdrs, high_priority=high_priority)  # fmt: skip
                 future = core.future()
-                chunk.append(session.start(Call(frame, Reply.NONE), future, now, timeout))
+                chunk.append(session.start(Call(frame, Reply.FRAME), future, now, timeout))
                 futures.append(future)
-            elif encode is not None:
-                chunk.append(encode(queue_id, mid, channel, body)[0])
             else:
                 chunk.append(
                     tmqp.encode_frame(

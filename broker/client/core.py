@@ -24,6 +24,7 @@ import zmq
 
 from broker.client.confirm import Confirmations
 from broker.client.errors import ClientClosed, ClientError, StopLoop
+from broker.client.future import ClientFuture
 from broker.client.inbox import Inbox
 from broker.client.message import Message
 from broker.client.session import Call, Session, SessionState
@@ -71,7 +72,10 @@ class ClientCore:
         self.hwm = hwm
         self.linger = linger
         self.inbox = Inbox(max_inbox)
-        self.cv = threading.Condition()
+        #: The lock of ``cv`` (reentrant, as a bare Condition's); the hot paths take it
+        #: directly (in C: no Python frame for the Condition's ``__enter__``/``__exit__``).
+        self.lock = threading.RLock()
+        self.cv = threading.Condition(self.lock)
         self.outbox: deque[bytes] = deque()
         self.woken = False
         self.out_waiting = 0
@@ -100,7 +104,9 @@ class ClientCore:
     # -- poll-on-call ------------------------------------------------------------------
 
     def future(self) -> Future[Any]:
-        return _PumpedFuture(self) if self.loop is not None else Future()
+        """A request's future (threaded: ``broker.client.future``; poll-on-call: one
+        whose waiting drives the loop)."""
+        return _PumpedFuture(self) if self.loop is not None else ClientFuture()
 
     def pump(
         self, done: Callable[[], bool], deadline: float | None, *, first: bool = False
@@ -140,12 +146,15 @@ class ClientCore:
             if not loop.send_or_queue(data) or self._unpumped >= _PUMP_EVERY:
                 self._sent_on_call(0)
             return
-        with self.cv:
-            self._wait_for_room()
+        with self.lock:
+            out = self.outbox  # (full or closed: the slow path, inline for the common case)
+            if len(out) >= self.max_outbox or self.wake_tx is None or self.io_over:
+                self._wait_for_room()
             if blind:
                 self.confirmations.sent += 1
-            self.outbox.append(data)
-            self.wake()
+            out.append(data)
+            if not self.woken:
+                self.wake()
 
     def enqueue_many(self, datas: list[bytes], blind: bool = True) -> None:
         """``enqueue`` several frames at once: queued together, they may leave in one
@@ -158,12 +167,15 @@ class ClientCore:
             loop.flush()
             self._sent_on_call(len(datas))
             return
-        with self.cv:
-            self._wait_for_room()
+        with self.lock:
+            out = self.outbox  # (full or closed: the slow path, inline for the common case)
+            if len(out) >= self.max_outbox or self.wake_tx is None or self.io_over:
+                self._wait_for_room()
             if blind:
                 self.confirmations.sent += len(datas)
-            self.outbox.extend(datas)
-            self.wake()
+            out.extend(datas)
+            if not self.woken:
+                self.wake()
 
     def _sent_on_call(self, n: int) -> None:
         """Poll-on-call: ``n`` frames were handed to the loop; pump when the outbox is
@@ -203,6 +215,18 @@ class ClientCore:
             self.enqueue(data, blind=False)
         except BaseException:
             self.session.cancel(call.frame.message_id)
+            raise
+        return future
+
+    def submit_encoded(self, message_id: str, data: bytes, timeout: float | None) -> Future[Any]:
+        """Send ``data``, a frame encoded by the caller whose answer is the ACK/RESPONSE
+        frame of ``message_id``; the future of that frame."""
+        future = _PumpedFuture(self) if self.loop is not None else ClientFuture()  # (future())
+        self.session.expect(message_id, future, time.monotonic(), timeout)
+        try:
+            self.enqueue(data, blind=False)
+        except BaseException:
+            self.session.cancel(message_id)
             raise
         return future
 

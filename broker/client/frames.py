@@ -37,14 +37,19 @@ def as_bytes(payload: bytes | str | None) -> bytes:
 PushEncoder = Callable[[int, str, str, bytes], list[bytes]]
 
 
-def queue_senders(source: str) -> tuple[PushEncoder, PushEncoder]:
-    """The encoders of fire-and-forget queue pushes (no headers) from ``source``, indexed
-    by ``high_priority`` (``tmqp.encode_frame_sender``: the flags and the source made
-    once, not per push)."""
+def queue_senders(source: str) -> tuple[PushEncoder, PushEncoder, PushEncoder, PushEncoder]:
+    """The encoders of queue pushes (no headers) from ``source``, indexed by
+    ``high_priority + 2 * ack``: fire-and-forget first, then those asking for an
+    acknowledge (``tmqp.encode_frame_sender``: the flags and the source made once, not per
+    push)."""
     kind = int(MessageType.QUEUE)
     return (
         tmqp.encode_frame_sender(message_type=kind, source=source),
         tmqp.encode_frame_sender(high_priority=True, message_type=kind, source=source),
+        tmqp.encode_frame_sender(message_type=kind, pending_ack=True, source=source),
+        tmqp.encode_frame_sender(
+            high_priority=True, message_type=kind, pending_ack=True, source=source
+        ),
     )
 
 

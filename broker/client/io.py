@@ -40,6 +40,7 @@ _EVENTS = zmq.EVENTS
 #: seconds the session's timers may wait between two steps that look at them.
 _SERVE_EVERY = 0.02
 _READY = S.SessionState.READY
+_SETTLED = S.Settled
 #: Poll-on-call, between two looks at the timers: how long one recv() may wait (ms).
 _RECV_WAIT_MS = 20
 _RAW_WAIT = RAW_WAIT_MS / 1000
@@ -372,7 +373,9 @@ class IOLoop:
     def _apply(self, events: Iterable[S.Event]) -> None:
         c = self.c
         for ev in events:
-            if isinstance(ev, S.Send):
+            if type(ev) is _SETTLED:  # (the most frequent: one per acknowledged push)
+                S.resolve(ev)
+            elif isinstance(ev, S.Send):
                 if ev.data is _PING:
                     with c.cv:  # (threaded: callers count and queue under it)
                         c.confirmations.probe(len(c.outbox))

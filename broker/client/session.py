@@ -410,9 +410,10 @@ class Session:
         self.backoff = backoff
         self.state = SessionState.IDLE
         self.client_id: str | None = info.client_id
-        #: The push encoders of this client id (``frames.queue_senders``), made at the
-        #: first push after the id is set (``push_encoders``).
-        self.senders: tuple[PushEncoder, PushEncoder] | None = None
+        #: The push encoders of this client id (``frames.queue_senders``: by
+        #: ``high_priority + 2 * ack``), made at the first push after the id is set
+        #: (``push_encoders``).
+        self.senders: tuple[PushEncoder, PushEncoder, PushEncoder, PushEncoder] | None = None
         #: The broker's secret for this client's session (sent back when reconnecting).
         self.session_secret: str | None = None
         #: Why the session was last lost (while it waits to reconnect).
@@ -472,8 +473,9 @@ class Session:
     def new_id(self) -> str:
         return f"{self.prefix}{next(self.counter)}"
 
-    def push_encoders(self) -> tuple[PushEncoder, PushEncoder]:
-        """The encoders of fire-and-forget pushes from this client (``senders``)."""
+    def push_encoders(self) -> tuple[PushEncoder, PushEncoder, PushEncoder, PushEncoder]:
+        """The encoders of pushes without headers from this client (``senders``: by
+        ``high_priority + 2 * ack``)."""
         if self.senders is None:
             self.senders = queue_senders(self.client_id or "")
         return self.senders
@@ -712,18 +714,34 @@ class Session:
                 refused = {i: (nack, reason) for i, nack, reason in rows}
                 later = set(waits)
         events: list[Event] = []
+        append = events.append
         pending = self._waiting
         for index, mid in inner:
             if err is not None:
                 entry = pending.pop(mid, None)
                 if entry is not None:
-                    events.append(Failed(entry.waiter, err))
+                    append(Failed(entry.waiter, err))
                 continue
             if index in later or mid not in pending:
                 continue
             why = refused.get(index)
-            headers: tuple[tuple[str, str], ...] = ()
-            if why is not None:
+            if why is None:
+                # accepted: what ``_settle`` makes of a plain ACK, without the detour
+                entry = pending.pop(mid)
+                call = entry.call
+                if call is None or call.reply is Reply.FRAME:
+                    append(Settled(entry.waiter, tmqp.Frame(message_type=_ACK, message_id=mid)))
+                    continue
+                if (
+                    call.reply is Reply.NONE
+                    and call.on_success is None
+                    and call.frame.message_type == _QUEUE
+                ):
+                    append(Settled(entry.waiter, None))
+                    continue
+                pending[mid] = entry  # (anything else: as its own acknowledge would be)
+                headers: tuple[tuple[str, str], ...] = ()
+            else:
                 headers = ((Header.NACK_REASON, why[0]), (Header.REASON, why[1] or why[0]))
             one = tmqp.Frame(message_type=_ACK, message_id=mid, headers=headers)
             events += self._settle(one, now)
