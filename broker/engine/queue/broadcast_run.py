@@ -24,18 +24,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from broker.engine.queue.protocols import QueueCore
 from broker.message import Message, with_source
 from broker.protocol import Outgoing
 
 if TYPE_CHECKING:
     from broker.engine.channel import Client as _Client
-    from broker.engine.queue.queue import Queue
 
     Client = _Client[Any]
 
 
 def publish_plain_run(
-    q: Queue,
+    q: QueueCore,
     stream: Any,
     ms: Sequence[Message],
     start: int,
@@ -49,7 +49,7 @@ def publish_plain_run(
     if (
         q.index is not None
         or opts.message_limit
-        or (opts.wait_for_acknowledge and q.tracker.pending)
+        or (opts.wait_for_acknowledge and q.pending)
         or stream.others(q.channel.consumer_list)
     ):
         return 0

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from broker.engine.delivery import AckWhen, Decision, DeliveryHandler, PutBack
     from broker.engine.message import Delivery, Message, QueueMessage
     from broker.engine.options import BrokerConfig, ChannelQueueOptions
+    from broker.engine.queue.dedupe import RecentIds
     from broker.engine.queue.hooks import HandlerHooks
     from broker.engine.queue.messages import MessageOrder
     from broker.engine.queue.retained import Retained
@@ -70,6 +71,8 @@ class QueueCore(Protocol):
     messages: MessageOrder
     retained: Retained
     index: SequenceIndex | None
+    #: The ids remembered for duplicate suppression (``UseMessageId``).
+    recent: RecentIds
     #: False once the queue is removed (its messages went with it).
     alive: bool
     #: Deliveries in flight per consumer id; the default window size.
