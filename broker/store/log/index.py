@@ -11,8 +11,9 @@ number from its oldest live record to its newest, live or not.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from broker.store.log.records import Meta
 
@@ -187,17 +188,32 @@ class QueueIndex:
             for seq, row in enumerate(rows, first):
                 self.put_raw(seq, *row)
             return
+        self.put_columns(first, len(rows), zip(*rows, strict=True))
+
+    def takes_columns(self, first: int) -> bool:
+        """Slots from ``first`` on can be given by :meth:`put_columns`: ``first`` is
+        right after the last slot, or the index is empty and ``first`` is new (where
+        ``put_raw`` would begin the columns again)."""
+        return first == self._base + len(self._segment) or (
+            not self._live and first >= self.next_seq
+        )
+
+    def put_columns(self, first: int, count: int, columns: Iterable[Iterable[Any]]) -> None:
+        """``count`` new slots for ``first`` on (:meth:`takes_columns`), given as their
+        eight columns in order (``Row``): what ``put_raw`` of each does, with one
+        ``extend`` per column."""
+        assert self.takes_columns(first), "put_columns where put_raw would search a slot"
         if not self._live:  # (as ``put_raw``: the columns begin again at ``first``)
             self._base = first
             self._head = 0
             if self._segment:
                 for column in self._columns():
                     del column[:]
-        for column, values in zip(self._columns(), zip(*rows, strict=True), strict=True):
+        for column, values in zip(self._columns(), columns, strict=True):
             column.extend(values)
-        self._live += len(rows)
-        if first + len(rows) > self.next_seq:
-            self.next_seq = first + len(rows)
+        self._live += count
+        if first + count > self.next_seq:
+            self.next_seq = first + count
 
     def _location(self, i: int) -> Location | None:
         segment = self._segment[i]
