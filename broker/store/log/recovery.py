@@ -220,28 +220,28 @@ class _SegmentReplay:
         buf, view, end = self.buf, self.view, len(self.buf)
         seed, most = self.result.seed, self.max_size - _BODY
         digest = xxhash.xxh3_64_intdigest
-        magic_ok = records.MAGIC
+        magic_ok, body, summed_from = records.MAGIC, _BODY, _SUMMED_FROM
         count = 0
         offset = segments.SEGMENT_HEADER_SIZE
         while offset < end:
             run = self.current
             if run is not None:
                 head, kind_key = run.head.unpack_from, bytes((RecordKind.PUT,)) + run.raw
-                least = run.fields.size - _BODY  # octets of body a PUT with this key has
-                smallest = run.fields.size
+                least = run.fields.size - body  # octets of body a PUT with this key has
+                last = end - run.fields.size  # the last offset such a PUT may start at
                 held, hold = run.offsets, run.offsets.append
                 room = _RUN_ROWS - len(held)
                 for _ in range(room):
-                    if offset + smallest > end:
+                    if offset > last:
                         break
                     magic, summed, length, kind_and_key = head(buf, offset)
-                    following = offset + _BODY + length
+                    following = offset + body + length
                     if (
                         kind_and_key != kind_key
                         or magic != magic_ok
                         or not least <= length <= most
                         or following > end
-                        or digest(view[offset + _SUMMED_FROM : following], seed) != summed
+                        or digest(view[offset + summed_from : following], seed) != summed
                     ):
                         break
                     hold(offset)
