@@ -30,11 +30,13 @@ log = logging.getLogger("broker.store.log")
 _KEY_LEN = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _PUT_FIXED = struct.Struct("<QIIIBd")  # seq, origin, then the meta
+_SEQ_ORIGIN = struct.Struct("<QI")  # a REMOVE's body after its key
 _BODY = records.HEADER_SIZE
 _HEAD = struct.Struct("<4sQIB")
 _SUMMED_FROM = 12
 _KINDS = frozenset(int(k) for k in RecordKind)
 _RUN_ROWS = 4096  # PUT rows the scan holds per queue before they go to its index
+_COLUMNS_FROM = 16  # fewer rows go by put_raw (a short run between removals costs less)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,31 +162,39 @@ class _Run:
     def give(self) -> None:
         """Every held PUT to the index, their octets to the segment's live data."""
         offsets = self.offsets
-        if not offsets:
+        if len(offsets) < _COLUMNS_FROM:
+            self._one_by_one()
             return
         rows = list(map(self.fields.unpack_from, repeat(self.buf, len(offsets)), offsets))
         lengths, seqs, origins, counts, put_backs, flags, deadlines = zip(*rows, strict=True)
-        sizes = array("I", map(_BODY.__add__, lengths))
+        first, n = seqs[0], len(seqs)
+        if not self.index.takes_columns(first) or seqs != tuple(range(first, first + n)):
+            self._one_by_one()  # a gap, a copy of an older number
+            return
         if max(flags) > 1:
             flags = tuple(f & 1 for f in flags)
-        first, n = seqs[0], len(seqs)
-        table = self.state.table.segments
-        if self.index.takes_columns(first) and seqs == tuple(range(first, first + n)):
-            segment = array("I", (self.segment,)) * n
-            columns = (segment, offsets, sizes, origins, counts, put_backs, flags, deadlines)
-            self.index.put_columns(first, n, columns)
-        else:  # a gap, a copy of an older number: one at a time
-            for row in zip(
-                seqs, offsets, sizes, origins, counts, put_backs, flags, deadlines, strict=True
-            ):
-                seq, offset, size, origin, count, backs, flag, deadline = row
-                old = self.index.put_raw(
-                    seq, self.segment, offset, size, origin, count, backs, flag, deadline
-                )
-                if old is not None and old[0] in table:
-                    table[old[0]].live -= old[2]
+        sizes = array("I", map(_BODY.__add__, lengths))
+        segment = array("I", (self.segment,)) * n
+        columns = (segment, offsets, sizes, origins, counts, put_backs, flags, deadlines)
+        self.index.put_columns(first, n, columns)
         offsets.clear()
-        table[self.segment].live += sum(sizes)
+        self.state.table.segments[self.segment].live += sum(sizes)
+
+    def _one_by_one(self) -> None:
+        """The held PUTs by ``put_raw`` each (a copy's older record stops being live)."""
+        table = self.state.table.segments
+        unpack, buf, segment = self.fields.unpack_from, self.buf, self.segment
+        put = self.index.put_raw
+        live = 0
+        for offset in self.offsets:
+            length, seq, origin, count, put_backs, flags, deadline = unpack(buf, offset)
+            size = _BODY + length
+            old = put(seq, segment, offset, size, origin, count, put_backs, flags & 1, deadline)
+            if old is not None and old[0] in table:
+                table[old[0]].live -= old[2]
+            live += size
+        self.offsets.clear()
+        table[segment].live += live
 
 
 class _SegmentReplay:
@@ -275,6 +285,8 @@ class _SegmentReplay:
                 try:
                     if kind == RecordKind.PUT:
                         self.put(offset, size)
+                    elif kind == RecordKind.REMOVE:
+                        self.remove(offset, size)
                     else:
                         self.other(offset, size, kind)
                 except (records.BadRecord, struct.error, UnicodeDecodeError, ValueError) as exc:
@@ -319,6 +331,20 @@ class _SegmentReplay:
         if len(run.offsets) >= _RUN_ROWS:
             run.give()
         self.current = run
+
+    def remove(self, offset: int, size: int) -> None:
+        """A checked REMOVE record (an acknowledge: as many as PUTs in a consumed log),
+        applied without a record object."""
+        key, at = _key(self.buf, offset + _BODY, self.keys)
+        if at + _SEQ_ORIGIN.size != offset + size:
+            raise records.BadRecord(f"REMOVE body of {size - _BODY} octets")
+        seq, _ = _SEQ_ORIGIN.unpack_from(self.buf, at)
+        run = self.runs.get(key)
+        if run is not None:
+            run.give()
+        self.state.apply_remove_raw(key, seq)
+        index = self.state.queue(key)
+        index.next_seq = max(index.next_seq, seq + 1)
 
     def other(self, offset: int, size: int, kind: int) -> None:
         """A checked record other than a PUT; the queue it names has its run given first."""

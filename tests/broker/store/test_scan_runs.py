@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+import struct
 from pathlib import Path
 
 import pytest
@@ -19,13 +20,33 @@ import pytest
 from broker.store.log import records, segments
 from broker.store.log.compaction import SegmentTable
 from broker.store.log.index import Location
+from broker.store.log.records import QueueKey
 from broker.store.log.recovery import recover, write_seed
 from broker.store.log.state import StoreState
 
 SEED = 0x5CA9
 RATIO = 0.5
 MAX_SIZE = 1 << 20
-QUEUES = [("orders", 1), ("orders", 2), ("b\u00e9", 70000)]
+QUEUES: list[QueueKey] = [("orders", 1), ("orders", 2), ("b\u00e9", 70000)]
+
+
+def _put(rng: random.Random, queue: QueueKey, next_seq: dict[QueueKey, int]) -> bytes:
+    """A PUT of ``queue``: mostly the next number, sometimes past a gap or a copy of an
+    older one; a few with flag bits beyond priority (bit 0), as a later writer may set."""
+    seq = next_seq[queue]
+    if rng.random() < 0.02:
+        seq += rng.randint(1, 40)  # a gap (numbers never saved)
+    elif rng.random() < 0.02 and seq > 1:
+        seq = rng.randint(1, seq - 1)  # a copy of an older number
+    next_seq[queue] = max(next_seq[queue], seq + 1)
+    blob = b"m%d-" % seq + bytes(rng.randint(0, 60))
+    if rng.random() < 0.03:
+        body = b"".join((records.encode_key(queue), struct.pack("<QI", seq, 1),
+                         struct.pack("<IIBd", 1, 0, rng.choice([2, 3]), 0.0), blob))  # fmt: skip
+        return records.frame(records.RecordKind.PUT, body, SEED)
+    meta = records.Meta(rng.randint(0, 3), rng.randint(0, 2), rng.random() < 0.2,
+                        rng.choice([0.0, 1.7e9]))  # fmt: skip
+    return records.encode(records.Put(queue, seq, 1, meta, blob), SEED)
 
 
 def _records(rng: random.Random, count: int) -> list[bytes]:
@@ -38,16 +59,9 @@ def _records(rng: random.Random, count: int) -> list[bytes]:
         if roll < 0.1:
             queue = rng.choice(QUEUES)
         if roll < 0.7:
-            seq = next_seq[queue]
-            if rng.random() < 0.05:
-                seq += rng.randint(1, 40)  # a gap (numbers never saved)
-            elif rng.random() < 0.05 and seq > 1:
-                seq = rng.randint(1, seq - 1)  # a copy of an older number
-            next_seq[queue] = max(next_seq[queue], seq + 1)
-            meta = records.Meta(rng.randint(0, 3), rng.randint(0, 2), rng.random() < 0.2,
-                                rng.choice([0.0, 1.7e9]))  # fmt: skip
-            blob = b"m%d-" % seq + bytes(rng.randint(0, 60))
-            out.append(records.encode(records.Put(queue, seq, 1, meta, blob), SEED))
+            burst = rng.randint(16, 120) if rng.random() < 0.08 else 1  # a backlog's run
+            for _ in range(burst):
+                out.append(_put(rng, queue, next_seq))
         elif roll < 0.85:
             seq = rng.randint(1, next_seq[queue] + 2)
             out.append(records.encode(records.Remove(queue, seq, 1), SEED))
@@ -65,10 +79,13 @@ def _records(rng: random.Random, count: int) -> list[bytes]:
             out.append(records.encode(records.KvPut(name, b"v%d" % len(out), 1), SEED))
         elif roll < 0.97:
             out.append(records.encode(records.KvDel("channel/a", 1), SEED))
-        elif roll < 0.98:  # a checksum that holds over a body that does not (short key)
+        elif roll < 0.975:  # a checksum that holds over a body that does not (short key)
             out.append(records.frame(records.RecordKind.PUT, b"\x09\x00ab", SEED))
+        elif roll < 0.98:  # a REMOVE one octet short, or one too long, under a good checksum
+            body = records.encode_key(queue) + bytes(rng.choice([11, 13]))
+            out.append(records.frame(records.RecordKind.REMOVE, body, SEED))
         else:
-            out.append(bytes(rng.randint(1, 30)))  # garbage between records
+            out.append(rng.randbytes(rng.randint(1, 30)))  # garbage between records
     return out
 
 
