@@ -4,6 +4,10 @@ Damaged bytes (a torn tail, a flipped bit, garbage) are skipped with one warning
 naming the segment and the offset; every record that checks out is applied.  A segment
 with a bad header is still scanned with the store's seed; a segment named by a durable
 RETIRE is deleted after the replay (its live records were copied before the RETIRE).
+
+A queue's PUTs in a row are checked one by one (magic, length, kind, key, checksum) but
+held as offsets and given to its index as whole columns (``_SegmentReplay``, ``_Run``);
+the state is the one a replay of one record at a time leaves.
 """
 
 from __future__ import annotations
