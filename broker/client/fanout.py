@@ -284,12 +284,20 @@ class FanoutReader:
         if not lazy:
             self.eager_left -= 1
         recv = sock.recv
-        for _ in range(_BATCH):
-            try:
-                data = recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            self._read_run(data, out, lazy)
+        try:
+            data = recv(_NOBLOCK)
+        except zmq.Again:
+            return out
+        self._read_run(data, out, lazy)
+        # one look at the socket's events, as ``read_raw``: a wake-up that finds one run
+        # (the common case) costs no raised zmq.Again, a burst is read on to it
+        if sock.getsockopt(_EVENTS) & 1:  # type: ignore[operator]
+            for _ in range(_BATCH - 1):
+                try:
+                    data = recv(_NOBLOCK)
+                except zmq.Again:
+                    break
+                self._read_run(data, out, lazy)
         if lazy and out:
             self.probe = (out[0], out[-1])
         return out
