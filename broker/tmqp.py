@@ -1018,8 +1018,8 @@ _set_slot = object.__setattr__
 
 
 def _lazy_frame(m: Any, name: str) -> Any:
-    """``name`` of a Frame that ``decode_run`` made: the fields of the frames
-    of its run still waiting decoded (checked there), once; else AttributeError."""
+    """``name`` of a Frame that ``decode_run`` made: its waiting fields
+    decoded (checked there), once; else AttributeError."""
     if name not in _LAZY_FRAME:
         raise AttributeError(f"{type(m).__name__!r} object has no attribute {name!r}")
     _wake_frame(m)
@@ -1027,45 +1027,42 @@ def _lazy_frame(m: Any, name: str) -> Any:
 
 
 def _wake_frame(m: Any) -> None:
-    """The fields of the frames of ``m``'s run still waiting decoded (checked by
-    ``decode_run``); each becomes a plain Frame."""
-    (buf, frames, starts) = m._encoded
-    for one, p in zip(frames, starts, strict=True):
-        if one._encoded is None:
-            continue  # (read already)
-        (
-            bits_flags,
-            bits_options,
-            f_id_length,
-            f_source_length,
-            f_target_length,
-            f_content_type,
-            _,
-        ) = _LE_BBBBBHB.unpack_from(buf, p)
-        e_message_id = p + 8 + f_id_length
-        e_source = e_message_id + f_source_length
-        e_target = e_source + f_target_length
-        _set_slot(one, "__class__", _FrameSlots)  # (plain stores: the frozen class refuses)
-        key = bits_flags << 8 | bits_options
-        try:
-            bits = _BASES_FRAME[key]
-        except KeyError:
-            bits = _base_frame(key)
-        (
-            one.first_acquirer,
-            one.high_priority,
-            one.message_type,
-            one.pending_response,
-            one.pending_ack,
-            one.ttl,
-        ) = bits
-        one.content_type = f_content_type
-        one.message_id = buf[p + 8 : e_message_id].decode()
-        one.source = buf[e_message_id:e_source].decode()
-        one.target = buf[e_source:e_target].decode()
-        one.headers = ()
-        one._encoded = None
-        one.__class__ = Frame
+    """The waiting fields of ``m`` decoded where it lies in its run's buffer (checked
+    by ``decode_run``); it becomes a plain Frame."""
+    (buf, p) = m._encoded
+    (
+        bits_flags,
+        bits_options,
+        f_id_length,
+        f_source_length,
+        f_target_length,
+        f_content_type,
+        _,
+    ) = _LE_BBBBBHB.unpack_from(buf, p)
+    e_message_id = p + 8 + f_id_length
+    e_source = e_message_id + f_source_length
+    e_target = e_source + f_target_length
+    _set_slot(m, "__class__", _FrameSlots)  # (plain stores: the frozen class refuses)
+    key = bits_flags << 8 | bits_options
+    try:
+        bits = _BASES_FRAME[key]
+    except KeyError:
+        bits = _base_frame(key)
+    (
+        m.first_acquirer,
+        m.high_priority,
+        m.message_type,
+        m.pending_response,
+        m.pending_ack,
+        m.ttl,
+    ) = bits
+    m.content_type = f_content_type
+    m.message_id = buf[p + 8 : e_message_id].decode()
+    m.source = buf[e_message_id:e_source].decode()
+    m.target = buf[e_source:e_target].decode()
+    m.headers = ()
+    m._encoded = None
+    m.__class__ = Frame
 
 
 def waiting_fields(m: Frame) -> bool:
@@ -1095,12 +1092,10 @@ def decode_run(
     count = len(ends)
     out: list[Any] = [None] * count
     bad: list[int] = []
-    # the frames made lazily, where each starts, and the run they share
-    lazies: list[Any] = [None] * count
-    starts = [0] * count
-    run = (buf, lazies, starts)
-    bounds: list[int] = []  # their string fields, checked at the end
-    j = 0
+    # their string fields, checked at the end; none when every octet from ``at``
+    # on is ASCII (one C call: the strings of every frame are in there)
+    bounds: list[int] = []
+    checks = not buf[at:].isascii()
     k = 0
     total = len(buf)
     p = at
@@ -1128,13 +1123,11 @@ def decode_run(
             e_payload = e_target + f_payload_length
             if bits_options & 32 or e_payload != end:
                 break
-            bounds += (p + 8, e_target)
+            if checks:
+                bounds += (p + 8, e_target)
             m = _FrameSlots()
             m.payload = buf[e_target:e_payload]
-            m._encoded = run
-            lazies[j] = m
-            starts[j] = p
-            j += 1
+            m._encoded = (buf, p)  # (the buffer and where it starts: no cycle)
             m.__class__ = _FrameLazy
             break
         if m is None:
@@ -1151,7 +1144,6 @@ def decode_run(
         p = end
     if bounds and not _rt.ascii_regions(buf, bounds):
         return _decode_run(buf, at, ends)  # (each frame by decode: UTF-8 checked)
-    del lazies[j:], starts[j:]
     del out[k:]
     return out, bad
 

@@ -5,16 +5,18 @@ run, ``broker.fanout``, whose table gives each delivery's end).  A frame in its 
 shape (``zproto.shape``) is checked whole where it lies, with no call per field: its
 lengths must add up to its end, and its string fields must be ASCII (one join and one
 ``isascii`` for the whole run, ``runtime.ascii_regions``; a run with other strings is
-decoded frame by frame by ``decode``, which checks their UTF-8).  It is then made
+decoded frame by frame by ``decode``, which checks their UTF-8; when every octet of
+the run is ASCII, one ``isascii`` of it is the whole check).  It is then made
 with its octets fields (TMQP: the payload) sliced and every other field not decoded yet:
-the twin class's slot ``_encoded`` holds the run (its buffer and the frames still
-waiting, with where each starts), and the frame is given the lazy class (``_FrameLazy``
-for ``Frame``: a subclass with the same slots) whose ``__getattr__`` (hidden from type
-checkers, which keep checking every field) decodes the waiting frames of the whole run
-the first time one of their fields is read: one miss per run, not per frame.  Each of
-them then becomes a plain message: the message class itself has no ``__getattr__``
-(CPython would route every attribute read of every message through it, and 3.11 would
-not specialize them to slot reads: about 4 times slower).  The lazy class decodes
+the twin class's slot ``_encoded`` holds the run's buffer and where the frame starts,
+and the frame is given the lazy class (``_FrameLazy`` for ``Frame``: a subclass with the
+same slots) whose ``__getattr__`` (hidden from type checkers, which keep checking every
+field) decodes that frame's waiting fields the first time one of them is read.  A frame
+refers to no other frame (no reference cycle: a run dropped unread is freed at once, by
+reference counting, not by the cyclic collector).  It then becomes a plain message:
+the message class itself has no ``__getattr__`` (CPython would route every attribute
+read of every message through it, and 3.11 would not specialize them to slot reads:
+about 4 times slower).  The lazy class decodes
 first what reads the fields as a whole (equality, hash, repr, pickle and copy), so they
 give what a decoded message gives.  What a caller never reads is never decoded; a frame
 not read yet keeps its run's buffer alive (the run's octets, as long as the frame is
@@ -157,8 +159,8 @@ class RunWriter:
         src("    bad.append(i)")
 
     def _lazy(self, src: Source, msg: Message, plan: Plan) -> None:
-        """``_lazy_<message>(m, name)``: the fields of every frame of ``m``'s run still
-        waiting, decoded from the run's buffer (checked by ``decode_run``), then ``name``."""
+        """``_lazy_<message>(m, name)``: the waiting fields of ``m`` decoded from its
+        run's buffer (checked by ``decode_run``), then ``name``."""
         cname, twin, const = msg.class_name, twin_name(msg), to_const_name(msg.name)
         eager = {f.ident for f in plan.tail if f.type != "string"}
         lazy = [a.ident for a in attributes(msg) if a.ident not in eager]
@@ -168,8 +170,8 @@ class RunWriter:
         src()
         src()
         src(f"def _lazy_{msg.ident}(m: Any, name: str) -> Any:")
-        src(f'    """``name`` of a {cname} that ``decode_run`` made: the fields of the frames')
-        src('    of its run still waiting decoded (checked there), once; else AttributeError."""')
+        src(f'    """``name`` of a {cname} that ``decode_run`` made: its waiting fields')
+        src('    decoded (checked there), once; else AttributeError."""')
         src(f"    if name not in _LAZY_{const}:")
         missing = 'f"{type(m).__name__!r} object has no attribute {name!r}"'
         src(f"        raise AttributeError({missing})")
@@ -179,20 +181,15 @@ class RunWriter:
         src()
         src(f"def _wake_{msg.ident}(m: Any) -> None:")
         src.indent()
-        src('"""The fields of the frames of ``m``\'s run still waiting decoded (checked by')
-        src(f'``decode_run``); each becomes a plain {cname}."""')
-        src(f"(buf, frames, starts) = m.{ENCODED}")
-        src("for one, p in zip(frames, starts, strict=True):")
-        src.indent()
-        src(f"if one.{ENCODED} is None:")
-        src("    continue  # (read already)")
+        src('"""The waiting fields of ``m`` decoded where it lies in its run\'s buffer (checked')
+        src(f'by ``decode_run``); it becomes a plain {cname}."""')
+        src(f"(buf, p) = m.{ENCODED}")
         body = Source(level=src.level)
-        body(f'_set_slot(one, "__class__", {twin})  # (plain stores: the frozen class refuses)')
-        self._fill(body, msg, plan, self._values(plan), "one", lazy=set(lazy))
-        body(f"one.{ENCODED} = None")
-        body(f"one.__class__ = {cname}")
+        body(f'_set_slot(m, "__class__", {twin})  # (plain stores: the frozen class refuses)')
+        self._fill(body, msg, plan, self._values(plan), "m", lazy=set(lazy))
+        body(f"m.{ENCODED} = None")
+        body(f"m.__class__ = {cname}")
         self._head(src, plan, body)
-        src.dedent()
         src.dedent()
         src()
         src()
@@ -283,12 +280,10 @@ class RunWriter:
         src("out: list[Any] = [None] * count")
         src("bad: list[int] = []")
         if strings:
-            src("# the frames made lazily, where each starts, and the run they share")
-            src("lazies: list[Any] = [None] * count")
-            src("starts = [0] * count")
-            src("run = (buf, lazies, starts)")
-            src("bounds: list[int] = []  # their string fields, checked at the end")
-            src("j = 0")
+            src("# their string fields, checked at the end; none when every octet from ``at``")
+            src("# on is ASCII (one C call: the strings of every frame are in there)")
+            src("bounds: list[int] = []")
+            src("checks = not buf[at:].isascii()")
         src("k = 0")
         src("total = len(buf)")
         src("p = at")
@@ -319,13 +314,11 @@ class RunWriter:
                 starts[fld.ident] = position
                 position = f"e_{fld.ident}"
             # (one region: the strings and what lies between them, ASCII or decoded)
-            src(f"bounds += ({starts[strings[0].ident]}, e_{strings[-1].ident})")
+            src("if checks:")
+            src(f"    bounds += ({starts[strings[0].ident]}, e_{strings[-1].ident})")
             src(f"m = {twin}()")
             self._fill(src, msg, plan, values, "m", lazy=eager)
-            src(f"m.{ENCODED} = run")
-            src("lazies[j] = m")
-            src("starts[j] = p")
-            src("j += 1")
+            src(f"m.{ENCODED} = (buf, p)  # (the buffer and where it starts: no cycle)")
         else:
             src(f"m = {twin}()")
             self._fill(src, msg, plan, values, "m", lazy={a.ident for a in attributes(msg)})
@@ -349,7 +342,6 @@ class RunWriter:
         if strings:
             src("if bounds and not _rt.ascii_regions(buf, bounds):")
             src("    return _decode_run(buf, at, ends)  # (each frame by decode: UTF-8 checked)")
-            src("del lazies[j:], starts[j:]")
         src("del out[k:]")
         src("return out, bad")
         src.dedent()

@@ -185,9 +185,9 @@ class FanoutReader:
         self.raw = raw
         #: Batches read raw, for the application (appended here, taken by it).
         self.batches: deque[list[Any]] = deque()
-        #: Message reading: a frame of the last lazy batch, to see whether the
-        #: application reads the fields (``read``), and eager batches left to read.
-        self.probe: tmqp.Frame | None = None
+        #: Message reading: the first and last frames of the last lazy batch, to see
+        #: whether the application reads the fields (``read``), and eager batches left.
+        self.probe: tuple[tmqp.Frame, tmqp.Frame] | None = None
         self.eager_left = 0
         #: Raw deliveries put into / taken out of ``batches`` (one writer each).
         self.raw_in = 0
@@ -269,29 +269,37 @@ class FanoutReader:
         """Read what the SUB holds (one batch): each delivery's frame in order, gaps
         reported.  A run's deliveries are checked and made by ``tmqp.decode_run``: no
         call per delivery, fields other than the payload decoded when first read.  An
-        application that reads them (the first frame of the last lazy batch has its
-        fields decoded by the next read) gets the next :data:`EAGER_BATCHES` batches
+        application that reads them (the first or last frame of the last lazy batch has
+        its fields decoded by the next read) gets the next :data:`EAGER_BATCHES` batches
         decoded at once instead (cheaper than in place), then lazy ones again."""
         sock = self.sock
         out: list[tmqp.Frame] = []
         if sock is None:
             return out
         probe = self.probe
-        if probe is not None and not _waiting_fields(probe):
+        if probe is not None and not (_waiting_fields(probe[0]) and _waiting_fields(probe[1])):
             self.eager_left = EAGER_BATCHES  # the application reads the fields
         self.probe = None
         lazy = self.eager_left == 0
         if not lazy:
             self.eager_left -= 1
         recv = sock.recv
-        for _ in range(_BATCH):
-            try:
-                data = recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            self._read_run(data, out, lazy)
+        try:
+            data = recv(_NOBLOCK)
+        except zmq.Again:
+            return out
+        self._read_run(data, out, lazy)
+        # one look at the socket's events, as ``read_raw``: a wake-up that finds one run
+        # (the common case) costs no raised zmq.Again, a burst is read on to it
+        if sock.getsockopt(_EVENTS) & 1:  # type: ignore[operator]
+            for _ in range(_BATCH - 1):
+                try:
+                    data = recv(_NOBLOCK)
+                except zmq.Again:
+                    break
+                self._read_run(data, out, lazy)
         if lazy and out:
-            self.probe = out[0]
+            self.probe = (out[0], out[-1])
         return out
 
     def _read_run(self, data: bytes, out: list[tmqp.Frame], lazy: bool) -> None:

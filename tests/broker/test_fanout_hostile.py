@@ -102,6 +102,29 @@ def hostile(zctx: Ctx) -> Iterator[HostileBroker]:
     broker.close()
 
 
+def join_stream(client: Client, hostile: HostileBroker, threaded: bool) -> None:
+    """``client.join("news")``, granted the hostile broker's stream: the PUB drops what
+    it sends before the SUB is connected, so markers go out until one lands (from
+    another thread than the one running a poll-on-call client's loop)."""
+    joined = threading.Event()
+
+    def join() -> None:
+        client.join("news", timeout=30)
+        joined.set()
+
+    def markers() -> None:
+        wait_until(lambda: hostile.pub.send(spec_head(TOKEN, 0)) or joined.is_set(), timeout=30)
+
+    joiner = threading.Thread(target=join if threaded else markers)
+    joiner.start()
+    if threaded:
+        markers()
+    else:
+        join()
+    joiner.join(30)
+    assert joined.is_set()
+
+
 def _rows(run: bytes) -> list[int]:
     count = struct.unpack_from("<H", run, HEAD_SIZE)[0]
     return list(struct.unpack_from(f"<{2 * count}I", run, TABLE_AT))
@@ -173,30 +196,8 @@ def test_hostile_runs_are_gaps_and_later_runs_are_read(
     client = Client(
         hostile.fake.endpoint, context=zctx, threaded=threaded, raw_fanout=raw, timeout=60
     )
-    joined = threading.Event()
     with client:  # (connects: the fake broker accepts the session)
-
-        def join() -> None:
-            client.join("news", timeout=30)
-            joined.set()
-
-        # the PUB drops what it sends before the SUB is connected: markers until one lands
-        joiner = threading.Thread(target=join) if threaded else None
-        if joiner is not None:
-            joiner.start()
-            assert wait_until(lambda: hostile.pub.send(spec_head(TOKEN, 0)) or joined.is_set(),
-                              timeout=30)  # fmt: skip
-            joiner.join(30)
-        else:  # (the caller's thread runs the loop: markers from another thread)
-            markers = threading.Thread(
-                target=lambda: wait_until(
-                    lambda: hostile.pub.send(spec_head(TOKEN, 0)) or joined.is_set(), timeout=30
-                )
-            )
-            markers.start()
-            join()
-            markers.join(30)
-        assert joined.is_set()
+        join_stream(client, hostile, threaded)
         for run in _hostile_runs():
             hostile.pub.send(run)
         got: list[tuple[int, bytes]] = []

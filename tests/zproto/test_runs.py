@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import importlib
 import pickle
 import types
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -136,15 +138,55 @@ _WHOLE_VALUE_READS: list[tuple[str, Any]] = [
 )
 def test_a_frame_still_waiting_gives_what_a_decoded_one_gives(read: Any) -> None:
     """Each whole-value operation on a frame not read yet (and on its run's neighbour,
-    also waiting, on the other side of ``==``): it is decoded first, then a plain Frame."""
+    also waiting, on the other side of ``==``): it is decoded first, then a plain Frame;
+    its neighbours, not read, keep waiting (each frame is decoded alone)."""
     datas = [_queue(b"m%d" % i, b"src", b"chan", b"%03d" % i) for i in range(3)]
     frames, _ = tmqp.decode_run(b"".join(datas), 0, _ends(0, datas))
     assert all(tmqp.waiting_fields(f) for f in frames)
     assert isinstance(frames[1], tmqp.Frame)
     assert read(frames[1], tmqp.decode((datas[1],)))
-    assert [type(f) for f in frames] == [tmqp.Frame] * 3
+    assert [type(f) for f in frames] == [tmqp._FrameLazy, tmqp.Frame, tmqp._FrameLazy]
     others, _ = tmqp.decode_run(b"".join(datas), 0, _ends(0, datas))
     assert frames[0] == others[0] and others[2] != frames[1] and hash(others[2]) == hash(frames[2])
+
+
+def test_a_run_dropped_unread_is_freed_at_once() -> None:
+    """A frame still waiting refers to its run's buffer, not to the other frames: a run
+    dropped unread is freed by reference counting, not left to the cyclic collector
+    (which walks every frame held to find them, and holds their octets until it runs).
+    Before session 13 each frame held the list of its run's frames: a cycle."""
+    datas = [_queue(b"m%d" % i, b"src", b"chan", b"%03d" % i) for i in range(4)]
+    buf = b"".join(datas)
+    gc.disable()
+    try:
+        frames, _ = tmqp.decode_run(buf, 0, _ends(0, datas))
+        assert all(tmqp.waiting_fields(f) for f in frames)
+        gone = [weakref.ref(f) for f in frames]
+        del frames
+        assert [ref() for ref in gone] == [None] * 4
+        frames, _ = tmqp.decode_run(buf, 0, _ends(0, datas))
+        gone = [weakref.ref(f) for f in frames]
+        assert frames[2].message_id == "m2"  # one read, the others still waiting
+        del frames
+        assert [ref() for ref in gone] == [None] * 4
+    finally:
+        gc.enable()
+
+
+def test_non_ascii_octets_anywhere_in_a_run_are_still_checked_frame_by_frame() -> None:
+    """A run with a non-ASCII octet (a payload, a flag) is not checked by one
+    ``isascii`` of it: each frame's strings are (a non-UTF-8 id is refused by index),
+    and frames whose strings are ASCII beside binary payloads are made lazily."""
+    binary = _queue(b"id", b"src", b"ch", bytes(range(256))[128:200])
+    broken = _queue(b"\xff\xfe", b"src", b"ch", b"p")
+    datas = [binary, broken, binary]
+    buf = b"".join(datas)
+    ends = _ends(0, datas)
+    assert tmqp.decode_run(buf, 0, ends)[1] == [1]
+    assert _outcome(tmqp, buf, 0, ends) == _alone(buf, 0, ends)
+    good, bad = tmqp.decode_run(binary * 3, 0, _ends(0, [binary] * 3))
+    assert bad == [] and all(tmqp.waiting_fields(f) for f in good)
+    assert [f.payload for f in good] == [bytes(range(128, 200))] * 3
 
 
 def _generated_modules() -> list[types.ModuleType]:
