@@ -415,6 +415,8 @@ class EngineBackend:
                     auto_ack=auto,
                 )
             )
+        else:  # nothing to ask the engine: wait for what came before (the RECEIPT's promise)
+            self._call(_applied)
         conn.subs[spec.id] = sub
         engine_acked = conn.engine_acked
         for name in channels:
@@ -758,6 +760,13 @@ class EngineBackend:
             conn.pending[tag] = key
             if shared is not None:
                 conn.tag_sub[tag] = sub
+
+
+def _applied(now: float) -> list[Outgoing]:
+    """An operation that does nothing: run through :meth:`EngineBackend._call`, it returns
+    once every operation submitted before it took effect and its writes are durable (a
+    SUBSCRIBE the engine need not hear of still answers its RECEIPT only then)."""
+    return []
 
 
 def _check_shareable(

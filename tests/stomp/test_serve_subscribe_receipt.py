@@ -112,3 +112,28 @@ def test_a_browser_receipt_after_acks_means_the_acks_were_applied(
     seen = browse(second, "b2")
     assert not set(seen) & {m.body for m in acked}, "a browser after the RECEIPT saw acked ones"
     assert seen == kept
+
+
+def test_a_second_subscription_receipt_after_acks_means_the_acks_were_durable(
+    server: Serve, raws: Callable[[int], Raw]
+) -> None:
+    """A second plain SUBSCRIBE to a queue this connection already consumes (it shares the
+    first one's engine consumer: nothing to ask the engine) with a receipt, right after
+    ACKs: the RECEIPT still waits for the ACKs to be applied and durable.  Before session
+    13 it left at once, the ACKs still batched on the listener: a kill -9 as it was read
+    brought acknowledged messages back."""
+    bodies = [b"m%02d" % i for i in range(COUNT)]
+    publish(raws(server.port), bodies)
+    consumer = raws(server.port)
+    delivered = consume_unacked(consumer, COUNT)
+    acked = delivered[::2]
+    acks = b"".join(b"ACK\nid:%s\n\n\x00" % m.header("ack").encode() for m in acked)
+    again = b"SUBSCRIBE\nid:c2\nack:client-individual\ndestination:%s\nreceipt:r2\n\n\x00" % QUEUE
+    consumer.send(acks + again)
+    frame = consumer.next()
+    assert (frame.command, frame.header("receipt-id")) == (Command.RECEIPT, "r2")
+    server.kill9()
+    server.restart()
+    seen = browse(raws(server.port), "b2")
+    assert not set(seen) & {m.body for m in acked}, "acked messages came back after the RECEIPT"
+    assert seen == [m.body for m in delivered[1::2]]
