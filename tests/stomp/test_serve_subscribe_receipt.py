@@ -1,14 +1,18 @@
-"""A browser SUBSCRIBE with a receipt, sent right after ACKs on the same connection, on
+"""A SUBSCRIBE with a receipt, sent right after ACKs on the same connection, on
 ``broker serve --stomp --data DIR`` (a real process, raw frames): its RECEIPT says every
-frame before it was applied, so once it is read a second browser (another connection)
-sees none of the acknowledged messages, and neither does one after a ``kill -9`` of the
-broker at the moment the RECEIPT was read (the ACKs were durable by then).
+frame before it was applied.  A browser's (``browser:true``): once it is read a second
+browser (another connection) sees none of the acknowledged messages, and neither does
+one after a ``kill -9`` of the broker at the moment the RECEIPT was read (the ACKs were
+durable by then).  A second plain subscription to the queue the connection already
+consumes (the engine is not asked anything): the same after a kill -9 at its RECEIPT
+(a defect until session 13: its RECEIPT left at once).
 
-The browse SUBSCRIBE's RECEIPT is sent when ``subscribe`` returns (``_APPLIED_ON_RETURN``):
-it holds because the engine backend runs the browse's first page as a call that waits
-for the operations before it and their writes to be durable.  The kill -9 case is the
-sharp one: with that page submitted without the wait, it failed 3 runs in 3 (session 13);
-the live case cannot race (the second browser's SUBSCRIBE is behind the ACKs anyway)."""
+A SUBSCRIBE's RECEIPT is sent when ``subscribe`` returns (``_APPLIED_ON_RETURN``): it
+holds because the engine backend's ``subscribe`` runs a call that waits for the
+operations before it and their writes to be durable.  The kill -9 cases are the sharp
+ones: with the browse's first page submitted without the wait, the browser case failed 3
+runs in 3 (session 13); the live case cannot race (the second browser's SUBSCRIBE is
+behind the ACKs anyway)."""
 
 from __future__ import annotations
 
