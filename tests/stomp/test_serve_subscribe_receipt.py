@@ -25,8 +25,10 @@ from broker.stomp.frames import Command, Frame
 from tests.stomp.test_listener import Raw
 from tests.stomp.test_serve import Serve
 
-QUEUE = b"/queue/browsed-acks"
 COUNT = 40
+#: Kill -9 rounds per case (each on its own queue): the moment the defect needs (the
+#: RECEIPT read, the removals not yet written) is a race of milliseconds.
+ROUNDS = 3
 
 
 @pytest.fixture
@@ -50,11 +52,11 @@ def raws() -> Iterator[Callable[[int], Raw]]:
         raw.close()
 
 
-def publish(raw: Raw, bodies: list[bytes]) -> None:
+def publish(raw: Raw, queue: bytes, bodies: list[bytes]) -> None:
     """Persistent SENDs, each receipted, all in one write; every RECEIPT read."""
     raw.send(
         b"".join(
-            b"SEND\ndestination:%s\npersistent:true\nreceipt:p%d\n\n%s\x00" % (QUEUE, i, body)
+            b"SEND\ndestination:%s\npersistent:true\nreceipt:p%d\n\n%s\x00" % (queue, i, body)
             for i, body in enumerate(bodies)
         )
     )
@@ -64,9 +66,9 @@ def publish(raw: Raw, bodies: list[bytes]) -> None:
     ]
 
 
-def browse(raw: Raw, sub_id: str) -> list[bytes]:
+def browse(raw: Raw, queue: bytes, sub_id: str) -> list[bytes]:
     """The bodies a browser subscription sees up to its ``browser:end`` marker."""
-    raw.send(b"SUBSCRIBE\nid:%s\nbrowser:true\ndestination:%s\n\n\x00" % (sub_id.encode(), QUEUE))
+    raw.send(b"SUBSCRIBE\nid:%s\nbrowser:true\ndestination:%s\n\n\x00" % (sub_id.encode(), queue))
     seen: list[bytes] = []
     while (frame := raw.next()).header("browser") != "end":
         assert frame.command is Command.MESSAGE and frame.header("subscription") == sub_id
@@ -74,70 +76,56 @@ def browse(raw: Raw, sub_id: str) -> list[bytes]:
     return seen
 
 
-def ack_then_browse(raw: Raw, messages: list[Frame], receipt: str) -> list[Frame]:
-    """ACK ``messages`` and SUBSCRIBE a browser with ``receipt``, all in one write; the
-    frames read up to and with the RECEIPT."""
-    acks = b"".join(b"ACK\nid:%s\n\n\x00" % m.header("ack").encode() for m in messages)
-    sub = b"SUBSCRIBE\nid:b\nbrowser:true\ndestination:%s\nreceipt:%s\n\n\x00" % (
-        QUEUE,
-        receipt.encode(),
-    )
-    raw.send(acks + sub)
-    frames: list[Frame] = []
-    while not frames or frames[-1].command is not Command.RECEIPT:
-        frames.append(raw.next())
-    assert frames[-1].header("receipt-id") == receipt
-    return frames
-
-
-def consume_unacked(raw: Raw, count: int) -> list[Frame]:
-    raw.send(b"SUBSCRIBE\nid:c\nack:client-individual\ndestination:%s\n\n\x00" % QUEUE)
+def consume_unacked(raw: Raw, queue: bytes, count: int) -> list[Frame]:
+    raw.send(b"SUBSCRIBE\nid:c\nack:client-individual\ndestination:%s\n\n\x00" % queue)
     got = [raw.next() for _ in range(count)]
     assert all(f.command is Command.MESSAGE and f.header("subscription") == "c" for f in got)
     return got
 
 
-@pytest.mark.parametrize("killed", [False, True], ids=["live", "kill-9-at-receipt"])
-def test_a_browser_receipt_after_acks_means_the_acks_were_applied(
-    server: Serve, raws: Callable[[int], Raw], killed: bool
+#: The SUBSCRIBE sent right after the ACKs, with the receipt ``r``.
+BROWSER = b"SUBSCRIBE\nid:b\nbrowser:true\ndestination:%s\nreceipt:r\n\n\x00"
+#: A second plain subscription to the queue the connection consumes (it shares the first
+#: one's engine consumer: the engine is asked nothing).
+SECOND = b"SUBSCRIBE\nid:c2\nack:client-individual\ndestination:%s\nreceipt:r\n\n\x00"
+
+
+def ack_then_subscribe(
+    server: Serve, raws: Callable[[int], Raw], queue: bytes, subscribe: bytes, killed: bool
 ) -> None:
+    """Persistent messages delivered unacknowledged; every other one ACKed and
+    ``subscribe`` sent in the same write; its RECEIPT read (what the browser sends before
+    it is not looked at); ``killed``: the broker killed -9 at once and restarted.  Then
+    another connection's browser must see exactly the messages not acknowledged."""
     bodies = [b"m%02d" % i for i in range(COUNT)]
-    publish(raws(server.port), bodies)
+    publish(raws(server.port), queue, bodies)
     consumer = raws(server.port)
-    delivered = consume_unacked(consumer, COUNT)
+    delivered = consume_unacked(consumer, queue, COUNT)
     assert [m.body for m in delivered] == bodies
     acked = delivered[::2]  # every other one: the kept ones are interleaved with them
-    ack_then_browse(consumer, acked, "after-acks")
+    acks = b"".join(b"ACK\nid:%s\n\n\x00" % m.header("ack").encode() for m in acked)
+    consumer.send(acks + subscribe % queue)
+    while (frame := consumer.next()).command is not Command.RECEIPT:
+        assert frame.command is Command.MESSAGE, (frame.command, frame.headers)
+    assert frame.header("receipt-id") == "r"
     if killed:
         server.kill9()
         server.restart()
-    second = raws(server.port)
-    kept = [m.body for m in delivered[1::2]]
-    seen = browse(second, "b2")
-    assert not set(seen) & {m.body for m in acked}, "a browser after the RECEIPT saw acked ones"
-    assert seen == kept
+    seen = browse(raws(server.port), queue, "b2")
+    assert not set(seen) & {m.body for m in acked}, "acked messages seen after the RECEIPT"
+    assert seen == [m.body for m in delivered[1::2]]
 
 
-def test_a_second_subscription_receipt_after_acks_means_the_acks_were_durable(
+def test_a_browser_receipt_after_acks_means_the_acks_were_applied(
     server: Serve, raws: Callable[[int], Raw]
 ) -> None:
-    """A second plain SUBSCRIBE to a queue this connection already consumes (it shares the
-    first one's engine consumer: nothing to ask the engine) with a receipt, right after
-    ACKs: the RECEIPT still waits for the ACKs to be applied and durable.  Before session
-    13 it left at once, the ACKs still batched on the listener: a kill -9 as it was read
-    brought acknowledged messages back."""
-    bodies = [b"m%02d" % i for i in range(COUNT)]
-    publish(raws(server.port), bodies)
-    consumer = raws(server.port)
-    delivered = consume_unacked(consumer, COUNT)
-    acked = delivered[::2]
-    acks = b"".join(b"ACK\nid:%s\n\n\x00" % m.header("ack").encode() for m in acked)
-    again = b"SUBSCRIBE\nid:c2\nack:client-individual\ndestination:%s\nreceipt:r2\n\n\x00" % QUEUE
-    consumer.send(acks + again)
-    frame = consumer.next()
-    assert (frame.command, frame.header("receipt-id")) == (Command.RECEIPT, "r2")
-    server.kill9()
-    server.restart()
-    seen = browse(raws(server.port), "b2")
-    assert not set(seen) & {m.body for m in acked}, "acked messages came back after the RECEIPT"
-    assert seen == [m.body for m in delivered[1::2]]
+    ack_then_subscribe(server, raws, b"/queue/live", BROWSER, killed=False)
+
+
+@pytest.mark.parametrize("subscribe", [BROWSER, SECOND], ids=["browser", "second"])
+def test_a_subscribe_receipt_after_acks_means_the_acks_were_durable(
+    server: Serve, raws: Callable[[int], Raw], subscribe: bytes
+) -> None:
+    """Killed -9 at the RECEIPT, restarted: none of the acknowledged messages is back."""
+    for r in range(ROUNDS):
+        ack_then_subscribe(server, raws, b"/queue/round-%d" % r, subscribe, killed=True)
