@@ -91,6 +91,8 @@ BROWSER = b"SUBSCRIBE\nid:b\nbrowser:true\ndestination:%s\nreceipt:r\n\n\x00"
 #: A second plain subscription to the queue the connection consumes (it shares the first
 #: one's engine consumer: the engine is asked nothing).
 SECOND = b"SUBSCRIBE\nid:c2\nack:client-individual\ndestination:%s\nreceipt:r\n\n\x00"
+#: A SEND of a message kept in memory only (nothing written) to another queue.
+SEND = b"SEND\ndestination:%s-other\nreceipt:r\n\nx\x00"
 
 
 def ack_then_subscribe(
@@ -125,7 +127,9 @@ def test_a_browser_receipt_after_acks_means_the_acks_were_applied(
     ack_then_subscribe(server, raws, b"/queue/live", BROWSER, killed=False)
 
 
-@pytest.mark.parametrize("subscribe", [BROWSER, SECOND], ids=["browser", "second"])
+@pytest.mark.parametrize(
+    "subscribe", [BROWSER, SECOND, SEND], ids=["browser", "second", "memory-send"]
+)
 def test_a_subscribe_receipt_after_acks_means_the_acks_were_durable(
     server: Serve, raws: Callable[[int], Raw], subscribe: bytes
 ) -> None:
