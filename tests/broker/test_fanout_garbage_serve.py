@@ -32,10 +32,11 @@ from broker.client import Client
 from broker.protocol import Header, MessageType, ResultCode, header
 from tests.broker.test_batch import Raw
 from tests.broker.test_cli import free_port, start_serve
+from tests.broker.test_push_runs import push as push_to_d
 from tests.polling import WAIT
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
-CHANNEL = "fan"
+CHANNEL = "d"  # (the channel test_push_runs.push addresses)
 QUEUE_ID = 1
 SIZE_LIMIT = 100
 #: A broadcast queue (Status 0) that refuses pushes over SIZE_LIMIT octets and drops a
@@ -49,15 +50,8 @@ KINDS = ("queue-like garbage", "junk", "empty", "split push", "too big", "too bi
 
 
 def push(mid: str, body: bytes, *, ack: bool = False, headers: tuple[Any, ...] = ()) -> bytes:
-    return tmqp.encode_frame(
-        message_type=MessageType.QUEUE,
-        pending_ack=ack,
-        content_type=QUEUE_ID,
-        message_id=mid,
-        target=CHANNEL,
-        headers=headers,
-        payload=body,
-    )[0]
+    """A QUEUE frame to the broadcast queue (``test_push_runs.push``)."""
+    return push_to_d(mid, QUEUE_ID, body, ack=ack, headers=headers)
 
 
 @dataclass
