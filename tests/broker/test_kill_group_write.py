@@ -183,7 +183,13 @@ def play(tmp_path: Path, zctx: Ctx, seed: int, *extra: str) -> None:
         for t in threads:
             t.start()
         warm = random.Random(seed).randint(50, 400)  # acks before the aimed group
-        assert wait_until(lambda: sum(len(p.acked) for p in producers) >= warm, WAIT * 3)
+        # (each producer acknowledged: connected -- a connect stopped mid-handshake fails)
+        assert wait_until(
+            lambda: (
+                all(p.acked for p in producers) and sum(len(p.acked) for p in producers) >= warm
+            ),
+            WAIT * 3,
+        )
         serve.proc.send_signal(signal.SIGSTOP)
         # every window fills while it is stopped: on SIGCONT one drain takes it all
         assert wait_until(lambda: all(p.blocked.is_set() for p in producers), WAIT * 3)
