@@ -1,194 +1,136 @@
-"""The threaded client's futures: ``concurrent.futures.Future`` without a Condition each.
+"""The threaded client's future class, chosen once at import: :data:`ClientFuture`.
 
-The standard future builds a ``threading.Condition`` (an ``RLock`` and several Python
-frames) when it is made, and takes it through Python-level ``__enter__``/``__exit__`` and
-``notify_all`` at every step.  The client makes one future per acknowledged push, and a
-producer usually looks at it only once it is settled (a done-callback, or ``result()`` on
-a done future), so most of that work serves nobody.
-
-:class:`ClientFuture` keeps the standard future's states, its attributes that the module's
-helpers read (``_state``, ``_waiters``, ``_condition``: ``concurrent.futures.wait`` and
-``as_completed`` work on it) and its rules:
-
-* ``result(timeout)``/``exception(timeout)`` block until it is settled, cancelled, or the
-  timeout (``TimeoutError``); on a settled future they return at once, without a lock.
-* ``add_done_callback`` runs the callback at once when it is done, else once in the
-  thread that settles or cancels it; a callback that raises is logged (the
-  ``concurrent.futures`` logger, as the standard future does) and the others still run.
-* ``cancel()`` succeeds while it is pending (the client then ignores its answer) and fails
-  once it is settled; ``set_result``/``set_exception`` on a done future raise
-  ``InvalidStateError``.
-
-What differs is the cost: every state change holds one plain ``threading.Lock`` (taken in
-C, no Python frame), and the ``Condition`` over that same lock is made only when somebody
-must wait (:attr:`_condition`, made under the lock so that two threads never make two).
+The lean future (``broker.client.lean_future.LeanFuture``: no ``threading.Condition`` per
+future) leans on private parts of ``concurrent.futures._base`` so that the module's
+``wait`` and ``as_completed`` work on it.  This module names them (:data:`RELIED_ON`),
+checks at import that each is there with the shape the lean future expects
+(:func:`internals_problems`), then tries the lean future once against the real
+``concurrent.futures.wait`` (:func:`probe_problems`).  When everything fits,
+:data:`ClientFuture` is the lean future; when anything does not (another Python, a
+changed standard library), it is the plain ``concurrent.futures.Future``: slower to make
+and settle, the same behaviour, and :data:`PROBLEMS` says why.  The test
+``tests/broker/test_client_future_internals.py`` pins each relied-on part by name, so an
+upgrade that changes one fails there, clearly, instead of falling back unnoticed.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-from concurrent.futures import CancelledError, Future, InvalidStateError
-from concurrent.futures._base import (
-    CANCELLED,
-    CANCELLED_AND_NOTIFIED,
-    FINISHED,
-    LOGGER,
-    PENDING,
-    RUNNING,
-)
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
 from typing import Any
 
-__all__ = ["ClientFuture"]
+__all__ = ["PROBLEMS", "RELIED_ON", "ClientFuture", "internals_problems", "probe_problems"]
 
-_CANCELLED = (CANCELLED, CANCELLED_AND_NOTIFIED)
-_OVER = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
+#: The states the lean future sets and compares (``concurrent.futures._base``).
+STATE_NAMES = ("PENDING", "RUNNING", "CANCELLED", "CANCELLED_AND_NOTIFIED", "FINISHED")
+#: Attributes of a future that ``wait``/``as_completed`` read or change, with their type.
+FUTURE_ATTRIBUTES: tuple[tuple[str, type], ...] = (
+    ("_state", str),
+    ("_waiters", list),
+    ("_condition", type(threading.Condition())),
+)
+#: The methods of the waiters ``wait``/``as_completed`` put in ``_waiters``, which the lean
+#: future calls when it is settled or cancelled (``_base._Waiter``).
+WAITER_METHODS = ("add_result", "add_exception", "add_cancelled")
+#: Everything above, named as an upgrade note would name it.
+RELIED_ON = (
+    *(f"concurrent.futures._base.{name}" for name in STATE_NAMES),
+    "concurrent.futures._base.LOGGER",
+    *(f"concurrent.futures.Future().{name}" for name, _ in FUTURE_ATTRIBUTES),
+    *(f"concurrent.futures._base._Waiter.{name}" for name in WAITER_METHODS),
+)
 
 
-class ClientFuture(Future[Any]):
-    """A ``concurrent.futures.Future`` that makes its Condition only when one is waited
-    on (see the module docstring)."""
+def internals_problems(base: Any) -> list[str]:
+    """What of :data:`RELIED_ON` ``base`` (the module ``concurrent.futures._base``, or
+    None when it cannot be imported) lacks or shapes otherwise; empty when all fit."""
+    if base is None:
+        return ["concurrent.futures._base cannot be imported"]
+    problems: list[str] = []
+    states = [getattr(base, name, None) for name in STATE_NAMES]
+    for name, value in zip(STATE_NAMES, states, strict=True):
+        if not isinstance(value, str):
+            problems.append(f"concurrent.futures._base.{name} is not a str state")
+    if len(set(states)) != len(states):
+        problems.append("the states of concurrent.futures._base are not distinct")
+    if not isinstance(getattr(base, "LOGGER", None), logging.Logger):
+        problems.append("concurrent.futures._base.LOGGER is not a logging.Logger")
+    if getattr(base, "Future", None) is not Future:
+        problems.append("concurrent.futures._base.Future is not concurrent.futures.Future")
+    standard = Future()  # type: ignore[var-annotated]
+    for name, kind in FUTURE_ATTRIBUTES:
+        if not isinstance(getattr(standard, name, None), kind):
+            problems.append(f"concurrent.futures.Future().{name} is not a {kind.__name__}")
+    if getattr(standard, "_state", None) != states[0]:
+        problems.append("a new concurrent.futures.Future's _state is not PENDING")
+    waiter = getattr(base, "_Waiter", None)
+    for name in WAITER_METHODS:
+        if not callable(getattr(waiter, name, None)):
+            problems.append(f"concurrent.futures._base._Waiter.{name} is not a method")
+    return problems
 
-    def __init__(self) -> None:  # (the base's __init__ would make the Condition)
-        self._lock = threading.Lock()
-        self._cond: threading.Condition | None = None
-        self._state = PENDING
-        self._result: Any = None
-        self._exception: BaseException | None = None
-        self._waiters = []
-        self._done_callbacks: list[Any] = []
 
-    @property
-    def _condition(self) -> threading.Condition:  # type: ignore[override]
-        """The Condition over this future's lock, made the first time it is asked for
-        (by a waiter here, or by ``concurrent.futures.wait``/``as_completed``)."""
-        cond = self._cond
-        if cond is None:
-            with self._lock:
-                cond = self._cond
-                if cond is None:
-                    cond = self._cond = threading.Condition(self._lock)
-        return cond
+class _Recording(list[Any]):
+    """A ``_waiters`` list that keeps every waiter ``wait`` installs (for the probe)."""
 
-    def __repr__(self) -> str:
-        state = self._state
-        if state == FINISHED:
-            if self._exception is not None:
-                what = f"raised {type(self._exception).__name__}"
-            else:
-                what = f"returned {type(self._result).__name__}"
-            return f"<{type(self).__name__} at {id(self):#x} state=finished {what}>"
-        return f"<{type(self).__name__} at {id(self):#x} state={state.lower()}>"
+    def __init__(self) -> None:
+        super().__init__()
+        self.installed: list[Any] = []
 
-    # -- the caller's side -------------------------------------------------------------
+    def append(self, item: Any) -> None:
+        self.installed.append(item)
+        super().append(item)
 
-    def done(self) -> bool:
-        return self._state in _OVER
 
-    def cancelled(self) -> bool:
-        return self._state in _CANCELLED
+def probe_problems(future_class: type[Future[Any]]) -> list[str]:
+    """Try ``future_class`` once against the real ``concurrent.futures.wait``, on this
+    thread without blocking: ``wait`` sees a settled future done and an open one not done,
+    installs its waiter in the open one's ``_waiters`` and takes it out again, and settling
+    a future that holds that waiter wakes it.  What went otherwise; empty when all did."""
+    try:
+        settled, open_one = future_class(), future_class()
+        settled.set_result(None)
+        recording = _Recording()
+        open_one._waiters = recording
+        done, not_done = wait_futures([settled, open_one], timeout=0)
+        if done != {settled} or not_done != {open_one}:
+            return ["concurrent.futures.wait does not read the lean future's state"]
+        if len(recording.installed) != 1 or recording:
+            return ["concurrent.futures.wait does not install its waiter in _waiters"]
+        waiter = recording.installed[0]
+        recording.append(waiter)
+        open_one.set_result(None)
+        if not waiter.event.is_set():
+            return ["settling the lean future does not wake concurrent.futures.wait"]
+    except Exception as exc:  # (any surprise: the lean future is not safe here)
+        return [f"concurrent.futures.wait on the lean future raised {exc!r}"]
+    return []
 
-    def running(self) -> bool:
-        return self._state == RUNNING
 
-    def result(self, timeout: float | None = None) -> Any:
-        if self._state != FINISHED:
-            self._wait(timeout)
-        error = self._exception
-        if error is not None:
-            try:
-                raise error
-            finally:
-                del error  # (no cycle through the traceback's frame)
-        return self._result
+def _choose() -> tuple[type[Future[Any]], list[str]]:
+    """The lean future when its internals fit and it passes the probe, else the plain
+    future; and the problems found."""
+    try:
+        from concurrent.futures import _base
+    except ImportError:
+        _base = None  # type: ignore[assignment]
+    problems = internals_problems(_base)
+    if problems:
+        return Future, problems
+    try:
+        from broker.client.lean_future import LeanFuture
+    except ImportError as exc:
+        return Future, [f"broker.client.lean_future cannot be imported: {exc}"]
+    problems = probe_problems(LeanFuture)
+    return (Future if problems else LeanFuture), problems
 
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        if self._state != FINISHED:
-            self._wait(timeout)
-        return self._exception
 
-    def _wait(self, timeout: float | None) -> None:
-        """Block until finished (return), cancelled (``CancelledError``) or ``timeout``
-        seconds passed (``TimeoutError``)."""
-        cond = self._condition
-        with cond:
-            if self._state == PENDING or self._state == RUNNING:
-                cond.wait(timeout)
-            state = self._state
-        if state in _CANCELLED:
-            raise CancelledError()
-        if state != FINISHED:
-            raise TimeoutError()
-
-    def add_done_callback(self, fn: Any) -> None:
-        with self._lock:
-            if self._state not in _OVER:
-                self._done_callbacks.append(fn)
-                return
-        try:
-            fn(self)
-        except Exception:
-            LOGGER.exception("exception calling callback for %r", self)
-
-    def cancel(self) -> bool:
-        with self._lock:
-            state = self._state
-            if state in (RUNNING, FINISHED):
-                return False
-            if state in _CANCELLED:
-                return True
-            self._state = CANCELLED
-            if self._cond is not None:
-                self._cond.notify_all()
-        self._run_callbacks()
-        return True
-
-    # -- the settling side (the client's I/O thread) ----------------------------------
-
-    def set_running_or_notify_cancel(self) -> bool:
-        with self._lock:
-            state = self._state
-            if state == CANCELLED:
-                self._state = CANCELLED_AND_NOTIFIED
-                for waiter in self._waiters:
-                    waiter.add_cancelled(self)
-                return False
-            if state != PENDING:
-                raise RuntimeError(f"Future in unexpected state: {state}")
-            self._state = RUNNING
-            return True
-
-    def set_result(self, result: Any) -> None:
-        with self._lock:
-            if self._state in _OVER:
-                raise InvalidStateError(f"{self._state}: {self!r}")
-            self._result = result
-            self._state = FINISHED
-            for waiter in self._waiters:
-                waiter.add_result(self)
-            if self._cond is not None:
-                self._cond.notify_all()
-        if self._done_callbacks:
-            self._run_callbacks()
-
-    def set_exception(self, exception: BaseException | None) -> None:
-        with self._lock:
-            if self._state in _OVER:
-                raise InvalidStateError(f"{self._state}: {self!r}")
-            self._exception = exception
-            self._state = FINISHED
-            for waiter in self._waiters:
-                waiter.add_exception(self)
-            if self._cond is not None:
-                self._cond.notify_all()
-        if self._done_callbacks:
-            self._run_callbacks()
-
-    def _run_callbacks(self) -> None:
-        """Run the callbacks added before the future was done, each once, in order."""
-        callbacks = self._done_callbacks
-        self._done_callbacks = []
-        for fn in callbacks:
-            try:
-                fn(self)
-            except Exception:
-                LOGGER.exception("exception calling callback for %r", self)
+_CHOSEN, PROBLEMS = _choose()
+if PROBLEMS:
+    logging.getLogger(__name__).warning(
+        "the client's futures are plain concurrent.futures.Future: %s", "; ".join(PROBLEMS)
+    )
+#: The class of the threaded client's futures (see the module docstring).
+ClientFuture: type[Future[Any]] = _CHOSEN

@@ -262,7 +262,10 @@ class EngineBackend:
             except BaseException as exc:
                 done.set_exception(BackendError(f"broker error: {exc}"))
                 raise
-            # the answer (a RECEIPT) only once what the operation wrote is durable
+            # the answer (a RECEIPT) only once what the operation wrote is durable, and
+            # the removals of the messages acknowledged before it too: a RECEIPT promises
+            # them (the store does not make an ACK's removal wait; see op_applied)
+            self.door.engine.store.removals_answered()
             self.door.after_durable(bound(_resolve, done))
             return out
 
@@ -415,6 +418,8 @@ class EngineBackend:
                     auto_ack=auto,
                 )
             )
+        else:  # nothing to ask the engine: wait for what came before (the RECEIPT's promise)
+            self._call(_applied)
         conn.subs[spec.id] = sub
         engine_acked = conn.engine_acked
         for name in channels:
@@ -758,6 +763,14 @@ class EngineBackend:
             conn.pending[tag] = key
             if shared is not None:
                 conn.tag_sub[tag] = sub
+
+
+def _applied(now: float) -> list[Outgoing]:
+    """An operation that does nothing: run through :meth:`EngineBackend._call`, it returns
+    once every operation submitted before it took effect and its writes (the removals of
+    acknowledged messages included) are durable (a SUBSCRIBE the engine need not hear of
+    still answers its RECEIPT only then)."""
+    return []
 
 
 def _check_shareable(

@@ -1,5 +1,6 @@
-"""The threaded client's futures (``broker.client.future.ClientFuture``) behave as
-``concurrent.futures.Future`` for their users, alone and against a real broker.
+"""The threaded client's lean futures (``broker.client.lean_future.LeanFuture``) behave as
+``concurrent.futures.Future`` for their users, alone and against a real broker (the
+check that chooses them, and the fallback: ``test_client_future_internals.py``).
 
 Alone: result/exception with a timeout, cancel, callbacks (one that raises is logged and
 the others run), ``InvalidStateError``, many threads each blocked on its own future while
@@ -25,7 +26,7 @@ import zmq
 from broker import tmqp
 from broker.client.blocking import Client, ConnectionLost, RemoteError, UnconfirmedSends
 from broker.client.frames import queue_frame, queue_senders
-from broker.client.future import ClientFuture
+from broker.client.lean_future import LeanFuture
 from broker.protocol import MessageType
 from tests.broker.test_durable_serve import Broker
 from tests.polling import WAIT, wait_until
@@ -37,7 +38,7 @@ Ctx = zmq.Context[zmq.Socket[bytes]]
 
 
 def test_result_times_out_on_a_pending_future_then_returns_once_set() -> None:
-    f = ClientFuture()
+    f = LeanFuture()
     with pytest.raises(TimeoutError):
         f.result(0.01)
     with pytest.raises(TimeoutError):
@@ -48,7 +49,7 @@ def test_result_times_out_on_a_pending_future_then_returns_once_set() -> None:
 
 
 def test_an_exception_is_raised_by_result_and_returned_by_exception() -> None:
-    f = ClientFuture()
+    f = LeanFuture()
     f.set_exception(ConnectionLost("gone"))
     with pytest.raises(ConnectionLost, match="gone"):
         f.result()
@@ -56,7 +57,7 @@ def test_an_exception_is_raised_by_result_and_returned_by_exception() -> None:
 
 
 def test_settling_a_done_future_again_raises_invalid_state() -> None:
-    f = ClientFuture()
+    f = LeanFuture()
     f.set_result(1)
     with pytest.raises(cf.InvalidStateError):
         f.set_result(2)
@@ -66,7 +67,7 @@ def test_settling_a_done_future_again_raises_invalid_state() -> None:
 
 
 def test_cancel_a_pending_future_wakes_its_waiter_and_runs_callbacks() -> None:
-    f = ClientFuture()
+    f = LeanFuture()
     seen: list[Any] = []
     f.add_done_callback(seen.append)
     outcome: list[BaseException] = []
@@ -90,7 +91,7 @@ def test_cancel_a_pending_future_wakes_its_waiter_and_runs_callbacks() -> None:
 
 
 def test_a_settled_future_cannot_be_cancelled() -> None:
-    f = ClientFuture()
+    f = LeanFuture()
     f.set_result(None)
     assert not f.cancel() and not f.cancelled()
 
@@ -98,7 +99,7 @@ def test_a_settled_future_cannot_be_cancelled() -> None:
 def test_a_raising_callback_is_logged_and_the_others_still_run(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    f = ClientFuture()
+    f = LeanFuture()
     seen: list[str] = []
 
     def bad(_f: Any) -> None:
@@ -117,7 +118,7 @@ def test_a_raising_callback_is_logged_and_the_others_still_run(
 
 
 def test_many_threads_each_waiting_on_its_own_future() -> None:
-    futures = [ClientFuture() for _ in range(32)]
+    futures = [LeanFuture() for _ in range(32)]
     got: dict[int, Any] = {}
     lock = threading.Lock()
 
@@ -143,10 +144,10 @@ def test_settle_racing_a_waiter_never_hangs() -> None:
     """The Condition is made the moment a waiter needs one, maybe while the I/O thread
     settles the future: the waiter must still be woken (else it would hang)."""
     for _ in range(300):
-        f = ClientFuture()
+        f = LeanFuture()
         start = threading.Barrier(2)
 
-        def settle(f: ClientFuture = f, start: threading.Barrier = start) -> None:
+        def settle(f: LeanFuture = f, start: threading.Barrier = start) -> None:
             start.wait(WAIT)
             f.set_result("v")
 
@@ -158,7 +159,7 @@ def test_settle_racing_a_waiter_never_hangs() -> None:
 
 
 def test_wait_and_as_completed_work_on_them() -> None:
-    futures = [ClientFuture() for _ in range(6)]
+    futures = [LeanFuture() for _ in range(6)]
     futures[0].set_result(0)
     done, pending = cf.wait(futures, timeout=0)
     assert done == {futures[0]} and len(pending) == 5
@@ -184,7 +185,7 @@ def test_wait_and_as_completed_work_on_them() -> None:
 
 
 def test_as_completed_yields_as_another_thread_settles() -> None:
-    futures = [ClientFuture() for _ in range(8)]
+    futures = [LeanFuture() for _ in range(8)]
 
     def settle() -> None:
         for i, f in enumerate(futures):
