@@ -87,7 +87,7 @@ def publish_plain_run(
             m = with_source(m, sid)
         if dedupe:  # (RecentIds.add_new, inline as in push_plain_run)
             seen[mid] = now
-            while len(seen) > window:  # (a window made smaller: down to it)
+            if len(seen) > window:  # (a smaller window: trimmed by apply_options)
                 seen.popitem(last=False)
         taken += 1
         publish(m, out)

@@ -1043,7 +1043,7 @@ class Queue:
                     m = with_source(m, sid)
                 if dedupe:  # (RecentIds.add_new, inline: a call per message costs more)
                     seen[mid] = now
-                    while len(seen) > window:  # (a window made smaller: down to it)
+                    if len(seen) > window:  # (a smaller window: trimmed by apply_options)
                         seen.popitem(last=False)
                 seq += 1
                 taken += 1
