@@ -58,12 +58,13 @@ print(json.dumps(out))
 """
 
 
-def measure(root: Path, pushes: int, script: str = _MEASURE) -> dict[str, float]:
+def measure(root: Path, pushes: int, script: str = _MEASURE, *more: str) -> dict[str, float]:
     """Run ``script`` (``_MEASURE`` or another bench's) in a fresh interpreter with the
-    checkout ``root`` first on the path; its last line of output, a JSON object."""
+    checkout ``root`` first on the path (arguments: ``pushes`` then ``more``); its last
+    line of output, a JSON object."""
     env = dict(os.environ, PYTHONPATH=str(root))
     done = subprocess.run(
-        [sys.executable, "-c", script, str(pushes)],
+        [sys.executable, "-c", script, str(pushes), *more],
         cwd=root, env=env, capture_output=True, text=True, check=True,
     )  # fmt: skip
     result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
