@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_client_push import HERE, measure
+from bench_client_push import in_turns, measure
 
 _MEASURE = """
 import cProfile, json, pstats, socket, subprocess, sys, time
@@ -137,16 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.octets and not 256 <= args.octets <= 262_144:
         print("bench_client_consume: --octets must be from 256 to 262144", file=sys.stderr)
         return 2
-    sides = [("this", HERE)] + ([("base", args.base.resolve())] if args.base else [])
     print(f"{'turn':<5} {'checkout':<9} {'poll-on-call us':>16} {'threaded us':>12} "
           f"{'calls/delivery':>15} {'load':>6}")  # fmt: skip
-    for turn in range(1, args.turns + 1):
-        order = sides if turn % 2 else list(reversed(sides))
-        for name, root in order:
-            r = measure(root, args.messages, _MEASURE, str(args.octets))
-            load = os.getloadavg()[0]
-            print(f"{turn:<5} {name:<9} {r['poll-on-call']:>16.2f} {r['threaded']:>12.2f} "
-                  f"{r['calls']:>15.2f} {load:>6.1f}", flush=True)  # fmt: skip
+    for turn, name, root in in_turns(args.base, args.turns):
+        r = measure(root, args.messages, _MEASURE, str(args.octets))
+        print(f"{turn:<5} {name:<9} {r['poll-on-call']:>16.2f} {r['threaded']:>12.2f} "
+              f"{r['calls']:>15.2f} {os.getloadavg()[0]:>6.1f}", flush=True)  # fmt: skip
     return 0
 
 
