@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
@@ -58,12 +59,13 @@ print(json.dumps(out))
 """
 
 
-def measure(root: Path, pushes: int, script: str = _MEASURE) -> dict[str, float]:
+def measure(root: Path, pushes: int, script: str = _MEASURE, *more: str) -> dict[str, float]:
     """Run ``script`` (``_MEASURE`` or another bench's) in a fresh interpreter with the
-    checkout ``root`` first on the path; its last line of output, a JSON object."""
+    checkout ``root`` first on the path (arguments: ``pushes`` then ``more``); its last
+    line of output, a JSON object."""
     env = dict(os.environ, PYTHONPATH=str(root))
     done = subprocess.run(
-        [sys.executable, "-c", script, str(pushes)],
+        [sys.executable, "-c", script, str(pushes), *more],
         cwd=root, env=env, capture_output=True, text=True, check=True,
     )  # fmt: skip
     result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -76,17 +78,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=2)
     parser.add_argument("--base", type=Path, default=None, help="another checkout, in turns")
     args = parser.parse_args(argv)
-    sides = [("this", HERE)] + ([("base", args.base.resolve())] if args.base else [])
     print(f"{'turn':<5} {'checkout':<9} {'poll-on-call us':>16} {'threaded us':>12} "
           f"{'calls/push':>11} {'load':>6}")  # fmt: skip
-    for turn in range(1, args.turns + 1):
-        order = sides if turn % 2 else list(reversed(sides))
-        for name, root in order:
-            r = measure(root, args.pushes)
-            load = os.getloadavg()[0]
-            print(f"{turn:<5} {name:<9} {r['poll-on-call']:>16.2f} {r['threaded']:>12.2f} "
-                  f"{r['calls']:>11.2f} {load:>6.1f}", flush=True)  # fmt: skip
+    for turn, name, root in in_turns(args.base, args.turns):
+        r = measure(root, args.pushes)
+        load = os.getloadavg()[0]
+        print(f"{turn:<5} {name:<9} {r['poll-on-call']:>16.2f} {r['threaded']:>12.2f} "
+              f"{r['calls']:>11.2f} {load:>6.1f}", flush=True)  # fmt: skip
     return 0
+
+
+def in_turns(base: Path | None, turns: int) -> Iterator[tuple[int, str, Path]]:
+    """(turn, "this" or "base", checkout) for ``turns`` turns, this checkout first in odd
+    turns and the base (if any) first in even ones."""
+    sides = [("this", HERE)] + ([("base", base.resolve())] if base else [])
+    for turn in range(1, turns + 1):
+        for name, root in sides if turn % 2 else sides[::-1]:
+            yield turn, name, root
 
 
 if __name__ == "__main__":

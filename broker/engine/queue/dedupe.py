@@ -83,8 +83,10 @@ class RecentIds:
             ids.popitem(last=False)
 
     def keep_newest(self, count: int) -> None:
-        """Forget all but the newest ``count`` ids (the window was made smaller, at once:
-        the run paths that store ids without :meth:`add_new` evict one per id)."""
+        """Forget all but the newest ``count`` ids: the window was made smaller.  Every
+        place that makes it smaller trims here (``Queue.apply_options``; a restart fills a
+        new window through :meth:`add`), so the paths that store one id evict at most one
+        (:meth:`add_new` and the run paths that inline it: an ``if``, not a loop)."""
         ids = self.ids
         while len(ids) > count:
             ids.popitem(last=False)
@@ -94,7 +96,7 @@ class RecentIds:
         bookkeeping: a run of such calls at one ``now`` ends with :meth:`added_at`."""
         ids = self.ids
         ids[message_id] = now
-        while len(ids) > count:  # (more than one: the window was made smaller)
+        if len(ids) > count:  # (one in, one out: a smaller window was trimmed at once)
             ids.popitem(last=False)
 
     def added_at(self, now: float) -> None:

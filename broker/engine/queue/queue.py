@@ -59,6 +59,7 @@ from broker.engine.queue.dispatch import Dispatcher
 from broker.engine.queue.hooks import HandlerHooks
 from broker.engine.queue.ledger import Ledger
 from broker.engine.queue.messages import PAGE_IN_BATCH, MessageOrder
+from broker.engine.queue.plain_prefix import forget_after, plain_prefix
 from broker.engine.queue.protocols import QueueHost
 from broker.engine.queue.retained import Retained
 from broker.engine.queue.seqindex import SequenceIndex
@@ -500,6 +501,14 @@ class Queue:
     def room(self, c: Client) -> bool:
         """May consumer ``c`` take one more delivery of this queue now?"""
         return self.used.get(c.id, 0) < (c.prefetch.get(self.channel.name) or self.window)
+
+    def _room_of(self, consumers: list[Client]) -> int:
+        """How many more deliveries ``consumers``' windows take in all (what
+        :meth:`next_with_room` hands out before it finds none)."""
+        used = self.used
+        name = self.channel.name
+        window = self.window
+        return sum(max(0, (c.prefetch.get(name) or window) - used.get(c.id, 0)) for c in consumers)
 
     def release(self, client_id: str) -> None:
         """One of the consumer's deliveries left its window."""
@@ -980,18 +989,8 @@ class Queue:
         )
         if direct and len(consumers) > 1 and not strategy.plain_many:
             return 0  # a push to several consumers is followed as a QueueMessage
-        size_limit = opts.message_size_limit
-        use_id = opts.use_message_id
-        recent = self.recent
-        dedupe = use_id and opts.duplicate_window
-        if dedupe:
-            recent.forget_expired(now, opts.duplicate_window_time)
-        seen = recent.ids
-        window = opts.duplicate_window
         limited = opts.message_limit
         name = self.channel.name
-        qid = self.id
-        sid = sender.id
         used = self.used
         one: Client | None = None  # the single consumer: its room read once
         room = 0
@@ -1001,30 +1000,26 @@ class Queue:
                 direct = False
             else:
                 room = (one.prefetch.get(name) or self.window) - used.get(one.id, 0)
-        taken = 0
+        most = len(ms)
+        if limited:  # (a push no consumer takes at once goes through check_push)
+            if not direct:
+                return 0
+            most = room if one is not None else self._room_of(consumers)
+        end = plain_prefix(ms, start, most, self.id, name, opts, self.recent, now)
+        if end == start:
+            return 0
+        sid = sender.id
         queued = False
         high = False
         sent_one = 0  # deliveries to ``one``: its count in ``used`` grows once, at the end
         seq = self.sequence  # (written back at the end, even if a message raises)
+        k = start
         try:
-            for k in range(start, len(ms)):
+            for k in range(start, end):
                 m = ms[k]
-                # (one unpacking: a named tuple's attribute reads cost more per message)
-                mid, src, target, ct, _hp, first, wants_ack, _ttl, headers, payload, _w = m
-                if (
-                    headers
-                    or wants_ack
-                    or first
-                    or ct != qid
-                    or target != name
-                    or (size_limit and len(payload) > size_limit)
-                ):
-                    break
-                if not mid:
-                    if use_id:
-                        break  # accept() gives it an id
-                elif dedupe and mid in seen:
-                    break  # a duplicate: answered by duplicate()
+                if m.source != sid:
+                    m = with_source(m, sid)
+                seq += 1
                 c: Client | None = None
                 if direct:
                     if one is not None:
@@ -1037,16 +1032,6 @@ class Queue:
                         c = strategy.plain_target(self, consumers)
                         if c is None:
                             direct = False
-                if c is None and limited:
-                    break  # accept() after check_push
-                if src != sid:
-                    m = with_source(m, sid)
-                if dedupe:  # (RecentIds.add_new, inline: a call per message costs more)
-                    seen[mid] = now
-                    while len(seen) > window:  # (a window made smaller: down to it)
-                        seen.popitem(last=False)
-                seq += 1
-                taken += 1
                 if c is not None:
                     out.append(_tracked(Tracked, (c.id, m)))
                     c.unsent.append((PLAIN, self, None, m, seq))
@@ -1060,16 +1045,17 @@ class Queue:
                 self._enqueue_plain(qm)
                 queued = True
                 high = high or qm.high_priority
+        except BaseException:
+            forget_after(ms, k, end, self.recent)
+            raise
         finally:
             self.sequence = seq
             if sent_one:
                 assert one is not None
                 used[one.id] = used.get(one.id, 0) + sent_one
-        if taken:
-            self.received += taken
-            self.last_received = now
-            if dedupe:
-                recent.added_at(now)
+        taken = end - start
+        self.received += taken
+        self.last_received = now
         if queued and consumers and (not self.stalled or high):
             self.drain(now, out)  # (stalled: see accept)
         return taken
