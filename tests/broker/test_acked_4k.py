@@ -126,21 +126,22 @@ def test_a_bytearray_changed_after_push_returns_does_not_change_what_was_pushed(
         producer.create_queue("reuse", 1, {"Status": 1})
         consumer.join("reuse")
         buf = bytearray(SIZE)
+        reused: Any = buf  # (the client takes any bytes-like payload; typed bytes | str)
         want: list[bytes] = []
         futures: list[Future[Any]] = []
         for i in range(20):  # one buffer, refilled for every push (as a reader's would be)
             buf[:] = body(f"one-{i}")
             want.append(bytes(buf))
-            futures.append(producer.push_async("reuse", 1, buf))
+            futures.append(producer.push_async("reuse", 1, reused))
             buf[:] = b"\xee" * SIZE  # scribbled over at once
-        bufs = [bytearray(body(f"many-{i}")) for i in range(20)]
+        bufs: list[Any] = [bytearray(body(f"many-{i}")) for i in range(20)]
         want += [bytes(b) for b in bufs]
         futures += producer.push_many_async("reuse", 1, bufs)
         for b in bufs:
             b[:] = b"\xdd" * SIZE
         for future in futures:
             future.result(20)
-        got = []
+        got: list[bytes] = []
         while len(got) < len(want):
             m = consumer.receive(timeout=20)
             assert m is not None, f"only {len(got)} of {len(want)} delivered"
