@@ -1284,6 +1284,56 @@ def decode_message_records(
             r = new(cls, fields)
             break
         if r is None:
+            while True:  # (once: a frame of another shape breaks out to ``decode``)
+                if type(buf) is not bytes:
+                    break
+                size = len(buf)
+                if size < 10:
+                    break
+                (
+                    bits_flags,
+                    bits_options,
+                    f_id_length,
+                    f_source_length,
+                    f_target_length,
+                    f_content_type,
+                    w_payload_length,
+                    f_payload_length,
+                ) = _LE_BBBBBHBH.unpack_from(buf)
+                e_message_id = 10 + f_id_length
+                e_source = e_message_id + f_source_length
+                e_target = e_source + f_target_length
+                e_payload = e_target + f_payload_length
+                if bits_options & 32 or w_payload_length != 253 or e_payload != size:
+                    break
+                try:
+                    f_message_id = buf[10:e_message_id].decode()
+                    f_source = buf[e_message_id:e_source].decode()
+                    f_target = buf[e_source:e_target].decode()
+                except UnicodeDecodeError:
+                    break
+                f_payload = buf[e_target:e_payload]
+                state = bits_flags << 8 | bits_options
+                bits = _BASES_FRAME.get(state)
+                if bits is None:
+                    bits = _base_frame(state)
+                (f_first_acquirer, f_high_priority, _, _, f_pending_ack, f_ttl) = bits
+                fields = (
+                    f_message_id,
+                    f_source,
+                    f_target,
+                    f_content_type,
+                    f_high_priority,
+                    f_first_acquirer,
+                    f_pending_ack,
+                    f_ttl,
+                    (),
+                    f_payload,
+                    (wire_key, buf),
+                )
+                r = new(cls, fields)
+                break
+        if r is None:
             try:
                 m = decode((buf,))
             except DecodeError:
