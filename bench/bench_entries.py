@@ -5,9 +5,12 @@
 Per delivery: CPU microseconds (best of ``--repeat``) and Python-level calls (cProfile,
 a count: it does not depend on the load).  Entries: 100-octet QUEUE deliveries as the
 broker sends them (message id, source, target), ``--entries`` per batch (15: what a
-2 KiB bound gives them).
+2 KiB bound gives them); ``--size``: other payloads (4096: a 4 KiB push, its length in
+the three-octet form), and the row ``decode_message_records`` (the server's run of
+single pushes, ``broker.server.server``).  Against another checkout: the same command
+with ``PYTHONPATH=THAT_TREE``, taking turns.
 
-Usage: ``python bench/bench_entries.py [--entries N] [--repeat N]``.
+Usage: ``python bench/bench_entries.py [--entries N] [--size N] [--repeat N]``.
 """
 
 from __future__ import annotations
@@ -20,15 +23,29 @@ from collections.abc import Callable
 from typing import Any
 
 from broker import batch, tmqp
+from broker.engine.tmqp_door import WIRE
+from broker.message import Message
 
 
-def payload_of(entries: int) -> bytes:
-    frames = [
+def frames_of(entries: int, size: int = 100) -> list[bytes]:
+    return [
         tmqp.encode_frame(message_type=2, content_type=1, message_id=f"m-{i:020d}",
-                          source="producer-1", target="bench", payload=b"x" * 100)[0]
+                          source="producer-1", target="bench", payload=b"x" * size)[0]
         for i in range(entries)
     ]  # fmt: skip
-    return batch.pack(frames)
+
+
+def payload_of(entries: int, size: int = 100) -> bytes:
+    return batch.pack(frames_of(entries, size))
+
+
+def records(payload: bytes) -> list[Any]:
+    """``decode_message_records`` of the entries (split outside the loop: ``_SPLIT``)."""
+    return tmqp.decode_message_records(_SPLIT[payload], Message, WIRE)[0]
+
+
+#: each payload's entries, split once (the server gets its single pushes apart)
+_SPLIT: dict[bytes, list[bytes]] = {}
 
 
 def split_then_decode(payload: bytes) -> list[Any]:
@@ -61,9 +78,11 @@ def calls(fn: Callable[[bytes], list[Any]], payload: bytes, entries: int) -> flo
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--entries", type=int, default=15)
+    parser.add_argument("--size", type=int, default=100, help="payload octets")
     parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args(argv)
-    payload = payload_of(args.entries)
+    payload = payload_of(args.entries, args.size)
+    _SPLIT[payload] = batch.unpack(payload, batch.DEFAULT_MAX_FRAMES)
     assert [f.payload for f in in_place(payload)] == [
         f.payload for f in split_then_decode(payload)
     ]
@@ -71,12 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = (
         ("batch.unpack + tmqp.decode each", split_then_decode),
         ("tmqp.decode_entries", in_place),
+        ("tmqp.decode_message_records", records),
     )
     best = {name: float("inf") for name, _ in rows}
     for _ in range(args.repeat):  # taking turns
         for name, fn in rows:
             best[name] = min(best[name], cpu_us(fn, payload, args.entries, loops))
-    title = f"{args.entries} deliveries of 100 B per batch"
+    title = f"{args.entries} deliveries of {args.size} B per batch"
     print(f"\n{title:<35} {'CPU us/delivery':>16} {'calls/delivery':>15}")
     for name, fn in rows:
         print(f"{name:<35} {best[name]:>16.3f} {calls(fn, payload, args.entries):>15.2f}")

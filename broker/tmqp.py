@@ -145,6 +145,7 @@ _R = TypeVar("_R", bound=tuple[Any, ...])
 
 _LE_BBBBBH = struct.Struct("<BBBBBH")
 _LE_BBBBBHB = struct.Struct("<BBBBBHB")
+_LE_BBBBBHBH = struct.Struct("<BBBBBHBH")
 _LE_H = struct.Struct("<H")
 _LE_I = struct.Struct("<I")
 _U32 = struct.Struct(">I")
@@ -934,6 +935,58 @@ def _decode_at(buf: bytes, p: int, end: int) -> Frame | None:
     return m
 
 
+def _decode_at_wide(buf: bytes, p: int, end: int) -> Frame | None:
+    """``decode((buf[p:end],))`` when that frame has the simplest shape but for
+    its variable-length numbers in their three-octet form, else None."""
+    size = end - p
+    if size < 10:
+        return None
+    (
+        bits_flags,
+        bits_options,
+        f_id_length,
+        f_source_length,
+        f_target_length,
+        f_content_type,
+        w_payload_length,
+        f_payload_length,
+    ) = _LE_BBBBBHBH.unpack_from(buf, p)
+    e_message_id = p + 10 + f_id_length
+    e_source = e_message_id + f_source_length
+    e_target = e_source + f_target_length
+    e_payload = e_target + f_payload_length
+    if bits_options & 32 or w_payload_length != 253 or e_payload != end:
+        return None
+    try:
+        f_message_id = buf[p + 10 : e_message_id].decode()
+        f_source = buf[e_message_id:e_source].decode()
+        f_target = buf[e_source:e_target].decode()
+    except UnicodeDecodeError:
+        return None
+    f_payload = buf[e_target:e_payload]
+    key = bits_flags << 8 | bits_options
+    bits = _BASES_FRAME.get(key)
+    if bits is None:
+        bits = _base_frame(key)
+    m: Any = _FrameSlots()
+    (
+        m.first_acquirer,
+        m.high_priority,
+        m.message_type,
+        m.pending_response,
+        m.pending_ack,
+        m.ttl,
+    ) = bits
+    m.content_type = f_content_type
+    m.message_id = f_message_id
+    m.source = f_source
+    m.target = f_target
+    m.headers = ()
+    m.payload = f_payload
+    m.__class__ = Frame
+    return m
+
+
 def decode_entries(payload: bytes, limit: int, spans: list[int] | None = None) -> list[Message]:
     """The frames of ``payload``, entries each a 4-octet length and that many
     octets of one whole frame: each what ``decode((entry,))`` gives, at most
@@ -961,6 +1014,8 @@ def decode_entries(payload: bytes, limit: int, spans: list[int] | None = None) -
         if spans is not None:
             spans += (start, pos)
         m = _decode_at(payload, start, pos)
+        if m is None:
+            m = _decode_at_wide(payload, start, pos)
         out.append(m if m is not None else _entry(payload, start, pos, len(out)))
     return out
 
@@ -1220,6 +1275,56 @@ def decode_message_records(
             )
             r = new(cls, fields)
             break
+        if r is None:
+            while True:  # (once: a frame of another shape breaks out to ``decode``)
+                if type(buf) is not bytes:
+                    break
+                size = len(buf)
+                if size < 10:
+                    break
+                (
+                    bits_flags,
+                    bits_options,
+                    f_id_length,
+                    f_source_length,
+                    f_target_length,
+                    f_content_type,
+                    w_payload_length,
+                    f_payload_length,
+                ) = _LE_BBBBBHBH.unpack_from(buf)
+                e_message_id = 10 + f_id_length
+                e_source = e_message_id + f_source_length
+                e_target = e_source + f_target_length
+                e_payload = e_target + f_payload_length
+                if bits_options & 32 or w_payload_length != 253 or e_payload != size:
+                    break
+                try:
+                    f_message_id = buf[10:e_message_id].decode()
+                    f_source = buf[e_message_id:e_source].decode()
+                    f_target = buf[e_source:e_target].decode()
+                except UnicodeDecodeError:
+                    break
+                f_payload = buf[e_target:e_payload]
+                state = bits_flags << 8 | bits_options
+                bits = _BASES_FRAME.get(state)
+                if bits is None:
+                    bits = _base_frame(state)
+                (f_first_acquirer, f_high_priority, _, _, f_pending_ack, f_ttl) = bits
+                fields = (
+                    f_message_id,
+                    f_source,
+                    f_target,
+                    f_content_type,
+                    f_high_priority,
+                    f_first_acquirer,
+                    f_pending_ack,
+                    f_ttl,
+                    (),
+                    f_payload,
+                    (wire_key, buf),
+                )
+                r = new(cls, fields)
+                break
         if r is None:
             try:
                 m = decode((buf,))

@@ -449,9 +449,13 @@ class PythonGenerator:
         p = self.proto
         order = "<" if p.byteorder == "little" else ">"
         length = self.structs.name(order + ("I" if p.entries == 4 else "H"))
+        wide = None
         if self.fast:
             ((msg, plan),) = self.fast
             FastDecoderWriter(self.structs).write_at(src, msg, plan, literal_size)
+            wide = plan_fast(msg, wide=True)
+            if wide is not None:  # (payloads of 253 to 65,535 octets: 4 KiB ones)
+                FastDecoderWriter(self.structs).write_at(src, msg, wide, literal_size, True)
         src.wrapped(
             "def decode_entries(",
             ["payload: bytes", "limit: int", "spans: list[int] | None = None"],
@@ -486,6 +490,9 @@ class PythonGenerator:
         src("    spans += (start, pos)")
         if self.fast:
             src("m = _decode_at(payload, start, pos)")
+            if wide is not None:
+                src("if m is None:")
+                src("    m = _decode_at_wide(payload, start, pos)")
             src("out.append(m if m is not None else _entry(payload, start, pos, len(out)))")
         else:
             src("out.append(_entry(payload, start, pos, len(out)))")

@@ -402,16 +402,26 @@ class FastDecoderWriter:
         src()
         src()
 
-    def write_at(self, src: Source, msg: Message, plan: Plan, literal_size: int) -> None:
+    def write_at(
+        self, src: Source, msg: Message, plan: Plan, literal_size: int, wide: bool = False
+    ) -> None:
         """``_decode_at(buf, p, end)``: the frame ``buf[p:end]`` in its simplest shape,
         decoded where it lies (no copy of it), else None (``decode_entries``).  Written
-        after :meth:`write`, whose remembered base states it shares."""
+        after :meth:`write`, whose remembered base states it shares.  ``wide`` (``plan``
+        made with ``plan_fast(msg, wide=True)``): ``_decode_at_wide``, the same for that
+        shape with its variable-length numbers in their three-octet form."""
         values: dict[str, str] = {}
         for fld in plan.bits:
             values.update(bit_values(fld, f"bits_{fld.ident}"))
-        src(f"def _decode_at(buf: bytes, p: int, end: int) -> {msg.class_name} | None:")
+        name = "_decode_at_wide" if wide else "_decode_at"
+        src(f"def {name}(buf: bytes, p: int, end: int) -> {msg.class_name} | None:")
         src.indent()
-        src('"""``decode((buf[p:end],))`` when that frame has the simplest shape, else None."""')
+        simplest = "``decode((buf[p:end],))`` when that frame has the simplest shape"
+        if wide:
+            src(f'"""{simplest} but for')
+            src('its variable-length numbers in their three-octet form, else None."""')
+        else:
+            src(f'"""{simplest}, else None."""')
         src("size = end - p")
         self._simplest(src, msg, plan, literal_size, values, "p", "return None")
         src.dedent()

@@ -6,7 +6,8 @@ A binary model's ``<record name = "R" fields = "a, b, c" wire = "1">`` gives the
 (the fields in the order named, then, with ``wire = "1"``, the frame's octets beside the
 receiver's key); the indexes of the other frames are refused.  No message object is made
 on the way: a frame in its simplest shape (``zproto.shape``) is checked and its fields
-taken where they lie, inline, with no call per frame or per field; any other frame goes
+taken where they lie, inline, with no call per frame or per field (so is one in that shape
+but for its variable-length numbers in their three-octet form); any other frame goes
 through ``decode`` (which has the last word on every error) and its message's fields are
 copied.  It never raises.
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 from zproto.decoder import FastDecoderWriter, bit_values, decode_or_none, unpack_bits
 from zproto.model import Message, Record
 from zproto.pysource import Source, StructNames
-from zproto.shape import Plan
+from zproto.shape import Plan, plan_fast
 
 __all__ = ["RecordWriter", "function_name"]
 
@@ -56,6 +57,12 @@ class RecordWriter:
         src("r: Any = None")
         if plan is not None:
             self._fast(src, msg, plan, literal_size, record)
+            wide = plan_fast(msg, wide=True)
+            if wide is not None:  # (its lengths in their three-octet form: 4 KiB payloads)
+                src("if r is None:")
+                src.indent()
+                self._fast(src, msg, wide, literal_size, record)
+                src.dedent()
         src("if r is None:")
         src.indent()
         decode_or_none(src, "m", "buf")

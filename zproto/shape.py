@@ -17,6 +17,9 @@ from zproto.pysource import ORDER_PREFIX, STRUCT_CHAR
 
 __all__ = ["Plan", "plan_fast"]
 
+#: The first octet of a variable-length number in its three-octet form (``runtime.dec_varlen``).
+VARLEN_TWO_OCTETS = 253
+
 
 @dataclass
 class Plan:
@@ -39,12 +42,16 @@ class Plan:
         return ORDER_PREFIX[order] + "".join(c for _, c, _ in self.head)
 
 
-def plan_fast(msg: Message) -> Plan | None:
+def plan_fast(msg: Message, wide: bool = False) -> Plan | None:
     """The simplest-shape layout of ``msg``, or None when it has none worth a decoder.
 
     Eligible: a binary message of one frame whose optional sections are guarded by flags
     of the fixed head, whose variable-length numbers sit in the fixed head, and whose
     other fields are strings/octets sized by numbers of the head.
+
+    ``wide``: the same shape with every variable-length number in its three-octet form
+    (the octet 253, then two octets of the message's byte order: 253 to 65,535, e.g. a
+    4 KiB payload's length) instead of its one-octet form.
     """
     if msg.literal is not None or not msg.fields:
         return None
@@ -64,9 +71,17 @@ def plan_fast(msg: Message) -> Plan | None:
         if fld.type == "number" and fld.size == VARLEN:
             if not in_head:
                 return None
-            plan.short_lengths.append(plan.head_size)
-            plan.head.append((f"f_{fld.ident}", "B", None))
-            plan.head_size += 1
+            if wide:  # (checked as a constant, like a bit field's fixed value)
+                if any(o not in (None, fld.byteorder) for _, _, o in plan.head):
+                    return None  # one struct reads the head: one byte order
+                plan.head.append((f"w_{fld.ident}", "B", None))
+                plan.constants.append((f"w_{fld.ident}", VARLEN_TWO_OCTETS))
+                plan.head.append((f"f_{fld.ident}", "H", fld.byteorder))
+                plan.head_size += 3
+            else:
+                plan.short_lengths.append(plan.head_size)
+                plan.head.append((f"f_{fld.ident}", "B", None))
+                plan.head_size += 1
             simplified = True
         elif fld.type in ("number", "bits"):
             if not in_head:

@@ -119,6 +119,10 @@ _NOT_PLAIN = 0xE0
 _NOT_IN_RUN = 0xA0
 #: Low 6 bits of the first octet: the message type.
 _TYPE_BITS = 63
+#: Where a batch payload's first entry has its first octet (type) and its options octet
+#: (after the entry's 4-octet length, ``broker.batch``).
+_FIRST_TYPE = 4
+_FIRST_OPTIONS = 5
 
 #: Server operation (content type) answered by the server itself: a RESPONSE whose payload
 #: is the JSON of ``Server.stats()``.  Needs the engine authorizer's ADMIN action.
@@ -764,8 +768,13 @@ class Server:
         decodes): decoded straight into the engine's messages and served as one run
         (:meth:`_serve_run`), answered as :meth:`_batch` answers (nothing refused).
         False, nothing done: any other batch (:meth:`_batch` decodes and answers it)."""
+        payload = msg.payload
+        if len(payload) > _FIRST_OPTIONS and (
+            payload[_FIRST_TYPE] & _TYPE_BITS != _QUEUE or payload[_FIRST_OPTIONS] & _NOT_PLAIN
+        ):
+            return False  # its first entry is no plain push (acknowledged ones): not split
         try:
-            datas = batch.unpack(msg.payload, self.options.max_batch_frames)
+            datas = batch.unpack(payload, self.options.max_batch_frames)
         except batch.BatchError:
             return False
         for data in datas:

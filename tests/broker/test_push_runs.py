@@ -459,6 +459,11 @@ def _batches() -> list[tuple[str, bool, list[bytes]]]:
                                                     push("k1", 1, b"k", ack=True)]),
         ("one with a header", True, [push("h0", 1, b"h"), push("h1", 1, b"h",
                                                               headers=(("X", "y"),))]),
+        # (the first entry alone tells these are not all plain: never split for the check)
+        ("acknowledged first", True, [push("f0", 1, b"f" * 4096, ack=True), push("f1", 1, b"f")]),
+        ("a header first", True, [push("x0", 1, b"x", headers=(("X", "y"),)),
+                                  push("x1", 1, b"x")]),
+        ("a one-octet entry first", True, [b"\x02", push("o1", 1, b"o")]),
     ]  # fmt: skip
 
 
@@ -514,7 +519,9 @@ def test_batches_of_plain_pushes_give_what_the_frame_path_gives(
     assert "B1" not in acks  # not acknowledged
     assert [r[0] for r in json.loads(acks["B5"])["Refused"]] == [1]
     assert delivered[:30] == [f"a{i}" for i in range(30)]
-    for mid in ("ok", "q9", "q1", "r1", "r2", "g0", "g2", "k0", "k1", "h0", "h1"):
+    assert [r[0] for r in json.loads(acks["B10"])["Refused"]] == [0]
+    for mid in ("ok", "q9", "q1", "r1", "r2", "g0", "g2", "k0", "k1", "h0", "h1", "f0", "f1",
+                "x0", "x1", "o1"):  # fmt: skip
         assert mid in delivered
     for mid in ("s1", "big", "g1"):
         assert mid not in delivered

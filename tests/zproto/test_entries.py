@@ -65,6 +65,39 @@ def test_hand_built_entries_decode_to_their_fields() -> None:
     assert tmqp.decode_entries(b"", 10) == []
 
 
+def _wide(payload: bytes, length: bytes, flags: int = 0x40 | 16, tail: bytes = b"") -> bytes:
+    """A QUEUE frame by hand (id "a1", source "s", target "ch", content type 7) whose
+    payload length is ``length`` (a variable-length number as octets)."""
+    return bytes([0x02, flags, 2, 1, 2, 7, 0]) + length + b"a1" + b"s" + b"ch" + tail + payload
+
+
+#: QUEUE frames by hand with their payload length in its three-octet form (253, then two
+#: octets little-endian: the 4 KiB pushes), and near misses, each with what it must be.
+WIDE_ENTRIES = [
+    _wide(b"\x5a" * 4096, b"\xfd\x00\x10"),  # 4,096 octets
+    _wide(b"\x00" * 65535, b"\xfd\xff\xff"),  # the most the form holds
+    _wide(b"hi", b"\xfd\x02\x00"),  # a short length in the long form: decode takes it
+    _wide(b"\x01" * 300, b"\xfe\x2c\x01\x00\x00"),  # the five-octet form (decode's)
+    _wide(b"x" * 300, b"\xfd\x2c\x01", 0x60 | 16, b"\x05\x00k:v\r\n"),  # with headers
+]
+
+
+def test_entries_with_three_octet_payload_lengths_decode_as_each_entry_alone() -> None:
+    (only,) = tmqp.decode_entries(_run(WIDE_ENTRIES[0]), 10)
+    assert isinstance(only, tmqp.Frame) and only.payload == b"\x5a" * 4096
+    assert (only.message_id, only.source, only.target, only.pending_ack) == ("a1", "s", "ch", True)
+    payload = _run(*WIDE_ENTRIES)
+    assert _outcome(tmqp, payload) == _each(tmqp, WIDE_ENTRIES)
+    assert _outcome(tmqp, payload) == _outcome(GENERAL, payload)
+    # one octet short, one too many, a bad UTF-8 id: the general codec's verdict
+    for bad in (
+        WIDE_ENTRIES[0][:-1],
+        WIDE_ENTRIES[0] + b"!",
+        WIDE_ENTRIES[0].replace(b"a1", b"\xff1"),
+    ):
+        assert _outcome(tmqp, _run(bad)) == _outcome(GENERAL, _run(bad))
+
+
 @pytest.mark.parametrize(
     ("payload", "reason"),
     [

@@ -19,6 +19,7 @@ from broker import tmqp
 from broker.engine.tmqp_door import WIRE, message_of
 from broker.message import Message
 from tests.zproto.support import CPU_BOUND, general_codec, string_model, tmqp_frames
+from tests.zproto.test_entries import WIDE_ENTRIES
 from zproto.errors import DecodeError
 from zproto.model import ModelError, load
 
@@ -141,6 +142,22 @@ def test_frames_in_other_shapes_and_bytes_likes_go_through_decode() -> None:
     datas: list[Any] = [big, memoryview(big), bytearray(big)]
     made, bad = _records(tmqp, datas)
     assert (made, bad) == _alone(tmqp, datas) and bad == [] and len(made) == 3
+
+
+def test_frames_with_three_octet_payload_lengths_are_what_decode_gives() -> None:
+    """4 KiB pushes (the payload's length as 253 then a u16) and their near misses: the
+    same records as ``decode`` of each, and as the general codec's."""
+    big = WIDE_ENTRIES[0]
+    datas = [
+        *WIDE_ENTRIES,
+        big[:-1],
+        big + b"!",
+        big.replace(b"a1", b"\xff1"),
+        _queue(b"i", b"", b"c", b"p"),
+    ]
+    made, bad = _records(tmqp, datas)
+    assert (made, bad) == _alone(tmqp, datas) == _records(GENERAL, datas)
+    assert made[0][9] == b"\x5a" * 4096 and bad == [5, 6, 7]
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
