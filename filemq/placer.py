@@ -77,9 +77,7 @@ class Placer(Generic[T]):
                 self._cond.wait()
             self._jobs.append((job, size, token))
             self._pending += size
-            if self._idle and (
-                len(self._jobs) >= _HANDOFF or self._pending >= self._max_pending
-            ):
+            if self._idle and (len(self._jobs) >= _HANDOFF or self._pending >= self._max_pending):
                 self._cond.notify_all()  # (a worker that waits sees a few at once)
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="filemq-placer", daemon=True)
