@@ -47,14 +47,19 @@ def _only_whole_files(dest: Path) -> dict[str, bytes]:
     return held
 
 
+def _serving(tmp_path: Path, procs: list[Proc], *options: str) -> tuple[Path, Path, Proc, str]:
+    """SRC holding ``TREE`` served by a ``filemq serve`` process: (SRC, DEST, it, endpoint)."""
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    write_tree(src, TREE)
+    server = serve(tmp_path, procs, src, "tcp://127.0.0.1:*", *options)
+    return src, dest, server, server.wait_stderr(r"on (tcp://\S+) \(").group(1)
+
+
 @pytest.mark.timeout(2 * DEADLINE + 60)
 def test_a_mirror_killed_mid_burst_holds_only_whole_files_and_the_next_sync_completes(
     tmp_path: Path, procs: list[Proc]
 ) -> None:
-    src, dest = tmp_path / "src", tmp_path / "dest"
-    write_tree(src, TREE)
-    server = serve(tmp_path, procs, src, "tcp://127.0.0.1:*")
-    endpoint = server.wait_stderr(r"on (tcp://\S+) \(").group(1)
+    _src, dest, _server, endpoint = _serving(tmp_path, procs)
     index = str(tmp_path / "mirror.idx")
     mirror = subscribe(tmp_path, procs, endpoint, dest, "--bwlimit", "1M")
     _placed(dest, 60)
@@ -73,10 +78,7 @@ def test_a_mirror_killed_mid_burst_holds_only_whole_files_and_the_next_sync_comp
 def test_a_server_killed_and_restarted_mid_burst_the_daemon_ends_exact(
     tmp_path: Path, procs: list[Proc]
 ) -> None:
-    src, dest = tmp_path / "src", tmp_path / "dest"
-    write_tree(src, TREE)
-    server = serve(tmp_path, procs, src, "tcp://127.0.0.1:*", "--bwlimit", "1M")
-    endpoint = server.wait_stderr(r"on (tcp://\S+) \(").group(1)
+    src, dest, server, endpoint = _serving(tmp_path, procs, "--bwlimit", "1M")
     daemon = subscribe(tmp_path, procs, endpoint, dest)
     _placed(dest, 60)
     assert server.stop(signal.SIGKILL) == -signal.SIGKILL  # in the middle of the burst
