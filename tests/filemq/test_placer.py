@@ -214,3 +214,44 @@ def test_the_default_places_on_a_thread_only_with_two_cpus_or_more(
     assert not thread.is_alive() and outcome and outcome[0].files == len(files)
     assert read_tree(tmp_path / "dest") == files
     assert ("filemq-placer" in threads_seen) is (cpus > 1), sorted(threads_seen)
+
+
+def test_jobs_taken_in_runs_still_hold_the_bound_until_they_are_done() -> None:
+    """The worker takes several jobs at once (a run): they count as pending until they
+    have run, so a disk that takes nothing still holds the submitter at the bound (10
+    jobs of 100 bytes), not at the bound plus a run; once the disk takes them, all 300
+    are placed in order and what waited never passed the bound."""
+    bound, size = 1000, 100
+    placer: Placer[None] = Placer(max_pending=bound)
+    gate = threading.Event()
+    lock = threading.Lock()
+    submitted = done = worst = 0
+
+    def job() -> None:
+        nonlocal done
+        gate.wait()  # (the "disk")
+        with lock:
+            done += 1
+
+    def submit() -> None:
+        nonlocal submitted, worst
+        for i in range(300):
+            placer.submit(job, size, i)
+            with lock:
+                submitted += 1
+                worst = max(worst, (submitted - done) * size)
+
+    thread = threading.Thread(target=submit)
+    thread.start()
+    try:
+        assert wait_until(lambda: submitted == bound // size)  # the bound is reached
+        # (a slow machine can only hide a fault here, never fail a good placer)
+        assert not wait_until(lambda: submitted > bound // size, timeout=0.5)
+        gate.set()
+        thread.join(30)
+        assert [token for token, _ in placer.settle()] == list(range(300))
+        assert done == 300 and worst <= bound
+    finally:
+        gate.set()
+        thread.join(30)
+        placer.close()

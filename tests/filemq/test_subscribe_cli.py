@@ -88,10 +88,12 @@ class Proc:
             time.sleep(0.02)
         raise AssertionError(f"{pattern!r} never logged:\n{self.stderr()}")
 
-    def wait_event(self, match: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    def wait_event(
+        self, match: Callable[[dict[str, Any]], bool], wait: float = WAIT
+    ) -> dict[str, Any]:
         """The next JSON event (after those already returned) matching ``match``."""
         assert self.popen.stdout is not None
-        deadline = time.monotonic() + WAIT
+        deadline = time.monotonic() + wait
         while True:
             while self.events:
                 event = self.events.pop(0)
