@@ -262,7 +262,9 @@ class EngineBackend:
             except BaseException as exc:
                 done.set_exception(BackendError(f"broker error: {exc}"))
                 raise
-            # the answer (a RECEIPT) only once what the operation wrote is durable
+            # the answer (a RECEIPT) only once what the operation wrote is durable, and
+            # the removals of the ACKs before it too: a RECEIPT promises them (as op_applied)
+            self.door.engine.store.removals_answered()
             self.door.after_durable(bound(_resolve, done))
             return out
 

@@ -310,6 +310,55 @@ def test_acks_before_a_receipted_disconnect_survive_kill_9(
     assert_nothing_queued(server)
 
 
+def _browse_bodies(raw: Raw) -> list[bytes]:
+    """The MESSAGE bodies ``raw`` reads up to its browser's ``browser:end``."""
+    bodies_seen: list[bytes] = []
+    while True:
+        frame = raw.next()
+        assert frame.command is Command.MESSAGE, frame
+        if frame.header("browser") == "end":
+            return bodies_seen
+        bodies_seen.append(frame.body)
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["browsed", "killed"])
+def test_a_browser_subscribe_after_acks_sees_none_of_them(
+    serve_factory: Callable[..., Serve], tmp_path: Path, raws: Callable[[int], Raw], kill: bool
+) -> None:
+    """Raw frames, one write: ACKs of the even messages, then a browser SUBSCRIBE with a
+    receipt on the same connection.  The browser sees only the odd ones (the ACKs were
+    applied before it read the queue); ``killed``: the broker killed (-9) as soon as the
+    RECEIPT is read, a new browser after the restart sees the same (the RECEIPT waited for
+    the ACKs' removals to be durable: session 12's open edge)."""
+    server = serve_factory("--data", str(tmp_path / "data"))
+    producer = stomp12(server.port)
+    for i in range(20):
+        producer.send(
+            "/queue/orders", f"order-{i}", headers={"persistent": "true"}, receipt=f"p{i}"
+        )
+    assert wait_until(lambda: len(recorder(producer).receipts) == 20)
+    consumer = raws(server.port)
+    consumer.connect()
+    consumer.send(b"SUBSCRIBE\nid:s\ndestination:/queue/orders\nack:client-individual\n\n\x00")
+    messages = [consumer.next() for _ in range(20)]
+    assert [m.body for m in messages] == [f"order-{i}".encode() for i in range(20)]
+    acks = b"".join(b"ACK\nid:%s\n\n\x00" % m.header("ack").encode() for m in messages[::2])
+    browse = b"SUBSCRIBE\nid:b\ndestination:/queue/orders\nbrowser:true\nreceipt:r\n\n\x00"
+    consumer.send(acks + browse)
+    receipt = consumer.next()
+    assert receipt.command is Command.RECEIPT and receipt.header("receipt-id") == "r"
+    odd = [f"order-{i}".encode() for i in range(1, 20, 2)]
+    if not kill:
+        assert _browse_bodies(consumer) == odd
+        return
+    server.kill9()
+    server.restart()
+    browser = raws(server.port)
+    browser.connect()
+    browser.send(b"SUBSCRIBE\nid:b\ndestination:/queue/orders\nbrowser:true\n\n\x00")
+    assert _browse_bodies(browser) == odd
+
+
 # -- expiration ------------------------------------------------------------------------
 
 
