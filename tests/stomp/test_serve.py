@@ -924,3 +924,45 @@ def test_browse_options_the_engine_cannot_serve_are_errors(
     raw.send(f"SUBSCRIBE\nid:1\ndestination:/queue/browsed2\n{extra}receipt:r\n\n\x00".encode())
     error = raw.next()
     assert error.command is Command.ERROR and match in str(error.header("message")), error
+
+
+def test_sends_split_at_every_byte_then_garbage_lose_nothing(
+    serve_factory: Callable[..., Serve], raws: Callable[[int], Raw]
+) -> None:
+    """Adversary for the SEND and parser paths (``broker serve --stomp``): a run of plain
+    SENDs (control headers only, receipts) written one byte per write, then garbage: the
+    garbage gets an ERROR and the close; every receipted SEND is delivered, once, in
+    order (the SENDs still unanswered when the garbage is read lose their RECEIPT: the
+    ERROR ends the session, README; they may or may not have been taken, never twice);
+    a second producer is served after it."""
+    server = serve_factory()
+    consumer = raws(server.port)
+    consumer.connect()
+    consumer.send(b"SUBSCRIBE\nid:s\ndestination:/queue/split\nreceipt:sub\n\n\x00")
+    assert consumer.next().command is Command.RECEIPT
+    producer = raws(server.port)
+    producer.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    producer.connect()
+    run = b"".join(
+        b"SEND\ndestination:/queue/split\ncontent-length:3\nreceipt:r%d\n\nm%02d\x00" % (i, i)
+        for i in range(12)
+    )
+    for i in range(len(run)):
+        producer.send(run[i : i + 1])
+    producer.send(b"\x16\x03\x01 not stomp\n\n\x00")
+    frames = []
+    while not frames or frames[-1].command is not Command.ERROR:
+        frames.append(producer.next())
+    receipted = len(frames) - 1
+    assert [f.header("receipt-id") for f in frames[:-1]] == [f"r{i}" for i in range(receipted)]
+    assert producer.closed_by_server()
+    late = raws(server.port)
+    late.connect()
+    late.send(b"SEND\ndestination:/queue/split\nreceipt:late\ncontent-length:4\n\nlate\x00")
+    assert late.next().header("receipt-id") == "late"
+    got = []
+    while not got or got[-1] != b"late":
+        got.append(consumer.next().body)
+    taken = len(got) - 1
+    assert receipted <= taken <= 12
+    assert got == [b"m%02d" % i for i in range(taken)] + [b"late"]
