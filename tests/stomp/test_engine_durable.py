@@ -84,6 +84,23 @@ def lagging_door(store: DurableStore) -> tuple[EngineDoor, Lagging, OutputGate]:
     return door, lagging, gate
 
 
+def durable_pair(
+    log: LogStore,
+) -> tuple[DurableStore, EngineDoor, Lagging, EngineBackend, list[Delivery], Callable[[], None]]:
+    """:func:`lagging_door` on a store of ``log`` with :func:`producer_and_consumer`, and
+    ``serve_durably``: one turn of the server thread with every write made durable."""
+    store = DurableStore(log)
+    door, lagging, gate = lagging_door(store)
+    backend, got = producer_and_consumer(door)
+
+    def serve_durably() -> None:
+        door.run_ops(0.0)
+        lagging.completed = store.appended
+        gate.release()
+
+    return store, door, lagging, backend, got, serve_durably
+
+
 def test_persistent_publish_returns_only_once_durable(tmp_path: Path) -> None:
     with LogStore(tmp_path) as log:
         store = DurableStore(log)
@@ -215,15 +232,7 @@ def test_an_answer_after_an_ack_waits_until_its_removal_is_durable(tmp_path: Pat
     right after it redelivered the acknowledged message (test_serve's kill -9 test, 2 runs
     in 8).  Here the store completes writes only when the test says so."""
     with LogStore(tmp_path) as log:
-        store = DurableStore(log)
-        door, lagging, gate = lagging_door(store)
-        backend, got = producer_and_consumer(door)
-
-        def serve_durably() -> None:  # the server thread, every write made durable
-            door.run_ops(0.0)
-            lagging.completed = store.appended
-            gate.release()
-
+        _, door, _, backend, got, serve_durably = durable_pair(log)
         answers: list[str | None] = []
         backend.publish_async(
             1, PublishSpec(queue("/queue/q"), (("persistent", "true"),), b"k"), answers.append
@@ -254,15 +263,7 @@ def _subscribe_after_an_ack(tmp_path: Path, second: SubscriptionSpec) -> None:
     returns): ``subscribe`` must wait until the ACK's removal is durable.  The store
     completes writes only when the test says so."""
     with LogStore(tmp_path) as log:
-        store = DurableStore(log)
-        door, lagging, gate = lagging_door(store)
-        backend, got = producer_and_consumer(door)
-
-        def serve_durably() -> None:  # the server thread, every write made durable
-            door.run_ops(0.0)
-            lagging.completed = store.appended
-            gate.release()
-
+        store, door, lagging, backend, got, serve_durably = durable_pair(log)
         answers: list[str | None] = []
         for name in ("/queue/other", "/queue/q"):  # (both queues exist before the ACK)
             spec = PublishSpec(queue(name), (("persistent", "true"),), b"k")

@@ -282,14 +282,9 @@ def test_persistent_send_receipted_survives_kill_9(
     assert_nothing_queued(server)
 
 
-def test_acks_before_a_receipted_disconnect_survive_kill_9(
-    serve_factory: Callable[..., Serve], tmp_path: Path, raws: Callable[[int], Raw]
-) -> None:
-    """A consumer ACKs every persistent message, then DISCONNECTs with a receipt; once
-    the RECEIPT is read the broker is killed (-9) at once: after the restart the next
-    subscriber gets none of them (the RECEIPT waited for the ACKs to be applied and
-    durable; before session 12 it could leave first, and a kill in that gap redelivered)."""
-    server = serve_factory("--data", str(tmp_path / "data"))
+def _twenty_orders_taken(server: Serve, raws: Callable[[int], Raw]) -> tuple[Raw, list[Frame]]:
+    """20 persistent messages (receipted) in ``/queue/orders``, then a raw consumer
+    (``ack:client-individual``) that read them all, unacknowledged: it and them."""
     producer = stomp12(server.port)
     for i in range(20):
         producer.send(
@@ -301,6 +296,18 @@ def test_acks_before_a_receipted_disconnect_survive_kill_9(
     consumer.send(b"SUBSCRIBE\nid:s\ndestination:/queue/orders\nack:client-individual\n\n\x00")
     messages = [consumer.next() for _ in range(20)]
     assert [m.body for m in messages] == [f"order-{i}".encode() for i in range(20)]
+    return consumer, messages
+
+
+def test_acks_before_a_receipted_disconnect_survive_kill_9(
+    serve_factory: Callable[..., Serve], tmp_path: Path, raws: Callable[[int], Raw]
+) -> None:
+    """A consumer ACKs every persistent message, then DISCONNECTs with a receipt; once
+    the RECEIPT is read the broker is killed (-9) at once: after the restart the next
+    subscriber gets none of them (the RECEIPT waited for the ACKs to be applied and
+    durable; before session 12 it could leave first, and a kill in that gap redelivered)."""
+    server = serve_factory("--data", str(tmp_path / "data"))
+    consumer, messages = _twenty_orders_taken(server, raws)
     acks = b"".join(b"ACK\nid:%s\n\n\x00" % m.header("ack").encode() for m in messages)
     consumer.send(acks + b"DISCONNECT\nreceipt:bye\n\n\x00")
     receipt = consumer.next()
@@ -331,17 +338,7 @@ def test_a_browser_subscribe_after_acks_sees_none_of_them(
     RECEIPT is read, a new browser after the restart sees the same (the RECEIPT waited for
     the ACKs' removals to be durable: session 12's open edge)."""
     server = serve_factory("--data", str(tmp_path / "data"))
-    producer = stomp12(server.port)
-    for i in range(20):
-        producer.send(
-            "/queue/orders", f"order-{i}", headers={"persistent": "true"}, receipt=f"p{i}"
-        )
-    assert wait_until(lambda: len(recorder(producer).receipts) == 20)
-    consumer = raws(server.port)
-    consumer.connect()
-    consumer.send(b"SUBSCRIBE\nid:s\ndestination:/queue/orders\nack:client-individual\n\n\x00")
-    messages = [consumer.next() for _ in range(20)]
-    assert [m.body for m in messages] == [f"order-{i}".encode() for i in range(20)]
+    consumer, messages = _twenty_orders_taken(server, raws)
     acks = b"".join(b"ACK\nid:%s\n\n\x00" % m.header("ack").encode() for m in messages[::2])
     browse = b"SUBSCRIBE\nid:b\ndestination:/queue/orders\nbrowser:true\nreceipt:r\n\n\x00"
     consumer.send(acks + browse)
