@@ -161,10 +161,17 @@ class PerMessageRules:
         self.selection = 0
         #: header block -> its facts (at most FACTS_KEPT; see :func:`facts`)
         self._facts: dict[tuple[tuple[str, str], ...], Facts] = {}
+        #: The last header block looked up (the object itself, kept alive here) and its
+        #: facts: a message is asked about up to five times in a row, and the messages of
+        #: a STOMP run without user headers share one block (the door's stamp).
+        self._last_headers: object = ()
+        self._last_facts: Facts = _NO_FACTS
 
     def _facts_of(self, message: QueueMessage) -> Facts:
         """:func:`facts` of the message's headers, read once per header block."""
         headers = message.headers
+        if headers is self._last_headers:
+            return self._last_facts
         if not headers:
             return _NO_FACTS
         found = self._facts.get(headers)
@@ -173,6 +180,8 @@ class PerMessageRules:
             if len(self._facts) >= FACTS_KEPT:
                 self._facts.clear()
             self._facts[headers] = found
+        self._last_headers = headers
+        self._last_facts = found
         return found
 
     # -- selectors and credit (the front door says who) ----------------------------------
@@ -292,7 +301,8 @@ class PerMessageRules:
             selects = chosen.get(receiver.id) if chosen is not None else None
             if selects is not None and not selects(message.headers):
                 return False
-        group = self._facts_of(message)[2]
+        known = message.headers is self._last_headers  # (_facts_of without its call)
+        group = (self._last_facts if known else self._facts_of(message))[2]
         if not self._exclusive and not self._groups and group is None:
             return True  # the common case: nothing to decide
         eligible = self._candidates(queue)
@@ -320,7 +330,9 @@ class PerMessageRules:
                 else:  # nothing will be acknowledged: given back at once
                     credit.count += 1
                     credit.size += size
-        group = self._facts_of(delivery.message)[2]
+        message = delivery.message
+        known = message.headers is self._last_headers  # (_facts_of without its call)
+        group = (self._last_facts if known else self._facts_of(message))[2]
         if group is not None and queue.options.request_acknowledge:
             entry = self._groups.setdefault((queue.channel.name, group), [receiver.id, 0])
             entry[0] = receiver.id
@@ -332,7 +344,9 @@ class PerMessageRules:
             self.return_credit(
                 queue.channel.name, delivery.receiver.id, delivery.message.message_id
             )
-        group = self._facts_of(delivery.message)[2]
+        message = delivery.message
+        known = message.headers is self._last_headers  # (_facts_of without its call)
+        group = (self._last_facts if known else self._facts_of(message))[2]
         if group is None:
             return
         key = (queue.channel.name, group)
@@ -344,11 +358,13 @@ class PerMessageRules:
 
     def persistent(self, message: QueueMessage) -> bool:
         """Does the message ask to be saved (``persistent: true``)?"""
-        return self._facts_of(message)[0]
+        known = message.headers is self._last_headers  # (_facts_of without its call)
+        return (self._last_facts if known else self._facts_of(message))[0]
 
     def expired(self, message: QueueMessage) -> bool:
         """Has the message's ``expires`` time come?  (Counted in ``expired_count``.)"""
-        deadline = self._facts_of(message)[1]  # (asked per send: one look-up)
+        known = message.headers is self._last_headers  # (_facts_of without its call)
+        deadline = (self._last_facts if known else self._facts_of(message))[1]
         if deadline is not None and deadline <= self.wall_clock() * 1000:
             self.expired_count += 1
             return True

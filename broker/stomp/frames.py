@@ -37,6 +37,7 @@ import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum, StrEnum
+from typing import NamedTuple
 
 from broker.stomp.errors import EncodeError, FrameError, LimitExceeded
 
@@ -123,8 +124,10 @@ class Limits:
     max_body: int = 100 * MIB
 
 
-@dataclass(frozen=True, slots=True)
-class Frame:
+class Frame(NamedTuple):
+    """One STOMP frame.  (A named tuple, not a frozen dataclass: the parser makes one per
+    frame read, and a frozen dataclass's ``__init__`` costs about twice as much.)"""
+
     command: Command
     headers: Headers = ()
     body: bytes = b""

@@ -208,9 +208,23 @@ def parse_send_control(
 def _parse_send(
     frame: Frame, broker_id: str, connection_id: int, now_ms: int
 ) -> tuple[PublishSpec, dict[str, str]]:
+    first = dict(frame.headers)
+    if len(first) == len(frame.headers) and first.keys() <= _CONTROL_HEADERS:
+        # the usual SEND: control headers only, none twice (nothing to carry, no rule)
+        spec = PublishSpec(
+            parse_destinations(
+                first.get("destination"),
+                broker_id=broker_id,
+                connection_id=connection_id,
+                allow_wildcards=False,
+            ),
+            (),
+            frame.body,
+        )
+        return spec, first
     # one pass over the headers (a SEND is parsed per message): the first value of each
     # name, and the user headers in order; then the checks, in the order they always had
-    first: dict[str, str] = {}
+    first = {}
     headers: list[tuple[str, str]] = []
     for name, value in frame.headers:
         if name in first:

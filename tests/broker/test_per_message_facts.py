@@ -82,3 +82,27 @@ def test_the_facts_kept_are_bounded_and_a_message_past_them_is_read_again() -> N
     assert len(handler.rules._facts) <= FACTS_KEPT
     assert _delivered(out, consumer)[-1] == b"g"
     assert handler.rules.group_owner("q", "a") == consumer
+
+
+def test_the_last_block_remembered_never_answers_for_another_message() -> None:
+    """``_facts_of`` answers a message whose header block is the one asked last without
+    a look-up: messages alternating between blocks (shared objects, equal copies, none)
+    through a real engine still get their own rules: the expired one is dropped, each
+    group held by the consumer until its messages are acknowledged."""
+    engine, producer, consumer = _engine()
+    handler = engine.handlers[PER_MESSAGE]
+    assert isinstance(handler, PerMessageDeliveryHandler)
+    old = (("expires", "1"),)  # 1970: expired
+    grouped = (("message_group", "a"),)
+    blocks = [old, grouped, (), (("message_group", "a"),), old, grouped, (("x", "1"),)]
+    messages = [
+        Message(f"m{i}", producer, "q", 0, headers=h, payload=b"%d" % i)
+        for i, h in enumerate(blocks)
+    ]
+    out = engine.publish_many(producer, messages, 0.0)[0]
+    assert _delivered(out, consumer) == [b"1", b"2", b"3", b"5", b"6"]
+    assert handler.rules.expired_count == 2
+    assert handler.rules.group_owner("q", "a") == consumer
+    for m in messages[1:4:2] + messages[5:6]:  # the group's three deliveries settled
+        engine.acknowledge(consumer, "q", 0, m.message_id, 0.0)
+    assert handler.rules.group_owner("q", "a") is None

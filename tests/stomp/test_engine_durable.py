@@ -84,6 +84,23 @@ def lagging_door(store: DurableStore) -> tuple[EngineDoor, Lagging, OutputGate]:
     return door, lagging, gate
 
 
+def durable_pair(
+    log: LogStore,
+) -> tuple[DurableStore, EngineDoor, Lagging, EngineBackend, list[Delivery], Callable[[], None]]:
+    """:func:`lagging_door` on a store of ``log`` with :func:`producer_and_consumer`, and
+    ``serve_durably``: one turn of the server thread with every write made durable."""
+    store = DurableStore(log)
+    door, lagging, gate = lagging_door(store)
+    backend, got = producer_and_consumer(door)
+
+    def serve_durably() -> None:
+        door.run_ops(0.0)
+        lagging.completed = store.appended
+        gate.release()
+
+    return store, door, lagging, backend, got, serve_durably
+
+
 def test_persistent_publish_returns_only_once_durable(tmp_path: Path) -> None:
     with LogStore(tmp_path) as log:
         store = DurableStore(log)
@@ -215,15 +232,7 @@ def test_an_answer_after_an_ack_waits_until_its_removal_is_durable(tmp_path: Pat
     right after it redelivered the acknowledged message (test_serve's kill -9 test, 2 runs
     in 8).  Here the store completes writes only when the test says so."""
     with LogStore(tmp_path) as log:
-        store = DurableStore(log)
-        door, lagging, gate = lagging_door(store)
-        backend, got = producer_and_consumer(door)
-
-        def serve_durably() -> None:  # the server thread, every write made durable
-            door.run_ops(0.0)
-            lagging.completed = store.appended
-            gate.release()
-
+        _, door, _, backend, got, serve_durably = durable_pair(log)
         answers: list[str | None] = []
         backend.publish_async(
             1, PublishSpec(queue("/queue/q"), (("persistent", "true"),), b"k"), answers.append
@@ -246,3 +255,65 @@ def test_an_answer_after_an_ack_waits_until_its_removal_is_durable(tmp_path: Pat
         assert [m for key in reopened.queues() for m in reopened.iterate(key)] == []
     finally:
         reopened.close()
+
+
+def _subscribe_after_an_ack(tmp_path: Path, second: SubscriptionSpec) -> None:
+    """Connection 2 takes a persistent message of ``/queue/q`` (client-individual), ACKs
+    it, then subscribes ``second`` (whose RECEIPT the session writes once ``subscribe``
+    returns): ``subscribe`` must wait until the ACK's removal is durable.  The store
+    completes writes only when the test says so."""
+    with LogStore(tmp_path) as log:
+        store, door, lagging, backend, got, serve_durably = durable_pair(log)
+        answers: list[str | None] = []
+        for name in ("/queue/other", "/queue/q"):  # (both queues exist before the ACK)
+            spec = PublishSpec(queue(name), (("persistent", "true"),), b"k")
+            backend.publish_async(1, spec, answers.append)
+        first = SubscriptionSpec("s", queue("/queue/q"), ack=AckMode.CLIENT_INDIVIDUAL)
+        subscribing = threading.Thread(target=backend.subscribe, args=(2, first))
+        subscribing.start()
+        assert wait_until(lambda: serve_durably() or (not subscribing.is_alive() and got != []))
+        assert answers == [None, None] and [d.body for d in got] == [b"k"]
+        durable = lagging.completed  # everything so far
+        backend.ack(2, [got[0].tag])
+        returned = threading.Event()
+
+        def subscribe_second() -> None:
+            backend.subscribe(2, second)
+            returned.set()
+
+        subscribing = threading.Thread(target=subscribe_second)
+        subscribing.start()
+        # the server thread runs the ACK, then the SUBSCRIBE, the store completing nothing:
+        # the SUBSCRIBE's answer asks for the removal (a write past ``durable``) or, wrong,
+        # it is given at once and ``subscribe`` returns
+        assert wait_until(
+            lambda: door.run_ops(0.0) == [] and (store.appended > durable or returned.is_set())
+        )
+        assert not returned.is_set()  # the RECEIPT waits for the ACK's removal
+        assert wait_until(lambda: serve_durably() or returned.is_set())
+        subscribing.join(WAIT)
+        door.close()
+    reopened = DurableStore(LogStore(tmp_path))
+    try:  # the acknowledged message is gone for good
+        kept = [m for key in reopened.queues() for m in reopened.iterate(key)]
+        assert [m for m in kept if m.message.target == "q"] == []
+    finally:
+        reopened.close()
+
+
+def test_a_browser_subscribe_after_an_ack_answers_once_its_removal_is_durable(
+    tmp_path: Path,
+) -> None:
+    """Regression (session 12's open edge): a browser SUBSCRIBE's RECEIPT is written when
+    ``subscribe`` returns, i.e. once the engine ran it -- after the ACKs before it -- but
+    its answer did not wait for their removals to be durable (only ``op_applied`` asked
+    the store for that): a kill -9 right after the RECEIPT could bring an acknowledged
+    message back."""
+    _subscribe_after_an_ack(tmp_path, SubscriptionSpec("b", queue("/queue/q"), browser=True))
+
+
+def test_a_plain_subscribe_after_an_ack_answers_once_its_removal_is_durable(
+    tmp_path: Path,
+) -> None:
+    """The same for an ordinary SUBSCRIBE (of another existing queue)."""
+    _subscribe_after_an_ack(tmp_path, SubscriptionSpec("o", queue("/queue/other")))

@@ -190,7 +190,14 @@ def _carried(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
 @given(
     headers=st.lists(
         st.tuples(
-            st.sampled_from(["a", "b", "ttl", "expires", "receipt", "persistent", "reply-to"]),
+            st.sampled_from(
+                # (control headers alone, once each: parse_send's shortcut; "destination"
+                # again: a second one, which must not win)
+                [
+                    *("a", "b", "ttl", "expires", "receipt", "persistent", "reply-to"),
+                    *("destination", "transaction", "content-length"),
+                ]
+            ),
             st.sampled_from(["1", "x", "true", "/queue/r", "/temp-queue/r"]),
         ),
         max_size=6,

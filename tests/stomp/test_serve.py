@@ -282,14 +282,9 @@ def test_persistent_send_receipted_survives_kill_9(
     assert_nothing_queued(server)
 
 
-def test_acks_before_a_receipted_disconnect_survive_kill_9(
-    serve_factory: Callable[..., Serve], tmp_path: Path, raws: Callable[[int], Raw]
-) -> None:
-    """A consumer ACKs every persistent message, then DISCONNECTs with a receipt; once
-    the RECEIPT is read the broker is killed (-9) at once: after the restart the next
-    subscriber gets none of them (the RECEIPT waited for the ACKs to be applied and
-    durable; before session 12 it could leave first, and a kill in that gap redelivered)."""
-    server = serve_factory("--data", str(tmp_path / "data"))
+def _twenty_orders_taken(server: Serve, raws: Callable[[int], Raw]) -> tuple[Raw, list[Frame]]:
+    """20 persistent messages (receipted) in ``/queue/orders``, then a raw consumer
+    (``ack:client-individual``) that read them all, unacknowledged: it and them."""
     producer = stomp12(server.port)
     for i in range(20):
         producer.send(
@@ -301,6 +296,18 @@ def test_acks_before_a_receipted_disconnect_survive_kill_9(
     consumer.send(b"SUBSCRIBE\nid:s\ndestination:/queue/orders\nack:client-individual\n\n\x00")
     messages = [consumer.next() for _ in range(20)]
     assert [m.body for m in messages] == [f"order-{i}".encode() for i in range(20)]
+    return consumer, messages
+
+
+def test_acks_before_a_receipted_disconnect_survive_kill_9(
+    serve_factory: Callable[..., Serve], tmp_path: Path, raws: Callable[[int], Raw]
+) -> None:
+    """A consumer ACKs every persistent message, then DISCONNECTs with a receipt; once
+    the RECEIPT is read the broker is killed (-9) at once: after the restart the next
+    subscriber gets none of them (the RECEIPT waited for the ACKs to be applied and
+    durable; before session 12 it could leave first, and a kill in that gap redelivered)."""
+    server = serve_factory("--data", str(tmp_path / "data"))
+    consumer, messages = _twenty_orders_taken(server, raws)
     acks = b"".join(b"ACK\nid:%s\n\n\x00" % m.header("ack").encode() for m in messages)
     consumer.send(acks + b"DISCONNECT\nreceipt:bye\n\n\x00")
     receipt = consumer.next()
@@ -308,6 +315,45 @@ def test_acks_before_a_receipted_disconnect_survive_kill_9(
     server.kill9()
     server.restart()
     assert_nothing_queued(server)
+
+
+def _browse_bodies(raw: Raw) -> list[bytes]:
+    """The MESSAGE bodies ``raw`` reads up to its browser's ``browser:end``."""
+    bodies_seen: list[bytes] = []
+    while True:
+        frame = raw.next()
+        assert frame.command is Command.MESSAGE, frame
+        if frame.header("browser") == "end":
+            return bodies_seen
+        bodies_seen.append(frame.body)
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["browsed", "killed"])
+def test_a_browser_subscribe_after_acks_sees_none_of_them(
+    serve_factory: Callable[..., Serve], tmp_path: Path, raws: Callable[[int], Raw], kill: bool
+) -> None:
+    """Raw frames, one write: ACKs of the even messages, then a browser SUBSCRIBE with a
+    receipt on the same connection.  The browser sees only the odd ones (the ACKs were
+    applied before it read the queue); ``killed``: the broker killed (-9) as soon as the
+    RECEIPT is read, a new browser after the restart sees the same (the RECEIPT waited for
+    the ACKs' removals to be durable: session 12's open edge)."""
+    server = serve_factory("--data", str(tmp_path / "data"))
+    consumer, messages = _twenty_orders_taken(server, raws)
+    acks = b"".join(b"ACK\nid:%s\n\n\x00" % m.header("ack").encode() for m in messages[::2])
+    browse = b"SUBSCRIBE\nid:b\ndestination:/queue/orders\nbrowser:true\nreceipt:r\n\n\x00"
+    consumer.send(acks + browse)
+    receipt = consumer.next()
+    assert receipt.command is Command.RECEIPT and receipt.header("receipt-id") == "r"
+    odd = [f"order-{i}".encode() for i in range(1, 20, 2)]
+    if not kill:
+        assert _browse_bodies(consumer) == odd
+        return
+    server.kill9()
+    server.restart()
+    browser = raws(server.port)
+    browser.connect()
+    browser.send(b"SUBSCRIBE\nid:b\ndestination:/queue/orders\nbrowser:true\n\n\x00")
+    assert _browse_bodies(browser) == odd
 
 
 # -- expiration ------------------------------------------------------------------------
@@ -875,3 +921,45 @@ def test_browse_options_the_engine_cannot_serve_are_errors(
     raw.send(f"SUBSCRIBE\nid:1\ndestination:/queue/browsed2\n{extra}receipt:r\n\n\x00".encode())
     error = raw.next()
     assert error.command is Command.ERROR and match in str(error.header("message")), error
+
+
+def test_sends_split_at_every_byte_then_garbage_lose_nothing(
+    serve_factory: Callable[..., Serve], raws: Callable[[int], Raw]
+) -> None:
+    """Adversary for the SEND and parser paths (``broker serve --stomp``): a run of plain
+    SENDs (control headers only, receipts) written one byte per write, then garbage: the
+    garbage gets an ERROR and the close; every receipted SEND is delivered, once, in
+    order (the SENDs still unanswered when the garbage is read lose their RECEIPT: the
+    ERROR ends the session, README; they may or may not have been taken, never twice);
+    a second producer is served after it."""
+    server = serve_factory()
+    consumer = raws(server.port)
+    consumer.connect()
+    consumer.send(b"SUBSCRIBE\nid:s\ndestination:/queue/split\nreceipt:sub\n\n\x00")
+    assert consumer.next().command is Command.RECEIPT
+    producer = raws(server.port)
+    producer.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    producer.connect()
+    run = b"".join(
+        b"SEND\ndestination:/queue/split\ncontent-length:3\nreceipt:r%d\n\nm%02d\x00" % (i, i)
+        for i in range(12)
+    )
+    for i in range(len(run)):
+        producer.send(run[i : i + 1])
+    producer.send(b"\x16\x03\x01 not stomp\n\n\x00")
+    frames = []
+    while not frames or frames[-1].command is not Command.ERROR:
+        frames.append(producer.next())
+    receipted = len(frames) - 1
+    assert [f.header("receipt-id") for f in frames[:-1]] == [f"r{i}" for i in range(receipted)]
+    assert producer.closed_by_server()
+    late = raws(server.port)
+    late.connect()
+    late.send(b"SEND\ndestination:/queue/split\nreceipt:late\ncontent-length:4\n\nlate\x00")
+    assert late.next().header("receipt-id") == "late"
+    got = []
+    while not got or got[-1] != b"late":
+        got.append(consumer.next().body)
+    taken = len(got) - 1
+    assert receipted <= taken <= 12
+    assert got == [b"m%02d" % i for i in range(taken)] + [b"late"]
