@@ -1420,7 +1420,21 @@ def _read_head(f: BinaryIO, path: Any, root: Path) -> tuple[dict[str, Any], int,
     node_count = header.get("nodes", 0) if version >= 2 else 0
     if type(node_count) is not int or node_count < 0:
         raise IndexFormatError(f"{path}: corrupt header")
-    return header, version, [f.readline() for _ in range(node_count)]
+    return header, version, _node_lines(f, node_count, path)
+
+
+def _node_lines(f: BinaryIO, count: int, path: Any) -> list[bytes]:
+    """The ``count`` node lines the header announces, read up to the end of the file at
+    most: a damaged count (the header is outside the CRC-32) is refused at the end of
+    the file, never turned into ``count`` empty reads and a list of that length (a
+    count of 10**9 was minutes of reads and ~8 GiB before any check)."""
+    lines: list[bytes] = []
+    while len(lines) < count:
+        line = f.readline()
+        if not line:
+            raise IndexFormatError(f"{path}: corrupt index (fewer node lines than it says)")
+        lines.append(line)
+    return lines
 
 
 def _load_rows(index: FileIndex, body: bytes, path: Any, version: int) -> None:
