@@ -393,12 +393,12 @@ def _check_rows(rows: Any, path: str | os.PathLike[str], width: int = 6) -> None
     raise IndexFormatError(f"{path}: malformed entries")  # not reached
 
 
-# What no name a refresh indexes can hold, in names joined and framed by NUL (which no
-# file name holds): an empty name or component, '.' or '..', a leading or trailing '/'
-_NOT_FROM_A_WALK = (
-    *("\0\0", "//", "\0/", "/\0"),
-    *("/./", "/../", "\0./", "\0../", "/.\0", "/..\0", "\0.\0", "\0..\0"),
-)
+# What no name a refresh indexes can hold, once every '/' of the names joined by NUL is
+# a NUL too (each component then framed by NULs, but the first and the last): an empty
+# name or component, '.' or '..' ('/./', '\0./', '/.\0' ...: one search each, not twelve)
+_NOT_FROM_A_WALK = ("\0\0", "\0.\0", "\0..\0")
+_BAD_FIRST = ("\0", ".\0", "..\0")
+_BAD_LAST = ("\0", "\0.", "\0..")
 
 
 def _check_names(names: list[Any], path: str | os.PathLike[str]) -> None:
@@ -416,11 +416,18 @@ def _check_names(names: list[Any], path: str | os.PathLike[str]) -> None:
 def _check_joined(joined: str, count: int, path: str | os.PathLike[str]) -> None:
     """``_check_names`` of ``count`` names given joined by NUL (version 3 stores them so:
     no list to walk, no join to make)."""
-    text = "\0" + joined + "\0"
-    bad = text.count("\0") != count + 1 or any(b in text for b in _NOT_FROM_A_WALK)
-    if not bad and not text.isascii():
+    parts = joined.replace("/", "\0")
+    bad = (
+        joined.count("\0") != count - 1
+        or parts in ("", ".", "..")
+        or parts.startswith(_BAD_FIRST)
+        or parts.endswith(_BAD_LAST)
+        or any(b in parts for b in _NOT_FROM_A_WALK)
+    )
+    del parts
+    if not bad and not joined.isascii():
         try:
-            text.encode("utf-8")
+            joined.encode("utf-8")
         except UnicodeEncodeError:
             bad = True
     if bad:

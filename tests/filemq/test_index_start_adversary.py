@@ -11,8 +11,10 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from filemq.index import FileIndex, IndexFormatError, SavedIndex
+from filemq.index import FileIndex, IndexFormatError, SavedIndex, _check_joined
 from filemq.state import load_index
 
 from .conftest import write_tree
@@ -131,3 +133,25 @@ def test_a_folder_swapped_for_a_link_between_the_load_and_the_check(tmp_path: Pa
     assert not delta.changed and index.hashed_files == 0
     node = index.node("d1")
     assert node is not None and node.kind == "symlink"
+
+
+def _walk_could_index(names: list[str]) -> bool:
+    """The oracle, name by name: no empty name or component, none '.' or '..', no NUL."""
+    return all(
+        name and "\0" not in name and all(c not in ("", ".", "..") for c in name.split("/"))
+        for name in names
+    )
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(st.text(alphabet="a./\0", max_size=7), min_size=1, max_size=6))
+def test_the_joined_names_check_refuses_exactly_what_no_walk_indexes(names: list[str]) -> None:
+    """The check a load makes of every saved name at once (searches in the names joined
+    by NUL) against the rule written name by name."""
+    joined = "\0".join(names)
+    try:
+        _check_joined(joined, len(names), "idx")
+        refused = False
+    except IndexFormatError:
+        refused = True
+    assert refused is not _walk_could_index(names), names
