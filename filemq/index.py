@@ -97,7 +97,7 @@ from collections.abc import Callable, ItemsView, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import compress, repeat
 from json.encoder import encode_basestring as _json_string
-from operator import attrgetter, itemgetter, methodcaller
+from operator import attrgetter, itemgetter, lt, methodcaller
 from pathlib import Path
 from stat import S_IMODE, S_ISDIR, S_ISLNK, S_ISREG
 from struct import iter_unpack
@@ -1349,6 +1349,8 @@ class FileIndex:
 _COLUMNS = (("q", 8), ("q", 8), ("Q", 8), ("i", 4))  # size, mtime_ns, inode, mode
 _ROW_OCTETS = 8 + 8 + 8 + 4 + 20  # the columns and the SHA-1 of one entry
 _SWAP = sys.byteorder != "little"
+#: The octet of a native int64 that holds its sign bit (tested for every size at once).
+_SIGN_OCTET = 0 if _SWAP else 7
 
 
 def _column(typecode: str, values: Iterator[int] | list[int]) -> bytes:
@@ -1512,11 +1514,13 @@ def _read_entries(
         _check_joined(joined, count, path)
     del joined
     # found by bisection: the names must be in order, each once (a tampered file may not be)
-    if not all(map(str.__lt__, names, itertools.islice(names, 1, None))):
+    # (operator.lt: a direct comparison, half the CPU of calling the slot str.__lt__)
+    if not all(map(lt, names, itertools.islice(names, 1, None))):
         raise IndexFormatError(f"{path}: names out of order")
     columns = [_read_column(f, typecode, count) for typecode, _width in _COLUMNS]
     sizes, modes = columns[0], columns[3]
-    if count and (min(sizes) < 0 or min(modes) < -1 or max(modes) > _PERMS):
+    negative = not sizes.tobytes()[_SIGN_OCTET::8].isascii()  # (a sign bit set: < 0)
+    if count and (negative or min(modes) < -1 or max(modes) > _PERMS):
         raise IndexFormatError(f"{path}: malformed entries")
     return _Entries.packed(names, columns, f.read(20 * count))
 
