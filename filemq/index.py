@@ -97,7 +97,7 @@ from collections.abc import Callable, ItemsView, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import compress, repeat
 from json.encoder import encode_basestring as _json_string
-from operator import attrgetter, itemgetter, lt, methodcaller
+from operator import add, attrgetter, itemgetter, lt, methodcaller
 from pathlib import Path
 from stat import S_IMODE, S_ISDIR, S_ISLNK, S_ISREG
 from struct import iter_unpack
@@ -199,6 +199,10 @@ class IndexDelta:
 
 _NAME = attrgetter("name")
 _LSTAT = methodcaller("stat", follow_symlinks=False)
+#: ``DirEntry.stat()`` of an entry that is not a link: its ``lstat`` (the same object,
+#: kept by the entry), for a link what it leads to (never asked for one: ``_IS_LINK``).
+_DIR_ENTRY_STAT = os.DirEntry.stat
+_IS_LINK = methodcaller("is_symlink")
 _SIZE = attrgetter("st_size")
 _MTIME = attrgetter("st_mtime_ns")
 _INODE = attrgetter("st_ino")
@@ -242,8 +246,11 @@ def _unchanged_files(
     leaves = list(map(_NAME, first))
     if not first or not "".join(leaves).isascii():
         return [], first
-    try:
-        stats = list(map(_LSTAT, first))  # (kept by each DirEntry for the caller's test)
+    try:  # (each lstat kept by its DirEntry for the caller's test)
+        if any(map(_IS_LINK, first)):
+            stats = list(map(_LSTAT, first))
+        else:  # no link: stat() is the lstat, called without a keyword (~0.3 us less)
+            stats = list(map(_DIR_ENTRY_STAT, first))
     except OSError:
         return [], first
     regular = list(map(S_ISREG, map(_MODE, stats)))
@@ -254,7 +261,7 @@ def _unchanged_files(
         others = list(itertools.filterfalse(_is_regular, first))
         if not leaves:
             return [], first
-    names = list(map(base.__add__, leaves))
+    names = list(map(add, repeat(base), leaves))  # (not base.__add__: a slot wrapper)
     if any(any(map(test, names)) for test in leave_out) or not retry.isdisjoint(names):
         return [], first
     held = entries.same_rows(names, stats)

@@ -155,3 +155,24 @@ def test_the_joined_names_check_refuses_exactly_what_no_walk_indexes(names: list
     except IndexFormatError:
         refused = True
     assert refused is not _walk_could_index(names), names
+
+
+def test_a_file_moved_outside_and_replaced_by_a_link_to_it_is_no_longer_a_file(
+    tmp_path: Path,
+) -> None:
+    """The file renamed out of the root (same inode, size, mtime, mode) and a link to it
+    left in its place: what the link leads to has exactly the indexed values, so only
+    an ``lstat`` tells the change.  The folder's quick check must see a link, not the
+    indexed file (the name leaves the files; a tree index lists it as a link)."""
+    root, saved = _saved(tmp_path)
+    (tmp_path / "outside").mkdir()
+    moved = tmp_path / "outside" / "f2.txt"
+    os.rename(root / "d2" / "f2.txt", moved)
+    os.symlink(moved, root / "d2" / "f2.txt")
+    index = load_index(saved, root, tree=True)
+    assert index.loaded
+    delta = index.refresh()
+    assert index.get("d2/f2.txt") is None and delta.removed == ("d2/f2.txt",)
+    node = index.node("d2/f2.txt")
+    assert node is not None and node.kind == "symlink"
+    assert len(index) == 11 and index.hashed_files == 0
