@@ -1444,12 +1444,9 @@ def _node_lines(f: BinaryIO, count: int, path: Any) -> list[bytes]:
     most: a damaged count (the header is outside the CRC-32) is refused at the end of
     the file, never turned into ``count`` empty reads and a list of that length (a
     count of 10**9 was minutes of reads and ~8 GiB before any check)."""
-    lines: list[bytes] = []
-    while len(lines) < count:
-        line = f.readline()
-        if not line:
-            raise IndexFormatError(f"{path}: corrupt index (fewer node lines than it says)")
-        lines.append(line)
+    lines = list(itertools.islice(f, count))  # (a C-level loop; ends at the end of the file)
+    if len(lines) < count:
+        raise IndexFormatError(f"{path}: corrupt index (fewer node lines than it says)")
     return lines
 
 
