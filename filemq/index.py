@@ -68,13 +68,15 @@ live (server state dir, mirror cache) is ``filemq.state``'s business.
 
 Speed (every ``filemq sync`` loads and refreshes its DEST's index; 10,000
 files on this machine): ``load`` ~6 ms (one JSON parse, columns checked with
-C-level passes; 100,000 files: ~0.09 s CPU and ~14 MiB, was ~0.2 s and ~55 MiB
+C-level passes; 100,000 files: ~0.06 s CPU and ~14 MiB, was ~0.2 s and ~55 MiB
 as entries), ``refresh`` ~20 ms of which ~12 ms are the ``lstat`` calls (made
 relative to an open folder descriptor), both with the cyclic GC paused.  A
 refresh of a loaded index tests a folder at a time against the run of rows it
 must be (``_unchanged_files``: sorted entries, C-level ``lstat`` and comparisons;
 100,000 unchanged files: 0.75 Python calls a file, was 8.6); every name is still
-``lstat``-ed (a folder's mtime does not move when a file in it is rewritten).
+``lstat``-ed (a folder's mtime does not move when a file in it is rewritten).  What
+the key cannot see: a rewrite in place whose size and mtime_ns are put back (the
+ctime is not kept), as rsync's quick check.
 Making every entry (``entries()``, iterating) costs ~1.5 us a file that a dict of
 entries did not.
 """
