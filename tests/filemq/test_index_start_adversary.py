@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from filemq.index import FileIndex, IndexFormatError, SavedIndex, _check_joined
 from filemq.state import load_index
 
-from .conftest import write_tree
+from .conftest import renamed_over, write_tree
 
 #: Peak of Python allocations allowed while a damaged saved index is refused (octets):
 #: far above what reading a small file's header takes, far below one list of the
@@ -78,18 +78,9 @@ def _same_second(path: Path) -> None:
     os.utime(path, ns=(st.st_atime_ns, moved))
 
 
-def _renamed_over(path: Path) -> None:
-    """A new file (new inode) with the same size and mtime_ns renamed over the old one."""
-    st = path.stat()
-    fresh = path.with_name(path.name + ".new")
-    fresh.write_bytes(path.read_bytes().upper())
-    os.utime(fresh, ns=(st.st_atime_ns, st.st_mtime_ns))
-    fresh.rename(path)
-
-
 @pytest.mark.parametrize(
     ("change", "caught"),
-    [(_same_second, True), (_renamed_over, True), (_in_place_restored, False)],
+    [(_same_second, True), (renamed_over, True), (_in_place_restored, False)],
     ids=["mtime same second", "renamed over", "in place, size and mtime_ns restored"],
 )
 def test_a_change_made_while_the_server_was_down_with_size_and_mtime_put_back(
