@@ -13,7 +13,7 @@ import pytest
 from filemq.filters import Filters
 from filemq.index import FileIndex
 
-from .conftest import write_tree
+from .conftest import renamed_over, write_tree
 
 
 def _tree() -> dict[str, bytes]:
@@ -21,15 +21,6 @@ def _tree() -> dict[str, bytes]:
     tree.update({f"d1/m{i}/g{i}.txt": b"nested %d" % i for i in range(3)})  # (between d1's)
     tree.update({"ünï/f.txt": b"not ascii", "top.txt": b"top", "d2/.filemq-part-x": b"t"})
     return tree
-
-
-def _replace(path: Path) -> None:
-    """A new file (new inode) with the same size and mtime: renamed over the old one."""
-    st = path.stat()
-    fresh = path.with_name(path.name + ".new")
-    fresh.write_bytes(path.read_bytes().upper())
-    os.utime(fresh, ns=(st.st_atime_ns, st.st_mtime_ns))
-    fresh.rename(path)
 
 
 def _to_folder(path: Path) -> None:
@@ -47,7 +38,7 @@ CHANGES: dict[str, Callable[[Path, int], object]] = {
     "size": lambda r, k: _f(r, 3 + 30 * k).write_bytes(b"longer than it was"),
     "mtime": lambda r, k: os.utime(_f(r, 4 + 30 * k), ns=(10**9, 10**9)),
     "mode": lambda r, k: os.chmod(_f(r, 5 + 30 * k), 0o600),
-    "replaced by rename": lambda r, k: _replace(_f(r, 6 + 30 * k)),
+    "replaced by rename": lambda r, k: renamed_over(_f(r, 6 + 30 * k)),
     "deleted": lambda r, k: _f(r, 7 + 30 * k).unlink(),
     "added": lambda r, k: (r / f"d2/new{k}.txt").write_bytes(b"new"),
     "file to folder": lambda r, k: _to_folder(_f(r, 9 + 30 * k)),
