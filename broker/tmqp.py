@@ -328,6 +328,36 @@ class _FrameLazy(Frame):
             return self.__reduce__()
 
 
+class _FrameWaking(_FrameSlots):
+    """A Frame ``decode_run`` made while one thread decodes it (its fields stored
+    plainly): a field not stored yet reaches the hook, which waits for the decode
+    (``zproto.runs``)."""
+
+    __slots__ = ()
+
+    if not TYPE_CHECKING:  # (as the lazy class)
+
+        def __getattr__(self, name: str) -> Any:
+            """A field of a frame ``decode_run`` made: decoded when first read."""
+            return _lazy_frame(self, name)
+
+        def __eq__(self, other: object) -> bool:
+            _wake_frame(self)
+            return self == other
+
+        def __hash__(self) -> int:
+            _wake_frame(self)
+            return hash(self)
+
+        def __repr__(self) -> str:
+            _wake_frame(self)
+            return repr(self)
+
+        def __reduce__(self) -> tuple[Any, ...]:
+            _wake_frame(self)
+            return self.__reduce__()
+
+
 _SPEC_FRAME: Any = (
     ("first_acquirer", "bit", 1, None),
     ("high_priority", "bit", 1, None),
@@ -1070,6 +1100,7 @@ _LAZY_FRAME_NAMES = (
 )
 _LAZY_FRAME = frozenset(_LAZY_FRAME_NAMES)
 _set_slot = object.__setattr__
+_WAKE_LOCK = _rt.WAKE_LOCK
 
 
 def _lazy_frame(m: Any, name: str) -> Any:
@@ -1083,41 +1114,45 @@ def _lazy_frame(m: Any, name: str) -> Any:
 
 def _wake_frame(m: Any) -> None:
     """The waiting fields of ``m`` decoded where it lies in its run's buffer (checked
-    by ``decode_run``); it becomes a plain Frame."""
-    (buf, p) = m._encoded
-    (
-        bits_flags,
-        bits_options,
-        f_id_length,
-        f_source_length,
-        f_target_length,
-        f_content_type,
-        _,
-    ) = _LE_BBBBBHB.unpack_from(buf, p)
-    e_message_id = p + 8 + f_id_length
-    e_source = e_message_id + f_source_length
-    e_target = e_source + f_target_length
-    _set_slot(m, "__class__", _FrameSlots)  # (plain stores: the frozen class refuses)
-    key = bits_flags << 8 | bits_options
-    try:
-        bits = _BASES_FRAME[key]
-    except KeyError:
-        bits = _base_frame(key)
-    (
-        m.first_acquirer,
-        m.high_priority,
-        m.message_type,
-        m.pending_response,
-        m.pending_ack,
-        m.ttl,
-    ) = bits
-    m.content_type = f_content_type
-    m.message_id = buf[p + 8 : e_message_id].decode()
-    m.source = buf[e_message_id:e_source].decode()
-    m.target = buf[e_source:e_target].decode()
-    m.headers = ()
-    m._encoded = None
-    m.__class__ = Frame
+    by ``decode_run``); it becomes a plain Frame.  One thread at a time."""
+    with _WAKE_LOCK:
+        encoded = m._encoded
+        if encoded is None:  # (decoded by another thread while this one waited)
+            return
+        (buf, p) = encoded
+        (
+            bits_flags,
+            bits_options,
+            f_id_length,
+            f_source_length,
+            f_target_length,
+            f_content_type,
+            _,
+        ) = _LE_BBBBBHB.unpack_from(buf, p)
+        e_message_id = p + 8 + f_id_length
+        e_source = e_message_id + f_source_length
+        e_target = e_source + f_target_length
+        _set_slot(m, "__class__", _FrameWaking)  # (plain stores: the frozen class refuses)
+        key = bits_flags << 8 | bits_options
+        try:
+            bits = _BASES_FRAME[key]
+        except KeyError:
+            bits = _base_frame(key)
+        (
+            m.first_acquirer,
+            m.high_priority,
+            m.message_type,
+            m.pending_response,
+            m.pending_ack,
+            m.ttl,
+        ) = bits
+        m.content_type = f_content_type
+        m.message_id = buf[p + 8 : e_message_id].decode()
+        m.source = buf[e_message_id:e_source].decode()
+        m.target = buf[e_source:e_target].decode()
+        m.headers = ()
+        m._encoded = None
+        m.__class__ = Frame
 
 
 def waiting_fields(m: Frame) -> bool:

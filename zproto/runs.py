@@ -16,7 +16,11 @@ refers to no other frame (no reference cycle: a run dropped unread is freed at o
 reference counting, not by the cyclic collector).  It then becomes a plain message:
 the message class itself has no ``__getattr__`` (CPython would route every attribute
 read of every message through it, and 3.11 would not specialize them to slot reads:
-about 4 times slower).  The lazy class decodes
+about 4 times slower).  Threads may share a frame: it is decoded under
+``runtime.WAKE_LOCK``, its fields stored under the waking class (``_FrameWaking``:
+the twin's slots, plain stores, and the same ``__getattr__``), so another thread that
+reads a field not stored yet reaches the hook and waits for the decode, and one that
+finds the frame decoded meanwhile reads it as it is.  The lazy class decodes
 first what reads the fields as a whole (equality, hash, repr, pickle and copy), so they
 give what a decoded message gives.  What a caller never reads is never decoded; a frame
 not read yet keeps its run's buffer alive (the run's octets, as long as the frame is
@@ -33,7 +37,7 @@ from zproto.model import Field, Message, to_const_name
 from zproto.pysource import LINE_LENGTH, Source, StructNames, group_checks
 from zproto.shape import Plan
 
-__all__ = ["ENCODED", "RunWriter", "lazy_name", "lazy_strings"]
+__all__ = ["ENCODED", "RunWriter", "lazy_name", "lazy_strings", "waking_name"]
 
 #: The twin slot holding a lazily made frame's octets up to its last string field.
 ENCODED = "_encoded"
@@ -48,6 +52,11 @@ def lazy_strings(plan: Plan | None) -> list[Field]:
 def lazy_name(msg: Message) -> str:
     """The lazy class of a message (``_FrameLazy`` for ``Frame``)."""
     return f"_{msg.class_name}Lazy"
+
+
+def waking_name(msg: Message) -> str:
+    """The class of a lazy frame while one thread decodes it (``_FrameWaking``)."""
+    return f"_{msg.class_name}Waking"
 
 
 class RunWriter:
@@ -76,6 +85,32 @@ class RunWriter:
         src(f"def __new__(cls, *args: Any, **kwargs: Any) -> {cname}:")
         src(f'    """A plain {cname} (``dataclasses.replace`` of a lazy frame)."""')
         src(f"    return {cname}(*args, **kwargs)")
+        RunWriter._hooks(src, msg)
+        src.dedent()
+        src.dedent()
+        src()
+        src()
+        waking = waking_name(msg)
+        src(f"class {waking}({twin_name(msg)}):")
+        src.indent()
+        src(f'"""A {cname} ``decode_run`` made while one thread decodes it (its fields stored')
+        src("plainly): a field not stored yet reaches the hook, which waits for the decode")
+        src('(``zproto.runs``)."""')
+        src()
+        src("__slots__ = ()")
+        src()
+        src("if not TYPE_CHECKING:  # (as the lazy class)")
+        src.indent()
+        RunWriter._hooks(src, msg)
+        src.dedent()
+        src.dedent()
+        src()
+        src()
+
+    @staticmethod
+    def _hooks(src: Source, msg: Message) -> None:
+        """``__getattr__`` and the whole-value methods of a frame not decoded yet: each
+        decodes it (or waits while another thread does) first."""
         src()
         src("def __getattr__(self, name: str) -> Any:")
         src('    """A field of a frame ``decode_run`` made: decoded when first read."""')
@@ -90,10 +125,6 @@ class RunWriter:
             src(f"def {method}(self{args}) -> {result}:")
             src(f"    _wake_{msg.ident}(self)")
             src(f"    return {call}")
-        src.dedent()
-        src.dedent()
-        src()
-        src()
 
     def write(self, src: Source, msg: Message, plan: Plan | None, literal_size: int) -> None:
         self._general(src, msg)
@@ -161,12 +192,13 @@ class RunWriter:
     def _lazy(self, src: Source, msg: Message, plan: Plan) -> None:
         """``_lazy_<message>(m, name)``: the waiting fields of ``m`` decoded from its
         run's buffer (checked by ``decode_run``), then ``name``."""
-        cname, twin, const = msg.class_name, twin_name(msg), to_const_name(msg.name)
+        cname, const = msg.class_name, to_const_name(msg.name)
         eager = {f.ident for f in plan.tail if f.type != "string"}
         lazy = [a.ident for a in attributes(msg) if a.ident not in eager]
         src.wrapped(f"_LAZY_{const}_NAMES = (", [f'"{n}"' for n in lazy], ")")
         src(f"_LAZY_{const} = frozenset(_LAZY_{const}_NAMES)")
         src("_set_slot = object.__setattr__")
+        src("_WAKE_LOCK = _rt.WAKE_LOCK")
         src()
         src()
         src(f"def _lazy_{msg.ident}(m: Any, name: str) -> Any:")
@@ -182,14 +214,21 @@ class RunWriter:
         src(f"def _wake_{msg.ident}(m: Any) -> None:")
         src.indent()
         src('"""The waiting fields of ``m`` decoded where it lies in its run\'s buffer (checked')
-        src(f'by ``decode_run``); it becomes a plain {cname}."""')
-        src(f"(buf, p) = m.{ENCODED}")
+        src(f'by ``decode_run``); it becomes a plain {cname}.  One thread at a time."""')
+        src("with _WAKE_LOCK:")
+        src.indent()
+        src(f"encoded = m.{ENCODED}")
+        src("if encoded is None:  # (decoded by another thread while this one waited)")
+        src("    return")
+        src("(buf, p) = encoded")
         body = Source(level=src.level)
-        body(f'_set_slot(m, "__class__", {twin})  # (plain stores: the frozen class refuses)')
+        waking = waking_name(msg)
+        body(f'_set_slot(m, "__class__", {waking})  # (plain stores: the frozen class refuses)')
         self._fill(body, msg, plan, self._values(plan), "m", lazy=set(lazy))
         body(f"m.{ENCODED} = None")
         body(f"m.__class__ = {cname}")
         self._head(src, plan, body)
+        src.dedent()
         src.dedent()
         src()
         src()

@@ -197,8 +197,9 @@ def _generated_modules() -> list[types.ModuleType]:
 def test_no_message_class_but_the_lazy_one_has_a_getattr_hook() -> None:
     """A class with ``__getattr__`` sends every attribute read of its instances through
     CPython's slow hook (3.11 no longer specializes them to slot reads): only the class
-    of frames ``decode_run`` made and left waiting has one, never a message class or its
-    slots.  The regression: fan10 put it on ``_FrameSlots``, slowing every Frame read."""
+    of frames ``decode_run`` made and left waiting has one (and the class they have while
+    a thread decodes them, late13), never a message class or its slots.  The
+    regression: fan10 put it on ``_FrameSlots``, slowing every Frame read."""
     hooked = {
         f"{module.__name__}.{base.__name__}"
         for module in _generated_modules()
@@ -207,8 +208,9 @@ def test_no_message_class_but_the_lazy_one_has_a_getattr_hook() -> None:
         for base in cls.__mro__
         if "__getattr__" in vars(base)
     }
-    assert hooked == {"broker.tmqp._FrameLazy"}
+    assert hooked == {"broker.tmqp._FrameLazy", "broker.tmqp._FrameWaking"}
     assert "__getattr__" not in vars(tmqp.Frame.__mro__[1])  # (its slots: _FrameSlots)
+    assert tmqp.Frame not in tmqp._FrameWaking.__mro__  # (no message class under it)
     frames, _ = tmqp.decode_run(_queue(b"i", b"s", b"t", b"p"), 0, [12])
     assert type(frames[0]).__mro__[1] is tmqp.Frame and tmqp.waiting_fields(frames[0])
     assert frames[0].target == "t" and type(frames[0]) is tmqp.Frame
