@@ -105,7 +105,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import FrozenInstanceError, dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from zproto import runtime as _rt
@@ -330,7 +330,7 @@ class _FrameLazy(Frame):
 
 class _FrameWaking(_FrameSlots):
     """A Frame ``decode_run`` made while one thread decodes it (its fields stored
-    plainly): a field not stored yet reaches the hook, which waits for the decode
+    plainly): a field not stored yet reaches the hook, which decodes it too
     (``zproto.runs``)."""
 
     __slots__ = ()
@@ -1100,7 +1100,6 @@ _LAZY_FRAME_NAMES = (
 )
 _LAZY_FRAME = frozenset(_LAZY_FRAME_NAMES)
 _set_slot = object.__setattr__
-_WAKE_LOCK = _rt.WAKE_LOCK
 
 
 def _lazy_frame(m: Any, name: str) -> Any:
@@ -1114,24 +1113,25 @@ def _lazy_frame(m: Any, name: str) -> Any:
 
 def _wake_frame(m: Any) -> None:
     """The waiting fields of ``m`` decoded where it lies in its run's buffer (checked
-    by ``decode_run``); it becomes a plain Frame.  One thread at a time."""
-    with _WAKE_LOCK:
-        encoded = m._encoded
-        if encoded is None:  # (decoded by another thread while this one waited)
-            return
-        (buf, p) = encoded
-        (
-            bits_flags,
-            bits_options,
-            f_id_length,
-            f_source_length,
-            f_target_length,
-            f_content_type,
-            _,
-        ) = _LE_BBBBBHB.unpack_from(buf, p)
-        e_message_id = p + 8 + f_id_length
-        e_source = e_message_id + f_source_length
-        e_target = e_source + f_target_length
+    by ``decode_run``); it becomes a plain Frame.  Threads: ``zproto.runs``."""
+    encoded = m._encoded
+    if encoded is None:  # (another thread stored every field: only the class left)
+        _set_slot(m, "__class__", Frame)
+        return
+    (buf, p) = encoded
+    (
+        bits_flags,
+        bits_options,
+        f_id_length,
+        f_source_length,
+        f_target_length,
+        f_content_type,
+        _,
+    ) = _LE_BBBBBHB.unpack_from(buf, p)
+    e_message_id = p + 8 + f_id_length
+    e_source = e_message_id + f_source_length
+    e_target = e_source + f_target_length
+    try:
         _set_slot(m, "__class__", _FrameWaking)  # (plain stores: the frozen class refuses)
         key = bits_flags << 8 | bits_options
         try:
@@ -1153,6 +1153,8 @@ def _wake_frame(m: Any) -> None:
         m.headers = ()
         m._encoded = None
         m.__class__ = Frame
+    except FrozenInstanceError:  # (another thread finished it first: all stored)
+        return
 
 
 def waiting_fields(m: Frame) -> bool:

@@ -117,8 +117,10 @@ class PythonGenerator:
         needs_field = any(
             a.default.startswith("field(") for m in p.messages for a in attributes(m)
         )
-        dc = "dataclass, field" if needs_field else "dataclass"
-        out(f"from dataclasses import {dc}")
+        dc = ["dataclass", "field"] if needs_field else ["dataclass"]
+        if self._lazy_strings():
+            dc.insert(0, "FrozenInstanceError")  # (a lazy frame decoded twice at once)
+        out(f"from dataclasses import {', '.join(dc)}")
         if self.classic:
             out("from enum import IntEnum")
         typing = ["Any"]

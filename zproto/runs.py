@@ -16,11 +16,13 @@ refers to no other frame (no reference cycle: a run dropped unread is freed at o
 reference counting, not by the cyclic collector).  It then becomes a plain message:
 the message class itself has no ``__getattr__`` (CPython would route every attribute
 read of every message through it, and 3.11 would not specialize them to slot reads:
-about 4 times slower).  Threads may share a frame: it is decoded under
-``runtime.WAKE_LOCK``, its fields stored under the waking class (``_FrameWaking``:
-the twin's slots, plain stores, and the same ``__getattr__``), so another thread that
-reads a field not stored yet reaches the hook and waits for the decode, and one that
-finds the frame decoded meanwhile reads it as it is.  The lazy class decodes
+about 4 times slower).  Threads may share a frame (no lock: a lock cost more than the
+decode): its fields are stored under the waking class (``_FrameWaking``: the twin's
+slots, plain stores, the same ``__getattr__``), then ``_encoded`` cleared, then the
+message class given.  A thread that reads a field not stored yet reaches the hook and
+decodes the frame too (the same values); one that finds ``_encoded`` cleared finds
+every field stored and gives the message class; one whose stores meet the message
+class (another thread finished first: ``FrozenInstanceError``) stops there.  The lazy class decodes
 first what reads the fields as a whole (equality, hash, repr, pickle and copy), so they
 give what a decoded message gives.  What a caller never reads is never decoded; a frame
 not read yet keeps its run's buffer alive (the run's octets, as long as the frame is
@@ -94,7 +96,7 @@ class RunWriter:
         src(f"class {waking}({twin_name(msg)}):")
         src.indent()
         src(f'"""A {cname} ``decode_run`` made while one thread decodes it (its fields stored')
-        src("plainly): a field not stored yet reaches the hook, which waits for the decode")
+        src("plainly): a field not stored yet reaches the hook, which decodes it too")
         src('(``zproto.runs``)."""')
         src()
         src("__slots__ = ()")
@@ -198,7 +200,6 @@ class RunWriter:
         src.wrapped(f"_LAZY_{const}_NAMES = (", [f'"{n}"' for n in lazy], ")")
         src(f"_LAZY_{const} = frozenset(_LAZY_{const}_NAMES)")
         src("_set_slot = object.__setattr__")
-        src("_WAKE_LOCK = _rt.WAKE_LOCK")
         src()
         src()
         src(f"def _lazy_{msg.ident}(m: Any, name: str) -> Any:")
@@ -214,21 +215,24 @@ class RunWriter:
         src(f"def _wake_{msg.ident}(m: Any) -> None:")
         src.indent()
         src('"""The waiting fields of ``m`` decoded where it lies in its run\'s buffer (checked')
-        src(f'by ``decode_run``); it becomes a plain {cname}.  One thread at a time."""')
-        src("with _WAKE_LOCK:")
-        src.indent()
+        src(f'by ``decode_run``); it becomes a plain {cname}.  Threads: ``zproto.runs``."""')
         src(f"encoded = m.{ENCODED}")
-        src("if encoded is None:  # (decoded by another thread while this one waited)")
+        src("if encoded is None:  # (another thread stored every field: only the class left)")
+        src(f'    _set_slot(m, "__class__", {cname})')
         src("    return")
         src("(buf, p) = encoded")
         body = Source(level=src.level)
+        body("try:")
+        body.indent()
         waking = waking_name(msg)
         body(f'_set_slot(m, "__class__", {waking})  # (plain stores: the frozen class refuses)')
         self._fill(body, msg, plan, self._values(plan), "m", lazy=set(lazy))
         body(f"m.{ENCODED} = None")
         body(f"m.__class__ = {cname}")
+        body.dedent()
+        body("except FrozenInstanceError:  # (another thread finished it first: all stored)")
+        body("    return")
         self._head(src, plan, body)
-        src.dedent()
         src.dedent()
         src()
         src()

@@ -2,16 +2,14 @@
 
 Generated modules inline the hot paths (numbers, strings, chunks) and call these
 helpers for the variable-size structures.  Everything here is pure: bytes in,
-values out (but ``WAKE_LOCK``, the one lock lazy frames are decoded under).
-Decoders raise ``DecodeError`` or one of ``DECODE_FAILURES`` (which the generated
-``decode()`` turns into ``DecodeError``); encoders raise ``EncodeError`` with the
-field's name.
+values out.  Decoders raise ``DecodeError`` or one of ``DECODE_FAILURES`` (which
+the generated ``decode()`` turns into ``DecodeError``); encoders raise
+``EncodeError`` with the field's name.
 """
 
 from __future__ import annotations
 
 import struct
-import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Self, cast
 
@@ -22,7 +20,6 @@ __all__ = [
     "ENCODE_FAILURES",
     "OCTET",
     "PEEK_FAILURES",
-    "WAKE_LOCK",
     "DecodeError",
     "EncodeError",
     "EncodedHash",
@@ -88,11 +85,6 @@ class MessageBase:
 def unknown_fields(changes: dict[str, Any], names: tuple[str, ...]) -> TypeError:
     """The error of a generated ``replace()`` given names that are not fields."""
     return TypeError(f"unknown fields: {sorted(set(changes) - set(names))}")
-
-
-#: Held while a lazy frame (``zproto.runs``) is decoded: one thread decodes it; another
-#: reading one of its fields meanwhile waits here, then reads the decoded frame.
-WAKE_LOCK = threading.Lock()
 
 
 def expose_slots(cls: type) -> type:
