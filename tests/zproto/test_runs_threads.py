@@ -81,13 +81,17 @@ def _read_all(
     out: list[str],
 ) -> None:
     """Every field of every message from the ``first`` on (wrapping), read once all the
-    threads are at the start; what was wrong or raised goes to ``out``."""
+    threads are at the start (an odd ``first``: each frame compared and hashed whole
+    first); what was wrong or raised goes to ``out``."""
     try:
         start.wait()
         count = len(messages)
         for k in range(count):
             i = (first + k) % count
             frame = messages[i].frame
+            whole = first % 2 == 1  # (half the threads compare the whole value first)
+            if whole and (frame != expected[i] or hash(frame) != hash(expected[i])):
+                out.append(f"frame {i}: whole value differs")
             for name in _FIELDS:
                 if getattr(frame, name) != getattr(expected[i], name):
                     out.append(f"frame {i}: {name} differs")
@@ -106,8 +110,8 @@ def test_threads_reading_the_same_waiting_frames_get_their_fields(
         threads = [
             threading.Thread(
                 target=_read_all,
-                # (each thread its first frame, near the others': they meet in the run)
-                args=(messages, expected, t * _DELIVERIES // _THREADS // 2, start, problems),
+                # (each thread its first frame, 5 apart: they meet in the run; odd: whole)
+                args=(messages, expected, 5 * t, start, problems),
             )
             for t in range(_THREADS)
         ]
