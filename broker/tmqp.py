@@ -335,27 +335,12 @@ class _FrameWaking(_FrameSlots):
 
     __slots__ = ()
 
-    if not TYPE_CHECKING:  # (as the lazy class)
-
-        def __getattr__(self, name: str) -> Any:
-            """A field of a frame ``decode_run`` made: decoded when first read."""
-            return _lazy_frame(self, name)
-
-        def __eq__(self, other: object) -> bool:
-            _wake_frame(self)
-            return self == other
-
-        def __hash__(self) -> int:
-            _wake_frame(self)
-            return hash(self)
-
-        def __repr__(self) -> str:
-            _wake_frame(self)
-            return repr(self)
-
-        def __reduce__(self) -> tuple[Any, ...]:
-            _wake_frame(self)
-            return self.__reduce__()
+    if not TYPE_CHECKING:  # (the lazy class's hooks)
+        __getattr__ = _FrameLazy.__getattr__
+        __eq__ = _FrameLazy.__eq__
+        __hash__ = _FrameLazy.__hash__
+        __repr__ = _FrameLazy.__repr__
+        __reduce__ = _FrameLazy.__reduce__
 
 
 _SPEC_FRAME: Any = (

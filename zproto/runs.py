@@ -56,6 +56,16 @@ def lazy_name(msg: Message) -> str:
     return f"_{msg.class_name}Lazy"
 
 
+#: The whole-value methods a frame not decoded yet decodes itself for: (arguments after
+#: ``self``, result type, the call once it is a plain message).
+_WHOLE_VALUE = {
+    "__eq__": (", other: object", "bool", "self == other"),
+    "__hash__": ("", "int", "hash(self)"),
+    "__repr__": ("", "str", "repr(self)"),
+    "__reduce__": ("", "tuple[Any, ...]", "self.__reduce__()"),
+}
+
+
 def waking_name(msg: Message) -> str:
     """The class of a lazy frame while one thread decodes it (``_FrameWaking``)."""
     return f"_{msg.class_name}Waking"
@@ -101,9 +111,10 @@ class RunWriter:
         src()
         src("__slots__ = ()")
         src()
-        src("if not TYPE_CHECKING:  # (as the lazy class)")
+        src("if not TYPE_CHECKING:  # (the lazy class's hooks)")
         src.indent()
-        RunWriter._hooks(src, msg)
+        for method in ("__getattr__", *_WHOLE_VALUE):
+            src(f"{method} = {lazy}.{method}")
         src.dedent()
         src.dedent()
         src()
@@ -117,12 +128,7 @@ class RunWriter:
         src("def __getattr__(self, name: str) -> Any:")
         src('    """A field of a frame ``decode_run`` made: decoded when first read."""')
         src(f"    return _lazy_{msg.ident}(self, name)")
-        for method, args, result, call in (
-            ("__eq__", ", other: object", "bool", "self == other"),
-            ("__hash__", "", "int", "hash(self)"),
-            ("__repr__", "", "str", "repr(self)"),
-            ("__reduce__", "", "tuple[Any, ...]", "self.__reduce__()"),
-        ):
+        for method, (args, result, call) in _WHOLE_VALUE.items():
             src()
             src(f"def {method}(self{args}) -> {result}:")
             src(f"    _wake_{msg.ident}(self)")
