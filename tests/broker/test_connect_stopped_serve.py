@@ -13,11 +13,16 @@ requires CURVE" answer: ``test_server_curve.py``, ``tests/zerohub/test_zmqkit.py
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import threading
+from collections.abc import Callable
 
+import pytest
 import zmq
+import zmq.asyncio
 
+from broker.client.aio import AsyncClient
 from broker.client.blocking import Client
 from tests.broker.test_durable_serve import Broker
 from tests.polling import WAIT, wait_until
@@ -41,24 +46,45 @@ def dialled_ports(server_port: int) -> set[int]:
     return ports
 
 
+def _blocking(endpoint: str, zctx: Ctx) -> str:
+    """A blocking client's connect (sockets of ``zctx``)."""
+    with Client(endpoint, context=zctx, timeout=WAIT * 6).connect() as c:
+        return "connected" if c.connected else "not connected"
+
+
+def _asyncio(endpoint: str, _zctx: Ctx) -> str:
+    """An asyncio client's connect, on its own asyncio context (same handshake timer)."""
+    actx = zmq.asyncio.Context()
+    actx.setsockopt(zmq.HANDSHAKE_IVL, _HANDSHAKE_IVL_MS)
+
+    async def main() -> str:
+        async with AsyncClient(endpoint, context=actx, timeout=WAIT * 6) as c:
+            return "connected" if c.connected else "not connected"
+
+    try:
+        return asyncio.run(main())
+    finally:
+        actx.term()
+
+
+@pytest.mark.parametrize("connect", [_blocking, _asyncio], ids=["blocking", "asyncio"])
 def test_a_plain_connect_outlives_a_broker_stopped_mid_handshake(
-    served: Broker, zctx: Ctx
+    served: Broker, zctx: Ctx, connect: Callable[[str, Ctx], str]
 ) -> None:
     assert served.proc is not None
     port = int(served.endpoint.rsplit(":", 1)[1])
     zctx.setsockopt(zmq.HANDSHAKE_IVL, _HANDSHAKE_IVL_MS)  # (sockets made from now on)
     outcome: list[BaseException | str] = []
 
-    def connect() -> None:
+    def connect_once() -> None:
         try:
-            with Client(served.endpoint, context=zctx, timeout=WAIT * 6).connect() as c:
-                outcome.append("connected" if c.connected else "not connected")
+            outcome.append(connect(served.endpoint, zctx))
         except BaseException as exc:  # (kept for the assertion)
             outcome.append(exc)
 
     served.proc.send_signal(signal.SIGSTOP)
     try:
-        worker = threading.Thread(target=connect)
+        worker = threading.Thread(target=connect_once)
         worker.start()
         seen: set[int] = set()
 
