@@ -23,7 +23,7 @@ import zmq
 import zmq.asyncio
 
 from broker.client.aio import AsyncClient
-from broker.client.blocking import Client
+from broker.client.blocking import Client, ConnectError
 from tests.broker.test_durable_serve import Broker
 from tests.polling import WAIT, wait_until
 
@@ -100,3 +100,21 @@ def test_a_plain_connect_outlives_a_broker_stopped_mid_handshake(
     worker.join(WAIT * 7)
     assert not worker.is_alive()
     assert outcome == ["connected"], outcome
+
+
+def test_a_broker_stopped_past_the_connect_timeout_is_no_answer_not_curve(
+    served: Broker, zctx: Ctx
+) -> None:
+    """Stopped for good: the connect ends at its own timeout with the true reason (the
+    handshake timer fails every dial meanwhile).  Was: "requires CURVE" at the first."""
+    assert served.proc is not None
+    zctx.setsockopt(zmq.HANDSHAKE_IVL, _HANDSHAKE_IVL_MS)
+    served.proc.send_signal(signal.SIGSTOP)
+    try:
+        client = Client(served.endpoint, context=zctx, timeout=10 * _HANDSHAKE_IVL_MS / 1000)
+        with pytest.raises(ConnectError) as refused:
+            client.connect()
+    finally:
+        served.proc.send_signal(signal.SIGCONT)
+    assert type(refused.value) is ConnectError  # (not AccessRefused)
+    assert str(refused.value) == f"no answer from {served.endpoint} within the timeout"
