@@ -291,16 +291,12 @@ def read_monitor(monitor: zmq.Socket[Any], *, curve: bool) -> MonitorReport:
     """Drain ``monitor`` (never blocks) and classify what it reported.
 
     ``curve`` tells whether the watched socket is a CURVE client: only a plain client can
-    learn that the server requires CURVE, from the mechanism mismatch it reports.  A
-    failure without detail (the connection dropped or the handshake timed out: a server
-    stopped or too slow, or one that hung up) tells a plain client nothing: it is no
-    failure here, nor is the disconnect libzmq reports with it (libzmq dials again; the
-    caller's own timeout ends the wait).  A CURVE client that sees one is reported
-    ``MISMATCH`` (a server with another key hangs up so).
+    learn that the server requires CURVE.  A plain client sees either the mechanism
+    mismatch or, when the server noticed it first and hung up, a failure without detail.
     """
     failed: list[int] = []
-    values: list[int] = []  # (the protocol errors')
-    disconnects = 0
+    values: list[int] = []
+    disconnected = False
     while True:
         try:
             # first frame: event (u16) + value (u32), native order; zmq.utils.monitor
@@ -311,20 +307,18 @@ def read_monitor(monitor: zmq.Socket[Any], *, curve: bool) -> MonitorReport:
         event = int.from_bytes(frames[0][:2], sys.byteorder)
         if event & HANDSHAKE_EVENTS:
             failed.append(event)
-            if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
-                values.append(int.from_bytes(frames[0][2:6], sys.byteorder))
+            values.append(int.from_bytes(frames[0][2:6], sys.byteorder))
         elif event == zmq.EVENT_DISCONNECTED:
-            disconnects += 1
+            disconnected = True
     handshake = None
     if zmq.EVENT_HANDSHAKE_FAILED_AUTH in failed:
         handshake = Handshake.KEY_REFUSED
-    elif not curve and _MECHANISM_MISMATCH in values:
+    elif (
+        failed
+        and not curve
+        and (_MECHANISM_MISMATCH in values or zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL in failed)
+    ):
         handshake = Handshake.CURVE_REQUIRED
-    elif curve and failed:
+    elif failed:
         handshake = Handshake.MISMATCH
-    elif any(event != zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL for event in failed):
-        handshake = Handshake.MISMATCH  # (a plain client: another protocol error)
-    # (libzmq follows each failed handshake with a disconnect: one that failed without
-    # detail is no lost connection either, the socket dials again)
-    dropped = failed.count(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-    return MonitorReport(handshake, disconnects > dropped)
+    return MonitorReport(handshake, disconnected)

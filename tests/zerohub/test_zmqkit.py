@@ -3,8 +3,6 @@ on real CURVE sockets (the one classification both clients, filemq and broker, u
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +10,6 @@ from pathlib import Path
 import pytest
 import zmq
 
-from tests.polling import WAIT, wait_until
 from zerohub import zmqkit
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
@@ -116,63 +113,3 @@ def test_servers_on_one_context_share_its_zap_handler(zctx: Ctx, tmp_path: Path)
         router.close(linger=0)
         second.stop()
     assert zmqkit._AUTHENTICATORS == {}  # the last one out stopped the handler
-
-
-@pytest.fixture
-def hangs_up() -> Iterator[tuple[str, list[socket.socket]]]:
-    """A TCP listener that accepts and, once the first octets arrive (the ZMTP greeting),
-    hangs up: a handshake ended without any detail; (endpoint, connections accepted)."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    accepted: list[socket.socket] = []
-    stop = threading.Event()
-
-    def serve() -> None:
-        listener.settimeout(0.05)
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            with conn:
-                conn.settimeout(WAIT)
-                conn.recv(64)
-            accepted.append(conn)
-
-    thread = threading.Thread(target=serve)
-    thread.start()
-    try:
-        yield f"tcp://127.0.0.1:{listener.getsockname()[1]}", accepted
-    finally:
-        stop.set()
-        thread.join(WAIT)
-        listener.close()
-
-
-@pytest.mark.parametrize("curve", [False, True])
-def test_a_handshake_that_ends_without_detail_never_claims_curve(
-    zctx: Ctx, tmp_path: Path, hangs_up: tuple[str, list[socket.socket]], curve: bool
-) -> None:
-    """A peer that hangs up mid-handshake (a broker stopped past its handshake timeout,
-    then resumed, does so) tells a plain client nothing: no failure, libzmq dials again.
-    Was: read as "the server requires CURVE" (adv13).  A CURVE client: MISMATCH, as
-    before (a server with another key hangs up so)."""
-    endpoint, accepted = hangs_up
-    sock = zctx.socket(zmq.DEALER)
-    sock.linger = 0
-    if curve:
-        _pub, secret = zmqkit.new_certificate("client", tmp_path)
-        zmqkit.new_certificate("server", tmp_path)
-        zmqkit.configure_client(sock, secret, tmp_path / "server.key")
-    monitor = sock.get_monitor_socket(zmqkit.HANDSHAKE_EVENTS)
-    try:
-        sock.connect(endpoint)
-        # two connections hung up on: the first one's failure is in the monitor
-        assert wait_until(lambda: len(accepted) >= 2, WAIT * 3)
-        assert wait_until(lambda: monitor.poll(0) != 0)
-        report = zmqkit.read_monitor(monitor, curve=curve)
-        expected = zmqkit.Handshake.MISMATCH if curve else None
-        assert report == zmqkit.MonitorReport(handshake=expected)
-    finally:
-        sock.disable_monitor()
-        monitor.close(linger=0)
-        sock.close(linger=0)
