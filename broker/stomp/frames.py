@@ -237,8 +237,20 @@ class FrameParser:
         return self._state is _State.IDLE and self.buffered == 0
 
     def feed(self, data: bytes) -> list[Frame]:
+        """The frames ``data`` completes; raises the :class:`FrameError` of the first
+        bad one (the good frames before it in ``data`` are then lost: a session uses
+        :meth:`feed_until_error`)."""
+        frames, error = self.feed_until_error(data)
+        if error is not None:
+            raise error
+        return frames
+
+    def feed_until_error(self, data: bytes) -> tuple[list[Frame], FrameError | None]:
+        """The frames ``data`` completes up to the first one that does not parse, and
+        that one's error (None: all good).  After an error the parser is broken: every
+        later call returns no frame and the same error."""
         if self._broken is not None:
-            raise self._broken
+            return [], self._broken
         if data:
             self._buf += data
         frames: list[Frame] = []
@@ -252,12 +264,12 @@ class FrameParser:
             self._broken = exc
             self._buf.clear()
             self._pos = 0
-            raise
+            return frames, exc
         if self._pos:
             del self._buf[: self._pos]
             self._scan_from -= self._pos
             self._pos = 0
-        return frames
+        return frames, None
 
     def _step(self) -> Frame | None:
         """Advance by at most one frame; return it when complete, else None."""

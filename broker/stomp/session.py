@@ -25,7 +25,9 @@ Rules enforced here:
   the engine's: ACKs handed to its thread): the RECEIPT waits for its answer.
 * bad input (a malformed frame, a crossed limit, a rule broken) gets one ERROR frame
   with a ``message`` header and a text body; input after it is ignored and the
-  connection closes ``die_delay`` later.  Other connections are not affected.
+  connection closes ``die_delay`` later.  Other connections are not affected.  The
+  frames read before the bad one are handled first, and the ERROR waits for the
+  backend's answers to the SENDs before it: their RECEIPTs leave first.
 * SUBSCRIBE: ids are unique per connection (1.1+ requires one); at most
   ``max_subscriptions``; a temporary destination of another connection is refused.
   UNSUBSCRIBE: by ``id`` (1.0 may give ``destination``); ``persistent:true`` destroys a
@@ -64,7 +66,6 @@ from broker.stomp.destinations import parse_destinations, temp_owner
 from broker.stomp.errors import (
     BackendError,
     EncodeError,
-    FrameError,
     ProtocolViolation,
     StompError,
     VersionMismatch,
@@ -179,6 +180,9 @@ class _Answer:
     count: int = 1
     #: A batch: each SEND's receipt (None: it asked for none), in order.
     receipts: list[str | None] | None = None
+    #: An ERROR that waited for the answers before it (``Session._fail_after_answers``):
+    #: sent with ``receipt`` as its ``receipt-id``, instead of a RECEIPT.
+    error: str | None = None
 
 
 #: Destination lines kept per subscription by the MESSAGE encoder (a wildcard one may
@@ -264,6 +268,9 @@ class Session:
         #: layer stops reading meanwhile (``reading_paused``), which bounds this to what
         #: one read brought.
         self._parked: deque[Frame] = deque()
+        #: Why the parser failed, once it did: the ERROR follows the frames parked
+        #: before the bad one (``_drain``); input after it is ignored.
+        self._bad_input: str | None = None
         self._draining = False
         self._now = now
 
@@ -276,13 +283,13 @@ class Session:
     def receive(self, data: bytes, now: float) -> None:
         if self.state in (SessionState.CLOSING, SessionState.CLOSED):
             return
+        if self._bad_input is not None:
+            return  # (reading stops once the parser failed: see _drain)
         self._last_received = self._now = now
-        try:
-            frames = self._parser.feed(data)
-        except FrameError as exc:
-            self._fail(str(exc), now)
-            return
-        if frames:
+        frames, bad = self._parser.feed_until_error(data)
+        if bad is not None:
+            self._bad_input = str(bad)  # reported after the frames before it
+        if frames or bad is not None:
             self._parked.extend(frames)
             self._drain(now)
 
@@ -320,6 +327,11 @@ class Session:
                         continue
                 parked.popleft()
                 self._handle(frame, now)
+            if self._bad_input is not None and self.state in (
+                SessionState.AWAITING_CONNECT,
+                SessionState.CONNECTED,
+            ):  # every frame before the bad one handled, none ended the session
+                self._fail_after_answers(self._bad_input, now)
         finally:
             self._draining = False
 
@@ -567,7 +579,7 @@ class Session:
             self._fail(str(exc), now, frame.header("receipt"), (("version", ours),))
             return
         except StompError as exc:
-            self._fail(str(exc), now, frame.header("receipt"))
+            self._fail_after_answers(str(exc), now, frame.header("receipt"))
             return
         if self._deferred:
             self._deferred = False  # its answer sends the receipt
@@ -761,12 +773,14 @@ class Session:
             self._unanswered_count -= head.count
             if head.receipts is not None:
                 self._out += serialize_receipts(head.receipts, self.version or Version.V1_2)
-            elif head.receipt is not None:
+            elif head.receipt is not None and head.error is None:
                 self._out += serialize_receipt(head.receipt, self.version or Version.V1_2)
             if head.close:
                 self.state = SessionState.CLOSED
                 queue.clear()
                 self._unanswered_count = 0
+            elif head.error is not None:
+                self._fail(head.error, self._now, head.receipt)  # (clears the queue)
 
     def _publish(self, frame: Frame) -> None:
         spec = parse_send(
@@ -975,6 +989,23 @@ class Session:
 
     def _send(self, frame: Frame) -> None:
         self._out += serialize(frame, self.version or Version.V1_2)
+
+    def _fail_after_answers(self, reason: str, now: float, receipt: str | None = None) -> None:
+        """:meth:`_fail`, once every SEND handed to the backend before the bad frame was
+        answered: their RECEIPTs leave first (each was taken: the client is told so),
+        then the ERROR.  Nothing after the bad frame takes effect meanwhile (input is
+        ignored, nothing parked is handled); if one of those SENDs is refused its ERROR
+        is the one.  The close comes ``connect_timeout`` later if the backend never
+        answers (as for a DISCONNECT that waits)."""
+        if not self._unanswered:
+            self._fail(reason, now, receipt)
+            return
+        self._transactions.clear()
+        self._parked.clear()
+        self.state = SessionState.CLOSING
+        self._close_at = now + self.config.connect_timeout
+        self._unanswered.append(_Answer(receipt, done=True, error=reason))
+        self._unanswered_count += 1
 
     def _fail(
         self,

@@ -969,6 +969,10 @@ def test_a_run_stops_at_a_transactional_send_and_before_a_send_that_does_not_par
         + serialize(make_frame(Command.COMMIT, [("transaction", "t")]))
     )
     assert [_bodies(r) for r in backend.runs] == [[b"1", b"2"], [b"4"]]
+    assert peer.read() == []  # the ERROR waits for the answers to the SENDs before it
+    backend.answer_run()
+    assert peer.read() == []
+    backend.answer_run()
     (error,) = peer.read()
     assert error.command is Command.ERROR and "expires" in str(error.header("message"))
     assert error.header("receipt-id") == "bad"
@@ -981,10 +985,12 @@ def test_a_run_the_backend_refuses_at_once_goes_one_by_one_up_to_the_bad_send() 
         _sends(("0", {"receipt": "r0"}), ("1", {"bad": "x", "receipt": "r1"}), ("2", {}))
     )
     assert backend.runs == [] and [s.body for s, _ in backend.waiting] == [b"0"]
-    (error,) = peer.read()
-    assert error.command is Command.ERROR and error.header("receipt-id") == "r1"
+    assert peer.read() == []  # the ERROR waits for the answer to the SEND before it
     backend.answer(1)
-    assert peer.read() == []  # the session is over: no receipt after its ERROR
+    receipt, error = peer.read()  # (until session 14 r0 lost its RECEIPT: it was taken)
+    assert receipt.command is Command.RECEIPT and receipt.header("receipt-id") == "r0"
+    assert error.command is Command.ERROR and error.header("receipt-id") == "r1"
+    assert backend.waiting == [] and peer.read() == []  # nothing after its ERROR
 
 
 def test_runs_are_cut_to_the_window_of_unanswered_sends() -> None:
