@@ -151,6 +151,8 @@ _UNSAVED = OperationError(ResultCode.FAILED, "not saved: the store failed")
 #: (``SAVE_ACK``): its queue's acknowledged runs may take ``saved_run``.
 _SAVES_EVERY_PUSH = PersistentDeliveryHandler.received_from_producer
 #: Header names (lower case) a push's typed path acts on (``Engine._push``).
+#: Why a run's push that ``check_push`` refused was refused (as :meth:`Engine._push` says).
+_REFUSED_BY_QUEUE = "push refused by the queue"
 _ACTED_ON = frozenset({_CC, receipts.RECEIPT.lower(), receipts.RECEIPT_TIMEOUT.lower()})
 
 
@@ -738,6 +740,8 @@ class Engine:
             self.count_error("publish", exc)
             return 0, _INTERNAL.reason
         produced = self.events.has(EventName.MESSAGE_PRODUCED)
+        if queue.options.request_acknowledge and not copies and not produced:
+            return self._accept_run(client, queue, ms, start, end, now, out)
         check_push = self.channel_registry.check_push
         accept = queue.accept
         for k in range(start, end):
@@ -753,7 +757,7 @@ class Engine:
             try:
                 code = check_push(queue, size)
                 if code:
-                    return k - start, "push refused by the queue"
+                    return k - start, _REFUSED_BY_QUEUE
                 if copies:
                     self._check_durable(copies, size)
                 unsaved = queue.unsaved
@@ -769,6 +773,48 @@ class Engine:
                 return k - start, _INTERNAL.reason
             if queue.unsaved != unsaved:
                 return k - start, _UNSAVED.reason  # (kept in memory, as for one push)
+        return end - start, None
+
+    def _accept_run(
+        self,
+        client: Client,
+        queue: Queue,
+        ms: Sequence[Message],
+        start: int,
+        end: int,
+        now: float,
+        out: list[Outgoing],
+    ) -> tuple[int, str | None]:
+        """:meth:`_push_run`'s loop for an acknowledged queue with no durable copies
+        and no MESSAGE_PRODUCED subscriber (a STOMP ``/queue/``): the plain pushes in
+        stretches through ``Queue.accept_many``, the others one by one (as there)."""
+        limit = self.config.limits.max_queue_messages
+        k = start
+        while k < end:
+            m = ms[k]
+            if m.wants_ack or (m.headers and _acted_on(m.headers)):
+                _, why = self._push_one(client, m, now, out)
+                if why is not None:
+                    return k - start, why
+                k += 1
+                continue
+            j = k + 1
+            while j < end and not (
+                ms[j].wants_ack or (ms[j].headers and _acted_on(ms[j].headers))
+            ):
+                j += 1
+            unsaved = queue.unsaved
+            took, refused = queue.accept_many(ms, k, j, client, now, out, limit)
+            k += took
+            if isinstance(refused, OperationError):
+                return k - start, refused.reason
+            if isinstance(refused, Exception):
+                self.count_error("publish", refused)
+                return k - start, _INTERNAL.reason
+            if refused:
+                return k - start, _REFUSED_BY_QUEUE
+            if queue.unsaved != unsaved:
+                return k - start - 1, _UNSAVED.reason  # (kept in memory, as for one push)
         return end - start, None
 
     def _run_target(
@@ -999,7 +1045,7 @@ class Engine:
                     return
             code = self.channel_registry.check_push(queue, len(m.payload))
             if code:
-                raise OperationError(ResultCode(code), "push refused by the queue")
+                raise OperationError(ResultCode(code), _REFUSED_BY_QUEUE)
             if copies:
                 self._check_durable(copies, len(m.payload))
         except OperationError as err:

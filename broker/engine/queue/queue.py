@@ -63,7 +63,7 @@ from broker.engine.queue.plain_prefix import forget_after, plain_prefix
 from broker.engine.queue.protocols import QueueHost
 from broker.engine.queue.retained import Retained
 from broker.engine.queue.seqindex import SequenceIndex
-from broker.engine.queue.statuses import StatusStrategy, strategy_for
+from broker.engine.queue.statuses import Push, RoundRobin, StatusStrategy, strategy_for
 from broker.engine.queue.trash import Trash, Trashed
 from broker.engine.receipts import requested as receipt_requested
 from broker.message import parked
@@ -90,6 +90,9 @@ __all__ = [
 ]
 
 _INF = float("inf")
+#: The statuses whose ``admit`` sends a push at once when nothing waits, else keeps it
+#: (``statuses._send_or_keep``): ``Queue.accept_many`` does that itself.
+_SENDS_OR_KEEPS = (Push, RoundRobin)
 #: Recovered messages read back from the store at once (``Queue.restore_index``).
 _READ_BATCH = 1024
 #: ``Tracked(client_id, frame)`` without the named tuple's Python-level __new__.
@@ -1094,17 +1097,8 @@ class Queue:
         except Exception as exc:
             self.error("received_from_producer", exc)
             d = Decision(allow=False, send_ack=AckWhen.NEGATIVE)
-        if d is not ALLOW:
-            if d.save:
-                self.save(m)
-                if not m.saved and d.send_ack is AckWhen.IF_SAVED:
-                    # the store refused it: a negative ack, not silence (ledger docstring)
-                    self.ack_producer(m, AckWhen.NEGATIVE, out, NackReason.FAILED)
-            if d.send_ack is not AckWhen.NONE:
-                self.ack_producer(m, d.send_ack, out, NackReason.UNACCEPTABLE)
-            if not d.allow and d.put_back is PutBack.NO:
-                self.drop(m, out, NackReason.UNACCEPTABLE)
-                return None
+        if d is not ALLOW and not self._decided(m, d, out):
+            return None
         if remember:
             self.recent.add(mid, now, opts.duplicate_window)
         dispatch = self.dispatch
@@ -1114,6 +1108,133 @@ class Queue:
         finally:
             dispatch.fresh = dispatch.fresh_message = None
         return m
+
+    def accept_many(
+        self,
+        ms: Sequence[Message],
+        start: int,
+        end: int,
+        sender: Client,
+        now: float,
+        out: list[Outgoing],
+        max_messages: int,
+    ) -> tuple[int, int | Exception]:
+        """:meth:`check_push` then :meth:`accept` (no producer waiting) for each of
+        ``ms[start:end]`` in turn, as the engine's run of typed pushes does one by one
+        (``Engine._push_run``), with what cannot change within the run read once.
+
+        For an acknowledged queue (a STOMP ``/queue/``: its consumers acknowledge, the
+        STOMP door's runs of SENDs come here).  Returns how many were taken from
+        ``start`` on, and the result code refusing the next one (0: all taken; a store
+        that refused a save also ends the run, after that message: the caller compares
+        :attr:`unsaved`) or the exception the next one raised (what it did before it
+        raised stays done, as for :meth:`accept`).  ``max_messages``: the broker's bound
+        on the messages one queue holds (``ChannelRegistry.check_push``).
+
+        Per message, the same steps and order as :meth:`accept` then the status's
+        ``admit`` for Push and RoundRobin (sent at once when nothing waits ahead of it
+        and no acknowledge is awaited, else queued and drained): the same sequence
+        numbers, duplicate window, handler decisions, round robin, windows, priorities
+        and deliveries (tested against one by one: ``tests/broker/test_accept_many.py``).
+        Any other status admits each message itself."""
+        strategy = self.strategy
+        if not strategy.accepts_pushes:
+            return 0, ResultCode.UNACCEPTABLE
+        opts = self.options
+        size_limit = opts.message_size_limit
+        count_limit = opts.message_limit if strategy.limits_count else 0
+        broker_limit = max_messages if strategy.limits_count else 0
+        messages = self.messages
+        channel = self.channel
+        name = channel.name
+        qid = self.id
+        sid = sender.id
+        needs_id = opts.use_message_id or opts.request_acknowledge
+        remember = opts.use_message_id and opts.duplicate_window > 0
+        window = opts.duplicate_window
+        recent = self.recent
+        received = self.hooks.handler.received_from_producer
+        dispatch = self.dispatch
+        send = dispatch.send
+        tracker = self.tracker
+        timeout = opts.message_timeout
+        wait = opts.wait_for_acknowledge
+        sends = type(strategy) in _SENDS_OR_KEEPS
+        admit = strategy.admit
+        unsaved = self.unsaved
+        k = start
+        try:
+            for k in range(start, end):
+                message = ms[k]
+                if message.wire is not None:
+                    message = message.replace()  # octets come only from the door
+                if size_limit and len(message.payload) > size_limit:
+                    return k - start, ResultCode.LIMIT_EXCEEDED
+                if (count_limit or broker_limit) and (
+                    (count_limit and messages.n_priority + messages.n_regular >= count_limit)
+                    or (broker_limit and messages.n_priority + messages.n_regular >= broker_limit)
+                ):
+                    return k - start, ResultCode.LIMIT_EXCEEDED
+                mid = message.message_id
+                keep_id = remember and bool(mid)
+                if not mid and needs_id:
+                    mid = self.host.new_id()
+                message = derive(message, False, qid, mid, sid, name, message.headers)
+                self.sequence += 1
+                m = QueueMessage(self.sequence, message, sender, False, now)
+                if self.index is not None:
+                    self.index.add(m)
+                self.received += 1
+                self.last_received = now
+                try:
+                    d = received(self, m, sender)
+                except Exception as exc:
+                    self.error("received_from_producer", exc)
+                    d = Decision(allow=False, send_ack=AckWhen.NEGATIVE)
+                if d is not ALLOW and not self._decided(m, d, out):
+                    continue  # (dropped: taken, as accept returning None)
+                if keep_id:
+                    recent.add(mid, now, window)
+                dispatch.fresh, dispatch.fresh_message = m, message
+                try:
+                    if not sends:
+                        admit(self, m, now, out)
+                    else:
+                        if timeout:
+                            tracker.start_timeout(m, now)
+                        consumers = channel.consumer_list
+                        if (
+                            consumers
+                            and not (messages.n_priority or messages.n_regular or messages.front)
+                            and not (wait and tracker.pending)
+                        ):
+                            send(m, consumers, now, out)
+                        else:
+                            self.enqueue(m)
+                            if not self.stalled or m.high_priority:
+                                self.drain(now, out)
+                finally:
+                    dispatch.fresh = dispatch.fresh_message = None
+                if self.unsaved != unsaved:
+                    return k - start + 1, 0
+        except Exception as exc:
+            return k - start, exc  # (the caller counts it: the push that raised is refused)
+        return end - start, 0
+
+    def _decided(self, m: QueueMessage, d: Decision, out: list[Outgoing]) -> bool:
+        """What the handler decided for a push other than a plain ALLOW (save, answer
+        the producer, drop): False when ``m`` was dropped."""
+        if d.save:
+            self.save(m)
+            if not m.saved and d.send_ack is AckWhen.IF_SAVED:
+                # the store refused it: a negative ack, not silence (ledger docstring)
+                self.ack_producer(m, AckWhen.NEGATIVE, out, NackReason.FAILED)
+        if d.send_ack is not AckWhen.NONE:
+            self.ack_producer(m, d.send_ack, out, NackReason.UNACCEPTABLE)
+        if not d.allow and d.put_back is PutBack.NO:
+            self.drop(m, out, NackReason.UNACCEPTABLE)
+            return False
+        return True
 
     def remember_id(self, message_id: str, now: float) -> None:
         """A message recovered after a restart: its id counts for duplicate suppression."""
