@@ -78,25 +78,11 @@ def test_a_bad_frame_alone_in_its_read_still_gets_one_error() -> None:
 
 
 @pytest.fixture
-def serve(tmp_path: Path) -> Iterator[Serve]:
-    server = Serve(tmp_path)
-    yield server
-    assert server.stop() == 0
-
-
-@pytest.fixture
-def raws(serve: Serve) -> Iterator[Callable[[], Raw]]:
-    made: list[Raw] = []
-
-    def make() -> Raw:
-        raw = Raw(serve.port)
-        raw.connect()
-        made.append(raw)
-        return raw
-
-    yield make
-    for raw in made:
-        raw.close()
+def server(tmp_path: Path) -> Iterator[Serve]:
+    """One ``broker serve --stomp`` per test (``raws``: ``tests/stomp/conftest.py``)."""
+    served = Serve(tmp_path)
+    yield served
+    assert served.stop() == 0
 
 
 def _consumer(raws: Callable[[], Raw], queue: str) -> Raw:

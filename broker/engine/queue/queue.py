@@ -1086,12 +1086,7 @@ class Queue:
         src = sender.id if sender is not None else message.source
         hdrs = message.headers if headers is None else headers
         message = derive(message, False, self.id, mid, src, self.channel.name, hdrs)
-        self.sequence += 1
-        m = QueueMessage(self.sequence, message, sender, producer_waits, now)
-        if self.index is not None:
-            self.index.add(m)
-        self.received += 1
-        self.last_received = now
+        m = self._numbered(message, sender, producer_waits, now)
         try:
             d = self.hooks.handler.received_from_producer(self, m, sender)
         except Exception as exc:
@@ -1154,6 +1149,7 @@ class Queue:
         window = opts.duplicate_window
         recent = self.recent
         received = self.hooks.handler.received_from_producer
+        numbered = self._numbered
         dispatch = self.dispatch
         send = dispatch.send
         tracker = self.tracker
@@ -1180,12 +1176,7 @@ class Queue:
                 if not mid and needs_id:
                     mid = self.host.new_id()
                 message = derive(message, False, qid, mid, sid, name, message.headers)
-                self.sequence += 1
-                m = QueueMessage(self.sequence, message, sender, False, now)
-                if self.index is not None:
-                    self.index.add(m)
-                self.received += 1
-                self.last_received = now
+                m = numbered(message, sender, False, now)
                 try:
                     d = received(self, m, sender)
                 except Exception as exc:
@@ -1220,6 +1211,18 @@ class Queue:
         except Exception as exc:
             return k - start, exc  # (the caller counts it: the push that raised is refused)
         return end - start, 0
+
+    def _numbered(
+        self, message: Message, sender: Client | None, producer_waits: bool, now: float
+    ) -> QueueMessage:
+        """A pushed message taken in: numbered, counted, in the browse index."""
+        self.sequence += 1
+        m = QueueMessage(self.sequence, message, sender, producer_waits, now)
+        if self.index is not None:
+            self.index.add(m)
+        self.received += 1
+        self.last_received = now
+        return m
 
     def _decided(self, m: QueueMessage, d: Decision, out: list[Outgoing]) -> bool:
         """What the handler decided for a push other than a plain ALLOW (save, answer
