@@ -184,6 +184,7 @@ class LogStore:
         self._state.table.add(self._head, self._head_size)
         self._pending: list[tuple[int, bytes, int]] = []  # (segment, record, ticket)
         self._keys: dict[QueueKey, bytes] = {}  # encoded keys of the queues appended to
+        self._summed: dict[QueueKey, struct.Struct] = {}  # their ``records.put_summed``
         self._ticket = 0
         self._written_ticket = 0
         self._synced_ticket = 0
@@ -329,7 +330,12 @@ class LogStore:
             if base + len(blob) > limit:
                 raise RecordTooLarge(f"record of {len(blob)} octets exceeds {limit}")
         seqs: list[int] = []
-        encode = records.encode_put_packed
+        summed_of = self._summed.get(queue)
+        if summed_of is None:
+            summed_of = self._summed[queue] = records.put_summed(key)
+        pack_summed, pack_head = summed_of.pack, records.MAGIC_SUM.pack
+        xxh3, magic, put = records.xxh3_64, records.MAGIC, records.RecordKind.PUT
+        body = _PUT_FIXED + len(key)  # (a PUT's body octets but its blob)
         with self._lock:
             if not items:
                 return seqs, self._ticket
@@ -364,15 +370,20 @@ class LogStore:
                         run = []
                     run_segment = segment
                 offset = self._head_size
-                run.append(encode(key, seq, segment, packed, blob, seed))
+                summed = pack_summed(body + len(blob), put, key, seq, segment, packed) + blob
+                run.append(pack_head(magic, xxh3(summed, seed)))
+                run.append(summed)  # (a record in two parts: the writer joins them all)
                 self._head_size = offset + size
                 info = segments_[segment]
                 info.size = offset + size
                 info.live += size
-                rows.append(
-                    (segment, offset, size, segment, meta.delivery_count, meta.put_backs,
-                     int(meta.priority), meta.deadline)
-                )  # fmt: skip
+                if meta is NO_META:
+                    rows.append((segment, offset, size, segment, 0, 0, 0, 0.0))
+                else:
+                    rows.append(
+                        (segment, offset, size, segment, meta.delivery_count, meta.put_backs,
+                         int(meta.priority), meta.deadline)
+                    )  # fmt: skip
                 seqs.append(seq)
             index.put_rows(first, rows)
             self._reserve_run(run_segment, run)
