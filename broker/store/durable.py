@@ -383,7 +383,6 @@ class DurableStore(Store):
             self._held_queue = queue
         refused: list[tuple[int, Exception]] = []
         items: list[tuple[bytes, Meta, int]] = []
-        places: list[int] = []  # (each item's position in ``messages``)
         origins = self._origins
         for k, message in enumerate(messages):
             sequence = message.sequence
@@ -393,13 +392,15 @@ class DurableStore(Store):
                 refused.append((k, exc))
                 continue
             items.append((blob, _meta(message), sequence))
-            places.append(k)
         unwritable = self.log.check_run(queue, items)  # (one call for the run)
         if not unwritable:
             self._held += items
             return refused
         skip = dict(unwritable)
         self._held += [item for j, item in enumerate(items) if j not in skip]
+        # each item's position in ``messages``: the ones not refused by the encoding
+        own = {k for k, _exc in refused}
+        places = [k for k in range(len(messages)) if k not in own]
         refused += [(places[j], exc) for j, exc in unwritable]
         refused.sort(key=_first)
         return refused

@@ -320,13 +320,9 @@ class LogStore:
             key = self._keys[queue] = _encode_key(queue)
         limit = self.options.max_record_size
         base = records.HEADER_SIZE + _PUT_FIXED + len(key)
-        packs = []
-        for blob, meta, _at in items:
-            if meta is NO_META:
-                packs.append(_NO_META_BYTES)
-            else:
+        for blob, meta, _at in items:  # (refused before anything is written)
+            if meta is not NO_META:
                 _check_meta(meta)
-                packs.append(records.encode_meta(meta))
             if base + len(blob) > limit:
                 raise RecordTooLarge(f"record of {len(blob)} octets exceeds {limit}")
         seqs: list[int] = []
@@ -335,7 +331,7 @@ class LogStore:
             summed_of = self._summed[queue] = records.put_summed(key)
         pack_summed, pack_head = summed_of.pack, records.MAGIC_SUM.pack
         xxh3, magic, put = records.xxh3_64, records.MAGIC, records.RecordKind.PUT
-        body = _PUT_FIXED + len(key)  # (a PUT's body octets but its blob)
+        header = records.HEADER_SIZE
         with self._lock:
             if not items:
                 return seqs, self._ticket
@@ -352,10 +348,10 @@ class LogStore:
             # index slots of consecutive numbers, given to the index together
             rows: list[Row] = []
             first = next_seq = index.next_seq
-            for (blob, meta, at), packed in zip(items, packs, strict=True):
+            for blob, meta, at in items:
                 size = base + len(blob)
                 seq = next_seq if at < next_seq else at
-                if seq != first + len(rows):  # (a number skipped: the rows so far first)
+                if seq != next_seq:  # (a number skipped: the rows so far first)
                     index.put_rows(first, rows)
                     rows = []
                     first = seq
@@ -370,7 +366,8 @@ class LogStore:
                         run = []
                     run_segment = segment
                 offset = self._head_size
-                summed = pack_summed(body + len(blob), put, key, seq, segment, packed) + blob
+                packed = _NO_META_BYTES if meta is NO_META else records.encode_meta(meta)
+                summed = pack_summed(size - header, put, key, seq, segment, packed) + blob
                 run.append(pack_head(magic, xxh3(summed, seed)))
                 run.append(summed)  # (a record in two parts: the writer joins them all)
                 self._head_size = offset + size

@@ -126,3 +126,22 @@ def test_a_held_run_into_a_closed_log_refuses_every_record_for_its_own_reason(
         with pytest.raises(type(refused[k][1])):
             store.append(Q, message)
     assert _live(tmp_path) == {Q: [(1, 0)]}
+
+
+def test_a_held_run_refuses_encoding_and_log_refusals_at_their_own_positions(
+    tmp_path: Path,
+) -> None:
+    """A message the blob format cannot hold (a TTL above 255) is refused by the encoding,
+    one too large by the log's check of the run: each at its position in the run, not
+    at its position among the messages that were encoded."""
+    run = [_stored(seq) for seq in range(1, 6)]
+    run[1] = StoredMessage(2, run[1].message._replace(ttl=300), "producer-1")
+    run[3] = _stored(4, size=1100)
+    with LogStore(tmp_path, LogOptions(max_record_size=1024)) as log:
+        store = DurableStore(log)
+        store.hold()
+        refused = store.append_each(Q, run)
+        store.release()
+        store.flush()
+    assert _refusals(refused) == [(1, ValueError), (3, RecordTooLarge)]
+    assert _live(tmp_path) == {Q: [(1, 0), (3, 0), (5, 0)]}
