@@ -368,8 +368,7 @@ class LogStore:
                 offset = self._head_size
                 packed = _NO_META_BYTES if meta is NO_META else records.encode_meta(meta)
                 summed = pack_summed(size - header, put, key, seq, segment, packed) + blob
-                run.append(pack_head(magic, xxh3(summed, seed)))
-                run.append(summed)  # (a record in two parts: the writer joins them all)
+                run += (pack_head(magic, xxh3(summed, seed)), summed)  # (the writer joins)
                 self._head_size = offset + size
                 info = segments_[segment]
                 info.size = offset + size
