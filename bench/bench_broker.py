@@ -59,6 +59,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -380,11 +381,13 @@ def serve_broker(
 
 
 def serve_durable_broker(
-    endpoint: str, data: str | None, ready: Any, stop: Any, stats: Any = None
+    endpoint: str, data: str | None, ready: Any, stop: Any, stats: Any = None, names: Any = None
 ) -> None:
     """A broker as ``broker serve --data DIR`` builds it (fsync durability); ``data``
     None: memory only (the same engine and handlers, no store).  ``stats`` (a pipe end):
-    each message received is answered with the store's fsync count so far."""
+    each message received is answered with the store's fsync count so far.  ``names`` (a
+    queue): given {native thread id: Python thread name} once serving
+    (``bench_broker_threads.py``)."""
     import zmq
 
     from broker.engine.delivery import PersistentDeliveryHandler
@@ -398,6 +401,8 @@ def serve_durable_broker(
     ctx = zmq.Context()
     server = Server(engine, ServerOptions(endpoint=endpoint), context=ctx, durable=store)
     server.start()
+    if names is not None:
+        names.put({t.native_id: t.name for t in threading.enumerate()})
     ready.set()
     while not stop.is_set():
         if stats is not None and stats.poll(0.05):

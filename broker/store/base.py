@@ -13,7 +13,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from array import array
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from broker.message import Message
@@ -22,12 +21,15 @@ from broker.message import Message
 QueueKey = tuple[str, int]
 
 
-@dataclass(frozen=True, slots=True)
-class StoredMessage:
+class StoredMessage(NamedTuple):
     """One saved message: its per-queue sequence number, the message as produced, and
     what a restart must keep of its life in the queue: put-backs, deliveries so far, and
     its MessageTimeout deadline as wall-clock UNIX seconds (0: none), so that the clock
-    keeps running while the broker is down."""
+    keeps running while the broker is down.
+
+    A named tuple, not a frozen dataclass: one is made per persistent message saved, and
+    a frozen dataclass's ``__init__`` (one ``object.__setattr__`` per field) cost ~3x a
+    tuple's (``bench/bench_persistent.py --calls``).  Change one with ``_replace``."""
 
     sequence: int
     message: Message
@@ -57,6 +59,10 @@ class Store(ABC):
     #: keeps its messages elsewhere than in this process's memory)?  A queue pages the
     #: payloads of its saved waiting messages out only to such a store.
     pages = False
+    #: Does :meth:`append` keep the :class:`Message` objects it is given (True), or only
+    #: what it encodes of them at once (False)?  The engine drops a message's wire form
+    #: (its door's octets) only for a store that keeps it: a copy per saved message.
+    keeps_messages = True
 
     @abstractmethod
     def append(self, queue: QueueKey, message: StoredMessage) -> None:

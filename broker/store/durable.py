@@ -84,7 +84,6 @@ import logging
 import struct
 from array import array
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 from itertools import compress
 
 from broker.message import Headers, Message
@@ -148,12 +147,32 @@ def _trash_key(queue: QueueKey) -> QueueKey:
     return (queue[0], queue[1] + TRASH_OFFSET)
 
 
-def encode_message(message: Message, producer_id: str = "", sequence: int = 0) -> bytes:
+#: Encoded (source, target, producer id) parts a :class:`DurableStore` keeps (emptied
+#: when full): the three are the same for every message of one producer into one queue,
+#: so a saved message encodes only its id, head and payload.
+MAX_ORIGINS = 1024
+Origins = dict[tuple[str, str, str], bytes]
+
+
+def _origin(source: str, target: str, producer_id: str) -> bytes:
+    """A blob's source, target and producer id (each u16 length + UTF-8)."""
+    raw = (source.encode(), target.encode(), producer_id.encode())
+    if max(map(len, raw)) > _U16_MAX:
+        raise ValueError(f"a text field exceeds {_U16_MAX} octets")
+    pack16 = _U16.pack
+    return b"".join((pack16(len(raw[0])), raw[0], pack16(len(raw[1])), raw[1],
+                     pack16(len(raw[2])), raw[2]))  # fmt: skip
+
+
+def encode_message(
+    message: Message, producer_id: str = "", sequence: int = 0, origins: Origins | None = None
+) -> bytes:
     """A message (its producer's id, its engine sequence number) as a blob; ValueError if
-    a field does not fit.
+    a field does not fit.  ``origins``: encoded source/target/producer parts to reuse
+    and add to (at most :data:`MAX_ORIGINS`).
 
     Runs once per persistent message received: one ``join`` of packed parts, no helper
-    calls per field."""
+    calls per field once its origin is known."""
     ttl, content_type = message.ttl, message.content_type
     if not 0 <= ttl <= 0xFF or not 0 <= content_type <= _U16_MAX:
         raise ValueError("ttl must be 0..255 and content type 0..65535")
@@ -163,23 +182,23 @@ def encode_message(message: Message, producer_id: str = "", sequence: int = 0) -
         | (_WANTS_ACK if message.wants_ack else 0)
     )
     mid = message.message_id.encode()
-    source = message.source.encode()
-    target = message.target.encode()
-    producer = producer_id.encode()
     headers = message.headers
-    if max(len(mid), len(source), len(target), len(producer), len(headers)) > _U16_MAX:
+    if len(mid) > _U16_MAX or len(headers) > _U16_MAX:
         raise ValueError(f"a text field or the header count exceeds {_U16_MAX}")
     if not 0 <= sequence < _U64_LIMIT:
         raise ValueError("sequence must be 0..2**64-1")
-    pack16 = _U16.pack
+    key = (message.source, message.target, producer_id)
+    origin = None if origins is None else origins.get(key)
+    if origin is None:
+        origin = _origin(*key)
+        if origins is not None:
+            if len(origins) >= MAX_ORIGINS:
+                origins.clear()
+            origins[key] = origin
     head = _HEAD_ID.pack(BLOB_VERSION, flags, ttl, content_type, sequence, len(mid))
     if not headers:
-        return b"".join(
-            (head, mid, pack16(len(source)), source, pack16(len(target)), target,
-             pack16(len(producer)), producer, _NO_HEADERS, message.payload)
-        )  # fmt: skip
-    out = [head, mid, pack16(len(source)), source, pack16(len(target)), target]
-    out += (pack16(len(producer)), producer, pack16(len(headers)))
+        return b"".join((head, mid, origin, _NO_HEADERS, message.payload))
+    out = [head, mid, origin, _U16.pack(len(headers))]
     for name, value in headers:
         _text(out, name)
         raw = value.encode()
@@ -284,6 +303,7 @@ class DurableStore(Store):
     (``close`` here closes it too, for convenience)."""
 
     pages = True
+    keeps_messages = False  # (``append`` encodes the message at once)
 
     def __init__(self, log_store: LogStore) -> None:
         self.log = log_store
@@ -303,6 +323,8 @@ class DurableStore(Store):
         self._holds = 0
         self._held_queue: QueueKey | None = None
         self._held: list[tuple[bytes, Meta, int]] = []
+        #: encoded origins of the messages saved (see :data:`MAX_ORIGINS`)
+        self._origins: Origins = {}
 
     @property
     def completed(self) -> int:
@@ -335,7 +357,7 @@ class DurableStore(Store):
 
     def append(self, queue: QueueKey, message: StoredMessage) -> None:
         sequence = message.sequence
-        blob = encode_message(message.message, message.producer_id, sequence)
+        blob = encode_message(message.message, message.producer_id, sequence, self._origins)
         meta = _meta(message)
         if self._holds:
             self.log.check_append(queue, blob, meta)  # (raises now what the write would)
@@ -361,22 +383,24 @@ class DurableStore(Store):
             self._held_queue = queue
         refused: list[tuple[int, Exception]] = []
         items: list[tuple[bytes, Meta, int]] = []
-        places: list[int] = []  # (each item's position in ``messages``)
+        origins = self._origins
         for k, message in enumerate(messages):
             sequence = message.sequence
             try:
-                blob = encode_message(message.message, message.producer_id, sequence)
+                blob = encode_message(message.message, message.producer_id, sequence, origins)
             except Exception as exc:
                 refused.append((k, exc))
                 continue
             items.append((blob, _meta(message), sequence))
-            places.append(k)
         unwritable = self.log.check_run(queue, items)  # (one call for the run)
         if not unwritable:
             self._held += items
             return refused
         skip = dict(unwritable)
         self._held += [item for j, item in enumerate(items) if j not in skip]
+        # each item's position in ``messages``: the ones not refused by the encoding
+        own = {k for k, _exc in refused}
+        places = [k for k in range(len(messages)) if k not in own]
         refused += [(places[j], exc) for j, exc in unwritable]
         refused.sort(key=_first)
         return refused
@@ -433,8 +457,9 @@ class DurableStore(Store):
         equal to the log's (see "Equal numbers") go one by one."""
         if self._held:
             self._write_held()
+        origins = self._origins
         items = [
-            (encode_message(m.message, m.producer_id, m.sequence), _meta(m), m.sequence)
+            (encode_message(m.message, m.producer_id, m.sequence, origins), _meta(m), m.sequence)
             for m in messages
         ]
         if len(items) < 2:
@@ -728,7 +753,7 @@ class DurableStore(Store):
         kept = message.message
         kept = kept.replace(headers=(*kept.headers, *marks))
         blob = encode_message(kept, message.producer_id, message.sequence)
-        meta = _meta(replace(message, deadline=0.0))
+        meta = _meta(message._replace(deadline=0.0))
         done = self.log.append(shadow, blob, meta)
         self._seqs.setdefault(shadow, {})[message.sequence] = done.seq
 
@@ -749,7 +774,7 @@ class DurableStore(Store):
                 else:
                     headers.append((name, value))
             message = stored.message.replace(headers=tuple(headers))
-            yield replace(stored, message=message), reason, at
+            yield stored._replace(message=message), reason, at
 
     def forget_trashed(self, queue: QueueKey, sequence: int) -> None:
         """A write replies wait for: a purge or resubmit answered must not bring the

@@ -114,7 +114,7 @@ class Ledger:
         q = self.q
         producer = m.producer.id if m.producer is not None else ""
         message = m.message
-        if message.wire is not None:
+        if message.wire is not None and q.store.keeps_messages:
             message = message.replace()  # a store keeps messages, not a door's octets
         life = m.life
         timeout = q.options.message_timeout

@@ -68,11 +68,13 @@ def pageable(m: QueueMessage) -> bool:
     """Does the store hold ``m`` as it stands (may it wait as its number alone)?  A
     deadline is no bar: the store keeps it, and the tail keeps it beside the number
     (:class:`PagedTail`), as long as it is no earlier than the one paged before it."""
+    life = m.life  # (its fields read directly: no property call each; None: not saved)
     return (
-        m.saved
+        life is not None
+        and life.saved
         and m.state == QUEUED
-        and not (m.delivered or m.put_backs or m.out is not None)
-        and (m.acked or not m.producer_waits)
+        and not (life.delivered or life.put_backs or life.out is not None)
+        and (life.acked or not life.producer_waits)
     )
 
 

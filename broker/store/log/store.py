@@ -184,6 +184,7 @@ class LogStore:
         self._state.table.add(self._head, self._head_size)
         self._pending: list[tuple[int, bytes, int]] = []  # (segment, record, ticket)
         self._keys: dict[QueueKey, bytes] = {}  # encoded keys of the queues appended to
+        self._summed: dict[QueueKey, struct.Struct] = {}  # their ``records.put_summed``
         self._ticket = 0
         self._written_ticket = 0
         self._synced_ticket = 0
@@ -319,17 +320,18 @@ class LogStore:
             key = self._keys[queue] = _encode_key(queue)
         limit = self.options.max_record_size
         base = records.HEADER_SIZE + _PUT_FIXED + len(key)
-        packs = []
-        for blob, meta, _at in items:
-            if meta is NO_META:
-                packs.append(_NO_META_BYTES)
-            else:
+        for blob, meta, _at in items:  # (refused before anything is written)
+            if meta is not NO_META:
                 _check_meta(meta)
-                packs.append(records.encode_meta(meta))
             if base + len(blob) > limit:
                 raise RecordTooLarge(f"record of {len(blob)} octets exceeds {limit}")
         seqs: list[int] = []
-        encode = records.encode_put_packed
+        summed_of = self._summed.get(queue)
+        if summed_of is None:
+            summed_of = self._summed[queue] = records.put_summed(key)
+        pack_summed, pack_head = summed_of.pack, records.MAGIC_SUM.pack
+        xxh3, magic, put = records.xxh3_64, records.MAGIC, records.RecordKind.PUT
+        header = records.HEADER_SIZE
         with self._lock:
             if not items:
                 return seqs, self._ticket
@@ -346,10 +348,10 @@ class LogStore:
             # index slots of consecutive numbers, given to the index together
             rows: list[Row] = []
             first = next_seq = index.next_seq
-            for (blob, meta, at), packed in zip(items, packs, strict=True):
+            for blob, meta, at in items:
                 size = base + len(blob)
                 seq = next_seq if at < next_seq else at
-                if seq != first + len(rows):  # (a number skipped: the rows so far first)
+                if seq != next_seq:  # (a number skipped: the rows so far first)
                     index.put_rows(first, rows)
                     rows = []
                     first = seq
@@ -364,15 +366,20 @@ class LogStore:
                         run = []
                     run_segment = segment
                 offset = self._head_size
-                run.append(encode(key, seq, segment, packed, blob, seed))
+                packed = _NO_META_BYTES if meta is NO_META else records.encode_meta(meta)
+                summed = pack_summed(size - header, put, key, seq, segment, packed) + blob
+                run += (pack_head(magic, xxh3(summed, seed)), summed)  # (the writer joins)
                 self._head_size = offset + size
                 info = segments_[segment]
                 info.size = offset + size
                 info.live += size
-                rows.append(
-                    (segment, offset, size, segment, meta.delivery_count, meta.put_backs,
-                     int(meta.priority), meta.deadline)
-                )  # fmt: skip
+                if meta is NO_META:
+                    rows.append((segment, offset, size, segment, 0, 0, 0, 0.0))
+                else:
+                    rows.append(
+                        (segment, offset, size, segment, meta.delivery_count, meta.put_backs,
+                         int(meta.priority), meta.deadline)
+                    )  # fmt: skip
                 seqs.append(seq)
             index.put_rows(first, rows)
             self._reserve_run(run_segment, run)

@@ -11,8 +11,9 @@ import pytest
 from broker.message import Message
 from broker.store import MemoryStore, StoredMessage
 from broker.store.durable import MAX_SKIP, DurableStore
-from broker.store.log import LogStore, Meta, RecordTooLarge, StoreUsageError
+from broker.store.log import LogStore, Meta, RecordTooLarge, StoreUsageError, records
 from broker.store.log.records import NO_META
+from broker.store.log.recovery import read_seed
 
 from .kit import contents, segment_files, small
 
@@ -212,3 +213,29 @@ def test_groups_index_their_records_as_one_by_one_does(tmp_path: Path, seed: int
             states.append((before, after_appends, _state(store)))
     assert states[0] == states[1]
     assert states[0][0][1], "the script left nothing live: it checks nothing"
+
+
+def test_a_group_writes_the_octets_encode_put_makes(tmp_path: Path) -> None:
+    """A group's records, encoded in two parts each (``records.put_summed``), are on disk
+    exactly the octets :func:`records.encode_put` makes for them, back to back, with
+    and without metadata: an oracle outside the group's own encoder."""
+    items = [
+        (b"first", NO_META, 0),
+        (b"x" * 300, Meta(delivery_count=3, put_backs=2, priority=True, deadline=9.5), 0),
+        (b"", NO_META, 5),
+    ]
+    with LogStore(tmp_path) as store:
+        seqs, ticket = store.append_many(Q, items)
+        assert store.wait(ticket, WAIT)
+    (name,) = segment_files(tmp_path)
+    segment = int(name.removesuffix(".seg"))  # (a record's origin: the segment it went to)
+    seed = read_seed(tmp_path)
+    assert seed is not None
+    key = records.encode_key(Q)
+    expected = b"".join(
+        records.encode_put(key, seq, segment, meta, blob, seed)
+        for seq, (blob, meta, _at) in zip(seqs, items, strict=True)
+    )
+    data = (tmp_path / name).read_bytes()
+    assert data.endswith(expected)
+    assert seqs == [1, 2, 5]

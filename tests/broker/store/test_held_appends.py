@@ -4,6 +4,7 @@ every other call writes what is held first, so the log keeps the engine's order.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -90,21 +91,52 @@ def _refusals(refused: list[tuple[int, Exception]]) -> list[tuple[int, type[Exce
     return [(k, type(exc)) for k, exc in refused]
 
 
-def test_a_held_run_refuses_exactly_what_the_log_would_refuse(tmp_path: Path) -> None:
-    """``append_each`` while held checks the run with one call into the log; each record
-    the log would refuse (too large, a deadline that is no wall-clock second) is refused
-    at its own position, the others are written as the group."""
+def _too_large_and_bad_deadline() -> list[StoredMessage]:
     run = [_stored(seq) for seq in range(1, 7)]
     run[1] = _stored(2, size=1100)
     run[3] = StoredMessage(4, run[3].message, "producer-1", deadline=float("inf"))
+    return run
+
+
+def _bad_ttl_and_too_large() -> list[StoredMessage]:
+    run = [_stored(seq) for seq in range(1, 6)]
+    run[1] = StoredMessage(2, run[1].message._replace(ttl=300), "producer-1")
+    run[3] = _stored(4, size=1100)
+    return run
+
+
+@pytest.mark.parametrize(
+    ("make_run", "refusals", "live"),
+    [
+        (
+            _too_large_and_bad_deadline,
+            [(1, RecordTooLarge), (3, StoreUsageError)],
+            [(1, 0), (3, 0), (5, 0), (6, 0)],
+        ),
+        # a message the blob format cannot hold (a TTL above 255) is refused by the
+        # encoding, before the log's check of the run: each refusal keeps its position
+        # in the run, not its position among the messages that were encoded
+        (_bad_ttl_and_too_large, [(1, ValueError), (3, RecordTooLarge)], [(1, 0), (3, 0), (5, 0)]),
+    ],
+)
+def test_a_held_run_refuses_exactly_what_the_log_would_refuse(
+    tmp_path: Path,
+    make_run: Callable[[], list[StoredMessage]],
+    refusals: list[tuple[int, type[Exception]]],
+    live: list[tuple[int, int]],
+) -> None:
+    """``append_each`` while held checks the run with one call into the log; each record
+    the log would refuse (too large, a deadline that is no wall-clock second) or the
+    encoding refuses is refused at its own position, the others are written as the
+    group."""
     with LogStore(tmp_path, LogOptions(max_record_size=1024)) as log:
         store = DurableStore(log)
         store.hold()
-        refused = store.append_each(Q, run)
+        refused = store.append_each(Q, make_run())
         store.release()
         store.flush()
-    assert _refusals(refused) == [(1, RecordTooLarge), (3, StoreUsageError)]
-    assert _live(tmp_path) == {Q: [(1, 0), (3, 0), (5, 0), (6, 0)]}
+    assert _refusals(refused) == refusals
+    assert _live(tmp_path) == {Q: live}
 
 
 def test_a_held_run_into_a_closed_log_refuses_every_record_for_its_own_reason(
