@@ -385,6 +385,10 @@ def serve_durable_broker(
     """A broker as ``broker serve --data DIR`` builds it (fsync durability); ``data``
     None: memory only (the same engine and handlers, no store).  ``stats`` (a pipe end):
     each message received is answered with the store's fsync count so far."""
+    with contextlib.suppress(ImportError):  # (a checkout before broker.heap)
+        from broker.heap import one_arena
+
+        one_arena()  # as ``broker serve`` does: before any thread allocates
     import zmq
 
     from broker.engine.delivery import PersistentDeliveryHandler
