@@ -23,9 +23,9 @@ from __future__ import annotations
 import functools
 import os
 
-__all__ = ["one_arena"]
+from zerohub.mallopt import M_ARENA_MAX, mallopt
 
-_M_ARENA_MAX = -8  # (glibc's malloc.h)
+__all__ = ["one_arena"]
 
 
 @functools.cache
@@ -33,12 +33,4 @@ def one_arena() -> bool:
     """Limit this process's C heap to its main arena; True when it was set."""
     if "MALLOC_ARENA_MAX" in os.environ or "GLIBC_TUNABLES" in os.environ:
         return False
-    import ctypes  # (deferred: only ``broker serve`` needs it)
-
-    try:
-        mallopt = ctypes.CDLL(None).mallopt  # (the process's own symbols: its C library's)
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    return bool(mallopt(_M_ARENA_MAX, 1))
+    return mallopt(M_ARENA_MAX, 1)
