@@ -388,6 +388,10 @@ def serve_durable_broker(
     each message received is answered with the store's fsync count so far.  ``names`` (a
     queue): given {native thread id: Python thread name} once serving
     (``bench_broker_threads.py``)."""
+    with contextlib.suppress(ImportError):  # (a checkout before broker.heap)
+        from broker.heap import one_arena
+
+        one_arena()  # as ``broker serve`` does: before any thread allocates
     import zmq
 
     from broker.engine.delivery import PersistentDeliveryHandler

@@ -10,7 +10,8 @@ broker's work and the machine's load move the figures less than wall time would.
 I/O thread's calls are those of its whole life in two runs of different lengths, and
 the difference is divided by the difference in pushes (its connect and close cancel out).
 
-Usage: ``python bench/bench_client_acked.py [--pushes N] [--turns T] [--base PATH]``.
+Usage: ``python bench/bench_client_acked.py [--pushes N] [--turns T] [--size OCTETS]
+[--base PATH]``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from broker.server.server import Server, ServerOptions
 
 pushes = int(sys.argv[1])
 IN_FLIGHT = 64
-payload = b"x" * 100
+payload = b"x" * int(sys.argv[2])
 ctx = zmq.Context()
 srv = Server(Engine(), ServerOptions(endpoint="tcp://127.0.0.1:*"), context=ctx)
 endpoint = srv.start()
@@ -103,8 +104,8 @@ print(json.dumps(out))
 """
 
 
-def measure_acked(root: Path, pushes: int) -> dict[str, float]:
-    result = measure(root, pushes, _MEASURE)
+def measure_acked(root: Path, pushes: int, size: int = 100) -> dict[str, float]:
+    result = measure(root, pushes, _MEASURE, str(size))
     if not str(result.pop("broker")).startswith(str(root)):
         raise SystemExit(f"measured another checkout than {root}")
     return result
@@ -114,17 +115,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pushes", type=int, default=50_000)
     parser.add_argument("--turns", type=int, default=2)
+    parser.add_argument("--size", type=int, default=100, help="payload octets (4096: 4 KiB)")
     parser.add_argument("--base", type=Path, default=None, help="another checkout, in turns")
     args = parser.parse_args(argv)
-    if args.pushes < 1 or args.turns < 1:
-        print("--pushes and --turns must be at least 1", file=sys.stderr)
+    if args.pushes < 1 or args.turns < 1 or args.size < 0:
+        print("--pushes and --turns must be at least 1, --size at least 0", file=sys.stderr)
         return 2
     sides = [("this", HERE)] + ([("base", args.base.resolve())] if args.base else [])
     print(f"{'turn':<5} {'checkout':<9} {'caller us':>10} {'I/O us':>8} {'client us':>10} "
           f"{'caller calls':>13} {'I/O calls':>10} {'load':>6}")  # fmt: skip
     for turn in range(1, args.turns + 1):
         for name, root in sides if turn % 2 else sides[::-1]:
-            r = measure_acked(root, args.pushes)
+            r = measure_acked(root, args.pushes, args.size)
             client = r["caller_us"] + r["io_us"]
             print(f"{turn:<5} {name:<9} {r['caller_us']:>10.1f} {r['io_us']:>8.1f} "
                   f"{client:>10.1f} {r['caller_calls']:>13.1f} {r['io_calls']:>10.1f} "

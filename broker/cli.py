@@ -169,6 +169,9 @@ def _build_engine(
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from broker.heap import one_arena
+
+    one_arena()  # before any thread allocates (broker.heap: one system call per held payload)
     import zmq
 
     from broker.server.server import Server, ServerError, ServerOptions

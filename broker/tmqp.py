@@ -409,6 +409,27 @@ def _encode_frame(m: Frame) -> list[bytes]:
                     )
                 )
             ]
+        if not _f_has_header and 253 <= _n0 < 65536:
+            return [
+                b"".join(
+                    (
+                        _LE_BBBBBHBH.pack(
+                            _b_flags,
+                            _b_options,
+                            len(_v_message_id),
+                            len(_v_source),
+                            len(_v_target),
+                            m.content_type,
+                            253,
+                            _n0,
+                        ),
+                        _v_message_id,
+                        _v_source,
+                        _v_target,
+                        _v_payload,
+                    )
+                )
+            ]
         _p = [
             _LE_BBBBBH.pack(
                 _b_flags,
@@ -487,6 +508,27 @@ def encode_frame(
                             len(_v_source),
                             len(_v_target),
                             content_type,
+                            _n0,
+                        ),
+                        _v_message_id,
+                        _v_source,
+                        _v_target,
+                        _v_payload,
+                    )
+                )
+            ]
+        if not _f_has_header and 253 <= _n0 < 65536:
+            return [
+                b"".join(
+                    (
+                        _LE_BBBBBHBH.pack(
+                            _b_flags,
+                            _b_options,
+                            len(_v_message_id),
+                            len(_v_source),
+                            len(_v_target),
+                            content_type,
+                            253,
                             _n0,
                         ),
                         _v_message_id,
@@ -602,6 +644,27 @@ def encode_frame_sender(
                                 len(_v_source),
                                 len(_v_target),
                                 content_type,
+                                _n0,
+                            ),
+                            _v_message_id,
+                            _v_source,
+                            _v_target,
+                            _v_payload,
+                        )
+                    )
+                ]
+            if not _f_has_header and 253 <= _n0 < 65536:
+                return [
+                    b"".join(
+                        (
+                            _LE_BBBBBHBH.pack(
+                                _b_flags,
+                                _b_options,
+                                len(_v_message_id),
+                                len(_v_source),
+                                len(_v_target),
+                                content_type,
+                                253,
                                 _n0,
                             ),
                             _v_message_id,

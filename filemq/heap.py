@@ -24,26 +24,15 @@ from __future__ import annotations
 
 import functools
 
+from zerohub.mallopt import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, mallopt
+
 __all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "keep_freed_memory"]
 
 MMAP_THRESHOLD = 8 << 20
 TRIM_THRESHOLD = 64 << 20
 
-_M_TRIM_THRESHOLD = -1  # (glibc's malloc.h)
-_M_MMAP_THRESHOLD = -3
-
 
 @functools.cache
 def keep_freed_memory() -> bool:
     """Set glibc's thresholds (above); True when they were set."""
-    import ctypes  # (deferred: ~1 ms, only for the commands that move chunks)
-
-    try:
-        mallopt = ctypes.CDLL(None).mallopt  # (the process's own symbols: its C library's)
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
-        mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
-    )
+    return mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)

@@ -9,6 +9,7 @@ ZAP authenticator, the bind policy, socket helpers, the handshake-failure monito
 ``zerohub serve`` command; ``zerohub.config`` its one TOML schema, ``zerohub.status``
 the figures read live from both services, served as Prometheus metrics
 (``zerohub.metrics``) and a web console (``zerohub.console``) by ``zerohub.httpd``, and
-``zerohub.logs`` the logging both share.  ``filemq`` and ``broker`` never import each
-other (nor anything here but ``zerohub.cli`` and ``zerohub.zmqkit``).
+``zerohub.logs`` the logging both share; ``zerohub.mallopt`` the C heap's one setter their
+``serve`` commands use.  ``filemq`` and ``broker`` never import each other (nor anything
+here but ``zerohub.cli``, ``zerohub.zmqkit`` and ``zerohub.mallopt``).
 """

@@ -385,6 +385,7 @@ class EncoderWriter:
         self.varlens = 0
         self.flags: list[str] = []  # optional sections' flags
         self.short: list[str] = []  # "the variable length takes one octet" conditions
+        self.wide: list[str] = []  # "... takes three octets" (253, then two) conditions
         self.head_expr: dict[str, str] = {}  # fast head target -> value to pack
         src("try:")
         src.indent()
@@ -434,6 +435,10 @@ class EncoderWriter:
         plan = plan_fast(msg) if fast else None
         if plan is not None:
             self._simplest(src, plan)
+            # and with every variable length in its three-octet form (a 4 KiB payload)
+            wide = plan_fast(msg, wide=True) if self.wide else None
+            if wide is not None:
+                self._simplest(src, wide, self.wide)
         head = _merge(sections[0].items, self.structs)
         if grow:
             first = self._grow(src, sections)
@@ -515,12 +520,16 @@ class EncoderWriter:
                 src.dedent()
         return "_rt.frame_of(_b)"
 
-    def _simplest(self, src: Source, plan: Plan) -> None:
+    def _simplest(self, src: Source, plan: Plan, lengths: list[str] | None = None) -> None:
         """The message in its simplest shape (no optional section, one-octet variable
-        lengths): one ``struct`` for the head, as the fast decoder reads it."""
+        lengths, or the three-octet ones: ``lengths`` their conditions, ``plan`` from
+        ``plan_fast(wide=True)``): one ``struct`` for the head, as the fast decoder
+        reads it."""
         tests = [f"not {flag}" for flag in self.flags]
-        tests += self.short
-        args = [self.head_expr[target] for target, _, _ in plan.head]
+        tests += self.short if lengths is None else lengths
+        wide = lengths is not None  # (its length markers are the plan's constants)
+        fixed = {target: str(value) for target, value in plan.constants if wide}
+        args = [fixed.get(target) or self.head_expr[target] for target, _, _ in plan.head]
         name = self.structs.name(plan.format())
         parts = [f"{name}.pack(__ARGS__)"] + [f"_v_{f.ident}" for f in plan.tail]
         src(f"if {' and '.join(tests)}:")
@@ -571,6 +580,7 @@ class EncoderWriter:
         section.late.append(f"{name} = {expr}")
         low = f"{name} < 253" if derived else f"0 <= {name} < 253"
         self.short.append(low)
+        self.wide.append(f"253 <= {name} < 65536")
         return f"_OCTET[{name}] if {low} else _rt.enc_varlen({name}, {lit(order)})"
 
     def _field(

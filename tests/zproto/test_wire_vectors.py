@@ -110,6 +110,38 @@ def test_tmqp_payload_length_picks_smallest_form(size: int, prefix: bytes) -> No
     assert tmqp.decode([raw]).payload == b"p" * size
 
 
+@pytest.mark.parametrize("size", [0, 252, 253, 4096, 65535, 65536])
+def test_tmqp_every_encoder_writes_the_same_octets_at_each_length_form(size: int) -> None:
+    """The class, keyword and sender encoders (a producer's pushes) give the octets built
+    here by hand, at each edge of the payload length's forms (one octet below 253, then
+    253 + u16 up to 65,535: a 4 KiB push's, then 254 + u32)."""
+    payload = bytes(range(256)) * (size // 256) + b"q" * (size % 256)
+    if size < 253:
+        length = bytes((size,))
+    elif size <= 0xFFFF:
+        length = b"\xfd" + struct.pack("<H", size)
+    else:
+        length = b"\xfe" + struct.pack("<I", size)
+    expected = (
+        bytes((0x11, 0x40 | 16, 3, 2, 4))
+        + struct.pack("<H", 7)
+        + length
+        + b"m-1"
+        + b"me"
+        + b"chan"
+        + payload
+    )
+    fields = {"message_type": 0x11, "pending_ack": True, "source": "me"}
+    frame = tmqp.Frame(content_type=7, message_id="m-1", target="chan", payload=payload, **fields)
+    sender = tmqp.encode_frame_sender(**fields)
+    assert tmqp.encode(frame) == [expected]
+    assert tmqp.encode_frame(
+        content_type=7, message_id="m-1", target="chan", payload=payload, **fields
+    ) == [expected]
+    assert sender(7, "m-1", "chan", payload) == [expected]
+    assert tmqp.decode([expected]) == frame
+
+
 def test_tmqp_reader_accepts_non_minimal_lengths_and_header_whitespace() -> None:
     block = b"Key : value \r\nOther:x\r\n"
     raw = (
