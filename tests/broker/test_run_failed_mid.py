@@ -24,6 +24,9 @@ import pytest
 
 from broker import message as message_module
 from broker import tmqp
+from broker.client.blocking import Client
+from broker.client.frames import join_frame
+from broker.engine.engine import Engine
 from broker.engine.fanout import Publish
 from broker.engine.options import BrokerConfig
 from broker.engine.queue import broadcast_run as broadcast_module
@@ -32,6 +35,9 @@ from broker.engine.tmqp_door import message_of
 from broker.fanout import FANOUT, FANOUT_TICKET, VERSION
 from broker.message import Message
 from broker.protocol import MessageType, Operation, QueueStatus, header
+from broker.server.server import Server, ServerOptions
+from tests.broker.test_batch import Raw
+from tests.broker.test_push_runs import LOADED, QUEUES, _batch_of, frames_until, push
 
 from .engine_kit import Frame, Kit
 from .test_engine_batch_path import _counters, one_by_one
@@ -49,14 +55,14 @@ def _items() -> list[tuple[int, Frame, bytes]]:
     return [(k, f, tmqp.encode(f)[0]) for k, f in enumerate(frames)]
 
 
-def _failing_stamp(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[str]:
-    """``with_source`` in ``module`` raising for the push with id :data:`FAILS`, every
-    time it meets it; returns the ids it raised for (kept up to date)."""
+def _failing_stamp(monkeypatch: pytest.MonkeyPatch, module: Any, fails: str = FAILS) -> list[str]:
+    """``with_source`` in ``module`` raising for the push with id ``fails``, every time
+    it meets it; returns the ids it raised for (kept up to date)."""
     raised: list[str] = []
     real = message_module.with_source
 
     def with_source(m: Message, source: str) -> Message:
-        if m.message_id == FAILS:
+        if m.message_id == fails:
             raised.append(m.message_id)
             raise RuntimeError("injected: stamping this push failed")
         return real(m, source)
@@ -174,3 +180,46 @@ def test_a_push_raising_mid_broadcast_run_fails_alone_and_the_run_is_counted(
     resend = kit.engine.receive("p", items[2][1], kit.now, items[2][2])
     assert _published(resend) == [FAILS]
     assert (queue.sequence, queue.received, queue.sent, queue.duplicates) == (RUN, RUN, RUN, 0)
+
+
+# ---------------------------------------------------------------- on the wire
+
+
+def _delivered(consumer: Raw, last: str) -> list[str]:
+    return [m.message_id for m in frames_until(consumer, last) if isinstance(m, tmqp.Frame)]
+
+
+def test_an_acknowledged_batch_whose_push_raises_delivers_the_rest_and_takes_its_resend(
+    zctx: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live server: a producer's acknowledged batch of six plain pushes, the third
+    raising; then a plain push, its resend, another push.  The batch's acknowledge says
+    all were taken (the known limit, as for a plain push failing alone): every push but
+    the failed one is delivered once, in order, and the resend of the failed one is."""
+    _failing_stamp(monkeypatch, queue_module, "w2")
+    server = Server(Engine(), ServerOptions(endpoint="inproc://run-failed-mid"), context=zctx)
+    endpoint = server.start()
+    admin = Client(endpoint, context=zctx, timeout=LOADED).connect()
+    consumer = Raw(zctx, endpoint)
+    producer = Raw(zctx, endpoint)
+    for peer in (consumer, producer):
+        peer.sock.rcvtimeo = int(LOADED * 1000)
+    try:
+        admin.create_queue("d", 1, QUEUES[1])
+        consumer.send(tmqp.encode(join_frame("j", "d"))[0])
+        assert consumer.frame().message_id == "j"
+        pushes = [push(f"w{i}", 1, b"w%d" % i) for i in range(RUN)]
+        producer.send(_batch_of("b", pushes, ack=True))
+        answer = producer.frame()
+        assert (answer.message_type, answer.message_id) == (MessageType.ACK, "b")
+        producer.send(push("end", 1, b"e"))
+        assert _delivered(consumer, "end") == ["w0", "w1", "w3", "w4", "w5", "end"]
+        monkeypatch.undo()
+        producer.send(push("w2", 1, b"w2"))  # the resend
+        producer.send(push("end2", 1, b"e"))
+        assert _delivered(consumer, "end2") == ["w2", "end2"]
+    finally:
+        admin.close()
+        consumer.close()
+        producer.close()
+        server.stop()
