@@ -131,18 +131,21 @@ print(json.dumps(seen))
 """
 
 
-def test_a_changed_standard_library_falls_back_to_the_plain_future(served: Broker) -> None:
+def _child(code: str, endpoint: str) -> tuple[dict[str, Any], str]:
+    """Run ``code`` in a child process against the broker at ``endpoint``: what it
+    printed (JSON) and its stderr."""
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD, served.endpoint],
-        capture_output=True,
-        text=True,
-        timeout=WAIT * 6,
+        [sys.executable, "-c", code, endpoint], capture_output=True, text=True, timeout=WAIT * 6
     )
     assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout)
+    return json.loads(done.stdout), done.stderr
+
+
+def test_a_changed_standard_library_falls_back_to_the_plain_future(served: Broker) -> None:
+    seen, stderr = _child(_CHILD, served.endpoint)
     assert seen["problems"] == ["concurrent.futures._base.LOGGER is not a logging.Logger"]
     assert seen["plain"] and seen["types"] == ["Future"] and not seen["lean"]
-    assert "the client's futures are plain concurrent.futures.Future" in done.stderr
+    assert "the client's futures are plain concurrent.futures.Future" in stderr
     assert seen["first"] and (seen["done"], seen["pending"]) == (100, 0)
     assert seen["completed"] == 100 and seen["ids"] == 100
     assert seen["pulled"] == [f"m{i}" for i in range(50)] + [f"b{i}" for i in range(50)]
@@ -182,14 +185,7 @@ print(json.dumps(seen))
 def test_the_choice_is_made_at_the_threaded_clients_first_request_not_at_import(
     served: Broker,
 ) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", _FIRST_USE, served.endpoint],
-        capture_output=True,
-        text=True,
-        timeout=WAIT * 6,
-    )
-    assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout)
+    seen, _ = _child(_FIRST_USE, served.endpoint)
     assert seen["import"] == [False, 0]
     assert seen["poll-on-call"] == [False, 0]
     assert seen["threaded connect"] == [False, 0]  # (the handshake needs no future)

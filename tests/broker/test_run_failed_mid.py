@@ -24,8 +24,6 @@ import pytest
 
 from broker import message as message_module
 from broker import tmqp
-from broker.client.blocking import Client
-from broker.client.frames import join_frame
 from broker.engine.engine import Engine
 from broker.engine.fanout import Publish
 from broker.engine.options import BrokerConfig
@@ -37,7 +35,8 @@ from broker.message import Message
 from broker.protocol import MessageType, Operation, QueueStatus, header
 from broker.server.server import Server, ServerOptions
 from tests.broker.test_batch import Raw
-from tests.broker.test_push_runs import LOADED, QUEUES, _batch_of, frames_until, push
+from tests.broker.test_push_runs import _batch_of, frames_until, push
+from tests.broker.test_run_failed import peers
 
 from .engine_kit import Frame, Kit
 from .test_engine_batch_path import _counters, one_by_one
@@ -199,27 +198,22 @@ def test_an_acknowledged_batch_whose_push_raises_delivers_the_rest_and_takes_its
     _failing_stamp(monkeypatch, queue_module, "w2")
     server = Server(Engine(), ServerOptions(endpoint="inproc://run-failed-mid"), context=zctx)
     endpoint = server.start()
-    admin = Client(endpoint, context=zctx, timeout=LOADED).connect()
-    consumer = Raw(zctx, endpoint)
-    producer = Raw(zctx, endpoint)
-    for peer in (consumer, producer):
-        peer.sock.rcvtimeo = int(LOADED * 1000)
     try:
-        admin.create_queue("d", 1, QUEUES[1])
-        consumer.send(tmqp.encode(join_frame("j", "d"))[0])
-        assert consumer.frame().message_id == "j"
-        pushes = [push(f"w{i}", 1, b"w%d" % i) for i in range(RUN)]
-        producer.send(_batch_of("b", pushes, ack=True))
-        answer = producer.frame()
-        assert (answer.message_type, answer.message_id) == (MessageType.ACK, "b")
-        producer.send(push("end", 1, b"e"))
-        assert _delivered(consumer, "end") == ["w0", "w1", "w3", "w4", "w5", "end"]
-        monkeypatch.undo()
-        producer.send(push("w2", 1, b"w2"))  # the resend
-        producer.send(push("end2", 1, b"e"))
-        assert _delivered(consumer, "end2") == ["w2", "end2"]
+        admin, consumer, producer = peers(zctx, endpoint)
+        try:
+            pushes = [push(f"w{i}", 1, b"w%d" % i) for i in range(RUN)]
+            producer.send(_batch_of("b", pushes, ack=True))
+            answer = producer.frame()
+            assert (answer.message_type, answer.message_id) == (MessageType.ACK, "b")
+            producer.send(push("end", 1, b"e"))
+            assert _delivered(consumer, "end") == ["w0", "w1", "w3", "w4", "w5", "end"]
+            monkeypatch.undo()
+            producer.send(push("w2", 1, b"w2"))  # the resend
+            producer.send(push("end2", 1, b"e"))
+            assert _delivered(consumer, "end2") == ["w2", "end2"]
+        finally:
+            admin.close()
+            consumer.close()
+            producer.close()
     finally:
-        admin.close()
-        consumer.close()
-        producer.close()
         server.stop()

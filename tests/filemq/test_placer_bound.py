@@ -33,6 +33,7 @@ from filemq.placer import MAX_PENDING, Placer
 from tests.polling import WAIT
 
 from .conftest import read_tree
+from .test_placer import recv_decoded
 
 #: The burst: whole small files, together half again the placer's bound.
 FILES = 60
@@ -90,13 +91,9 @@ def test_a_burst_of_small_files_keeps_at_most_the_bound_alive(
     thread = threading.Thread(target=lambda: outcome.append(client.run()))
     thread.start()
     try:
-        poller = zmq.Poller()
-        poller.register(router, zmq.POLLIN)
 
         def recv() -> tuple[bytes, Any]:
-            assert poller.poll(WAIT * 1000), "the mirror sent nothing"
-            ident, frame = router.recv_multipart()
-            return ident, fmq_msg.decode([frame])
+            return recv_decoded(router, WAIT * 1000)
 
         ident, msg = recv()
         assert isinstance(msg, fmq_msg.Ohai)
