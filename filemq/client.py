@@ -987,8 +987,12 @@ class SyncClient:
     def _perform(
         self, session: ClientSession, mirror: Mirror, actions: Iterable[Any]
     ) -> str | None:
+        placer = self._placer
         for action in actions:
-            if not (isinstance(action, FileChunk) and _whole(action)) and not self._placer.settled:
+            if (
+                not (isinstance(action, FileChunk) and _whole(action))
+                or placer.held >= placer.max_pending  # (placed files keep their content)
+            ) and not placer.settled:
                 outcome = self._settle(session, mirror)  # (nothing else beside the placer)
                 if outcome is not None:
                     return outcome

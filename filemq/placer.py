@@ -19,6 +19,10 @@ Rules:
 * at most ``max_pending`` content bytes wait for the worker (default
   ``MAX_PENDING``, 8 MiB): ``submit`` blocks beyond that, so a disk slower than the
   wire holds the receive loop (and the credit it grants) instead of filling memory;
+* a job's content stays alive until its outcome is collected (the token holds it):
+  :attr:`held` counts it, and the submitter settles when it reaches ``max_pending``
+  (the client does, before its next small file), so a disk as fast as the wire does not
+  fill memory either; the worker keeps nothing of a run once it is done;
 * ``close`` lets the jobs submitted run, then stops the worker.
 
 The worker takes the jobs queued in runs of at most ``_RUN`` (one lock round, one
@@ -56,7 +60,13 @@ class Placer(Generic[T]):
     """Run jobs on one worker thread, in order; ``settle`` collects their outcomes."""
 
     def __init__(self, max_pending: int = MAX_PENDING, *, thread: bool = True) -> None:
-        self._max_pending = max(1, max_pending)
+        self._max_pending = self.max_pending = max(1, max_pending)
+        #: Content bytes submitted whose outcome was not collected yet (``settle``): what
+        #: the placer keeps alive, queued, being placed or placed -- a job's token (the
+        #: client's chunk) holds its content until then.  Read by the submitter, which
+        #: settles once it reaches ``max_pending`` (``submit`` alone cannot: an outcome is
+        #: handed back only by ``settle``).  Changed only by the submitting thread.
+        self.held = 0
         self._inline = not thread
         self._jobs: deque[tuple[Callable[[], T], int, Any]] = deque()
         self._done: list[tuple[Any, T | Exception]] = []
@@ -69,6 +79,7 @@ class Placer(Generic[T]):
 
     def submit(self, job: Callable[[], T], size: int, token: Any) -> None:
         """Queue ``job`` (``size`` content bytes); ``token`` comes back with its outcome."""
+        self.held += size
         if self._inline:
             self._done.append((token, _outcome(job)))
             return
@@ -97,6 +108,7 @@ class Placer(Generic[T]):
             while self._jobs or self._running:
                 self._cond.wait()
             done, self._done = self._done, []
+        self.held = 0
         return done
 
     def close(self) -> None:
@@ -128,6 +140,7 @@ class Placer(Generic[T]):
                 self._running = False
                 self._pending -= sum(size for _job, size, _token in run)
                 self._done += outcomes
+                del run, outcomes  # (their content is not kept alive while this waits)
                 cond.notify_all()
 
 

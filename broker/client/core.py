@@ -22,9 +22,9 @@ from typing import Any, Protocol
 
 import zmq
 
+from broker.client import future as _futures
 from broker.client.confirm import Confirmations
 from broker.client.errors import ClientClosed, ClientError, StopLoop
-from broker.client.future import ClientFuture
 from broker.client.inbox import Inbox
 from broker.client.message import Message
 from broker.client.session import Call, Session, SessionState
@@ -106,7 +106,7 @@ class ClientCore:
     def future(self) -> Future[Any]:
         """A request's future (threaded: ``broker.client.future``; poll-on-call: one
         whose waiting drives the loop)."""
-        return _PumpedFuture(self) if self.loop is not None else ClientFuture()
+        return _PumpedFuture(self) if self.loop is not None else _futures.ClientFuture()
 
     def pump(
         self, done: Callable[[], bool], deadline: float | None, *, first: bool = False
@@ -221,7 +221,8 @@ class ClientCore:
     def submit_encoded(self, message_id: str, data: bytes, timeout: float | None) -> Future[Any]:
         """Send ``data``, a frame encoded by the caller whose answer is the ACK/RESPONSE
         frame of ``message_id``; the future of that frame."""
-        future = _PumpedFuture(self) if self.loop is not None else ClientFuture()  # (future())
+        # (future(), inline)
+        future = _PumpedFuture(self) if self.loop is not None else _futures.ClientFuture()
         self.session.expect(message_id, future, time.monotonic(), timeout)
         try:
             self.enqueue(data, blind=False)

@@ -1,9 +1,10 @@
-"""The threaded client's future class, chosen once at import: :data:`ClientFuture`.
+"""The threaded client's future class, chosen once at its first use: :data:`ClientFuture`.
 
 The lean future (``broker.client.lean_future.LeanFuture``: no ``threading.Condition`` per
 future) leans on private parts of ``concurrent.futures._base`` so that the module's
 ``wait`` and ``as_completed`` work on it.  This module names them (:data:`RELIED_ON`),
-checks at import that each is there with the shape the lean future expects
+checks at the first use (the threaded client's first request; not at import, which every
+CLI start pays) that each is there with the shape the lean future expects
 (:func:`internals_problems`), then tries the lean future once against the real
 ``concurrent.futures.wait`` (:func:`probe_problems`).  When everything fits,
 :data:`ClientFuture` is the lean future; when anything does not (another Python, a
@@ -127,10 +128,32 @@ def _choose() -> tuple[type[Future[Any]], list[str]]:
     return (Future if problems else LeanFuture), problems
 
 
-_CHOSEN, PROBLEMS = _choose()
-if PROBLEMS:
-    logging.getLogger(__name__).warning(
-        "the client's futures are plain concurrent.futures.Future: %s", "; ".join(PROBLEMS)
-    )
-#: The class of the threaded client's futures (see the module docstring).
-ClientFuture: type[Future[Any]] = _CHOSEN
+#: The class of the threaded client's futures (see the module docstring) and the problems
+#: that made it the plain one: set by :func:`__getattr__` at the first read (declared here,
+#: not assigned, so that the first read comes there).
+ClientFuture: type[Future[Any]]
+PROBLEMS: list[str]
+#: The choice is made once, by the first thread that asks.
+_CHOOSING = threading.Lock()
+
+
+def __getattr__(name: str) -> Any:
+    """:data:`ClientFuture` and :data:`PROBLEMS`, chosen at the first use (the threaded
+    client's first request, or a reader of either name), not at import: a program that
+    imports the client and never waits on its futures (a CLI, a poll-on-call client)
+    pays nothing.  Both become plain module attributes then: later reads are ordinary
+    lookups (this function is not called again)."""
+    if name not in ("ClientFuture", "PROBLEMS"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    with _CHOOSING:
+        chosen = globals().get("ClientFuture")
+        if chosen is None:
+            chosen, problems = _choose()
+            if problems:
+                logging.getLogger(__name__).warning(
+                    "the client's futures are plain concurrent.futures.Future: %s",
+                    "; ".join(problems),
+                )
+            globals()["PROBLEMS"] = problems
+            globals()["ClientFuture"] = chosen
+    return globals()[name]

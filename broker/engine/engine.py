@@ -86,7 +86,7 @@ from broker.engine.delivery import (
     PersistentDeliveryHandler,
 )
 from broker.engine.dsubs import DurableSubscriptions
-from broker.engine.errors import ClientRejected, EngineError, OperationError
+from broker.engine.errors import ClientRejected, EngineError, OperationError, RunFailed
 from broker.engine.events import EventHub
 from broker.engine.fanout import FanoutStreams
 from broker.engine.federated import FEDERATION_CLIENT, FederatedIds
@@ -451,6 +451,9 @@ class Engine:
                 else:
                     try:
                         taken = run_queue.push_plain_run(run, i - run_start, client, now, out)
+                    except RunFailed as exc:  # one push failed: the rest of the run goes on
+                        self.count_error("receive batch", exc.cause)
+                        taken = exc.done
                     except Exception as exc:  # nobody in the run waits for an answer
                         self.count_error("receive batch", exc)
                         taken = run_end - i
@@ -505,6 +508,9 @@ class Engine:
                 else:
                     try:
                         taken = queue.push_plain_run(messages, i, client, now, out)
+                    except RunFailed as exc:  # one push failed: the rest goes on
+                        self.count_error("receive pushes", exc.cause)
+                        taken = exc.done
                     except Exception as exc:  # nobody waits for an answer: the rest of it
                         self.count_error("receive pushes", exc)
                         taken = self._same_queue(messages, i)

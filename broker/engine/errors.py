@@ -27,3 +27,21 @@ class OperationError(EngineError):
     def __init__(self, code: ResultCode, reason: str, token: str | None = None) -> None:
         super().__init__(code, reason)
         self.token = token or NACK_REASON_FOR_CODE.get(code, NackReason.FAILED)
+
+
+class RunFailed(EngineError):
+    """A push of a run of plain pushes raised (``Queue.push_plain_run``,
+    ``broadcast_run.publish_plain_run``).
+
+    The pushes before it were taken and counted as if the run had ended there; nothing
+    of the failed push left the broker (no delivery, no place in the queue, no number)
+    and its id and those of the pushes after it are forgotten, so a resend of any of
+    them is taken, not answered as a duplicate.  ``done``: how many pushes of the run are
+    finished (those taken and the failed one); the caller goes on after them, as the
+    one-by-one path goes on after a push that raised alone; ``cause``: what it raised.
+    """
+
+    def __init__(self, done: int, cause: Exception) -> None:
+        super().__init__(ResultCode.FAILED, "internal error")
+        self.done = done
+        self.cause = cause

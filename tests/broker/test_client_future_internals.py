@@ -131,18 +131,63 @@ print(json.dumps(seen))
 """
 
 
-def test_a_changed_standard_library_falls_back_to_the_plain_future(served: Broker) -> None:
+def _child(code: str, endpoint: str) -> tuple[dict[str, Any], str]:
+    """Run ``code`` in a child process against the broker at ``endpoint``: what it
+    printed (JSON) and its stderr."""
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD, served.endpoint],
-        capture_output=True,
-        text=True,
-        timeout=WAIT * 6,
+        [sys.executable, "-c", code, endpoint], capture_output=True, text=True, timeout=WAIT * 6
     )
     assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout)
+    return json.loads(done.stdout), done.stderr
+
+
+def test_a_changed_standard_library_falls_back_to_the_plain_future(served: Broker) -> None:
+    seen, stderr = _child(_CHILD, served.endpoint)
     assert seen["problems"] == ["concurrent.futures._base.LOGGER is not a logging.Logger"]
     assert seen["plain"] and seen["types"] == ["Future"] and not seen["lean"]
-    assert "the client's futures are plain concurrent.futures.Future" in done.stderr
+    assert "the client's futures are plain concurrent.futures.Future" in stderr
     assert seen["first"] and (seen["done"], seen["pending"]) == (100, 0)
     assert seen["completed"] == 100 and seen["ids"] == 100
     assert seen["pulled"] == [f"m{i}" for i in range(50)] + [f"b{i}" for i in range(50)]
+
+
+# The child: counts the calls of concurrent.futures.wait (the probe's) from before the
+# client is imported, then reports when the choice is made: not at import, not by a
+# poll-on-call client's requests (its futures are its own), at a threaded client's first
+# request (an acknowledged push).
+_FIRST_USE = """
+import concurrent.futures as cf, json, sys
+calls = []
+real = cf.wait
+def counted(*args, **kwargs):
+    calls.append(1)
+    return real(*args, **kwargs)
+cf.wait = counted
+from broker.client.blocking import Client
+from broker.client import future as chooser
+chosen = lambda: "ClientFuture" in vars(chooser)
+seen = {"import": [chosen(), len(calls)]}
+with Client(sys.argv[1], timeout=30, threaded=False).connect() as client:
+    client.create_queue("fu", 1, {"Status": 3})
+    client.push("fu", 1, b"p", ack=True)
+    seen["poll-on-call"] = [chosen(), len(calls)]
+with Client(sys.argv[1], timeout=30).connect() as client:
+    seen["threaded connect"] = [chosen(), len(calls)]
+    future = client.push_async("fu", 1, b"t")
+    seen["first push"] = [chosen(), len(calls), type(future).__name__]
+    future.result(30)
+    client.push("fu", 1, b"u", ack=True)
+    seen["second push"] = [chosen(), len(calls)]
+print(json.dumps(seen))
+"""
+
+
+def test_the_choice_is_made_at_the_threaded_clients_first_request_not_at_import(
+    served: Broker,
+) -> None:
+    seen, _ = _child(_FIRST_USE, served.endpoint)
+    assert seen["import"] == [False, 0]
+    assert seen["poll-on-call"] == [False, 0]
+    assert seen["threaded connect"] == [False, 0]  # (the handshake needs no future)
+    assert seen["first push"] == [True, 1, "LeanFuture"]
+    assert seen["second push"] == [True, 1]  # (once per process)

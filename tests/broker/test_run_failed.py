@@ -78,6 +78,20 @@ def served(zctx: Ctx, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
     s.close()
 
 
+def peers(zctx: Ctx, endpoint: str) -> tuple[Client, Raw, Raw]:
+    """An admin client that made queue ``d`` 1 (push), a raw consumer joined to ``d``
+    and a raw producer, their waits as long as a loaded machine needs."""
+    admin = Client(endpoint, context=zctx, timeout=LOADED).connect()
+    consumer = Raw(zctx, endpoint)
+    producer = Raw(zctx, endpoint)
+    for peer in (consumer, producer):
+        peer.sock.rcvtimeo = int(LOADED * 1000)
+    admin.create_queue("d", 1, QUEUES[1])
+    consumer.send(tmqp.encode(join_frame("j", "d"))[0])
+    assert consumer.frame().message_id == "j"
+    return admin, consumer, producer
+
+
 def _seen(msg: tmqp.Message) -> tuple[str, str, object]:
     """A reply as (kind, message id, result code or Nack-Reason)."""
     if type(msg) is not tmqp.Frame:
@@ -93,15 +107,8 @@ def test_the_engine_raising_on_a_run_answers_it_failed_and_serving_goes_on(
     served: Served, zctx: Ctx, kind: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     frames, answered = RUNS[kind]
-    admin = Client(served.endpoint, context=zctx, timeout=LOADED).connect()
-    consumer = Raw(zctx, served.endpoint)
-    producer = Raw(zctx, served.endpoint)
-    for peer in (consumer, producer):
-        peer.sock.rcvtimeo = int(LOADED * 1000)
+    admin, consumer, producer = peers(zctx, served.endpoint)
     try:
-        admin.create_queue("d", 1, QUEUES[1])
-        consumer.send(tmqp.encode(join_frame("j", "d"))[0])
-        assert consumer.frame().message_id == "j"
         served.hold.hold()
         producer.send(PING)  # (the drain's first message: straight through)
         for data in frames:

@@ -30,6 +30,13 @@ from tests.polling import wait_until
 from .conftest import read_tree, write_tree
 
 
+def recv_decoded(router: zmq.Socket[Any], timeout_ms: int) -> tuple[bytes, Any]:
+    """A hand-driven server's next message from the mirror: its identity, decoded."""
+    assert router.poll(timeout_ms), "the mirror sent nothing"
+    ident, frame = router.recv_multipart()
+    return ident, fmq_msg.decode([frame])
+
+
 @pytest.mark.parametrize("thread", [True, False], ids=["thread", "inline"])
 def test_jobs_run_in_order_and_every_outcome_comes_back_in_that_order(thread: bool) -> None:
     placer: Placer[int] = Placer(thread=thread)
@@ -112,13 +119,9 @@ def test_a_bad_file_in_the_middle_of_a_burst_is_fetched_again_the_rest_placed(
     thread = threading.Thread(target=lambda: outcome.append(client.run()))
     thread.start()
     try:
-        poller = zmq.Poller()
-        poller.register(router, zmq.POLLIN)
 
         def recv() -> tuple[bytes, Any]:
-            assert poller.poll(20_000), "the mirror sent nothing"
-            ident, frame = router.recv_multipart()
-            return ident, fmq_msg.decode([frame])
+            return recv_decoded(router, 20_000)
 
         ident, msg = recv()
         assert isinstance(msg, fmq_msg.Ohai)

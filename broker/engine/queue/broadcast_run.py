@@ -17,7 +17,9 @@ on as ``push_plain_run``'s caller says): addressed to this queue, no headers (a 
 or a CC is asked by a header), no acknowledge wish, no first-acquirer flag, within the
 size limit, an id when ids are used, not a duplicate.
 The outcome is what the general path gives one push at a time (tested against it:
-``tests/broker/test_fanout_push_runs.py``).
+``tests/broker/test_fanout_push_runs.py``).  A push that raises ends the run there: the
+ones published before it are counted, it and the rest are not taken (``plain_prefix``:
+their ids forgotten, ``RunFailed``; ``tests/broker/test_run_failed_mid.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from broker.engine.queue.plain_prefix import forget_after, plain_prefix
+from broker.engine.queue.plain_prefix import forget_from, plain_prefix, raise_failed
 from broker.engine.queue.protocols import QueueCore
 from broker.message import Message, with_source
 from broker.protocol import Outgoing
@@ -61,15 +63,17 @@ def publish_plain_run(
     sid = sender.id
     publish = stream.publish
     k = start
+    failed: BaseException | None = None
     try:
         for k in range(start, end):
             m = ms[k]
             if m.source != sid:
                 m = with_source(m, sid)
             publish(m, out)
-    except BaseException:
-        forget_after(ms, k, end, q.recent)
-        raise
+    except BaseException as exc:  # push k raised before it was published
+        failed = exc
+        forget_from(ms, k, end, q.recent)
+        end = k
     taken = end - start
     q.sequence += taken
     q.received += taken
@@ -77,4 +81,6 @@ def publish_plain_run(
     q.sent += taken
     q.deliveries += taken * len(stream.members)
     q.last_sent = now
+    if failed is not None:
+        raise_failed(failed, taken)
     return taken

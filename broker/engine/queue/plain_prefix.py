@@ -20,12 +20,20 @@ made so (``Queue.apply_options``).  The caller then serves ``ms[start:end]`` its
 (stamping each push's source, delivering or queueing or publishing it).  ``most`` caps
 the prefix where the caller knows it cannot take more (a queue with a message limit takes
 only what its consumers' windows have room for).
+
+A push of the prefix that raises while it is served (before it is delivered, placed or
+published) ends the run there: the caller counts the pushes before it as taken, gives
+the failed one no number, forgets its id and those after it (:func:`forget_from`) and
+raises :class:`~broker.engine.errors.RunFailed` (:func:`raise_failed`); the engine goes on
+after the failed push, as it goes on after a push that raised alone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NoReturn
 
+from broker.engine.errors import RunFailed
 from broker.engine.options import ChannelQueueOptions
 from broker.engine.queue.dedupe import RecentIds
 from broker.message import Message
@@ -82,11 +90,20 @@ def plain_prefix(
     return k
 
 
-def forget_after(ms: Sequence[Message], failed: int, end: int, recent: RecentIds) -> None:
-    """A push of the prefix ``..end`` failed at ``failed``: the ids of the pushes after it
-    (remembered by :func:`plain_prefix`, never taken) are forgotten again."""
+def forget_from(ms: Sequence[Message], failed: int, end: int, recent: RecentIds) -> None:
+    """A push of the prefix ``..end`` failed at ``failed``: the ids of that push and of
+    the pushes after it (remembered by :func:`plain_prefix`, never taken) are forgotten
+    again, so a resend of any of them is taken (``broker.engine.errors.RunFailed``)."""
     seen = recent.ids
-    for k in range(failed + 1, end):
+    for k in range(failed, end):
         mid = ms[k].message_id
         if mid:
             seen.pop(mid, None)
+
+
+def raise_failed(error: BaseException, taken: int) -> NoReturn:
+    """End a run whose push after the ``taken`` ones raised ``error``: as
+    :class:`RunFailed` (``done``: those and the failed one), an interrupt as itself."""
+    if not isinstance(error, Exception):
+        raise error
+    raise RunFailed(taken + 1, error) from error

@@ -59,7 +59,7 @@ from broker.engine.queue.dispatch import Dispatcher
 from broker.engine.queue.hooks import HandlerHooks
 from broker.engine.queue.ledger import Ledger
 from broker.engine.queue.messages import PAGE_IN_BATCH, MessageOrder
-from broker.engine.queue.plain_prefix import forget_after, plain_prefix
+from broker.engine.queue.plain_prefix import forget_from, plain_prefix, raise_failed
 from broker.engine.queue.protocols import QueueHost
 from broker.engine.queue.retained import Retained
 from broker.engine.queue.seqindex import SequenceIndex
@@ -907,6 +907,8 @@ class Queue:
         dedupe = opts.use_message_id and opts.duplicate_window
         if dedupe and self.recent.seen(m.message_id, now, opts.duplicate_window_time):
             return False  # a duplicate: answered by duplicate()
+        if m.source != sender.id:  # (first: a push failing here changed nothing)
+            m = with_source(m, sender.id)
         consumers = self.channel.consumer_list
         messages = self.messages
         c: Client | None = None
@@ -917,8 +919,6 @@ class Queue:
                 return False  # a push to several consumers is followed as a QueueMessage
         if c is None and opts.message_limit:
             return False  # accept() after check_push
-        if m.source != sender.id:
-            m = with_source(m, sender.id)
         if dedupe:
             recent = self.recent  # (RecentIds.add of an id just found unseen)
             recent.add_new(m.message_id, now, opts.duplicate_window)
@@ -1015,8 +1015,9 @@ class Queue:
         queued = False
         high = False
         sent_one = 0  # deliveries to ``one``: its count in ``used`` grows once, at the end
-        seq = self.sequence  # (written back at the end, even if a message raises)
+        seq = first = self.sequence  # (written back at the end, even if a message raises)
         k = start
+        failed: BaseException | None = None
         try:
             for k in range(start, end):
                 m = ms[k]
@@ -1048,19 +1049,22 @@ class Queue:
                 self._enqueue_plain(qm)
                 queued = True
                 high = high or qm.high_priority
-        except BaseException:
-            forget_after(ms, k, end, self.recent)
-            raise
-        finally:
-            self.sequence = seq
-            if sent_one:
-                assert one is not None
-                used[one.id] = used.get(one.id, 0) + sent_one
+        except BaseException as exc:  # push k raised before it was delivered or placed
+            failed = exc
+            seq = first + (k - start)  # (its number unused)
+            forget_from(ms, k, end, self.recent)
+            end = k
+        self.sequence = seq
+        if sent_one:
+            assert one is not None
+            used[one.id] = used.get(one.id, 0) + sent_one
         taken = end - start
         self.received += taken
         self.last_received = now
         if queued and consumers and (not self.stalled or high):
             self.drain(now, out)  # (stalled: see accept)
+        if failed is not None:
+            raise_failed(failed, taken)
         return taken
 
     def accept(
