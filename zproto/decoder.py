@@ -428,6 +428,26 @@ class FastDecoderWriter:
         src()
         src()
 
+    @staticmethod
+    def inlinable(plan: Plan) -> bool:
+        """Whether :meth:`write_inline` can write ``plan``'s decoder: the head's bits
+        decide fields (the frame is filled in a twin and ends in a statement of choice)."""
+        return any(bit_values(fld, f"bits_{fld.ident}") for fld in plan.bits)
+
+    def write_inline(self, src: Source, msg: Message, plan: Plan, literal_size: int) -> None:
+        """The body of ``_decode_at(buf, start, end)`` inline, in a loop run once: ``m``
+        the frame ``buf[start:end]`` (``size`` octets) in its simplest shape, else ``m``
+        stays None (a Python call less per entry of ``decode_entries``).  Only for a
+        ``plan`` that is :meth:`inlinable`."""
+        values: dict[str, str] = {}
+        for fld in plan.bits:
+            values.update(bit_values(fld, f"bits_{fld.ident}"))
+        src("m: Any = None")
+        src("while True:  # (once: a frame of another shape breaks out, m None)")
+        src.indent()
+        self._simplest(src, msg, plan, literal_size, values, "start", "break", "break")
+        src.dedent()
+
     def _simplest(
         self,
         src: Source,
@@ -437,20 +457,22 @@ class FastDecoderWriter:
         values: dict[str, str],
         base: str | None,
         fail: str,
+        made: str = "return m",
     ) -> None:
         """The body of a simplest-shape decoder of ``buf`` (``size`` octets from ``base``,
-        a variable, or from 0 when None): ``fail`` for any other frame."""
+        a variable, or from 0 when None): ``fail`` for any other frame, ``made`` once the
+        frame ``m`` is made (when the head's bits decide fields)."""
         cname = msg.class_name
         entries = self.checked_fields(src, msg, plan, literal_size, base, fail)
         if values:
             # the fields the head's bits decide: a remembered tuple per value of the bits
             self.remembered_bits(src, msg, plan, "key")
-            src(f"m: Any = {twin_name(msg)}()")
+            src(f"m{': Any' if made == 'return m' else ''} = {twin_name(msg)}()")
             unpack_bits(src, [f"m.{name}" for name in values])
             for name, expr in entries:
                 src(f"m.{name} = {expr}")
             src(f"m.__class__ = {cname}")
-            src("return m")
+            src(made)
         else:
             build(src, msg, entries)
 
