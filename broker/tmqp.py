@@ -793,6 +793,16 @@ _LITERALS: dict[bytes, Any] = {
 _LITERAL_SIZES = frozenset({8})
 
 
+def _decode_wide_first(frames: Any, buf: bytes, size: int) -> Message:
+    """``decode`` of a frame not in the simplest shape: its wide form where
+    it lies (``_decode_at_wide``), else the general decoder."""
+    if size > 7 and buf[7] == 253:
+        m = _decode_at_wide(buf, 0, size)
+        if m is not None:
+            return m
+    return _decode(frames)
+
+
 _BASES_FRAME: dict[int, tuple[Any, ...]] = {}
 
 
@@ -827,7 +837,7 @@ def decode(frames: Any) -> Message:
         return _decode(frames)
     size = len(buf)
     if size < 9 or buf[7] > 252:
-        return _decode(frames)
+        return _decode_wide_first(frames, buf, size)
     (
         bits_flags,
         bits_options,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from zproto import __version__
 from zproto.attrs import Attr, attributes, plain_default, twin_name
-from zproto.decoder import DecoderWriter, FastDecoderWriter, decodes_in_place
+from zproto.decoder import DecoderWriter, FastDecoderWriter, decodes_in_place, wide_marker
 from zproto.encoder import EncoderWriter, head_chunk
 from zproto.model import Message, Protocol, to_const_name
 from zproto.peek import PeekWriter, peekable
@@ -524,4 +524,6 @@ class PythonGenerator:
     def _decode_fast(self, src: Source, literal_size: int) -> None:
         """``decode``: a one-frame message in its simplest shape, else ``_decode``."""
         ((msg, plan),) = self.fast  # a binary model has one general message
-        FastDecoderWriter(self.structs).write(src, msg, plan, literal_size)
+        wide = plan_fast(msg, wide=True) if self.proto.entries else None
+        marker = wide_marker(plan) if wide is not None else None
+        FastDecoderWriter(self.structs).write(src, msg, plan, literal_size, marker)

@@ -175,3 +175,28 @@ def test_each_entry_that_leaves_the_inline_path_is_decoded_on_its_own() -> None:
     payload = _run(good, short)
     assert _outcome(tmqp, payload) == _outcome(GENERAL, payload)
     assert _outcome(tmqp, payload)[0] == "error"
+
+
+def test_decode_of_a_frame_with_a_three_octet_length_is_the_general_codecs() -> None:
+    """``decode`` reads a frame whose payload length takes the three-octet form (a 4 KiB
+    delivery, a batch of deliveries) where it lies before asking the general decoder:
+    every such frame, whole or damaged, decodes as the general codec decodes it."""
+
+    def verdict(module: types.ModuleType, frame: bytes) -> Any:
+        try:
+            m = module.decode([frame])
+        except DecodeError as exc:
+            return "error", exc.reason
+        return type(m).__name__, list(fields_of(m).items())
+
+    frames = list(WIDE_ENTRIES)
+    frames.append(
+        tmqp.encode(
+            tmqp.Frame(message_type=0x10, content_type=261, payload=_run(*WIDE_ENTRIES[2:3]) * 40)
+        )[0]
+    )
+    for whole in list(frames):
+        frames += [whole[:-1], whole + b"!", whole[:9], whole.replace(b"a1", b"\xff1", 1)]
+    for frame in frames:
+        assert verdict(tmqp, frame) == verdict(GENERAL, frame)
+    assert verdict(tmqp, frames[0])[0] == "Frame"
