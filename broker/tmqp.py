@@ -856,6 +856,16 @@ _LITERALS: dict[bytes, Any] = {
 _LITERAL_SIZES = frozenset({8})
 
 
+def _decode_wide_first(frames: Any, buf: bytes, size: int) -> Message:
+    """``decode`` of a frame not in the simplest shape: its wide form where
+    it lies (``_decode_at_wide``), else the general decoder."""
+    if size > 7 and buf[7] == 253:
+        m = _decode_at_wide(buf, 0, size)
+        if m is not None:
+            return m
+    return _decode(frames)
+
+
 _BASES_FRAME: dict[int, tuple[Any, ...]] = {}
 
 
@@ -890,7 +900,7 @@ def decode(frames: Any) -> Message:
         return _decode(frames)
     size = len(buf)
     if size < 9 or buf[7] > 252:
-        return _decode(frames)
+        return _decode_wide_first(frames, buf, size)
     (
         bits_flags,
         bits_options,
@@ -963,56 +973,6 @@ def _decode(frames: Any) -> Message:
         raise DecodeError(f"malformed frame: {exc}") from None
 
 
-def _decode_at(buf: bytes, p: int, end: int) -> Frame | None:
-    """``decode((buf[p:end],))`` when that frame has the simplest shape, else None."""
-    size = end - p
-    if size < 9 or buf[p + 7] > 252:
-        return None
-    (
-        bits_flags,
-        bits_options,
-        f_id_length,
-        f_source_length,
-        f_target_length,
-        f_content_type,
-        f_payload_length,
-    ) = _LE_BBBBBHB.unpack_from(buf, p)
-    e_message_id = p + 8 + f_id_length
-    e_source = e_message_id + f_source_length
-    e_target = e_source + f_target_length
-    e_payload = e_target + f_payload_length
-    if bits_options & 32 or e_payload != end:
-        return None
-    try:
-        f_message_id = buf[p + 8 : e_message_id].decode()
-        f_source = buf[e_message_id:e_source].decode()
-        f_target = buf[e_source:e_target].decode()
-    except UnicodeDecodeError:
-        return None
-    f_payload = buf[e_target:e_payload]
-    key = bits_flags << 8 | bits_options
-    bits = _BASES_FRAME.get(key)
-    if bits is None:
-        bits = _base_frame(key)
-    m: Any = _FrameSlots()
-    (
-        m.first_acquirer,
-        m.high_priority,
-        m.message_type,
-        m.pending_response,
-        m.pending_ack,
-        m.ttl,
-    ) = bits
-    m.content_type = f_content_type
-    m.message_id = f_message_id
-    m.source = f_source
-    m.target = f_target
-    m.headers = ()
-    m.payload = f_payload
-    m.__class__ = Frame
-    return m
-
-
 def _decode_at_wide(buf: bytes, p: int, end: int) -> Frame | None:
     """``decode((buf[p:end],))`` when that frame has the simplest shape but for
     its variable-length numbers in their three-octet form, else None."""
@@ -1077,24 +1037,71 @@ def decode_entries(payload: bytes, limit: int, spans: list[int] | None = None) -
     if type(payload) is not bytes:
         raise DecodeError("entries: not bytes", signature_ok=False)
     out: list[Message] = []
-    total = len(payload)
+    buf = payload
+    total = len(buf)
     pos = 0
     while pos < total:
         if total - pos < 4:
             raise DecodeError(f"entry {len(out)}: length cut short at octet {pos}")
-        (size,) = _LE_I.unpack_from(payload, pos)
+        (size,) = _LE_I.unpack_from(buf, pos)
         start = pos + 4
-        pos = start + size
+        pos = end = start + size
         if pos > total:
             raise DecodeError(f"entry {len(out)}: {size} octets, {total - start} left")
         if len(out) >= limit:
             raise DecodeError(f"more than {limit} entries")
         if spans is not None:
             spans += (start, pos)
-        m = _decode_at(payload, start, pos)
+        m: Any = None
+        while True:  # (once: a frame of another shape breaks out, m None)
+            if size < 9 or buf[start + 7] > 252:
+                break
+            (
+                bits_flags,
+                bits_options,
+                f_id_length,
+                f_source_length,
+                f_target_length,
+                f_content_type,
+                f_payload_length,
+            ) = _LE_BBBBBHB.unpack_from(buf, start)
+            e_message_id = start + 8 + f_id_length
+            e_source = e_message_id + f_source_length
+            e_target = e_source + f_target_length
+            e_payload = e_target + f_payload_length
+            if bits_options & 32 or e_payload != end:
+                break
+            try:
+                f_message_id = buf[start + 8 : e_message_id].decode()
+                f_source = buf[e_message_id:e_source].decode()
+                f_target = buf[e_source:e_target].decode()
+            except UnicodeDecodeError:
+                break
+            f_payload = buf[e_target:e_payload]
+            key = bits_flags << 8 | bits_options
+            bits = _BASES_FRAME.get(key)
+            if bits is None:
+                bits = _base_frame(key)
+            m = _FrameSlots()
+            (
+                m.first_acquirer,
+                m.high_priority,
+                m.message_type,
+                m.pending_response,
+                m.pending_ack,
+                m.ttl,
+            ) = bits
+            m.content_type = f_content_type
+            m.message_id = f_message_id
+            m.source = f_source
+            m.target = f_target
+            m.headers = ()
+            m.payload = f_payload
+            m.__class__ = Frame
+            break
         if m is None:
-            m = _decode_at_wide(payload, start, pos)
-        out.append(m if m is not None else _entry(payload, start, pos, len(out)))
+            m = _decode_at_wide(buf, start, end)
+        out.append(m if m is not None else _entry(buf, start, end, len(out)))
     return out
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from zproto import __version__
 from zproto.attrs import Attr, attributes, plain_default, twin_name
-from zproto.decoder import DecoderWriter, FastDecoderWriter, decodes_in_place
+from zproto.decoder import DecoderWriter, FastDecoderWriter, decodes_in_place, wide_marker
 from zproto.encoder import EncoderWriter, head_chunk
 from zproto.model import Message, Protocol, to_const_name
 from zproto.peek import PeekWriter, peekable
@@ -447,14 +447,19 @@ class PythonGenerator:
 
     def _entries(self, src: Source, literal_size: int) -> None:
         """``decode_entries``: the frames of a run of length-prefixed entries, each decoded
-        where it lies (``_decode_at``) when in its simplest shape, else by ``decode``."""
+        where it lies when in its simplest shape (inline when the message's head bits
+        decide fields, else ``_decode_at``; ``_decode_at_wide`` for three-octet lengths),
+        else by ``decode``."""
         p = self.proto
         order = "<" if p.byteorder == "little" else ">"
         length = self.structs.name(order + ("I" if p.entries == 4 else "H"))
         wide = None
+        inline = False  # (the simplest shape decoded inline in the loop)
         if self.fast:
             ((msg, plan),) = self.fast
-            FastDecoderWriter(self.structs).write_at(src, msg, plan, literal_size)
+            inline = FastDecoderWriter.inlinable(plan)
+            if not inline:
+                FastDecoderWriter(self.structs).write_at(src, msg, plan, literal_size)
             wide = plan_fast(msg, wide=True)
             if wide is not None:  # (payloads of 253 to 65,535 octets: 4 KiB ones)
                 FastDecoderWriter(self.structs).write_at(src, msg, wide, literal_size, True)
@@ -475,15 +480,16 @@ class PythonGenerator:
         src("if type(payload) is not bytes:")
         src('    raise DecodeError("entries: not bytes", signature_ok=False)')
         src("out: list[Message] = []")
-        src("total = len(payload)")
+        src("buf = payload")
+        src("total = len(buf)")
         src("pos = 0")
         src("while pos < total:")
         src.indent()
         src(f"if total - pos < {p.entries}:")
         src('    raise DecodeError(f"entry {len(out)}: length cut short at octet {pos}")')
-        src(f"(size,) = {length}.unpack_from(payload, pos)")
+        src(f"(size,) = {length}.unpack_from(buf, pos)")
         src(f"start = pos + {p.entries}")
-        src("pos = start + size")
+        src("pos = end = start + size")
         src("if pos > total:")
         src('    raise DecodeError(f"entry {len(out)}: {size} octets, {total - start} left")')
         src("if len(out) >= limit:")
@@ -491,13 +497,16 @@ class PythonGenerator:
         src("if spans is not None:")
         src("    spans += (start, pos)")
         if self.fast:
-            src("m = _decode_at(payload, start, pos)")
+            if inline:
+                FastDecoderWriter(self.structs).write_inline(src, msg, plan, literal_size)
+            else:
+                src("m = _decode_at(buf, start, end)")
             if wide is not None:
                 src("if m is None:")
-                src("    m = _decode_at_wide(payload, start, pos)")
-            src("out.append(m if m is not None else _entry(payload, start, pos, len(out)))")
+                src("    m = _decode_at_wide(buf, start, end)")
+            src("out.append(m if m is not None else _entry(buf, start, end, len(out)))")
         else:
-            src("out.append(_entry(payload, start, pos, len(out)))")
+            src("out.append(_entry(buf, start, end, len(out)))")
         src.dedent()
         src("return out")
         src.dedent()
@@ -515,4 +524,6 @@ class PythonGenerator:
     def _decode_fast(self, src: Source, literal_size: int) -> None:
         """``decode``: a one-frame message in its simplest shape, else ``_decode``."""
         ((msg, plan),) = self.fast  # a binary model has one general message
-        FastDecoderWriter(self.structs).write(src, msg, plan, literal_size)
+        wide = plan_fast(msg, wide=True) if self.proto.entries else None
+        marker = wide_marker(plan) if wide is not None else None
+        FastDecoderWriter(self.structs).write(src, msg, plan, literal_size, marker)

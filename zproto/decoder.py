@@ -19,7 +19,7 @@ from zproto.pysource import (
     group_checks,
     lit,
 )
-from zproto.shape import Plan
+from zproto.shape import VARLEN_TWO_OCTETS, Plan
 
 
 def build(src: Source, msg: Message, entries: list[tuple[str, str]]) -> None:
@@ -376,8 +376,30 @@ class FastDecoderWriter:
     def __init__(self, structs: StructNames) -> None:
         self.structs = structs
 
-    def write(self, src: Source, msg: Message, plan: Plan, literal_size: int) -> None:
-        """``decode``; literals (``literal_size`` octets at most) are never fast."""
+    def write(
+        self,
+        src: Source,
+        msg: Message,
+        plan: Plan,
+        literal_size: int,
+        wide_at: int | None = None,
+    ) -> None:
+        """``decode``; literals (``literal_size`` octets at most) are never fast.
+        ``wide_at``: the offset of the one variable-length number of the head, when the
+        module has ``_decode_at_wide``: a frame whose number there is in its three-octet
+        form (a TMQP frame of 253 to 65,535 payload octets: a 4 KiB delivery, a delivery
+        batch) is tried by that before the general decoder (``_decode_wide_first``)."""
+        if wide_at is not None:
+            src("def _decode_wide_first(frames: Any, buf: bytes, size: int) -> Message:")
+            src('    """``decode`` of a frame not in the simplest shape: its wide form where')
+            src('    it lies (``_decode_at_wide``), else the general decoder."""')
+            src(f"    if size > {wide_at} and buf[{wide_at}] == {VARLEN_TWO_OCTETS}:")
+            src("        m = _decode_at_wide(buf, 0, size)")
+            src("        if m is not None:")
+            src("            return m")
+            src("    return _decode(frames)")
+            src()
+            src()
         values: dict[str, str] = {}
         for fld in plan.bits:
             values.update(bit_values(fld, f"bits_{fld.ident}"))
@@ -397,7 +419,10 @@ class FastDecoderWriter:
         src("if not single:")
         src("    return _decode(frames)")
         src("size = len(buf)")
-        self._simplest(src, msg, plan, literal_size, values, None, "return _decode(frames)")
+        first = None if wide_at is None else "return _decode_wide_first(frames, buf, size)"
+        self._simplest(
+            src, msg, plan, literal_size, values, None, "return _decode(frames)", first=first
+        )
         src.dedent()
         src()
         src()
@@ -428,6 +453,26 @@ class FastDecoderWriter:
         src()
         src()
 
+    @staticmethod
+    def inlinable(plan: Plan) -> bool:
+        """Whether :meth:`write_inline` can write ``plan``'s decoder: the head's bits
+        decide fields (the frame is filled in a twin and ends in a statement of choice)."""
+        return any(bit_values(fld, f"bits_{fld.ident}") for fld in plan.bits)
+
+    def write_inline(self, src: Source, msg: Message, plan: Plan, literal_size: int) -> None:
+        """The body of ``_decode_at(buf, start, end)`` inline, in a loop run once: ``m``
+        the frame ``buf[start:end]`` (``size`` octets) in its simplest shape, else ``m``
+        stays None (a Python call less per entry of ``decode_entries``).  Only for a
+        ``plan`` that is :meth:`inlinable`."""
+        values: dict[str, str] = {}
+        for fld in plan.bits:
+            values.update(bit_values(fld, f"bits_{fld.ident}"))
+        src("m: Any = None")
+        src("while True:  # (once: a frame of another shape breaks out, m None)")
+        src.indent()
+        self._simplest(src, msg, plan, literal_size, values, "start", "break", "break")
+        src.dedent()
+
     def _simplest(
         self,
         src: Source,
@@ -437,20 +482,24 @@ class FastDecoderWriter:
         values: dict[str, str],
         base: str | None,
         fail: str,
+        made: str = "return m",
+        first: str | None = None,
     ) -> None:
         """The body of a simplest-shape decoder of ``buf`` (``size`` octets from ``base``,
-        a variable, or from 0 when None): ``fail`` for any other frame."""
+        a variable, or from 0 when None): ``fail`` for any other frame, ``made`` once the
+        frame ``m`` is made (when the head's bits decide fields); ``first`` (if given)
+        instead of ``fail`` when the size or a one-octet length is out of the shape."""
         cname = msg.class_name
-        entries = self.checked_fields(src, msg, plan, literal_size, base, fail)
+        entries = self.checked_fields(src, msg, plan, literal_size, base, fail, first)
         if values:
             # the fields the head's bits decide: a remembered tuple per value of the bits
             self.remembered_bits(src, msg, plan, "key")
-            src(f"m: Any = {twin_name(msg)}()")
+            src(f"m{': Any' if made == 'return m' else ''} = {twin_name(msg)}()")
             unpack_bits(src, [f"m.{name}" for name in values])
             for name, expr in entries:
                 src(f"m.{name} = {expr}")
             src(f"m.__class__ = {cname}")
-            src("return m")
+            src(made)
         else:
             build(src, msg, entries)
 
@@ -472,6 +521,7 @@ class FastDecoderWriter:
         literal_size: int,
         base: str | None,
         fail: str,
+        first: str | None = None,
     ) -> list[tuple[str, str]]:
         """The checks of a frame in its simplest shape (``buf``, ``size`` octets from
         ``base``, a variable, or from 0 when None; ``fail`` for any other frame) and its
@@ -493,7 +543,7 @@ class FastDecoderWriter:
         tests = [f"size < {max(plan.head_size, literal_size + 1)}"]
         tests += [f"buf[{at(offset)}] > 252" for offset in plan.short_lengths]
         src(f"if {' or '.join(tests)}:")
-        src(f"    {fail}")
+        src(f"    {fail if first is None else first}")
         where = "buf" if base is None else f"buf, {base}"
         src.unpack([t for t, _, _ in plan.head], f"{struct_name}.unpack_from({where})")
         checks = [f"{raw} & {mask}" for raw, mask in plan.clear_flags]
@@ -568,6 +618,12 @@ class FastDecoderWriter:
         src.dedent()
         src()
         src()
+
+
+def wide_marker(plan: Plan) -> int | None:
+    """The offset of ``plan``'s one variable-length number in the head, where a frame of
+    the wide shape (``plan_fast(msg, wide=True)``) has the octet 253; None: not one."""
+    return plan.short_lengths[0] if len(plan.short_lengths) == 1 else None
 
 
 #: Most base states remembered per message (distinct values of the head's bits).

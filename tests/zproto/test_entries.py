@@ -147,3 +147,56 @@ def test_entries_is_2_or_4_on_a_binary_model(tmp_path: Path, attrs: str) -> None
                     '<field name="a" type="number" size="1"/></message></class>')  # fmt: skip
     with pytest.raises(ModelError, match="entries"):
         load(path)
+
+
+def test_each_entry_that_leaves_the_inline_path_is_decoded_on_its_own() -> None:
+    """``decode_entries`` decodes the simplest shape inline, in a loop run once per entry:
+    an entry that breaks out of it at any check (bad UTF-8 in each string, a header
+    block, a three-octet length, a payload length one octet off) right after one decoded
+    inline must be its own verdict, never the entry before's frame."""
+    good = tmqp.encode(
+        tmqp.Frame(message_type=1, content_type=7, message_id="id", source="src", target="q")
+    )[0]
+    headed = tmqp.encode(tmqp.Frame(message_type=1, message_id="h", headers=(("k", "v"),)))[0]
+    leaving = [
+        good.replace(b"id", b"\xffd"),
+        good.replace(b"src", b"s\xffc"),
+        good.replace(b"idsrcq", b"idsrc\xff"),
+        headed,
+        WIDE_ENTRIES[0],
+    ]
+    for other in leaving:
+        for frames in ([good, other], [good, other, good]):
+            payload = _run(*frames)
+            assert _outcome(tmqp, payload) == _outcome(GENERAL, payload)
+            if _outcome(tmqp, payload)[0] != "error":
+                assert _outcome(tmqp, payload) == _each(tmqp, frames)
+    short = good[:-1] + b""  # the head's payload length one octet more than the entry holds
+    payload = _run(good, short)
+    assert _outcome(tmqp, payload) == _outcome(GENERAL, payload)
+    assert _outcome(tmqp, payload)[0] == "error"
+
+
+def test_decode_of_a_frame_with_a_three_octet_length_is_the_general_codecs() -> None:
+    """``decode`` reads a frame whose payload length takes the three-octet form (a 4 KiB
+    delivery, a batch of deliveries) where it lies before asking the general decoder:
+    every such frame, whole or damaged, decodes as the general codec decodes it."""
+
+    def verdict(module: types.ModuleType, frame: bytes) -> Any:
+        try:
+            m = module.decode([frame])
+        except DecodeError as exc:
+            return "error", exc.reason
+        return type(m).__name__, list(fields_of(m).items())
+
+    frames = list(WIDE_ENTRIES)
+    frames.append(
+        tmqp.encode(
+            tmqp.Frame(message_type=0x10, content_type=261, payload=_run(*WIDE_ENTRIES[2:3]) * 40)
+        )[0]
+    )
+    for whole in list(frames):
+        frames += [whole[:-1], whole + b"!", whole[:9], whole.replace(b"a1", b"\xff1", 1)]
+    for frame in frames:
+        assert verdict(tmqp, frame) == verdict(GENERAL, frame)
+    assert verdict(tmqp, frames[0])[0] == "Frame"
