@@ -1049,7 +1049,7 @@ class SyncClient:
                 log.info("resync of %s complete", action.path)
                 if action.path == session.path and not self.dry_run:  # unused offers: void
                     session.forget_offers()
-                    for name in mirror.discard_unused_partials():
+                    for name in mirror.partials.discard_unused():
                         log.info(
                             "%s: partial file dropped (the server sent no such version)", name
                         )

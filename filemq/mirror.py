@@ -79,11 +79,12 @@ import logging
 import os
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from filemq.engine import HEADER_MTIME, HEADER_SHA1, HEADER_SIZE
 from filemq.index import NODE_DIR, NODE_SYMLINK, FileEntry, FileIndex, Node
 from filemq.meta import PERMISSION_BITS, EntryMeta, Kind, local_mode
+from filemq.partial import Journal, PartialStore, ResumePoint, Version, new_sha1
 from filemq.paths import (
     OutsideRootError,
     UnsafePathError,
@@ -97,9 +98,6 @@ from filemq.paths import (
     set_attrs_beneath,
 )
 from filemq.writer import ChunkWriter, write_all
-
-if TYPE_CHECKING:  # (imported when a partial file is met: ``Mirror.partials``)
-    from filemq.partial import Journal, PartialStore, ResumePoint
 
 __all__ = ["LOCK_NAME", "PARTIAL_PREFIX", "RESUME_MIN_SIZE", "TEMP_PREFIX", "Mirror"]
 
@@ -203,7 +201,7 @@ class Mirror:
     ) -> None:
         self.root = root
         self.resume_min = resume_min
-        self._partials: PartialStore | None = None
+        self.partials = PartialStore(root, PARTIAL_PREFIX)
         self._journal: Journal | None = None  # the file being received is resumable
         #: Permission bits applied from the server's modes (``filemq.meta``).
         self.mask = mask
@@ -221,28 +219,13 @@ class Mirror:
         self._size = 0
         self._writer: ChunkWriter | None = None  # writes and hashes the chunks
 
-    @property
-    def partials(self) -> PartialStore:
-        """The partial files of DEST (``filemq.partial``), made when first needed: a sync
-        that meets none (a no-change resync) never imports that module (~4% of the
-        instructions of ``filemq sync``'s imports)."""
-        if self._partials is None:
-            from filemq.partial import PartialStore
-
-            self._partials = PartialStore(self.root, PARTIAL_PREFIX)
-        return self._partials
-
-    def discard_unused_partials(self) -> list[str]:
-        """Remove the proven partial files no transfer took up; their names."""
-        return [] if self._partials is None else self._partials.discard_unused()
-
     def clean_temp(self) -> None:
         """Remove temp files an interrupted run left in DEST (not the lock file)."""
         for entry in os.scandir(self.root):
             if (
                 entry.name.startswith(TEMP_PREFIX)
                 and entry.name != LOCK_NAME
-                and not entry.name.startswith(PARTIAL_PREFIX)  # (``partials``' files)
+                and not self.partials.owns(entry.name)
                 and (entry.is_file(follow_symlinks=False) or entry.is_symlink())
             ):
                 os.unlink(entry.path)
@@ -364,8 +347,6 @@ class Mirror:
         Raises OSError or UnsafePathError when a verified file cannot be placed.
         """
         self.abort()
-        from filemq.partial import new_sha1
-
         digest = new_sha1(data).hexdigest()
         reason = _verify(len(data), digest, headers)
         if reason:
@@ -402,8 +383,6 @@ class Mirror:
     ) -> None:
         """Start a file received in chunks, going to ``target`` (from ``target()``);
         ``headers`` of its first chunk (a big file's version: resumable)."""
-        from filemq.partial import Version, new_sha1
-
         self.abort()
         name = "/".join(parts)
         version = Version.from_headers(headers or {})
@@ -421,13 +400,6 @@ class Mirror:
 
     def resume_points(self) -> list[ResumePoint]:
         """Partial files left by an interrupted transfer, proven (``filemq.partial``)."""
-        if self._partials is None:  # (DEST listed once: here when it holds none)
-            try:
-                with os.scandir(self.root) as listing:
-                    if not any(e.name.startswith(PARTIAL_PREFIX) for e in listing):
-                        return []
-            except OSError:
-                pass  # (the scan says why)
         return self.partials.scan()
 
     def resume(
@@ -435,8 +407,6 @@ class Mirror:
     ) -> str:
         """Take up the partial file of ``parts`` at ``offset`` (the server resumed there):
         '' when done, else why not (the partial file is gone; fetch from zero)."""
-        from filemq.partial import Version
-
         self.abort()
         name = "/".join(parts)
         version = Version.from_headers(headers)

@@ -15,12 +15,10 @@ from .conftest import read_tree, write_tree
 
 #: Never imported by a plain ``filemq sync``: other commands' (asyncio, watchdog, Spark,
 #: progress libraries), and what a helper used elsewhere drags in (shutil's bz2 and lzma,
-#: tempfile; hashlib: a no-change sync reads no file; filemq.partial: DEST holds no
-#: partial file of an interrupted transfer).
+#: tempfile; hashlib: a no-change sync reads no file).
 _NOT_FOR_SYNC = (
     "asyncio", "zmq.asyncio", "watchdog", "pyarrow", "pyspark", "rich", "tqdm",
     "shutil", "tempfile", "bz2", "lzma", "hashlib", "filemq.server", "filemq.live",
-    "filemq.partial",
 )  # fmt: skip
 
 
