@@ -136,7 +136,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TextIO
@@ -357,18 +357,21 @@ def _attrs_text(index: FileIndex | SavedIndex, base: str, path: str, links: Link
     have sent it) is left out.  (10,000 files: ~6 ms; the server reads them in ~10.)"""
     full = path != base
     head = base if full else ""
-    stamps = index.stamps()  # (name, mode, mtime_ns) read from the index's rows
-    if full:
-        stamps = (s for s in stamps if (head + s[0]).startswith(path))
-    file_lines = (
-        f"{head}{name}\tf\t{mode:o}\t{mtime_ns}"
-        for name, mode, mtime_ns in stamps
-        if mode >= 0 and "\t" not in name and "\n" not in name
-    )
-    # joined a slice at a time: a list of every line would cost ~100 octets a file
-    lines = []
-    while chunk := "\n".join(itertools.islice(file_lines, _ATTRS_SLICE)):
-        lines.append(chunk)
+    lines: list[str] = []
+    if isinstance(index, SavedIndex) and not full:  # (the first ICANHAZ: every file)
+        lines.extend(filter(None, itertools.starmap(_file_lines, index.stamp_runs())))
+    else:
+        stamps = index.stamps()  # (name, mode, mtime_ns) read from the index's rows
+        if full:
+            stamps = (s for s in stamps if (head + s[0]).startswith(path))
+        file_lines = (
+            f"{head}{name}\tf\t{mode:o}\t{mtime_ns}"
+            for name, mode, mtime_ns in stamps
+            if mode >= 0 and "\t" not in name and "\n" not in name
+        )
+        # joined a slice at a time: a list of every line would cost ~100 octets a file
+        while chunk := "\n".join(itertools.islice(file_lines, _ATTRS_SLICE)):
+            lines.append(chunk)
     for node in index.nodes().values():
         name = head + node.name
         if (full and not name.startswith(path)) or "\t" in name or "\n" in name:
@@ -378,6 +381,24 @@ def _attrs_text(index: FileIndex | SavedIndex, base: str, path: str, links: Link
         elif node.kind == NODE_SYMLINK and links is LinkPolicy.LINKS and "\n" not in node.target:
             lines.append(f"{name}\t{attr_link(node.target)}")
     return "\n".join(lines)
+
+
+def _file_lines(names: list[str], modes: Sequence[int], mtimes: Sequence[int]) -> str:
+    """The ``ATTRS`` lines of a run of files (``_attrs_text``'s, names relative to the
+    session's path) made at C level: a line is its name, then the text of its mode
+    (one per mode in the run, made once) and its mtime.  A run with an unknown mode or
+    a name holding a tab or line break is made a line at a time, leaving those out.
+    (100,000 files: ~2x faster than an f-string per line.)"""
+    joined = "".join(names)
+    if min(modes, default=0) < 0 or "\t" in joined or "\n" in joined:
+        return "\n".join(
+            f"{name}\tf\t{mode:o}\t{mtime_ns}"
+            for name, mode, mtime_ns in zip(names, modes, mtimes, strict=True)
+            if mode >= 0 and "\t" not in name and "\n" not in name
+        )
+    heads = {mode: f"\tf\t{mode:o}\t" for mode in set(modes)}
+    texts = zip(names, map(heads.__getitem__, modes), map(str, mtimes), strict=True)
+    return "\n".join(map("".join, texts))
 
 
 class _Outcome:

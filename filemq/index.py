@@ -97,7 +97,7 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Callable, ItemsView, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from itertools import compress, repeat
+from itertools import chain, compress, repeat, starmap
 from json.encoder import encode_basestring as _json_string
 from operator import add, attrgetter, itemgetter, lt, methodcaller
 from pathlib import Path
@@ -1609,15 +1609,20 @@ class SavedIndex:
         at = self._names_at + self._size + before * self._count + width * row
         return os.pread(self._f.fileno(), width * count, at)
 
+    # The iterators below step through a slice's rows at C level (``chain`` over a
+    # ``zip`` per slice): Python runs once per slice, not once per name (a generator's
+    # ``yield from`` resumes its frame for every row: 100,000 pairs 38 -> ~10 ms).
+
     def names(self) -> Iterator[str]:
         """The names, in order."""
-        for names, _row in self._slices():
-            yield from names
+        return chain.from_iterable(map(itemgetter(0), self._slices()))
 
     def pairs(self) -> Iterator[tuple[str, str]]:
         """(name, SHA-1 hex) in order."""
-        for names, row in self._slices():
-            yield from zip(names, _hexes(self._rows(row, len(names), 20, 28)), strict=True)
+        return chain.from_iterable(starmap(self._pairs_of, self._slices()))
+
+    def _pairs_of(self, names: list[str], row: int) -> Iterator[tuple[str, str]]:
+        return zip(names, _hexes(self._rows(row, len(names), 20, 28)), strict=True)
 
     def digests(self) -> Mapping[str, str]:
         """name -> SHA-1 hex (a resync cache), read from the saved rows."""
@@ -1625,6 +1630,11 @@ class SavedIndex:
 
     def stamps(self, ordered: bool = False) -> Iterator[tuple[str, int, int]]:
         """(name, mode, mtime_ns) of every file (``FileIndex.stamps``; always in order)."""
+        return chain.from_iterable(starmap(zip, self.stamp_runs()))
+
+    def stamp_runs(self) -> Iterator[tuple[list[str], array[int], array[int]]]:
+        """(names, modes, mtimes_ns) of the files, a slice of rows at a time, in order:
+        columns for a caller that makes text of them at C level (the ATTRS lines)."""
         for names, row in self._slices():
             modes, mtimes = array("i"), array("q")
             modes.frombytes(self._rows(row, len(names), 4, 24))
@@ -1632,7 +1642,7 @@ class SavedIndex:
             if _SWAP:
                 modes.byteswap()
                 mtimes.byteswap()
-            yield from zip(names, modes, mtimes, strict=True)
+            yield names, modes, mtimes
 
     def nodes(self) -> dict[str, Node]:
         """The folders and links saved (``FileIndex.nodes``)."""

@@ -11,13 +11,14 @@ import subprocess
 import sys
 import tracemalloc
 import zlib
+from array import array
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from filemq import fmq_msg
-from filemq.client import _attrs_text
+from filemq.client import _attrs_text, _file_lines
 from filemq.index import FileIndex, IndexFormatError, SavedIndex
 from filemq.meta import LinkPolicy
 from filemq.server import FileServer
@@ -66,6 +67,41 @@ def test_the_view_reads_what_the_loaded_index_holds(tmp_path: Path, count: int) 
         assert text == _attrs_text(loaded, "/", "/", LinkPolicy.LINKS)
     finally:
         view.close()
+
+
+def test_attrs_lines_from_runs_are_the_loaded_index_lines(tmp_path: Path) -> None:
+    """The first ICANHAZ's ATTRS is made from the view's columns a run at a time (one mode
+    text per mode, C-level joins): the same text as the loaded index's line per file,
+    with many modes, and with names holding a tab or a line break left out (their runs
+    made a line at a time)."""
+    root = tmp_path / "root"
+    root.mkdir()
+    for i in range(6_000):
+        (root / f"f{i:05d}").write_bytes(b"")
+        os.chmod(root / f"f{i:05d}", 0o600 + i % 64)  # (every run holds several modes)
+    for odd in ("tab\there", "line\nbreak"):
+        (root / odd).write_bytes(b"odd")
+    index = FileIndex(root, tree=True)
+    index.refresh()
+    path = tmp_path / "idx"
+    index.save(path)
+    view = SavedIndex.read(path, root)
+    assert view is not None
+    try:
+        text = _attrs_text(view, "/", "/", LinkPolicy.SKIP)
+    finally:
+        view.close()
+    loaded = FileIndex.load(path, root, tree=True)
+    assert text == _attrs_text(loaded, "/", "/", LinkPolicy.SKIP)
+    lines = text.split("\n")
+    assert len(lines) == 6_000 and "f00063\tf\t677\t" in text
+    assert not any(line.startswith(("tab", "line", "break")) for line in lines)
+
+
+def test_attrs_lines_leave_out_a_file_whose_mode_is_not_known() -> None:
+    """A row whose mode is -1 (a version 1 index) is left out of a run, as of a line."""
+    lines = _file_lines(["a", "b", "c"], array("i", [0o644, -1, 0o600]), array("q", [1, 2, 3]))
+    assert lines == "a\tf\t644\t1\nc\tf\t600\t3"
 
 
 def test_a_long_name_spans_slices(tmp_path: Path) -> None:
