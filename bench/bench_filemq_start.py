@@ -10,8 +10,11 @@ once.  Each turn runs it in a new process per tree (this one, then ``--base DIR`
 sources first on ``sys.path``, then the other way round): user and system CPU and wall
 of load + refresh; then once under cProfile for the Python calls per file, a count the
 machine's load does not move.  Beside them, the floor: ``scandir`` and ``lstat`` of every
-name with nothing else (C-level loops), in the same process.  The whole start (process,
-imports, bind, the "checked" line) is ``bench_filemq_resync.py``'s "server start" rows.
+name with nothing else (C-level loops), in the same process; and that floor split over two
+threads (half the folders each: both calls release the GIL), its wall and CPU beside the
+one-thread floor's wall -- what a re-stat on two cores could gain in wall, and cost in
+CPU.  The whole start (process, imports, bind, the "checked" line) is
+``bench_filemq_resync.py``'s "server start" rows.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ HERE = str(Path(__file__).resolve().parent.parent)
 
 # Run in a child: argv = sources, root, saved index; prints one JSON line.
 _CHILD = """
-import cProfile, json, os, pstats, resource, sys, time
+import cProfile, json, os, pstats, resource, sys, threading, time
 from operator import methodcaller
 sys.path.insert(0, sys.argv[1])
 from filemq.state import load_index
@@ -51,17 +54,25 @@ def check():
 
 lstat = methodcaller("stat", follow_symlinks=False)
 
-def floor():
-    top = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    for folder in os.scandir(top):
-        fd = os.open(folder.name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=top)
-        with os.scandir(fd) as names:
-            list(map(lstat, names))
+def listed(top, names):
+    for name in names:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=top)
+        with os.scandir(fd) as entries:
+            list(map(lstat, entries))
         os.close(fd)
+
+def floor(ways=1):
+    top = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    folders = [entry.name for entry in os.scandir(top)]
+    workers = [threading.Thread(target=listed, args=(top, folders[i::ways])) for i in range(ways)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
     os.close(top)
 
 out = {}
-for name, work in (("check", check), ("floor", floor)):
+for name, work in (("check", check), ("floor", floor), ("floor2", lambda: floor(2))):
     (u0, s0), t0 = cpu(), time.perf_counter()
     work()
     (u1, s1), t1 = cpu(), time.perf_counter()
@@ -120,14 +131,19 @@ def print_rows(
 ) -> None:
     print(f"\n{files:,} files, saved index valid; load {os.getloadavg()[0]:.0f} at the end")
     head = f"{'turn':>4} {'tree':5} {'wall s':>7} {'user s':>7} {'sys s':>7}"
-    print(f"{head} {'floor user':>10} {'floor sys':>9} {'calls/file':>10}")
+    print(
+        f"{head} {'floor user':>10} {'floor sys':>9} {'floor wall':>10}"
+        f" {'2-thr wall':>10} {'2-thr cpu':>9} {'calls/file':>10}"
+    )
     for turn, label, out in rows:
         wall, user, system = out["check"]  # type: ignore[misc]
-        _fw, f_user, f_sys = out["floor"]  # type: ignore[misc]
+        f_wall, f_user, f_sys = out["floor"]  # type: ignore[misc]
+        t_wall, t_user, t_sys = out["floor2"]  # type: ignore[misc]
         calls = int(out["calls"]) / files  # type: ignore[call-overload]
         print(
             f"{turn + 1:>4} {label:5} {wall:7.3f} {user:7.3f} {system:7.3f}"
-            f" {f_user:10.3f} {f_sys:9.3f} {calls:10.2f}"
+            f" {f_user:10.3f} {f_sys:9.3f} {f_wall:10.3f} {t_wall:10.3f} {t_user + t_sys:9.3f}"
+            f" {calls:10.2f}"
         )
     print("median")
     for label, _sources in trees:
