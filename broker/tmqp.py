@@ -72,9 +72,13 @@ entries, each a 4-octet little-endian length and one whole QUEUE frame (a push, 
 response awaited) or ACK frame (a consumer's acknowledge). The broker takes them in
 order as if sent alone and, when the batch has the pending-ack flag, answers with ONE
 ACK frame of content type 260 and the batch's message id: empty payload when every
-acknowledged push was taken, else JSON {"Refused": [[index, nack reason, reason],
-...], "Later": [index, ...]} (0-based entry indexes; Later: pushes whose own ACK comes
-later, from queues that acknowledge once a consumer did). An entry that is not a
+push was taken, else JSON {"Refused": [[index, nack reason, reason], ...], "Later":
+[index, ...]} (0-based entry indexes; Later: pushes whose own ACK comes later, from
+queues that acknowledge once a consumer did). Refused names plain pushes too (no
+pending-ack flag of their own): refused by their queue, failed inside the broker
+(failed, internal error), or not saved by a failing store (failed, not saved: the
+store failed; it stays queued in memory, as an unsaved push with a response does);
+without the batch's flag nobody hears of them. An entry that is not a
 readable push or acknowledge is refused with bad-request, the others are taken. A
 batch whose entries cannot be split is refused whole with 400, one of more than
 max_batch_frames entries (default 1024, the Batch-Max header of the connect

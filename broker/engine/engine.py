@@ -145,6 +145,8 @@ _CC = Header.CC.lower()
 _NO_RECEIPT: tuple[str, int | None] = ("", None)
 #: A push a collaborator failed (it raised): how a producer that waits is refused.
 _INTERNAL = OperationError(ResultCode.FAILED, "internal error")
+#: A batch's push a collaborator failed, as the batch's acknowledge refuses it.
+_FAILED = (_INTERNAL.token, _INTERNAL.reason)
 #: A push its handler wanted saved that the store refused.
 _UNSAVED = OperationError(ResultCode.FAILED, "not saved: the store failed")
 #: A handler whose ``received_from_producer`` is this saves and confirms every push
@@ -235,6 +237,11 @@ class Engine:
         self.clients = clients
         self.channels = self.channel_registry.channels
         self.routers = self.router_table.routers
+        #: While a batch is served (:meth:`receive_batch`, :meth:`receive_pushes` asked
+        #: for its refusals): the refusals of its pushes whose producer waits for nothing
+        #: of their own, (nack reason, reason) as noted by :meth:`_push` and
+        #: :meth:`receive`, each taken by the loop that served that push; None otherwise.
+        self._unheard: list[tuple[str, str]] | None = None
         for spec in config.routers:
             self.add_router(router_from_json(spec))
         parts = self.parts
@@ -377,7 +384,9 @@ class Engine:
                 )
         except Exception as exc:
             self.count_error(f"receive type {mt:#x}", exc)
-            answer_failure(client, frame, out, OperationError(ResultCode.FAILED, "internal error"))
+            answer_failure(client, frame, out, _INTERNAL)
+            if mt == _QUEUE and self._unheard is not None and not frame.pending_ack:
+                self._unheard.append(_FAILED)
         self.receipts.take(out)
         return out
 
@@ -408,9 +417,11 @@ class Engine:
             return [], [], []
         store = self.store
         store.hold()
+        self._unheard = []
         try:
             return self._receive_each(client_id, client, items, now)
         finally:
+            self._unheard = None
             store.release()
 
     def _receive_each(
@@ -424,6 +435,8 @@ class Engine:
         out: list[Outgoing] = []
         refused: list[tuple[int, str, str]] = []
         later: list[int] = []
+        unheard = self._unheard
+        assert unheard is not None
         receive = self.receive
         n = len(items)
         i = 0
@@ -454,21 +467,30 @@ class Engine:
                     except RunFailed as exc:  # one push failed: the rest of the run goes on
                         self.count_error("receive batch", exc.cause)
                         taken = exc.done
-                    except Exception as exc:  # nobody in the run waits for an answer
+                        refused.append((items[i + taken - 1][0], *_FAILED))
+                    except Exception as exc:  # how far it went is unknown: all refused
                         self.count_error("receive batch", exc)
                         taken = run_end - i
+                        refused += [(index, *_FAILED) for index, _f, _d in items[i:run_end]]
                 if taken:
                     i += taken
                     continue
             outs = receive(client_id, frame, now, data)
             if frame.message_type == _QUEUE and frame.pending_ack:
                 self._take_push_ack(client_id, index, frame, outs, refused, later)
+            elif unheard:  # a plain push refused: the batch's acknowledge says so
+                refused.append((index, *unheard[0]))
+                unheard.clear()
             out += outs
             i += 1
         return out, refused, later
 
     def receive_pushes(
-        self, client_id: str, messages: Sequence[Message], now: float
+        self,
+        client_id: str,
+        messages: Sequence[Message],
+        now: float,
+        refused: list[tuple[int, str, str]] | None = None,
     ) -> list[Outgoing]:
         """Pushes of one client that wait for no response, plain ones and ones waiting
         for an acknowledge (``Message.wants_ack``), as :meth:`receive` of each frame
@@ -480,22 +502,37 @@ class Engine:
         ``Queue.push_plain_run``, acknowledged ones with ``saved_run`` (the queue's
         handler answers each alike); the others one by one through the general push
         path.  The store holds their saves and writes each queue's as one group (as
-        :meth:`receive_batch`): one write, one durability wait for their acknowledges."""
+        :meth:`receive_batch`): one write, one durability wait for their acknowledges.
+
+        ``refused`` (an acknowledged batch of plain pushes: its acknowledge names what
+        was not taken): the plain pushes not taken are added to it as (index in
+        ``messages``, nack reason, reason), in order -- refused by their queue (as
+        :meth:`receive_batch` refuses them) or failed inside (a push raising alone or
+        in its run: ``RunFailed``).  None: they go unanswered, as each would alone."""
         self.services.now = now
         client = self.clients.get(client_id)
         out: list[Outgoing] = []
         if client is not None:
             self.store.hold()
+            if refused is not None:
+                self._unheard = []
             try:
-                self._push_each(client, messages, now, out)
+                self._push_each(client, messages, now, out, refused)
             finally:
+                self._unheard = None
                 self.store.release()
         return out
 
     def _push_each(
-        self, client: Client, messages: Sequence[Message], now: float, out: list[Outgoing]
+        self,
+        client: Client,
+        messages: Sequence[Message],
+        now: float,
+        out: list[Outgoing],
+        refused: list[tuple[int, str, str]] | None,
     ) -> None:
         """:meth:`receive_pushes` of a known client, its saves held."""
+        unheard = self._unheard
         n = len(messages)
         i = 0
         while i < n:
@@ -511,9 +548,13 @@ class Engine:
                     except RunFailed as exc:  # one push failed: the rest goes on
                         self.count_error("receive pushes", exc.cause)
                         taken = exc.done
-                    except Exception as exc:  # nobody waits for an answer: the rest of it
+                        if refused is not None:
+                            refused.append((i + taken - 1, *_FAILED))
+                    except Exception as exc:  # how far it went is unknown: all refused
                         self.count_error("receive pushes", exc)
                         taken = self._same_queue(messages, i)
+                        if refused is not None:
+                            refused += [(k, *_FAILED) for k in range(i, i + taken)]
                 if taken:
                     i += taken
                     continue
@@ -521,8 +562,13 @@ class Engine:
                 self._push(client, m, False, now, out)
             except Exception as exc:
                 self.count_error(f"receive type {_QUEUE:#x}", exc)
-                failure = OperationError(ResultCode.FAILED, "internal error")
-                answer_failure(client, frame_of(m), out, failure)
+                answer_failure(client, frame_of(m), out, _INTERNAL)
+                if unheard is not None and not acked:
+                    unheard.append(_FAILED)
+            if unheard:  # a plain push refused: the batch's acknowledge says so
+                assert refused is not None
+                refused.append((i, *unheard[0]))
+                unheard.clear()
             if self.receipts.outbox:
                 self.receipts.take(out)
             i += 1
@@ -1055,6 +1101,8 @@ class Engine:
             if copies:
                 self._check_durable(copies, len(m.payload))
         except OperationError as err:
+            if self._unheard is not None and not (m.wants_ack or wants_response):
+                self._unheard.append((err.token, err.reason))  # (a batch's: it answers)
             reject_push(client, m, wants_response, out, err)
             return
         unsaved = queue.unsaved
@@ -1067,11 +1115,15 @@ class Engine:
             self._copy_durable(copy, m, client, now, out)
         if fed_id is not None and queue.unsaved == unsaved:
             self.federated.add(fed_id)  # (after the saves: ``FederatedIds.add``)
-        if queue.unsaved != unsaved and wants_response and not m.wants_ack:
+        if queue.unsaved != unsaved and not m.wants_ack:
             # its handler wanted it saved and the store refused (full or failed disk):
             # no "done" to a producer that waits (one waiting for an acknowledge got a
-            # negative one from the queue); it stays queued in memory (at least once)
-            reject_push(client, m, True, out, _UNSAVED)
+            # negative one from the queue; a batch's acknowledge names it); it stays
+            # queued in memory (at least once)
+            if wants_response:
+                reject_push(client, m, True, out, _UNSAVED)
+            elif self._unheard is not None:
+                self._unheard.append((_UNSAVED.token, _UNSAVED.reason))
 
     def _watch_receipt(
         self,

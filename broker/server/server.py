@@ -676,22 +676,31 @@ class Server:
         """One producer's pushes through ``Engine.receive_pushes`` (each acknowledged
         push answered on its own there: ``saved_run`` for a queue whose handler answers
         every push alike, the held store); its output sent (``carrier``: the batch of
-        plain pushes that brought them, then acknowledged when it asks).  The engine
-        failing: each push with an id (or the batch) is answered FAILED."""
+        plain pushes that brought them, then acknowledged when it asks: its acknowledge
+        names the pushes not taken, as :meth:`_batch` names them).  The engine failing:
+        each push with an id (or the batch) is answered FAILED."""
         receive_pushes = self._receive_pushes
         assert receive_pushes is not None
         sender = self.sender
         sender.in_frame = None
         if carrier is None and len(messages) > 1:
             self.counters["run_pushes"] += len(messages)
+        acked = carrier is not None and carrier.pending_ack
+        refused: list[tuple[int, str, str]] | None = [] if acked else None
         try:
-            outs = receive_pushes(peer.client_id, messages, now)
+            if refused is None:
+                outs = receive_pushes(peer.client_id, messages, now)
+            else:
+                outs = receive_pushes(peer.client_id, messages, now, refused)
         except Exception:
             ids = [m.message_id for m in messages] if carrier is None else [carrier.message_id]
             self._run_failed(peer, ids)
             return
-        if carrier is not None and carrier.pending_ack:
-            answer = batch.result_frame(carrier.message_id, peer.client_id, [], [])
+        if refused is not None:
+            assert carrier is not None
+            if refused:
+                self.counters["batch_refused"] += len(refused)
+            answer = batch.result_frame(carrier.message_id, peer.client_id, refused, [])
             outs.append(Outgoing(peer.client_id, answer))
         if outs:
             sender.send_all(outs)

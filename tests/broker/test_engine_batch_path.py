@@ -56,11 +56,17 @@ Result = tuple[list[Outgoing], list[tuple[int, str, str]], list[int]]
 
 def one_by_one(engine: Engine, client_id: str, items: list[Item], now: float) -> Result:
     """The reference: each frame through ``Engine.receive``, the acknowledges of the
-    pushes taken out of the output (session 7's ``receive_batch``)."""
+    pushes taken out of the output (session 7's ``receive_batch``); a plain push as a
+    batch of one (no run: ``receive`` of it alone, its refusal named)."""
     out: list[Outgoing] = []
     refused: list[tuple[int, str, str]] = []
     later: list[int] = []
     for index, frame, data in items:
+        if frame.message_type == MessageType.QUEUE and not frame.pending_ack:
+            outs, alone, _ = engine.receive_batch(client_id, [(index, frame, data)], now)
+            refused += alone
+            out += outs
+            continue
         outs = engine.receive(client_id, frame, now, data)
         if frame.message_type == MessageType.QUEUE and frame.pending_ack:
             for i, o in enumerate(outs):

@@ -111,10 +111,12 @@ def test_garbage_and_pushes_that_end_the_prefix_between_plain_pushes_of_a_run(
         answer = peer.frame()
         assert (answer.message_type, answer.message_id) == (MessageType.ACK, "B")
         refused = json.loads(answer.payload)["Refused"]
-        # the garbage by index; the plain pushes the engine refuses (too big, a stopped
-        # queue) wait for no answer, as each alone (fire and forget): not delivered
-        assert [r[0] for r in refused] == [2]
+        # the garbage by index, and the plain pushes the engine refuses (too big, a
+        # stopped queue): the batch's acknowledge names them (before: only the garbage)
+        assert [r[0] for r in refused] == [2, 6, 8]
         assert refused[0][1] == "bad-request" and "malformed" in refused[0][2]
+        assert refused[1:] == [[6, "limit-exceeded", "push refused by the queue"],
+                               [8, "unacceptable", "push refused by the queue"]]  # fmt: skip
         got: list[bytes] = []
         assert wait_until(lambda: _read(consumer, got) >= 6, LOADED)
         assert got == [b"a", b"b", b"c", b"d", b"e", b"f"]

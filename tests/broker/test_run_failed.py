@@ -54,11 +54,13 @@ class Served:
         #: The message ids of each call that raised.
         self.failed: list[list[str]] = []
 
-        def receive_pushes(client_id: str, messages: Any, now: float) -> list[Outgoing]:
+        def receive_pushes(
+            client_id: str, messages: Any, now: float, refused: Any = None
+        ) -> list[Outgoing]:
             if not self.failed:
                 self.failed.append([m.message_id for m in messages])
                 raise RuntimeError("injected: the engine failed on a run")
-            return real(client_id, messages, now)
+            return real(client_id, messages, now, refused)
 
         monkeypatch.setattr(engine, "receive_pushes", receive_pushes)
         self.server = Server(engine, ServerOptions(endpoint="inproc://run-failed"), context=zctx)

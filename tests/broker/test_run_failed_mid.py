@@ -18,6 +18,7 @@ one-by-one path stamps through the same function, so both sides meet the same fa
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -103,8 +104,9 @@ def test_a_push_raising_mid_run_fails_alone_as_one_by_one(
         got = run.engine.receive_batch("p", items, run.now)
         want = one_by_one(single.engine, "p", items, single.now)
     else:
-        got = (run.engine.receive_pushes("p", [message_of(f, d) for _, f, d in items], run.now),
-               [], [])  # fmt: skip
+        refused: list[tuple[int, str, str]] = []
+        messages = [message_of(f, d) for _, f, d in items]
+        got = (run.engine.receive_pushes("p", messages, run.now, refused), refused, [])
         want = one_by_one(single.engine, "p", items, single.now)
     assert raised == [FAILS, FAILS]  # (once on each side)
     assert got == want
@@ -188,15 +190,18 @@ def _delivered(consumer: Raw, last: str) -> list[str]:
     return [m.message_id for m in frames_until(consumer, last) if isinstance(m, tmqp.Frame)]
 
 
-def test_an_acknowledged_batch_whose_push_raises_delivers_the_rest_and_takes_its_resend(
-    zctx: Any, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("push_runs", [True, False], ids=["records", "frames"])
+def test_an_acknowledged_batch_whose_push_raises_names_it_and_takes_its_resend(
+    zctx: Any, monkeypatch: pytest.MonkeyPatch, push_runs: bool
 ) -> None:
     """A live server: a producer's acknowledged batch of six plain pushes, the third
-    raising; then a plain push, its resend, another push.  The batch's acknowledge says
-    all were taken (the known limit, as for a plain push failing alone): every push but
-    the failed one is delivered once, in order, and the resend of the failed one is."""
+    raising; then a plain push, its resend, another push.  The batch's acknowledge names
+    the failed one by index (before: an empty one, "all taken"), on both of the server's
+    paths for a batch: every other push is delivered once, in order, and the resend of
+    the failed one is."""
     _failing_stamp(monkeypatch, queue_module, "w2")
-    server = Server(Engine(), ServerOptions(endpoint="inproc://run-failed-mid"), context=zctx)
+    options = ServerOptions(endpoint="tcp://127.0.0.1:*", push_runs=push_runs)
+    server = Server(Engine(), options, context=zctx)
     endpoint = server.start()
     try:
         admin, consumer, producer = peers(zctx, endpoint)
@@ -205,6 +210,7 @@ def test_an_acknowledged_batch_whose_push_raises_delivers_the_rest_and_takes_its
             producer.send(_batch_of("b", pushes, ack=True))
             answer = producer.frame()
             assert (answer.message_type, answer.message_id) == (MessageType.ACK, "b")
+            assert json.loads(answer.payload) == {"Refused": [[2, "failed", "internal error"]]}
             producer.send(push("end", 1, b"e"))
             assert _delivered(consumer, "end") == ["w0", "w1", "w3", "w4", "w5", "end"]
             monkeypatch.undo()

@@ -1,0 +1,170 @@
+"""An acknowledged batch never hides a push it did not take (``broker.batch``).
+
+A producer's batch with the pending-ack flag is answered by one acknowledge whose
+``Refused`` rows name, by index, every entry not taken -- plain pushes too: refused by
+their queue (a full queue, a stopped one, one too big), not saved by a full disk, or
+failed inside (``RunFailed``, one push of a run raising).  Before, a plain push's
+refusal went unsaid and the producer was told "all taken".  Both of the server's paths
+for a batch are played: the run of records (``Server._plain_batch``, ``push_runs`` on)
+and the frames (``Engine.receive_batch``, ``push_runs`` off).
+
+Real sockets (loopback TCP, a random port), a real ``Server`` and ``Engine``; the full
+disk is a store that raises as the log does on ENOSPC (``tests.broker.full_disk``);
+every wait polls up to a deadline a machine at load 50 makes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import zmq
+
+from broker import tmqp
+from broker.client.blocking import Client
+from broker.client.errors import RemoteError
+from broker.client.frames import join_frame
+from broker.engine.delivery import PersistentDeliveryHandler
+from broker.engine.engine import Engine
+from broker.protocol import MessageType
+from broker.server.server import Server, ServerOptions
+from tests.broker.full_disk import FullDisk
+from tests.broker.test_batch import Raw
+from tests.broker.test_push_runs import LOADED, _batch_of
+
+Ctx = zmq.Context[zmq.Socket[bytes]]
+CHANNEL = "d"
+#: Pushes of each batch; the queue takes the first ``ROOM`` of them.
+PUSHES = 6
+ROOM = 3
+#: The refusal of a full queue and of a full disk, as a batch's acknowledge names them.
+FULL = ["limit-exceeded", "push refused by the queue"]
+UNSAVED = ["failed", "not saved: the store failed"]
+
+Serve = Callable[..., str]
+
+
+@pytest.fixture
+def serve(zctx: Ctx) -> Iterator[Serve]:
+    """Start a server on a random loopback port: ``serve(engine, push_runs)``."""
+    servers: list[Server] = []
+
+    def start(engine: Engine, push_runs: bool) -> str:
+        options = ServerOptions(endpoint="tcp://127.0.0.1:*", push_runs=push_runs)
+        server = Server(engine, options, context=zctx)
+        servers.append(server)
+        return server.start()
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def plain(mid: str, queue_id: int = 1) -> bytes:
+    """A plain push (no headers, waits for nothing of its own) of payload ``mid``."""
+    return tmqp.encode_frame(message_type=MessageType.QUEUE, content_type=queue_id,
+                             message_id=mid, target=CHANNEL, payload=mid.encode())[0]  # fmt: skip
+
+
+def _producer(zctx: Ctx, endpoint: str) -> Raw:
+    producer = Raw(zctx, endpoint)
+    producer.sock.rcvtimeo = int(LOADED * 1000)
+    return producer
+
+
+def _answer(producer: Raw, batch_id: str) -> list[list[Any]]:
+    """The ``Refused`` rows of the acknowledge of ``batch_id`` ([]: all taken)."""
+    answer = producer.frame()
+    assert (answer.message_type, answer.message_id) == (MessageType.ACK, batch_id)
+    return json.loads(answer.payload)["Refused"] if answer.payload else []
+
+
+def _consume(zctx: Ctx, endpoint: str, count: int) -> list[str]:
+    """Join ``CHANNEL`` with a raw consumer and read ``count`` deliveries (their ids)."""
+    consumer = Raw(zctx, endpoint)
+    consumer.sock.rcvtimeo = int(LOADED * 1000)
+    try:
+        consumer.send(tmqp.encode(join_frame("j", CHANNEL))[0])
+        got: list[str] = []
+        while len(got) < count:
+            msg = tmqp.decode((consumer.sock.recv(),))
+            if isinstance(msg, tmqp.Frame) and msg.message_type == MessageType.QUEUE:
+                got.append(msg.message_id)
+        return got
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize("push_runs", [True, False], ids=["records", "frames"])
+def test_a_full_queue_s_refusals_are_named_and_the_rest_delivered_once(
+    serve: Serve, zctx: Ctx, push_runs: bool
+) -> None:
+    """A queue of at most ``ROOM`` messages (``MessageLimit``), nobody reading: an
+    acknowledged batch of six plain pushes is answered with the last three refused by
+    index (before: an empty acknowledge); once read, their resend is taken; every push
+    reaches the consumer once."""
+    endpoint = serve(Engine(), push_runs)
+    admin = Client(endpoint, context=zctx, timeout=LOADED).connect()
+    producer = _producer(zctx, endpoint)
+    try:
+        admin.create_queue(CHANNEL, 1, {"Status": 1, "MessageLimit": ROOM})
+        ids = [f"m{k}" for k in range(PUSHES)]
+        producer.send(_batch_of("B", [plain(mid) for mid in ids], ack=True))
+        assert _answer(producer, "B") == [[k, *FULL] for k in range(ROOM, PUSHES)]
+        assert _consume(zctx, endpoint, ROOM) == ids[:ROOM]
+        # the producer resends exactly what it was told was not taken
+        producer.send(_batch_of("B2", [plain(mid) for mid in ids[ROOM:]], ack=True))
+        assert _answer(producer, "B2") == []
+        assert _consume(zctx, endpoint, PUSHES - ROOM) == ids[ROOM:]
+        info = admin.queue_info(CHANNEL, 1)
+        assert (info["ReceivedMessages"], info["Messages"]) == (PUSHES, 0)
+    finally:
+        producer.close()
+        admin.close()
+
+
+@pytest.mark.parametrize("push_runs", [True, False], ids=["records", "frames"])
+def test_a_full_disk_s_unsaved_pushes_are_named(serve: Serve, zctx: Ctx, push_runs: bool) -> None:
+    """A persistent queue whose store has room for ``ROOM`` messages: the acknowledge of
+    a batch of six plain pushes names the three not saved (before: "all taken"); they
+    stay queued in memory, as an unsaved push waiting for a response does (at least
+    once): the consumer gets each of the six once."""
+    engine = Engine(store=FullDisk(room=ROOM), handlers={"persistent": PersistentDeliveryHandler()})
+    endpoint = serve(engine, push_runs)
+    admin = Client(endpoint, context=zctx, timeout=LOADED).connect()
+    producer = _producer(zctx, endpoint)
+    try:
+        admin.create_queue(CHANNEL, 1, {"Status": 1, "MessageDeliveryHandler": "persistent"})
+        ids = [f"m{k}" for k in range(PUSHES)]
+        producer.send(_batch_of("B", [plain(mid) for mid in ids], ack=True))
+        assert _answer(producer, "B") == [[k, *UNSAVED] for k in range(ROOM, PUSHES)]
+        assert _consume(zctx, endpoint, PUSHES) == ids
+        info = admin.queue_info(CHANNEL, 1)
+        assert (info["SavedMessages"], info["SentMessages"], info["Messages"]) == (ROOM, PUSHES, 0)
+    finally:
+        producer.close()
+        admin.close()
+
+
+@pytest.mark.parametrize("push_runs", [True, False], ids=["records", "frames"])
+def test_the_client_s_acknowledged_batches_return_exactly_the_refused_indexes(
+    serve: Serve, zctx: Ctx, push_runs: bool
+) -> None:
+    """The client's acknowledged batch API (``push_many``): the pushes a full queue
+    refused come back as (index, RemoteError) with the queue's reason; the others are
+    delivered once."""
+    endpoint = serve(Engine(), push_runs)
+    producer = Client(endpoint, context=zctx, timeout=LOADED).connect()
+    try:
+        producer.create_queue(CHANNEL, 1, {"Status": 1, "MessageLimit": ROOM})
+        failed = producer.push_many(CHANNEL, 1, [b"p%d" % k for k in range(PUSHES)])
+        assert [index for index, _err in failed] == list(range(ROOM, PUSHES))
+        for _index, err in failed:
+            assert isinstance(err, RemoteError)
+            assert "push refused by the queue" in str(err)
+        assert len(_consume(zctx, endpoint, ROOM)) == ROOM
+        assert producer.queue_info(CHANNEL, 1)["ReceivedMessages"] == ROOM
+    finally:
+        producer.close()
