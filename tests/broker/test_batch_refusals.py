@@ -131,7 +131,8 @@ def test_a_full_disk_s_unsaved_pushes_are_named(serve: Serve, zctx: Ctx, push_ru
     a batch of six plain pushes names the three not saved (before: "all taken"); they
     stay queued in memory, as an unsaved push waiting for a response does (at least
     once): the consumer gets each of the six once."""
-    engine = Engine(store=FullDisk(room=ROOM), handlers={"persistent": PersistentDeliveryHandler()})
+    handlers = {"persistent": PersistentDeliveryHandler()}
+    engine = Engine(store=FullDisk(room=ROOM), handlers=handlers)
     endpoint = serve(engine, push_runs)
     admin = Client(endpoint, context=zctx, timeout=LOADED).connect()
     producer = _producer(zctx, endpoint)

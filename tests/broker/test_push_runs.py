@@ -515,7 +515,7 @@ def test_batches_of_plain_pushes_give_what_the_frame_path_gives(
     answers, delivered, _received, batched_in = records
     assert batched_in == sum(len(entries) for _n, _a, entries in _batches())
     acks = {mid: payload for mid, _mt, payload in answers}
-    assert acks["B0"] == acks["B3"] == acks["B4"] == b""  # every push taken (r1 again: taken before)
+    assert acks["B0"] == acks["B3"] == acks["B4"] == b""  # all taken (r1 again: taken before)
     # an acknowledged batch names its plain pushes not taken (before: b"", "all taken")
     assert json.loads(acks["B2"])["Refused"] == [
         [0, "unacceptable", "push refused by the queue"],  # s1: queue 3 is stopped
