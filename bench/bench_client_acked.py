@@ -17,11 +17,11 @@ Usage: ``python bench/bench_client_acked.py [--pushes N] [--turns T] [--size OCT
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
-from bench_client_push import HERE, measure
+from bench_client_push import measure
+from turn_table import Column, print_turns
 
 #: Run in a fresh interpreter with the checkout under test first on the path.
 _MEASURE = """
@@ -104,6 +104,16 @@ print(json.dumps(out))
 """
 
 
+#: The table's figures: CPU us per push (caller's thread, I/O thread, both), calls per push.
+COLUMNS = (
+    Column("caller us", "caller_us", width=10),
+    Column("I/O us", "io_us"),
+    Column("client us", "client_us", width=10),
+    Column("caller calls", "caller_calls", width=13),
+    Column("I/O calls", "io_calls", width=10),
+)
+
+
 def measure_acked(root: Path, pushes: int, size: int = 100) -> dict[str, float]:
     result = measure(root, pushes, _MEASURE, str(size))
     if not str(result.pop("broker")).startswith(str(root)):
@@ -121,16 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.pushes < 1 or args.turns < 1 or args.size < 0:
         print("--pushes and --turns must be at least 1, --size at least 0", file=sys.stderr)
         return 2
-    sides = [("this", HERE)] + ([("base", args.base.resolve())] if args.base else [])
-    print(f"{'turn':<5} {'checkout':<9} {'caller us':>10} {'I/O us':>8} {'client us':>10} "
-          f"{'caller calls':>13} {'I/O calls':>10} {'load':>6}")  # fmt: skip
-    for turn in range(1, args.turns + 1):
-        for name, root in sides if turn % 2 else sides[::-1]:
-            r = measure_acked(root, args.pushes, args.size)
-            client = r["caller_us"] + r["io_us"]
-            print(f"{turn:<5} {name:<9} {r['caller_us']:>10.1f} {r['io_us']:>8.1f} "
-                  f"{client:>10.1f} {r['caller_calls']:>13.1f} {r['io_calls']:>10.1f} "
-                  f"{os.getloadavg()[0]:>6.1f}", flush=True)  # fmt: skip
+
+    def figures(root: Path) -> dict[str, float]:
+        r = measure_acked(root, args.pushes, args.size)
+        return {**r, "client_us": r["caller_us"] + r["io_us"]}
+
+    print_turns(COLUMNS, args.base, args.turns, figures)
     return 0
 
 

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench_client_push import in_turns
+from turn_table import Column, print_turns
 
 _IN_FLIGHT = 64  # pushes each producer keeps waiting for their acknowledge
 #: bench_broker.py's rows before its memory 4 KiB 8p one: (queue, messages, size, producers)
@@ -144,6 +144,17 @@ def child(count: int, size: int, producers: int, warm: bool) -> dict[str, Any]:
     return result
 
 
+#: The table's figures per message: the broker's CPU us, faults and context switches, the
+#: producers' CPU us and faults.
+COLUMNS = (
+    Column("broker us", "broker_us", width=10),
+    Column("faults", "broker_faults", ".2f", width=7),
+    Column("switches", "broker_switches", ".3f", width=9),
+    Column("producers us", "producers_us", width=13),
+    Column("faults", "producers_faults", ".2f", width=7),
+)
+
+
 def run_in(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     """``child`` run by a fresh interpreter with ``root`` (its broker and its bench/)
     first on the path; its answer."""
@@ -177,16 +188,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.messages < args.producers:
         print("--messages must be at least --producers", file=sys.stderr)
         return 2
-    print(f"{'turn':<5} {'checkout':<9} {'broker us':>10} {'faults':>7} {'switches':>9} "
-          f"{'producers us':>13} {'faults':>7} {'load':>6}")  # fmt: skip
-    for turn, name, root in in_turns(args.base, args.turns):
+
+    def figures(root: Path) -> dict[str, Any]:
         r = run_in(root, args)
         if not str(r.pop("broker")).startswith(str(root)):
-            print(f"measured another checkout than {root}", file=sys.stderr)
-            return 1
-        print(f"{turn:<5} {name:<9} {r['broker_us']:>10.1f} {r['broker_faults']:>7.2f} "
-              f"{r['broker_switches']:>9.3f} {r['producers_us']:>13.1f} "
-              f"{r['producers_faults']:>7.2f} {os.getloadavg()[0]:>6.1f}", flush=True)  # fmt: skip
+            raise SystemExit(f"measured another checkout than {root}")
+        return r
+
+    print_turns(COLUMNS, args.base, args.turns, figures)
     return 0
 
 
