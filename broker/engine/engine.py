@@ -401,7 +401,9 @@ class Engine:
 
         Returns the output of every frame except the acknowledges of its pushes, which
         the caller answers with one acknowledge of the whole batch; the pushes refused:
-        (index, nack reason, reason); and the indexes of acknowledged pushes that got no
+        (index, nack reason, reason) -- plain ones too (refused by their queue, failed
+        inside, not saved: noted by :meth:`_push` and :meth:`receive` in ``_unheard``),
+        no push goes untold; and the indexes of acknowledged pushes that got no
         acknowledge yet (one comes later on its own).  The outcome is that of each frame
         handled as :meth:`receive` handles it alone, in order; a run of pushes into one
         existing queue that need no answer and carry no headers goes in with one call

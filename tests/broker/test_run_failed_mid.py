@@ -164,11 +164,14 @@ def test_a_push_raising_mid_broadcast_run_fails_alone_and_the_run_is_counted(
     kit = _broadcast_kit()
     raised = _failing_stamp(monkeypatch, broadcast_module)
     items = _items()
+    refused: list[tuple[int, str, str]] = []
     if entry == "receive_batch":
-        outs = kit.engine.receive_batch("p", items, kit.now)[0]
+        outs, refused, _later = kit.engine.receive_batch("p", items, kit.now)
     else:
-        outs = kit.engine.receive_pushes("p", [message_of(f, d) for _, f, d in items], kit.now)
+        messages = [message_of(f, d) for _, f, d in items]
+        outs = kit.engine.receive_pushes("p", messages, kit.now, refused)
     assert raised == [FAILS]
+    assert refused == [(2, "failed", "internal error")]  # (the batch's acknowledge names it)
     ids = [f"m{k}" for k in range(RUN)]
     assert _published(outs) == [mid for mid in ids if mid != FAILS]
     queue = kit.engine.channels[CHANNEL].queues[1]
@@ -181,6 +184,30 @@ def test_a_push_raising_mid_broadcast_run_fails_alone_and_the_run_is_counted(
     resend = kit.engine.receive("p", items[2][1], kit.now, items[2][2])
     assert _published(resend) == [FAILS]
     assert (queue.sequence, queue.received, queue.sent, queue.duplicates) == (RUN, RUN, RUN, 0)
+
+
+@pytest.mark.parametrize("entry", ["receive_batch", "receive_pushes"])
+def test_a_run_raising_outside_its_pushes_is_refused_whole(
+    entry: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The queue's run path raising something else than ``RunFailed`` (how far it went
+    is unknown): every push of the run is named refused -- at least once, never a false
+    "taken" -- and the failure counted once."""
+
+    def push_plain_run(*_args: Any) -> int:
+        raise RuntimeError("injected: the run path failed")
+
+    kit = _kit(1, 10, QueueStatus.PUSH)
+    monkeypatch.setattr(queue_module.Queue, "push_plain_run", push_plain_run)
+    items = _items()
+    refused: list[tuple[int, str, str]] = []
+    if entry == "receive_batch":
+        _outs, refused, _later = kit.engine.receive_batch("p", items, kit.now)
+    else:
+        messages = [message_of(f, d) for _, f, d in items]
+        kit.engine.receive_pushes("p", messages, kit.now, refused)
+    assert refused == [(k, "failed", "internal error") for k in range(RUN)]
+    assert kit.engine.services.errors == 1
 
 
 # ---------------------------------------------------------------- on the wire
