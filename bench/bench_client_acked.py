@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from bench_client_push import measure
-from turn_table import Column, print_turns
+from turn_table import Column, from_checkout, print_turns
 
 #: Run in a fresh interpreter with the checkout under test first on the path.
 _MEASURE = """
@@ -115,10 +115,7 @@ COLUMNS = (
 
 
 def measure_acked(root: Path, pushes: int, size: int = 100) -> dict[str, float]:
-    result = measure(root, pushes, _MEASURE, str(size))
-    if not str(result.pop("broker")).startswith(str(root)):
-        raise SystemExit(f"measured another checkout than {root}")
-    return result
+    return from_checkout(root, measure(root, pushes, _MEASURE, str(size)))
 
 
 def main(argv: list[str] | None = None) -> int:

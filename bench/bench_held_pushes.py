@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from turn_table import Column, print_turns
+from turn_table import Column, from_checkout, print_turns
 
 _IN_FLIGHT = 64  # pushes each producer keeps waiting for their acknowledge
 #: bench_broker.py's rows before its memory 4 KiB 8p one: (queue, messages, size, producers)
@@ -189,13 +189,9 @@ def main(argv: list[str] | None = None) -> int:
         print("--messages must be at least --producers", file=sys.stderr)
         return 2
 
-    def figures(root: Path) -> dict[str, Any]:
-        r = run_in(root, args)
-        if not str(r.pop("broker")).startswith(str(root)):
-            raise SystemExit(f"measured another checkout than {root}")
-        return r
-
-    print_turns(COLUMNS, args.base, args.turns, figures)
+    print_turns(
+        COLUMNS, args.base, args.turns, lambda root: from_checkout(root, run_in(root, args))
+    )
     return 0
 
 

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from bench_client_push import measure
-from turn_table import Column, print_turns
+from turn_table import Column, from_checkout, print_turns
 
 #: Run in a fresh interpreter with the checkout under test first on the path.
 _MEASURE = """
@@ -103,10 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     def figures(root: Path) -> dict[str, float]:
-        result = measure(root, args.pushes, _MEASURE)
-        if not str(result.pop("broker")).startswith(str(root)):
-            raise SystemExit(f"measured another checkout than {root}")
-        return result
+        return from_checkout(root, measure(root, args.pushes, _MEASURE))
 
     print_turns(COLUMNS, args.base, args.turns, figures)
     return 0

@@ -12,8 +12,20 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from bench_client_push import in_turns
+
+R = TypeVar("R", bound=dict[str, Any])
+
+
+def from_checkout(root: Path, result: R) -> R:
+    """``result`` without its ``broker`` key (the ``broker`` package file the measuring
+    process imported), which must lie in ``root``: else the run measured another
+    checkout (a path or an install that won) and the bench stops saying so."""
+    if not str(result.pop("broker")).startswith(str(root)):
+        raise SystemExit(f"measured another checkout than {root}")
+    return result
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,6 +81,16 @@ def _kit(consumers: int, prefetch: int, status: QueueStatus) -> Kit:
     return kit
 
 
+def _serve(kit: Kit, entry: str, items: list[tuple[int, Frame, bytes]]) -> tuple[Any, Any, Any]:
+    """``items`` through ``entry`` of ``kit``'s engine, as ``receive_batch`` answers:
+    (output, refused, later); ``receive_pushes`` with its refusals asked for."""
+    if entry == "receive_batch":
+        return kit.engine.receive_batch("p", items, kit.now)
+    refused: list[tuple[int, str, str]] = []
+    messages = [message_of(f, d) for _, f, d in items]
+    return kit.engine.receive_pushes("p", messages, kit.now, refused), refused, []
+
+
 #: (consumers, prefetch, status): all queued, all sent at once, sent then queued mid-run
 #: (the window fills at the third push), two consumers taking turns.
 SHAPES = {
@@ -100,14 +110,8 @@ def test_a_push_raising_mid_run_fails_alone_as_one_by_one(
     raised = _failing_stamp(monkeypatch, queue_module)
     run, single = _kit(consumers, prefetch, status), _kit(consumers, prefetch, status)
     items = _items()
-    if entry == "receive_batch":
-        got = run.engine.receive_batch("p", items, run.now)
-        want = one_by_one(single.engine, "p", items, single.now)
-    else:
-        refused: list[tuple[int, str, str]] = []
-        messages = [message_of(f, d) for _, f, d in items]
-        got = (run.engine.receive_pushes("p", messages, run.now, refused), refused, [])
-        want = one_by_one(single.engine, "p", items, single.now)
+    got = _serve(run, entry, items)
+    want = one_by_one(single.engine, "p", items, single.now)
     assert raised == [FAILS, FAILS]  # (once on each side)
     assert got == want
     assert _counters(run) == _counters(single)
@@ -164,12 +168,7 @@ def test_a_push_raising_mid_broadcast_run_fails_alone_and_the_run_is_counted(
     kit = _broadcast_kit()
     raised = _failing_stamp(monkeypatch, broadcast_module)
     items = _items()
-    refused: list[tuple[int, str, str]] = []
-    if entry == "receive_batch":
-        outs, refused, _later = kit.engine.receive_batch("p", items, kit.now)
-    else:
-        messages = [message_of(f, d) for _, f, d in items]
-        outs = kit.engine.receive_pushes("p", messages, kit.now, refused)
+    outs, refused, _later = _serve(kit, entry, items)
     assert raised == [FAILS]
     assert refused == [(2, "failed", "internal error")]  # (the batch's acknowledge names it)
     ids = [f"m{k}" for k in range(RUN)]
@@ -199,13 +198,7 @@ def test_a_run_raising_outside_its_pushes_is_refused_whole(
 
     kit = _kit(1, 10, QueueStatus.PUSH)
     monkeypatch.setattr(queue_module.Queue, "push_plain_run", push_plain_run)
-    items = _items()
-    refused: list[tuple[int, str, str]] = []
-    if entry == "receive_batch":
-        _outs, refused, _later = kit.engine.receive_batch("p", items, kit.now)
-    else:
-        messages = [message_of(f, d) for _, f, d in items]
-        kit.engine.receive_pushes("p", messages, kit.now, refused)
+    _outs, refused, _later = _serve(kit, entry, _items())
     assert refused == [(k, "failed", "internal error") for k in range(RUN)]
     assert kit.engine.services.errors == 1
 
