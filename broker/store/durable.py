@@ -330,6 +330,11 @@ class DurableStore(Store):
     def completed(self) -> int:
         return self.log.completed
 
+    @property
+    def failed(self) -> bool:
+        """Has the log's writer stopped (``LogStore.failed``)?"""
+        return self.log.failed is not None
+
     def fileno(self) -> int:
         return self.log.fileno()
 
