@@ -49,8 +49,7 @@ def test_a_full_disk_refuses_persistent_pushes_and_the_broker_serves_on(
     zctx: zmq.Context[zmq.Socket[bytes]],
 ) -> None:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    log = tmp_path / "broker.log"
-    proc = _serve(endpoint, small_disk / "data", log)
+    proc = _serve(endpoint, small_disk / "data", tmp_path / "first.log")
     try:
         with Client(endpoint, context=zctx, timeout=30, batch=0).connect() as client:
             client.create_queue("orders", 1, PERSISTENT)
@@ -73,8 +72,8 @@ def test_a_full_disk_refuses_persistent_pushes_and_the_broker_serves_on(
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-    _grow(small_disk)
-    proc = _serve(endpoint, small_disk / "data", log)
+    _grow(small_disk)  # (its own log file: _serve waits for that file's ready line)
+    proc = _serve(endpoint, small_disk / "data", tmp_path / "second.log")
     try:
         got = consume(endpoint, zctx)
     finally:
