@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from broker.engine.engine import Engine
 from broker.protocol import ConnectionInfo, MessageType
 from broker.server.gate import OutputGate
 from broker.store.durable import DurableStore
@@ -65,14 +64,27 @@ def log(tmp_path: Path) -> Iterator[LogStore]:
         store.close()
 
 
-def _engine(store: DurableStore) -> tuple[Engine, list[str]]:
-    """The persistent ``orders`` queue, a memory queue ``plain``, four producers."""
-    engine = _orders(store)
-    engine.create_channel("plain")
-    engine.create_queue("plain", 1)
-    producers = [engine.connect(ConnectionInfo(client_id=f"p{i}"), now=0.0)[0]
-                 for i in range(PRODUCERS)]  # fmt: skip
-    return engine, producers
+class Gated:
+    """An engine saving to ``log`` (the persistent ``orders`` queue, a memory queue
+    ``plain``), four producers, a gate whose output goes to ``sent``."""
+
+    def __init__(self, log: LogStore) -> None:
+        self.store = DurableStore(log)
+        self.engine = engine = _orders(self.store)
+        engine.create_channel("plain")
+        engine.create_queue("plain", 1)
+        self.producers = [engine.connect(ConnectionInfo(client_id=f"p{i}"), now=0.0)[0]
+                          for i in range(PRODUCERS)]  # fmt: skip
+        self.sent: list[Any] = []
+        self.gate = OutputGate(self.store, self.sent.extend)
+
+    def push(self, producer: str, frame: Frame) -> None:
+        self.gate.admit(self.engine.receive(producer, frame, 0.0))
+
+    def push_each(self) -> None:
+        """One acknowledged persistent push from each producer."""
+        for k, producer in enumerate(self.producers):
+            self.push(producer, _push(producer, k))
 
 
 def _acks(sent: list[Any]) -> dict[str, list[str | None]]:
@@ -95,14 +107,11 @@ def _release_when_failed(gate: OutputGate, log: LogStore) -> None:
 def test_held_acknowledges_leave_refused_and_nothing_is_held_after(
     log: LogStore, disk: Disk
 ) -> None:
-    store = DurableStore(log)
-    engine, producers = _engine(store)
-    sent: list[Any] = []
-    gate = OutputGate(store, sent.extend)
+    g = Gated(log)
+    gate, sent, producers = g.gate, g.sent, g.producers
     called: list[int] = []
     disk.fill()
-    for k, producer in enumerate(producers):
-        gate.admit(engine.receive(producer, _push(producer, k), 0.0))
+    g.push_each()
     gate.call(lambda: called.append(1))  # (a STOMP receipt waiting for those saves)
     assert gate.held == PRODUCERS + 1 and sent == []  # each waits for its fsync
     _release_when_failed(gate, log)
@@ -111,13 +120,13 @@ def test_held_acknowledges_leave_refused_and_nothing_is_held_after(
     assert gate.held == 0 and gate.failed
     # from now on nothing waits: a persistent push is refused at once...
     sent.clear()
-    gate.admit(engine.receive(producers[0], _push(producers[0], 9), 0.0))
+    g.push(producers[0], _push(producers[0], 9))
     assert _acks(sent) == {producers[0]: ["failed"]}
     # ...and what needs no disk is served as before
     sent.clear()
     plain = Frame(message_type=MessageType.QUEUE, content_type=1, target="plain",
                   pending_ack=True, message_id="x", source=producers[1], payload=b"x")  # fmt: skip
-    gate.admit(engine.receive(producers[1], plain, 0.0))
+    g.push(producers[1], plain)
     assert _acks(sent) == {producers[1]: [None]}
     gate.call(lambda: called.append(2))
     assert called == [2]
@@ -128,16 +137,12 @@ def test_a_drain_whose_held_group_the_failed_log_refuses_acknowledges_nothing(
 ) -> None:
     """The drain's pushes were checked writable and held; the writer fails before the
     drain ends: the group is never written, and every producer hears a refusal."""
-    store = DurableStore(log)
-    engine, producers = _engine(store)
-    sent: list[Any] = []
-    gate = OutputGate(store, sent.extend)
-    gate.begin()
-    for k, producer in enumerate(producers):
-        gate.admit(engine.receive(producer, _push(producer, k), 0.0))
+    g = Gated(log)
+    g.gate.begin()
+    g.push_each()
     disk.fill()
     log.append(("other", 1), b"makes the writer sync")
     assert wait_until(lambda: log.failed is not None), "the writer did not fail"
-    gate.end()
-    assert _acks(sent) == {p: ["failed"] for p in producers}
-    assert gate.held == 0
+    g.gate.end()
+    assert _acks(g.sent) == {p: ["failed"] for p in g.producers}
+    assert g.gate.held == 0
