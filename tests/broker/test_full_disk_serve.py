@@ -5,8 +5,8 @@ room: ENOSPC in the log's writer).  One producer pushes 64 KiB persistent messag
 a time, each waiting for its acknowledge: the push that no longer fits gets a refusal (a
 negative acknowledge), never a positive one and never silence; every later persistent
 push is refused too; the broker goes on serving everything that needs no disk (a memory
-queue, an admin call); after a kill -9 and a restart with room, every message that was
-acknowledged is back, once, in order.
+queue, an admin call) and stops cleanly on SIGTERM; restarted with room, every message
+that was acknowledged is back, once, in order.
 
 Mounting needs root (CAP_SYS_ADMIN): elsewhere the test skips, saying why.
 """
@@ -69,9 +69,12 @@ def test_a_full_disk_refuses_persistent_pushes_and_the_broker_serves_on(
             m = consumer.receive(timeout=30)
             assert m is not None and m.id == "mem" and bytes(m.payload) == b"in memory"
             consumer.ack(m)
+        proc.send_signal(signal.SIGTERM)  # and it stops cleanly, the disk still full
+        assert proc.wait(60) == 0
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
     _grow(small_disk)  # (its own log file: _serve waits for that file's ready line)
     proc = _serve(endpoint, small_disk / "data", tmp_path / "second.log")
     try:
