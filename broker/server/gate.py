@@ -21,13 +21,36 @@ admitted while the store holds appends it has not given to the log (``unwritten`
 know its ticket yet: it waits, with every output admitted after it, and :meth:`end`
 tags them all with the ticket of the writes the release made.  An output admitted
 while nothing is held back goes as before (a drain of plain pushes is not delayed).
+
+A failed store (a full disk: the log's writer stopped, ``failed``).  The tickets held
+outputs wait for will never complete.  They leave at once, in order, each positive
+acknowledge in them turned negative (``failed``, "not saved: the store failed"): a
+producer hears a refusal, never a positive acknowledge for a message the disk may not
+hold, and never silence.  Everything else in them (deliveries of the messages, which
+stay queued in memory, replies) leaves as it was; a held call (a STOMP receipt or
+delivery waiting for its save) is dropped, never run: it would confirm a save that did
+not happen (the STOMP client hears nothing for it).  From then on the gate holds
+nothing: the store refuses every new save at once (the engine answers it ``failed``),
+so no output depends on a write any more, and the broker serves on.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
+
+from broker.engine.frames import ack
+from broker.protocol import Header, MessageType, NackReason, Outgoing
+from broker.tmqp import Frame
+
+log = logging.getLogger(__name__)
+
+_ACK = int(MessageType.ACK)
+_NACK = Header.NACK_REASON.lower()
+#: why a positive acknowledge held when the store failed leaves negative
+_NOT_SAVED = "not saved: the store failed"
 
 
 class DurableLike(Protocol):
@@ -52,6 +75,11 @@ class DurableLike(Protocol):
 
     def release(self) -> None: ...
 
+    @property
+    def failed(self) -> bool:
+        """The store's writer stopped: no ticket beyond ``completed`` ever completes."""
+        ...
+
 
 class OutputGate:
     """Holds engine output until the store's tickets it depends on complete."""
@@ -65,6 +93,8 @@ class OutputGate:
         self._draining = False
         #: outputs held so far (a counter for statistics)
         self.holds = 0
+        #: the store failed: nothing is held any more (see "A failed store")
+        self.failed = False
 
     @property
     def held(self) -> int:
@@ -82,6 +112,11 @@ class OutputGate:
         self._draining = False
         store = self.store
         store.release()
+        if self.failed:
+            return  # (nothing waits: ``admit`` sent it)
+        if store.failed:
+            self._fail()
+            return
         untagged = self._untagged
         if untagged:
             self._untagged = []
@@ -101,6 +136,9 @@ class OutputGate:
 
     def admit(self, outs: list[Any]) -> None:
         """Send ``outs`` now if nothing it depends on is pending, else hold it."""
+        if self.failed:
+            self._send(outs)
+            return
         if self._draining and self._waits():
             if outs:
                 self._untagged.append(outs)
@@ -120,6 +158,9 @@ class OutputGate:
         """Run ``fn`` once everything admitted so far has left and the store's newest
         write is durable (now if nothing is pending): how another door (STOMP) sends a
         receipt or a delivery only once the message it concerns is on disk."""
+        if self.failed:
+            fn()
+            return
         if self._draining and self._waits():
             self._untagged.append(fn)
             return
@@ -135,8 +176,32 @@ class OutputGate:
             self.holds += 1
 
     def release(self) -> None:
-        """Send what became durable (call when ``fileno`` is readable)."""
+        """Send what became durable (call when ``fileno`` is readable); everything held,
+        refused, once the store failed (see "A failed store")."""
         self._send_upto(self.store.drain())
+        if (self._held or self._untagged) and self.store.failed:
+            self._fail()
+
+    def _fail(self) -> None:
+        """The store failed: send what is held with its positive acknowledges refused,
+        drop held calls, hold nothing from now on."""
+        self.failed = True
+        waiting = [item for _ticket, item in self._held]
+        waiting += self._untagged
+        self._held = deque()
+        self._untagged = []
+        dropped = 0
+        for item in waiting:
+            if isinstance(item, list):
+                self._send(_refused(item))
+            else:
+                dropped += 1
+        log.error(
+            "store failed: %d held outputs sent with their acknowledges refused, %d held "
+            "calls dropped",
+            len(waiting) - dropped,
+            dropped,
+        )
 
     def _send_upto(self, done: int) -> None:
         held = self._held
@@ -160,6 +225,8 @@ class OutputGate:
         """Make everything durable and send what was held (the server is stopping)."""
         if self._draining:
             self.end()
+        if self._held and self.store.failed:
+            self._fail()
         if self._held:
             self.store.flush()
             self.release()
@@ -170,3 +237,26 @@ def _without(
 ) -> list[Any] | Callable[[], None]:
     """A held output without the frames for ``client_id`` (a call stays as it is)."""
     return [o for o in outs if o[0] != client_id] if isinstance(outs, list) else outs
+
+
+def _refused(outs: list[Any]) -> list[Any]:
+    """``outs`` with each positive acknowledge made negative (``failed``)."""
+    return [_refuse(out) for out in outs]
+
+
+def _refuse(out: Any) -> Any:
+    frame = out[1]
+    if frame.__class__ is not Frame or frame.message_type != _ACK:
+        return out
+    if any(key.lower() == _NACK for key, _value in frame.headers):
+        return out  # already negative
+    nack = ack(
+        frame.content_type,
+        frame.message_id,
+        frame.source,
+        frame.target,
+        NackReason.FAILED,
+        _NOT_SAVED,
+        frame.high_priority,
+    )
+    return Outgoing(out[0], nack)

@@ -69,8 +69,10 @@ queue then go to the log together (``LogStore.append_many``: one turn of its loc
 writer entry, one ticket, so one durability wait for the group).  Every other call
 writes what is held first, so the log sees the engine's writes in the engine's order (a
 removal never precedes its record).  A held group the log fails to take after all (its
-writer failed meanwhile) makes ``appended`` a ticket that never completes: nothing sent
-after it leaves, as when the writer fails under queued appends.
+writer failed meanwhile) makes ``appended`` a ticket that never completes, as when the
+writer fails under queued appends: :attr:`DurableStore.failed` says so, and the server's
+gate then sends what waited with its positive acknowledges refused
+(``broker.server.gate``, "A failed store").
 
 Damage.  A record whose blob cannot be decoded (a bug, or a version this code does not
 read) is logged with its queue and sequence number and skipped on recovery; the log
@@ -329,6 +331,11 @@ class DurableStore(Store):
     @property
     def completed(self) -> int:
         return self.log.completed
+
+    @property
+    def failed(self) -> bool:
+        """Has the log's writer stopped (``LogStore.failed``)?"""
+        return self.log.failed is not None
 
     def fileno(self) -> int:
         return self.log.fileno()

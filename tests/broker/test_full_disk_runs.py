@@ -33,13 +33,16 @@ START = 60.0  # deadline (s) for a Python process to start at load 50 (test_cli'
 
 
 def _serve(endpoint: str, data: Path, log: Path) -> subprocess.Popen[bytes]:
-    """``broker serve`` with its log lines in a file (a full disk makes many)."""
+    """``broker serve`` with its log lines in a file (a full disk makes many); ready once
+    the file holds one more ready line than before (a restart appends to the same file)."""
+    ready = b"broker serving on"
+    before = log.read_bytes().count(ready) if log.exists() else 0
     with log.open("ab") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "broker", "serve", "--bind", endpoint, "--data", str(data)],
             stdout=subprocess.DEVNULL, stderr=err,
         )  # fmt: skip
-    if not wait_until(lambda: b"broker serving on" in log.read_bytes(), timeout=START):
+    if not wait_until(lambda: log.read_bytes().count(ready) > before, timeout=START):
         proc.kill()
         proc.wait(10)
         pytest.fail(f"broker serve did not start: {log.read_bytes()[-2000:]!r}")

@@ -47,6 +47,7 @@ class Tickets:
 
     holds = 0
     unwritten = 0
+    failed = False
 
 
 def test_output_waits_for_its_ticket_and_nothing_overtakes_it() -> None:

@@ -42,6 +42,7 @@ class Lagging:
     def __init__(self, store: DurableStore) -> None:
         self.store = store
         self.completed = 0
+        self.failed = False
 
     @property
     def appended(self) -> int:

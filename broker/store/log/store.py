@@ -649,6 +649,12 @@ class LogStore:
         """The highest complete ticket (every ticket up to it is complete)."""
         return self._completions.done
 
+    @property
+    def failed(self) -> StoreIOError | None:
+        """The error the writer stopped with (a failed disk), None while it writes: once
+        set, no ticket beyond :attr:`completed` ever completes."""
+        return self._failed
+
     def wait(self, ticket: int, timeout: float | None = None) -> bool:
         """Block until ``ticket`` completes; False on timeout.  StoreIOError if the
         writer failed before completing it."""
