@@ -83,14 +83,15 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def zerohub(args: list[str], ready: bytes, source: str | None = None) -> Any:
-    """A zerohub server process (``python -m ...``), stopped with SIGTERM afterwards;
-    ``source``: run the code of that checkout instead (PYTHONPATH)."""
+def zerohub(args: list[str], ready: bytes, source: str | None = None, module: bool = True) -> Any:
+    """A zerohub server process (``python -m ...``; ``module=False``: ``python ARGS``),
+    stopped with SIGTERM afterwards; ``source``: run the code of that checkout instead
+    (PYTHONPATH)."""
     env = dict(os.environ)
     if source is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [source, env.get("PYTHONPATH")]))
     proc = subprocess.Popen(
-        [sys.executable, "-m", *args],
+        [sys.executable, *(["-m"] if module else []), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
