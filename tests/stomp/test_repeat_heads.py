@@ -174,3 +174,17 @@ def test_a_bad_last_line_after_a_run_is_reported_as_alone_and_breaks_the_parser(
     assert len(frames) == 3
     assert isinstance(error, FrameError) and "undefined escape sequence" in str(error)
     assert parser.feed_until_error(good) == ([], error)
+
+
+def test_a_content_length_in_the_last_line_is_not_taken_as_the_leads() -> None:
+    """Two heads whose last line is their content-length, then one of the same lead
+    whose last line is a receipt: it has no content-length (its body ends at its NUL)."""
+    lead = b"SEND\ndestination:/queue/a\n"
+    stream = lead + b"content-length:1\n\nx\0" + lead + b"content-length:2\n\nxy\0"
+    stream += lead + b"receipt:9\n\nabc\0"
+    got = FrameParser(version=Version.V1_2).feed(stream)
+    assert [(f.headers[-1], f.body) for f in got] == [
+        (("content-length", "1"), b"x"),
+        (("content-length", "2"), b"xy"),
+        (("receipt", "9"), b"abc"),
+    ]
