@@ -762,14 +762,13 @@ class EngineBackend:
         does it) or pending its ACK."""
         if not message.wants_ack:
             return
-        key = (message.target, message.content_type, message.message_id)
         if sub.spec.ack is AckMode.AUTO:
             if message.target not in conn.engine_acked:
-                settles.append((*key, True))
-        else:
-            conn.pending[tag] = key
-            if shared is not None:
-                conn.tag_sub[tag] = sub
+                settles.append((message.target, message.content_type, message.message_id, True))
+            return
+        conn.pending[tag] = (message.target, message.content_type, message.message_id)
+        if shared is not None:
+            conn.tag_sub[tag] = sub
 
 
 def _applied(now: float) -> list[Outgoing]:
