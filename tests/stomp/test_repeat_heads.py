@@ -108,7 +108,7 @@ def _stream(frames: list[tuple[int, int, int, bool]], kept: int, idle: bool) -> 
     )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     frames=FRAMES,
     version=st.sampled_from([None, Version.V1_0, Version.V1_1, Version.V1_2]),
