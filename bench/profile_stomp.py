@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_stomp import cpu_seconds, free_port, run_pair, zerohub
+from bench_stomp import cpu_seconds, free_port, run_pair, serve_args, zerohub
 
 #: The serving process's wrapper: every thread's ``run`` (and the main thread) under its
 #: own cProfile; each dumps its stats to ``PROFILE_DIR`` when the process ends.  With
@@ -84,17 +84,7 @@ def profile_once(
     """Python calls per message of each thread of one serving process."""
     with tempfile.TemporaryDirectory(prefix="profile-stomp-") as out:
         port = free_port()
-        args = [
-            "-c",
-            SERVE_UNDER_PROFILE,
-            "serve",
-            "--bind",
-            f"tcp://127.0.0.1:{free_port()}",
-            "--stomp",
-            f"tcp://127.0.0.1:{port}",
-            "--data",
-            "none",
-        ]
+        args = ["-c", SERVE_UNDER_PROFILE, *serve_args(port, "none")[1:]]
         os.environ["PROFILE_DIR"] = out
         with zerohub(args, b"broker serving on", source, module=False) as proc:
             run_pair(ctx, port, "localhost", 200, receipts, raw)  # warm up
@@ -145,17 +135,7 @@ def cpu_once(
     """CPU µs per message of each thread of one serving process (no profiler)."""
     with tempfile.TemporaryDirectory(prefix="profile-stomp-") as out:
         port = free_port()
-        args = [
-            "-c",
-            SERVE_UNDER_PROFILE,
-            "serve",
-            "--bind",
-            f"tcp://127.0.0.1:{free_port()}",
-            "--stomp",
-            f"tcp://127.0.0.1:{port}",
-            "--data",
-            "none",
-        ]
+        args = ["-c", SERVE_UNDER_PROFILE, *serve_args(port, "none")[1:]]
         os.environ["PROFILE_DIR"] = out
         os.environ["PROFILE_CPU"] = "1"
         try:
