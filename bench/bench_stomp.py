@@ -82,15 +82,31 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def serve_args(stomp_port: int, data: str) -> list[str]:
+    """``python -m`` arguments of ``broker serve`` with its STOMP listener on
+    ``stomp_port`` (TMQP on a free port), ``--data DATA``."""
+    return [
+        "broker",
+        "serve",
+        "--bind",
+        f"tcp://127.0.0.1:{free_port()}",
+        "--stomp",
+        f"tcp://127.0.0.1:{stomp_port}",
+        "--data",
+        data,
+    ]
+
+
 @contextlib.contextmanager
-def zerohub(args: list[str], ready: bytes, source: str | None = None) -> Any:
-    """A zerohub server process (``python -m ...``), stopped with SIGTERM afterwards;
-    ``source``: run the code of that checkout instead (PYTHONPATH)."""
+def zerohub(args: list[str], ready: bytes, source: str | None = None, module: bool = True) -> Any:
+    """A zerohub server process (``python -m ...``; ``module=False``: ``python ARGS``),
+    stopped with SIGTERM afterwards; ``source``: run the code of that checkout instead
+    (PYTHONPATH)."""
     env = dict(os.environ)
     if source is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [source, env.get("PYTHONPATH")]))
     proc = subprocess.Popen(
-        [sys.executable, "-m", *args],
+        [sys.executable, *(["-m"] if module else []), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
@@ -476,17 +492,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--turns must be at least 1")
     ctx = mp.get_context("spawn")
     rows: list[Row] = []
-    port = free_port()
-    serve = [
-        "broker",
-        "serve",
-        "--bind",
-        f"tcp://127.0.0.1:{free_port()}",
-        "--stomp",
-        f"tcp://127.0.0.1:{port}",
-        "--data",
-        args.data,
-    ]
+    serve = serve_args(free_port(), args.data)
     port = free_port()
     ready = ctx.Event()
     echo = ctx.Process(target=relay, args=(port, ready), daemon=True)

@@ -197,6 +197,7 @@ class EngineBackend:
         wall_clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
         self.door = door
+        self._facts = _LastFacts()  # the header block delivered last, read
         self.wall_clock_ms = wall_clock_ms
         self.answer_timeout = answer_timeout
         self.conns: dict[int, _Conn] = {}
@@ -496,7 +497,7 @@ class EngineBackend:
             if selector is not None and not selector.matches(first_wins(message.headers)):
                 pending.popleft()  # a browser sees only what it selects
                 continue
-            delivery = _delivery(sub, message, conn.next_tag)._replace(sequence=seq)
+            delivery = _delivery(sub, message, conn.next_tag, self._facts)._replace(sequence=seq)
             if not conn.sink(delivery):
                 return  # resume() goes on
             conn.next_tag += 1
@@ -659,6 +660,7 @@ class EngineBackend:
         taking.  Deliveries go out in runs through the connection's run sink (one call,
         its room read once), one by one where a topic credit decides per delivery."""
         taken = 0
+        facts = self._facts
         settles: list[tuple[str, int, str, bool]] = []
         run: list[tuple[Delivery, Message, _Sub, list[_Sub] | None]] = []
         pending = iter(messages)
@@ -689,7 +691,12 @@ class EngineBackend:
             credit = sub.topic_credit
             if conn.run_sink is not None and (credit is None or message.wants_ack):
                 run.append(
-                    (_delivery(sub, message, conn.next_tag + len(run)), message, sub, shared)
+                    (
+                        _delivery(sub, message, conn.next_tag + len(run), facts),
+                        message,
+                        sub,
+                        shared,
+                    )
                 )
                 continue
             if run:  # (those before it first: a credit decision needs them settled)
@@ -706,7 +713,7 @@ class EngineBackend:
                 taken += 1  # a topic copy beyond the subscription's credit: dropped
                 continue
             tag = conn.next_tag
-            if not conn.sink(_delivery(sub, message, tag)):
+            if not conn.sink(_delivery(sub, message, tag, facts)):
                 conn.held.append(message)
                 conn.held.extend(pending)
                 stopped = True
@@ -755,14 +762,13 @@ class EngineBackend:
         does it) or pending its ACK."""
         if not message.wants_ack:
             return
-        key = (message.target, message.content_type, message.message_id)
         if sub.spec.ack is AckMode.AUTO:
             if message.target not in conn.engine_acked:
-                settles.append((*key, True))
-        else:
-            conn.pending[tag] = key
-            if shared is not None:
-                conn.tag_sub[tag] = sub
+                settles.append((message.target, message.content_type, message.message_id, True))
+            return
+        conn.pending[tag] = (message.target, message.content_type, message.message_id)
+        if shared is not None:
+            conn.tag_sub[tag] = sub
 
 
 def _applied(now: float) -> list[Outgoing]:
@@ -793,13 +799,50 @@ def _check_shareable(
         )
 
 
-def _delivery(sub: _Sub, message: Message, tag: int) -> Delivery:
+#: ``Delivery(...)`` from a tuple of every field, without the named tuple's Python-level
+#: ``__new__`` (one per message delivered).
+_new_delivery = tuple.__new__
+
+
+def _delivery(sub: _Sub, message: Message, tag: int, last: _LastFacts) -> Delivery:
+    headers = message.headers
+    if headers:
+        facts = last(headers)
+        sender = facts[2] if facts[2] is not None else message.source or None
+    else:
+        facts = _NO_FACTS
+        sender = message.source or None
+    return _new_delivery(
+        Delivery,
+        (
+            sub.spec.id,
+            tag,
+            message.message_id or f"tag-{tag}",
+            sub.channels[message.target].stomp,
+            facts[0],
+            bytes(message.payload),
+            facts[1],
+            facts[3],
+            facts[4],
+            sender,
+            False,
+        ),
+    )
+
+
+#: What :func:`_header_facts` reads of a header block: the user headers, redeliveries,
+#: the sender (None: the message's source), the queue sequence, the timestamp (ms).
+_Facts = tuple[tuple[tuple[str, str], ...], int, str | None, int | None, int | None]
+_NO_FACTS: _Facts = ((), 0, None, None, None)
+
+
+def _header_facts(headers: tuple[tuple[str, str], ...]) -> _Facts:
     redeliveries = 0
     sequence: int | None = None
-    sender = message.source or None
+    sender: str | None = None
     timestamp: int | None = None
-    headers: list[tuple[str, str]] = []
-    for key, value in message.headers:
+    carried: list[tuple[str, str]] = []
+    for key, value in headers:
         lower = key.lower()
         if lower in HIDDEN_HEADERS:
             if lower == "delivery-count":
@@ -813,20 +856,25 @@ def _delivery(sub: _Sub, message: Message, tag: int) -> Delivery:
             elif value.isdigit():
                 timestamp = int(value)
             continue
-        headers.append((key, value))
-    destination = sub.channels[message.target]
-    return Delivery(
-        subscription=sub.spec.id,
-        tag=tag,
-        message_id=message.message_id or f"tag-{tag}",
-        destination=destination.stomp,
-        headers=tuple(headers),
-        body=bytes(message.payload),
-        redeliveries=redeliveries,
-        sequence=sequence,
-        sender=sender,
-        timestamp_ms=timestamp,
-    )
+        carried.append((key, value))
+    return tuple(carried), redeliveries, sender, sequence, timestamp
+
+
+class _LastFacts:
+    """:func:`_header_facts` of the header block asked last, kept: the deliveries of a
+    run of SENDs share one block (the door's user and time stamp), one object."""
+
+    __slots__ = ("facts", "headers")
+
+    def __init__(self) -> None:
+        self.headers: tuple[tuple[str, str], ...] = ()
+        self.facts = _NO_FACTS
+
+    def __call__(self, headers: tuple[tuple[str, str], ...]) -> _Facts:
+        if headers is not self.headers:
+            self.facts = _header_facts(headers)
+            self.headers = headers
+        return self.facts
 
 
 def _written_by_handoff() -> None:

@@ -23,7 +23,7 @@ from broker.engine.engine import Engine
 from broker.engine.errors import ClientRejected, OperationError
 from broker.engine.options import ChannelOptions
 from broker.engine.per_message import PER_MESSAGE, PerMessageRules
-from broker.message import Message
+from broker.message import DEFAULT_TTL, Message
 from broker.protocol import (
     ConnectionInfo as EngineConnectionInfo,
 )
@@ -588,7 +588,7 @@ class EngineDoor:
         :meth:`op_publish` (message ids ``stomp-<conn>-<first_id + i>``), in order, up to
         the first refused; one answer for the run, ``answer(taken, error)``."""
         prefix = f"stomp-{conn}-"
-        if all(_plain(spec) for spec in specs):
+        if all(map(_plain, specs)):
             return self._publish_plain(conn, specs, prefix, first_id, answer, now, stamp)
         out: list[Outgoing] = []
         publish = self.op_publish
@@ -642,15 +642,22 @@ class EngineDoor:
                     error = str(exc)
                     break
                 channels[destination] = channel
-            headers = spec.headers + stamp if stamp else spec.headers
             messages.append(
-                Message(
-                    f"{prefix}{first_id + i}",
-                    client_id,
-                    channel,
-                    QUEUE_ID,
-                    headers=headers,
-                    payload=spec.body,
+                _new_message(
+                    Message,
+                    (
+                        f"{prefix}{first_id + i}",
+                        client_id,
+                        channel,
+                        QUEUE_ID,
+                        False,
+                        False,
+                        False,
+                        DEFAULT_TTL,
+                        spec.headers + stamp if stamp else spec.headers,
+                        spec.body,
+                        None,
+                    ),
                 )
             )
         taken = 0
@@ -908,6 +915,11 @@ def _run_all(fns: list[Callable[[], None]]) -> None:
 
 def _at_once(fn: Callable[[], None]) -> None:
     fn()
+
+
+#: ``Message(...)`` from a tuple of every field, without the named tuple's Python-level
+#: ``__new__`` (one per SEND of a run).
+_new_message = tuple.__new__
 
 
 def _plain(spec: PublishSpec) -> bool:

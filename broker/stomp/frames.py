@@ -225,6 +225,8 @@ class FrameParser:
         self._body_length: int | None = None
         self._scan_from = 0  # where the search for the body's NUL resumes
         self._broken: FrameError | None = None
+        self._lead = ""  # the last fast head's text but its last line
+        self._prefix: _HeadPrefix | None = None  # a repeated lead, as bytes and as read
 
     @property
     def buffered(self) -> int:
@@ -308,40 +310,67 @@ class FrameParser:
         ``_read_body`` goes on)."""
         buf = self._buf
         pos = self._pos
-        end = buf.find(b"\n\n", pos, pos + FAST_HEAD)
-        if end < 0:
-            return None
-        try:
-            text = buf[pos:end].decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-        if "\r" in text or "\0" in text:
-            return None
-        lines = text.split("\n")
-        command = _COMMANDS.get(lines[0])
-        limits = self.limits
-        if command is None or command not in self.commands or len(lines) > limits.max_headers + 1:
-            return None
-        table = _escapes_for(self.version, command) if "\\" in text else None
-        headers: list[tuple[str, str]] = []
-        append = headers.append
-        limit = limits.max_header_length
-        short = limit // 4  # (a line this long cannot pass the limit in UTF-8)
-        length: str | None = None  # the first content-length (read here, not in a 2nd pass)
-        for line in itertools.islice(lines, 1, None):
-            name, sep, value = line.partition(":")
-            if not sep or (len(line) > short and len(line.encode("utf-8")) > limit):
+        prefix = self._prefix
+        read = None
+        if (
+            prefix is not None
+            and prefix.version is self.version
+            and buf.startswith(prefix.raw, pos)
+        ):
+            read = self._repeat_head(prefix)
+        if read is not None:
+            command, headers, length, start = read
+        else:  # (inline, not a method: the usual head of a connection's first frames)
+            end = buf.find(b"\n\n", pos, pos + FAST_HEAD)
+            if end < 0:
                 return None
-            if table is not None:
-                name = _unescape(name, table)
-                value = _unescape(value, table)
-            if length is None and name == "content-length":
-                length = value
-            append((name, value))
-        start = end + 2
+            try:
+                text = buf[pos:end].decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+            if "\r" in text or "\0" in text:
+                return None
+            lines = text.split("\n")
+            found = _COMMANDS.get(lines[0])
+            limits = self.limits
+            if found is None or found not in self.commands or len(lines) > limits.max_headers + 1:
+                return None
+            command = found
+            table = _escapes_for(self.version, command) if "\\" in text else None
+            read_lines: list[tuple[str, str]] = []
+            append = read_lines.append
+            limit = limits.max_header_length
+            short = limit // 4  # (a line this long cannot pass the limit in UTF-8)
+            length = None  # the first content-length (read here, not in a 2nd pass)
+            length_at = 0  # its index in the headers
+            for line in itertools.islice(lines, 1, None):
+                name, sep, value = line.partition(":")
+                if not sep or (len(line) > short and len(line.encode("utf-8")) > limit):
+                    return None
+                if table is not None:
+                    name = _unescape(name, table)
+                    value = _unescape(value, table)
+                if length is None and name == "content-length":
+                    length = value
+                    length_at = len(read_lines)
+                append((name, value))
+            if len(read_lines) > 1:  # (a head of one header line has nothing to repeat)
+                lead = text.rpartition("\n")[0]  # the command and the header lines but the last
+                if lead == self._lead:  # two heads in a row start so: the next ones may too
+                    last = len(read_lines) - 1
+                    self._prefix = _HeadPrefix(
+                        f"{lead}\n".encode(),
+                        self.version,
+                        command,
+                        tuple(read_lines[:last]),
+                        length if length_at < last else None,
+                    )
+                self._lead = lead
+            headers = read_lines
+            start = end + 2
         if length is not None and length.isdigit() and length.isascii() and len(length) <= 20:
             stop = start + int(length)  # (the body's end: its NUL is there, if it came)
-            if stop < len(buf) and buf[stop] == 0 and stop - start <= limits.max_body:
+            if stop < len(buf) and buf[stop] == 0 and stop - start <= self.limits.max_body:
                 self._pos = stop + 1
                 return Frame(command, tuple(headers), bytes(buf[start:stop]))
         self._command = command
@@ -349,6 +378,39 @@ class FrameParser:
         self._pos = start
         self._begin_body(length)
         return _HEAD_ONLY
+
+    def _repeat_head(
+        self, prefix: _HeadPrefix
+    ) -> tuple[Command, list[tuple[str, str]], str | None, int] | None:
+        """The head at the buffer's position, which starts with ``prefix``: only its last
+        line is read (a run's SENDs differ in a receipt at most, ACKs in their id); its
+        command, headers, first content-length and where its body starts.  None: not one
+        more line then the empty line (or not plainly well formed): the usual reading."""
+        buf = self._buf
+        pos = self._pos
+        at = pos + len(prefix.raw)
+        end = buf.find(b"\n", at, pos + FAST_HEAD)
+        if end < 0 or buf.find(b"\n", end + 1, end + 2) < 0:  # (no empty line after it)
+            return None
+        try:
+            line = buf[at:end].decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if "\r" in line or "\0" in line:
+            return None
+        name, sep, value = line.partition(":")
+        limit = self.limits.max_header_length
+        if not sep or (len(line) > limit // 4 and len(line.encode("utf-8")) > limit):
+            return None
+        if "\\" in line:
+            table = _escapes_for(self.version, prefix.command)
+            if table is not None:
+                name = _unescape(name, table)
+                value = _unescape(value, table)
+        length = prefix.length
+        if length is None and name == "content-length":
+            length = value
+        return prefix.command, [*prefix.headers, (name, value)], length, end + 2
 
     def _skip_eols(self) -> bool:
         """Skip heart-beat EOLs; True when a command byte is next."""
@@ -472,6 +534,19 @@ class FrameParser:
 
 
 _COMMANDS = {c.value: c for c in Command}
+
+
+class _HeadPrefix(NamedTuple):
+    """What :meth:`FrameParser._fast_head` read of a head but its last header line: a
+    head starting with the same bytes (under the same version) is that plus one line."""
+
+    raw: bytes  # the command line and the header lines before the last, as received
+    version: Version | None
+    command: Command
+    headers: Headers  # those lines' headers (unescaped)
+    length: str | None  # the first content-length among them
+
+
 #: ``FrameParser._fast_head`` read a head; its body is still to come.
 _HEAD_ONLY = Frame(Command.SEND, (), b"")
 _EOL_BYTES = (0x0A, 0x0D)  # a heart-beat between frames starts with one

@@ -94,6 +94,12 @@ class PublishSpec(NamedTuple):
     message_group: str | None = None
 
 
+#: ``PublishSpec(...)`` from a tuple of every field, without the named tuple's
+#: Python-level ``__new__`` (one per SEND); the usual SEND's last four fields.
+_new_spec = tuple.__new__
+_NO_RULES = (False, None, None, None)
+
+
 def _flag(frame: Frame, name: str, default: bool = False) -> bool:
     return _flag_value(name, frame.header(name), default)
 
@@ -211,17 +217,13 @@ def _parse_send(
     first = dict(frame.headers)
     if len(first) == len(frame.headers) and first.keys() <= _CONTROL_HEADERS:
         # the usual SEND: control headers only, none twice (nothing to carry, no rule)
-        spec = PublishSpec(
-            parse_destinations(
-                first.get("destination"),
-                broker_id=broker_id,
-                connection_id=connection_id,
-                allow_wildcards=False,
-            ),
-            (),
-            frame.body,
+        destinations = parse_destinations(
+            first.get("destination"),
+            broker_id=broker_id,
+            connection_id=connection_id,
+            allow_wildcards=False,
         )
-        return spec, first
+        return _new_spec(PublishSpec, (destinations, (), frame.body, *_NO_RULES)), first
     # one pass over the headers (a SEND is parsed per message): the first value of each
     # name, and the user headers in order; then the checks, in the order they always had
     first = {}

@@ -1,0 +1,187 @@
+"""Deterministic counts per STOMP message in ``broker serve --stomp``: the Python calls
+of each of the broker's threads (cProfile on every thread), stomp.py producer -> one
+``/queue/`` -> stomp.py consumer (``ack:auto``, optionally a receipt per SEND), 100-byte
+bodies, as ``bench_stomp.py`` drives it.
+
+Counts, not times: they hardly depend on the machine's load (the reads a loaded machine
+splits differently move them a little: compare within a run).  With ``--baseline
+CHECKOUT`` the same server from another checkout runs in turns with this one.
+
+Usage: ``python bench/profile_stomp.py [--messages N] [--receipts] [--raw] [--top K]
+[--baseline CHECKOUT] [--turns N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import pstats
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_stomp import cpu_seconds, free_port, run_pair, serve_args, zerohub
+
+#: The serving process's wrapper: every thread's ``run`` (and the main thread) under its
+#: own cProfile; each dumps its stats to ``PROFILE_DIR`` when the process ends.  With
+#: ``PROFILE_CPU`` set, no profiler: each thread writes its native id and name there
+#: (for its CPU time in ``/proc``).
+SERVE_UNDER_PROFILE = """
+import atexit, cProfile, os, sys, threading
+out = os.environ["PROFILE_DIR"]
+profiles = []
+if os.environ.get("PROFILE_CPU"):
+    class _Off:
+        def enable(self): pass
+        def disable(self): pass
+        def dump_stats(self, path): pass
+    def _new():
+        tid, name = threading.get_native_id(), threading.current_thread().name
+        with open(os.path.join(out, "threads"), "a") as f:
+            f.write(f"{tid} {name}\\n")
+        return _Off()
+else:
+    _new = cProfile.Profile
+def _dump():
+    for name, prof in profiles:
+        prof.disable()
+        prof.dump_stats(os.path.join(out, name + ".prof"))
+atexit.register(_dump)
+run = threading.Thread.run
+def _run(self):
+    prof = _new()
+    profiles.append((f"thread-{len(profiles)}-{self.name}", prof))
+    prof.enable()
+    try:
+        run(self)
+    finally:
+        prof.disable()
+threading.Thread.run = _run
+main = _new()
+profiles.append(("main", main))
+sys.argv = ["broker"] + sys.argv[1:]
+import runpy
+main.enable()
+try:
+    runpy.run_module("broker", run_name="__main__")
+except SystemExit:
+    pass
+"""
+
+
+def profile_once(
+    ctx: object,
+    source: str | None,
+    count: int,
+    receipts: bool,
+    raw: bool,
+    top: int,
+    save: str | None = None,
+) -> dict[str, float]:
+    """Python calls per message of each thread of one serving process."""
+    with tempfile.TemporaryDirectory(prefix="profile-stomp-") as out:
+        port = free_port()
+        args = ["-c", SERVE_UNDER_PROFILE, *serve_args(port, "none")[1:]]
+        os.environ["PROFILE_DIR"] = out
+        with zerohub(args, b"broker serving on", source, module=False) as proc:
+            run_pair(ctx, port, "localhost", 200, receipts, raw)  # warm up
+            before = cpu_seconds(proc.pid)
+            run_pair(ctx, port, "localhost", count, receipts, raw)
+            after = cpu_seconds(proc.pid)
+        result: dict[str, float] = {}
+        if before is not None and after is not None:
+            result["CPU us/msg (incl. profiling)"] = (after - before) / count * 1e6
+        total = 0
+        for path in sorted(Path(out).glob("*.prof")):
+            stats = pstats.Stats(str(path))
+            calls = sum(v[1] for v in stats.stats.values())  # type: ignore[attr-defined]
+            total += calls
+            if calls < count:  # an idle thread
+                continue
+            result[path.stem] = calls / (count + 200)
+            if save:
+                Path(save).mkdir(parents=True, exist_ok=True)
+                stats.dump_stats(
+                    str(Path(save) / f"{'baseline' if source else 'this'}-{path.name}")
+                )
+            if top:
+                print(f"--- {source or 'this'}: {path.stem}")
+                stats.sort_stats(os.environ.get("PROFILE_SORT", "calls")).print_stats(top)
+        result["all threads"] = total / (count + 200)
+    return result
+
+
+def _thread_cpu(pid: int, out: str) -> dict[str, float]:
+    """CPU seconds (user + system) so far of each named thread of process ``pid``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    result = {}
+    for line in Path(out, "threads").read_text().splitlines():
+        tid, name = line.split(" ", 1)
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        result[name] = (int(fields[11]) + int(fields[12])) / tick
+    return result
+
+
+def cpu_once(
+    ctx: object, source: str | None, count: int, receipts: bool, raw: bool
+) -> dict[str, float]:
+    """CPU µs per message of each thread of one serving process (no profiler)."""
+    with tempfile.TemporaryDirectory(prefix="profile-stomp-") as out:
+        port = free_port()
+        args = ["-c", SERVE_UNDER_PROFILE, *serve_args(port, "none")[1:]]
+        os.environ["PROFILE_DIR"] = out
+        os.environ["PROFILE_CPU"] = "1"
+        try:
+            with zerohub(args, b"broker serving on", source, module=False) as proc:
+                run_pair(ctx, port, "localhost", 200, receipts, raw)  # warm up
+                before, whole = _thread_cpu(proc.pid, out), cpu_seconds(proc.pid)
+                run_pair(ctx, port, "localhost", count, receipts, raw)
+                after, done = _thread_cpu(proc.pid, out), cpu_seconds(proc.pid)
+        finally:
+            del os.environ["PROFILE_CPU"]
+    result = {
+        f"CPU us/msg {name}": (after[name] - before.get(name, 0.0)) / count * 1e6 for name in after
+    }
+    if whole is not None and done is not None:
+        result["CPU us/msg process"] = (done - whole) / count * 1e6
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--receipts", action="store_true", help="a receipt per SEND")
+    parser.add_argument("--raw", action="store_true", help="the raw-socket clients")
+    parser.add_argument("--top", type=int, default=0, help="print the K most called")
+    parser.add_argument("--baseline", metavar="CHECKOUT")
+    parser.add_argument("--turns", type=int, default=1)
+    parser.add_argument("--cpu", action="store_true", help="thread CPU, no profiler")
+    parser.add_argument("--save", metavar="DIR", help="keep each thread's pstats file here")
+    args = parser.parse_args(argv)
+    ctx = mp.get_context("spawn")
+    sources: list[tuple[str, str | None]] = [("this", None)]
+    if args.baseline:
+        sources.insert(0, ("baseline", args.baseline))
+    for turn in range(1, args.turns + 1):
+        order = sources if turn % 2 else list(reversed(sources))
+        for name, source in order:
+            if args.cpu:
+                counts = cpu_once(ctx, source, args.messages, args.receipts, args.raw)
+            else:
+                counts = profile_once(
+                    ctx, source, args.messages, args.receipts, args.raw, args.top, args.save
+                )
+            for key, value in counts.items():
+                print(f"turn {turn} {name:9} {key:40} {value:9.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
