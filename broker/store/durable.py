@@ -478,9 +478,13 @@ class DurableStore(Store):
             span = self._range(queue, start=first)
         follows = span[1]
         fits = span[2] > 0 and (first - follows <= MAX_SKIP or not self.log.bounds(queue).count)
-        if fits:
+        numbers = [item[2] for item in items]
+        # consecutive numbers (a run's, a drain's): they fit, and the log gives them
+        # unless it is ahead; else each gap is looked at
+        consecutive = numbers == list(range(first, first + len(numbers)))
+        if fits and not consecutive:
             follows = first
-            for *_, sequence in items:
+            for sequence in numbers:
                 if not follows <= sequence <= follows + MAX_SKIP:
                     fits = False
                     break
@@ -490,6 +494,12 @@ class DurableStore(Store):
                 self._append_one(queue, *item)
             return
         given, ticket = self.log.append_many(queue, items)
+        if given == numbers:  # every number kept: the equal range grows over them all
+            span[1] = numbers[-1] + 1
+            if numbers[-1] > self._last.get(queue, 0):
+                self._last[queue] = numbers[-1]
+            self.appended = ticket
+            return
         last = self._last.get(queue, 0)
         seqs = None
         for (*_, sequence), seq in zip(items, given, strict=True):
