@@ -12,13 +12,19 @@ per broker, one column per thread (Python threads by name, libzmq's by their own
 Run a base with ``PYTHONPATH=BASE:BASE/bench`` and this tree's venv, in turns with the
 branch: CPU per message moves far less with the machine's load than the rates do.
 
+``--calls``: the serving thread also runs under cProfile (slower: read its CPU column
+as the profiler's, not the broker's) and a last column gives its Python calls per
+acknowledged push, over every push of the row (warm-up included; summed per code object:
+deterministic, the same on a loaded machine).
+
 Usage: ``python bench/bench_broker_threads.py [--messages N] [--size OCTETS ...]
-[--producers N]``.
+[--producers N] [--calls]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import importlib
 import multiprocessing as mp
 import os
@@ -57,15 +63,42 @@ def _thread_name(pid: int, tid: int, names: dict[int, str]) -> str:
         return str(tid)
 
 
-def measure(ctx: Any, data: str | None, size: int, messages: int, producers: int) -> str:
+def serve_counted(
+    endpoint: str, data: str | None, ready: Any, stop: Any, stats: Any, names: Any, counted: Any
+) -> None:
+    """``serve_durable_broker`` with the server's serving thread under cProfile: once it
+    stopped, ``counted`` (a queue) gets the Python calls it made (per code object)."""
+    from broker.server.server import Server
+
+    serve = Server._serve
+
+    def profiled(self: Any, *args: Any) -> None:
+        prof = cProfile.Profile()
+        prof.enable()
+        try:
+            serve(self, *args)
+        finally:
+            prof.disable()
+            counted.put(sum(entry.callcount for entry in prof.getstats()))
+
+    Server._serve = profiled  # type: ignore[method-assign,assignment]
+    serve_durable_broker(endpoint, data, ready, stop, stats, names)
+
+
+def measure(
+    ctx: Any, data: str | None, size: int, messages: int, producers: int, calls: bool = False
+) -> str:
     """One broker (``data`` None: memory), warmed up, then ``messages`` acknowledged pushes
-    of ``size`` octets: a line of its rate, CPU per message and each thread's share."""
+    of ``size`` octets: a line of its rate, CPU per message and each thread's share
+    (``calls``: and its serving thread's Python calls per push, see ``--calls``)."""
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     ready, stop = ctx.Event(), ctx.Event()
     mine, theirs = ctx.Pipe()
     names_queue = ctx.Queue()
+    counted = ctx.Queue()
     broker = ctx.Process(
-        target=serve_durable_broker, args=(endpoint, data, ready, stop, theirs, names_queue)
+        target=serve_counted if calls else serve_durable_broker,
+        args=(endpoint, data, ready, stop, theirs, names_queue, *((counted,) if calls else ())),
     )
     broker.start()
     try:
@@ -82,6 +115,7 @@ def measure(ctx: Any, data: str | None, size: int, messages: int, producers: int
         named = {tid: _thread_name(broker.pid, tid, names) for tid in after}  # (while alive)
     finally:
         stop.set()
+        served = counted.get(timeout=60) if calls else 0
         broker.join(60)
     total = max(1, messages // producers) * producers
     shares: dict[str, float] = {}
@@ -95,6 +129,10 @@ def measure(ctx: Any, data: str | None, size: int, messages: int, producers: int
     )
     kind = "persistent" if persistent else "memory"
     fsyncs = f" {row.per_sync:5.0f}" if row.per_sync else " " * 6
+    if calls:
+        warm = max(1, producers // 2)
+        pushes = total + max(1, WARM_UP // warm) * warm
+        columns += f"  | serve calls/msg {served / pushes:.2f}"
     return f"{kind:<11}{size:>6} {row.rate:>9,.0f} {row.cpu or 0:>8.1f}{fsyncs}  {columns}"
 
 
@@ -103,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=40_000, help="measured pushes per row")
     parser.add_argument("--size", type=int, nargs="+", default=[100, 4096], help="payload octets")
     parser.add_argument("--producers", type=int, default=8)
+    parser.add_argument(
+        "--calls", action="store_true", help="also the serving thread's Python calls per push"
+    )
     args = parser.parse_args(argv)
     if args.messages < 1 or args.producers < 1 or min(args.size) < 0:
         print(
@@ -120,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         for size in args.size:
             messages = args.messages if size <= 100 else max(1, args.messages // 4)
             for data in (None, str(Path(tmp) / f"data-{size}")):
-                print(measure(ctx, data, size, messages, args.producers), flush=True)
+                print(measure(ctx, data, size, messages, args.producers, args.calls), flush=True)
     print(f"load average: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     return 0
 

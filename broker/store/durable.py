@@ -173,23 +173,20 @@ def encode_message(
     a field does not fit.  ``origins``: encoded source/target/producer parts to reuse
     and add to (at most :data:`MAX_ORIGINS`).
 
-    Runs once per persistent message received: one ``join`` of packed parts, no helper
+    Runs once per persistent message received: its fields taken in one unpacking (the
+    order ``decode_record`` builds them in), one ``join`` of packed parts, no helper
     calls per field once its origin is known."""
-    ttl, content_type = message.ttl, message.content_type
+    (text_id, source, target, content_type, high, first, wants_ack, ttl, headers, payload,
+     _wire) = message  # fmt: skip
     if not 0 <= ttl <= 0xFF or not 0 <= content_type <= _U16_MAX:
         raise ValueError("ttl must be 0..255 and content type 0..65535")
-    flags = (
-        (_HIGH if message.high_priority else 0)
-        | (_FIRST if message.first_acquirer else 0)
-        | (_WANTS_ACK if message.wants_ack else 0)
-    )
-    mid = message.message_id.encode()
-    headers = message.headers
+    flags = (_HIGH if high else 0) | (_FIRST if first else 0) | (_WANTS_ACK if wants_ack else 0)
+    mid = text_id.encode()
     if len(mid) > _U16_MAX or len(headers) > _U16_MAX:
         raise ValueError(f"a text field or the header count exceeds {_U16_MAX}")
     if not 0 <= sequence < _U64_LIMIT:
         raise ValueError("sequence must be 0..2**64-1")
-    key = (message.source, message.target, producer_id)
+    key = (source, target, producer_id)
     origin = None if origins is None else origins.get(key)
     if origin is None:
         origin = _origin(*key)
@@ -199,14 +196,14 @@ def encode_message(
             origins[key] = origin
     head = _HEAD_ID.pack(BLOB_VERSION, flags, ttl, content_type, sequence, len(mid))
     if not headers:
-        return b"".join((head, mid, origin, _NO_HEADERS, message.payload))
+        return b"".join((head, mid, origin, _NO_HEADERS, payload))
     out = [head, mid, origin, _U16.pack(len(headers))]
     for name, value in headers:
         _text(out, name)
         raw = value.encode()
         out.append(_U32.pack(len(raw)))
         out.append(raw)
-    out.append(bytes(message.payload))
+    out.append(bytes(payload))
     return b"".join(out)
 
 
@@ -485,9 +482,13 @@ class DurableStore(Store):
             span = self._range(queue, start=first)
         follows = span[1]
         fits = span[2] > 0 and (first - follows <= MAX_SKIP or not self.log.bounds(queue).count)
-        if fits:
+        numbers = [item[2] for item in items]
+        # consecutive numbers (a run's, a drain's): they fit, and the log gives them
+        # unless it is ahead; else each gap is looked at
+        consecutive = numbers == list(range(first, first + len(numbers)))
+        if fits and not consecutive:
             follows = first
-            for *_, sequence in items:
+            for sequence in numbers:
                 if not follows <= sequence <= follows + MAX_SKIP:
                     fits = False
                     break
@@ -497,6 +498,12 @@ class DurableStore(Store):
                 self._append_one(queue, *item)
             return
         given, ticket = self.log.append_many(queue, items)
+        if given == numbers:  # every number kept: the equal range grows over them all
+            span[1] = numbers[-1] + 1
+            if numbers[-1] > self._last.get(queue, 0):
+                self._last[queue] = numbers[-1]
+            self.appended = ticket
+            return
         last = self._last.get(queue, 0)
         seqs = None
         for (*_, sequence), seq in zip(items, given, strict=True):

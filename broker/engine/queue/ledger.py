@@ -17,8 +17,11 @@ from broker.engine.delivery import AckWhen, Decision
 from broker.engine.frames import ack as ack_frame
 from broker.engine.message import DONE, INFLIGHT, QueueMessage
 from broker.engine.queue.protocols import QueueCore
+from broker.message import Message
 from broker.protocol import NackReason, Outgoing
 from broker.store import StoredMessage
+
+_new = tuple.__new__
 
 
 class Ledger:
@@ -75,22 +78,30 @@ class Ledger:
         m.saved = True
         q.saves += 1
 
-    def save_run(self, run: Sequence[QueueMessage]) -> None:
+    def save_run(
+        self, run: Sequence[QueueMessage], messages: Sequence[Message] | None = None
+    ) -> None:
         """:meth:`save` of each message of ``run``, in order, with one call (a run of
         pushes taken at once: ``saved_run``): the store still takes or refuses each on
         its own (``Store.append_each``; a held store writes them as one group), so a
-        refusal (a full or failed disk) concerns exactly its message."""
+        refusal (a full or failed disk) concerns exactly its message.  ``messages``:
+        the run's messages as they were taken (``m.message`` of each, already made):
+        what a store that encodes at once saves of them (see :meth:`_stored_run`)."""
         q = self.q
-        stored: list[StoredMessage] = []
-        kept: list[QueueMessage] = []
-        for m in run:
-            try:
-                stored.append(self._stored(m))
-            except Exception as exc:
-                q.error("store.append", exc)
-                q.unsaved += 1
-                continue
-            kept.append(m)
+        stored: list[StoredMessage]
+        kept: Sequence[QueueMessage]
+        if messages is not None and not q.store.keeps_messages and not q.options.message_timeout:
+            stored, kept = self._stored_run(run, messages), run
+        else:
+            stored, kept = [], []
+            for m in run:
+                try:
+                    stored.append(self._stored(m))
+                except Exception as exc:
+                    q.error("store.append", exc)
+                    q.unsaved += 1
+                    continue
+                kept.append(m)
         try:
             refused = q.store.append_each(q.key, stored)
         except Exception as failure:  # (it should not raise: none counts as saved)
@@ -107,6 +118,30 @@ class Ledger:
         for k, m in enumerate(kept):
             if k not in skip:
                 m.lived().saved = True
+
+    def _stored_run(
+        self, run: Sequence[QueueMessage], messages: Sequence[Message]
+    ) -> list[StoredMessage]:
+        """:meth:`_stored` of each message of a run just taken, on a queue without a
+        MessageTimeout, into a store that keeps no messages: ``messages`` are given as
+        they are (no ``m.message`` made again per message: the store encodes them at
+        once, their wire form unused), each tuple made without a call.  A message whose
+        clock runs anyway (a deadline of its own) goes through :meth:`_stored`."""
+        stored: list[StoredMessage] = []
+        add = stored.append
+        for m, message in zip(run, messages, strict=True):
+            life = m.life
+            producer = m.producer
+            if life is None:
+                put_backs = delivered = 0
+            elif life.deadline:
+                add(self._stored(m))
+                continue
+            else:
+                put_backs, delivered = life.put_backs, life.delivered
+            add(_new(StoredMessage, (m.seq, message, "" if producer is None else producer.id,
+                                     put_backs, delivered, 0.0)))  # fmt: skip
+        return stored
 
     def _stored(self, m: QueueMessage) -> StoredMessage:
         """What the store keeps of ``m``: the message without a door's octets, its

@@ -116,7 +116,8 @@ class PagedTail:
     def add(self, m: QueueMessage, deadline_ok: bool = True) -> bool:
         """``m`` waits at the end: as its number if it may (True), else held.  With
         ``deadline_ok`` False a message with a deadline is held (its timer is kept)."""
-        deadline = m.deadline
+        life = m.life  # (its deadline read directly: no property call per message)
+        deadline = 0.0 if life is None else life.deadline
         dl = self.deadlines
         if deadline or dl is not None:
             last = self.last_deadline()

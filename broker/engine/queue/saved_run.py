@@ -84,7 +84,7 @@ def push_saved_run(
     messages: list[Message] = []
     failed = _number(q, ms, start, sender, now, max_messages, taken, messages)
     if saves and taken:
-        q.ledger.save_run(taken)
+        q.ledger.save_run(taken, messages)
     _admit(q, taken, messages, start, sender.id, now, out, refused, saves, answer)
     if failed:
         refused.append((start + len(taken), INTERNAL_ERROR))
