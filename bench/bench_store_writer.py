@@ -17,7 +17,6 @@ Usage: ``python bench/bench_store_writer.py [--messages N] [--size OCTETS] [--gr
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from bench_client_push import in_turns
+from bench_client_push import in_turns, measure
 
 
 def thread_counts(tid: int) -> tuple[int, int, int]:
@@ -88,15 +87,13 @@ def child(count: int, size: int, group: int, in_flight: int) -> dict[str, Any]:
     }
 
 
-def run_in(root: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """``child`` run by a fresh interpreter with ``root`` first on the path; its answer."""
-    env = dict(os.environ, PYTHONPATH=str(root))
-    command = [sys.executable, __file__, "--child", "--messages", str(args.messages),
-               "--size", str(args.size), "--group", str(args.group),
-               "--in-flight", str(args.in_flight)]  # fmt: skip
-    done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, check=True)
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+#: ``child`` in a fresh interpreter (``bench_client_push.measure``: the checkout first on
+#: the path); its arguments: messages, size, group, in flight
+_CHILD = f"""import json, sys
+sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
+from bench_store_writer import child
+print(json.dumps(child(*map(int, sys.argv[1:]))))
+"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,21 +104,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-flight", type=int, default=8, help="groups waiting at most")
     parser.add_argument("--turns", type=int, default=2)
     parser.add_argument("--base", type=Path, default=None, help="another checkout, in turns")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if min(args.messages, args.group, args.in_flight, args.turns) < 1 or args.size < 0:
         print("--messages, --group, --in-flight, --turns must be at least 1, --size at "
               "least 0", file=sys.stderr)  # fmt: skip
         return 2
-    if args.child:
-        print(json.dumps(child(args.messages, args.size, args.group, args.in_flight)))
-        return 0
     print(f"{'turn':<5} {'checkout':<9} {'writer us':>10} {'appender us':>12} "
           f"{'writes/batch':>13} {'switches/batch':>15} {'msgs/batch':>11} {'msgs/s':>8} "
           f"{'load':>6}")  # fmt: skip
     for turn, name, root in in_turns(args.base, args.turns):
         try:
-            r = run_in(root, args)
+            r: dict[str, Any] = measure(root, args.messages, _CHILD, str(args.size),
+                                        str(args.group), str(args.in_flight))  # fmt: skip
         except subprocess.CalledProcessError as exc:
             print(f"the {name} checkout failed: {exc.stderr.strip().splitlines()[-1:]}",
                   file=sys.stderr)  # fmt: skip
