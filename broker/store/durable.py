@@ -330,6 +330,11 @@ class DurableStore(Store):
     def completed(self) -> int:
         return self.log.completed
 
+    @property
+    def writer_idle(self) -> bool:
+        """The log's writer waits for work (``LogStore.writer_idle``)."""
+        return self.log.writer_idle
+
     def fileno(self) -> int:
         return self.log.fileno()
 
