@@ -259,9 +259,17 @@ def test_a_failing_disk_stops_writes_and_wakes_waiters(
             raise OSError(5, "Input/output error")
         real_fsync(fd)
 
+    real_pwritev = store_module.os.pwritev
+
+    def pwritev(fd: int, parts: list[bytes], at: int, flags: int = 0) -> int:
+        if threading.current_thread().name == "store-writer" and failing.is_set():
+            raise OSError(5, "Input/output error")  # (a write made durable as it goes)
+        return real_pwritev(fd, parts, at, flags)
+
     failing = threading.Event()
     monkeypatch.setattr(store_module.os, "fsync", fsync)
     monkeypatch.setattr(store_module.os, "fdatasync", fsync)  # (the head's syncs)
+    monkeypatch.setattr(store_module.os, "pwritev", pwritev)
     store = LogStore(tmp_path)
     try:
         assert store.wait(store.append(Q, b"before").ticket, WAIT)
