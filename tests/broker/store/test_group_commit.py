@@ -1,7 +1,8 @@
 """Issue 10's group commit and ``batch`` durability, counted exactly.
 
 Group commit: appends made while one fsync runs share the next one -- the writer's first
-fsync is held (an injected ``fdatasync`` that waits for the test), eight threads append
+durable call is held (an injected ``fdatasync``, or ``pwritev`` with ``RWF_DSYNC`` where the
+writer makes its write durable in the same call, that waits for the test), eight threads append
 meanwhile, and once it is let go every one of their appends completes with exactly one
 more fsync.  (``test_stats_counters.py`` allows anything from 1 to 50 batches: it could
 not catch a writer that syncs each record.)
@@ -30,19 +31,29 @@ EACH = 10
 def test_appends_made_while_one_fsync_runs_share_the_next_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = store_module.os.fdatasync
+    real_sync = store_module.os.fdatasync
+    real_pwritev = store_module.os.pwritev
     entered = threading.Event()
     go = threading.Event()
     calls: list[int] = []
 
-    def sync(fd: int) -> None:
+    def durable(fd: int) -> None:
         calls.append(fd)
-        if len(calls) == 1:  # the first batch's fsync waits for the test
+        if len(calls) == 1:  # the first batch's durable call waits for the test
             entered.set()
             go.wait(WAIT)
-        real(fd)
+
+    def sync(fd: int) -> None:
+        durable(fd)
+        real_sync(fd)
+
+    def pwritev(fd: int, parts: list[bytes], at: int, flags: int = 0) -> int:
+        if flags:  # (RWF_DSYNC: written and synced in one call)
+            durable(fd)
+        return real_pwritev(fd, parts, at, flags)
 
     monkeypatch.setattr(store_module.os, "fdatasync", sync)
+    monkeypatch.setattr(store_module.os, "pwritev", pwritev)
     with LogStore(tmp_path, LogOptions(durability=Durability.FSYNC)) as store:
         first = store.append(Q, b"first").ticket
         assert entered.wait(WAIT), "the writer never synced"
