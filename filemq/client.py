@@ -101,8 +101,9 @@ resync completed, DEST is known.
 ``filemq sync`` keeps DEST's index outside DEST (``--index``, by
 default under ``$XDG_CACHE_HOME/filemq/mirrors/``), so a no-change resync only
 stats DEST instead of re-reading it.  Handshake failures seen on the socket
-monitor (CURVE key not allowed, CURVE against a plain server) end the run at
-once.
+monitor (CURVE key not allowed, a plain client against a CURVE server) end the run
+at once (``zerohub.zmqkit.HandshakeWatch``); a handshake the timer ended (a server
+stopped or too slow) is no refusal: the connect timeout says "no answer".
 
 SRSLY ends the run (``SyncRefused``); a server on this machine sends it when
 DEST is inside what the subscription mirrors (``filemq.loopguard``).  Spec 35
@@ -299,9 +300,9 @@ def open_dealer(
     max_message: int,
     curve_secret: str | os.PathLike[str] | None = None,
     server_key: str | os.PathLike[str] | None = None,
-) -> tuple[zmq.Socket[Any], zmq.Socket[Any] | None]:
-    """A DEALER connected to ``endpoint`` (CURVE when keys are given) and its monitor
-    socket (``check_monitor``), as every FILEMQ client of this package opens it."""
+) -> tuple[zmq.Socket[Any], zmqkit.HandshakeWatch]:
+    """A DEALER connected to ``endpoint`` (CURVE when keys are given) and the watch of
+    its monitor (``check_monitor``), as every FILEMQ client of this package opens it."""
     sock = context.socket(zmq.DEALER)
     monitor = None
     try:
@@ -310,31 +311,30 @@ def open_dealer(
         # would wait forever
         sock.sndtimeo = max(1000, int(connect_timeout * 1000))
         sock.maxmsgsize = max_message
+        curve = False
         if curve_secret is not None and server_key is not None:
             zmqkit.configure_client(sock, curve_secret, server_key)
+            curve = True
         # handshake failures (key not allowed, CURVE vs plain) end the run at once
-        monitor = sock.get_monitor_socket(_MONITOR_EVENTS)
+        monitor = zmqkit.HandshakeWatch(sock.get_monitor_socket(_MONITOR_EVENTS), curve=curve)
         sock.connect(endpoint)
     except BaseException:
         if monitor is not None:
-            sock.disable_monitor()
-            monitor.close(linger=0)
+            monitor.close(sock)
         sock.close(linger=0)
         raise
     return sock, monitor
 
 
-def close_dealer(sock: zmq.Socket[Any], monitor: zmq.Socket[Any] | None) -> None:
-    if monitor is not None:
-        sock.disable_monitor()
-        monitor.close(linger=0)
+def close_dealer(sock: zmq.Socket[Any], monitor: zmqkit.HandshakeWatch) -> None:
+    monitor.close(sock)
     sock.close()
 
 
-def check_monitor(monitor: zmq.Socket[Any], endpoint: str, *, curve: bool) -> None:
-    """Raise for what a DEALER's monitor reported: ``SyncRefused`` for a failed
+def check_monitor(monitor: zmqkit.HandshakeWatch, endpoint: str) -> None:
+    """Raise for what a DEALER's monitor reported: ``SyncRefused`` for a refused
     handshake, ``ConnectionLost`` for a dropped connection."""
-    report = zmqkit.read_monitor(monitor, curve=curve)
+    report = monitor.read()
     if report.handshake is zmqkit.Handshake.KEY_REFUSED:
         raise SyncRefused(f"handshake with {endpoint} failed: key not allowed")
     if report.handshake is zmqkit.Handshake.CURVE_REQUIRED:
@@ -489,7 +489,7 @@ class SyncClient:
         self._placer: Placer[tuple[bool, str]] = Placer(thread=not place_inline)
         self._sock: Any = None
         self._trackers: list[zmq.MessageTracker] | None = None  # sends to wait for, or None
-        self._monitor: zmq.Socket[Any] | None = None
+        self._monitor: zmqkit.HandshakeWatch | None = None
         self._scanned = False
         self._subscribed = False
         self._answered = False  # the server sent something (in any session of this run)
@@ -636,7 +636,7 @@ class SyncClient:
             )
         return self.result
 
-    def _socket(self) -> tuple[zmq.Socket[Any], zmq.Socket[Any] | None]:
+    def _socket(self) -> tuple[zmq.Socket[Any], zmqkit.HandshakeWatch]:
         return open_dealer(
             self.context,
             self.endpoint,
@@ -647,8 +647,8 @@ class SyncClient:
             server_key=self.server_key,
         )
 
-    def _check_monitor(self, monitor: zmq.Socket[Any]) -> None:
-        check_monitor(monitor, self.endpoint, curve=self.server_key is not None)
+    def _check_monitor(self, monitor: zmqkit.HandshakeWatch) -> None:
+        check_monitor(monitor, self.endpoint)
 
     def _session(self, mirror: Mirror) -> str:
         now = time.monotonic()
@@ -676,8 +676,7 @@ class SyncClient:
         try:
             poller = zmq.Poller()
             poller.register(sock, zmq.POLLIN)
-            if monitor is not None:
-                poller.register(monitor, zmq.POLLIN)
+            poller.register(monitor.socket, zmq.POLLIN)
             self._perform(session, mirror, session.start(now))
             if self._offer_partials(session, mirror):  # (while OHAI travels)
                 now = time.monotonic()  # (proving them took time: not the server's)
@@ -698,7 +697,7 @@ class SyncClient:
                 mirror.release_folders()  # (folders walked again after each wait)
                 events = dict(poller.poll(wait))
                 now = time.monotonic()
-                if monitor is not None and monitor in events:
+                if monitor.socket in events:
                     self._check_monitor(monitor)
                 if sock in events:
                     for _ in range(_RECV_BUDGET):
