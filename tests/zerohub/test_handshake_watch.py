@@ -1,0 +1,263 @@
+"""``zerohub.zmqkit.HandshakeWatch``: a handshake refused, hung up on, or never answered.
+
+Two kinds of test.  First the rules, worked out by hand: monitor events written in
+libzmq's own format (event u16 + value u32, native order; then the endpoint) into a
+real inproc PAIR that the watch reads, one read at a time, so that an event and the
+disconnect libzmq reports after it can be split across reads as they are under load.
+Then real peers on loopback TCP: a listener that never answers (a stopped server, seen
+through a short handshake timer), one that hangs up on every greeting (what a CURVE
+server does to a plain client when it reads the client's mechanism first), and one
+that hangs up once and then never answers (a server killed mid-handshake).
+
+Was (session 13, adv13): a handshake ended by the timer read as "the server requires
+CURVE" (plain) or "CURVE settings differ?" (CURVE client), and late13's attempt to fix it
+lost the pairing of a failure and its disconnect across reads (a FILEMQ sync logged a
+lost connection first).  The clients' own tests: ``tests/broker/test_connect_stopped_serve.py``,
+``tests/filemq/test_sync_stopped_server.py``.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from tests.polling import WAIT, wait_until
+from zerohub import zmqkit
+from zerohub.zmqkit import Handshake, HandshakeWatch, MonitorReport
+
+Ctx = zmq.Context[zmq.Socket[bytes]]
+
+_NO_DETAIL = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+_PROTOCOL = zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+_AUTH = zmq.EVENT_HANDSHAKE_FAILED_AUTH
+_DISCONNECTED = zmq.EVENT_DISCONNECTED
+#: The client's ZMTP handshake timer in the real-peer tests (libzmq's default is 30 s).
+_HANDSHAKE_IVL_MS = 100
+
+
+class Feed:
+    """A watch reading a PAIR into which the test writes monitor events."""
+
+    def __init__(self, zctx: Ctx, *, curve: bool) -> None:
+        endpoint = f"inproc://monitor-{id(self)}"
+        self.reader = zctx.socket(zmq.PAIR)
+        self.reader.bind(endpoint)
+        self.writer = zctx.socket(zmq.PAIR)
+        self.writer.connect(endpoint)
+        self.watch = HandshakeWatch(self.reader, curve=curve)
+
+    def read(self, *events: tuple[int, int]) -> MonitorReport:
+        """Write ``events`` (event, value), then one read of the watch."""
+        for event, value in events:
+            head = event.to_bytes(2, sys.byteorder) + value.to_bytes(4, sys.byteorder)
+            self.writer.send_multipart([head, b"tcp://127.0.0.1:5555"])
+        if events:
+            assert self.reader.poll(WAIT * 1000)  # (all written: each send flushed)
+        return self.watch.read()
+
+    def close(self) -> None:
+        self.watch.close(None)
+        self.writer.close(linger=0)
+
+
+@pytest.fixture(params=[False, True], ids=["plain", "curve"])
+def feed(request: pytest.FixtureRequest, zctx: Ctx) -> Iterator[Feed]:
+    fed = Feed(zctx, curve=request.param)
+    yield fed
+    fed.close()
+
+
+def _refusal(curve: bool) -> Handshake:
+    """What a peer hanging up on every dial means to a client of this kind."""
+    return Handshake.MISMATCH if curve else Handshake.CURVE_REQUIRED
+
+
+def test_handshakes_the_timer_ended_are_no_refusal_nor_lost_connections(feed: Feed) -> None:
+    # (the value of a timer's failure is the I/O thread's last errno: EAGAIN here)
+    for n in range(1, 4):
+        assert feed.read((_NO_DETAIL, errno.EAGAIN)) == MonitorReport(unanswered=n)
+        assert feed.read((_DISCONNECTED, 14)) == MonitorReport(unanswered=n)  # its own
+    assert feed.read() == MonitorReport(unanswered=3)
+
+
+def test_a_peer_hanging_up_twice_is_a_refusal_once_is_not(feed: Feed) -> None:
+    assert feed.read((_NO_DETAIL, errno.EPIPE)) == MonitorReport(hangups=1)
+    assert feed.read((_DISCONNECTED, 14)) == MonitorReport(hangups=1)  # (its own, read later)
+    assert feed.read((_NO_DETAIL, errno.EAGAIN), (_DISCONNECTED, 14)) == MonitorReport(
+        hangups=1, unanswered=1
+    )
+    second = feed.read((_NO_DETAIL, errno.ECONNRESET))
+    assert second == MonitorReport(_refusal(feed.watch.curve), hangups=2, unanswered=1)
+    assert feed.read((_DISCONNECTED, 14)) == second  # the verdict stays; no lost connection
+
+
+def test_a_mechanism_mismatch_is_told_at_once(feed: Feed) -> None:
+    mismatch = zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+    assert feed.read((_PROTOCOL, mismatch)) == MonitorReport(_refusal(feed.watch.curve))
+    assert feed.read((_DISCONNECTED, 14)) == MonitorReport(_refusal(feed.watch.curve))
+
+
+def test_another_protocol_error_is_a_mismatch(feed: Feed) -> None:
+    other = zmq.PROTOCOL_ERROR_ZMTP_UNEXPECTED_COMMAND
+    assert feed.read((_PROTOCOL, other)) == MonitorReport(Handshake.MISMATCH)
+
+
+def test_a_refused_key_outranks_what_came_before(feed: Feed) -> None:
+    hung_up = (_NO_DETAIL, errno.EPIPE)
+    feed.read(hung_up, (_DISCONNECTED, 14), hung_up, (_DISCONNECTED, 14))
+    report = feed.read((_AUTH, 400), (_DISCONNECTED, 14))
+    assert report == MonitorReport(Handshake.KEY_REFUSED, hangups=2)
+    mismatch = zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+    assert feed.read((_PROTOCOL, mismatch)).handshake is Handshake.KEY_REFUSED
+
+
+def test_a_disconnect_after_no_failure_is_a_lost_connection_reported_once(feed: Feed) -> None:
+    assert feed.read((_DISCONNECTED, 14)) == MonitorReport(disconnected=True)
+    assert feed.read() == MonitorReport()
+    # a failure's disconnect, then one of its own: one lost connection
+    report = feed.read((_NO_DETAIL, errno.EAGAIN), (_DISCONNECTED, 14), (_DISCONNECTED, 15))
+    assert report == MonitorReport(disconnected=True, unanswered=1)
+
+
+# -- real peers on loopback ---------------------------------------------------------------
+
+
+class Listener:
+    """A TCP listener on loopback whose thread treats each connection as ``answer`` says:
+    ``"silent"`` holds it open and never writes (a stopped server), ``"hang up"`` reads
+    the greeting's first octets and closes it."""
+
+    def __init__(self, answers: Callable[[int], str]) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.server.settimeout(0.05)
+        self.endpoint = f"tcp://127.0.0.1:{self.server.getsockname()[1]}"
+        self.answers = answers
+        self.accepted = 0
+        self.held: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.server.accept()
+            except TimeoutError:
+                continue
+            answer = self.answers(self.accepted)
+            self.accepted += 1
+            if answer == "silent":
+                self.held.append(conn)
+                continue
+            with conn:
+                conn.settimeout(WAIT)
+                conn.recv(10)  # (the signature: a ZMTP peer did reach us)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(WAIT)
+        for conn in self.held:
+            conn.close()
+        self.server.close()
+
+
+def _watched_dealer(
+    zctx: Ctx, tmp_path: Path, endpoint: str, *, curve: bool
+) -> tuple[zmq.Socket[bytes], HandshakeWatch]:
+    zctx.setsockopt(zmq.HANDSHAKE_IVL, _HANDSHAKE_IVL_MS)  # (sockets made from now on)
+    sock = zctx.socket(zmq.DEALER)
+    sock.linger = 0
+    if curve:
+        _public, secret = zmqkit.new_certificate("client", tmp_path)
+        zmqkit.new_certificate("server", tmp_path)
+        zmqkit.configure_client(sock, secret, tmp_path / "server.key")
+    events = zmqkit.HANDSHAKE_EVENTS | zmq.EVENT_DISCONNECTED
+    watch = HandshakeWatch(sock.get_monitor_socket(events), curve=curve)
+    sock.connect(endpoint)
+    return sock, watch
+
+
+def _read_until(watch: HandshakeWatch, done: Callable[[MonitorReport], bool]) -> MonitorReport:
+    """Read the watch until ``done(report)`` (or the deadline); every report read."""
+    reports: list[MonitorReport] = []
+
+    def check() -> bool:
+        watch.socket.poll(50)
+        reports.append(watch.read())
+        return done(reports[-1])
+
+    assert wait_until(check, WAIT * 3), reports[-1]
+    return reports[-1]
+
+
+@pytest.mark.parametrize("curve", [False, True], ids=["plain", "curve"])
+def test_a_server_that_never_answers_is_no_refusal(zctx: Ctx, tmp_path: Path, curve: bool) -> None:
+    """Three dials ended by the handshake timer: nothing refused, nothing lost."""
+    listener = Listener(lambda n: "silent")
+    sock, watch = _watched_dealer(zctx, tmp_path, listener.endpoint, curve=curve)
+    try:
+        seen: list[MonitorReport] = []
+
+        def three_timed_out(report: MonitorReport) -> bool:
+            seen.append(report)
+            return report.unanswered >= 3
+
+        _read_until(watch, three_timed_out)
+        assert all(r.handshake is None and not r.disconnected for r in seen), seen
+        assert all(r.hangups == 0 for r in seen), seen
+    finally:
+        watch.close(sock)
+        sock.close(linger=0)
+        listener.close()
+
+
+@pytest.mark.parametrize("curve", [False, True], ids=["plain", "curve"])
+def test_a_server_that_hangs_up_on_every_greeting_refuses_at_the_second(
+    zctx: Ctx, tmp_path: Path, curve: bool
+) -> None:
+    listener = Listener(lambda n: "hang up")
+    sock, watch = _watched_dealer(zctx, tmp_path, listener.endpoint, curve=curve)
+    try:
+        seen: list[MonitorReport] = []
+
+        def refused(report: MonitorReport) -> bool:
+            seen.append(report)
+            return report.handshake is not None
+
+        report = _read_until(watch, refused)
+        assert report.handshake is _refusal(curve)
+        assert report.hangups >= zmqkit.HANGUPS_FOR_VERDICT
+        assert all(r.hangups >= zmqkit.HANGUPS_FOR_VERDICT for r in seen if r.handshake)
+        assert not any(r.disconnected for r in seen), seen
+    finally:
+        watch.close(sock)
+        sock.close(linger=0)
+        listener.close()
+
+
+def test_one_hang_up_then_silence_is_no_refusal(zctx: Ctx, tmp_path: Path) -> None:
+    """A server killed mid-handshake hangs up once; what answers next is another matter
+    (here: nothing, as a stopped successor would)."""
+    listener = Listener(lambda n: "hang up" if n == 0 else "silent")
+    sock, watch = _watched_dealer(zctx, tmp_path, listener.endpoint, curve=False)
+    try:
+        seen: list[MonitorReport] = []
+
+        def timed_out_twice_after(report: MonitorReport) -> bool:
+            seen.append(report)
+            return report.unanswered >= 2
+
+        report = _read_until(watch, timed_out_twice_after)
+        assert report.hangups == 1
+        assert all(r.handshake is None and not r.disconnected for r in seen), seen
+    finally:
+        watch.close(sock)
+        sock.close(linger=0)
+        listener.close()
