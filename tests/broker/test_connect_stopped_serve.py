@@ -30,6 +30,7 @@ from broker.client.aio import AsyncClient
 from broker.client.blocking import Client, ConnectError
 from tests.broker.test_durable_serve import Broker
 from tests.polling import WAIT, wait_until
+from tests.zerohub.support import dialled_ports
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 #: (endpoint, handshake timer in ms or None for libzmq's, connect timeout) -> the outcome
@@ -40,19 +41,6 @@ _HANDSHAKE_IVL_MS = 200
 #: A connect timeout no loaded machine reaches when the broker answers (a broker's
 #: restart alone took 25-35 s at load 40-60).
 _LONG = WAIT * 12
-
-
-def dialled_ports(server_port: int) -> set[int]:
-    """The local ports of this machine's TCP connections to ``server_port`` on loopback
-    (``/proc/net/tcp``: each connection the client dialled, kept there in TIME_WAIT)."""
-    ports = set()
-    with open("/proc/net/tcp") as table:
-        next(table)  # (the header)
-        for row in table:
-            local, remote = row.split()[1:3]
-            if remote == f"0100007F:{server_port:04X}":
-                ports.add(int(local.split(":")[1], 16))
-    return ports
 
 
 def _blocking(endpoint: str, handshake_ms: int | None, timeout: float) -> str:

@@ -1,4 +1,5 @@
-"""Running the zerohub command lines as real processes, and peers that never answer."""
+"""Running the zerohub command lines as real processes, peers that never answer, and the
+connections a client dialled."""
 
 from __future__ import annotations
 
@@ -46,6 +47,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def dialled_ports(server_port: int) -> set[int]:
+    """The local ports of this machine's TCP connections to ``server_port`` on loopback
+    (``/proc/net/tcp``: each connection the client dialled, kept there in TIME_WAIT)."""
+    ports = set()
+    with open("/proc/net/tcp") as table:
+        next(table)  # (the header)
+        for row in table:
+            local, remote = row.split()[1:3]
+            if remote == f"0100007F:{server_port:04X}":
+                ports.add(int(local.split(":")[1], 16))
+    return ports
 
 
 class SilentPeer:
