@@ -168,96 +168,71 @@ class Listener:
         self.server.close()
 
 
-def _watched_dealer(
-    zctx: Ctx, tmp_path: Path, endpoint: str, *, curve: bool
-) -> tuple[zmq.Socket[bytes], HandshakeWatch]:
+def _reports(
+    zctx: Ctx,
+    tmp_path: Path,
+    answers: Callable[[int], str],
+    until: Callable[[MonitorReport], bool],
+    *,
+    curve: bool,
+) -> list[MonitorReport]:
+    """A DEALER (CURVE when ``curve``, with a short handshake timer) dialling a
+    ``Listener(answers)``, its watch read until ``until(report)``: every report read."""
+    listener = Listener(answers)
     zctx.setsockopt(zmq.HANDSHAKE_IVL, _HANDSHAKE_IVL_MS)  # (sockets made from now on)
     sock = zctx.socket(zmq.DEALER)
     sock.linger = 0
-    if curve:
-        _public, secret = zmqkit.new_certificate("client", tmp_path)
-        zmqkit.new_certificate("server", tmp_path)
-        zmqkit.configure_client(sock, secret, tmp_path / "server.key")
     events = zmqkit.HANDSHAKE_EVENTS | zmq.EVENT_DISCONNECTED
     watch = HandshakeWatch(sock.get_monitor_socket(events), curve=curve)
-    sock.connect(endpoint)
-    return sock, watch
-
-
-def _read_until(watch: HandshakeWatch, done: Callable[[MonitorReport], bool]) -> MonitorReport:
-    """Read the watch until ``done(report)`` (or the deadline); every report read."""
     reports: list[MonitorReport] = []
 
-    def check() -> bool:
+    def done() -> bool:
         watch.socket.poll(50)
         reports.append(watch.read())
-        return done(reports[-1])
+        return until(reports[-1])
 
-    assert wait_until(check, WAIT * 3), reports[-1]
-    return reports[-1]
+    try:
+        if curve:
+            _public, secret = zmqkit.new_certificate("client", tmp_path)
+            zmqkit.new_certificate("server", tmp_path)
+            zmqkit.configure_client(sock, secret, tmp_path / "server.key")
+        sock.connect(listener.endpoint)
+        assert wait_until(done, WAIT * 3), reports[-1]
+    finally:
+        watch.close(sock)
+        sock.close(linger=0)
+        listener.close()
+    return reports
 
 
 @pytest.mark.parametrize("curve", [False, True], ids=["plain", "curve"])
 def test_a_server_that_never_answers_is_no_refusal(zctx: Ctx, tmp_path: Path, curve: bool) -> None:
     """Three dials ended by the handshake timer: nothing refused, nothing lost."""
-    listener = Listener(lambda n: "silent")
-    sock, watch = _watched_dealer(zctx, tmp_path, listener.endpoint, curve=curve)
-    try:
-        seen: list[MonitorReport] = []
-
-        def three_timed_out(report: MonitorReport) -> bool:
-            seen.append(report)
-            return report.unanswered >= 3
-
-        _read_until(watch, three_timed_out)
-        assert all(r.handshake is None and not r.disconnected for r in seen), seen
-        assert all(r.hangups == 0 for r in seen), seen
-    finally:
-        watch.close(sock)
-        sock.close(linger=0)
-        listener.close()
+    seen = _reports(zctx, tmp_path, lambda n: "silent", lambda r: r.unanswered >= 3, curve=curve)
+    assert all(r.handshake is None and not r.disconnected and r.hangups == 0 for r in seen), seen
 
 
 @pytest.mark.parametrize("curve", [False, True], ids=["plain", "curve"])
 def test_a_server_that_hangs_up_on_every_greeting_refuses_at_the_second(
     zctx: Ctx, tmp_path: Path, curve: bool
 ) -> None:
-    listener = Listener(lambda n: "hang up")
-    sock, watch = _watched_dealer(zctx, tmp_path, listener.endpoint, curve=curve)
-    try:
-        seen: list[MonitorReport] = []
-
-        def refused(report: MonitorReport) -> bool:
-            seen.append(report)
-            return report.handshake is not None
-
-        report = _read_until(watch, refused)
-        assert report.handshake is _refusal(curve)
-        assert report.hangups >= zmqkit.HANGUPS_FOR_VERDICT
-        assert all(r.hangups >= zmqkit.HANGUPS_FOR_VERDICT for r in seen if r.handshake)
-        assert not any(r.disconnected for r in seen), seen
-    finally:
-        watch.close(sock)
-        sock.close(linger=0)
-        listener.close()
+    seen = _reports(
+        zctx, tmp_path, lambda n: "hang up", lambda r: r.handshake is not None, curve=curve
+    )
+    assert seen[-1].handshake is _refusal(curve)
+    assert all(r.hangups >= zmqkit.HANGUPS_FOR_VERDICT for r in seen if r.handshake), seen
+    assert not any(r.disconnected or r.unanswered for r in seen), seen
 
 
 def test_one_hang_up_then_silence_is_no_refusal(zctx: Ctx, tmp_path: Path) -> None:
     """A server killed mid-handshake hangs up once; what answers next is another matter
     (here: nothing, as a stopped successor would)."""
-    listener = Listener(lambda n: "hang up" if n == 0 else "silent")
-    sock, watch = _watched_dealer(zctx, tmp_path, listener.endpoint, curve=False)
-    try:
-        seen: list[MonitorReport] = []
-
-        def timed_out_twice_after(report: MonitorReport) -> bool:
-            seen.append(report)
-            return report.unanswered >= 2
-
-        report = _read_until(watch, timed_out_twice_after)
-        assert report.hangups == 1
-        assert all(r.handshake is None and not r.disconnected for r in seen), seen
-    finally:
-        watch.close(sock)
-        sock.close(linger=0)
-        listener.close()
+    seen = _reports(
+        zctx,
+        tmp_path,
+        lambda n: "hang up" if n == 0 else "silent",
+        lambda r: r.unanswered >= 2,
+        curve=False,
+    )
+    assert seen[-1].hangups == 1
+    assert all(r.handshake is None and not r.disconnected for r in seen), seen
