@@ -19,9 +19,7 @@ lost connection first).  The clients' own tests: ``tests/broker/test_connect_sto
 from __future__ import annotations
 
 import errno
-import socket
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -29,6 +27,7 @@ import pytest
 import zmq
 
 from tests.polling import WAIT, wait_until
+from tests.zerohub.support import GreetingPeer
 from zerohub import zmqkit
 from zerohub.zmqkit import Handshake, HandshakeWatch, MonitorReport
 
@@ -129,45 +128,6 @@ def test_a_disconnect_after_no_failure_is_a_lost_connection_reported_once(feed: 
 # -- real peers on loopback ---------------------------------------------------------------
 
 
-class Listener:
-    """A TCP listener on loopback whose thread treats each connection as ``answer`` says:
-    ``"silent"`` holds it open and never writes (a stopped server), ``"hang up"`` reads
-    the greeting's first octets and closes it."""
-
-    def __init__(self, answers: Callable[[int], str]) -> None:
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.server.settimeout(0.05)
-        self.endpoint = f"tcp://127.0.0.1:{self.server.getsockname()[1]}"
-        self.answers = answers
-        self.accepted = 0
-        self.held: list[socket.socket] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.server.accept()
-            except TimeoutError:
-                continue
-            answer = self.answers(self.accepted)
-            self.accepted += 1
-            if answer == "silent":
-                self.held.append(conn)
-                continue
-            with conn:
-                conn.settimeout(WAIT)
-                conn.recv(10)  # (the signature: a ZMTP peer did reach us)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(WAIT)
-        for conn in self.held:
-            conn.close()
-        self.server.close()
-
-
 def _reports(
     zctx: Ctx,
     tmp_path: Path,
@@ -177,8 +137,8 @@ def _reports(
     curve: bool,
 ) -> list[MonitorReport]:
     """A DEALER (CURVE when ``curve``, with a short handshake timer) dialling a
-    ``Listener(answers)``, its watch read until ``until(report)``: every report read."""
-    listener = Listener(answers)
+    ``GreetingPeer(answers)``, its watch read until ``until(report)``: every report read."""
+    listener = GreetingPeer(answers)
     zctx.setsockopt(zmq.HANDSHAKE_IVL, _HANDSHAKE_IVL_MS)  # (sockets made from now on)
     sock = zctx.socket(zmq.DEALER)
     sock.linger = 0
