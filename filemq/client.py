@@ -497,8 +497,18 @@ class SyncClient:
         self._full = ""  # why DEST has no room this session (its first refused file), or ""
 
     def stop(self) -> None:
-        """Ask a running ``run()`` (in another thread) to end within ~0.1 s."""
+        """Ask a running ``run()`` (in another thread, or a signal handler of the thread
+        running it: see ``_pause``) to end within ~0.1 s."""
         self._stop.set()
+
+    def _pause(self, seconds: float) -> None:
+        """Wait ``seconds`` or until stopped, holding no lock ``stop()`` takes: a daemon's
+        signal handler calls it in this thread, between two bytecodes, and
+        ``Event.wait`` holds the Event's own lock while it begins to wait (a SIGTERM
+        there made ``set()`` wait for that lock for ever: the daemon never exited)."""
+        end = time.monotonic() + seconds
+        while not self._stop.is_set() and (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, _POLL_MS / 1000))
 
     def _options(self) -> dict[str, str]:
         """The ICANHAZ options of every request (``filemq.loopguard``, ``filemq.meta``)."""
@@ -622,7 +632,7 @@ class SyncClient:
                         raise SyncError(f"giving up after {self.max_retries} reconnects{why}")
                 delay = self._backoff(retries)
                 log.info("reconnecting to %s in %.2f s", self.endpoint, delay)
-                self._stop.wait(delay)
+                self._pause(delay)
         finally:
             mirror.abort()
             self._progress.done()
