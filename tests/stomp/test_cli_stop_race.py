@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from subprocess import PIPE
 
 from tests.polling import WAIT, wait_until
 
@@ -40,22 +41,16 @@ sys.exit(main(["--bind", "tcp://127.0.0.1:0"]))
 
 
 def test_a_sigterm_while_the_main_thread_holds_a_lock_still_stops_it_with_0() -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().startswith("listening on tcp://127.0.0.1:")
-        # a deadline, not a window: the stop itself is ~0.05 CPU s (a process's start
-        # took 25-35 s at load 40-60)
-        assert wait_until(lambda: proc.poll() is not None, WAIT * 6), "it never exited"
-        assert proc.returncode == 0
-        assert proc.stderr is not None
-        assert proc.stderr.read() == "python -m broker.stomp: stopping (SIGTERM)\n"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
+    child = [sys.executable, "-c", _CHILD]
+    with subprocess.Popen(child, stdout=PIPE, stderr=PIPE, text=True) as proc:  # (closes, waits)
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            assert proc.stdout.readline().startswith("listening on tcp://127.0.0.1:")
+            # a deadline, not a window: the stop itself is ~0.05 CPU s (a process's start
+            # took 25-35 s at load 40-60)
+            assert wait_until(lambda: proc.poll() is not None, WAIT * 6), "it never exited"
+            assert proc.returncode == 0
+            assert proc.stderr.read() == "python -m broker.stomp: stopping (SIGTERM)\n"
+        finally:
+            if proc.poll() is None:
+                proc.kill()
