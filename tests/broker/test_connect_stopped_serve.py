@@ -30,7 +30,7 @@ from broker.client.aio import AsyncClient
 from broker.client.blocking import Client, ConnectError
 from tests.broker.test_durable_serve import Broker
 from tests.polling import WAIT, wait_until
-from tests.zerohub.support import dialled_ports
+from tests.zerohub.support import dialled_ports, stop_process
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 #: (endpoint, handshake timer in ms or None for libzmq's, connect timeout) -> the outcome
@@ -107,7 +107,7 @@ def test_a_broker_stopped_past_the_connect_timeout_is_no_answer_not_curve(
 ) -> None:
     assert served.proc is not None
     before = dialled_ports(_port(served))
-    served.proc.send_signal(signal.SIGSTOP)
+    stop_process(served.proc)
     try:
         with pytest.raises(ConnectError) as refused:
             connect(served.endpoint, _HANDSHAKE_IVL_MS, 10 * _HANDSHAKE_IVL_MS / 1000)
@@ -126,7 +126,7 @@ def test_a_plain_connect_outlives_a_broker_stopped_mid_handshake(
     assert served.proc is not None
     port = _port(served)
     before = dialled_ports(port)
-    served.proc.send_signal(signal.SIGSTOP)
+    stop_process(served.proc)
     try:
         attempt = Attempt(connect, served.endpoint, _HANDSHAKE_IVL_MS, _LONG)
         seen: set[int] = set()
@@ -150,7 +150,7 @@ def test_a_broker_killed_mid_handshake_then_restarted_is_connected_to(
     assert served.proc is not None
     port = _port(served)
     before = dialled_ports(port)
-    served.proc.send_signal(signal.SIGSTOP)
+    stop_process(served.proc)
     attempt = Attempt(connect, served.endpoint, None, _LONG)  # (libzmq's 30 s timer)
     assert wait_until(lambda: bool(dialled_ports(port) - before) or bool(attempt.outcome))
     served.kill()  # (SIGKILL ends a stopped process too)

@@ -22,7 +22,7 @@ import zmq
 
 from filemq.client import SyncClient, SyncError, SyncRefused
 from tests.polling import WAIT, wait_until
-from tests.zerohub.support import dialled_ports
+from tests.zerohub.support import dialled_ports, stop_process
 
 from .conftest import read_tree, write_tree
 from .test_cli import _start_server, processes
@@ -48,7 +48,7 @@ def test_a_server_stopped_past_the_timeout_is_no_answer_not_curve(
         zctx, endpoint, tmp_path / "d", once=True, connect_timeout=timeout, max_retries=0
     )
     before = dialled_ports(_port(endpoint))
-    proc.send_signal(signal.SIGSTOP)
+    stop_process(proc)
     try:
         with pytest.raises(SyncError) as failed:
             client.run()
@@ -81,7 +81,7 @@ def test_a_sync_outlives_a_server_stopped_mid_handshake(
 
     port = _port(endpoint)
     before = dialled_ports(port)
-    proc.send_signal(signal.SIGSTOP)
+    stop_process(proc)
     try:
         worker = threading.Thread(target=run)
         worker.start()

@@ -13,6 +13,9 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+from tests.polling import wait_until
 
 WAIT = 30.0  # generous deadline for anything a test waits for
 
@@ -48,6 +51,32 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _threads_stopped(pid: int) -> bool:
+    """Every thread of process ``pid`` is in the stopped state ("T" in its ``stat``)."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+        states = []
+        for tid in threads:
+            with open(f"/proc/{pid}/task/{tid}/stat") as stat:
+                states.append(stat.read().rsplit(")", 1)[1].split()[0])
+    except FileNotFoundError:  # (the process, or a thread, ended meanwhile)
+        return False
+    return all(state == "T" for state in states)
+
+
+def stop_process(proc: subprocess.Popen[Any]) -> None:
+    """SIGSTOP ``proc`` and wait until every thread of it has stopped.
+
+    ``kill`` returns with the signal pending: the kernel wakes one thread (the main one,
+    a server's waiting for its stop signal) to take it, and only when that thread has run
+    are the others stopped.  Under load that took 10-30 ms, and meanwhile the server's
+    own threads answered a client dialling it: a FILEMQ sync subscribed (then waited 30 s
+    for a silent server) or even completed (session 15, 1 test run in 6 at load 6-20).
+    """
+    proc.send_signal(signal.SIGSTOP)
+    assert wait_until(lambda: _threads_stopped(proc.pid), WAIT), f"{proc.args} never stopped"
 
 
 def dialled_ports(server_port: int) -> set[int]:
