@@ -23,27 +23,19 @@ _BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_filemq_start.py"
 def test_a_signal_mid_run_leaves_no_work_tree(tmp_path: Path, sig: signal.Signals) -> None:
     # (turns enough that the signal comes before the end on any machine)
     argv = ["--files", "300", "--turns", "10000", "--dir", str(tmp_path)]
-    proc = subprocess.Popen(
-        [sys.executable, str(_BENCH), *argv],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    with subprocess.Popen(
+        [sys.executable, str(_BENCH), *argv], stderr=subprocess.PIPE, text=True
+    ) as proc:
         assert proc.stderr is not None
-        lines: list[str] = []
         # the first turn's line: the tree and its index are made, a child is measuring
-        while not (line := proc.stderr.readline()).startswith("  turn 1 "):
-            assert line, f"the bench ended first: {''.join(lines)}"
-            lines.append(line)
-        made = list(tmp_path.iterdir())
-        assert len(made) == 1 and made[0].name.startswith("bench-fmq-start-"), made
+        said = next((line for line in proc.stderr if line.startswith("  turn 1 ")), "")
+        made = [p.name for p in tmp_path.iterdir()]
         proc.send_signal(sig)
-        _out, rest = proc.communicate(timeout=WAIT * 3)
-        assert proc.returncode == 128 + sig, rest
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
+        try:
+            _out, rest = proc.communicate(timeout=WAIT * 3)
+        finally:
+            proc.kill()  # (nothing if it ended)
+    assert said and len(made) == 1 and made[0].startswith("bench-fmq-start-"), made
+    assert proc.returncode == 128 + sig, rest
     assert list(tmp_path.iterdir()) == []
     assert "left " not in rest
