@@ -101,8 +101,9 @@ resync completed, DEST is known.
 ``filemq sync`` keeps DEST's index outside DEST (``--index``, by
 default under ``$XDG_CACHE_HOME/filemq/mirrors/``), so a no-change resync only
 stats DEST instead of re-reading it.  Handshake failures seen on the socket
-monitor (CURVE key not allowed, CURVE against a plain server) end the run at
-once.
+monitor (CURVE key not allowed, a plain client against a CURVE server) end the run
+at once (``zerohub.zmqkit.HandshakeWatch``); a handshake the timer ended (a server
+stopped or too slow) is no refusal: the connect timeout says "no answer".
 
 SRSLY ends the run (``SyncRefused``); a server on this machine sends it when
 DEST is inside what the subscription mirrors (``filemq.loopguard``).  Spec 35
@@ -299,9 +300,9 @@ def open_dealer(
     max_message: int,
     curve_secret: str | os.PathLike[str] | None = None,
     server_key: str | os.PathLike[str] | None = None,
-) -> tuple[zmq.Socket[Any], zmq.Socket[Any] | None]:
-    """A DEALER connected to ``endpoint`` (CURVE when keys are given) and its monitor
-    socket (``check_monitor``), as every FILEMQ client of this package opens it."""
+) -> tuple[zmq.Socket[Any], zmqkit.HandshakeWatch]:
+    """A DEALER connected to ``endpoint`` (CURVE when keys are given) and the watch of
+    its monitor (``check_monitor``), as every FILEMQ client of this package opens it."""
     sock = context.socket(zmq.DEALER)
     monitor = None
     try:
@@ -310,31 +311,30 @@ def open_dealer(
         # would wait forever
         sock.sndtimeo = max(1000, int(connect_timeout * 1000))
         sock.maxmsgsize = max_message
+        curve = False
         if curve_secret is not None and server_key is not None:
             zmqkit.configure_client(sock, curve_secret, server_key)
+            curve = True
         # handshake failures (key not allowed, CURVE vs plain) end the run at once
-        monitor = sock.get_monitor_socket(_MONITOR_EVENTS)
+        monitor = zmqkit.HandshakeWatch(sock.get_monitor_socket(_MONITOR_EVENTS), curve=curve)
         sock.connect(endpoint)
     except BaseException:
         if monitor is not None:
-            sock.disable_monitor()
-            monitor.close(linger=0)
+            monitor.close(sock)
         sock.close(linger=0)
         raise
     return sock, monitor
 
 
-def close_dealer(sock: zmq.Socket[Any], monitor: zmq.Socket[Any] | None) -> None:
-    if monitor is not None:
-        sock.disable_monitor()
-        monitor.close(linger=0)
+def close_dealer(sock: zmq.Socket[Any], monitor: zmqkit.HandshakeWatch) -> None:
+    monitor.close(sock)
     sock.close()
 
 
-def check_monitor(monitor: zmq.Socket[Any], endpoint: str, *, curve: bool) -> None:
-    """Raise for what a DEALER's monitor reported: ``SyncRefused`` for a failed
+def check_monitor(monitor: zmqkit.HandshakeWatch, endpoint: str) -> None:
+    """Raise for what a DEALER's monitor reported: ``SyncRefused`` for a refused
     handshake, ``ConnectionLost`` for a dropped connection."""
-    report = zmqkit.read_monitor(monitor, curve=curve)
+    report = monitor.read()
     if report.handshake is zmqkit.Handshake.KEY_REFUSED:
         raise SyncRefused(f"handshake with {endpoint} failed: key not allowed")
     if report.handshake is zmqkit.Handshake.CURVE_REQUIRED:
@@ -510,7 +510,7 @@ class SyncClient:
         self._placer: Placer[tuple[bool, str]] = Placer(thread=not place_inline)
         self._sock: Any = None
         self._trackers: list[zmq.MessageTracker] | None = None  # sends to wait for, or None
-        self._monitor: zmq.Socket[Any] | None = None
+        self._monitor: zmqkit.HandshakeWatch | None = None
         self._scanned = False
         self._subscribed = False
         self._answered = False  # the server sent something (in any session of this run)
@@ -518,8 +518,18 @@ class SyncClient:
         self._full = ""  # why DEST has no room this session (its first refused file), or ""
 
     def stop(self) -> None:
-        """Ask a running ``run()`` (in another thread) to end within ~0.1 s."""
+        """Ask a running ``run()`` (in another thread, or a signal handler of the thread
+        running it: see ``_pause``) to end within ~0.1 s."""
         self._stop.set()
+
+    def _pause(self, seconds: float) -> None:
+        """Wait ``seconds`` or until stopped, holding no lock ``stop()`` takes: a daemon's
+        signal handler calls it in this thread, between two bytecodes, and
+        ``Event.wait`` holds the Event's own lock while it begins to wait (a SIGTERM
+        there made ``set()`` wait for that lock for ever: the daemon never exited)."""
+        end = time.monotonic() + seconds
+        while not self._stop.is_set() and (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, _POLL_MS / 1000))
 
     def _options(self) -> dict[str, str]:
         """The ICANHAZ options of every request (``filemq.loopguard``, ``filemq.meta``)."""
@@ -643,7 +653,7 @@ class SyncClient:
                         raise SyncError(f"giving up after {self.max_retries} reconnects{why}")
                 delay = self._backoff(retries)
                 log.info("reconnecting to %s in %.2f s", self.endpoint, delay)
-                self._stop.wait(delay)
+                self._pause(delay)
         finally:
             mirror.abort()
             self._progress.done()
@@ -657,7 +667,7 @@ class SyncClient:
             )
         return self.result
 
-    def _socket(self) -> tuple[zmq.Socket[Any], zmq.Socket[Any] | None]:
+    def _socket(self) -> tuple[zmq.Socket[Any], zmqkit.HandshakeWatch]:
         return open_dealer(
             self.context,
             self.endpoint,
@@ -668,8 +678,8 @@ class SyncClient:
             server_key=self.server_key,
         )
 
-    def _check_monitor(self, monitor: zmq.Socket[Any]) -> None:
-        check_monitor(monitor, self.endpoint, curve=self.server_key is not None)
+    def _check_monitor(self, monitor: zmqkit.HandshakeWatch) -> None:
+        check_monitor(monitor, self.endpoint)
 
     def _session(self, mirror: Mirror) -> str:
         now = time.monotonic()
@@ -697,8 +707,7 @@ class SyncClient:
         try:
             poller = zmq.Poller()
             poller.register(sock, zmq.POLLIN)
-            if monitor is not None:
-                poller.register(monitor, zmq.POLLIN)
+            poller.register(monitor.socket, zmq.POLLIN)
             self._perform(session, mirror, session.start(now))
             if self._offer_partials(session, mirror):  # (while OHAI travels)
                 now = time.monotonic()  # (proving them took time: not the server's)
@@ -719,7 +728,7 @@ class SyncClient:
                 mirror.release_folders()  # (folders walked again after each wait)
                 events = dict(poller.poll(wait))
                 now = time.monotonic()
-                if monitor is not None and monitor in events:
+                if monitor.socket in events:
                     self._check_monitor(monitor)
                 if sock in events:
                     for _ in range(_RECV_BUDGET):

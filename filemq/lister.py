@@ -119,14 +119,13 @@ def list_files(
         _send(sock, session.start(now))
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
-        if monitor is not None:
-            poller.register(monitor, zmq.POLLIN)
+        poller.register(monitor.socket, zmq.POLLIN)
         answered = False
         while True:
             events = dict(poller.poll(_POLL_MS))
             now = time.monotonic()
-            if monitor is not None and monitor in events:
-                check_monitor(monitor, endpoint, curve=server_key is not None)
+            if monitor.socket in events:
+                check_monitor(monitor, endpoint)
             if sock in events:
                 while True:
                     try:

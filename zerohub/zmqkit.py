@@ -6,7 +6,7 @@ new`` makes a certificate pair; a server loads its secret certificate and allows
 client public keys found in one directory; a client loads its own pair and the server's
 public key.  Unknown client keys fail the CURVE handshake inside libzmq, so nothing from
 them reaches the application: a client learns it from its socket monitor
-(:func:`read_monitor`).
+(:class:`HandshakeWatch`).
 
 ``zmq.auth`` and ``zmq.utils.monitor`` are imported lazily or not at all: they pull in
 asyncio (~20-25 ms of start-up for a command that needs no CURVE).
@@ -15,6 +15,7 @@ asyncio (~20-25 ms of start-up for a command that needs no CURVE).
 from __future__ import annotations
 
 import enum
+import errno
 import logging
 import os
 import re
@@ -34,7 +35,9 @@ if TYPE_CHECKING:
 __all__ = [
     "CURVE_REQUIRED_HINT",
     "HANDSHAKE_EVENTS",
+    "HANGUPS_FOR_VERDICT",
     "Handshake",
+    "HandshakeWatch",
     "MonitorReport",
     "SecurityError",
     "check_bind",
@@ -45,7 +48,6 @@ __all__ = [
     "load_public",
     "load_secret",
     "new_certificate",
-    "read_monitor",
     "start_authenticator",
 ]
 
@@ -263,6 +265,14 @@ HANDSHAKE_EVENTS = (
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 )
 _MECHANISM_MISMATCH = zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+#: The values of a failure without detail that say the peer closed the connection: libzmq
+#: gives EPIPE for an end of stream it read, ECONNRESET comes from the kernel.  Any other
+#: value is the handshake timer (``ZMQ_HANDSHAKE_IVL``; the value is then whatever errno
+#: libzmq's I/O thread last had, EAGAIN here) or a network failure: no answer, no refusal.
+_HUNG_UP = frozenset({errno.EPIPE, errno.ECONNRESET})
+#: Dials a peer must hang up on in the handshake before a watch calls it a refusal: one
+#: alone may be a server killed mid-handshake (libzmq dials again ~0.1 s later).
+HANGUPS_FOR_VERDICT = 2
 
 #: What to tell a plain client that met a CURVE server (both CLIs take these options).
 CURVE_REQUIRED_HINT = (
@@ -281,44 +291,91 @@ class Handshake(enum.IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class MonitorReport:
-    """What a socket monitor reported since it was last read."""
+    """What a socket monitor has reported so far."""
 
-    handshake: Handshake | None = None  # the handshake failed (the worst reason seen)
-    disconnected: bool = False  # an ``EVENT_DISCONNECTED`` (if it was watched)
+    handshake: Handshake | None = None  # the handshake was refused (the worst reason seen)
+    disconnected: bool = False  # an established connection ended (if that was watched)
+    hangups: int = 0  # dials the peer hung up on in the handshake, so far
+    unanswered: int = 0  # dials whose handshake the timer (or the network) ended, so far
 
 
-def read_monitor(monitor: zmq.Socket[Any], *, curve: bool) -> MonitorReport:
-    """Drain ``monitor`` (never blocks) and classify what it reported.
+class HandshakeWatch:
+    """The monitor of one connecting socket, read as it fills and remembered across reads.
 
     ``curve`` tells whether the watched socket is a CURVE client: only a plain client can
-    learn that the server requires CURVE.  A plain client sees either the mechanism
-    mismatch or, when the server noticed it first and hung up, a failure without detail.
+    learn that the server requires CURVE.  What each report means:
+
+    - the ZAP handler refused the key (``KEY_REFUSED``), or the greetings name different
+      mechanisms (a plain client: ``CURVE_REQUIRED``) or another protocol error
+      (``MISMATCH``): at once; libzmq does not dial again after those.
+    - a handshake that ended without detail because the peer hung up: a CURVE server
+      does to a plain client when it reads the client's mechanism before the client
+      reads its own (a race: ~1 dial in 4 on loopback, more when the server is slow to
+      accept), and to a CURVE client with the wrong server key.  Reported once the peer
+      has hung up on ``HANGUPS_FOR_VERDICT`` dials (libzmq dials again; a server
+      killed mid-handshake hangs up once, then refuses the connection or answers).
+    - a handshake the timer ended (a server stopped or too slow): nothing; libzmq dials
+      again and the caller's own timeout ends the wait ("no answer").
+    - ``disconnected``: only a disconnect that follows no failed handshake (libzmq
+      reports one after each failure, possibly in a later read of the monitor).
+
+    Reading never blocks.  One watch per socket, for as long as the socket lives.
     """
-    failed: list[int] = []
-    values: list[int] = []
-    disconnected = False
-    while True:
-        try:
-            # first frame: event (u16) + value (u32), native order; zmq.utils.monitor
-            # would parse it but imports asyncio (~20 ms of start-up)
-            frames = monitor.recv_multipart(zmq.NOBLOCK)
-        except zmq.Again:
-            break
-        event = int.from_bytes(frames[0][:2], sys.byteorder)
-        if event & HANDSHAKE_EVENTS:
-            failed.append(event)
-            values.append(int.from_bytes(frames[0][2:6], sys.byteorder))
-        elif event == zmq.EVENT_DISCONNECTED:
-            disconnected = True
-    handshake = None
-    if zmq.EVENT_HANDSHAKE_FAILED_AUTH in failed:
-        handshake = Handshake.KEY_REFUSED
-    elif (
-        failed
-        and not curve
-        and (_MECHANISM_MISMATCH in values or zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL in failed)
-    ):
-        handshake = Handshake.CURVE_REQUIRED
-    elif failed:
-        handshake = Handshake.MISMATCH
-    return MonitorReport(handshake, disconnected)
+
+    __slots__ = ("_hangups", "_owed", "_reader", "_unanswered", "_verdict", "curve", "socket")
+
+    def __init__(self, monitor: zmq.Socket[Any], *, curve: bool) -> None:
+        #: The monitor socket to poll (a ``zmq.asyncio`` one too: it is read through a
+        #: plain shadow, which never blocks).
+        self.socket = monitor
+        self.curve = curve
+        self._reader: zmq.Socket[Any] = zmq.Socket(shadow=monitor.underlying)
+        self._verdict: Handshake | None = None
+        self._hangups = 0  # dials the peer hung up on in the handshake
+        self._unanswered = 0  # dials the handshake timer (or the network) ended
+        self._owed = 0  # failed handshakes whose disconnect is still to come
+
+    def read(self) -> MonitorReport:
+        """Take in what the monitor holds; what it has reported so far."""
+        disconnected = False
+        while True:
+            try:
+                # first frame: event (u16) + value (u32), native order; zmq.utils.monitor
+                # would parse it but imports asyncio (~20 ms of start-up)
+                frames = self._reader.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            head = frames[0]
+            event = int.from_bytes(head[:2], sys.byteorder)
+            if event & HANDSHAKE_EVENTS:
+                self._owed += 1
+                self._failed(event, int.from_bytes(head[2:6], sys.byteorder))
+            elif event == zmq.EVENT_DISCONNECTED:
+                if self._owed:
+                    self._owed -= 1  # (the failed handshake's own)
+                else:
+                    disconnected = True
+        return MonitorReport(self._verdict, disconnected, self._hangups, self._unanswered)
+
+    def _failed(self, event: int, value: int) -> None:
+        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            self._judge(Handshake.KEY_REFUSED)
+        elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            plain_met_curve = not self.curve and value == _MECHANISM_MISMATCH
+            self._judge(Handshake.CURVE_REQUIRED if plain_met_curve else Handshake.MISMATCH)
+        elif value in _HUNG_UP:
+            self._hangups += 1
+            if self._hangups >= HANGUPS_FOR_VERDICT:
+                self._judge(Handshake.MISMATCH if self.curve else Handshake.CURVE_REQUIRED)
+        else:
+            self._unanswered += 1
+
+    def _judge(self, reason: Handshake) -> None:
+        if self._verdict is None or reason < self._verdict:  # (the worst reason wins)
+            self._verdict = reason
+
+    def close(self, watched: zmq.Socket[Any] | None) -> None:
+        """Stop watching ``watched`` (if it is still open) and close the monitor."""
+        if watched is not None and not watched.closed:
+            watched.disable_monitor()
+        self.socket.close(linger=0)

@@ -47,8 +47,9 @@ from broker.client.confirm import Confirmations
 from broker.client.errors import ClientClosed, ClientError
 from broker.client.fanout import FanoutReader, Gap
 from broker.client.message import Message
-from broker.client.sockets import Curve, close_monitor, handshake_refusal, open_dealer
+from broker.client.sockets import Curve, handshake_refusal, open_dealer
 from broker.protocol import ConnectionInfo
+from zerohub.zmqkit import HandshakeWatch
 
 __all__ = ["AsyncClient"]
 
@@ -125,7 +126,7 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
         self.linger = linger
         self.hwm = hwm
         self._sock: zmq.asyncio.Socket | None = None
-        self._monitor: zmq.asyncio.Socket | None = None
+        self._monitor: HandshakeWatch | None = None
         self._task: asyncio.Task[None] | None = None
         self._connected: asyncio.Future[str] | None = None
         self._inbox: asyncio.Queue[Message | _Closed] = asyncio.Queue(max_inbox)
@@ -240,7 +241,7 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
         self._fan.close()  # the session's end ends every stream
         sock, self._sock = self._sock, None
         if self._monitor is not None:
-            close_monitor(sock, self._monitor)
+            self._monitor.close(sock)
             self._monitor = None
         if sock is not None:
             sock.close(linger=max(0, int(linger * 1000)))
@@ -278,7 +279,7 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
                     poller = zmq.asyncio.Poller()
                     poller.register(sock, zmq.POLLIN)
                     if monitor is not None:
-                        poller.register(monitor, zmq.POLLIN)
+                        poller.register(monitor.socket, zmq.POLLIN)
                     if sub is not None:
                         poller.register(sub, zmq.POLLIN)
                     ready = dict(await poller.poll(wait_ms))
@@ -287,9 +288,8 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
                     if sub is not None and any(getattr(k, "underlying", None) == sub.underlying
                                                for k in ready):  # fmt: skip
                         await self._read_fan()
-                    if monitor is not None and monitor in ready:
-                        curve = self._curve is not None
-                        err = handshake_refusal(monitor, curve=curve, endpoint=self.endpoint)
+                    if monitor is not None and monitor.socket in ready:
+                        err = handshake_refusal(monitor, endpoint=self.endpoint)
                         if err is not None:
                             await self._apply(session.fatal(err))
                 if readable and sock is self._sock:
@@ -347,7 +347,7 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
             elif isinstance(ev, S.Ready):
                 log.debug("async session ready as %s", ev.client_id)
                 if self._monitor is not None:
-                    close_monitor(self._sock, self._monitor)
+                    self._monitor.close(self._sock)
                     self._monitor = None
                 if ev.first and self._connected is not None and not self._connected.done():
                     self._connected.set_result(ev.client_id)

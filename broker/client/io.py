@@ -22,7 +22,7 @@ from broker.client.core import WAKE_STOP, ClientCore
 from broker.client.errors import ClientClosed, ClientError, StopLoop
 from broker.client.fanout import RAW_WAIT_MS, FanoutReader
 from broker.client.message import Message, messages_of
-from broker.client.sockets import close_monitor, handshake_refusal, open_dealer
+from broker.client.sockets import handshake_refusal, open_dealer
 from broker.protocol import MessageType
 from zerohub import zmqkit
 from zerohub.wakeup import Wakeup
@@ -73,7 +73,7 @@ class IOLoop:
         self.sock: zmq.Socket[bytes] | None = None
         #: ``self.sock``'s send (see ``zerohub.zmqkit.fast_send``); only used while sock is set.
         self.send: Callable[..., Any] = _unbound_send
-        self.monitor: zmq.Socket[bytes] | None = None
+        self.monitor: zmqkit.HandshakeWatch | None = None
         self.poller = zmq.Poller()
         self.flags: dict[Any, int] = {}
         self.want_out = False
@@ -172,8 +172,8 @@ class IOLoop:
             self._read_fan()
         if fan.streams:
             fan.expire(time.monotonic())
-        if self.monitor is not None and self.monitor in events:
-            err = handshake_refusal(self.monitor, curve=c.curve is not None, endpoint=s.endpoint)
+        if self.monitor is not None and self.monitor.socket in events:
+            err = handshake_refusal(self.monitor, endpoint=s.endpoint)
             if err is not None:
                 self._apply(s.fatal(err))
         if c.outbox:
@@ -451,7 +451,7 @@ class IOLoop:
         self.send = zmqkit.fast_send(sock)
         self.monitor = monitor
         if monitor is not None:
-            self._register(monitor, zmq.POLLIN)
+            self._register(monitor.socket, zmq.POLLIN)
         for data in s.hello(time.monotonic()):
             try:
                 sock.send(data, zmq.NOBLOCK)
@@ -464,8 +464,8 @@ class IOLoop:
 
     def _close_monitor(self) -> None:
         if self.monitor is not None:
-            self._unregister(self.monitor)
-            close_monitor(self.sock, self.monitor)
+            self._unregister(self.monitor.socket)
+            self.monitor.close(self.sock)
             self.monitor = None
 
     def _read_fan(self) -> None:

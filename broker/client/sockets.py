@@ -2,7 +2,7 @@
 
 Works on a plain ``zmq.Socket`` and on a ``zmq.asyncio.Socket`` alike: the options and
 ``connect`` are the same calls, and the monitor is read through a plain shadow of it
-(``zerohub.zmqkit.read_monitor`` never blocks).  The CURVE keys, the monitor's events and
+(``zerohub.zmqkit.HandshakeWatch`` never blocks).  The CURVE keys, the monitor's events and
 their meaning come from ``zerohub.zmqkit``.
 """
 
@@ -39,8 +39,9 @@ class Curve:
 
 def open_dealer(
     context: Any, endpoint: str, *, hwm: int, curve: Curve | None, watch: bool
-) -> tuple[Any, Any]:
-    """A connected DEALER and, if CURVE or ``watch``, a monitor of its handshake.
+) -> tuple[Any, zmqkit.HandshakeWatch | None]:
+    """A connected DEALER and, if CURVE or ``watch``, a watch of its handshake (poll its
+    ``socket``; ``handshake_refusal`` reads it; its ``close`` ends it).
 
     ``context`` is a ``zmq.Context`` or a ``zmq.asyncio.Context`` (the sockets are of its
     kind).  Unreadable key files are a ``ConnectError``.
@@ -60,14 +61,17 @@ def open_dealer(
     if curve is not None or watch:
         # handshake failures (CURVE key refused; a plain client against a CURVE server)
         # end the connect at once instead of at its timeout
-        monitor = sock.get_monitor_socket(zmqkit.HANDSHAKE_EVENTS)
+        monitor = zmqkit.HandshakeWatch(
+            sock.get_monitor_socket(zmqkit.HANDSHAKE_EVENTS), curve=curve is not None
+        )
     sock.connect(endpoint)
     return sock, monitor
 
 
-def handshake_refusal(monitor: Any, *, curve: bool, endpoint: str) -> AccessRefused | None:
-    """What the monitor reported, as the client's error (None: no handshake failure)."""
-    failure = zmqkit.read_monitor(zmq.Socket(shadow=monitor.underlying), curve=curve).handshake
+def handshake_refusal(watch: zmqkit.HandshakeWatch, *, endpoint: str) -> AccessRefused | None:
+    """What the watch has seen, as the client's error (None: no handshake refusal; a
+    handshake that timed out is none: the connect's own timeout says "no answer")."""
+    failure = watch.read().handshake
     if failure is None:
         return None
     if failure is zmqkit.Handshake.KEY_REFUSED:
@@ -77,10 +81,3 @@ def handshake_refusal(monitor: Any, *, curve: bool, endpoint: str) -> AccessRefu
     else:
         what = "failed the security handshake (CURVE settings differ?)"
     return AccessRefused(f"the broker at {endpoint} {what}")
-
-
-def close_monitor(sock: Any, monitor: Any) -> None:
-    """Stop watching ``sock`` (if it is still open) and close the monitor."""
-    if sock is not None and not sock.closed:
-        sock.disable_monitor()
-    monitor.close(linger=0)

@@ -10,24 +10,24 @@ nothing is shared with a TMQP broker and nothing survives a restart.
 The default bind is loopback; binding another address needs TLS (``--tls-cert`` and
 ``--tls-key``) or ``--insecure`` (every login is accepted: there is no user database).
 On start it prints one line, ``listening on tcp://HOST:PORT`` (and the WebSocket URL),
-so ``:0`` can be used.  Exit codes are zerohub's (``zerohub.cli.ExitCode``): 0 stopped
+so ``:0`` can be used; SIGINT/SIGTERM print ``python -m broker.stomp: stopping (SIGTERM)``
+on stderr and stop it.  Exit codes are zerohub's (``zerohub.cli.ExitCode``): 0 stopped
 by SIGINT/SIGTERM, 1 could not listen (address in use, unreadable certificate), 2 usage.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import signal
 import ssl
-import threading
 from dataclasses import dataclass
 
 from broker.stomp.memory import MemoryBackend
 from broker.stomp.server import DEFAULT_PORT, ListenerOptions, StompListener
-from zerohub.cli import ArgumentParser, CommandError, ExitCode, UsageError, run
+from zerohub.cli import ArgumentParser, CommandError, ExitCode, UsageError, run, stop_signals
 
 PROG = "python -m broker.stomp"
 DEFAULT_WS_PORT = 61614
+_STOP_POLL = 3600.0  # seconds per wait for SIGINT/SIGTERM (the signal wakes it at once)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,21 +87,25 @@ def _serve(argv: list[str] | None) -> int:
         host=bind.host, port=bind.port, ssl=context, ws_port=ws.port if ws else None
     )
     listener = StompListener(MemoryBackend(), options)
-    try:
-        listener.start()
-    except OSError as exc:
-        raise CommandError(f"cannot listen on {bind.host}:{bind.port}: {exc.strerror}") from None
-    except ImportError:
-        raise CommandError("--ws needs the stomp-ws extra (pip install 'zerohub[stomp-ws]')")
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    line = f"listening on tcp://{bind.host}:{listener.port}"
-    if ws is not None:
-        line += f" and ws://{bind.host}:{listener.ws_port}"
-    print(line, flush=True)
-    try:
-        stop.wait()
-    finally:
-        listener.stop()
+    # The signals' handler takes no lock (``stop_signals``): one that set a
+    # ``threading.Event`` deadlocked when SIGTERM came while the main thread held that
+    # Event's own lock, entering its wait (the process never exits: a loaded machine can
+    # deschedule it there).  Taken before the start: a signal during it stops after it.
+    with stop_signals(PROG) as stop:
+        try:
+            listener.start()
+        except OSError as exc:
+            why = exc.strerror
+            raise CommandError(f"cannot listen on {bind.host}:{bind.port}: {why}") from None
+        except ImportError:
+            raise CommandError("--ws needs the stomp-ws extra (pip install 'zerohub[stomp-ws]')")
+        line = f"listening on tcp://{bind.host}:{listener.port}"
+        if ws is not None:
+            line += f" and ws://{bind.host}:{listener.ws_port}"
+        try:
+            print(line, flush=True)
+            while not stop.wait(_STOP_POLL):
+                pass
+        finally:
+            listener.stop()
     return ExitCode.OK

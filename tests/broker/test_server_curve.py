@@ -107,7 +107,7 @@ def refused_before_the_hello(monkeypatch: pytest.MonkeyPatch, driver: Any) -> No
         def close(dialled: tuple[Any, Any]) -> None:
             sock, monitor = dialled
             if monitor is not None:
-                sockets.close_monitor(sock, monitor)
+                monitor.close(sock)
             sock.close(linger=0)
 
         return dial_until_dropped(

@@ -7,7 +7,13 @@ import stat
 import subprocess
 from pathlib import Path
 
-from tests.zerohub.support import cli, one_line, run_into_closed_pipe, silent_peer
+from tests.zerohub.support import (
+    GreetingPeer,
+    cli,
+    one_line,
+    run_into_closed_pipe,
+    silent_peer,
+)
 from zerohub.cli import ExitCode
 
 from .conftest import read_tree, write_tree
@@ -99,6 +105,21 @@ def test_plain_client_against_a_curve_server_is_told_to_use_keys(
     assert f"the server at {endpoint} requires CURVE (handshake failed)" in line
     assert "--server-key SERVER.key --curve-secret CLIENT.key_secret" in line
     assert read_tree(tmp_path / "d") == {}
+
+
+def test_a_server_hanging_up_on_every_greeting_is_one_curve_line(tmp_path: Path) -> None:
+    """What a CURVE server does to a plain client's greeting on ~1 dial in 4 (it read the
+    client's mechanism first), here on every dial: one line, no lost connection before
+    it (each hang-up's disconnect is the failed handshake's own, read with it or later)."""
+    peer = GreetingPeer(lambda n: "hang up")
+    try:
+        done = _filemq(tmp_path, "sync", peer.endpoint, str(tmp_path / "d"), "--once")
+    finally:
+        peer.close()
+    line = one_line(done.stderr)
+    assert done.returncode == ExitCode.REFUSED, done.stderr
+    assert f"the server at {peer.endpoint} requires CURVE (handshake failed)" in line
+    assert peer.accepted >= 2  # (refused at the second hang-up)
 
 
 def test_sync_of_a_path_with_no_files_warns(

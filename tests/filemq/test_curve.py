@@ -12,7 +12,7 @@ import zmq
 from filemq.client import SyncClient, SyncRefused, SyncResult
 from filemq.server import FileServer
 from tests.dropped_pipe import dial_until_dropped
-from zerohub.zmqkit import SecurityError, new_certificate
+from zerohub.zmqkit import HandshakeWatch, SecurityError, new_certificate
 
 from .conftest import read_tree, write_tree
 
@@ -70,16 +70,14 @@ def test_plain_client_refused_even_when_the_handshake_fails_before_ohai(
     make_socket = SyncClient._socket
     dropped: list[bool] = []
 
-    def _close(dialled: tuple[zmq.Socket[Any], zmq.Socket[Any] | None]) -> None:
+    def _close(dialled: tuple[zmq.Socket[Any], HandshakeWatch]) -> None:
         sock, monitor = dialled
-        assert monitor is not None
-        sock.disable_monitor()
-        monitor.close(linger=0)
+        monitor.close(sock)
         sock.close(linger=0)
 
     def socket_after_the_handshake_failed(
         self: SyncClient,
-    ) -> tuple[zmq.Socket[Any], zmq.Socket[Any] | None]:
+    ) -> tuple[zmq.Socket[Any], HandshakeWatch]:
         # see tests.dropped_pipe: libzmq keeps the pipe of about 30% of refused connections
         dialled = dial_until_dropped(lambda: make_socket(self), lambda d: d[0], _close)
         dropped.append(True)

@@ -1,5 +1,6 @@
-"""``zerohub.zmqkit.read_monitor``: what a connecting socket learns of a failed handshake,
-on real CURVE sockets (the one classification both clients, filemq and broker, use)."""
+"""``zerohub.zmqkit.HandshakeWatch``: what a connecting socket learns of a failed
+handshake, on real CURVE sockets (the one classification both clients, filemq and broker,
+use).  Peers that hang up or never answer: ``test_handshake_watch.py``."""
 
 from __future__ import annotations
 
@@ -39,19 +40,20 @@ def _report(zctx: Ctx, endpoint: str, keys: tuple[Path, Path] | None) -> zmqkit.
     sock.linger = 0
     if keys is not None:
         zmqkit.configure_client(sock, *keys)
-    monitor = sock.get_monitor_socket(zmqkit.HANDSHAKE_EVENTS)
+    watch = zmqkit.HandshakeWatch(
+        sock.get_monitor_socket(zmqkit.HANDSHAKE_EVENTS), curve=keys is not None
+    )
     try:
         sock.connect(endpoint)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            monitor.poll(200)
-            report = zmqkit.read_monitor(monitor, curve=keys is not None)
+            watch.socket.poll(200)
+            report = watch.read()
             if report.handshake is not None:
                 return report
         return zmqkit.MonitorReport()
     finally:
-        sock.disable_monitor()
-        monitor.close(linger=0)
+        watch.close(sock)
         sock.close(linger=0)
 
 
@@ -74,15 +76,14 @@ def test_an_allowed_key_reports_nothing(zctx: Ctx, curve_server: tuple[str, Path
     sock = zctx.socket(zmq.DEALER)
     sock.linger = 0
     zmqkit.configure_client(sock, keys / "allowed" / "allowed.key_secret", keys / "server.key")
-    monitor = sock.get_monitor_socket(zmqkit.HANDSHAKE_EVENTS | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+    events = zmqkit.HANDSHAKE_EVENTS | zmq.EVENT_HANDSHAKE_SUCCEEDED
+    watch = zmqkit.HandshakeWatch(sock.get_monitor_socket(events), curve=True)
     try:
         sock.connect(endpoint)
-        assert monitor.poll(10_000)  # the handshake's outcome, whatever it is
-        report = zmqkit.read_monitor(monitor, curve=True)
-        assert report == zmqkit.MonitorReport()
+        assert watch.socket.poll(10_000)  # the handshake's outcome, whatever it is
+        assert watch.read() == zmqkit.MonitorReport()
     finally:
-        sock.disable_monitor()
-        monitor.close(linger=0)
+        watch.close(sock)
         sock.close(linger=0)
 
 
