@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
-import signal
 import threading
 from typing import Any
 
@@ -30,6 +29,7 @@ from broker.client.lean_future import LeanFuture
 from broker.protocol import MessageType
 from tests.broker.test_durable_serve import Broker
 from tests.polling import WAIT, wait_until
+from tests.zerohub.support import stop_process
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 
@@ -302,7 +302,7 @@ def test_broker_killed_with_pushes_in_flight(served: Broker, zctx: Ctx) -> None:
         assert client.push_async("k9", 1, b"before").result(WAIT) is not None
         proc = served.proc
         assert proc is not None
-        proc.send_signal(signal.SIGSTOP)
+        stop_process(proc)
         futures = [client.push_async("k9", 1, b"in-flight-%d" % i) for i in range(64)]
         blind = 20
         for i in range(blind):

@@ -34,6 +34,7 @@ from tests.broker.test_batch import Raw
 from tests.broker.test_cli import free_port, start_serve
 from tests.broker.test_push_runs import push as push_to_d
 from tests.polling import WAIT
+from tests.zerohub.support import stop_process
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 CHANNEL = "d"  # (the channel test_push_runs.push addresses)
@@ -227,7 +228,7 @@ def test_garbage_between_plain_pushes_into_a_fanout_run(
         producer = Raw(zctx, served.endpoint)
         before = int(admin.stats()["server"]["run_pushes"])
 
-        served.proc.send_signal(signal.SIGSTOP)  # what follows reaches it together
+        stop_process(served.proc)  # what follows reaches it together
         for data in s.sent:
             producer.send(data)
         doomed.kill()  # a member gone in the middle of the runs

@@ -42,6 +42,7 @@ from broker.client.blocking import Client
 from tests.broker.test_cli import free_port, start_serve
 from tests.broker.test_durable_serve import PERSISTENT
 from tests.polling import WAIT, wait_until
+from tests.zerohub.support import stop_process
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 #: Acknowledged pushes each single-push producer keeps in flight.
@@ -190,7 +191,7 @@ def play(tmp_path: Path, zctx: Ctx, seed: int, *extra: str) -> None:
             ),
             WAIT * 3,
         )
-        serve.proc.send_signal(signal.SIGSTOP)
+        stop_process(serve.proc)
         # every window fills while it is stopped: on SIGCONT one drain takes it all
         assert wait_until(lambda: all(p.blocked.is_set() for p in producers), WAIT * 3)
         assert not any(p.error for p in producers), [p.error for p in producers]

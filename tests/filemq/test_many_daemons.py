@@ -15,6 +15,7 @@ import pytest
 
 from tests.filemq.procs import read_endpoint
 from tests.filemq.test_subscribe_cli import files
+from tests.zerohub.support import stop_process
 
 DAEMONS = 50
 DEADLINE = 90.0
@@ -83,7 +84,7 @@ def test_fifty_daemons_and_a_stalled_one(tmp_path: Path) -> None:
         assert _wait(lambda: all(_tree(d) == want for d in dests), DEADLINE)
 
         stalled = daemons[0]
-        stalled.send_signal(signal.SIGSTOP)
+        stop_process(stalled)
         (src / "docs" / "start1.txt").write_bytes(b"changed")
         (src / "docs" / "start2.txt").unlink()
         for i in range(10):

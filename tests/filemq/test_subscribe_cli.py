@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from filemq.mirror import LOCK_NAME
+from tests.zerohub.support import stop_process
 
 from .conftest import write_tree
 
@@ -234,7 +235,7 @@ def test_heartbeats_detect_a_frozen_server(tmp_path: Path, procs: list[Proc]) ->
     assert list((state / "server").glob("*.idx"))  # saved after the initial scan
     daemon = subscribe(tmp_path, procs, endpoint, dest, "--heartbeat", "0.1", "--timeout", "0.5")
     daemon.wait_event(kind("resync-complete"))
-    server.popen.send_signal(signal.SIGSTOP)  # alive for TCP, silent for FILEMQ
+    stop_process(server.popen)  # alive for TCP, silent for FILEMQ
     try:
         event = daemon.wait_event(kind("disconnected"))
         assert "silent" in event["detail"] or "no answer" in event["detail"]
