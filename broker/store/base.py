@@ -64,6 +64,13 @@ class Store(ABC):
     #: (its door's octets) only for a store that keeps it: a copy per saved message.
     keeps_messages = True
 
+    @property
+    def failed(self) -> bool:
+        """Has the store stopped taking saves for good (its disk full or failing)?  A
+        queue then answers no retry as a duplicate done (``Queue.duplicate``): the
+        message it took first may never have been saved."""
+        return False
+
     @abstractmethod
     def append(self, queue: QueueKey, message: StoredMessage) -> None:
         """Save a message (sequence numbers only grow within a queue)."""

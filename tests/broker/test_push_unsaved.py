@@ -55,3 +55,46 @@ def test_a_producer_waiting_for_an_acknowledge_gets_one_negative_not_two() -> No
     refused = _push(kit, "m2", ack=True)
     assert [f.message_type for f in refused] == [MessageType.ACK]
     assert header(refused[0], H.NACK_REASON) is not None
+
+
+def test_a_retry_of_a_push_the_store_refused_is_no_duplicate_answered_as_done() -> None:
+    """A producer told "not saved" retries with the same id: the retry must not be taken
+    for a duplicate of the refused push (a positive acknowledge for a message never
+    saved); a retry of one that was saved still is (``UseMessageId``, on by default)."""
+    kit = _kit()
+    assert header(_push(kit, "m1", ack=True)[0], H.NACK_REASON) is None  # saved
+    first = _push(kit, "m2", ack=True)
+    assert [header(f, H.NACK_REASON) is not None for f in first] == [True]
+    retry = _push(kit, "m2", ack=True)
+    assert [f.message_type for f in retry] == [MessageType.ACK]
+    assert header(retry[0], H.NACK_REASON) is not None, "a refused push's retry acked as done"
+    again = _push(kit, "m1", ack=True)  # the saved one: a duplicate, answered as done
+    assert [header(f, H.NACK_REASON) for f in again] == [None]
+    assert kit.info("p", "orders", 1)["Messages"] == 3  # m1 once; m2 and its retry in memory
+
+
+class _FailedLater(FullDisk):
+    """A store whose writer fails after it took a save (a held group's write hitting a
+    full disk): ``failed`` from then on, every later save refused."""
+
+    broken = False
+
+    @property
+    def failed(self) -> bool:
+        return self.broken
+
+
+def test_once_the_store_failed_a_retry_is_no_duplicate_answered_as_done() -> None:
+    """A save the store took and then lost with its writer (the gate turns its held
+    acknowledge negative): the retry must not be answered as a duplicate done; it is taken
+    again and refused aloud by the failed store."""
+    store = _FailedLater(room=5)
+    kit = Kit(store=store, handlers={"persistent": PersistentDeliveryHandler()})
+    kit.connect("p")
+    kit.queue("p", "orders", 1, message_delivery_handler="persistent")
+    kit.take("p")
+    assert header(_push(kit, "m1", ack=True)[0], H.NACK_REASON) is None
+    store.broken, store.room = True, 0  # the writer failed after taking m1
+    retry = _push(kit, "m1", ack=True)
+    assert [f.message_type for f in retry] == [MessageType.ACK]
+    assert header(retry[0], H.NACK_REASON) is not None, "a retry acked as done by a failed store"

@@ -169,3 +169,23 @@ def test_a_collaborator_raising_mid_run_refuses_that_push_and_no_other(
     assert kit.engine.errors == errors + 1
     assert _stored(store) == [b"%04d" % k for k in range(8) if k != 2]
     assert runs == [3, 5]  # the run ended at the failure; the rest came back as one
+
+
+def test_a_retry_of_the_pushes_a_full_disk_refused_mid_run_is_refused_again(
+    runs: list[int],
+) -> None:
+    """Room for 5 of 12: the producer retries the 7 refused (same ids).  They are no
+    duplicates answered "done" (their saves were refused: their ids are not kept), but
+    taken again and refused again by the still full store, in one batch or one by one."""
+    for batched in (True, False):
+        store = FullDisk(5)
+        kit = _memory_kit(store, use_message_id=True, duplicate_window=100)
+        _, refused, _ = kit.engine.receive_batch("p", _acked(12), kit.now)
+        assert [i for i, *_ in refused] == list(range(5, 12))
+        retry = _acked(12)[5:]
+        if batched:
+            _, again, _ = kit.engine.receive_batch("p", retry, kit.now)
+        else:
+            _, again, _ = one_by_one(kit.engine, "p", retry, kit.now)
+        assert again == [(k, NackReason.FAILED, "") for k in range(5, 12)]
+    assert runs[0] == 12

@@ -82,6 +82,11 @@ class RecentIds:
         while len(ids) > count:
             ids.popitem(last=False)
 
+    def forget(self, message_id: str) -> None:
+        """Forget one id: the push that gave it was not kept as taken (its save refused),
+        so a retry of it is no duplicate."""
+        self.ids.pop(message_id, None)
+
     def keep_newest(self, count: int) -> None:
         """Forget all but the newest ``count`` ids: the window was made smaller.  Every
         place that makes it smaller trims here (``Queue.apply_options``; a restart fills a

@@ -74,6 +74,7 @@ class Ledger:
         except Exception as exc:
             q.error("store.append", exc)
             q.unsaved += 1
+            q.recent.forget(m.message_id)  # (a retry of it is no duplicate)
             return
         m.saved = True
         q.saves += 1
@@ -100,6 +101,7 @@ class Ledger:
                 except Exception as exc:
                     q.error("store.append", exc)
                     q.unsaved += 1
+                    q.recent.forget(m.message_id)
                     continue
                 kept.append(m)
         try:
@@ -118,6 +120,8 @@ class Ledger:
         for k, m in enumerate(kept):
             if k not in skip:
                 m.lived().saved = True
+            else:
+                q.recent.forget(m.message_id)  # (a retry of it is no duplicate)
 
     def _stored_run(
         self, run: Sequence[QueueMessage], messages: Sequence[Message]

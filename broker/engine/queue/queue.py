@@ -1091,6 +1091,7 @@ class Queue:
         hdrs = message.headers if headers is None else headers
         message = derive(message, False, self.id, mid, src, self.channel.name, hdrs)
         m = self._numbered(message, sender, producer_waits, now)
+        unsaved = self.unsaved
         try:
             d = self.hooks.handler.received_from_producer(self, m, sender)
         except Exception as exc:
@@ -1098,7 +1099,9 @@ class Queue:
             d = Decision(allow=False, send_ack=AckWhen.NEGATIVE)
         if d is not ALLOW and not self._decided(m, d, out):
             return None
-        if remember:
+        if remember and self.unsaved == unsaved:
+            # (a push its handler could not save is not remembered: a retry of it is
+            # taken again, not answered as a duplicate done)
             self.recent.add(mid, now, opts.duplicate_window)
         dispatch = self.dispatch
         dispatch.fresh, dispatch.fresh_message = m, message  # (sent at once: not rebuilt)
@@ -1265,6 +1268,8 @@ class Queue:
             return False
         if not self.recent.seen(message_id, now, opts.duplicate_window_time):
             return False
+        if self.store.failed:  # (the push taken first may never have been saved: the
+            return False  # retry is taken again and the store refuses it aloud)
         self.duplicates += 1
         if producer_waits and sender is not None and self.client(sender.id) is sender:
             frame = ack_frame(self.id, message_id, "", self.channel.name)
