@@ -219,11 +219,9 @@ class Server:
         #: empty outside a drain.  At most ``options.batch`` frames wait.
         self._runs: list[Peer] = []
         #: Gather pushes into runs (``ServerOptions.push_runs``, and the engine takes
-        #: runs: it has ``receive_pushes``) ...
+        #: runs: it has ``receive_pushes``) from the second message of a drain on
+        #: (:meth:`_drain`; a lone message, a round trip's, goes straight through).
         self._gather = options.push_runs and self._receive_pushes is not None
-        #: ... from the second message of a drain on (``_gather``; a lone message, a
-        #: round trip's, goes straight through).
-        self._gathering = False
         #: Octets of JSON in one reply: what a frame holds beside ids and headers.
         self._reply_budget = max(MIN_REPLY_SIZE, self._max_frame - REPLY_OVERHEAD)
         limits = getattr(getattr(engine, "config", None), "limits", None)
@@ -498,6 +496,9 @@ class Server:
         # on every part, which costs more than the rest of the receive path.
         recv = router.recv
         on_message = self._on_message
+        peers = self._peers
+        max_frame = self._max_frame
+        gathering = False  # (``_gather`` from the second message on)
         count = 0
         batch = self.options.batch
         while count < batch:
@@ -512,11 +513,29 @@ class Server:
                 while recv(zmq.NOBLOCK, copy=False).more:
                     pass
                 on_message(rid, b"", True, now, part)
+            elif (
+                gathering
+                and (peer := peers.get(rid)) is not None
+                and peer.state is _READY
+                and 1 < len(data := part.bytes) <= max_frame
+                and data[0] & _TYPE_BITS == _QUEUE
+                and not data[1] & _NOT_IN_RUN
+            ):
+                # A push of a run by its first two octets (the common case, handled here:
+                # a call per message costs): decoded with its run (_serve_runs).
+                peer.last_seen = now
+                peer.pinged = False
+                run = peer.run
+                if run is None:
+                    peer.run = [data]
+                    self._runs.append(peer)
+                else:
+                    run.append(data)
             elif on_message(rid, part.bytes, False, now, part):
                 # a batch: its frames count against this drain's budget, so that timers
                 # and keep-alive (other peers' PINGs wait unread) are not held up
                 count += self._batched
-                self._gathering = self._gather
+                gathering = self._gather
                 if count >= batch:
                     break
             if count == 1:
@@ -525,7 +544,7 @@ class Server:
                 # A first message must not wait for the next recv(), which costs several
                 # microseconds when it finds nothing: send its output now.  Plain pushes
                 # gather into runs from the second message on.
-                self._gathering = self._gather
+                gathering = self._gather
                 if self.sender.outq or self.sender.fanning:
                     self.sender.flush_out()
                 # and ask whether another one waits: half what a recv() raising Again
@@ -538,7 +557,6 @@ class Server:
                 # Window slots come back while a long drain goes on, not only after it.
                 self.sessions.report_transmitted(now)
         self.counters["frames_in"] += count
-        self._gathering = False
         if self._runs:
             self._serve_runs(now)
         if self.sender.outq or self.sender.fanning:
@@ -549,10 +567,11 @@ class Server:
     ) -> bool:
         """Handle one ZeroMQ message; True when it was a batch (``self._batched`` more
         frames than one).  A push without headers that waits for no response (plain or
-        waiting for an acknowledge: its first two octets say so) joins its producer's
-        run undecoded, served at the end of the drain (:meth:`_serve_runs`); any other
-        message first serves the runs gathered before it, so that it sees every push
-        that came before it."""
+        waiting for an acknowledge: its first two octets say so) from the second message
+        of a drain on joins its producer's run undecoded, served at the end of the drain
+        (:meth:`_serve_runs`): :meth:`_drain` puts it there itself, so it never comes
+        here; any other message first serves the runs gathered before it, so that it
+        sees every push that came before it."""
         peer = self._peers.get(rid)
         if peer is None or peer.state is not _READY:
             if self._runs:
@@ -565,20 +584,6 @@ class Server:
             if self._runs:
                 self._serve_runs(now)
             self._refuse(peer, data, multipart)
-            return False
-        if (
-            self._gathering
-            and len(data) > 1
-            and data[0] & _TYPE_BITS == _QUEUE
-            and not data[1] & _NOT_IN_RUN
-        ):
-            # a push of a run by its first two octets: decoded with its run (_serve_runs)
-            run = peer.run
-            if run is None:
-                peer.run = [data]
-                self._runs.append(peer)
-            else:
-                run.append(data)
             return False
         try:
             msg = _decode((data,))
