@@ -3,10 +3,11 @@ the engine output, each consumer reads its frames in the order sent, every track
 delivery counted once, and no delivery batch beyond its bounds (the consumer's
 ``Batch-Deliveries``, ``unacked_batch`` entries and ``unacked_batch_octets`` octets for
 deliveries without acknowledge, ``batch.DELIVERY_OCTETS`` for acknowledged ones, each
-delivery checked against its own kind's bounds as it joins).  Seeded random outputs: deliveries with and without acknowledge, of sizes
-around the bounds, the same frame twice, other frames between them, a client that is
-gone; fed in pieces, flushed now and then (session 15 gave runs of deliveries to one
-consumer a loop of their own: ``SendPath._extend_group``)."""
+delivery checked against its own kind's bounds as it joins).  Seeded random outputs:
+deliveries with and without acknowledge, of sizes around the bounds, the same frame
+twice, other frames between them, a client that is gone; fed in pieces, flushed now and
+then (session 15 gave runs of deliveries to one consumer a loop of their own:
+``SendPath._extend_group``)."""
 
 from __future__ import annotations
 
@@ -125,26 +126,39 @@ def test_delivery_batches_keep_order_counts_and_bounds(ctx: Ctx, seed: int) -> N
         for cid, dealer in dealers.items():
             want = [w for w in sent[cid] if w]  # (an empty frame is dropped and counted)
             got: list[bytes] = []
-
-            def read(dealer: zmq.Socket[bytes] = dealer, got: list[bytes] = got) -> bool:
-                while dealer.poll(0):
-                    octets = dealer.recv()
-                    frame = tmqp.decode((octets,))
-                    if type(frame) is tmqp.Frame and frame.content_type == batch.DELIVERIES:
-                        entries = batch.unpack(frame.payload, 4096)
-                        _check_bounds(entries, BATCHES[cid], options)
-                        got.extend(entries)
-                    else:
-                        got.append(octets)
-                return len(got) >= len(want)
-
-            assert wait_until(read), f"{cid}: {len(got)} of {len(want)} frames"
+            reader = _Reader(dealer, BATCHES[cid], options, got, len(want))
+            assert wait_until(reader.done), f"{cid}: {len(got)} of {len(want)} frames"
             assert got == want, cid
             assert counted.get(cid, 0) == tracked[cid], cid
     finally:
         for dealer in dealers.values():
             dealer.close(linger=0)
         router.close(linger=0)
+
+
+class _Reader:
+    """What a consumer's DEALER has to read, a delivery batch split into its entries
+    (each batch checked against its bounds), added to ``got``; done once it holds
+    ``wanted`` frames."""
+
+    def __init__(
+        self, dealer: zmq.Socket[bytes], most: int, options: ServerOptions, got: list[bytes],
+        wanted: int,
+    ) -> None:  # fmt: skip
+        self.dealer, self.most, self.options = dealer, most, options
+        self.got, self.wanted = got, wanted
+
+    def done(self) -> bool:
+        while self.dealer.poll(0):
+            octets = self.dealer.recv()
+            frame = tmqp.decode((octets,))
+            if type(frame) is tmqp.Frame and frame.content_type == batch.DELIVERIES:
+                entries = batch.unpack(frame.payload, 4096)
+                _check_bounds(entries, self.most, self.options)
+                self.got.extend(entries)
+            else:
+                self.got.append(octets)
+        return len(self.got) >= self.wanted
 
 
 def _check_bounds(entries: list[bytes], most: int, options: ServerOptions) -> None:
