@@ -178,6 +178,8 @@ class SendPath:
 
     def send_now(self, outs: Iterable[Any]) -> None:
         """Encode and route engine output; consecutive equal frames are encoded once."""
+        # (indexed: ``_extend_group`` moves on in it)
+        items = outs if outs.__class__ is list else list(outs)
         by_client = self.by_client
         outq = self.outq
         flush_at = self.flush_at
@@ -187,7 +189,11 @@ class SendPath:
         # the peer of the item before: a run's deliveries to one consumer look it up once
         to: str | None = None
         peer: Peer | None = None
-        for out in outs:
+        i = 0
+        n = len(items)
+        while i < n:
+            out = items[i]
+            i += 1
             client_id, frame = out
             if frame is not prev:
                 prev = frame
@@ -240,6 +246,9 @@ class SendPath:
                             group[0].append(data)
                             group[1] += 1
                             group[2] += size
+                            # and the deliveries to it that follow, in a loop of their own
+                            i = self._extend_group(group, items, i, client_id, ack)
+                            prev = None
                             continue
                     if self._grouped(peer, data, outq):
                         outq = self.outq  # (a new list if the group filled the batch)
@@ -250,6 +259,51 @@ class SendPath:
                 if len(outq) >= flush_at:
                     self.flush_out()
                     outq = self.outq
+
+    def _extend_group(
+        self, group: list[Any], outs: list[Any], i: int, client_id: str, ack: int
+    ) -> int:
+        """``send_now`` appending to the open ``group`` of a peer (no backlog) the
+        deliveries from ``outs[i]`` on that go to the same client, as each alone would
+        join it: passed through unchanged, of the same acknowledge kind, within the
+        group's bounds in entries and octets; returns the index of the first other one
+        (``send_now`` takes it its own way).  The loop of a run's deliveries, with no
+        look-up per delivery of what cannot change within it."""
+        entries, count, octets, peer, most = group
+        if ack:
+            most = peer.batch
+            limit = _DELIVERY_OCTETS
+        else:
+            limit = self.unacked_octets
+        add = entries.append
+        n = len(outs)
+        while i < n and count < most:
+            out = outs[i]
+            if out.__class__ is not Tracked or out[0] is not client_id:
+                break
+            m = out[1]
+            if m.__class__ is not Message:
+                break
+            wire = m.wire
+            if wire is None or wire[0] is not WIRE:
+                break
+            data = wire[1]
+            size = len(data) + 4
+            # (a delivery of _BIG octets or more is sent alone: send_raw)
+            if (
+                size < 6
+                or size >= _BIG + 4
+                or data[1] & _PENDING_ACK != ack
+                or octets + size > limit
+            ):
+                break
+            add(data)
+            count += 1
+            octets += size
+            i += 1
+        group[1] = count
+        group[2] = octets
+        return i
 
     def _grouped(self, peer: Peer, data: bytes, outq: list[Any]) -> bool:
         """Put a delivery to a peer that reads batches in its open group, or open one

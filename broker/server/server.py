@@ -227,11 +227,9 @@ class Server:
         #: empty outside a drain.  At most ``options.batch`` frames wait.
         self._runs: list[Peer] = []
         #: Gather pushes into runs (``ServerOptions.push_runs``, and the engine takes
-        #: runs: it has ``receive_pushes``) ...
+        #: runs: it has ``receive_pushes``) from the second message of a drain on
+        #: (:meth:`_drain`; a lone message, a round trip's, goes straight through).
         self._gather = options.push_runs and self._receive_pushes is not None
-        #: ... from the second message of a drain on (``_gather``; a lone message, a
-        #: round trip's, goes straight through).
-        self._gathering = False
         #: Octets of JSON in one reply: what a frame holds beside ids and headers.
         self._reply_budget = max(MIN_REPLY_SIZE, self._max_frame - REPLY_OVERHEAD)
         limits = getattr(getattr(engine, "config", None), "limits", None)
@@ -506,6 +504,9 @@ class Server:
         # on every part, which costs more than the rest of the receive path.
         recv = router.recv
         on_message = self._on_message
+        peers = self._peers
+        max_frame = self._max_frame
+        gathering = False  # (``_gather`` from the second message on)
         count = 0
         batch = self.options.batch
         gate = self.gate
@@ -522,6 +523,25 @@ class Server:
                 while recv(zmq.NOBLOCK, copy=False).more:
                     pass
                 on_message(rid, b"", True, now, part)
+            elif (
+                gathering
+                and (peer := peers.get(rid)) is not None
+                and peer.state is _READY
+                and 1 < len(data := part.bytes) <= max_frame
+                and data[0] & _TYPE_BITS == _QUEUE
+                and not data[1] & _NOT_IN_RUN
+            ):
+                # A push of a run by its first two octets (the common case, handled here:
+                # a call per message costs): decoded with its run (_serve_runs).
+                peer.last_seen = now
+                peer.pinged = False
+                octets += len(data)
+                run = peer.run
+                if run is None:
+                    peer.run = [data]
+                    self._runs.append(peer)
+                else:
+                    run.append(data)
             else:
                 data = part.bytes
                 octets += len(data)
@@ -529,19 +549,19 @@ class Server:
                     # a batch: its frames count against this drain's budget, so that
                     # timers and keep-alive (other peers' PINGs wait unread) are not held up
                     count += self._batched
-                    self._gathering = self._gather
+                    gathering = self._gather
                     if count >= batch:
                         break
-                if octets >= _HAND_OFF_OCTETS and gate is not None and gate.writer_idle:
-                    octets = 0
-                    self._hand_off(gate, now)
+            if octets >= _HAND_OFF_OCTETS and gate is not None and gate.writer_idle:
+                octets = 0
+                self._hand_off(gate, now)
             if count == 1:
                 if woken:
                     break  # (its output leaves at the drain's end)
                 # A first message must not wait for the next recv(), which costs several
                 # microseconds when it finds nothing: send its output now.  Plain pushes
                 # gather into runs from the second message on.
-                self._gathering = self._gather
+                gathering = self._gather
                 if self.sender.outq or self.sender.fanning:
                     self.sender.flush_out()
                 # and ask whether another one waits: half what a recv() raising Again
@@ -554,7 +574,6 @@ class Server:
                 # Window slots come back while a long drain goes on, not only after it.
                 self.sessions.report_transmitted(now)
         self.counters["frames_in"] += count
-        self._gathering = False
         if self._runs:
             self._serve_runs(now)
         if self.sender.outq or self.sender.fanning:
@@ -576,10 +595,11 @@ class Server:
     ) -> bool:
         """Handle one ZeroMQ message; True when it was a batch (``self._batched`` more
         frames than one).  A push without headers that waits for no response (plain or
-        waiting for an acknowledge: its first two octets say so) joins its producer's
-        run undecoded, served at the end of the drain (:meth:`_serve_runs`); any other
-        message first serves the runs gathered before it, so that it sees every push
-        that came before it."""
+        waiting for an acknowledge: its first two octets say so) from the second message
+        of a drain on joins its producer's run undecoded, served at the end of the drain
+        (:meth:`_serve_runs`): :meth:`_drain` puts it there itself, so it never comes
+        here; any other message first serves the runs gathered before it, so that it
+        sees every push that came before it."""
         peer = self._peers.get(rid)
         if peer is None or peer.state is not _READY:
             if self._runs:
@@ -592,20 +612,6 @@ class Server:
             if self._runs:
                 self._serve_runs(now)
             self._refuse(peer, data, multipart)
-            return False
-        if (
-            self._gathering
-            and len(data) > 1
-            and data[0] & _TYPE_BITS == _QUEUE
-            and not data[1] & _NOT_IN_RUN
-        ):
-            # a push of a run by its first two octets: decoded with its run (_serve_runs)
-            run = peer.run
-            if run is None:
-                peer.run = [data]
-                self._runs.append(peer)
-            else:
-                run.append(data)
             return False
         try:
             msg = _decode((data,))

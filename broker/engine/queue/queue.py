@@ -1018,8 +1018,25 @@ class Queue:
         seq = first = self.sequence  # (written back at the end, even if a message raises)
         k = start
         failed: BaseException | None = None
+        # The single consumer's room, read once, takes the first pushes in a loop of its
+        # own (a delivery each, nothing to choose); the general loop takes the rest.
+        rest = min(end, start + room) if one is not None else start
         try:
-            for k in range(start, end):
+            if rest > start:
+                assert one is not None
+                cid = one.id
+                deliver = out.append
+                keep = one.unsent.append
+                for k in range(start, rest):
+                    m = ms[k]
+                    if m.source != sid:
+                        m = with_source(m, sid)
+                    seq += 1
+                    deliver(_tracked(Tracked, (cid, m)))
+                    keep((PLAIN, self, None, m, seq))
+                sent_one = rest - start
+                room -= sent_one
+            for k in range(rest, end):
                 m = ms[k]
                 if m.source != sid:
                     m = with_source(m, sid)
@@ -1052,6 +1069,8 @@ class Queue:
         except BaseException as exc:  # push k raised before it was delivered or placed
             failed = exc
             seq = first + (k - start)  # (its number unused)
+            if k < rest:  # (in the single consumer's loop: those before it were delivered)
+                sent_one = k - start
             forget_from(ms, k, end, self.recent)
             end = k
         self.sequence = seq
