@@ -62,9 +62,6 @@ class DurableLike(Protocol):
     @property
     def completed(self) -> int: ...
 
-    @property
-    def writer_idle(self) -> bool: ...
-
     def fileno(self) -> int: ...
 
     def drain(self) -> int: ...
@@ -129,21 +126,6 @@ class OutputGate:
                 held.append((ticket, item))
             self.holds += len(untagged)
             self._send_upto(store.completed)
-
-    @property
-    def writer_idle(self) -> bool:
-        """The store's writer waits for work: a part handed over now starts at once."""
-        return self.store.writer_idle
-
-    def cut(self) -> None:
-        """Within a drain: the store writes what it held so far and holds again; the
-        outputs that waited for those writes are tagged with their ticket, and what is
-        durable already is sent (no system call: the completion count is read)."""
-        self.end()
-        self.store.hold()
-        self._draining = True
-        if self._held:
-            self._send_upto(self.store.completed)
 
     def _waits(self) -> bool:
         """Must an output admitted now wait for the drain's end (see "A drain")?"""

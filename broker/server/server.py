@@ -132,12 +132,6 @@ _READY = PeerState.READY
 _ONLY_PUSHES_AND_ACKS = "a batch holds queue pushes and acknowledges only"
 #: Messages received between two reports of sent deliveries during one socket drain.
 _REPORT_EVERY = 256
-#: Octets of messages read in one drain after which the saves they made are handed to
-#: the store without waiting for the drain's end, as soon as its writer is idle
-#: (``Server._hand_off``): a drain of large persistent pushes overlaps with their write,
-#: and a busy writer (a slow disk) gets no more, smaller groups than before.  (A drain
-#: of 100 B pushes rarely reaches it: it stays one group, one sync.)
-_HAND_OFF_OCTETS = 256 * 1024
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 #: Octets CURVE adds to a message on the wire, which libzmq counts against ZMQ_MAXMSGSIZE:
@@ -196,8 +190,6 @@ class Server:
         self.sessions = PeerSessions(engine, options, self.sender)
         #: Transport counters (shared by the send path and the sessions).
         self.counters = self.sender.counters
-        #: drains whose saves went to the store in parts (``_hand_off``), counted per part
-        self.counters["hand_offs"] = 0
         # read per message received: the sessions' table of peers by routing id
         self._peers = self.sessions.by_rid
         self.context = context
@@ -509,8 +501,6 @@ class Server:
         gathering = False  # (``_gather`` from the second message on)
         count = 0
         batch = self.options.batch
-        gate = self.gate
-        octets = 0  # read since the drain's saves were last handed to the store
         while count < batch:
             try:
                 rid = recv(zmq.NOBLOCK)
@@ -535,26 +525,19 @@ class Server:
                 # a call per message costs): decoded with its run (_serve_runs).
                 peer.last_seen = now
                 peer.pinged = False
-                octets += len(data)
                 run = peer.run
                 if run is None:
                     peer.run = [data]
                     self._runs.append(peer)
                 else:
                     run.append(data)
-            else:
-                data = part.bytes
-                octets += len(data)
-                if on_message(rid, data, False, now, part):
-                    # a batch: its frames count against this drain's budget, so that
-                    # timers and keep-alive (other peers' PINGs wait unread) are not held up
-                    count += self._batched
-                    gathering = self._gather
-                    if count >= batch:
-                        break
-            if octets >= _HAND_OFF_OCTETS and gate is not None and gate.writer_idle:
-                octets = 0
-                self._hand_off(gate, now)
+            elif on_message(rid, part.bytes, False, now, part):
+                # a batch: its frames count against this drain's budget, so that timers
+                # and keep-alive (other peers' PINGs wait unread) are not held up
+                count += self._batched
+                gathering = self._gather
+                if count >= batch:
+                    break
             if count == 1:
                 if woken:
                     break  # (its output leaves at the drain's end)
@@ -578,17 +561,6 @@ class Server:
             self._serve_runs(now)
         if self.sender.outq or self.sender.fanning:
             self.sender.flush_out()
-
-    def _hand_off(self, gate: OutputGate, now: float) -> None:
-        """Mid-drain, the store's writer idle: the saves held so far go to the store now
-        (``OutputGate.cut``), so that its writer writes and syncs them while the drain
-        goes on, instead of all of a long drain's after it (lock-step: the writer idle
-        during the drain, the drain's producers idle during the write).  The runs
-        gathered so far are served first (their saves are among the held)."""
-        if self._runs:
-            self._serve_runs(now)
-        gate.cut()
-        self.counters["hand_offs"] += 1
 
     def _on_message(
         self, rid: bytes, data: bytes, multipart: bool, now: float, part: zmq.Frame

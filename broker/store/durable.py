@@ -334,11 +334,6 @@ class DurableStore(Store):
         """Has the log's writer stopped (``LogStore.failed``)?"""
         return self.log.failed is not None
 
-    @property
-    def writer_idle(self) -> bool:
-        """The log's writer waits for work (``LogStore.writer_idle``)."""
-        return self.log.writer_idle
-
     def fileno(self) -> int:
         return self.log.fileno()
 

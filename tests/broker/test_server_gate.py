@@ -28,8 +28,6 @@ class Tickets:
     def fileno(self) -> int:
         return -1
 
-    writer_idle = True
-
     def drain(self) -> int:
         return self.completed
 
@@ -174,45 +172,6 @@ def test_a_drain_tags_what_waited_for_its_held_appends_with_their_ticket() -> No
     gate.admit(["nothing held"])
     gate.end()
     assert sent[-1] == ["nothing held"]
-
-
-def test_a_cut_hands_the_held_appends_over_mid_drain() -> None:
-    """``cut`` (a long drain's hand-off): what was held so far goes to the log as its own
-    group, the outputs that waited for it take its ticket and leave once it completes,
-    before the drain's end; what came after the cut waits for the drain's group."""
-    store = Tickets()
-    sent: list[Any] = []
-    gate = OutputGate(store, sent.append)
-    store.appended = 1
-    gate.admit([("old", "ack 0")])  # held from a previous drain (ticket 1)
-    gate.begin()
-    store.unwritten = 3
-    gate.admit([("p1", "ack 1")])
-    gate.admit([("p2", "ack 2")])
-    gate.cut()
-    assert store.appended == 2 and store.holds == 1  # written: a group of its own
-    assert sent == [] and gate.held == 3
-    store.unwritten = 2
-    gate.admit([("p1", "ack 3")])
-    store.completed = 1  # the old group is durable: the next cut sends its output
-    gate.cut()
-    assert store.appended == 3
-    assert sent == [[("old", "ack 0")]]
-    store.unwritten = 1
-    gate.admit([("p3", "ack 4")])
-    store.completed = 2  # the first cut's group: its outputs leave, within the drain
-    gate.cut()
-    assert sent == [[("old", "ack 0")], [("p1", "ack 1")], [("p2", "ack 2")]]
-    store.unwritten = 1
-    gate.admit([("p1", "ack 5")])
-    gate.end()
-    assert store.holds == 0 and store.appended == 5 and gate.held == 3
-    store.completed = 4  # not the drain's last group yet: ack 5 waits, in order
-    gate.release()
-    assert sent[3:] == [[("p1", "ack 3")], [("p3", "ack 4")]] and gate.held == 1
-    store.completed = 5
-    gate.release()
-    assert sent[5:] == [[("p1", "ack 5")]] and gate.held == 0
 
 
 def _push(producer: str, k: int) -> Frame:

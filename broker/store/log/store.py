@@ -699,12 +699,6 @@ class LogStore:
             raise self._failed
         return False
 
-    @property
-    def writer_idle(self) -> bool:
-        """The writer waits for work: nothing is being written or synced, nothing waits
-        (read without the lock: a hint, right at the moment it was read)."""
-        return self._writer_waiting and not self._pending
-
     def fileno(self) -> int:
         """Readable when tickets completed: poll it, then call ``drain``."""
         return self._completions.fileno()
