@@ -5,10 +5,11 @@ a queue with ``UseMessageId`` remembers the ids producers gave within a window -
 latest ``DuplicateWindow`` ids (default 10,000), each for ``DuplicateWindowTime``
 milliseconds (default 300,000: five minutes; 0: no time bound) -- and takes a push whose
 id it remembers as already done: nothing is queued, a producer waiting for an
-acknowledge gets a positive one.  Ids the broker made up for pushes without one are
-unique and not remembered.  After a restart a persistent queue remembers the ids of the
-messages it recovered (waiting, and retained ones); ids of messages consumed before the
-restart are forgotten.
+acknowledge gets a positive one.  A push whose save its store refused is not
+remembered (its retry is no duplicate done: ``Queue.accept``, ``Ledger``).  Ids the
+broker made up for pushes without one are unique and not remembered.  After a restart
+a persistent queue remembers the ids of the messages it recovered (waiting, and
+retained ones); ids of messages consumed before the restart are forgotten.
 
 Sans-IO: the window is told ``now``; memory is bounded by the count.
 """
