@@ -13,13 +13,27 @@ from broker.client.blocking import Client
 from tests.broker.test_cli import free_port, start_serve
 from tests.polling import wait_until
 
+#: ports handed to a Broker of this test process: each gets its own
+_HANDED: set[int] = set()
+
+
+def own_port() -> int:
+    """A free loopback port no other Broker of this process was given.  Brokers are
+    made before any of them binds, and ``free_port`` closes its socket: two calls in a
+    row may return the same port (CI, session 15: A bound B's port, "Address already
+    in use", A linked to itself)."""
+    while (port := free_port()) in _HANDED:
+        pass
+    _HANDED.add(port)
+    return port
+
 
 class Broker:
     """One ``broker serve`` with a fixed id and port; ``start``/``kill``/``stop``."""
 
     def __init__(self, broker_id: str, *args: str, data: Path | None = None) -> None:
         self.id = broker_id
-        self.port = free_port()
+        self.port = own_port()
         self.endpoint = f"tcp://127.0.0.1:{self.port}"
         self.args = list(args)
         self.data = data
