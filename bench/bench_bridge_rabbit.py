@@ -38,9 +38,10 @@ import zmq
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from broker.client.blocking import Client
-from tests.bridge.peers import RabbitMQ, free_port
+from tests.bridge.peers import RabbitMQ
 from tests.broker.test_cli import start_serve
 from tests.polling import wait_until
+from tests.ports import free_port
 
 PAYLOAD = b"x" * 100
 PERSISTENT = {"Status": "Push", "MessageDeliveryHandler": "persistent", "RequestAcknowledge": True}

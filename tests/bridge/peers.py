@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import signal
 import socket
@@ -29,40 +28,7 @@ from typing import NoReturn
 import pytest
 
 from tests.polling import wait_until
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _ephemeral_range() -> tuple[int, int]:
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999  # Linux's default
-
-
-def restartable_port() -> int:
-    """A free loopback port for a peer that is stopped and started again on it: one
-    below the kernel's ephemeral range.  A port from ``free_port`` is in that range: while
-    the peer is down any outgoing connection on the machine may be given it as its own
-    local port, and the restart then fails with EADDRINUSE (seen: RabbitMQ's restart
-    test skipped, and every later test of the session's node failed, connection refused)."""
-    low, _high = _ephemeral_range()
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(max(1024, low - 12_000), low)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    return free_port()
+from tests.ports import free_port  # (the one rule: tests/ports.py; kept importable here)
 
 
 def port_open(port: int) -> bool:
@@ -252,7 +218,7 @@ class Mosquitto:
     def __init__(self, workdir: Path, extra: str = "") -> None:
         program = peer_or_skip("mosquitto")
         self.workdir = workdir
-        self.port = restartable_port()
+        self.port = free_port()
         self.config = workdir / "mosquitto.conf"
         self.process = PeerProcess(
             "mosquitto", [program, "-c", str(self.config)], workdir, (self.port,),
@@ -308,9 +274,9 @@ class RabbitMQ:
         if not server.exists() or shutil.which("epmd") is None:
             pytest.skip("rabbitmq-server is not installed (apt-get install rabbitmq-server)")
         self.workdir = workdir
-        self.port = restartable_port()
-        self.stomp_port = restartable_port()
-        self.epmd_port = restartable_port()
+        self.port = free_port()
+        self.stomp_port = free_port()
+        self.epmd_port = free_port()
         home = workdir / "home"
         home.mkdir(exist_ok=True)
         self.env = {
@@ -319,7 +285,7 @@ class RabbitMQ:
             "RABBITMQ_NODENAME": f"zhtest{self.port}@localhost",
             "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
             "RABBITMQ_NODE_PORT": str(self.port),
-            "RABBITMQ_DIST_PORT": str(restartable_port()),
+            "RABBITMQ_DIST_PORT": str(free_port()),
             "ERL_EPMD_ADDRESS": "127.0.0.1",
             "ERL_EPMD_PORT": str(self.epmd_port),
             "RABBITMQ_MNESIA_BASE": str(workdir / "mnesia"),

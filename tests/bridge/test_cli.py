@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from broker.cli import main
-from tests.bridge.peers import Mosquitto, free_port
+from tests.bridge.peers import Mosquitto
 from tests.bridge.test_mqtt import WAIT, RemoteClient, consume
 from tests.broker.test_cli import start_serve
 from tests.polling import wait_until
+from tests.ports import free_port
 
 
 @pytest.mark.parametrize(

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from tests.bridge import peers
-from tests.bridge.peers import PeerProcess, free_port, reap_stale
+from tests.bridge.peers import PeerProcess, reap_stale
 from tests.polling import wait_until
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

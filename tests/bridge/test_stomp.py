@@ -12,8 +12,9 @@ import pytest
 import zmq
 
 from broker.client.blocking import Client, Message
-from tests.broker.test_cli import free_port, start_serve
+from tests.broker.test_cli import start_serve
 from tests.polling import wait_until
+from tests.ports import free_port
 
 pytest.importorskip("stomp", reason="stomp.py not installed ([bridges])")
 

@@ -16,8 +16,9 @@ from broker.bridge.config import parse_route
 from broker.bridge.connectors.zmq_sockets import SocketSpec
 from broker.bridge.errors import ConfigError
 from broker.client.blocking import Client, Message
-from tests.broker.test_cli import free_port, start_serve
+from tests.broker.test_cli import start_serve
 from tests.polling import wait_until
+from tests.ports import free_port
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 WAIT = 30.0

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.zerohub.support import cli, free_port, one_line
+from tests.ports import free_port
+from tests.zerohub.support import cli, one_line
 from zerohub.cli import ExitCode
 
 from .test_cli import start_serve

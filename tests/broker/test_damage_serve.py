@@ -18,9 +18,9 @@ from pathlib import Path
 import zmq
 
 from broker.client.blocking import Client
-from tests.broker.test_cli import free_port
 from tests.broker.test_durable_serve import consume, push_acked
 from tests.broker.test_full_disk_runs import _serve
+from tests.ports import free_port
 
 N = 50
 VICTIM = 25  # the message whose record is damaged

@@ -16,7 +16,8 @@ import zmq
 
 from broker.cli import default_data_dir
 from broker.client.blocking import Client
-from tests.broker.test_cli import free_port, start_serve
+from tests.broker.test_cli import start_serve
+from tests.ports import free_port
 from tests.variants import variants
 
 PERSISTENT = {"MessageDeliveryHandler": "persistent", "RequestAcknowledge": True}

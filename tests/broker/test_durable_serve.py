@@ -13,7 +13,8 @@ import pytest
 import zmq
 
 from broker.client.blocking import Client
-from tests.broker.test_cli import free_port, start_serve
+from tests.broker.test_cli import start_serve
+from tests.ports import free_port
 from tests.variants import variants
 
 PERSISTENT = {"MessageDeliveryHandler": "persistent", "RequestAcknowledge": True, "Tag": "kept"}

@@ -245,7 +245,8 @@ def test_joins_and_leaves_during_traffic(fan: Fan) -> None:
 
 
 def test_broker_serve_fanout_delivers_through_the_pub_socket(zctx: Ctx) -> None:
-    from tests.broker.test_cli import free_port, start_serve
+    from tests.broker.test_cli import start_serve
+    from tests.ports import free_port
 
     port, pub = free_port(), free_port()
     proc = start_serve("--bind", f"tcp://127.0.0.1:{port}", "--fanout", f"tcp://127.0.0.1:{pub}")

@@ -31,9 +31,10 @@ from broker import tmqp
 from broker.client import Client
 from broker.protocol import Header, MessageType, ResultCode, header
 from tests.broker.test_batch import Raw
-from tests.broker.test_cli import free_port, start_serve
+from tests.broker.test_cli import start_serve
 from tests.broker.test_push_runs import push as push_to_d
 from tests.polling import WAIT
+from tests.ports import free_port
 from tests.zerohub.support import stop_process
 
 Ctx = zmq.Context[zmq.Socket[bytes]]

@@ -23,8 +23,9 @@ import zmq
 
 from broker.client.blocking import Client
 from tests.broker.kernel import beyond_socket_buffers
-from tests.broker.test_cli import free_port, start_serve
+from tests.broker.test_cli import start_serve
 from tests.polling import wait_until
+from tests.ports import free_port
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,10 +21,10 @@ import zmq
 
 from broker.client.blocking import Client
 from broker.client.errors import RemoteError
-from tests.broker.test_cli import free_port
 from tests.broker.test_durable_serve import PERSISTENT, consume
 from tests.filemq.test_full_disk import _grow, small_disk  # noqa: F401 (the fixture)
 from tests.polling import wait_until
+from tests.ports import free_port
 
 # (``small_disk``: a tmpfs of 1 MiB, FILEMQ's: room for about 900 of the 8,000 1 KiB pushes)
 PRODUCERS = 4

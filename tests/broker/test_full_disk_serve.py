@@ -21,10 +21,10 @@ import zmq
 
 from broker.client.blocking import Client
 from broker.client.errors import RemoteError
-from tests.broker.test_cli import free_port
 from tests.broker.test_durable_serve import PERSISTENT, consume
 from tests.broker.test_full_disk_runs import _serve
 from tests.filemq.test_full_disk import _grow, small_disk  # noqa: F401 (the fixture)
+from tests.ports import free_port
 
 PAYLOAD = 64 << 10  # 16 of them fill the 1 MiB tmpfs
 MOST = 64  # pushes tried at most: four times what fits

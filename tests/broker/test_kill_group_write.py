@@ -39,9 +39,10 @@ import pytest
 import zmq
 
 from broker.client.blocking import Client
-from tests.broker.test_cli import free_port, start_serve
+from tests.broker.test_cli import start_serve
 from tests.broker.test_durable_serve import PERSISTENT
 from tests.polling import WAIT, wait_until
+from tests.ports import free_port
 from tests.zerohub.support import stop_process
 
 Ctx = zmq.Context[zmq.Socket[bytes]]

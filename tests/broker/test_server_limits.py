@@ -29,8 +29,9 @@ from broker.protocol import (
     header,
 )
 from broker.server.server import Server, ServerOptions
-from tests.broker.test_cli import free_port, run, start_serve
+from tests.broker.test_cli import run, start_serve
 from tests.broker.test_server_transport import Peer, ScriptedEngine
+from tests.ports import free_port
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 MiB = 1024 * 1024

@@ -22,10 +22,11 @@ import zmq
 
 from broker.client.blocking import Client, RemoteError
 from broker.protocol import ResultCode
-from tests.broker.test_cli import free_port, start_serve
+from tests.broker.test_cli import start_serve
 from tests.broker.test_durable_serve import PERSISTENT
 from tests.broker.test_flow_live import StoppedConsumer
 from tests.polling import WAIT, wait_until
+from tests.ports import free_port
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 LIMIT = 150

@@ -10,22 +10,9 @@ from typing import Any
 import zmq
 
 from broker.client.blocking import Client
-from tests.broker.test_cli import free_port, start_serve
+from tests.broker.test_cli import start_serve
 from tests.polling import wait_until
-
-#: ports handed to a Broker of this test process: each gets its own
-_HANDED: set[int] = set()
-
-
-def own_port() -> int:
-    """A free loopback port no other Broker of this process was given.  Brokers are
-    made before any of them binds, and ``free_port`` closes its socket: two calls in a
-    row may return the same port (CI, session 15: A bound B's port, "Address already
-    in use", A linked to itself)."""
-    while (port := free_port()) in _HANDED:
-        pass
-    _HANDED.add(port)
-    return port
+from tests.ports import free_port
 
 
 class Broker:
@@ -33,7 +20,7 @@ class Broker:
 
     def __init__(self, broker_id: str, *args: str, data: Path | None = None) -> None:
         self.id = broker_id
-        self.port = own_port()
+        self.port = free_port()  # (never another Broker's: tests/ports.py)
         self.endpoint = f"tcp://127.0.0.1:{self.port}"
         self.args = list(args)
         self.data = data

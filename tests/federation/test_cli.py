@@ -11,9 +11,10 @@ import pytest
 import zmq
 
 from broker.client.blocking import Client
-from tests.broker.test_cli import free_port, start_serve
+from tests.broker.test_cli import start_serve
 from tests.federation.kit import stats_or_none
 from tests.polling import wait_until
+from tests.ports import free_port
 
 
 def serve(*args: str) -> subprocess.CompletedProcess[str]:

@@ -668,11 +668,11 @@ def test_a_peer_refusing_batch_gets_single_messages_and_loses_none(
     from broker.federation.wire import BATCH, FEDERATION_CLIENT, INTEREST, MESSAGE
     from broker.protocol import Header
     from broker.server.server import Server, ServerOptions
-    from tests.federation.kit import own_port
+    from tests.ports import free_port
 
     a = Broker("A")
     brokers.append(a)
-    b_endpoint = f"tcp://127.0.0.1:{own_port()}"  # (not A's: A binds later)
+    b_endpoint = f"tcp://127.0.0.1:{free_port()}"  # (not A's: A binds later)
     # B: no federation of its own; the scripted one below has the federation's secret
     secret = {Header.FEDERATION_SECRET: "old-peer"}
     b_server = Server(Engine(), ServerOptions(endpoint=b_endpoint, federation_secret="old-peer"),

@@ -18,8 +18,9 @@ from broker.client.blocking import Client
 from broker.client.errors import RemoteError
 from broker.protocol import ResultCode
 from filemq.broker_events import BrokerEvents, EventsConfigError, EventTarget
-from tests.broker.test_cli import free_port, start_serve
+from tests.broker.test_cli import start_serve
 from tests.polling import wait_until
+from tests.ports import free_port
 from zerohub.file_events import connector
 
 from .procs import read_endpoint

@@ -7,6 +7,7 @@ import stat
 import subprocess
 from pathlib import Path
 
+from tests.ports import free_port
 from tests.zerohub.support import (
     GreetingPeer,
     cli,
@@ -60,21 +61,13 @@ def test_sync_gives_up_on_a_silent_server_after_its_timeout(tmp_path: Path) -> N
     line = one_line(done.stderr)
     assert done.returncode == ExitCode.FAILURE
     assert line == f"filemq: no answer from {peer.endpoint} in 1 s (is the server running?)"
-    nobody = f"tcp://127.0.0.1:{_closed_port()}"
+    nobody = f"tcp://127.0.0.1:{free_port()}"  # (ours, never bound: refused)
     done = _filemq(
         tmp_path, "sync", nobody, str(dest), "--timeout", "0.5", "--retries", "1000", timeout=30
     )
     ready, _, failed = done.stderr.partition("\n")  # (a daemon says it is up first)
     assert ready == f"filemq: syncing {nobody}/ into {dest} until stopped"
     assert done.returncode == ExitCode.FAILURE and "no answer" in one_line(failed)
-
-
-def _closed_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])  # closed again: connections are refused
 
 
 def test_plain_client_against_a_curve_server_is_told_to_use_keys(

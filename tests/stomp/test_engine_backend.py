@@ -19,8 +19,9 @@ from broker.server.server import Server, ServerOptions
 from broker.stomp.engine_backend import EngineDoor, listen
 from broker.stomp.server import ListenerOptions, StompListener
 from broker.stomp.session import SessionConfig
-from tests.broker.test_cli import free_port, start_serve
+from tests.broker.test_cli import start_serve
 from tests.polling import wait_until
+from tests.ports import free_port
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 FAST = SessionConfig(die_delay=0.1, heartbeat=(0, 0))

@@ -16,8 +16,9 @@ import pytest
 import stomp
 
 from broker.stomp.frames import Command, Frame
-from tests.broker.test_cli import free_port, start_serve
+from tests.broker.test_cli import start_serve
 from tests.polling import WAIT, wait_until
+from tests.ports import free_port
 from tests.stomp.test_listener import Raw, Recorder
 
 #: A config whose broker lets in the token ``s3cret`` (all actions) and, without a

@@ -47,12 +47,6 @@ def one_line(stderr: str) -> str:
     return lines[0]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _threads_stopped(pid: int) -> bool:
     """Every thread of process ``pid`` is in the stopped state ("T" in its ``stat``)."""
     try:

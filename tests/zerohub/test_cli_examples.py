@@ -24,9 +24,10 @@ import pytest
 
 from tests.filemq.conftest import read_tree
 from tests.filemq.procs import read_endpoint
+from tests.ports import free_port
 from tests.zproto.support import ROOT
 
-from .support import WAIT, free_port, one_line
+from .support import WAIT, one_line
 
 README = ROOT / "README.md"
 SCRIPT = ROOT / "examples" / "mirror_directory.sh"

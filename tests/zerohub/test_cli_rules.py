@@ -22,6 +22,7 @@ from broker.client.blocking import Client
 from filemq.cli import build_parser as filemq_parser
 from tests.broker.test_cli import start_serve
 from tests.filemq.conftest import write_tree
+from tests.ports import free_port
 from tests.zproto.support import ROOT
 from zerohub.cli import ExitCode, check_endpoint
 from zerohub.main import build_parser as zerohub_parser
@@ -29,7 +30,6 @@ from zproto.cli import build_parser as zproto_parser
 
 from .support import (
     cli,
-    free_port,
     interrupt_while_connecting,
     one_line,
     run_into_closed_pipe,

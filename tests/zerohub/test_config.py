@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from broker.engine.limits import Limits
+from tests.ports import free_port
 from zerohub import config
 from zerohub.config import ConfigError, key_line, parse
 
-from .support import cli, free_port, one_line
+from .support import cli, one_line
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hub.toml"
 

@@ -20,7 +20,8 @@ import zmq
 
 from filemq import fmq_msg
 from tests.polling import wait_until
-from tests.zerohub.support import cli, free_port, one_line
+from tests.ports import free_port
+from tests.zerohub.support import cli, one_line
 from zerohub.cli import ExitCode
 
 

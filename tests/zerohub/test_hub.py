@@ -16,8 +16,7 @@ from broker.client.blocking import Client, RemoteError
 from filemq.client import SyncClient
 from tests.filemq.procs import read_endpoint
 from tests.polling import wait_until
-
-from .support import free_port
+from tests.ports import free_port
 
 
 def test_file_server_and_broker_in_one_process(

@@ -22,9 +22,10 @@ import pytest
 
 from tests.filemq.conftest import write_tree
 from tests.polling import wait_until
+from tests.ports import free_port
 from zerohub.cli import stop_signals
 
-from .support import WAIT, free_port
+from .support import WAIT
 
 # -- in process --------------------------------------------------------------------------
 
