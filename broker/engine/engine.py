@@ -1095,7 +1095,8 @@ class Engine:
             if m.headers:
                 ccs = [v for k, v in m.headers if k.lower() == _CC]
                 if ccs:
-                    self._push_cc(client, m, queue, ccs, now, out, copies, receipt)
+                    self._push_cc(client, m, queue, ccs, now, out, copies, receipt,
+                                  wants_response)  # fmt: skip
                     return
             code = self.channel_registry.check_push(queue, len(m.payload))
             if code:
@@ -1108,24 +1109,37 @@ class Engine:
             reject_push(client, m, wants_response, out, err)
             return
         unsaved = queue.unsaved
+        mark = len(out)
         qm = queue.accept(m, client, now, out, m.wants_ack)
         if qm is not None:
             if receipt[0]:
                 self._watch_receipt(queue, qm, client, receipt, now)
             self._produced(queue, qm, out)
+        missed: list[tuple[str, int]] = []  # copies not taken as their handlers wanted
         for copy in copies:
-            self._copy_durable(copy, m, client, now, out)
-        if fed_id is not None and queue.unsaved == unsaved:
+            if not self._copy_durable(copy, m, client, now, out):
+                missed.append(copy.key)
+        if missed and queue.unsaved == unsaved:
+            self._copies_missed(client, m, wants_response, queue, qm, missed, mark, out)
+            return
+        if queue.unsaved != unsaved:
+            self._unsaved(client, m, wants_response, out)
+        elif fed_id is not None:
             self.federated.add(fed_id)  # (after the saves: ``FederatedIds.add``)
-        if queue.unsaved != unsaved and not m.wants_ack:
-            # its handler wanted it saved and the store refused (full or failed disk):
-            # no "done" to a producer that waits (one waiting for an acknowledge got a
-            # negative one from the queue; a batch's acknowledge names it); it stays
-            # queued in memory (at least once)
-            if wants_response:
-                reject_push(client, m, True, out, _UNSAVED)
-            elif self._unheard is not None:
-                self._unheard.append((_UNSAVED.token, _UNSAVED.reason))
+
+    def _unsaved(
+        self, client: Client, m: Message, wants_response: bool, out: list[Outgoing]
+    ) -> None:
+        """A push its queue's handler wanted saved and the store refused (full or failed
+        disk): no "done" to a producer that waits (one waiting for an acknowledge got a
+        negative one from the queue; a batch's acknowledge names it); it stays queued in
+        memory (at least once)."""
+        if m.wants_ack:
+            return
+        if wants_response:
+            reject_push(client, m, True, out, _UNSAVED)
+        elif self._unheard is not None:
+            self._unheard.append((_UNSAVED.token, _UNSAVED.reason))
 
     def _watch_receipt(
         self,
@@ -1160,12 +1174,52 @@ class Engine:
         now: float,
         out: list[Outgoing],
         headers: tuple[tuple[str, str], ...] | None = None,
-    ) -> None:
+    ) -> bool:
         """A topic message's copy into a durable subscription (same id; its producer
-        waits for the topic's acknowledge only)."""
+        waits for the topic's acknowledge only): False when the copy was not taken as
+        its handler wanted (the store refused its save, or the handler dropped it)."""
+        unsaved = queue.unsaved
         m = queue.accept(message, client, now, out, False, headers=headers)
         if m is not None:
             self._produced(queue, m, out)
+        return m is not None and queue.unsaved == unsaved
+
+    def _copies_missed(
+        self,
+        client: Client,
+        m: Message,
+        wants_response: bool,
+        primary: Queue,
+        qm: QueueMessage | None,
+        missed: list[tuple[str, int]],
+        mark: int,
+        out: list[Outgoing],
+    ) -> None:
+        """A push its own queue took but some of its copies (CC queues, durable
+        subscriptions: ``missed``, their keys) did not: the message stays where it was
+        taken, and a producer that waits is told "failed" -- never "taken" -- as a
+        RabbitMQ publisher is nacked when one of the queues its message was routed to
+        refused it.  An acknowledge the push's queue already gave (in ``out`` from
+        ``mark`` on) is made negative; one its queue would give later (a consumer's) is
+        not sent; a push in an acknowledged batch is named in the batch's acknowledge.
+        Its id is forgotten by its queue: the resend is taken (again, at least once) and
+        reaches the copies, instead of being answered as a duplicate done."""
+        names = ", ".join(f"{channel}/{qid}" for channel, qid in missed)
+        where = f"{primary.channel.name}/{primary.id}"
+        err = OperationError(ResultCode.FAILED, f"taken by {where}, not by {names}")
+        if m.message_id:
+            primary.recent.forget(m.message_id)
+        if m.wants_ack:
+            for i in range(len(out) - 1, mark - 1, -1):  # (its positive one, if given)
+                if is_answer(out[i], client.id, _ACK, m.message_id):
+                    del out[i]
+            if qm is not None:
+                qm.acked = True  # (no consumer's acknowledge relayed later)
+            reject_push(client, m, False, out, err)
+        elif wants_response:
+            reject_push(client, m, True, out, err)
+        elif self._unheard is not None:
+            self._unheard.append((err.token, err.reason))  # (a batch's: it answers)
 
     def _produced(self, queue: Queue, m: QueueMessage, out: list[Outgoing]) -> None:
         """The MessageProduced event, when anyone subscribed to it."""
@@ -1188,6 +1242,7 @@ class Engine:
         out: list[Outgoing],
         durable: Iterable[Queue] = (),
         receipt: tuple[str, int | None] = ("", None),
+        wants_response: bool = False,
     ) -> None:
         """Push into the target queue and a copy into each ``CC`` queue, all or nothing.
 
@@ -1229,19 +1284,34 @@ class Engine:
         targets: list[tuple[Queue, str | None, bool]] = [(primary, None, message.wants_ack)]
         targets += [(q, copy_id, False) for q, copy_id in copies]
         unsaved = primary.unsaved
+        mark = len(out)
+        taken: QueueMessage | None = None  # (the primary's)
+        missed: list[tuple[str, int]] = []  # copies not taken as their handlers wanted
         for queue, message_id, waits in targets:
+            before = queue.unsaved
             m = queue.accept(
                 message, client, now, out, waits, headers=plain, message_id=message_id
             )
             if m is not None:
-                if receipt[0] and queue is primary:
-                    self._watch_receipt(queue, m, client, receipt, now)
+                if queue is primary:
+                    taken = m
+                    if receipt[0]:
+                        self._watch_receipt(queue, m, client, receipt, now)
                 self._produced(queue, m, out)
+            if queue is not primary and (m is None or queue.unsaved != before):
+                missed.append(queue.key)
         for copy in durable:
-            self._copy_durable(copy, message, client, now, out, plain)
+            if not self._copy_durable(copy, message, client, now, out, plain):
+                missed.append(copy.key)
+        if primary.unsaved != unsaved:
+            self._unsaved(client, message, wants_response, out)
+            return
+        if missed:
+            self._copies_missed(client, message, wants_response, primary, taken, missed, mark, out)
+            return
         fed_id = FederatedIds.id_of(client.id, message.headers)
-        if fed_id is not None and primary.unsaved == unsaved:  # (a federated message
-            self.federated.add(fed_id)  # its publisher gave CC headers; after its saves)
+        if fed_id is not None:  # (a federated message its publisher gave CC headers;
+            self.federated.add(fed_id)  # after its saves)
 
     def _on_ack(self, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]) -> None:
         if frame.high_priority:  # acknowledge of a direct message: pass it on

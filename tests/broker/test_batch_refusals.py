@@ -191,3 +191,161 @@ def test_the_client_s_acknowledged_batches_return_exactly_the_refused_indexes(
         assert producer.queue_info(CHANNEL, 1)["ReceivedMessages"] == ROOM
     finally:
         producer.close()
+
+
+# -- copies: CC queues and durable subscriptions -------------------------------------------
+# A push is taken by its queue and copied into others (``CC`` headers, the durable
+# subscriptions of its channel).  A copy that fails partway (its store refused the save) is
+# not silence: as a RabbitMQ publisher is nacked when one of the queues its message was
+# routed to refused it, the producer hears "failed" naming where the message was taken and
+# where not; the message stays where it was taken, and the resend is no duplicate.
+
+SUB = "s1"
+
+
+def not_copied(*missed: str) -> list[str]:
+    """The refusal of a push its queue took but ``missed`` did not."""
+    return ["failed", f"taken by {CHANNEL}/1, not by {', '.join(missed)}"]
+
+
+def with_cc(mid: str, cc: str) -> bytes:
+    """A push with one ``CC`` header (no acknowledge of its own)."""
+    return tmqp.encode_frame(message_type=MessageType.QUEUE, content_type=1, message_id=mid,
+                             target=CHANNEL, headers=(("CC", cc),),
+                             payload=mid.encode())[0]  # fmt: skip
+
+
+def _persistent_engine() -> Engine:
+    """An engine whose store has room for ``ROOM`` messages (then refuses as on ENOSPC)."""
+    handlers = {"persistent": PersistentDeliveryHandler()}
+    return Engine(store=FullDisk(room=ROOM), handlers=handlers)
+
+
+def _drain_sub(zctx: Ctx, endpoint: str, count: int) -> list[str]:
+    """Join the durable subscription, receive and acknowledge ``count`` messages."""
+    reader = Client(endpoint, context=zctx, timeout=LOADED).connect()
+    try:
+        reader.join(f"/dsub/{SUB}")
+        got: list[str] = []
+        while len(got) < count:
+            m = reader.receive(timeout=LOADED)
+            assert m is not None, f"got {got}, waited for {count}"
+            got.append(bytes(m.payload).decode())
+            reader.ack(m)
+        return got
+    finally:
+        reader.close()
+
+
+@pytest.mark.parametrize("push_runs", [True, False], ids=["records", "frames"])
+def test_durable_subscription_copies_not_saved_are_named(
+    serve: Serve, zctx: Ctx, push_runs: bool
+) -> None:
+    """A memory queue with a durable subscription on its channel; the store has room for
+    ``ROOM`` copies.  An acknowledged batch of six plain pushes: its acknowledge names the
+    three whose copy was not saved (before: "all taken"); every push is where it was taken
+    (the queue's consumer and the subscription get the six, the unsaved copies kept in
+    memory); their resend is taken again (not a duplicate done) and refused again."""
+    endpoint = serve(_persistent_engine(), push_runs)
+    admin = Client(endpoint, context=zctx, timeout=LOADED).connect()
+    producer = _producer(zctx, endpoint)
+    try:
+        admin.create_queue(CHANNEL, 1, {"Status": 1})
+        admin.create_durable_subscription(SUB, [CHANNEL])
+        ids = [f"m{k}" for k in range(PUSHES)]
+        producer.send(_batch_of("B", [plain(mid) for mid in ids], ack=True))
+        refused = not_copied(f"/dsub/{SUB}/0")
+        assert _answer(producer, "B") == [[k, *refused] for k in range(ROOM, PUSHES)]
+        assert _consume(zctx, endpoint, PUSHES) == ids
+        assert _drain_sub(zctx, endpoint, PUSHES) == ids
+        producer.send(_batch_of("B2", [plain(mid) for mid in ids[ROOM:]], ack=True))
+        assert _answer(producer, "B2") == [[k, *refused] for k in range(PUSHES - ROOM)]
+        assert admin.queue_info(CHANNEL, 1)["ReceivedMessages"] == PUSHES + PUSHES - ROOM
+    finally:
+        producer.close()
+        admin.close()
+
+
+@pytest.mark.parametrize("persistent", ["copy", "target"])
+def test_cc_pushes_not_saved_are_named(serve: Serve, zctx: Ctx, persistent: str) -> None:
+    """Plain pushes with a ``CC`` header in an acknowledged batch, the store full after
+    ``ROOM`` saves: the CC queue persistent (its copies not saved: "taken by d/1, not by
+    keep/1") or the target queue (the push itself not saved, as a push without CC is
+    named).  Before, the batch's acknowledge said "all taken" in both cases."""
+    endpoint = serve(_persistent_engine(), True)
+    admin = Client(endpoint, context=zctx, timeout=LOADED).connect()
+    producer = _producer(zctx, endpoint)
+    keeper = {"Status": 1, "MessageDeliveryHandler": "persistent"}
+    try:
+        admin.create_queue(CHANNEL, 1, keeper if persistent == "target" else {"Status": 1})
+        admin.create_queue("keep", 1, keeper if persistent == "copy" else {"Status": 1})
+        ids = [f"c{k}" for k in range(PUSHES)]
+        producer.send(_batch_of("B", [with_cc(mid, "keep;1") for mid in ids], ack=True))
+        refused = not_copied("keep/1") if persistent == "copy" else UNSAVED
+        assert _answer(producer, "B") == [[k, *refused] for k in range(ROOM, PUSHES)]
+        assert _consume(zctx, endpoint, PUSHES) == ids  # (the target queue has them all)
+        assert admin.queue_info("keep", 1)["ReceivedMessages"] == PUSHES
+    finally:
+        producer.close()
+        admin.close()
+
+
+def test_an_acknowledged_push_whose_copy_was_not_saved_is_told_failed(
+    serve: Serve, zctx: Ctx
+) -> None:
+    """A push waiting for its own acknowledge into a queue that acknowledges on receipt,
+    its durable subscription's store full: a negative acknowledge naming both queues
+    (before: a positive one), and the resend taken again (not a duplicate done)."""
+    engine = Engine(store=FullDisk(room=0), handlers={"persistent": PersistentDeliveryHandler()})
+    endpoint = serve(engine, True)
+    producer = Client(endpoint, context=zctx, timeout=LOADED).connect()
+    try:
+        producer.create_queue(CHANNEL, 1, {"Status": 1})
+        producer.create_durable_subscription(SUB, [CHANNEL])
+        for _attempt in range(2):
+            with pytest.raises(RemoteError) as err:
+                producer.push(CHANNEL, 1, b"x", ack=True, message_id="one")
+            assert err.value.reason == not_copied(f"/dsub/{SUB}/0")[1]
+        assert producer.queue_info(CHANNEL, 1)["ReceivedMessages"] == 2
+    finally:
+        producer.close()
+
+
+def test_a_consumer_s_acknowledge_later_does_not_undo_the_refusal(serve: Serve, zctx: Ctx) -> None:
+    """The queue relays its consumer's acknowledge to the producer (``RequestAcknowledge``);
+    the copy failed, so the producer was told "failed" at once: when the consumer later
+    acknowledges, no positive acknowledge follows (a producer's answer is given once).
+    The producer's next request is answered after anything the consumer's acknowledge
+    made: everything up to its answer is read."""
+    engine = Engine(store=FullDisk(room=0), handlers={"persistent": PersistentDeliveryHandler()})
+    endpoint = serve(engine, True)
+    admin = Client(endpoint, context=zctx, timeout=LOADED).connect()
+    producer = _producer(zctx, endpoint)
+    try:
+        admin.create_queue(CHANNEL, 1, {"Status": 1, "RequestAcknowledge": True})
+        admin.create_queue("mark", 1, {"Status": 1})
+        admin.create_durable_subscription(SUB, [CHANNEL])
+        one = tmqp.encode_frame(message_type=MessageType.QUEUE, content_type=1, pending_ack=True,
+                                message_id="one", target=CHANNEL, payload=b"x")[0]  # fmt: skip
+        producer.send(one)
+        nack = producer.frame()
+        assert (nack.message_type, nack.message_id) == (MessageType.ACK, "one")
+        assert dict(nack.headers)["Nack-Reason"] == "failed"
+        admin.join(CHANNEL)
+        m = admin.receive(timeout=LOADED)
+        assert m is not None and bytes(m.payload) == b"x"
+        admin.ack(m)
+        assert admin.queue_info(CHANNEL, 1)["Messages"] == 0  # (its acknowledge was served)
+        marker = tmqp.encode_frame(
+            message_type=MessageType.QUEUE,
+            content_type=1,
+            pending_ack=True,
+            message_id="mk",
+            target="mark",
+        )[0]
+        producer.send(marker)
+        after = producer.frame()
+        assert (after.message_type, after.message_id) == (MessageType.ACK, "mk")
+    finally:
+        producer.close()
+        admin.close()
