@@ -36,6 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_broker import bench_acked, free_port, serve_durable_broker
+from call_count import python_calls
 
 #: messages pushed before the measured ones (connections, queues, first segment)
 WARM_UP = 2000
@@ -79,7 +80,7 @@ def serve_counted(
             serve(self, *args)
         finally:
             prof.disable()
-            counted.put(sum(entry.callcount for entry in prof.getstats()))
+            counted.put(python_calls(prof))
 
     Server._serve = profiled  # type: ignore[method-assign,assignment]
     serve_durable_broker(endpoint, data, ready, stop, stats, names)

@@ -25,7 +25,8 @@ from turn_table import Column, from_checkout, print_turns
 
 #: Run in a fresh interpreter with the checkout under test first on the path.
 _MEASURE = """
-import cProfile, collections, json, pstats, sys, threading, time
+import cProfile, collections, json, sys, threading, time
+from call_count import python_calls
 import zmq
 import broker
 from broker.client.blocking import Client
@@ -95,7 +96,7 @@ with Client(endpoint, context=ctx, timeout=30) as admin:
         caller = cProfile.Profile()
         produce(client, n, caller)
         client.close()
-        calls[n] = (pstats.Stats(caller).total_calls, pstats.Stats(io_profiles[-1]).total_calls)
+        calls[n] = (python_calls(caller), python_calls(io_profiles[-1]))
     out["caller_calls"] = (calls[15_000][0] - calls[5_000][0]) / 10_000
     out["io_calls"] = (calls[15_000][1] - calls[5_000][1]) / 10_000
 srv.stop()

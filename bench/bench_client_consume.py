@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_client_push import in_turns, measure
 
 _MEASURE = """
-import cProfile, json, pstats, socket, subprocess, sys, time
+import cProfile, json, socket, subprocess, sys, time
+from call_count import python_calls
 import zmq
 from broker.client.blocking import Client
 
@@ -110,7 +111,7 @@ try:
     out["threaded"] = consume("threaded", True)
     profile = cProfile.Profile()
     consume("profiled", False, profile)
-    out["calls"] = pstats.Stats(profile).total_calls / (count + 1)
+    out["calls"] = python_calls(profile) / (count + 1)
     admin.close()
 finally:
     broker.terminate()

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import pstats
 import time
 from collections.abc import Callable
+
+from call_count import python_calls
 
 from broker import tmqp
 from broker.client import session as S
@@ -124,7 +125,7 @@ def measure(make: Callable[[], Callable[[], None]], per: int, repeat: int) -> tu
     run = make()
     profile = cProfile.Profile()
     profile.runcall(run)
-    calls = pstats.Stats(profile).total_calls  # type: ignore[attr-defined]
+    calls = python_calls(profile)
     return best / per * 1e6, calls / per
 
 

@@ -54,9 +54,12 @@ def _turn(tree: Path, module: str) -> tuple[float, float, int, int, int]:
                             capture_output=True, text=True, check=True)  # fmt: skip
     cpu, _ = _child_cpu([sys.executable, "-c", f"import {module}"], tree)
     _, err = _child_cpu([sys.executable, "-X", "importtime", "-c", f"import {module}"], tree)
-    code = "import cProfile, pstats; p = cProfile.Profile(); p.enable(); "
-    code += f"import {module}; p.disable(); print(pstats.Stats(p).total_calls)"
-    calls = subprocess.run([sys.executable, "-c", code], env=env, cwd=tree,
+    # (``call_count`` from this checkout's bench/, imported after the measured import)
+    code = "import cProfile; p = cProfile.Profile(); p.enable(); "
+    code += f"import {module}; p.disable(); "
+    code += "from call_count import python_calls; print(python_calls(p))"
+    counted = {**env, "PYTHONPATH": os.pathsep.join((str(tree), str(HERE / "bench")))}
+    calls = subprocess.run([sys.executable, "-c", code], env=counted, cwd=tree,
                            capture_output=True, text=True, check=True)  # fmt: skip
     return (
         float(inside.stdout) * 1e3,

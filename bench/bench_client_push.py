@@ -22,7 +22,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent.parent
 
 _MEASURE = """
-import cProfile, json, pstats, sys, time
+import cProfile, json, sys, time
+from call_count import python_calls
 import zmq
 from broker.client.blocking import Client
 from broker.engine.engine import Engine
@@ -52,7 +53,7 @@ with Client(endpoint, context=ctx, timeout=30) as admin:
         producer.push("bench", 1, payload)
     profile.disable()
     producer.close()
-    out["calls"] = pstats.Stats(profile).total_calls / 20_000
+    out["calls"] = python_calls(profile) / 20_000
 srv.stop()
 ctx.term()
 print(json.dumps(out))
@@ -61,9 +62,10 @@ print(json.dumps(out))
 
 def measure(root: Path, pushes: int, script: str = _MEASURE, *more: str) -> dict[str, float]:
     """Run ``script`` (``_MEASURE`` or another bench's) in a fresh interpreter with the
-    checkout ``root`` first on the path (arguments: ``pushes`` then ``more``); its last
-    line of output, a JSON object."""
-    env = dict(os.environ, PYTHONPATH=str(root))
+    checkout ``root`` first on the path (then this checkout's ``bench/``: the call
+    counting of ``call_count``; arguments: ``pushes`` then ``more``); its last line of
+    output, a JSON object."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join((str(root), str(HERE / "bench"))))
     done = subprocess.run(
         [sys.executable, "-c", script, str(pushes), *more],
         cwd=root, env=env, capture_output=True, text=True, check=True,

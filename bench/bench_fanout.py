@@ -36,7 +36,6 @@ import cProfile
 import inspect
 import multiprocessing as mp
 import os
-import pstats
 import sys
 import time
 from collections.abc import Callable
@@ -57,6 +56,7 @@ from bench_broker import (
     zh_batch_producer,
     zh_producer,
 )
+from call_count import python_calls
 
 
 def zh_fan_consumer(
@@ -94,7 +94,7 @@ def zh_fan_consumer(
     made = 0
     if profile is not None:
         profile.disable()
-        made = pstats.Stats(profile).total_calls  # type: ignore[attr-defined]
+        made = python_calls(profile)
     out.put(("consumer", last, seen, used, made))
     _close(client)
 

@@ -23,13 +23,14 @@ from __future__ import annotations
 import argparse
 import cProfile
 import os
-import pstats
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from call_count import python_calls
 
 from broker import tmqp
 from broker.fanout import RUN_MAX, TABLE_AT, head, pack_run, table
@@ -116,7 +117,7 @@ def calls_per_delivery(fn: Callable[[], None]) -> float:
     for _ in range(10):
         fn()
     profile.disable()
-    return pstats.Stats(profile).total_calls / (10 * RUN_MAX)  # type: ignore[attr-defined]
+    return python_calls(profile) / (10 * RUN_MAX)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,8 @@ import tempfile
 import time
 from typing import Any
 
+from call_count import python_calls  # (a test imports it from here too)
+
 SIZE = 100
 WINDOW = 256
 #: pushes per ``Engine.receive_batch`` call in the batched rows (bench_broker's PERSIST_BATCH)
@@ -162,16 +164,6 @@ def _case(kind: str, n: int, out: Any) -> None:
         out.put((elapsed, cpu))
         if store is not None:
             store.close()
-
-
-def python_calls(prof: Any) -> int:
-    """Python function calls a ``cProfile.Profile`` counted, summed per code object.
-
-    Not ``pstats.Stats(prof).total_calls``: pstats keys its table by (file, line,
-    name), and every named tuple's ``__new__`` is a ``<string>:1:<lambda>``, so all
-    but one of them vanished from its total (one call per ``StoredMessage`` made:
-    the rows differed by 1.0 call per message by which tuple class came last)."""
-    return sum(entry.callcount for entry in prof.getstats())
 
 
 def calls(n: int) -> None:

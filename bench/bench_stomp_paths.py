@@ -40,6 +40,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from call_count import python_calls
+
 #: Frames per timed pass, and passes per timing.
 FRAMES = 1000
 PASSES = 5
@@ -131,12 +133,10 @@ def _door_calls(setup: Callable[[], None], fn: Callable[[], None]) -> float:
 def _calls(fn: Callable[[], None]) -> float:
     """Function calls (Python and built-in) cProfile counts in one call of ``fn``."""
     import cProfile
-    import pstats
 
     profile = cProfile.Profile()
     profile.runcall(fn)
-    stats = pstats.Stats(profile)
-    return float(stats.total_calls)  # type: ignore[attr-defined]
+    return float(python_calls(profile))
 
 
 def _engine_auto_ack(client_ack: bool = False) -> Callable[[], None]:

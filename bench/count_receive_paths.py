@@ -26,7 +26,8 @@ from turn_table import Column, from_checkout, print_turns
 
 #: Run in a fresh interpreter with the checkout under test first on the path.
 _MEASURE = """
-import cProfile, inspect, json, pstats, sys
+import cProfile, inspect, json, sys
+from call_count import python_calls
 import broker
 from broker import tmqp
 from broker.engine.engine import Engine
@@ -58,7 +59,7 @@ def calls(work):
     profile.enable()
     work()
     profile.disable()
-    return pstats.Stats(profile).total_calls / N
+    return python_calls(profile) / N
 
 
 def chunks(xs):
