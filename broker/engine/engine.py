@@ -1109,7 +1109,7 @@ class Engine:
             reject_push(client, m, wants_response, out, err)
             return
         unsaved = queue.unsaved
-        mark = len(out)
+        mark = len(out) if copies else 0  # (where this push's answers start)
         qm = queue.accept(m, client, now, out, m.wants_ack)
         if qm is not None:
             if receipt[0]:
