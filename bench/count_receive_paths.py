@@ -10,7 +10,9 @@ Columns (calls per push):
 * ``batch plain``: the same plain runs as an acknowledged batch of plain pushes is served
   (``receive_pushes`` with its ``refused`` list where the checkout has one);
 * ``frames plain`` / ``frames acked``: ``Engine.receive_batch`` in runs of ``RUN``;
-* ``one plain`` / ``one acked``: ``Engine.receive``, one push at a time.
+* ``one plain`` / ``one acked``: ``Engine.receive``, one push at a time;
+* ``dsub plain`` / ``dsub acked``: the same into a channel with a durable subscription
+  (each push copied into its queue: the general push path, session 16).
 
 Usage: ``python bench/count_receive_paths.py [--pushes N] [--turns T] [--base PATH]``.
 """
@@ -85,11 +87,15 @@ for ack, kind in ((False, "plain"), (True, "acked")):
     e, cid = engine()
     singles = frames(ack, "o")
     out[f"one {kind}"] = calls(lambda: [e.receive(cid, f, 1.0) for f in singles])
+    e, cid = engine()
+    e.durable.create("d", ["c"], [])  # (every push copied into /dsub/d)
+    singles = frames(ack, "d")
+    out[f"dsub {kind}"] = calls(lambda: [e.receive(cid, f, 1.0) for f in singles])
 print(json.dumps(out))
 """
 
 _NAMES = ("pushes plain", "pushes acked", "batch plain", "frames plain", "frames acked",
-          "one plain", "one acked")  # fmt: skip
+          "one plain", "one acked", "dsub plain", "dsub acked")  # fmt: skip
 COLUMNS = tuple(Column(name, name, ".2f", width=13) for name in _NAMES)
 
 

@@ -1109,7 +1109,6 @@ class Engine:
             reject_push(client, m, wants_response, out, err)
             return
         unsaved = queue.unsaved
-        mark = len(out) if copies else 0  # (where this push's answers start)
         qm = queue.accept(m, client, now, out, m.wants_ack)
         if qm is not None:
             if receipt[0]:
@@ -1120,7 +1119,7 @@ class Engine:
             if not self._copy_durable(copy, m, client, now, out):
                 missed.append(copy.key)
         if missed and queue.unsaved == unsaved:
-            self._copies_missed(client, m, wants_response, queue, qm, missed, mark, out)
+            self._copies_missed(client, m, wants_response, queue, qm, missed, out)
             return
         if queue.unsaved != unsaved:
             self._unsaved(client, m, wants_response, out)
@@ -1192,16 +1191,15 @@ class Engine:
         primary: Queue,
         qm: QueueMessage | None,
         missed: list[tuple[str, int]],
-        mark: int,
         out: list[Outgoing],
     ) -> None:
         """A push its own queue took but some of its copies (CC queues, durable
         subscriptions: ``missed``, their keys) did not: the message stays where it was
         taken, and a producer that waits is told "failed" -- never "taken" -- as a
         RabbitMQ publisher is nacked when one of the queues its message was routed to
-        refused it.  An acknowledge the push's queue already gave (in ``out`` from
-        ``mark`` on) is made negative; one its queue would give later (a consumer's) is
-        not sent; a push in an acknowledged batch is named in the batch's acknowledge.
+        refused it.  An acknowledge the push's queue (``qm``) already gave is made
+        negative; one it would give later (a consumer's) is not sent; a push in an
+        acknowledged batch is named in the batch's acknowledge.
         Its id is forgotten by its queue: the resend is taken (again, at least once) and
         reaches the copies, instead of being answered as a duplicate done."""
         names = ", ".join(f"{channel}/{qid}" for channel, qid in missed)
@@ -1210,10 +1208,12 @@ class Engine:
         if m.message_id:
             primary.recent.forget(m.message_id)
         if m.wants_ack:
-            for i in range(len(out) - 1, mark - 1, -1):  # (its positive one, if given)
-                if is_answer(out[i], client.id, _ACK, m.message_id):
-                    del out[i]
             if qm is not None:
+                if qm.acked:  # (its queue answered it in this call: the last ACK of its id)
+                    for i in range(len(out) - 1, -1, -1):
+                        if is_answer(out[i], client.id, _ACK, m.message_id):
+                            del out[i]
+                            break
                 qm.acked = True  # (no consumer's acknowledge relayed later)
             reject_push(client, m, False, out, err)
         elif wants_response:
@@ -1284,7 +1284,6 @@ class Engine:
         targets: list[tuple[Queue, str | None, bool]] = [(primary, None, message.wants_ack)]
         targets += [(q, copy_id, False) for q, copy_id in copies]
         unsaved = primary.unsaved
-        mark = len(out)
         taken: QueueMessage | None = None  # (the primary's)
         missed: list[tuple[str, int]] = []  # copies not taken as their handlers wanted
         for queue, message_id, waits in targets:
@@ -1307,7 +1306,7 @@ class Engine:
             self._unsaved(client, message, wants_response, out)
             return
         if missed:
-            self._copies_missed(client, message, wants_response, primary, taken, missed, mark, out)
+            self._copies_missed(client, message, wants_response, primary, taken, missed, out)
             return
         fed_id = FederatedIds.id_of(client.id, message.headers)
         if fed_id is not None:  # (a federated message its publisher gave CC headers;
