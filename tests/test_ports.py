@@ -29,9 +29,11 @@ sys.stdin.read()
 
 
 def _free_run(count: int) -> range:
-    """``count`` consecutive ports below the ephemeral range nobody holds right now."""
-    low, _high = ephemeral_range()
-    for start in range(low - 3_000, low - 12_000, -count):
+    """``count`` consecutive free ports above the ephemeral range: ports no test process's
+    ``free_port`` hands out (they come from below it) and the kernel does not pick, so
+    the pools of these tests on their own lock files race nobody."""
+    _low, high = ephemeral_range()
+    for start in range(high + 1, 65536 - count, count):
         block = range(start, start + count)
         socks = []
         try:
