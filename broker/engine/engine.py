@@ -171,6 +171,18 @@ def _acted_on(headers: tuple[tuple[str, str], ...]) -> bool:
 _CONFIRMS_EVERY_PUSH = DefaultDeliveryHandler.received_from_producer
 
 
+def _not_copied(primary: Queue, m: Message, missed: list[tuple[str, int]]) -> OperationError:
+    """The refusal of push ``m``, taken by ``primary`` but not by the queues ``missed``
+    (CC queues, durable subscriptions: their keys); ``primary`` forgets its id, so the
+    resend is taken (again, at least once) and reaches the copies, instead of being
+    answered as a duplicate done."""
+    if m.message_id:
+        primary.recent.forget(m.message_id)
+    names = ", ".join(f"{channel}/{qid}" for channel, qid in missed)
+    where = f"{primary.channel.name}/{primary.id}"
+    return OperationError(ResultCode.FAILED, f"taken by {where}, not by {names}")
+
+
 def _saves_every_push(queue: Queue) -> bool:
     """Does the queue's handler save every push and confirm it once saved?"""
     return type(queue.hooks.handler).received_from_producer is _SAVES_EVERY_PUSH
@@ -818,8 +830,10 @@ class Engine:
                 qm = accept(m, client, now, out, False)
                 if qm is not None and produced:
                     self._produced(queue, qm, out)
+                missed: list[tuple[str, int]] | None = None  # (no list per message)
                 for copy in copies:
-                    self._copy_durable(copy, m, client, now, out)
+                    if not self._copy_durable(copy, m, client, now, out):
+                        missed = [*(missed or ()), copy.key]
             except OperationError as err:
                 return k - start, err.reason
             except Exception as exc:
@@ -827,6 +841,8 @@ class Engine:
                 return k - start, _INTERNAL.reason
             if queue.unsaved != unsaved:
                 return k - start, _UNSAVED.reason  # (kept in memory, as for one push)
+            if missed:  # (taken where it could be: refused aloud, as for one push)
+                return k - start, _not_copied(queue, m, missed).reason
         return end - start, None
 
     def _accept_run(
@@ -1200,13 +1216,8 @@ class Engine:
         refused it.  An acknowledge the push's queue (``qm``) already gave is made
         negative; one it would give later (a consumer's) is not sent; a push in an
         acknowledged batch is named in the batch's acknowledge.
-        Its id is forgotten by its queue: the resend is taken (again, at least once) and
-        reaches the copies, instead of being answered as a duplicate done."""
-        names = ", ".join(f"{channel}/{qid}" for channel, qid in missed)
-        where = f"{primary.channel.name}/{primary.id}"
-        err = OperationError(ResultCode.FAILED, f"taken by {where}, not by {names}")
-        if m.message_id:
-            primary.recent.forget(m.message_id)
+        (:func:`_not_copied`: its id forgotten)."""
+        err = _not_copied(primary, m, missed)
         if m.wants_ack:
             if qm is not None:
                 if qm.acked:  # (its queue answered it in this call: the last ACK of its id)
