@@ -841,7 +841,7 @@ class Engine:
                 return k - start, _INTERNAL.reason
             if queue.unsaved != unsaved:
                 return k - start, _UNSAVED.reason  # (kept in memory, as for one push)
-            if missed:  # (taken where it could be: refused aloud, as for one push)
+            if missed and qm is not None:  # (taken where it could be: refused aloud)
                 return k - start, _not_copied(queue, m, missed).reason
         return end - start, None
 
@@ -1134,7 +1134,7 @@ class Engine:
         for copy in copies:
             if not self._copy_durable(copy, m, client, now, out):
                 missed.append(copy.key)
-        if missed and queue.unsaved == unsaved:
+        if missed and qm is not None and queue.unsaved == unsaved:
             self._copies_missed(client, m, wants_response, queue, qm, missed, out)
             return
         if queue.unsaved != unsaved:
@@ -1205,27 +1205,26 @@ class Engine:
         m: Message,
         wants_response: bool,
         primary: Queue,
-        qm: QueueMessage | None,
+        qm: QueueMessage,
         missed: list[tuple[str, int]],
         out: list[Outgoing],
     ) -> None:
-        """A push its own queue took but some of its copies (CC queues, durable
+        """A push its own queue took (``qm``) but some of its copies (CC queues, durable
         subscriptions: ``missed``, their keys) did not: the message stays where it was
         taken, and a producer that waits is told "failed" -- never "taken" -- as a
         RabbitMQ publisher is nacked when one of the queues its message was routed to
-        refused it.  An acknowledge the push's queue (``qm``) already gave is made
+        refused it.  An acknowledge the push's queue already gave is made
         negative; one it would give later (a consumer's) is not sent; a push in an
         acknowledged batch is named in the batch's acknowledge.
         (:func:`_not_copied`: its id forgotten)."""
         err = _not_copied(primary, m, missed)
         if m.wants_ack:
-            if qm is not None:
-                if qm.acked:  # (its queue answered it in this call: the last ACK of its id)
-                    for i in range(len(out) - 1, -1, -1):
-                        if is_answer(out[i], client.id, _ACK, m.message_id):
-                            del out[i]
-                            break
-                qm.acked = True  # (no consumer's acknowledge relayed later)
+            if qm.acked:  # (its queue answered it in this call: the last ACK of its id)
+                for i in range(len(out) - 1, -1, -1):
+                    if is_answer(out[i], client.id, _ACK, m.message_id):
+                        del out[i]
+                        break
+            qm.acked = True  # (no consumer's acknowledge relayed later)
             reject_push(client, m, False, out, err)
         elif wants_response:
             reject_push(client, m, True, out, err)
@@ -1316,7 +1315,7 @@ class Engine:
         if primary.unsaved != unsaved:
             self._unsaved(client, message, wants_response, out)
             return
-        if missed:
+        if missed and taken is not None:
             self._copies_missed(client, message, wants_response, primary, taken, missed, out)
             return
         fed_id = FederatedIds.id_of(client.id, message.headers)
