@@ -36,11 +36,13 @@ from bench_filemq_resync import make_tree  # (this folder, made importable above
 
 HERE = str(Path(__file__).resolve().parent.parent)
 
-# Run in a child: argv = sources, root, saved index; prints one JSON line.
+# Run in a child: argv = sources, root, saved index, this folder; prints one JSON line.
 _CHILD = """
-import cProfile, json, os, pstats, resource, sys, threading, time
+import cProfile, json, os, resource, sys, threading, time
 from operator import methodcaller
 sys.path.insert(0, sys.argv[1])
+sys.path.append(sys.argv[4])  # (this bench's folder: ``call_count``)
+from call_count import python_calls
 from filemq.state import load_index
 root, saved = sys.argv[2], sys.argv[3]
 
@@ -80,14 +82,14 @@ for name, work in (("check", check), ("floor", floor), ("floor2", lambda: floor(
     out[name] = (t1 - t0, u1 - u0, s1 - s0)
 profile = cProfile.Profile()
 profile.runcall(check)
-out["calls"] = pstats.Stats(profile).total_calls
+out["calls"] = python_calls(profile)
 print(json.dumps(out))
 """
 
 
 def measure(sources: str, root: Path, saved: Path) -> dict[str, object]:
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD, sources, str(root), str(saved)],
+        [sys.executable, "-c", _CHILD, sources, str(root), str(saved), str(Path(__file__).parent)],
         capture_output=True,
         text=True,
         check=True,
