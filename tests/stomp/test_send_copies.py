@@ -18,7 +18,7 @@ from broker.stomp.frames import Command
 from tests.broker.full_disk import FullDisk
 from tests.stomp.test_engine_backend import Broker
 from tests.stomp.test_listener import Raw
-from tests.stomp.test_send_failures import _assert_refused_at_r2
+from tests.stomp.test_send_failures import _assert_refused_at_r2, _raw
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 #: The ERROR's reason for a SEND the topic took and the subscription did not save.
@@ -31,12 +31,6 @@ def kept(zctx: Ctx) -> Iterator[Broker]:
     b = Broker(zctx, Engine(store=FullDisk(room=2), handlers=handlers))
     yield b
     b.stop()
-
-
-def _raw(b: Broker) -> Raw:
-    raw = Raw(b.listener.port)
-    raw.connect()
-    return raw
 
 
 def _subscribed(b: Broker) -> Raw:
