@@ -63,10 +63,13 @@ def redelivery_headers(headers: Headers, delivered: int) -> Headers:
 class Dispatcher:
     """Delivery to the consumers of one queue (see the module docstring)."""
 
-    __slots__ = ("aside_key", "fresh", "fresh_message", "out_version", "passable", "q")
+    __slots__ = ("aside_key", "fresh", "fresh_message", "out_version", "passable", "pending", "q")
 
     def __init__(self, queue: QueueCore) -> None:
         self.q = queue
+        #: The queue's deliveries waiting for an acknowledge (its tracker's, one dict for
+        #: the queue's life: read per message without the queue's property call).
+        self.pending = queue.pending
         #: The message being accepted and the tuple it was made from (set by the queue's
         #: ``accept`` around its admission): sent at once, it is not rebuilt from its
         #: fields (:meth:`out_message`).
@@ -315,15 +318,24 @@ class Dispatcher:
         if req_ack:
             timeout = opts.acknowledge_timeout
             deadline = now + timeout / 1000.0 if timeout else _INF
-            for c in targets:
+            if len(targets) == 1:  # (round robin and first acquirer: one consumer)
+                c = targets[0]
                 self.hand(c, ACKED, m, frame, out)
-                q.track(m, c, deadline)
-            m.state = INFLIGHT
-            if hooks.received:
+                dl = q.track(m, c, deadline)
+                m.state = INFLIGHT
+                if hooks.received:
+                    q.side_effects(m, hooks.call(m, "consumer_received", q, dl, c), out)
+            else:
                 for c in targets:
-                    dl = q.pending.get((c.id, m.message_id))
-                    if dl is not None:
-                        q.side_effects(m, hooks.call(m, "consumer_received", q, dl, c), out)
+                    self.hand(c, ACKED, m, frame, out)
+                    q.track(m, c, deadline)
+                m.state = INFLIGHT
+                if hooks.received:
+                    for c in targets:
+                        waiting = q.pending.get((c.id, m.message_id))
+                        if waiting is not None:
+                            d = hooks.call(m, "consumer_received", q, waiting, c)
+                            q.side_effects(m, d, out)
         else:
             m.state = INFLIGHT
             kind = COPY if keep else BROADCAST
@@ -387,7 +399,7 @@ class Dispatcher:
 
     def _eligible(self, m: QueueMessage, c: Client[Any], req_ack: bool) -> bool:
         q = self.q
-        if req_ack and (c.id, m.message_id) in q.pending:
+        if req_ack and (c.id, m.message_id) in self.pending:
             return False  # same id still unacknowledged by this consumer
         if q.hooks.can_receive:
             return q.hooks.can_consumer_receive(m, c)
