@@ -160,7 +160,8 @@ class AckTracker:
         if d.save and not m.saved:
             q.save(m)
         when = d.send_ack
-        if when is not AckWhen.NONE:
+        waits = m.life is not None and m.life.producer_waits  # (else ack_producer does nothing)
+        if when is not AckWhen.NONE and waits:
             if when is AckWhen.ALWAYS and not success:
                 when = AckWhen.NEGATIVE
             q.ack_producer(m, when, out, reason, source)

@@ -22,6 +22,7 @@ from broker.engine.message import (
     QUEUED,
     Delivery,
     Headers,
+    Life,
     Message,
     QueueMessage,
     derive,
@@ -310,7 +311,9 @@ class Dispatcher:
                 else:
                     q.stalled = True
             return False
-        life = m.life or m.lived()  # (no call when it has one)
+        life = m.life
+        if life is None:  # (``lived`` without its call: a message sent at once has none)
+            life = m.life = Life()
         frame = life.out
         if frame is None or life.out_version != self.out_version:
             frame = self.out_message(m)
@@ -324,7 +327,9 @@ class Dispatcher:
                 dl = q.track(m, c, deadline)
                 m.state = INFLIGHT
                 if hooks.received:
-                    q.side_effects(m, hooks.call(m, "consumer_received", q, dl, c), out)
+                    d = hooks.call(m, "consumer_received", q, dl, c)
+                    if d is not ALLOW:  # (ALLOW has no effects: no call)
+                        q.side_effects(m, d, out)
             else:
                 for c in targets:
                     self.hand(c, ACKED, m, frame, out)
@@ -418,7 +423,9 @@ class Dispatcher:
         q = self.q
         n = len(consumers)
         start = q.rr % n if rotate else 0
-        check = req_ack or q.hooks.can_receive
+        hooks = q.hooks
+        filters = hooks.can_receive
+        pending = self.pending if req_ack else None  # (as _eligible, without its call)
         name = q.channel.name
         window = q.window
         used = q.used
@@ -431,7 +438,9 @@ class Dispatcher:
                     continue
                 if used.get(c.id, 0) >= (c.prefetch.get(name) or window):
                     continue  # its window is full: the next one
-                if not check or self._eligible(m, c, req_ack):
+                if pending and (c.id, m.message_id) in pending:
+                    continue  # same id still unacknowledged by this consumer
+                if not filters or hooks.can_consumer_receive(m, c):
                     if rotate:
                         q.rr = (start + i + 1) % n
                     return (c,)
