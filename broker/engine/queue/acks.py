@@ -127,7 +127,11 @@ class AckTracker:
                 receipts.succeeded(q.key, m.seq, client.id)
         else:
             q.nacks += 1
-        d = q.hooks.call(m, "acknowledge_received", q, ack, dl, success)
+        hooks = q.hooks
+        try:  # (hooks.call without its call: a hook per delivery)
+            d = hooks.methods["acknowledge_received"](q, ack, dl, success)
+        except Exception as exc:
+            d = hooks.failed(m, "acknowledge_received", exc)
         if not success and d.put_back is not PutBack.NO and _not_put_back(ack):
             d = Decision(allow=False, save=d.save, send_ack=AckWhen.NEGATIVE)
         self.resolve(m, d, now, out, reason or NackReason.NONE, client.id, success)

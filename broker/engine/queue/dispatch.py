@@ -291,7 +291,10 @@ class Dispatcher:
         q = self.q
         hooks = q.hooks
         if hooks.begin_send:
-            d = hooks.call(m, "begin_send", q, m)
+            try:  # (hooks.call without its call: a hook per message)
+                d = hooks.methods["begin_send"](q, m)
+            except Exception as exc:
+                d = hooks.failed(m, "begin_send", exc)
             if d is not ALLOW:
                 q.side_effects(m, d, out)
                 if not d.allow:
@@ -327,7 +330,10 @@ class Dispatcher:
                 dl = q.track(m, c, deadline)
                 m.state = INFLIGHT
                 if hooks.received:
-                    d = hooks.call(m, "consumer_received", q, dl, c)
+                    try:
+                        d = hooks.methods["consumer_received"](q, dl, c)
+                    except Exception as exc:
+                        d = hooks.failed(m, "consumer_received", exc)
                     if d is not ALLOW:  # (ALLOW has no effects: no call)
                         q.side_effects(m, d, out)
             else:
