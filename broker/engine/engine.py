@@ -105,7 +105,7 @@ from broker.engine.queue.saved_run import push_saved_run
 from broker.engine.replies import answer_done, answer_failure, is_answer, reject_push
 from broker.engine.router import Router, RouterError, RouterTable, router_from_json
 from broker.engine.tmqp_door import frame_of, message_of
-from broker.message import Message
+from broker.message import Headers, Message
 from broker.protocol import (
     ClearOption,
     ConnectionInfo,
@@ -859,19 +859,28 @@ class Engine:
         and no MESSAGE_PRODUCED subscriber (a STOMP ``/queue/``): the plain pushes in
         stretches through ``Queue.accept_many``, the others one by one (as there)."""
         limit = self.config.limits.max_queue_messages
+        plain: Headers = ()  # a header block read last and found to ask for nothing
         k = start
         while k < end:
             m = ms[k]
-            if m.wants_ack or (m.headers and _acted_on(m.headers)):
+            headers = m.headers
+            if m.wants_ack or (headers is not plain and headers and _acted_on(headers)):
                 _, why = self._push_one(client, m, now, out)
                 if why is not None:
                     return k - start, why
                 k += 1
                 continue
+            plain = headers
             j = k + 1
-            while j < end and not (
-                ms[j].wants_ack or (ms[j].headers and _acted_on(ms[j].headers))
-            ):
+            while j < end:  # (a run of SENDs shares one block: read once, not per push)
+                mj = ms[j]
+                if mj.wants_ack:
+                    break
+                headers = mj.headers
+                if headers is not plain:
+                    if headers and _acted_on(headers):
+                        break
+                    plain = headers
                 j += 1
             unsaved = queue.unsaved
             took, refused = queue.accept_many(ms, k, j, client, now, out, limit)

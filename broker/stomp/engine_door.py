@@ -588,7 +588,7 @@ class EngineDoor:
         :meth:`op_publish` (message ids ``stomp-<conn>-<first_id + i>``), in order, up to
         the first refused; one answer for the run, ``answer(taken, error)``."""
         prefix = f"stomp-{conn}-"
-        if all(map(_plain, specs)):
+        if _all_plain(specs):
             return self._publish_plain(conn, specs, prefix, first_id, answer, now, stamp)
         out: list[Outgoing] = []
         publish = self.op_publish
@@ -922,10 +922,23 @@ def _at_once(fn: Callable[[], None]) -> None:
 _new_message = tuple.__new__
 
 
-def _plain(spec: PublishSpec) -> bool:
-    """A SEND to one queue or topic that retains nothing (``EngineDoor._publish_plain``)."""
-    return (
-        len(spec.destinations) == 1
-        and spec.retain is None
-        and spec.destinations[0].kind in (DestinationKind.QUEUE, DestinationKind.TOPIC)
-    )
+def _all_plain(specs: Sequence[PublishSpec]) -> bool:
+    """Is every SEND of a run one to one queue or topic that retains nothing
+    (``EngineDoor._publish_plain``)?  One loop for the run, no call per SEND: the
+    destinations a SEND shares with the one before it (the parser's cache hands a run
+    to one destination the same tuple) are not looked at again."""
+    last: tuple[Destination, ...] | None = None
+    for spec in specs:
+        if spec.retain is not None:
+            return False
+        destinations = spec.destinations
+        if destinations is last:
+            continue
+        if len(destinations) != 1 or destinations[0].kind not in _PLAIN_KINDS:
+            return False
+        last = destinations
+    return True
+
+
+#: The destination kinds a plain SEND goes to.
+_PLAIN_KINDS = (DestinationKind.QUEUE, DestinationKind.TOPIC)

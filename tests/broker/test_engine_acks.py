@@ -336,3 +336,39 @@ def test_a_departed_consumers_unacknowledged_messages_return_in_order() -> None:
     c2 = kit.connect("c2")
     kit.join(c2, "ch")
     assert [f.payload for f in queue_messages(kit.take(c2))] == [b"0", b"1", b"2", b"3", b"4"]
+
+
+class RaisesOnDelivery(DefaultDeliveryHandler):
+    """``consumer_received`` and, for the first acknowledge only, ``acknowledge_received``
+    raise (a handler bug on the acknowledged queue's per-delivery path)."""
+
+    def __init__(self) -> None:
+        self.acks_seen = 0
+
+    def consumer_received(self, queue, delivery, receiver):  # type: ignore[no-untyped-def]
+        raise RuntimeError("handler bug on send")
+
+    def acknowledge_received(self, queue, ack, delivery, success):  # type: ignore[no-untyped-def]
+        self.acks_seen += 1
+        if self.acks_seen == 1:
+            raise RuntimeError("handler bug on acknowledge")
+        return super().acknowledge_received(queue, ack, delivery, success)
+
+
+@pytest.mark.parametrize("status", [QueueStatus.ROUND_ROBIN, QueueStatus.PUSH])
+def test_a_handler_raising_on_an_acknowledged_delivery_is_counted_and_loses_nothing(
+    status: QueueStatus,
+) -> None:
+    kit = Kit(handler=RaisesOnDelivery())
+    producer, (c,) = acked_queue(kit, status)
+    kit.push(producer, "ch", 1, b"job")
+    (first,) = queue_messages(kit.take(c))  # sent although consumer_received raised
+    assert kit.info(producer, "ch", 1)["Errors"] == 1
+    kit.ack(c, first)  # acknowledge_received raises: exception_thrown retries it
+    (again,) = queue_messages(kit.take(c))
+    assert (again.message_id, again.payload) == (first.message_id, b"job")
+    assert header(again, Header.DELIVERY_COUNT) == "2"
+    kit.ack(c, again)  # the handler's second acknowledge goes through: done
+    info = kit.info(producer, "ch", 1)
+    assert (info["Errors"], info["Messages"], info["PendingAcknowledges"]) == (3, 0, 0)
+    assert kit.take(c) == []

@@ -22,13 +22,16 @@ from typing import TYPE_CHECKING, Any
 from broker.engine.delivery import AckWhen, Decision, PutBack
 from broker.engine.message import DELAYED, DONE, INFLIGHT, QUEUED, Delivery, QueueMessage
 from broker.engine.queue.protocols import QueueCore
-from broker.message import Message
+from broker.message import DEFAULT_TTL, Message
 from broker.protocol import Header, NackReason, Outgoing
 
 if TYPE_CHECKING:
     from broker.engine.channel import Client
 
 _INF = float("inf")
+#: ``Message(...)`` from a tuple of every field, without the named tuple's Python-level
+#: ``__new__`` (one positive acknowledge per delivery taken by an auto-acked consumer).
+_new_message = tuple.__new__
 
 
 def _not_put_back(nack: Message) -> bool:
@@ -59,13 +62,15 @@ class AckTracker:
 
     # ------------------------------------------------------------------ acknowledges
 
-    def track(self, m: QueueMessage, c: Client[Any], deadline: float) -> None:
-        """``m`` was sent to ``c``, which must acknowledge it by ``deadline``."""
-        self.pending[(c.id, m.message_id)] = Delivery(m, c, deadline)
+    def track(self, m: QueueMessage, c: Client[Any], deadline: float) -> Delivery:
+        """``m`` was sent to ``c``, which must acknowledge it by ``deadline``: the
+        delivery now waiting (what the handler's ``consumer_received`` is given)."""
+        dl = self.pending[(c.id, m.message_id)] = Delivery(m, c, deadline)
         (m.life or m.lived()).inflight += 1  # (the field itself: no property call)
         c.pending_queues.add(self.q)
         if deadline != _INF:
             self.arm(deadline)
+        return dl
 
     def on_ack(self, client: Client[Any], ack: Message, now: float, out: list[Outgoing]) -> bool:
         """A consumer acknowledge for this queue; False when no delivery matches."""
@@ -85,7 +90,23 @@ class AckTracker:
         dl = self.pending.pop((client.id, message_id), None)
         if dl is not None:
             q = self.q
-            ack = Message(message_id, client.id, q.channel.name, q.id)
+            # (id, source, channel, queue, no flags, the default TTL, nothing else)
+            ack = _new_message(
+                Message,
+                (
+                    message_id,
+                    client.id,
+                    q.channel.name,
+                    q.id,
+                    False,
+                    False,
+                    False,
+                    DEFAULT_TTL,
+                    (),
+                    b"",
+                    None,
+                ),
+            )
             self._settle(client, ack, dl, now, out)
 
     def _settle(
@@ -106,7 +127,11 @@ class AckTracker:
                 receipts.succeeded(q.key, m.seq, client.id)
         else:
             q.nacks += 1
-        d = q.hooks.call(m, "acknowledge_received", q, ack, dl, success)
+        hooks = q.hooks
+        try:  # (hooks.call without its call: a hook per delivery)
+            d = hooks.methods["acknowledge_received"](q, ack, dl, success)
+        except Exception as exc:
+            d = hooks.failed(m, "acknowledge_received", exc)
         if not success and d.put_back is not PutBack.NO and _not_put_back(ack):
             d = Decision(allow=False, save=d.save, send_ack=AckWhen.NEGATIVE)
         self.resolve(m, d, now, out, reason or NackReason.NONE, client.id, success)
@@ -139,7 +164,8 @@ class AckTracker:
         if d.save and not m.saved:
             q.save(m)
         when = d.send_ack
-        if when is not AckWhen.NONE:
+        waits = m.life is not None and m.life.producer_waits  # (else ack_producer does nothing)
+        if when is not AckWhen.NONE and waits:
             if when is AckWhen.ALWAYS and not success:
                 when = AckWhen.NEGATIVE
             q.ack_producer(m, when, out, reason, source)

@@ -22,6 +22,7 @@ from broker.engine.message import (
     QUEUED,
     Delivery,
     Headers,
+    Life,
     Message,
     QueueMessage,
     derive,
@@ -63,10 +64,13 @@ def redelivery_headers(headers: Headers, delivered: int) -> Headers:
 class Dispatcher:
     """Delivery to the consumers of one queue (see the module docstring)."""
 
-    __slots__ = ("aside_key", "fresh", "fresh_message", "out_version", "passable", "q")
+    __slots__ = ("aside_key", "fresh", "fresh_message", "out_version", "passable", "pending", "q")
 
     def __init__(self, queue: QueueCore) -> None:
         self.q = queue
+        #: The queue's deliveries waiting for an acknowledge (its tracker's, one dict for
+        #: the queue's life: read per message without the queue's property call).
+        self.pending = queue.pending
         #: The message being accepted and the tuple it was made from (set by the queue's
         #: ``accept`` around its admission): sent at once, it is not rebuilt from its
         #: fields (:meth:`out_message`).
@@ -287,7 +291,10 @@ class Dispatcher:
         q = self.q
         hooks = q.hooks
         if hooks.begin_send:
-            d = hooks.call(m, "begin_send", q, m)
+            try:  # (hooks.call without its call: a hook per message)
+                d = hooks.methods["begin_send"](q, m)
+            except Exception as exc:
+                d = hooks.failed(m, "begin_send", exc)
             if d is not ALLOW:
                 q.side_effects(m, d, out)
                 if not d.allow:
@@ -307,7 +314,9 @@ class Dispatcher:
                 else:
                     q.stalled = True
             return False
-        life = m.life or m.lived()  # (no call when it has one)
+        life = m.life
+        if life is None:  # (``lived`` without its call: a message sent at once has none)
+            life = m.life = Life()
         frame = life.out
         if frame is None or life.out_version != self.out_version:
             frame = self.out_message(m)
@@ -315,15 +324,29 @@ class Dispatcher:
         if req_ack:
             timeout = opts.acknowledge_timeout
             deadline = now + timeout / 1000.0 if timeout else _INF
-            for c in targets:
+            if len(targets) == 1:  # (round robin and first acquirer: one consumer)
+                c = targets[0]
                 self.hand(c, ACKED, m, frame, out)
-                q.track(m, c, deadline)
-            m.state = INFLIGHT
-            if hooks.received:
+                dl = q.track(m, c, deadline)
+                m.state = INFLIGHT
+                if hooks.received:
+                    try:
+                        d = hooks.methods["consumer_received"](q, dl, c)
+                    except Exception as exc:
+                        d = hooks.failed(m, "consumer_received", exc)
+                    if d is not ALLOW:  # (ALLOW has no effects: no call)
+                        q.side_effects(m, d, out)
+            else:
                 for c in targets:
-                    dl = q.pending.get((c.id, m.message_id))
-                    if dl is not None:
-                        q.side_effects(m, hooks.call(m, "consumer_received", q, dl, c), out)
+                    self.hand(c, ACKED, m, frame, out)
+                    q.track(m, c, deadline)
+                m.state = INFLIGHT
+                if hooks.received:
+                    for c in targets:
+                        waiting = q.pending.get((c.id, m.message_id))
+                        if waiting is not None:
+                            d = hooks.call(m, "consumer_received", q, waiting, c)
+                            q.side_effects(m, d, out)
         else:
             m.state = INFLIGHT
             kind = COPY if keep else BROADCAST
@@ -387,7 +410,7 @@ class Dispatcher:
 
     def _eligible(self, m: QueueMessage, c: Client[Any], req_ack: bool) -> bool:
         q = self.q
-        if req_ack and (c.id, m.message_id) in q.pending:
+        if req_ack and (c.id, m.message_id) in self.pending:
             return False  # same id still unacknowledged by this consumer
         if q.hooks.can_receive:
             return q.hooks.can_consumer_receive(m, c)
@@ -406,7 +429,9 @@ class Dispatcher:
         q = self.q
         n = len(consumers)
         start = q.rr % n if rotate else 0
-        check = req_ack or q.hooks.can_receive
+        hooks = q.hooks
+        filters = hooks.can_receive
+        pending = self.pending if req_ack else None  # (as _eligible, without its call)
         name = q.channel.name
         window = q.window
         used = q.used
@@ -419,7 +444,9 @@ class Dispatcher:
                     continue
                 if used.get(c.id, 0) >= (c.prefetch.get(name) or window):
                     continue  # its window is full: the next one
-                if not check or self._eligible(m, c, req_ack):
+                if pending and (c.id, m.message_id) in pending:
+                    continue  # same id still unacknowledged by this consumer
+                if not filters or hooks.can_consumer_receive(m, c):
                     if rotate:
                         q.rr = (start + i + 1) % n
                     return (c,)

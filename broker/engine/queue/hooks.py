@@ -47,7 +47,6 @@ class HandlerHooks:
     """The delivery handler of one queue (see the module docstring)."""
 
     __slots__ = (
-        "_bound",
         "_error",
         "_queue",
         "begin_send",
@@ -56,6 +55,7 @@ class HandlerHooks:
         "end_send",
         "from_producer",
         "handler",
+        "methods",
         "received",
         "selects",
     )
@@ -64,7 +64,10 @@ class HandlerHooks:
         self, handler: DeliveryHandler, queue: Any, error: Callable[[str, Exception], None]
     ) -> None:
         self.handler = handler
-        self._bound = _Bound(handler)
+        #: The handler's hooks by name, bound: a call site on a per-message path calls
+        #: ``methods[name](...)`` in its own ``try`` and gives an exception to
+        #: :meth:`failed` (what :meth:`call` does, without its call).
+        self.methods: dict[str, Callable[..., Decision]] = _Bound(handler)
         #: What the hooks receive as their queue.
         self._queue = queue
         self._error = error
@@ -93,15 +96,20 @@ class HandlerHooks:
     def call(self, m: QueueMessage | None, name: str, *args: Any) -> Decision:
         """Call hook ``name``; an exception goes to ``exception_thrown``."""
         try:
-            result: Decision = self._bound[name](*args)
+            result: Decision = self.methods[name](*args)
             return result
         except Exception as exc:
-            self._error(name, exc)
-            try:
-                return self.handler.exception_thrown(self._queue, m, exc)
-            except Exception as exc2:
-                self._error("exception_thrown", exc2)
-                return ALLOW
+            return self.failed(m, name, exc)
+
+    def failed(self, m: QueueMessage | None, name: str, exc: Exception) -> Decision:
+        """Hook ``name`` raised ``exc``: counted as an error, the handler's
+        ``exception_thrown`` decides (ALLOW if that raises too)."""
+        self._error(name, exc)
+        try:
+            return self.handler.exception_thrown(self._queue, m, exc)
+        except Exception as exc2:
+            self._error("exception_thrown", exc2)
+            return ALLOW
 
     def can_consumer_receive(self, m: QueueMessage, c: Any) -> bool:
         """The handler's filter (an exception counts as an error and refuses)."""

@@ -478,8 +478,8 @@ class Queue:
     def put_back(self, m: QueueMessage, where: PutBack, now: float, out: list[Outgoing]) -> None:
         self.tracker.put_back(m, where, now, out)
 
-    def track(self, m: QueueMessage, c: Client, deadline: float) -> None:
-        self.tracker.track(m, c, deadline)
+    def track(self, m: QueueMessage, c: Client, deadline: float) -> Delivery:
+        return self.tracker.track(m, c, deadline)
 
     def start_timeout(self, m: QueueMessage, now: float) -> None:
         self.tracker.start_timeout(m, now)
