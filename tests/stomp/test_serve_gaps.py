@@ -1,0 +1,131 @@
+"""Issue 11's promises that had no test of their own (session 16's audit, README "Issue
+11 checklist"), each through a real ``broker serve`` process and real sockets:
+STOMP is off unless asked for, ``/temp-topic/`` destinations (reply-to rewriting,
+owner-only, gone with their connection), the ``max_subscriptions`` limit from the
+config file."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from broker.stomp.frames import Command
+from tests.broker.test_cli import free_port, start_serve
+from tests.polling import WAIT, wait_until
+from tests.stomp.test_listener import Raw
+from tests.stomp.test_serve import Serve, bodies, recorder, serve_factory, stomp12
+
+__all__ = ["serve_factory"]  # (the fixture, imported for pytest)
+
+_LISTEN = "0A"  # a TCP socket's state in /proc/net/tcp: listening
+
+
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports process ``pid`` listens on (its socket inodes in ``/proc/net/tcp``)."""
+    inodes: set[str] = set()
+    fds = Path(f"/proc/{pid}/fd")
+    for fd in fds.iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    ports: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as rows:
+            next(rows)  # the header line
+            for row in rows:
+                fields = row.split()
+                local, state, inode = fields[1], fields[3], fields[9]
+                if state == _LISTEN and inode in inodes:
+                    ports.add(int(local.rsplit(":", 1)[1], 16))
+    return ports
+
+
+def _port_of(endpoint: str) -> int:
+    return int(endpoint.rsplit(":", 1)[1])
+
+
+def test_stomp_is_off_unless_asked_for(serve_factory: Callable[..., Serve]) -> None:
+    """Without ``--stomp`` the broker listens on its TMQP endpoint only; with it (the
+    control: the count tells the two apart), on the STOMP port as well."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    proc = start_serve("--bind", endpoint)
+    try:
+        assert listening_ports(proc.pid) == {_port_of(endpoint)}
+    finally:
+        proc.kill()
+        proc.wait(WAIT)
+        if proc.stderr is not None:
+            proc.stderr.close()
+    server = serve_factory()
+    with_stomp = listening_ports(server.proc.pid)
+    assert server.port in with_stomp and len(with_stomp) == 2  # (its TMQP port: random)
+
+
+def test_a_temporary_topic_reply_to_owner_only_and_gone_with_its_connection(
+    serve_factory: Callable[..., Serve],
+) -> None:
+    server = serve_factory()
+    requester = stomp12(server.port)
+    requester.subscribe("/temp-topic/events", id="t", receipt="subscribed")
+    assert wait_until(lambda: "subscribed" in recorder(requester).receipts)
+    service = stomp12(server.port)
+    service.subscribe("/queue/requests", id="s", receipt="subscribed")
+    assert wait_until(lambda: "subscribed" in recorder(service).receipts)
+    requester.send("/queue/requests", "tell me", headers={"reply-to": "/temp-topic/events"})
+    assert wait_until(lambda: len(bodies(service)) == 1)
+    reply_to = recorder(service).messages[0].headers["reply-to"]
+    # rewritten to the broker-wide name of this connection's topic
+    assert reply_to.startswith("/topic/temp.default.") and reply_to.endswith(".events")
+    service.send(reply_to, "event 1", receipt="e1")
+    assert wait_until(lambda: bodies(requester) == ["event 1"])
+    thief = Raw(server.port)
+    try:
+        thief.connect()
+        thief.send(f"SUBSCRIBE\nid:1\ndestination:{reply_to}\nreceipt:t\n\n\x00".encode())
+        error = thief.next()
+        assert error.command is Command.ERROR
+        assert "another connection" in str(error.header("message"))
+        assert error.header("receipt-id") == "t"
+    finally:
+        thief.close()
+    requester.disconnect()  # its temporary topic goes with it
+    assert wait_until(lambda: not requester.is_connected())
+    service.send(reply_to, "too late", receipt="late")
+    assert wait_until(lambda: len(recorder(service).errors) == 1)
+    assert "no such temporary destination" in recorder(service).errors[0].headers["message"]
+    assert "late" not in recorder(service).receipts
+    service.disconnect()
+
+
+def test_max_subscriptions_from_the_config_file(serve_factory: Callable[..., Serve]) -> None:
+    """The per-connection limit (default 1000) is the config's ``[stomp]
+    max_subscriptions``: one more SUBSCRIBE is an ERROR naming it, then the close; the
+    subscriptions of other connections are spared."""
+    server = serve_factory(config="[stomp]\nmax_subscriptions = 3\n")
+    calm: Any = stomp12(server.port)
+    calm.subscribe("/queue/calm", id="c", receipt="c")
+    assert wait_until(lambda: "c" in recorder(calm).receipts)
+    greedy = Raw(server.port)
+    try:
+        greedy.connect()
+        for i in range(3):
+            greedy.send(
+                f"SUBSCRIBE\nid:{i}\ndestination:/queue/q{i}\nreceipt:r{i}\n\n\x00".encode()
+            )
+            answer = greedy.next()
+            assert answer.command is Command.RECEIPT and answer.header("receipt-id") == f"r{i}"
+        greedy.send(b"SUBSCRIBE\nid:3\ndestination:/queue/q3\nreceipt:r3\n\n\x00")
+        error = greedy.next()
+        assert error.command is Command.ERROR and error.header("receipt-id") == "r3"
+        assert "max_subscriptions=3" in str(error.header("message"))
+        assert greedy.closed_by_server()
+    finally:
+        greedy.close()
+    calm.send("/queue/calm", "still served", receipt="s")
+    assert wait_until(lambda: bodies(calm) == ["still served"])
+    calm.disconnect()
