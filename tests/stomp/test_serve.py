@@ -515,19 +515,21 @@ def test_retained_topic_message(clients: Callable[..., Any]) -> None:
     assert wait_until(lambda: bodies(later) == ["live"])
 
 
+@pytest.mark.parametrize("kind", ["queue", "topic"])  # /temp-topic/: a test since session 16
 def test_temporary_queue_reply_to_and_owner_only(
-    clients: Callable[..., Any], featured: Serve, raws: Callable[[int], Raw]
+    clients: Callable[..., Any], featured: Serve, raws: Callable[[int], Raw], kind: str
 ) -> None:
     requester = clients()
-    requester.subscribe("/temp-queue/replies", id="r")
+    requester.subscribe(f"/temp-{kind}/replies", id="r")
     synced(requester, "subscribed")
     server = clients()
     server.subscribe("/queue/PO.REQUEST", id="s")
     synced(server, "subscribed")
-    requester.send("/queue/PO.REQUEST", "PO145", headers={"reply-to": "/temp-queue/replies"})
+    requester.send("/queue/PO.REQUEST", "PO145", headers={"reply-to": f"/temp-{kind}/replies"})
     assert wait_until(lambda: len(bodies(server)) == 1)
     reply_to = recorder(server).messages[0].headers["reply-to"]
-    assert reply_to.startswith("/queue/temp.default.") and reply_to.endswith(".replies")
+    # rewritten to the broker-wide name of the requester's temporary destination
+    assert reply_to.startswith(f"/{kind}/temp.default.") and reply_to.endswith(".replies")
     server.send(reply_to, "accepted", receipt="replied")
     assert wait_until(lambda: bodies(requester) == ["accepted"])
     thief = raws(featured.port)

@@ -1,8 +1,8 @@
 """Issue 11's promises that had no test of their own (session 16's audit, README "Issue
 11 checklist"), each through a real ``broker serve`` process and real sockets:
-STOMP is off unless asked for, ``/temp-topic/`` destinations (reply-to rewriting,
-owner-only, gone with their connection), the ``max_subscriptions`` limit from the
-config file, TLS on the WebSocket port (``wss://``)."""
+STOMP is off unless asked for, the ``max_subscriptions`` limit from the config file,
+TLS on the WebSocket port (``wss://``).  (``/temp-topic/``: ``test_serve.py``'s
+temporary destination test, made to cover both kinds.)"""
 
 from __future__ import annotations
 
@@ -68,42 +68,6 @@ def test_stomp_is_off_unless_asked_for(serve_factory: Callable[..., Serve]) -> N
     server = serve_factory()
     with_stomp = listening_ports(server.proc.pid)
     assert server.port in with_stomp and len(with_stomp) == 2  # (its TMQP port: random)
-
-
-def test_a_temporary_topic_reply_to_owner_only_and_gone_with_its_connection(
-    serve_factory: Callable[..., Serve],
-) -> None:
-    server = serve_factory()
-    requester = stomp12(server.port)
-    requester.subscribe("/temp-topic/events", id="t", receipt="subscribed")
-    assert wait_until(lambda: "subscribed" in recorder(requester).receipts)
-    service = stomp12(server.port)
-    service.subscribe("/queue/requests", id="s", receipt="subscribed")
-    assert wait_until(lambda: "subscribed" in recorder(service).receipts)
-    requester.send("/queue/requests", "tell me", headers={"reply-to": "/temp-topic/events"})
-    assert wait_until(lambda: len(bodies(service)) == 1)
-    reply_to = recorder(service).messages[0].headers["reply-to"]
-    # rewritten to the broker-wide name of this connection's topic
-    assert reply_to.startswith("/topic/temp.default.") and reply_to.endswith(".events")
-    service.send(reply_to, "event 1", receipt="e1")
-    assert wait_until(lambda: bodies(requester) == ["event 1"])
-    thief = Raw(server.port)
-    try:
-        thief.connect()
-        thief.send(f"SUBSCRIBE\nid:1\ndestination:{reply_to}\nreceipt:t\n\n\x00".encode())
-        error = thief.next()
-        assert error.command is Command.ERROR
-        assert "another connection" in str(error.header("message"))
-        assert error.header("receipt-id") == "t"
-    finally:
-        thief.close()
-    requester.disconnect()  # its temporary topic goes with it
-    assert wait_until(lambda: not requester.is_connected())
-    service.send(reply_to, "too late", receipt="late")
-    assert wait_until(lambda: len(recorder(service).errors) == 1)
-    assert "no such temporary destination" in recorder(service).errors[0].headers["message"]
-    assert "late" not in recorder(service).receipts
-    service.disconnect()
 
 
 def test_max_subscriptions_from_the_config_file(serve_factory: Callable[..., Serve]) -> None:
