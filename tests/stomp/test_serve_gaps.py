@@ -1,11 +1,13 @@
 """Issue 11's promises that had no test of their own (session 16's audit, README "Issue
 11 checklist"), each through a real ``broker serve`` process and real sockets:
-STOMP is off unless asked for, the ``max_subscriptions`` limit from the config file,
-TLS on the WebSocket port (``wss://``).  (``/temp-topic/``: ``test_serve.py``'s
-temporary destination test, made to cover both kinds.)"""
+STOMP is off unless asked for, the connection limits of the config file
+(``max_connections``, ``max_subscriptions``, ``require_host``), TLS on the WebSocket
+port (``wss://``).  (``/temp-topic/``: ``test_serve.py``'s temporary destination test,
+made to cover both kinds.)"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import ssl
@@ -70,17 +72,39 @@ def test_stomp_is_off_unless_asked_for(serve_factory: Callable[..., Serve]) -> N
     assert server.port in with_stomp and len(with_stomp) == 2  # (its TMQP port: random)
 
 
-def test_max_subscriptions_from_the_config_file(serve_factory: Callable[..., Serve]) -> None:
-    """The per-connection limit (default 1000) is the config's ``[stomp]
-    max_subscriptions``: one more SUBSCRIBE is an ERROR naming it, then the close; the
-    subscriptions of other connections are spared."""
-    server = serve_factory(config="[stomp]\nmax_subscriptions = 3\n")
-    calm: Any = stomp12(server.port)
+def _refused_at_connect(port: int, connect: bytes) -> str:
+    """The ERROR message a new connection sending ``connect`` gets, once the broker closed
+    it; "" if it was let in.  (A connection past ``max_connections`` is closed at once,
+    its CONNECT unread: the kernel resets it after the ERROR.)"""
+    raw = Raw(port)
+    try:
+        raw.send(connect)
+        first = raw.next()
+        if first.command is not Command.ERROR:
+            return ""
+        with contextlib.suppress(ConnectionResetError):
+            while raw.sock.recv(65536):  # (a TimeoutError: never closed)
+                pass
+        return str(first.header("message"))
+    finally:
+        raw.close()
+
+
+def test_connection_limits_from_the_config_file(serve_factory: Callable[..., Serve]) -> None:
+    """The config's ``[stomp]`` ``max_connections`` (default 1000), ``max_subscriptions``
+    (default 1000 per connection) and ``require_host`` (default false): past a limit an
+    ERROR naming it, then the close; the other connections are spared."""
+    server = serve_factory(
+        config="[stomp]\nmax_subscriptions = 3\nmax_connections = 2\nrequire_host = true\n"
+    )
+    calm: Any = stomp12(server.port)  # (stomp.py 1.2 sends a host header)
     calm.subscribe("/queue/calm", id="c", receipt="c")
     assert wait_until(lambda: "c" in recorder(calm).receipts)
     greedy = Raw(server.port)
     try:
         greedy.connect()
+        one_more = b"CONNECT\naccept-version:1.2\nhost:localhost\n\n\x00"
+        assert "too many connections (max 2)" in _refused_at_connect(server.port, one_more)
         for i in range(3):
             greedy.send(
                 f"SUBSCRIBE\nid:{i}\ndestination:/queue/q{i}\nreceipt:r{i}\n\n\x00".encode()
@@ -94,6 +118,15 @@ def test_max_subscriptions_from_the_config_file(serve_factory: Callable[..., Ser
         assert greedy.closed_by_server()
     finally:
         greedy.close()
+    hostless = b"CONNECT\naccept-version:1.1\n\n\x00"
+    why: list[str] = []
+
+    def past_the_connection_limit() -> bool:  # (once the broker saw greedy go)
+        why.append(_refused_at_connect(server.port, hostless))
+        return "too many connections" not in why[-1]
+
+    assert wait_until(past_the_connection_limit), why
+    assert "needs a host header" in why[-1]
     calm.send("/queue/calm", "still served", receipt="s")
     assert wait_until(lambda: bodies(calm) == ["still served"])
     calm.disconnect()
