@@ -74,9 +74,10 @@ def broker(small_disk: Path, tmp_path: Path) -> Iterator[Broker]:  # noqa: F811
     server.kill()
 
 
-def _send(name: str, receipt: bool = True) -> bytes:
-    """A persistent SEND of ``BODY`` octets to /queue/orders, named by its ``n`` header."""
-    head = f"SEND\ndestination:/queue/orders\npersistent:true\nn:{name}\n"
+def _send(name: str, receipt: bool = True, transaction: str = "") -> bytes:
+    """A persistent SEND of ``BODY`` octets to /queue/orders, named by its ``n`` header
+    (``transaction``: a header line, or none)."""
+    head = f"SEND\ndestination:/queue/orders\npersistent:true\nn:{name}\n{transaction}"
     if receipt:
         head += f"receipt:{name}\n"
     head += f"content-length:{BODY}\n\n"
@@ -122,31 +123,50 @@ def _after_restart(broker: Broker, small_disk: Path) -> list[str]:  # noqa: F811
     return names
 
 
-def test_a_receipted_send_the_disk_cannot_hold_is_an_error_naming_its_receipt(
-    broker: Broker,
-    small_disk: Path,  # noqa: F811
-) -> None:
+#: One write of a producer: its bytes, the receipt it then waits for, the SENDs it holds.
+Batch = tuple[bytes, str, list[str]]
+
+
+def _fill_then_check(broker: Broker, small_disk: Path, batches: Iterator[Batch]) -> None:  # noqa: F811
+    """Write each batch and wait for its answer until the disk is full: RECEIPTs, then an
+    ERROR "not saved" naming the receipt awaited (a TimeoutError: the client heard
+    nothing), then the close.  The broker serves on and stops with 0; restarted with
+    room, it holds every receipted SEND, once, in order, and maybe the refused ones."""
     producer = broker.client()
     receipted: list[str] = []
-    for i in range(MOST):
-        name = f"m{i:03d}"
-        producer.send(_send(name))
-        answer = producer.next()  # (a TimeoutError here: the client heard nothing)
+    for data, receipt, names in batches:
+        producer.send(data)
+        answer = producer.next()
         if answer.command is Command.RECEIPT:
-            assert answer.header("receipt-id") == name
-            receipted.append(name)
+            assert answer.header("receipt-id") == receipt
+            receipted += names
             continue
-        _assert_not_saved(answer, name)
+        _assert_not_saved(answer, receipt)
+        refused = set(names)
         break
     else:
-        pytest.fail(f"{MOST} SENDs of {BODY} octets all receipted on a 1 MiB disk")
+        pytest.fail(f"{MOST} writes of {BODY}-octet SENDs all receipted on a 1 MiB disk")
     assert receipted, "the disk had room for none: nothing was tested"
     assert producer.closed_by_server()  # ERROR, then close
     producer.close()
     _served_on_and_stopped(broker)
-    names = _after_restart(broker, small_disk)
-    assert names[: len(receipted)] == receipted  # every receipted one, once, in order
-    assert set(names[len(receipted) :]) <= {f"m{len(receipted):03d}", "late"}
+    held = _after_restart(broker, small_disk)
+    assert held[: len(receipted)] == receipted
+    assert set(held[len(receipted) :]) <= refused | {"late"}
+
+
+def test_a_receipted_send_the_disk_cannot_hold_is_an_error_naming_its_receipt(
+    broker: Broker,
+    small_disk: Path,  # noqa: F811
+) -> None:
+    names = (f"m{i:03d}" for i in range(MOST))
+    _fill_then_check(broker, small_disk, ((_send(n), n, [n]) for n in names))
+
+
+def _runs() -> Iterator[Batch]:
+    for r in range(MOST):
+        names = [f"m{r:03d}-{i}" for i in range(RUN)]
+        yield b"".join(_send(n, receipt=n == names[-1]) for n in names), names[-1], names
 
 
 def test_a_pipelined_run_the_disk_cannot_hold_is_an_error_naming_the_awaited_receipt(
@@ -155,25 +175,24 @@ def test_a_pipelined_run_the_disk_cannot_hold_is_an_error_naming_the_awaited_rec
 ) -> None:
     """Runs of ``RUN`` SENDs in one write, only the last asking for a receipt (a client
     that syncs once per run): the ERROR names that receipt."""
-    producer = broker.client()
-    receipted: list[str] = []  # the SENDs of receipted runs
-    for r in range(MOST):
-        names = [f"m{r:03d}-{i}" for i in range(RUN)]
-        producer.send(b"".join(_send(n, receipt=n == names[-1]) for n in names))
-        answer = producer.next()
-        if answer.command is Command.RECEIPT:
-            assert answer.header("receipt-id") == names[-1]
-            receipted += names
-            continue
-        _assert_not_saved(answer, names[-1])
-        unreceipted = set(names)
-        break
-    else:
-        pytest.fail(f"{MOST} runs of {RUN} x {BODY} octets all receipted on a 1 MiB disk")
-    assert receipted, "the disk had room for no run: nothing was tested"
-    assert producer.closed_by_server()
-    producer.close()
-    _served_on_and_stopped(broker)
-    names = _after_restart(broker, small_disk)
-    assert names[: len(receipted)] == receipted
-    assert set(names[len(receipted) :]) <= unreceipted | {"late"}
+    _fill_then_check(broker, small_disk, _runs())
+
+
+def _transactions() -> Iterator[Batch]:
+    for t in range(MOST):
+        names = [f"m{t:03d}-{i}" for i in range(RUN)]
+        tx = f"transaction:t{t}\n"
+        sends = b"".join(_send(n, receipt=False, transaction=tx) for n in names)
+        begin, commit = f"BEGIN\n{tx}\n\x00", f"COMMIT\n{tx}receipt:c{t}\n\n\x00"
+        yield begin.encode() + sends + commit.encode(), f"c{t}", names
+
+
+def test_a_commit_the_disk_cannot_hold_is_an_error_naming_its_receipt(
+    broker: Broker,
+    small_disk: Path,  # noqa: F811
+) -> None:
+    """Transactions of ``RUN`` persistent SENDs, a receipt on COMMIT only: the COMMIT
+    waits for the broker (one engine call) and its ERROR names its receipt (before
+    session 16 it waited 10 s, blocking the listener, for "the broker engine did not
+    answer in time")."""
+    _fill_then_check(broker, small_disk, _transactions())
