@@ -127,11 +127,10 @@ def _after_restart(broker: Broker, small_disk: Path) -> list[str]:  # noqa: F811
 Batch = tuple[bytes, str, list[str]]
 
 
-def _fill_then_check(broker: Broker, small_disk: Path, batches: Iterator[Batch]) -> None:  # noqa: F811
+def _fill(broker: Broker, batches: Iterator[Batch]) -> tuple[list[str], set[str]]:
     """Write each batch and wait for its answer until the disk is full: RECEIPTs, then an
     ERROR "not saved" naming the receipt awaited (a TimeoutError: the client heard
-    nothing), then the close.  The broker serves on and stops with 0; restarted with
-    room, it holds every receipted SEND, once, in order, and maybe the refused ones."""
+    nothing), then the close.  The SENDs receipted, in order, and those refused."""
     producer = broker.client()
     receipted: list[str] = []
     for data, receipt, names in batches:
@@ -149,10 +148,51 @@ def _fill_then_check(broker: Broker, small_disk: Path, batches: Iterator[Batch])
     assert receipted, "the disk had room for none: nothing was tested"
     assert producer.closed_by_server()  # ERROR, then close
     producer.close()
+    return receipted, refused
+
+
+def _check_after(
+    broker: Broker,
+    small_disk: Path,  # noqa: F811
+    receipted: list[str],
+    refused: set[str],
+) -> None:
+    """The broker serves on and stops with 0; restarted with room, it holds every
+    receipted SEND, once, in order, and maybe the refused ones."""
     _served_on_and_stopped(broker)
     held = _after_restart(broker, small_disk)
     assert held[: len(receipted)] == receipted
     assert set(held[len(receipted) :]) <= refused | {"late"}
+
+
+def _fill_then_check(broker: Broker, small_disk: Path, batches: Iterator[Batch]) -> None:  # noqa: F811
+    _check_after(broker, small_disk, *_fill(broker, batches))
+
+
+def test_a_consumer_gets_what_the_broker_took_as_the_disk_fails(
+    broker: Broker,
+    small_disk: Path,  # noqa: F811
+) -> None:
+    """A consumer (``client-individual``, acknowledging nothing) subscribed while the
+    disk fills gets every message the broker took -- the one the store failed to save
+    too (it stays queued in memory, as a TMQP consumer would get it): until session 16
+    its delivery, held for the save, was dropped, and the message sat in flight to a
+    consumer that never saw it."""
+    consumer = broker.client()
+    consumer.send(
+        b"SUBSCRIBE\nid:s\ndestination:/queue/orders\nack:client-individual\nreceipt:sub\n\n\x00"
+    )
+    assert consumer.next().header("receipt-id") == "sub"
+    names = (f"m{i:03d}" for i in range(MOST))
+    receipted, refused = _fill(broker, ((_send(n), n, [n]) for n in names))
+    got: list[str] = []
+    for _ in range(len(receipted) + len(refused)):
+        frame = consumer.next()
+        assert frame.command is Command.MESSAGE and len(frame.body) == BODY
+        got.append(str(frame.header("n")))
+    assert got == receipted + sorted(refused)
+    consumer.close()  # (its deliveries go back to the queue, unacknowledged)
+    _check_after(broker, small_disk, receipted, refused)
 
 
 def test_a_receipted_send_the_disk_cannot_hold_is_an_error_naming_its_receipt(
