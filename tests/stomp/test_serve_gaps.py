@@ -1,23 +1,18 @@
 """Issue 11's promises that had no test of their own (session 16's audit, README "Issue
 11 checklist"), each through a real ``broker serve`` process and real sockets:
 STOMP is off unless asked for, the connection limits of the config file
-(``max_connections``, ``max_subscriptions``, ``require_host``), TLS on the WebSocket
-port (``wss://``).  (``/temp-topic/``: ``test_serve.py``'s temporary destination test,
-made to cover both kinds.)"""
+(``max_connections``, ``max_subscriptions``, ``require_host``).  (``/temp-topic/`` and
+``wss://``: ``test_serve.py``'s temporary destination and TLS tests, extended.)"""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import socket
-import ssl
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from broker.stomp.frames import SERVER_COMMANDS, Command, Frame, FrameParser, Version
+from broker.stomp.frames import Command
 from tests.broker.test_cli import free_port, start_serve
 from tests.polling import WAIT, wait_until
 from tests.stomp.test_listener import Raw
@@ -130,63 +125,3 @@ def test_connection_limits_from_the_config_file(serve_factory: Callable[..., Ser
     calm.send("/queue/calm", "still served", receipt="s")
     assert wait_until(lambda: bodies(calm) == ["still served"])
     calm.disconnect()
-
-
-def test_tls_covers_the_websocket_port_too(
-    serve_factory: Callable[..., Serve], tmp_path: Path
-) -> None:
-    """``--stomp-tls-cert/-key`` put both ports behind TLS: a ``wss://`` client is
-    served (and meets a TCP one over TLS); a plain ``ws://`` client and a plain TCP
-    CONNECT are not."""
-    pytest.importorskip("websockets")
-    from websockets.exceptions import InvalidHandshake
-    from websockets.sync.client import connect
-
-    from tests.stomp.test_listener import self_signed
-    from tests.stomp.test_websocket import WsPeer
-
-    key, cert = self_signed(tmp_path)
-    ws_port = free_port()
-    server = serve_factory(
-        "--stomp-ws", f"ws://127.0.0.1:{ws_port}",
-        "--stomp-tls-cert", str(cert), "--stomp-tls-key", str(key),
-    )  # fmt: skip
-    context = ssl.create_default_context(cafile=str(cert))
-    with (
-        socket.create_connection(("127.0.0.1", server.port), timeout=WAIT) as plain,
-        context.wrap_socket(plain, server_hostname="localhost") as tls,
-    ):
-        tls.sendall(b"CONNECT\naccept-version:1.2\nhost:localhost\n\n\x00")
-        tls.sendall(b"SUBSCRIBE\nid:1\ndestination:/queue/wss\nreceipt:sub\n\n\x00")
-        parser = FrameParser(commands=SERVER_COMMANDS, version=Version.V1_2)
-        frames: list[Frame] = []
-        while len(frames) < 2:  # CONNECTED, then the subscription's RECEIPT
-            data = tls.recv(4096)
-            assert data
-            frames.extend(parser.feed(data))
-        url = f"wss://localhost:{ws_port}/stomp"
-        with connect(url, ssl=context, subprotocols=["v12.stomp"]) as ws:  # type: ignore[list-item]
-            peer = WsPeer(ws)
-            ws.send(b"CONNECT\naccept-version:1.2\nhost:localhost\n\n\x00")
-            assert peer.next().command is Command.CONNECTED
-            ws.send(b"SEND\ndestination:/queue/wss\nreceipt:r\n\nover wss\x00")
-            assert peer.next().header("receipt-id") == "r"
-        while len(frames) < 3:
-            data = tls.recv(4096)
-            assert data
-            frames.extend(parser.feed(data))
-    assert [f.command for f in frames] == [Command.CONNECTED, Command.RECEIPT, Command.MESSAGE]
-    assert frames[2].body == b"over wss"
-    with (
-        pytest.raises((OSError, InvalidHandshake)),  # plain WebSocket on the TLS port
-        connect(f"ws://127.0.0.1:{ws_port}/stomp", open_timeout=WAIT) as ws,
-    ):
-        ws.send(b"CONNECT\naccept-version:1.2\nhost:localhost\n\n\x00")
-        ws.recv(timeout=WAIT)
-    cleartext = Raw(server.port)  # plain TCP on the TLS port: no CONNECTED
-    try:
-        cleartext.send(b"CONNECT\naccept-version:1.2\nhost:localhost\n\n\x00")
-        assert cleartext.closed_by_server()
-        assert all(f.command is not Command.CONNECTED for f in cleartext.frames)
-    finally:
-        cleartext.close()
