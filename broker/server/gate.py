@@ -28,8 +28,11 @@ acknowledge in them turned negative (``failed``, "not saved: the store failed"):
 producer hears a refusal, never a positive acknowledge for a message the disk may not
 hold, and never silence.  Everything else in them (deliveries of the messages, which
 stay queued in memory, replies) leaves as it was; a held call (a STOMP receipt or
-delivery waiting for its save) is dropped, never run: it would confirm a save that did
-not happen (the STOMP client hears nothing for it).  From then on the gate holds
+delivery waiting for its save) is never run: it would confirm a save that did not happen.
+Its failure path runs instead (``call(fn, failed)``: the STOMP door's answers become
+ERRORs "not saved: the store failed" naming their receipts, its deliveries go as TMQP
+ones do); a call without one is dropped (until session 16 every held call was: the STOMP
+client heard nothing for its receipt).  From then on the gate holds
 nothing: the store refuses every new save at once (the engine answers it ``failed``),
 so no output depends on a write any more, and the broker serves on.
 """
@@ -51,6 +54,8 @@ _ACK = int(MessageType.ACK)
 _NACK = Header.NACK_REASON.lower()
 #: why a positive acknowledge held when the store failed leaves negative
 _NOT_SAVED = "not saved: the store failed"
+#: A held call: what runs once durable, what runs instead if the store fails (see call).
+_Call = tuple[Callable[[], None], Callable[[], None] | None]
 
 
 class DurableLike(Protocol):
@@ -87,9 +92,9 @@ class OutputGate:
     def __init__(self, store: DurableLike, send: Callable[[list[Any]], None]) -> None:
         self.store = store
         self._send = send
-        self._held: deque[tuple[int, list[Any] | Callable[[], None]]] = deque()
+        self._held: deque[tuple[int, list[Any] | _Call]] = deque()
         #: outputs of the open drain waiting for their ticket (see "A drain")
-        self._untagged: list[list[Any] | Callable[[], None]] = []
+        self._untagged: list[list[Any] | _Call] = []
         self._draining = False
         #: outputs held so far (a counter for statistics)
         self.holds = 0
@@ -154,15 +159,17 @@ class OutputGate:
             self._held.append((ticket, outs))
             self.holds += 1
 
-    def call(self, fn: Callable[[], None]) -> None:
+    def call(self, fn: Callable[[], None], failed: Callable[[], None] | None = None) -> None:
         """Run ``fn`` once everything admitted so far has left and the store's newest
         write is durable (now if nothing is pending): how another door (STOMP) sends a
-        receipt or a delivery only once the message it concerns is on disk."""
+        receipt or a delivery only once the message it concerns is on disk.  If the store
+        fails first, ``failed`` runs instead, in ``fn``'s turn (none: nothing runs; see
+        "A failed store")."""
         if self.failed:
             fn()
             return
         if self._draining and self._waits():
-            self._untagged.append(fn)
+            self._untagged.append((fn, failed))
             return
         store = self.store
         ticket = store.appended
@@ -172,7 +179,7 @@ class OutputGate:
         if not self._held and ticket <= done:
             fn()
         else:
-            self._held.append((ticket, fn))
+            self._held.append((ticket, (fn, failed)))
             self.holds += 1
 
     def release(self) -> None:
@@ -184,22 +191,26 @@ class OutputGate:
 
     def _fail(self) -> None:
         """The store failed: send what is held with its positive acknowledges refused,
-        drop held calls, hold nothing from now on."""
+        run held calls' failure paths (drop those without one), hold nothing from now on."""
         self.failed = True
         waiting = [item for _ticket, item in self._held]
         waiting += self._untagged
         self._held = deque()
         self._untagged = []
-        dropped = 0
+        calls = dropped = 0
         for item in waiting:
             if isinstance(item, list):
                 self._send(_refused(item))
+            elif item[1] is not None:
+                calls += 1
+                item[1]()
             else:
                 dropped += 1
         log.error(
             "store failed: %d held outputs sent with their acknowledges refused, %d held "
-            "calls dropped",
-            len(waiting) - dropped,
+            "calls failed, %d dropped",
+            len(waiting) - calls - dropped,
+            calls,
             dropped,
         )
 
@@ -210,7 +221,7 @@ class OutputGate:
             if isinstance(item, list):
                 self._send(item)
             else:
-                item()  # a call (see call)
+                item[0]()  # a call (see call)
 
     def forget(self, client_id: str) -> None:
         """Drop what is held for a client whose session ended: the engine already counts
@@ -232,9 +243,7 @@ class OutputGate:
             self.release()
 
 
-def _without(
-    outs: list[Any] | Callable[[], None], client_id: str
-) -> list[Any] | Callable[[], None]:
+def _without(outs: list[Any] | _Call, client_id: str) -> list[Any] | _Call:
     """A held output without the frames for ``client_id`` (a call stays as it is)."""
     return [o for o in outs if o[0] != client_id] if isinstance(outs, list) else outs
 

@@ -122,6 +122,12 @@ class RunReceiver(Protocol):
 #: for a persistent message) or the reason it was refused.
 PublishAnswer = Callable[["str | None"], None]
 
+#: The reason of an answer refused because the store failed (a full or failing disk)
+#: before the writes it waited for were durable: the message was taken, not saved (it
+#: stays queued in memory).  No RECEIPT: the ERROR names the first receipt the client
+#: awaits from that frame on (a run's answer comes with none of it taken).
+NOT_SAVED = "not saved: the store failed"
+
 
 @runtime_checkable
 class AsyncPublisher(Protocol):

@@ -82,6 +82,7 @@ from broker.message import Message
 from broker.protocol import Outgoing
 from broker.sequence import FROM_FIRST
 from broker.stomp.backend import (
+    NOT_SAVED,
     BatchAnswer,
     ConnectionInfo,
     Delivery,
@@ -134,6 +135,12 @@ ANSWER_TIMEOUT = 10.0
 def _resolve(done: concurrent.futures.Future[None]) -> None:
     if not done.done():
         done.set_result(None)
+
+
+def _not_saved(done: concurrent.futures.Future[None]) -> None:
+    """The store failed before the writes ``done`` waited for were durable."""
+    if not done.done():
+        done.set_exception(BackendError(NOT_SAVED))
 
 
 @dataclass(slots=True)
@@ -267,7 +274,7 @@ class EngineBackend:
             # the removals of the messages acknowledged before it too: a RECEIPT promises
             # them (the store does not make an ACK's removal wait; see op_applied)
             self.door.engine.store.removals_answered()
-            self.door.after_durable(bound(_resolve, done))
+            self.door.after_durable(bound(_resolve, done), bound(_not_saved, done))
             return out
 
         self._flush_ops()

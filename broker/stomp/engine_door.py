@@ -36,7 +36,7 @@ from broker.protocol import (
     Tracked,
     header,
 )
-from broker.stomp.backend import BatchAnswer, ConnectionInfo, PublishAnswer
+from broker.stomp.backend import NOT_SAVED, BatchAnswer, ConnectionInfo, PublishAnswer
 from broker.stomp.destinations import Destination, DestinationKind, temp_owner
 from broker.stomp.engine_browse import BrowsePage, Followers, read_page
 from broker.stomp.engine_durable import existing_channel
@@ -63,6 +63,9 @@ T = TypeVar("T")
 Op = Callable[[float], list[Outgoing]]
 #: Runs a function on the listener's thread (``loop.call_soon_threadsafe``).
 Post = Callable[[Callable[[], None]], Any]
+#: ``after_durable(fn, failed)``: ``fn`` once the store's writes so far are durable,
+#: ``failed`` instead if the store fails first (``OutputGate.call``).
+AfterDurable = Callable[[Callable[[], None], "Callable[[], None] | None"], None]
 
 
 class EngineDoor:
@@ -76,9 +79,10 @@ class EngineDoor:
         self.clock = clock
         if PER_MESSAGE not in engine.handlers:  # the CLI registers it before recovery
             engine.handlers[PER_MESSAGE] = PerMessageDeliveryHandler(engine.config.wall_clock)
-        #: Runs a function once the store's writes so far are durable (the server's
-        #: ``OutputGate.call``; without a store: at once).  Receipts and deliveries wait.
-        self.after_durable: Callable[[Callable[[], None]], None] = _at_once
+        #: Runs a function once the store's writes so far are durable, or the second
+        #: one instead if the store fails first (the server's ``OutputGate.call``;
+        #: without a store: at once).  Receipts and deliveries wait.
+        self.after_durable: AfterDurable = _at_once
         self._ops: deque[Op] = deque()
         self._woken = False  # a wake-up octet is on its way (see submit)
         self._rx, self._tx = socket.socketpair()
@@ -90,6 +94,8 @@ class EngineDoor:
         self.browsed: Callable[[BrowsePage], None] | None = None
         #: Runs a batch of publish answers on the listener thread (EngineBackend.bind).
         self.answer: Callable[[list[tuple[PublishAnswer, str | None]]], None] | None = None
+        #: (answer, error) of this batch's publishes (a run's: ``partial(BatchAnswer,
+        #: taken)``) and of ``op_applied``, answered once their writes are durable.
         self._answers: list[tuple[PublishAnswer, str | None]] = []
         #: While run_ops runs: what it posts to the listener thread, posted as one call
         #: at its end (one loop wake-up per batch, not one per kind of output).
@@ -238,7 +244,10 @@ class EngineDoor:
             if self._answers and self.answer is not None:
                 answers, self._answers = self._answers, []
                 # after the deliveries (posted by _split), once the messages are durable
-                self.after_durable(bound(self._post, bound(self.answer, answers)))
+                self.after_durable(
+                    bound(self._post, bound(self.answer, answers)),
+                    bound(self._post, bound(self._answer_unsaved, answers)),
+                )
         finally:
             self._posting = None
         if len(posting) == 1:
@@ -283,6 +292,13 @@ class EngineDoor:
         if delivery is None:
             return message  # no acknowledge tracked (not a queue delivery): no sequence
         return message.replace(headers=(*message.headers, (SEQ_HEADER, str(delivery.message.seq))))
+
+    def _answer_unsaved(self, answers: list[tuple[PublishAnswer, str | None]]) -> None:
+        """The store failed before ``answers``' writes were durable: what would have been
+        a RECEIPT is refused (``NOT_SAVED``), a run's with none of it taken (which of its
+        messages the disk holds is unknown); a refusal stays as it was."""
+        assert self.answer is not None
+        self.answer([_unsaved(answer, error) for answer, error in answers])
 
     def _post(self, fn: Callable[[], None]) -> None:
         if self._posting is not None:
@@ -490,7 +506,8 @@ class EngineDoor:
 
     def _post_deliveries(self, items: list[tuple[int, Message]]) -> None:
         if self.post is not None and self.deliver is not None:
-            self.after_durable(bound(self._post, bound(self.deliver, items)))
+            posted = bound(self._post, bound(self.deliver, items))
+            self.after_durable(posted, posted)  # a failed store: as TMQP deliveries go
 
     def _allows(self, client_id: str, action: Action, channel: str) -> bool:
         client = self.engine.clients.get(client_id)
@@ -809,7 +826,8 @@ class EngineDoor:
             raise BackendError(f"not authorized to browse {channel!r}")
         page = read_page(self.engine, conn, sub_id, channel, from_seq)
         if self.post is not None and self.browsed is not None:
-            self.after_durable(bound(self._post, bound(self.browsed, page)))
+            posted = bound(self._post, bound(self.browsed, page))
+            self.after_durable(posted, posted)
         return []
 
     def op_follow(
@@ -834,7 +852,8 @@ class EngineDoor:
             return
         for channel, conn, sub_id, start in self.followers.due(self.engine):
             page = read_page(self.engine, conn, sub_id, channel, start)
-            self.after_durable(bound(self._post, bound(self.browsed, page)))
+            posted = bound(self._post, bound(self.browsed, page))
+            self.after_durable(posted, posted)
 
     def op_drop_wildcard(self, conn: int, sub_id: str, now: float) -> list[Outgoing]:
         """A wildcard subscription ended: stop consuming what it joined."""
@@ -913,8 +932,18 @@ def _run_all(fns: list[Callable[[], None]]) -> None:
             log.exception("STOMP listener callback failed")
 
 
-def _at_once(fn: Callable[[], None]) -> None:
+def _at_once(fn: Callable[[], None], failed: Callable[[], None] | None = None) -> None:
     fn()
+
+
+def _unsaved(answer: PublishAnswer, error: str | None) -> tuple[PublishAnswer, str | None]:
+    """``(answer, error)`` as it goes when the store failed before it (``_answer_unsaved``)."""
+    if isinstance(answer, partial):  # a run's (BatchAnswer, taken): none of it confirmed
+        taken = answer.args[0]
+        if error is None or taken > 0:
+            return partial(answer.func, 0), NOT_SAVED
+        return answer, error
+    return answer, NOT_SAVED if error is None else error
 
 
 #: ``Message(...)`` from a tuple of every field, without the named tuple's Python-level

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from broker.stomp.backend import (
+    NOT_SAVED,
     AfterApplied,
     AsyncPublisher,
     Backend,
@@ -684,7 +685,10 @@ class Session:
             return  # the session is over (an ERROR was sent): nothing more to say
         self._unanswered_bytes -= entry.size
         if error is not None:
-            self._fail(error, self._now, entry.receipt)  # (the queue goes with it)
+            receipt = entry.receipt
+            if receipt is None and error == NOT_SAVED:
+                receipt = self._awaited(entry, 0)
+            self._fail(error, self._now, receipt)  # (the queue goes with it)
             self.on_delivery()
             return
         self._release_answered()
@@ -760,10 +764,32 @@ class Session:
         # the SENDs before the refused one were taken: their receipts, then the ERROR
         receipts = entry.receipts or []
         failed = receipts[taken] if taken < len(receipts) else None
+        if failed is None and error == NOT_SAVED:
+            failed = self._awaited(entry, taken)
         entry.receipts = receipts[:taken]
         self._release_answered()
         self._fail(error, self._now, failed)
         self.on_delivery()
+
+    def _awaited(self, entry: _Answer, taken: int) -> str | None:
+        """The first receipt the client awaits from ``entry``'s SEND ``taken`` on (none of
+        those RECEIPTs will come): the ERROR of a store failure (``NOT_SAVED``) names it
+        even when the SEND it concerns asked for none (a client that asks for a receipt
+        on the last SEND of a run only)."""
+        skip = None
+        for later in self._unanswered:
+            if skip is None:
+                if later is not entry:
+                    continue
+                skip = taken
+            if later.receipts is not None:
+                for receipt in later.receipts[skip:]:
+                    if receipt is not None:
+                        return receipt
+            elif later.receipt is not None:
+                return later.receipt
+            skip = 0
+        return None
 
     def _release_answered(self) -> None:
         """The receipts of the answered entries at the head of the queue go out."""

@@ -32,14 +32,16 @@ PUSHES = 2_000  # per producer, 1 KiB each
 START = 60.0  # deadline (s) for a Python process to start at load 50 (test_cli's)
 
 
-def _serve(endpoint: str, data: Path, log: Path) -> subprocess.Popen[bytes]:
-    """``broker serve`` with its log lines in a file (a full disk makes many); ready once
-    the file holds one more ready line than before (a restart appends to the same file)."""
+def _serve(endpoint: str, data: Path, log: Path, *extra: str) -> subprocess.Popen[bytes]:
+    """``broker serve`` (``extra``: more options) with its log lines in a file (a full disk
+    makes many); ready once the file holds one more ready line than before (a restart
+    appends to the same file)."""
     ready = b"broker serving on"
     before = log.read_bytes().count(ready) if log.exists() else 0
     with log.open("ab") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "broker", "serve", "--bind", endpoint, "--data", str(data)],
+            [sys.executable, "-m", "broker", "serve", "--bind", endpoint, "--data", str(data),
+             *extra],
             stdout=subprocess.DEVNULL, stderr=err,
         )  # fmt: skip
     if not wait_until(lambda: log.read_bytes().count(ready) > before, timeout=START):

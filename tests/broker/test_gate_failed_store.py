@@ -113,10 +113,12 @@ def test_held_acknowledges_leave_refused_and_nothing_is_held_after(
     disk.fill()
     g.push_each()
     gate.call(lambda: called.append(1))  # (a STOMP receipt waiting for those saves)
-    assert gate.held == PRODUCERS + 1 and sent == []  # each waits for its fsync
+    gate.call(lambda: called.append(2), lambda: called.append(-2))  # (one with a failure path)
+    assert gate.held == PRODUCERS + 2 and sent == []  # each waits for its fsync
     _release_when_failed(gate, log)
     assert _acks(sent) == {p: ["failed"] for p in producers}  # a refusal each, no silence
-    assert called == []  # a call would confirm a save that did not happen
+    assert called == [-2]  # a call would confirm a save that did not happen: its failure
+    # path runs instead (the STOMP door's: an ERROR "not saved"), one without is dropped
     assert gate.held == 0 and gate.failed
     # from now on nothing waits: a persistent push is refused at once...
     sent.clear()
@@ -128,8 +130,8 @@ def test_held_acknowledges_leave_refused_and_nothing_is_held_after(
                   pending_ack=True, message_id="x", source=producers[1], payload=b"x")  # fmt: skip
     g.push(producers[1], plain)
     assert _acks(sent) == {producers[1]: [None]}
-    gate.call(lambda: called.append(2))
-    assert called == [2]
+    gate.call(lambda: called.append(3), lambda: called.append(-3))
+    assert called == [-2, 3]
 
 
 def test_a_drain_whose_held_group_the_failed_log_refuses_acknowledges_nothing(

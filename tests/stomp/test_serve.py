@@ -516,19 +516,21 @@ def test_retained_topic_message(clients: Callable[..., Any]) -> None:
     assert wait_until(lambda: bodies(later) == ["live"])
 
 
+@pytest.mark.parametrize("kind", ["queue", "topic"])  # /temp-topic/: a test since session 16
 def test_temporary_queue_reply_to_and_owner_only(
-    clients: Callable[..., Any], featured: Serve, raws: Callable[[int], Raw]
+    clients: Callable[..., Any], featured: Serve, raws: Callable[[int], Raw], kind: str
 ) -> None:
     requester = clients()
-    requester.subscribe("/temp-queue/replies", id="r")
+    requester.subscribe(f"/temp-{kind}/replies", id="r")
     synced(requester, "subscribed")
     server = clients()
     server.subscribe("/queue/PO.REQUEST", id="s")
     synced(server, "subscribed")
-    requester.send("/queue/PO.REQUEST", "PO145", headers={"reply-to": "/temp-queue/replies"})
+    requester.send("/queue/PO.REQUEST", "PO145", headers={"reply-to": f"/temp-{kind}/replies"})
     assert wait_until(lambda: len(bodies(server)) == 1)
     reply_to = recorder(server).messages[0].headers["reply-to"]
-    assert reply_to.startswith("/queue/temp.default.") and reply_to.endswith(".replies")
+    # rewritten to the broker-wide name of the requester's temporary destination
+    assert reply_to.startswith(f"/{kind}/temp.default.") and reply_to.endswith(".replies")
     server.send(reply_to, "accepted", receipt="replied")
     assert wait_until(lambda: bodies(requester) == ["accepted"])
     thief = raws(featured.port)
@@ -663,71 +665,65 @@ def test_stomp_over_websocket_meets_tcp(
 
 
 def test_stomp_over_tls(serve_factory: Callable[..., Serve], tmp_path: Path) -> None:
+    """``--stomp-tls-cert/-key`` put both ports behind TLS: a TCP client over TLS and a
+    ``wss://`` one meet (``wss`` since session 16); a plain ``ws://`` client and a plain
+    TCP CONNECT are not served."""
     import socket
     import ssl
 
+    pytest.importorskip("websockets")
+    from websockets.exceptions import InvalidHandshake
+    from websockets.sync.client import connect
+
     from broker.stomp.frames import SERVER_COMMANDS, FrameParser, Version
     from tests.stomp.test_listener import self_signed
+    from tests.stomp.test_websocket import WsPeer
 
     key, cert = self_signed(tmp_path)
-    server = serve_factory("--stomp-tls-cert", str(cert), "--stomp-tls-key", str(key))
+    ws_port = free_port()
+    server = serve_factory(
+        "--stomp-ws", f"ws://127.0.0.1:{ws_port}",
+        "--stomp-tls-cert", str(cert), "--stomp-tls-key", str(key),
+    )  # fmt: skip
     context = ssl.create_default_context(cafile=str(cert))
     with (
         socket.create_connection(("127.0.0.1", server.port), timeout=WAIT) as plain,
         context.wrap_socket(plain, server_hostname="localhost") as tls,
     ):
         tls.sendall(b"CONNECT\naccept-version:1.2\nhost:localhost\n\n\x00")
-        tls.sendall(b"SUBSCRIBE\nid:1\ndestination:/queue/tls\n\n\x00")
-        tls.sendall(b"SEND\ndestination:/queue/tls\n\nprivate\x00")
+        tls.sendall(b"SUBSCRIBE\nid:1\ndestination:/queue/wss\nreceipt:sub\n\n\x00")
         parser = FrameParser(commands=SERVER_COMMANDS, version=Version.V1_2)
         frames: list[Frame] = []
-        while len(frames) < 2:
+        while len(frames) < 2:  # CONNECTED, then the subscription's RECEIPT
             data = tls.recv(4096)
             assert data
             frames.extend(parser.feed(data))
-    assert [f.command for f in frames] == [Command.CONNECTED, Command.MESSAGE]
-    assert frames[1].body == b"private"
-
-
-@pytest.mark.parametrize(
-    ("args", "config", "match"),
-    [
-        (["--stomp-ws", "ws://127.0.0.1:1"], None, "need --stomp"),
-        (["--stomp", "tcp://127.0.0.1:1", "--stomp-ws", "ws://10.0.0.1:1"], None, "same host"),
-        (["--stomp", "tcp://127.0.0.1:1", "--stomp-tls-cert", "c.pem"], None, "go together"),
-        (["--stomp", "tcp://10.0.0.1:1"], None, "not a loopback address"),
-        (["--stomp", "nonsense"], None, "expected tcp://HOST:PORT"),
-        (["--stomp", "tcp://127.0.0.1:1"], "[stomp]\nbogus = 1\n", "unknown keys"),
-        (["--stomp", "tcp://127.0.0.1:1"], "[stomp]\nmax_headers = -1\n", "must be a int"),
-        (["--stomp", "tcp://127.0.0.1:1"], '[stomp]\ndie_delay = "x"\n', "must be a float"),
-    ],
-)
-def test_serve_stomp_usage_errors_are_one_line_exit_2(
-    tmp_path: Path, args: list[str], config: str | None, match: str
-) -> None:
-    import sys
-
-    if config is not None:
-        path = tmp_path / "c.toml"
-        path.write_text(config)
-        args = [*args, "--config", str(path)]
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "broker",
-            "serve",
-            "--bind",
-            f"tcp://127.0.0.1:{free_port()}",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 2, done.stderr
-    assert done.stderr.count("\n") == 1 and match in done.stderr
-    assert "Traceback" not in done.stderr
+        url = f"wss://localhost:{ws_port}/stomp"
+        with connect(url, ssl=context, subprotocols=["v12.stomp"]) as ws:  # type: ignore[list-item]
+            peer = WsPeer(ws)
+            ws.send(b"CONNECT\naccept-version:1.2\nhost:localhost\n\n\x00")
+            assert peer.next().command is Command.CONNECTED
+            ws.send(b"SEND\ndestination:/queue/wss\nreceipt:r\n\nover wss\x00")
+            assert peer.next().header("receipt-id") == "r"
+        while len(frames) < 3:
+            data = tls.recv(4096)
+            assert data
+            frames.extend(parser.feed(data))
+    assert [f.command for f in frames] == [Command.CONNECTED, Command.RECEIPT, Command.MESSAGE]
+    assert frames[2].body == b"over wss"
+    with (
+        pytest.raises((OSError, InvalidHandshake)),  # plain WebSocket on the TLS port
+        connect(f"ws://127.0.0.1:{ws_port}/stomp", open_timeout=WAIT) as ws,
+    ):
+        ws.send(b"CONNECT\naccept-version:1.2\nhost:localhost\n\n\x00")
+        ws.recv(timeout=WAIT)
+    cleartext = Raw(server.port)  # plain TCP on the TLS port: no CONNECTED
+    try:
+        cleartext.send(b"CONNECT\naccept-version:1.2\nhost:localhost\n\n\x00")
+        assert cleartext.closed_by_server()
+        assert all(f.command is not Command.CONNECTED for f in cleartext.frames)
+    finally:
+        cleartext.close()
 
 
 def test_unreadable_tls_certificate_is_one_line_exit_1(tmp_path: Path) -> None:
