@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 
 from broker.stomp.frames import Command, Frame
-from tests.broker.test_cli import free_port
 from tests.broker.test_full_disk_runs import _serve
 from tests.filemq.test_full_disk import _grow, small_disk  # noqa: F401 (the fixture)
+from tests.ports import free_port
 from tests.stomp.test_listener import Raw
 
 BODY = 64 << 10  # 16 of them fill the 1 MiB tmpfs

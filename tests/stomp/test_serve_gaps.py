@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from broker.stomp.frames import Command
-from tests.broker.test_cli import free_port, start_serve
+from tests.broker.test_cli import start_serve
 from tests.polling import WAIT, wait_until
+from tests.ports import free_port
 from tests.stomp.test_listener import Raw
 from tests.stomp.test_serve import Serve, bodies, recorder, serve_factory, stomp12
 
