@@ -51,7 +51,7 @@ import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from enum import Enum, IntEnum
-from typing import Any
+from typing import Any, cast
 
 from broker import batch, tmqp
 from broker.client.admin import next_page
@@ -458,6 +458,10 @@ class Session:
         #: The batch frame encoders of this client id (``frames.batch_senders``: by
         #: ``ack``), made with the first batch after the id is set.
         self.batchers: tuple[PushEncoder, PushEncoder] | None = None
+        #: The driving thread's buffer for the payload of the batches it coalesces
+        #: (``batch.pack_into``): as long as the largest so far, ``SEND_BATCH_OCTETS``
+        #: at most.
+        self._packed = bytearray()
         #: The broker's secret for this client's session (sent back when reconnecting).
         self.session_secret: str | None = None
         #: Why the session was last lost (while it waits to reconnect).
@@ -765,18 +769,20 @@ class Session:
             taken += 1
         if taken < 2:
             return (entries[0] if taken else next(iter(frames))), 1
-        return self._batch_frame(batch.pack(entries), acked), taken
+        with batch.pack_into(self._packed, entries) as payload:
+            return self._batch_frame(payload, acked), taken
 
-    def _batch_frame(self, payload: bytes, acked: list[tuple[int, str]]) -> bytes:
-        """The batch frame of the packed entries ``payload`` (``batch.pack``), whose
-        ``acked`` (index, message id) await its acknowledge (registered here)."""
+    def _batch_frame(self, payload: bytes | memoryview, acked: list[tuple[int, str]]) -> bytes:
+        """The batch frame of the packed entries ``payload`` (``batch.pack``, or a view
+        of ``batch.pack_into``'s buffer: the encoder takes its length and joins it),
+        whose ``acked`` (index, message id) await its acknowledge (registered here)."""
         bid = self.new_id()
         if acked:
             self._handed.batch(bid, acked)
         encoders = self.batchers
         if encoders is None:
             encoders = self.batchers = batch_senders(self.client_id or "")
-        return encoders[bool(acked)](batch.BATCH, bid, "", payload)[0]
+        return encoders[bool(acked)](batch.BATCH, bid, "", cast(bytes, payload))[0]
 
     def _batch_settled(self, frame: tmqp.Frame, now: float) -> Sequence[Event]:
         """The acknowledge of a batch: each acknowledged push in it settled as its own

@@ -186,3 +186,32 @@ def test_a_refused_entry_reports_its_reasons() -> None:
     error = pushes[0][2].exception(0)
     assert isinstance(error, RemoteError) and "no-consumers" in str(error)
     assert pushes[1][2].result(0).headers == ()
+
+
+def test_pack_into_reuses_its_buffer_and_packs_what_pack_packs() -> None:
+    buffer = bytearray()
+    big = [b"a" * 300, b"", b"bc"]
+    with batch.pack_into(buffer, big) as view:
+        assert bytes(view) == batch.pack(big)
+        assert bytes(view[:8]) == b"\x2c\x01\x00\x00aaaa"  # (300, little-endian, then it)
+    grown = len(buffer)
+    small = [b"xyz", b"q"]
+    with batch.pack_into(buffer, small) as view:
+        assert bytes(view) == b"\x03\x00\x00\x00xyz\x01\x00\x00\x00q" == batch.pack(small)
+    assert len(buffer) == grown  # kept for the next one
+    with batch.pack_into(buffer, []) as view:
+        assert bytes(view) == b""
+
+
+def test_batches_coalesced_one_after_another_each_carry_their_own_entries() -> None:
+    session, now = batch_session()
+    for sizes in ((4096,) * 8, (10, 20), (100,) * 5, (16000, 1)):
+        pushes = [acked_push(session, now, bytes([65 + i]) * size) for i, size in enumerate(sizes)]
+        entries = [data for _mid, data, _w in pushes]
+        data, taken = session.coalesce(deque(entries))
+        frame = tmqp.decode((data,))
+        assert taken == len(sizes) and isinstance(frame, tmqp.Frame)
+        assert data == batch.batch_frame(frame.message_id, "me", entries, True)
+        answer = tmqp.encode(batch.result_frame(frame.message_id, "me", ()))[0]
+        resolve_all(session.feed(answer, now))
+        assert all(waiter.result(0).message_id == mid for mid, _data, waiter in pushes)
