@@ -317,7 +317,7 @@ class IOLoop:
         send = self.send
         s = self.s
         while out:
-            data = out[0]
+            data = S.octets(out[0])
             taken = 1
             if s.batch_max and len(out) > 1 and s.batchable(data):
                 # the frames at the head that may share a batch, as one batch frame
@@ -503,7 +503,7 @@ class IOLoop:
         out.append(self.s.goodbye())
         while out and time.monotonic() < deadline:
             try:
-                sock.send(out[0], zmq.NOBLOCK)
+                sock.send(S.octets(out[0]), zmq.NOBLOCK)
                 out.popleft()
             except zmq.Again:
                 sock.poll(50, zmq.POLLOUT)

@@ -254,6 +254,17 @@ def _paged(value: Any, path: tuple[str, ...]) -> bool:
     return isinstance(value, list)
 
 
+#: What waits in a driver's outbox: a frame's octets, or an acknowledged push's octets
+#: with its message id (:meth:`Session.coalesce` then batches it without reading the id
+#: back from the octets).
+Queued = bytes | tuple[bytes, str]
+
+
+def octets(item: Queued) -> bytes:
+    """The octets to send of what waits in an outbox."""
+    return item if isinstance(item, bytes) else item[0]
+
+
 # -- events (what the driver must do) -------------------------------------------------
 
 
@@ -303,11 +314,10 @@ class Settled:
 @dataclass(frozen=True, slots=True)
 class SettledAll:
     """Several requests succeeded at once (the accepted pushes of a batch's acknowledge):
-    complete ``waiters[i]`` with ``values[i]``, in order.  One event for them all: a
+    complete each waiter with its value, in order.  One event for them all: a
     :class:`Settled` each cost a frozen object and a dispatch per push."""
 
-    waiters: list[Any]
-    values: list[Any]
+    settled: list[tuple[Any, Any]]  # (waiter, value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,7 +379,7 @@ def resolve(event: Settled | SettledAll | Failed) -> None:
     """Complete the waiter of a request (a ``concurrent.futures`` or ``asyncio`` future),
     or each waiter of a :class:`SettledAll`; one already done (cancelled) is left as it is."""
     if isinstance(event, SettledAll):
-        for waiter, value in zip(event.waiters, event.values, strict=True):
+        for waiter, value in event.settled:
             if not waiter.done():
                 waiter.set_result(value)
         return
@@ -741,19 +751,25 @@ class Session:
         ]
         return self._batch_frame(batch.pack(entries), acked)
 
-    def coalesce(self, frames: Iterable[bytes]) -> tuple[bytes, int]:
+    def coalesce(self, frames: Iterable[Queued]) -> tuple[bytes, int]:
         """The frames at the head of ``frames`` (an outbox) that may share a batch
         (:meth:`batchable`; at most ``batch_max`` of them, their entries at most
         ``batch_octets``) as one batch frame, and how many it took; the first frame as
         it is and 1 when fewer than two may.  One pass (what :meth:`batchable` and
-        :meth:`batch_of` do, for each frame at once: a sender's hot path)."""
+        :meth:`batch_of` do, for each frame at once: a sender's hot path).  An
+        acknowledged push queued with its message id (:data:`Queued`) is taken with that
+        id; one queued alone has it read from its octets."""
         entries: list[bytes] = []
         add = entries.append
         acked: list[tuple[int, str]] = []
         peek = tmqp.peek_message_id
         room = self.batch_octets
         taken = 0
-        for data in itertools.islice(frames, self.batch_max):
+        for item in itertools.islice(frames, self.batch_max):
+            if isinstance(item, tuple):
+                data, mid = item
+            else:
+                data, mid = item, None
             size = len(data)
             room -= size + 4
             if size < 8 or size > BATCHABLE_OCTETS or room < 0:
@@ -762,13 +778,13 @@ class Session:
             if kind == _QUEUE_BITS:
                 if data[1] & 192 != 64:
                     break  # (a fire-and-forget push, or one awaiting a response)
-                acked.append((taken, peek(data) or ""))
+                acked.append((taken, (peek(data) or "") if mid is None else mid))
             elif kind != _ACK_BITS or data[1] & 192:
                 break
             add(data)
             taken += 1
         if taken < 2:
-            return (entries[0] if taken else next(iter(frames))), 1
+            return (entries[0] if taken else octets(next(iter(frames)))), 1
         with batch.pack_into(self._packed, entries) as payload:
             return self._batch_frame(payload, acked), taken
 
@@ -805,8 +821,8 @@ class Session:
         append = events.append
         pending = self._waiting
         # the accepted ones in a row, settled by one event (in order with the others)
-        waiters: list[Any] = []
-        values: list[Any] = []
+        settled: list[tuple[Any, Any]] = []
+        add = settled.append
         make_ack = ack_frame
         for index, mid in inner:
             if err is not None:
@@ -822,28 +838,27 @@ class Session:
                 entry = pending.pop(mid)
                 call = entry.call
                 if call is None or call.reply is Reply.FRAME:
-                    waiters.append(entry.waiter)
-                    values.append(make_ack(mid))
+                    add((entry.waiter, make_ack(mid)))
                     continue
                 if (
                     call.reply is Reply.NONE
                     and call.on_success is None
                     and call.frame.message_type == _QUEUE
                 ):
-                    waiters.append(entry.waiter)
-                    values.append(None)
+                    add((entry.waiter, None))
                     continue
                 pending[mid] = entry  # (anything else: as its own acknowledge would be)
                 headers: tuple[tuple[str, str], ...] = ()
             else:
                 headers = ((Header.NACK_REASON, why[0]), (Header.REASON, why[1] or why[0]))
-            if waiters:
-                append(SettledAll(waiters, values))
-                waiters, values = [], []
+            if settled:
+                append(SettledAll(settled))
+                settled = []
+                add = settled.append
             one = tmqp.Frame(message_type=_ACK, message_id=mid, headers=headers)
             events += self._settle(one, now)
-        if waiters:
-            append(SettledAll(waiters, values))
+        if settled:
+            append(SettledAll(settled))
         return events
 
     def _closing(self, msg: tmqp.Frame, now: float) -> Sequence[Event]:

@@ -215,3 +215,25 @@ def test_batches_coalesced_one_after_another_each_carry_their_own_entries() -> N
         answer = tmqp.encode(batch.result_frame(frame.message_id, "me", ()))[0]
         resolve_all(session.feed(answer, now))
         assert all(waiter.result(0).message_id == mid for mid, _data, waiter in pushes)
+
+
+def test_pushes_queued_with_their_ids_and_without_share_one_batch() -> None:
+    """The threaded client queues ``push_async``'s frames with their message ids
+    (``session.Queued``); a poll-on-call client, ``push`` with headers, acks: the octets
+    alone.  Both kinds settle by the batch's one acknowledge."""
+    session, now = batch_session()
+    pushes = [acked_push(session, now, b"q" * size) for size in (10, 4096, 300, 0)]
+    outbox: deque[S.Queued] = deque()
+    for i, (mid, data, _waiter) in enumerate(pushes):
+        outbox.append((data, mid) if i % 2 else data)
+    outbox.insert(2, consumer_ack("d7"))
+    data, taken = session.coalesce(outbox)
+    assert taken == 5
+    entries = [S.octets(item) for item in outbox]
+    frame = tmqp.decode((data,))
+    assert isinstance(frame, tmqp.Frame)
+    assert data == batch.batch_frame(frame.message_id, "me", entries, True)
+    resolve_all(session.feed(tmqp.encode(batch.result_frame(frame.message_id, "me", ()))[0], now))
+    for mid, _data, waiter in pushes:
+        assert waiter.result(0).message_id == mid
+    assert session.coalesce(deque([(pushes[0][1], pushes[0][0])])) == (pushes[0][1], 1)
