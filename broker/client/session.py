@@ -73,7 +73,7 @@ from broker.client.frames import (
     join_frame,
     queue_senders,
 )
-from broker.client.handover import Handover
+from broker.client.handover import Handover, Kind
 from broker.client.message import Message
 from broker.fanout import (
     FANOUT_ENDPOINT,
@@ -131,6 +131,7 @@ _SERVER = MessageType.SERVER
 _QUEUE_BITS = int(MessageType.QUEUE)
 _ACK_BITS = int(MessageType.ACK)
 _DELIVERIES = batch.DELIVERIES
+_WAIT = Kind.WAIT  # (a module constant: an Enum member read is a Python call in 3.11)
 
 
 def _frame_by_id(**given: Any) -> Callable[[str], tmqp.Frame]:
@@ -609,7 +610,8 @@ class Session:
     def expect(self, message_id: str, waiter: Any, now: float, timeout: float | None) -> None:
         """Register an answer to a frame the driver encoded itself (a plain ACK/RESPONSE)."""
         wait = self.timeout if timeout is None else timeout
-        self._handed.wait(message_id, _Pending(waiter, now + wait, None, wait))
+        # (``Handover.wait`` inline, on its public queue: one per acknowledged push)
+        self._handed_queue.append((_WAIT, message_id, _Pending(waiter, now + wait, None, wait)))
 
     def cancel(self, message_id: str) -> None:
         """Forget a request (its send failed, or its caller gave up)."""
@@ -832,7 +834,7 @@ class Session:
                 continue
             if index in later or mid not in pending:
                 continue
-            why = refused.get(index)
+            why = refused.get(index) if refused else None
             if why is None:
                 # accepted: what ``_settle`` makes of a plain ACK, without the detour
                 entry = pending.pop(mid)
