@@ -171,14 +171,8 @@ class LeanFuture(Future[Any]):
                 waiter.add_result(self)
             if self._cond is not None:
                 self._cond.notify_all()
-        callbacks = self._done_callbacks
-        if callbacks:  # (``_run_callbacks`` inline: one settled per acknowledged push)
-            self._done_callbacks = []
-            for fn in callbacks:
-                try:
-                    fn(self)
-                except Exception:
-                    LOGGER.exception("exception calling callback for %r", self)
+        if self._done_callbacks:
+            self._run_callbacks()
 
     def set_exception(self, exception: BaseException | None) -> None:
         with self._lock:

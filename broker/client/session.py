@@ -10,7 +10,7 @@ module owns the protocol.  A driver
   :meth:`Session.tick` when :meth:`Session.next_wake` says a timer is due;
 * sends a request with :meth:`Session.start` (a :class:`Call`: a frame and how to read
   its answer) together with a *waiter* of its own (a future of any kind: the core only
-  hands it back in :class:`Settled` / :class:`Failed`);
+  hands it back in :class:`Settled` / :class:`SettledAll` / :class:`Failed`);
 * does what the returned events say (:data:`Event`).
 
 The core matches answers to requests by message id, judges them (a failure status is a
