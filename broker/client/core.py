@@ -226,9 +226,11 @@ class ClientCore:
         frame of ``message_id``; the future of that frame."""
         # (future(), inline)
         future = _PumpedFuture(self) if self.loop is not None else _futures.ClientFuture()
-        self.session.expect(message_id, future, time.monotonic(), timeout)
+        session = self.session
+        session.expect(message_id, future, time.monotonic(), timeout)
         try:
-            self.enqueue(data, False, message_id)
+            # (with its id when it may share a batch: ``Session.coalesce`` takes it)
+            self.enqueue(data, False, message_id if session.batch_max else None)
         except BaseException:
             self.session.cancel(message_id)
             raise

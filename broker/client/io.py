@@ -317,7 +317,8 @@ class IOLoop:
         send = self.send
         s = self.s
         while out:
-            data = S.octets(out[0])
+            item = out[0]
+            data = item[0] if isinstance(item, tuple) else item  # (``S.octets`` inline)
             taken = 1
             if s.batch_max and len(out) > 1 and s.batchable(data):
                 # the frames at the head that may share a batch, as one batch frame
