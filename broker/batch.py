@@ -86,6 +86,27 @@ def pack(entries: Iterable[bytes]) -> bytes:
     return b"".join(parts)
 
 
+def pack_into(buffer: bytearray, entries: Sequence[bytes]) -> memoryview:
+    """What :func:`pack` makes of ``entries``, written into ``buffer`` from its start
+    (grown when short, never shrunk); a view of those octets, to be released before the
+    buffer is packed again.  A sender packing batch after batch reuses one buffer: a new
+    payload of hundreds of KiB each time is a large allocation whose pages the C
+    allocator hands back to the system when it is freed and takes again (page faults)
+    at the next one (client, 4 KiB pushes: ~0.8 faults a push)."""
+    end = sum(map(len, entries)) + 4 * len(entries)
+    if len(buffer) < end:
+        buffer.extend(bytes(end - len(buffer)))
+    pos = 0
+    put_len = _LEN.pack_into
+    for entry in entries:
+        size = len(entry)
+        put_len(buffer, pos, size)
+        pos += 4
+        buffer[pos : pos + size] = entry
+        pos += size
+    return memoryview(buffer)[:end]
+
+
 def unpack(payload: bytes, max_entries: int) -> list[bytes]:
     """The entries of a batch payload; :class:`BatchError` when it cannot be split or
     holds more than ``max_entries``."""

@@ -330,7 +330,7 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
                     if ev.data is _PING:
                         self._confirmations.probe()
                     await self._sock.send(ev.data)
-            elif isinstance(ev, S.Settled | S.Failed):
+            elif isinstance(ev, S.Settled | S.SettledAll | S.Failed):
                 S.resolve(ev)
             elif isinstance(ev, S.Deliver):
                 await self._to_inbox(ev.message)

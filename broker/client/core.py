@@ -27,7 +27,7 @@ from broker.client.confirm import Confirmations
 from broker.client.errors import ClientClosed, ClientError, StopLoop
 from broker.client.inbox import Inbox
 from broker.client.message import Message
-from broker.client.session import Call, Session, SessionState
+from broker.client.session import Call, Queued, Session, SessionState
 from broker.client.sockets import Curve
 
 #: The note of a wake-up that stops the I/O thread (``Client.close``).
@@ -76,7 +76,9 @@ class ClientCore:
         #: directly (in C: no Python frame for the Condition's ``__enter__``/``__exit__``).
         self.lock = threading.RLock()
         self.cv = threading.Condition(self.lock)
-        self.outbox: deque[bytes] = deque()
+        #: Frames to send, oldest first (an acknowledged push's with its message id:
+        #: ``session.Queued``).
+        self.outbox: deque[Queued] = deque()
         self.woken = False
         self.out_waiting = 0
         self.on_message: Callable[[Message], Any] | None = None
@@ -135,8 +137,9 @@ class ClientCore:
 
     # -- sending -----------------------------------------------------------------------
 
-    def enqueue(self, data: bytes, blind: bool = True) -> None:
-        """Send ``data`` (``blind``: it waits for no answer, see ``confirmations``)."""
+    def enqueue(self, data: bytes, blind: bool = True, push_id: str | None = None) -> None:
+        """Send ``data`` (``blind``: it waits for no answer, see ``confirmations``;
+        ``push_id``: it is the acknowledged push of that message id)."""
         loop = self.loop
         if loop is not None:  # poll-on-call: send right here
             if blind:
@@ -152,7 +155,7 @@ class ClientCore:
                 self._wait_for_room()
             if blind:
                 self.confirmations.sent += 1
-            out.append(data)
+            out.append(data if push_id is None else (data, push_id))
             if not self.woken:
                 self.wake()
 
@@ -223,9 +226,11 @@ class ClientCore:
         frame of ``message_id``; the future of that frame."""
         # (future(), inline)
         future = _PumpedFuture(self) if self.loop is not None else _futures.ClientFuture()
-        self.session.expect(message_id, future, time.monotonic(), timeout)
+        session = self.session
+        session.expect(message_id, future, time.monotonic(), timeout)
         try:
-            self.enqueue(data, blind=False)
+            # (with its id when it may share a batch: ``Session.coalesce`` takes it)
+            self.enqueue(data, False, message_id if session.batch_max else None)
         except BaseException:
             self.session.cancel(message_id)
             raise

@@ -53,6 +53,17 @@ def queue_senders(source: str) -> tuple[PushEncoder, PushEncoder, PushEncoder, P
     )
 
 
+def batch_senders(source: str) -> tuple[PushEncoder, PushEncoder]:
+    """The encoders of batch frames (``broker.batch``) from ``source``, indexed by
+    ``ack``: called with (``batch.BATCH``, the batch id, "", the packed entries) they give
+    the octets ``batch.batch_frame`` gives (the flags and the source made once)."""
+    kind = int(MessageType.SERVER)
+    return (
+        tmqp.encode_frame_sender(message_type=kind, source=source),
+        tmqp.encode_frame_sender(message_type=kind, pending_ack=True, source=source),
+    )
+
+
 def queue_frame(
     message_id: str,
     channel: str,

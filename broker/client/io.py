@@ -41,6 +41,7 @@ _EVENTS = zmq.EVENTS
 _SERVE_EVERY = 0.02
 _READY = S.SessionState.READY
 _SETTLED = S.Settled
+_SETTLED_ALL = S.SettledAll
 #: Poll-on-call, between two looks at the timers: how long one recv() may wait (ms).
 _RECV_WAIT_MS = 20
 _RAW_WAIT = RAW_WAIT_MS / 1000
@@ -316,10 +317,12 @@ class IOLoop:
         send = self.send
         s = self.s
         while out:
-            data = out[0]
+            item = out[0]
+            data = item[0] if isinstance(item, tuple) else item  # (``S.octets`` inline)
             taken = 1
             if s.batch_max and len(out) > 1 and s.batchable(data):
-                data, taken = self._coalesce()
+                # the frames at the head that may share a batch, as one batch frame
+                data, taken = s.coalesce(out)
             try:
                 send(data, zmq.NOBLOCK, len(data) < _BIG)
             except zmq.Again:
@@ -334,26 +337,6 @@ class IOLoop:
         if c.out_waiting and len(out) < c.max_outbox:
             with c.cv:
                 c.cv.notify_all()
-
-    def _coalesce(self) -> tuple[bytes, int]:
-        """The frames at the head of the outbox that may share a batch (``broker.batch``:
-        pushes and acknowledges, up to the session's ``batch_max`` and
-        ``SEND_BATCH_OCTETS``) as one batch frame, and how many it took."""
-        out = self.c.outbox
-        s = self.s
-        batchable = s.batchable
-        n = min(len(out), s.batch_max)
-        entries: list[bytes] = []
-        size = 0
-        for i in range(n):
-            data = out[i]
-            if not batchable(data) or size + len(data) + 4 > s.batch_octets:
-                break
-            entries.append(data)
-            size += len(data)
-        if len(entries) == 1:
-            return entries[0], 1
-        return s.batch_of(entries), len(entries)
 
     def send_or_queue(self, data: bytes) -> bool:
         """Poll-on-call: send ``data`` now unless frames wait before it (True: sent);
@@ -374,7 +357,8 @@ class IOLoop:
     def _apply(self, events: Iterable[S.Event]) -> None:
         c = self.c
         for ev in events:
-            if type(ev) is _SETTLED:  # (the most frequent: one per acknowledged push)
+            # (the most frequent: a batch's acknowledged pushes; an acknowledged push alone)
+            if type(ev) is _SETTLED_ALL or type(ev) is _SETTLED:
                 S.resolve(ev)
             elif isinstance(ev, S.Send):
                 if ev.data is _PING:
@@ -520,7 +504,7 @@ class IOLoop:
         out.append(self.s.goodbye())
         while out and time.monotonic() < deadline:
             try:
-                sock.send(out[0], zmq.NOBLOCK)
+                sock.send(S.octets(out[0]), zmq.NOBLOCK)
                 out.popleft()
             except zmq.Again:
                 sock.poll(50, zmq.POLLOUT)
@@ -558,7 +542,7 @@ class IOLoop:
                         return event
                     if isinstance(event, S.Deliver):
                         self._deliver(event.message)
-                    elif isinstance(event, S.Settled | S.Failed):
+                    elif isinstance(event, S.Settled | S.SettledAll | S.Failed):
                         S.resolve(event)
                     elif isinstance(event, S.Notify):
                         S.notify(event)
