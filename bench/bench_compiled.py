@@ -1,11 +1,12 @@
-"""The compiled build (mypyc, ``ZEROHUB_COMPILE=1``) against pure Python, same code,
-same run, in turns: the broker's CPU per message.
+"""Does compiling the broker's hot modules with mypyc pay?  The same commit pure and
+compiled, same run, in turns: the broker's CPU per message.
 
-Two trees of the same code: ``--compiled`` (default: this checkout, which must hold the
-compiled build: ``ZEROHUB_COMPILE=1 pip install -e .``) and ``--pure`` (default: this
-checkout's HEAD exported to a temp dir by ``git archive``, nothing compiled).  Each turn
-runs, for each tree (the pure one first in odd turns, last in even ones), the tree's
-own scripts with ``PYTHONPATH`` set to it:
+Two trees of this checkout's HEAD, exported to temp dirs (``git archive``): one left pure,
+one where mypyc compiles :data:`COMPILED` in place (mypy from the dev extra, its mypyc, gcc
+and the Python headers; ~4 CPU minutes, 5-14 min here under load; ``--compiled TREE``
+reuses a tree built before, ``--keep`` keeps the one built and prints where).  Each turn
+runs, for each tree (the pure one first in odd turns, last in even ones), the tree's own
+scripts with ``PYTHONPATH`` set to it:
 
 * ``profile_broker.py --cpu 1``: the broker process's CPU per message (no profiler):
   ``push``/``push_many`` with ``unacked_batch`` 0 and the default, ``acked push``, and
@@ -13,11 +14,12 @@ own scripts with ``PYTHONPATH`` set to it:
 * ``bench_stomp.py --raw``: the STOMP listener's CPU per message (``broker serve
   --stomp``; stomp.py clients and the raw-socket ones).
 
-CPU per message, not rates: the machine is shared.  The last columns are compiled /
-pure per turn (below 1: the compiled build spends less).
+CPU per message, not rates: the machine is shared.  The ratio columns are compiled /
+pure per turn (below 1: the compiled build spends less).  What is not compiled, and why,
+is beside :data:`COMPILED` (README, "Compiled build (mypyc): measured, not kept").
 
 Usage: ``python bench/bench_compiled.py [--turns N] [--messages N] [--stomp-messages N]
-[--pure TREE] [--compiled TREE]``.
+[--compiled TREE] [--keep]``.
 """
 
 from __future__ import annotations
@@ -25,15 +27,90 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
+#: The modules compiled: the broker's serving loop, engine and queue parts.  Left pure:
+#: ``broker/tmqp.py`` and ``broker/engine/message.py`` (mypyc refuses their class tricks:
+#: ``__class__`` assignment, ``__slots__`` read through the class, a class defined under
+#: ``if TYPE_CHECKING``), ``zproto/runtime.py`` (tmqp's interpreted classes subclass its
+#: ``MessageBase``: a compiled class cannot be subclassed by an interpreted one),
+#: ``broker/engine/fanout.py`` (subclasses a NamedTuple), ``broker/engine/queue/queue.py``
+#: (binds its parts' methods as instance attributes: read-only on a compiled class),
+#: ``broker/engine/delivery.py`` and ``auth.py`` (classes that users and tests subclass),
+#: ``broker/engine/limits.py`` and the two ``options.py`` (a mistyped config value must
+#: reach their own validation: compiled, the typed field raises TypeError first).
+COMPILED = (
+    "broker/batch.py",
+    "broker/message.py",
+    "broker/server/fanout.py",
+    "broker/server/gate.py",
+    "broker/server/links.py",
+    "broker/server/peers.py",
+    "broker/server/send.py",
+    "broker/server/server.py",
+    "broker/server/wait.py",
+    "broker/engine/channel.py",
+    "broker/engine/channels.py",
+    "broker/engine/clients.py",
+    "broker/engine/definitions.py",
+    "broker/engine/dsubs.py",
+    "broker/engine/engine.py",
+    "broker/engine/errors.py",
+    "broker/engine/events.py",
+    "broker/engine/federated.py",
+    "broker/engine/flow.py",
+    "broker/engine/frames.py",
+    "broker/engine/host.py",
+    "broker/engine/models.py",
+    "broker/engine/operations.py",
+    "broker/engine/parts.py",
+    "broker/engine/per_message.py",
+    "broker/engine/queue_view.py",
+    "broker/engine/receipts.py",
+    "broker/engine/replies.py",
+    "broker/engine/router.py",
+    "broker/engine/routing.py",
+    "broker/engine/tmqp_door.py",
+    "broker/engine/queue/acks.py",
+    "broker/engine/queue/broadcast_run.py",
+    "broker/engine/queue/dedupe.py",
+    "broker/engine/queue/dispatch.py",
+    "broker/engine/queue/hooks.py",
+    "broker/engine/queue/ledger.py",
+    "broker/engine/queue/messages.py",
+    "broker/engine/queue/plain_prefix.py",
+    "broker/engine/queue/protocols.py",
+    "broker/engine/queue/pull.py",
+    "broker/engine/queue/reading.py",
+    "broker/engine/queue/retained.py",
+    "broker/engine/queue/saved_run.py",
+    "broker/engine/queue/seqindex.py",
+    "broker/engine/queue/statuses.py",
+    "broker/engine/queue/trash.py",
+)
+#: Run by this Python in the tree: mypyc compiles the modules named on its command line in
+#: place (``packages=[]``: setuptools only drives gcc here, it must not go looking for the
+#: project's packages).
+_COMPILE = """
+import sys
+from setuptools import setup
+from mypyc.build import mypycify
+
+temp = sys.argv[1]
+setup(
+    name="zerohub-compiled",
+    packages=[],
+    py_modules=[],
+    ext_modules=mypycify(sys.argv[2:], target_dir=temp + "/c", opt_level="3"),
+    script_args=["build_ext", "--inplace", "--build-temp", temp + "/o"],
+)
+"""
 #: Where profile_broker.py prints its CPU rows, and where bench_stomp.py's table starts.
 _CPU_TITLE = "broker CPU us/msg (no profiler)"
 _STOMP_PREFIX = "zerohub serve --stomp"
@@ -43,17 +120,29 @@ def is_compiled(tree: Path) -> bool:
     return any((tree / "broker" / "engine").glob("engine.*.so"))
 
 
-@contextmanager
-def exported_head(checkout: Path) -> Iterator[Path]:
-    """``checkout``'s HEAD as plain files in a temp dir (no build products)."""
-    with tempfile.TemporaryDirectory(prefix="zerohub-pure-") as temp:
-        archive = Path(temp) / "head.tar"
-        subprocess.run(
-            ["git", "-C", str(checkout), "archive", "-o", str(archive), "HEAD"], check=True
+def export_head(checkout: Path, into: Path) -> Path:
+    """``checkout``'s HEAD as plain files in ``into``/tree (no build products)."""
+    archive = into / "head.tar"
+    subprocess.run(["git", "-C", str(checkout), "archive", "-o", str(archive), "HEAD"], check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(into / "tree", filter="data")
+    archive.unlink()
+    return into / "tree"
+
+
+def build(tree: Path) -> None:
+    """mypyc over :data:`COMPILED` in ``tree``, in place (its work files in a temp dir)."""
+    with tempfile.TemporaryDirectory(prefix="zerohub-mypyc-") as temp:
+        done = subprocess.run(
+            [sys.executable, "-c", _COMPILE, temp, *COMPILED],
+            cwd=tree,
+            env={**os.environ, "MYPY_CACHE_DIR": temp + "/cache"},
+            capture_output=True,
+            text=True,
         )
-        with tarfile.open(archive) as tar:
-            tar.extractall(Path(temp) / "tree", filter="data")
-        yield Path(temp) / "tree"
+    if done.returncode != 0 or not is_compiled(tree):
+        tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+        raise SystemExit(f"the mypyc build failed: {tail}")
 
 
 def run(tree: Path, script: str, *args: str) -> str:
@@ -131,34 +220,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--stomp-messages", type=int, default=20_000, help="bench_stomp rows (0: none)"
     )
-    parser.add_argument("--pure", type=Path, help="a pure tree (default: HEAD exported)")
-    parser.add_argument("--compiled", type=Path, default=HERE, help="a compiled tree")
+    parser.add_argument("--compiled", type=Path, help="a compiled tree built before (--keep)")
+    parser.add_argument("--keep", action="store_true", help="keep the compiled tree built")
     args = parser.parse_args(argv)
     if args.turns < 1:
         parser.error("--turns must be at least 1")
-    compiled = args.compiled.resolve()
-    if not is_compiled(compiled):
-        print(f"{compiled}: no compiled build (ZEROHUB_COMPILE=1 pip install -e .)",
-              file=sys.stderr)  # fmt: skip
+    if args.compiled is not None and not is_compiled(args.compiled):
+        print(f"{args.compiled}: no compiled build in it", file=sys.stderr)
         return 2
-    with exported_head(HERE) if args.pure is None else _given(args.pure) as pure:
-        if is_compiled(pure):
-            print(f"{pure}: compiled, not pure", file=sys.stderr)
-            return 2
+    with tempfile.TemporaryDirectory(prefix="zerohub-pure-") as temp:
+        pure = export_head(HERE, Path(temp))
+        compiled = args.compiled
+        if compiled is None:
+            compiled = export_head(HERE, Path(tempfile.mkdtemp(prefix="zerohub-compiled-")))
+            print(f"building {len(COMPILED)} modules with mypyc in {compiled}", flush=True)
+            build(compiled)
+        compiled = compiled.resolve()
         print(f"pure: {pure}\ncompiled: {compiled}", flush=True)
-        turns = []
-        for turn in range(1, args.turns + 1):
-            order = [pure, compiled] if turn % 2 else [compiled, pure]
-            got = {tree: measure(tree, args.messages, args.stomp_messages) for tree in order}
-            turns.append((got[pure], got[compiled]))
-            print(f"turn {turn} done", flush=True)
+        try:
+            turns = []
+            for turn in range(1, args.turns + 1):
+                order = [pure, compiled] if turn % 2 else [compiled, pure]
+                got = {t: measure(t, args.messages, args.stomp_messages) for t in order}
+                turns.append((got[pure], got[compiled]))
+                print(f"turn {turn} done", flush=True)
+        finally:
+            if args.compiled is None and not args.keep:
+                shutil.rmtree(compiled.parent)
     table(turns)
+    if args.keep and args.compiled is None:
+        print(f"\ncompiled tree kept: {compiled} (--compiled {compiled})")
     return 0
-
-
-@contextmanager
-def _given(tree: Path) -> Iterator[Path]:
-    yield tree.resolve()
 
 
 if __name__ == "__main__":
