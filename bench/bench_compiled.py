@@ -231,13 +231,15 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="zerohub-pure-") as temp:
         pure = export_head(HERE, Path(temp))
         compiled = args.compiled
-        if compiled is None:
-            compiled = export_head(HERE, Path(tempfile.mkdtemp(prefix="zerohub-compiled-")))
-            print(f"building {len(COMPILED)} modules with mypyc in {compiled}", flush=True)
-            build(compiled)
-        compiled = compiled.resolve()
-        print(f"pure: {pure}\ncompiled: {compiled}", flush=True)
+        made = None if compiled is not None else Path(tempfile.mkdtemp(prefix="zerohub-mypyc-"))
         try:
+            if made is not None:
+                compiled = export_head(HERE, made)
+                print(f"building {len(COMPILED)} modules with mypyc in {compiled}", flush=True)
+                build(compiled)
+            assert compiled is not None
+            compiled = compiled.resolve()
+            print(f"pure: {pure}\ncompiled: {compiled}", flush=True)
             turns = []
             for turn in range(1, args.turns + 1):
                 order = [pure, compiled] if turn % 2 else [compiled, pure]
@@ -245,10 +247,10 @@ def main(argv: list[str] | None = None) -> int:
                 turns.append((got[pure], got[compiled]))
                 print(f"turn {turn} done", flush=True)
         finally:
-            if args.compiled is None and not args.keep:
-                shutil.rmtree(compiled.parent)
+            if made is not None and not args.keep:
+                shutil.rmtree(made)
     table(turns)
-    if args.keep and args.compiled is None:
+    if made is not None and args.keep:
         print(f"\ncompiled tree kept: {compiled} (--compiled {compiled})")
     return 0
 
