@@ -197,7 +197,7 @@ class Server:
         self.endpoint: str | None = None  # the bound endpoint (port resolved)
         #: How stop() ends the loop (made when serving starts).
         self._stop: Wakeup | None = None
-        self._thread: threading.Thread | None = None
+        self._serving_thread: threading.Thread | None = None
         self._auth: Any = None
         self._lock = threading.Lock()
         #: Other doors' wake-ups: (pollable, handler(now) -> engine output), see add_reader.
@@ -304,20 +304,20 @@ class Server:
 
     def start(self) -> str:
         """Bind and serve on a background thread; returns the bound endpoint."""
-        if self._thread is not None:
+        if self._serving_thread is not None:
             raise ServerError("server already started")
         endpoint = self.bind()
         stop = self._make_stop()
-        self._thread = threading.Thread(
+        self._serving_thread = threading.Thread(
             target=self._serve, args=(stop,), name="broker-server", daemon=True
         )
-        self._thread.start()
+        self._serving_thread.start()
         return endpoint
 
     @property
     def serving(self) -> bool:
         """True while the thread :meth:`start` began is serving."""
-        thread = self._thread
+        thread = self._serving_thread
         return thread is not None and thread.is_alive()
 
     def run(self) -> None:
@@ -332,11 +332,11 @@ class Server:
             self._stop = None
         if signal is not None:
             signal.notify()  # (the loop closes it)
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
+        if self._serving_thread is not None:
+            self._serving_thread.join(timeout)
+            if self._serving_thread.is_alive():
                 raise ServerError(f"server thread did not stop within {timeout} s")
-            self._thread = None
+            self._serving_thread = None
         if self.sender.router is not None and signal is None:
             # bound but never served
             self._close_connections()

@@ -162,10 +162,11 @@ class LoopWait:
                 if key is self.router:
                     ready.append(key)
                     continue
-                watched = sockets.get(key)  # type: ignore[call-overload]
-                if watched is not None:
-                    if not watched.get(_EVENTS) & _POLLIN:
+                # (its own name: ``watched`` above is never None, this may be)
+                found: _Watched | None = sockets.get(key)  # type: ignore[call-overload]
+                if found is not None:
+                    if not found.get(_EVENTS) & _POLLIN:
                         continue  # commands only (the descriptor is edge-wise)
-                    watched.quiet = False  # (asked again at the next wait)
+                    found.quiet = False  # (asked again at the next wait)
                 ready.append(key)
         return ready, router_empty
