@@ -87,6 +87,7 @@ import struct
 from array import array
 from collections.abc import Iterator, Sequence
 from itertools import compress
+from operator import itemgetter
 
 from broker.message import Headers, Message
 from broker.store.base import IndexEntry, QueueKey, Store, StoredMessage
@@ -279,6 +280,10 @@ def _first(pair: tuple[int, Exception]) -> int:
     return pair[0]
 
 
+#: The engine number of a held append (blob, meta, engine number).
+_number_of = itemgetter(2)
+
+
 def _meta(message: StoredMessage) -> Meta:
     if not (
         message.put_backs
@@ -387,15 +392,20 @@ class DurableStore(Store):
             self._held_queue = queue
         refused: list[tuple[int, Exception]] = []
         items: list[tuple[bytes, Meta, int]] = []
+        add = items.append
         origins = self._origins
-        for k, message in enumerate(messages):
-            sequence = message.sequence
+        for k, (sequence, message, producer_id, put_backs, delivered, deadline) in enumerate(
+            messages
+        ):
             try:
-                blob = encode_message(message.message, message.producer_id, sequence, origins)
+                blob = encode_message(message, producer_id, sequence, origins)
             except Exception as exc:
                 refused.append((k, exc))
                 continue
-            items.append((blob, _meta(message), sequence))
+            if put_backs or delivered or deadline or message.high_priority:
+                add((blob, _meta(messages[k]), sequence))
+            else:  # (``_meta``'s answer without its call)
+                add((blob, NO_META, sequence))
         unwritable = self.log.check_run(queue, items)  # (one call for the run)
         if not unwritable:
             self._held += items
@@ -419,7 +429,7 @@ class DurableStore(Store):
             if len(held) == 1:
                 self._append_one(queue, *held[0])
             else:
-                self._append_group(queue, held)
+                self._append_group(queue, held, checked=True)
         except Exception as exc:
             # The log checked each of them writable when it was held; only a writer
             # that failed (or a close) since then gets here.  Nothing the engine sent
@@ -472,17 +482,20 @@ class DurableStore(Store):
             return
         self._append_group(queue, items)
 
-    def _append_group(self, queue: QueueKey, items: list[tuple[bytes, Meta, int]]) -> None:
+    def _append_group(
+        self, queue: QueueKey, items: list[tuple[bytes, Meta, int]], *, checked: bool = False
+    ) -> None:
         """(blob, meta, engine number) of two or more messages, in number order, with
         one ``LogStore.append_many``, or one by one if their numbers cannot all stay
-        equal to the log's."""
+        equal to the log's.  ``checked``: held appends the log checked writable when
+        they were held (``LogStore.append_many(checked=)``)."""
         first = items[0][2]
         span = self._ranges.get(queue)
         if span is None or not (span[1] or span[2]):
             span = self._range(queue, start=first)
         follows = span[1]
         fits = span[2] > 0 and (first - follows <= MAX_SKIP or not self.log.bounds(queue).count)
-        numbers = [item[2] for item in items]
+        numbers = list(map(_number_of, items))
         # consecutive numbers (a run's, a drain's): they fit, and the log gives them
         # unless it is ahead; else each gap is looked at
         consecutive = numbers == list(range(first, first + len(numbers)))
@@ -497,7 +510,7 @@ class DurableStore(Store):
             for item in items:
                 self._append_one(queue, *item)
             return
-        given, ticket = self.log.append_many(queue, items)
+        given, ticket = self.log.append_many(queue, items, checked=checked)
         if given == numbers:  # every number kept: the equal range grows over them all
             span[1] = numbers[-1] + 1
             if numbers[-1] > self._last.get(queue, 0):
