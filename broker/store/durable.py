@@ -121,7 +121,6 @@ _U32 = struct.Struct("<I")
 _HIGH, _FIRST, _WANTS_ACK = 1, 2, 4
 _U16_MAX = 0xFFFF
 _U32_MAX = 0xFFFF_FFFF
-_U64_LIMIT = 2**64
 #: ``appended`` once held appends could not be written: a ticket no log reaches
 _NEVER = 2**63
 
@@ -179,14 +178,15 @@ def encode_message(
     calls per field once its origin is known."""
     (text_id, source, target, content_type, high, first, wants_ack, ttl, headers, payload,
      _wire) = message  # fmt: skip
-    if not 0 <= ttl <= 0xFF or not 0 <= content_type <= _U16_MAX:
-        raise ValueError("ttl must be 0..255 and content type 0..65535")
     flags = (_HIGH if high else 0) | (_FIRST if first else 0) | (_WANTS_ACK if wants_ack else 0)
     mid = text_id.encode()
-    if len(mid) > _U16_MAX or len(headers) > _U16_MAX:
-        raise ValueError(f"a text field or the header count exceeds {_U16_MAX}")
-    if not 0 <= sequence < _U64_LIMIT:
-        raise ValueError("sequence must be 0..2**64-1")
+    try:  # (the pack checks the ranges: ttl u8, content type u16, sequence u64, id u16)
+        head = _HEAD_ID.pack(BLOB_VERSION, flags, ttl, content_type, sequence, len(mid))
+    except struct.error:
+        raise ValueError(
+            "ttl must be 0..255, content type 0..65535, sequence 0..2**64-1 and the message "
+            f"id at most {_U16_MAX} octets"
+        ) from None
     key = (source, target, producer_id)
     origin = None if origins is None else origins.get(key)
     if origin is None:
@@ -195,9 +195,10 @@ def encode_message(
             if len(origins) >= MAX_ORIGINS:
                 origins.clear()
             origins[key] = origin
-    head = _HEAD_ID.pack(BLOB_VERSION, flags, ttl, content_type, sequence, len(mid))
     if not headers:
         return b"".join((head, mid, origin, _NO_HEADERS, payload))
+    if len(headers) > _U16_MAX:
+        raise ValueError(f"the header count exceeds {_U16_MAX}")
     out = [head, mid, origin, _U16.pack(len(headers))]
     for name, value in headers:
         _text(out, name)
