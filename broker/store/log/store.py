@@ -357,8 +357,8 @@ class LogStore:
 
         Runs once per drain's group of saves: per record one ``pack`` of its summed
         head, one concatenation with its blob, its checksum and its index row; the head's
-        size kept in a local and each segment's size and live octets added once per
-        segment of the group."""
+        size kept in a local, each segment's size and live octets added once per segment
+        of the group, the numbers given once per range of consecutive ones."""
         key = self._keys.get(queue)
         if key is None:
             key = self._keys[queue] = _encode_key(queue)
@@ -393,13 +393,14 @@ class LogStore:
             run_start = head_size = self._head_size  # (the run's octets: its growth since)
             # index slots of consecutive numbers, given to the index together
             rows: list[Row] = []
-            add_row, add_seq = rows.append, seqs.append
+            add_row = rows.append
             first = next_seq = index.next_seq
             for blob, meta, at in items:
                 size = base + len(blob)
                 seq = next_seq if at < next_seq else at
                 if seq != next_seq:  # (a number skipped: the rows so far first)
                     index.put_rows(first, rows)
+                    seqs += range(first, next_seq)  # (the numbers of those rows)
                     rows = []
                     add_row = rows.append
                     first = seq
@@ -422,8 +423,8 @@ class LogStore:
                     )  # fmt: skip
                 run += (pack_head(magic, xxh3(summed, seed)), summed)
                 head_size += size
-                add_seq(seq)
             index.put_rows(first, rows)
+            seqs += range(first, next_seq)
             self._end_run(segment, run, run_start, head_size)
             self._head_size = head_size
             return seqs, self._ticket
