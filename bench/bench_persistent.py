@@ -1,7 +1,7 @@
 """Engine + store cost of a persistent push, in one process (no sockets): what the
 persistent path adds to the broker's CPU per message.
 
-    python bench/bench_persistent.py [--messages N] [--rounds R]
+    python bench/bench_persistent.py [--messages N] [--rounds R] [--size OCTETS]
 
 Rows (each in its own process, taking turns ``--rounds`` times; the CPU column is the
 process's CPU time, the store's writer thread included):
@@ -24,8 +24,9 @@ process's CPU time, the store's writer thread included):
 deterministic, the same on a loaded machine).
 
 Pushes are decoded TMQP frames (with their octets, as the server hands them over),
-100-octet payloads, the producer waiting for acks; the loop waits for the store's
-completion every ``WINDOW`` pushes, as the server's gate would release its acks.
+100-octet payloads (``--size``: another payload size), the producer waiting for acks;
+the loop waits for the store's completion every ``WINDOW`` pushes, as the server's gate
+would release its acks.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ KINDS = (
 )
 
 
-def _case(kind: str, n: int, out: Any) -> None:
+def _case(kind: str, n: int, out: Any, size: int = SIZE) -> None:
     from broker import tmqp
     from broker.engine.delivery import PersistentDeliveryHandler
     from broker.engine.engine import Engine
@@ -72,7 +73,7 @@ def _case(kind: str, n: int, out: Any) -> None:
         if kind == "store only":
             assert store is not None
             msg = Message(message_id="m-0000001", source="", target="ch", content_type=1,
-                          payload=b"x" * SIZE)  # fmt: skip
+                          payload=b"x" * size)  # fmt: skip
             stored = [StoredMessage(i, msg, "prod") for i in range(1, n + 1)]
             start, cpu = time.perf_counter(), time.process_time()
             for i, s in enumerate(stored):
@@ -97,7 +98,7 @@ def _case(kind: str, n: int, out: Any) -> None:
                             target="ch", message_id="q", headers=((Header.QUEUE_ID, "1"),),
                             payload=json.dumps(options).encode())  # fmt: skip
         engine.receive(producer, create, 0.0)
-        payload = b"x" * SIZE
+        payload = b"x" * size
         pushes = []
         for i in range(n):
             frame = tmqp.Frame(
@@ -166,7 +167,7 @@ def _case(kind: str, n: int, out: Any) -> None:
             store.close()
 
 
-def calls(n: int) -> None:
+def calls(n: int, size: int = SIZE) -> None:
     """Python function calls per message of each row (cProfile, in this process)."""
     import cProfile
     import queue
@@ -175,12 +176,12 @@ def calls(n: int) -> None:
     for kind in KINDS:
         prof = cProfile.Profile()
         prof.enable()
-        _case(kind, n, queue.Queue())
+        _case(kind, n, queue.Queue(), size)
         prof.disable()
         print(f"{kind:<22} {python_calls(prof) / n:>17.1f}")
 
 
-def profile(kind: str, n: int) -> None:
+def profile(kind: str, n: int, size: int = SIZE) -> None:
     """cProfile of one row in this process (``--profile KIND``)."""
     import cProfile
     import pstats
@@ -188,7 +189,7 @@ def profile(kind: str, n: int) -> None:
 
     prof = cProfile.Profile()
     prof.enable()
-    _case(kind, n, queue.Queue())
+    _case(kind, n, queue.Queue(), size)
     prof.disable()
     pstats.Stats(prof).sort_stats("tottime").print_stats(40)
 
@@ -197,14 +198,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=50_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--size", type=int, default=SIZE, help="payload octets")
     parser.add_argument("--profile", metavar="KIND", help="cProfile one row instead")
     parser.add_argument("--calls", action="store_true", help="Python calls per message instead")
     args = parser.parse_args()
     if args.calls:
-        calls(args.messages)
+        calls(args.messages, args.size)
         return
     if args.profile:
-        profile(args.profile, args.messages)
+        profile(args.profile, args.messages, args.size)
         return
     ctx = mp.get_context("spawn")
     kinds = KINDS
@@ -212,7 +214,7 @@ def main() -> None:
     for _ in range(args.rounds):
         for kind in kinds:
             q: Any = ctx.Queue()
-            p = ctx.Process(target=_case, args=(kind, args.messages, q))
+            p = ctx.Process(target=_case, args=(kind, args.messages, q, args.size))
             p.start()
             results[kind].append(q.get(timeout=600))
             p.join(60)

@@ -87,6 +87,7 @@ import struct
 from array import array
 from collections.abc import Iterator, Sequence
 from itertools import compress
+from operator import itemgetter
 
 from broker.message import Headers, Message
 from broker.store.base import IndexEntry, QueueKey, Store, StoredMessage
@@ -120,7 +121,6 @@ _U32 = struct.Struct("<I")
 _HIGH, _FIRST, _WANTS_ACK = 1, 2, 4
 _U16_MAX = 0xFFFF
 _U32_MAX = 0xFFFF_FFFF
-_U64_LIMIT = 2**64
 #: ``appended`` once held appends could not be written: a ticket no log reaches
 _NEVER = 2**63
 
@@ -178,14 +178,15 @@ def encode_message(
     calls per field once its origin is known."""
     (text_id, source, target, content_type, high, first, wants_ack, ttl, headers, payload,
      _wire) = message  # fmt: skip
-    if not 0 <= ttl <= 0xFF or not 0 <= content_type <= _U16_MAX:
-        raise ValueError("ttl must be 0..255 and content type 0..65535")
     flags = (_HIGH if high else 0) | (_FIRST if first else 0) | (_WANTS_ACK if wants_ack else 0)
     mid = text_id.encode()
-    if len(mid) > _U16_MAX or len(headers) > _U16_MAX:
-        raise ValueError(f"a text field or the header count exceeds {_U16_MAX}")
-    if not 0 <= sequence < _U64_LIMIT:
-        raise ValueError("sequence must be 0..2**64-1")
+    try:  # (the pack checks the ranges: ttl u8, content type u16, sequence u64, id u16)
+        head = _HEAD_ID.pack(BLOB_VERSION, flags, ttl, content_type, sequence, len(mid))
+    except struct.error:
+        raise ValueError(
+            "ttl must be 0..255, content type 0..65535, sequence 0..2**64-1 and the message "
+            f"id at most {_U16_MAX} octets"
+        ) from None
     key = (source, target, producer_id)
     origin = None if origins is None else origins.get(key)
     if origin is None:
@@ -194,9 +195,10 @@ def encode_message(
             if len(origins) >= MAX_ORIGINS:
                 origins.clear()
             origins[key] = origin
-    head = _HEAD_ID.pack(BLOB_VERSION, flags, ttl, content_type, sequence, len(mid))
     if not headers:
         return b"".join((head, mid, origin, _NO_HEADERS, payload))
+    if len(headers) > _U16_MAX:
+        raise ValueError(f"the header count exceeds {_U16_MAX}")
     out = [head, mid, origin, _U16.pack(len(headers))]
     for name, value in headers:
         _text(out, name)
@@ -277,6 +279,10 @@ def decode_record(blob: bytes) -> tuple[Message, str, int]:
 
 def _first(pair: tuple[int, Exception]) -> int:
     return pair[0]
+
+
+#: The engine number of a held append (blob, meta, engine number).
+_number_of = itemgetter(2)
 
 
 def _meta(message: StoredMessage) -> Meta:
@@ -387,15 +393,20 @@ class DurableStore(Store):
             self._held_queue = queue
         refused: list[tuple[int, Exception]] = []
         items: list[tuple[bytes, Meta, int]] = []
+        add = items.append
         origins = self._origins
-        for k, message in enumerate(messages):
-            sequence = message.sequence
+        for k, (sequence, message, producer_id, put_backs, delivered, deadline) in enumerate(
+            messages
+        ):
             try:
-                blob = encode_message(message.message, message.producer_id, sequence, origins)
+                blob = encode_message(message, producer_id, sequence, origins)
             except Exception as exc:
                 refused.append((k, exc))
                 continue
-            items.append((blob, _meta(message), sequence))
+            if put_backs or delivered or deadline or message.high_priority:
+                add((blob, _meta(messages[k]), sequence))
+            else:  # (``_meta``'s answer without its call)
+                add((blob, NO_META, sequence))
         unwritable = self.log.check_run(queue, items)  # (one call for the run)
         if not unwritable:
             self._held += items
@@ -419,7 +430,7 @@ class DurableStore(Store):
             if len(held) == 1:
                 self._append_one(queue, *held[0])
             else:
-                self._append_group(queue, held)
+                self._append_group(queue, held, checked=True)
         except Exception as exc:
             # The log checked each of them writable when it was held; only a writer
             # that failed (or a close) since then gets here.  Nothing the engine sent
@@ -472,17 +483,20 @@ class DurableStore(Store):
             return
         self._append_group(queue, items)
 
-    def _append_group(self, queue: QueueKey, items: list[tuple[bytes, Meta, int]]) -> None:
+    def _append_group(
+        self, queue: QueueKey, items: list[tuple[bytes, Meta, int]], *, checked: bool = False
+    ) -> None:
         """(blob, meta, engine number) of two or more messages, in number order, with
         one ``LogStore.append_many``, or one by one if their numbers cannot all stay
-        equal to the log's."""
+        equal to the log's.  ``checked``: held appends the log checked writable when
+        they were held (``LogStore.append_many(checked=)``)."""
         first = items[0][2]
         span = self._ranges.get(queue)
         if span is None or not (span[1] or span[2]):
             span = self._range(queue, start=first)
         follows = span[1]
         fits = span[2] > 0 and (first - follows <= MAX_SKIP or not self.log.bounds(queue).count)
-        numbers = [item[2] for item in items]
+        numbers = list(map(_number_of, items))
         # consecutive numbers (a run's, a drain's): they fit, and the log gives them
         # unless it is ahead; else each gap is looked at
         consecutive = numbers == list(range(first, first + len(numbers)))
@@ -497,7 +511,7 @@ class DurableStore(Store):
             for item in items:
                 self._append_one(queue, *item)
             return
-        given, ticket = self.log.append_many(queue, items)
+        given, ticket = self.log.append_many(queue, items, checked=checked)
         if given == numbers:  # every number kept: the equal range grows over them all
             span[1] = numbers[-1] + 1
             if numbers[-1] > self._last.get(queue, 0):

@@ -31,6 +31,8 @@ import time
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import is_, itemgetter
 from pathlib import Path
 from typing import NamedTuple
 
@@ -72,6 +74,10 @@ _IOV_MAX = max(16, min(os.sysconf("SC_IOV_MAX"), 1024))
 _DSYNC = getattr(os, "RWF_DSYNC", 0)
 #: What waits for the writer: (segment, the record(s), octets, ticket).
 _Entry = tuple[int, "bytes | list[bytes]", int, int]
+
+
+#: The blob and the meta of an item (blob, meta, at) of a group of appends.
+_blob_of, _meta_of = itemgetter(0), itemgetter(1)
 
 
 def _after(parts: list[bytes | memoryview], left: int) -> list[bytes | memoryview]:
@@ -313,7 +319,12 @@ class LogStore:
         if key is None:
             key = self._keys[queue] = _encode_key(queue)
         limit = self.options.max_record_size - (records.HEADER_SIZE + _PUT_FIXED + len(key))
-        for k, (blob, meta, _at) in enumerate(items):
+        looked: Sequence[tuple[bytes, Meta, int]] = items
+        if all(map(is_, map(_meta_of, items), repeat(NO_META))) and (
+            max(map(len, map(_blob_of, items)), default=0) <= limit
+        ):
+            looked = ()  # (every record fits, none has meta to check: no loop in Python)
+        for k, (blob, meta, _at) in enumerate(looked):
             try:
                 if meta is not NO_META:
                     _check_meta(meta)
@@ -333,24 +344,32 @@ class LogStore:
         return refused
 
     def append_many(
-        self, queue: QueueKey, items: Sequence[tuple[bytes, Meta, int]]
+        self, queue: QueueKey, items: Sequence[tuple[bytes, Meta, int]], *, checked: bool = False
     ) -> tuple[list[int], int]:
         """:meth:`append` of each (blob, meta, at) of ``items`` in one turn of the lock:
         the records of one segment go to the writer as one entry (one ticket), so the
         group costs one wake-up and one completion.  The sequence numbers given, in
         order, and the ticket of the last entry (tickets complete in order: once it is
         complete, every record of the group is).  A usage error (key, meta, a record too
-        large) is raised before anything is written; ``([], ticket so far)`` for none."""
+        large) is raised before anything is written; ``([], ticket so far)`` for none.
+        ``checked``: the caller had each item checked by :meth:`check_run` or
+        :meth:`check_append` (what they check cannot change since): not checked again.
+
+        Runs once per drain's group of saves: per record one ``pack`` of its summed
+        head, one concatenation with its blob, its checksum and its index row; the head's
+        size kept in a local, each segment's size and live octets added once per segment
+        of the group, the numbers given once per range of consecutive ones."""
         key = self._keys.get(queue)
         if key is None:
             key = self._keys[queue] = _encode_key(queue)
         limit = self.options.max_record_size
         base = records.HEADER_SIZE + _PUT_FIXED + len(key)
-        for blob, meta, _at in items:  # (refused before anything is written)
-            if meta is not NO_META:
-                _check_meta(meta)
-            if base + len(blob) > limit:
-                raise RecordTooLarge(f"record of {len(blob)} octets exceeds {limit}")
+        if not checked:
+            for blob, meta, _at in items:  # (refused before anything is written)
+                if meta is not NO_META:
+                    _check_meta(meta)
+                if base + len(blob) > limit:
+                    raise RecordTooLarge(f"record of {len(blob)} octets exceeds {limit}")
         seqs: list[int] = []
         summed_of = self._summed.get(queue)
         if summed_of is None:
@@ -358,6 +377,7 @@ class LogStore:
         pack_summed, pack_head = summed_of.pack, records.MAGIC_SUM.pack
         xxh3, magic, put = records.xxh3_64, records.MAGIC, records.RecordKind.PUT
         header = records.HEADER_SIZE
+        no_meta = _NO_META_BYTES
         with self._lock:
             if not items:
                 return seqs, self._ticket
@@ -367,52 +387,58 @@ class LogStore:
             if index is None:
                 index = self._state.queue(queue)
             seed = self._seed
-            segments_ = self._state.table.segments
             segment_size = self.options.segment_size
             run: list[bytes] = []
-            run_segment = self._head
-            run_start = self._head_size  # (the run's octets: the head's growth since)
+            segment = self._head
+            run_start = head_size = self._head_size  # (the run's octets: its growth since)
             # index slots of consecutive numbers, given to the index together
             rows: list[Row] = []
+            add_row = rows.append
             first = next_seq = index.next_seq
             for blob, meta, at in items:
                 size = base + len(blob)
                 seq = next_seq if at < next_seq else at
                 if seq != next_seq:  # (a number skipped: the rows so far first)
                     index.put_rows(first, rows)
+                    seqs += range(first, next_seq)  # (the numbers of those rows)
                     rows = []
+                    add_row = rows.append
                     first = seq
                 next_seq = seq + 1
-                if self._head_size + size > segment_size:  # (no call while it fits)
+                if head_size + size > segment_size:  # the head rolls: its run goes first
+                    self._end_run(segment, run, run_start, head_size)
+                    self._head_size = head_size
                     segment = self._head_for(size)
-                else:
-                    segment = self._head
-                if segment != run_segment:  # the head rolled: what came before goes first
-                    if run:
-                        run_size = segments_[run_segment].size - run_start
-                        self._reserve_run(run_segment, run, run_size)
-                        run = []
-                    run_segment = segment
-                    run_start = segments.SEGMENT_HEADER_SIZE
-                offset = self._head_size
-                packed = _NO_META_BYTES if meta is NO_META else records.encode_meta(meta)
-                summed = pack_summed(size - header, put, key, seq, segment, packed) + blob
-                run += (pack_head(magic, xxh3(summed, seed)), summed)
-                self._head_size = offset + size
-                info = segments_[segment]
-                info.size = offset + size
-                info.live += size
+                    run = []
+                    run_start = head_size = self._head_size
                 if meta is NO_META:
-                    rows.append((segment, offset, size, segment, 0, 0, 0, 0.0))
+                    summed = pack_summed(size - header, put, key, seq, segment, no_meta) + blob
+                    add_row((segment, head_size, size, segment, 0, 0, 0, 0.0))
                 else:
-                    rows.append(
-                        (segment, offset, size, segment, meta.delivery_count, meta.put_backs,
+                    packed = records.encode_meta(meta)
+                    summed = pack_summed(size - header, put, key, seq, segment, packed) + blob
+                    add_row(
+                        (segment, head_size, size, segment, meta.delivery_count, meta.put_backs,
                          int(meta.priority), meta.deadline)
                     )  # fmt: skip
-                seqs.append(seq)
+                run += (pack_head(magic, xxh3(summed, seed)), summed)
+                head_size += size
             index.put_rows(first, rows)
-            self._reserve_run(run_segment, run, self._head_size - run_start)
+            seqs += range(first, next_seq)
+            self._end_run(segment, run, run_start, head_size)
+            self._head_size = head_size
             return seqs, self._ticket
+
+    def _end_run(self, segment: int, run: list[bytes], start: int, end: int) -> None:
+        """The records of ``run``, placed in ``segment`` from offset ``start`` to ``end``:
+        the segment's size and live octets grow over them and they go to the writer
+        (:meth:`_reserve_run`); nothing for an empty run."""
+        if not run:
+            return
+        info = self._state.table.segments[segment]
+        info.size = end
+        info.live += end - start
+        self._reserve_run(segment, run, end - start)
 
     def _reserve_run(self, segment: int, run: list[bytes], size: int) -> None:
         """Queue the parts of records already given their places in ``segment`` (``size``

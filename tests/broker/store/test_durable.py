@@ -94,6 +94,20 @@ def test_fields_that_do_not_fit_are_refused() -> None:
         encode_message(Message(ttl=256))
     with pytest.raises(ValueError):
         encode_message(Message(message_id="x" * 70_000))
+    for message, sequence in (
+        (Message(ttl=-1), 0),
+        (Message(content_type=-1), 0),
+        (Message(content_type=0x1_0000), 0),
+        (Message(), -1),
+        (Message(), 2**64),
+        (Message(headers=(("h", "v"),) * 0x1_0000), 0),
+    ):
+        with pytest.raises(ValueError):
+            encode_message(message, "p", sequence, {})
+    # the edges that fit
+    edge = Message(message_id="x" * 0xFFFF, ttl=255, content_type=0xFFFF)
+    decoded, producer, sequence = decode_record(encode_message(edge, "p", 2**64 - 1))
+    assert (decoded, producer, sequence) == (edge, "p", 2**64 - 1)
 
 
 def test_sequences_map_and_survive_reopen(tmp_path: Path) -> None:
