@@ -151,6 +151,8 @@ _LE_BBBBBH = struct.Struct("<BBBBBH")
 _LE_BBBBBHB = struct.Struct("<BBBBBHB")
 _LE_BBBBBHBH = struct.Struct("<BBBBBHBH")
 _LE_H = struct.Struct("<H")
+_LE_HBBBHB = struct.Struct("<HBBBHB")
+_LE_HBBBHBH = struct.Struct("<HBBBHBH")
 _LE_I = struct.Struct("<I")
 _U32 = struct.Struct(">I")
 _OCTET = _rt.OCTET
@@ -875,8 +877,8 @@ _BASES_FRAME: dict[int, tuple[Any, ...]] = {}
 
 def _base_frame(key: int) -> tuple[Any, ...]:
     """The fields the bits of the head decide, in the order of the message."""
-    bits_flags = key >> 8 & 255
-    bits_options = key & 255
+    bits_flags = key & 255
+    bits_options = key >> 8 & 255
     bits = (
         bits_flags & 128 != 0,
         bits_flags & 64 != 0,
@@ -905,20 +907,14 @@ def decode(frames: Any) -> Message:
     size = len(buf)
     if size < 9 or buf[7] > 252:
         return _decode_wide_first(frames, buf, size)
-    (
-        bits_flags,
-        bits_options,
-        f_id_length,
-        f_source_length,
-        f_target_length,
-        f_content_type,
-        f_payload_length,
-    ) = _LE_BBBBBHB.unpack_from(buf)
+    (k_bits, f_id_length, f_source_length, f_target_length, f_content_type, f_payload_length) = (
+        _LE_HBBBHB.unpack_from(buf)
+    )
     e_message_id = 8 + f_id_length
     e_source = e_message_id + f_source_length
     e_target = e_source + f_target_length
     e_payload = e_target + f_payload_length
-    if bits_options & 32 or e_payload != size:
+    if k_bits & 8192 or e_payload != size:
         return _decode(frames)
     try:
         f_message_id = buf[8:e_message_id].decode()
@@ -927,10 +923,9 @@ def decode(frames: Any) -> Message:
     except UnicodeDecodeError:
         return _decode(frames)
     f_payload = buf[e_target:e_payload]
-    key = bits_flags << 8 | bits_options
-    bits = _BASES_FRAME.get(key)
+    bits = _BASES_FRAME.get(k_bits)
     if bits is None:
-        bits = _base_frame(key)
+        bits = _base_frame(k_bits)
     m: Any = _FrameSlots()
     (
         m.first_acquirer,
@@ -984,20 +979,19 @@ def _decode_at_wide(buf: bytes, p: int, end: int) -> Frame | None:
     if size < 10:
         return None
     (
-        bits_flags,
-        bits_options,
+        k_bits,
         f_id_length,
         f_source_length,
         f_target_length,
         f_content_type,
         w_payload_length,
         f_payload_length,
-    ) = _LE_BBBBBHBH.unpack_from(buf, p)
+    ) = _LE_HBBBHBH.unpack_from(buf, p)
     e_message_id = p + 10 + f_id_length
     e_source = e_message_id + f_source_length
     e_target = e_source + f_target_length
     e_payload = e_target + f_payload_length
-    if bits_options & 32 or w_payload_length != 253 or e_payload != end:
+    if k_bits & 8192 or w_payload_length != 253 or e_payload != end:
         return None
     try:
         f_message_id = buf[p + 10 : e_message_id].decode()
@@ -1006,10 +1000,9 @@ def _decode_at_wide(buf: bytes, p: int, end: int) -> Frame | None:
     except UnicodeDecodeError:
         return None
     f_payload = buf[e_target:e_payload]
-    key = bits_flags << 8 | bits_options
-    bits = _BASES_FRAME.get(key)
+    bits = _BASES_FRAME.get(k_bits)
     if bits is None:
-        bits = _base_frame(key)
+        bits = _base_frame(k_bits)
     m: Any = _FrameSlots()
     (
         m.first_acquirer,
@@ -1061,19 +1054,18 @@ def decode_entries(payload: bytes, limit: int, spans: list[int] | None = None) -
             if size < 9 or buf[start + 7] > 252:
                 break
             (
-                bits_flags,
-                bits_options,
+                k_bits,
                 f_id_length,
                 f_source_length,
                 f_target_length,
                 f_content_type,
                 f_payload_length,
-            ) = _LE_BBBBBHB.unpack_from(buf, start)
+            ) = _LE_HBBBHB.unpack_from(buf, start)
             e_message_id = start + 8 + f_id_length
             e_source = e_message_id + f_source_length
             e_target = e_source + f_target_length
             e_payload = e_target + f_payload_length
-            if bits_options & 32 or e_payload != end:
+            if k_bits & 8192 or e_payload != end:
                 break
             try:
                 f_message_id = buf[start + 8 : e_message_id].decode()
@@ -1082,10 +1074,9 @@ def decode_entries(payload: bytes, limit: int, spans: list[int] | None = None) -
             except UnicodeDecodeError:
                 break
             f_payload = buf[e_target:e_payload]
-            key = bits_flags << 8 | bits_options
-            bits = _BASES_FRAME.get(key)
+            bits = _BASES_FRAME.get(k_bits)
             if bits is None:
-                bits = _base_frame(key)
+                bits = _base_frame(k_bits)
             m = _FrameSlots()
             (
                 m.first_acquirer,
@@ -1178,25 +1169,18 @@ def _wake_frame(m: Any) -> None:
         _set_slot(m, "__class__", Frame)
         return
     (buf, p) = encoded
-    (
-        bits_flags,
-        bits_options,
-        f_id_length,
-        f_source_length,
-        f_target_length,
-        f_content_type,
-        _,
-    ) = _LE_BBBBBHB.unpack_from(buf, p)
+    (k_bits, f_id_length, f_source_length, f_target_length, f_content_type, _) = (
+        _LE_HBBBHB.unpack_from(buf, p)
+    )
     e_message_id = p + 8 + f_id_length
     e_source = e_message_id + f_source_length
     e_target = e_source + f_target_length
     try:
         _set_slot(m, "__class__", _FrameWaking)  # (plain stores: the frozen class refuses)
-        key = bits_flags << 8 | bits_options
         try:
-            bits = _BASES_FRAME[key]
+            bits = _BASES_FRAME[k_bits]
         except KeyError:
-            bits = _base_frame(key)
+            bits = _base_frame(k_bits)
         (
             m.first_acquirer,
             m.high_priority,
@@ -1259,20 +1243,14 @@ def decode_run(
         while True:  # (once: a frame of another shape breaks out to ``decode``)
             if size < 9 or buf[p + 7] > 252:
                 break
-            (
-                _,
-                bits_options,
-                f_id_length,
-                f_source_length,
-                f_target_length,
-                _,
-                f_payload_length,
-            ) = _LE_BBBBBHB.unpack_from(buf, p)
+            (k_bits, f_id_length, f_source_length, f_target_length, _, f_payload_length) = (
+                _LE_HBBBHB.unpack_from(buf, p)
+            )
             e_message_id = p + 8 + f_id_length
             e_source = e_message_id + f_source_length
             e_target = e_source + f_target_length
             e_payload = e_target + f_payload_length
-            if bits_options & 32 or e_payload != end:
+            if k_bits & 8192 or e_payload != end:
                 break
             if checks:
                 bounds += (p + 8, e_target)
@@ -1321,7 +1299,7 @@ def decode_message_records(
     out: list[Any] = []
     bad: list[int] = []
     new = tuple.__new__
-    for i, buf in enumerate(datas):
+    for buf in datas:  # (a frame's index: the frames before it, taken or refused)
         r: Any = None
         while True:  # (once: a frame of another shape breaks out to ``decode``)
             if type(buf) is not bytes:
@@ -1330,19 +1308,18 @@ def decode_message_records(
             if size < 9 or buf[7] > 252:
                 break
             (
-                bits_flags,
-                bits_options,
+                k_bits,
                 f_id_length,
                 f_source_length,
                 f_target_length,
                 f_content_type,
                 f_payload_length,
-            ) = _LE_BBBBBHB.unpack_from(buf)
+            ) = _LE_HBBBHB.unpack_from(buf)
             e_message_id = 8 + f_id_length
             e_source = e_message_id + f_source_length
             e_target = e_source + f_target_length
             e_payload = e_target + f_payload_length
-            if bits_options & 32 or e_payload != size:
+            if k_bits & 8192 or e_payload != size:
                 break
             try:
                 f_message_id = buf[8:e_message_id].decode()
@@ -1351,10 +1328,9 @@ def decode_message_records(
             except UnicodeDecodeError:
                 break
             f_payload = buf[e_target:e_payload]
-            state = bits_flags << 8 | bits_options
-            bits = _BASES_FRAME.get(state)
+            bits = _BASES_FRAME.get(k_bits)
             if bits is None:
-                bits = _base_frame(state)
+                bits = _base_frame(k_bits)
             (f_first_acquirer, f_high_priority, _, _, f_pending_ack, f_ttl) = bits
             fields = (
                 f_message_id,
@@ -1379,20 +1355,19 @@ def decode_message_records(
                 if size < 10:
                     break
                 (
-                    bits_flags,
-                    bits_options,
+                    k_bits,
                     f_id_length,
                     f_source_length,
                     f_target_length,
                     f_content_type,
                     w_payload_length,
                     f_payload_length,
-                ) = _LE_BBBBBHBH.unpack_from(buf)
+                ) = _LE_HBBBHBH.unpack_from(buf)
                 e_message_id = 10 + f_id_length
                 e_source = e_message_id + f_source_length
                 e_target = e_source + f_target_length
                 e_payload = e_target + f_payload_length
-                if bits_options & 32 or w_payload_length != 253 or e_payload != size:
+                if k_bits & 8192 or w_payload_length != 253 or e_payload != size:
                     break
                 try:
                     f_message_id = buf[10:e_message_id].decode()
@@ -1401,10 +1376,9 @@ def decode_message_records(
                 except UnicodeDecodeError:
                     break
                 f_payload = buf[e_target:e_payload]
-                state = bits_flags << 8 | bits_options
-                bits = _BASES_FRAME.get(state)
+                bits = _BASES_FRAME.get(k_bits)
                 if bits is None:
-                    bits = _base_frame(state)
+                    bits = _base_frame(k_bits)
                 (f_first_acquirer, f_high_priority, _, _, f_pending_ack, f_ttl) = bits
                 fields = (
                     f_message_id,
@@ -1427,7 +1401,7 @@ def decode_message_records(
             except DecodeError:
                 m = None
             if type(m) is not Frame:
-                bad.append(i)
+                bad.append(len(out) + len(bad))
                 continue
             decoded = (
                 m.message_id,

@@ -44,7 +44,7 @@ class PythonGenerator:
         self.fast: list[tuple[Message, Plan]] = []
         if not self.classic and self.with_fast:
             for msg in self.proto.messages:
-                plan = plan_fast(msg)
+                plan = plan_fast(msg, keyed=True)
                 if plan is not None:
                     self.fast.append((msg, plan))
         body = Source()
@@ -460,7 +460,7 @@ class PythonGenerator:
             inline = FastDecoderWriter.inlinable(plan)
             if not inline:
                 FastDecoderWriter(self.structs).write_at(src, msg, plan, literal_size)
-            wide = plan_fast(msg, wide=True)
+            wide = plan_fast(msg, wide=True, keyed=True)
             if wide is not None:  # (payloads of 253 to 65,535 octets: 4 KiB ones)
                 FastDecoderWriter(self.structs).write_at(src, msg, wide, literal_size, True)
         src.wrapped(
@@ -524,6 +524,6 @@ class PythonGenerator:
     def _decode_fast(self, src: Source, literal_size: int) -> None:
         """``decode``: a one-frame message in its simplest shape, else ``_decode``."""
         ((msg, plan),) = self.fast  # a binary model has one general message
-        wide = plan_fast(msg, wide=True) if self.proto.entries else None
+        wide = plan_fast(msg, wide=True, keyed=True) if self.proto.entries else None
         marker = wide_marker(plan) if wide is not None else None
         FastDecoderWriter(self.structs).write(src, msg, plan, literal_size, marker)

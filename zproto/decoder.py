@@ -359,7 +359,10 @@ def unpack_bits(src: Source, targets: list[str]) -> None:
 
 def bits_key(plan: Plan) -> str:
     """One int from the raw bits fields of a simplest-shape head (the key of the
-    remembered base states)."""
+    remembered base states): the local they were read into as one number
+    (``plan.key``), else made from each, the first most significant."""
+    if plan.key is not None:
+        return plan.key
     parts = []
     shift = 0
     for fld in reversed(plan.bits):
@@ -508,7 +511,10 @@ class FastDecoderWriter:
         """``bits``: the remembered values of the fields the head's bits decide (the
         table ``_BASES_<MESSAGE>`` that :meth:`write` makes), ``key`` a free local."""
         const = to_const_name(msg.name)
-        src(f"{key} = {bits_key(plan)}")
+        if plan.key is not None:
+            key = plan.key  # (read as one number by the head's struct)
+        else:
+            src(f"{key} = {bits_key(plan)}")
         src(f"bits = _BASES_{const}.get({key})")
         src("if bits is None:")
         src(f"    bits = _base_{msg.ident}({key})")
@@ -598,9 +604,9 @@ class FastDecoderWriter:
         src.indent()
         src('"""The fields the bits of the head decide, in the order of the message."""')
         shift = sum(int(f.size or 1) * 8 for f in plan.bits)
-        for fld in plan.bits:
+        for n, fld in enumerate(plan.bits):
             size = int(fld.size or 1) * 8
-            shift -= size
+            shift = plan.key_shifts[n] if plan.key is not None else shift - size
             mask = (1 << size) - 1
             src(
                 f"bits_{fld.ident} = key >> {shift} & {mask}"

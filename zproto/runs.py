@@ -281,11 +281,14 @@ class RunWriter:
         """Store the fields named in ``lazy`` into the twin ``m`` (the head unpacked)."""
         if values and lazy & set(values):
             const = to_const_name(msg.name)
-            src(f"key = {bits_key(plan)}")
+            key = plan.key  # (the head's bits read as one number, or each on its own)
+            if key is None:
+                key = "key"
+                src(f"key = {bits_key(plan)}")
             src("try:")
-            src(f"    bits = _BASES_{const}[key]")
+            src(f"    bits = _BASES_{const}[{key}]")
             src("except KeyError:")
-            src(f"    bits = _base_{msg.ident}(key)")
+            src(f"    bits = _base_{msg.ident}({key})")
             unpack_bits(src, [f"{m}.{name}" for name in values])
         absent = {a.ident for f in plan.absent for a in attrs_of(f)}
         starts: dict[str, str] = {}

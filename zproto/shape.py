@@ -10,7 +10,7 @@ every error.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from zproto.model import VARLEN, Field, Message, Optional
 from zproto.pysource import ORDER_PREFIX, STRUCT_CHAR
@@ -35,6 +35,11 @@ class Plan:
     bits: list[Field]  # bits fields of the head, in order
     tail: list[Field]  # string/octets fields sized by head numbers
     absent: list[Field]  # fields of the absent optional sections
+    #: (decoders: ``plan_fast(keyed=True)``) the local holding the head's bits fields read
+    #: as one number (the key of the remembered base states), None: each field on its own
+    key: str | None = None
+    #: where each bits field lies in ``key`` (a shift per field of ``bits``, in order)
+    key_shifts: list[int] = field(default_factory=list)
 
     def format(self) -> str:
         """The ``struct`` format of the head."""
@@ -42,7 +47,7 @@ class Plan:
         return ORDER_PREFIX[order] + "".join(c for _, c, _ in self.head)
 
 
-def plan_fast(msg: Message, wide: bool = False) -> Plan | None:
+def plan_fast(msg: Message, wide: bool = False, keyed: bool = False) -> Plan | None:
     """The simplest-shape layout of ``msg``, or None when it has none worth a decoder.
 
     Eligible: a binary message of one frame whose optional sections are guarded by flags
@@ -52,6 +57,10 @@ def plan_fast(msg: Message, wide: bool = False) -> Plan | None:
     ``wide``: the same shape with every variable-length number in its three-octet form
     (the octet 253, then two octets of the message's byte order: 253 to 65,535, e.g. a
     4 KiB payload's length) instead of its one-octet form.
+
+    ``keyed`` (a decoder's plan): the head's leading bits fields read as one number
+    (:func:`merge_bits`): the key of the remembered base states comes out of the
+    ``struct`` made, with no arithmetic and no int made per frame.
     """
     if msg.literal is not None or not msg.fields:
         return None
@@ -113,4 +122,44 @@ def plan_fast(msg: Message, wide: bool = False) -> Plan | None:
             return None
     if not simplified or not plan.tail:
         return None
+    if keyed:
+        merge_bits(plan)
     return plan
+
+
+#: The ``struct`` character of an unsigned number of 2, 4 or 8 octets.
+_MERGED_CHAR = {2: "H", 4: "I", 8: "Q"}
+
+#: The local a decoder reads the merged bits fields into (no field's local: those are
+#: ``bits_<field>``, ``f_<field>``, ``e_<field>``, ``w_<field>``).
+MERGED_KEY = "k_bits"
+
+
+def merge_bits(plan: Plan) -> None:
+    """Read the head's bits fields as one number when they open the head, one octet
+    each, 2, 4 or 8 of them: one head entry ``MERGED_KEY`` in the head's byte order
+    instead of one per field, its checks (flags that must be clear, fixed bit values)
+    rewritten over it, and ``key``/``key_shifts`` set.  Any other plan is left as it is
+    (each field its own local; the key made from them, the first most significant)."""
+    count = len(plan.bits)
+    lead = [target for target, _, _ in plan.head[:count]]
+    if count not in _MERGED_CHAR or lead != [f"bits_{f.ident}" for f in plan.bits]:
+        return
+    if any(int(f.size or 1) != 1 for f in plan.bits):
+        return
+    order = next((o for _, _, o in plan.head if o is not None), "big")
+    shifts = [8 * (k if order == "little" else count - 1 - k) for k in range(count)]
+    shift_of = dict(zip(lead, shifts, strict=True))
+    plan.head[:count] = [(MERGED_KEY, _MERGED_CHAR[count], order)]
+    plan.clear_flags = [(MERGED_KEY, mask << shift_of[raw]) for raw, mask in plan.clear_flags]
+    constants = []
+    for expr, value in plan.constants:
+        raw, _, mask = expr.partition(" & ")
+        if raw in shift_of:
+            s = shift_of[raw]
+            constants.append((f"{MERGED_KEY} & {int(mask) << s}", value << s))
+        else:
+            constants.append((expr, value))
+    plan.constants = constants
+    plan.key = MERGED_KEY
+    plan.key_shifts = shifts

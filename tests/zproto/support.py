@@ -55,6 +55,7 @@ TEST_MODELS = [
         "binary_plain.xml",
         "name_clash.xml",
         "name_clash_binary.xml",
+        "binary_keyed.xml",
     )
 ]
 ALL_MODELS = [*PROJECT_MODELS, *TEST_MODELS]
