@@ -119,7 +119,7 @@ from broker.protocol import (
     Tracked,
     header,
 )
-from broker.store import MemoryStore, Store
+from broker.store import NOT_SAVED, MemoryStore, Store
 
 __all__ = [
     "ClientRejected",
@@ -148,7 +148,7 @@ _INTERNAL = OperationError(ResultCode.FAILED, "internal error")
 #: A batch's push a collaborator failed, as the batch's acknowledge refuses it.
 _FAILED = (_INTERNAL.token, _INTERNAL.reason)
 #: A push its handler wanted saved that the store refused.
-_UNSAVED = OperationError(ResultCode.FAILED, "not saved: the store failed")
+_UNSAVED = OperationError(ResultCode.FAILED, NOT_SAVED)
 #: A handler whose ``received_from_producer`` is this saves and confirms every push
 #: (``SAVE_ACK``): its queue's acknowledged runs may take ``saved_run``.
 _SAVES_EVERY_PUSH = PersistentDeliveryHandler.received_from_producer

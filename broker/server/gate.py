@@ -46,6 +46,7 @@ from typing import Any, Protocol
 
 from broker.engine.frames import ack
 from broker.protocol import Header, MessageType, NackReason, Outgoing
+from broker.store.base import NOT_SAVED
 from broker.tmqp import Frame
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ log = logging.getLogger(__name__)
 _ACK = int(MessageType.ACK)
 _NACK = Header.NACK_REASON.lower()
 #: why a positive acknowledge held when the store failed leaves negative
-_NOT_SAVED = "not saved: the store failed"
+_NOT_SAVED = NOT_SAVED
 #: A held call: what runs once durable, what runs instead if the store fails (see call).
 _Call = tuple[Callable[[], None], Callable[[], None] | None]
 

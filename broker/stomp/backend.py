@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from broker.stomp.subscription import PublishSpec, SubscriptionSpec
+from broker.store.base import NOT_SAVED as STORE_NOT_SAVED
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +127,8 @@ PublishAnswer = Callable[["str | None"], None]
 #: before the writes it waited for were durable: the message was taken, not saved (it
 #: stays queued in memory).  No RECEIPT: the ERROR names the first receipt the client
 #: awaits from that frame on (a run's answer comes with none of it taken).
-NOT_SAVED = "not saved: the store failed"
+#: (the store's own words: ``broker.store.NOT_SAVED``)
+NOT_SAVED = STORE_NOT_SAVED
 
 
 @runtime_checkable

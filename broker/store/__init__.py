@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.store.base import IndexEntry, QueueKey, Store, StoredMessage
+from broker.store.base import NOT_SAVED, IndexEntry, QueueKey, Store, StoredMessage
 from broker.store.memory import MemoryStore
 
-__all__ = ["IndexEntry", "MemoryStore", "QueueKey", "Store", "StoredMessage"]
+__all__ = ["NOT_SAVED", "IndexEntry", "MemoryStore", "QueueKey", "Store", "StoredMessage"]

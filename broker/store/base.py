@@ -17,6 +17,10 @@ from typing import NamedTuple
 
 from broker.message import Message
 
+#: Why a message taken while the store failed (its disk full or failing) is answered
+#: as not saved: every front door (TMQP acknowledges, STOMP ERRORs) says these words.
+NOT_SAVED = "not saved: the store failed"
+
 #: (channel name, queue id)
 QueueKey = tuple[str, int]
 
