@@ -48,7 +48,7 @@ import itertools
 import json
 import logging
 import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from enum import Enum, IntEnum
 from typing import Any, cast
@@ -753,7 +753,7 @@ class Session:
         ]
         return self._batch_frame(batch.pack(entries), acked)
 
-    def coalesce(self, frames: Iterable[Queued]) -> tuple[bytes, int]:
+    def coalesce(self, frames: Sequence[Queued]) -> tuple[bytes, int]:
         """The frames at the head of ``frames`` (an outbox) that may share a batch
         (:meth:`batchable`; at most ``batch_max`` of them, their entries at most
         ``batch_octets``) as one batch frame, and how many it took; the first frame as
@@ -786,7 +786,7 @@ class Session:
             add(data)
             taken += 1
         if taken < 2:
-            return (entries[0] if taken else octets(next(iter(frames)))), 1
+            return (entries[0] if taken else octets(frames[0])), 1
         with batch.pack_into(self._packed, entries) as payload:
             return self._batch_frame(payload, acked), taken
 
