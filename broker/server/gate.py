@@ -53,8 +53,6 @@ log = logging.getLogger(__name__)
 
 _ACK = int(MessageType.ACK)
 _NACK = Header.NACK_REASON.lower()
-#: why a positive acknowledge held when the store failed leaves negative
-_NOT_SAVED = NOT_SAVED
 #: A held call: what runs once durable, what runs instead if the store fails (see call).
 _Call = tuple[Callable[[], None], Callable[[], None] | None]
 
@@ -266,7 +264,7 @@ def _refuse(out: Any) -> Any:
         frame.source,
         frame.target,
         NackReason.FAILED,
-        _NOT_SAVED,
+        NOT_SAVED,  # (why a positive acknowledge held when the store failed leaves negative)
         frame.high_priority,
     )
     return Outgoing(out[0], nack)
