@@ -236,3 +236,23 @@ def test_a_commit_the_disk_cannot_hold_is_an_error_naming_its_receipt(
     session 16 it waited 10 s, blocking the listener, for "the broker engine did not
     answer in time")."""
     _fill_then_check(broker, small_disk, _transactions())
+
+
+def _subscribe_synced() -> Iterator[Batch]:
+    for r in range(MOST):
+        names = [f"m{r:03d}-{i}" for i in range(RUN)]
+        sends = b"".join(_send(n, receipt=False) for n in names)
+        subscribe = f"SUBSCRIBE\nid:s{r}\ndestination:/queue/side{r}\nreceipt:s{r}\n\n\x00"
+        yield sends + subscribe.encode(), f"s{r}", names
+
+
+def test_a_subscribe_receipt_after_sends_the_disk_cannot_hold_is_an_error_naming_it(
+    broker: Broker,
+    small_disk: Path,  # noqa: F811
+) -> None:
+    """Persistent SENDs without receipts, each run synced by a SUBSCRIBE that asks for
+    one (a RECEIPT says every frame before it was applied, the SENDs' saves included):
+    when the disk fills, that SUBSCRIBE's receipt is an ERROR "not saved" naming it --
+    the failure path the SEND and COMMIT receipts take, here through another command
+    (audit11 left it tested through SEND and COMMIT only)."""
+    _fill_then_check(broker, small_disk, _subscribe_synced())
