@@ -47,7 +47,6 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from broker.stomp.subscription import PublishSpec, SubscriptionSpec
-from broker.store.base import NOT_SAVED as STORE_NOT_SAVED
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,13 +121,6 @@ class RunReceiver(Protocol):
 #: Called once with the outcome of an asynchronous publish: None (accepted -- durable,
 #: for a persistent message) or the reason it was refused.
 PublishAnswer = Callable[["str | None"], None]
-
-#: The reason of an answer refused because the store failed (a full or failing disk)
-#: before the writes it waited for were durable: the message was taken, not saved (it
-#: stays queued in memory).  No RECEIPT: the ERROR names the first receipt the client
-#: awaits from that frame on (a run's answer comes with none of it taken).
-#: (the store's own words: ``broker.store.NOT_SAVED``)
-NOT_SAVED = STORE_NOT_SAVED
 
 
 @runtime_checkable

@@ -82,7 +82,6 @@ from broker.message import Message
 from broker.protocol import Outgoing
 from broker.sequence import FROM_FIRST
 from broker.stomp.backend import (
-    NOT_SAVED,
     BatchAnswer,
     ConnectionInfo,
     Delivery,
@@ -123,6 +122,7 @@ from broker.stomp.subscription import (
     PublishSpec,
     SubscriptionSpec,
 )
+from broker.store.base import NOT_SAVED
 
 __all__ = ["ANSWER_TIMEOUT", "EngineBackend", "EngineDoor", "SubExtras", "listen"]
 

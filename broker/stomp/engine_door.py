@@ -36,7 +36,7 @@ from broker.protocol import (
     Tracked,
     header,
 )
-from broker.stomp.backend import NOT_SAVED, BatchAnswer, ConnectionInfo, PublishAnswer
+from broker.stomp.backend import BatchAnswer, ConnectionInfo, PublishAnswer
 from broker.stomp.destinations import Destination, DestinationKind, temp_owner
 from broker.stomp.engine_browse import BrowsePage, Followers, read_page
 from broker.stomp.engine_durable import existing_channel
@@ -54,6 +54,7 @@ from broker.stomp.engine_mapping import (
 from broker.stomp.errors import BackendError
 from broker.stomp.frames import Headers
 from broker.stomp.subscription import PublishSpec, RetainAction
+from broker.store.base import NOT_SAVED
 
 log = logging.getLogger(__name__)
 

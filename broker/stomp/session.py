@@ -54,7 +54,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from broker.stomp.backend import (
-    NOT_SAVED,
     AfterApplied,
     AsyncPublisher,
     Backend,
@@ -93,6 +92,7 @@ from broker.stomp.subscription import (
     parse_send_control,
     parse_subscribe,
 )
+from broker.store.base import NOT_SAVED
 
 SUPPORTED_VERSIONS = (Version.V1_0, Version.V1_1, Version.V1_2)
 SERVER_NAME = "zerohub/0.1"
