@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import pstats
 import time
 from collections.abc import Callable
 from typing import Any
+
+from call_count import python_calls
 
 from broker import batch, tmqp
 from broker.engine.tmqp_door import WIRE
@@ -70,8 +71,7 @@ def calls(fn: Callable[[bytes], list[Any]], payload: bytes, entries: int) -> flo
     for _ in range(100):
         fn(payload)
     prof.disable()
-    stats: dict[Any, Any] = pstats.Stats(prof).stats  # type: ignore[attr-defined]
-    total = sum(nc for (_f, _l, name), (_cc, nc, *_r) in stats.items() if "disable" not in name)
+    total = python_calls(prof, lambda _file, name: "disable" in name)
     return total / (100 * entries)
 
 

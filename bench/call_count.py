@@ -11,10 +11,22 @@ its own ``bench/`` (the measured tree may not have it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
-def python_calls(prof: Any) -> int:
+def where(entry: Any) -> tuple[str, str]:
+    """(file, name) of one ``Profile.getstats()`` entry: a built-in's entry has its
+    description in place of a code object (file ``~``, as pstats names it)."""
+    code = entry.code
+    if isinstance(code, str):
+        return "~", code
+    return code.co_filename, code.co_name
+
+
+def python_calls(prof: Any, skip: Callable[[str, str], bool] | None = None) -> int:
     """Function calls (Python and built-in) a ``cProfile.Profile`` counted, summed per
-    code object."""
-    return sum(entry.callcount for entry in prof.getstats())
+    code object; ``skip(file, name)`` true leaves an entry out (a bench's own wrappers)."""
+    if skip is None:
+        return sum(entry.callcount for entry in prof.getstats())
+    return sum(entry.callcount for entry in prof.getstats() if not skip(*where(entry)))

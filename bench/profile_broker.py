@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_broker import forward, free_port, raw_forwarded_sink, raw_source
+from call_count import python_calls
 
 SIZE = 100
 PAYLOAD = b"x" * SIZE
@@ -90,19 +91,24 @@ def _counting_context() -> Any:
 
 
 def _counts(prof: cProfile.Profile, messages: int, top: int) -> dict[str, Any]:
-    """Per message: Python calls (cProfile's count, this file's counting wrappers and
-    pyzmq's Python-level ``Socket.send`` that they call left out) and libzmq calls."""
-    stats = pstats.Stats(prof)
-    raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
-    calls = 0
-    rows = []
-    for (filename, _line, name), (_cc, nc, tt, _ct, _callers) in raw.items():
-        if filename == __file__ or filename.endswith("zmq/sugar/socket.py"):
-            continue
-        if filename.endswith("zmq/sugar/poll.py") and name == "poll":
-            continue
-        calls += nc
-        rows.append((tt, nc, f"{filename.rsplit('/', 2)[-1]}:{name}"))
+    """Per message: Python calls (counted per code object, ``call_count.python_calls``;
+    this file's counting wrappers and pyzmq's Python-level ``Socket.send`` that they call
+    left out) and libzmq calls.  The top rows are pstats' (by file, line and name)."""
+
+    def skip(filename: str, name: str) -> bool:
+        return (
+            filename == __file__
+            or filename.endswith("zmq/sugar/socket.py")
+            or (filename.endswith("zmq/sugar/poll.py") and name == "poll")
+        )
+
+    calls = python_calls(prof, skip)
+    raw: dict[Any, Any] = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    rows = [
+        (tt, nc, f"{filename.rsplit('/', 2)[-1]}:{name}")
+        for (filename, _line, name), (_cc, nc, tt, _ct, _callers) in raw.items()
+        if not skip(filename, name)
+    ]
     rows.sort(reverse=True)
     return {
         "calls": calls / messages,
@@ -243,8 +249,7 @@ def round_trips(
         calls = None
         if prof is not None:
             prof.disable()
-            stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
-            calls = sum(row[1] for row in stats.values()) / count
+            calls = python_calls(prof) / count
         done.put((count, used, calls))
     client.close()
     client.context.term()
