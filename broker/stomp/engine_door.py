@@ -49,6 +49,7 @@ from broker.stomp.engine_mapping import (
     TOPIC_OPTIONS,
     channel_of,
     channel_rest,
+    destination_of,
     wildcard_matches,
 )
 from broker.stomp.errors import BackendError
@@ -132,7 +133,8 @@ class EngineDoor:
         earlier run: removed, so a new connection with the same id cannot inherit them."""
         registry = self.engine.channel_registry
         out: list[Outgoing] = []
-        for name in [n for n in self.engine.channels if temp_owner(n) is not None]:
+        stale = [n for n in self.engine.channels if _temporary_queue(n)]
+        for name in stale:
             with contextlib.suppress(OperationError):
                 registry.remove_channel(self.engine.channels[name], out)
         self.closed = False
@@ -972,3 +974,9 @@ def _all_plain(specs: Sequence[PublishSpec]) -> bool:
 
 #: The destination kinds a plain SEND goes to.
 _PLAIN_KINDS = (DestinationKind.QUEUE, DestinationKind.TOPIC)
+
+
+def _temporary_queue(channel: str) -> bool:
+    """Is ``channel`` a temporary queue's (of any virtual host)?"""
+    destination = destination_of(channel)
+    return destination.kind is DestinationKind.QUEUE and temp_owner(destination.name) is not None
