@@ -55,6 +55,7 @@ from broker.stomp.engine_mapping import (
 from broker.stomp.errors import BackendError
 from broker.stomp.frames import Headers
 from broker.stomp.subscription import PublishSpec, RetainAction
+from broker.stomp.vhosts import namespace_of
 from broker.store.base import NOT_SAVED
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,9 @@ class EngineDoor:
         self.seq_wanted: set[tuple[int, str]] = set()
         self.ruled: set[tuple[int, str]] = set()
         self.temps_of: dict[int, set[str]] = {}
+        #: Per connection of a virtual host other than the default: its namespace
+        #: (``broker.stomp.vhosts``), which its temporary destinations live in.
+        self.namespace_of: dict[int, str] = {}
         handler = engine.handlers[PER_MESSAGE]
         #: The rules of the ``per-message`` handler (groups, exclusive consumers, owners).
         self.handler: PerMessageRules | None = (
@@ -317,6 +321,9 @@ class EngineDoor:
 
     def op_connect(self, conn: int, info: ConnectionInfo, now: float) -> list[Outgoing]:
         """Register a connection whose CONNECT needs no engine check (see op_login)."""
+        namespace = namespace_of(info.virtual_host)
+        if namespace:
+            self.namespace_of[conn] = namespace
         try:
             return self.op_login(conn, info.user or None, None, now)
         except BackendError as exc:
@@ -344,6 +351,7 @@ class EngineDoor:
         marks and temporary destinations (channels ``temp.<broker>.<conn>.*``) go."""
         self.failed.discard(conn)
         self.followers.drop(conn)
+        self.namespace_of.pop(conn, None)
         client_id = self.client_of.pop(conn, None)
         if client_id is None:
             return []
@@ -387,7 +395,8 @@ class EngineDoor:
         owner = temp_owner(destination.name)
         if owner is not None and name not in self.engine.channels:
             owner_client = self.client_of.get(owner[1])
-            if owner_client is None:
+            elsewhere = self.namespace_of.get(owner[1], "") != destination.namespace
+            if owner_client is None or elsewhere:  # gone, or of another virtual host
                 raise BackendError(f"{destination.stomp}: no such temporary destination")
             self.temps_of.setdefault(owner[1], set()).add(name)
             if self.handler is not None:  # TMQP clients that join it get nothing either

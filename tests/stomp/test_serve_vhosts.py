@@ -289,3 +289,27 @@ def test_bad_virtual_hosts_config_is_one_line_exit_2(tmp_path: Path, case: str) 
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and match in done.stderr, done.stderr
     assert "config stomp: " in done.stderr and "Traceback" not in done.stderr
+
+
+def test_temporary_destinations_belong_to_their_virtual_host(
+    serve_factory: Callable[..., Serve], raws: Callable[[int], Raw]
+) -> None:
+    """A ``/temp-queue/`` of an ``alpha`` connection, named as its ``reply-to`` shows it,
+    is reachable from ``alpha`` only: a ``beta`` SEND to that name is refused (no such
+    temporary destination there), an ``alpha`` one arrives."""
+    server = serve_factory(config=TWO_HOSTS)
+    owner = on_host(raws, server, "alpha.example")
+    subscribe(owner, "/temp-queue/replies", "r")
+    owner.send(b"SEND\ndestination:/queue/ask\nreply-to:/temp-queue/replies\nreceipt:q\n\n\x00")
+    assert owner.next().header("receipt-id") == "q"
+    asker = on_host(raws, server, "alpha.example")
+    subscribe(asker, "/queue/ask", "a")
+    reply_to = message(asker).header("reply-to") or ""
+    assert reply_to.startswith("/queue/temp.")
+    outsider = on_host(raws, server, "beta.example")
+    outsider.send(f"SEND\ndestination:{reply_to}\nreceipt:x\n\nforged\x00".encode())
+    error = outsider.next()
+    assert error.command is Command.ERROR and error.header("receipt-id") == "x"
+    assert "no such temporary destination" in (error.header("message") or "")
+    send(asker, reply_to, "answer", "y")
+    assert message(owner).body == b"answer"
