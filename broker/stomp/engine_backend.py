@@ -134,6 +134,10 @@ log = logging.getLogger(__name__)
 
 #: Seconds a SEND or SUBSCRIBE waits for the engine thread before it is refused.
 ANSWER_TIMEOUT = 10.0
+#: ``PublishSpec(...)`` from a tuple of every field (``destinations`` first), without the
+#: named tuple's ``_replace`` (a SEND on a virtual host other than the default is
+#: renamed per message).
+_new_spec = tuple.__new__
 #: Destination headers kept per connection on a virtual host other than the default,
 #: named in its namespace (as the session keeps them parsed: ``DESTINATION_CACHE``).
 NAMED_KEPT = 1024
@@ -355,7 +359,7 @@ class EngineBackend:
         conn = self.conns.get(connection_id)
         user = conn.info.user if conn is not None else ANONYMOUS
         if conn is not None and conn.namespace:
-            spec = spec._replace(destinations=conn.in_namespace(spec.destinations))
+            spec = _new_spec(PublishSpec, (conn.in_namespace(spec[0]), *spec[1:]))
         return ((USER_HEADER, user), (TIMESTAMP_HEADER, str(self.wall_clock_ms()))), spec
 
     def publish_async(self, connection_id: int, spec: PublishSpec, answer: PublishAnswer) -> None:
@@ -382,7 +386,8 @@ class EngineBackend:
         user = conn.info.user if conn is not None else ANONYMOUS
         stamp = ((USER_HEADER, user), (TIMESTAMP_HEADER, str(self.wall_clock_ms())))
         if conn is not None and conn.namespace:
-            specs = [s._replace(destinations=conn.in_namespace(s.destinations)) for s in specs]
+            named = conn.in_namespace
+            specs = [_new_spec(PublishSpec, (named(s[0]), *s[1:])) for s in specs]
         first = self._ids + 1
         self._ids += len(specs)
         door = self.door
