@@ -33,6 +33,10 @@ Mapping (see README "STOMP on the engine"):
 * ``/dsub/ID`` -> channel ``/dsub/ID``, queue 0: durable subscription ``ID``
   (``broker.engine.dsubs``), made by ``SUBSCRIBE persistent:true`` with ``id:ID`` on
   ``/topic/`` destinations, destroyed by ``UNSUBSCRIBE persistent:true``;
+* those are the virtual host ``default``'s; on virtual host ``V`` each name or id gets
+  the prefix ``V/`` (channels ``V/NAME``, ``/topic/V/NAME``, ``/dsub/V/ID``): a
+  connection's destinations are named in its virtual host's namespace here
+  (``_Conn.in_namespace``; ``broker.stomp.engine_mapping``, ``broker.stomp.vhosts``);
 * ack ``auto``: the delivery is acknowledged as soon as the connection takes it -- by
   the engine itself when this side reports it taken (``Engine.acknowledge_taken``, no
   acknowledge per delivery), or from here on a channel two subscriptions of the
