@@ -144,3 +144,19 @@ def test_a_durable_subscription_is_addressed_in_its_namespace() -> None:
     assert [channel_of(t) for t in topics] == ["/topic/shop/news"] and shown.stomp == "/topic/news"
     with pytest.raises(BackendError):  # another id's /dsub/: not this subscription
         durable_plan(_durable("/dsub/d2", "d1", "shop"), "shop")
+
+
+def test_temporary_queues_of_an_earlier_run_go_in_every_virtual_host() -> None:
+    """At start the door removes temporary queues an earlier run left (their
+    connections are gone), a virtual host's (``shop/temp...``) too; other names stay."""
+    from broker.engine.engine import Engine
+    from broker.stomp.engine_door import EngineDoor
+
+    engine = Engine()
+    left = ["temp.default.1.inbox", "shop/temp.default.2.inbox"]
+    kept = ["temperature", "shop/temperature", "shop/orders"]
+    for name in left + kept:
+        engine.create_channel(name)
+    door = EngineDoor(engine)
+    assert [n for n in left + kept if n in engine.channels] == kept
+    door.close()
