@@ -583,11 +583,21 @@ def _stomp_settings(table: Any) -> dict[str, Any]:
         return {}
     if not isinstance(table, dict):
         raise UsageError("config stomp: expected a table")
-    unknown = set(table) - set(STOMP_KEYS)
+    unknown = set(table) - set(STOMP_KEYS) - {"virtual_hosts"}
     if unknown:
         raise UsageError(f"config stomp: unknown keys {sorted(unknown)}")
     settings: dict[str, Any] = {}
+    if "virtual_hosts" in table:  # [[stomp.virtual_hosts]]: name, host_names
+        from broker.stomp.errors import VirtualHostError
+        from broker.stomp.vhosts import parse_virtual_hosts
+
+        try:
+            settings["virtual_hosts"] = parse_virtual_hosts(table["virtual_hosts"])
+        except VirtualHostError as exc:
+            raise UsageError(f"config stomp: {exc}") from None
     for key, value in table.items():
+        if key == "virtual_hosts":
+            continue
         kind = STOMP_KEYS[key]
         ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
         if kind is float and isinstance(value, int) and not isinstance(value, bool):

@@ -35,6 +35,10 @@ Contract (what an implementation on the broker engine must do):
 * A backend that applies operations after the call returns (ACKs handed to another
   thread) is an :class:`AfterApplied`: the session's RECEIPTs wait for its answer, so a
   RECEIPT still means every frame before it was applied.
+* ``ConnectionInfo.virtual_host`` names the virtual host the session admitted the
+  connection to; the destinations a session parses are named in the default namespace,
+  and a backend that keeps virtual hosts apart names them in the connection's
+  (``broker.stomp.vhosts``: the engine backend does; the in-memory one does not).
 * ``detach`` (connection gone, cleanly or not): every unacknowledged delivery is
   redelivered to other subscribers, subscriptions end (durable ones keep their
   queue), and the connection's temporary destinations are deleted.

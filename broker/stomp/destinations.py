@@ -9,6 +9,8 @@
   Name Restrictions"); ``.`` separates path segments.  Anything else is refused: other
   characters must be UTF-8 then URL-encoded (``%xx``) by the client.  (The manual's own
   retained-message example, ``/topic/stock/IBM``, breaks that rule; the rule wins.)
+* A destination is named within a virtual host (``namespace``, set by the backend that
+  maps it: ``broker.stomp.vhosts``); parsing gives the default one's.
 * Wildcards, in SUBSCRIBE only: a segment ``*`` matches any one segment, ``**`` any
   number of segments (zero included), ``*`` inside a segment matches any characters
   (``I*``), ``{regex}`` inside a segment matches a regular expression (``*{[0-9]}``).
@@ -67,6 +69,9 @@ class Destination:
     kind: DestinationKind
     name: str
     pattern: DestinationPattern | None = field(default=None, compare=False)
+    #: The namespace of the virtual host it is named in (``broker.stomp.vhosts``; ``""``:
+    #: the default one's).  Not part of ``stomp``: a client sees names of its own host.
+    namespace: str = ""
     #: The destination as a STOMP header value (``/queue/NAME``); made once (a
     #: destination is parsed once and cached, and read per message delivered).
     stomp: str = field(init=False, compare=False, repr=False)
@@ -74,7 +79,7 @@ class Destination:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stomp", _STOMP_PREFIX[self.kind] + self.name)
-        object.__setattr__(self, "_hash", hash((self.kind, self.name)))
+        object.__setattr__(self, "_hash", hash((self.kind, self.name, self.namespace)))
 
     def __hash__(self) -> int:  # (a run of SENDs looks its destination up per message)
         return self._hash
@@ -83,8 +88,8 @@ class Destination:
     def wildcard(self) -> bool:
         return self.pattern is not None
 
-    def matches(self, kind: DestinationKind, name: str) -> bool:
-        if kind is not self.kind:
+    def matches(self, kind: DestinationKind, name: str, namespace: str = "") -> bool:
+        if kind is not self.kind or namespace != self.namespace:
             return False
         if self.pattern is None:
             return name == self.name

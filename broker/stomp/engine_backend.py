@@ -33,6 +33,10 @@ Mapping (see README "STOMP on the engine"):
 * ``/dsub/ID`` -> channel ``/dsub/ID``, queue 0: durable subscription ``ID``
   (``broker.engine.dsubs``), made by ``SUBSCRIBE persistent:true`` with ``id:ID`` on
   ``/topic/`` destinations, destroyed by ``UNSUBSCRIBE persistent:true``;
+* those are the virtual host ``default``'s; on virtual host ``V`` each name or id gets
+  the prefix ``V/`` (channels ``V/NAME``, ``/topic/V/NAME``, ``/dsub/V/ID``): a
+  connection's destinations are named in its virtual host's namespace here
+  (``_Conn.in_namespace``; ``broker.stomp.engine_mapping``, ``broker.stomp.vhosts``);
 * ack ``auto``: the delivery is acknowledged as soon as the connection takes it -- by
   the engine itself when this side reports it taken (``Engine.acknowledge_taken``, no
   acknowledge per delivery), or from here on a channel two subscriptions of the
@@ -70,6 +74,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -110,6 +115,8 @@ from broker.stomp.engine_mapping import (
     channel_of,
     check_headers,
     destination_of,
+    engine_name,
+    in_namespace,
     wildcard_matches,
 )
 from broker.stomp.errors import BackendError
@@ -122,6 +129,7 @@ from broker.stomp.subscription import (
     PublishSpec,
     SubscriptionSpec,
 )
+from broker.stomp.vhosts import namespace_of
 from broker.store.base import NOT_SAVED
 
 __all__ = ["ANSWER_TIMEOUT", "EngineBackend", "EngineDoor", "SubExtras", "listen"]
@@ -130,6 +138,13 @@ log = logging.getLogger(__name__)
 
 #: Seconds a SEND or SUBSCRIBE waits for the engine thread before it is refused.
 ANSWER_TIMEOUT = 10.0
+#: ``PublishSpec(...)`` from a tuple of every field (``destinations`` first), without the
+#: named tuple's ``_replace`` (a SEND on a virtual host other than the default is
+#: renamed per message).
+_new_spec = tuple.__new__
+#: Destination headers kept per connection on a virtual host other than the default,
+#: named in its namespace (as the session keeps them parsed: ``DESTINATION_CACHE``).
+NAMED_KEPT = 1024
 
 
 def _resolve(done: concurrent.futures.Future[None]) -> None:
@@ -191,6 +206,22 @@ class _Conn:
     next_tag: int = 1
     #: The connection's run sink (``attach_runs``): a hand-over's deliveries in one call.
     run_sink: RunSink | None = None
+    #: Its virtual host's namespace (``broker.stomp.vhosts``; "" the default one's), and
+    #: the destinations it named, parsed (the session's cache) -> named in it.
+    namespace: str = ""
+    named: dict[tuple[Destination, ...], tuple[Destination, ...]] = field(default_factory=dict)
+
+    def in_namespace(self, destinations: tuple[Destination, ...]) -> tuple[Destination, ...]:
+        """``destinations`` (as the session parsed them) named in this connection's
+        virtual host."""
+        if not self.namespace:
+            return destinations
+        found = self.named.get(destinations)
+        if found is None:
+            if len(self.named) >= NAMED_KEPT:
+                self.named.clear()
+            found = self.named[destinations] = in_namespace(destinations, self.namespace)
+        return found
 
 
 class EngineBackend:
@@ -304,7 +335,9 @@ class EngineBackend:
         return login or ANONYMOUS
 
     def attach(self, connection: ConnectionInfo, sink: DeliverySink) -> None:
-        self.conns[connection.id] = _Conn(connection, sink)
+        self.conns[connection.id] = _Conn(
+            connection, sink, namespace=namespace_of(connection.virtual_host)
+        )
         door, conn = self.door, connection.id
         self._submit(lambda now: door.op_connect(conn, connection, now))  # none if logged in
 
@@ -322,18 +355,21 @@ class EngineBackend:
         self._flush_ops()
         door.submit(lambda now: door.op_disconnect(connection_id, now))
 
-    def _stamp(self, connection_id: int, spec: PublishSpec) -> Headers:
+    def _stamp(self, connection_id: int, spec: PublishSpec) -> tuple[Headers, PublishSpec]:
         """The headers the broker adds to a SEND (its user, its time), after checking the
-        user's; the engine thread appends them (no second PublishSpec per SEND)."""
+        user's; the engine thread appends them (no second PublishSpec per SEND).  And the
+        SEND named in the connection's virtual host."""
         check_headers(spec.headers)
         conn = self.conns.get(connection_id)
         user = conn.info.user if conn is not None else ANONYMOUS
-        return ((USER_HEADER, user), (TIMESTAMP_HEADER, str(self.wall_clock_ms())))
+        if conn is not None and conn.namespace:
+            spec = _new_spec(PublishSpec, (conn.in_namespace(spec[0]), *spec[1:]))
+        return ((USER_HEADER, user), (TIMESTAMP_HEADER, str(self.wall_clock_ms()))), spec
 
     def publish_async(self, connection_id: int, spec: PublishSpec, answer: PublishAnswer) -> None:
         """Submit the SEND without waiting (:class:`~broker.stomp.backend.AsyncPublisher`):
         the engine thread runs it in order with this connection's other operations."""
-        stamp = self._stamp(connection_id, spec)
+        stamp, spec = self._stamp(connection_id, spec)
         self._ids += 1
         message_id = f"stomp-{connection_id}-{self._ids}"
         door = self.door
@@ -353,6 +389,9 @@ class EngineBackend:
         conn = self.conns.get(connection_id)
         user = conn.info.user if conn is not None else ANONYMOUS
         stamp = ((USER_HEADER, user), (TIMESTAMP_HEADER, str(self.wall_clock_ms())))
+        if conn is not None and conn.namespace:
+            named = conn.in_namespace
+            specs = [_new_spec(PublishSpec, (named(s[0]), *s[1:])) for s in specs]
         first = self._ids + 1
         self._ids += len(specs)
         door = self.door
@@ -372,7 +411,7 @@ class EngineBackend:
         self.after_deliveries()
 
     def publish(self, connection_id: int, spec: PublishSpec) -> None:
-        stamp = self._stamp(connection_id, spec)
+        stamp, spec = self._stamp(connection_id, spec)
         self._ids += 1
         message_id = f"stomp-{connection_id}-{self._ids}"
         door = self.door
@@ -380,6 +419,8 @@ class EngineBackend:
 
     def subscribe(self, connection_id: int, spec: SubscriptionSpec) -> None:
         conn = self.conns[connection_id]
+        if conn.namespace:
+            spec = dataclasses.replace(spec, destinations=conn.in_namespace(spec.destinations))
         channels: dict[str, Destination] = {}
         if spec.browser:
             for destination in spec.destinations:
@@ -445,13 +486,14 @@ class EngineBackend:
     def _subscribe_durable(self, connection_id: int, conn: _Conn, spec: SubscriptionSpec) -> None:
         """``persistent:true`` with ``id``: the durable subscription ``id`` on the /topic/
         destinations (or an existing one, addressed by ``/dsub/<id>``), consumed here."""
-        topics, shown = durable_plan(spec)
-        name = dsubs.channel_name(spec.id)
+        topics, shown = durable_plan(spec, conn.namespace)
+        sub_id = engine_name(conn.namespace, spec.id)  # ids are per virtual host
+        name = dsubs.channel_name(sub_id)
         if name in conn.by_channel:
             raise BackendError(f"/dsub/{spec.id} is already subscribed on this connection")
         count = spec.credit.count
         prefetch = None if count == DEFAULT_CREDIT_COUNT else max(1, count)
-        door, sub_id = self.door, spec.id
+        door = self.door
         self._call(
             lambda now: door.op_subscribe_durable(connection_id, sub_id, topics, prefetch, now)
         )
@@ -532,7 +574,8 @@ class EngineBackend:
             self._drop(connection_id, conn, subscription_id, sub)
         if destroy:  # persistent:true: the durable subscription goes (BackendError if none)
             door = self.door
-            self._call(lambda now: door.op_destroy_durable(connection_id, subscription_id, now))
+            sub_id = engine_name(conn.namespace if conn is not None else "", subscription_id)
+            self._call(lambda now: door.op_destroy_durable(connection_id, sub_id, now))
 
     def _drop(self, connection_id: int, conn: _Conn, subscription_id: str, sub: _Sub) -> None:
         if sub.browsing is not None:

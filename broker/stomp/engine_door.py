@@ -49,11 +49,13 @@ from broker.stomp.engine_mapping import (
     TOPIC_OPTIONS,
     channel_of,
     channel_rest,
+    destination_of,
     wildcard_matches,
 )
 from broker.stomp.errors import BackendError
 from broker.stomp.frames import Headers
 from broker.stomp.subscription import PublishSpec, RetainAction
+from broker.stomp.vhosts import namespace_of
 from broker.store.base import NOT_SAVED
 
 log = logging.getLogger(__name__)
@@ -120,6 +122,9 @@ class EngineDoor:
         self.seq_wanted: set[tuple[int, str]] = set()
         self.ruled: set[tuple[int, str]] = set()
         self.temps_of: dict[int, set[str]] = {}
+        #: Per connection of a virtual host other than the default: its namespace
+        #: (``broker.stomp.vhosts``), which its temporary destinations live in.
+        self.namespace_of: dict[int, str] = {}
         handler = engine.handlers[PER_MESSAGE]
         #: The rules of the ``per-message`` handler (groups, exclusive consumers, owners).
         self.handler: PerMessageRules | None = (
@@ -132,7 +137,8 @@ class EngineDoor:
         earlier run: removed, so a new connection with the same id cannot inherit them."""
         registry = self.engine.channel_registry
         out: list[Outgoing] = []
-        for name in [n for n in self.engine.channels if temp_owner(n) is not None]:
+        stale = [n for n in self.engine.channels if _temporary_queue(n)]
+        for name in stale:
             with contextlib.suppress(OperationError):
                 registry.remove_channel(self.engine.channels[name], out)
         self.closed = False
@@ -315,6 +321,9 @@ class EngineDoor:
 
     def op_connect(self, conn: int, info: ConnectionInfo, now: float) -> list[Outgoing]:
         """Register a connection whose CONNECT needs no engine check (see op_login)."""
+        namespace = namespace_of(info.virtual_host)
+        if namespace:
+            self.namespace_of[conn] = namespace
         try:
             return self.op_login(conn, info.user or None, None, now)
         except BackendError as exc:
@@ -342,6 +351,7 @@ class EngineDoor:
         marks and temporary destinations (channels ``temp.<broker>.<conn>.*``) go."""
         self.failed.discard(conn)
         self.followers.drop(conn)
+        self.namespace_of.pop(conn, None)
         client_id = self.client_of.pop(conn, None)
         if client_id is None:
             return []
@@ -385,7 +395,8 @@ class EngineDoor:
         owner = temp_owner(destination.name)
         if owner is not None and name not in self.engine.channels:
             owner_client = self.client_of.get(owner[1])
-            if owner_client is None:
+            elsewhere = self.namespace_of.get(owner[1], "") != destination.namespace
+            if owner_client is None or elsewhere:  # gone, or of another virtual host
                 raise BackendError(f"{destination.stomp}: no such temporary destination")
             self.temps_of.setdefault(owner[1], set()).add(name)
             if self.handler is not None:  # TMQP clients that join it get nothing either
@@ -972,3 +983,9 @@ def _all_plain(specs: Sequence[PublishSpec]) -> bool:
 
 #: The destination kinds a plain SEND goes to.
 _PLAIN_KINDS = (DestinationKind.QUEUE, DestinationKind.TOPIC)
+
+
+def _temporary_queue(channel: str) -> bool:
+    """Is ``channel`` a temporary queue's (of any virtual host)?"""
+    destination = destination_of(channel)
+    return destination.kind is DestinationKind.QUEUE and temp_owner(destination.name) is not None

@@ -1,13 +1,19 @@
 """How STOMP destinations map onto the engine's channels and queues (engine backend).
 
 ``/queue/NAME`` is channel ``NAME``, ``/topic/NAME`` channel ``/topic/NAME``, ``/dsub/ID``
-channel ``/dsub/ID`` (the whole mapping: ``broker.stomp.engine_backend``); the options a
+channel ``/dsub/ID`` (the whole mapping: ``broker.stomp.engine_backend``) on the default
+virtual host; on virtual host ``V`` (its namespace, ``broker.stomp.vhosts``) the name or
+id gets the prefix ``V/``: channels ``V/NAME``, ``/topic/V/NAME``, ``/dsub/V/ID`` (durable
+subscription ``V/ID``).  No STOMP name holds a ``/`` nor does a virtual host's name, so the
+first ``/`` after the kind's prefix ends the namespace: no two destinations share a channel.
+The options a
 STOMP-made queue gets; the headers the broker adds to a STOMP SEND and those a SEND may not
 carry.  Pure functions and constants: no thread, no engine state.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from broker.engine import dsubs, tmqp_door
@@ -67,32 +73,57 @@ def check_headers(headers: Headers) -> None:
 TOPIC_CHANNEL_PREFIX = "/topic/"
 
 
+#: Separates a virtual host's namespace from the name on the engine (``V/NAME``).
+NAMESPACE_SEPARATOR = "/"
+
+
+def engine_name(namespace: str, name: str) -> str:
+    """A destination's name (or a durable subscription's id) on the engine: ``name`` in
+    the default namespace, else ``namespace/name``."""
+    return name if not namespace else namespace + NAMESPACE_SEPARATOR + name
+
+
 def channel_of(destination: Destination) -> str:
     """The engine channel a (non-wildcard) STOMP destination maps to."""
+    name = destination.name
+    if destination.namespace:  # (engine_name, inlined: a door maps every SEND)
+        name = destination.namespace + NAMESPACE_SEPARATOR + name
     if destination.kind is DestinationKind.TOPIC:
-        return TOPIC_CHANNEL_PREFIX + destination.name
+        return TOPIC_CHANNEL_PREFIX + name
     if destination.kind is DestinationKind.DSUB:
-        return dsubs.channel_name(destination.name)
-    return destination.name
+        return dsubs.channel_name(name)
+    return name
 
 
 def destination_of(channel: str) -> Destination:
     """The STOMP destination of an engine channel (the inverse of :func:`channel_of`)."""
     if channel.startswith(TOPIC_CHANNEL_PREFIX):
-        return Destination(DestinationKind.TOPIC, channel[len(TOPIC_CHANNEL_PREFIX) :])
-    if channel.startswith(dsubs.CHANNEL_PREFIX):
-        return Destination(DestinationKind.DSUB, channel[len(dsubs.CHANNEL_PREFIX) :])
-    return Destination(DestinationKind.QUEUE, channel)
+        kind, rest = DestinationKind.TOPIC, channel[len(TOPIC_CHANNEL_PREFIX) :]
+    elif channel.startswith(dsubs.CHANNEL_PREFIX):
+        kind, rest = DestinationKind.DSUB, channel[len(dsubs.CHANNEL_PREFIX) :]
+    else:
+        kind, rest = DestinationKind.QUEUE, channel
+    namespace, separator, name = rest.partition(NAMESPACE_SEPARATOR)
+    if not separator:
+        return Destination(kind, rest)
+    return Destination(kind, name, namespace=namespace)
+
+
+def in_namespace(destinations: tuple[Destination, ...], namespace: str) -> tuple[Destination, ...]:
+    """``destinations`` (parsed in the default namespace) named in ``namespace``."""
+    if not namespace:
+        return destinations
+    return tuple(dataclasses.replace(d, namespace=namespace) for d in destinations)
 
 
 def wildcard_matches(pattern: Destination, channel: str, conn: int) -> bool:
     """Does wildcard ``pattern`` (of connection ``conn``) match an engine channel?  Never
-    another connection's temporary destination."""
+    another connection's temporary destination, nor another virtual host's channel."""
     destination = destination_of(channel)
     owner = temp_owner(destination.name)
     if owner is not None and owner[1] != conn:
         return False
-    return pattern.matches(destination.kind, destination.name)
+    return pattern.matches(destination.kind, destination.name, destination.namespace)
 
 
 def channel_rest(base: ChannelOptions) -> dict[str, Any]:

@@ -14,6 +14,8 @@
   cannot represent (a local error).
 * ``BackendError``: the backend refused an operation (unknown durable subscription,
   access to another connection's temporary destination...).
+* ``VirtualHostError``: a configured list of virtual hosts that cannot be used (a local
+  error: the operator's config, reported as one line; ``broker.stomp.vhosts``).
 
 Every remote error becomes an ``ERROR`` frame carrying ``str(error)`` as ``message``,
 then the connection is closed after the configured delay.
@@ -56,3 +58,7 @@ class EncodeError(StompError, ValueError):
 
 class BackendError(StompError):
     """The backend refused an operation; the message is sent to the client."""
+
+
+class VirtualHostError(StompError, ValueError):
+    """A configured list of virtual hosts that cannot be used (``broker.stomp.vhosts``)."""

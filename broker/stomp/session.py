@@ -92,16 +92,11 @@ from broker.stomp.subscription import (
     parse_send_control,
     parse_subscribe,
 )
+from broker.stomp.vhosts import DEFAULT_VIRTUAL_HOSTS, VirtualHost
 from broker.store.base import NOT_SAVED
 
 SUPPORTED_VERSIONS = (Version.V1_0, Version.V1_1, Version.V1_2)
 SERVER_NAME = "zerohub/0.1"
-
-
-@dataclass(frozen=True, slots=True)
-class VirtualHost:
-    name: str
-    host_names: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,9 +118,6 @@ Authenticator = Callable[[Credentials], "str | None"]
 def allow_anyone(credentials: Credentials) -> str | None:
     """The default authenticator: everyone is let in, as ``login`` or ``anonymous``."""
     return credentials.login or "anonymous"
-
-
-DEFAULT_VIRTUAL_HOSTS = (VirtualHost("default", ("localhost", "127.0.0.1", "::1")),)
 
 
 @dataclass(frozen=True, slots=True)
