@@ -23,6 +23,7 @@ from broker.engine.events import EventHub
 from broker.engine.fanout import FanoutStreams
 from broker.engine.host import QueueServices
 from broker.engine.options import BrokerConfig, ChannelOptions, ChannelQueueOptions
+from broker.engine.patterns import PatternJoins
 from broker.engine.queue.queue import Queue
 from broker.protocol import EventName, NackReason, Outgoing, ResultCode
 from broker.store import Store
@@ -59,6 +60,9 @@ class ChannelRegistry:
         self.queue_count = 0
         #: The broker's fan-out streams (``broker.engine.fanout``); None: no fan-out socket.
         self.fanout: FanoutStreams | None = None
+        #: Clients' pattern joins (``broker.engine.patterns``): a new channel a pattern
+        #: matches is joined as it is created, if the client may join it.
+        self.patterns = PatternJoins()
 
     def check_push(self, queue: Queue, size: int) -> int:
         """Result code a push of ``size`` octets into ``queue`` would get (0 = accepted):
@@ -113,12 +117,26 @@ class ChannelRegistry:
         channel: Channel = _Channel(name, options or self.config.channel_defaults)
         self.channels[name] = channel
         self.definitions.channel(name, channel.options.to_json())
-        self.events.emit(
-            EventName.CHANNEL_CREATED,
-            models.channel_event(channel),
-            out if out is not None else [],
-        )
+        if out is None:
+            out = []
+        self.events.emit(EventName.CHANNEL_CREATED, models.channel_event(channel), out)
+        if self.patterns:
+            self._join_patterns(channel, out)
         return channel
+
+    def _join_patterns(self, channel: Channel, out: list[Outgoing]) -> None:
+        """A new channel: each client with a pattern matching it joins it, when its
+        authorizer lets it join that channel (not allowed, or a limit: skipped)."""
+        clients = self.services.clients
+        for client_id, join in self.patterns.matching(channel.name):
+            client = clients.get(client_id)
+            if client is None or not self.authorizer.allows(client, Action.JOIN, channel.name):
+                continue
+            try:
+                self.join(client, channel, self.services.now, out, join.prefetch)
+            except OperationError:
+                continue
+            join.channels.add(channel.name)
 
     def create_queue(
         self,
@@ -191,6 +209,8 @@ class ChannelRegistry:
         for client in channel.consumer_list:
             client.channels.pop(channel.name, None)
             client.prefetch.pop(channel.name, None)
+            if self.patterns:
+                self.patterns.release(client.id, channel.name)
         channel.consumers.clear()
         channel.consumer_list.clear()
         self.events.emit(EventName.CHANNEL_REMOVED, models.channel_event(channel), out)
