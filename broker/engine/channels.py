@@ -13,6 +13,8 @@ get the engine's :class:`~broker.engine.host.QueueServices` as their host.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from broker.engine import models
 from broker.engine.auth import Action, Authorizer
 from broker.engine.channel import Channel as _Channel
@@ -63,6 +65,9 @@ class ChannelRegistry:
         #: Clients' pattern joins (``broker.engine.patterns``): a new channel a pattern
         #: matches is joined as it is created, if the client may join it.
         self.patterns = PatternJoins()
+        #: Called with each channel created and the output list, after the pattern joins
+        #: (a door with its own wildcard subscriptions: ``broker.stomp.engine_door``).
+        self.on_created: Callable[[Channel, list[Outgoing]], None] | None = None
 
     def check_push(self, queue: Queue, size: int) -> int:
         """Result code a push of ``size`` octets into ``queue`` would get (0 = accepted):
@@ -122,6 +127,11 @@ class ChannelRegistry:
         self.events.emit(EventName.CHANNEL_CREATED, models.channel_event(channel), out)
         if self.patterns:
             self._join_patterns(channel, out)
+        if self.on_created is not None:
+            try:
+                self.on_created(channel, out)
+            except Exception as exc:  # a door's hook never fails the creation
+                self.services.count_error("channel created", exc)
         return channel
 
     def _join_patterns(self, channel: Channel, out: list[Outgoing]) -> None:
