@@ -125,7 +125,7 @@ class ChannelRegistry:
         if out is None:
             out = []
         self.events.emit(EventName.CHANNEL_CREATED, models.channel_event(channel), out)
-        if self.patterns:
+        if self.patterns.by_client:
             self._join_patterns(channel, out)
         if self.on_created is not None:
             try:
@@ -219,7 +219,7 @@ class ChannelRegistry:
         for client in channel.consumer_list:
             client.channels.pop(channel.name, None)
             client.prefetch.pop(channel.name, None)
-            if self.patterns:
+            if self.patterns.by_client:
                 self.patterns.release(client.id, channel.name)
         channel.consumers.clear()
         channel.consumer_list.clear()

@@ -1102,9 +1102,9 @@ class Engine:
             answer_done(client, m, wants_response, out)  # taken before: done
             return
         try:
-            if m.headers and _names_pattern(m.headers):
-                raise OperationError(ResultCode.BAD_REQUEST, _PATTERN_PUSH)
             if queue is None:
+                if m.headers and _names_pattern(m.headers):  # (before a channel is made)
+                    raise OperationError(ResultCode.BAD_REQUEST, _PATTERN_PUSH)
                 queue = self.channel_registry.resolve_queue(client, m.target, m.content_type, out)
             authorizer = self.authorizer
             if type(authorizer) is not AllowAll and not authorizer.allows(
@@ -1128,7 +1128,13 @@ class Engine:
             if not wants_response and queue.duplicate(m.message_id, client, m.wants_ack, now, out):
                 return  # taken before (a retry after a lost acknowledge): done
             if m.headers:
-                ccs = [v for k, v in m.headers if k.lower() == _CC]
+                ccs: list[str] = []
+                for k, v in m.headers:  # (one pass, no comprehension call per push)
+                    key = k.lower()
+                    if key == _CC:
+                        ccs.append(v)
+                    elif key == _PATTERN:
+                        raise OperationError(ResultCode.BAD_REQUEST, _PATTERN_PUSH)
                 if ccs:
                     self._push_cc(client, m, queue, ccs, now, out, copies, receipt,
                                   wants_response)  # fmt: skip

@@ -225,7 +225,7 @@ def join(
         join_pattern(parts, client, frame.target, _prefetch(parts, frame), now, out)
         return None  # (no fan-out grant: a pattern joins channels one by one)
     join_channel(parts, client, frame.target, _prefetch(parts, frame), now, out)
-    if parts.channels.patterns:
+    if parts.channels.patterns.by_client:
         parts.channels.patterns.release(client.id, frame.target)  # held by name now
     fanout = parts.channels.fanout
     if fanout is None:
@@ -352,7 +352,7 @@ def leave(
         leave_pattern(parts, client, frame.target, out)
         return
     leave_channel(parts, client, frame.target, out)
-    if parts.channels.patterns:
+    if parts.channels.patterns.by_client:
         parts.channels.patterns.release(client.id, frame.target)
 
 

@@ -242,40 +242,39 @@ class PatternJoins:
     """Every client's pattern joins, by client id then pattern text (in join order)."""
 
     def __init__(self) -> None:
-        self._by_client: dict[str, dict[str, PatternJoin]] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self._by_client)
+        #: Client id -> pattern text -> its join; empty: nobody joined a pattern (the
+        #: channel registry reads it per channel created: an attribute, not a call).
+        self.by_client: dict[str, dict[str, PatternJoin]] = {}
 
     def of(self, client_id: str) -> dict[str, PatternJoin]:
         """The client's pattern joins (empty if none; do not change it)."""
-        return self._by_client.get(client_id, {})
+        return self.by_client.get(client_id, {})
 
     def add(self, client_id: str, join: PatternJoin) -> None:
-        self._by_client.setdefault(client_id, {})[join.pattern.text] = join
+        self.by_client.setdefault(client_id, {})[join.pattern.text] = join
 
     def remove(self, client_id: str, text: str) -> PatternJoin | None:
-        joins = self._by_client.get(client_id)
+        joins = self.by_client.get(client_id)
         if joins is None:
             return None
         join = joins.pop(text, None)
         if not joins:
-            del self._by_client[client_id]
+            del self.by_client[client_id]
         return join
 
     def forget_client(self, client_id: str) -> None:
-        self._by_client.pop(client_id, None)
+        self.by_client.pop(client_id, None)
 
     def release(self, client_id: str, channel: str) -> None:
         """The client no longer holds ``channel`` through a pattern (it joined or left it
         by name, or the channel went)."""
-        for join in self._by_client.get(client_id, {}).values():
+        for join in self.by_client.get(client_id, {}).values():
             join.channels.discard(channel)
 
     def holder(self, client_id: str, channel: str) -> PatternJoin | None:
         """The client's pattern join other than those holding ``channel`` that matches
         it (to hand it over when its holder is left), or None."""
-        for join in self._by_client.get(client_id, {}).values():
+        for join in self.by_client.get(client_id, {}).values():
             if channel not in join.channels and join.pattern.matches(channel):
                 return join
         return None
@@ -283,7 +282,7 @@ class PatternJoins:
     def matching(self, channel: str) -> Iterator[tuple[str, PatternJoin]]:
         """(client id, its first pattern join) for each client one of whose patterns
         matches ``channel``."""
-        for client_id, joins in list(self._by_client.items()):
+        for client_id, joins in list(self.by_client.items()):
             for join in joins.values():
                 if join.pattern.matches(channel):
                     yield client_id, join

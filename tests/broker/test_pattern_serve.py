@@ -3,12 +3,14 @@ clients (``Client.join_pattern``), and STOMP wildcards beside them on one engine
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Iterator
 
 import pytest
 import zmq
 import zmq.asyncio
 
+from broker.cli import main
 from broker.client.aio import AsyncClient
 from broker.client.blocking import Client, Message, RemoteError
 from broker.engine.auth import Action, Authorizer
@@ -17,9 +19,12 @@ from broker.engine.engine import Engine
 from broker.protocol import Header, ResultCode
 from broker.server.server import Server, ServerError, ServerOptions
 from tests.broker.test_aioclient import run
+from tests.broker.test_cli import start_serve
 from tests.polling import WAIT, wait_until
+from tests.ports import free_port
 from tests.stomp.test_engine_backend import Broker as StompBroker
 from tests.stomp.test_engine_backend import Recorder
+from zerohub.cli import ExitCode
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 MakeClient = Callable[..., Client]
@@ -278,3 +283,30 @@ def test_stomp_wildcards_and_tmqp_patterns_share_the_channels(both: StompBroker)
             assert rec.errors == []
     finally:
         conn.disconnect()
+
+
+# -- the command line ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served_endpoint() -> Iterator[str]:
+    port = free_port()
+    proc = start_serve("--bind", f"tcp://127.0.0.1:{port}")
+    yield f"tcp://127.0.0.1:{port}"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 0
+
+
+def test_broker_consume_pattern(served_endpoint: str, capsys: pytest.CaptureFixture[str]) -> None:
+    c = ("--connect", served_endpoint)
+    for channel in ("cli.a", "cli.b.c", "other.a"):
+        assert main(["admin", *c, "create", channel, "1", "--options", '{"Status": 1}']) == 0
+        assert main(["push", *c, channel, "1", channel, "--ack"]) == 0
+    capsys.readouterr()
+    code = main(["consume", *c, "cli.**", "--pattern", "--count", "2", "--wait", "5"])
+    out, err = capsys.readouterr()
+    assert code == 0 and sorted(out.split()) == ["cli.a", "cli.b.c"]
+    code = main(["consume", *c, "cli.{(a+)+}", "--pattern", "--count", "1", "--wait", "1"])
+    out, err = capsys.readouterr()
+    assert code == ExitCode.FAILURE and out == ""
+    assert len(err.strip().splitlines()) == 1 and "repeated group" in err
