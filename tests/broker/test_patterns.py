@@ -286,3 +286,25 @@ def test_a_pattern_matching_a_thousand_channels_joins_them_all() -> None:
     assert _leave(kit, c, "many.*").content_type == 0
     assert kit.engine.clients[c].channels == {}
     assert queue_messages(kit.take(c)) == []
+
+
+def test_prefetch_applies_to_each_channel_a_pattern_joins() -> None:
+    kit = Kit()
+    c = kit.connect("c")
+    p = kit.connect("p")
+    kit.queue(p, "w.old", 1, status=QueueStatus.PUSH)
+    kit.ok(c, Operation.JOIN, "w.*", headers=(*PATTERN, (Header.PREFETCH, "5")))
+    kit.queue(p, "w.new", 1, status=QueueStatus.PUSH)
+    prefetch = kit.engine.clients[c].prefetch
+    assert (prefetch["w.old"], prefetch["w.new"]) == (5, 5)
+
+
+def test_a_plain_join_of_a_name_with_pattern_characters_is_a_plain_join() -> None:
+    kit = Kit()
+    c = kit.connect("c")
+    p = kit.connect("p")
+    kit.queue(p, "w.x", 1, status=QueueStatus.PUSH)
+    kit.join(c, "w.*")  # no Pattern header: the channel literally named "w.*"
+    assert set(kit.engine.clients[c].channels) == {"w.*"}
+    kit.queue(p, "w.y", 1, status=QueueStatus.PUSH)
+    assert set(kit.engine.clients[c].channels) == {"w.*"}
