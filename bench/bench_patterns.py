@@ -92,15 +92,16 @@ if parse is not None:
     from broker.engine.errors import PatternError
     worst = {}
     name = "a" * 254 + "b"
-    for text in ("{a*a*c}", "{[a-z]*a+c}", "{(?:a|aa|a|aa|a)a*c}", "**.{a*a*c}", "{(a+)+c}"):
+    for text in ("{a*a*}", "{(?:a|aa)(?:a|aa)(?:a|aa)(?:a|aa)a*a*}", "**.{a*a*}", "{(a+)+c}"):
         try:
             p = parse(text)
         except PatternError:
             worst[text] = "refused"
             continue
         started = time.process_time()
-        p.matches(name)
-        worst[text] = round(time.process_time() - started, 4)
+        for _ in range(10):
+            p.matches(name)
+        worst[text] = round((time.process_time() - started) / 10, 4)
     results["regex"] = worst
 else:
     import re

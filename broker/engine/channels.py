@@ -128,10 +128,13 @@ class ChannelRegistry:
         if self.patterns.by_client:
             self._join_patterns(channel, out)
         if self.on_created is not None:
+            now = self.services.now  # (the hook may run engine calls with its own clock)
             try:
                 self.on_created(channel, out)
             except Exception as exc:  # a door's hook never fails the creation
                 self.services.count_error("channel created", exc)
+            finally:
+                self.services.now = now
         return channel
 
     def _join_patterns(self, channel: Channel, out: list[Outgoing]) -> None:

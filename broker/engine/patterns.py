@@ -194,7 +194,10 @@ def _checked_regex(regex: str, text: str) -> str:
             i = _class_end(regex, i, where)
             continue
         if ch == "(":
-            if regex.startswith("(?", i) and not regex.startswith("(?:", i):
+            if regex.startswith("(?:", i):
+                i += 3  # (its '?' is no repetition)
+                continue
+            if regex.startswith("(?", i):
                 raise PatternError(f"{where}: only (?: groups are accepted")
         elif ch == ")":
             after_group = True

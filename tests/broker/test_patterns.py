@@ -61,6 +61,8 @@ class NoSecrets(Authorizer):
         ("{a.b}", "a.b", False),  # a regex never spans a '.': one segment
         ("{a.b}", "axb", True),
         ("{eu|us}.*", "us.1", True),
+        ("{(?:eu|us)-[0-9]+x?}", "eu-12x", True),  # '(?:' holds no repetition operator
+        ("{(?:eu|us)-[0-9]+x?}", "us-", False),
         ("orders.eu", "orders.eu", True),  # no syntax: the name itself
         ("orders.eu", "orders.us", False),
         ("a+b.c", "a+b.c", True),  # other characters stand for themselves
