@@ -710,8 +710,9 @@ _CONSUME_SLICE = 0.2
 def cmd_consume(args: argparse.Namespace) -> int:
     seen = 0
     with _session(args) as client:
+        join = client.join_pattern if args.pattern else client.join
         for channel in args.channel:
-            client.join(channel)
+            join(channel)
         # SIGINT/SIGTERM ask for a stop (exit 0) and raise nothing: a KeyboardInterrupt
         # raised by a handler can be dropped in a ZeroMQ frame's finaliser, or cut a
         # message between its printing and its acknowledge.
@@ -1052,6 +1053,12 @@ def build_parser() -> ArgumentParser:
     consume.add_argument("--wait", type=float, default=None, help="stop after S idle seconds")
     consume.add_argument("--json", action="store_true", help="one JSON record per message")
     consume.add_argument("--no-ack", action="store_true", help="do not acknowledge messages")
+    consume.add_argument(
+        "--pattern",
+        action="store_true",
+        help="the names are patterns (. segments, *, **, {regex}): join every channel they "
+        "match, now and as they are created",
+    )
     consume.set_defaults(func=cmd_consume)
 
     pull = client_command("pull", "pull messages from a pull or cache queue")

@@ -143,6 +143,10 @@ class Header:
     #: zerohub: on a JOIN, the most deliveries of each of the channel's queues this client
     #: takes in flight (unacknowledged, or not yet on its socket); see ``broker.flow``.
     PREFETCH = "Prefetch"
+    #: zerohub: ``Pattern: yes`` on a JOIN or LEAVE: the target is a channel-name pattern
+    #: (``broker.engine.patterns``: ``.`` segments, ``*``, ``**``, ``{regex}``), joining
+    #: every channel it matches, now and as they are created; anywhere else: refused.
+    PATTERN = "Pattern"
     #: zerohub: on a queue message sent again (after a consumer went away, a nack or an
     #: acknowledge timeout), the number of this delivery (2 for the first redelivery).
     DELIVERY_COUNT = "Delivery-Count"

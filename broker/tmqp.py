@@ -61,6 +61,12 @@ when every consumer it was sent to did and it left the queue, else incomplete
 when it left the queue otherwise or at the timeout (header Receipt-Timeout in
 ms, else the queue's MessageTimeout, else 60 s). A bad header is 400, more than
 max_pending_receipts waiting 482.
+Pattern joins (zerohub): a JOIN (or LEAVE) with header Pattern: yes takes its
+target as a channel-name pattern: "." separates segments, "*" is any one segment,
+"**" any number of them, "{regex}" a segment matching a bounded regular expression.
+The client joins every channel it matches and may join, now and as they are
+created, until the LEAVE with Pattern: yes; a bad pattern is 400, more than
+max_pattern_joins of one client 482, and a push carrying Pattern 400.
 Purging a queue (zerohub): content type 220 (pending response set; channel in
 target, queue in a Queue-Id header) removes the messages waiting in the queue,
 not those delivered and not acknowledged yet, and answers JSON

@@ -30,6 +30,8 @@ from broker.client.frames import (
     event_frame,
     join_frame,
     normalize_headers,
+    pattern_join_frame,
+    pattern_leave_frame,
     pull_frame,
     queue_frame,
     response_frame,
@@ -94,6 +96,13 @@ def _chosen(sequences: Iterable[int] | None) -> tuple[tuple[str, str], ...]:
 def _joined(channel: str, prefetch: int | None) -> Callable[[Session], None]:
     def remember(session: Session) -> None:
         session.channels[channel] = prefetch
+
+    return remember
+
+
+def _pattern_joined(pattern: str, prefetch: int | None) -> Callable[[Session], None]:
+    def remember(session: Session) -> None:
+        session.patterns[pattern] = prefetch
 
     return remember
 
@@ -252,6 +261,26 @@ class ClientApi(Generic[R]):
     def leave(self, channel: str, timeout: float | None = None) -> R:
         self._session.channels.pop(channel, None)
         frame = operation_frame(self.new_id(), Operation.LEAVE, channel)
+        return self._perform(Call(frame, Reply.NONE), timeout)
+
+    def join_pattern(
+        self, pattern: str, timeout: float | None = None, *, prefetch: int | None = None
+    ) -> R:
+        """Join every channel ``pattern`` matches that this client may join, now and as
+        they are created: ``.`` separates segments, ``*`` is any one segment, ``**`` any
+        number of them, ``{regex}`` a segment matching a regular expression (JOIN with
+        ``Pattern: yes``; ``broker.engine.patterns``).  A bad pattern fails with 400,
+        one more than the broker's ``max_pattern_joins`` with 482.  ``prefetch`` as for
+        :meth:`join`.  Kept across reconnects."""
+        frame = pattern_join_frame(self.new_id(), pattern, prefetch)
+        call = Call(frame, Reply.NONE, on_success=_pattern_joined(pattern, prefetch))
+        return self._perform(call, timeout)
+
+    def leave_pattern(self, pattern: str, timeout: float | None = None) -> R:
+        """Drop a pattern join: the channels it joined are left (those another pattern
+        join of this client matches stay joined)."""
+        self._session.patterns.pop(pattern, None)
+        frame = pattern_leave_frame(self.new_id(), pattern)
         return self._perform(Call(frame, Reply.NONE), timeout)
 
     def ack(self, message: Message) -> R:

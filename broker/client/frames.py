@@ -179,6 +179,38 @@ def join_frame(
     )
 
 
+#: ``Pattern: yes`` on a JOIN or LEAVE: its target is a channel-name pattern.
+PATTERN_HEADER = (Header.PATTERN, "yes")
+
+
+def pattern_join_frame(message_id: str, pattern: str, prefetch: int | None = None) -> tmqp.Frame:
+    """JOIN every channel ``pattern`` matches, now and as they are created (``Pattern:
+    yes``; ``broker.engine.patterns``); ``prefetch`` as for :func:`join_frame`."""
+    if prefetch is not None and (isinstance(prefetch, bool) or prefetch < 1):
+        raise ValueError("prefetch must be a positive integer")
+    window = ((Header.PREFETCH, str(prefetch)),) if prefetch is not None else ()
+    return tmqp.Frame(
+        message_type=MessageType.SERVER,
+        pending_ack=True,
+        content_type=Operation.JOIN,
+        message_id=message_id,
+        target=pattern,
+        headers=(*window, PATTERN_HEADER),
+    )
+
+
+def pattern_leave_frame(message_id: str, pattern: str) -> tmqp.Frame:
+    """LEAVE pattern join ``pattern``: the channels it joined are left."""
+    return tmqp.Frame(
+        message_type=MessageType.SERVER,
+        pending_ack=True,
+        content_type=Operation.LEAVE,
+        message_id=message_id,
+        target=pattern,
+        headers=(PATTERN_HEADER,),
+    )
+
+
 def event_frame(
     message_id: str, event: str, on: bool, channel: str | None, queue_id: int | None
 ) -> tmqp.Frame:

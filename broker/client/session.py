@@ -71,6 +71,7 @@ from broker.client.frames import (
     batch_senders,
     event_frame,
     join_frame,
+    pattern_join_frame,
     queue_senders,
 )
 from broker.client.handover import Handover, Kind
@@ -489,6 +490,7 @@ class Session:
         self._handed: Handover[_Pending] = Handover()
         self._handed_queue = self._handed.queue
         self.channels: dict[str, int | None] = {}  # joined channel -> its prefetch
+        self.patterns: dict[str, int | None] = {}  # joined pattern -> its prefetch
         self.subscriptions: dict[tuple[str, str | None, int | None], None] = {}
         self.handlers: list[tuple[str, str | None, int | None, Callable[[Message], Any]]] = []
         self.first = True
@@ -937,7 +939,7 @@ class Session:
                 grant = _fanout_grant(entry.waiter, call.frame.target, frame)
                 if grant is not None:
                     return (grant,)
-            elif op == Operation.LEAVE:
+            elif op == Operation.LEAVE and not call.frame.headers:
                 return (Unfanout(call.frame.target), Settled(entry.waiter, value))
         return (Settled(entry.waiter, value),)
 
@@ -1061,6 +1063,9 @@ class Session:
             # a new session: join the channels and subscribe the events again (unawaited)
             for name, prefetch in self.channels.copy().items():
                 events.append(Send(tmqp.encode(join_frame(self.new_id(), name, prefetch))[0]))
+            for pattern, prefetch in self.patterns.copy().items():
+                frame = pattern_join_frame(self.new_id(), pattern, prefetch)
+                events.append(Send(tmqp.encode(frame)[0]))
             for event, channel, queue_id in list(self.subscriptions):
                 frame = event_frame(self.new_id(), event, True, channel, queue_id)
                 events.append(Send(tmqp.encode(frame)[0]))

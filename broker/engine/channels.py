@@ -13,6 +13,8 @@ get the engine's :class:`~broker.engine.host.QueueServices` as their host.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from broker.engine import models
 from broker.engine.auth import Action, Authorizer
 from broker.engine.channel import Channel as _Channel
@@ -23,6 +25,7 @@ from broker.engine.events import EventHub
 from broker.engine.fanout import FanoutStreams
 from broker.engine.host import QueueServices
 from broker.engine.options import BrokerConfig, ChannelOptions, ChannelQueueOptions
+from broker.engine.patterns import PatternJoins
 from broker.engine.queue.queue import Queue
 from broker.protocol import EventName, NackReason, Outgoing, ResultCode
 from broker.store import Store
@@ -59,6 +62,12 @@ class ChannelRegistry:
         self.queue_count = 0
         #: The broker's fan-out streams (``broker.engine.fanout``); None: no fan-out socket.
         self.fanout: FanoutStreams | None = None
+        #: Clients' pattern joins (``broker.engine.patterns``): a new channel a pattern
+        #: matches is joined as it is created, if the client may join it.
+        self.patterns = PatternJoins()
+        #: Called with each channel created and the output list, after the pattern joins
+        #: (a door with its own wildcard subscriptions: ``broker.stomp.engine_door``).
+        self.on_created: Callable[[Channel, list[Outgoing]], None] | None = None
 
     def check_push(self, queue: Queue, size: int) -> int:
         """Result code a push of ``size`` octets into ``queue`` would get (0 = accepted):
@@ -113,12 +122,34 @@ class ChannelRegistry:
         channel: Channel = _Channel(name, options or self.config.channel_defaults)
         self.channels[name] = channel
         self.definitions.channel(name, channel.options.to_json())
-        self.events.emit(
-            EventName.CHANNEL_CREATED,
-            models.channel_event(channel),
-            out if out is not None else [],
-        )
+        if out is None:
+            out = []
+        self.events.emit(EventName.CHANNEL_CREATED, models.channel_event(channel), out)
+        if self.patterns.by_client:
+            self._join_patterns(channel, out)
+        if self.on_created is not None:
+            now = self.services.now  # (the hook may run engine calls with its own clock)
+            try:
+                self.on_created(channel, out)
+            except Exception as exc:  # a door's hook never fails the creation
+                self.services.count_error("channel created", exc)
+            finally:
+                self.services.now = now
         return channel
+
+    def _join_patterns(self, channel: Channel, out: list[Outgoing]) -> None:
+        """A new channel: each client with a pattern matching it joins it, when its
+        authorizer lets it join that channel (not allowed, or a limit: skipped)."""
+        clients = self.services.clients
+        for client_id, join in self.patterns.matching(channel.name):
+            client = clients.get(client_id)
+            if client is None or not self.authorizer.allows(client, Action.JOIN, channel.name):
+                continue
+            try:
+                self.join(client, channel, self.services.now, out, join.prefetch)
+            except OperationError:
+                continue
+            join.channels.add(channel.name)
 
     def create_queue(
         self,
@@ -191,6 +222,8 @@ class ChannelRegistry:
         for client in channel.consumer_list:
             client.channels.pop(channel.name, None)
             client.prefetch.pop(channel.name, None)
+            if self.patterns.by_client:
+                self.patterns.release(client.id, channel.name)
         channel.consumers.clear()
         channel.consumer_list.clear()
         self.events.emit(EventName.CHANNEL_REMOVED, models.channel_event(channel), out)

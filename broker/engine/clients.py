@@ -128,6 +128,7 @@ class ClientRegistry:
         if client.type and not self._by_type.get(client.type):
             self._by_type.pop(client.type, None)
         self.events.drop_client(client.id)
+        self.channels.patterns.forget_client(client.id)
         left = list(client.channels.values())
         for channel in left:
             self.channels.remove_consumer(channel, client, out)

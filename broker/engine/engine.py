@@ -142,6 +142,9 @@ _Frame = tmqp.Frame
 _NACK = Header.NACK_REASON.lower()
 _REASON = Header.REASON.lower()
 _CC = Header.CC.lower()
+_PATTERN = Header.PATTERN.lower()
+#: Why a push carrying ``Pattern`` is refused (a pattern is joined, never pushed to).
+_PATTERN_PUSH = "a push cannot name a pattern (Pattern is for JOIN and LEAVE)"
 _NO_RECEIPT: tuple[str, int | None] = ("", None)
 #: A push a collaborator failed (it raised): how a producer that waits is refused.
 _INTERNAL = OperationError(ResultCode.FAILED, "internal error")
@@ -155,7 +158,12 @@ _SAVES_EVERY_PUSH = PersistentDeliveryHandler.received_from_producer
 #: Header names (lower case) a push's typed path acts on (``Engine._push``).
 #: Why a run's push that ``check_push`` refused was refused (as :meth:`Engine._push` says).
 _REFUSED_BY_QUEUE = "push refused by the queue"
-_ACTED_ON = frozenset({_CC, receipts.RECEIPT.lower(), receipts.RECEIPT_TIMEOUT.lower()})
+_ACTED_ON = frozenset({_CC, _PATTERN, receipts.RECEIPT.lower(), receipts.RECEIPT_TIMEOUT.lower()})
+
+
+def _names_pattern(headers: tuple[tuple[str, str], ...]) -> bool:
+    """Does a push carry a ``Pattern`` header (whatever its value)?"""
+    return any(k.lower() == _PATTERN for k, _ in headers)
 
 
 def _acted_on(headers: tuple[tuple[str, str], ...]) -> bool:
@@ -1095,6 +1103,8 @@ class Engine:
             return
         try:
             if queue is None:
+                if m.headers and _names_pattern(m.headers):  # (before a channel is made)
+                    raise OperationError(ResultCode.BAD_REQUEST, _PATTERN_PUSH)
                 queue = self.channel_registry.resolve_queue(client, m.target, m.content_type, out)
             authorizer = self.authorizer
             if type(authorizer) is not AllowAll and not authorizer.allows(
@@ -1118,7 +1128,13 @@ class Engine:
             if not wants_response and queue.duplicate(m.message_id, client, m.wants_ack, now, out):
                 return  # taken before (a retry after a lost acknowledge): done
             if m.headers:
-                ccs = [v for k, v in m.headers if k.lower() == _CC]
+                ccs: list[str] = []
+                for k, v in m.headers:  # (one pass, no comprehension call per push)
+                    key = k.lower()
+                    if key == _CC:
+                        ccs.append(v)
+                    elif key == _PATTERN:
+                        raise OperationError(ResultCode.BAD_REQUEST, _PATTERN_PUSH)
                 if ccs:
                     self._push_cc(client, m, queue, ccs, now, out, copies, receipt,
                                   wants_response)  # fmt: skip

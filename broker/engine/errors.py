@@ -45,3 +45,11 @@ class RunFailed(EngineError):
         super().__init__(ResultCode.FAILED, "internal error")
         self.done = done
         self.cause = cause
+
+
+class PatternError(EngineError):
+    """A channel-name pattern that cannot be used (``broker.engine.patterns``): bad
+    syntax, too long, or a ``{regex}`` whose matching cost is not bounded."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(ResultCode.BAD_REQUEST, reason)

@@ -8,7 +8,9 @@ transport's own limits (frame size, send backlog, pending handshakes) are in
 ``broker.server.options.ServerOptions``.
 
 What happens at a limit: creating one more channel/queue/router/binding, joining one more
-channel or subscribing one more event answers ``LimitExceeded`` (482); a client beyond
+channel, one more pattern join or subscribing one more event answers ``LimitExceeded``
+(482; a pattern join past ``max_joined_channels`` joins what fits, see
+``broker.engine.patterns``); a client beyond
 ``max_clients`` is refused at connect (TERMINATE 482); a push naming more distinct ``CC``
 queues than ``max_cc`` is refused (482) before any copy is made; a queue holding
 ``max_queue_messages`` refuses pushes (482) like its own ``MessageLimit``; creating one
@@ -53,6 +55,8 @@ class Limits:
     max_cc: int = 64
     #: Channels one client may have joined (per client).
     max_joined_channels: int = 1_000
+    #: Pattern joins (``JOIN`` with ``Pattern: yes``) of one client at once.
+    max_pattern_joins: int = 16
     #: Event subscriptions (event, channel, queue filters) of one client.
     max_event_subscriptions: int = 1_000
     #: Outstanding direct requests (waiting for a response) of one client.

@@ -22,9 +22,11 @@ from broker.engine import models
 from broker.engine.auth import Action
 from broker.engine.channels import Channel, Client
 from broker.engine.dsubs import channel_name as dsub_channel
-from broker.engine.errors import OperationError
+from broker.engine.errors import OperationError, PatternError
 from broker.engine.options import ChannelOptions, OptionsError
 from broker.engine.parts import EngineParts
+from broker.engine.patterns import PatternJoin
+from broker.engine.patterns import parse as parse_pattern
 from broker.engine.queue import reading
 from broker.engine.queue.queue import Queue
 from broker.engine.replies import reply
@@ -219,7 +221,12 @@ class Headed:
 def join(
     parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> Headed | None:
+    if frame.headers and _pattern(frame):
+        join_pattern(parts, client, frame.target, _prefetch(parts, frame), now, out)
+        return None  # (no fan-out grant: a pattern joins channels one by one)
     join_channel(parts, client, frame.target, _prefetch(parts, frame), now, out)
+    if parts.channels.patterns.by_client:
+        parts.channels.patterns.release(client.id, frame.target)  # held by name now
     fanout = parts.channels.fanout
     if fanout is None:
         return None
@@ -271,10 +278,82 @@ def _prefetch(parts: EngineParts, frame: tmqp.Frame) -> int | None:
     return min(value, parts.config.max_prefetch)
 
 
+def _pattern(frame: tmqp.Frame) -> bool:
+    """The frame's ``Pattern`` header: ``yes`` (its target is a pattern) or absent."""
+    value = header(frame, Header.PATTERN)
+    if value is None:
+        return False
+    if value.strip().lower() != "yes":
+        raise _error(ResultCode.BAD_REQUEST, f"Pattern must be 'yes' when present: {value!r}")
+    return True
+
+
+def join_pattern(
+    parts: EngineParts,
+    client: Client,
+    text: str,
+    prefetch: int | None,
+    now: float,
+    out: list[Outgoing],
+) -> None:
+    """Join every channel pattern ``text`` matches that ``client`` may join, now and as
+    such channels are created (``broker.engine.patterns``).  A channel the client is a
+    consumer of already stays as it is; past ``max_joined_channels`` the rest are
+    skipped.  The same pattern again changes nothing but its window."""
+    patterns = parts.channels.patterns
+    try:
+        pattern = parse_pattern(text)
+    except PatternError as exc:
+        raise _error(ResultCode.BAD_REQUEST, exc.reason) from None
+    joins = patterns.of(client.id)
+    same = joins.get(text)
+    if same is not None:
+        same.prefetch = prefetch
+        return
+    if len(joins) >= parts.config.limits.max_pattern_joins:
+        raise _error(ResultCode.LIMIT_EXCEEDED, "this client has too many pattern joins")
+    held = PatternJoin(pattern, prefetch)
+    patterns.add(client.id, held)
+    registry = parts.channels
+    for name, channel in list(registry.channels.items()):
+        if name in client.channels or not pattern.matches(name):
+            continue
+        if not parts.authorizer.allows(client, Action.JOIN, name):
+            continue  # a channel this client may not read: not joined
+        try:
+            registry.join(client, channel, now, out, prefetch)
+        except OperationError:
+            continue  # (a channel's client limit, this client's channel limit)
+        held.channels.add(name)
+
+
+def leave_pattern(parts: EngineParts, client: Client, text: str, out: list[Outgoing]) -> None:
+    """Drop pattern join ``text`` (404 if none): the channels it joined are left, but
+    for those another of the client's patterns matches (that one holds them now)."""
+    patterns = parts.channels.patterns
+    held = patterns.remove(client.id, text)
+    if held is None:
+        raise _error(ResultCode.NOT_FOUND, f"no pattern join {text[:80]!r}")
+    registry = parts.channels
+    for name in sorted(held.channels):
+        heir = patterns.holder(client.id, name)
+        if heir is not None:
+            heir.channels.add(name)
+            continue
+        channel = registry.channels.get(name)
+        if channel is not None:
+            registry.leave(client, channel, out)
+
+
 def leave(
     parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> None:
+    if frame.headers and _pattern(frame):
+        leave_pattern(parts, client, frame.target, out)
+        return
     leave_channel(parts, client, frame.target, out)
+    if parts.channels.patterns.by_client:
+        parts.channels.patterns.release(client.id, frame.target)
 
 
 def leave_channel(parts: EngineParts, client: Client, name: str, out: list[Outgoing]) -> None:

@@ -14,16 +14,20 @@
 * Wildcards, in SUBSCRIBE only: a segment ``*`` matches any one segment, ``**`` any
   number of segments (zero included), ``*`` inside a segment matches any characters
   (``I*``), ``{regex}`` inside a segment matches a regular expression (``*{[0-9]}``).
+  Parsed and matched by the engine's ``broker.engine.patterns`` (shared with TMQP
+  pattern joins: the same bounds on a ``{regex}``, at most 255 octets in all).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import lru_cache
 
+from broker.engine.errors import PatternError
+from broker.engine.patterns import ChannelPattern, is_pattern
+from broker.engine.patterns import parse as parse_pattern
 from broker.stomp.errors import DestinationError
 
 PATH_SEPARATOR = "."
@@ -36,9 +40,6 @@ TEMP_PREFIX = "temp."
 MAX_DESTINATION_LENGTH = 4096
 #: Most destinations in one composite destination.
 MAX_COMPOSITE = 64
-#: Longest ``{regex}`` accepted in a wildcard (characters).
-MAX_REGEX_LENGTH = 256
-
 _NAME_CHARS = re.compile(r"[A-Za-z0-9_\-%~: ().]+")
 
 
@@ -68,7 +69,7 @@ class Destination:
 
     kind: DestinationKind
     name: str
-    pattern: DestinationPattern | None = field(default=None, compare=False)
+    pattern: ChannelPattern | None = field(default=None, compare=False)
     #: The namespace of the virtual host it is named in (``broker.stomp.vhosts``; ``""``:
     #: the default one's).  Not part of ``stomp``: a client sees names of its own host.
     namespace: str = ""
@@ -158,8 +159,8 @@ def _parse_one(
     kind, temporary, name = _split_prefix(text)
     if not name:
         raise DestinationError(f"destination {text[:80]!r} has an empty name")
-    pattern: DestinationPattern | None = None
-    if _has_wildcard(name):
+    pattern: ChannelPattern | None = None
+    if is_pattern(name):
         if not allow_wildcards:
             raise DestinationError(
                 f"destination {text[:80]!r}: wildcards may only be used in SUBSCRIBE"
@@ -176,10 +177,6 @@ def _parse_one(
     return Destination(kind, name, pattern)
 
 
-def _has_wildcard(name: str) -> bool:
-    return ANY_CHILD in name or "{" in name
-
-
 def _check_name(name: str, text: str) -> None:
     if not _NAME_CHARS.fullmatch(name):
         raise DestinationError(
@@ -192,100 +189,16 @@ def _check_name(name: str, text: str) -> None:
 
 # -- wildcards ---------------------------------------------------------------------------
 
-
-@dataclass(frozen=True, slots=True)
-class DestinationPattern:
-    """A compiled wildcard name: per-segment regexes, ``None`` standing for ``**``."""
-
-    text: str
-    segments: tuple[re.Pattern[str] | None, ...]
-
-    def matches(self, name: str) -> bool:
-        return _match(self.segments, tuple(name.split(PATH_SEPARATOR)))
+#: One character a literal part of a STOMP wildcard may hold (the name rules; ``.`` is
+#: the separator).
+_LITERAL = re.compile(r"[A-Za-z0-9_\-%~: ()]")
 
 
-def _match(segments: Sequence[re.Pattern[str] | None], names: Sequence[str]) -> bool:
-    if not segments:
-        return not names
-    head = segments[0]
-    if head is None:  # '**': zero or more segments
-        return any(_match(segments[1:], names[i:]) for i in range(len(names) + 1))
-    return bool(names) and head.fullmatch(names[0]) is not None and _match(segments[1:], names[1:])
-
-
-@lru_cache(maxsize=1024)
-def compile_pattern(text: str) -> DestinationPattern:
-    compiled: list[re.Pattern[str] | None] = []
-    for segment in _split_segments(text):
-        if segment == ANY_DESCENDANT:
-            if compiled and compiled[-1] is None:
-                continue  # '**.**' is '**'
-            compiled.append(None)
-        else:
-            compiled.append(_segment_regex(segment, text))
-    return DestinationPattern(text, tuple(compiled))
-
-
-def _split_segments(text: str) -> list[str]:
-    """Split at '.' outside ``{...}`` (a regex may contain dots)."""
-    segments: list[str] = []
-    depth = 0
-    current: list[str] = []
-    for ch in text:
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth < 0:
-                raise DestinationError(f"destination pattern {text[:80]!r}: unbalanced '}}'")
-        if ch == PATH_SEPARATOR and depth == 0:
-            segments.append("".join(current))
-            current = []
-        else:
-            current.append(ch)
-    if depth:
-        raise DestinationError(f"destination pattern {text[:80]!r}: unbalanced '{{'")
-    segments.append("".join(current))
-    return segments
-
-
-def _closing_brace(segment: str, start: int) -> int:
-    depth = 0
-    for j in range(start, len(segment)):
-        if segment[j] == "{":
-            depth += 1
-        elif segment[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return j
-    raise DestinationError(f"unbalanced '{{' in {segment[:80]!r}")
-
-
-def _segment_regex(segment: str, text: str) -> re.Pattern[str]:
-    if not segment:
-        raise DestinationError(f"destination pattern {text[:80]!r} has an empty segment")
-    out: list[str] = []
-    i = 0
-    while i < len(segment):
-        ch = segment[i]
-        if ch == "{":
-            end = _closing_brace(segment, i)
-            regex = segment[i + 1 : end]
-            if len(regex) > MAX_REGEX_LENGTH:
-                raise DestinationError(f"a {{regex}} is longer than {MAX_REGEX_LENGTH}")
-            out.append(f"(?:{regex})")
-            i = end + 1
-        elif ch == ANY_CHILD:
-            out.append(".*")
-            i += 1
-        else:
-            if not _NAME_CHARS.fullmatch(ch) or ch == PATH_SEPARATOR:
-                raise DestinationError(
-                    f"destination pattern {text[:80]!r}: character {ch!r} is not allowed"
-                )
-            out.append(re.escape(ch))
-            i += 1
+def compile_pattern(text: str) -> ChannelPattern:
+    """The engine's pattern (``broker.engine.patterns``: parsing, matching and the
+    bounds on a ``{regex}`` are shared with TMQP pattern joins) under STOMP's name
+    rules, or DestinationError."""
     try:
-        return re.compile("".join(out))
-    except re.error as exc:
-        raise DestinationError(f"destination pattern {text[:80]!r}: bad regex ({exc})")
+        return parse_pattern(text, _LITERAL)
+    except PatternError as exc:
+        raise DestinationError(f"destination {exc.reason}") from None

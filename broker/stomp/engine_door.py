@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from broker import tmqp
 from broker.engine import dsubs
 from broker.engine.auth import Action
+from broker.engine.channels import Channel
 from broker.engine.delivery import PerMessageDeliveryHandler
 from broker.engine.engine import Engine
 from broker.engine.errors import ClientRejected, OperationError
@@ -131,6 +132,9 @@ class EngineDoor:
             handler.rules if isinstance(handler, PerMessageDeliveryHandler) else None
         )
         self._drop_stale_temporaries()
+        #: A channel created by any door (a TMQP push, an admin create, a STOMP SEND)
+        #: is joined by the wildcard subscriptions it matches as it is created.
+        engine.channel_registry.on_created = self._created
 
     def _drop_stale_temporaries(self) -> None:
         """Temporary destinations recovered from the store belonged to connections of an
@@ -419,17 +423,23 @@ class EngineDoor:
                 engine.create_queue(name, QUEUE_ID, options, out)
         except OperationError as exc:
             raise BackendError(f"cannot use {destination.stomp}: {exc.reason}") from None
-        if channel is None:
-            self._join_wildcards(name, out)
         return name
 
+    def _created(self, channel: Channel, out: list[Outgoing]) -> None:
+        """The engine created a channel (``ChannelRegistry.on_created``)."""
+        if self.wild:
+            self._join_wildcards(channel.name, out)
+
     def _join_wildcards(self, name: str, out: list[Outgoing]) -> None:
-        """A new channel: the wildcard subscriptions it matches start consuming it."""
-        for wild in self.wild.values():
-            if wild.matches(name):
-                self._join(
-                    wild.conn, name, wild.prefetch, wild.exclusive, out, wild, extras=wild.extras
-                )
+        """A new channel: the wildcard subscriptions it matches start consuming it (one
+        whose connection may not join it, or is at a limit: skipped)."""
+        for wild in list(self.wild.values()):
+            if wild.matches(name) and wild.conn in self.client_of:
+                with contextlib.suppress(OperationError):
+                    self._join(
+                        wild.conn, name, wild.prefetch, wild.exclusive, out, wild,
+                        extras=wild.extras,
+                    )  # fmt: skip
 
     def _join(
         self,

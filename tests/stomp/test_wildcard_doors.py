@@ -1,0 +1,79 @@
+"""STOMP wildcard subscriptions on the engine and channels made by any door: a channel a
+TMQP push creates is joined as one a STOMP SEND creates, and a wildcard subscriber that
+may not join a new channel neither gets it nor spoils the SEND that made it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import stomp
+import zmq
+
+from broker.client.blocking import Client
+from broker.engine.auth import ALL_ACTIONS, TokenAuthorizer
+from broker.engine.engine import Engine
+from tests.polling import WAIT, wait_until
+from tests.stomp.test_engine_backend import Broker, Recorder
+
+Ctx = zmq.Context[zmq.Socket[bytes]]
+
+
+@pytest.fixture
+def broker(zctx: Ctx) -> Iterator[Broker]:
+    """Token ``reader`` may read only channels ``public.*``; ``writer`` everything."""
+    auth = TokenAuthorizer(
+        {"reader": ALL_ACTIONS, "writer": ALL_ACTIONS}, channels={"reader": ["public.*"]}
+    )
+    b = Broker(zctx, Engine(authorizer=auth))
+    yield b
+    b.stop()
+
+
+@pytest.fixture
+def connect(broker: Broker) -> Iterator[Any]:
+    made: list[Any] = []
+
+    def make(token: str) -> tuple[Any, Recorder]:
+        conn = stomp.Connection12([("127.0.0.1", broker.listener.port)])
+        rec = Recorder()
+        conn.set_listener("rec", rec)
+        conn.connect(token, token, wait=True)
+        made.append(conn)
+        return conn, rec
+
+    yield make
+    for conn in made:
+        if conn.is_connected():
+            conn.disconnect()
+
+
+def test_a_channel_a_tmqp_push_creates_is_joined_by_a_stomp_wildcard(
+    broker: Broker, connect: Any
+) -> None:
+    """Was a defect: only channels a STOMP SEND created were joined (the wildcard
+    subscription missed the message, and every later one, of a TMQP-made channel)."""
+    conn, rec = connect("writer")
+    conn.subscribe("/queue/made.*", id="w", receipt="s")
+    assert wait_until(lambda: rec.receipts == ["s"])
+    with Client(broker.endpoint, context=broker.zctx, token="writer", timeout=WAIT) as producer:
+        producer.push("made.by-tmqp", 0, b"first message of a new channel", ack=True)
+    assert wait_until(lambda: rec.bodies() == ["first message of a new channel"])
+    assert rec.messages[0].headers["destination"] == "/queue/made.by-tmqp"
+
+
+def test_a_wildcard_subscriber_that_may_not_join_a_new_channel_is_passed_over(
+    broker: Broker, connect: Any
+) -> None:
+    reader, read = connect("reader")
+    reader.subscribe("/queue/*.news", id="w", receipt="s")
+    assert wait_until(lambda: read.receipts == ["s"])
+    writer, wrote = connect("writer")
+    writer.send("/queue/secret.news", "not for the reader", receipt="r1")
+    writer.send("/queue/public.news", "for the reader", receipt="r2")
+    assert wait_until(lambda: wrote.receipts == ["r1", "r2"])
+    assert wrote.errors == []
+    assert wait_until(lambda: read.bodies() == ["for the reader"])
+    secret = broker.engine.channels["secret.news"]
+    assert len(secret.consumers) == 0
