@@ -759,7 +759,7 @@ class Session:
         if failed is None and error == NOT_SAVED:
             failed = self._awaited(entry, taken)
         entry.receipts = receipts[:taken]
-        self._release_answered()
+        self._release_answered(entry)  # (not the done frames after it: they took no effect)
         self._fail(error, self._now, failed)
         self.on_delivery()
 
@@ -783,8 +783,10 @@ class Session:
             skip = 0
         return None
 
-    def _release_answered(self) -> None:
-        """The receipts of the answered entries at the head of the queue go out."""
+    def _release_answered(self, last: _Answer | None = None) -> None:
+        """The receipts of the answered entries at the head of the queue go out (``last``:
+        up to that one only -- a refused run's entry: a frame after it is answered by the
+        ERROR that follows, never by a RECEIPT saying everything before it was applied)."""
         queue = self._unanswered
         while queue and queue[0].done:
             head = queue.popleft()
@@ -799,6 +801,8 @@ class Session:
                 self._unanswered_count = 0
             elif head.error is not None:
                 self._fail(head.error, self._now, head.receipt)  # (clears the queue)
+            if head is last:
+                return
 
     def _publish(self, frame: Frame) -> None:
         spec = parse_send(

@@ -12,6 +12,7 @@ from broker.stomp.errors import BackendError
 from broker.stomp.frames import Command, Version, make_frame, serialize
 from broker.stomp.memory import MemoryBackend
 from broker.stomp.session import Credentials, SessionConfig, SessionState, VirtualHost
+from broker.store.base import NOT_SAVED
 
 from .kit import WALL_MS, Peer, World
 
@@ -952,6 +953,37 @@ def test_a_run_refused_in_the_middle_receipts_those_before_then_one_error() -> N
     assert [f.header("receipt-id") for f in frames] == ["r0", "r1", "r2"]
     assert frames[2].header("message") == "queue full"
     assert peer.session.state is SessionState.CLOSING
+
+
+def test_a_receipted_frame_after_a_refused_run_gets_the_error_not_a_receipt() -> None:
+    """A run refused in the middle, then a SUBSCRIBE asking for a receipt (applied by
+    the backend at once, its RECEIPT waiting for the run's answer): the SENDs before the
+    refused one get their RECEIPTs, the ERROR names the refused one, and the SUBSCRIBE
+    gets no RECEIPT -- a RECEIPT says every frame before it was applied (until session 17
+    it was sent before the ERROR: `test_full_disk_stomp`'s SUBSCRIBE-synced runs saw
+    RECEIPT s3, then an ERROR naming s3, when the disk filled)."""
+    backend, peer = _run_peer(die_delay=0.1)
+    peer.send_bytes(_sends(*[(str(i), {"receipt": f"r{i}"}) for i in range(3)]))
+    peer.send(Command.SUBSCRIBE, {"destination": "/queue/b", "id": "x", "receipt": "sub"})
+    assert peer.read() == []
+    backend.answer_run(1, "queue full")
+    frames = peer.read()
+    assert [f.command for f in frames] == [Command.RECEIPT, Command.ERROR]
+    assert [f.header("receipt-id") for f in frames] == ["r0", "r1"]
+
+
+def test_a_store_failure_of_a_run_names_the_receipt_of_the_frame_after_it_and_sends_none() -> None:
+    """Runs of SENDs without receipts, synced by a SUBSCRIBE that asks for one: the store
+    fails under the run (``NOT_SAVED``, none of it taken): one ERROR naming the
+    SUBSCRIBE's receipt, no RECEIPT for it."""
+    backend, peer = _run_peer(die_delay=0.1)
+    peer.send_bytes(_sends(*[(str(i), {}) for i in range(4)]))
+    peer.send(Command.SUBSCRIBE, {"destination": "/queue/b", "id": "x", "receipt": "s3"})
+    assert peer.read() == []
+    backend.answer_run(0, NOT_SAVED)
+    (error,) = peer.read()
+    assert error.command is Command.ERROR and error.header("receipt-id") == "s3"
+    assert "not saved" in str(error.header("message"))
 
 
 def test_a_run_stops_at_a_transactional_send_and_before_a_send_that_does_not_parse() -> None:
