@@ -1155,10 +1155,10 @@ class Engine:
             if receipt[0]:
                 self._watch_receipt(queue, qm, client, receipt, now)
             self._produced(queue, qm, out)
-        missed: list[tuple[str, int]] = []  # copies not taken as their handlers wanted
+        missed: list[tuple[str, int]] | None = None  # copies not taken (no list per push)
         for copy in copies:
             if not self._copy_durable(copy, m, client, now, out):
-                missed.append(copy.key)
+                missed = [*(missed or ()), copy.key]
         if missed and qm is not None and queue.unsaved == unsaved:
             self._copies_missed(client, m, wants_response, queue, qm, missed, out)
             return
