@@ -240,3 +240,71 @@ def test_a_log_that_fails_under_a_drain_acknowledges_nothing_unsaved(tmp_path: P
     assert store.appended > store.completed and sent == [] and gate.held == 8
     with LogStore(tmp_path) as again:
         assert list(DurableStore(again).iterate(("orders", 1))) == []
+
+
+def test_an_earlier_drains_outputs_leave_mid_drain_once_durable_the_open_drains_stay() -> None:
+    """``send_durable`` (the server calls it between two messages of a drain): what an
+    earlier drain's write made durable leaves at once, in order, with what was admitted
+    behind it; nothing before its ticket completed; the open drain's outputs wait for
+    the drain's end and their own ticket."""
+    store = Tickets()
+    sent: list[Any] = []
+    gate = OutputGate(store, sent.append)
+    gate.begin()
+    store.unwritten = 1
+    gate.admit([("p1", "ack 1")])
+    gate.end()  # the first drain's group: ticket 1
+    gate.begin()
+    assert not gate.send_durable() and sent == []
+    gate.admit([("p2", "reply")])  # nothing held back yet: behind ack 1, no write of its own
+    store.unwritten = 1
+    gate.admit([("p3", "ack 3")])  # the second drain's own save: waits for the drain's end
+    assert not gate.send_durable() and sent == []  # ticket 1 not complete
+    store.completed = 1
+    assert gate.send_durable()
+    assert sent == [[("p1", "ack 1")], [("p2", "reply")]] and gate.held == 1
+    assert not gate.send_durable()  # nothing more is durable
+    gate.end()  # ticket 2
+    assert sent == [[("p1", "ack 1")], [("p2", "reply")]] and gate.held == 1
+    store.completed = 2
+    assert gate.send_durable() and sent[-1] == [("p3", "ack 3")] and gate.held == 0
+
+
+def test_a_drain_sends_an_earlier_drains_acks_once_their_write_is_on_disk(
+    tmp_path: Path,
+) -> None:
+    """A real log in fsync mode: the first drain's acknowledges leave during the second
+    drain as soon as the log completed their write (no wait for the descriptor), the
+    second drain's own only after its own write; every acknowledge sent with the log's
+    completed ticket at or past its write's."""
+    with LogStore(tmp_path) as log:
+        store = DurableStore(log)
+        engine = _orders(store)
+        producers = [engine.connect(ConnectionInfo(client_id=f"p{i}"), now=0.0)[0]
+                     for i in range(4)]  # fmt: skip
+        sent: list[tuple[int, str]] = []
+
+        def send(outs: list[Any]) -> None:
+            sent.extend((log.completed, out.frame.message_id) for out in outs)
+
+        gate = OutputGate(store, send)
+        gate.begin()
+        for k, producer in enumerate(producers):
+            gate.admit(engine.receive(producer, _push(producer, k), 0.0))
+        gate.end()
+        first = store.appended
+        gate.begin()
+        for k, producer in enumerate(producers, start=4):
+            gate.admit(engine.receive(producer, _push(producer, k), 0.0))
+        assert log.wait(first, 5.0)  # the first group is on disk; the loop saw no fd yet
+        assert gate.send_durable()
+        assert sorted(mid for _, mid in sent) == ["m0", "m1", "m2", "m3"]
+        assert all(done >= first for done, _ in sent)
+        gate.end()
+        second = store.appended
+        assert second > first
+        while gate.held:
+            select.select([gate.fileno()], [], [], 5.0)
+            gate.release()
+        assert [mid for _, mid in sent[4:]] == ["m4", "m5", "m6", "m7"]
+        assert all(done >= second for done, _ in sent[4:])
