@@ -129,7 +129,6 @@ class OutputGate:
             for item in untagged:
                 held.append((ticket, item))
             self.holds += len(untagged)
-        if self._held:  # (and what an earlier drain's write made durable meanwhile)
             self._send_upto(store.completed)
 
     def _waits(self) -> bool:
@@ -181,19 +180,6 @@ class OutputGate:
         else:
             self._held.append((ticket, (fn, failed)))
             self.holds += 1
-
-    def send_durable(self) -> bool:
-        """Send the held outputs whose writes completed, known from the store's
-        completion count (no system call: its descriptor is emptied at the loop's next
-        wait); True if any left.  The server calls it during a drain, between two
-        messages: an earlier drain's acknowledges leave as soon as their write is
-        durable.  Outputs of the open drain (``_untagged``) come after every held one
-        and stay; what is held leaves in ticket order, as from :meth:`release`."""
-        held = self._held
-        if held and held[0][0] <= self.store.completed:
-            self._send_upto(self.store.completed)
-            return True
-        return False
 
     def release(self) -> None:
         """Send what became durable (call when ``fileno`` is readable); everything held,

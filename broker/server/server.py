@@ -501,7 +501,6 @@ class Server:
         gathering = False  # (``_gather`` from the second message on)
         count = 0
         batch = self.options.batch
-        gate = self.gate
         while count < batch:
             try:
                 rid = recv(zmq.NOBLOCK)
@@ -557,11 +556,6 @@ class Server:
             elif not count % _REPORT_EVERY and self.sender.sent_to:
                 # Window slots come back while a long drain goes on, not only after it.
                 self.sessions.report_transmitted(now)
-            if gate is not None and gate.send_durable():
-                # Acknowledges of an earlier group whose write completed meanwhile leave
-                # now, not after this drain: their producers refill their windows while
-                # the drain goes on (the lock-step of a persistent row's windows).
-                self.sender.flush_out()
         self.counters["frames_in"] += count
         if self._runs:
             self._serve_runs(now)
