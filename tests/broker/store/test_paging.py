@@ -133,6 +133,7 @@ def test_compaction_moves_records_under_paged_messages(tmp_path: Path) -> None:
         for i in range(1, 81):
             kit.push(producer, "orders", 1, b"keep-%03d" % i + bytes(60))
             kit.push(producer, "other", 2, b"drop-%03d" % i + bytes(60))
+        log.flush()  # (the writer makes a segment's file when it first writes to it)
         before = set(segment_files(tmp_path))
         first = min(before)
         store = kit.engine.store
