@@ -97,7 +97,6 @@ from broker.stomp.engine_flow import (
     SubExtras,
     TopicCredit,
     extras_of,
-    first_wins,
     topic_credit_of,
 )
 from broker.stomp.engine_mapping import (
@@ -501,7 +500,7 @@ class EngineBackend:
         selector = sub.spec.selector
         while pending:
             seq, message = pending[0]
-            if selector is not None and not selector.matches(first_wins(message.headers)):
+            if selector is not None and not selector.selects(message.headers):
                 pending.popleft()  # a browser sees only what it selects
                 continue
             delivery = _delivery(sub, message, conn.next_tag, self._facts)._replace(sequence=seq)
@@ -691,7 +690,7 @@ class EngineBackend:
             if (
                 selector is not None
                 and not message.wants_ack  # (a queue applies the selector itself)
-                and not selector.matches(first_wins(message.headers))
+                and not selector.selects(message.headers)
             ):
                 taken += 1  # a topic copy this subscription does not select: dropped
                 continue

@@ -13,16 +13,19 @@ values are strings: compared with a number they are read as numbers (a value tha
 not a number makes the comparison UNKNOWN).
 
 Limits: :data:`MAX_SELECTOR_LENGTH` characters, :data:`MAX_DEPTH` nesting levels.  A
-selector that cannot be parsed raises :class:`~broker.stomp.errors.ProtocolViolation`.
+selector that cannot be parsed raises :class:`SelectorError` (the only exception
+:func:`parse_selector` raises; its message says what is wrong).
+
+One home for both doors: STOMP's ``selector`` on SUBSCRIBE (``broker.stomp.subscription``)
+and TMQP's ``Selector`` header on JOIN (``broker.engine.operations``); the engine applies
+a consumer's selector through :meth:`Selector.selects` (headers as a message carries them).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-
-from broker.stomp.errors import ProtocolViolation
 
 MAX_SELECTOR_LENGTH = 4096
 MAX_DEPTH = 64
@@ -30,6 +33,10 @@ MAX_DEPTH = 64
 Value = bool | int | float | str | None
 Env = Mapping[str, str]
 Eval = Callable[[Env], Value]
+
+
+class SelectorError(ValueError):
+    """A selector that cannot be parsed (too long, too deep, not SQL-92 as above)."""
 
 _TOKEN = re.compile(
     r"""\s*(?:
@@ -59,7 +66,7 @@ def _tokenize(text: str) -> list[_Token]:
             break
         match = _TOKEN.match(text, pos)
         if match is None or match.end() == pos:
-            raise ProtocolViolation(f"selector: unexpected {text[pos : pos + 20].strip()!r}")
+            raise SelectorError(f"selector: unexpected {text[pos : pos + 20].strip()!r}")
         kind = match.lastgroup or ""
         value = match.group(kind)
         if kind == "id" and value.upper() in _KEYWORDS:
@@ -79,14 +86,27 @@ class Selector:
     def matches(self, headers: Env) -> bool:
         return self._eval(headers) is True
 
+    def selects(self, headers: Sequence[tuple[str, str]]) -> bool:
+        """:meth:`matches` on header lines as a message carries them (a repeated name:
+        its first value)."""
+        return self._eval(first_wins(headers)) is True
+
+
+def first_wins(headers: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """Headers as a selector reads them (a repeated name: its first value)."""
+    env: dict[str, str] = {}
+    for name, value in headers:
+        env.setdefault(name, value)
+    return env
+
 
 def parse_selector(text: str) -> Selector:
     if len(text) > MAX_SELECTOR_LENGTH:
-        raise ProtocolViolation(f"selector longer than {MAX_SELECTOR_LENGTH} characters")
+        raise SelectorError(f"selector longer than {MAX_SELECTOR_LENGTH} characters")
     parser = _Parser(_tokenize(text))
     evaluate = parser.expression()
     if parser.peek.kind != "end":
-        raise ProtocolViolation(f"selector: unexpected {parser.peek.text!r}")
+        raise SelectorError(f"selector: unexpected {parser.peek.text!r}")
     return Selector(text, evaluate)
 
 
@@ -194,12 +214,12 @@ class _Parser:
 
     def expect(self, kind: str, text: str) -> None:
         if not self.accept(kind, text):
-            raise ProtocolViolation(f"selector: expected {text!r}, got {self.peek.text!r}")
+            raise SelectorError(f"selector: expected {text!r}, got {self.peek.text!r}")
 
     def expression(self) -> Eval:
         self.depth += 1
         if self.depth > MAX_DEPTH:
-            raise ProtocolViolation(f"selector nested deeper than {MAX_DEPTH} levels")
+            raise SelectorError(f"selector nested deeper than {MAX_DEPTH} levels")
         left = self.conjunction()
         while self.accept("kw", "OR"):
             right = self.conjunction()
@@ -218,7 +238,7 @@ class _Parser:
         if self.accept("kw", "NOT"):
             self.depth += 1
             if self.depth > MAX_DEPTH:
-                raise ProtocolViolation(f"selector nested deeper than {MAX_DEPTH} levels")
+                raise SelectorError(f"selector nested deeper than {MAX_DEPTH} levels")
             inner = self.negation()
             self.depth -= 1
             return lambda env: _not(inner(env))
@@ -267,7 +287,7 @@ class _Parser:
             pattern = self.string()
             escape = self.string() if self.accept("kw", "ESCAPE") else None
             if escape is not None and len(escape) != 1:
-                raise ProtocolViolation("selector: ESCAPE takes one character")
+                raise SelectorError("selector: ESCAPE takes one character")
             regex = _like_regex(pattern, escape)
 
             def like(env: Env) -> Value:
@@ -278,13 +298,13 @@ class _Parser:
 
             return like
         if negate:
-            raise ProtocolViolation("selector: NOT must precede BETWEEN, IN or LIKE here")
+            raise SelectorError("selector: NOT must precede BETWEEN, IN or LIKE here")
         return left
 
     def string(self) -> str:
         token = self.take()
         if token.kind != "str":
-            raise ProtocolViolation(f"selector: expected a quoted string, got {token.text!r}")
+            raise SelectorError(f"selector: expected a quoted string, got {token.text!r}")
         return token.text[1:-1].replace("''", "'")
 
     def additive(self) -> Eval:
@@ -330,7 +350,7 @@ class _Parser:
             self.expect("op", ")")
             return inner
         shown = token.text or "the end"
-        raise ProtocolViolation(f"selector: unexpected {shown!r}")
+        raise SelectorError(f"selector: unexpected {shown!r}")
 
 
 def _arith(op: str, left: Eval, right: Eval) -> Eval:
