@@ -38,6 +38,7 @@ Eval = Callable[[Env], Value]
 class SelectorError(ValueError):
     """A selector that cannot be parsed (too long, too deep, not SQL-92 as above)."""
 
+
 _TOKEN = re.compile(
     r"""\s*(?:
         (?P<num>\d+\.\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|\d+(?:[eE][-+]?\d+)?)

@@ -67,6 +67,7 @@ from broker.client.errors import (
     failure,
 )
 from broker.client.frames import (
+    Joining,
     PushEncoder,
     batch_senders,
     event_frame,
@@ -488,7 +489,7 @@ class Session:
         self._waiting: dict[str, _Pending] = {}
         self._handed: Handover[_Pending] = Handover()
         self._handed_queue = self._handed.queue
-        self.channels: dict[str, int | None] = {}  # joined channel -> its prefetch
+        self.channels: dict[str, Joining] = {}  # joined channel -> what its JOIN asked
         self.subscriptions: dict[tuple[str, str | None, int | None], None] = {}
         self.handlers: list[tuple[str, str | None, int | None, Callable[[Message], Any]]] = []
         self.first = True
@@ -1059,8 +1060,11 @@ class Session:
         events: list[Event] = []
         if not self.first:
             # a new session: join the channels and subscribe the events again (unawaited)
-            for name, prefetch in self.channels.copy().items():
-                events.append(Send(tmqp.encode(join_frame(self.new_id(), name, prefetch))[0]))
+            for name, j in self.channels.copy().items():
+                frame = join_frame(
+                    self.new_id(), name, j.prefetch, selector=j.selector, credit=j.credit
+                )
+                events.append(Send(tmqp.encode(frame)[0]))
             for event, channel, queue_id in list(self.subscriptions):
                 frame = event_frame(self.new_id(), event, True, channel, queue_id)
                 events.append(Send(tmqp.encode(frame)[0]))

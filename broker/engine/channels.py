@@ -18,12 +18,14 @@ from broker.engine.auth import Action, Authorizer
 from broker.engine.channel import Channel as _Channel
 from broker.engine.channel import Client as _Client
 from broker.engine.definitions import Definitions
+from broker.engine.delivery import per_message_rules
 from broker.engine.errors import OperationError
 from broker.engine.events import EventHub
 from broker.engine.fanout import FanoutStreams
 from broker.engine.host import QueueServices
 from broker.engine.options import BrokerConfig, ChannelOptions, ChannelQueueOptions
 from broker.engine.queue.queue import Queue
+from broker.engine.retain import RetainedMessages
 from broker.protocol import EventName, NackReason, Outgoing, ResultCode
 from broker.store import Store
 
@@ -59,6 +61,8 @@ class ChannelRegistry:
         self.queue_count = 0
         #: The broker's fan-out streams (``broker.engine.fanout``); None: no fan-out socket.
         self.fanout: FanoutStreams | None = None
+        #: The retained message of each broadcast channel (``broker.engine.retain``).
+        self.retained = RetainedMessages()
 
     def check_push(self, queue: Queue, size: int) -> int:
         """Result code a push of ``size`` octets into ``queue`` would get (0 = accepted):
@@ -188,9 +192,13 @@ class ChannelRegistry:
             self.fanout.drop(channel)
         self.queue_count -= len(channel.queues)
         channel.queues.clear()
+        self.retained.forget(channel.name)
+        rules = per_message_rules(self.services.handlers)
         for client in channel.consumer_list:
             client.channels.pop(channel.name, None)
             client.prefetch.pop(channel.name, None)
+            if rules is not None:
+                rules.forget(channel.name, client.id)
         channel.consumers.clear()
         channel.consumer_list.clear()
         self.events.emit(EventName.CHANNEL_REMOVED, models.channel_event(channel), out)
@@ -246,6 +254,9 @@ class ChannelRegistry:
         client.channels.pop(channel.name, None)
         client.prefetch.pop(channel.name, None)
         client.auto_acked.discard(channel.name)
+        rules = per_message_rules(self.services.handlers)
+        if rules is not None:  # (its selector and credit end with its membership)
+            rules.forget(channel.name, client.id)
         self.events.emit(
             EventName.CLIENT_LEFT, models.subscription_event(channel, client), out, channel.name
         )

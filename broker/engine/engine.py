@@ -103,6 +103,7 @@ from broker.engine.parts import EngineParts
 from broker.engine.queue.queue import Queue
 from broker.engine.queue.saved_run import push_saved_run
 from broker.engine.replies import answer_done, answer_failure, is_answer, reject_push
+from broker.engine.retain import check_retain_status, retain_wish
 from broker.engine.router import Router, RouterError, RouterTable, router_from_json
 from broker.engine.tmqp_door import frame_of, message_of
 from broker.message import Headers, Message
@@ -155,7 +156,9 @@ _SAVES_EVERY_PUSH = PersistentDeliveryHandler.received_from_producer
 #: Header names (lower case) a push's typed path acts on (``Engine._push``).
 #: Why a run's push that ``check_push`` refused was refused (as :meth:`Engine._push` says).
 _REFUSED_BY_QUEUE = "push refused by the queue"
-_ACTED_ON = frozenset({_CC, receipts.RECEIPT.lower(), receipts.RECEIPT_TIMEOUT.lower()})
+_ACTED_ON = frozenset(
+    {_CC, receipts.RECEIPT.lower(), receipts.RECEIPT_TIMEOUT.lower(), Header.RETAIN.lower()}
+)
 
 
 def _acted_on(headers: tuple[tuple[str, str], ...]) -> bool:
@@ -1117,9 +1120,15 @@ class Engine:
                 return
             if not wants_response and queue.duplicate(m.message_id, client, m.wants_ack, now, out):
                 return  # taken before (a retry after a lost acknowledge): done
+            retain = None
             if m.headers:
+                retain = retain_wish(m.headers)
+                if retain is not None:
+                    check_retain_status(queue.options.status)
                 ccs = [v for k, v in m.headers if k.lower() == _CC]
                 if ccs:
+                    if retain is not None:
+                        self.channel_registry.retained.update(queue.channel.name, retain, m)
                     self._push_cc(client, m, queue, ccs, now, out, copies, receipt,
                                   wants_response)  # fmt: skip
                     return
@@ -1133,6 +1142,8 @@ class Engine:
                 self._unheard.append((err.token, err.reason))  # (a batch's: it answers)
             reject_push(client, m, wants_response, out, err)
             return
+        if retain is not None:
+            self.channel_registry.retained.update(queue.channel.name, retain, m)
         unsaved = queue.unsaved
         qm = queue.accept(m, client, now, out, m.wants_ack)
         if qm is not None:

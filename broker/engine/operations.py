@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker import tmqp
-from broker.engine import models
+from broker.engine import join_rules, models
 from broker.engine.auth import Action
 from broker.engine.channels import Channel, Client
+from broker.engine.delivery import per_message_rules
 from broker.engine.dsubs import channel_name as dsub_channel
 from broker.engine.errors import OperationError
 from broker.engine.options import ChannelOptions, OptionsError
@@ -219,14 +220,19 @@ class Headed:
 def join(
     parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> Headed | None:
-    join_channel(parts, client, frame.target, _prefetch(parts, frame), now, out)
+    rules = join_rules.read(frame)
+    prefetch = _prefetch(parts, frame)
+    if rules or parts.channels.channels.get(frame.target) is not None:
+        prefetch = _join_ruled(parts, client, frame.target, rules, prefetch, now, out)
+    else:
+        join_channel(parts, client, frame.target, prefetch, now, out)
     fanout = parts.channels.fanout
     if fanout is None:
         return None
     channel = parts.channels.channels.get(frame.target)
     if channel is None or client.id not in channel.consumers:
         return None
-    asked = bool(frame.headers) and header(frame, FANOUT) == FANOUT_VERSION
+    asked = bool(frame.headers) and header(frame, FANOUT) == FANOUT_VERSION and not rules
     # (an ACK carries no headers: a grant would not reach the client)
     if not asked or not frame.pending_response or frame.pending_ack:
         # a join without fan-out (a re-join after a reconnect) ends a membership: that
@@ -234,6 +240,49 @@ def join(
         fanout.leave(channel, client.id, out)
         return None
     return Headed(fanout.grant(channel, client.id))
+
+
+def _join_ruled(
+    parts: EngineParts,
+    client: Client,
+    name: str,
+    rules: join_rules.JoinRules,
+    prefetch: int | None,
+    now: float,
+    out: list[Outgoing],
+) -> int | None:
+    """:func:`join_channel` with the JOIN's selector and credit (``join_rules``; none: a
+    member's earlier ones removed), and the channel's retained message first to a client
+    that was not a member (``broker.engine.retain``); the window it joined with."""
+    channel = parts.channels.channels.get(name)
+    handlers = parts.services.handlers
+    per = per_message_rules(handlers)
+    if rules:
+        queues = list(channel.queues.values()) if channel is not None else []
+        defaults = channel.options if channel is not None else parts.config.channel_defaults
+        per = join_rules.check_channel(per, queues, defaults.queue)
+        config = parts.config
+        prefetch = join_rules.window(rules, prefetch, config.prefetch, config.max_prefetch)
+    member = channel is not None and client.id in channel.consumers
+    if per is not None and rules:
+        join_rules.register(per, name, client.id, rules)  # (before the join's drain)
+    elif per is not None and member:
+        per.forget(name, client.id)  # a member's JOIN without them: they end
+    joined: list[Outgoing] = []
+    try:
+        join_channel(parts, client, name, prefetch, now, joined)
+    except BaseException:
+        if per is not None and not member:
+            per.forget(name, client.id)
+        raise
+    if member and per is not None:  # its rules changed: what waits may be its now
+        for queue in list(parts.channels.channels[name].queues.values()):
+            queue.drain(now, joined)
+    kept = None if member else parts.channels.retained.get(name)
+    if kept is not None and (rules.selector is None or rules.selector.selects(kept.headers)):
+        out.append(Outgoing(client.id, kept))
+    out.extend(joined)
+    return prefetch
 
 
 def join_channel(

@@ -58,9 +58,11 @@ the engine's authorizer (``passcode`` = client token) before CONNECTED; SENDs ar
 published without waiting (``publish_async``: answers, hence RECEIPTs, once durable for
 ``persistent:true``); the ``per-message`` delivery handler (``broker.engine.per_message``)
 serves ``persistent``, ``expires``, ``message_group``, exclusive consumers and the
-owner-only temporary destinations; this module keeps retained topic messages, wildcard
-subscriptions (joined to matching channels as they appear) and each connection's
-temporary channels (removed with it).
+owner-only temporary destinations; the engine keeps retained messages (``retain`` on a
+``/topic/`` SEND is its ``Retain`` header, ``broker.engine.retain``: one store with TMQP
+pushes; refused on a ``/queue/``), a subscriber gets its channel's first; this module
+keeps wildcard subscriptions (joined to matching channels as they appear) and each
+connection's temporary channels (removed with it).
 
 Limits: an operation waits at most ``answer_timeout`` (10 s) for the engine (the SEND or
 SUBSCRIBE is then refused); a connection holds at most its window of deliveries.
