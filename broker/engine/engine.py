@@ -103,7 +103,7 @@ from broker.engine.parts import EngineParts
 from broker.engine.queue.queue import Queue
 from broker.engine.queue.saved_run import push_saved_run
 from broker.engine.replies import answer_done, answer_failure, is_answer, reject_push
-from broker.engine.retain import check_retain_status, retain_wish
+from broker.engine.retain import RETAIN_KEY, check_retain_status, retain_wish
 from broker.engine.router import Router, RouterError, RouterTable, router_from_json
 from broker.engine.tmqp_door import frame_of, message_of
 from broker.message import Headers, Message
@@ -1122,10 +1122,17 @@ class Engine:
                 return  # taken before (a retry after a lost acknowledge): done
             retain = None
             if m.headers:
-                retain = retain_wish(m.headers)
-                if retain is not None:
+                ccs: list[str] = []
+                wish: str | None = None
+                for k, v in m.headers:  # (one pass: CC copies, a Retain wish)
+                    name = k.lower()
+                    if name == _CC:
+                        ccs.append(v)
+                    elif name == RETAIN_KEY and wish is None:
+                        wish = v
+                if wish is not None:
+                    retain = retain_wish(wish)
                     check_retain_status(queue.options.status)
-                ccs = [v for k, v in m.headers if k.lower() == _CC]
                 if ccs:
                     if retain is not None:
                         self.channel_registry.retained.update(queue.channel.name, retain, m)

@@ -21,29 +21,27 @@ from __future__ import annotations
 
 from broker.engine.errors import OperationError
 from broker.engine.options import status_name
-from broker.message import Headers, Message
+from broker.message import Message
 from broker.protocol import Header, QueueStatus, ResultCode
 
-_RETAIN = Header.RETAIN.lower()
+#: The header's name in lower case (what ``Engine._push`` compares header names with).
+RETAIN_KEY = Header.RETAIN.lower()
 #: ``Retain`` values that keep the message, and the one that forgets it.
 SET_VALUES = frozenset({"set", "true"})
 REMOVE_VALUE = "remove"
 
 
-def retain_wish(headers: Headers) -> bool | None:
-    """The push's ``Retain`` header (the first one): True keep, False forget, None
-    absent; OperationError (400) for any other value."""
-    for name, value in headers:
-        if len(name) == 6 and name.lower() == _RETAIN:
-            wish = value.strip().lower()
-            if wish in SET_VALUES:
-                return True
-            if wish == REMOVE_VALUE:
-                return False
-            raise OperationError(
-                ResultCode.BAD_REQUEST, f"Retain must be set or remove, not {value[:40]!r}"
-            )
-    return None
+def retain_wish(value: str) -> bool:
+    """A push's ``Retain`` value: True keep, False forget; OperationError (400) for any
+    other value."""
+    wish = value.strip().lower()
+    if wish in SET_VALUES:
+        return True
+    if wish == REMOVE_VALUE:
+        return False
+    raise OperationError(
+        ResultCode.BAD_REQUEST, f"Retain must be set or remove, not {value[:40]!r}"
+    )
 
 
 def check_retain_status(status: QueueStatus) -> None:
