@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,7 +18,11 @@ import zmq.asyncio
 
 from broker.client.aio import AsyncClient
 from broker.client.blocking import Client, RemoteError
+from broker.engine.delivery import PerMessageDeliveryHandler
+from broker.engine.engine import Engine
+from broker.engine.per_message import PER_MESSAGE
 from broker.protocol import Header
+from broker.server.server import Server, ServerOptions
 from tests.polling import wait_until
 from tests.stomp.test_engine_backend import Broker, Recorder, subscribed
 from zproto.errors import EncodeError
@@ -324,3 +329,27 @@ def test_broker_consume_selects_and_a_bad_selector_is_one_line_exit_2(
         )
         lines = done.stderr.decode().splitlines()
         assert done.returncode == 2 and len(lines) == 1 and "--selector" in lines[0], lines
+
+
+def test_a_client_with_a_selector_gets_no_fanout_grant_and_only_its_copies(zctx: Ctx) -> None:
+    """On a broker serving broadcast fan-out (``broker.engine.fanout``) a client asks for
+    the grant on every JOIN; with a selector it is refused the grant (its copies are
+    chosen one by one), the member beside it reads the fan-out socket."""
+    handler = PerMessageDeliveryHandler(time.time)
+    options = ServerOptions(endpoint="tcp://127.0.0.1:*", fanout="tcp://127.0.0.1:*")
+    with Server(Engine(handlers={PER_MESSAGE: handler}), options, context=zctx) as server:
+        assert server.endpoint is not None
+        made = [Client(server.endpoint, context=zctx, timeout=10.0).connect() for _ in "abc"]
+        producer, picky, member = made
+        try:
+            producer.create_queue("fan", 0, {"Status": 0, "MessageDeliveryHandler": PER_MESSAGE})
+            picky.join("fan", selector="n > 7")
+            member.join("fan")
+            for n in range(10):
+                producer.push("fan", 0, b"%d" % n, headers=(("n", str(n)),))
+            assert [int(m.payload) for m in receive_all(member, 10)] == list(range(10))
+            assert [int(m.payload) for m in receive_all(picky, 2)] == [8, 9]
+            assert server.counters["fanout_subscribed"] == 1  # the member alone
+        finally:
+            for client in made:
+                client.close()
