@@ -1135,7 +1135,7 @@ class Engine:
                     check_retain_status(queue.options.status)
                 if ccs:
                     if retain is not None:
-                        self.channel_registry.retained.update(queue.channel.name, retain, m)
+                        self._retain(queue, retain, m)
                     self._push_cc(client, m, queue, ccs, now, out, copies, receipt,
                                   wants_response)  # fmt: skip
                     return
@@ -1150,7 +1150,7 @@ class Engine:
             reject_push(client, m, wants_response, out, err)
             return
         if retain is not None:
-            self.channel_registry.retained.update(queue.channel.name, retain, m)
+            self._retain(queue, retain, m)
         unsaved = queue.unsaved
         qm = queue.accept(m, client, now, out, m.wants_ack)
         if qm is not None:
@@ -1168,6 +1168,11 @@ class Engine:
             self._unsaved(client, m, wants_response, out)
         elif fed_id is not None:
             self.federated.add(fed_id)  # (after the saves: ``FederatedIds.add``)
+
+    def _retain(self, queue: Queue, keep: bool, m: Message) -> None:
+        """A push's ``Retain`` wish, checked: ``broker.engine.retain``."""
+        hide = queue.options.hide_client_names
+        self.channel_registry.retained.update(queue.channel.name, keep, m, hide)
 
     def _unsaved(
         self, client: Client, m: Message, wants_response: bool, out: list[Outgoing]

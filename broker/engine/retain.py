@@ -68,13 +68,15 @@ class RetainedMessages:
     def get(self, channel: str) -> Message | None:
         return self._kept.get(channel)
 
-    def update(self, channel: str, keep: bool, message: Message) -> None:
-        """Keep ``message`` as ``channel``'s retained message (``keep``) or forget it."""
+    def update(self, channel: str, keep: bool, message: Message, hide_source: bool) -> None:
+        """Keep ``message`` as ``channel``'s retained message (``keep``; ``hide_source``:
+        without its producer's id, the queue's ``HideClientNames``) or forget it."""
         if not keep:
             self._kept.pop(channel, None)
             return
         payload = message.payload
         self._kept[channel] = message.replace(
+            source="" if hide_source else message.source,
             wants_ack=False,
             first_acquirer=False,
             # (a memoryview may be a window on a receive buffer that is reused)

@@ -263,3 +263,13 @@ def test_a_removed_channel_takes_its_retained_message_with_it() -> None:
     retain(kit, producer, b"x", "set")
     kit.ok(producer, Operation.CHANNEL_DELETE, "ch")
     assert len(kit.engine.channel_registry.retained) == 0
+
+
+def test_a_retained_message_keeps_its_producer_hidden_where_the_queue_hides_names() -> None:
+    kit, producer = ruled_kit()
+    kit.queue(producer, "ch", 1, status=QueueStatus.BROADCAST, hide_client_names=True)
+    retain(kit, producer, b"x", "set")
+    late = kit.connect("late")
+    kit.join(late, "ch")
+    (got,) = queue_messages(kit.take(late))
+    assert bytes(got.payload) == b"x" and got.source == ""
