@@ -221,11 +221,7 @@ def join(
     parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> Headed | None:
     rules = join_rules.read(frame)
-    prefetch = _prefetch(parts, frame)
-    if rules or parts.channels.channels.get(frame.target) is not None:
-        prefetch = _join_ruled(parts, client, frame.target, rules, prefetch, now, out)
-    else:
-        join_channel(parts, client, frame.target, prefetch, now, out)
+    _join_ruled(parts, client, frame.target, rules, _prefetch(parts, frame), now, out)
     fanout = parts.channels.fanout
     if fanout is None:
         return None
@@ -250,10 +246,10 @@ def _join_ruled(
     prefetch: int | None,
     now: float,
     out: list[Outgoing],
-) -> int | None:
+) -> None:
     """:func:`join_channel` with the JOIN's selector and credit (``join_rules``; none: a
     member's earlier ones removed), and the channel's retained message first to a client
-    that was not a member (``broker.engine.retain``); the window it joined with."""
+    that was not a member (``broker.engine.retain``)."""
     channel = parts.channels.channels.get(name)
     handlers = parts.services.handlers
     per = per_message_rules(handlers)
@@ -271,7 +267,7 @@ def _join_ruled(
     joined: list[Outgoing] = []
     try:
         join_channel(parts, client, name, prefetch, now, joined)
-    except BaseException:
+    except Exception:
         if per is not None and not member:
             per.forget(name, client.id)
         raise
@@ -282,7 +278,6 @@ def _join_ruled(
     if kept is not None and (rules.selector is None or rules.selector.selects(kept.headers)):
         out.append(Outgoing(client.id, kept))
     out.extend(joined)
-    return prefetch
 
 
 def join_channel(
