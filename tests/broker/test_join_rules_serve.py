@@ -153,6 +153,22 @@ def test_a_bad_selector_is_refused_with_the_parsers_reason_and_nothing_joined(
     assert [m.payload for m in receive_all(client, 1)] == [b"a"]
 
 
+def test_a_like_pattern_built_to_backtrack_does_not_stall_the_broker(
+    broker: Broker, tmqp: Callable[[], Client]
+) -> None:
+    """Session 16's LIKE was a backtracking regex: this selector against this header
+    froze the engine thread (every client of the broker) for good; now one scan per
+    segment (``tests/broker/test_selector_like.py``)."""
+    producer, picky, other = tmqp(), tmqp(), tmqp()
+    ruled_channel(producer, "jobs")
+    picky.join("jobs", selector="v LIKE '" + "%a" * 30 + "%b'")
+    other.join("jobs")
+    producer.push("jobs", 0, b"bait", headers=(("v", "a" * 50_000 + "c"),))
+    producer.push("jobs", 0, b"hit", headers=(("v", "a" * 40 + "b"),))
+    assert [m.payload for m in receive_all(picky, 1)] == [b"hit"]
+    assert [m.payload for m in receive_all(other, 1)] == [b"bait"]
+
+
 def test_a_100_kib_selector_cannot_leave_the_client_and_the_client_goes_on(
     broker: Broker, tmqp: Callable[[], Client]
 ) -> None:
