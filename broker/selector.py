@@ -125,10 +125,10 @@ def _number(value: Value) -> int | float | None:
         return value
     try:
         number = int(value)
+        if -9223372036854775808 <= number <= 9223372036854775807:  # (a long: -_LONG..)
+            return number
     except ValueError:
-        number = None
-    if number is not None and -_LONG <= number < _LONG:
-        return number
+        pass
     try:
         return float(value)  # (beyond a long: a float, as JMS reads a long that large)
     except ValueError:
@@ -184,7 +184,7 @@ def _or(left: Value, right: Value) -> Value:
     return False
 
 
-def _like_matcher(pattern: str, escape: str | None) -> Callable[[str], bool]:
+def _like_matcher(pattern: str, escape: str | None) -> Callable[[str], object]:
     """A LIKE pattern as a test of a whole value, without backtracking.
 
     A regex with one ``.*`` per ``%`` backtracks: ``'%a%a%a%a%a%a%a%a%a%a%a%a%b'`` against
@@ -193,7 +193,8 @@ def _like_matcher(pattern: str, escape: str | None) -> Callable[[str], bool]:
     fixed width (literal characters and ``_``): the first must match at the start, the
     last at the end, and each one between at its leftmost place after the one before
     (a ``%`` takes any run, so the leftmost place never loses a match) -- at most one
-    scan of the value per segment."""
+    scan of the value per segment.  A pattern with one ``%`` or none stays one regex
+    (``prefix.*suffix`` backs off the one ``.*`` at most once along the value)."""
     segments: list[list[str]] = [[]]
     i = 0
     while i < len(pattern):
@@ -207,10 +208,10 @@ def _like_matcher(pattern: str, escape: str | None) -> Callable[[str], bool]:
         else:
             segments[-1].append("." if ch == "_" else re.escape(ch))
         i += 1
+    if len(segments) <= 2:  # no % or one: ``prefix.*suffix`` never backtracks far
+        whole = re.compile(".*".join("".join(pieces) for pieces in segments), re.DOTALL)
+        return whole.fullmatch  # (a match or None: true or false, without a call more)
     compiled = [re.compile("".join(pieces), re.DOTALL) for pieces in segments]
-    if len(compiled) == 1:
-        whole = compiled[0]
-        return lambda value: whole.fullmatch(value) is not None
     first, middle, last = compiled[0], compiled[1:-1], compiled[-1]
     head, tail = len(segments[0]), len(segments[-1])  # (each piece is one character)
 
@@ -263,13 +264,13 @@ class _Parser:
         while self.accept("kw", "OR"):
             terms.append(self.conjunction())
         self.depth -= 1
-        return terms[0] if len(terms) == 1 else _fold(_or, terms)
+        return _balanced(_or, terms)
 
     def conjunction(self) -> Eval:
         terms = [self.negation()]
         while self.accept("kw", "AND"):
             terms.append(self.negation())
-        return terms[0] if len(terms) == 1 else _fold(_and, terms)
+        return _balanced(_and, terms)
 
     def negation(self) -> Eval:
         if self.accept("kw", "NOT"):
@@ -331,7 +332,7 @@ class _Parser:
                 value = left(env)
                 if not isinstance(value, str):
                     return None
-                return fits(value) != negate
+                return (not fits(value)) == negate  # (a match object is true)
 
             return like
         if negate:
@@ -399,41 +400,54 @@ def _ZERO(env: Env) -> Value:
     return 0
 
 
-def _fold(combine: Callable[[Value, Value], Value], terms: list[Eval]) -> Eval:
-    """The terms of an OR (or AND) chain combined left to right in a loop: a long chain
-    costs no recursion when evaluated (every term is evaluated, as before)."""
-
-    def evaluate(env: Env) -> Value:
-        value = terms[0](env)
-        for term in terms[1:]:
-            value = combine(value, term(env))
-        return value
-
-    return evaluate
+def _balanced(combine: Callable[[Value, Value], Value], terms: list[Eval]) -> Eval:
+    """The terms of an OR (or AND) chain as a balanced tree of pairs: Kleene's AND and OR
+    are associative, and a chain of n terms is log2(n) calls deep when evaluated, not n
+    (every term is evaluated, as before)."""
+    while len(terms) > 1:
+        paired = [
+            (lambda a, b: lambda env: combine(a(env), b(env)))(terms[i], terms[i + 1])
+            for i in range(0, len(terms) - 1, 2)
+        ]
+        if len(terms) % 2:
+            paired.append(terms[-1])
+        terms = paired
+    return terms[0]
 
 
 def _arith(first: Eval, rest: list[tuple[str, Eval]]) -> Eval:
-    """``first op1 t1 op2 t2 ...`` left to right in a loop; NULL when a term is not a
-    number, or on a division by zero."""
+    """``first op1 t1 op2 t2 ...`` left to right in a loop (a long chain costs no
+    recursion); NULL when a term is not a number, or on a division by zero."""
+    if len(rest) == 1:  # (the usual ``a * 2``: no loop)
+        op, second = rest[0]
+        return lambda env: _apply(op, _number(first(env)), _number(second(env)))
 
     def evaluate(env: Env) -> Value:
         a = _number(first(env))
         for op, term in rest:
-            b = _number(term(env))
-            if a is None or b is None:
+            a = _apply(op, a, _number(term(env)))
+            if a is None:
                 return None
-            if op == "+":
-                a = a + b
-            elif op == "-":
-                a = a - b
-            elif op == "*":
-                a = a * b
-            elif b == 0:
-                return None
-            else:
-                a = a / b
-            if a.__class__ is int and not -_LONG <= a < _LONG:
-                a = float(a)  # (two longs' result: at most 2**126, a float holds it)
         return a
 
     return evaluate
+
+
+def _apply(op: str, a: int | float | None, b: int | float | None) -> int | float | None:
+    """``a op b`` (NULL when either is, or on a division by zero); an integer result
+    beyond a long is a float."""
+    if a is None or b is None:
+        return None
+    if op == "+":
+        result = a + b
+    elif op == "-":
+        result = a - b
+    elif op == "*":
+        result = a * b
+    elif b == 0:
+        return None
+    else:
+        result = a / b
+    if result.__class__ is int and not -_LONG <= result < _LONG:
+        return float(result)
+    return result
