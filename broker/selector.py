@@ -10,11 +10,15 @@ Supported: ``=  <>  <  >  <=  >=``, ``AND  OR  NOT``, ``[NOT] IN ('a', 'b')``,
 is a quote), integer and decimal numbers, ``TRUE``/``FALSE``.  Identifiers
 (``[A-Za-z_$][A-Za-z0-9_$]*``) name headers; keywords are case-insensitive.  Header
 values are strings: compared with a number they are read as numbers (a value that is
-not a number makes the comparison UNKNOWN).
+not a number makes the comparison UNKNOWN).  Integers are longs: one beyond 64 bits
+(a value, a literal, a result) is read as a float, as JMS reads it.
 
-Limits: :data:`MAX_SELECTOR_LENGTH` characters, :data:`MAX_DEPTH` nesting levels.  A
-selector that cannot be parsed raises :class:`SelectorError` (the only exception
-:func:`parse_selector` raises; its message says what is wrong).
+Limits: :data:`MAX_SELECTOR_LENGTH` characters, :data:`MAX_DEPTH` nesting levels
+(parentheses and NOT).  What one evaluation costs is bounded by the text, whatever the
+headers: AND/OR chains are balanced trees (log2 of their length deep), arithmetic chains
+and runs of signs loops, ``LIKE`` never backtracks (:func:`_like_matcher`), numbers stay
+within a float.  A selector that cannot be parsed raises :class:`SelectorError` (the
+only exception :func:`parse_selector` raises; its message says what is wrong).
 
 One home for both doors: STOMP's ``selector`` on SUBSCRIBE (``broker.stomp.subscription``)
 and TMQP's ``Selector`` header on JOIN (``broker.engine.operations``); the engine applies
