@@ -707,12 +707,39 @@ def _print_message(message: Any, as_json: bool) -> None:
 _CONSUME_SLICE = 0.2
 
 
+def _join_rules(args: argparse.Namespace) -> tuple[str | None, tuple[int, int] | None]:
+    """``--selector`` (parsed here: a bad one is a usage error before any connection)
+    and ``--credit COUNT,SIZE`` of ``broker consume``."""
+    from broker.engine.errors import OperationError
+    from broker.engine.join_rules import parse_credit
+    from broker.selector import SelectorError, parse_selector
+
+    if args.pattern and (args.selector is not None or args.credit is not None):
+        raise UsageError("--selector and --credit apply to channels, not to --pattern joins")
+    selector = args.selector
+    if selector is not None:
+        try:
+            parse_selector(selector)
+        except SelectorError as exc:
+            raise UsageError(f"--selector: {exc}") from None
+    credit = None
+    if args.credit is not None:
+        try:
+            credit = parse_credit(args.credit)
+        except OperationError as exc:
+            raise UsageError(f"--credit: {exc.reason}") from None
+    return selector, credit
+
+
 def cmd_consume(args: argparse.Namespace) -> int:
     seen = 0
+    selector, credit = _join_rules(args)
     with _session(args) as client:
-        join = client.join_pattern if args.pattern else client.join
         for channel in args.channel:
-            join(channel)
+            if args.pattern:
+                client.join_pattern(channel)
+            else:
+                client.join(channel, selector=selector, credit=credit)
         # SIGINT/SIGTERM ask for a stop (exit 0) and raise nothing: a KeyboardInterrupt
         # raised by a handler can be dropped in a ZeroMQ frame's finaliser, or cut a
         # message between its printing and its acknowledge.
@@ -1058,6 +1085,17 @@ def build_parser() -> ArgumentParser:
         action="store_true",
         help="the names are patterns (. segments, *, **, {regex}): join every channel they "
         "match, now and as they are created",
+    )
+    consume.add_argument(
+        "--selector",
+        metavar="EXPR",
+        help="SQL-92 selector over message headers: only the messages it selects "
+        "(queues with MessageDeliveryHandler per-message)",
+    )
+    consume.add_argument(
+        "--credit",
+        metavar="COUNT,SIZE",
+        help="credit windows: at most COUNT unacknowledged deliveries and SIZE octets",
     )
     consume.set_defaults(func=cmd_consume)
 

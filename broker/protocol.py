@@ -147,6 +147,18 @@ class Header:
     #: (``broker.engine.patterns``: ``.`` segments, ``*``, ``**``, ``{regex}``), joining
     #: every channel it matches, now and as they are created; anywhere else: refused.
     PATTERN = "Pattern"
+    #: zerohub: on a JOIN, an SQL-92 selector over the headers of the channel's messages
+    #: (``broker.selector``): this consumer is offered only the messages it selects
+    #: (``broker.engine.join_rules``; the queues must use the per-message handler).
+    SELECTOR = "Selector"
+    #: zerohub: on a JOIN, ``COUNT,SIZE``: credit windows -- at most COUNT unacknowledged
+    #: deliveries and SIZE payload octets, given back by their acknowledges (a delivery
+    #: goes while either window is above zero; ``broker.engine.per_message``).
+    CREDIT = "Credit"
+    #: zerohub: on a push to a Broadcast queue, ``set`` (or ``true``) keeps the message as
+    #: its channel's retained one, ``remove`` forgets it; a client joining the channel
+    #: later gets it first (``broker.engine.retain``).  Elsewhere the push is refused.
+    RETAIN = "Retain"
     #: zerohub: on a queue message sent again (after a consumer went away, a nack or an
     #: acknowledge timeout), the number of this delivery (2 for the first redelivery).
     DELIVERY_COUNT = "Delivery-Count"

@@ -24,6 +24,7 @@ from broker import tmqp
 from broker.client.admin import STATS_LIST, operation_frame
 from broker.client.frames import (
     Headers,
+    Joining,
     ack_frame,
     as_bytes,
     direct_frame,
@@ -93,9 +94,9 @@ def _chosen(sequences: Iterable[int] | None) -> tuple[tuple[str, str], ...]:
     return ((Header.SEQUENCES, ",".join(str(int(s)) for s in sequences)),)
 
 
-def _joined(channel: str, prefetch: int | None) -> Callable[[Session], None]:
+def _joined(channel: str, joining: Joining) -> Callable[[Session], None]:
     def remember(session: Session) -> None:
-        session.channels[channel] = prefetch
+        session.channels[channel] = joining
 
     return remember
 
@@ -246,16 +247,39 @@ class ClientApi(Generic[R]):
         return Call(frame, reply)
 
     def join(
-        self, channel: str, timeout: float | None = None, *, prefetch: int | None = None
+        self,
+        channel: str,
+        timeout: float | None = None,
+        *,
+        prefetch: int | None = None,
+        selector: str | None = None,
+        credit: tuple[int, int] | None = None,
     ) -> R:
         """Join a channel: its push/broadcast/round-robin queues deliver to this client.
 
         ``prefetch``: the most deliveries of each of the channel's queues in flight to this
         client at once (unacknowledged, or not yet read off its socket); None takes the
-        queue's ``Prefetch`` option or the broker's default.  Kept across reconnects.
+        queue's ``Prefetch`` option or the broker's default.  ``selector``: an SQL-92
+        expression over message headers (``"priority > 5 AND region = 'eu'"``): only the
+        messages it selects are offered to this client (a queue passes it over for the
+        others; a broadcast queue does not send it those copies).  ``credit``: ``(count,
+        size)`` windows: at most ``count`` unacknowledged deliveries and ``size`` payload
+        octets (a delivery goes while either is above zero), given back by acknowledges.
+        Selector and credit need queues with ``MessageDeliveryHandler: per-message``
+        (``broker.engine.join_rules``); a bad selector or credit is refused by the broker
+        (the package's error, with its reason) and nothing is joined.  All kept across
+        reconnects.
         """
-        frame = join_frame(self.new_id(), channel, prefetch, fanout=self._fanout)
-        call = Call(frame, Reply.NONE, on_success=_joined(channel, prefetch))
+        frame = join_frame(
+            self.new_id(),
+            channel,
+            prefetch,
+            fanout=self._fanout,
+            selector=selector,
+            credit=credit,
+        )
+        joining = Joining(prefetch, selector, credit)
+        call = Call(frame, Reply.NONE, on_success=_joined(channel, joining))
         return self._perform(call, timeout)
 
     def leave(self, channel: str, timeout: float | None = None) -> R:

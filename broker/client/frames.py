@@ -7,6 +7,7 @@ event subscriptions.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from broker import tmqp
 from broker.client.message import Message
@@ -156,16 +157,56 @@ def ack_frame(message: Message, headers: tuple[tuple[str, str], ...] = ()) -> tm
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Joining:
+    """What a JOIN asked for beyond its channel (a session keeps it per joined channel and
+    joins with it again after a reconnect): ``Prefetch``, ``Selector``, ``Credit``."""
+
+    prefetch: int | None = None
+    selector: str | None = None
+    credit: tuple[int, int] | None = None
+
+
+def _credit_header(credit: tuple[int, int]) -> tuple[str, str]:
+    """``Credit: COUNT,SIZE``; ValueError for what the broker would refuse anyway."""
+    try:
+        count, size = credit
+    except (TypeError, ValueError):
+        raise ValueError("credit must be a (count, size) pair") from None
+    for value in (count, size):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"credit windows must be whole numbers >= 0, not {credit!r}")
+    if count == 0 and size == 0:
+        raise ValueError("credit (0, 0) would never let a message through")
+    return (Header.CREDIT, f"{count},{size}")
+
+
 def join_frame(
-    message_id: str, channel: str, prefetch: int | None = None, fanout: bool = False
+    message_id: str,
+    channel: str,
+    prefetch: int | None = None,
+    fanout: bool = False,
+    *,
+    selector: str | None = None,
+    credit: tuple[int, int] | None = None,
 ) -> tmqp.Frame:
     """JOIN ``channel``; ``prefetch``: the most deliveries of each of its queues this client
     takes in flight (``Prefetch`` header; None: the queue's or the broker's default).
     ``fanout``: ask for the broadcast fan-out (``broker.engine.fanout``), answered by a
-    RESPONSE whose headers say where to subscribe (none from a broker without it)."""
+    RESPONSE whose headers say where to subscribe (none from a broker without it).
+    ``selector`` (``Selector``: SQL-92 over message headers, checked by the broker) and
+    ``credit`` (``Credit: COUNT,SIZE``): see ``broker.engine.join_rules``."""
     if prefetch is not None and (isinstance(prefetch, bool) or prefetch < 1):
         raise ValueError("prefetch must be a positive integer")
-    headers = ((Header.PREFETCH, str(prefetch)),) if prefetch is not None else ()
+    headers: tuple[tuple[str, str], ...] = (
+        ((Header.PREFETCH, str(prefetch)),) if prefetch is not None else ()
+    )
+    if selector is not None:
+        if "\r" in selector or "\n" in selector:
+            raise ValueError("a selector is one line")
+        headers = (*headers, (Header.SELECTOR, selector))
+    if credit is not None:
+        headers = (*headers, _credit_header(credit))
     if fanout:
         headers = (*headers, (FANOUT, FANOUT_VERSION))
     return tmqp.Frame(

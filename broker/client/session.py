@@ -67,6 +67,7 @@ from broker.client.errors import (
     failure,
 )
 from broker.client.frames import (
+    Joining,
     PushEncoder,
     batch_senders,
     event_frame,
@@ -489,7 +490,7 @@ class Session:
         self._waiting: dict[str, _Pending] = {}
         self._handed: Handover[_Pending] = Handover()
         self._handed_queue = self._handed.queue
-        self.channels: dict[str, int | None] = {}  # joined channel -> its prefetch
+        self.channels: dict[str, Joining] = {}  # joined channel -> what its JOIN asked
         self.patterns: dict[str, int | None] = {}  # joined pattern -> its prefetch
         self.subscriptions: dict[tuple[str, str | None, int | None], None] = {}
         self.handlers: list[tuple[str, str | None, int | None, Callable[[Message], Any]]] = []
@@ -1061,8 +1062,11 @@ class Session:
         events: list[Event] = []
         if not self.first:
             # a new session: join the channels and subscribe the events again (unawaited)
-            for name, prefetch in self.channels.copy().items():
-                events.append(Send(tmqp.encode(join_frame(self.new_id(), name, prefetch))[0]))
+            for name, j in self.channels.copy().items():
+                frame = join_frame(
+                    self.new_id(), name, j.prefetch, selector=j.selector, credit=j.credit
+                )
+                events.append(Send(tmqp.encode(frame)[0]))
             for pattern, prefetch in self.patterns.copy().items():
                 frame = pattern_join_frame(self.new_id(), pattern, prefetch)
                 events.append(Send(tmqp.encode(frame)[0]))

@@ -20,6 +20,7 @@ from broker.engine.auth import Action, Authorizer
 from broker.engine.channel import Channel as _Channel
 from broker.engine.channel import Client as _Client
 from broker.engine.definitions import Definitions
+from broker.engine.delivery import per_message_rules
 from broker.engine.errors import OperationError
 from broker.engine.events import EventHub
 from broker.engine.fanout import FanoutStreams
@@ -27,6 +28,7 @@ from broker.engine.host import QueueServices
 from broker.engine.options import BrokerConfig, ChannelOptions, ChannelQueueOptions
 from broker.engine.patterns import PatternJoins
 from broker.engine.queue.queue import Queue
+from broker.engine.retain import RetainedMessages
 from broker.protocol import EventName, NackReason, Outgoing, ResultCode
 from broker.store import Store
 
@@ -68,6 +70,8 @@ class ChannelRegistry:
         #: Called with each channel created and the output list, after the pattern joins
         #: (a door with its own wildcard subscriptions: ``broker.stomp.engine_door``).
         self.on_created: Callable[[Channel, list[Outgoing]], None] | None = None
+        #: The retained message of each broadcast channel (``broker.engine.retain``).
+        self.retained = RetainedMessages()
 
     def check_push(self, queue: Queue, size: int) -> int:
         """Result code a push of ``size`` octets into ``queue`` would get (0 = accepted):
@@ -219,11 +223,15 @@ class ChannelRegistry:
             self.fanout.drop(channel)
         self.queue_count -= len(channel.queues)
         channel.queues.clear()
+        self.retained.forget(channel.name)
+        rules = per_message_rules(self.services.handlers)
         for client in channel.consumer_list:
             client.channels.pop(channel.name, None)
             client.prefetch.pop(channel.name, None)
             if self.patterns.by_client:
                 self.patterns.release(client.id, channel.name)
+            if rules is not None:
+                rules.forget(channel.name, client.id)
         channel.consumers.clear()
         channel.consumer_list.clear()
         self.events.emit(EventName.CHANNEL_REMOVED, models.channel_event(channel), out)
@@ -279,6 +287,9 @@ class ChannelRegistry:
         client.channels.pop(channel.name, None)
         client.prefetch.pop(channel.name, None)
         client.auto_acked.discard(channel.name)
+        rules = per_message_rules(self.services.handlers)
+        if rules is not None:  # (its selector and credit end with its membership)
+            rules.forget(channel.name, client.id)
         self.events.emit(
             EventName.CLIENT_LEFT, models.subscription_event(channel, client), out, channel.name
         )

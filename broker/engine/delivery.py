@@ -12,12 +12,12 @@ with the engine; ``None`` means the engine's default handler.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from broker.engine.per_message import PerMessageRules
+from broker.engine.per_message import PER_MESSAGE, PerMessageRules
 
 if TYPE_CHECKING:
     from broker.engine.channel import Client
@@ -261,3 +261,10 @@ class PerMessageDeliveryHandler(DefaultDeliveryHandler):
 
 #: Save, acknowledge nobody yet (a queue with consumer acknowledges relays them).
 _SAVE = Decision(save=True)
+
+
+def per_message_rules(handlers: Mapping[str, DeliveryHandler]) -> PerMessageRules | None:
+    """The rules of the ``per-message`` handler among ``handlers`` (None: not registered,
+    or registered as another kind of handler)."""
+    handler = handlers.get(PER_MESSAGE)
+    return handler.rules if isinstance(handler, PerMessageDeliveryHandler) else None

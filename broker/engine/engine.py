@@ -103,6 +103,7 @@ from broker.engine.parts import EngineParts
 from broker.engine.queue.queue import Queue
 from broker.engine.queue.saved_run import push_saved_run
 from broker.engine.replies import answer_done, answer_failure, is_answer, reject_push
+from broker.engine.retain import RETAIN_KEY, check_retain_status, retain_wish
 from broker.engine.router import Router, RouterError, RouterTable, router_from_json
 from broker.engine.tmqp_door import frame_of, message_of
 from broker.message import Headers, Message
@@ -158,7 +159,15 @@ _SAVES_EVERY_PUSH = PersistentDeliveryHandler.received_from_producer
 #: Header names (lower case) a push's typed path acts on (``Engine._push``).
 #: Why a run's push that ``check_push`` refused was refused (as :meth:`Engine._push` says).
 _REFUSED_BY_QUEUE = "push refused by the queue"
-_ACTED_ON = frozenset({_CC, _PATTERN, receipts.RECEIPT.lower(), receipts.RECEIPT_TIMEOUT.lower()})
+_ACTED_ON = frozenset(
+    {
+        _CC,
+        _PATTERN,
+        receipts.RECEIPT.lower(),
+        receipts.RECEIPT_TIMEOUT.lower(),
+        Header.RETAIN.lower(),
+    }
+)
 
 
 def _names_pattern(headers: tuple[tuple[str, str], ...]) -> bool:
@@ -1127,15 +1136,24 @@ class Engine:
                 return
             if not wants_response and queue.duplicate(m.message_id, client, m.wants_ack, now, out):
                 return  # taken before (a retry after a lost acknowledge): done
+            retain = None
             if m.headers:
                 ccs: list[str] = []
-                for k, v in m.headers:  # (one pass, no comprehension call per push)
+                wish: str | None = None
+                for k, v in m.headers:  # (one pass: CC copies, a Pattern refused, a Retain wish)
                     key = k.lower()
                     if key == _CC:
                         ccs.append(v)
                     elif key == _PATTERN:
                         raise OperationError(ResultCode.BAD_REQUEST, _PATTERN_PUSH)
+                    elif key == RETAIN_KEY and wish is None:
+                        wish = v
+                if wish is not None:
+                    retain = retain_wish(wish)
+                    check_retain_status(queue.options.status)
                 if ccs:
+                    if retain is not None:
+                        self._retain(queue, retain, m)
                     self._push_cc(client, m, queue, ccs, now, out, copies, receipt,
                                   wants_response)  # fmt: skip
                     return
@@ -1149,6 +1167,8 @@ class Engine:
                 self._unheard.append((err.token, err.reason))  # (a batch's: it answers)
             reject_push(client, m, wants_response, out, err)
             return
+        if retain is not None:
+            self._retain(queue, retain, m)
         unsaved = queue.unsaved
         qm = queue.accept(m, client, now, out, m.wants_ack)
         if qm is not None:
@@ -1166,6 +1186,11 @@ class Engine:
             self._unsaved(client, m, wants_response, out)
         elif fed_id is not None:
             self.federated.add(fed_id)  # (after the saves: ``FederatedIds.add``)
+
+    def _retain(self, queue: Queue, keep: bool, m: Message) -> None:
+        """A push's ``Retain`` wish, checked: ``broker.engine.retain``."""
+        hide = queue.options.hide_client_names
+        self.channel_registry.retained.update(queue.channel.name, keep, m, hide)
 
     def _unsaved(
         self, client: Client, m: Message, wants_response: bool, out: list[Outgoing]

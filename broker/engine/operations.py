@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker import tmqp
-from broker.engine import models
+from broker.engine import join_rules, models
 from broker.engine.auth import Action
 from broker.engine.channels import Channel, Client
+from broker.engine.delivery import per_message_rules
 from broker.engine.dsubs import channel_name as dsub_channel
 from broker.engine.errors import OperationError, PatternError
 from broker.engine.options import ChannelOptions, OptionsError
@@ -221,10 +222,15 @@ class Headed:
 def join(
     parts: EngineParts, client: Client, frame: tmqp.Frame, now: float, out: list[Outgoing]
 ) -> Headed | None:
+    rules = join_rules.read(frame)
     if frame.headers and _pattern(frame):
+        if rules:
+            raise _error(
+                ResultCode.BAD_REQUEST, "Selector and Credit apply to channel joins, not patterns"
+            )
         join_pattern(parts, client, frame.target, _prefetch(parts, frame), now, out)
         return None  # (no fan-out grant: a pattern joins channels one by one)
-    join_channel(parts, client, frame.target, _prefetch(parts, frame), now, out)
+    _join_ruled(parts, client, frame.target, rules, _prefetch(parts, frame), now, out)
     if parts.channels.patterns.by_client:
         parts.channels.patterns.release(client.id, frame.target)  # held by name now
     fanout = parts.channels.fanout
@@ -233,7 +239,7 @@ def join(
     channel = parts.channels.channels.get(frame.target)
     if channel is None or client.id not in channel.consumers:
         return None
-    asked = bool(frame.headers) and header(frame, FANOUT) == FANOUT_VERSION
+    asked = bool(frame.headers) and header(frame, FANOUT) == FANOUT_VERSION and not rules
     # (an ACK carries no headers: a grant would not reach the client)
     if not asked or not frame.pending_response or frame.pending_ack:
         # a join without fan-out (a re-join after a reconnect) ends a membership: that
@@ -241,6 +247,48 @@ def join(
         fanout.leave(channel, client.id, out)
         return None
     return Headed(fanout.grant(channel, client.id))
+
+
+def _join_ruled(
+    parts: EngineParts,
+    client: Client,
+    name: str,
+    rules: join_rules.JoinRules,
+    prefetch: int | None,
+    now: float,
+    out: list[Outgoing],
+) -> None:
+    """:func:`join_channel` with the JOIN's selector and credit (``join_rules``; none: a
+    member's earlier ones removed), and the channel's retained message first to a client
+    that was not a member (``broker.engine.retain``)."""
+    channel = parts.channels.channels.get(name)
+    handlers = parts.services.handlers
+    per = per_message_rules(handlers)
+    if rules:
+        queues = list(channel.queues.values()) if channel is not None else []
+        defaults = channel.options if channel is not None else parts.config.channel_defaults
+        per = join_rules.check_channel(per, queues, defaults.queue)
+        config = parts.config
+        prefetch = join_rules.window(rules, prefetch, config.prefetch, config.max_prefetch)
+    member = channel is not None and client.id in channel.consumers
+    if per is not None and rules:
+        join_rules.register(per, name, client.id, rules)  # (before the join's drain)
+    elif per is not None and member:
+        per.forget(name, client.id)  # a member's JOIN without them: they end
+    joined: list[Outgoing] = []
+    try:
+        join_channel(parts, client, name, prefetch, now, joined)
+    except Exception:
+        if per is not None and not member:
+            per.forget(name, client.id)
+        raise
+    if member and per is not None:  # its rules changed: what waits may be its now
+        for queue in list(parts.channels.channels[name].queues.values()):
+            queue.drain(now, joined)
+    kept = None if member else parts.channels.retained.get(name)
+    if kept is not None and (rules.selector is None or rules.selector.selects(kept.headers)):
+        out.append(Outgoing(client.id, kept))
+    out.extend(joined)
 
 
 def join_channel(

@@ -217,6 +217,22 @@ class PerMessageRules:
         else:
             self._credits[(channel, client_id)] = credit
 
+    def forget(self, channel: str, client_id: str) -> None:
+        """``client_id`` no longer consumes ``channel``: its selector, first sequence and
+        credit there go (its exclusive mark stays: the front door that set it clears it)."""
+        chosen = self._selectors.get(channel)
+        if chosen is not None and client_id in chosen:
+            self.set_selector(channel, client_id, None)
+        firsts = self._from_seq.get(channel)
+        if firsts is not None and client_id in firsts:
+            self.set_from_seq(channel, client_id, None)
+        if (channel, client_id) in self._credits:
+            # its deliveries in flight there are no longer: what they took goes back to
+            # the windows (one object may serve other channels of a STOMP subscription)
+            for key in [k for k in self._charged if k[0] == channel and k[1] == client_id]:
+                self.return_credit(channel, client_id, key[2])
+            self.set_credit(channel, client_id, None)
+
     def return_credit(self, channel: str, client_id: str, message_id: str) -> bool:
         """Give back now the credit of a delivery still in flight (once); True if it had
         taken some."""

@@ -62,9 +62,11 @@ the engine's authorizer (``passcode`` = client token) before CONNECTED; SENDs ar
 published without waiting (``publish_async``: answers, hence RECEIPTs, once durable for
 ``persistent:true``); the ``per-message`` delivery handler (``broker.engine.per_message``)
 serves ``persistent``, ``expires``, ``message_group``, exclusive consumers and the
-owner-only temporary destinations; this module keeps retained topic messages, wildcard
-subscriptions (joined to matching channels as they appear) and each connection's
-temporary channels (removed with it).
+owner-only temporary destinations; the engine keeps retained messages (``retain`` on a
+``/topic/`` SEND is its ``Retain`` header, ``broker.engine.retain``: one store with TMQP
+pushes; refused on a ``/queue/``), a subscriber gets its channel's first; this module
+keeps wildcard subscriptions (joined to matching channels as they appear) and each
+connection's temporary channels (removed with it).
 
 Limits: an operation waits at most ``answer_timeout`` (10 s) for the engine (the SEND or
 SUBSCRIBE is then refused); a connection holds at most its window of deliveries.
@@ -102,7 +104,6 @@ from broker.stomp.engine_flow import (
     SubExtras,
     TopicCredit,
     extras_of,
-    first_wins,
     topic_credit_of,
 )
 from broker.stomp.engine_mapping import (
@@ -543,7 +544,7 @@ class EngineBackend:
         selector = sub.spec.selector
         while pending:
             seq, message = pending[0]
-            if selector is not None and not selector.matches(first_wins(message.headers)):
+            if selector is not None and not selector.selects(message.headers):
                 pending.popleft()  # a browser sees only what it selects
                 continue
             delivery = _delivery(sub, message, conn.next_tag, self._facts)._replace(sequence=seq)
@@ -734,7 +735,7 @@ class EngineBackend:
             if (
                 selector is not None
                 and not message.wants_ack  # (a queue applies the selector itself)
-                and not selector.matches(first_wins(message.headers))
+                and not selector.selects(message.headers)
             ):
                 taken += 1  # a topic copy this subscription does not select: dropped
                 continue

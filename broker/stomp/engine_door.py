@@ -55,7 +55,7 @@ from broker.stomp.engine_mapping import (
 )
 from broker.stomp.errors import BackendError
 from broker.stomp.frames import Headers
-from broker.stomp.subscription import PublishSpec, RetainAction
+from broker.stomp.subscription import PublishSpec
 from broker.stomp.vhosts import namespace_of
 from broker.store.base import NOT_SAVED
 
@@ -110,8 +110,6 @@ class EngineDoor:
         #: STOMP connections' engine client ids -> connection ids, and back.
         self.conn_of: dict[str, int] = {}
         self.client_of: dict[int, str] = {}
-        #: The last ``retain:set`` message of each topic channel (memory only).
-        self.retained: dict[str, Message] = {}
         #: Wildcard subscriptions by (connection, subscription id).
         self.wild: dict[tuple[int, str], Wild] = {}
         #: ``browser-end:false`` browsers at the end of their queue (engine_browse).
@@ -369,7 +367,6 @@ class EngineDoor:
                 self.handler.set_exclusive(channel, client_id, False)
         registry = self.engine.channel_registry
         for name in self.temps_of.pop(conn, ()):
-            self.retained.pop(name, None)
             if self.handler is not None:
                 self.handler.set_owner(name, None)
             temp = self.engine.channels.get(name)
@@ -465,7 +462,7 @@ class EngineDoor:
             self.exclusive_of.setdefault(conn, set()).add(name)
         if extras is not None and not name.startswith(TOPIC_CHANNEL_PREFIX):
             prefetch = self._rule(conn, client_id, name, extras, prefetch)
-        retained = self.retained.get(name)
+        retained = self.engine.channel_registry.retained.get(name)  # (broker.engine.retain)
         if retained is not None:
             self._post_deliveries([(conn, retained)])
         try:
@@ -558,11 +555,6 @@ class EngineDoor:
                 headers=headers,
                 payload=spec.body,
             )
-            if destination.kind is DestinationKind.TOPIC and spec.retain is not None:
-                if spec.retain is RetainAction.SET:
-                    self.retained[channel] = message
-                else:
-                    self.retained.pop(channel, None)
             sent = self.engine.publish(client_id, message, now, wants_response=True)
             for item in sent:
                 frame = item[1]

@@ -37,27 +37,13 @@ class SubExtras:
 
 def extras_of(spec: SubscriptionSpec) -> SubExtras | None:
     """What the engine applies for a queue subscription (None: nothing to apply)."""
-    selector = spec.selector
-    selects = None
-    if selector is not None:
-
-        def selects(headers: Sequence[tuple[str, str]]) -> bool:
-            return selector.matches(first_wins(headers))
-
+    selects = spec.selector.selects if spec.selector is not None else None
     credit = None
     if spec.credit != CreditSpec():
         credit = Credit(spec.credit.count, spec.credit.size)
     if selects is None and credit is None and not spec.include_seq and spec.from_seq is None:
         return None
     return SubExtras(selects, credit, bool(spec.include_seq), spec.from_seq)
-
-
-def first_wins(headers: Sequence[tuple[str, str]]) -> dict[str, str]:
-    """Headers as a selector reads them (a repeated name: its first value)."""
-    env: dict[str, str] = {}
-    for name, value in headers:
-        env.setdefault(name, value)
-    return env
 
 
 @dataclass(slots=True)

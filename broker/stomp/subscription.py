@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
 
+from broker.selector import Selector, SelectorError, parse_selector
 from broker.stomp.destinations import Destination, parse_destinations
 from broker.stomp.errors import ProtocolViolation
 from broker.stomp.frames import Frame, Version
-from broker.stomp.selector import Selector, parse_selector
 
 #: Default credit windows when SUBSCRIBE has no ``credit`` header (messages, bytes).
 DEFAULT_CREDIT_COUNT = 655360
@@ -195,7 +195,10 @@ def parse_subscribe(
 def _selector(text: str | None) -> Selector | None:
     if text is None or not text.strip():
         return None
-    return parse_selector(text)
+    try:
+        return parse_selector(text)
+    except SelectorError as exc:
+        raise ProtocolViolation(str(exc)) from None
 
 
 def parse_send(frame: Frame, *, broker_id: str, connection_id: int, now_ms: int) -> PublishSpec:

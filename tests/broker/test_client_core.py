@@ -28,7 +28,7 @@ from broker.client.errors import (
     RemoteError,
     RequestTimeout,
 )
-from broker.client.frames import pull_frame
+from broker.client.frames import Joining, pull_frame
 from broker.protocol import (
     GREETING,
     ConnectionInfo,
@@ -181,7 +181,7 @@ def test_no_answer_to_the_first_connect_is_a_connect_error() -> None:
 
 def test_reconnect_sends_the_secret_and_rejoins() -> None:
     session, now = ready_session(backoff=(0.01, 0.01))
-    session.channels["orders"] = 5
+    session.channels["orders"] = Joining(prefetch=5)
     session.subscriptions[("ChannelCreate", None, None)] = None
     waiter = start(session, queue_info_call(session), now)
     bye = encode(message_type=MessageType.TERMINATE, content_type=ResultCode.BUSY)

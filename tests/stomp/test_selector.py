@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.stomp.errors import ProtocolViolation
-from broker.stomp.selector import MAX_DEPTH, parse_selector
+from broker.selector import MAX_DEPTH, SelectorError, parse_selector
 
 CAR = {"type": "car", "color": "blue", "weight": "3000", "name": "O'Brien", "code": "A_1%"}
 
@@ -67,5 +66,5 @@ def test_selector_values(selector: str, expected: bool) -> None:
     ],
 )
 def test_bad_selectors_are_refused(selector: str) -> None:
-    with pytest.raises(ProtocolViolation, match="selector"):
+    with pytest.raises(SelectorError, match="selector"):
         parse_selector(selector)
