@@ -132,6 +132,11 @@ def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert code == 2 and "without CURVE" in err
     code, _, err = run(capsys, "admin", "--connect", "tcp://127.0.0.1:1", "update", "x")
     assert code == 2 and "--options" in err
+    # rules are per channel join: a pattern with them is refused before any connection
+    for rule in (("--selector", "a > 1"), ("--credit", "3,100")):
+        code, _, err = run(capsys, "consume", "--connect", "tcp://127.0.0.1:1", "--pattern",
+                             "o.*", *rule)  # fmt: skip
+        assert code == 2 and "not to --pattern" in err and len(err.strip().splitlines()) == 1
 
 
 def test_serve_with_a_toml_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -310,3 +310,19 @@ def test_a_plain_join_of_a_name_with_pattern_characters_is_a_plain_join() -> Non
     assert set(kit.engine.clients[c].channels) == {"w.*"}
     kit.queue(p, "w.y", 1, status=QueueStatus.PUSH)
     assert set(kit.engine.clients[c].channels) == {"w.*"}
+
+
+def test_a_pattern_join_asking_for_a_selector_or_credit_is_400_and_joins_nothing() -> None:
+    """Selectors and credit windows are per channel join (``broker.engine.join_rules``);
+    a pattern join asking for them is refused whole, nothing joined or remembered."""
+    kit = Kit()
+    c = kit.connect("c")
+    p = kit.connect("p")
+    kit.queue(p, "orders.eu", 1, status=QueueStatus.PUSH)
+    for extra in ((Header.SELECTOR, "priority > 5"), (Header.CREDIT, "3,1000")):
+        reply = kit.op(c, Operation.JOIN, "orders.*", headers=(*PATTERN, extra))
+        assert reply.content_type == ResultCode.BAD_REQUEST, extra
+        assert "not patterns" in str(header(reply, Header.REASON) or reply.payload), extra
+        assert _members(kit, "orders.eu") == set()
+    kit.push(p, "orders.us", 1, b"a new channel: no pattern was kept")
+    assert _members(kit, "orders.us") == set()
