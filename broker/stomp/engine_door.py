@@ -680,7 +680,9 @@ class EngineDoor:
             )
         taken = 0
         if messages:
-            sent, taken, refused = self.engine.publish_many(client_id, messages, now)
+            sent, taken, refused = self.engine.publish_many(
+                client_id, messages, now, unique_ids=True
+            )
             out += sent
             if refused is not None:
                 error = f"{specs[taken].destinations[0].stomp}: {refused}"

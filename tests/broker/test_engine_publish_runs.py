@@ -175,3 +175,39 @@ def test_the_authorizer_is_asked_once_per_run() -> None:
     assert (taken, refused) == (100, None)
     assert policy.push_checks == 2
     assert _state(engine)["a"][0] == _state(engine)["b"][0] == 50
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_unique_ids_change_nothing_but_the_duplicate_window(case: str) -> None:
+    """``unique_ids`` (the STOMP door's own ids): the same output, counts and refusals as
+    without; only the duplicate window of an acknowledged queue's run stays as it was."""
+    messages, outcome = CASES[case]
+    plain_engine, _, producer, _ = _engine()
+    unique_engine, _, _, _ = _engine()
+    expected = plain_engine.publish_many(producer, messages, 0.0)
+    got = unique_engine.publish_many(producer, messages, 0.0, unique_ids=True)
+    assert got == expected
+    assert got[1:] == outcome
+    assert _state(unique_engine) == _state(plain_engine)
+    assert unique_engine.errors == plain_engine.errors
+
+
+def test_a_run_of_unique_ids_is_not_remembered_as_a_producers() -> None:
+    """A run with ``unique_ids`` leaves the queue's duplicate window empty, so a later push
+    that happens to carry one of those ids is a new message, not a duplicate dropped."""
+    engine, _, producer, _ = _engine()
+    queue = engine.channels["a"].queues[0]
+    _, taken, refused = engine.publish_many(
+        producer, [_m(i, "a") for i in range(5)], 0.0, unique_ids=True
+    )
+    assert (taken, refused) == (5, None)
+    assert len(queue.recent) == 0
+    engine.publish(producer, _m(2, "a"), 0.0)
+    assert (queue.received, queue.duplicates) == (6, 0)
+    # without it the run's ids are remembered, and the same push is a duplicate
+    engine, _, producer, _ = _engine()
+    queue = engine.channels["a"].queues[0]
+    engine.publish_many(producer, [_m(i, "a") for i in range(5)], 0.0)
+    assert len(queue.recent) == 5
+    engine.publish(producer, _m(2, "a"), 0.0)
+    assert (queue.received, queue.duplicates) == (5, 1)

@@ -1139,6 +1139,8 @@ class Queue:
         now: float,
         out: list[Outgoing],
         max_messages: int,
+        *,
+        remember_ids: bool = True,
     ) -> tuple[int, int | Exception]:
         """:meth:`check_push` then :meth:`accept` (no producer waiting) for each of
         ``ms[start:end]`` in turn, as the engine's run of typed pushes does one by one
@@ -1151,6 +1153,8 @@ class Queue:
         :attr:`unsaved`) or the exception the next one raised (what it did before it
         raised stays done, as for :meth:`accept`).  ``max_messages``: the broker's bound
         on the messages one queue holds (``ChannelRegistry.check_push``).
+        ``remember_ids`` False: the ids are the door's own, unique (``Engine.publish_many``'s
+        ``unique_ids``), not kept in the duplicate window.
 
         Per message, the same steps and order as :meth:`accept` then the status's
         ``admit`` for Push and RoundRobin (sent at once when nothing waits ahead of it
@@ -1171,7 +1175,7 @@ class Queue:
         qid = self.id
         sid = sender.id
         needs_id = opts.use_message_id or opts.request_acknowledge
-        remember = opts.use_message_id and opts.duplicate_window > 0
+        remember = remember_ids and opts.use_message_id and opts.duplicate_window > 0
         window = opts.duplicate_window
         recent = self.recent
         received = self.hooks.handler.received_from_producer
