@@ -431,6 +431,8 @@ class Dispatcher:
         start = q.rr % n if rotate else 0
         hooks = q.hooks
         filters = hooks.can_receive
+        # (hooks.can_consumer_receive without its call: the handler's filter, bound)
+        accepts = hooks.methods["can_consumer_receive"] if filters else None
         pending = self.pending if req_ack else None  # (as _eligible, without its call)
         name = q.channel.name
         window = q.window
@@ -446,10 +448,16 @@ class Dispatcher:
                     continue  # its window is full: the next one
                 if pending and (c.id, m.message_id) in pending:
                     continue  # same id still unacknowledged by this consumer
-                if not filters or hooks.can_consumer_receive(m, c):
-                    if rotate:
-                        q.rr = (start + i + 1) % n
-                    return (c,)
+                if accepts is not None:
+                    try:
+                        if not accepts(q, m, c):
+                            continue
+                    except Exception as exc:
+                        hooks.filter_failed(exc)
+                        continue
+                if rotate:
+                    q.rr = (start + i + 1) % n
+                return (c,)
             if not later:
                 break
         return ()

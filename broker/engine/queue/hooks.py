@@ -116,8 +116,14 @@ class HandlerHooks:
         try:
             return bool(self.handler.can_consumer_receive(self._queue, m, c))
         except Exception as exc:
-            self._error("can_consumer_receive", exc)
-            return False
+            return self.filter_failed(exc)
+
+    def filter_failed(self, exc: Exception) -> bool:
+        """The handler's filter raised ``exc`` (a call site that calls
+        ``methods["can_consumer_receive"]`` in its own ``try``): counted as an error;
+        False, the consumer refused."""
+        self._error("can_consumer_receive", exc)
+        return False
 
     def looks_past(self) -> bool:
         """The handler's ``looks_past`` (False when it filters no consumer, or raises)."""
