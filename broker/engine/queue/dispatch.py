@@ -47,6 +47,8 @@ LOOK_PAST_LIMIT = 1000
 DRAIN_AGAIN_AFTER = 0.001
 #: ``Tracked(client_id, frame)`` without the named tuple's Python-level __new__.
 _tracked = tuple.__new__
+#: ``Message(...)`` from a tuple of every field, the same way.
+_new_message = tuple.__new__
 _DELIVERY_COUNT = Header.DELIVERY_COUNT.lower()
 _REDELIVERY = (_DELIVERY_COUNT, Header.REDELIVERED.lower())
 
@@ -508,6 +510,28 @@ class Dispatcher:
             headers = f.headers
             if count:
                 headers = redelivery_headers(headers, count)
+            elif opts.request_acknowledge and not f.wants_ack:
+                # (derive without its call: the acknowledge wish differs, a new tuple;
+                # the usual delivery of an acknowledged queue's message, per message)
+                f = _new_message(
+                    Message,
+                    (
+                        f.message_id,
+                        source,
+                        f.target,
+                        self.q.id,
+                        f.high_priority,
+                        f.first_acquirer,
+                        True,
+                        f.ttl,
+                        headers,
+                        f.payload,
+                        None,
+                    ),
+                )
+                life.out = f
+                life.out_version = self.out_version
+                return f
             f = derive(
                 f,
                 opts.request_acknowledge,
