@@ -751,7 +751,11 @@ class EngineBackend:
         ones it took are the connection's (``_taken``); returns how many."""
         assert conn.run_sink is not None
         took = conn.run_sink([d for d, _, _, _ in run])
+        engine_acked = conn.engine_acked
+        auto = AckMode.AUTO
         for delivery, message, sub, shared in run[:took]:
+            if not message.wants_ack or (sub.spec.ack is auto and message.target in engine_acked):
+                continue  # (what _taken does for it: nothing; without its call)
             self._taken(conn, delivery.tag, message, sub, shared, settles)
         conn.next_tag += took
         return took
@@ -814,7 +818,7 @@ _new_delivery = tuple.__new__
 def _delivery(sub: _Sub, message: Message, tag: int, last: _LastFacts) -> Delivery:
     headers = message.headers
     if headers:
-        facts = last(headers)
+        facts = last.facts if headers is last.headers else last(headers)  # (no call if kept)
         sender = facts[2] if facts[2] is not None else message.source or None
     else:
         facts = _NO_FACTS

@@ -430,6 +430,9 @@ class Session:
         budget = self.room()
         subscriptions = self._subscriptions
         out = self._out
+        encode = self._encode
+        usual = self.version is not Version.V1_0
+        auto = AckMode.AUTO
         taken = 0
         for delivery in deliveries:
             sub = subscriptions.get(delivery.subscription)
@@ -439,7 +442,10 @@ class Session:
                 self.writable()  # (False: the transport learns it refused one)
                 break
             before = len(out)
-            self._append(sub, delivery)
+            if usual and sub.spec.ack is auto and not delivery.browse_end:
+                out += encode(sub, delivery)  # (_append's case of it, without its call)
+            else:
+                self._append(sub, delivery)
             budget -= len(out) - before
             taken += 1
         if taken:
