@@ -433,6 +433,12 @@ class Session:
         encode = self._encode
         usual = self.version is not Version.V1_0
         auto = AckMode.AUTO
+        config = self.config
+        extras = (
+            config.add_user_header or config.add_timestamp_header or config.add_redeliveries_header
+        )
+        table = escape_table(self.version)
+        plain: _Subscription | None = None  # one whose MESSAGEs have no header to add
         taken = 0
         for delivery in deliveries:
             sub = subscriptions.get(delivery.subscription)
@@ -443,7 +449,25 @@ class Session:
                 break
             before = len(out)
             if usual and sub.spec.ack is auto and not delivery.browse_end:
-                out += encode(sub, delivery)  # (_append's case of it, without its call)
+                # (_append's case of it, without its call)
+                line = sub.destination_lines.get(delivery.destination) if sub is plain else None
+                if line is not None and not delivery.headers:
+                    # _encode's usual MESSAGE, the same bytes, without its call: the head
+                    # and destination line that encode made for this subscription
+                    body = delivery.body
+                    text = (
+                        f"{sub.head}{delivery.message_id.translate(table)}{line}"
+                        f"content-length:{len(body)}\n\n"
+                    )
+                    if "\0" in text:
+                        raise EncodeError("a MESSAGE header contains NUL")
+                    out += text.encode("utf-8")
+                    out += body
+                    out += b"\0"
+                else:
+                    out += encode(sub, delivery)
+                    if not (extras or sub.spec.include_seq):
+                        plain = sub
             else:
                 self._append(sub, delivery)
             budget -= len(out) - before
