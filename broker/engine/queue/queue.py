@@ -45,6 +45,7 @@ from broker.engine.message import (
     INFLIGHT,
     QUEUED,
     Delivery,
+    Headers,
     Message,
     QueueMessage,
     derive,
@@ -1178,7 +1179,11 @@ class Queue:
         remember = remember_ids and opts.use_message_id and opts.duplicate_window > 0
         window = opts.duplicate_window
         recent = self.recent
-        received = self.hooks.handler.received_from_producer
+        hooks = self.hooks
+        received = hooks.handler.received_from_producer
+        by_headers = hooks.received_by_headers
+        asked: Headers | None = None  # the header block received was asked about last
+        answer = ALLOW  # (its answer)
         numbered = self._numbered
         dispatch = self.dispatch
         send = dispatch.send
@@ -1207,11 +1212,16 @@ class Queue:
                     mid = self.host.new_id()
                 message = derive(message, False, qid, mid, sid, name, message.headers)
                 m = numbered(message, sender, False, now)
-                try:
-                    d = received(self, m, sender)
-                except Exception as exc:
-                    self.error("received_from_producer", exc)
-                    d = Decision(allow=False, send_ack=AckWhen.NEGATIVE)
+                if message.headers is asked:  # (by_headers: its answer for this block)
+                    d = answer
+                else:
+                    try:
+                        d = received(self, m, sender)
+                        if by_headers:
+                            asked, answer = message.headers, d
+                    except Exception as exc:
+                        self.error("received_from_producer", exc)
+                        d = Decision(allow=False, send_ack=AckWhen.NEGATIVE)
                 if d is not ALLOW and not self._decided(m, d, out):
                     continue  # (dropped: taken, as accept returning None)
                 if keep_id:
