@@ -114,7 +114,12 @@ class AckTracker:
                 None,
             ),
         )
-        q.release(cid)
+        used = q.used  # (q.release without its call: its window slot freed)
+        n = used.get(cid, 0) - 1
+        if n > 0:
+            used[cid] = n
+        else:
+            used.pop(cid, None)
         m = dl.message
         life = m.life or m.lived()
         life.inflight -= 1

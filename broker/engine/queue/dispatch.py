@@ -29,7 +29,7 @@ from broker.engine.message import (
 )
 from broker.engine.queue.messages import Aside
 from broker.engine.queue.protocols import QueueCore
-from broker.protocol import Header, NackReason, Outgoing, Tracked
+from broker.protocol import Header, NackReason, Outgoing, QueueStatus, Tracked
 
 if TYPE_CHECKING:
     from broker import tmqp
@@ -47,6 +47,7 @@ LOOK_PAST_LIMIT = 1000
 DRAIN_AGAIN_AFTER = 0.001
 #: ``Tracked(client_id, frame)`` without the named tuple's Python-level __new__.
 _tracked = tuple.__new__
+_ROUND_ROBIN = QueueStatus.ROUND_ROBIN
 #: ``Message(...)`` from a tuple of every field, the same way.
 _new_message = tuple.__new__
 _DELIVERY_COUNT = Header.DELIVERY_COUNT.lower()
@@ -307,7 +308,12 @@ class Dispatcher:
                     return True
         opts = q.options
         req_ack = opts.request_acknowledge
-        targets = q.strategy.targets(q, m, consumers, req_ack, keep)  # type: ignore[arg-type]
+        strategy = q.strategy
+        targets: Sequence[Client[Any]]
+        if strategy.status is _ROUND_ROBIN:  # (RoundRobin.targets without its call)
+            targets = self.choose_one(m, consumers, True, req_ack)
+        else:
+            targets = strategy.targets(q, m, consumers, req_ack, keep)  # type: ignore[arg-type]
         if not targets:
             if keep:
                 q.messages.unpop(m)
@@ -328,7 +334,12 @@ class Dispatcher:
             deadline = now + timeout / 1000.0 if timeout else _INF
             if len(targets) == 1:  # (round robin and first acquirer: one consumer)
                 c = targets[0]
-                self.hand(c, ACKED, m, frame, out)
+                # (hand without its call: the delivery out, in transit, a window slot)
+                cid = c.id
+                out.append(_tracked(Tracked, (cid, frame)))
+                c.unsent.append((ACKED, q, m, None, 0))
+                used = q.used
+                used[cid] = used.get(cid, 0) + 1
                 dl = q.track(m, c, deadline)
                 m.state = INFLIGHT
                 if hooks.received:
