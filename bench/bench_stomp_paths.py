@@ -10,9 +10,10 @@ per MESSAGE encoded, for this checkout and (``--baseline CHECKOUT``) another one
   (``serialize_receipts``; a checkout without it: ``serialize_receipt`` of each);
 * engine, auto ack: a run of 1000 SENDs (with the user and time headers the door
   stamps on each) through the engine to an ``ack:auto`` consumer of a STOMP queue
-  (``publish_many``, ``transmitted``) and its settling: the engine acknowledging what
-  was taken (``Engine.acknowledge_taken``) or, in a checkout without it, one
-  ``acknowledge_many`` entry per delivery, as the door sends them;
+  (``publish_many``, with ``unique_ids`` as the door calls it, ``transmitted``) and
+  its settling: the engine acknowledging what was taken (``Engine.acknowledge_taken``)
+  or, in a checkout without it, one ``acknowledge_many`` entry per delivery, as the
+  door sends them;
 * engine, client ack: the same with ``ack:client`` (one ``acknowledge_many`` entry per
   delivery);
 * engine, Python calls: the same path's Python calls per message (cProfile's count of
@@ -159,6 +160,7 @@ def _engine_auto_ack(client_ack: bool = False) -> Callable[[], None]:
     """One consumer of a STOMP queue (``RequestAcknowledge``, the per-message handler)
     with ``ack:auto`` (``client_ack``: ``ack:client``, an ACK entry per delivery as
     the door sends them): runs of 1000 messages published, taken, settled."""
+    import inspect
     import itertools
 
     from broker.engine.engine import Engine
@@ -180,6 +182,12 @@ def _engine_auto_ack(client_ack: bool = False) -> Callable[[], None]:
         by_taking(consumer, "bench")
     ids = itertools.count()
     body = b"x" * 100
+    # the door's runs say their ids are its own (a checkout without the keyword: none)
+    unique = (
+        {"unique_ids": True}
+        if "unique_ids" in inspect.signature(engine.publish_many).parameters
+        else {}
+    )
     # what the door stamps on every SEND of a run (engine_mapping: its user, its time)
     stamp = (("Stomp-User", "p"), ("Stomp-Timestamp", "1700000000000"))
 
@@ -189,7 +197,7 @@ def _engine_auto_ack(client_ack: bool = False) -> Callable[[], None]:
                 Message(f"m{next(ids)}", producer, "bench", QUEUE_ID, headers=stamp, payload=body)
                 for _ in range(FRAMES)
             ]
-            engine.publish_many(producer, messages, 0.0)
+            engine.publish_many(producer, messages, 0.0, **unique)
             engine.transmitted({consumer: FRAMES}, 0.0)
             if by_taking is None:
                 acks = [("bench", QUEUE_ID, m.message_id, None) for m in messages]

@@ -81,6 +81,13 @@ class DeliveryHandler:
     #: pages its saved waiting messages out although this handler overrides the hooks
     #: that see them while they wait or are sent.  False: such a queue keeps them all.
     pages_safely = False
+    #: Does :meth:`received_from_producer` answer from the queue's options and the
+    #: message's header block alone (the same block object, the same answer), changing
+    #: nothing?  Then a run of pushes sharing one block (``Queue.accept_many``: a STOMP
+    #: run's SENDs share the door's stamp block) asks it once per block.  Read only from
+    #: the class that defines the handler's ``received_from_producer`` (a subclass
+    #: overriding that hook must say so again).
+    received_by_headers = False
 
     def received_from_producer(
         self, queue: Queue, message: QueueMessage, sender: Client | None
@@ -211,6 +218,9 @@ class PerMessageDeliveryHandler(DefaultDeliveryHandler):
 
     #: The rules read headers, numbers and ids, and key what they keep by id.
     pages_safely = True
+    #: ``persistent`` is read from the header block (and the answer from
+    #: ``request_acknowledge``): nothing else.
+    received_by_headers = True
 
     def __init__(self, wall_clock: Callable[[], float]) -> None:
         self.rules = PerMessageRules(wall_clock)

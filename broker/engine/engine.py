@@ -762,7 +762,12 @@ class Engine:
             reject_push(client, m, wants_response, out, _INTERNAL)
 
     def publish_many(
-        self, client_id: str, messages: Sequence[Message], now: float
+        self,
+        client_id: str,
+        messages: Sequence[Message],
+        now: float,
+        *,
+        unique_ids: bool = False,
     ) -> tuple[list[Outgoing], int, str | None]:
         """Several :meth:`publish` calls of one client with ``wants_response`` in one
         operation (the STOMP door's run of SENDs), in order, up to the first refused.
@@ -772,6 +777,12 @@ class Engine:
         looked up once per run, not once per message.  The outcome is that of
         :meth:`publish` of each in turn, but for the authorizer: it is asked once per run
         (its answer, or its failure, for the first message stands for the run).
+
+        ``unique_ids``: the messages' ids were made by the door itself, one per message
+        and never a producer's (the STOMP door's ``stomp-<conn>-<n>``): no retry can
+        repeat one, so a run into an acknowledged queue does not remember them in its
+        duplicate window (``broker.engine.queue.dedupe``: ids the broker made up are not
+        remembered), as the queue's own ids are not.
 
         Returns the output, how many were taken, and why the next one was refused (None:
         all taken); the refusal's response is not in the output.  An unknown client gets
@@ -783,7 +794,7 @@ class Engine:
             nonlocal taken, refused
             i, n = 0, len(messages)
             while i < n:
-                took, why = self._push_run(c, messages, i, now, out)
+                took, why = self._push_run(c, messages, i, now, out, unique_ids)
                 taken += took
                 i += took
                 if why is not None:
@@ -794,7 +805,13 @@ class Engine:
         return out, taken, refused
 
     def _push_run(
-        self, client: Client, ms: Sequence[Message], start: int, now: float, out: list[Outgoing]
+        self,
+        client: Client,
+        ms: Sequence[Message],
+        start: int,
+        now: float,
+        out: list[Outgoing],
+        unique_ids: bool = False,
     ) -> tuple[int, str | None]:
         """Push the run of ``ms[start:]`` into the first one's queue (as :meth:`publish`
         with ``wants_response`` would, one after the other): how many were taken, and why
@@ -824,7 +841,7 @@ class Engine:
             return 0, _INTERNAL.reason
         produced = self.events.has(EventName.MESSAGE_PRODUCED)
         if queue.options.request_acknowledge and not copies and not produced:
-            return self._accept_run(client, queue, ms, start, end, now, out)
+            return self._accept_run(client, queue, ms, start, end, now, out, unique_ids)
         check_push = self.channel_registry.check_push
         accept = queue.accept
         for k in range(start, end):
@@ -871,10 +888,12 @@ class Engine:
         end: int,
         now: float,
         out: list[Outgoing],
+        unique_ids: bool = False,
     ) -> tuple[int, str | None]:
         """:meth:`_push_run`'s loop for an acknowledged queue with no durable copies
         and no MESSAGE_PRODUCED subscriber (a STOMP ``/queue/``): the plain pushes in
-        stretches through ``Queue.accept_many``, the others one by one (as there)."""
+        stretches through ``Queue.accept_many`` (``unique_ids``: see
+        :meth:`publish_many`), the others one by one (as there)."""
         limit = self.config.limits.max_queue_messages
         plain: Headers = ()  # a header block read last and found to ask for nothing
         k = start
@@ -900,7 +919,9 @@ class Engine:
                     plain = headers
                 j += 1
             unsaved = queue.unsaved
-            took, refused = queue.accept_many(ms, k, j, client, now, out, limit)
+            took, refused = queue.accept_many(
+                ms, k, j, client, now, out, limit, remember_ids=not unique_ids
+            )
             k += took
             if isinstance(refused, OperationError):
                 return k - start, refused.reason

@@ -127,6 +127,15 @@ def parse_destinations(
     return _parse_cached(header, broker_id, connection_id, allow_wildcards)
 
 
+def parse_send_destinations(
+    header: str, broker_id: str, connection_id: int
+) -> tuple[Destination, ...]:
+    """:func:`parse_destinations` of a SEND's ``destination`` header (no wildcards) that
+    the caller found present and not empty: the cached parse itself, without that
+    function's checks and keywords (a SEND is parsed per message)."""
+    return _parse_cached(header, broker_id, connection_id, False)
+
+
 #: Parsed destination headers kept (least recently used go first).
 DESTINATION_CACHE = 1024
 

@@ -386,7 +386,8 @@ class EngineBackend:
         """A run of SENDs in one operation (:class:`~broker.stomp.backend.BatchPublisher`):
         the engine thread publishes them in order and stops at the first it refuses."""
         for spec in specs:
-            check_headers(spec.headers)  # BackendError: nothing handed over
+            if spec.headers:  # (none: nothing to refuse, the usual SEND; no call)
+                check_headers(spec.headers)  # BackendError: nothing handed over
         conn = self.conns.get(connection_id)
         user = conn.info.user if conn is not None else ANONYMOUS
         stamp = ((USER_HEADER, user), (TIMESTAMP_HEADER, str(self.wall_clock_ms())))
@@ -795,7 +796,11 @@ class EngineBackend:
         ones it took are the connection's (``_taken``); returns how many."""
         assert conn.run_sink is not None
         took = conn.run_sink([d for d, _, _, _ in run])
+        engine_acked = conn.engine_acked
+        auto = AckMode.AUTO
         for delivery, message, sub, shared in run[:took]:
+            if not message.wants_ack or (sub.spec.ack is auto and message.target in engine_acked):
+                continue  # (what _taken does for it: nothing; without its call)
             self._taken(conn, delivery.tag, message, sub, shared, settles)
         conn.next_tag += took
         return took
@@ -858,7 +863,7 @@ _new_delivery = tuple.__new__
 def _delivery(sub: _Sub, message: Message, tag: int, last: _LastFacts) -> Delivery:
     headers = message.headers
     if headers:
-        facts = last(headers)
+        facts = last.facts if headers is last.headers else last(headers)  # (no call if kept)
         sender = facts[2] if facts[2] is not None else message.source or None
     else:
         facts = _NO_FACTS

@@ -663,16 +663,20 @@ class EngineDoor:
         messages: list[Message] = []
         channels: dict[Destination, str] = {}
         error: str | None = None
+        last: Destination | None = None  # (a run's SENDs name one destination object:
+        channel = ""  # its channel without a hash per SEND)
         for i, spec in enumerate(specs):
             destination = spec.destinations[0]
-            channel = channels.get(destination)
-            if channel is None:
-                try:
-                    channel = self._ensure(client_id, destination, out)
-                except BackendError as exc:  # those before it go; it and the rest do not
-                    error = str(exc)
-                    break
-                channels[destination] = channel
+            if destination is not last:
+                found = channels.get(destination)
+                if found is None:
+                    try:
+                        found = self._ensure(client_id, destination, out)
+                    except BackendError as exc:  # those before it go; it and the rest not
+                        error = str(exc)
+                        break
+                    channels[destination] = found
+                channel, last = found, destination
             messages.append(
                 _new_message(
                     Message,
@@ -693,7 +697,9 @@ class EngineDoor:
             )
         taken = 0
         if messages:
-            sent, taken, refused = self.engine.publish_many(client_id, messages, now)
+            sent, taken, refused = self.engine.publish_many(
+                client_id, messages, now, unique_ids=True
+            )
             out += sent
             if refused is not None:
                 error = f"{specs[taken].destinations[0].stomp}: {refused}"

@@ -258,6 +258,8 @@ class FrameParser:
         frames: list[Frame] = []
         try:
             while True:
+                if self._prefix is not None and self._state is _State.IDLE:
+                    self._read_repeats(frames)
                 frame = self._step()
                 if frame is None:
                     break
@@ -378,6 +380,63 @@ class FrameParser:
         self._pos = start
         self._begin_body(length)
         return _HEAD_ONLY
+
+    def _read_repeats(self, frames: list[Frame]) -> None:
+        """Append to ``frames`` the whole frames at the buffer's position whose heads
+        repeat the kept lead (:meth:`_repeat_head`'s case) and whose ``content-length``
+        body and NUL are buffered, in one loop: what :meth:`_step`, :meth:`_fast_head`
+        and :meth:`_repeat_head` give for each, without their three calls per frame (a
+        run of pipelined SENDs or ACKs is read here).  Stops, consuming nothing of it,
+        at the first frame that is anything else -- an escape, CR, NUL or bad UTF-8 in
+        its last line, an over-long line, no or a bad ``content-length``, a body not all
+        here, a heart-beat -- which the usual path then reads, or refuses, as before."""
+        prefix = self._prefix
+        if prefix is None or prefix.version is not self.version:
+            return
+        buf = self._buf
+        pos = self._pos
+        raw = prefix.raw
+        skip = len(raw)
+        command = prefix.command
+        lead = prefix.headers
+        lead_length = prefix.length
+        limits = self.limits
+        limit = limits.max_header_length
+        short = limit // 4
+        max_body = limits.max_body
+        n = len(buf)
+        find = buf.find
+        new_frame = _new_tuple
+        while buf.startswith(raw, pos):
+            at = pos + skip
+            end = find(b"\n", at, pos + FAST_HEAD)
+            if end < 0 or end + 1 >= n or buf[end + 1] != 0x0A:  # (the empty line after it)
+                break
+            try:
+                line = buf[at:end].decode("utf-8")
+            except UnicodeDecodeError:
+                break
+            if "\r" in line or "\0" in line or "\\" in line:
+                break
+            name, sep, value = line.partition(":")
+            if not sep or (len(line) > short and len(line.encode("utf-8")) > limit):
+                break
+            length = lead_length
+            if length is None:
+                if name != "content-length":
+                    break
+                length = value
+            if not (length.isdigit() and length.isascii() and len(length) <= 20):
+                break
+            start = end + 2
+            stop = start + int(length)
+            if stop >= n or buf[stop] != 0 or stop - start > max_body:
+                break
+            frames.append(
+                new_frame(Frame, (command, (*lead, (name, value)), bytes(buf[start:stop])))
+            )
+            pos = stop + 1
+        self._pos = pos
 
     def _repeat_head(
         self, prefix: _HeadPrefix
@@ -546,6 +605,9 @@ class _HeadPrefix(NamedTuple):
     headers: Headers  # those lines' headers (unescaped)
     length: str | None  # the first content-length among them
 
+
+#: A named tuple made from its fields' tuple without its class's Python ``__new__``.
+_new_tuple = tuple.__new__
 
 #: ``FrameParser._fast_head`` read a head; its body is still to come.
 _HEAD_ONLY = Frame(Command.SEND, (), b"")

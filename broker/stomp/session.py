@@ -422,6 +422,15 @@ class Session:
         budget = self.room()
         subscriptions = self._subscriptions
         out = self._out
+        encode = self._encode
+        usual = self.version is not Version.V1_0
+        auto = AckMode.AUTO
+        config = self.config
+        extras = (
+            config.add_user_header or config.add_timestamp_header or config.add_redeliveries_header
+        )
+        table = escape_table(self.version)
+        plain: _Subscription | None = None  # one whose MESSAGEs have no header to add
         taken = 0
         for delivery in deliveries:
             sub = subscriptions.get(delivery.subscription)
@@ -431,7 +440,28 @@ class Session:
                 self.writable()  # (False: the transport learns it refused one)
                 break
             before = len(out)
-            self._append(sub, delivery)
+            if usual and sub.spec.ack is auto and not delivery.browse_end:
+                # (_append's case of it, without its call)
+                line = sub.destination_lines.get(delivery.destination) if sub is plain else None
+                if line is not None and not delivery.headers:
+                    # _encode's usual MESSAGE, the same bytes, without its call: the head
+                    # and destination line that encode made for this subscription
+                    body = delivery.body
+                    text = (
+                        f"{sub.head}{delivery.message_id.translate(table)}{line}"
+                        f"content-length:{len(body)}\n\n"
+                    )
+                    if "\0" in text:
+                        raise EncodeError("a MESSAGE header contains NUL")
+                    out += text.encode("utf-8")
+                    out += body
+                    out += b"\0"
+                else:
+                    out += encode(sub, delivery)
+                    if not (extras or sub.spec.include_seq):
+                        plain = sub
+            else:
+                self._append(sub, delivery)
             budget -= len(out) - before
             taken += 1
         if taken:

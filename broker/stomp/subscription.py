@@ -26,7 +26,7 @@ from enum import Enum
 from typing import NamedTuple
 
 from broker.selector import Selector, SelectorError, parse_selector
-from broker.stomp.destinations import Destination, parse_destinations
+from broker.stomp.destinations import Destination, parse_destinations, parse_send_destinations
 from broker.stomp.errors import ProtocolViolation
 from broker.stomp.frames import Frame, Version
 
@@ -209,7 +209,20 @@ def parse_send_control(
     frame: Frame, *, broker_id: str, connection_id: int, now_ms: int
 ) -> tuple[PublishSpec, str | None, str | None]:
     """:func:`parse_send`, with the frame's ``receipt`` and ``transaction`` headers (None:
-    absent) read in the same pass (the session's batched SEND path)."""
+    absent) read in the same pass (the session's batched SEND path).  The usual SEND
+    (:func:`_parse_send`'s first case, with a destination) is read here, without its call
+    nor :func:`parse_destinations`' (the same spec)."""
+    headers = frame.headers
+    first = dict(headers)
+    if len(first) == len(headers) and first.keys() <= _CONTROL_HEADERS:
+        destination = first.get("destination")
+        if destination:
+            destinations = parse_send_destinations(destination, broker_id, connection_id)
+            return (
+                _new_spec(PublishSpec, (destinations, (), frame.body, *_NO_RULES)),
+                first.get("receipt"),
+                first.get("transaction"),
+            )
     spec, first = _parse_send(frame, broker_id, connection_id, now_ms)
     return spec, first.get("receipt"), first.get("transaction")
 

@@ -253,9 +253,9 @@ def test_the_runs_took_the_accept_many_path() -> None:
     seen: list[int] = []
     accept_many: Callable[..., Any] = queue.accept_many
 
-    def counted(ms: Any, start: int, end: int, *args: Any) -> Any:
+    def counted(ms: Any, start: int, end: int, *args: Any, **kwargs: Any) -> Any:
         seen.append(end - start)
-        return accept_many(ms, start, end, *args)
+        return accept_many(ms, start, end, *args, **kwargs)
 
     queue.accept_many = counted  # type: ignore[method-assign]
     assert engine.publish_many(producer, A, 0.0)[1:] == (8, None)

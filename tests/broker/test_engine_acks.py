@@ -372,3 +372,28 @@ def test_a_handler_raising_on_an_acknowledged_delivery_is_counted_and_loses_noth
     info = kit.info(producer, "ch", 1)
     assert (info["Errors"], info["Messages"], info["PendingAcknowledges"]) == (3, 0, 0)
     assert kit.take(c) == []
+
+
+class FilterBreaks(DefaultDeliveryHandler):
+    def can_consumer_receive(self, queue, message, receiver):  # type: ignore[no-untyped-def]
+        if receiver.id == "bad":
+            raise RuntimeError("filter bug")
+        return True
+
+
+def test_a_filter_that_raises_refuses_that_consumer_only_and_is_counted() -> None:
+    """The dispatcher calls the handler's filter itself (``Dispatcher.choose_one``): a
+    filter that raises counts one error and passes that consumer over, as
+    ``HandlerHooks.can_consumer_receive`` does; the next consumer takes the message."""
+    kit = Kit(handler=FilterBreaks())
+    producer = kit.connect("producer")
+    kit.queue(producer, "ch", 1, status=QueueStatus.ROUND_ROBIN, request_acknowledge=True)
+    bad = kit.connect("bad")
+    good = kit.connect("good")
+    kit.join(bad, "ch")
+    kit.join(good, "ch")
+    kit.push(producer, "ch", 1, b"x")
+    assert kit.payloads(good) == [b"x"]
+    assert kit.payloads(bad) == []
+    info = kit.info(producer, "ch", 1)
+    assert info["Errors"] == 1

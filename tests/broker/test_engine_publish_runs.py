@@ -175,3 +175,89 @@ def test_the_authorizer_is_asked_once_per_run() -> None:
     assert (taken, refused) == (100, None)
     assert policy.push_checks == 2
     assert _state(engine)["a"][0] == _state(engine)["b"][0] == 50
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_unique_ids_change_nothing_but_the_duplicate_window(case: str) -> None:
+    """``unique_ids`` (the STOMP door's own ids): the same output, counts and refusals as
+    without; only the duplicate window of an acknowledged queue's run stays as it was."""
+    messages, outcome = CASES[case]
+    plain_engine, _, producer, _ = _engine()
+    unique_engine, _, _, _ = _engine()
+    expected = plain_engine.publish_many(producer, messages, 0.0)
+    got = unique_engine.publish_many(producer, messages, 0.0, unique_ids=True)
+    assert got == expected
+    assert got[1:] == outcome
+    assert _state(unique_engine) == _state(plain_engine)
+    assert unique_engine.errors == plain_engine.errors
+
+
+def test_a_run_of_unique_ids_is_not_remembered_as_a_producers() -> None:
+    """A run with ``unique_ids`` leaves the queue's duplicate window empty, so a later push
+    that happens to carry one of those ids is a new message, not a duplicate dropped."""
+    engine, _, producer, _ = _engine()
+    queue = engine.channels["a"].queues[0]
+    _, taken, refused = engine.publish_many(
+        producer, [_m(i, "a") for i in range(5)], 0.0, unique_ids=True
+    )
+    assert (taken, refused) == (5, None)
+    assert len(queue.recent) == 0
+    engine.publish(producer, _m(2, "a"), 0.0)
+    assert (queue.received, queue.duplicates) == (6, 0)
+    # without it the run's ids are remembered, and the same push is a duplicate
+    engine, _, producer, _ = _engine()
+    queue = engine.channels["a"].queues[0]
+    engine.publish_many(producer, [_m(i, "a") for i in range(5)], 0.0)
+    assert len(queue.recent) == 5
+    engine.publish(producer, _m(2, "a"), 0.0)
+    assert (queue.received, queue.duplicates) == (5, 1)
+
+
+class _Counting(PerMessageDeliveryHandler):
+    """The per-message rules, counting ``received_from_producer`` calls; it says again
+    that it answers from the header block (``received_by_headers``)."""
+
+    received_by_headers = True
+
+    def __init__(self) -> None:
+        super().__init__(lambda: 1_700_000_000.0)
+        self.asked = 0
+
+    def received_from_producer(self, queue: Any, message: Any, sender: Any) -> Any:
+        self.asked += 1
+        return super().received_from_producer(queue, message, sender)
+
+
+class _CountingUnsaid(_Counting):
+    """The same hook overridden again without saying it: asked for every push."""
+
+    def received_from_producer(self, queue: Any, message: Any, sender: Any) -> Any:
+        return super().received_from_producer(queue, message, sender)
+
+
+@pytest.mark.parametrize(("handler_class", "asked"), [(_Counting, 2), (_CountingUnsaid, 6)])
+def test_a_handler_answering_from_the_header_block_is_asked_once_per_block_in_a_run(
+    handler_class: type[_Counting], asked: int
+) -> None:
+    """``Queue.accept_many`` asks a handler whose ``received_from_producer`` answers from
+    the header block once per block (a run of SENDs shares the door's); a subclass that
+    overrides the hook without declaring it again is asked for each push."""
+    handler = handler_class()
+    engine = Engine(handlers={PER_MESSAGE: handler})
+    engine.create_channel("a")
+    engine.create_queue(
+        "a",
+        0,
+        ChannelQueueOptions(
+            status=QueueStatus.ROUND_ROBIN,
+            request_acknowledge=True,
+            message_delivery_handler=PER_MESSAGE,
+        ),
+    )
+    producer, _ = engine.connect(ConnectionInfo(client_id="p"), 0.0)
+    other = (("persistent", "false"),)
+    messages = [_m(i, "a") for i in range(3)] + [_m(3 + i, "a", headers=other) for i in range(3)]
+    messages[3:] = [m._replace(headers=messages[3].headers) for m in messages[3:]]  # one block
+    assert engine.publish_many(producer, messages, 0.0, unique_ids=True)[1:] == (6, None)
+    assert handler.asked == asked
+    assert engine.channels["a"].queues[0].received == 6

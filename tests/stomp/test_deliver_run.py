@@ -12,7 +12,7 @@ import pytest
 from broker.stomp.backend import Delivery
 from broker.stomp.frames import Command, Version
 from broker.stomp.memory import MemoryBackend
-from broker.stomp.session import Session
+from broker.stomp.session import Session, SessionConfig
 
 from .kit import Peer, World
 
@@ -49,8 +49,10 @@ class Recording(MemoryBackend):
         super().ack(connection_id, tags)
 
 
-def _peer(version: Version, ack: str, limit: int) -> tuple[Peer, Transport]:
-    world = World()
+def _peer(
+    version: Version, ack: str, limit: int, config: SessionConfig | None = None
+) -> tuple[Peer, Transport]:
+    world = World(config=config) if config is not None else World()
     world.backend = Recording()
     transport = Transport(limit)
     peer = world.peer(version, writable=transport.writable)
@@ -71,7 +73,10 @@ def _deliveries(sub: str) -> list[Delivery]:
         headers = (("n", str(i)),) if i % 3 == 0 else ()
         if i == 7:
             headers = (("tricky:name", "a\nb"),)  # escaped on 1.1+, left out on 1.0
-        out.append(Delivery(sub, 100 + i, f"m{i}", "/queue/q", headers, b"x" * (20 + i)))
+        # ids and destinations to escape, a destination changing within the run
+        message_id = "m:5\\x" if i == 5 else f"m{i}"
+        destination = "/queue/r:x" if i in (4, 5, 8) else "/queue/q"
+        out.append(Delivery(sub, 100 + i, message_id, destination, headers, b"x" * (20 + i)))
     return out
 
 
@@ -126,3 +131,25 @@ def test_a_closed_session_takes_no_run() -> None:
     peer, _ = _peer(Version.V1_2, "auto", 100_000)
     peer.send(Command.DISCONNECT)
     assert peer.session.deliver_run(_deliveries("s")) == 0
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        SessionConfig(add_user_header="who"),
+        SessionConfig(add_timestamp_header="when"),
+        SessionConfig(add_redeliveries_header="again"),
+    ],
+)
+def test_a_run_with_headers_to_add_makes_what_each_delivery_makes(config: SessionConfig) -> None:
+    """The run's own encoding of the usual ``ack:auto`` MESSAGE is not used when the
+    broker adds headers: the same bytes as each delivery in turn."""
+    run_peer, _ = _peer(Version.V1_2, "auto", 100_000, config)
+    each_peer, _ = _peer(Version.V1_2, "auto", 100_000, config)
+    deliveries = [d._replace(sender="u", timestamp_ms=5, redeliveries=1) for d in _deliveries("s")]
+    assert run_peer.session.deliver_run(deliveries) == len(deliveries)
+    for delivery in deliveries:
+        assert each_peer.session.deliver(delivery)
+    run_bytes = run_peer.session.take_output(0.0)
+    assert run_bytes == each_peer.session.take_output(0.0)
+    assert run_bytes.count(b"\0") == len(deliveries)

@@ -20,7 +20,7 @@ from broker.stomp.frames import (
     serialize_escaped,
 )
 from broker.stomp.session import DESTINATION_LINES, SessionConfig
-from broker.stomp.subscription import parse_send
+from broker.stomp.subscription import parse_send, parse_send_control
 
 from .kit import Peer, World
 
@@ -226,3 +226,34 @@ def test_parse_send_reads_the_first_of_each_header_in_one_pass(
     assert list(spec.headers) == expected
     assert spec.persistent is (first.get("persistent") == "true")
     assert [d.stomp for d in spec.destinations] == ["/queue/q"]
+
+
+CONTROL = st.lists(
+    st.tuples(
+        st.sampled_from(["destination", "receipt", "transaction", "content-length", "x"]),
+        st.sampled_from(["", "/queue/q", "/topic/t", "/queue/a,/queue/b", "/queue/a.*", "7"]),
+    ),
+    max_size=5,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(headers=CONTROL)
+def test_parse_send_control_gives_parse_send_and_the_first_receipt_and_transaction(
+    headers: list[tuple[str, str]],
+) -> None:
+    """``parse_send_control`` reads the usual SEND (control headers only, none twice, a
+    destination) itself: the same spec or error as ``parse_send``, with the first
+    ``receipt`` and ``transaction`` (control headers, repeats, empty or missing
+    destinations, composites, wildcards, a user header)."""
+    frame = make_frame(Command.SEND, headers, b"b")
+    kw = {"broker_id": "b", "connection_id": 7, "now_ms": 1000}
+    first = dict(reversed(headers))
+    try:
+        expected = (parse_send(frame, **kw), first.get("receipt"), first.get("transaction"))
+    except Exception as exc:
+        with pytest.raises(type(exc)) as got:
+            parse_send_control(frame, **kw)
+        assert str(got.value) == str(exc)
+        return
+    assert parse_send_control(frame, **kw) == expected

@@ -188,3 +188,19 @@ def test_a_content_length_in_the_last_line_is_not_taken_as_the_leads() -> None:
         (("content-length", "2"), b"xy"),
         (("receipt", "9"), b"abc"),
     ]
+
+
+def test_every_last_line_after_a_run_with_its_length_in_the_lead_gives_what_it_gives_alone() -> (
+    None
+):
+    """Every last line and body after two heads that set the lead, when the lead holds the
+    content-length (the run loop, ``FrameParser._read_repeats``, reads such frames whole),
+    then one more good frame, fed whole: what each frame gives alone, under each version.
+    (The random test above seldom puts a hostile last line after such a lead.)"""
+    for version, last, body in itertools.product(
+        [None, Version.V1_0, Version.V1_1, Version.V1_2], range(len(LASTS)), range(len(BODIES))
+    ):
+        each = [_frame(0, 0, 1), _frame(0, 1, 1), _frame(0, last, body), _frame(0, 0, 1)]
+        kept, expected, idle = _expected(each, version)
+        stream = b"".join(each[:kept])
+        assert _fed(_parser(version), [stream], idle) == expected, (version, LASTS[last], body)

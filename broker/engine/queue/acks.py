@@ -19,7 +19,7 @@ from bisect import bisect_right
 from collections import OrderedDict, deque
 from typing import TYPE_CHECKING, Any
 
-from broker.engine.delivery import AckWhen, Decision, PutBack
+from broker.engine.delivery import ALLOW, ALLOW_ACK, AckWhen, Decision, PutBack
 from broker.engine.message import DELAYED, DONE, INFLIGHT, QUEUED, Delivery, QueueMessage
 from broker.engine.queue.protocols import QueueCore
 from broker.message import DEFAULT_TTL, Message
@@ -86,28 +86,58 @@ class AckTracker:
     ) -> None:
         """The transport took a delivery of a consumer that acknowledges what it takes
         (``Client.auto_acked``, ``broker.engine.flow.transmitted``): acknowledged as if
-        its positive acknowledge had come (the caller drains the queue after its batch)."""
+        its positive acknowledge had come (the caller drains the queue after its batch).
+
+        What :meth:`_settle` then :meth:`resolve` do for a positive acknowledge, inline (a
+        call each per delivery; the acknowledge has no headers, so no ``Nack-Reason``),
+        and for the handler's usual answers (``ALLOW_ACK``, ``ALLOW``) with no producer
+        waiting, the message finished at once; any other answer goes to :meth:`resolve`."""
         dl = self.pending.pop((client.id, message_id), None)
-        if dl is not None:
-            q = self.q
-            # (id, source, channel, queue, no flags, the default TTL, nothing else)
-            ack = _new_message(
-                Message,
-                (
-                    message_id,
-                    client.id,
-                    q.channel.name,
-                    q.id,
-                    False,
-                    False,
-                    False,
-                    DEFAULT_TTL,
-                    (),
-                    b"",
-                    None,
-                ),
-            )
-            self._settle(client, ack, dl, now, out)
+        if dl is None:
+            return
+        q = self.q
+        cid = client.id
+        # (id, source, channel, queue, no flags, the default TTL, nothing else)
+        ack = _new_message(
+            Message,
+            (
+                message_id,
+                cid,
+                q.channel.name,
+                q.id,
+                False,
+                False,
+                False,
+                DEFAULT_TTL,
+                (),
+                b"",
+                None,
+            ),
+        )
+        used = q.used  # (q.release without its call: its window slot freed)
+        n = used.get(cid, 0) - 1
+        if n > 0:
+            used[cid] = n
+        else:
+            used.pop(cid, None)
+        m = dl.message
+        life = m.life or m.lived()
+        life.inflight -= 1
+        q.acks += 1
+        receipts = q.host.receipts
+        if receipts.pending:
+            receipts.succeeded(q.key, m.seq, cid)
+        hooks = q.hooks
+        try:  # (hooks.call without its call: a hook per delivery)
+            d = hooks.methods["acknowledge_received"](q, ack, dl, True)
+        except Exception as exc:
+            d = hooks.failed(m, "acknowledge_received", exc)
+        if (d is ALLOW_ACK or d is ALLOW) and not life.producer_waits:
+            # (resolve: nothing to save, nobody to answer, nothing put back)
+            if life.inflight <= 0 and m.state == INFLIGHT:
+                q.finish(m)
+            return
+        self.resolve(m, d, now, out, NackReason.NONE, cid, True)
 
     def _settle(
         self, client: Client[Any], ack: Message, dl: Delivery, now: float, out: list[Outgoing]

@@ -29,7 +29,7 @@ from broker.engine.message import (
 )
 from broker.engine.queue.messages import Aside
 from broker.engine.queue.protocols import QueueCore
-from broker.protocol import Header, NackReason, Outgoing, Tracked
+from broker.protocol import Header, NackReason, Outgoing, QueueStatus, Tracked
 
 if TYPE_CHECKING:
     from broker import tmqp
@@ -47,6 +47,9 @@ LOOK_PAST_LIMIT = 1000
 DRAIN_AGAIN_AFTER = 0.001
 #: ``Tracked(client_id, frame)`` without the named tuple's Python-level __new__.
 _tracked = tuple.__new__
+_ROUND_ROBIN = QueueStatus.ROUND_ROBIN
+#: ``Message(...)`` from a tuple of every field, the same way.
+_new_message = tuple.__new__
 _DELIVERY_COUNT = Header.DELIVERY_COUNT.lower()
 _REDELIVERY = (_DELIVERY_COUNT, Header.REDELIVERED.lower())
 
@@ -305,7 +308,12 @@ class Dispatcher:
                     return True
         opts = q.options
         req_ack = opts.request_acknowledge
-        targets = q.strategy.targets(q, m, consumers, req_ack, keep)  # type: ignore[arg-type]
+        strategy = q.strategy
+        targets: Sequence[Client[Any]]
+        if strategy.status is _ROUND_ROBIN:  # (RoundRobin.targets without its call)
+            targets = self.choose_one(m, consumers, True, req_ack)
+        else:
+            targets = strategy.targets(q, m, consumers, req_ack, keep)  # type: ignore[arg-type]
         if not targets:
             if keep:
                 q.messages.unpop(m)
@@ -326,7 +334,12 @@ class Dispatcher:
             deadline = now + timeout / 1000.0 if timeout else _INF
             if len(targets) == 1:  # (round robin and first acquirer: one consumer)
                 c = targets[0]
-                self.hand(c, ACKED, m, frame, out)
+                # (hand without its call: the delivery out, in transit, a window slot)
+                cid = c.id
+                out.append(_tracked(Tracked, (cid, frame)))
+                c.unsent.append((ACKED, q, m, None, 0))
+                used = q.used
+                used[cid] = used.get(cid, 0) + 1
                 dl = q.track(m, c, deadline)
                 m.state = INFLIGHT
                 if hooks.received:
@@ -431,6 +444,8 @@ class Dispatcher:
         start = q.rr % n if rotate else 0
         hooks = q.hooks
         filters = hooks.can_receive
+        # (hooks.can_consumer_receive without its call: the handler's filter, bound)
+        accepts = hooks.methods["can_consumer_receive"] if filters else None
         pending = self.pending if req_ack else None  # (as _eligible, without its call)
         name = q.channel.name
         window = q.window
@@ -446,10 +461,16 @@ class Dispatcher:
                     continue  # its window is full: the next one
                 if pending and (c.id, m.message_id) in pending:
                     continue  # same id still unacknowledged by this consumer
-                if not filters or hooks.can_consumer_receive(m, c):
-                    if rotate:
-                        q.rr = (start + i + 1) % n
-                    return (c,)
+                if accepts is not None:
+                    try:
+                        if not accepts(q, m, c):
+                            continue
+                    except Exception as exc:
+                        hooks.filter_failed(exc)
+                        continue
+                if rotate:
+                    q.rr = (start + i + 1) % n
+                return (c,)
             if not later:
                 break
         return ()
@@ -500,6 +521,28 @@ class Dispatcher:
             headers = f.headers
             if count:
                 headers = redelivery_headers(headers, count)
+            elif opts.request_acknowledge and not f.wants_ack:
+                # (derive without its call: the acknowledge wish differs, a new tuple;
+                # the usual delivery of an acknowledged queue's message, per message)
+                f = _new_message(
+                    Message,
+                    (
+                        f.message_id,
+                        source,
+                        f.target,
+                        self.q.id,
+                        f.high_priority,
+                        f.first_acquirer,
+                        True,
+                        f.ttl,
+                        headers,
+                        f.payload,
+                        None,
+                    ),
+                )
+                life.out = f
+                life.out_version = self.out_version
+                return f
             f = derive(
                 f,
                 opts.request_acknowledge,

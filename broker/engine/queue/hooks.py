@@ -25,6 +25,16 @@ def _overrides(handler: DeliveryHandler, name: str) -> bool:
     return getattr(type(handler), name) is not getattr(DeliveryHandler, name)
 
 
+def _declared_with(handler: DeliveryHandler, flag: str, hook: str) -> bool:
+    """Is ``flag`` true as set by the very class that defines the handler's ``hook``?  (A
+    subclass that overrides the hook without setting the flag again does not inherit it:
+    its own hook may answer otherwise.)"""
+    for klass in type(handler).__mro__:
+        if hook in vars(klass):
+            return bool(vars(klass).get(flag, False))
+    return False
+
+
 class _Bound(dict[str, Callable[..., Decision]]):
     """A handler's hooks by name, each bound once at its first call (a hook is called
     per message: a subscript instead of a ``getattr`` each time).  A method set on the
@@ -57,6 +67,7 @@ class HandlerHooks:
         "handler",
         "methods",
         "received",
+        "received_by_headers",
         "selects",
     )
 
@@ -80,6 +91,11 @@ class HandlerHooks:
         # The default handler's received_from_producer only acknowledges a producer that
         # waits for it, and such pushes never take the fast path.
         self.from_producer = type(handler).received_from_producer not in _PLAIN_RECEIVED
+        #: ``DeliveryHandler.received_by_headers``, as declared with the handler's own
+        #: ``received_from_producer`` (``Queue.accept_many`` asks once per header block).
+        self.received_by_headers = _declared_with(
+            handler, "received_by_headers", "received_from_producer"
+        )
 
     @property
     def any(self) -> bool:
@@ -116,8 +132,14 @@ class HandlerHooks:
         try:
             return bool(self.handler.can_consumer_receive(self._queue, m, c))
         except Exception as exc:
-            self._error("can_consumer_receive", exc)
-            return False
+            return self.filter_failed(exc)
+
+    def filter_failed(self, exc: Exception) -> bool:
+        """The handler's filter raised ``exc`` (a call site that calls
+        ``methods["can_consumer_receive"]`` in its own ``try``): counted as an error;
+        False, the consumer refused."""
+        self._error("can_consumer_receive", exc)
+        return False
 
     def looks_past(self) -> bool:
         """The handler's ``looks_past`` (False when it filters no consumer, or raises)."""

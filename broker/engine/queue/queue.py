@@ -45,6 +45,7 @@ from broker.engine.message import (
     INFLIGHT,
     QUEUED,
     Delivery,
+    Headers,
     Message,
     QueueMessage,
     derive,
@@ -1139,6 +1140,8 @@ class Queue:
         now: float,
         out: list[Outgoing],
         max_messages: int,
+        *,
+        remember_ids: bool = True,
     ) -> tuple[int, int | Exception]:
         """:meth:`check_push` then :meth:`accept` (no producer waiting) for each of
         ``ms[start:end]`` in turn, as the engine's run of typed pushes does one by one
@@ -1151,6 +1154,8 @@ class Queue:
         :attr:`unsaved`) or the exception the next one raised (what it did before it
         raised stays done, as for :meth:`accept`).  ``max_messages``: the broker's bound
         on the messages one queue holds (``ChannelRegistry.check_push``).
+        ``remember_ids`` False: the ids are the door's own, unique (``Engine.publish_many``'s
+        ``unique_ids``), not kept in the duplicate window.
 
         Per message, the same steps and order as :meth:`accept` then the status's
         ``admit`` for Push and RoundRobin (sent at once when nothing waits ahead of it
@@ -1171,10 +1176,14 @@ class Queue:
         qid = self.id
         sid = sender.id
         needs_id = opts.use_message_id or opts.request_acknowledge
-        remember = opts.use_message_id and opts.duplicate_window > 0
+        remember = remember_ids and opts.use_message_id and opts.duplicate_window > 0
         window = opts.duplicate_window
         recent = self.recent
-        received = self.hooks.handler.received_from_producer
+        hooks = self.hooks
+        received = hooks.handler.received_from_producer
+        by_headers = hooks.received_by_headers
+        asked: Headers | None = None  # the header block received was asked about last
+        answer = ALLOW  # (its answer)
         numbered = self._numbered
         dispatch = self.dispatch
         send = dispatch.send
@@ -1203,11 +1212,16 @@ class Queue:
                     mid = self.host.new_id()
                 message = derive(message, False, qid, mid, sid, name, message.headers)
                 m = numbered(message, sender, False, now)
-                try:
-                    d = received(self, m, sender)
-                except Exception as exc:
-                    self.error("received_from_producer", exc)
-                    d = Decision(allow=False, send_ack=AckWhen.NEGATIVE)
+                if message.headers is asked:  # (by_headers: its answer for this block)
+                    d = answer
+                else:
+                    try:
+                        d = received(self, m, sender)
+                        if by_headers:
+                            asked, answer = message.headers, d
+                    except Exception as exc:
+                        self.error("received_from_producer", exc)
+                        d = Decision(allow=False, send_ack=AckWhen.NEGATIVE)
                 if d is not ALLOW and not self._decided(m, d, out):
                     continue  # (dropped: taken, as accept returning None)
                 if keep_id:
