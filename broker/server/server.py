@@ -142,11 +142,6 @@ _CURVE_OVERHEAD = 33
 REPLY_OVERHEAD = 4096
 
 
-def _no_run(data: bytes) -> None:
-    """``_drain``'s run append before any run was taken (never called: no producer yet)."""
-    raise AssertionError("no run")
-
-
 def _pushes_and_acks(
     frames: Sequence[tmqp.Message | None], refused: list[tuple[int, str, str]]
 ) -> list[tuple[int, tmqp.Frame]]:
@@ -504,12 +499,13 @@ class Server:
         peers = self._peers
         max_frame = self._max_frame
         gathering = False  # (``_gather`` from the second message on)
-        # The producer whose run took the last push, and that run's append: its next
-        # push joins the run with no look-up (its peer is ready, and ``last_seen`` and
-        # ``pinged`` were set for this drain's ``now``).  Reset wherever the runs may
-        # have been served or a peer changed (``_on_message``, the mid-drain report).
+        # The producer whose run took the last push, and that run: its next push joins
+        # the run with no look-up (its peer is ready, and ``last_seen`` and ``pinged``
+        # were set for this drain's ``now`` when the run began).  Reset wherever the
+        # runs may have been served or a peer changed (``_on_message``, the mid-drain
+        # report).
         run_rid: bytes | None = None
-        run_add: Callable[[bytes], None] = _no_run
+        run_last: list[bytes] = []
         count = 0
         batch = self.options.batch
         while count < batch:
@@ -531,7 +527,7 @@ class Server:
                 and data[0] & _TYPE_BITS == _QUEUE
                 and not data[1] & _NOT_IN_RUN
             ):
-                run_add(data)  # the same producer's next push (the common case)
+                run_last.append(data)  # the same producer's next push (the common case)
             elif (
                 gathering
                 and (peer := peers.get(rid)) is not None
@@ -541,17 +537,18 @@ class Server:
                 and not data[1] & _NOT_IN_RUN
             ):
                 # A push of a run by its first two octets (handled here: a call per
-                # message costs): decoded with its run (_serve_runs).
-                peer.last_seen = now
-                peer.pinged = False
+                # message costs): decoded with its run (_serve_runs).  A peer with a
+                # run was seen at this drain's ``now`` when its run began.
                 run = peer.run
                 if run is None:
+                    peer.last_seen = now
+                    peer.pinged = False
                     peer.run = run = [data]
                     self._runs.append(peer)
                 else:
                     run.append(data)
                 run_rid = rid
-                run_add = run.append
+                run_last = run
             else:
                 run_rid = None  # (it may serve the runs or change a peer)
                 if on_message(rid, part.bytes, False, now, part):
