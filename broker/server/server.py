@@ -499,6 +499,13 @@ class Server:
         peers = self._peers
         max_frame = self._max_frame
         gathering = False  # (``_gather`` from the second message on)
+        # The producer whose run took the last push, and that run: its next push joins
+        # the run with no look-up (its peer is ready, and ``last_seen`` and ``pinged``
+        # were set for this drain's ``now`` when the run began).  Reset wherever the
+        # runs may have been served or a peer changed (``_on_message``, the mid-drain
+        # report).
+        run_rid: bytes | None = None
+        run_last: list[bytes] = []
         count = 0
         batch = self.options.batch
         while count < batch:
@@ -512,7 +519,15 @@ class Server:
             if part.more:
                 while recv(zmq.NOBLOCK, copy=False).more:
                     pass
+                run_rid = None
                 on_message(rid, b"", True, now, part)
+            elif (
+                rid == run_rid
+                and 1 < len(data := part.bytes) <= max_frame
+                and data[0] & _TYPE_BITS == _QUEUE
+                and not data[1] & _NOT_IN_RUN
+            ):
+                run_last.append(data)  # the same producer's next push (the common case)
             elif (
                 gathering
                 and (peer := peers.get(rid)) is not None
@@ -521,23 +536,28 @@ class Server:
                 and data[0] & _TYPE_BITS == _QUEUE
                 and not data[1] & _NOT_IN_RUN
             ):
-                # A push of a run by its first two octets (the common case, handled here:
-                # a call per message costs): decoded with its run (_serve_runs).
-                peer.last_seen = now
-                peer.pinged = False
+                # A push of a run by its first two octets (handled here: a call per
+                # message costs): decoded with its run (_serve_runs).  A peer with a
+                # run was seen at this drain's ``now`` when its run began.
                 run = peer.run
                 if run is None:
-                    peer.run = [data]
+                    peer.last_seen = now
+                    peer.pinged = False
+                    peer.run = run = [data]
                     self._runs.append(peer)
                 else:
                     run.append(data)
-            elif on_message(rid, part.bytes, False, now, part):
-                # a batch: its frames count against this drain's budget, so that timers
-                # and keep-alive (other peers' PINGs wait unread) are not held up
-                count += self._batched
-                gathering = self._gather
-                if count >= batch:
-                    break
+                run_rid = rid
+                run_last = run
+            else:
+                run_rid = None  # (it may serve the runs or change a peer)
+                if on_message(rid, part.bytes, False, now, part):
+                    # a batch: its frames count against this drain's budget, so that
+                    # timers and keep-alive (other peers' PINGs wait unread) are not held up
+                    count += self._batched
+                    gathering = self._gather
+                    if count >= batch:
+                        break
             if count == 1:
                 if woken:
                     break  # (its output leaves at the drain's end)
@@ -555,6 +575,7 @@ class Server:
                     break
             elif not count % _REPORT_EVERY and self.sender.sent_to:
                 # Window slots come back while a long drain goes on, not only after it.
+                run_rid = None
                 self.sessions.report_transmitted(now)
         self.counters["frames_in"] += count
         if self._runs:
