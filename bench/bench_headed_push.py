@@ -19,12 +19,12 @@ from __future__ import annotations
 import argparse
 import cProfile
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from checkout_child import child_result
 
 HEADERS = (("region", "eu"), ("priority", "7"), ("trace", "t-0001"))
 PAYLOAD = b"x" * 100
@@ -96,27 +96,7 @@ def measure(messages: int, repeat: int) -> dict[str, float]:
 
 
 def _run(checkout: str, messages: int, repeat: int) -> dict[str, float]:
-    env = dict(os.environ, PYTHONPATH=checkout)
-    done = subprocess.run(
-        [
-            sys.executable,
-            __file__,
-            "--child",
-            "--messages",
-            str(messages),
-            "--repeat",
-            str(repeat),
-        ],
-        env=env,
-        cwd=checkout,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"{checkout}: {done.stderr.strip().splitlines()[-1:]}")
-    result: dict[str, float] = json.loads(done.stdout)
-    return result
+    return child_result(__file__, checkout, "--messages", str(messages), "--repeat", str(repeat))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from checkout_child import child_result
 
 HEADERS = (("region", "eu"), ("priority", "7"), ("name", "O'Brien"))
 SELECTORS = {
@@ -55,20 +55,7 @@ def measure(count: int, repeat: int) -> dict[str, float]:
 
 
 def _run(checkout: str, count: int, repeat: int) -> dict[str, float]:
-    env = dict(os.environ, PYTHONPATH=checkout)
-    command = [sys.executable, __file__, "--child", "--count", str(count)]
-    done = subprocess.run(
-        [*command, "--repeat", str(repeat)],
-        env=env,
-        cwd=checkout,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"{checkout}: {done.stderr.strip().splitlines()[-1:]}")
-    result: dict[str, float] = json.loads(done.stdout)
-    return result
+    return child_result(__file__, checkout, "--count", str(count), "--repeat", str(repeat))
 
 
 def main(argv: list[str] | None = None) -> int:

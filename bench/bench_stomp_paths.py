@@ -40,14 +40,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from call_count import python_calls
+from checkout_child import child_result
 
 #: Frames per timed pass, and passes per timing.
 FRAMES = 1000
@@ -340,19 +339,7 @@ def _session() -> tuple[object, object]:
 
 
 def _run(checkout: str, repeat: int) -> dict[str, float]:
-    env = dict(os.environ, PYTHONPATH=checkout)
-    done = subprocess.run(
-        [sys.executable, __file__, "--child", str(repeat)],
-        env=env,
-        cwd=checkout,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"{checkout}: {done.stderr.strip().splitlines()[-1:]}")
-    result: dict[str, float] = json.loads(done.stdout)
-    return result
+    return child_result(__file__, checkout, str(repeat))
 
 
 def main(argv: list[str] | None = None) -> int:
