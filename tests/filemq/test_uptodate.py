@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import zmq
 
-from filemq import uptodate
+from filemq import client, uptodate
 from filemq.client import SyncClient, SyncResult
 from filemq.index import FileIndex
 from filemq.live import LiveFileServer
@@ -150,11 +150,20 @@ def test_a_change_on_the_server_after_an_up_to_date_answer_reaches_the_next_resy
     assert server.resyncs_up_to_date == before + 1  # and a new encoding says so again
 
 
+@pytest.mark.parametrize("copy_below", [client._COPY_BELOW, 0], ids=["copied", "handed-over"])
 def test_a_mirror_changed_behind_its_saved_index_is_repaired(
-    tmp_path: Path, zctx: zmq.Context[Any], live: Callable[..., LiveFileServer]
+    tmp_path: Path,
+    zctx: zmq.Context[Any],
+    live: Callable[..., LiveFileServer],
+    monkeypatch: pytest.MonkeyPatch,
+    copy_below: int,
 ) -> None:
     """The ICANHAZ goes out with the saved index (up to date as far as it knows) while
-    DEST is checked: what the check finds changed is asked for again."""
+    DEST is checked: what the check finds changed is asked for again.  Both ways the
+    ICANHAZ can leave: copied into libzmq's memory (a small DEST: nothing waits for it
+    to leave) and handed over as it is (a big one: tracked, the index loaded once it
+    has gone)."""
+    monkeypatch.setattr(client, "_COPY_BELOW", copy_below)
     src, dest = tmp_path / "src", tmp_path / "dest"
     write_tree(src, _tree(30))
     server = live(src).server
