@@ -951,8 +951,14 @@ class SyncClient:
     def _correct(
         self, session: ClientSession, mirror: Mirror, sent: Mapping[str, str], delta: IndexDelta
     ) -> None:
-        """ICANHAZ went out with the saved index: ask again for what DEST holds differently."""
-        names = [e.name for e in delta.changed if sent.get(e.name) != e.sha1]
+        """ICANHAZ went out with the saved index: ask again for what DEST holds differently.
+
+        Every file the re-stat found changed is asked for again, its content the same
+        or not: the ATTRS of that ICANHAZ told the saved mode and mtime, so a file only
+        ``chmod``-ed or ``touch``-ed in DEST would otherwise keep them (the server said
+        it was up to date).  (A file whose inode alone changed is asked for too: the
+        server then finds nothing to send.)"""
+        names = [e.name for e in delta.changed]
         names += [name for name in delta.removed if name in sent]
         names += [n.name for n in delta.nodes if self._takes(n.kind)]  # folders, links
         names += [name for name in delta.removed_nodes if name not in delta.removed]

@@ -159,7 +159,9 @@ def test_a_mirror_changed_behind_its_saved_index_is_repaired(
     copy_below: int,
 ) -> None:
     """The ICANHAZ goes out with the saved index (up to date as far as it knows) while
-    DEST is checked: what the check finds changed is asked for again.  Both ways the
+    DEST is checked: what the check finds changed is asked for again, a mode or an
+    mtime changed alone too (before session 17 those two stayed: the ICANHAZ had told
+    the saved ones and only a changed SHA-1 was asked again).  Both ways the
     ICANHAZ can leave: copied into libzmq's memory (a small DEST: nothing waits for it
     to leave) and handed over as it is (a big one: tracked, the index loaded once it
     has gone)."""
@@ -170,8 +172,11 @@ def test_a_mirror_changed_behind_its_saved_index_is_repaired(
     _sync(zctx, server.endpoint, dest)
     (dest / "d0" / "sub0" / "f000.txt").write_bytes(b"local damage")
     (dest / "d1" / "sub1" / "f001.txt").unlink()
+    (dest / "d2" / "sub0" / "f002.txt").chmod(0o600)  # content the same: mode only
+    os.utime(dest / "d3" / "sub1" / "f003.txt", ns=(10**18, 10**18))  # mtime only
     _sync(zctx, server.endpoint, dest)
     assert read_tree(dest) == read_tree(src)
+    assert _modes(dest) == _modes(src)
 
 
 def test_the_encoding_the_server_expects_is_the_one_a_mirror_sends(tmp_path: Path) -> None:
