@@ -219,6 +219,13 @@ _VIEW_OHAI_WAIT_MS = 3000
 #: leave before the saved index is loaded beside it (it is on loopback in ~10 ms for
 #: 100,000 files; past this, the load goes on and the two are held at once).
 _SENT_WAIT = 5.0
+#: A message smaller than this (octets, all frames) is copied into libzmq's memory when
+#: sent; a bigger one (the first ICANHAZ of a big DEST: ~12 MiB for 100,000 files) is
+#: handed over as it is and tracked.  A copy needs neither pyzmq's garbage-collector
+#: thread (its own context and two libzmq threads, started by the first zero-copy send)
+#: nor a wait for the frame to leave, so a no-change sync of a small DEST loads its
+#: index and re-stats DEST while the ICANHAZ travels (10,000 files: a 1.2 MB frame).
+_COPY_BELOW = 2 << 20
 _MAX_CORRECTIONS = 64  # more files differ from the saved index: one ICANHAZ for all
 _BACKOFF_BASE = 0.1
 _CHECK_SHARE = 0.05  # local drift checks take at most this share of the time (big DEST)
@@ -944,8 +951,14 @@ class SyncClient:
     def _correct(
         self, session: ClientSession, mirror: Mirror, sent: Mapping[str, str], delta: IndexDelta
     ) -> None:
-        """ICANHAZ went out with the saved index: ask again for what DEST holds differently."""
-        names = [e.name for e in delta.changed if sent.get(e.name) != e.sha1]
+        """ICANHAZ went out with the saved index: ask again for what DEST holds differently.
+
+        Every file the re-stat found changed is asked for again, its content the same
+        or not: the ATTRS of that ICANHAZ told the saved mode and mtime, so a file only
+        ``chmod``-ed or ``touch``-ed in DEST would otherwise keep them (the server said
+        it was up to date).  (A file whose inode alone changed is asked for too: the
+        server then finds nothing to send.)"""
+        names = [e.name for e in delta.changed]
         names += [name for name in delta.removed if name in sent]
         names += [n.name for n in delta.nodes if self._takes(n.kind)]  # folders, links
         names += [name for name in delta.removed_nodes if name not in delta.removed]
@@ -1030,13 +1043,14 @@ class SyncClient:
                 self._chunk(session, mirror, action)
             elif isinstance(action, Send):
                 try:
-                    # frames past pyzmq's copy_threshold (64 KiB: a big ICANHAZ cache)
-                    # are handed to libzmq as they are, not copied into its memory
-                    tracker = self._sock.send_multipart(
-                        action.frames, copy=False, track=self._trackers is not None
-                    )
-                    if self._trackers is not None:
-                        self._trackers.append(tracker)
+                    if sum(map(len, action.frames)) < _COPY_BELOW:
+                        self._sock.send_multipart(action.frames)
+                    else:  # (past pyzmq's copy_threshold: not copied into libzmq's memory)
+                        tracker = self._sock.send_multipart(
+                            action.frames, copy=False, track=self._trackers is not None
+                        )
+                        if self._trackers is not None:
+                            self._trackers.append(tracker)
                 except zmq.Again:  # no connection to queue on (a failed handshake drops it)
                     if self._monitor is not None:
                         self._check_monitor(self._monitor)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import zmq
 
-from filemq import uptodate
+from filemq import client, uptodate
 from filemq.client import SyncClient, SyncResult
 from filemq.index import FileIndex
 from filemq.live import LiveFileServer
@@ -150,19 +150,33 @@ def test_a_change_on_the_server_after_an_up_to_date_answer_reaches_the_next_resy
     assert server.resyncs_up_to_date == before + 1  # and a new encoding says so again
 
 
+@pytest.mark.parametrize("copy_below", [client._COPY_BELOW, 0], ids=["copied", "handed-over"])
 def test_a_mirror_changed_behind_its_saved_index_is_repaired(
-    tmp_path: Path, zctx: zmq.Context[Any], live: Callable[..., LiveFileServer]
+    tmp_path: Path,
+    zctx: zmq.Context[Any],
+    live: Callable[..., LiveFileServer],
+    monkeypatch: pytest.MonkeyPatch,
+    copy_below: int,
 ) -> None:
     """The ICANHAZ goes out with the saved index (up to date as far as it knows) while
-    DEST is checked: what the check finds changed is asked for again."""
+    DEST is checked: what the check finds changed is asked for again, a mode or an
+    mtime changed alone too (before session 17 those two stayed: the ICANHAZ had told
+    the saved ones and only a changed SHA-1 was asked again).  Both ways the
+    ICANHAZ can leave: copied into libzmq's memory (a small DEST: nothing waits for it
+    to leave) and handed over as it is (a big one: tracked, the index loaded once it
+    has gone)."""
+    monkeypatch.setattr(client, "_COPY_BELOW", copy_below)
     src, dest = tmp_path / "src", tmp_path / "dest"
     write_tree(src, _tree(30))
     server = live(src).server
     _sync(zctx, server.endpoint, dest)
     (dest / "d0" / "sub0" / "f000.txt").write_bytes(b"local damage")
     (dest / "d1" / "sub1" / "f001.txt").unlink()
+    (dest / "d2" / "sub0" / "f002.txt").chmod(0o600)  # content the same: mode only
+    os.utime(dest / "d3" / "sub1" / "f003.txt", ns=(10**18, 10**18))  # mtime only
     _sync(zctx, server.endpoint, dest)
     assert read_tree(dest) == read_tree(src)
+    assert _modes(dest) == _modes(src)
 
 
 def test_the_encoding_the_server_expects_is_the_one_a_mirror_sends(tmp_path: Path) -> None:
