@@ -20,10 +20,11 @@ from broker.client.aio import AsyncClient
 from broker.client.blocking import Client, RemoteError
 from broker.engine.delivery import PerMessageDeliveryHandler
 from broker.engine.engine import Engine
+from broker.engine.options import ChannelQueueOptions
 from broker.engine.per_message import PER_MESSAGE
-from broker.protocol import Header
-from broker.server.server import Server, ServerOptions
-from tests.polling import wait_until
+from broker.protocol import Header, QueueStatus
+from broker.server.server import Server, ServerError, ServerOptions
+from tests.polling import WAIT, wait_until
 from tests.stomp.test_engine_backend import Broker, Recorder, subscribed
 from zproto.errors import EncodeError
 
@@ -369,3 +370,65 @@ def test_a_client_with_a_selector_gets_no_fanout_grant_and_only_its_copies(zctx:
         finally:
             for client in made:
                 client.close()
+
+
+def _ruled_engine() -> tuple[Engine, PerMessageDeliveryHandler]:
+    """An engine holding channel ``kept``: a round-robin queue 0 with acknowledges and
+    the per-message handler (what a durable broker would have recovered)."""
+    handler = PerMessageDeliveryHandler(time.time)
+    engine = Engine(handlers={PER_MESSAGE: handler})
+    engine.create_channel("kept")
+    options = ChannelQueueOptions(
+        status=QueueStatus.ROUND_ROBIN,
+        request_acknowledge=True,
+        message_delivery_handler=PER_MESSAGE,
+    )
+    engine.create_queue("kept", 0, options)
+    return engine, handler
+
+
+def test_a_selector_and_credit_join_survives_a_broker_restart(zctx: Ctx) -> None:
+    """The other side restarts: the client joins again on its new session with the same
+    selector and credit (``ClientSession`` re-sends every JOIN with what it asked), so
+    the new broker filters and counts as the old one did -- a rejoin without its rules
+    would hand this consumer every message."""
+    engine, _handler = _ruled_engine()
+    first = Server(engine, ServerOptions(endpoint="tcp://127.0.0.1:*"), context=zctx)
+    endpoint = first.start()
+    consumer = Client(
+        endpoint, context=zctx, client_id="picky", backoff=(0.05, 0.2), ping_interval=0.3
+    )
+    consumer.connect()
+    try:
+        consumer.join("kept", selector="n > 4", credit=(2, 1 << 20))
+        first.stop()
+        engine, handler = _ruled_engine()
+        second = Server(engine, ServerOptions(endpoint=endpoint), context=zctx)
+
+        def rebound() -> bool:
+            try:
+                second.start()
+            except ServerError:
+                return False
+            return True
+
+        assert wait_until(rebound, step=0.05)
+        try:
+            assert wait_until(lambda: consumer.connected, WAIT)
+            rules = handler.rules
+            assert wait_until(lambda: ("kept", "picky") in rules._credits, WAIT)
+            assert "picky" in rules._selectors.get("kept", {})
+            with Client(endpoint, context=zctx, timeout=WAIT) as producer:
+                for n in range(10):
+                    producer.push("kept", 0, b"%d" % n, headers=(("n", str(n)),))
+                got = []
+                for _ in range(5):
+                    message = consumer.receive(timeout=WAIT)
+                    assert message is not None, got
+                    got.append(int(message.payload))
+                    consumer.ack(message)
+                assert got == [5, 6, 7, 8, 9]
+        finally:
+            second.stop()
+    finally:
+        consumer.close()
