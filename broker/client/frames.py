@@ -181,6 +181,15 @@ def _credit_header(credit: tuple[int, int]) -> tuple[str, str]:
     return (Header.CREDIT, f"{count},{size}")
 
 
+def _prefetch_headers(prefetch: int | None) -> tuple[tuple[str, str], ...]:
+    """A JOIN's ``Prefetch`` header (none for None); ValueError unless a positive integer."""
+    if prefetch is None:
+        return ()
+    if isinstance(prefetch, bool) or prefetch < 1:
+        raise ValueError("prefetch must be a positive integer")
+    return ((Header.PREFETCH, str(prefetch)),)
+
+
 def join_frame(
     message_id: str,
     channel: str,
@@ -196,11 +205,7 @@ def join_frame(
     RESPONSE whose headers say where to subscribe (none from a broker without it).
     ``selector`` (``Selector``: SQL-92 over message headers, checked by the broker) and
     ``credit`` (``Credit: COUNT,SIZE``): see ``broker.engine.join_rules``."""
-    if prefetch is not None and (isinstance(prefetch, bool) or prefetch < 1):
-        raise ValueError("prefetch must be a positive integer")
-    headers: tuple[tuple[str, str], ...] = (
-        ((Header.PREFETCH, str(prefetch)),) if prefetch is not None else ()
-    )
+    headers = _prefetch_headers(prefetch)
     if selector is not None:
         if "\r" in selector or "\n" in selector:
             raise ValueError("a selector is one line")
@@ -227,9 +232,7 @@ PATTERN_HEADER = (Header.PATTERN, "yes")
 def pattern_join_frame(message_id: str, pattern: str, prefetch: int | None = None) -> tmqp.Frame:
     """JOIN every channel ``pattern`` matches, now and as they are created (``Pattern:
     yes``; ``broker.engine.patterns``); ``prefetch`` as for :func:`join_frame`."""
-    if prefetch is not None and (isinstance(prefetch, bool) or prefetch < 1):
-        raise ValueError("prefetch must be a positive integer")
-    window = ((Header.PREFETCH, str(prefetch)),) if prefetch is not None else ()
+    window = _prefetch_headers(prefetch)
     return tmqp.Frame(
         message_type=MessageType.SERVER,
         pending_ack=True,
