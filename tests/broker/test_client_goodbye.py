@@ -115,7 +115,16 @@ def _close_mid_stream(
     ack: bool,
 ) -> None:
     left: list[int] = []
-    _take(leaving, left, ack, lambda: len(left) >= CLOSE_AFTER)
+    # it closes after CLOSE_AFTER messages, or sooner once a third of them are consumed:
+    # a fast staying consumer (session 17's machine) took 6,000+ while this one took
+    # its 2,000, and the close came when most of the stream was gone
+    _take(
+        leaving,
+        left,
+        ack,
+        lambda: len(left) >= CLOSE_AFTER or len(left) + len(stays) >= TOTAL // 3,
+    )
+    assert left, "the leaving consumer took nothing before its close: nothing was tested"
     # still flowing: the queue holds more than half of the messages, or they are on their way
     assert len(left) + len(stays) < TOTAL // 2, "everything was consumed before the close"
     leaving.close()  # the producer goes on: deliveries are on their way to it
