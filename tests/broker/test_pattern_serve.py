@@ -13,13 +13,12 @@ import zmq.asyncio
 from broker.cli import main
 from broker.client.aio import AsyncClient
 from broker.client.blocking import Client, Message, RemoteError
-from broker.engine.auth import Action, Authorizer
-from broker.engine.channels import Client as EngineClient
 from broker.engine.engine import Engine
 from broker.protocol import Header, ResultCode
 from broker.server.server import Server, ServerError, ServerOptions
 from tests.broker.test_aioclient import run
 from tests.broker.test_cli import start_serve
+from tests.broker.test_patterns import NoSecrets
 from tests.polling import WAIT, wait_until
 from tests.ports import free_port
 from tests.stomp.test_engine_backend import Broker as StompBroker
@@ -157,20 +156,6 @@ def test_a_pattern_matching_a_thousand_channels(make_client: MakeClient, server:
     assert got == {str(i).encode() for i in (*range(0, 1000, 100), 999)}
     consumer.leave_pattern("wide.*")
     assert server.engine.clients[consumer.client_id or ""].channels == {}
-
-
-class NoSecrets(Authorizer):
-    """Everything but joining a channel whose name starts with ``secret``."""
-
-    def allows(
-        self,
-        client: EngineClient,
-        action: Action,
-        channel: str | None = None,
-        queue: int | None = None,
-        target: str | None = None,
-    ) -> bool:
-        return not (action is Action.JOIN and (channel or "").startswith("secret"))
 
 
 def test_a_pattern_never_delivers_a_channel_the_client_may_not_join(zctx: Ctx) -> None:
