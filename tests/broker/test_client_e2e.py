@@ -13,7 +13,8 @@ from broker.client.blocking import Client, ConnectError, Kind, Message, RemoteEr
 from broker.engine.auth import ALL_ACTIONS, TokenAuthorizer
 from broker.engine.engine import Engine
 from broker.protocol import EventName, ResultCode
-from broker.server.server import Server, ServerError, ServerOptions
+from broker.server.server import Server, ServerOptions
+from tests.broker.rebind import start_on_its_port
 from tests.polling import WAIT, wait_until
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
@@ -227,17 +228,7 @@ def test_reconnects_and_rejoins_after_a_broker_restart(zctx: Ctx) -> None:
         consumer.join("again")
         first.stop()  # the consumer receives TERMINATE and starts reconnecting
         second = Server(Engine(), ServerOptions(endpoint=endpoint), context=zctx)
-
-        def rebound() -> bool:
-            try:
-                second.start()
-            except ServerError:
-                return False
-            return True
-
-        # libzmq closes the old listening socket after stop() returns, on its reaper and
-        # I/O threads: how long the port stays taken is the scheduler's affair
-        assert wait_until(rebound, step=0.05)
+        start_on_its_port(second)
         try:
             assert wait_until(lambda: consumer.connected, 10)
             with Client(endpoint, context=zctx) as producer:

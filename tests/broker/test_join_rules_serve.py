@@ -23,7 +23,8 @@ from broker.engine.engine import Engine
 from broker.engine.options import ChannelQueueOptions
 from broker.engine.per_message import PER_MESSAGE
 from broker.protocol import Header, QueueStatus
-from broker.server.server import Server, ServerError, ServerOptions
+from broker.server.server import Server, ServerOptions
+from tests.broker.rebind import start_on_its_port
 from tests.polling import WAIT, wait_until
 from tests.stomp.test_engine_backend import Broker, Recorder, subscribed
 from zproto.errors import EncodeError
@@ -404,15 +405,7 @@ def test_a_selector_and_credit_join_survives_a_broker_restart(zctx: Ctx) -> None
         first.stop()
         engine, handler = _ruled_engine()
         second = Server(engine, ServerOptions(endpoint=endpoint), context=zctx)
-
-        def rebound() -> bool:
-            try:
-                second.start()
-            except ServerError:
-                return False
-            return True
-
-        assert wait_until(rebound, step=0.05)
+        start_on_its_port(second)
         try:
             assert wait_until(lambda: consumer.connected, WAIT)
             rules = handler.rules

@@ -15,7 +15,8 @@ from broker.client.aio import AsyncClient
 from broker.client.blocking import Client, Message, RemoteError
 from broker.engine.engine import Engine
 from broker.protocol import Header, ResultCode
-from broker.server.server import Server, ServerError, ServerOptions
+from broker.server.server import Server, ServerOptions
+from tests.broker.rebind import start_on_its_port
 from tests.broker.test_aioclient import run
 from tests.broker.test_cli import start_serve
 from tests.broker.test_patterns import NoSecrets
@@ -188,15 +189,7 @@ def test_a_pattern_join_survives_a_reconnect(zctx: Ctx) -> None:
         consumer.join_pattern("again.*")
         first.stop()
         second = Server(Engine(), ServerOptions(endpoint=endpoint), context=zctx)
-
-        def rebound() -> bool:
-            try:
-                second.start()
-            except ServerError:
-                return False
-            return True
-
-        assert wait_until(rebound, step=0.05)
+        start_on_its_port(second)
         try:
             assert wait_until(lambda: consumer.connected, WAIT)
             with Client(endpoint, context=zctx, timeout=WAIT) as producer:
