@@ -1,4 +1,5 @@
-"""Shared fixtures: ZeroMQ contexts that must end clean, loopback endpoints, leak checks."""
+"""Shared fixtures: ZeroMQ contexts that must end clean, loopback endpoints, leak checks;
+the two-door broker of ``tests.stomp.two_doors`` as a plugin."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from pathlib import Path
 import pytest
 import zmq
 from zmq.utils.garbage import GarbageCollectorThread
+
+# ``broker``, ``tmqp``, ``stomp_client``: one engine behind a TMQP and a STOMP door
+pytest_plugins = ("tests.stomp.two_doors",)
 
 
 @pytest.fixture

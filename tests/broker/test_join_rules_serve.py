@@ -8,11 +8,10 @@ import asyncio
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-import stomp
 import zmq
 import zmq.asyncio
 
@@ -26,49 +25,10 @@ from broker.protocol import Header, QueueStatus
 from broker.server.server import Server, ServerOptions
 from tests.broker.rebind import start_on_its_port
 from tests.polling import WAIT, wait_until
-from tests.stomp.test_engine_backend import Broker, Recorder, subscribed
+from tests.stomp.two_doors import Broker, subscribed
 from zproto.errors import EncodeError
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
-
-
-@pytest.fixture
-def broker(zctx: Ctx) -> Iterator[Broker]:
-    b = Broker(zctx)  # (its STOMP door registers the per-message handler)
-    yield b
-    b.stop()
-
-
-@pytest.fixture
-def tmqp(broker: Broker) -> Iterator[Callable[[], Client]]:
-    made: list[Client] = []
-
-    def make() -> Client:
-        client = Client(broker.endpoint, context=broker.zctx, timeout=10.0).connect()
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        client.close()
-
-
-@pytest.fixture
-def stomp_client(broker: Broker) -> Iterator[Callable[[], tuple[Any, Recorder]]]:
-    made: list[Any] = []
-
-    def make() -> tuple[Any, Recorder]:
-        conn = stomp.Connection12([("127.0.0.1", broker.listener.port)])
-        rec = Recorder()
-        conn.set_listener("rec", rec)
-        conn.connect("user", "pw", wait=True)
-        made.append(conn)
-        return conn, rec
-
-    yield make
-    for conn in made:
-        if conn.is_connected():
-            conn.disconnect()
 
 
 def receive_all(client: Client, count: int) -> list[Any]:

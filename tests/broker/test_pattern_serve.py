@@ -22,8 +22,8 @@ from tests.broker.test_cli import start_serve
 from tests.broker.test_patterns import NoSecrets
 from tests.polling import WAIT, wait_until
 from tests.ports import free_port
-from tests.stomp.test_engine_backend import Broker as StompBroker
-from tests.stomp.test_engine_backend import Recorder
+from tests.stomp.two_doors import Broker as StompBroker
+from tests.stomp.two_doors import Recorder
 from zerohub.cli import ExitCode
 
 Ctx = zmq.Context[zmq.Socket[bytes]]

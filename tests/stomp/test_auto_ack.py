@@ -13,13 +13,10 @@ import pytest
 from broker.client.blocking import Client
 from broker.stomp.engine_mapping import QUEUE_ID
 from tests.polling import wait_until
-from tests.stomp.test_engine_backend import (  # noqa: F401  (fixtures)
+from tests.stomp.two_doors import (
     Broker,
     Recorder,
-    broker,
-    stomp_client,
     subscribed,
-    tmqp,
 )
 
 StompClient = Callable[[], tuple[Any, Recorder]]
@@ -27,9 +24,9 @@ StompClient = Callable[[], tuple[Any, Recorder]]
 
 @pytest.mark.parametrize("ack", ["auto", "client-individual"])
 def test_a_tmqp_batch_of_pushes_reaches_a_stomp_consumer(
-    broker: Broker,  # noqa: F811
-    tmqp: Callable[[], Client],  # noqa: F811
-    stomp_client: StompClient,  # noqa: F811
+    broker: Broker,
+    tmqp: Callable[[], Client],
+    stomp_client: StompClient,
     ack: str,
 ) -> None:
     """Regression: pushes a TMQP client sends in one batch (``push_async`` in a burst:
@@ -53,8 +50,8 @@ def test_a_tmqp_batch_of_pushes_reaches_a_stomp_consumer(
 
 @pytest.mark.parametrize("ack", ["auto", "client-individual"])
 def test_single_tmqp_pushes_served_as_a_drain_run_reach_a_stomp_consumer(
-    broker: Broker,  # noqa: F811
-    stomp_client: StompClient,  # noqa: F811
+    broker: Broker,
+    stomp_client: StompClient,
     ack: str,
 ) -> None:
     """As above for pushes a TMQP client sends each alone (``batch=0``): the server hands
@@ -80,9 +77,9 @@ def test_single_tmqp_pushes_served_as_a_drain_run_reach_a_stomp_consumer(
 
 
 def test_an_auto_ack_delivery_answers_a_tmqp_producer_waiting_for_its_acknowledge(
-    broker: Broker,  # noqa: F811
-    tmqp: Callable[[], Client],  # noqa: F811
-    stomp_client: StompClient,  # noqa: F811
+    broker: Broker,
+    tmqp: Callable[[], Client],
+    stomp_client: StompClient,
 ) -> None:
     """The queue requests acknowledges: a producer that waits hears of the consumer's
     acknowledge -- for an auto-ack STOMP consumer, once its connection took the
@@ -105,9 +102,9 @@ def test_an_auto_ack_delivery_answers_a_tmqp_producer_waiting_for_its_acknowledg
 
 
 def test_an_auto_and_a_client_subscription_sharing_a_queue_keep_their_own_modes(
-    broker: Broker,  # noqa: F811
-    tmqp: Callable[[], Client],  # noqa: F811
-    stomp_client: StompClient,  # noqa: F811
+    broker: Broker,
+    tmqp: Callable[[], Client],
+    stomp_client: StompClient,
 ) -> None:
     """Two subscriptions of one connection on one queue share its engine consumer and
     take turns: the auto one's deliveries are settled, the client-individual one's wait

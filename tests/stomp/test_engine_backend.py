@@ -5,113 +5,22 @@ from __future__ import annotations
 
 import signal
 import socket
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import stomp
-import zmq
 
 from broker.client.blocking import Client
 from broker.engine.engine import Engine
 from broker.server.server import Server, ServerOptions
 from broker.stomp.engine_backend import EngineDoor, listen
-from broker.stomp.server import ListenerOptions, StompListener
+from broker.stomp.server import ListenerOptions
 from broker.stomp.session import SessionConfig
 from tests.broker.test_cli import start_serve
 from tests.polling import wait_until
 from tests.ports import free_port
-
-Ctx = zmq.Context[zmq.Socket[bytes]]
-FAST = SessionConfig(die_delay=0.1, heartbeat=(0, 0))
-
-
-class Broker:
-    """A TMQP server and a STOMP listener on one engine."""
-
-    def __init__(self, zctx: Ctx, engine: Engine | None = None) -> None:
-        self.engine = engine if engine is not None else Engine()
-        self.door = EngineDoor(self.engine)
-        self.server = Server(self.door, ServerOptions(endpoint="tcp://127.0.0.1:*"), context=zctx)
-        self.listener: StompListener = listen(
-            self.door, self.server.add_reader, ListenerOptions(port=0, session=FAST)
-        )
-        self.endpoint = self.server.start()
-        self.listener.start()
-        self.zctx = zctx
-
-    def stop(self) -> None:
-        self.listener.stop()
-        self.server.stop()
-        self.door.close()
-
-
-@pytest.fixture
-def broker(zctx: Ctx) -> Iterator[Broker]:
-    b = Broker(zctx)
-    yield b
-    b.stop()
-
-
-@pytest.fixture
-def tmqp(broker: Broker) -> Iterator[Callable[[], Client]]:
-    made: list[Client] = []
-
-    def make() -> Client:
-        client = Client(broker.endpoint, context=broker.zctx, timeout=10.0).connect()
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        client.close()
-
-
-class Recorder(stomp.ConnectionListener):  # type: ignore[misc]
-    def __init__(self) -> None:
-        self.messages: list[Any] = []
-        self.receipts: list[str] = []
-        self.errors: list[Any] = []
-        self.lock = threading.Lock()
-
-    def on_message(self, frame: Any) -> None:
-        with self.lock:
-            self.messages.append(frame)
-
-    def on_receipt(self, frame: Any) -> None:
-        with self.lock:
-            self.receipts.append(frame.headers["receipt-id"])
-
-    def on_error(self, frame: Any) -> None:
-        self.errors.append(frame)
-
-    def bodies(self) -> list[str]:
-        with self.lock:
-            return [m.body for m in self.messages]
-
-
-@pytest.fixture
-def stomp_client(broker: Broker) -> Iterator[Callable[[], tuple[Any, Recorder]]]:
-    made: list[Any] = []
-
-    def make() -> tuple[Any, Recorder]:
-        conn = stomp.Connection12([("127.0.0.1", broker.listener.port)])
-        rec = Recorder()
-        conn.set_listener("rec", rec)
-        conn.connect("user", "pw", wait=True)
-        made.append(conn)
-        return conn, rec
-
-    yield make
-    for conn in made:
-        if conn.is_connected():
-            conn.disconnect()
-
-
-def subscribed(broker: Broker, channel: str, count: int) -> bool:
-    ch = broker.engine.channels.get(channel)
-    return ch is not None and len(ch.consumers) == count
+from tests.stomp.two_doors import Broker, Ctx, Recorder, subscribed
 
 
 def test_stomp_send_is_consumed_by_a_tmqp_client(

@@ -19,8 +19,8 @@ from broker.stomp.engine_mapping import QUEUE_ID
 from broker.stomp.frames import Command
 from broker.stomp.session import SessionConfig
 from tests.polling import WAIT, wait_until
-from tests.stomp.test_engine_backend import Broker, Ctx
 from tests.stomp.test_listener import Raw
+from tests.stomp.two_doors import Broker, Ctx
 
 SENDS = 10_000
 #: receipt ids this long make the answers ~20 MB: far beyond the socket buffers

@@ -23,7 +23,7 @@ from broker.stomp.server import ListenerOptions
 from tests.broker.test_batch import Raw
 from tests.broker.test_push_runs import LOADED, Hold
 from tests.polling import wait_until
-from tests.stomp.test_engine_backend import FAST, Recorder
+from tests.stomp.two_doors import FAST, Recorder
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 

@@ -19,8 +19,8 @@ from broker.stomp.engine_mapping import QUEUE_ID, QUEUE_OPTIONS, channel_rest
 from broker.stomp.frames import Command, Frame
 from tests.broker.test_engine_publish_runs import Forbids
 from tests.polling import wait_until
-from tests.stomp.test_engine_backend import Broker, broker  # noqa: F401  (fixture)
 from tests.stomp.test_listener import Raw
+from tests.stomp.two_doors import Broker
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 
@@ -52,7 +52,7 @@ def _engine(b: Broker, fn: Callable[[float], object]) -> None:
 
 
 def test_a_run_the_queue_refuses_in_the_middle_takes_those_before_and_none_after(
-    broker: Broker,  # noqa: F811
+    broker: Broker,
 ) -> None:
     limited = dataclasses.replace(QUEUE_OPTIONS, message_size_limit=10)
     base = broker.engine.config.channel_defaults
@@ -83,7 +83,7 @@ def test_a_run_the_queue_refuses_in_the_middle_takes_those_before_and_none_after
 
 
 def test_a_reserved_header_in_the_middle_of_a_run_errors_after_those_before(
-    broker: Broker,  # noqa: F811
+    broker: Broker,
 ) -> None:
     consumer = _raw(broker)
     _subscribe(consumer, "/queue/r")
@@ -125,7 +125,7 @@ _EXPECTED = [
 
 
 def test_a_run_with_escaped_headers_and_nul_bodies_arrives_intact(
-    broker: Broker,  # noqa: F811
+    broker: Broker,
 ) -> None:
     consumer = _raw(broker)
     _subscribe(consumer, "/queue/t")
@@ -135,7 +135,7 @@ def test_a_run_with_escaped_headers_and_nul_bodies_arrives_intact(
 
 
 def test_a_run_split_at_every_byte_boundary_arrives_intact(
-    broker: Broker,  # noqa: F811
+    broker: Broker,
 ) -> None:
     """The run written in two pieces, for each split point (the parser holds the first
     piece's unfinished frame while the session hands over the frames it completed)."""
@@ -191,7 +191,7 @@ def test_a_forbidden_destination_in_the_middle_of_a_run_errors_after_those_befor
 
 
 def test_a_send_that_does_not_parse_between_good_ones_errors_after_those_before(
-    broker: Broker,  # noqa: F811
+    broker: Broker,
 ) -> None:
     consumer = _raw(broker)
     _subscribe(consumer, "/queue/g")
@@ -211,7 +211,7 @@ def test_a_send_that_does_not_parse_between_good_ones_errors_after_those_before(
 
 
 def test_transactions_across_runs_keep_their_order_and_receipts(
-    broker: Broker,  # noqa: F811
+    broker: Broker,
 ) -> None:
     """In one read: plain SENDs (runs) between a transaction's SENDs go at once, the
     transaction's at COMMIT, an aborted one's never; every receipt in frame order."""
@@ -249,7 +249,7 @@ def test_transactions_across_runs_keep_their_order_and_receipts(
 
 
 def test_a_consumer_that_stops_reading_is_bounded_and_then_gets_every_run_in_order(
-    broker: Broker,  # noqa: F811
+    broker: Broker,
 ) -> None:
     """Runs of SENDs to an ``ack:auto`` consumer that stopped reading: its unsent bytes
     stay within the listener's ``max_outbound`` (plus one frame) and the engine keeps

@@ -16,9 +16,9 @@ from broker.engine.delivery import PersistentDeliveryHandler
 from broker.engine.engine import Engine
 from broker.stomp.frames import Command
 from tests.broker.full_disk import FullDisk
-from tests.stomp.test_engine_backend import Broker
 from tests.stomp.test_listener import Raw
 from tests.stomp.test_send_failures import _assert_refused_at_r2, _raw
+from tests.stomp.two_doors import Broker
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 #: The ERROR's reason for a SEND the topic took and the subscription did not save.

@@ -21,8 +21,8 @@ from broker.protocol import ConnectionInfo
 from broker.stomp.frames import Command, Frame
 from tests.broker.full_disk import FullDisk
 from tests.polling import wait_until
-from tests.stomp.test_engine_backend import Broker
 from tests.stomp.test_listener import Raw
+from tests.stomp.two_doors import Broker
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 

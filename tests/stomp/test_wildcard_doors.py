@@ -15,7 +15,7 @@ from broker.client.blocking import Client
 from broker.engine.auth import ALL_ACTIONS, TokenAuthorizer
 from broker.engine.engine import Engine
 from tests.polling import WAIT, wait_until
-from tests.stomp.test_engine_backend import Broker, Recorder
+from tests.stomp.two_doors import Broker, Recorder
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 

@@ -1,0 +1,114 @@
+"""Two doors on one engine for tests: a TMQP ``Server`` and a STOMP listener sharing one
+``Engine`` (``Broker``), a stomp.py listener that records what it gets (``Recorder``),
+and the fixtures ``broker``, ``tmqp`` (connected ``broker.Client`` s) and
+``stomp_client`` (connected stomp.py 1.2 connections), all closed after the test.
+
+Loaded as a pytest plugin by ``tests/conftest.py``: a module or conftest with fixtures
+of these names of its own keeps them."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import stomp
+import zmq
+
+from broker.client.blocking import Client
+from broker.engine.engine import Engine
+from broker.server.server import Server, ServerOptions
+from broker.stomp.engine_backend import EngineDoor, listen
+from broker.stomp.server import ListenerOptions, StompListener
+from broker.stomp.session import SessionConfig
+
+Ctx = zmq.Context[zmq.Socket[bytes]]
+FAST = SessionConfig(die_delay=0.1, heartbeat=(0, 0))
+
+
+class Broker:
+    """A TMQP server and a STOMP listener on one engine."""
+
+    def __init__(self, zctx: Ctx, engine: Engine | None = None) -> None:
+        self.engine = engine if engine is not None else Engine()
+        self.door = EngineDoor(self.engine)
+        self.server = Server(self.door, ServerOptions(endpoint="tcp://127.0.0.1:*"), context=zctx)
+        self.listener: StompListener = listen(
+            self.door, self.server.add_reader, ListenerOptions(port=0, session=FAST)
+        )
+        self.endpoint = self.server.start()
+        self.listener.start()
+        self.zctx = zctx
+
+    def stop(self) -> None:
+        self.listener.stop()
+        self.server.stop()
+        self.door.close()
+
+
+@pytest.fixture
+def broker(zctx: Ctx) -> Iterator[Broker]:
+    b = Broker(zctx)
+    yield b
+    b.stop()
+
+
+@pytest.fixture
+def tmqp(broker: Broker) -> Iterator[Callable[[], Client]]:
+    made: list[Client] = []
+
+    def make() -> Client:
+        client = Client(broker.endpoint, context=broker.zctx, timeout=10.0).connect()
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        client.close()
+
+
+class Recorder(stomp.ConnectionListener):  # type: ignore[misc]
+    def __init__(self) -> None:
+        self.messages: list[Any] = []
+        self.receipts: list[str] = []
+        self.errors: list[Any] = []
+        self.lock = threading.Lock()
+
+    def on_message(self, frame: Any) -> None:
+        with self.lock:
+            self.messages.append(frame)
+
+    def on_receipt(self, frame: Any) -> None:
+        with self.lock:
+            self.receipts.append(frame.headers["receipt-id"])
+
+    def on_error(self, frame: Any) -> None:
+        self.errors.append(frame)
+
+    def bodies(self) -> list[str]:
+        with self.lock:
+            return [m.body for m in self.messages]
+
+
+@pytest.fixture
+def stomp_client(broker: Broker) -> Iterator[Callable[[], tuple[Any, Recorder]]]:
+    made: list[Any] = []
+
+    def make() -> tuple[Any, Recorder]:
+        conn = stomp.Connection12([("127.0.0.1", broker.listener.port)])
+        rec = Recorder()
+        conn.set_listener("rec", rec)
+        conn.connect("user", "pw", wait=True)
+        made.append(conn)
+        return conn, rec
+
+    yield make
+    for conn in made:
+        if conn.is_connected():
+            conn.disconnect()
+
+
+def subscribed(broker: Broker, channel: str, count: int) -> bool:
+    ch = broker.engine.channels.get(channel)
+    return ch is not None and len(ch.consumers) == count
