@@ -57,6 +57,9 @@ class Limits:
     max_joined_channels: int = 1_000
     #: Pattern joins (``JOIN`` with ``Pattern: yes``) of one client at once.
     max_pattern_joins: int = 16
+    #: Distinct pattern texts joined at once (per broker): each is tried once per channel
+    #: created; a pattern another client joined already costs nothing more.
+    max_patterns: int = 1_000
     #: Event subscriptions (event, channel, queue filters) of one client.
     max_event_subscriptions: int = 1_000
     #: Outstanding direct requests (waiting for a response) of one client.

@@ -61,10 +61,13 @@ def is_pattern(text: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class ChannelPattern:
-    """A parsed pattern: one compiled regex per segment, ``None`` standing for ``**``."""
+    """A parsed pattern: one compiled regex per segment, ``None`` standing for ``**``;
+    ``head``: the first segment when it is literal (a matching name starts with it and
+    a separator, or is it), else None."""
 
     text: str
     segments: tuple[re.Pattern[str] | None, ...]
+    head: str | None = None
 
     def matches(self, name: str) -> bool:
         return _matches(self.segments, name.split(SEPARATOR))
@@ -99,13 +102,16 @@ def parse(text: str, literal: re.Pattern[str] | None = None) -> ChannelPattern:
     if len(text.encode()) > MAX_PATTERN_LENGTH:
         raise PatternError(f"a pattern longer than {MAX_PATTERN_LENGTH} octets")
     compiled: list[re.Pattern[str] | None] = []
-    for segment in _split(text):
+    segments = _split(text)
+    for segment in segments:
         if segment == ANY_SEGMENTS:
             if not compiled or compiled[-1] is not None:  # '**.**' is '**'
                 compiled.append(None)
         else:
             compiled.append(_segment(segment, text, literal))
-    return ChannelPattern(text, tuple(compiled))
+    first = segments[0]
+    head = None if ANY_SEGMENT in first or "{" in first else first
+    return ChannelPattern(text, tuple(compiled), head)
 
 
 def _split(text: str) -> list[str]:
@@ -242,31 +248,82 @@ class PatternJoin:
 
 
 class PatternJoins:
-    """Every client's pattern joins, by client id then pattern text (in join order)."""
+    """Every client's pattern joins, by client id then pattern text (in join order), and
+    an index to find the ones a new channel matches without trying every client's
+    every pattern: each distinct pattern text is tried once, and only the patterns whose
+    literal first segment is the channel's first segment (or whose first segment is not
+    literal).  A thousand clients with sixteen patterns each cost a channel's creation
+    ~9 ms tried one by one (session 18); the index tries only the distinct candidates."""
 
     def __init__(self) -> None:
         #: Client id -> pattern text -> its join; empty: nobody joined a pattern (the
         #: channel registry reads it per channel created: an attribute, not a call).
         self.by_client: dict[str, dict[str, PatternJoin]] = {}
+        #: Pattern text -> the clients that joined it (as a dict: insertion-ordered).
+        self._clients_of: dict[str, dict[str, None]] = {}
+        #: First literal segment (None: not literal) -> pattern text -> the pattern.
+        self._by_head: dict[str | None, dict[str, ChannelPattern]] = {}
+        #: Client id -> the order of its first pattern join (the order ``matching`` keeps).
+        self._rank: dict[str, int] = {}
+        self._ranks = 0
 
     def of(self, client_id: str) -> dict[str, PatternJoin]:
         """The client's pattern joins (empty if none; do not change it)."""
         return self.by_client.get(client_id, {})
 
+    def joined(self, text: str) -> bool:
+        """Has some client joined pattern ``text``?"""
+        return text in self._clients_of
+
+    def __len__(self) -> int:
+        """Distinct pattern texts joined."""
+        return len(self._clients_of)
+
     def add(self, client_id: str, join: PatternJoin) -> None:
-        self.by_client.setdefault(client_id, {})[join.pattern.text] = join
+        joins = self.by_client.get(client_id)
+        if joins is None:
+            joins = self.by_client[client_id] = {}
+            self._ranks += 1
+            self._rank[client_id] = self._ranks
+        pattern = join.pattern
+        joins[pattern.text] = join
+        clients = self._clients_of.get(pattern.text)
+        if clients is None:
+            clients = self._clients_of[pattern.text] = {}
+            self._by_head.setdefault(pattern.head, {})[pattern.text] = pattern
+        clients[client_id] = None
 
     def remove(self, client_id: str, text: str) -> PatternJoin | None:
         joins = self.by_client.get(client_id)
         if joins is None:
             return None
         join = joins.pop(text, None)
+        if join is not None:
+            self._unindex(client_id, join.pattern)
         if not joins:
-            del self.by_client[client_id]
+            self._forget(client_id)
         return join
 
     def forget_client(self, client_id: str) -> None:
+        for join in self.by_client.get(client_id, {}).values():
+            self._unindex(client_id, join.pattern)
+        self._forget(client_id)
+
+    def _forget(self, client_id: str) -> None:
         self.by_client.pop(client_id, None)
+        self._rank.pop(client_id, None)
+
+    def _unindex(self, client_id: str, pattern: ChannelPattern) -> None:
+        clients = self._clients_of.get(pattern.text)
+        if clients is None:
+            return
+        clients.pop(client_id, None)
+        if not clients:
+            del self._clients_of[pattern.text]
+            patterns = self._by_head[pattern.head]
+            del patterns[pattern.text]
+            if not patterns:
+                del self._by_head[pattern.head]
 
     def release(self, client_id: str, channel: str) -> None:
         """The client no longer holds ``channel`` through a pattern (it joined or left it
@@ -284,9 +341,24 @@ class PatternJoins:
 
     def matching(self, channel: str) -> Iterator[tuple[str, PatternJoin]]:
         """(client id, its first pattern join) for each client one of whose patterns
-        matches ``channel``."""
-        for client_id, joins in list(self.by_client.items()):
+        matches ``channel``, clients in the order of their first pattern join."""
+        names = channel.split(SEPARATOR)
+        matched: set[str] = set()
+        for head in (names[0], None):
+            for text, pattern in self._by_head.get(head, {}).items():
+                if _matches(pattern.segments, names):
+                    matched.add(text)
+        if not matched:
+            return
+        clients: set[str] = set()
+        for text in matched:
+            clients.update(self._clients_of[text])
+        rank = self._rank
+        for client_id in sorted(clients, key=rank.__getitem__):
+            joins = self.by_client.get(client_id)
+            if joins is None:  # (left while an earlier one was joined)
+                continue
             for join in joins.values():
-                if join.pattern.matches(channel):
+                if join.pattern.text in matched:
                     yield client_id, join
                     break

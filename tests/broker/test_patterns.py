@@ -5,6 +5,7 @@ existing and new channels, authorization, limits, leave and the push refusal."""
 from __future__ import annotations
 
 import dataclasses
+import random
 import re
 
 import pytest
@@ -14,7 +15,7 @@ from broker.engine.channels import Client
 from broker.engine.errors import PatternError
 from broker.engine.limits import Limits
 from broker.engine.options import BrokerConfig
-from broker.engine.patterns import ChannelPattern, parse
+from broker.engine.patterns import ChannelPattern, PatternJoin, PatternJoins, parse
 from broker.protocol import Header, MessageType, Operation, QueueStatus, ResultCode, header
 from tests.broker.engine_kit import Frame, Kit, acks, queue_messages
 
@@ -216,6 +217,64 @@ def test_more_pattern_joins_than_the_limit_are_refused_and_the_same_one_is_no_mo
     assert "too many pattern joins" in (header(third, Header.REASON) or "")
     _leave(kit, c, "b.*")
     assert _join(kit, c, "c.*").content_type == 0
+
+
+def test_distinct_patterns_past_the_broker_limit_are_refused_and_shared_ones_are_free() -> None:
+    config = BrokerConfig(limits=Limits(max_patterns=2))
+    kit = Kit(config=config)
+    a, b, c = kit.connect("a"), kit.connect("b"), kit.connect("c")
+    assert _join(kit, a, "x.*").content_type == 0
+    assert _join(kit, b, "y.**").content_type == 0
+    third = _join(kit, c, "z.*")
+    assert third.content_type == ResultCode.LIMIT_EXCEEDED
+    assert "too many distinct patterns" in (header(third, Header.REASON) or "")
+    assert _join(kit, c, "x.*").content_type == 0  # one another client holds: free
+    _leave(kit, a, "x.*")
+    assert _join(kit, c, "z.*").content_type == 482  # c still holds x.*: two distinct
+    _leave(kit, c, "x.*")
+    assert _join(kit, c, "z.*").content_type == 0
+
+
+def test_the_pattern_index_finds_what_trying_every_join_finds_in_the_same_order() -> None:
+    """Differential: ``PatternJoins.matching`` (the index: distinct texts tried once,
+    by literal first segment) against trying every client's every join in join order,
+    through adds, removes and forgotten clients."""
+    rng = random.Random(18)
+    words = ["a", "b", "c", "ab"]
+    texts = [
+        "a.*", "a.**", "*.b", "**", "**.c", "a.b", "b.*.c", "{a|b}.*", "a*.**", "*",
+        "ab.{[a-c]}", "c.**.a", "a.b.c",
+    ]  # fmt: skip
+    joins = PatternJoins()
+    order: dict[str, dict[str, PatternJoin]] = {}  # the brute force's own copy
+    clients = [f"c{i}" for i in range(12)]
+    for step in range(600):
+        client = rng.choice(clients)
+        roll = rng.random()
+        if roll < 0.55:
+            text = rng.choice(texts)
+            join = PatternJoin(parse(text), None)
+            joins.add(client, join)
+            mine = order.setdefault(client, {})
+            mine[text] = join
+        elif roll < 0.85:
+            text = rng.choice(texts)
+            mine = order.get(client, {})
+            assert (joins.remove(client, text) is not None) == (text in mine)
+            mine.pop(text, None)
+            if not mine:
+                order.pop(client, None)
+        else:
+            joins.forget_client(client)
+            order.pop(client, None)
+        name = ".".join(rng.choice(words) for _ in range(rng.randint(1, 4)))
+        want = []
+        for cid, mine in order.items():
+            first = next((j for j in mine.values() if j.pattern.matches(name)), None)
+            if first is not None:
+                want.append((cid, first))
+        assert list(joins.matching(name)) == want, (step, name)
+        assert len(joins) == len({t for mine in order.values() for t in mine})
 
 
 def test_a_pattern_joins_up_to_the_client_channel_limit() -> None:
