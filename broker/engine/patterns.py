@@ -33,6 +33,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Generic, TypeVar
 
 from broker.engine.errors import PatternError
 
@@ -49,6 +50,8 @@ MAX_REPEATS = 2
 MAX_ALTERNATIVES = 4
 #: Compiled patterns kept (clients join the same few over and over).
 PATTERN_CACHE = 1024
+
+K = TypeVar("K")
 
 _REPEAT = frozenset("*+?")
 _BOUNDED_REPEAT = re.compile(r"\{\d*(,\d*)?\}")
@@ -247,25 +250,89 @@ class PatternJoin:
     channels: set[str] = field(default_factory=set)
 
 
+class PatternIndex(Generic[K]):
+    """Patterns held by keys (clients, subscriptions), to find the keys one of whose
+    patterns matches a name without trying every key's every pattern: each distinct
+    pattern text is tried once, and only the patterns whose literal first segment is the
+    name's first segment (or whose first segment is not literal).  Keys come back in the
+    order they first held a pattern.  A thousand clients with sixteen patterns each cost
+    a channel's creation ~9-15 ms tried one by one (session 18)."""
+
+    def __init__(self) -> None:
+        self._keys_of: dict[str, dict[K, None]] = {}  # pattern text -> its holders
+        #: First literal segment (None: not literal) -> pattern text -> the pattern.
+        self._by_head: dict[str | None, dict[str, ChannelPattern]] = {}
+        self._held: dict[K, int] = {}  # key -> patterns it holds
+        self._rank: dict[K, int] = {}  # key -> the order of its first pattern
+        self._ranks = 0
+
+    def __len__(self) -> int:
+        """Distinct pattern texts held."""
+        return len(self._keys_of)
+
+    def __contains__(self, text: object) -> bool:
+        return text in self._keys_of
+
+    def add(self, key: K, pattern: ChannelPattern) -> None:
+        """``key`` holds ``pattern`` (again: no change)."""
+        keys = self._keys_of.get(pattern.text)
+        if keys is None:
+            keys = self._keys_of[pattern.text] = {}
+            self._by_head.setdefault(pattern.head, {})[pattern.text] = pattern
+        elif key in keys:
+            return
+        keys[key] = None
+        held = self._held.get(key)
+        if held is None:
+            self._ranks += 1
+            self._rank[key] = self._ranks
+        self._held[key] = (held or 0) + 1
+
+    def discard(self, key: K, pattern: ChannelPattern) -> None:
+        """``key`` no longer holds ``pattern`` (not held: no change)."""
+        keys = self._keys_of.get(pattern.text)
+        if keys is None or key not in keys:
+            return
+        del keys[key]
+        if not keys:
+            del self._keys_of[pattern.text]
+            patterns = self._by_head[pattern.head]
+            del patterns[pattern.text]
+            if not patterns:
+                del self._by_head[pattern.head]
+        held = self._held[key] - 1
+        if held:
+            self._held[key] = held
+        else:
+            del self._held[key], self._rank[key]
+
+    def matched(self, name: str) -> set[str]:
+        """The texts of the patterns held that match ``name``."""
+        names = name.split(SEPARATOR)
+        matched: set[str] = set()
+        for head in (names[0], None):
+            for text, pattern in self._by_head.get(head, {}).items():
+                if _matches(pattern.segments, names):
+                    matched.add(text)
+        return matched
+
+    def holders(self, texts: set[str]) -> list[K]:
+        """The keys holding one of ``texts`` (from :meth:`matched`), in order."""
+        keys: set[K] = set()
+        for text in texts:
+            keys.update(self._keys_of[text])
+        return sorted(keys, key=self._rank.__getitem__)
+
+
 class PatternJoins:
     """Every client's pattern joins, by client id then pattern text (in join order), and
-    an index to find the ones a new channel matches without trying every client's
-    every pattern: each distinct pattern text is tried once, and only the patterns whose
-    literal first segment is the channel's first segment (or whose first segment is not
-    literal).  A thousand clients with sixteen patterns each cost a channel's creation
-    ~9 ms tried one by one (session 18); the index tries only the distinct candidates."""
+    their :class:`PatternIndex` (what a new channel matches)."""
 
     def __init__(self) -> None:
         #: Client id -> pattern text -> its join; empty: nobody joined a pattern (the
         #: channel registry reads it per channel created: an attribute, not a call).
         self.by_client: dict[str, dict[str, PatternJoin]] = {}
-        #: Pattern text -> the clients that joined it (as a dict: insertion-ordered).
-        self._clients_of: dict[str, dict[str, None]] = {}
-        #: First literal segment (None: not literal) -> pattern text -> the pattern.
-        self._by_head: dict[str | None, dict[str, ChannelPattern]] = {}
-        #: Client id -> the order of its first pattern join (the order ``matching`` keeps).
-        self._rank: dict[str, int] = {}
-        self._ranks = 0
+        self._index: PatternIndex[str] = PatternIndex()
 
     def of(self, client_id: str) -> dict[str, PatternJoin]:
         """The client's pattern joins (empty if none; do not change it)."""
@@ -273,25 +340,15 @@ class PatternJoins:
 
     def joined(self, text: str) -> bool:
         """Has some client joined pattern ``text``?"""
-        return text in self._clients_of
+        return text in self._index
 
     def __len__(self) -> int:
         """Distinct pattern texts joined."""
-        return len(self._clients_of)
+        return len(self._index)
 
     def add(self, client_id: str, join: PatternJoin) -> None:
-        joins = self.by_client.get(client_id)
-        if joins is None:
-            joins = self.by_client[client_id] = {}
-            self._ranks += 1
-            self._rank[client_id] = self._ranks
-        pattern = join.pattern
-        joins[pattern.text] = join
-        clients = self._clients_of.get(pattern.text)
-        if clients is None:
-            clients = self._clients_of[pattern.text] = {}
-            self._by_head.setdefault(pattern.head, {})[pattern.text] = pattern
-        clients[client_id] = None
+        self.by_client.setdefault(client_id, {})[join.pattern.text] = join
+        self._index.add(client_id, join.pattern)
 
     def remove(self, client_id: str, text: str) -> PatternJoin | None:
         joins = self.by_client.get(client_id)
@@ -299,31 +356,14 @@ class PatternJoins:
             return None
         join = joins.pop(text, None)
         if join is not None:
-            self._unindex(client_id, join.pattern)
+            self._index.discard(client_id, join.pattern)
         if not joins:
-            self._forget(client_id)
+            del self.by_client[client_id]
         return join
 
     def forget_client(self, client_id: str) -> None:
-        for join in self.by_client.get(client_id, {}).values():
-            self._unindex(client_id, join.pattern)
-        self._forget(client_id)
-
-    def _forget(self, client_id: str) -> None:
-        self.by_client.pop(client_id, None)
-        self._rank.pop(client_id, None)
-
-    def _unindex(self, client_id: str, pattern: ChannelPattern) -> None:
-        clients = self._clients_of.get(pattern.text)
-        if clients is None:
-            return
-        clients.pop(client_id, None)
-        if not clients:
-            del self._clients_of[pattern.text]
-            patterns = self._by_head[pattern.head]
-            del patterns[pattern.text]
-            if not patterns:
-                del self._by_head[pattern.head]
+        for join in self.by_client.pop(client_id, {}).values():
+            self._index.discard(client_id, join.pattern)
 
     def release(self, client_id: str, channel: str) -> None:
         """The client no longer holds ``channel`` through a pattern (it joined or left it
@@ -342,19 +382,10 @@ class PatternJoins:
     def matching(self, channel: str) -> Iterator[tuple[str, PatternJoin]]:
         """(client id, its first pattern join) for each client one of whose patterns
         matches ``channel``, clients in the order of their first pattern join."""
-        names = channel.split(SEPARATOR)
-        matched: set[str] = set()
-        for head in (names[0], None):
-            for text, pattern in self._by_head.get(head, {}).items():
-                if _matches(pattern.segments, names):
-                    matched.add(text)
+        matched = self._index.matched(channel)
         if not matched:
             return
-        clients: set[str] = set()
-        for text in matched:
-            clients.update(self._clients_of[text])
-        rank = self._rank
-        for client_id in sorted(clients, key=rank.__getitem__):
+        for client_id in self._index.holders(matched):
             joins = self.by_client.get(client_id)
             if joins is None:  # (left while an earlier one was joined)
                 continue

@@ -11,7 +11,6 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
@@ -51,12 +50,12 @@ from broker.stomp.engine_mapping import (
     channel_of,
     channel_rest,
     destination_of,
-    wildcard_matches,
 )
 from broker.stomp.errors import BackendError
 from broker.stomp.frames import Headers
 from broker.stomp.subscription import PublishSpec
 from broker.stomp.vhosts import namespace_of
+from broker.stomp.wildcards import Wild, Wildcards
 from broker.store.base import NOT_SAVED
 
 log = logging.getLogger(__name__)
@@ -111,7 +110,7 @@ class EngineDoor:
         self.conn_of: dict[str, int] = {}
         self.client_of: dict[int, str] = {}
         #: Wildcard subscriptions by (connection, subscription id).
-        self.wild: dict[tuple[int, str], Wild] = {}
+        self.wild = Wildcards()
         #: ``browser-end:false`` browsers at the end of their queue (engine_browse).
         self.followers = Followers()
         #: Per connection: the channels it consumes exclusively, its temporary channels.
@@ -359,8 +358,7 @@ class EngineDoor:
             return []
         out = self.engine.disconnect(client_id, now)
         self.conn_of.pop(client_id, None)  # after: what it returns is for the others
-        for key in [k for k in self.wild if k[0] == conn]:
-            del self.wild[key]
+        self.wild.drop_connection(conn)
         self._forget_rules(conn, client_id, None)
         for channel in self.exclusive_of.pop(conn, ()):
             if self.handler is not None:
@@ -430,8 +428,8 @@ class EngineDoor:
     def _join_wildcards(self, name: str, out: list[Outgoing]) -> None:
         """A new channel: the wildcard subscriptions it matches start consuming it (one
         whose connection may not join it, or is at a limit: skipped)."""
-        for wild in list(self.wild.values()):
-            if wild.matches(name) and wild.conn in self.client_of:
+        for wild in self.wild.matching(name):
+            if wild.conn in self.client_of:
                 with contextlib.suppress(OperationError):
                     self._join(
                         wild.conn, name, wild.prefetch, wild.exclusive, out, wild,
@@ -734,6 +732,10 @@ class EngineDoor:
         wild = None
         if patterns:
             wild = Wild(conn, tuple(patterns), prefetch, exclusive, extras=extras)
+            limit = self.engine.config.limits.max_patterns
+            new = self.wild.new_patterns(wild)
+            if new and self.wild.distinct() + new > limit:
+                raise Refused(f"too many distinct wildcard patterns (max_patterns={limit})", out)
         for destination in destinations:
             if destination.wildcard:
                 continue
@@ -751,7 +753,7 @@ class EngineDoor:
             if auto_ack:
                 self.engine.acknowledge_taken(client_id, channel)
         if wild is not None:
-            self.wild[(conn, sub_id)] = wild
+            self.wild.add((conn, sub_id), wild)
             for name in list(self.engine.channels):
                 if wild.matches(name):
                     with contextlib.suppress(OperationError):  # not authorized: skipped
@@ -877,7 +879,7 @@ class EngineDoor:
 
     def op_drop_wildcard(self, conn: int, sub_id: str, now: float) -> list[Outgoing]:
         """A wildcard subscription ended: stop consuming what it joined."""
-        wild = self.wild.pop((conn, sub_id), None)
+        wild = self.wild.pop((conn, sub_id))
         if wild is None:
             return []
         return self.op_unsubscribe(conn, sorted(wild.channels), now)
@@ -914,21 +916,6 @@ class EngineDoor:
             acks = [(ch, qid, mid, None if ok else nack) for ch, qid, mid, ok in settles]
             out.extend(engine.acknowledge_many(client_id, acks, now))
         return out
-
-
-@dataclass(slots=True)
-class Wild:
-    """A wildcard subscription, as the engine thread keeps it."""
-
-    conn: int
-    patterns: tuple[Destination, ...]
-    prefetch: int | None
-    exclusive: bool
-    channels: set[str] = field(default_factory=set)  # the channels it joined
-    extras: SubExtras | None = None
-
-    def matches(self, channel: str) -> bool:
-        return any(wildcard_matches(d, channel, self.conn) for d in self.patterns)
 
 
 class Refused(Exception):

@@ -14,6 +14,8 @@ import zmq
 from broker.client.blocking import Client
 from broker.engine.auth import ALL_ACTIONS, TokenAuthorizer
 from broker.engine.engine import Engine
+from broker.engine.limits import Limits
+from broker.engine.options import BrokerConfig
 from tests.polling import WAIT, wait_until
 from tests.stomp.two_doors import Broker, Recorder
 
@@ -77,3 +79,43 @@ def test_a_wildcard_subscriber_that_may_not_join_a_new_channel_is_passed_over(
     assert wait_until(lambda: read.bodies() == ["for the reader"])
     secret = broker.engine.channels["secret.news"]
     assert len(secret.consumers) == 0
+
+
+def test_distinct_wildcards_past_max_patterns_are_an_error_and_shared_ones_are_free(
+    zctx: Ctx,
+) -> None:
+    """``Limits.max_patterns`` bounds what every channel created is matched against on the
+    STOMP door too: a wildcard no subscription holds yet, past it, is an ERROR; one another
+    connection holds costs nothing and is taken; the others keep being served."""
+    b = Broker(zctx, Engine(config=BrokerConfig(limits=Limits(max_patterns=2))))
+    made: list[Any] = []
+    try:
+
+        def connect() -> tuple[Any, Recorder]:
+            conn = stomp.Connection12([("127.0.0.1", b.listener.port)])
+            rec = Recorder()
+            conn.set_listener("rec", rec)
+            conn.connect("u", "p", wait=True)
+            made.append(conn)
+            return conn, rec
+
+        first, one = connect()
+        first.subscribe("/queue/a.*", id="1", receipt="r1")
+        first.subscribe("/topic/b.**", id="2", receipt="r2")
+        assert wait_until(lambda: one.receipts == ["r1", "r2"])
+        second, two = connect()
+        second.subscribe("/queue/a.*", id="1", receipt="shared")  # held by `first`: free
+        assert wait_until(lambda: two.receipts == ["shared"])
+        third, three = connect()
+        third.subscribe("/queue/c.*", id="1", receipt="new")
+        assert wait_until(lambda: len(three.errors) == 1)
+        assert "max_patterns=2" in three.errors[0].headers.get("message", "")
+        assert three.receipts == []
+        first.send("/queue/a.x", "made after the refusal", receipt="s")
+        assert wait_until(lambda: one.receipts[-1:] == ["s"])
+        assert wait_until(lambda: one.bodies() + two.bodies() == ["made after the refusal"])
+    finally:
+        for conn in made:
+            if conn.is_connected():
+                conn.disconnect()
+        b.stop()
