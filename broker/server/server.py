@@ -721,23 +721,29 @@ class Server:
         else:
             self._serve_run(peer, messages, now)
 
-    def _serve_octets(self, peer: Peer, run: list[bytes], now: float) -> tuple[int, list[bytes]]:
-        """The pushes from the first of a producer's run on that the engine delivers as
-        the octets they came in (``Engine.receive_push_octets``: to their queue's one
-        consumer, a peer of this server): how many, and the rest of the run.  The engine
-        failing: the whole run is answered as :meth:`_serve_run` answers a failed one
-        (each push with an id FAILED), none left."""
+    def _serve_octets(
+        self, peer: Peer, run: list[bytes], now: float, carrier: tmqp.Frame | None = None
+    ) -> tuple[int, list[bytes]]:
+        """The pushes from the first of a producer's run on (``carrier``: the entries of
+        that batch) that the engine delivers as the octets they came in
+        (``Engine.receive_push_octets``: to their queue's one consumer, a peer of this
+        server): how many, and the rest of the run.  The engine failing: the whole run
+        is answered as :meth:`_serve_run` answers a failed one (each push with an id, or
+        the batch, FAILED), none left."""
         push_octets = self._push_octets
         assert push_octets is not None
         try:
             taken, outs = push_octets(peer.client_id, run, now, self.sender.by_client)
         except Exception:
+            if carrier is not None:
+                self._run_failed(peer, [carrier.message_id])
+                return len(run), []
             messages, _bad = _records(run, Message, WIRE)
             self._run_failed(peer, [m.message_id for m in messages])
             return 0, []
         if taken:
             self.counters["octets_pushes"] += taken
-            if len(run) > 1:
+            if carrier is None and len(run) > 1:
                 self.counters["run_pushes"] += taken
             self.sender.in_frame = None
             self.sender.send_all(outs)
@@ -863,6 +869,9 @@ class Server:
         for data in datas:
             if len(data) < 2 or data[0] & _TYPE_BITS != _QUEUE or data[1] & _NOT_PLAIN:
                 return False
+        if self._push_octets is not None and not msg.pending_ack and datas:
+            if self._octets_batch(peer, msg, datas, now):
+                return True
         messages, bad = _records(datas, Message, WIRE)
         if bad or not messages:
             return False
@@ -870,6 +879,27 @@ class Server:
         self._batched = count - 1
         self.counters["batched_in"] += count
         self._serve_run(peer, messages, now, msg)
+        return True
+
+    def _octets_batch(self, peer: Peer, msg: tmqp.Frame, datas: list[bytes], now: float) -> bool:
+        """:meth:`_plain_batch` of a batch of plain pushes that waits for no acknowledge:
+        the pushes from the first on that the engine delivers as their octets
+        (:meth:`_serve_octets`), the rest decoded and served as one run; an entry of the
+        rest that does not decode is refused (counted, unanswered: the batch waits for
+        nothing), as :meth:`_batch` refuses it.  False, nothing done: the octets path
+        took none (:meth:`_plain_batch` goes on)."""
+        taken, rest = self._serve_octets(peer, datas, now, msg)
+        if not taken and rest:
+            return False
+        count = len(datas)
+        self._batched = count - 1
+        self.counters["batched_in"] += count
+        if rest:
+            messages, bad = _records(rest, Message, WIRE)
+            if bad:
+                self.counters["batch_refused"] += len(bad)
+            if messages:
+                self._serve_run(peer, messages, now, msg)
         return True
 
     def _entries(
