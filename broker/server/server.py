@@ -22,7 +22,9 @@ Hot path: plain frames take the generated codec's fast path (``tmqp.decode``); p
 headers that wait for no response (plain, or waiting for an acknowledge: their first two
 octets say so) wait undecoded in their producer's run until the drain ends, then each run is
 decoded in one call straight into the engine's messages (``tmqp.decode_message_records``)
-and served in one engine call (``Engine.receive_pushes``);
+and served in one engine call (``Engine.receive_pushes``) -- or, where a run goes into a
+queue whose one consumer (a peer of this server) has room, delivered as the very octets
+it came in, no message made (``Engine.receive_push_octets``, ``ServerOptions.push_octets``);
 a frame the engine passes through unchanged is forwarded as the octets received; engine output is
 handed to libzmq in batches (``ServerOptions.send_batch``), in order with every
 other frame the server sends, so that libzmq's I/O thread is woken once per batch.
@@ -869,9 +871,13 @@ class Server:
         for data in datas:
             if len(data) < 2 or data[0] & _TYPE_BITS != _QUEUE or data[1] & _NOT_PLAIN:
                 return False
-        if self._push_octets is not None and not msg.pending_ack and datas:
-            if self._octets_batch(peer, msg, datas, now):
-                return True
+        if (
+            self._push_octets is not None
+            and not msg.pending_ack
+            and datas
+            and self._octets_batch(peer, msg, datas, now)
+        ):
+            return True
         messages, bad = _records(datas, Message, WIRE)
         if bad or not messages:
             return False
