@@ -359,7 +359,12 @@ def bench_raw(ctx: Any, count: int) -> Row:
 
 
 def serve_broker(
-    endpoint: str, engine_spec: str, ready: Any, stop: Any, unacked_batch: int | None = None
+    endpoint: str,
+    engine_spec: str,
+    ready: Any,
+    stop: Any,
+    unacked_batch: int | None = None,
+    unacked_octets: int | None = None,
 ) -> None:
     import zmq
 
@@ -372,6 +377,8 @@ def serve_broker(
     options = ServerOptions(endpoint=endpoint, fanout="tcp://127.0.0.1:*")
     if unacked_batch is not None:  # (a keyword only this option's brokers know)
         options = replace(options, unacked_batch=unacked_batch)
+    if unacked_octets is not None:  # (likewise)
+        options = replace(options, unacked_batch_octets=unacked_octets)
     server = Server(factory(), options, context=ctx)
     server.start()
     ready.set()
@@ -1170,6 +1177,14 @@ def main(argv: list[str] | None = None) -> int:
         "default: the server's default, 64; 0: one per message)",
     )
     parser.add_argument(
+        "--unacked-octets",
+        type=int,
+        default=None,
+        metavar="N",
+        help="serve with ServerOptions.unacked_batch_octets N (the octets such a batch "
+        "holds at most; default: the server's default)",
+    )
+    parser.add_argument(
         "--broadcast",
         type=int,
         default=50,
@@ -1198,7 +1213,8 @@ def main(argv: list[str] | None = None) -> int:
         endpoint = f"tcp://127.0.0.1:{free_port()}"
         ready, stop = ctx.Event(), ctx.Event()
         broker = ctx.Process(
-            target=serve_broker, args=(endpoint, args.engine, ready, stop, args.unacked_batch)
+            target=serve_broker,
+            args=(endpoint, args.engine, ready, stop, args.unacked_batch, args.unacked_octets),
         )
         broker.start()
         try:

@@ -4,7 +4,11 @@
   as (index, frame, octets) -- the path of a TMQP batch whose entries are not all plain
   pushes, and of every run before session 11;
 * ``records``: ``tmqp.decode_message_records`` straight into the engine's messages, then
-  ``Engine.receive_pushes`` -- the server's path for a drain's plain pushes.
+  ``Engine.receive_pushes`` -- the server's path for a drain's plain pushes (before
+  session 18; still that of a run the octets path does not take);
+* ``octets``: the run's octets to ``Engine.receive_push_octets`` (session 18), which
+  delivers each push as the octets it came in (``broker.engine.octets_run``) -- the
+  server's path for a drain's plain pushes into a queue with one consumer with room.
 
 One engine, one queue, one consumer, 256 pushes of 100 octets per run, its flow report
 (``Engine.transmitted``) after each run; CPU time (``time.process_time``) of this process,
@@ -12,7 +16,7 @@ the two paths taking turns.  No socket: this is the Python work per push that th
 adds on top of its receives and sends.  For callgrind (deterministic instruction counts):
 ``valgrind --tool=callgrind python bench/bench_push_path.py --turns 1 --only records``.
 
-Usage: ``python bench/bench_push_path.py [--runs N] [--turns K] [--only frames|records]``.
+Usage: ``python bench/bench_push_path.py [--runs N] [--turns K] [--only frames|records|octets]``.
 """
 
 from __future__ import annotations
@@ -75,13 +79,23 @@ def records(engine: Engine, runs: list[list[bytes]]) -> float:
     return time.process_time() - start
 
 
+def octets(engine: Engine, runs: list[list[bytes]]) -> float:
+    readers = {"c"}
+    start = time.process_time()
+    for datas in runs:
+        taken, outs = engine.receive_push_octets("p", datas, 1.0, readers)
+        assert taken == len(datas)
+        engine.transmitted({"c": len(outs)}, 1.0)
+    return time.process_time() - start
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=200, help="runs of 256 pushes per turn")
     parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--only", choices=("frames", "records"))
+    parser.add_argument("--only", choices=("frames", "records", "octets"))
     args = parser.parse_args(argv)
-    paths = {"frames": frames, "records": records}
+    paths = {"frames": frames, "records": records, "octets": octets}
     if args.only:
         paths = {args.only: paths[args.only]}
     ids = itertools.count()

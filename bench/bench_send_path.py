@@ -11,7 +11,10 @@ child process, taking turns with this tree.  For deterministic counts run one tu
 callgrind (``valgrind --tool=callgrind python bench/bench_send_path.py --turns 1``) with
 two ``--runs`` values and divide the difference.
 
-Usage: ``python bench/bench_send_path.py [--runs N] [--turns K] [--base DIR]``.
+``--octets``: the deliveries as the octets they came in (``Tracked(consumer, bytes)``, what
+the session-18 octets path outputs: ``broker.engine.octets_run``), this tree only.
+
+Usage: ``python bench/bench_send_path.py [--runs N] [--turns K] [--base DIR] [--octets]``.
 """
 
 from __future__ import annotations
@@ -27,9 +30,9 @@ RUN = 256
 PAYLOAD = b"x" * 100
 
 
-def measure(runs: int) -> float:
+def measure(runs: int, as_octets: bool = False) -> float:
     """CPU us per delivery of ``runs`` runs through one SendPath (this process's
-    ``broker``)."""
+    ``broker``; ``as_octets``: deliveries as bytes, not messages)."""
     from broker import tmqp
     from broker.engine.tmqp_door import WIRE
     from broker.message import Message
@@ -57,7 +60,10 @@ def measure(runs: int) -> float:
     ]  # fmt: skip
     messages, bad = tmqp.decode_message_records(octets, Message, WIRE)
     assert not bad
-    outs = [Tracked(peer.client_id, m) for m in messages]
+    outs = [
+        Tracked(peer.client_id, d if as_octets else m)
+        for d, m in zip(octets, messages, strict=True)
+    ]
     cpu = time.process_time()
     for _ in range(runs):
         path.send_now(outs)
@@ -68,10 +74,11 @@ def measure(runs: int) -> float:
     return used / max(1, runs * RUN) * 1e6
 
 
-def _child(base: str, runs: int) -> float:
+def _child(base: str, runs: int, as_octets: bool = False) -> float:
     env = dict(os.environ, PYTHONPATH=base)
+    octets = ["--octets"] if as_octets else []
     out = subprocess.run(
-        [sys.executable, __file__, "--runs", str(runs), "--one"],
+        [sys.executable, __file__, "--runs", str(runs), "--one", *octets],
         env=env, capture_output=True, text=True, check=True,
     )  # fmt: skip
     return float(out.stdout.split()[-1])
@@ -82,23 +89,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=2000, help="runs of 256 deliveries per turn")
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--base", metavar="DIR", help="another checkout, measured in turns")
+    parser.add_argument("--octets", action="store_true", help="also: deliveries as octets")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.runs < 1 or args.turns < 1:
         print("bench_send_path: --runs and --turns must be at least 1", file=sys.stderr)
         return 2
     if args.one:  # (a child: this tree's or the base's broker, by PYTHONPATH)
-        print(f"{measure(args.runs):.4f}")
+        print(f"{measure(args.runs, args.octets):.4f}")
         return 0
     if args.base is not None and not (Path(args.base) / "broker").is_dir():
         print(f"bench_send_path: no broker package in {args.base}", file=sys.stderr)
         return 2
     here = str(Path(__file__).resolve().parent.parent)
     rows: dict[str, list[float]] = {"this tree": []}
+    if args.octets:
+        rows["this tree, deliveries as octets"] = []
     if args.base:
         rows["base"] = []
     for _ in range(args.turns):
         rows["this tree"].append(_child(here, args.runs))
+        if args.octets:
+            rows["this tree, deliveries as octets"].append(_child(here, args.runs, True))
         if args.base:
             rows["base"].append(_child(args.base, args.runs))
     print(f"{'send_now + flush_out, CPU us per delivery':<44} turns")

@@ -23,6 +23,7 @@ PAYLOAD = b"x" * 100
 ROWS = (
     ("one per message (unacked_batch 0: main's default)", 0, 2048),
     ("batched, 2 KiB bound (the default)", 64, 2048),
+    ("batched, 8 KiB bound", 64, 8192),
     ("batched, 256 KiB bound (no octet bound)", 64, 256 * 1024),
 )
 

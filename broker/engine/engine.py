@@ -72,7 +72,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 
 from broker import paging, tmqp
 from broker.engine import flow, models, operations, receipts, routing
@@ -93,6 +93,7 @@ from broker.engine.federated import FEDERATION_CLIENT, FederatedIds
 from broker.engine.frames import pull_marker
 from broker.engine.host import QueueServices
 from broker.engine.message import DONE, QueueMessage
+from broker.engine.octets_run import push_octets_run, single_reader
 from broker.engine.options import (
     DEFAULT_RETAIN_LIMIT,
     BrokerConfig,
@@ -105,7 +106,7 @@ from broker.engine.queue.saved_run import push_saved_run
 from broker.engine.replies import answer_done, answer_failure, is_answer, reject_push
 from broker.engine.retain import RETAIN_KEY, check_retain_status, retain_wish
 from broker.engine.router import Router, RouterError, RouterTable, router_from_json
-from broker.engine.tmqp_door import frame_of, message_of
+from broker.engine.tmqp_door import frame_of, message_of, shape_of
 from broker.message import Headers, Message
 from broker.protocol import (
     ClearOption,
@@ -553,6 +554,35 @@ class Engine:
                 self._unheard = None
                 self.store.release()
         return out
+
+    def receive_push_octets(
+        self, client_id: str, datas: Sequence[bytes], now: float, readers: Container[str]
+    ) -> tuple[int, list[Outgoing]]:
+        """The TMQP door's run of a producer's pushes as the octets they came in (plain
+        ones and ones waiting for an acknowledge, not decoded): how many from the first on
+        were delivered as those octets to their queue's one consumer (``readers``: the
+        client ids that read deliveries as TMQP octets), and the output.  The rest (all
+        of them when the run does not qualify) go on through :meth:`receive_pushes`, in
+        order, as if those had been its first ones (``broker.engine.octets_run``: the
+        checks)."""
+        out: list[Outgoing] = []
+        client = self.clients.get(client_id)
+        if client is None or not datas:
+            return 0, out
+        first = shape_of(datas[0])
+        if first is None:
+            return 0, out
+        m, shape = first
+        if m.source != client_id:
+            return 0, out
+        queue = self._run_queue(client, m)
+        if queue is None:
+            return 0, out
+        one = single_reader(queue, readers)
+        if one is None:
+            return 0, out
+        self.services.now = now
+        return push_octets_run(queue, one, datas, shape, now, out), out
 
     def _push_each(
         self,

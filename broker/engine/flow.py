@@ -39,6 +39,8 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from broker.engine.tmqp_door import message_of_octets
+
 if TYPE_CHECKING:
     from broker.engine.channel import Client
     from broker.engine.message import Message, QueueMessage
@@ -62,8 +64,10 @@ ACKED = 3
 CACHE = 4
 
 #: ``(kind, queue, queue message or None, message or None, sequence number)``: the entries of
-#: ``Client.unsent`` (``broker.engine.channel.Transit``), with their types.
-Transit = tuple[int, "Queue", "QueueMessage | None", "Message | None", int]
+#: ``Client.unsent`` (``broker.engine.channel.Transit``), with their types.  A ``PLAIN``
+#: push delivered as the octets it came in (``broker.engine.octets_run``) holds them in
+#: the message's place: a message is made of them only if it must go back.
+Transit = tuple[int, "Queue", "QueueMessage | None", "Message | bytes | None", int]
 
 
 def transmitted(
@@ -125,5 +129,7 @@ def abandon(client: Client[Any], now: float, out: list[Outgoing], ready: dict[QV
     client.unsent = deque()
     cid = client.id
     for kind, queue, m, frame, seq in unsent:
+        if frame.__class__ is bytes:  # a push carried as its octets (``octets_run``)
+            frame = message_of_octets(frame)
         queue.settle_unsent(kind, cid, m, frame, seq, now, out)
         ready[queue] = None

@@ -14,6 +14,8 @@ those octets.  Any change to the message drops the wire form (``broker.message``
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from broker import tmqp
 from broker.message import Message
 from broker.protocol import MessageType
@@ -36,6 +38,8 @@ _QUEUE = int(MessageType.QUEUE)
 _Frame = tmqp.Frame
 _encode_frame = tmqp.encode_frame
 _new = tuple.__new__
+#: Options octet: waits for a response (0x80) or an acknowledge (0x40), has headers (0x20).
+_WAITS = 0xE0
 
 
 def message_of(frame: tmqp.Frame, data: bytes | None = None) -> Message:
@@ -100,3 +104,54 @@ def encode(m: Message) -> bytes:
         m.headers,
         payload if type(payload) is bytes else bytes(payload),
     )[0]
+
+
+# -- pushes carried as their octets (``broker.engine.octets_run``) ----------------------
+
+#: Octets before the message id in a QUEUE frame's simplest shape: the flags and options
+#: octets, the three string lengths (id, source, target), the content type (2), the
+#: payload's one-octet length (``tmqp.xml``; ``tmqp.decode_message_records`` reads it so).
+HEAD = 8
+#: The largest one-octet payload length; 253 says a two-octet length follows.
+SHORT_PAYLOAD = 252
+
+
+class PushShape(NamedTuple):
+    """What every push of a producer's run shares with its first, as octets: a push whose
+    octets match it carries the first's flags, source, target and content type, and
+    differs only in its id and payload (``octets_run``).  Made by :func:`shape_of`."""
+
+    #: The flags octet and the options octet (type, priority, acquirer, TTL, waits).
+    flags: int
+    options: int
+    #: The source and target lengths and the content type (octets 3-6).
+    fixed: bytes
+    #: The source's and the target's octets, one after the other.
+    names: bytes
+
+
+def shape_of(data: bytes) -> tuple[Message, PushShape] | None:
+    """The message of a plain push's octets and the shape of the pushes like it; None when
+    ``data`` is not a push in the simplest shape (no headers, a one-octet payload length)
+    that decodes, or waits for an acknowledge or a response, or asks for a first
+    acquirer."""
+    if len(data) <= HEAD or data[7] > SHORT_PAYLOAD:
+        return None
+    ms, bad = tmqp.decode_message_records((data,), Message, WIRE)
+    if bad or not ms:
+        return None
+    m = ms[0]
+    if m.headers or m.wants_ack or m.first_acquirer or data[1] & _WAITS:
+        return None
+    names_at = HEAD + data[2]
+    names_end = names_at + data[3] + data[4]
+    return m, PushShape(data[0], data[1], data[3:7], data[names_at:names_end])
+
+
+def message_of_octets(data: bytes) -> Message:
+    """The message of a push carried as its octets (``octets_run``: it decoded once, as
+    its run's first did); for a delivery that must go back to its queue."""
+    ms, bad = tmqp.decode_message_records((data,), Message, WIRE)
+    if bad:
+        raise ValueError("not the octets of a push")  # (never: the run's check passed it)
+    return ms[0]

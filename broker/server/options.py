@@ -77,6 +77,11 @@ class ServerOptions:
     #: still answered alone); False: one by one (the reference the runs are tested
     #: against).  Other frames are never gathered and never overtake a push.
     push_runs: bool = True
+    #: A run's plain pushes into a queue with one consumer (a peer of this server) that
+    #: has room and nothing waiting are delivered as the octets they came in, no message
+    #: made (``Engine.receive_push_octets``, ``broker.engine.octets_run``); False: every
+    #: run takes the record path (the reference the octets path is tested against).
+    push_octets: bool = True
     #: Where to bind the broadcast fan-out XPUB (``broker.engine.fanout``); None: none.
     fanout: str | None = None
     #: Published messages (runs of deliveries, ``broker.fanout``: at most ``RUN_MAX``

@@ -164,6 +164,7 @@ class SendPath:
                 "batch_refused",
                 "batched_out",
                 "run_pushes",
+                "octets_pushes",
             ),
             0,
         )
@@ -199,6 +200,8 @@ class SendPath:
                 prev = frame
                 if frame is in_frame:
                     data = self.in_data
+                elif frame.__class__ is bytes:  # a push delivered as its octets (octets_run)
+                    data = frame
                 elif frame.__class__ is Message:  # a queue delivery
                     wire = frame.wire
                     try:
@@ -282,12 +285,15 @@ class SendPath:
             if out.__class__ is not Tracked or out[0] is not client_id:
                 break
             m = out[1]
-            if m.__class__ is not Message:
+            if m.__class__ is bytes:  # a push delivered as its octets (octets_run)
+                data = m
+            elif m.__class__ is not Message:
                 break
-            wire = m.wire
-            if wire is None or wire[0] is not WIRE:
-                break
-            data = wire[1]
+            else:
+                wire = m.wire
+                if wire is None or wire[0] is not WIRE:
+                    break
+                data = wire[1]
             size = len(data) + 4
             # (a delivery of _BIG octets or more is sent alone: send_raw)
             if (

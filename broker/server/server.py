@@ -22,7 +22,9 @@ Hot path: plain frames take the generated codec's fast path (``tmqp.decode``); p
 headers that wait for no response (plain, or waiting for an acknowledge: their first two
 octets say so) wait undecoded in their producer's run until the drain ends, then each run is
 decoded in one call straight into the engine's messages (``tmqp.decode_message_records``)
-and served in one engine call (``Engine.receive_pushes``);
+and served in one engine call (``Engine.receive_pushes``) -- or, where a run goes into a
+queue whose one consumer (a peer of this server) has room, delivered as the very octets
+it came in, no message made (``Engine.receive_push_octets``, ``ServerOptions.push_octets``);
 a frame the engine passes through unchanged is forwarded as the octets received; engine output is
 handed to libzmq in batches (``ServerOptions.send_batch``), in order with every
 other frame the server sends, so that libzmq's I/O thread is woken once per batch.
@@ -222,6 +224,13 @@ class Server:
         #: runs: it has ``receive_pushes``) from the second message of a drain on
         #: (:meth:`_drain`; a lone message, a round trip's, goes straight through).
         self._gather = options.push_runs and self._receive_pushes is not None
+        #: The engine's entry for a run delivered as the octets it came in
+        #: (``Engine.receive_push_octets``; ``ServerOptions.push_octets``); None: off.
+        self._push_octets = (
+            getattr(engine, "receive_push_octets", None)
+            if options.push_octets and self._gather
+            else None
+        )
         #: Octets of JSON in one reply: what a frame holds beside ids and headers.
         self._reply_budget = max(MIN_REPLY_SIZE, self._max_frame - REPLY_OVERHEAD)
         limits = getattr(getattr(engine, "config", None), "limits", None)
@@ -682,19 +691,66 @@ class Server:
 
     def _serve_peer(self, peer: Peer, now: float) -> None:
         """One producer's run: its pushes (their octets; plain ones and ones waiting for
-        an acknowledge alike) decoded in one call straight into the engine's messages
-        (``tmqp.decode_message_records``: no ``Frame``; the acknowledge flag and the
-        message id kept) and served by :meth:`_serve_run`; a frame that does not decode
-        is answered where it stood (:meth:`_serve_refused`)."""
+        an acknowledge alike) delivered as those octets where the engine may
+        (:meth:`_serve_octets`), the others decoded and served by :meth:`_serve_records`.
+        Where the octets path stops after taking some (a duplicate, a push of another
+        kind or queue, garbage, a full window), that one frame takes the record path and
+        the octets path is tried again on the rest; where it takes none, the rest of
+        the run takes the record path."""
         run = peer.run
         peer.run = None
         if not run:
             return
+        if self._push_octets is not None:
+            while True:
+                taken, run = self._serve_octets(peer, run, now)
+                if not run:
+                    return
+                if not taken or len(run) == 1:
+                    break
+                self._serve_records(peer, run[:1], now)
+                run = run[1:]
+        self._serve_records(peer, run, now)
+
+    def _serve_records(self, peer: Peer, run: list[bytes], now: float) -> None:
+        """Pushes of a producer's run decoded in one call straight into the engine's
+        messages (``tmqp.decode_message_records``: no ``Frame``; the acknowledge flag and
+        the message id kept) and served by :meth:`_serve_run`; a frame that does not
+        decode is answered where it stood (:meth:`_serve_refused`)."""
         messages, bad = _records(run, Message, WIRE)
         if bad:
             self._serve_refused(peer, run, messages, bad, now)
         else:
             self._serve_run(peer, messages, now)
+
+    def _serve_octets(
+        self, peer: Peer, run: list[bytes], now: float, carrier: tmqp.Frame | None = None
+    ) -> tuple[int, list[bytes]]:
+        """The pushes from the first of a producer's run on (``carrier``: the entries of
+        that batch) that the engine delivers as the octets they came in
+        (``Engine.receive_push_octets``: to their queue's one consumer, a peer of this
+        server): how many, and the rest of the run.  The engine failing: the whole run
+        is answered as :meth:`_serve_run` answers a failed one (each push with an id, or
+        the batch, FAILED), none left."""
+        push_octets = self._push_octets
+        assert push_octets is not None
+        try:
+            taken, outs = push_octets(peer.client_id, run, now, self.sender.by_client)
+        except Exception:
+            if carrier is not None:
+                self._run_failed(peer, [carrier.message_id])
+                return len(run), []
+            messages, _bad = _records(run, Message, WIRE)
+            self._run_failed(peer, [m.message_id for m in messages])
+            return 0, []
+        if taken:
+            self.counters["octets_pushes"] += taken
+            if carrier is None and len(run) > 1:
+                self.counters["run_pushes"] += taken
+            self.sender.in_frame = None
+            self.sender.send_all(outs)
+            return taken, run[taken:]
+        return 0, run
 
     def _serve_run(
         self, peer: Peer, messages: list[Message], now: float, carrier: tmqp.Frame | None = None
@@ -815,6 +871,13 @@ class Server:
         for data in datas:
             if len(data) < 2 or data[0] & _TYPE_BITS != _QUEUE or data[1] & _NOT_PLAIN:
                 return False
+        if (
+            self._push_octets is not None
+            and not msg.pending_ack
+            and datas
+            and self._octets_batch(peer, msg, datas, now)
+        ):
+            return True
         messages, bad = _records(datas, Message, WIRE)
         if bad or not messages:
             return False
@@ -822,6 +885,27 @@ class Server:
         self._batched = count - 1
         self.counters["batched_in"] += count
         self._serve_run(peer, messages, now, msg)
+        return True
+
+    def _octets_batch(self, peer: Peer, msg: tmqp.Frame, datas: list[bytes], now: float) -> bool:
+        """:meth:`_plain_batch` of a batch of plain pushes that waits for no acknowledge:
+        the pushes from the first on that the engine delivers as their octets
+        (:meth:`_serve_octets`), the rest decoded and served as one run; an entry of the
+        rest that does not decode is refused (counted, unanswered: the batch waits for
+        nothing), as :meth:`_batch` refuses it.  False, nothing done: the octets path
+        took none (:meth:`_plain_batch` goes on)."""
+        taken, rest = self._serve_octets(peer, datas, now, msg)
+        if not taken and rest:
+            return False
+        count = len(datas)
+        self._batched = count - 1
+        self.counters["batched_in"] += count
+        if rest:
+            messages, bad = _records(rest, Message, WIRE)
+            if bad:
+                self.counters["batch_refused"] += len(bad)
+            if messages:
+                self._serve_run(peer, messages, now, msg)
         return True
 
     def _entries(

@@ -10,7 +10,7 @@ import logging
 import socket
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
@@ -178,6 +178,14 @@ class EngineDoor:
         or waiting for an acknowledge): its deliveries to STOMP connections go to them,
         as those of every other call."""
         return self._split(self.engine.receive_pushes(client_id, messages, now))
+
+    def receive_push_octets(
+        self, client_id: str, datas: Sequence[bytes], now: float, readers: Container[str]
+    ) -> tuple[int, list[Outgoing]]:
+        """``Engine.receive_push_octets`` (a TMQP producer's run delivered as its octets to
+        a TMQP consumer, ``readers``: never to a STOMP connection), split as every call."""
+        taken, outs = self.engine.receive_push_octets(client_id, datas, now, readers)
+        return taken, self._split(outs)
 
     def disconnect(self, client_id: str, now: float) -> list[Outgoing]:
         return self._split(self.engine.disconnect(client_id, now))
