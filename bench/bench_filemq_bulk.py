@@ -3,6 +3,7 @@
 
     python bench/bench_filemq_bulk.py --base /tmp/base-main          # 1 GiB, 3 rounds
     python bench/bench_filemq_bulk.py --base /tmp/base-main --quick  # 64 MiB, 2 rounds
+    python bench/bench_filemq_bulk.py --base /tmp/base-main --curve  # CURVE, raw CURVE beside
 
 ``--base`` is a checkout of another commit (``git worktree add /tmp/base-main main``):
 its ``filemq`` and ``zproto`` run with ``PYTHONPATH`` pointing at it, this tree's
@@ -35,27 +36,31 @@ HERE = Path(__file__).resolve().parents[1]
 PY = sys.executable
 
 
-def _run(tree: Path | None, src: Path, dest: Path, port: int) -> tuple[float, float, float]:
-    """(client wall s, server CPU s, client CPU s) of one transfer with ``tree``'s code."""
+def _run(
+    tree: Path | None, src: Path, dest: Path, port: int, curve: list[list[str]]
+) -> tuple[float, float, float]:
+    """(client wall s, server CPU s, client CPU s) of one transfer with ``tree``'s code
+    (``curve``: the server's and the client's CURVE options, or empty: plain)."""
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
     serve = [PY, "-m", "filemq", "-q", "serve", "--bind", f"tcp://127.0.0.1:{port}"]
-    serve += ["--publish", str(src), "--no-state", "--no-watch"]
+    serve += ["--publish", str(src), "--no-state", "--no-watch", *(curve[0] if curve else [])]
     server = subprocess.Popen(serve, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env)
     try:
         assert server.stderr is not None
         while b"tcp://" not in (line := server.stderr.readline()):
             if not line:
                 raise RuntimeError("filemq serve did not start")
-        before = bench_filemq._ticks(server.pid)
+        before = bench_filemq.server_ticks(server.pid)
         start = time.perf_counter()
         sync = [PY, "-m", "filemq", "-q", "sync", f"tcp://127.0.0.1:{port}", str(dest)]
-        client = subprocess.Popen([*sync, "--once", "--no-index"], env=env)
+        sync += ["--once", "--no-index", *(curve[1] if curve else [])]
+        client = subprocess.Popen(sync, env=env)
         _pid, status, usage = os.wait4(client.pid, 0)
         wall = time.perf_counter() - start
-        server_cpu = bench_filemq._ticks(server.pid) - before
+        server_cpu = bench_filemq.server_ticks(server.pid) - before
         if os.waitstatus_to_exitcode(status) != 0:
             raise RuntimeError(f"filemq sync failed ({tree or 'branch'})")
     finally:
@@ -67,6 +72,19 @@ def _run(tree: Path | None, src: Path, dest: Path, port: int) -> tuple[float, fl
     return wall, server_cpu, usage.ru_utime + usage.ru_stime
 
 
+def _curve_options(work: Path) -> list[list[str]]:
+    """Keys made in ``work``: [the server's CURVE options, the client's]."""
+    keys, allow = work / "keys", work / "allow"
+    for who in ("server", "client"):
+        new = [*bench_filemq.FILEMQ, "keys", "new", who, "--dir", str(keys)]
+        subprocess.run(new, check=True, capture_output=True)
+    allow.mkdir()
+    shutil.copy(keys / "client.key", allow / "client.key")
+    server = ["--curve-secret", str(keys / "server.key_secret"), "--allow", str(allow)]
+    client = ["--server-key", str(keys / "server.key")]
+    return [server, [*client, "--curve-secret", str(keys / "client.key_secret")]]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", type=Path, required=True, help="checkout of the base commit")
@@ -74,6 +92,7 @@ def main() -> int:
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dir", help="work folder (default: a temp folder)")
+    parser.add_argument("--curve", action="store_true", help="over CURVE (and the raw CURVE)")
     args = parser.parse_args()
     if not (args.base / "filemq" / "server.py").exists():
         print(f"bench_filemq_bulk: {args.base} holds no filemq/", file=sys.stderr)
@@ -84,9 +103,11 @@ def main() -> int:
     try:
         src = work / "big-src"  # (fresh_dest keeps what is named *-src)
         bench_filemq.make_big(src, size)
+        curve = _curve_options(work) if args.curve else []
         gib = size / (1 << 30)
         port = 48000 + os.getpid() % 1000
-        print(f"1 x {size >> 20} MiB, plain; base {args.base}, branch {HERE}")
+        security = "CURVE" if args.curve else "plain"
+        print(f"1 x {size >> 20} MiB, {security}; base {args.base}, branch {HERE}")
         print(bench_filemq.CONDITIONS)
         print(
             f"{'round':>5} {'code':8} {'wall s':>7} {'server CPU/GiB':>14} "
@@ -100,10 +121,10 @@ def main() -> int:
                 port += 1
                 if name == "raw":
                     dest.mkdir()
-                    wall, cpu = bench_filemq.time_raw(src, dest, port)
+                    wall, cpu = bench_filemq.time_raw(src, dest, port, args.curve)
                     results[name] = (wall, 0.0, cpu)
                 else:
-                    results[name] = _run(tree, src, dest, port)
+                    results[name] = _run(tree, src, dest, port, curve)
                 shutil.rmtree(dest)
             raw_cpu = results["raw"][2]
             for name, _tree in order:
