@@ -332,6 +332,13 @@ def _client_options(command: argparse.ArgumentParser) -> None:
         help="where small files are put in place: a thread of their own, or the receiving "
         "thread (inline); auto: a thread when 2 CPUs or more are ours (default)",
     )
+    command.add_argument(
+        "--direct-io",
+        action="store_true",
+        help="write files of 8 MiB and more around the page cache (O_DIRECT, where the "
+        "file system allows it): less CPU on a machine whose freed memory is slow to "
+        "take again (a VM whose host reclaims it); the write waits for the device",
+    )
 
 
 def _sync_options(sync: argparse.ArgumentParser) -> None:
@@ -833,6 +840,7 @@ def _mirror_options(args: argparse.Namespace) -> dict[str, Any]:
         "delete_extraneous": args.delete_extraneous,
         "modify_window": args.modify_window,
         "place_inline": _PLACERS[args.placer],
+        "direct_io": args.direct_io,
     }
 
 

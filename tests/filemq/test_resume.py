@@ -285,18 +285,20 @@ def _kill_at(proc: subprocess.Popen[bytes], partial: Path, at: int) -> int:
     return _size(partial)
 
 
+@pytest.mark.parametrize("direct_io", [False, True])  # (True: written around the page cache)
 def test_kill_9_mid_file_resumes_from_the_bytes_received(
-    tmp_path: Path, serve: Serve, sync_once: Sync, big: bytes
+    tmp_path: Path, serve: Serve, sync_once: Sync, big: bytes, direct_io: bool
 ) -> None:
     server = serve(tmp_path / "src", chunk_size=64 << 10)
     dest = tmp_path / "dest"
     store_name = store(dest).data_name("big.bin")
     # capped so that the kill surely lands in the middle: 32 MiB at 8 MiB/s takes ~4 s
-    first = _sync_process(tmp_path, server.endpoint, dest, "--bwlimit", "8M")
+    direct = ["--direct-io"] if direct_io else []
+    first = _sync_process(tmp_path, server.endpoint, dest, "--bwlimit", "8M", *direct)
     held = _kill_at(first, dest / store_name, len(big) // 2)
     assert not (dest / "big.bin").exists()
     index = tmp_path / "cache" / "index"
-    result = sync_once(server.endpoint, dest, index_path=index)
+    result = sync_once(server.endpoint, dest, index_path=index, direct_io=direct_io)
     assert result.synced and result.errors == 0
     assert read_tree(dest) == {"big.bin": big, "small.txt": b"small"}  # no partial left
     assert CHECKPOINT_BYTES <= result.resumed_bytes <= held
