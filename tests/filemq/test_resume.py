@@ -346,8 +346,9 @@ def test_a_change_behind_the_servers_back_never_makes_a_frankenstein_file(
         assert result.errors >= 1  # the server kept naming a version it no longer has
 
 
+@pytest.mark.parametrize("direct_io", [False, True])  # (True: written around the page cache)
 def test_write_failure_keeps_the_partial_file_and_the_next_run_resumes(
-    tmp_path: Path, serve: Serve, sync_once: Sync, big: bytes
+    tmp_path: Path, serve: Serve, sync_once: Sync, big: bytes, direct_io: bool
 ) -> None:
     """A file size limit makes the write fail at 12 MiB, as a full disk would."""
     server = serve(tmp_path / "src", chunk_size=256 << 10)
@@ -358,14 +359,15 @@ def test_write_failure_keeps_the_partial_file_and_the_next_run_resumes(
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    proc = _sync_process(tmp_path, server.endpoint, dest, preexec_fn=limited)
+    direct = ["--direct-io"] if direct_io else []
+    proc = _sync_process(tmp_path, server.endpoint, dest, *direct, preexec_fn=limited)
     assert proc.wait(timeout=WAIT) == 1
     log = (tmp_path / "sync.log").read_text()
     assert "cannot write big.bin" in log, log
     assert not (dest / "big.bin").exists()
     [point] = store(dest).scan()
     assert 11 * MiB <= point.offset <= limit
-    result = sync_once(server.endpoint, dest)
+    result = sync_once(server.endpoint, dest, direct_io=direct_io)
     assert result.synced and result.errors == 0 and result.resumed_bytes == point.offset
     assert read_tree(dest) == {"big.bin": big, "small.txt": b"small"}
 
