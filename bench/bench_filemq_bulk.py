@@ -7,15 +7,16 @@
 
 ``--base`` is a checkout of another commit (``git worktree add /tmp/base-main main``):
 its ``filemq`` and ``zproto`` run with ``PYTHONPATH`` pointing at it, this tree's
-without; both with this interpreter.  Each round runs base, branch and raw in turn
-(the order rotates), each after a ``sync`` with the source in the page cache, into a
-new DEST (deleted afterwards).  A ``filemq serve --no-state`` process is started and
-has indexed the file before the clock starts; the client is ``filemq sync --once
---no-index``.  Columns: wall seconds of the client (launch to exit: noise on a loaded
-machine), CPU seconds per GiB of the server (``/proc`` ticks while the client ran:
-its I/O thread included) and of the client (``wait4``: all its threads), their sum,
-and the raw stream's (sender + receiver, ``bench_filemq.time_raw``: no protocol, no
-SHA-1) beside it.  CPU per GiB is the figure the load of other processes barely moves.
+without; both with this interpreter.  Each round runs base, branch, branch with
+``--direct-io`` ("dio") and raw in turn (the order rotates), each after a ``sync``
+with the source in the page cache, into a new DEST (deleted afterwards).  A ``filemq
+serve --no-state`` process is started and has indexed the file before the clock
+starts; the client is ``filemq sync --once --no-index``.  Columns: wall seconds of the
+client (launch to exit: noise on a loaded machine), CPU seconds per GiB of the server
+(``/proc`` ticks while the client ran: its I/O thread included) and of the client
+(``wait4``: all its threads), their sum, and the raw stream's (sender + receiver,
+``bench_filemq.time_raw``: no protocol, no SHA-1; it writes around the page cache, as
+"dio") beside it.  CPU per GiB is the figure the load of other processes barely moves.
 """
 
 from __future__ import annotations
@@ -37,10 +38,11 @@ PY = sys.executable
 
 
 def _run(
-    tree: Path | None, src: Path, dest: Path, port: int, curve: list[list[str]]
+    tree: Path | None, src: Path, dest: Path, port: int, curve: list[list[str]], extra: list[str]
 ) -> tuple[float, float, float]:
     """(client wall s, server CPU s, client CPU s) of one transfer with ``tree``'s code
-    (``curve``: the server's and the client's CURVE options, or empty: plain)."""
+    (``curve``: the server's and the client's CURVE options, or empty: plain; ``extra``:
+    more options of the client)."""
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     if tree is not None:
@@ -56,7 +58,7 @@ def _run(
         before = bench_filemq.server_ticks(server.pid)
         start = time.perf_counter()
         sync = [PY, "-m", "filemq", "-q", "sync", f"tcp://127.0.0.1:{port}", str(dest)]
-        sync += ["--once", "--no-index", *(curve[1] if curve else [])]
+        sync += ["--once", "--no-index", *(curve[1] if curve else []), *extra]
         client = subprocess.Popen(sync, env=env)
         _pid, status, usage = os.wait4(client.pid, 0)
         wall = time.perf_counter() - start
@@ -113,7 +115,8 @@ def main() -> int:
             f"{'round':>5} {'code':8} {'wall s':>7} {'server CPU/GiB':>14} "
             f"{'client CPU/GiB':>14} {'sum':>6} {'x raw CPU':>9}  load"
         )
-        order = [("base", args.base), ("branch", None), ("raw", None)]
+        # "dio": this tree with --direct-io (big files written around the page cache)
+        order = [("base", args.base), ("branch", None), ("dio", None), ("raw", None)]
         for rnd in range(1, rounds + 1):
             results: dict[str, tuple[float, float, float]] = {}
             for name, tree in order:
@@ -124,10 +127,11 @@ def main() -> int:
                     wall, cpu = bench_filemq.time_raw(src, dest, port, args.curve)
                     results[name] = (wall, 0.0, cpu)
                 else:
-                    results[name] = _run(tree, src, dest, port, curve)
+                    extra = ["--direct-io"] if name == "dio" else []
+                    results[name] = _run(tree, src, dest, port, curve, extra)
                 shutil.rmtree(dest)
             raw_cpu = results["raw"][2]
-            for name, _tree in order:
+            for name, _tree in order:  # (in the order they ran)
                 wall, server_cpu, client_cpu = results[name]
                 total = server_cpu + client_cpu
                 server = f"{server_cpu / gib:14.2f}" if name != "raw" else f"{'-':>14}"
