@@ -19,8 +19,9 @@ the kernel again.  Measured here (512 MiB, plain): that is 40-50% of the server'
 The mirror (issue 15, session 18): libzmq's I/O thread receives each chunk into a
 buffer of its own arena and the mirror's threads free it; with glibc's default trim
 threshold (128 KiB once the mmap threshold is fixed) that arena was trimmed and its
-pages faulted in again by the next receives: 26,000-69,000 page faults per GiB
-(plain and CURVE), ~10,000 with the heap kept (Python's own start-up).  On a virtual
+pages faulted in again by the next receives: 9,800-92,000 page faults per GiB
+(plain and CURVE, depending on the run), 8,800-10,500 with the heap kept (Python's
+own start-up).  On a virtual
 machine whose host takes freed memory back, a fresh page is a trip to the host.
 
 ``MIRROR_MMAP_THRESHOLD`` (4 MiB, ``filemq sync``): a block from 4 MiB gets its own
