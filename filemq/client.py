@@ -513,9 +513,9 @@ class SyncClient:
         self._progress = Progress(progress, every=progress_every)
         self._stop = threading.Event()
         self._refetches: dict[str, int] = {}
-        #: Whole small files being put in place beside the receive loop (``filemq.placer``).
         #: Big files written around the page cache (``filemq.directio``, ``DIRECT_MIN``).
         self.direct_io = direct_io
+        #: Whole small files being put in place beside the receive loop (``filemq.placer``).
         if place_inline is None:  # (measured: README, "the placer thread decision")
             place_inline = len(os.sched_getaffinity(0)) < 2
         self._placer: Placer[tuple[bool, str]] = Placer(thread=not place_inline)
