@@ -3,18 +3,20 @@
 
     python bench/bench_filemq_bulk.py --base /tmp/base-main          # 1 GiB, 3 rounds
     python bench/bench_filemq_bulk.py --base /tmp/base-main --quick  # 64 MiB, 2 rounds
+    python bench/bench_filemq_bulk.py --base /tmp/base-main --curve  # CURVE, raw CURVE beside
 
 ``--base`` is a checkout of another commit (``git worktree add /tmp/base-main main``):
 its ``filemq`` and ``zproto`` run with ``PYTHONPATH`` pointing at it, this tree's
-without; both with this interpreter.  Each round runs base, branch and raw in turn
-(the order rotates), each after a ``sync`` with the source in the page cache, into a
-new DEST (deleted afterwards).  A ``filemq serve --no-state`` process is started and
-has indexed the file before the clock starts; the client is ``filemq sync --once
---no-index``.  Columns: wall seconds of the client (launch to exit: noise on a loaded
-machine), CPU seconds per GiB of the server (``/proc`` ticks while the client ran:
-its I/O thread included) and of the client (``wait4``: all its threads), their sum,
-and the raw stream's (sender + receiver, ``bench_filemq.time_raw``: no protocol, no
-SHA-1) beside it.  CPU per GiB is the figure the load of other processes barely moves.
+without; both with this interpreter.  Each round runs base, branch, branch with
+``--direct-io`` ("dio") and raw in turn (the order rotates), each after a ``sync``
+with the source in the page cache, into a new DEST (deleted afterwards).  A ``filemq
+serve --no-state`` process is started and has indexed the file before the clock
+starts; the client is ``filemq sync --once --no-index``.  Columns: wall seconds of the
+client (launch to exit: noise on a loaded machine), CPU seconds per GiB of the server
+(``/proc`` ticks while the client ran: its I/O thread included) and of the client
+(``wait4``: all its threads), their sum, and the raw stream's (sender + receiver,
+``bench_filemq.time_raw``: no protocol, no SHA-1; it writes around the page cache, as
+"dio") beside it.  CPU per GiB is the figure the load of other processes barely moves.
 """
 
 from __future__ import annotations
@@ -35,27 +37,32 @@ HERE = Path(__file__).resolve().parents[1]
 PY = sys.executable
 
 
-def _run(tree: Path | None, src: Path, dest: Path, port: int) -> tuple[float, float, float]:
-    """(client wall s, server CPU s, client CPU s) of one transfer with ``tree``'s code."""
+def _run(
+    tree: Path | None, src: Path, dest: Path, port: int, curve: list[list[str]], extra: list[str]
+) -> tuple[float, float, float]:
+    """(client wall s, server CPU s, client CPU s) of one transfer with ``tree``'s code
+    (``curve``: the server's and the client's CURVE options, or empty: plain; ``extra``:
+    more options of the client)."""
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
     serve = [PY, "-m", "filemq", "-q", "serve", "--bind", f"tcp://127.0.0.1:{port}"]
-    serve += ["--publish", str(src), "--no-state", "--no-watch"]
+    serve += ["--publish", str(src), "--no-state", "--no-watch", *(curve[0] if curve else [])]
     server = subprocess.Popen(serve, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env)
     try:
         assert server.stderr is not None
         while b"tcp://" not in (line := server.stderr.readline()):
             if not line:
                 raise RuntimeError("filemq serve did not start")
-        before = bench_filemq._ticks(server.pid)
+        before = bench_filemq.server_ticks(server.pid)
         start = time.perf_counter()
         sync = [PY, "-m", "filemq", "-q", "sync", f"tcp://127.0.0.1:{port}", str(dest)]
-        client = subprocess.Popen([*sync, "--once", "--no-index"], env=env)
+        sync += ["--once", "--no-index", *(curve[1] if curve else []), *extra]
+        client = subprocess.Popen(sync, env=env)
         _pid, status, usage = os.wait4(client.pid, 0)
         wall = time.perf_counter() - start
-        server_cpu = bench_filemq._ticks(server.pid) - before
+        server_cpu = bench_filemq.server_ticks(server.pid) - before
         if os.waitstatus_to_exitcode(status) != 0:
             raise RuntimeError(f"filemq sync failed ({tree or 'branch'})")
     finally:
@@ -67,6 +74,19 @@ def _run(tree: Path | None, src: Path, dest: Path, port: int) -> tuple[float, fl
     return wall, server_cpu, usage.ru_utime + usage.ru_stime
 
 
+def _curve_options(work: Path) -> list[list[str]]:
+    """Keys made in ``work``: [the server's CURVE options, the client's]."""
+    keys, allow = work / "keys", work / "allow"
+    for who in ("server", "client"):
+        new = [*bench_filemq.FILEMQ, "keys", "new", who, "--dir", str(keys)]
+        subprocess.run(new, check=True, capture_output=True)
+    allow.mkdir()
+    shutil.copy(keys / "client.key", allow / "client.key")
+    server = ["--curve-secret", str(keys / "server.key_secret"), "--allow", str(allow)]
+    client = ["--server-key", str(keys / "server.key")]
+    return [server, [*client, "--curve-secret", str(keys / "client.key_secret")]]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", type=Path, required=True, help="checkout of the base commit")
@@ -74,6 +94,7 @@ def main() -> int:
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dir", help="work folder (default: a temp folder)")
+    parser.add_argument("--curve", action="store_true", help="over CURVE (and the raw CURVE)")
     args = parser.parse_args()
     if not (args.base / "filemq" / "server.py").exists():
         print(f"bench_filemq_bulk: {args.base} holds no filemq/", file=sys.stderr)
@@ -84,15 +105,18 @@ def main() -> int:
     try:
         src = work / "big-src"  # (fresh_dest keeps what is named *-src)
         bench_filemq.make_big(src, size)
+        curve = _curve_options(work) if args.curve else []
         gib = size / (1 << 30)
         port = 48000 + os.getpid() % 1000
-        print(f"1 x {size >> 20} MiB, plain; base {args.base}, branch {HERE}")
+        security = "CURVE" if args.curve else "plain"
+        print(f"1 x {size >> 20} MiB, {security}; base {args.base}, branch {HERE}")
         print(bench_filemq.CONDITIONS)
         print(
             f"{'round':>5} {'code':8} {'wall s':>7} {'server CPU/GiB':>14} "
             f"{'client CPU/GiB':>14} {'sum':>6} {'x raw CPU':>9}  load"
         )
-        order = [("base", args.base), ("branch", None), ("raw", None)]
+        # "dio": this tree with --direct-io (big files written around the page cache)
+        order = [("base", args.base), ("branch", None), ("dio", None), ("raw", None)]
         for rnd in range(1, rounds + 1):
             results: dict[str, tuple[float, float, float]] = {}
             for name, tree in order:
@@ -100,13 +124,14 @@ def main() -> int:
                 port += 1
                 if name == "raw":
                     dest.mkdir()
-                    wall, cpu = bench_filemq.time_raw(src, dest, port)
+                    wall, cpu = bench_filemq.time_raw(src, dest, port, args.curve)
                     results[name] = (wall, 0.0, cpu)
                 else:
-                    results[name] = _run(tree, src, dest, port)
+                    extra = ["--direct-io"] if name == "dio" else []
+                    results[name] = _run(tree, src, dest, port, curve, extra)
                 shutil.rmtree(dest)
             raw_cpu = results["raw"][2]
-            for name, _tree in order:
+            for name, _tree in order:  # (in the order they ran)
                 wall, server_cpu, client_cpu = results[name]
                 total = server_cpu + client_cpu
                 server = f"{server_cpu / gib:14.2f}" if name != "raw" else f"{'-':>14}"

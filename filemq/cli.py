@@ -79,7 +79,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import zmq
 
 from filemq.engine import DEFAULT_CHUNK_SIZE, DEFAULT_CREDIT_WINDOW, DEFAULT_ENDPOINT, FilemqError
-from filemq.heap import keep_freed_memory
+from filemq.heap import MIRROR_MMAP_THRESHOLD, keep_freed_memory
 from zerohub import zmqkit
 from zerohub.cli import (
     ArgumentParser,
@@ -331,6 +331,13 @@ def _client_options(command: argparse.ArgumentParser) -> None:
         default="auto",
         help="where small files are put in place: a thread of their own, or the receiving "
         "thread (inline); auto: a thread when 2 CPUs or more are ours (default)",
+    )
+    command.add_argument(
+        "--direct-io",
+        action="store_true",
+        help="write files of 8 MiB and more around the page cache (O_DIRECT, where the "
+        "file system allows it): less CPU on a machine whose freed memory is slow to "
+        "take again (a VM whose host reclaims it); the write waits for the device",
     )
 
 
@@ -833,6 +840,7 @@ def _mirror_options(args: argparse.Namespace) -> dict[str, Any]:
         "delete_extraneous": args.delete_extraneous,
         "modify_window": args.modify_window,
         "place_inline": _PLACERS[args.placer],
+        "direct_io": args.direct_io,
     }
 
 
@@ -1148,7 +1156,8 @@ def _command(argv: Sequence[str] | None) -> int:
         # passes over DEST's index (10,000 entries) would cost ~10 ms of a no-change sync
         gc.disable()
     if argv is None and args.command == "sync":
-        _map_big_blocks()
+        # received chunks reused, not faulted in afresh; big blocks mapped (filemq.heap)
+        keep_freed_memory(MIRROR_MMAP_THRESHOLD)
     try:
         return _RUN[args.command](args)
     except (CommandError, BrokenPipeError):
@@ -1164,26 +1173,6 @@ def _command(argv: Sequence[str] | None) -> int:
             # the program exits next: put every object out of the collector's reach, so
             # the interpreter's last collection skips them (~10 ms with a 10,000-file index)
             gc.freeze()
-
-
-#: glibc ``M_MMAP_THRESHOLD`` for ``filemq sync``: blocks from 4 MiB get their own mapping
-#: (above the 1 MiB chunk messages: a mapping each would fault in fresh pages per chunk).
-_MMAP_THRESHOLD = 4 << 20
-
-
-def _map_big_blocks() -> None:
-    """Fix glibc's mmap threshold (a mirror's peak RSS, 100,000 files: 78 -> 55 MiB).
-
-    Its adaptive threshold rises to 32 MiB once a big block is freed (the saved index
-    read at start), so the ICANHAZ frame (~12 MiB, one growing buffer) then grows in
-    the heap: every move leaves the old block behind, touched.  A mapped block grows
-    with ``mremap``, not copied.  Other C libraries: left alone.
-    """
-    import contextlib
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):  # no mallopt here
-        ctypes.CDLL(None).mallopt(-3, _MMAP_THRESHOLD)  # -3: M_MMAP_THRESHOLD
 
 
 def expected_errors() -> tuple[type[Exception], ...]:

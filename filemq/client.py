@@ -19,7 +19,8 @@ None, is inline when the process may run on one CPU only: a thread there costs ~
 more user CPU per file and cannot overlap anything); the client
 collects those outcomes (counts, events, a fetch again) before any other action on
 DEST, before a resync is reported complete and before each wait for the socket, so
-they come in the order the files arrived.
+they come in the order the files arrived.  With ``direct_io`` a file of
+``DIRECT_MIN`` bytes or more is written around the page cache (``filemq.directio``).
 
 Unsafe names (``..``, absolute, NUL, backslash, through a symlink, the temp
 prefix) are logged and skipped; the session goes on and the run ends with
@@ -185,7 +186,7 @@ from filemq.meta import (
     attr_link,
     format_mode,
 )
-from filemq.mirror import TEMP_PREFIX, Mirror
+from filemq.mirror import DIRECT_MIN, TEMP_PREFIX, Mirror
 from filemq.paths import UnsafePathError, all_relative_safe, relative_inside
 from filemq.placer import Placer
 from filemq.progress import PLAIN_EVERY, Progress
@@ -454,6 +455,7 @@ class SyncClient:
         delete_extraneous: bool = False,
         modify_window: float = 0.0,
         place_inline: bool | None = None,
+        direct_io: bool = False,
     ) -> None:
         if modify_window < 0:
             raise ValueError("modify_window must be >= 0 seconds")
@@ -511,6 +513,8 @@ class SyncClient:
         self._progress = Progress(progress, every=progress_every)
         self._stop = threading.Event()
         self._refetches: dict[str, int] = {}
+        #: Big files written around the page cache (``filemq.directio``, ``DIRECT_MIN``).
+        self.direct_io = direct_io
         #: Whole small files being put in place beside the receive loop (``filemq.placer``).
         if place_inline is None:  # (measured: README, "the placer thread decision")
             place_inline = len(os.sched_getaffinity(0)) < 2
@@ -627,6 +631,8 @@ class SyncClient:
     def _run(self) -> SyncResult:
         # the saved index is read by the first session, while its connection is set up
         mirror = Mirror(self.dest, self._new_index(), mask=self.mask)
+        if self.direct_io:
+            mirror.direct_min = DIRECT_MIN
         if self.resume_min is not None:
             mirror.resume_min = self.resume_min
         self._scanned = False

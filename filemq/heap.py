@@ -7,15 +7,29 @@ above 2x the biggest chunk freed: the next chunk's pages are faulted in and zero
 the kernel again.  Measured here (512 MiB, plain): that is 40-50% of the server's CPU
 (``perf``: clear_page, page faults, unmap).
 
-``keep_freed_memory()`` raises both limits once per process (``filemq serve`` does;
-a library user decides for itself).  The client is left alone: its page faults are
-~1% of its CPU (libzmq receives into buffers it reuses better), not worth the ~3 ms
-``ctypes`` costs a no-change ``sync --once``.
+``keep_freed_memory()`` raises both limits once per process: ``filemq serve`` and
+``filemq sync`` call it (a library user decides for itself).
 
-* ``MMAP_THRESHOLD`` (8 MiB): buffers up to this size come from the heap;
+* ``MMAP_THRESHOLD`` (8 MiB): buffers up to this size come from the heap (``filemq
+  sync`` passes ``MIRROR_MMAP_THRESHOLD``, below);
 * ``TRIM_THRESHOLD`` (64 MiB, the server's send queue ``SEND_QUEUE_BYTES``): at most
   this much freed memory is kept at the top of the heap for the next buffers; above
   it the heap is trimmed as before.
+
+The mirror (issue 15, session 18): libzmq's I/O thread receives each chunk into a
+buffer of its own arena and the mirror's threads free it; with glibc's default trim
+threshold (128 KiB once the mmap threshold is fixed) that arena was trimmed and its
+pages faulted in again by the next receives: 9,800-92,000 page faults per GiB
+(plain and CURVE, depending on the run), 8,800-10,500 with the heap kept (Python's
+own start-up).  On a virtual
+machine whose host takes freed memory back, a fresh page is a trip to the host.
+
+``MIRROR_MMAP_THRESHOLD`` (4 MiB, ``filemq sync``): a block from 4 MiB gets its own
+mapping, so a mirror's peak RSS stays low (100,000 files: 78 -> 55 MiB): glibc's
+adaptive threshold would rise to 32 MiB once a big block is freed (the saved index
+read at start) and the ICANHAZ frame (~12 MiB, one growing buffer) would then grow
+in the heap, every move leaving the old block behind, touched; a mapped block grows
+with ``mremap``, not copied.  The 1 MiB chunk messages stay below it.
 
 Elsewhere than glibc (musl, macOS) it does nothing and says so (False).
 """
@@ -26,13 +40,14 @@ import functools
 
 from zerohub.mallopt import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, mallopt
 
-__all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "keep_freed_memory"]
+__all__ = ["MIRROR_MMAP_THRESHOLD", "MMAP_THRESHOLD", "TRIM_THRESHOLD", "keep_freed_memory"]
 
 MMAP_THRESHOLD = 8 << 20
+MIRROR_MMAP_THRESHOLD = 4 << 20
 TRIM_THRESHOLD = 64 << 20
 
 
 @functools.cache
-def keep_freed_memory() -> bool:
+def keep_freed_memory(mmap_threshold: int = MMAP_THRESHOLD) -> bool:
     """Set glibc's thresholds (above); True when they were set."""
-    return mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    return mallopt(M_MMAP_THRESHOLD, mmap_threshold) and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)

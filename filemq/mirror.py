@@ -21,6 +21,10 @@ file arrives as one or more CHEEZBURGER chunks; the last one carries the
   ``resume()`` takes one up where the server restarts.  The whole file is still
   verified by its SHA-1 before the rename; when that fails the partial file goes.
 
+* With ``direct_min`` (``sync --direct-io``: ``DIRECT_MIN``, 8 MiB) a file that big
+  is written around the page cache (``filemq.directio``: ``O_DIRECT`` while the
+  alignment allows); everything else above holds as it is.
+
 Either way DEST never shows a partial file, and a replaced file has exactly the
 new size.  Verified files are recorded in the index with the SHA-1 just
 computed (never read back).
@@ -99,7 +103,14 @@ from filemq.paths import (
 )
 from filemq.writer import ChunkWriter, write_all
 
-__all__ = ["LOCK_NAME", "PARTIAL_PREFIX", "RESUME_MIN_SIZE", "TEMP_PREFIX", "Mirror"]
+__all__ = [
+    "DIRECT_MIN",
+    "LOCK_NAME",
+    "PARTIAL_PREFIX",
+    "RESUME_MIN_SIZE",
+    "TEMP_PREFIX",
+    "Mirror",
+]
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +122,9 @@ LOCK_NAME = TEMP_PREFIX + "lock"
 PARTIAL_PREFIX = TEMP_PREFIX + "resume-"
 #: Files at least this big are received into resumable partial files.
 RESUME_MIN_SIZE = 8 << 20
+#: Files this big and bigger are written around the page cache when the mirror is
+#: asked to (``direct_min``; ``filemq.directio``): the files received in many chunks.
+DIRECT_MIN = 8 << 20
 #: Folder descriptors kept between walks (``Mirror._folder``); beyond: the oldest closed.
 MAX_FOLDER_FDS = 128
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
@@ -198,9 +212,12 @@ class Mirror:
         *,
         mask: int = PERMISSION_BITS,
         resume_min: int = RESUME_MIN_SIZE,
+        direct_min: int | None = None,
     ) -> None:
         self.root = root
         self.resume_min = resume_min
+        #: Files of at least this size are written around the page cache (None: none).
+        self.direct_min = direct_min
         self.partials = PartialStore(root, PARTIAL_PREFIX)
         self._journal: Journal | None = None  # the file being received is resumable
         #: Permission bits applied from the server's modes (``filemq.meta``).
@@ -396,7 +413,15 @@ class Mirror:
         self._tmp, self._parts = tmp, parts
         self._sha1 = new_sha1()
         self._size = 0
-        self._writer = ChunkWriter(self._fd, self._sha1, journal=self._journal)
+        self._writer = ChunkWriter(
+            self._fd, self._sha1, journal=self._journal, direct=self._direct(version)
+        )
+
+    def _direct(self, version: Version | None) -> bool:
+        """Write this file's chunks direct (``filemq.directio``)?"""
+        return (
+            self.direct_min is not None and version is not None and version.size >= self.direct_min
+        )
 
     def resume_points(self) -> list[ResumePoint]:
         """Partial files left by an interrupted transfer, proven (``filemq.partial``)."""
@@ -419,7 +444,9 @@ class Mirror:
         self._fd, self._journal, self._sha1 = taken
         self._tmp, self._parts = self.partials.data_path(name), parts
         self._size = offset
-        self._writer = ChunkWriter(self._fd, self._sha1, size=offset, journal=self._journal)
+        self._writer = ChunkWriter(
+            self._fd, self._sha1, size=offset, journal=self._journal, direct=self._direct(version)
+        )
         return ""
 
     def write(self, data: bytes) -> None:

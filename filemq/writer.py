@@ -21,6 +21,8 @@ Rules:
 * the first write that fails (disk full, I/O error, a file size limit) is kept:
   nothing queued after it is written, and the next ``write`` or ``settle`` raises
   it (an ``OSError``), so the caller drops the file: never taken as complete;
+* with ``direct`` the writing worker writes around the page cache
+  (``filemq.directio``): the same bytes at the same offsets;
 * ``settle`` waits until everything queued is on disk and hashed, ``close`` stops
   the workers (what was queued is written first; ``discard`` drops it instead).
 
@@ -35,6 +37,8 @@ import os
 import threading
 from collections import deque
 from typing import Any, Protocol
+
+from filemq.directio import DirectWrites
 
 __all__ = ["MAX_PENDING", "Checkpoints", "ChunkWriter"]
 
@@ -67,8 +71,10 @@ class ChunkWriter:
         size: int = 0,
         journal: Checkpoints | None = None,
         max_pending: int = MAX_PENDING,
+        direct: bool = False,
     ) -> None:
         self.fd = fd
+        self._direct = direct  # written around the page cache (``filemq.directio``)
         self.hasher = hasher
         #: Bytes written and hashed so far (the workers' count; ``settle`` to read it).
         self.size = size
@@ -185,6 +191,14 @@ class ChunkWriter:
         self._drop()
 
     def _writing(self) -> None:
+        direct = DirectWrites(self.fd) if self._direct else None
+        try:
+            self._write_chunks(direct)
+        finally:
+            if direct is not None:
+                direct.close()
+
+    def _write_chunks(self, direct: DirectWrites | None) -> None:
         cond = self._cond
         while True:
             with cond:
@@ -192,7 +206,10 @@ class ChunkWriter:
                 if data is None:
                     return
             try:
-                write_all(self.fd, data)
+                if direct is None:
+                    write_all(self.fd, data)
+                else:
+                    direct.write(data)
             except OSError as exc:
                 with cond:
                     self._busy = False

@@ -2,8 +2,8 @@
 
 The pattern of a transfer (1 MiB buffers, several in flight, freed as libzmq sends
 them) makes glibc trim its heap and fault the pages in again for the next chunks;
-with ``keep_freed_memory()`` (which ``filemq serve`` calls) it reuses them.  Each case
-runs in its own interpreter: the setting is for the whole process.
+with ``keep_freed_memory()`` (which ``filemq serve`` and ``filemq sync`` call) it reuses
+them.  Each case runs in its own interpreter: the setting is for the whole process.
 """
 
 from __future__ import annotations
@@ -39,6 +39,15 @@ try:  # parses, sets the heap up, then fails on the missing folder: one line, ex
 except SystemExit:
     pass
 """
+_SYNC = """
+sys.argv = ["filemq", "-q", "sync", "--once", "--exclude-from", sys.argv[1]]
+sys.argv += ["tcp://127.0.0.1:9", "d"]
+from filemq.cli import main
+try:  # as the installed command runs it (argv None: the process is the command's), then
+    main()  # fails on the missing pattern file: one line, exit 2
+except SystemExit:
+    pass
+"""
 
 pytestmark = pytest.mark.skipif(
     platform.libc_ver()[0] != "glibc", reason="mallopt thresholds are glibc's"
@@ -63,3 +72,8 @@ def test_kept_freed_memory_serves_the_next_chunks_without_page_faults() -> None:
 
 def test_filemq_serve_keeps_freed_memory(tmp_path: object) -> None:
     assert _faults(_SERVE, f"{tmp_path}/missing") < _faults("pass") // 20
+
+
+def test_filemq_sync_keeps_freed_memory(tmp_path: object) -> None:
+    # the mirror's received chunks: freed by its threads, reused by libzmq's next receives
+    assert _faults(_SYNC, f"{tmp_path}/missing") < _faults("pass") // 20

@@ -285,18 +285,20 @@ def _kill_at(proc: subprocess.Popen[bytes], partial: Path, at: int) -> int:
     return _size(partial)
 
 
+@pytest.mark.parametrize("direct_io", [False, True])  # (True: written around the page cache)
 def test_kill_9_mid_file_resumes_from_the_bytes_received(
-    tmp_path: Path, serve: Serve, sync_once: Sync, big: bytes
+    tmp_path: Path, serve: Serve, sync_once: Sync, big: bytes, direct_io: bool
 ) -> None:
     server = serve(tmp_path / "src", chunk_size=64 << 10)
     dest = tmp_path / "dest"
     store_name = store(dest).data_name("big.bin")
     # capped so that the kill surely lands in the middle: 32 MiB at 8 MiB/s takes ~4 s
-    first = _sync_process(tmp_path, server.endpoint, dest, "--bwlimit", "8M")
+    direct = ["--direct-io"] if direct_io else []
+    first = _sync_process(tmp_path, server.endpoint, dest, "--bwlimit", "8M", *direct)
     held = _kill_at(first, dest / store_name, len(big) // 2)
     assert not (dest / "big.bin").exists()
     index = tmp_path / "cache" / "index"
-    result = sync_once(server.endpoint, dest, index_path=index)
+    result = sync_once(server.endpoint, dest, index_path=index, direct_io=direct_io)
     assert result.synced and result.errors == 0
     assert read_tree(dest) == {"big.bin": big, "small.txt": b"small"}  # no partial left
     assert CHECKPOINT_BYTES <= result.resumed_bytes <= held
@@ -344,8 +346,9 @@ def test_a_change_behind_the_servers_back_never_makes_a_frankenstein_file(
         assert result.errors >= 1  # the server kept naming a version it no longer has
 
 
+@pytest.mark.parametrize("direct_io", [False, True])  # (True: written around the page cache)
 def test_write_failure_keeps_the_partial_file_and_the_next_run_resumes(
-    tmp_path: Path, serve: Serve, sync_once: Sync, big: bytes
+    tmp_path: Path, serve: Serve, sync_once: Sync, big: bytes, direct_io: bool
 ) -> None:
     """A file size limit makes the write fail at 12 MiB, as a full disk would."""
     server = serve(tmp_path / "src", chunk_size=256 << 10)
@@ -356,14 +359,15 @@ def test_write_failure_keeps_the_partial_file_and_the_next_run_resumes(
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    proc = _sync_process(tmp_path, server.endpoint, dest, preexec_fn=limited)
+    direct = ["--direct-io"] if direct_io else []
+    proc = _sync_process(tmp_path, server.endpoint, dest, *direct, preexec_fn=limited)
     assert proc.wait(timeout=WAIT) == 1
     log = (tmp_path / "sync.log").read_text()
     assert "cannot write big.bin" in log, log
     assert not (dest / "big.bin").exists()
     [point] = store(dest).scan()
     assert 11 * MiB <= point.offset <= limit
-    result = sync_once(server.endpoint, dest)
+    result = sync_once(server.endpoint, dest, direct_io=direct_io)
     assert result.synced and result.errors == 0 and result.resumed_bytes == point.offset
     assert read_tree(dest) == {"big.bin": big, "small.txt": b"small"}
 
