@@ -18,8 +18,9 @@ messages are decoded (``place_inline``: on the receiving thread, at once; the de
 None, is inline when the process may run on one CPU only: a thread there costs ~25%
 more user CPU per file and cannot overlap anything); the client
 collects those outcomes (counts, events, a fetch again) before any other action on
-DEST, before a resync is reported complete and before each wait for the socket, so
-they come in the order the files arrived.
+DEST or its index, before a resync is reported complete and before it waits on a socket
+with no message left (with more queued it receives on, and credit goes out at once: the
+placer is not drained every 256 messages), so they come in the order the files arrived.
 
 Unsafe names (``..``, absolute, NUL, backslash, through a symlink, the temp
 prefix) are logged and skipped; the session goes on and the run ends with
@@ -732,16 +733,18 @@ class SyncClient:
             while not self._stop.is_set():
                 wakeup = session.wakeup(now)  # (capped credit to grant: inf when none)
                 wait = _POLL_MS if wakeup * 1000 >= _POLL_MS else int(wakeup * 1000) + 1
-                mirror.release_folders()  # (folders walked again after each wait)
+                mirror.expire_folders()  # (folders walked again after each wait)
                 events = dict(poller.poll(wait))
                 now = time.monotonic()
                 if monitor.socket in events:
                     self._check_monitor(monitor)
                 if sock in events:
+                    drained = False  # the socket ran out of messages (else: more wait)
                     for _ in range(_RECV_BUDGET):
                         try:
                             frames = _receive(sock)
                         except zmq.Again:
+                            drained = True
                             break
                         self._answered = True
                         outcome = self._perform(session, mirror, session.receive(frames, now))
@@ -751,9 +754,10 @@ class SyncClient:
                             return outcome
                         if subscribed_at is None and session.state is ClientState.ACTIVE:
                             subscribed_at = now
-                    outcome = self._settle(session, mirror)  # (the files of this batch)
-                    if outcome is not None:
-                        return outcome
+                    if drained:  # (more waiting: received first, the placer goes on)
+                        outcome = self._settle(session, mirror)  # (the files of this batch)
+                        if outcome is not None:
+                            return outcome
                 if subscribed_at is None and now - started > self.connect_timeout:
                     if self.max_retries is not None and not self._answered:
                         # a DEALER retries TCP by itself: a new socket would not make an
@@ -766,11 +770,15 @@ class SyncClient:
                         f"no answer from {self.endpoint} in {self.connect_timeout} s"
                     )
                 self._perform(session, mirror, session.tick(now))
-                if self._check_due(session, now):
-                    self._check_dest(session, mirror)
-                if now >= next_save or (
+                check = self._check_due(session, now)
+                save = now >= next_save or (
                     sock not in events and now >= self._quiet_save and self._quiet(session, mirror)
-                ):
+                )
+                if (check or save) and (outcome := self._settle(session, mirror)) is not None:
+                    return outcome  # (the placer is done before DEST or its index is read)
+                if check:
+                    self._check_dest(session, mirror)
+                if save:
                     next_save = now + self.save_interval
                     self._save_index(mirror.index)
                     took = time.monotonic() - now
@@ -992,7 +1000,7 @@ class SyncClient:
     def _settle(self, session: ClientSession, mirror: Mirror) -> str | None:
         """Wait for the small files being placed (``filemq.placer``) and finish each as
         ``_chunk`` would have: count it, or fetch it again.  Before anything else uses
-        DEST or its index (see ``_perform``) and before each wait for the socket."""
+        DEST or its index (see ``_perform``) and before a wait on a drained socket."""
         outcome = None
         for chunk, result in self._placer.settle():
             if isinstance(result, OSError | UnsafePathError):
@@ -1032,8 +1040,9 @@ class SyncClient:
     ) -> str | None:
         placer = self._placer
         for action in actions:
+            beside = (isinstance(action, FileChunk) and _whole(action)) or isinstance(action, Send)
             if (
-                not (isinstance(action, FileChunk) and _whole(action))
+                not beside  # (a Send touches no file: credit goes out at once)
                 or placer.held >= placer.max_pending  # (placed files keep their content)
             ) and not placer.settled:
                 outcome = self._settle(session, mirror)  # (nothing else beside the placer)

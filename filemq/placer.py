@@ -15,7 +15,8 @@ Rules:
 * the caller uses the worker's objects (the ``Mirror``, its index) only between
   ``settle`` and the next ``submit``: the client settles before any other action on
   DEST (a delete, a folder, a file in chunks, a DEST check, saving the index) and
-  before each wait for the socket, so nothing else ever runs beside a job;
+  before it waits on a socket with no message left, so nothing else ever runs beside
+  a job (sending credit does, it touches no file);
 * at most ``max_pending`` content bytes wait for the worker (default
   ``MAX_PENDING``, 8 MiB): ``submit`` blocks beyond that, so a disk slower than the
   wire holds the receive loop (and the credit it grants) instead of filling memory;
