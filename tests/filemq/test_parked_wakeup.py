@@ -31,10 +31,14 @@ WAIT = 20.0
 MAX_TURNS_PER_S = 1000
 
 
-def _dealer(zctx: zmq.Context[Any], endpoint: str, rcvhwm: int = 1000) -> zmq.Socket[Any]:
+def _dealer(
+    zctx: zmq.Context[Any], endpoint: str, rcvhwm: int = 1000, ident: bytes = b""
+) -> zmq.Socket[Any]:
     sock = zctx.socket(zmq.DEALER)
     sock.linger = 0
     sock.rcvhwm = rcvhwm
+    if ident:
+        sock.routing_id = ident
     sock.connect(endpoint)
     sock.send_multipart(fmq_msg.encode(fmq_msg.Ohai()))
     assert sock.poll(int(WAIT * 1000)), "no OHAI-OK"
@@ -51,18 +55,27 @@ def test_a_parked_client_beside_an_idle_one_does_not_make_the_loop_spin(
     tmp_path: Path, serve: Callable[..., FileServer], zctx: zmq.Context[Any]
 ) -> None:
     src = tmp_path / "src"
-    write_tree(src, {f"f{i:04d}": os.urandom(2048) for i in range(2000)})
-    server = serve(src, chunk_size=1024)
+    # 48 MiB: more than the stuck client's pipe (64 messages of 256 KiB) and the
+    # loopback's socket buffers hold, so it stays parked while nobody reads
+    write_tree(src, {f"f{i:03d}": os.urandom(256 << 10) for i in range(192)})
+    server = serve(src)
     idle = _dealer(zctx, server.endpoint)  # connected, nothing asked: its pipe has room
-    stuck = _dealer(zctx, server.endpoint, rcvhwm=1)
+    stuck = _dealer(zctx, server.endpoint, rcvhwm=1, ident=b"stuck")
+
+    def stuck_sent() -> tuple[int, int]:  # (bytes built for it, files still queued)
+        found = [s for s in server.stats().subscribers if s.client == b"stuck".hex()]
+        return (found[0].sent_bytes, found[0].queued) if found else (-1, -1)
+
     try:
         _subscribe(stuck, 1 << 40)  # and never read again: its pipe fills, it is parked
         assert wait_until(lambda: bool(server._stalled), WAIT)
+        before = stuck_sent()
         turns, start = server.loop_turns, time.monotonic()
-        assert not wait_until(lambda: not server._stalled, 1.0)  # (parked all along)
+        assert not wait_until(lambda: server.client_count != 2, 1.0)  # (a second's window)
         rate = (server.loop_turns - turns) / (time.monotonic() - start)
         assert rate < MAX_TURNS_PER_S, f"{rate:.0f} loop turns per second: spinning"
-        assert server.client_count == 2
+        sent, queued = stuck_sent()
+        assert sent == before[0] and queued > 0  # parked all along: nothing more built
     finally:
         idle.close()
         stuck.close()
