@@ -1077,7 +1077,8 @@ class SyncClient:
         placer = self._placer
         for action in actions:
             outcome = None
-            if isinstance(action, FileChunk) and _whole(action):
+            # a whole file in one message (the placer puts it in place): inline, per file
+            if isinstance(action, FileChunk) and action.first and action.eof and not action.offset:
                 if placer.held >= placer.max_pending:  # (placed files keep their content)
                     outcome = self._settle(session, mirror, partly=True)
             elif not isinstance(action, Send | MakeDir) and not placer.settled:
@@ -1216,7 +1217,8 @@ class SyncClient:
                 self._planned("update" if exists else "create", chunk.name)
             return
         if chunk.first:
-            self._changes_dest()
+            if self._guard:  # (``_changes_dest`` inline: once per file)
+                self._changes_dest()
             if chunk.eof and not chunk.offset:  # the whole file in one message (small files)
                 mirror.abort()  # (no file in chunks goes on beside the placer)
                 # its place is checked by the placer too: after the folders queued before it
@@ -1310,11 +1312,6 @@ def _make_dir(mirror: Mirror, action: MakeDir) -> tuple[bool, str]:
     """A folder made as a placer job (``filemq.placer``: in order with the small files)."""
     mirror.make_dir(action.parts, action.meta.mode)
     return True, ""
-
-
-def _whole(chunk: FileChunk) -> bool:
-    """A whole file in one message (``filemq.placer`` puts it in place)."""
-    return chunk.first and chunk.eof and not chunk.offset
 
 
 def _receive(sock: zmq.Socket[Any]) -> list[Any]:

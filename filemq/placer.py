@@ -79,7 +79,10 @@ class Placer(Generic[T]):
         self._running = False  # the worker is in a run of jobs
         self._idle = False  # the worker waits for jobs
         self._stopping = False
-        self._cond = threading.Condition()
+        #: The lock of ``_cond``, taken straight where no wait follows (``submit``, once
+        #: per file: a ``Condition``'s own ``with`` is two Python calls more).
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
 
     def submit(self, job: Callable[[], T], size: int, token: Any) -> None:
@@ -89,7 +92,7 @@ class Placer(Generic[T]):
             self._done.append((token, _outcome(job)))
             self._done_bytes += size
             return
-        with self._cond:
+        with self._lock:
             while self._pending >= self._max_pending and (self._jobs or self._running):
                 self._cond.wait()
             self._jobs.append((job, size, token))
