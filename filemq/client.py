@@ -18,9 +18,11 @@ messages are decoded (``place_inline``: on the receiving thread, at once; the de
 None, is inline when the process may run on one CPU only: a thread there costs ~25%
 more user CPU per file and cannot overlap anything); the client
 collects those outcomes (counts, events, a fetch again) before any other action on
-DEST, before a resync is reported complete and before each wait for the socket, so
-they come in the order the files arrived.  With ``direct_io`` a file of
-``DIRECT_MIN`` bytes or more is written around the page cache (``filemq.directio``).
+DEST or its index, before a resync is reported complete and before it waits on a socket
+with no message left (with more queued it receives on, and credit goes out at once: the
+placer is not drained every 256 messages), so they come in the order the files arrived.
+With ``direct_io`` a file of ``DIRECT_MIN`` bytes or more is written around the page
+cache (``filemq.directio``).
 
 Unsafe names (``..``, absolute, NUL, backslash, through a symlink, the temp
 prefix) are logged and skipped; the session goes on and the run ends with
@@ -738,16 +740,18 @@ class SyncClient:
             while not self._stop.is_set():
                 wakeup = session.wakeup(now)  # (capped credit to grant: inf when none)
                 wait = _POLL_MS if wakeup * 1000 >= _POLL_MS else int(wakeup * 1000) + 1
-                mirror.release_folders()  # (folders walked again after each wait)
+                mirror.expire_folders()  # (folders walked again after each wait)
                 events = dict(poller.poll(wait))
                 now = time.monotonic()
                 if monitor.socket in events:
                     self._check_monitor(monitor)
                 if sock in events:
+                    drained = False  # the socket ran out of messages (else: more wait)
                     for _ in range(_RECV_BUDGET):
                         try:
                             frames = _receive(sock)
                         except zmq.Again:
+                            drained = True
                             break
                         self._answered = True
                         outcome = self._perform(session, mirror, session.receive(frames, now))
@@ -757,9 +761,10 @@ class SyncClient:
                             return outcome
                         if subscribed_at is None and session.state is ClientState.ACTIVE:
                             subscribed_at = now
-                    outcome = self._settle(session, mirror)  # (the files of this batch)
-                    if outcome is not None:
-                        return outcome
+                    if drained:  # (more waiting: received first, the placer goes on)
+                        outcome = self._settle(session, mirror)  # (the files of this batch)
+                        if outcome is not None:
+                            return outcome
                 if subscribed_at is None and now - started > self.connect_timeout:
                     if self.max_retries is not None and not self._answered:
                         # a DEALER retries TCP by itself: a new socket would not make an
@@ -772,11 +777,15 @@ class SyncClient:
                         f"no answer from {self.endpoint} in {self.connect_timeout} s"
                     )
                 self._perform(session, mirror, session.tick(now))
-                if self._check_due(session, now):
-                    self._check_dest(session, mirror)
-                if now >= next_save or (
+                check = self._check_due(session, now)
+                save = now >= next_save or (
                     sock not in events and now >= self._quiet_save and self._quiet(session, mirror)
-                ):
+                )
+                if (check or save) and (outcome := self._settle(session, mirror)) is not None:
+                    return outcome  # (the placer is done before DEST or its index is read)
+                if check:
+                    self._check_dest(session, mirror)
+                if save:
                     next_save = now + self.save_interval
                     self._save_index(mirror.index)
                     took = time.monotonic() - now
@@ -995,12 +1004,33 @@ class SyncClient:
             covered = {n: local[n] for n in ordered[first:last]}
             self._perform(session, mirror, session.refetch(name, covered))
 
-    def _settle(self, session: ClientSession, mirror: Mirror) -> str | None:
+    def _settle(
+        self, session: ClientSession, mirror: Mirror, *, partly: bool = False
+    ) -> str | None:
         """Wait for the small files being placed (``filemq.placer``) and finish each as
         ``_chunk`` would have: count it, or fetch it again.  Before anything else uses
-        DEST or its index (see ``_perform``) and before each wait for the socket."""
+        DEST or its index (see ``_perform``) and before a wait on a drained socket.
+
+        ``partly``: only those placed so far (``Placer.collect``: the placer's content
+        bound), the rest go on being placed; a file that did not verify waits for the
+        rest first (asking again reads the index)."""
+        placer = self._placer
+        done = placer.collect() if partly else placer.settle()
         outcome = None
-        for chunk, result in self._placer.settle():
+        for chunk, result in done:  # (a list: what is added below is iterated too)
+            if isinstance(chunk, MakeDir):
+                if isinstance(result, OSError | UnsafePathError):
+                    log.error("cannot apply %s: %s", chunk.name, result)
+                    self.result.errors += 1
+                elif isinstance(result, Exception):
+                    raise result
+                continue
+            if partly and not (type(result) is tuple and result[0]):
+                done += placer.settle()  # (nothing runs beside what follows)
+                partly = False
+            if isinstance(result, _TargetRefused):
+                self._refused(chunk.name, result.cause)
+                continue
             if isinstance(result, OSError | UnsafePathError):
                 self._not_placed(chunk.name, result)
                 continue
@@ -1009,6 +1039,15 @@ class SyncClient:
             self._progress.data(len(chunk.data))
             outcome = self._finished(session, mirror, chunk, *result) or outcome
         return _Outcome.FULL if self._full else outcome
+
+    def _refused(self, name: str, exc: OSError | UnsafePathError) -> None:
+        """``name``'s place in DEST is not safe (or cannot be made): skipped, an error."""
+        if isinstance(exc, OSError) and exc.errno in _NO_ROOM:
+            self._not_placed(name, exc, "create")  # (no temp file made)
+            return
+        log.error("refused %s: %s (skipped)", name, exc)
+        self.result.refused += 1
+        self.result.errors += 1
 
     def _not_placed(self, name: str, exc: OSError | UnsafePathError, doing: str = "place") -> None:
         """``name`` could not be written into DEST: an error, logged; when DEST has no room
@@ -1023,7 +1062,13 @@ class SyncClient:
         """The session ends on an error: wait for the files being placed and count them
         (one that did not verify is fetched by the next session's resync)."""
         for chunk, result in self._placer.settle():
-            if isinstance(result, tuple) and result[0]:
+            if isinstance(chunk, MakeDir):
+                if isinstance(result, Exception):
+                    log.error("cannot apply %s: %s", chunk.name, result)
+                    self.result.errors += 1
+            elif isinstance(result, _TargetRefused):
+                self._refused(chunk.name, result.cause)
+            elif isinstance(result, tuple) and result[0]:
                 self._progress.data(len(chunk.data))
                 self.result.files += 1
                 self.result.bytes += len(chunk.data)
@@ -1038,13 +1083,17 @@ class SyncClient:
     ) -> str | None:
         placer = self._placer
         for action in actions:
-            if (
-                not (isinstance(action, FileChunk) and _whole(action))
-                or placer.held >= placer.max_pending  # (placed files keep their content)
-            ) and not placer.settled:
-                outcome = self._settle(session, mirror)  # (nothing else beside the placer)
-                if outcome is not None:
-                    return outcome
+            outcome = None
+            # a whole file in one message (the placer puts it in place): inline, per file
+            if isinstance(action, FileChunk) and action.first and action.eof and not action.offset:
+                if placer.held >= placer.max_pending:  # (placed files keep their content)
+                    outcome = self._settle(session, mirror, partly=True)
+            elif not isinstance(action, Send | MakeDir) and not placer.settled:
+                # (nothing else beside the placer: a Send touches no file, credit goes
+                # out at once; a folder is made by the placer, in order)
+                outcome = self._settle(session, mirror)
+            if outcome is not None:
+                return outcome
             if isinstance(action, FileChunk):
                 self._chunk(session, mirror, action)
             elif isinstance(action, Send):
@@ -1143,10 +1192,11 @@ class SyncClient:
             self._plan_entry(mirror, action)
             return
         self._changes_dest()
+        if isinstance(action, MakeDir):  # (in order with the files placed beside: ``_settle``)
+            self._placer.submit(functools.partial(_make_dir, mirror, action), 0, action)
+            return
         try:
-            if isinstance(action, MakeDir):
-                mirror.make_dir(action.parts, meta.mode)
-            elif isinstance(action, MakeLink):
+            if isinstance(action, MakeLink):
                 mirror.make_link(action.parts, meta.target)
                 log.info("link %s -> %s", action.name, meta.target)
             elif not mirror.touch(action.parts, meta, action.sha1, action.size):
@@ -1174,7 +1224,14 @@ class SyncClient:
                 self._planned("update" if exists else "create", chunk.name)
             return
         if chunk.first:
-            self._changes_dest()
+            if self._guard:  # (``_changes_dest`` inline: once per file)
+                self._changes_dest()
+            if chunk.eof and not chunk.offset:  # the whole file in one message (small files)
+                mirror.abort()  # (no file in chunks goes on beside the placer)
+                # its place is checked by the placer too: after the folders queued before it
+                place = functools.partial(_place_whole, mirror, chunk)
+                self._placer.submit(place, len(chunk.data), chunk)  # (see ``_settle``)
+                return
             try:
                 target = mirror.target(chunk.parts)
                 if chunk.offset:  # the server resumed where our partial file ends
@@ -1189,19 +1246,7 @@ class SyncClient:
                 elif not chunk.eof:
                     mirror.begin(chunk.parts, target, chunk.headers)
             except (OSError, UnsafePathError) as exc:
-                if isinstance(exc, OSError) and exc.errno in _NO_ROOM:
-                    self._not_placed(chunk.name, exc, "create")  # (no temp file made)
-                    return
-                log.error("refused %s: %s (skipped)", chunk.name, exc)
-                self.result.refused += 1
-                self.result.errors += 1
-                return
-            if chunk.eof and not chunk.offset:  # the whole file in one message (small files)
-                mirror.abort()  # (no file in chunks goes on beside the placer)
-                place = functools.partial(
-                    mirror.place, chunk.parts, target, chunk.data, chunk.headers, chunk.meta
-                )
-                self._placer.submit(place, len(chunk.data), chunk)  # (see ``_settle``)
+                self._refused(chunk.name, exc)
                 return
         elif not mirror.busy:
             return  # this file was refused at its first chunk
@@ -1250,9 +1295,30 @@ class SyncClient:
         return self._perform(session, mirror, session.refetch(chunk.name, local))
 
 
-def _whole(chunk: FileChunk) -> bool:
-    """A whole file in one message (``filemq.placer`` puts it in place)."""
-    return chunk.first and chunk.eof and not chunk.offset
+class _TargetRefused(FilemqError):
+    """A whole small file's place in DEST was refused (``_place_whole``, on the placer):
+    handed back as its outcome, it is counted as a refused name, not a failed write."""
+
+    def __init__(self, cause: OSError | UnsafePathError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _place_whole(mirror: Mirror, chunk: FileChunk) -> tuple[bool, str]:
+    """A placer job: check where a whole small file goes, then put it there
+    (``Mirror.place``).  Checked here, not when it arrived: a folder the server sent
+    just before it (a ``MakeDir``, also a placer job) is made by then."""
+    try:
+        target = mirror.target(chunk.parts)
+    except (OSError, UnsafePathError) as exc:
+        raise _TargetRefused(exc) from exc
+    return mirror.place(chunk.parts, target, chunk.data, chunk.headers, chunk.meta)
+
+
+def _make_dir(mirror: Mirror, action: MakeDir) -> tuple[bool, str]:
+    """A folder made as a placer job (``filemq.placer``: in order with the small files)."""
+    mirror.make_dir(action.parts, action.meta.mode)
+    return True, ""
 
 
 def _receive(sock: zmq.Socket[Any]) -> list[Any]:

@@ -43,7 +43,8 @@ link pointing out of DEST while the mirror runs is refused, not written or
 deleted through; a folder removed meanwhile is made again.  (The descriptor of a
 folder walked is kept for the next renames into it until the client next waits
 for the socket -- at most 256 messages -- or a delete, folder change or DEST check
-comes: ``release_folders``; at most ``MAX_FOLDER_FDS`` kept.  This saves four
+comes: ``release_folders``, or ``expire_folders`` while the placer thread may be
+renaming; at most ``MAX_FOLDER_FDS`` kept.  This saves four
 system calls per small file; a folder swapped within one such batch still
 receives that batch's files in the folder it was, wherever it was moved: never
 through the link.)  Deletes also remove
@@ -227,6 +228,7 @@ class Mirror:
         self._safe_dirs: set[tuple[str, ...]] = set()
         #: Descriptors of folders walked (``open_dir_beneath``) this receive batch.
         self._dir_fds: dict[tuple[str, ...], int] = {}
+        self._expired = False  # released before the next use (``expire_folders``)
         self._temp_base = f"{self._root}/{TEMP_PREFIX}{os.getpid()}-"
         self._counter = 0
         self._fd = -1
@@ -254,14 +256,24 @@ class Mirror:
 
     def release_folders(self) -> None:
         """Close the folder descriptors kept for renames: the next rename walks DEST
-        again (the client calls this before each wait for the socket: see the module doc)."""
+        again (before each wait for the socket: see the module doc and ``expire_folders``)."""
         fds, self._dir_fds = self._dir_fds, {}
         for fd in fds.values():
             os.close(fd)
 
+    def expire_folders(self) -> None:
+        """The folder descriptors kept are released before the next rename uses one
+        (``release_folders`` there): what the client asks before each wait for the
+        socket while the placer may still be renaming (``filemq.placer``: this thread
+        then closes nothing the placer uses; it is the placer that walks DEST again)."""
+        self._expired = True
+
     def _folder(self, parts: tuple[str, ...]) -> int:
         """A descriptor of folder ``parts`` (made when missing), walked without following
         a link (``open_dir_beneath``) once per receive batch and then reused."""
+        if self._expired:
+            self._expired = False
+            self.release_folders()
         fd = self._dir_fds.get(parts)
         if fd is None:
             fd = open_dir_beneath(self.root, parts, create=True)

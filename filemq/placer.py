@@ -15,14 +15,18 @@ Rules:
 * the caller uses the worker's objects (the ``Mirror``, its index) only between
   ``settle`` and the next ``submit``: the client settles before any other action on
   DEST (a delete, a folder, a file in chunks, a DEST check, saving the index) and
-  before each wait for the socket, so nothing else ever runs beside a job;
+  before it waits on a socket with no message left, so nothing else ever runs beside
+  a job (sending credit does, it touches no file);
 * at most ``max_pending`` content bytes wait for the worker (default
   ``MAX_PENDING``, 8 MiB): ``submit`` blocks beyond that, so a disk slower than the
   wire holds the receive loop (and the credit it grants) instead of filling memory;
 * a job's content stays alive until its outcome is collected (the token holds it):
-  :attr:`held` counts it, and the submitter settles when it reaches ``max_pending``
+  :attr:`held` counts it, and the submitter collects when it reaches ``max_pending``
   (the client does, before its next small file), so a disk as fast as the wire does not
-  fill memory either; the worker keeps nothing of a run once it is done;
+  fill memory either; the worker keeps nothing of a run once it is done.  ``collect``
+  takes the outcomes of the runs done so far (waiting for one when none is), so the
+  worker keeps working meanwhile: at the bound the two go in step instead of the
+  worker's queue running dry every ``max_pending`` bytes;
 * ``close`` lets the jobs submitted run, then stops the worker.
 
 The worker takes the jobs queued in runs of at most ``_RUN`` (one lock round, one
@@ -70,11 +74,15 @@ class Placer(Generic[T]):
         self._inline = not thread
         self._jobs: deque[tuple[Callable[[], T], int, Any]] = deque()
         self._done: list[tuple[Any, T | Exception]] = []
+        self._done_bytes = 0  # content bytes of the jobs in ``_done``
         self._pending = 0  # content bytes of the jobs not run yet
         self._running = False  # the worker is in a run of jobs
         self._idle = False  # the worker waits for jobs
         self._stopping = False
-        self._cond = threading.Condition()
+        #: The lock of ``_cond``, taken straight where no wait follows (``submit``, once
+        #: per file: a ``Condition``'s own ``with`` is two Python calls more).
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
 
     def submit(self, job: Callable[[], T], size: int, token: Any) -> None:
@@ -82,8 +90,9 @@ class Placer(Generic[T]):
         self.held += size
         if self._inline:
             self._done.append((token, _outcome(job)))
+            self._done_bytes += size
             return
-        with self._cond:
+        with self._lock:
             while self._pending >= self._max_pending and (self._jobs or self._running):
                 self._cond.wait()
             self._jobs.append((job, size, token))
@@ -108,7 +117,23 @@ class Placer(Generic[T]):
             while self._jobs or self._running:
                 self._cond.wait()
             done, self._done = self._done, []
+            self._done_bytes = 0
         self.held = 0
+        return done
+
+    def collect(self) -> list[tuple[Any, T | Exception]]:
+        """The outcomes of the jobs run so far, in the order submitted, forgotten; the
+        rest go on meanwhile.  Waits for the worker's current run when nothing is done
+        yet (and something was submitted).  Between ``collect`` and the next ``submit``
+        the worker may still run jobs: the caller may not use its objects then."""
+        with self._cond:
+            if not self._done and (self._jobs or self._running):
+                self._cond.notify_all()  # (the jobs the worker was not woken for yet)
+                while not self._done and (self._jobs or self._running):
+                    self._cond.wait()
+            done, self._done = self._done, []
+            self.held -= self._done_bytes
+            self._done_bytes = 0
         return done
 
     def close(self) -> None:
@@ -138,8 +163,10 @@ class Placer(Generic[T]):
             outcomes = [(token, _outcome(job)) for job, _size, token in run]
             with cond:
                 self._running = False
-                self._pending -= sum(size for _job, size, _token in run)
+                ran = sum(size for _job, size, _token in run)
+                self._pending -= ran
                 self._done += outcomes
+                self._done_bytes += ran
                 del run, outcomes  # (their content is not kept alive while this waits)
                 cond.notify_all()
 

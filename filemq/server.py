@@ -142,6 +142,11 @@ SEND_QUEUE_BYTES = 16 << 20
 _MIN_SEND_HWM = 64  # (small files: 16 held back the pipelining of 10 KiB files)
 _MAX_SEND_HWM = 1000  # (libzmq's default: small chunks keep it)
 _DRAIN_BUDGET = 256  # messages received per poll
+#: Longest wait (ms) of a loop that has a client parked on its full pipe: the router is
+#: polled for POLLOUT then (``FileServer._out_wanted``); this bounds the wait when that
+#: is off for one round (the room POLLOUT saw was another client's).
+_STALL_WAIT_MS = 10
+_IN_OUT = zmq.POLLIN | zmq.POLLOUT
 _MAX_MESSAGE = 128 << 20  # ICANHAZ with a 100k-entry cache fits
 _PREWARM_EVERY = 0.5  # seconds between index refreshes triggered by OHAI
 _NOBLOCK = int(zmq.NOBLOCK)
@@ -342,6 +347,9 @@ class FileServer:
         self.folder_watcher: FolderWatcher | None = None
         #: Rescans done (requested, periodic or after a watcher's overflow).
         self.rescans = 0
+        #: Waits of the serving loop for its sockets so far (each turn polls once): a
+        #: client parked on its full pipe must not make it spin (``_out_wanted``).
+        self.loop_turns = 0
         #: File content bytes sent to clients gone (all of them once stopped).
         self.sent_bytes = 0
         #: Whole files sent to clients gone (all of them once stopped).
@@ -358,6 +366,8 @@ class FileServer:
         self._refreshed = {m.virtual: float("-inf") for m in self.mounts}  # last full refresh
         self._sessions: dict[bytes, ServerSession] = {}
         self._stalled: dict[bytes, deque[list[bytes]]] = {}
+        self._unparked = False  # the last pump sent some of what parked clients held
+        self._out_useless = False  # a POLLOUT wake-up let nothing parked go (``_out_wanted``)
         self._files: dict[bytes, tuple[str, int]] = {}  # client -> (name, fd) being sent
         self._shared = SharedReads()  # small files read once per round of sending
         self._frames = FramePool()  # big chunks' frames, used again once sent
@@ -650,18 +660,29 @@ class FileServer:
         next_tick = time.monotonic() + 1.0
         next_rescan = time.monotonic() + self.rescan_interval
         next_save = time.monotonic() + self.save_interval
+        watching_out = False  # the router is polled for POLLOUT too (``_out_wanted``)
+        woke_out = False  # the last poll returned for POLLOUT alone
         try:
             if self._unverified:
                 self._verify()
             while True:
                 busy = self._pump()
-                timeout = 0 if busy else (10 if self._stalled else 250)
+                if woke_out and not self._unparked:
+                    self._out_useless = True  # another client's room woke us: not again
+                timeout = 0 if busy else (_STALL_WAIT_MS if self._stalled else 250)
                 if not busy and self._bucket is not None:
                     timeout = min(timeout, self._throttled_ms())
+                want_out = self._out_wanted()
+                if want_out != watching_out:
+                    poller.modify(router, _IN_OUT if want_out else zmq.POLLIN)
+                    watching_out = want_out
                 events = dict(poller.poll(timeout))
+                self.loop_turns += 1
                 if ctl in events and not self._control(ctl):
                     break
-                if router in events:
+                flags = events.get(router, 0)
+                woke_out = flags == zmq.POLLOUT and ctl not in events
+                if flags & zmq.POLLIN:
                     self._drain(router)
                 now = time.monotonic()
                 if now >= next_tick:
@@ -847,7 +868,9 @@ class FileServer:
             if client in self._sessions:  # (not dropped by a send before it)
                 self._send(client, frames)
 
-    def _flush_stalled(self) -> None:
+    def _flush_stalled(self) -> bool:
+        """Send what parked clients hold, in order; True when some of it went out."""
+        moved = False
         for client in list(self._stalled):
             queue = self._stalled.pop(client)
             while queue:
@@ -857,11 +880,30 @@ class FileServer:
                         self._stalled[client].extend(queue)
                     break
                 queue.popleft()
+                moved = True
+        return moved
+
+    def _out_wanted(self) -> bool:
+        """Poll the router for POLLOUT too: a client is parked on its full pipe.
+
+        With ``ROUTER_MANDATORY`` libzmq reports POLLOUT once *some* peer's pipe has room
+        (below its high-water mark), so the loop wakes as soon as a parked client's pipe
+        drains instead of after ``_STALL_WAIT_MS`` (measured: README, "FILEMQ small
+        files, session 18").  With several clients that room may be another's: a
+        POLLOUT wake-up that let no parked message go (``_unparked``) turns POLLOUT off
+        for one wait (the timeout's), so a client that keeps its pipe full never makes
+        the loop spin."""
+        if not self._stalled:
+            self._out_useless = False
+            return False
+        if self._out_useless:
+            self._out_useless = False  # (one wait without it, then POLLOUT again)
+            return False
+        return True
 
     def _pump(self) -> bool:
         """Send chunks round-robin; True if some client could take more right now."""
-        if self._stalled:
-            self._flush_stalled()
+        self._unparked = bool(self._stalled) and self._flush_stalled()
         self._shared.clear()  # (a round's clients share reads: ``filemq.sharedread``)
         self._release_folders()  # (walked again each round, as the reads are checked)
         active = [s for s in self._sessions.values() if s.has_work()]

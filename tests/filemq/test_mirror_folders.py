@@ -117,6 +117,30 @@ def test_a_folder_swapped_for_a_link_is_never_written_through(tmp_path: Path) ->
     assert not [p for p in dest.iterdir() if p.name.startswith(".filemq-part-")]
 
 
+def test_expired_folders_are_walked_again_by_the_next_rename_not_closed_at_once(
+    tmp_path: Path,
+) -> None:
+    """``expire_folders`` (what the client does before each wait while the placer thread
+    may be renaming) closes nothing itself: the next rename releases the kept
+    descriptors and walks DEST again, so a folder swapped for a link is refused then."""
+    dest, outside, moved = tmp_path / "dest", tmp_path / "victim", tmp_path / "moved"
+    dest.mkdir()
+    write_tree(outside, {"own": b"victim's"})
+    mirror = Mirror(dest, FileIndex(dest))
+    _place(mirror, "sub/one", b"1")
+    (dest / "sub").rename(moved)
+    (dest / "sub").symlink_to(outside, target_is_directory=True)
+    mirror.expire_folders()
+    assert _open_under(tmp_path) == 1  # (still open, on "moved": the placer may use it)
+    with pytest.raises(UnsafePathError):
+        _place(mirror, "sub/two", b"2")
+    assert _open_under(tmp_path) == 0
+    mirror.release_folders()
+    assert read_tree(outside) == {"own": b"victim's"}
+    assert read_tree(moved) == {"one": b"1"}
+    assert not [p for p in dest.iterdir() if p.name.startswith(".filemq-part-")]
+
+
 def test_server_walks_a_folder_once_per_round_of_sending(
     tmp_path: Path, serve: Callable[..., FileServer], sync_once: Callable[..., SyncResult],
     monkeypatch: pytest.MonkeyPatch,

@@ -88,6 +88,56 @@ def test_a_disk_that_takes_nothing_holds_the_submitter_not_memory() -> None:
         placer.close()
 
 
+@pytest.mark.parametrize("thread", [True, False], ids=["thread", "inline"])
+def test_collect_takes_what_was_placed_in_order_and_stops_holding_it(thread: bool) -> None:
+    """At the content bound the client collects the outcomes done so far instead of
+    waiting for every job (the worker's queue does not run dry): they come back in
+    order and stop counting as held; the rest come with the next collect or settle."""
+    placer: Placer[int] = Placer(thread=thread)
+    try:
+        for i in range(40):
+            placer.submit(lambda i=i: i, 10, i)
+        first = placer.collect()  # (waits for one run at least: none may be done yet)
+        assert first and [token for token, _ in first] == list(range(len(first)))
+        assert placer.held == 10 * (40 - len(first))
+        rest = placer.settle()
+        assert [token for token, _ in first + rest] == list(range(40))
+        assert placer.held == 0 and placer.settled
+    finally:
+        placer.close()
+
+
+def test_collect_waits_for_a_stalled_job_never_hands_it_back_unrun() -> None:
+    placer: Placer[str] = Placer()
+    started, gate = threading.Event(), threading.Event()
+
+    def stalled() -> str:  # (a disk that stalls on this file)
+        started.set()
+        gate.wait()
+        return "placed"
+
+    collected: list[Any] = []
+    waiter = threading.Thread(target=lambda: collected.extend(placer.collect()))
+    try:
+        placer.submit(stalled, 10, "slow")
+        assert started.wait(10)
+        placer.submit(lambda: "placed", 10, "after")
+        waiter.start()
+        waiter.join(0.3)  # nothing was done: collect waits for the run under way
+        assert waiter.is_alive() and not collected
+        gate.set()
+        waiter.join(10)
+        assert collected[0] == ("slow", "placed")
+        rest = placer.settle()
+        assert [token for token, _ in collected + rest] == ["slow", "after"]
+        assert placer.held == 0
+    finally:
+        gate.set()
+        if waiter.is_alive():
+            waiter.join(10)
+        placer.close()
+
+
 def test_close_runs_what_was_submitted_then_a_new_job_starts_the_worker_again() -> None:
     placer: Placer[str] = Placer()
     placer.submit(lambda: "a", 1, 1)

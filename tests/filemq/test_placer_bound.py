@@ -45,8 +45,8 @@ WINDOW = 64 << 20
 
 class Recording(Placer[Any]):
     """A placer that measures what it keeps alive on its own (the content of the chunks
-    submitted, less those handed back by ``settle``) and holds its first ``submit``
-    until ``go`` is set."""
+    submitted, less those handed back by ``settle`` or ``collect``) and holds its first
+    ``submit`` until ``go`` is set."""
 
     go = threading.Event()
     seen: list[int] = []  # the largest amount of content alive, per placer
@@ -66,7 +66,12 @@ class Recording(Placer[Any]):
         Recording.seen[-1] = max(Recording.seen[-1], self.alive)
 
     def settle(self) -> list[tuple[Any, Any]]:
-        done = super().settle()
+        return self._released(super().settle())
+
+    def collect(self) -> list[tuple[Any, Any]]:
+        return self._released(super().collect())
+
+    def _released(self, done: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
         self.alive -= sum(len(token.data) for token, _ in done)
         return done
 

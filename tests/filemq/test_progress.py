@@ -54,7 +54,9 @@ def test_lines_when_not_a_terminal(
             tmp_path / "dest",
             progress=not_a_tty,
             progress_every=0.1,
-            bwlimit=8 * MiB,  # ~0.75 s: several lines
+            # a bucket of 0.5 s (2 MiB) at once, the other 4 MiB in ~1 s: several lines
+            # (8 MiB/s left ~0.25 s after its 4 MiB burst: one line when the wire was quick)
+            bwlimit=4 * MiB,
         )
     assert result.files == 3 and read_tree(tmp_path / "dest") == TREE
     lines = [r.getMessage() for r in caplog.records if r.name == "filemq.progress"]
