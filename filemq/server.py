@@ -1264,6 +1264,14 @@ class FileServer:
         index = self.indexes[under[0].virtual]
         skip: frozenset[str] = frozenset()
         if filters is not None:
+            # what is kept per pattern list (the names left out; the encodings without
+            # them when there are some: ~12 MiB for 100,000 files) is bounded: a list
+            # past the first few since the index last changed is planned as before
+            lists: set[tuple[str, ...]] = index.memo("pattern lists", set)
+            if filters.lines not in lists:
+                if len(lists) >= _PATTERN_LISTS_KEPT:
+                    return False
+                lists.add(filters.lines)
             skip = index.memo(
                 ("left out", filters.lines), lambda: uptodate.left_out(index, filters)
             )
@@ -1584,6 +1592,10 @@ def _shared_version(plan: ChunkPlan) -> Version | None:
     if not (plan.first and plan.eof and op.start == 0) or op.size > DEFAULT_MAX_FILE:
         return None
     return (op.source_name or op.name, op.size, op.mtime_ns, op.inode, op.sha1)
+
+
+#: Mirrors' pattern lists whose up-to-date encodings an index keeps (until it changes).
+_PATTERN_LISTS_KEPT = 4
 
 
 def _dest_base(path: str) -> str:
