@@ -58,7 +58,7 @@ idle timer counts file traffic, not HUGZ/HUGZ-OK.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -111,6 +111,25 @@ __all__ = [
 
 
 _DIR = Kind.DIR.value  # (read once: an Enum member's value is a descriptor call)
+
+
+class _MadeWhenEncoded(dict[str, str]):
+    """ICANHAZ options whose value under ``key`` is made when the codec reads the options
+    (``items()``) and is not kept: ``ATTRS`` is ~5 MiB of text for 100,000 files, which
+    otherwise stayed alive beside the frame while the ~7 MiB cache was appended to it
+    (the peak of a big no-change ``filemq sync``).  ``options[key]`` itself is ""."""
+
+    __slots__ = ("_key", "_make")
+
+    def __init__(self, options: Mapping[str, str], key: str, make: Callable[[], str]) -> None:
+        super().__init__(options)
+        self[key] = ""  # (counted by len(): the codec writes the count first)
+        self._key, self._make = key, make
+
+    def items(self) -> Iterator[tuple[str, str]]:  # type: ignore[override]
+        key = self._key
+        for name, value in super().items():
+            yield name, self._make() if name == key else value
 
 
 class PeerTimeout(RemoteProtocolError):
@@ -393,7 +412,8 @@ class ClientSession:
         if offers:
             options = {**options, OPTION_RESUME: "\n".join(offers)}
         if self.attrs is not None:
-            options = {**options, OPTION_ATTRS: self.attrs(path)}
+            attrs = self.attrs
+            options = _MadeWhenEncoded(options, OPTION_ATTRS, lambda: attrs(path))
         return self._send(self.codec.Icanhaz(path, options, wire_cache))
 
     def _grant(self, now: float) -> list[Action]:

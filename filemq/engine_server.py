@@ -34,7 +34,7 @@ Rules enforced here:
   content, the version headers and ``mode``) and is not a subscription: no live
   changes follow it, and its options do not change the session's;
 * a resync's cache is kept as its octets (the model's ``lazy`` field): the I/O
-  layer's ``up_to_date(subscription, octets, ATTRS text)`` may say the client
+  layer's ``up_to_date(session, subscription, octets, ATTRS text)`` may say the client
   holds exactly what the server has (``filemq.uptodate``), and the subscription
   then has nothing to plan (``Subscribe.up_to_date``, cache and attributes not
   decoded); otherwise the entries are decoded here, and one that is malformed
@@ -123,9 +123,10 @@ log = logging.getLogger(__name__)
 
 #: (client key or "", subscription path) -> allowed?
 AccessPolicy = Callable[[str, str], bool]
-#: (subscription, its cache field as encoded, its ATTRS text) -> does the client hold
-#: exactly what the server has there?  (``filemq.uptodate``; the I/O layer's index.)
-UpToDate = Callable[["Subscribe", bytes, str], bool]
+#: (the session asking, its subscription, the cache field as encoded, the ATTRS text)
+#: -> does the client hold exactly what the server has there?  (``filemq.uptodate``;
+#: the I/O layer's index; the session's subscriptions say where its patterns apply.)
+UpToDate = Callable[["ServerSession", "Subscribe", bytes, str], bool]
 _MAX_CREDIT = (1 << 63) - 1
 _MAX_RESUME_POINTS = 64  # RESUME lines read from one ICANHAZ (a client holds a few)
 #: Live operations queued for one client, not sent yet, before it is closed (KTHXBAI).
@@ -448,7 +449,7 @@ class ServerSession:
             if (
                 octets is not None
                 and self._up_to_date is not None
-                and self._up_to_date(subscribe, octets, text)
+                and self._up_to_date(self, subscribe, octets, text)
             ):
                 subscribe = replace(subscribe, up_to_date=True)
             else:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, ClassVar
 
@@ -97,14 +96,14 @@ class _OhaiSlots(_rt.MessageBase):
     __slots__ = ("protocol", "version")
 
 
-@dataclass(frozen=True, init=False)
-class Ohai(_OhaiSlots):
+class Ohai(_OhaiSlots, _rt.FrozenMessage):
     """The client opens a peering."""
 
     __slots__ = ()
     ID: ClassVar[MessageId] = MessageId.OHAI
-    protocol: str = "FILEMQ"  # Constant "FILEMQ"
-    version: int = 2  # Protocol version 2
+    protocol: str  # Constant "FILEMQ"
+    version: int  # Protocol version 2
+    __match_args__ = ("protocol", "version")
 
     def __new__(_cls, protocol: str = "FILEMQ", version: int = 2) -> Ohai:
         _m: Any = _OhaiSlots()
@@ -132,15 +131,13 @@ class Ohai(_OhaiSlots):
         return _encode_ohai(self)
 
 
-_rt.expose_slots(Ohai)
 _SPEC_OHAI: Any = (
     ("protocol", "string", 255, "FILEMQ"),
     ("version", "number", 2, 2),
 )
 
 
-@dataclass(frozen=True, init=False)
-class OhaiOk(_rt.MessageBase):
+class OhaiOk(_rt.FrozenMessage):
     """The server grants the client access."""
 
     __slots__ = ()
@@ -160,15 +157,15 @@ class _IcanhazSlots(_rt.MessageBase):
     __slots__ = ("cache", "options", "path")
 
 
-@dataclass(frozen=True, init=False)
-class Icanhaz(_IcanhazSlots):
+class Icanhaz(_IcanhazSlots, _rt.FrozenMessage):
     """The client subscribes to a path."""
 
     __slots__ = ()
     ID: ClassVar[MessageId] = MessageId.ICANHAZ
-    path: str = ""  # Full path or path prefix
-    options: dict[str, str] = field(default_factory=dict)  # Subscription options
-    cache: Mapping[str, str] = field(default_factory=dict)  # File SHA-1 signatures
+    path: str  # Full path or path prefix
+    options: dict[str, str]  # Subscription options
+    cache: Mapping[str, str]  # File SHA-1 signatures
+    __match_args__ = ("path", "options", "cache")
 
     def __new__(
         _cls,
@@ -203,7 +200,6 @@ class Icanhaz(_IcanhazSlots):
         return _encode_icanhaz(self)
 
 
-_rt.expose_slots(Icanhaz)
 _SPEC_ICANHAZ: Any = (
     ("path", "string", 255, None),
     ("options", "hash", None, None),
@@ -211,8 +207,7 @@ _SPEC_ICANHAZ: Any = (
 )
 
 
-@dataclass(frozen=True, init=False)
-class IcanhazOk(_rt.MessageBase):
+class IcanhazOk(_rt.FrozenMessage):
     """The server confirms the subscription."""
 
     __slots__ = ()
@@ -232,14 +227,14 @@ class _NomSlots(_rt.MessageBase):
     __slots__ = ("credit", "sequence")
 
 
-@dataclass(frozen=True, init=False)
-class Nom(_NomSlots):
+class Nom(_NomSlots, _rt.FrozenMessage):
     """The client sends credit to the server."""
 
     __slots__ = ()
     ID: ClassVar[MessageId] = MessageId.NOM
-    credit: int = 0  # Credit, in bytes
-    sequence: int = 0  # Chunk sequence, 0 and up
+    credit: int  # Credit, in bytes
+    sequence: int  # Chunk sequence, 0 and up
+    __match_args__ = ("credit", "sequence")
 
     def __new__(_cls, credit: int = 0, sequence: int = 0) -> Nom:
         _m: Any = _NomSlots()
@@ -267,7 +262,6 @@ class Nom(_NomSlots):
         return _encode_nom(self)
 
 
-_rt.expose_slots(Nom)
 _SPEC_NOM: Any = (
     ("credit", "number", 8, None),
     ("sequence", "number", 8, None),
@@ -280,19 +274,19 @@ class _CheezburgerSlots(_rt.MessageBase):
     __slots__ = ("chunk", "eof", "filename", "headers", "offset", "operation", "sequence")
 
 
-@dataclass(frozen=True, init=False)
-class Cheezburger(_CheezburgerSlots):
+class Cheezburger(_CheezburgerSlots, _rt.FrozenMessage):
     """The server sends a file chunk."""
 
     __slots__ = ()
     ID: ClassVar[MessageId] = MessageId.CHEEZBURGER
-    sequence: int = 0  # Chunk sequence, 0 and up
-    operation: int = 0  # Create=1 delete=2
-    filename: str = ""  # Relative name of file
-    offset: int = 0  # File offset in bytes
-    eof: int = 0  # Last chunk in file?
-    headers: dict[str, str] = field(default_factory=dict)  # File properties
-    chunk: bytes = b""  # Data chunk
+    sequence: int  # Chunk sequence, 0 and up
+    operation: int  # Create=1 delete=2
+    filename: str  # Relative name of file
+    offset: int  # File offset in bytes
+    eof: int  # Last chunk in file?
+    headers: dict[str, str]  # File properties
+    chunk: bytes  # Data chunk
+    __match_args__ = ("sequence", "operation", "filename", "offset", "eof", "headers", "chunk")
 
     def __new__(
         _cls,
@@ -339,7 +333,6 @@ class Cheezburger(_CheezburgerSlots):
         return _encode_cheezburger(self)
 
 
-_rt.expose_slots(Cheezburger)
 _SPEC_CHEEZBURGER: Any = (
     ("sequence", "number", 8, None),
     ("operation", "number", 1, None),
@@ -351,8 +344,7 @@ _SPEC_CHEEZBURGER: Any = (
 )
 
 
-@dataclass(frozen=True, init=False)
-class Hugz(_rt.MessageBase):
+class Hugz(_rt.FrozenMessage):
     """The client or server sends a heartbeat."""
 
     __slots__ = ()
@@ -366,8 +358,7 @@ class Hugz(_rt.MessageBase):
 _SPEC_HUGZ: Any = ()
 
 
-@dataclass(frozen=True, init=False)
-class HugzOk(_rt.MessageBase):
+class HugzOk(_rt.FrozenMessage):
     """The client or server answers a heartbeat."""
 
     __slots__ = ()
@@ -381,8 +372,7 @@ class HugzOk(_rt.MessageBase):
 _SPEC_HUGZ_OK: Any = ()
 
 
-@dataclass(frozen=True, init=False)
-class Kthxbai(_rt.MessageBase):
+class Kthxbai(_rt.FrozenMessage):
     """The client closes the peering."""
 
     __slots__ = ()
@@ -402,13 +392,13 @@ class _SrslySlots(_rt.MessageBase):
     __slots__ = ("reason",)
 
 
-@dataclass(frozen=True, init=False)
-class Srsly(_SrslySlots):
+class Srsly(_SrslySlots, _rt.FrozenMessage):
     """The server refuses the client due to access rights."""
 
     __slots__ = ()
     ID: ClassVar[MessageId] = MessageId.SRSLY
-    reason: str = ""  # Printable explanation
+    reason: str  # Printable explanation
+    __match_args__ = ("reason",)
 
     def __new__(_cls, reason: str = "") -> Srsly:
         _m: Any = _SrslySlots()
@@ -434,7 +424,6 @@ class Srsly(_SrslySlots):
         return _encode_srsly(self)
 
 
-_rt.expose_slots(Srsly)
 _SPEC_SRSLY: Any = (("reason", "string", 255, None),)
 
 
@@ -444,13 +433,13 @@ class _RtfmSlots(_rt.MessageBase):
     __slots__ = ("reason",)
 
 
-@dataclass(frozen=True, init=False)
-class Rtfm(_RtfmSlots):
+class Rtfm(_RtfmSlots, _rt.FrozenMessage):
     """The server tells the client it sent an invalid message."""
 
     __slots__ = ()
     ID: ClassVar[MessageId] = MessageId.RTFM
-    reason: str = ""  # Printable explanation
+    reason: str  # Printable explanation
+    __match_args__ = ("reason",)
 
     def __new__(_cls, reason: str = "") -> Rtfm:
         _m: Any = _RtfmSlots()
@@ -476,7 +465,6 @@ class Rtfm(_RtfmSlots):
         return _encode_rtfm(self)
 
 
-_rt.expose_slots(Rtfm)
 _SPEC_RTFM: Any = (("reason", "string", 255, None),)
 
 

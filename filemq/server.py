@@ -1276,14 +1276,18 @@ class FileServer:
             len(ops),
         )
 
-    def _up_to_date(self, sub: Subscribe, octets: bytes, attrs: str) -> bool:
+    def _up_to_date(
+        self, session: ServerSession, sub: Subscribe, octets: bytes, attrs: str
+    ) -> bool:
         """Does a resync of ``sub`` (its cache field as encoded, its ``ATTRS`` text) come
         from a mirror holding exactly what the server has (``filemq.uptodate``)?
 
         Only for the usual request: a whole mount whose index is live (checked against
         the disk before any answer, kept by the watcher), one mount under the path, no
-        patterns or deny list on either side, no links.  Anything else, and any octet
-        that differs, is planned file by file (``_subscribe``).
+        deny list, no links; the mirror's patterns (``sub.filters``) when they are
+        matched from that mount's root (the session's DEST is the mount: as
+        ``_files_under`` matches them).  Anything else, and any octet that differs, is
+        planned file by file (``_subscribe``).
         """
         base = sub.path if sub.path.endswith("/") else sub.path + "/"
         under = [m for m in self.mounts if m.prefix.startswith(base) or base.startswith(m.prefix)]
@@ -1292,17 +1296,33 @@ class FileServer:
             and not self._unverified
             and len(under) == 1
             and under[0].prefix == base
-            and sub.filters is None
             and sub.links is LinkPolicy.SKIP
             and not self.deny
         ):
             return False
+        filters = sub.filters
+        if filters is not None and self._covering(session, sub.path) != base:
+            return False  # (the patterns are matched from another folder than the mount's)
         index = self.indexes[under[0].virtual]
-        if octets != index.memo("cache", lambda: uptodate.cache_octets(index)):
+        skip: frozenset[str] = frozenset()
+        if filters is not None:
+            # what is kept per pattern list (the names left out; the encodings without
+            # them when there are some: ~12 MiB for 100,000 files) is bounded: a list
+            # past the first few since the index last changed is planned as before
+            lists: set[tuple[str, ...]] = index.memo("pattern lists", set)
+            if filters.lines not in lists:
+                if len(lists) >= _PATTERN_LISTS_KEPT:
+                    return False
+                lists.add(filters.lines)
+            skip = index.memo(
+                ("left out", filters.lines), lambda: uptodate.left_out(index, filters)
+            )
+        key = ("cache", filters.lines) if skip and filters is not None else "cache"
+        if octets != index.memo(key, lambda: uptodate.cache_octets(index, skip)):
             return False
         if sub.meta is None:  # (a client that sends no ATTRS: contents only)
             return not attrs
-        expected = uptodate.attrs_texts(index, sub.meta)
+        expected = uptodate.attrs_texts(index, sub.meta, filters, skip)
         return expected is not None and uptodate.attrs_match(attrs, expected)
 
     def _resumed(
@@ -1614,6 +1634,10 @@ def _shared_version(plan: ChunkPlan) -> Version | None:
     if not (plan.first and plan.eof and op.start == 0) or op.size > DEFAULT_MAX_FILE:
         return None
     return (op.source_name or op.name, op.size, op.mtime_ns, op.inode, op.sha1)
+
+
+#: Mirrors' pattern lists whose up-to-date encodings an index keeps (until it changes).
+_PATTERN_LISTS_KEPT = 4
 
 
 def _dest_base(path: str) -> str:

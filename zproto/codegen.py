@@ -36,6 +36,8 @@ class PythonGenerator:
         self.with_fast = fast
         self.encoders = EncoderWriter(proto, self.structs, fast=fast)
         self.decoders = DecoderWriter(proto, self.structs)
+        #: message classes with their methods written out (``classes = "plain"``)
+        self.plain = proto.classes == "plain"
 
     # -- whole module ------------------------------------------------------
 
@@ -120,7 +122,8 @@ class PythonGenerator:
         dc = ["dataclass", "field"] if needs_field else ["dataclass"]
         if self._lazy_strings():
             dc.insert(0, "FrozenInstanceError")  # (a lazy frame decoded twice at once)
-        out(f"from dataclasses import {', '.join(dc)}")
+        if not self.plain:  # (plain classes: zproto.runtime.FrozenMessage)
+            out(f"from dataclasses import {', '.join(dc)}")
         if self.classic:
             out("from enum import IntEnum")
         typing = ["Any"]
@@ -213,8 +216,12 @@ class PythonGenerator:
             src.dedent()
             src()
             src()
-        src("@dataclass(frozen=True, init=False)")
-        src(f"class {cname}({twin_name(msg) if attrs else '_rt.MessageBase'}):")
+        if self.plain:  # (the frozen methods a dataclass would make, written once)
+            bases = f"{twin_name(msg)}, _rt.FrozenMessage" if attrs else "_rt.FrozenMessage"
+        else:
+            src("@dataclass(frozen=True, init=False)")
+            bases = twin_name(msg) if attrs else "_rt.MessageBase"
+        src(f"class {cname}({bases}):")
         src.indent()
         doc = msg.description or msg.name
         lines = doc.replace('"""', "'''").replace("\\", "\\\\").splitlines()
@@ -232,10 +239,16 @@ class PythonGenerator:
             src(f"ID: ClassVar[MessageId] = MessageId.{to_const_name(msg.name)}")
         for attr in attrs:
             comment = attr.doc.splitlines()[0] if attr.doc else ""
-            line = f"{attr.ident}: {attr.pytype} = {attr.default}"
+            # (a plain class keeps no default on the class: it would hide the twin's slot)
+            line = f"{attr.ident}: {attr.pytype}"
+            if not self.plain:
+                line += f" = {attr.default}"
             if comment and len(line) + len(comment) + 8 <= 99:
                 line += f"  # {comment}"
             src(line)
+        if self.plain and attrs:
+            names = [f'"{a.ident}"' for a in attrs]
+            src.wrapped("__match_args__ = (", names, ",)" if len(names) == 1 else ")")
         src()
         if attrs:
             self._new(src, msg, attrs)
@@ -246,7 +259,7 @@ class PythonGenerator:
         src.dedent()
         src()
         src()
-        if attrs:
+        if attrs and not self.plain:
             src(f"_rt.expose_slots({cname})")
         if self._lazy_class(msg):
             src()

@@ -178,6 +178,10 @@ class Protocol:
     records: tuple[Record, ...] = ()
     #: ``<sender>`` elements: the module gets ``encode_<sender>_sender`` for each.
     senders: tuple[Sender, ...] = ()
+    #: How the message classes are made (``classes = "..."`` on ``<class>``):
+    #: ``"dataclass"`` (frozen dataclasses, the default) or ``"plain"`` (the same
+    #: frozen, typed classes with their methods written out: nothing made at import).
+    classes: str = "dataclass"
 
     @property
     def signature_bytes(self) -> bytes:
@@ -395,6 +399,11 @@ class _Loader:
             raise ModelError(f"{self.where}: runs= needs a message without literal=")
         records = self._records(root, dialect, messages)
         senders = self._senders(root, dialect, messages)
+        classes = root.get("classes", "dataclass")
+        if classes not in ("dataclass", "plain"):
+            raise ModelError(f'{self.where}: classes= is "dataclass" or "plain"')
+        if classes == "plain" and runs == "1":
+            raise ModelError(f'{self.where}: classes="plain" does not go with runs="1"')
         return Protocol(
             name=name,
             path=self.path,
@@ -410,6 +419,7 @@ class _Loader:
             runs=runs == "1",
             records=records,
             senders=senders,
+            classes=classes,
         )
 
     def _records(

@@ -63,7 +63,7 @@ class MessageBase:
     """
 
     __slots__ = ("__weakref__",)
-    __match_args__: ClassVar[tuple[str, ...]] = ()  # the field names (set by dataclass)
+    __match_args__: ClassVar[tuple[str, ...]] = ()  # the field names (dataclass or generated)
 
     def replace(self, /, **changes: Any) -> Self:
         """A copy with some fields changed (fast; validated when encoded)."""
@@ -80,6 +80,41 @@ class MessageBase:
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickle and copy by the constructor (the frozen class rejects slot state)."""
         return type(self), tuple(getattr(self, name) for name in self.__match_args__)
+
+
+class FrozenMessage(MessageBase):
+    """The methods ``@dataclass(frozen=True)`` would make, for a model whose classes are
+    plain (``classes = "plain"``): written once here, so making the classes costs
+    nothing at import (a dataclass is made by compiling its methods: ~0.4 ms each).
+    A generated class lists its fields in ``__match_args__`` and derives from its twin
+    first (the slots), then from this.  Equality and hash over the fields in order
+    (same class only), the dataclass repr, and no assignment or deletion
+    (``dataclasses.FrozenInstanceError``)."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is self.__class__:
+            names = self.__match_args__
+            return [getattr(other, n) for n in names] == [getattr(self, n) for n in names]
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple([getattr(self, name) for name in self.__match_args__]))
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__match_args__)
+        return f"{type(self).__qualname__}({shown})"
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        from dataclasses import FrozenInstanceError  # (imported when raised: start-up)
+
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        from dataclasses import FrozenInstanceError
+
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
 
 
 def unknown_fields(changes: dict[str, Any], names: tuple[str, ...]) -> TypeError:

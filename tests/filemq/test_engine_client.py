@@ -200,3 +200,34 @@ def test_empty_chunk_after_an_ended_file_is_dropped_not_a_new_file() -> None:
     assert srv.chunk("/docs/f", 5, b"", eof=1) == []  # the reference ending, repeated
     with pytest.raises(RemoteProtocolError):  # not after anything else
         srv.chunk("/docs/f", 5, b"", eof=1)
+
+
+def test_the_attrs_text_is_not_alive_beside_the_whole_icanhaz_frame() -> None:
+    """``ATTRS`` (a line per file: ~5 MiB at 100,000) is made when the codec reads the
+    options and dropped once it is in the frame, before the cache is appended: before
+    session 18 the text stayed alive beside the whole frame (the ICANHAZ part of the
+    peak RSS of a big no-change sync).  The frame is the one a dict of the same options
+    makes."""
+    import tracemalloc
+
+    cache = {f"dir{i % 100:03d}/file{i:06d}.dat": f"{i * 7919:040x}" for i in range(40_000)}
+    lines = "\n".join(f"{name}\tf\t644\t{i}" for i, name in enumerate(cache))
+
+    def attrs(path: str) -> str:  # (a new text each time, made in one allocation)
+        return lines.replace("\tf\t644\t", "\tf\t640\t")
+
+    s = ClientSession(WIRE, "/", cache, 0.0, attrs=attrs)
+    s.start(0.0)
+    ohai_ok = fmq_msg.encode(fmq_msg.OhaiOk())
+    tracemalloc.start()
+    try:
+        actions = s.receive(ohai_ok, 0.1)
+        _current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    icanhaz = sent(actions)[0]
+    assert isinstance(icanhaz, fmq_msg.Icanhaz) and icanhaz.cache == cache
+    assert icanhaz.options == {**icanhaz.options, "ATTRS": attrs("/")}
+    frame = len(actions[0].frames[0])
+    # the frame (and its buffer's growth); not the frame and the text at once
+    assert peak < 1.2 * frame + 0.3 * len(lines), (peak / frame, len(lines) / frame)

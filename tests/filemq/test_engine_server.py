@@ -344,7 +344,7 @@ def _session_asking(answer: bool) -> tuple[ServerSession, list[tuple[str, bytes,
     and the questions it was asked."""
     asked: list[tuple[str, bytes, str]] = []
 
-    def up_to_date(sub: Subscribe, octets: bytes, attrs: str) -> bool:
+    def up_to_date(_session: ServerSession, sub: Subscribe, octets: bytes, attrs: str) -> bool:
         asked.append((sub.path, octets, attrs))
         return answer
 

@@ -3,7 +3,6 @@ from a model, so every message of every model is exercised the same way."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import re
 import types
@@ -154,8 +153,9 @@ def sample_uuid() -> uuid.UUID:
 
 
 def fields_of(msg: Any) -> dict[str, Any]:
-    """A generated message's fields by name, in order (its instances have no __dict__)."""
-    return {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
+    """A generated message's fields by name, in order (its instances have no __dict__;
+    ``__match_args__`` names them, dataclass or plain class)."""
+    return {name: getattr(msg, name) for name in msg.__match_args__}
 
 
 def _tmqp_frame(

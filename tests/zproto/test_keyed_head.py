@@ -12,7 +12,6 @@ give the same message or the same ``DecodeError`` reason: ``decode``,
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import types
 from pathlib import Path
@@ -97,7 +96,7 @@ def _outcome(module: types.ModuleType, data: bytes) -> Any:
         m = module.decode((data,))
     except DecodeError as exc:
         return ("DecodeError", exc.reason)
-    return (type(m).__name__, *(getattr(m, f.name) for f in dataclasses.fields(m)))
+    return (type(m).__name__, *(getattr(m, name) for name in m.__match_args__))
 
 
 def test_decode_gives_the_old_message_or_the_old_error(old: types.ModuleType) -> None:

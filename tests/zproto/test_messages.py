@@ -9,20 +9,53 @@ import weakref
 
 import pytest
 
+import zproto.runtime
 from broker import tmqp
-from filemq import fmq_msg
+from filemq import fmq_msg, fmq_msg_czmq
 from tests.zproto.support import MODELS_DIR, codec
 
 
 def test_messages_are_frozen_dataclasses() -> None:
-    msg = fmq_msg.Nom(credit=5, sequence=1)
+    msg = tmqp.Frame(message_type=5, ttl=3)
     assert dataclasses.is_dataclass(msg)
-    assert [f.name for f in dataclasses.fields(msg)] == ["credit", "sequence"]
+    names = [f.name for f in dataclasses.fields(msg)]
+    assert names[:3] == ["first_acquirer", "high_priority", "message_type"]
     with pytest.raises(dataclasses.FrozenInstanceError):
-        msg.credit = 6  # type: ignore[misc]
-    assert msg == fmq_msg.Nom(5, 1) and msg != fmq_msg.Nom(5, 2)
-    assert hash(msg) == hash(fmq_msg.Nom(5, 1))
-    assert repr(msg) == "Nom(credit=5, sequence=1)"
+        msg.ttl = 6  # type: ignore[misc]
+    assert msg == tmqp.Frame(message_type=5, ttl=3) and msg != tmqp.Frame(message_type=5)
+    assert hash(msg) == hash(tmqp.Frame(message_type=5, ttl=3))
+    assert repr(msg).startswith("Frame(first_acquirer=False, ")
+
+
+def test_plain_classes_are_frozen_typed_and_compared_like_dataclasses() -> None:
+    """A model with ``classes = "plain"`` (FILEMQ's) makes no dataclass at import: the
+    methods ``@dataclass(frozen=True)`` would compile are ``zproto.runtime.FrozenMessage``'s.
+    Equality, hash, repr, frozenness, pattern matching and the annotations are the ones
+    a dataclass of the same fields has."""
+    msg = fmq_msg.Nom(credit=5, sequence=1)
+    assert not dataclasses.is_dataclass(msg) and isinstance(msg, zproto.runtime.FrozenMessage)
+    assert msg.__match_args__ == ("credit", "sequence")
+    assert fmq_msg.Nom.__annotations__ == {
+        "ID": "ClassVar[MessageId]",
+        "credit": "int",
+        "sequence": "int",
+    }
+    with pytest.raises(dataclasses.FrozenInstanceError, match="credit"):
+        msg.credit = 6
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        del msg.credit
+    assert msg == fmq_msg.Nom(5, 1) and msg != fmq_msg.Nom(5, 2) and msg != (5, 1)
+    assert fmq_msg.Nom(5, 1) != fmq_msg_czmq.Nom(5, 1)  # (same fields, another class)
+    assert hash(msg) == hash(fmq_msg.Nom(5, 1)) == hash((5, 1))
+    assert repr(msg) == "Nom(credit=5, sequence=1)" and repr(fmq_msg.Hugz()) == "Hugz()"
+    assert fmq_msg.Hugz() == fmq_msg.Hugz() and fmq_msg.Hugz() != fmq_msg.HugzOk()
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(fmq_msg.Icanhaz("/p"))  # (a dict field: as a dataclass's hash of it)
+    match msg:
+        case fmq_msg.Nom(credit, sequence):
+            assert (credit, sequence) == (5, 1)
+        case _:
+            pytest.fail("a plain class matches by its fields")
 
 
 def test_mutable_defaults_are_fresh_per_instance() -> None:
@@ -52,7 +85,7 @@ def test_messages_copy_pickle_and_take_weak_references() -> None:
         assert copy.copy(msg) == msg and copy.deepcopy(msg) == msg
         assert pickle.loads(pickle.dumps(msg)) == msg
         assert weakref.ref(msg)() is msg
-        assert dataclasses.replace(msg) == msg
+        assert msg.replace() == msg
         assert not hasattr(msg, "__dict__")
 
 
@@ -66,7 +99,7 @@ def test_a_decoded_message_is_its_class_and_stays_frozen() -> None:
         assert type(decoded) is type(msg) and decoded == msg
         assert repr(decoded) == repr(msg)
         with pytest.raises(dataclasses.FrozenInstanceError):
-            decoded.__setattr__(dataclasses.fields(msg)[0].name, 1)
+            decoded.__setattr__(msg.__match_args__[0], 1)
     assert hash(tmqp.decode(frame.encode())) == hash(frame)
     assert tmqp.Frame(target="orders") != fmq_msg.Srsly()
 

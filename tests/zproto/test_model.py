@@ -209,3 +209,20 @@ def test_a_class_without_signature_gets_signature_0_like_the_c_tools() -> None:
     assert module.encode(module.Poke()) == [b"\xaa\xa0\x03\x01"]
     with pytest.raises(DecodeError):  # revision is a constant
         module.decode([b"\xaa\xa0\x03\x02"])
+
+
+@pytest.mark.parametrize(
+    ("attrs", "message"),
+    [
+        ('signature = "1" classes = "slots"', 'classes= is "dataclass" or "plain"'),
+        ('dialect = "binary" runs = "1" classes = "plain"', 'does not go with runs="1"'),
+    ],
+)
+def test_classes_is_dataclass_or_plain(tmp_path: Path, attrs: str, message: str) -> None:
+    body = (
+        '<message name = "PING" id = "1"><field name = "n" type = "number" size = "1" /></message>'
+    )
+    with pytest.raises(ModelError, match=message):
+        load(_model(tmp_path, body, attrs))
+    plain = load(_model(tmp_path, body, 'signature = "1" classes = "plain"'))
+    assert plain.classes == "plain" and load(_model(tmp_path, body)).classes == "dataclass"
