@@ -174,10 +174,20 @@ class AckTracker:
         else:
             q.nacks += 1
         hooks = q.hooks
-        try:  # (hooks.call without its call: a hook per delivery)
-            d = hooks.methods["acknowledge_received"](q, ack, dl, success)
-        except Exception as exc:
-            d = hooks.failed(m, "acknowledge_received", exc)
+        quiet = False  # (a positive one the handler would not act on: not asked)
+        test = hooks.quiet
+        if success and test is not None:
+            try:
+                quiet = test(m.headers)
+            except Exception as exc:
+                quiet = hooks.quiet_failed(exc)
+        if quiet:
+            d = ALLOW_ACK
+        else:
+            try:  # (hooks.call without its call: a hook per delivery)
+                d = hooks.methods["acknowledge_received"](q, ack, dl, success)
+            except Exception as exc:
+                d = hooks.failed(m, "acknowledge_received", exc)
         if not success and d.put_back is not PutBack.NO and _not_put_back(ack):
             d = Decision(allow=False, save=d.save, send_ack=AckWhen.NEGATIVE)
         self.resolve(m, d, now, out, reason or NackReason.NONE, client.id, success)
