@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from broker.engine.channel import Client
     from broker.engine.message import Delivery, Message, QueueMessage
     from broker.engine.queue_view import QueueView as Queue
+    from broker.message import Headers
 
 
 class PutBack(Enum):
@@ -151,6 +152,19 @@ class DeliveryHandler:
         """The message waited longer than the queue's MessageTimeout."""
         return ALLOW
 
+    def quiet_test(self, queue: Queue) -> Callable[[Headers], bool] | None:
+        """A test of a message's header block that ``queue`` asks before each send and
+        each acknowledge by taking: True means that for a message with that block, now,
+        :meth:`begin_send` would answer ALLOW, :meth:`can_consumer_receive` True for
+        every consumer, :meth:`consumer_received` ALLOW and a positive
+        :meth:`acknowledge_received` ALLOW_ACK, none of them changing anything; the queue
+        then calls none of the four for that send or acknowledge.  None (this one):
+        always call them.  Asked once, when the queue takes the handler; honoured only
+        from the class that itself defines the four hooks (a subclass overriding one of
+        them must define this again).  The test must not raise (one that does counts as a
+        queue error and means "call the hooks")."""
+        return None
+
     def message_dequeued(self, queue: Queue, message: QueueMessage) -> None:
         """The message left the queue (sent, pulled, cleared or timed out)."""
 
@@ -247,6 +261,11 @@ class PerMessageDeliveryHandler(DefaultDeliveryHandler):
 
     def selection(self, queue: Queue) -> int:
         return self.rules.selection
+
+    def quiet_test(self, queue: Queue) -> Callable[[Headers], bool] | None:
+        # no rule in force and no expires/message_group in the block: the four hooks
+        # below would read the rules and change nothing (``PerMessageRules.quiet``)
+        return self.rules.quiet
 
     def consumer_received(self, queue: Queue, delivery: Delivery, receiver: Client) -> Decision:
         self.rules.sent(queue, delivery, receiver)

@@ -185,7 +185,23 @@ class QueueMessage:
         self.producer = producer
         self.state = QUEUED
         self.life: Life | None = None
-        self.message = message  # (the setter: the fields, and a Life for a wire form)
+        # (the ``message`` setter without its call: a message per push is made here)
+        (
+            self.message_id,
+            self.source,
+            self.target,
+            self.content_type,
+            self.high_priority,
+            first,
+            wants_ack,
+            ttl,
+            self.headers,
+            self.payload,
+            wire,
+        ) = message
+        self.flags = (_FIRST if first else 0) | (_WANTS_ACK if wants_ack else 0) | ttl << 2
+        if wire is not None:
+            self.lived().wire = wire
         if producer_waits:
             self.lived().producer_waits = True
 

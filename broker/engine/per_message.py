@@ -80,6 +80,8 @@ GROUP = "message_group"
 #: (``persistent: true``, ``expires`` in ms or None, ``message_group`` or None) of a
 #: header block: the rules a message's headers hold, read in one pass (:func:`facts`).
 Facts = tuple[bool, "int | None", "str | None"]
+#: A message's header block (``broker.message.Headers``: a tuple, kept as the cache key).
+HeaderBlock = tuple[tuple[str, str], ...]
 _NO_FACTS: Facts = (False, None, None)
 #: Header blocks whose facts :class:`PerMessageRules` keeps (the messages of a producer's
 #: run share one: one pass per run, not five per message); past it, the cache restarts.
@@ -167,9 +169,8 @@ class PerMessageRules:
         self._last_headers: object = ()
         self._last_facts: Facts = _NO_FACTS
 
-    def _facts_of(self, message: QueueMessage) -> Facts:
-        """:func:`facts` of the message's headers, read once per header block."""
-        headers = message.headers
+    def _facts_of(self, headers: HeaderBlock) -> Facts:
+        """:func:`facts` of a message's headers, read once per header block."""
         if headers is self._last_headers:
             return self._last_facts
         if not headers:
@@ -318,7 +319,7 @@ class PerMessageRules:
             if selects is not None and not selects(message.headers):
                 return False
         known = message.headers is self._last_headers  # (_facts_of without its call)
-        group = (self._last_facts if known else self._facts_of(message))[2]
+        group = (self._last_facts if known else self._facts_of(message.headers))[2]
         if not self._exclusive and not self._groups and group is None:
             return True  # the common case: nothing to decide
         eligible = self._candidates(queue)
@@ -348,7 +349,7 @@ class PerMessageRules:
                     credit.size += size
         message = delivery.message
         known = message.headers is self._last_headers  # (_facts_of without its call)
-        group = (self._last_facts if known else self._facts_of(message))[2]
+        group = (self._last_facts if known else self._facts_of(message.headers))[2]
         if group is not None and queue.options.request_acknowledge:
             entry = self._groups.setdefault((queue.channel.name, group), [receiver.id, 0])
             entry[0] = receiver.id
@@ -362,7 +363,7 @@ class PerMessageRules:
             )
         message = delivery.message
         known = message.headers is self._last_headers  # (_facts_of without its call)
-        group = (self._last_facts if known else self._facts_of(message))[2]
+        group = (self._last_facts if known else self._facts_of(message.headers))[2]
         if group is None:
             return
         key = (queue.channel.name, group)
@@ -372,15 +373,41 @@ class PerMessageRules:
             if entry[1] <= 0:
                 del self._groups[key]
 
+    def quiet(self, headers: HeaderBlock) -> bool:
+        """Do the rules leave a message with this header block alone now?  True when no
+        rule is in force (no owned channel, credit, first sequence, selector, exclusive
+        consumer, group in flight, credit charged) and the block holds no ``expires`` and
+        no ``message_group``: then :meth:`expired` is False, :meth:`eligible` True for
+        every consumer of a queue, and :meth:`sent` and :meth:`settled` change nothing for
+        it (``persistent`` does not matter here).  The per-message handler's
+        ``quiet_test`` (``broker.engine.delivery``)."""
+        if (
+            self._owners
+            or self._credits
+            or self._charged
+            or self._from_seq
+            or self._selectors
+            or self._exclusive
+            or self._groups
+        ):
+            return False
+        if headers is self._last_headers:  # (_facts_of without its call)
+            found = self._last_facts
+        elif not headers:
+            return True
+        else:
+            found = self._facts_of(headers)
+        return found[1] is None and found[2] is None
+
     def persistent(self, message: QueueMessage) -> bool:
         """Does the message ask to be saved (``persistent: true``)?"""
         known = message.headers is self._last_headers  # (_facts_of without its call)
-        return (self._last_facts if known else self._facts_of(message))[0]
+        return (self._last_facts if known else self._facts_of(message.headers))[0]
 
     def expired(self, message: QueueMessage) -> bool:
         """Has the message's ``expires`` time come?  (Counted in ``expired_count``.)"""
         known = message.headers is self._last_headers  # (_facts_of without its call)
-        deadline = (self._last_facts if known else self._facts_of(message))[1]
+        deadline = (self._last_facts if known else self._facts_of(message.headers))[1]
         if deadline is not None and deadline <= self.wall_clock() * 1000:
             self.expired_count += 1
             return True

@@ -695,7 +695,15 @@ def serialize_receipts(
     if version is Version.V1_0 or any("\0" in r for r in ids):
         return b"".join([serialize_receipt(r, version) for r in ids])
     table = _ENCODE_1_2 if version is Version.V1_2 else _ENCODE_1_1
-    return "".join([f"RECEIPT\nreceipt-id:{r.translate(table)}\n\n\0" for r in ids]).encode()
+    # (translate only an id with something to escape: ~10x the cost of the test)
+    return "".join(
+        [
+            "RECEIPT\nreceipt-id:"
+            + (r.translate(table) if "\\" in r or ":" in r or "\n" in r or "\r" in r else r)
+            + "\n\n\0"
+            for r in ids
+        ]
+    ).encode()
 
 
 def _check_raw_header(name: str, value: str, version: Version) -> None:

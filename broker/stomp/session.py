@@ -447,10 +447,10 @@ class Session:
                     # _encode's usual MESSAGE, the same bytes, without its call: the head
                     # and destination line that encode made for this subscription
                     body = delivery.body
-                    text = (
-                        f"{sub.head}{delivery.message_id.translate(table)}{line}"
-                        f"content-length:{len(body)}\n\n"
-                    )
+                    mid = delivery.message_id
+                    if "\\" in mid or ":" in mid or "\n" in mid or "\r" in mid:
+                        mid = mid.translate(table)  # (most ids hold nothing to escape)
+                    text = f"{sub.head}{mid}{line}content-length:{len(body)}\n\n"
                     if "\0" in text:
                         raise EncodeError("a MESSAGE header contains NUL")
                     out += text.encode("utf-8")
@@ -505,10 +505,10 @@ class Session:
             or config.add_timestamp_header
             or config.add_redeliveries_header
         ):  # the usual MESSAGE: nothing but its head, id, destination and length
-            text = (
-                f"{sub.head}{delivery.message_id.translate(table)}{line}"
-                f"content-length:{len(body)}\n\n"
-            )
+            mid = delivery.message_id
+            if "\\" in mid or ":" in mid or "\n" in mid or "\r" in mid:
+                mid = mid.translate(table)  # (most ids hold nothing to escape)
+            text = f"{sub.head}{mid}{line}content-length:{len(body)}\n\n"
             if "\0" in text:
                 raise EncodeError("a MESSAGE header contains NUL")
             return b"".join((text.encode("utf-8"), body, b"\0"))

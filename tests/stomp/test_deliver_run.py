@@ -67,14 +67,20 @@ def _peer(
     return peer, transport
 
 
-def _deliveries(sub: str) -> list[Delivery]:
+#: Message ids with one character each to escape on 1.1+ (``\r`` on 1.2 only), by index.
+_ESCAPED_IDS = {9: "back\\slash", 10: "co:lon", 11: "new\nline", 12: "car\rriage"}
+
+
+def _deliveries(sub: str, version: Version = Version.V1_2) -> list[Delivery]:
     out = []
-    for i in range(12):
+    for i in range(14):
         headers = (("n", str(i)),) if i % 3 == 0 else ()
         if i == 7:
             headers = (("tricky:name", "a\nb"),)  # escaped on 1.1+, left out on 1.0
         # ids and destinations to escape, a destination changing within the run
         message_id = "m:5\\x" if i == 5 else f"m{i}"
+        if version is not Version.V1_0:
+            message_id = _ESCAPED_IDS.get(i, message_id)
         destination = "/queue/r:x" if i in (4, 5, 8) else "/queue/q"
         out.append(Delivery(sub, 100 + i, message_id, destination, headers, b"x" * (20 + i)))
     return out
@@ -89,7 +95,7 @@ def test_a_run_makes_what_each_delivery_in_turn_makes(
     sub = "/queue/q" if version is Version.V1_0 else "s"
     run_peer, run_transport = _peer(version, ack, limit)
     each_peer, each_transport = _peer(version, ack, limit)
-    deliveries = _deliveries(sub)
+    deliveries = _deliveries(sub, version)
     took = run_peer.session.deliver_run(deliveries)
     each = 0
     for delivery in deliveries:

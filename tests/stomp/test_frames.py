@@ -288,7 +288,7 @@ def test_serialize_receipt_is_serialize_of_a_receipt_frame(version: Version, rec
 
 @pytest.mark.parametrize("version", [Version.V1_0, Version.V1_1, Version.V1_2])
 def test_serialize_receipts_is_serialize_receipt_of_each_in_order(version: Version) -> None:
-    ids = ["r-1", None, "a:b\\c", "näme", None, "7"]
+    ids = ["r-1", None, "a:b\\c", "näme", None, "7", "back\\slash", "co:lon"]
     if version is not Version.V1_0:  # (1.0 has no escapes: EncodeError for these)
         ids[3:3] = ["line\nbreak", "cr\r"]
     expected = b"".join(serialize_receipt(r, version) for r in ids if r is not None)

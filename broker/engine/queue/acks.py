@@ -97,23 +97,6 @@ class AckTracker:
             return
         q = self.q
         cid = client.id
-        # (id, source, channel, queue, no flags, the default TTL, nothing else)
-        ack = _new_message(
-            Message,
-            (
-                message_id,
-                cid,
-                q.channel.name,
-                q.id,
-                False,
-                False,
-                False,
-                DEFAULT_TTL,
-                (),
-                b"",
-                None,
-            ),
-        )
         used = q.used  # (q.release without its call: its window slot freed)
         n = used.get(cid, 0) - 1
         if n > 0:
@@ -128,16 +111,49 @@ class AckTracker:
         if receipts.pending:
             receipts.succeeded(q.key, m.seq, cid)
         hooks = q.hooks
-        try:  # (hooks.call without its call: a hook per delivery)
-            d = hooks.methods["acknowledge_received"](q, ack, dl, True)
-        except Exception as exc:
-            d = hooks.failed(m, "acknowledge_received", exc)
+        quiet = False  # (the handler's acknowledge_received would change nothing: not called)
+        test = hooks.quiet
+        if test is not None:
+            try:
+                quiet = test(m.headers)
+            except Exception as exc:
+                quiet = hooks.quiet_failed(exc)
+        if quiet:
+            d = ALLOW_ACK
+        else:
+            d = self._ask_taken(client, message_id, dl)
         if (d is ALLOW_ACK or d is ALLOW) and not life.producer_waits:
             # (resolve: nothing to save, nobody to answer, nothing put back)
             if life.inflight <= 0 and m.state == INFLIGHT:
                 q.finish(m)
             return
         self.resolve(m, d, now, out, NackReason.NONE, cid, True)
+
+    def _ask_taken(self, client: Client[Any], message_id: str, dl: Delivery) -> Decision:
+        """The handler's ``acknowledge_received`` for a delivery acknowledged by taking."""
+        q = self.q
+        # (id, source, channel, queue, no flags, the default TTL, nothing else)
+        ack = _new_message(
+            Message,
+            (
+                message_id,
+                client.id,
+                q.channel.name,
+                q.id,
+                False,
+                False,
+                False,
+                DEFAULT_TTL,
+                (),
+                b"",
+                None,
+            ),
+        )
+        hooks = q.hooks
+        try:  # (hooks.call without its call: a hook per delivery)
+            return hooks.methods["acknowledge_received"](q, ack, dl, True)
+        except Exception as exc:
+            return hooks.failed(dl.message, "acknowledge_received", exc)
 
     def _settle(
         self, client: Client[Any], ack: Message, dl: Delivery, now: float, out: list[Outgoing]
@@ -158,10 +174,20 @@ class AckTracker:
         else:
             q.nacks += 1
         hooks = q.hooks
-        try:  # (hooks.call without its call: a hook per delivery)
-            d = hooks.methods["acknowledge_received"](q, ack, dl, success)
-        except Exception as exc:
-            d = hooks.failed(m, "acknowledge_received", exc)
+        quiet = False  # (a positive one the handler would not act on: not asked)
+        test = hooks.quiet
+        if success and test is not None:
+            try:
+                quiet = test(m.headers)
+            except Exception as exc:
+                quiet = hooks.quiet_failed(exc)
+        if quiet:
+            d = ALLOW_ACK
+        else:
+            try:  # (hooks.call without its call: a hook per delivery)
+                d = hooks.methods["acknowledge_received"](q, ack, dl, success)
+            except Exception as exc:
+                d = hooks.failed(m, "acknowledge_received", exc)
         if not success and d.put_back is not PutBack.NO and _not_put_back(ack):
             d = Decision(allow=False, save=d.save, send_ack=AckWhen.NEGATIVE)
         self.resolve(m, d, now, out, reason or NackReason.NONE, client.id, success)

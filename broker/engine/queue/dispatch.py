@@ -293,7 +293,14 @@ class Dispatcher:
         """
         q = self.q
         hooks = q.hooks
-        if hooks.begin_send:
+        quiet = False  # (the handler's hooks would change nothing for m: not called)
+        test = hooks.quiet
+        if test is not None:
+            try:
+                quiet = test(m.headers)
+            except Exception as exc:
+                quiet = hooks.quiet_failed(exc)
+        if hooks.begin_send and not quiet:
             try:  # (hooks.call without its call: a hook per message)
                 d = hooks.methods["begin_send"](q, m)
             except Exception as exc:
@@ -311,7 +318,7 @@ class Dispatcher:
         strategy = q.strategy
         targets: Sequence[Client[Any]]
         if strategy.status is _ROUND_ROBIN:  # (RoundRobin.targets without its call)
-            targets = self.choose_one(m, consumers, True, req_ack)
+            targets = self.choose_one(m, consumers, True, req_ack, quiet)
         else:
             targets = strategy.targets(q, m, consumers, req_ack, keep)  # type: ignore[arg-type]
         if not targets:
@@ -342,7 +349,7 @@ class Dispatcher:
                 used[cid] = used.get(cid, 0) + 1
                 dl = q.track(m, c, deadline)
                 m.state = INFLIGHT
-                if hooks.received:
+                if hooks.received and not quiet:
                     try:
                         d = hooks.methods["consumer_received"](q, dl, c)
                     except Exception as exc:
@@ -354,7 +361,7 @@ class Dispatcher:
                     self.hand(c, ACKED, m, frame, out)
                     q.track(m, c, deadline)
                 m.state = INFLIGHT
-                if hooks.received:
+                if hooks.received and not quiet:
                     for c in targets:
                         waiting = q.pending.get((c.id, m.message_id))
                         if waiting is not None:
@@ -366,7 +373,7 @@ class Dispatcher:
             life.unsent += len(targets)
             for c in targets:
                 self.hand(c, kind, m, frame, out)
-            if hooks.received:
+            if hooks.received and not quiet:
                 for c in targets:
                     d = hooks.call(m, "consumer_received", q, Delivery(m, c, 0.0), c)
                     if d is not ALLOW:
@@ -434,16 +441,22 @@ class Dispatcher:
         return not self.q.hooks.can_receive or self._eligible(m, c, False)
 
     def choose_one(
-        self, m: QueueMessage, consumers: Sequence[Client[Any]], rotate: bool, req_ack: bool
+        self,
+        m: QueueMessage,
+        consumers: Sequence[Client[Any]],
+        rotate: bool,
+        req_ack: bool,
+        quiet: bool = False,
     ) -> tuple[Client[Any], ...]:
         """The first consumer with room that may take ``m`` (from the round-robin
         position, moved past it, when ``rotate``); low-priority consumers
-        (``Consumer-Priority: low``) only when no other one can take it."""
+        (``Consumer-Priority: low``) only when no other one can take it.  ``quiet``: the
+        handler's quiet test said True for ``m`` (its filter is not asked)."""
         q = self.q
         n = len(consumers)
         start = q.rr % n if rotate else 0
         hooks = q.hooks
-        filters = hooks.can_receive
+        filters = hooks.can_receive and not quiet
         # (hooks.can_consumer_receive without its call: the handler's filter, bound)
         accepts = hooks.methods["can_consumer_receive"] if filters else None
         pending = self.pending if req_ack else None  # (as _eligible, without its call)

@@ -14,6 +14,7 @@ from typing import Any
 
 from broker.engine.delivery import ALLOW, Decision, DefaultDeliveryHandler, DeliveryHandler
 from broker.engine.message import QueueMessage
+from broker.message import Headers
 
 _PLAIN_RECEIVED = (
     DeliveryHandler.received_from_producer,
@@ -33,6 +34,35 @@ def _declared_with(handler: DeliveryHandler, flag: str, hook: str) -> bool:
         if hook in vars(klass):
             return bool(vars(klass).get(flag, False))
     return False
+
+
+#: The hooks a handler's ``quiet_test`` speaks for (``DeliveryHandler.quiet_test``).
+_QUIET_HOOKS = ("begin_send", "can_consumer_receive", "consumer_received", "acknowledge_received")
+
+
+def _defined_by(handler: DeliveryHandler, name: str) -> type | None:
+    """The class of ``handler`` whose own body defines ``name`` (first in its MRO)."""
+    for klass in type(handler).__mro__:
+        if name in vars(klass):
+            return klass
+    return None
+
+
+def _quiet_test(
+    handler: DeliveryHandler, queue: Any, error: Callable[[str, Exception], None]
+) -> Callable[[Headers], bool] | None:
+    """The handler's ``quiet_test`` for ``queue`` when the class that defines it also
+    defines every hook it speaks for (else None: the hooks are called)."""
+    owner = _defined_by(handler, "quiet_test")
+    if owner is None or owner is DeliveryHandler:
+        return None
+    if any(_defined_by(handler, hook) is not owner for hook in _QUIET_HOOKS):
+        return None
+    try:
+        return handler.quiet_test(queue)
+    except Exception as exc:
+        error("quiet_test", exc)
+        return None
 
 
 class _Bound(dict[str, Callable[..., Decision]]):
@@ -66,6 +96,7 @@ class HandlerHooks:
         "from_producer",
         "handler",
         "methods",
+        "quiet",
         "received",
         "received_by_headers",
         "selects",
@@ -96,6 +127,11 @@ class HandlerHooks:
         self.received_by_headers = _declared_with(
             handler, "received_by_headers", "received_from_producer"
         )
+        #: The handler's test of a header block (``DeliveryHandler.quiet_test``): where it
+        #: says True, the send and the acknowledge by taking skip ``begin_send``,
+        #: ``can_consumer_receive``, ``consumer_received`` and ``acknowledge_received``
+        #: (four hooks per message, each a call or two).  None: no such test.
+        self.quiet = _quiet_test(handler, queue, error)
 
     @property
     def any(self) -> bool:
@@ -139,6 +175,12 @@ class HandlerHooks:
         ``methods["can_consumer_receive"]`` in its own ``try``): counted as an error;
         False, the consumer refused."""
         self._error("can_consumer_receive", exc)
+        return False
+
+    def quiet_failed(self, exc: Exception) -> bool:
+        """The handler's quiet test raised ``exc``: counted as an error; False, the hooks
+        are called."""
+        self._error("quiet_test", exc)
         return False
 
     def looks_past(self) -> bool:

@@ -1184,7 +1184,6 @@ class Queue:
         by_headers = hooks.received_by_headers
         asked: Headers | None = None  # the header block received was asked about last
         answer = ALLOW  # (its answer)
-        numbered = self._numbered
         dispatch = self.dispatch
         send = dispatch.send
         tracker = self.tracker
@@ -1210,8 +1209,21 @@ class Queue:
                 keep_id = remember and bool(mid)
                 if not mid and needs_id:
                     mid = self.host.new_id()
-                message = derive(message, False, qid, mid, sid, name, message.headers)
-                m = numbered(message, sender, False, now)
+                if (  # (derive's test without its call: the door's messages pass it)
+                    mid != message.message_id
+                    or sid != message.source
+                    or qid != message.content_type
+                    or message.wants_ack
+                    or name != message.target
+                ):
+                    message = derive(message, False, qid, mid, sid, name, message.headers)
+                # (_numbered without its call: numbered, counted, in the browse index)
+                self.sequence = seq = self.sequence + 1
+                m = QueueMessage(seq, message, sender, False, now)
+                if self.index is not None:
+                    self.index.add(m)
+                self.received += 1
+                self.last_received = now
                 if message.headers is asked:  # (by_headers: its answer for this block)
                     d = answer
                 else:
