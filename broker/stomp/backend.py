@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from broker.stomp.subscription import PublishSpec, SubscriptionSpec
+from broker.store.base import NOT_SAVED
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,9 +123,23 @@ class RunReceiver(Protocol):
     def attach_runs(self, connection_id: int, sink: RunSink) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why the broker did not take a SEND: ``reason`` for the client's ERROR frame;
+    ``store_failed``: the store failed before the SEND's writes were durable (which of
+    them the disk holds is unknown: the ERROR names the first receipt the client waits
+    for, even one a later SEND of the run asked for)."""
+
+    reason: str
+    store_failed: bool = False
+
+
+#: The answer to SENDs whose writes the store failed to make durable.
+STORE_FAILED = Refusal(NOT_SAVED, store_failed=True)
+
 #: Called once with the outcome of an asynchronous publish: None (accepted -- durable,
-#: for a persistent message) or the reason it was refused.
-PublishAnswer = Callable[["str | None"], None]
+#: for a persistent message) or why it was refused.
+PublishAnswer = Callable[["Refusal | None"], None]
 
 
 @runtime_checkable
@@ -145,7 +160,7 @@ class AsyncPublisher(Protocol):
 #: Called once with the outcome of a batch of asynchronous publishes: how many of them
 #: were taken, in order, and None (all of them) or why the next one was refused (the
 #: ones after it take no effect).
-BatchAnswer = Callable[[int, "str | None"], None]
+BatchAnswer = Callable[[int, "Refusal | None"], None]
 
 
 @runtime_checkable
@@ -173,7 +188,7 @@ class AfterApplied(Protocol):
     session's thread, once every call made before it for that connection took effect
     (durably, where the call writes to a store), in order with the publish answers:
     the session holds each RECEIPT until then (STOMP: a RECEIPT says the server
-    processed every frame before it).  ``answer(reason)``: it cannot say so (the
+    processed every frame before it).  ``answer(refusal)``: it cannot say so (the
     session ends with an ERROR)."""
 
     def after_applied(self, connection_id: int, answer: PublishAnswer) -> None: ...

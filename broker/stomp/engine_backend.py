@@ -94,6 +94,7 @@ from broker.stomp.backend import (
     Delivery,
     DeliverySink,
     PublishAnswer,
+    Refusal,
     RunSink,
 )
 from broker.stomp.destinations import Destination, DestinationKind
@@ -407,7 +408,7 @@ class EngineBackend:
         door = self.door
         self._submit(lambda now: door.op_applied(answer))
 
-    def _on_answers(self, answers: list[tuple[PublishAnswer, str | None]]) -> None:
+    def _on_answers(self, answers: list[tuple[PublishAnswer, Refusal | None]]) -> None:
         for answer, error in answers:
             answer(error)
         self.after_deliveries()

@@ -36,7 +36,13 @@ from broker.protocol import (
     Tracked,
     header,
 )
-from broker.stomp.backend import BatchAnswer, ConnectionInfo, PublishAnswer
+from broker.stomp.backend import (
+    STORE_FAILED,
+    BatchAnswer,
+    ConnectionInfo,
+    PublishAnswer,
+    Refusal,
+)
 from broker.stomp.destinations import Destination, DestinationKind, temp_owner
 from broker.stomp.engine_browse import BrowsePage, Followers, read_page
 from broker.stomp.engine_durable import existing_channel
@@ -56,7 +62,6 @@ from broker.stomp.frames import Headers
 from broker.stomp.subscription import PublishSpec
 from broker.stomp.vhosts import namespace_of
 from broker.stomp.wildcards import Wild, Wildcards
-from broker.store.base import NOT_SAVED
 
 log = logging.getLogger(__name__)
 
@@ -96,10 +101,10 @@ class EngineDoor:
         #: Takes a browse page on the listener thread (EngineBackend.bind).
         self.browsed: Callable[[BrowsePage], None] | None = None
         #: Runs a batch of publish answers on the listener thread (EngineBackend.bind).
-        self.answer: Callable[[list[tuple[PublishAnswer, str | None]]], None] | None = None
+        self.answer: Callable[[list[tuple[PublishAnswer, Refusal | None]]], None] | None = None
         #: (answer, error) of this batch's publishes (a run's: ``partial(BatchAnswer,
         #: taken)``) and of ``op_applied``, answered once their writes are durable.
-        self._answers: list[tuple[PublishAnswer, str | None]] = []
+        self._answers: list[tuple[PublishAnswer, Refusal | None]] = []
         #: While run_ops runs: what it posts to the listener thread, posted as one call
         #: at its end (one loop wake-up per batch, not one per kind of output).
         self._posting: list[Callable[[], None]] | None = None
@@ -309,9 +314,9 @@ class EngineDoor:
             return message  # no acknowledge tracked (not a queue delivery): no sequence
         return message.replace(headers=(*message.headers, (SEQ_HEADER, str(delivery.message.seq))))
 
-    def _answer_unsaved(self, answers: list[tuple[PublishAnswer, str | None]]) -> None:
+    def _answer_unsaved(self, answers: list[tuple[PublishAnswer, Refusal | None]]) -> None:
         """The store failed before ``answers``' writes were durable: what would have been
-        a RECEIPT is refused (``NOT_SAVED``), a run's with none of it taken (which of its
+        a RECEIPT is refused (``STORE_FAILED``), a run's with none of it taken (which of its
         messages the disk holds is unknown); a refusal stays as it was."""
         assert self.answer is not None
         self.answer([_unsaved(answer, error) for answer, error in answers])
@@ -591,14 +596,14 @@ class EngineDoor:
             out = self.op_publish(conn, spec, message_id, now, stamp)
         except Refused as exc:
             self.failed.add(conn)
-            self._answers.append((answer, exc.reason))
+            self._answers.append((answer, Refusal(exc.reason)))
             return exc.out
         except BackendError as exc:
             self.failed.add(conn)
-            self._answers.append((answer, str(exc)))
+            self._answers.append((answer, Refusal(str(exc))))
             return []
         except Exception as exc:
-            self._answers.append((answer, f"broker error: {exc}"))
+            self._answers.append((answer, Refusal(f"broker error: {exc}")))
             raise
         self._answers.append((answer, None))
         return out
@@ -634,15 +639,15 @@ class EngineDoor:
                 out += publish(conn, spec, f"{prefix}{first_id + i}", now, stamp)
             except Refused as exc:
                 self.failed.add(conn)
-                self._answers.append((partial(answer, i), exc.reason))
+                self._answers.append((partial(answer, i), Refusal(exc.reason)))
                 return out + exc.out
             except BackendError as exc:
                 self.failed.add(conn)
-                self._answers.append((partial(answer, i), str(exc)))
+                self._answers.append((partial(answer, i), Refusal(str(exc))))
                 return out
             except Exception as exc:  # what was taken before it is delivered
                 log.exception("STOMP SEND failed on the engine")
-                self._answers.append((partial(answer, i), f"broker error: {exc}"))
+                self._answers.append((partial(answer, i), Refusal(f"broker error: {exc}")))
                 return out
         self._answers.append((partial(answer, len(specs)), None))
         return out
@@ -663,7 +668,7 @@ class EngineDoor:
             client_id = self._client(conn)
         except BackendError as exc:
             self.failed.add(conn)
-            self._answers.append((partial(answer, 0), str(exc)))
+            self._answers.append((partial(answer, 0), Refusal(str(exc))))
             return []
         out: list[Outgoing] = []
         messages: list[Message] = []
@@ -711,7 +716,7 @@ class EngineDoor:
                 error = f"{specs[taken].destinations[0].stomp}: {refused}"
         if error is not None:
             self.failed.add(conn)
-            self._answers.append((partial(answer, taken), error))
+            self._answers.append((partial(answer, taken), Refusal(error)))
         else:
             self._answers.append((partial(answer, len(specs)), None))
         return out
@@ -951,14 +956,14 @@ def _at_once(fn: Callable[[], None], failed: Callable[[], None] | None = None) -
     fn()
 
 
-def _unsaved(answer: PublishAnswer, error: str | None) -> tuple[PublishAnswer, str | None]:
+def _unsaved(answer: PublishAnswer, error: Refusal | None) -> tuple[PublishAnswer, Refusal | None]:
     """``(answer, error)`` as it goes when the store failed before it (``_answer_unsaved``)."""
     if isinstance(answer, partial):  # a run's (BatchAnswer, taken): none of it confirmed
         taken = answer.args[0]
         if error is None or taken > 0:
-            return partial(answer.func, 0), NOT_SAVED
+            return partial(answer.func, 0), STORE_FAILED
         return answer, error
-    return answer, NOT_SAVED if error is None else error
+    return answer, STORE_FAILED if error is None else error
 
 
 #: ``Message(...)`` from a tuple of every field, without the named tuple's Python-level

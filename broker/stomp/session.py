@@ -60,6 +60,7 @@ from broker.stomp.backend import (
     BatchPublisher,
     ConnectionInfo,
     Delivery,
+    Refusal,
     RunReceiver,
 )
 from broker.stomp.destinations import parse_destinations, temp_owner
@@ -93,7 +94,6 @@ from broker.stomp.subscription import (
     parse_subscribe,
 )
 from broker.stomp.vhosts import DEFAULT_VIRTUAL_HOSTS, VirtualHost
-from broker.store.base import NOT_SAVED
 
 SUPPORTED_VERSIONS = (Version.V1_0, Version.V1_1, Version.V1_2)
 SERVER_NAME = "zerohub/0.1"
@@ -700,7 +700,7 @@ class Session:
         self._unanswered_count += 1
         self._deferred = True
 
-    def _answered(self, entry: _Answer, error: str | None) -> None:
+    def _answered(self, entry: _Answer, error: Refusal | None) -> None:
         """The backend's answer to an asynchronous SEND: receipts that waited for it go."""
         entry.done = True
         if self.state is SessionState.CLOSED or not self._unanswered:
@@ -708,9 +708,9 @@ class Session:
         self._unanswered_bytes -= entry.size
         if error is not None:
             receipt = entry.receipt
-            if receipt is None and error == NOT_SAVED:
+            if receipt is None and error.store_failed:
                 receipt = self._awaited(entry, 0)
-            self._fail(error, self._now, receipt)  # (the queue goes with it)
+            self._fail(error.reason, self._now, receipt)  # (the queue goes with it)
             self.on_delivery()
             return
         self._release_answered()
@@ -774,7 +774,7 @@ class Session:
                 self._handle(frame, now)
         return True
 
-    def _answered_run(self, entry: _Answer, taken: int, error: str | None) -> None:
+    def _answered_run(self, entry: _Answer, taken: int, error: Refusal | None) -> None:
         """The backend's answer to a run of SENDs (``_publish_run``): the first ``taken``
         were taken; ``error``: why the next one was refused (the rest took no effect)."""
         if error is None:
@@ -786,16 +786,16 @@ class Session:
         # the SENDs before the refused one were taken: their receipts, then the ERROR
         receipts = entry.receipts or []
         failed = receipts[taken] if taken < len(receipts) else None
-        if failed is None and error == NOT_SAVED:
+        if failed is None and error.store_failed:
             failed = self._awaited(entry, taken)
         entry.receipts = receipts[:taken]
         self._release_answered(entry)  # (not the done frames after it: they took no effect)
-        self._fail(error, self._now, failed)
+        self._fail(error.reason, self._now, failed)
         self.on_delivery()
 
     def _awaited(self, entry: _Answer, taken: int) -> str | None:
         """The first receipt the client awaits from ``entry``'s SEND ``taken`` on (none of
-        those RECEIPTs will come): the ERROR of a store failure (``NOT_SAVED``) names it
+        those RECEIPTs will come): the ERROR of a store failure (``STORE_FAILED``) names it
         even when the SEND it concerns asked for none (a client that asks for a receipt
         on the last SEND of a run only)."""
         skip = None

@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broker.stomp.backend import STORE_FAILED, Refusal
 from broker.stomp.errors import BackendError
 from broker.stomp.frames import Command, Version, make_frame, serialize
 from broker.stomp.memory import MemoryBackend
 from broker.stomp.session import Credentials, SessionConfig, SessionState, VirtualHost
-from broker.store.base import NOT_SAVED
 
 from .kit import WALL_MS, Peer, World
 
@@ -815,7 +815,7 @@ class _LaterBackend(MemoryBackend):
         self.sync_publishes += 1
         super().publish(connection_id, spec)
 
-    def answer(self, count: int, error: str | None = None) -> None:
+    def answer(self, count: int, error: Refusal | None = None) -> None:
         for _spec, answer in self.waiting[:count]:
             answer(error)
         del self.waiting[:count]
@@ -849,7 +849,7 @@ def test_async_send_refused_is_an_error_with_its_receipt() -> None:
     peer.send(Command.SEND, {"destination": "/queue/a", "receipt": "no"}, b"2")
     peer.send(Command.SEND, {"destination": "/queue/a", "receipt": "after"}, b"3")
     backend.answer(1)
-    backend.answer(1, "queue full")
+    backend.answer(1, Refusal("queue full"))
     backend.answer(1)  # the answer after the ERROR says nothing more
     frames = peer.read()
     assert [f.command for f in frames] == [Command.RECEIPT, Command.ERROR]
@@ -879,7 +879,7 @@ def test_parked_frames_after_a_refused_send_take_no_effect() -> None:
     peer.send(Command.SEND, {"destination": "/queue/a", "receipt": "r1"}, b"1")
     peer.send(Command.SUBSCRIBE, {"destination": "/queue/b", "id": "x"})
     assert len(backend.waiting) == 1 and peer.session.reading_paused
-    backend.answer(1, "queue full")
+    backend.answer(1, Refusal("queue full"))
     frames = peer.read()
     assert [f.command for f in frames] == [Command.ERROR]
     assert frames[0].header("receipt-id") == "r0"
@@ -908,7 +908,7 @@ class _RunBackend(_LaterBackend):
             raise BackendError("bad header")
         super().publish_async(connection_id, spec, answer)
 
-    def answer_run(self, taken: int | None = None, error: str | None = None) -> None:
+    def answer_run(self, taken: int | None = None, error: Refusal | None = None) -> None:
         specs, answer = self.runs.pop(0)
         answer(len(specs) if taken is None else taken, error)
 
@@ -946,7 +946,7 @@ def test_a_run_refused_in_the_middle_receipts_those_before_then_one_error() -> N
     peer.send_bytes(_sends(*[(str(i), {"receipt": f"r{i}"}) for i in range(5)]))
     peer.send_bytes(_sends(("late", {"receipt": "late"})))
     assert len(backend.runs) == 2
-    backend.answer_run(2, "queue full")
+    backend.answer_run(2, Refusal("queue full"))
     backend.answer_run()  # the run after the refused SEND: nothing more is said
     frames = peer.read()
     assert [f.command for f in frames] == [Command.RECEIPT] * 2 + [Command.ERROR]
@@ -966,7 +966,7 @@ def test_a_receipted_frame_after_a_refused_run_gets_the_error_not_a_receipt() ->
     peer.send_bytes(_sends(*[(str(i), {"receipt": f"r{i}"}) for i in range(3)]))
     peer.send(Command.SUBSCRIBE, {"destination": "/queue/b", "id": "x", "receipt": "sub"})
     assert peer.read() == []
-    backend.answer_run(1, "queue full")
+    backend.answer_run(1, Refusal("queue full"))
     frames = peer.read()
     assert [f.command for f in frames] == [Command.RECEIPT, Command.ERROR]
     assert [f.header("receipt-id") for f in frames] == ["r0", "r1"]
@@ -974,16 +974,29 @@ def test_a_receipted_frame_after_a_refused_run_gets_the_error_not_a_receipt() ->
 
 def test_a_store_failure_of_a_run_names_the_receipt_of_the_frame_after_it_and_sends_none() -> None:
     """Runs of SENDs without receipts, synced by a SUBSCRIBE that asks for one: the store
-    fails under the run (``NOT_SAVED``, none of it taken): one ERROR naming the
+    fails under the run (``STORE_FAILED``, none of it taken): one ERROR naming the
     SUBSCRIBE's receipt, no RECEIPT for it."""
     backend, peer = _run_peer(die_delay=0.1)
     peer.send_bytes(_sends(*[(str(i), {}) for i in range(4)]))
     peer.send(Command.SUBSCRIBE, {"destination": "/queue/b", "id": "x", "receipt": "s3"})
     assert peer.read() == []
-    backend.answer_run(0, NOT_SAVED)
+    backend.answer_run(0, STORE_FAILED)
     (error,) = peer.read()
     assert error.command is Command.ERROR and error.header("receipt-id") == "s3"
     assert "not saved" in str(error.header("message"))
+
+
+def test_a_refusal_worded_as_a_store_failure_is_not_taken_for_one() -> None:
+    """The answer says a store failure by its type (``Refusal.store_failed``), not by its
+    words: a refusal whose reason reads as ``STORE_FAILED``'s is an ordinary one, so its
+    ERROR names no receipt the refused SEND did not ask for (was: a string compare)."""
+    backend, peer = _run_peer(die_delay=0.1)
+    peer.send_bytes(_sends(*[(str(i), {}) for i in range(4)]))
+    peer.send(Command.SUBSCRIBE, {"destination": "/queue/b", "id": "x", "receipt": "s3"})
+    assert peer.read() == []
+    backend.answer_run(0, Refusal(STORE_FAILED.reason))
+    (error,) = peer.read()
+    assert error.command is Command.ERROR and error.header("receipt-id") is None
 
 
 def test_a_run_stops_at_a_transactional_send_and_before_a_send_that_does_not_parse() -> None:
