@@ -23,11 +23,10 @@ import zmq
 from broker import batch, tmqp
 from broker.client.blocking import Client
 from broker.client.frames import join_frame
-from broker.engine.engine import Engine
 from broker.protocol import MessageType, ResultCode
-from broker.server.server import Server, ServerOptions
+from tests.broker.held_server import Broker, MakeBroker, held_brokers
 from tests.broker.test_batch import Raw
-from tests.broker.test_push_runs import LOADED, PING, Broker, Hold, MakeBroker, answer
+from tests.broker.test_push_runs import LOADED, PING, answer
 from tests.polling import wait_until
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
@@ -44,21 +43,8 @@ QUEUES = {
 
 @pytest.fixture
 def start(zctx: Ctx) -> Iterator[MakeBroker]:
-    made: list[Broker] = []
-
-    def make(**options: object) -> Broker:
-        opts = ServerOptions(endpoint=f"inproc://octets-{next(_names)}", **options)  # type: ignore[arg-type]
-        server = Server(Engine(), opts, context=zctx)
-        hold = Hold(zctx, server)
-        endpoint = server.start()
-        made.append(Broker(server, hold, endpoint))
-        return made[-1]
-
-    yield make
-    for broker in made:
-        broker.hold.release()
-        broker.server.stop()
-        broker.hold.close()
+    with held_brokers(zctx, "octets") as make:
+        yield make
 
 
 def push(

@@ -13,8 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -23,9 +22,8 @@ import zmq
 from broker import tmqp
 from broker.client.blocking import Client
 from broker.client.frames import join_frame
-from broker.engine.engine import Engine
 from broker.protocol import Header, MessageType, ResultCode, header
-from broker.server.server import Server, ServerOptions
+from tests.broker.held_server import Broker, MakeBroker, held_brokers
 from tests.broker.test_batch import Raw
 from tests.polling import wait_until
 
@@ -37,71 +35,10 @@ LOADED = 60.0
 _names = itertools.count(1)
 
 
-class Hold:
-    """Holds the server's loop on its thread (a reader handler that waits for
-    :meth:`release`), so that what peers send meanwhile waits unread in the pipes."""
-
-    def __init__(self, ctx: Ctx, server: Server) -> None:
-        address = f"inproc://hold-{next(_names)}"
-        self.rx = ctx.socket(zmq.PULL)
-        self.rx.linger = 0
-        self.rx.bind(address)
-        self.tx = ctx.socket(zmq.PUSH)
-        self.tx.linger = 0
-        self.tx.connect(address)
-        self.held = threading.Event()
-        self.go = threading.Event()
-        server.add_reader(self.rx, self._wait)
-
-    def _wait(self, now: float) -> list[object]:
-        while self.rx.poll(0):
-            self.rx.recv()
-        self.held.set()
-        self.go.wait(60)
-        return []
-
-    def hold(self) -> None:
-        self.held.clear()
-        self.go.clear()
-        self.tx.send(b"hold")
-        assert self.held.wait(60), "the server loop did not take the hold"
-
-    def release(self) -> None:
-        self.go.set()
-
-    def close(self) -> None:
-        self.go.set()
-        self.tx.close()
-        self.rx.close()
-
-
-@dataclass
-class Broker:
-    server: Server
-    hold: Hold
-    endpoint: str
-
-
-MakeBroker = Callable[..., Broker]
-
-
 @pytest.fixture
 def start(zctx: Ctx) -> Iterator[MakeBroker]:
-    made: list[Broker] = []
-
-    def make(**options: object) -> Broker:
-        opts = ServerOptions(endpoint=f"inproc://runs-{next(_names)}", **options)  # type: ignore[arg-type]
-        server = Server(Engine(), opts, context=zctx)
-        hold = Hold(zctx, server)
-        endpoint = server.start()
-        made.append(Broker(server, hold, endpoint))
-        return made[-1]
-
-    yield make
-    for broker in made:
-        broker.hold.release()
-        broker.server.stop()
-        broker.hold.close()
+    with held_brokers(zctx, "runs") as make:
+        yield make
 
 
 def push(mid: str, queue_id: int, body: bytes, *, ack: bool = False, headers: tuple = ()) -> bytes:

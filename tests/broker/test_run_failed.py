@@ -24,8 +24,9 @@ from broker.client.frames import join_frame
 from broker.engine.engine import Engine
 from broker.protocol import Header, MessageType, Outgoing, ResultCode, header
 from broker.server.server import Server, ServerOptions
+from tests.broker.held_server import Hold
 from tests.broker.test_batch import Raw
-from tests.broker.test_push_runs import LOADED, PING, QUEUES, Hold, _batch_of, push
+from tests.broker.test_push_runs import LOADED, PING, QUEUES, _batch_of, push
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 
