@@ -315,6 +315,28 @@ def _read_until(consumers: dict[str, Raw], last: str) -> dict[str, list[str]]:
     return got
 
 
+def _join_mid_drain(broker: Broker, producer: Raw, second: Raw, queue_id: int) -> list[str]:
+    """300 pushes of ``producer`` into queue ``queue_id`` of channel ``d``: 100 in a drain
+    of their own (the first consumer's alone: as octets), then ``second``'s JOIN read
+    in the middle of the next drain (between two pushes: the ROUTER's fair queueing).
+    The ids pushed, once the JOIN is answered."""
+    src = producer.client_id
+    ids = [f"m{i}" for i in range(300)]
+    broker.hold.hold()
+    for mid in ids[:100]:
+        producer.send(push(src, mid, queue_id, b"x"))
+    broker.hold.release()
+    broker.hold.hold()
+    for mid in ids[100:150]:
+        producer.send(push(src, mid, queue_id, b"x"))
+    second.send(tmqp.encode(join_frame("j2", "d"))[0])
+    for mid in ids[150:]:
+        producer.send(push(src, mid, queue_id, b"x"))
+    broker.hold.release()
+    assert second.frame().message_id == "j2"
+    return ids
+
+
 @pytest.mark.parametrize("octets", [True, False])
 def test_a_second_consumer_joining_mid_drain_of_a_push_queue_gets_copies_from_then_on(
     start: MakeBroker, zctx: Ctx, octets: bool
@@ -332,20 +354,8 @@ def test_a_second_consumer_joining_mid_drain_of_a_push_queue_gets_copies_from_th
         first = joined(zctx, broker, name="j1")
         second = Raw(zctx, broker.endpoint)
         src = producer.client_id
-        ids = [f"m{i}" for i in range(300)]
-        broker.hold.hold()  # (a drain of the first consumer's alone: as octets)
-        for mid in ids[:100]:
-            producer.send(push(src, mid, 1, b"x"))
-        broker.hold.release()
-        broker.hold.hold()  # (the JOIN read between two of them, the fair queueing's)
-        for mid in ids[100:150]:
-            producer.send(push(src, mid, 1, b"x"))
-        second.send(tmqp.encode(join_frame("j2", "d"))[0])
-        for mid in ids[150:]:
-            producer.send(push(src, mid, 1, b"x"))
+        ids = _join_mid_drain(broker, producer, second, 1)
         producer.send(push(src, "end", 1, b"x"))
-        broker.hold.release()
-        assert second.frame().message_id == "j2"
         got = _read_until({"first": first, "second": second}, "end")
         assert got["first"] == [*ids, "end"]
         tail = got["second"]
@@ -376,19 +386,7 @@ def test_a_second_consumer_joining_mid_drain_of_a_round_robin_queue_shares_the_r
         first = joined(zctx, broker, name="j1")
         second = Raw(zctx, broker.endpoint)
         src = producer.client_id
-        ids = [f"m{i}" for i in range(300)]
-        broker.hold.hold()  # (a drain of the first consumer's alone: as octets)
-        for mid in ids[:100]:
-            producer.send(push(src, mid, 4, b"x"))
-        broker.hold.release()
-        broker.hold.hold()  # (the JOIN read between two of them, the fair queueing's)
-        for mid in ids[100:150]:
-            producer.send(push(src, mid, 4, b"x"))
-        second.send(tmqp.encode(join_frame("j2", "d"))[0])
-        for mid in ids[150:]:
-            producer.send(push(src, mid, 4, b"x"))
-        broker.hold.release()
-        assert second.frame().message_id == "j2"
+        ids = _join_mid_drain(broker, producer, second, 4)
         producer.send(push(src, "end", 4, b"x", ack=True))
         assert answer(tmqp.decode((producer.sock.recv(),))) == ("ack", "end")
         assert wait_until(lambda: queue_info(admin, 4)["Deliveries"] == len(ids) + 1, LOADED)
