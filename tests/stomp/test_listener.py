@@ -21,6 +21,7 @@ from broker.stomp.memory import MemoryBackend
 from broker.stomp.server import ListenerOptions, StompListener
 from broker.stomp.session import SessionConfig
 from tests.polling import WAIT, wait_until
+from tests.stomp.two_doors import Recorder
 
 FAST = SessionConfig(die_delay=0.1, heartbeat=(0, 0))
 
@@ -45,29 +46,6 @@ def listener(backend: MemoryBackend) -> Iterator[StompListener]:
 
 
 # -- stomp.py ------------------------------------------------------------------------------
-
-
-class Recorder(stomp.ConnectionListener):  # type: ignore[misc]
-    def __init__(self) -> None:
-        self.messages: list[Any] = []
-        self.receipts: list[str] = []
-        self.errors: list[Any] = []
-        self.heartbeats = 0
-        self.lock = threading.Lock()
-
-    def on_message(self, frame: Any) -> None:
-        with self.lock:
-            self.messages.append(frame)
-
-    def on_receipt(self, frame: Any) -> None:
-        with self.lock:
-            self.receipts.append(frame.headers["receipt-id"])
-
-    def on_error(self, frame: Any) -> None:
-        self.errors.append(frame)
-
-    def on_heartbeat(self) -> None:
-        self.heartbeats += 1
 
 
 CONNECTIONS = {"1.0": stomp.Connection10, "1.1": stomp.Connection11, "1.2": stomp.Connection12}

@@ -19,7 +19,8 @@ from broker.stomp.frames import Command, Frame
 from tests.broker.test_cli import start_serve
 from tests.polling import WAIT, wait_until
 from tests.ports import free_port
-from tests.stomp.test_listener import Raw, Recorder
+from tests.stomp.test_listener import Raw
+from tests.stomp.two_doors import Recorder
 
 #: A config whose broker lets in the token ``s3cret`` (all actions) and, without a
 #: token, only consumers (``join``): no SEND, no channel creation.

@@ -73,6 +73,7 @@ class Recorder(stomp.ConnectionListener):  # type: ignore[misc]
         self.messages: list[Any] = []
         self.receipts: list[str] = []
         self.errors: list[Any] = []
+        self.heartbeats = 0
         self.lock = threading.Lock()
 
     def on_message(self, frame: Any) -> None:
@@ -85,6 +86,9 @@ class Recorder(stomp.ConnectionListener):  # type: ignore[misc]
 
     def on_error(self, frame: Any) -> None:
         self.errors.append(frame)
+
+    def on_heartbeat(self) -> None:
+        self.heartbeats += 1
 
     def bodies(self) -> list[str]:
         with self.lock:
