@@ -98,6 +98,14 @@ def test_a_buffer_filled_to_exactly_max_outbound_still_gets_the_held_deliveries(
         # consumer reads again
         _send(producer, b"last")
         assert side.pump(lambda: bool(queue.pending))  # sent to the listener
+        # held back, and the statistics say where (broker stats: the first page)
+        assert side.pump(lambda: side.door.stats()["stomp"]["held_deliveries"] == 1)
+        page, _more = side.door.stats_page(None, 1 << 20)
+        assert page["stomp"] == {
+            "connections": 2,
+            "held_deliveries": 1,
+            "held_by_connection": {str(consumer.id): 1},
+        }
         consumer.sock.setblocking(False)
         data = bytearray()
 
@@ -115,6 +123,7 @@ def test_a_buffer_filled_to_exactly_max_outbound_still_gets_the_held_deliveries(
         )
         assert data.count(b"\x00") == sent  # every MESSAGE after the probe, once
         assert side.pump(lambda: not queue.pending)  # each reported taken
+        assert side.door.stats()["stomp"]["held_deliveries"] == 0
     finally:
         consumer.close()
         producer.close()
