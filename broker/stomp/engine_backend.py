@@ -140,6 +140,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds a SEND or SUBSCRIBE waits for the engine thread before it is refused.
 ANSWER_TIMEOUT = 10.0
+#: Connections the statistics name with their held deliveries (the ones holding most).
+HELD_SHOWN = 20
 #: ``PublishSpec(...)`` from a tuple of every field (``destinations`` first), without the
 #: named tuple's ``_replace`` (a SEND on a virtual host other than the default is
 #: renamed per message).
@@ -266,6 +268,21 @@ class EngineBackend:
         self.door.answer = self._on_answers
         self.door.browsed = self._on_browse_page
         self.door.post = post
+        self.door.listener_figures = self.figures
+
+    def figures(self) -> dict[str, object]:
+        """What the statistics show of this side (any thread: a snapshot of lengths): the
+        connections, and the deliveries handed over by the engine that their connection
+        has not taken yet (``held``, waiting for room: each still in flight on the
+        engine), in all and for the connections holding the most (at most
+        ``HELD_SHOWN``, by id)."""
+        held = [(len(c.held), cid) for cid, c in list(self.conns.items()) if c.held]
+        held.sort(reverse=True)
+        return {
+            "connections": len(self.conns),
+            "held_deliveries": sum(n for n, _ in held),
+            "held_by_connection": {str(cid): n for n, cid in held[:HELD_SHOWN]},
+        }
 
     def _submit(self, op: Op) -> None:
         """Queue ``op`` for the engine thread, in order with every other operation."""

@@ -24,6 +24,7 @@ from broker.engine.errors import ClientRejected, OperationError
 from broker.engine.options import ChannelOptions
 from broker.engine.per_message import PER_MESSAGE, PerMessageRules
 from broker.message import DEFAULT_TTL, Message
+from broker.paging import json_size
 from broker.protocol import (
     ConnectionInfo as EngineConnectionInfo,
 )
@@ -97,6 +98,9 @@ class EngineDoor:
         self._rx.setblocking(False)
         self._tx.setblocking(False)
         self.post: Post | None = None  # set by EngineBackend.bind
+        #: The listener's figures for the statistics (EngineBackend.bind): read from the
+        #: engine thread, so a snapshot that never waits for the listener.
+        self.listener_figures: Callable[[], dict[str, object]] | None = None
         self.deliver: Callable[[list[tuple[int, Message]]], None] | None = None
         #: Takes a browse page on the listener thread (EngineBackend.bind).
         self.browsed: Callable[[BrowsePage], None] | None = None
@@ -205,10 +209,18 @@ class EngineDoor:
         return self.engine.next_deadline()
 
     def stats(self) -> dict[str, object]:
-        return self.engine.stats()
+        out = self.engine.stats()
+        figures = self.listener_figures
+        return out if figures is None else {**out, "stomp": figures()}
 
     def stats_page(self, after: str | None, budget: int) -> tuple[dict[str, object], str | None]:
-        return self.engine.stats_page(after, budget)
+        """The engine's page; the first one also holds the listener's figures (``stomp``)."""
+        figures = self.listener_figures
+        if figures is None or after is not None:
+            return self.engine.stats_page(after, budget)
+        stomp = figures()
+        out, more = self.engine.stats_page(after, budget - json_size(stomp) - len(',"stomp":'))
+        return {**out, "stomp": stomp}, more
 
     # -- the meeting point ----------------------------------------------------------------
 

@@ -75,7 +75,13 @@ class _Connection(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         options = self.listener.options
-        transport.set_write_buffer_limits(high=options.max_outbound, low=options.max_outbound // 4)
+        # Paused exactly when _room says full: a plain transport pauses once its buffer is
+        # *above* ``high`` (TLS: at or above), and _room refuses deliveries once the unsent
+        # bytes *reach* max_outbound.  With high = max_outbound a buffer of exactly
+        # max_outbound bytes refused every delivery without a pause, so no resume_writing
+        # came and the held deliveries waited forever (tests/stomp/test_outbound_edge.py).
+        high = max(options.max_outbound - 1, 0)
+        transport.set_write_buffer_limits(high=high, low=min(options.max_outbound // 4, high))
         peer = transport.get_extra_info("peername")
         peer_text = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         if len(self.listener.connections) >= options.max_connections:

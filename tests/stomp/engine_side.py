@@ -4,6 +4,7 @@ sockets: what the listener does before the engine ran can be looked at, determin
 
 from __future__ import annotations
 
+import dataclasses
 import select
 import socket
 import time
@@ -21,12 +22,13 @@ FAST = SessionConfig(die_delay=0.1, heartbeat=(0, 0))
 class Engineside:
     """The engine thread, run by the test: the door's operations run only in :meth:`pump`."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_outbound: int | None = None) -> None:
         self.engine = Engine()
         self.door = EngineDoor(self.engine)
-        self.listener: StompListener = listen(
-            self.door, lambda fd, fn: None, ListenerOptions(port=0, session=FAST)
-        )
+        options = ListenerOptions(port=0, session=FAST)
+        if max_outbound is not None:
+            options = dataclasses.replace(options, max_outbound=max_outbound)
+        self.listener: StompListener = listen(self.door, lambda fd, fn: None, options)
         self.listener.start()
 
     def pump(self, done: Callable[[], bool]) -> bool:
@@ -55,9 +57,13 @@ class Engineside:
 class RawClient:
     """A STOMP 1.2 client writing frames by hand and reading whole frames back."""
 
-    def __init__(self, side: Engineside) -> None:
+    def __init__(self, side: Engineside, rcvbuf: int | None = None) -> None:
         before = side.listener.call(lambda: set(side.listener.connections))
-        self.sock = socket.create_connection(("127.0.0.1", side.listener.port), timeout=WAIT)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if rcvbuf is not None:  # (before the connect: the window is set then)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.settimeout(WAIT)
+        self.sock.connect(("127.0.0.1", side.listener.port))
         self.buffer = b""
         self.side = side
         self.send(b"CONNECT\naccept-version:1.2\nhost:localhost\n\n\x00")

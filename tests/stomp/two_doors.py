@@ -30,12 +30,14 @@ FAST = SessionConfig(die_delay=0.1, heartbeat=(0, 0))
 class Broker:
     """A TMQP server and a STOMP listener on one engine."""
 
-    def __init__(self, zctx: Ctx, engine: Engine | None = None) -> None:
+    def __init__(
+        self, zctx: Ctx, engine: Engine | None = None, options: ListenerOptions | None = None
+    ) -> None:
         self.engine = engine if engine is not None else Engine()
         self.door = EngineDoor(self.engine)
         self.server = Server(self.door, ServerOptions(endpoint="tcp://127.0.0.1:*"), context=zctx)
         self.listener: StompListener = listen(
-            self.door, self.server.add_reader, ListenerOptions(port=0, session=FAST)
+            self.door, self.server.add_reader, options or ListenerOptions(port=0, session=FAST)
         )
         self.endpoint = self.server.start()
         self.listener.start()
