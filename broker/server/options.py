@@ -7,6 +7,10 @@ from dataclasses import dataclass
 from broker import batch
 from broker.protocol import DEFAULT_ENDPOINT
 
+#: The delivery batch bound (octets) ``hwm`` was sized for: the send high-water mark
+#: defaults to ``hwm`` x this / ``unacked_batch_octets``.
+_HWM_BATCH_OCTETS = 2048
+
 
 class ServerError(Exception):
     """The server cannot start (bad endpoint, key files, insecure bind) or stop."""
@@ -43,8 +47,14 @@ class ServerOptions:
     #: Connections at once (sessions, handshakes, and connections yet to say anything);
     #: more are shut down as soon as they are accepted.  Each costs a file descriptor.
     max_connections: int = 11_000
-    #: ZeroMQ high-water marks (messages per peer pipe).
+    #: ZeroMQ high-water marks (messages per peer pipe): the receive side's, and the
+    #: send side's unless ``send_hwm`` says otherwise.
     hwm: int = 10_000
+    #: The send high-water mark (messages per peer pipe toward a peer); None: ``hwm``
+    #: scaled so that a stopped consumer's pipe holds no more octets of delivery
+    #: batches than ``hwm`` batches of 2 KiB would (``pipe_hwm``: ``hwm`` x 2 KiB /
+    #: ``unacked_batch_octets``, at most ``hwm``).  0, as for ZeroMQ: no limit.
+    send_hwm: int | None = None
     #: Frames other than queue deliveries held for a peer whose pipe is full; beyond
     #: this they are discarded and counted (``overflowed``), the peer stays connected.
     #: Queue deliveries wait in the engine's queues instead (per-consumer windows).
@@ -69,7 +79,7 @@ class ServerOptions:
     unacked_batch: int = 64
     #: Octets of deliveries without acknowledge one delivery batch carries at most (a
     #: bigger delivery travels alone).
-    unacked_batch_octets: int = 2048
+    unacked_batch_octets: int = 8192
     linger: float = 0.5
     #: Pushes without headers that wait for no response (for an acknowledge, or for
     #: nothing) read in one socket drain are handed to the engine as one run per
@@ -102,5 +112,19 @@ class ServerOptions:
             raise ValueError(f"unacked_batch_octets must be from 256 to {batch.DELIVERY_OCTETS}")
         if self.fanout_hwm < 1:
             raise ValueError("fanout_hwm must be at least 1")
+        if self.send_hwm is not None and self.send_hwm < 0:
+            raise ValueError("send_hwm must be at least 0 (0: no limit)")
         if self.max_handshakes < 1 or self.max_connections < 1:
             raise ValueError("max_handshakes and max_connections must be at least 1")
+
+    @property
+    def pipe_hwm(self) -> int:
+        """The send high-water mark the server sets: ``send_hwm``, or ``hwm`` scaled to
+        the delivery batches' octets (the default: 10,000 x 2 KiB / 8 KiB = 2,500), so
+        that a stopped consumer's pipe holds at most ``hwm`` x 2 KiB octets of batches
+        however big ``unacked_batch_octets`` is (README, "Broker", session 18)."""
+        if self.send_hwm is not None:
+            return self.send_hwm
+        if self.hwm <= 0:  # (no limit)
+            return self.hwm
+        return max(1, min(self.hwm, self.hwm * _HWM_BATCH_OCTETS // self.unacked_batch_octets))

@@ -1,6 +1,7 @@
 """``ServerOptions.unacked_batch``: deliveries that need no acknowledge share delivery
 batches (``broker.batch``) with a client that reads them, at most that many per message
-(default 64) and ``unacked_batch_octets`` octets (default 2048); 0: one per message."""
+(default 64) and ``unacked_batch_octets`` octets (default 8192, with the send pipe's
+high-water mark ``pipe_hwm`` scaled to them); 0: one per message."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import zmq
 
 from broker import batch, tmqp
 from broker.client.blocking import Client
+from broker.client.sockets import open_dealer
 from broker.engine.engine import Engine
 from broker.protocol import GREETING, ConnectionInfo, Header, MessageType
 from broker.server.server import Server, ServerOptions
@@ -107,9 +109,37 @@ def test_the_octet_bound_is_bounded(bad: int) -> None:
         ServerOptions(unacked_batch_octets=bad)
 
 
-def test_the_defaults_batch_deliveries_without_acknowledge_within_2_kib() -> None:
+def test_the_defaults_batch_deliveries_without_acknowledge_within_8_kib() -> None:
     options = ServerOptions()
-    assert (options.unacked_batch, options.unacked_batch_octets) == (64, 2048)
+    assert (options.unacked_batch, options.unacked_batch_octets) == (64, 8192)
+    # the send pipe holds 4x fewer messages: hwm x 2 KiB octets of batches, as before
+    assert (options.hwm, options.pipe_hwm) == (10_000, 2_500)
+
+
+@pytest.mark.parametrize(
+    ("hwm", "octets", "send_hwm", "pipe_hwm"),
+    [
+        (10_000, 2048, None, 10_000),  # session 9's bound: the hwm as it was
+        (10_000, 4096, None, 5_000),
+        (10_000, 256 * 1024, None, 78),
+        (10_000, 256, None, 10_000),  # never more messages than hwm
+        (3, 8192, None, 1),  # never 0 (that is ZeroMQ's "no limit")
+        (0, 8192, None, 0),  # no limit stays no limit
+        (10_000, 8192, 7, 7),  # said outright
+    ],
+)
+def test_the_send_hwm_keeps_the_octets_a_stopped_consumer_holds(
+    hwm: int, octets: int, send_hwm: int | None, pipe_hwm: int
+) -> None:
+    options = ServerOptions(hwm=hwm, unacked_batch_octets=octets, send_hwm=send_hwm)
+    assert options.pipe_hwm == pipe_hwm
+    if send_hwm is None and hwm:
+        assert options.pipe_hwm * octets <= max(hwm * 2048, octets)
+
+
+def test_a_negative_send_hwm_is_refused() -> None:
+    with pytest.raises(ValueError, match="send_hwm"):
+        ServerOptions(send_hwm=-1)
 
 
 @pytest.fixture
@@ -212,7 +242,24 @@ def test_a_consumer_that_stops_reading_holds_hwm_messages_of_at_most_the_octet_b
             # octets libzmq took (the window's 100 waited in the broker's backlog)
             held = sum(len(d) + 4 for d in got[: taken - 100])
             socket_buffer = 2 * int(Path("/proc/sys/net/core/wmem_default").read_text())
-            assert held <= hwm * options.unacked_batch_octets + socket_buffer
+            # hwm x 2 KiB: session 9's bound, kept with 8 KiB batches by the send hwm
+            assert held <= options.pipe_hwm * options.unacked_batch_octets + socket_buffer
+            assert held <= hwm * 2048 + socket_buffer
         finally:
             producer.close()
             reader.close(linger=0)
+
+
+@pytest.mark.parametrize(("hwm", "receive"), [(10_000, 2_500), (3, 1), (0, 0)])
+def test_the_clients_receive_pipe_holds_a_quarter_of_its_hwm(
+    zctx: Ctx, hwm: int, receive: int
+) -> None:
+    """The client's side of the same bound: its DEALER's receive pipe counts the broker's
+    8 KiB batches, so it holds ``hwm`` / 4 of them (``hwm`` x 2 KiB octets, as before);
+    its send pipe keeps ``hwm``."""
+    sock, watch = open_dealer(zctx, "tcp://127.0.0.1:1", hwm=hwm, curve=None, watch=False)
+    try:
+        assert watch is None
+        assert (sock.sndhwm, sock.rcvhwm) == (hwm, receive)
+    finally:
+        sock.close(linger=0)
