@@ -37,10 +37,12 @@ class Curve:
         return cls(curve_secret, server_key)
 
 
-#: The broker's delivery batches (``ServerOptions.unacked_batch_octets``, 8 KiB) over
-#: the 2 KiB batches ``hwm`` was sized for: the receive pipe holds this many times fewer
-#: messages, so a consumer that stops reading holds no more octets in it than before.
-_BATCH_SHARE = 4
+#: The broker's delivery batches (``ServerOptions.unacked_batch_octets``, 8 KiB) hold
+#: at most 8192 // 1025 = 7 times the deliveries of any one size that the 2 KiB
+#: batches ``hwm`` was sized for held: the receive pipe holds 7 times fewer messages,
+#: so a consumer that stops reading holds no more deliveries in it than before (the
+#: broker's send pipe likewise: ``ServerOptions.pipe_hwm``).
+_BATCH_SHARE = 7
 
 
 def receive_hwm(hwm: int) -> int:

@@ -7,9 +7,12 @@ from dataclasses import dataclass
 from broker import batch
 from broker.protocol import DEFAULT_ENDPOINT
 
-#: The delivery batch bound (octets) ``hwm`` was sized for: the send high-water mark
-#: defaults to ``hwm`` x this / ``unacked_batch_octets``.
-_HWM_BATCH_OCTETS = 2048
+#: One more octet than half the delivery batch bound ``hwm`` was sized for (2 KiB): a
+#: batch of N octets holds at most N // 1025 times the deliveries (of any one size) a
+#: 2 KiB batch holds, the worst case being deliveries of 1,025 octets (one per 2 KiB
+#: batch, seven per 8 KiB one).  ``tests/broker/test_unacked_batch.py`` checks it for
+#: every size.
+_HALF_BATCH = 1025
 
 
 class ServerError(Exception):
@@ -51,9 +54,9 @@ class ServerOptions:
     #: send side's unless ``send_hwm`` says otherwise.
     hwm: int = 10_000
     #: The send high-water mark (messages per peer pipe toward a peer); None: ``hwm``
-    #: scaled so that a stopped consumer's pipe holds no more octets of delivery
-    #: batches than ``hwm`` batches of 2 KiB would (``pipe_hwm``: ``hwm`` x 2 KiB /
-    #: ``unacked_batch_octets``, at most ``hwm``).  0, as for ZeroMQ: no limit.
+    #: scaled so that a stopped consumer's pipe holds no more deliveries of any size
+    #: than ``hwm`` batches of at most 2 KiB would (``pipe_hwm``).  0, as for ZeroMQ:
+    #: no limit.
     send_hwm: int | None = None
     #: Frames other than queue deliveries held for a peer whose pipe is full; beyond
     #: this they are discarded and counted (``overflowed``), the peer stays connected.
@@ -119,12 +122,14 @@ class ServerOptions:
 
     @property
     def pipe_hwm(self) -> int:
-        """The send high-water mark the server sets: ``send_hwm``, or ``hwm`` scaled to
-        the delivery batches' octets (the default: 10,000 x 2 KiB / 8 KiB = 2,500), so
-        that a stopped consumer's pipe holds at most ``hwm`` x 2 KiB octets of batches
-        however big ``unacked_batch_octets`` is (README, "Broker", session 18)."""
+        """The send high-water mark the server sets: ``send_hwm``, or ``hwm`` divided
+        by ``unacked_batch_octets`` // 1025 (the default: 10,000 // 7 = 1,428), so that
+        a consumer that stops reading holds no more deliveries of any size in the
+        broker's pipe than ``hwm`` messages of batches of at most 2 KiB did (session 9's
+        bound, ``hwm`` x 2 KiB octets), however big the batches are (README, "Flow
+        control")."""
         if self.send_hwm is not None:
             return self.send_hwm
         if self.hwm <= 0:  # (no limit)
             return self.hwm
-        return max(1, min(self.hwm, self.hwm * _HWM_BATCH_OCTETS // self.unacked_batch_octets))
+        return max(1, self.hwm // max(1, self.unacked_batch_octets // _HALF_BATCH))
