@@ -9,7 +9,12 @@ nothing; a producer pushes ``--messages`` (the queue takes ``--limit``, refuses 
 rest); once the queue's sent count stops moving, the broker's RSS less its RSS before the
 pushes is the row.  Rows take turns, ``--rounds`` times.
 
-Usage: ``python bench/bench_stopped_consumer.py [--messages N] [--limit N] [--rounds N]``.
+The reader's own receive pipe holds 1,000 messages (ZeroMQ's default); ``--client-pipe``:
+what the Python client sets (10,000 before session 18, 1,428 since), so that the count
+of deliveries libzmq took is the whole hold of a stopped Python client.
+
+Usage: ``python bench/bench_stopped_consumer.py [--messages N] [--limit N] [--rounds N]
+[--client-pipe] [--defaults-only]``.
 """
 
 from __future__ import annotations
@@ -78,8 +83,23 @@ def serve(
     ctx.term()
 
 
+def client_pipe(hwm: int) -> int:
+    """The receive high-water mark the Python client of this checkout sets for ``hwm``
+    (``broker.client.sockets.receive_hwm``; a checkout before it: ``hwm``)."""
+    from broker.client import sockets
+
+    receive = getattr(sockets, "receive_hwm", None)
+    return hwm if receive is None else int(receive(hwm))
+
+
 def measure(
-    ctx: Any, unacked: int | None, octets: int | None, messages: int, limit: int, hwm: int
+    ctx: Any,
+    unacked: int | None,
+    octets: int | None,
+    messages: int,
+    limit: int,
+    hwm: int,
+    reader_hwm: int = 1000,
 ) -> tuple[float, int]:
     import zmq
 
@@ -96,6 +116,7 @@ def measure(
     reader = zctx.socket(zmq.DEALER)
     reader.linger = 0
     reader.rcvtimeo = 10_000
+    reader.rcvhwm = reader_hwm
     reader.connect(endpoint)
     reader.send(GREETING)
     reader.recv()
@@ -135,16 +156,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=100_000, help="the queue's MessageLimit")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--hwm", type=int, default=10_000, help="ServerOptions.hwm")
+    parser.add_argument(
+        "--client-pipe",
+        action="store_true",
+        help="the reader's receive pipe as the Python client sets it for hwm 10,000 "
+        "(default: 1,000 messages, ZeroMQ's default)",
+    )
+    parser.add_argument(
+        "--defaults-only", action="store_true", help="only the row of the server's defaults"
+    )
     args = parser.parse_args(argv)
+    rows = ROWS[:1] if args.defaults_only else ROWS
+    reader = client_pipe(10_000) if args.client_pipe else 1000
     ctx = mp.get_context("spawn")
-    results: dict[str, list[tuple[float, int]]] = {name: [] for name, _u, _o in ROWS}
+    results: dict[str, list[tuple[float, int]]] = {name: [] for name, _u, _o in rows}
     for _ in range(args.rounds):
-        for name, unacked, octets in ROWS:
-            got = measure(ctx, unacked, octets, args.messages, args.limit, args.hwm)
+        for name, unacked, octets in rows:
+            got = measure(ctx, unacked, octets, args.messages, args.limit, args.hwm, reader)
             results[name].append(got)
     print(
         f"\nstopped consumer, hwm {args.hwm:,}, queue limit {args.limit:,}, "
-        f"{args.messages:,} pushes of 100 B"
+        f"{args.messages:,} pushes of 100 B, the reader's receive pipe {reader:,} messages"
     )
     import broker
 
@@ -154,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{'deliveries libzmq took':>24}"
     )
     print("-" * 122)
-    for name, unacked, octets in ROWS:
+    for name, unacked, octets in rows:
         options = options_of("tcp://127.0.0.1:1", unacked, octets, args.hwm)
         runs = results[name]
         grown = " / ".join(f"{g:.1f}" for g, _t in runs)

@@ -75,13 +75,15 @@ class ServerOptions:
     #: Deliveries that need no acknowledge carried in one delivery batch at most, to a
     #: client that reads batches (``broker.batch``; its ``Batch-Deliveries`` bounds it too);
     #: 0: one per message.  Such a delivery is done once libzmq took it, and the pipe's
-    #: high-water mark (``hwm``) counts messages, so a batch of them is also bounded in
-    #: octets (``unacked_batch_octets``): a consumer that stops reading holds at most
-    #: ``hwm`` messages of at most max(one delivery, ``unacked_batch_octets``) octets in
-    #: its pipe, as if its messages were that big (README, "Benchmarks", session 9).
+    #: send high-water mark (``pipe_hwm``) counts messages, so a batch of them is also
+    #: bounded in octets (``unacked_batch_octets``): a consumer that stops reading holds
+    #: at most ``pipe_hwm`` messages of at most max(one delivery, ``unacked_batch_octets``)
+    #: octets in its pipe, as if its messages were that big (README, "Flow control").
     unacked_batch: int = 64
     #: Octets of deliveries without acknowledge one delivery batch carries at most (a
-    #: bigger delivery travels alone).
+    #: bigger delivery travels alone); the send high-water mark falls with it
+    #: (``pipe_hwm``).  8 KiB since session 18 (2 KiB before: the consumer's CPU per
+    #: delivery is mostly per batch).
     unacked_batch_octets: int = 8192
     linger: float = 0.5
     #: Pushes without headers that wait for no response (for an acknowledge, or for
