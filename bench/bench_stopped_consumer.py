@@ -2,13 +2,19 @@
 message limit, deliveries without acknowledge (100-byte messages, loopback TCP).
 
 The broker (``broker.server.Server`` + ``Engine``, default options but for the row's
-``unacked_batch``/``unacked_batch_octets``) runs in its own process; a raw consumer joins
+``unacked_batch``/``unacked_batch_octets``; the first row all the defaults, the send
+high-water mark too) runs in its own process; a raw consumer joins
 the queue, announcing ``Batch-Deliveries: 64`` as the Python client does, and reads
 nothing; a producer pushes ``--messages`` (the queue takes ``--limit``, refuses the
 rest); once the queue's sent count stops moving, the broker's RSS less its RSS before the
 pushes is the row.  Rows take turns, ``--rounds`` times.
 
-Usage: ``python bench/bench_stopped_consumer.py [--messages N] [--limit N] [--rounds N]``.
+The reader's own receive pipe holds 1,000 messages (ZeroMQ's default); ``--client-pipe``:
+what the Python client sets (10,000 before session 18, 1,428 since), so that the count
+of deliveries libzmq took is the whole hold of a stopped Python client.
+
+Usage: ``python bench/bench_stopped_consumer.py [--messages N] [--limit N] [--rounds N]
+[--client-pipe] [--defaults-only]``.
 """
 
 from __future__ import annotations
@@ -17,10 +23,12 @@ import argparse
 import multiprocessing as mp
 import socket
 import time
+from pathlib import Path
 from typing import Any
 
 PAYLOAD = b"x" * 100
-ROWS = (
+ROWS: tuple[tuple[str, int | None, int | None], ...] = (
+    ("the server's defaults (unacked_batch, octets, send hwm)", None, None),
     ("one per message (unacked_batch 0: main's default)", 0, 2048),
     ("batched, 2 KiB bound (the default)", 64, 2048),
     ("batched, 8 KiB bound", 64, 8192),
@@ -42,24 +50,56 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-def serve(endpoint: str, unacked: int, octets: int, hwm: int, ready: Any, stop: Any) -> None:
+def options_of(endpoint: str, unacked: int | None, octets: int | None, hwm: int) -> Any:
+    """The row's ``ServerOptions`` (None: the server's default for that one)."""
+    from broker.server.server import ServerOptions
+
+    more: dict[str, int] = {}
+    if unacked is not None:
+        more["unacked_batch"] = unacked
+    if octets is not None:
+        more["unacked_batch_octets"] = octets
+    return ServerOptions(endpoint=endpoint, hwm=hwm, **more)  # type: ignore[arg-type]
+
+
+def send_hwm(options: Any) -> int:
+    """The ROUTER's send high-water mark (``pipe_hwm``; a checkout before it: ``hwm``)."""
+    return int(getattr(options, "pipe_hwm", options.hwm))
+
+
+def serve(
+    endpoint: str, unacked: int | None, octets: int | None, hwm: int, ready: Any, stop: Any
+) -> None:
     import zmq
 
     from broker.engine.engine import Engine
-    from broker.server.server import Server, ServerOptions
+    from broker.server.server import Server
 
     ctx = zmq.Context()
-    options = ServerOptions(
-        endpoint=endpoint, hwm=hwm, unacked_batch=unacked, unacked_batch_octets=octets
-    )
+    options = options_of(endpoint, unacked, octets, hwm)
     with Server(Engine(), options, context=ctx):
         ready.set()
         stop.wait(600)
     ctx.term()
 
 
+def client_pipe(hwm: int) -> int:
+    """The receive high-water mark the Python client of this checkout sets for ``hwm``
+    (``broker.client.sockets.receive_hwm``; a checkout before it: ``hwm``)."""
+    from broker.client import sockets
+
+    receive = getattr(sockets, "receive_hwm", None)
+    return hwm if receive is None else int(receive(hwm))
+
+
 def measure(
-    ctx: Any, unacked: int, octets: int, messages: int, limit: int, hwm: int
+    ctx: Any,
+    unacked: int | None,
+    octets: int | None,
+    messages: int,
+    limit: int,
+    hwm: int,
+    reader_hwm: int = 1000,
 ) -> tuple[float, int]:
     import zmq
 
@@ -76,6 +116,7 @@ def measure(
     reader = zctx.socket(zmq.DEALER)
     reader.linger = 0
     reader.rcvtimeo = 10_000
+    reader.rcvhwm = reader_hwm
     reader.connect(endpoint)
     reader.send(GREETING)
     reader.recv()
@@ -115,23 +156,45 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=100_000, help="the queue's MessageLimit")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--hwm", type=int, default=10_000, help="ServerOptions.hwm")
+    parser.add_argument(
+        "--client-pipe",
+        action="store_true",
+        help="the reader's receive pipe as the Python client sets it for hwm 10,000 "
+        "(default: 1,000 messages, ZeroMQ's default)",
+    )
+    parser.add_argument(
+        "--defaults-only", action="store_true", help="only the row of the server's defaults"
+    )
     args = parser.parse_args(argv)
+    rows = ROWS[:1] if args.defaults_only else ROWS
+    reader = client_pipe(10_000) if args.client_pipe else 1000
     ctx = mp.get_context("spawn")
-    results: dict[str, list[tuple[float, int]]] = {name: [] for name, _u, _o in ROWS}
+    results: dict[str, list[tuple[float, int]]] = {name: [] for name, _u, _o in rows}
     for _ in range(args.rounds):
-        for name, unacked, octets in ROWS:
-            got = measure(ctx, unacked, octets, args.messages, args.limit, args.hwm)
+        for name, unacked, octets in rows:
+            got = measure(ctx, unacked, octets, args.messages, args.limit, args.hwm, reader)
             results[name].append(got)
     print(
         f"\nstopped consumer, hwm {args.hwm:,}, queue limit {args.limit:,}, "
-        f"{args.messages:,} pushes of 100 B"
+        f"{args.messages:,} pushes of 100 B, the reader's receive pipe {reader:,} messages"
     )
-    print(f"{'row':<52} {'broker RSS grown, MiB':>22} {'deliveries libzmq took':>24}")
-    print("-" * 100)
-    for name, runs in results.items():
+    import broker
+
+    print(f"broker code: {Path(broker.__file__).resolve().parent.parent}")
+    print(
+        f"{'row':<56} {'octets':>7} {'send hwm':>9} {'broker RSS grown, MiB':>22} "
+        f"{'deliveries libzmq took':>24}"
+    )
+    print("-" * 122)
+    for name, unacked, octets in rows:
+        options = options_of("tcp://127.0.0.1:1", unacked, octets, args.hwm)
+        runs = results[name]
         grown = " / ".join(f"{g:.1f}" for g, _t in runs)
         taken = " / ".join(f"{t:,}" for _g, t in runs)
-        print(f"{name:<52} {grown:>22} {taken:>24}")
+        print(
+            f"{name:<56} {options.unacked_batch_octets:>7} {send_hwm(options):>9,} "
+            f"{grown:>22} {taken:>24}"
+        )
     return 0
 
 

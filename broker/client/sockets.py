@@ -37,6 +37,19 @@ class Curve:
         return cls(curve_secret, server_key)
 
 
+#: The broker's delivery batches (``ServerOptions.unacked_batch_octets``, 8 KiB) hold
+#: at most 8192 // 1025 = 7 times the deliveries of any one size that the 2 KiB
+#: batches ``hwm`` was sized for held: the receive pipe holds 7 times fewer messages,
+#: so a consumer that stops reading holds no more deliveries in it than before (the
+#: broker's send pipe likewise: ``ServerOptions.pipe_hwm``).
+_BATCH_SHARE = 7
+
+
+def receive_hwm(hwm: int) -> int:
+    """The DEALER's receive high-water mark for a client's ``hwm`` (0: no limit)."""
+    return max(1, hwm // _BATCH_SHARE) if hwm > 0 else hwm
+
+
 def open_dealer(
     context: Any, endpoint: str, *, hwm: int, curve: Curve | None, watch: bool
 ) -> tuple[Any, zmqkit.HandshakeWatch | None]:
@@ -49,7 +62,7 @@ def open_dealer(
     sock = context.socket(zmq.DEALER)
     sock.linger = 0
     sock.sndhwm = hwm
-    sock.rcvhwm = hwm
+    sock.rcvhwm = receive_hwm(hwm)
     sock.routing_id = b"\x01" + os.urandom(15)
     if curve is not None:
         try:

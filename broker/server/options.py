@@ -7,6 +7,13 @@ from dataclasses import dataclass
 from broker import batch
 from broker.protocol import DEFAULT_ENDPOINT
 
+#: One more octet than half the delivery batch bound ``hwm`` was sized for (2 KiB): a
+#: batch of N octets holds at most N // 1025 times the deliveries (of any one size) a
+#: 2 KiB batch holds, the worst case being deliveries of 1,025 octets (one per 2 KiB
+#: batch, seven per 8 KiB one).  ``tests/broker/test_unacked_batch.py`` checks it for
+#: every size.
+_HALF_BATCH = 1025
+
 
 class ServerError(Exception):
     """The server cannot start (bad endpoint, key files, insecure bind) or stop."""
@@ -43,8 +50,14 @@ class ServerOptions:
     #: Connections at once (sessions, handshakes, and connections yet to say anything);
     #: more are shut down as soon as they are accepted.  Each costs a file descriptor.
     max_connections: int = 11_000
-    #: ZeroMQ high-water marks (messages per peer pipe).
+    #: ZeroMQ high-water marks (messages per peer pipe): the receive side's, and the
+    #: send side's unless ``send_hwm`` says otherwise.
     hwm: int = 10_000
+    #: The send high-water mark (messages per peer pipe toward a peer); None: ``hwm``
+    #: scaled so that a stopped consumer's pipe holds no more deliveries of any size
+    #: than ``hwm`` batches of at most 2 KiB would (``pipe_hwm``).  0, as for ZeroMQ:
+    #: no limit.
+    send_hwm: int | None = None
     #: Frames other than queue deliveries held for a peer whose pipe is full; beyond
     #: this they are discarded and counted (``overflowed``), the peer stays connected.
     #: Queue deliveries wait in the engine's queues instead (per-consumer windows).
@@ -62,14 +75,16 @@ class ServerOptions:
     #: Deliveries that need no acknowledge carried in one delivery batch at most, to a
     #: client that reads batches (``broker.batch``; its ``Batch-Deliveries`` bounds it too);
     #: 0: one per message.  Such a delivery is done once libzmq took it, and the pipe's
-    #: high-water mark (``hwm``) counts messages, so a batch of them is also bounded in
-    #: octets (``unacked_batch_octets``): a consumer that stops reading holds at most
-    #: ``hwm`` messages of at most max(one delivery, ``unacked_batch_octets``) octets in
-    #: its pipe, as if its messages were that big (README, "Benchmarks", session 9).
+    #: send high-water mark (``pipe_hwm``) counts messages, so a batch of them is also
+    #: bounded in octets (``unacked_batch_octets``): a consumer that stops reading holds
+    #: at most ``pipe_hwm`` messages of at most max(one delivery, ``unacked_batch_octets``)
+    #: octets in its pipe, as if its messages were that big (README, "Flow control").
     unacked_batch: int = 64
     #: Octets of deliveries without acknowledge one delivery batch carries at most (a
-    #: bigger delivery travels alone).
-    unacked_batch_octets: int = 2048
+    #: bigger delivery travels alone); the send high-water mark falls with it
+    #: (``pipe_hwm``).  8 KiB since session 18 (2 KiB before: the consumer's CPU per
+    #: delivery is mostly per batch).
+    unacked_batch_octets: int = 8192
     linger: float = 0.5
     #: Pushes without headers that wait for no response (for an acknowledge, or for
     #: nothing) read in one socket drain are handed to the engine as one run per
@@ -102,5 +117,21 @@ class ServerOptions:
             raise ValueError(f"unacked_batch_octets must be from 256 to {batch.DELIVERY_OCTETS}")
         if self.fanout_hwm < 1:
             raise ValueError("fanout_hwm must be at least 1")
+        if self.send_hwm is not None and self.send_hwm < 0:
+            raise ValueError("send_hwm must be at least 0 (0: no limit)")
         if self.max_handshakes < 1 or self.max_connections < 1:
             raise ValueError("max_handshakes and max_connections must be at least 1")
+
+    @property
+    def pipe_hwm(self) -> int:
+        """The send high-water mark the server sets: ``send_hwm``, or ``hwm`` divided
+        by ``unacked_batch_octets`` // 1025 (the default: 10,000 // 7 = 1,428), so that
+        a consumer that stops reading holds no more deliveries of any size in the
+        broker's pipe than ``hwm`` messages of batches of at most 2 KiB did (session 9's
+        bound, ``hwm`` x 2 KiB octets), however big the batches are (README, "Flow
+        control")."""
+        if self.send_hwm is not None:
+            return self.send_hwm
+        if self.hwm <= 0:  # (no limit)
+            return self.hwm
+        return max(1, self.hwm // max(1, self.unacked_batch_octets // _HALF_BATCH))

@@ -411,10 +411,11 @@ class SendPath:
         Deliveries that wait for the consumer's acknowledge share a message: those stay
         in flight, within the consumer's prefetch, until acknowledged, wherever they are.
         One without acknowledge is done once libzmq took it, and the pipe's high-water
-        mark counts messages: a consumer that stops reading holds ``hwm`` messages in its
-        pipe, so such deliveries share one only up to ``ServerOptions.unacked_batch``
+        mark counts messages: a consumer that stops reading holds ``pipe_hwm`` messages in
+        its pipe, so such deliveries share one only up to ``ServerOptions.unacked_batch``
         entries and ``unacked_batch_octets`` octets (a bigger one travels alone): its pipe
-        holds at most ``hwm`` times that many octets, as if each delivery were that big."""
+        holds at most ``pipe_hwm`` times that many octets, as if each delivery were that
+        big (``ServerOptions.pipe_hwm``)."""
         send = self.fast_send
         sent = 0
         for peer, item, tracked in groups:

@@ -264,7 +264,7 @@ class Server:
             sock.router_mandatory = True
             # a new connection never takes over the routing id of a live one
             sock.router_handover = False
-            sock.sndhwm = opts.hwm
+            sock.sndhwm = opts.pipe_hwm  # (its octets bound: ServerOptions.send_hwm)
             sock.rcvhwm = opts.hwm
             # libzmq drops a peer whose message is larger, before buffering any of it
             sock.maxmsgsize = opts.max_frame_size + (_CURVE_OVERHEAD if curve else 0)

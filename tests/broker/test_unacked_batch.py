@@ -1,6 +1,7 @@
 """``ServerOptions.unacked_batch``: deliveries that need no acknowledge share delivery
 batches (``broker.batch``) with a client that reads them, at most that many per message
-(default 64) and ``unacked_batch_octets`` octets (default 2048); 0: one per message."""
+(default 64) and ``unacked_batch_octets`` octets (default 8192, with the send pipe's
+high-water mark ``pipe_hwm`` scaled to them); 0: one per message."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import zmq
 
 from broker import batch, tmqp
 from broker.client.blocking import Client
+from broker.client.sockets import open_dealer
 from broker.engine.engine import Engine
 from broker.protocol import GREETING, ConnectionInfo, Header, MessageType
 from broker.server.server import Server, ServerOptions
@@ -107,9 +109,55 @@ def test_the_octet_bound_is_bounded(bad: int) -> None:
         ServerOptions(unacked_batch_octets=bad)
 
 
-def test_the_defaults_batch_deliveries_without_acknowledge_within_2_kib() -> None:
+def test_the_defaults_batch_deliveries_without_acknowledge_within_8_kib() -> None:
     options = ServerOptions()
-    assert (options.unacked_batch, options.unacked_batch_octets) == (64, 2048)
+    assert (options.unacked_batch, options.unacked_batch_octets) == (64, 8192)
+    # the send pipe holds 7x fewer messages: no more deliveries of any size than before
+    assert (options.hwm, options.pipe_hwm) == (10_000, 1_428)
+
+
+@pytest.mark.parametrize(
+    ("hwm", "octets", "send_hwm", "pipe_hwm"),
+    [
+        (10_000, 2048, None, 10_000),  # session 9's bound: the hwm as it was
+        (10_000, 4096, None, 3_333),
+        (10_000, 256 * 1024, None, 39),
+        (10_000, 256, None, 10_000),  # never more messages than hwm
+        (3, 8192, None, 1),  # never 0 (that is ZeroMQ's "no limit")
+        (0, 8192, None, 0),  # no limit stays no limit
+        (10_000, 8192, 7, 7),  # said outright
+    ],
+)
+def test_the_send_hwm_keeps_the_octets_a_stopped_consumer_holds(
+    hwm: int, octets: int, send_hwm: int | None, pipe_hwm: int
+) -> None:
+    options = ServerOptions(hwm=hwm, unacked_batch_octets=octets, send_hwm=send_hwm)
+    assert options.pipe_hwm == pipe_hwm
+
+
+def _held(octets: int, entries: int, size: int) -> int:
+    """Octets of deliveries of ``size`` octets (with their length) one message holds
+    when batches hold at most ``entries`` and ``octets`` (a bigger one travels alone)."""
+    return size if size > octets else min(entries, octets // size) * size
+
+
+@pytest.mark.parametrize("octets", [256, 2048, 3000, 4096, 8192, 10_000, 65_536, 256 * 1024])
+@pytest.mark.parametrize("entries", [64, 1024])
+def test_a_stopped_consumers_pipe_holds_no_more_of_any_size_than_with_2_kib_batches(
+    octets: int, entries: int
+) -> None:
+    """The scaled send hwm's claim, for every delivery size up to a batch and beyond:
+    ``pipe_hwm`` messages of ``octets`` batches hold no more than ``hwm`` messages of
+    2 KiB batches did (the worst size is 1,025 octets: one per 2 KiB, seven per 8 KiB)."""
+    hwm = 10_000
+    pipe = ServerOptions(hwm=hwm, unacked_batch_octets=octets).pipe_hwm
+    for size in range(6, octets + 2):
+        assert pipe * _held(octets, entries, size) <= hwm * _held(2048, entries, size), size
+
+
+def test_a_negative_send_hwm_is_refused() -> None:
+    with pytest.raises(ValueError, match="send_hwm"):
+        ServerOptions(send_hwm=-1)
 
 
 @pytest.fixture
@@ -212,7 +260,23 @@ def test_a_consumer_that_stops_reading_holds_hwm_messages_of_at_most_the_octet_b
             # octets libzmq took (the window's 100 waited in the broker's backlog)
             held = sum(len(d) + 4 for d in got[: taken - 100])
             socket_buffer = 2 * int(Path("/proc/sys/net/core/wmem_default").read_text())
-            assert held <= hwm * options.unacked_batch_octets + socket_buffer
+            # hwm x 2 KiB: session 9's bound, kept with 8 KiB batches by the send hwm
+            assert held <= hwm * 2048 + socket_buffer
         finally:
             producer.close()
             reader.close(linger=0)
+
+
+@pytest.mark.parametrize(("hwm", "receive"), [(10_000, 1_428), (3, 1), (0, 0)])
+def test_the_clients_receive_pipe_holds_a_seventh_of_its_hwm(
+    zctx: Ctx, hwm: int, receive: int
+) -> None:
+    """The client's side of the same bound: its DEALER's receive pipe counts the broker's
+    8 KiB batches, so it holds ``hwm`` // 7 of them (no more deliveries of any size than
+    ``hwm`` batches of 2 KiB); its send pipe keeps ``hwm``."""
+    sock, watch = open_dealer(zctx, "tcp://127.0.0.1:1", hwm=hwm, curve=None, watch=False)
+    try:
+        assert watch is None
+        assert (sock.sndhwm, sock.rcvhwm) == (hwm, receive)
+    finally:
+        sock.close(linger=0)
