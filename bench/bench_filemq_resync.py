@@ -18,6 +18,11 @@ For each tree size N (files of 1 KiB in N/100 folders, page cache warm), in one 
                  (``bench_filemq.EXCLUDES``; rsync ``--exclude``, filemq ``--exclude``
                  on the mirror; none matches a file: the cost of the patterns); the
                  issue's filters benchmark (issue 13: 100,000 files, same run)
+  ..., CURVE     the zerohub resync again over CURVE (a second server keyed with
+                 ``--curve-secret``/``--allow``, the mirror with ``--server-key``/
+                 ``--curve-secret``; its own DEST and index), beside plain rsync: libzmq
+                 encrypts the first ICANHAZ (~12 MiB at 100,000 files) with copies of
+                 its own, which the RSS column shows
   CPU s          user + system CPU of that process (rsync: with its children; a server
                  start: the server's CPU when its line came): on a loaded machine the
                  wall clock is mostly waiting for a core, compare these
@@ -116,11 +121,15 @@ def _cpu_of(pid: int) -> float:
 
 
 class Server:
-    """A ``filemq serve`` process, state kept in ``state``; ready at its "serving" line."""
+    """A ``filemq serve`` process, state kept in ``state``; ready at its "serving" line
+    (``curve``: its options serving over CURVE, ``--curve-secret`` and ``--allow``)."""
 
-    def __init__(self, src: Path, state: Path, base: str | None = None) -> None:
+    def __init__(
+        self, src: Path, state: Path, base: str | None = None, curve: list[str] | None = None
+    ) -> None:
         env = {**_env(base), "XDG_STATE_HOME": str(state)}
         cmd = [*FILEMQ, "serve", "--bind", "tcp://127.0.0.1:*", "--publish", str(src)]
+        cmd += curve or []
         self.start = time.perf_counter()
         self.proc = subprocess.Popen(
             cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env
@@ -192,6 +201,27 @@ def same_tree(a: Path, b: Path) -> bool:
     return sig(a) == sig(b)
 
 
+def make_keys(work: Path) -> tuple[list[str], list[str]]:
+    """A CURVE key pair for the server and one for the mirror: (the server's options,
+    the mirror's)."""
+    keys, allow = work / "keys", work / "allow"
+    allow.mkdir(parents=True)
+    for name in ("server", "client"):
+        subprocess.run(
+            [*FILEMQ, "keys", "new", name, "--dir", str(keys)],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+    shutil.copy(keys / "client.key", allow / "client.key")
+    serve = ["--curve-secret", str(keys / "server.key_secret"), "--allow", str(allow)]
+    return serve, [
+        "--server-key",
+        str(keys / "server.key"),
+        "--curve-secret",
+        str(keys / "client.key_secret"),
+    ]
+
+
 def bench_size(
     work: Path, count: int, rounds: int, rsync: str, base: str | None = None
 ) -> list[list[str]]:
@@ -215,13 +245,18 @@ def bench_size(
                  f"{server.ready_cpu:.2f}", "", "", server.hashed]
             )  # fmt: skip
             server.stop()
+    serve_curve, sync_curve = make_keys(work)
     servers = {tag: Server(src, work / f"{tag}state", code) for tag, code in kinds}
+    curved = {
+        tag: Server(src, work / f"{tag}state-curve", code, serve_curve) for tag, code in kinds
+    }
     try:
         dest_r = work / "d-rsync"
         run_child([rsync, "-a", f"{src}/", f"{dest_r}/"])
         excluded = [f"--exclude={p}" for p in EXCLUDES]
         plain: dict[str, list[str]] = {}
         with_x: dict[str, list[str]] = {}
+        over_curve: dict[str, list[str]] = {}
         for tag, code in kinds:
             dest_z, name = work / f"d-{tag.strip() or 'zh'}", tag.strip() or "zh"
             idx, idx_x = work / f"d-{name}.idx", work / f"d-{name}-excludes.idx"
@@ -235,9 +270,18 @@ def bench_size(
             if not (same_tree(src, dest_r) and same_tree(src, dest_z)):
                 raise RuntimeError("a mirror does not match its source")
             run_child(with_x[tag], _env(code))  # its own saved index, made with the patterns
+            dest_c = work / f"d-{name}-curve"
+            over_curve[tag] = [
+                *FILEMQ, "sync", curved[tag].endpoint, str(dest_c), "--once",
+                "--index", str(work / f"d-{name}-curve.idx"), *sync_curve,
+            ]  # fmt: skip
+            run_child(over_curve[tag], _env(code))  # (the first: every file, a full DEST)
+            if not same_tree(src, dest_c):
+                run_child(over_curve[tag], _env(code))
         for label, cmds, flags in (
             (", 10 excludes", with_x, excluded),
             ("", plain, []),
+            (", CURVE", over_curve, []),
         ):
             for _ in range(rounds):
                 t_r, rss_r, c_r = run_child([rsync, "-a", *flags, f"{src}/", f"{dest_r}/"])
@@ -252,7 +296,7 @@ def bench_size(
                          f"{c_z:.2f}", f"{t_z / t_r:.2f}", f"{rss_z / 1024:.1f}", ""]
                     )  # fmt: skip
     finally:
-        for server in servers.values():
+        for server in [*servers.values(), *curved.values()]:
             server.stop()
     return rows
 

@@ -175,6 +175,7 @@ from filemq.engine_client import (
     Touch,
 )
 from filemq.filters import Filters
+from filemq.heap import release_freed_memory
 from filemq.index import NODE_DIR, NODE_SYMLINK, FileIndex, IndexDelta, SavedIndex
 from filemq.loopguard import dest_option
 from filemq.meta import (
@@ -1101,6 +1102,9 @@ class SyncClient:
                     if sum(map(len, action.frames)) < _COPY_BELOW:
                         self._sock.send_multipart(action.frames)
                     else:  # (past pyzmq's copy_threshold: not copied into libzmq's memory)
+                        # what making it freed goes back first: over CURVE libzmq copies
+                        # it twice more beside it (filemq.heap.release_freed_memory)
+                        release_freed_memory()
                         tracker = self._sock.send_multipart(
                             action.frames, copy=False, track=self._trackers is not None
                         )

@@ -31,6 +31,18 @@ read at start) and the ICANHAZ frame (~12 MiB, one growing buffer) would then gr
 in the heap, every move leaving the old block behind, touched; a mapped block grows
 with ``mremap``, not copied.  The 1 MiB chunk messages stay below it.
 
+``release_freed_memory()`` (issue 15, session 18, rss18): the cost of a heap kept at
+the top is paid by whatever peaks next.  Making a 100,000-file mirror's first ICANHAZ
+frees ~4.5 MiB of heap blocks below the mmap threshold, which the 64 MiB trim threshold
+keeps resident (the CURVE peak with both thresholds set is 4.5 MiB above the one with
+either alone; which blocks they are was not traced one by one); over CURVE
+libzmq then copies the ~11 MiB frame twice beside it (a plaintext and the box, 3x the
+frame at once: ``bench/bench_curve_send_rss.py``).  ``filemq sync`` gives that memory
+back just before the frame is sent (``malloc_trim``): peak RSS over CURVE 60.9-61.1 ->
+56.2-56.3 MiB; plain's peak (38.6-38.8, later: the index load and DEST re-stat) is not
+moved.  In a process that did not call ``keep_freed_memory`` (a library user) it does
+nothing: glibc trims by itself there.
+
 Elsewhere than glibc (musl, macOS) it does nothing and says so (False).
 """
 
@@ -38,9 +50,15 @@ from __future__ import annotations
 
 import functools
 
-from zerohub.mallopt import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, mallopt
+from zerohub.mallopt import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, malloc_trim, mallopt
 
-__all__ = ["MIRROR_MMAP_THRESHOLD", "MMAP_THRESHOLD", "TRIM_THRESHOLD", "keep_freed_memory"]
+__all__ = [
+    "MIRROR_MMAP_THRESHOLD",
+    "MMAP_THRESHOLD",
+    "TRIM_THRESHOLD",
+    "keep_freed_memory",
+    "release_freed_memory",
+]
 
 MMAP_THRESHOLD = 8 << 20
 MIRROR_MMAP_THRESHOLD = 4 << 20
@@ -51,3 +69,11 @@ TRIM_THRESHOLD = 64 << 20
 def keep_freed_memory(mmap_threshold: int = MMAP_THRESHOLD) -> bool:
     """Set glibc's thresholds (above); True when they were set."""
     return mallopt(M_MMAP_THRESHOLD, mmap_threshold) and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+
+
+def release_freed_memory() -> bool:
+    """Give the freed memory the heap keeps back to the system (``malloc_trim``), when
+    this process keeps it (``keep_freed_memory`` was called); True when some went back."""
+    if not keep_freed_memory.cache_info().currsize:
+        return False  # (the thresholds are glibc's own: it trims by itself)
+    return malloc_trim(0)
