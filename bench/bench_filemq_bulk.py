@@ -20,7 +20,8 @@ Columns: wall seconds of the client (launch to exit: noise on a loaded machine),
 seconds per GiB of the server (``/proc`` ticks while the client ran: its I/O thread
 included) and of the client (``wait4``: all its threads), their sum, and the raw
 stream's (sender + receiver, ``bench_filemq.time_raw``: no protocol, no SHA-1; it
-writes around the page cache, as "dio") beside it.  CPU per GiB is the figure the load of other processes barely moves.
+writes around the page cache, as "dio") beside it.  CPU per GiB is the figure the
+load of other processes barely moves.
 """
 
 from __future__ import annotations

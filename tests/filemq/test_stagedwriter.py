@@ -1,5 +1,6 @@
-"""``StagedWriter`` (``filemq.stagedwriter``, ``--direct-io``): each chunk hashed where it
-was staged, written direct by a second worker, and the rules of ``ChunkWriter``:
+"""``StagedWriter`` (``filemq.stagedwriter``): each chunk hashed while it is in the cache
+(direct: where it was staged, written by a second worker; through the page cache: right
+after its write, on the same worker), and the rules of ``ChunkWriter``, in both modes:
 
 * the file holds the bytes given, in order, and the SHA-1 is of exactly them: aligned
   chunks, a tail (through the page cache, and all after it), an unaligned start (a
@@ -40,12 +41,15 @@ class _Journal:
         self.points.append((size, hasher.hexdigest()))
 
 
-def _run(path: Path, chunks: list[bytes], start: bytes = b"") -> tuple[StagedWriter, _Journal]:
+def _run(
+    path: Path, chunks: list[bytes], direct: bool, start: bytes = b""
+) -> tuple[StagedWriter, _Journal]:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     journal = _Journal()
     try:
         os.write(fd, start)
-        writer = StagedWriter(fd, hashlib.sha1(start), size=len(start), journal=journal)
+        hasher = hashlib.sha1(start)
+        writer = StagedWriter(fd, hasher, size=len(start), journal=journal, direct=direct)
         try:
             for chunk in chunks:
                 writer.write(chunk)
@@ -66,6 +70,7 @@ def _check(path: Path, writer: StagedWriter, journal: _Journal, ends: list[int])
         assert digest == hashlib.sha1(data[:size]).hexdigest()
 
 
+@pytest.mark.parametrize("direct", [True, False])
 @pytest.mark.parametrize(
     "sizes",
     [
@@ -76,19 +81,20 @@ def _check(path: Path, writer: StagedWriter, journal: _Journal, ends: list[int])
     ],
 )
 def test_the_file_and_every_checkpoint_are_the_bytes_given(
-    tmp_path: Path, sizes: list[int]
+    tmp_path: Path, sizes: list[int], direct: bool
 ) -> None:
     chunks = [os.urandom(n) for n in sizes]
-    writer, journal = _run(tmp_path / "f", chunks)
+    writer, journal = _run(tmp_path / "f", chunks, direct)
     assert (tmp_path / "f").read_bytes() == b"".join(chunks)
     ends = [sum(sizes[: i + 1]) for i in range(len(sizes))]
     _check(tmp_path / "f", writer, journal, ends)
 
 
-def test_an_unaligned_start_is_written_and_hashed_exactly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("direct", [True, False])
+def test_an_unaligned_start_is_written_and_hashed_exactly(tmp_path: Path, direct: bool) -> None:
     start = os.urandom(12_345)  # (a resume mid-block: the hasher holds these already)
     chunks = [os.urandom(MiB) for _ in range(3)]
-    writer, journal = _run(tmp_path / "f", chunks, start)
+    writer, journal = _run(tmp_path / "f", chunks, direct, start)
     assert (tmp_path / "f").read_bytes() == start + b"".join(chunks)
     _check(tmp_path / "f", writer, journal, [len(start) + (i + 1) * MiB for i in range(3)])
 
@@ -101,7 +107,7 @@ class Journal:
     def checkpoint(self, size, hasher):
         points.append((size, hasher.hexdigest()))
 fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-writer = StagedWriter(fd, hashlib.sha1(), journal=Journal())
+writer = StagedWriter(fd, hashlib.sha1(), journal=Journal(), direct=sys.argv[2] == "1")
 chunks = [bytes([i]) * (1 << 20) for i in range(8)]
 error = ""
 try:
@@ -121,7 +127,10 @@ print(json.dumps({"error": error, "stays": stays, "size": writer.size, "points":
 """
 
 
-def test_a_failed_write_keeps_checkpoints_within_what_was_written(tmp_path: Path) -> None:
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_failed_write_keeps_checkpoints_within_what_was_written(
+    tmp_path: Path, direct: bool
+) -> None:
     limit = 3 * MiB  # (the 4th chunk's write fails: EFBIG, as a full disk's ENOSPC)
 
     def limited() -> None:  # (in the child, before exec)
@@ -130,7 +139,7 @@ def test_a_failed_write_keeps_checkpoints_within_what_was_written(tmp_path: Path
 
     path = tmp_path / "f"
     out = subprocess.run(
-        [sys.executable, "-c", _LIMITED, str(path)],
+        [sys.executable, "-c", _LIMITED, str(path), "1" if direct else "0"],
         capture_output=True,
         text=True,
         timeout=60,
