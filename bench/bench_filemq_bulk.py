@@ -90,13 +90,12 @@ def _run(
     """(client wall s, server CPU s, client CPU s) of one transfer with ``tree``'s code
     (``curve``: the server's and the client's CURVE options, or empty: plain; ``extra``:
     more options of the client)."""
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
-    if tree is not None:
-        env["PYTHONPATH"] = str(tree)
+    env, cwd = _env(tree)
     serve = [PY, "-m", "filemq", "-q", "serve", "--bind", f"tcp://127.0.0.1:{port}"]
     serve += ["--publish", str(src), "--no-state", "--no-watch", *(curve[0] if curve else [])]
-    server = subprocess.Popen(serve, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env)
+    server = subprocess.Popen(
+        serve, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, cwd=cwd
+    )
     try:
         assert server.stderr is not None
         while b"tcp://" not in (line := server.stderr.readline()):
@@ -106,7 +105,7 @@ def _run(
         start = time.perf_counter()
         sync = [PY, "-m", "filemq", "-q", "sync", f"tcp://127.0.0.1:{port}", str(dest)]
         sync += ["--once", "--no-index", *(curve[1] if curve else []), *extra]
-        client = subprocess.Popen(sync, env=env)
+        client = subprocess.Popen(sync, env=env, cwd=cwd)
         sampler = _Threads(client.pid) if threads is not None else None
         _pid, status, usage = os.wait4(client.pid, 0)
         if sampler is not None and threads is not None:
@@ -122,6 +121,27 @@ def _run(
             server.stderr.close()
     bench_filemq.check_same(src, dest)
     return wall, server_cpu, usage.ru_utime + usage.ru_stime
+
+
+def _env(tree: Path | None) -> tuple[dict[str, str], Path]:
+    """(environment, working folder) that make ``python -m filemq`` run ``tree``'s code
+    (None: this tree's).  The working folder matters: ``-m`` puts it first on the path,
+    before ``PYTHONPATH`` (from this tree's folder the base ran this tree's code)."""
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
+    return env, tree if tree is not None else HERE
+
+
+def _code_of(tree: Path | None) -> str:
+    """The folder whose ``filemq`` package ``_run`` runs for ``tree``."""
+    env, cwd = _env(tree)
+    probe = "import filemq, os; print(os.path.dirname(os.path.dirname(filemq.__file__)))"
+    done = subprocess.run(
+        [PY, "-c", probe], env=env, cwd=cwd, capture_output=True, text=True, check=True
+    )
+    return done.stdout.strip()
 
 
 def _curve_options(work: Path) -> list[list[str]]:
@@ -163,6 +183,7 @@ def main() -> int:
         port = 48000 + os.getpid() % 1000
         security = "CURVE" if args.curve else "plain"
         print(f"1 x {size >> 20} MiB, {security}; base {args.base}, branch {HERE}")
+        print(f"filemq code: base {_code_of(args.base)}, branch {_code_of(None)}")
         print(bench_filemq.CONDITIONS)
         print(
             f"{'round':>5} {'code':8} {'wall s':>7} {'server CPU/GiB':>14} "
