@@ -78,7 +78,7 @@ class StagedWriter:
         size: int = 0,
         journal: Checkpoints | None = None,
         max_pending: int = MAX_PENDING,
-        direct: bool = True,
+        direct: bool = False,
     ) -> None:
         self.fd = fd
         self.hasher = hasher
