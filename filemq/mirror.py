@@ -103,7 +103,7 @@ from filemq.paths import (
     set_attrs_beneath,
 )
 from filemq.stagedwriter import StagedWriter
-from filemq.writer import write_all
+from filemq.writer import ChunkWriter, write_all
 
 __all__ = [
     "DIRECT_MIN",
@@ -237,7 +237,7 @@ class Mirror:
         self._parts: tuple[str, ...] = ()
         self._sha1: Any = None
         self._size = 0
-        self._writer: StagedWriter | None = None  # writes and hashes the chunks
+        self._writer: ChunkWriter | StagedWriter | None = None  # writes and hashes the chunks
 
     def clean_temp(self) -> None:
         """Remove temp files an interrupted run left in DEST (not the lock file)."""
@@ -428,13 +428,17 @@ class Mirror:
         self._size = 0
         self._writer = self._chunk_writer(0, version)
 
-    def _chunk_writer(self, size: int, version: Version | None) -> StagedWriter:
-        """The writer of this file's chunks (``filemq.stagedwriter``: each chunk hashed
-        while it is in the cache), direct for a big file with ``direct_min``."""
-        direct = (
-            self.direct_min is not None and version is not None and version.size >= self.direct_min
-        )
-        return StagedWriter(self._fd, self._sha1, size=size, journal=self._journal, direct=direct)
+    def _chunk_writer(self, size: int, version: Version | None) -> ChunkWriter | StagedWriter:
+        """The writer of this file's chunks: for a big file with ``direct_min``,
+        ``filemq.stagedwriter`` (direct, each chunk hashed right after it was staged);
+        else ``filemq.writer`` (through the page cache; writing and hashing on two
+        threads: one thread writing then hashing each chunk hot saved 0.1-0.4 CPU s per
+        GiB plain, none over CURVE, and serialised the two: README, sha18)."""
+        if self.direct_min is not None and version is not None and version.size >= self.direct_min:
+            return StagedWriter(
+                self._fd, self._sha1, size=size, journal=self._journal, direct=True
+            )
+        return ChunkWriter(self._fd, self._sha1, size=size, journal=self._journal)
 
     def resume_points(self) -> list[ResumePoint]:
         """Partial files left by an interrupted transfer, proven (``filemq.partial``)."""
