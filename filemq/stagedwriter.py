@@ -1,4 +1,4 @@
-"""Writing a received file's chunks, each hashed while it is in the cache (``filemq.mirror``).
+"""Writing a big file direct, each chunk hashed while it is in the cache (``--direct-io``).
 
 ``filemq.writer.ChunkWriter`` hashes on one worker and writes on another: with
 ``--direct-io`` the writing worker copies each chunk into a page-aligned staging
@@ -35,8 +35,9 @@ worker, back to back, and leaves the device write to another:
 * ``settle`` waits until everything queued is written (and so hashed); ``close``
   stops the workers after what was queued; ``discard`` drops what is queued.
 
-Same interface as ``filemq.writer.ChunkWriter`` (hashing and writing on two threads
-at once, each reading the chunk on its own: kept for comparison and its tests).
+Same interface as ``filemq.writer.ChunkWriter``, which the mirror keeps for files
+written through the page cache (hashing and writing on two threads at once: one
+worker writing then hashing saved CPU plain but none over CURVE, README sha18).
 """
 
 from __future__ import annotations
