@@ -81,12 +81,21 @@ class DirectWrites:
         stage = self._staging(length)
         with memoryview(stage) as room:
             room[:length] = view[:length]
-            try:
-                written = os.write(self.fd, room[:length])
-            except OSError as exc:
-                if exc.errno != errno.EINVAL:
-                    raise
-                written = 0  # (refused before anything was written)
+            written = self.write_staged(room[:length])
+        if not self.direct:
+            self.close()  # (the staging buffer is not needed any more)
+        return written
+
+    def write_staged(self, room: memoryview) -> int:
+        """Write ``room`` (page-aligned, a multiple of ``ALIGN`` long: a staged part)
+        direct: the octets written (0: direct writing ended here, before any of them;
+        the caller writes what is left through the page cache)."""
+        try:
+            written = os.write(self.fd, room)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            written = 0  # (refused before anything was written)
         if written == 0 or written % ALIGN:  # (refused, or short and unaligned now)
             self._stop()
         return written
@@ -99,10 +108,13 @@ class DirectWrites:
             stage = self._stage = mmap.mmap(-1, length)  # (page-aligned, zeroed once)
         return stage
 
+    def end(self) -> None:
+        """Direct writing ends here: the rest goes through the page cache."""
+        self._stop()
+
     def _stop(self) -> None:
         self.direct = False
         self._set(False)
-        self.close()
 
     def _set(self, on: bool) -> bool:
         """Set or clear ``O_DIRECT`` on the descriptor: True when it is set now."""

@@ -102,6 +102,7 @@ from filemq.paths import (
     safe_target,
     set_attrs_beneath,
 )
+from filemq.stagedwriter import StagedWriter
 from filemq.writer import ChunkWriter, write_all
 
 __all__ = [
@@ -236,7 +237,7 @@ class Mirror:
         self._parts: tuple[str, ...] = ()
         self._sha1: Any = None
         self._size = 0
-        self._writer: ChunkWriter | None = None  # writes and hashes the chunks
+        self._writer: ChunkWriter | StagedWriter | None = None  # writes and hashes the chunks
 
     def clean_temp(self) -> None:
         """Remove temp files an interrupted run left in DEST (not the lock file)."""
@@ -425,15 +426,19 @@ class Mirror:
         self._tmp, self._parts = tmp, parts
         self._sha1 = new_sha1()
         self._size = 0
-        self._writer = ChunkWriter(
-            self._fd, self._sha1, journal=self._journal, direct=self._direct(version)
-        )
+        self._writer = self._chunk_writer(0, version)
 
-    def _direct(self, version: Version | None) -> bool:
-        """Write this file's chunks direct (``filemq.directio``)?"""
-        return (
-            self.direct_min is not None and version is not None and version.size >= self.direct_min
-        )
+    def _chunk_writer(self, size: int, version: Version | None) -> ChunkWriter | StagedWriter:
+        """The writer of this file's chunks: for a big file with ``direct_min``,
+        ``filemq.stagedwriter`` (direct, each chunk hashed right after it was staged);
+        else ``filemq.writer`` (through the page cache; writing and hashing on two
+        threads: one thread writing then hashing each chunk hot saved 0.1-0.4 CPU s per
+        GiB plain, none over CURVE, and serialised the two: README, sha18)."""
+        if self.direct_min is not None and version is not None and version.size >= self.direct_min:
+            return StagedWriter(
+                self._fd, self._sha1, size=size, journal=self._journal, direct=True
+            )
+        return ChunkWriter(self._fd, self._sha1, size=size, journal=self._journal)
 
     def resume_points(self) -> list[ResumePoint]:
         """Partial files left by an interrupted transfer, proven (``filemq.partial``)."""
@@ -456,9 +461,7 @@ class Mirror:
         self._fd, self._journal, self._sha1 = taken
         self._tmp, self._parts = self.partials.data_path(name), parts
         self._size = offset
-        self._writer = ChunkWriter(
-            self._fd, self._sha1, size=offset, journal=self._journal, direct=self._direct(version)
-        )
+        self._writer = self._chunk_writer(offset, version)
         return ""
 
     def write(self, data: bytes) -> None:

@@ -28,6 +28,7 @@ import zmq
 from filemq import fmq_msg, fmq_msg_czmq
 from filemq.client import SyncClient, SyncError, SyncResult
 from filemq.server import SEND_QUEUE_BYTES, FileServer
+from filemq.stagedwriter import StagedWriter
 from filemq.writer import ChunkWriter
 from tests.polling import wait_until
 
@@ -79,11 +80,15 @@ def test_huge_credit_and_no_reading_holds_bounded_server_memory(
 
 # -- the writer ------------------------------------------------------------------------
 
+#: The mirror's writer (``StagedWriter``, through the page cache) and the two-thread one.
+WRITERS = [StagedWriter, ChunkWriter]
 
-def test_chunks_are_written_and_hashed_in_order(tmp_path: Path) -> None:
+
+@pytest.mark.parametrize("make", WRITERS)
+def test_chunks_are_written_and_hashed_in_order(tmp_path: Path, make: Any) -> None:
     chunks = [os.urandom(n) for n in (1, 70_000, 1 << 20, 3, 0, 500_000)]
     with open(tmp_path / "f", "wb") as f:
-        writer = ChunkWriter(f.fileno(), hashlib.sha1(), max_pending=100_000)
+        writer = make(f.fileno(), hashlib.sha1(), max_pending=100_000)
         for chunk in chunks:
             writer.write(chunk)
         writer.settle()
@@ -94,10 +99,13 @@ def test_chunks_are_written_and_hashed_in_order(tmp_path: Path) -> None:
     assert writer.size == len(whole)
 
 
-def test_a_failed_write_surfaces_and_nothing_after_it_is_written(tmp_path: Path) -> None:
+@pytest.mark.parametrize("make", WRITERS)
+def test_a_failed_write_surfaces_and_nothing_after_it_is_written(
+    tmp_path: Path, make: Any
+) -> None:
     read_end, write_end = os.pipe()
     os.close(read_end)  # every write now fails (EPIPE): a disk that refuses
-    writer = ChunkWriter(write_end, hashlib.sha1())
+    writer = make(write_end, hashlib.sha1(), direct=False)
     try:
         writer.write(b"a" * 1000)
         with pytest.raises(OSError):
@@ -110,9 +118,10 @@ def test_a_failed_write_surfaces_and_nothing_after_it_is_written(tmp_path: Path)
         os.close(write_end)
 
 
-def test_a_slow_disk_holds_the_receiver_not_memory(tmp_path: Path) -> None:
+@pytest.mark.parametrize("make", WRITERS)
+def test_a_slow_disk_holds_the_receiver_not_memory(tmp_path: Path, make: Any) -> None:
     read_end, write_end = os.pipe()  # a "disk" that takes nothing until read
-    writer = ChunkWriter(write_end, hashlib.sha1(), max_pending=1 * MiB)
+    writer = make(write_end, hashlib.sha1(), max_pending=1 * MiB, direct=False)
     chunks = [os.urandom(600 << 10) for _ in range(3)]
     returned: list[int] = []
 
