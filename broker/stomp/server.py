@@ -14,12 +14,6 @@ and time between sockets and sessions.  Limits (defaults in :class:`ListenerOpti
 * a connection that asked to close (DISCONNECT) or was sent an ERROR is aborted if
   its last bytes are not taken within ``close_timeout`` (2 s).
 
-Every read is acknowledged at once (Linux ``TCP_QUICKACK``, set again after each read:
-the kernel clears it by itself).  A client that leaves Nagle's algorithm on (stomp.py
-does) holds its next small frames until the last segment it sent is acknowledged; a
-producer gets no data back to carry that acknowledgement, so without this it waits for
-the kernel's delayed-ACK timer (40 ms) after its first SEND and before its last ones.
-
 The backend is called only from the listener's thread; :meth:`StompListener.call` runs
 a function there (tests and admin use it to look at the backend).
 """
@@ -29,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import socket
 import ssl
 import threading
 from collections.abc import Callable
@@ -44,9 +37,6 @@ from broker.stomp.wire import PlainWire, Wire
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-#: Linux's option to acknowledge received segments at once (absent elsewhere: no-op)
-_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 
 DEFAULT_PORT = 61613
 
@@ -78,15 +68,12 @@ class _Connection(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.closing = False
         self.refused = False  # a delivery was refused: tell the backend when room is back
-        #: the socket's ``setsockopt`` when reads are to be acknowledged at once (TCP)
-        self._setsockopt: Callable[[int, int, int], None] | None = None
 
     # -- asyncio callbacks --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        self._setsockopt = _quickack_setter(transport)
         options = self.listener.options
         transport.set_write_buffer_limits(high=options.max_outbound, low=options.max_outbound // 4)
         peer = transport.get_extra_info("peername")
@@ -117,8 +104,6 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.session is None or self.closing:
             return
-        if self._setsockopt is not None:
-            self._acknowledge_now()
         stomp = self.wire.receive(data)
         if stomp:
             self.session.receive(stomp, self.listener.now())
@@ -150,14 +135,6 @@ class _Connection(asyncio.Protocol):
         self.listener.flush_all()
 
     # -- plumbing -----------------------------------------------------------------------
-
-    def _acknowledge_now(self) -> None:
-        """ACK what was read now, not at the delayed-ACK timer (see the module doc)."""
-        assert self._setsockopt is not None and _QUICKACK is not None
-        try:
-            self._setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
-        except OSError:  # the socket is closing: nothing left to acknowledge
-            self._setsockopt = None
 
     def _writable(self) -> bool:
         """May one more delivery be taken?  (Unsent bytes, ours and the transport's.)"""
@@ -243,18 +220,6 @@ class _Connection(asyncio.Protocol):
         transport = self.transport
         transport.close()  # sends what is buffered, then closes
         self.timer = self.listener.loop.call_later(abort_after, transport.abort)
-
-
-def _quickack_setter(transport: asyncio.Transport) -> Callable[[int, int, int], None] | None:
-    """The ``setsockopt`` of ``transport``'s socket if it is TCP on a system with
-    ``TCP_QUICKACK``, else None."""
-    sock = transport.get_extra_info("socket")
-    if _QUICKACK is None or sock is None:
-        return None
-    if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
-        return None
-    setsockopt: Callable[[int, int, int], None] = sock.setsockopt
-    return setsockopt
 
 
 class StompListener:
