@@ -21,8 +21,9 @@ from broker.server.server import Server, ServerOptions
 from broker.stomp.engine_backend import EngineDoor, listen
 from broker.stomp.engine_mapping import QUEUE_ID
 from broker.stomp.server import ListenerOptions
+from tests.broker.held_server import Hold
 from tests.broker.test_batch import Raw
-from tests.broker.test_push_runs import LOADED, Hold
+from tests.broker.test_push_runs import LOADED
 from tests.polling import wait_until
 from tests.stomp.two_doors import FAST, Recorder
 
