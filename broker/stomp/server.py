@@ -9,8 +9,9 @@ and time between sockets and sessions.  Limits (defaults in :class:`ListenerOpti
   for it are dropped) and its input is no longer read (no receipt can pile up) until
   the buffer drains below a quarter of it.  A client that never reads costs at most
   this much plus one frame;
-* read side: at most ``read_size`` (64 KiB) is read per call, and the parser holds at
-  most one limit's worth of an unfinished frame (see :class:`~broker.stomp.frames.Limits`);
+* read side: asyncio's transport reads what the socket holds (CPython's selector
+  transport: up to 256 KiB per call), and the parser holds at most one limit's worth of
+  an unfinished frame (see :class:`~broker.stomp.frames.Limits`);
 * a connection that asked to close (DISCONNECT) or was sent an ERROR is aborted if
   its last bytes are not taken within ``close_timeout`` (2 s).
 
@@ -52,7 +53,6 @@ class ListenerOptions:
     ssl: ssl.SSLContext | None = None
     max_connections: int = 1000
     max_outbound: int = 1024 * 1024
-    read_size: int = 64 * 1024
     close_timeout: float = 2.0
     session: SessionConfig = field(default_factory=SessionConfig)
 
