@@ -16,7 +16,7 @@ scripts with ``PYTHONPATH`` set to it:
 
 CPU per message, not rates: the machine is shared.  The ratio columns are compiled /
 pure per turn (below 1: the compiled build spends less).  What is not compiled, and why,
-is beside :data:`COMPILED` (README, "Compiled build (mypyc): measured, not kept").
+is beside :data:`COMPILED` (docs/performance.md, "Compiled build (mypyc): measured, not kept").
 
 Usage: ``python bench/bench_compiled.py [--turns N] [--messages N] [--stomp-messages N]
 [--compiled TREE] [--keep]``.

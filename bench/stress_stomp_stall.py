@@ -7,7 +7,7 @@ all (the producer done): the run is counted, the server's figures are printed (`
 stats``, ``broker admin info`` of the run's queue) and the server is restarted.  A slow
 consumer (stomp.py) keeps the listener's outbound buffer full most of a run: many
 pause/resume cycles per run, which the stall of ``max_outbound`` reached to the byte
-needed (README "STOMP on the engine", tests/stomp/test_outbound_edge.py).
+needed (docs/stomp.md "STOMP on the engine", tests/stomp/test_outbound_edge.py).
 
 Usage: ``python bench/stress_stomp_stall.py [--runs 30] [--messages 100000]
 [--baseline CHECKOUT] [--idle 20]``.

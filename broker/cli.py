@@ -18,7 +18,7 @@ Config file (``--config FILE``, JSON, or TOML when the name ends in ``.toml``)::
      "tokens": {"TOKEN": ["push", "join", "pull"], "ADMIN-TOKEN": "all"},
      "anonymous": ["push", "join"], "require_token": false}
 
-``limits`` takes the fields of ``broker.limits.Limits`` (every one listed in the README);
+``limits`` takes the fields of ``broker.limits.Limits`` (every one listed in docs/broker.md);
 ``server`` also takes ``handshake_timeout``, ``max_handshakes`` and ``max_connections``.
 
 Command-line options override the file.  ``auto_create_channel`` / ``auto_create_queue``
@@ -502,7 +502,7 @@ def _open_data(args: argparse.Namespace) -> Any:
         raise CommandError(f"serve --data {data}: {exc}") from None
 
 
-#: Keys of the config file's ``[stomp]`` table (the STOMP session options; see README).
+#: Keys of the config file's ``[stomp]`` table (the STOMP session options; see docs/stomp.md).
 STOMP_KEYS = {
     "add_user_header": str,
     "add_timestamp_header": str,
@@ -1025,7 +1025,7 @@ def build_parser() -> ArgumentParser:
         default=None,
         metavar="OCTETS",
         help="octets of zeros kept written ahead of the log's head (fsync/batch modes; "
-        "default: the store's, see README 'Zeros ahead of the head'; 0: off)",
+        "default: the store's, see docs/broker.md 'Zeros ahead of the head'; 0: off)",
     )
     federation_flags(serve)
     serve.set_defaults(func=cmd_serve)

@@ -519,7 +519,7 @@ class SyncClient:
         #: Big files written around the page cache (``filemq.directio``, ``DIRECT_MIN``).
         self.direct_io = direct_io
         #: Whole small files being put in place beside the receive loop (``filemq.placer``).
-        if place_inline is None:  # (measured: README, "the placer thread decision")
+        if place_inline is None:  # (measured: docs/performance.md, "the placer thread decision")
             place_inline = len(os.sched_getaffinity(0)) < 2
         self._placer: Placer[tuple[bool, str]] = Placer(thread=not place_inline)
         self._sock: Any = None

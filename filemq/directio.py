@@ -5,7 +5,7 @@ free memory.  On a virtual machine whose host takes freed guest memory back (vir
 free page reporting, as on the machine these benchmarks ran on), a page freed a few
 seconds earlier costs a trip to the host when it is touched again: writing 1 GiB
 took 0.2 s of system CPU right after a 1 GiB file was deleted and 1.0-2.2 s five
-seconds later (``bench_filemq.py``'s notes in README, issue 15, session 18), on the
+seconds later (``bench_filemq.py``'s notes in docs/performance.md, issue 15, session 18), on the
 one thread that writes.  A direct write moves the bytes from our buffer to the
 device without touching the page cache: 1 GiB in 0.7-0.9 s and 0.13 CPU s here.
 

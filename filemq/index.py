@@ -1540,7 +1540,7 @@ class SavedIndex:
     make each name as they reach it: a 100,000-file cache is encoded while a slice of
     rows is held, not a loaded index's ~12.6 MiB of name objects and columns, which the
     mirror loads after the ICANHAZ has gone (peak RSS of a 100,000-file resync: see
-    README).  ``read`` checks the file's length and CRC-32 and that its names are
+    docs/performance.md).  ``read`` checks the file's length and CRC-32 and that its names are
     ``entries`` UTF-8 names (a damaged file is no view); their order and shape are the
     loader's to check: a caller that sent a view of a file ``FileIndex.load`` then
     refuses asks for everything again.  The file stays open (``close()``): a save

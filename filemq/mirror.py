@@ -433,7 +433,7 @@ class Mirror:
         ``filemq.stagedwriter`` (direct, each chunk hashed right after it was staged);
         else ``filemq.writer`` (through the page cache; writing and hashing on two
         threads: one thread writing then hashing each chunk hot saved 0.1-0.4 CPU s per
-        GiB plain, none over CURVE, and serialised the two: README, sha18)."""
+        GiB plain, none over CURVE, and serialised the two: docs/performance.md, sha18)."""
         if self.direct_min is not None and version is not None and version.size >= self.direct_min:
             return StagedWriter(
                 self._fd, self._sha1, size=size, journal=self._journal, direct=True

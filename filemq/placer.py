@@ -30,14 +30,14 @@ Rules:
 * ``close`` lets the jobs submitted run, then stops the worker.
 
 The worker takes the jobs queued in runs of at most ``_RUN`` (one lock round, one
-wake-up of whoever waits, per run rather than per file: measured in README, "FILEMQ
+wake-up of whoever waits, per run rather than per file: measured in docs/performance.md, "FILEMQ
 small files, session 13"); a run's content counts as pending until the run is done.
 
 The worker starts with the first job (a mirror that receives no small file has none).
 ``Placer(thread=False)`` runs each job in ``submit`` itself (no worker, no hand-off;
 outcomes still wait for ``settle``): the same rules, for a mirror whose file creation is
 cheaper than a thread hand-off (``filemq sync --placer inline``, and the default on one
-CPU; see README's tables).
+CPU; see docs/performance.md's tables).
 """
 
 from __future__ import annotations

@@ -888,7 +888,7 @@ class FileServer:
 
         With ``ROUTER_MANDATORY`` libzmq reports POLLOUT once *some* peer's pipe has room
         (below its high-water mark), so the loop wakes as soon as a parked client's pipe
-        drains instead of after ``_STALL_WAIT_MS`` (measured: README, "FILEMQ small
+        drains instead of after ``_STALL_WAIT_MS`` (measured: docs/performance.md, "FILEMQ small
         files, session 18").  With several clients that room may be another's: a
         POLLOUT wake-up that let no parked message go (``_unparked``) turns POLLOUT off
         for one wait (the timeout's), so a client that keeps its pipe full never makes

@@ -4,7 +4,7 @@
 ``--direct-io`` the writing worker copies each chunk into a page-aligned staging
 buffer (``filemq.directio``) and the hashing worker reads the same chunk again,
 megabytes later, after it left the cache.  ``hashlib.sha1`` over one hot 1 MiB
-buffer costs ~0.50 CPU s per GiB here, over chunks that went cold ~0.90 (README,
+buffer costs ~0.50 CPU s per GiB here, over chunks that went cold ~0.90 (docs/performance.md,
 FILEMQ bulk, session 18).  ``StagedWriter`` does the copy and the hash on one
 worker, back to back, and leaves the device write to another:
 
@@ -37,7 +37,7 @@ worker, back to back, and leaves the device write to another:
 
 Same interface as ``filemq.writer.ChunkWriter``, which the mirror keeps for files
 written through the page cache (hashing and writing on two threads at once: one
-worker writing then hashing saved CPU plain but none over CURVE, README sha18).
+worker writing then hashing saved CPU plain but none over CURVE, docs/performance.md, sha18).
 """
 
 from __future__ import annotations

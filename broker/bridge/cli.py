@@ -108,7 +108,7 @@ def add_arguments(p: argparse.ArgumentParser, kind: str) -> None:
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", help="TOML file of [[bridge]] tables (see the README)")
+    p.add_argument("file", help="TOML file of [[bridge]] tables (see docs/bridges.md)")
     p.add_argument(
         "--stats-interval",
         type=float,

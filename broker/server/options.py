@@ -78,7 +78,7 @@ class ServerOptions:
     #: send high-water mark (``pipe_hwm``) counts messages, so a batch of them is also
     #: bounded in octets (``unacked_batch_octets``): a consumer that stops reading holds
     #: at most ``pipe_hwm`` messages of at most max(one delivery, ``unacked_batch_octets``)
-    #: octets in its pipe, as if its messages were that big (README, "Flow control").
+    #: octets in its pipe, as if its messages were that big (docs/broker.md, "Flow control").
     unacked_batch: int = 64
     #: Octets of deliveries without acknowledge one delivery batch carries at most (a
     #: bigger delivery travels alone); the send high-water mark falls with it
@@ -128,7 +128,7 @@ class ServerOptions:
         by ``unacked_batch_octets`` // 1025 (the default: 10,000 // 7 = 1,428), so that
         a consumer that stops reading holds no more deliveries of any size in the
         broker's pipe than ``hwm`` messages of batches of at most 2 KiB did (session 9's
-        bound, ``hwm`` x 2 KiB octets), however big the batches are (README, "Flow
+        bound, ``hwm`` x 2 KiB octets), however big the batches are (docs/broker.md, "Flow
         control")."""
         if self.send_hwm is not None:
             return self.send_hwm

@@ -22,7 +22,7 @@ in a thread of its own.  Two objects, one per thread:
 
 The server thread never waits for the listener thread, so the two cannot deadlock.
 
-Mapping (see README "STOMP on the engine"):
+Mapping (see docs/stomp.md "STOMP on the engine"):
 
 * ``/queue/NAME`` -> channel ``NAME``, queue 0, created on first use in RoundRobin status
   with ``RequestAcknowledge`` on and no acknowledge timeout (each message to one
@@ -57,7 +57,7 @@ Mapping (see README "STOMP on the engine"):
 * a connection whose outbound buffer is full keeps further deliveries in order on this
   side without reporting them sent: the engine's window stops the rest.
 
-Beyond these (README "STOMP on the engine" has the whole table): CONNECT is admitted by
+Beyond these (docs/stomp.md "STOMP on the engine" has the whole table): CONNECT is admitted by
 the engine's authorizer (``passcode`` = client token) before CONNECTED; SENDs are
 published without waiting (``publish_async``: answers, hence RECEIPTs, once durable for
 ``persistent:true``); the ``per-message`` delivery handler (``broker.engine.per_message``)

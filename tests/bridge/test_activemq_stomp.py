@@ -3,7 +3,7 @@ fixture with ``java -jar``, no systemd): both ways, client-individual acks end t
 
 Slow: the JVM broker takes ~5-20 s to listen on a loaded 2-core machine.  Skipped, with
 the reason, where the package is not installed (``.ci/run`` does not install it: see
-the README's bridge section).
+docs/bridges.md).
 """
 
 from __future__ import annotations

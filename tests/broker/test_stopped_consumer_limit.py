@@ -4,7 +4,7 @@ nothing) while its persistent queue fills to its ``MessageLimit`` on a ``broker 
 
 The consumer holds its window (``Prefetch``) of unacknowledged deliveries; the queue keeps
 at most ``MessageLimit`` messages (the limit holds, whatever the consumer does); past it
-every acknowledged push is refused with LimitExceeded (482, README "Limits") and nothing
+every acknowledged push is refused with LimitExceeded (482, docs/broker.md "Limits") and nothing
 else changes.  Once the consumer resumes (SIGCONT) it reads and acknowledges every push
 that was acknowledged to the producer, once each, in order, and none that was refused;
 the refusals lift as the queue drains.

@@ -86,7 +86,7 @@ def _same_second(path: Path) -> None:
 def test_a_change_made_while_the_server_was_down_with_size_and_mtime_put_back(
     tmp_path: Path, change: object, caught: bool
 ) -> None:
-    """The quick check's rules as the README states them: a file is the indexed version
+    """The quick check's rules as docs/filemq.md states them: a file is the indexed version
     while its size, mtime_ns, inode and permission bits are; so a same-second rewrite
     and a file renamed over are found (re-hashed), and only a rewrite in place with
     size and mtime_ns restored to the nanosecond keeps the indexed SHA-1 (as rsync's

@@ -242,8 +242,8 @@ def test_the_default_places_on_a_thread_only_with_two_cpus_or_more(
     tmp_path: Path, zctx: zmq.Context[Any], serve: Callable[..., FileServer], cpus: int
 ) -> None:
     """``place_inline=None`` (``--placer auto``): a mirror that may run on one CPU puts
-    small files in place itself (a thread there only adds hand-offs: README's table), one
-    with two or more on the placer thread.  Seen from the threads alive while files land."""
+    small files in place itself (a thread there only adds hand-offs: docs/performance.md),
+    one with two or more on the placer thread.  Seen from the threads alive while files land."""
     mine = sorted(os.sched_getaffinity(0))
     if len(mine) < cpus:
         pytest.skip(f"this process may use {len(mine)} CPU(s)")

@@ -1,7 +1,7 @@
 """The first ICANHAZ of a ``filemq sync`` is made from a ``SavedIndex`` view of the saved
 index (rows read a slice at a time from the file), and the index is loaded once that
 frame has left: the mirror never holds the loaded index and the ICANHAZ frame at once
-(100,000 files: peak RSS 52.6 -> ~41 MiB, README)."""
+(100,000 files: peak RSS 52.6 -> ~41 MiB, docs/performance.md)."""
 
 from __future__ import annotations
 

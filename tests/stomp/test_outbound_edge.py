@@ -7,7 +7,7 @@ transport calls ``resume_writing``.  asyncio pauses a transport only once its bu
 ``max_outbound`` bytes refused every delivery without pausing the transport, so no
 ``resume_writing`` ever came: the connection's deliveries waited in ``held`` forever
 (never reported taken, a full window in flight: the stall seen once in ``bench_stomp``'s
-100k ``ack:auto`` case, README "STOMP on the engine").  The engine thread is the test
+100k ``ack:auto`` case, docs/stomp.md "STOMP on the engine").  The engine thread is the test
 (``Engineside``): the buffer is filled to the byte while the consumer does not read.
 """
 

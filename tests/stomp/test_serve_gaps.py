@@ -1,4 +1,4 @@
-"""Issue 11's promises that had no test of their own (session 16's audit, README "Issue
+"""Issue 11's promises that had no test of their own (session 16's audit, docs/checklists.md "Issue
 11 checklist"), each through a real ``broker serve`` process and real sockets:
 STOMP is off unless asked for, the connection limits of the config file
 (``max_connections``, ``max_subscriptions``, ``require_host``).  (``/temp-topic/`` and

@@ -30,6 +30,7 @@ from tests.zproto.support import ROOT
 from .support import WAIT, one_line
 
 README = ROOT / "README.md"
+BROKER_DOC = ROOT / "docs" / "broker.md"  # the broker's page: its config example
 SCRIPT = ROOT / "examples" / "mirror_directory.sh"
 UNIT = ROOT / "examples" / "filemq-subscribe.service"
 BIN = Path(sys.prefix) / "bin"  # the virtualenv running the tests
@@ -119,7 +120,7 @@ def test_the_readme_commands_run_as_documented(tmp_path: Path) -> None:
 
 
 def test_the_readme_config_example_is_what_broker_serve_reads(tmp_path: Path) -> None:
-    text = README.read_text()
+    text = BROKER_DOC.read_text()
     found = re.search(r"```toml\n(.*?)```", text, re.S)
     assert found
     port = free_port()

@@ -51,7 +51,7 @@ class LogOptions:
     #: (no file-size change, so no file-system journal commit per batch); a segment is
     #: cut back to its data when finished, and recovery cuts a zero tail.  0: off; at
     #: most the segment's size.  Off by default: measured, no steady throughput gain
-    #: (README, "Zeros ahead of the head"; ``bench/bench_store.py --zeros-ahead``).  The
+    #: (docs/broker.md, "Zeros ahead of the head"; ``bench/bench_store.py --zeros-ahead``).  The
     #: kill -9 losses once seen with it on were an index defect (test_recovery_order.py).
     preallocate: int = 0
 
