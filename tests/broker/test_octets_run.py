@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import zmq
@@ -25,7 +26,7 @@ from broker.client.blocking import Client
 from broker.client.frames import join_frame
 from broker.protocol import MessageType, ResultCode
 from tests.broker.held_server import Broker, MakeBroker, held_brokers
-from tests.broker.test_batch import Raw
+from tests.broker.test_batch import Raw, push_frame
 from tests.broker.test_push_runs import LOADED, PING, answer
 from tests.polling import wait_until
 
@@ -47,19 +48,9 @@ def start(zctx: Ctx) -> Iterator[MakeBroker]:
         yield make
 
 
-def push(
-    source: str, mid: str, queue_id: int, body: bytes, *, ack: bool = False, headers: tuple = ()
-) -> bytes:
-    return tmqp.encode_frame(
-        message_type=MessageType.QUEUE,
-        pending_ack=ack,
-        content_type=queue_id,
-        message_id=mid,
-        source=source,
-        target="d",
-        headers=headers,
-        payload=body,
-    )[0]
+def push(source: str, mid: str, queue_id: int, body: bytes, **fields: Any) -> bytes:
+    """A push into channel ``d`` stamped with ``source`` (``test_batch.push_frame``)."""
+    return push_frame(mid, queue_id, body, source=source, **fields)
 
 
 class Peers:
