@@ -43,12 +43,12 @@ worker writing then hashing saved CPU plain but none over CURVE, docs/performanc
 from __future__ import annotations
 
 import mmap
-import threading
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from filemq.directio import ALIGN, DirectWrites
+from filemq.workers import Workers
 from filemq.writer import MAX_PENDING, Checkpoints, write_all
 
 __all__ = ["STAGES", "StagedWriter"]
@@ -86,7 +86,7 @@ class StagedWriter:
         #: Bytes written (and hashed) so far (the writing worker's; ``settle`` to read it).
         self.size = size
         self._journal = journal
-        self._max_pending = max(1, max_pending)
+        self._workers = Workers(max_pending, self._drop)
         self._direct = DirectWrites(fd) if direct else None
         #: Direct writes (two workers) or through the page cache (one: write, then hash).
         self._staged = self._direct is not None and self._direct.direct
@@ -95,168 +95,107 @@ class StagedWriter:
         self._to_write: deque[_Staged] = deque()
         self._free: list[mmap.mmap] = []  # staging buffers not in use
         self._made = 0  # staging buffers made so far (at most STAGES)
-        self._pending = 0  # bytes queued and not written yet
         self._staging_done = False  # the staging worker stopped
-        self._cut = False  # nothing more is written (a failure, ``discard``)
-        self._error: OSError | None = None
-        self._stopping = False
-        self._cond = threading.Condition()
-        self._threads: list[threading.Thread] = []
 
     def write(self, data: Any) -> None:
         """Queue ``data`` (bytes-like, not changed afterwards); raises an earlier failure."""
-        with self._cond:
-            self._raise()
-            while self._pending >= self._max_pending and not self._error:
-                self._cond.wait()
-            self._raise()
+        workers = self._workers
+        with workers.cond:
+            workers.admit(len(data))
             self._to_stage.append(data)
-            self._pending += len(data)
-            self._cond.notify_all()
-        if not self._threads:
-            workers = [("filemq-hasher", self._staging), ("filemq-writer", self._writing)]
-            if not self._staged:
-                workers = [("filemq-writer", self._inline)]
-            for name, work in workers:
-                thread = threading.Thread(target=work, name=name, daemon=True)
-                thread.start()
-                self._threads.append(thread)
+        if self._staged:
+            workers.start(("filemq-hasher", self._staging), ("filemq-writer", self._writing))
+        else:
+            workers.start(("filemq-writer", self._inline))
 
     def settle(self) -> None:
         """Wait until everything queued is written (and hashed); raise a failure."""
-        with self._cond:
-            while self._pending and self._error is None:
-                self._cond.wait()
-            self._raise()
+        self._workers.settle(lambda: self._workers.pending)
 
     def close(self) -> None:
         """Write what is queued, then stop the workers (a failure is kept for ``settle``)."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        for thread in self._threads:
-            thread.join()
-        self._threads = []
+        self._workers.stop()
         self._free.clear()
         if self._direct is not None:
             self._direct.close()
 
     def discard(self) -> None:
         """Drop what is queued and stop the workers (after the chunk each is at)."""
-        with self._cond:
-            self._drop()
+        with self._workers.cond:
+            self._workers.cut_off()
         self.close()
-
-    def _raise(self) -> None:
-        if self._error is not None:
-            raise self._error
 
     def _drop(self) -> None:
         """Nothing queued is written any more (under the lock)."""
-        self._cut = True
         self._to_stage.clear()
         self._to_write.clear()
-        self._pending = 0
-        self._cond.notify_all()
 
-    def _failed(self, exc: OSError) -> None:
-        """The first failure is kept; nothing queued after it is written (under the lock)."""
-        if self._error is None:
-            self._error = exc
-        self._drop()
+    def _done(self, length: int, digest: Any) -> bool:
+        """``length`` more bytes written: count them, then checkpoint (True: go on)."""
+        with self._workers.cond:
+            self._workers.release(length)
+            self.size += length
+            size = self.size
+        if self._journal is not None:
+            self._journal.checkpoint(size, digest)
+        return True
 
     # -- through the page cache: one worker writes a chunk, then hashes it ---------------
 
     def _inline(self) -> None:
-        cond = self._cond
-        while True:
-            with cond:
-                while not self._to_stage and not self._stopping and not self._cut:
-                    cond.wait()
-                if self._cut or not self._to_stage:
-                    return
-                data = self._to_stage.popleft()
-            try:
-                write_all(self.fd, data)
-            except OSError as exc:
-                with cond:
-                    self._failed(exc)
-                return
-            self.hasher.update(data)  # (hot: the write's copy just read it)
-            if not self._done(len(data), self.hasher):
-                return
+        self._workers.serve(lambda: self._workers.take(self._to_stage), self._write_inline)
 
-    def _done(self, length: int, digest: Any) -> bool:
-        """``length`` more bytes written: count them, then checkpoint (False: failed)."""
-        with self._cond:
-            if not self._cut:  # (else nothing is pending any more)
-                self._pending -= length
-            self.size += length
-            size = self.size
-            self._cond.notify_all()
-        if self._journal is None:
-            return True
-        try:
-            self._journal.checkpoint(size, digest)
-        except OSError as exc:
-            with self._cond:
-                self._failed(exc)
-            return False
-        return True
+    def _write_inline(self, data: Any) -> bool:
+        write_all(self.fd, data)
+        self.hasher.update(data)  # (hot: the write's copy just read it)
+        return self._done(len(data), self.hasher)
 
     # -- the staging worker: copy, hash -------------------------------------------------
 
     def _staging(self) -> None:
-        try:
-            self._stage_chunks()
-        except OSError as exc:  # (no memory for a staging buffer)
-            with self._cond:
-                self._failed(exc)
+        workers = self._workers
+        try:  # (an OSError: no memory for a staging buffer)
+            workers.serve(lambda: workers.take(self._to_stage), self._stage)
         finally:
-            with self._cond:
+            with workers.cond:
                 self._staging_done = True
-                self._cond.notify_all()
+                workers.cond.notify_all()
 
-    def _stage_chunks(self) -> None:
-        cond = self._cond
-        while True:
-            with cond:
-                while not self._to_stage and not self._stopping and not self._cut:
-                    cond.wait()
-                if self._cut or not self._to_stage:
-                    return
-                data = self._to_stage.popleft()
-            view = memoryview(data).cast("B")
-            length = len(view)
-            aligned = 0
-            if self._aligned and self._direct is not None and self._direct.direct:
-                aligned = length - length % ALIGN
-            self._aligned = aligned == length  # (after a tail: through the page cache)
-            buffer = staged = None
-            if aligned:
-                buffer = self._buffer(aligned)
-                if buffer is None:
-                    return
-                staged = memoryview(buffer)[:aligned]
-                staged[:] = view[:aligned]
-                self.hasher.update(staged)  # (hot: the copy just wrote it)
-            rest = view[aligned:]
-            if rest:
-                self.hasher.update(rest)
-            digest = self.hasher.copy() if self._journal is not None else None
-            with cond:
-                if self._cut:
-                    return
-                self._to_write.append(_Staged(buffer, staged, rest, length, digest))
-                cond.notify_all()
+    def _stage(self, data: Any) -> bool:
+        """Copy ``data``'s aligned part into a staging buffer and hash the chunk, then
+        queue it for the writing worker (False: cut meanwhile)."""
+        view = memoryview(data).cast("B")
+        length = len(view)
+        aligned = 0
+        if self._aligned and self._direct is not None and self._direct.direct:
+            aligned = length - length % ALIGN
+        self._aligned = aligned == length  # (after a tail: through the page cache)
+        buffer = staged = None
+        if aligned:
+            buffer = self._buffer(aligned)
+            if buffer is None:
+                return False
+            staged = memoryview(buffer)[:aligned]
+            staged[:] = view[:aligned]
+            self.hasher.update(staged)  # (hot: the copy just wrote it)
+        rest = view[aligned:]
+        if rest:
+            self.hasher.update(rest)
+        digest = self.hasher.copy() if self._journal is not None else None
+        with self._workers.cond:
+            if self._workers.cut:
+                return False
+            self._to_write.append(_Staged(buffer, staged, rest, length, digest))
+            self._workers.cond.notify_all()
+        return True
 
     def _buffer(self, length: int) -> mmap.mmap | None:
         """A free staging buffer of ``length`` octets or more (None: cut meanwhile)."""
-        cond = self._cond
-        with cond:
-            while not self._free and self._made >= STAGES and not self._cut:
-                cond.wait()
-            if self._cut:
+        workers = self._workers
+        with workers.cond:
+            while not self._free and self._made >= STAGES and not workers.cut:
+                workers.cond.wait()
+            if workers.cut:
                 return None
             buffer = self._free.pop() if self._free else None
             if buffer is None:
@@ -270,28 +209,20 @@ class StagedWriter:
     # -- the writing worker: write, checkpoint ------------------------------------------
 
     def _writing(self) -> None:
-        cond = self._cond
-        while True:
-            with cond:
-                while not self._to_write and not self._staging_done and not self._cut:
-                    cond.wait()
-                if self._cut or not self._to_write:
-                    return
-                item = self._to_write.popleft()
-            try:
-                self._write(item)
-            except OSError as exc:
-                with cond:
-                    self._failed(exc)
-                return
-            finally:
-                if item.staged is not None:
-                    item.staged.release()
-            if item.buffer is not None:
-                with cond:
-                    self._free.append(item.buffer)
-            if not self._done(item.length, item.digest):
-                return
+        workers = self._workers
+        workers.serve(lambda: workers.take(self._to_write, lambda: self._staging_done), self._put)
+
+    def _put(self, item: _Staged) -> bool:
+        """Write one staged chunk, give its buffer back, then checkpoint."""
+        try:
+            self._write(item)
+        finally:
+            if item.staged is not None:
+                item.staged.release()
+        if item.buffer is not None:
+            with self._workers.cond:
+                self._free.append(item.buffer)
+        return self._done(item.length, item.digest)
 
     def _write(self, item: _Staged) -> None:
         """Write one chunk at the file's position: its staged part direct while that

@@ -34,11 +34,11 @@ in one chunk, never use one).
 from __future__ import annotations
 
 import os
-import threading
 from collections import deque
 from typing import Any, Protocol
 
 from filemq.directio import DirectWrites
+from filemq.workers import Workers
 
 __all__ = ["MAX_PENDING", "Checkpoints", "ChunkWriter"]
 
@@ -79,99 +79,66 @@ class ChunkWriter:
         #: Bytes written and hashed so far (the workers' count; ``settle`` to read it).
         self.size = size
         self._journal = journal
-        self._max_pending = max(1, max_pending)
+        self._workers = Workers(max_pending, self._drop)
         self._to_write: deque[Any] = deque()
         self._to_hash: deque[Any] = deque()
         self._unfinished: deque[int] = deque()  # sizes of chunks a worker still owes
-        self._pending = 0  # their total
         self._written = 0  # chunks written (from the first), then hashed, by the workers
         self._hashed = 0
         self._finished = 0  # chunks both workers are done with
         self._hashed_bytes = size  # the hashing worker's own count (its checkpoints)
         self._taken = 0  # chunks the hashing worker took
         self._busy = False  # the writing worker is in a write
-        self._cut = False  # nothing more is written (a failure, ``discard``)
-        self._error: OSError | None = None
-        self._stopping = False
-        self._cond = threading.Condition()
-        self._threads: list[threading.Thread] = []
 
     def write(self, data: Any) -> None:
         """Queue ``data`` (bytes-like, not changed afterwards); raises an earlier failure."""
-        with self._cond:
-            self._raise()
-            while self._pending >= self._max_pending and self._unfinished and not self._error:
-                self._cond.wait()
-            self._raise()
+        with self._workers.cond:
+            self._workers.admit(len(data))
             self._to_write.append(data)
             self._to_hash.append(data)
             self._unfinished.append(len(data))
-            self._pending += len(data)
-            self._cond.notify_all()
-        if not self._threads:
-            for name, work in (("filemq-writer", self._writing), ("filemq-hasher", self._hashing)):
-                thread = threading.Thread(target=work, name=name, daemon=True)
-                thread.start()
-                self._threads.append(thread)
+        self._workers.start(("filemq-writer", self._writing), ("filemq-hasher", self._hashing))
 
     def settle(self) -> None:
         """Wait until everything queued is written and hashed; raise a failure."""
-        with self._cond:
-            while self._unfinished and self._error is None:
-                self._cond.wait()
-            self._raise()
+        self._workers.settle(lambda: self._unfinished)
 
     def close(self) -> None:
         """Write what is queued, then stop the workers (a failure is kept for ``settle``)."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        for thread in self._threads:
-            thread.join()
-        self._threads = []
+        self._workers.stop()
 
     def discard(self) -> None:
         """Drop what is queued and stop the workers (after the chunk each is at)."""
-        with self._cond:
-            self._drop()
-        self.close()
-
-    def _raise(self) -> None:
-        if self._error is not None:
-            raise self._error
+        self._workers.discard()
 
     def _drop(self) -> None:
         """Nothing queued is written any more; what was written is still hashed (and
         checkpointed: a partial file resumes from its last written byte) (under the lock)."""
-        self._cut = True
         self._to_write.clear()
         self._unfinished.clear()
-        self._pending = 0
-        self._cond.notify_all()
 
     def _next_write(self) -> Any:
         """The next chunk to write, or None: stop (under the lock)."""
-        while not self._to_write and not self._stopping and not self._cut:
-            self._cond.wait()
-        if not self._to_write or self._cut:
-            return None
-        self._busy = True
-        return self._to_write.popleft()
+        data = self._workers.take(self._to_write)
+        if data is not None:
+            self._busy = True
+        return data
 
     def _next_hash(self) -> Any:
         """The next chunk to hash, or None: stop (under the lock).  After a cut, only
         chunks that were written (or are being written) are hashed."""
+        workers = self._workers
         while True:
-            if self._cut:
+            if workers.cut:
                 if self._taken < self._written and self._to_hash:
                     break
                 if not self._busy:
                     return None
             elif self._to_hash:
                 break
-            elif self._stopping:
+            elif workers.stopping:
                 return None
-            self._cond.wait()
+            workers.cond.wait()
         self._taken += 1
         return self._to_hash.popleft()
 
@@ -180,68 +147,53 @@ class ChunkWriter:
         while self._finished < min(self._written, self._hashed) and self._unfinished:
             length = self._unfinished.popleft()
             self._finished += 1
-            self._pending -= length
+            self._workers.release(length)
             self.size += length
-        self._cond.notify_all()
-
-    def _failed(self, exc: OSError) -> None:
-        """The first failure is kept; nothing queued after it is written (under the lock)."""
-        if self._error is None:
-            self._error = exc
-        self._drop()
+        self._workers.cond.notify_all()
 
     def _writing(self) -> None:
         direct = DirectWrites(self.fd) if self._direct else None
         try:
-            self._write_chunks(direct)
+            self._workers.serve(self._next_write, lambda data: self._write(data, direct))
         finally:
             if direct is not None:
                 direct.close()
 
-    def _write_chunks(self, direct: DirectWrites | None) -> None:
-        cond = self._cond
-        while True:
-            with cond:
-                data = self._next_write()
-                if data is None:
-                    return
-            try:
-                if direct is None:
-                    write_all(self.fd, data)
-                else:
-                    direct.write(data)
-            except OSError as exc:
-                with cond:
-                    self._busy = False
-                    self._failed(exc)
-                return
-            with cond:
-                self._busy = False
-                self._written += 1
-                self._finish()
+    def _write(self, data: Any, direct: DirectWrites | None) -> bool:
+        """Write one chunk (False: it failed, and the failure is kept)."""
+        try:
+            if direct is None:
+                write_all(self.fd, data)
+            else:
+                direct.write(data)
+        except OSError as exc:
+            with self._workers.cond:
+                self._busy = False  # (with the failure: the hasher stops at what was written)
+                self._workers.fail(exc)
+            return False
+        with self._workers.cond:
+            self._busy = False
+            self._written += 1
+            self._finish()
+        return True
 
     def _hashing(self) -> None:
-        cond = self._cond
-        while True:
-            with cond:
-                data = self._next_hash()
-                if data is None:
-                    return
-            self.hasher.update(data)
-            self._hashed_bytes += len(data)
-            with cond:
-                self._hashed += 1
-                self._finish()
-                if self._journal is None:
-                    continue
-                # a checkpoint only once the bytes it covers are written
-                while self._written < self._hashed and (self._busy or not self._cut):
-                    cond.wait()
-                if self._written < self._hashed:  # (cut before its bytes were written)
-                    return
-            try:
-                self._journal.checkpoint(self._hashed_bytes, self.hasher)
-            except OSError as exc:
-                with cond:
-                    self._failed(exc)
-                return
+        self._workers.serve(self._next_hash, self._hash)
+
+    def _hash(self, data: Any) -> bool:
+        """Hash one chunk, then checkpoint once its bytes are written (False: stop)."""
+        self.hasher.update(data)
+        self._hashed_bytes += len(data)
+        cond = self._workers.cond
+        with cond:
+            self._hashed += 1
+            self._finish()
+            if self._journal is None:
+                return True
+            # a checkpoint only once the bytes it covers are written
+            while self._written < self._hashed and (self._busy or not self._workers.cut):
+                cond.wait()
+            if self._written < self._hashed:  # (cut before its bytes were written)
+                return False
+        self._journal.checkpoint(self._hashed_bytes, self.hasher)
+        return True

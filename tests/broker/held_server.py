@@ -19,18 +19,24 @@ Ctx = zmq.Context[zmq.Socket[bytes]]
 _names = itertools.count(1)
 
 
+def inproc_pair(ctx: Ctx, address: str) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
+    """A PULL socket bound to ``address`` (inproc) and a PUSH socket connected to it,
+    neither lingering: a way to wake a loop that reads the PULL end."""
+    pull = ctx.socket(zmq.PULL)
+    pull.linger = 0
+    pull.bind(address)
+    push = ctx.socket(zmq.PUSH)
+    push.linger = 0
+    push.connect(address)
+    return pull, push
+
+
 class Hold:
     """Holds the server's loop on its thread (a reader handler that waits for
     :meth:`release`), so that what peers send meanwhile waits unread in the pipes."""
 
     def __init__(self, ctx: Ctx, server: Server) -> None:
-        address = f"inproc://hold-{next(_names)}"
-        self.rx = ctx.socket(zmq.PULL)
-        self.rx.linger = 0
-        self.rx.bind(address)
-        self.tx = ctx.socket(zmq.PUSH)
-        self.tx.linger = 0
-        self.tx.connect(address)
+        self.rx, self.tx = inproc_pair(ctx, f"inproc://hold-{next(_names)}")
         self.held = threading.Event()
         self.go = threading.Event()
         server.add_reader(self.rx, self._wait)

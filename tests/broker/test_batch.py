@@ -29,15 +29,32 @@ def _entries(*frames: bytes) -> bytes:
     return b"".join(struct.pack("<I", len(f)) + f for f in frames)
 
 
-def _push(mid: str, channel: str, queue_id: int, body: bytes, ack: bool = True) -> bytes:
+def push_frame(
+    mid: str,
+    queue_id: int,
+    body: bytes,
+    *,
+    channel: str = "d",
+    source: str = "",
+    ack: bool = False,
+    headers: tuple[tuple[str, str], ...] = (),
+) -> bytes:
+    """A push's octets, built as a raw peer sends it (no source: the server stamps it)."""
     return tmqp.encode_frame(
         message_type=MessageType.QUEUE,
         pending_ack=ack,
         content_type=queue_id,
         message_id=mid,
+        source=source,
         target=channel,
+        headers=headers,
         payload=body,
     )[0]
+
+
+def _push(mid: str, channel: str, queue_id: int, body: bytes) -> bytes:
+    """An acknowledged push into ``channel``."""
+    return push_frame(mid, queue_id, body, channel=channel, ack=True)
 
 
 class Raw:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import zmq
@@ -25,7 +26,7 @@ from broker.client.blocking import Client
 from broker.client.frames import join_frame
 from broker.protocol import MessageType, ResultCode
 from tests.broker.held_server import Broker, MakeBroker, held_brokers
-from tests.broker.test_batch import Raw
+from tests.broker.test_batch import Raw, push_frame
 from tests.broker.test_push_runs import LOADED, PING, answer
 from tests.polling import wait_until
 
@@ -47,26 +48,61 @@ def start(zctx: Ctx) -> Iterator[MakeBroker]:
         yield make
 
 
-def push(
-    source: str, mid: str, queue_id: int, body: bytes, *, ack: bool = False, headers: tuple = ()
-) -> bytes:
-    return tmqp.encode_frame(
-        message_type=MessageType.QUEUE,
-        pending_ack=ack,
-        content_type=queue_id,
-        message_id=mid,
-        source=source,
-        target="d",
-        headers=headers,
-        payload=body,
-    )[0]
+def push(source: str, mid: str, queue_id: int, body: bytes, **fields: Any) -> bytes:
+    """A push into channel ``d`` stamped with ``source`` (``test_batch.push_frame``)."""
+    return push_frame(mid, queue_id, body, source=source, **fields)
 
 
-def joined(ctx: Ctx, broker: Broker, window: int | None = None, name: str = "j") -> Raw:
-    consumer = Raw(ctx, broker.endpoint)
-    consumer.send(tmqp.encode(join_frame(name, "d", window))[0])
-    assert consumer.frame().message_id == name
-    return consumer
+class Peers:
+    """A test's peers of one broker: an admin client, a producer (``src``: its client
+    id) and the consumers it adds, all closed together (``with``)."""
+
+    def __init__(self, ctx: Ctx, broker: Broker) -> None:
+        self.ctx, self.broker = ctx, broker
+        self.consumers: list[Raw] = []
+        self.admin = Client(broker.endpoint, context=ctx, timeout=10).connect()
+        try:
+            self.producer = Raw(ctx, broker.endpoint)
+        except BaseException:
+            self.admin.close()
+            raise
+        self.src = self.producer.client_id
+
+    def raw(self) -> Raw:
+        """A consumer that has not joined yet."""
+        consumer = Raw(self.ctx, self.broker.endpoint)
+        self.consumers.append(consumer)
+        return consumer
+
+    def joined(self, window: int | None = None, name: str = "j") -> Raw:
+        """A consumer joined to channel ``d`` (its JOIN answered)."""
+        consumer = self.raw()
+        consumer.send(tmqp.encode(join_frame(name, "d", window))[0])
+        assert consumer.frame().message_id == name
+        return consumer
+
+    def push_drains(self, mids: list[str], queue_id: int, body: bytes, per: int = 100) -> None:
+        """The producer's pushes of ``mids``, ``per`` to a drain (the loop held while
+        each drain's are sent)."""
+        for at in range(0, len(mids), per):
+            self.broker.hold.hold()
+            for mid in mids[at : at + per]:
+                self.producer.send(push(self.src, mid, queue_id, body))
+            self.broker.hold.release()
+
+    def __enter__(self) -> Peers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.admin.close()
+        for consumer in self.consumers:
+            consumer.close()
+        self.producer.close()
+
+
+def next_ids(consumer: Raw, count: int) -> list[str]:
+    """The message ids of ``consumer``'s next ``count`` frames."""
+    return [consumer.frame().message_id for _ in range(count)]
 
 
 def counters(admin: Client) -> dict[str, int]:
@@ -129,36 +165,32 @@ def script(source: str, count: int, seed: int) -> list[bytes]:
 def play(broker: Broker, ctx: Ctx, count: int, seed: int) -> dict[str, object]:
     """One producer's script sent while the loop is held: the octets the consumer got (in
     order), the answers the producer got, the server's counters."""
-    admin = Client(broker.endpoint, context=ctx, timeout=10).connect()
-    consumer = None
-    producer = Raw(ctx, broker.endpoint)
-    try:
+    with Peers(ctx, broker) as peers:
         for qid, options in QUEUES.items():
-            admin.create_queue("d", qid, options)
-        consumer = joined(ctx, broker)
-        frames = script(producer.client_id, count, seed)
+            peers.admin.create_queue("d", qid, options)
+        consumer = peers.joined()
         broker.hold.hold()
-        for data in frames:
-            producer.send(data)
+        for data in script(peers.src, count, seed):
+            peers.producer.send(data)
         broker.hold.release()
         answers = []
         while True:
-            msg = tmqp.decode((producer.sock.recv(),))
+            msg = tmqp.decode((peers.producer.sock.recv(),))
             answers.append(answer(msg))
             if answers[-1] == ("ack", "end"):
                 break
-        delivered = []
-        while True:
-            data = consumer.sock.recv()
-            delivered.append(data)
-            if tmqp.decode((data,)).message_id == "end":  # type: ignore[union-attr]
-                break
-        return {"answers": answers, "delivered": delivered, "counters": counters(admin)}
-    finally:
-        admin.close()
-        if consumer is not None:
-            consumer.close()
-        producer.close()
+        delivered = octets_until_end(consumer)
+        return {"answers": answers, "delivered": delivered, "counters": counters(peers.admin)}
+
+
+def octets_until_end(consumer: Raw) -> list[bytes]:
+    """The octets of each frame ``consumer`` gets, up to the message ``end``."""
+    delivered = []
+    while True:
+        data = consumer.sock.recv()
+        delivered.append(data)
+        if tmqp.decode((data,)).message_id == "end":  # type: ignore[union-attr]
+            return delivered
 
 
 def same_source(delivered: list[bytes]) -> list[tmqp.Message]:
@@ -188,13 +220,10 @@ def test_octets_and_records_give_the_same_octets_and_answers(
 
 def test_duplicate_ids_inside_one_run_are_dropped_as_before(start: MakeBroker, zctx: Ctx) -> None:
     broker = start()
-    admin = Client(broker.endpoint, context=zctx, timeout=10).connect()
-    producer = Raw(zctx, broker.endpoint)
-    consumer = None
-    try:
+    with Peers(zctx, broker) as peers:
+        admin, producer, src = peers.admin, peers.producer, peers.src
         admin.create_queue("d", 2, QUEUES[2])
-        consumer = joined(zctx, broker)
-        src = producer.client_id
+        consumer = peers.joined()
         sent = ["a", "b", "c", "a", "d", "b", "b", "e", "c", "f"]
         broker.hold.hold()
         for mid in sent:
@@ -211,14 +240,9 @@ def test_duplicate_ids_inside_one_run_are_dropped_as_before(start: MakeBroker, z
             producer.send(push(src, mid, 2, b""))
         producer.send(push(src, "end", 2, b"", ack=True))
         broker.hold.release()
-        assert [consumer.frame().message_id for _ in range(3)] == ["g", "h", "end"]
+        assert next_ids(consumer, 3) == ["g", "h", "end"]
         assert counters(admin)["octets_pushes"] > 0
         assert queue_info(admin, 2)["ReceivedMessages"] == 10
-    finally:
-        admin.close()
-        if consumer is not None:
-            consumer.close()
-        producer.close()
 
 
 def test_a_malformed_push_inside_a_run_is_refused_and_the_good_ones_delivered(
@@ -228,22 +252,19 @@ def test_a_malformed_push_inside_a_run_is_refused_and_the_good_ones_delivered(
     in the middle of a run of good ones: every good one delivered in order, each bad one
     answered 400 in its place, and the server keeps serving (a PING after them)."""
     broker = start()
-    admin = Client(broker.endpoint, context=zctx, timeout=10).connect()
-    producer = Raw(zctx, broker.endpoint)
-    consumer = None
-    src = producer.client_id
-    good = push(src, "\u00e9t\u00e9", 1, b"y")
-    damaged = [
-        push(src, "cut", 1, b"y" * 30)[:-7],  # cut short
-        push(src, "long", 1, b"y") + b"!!",  # trailing octets
-        good[:8] + b"\xff" + good[9:],  # an id that is not UTF-8
-        good[:13] + b"\xff" + good[14:],  # a source that is not UTF-8 (the same lengths)
-        b"\x11\x00\xff\xff\xff",  # lengths past the end
-        b"\x11\x00",  # the bare two octets
-    ]
-    try:
+    with Peers(zctx, broker) as peers:
+        admin, producer, src = peers.admin, peers.producer, peers.src
+        good = push(src, "\u00e9t\u00e9", 1, b"y")
+        damaged = [
+            push(src, "cut", 1, b"y" * 30)[:-7],  # cut short
+            push(src, "long", 1, b"y") + b"!!",  # trailing octets
+            good[:8] + b"\xff" + good[9:],  # an id that is not UTF-8
+            good[:13] + b"\xff" + good[14:],  # a source that is not UTF-8 (the same lengths)
+            b"\x11\x00\xff\xff\xff",  # lengths past the end
+            b"\x11\x00",  # the bare two octets
+        ]
         admin.create_queue("d", 1, QUEUES[1])
-        consumer = joined(zctx, broker)
+        consumer = peers.joined()
         broker.hold.hold()
         ids = []
         for n, data in enumerate(damaged):
@@ -262,17 +283,9 @@ def test_a_malformed_push_inside_a_run_is_refused_and_the_good_ones_delivered(
         assert codes == [ResultCode.BAD_REQUEST] * len(damaged)
         assert counters(admin)["octets_pushes"] >= len(ids) - len(damaged) - 1
         # still serving: another run goes through
-        broker.hold.hold()
-        for i in range(10):
-            producer.send(push(src, f"after-{i}", 1, b"z"))
-        broker.hold.release()
         after = [f"after-{i}" for i in range(10)]
-        assert [consumer.frame().message_id for _ in after] == after
-    finally:
-        admin.close()
-        if consumer is not None:
-            consumer.close()
-        producer.close()
+        peers.push_drains(after, 1, b"z")
+        assert next_ids(consumer, len(after)) == after
 
 
 def test_a_run_that_fills_the_consumers_window_half_way_waits_for_the_rest(
@@ -282,28 +295,17 @@ def test_a_run_that_fills_the_consumers_window_half_way_waits_for_the_rest(
     (no message lost, none overtaking), then follow in order as the window frees."""
     window, total = 50, 400
     broker = start()
-    admin = Client(broker.endpoint, context=zctx, timeout=10).connect()
-    producer = Raw(zctx, broker.endpoint)
-    consumer = None
-    try:
+    with Peers(zctx, broker) as peers:
+        admin = peers.admin
         admin.create_queue("d", 1, QUEUES[1])
-        consumer = joined(zctx, broker, window)
-        src = producer.client_id
+        consumer = peers.joined(window)
         ids = [f"m{i}" for i in range(total)]
-        broker.hold.hold()
-        for mid in ids:
-            producer.send(push(src, mid, 1, b"x" * 20))
-        broker.hold.release()
-        assert [consumer.frame().message_id for _ in ids] == ids
+        peers.push_drains(ids, 1, b"x" * 20, per=total)  # (one drain)
+        assert next_ids(consumer, total) == ids
         taken = counters(admin)["octets_pushes"]
         assert 0 < taken <= window  # (the window's worth as octets, the rest queued)
         assert wait_until(lambda: queue_info(admin)["Deliveries"] == total, LOADED)
         assert queue_info(admin)["Messages"] == 0
-    finally:
-        admin.close()
-        if consumer is not None:
-            consumer.close()
-        producer.close()
 
 
 def _read_until(consumers: dict[str, Raw], last: str) -> dict[str, list[str]]:
@@ -315,26 +317,26 @@ def _read_until(consumers: dict[str, Raw], last: str) -> dict[str, list[str]]:
     return got
 
 
-def _join_mid_drain(broker: Broker, producer: Raw, second: Raw, queue_id: int) -> list[str]:
-    """300 pushes of ``producer`` into queue ``queue_id`` of channel ``d``: 100 in a drain
-    of their own (the first consumer's alone: as octets), then ``second``'s JOIN read
-    in the middle of the next drain (between two pushes: the ROUTER's fair queueing).
-    The ids pushed, once the JOIN is answered."""
-    src = producer.client_id
+def _join_mid_drain(peers: Peers, queue_id: int) -> tuple[Raw, Raw, list[str]]:
+    """A first consumer joined (``j1``), then 300 pushes of the producer into queue
+    ``queue_id`` of channel ``d``: 100 in a drain of their own (the first consumer's
+    alone: as octets), then a second consumer's JOIN (``j2``) read in the middle of the
+    next drain (between two pushes: the ROUTER's fair queueing).  The two consumers and
+    the ids pushed, once the JOIN is answered."""
+    first = peers.joined(name="j1")
+    second = peers.raw()
+    src, producer, hold = peers.src, peers.producer, peers.broker.hold
     ids = [f"m{i}" for i in range(300)]
-    broker.hold.hold()
-    for mid in ids[:100]:
-        producer.send(push(src, mid, queue_id, b"x"))
-    broker.hold.release()
-    broker.hold.hold()
+    peers.push_drains(ids[:100], queue_id, b"x")
+    hold.hold()
     for mid in ids[100:150]:
         producer.send(push(src, mid, queue_id, b"x"))
     second.send(tmqp.encode(join_frame("j2", "d"))[0])
     for mid in ids[150:]:
         producer.send(push(src, mid, queue_id, b"x"))
-    broker.hold.release()
+    hold.release()
     assert second.frame().message_id == "j2"
-    return ids
+    return first, second, ids
 
 
 @pytest.mark.parametrize("octets", [True, False])
@@ -345,30 +347,17 @@ def test_a_second_consumer_joining_mid_drain_of_a_push_queue_gets_copies_from_th
     middle of a drain of one producer's pushes (the ROUTER's fair queueing puts it
     between two of them).  The first consumer gets every push once, in order; the second
     a tail of them (from where its JOIN was read), in order, none twice."""
-    broker = start(push_octets=octets)
-    admin = Client(broker.endpoint, context=zctx, timeout=10).connect()
-    producer = Raw(zctx, broker.endpoint)
-    first = second = None
-    try:
-        admin.create_queue("d", 1, QUEUES[1])
-        first = joined(zctx, broker, name="j1")
-        second = Raw(zctx, broker.endpoint)
-        src = producer.client_id
-        ids = _join_mid_drain(broker, producer, second, 1)
-        producer.send(push(src, "end", 1, b"x"))
+    with Peers(zctx, start(push_octets=octets)) as peers:
+        peers.admin.create_queue("d", 1, QUEUES[1])
+        first, second, ids = _join_mid_drain(peers, 1)
+        peers.producer.send(push(peers.src, "end", 1, b"x"))
         got = _read_until({"first": first, "second": second}, "end")
         assert got["first"] == [*ids, "end"]
         tail = got["second"]
         assert tail == [*ids, "end"][len(ids) + 1 - len(tail) :]  # a tail, in order
         assert len(tail) > 1
         if octets:
-            assert counters(admin)["octets_pushes"] > 0
-    finally:
-        admin.close()
-        for peer in (first, second):
-            if peer is not None:
-                peer.close()
-        producer.close()
+            assert counters(peers.admin)["octets_pushes"] > 0
 
 
 def test_a_second_consumer_joining_mid_drain_of_a_round_robin_queue_shares_the_rest(
@@ -377,17 +366,11 @@ def test_a_second_consumer_joining_mid_drain_of_a_round_robin_queue_shares_the_r
     """A round robin queue (each push to one consumer): a second consumer's JOIN read in
     the middle of a drain; every push delivered exactly once to one of them, each
     consumer's in order, both get some (a run of the pushes after it alternates)."""
-    broker = start()
-    admin = Client(broker.endpoint, context=zctx, timeout=10).connect()
-    producer = Raw(zctx, broker.endpoint)
-    first = second = None
-    try:
+    with Peers(zctx, start()) as peers:
+        admin, producer = peers.admin, peers.producer
         admin.create_queue("d", 4, {"Status": 2})
-        first = joined(zctx, broker, name="j1")
-        second = Raw(zctx, broker.endpoint)
-        src = producer.client_id
-        ids = _join_mid_drain(broker, producer, second, 4)
-        producer.send(push(src, "end", 4, b"x", ack=True))
+        first, second, ids = _join_mid_drain(peers, 4)
+        producer.send(push(peers.src, "end", 4, b"x", ack=True))
         assert answer(tmqp.decode((producer.sock.recv(),))) == ("ack", "end")
         assert wait_until(lambda: queue_info(admin, 4)["Deliveries"] == len(ids) + 1, LOADED)
         got: dict[str, list[str]] = {"first": [], "second": []}
@@ -401,12 +384,19 @@ def test_a_second_consumer_joining_mid_drain_of_a_round_robin_queue_shares_the_r
             assert mids == sorted(mids, key=order.__getitem__)  # each in order
             assert mids
         assert counters(admin)["octets_pushes"] > 0
-    finally:
-        admin.close()
-        for peer in (first, second):
-            if peer is not None:
-                peer.close()
-        producer.close()
+
+
+def _unread(peers: Peers, window: int, total: int, name: str) -> tuple[Raw, list[str]]:
+    """A consumer joined with ``window`` (as ``name``) that reads nothing yet, then
+    ``total`` pushes into queue 1 in drains of 100 (the octets path takes them), all
+    received.  The consumer and the ids pushed."""
+    admin = peers.admin
+    admin.create_queue("d", 1, QUEUES[1])
+    consumer = peers.joined(window, name=name)
+    ids = [f"m{i}" for i in range(total)]
+    peers.push_drains(ids, 1, b"x" * 20)
+    assert wait_until(lambda: queue_info(admin)["ReceivedMessages"] == total, LOADED)
+    return consumer, ids
 
 
 def test_a_consumer_that_stops_reading_holds_at_most_its_window_beyond_the_pipe(
@@ -415,21 +405,10 @@ def test_a_consumer_that_stops_reading_holds_at_most_its_window_beyond_the_pipe(
     """As ``test_push_runs``'s, with pushes the octets path takes: the consumer's pipe
     fills, its window waits in its backlog, the rest in the queue; then all in order."""
     hwm, window, total = 100, 50, 3000
-    broker = start(hwm=hwm)
-    admin = Client(broker.endpoint, context=zctx, timeout=10).connect()
-    producer = Raw(zctx, broker.endpoint)
-    consumer = None
-    try:
-        admin.create_queue("d", 1, QUEUES[1])
-        consumer = joined(zctx, broker, window)
+    with Peers(zctx, start(hwm=hwm)) as peers:
+        admin = peers.admin
+        consumer, ids = _unread(peers, window, total, "j")
         pipe = hwm + consumer.sock.rcvhwm  # (over inproc: both high-water marks)
-        src = producer.client_id
-        for first in range(0, total, hwm):
-            broker.hold.hold()
-            for i in range(first, first + hwm):
-                producer.send(push(src, f"m{i}", 1, b"x" * 20))
-            broker.hold.release()
-        assert wait_until(lambda: queue_info(admin)["ReceivedMessages"] == total, LOADED)
 
         def held() -> bool:
             i = queue_info(admin)
@@ -438,14 +417,8 @@ def test_a_consumer_that_stops_reading_holds_at_most_its_window_beyond_the_pipe(
         assert wait_until(held, LOADED), str(queue_info(admin))
         assert queue_info(admin)["Deliveries"] <= pipe
         assert counters(admin)["octets_pushes"] > 0
-        got = [consumer.frame().message_id for _ in range(total)]
-        assert got == [f"m{i}" for i in range(total)]
+        assert next_ids(consumer, total) == ids
         assert wait_until(lambda: queue_info(admin)["Deliveries"] == total, LOADED)
-    finally:
-        admin.close()
-        if consumer is not None:
-            consumer.close()
-        producer.close()
 
 
 def test_deliveries_unsent_when_the_consumer_leaves_go_back_to_the_queue_in_order(
@@ -456,21 +429,9 @@ def test_deliveries_unsent_when_the_consumer_leaves_go_back_to_the_queue_in_orde
     (nothing lost) and the next consumer gets exactly what the first never got, in order,
     none marked redelivered (the first never had them), each once."""
     hwm, window, total = 50, 400, 3000
-    broker = start(hwm=hwm)
-    admin = Client(broker.endpoint, context=zctx, timeout=10).connect()
-    producer = Raw(zctx, broker.endpoint)
-    first = second = None
-    try:
-        admin.create_queue("d", 1, QUEUES[1])
-        first = joined(zctx, broker, window, name="j1")
-        src = producer.client_id
-        ids = [f"m{i}" for i in range(total)]
-        for start_at in range(0, total, 100):
-            broker.hold.hold()
-            for mid in ids[start_at : start_at + 100]:
-                producer.send(push(src, mid, 1, b"x" * 20))
-            broker.hold.release()
-        assert wait_until(lambda: queue_info(admin)["ReceivedMessages"] == total, LOADED)
+    with Peers(zctx, start(hwm=hwm)) as peers:
+        admin, producer, src = peers.admin, peers.producer, peers.src
+        first, ids = _unread(peers, window, total, "j1")
         assert wait_until(lambda: queue_info(admin)["InFlight"] == window, LOADED)
         taken_first = counters(admin)["octets_pushes"]
         assert taken_first >= window  # (its window was filled by the octets path)
@@ -483,18 +444,12 @@ def test_deliveries_unsent_when_the_consumer_leaves_go_back_to_the_queue_in_orde
         while first.sock.poll(100):
             had.append(first.frame().message_id)
         assert had == ids[: len(had)] and len(had) <= delivered
-        second = joined(zctx, broker, name="j2")
+        second = peers.joined(name="j2")
         rest = [second.frame() for _ in range(total - delivered)]
         assert [f.message_id for f in rest] == ids[delivered:]
         assert all(not f.headers for f in rest)  # no Delivery-Count: never had them
         producer.send(push(src, "end", 1, b"", ack=True))
         assert second.frame().message_id == "end"  # and nothing more before it
-    finally:
-        admin.close()
-        for peer in (first, second):
-            if peer is not None:
-                peer.close()
-        producer.close()
 
 
 def play_batches(broker: Broker, ctx: Ctx, seed: int) -> dict[str, object]:
@@ -502,14 +457,11 @@ def play_batches(broker: Broker, ctx: Ctx, seed: int) -> dict[str, object]:
     damaged entries, duplicates, entries for another queue), then an acknowledged push:
     the octets the consumer got, the server's counters."""
     rng = random.Random(seed)
-    admin = Client(broker.endpoint, context=ctx, timeout=10).connect()
-    producer = Raw(ctx, broker.endpoint)
-    consumer = None
-    try:
+    with Peers(ctx, broker) as peers:
+        admin, producer, src = peers.admin, peers.producer, peers.src
         for qid, options in QUEUES.items():
             admin.create_queue("d", qid, options)
-        consumer = joined(ctx, broker)
-        src = producer.client_id
+        consumer = peers.joined()
         frames = script(src, 1500, seed)[:-1]
         plain = [f for f in frames if len(f) > 1 and f[0] & 63 == 0x11 and not f[1] & 0xE0]
         broker.hold.hold()
@@ -521,18 +473,7 @@ def play_batches(broker: Broker, ctx: Ctx, seed: int) -> dict[str, object]:
         broker.hold.release()
         producer.send(push(src, "end", 1, b"end", ack=True))
         assert answer(tmqp.decode((producer.sock.recv(),))) == ("ack", "end")
-        delivered = []
-        while True:
-            data = consumer.sock.recv()
-            delivered.append(data)
-            if tmqp.decode((data,)).message_id == "end":  # type: ignore[union-attr]
-                break
-        return {"delivered": delivered, "counters": counters(admin)}
-    finally:
-        admin.close()
-        if consumer is not None:
-            consumer.close()
-        producer.close()
+        return {"delivered": octets_until_end(consumer), "counters": counters(admin)}
 
 
 @pytest.mark.parametrize("seed", [4, 5])

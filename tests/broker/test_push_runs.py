@@ -25,6 +25,7 @@ from broker.client.frames import join_frame
 from broker.protocol import Header, MessageType, ResultCode, header
 from tests.broker.held_server import Broker, MakeBroker, held_brokers
 from tests.broker.test_batch import Raw
+from tests.broker.test_batch import push_frame as push
 from tests.polling import wait_until
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
@@ -39,18 +40,6 @@ _names = itertools.count(1)
 def start(zctx: Ctx) -> Iterator[MakeBroker]:
     with held_brokers(zctx, "runs") as make:
         yield make
-
-
-def push(mid: str, queue_id: int, body: bytes, *, ack: bool = False, headers: tuple = ()) -> bytes:
-    return tmqp.encode_frame(
-        message_type=MessageType.QUEUE,
-        pending_ack=ack,
-        content_type=queue_id,
-        message_id=mid,
-        target="d",
-        headers=headers,
-        payload=body,
-    )[0]
 
 
 def frames_until(peer: Raw, last: str) -> list[tmqp.Message]:

@@ -26,6 +26,7 @@ from broker.client.blocking import Client
 from broker.client.errors import ClientError, UnconfirmedSends
 from broker.engine.engine import Engine
 from broker.server.server import Server, ServerOptions
+from tests.broker.held_server import inproc_pair
 from tests.polling import WAIT, wait_until
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
@@ -93,13 +94,7 @@ class Readers:
 
     def __init__(self, server: Server, zctx: Ctx) -> None:
         self.rfd, self.wfd = os.pipe()
-        address = f"inproc://loop-reader-{id(self)}"
-        self.pull = zctx.socket(zmq.PULL)
-        self.pull.linger = 0
-        self.pull.bind(address)
-        self.push = zctx.socket(zmq.PUSH)
-        self.push.linger = 0
-        self.push.connect(address)
+        self.pull, self.push = inproc_pair(zctx, f"inproc://loop-reader-{id(self)}")
         self.fd_notes = 0
         self.zmq_notes = 0
         server.add_reader(self.rfd, self._on_fd)

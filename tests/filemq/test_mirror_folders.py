@@ -33,6 +33,26 @@ def _place(mirror: Mirror, name: str, data: bytes) -> None:
     assert ok, reason
 
 
+def _mirror(tmp_path: Path) -> tuple[Path, Mirror]:
+    """DEST (``tmp_path/dest``, new) and a mirror into it."""
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    return dest, Mirror(dest, FileIndex(dest))
+
+
+def _swapped(tmp_path: Path) -> tuple[Path, Path, Path, Mirror]:
+    """A mirror that placed ``sub/one``; then ``sub`` moved away (to ``moved``) and a
+    link to a victim's folder (``outside``, holding ``own``) put in its place.  DEST,
+    outside, moved and the mirror."""
+    outside, moved = tmp_path / "victim", tmp_path / "moved"
+    dest, mirror = _mirror(tmp_path)
+    write_tree(outside, {"own": b"victim's"})
+    _place(mirror, "sub/one", b"1")
+    (dest / "sub").rename(moved)
+    (dest / "sub").symlink_to(outside, target_is_directory=True)
+    return dest, outside, moved, mirror
+
+
 def _open_under(dest: Path) -> int:
     """Descriptors this process holds on folders under ``dest`` (the mirror's only)."""
     count = 0
@@ -60,9 +80,7 @@ def test_files_into_one_folder_walk_it_once_per_batch(
 
     monkeypatch.setattr(mirror_module, "open_dir_beneath", counting)
     monkeypatch.setattr(paths, "open_dir_beneath", counting)
-    dest = tmp_path / "dest"
-    dest.mkdir()
-    mirror = Mirror(dest, FileIndex(dest))
+    dest, mirror = _mirror(tmp_path)
     for i in range(50):
         _place(mirror, f"a/b/f{i}", b"x%d" % i)
     assert walks.count(("a", "b")) == 1
@@ -74,9 +92,7 @@ def test_files_into_one_folder_walk_it_once_per_batch(
 
 
 def test_kept_folder_descriptors_are_bounded_and_released(tmp_path: Path) -> None:
-    dest = tmp_path / "dest"
-    dest.mkdir()
-    mirror = Mirror(dest, FileIndex(dest))
+    dest, mirror = _mirror(tmp_path)
     for i in range(MAX_FOLDER_FDS + 20):
         _place(mirror, f"d{i}/f", b"%d" % i)
         assert _open_under(dest) == min(i + 1, MAX_FOLDER_FDS)
@@ -86,9 +102,7 @@ def test_kept_folder_descriptors_are_bounded_and_released(tmp_path: Path) -> Non
 
 
 def test_a_folder_removed_within_a_batch_is_made_again(tmp_path: Path) -> None:
-    dest = tmp_path / "dest"
-    dest.mkdir()
-    mirror = Mirror(dest, FileIndex(dest))
+    dest, mirror = _mirror(tmp_path)
     _place(mirror, "sub/one", b"1")
     shutil.rmtree(dest / "sub")  # a local user, while the kept descriptor is open
     _place(mirror, "sub/two", b"2")
@@ -100,13 +114,7 @@ def test_a_folder_removed_within_a_batch_is_made_again(tmp_path: Path) -> None:
 def test_a_folder_swapped_for_a_link_is_never_written_through(tmp_path: Path) -> None:
     """Within a batch the kept descriptor still names the folder itself (moved away:
     never the link's target); from the next batch on the walk refuses the link."""
-    dest, outside, moved = tmp_path / "dest", tmp_path / "victim", tmp_path / "moved"
-    dest.mkdir()
-    write_tree(outside, {"own": b"victim's"})
-    mirror = Mirror(dest, FileIndex(dest))
-    _place(mirror, "sub/one", b"1")
-    (dest / "sub").rename(moved)
-    (dest / "sub").symlink_to(outside, target_is_directory=True)
+    dest, outside, moved, mirror = _swapped(tmp_path)
     _place(mirror, "sub/two", b"2")  # this batch: into the folder, where it went
     mirror.release_folders()
     with pytest.raises(UnsafePathError):
@@ -123,13 +131,7 @@ def test_expired_folders_are_walked_again_by_the_next_rename_not_closed_at_once(
     """``expire_folders`` (what the client does before each wait while the placer thread
     may be renaming) closes nothing itself: the next rename releases the kept
     descriptors and walks DEST again, so a folder swapped for a link is refused then."""
-    dest, outside, moved = tmp_path / "dest", tmp_path / "victim", tmp_path / "moved"
-    dest.mkdir()
-    write_tree(outside, {"own": b"victim's"})
-    mirror = Mirror(dest, FileIndex(dest))
-    _place(mirror, "sub/one", b"1")
-    (dest / "sub").rename(moved)
-    (dest / "sub").symlink_to(outside, target_is_directory=True)
+    dest, outside, moved, mirror = _swapped(tmp_path)
     mirror.expire_folders()
     assert _open_under(tmp_path) == 1  # (still open, on "moved": the placer may use it)
     with pytest.raises(UnsafePathError):

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import stomp
 import zmq
 
 from broker.client.blocking import Client
@@ -17,7 +16,7 @@ from broker.engine.engine import Engine
 from broker.engine.limits import Limits
 from broker.engine.options import BrokerConfig
 from tests.polling import WAIT, wait_until
-from tests.stomp.two_doors import Broker, Recorder
+from tests.stomp.two_doors import Broker, Connect, stomp_connections
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 
@@ -34,21 +33,10 @@ def broker(zctx: Ctx) -> Iterator[Broker]:
 
 
 @pytest.fixture
-def connect(broker: Broker) -> Iterator[Any]:
-    made: list[Any] = []
-
-    def make(token: str) -> tuple[Any, Recorder]:
-        conn = stomp.Connection12([("127.0.0.1", broker.listener.port)])
-        rec = Recorder()
-        conn.set_listener("rec", rec)
-        conn.connect(token, token, wait=True)
-        made.append(conn)
-        return conn, rec
-
-    yield make
-    for conn in made:
-        if conn.is_connected():
-            conn.disconnect()
+def connect(broker: Broker) -> Iterator[Connect]:
+    """A connection that logs in with a token (as login and passcode)."""
+    with stomp_connections(broker.listener.port) as make:
+        yield lambda token: make(token, token)
 
 
 def test_a_channel_a_tmqp_push_creates_is_joined_by_a_stomp_wildcard(
@@ -88,34 +76,22 @@ def test_distinct_wildcards_past_max_patterns_are_an_error_and_shared_ones_are_f
     STOMP door too: a wildcard no subscription holds yet, past it, is an ERROR; one another
     connection holds costs nothing and is taken; the others keep being served."""
     b = Broker(zctx, Engine(config=BrokerConfig(limits=Limits(max_patterns=2))))
-    made: list[Any] = []
     try:
-
-        def connect() -> tuple[Any, Recorder]:
-            conn = stomp.Connection12([("127.0.0.1", b.listener.port)])
-            rec = Recorder()
-            conn.set_listener("rec", rec)
-            conn.connect("u", "p", wait=True)
-            made.append(conn)
-            return conn, rec
-
-        first, one = connect()
-        first.subscribe("/queue/a.*", id="1", receipt="r1")
-        first.subscribe("/topic/b.**", id="2", receipt="r2")
-        assert wait_until(lambda: one.receipts == ["r1", "r2"])
-        second, two = connect()
-        second.subscribe("/queue/a.*", id="1", receipt="shared")  # held by `first`: free
-        assert wait_until(lambda: two.receipts == ["shared"])
-        third, three = connect()
-        third.subscribe("/queue/c.*", id="1", receipt="new")
-        assert wait_until(lambda: len(three.errors) == 1)
-        assert "max_patterns=2" in three.errors[0].headers.get("message", "")
-        assert three.receipts == []
-        first.send("/queue/a.x", "made after the refusal", receipt="s")
-        assert wait_until(lambda: one.receipts[-1:] == ["s"])
-        assert wait_until(lambda: one.bodies() + two.bodies() == ["made after the refusal"])
+        with stomp_connections(b.listener.port) as connect:
+            first, one = connect("u", "p")
+            first.subscribe("/queue/a.*", id="1", receipt="r1")
+            first.subscribe("/topic/b.**", id="2", receipt="r2")
+            assert wait_until(lambda: one.receipts == ["r1", "r2"])
+            second, two = connect("u", "p")
+            second.subscribe("/queue/a.*", id="1", receipt="shared")  # held by `first`: free
+            assert wait_until(lambda: two.receipts == ["shared"])
+            third, three = connect("u", "p")
+            third.subscribe("/queue/c.*", id="1", receipt="new")
+            assert wait_until(lambda: len(three.errors) == 1)
+            assert "max_patterns=2" in three.errors[0].headers.get("message", "")
+            assert three.receipts == []
+            first.send("/queue/a.x", "made after the refusal", receipt="s")
+            assert wait_until(lambda: one.receipts[-1:] == ["s"])
+            assert wait_until(lambda: one.bodies() + two.bodies() == ["made after the refusal"])
     finally:
-        for conn in made:
-            if conn.is_connected():
-                conn.disconnect()
         b.stop()

@@ -1,7 +1,8 @@
 """Two doors on one engine for tests: a TMQP ``Server`` and a STOMP listener sharing one
-``Engine`` (``Broker``), a stomp.py listener that records what it gets (``Recorder``),
-and the fixtures ``broker``, ``tmqp`` (connected ``broker.Client`` s) and
-``stomp_client`` (connected stomp.py 1.2 connections), all closed after the test.
+``Engine`` (``Broker``; ``held``: the server's loop holdable, ``tests.broker.held_server``),
+a stomp.py listener that records what it gets (``Recorder``), connected stomp.py 1.2
+connections (``stomp_connections``), and the fixtures ``broker``, ``tmqp`` (connected
+``broker.Client`` s) and ``stomp_client`` (``stomp_connections``), all closed after the test.
 
 Loaded as a pytest plugin by ``tests/conftest.py``: a module or conftest with fixtures
 of these names of its own keeps them."""
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -22,20 +24,28 @@ from broker.server.server import Server, ServerOptions
 from broker.stomp.engine_backend import EngineDoor, listen
 from broker.stomp.server import ListenerOptions, StompListener
 from broker.stomp.session import SessionConfig
+from tests.broker.held_server import Hold
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 FAST = SessionConfig(die_delay=0.1, heartbeat=(0, 0))
 
 
 class Broker:
-    """A TMQP server and a STOMP listener on one engine."""
+    """A TMQP server and a STOMP listener on one engine (``held``: the server's loop
+    holdable by ``hold``)."""
 
     def __init__(
-        self, zctx: Ctx, engine: Engine | None = None, options: ListenerOptions | None = None
+        self,
+        zctx: Ctx,
+        engine: Engine | None = None,
+        options: ListenerOptions | None = None,
+        *,
+        held: bool = False,
     ) -> None:
         self.engine = engine if engine is not None else Engine()
         self.door = EngineDoor(self.engine)
         self.server = Server(self.door, ServerOptions(endpoint="tcp://127.0.0.1:*"), context=zctx)
+        self.hold = Hold(zctx, self.server) if held else None
         self.listener: StompListener = listen(
             self.door, self.server.add_reader, options or ListenerOptions(port=0, session=FAST)
         )
@@ -44,9 +54,13 @@ class Broker:
         self.zctx = zctx
 
     def stop(self) -> None:
+        if self.hold is not None:
+            self.hold.release()
         self.listener.stop()
         self.server.stop()
         self.door.close()
+        if self.hold is not None:
+            self.hold.close()
 
 
 @pytest.fixture
@@ -97,22 +111,36 @@ class Recorder(stomp.ConnectionListener):  # type: ignore[misc]
             return [m.body for m in self.messages]
 
 
-@pytest.fixture
-def stomp_client(broker: Broker) -> Iterator[Callable[[], tuple[Any, Recorder]]]:
+#: Makes a connected stomp.py 1.2 connection (login, passcode) and its ``Recorder``.
+Connect = Callable[..., tuple[Any, Recorder]]
+
+
+@contextmanager
+def stomp_connections(port: int) -> Iterator[Connect]:
+    """Connected stomp.py 1.2 connections to ``port`` (as ``user``/``pw`` unless told),
+    each with a ``Recorder``; those still connected are disconnected at the end."""
     made: list[Any] = []
 
-    def make() -> tuple[Any, Recorder]:
-        conn = stomp.Connection12([("127.0.0.1", broker.listener.port)])
+    def make(login: str = "user", passcode: str = "pw") -> tuple[Any, Recorder]:
+        conn = stomp.Connection12([("127.0.0.1", port)])
         rec = Recorder()
         conn.set_listener("rec", rec)
-        conn.connect("user", "pw", wait=True)
+        conn.connect(login, passcode, wait=True)
         made.append(conn)
         return conn, rec
 
-    yield make
-    for conn in made:
-        if conn.is_connected():
-            conn.disconnect()
+    try:
+        yield make
+    finally:
+        for conn in made:
+            if conn.is_connected():
+                conn.disconnect()
+
+
+@pytest.fixture
+def stomp_client(broker: Broker) -> Iterator[Connect]:
+    with stomp_connections(broker.listener.port) as make:
+        yield make
 
 
 def subscribed(broker: Broker, channel: str, count: int) -> bool:
