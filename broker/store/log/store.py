@@ -14,7 +14,11 @@ records per step between batches, so appends never stop.
 
 Reads (``read``, ``sequences``, ``records``) take a record's octets from its segment
 (``pread``); only the index (``index.py``, 33 octets per sequence number) and the
-definitions live in memory.  A record appended but not yet written is waited for.
+definitions live in memory.  A record appended but not yet written is waited for; while a
+reader waits the lock is free and compaction may move the record (and delete the segment
+it was in), so after each wait the reader looks the record up again.  Every wait on the
+writer is bounded and re-checks: a writer that failed or whose thread ended raises
+``StoreIOError`` in the waiter, never a silent hang.
 """
 
 from __future__ import annotations
@@ -520,17 +524,16 @@ class LogStore:
     def read(self, queue: QueueKey, seq: int) -> StoredRecord:
         """A live record (its blob read from the log); NoSuchRecord if not live."""
         with self._lock:
-            index = self._state.queues.get(queue)
-            location = None if index is None else index.locate(seq)
-            if index is None or location is None:
-                raise NoSuchRecord(f"{queue} has no live record {seq}")
+            while True:  # (looked up again after each wait: compaction may move it)
+                index = self._state.queues.get(queue)
+                location = None if index is None else index.locate(seq)
+                if index is None or location is None:
+                    raise NoSuchRecord(f"{queue} has no live record {seq}")
+                if self._written.get(location.segment, 0) >= location.offset + location.size:
+                    break
+                self._wait_for_writer()
             meta = index.meta(seq)
             assert meta is not None
-            end = location.offset + location.size
-            while self._written.get(location.segment, 0) < end:
-                if self._failed is not None:
-                    raise self._failed
-                self._written_cond.wait(_IDLE_WAIT)
             data = os.pread(self._read_fd(location.segment), location.size, location.offset)
         try:
             records.check(data, 0, self._seed, self.options.max_record_size)
@@ -549,7 +552,11 @@ class LogStore:
         offset: the caller logs and skips it.  What :meth:`read` does per record, for a
         whole queue (a restart): the index is walked :data:`_CHUNK` records per turn of
         the lock, and the log is read :data:`_READ_AHEAD` octets per ``pread`` (records
-        of a queue lie mostly one after another), never past what the writer wrote."""
+        of a queue lie mostly one after another), never past what the writer wrote.  A
+        record not written yet is waited for, then the index is taken again from it: the
+        places taken before the wait may be stale (compaction moved the records and may
+        have deleted their segment; a segment's octets never change, so what was read
+        before stays right)."""
         cursor = start
         seed, max_size = self._seed, self.options.max_record_size
         checked_put_blob = records.checked_put_blob
@@ -563,14 +570,15 @@ class LogStore:
                 slots = index.live_slots(cursor, _CHUNK)
                 if not slots:
                     return
+                cursor = slots[-1][0] + 1
                 for seq, segment, offset, size, count, put_backs, flags, deadline in slots:
                     end = offset + size
                     at = offset - window_start
                     if segment != window_segment or at < 0 or end - window_start > len(window):
-                        while self._written.get(segment, 0) < end:
-                            if self._failed is not None:
-                                raise self._failed
-                            self._written_cond.wait(_IDLE_WAIT)
+                        if self._written.get(segment, 0) < end:
+                            self._wait_for_writer()
+                            cursor = seq  # (the index again from here: see above)
+                            break
                         length = max(size, min(_READ_AHEAD, self._written[segment] - offset))
                         window = memoryview(os.pread(self._read_fd(segment), length, offset))
                         window_segment, window_start, at = segment, offset, 0
@@ -586,7 +594,6 @@ class LogStore:
                     else:
                         meta = NO_META
                     found.append((seq, StoredRecord(seq, meta, blob)))
-                cursor = slots[-1][0] + 1
             yield from found
 
     def live_index(
@@ -718,12 +725,21 @@ class LogStore:
 
     def wait(self, ticket: int, timeout: float | None = None) -> bool:
         """Block until ``ticket`` completes; False on timeout.  StoreIOError if the
-        writer failed before completing it."""
-        if self._completions.wait(ticket, timeout):
-            return True
-        if self._failed is not None:
-            raise self._failed
-        return False
+        writer failed (or its thread ended) before completing it."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = _IDLE_WAIT if deadline is None else min(_IDLE_WAIT, deadline - time.monotonic())
+            if self._completions.wait(ticket, max(left, 0.0)):
+                return True
+            if self._failed is not None:
+                raise self._failed
+            if not self._thread.is_alive():
+                if self._completions.done >= ticket:
+                    return True
+                with self._lock:
+                    raise self._writer_stopped()
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
 
     def fileno(self) -> int:
         """Readable when tickets completed: poll it, then call ``drain``."""
@@ -743,12 +759,10 @@ class LogStore:
             self._wake.notify()
             deadline = None if timeout is None else time.monotonic() + timeout
             while self._synced_ticket < target:
-                if self._failed is not None:
-                    raise self._failed
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
+                left = _IDLE_WAIT if deadline is None else deadline - time.monotonic()
+                if left <= 0:
                     return False
-                self._written_cond.wait(left)
+                self._wait_for_writer(min(left, _IDLE_WAIT))
             return True
 
     # -- life ------------------------------------------------------------------------------
@@ -816,6 +830,31 @@ class LogStore:
         if limited and len(self._pending) >= self.options.max_pending:
             raise TooManyPending(f"{len(self._pending)} appends are waiting for the writer")
 
+    def _wait_for_writer(self, timeout: float = _IDLE_WAIT) -> None:
+        """Wait (lock held) at most ``timeout`` for the writer to write or sync more; the
+        caller re-checks what it waits for, and looks again at anything the lock guards
+        (while the lock is free, compaction may move records).  A writer that failed, or
+        whose thread ended, raises here: nothing it has not done will ever be done."""
+        if self._failed is not None:
+            raise self._failed
+        if not self._thread.is_alive():
+            raise self._writer_stopped()
+        self._written_cond.wait(timeout)
+
+    def _writer_stopped(self) -> StoreError:
+        """The error for a waiter whose writer thread is gone (lock held): the closed
+        store's, or (no error recorded: a thread that ended without a word) a failure
+        of the whole store from now on, as for a failed disk."""
+        if self._failed is not None:
+            return self._failed
+        if self._closing:
+            return StoreClosed("the store is closed")
+        self._failed = StoreIOError("the store writer thread stopped without an error")
+        log.error("%s", self._failed)
+        self._written_cond.notify_all()
+        self._completions.fail(self._failed)
+        return self._failed
+
     def _head_for(self, size: int) -> int:
         """The segment a record of ``size`` octets will go to (rolls the head if full)."""
         if self._head_size + size > self.options.segment_size:
@@ -856,7 +895,8 @@ class LogStore:
                 if stop:
                     break
             self._final_sync()
-        except Exception as exc:  # a failed disk (OSError) or a defect: stop, never hang
+        except BaseException as exc:  # a failed disk (OSError), a defect, even SystemExit
+            # (which ends a thread without a word): the store fails, no waiter hangs
             error = StoreIOError(f"store writer failed: {exc!r}")
             log.error("%s", error, exc_info=not isinstance(exc, OSError))
             with self._lock:
