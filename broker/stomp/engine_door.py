@@ -927,13 +927,18 @@ class EngineDoor:
         settles: Sequence[tuple[str, int, str, bool]],
         counts: int,
         now: float,
+        leaving: Sequence[str] = (),
     ) -> list[Outgoing]:
-        """Report ``counts`` deliveries taken, then acknowledge (True) or nack each."""
+        """Report ``counts`` deliveries taken, then acknowledge (True) or nack each.
+        ``leaving``: channels no longer acknowledged by taking (``ack:auto`` ended: the
+        deliveries reported taken here were never written, and are nacked)."""
         client_id = self.client_of.get(conn)
         out: list[Outgoing] = []
         if client_id is None:
             return out
         engine = self.engine
+        for channel in leaving:
+            engine.acknowledge_taken(client_id, channel, on=False)
         if counts:
             out.extend(engine.transmitted({client_id: counts}, now))
         if settles:
