@@ -120,6 +120,7 @@ class EngineDoor:
         self.client_of: dict[int, str] = {}
         #: Wildcard subscriptions by (connection, subscription id).
         self.wild = Wildcards()
+        engine.count_patterns(self.wild.distinct)  # (one budget with TMQP's pattern joins)
         #: ``browser-end:false`` browsers at the end of their queue (engine_browse).
         self.followers = Followers()
         #: Per connection: the channels it consumes exclusively, its temporary channels.
@@ -759,7 +760,7 @@ class EngineDoor:
             wild = Wild(conn, tuple(patterns), prefetch, exclusive, extras=extras)
             limit = self.engine.config.limits.max_patterns
             new = self.wild.new_patterns(wild)
-            if new and self.wild.distinct() + new > limit:
+            if new and self.engine.patterns_held() + new > limit:  # (both doors)
                 raise Refused(f"too many distinct wildcard patterns (max_patterns={limit})", out)
         for destination in destinations:
             if destination.wildcard:
