@@ -28,6 +28,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from broker.engine.queue.queue import Queue
 from broker.stomp.engine_mapping import QUEUE_ID
 from tests.polling import wait_until
 from tests.stomp.engine_side import Engineside, RawClient, header
@@ -83,7 +84,9 @@ def _small_consumer(side: Engineside) -> RawClient:
 
 
 def _held(side: Engineside) -> int:
-    return int(side.door.stats()["stomp"]["held_deliveries"])
+    figures = side.door.stats()["stomp"]
+    assert isinstance(figures, dict)
+    return int(figures["held_deliveries"])
 
 
 def _fill_until_held(side: Engineside, count: int = 1) -> None:
@@ -177,7 +180,7 @@ def _names(bodies: list[bytes]) -> list[str]:
     return [b.split(b"-.", 1)[0].rstrip(b"-").decode() for b in bodies]
 
 
-def _queue(side: Engineside, name: str):  # type: ignore[no-untyped-def]
+def _queue(side: Engineside, name: str) -> Queue:
     return side.engine.channels[name].queues[QUEUE_ID]
 
 
