@@ -7,8 +7,8 @@ One door fills the broker, the other's next pattern is refused, nothing else bre
 freeing one (a leave, an UNSUBSCRIBE, a disconnect, a holder killed with SIGKILL) lets the
 next one in.  A client joining and leaving in a loop leaves nothing behind (the engine's
 ``patterns`` figure returns to 0).  Real sockets: a TMQP server and a STOMP listener on
-one engine (``tests.stomp.two_doors``), small limits so the tests stay fast (the same
-code counts up to the default 1,000).
+one engine (``tests.stomp.two_doors``), small limits so the tests stay fast (and once
+at the default 1,000).
 """
 
 from __future__ import annotations
@@ -286,3 +286,30 @@ def test_joining_and_leaving_in_a_loop_leaks_nothing(
         assert _patterns(broker) == MAX_PATTERNS
     finally:
         stomp.close()
+
+
+def test_the_default_limit_of_1000_spans_both_doors(zctx: Ctx) -> None:
+    """At the defaults: one STOMP connection holds 1,000 wildcards (its own limit of
+    subscriptions too), a TMQP pattern join is then 482; one UNSUBSCRIBE lets it in."""
+    limit = Limits().max_patterns
+    broker = Broker(zctx)
+    client = Client(broker.endpoint, context=broker.zctx, timeout=WAIT).connect()
+    holder = Stomp(broker.listener.port)
+    try:
+        holder.send(
+            b"".join(
+                b"SUBSCRIBE\nid:w%d\ndestination:/topic/w%d.*\n\n\x00" % (i, i)
+                for i in range(limit)
+            )
+            + b"BEGIN\ntransaction:t\nreceipt:all\n\n\x00"
+        )
+        assert holder.next_frame().startswith(b"RECEIPT\nreceipt-id:all")
+        assert _patterns(broker) == limit
+        _join_refused(client, "late.*")
+        holder.unsubscribe("w0")
+        client.join_pattern("late.*")
+        assert _patterns(broker) == limit
+    finally:
+        holder.close()
+        client.close()
+        broker.stop()
