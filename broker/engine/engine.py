@@ -1709,6 +1709,17 @@ class Engine:
         """Direct requests still waiting for a response."""
         return len(self.client_registry.requests)
 
+    def count_patterns(self, held: Callable[[], int]) -> None:
+        """A door holding patterns of its own (STOMP wildcards) counts them with the
+        engine's: ``held()``, read on the engine thread, is added to :meth:`patterns_held`,
+        which ``Limits.max_patterns`` bounds (broker-wide, every door together)."""
+        self.parts.channels.patterns.count_elsewhere(held)
+
+    def patterns_held(self) -> int:
+        """Distinct patterns held at once, every door together (``patterns`` in the
+        statistics)."""
+        return self.parts.channels.patterns.held()
+
     def _counts(self) -> models.EngineCounts:
         return models.EngineCounts(
             node=self.config.node_name,
@@ -1717,5 +1728,6 @@ class Engine:
             routers=len(self.routers),
             errors=self.errors,
             unmatched_acks=self.unmatched_acks,
+            patterns=self.patterns_held(),
             limits=self.config.limits.table(),
         )

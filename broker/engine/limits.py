@@ -57,8 +57,10 @@ class Limits:
     max_joined_channels: int = 1_000
     #: Pattern joins (``JOIN`` with ``Pattern: yes``) of one client at once.
     max_pattern_joins: int = 16
-    #: Distinct pattern texts joined at once (per broker): each is tried once per channel
-    #: created; a pattern another client joined already costs nothing more.
+    #: Distinct pattern texts held at once (per broker, every door together: TMQP pattern
+    #: joins and STOMP wildcard subscriptions, a text each door holds counting once per
+    #: door; ``patterns`` in the statistics): each is tried once per channel created; a
+    #: pattern another client of the same door holds already costs nothing more.
     max_patterns: int = 1_000
     #: Event subscriptions (event, channel, queue filters) of one client.
     max_event_subscriptions: int = 1_000

@@ -203,6 +203,8 @@ class EngineCounts:
     routers: int
     errors: int
     unmatched_acks: int
+    #: Distinct patterns held (TMQP pattern joins and STOMP wildcards).
+    patterns: int
     limits: dict[str, int]
 
 
@@ -237,6 +239,7 @@ def engine_totals(counts: EngineCounts, channels: Collection[Channel[QV]]) -> di
         "routers": counts.routers,
         "errors": counts.errors + errors,
         "unmatched_acks": counts.unmatched_acks,
+        "patterns": counts.patterns,
         "received": received,
         "sent": sent,
         "deliveries": deliveries,

@@ -360,7 +360,7 @@ def join_pattern(
         return
     if len(joins) >= parts.config.limits.max_pattern_joins:
         raise _error(ResultCode.LIMIT_EXCEEDED, "this client has too many pattern joins")
-    if len(patterns) >= parts.config.limits.max_patterns and not patterns.joined(text):
+    if patterns.held() >= parts.config.limits.max_patterns and not patterns.joined(text):
         raise _error(ResultCode.LIMIT_EXCEEDED, "the broker has too many distinct patterns")
     held = PatternJoin(pattern, prefetch)
     patterns.add(client.id, held)

@@ -30,7 +30,7 @@ channel registry joins and leaves, ``broker.engine.channels``).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Generic, TypeVar
@@ -333,6 +333,18 @@ class PatternJoins:
         #: channel registry reads it per channel created: an attribute, not a call).
         self.by_client: dict[str, dict[str, PatternJoin]] = {}
         self._index: PatternIndex[str] = PatternIndex()
+        #: The counts of the patterns other doors hold (STOMP wildcards): one broker-wide
+        #: budget, ``Limits.max_patterns``, for every door (:meth:`held`).
+        self._elsewhere: list[Callable[[], int]] = []
+
+    def count_elsewhere(self, held: Callable[[], int]) -> None:
+        """Count the patterns ``held()`` says another door holds in :meth:`held`."""
+        self._elsewhere.append(held)
+
+    def held(self) -> int:
+        """Distinct patterns the broker holds: joined here, and held by other doors
+        (a text each door holds counts once per door)."""
+        return len(self._index) + sum(count() for count in self._elsewhere)
 
     def of(self, client_id: str) -> dict[str, PatternJoin]:
         """The client's pattern joins (empty if none; do not change it)."""

@@ -626,11 +626,38 @@ class EngineBackend:
             credit, taken = sub.topic_credit, conn.topic_taken
             for tag in [t for t, (c, _n) in taken.items() if c is credit]:
                 del taken[tag]
+        returned = self._return_held(connection_id, conn, settles)
         door = self.door
-        self._submit(lambda now: door.op_settle(connection_id, settles, 0, now))
+        leaving = names if returned else []
+        self._submit(lambda now: door.op_settle(connection_id, settles, returned, now, leaving))
         self._submit(lambda now: door.op_unsubscribe(connection_id, names, now))
         if sub.patterns:
             self._submit(lambda now: door.op_drop_wildcard(connection_id, subscription_id, now))
+
+    def _return_held(
+        self, connection_id: int, conn: _Conn, settles: list[tuple[str, int, str, bool]]
+    ) -> int:
+        """A subscription went: the deliveries at the front of ``held`` that no
+        subscription of the connection takes now leave it, reported taken and nacked
+        (appended to ``settles``, after the unacknowledged ones): back to the queue now,
+        in delivery order, in one settle -- not when the connection has room again (never,
+        if its reader stopped), each put back ahead of the ones returned before it (the
+        queue's order reversed).  Only the front: the engine counts taken deliveries in
+        the order it handed them over, so one behind a delivery still held for another
+        subscription waits for it (``_deliver_to`` returns it then).  Returns how many."""
+        held = conn.held
+        returned = 0
+        while held:
+            message = held[0]
+            if message.target in conn.by_channel or self._wildcard_sub(
+                connection_id, conn, message.target
+            ):
+                break
+            held.popleft()
+            returned += 1
+            if message.wants_ack:
+                settles.append((message.target, message.content_type, message.message_id, False))
+        return returned
 
     def ack(self, connection_id: int, tags: Sequence[int]) -> None:
         self._settle(connection_id, tags, True)

@@ -120,6 +120,7 @@ class EngineDoor:
         self.client_of: dict[int, str] = {}
         #: Wildcard subscriptions by (connection, subscription id).
         self.wild = Wildcards()
+        engine.count_patterns(self.wild.distinct)  # (one budget with TMQP's pattern joins)
         #: ``browser-end:false`` browsers at the end of their queue (engine_browse).
         self.followers = Followers()
         #: Per connection: the channels it consumes exclusively, its temporary channels.
@@ -759,7 +760,7 @@ class EngineDoor:
             wild = Wild(conn, tuple(patterns), prefetch, exclusive, extras=extras)
             limit = self.engine.config.limits.max_patterns
             new = self.wild.new_patterns(wild)
-            if new and self.wild.distinct() + new > limit:
+            if new and self.engine.patterns_held() + new > limit:  # (both doors)
                 raise Refused(f"too many distinct wildcard patterns (max_patterns={limit})", out)
         for destination in destinations:
             if destination.wildcard:
@@ -927,13 +928,18 @@ class EngineDoor:
         settles: Sequence[tuple[str, int, str, bool]],
         counts: int,
         now: float,
+        leaving: Sequence[str] = (),
     ) -> list[Outgoing]:
-        """Report ``counts`` deliveries taken, then acknowledge (True) or nack each."""
+        """Report ``counts`` deliveries taken, then acknowledge (True) or nack each.
+        ``leaving``: channels no longer acknowledged by taking (``ack:auto`` ended: the
+        deliveries reported taken here were never written, and are nacked)."""
         client_id = self.client_of.get(conn)
         out: list[Outgoing] = []
         if client_id is None:
             return out
         engine = self.engine
+        for channel in leaving:
+            engine.acknowledge_taken(client_id, channel, on=False)
         if counts:
             out.extend(engine.transmitted({client_id: counts}, now))
         if settles:
