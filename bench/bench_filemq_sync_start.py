@@ -15,10 +15,11 @@ and notes, as wall time since this script launched it and as the process's CPU t
   imports         ``filemq.cli`` and ``filemq.client`` imported (pyzmq among them):
                   the step's CPU, and how many modules ``sys.modules`` then holds
   first ICANHAZ   the ICANHAZ handed to the socket (parser, logging, the client made,
-                  DEST locked, connect and OHAI, the saved index loaded, DEST re-stat,
-                  the ICANHAZ encoded): the time since exec
-  total           the process's exit (the answer, the index kept, the context ended):
-                  wall from launch to ``wait4``, CPU from its rusage
+                  DEST locked, connect, OHAI / OHAI-OK, the ICANHAZ made from the saved
+                  index file, DEST's default one: its cache and ATTRS): the time since exec
+  main returned   the saved index loaded, DEST re-stat (while the server answers), the
+                  answer's end marker, the index kept, the context ended
+  total           the process's exit: wall from launch to ``wait4``, CPU from its rusage
 
 beside the modules it holds at the end.  Then the import alone, in many short
 processes in turns (``--import-runs``, default 30): the whole process CPU of ``python -c
@@ -114,6 +115,7 @@ def main() -> int:
 
         compileall.compile_dir(str(args.base), quiet=1)
     work = Path(tempfile.mkdtemp(prefix="bench-sync-start-", dir=args.dir))
+    os.environ["XDG_CACHE_HOME"] = str(work / "cache")  # (the mirrors' index files: in work)
     marks: dict[str, list[dict[str, tuple[float, float, int]]]] = {k: [] for k in trees}
     totals: dict[str, list[tuple[float, float]]] = {k: [] for k in trees}
     modules: dict[str, set[str]] = {}
@@ -127,7 +129,7 @@ def main() -> int:
         syncs = {}
         for kind, tree in trees.items():
             dest = work / f"d-{kind}"
-            sync_args = [server.endpoint, str(dest), "--once", "--index", f"{dest}.idx"]
+            sync_args = [server.endpoint, str(dest), "--once"]  # (the default index path)
             done = subprocess.run(
                 [*FILEMQ, "sync", *sync_args], env=_tree_env(tree), capture_output=True
             )
