@@ -45,8 +45,8 @@ def path_key(ident: bytes) -> str:
 
     CPython's own SHA-1 (``_sha1``) when it has one: ``hashlib``'s import initialises
     OpenSSL (~3 ms CPU, 3% of a no-change ``filemq sync`` of 10,000 files: issue 15,
-    session 19) for a hash of one short name; the digest is the same, so are the names.  (Files are hashed with ``hashlib``: OpenSSL's is the
-    fast one for contents.)"""
+    session 19) for a hash of one short name; the digest is the same, so are the names.
+    (Files are hashed with ``hashlib``: OpenSSL's is the fast one for contents.)"""
     try:
         from _sha1 import sha1  # type: ignore[import-not-found]  # (CPython, no stub)
     except ImportError:  # (another interpreter: hashlib has it)
