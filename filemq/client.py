@@ -193,7 +193,7 @@ from filemq.mirror import DIRECT_MIN, TEMP_PREFIX, Mirror
 from filemq.paths import UnsafePathError, all_relative_safe, relative_inside
 from filemq.placer import Placer
 from filemq.progress import PLAIN_EVERY, Progress
-from filemq.state import load_index
+from filemq.state import load_index, path_key
 from zerohub import zmqkit
 
 if TYPE_CHECKING:  # imported when an event is emitted: start-up time of `filemq sync`
@@ -1340,8 +1340,6 @@ def _receive(sock: zmq.Socket[Any]) -> list[Any]:
 
 def default_index_path(dest: str | os.PathLike[str]) -> Path:
     """Where ``filemq sync`` keeps DEST's index between runs (outside DEST)."""
-    import hashlib  # deferred: OpenSSL's start-up cost only when a default path is needed
-
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    key = hashlib.sha1(os.fsencode(os.path.realpath(dest))).hexdigest()[:20]
+    key = path_key(os.fsencode(os.path.realpath(dest)))
     return base / "filemq" / "mirrors" / f"{key}.idx"

@@ -61,7 +61,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from filemq.engine import (
     DEFAULT_CREDIT_WINDOW,
@@ -86,7 +86,9 @@ from filemq.meta import (
     parse_entry,
 )
 from filemq.paths import UnsafePathError, relative_parts, under_prefix, virtual_path
-from filemq.ratelimit import TokenBucket, burst_for
+
+if TYPE_CHECKING:  # imported by a capped session only (start-up of every `filemq sync`)
+    from filemq.ratelimit import TokenBucket
 
 __all__ = [
     "ClientSession",
@@ -319,7 +321,11 @@ class ClientSession:
         if window < 1:
             raise ValueError("window must be >= 1 byte")
         #: Bandwidth cap (bytes/s): credit is granted through this bucket.
-        self.bucket = None if rate is None else TokenBucket(rate, burst_for(rate), now)
+        self.bucket: TokenBucket | None = None
+        if rate is not None:
+            from filemq.ratelimit import TokenBucket, burst_for
+
+            self.bucket = TokenBucket(rate, burst_for(rate), now)
         if self.bucket is not None:
             window = min(window, int(self.bucket.burst))
         self.listing = listing

@@ -84,7 +84,7 @@ import logging
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from filemq.engine import HEADER_MTIME, HEADER_SHA1, HEADER_SIZE
 from filemq.index import NODE_DIR, NODE_SYMLINK, FileEntry, FileIndex, Node
@@ -102,8 +102,10 @@ from filemq.paths import (
     safe_target,
     set_attrs_beneath,
 )
-from filemq.stagedwriter import StagedWriter
 from filemq.writer import ChunkWriter, write_all
+
+if TYPE_CHECKING:  # imported by a --direct-io file only (start-up of every `filemq sync`)
+    from filemq.stagedwriter import StagedWriter
 
 __all__ = [
     "DIRECT_MIN",
@@ -435,6 +437,8 @@ class Mirror:
         threads: one thread writing then hashing each chunk hot saved 0.1-0.4 CPU s per
         GiB plain, none over CURVE, and serialised the two: docs/performance.md, sha18)."""
         if self.direct_min is not None and version is not None and version.size >= self.direct_min:
+            from filemq.stagedwriter import StagedWriter
+
             return StagedWriter(
                 self._fd, self._sha1, size=size, journal=self._journal, direct=True
             )
