@@ -15,19 +15,24 @@ Rows: auto-ack with fire-and-forget SENDs (the producer's clock stops at the con
 last message), and the same with a ``receipt`` on every SEND (the producer's clock stops
 when every RECEIPT is in).  stomp.py itself is usually the limit: the "send loop" column
 is the rate of the producer's ``send`` calls alone, and the "stomp.py ceiling" rows run
-the same clients through a trivial relay (:func:`relay`: no queue, no checks), so the
-table says how close a broker comes to the client's own limit.
+the same clients through a trivial relay (:func:`relay`: no queue, no checks, one
+``selectors`` loop), the fastest server these clients can have, so the table says how
+close a broker comes to the client's own limit.
 
 With ``--raw`` every broker is also driven by minimal raw-socket clients (SEND frames
 built once and written in batches; the consumer counts NULs): the client costs next to
-nothing, so those rows show the broker's own rate.  The last column is the broker
-process's CPU time per message (``/proc``; for RabbitMQ its Erlang VM): on a machine
-shared with other work it varies far less than msg/s; "clients CPU" is the producer's
-and the consumer's together (stomp.py's own cost, the ceiling's other side).  With
-``--rabbitmq`` a last table gives zerohub / RabbitMQ for each case of the same run.
+nothing, so those rows show the broker's own rate.  The "broker CPU" column is the
+server process's CPU time per message (``/proc``; for RabbitMQ its Erlang VM, for the
+ceiling the relay): on a machine shared with other work it varies far less than msg/s;
+"clients CPU" is the producer's and the consumer's together (stomp.py's own cost, the
+ceiling's other side).
 
-``--turns N`` measures every server N times, this checkout and the baseline taking
-turns (the baseline first in odd turns, last in even ones), with ratio tables per turn.
+``--turns N`` measures every server N times.  In a turn all servers are up at once and
+each case runs on them back to back (the ceiling, the baseline, this checkout, RabbitMQ;
+reversed in even turns), so the machine's drift falls on a case's servers alike.  Per
+turn: ratio tables (zerohub / RabbitMQ, zerohub / baseline) and, with ``--rabbitmq``,
+issue 11's verdict per case (zerohub >= 2x RabbitMQ's msg/s? is 2x RabbitMQ within the
+ceiling, i.e. reachable by any server with these clients?), then a summary over turns.
 
 Usage: ``python bench/bench_stomp.py [--messages 10000 100000] [--rabbitmq] [--memory]
 [--raw] [--data DIR] [--baseline CHECKOUT] [--turns N]``.
@@ -37,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import multiprocessing as mp
 import os
 import resource
@@ -48,7 +52,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -427,32 +430,43 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def measure(
-    ctx: Any,
-    name: str,
-    port: int,
-    vhost: str,
-    counts: list[int],
-    raw: bool = False,
-    pid: int | None = None,
-) -> list[Row]:
-    """The cases for one broker; ``pid``: its process, for the CPU column."""
-    cases = [("auto-ack", False, False), ("receipt per SEND", True, False)]
+@dataclass(frozen=True)
+class Server:
+    """A STOMP server being measured: its rows' name prefix, where it listens, and its
+    process (for the CPU column; None: not known)."""
+
+    name: str
+    port: int
+    vhost: str
+    pid: int | None
+
+
+def cases(raw: bool) -> list[tuple[str, bool, bool]]:
+    """(label, a receipt per SEND, raw-socket clients) of every case measured."""
+    found = [("auto-ack", False, False), ("receipt per SEND", True, False)]
     if raw:
-        cases += [("raw client", False, True), ("raw client, receipts", True, True)]
-    rows = []
-    for count in counts:
-        for label, receipts, raw_client in cases:
-            before = cpu_seconds(pid)
-            clients = _children_cpu()
-            rates = run_pair(ctx, port, vhost, count, receipts, raw_client)
-            clients = (_children_cpu() - clients) / count * 1e6
-            after = cpu_seconds(pid)
-            cpu = None
-            if before is not None and after is not None:
-                cpu = (after - before) / count * 1e6
-            rows.append(Row(f"{name} {label}", count, rates, cpu, clients))
-    return rows
+        found += [("raw client", False, True), ("raw client, receipts", True, True)]
+    return found
+
+
+def measure_case(
+    ctx: Any, server: Server, count: int, label: str, receipts: bool, raw_client: bool
+) -> Row:
+    """One run of one case on ``server``, with its CPU and the clients' per message."""
+    before = cpu_seconds(server.pid)
+    clients = _children_cpu()
+    rates = run_pair(ctx, server.port, server.vhost, count, receipts, raw_client)
+    clients = (_children_cpu() - clients) / count * 1e6
+    after = cpu_seconds(server.pid)
+    cpu = None
+    if before is not None and after is not None:
+        cpu = (after - before) / count * 1e6
+    return Row(f"{server.name} {label}", count, rates, cpu, clients)
+
+
+def measure(ctx: Any, server: Server, counts: list[int], raw: bool = False) -> list[Row]:
+    """Every case on one server."""
+    return [measure_case(ctx, server, count, *case) for count in counts for case in cases(raw)]
 
 
 CEILING = "stomp.py ceiling (trivial relay)"
@@ -461,40 +475,32 @@ RABBITMQ = "RabbitMQ STOMP"
 
 
 def _turn(
-    ctx: Any, args: Any, serve: list[str], turn: int, rabbit: Any, ceiling: tuple[int, int]
+    ctx: Any, args: Any, serve: list[str], turn: int, rabbit: Any, ceiling: Server
 ) -> list[Row]:
-    """One round of every server on fresh ports: the ceiling (the relay process
-    ``ceiling``: port, pid), the baseline (if any), this checkout, RabbitMQ (if any);
-    in that order in odd rounds, the reverse in even ones, so a drift in the machine's
-    load falls on all of them."""
-    rows: list[Row] = []
-
-    def relay_rows() -> None:
-        port, pid = ceiling
-        rows.extend(measure(ctx, CEILING, port, "/", args.messages, args.raw, pid))
-
-    def checkout_rows(name: str, source: str | None) -> None:
-        port = free_port()
-        serve[serve.index("--stomp") + 1] = f"tcp://127.0.0.1:{port}"
-        serve[serve.index("--bind") + 1] = f"tcp://127.0.0.1:{free_port()}"
-        with zerohub(serve, b"broker serving on", source) as proc:
-            rows.extend(measure(ctx, name, port, "localhost", args.messages, args.raw, proc.pid))
-
-    def rabbit_rows() -> None:
-        rows.extend(
-            measure(ctx, RABBITMQ, rabbit.stomp_port, "/", args.messages, args.raw, rabbit.pid)
-        )
-
-    steps: list[Callable[[], None]] = [relay_rows]
+    """One round: every server up at once (zerohub's on fresh ports), and each case run
+    on all of them back to back -- the ceiling (the relay), the baseline (if any), this
+    checkout, RabbitMQ (if any) -- in that order in odd rounds and the reverse in even
+    ones, so the machine's drift (other work on the 2 cores) falls on a case's servers
+    alike and the ceiling is measured next to the rates it bounds."""
+    checkouts = [(ZEROHUB, None)]
     if args.baseline:
-        steps.append(functools.partial(checkout_rows, f"{ZEROHUB} (baseline)", args.baseline))
-    steps.append(functools.partial(checkout_rows, ZEROHUB, None))
-    if rabbit is not None:
-        steps.append(rabbit_rows)
-    if turn % 2 == 0:
-        steps.reverse()
-    for step in steps:
-        step()
+        checkouts.insert(0, (f"{ZEROHUB} (baseline)", args.baseline))
+    rows: list[Row] = []
+    with contextlib.ExitStack() as stack:
+        servers = [ceiling]
+        for name, source in checkouts:
+            port = free_port()
+            serve[serve.index("--stomp") + 1] = f"tcp://127.0.0.1:{port}"
+            serve[serve.index("--bind") + 1] = f"tcp://127.0.0.1:{free_port()}"
+            proc = stack.enter_context(zerohub(serve, b"broker serving on", source))
+            servers.append(Server(name, port, "localhost", proc.pid))
+        if rabbit is not None:
+            servers.append(Server(RABBITMQ, rabbit.stomp_port, "/", rabbit.pid))
+        if turn % 2 == 0:
+            servers.reverse()
+        for count in args.messages:
+            for case in cases(args.raw):
+                rows += [measure_case(ctx, server, count, *case) for server in servers]
     for row in rows:
         row.turn = turn
     return rows
@@ -685,7 +691,8 @@ def main(argv: list[str] | None = None) -> int:
             rabbit = RabbitMQ()
             rabbit.start()
         for turn in range(1, args.turns + 1):
-            rows += _turn(ctx, args, serve, turn, rabbit, (port, echo.pid))
+            ceiling = Server(CEILING, port, "/", echo.pid)
+            rows += _turn(ctx, args, serve, turn, rabbit, ceiling)
     finally:
         if rabbit is not None:
             rabbit.stop()
@@ -694,7 +701,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.memory:
         port = free_port()
         with zerohub(["broker.stomp", "--bind", f"tcp://127.0.0.1:{port}"], b"listening on"):
-            rows += measure(ctx, "zerohub in-memory", port, "localhost", args.messages)
+            memory = Server("zerohub in-memory", port, "localhost", None)
+            rows += measure(ctx, memory, args.messages)
     _table(rows)
     per_turn = []
     for turn in range(1, args.turns + 1):
