@@ -48,6 +48,7 @@ import resource
 import select
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -632,16 +633,19 @@ def _verdict_summary(per_turn: list[list[Verdict]]) -> None:
         return
     print(
         f"\n{'Issue 11 verdict, all turns':30} {'messages':>9} {'met':>6} "
-        f"{'2x <= ceiling':>14} {'ceiling >= zerohub':>19} {'ratio min-max':>14}"
+        f"{'2x <= ceiling':>14} {'ceiling >= zerohub':>19} {'ratio min-max':>14} "
+        f"{'median ratio':>13} {'median % of ceiling':>20}"
     )
     for (case, count), found in cases.items():
         n = len(found)
         ratios = [v.ratio for v in found]
+        shares = [100 * v.ours / v.ceiling for v in found]
         print(
             f"{case:30} {count:>9} {sum(v.met for v in found):>3}/{n:<2} "
             f"{sum(v.reachable for v in found):>11}/{n:<2} "
             f"{sum(v.ceiling >= v.ours for v in found):>16}/{n:<2} "
-            f"{min(ratios):>7.2f}-{max(ratios):<6.2f}"
+            f"{min(ratios):>7.2f}-{max(ratios):<6.2f} {statistics.median(ratios):>13.2f} "
+            f"{statistics.median(shares):>19.0f}%"
         )
 
 
