@@ -341,9 +341,10 @@ def relay(port: int, ready: Any) -> None:
     forwarded as a MESSAGE to the last subscriber.  One ``selectors`` loop (no asyncio):
     every readable socket is read once per pass (up to 256 KiB), and each peer's
     frames of that pass leave in one ``send``; ``TCP_NODELAY`` as the broker's listener
-    has it.  Not ``TCP_QUICKACK`` after each read: stomp.py's producer (Nagle on) then
-    sends a segment per frame or two, and at 10k auto-ack that relay ran at 64-77k msg/s
-    against 57-88k without it (8 turns side by side, load ~2.5).  RECEIPTs leave at once
+    has it.  Not ``TCP_QUICKACK`` after each read (so that stomp.py's producer, Nagle
+    on, never waits on a delayed ACK): at 10k auto-ack that relay ran at 64-77k msg/s
+    against 57-88k without it (8 turns side by side, load ~2.5; session 18 saw the
+    broker make 2-5x the reads with it).  RECEIPTs leave at once
     (held 2-20 ms to batch them: no consistent gain)."""
     import selectors
 
