@@ -15,19 +15,24 @@ Rows: auto-ack with fire-and-forget SENDs (the producer's clock stops at the con
 last message), and the same with a ``receipt`` on every SEND (the producer's clock stops
 when every RECEIPT is in).  stomp.py itself is usually the limit: the "send loop" column
 is the rate of the producer's ``send`` calls alone, and the "stomp.py ceiling" rows run
-the same clients through a trivial relay (:func:`relay`: no queue, no checks), so the
-table says how close a broker comes to the client's own limit.
+the same clients through a trivial relay (:func:`relay`: no queue, no checks, one
+``selectors`` loop), the fastest server these clients can have, so the table says how
+close a broker comes to the client's own limit.
 
 With ``--raw`` every broker is also driven by minimal raw-socket clients (SEND frames
 built once and written in batches; the consumer counts NULs): the client costs next to
-nothing, so those rows show the broker's own rate.  The last column is the broker
-process's CPU time per message (``/proc``; for RabbitMQ its Erlang VM): on a machine
-shared with other work it varies far less than msg/s; "clients CPU" is the producer's
-and the consumer's together (stomp.py's own cost, the ceiling's other side).  With
-``--rabbitmq`` a last table gives zerohub / RabbitMQ for each case of the same run.
+nothing, so those rows show the broker's own rate.  The "broker CPU" column is the
+server process's CPU time per message (``/proc``; for RabbitMQ its Erlang VM, for the
+ceiling the relay): on a machine shared with other work it varies far less than msg/s;
+"clients CPU" is the producer's and the consumer's together (stomp.py's own cost, the
+ceiling's other side).
 
-``--turns N`` measures every server N times, this checkout and the baseline taking
-turns (the baseline first in odd turns, last in even ones), with ratio tables per turn.
+``--turns N`` measures every server N times.  In a turn all servers are up at once and
+each case runs on them back to back (the ceiling, the baseline, this checkout, RabbitMQ;
+reversed in even turns), so the machine's drift falls on a case's servers alike.  Per
+turn: ratio tables (zerohub / RabbitMQ, zerohub / baseline) and, with ``--rabbitmq``,
+issue 11's verdict per case (zerohub >= 2x RabbitMQ's msg/s? is 2x RabbitMQ within the
+ceiling, i.e. reachable by any server with these clients?), then a summary over turns.
 
 Usage: ``python bench/bench_stomp.py [--messages 10000 100000] [--rabbitmq] [--memory]
 [--raw] [--data DIR] [--baseline CHECKOUT] [--turns N]``.
@@ -43,6 +48,7 @@ import resource
 import select
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -271,60 +277,131 @@ def raw_producer(port: int, vhost: str, count: int, receipts: bool, go: Any, out
     sock.close()
 
 
+_RELAY_READ = 1 << 18  # bytes per recv: all a loop pass finds waiting, in one call
+
+
+class _RelayPeer:
+    """One client of the relay: its socket, the unfinished frame it sent last, and the
+    bytes it is owed (frames queued this loop pass, then what the socket did not take)."""
+
+    __slots__ = ("partial", "queued", "sock", "subscription", "unsent")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.partial = b""
+        self.queued: list[bytes] = []
+        self.unsent = b""
+        self.subscription = b""
+
+
+def _relay_frames(peer: _RelayPeer, data: bytes, state: dict[str, Any]) -> None:
+    """Answer the complete frames of ``data`` (after what ``peer`` left unfinished):
+    a SEND is a MESSAGE queued for the subscriber, a receipt header a RECEIPT queued for
+    the sender; nothing is checked.  Frames end at NUL (the bench's bodies hold none)."""
+    *frames, peer.partial = (peer.partial + data).split(b"\0")
+    answers = peer.queued
+    for frame in frames:
+        if frame[:1] in (b"\n", b"\r"):  # heart-beats / EOLs after the previous NUL
+            frame = frame.lstrip(b"\r\n")
+            if not frame:
+                continue
+        head, _, body = frame.partition(b"\n\n")
+        receipt = _header(head, b"\nreceipt:")
+        if receipt is not None:  # not forwarded in a MESSAGE
+            head = head.replace(b"\nreceipt:" + receipt, b"", 1)
+        if head[:5] == b"SEND\n":
+            target = state["subscriber"]
+            if target is not None:
+                state["seq"] += 1
+                target.queued.append(
+                    b"MESSAGE\nsubscription:%s\nmessage-id:%d\n%s\n\n%s\0"
+                    % (target.subscription, state["seq"], head[5:], body)
+                )
+        elif head.startswith((b"CONNECT\n", b"STOMP\n")):
+            answers.append(b"CONNECTED\nversion:1.2\n\n\0")
+        elif head.startswith(b"SUBSCRIBE\n"):
+            peer.subscription = _header(head, b"\nid:") or b"0"
+            state["subscriber"] = peer
+        if receipt is not None:
+            answers.append(b"RECEIPT\nreceipt-id:%s\n\n\0" % receipt)
+
+
+def _header(head: bytes, marker: bytes) -> bytes | None:
+    """The value of the header line starting with ``marker`` (LF + name + colon)."""
+    at = head.find(marker)
+    if at < 0:
+        return None
+    stop = head.find(b"\n", at + len(marker))
+    return head[at + len(marker) :] if stop < 0 else head[at + len(marker) : stop]
+
+
 def relay(port: int, ready: Any) -> None:
-    """The client's ceiling: a trivial STOMP relay (no queue, no acknowledgements, no
-    checks): CONNECTED, a RECEIPT when asked, each SEND forwarded at once as a MESSAGE
-    to the first subscriber.  Frames are cut at NUL (the bench's bodies hold none)."""
-    import asyncio
+    """The client's ceiling: the least a STOMP server can do for these clients.  No
+    queue, no acknowledgements, no checks: CONNECTED, a RECEIPT when asked, each SEND
+    forwarded as a MESSAGE to the last subscriber.  One ``selectors`` loop (no asyncio):
+    every readable socket is read once per pass (up to 256 KiB), and each peer's
+    frames of that pass leave in one ``send``; ``TCP_NODELAY`` as the broker's listener
+    has it.  Not ``TCP_QUICKACK`` after each read (so that stomp.py's producer, Nagle
+    on, never waits on a delayed ACK): at 10k auto-ack that relay ran at 64-77k msg/s
+    against 57-88k without it (8 turns side by side, load ~2.5; session 18 saw the
+    broker make 2-5x the reads with it).  RECEIPTs leave at once
+    (held 2-20 ms to batch them: no consistent gain)."""
+    import selectors
 
-    async def main() -> None:
-        subscribers: list[tuple[asyncio.StreamWriter, bytes]] = []
-
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            buf, seq = b"", 0
-            while data := await reader.read(65536):
-                *frames, buf = (buf + data).split(b"\0")
-                out: list[bytes] = []
-                forward: list[bytes] = []
-                close = False
-                for raw in frames:
-                    raw = raw.lstrip(b"\r\n")
-                    if not raw:
-                        continue
-                    head, _, body = raw.partition(b"\n\n")
-                    command, *lines = head.split(b"\n")
-                    headers = dict(line.split(b":", 1) for line in lines if b":" in line)
-                    if command in (b"CONNECT", b"STOMP"):
-                        out.append(b"CONNECTED\nversion:1.2\n\n\0")
-                    elif command == b"SUBSCRIBE":
-                        subscribers.append((writer, headers.get(b"id", b"0")))
-                    elif command == b"SEND" and subscribers:
-                        seq += 1
-                        forward.append(
-                            b"MESSAGE\nsubscription:%s\nmessage-id:%d\ndestination:%s\n"
-                            b"content-length:%d\n\n%s\0"
-                            % (subscribers[0][1], seq, headers[b"destination"], len(body), body)
-                        )
-                    elif command == b"DISCONNECT":
-                        close = True
-                    if b"receipt" in headers:
-                        out.append(b"RECEIPT\nreceipt-id:%s\n\n\0" % headers[b"receipt"])
-                if forward:
-                    subscribers[0][0].write(b"".join(forward))
-                if out:
-                    writer.write(b"".join(out))
-                await writer.drain()
-                if close:
-                    break
-            subscribers[:] = [s for s in subscribers if s[0] is not writer]
-            writer.close()
-
-        server = await asyncio.start_server(handle, "127.0.0.1", port)
-        ready.set()
-        async with server:
-            await server.serve_forever()
-
-    asyncio.run(main())
+    selector = selectors.DefaultSelector()
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", port))
+    server.listen(16)
+    server.setblocking(False)
+    selector.register(server, selectors.EVENT_READ)
+    peers: dict[socket.socket, _RelayPeer] = {}
+    state: dict[str, Any] = {"subscriber": None, "seq": 0}
+    ready.set()
+    while True:
+        for key, mask in selector.select():
+            sock = key.fileobj
+            assert isinstance(sock, socket.socket)
+            if sock is server:
+                conn, _ = server.accept()
+                conn.setblocking(False)
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                peers[conn] = _RelayPeer(conn)
+                selector.register(conn, selectors.EVENT_READ)
+                continue
+            peer = peers.get(sock)
+            if peer is None or not mask & selectors.EVENT_READ:
+                continue
+            try:
+                data = sock.recv(_RELAY_READ)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                selector.unregister(sock)
+                sock.close()
+                del peers[sock]
+                if state["subscriber"] is peer:
+                    state["subscriber"] = None
+                continue
+            _relay_frames(peer, data, state)
+        for peer in peers.values():
+            if not (peer.queued or peer.unsent):
+                continue
+            had_unsent = bool(peer.unsent)
+            out = peer.unsent + b"".join(peer.queued)
+            peer.queued.clear()
+            try:
+                sent = peer.sock.send(out)
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                sent = len(out)  # gone: its EOF comes next pass
+            peer.unsent = out[sent:]
+            if bool(peer.unsent) != had_unsent:
+                events = selectors.EVENT_READ | (selectors.EVENT_WRITE if peer.unsent else 0)
+                selector.modify(peer.sock, events)
 
 
 def run_pair(
@@ -354,54 +431,77 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def measure(
-    ctx: Any,
-    name: str,
-    port: int,
-    vhost: str,
-    counts: list[int],
-    raw: bool = False,
-    pid: int | None = None,
-) -> list[Row]:
-    """The cases for one broker; ``pid``: its process, for the CPU column."""
-    cases = [("auto-ack", False, False), ("receipt per SEND", True, False)]
+@dataclass(frozen=True)
+class Server:
+    """A STOMP server being measured: its rows' name prefix, where it listens, and its
+    process (for the CPU column; None: not known)."""
+
+    name: str
+    port: int
+    vhost: str
+    pid: int | None
+
+
+def cases(raw: bool) -> list[tuple[str, bool, bool]]:
+    """(label, a receipt per SEND, raw-socket clients) of every case measured."""
+    found = [("auto-ack", False, False), ("receipt per SEND", True, False)]
     if raw:
-        cases += [("raw client", False, True), ("raw client, receipts", True, True)]
-    rows = []
-    for count in counts:
-        for label, receipts, raw_client in cases:
-            before = cpu_seconds(pid)
-            clients = _children_cpu()
-            rates = run_pair(ctx, port, vhost, count, receipts, raw_client)
-            clients = (_children_cpu() - clients) / count * 1e6
-            after = cpu_seconds(pid)
-            cpu = None
-            if before is not None and after is not None:
-                cpu = (after - before) / count * 1e6
-            rows.append(Row(f"{name} {label}", count, rates, cpu, clients))
-    return rows
+        found += [("raw client", False, True), ("raw client, receipts", True, True)]
+    return found
 
 
-def _turn(ctx: Any, args: Any, serve: list[str], turn: int, rabbit: Any) -> list[Row]:
-    """One round: this checkout and the baseline (if any) in turns -- the baseline first
-    in odd rounds, last in even ones, so a drift in the machine's load falls on both --
-    then RabbitMQ (if any); each server on fresh ports."""
-    rows: list[Row] = []
-    turns: list[tuple[str, str | None]] = [("zerohub serve --stomp", None)]
+def measure_case(
+    ctx: Any, server: Server, count: int, label: str, receipts: bool, raw_client: bool
+) -> Row:
+    """One run of one case on ``server``, with its CPU and the clients' per message."""
+    before = cpu_seconds(server.pid)
+    clients = _children_cpu()
+    rates = run_pair(ctx, server.port, server.vhost, count, receipts, raw_client)
+    clients = (_children_cpu() - clients) / count * 1e6
+    after = cpu_seconds(server.pid)
+    cpu = None
+    if before is not None and after is not None:
+        cpu = (after - before) / count * 1e6
+    return Row(f"{server.name} {label}", count, rates, cpu, clients)
+
+
+def measure(ctx: Any, server: Server, counts: list[int], raw: bool = False) -> list[Row]:
+    """Every case on one server."""
+    return [measure_case(ctx, server, count, *case) for count in counts for case in cases(raw)]
+
+
+CEILING = "stomp.py ceiling (trivial relay)"
+ZEROHUB = "zerohub serve --stomp"
+RABBITMQ = "RabbitMQ STOMP"
+
+
+def _turn(
+    ctx: Any, args: Any, serve: list[str], turn: int, rabbit: Any, ceiling: Server
+) -> list[Row]:
+    """One round: every server up at once (zerohub's on fresh ports), and each case run
+    on all of them back to back -- the ceiling (the relay), the baseline (if any), this
+    checkout, RabbitMQ (if any) -- in that order in odd rounds and the reverse in even
+    ones, so the machine's drift (other work on the 2 cores) falls on a case's servers
+    alike and the ceiling is measured next to the rates it bounds."""
+    checkouts = [(ZEROHUB, None)]
     if args.baseline:
-        turns.insert(0, ("zerohub serve --stomp (baseline)", args.baseline))
+        checkouts.insert(0, (f"{ZEROHUB} (baseline)", args.baseline))
+    rows: list[Row] = []
+    with contextlib.ExitStack() as stack:
+        servers = [ceiling]
+        for name, source in checkouts:
+            port = free_port()
+            serve[serve.index("--stomp") + 1] = f"tcp://127.0.0.1:{port}"
+            serve[serve.index("--bind") + 1] = f"tcp://127.0.0.1:{free_port()}"
+            proc = stack.enter_context(zerohub(serve, b"broker serving on", source))
+            servers.append(Server(name, port, "localhost", proc.pid))
+        if rabbit is not None:
+            servers.append(Server(RABBITMQ, rabbit.stomp_port, "/", rabbit.pid))
         if turn % 2 == 0:
-            turns.reverse()
-    for name, source in turns:
-        port = free_port()
-        serve[serve.index("--stomp") + 1] = f"tcp://127.0.0.1:{port}"
-        serve[serve.index("--bind") + 1] = f"tcp://127.0.0.1:{free_port()}"
-        with zerohub(serve, b"broker serving on", source) as proc:
-            rows += measure(ctx, name, port, "localhost", args.messages, args.raw, proc.pid)
-    if rabbit is not None:
-        rows += measure(
-            ctx, "RabbitMQ STOMP", rabbit.stomp_port, "/", args.messages, args.raw, rabbit.pid
-        )
+            servers.reverse()
+        for count in args.messages:
+            for case in cases(args.raw):
+                rows += [measure_case(ctx, server, count, *case) for server in servers]
     for row in rows:
         row.turn = turn
     return rows
@@ -463,6 +563,92 @@ def _ratios(rows: list[Row], turn: str) -> None:
     )
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """Issue 11's target for one case of one turn: zerohub >= 2x RabbitMQ's msg/s with
+    the same clients, against the ceiling (the relay, same turn) that bounds any server."""
+
+    case: str
+    count: int
+    ours: float
+    rabbit: float
+    ceiling: float
+
+    @property
+    def ratio(self) -> float:
+        return self.ours / self.rabbit
+
+    @property
+    def reachable(self) -> bool:
+        """2x RabbitMQ is at or below the ceiling: some server could do it with these
+        clients on this machine in this turn."""
+        return 2 * self.rabbit <= self.ceiling
+
+    @property
+    def met(self) -> bool:
+        return self.ours >= 2 * self.rabbit
+
+
+def verdicts(rows: list[Row]) -> list[Verdict]:
+    """One :class:`Verdict` per case and count of ``rows`` (one turn) that has a
+    zerohub, a RabbitMQ and a ceiling row."""
+    rates = {(r.name, r.count): r.rates[0] for r in rows}
+    found = []
+    for row in rows:
+        if not row.name.startswith(ZEROHUB + " ") or "(baseline)" in row.name:
+            continue
+        case = row.name.removeprefix(ZEROHUB + " ")
+        rabbit = rates.get((f"{RABBITMQ} {case}", row.count))
+        ceiling = rates.get((f"{CEILING} {case}", row.count))
+        if rabbit is not None and ceiling is not None:
+            found.append(Verdict(case, row.count, row.rates[0], rabbit, ceiling))
+    return found
+
+
+def _verdict_table(found: list[Verdict], turn: str) -> None:
+    if not found:
+        return
+    print(
+        f"\nIssue 11 verdict{turn:10} {'messages':>9} {'zerohub':>8} {'RabbitMQ':>9} "
+        f"{'ratio':>6} {'ceiling':>8} {'2x RabbitMQ':>12} {'2x <= ceiling':>14} "
+        f"{'zerohub % of ceiling':>21} {'met':>4}"
+    )
+    for v in found:
+        print(
+            f"{v.case:26} {v.count:>9} {v.ours:>8.0f} {v.rabbit:>9.0f} {v.ratio:>6.2f} "
+            f"{v.ceiling:>8.0f} {2 * v.rabbit:>12.0f} {'yes' if v.reachable else 'no':>14} "
+            f"{100 * v.ours / v.ceiling:>20.0f}% {'yes' if v.met else 'no':>4}"
+        )
+
+
+def _verdict_summary(per_turn: list[list[Verdict]]) -> None:
+    """Across turns, per case: in how many turns the target was met, 2x RabbitMQ was
+    within the ceiling, and the ceiling was at least zerohub's rate (a ceiling below a
+    real server's rate in the same turn is noise or a slow relay, not a bound)."""
+    cases: dict[tuple[str, int], list[Verdict]] = {}
+    for found in per_turn:
+        for v in found:
+            cases.setdefault((v.case, v.count), []).append(v)
+    if not cases:
+        return
+    print(
+        f"\n{'Issue 11 verdict, all turns':30} {'messages':>9} {'met':>6} "
+        f"{'2x <= ceiling':>14} {'ceiling >= zerohub':>19} {'ratio min-max':>14} "
+        f"{'median ratio':>13} {'median % of ceiling':>20}"
+    )
+    for (case, count), found in cases.items():
+        n = len(found)
+        ratios = [v.ratio for v in found]
+        shares = [100 * v.ours / v.ceiling for v in found]
+        print(
+            f"{case:30} {count:>9} {sum(v.met for v in found):>3}/{n:<2} "
+            f"{sum(v.reachable for v in found):>11}/{n:<2} "
+            f"{sum(v.ceiling >= v.ours for v in found):>16}/{n:<2} "
+            f"{min(ratios):>7.2f}-{max(ratios):<6.2f} {statistics.median(ratios):>13.2f} "
+            f"{statistics.median(shares):>19.0f}%"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, nargs="+", default=[10_000, 100_000])
@@ -497,35 +683,39 @@ def main(argv: list[str] | None = None) -> int:
     ready = ctx.Event()
     echo = ctx.Process(target=relay, args=(port, ready), daemon=True)
     echo.start()
-    ready.wait(60)
-    try:
-        rows += measure(
-            ctx, "stomp.py ceiling (trivial relay)", port, "/", args.messages, args.raw
-        )
-    finally:
-        echo.kill()
-        echo.join(30)
     rabbit = None
-    if args.rabbitmq:
-        sys.path.insert(0, str(Path(__file__).parent))
-        from bench_broker import RabbitMQ
-
-        RabbitMQ.install()
-        rabbit = RabbitMQ()
-        rabbit.start()
     try:
+        if not ready.wait(60) or echo.pid is None:
+            raise SystemExit("the relay (stomp.py ceiling) did not start")
+        if args.rabbitmq:
+            sys.path.insert(0, str(Path(__file__).parent))
+            from bench_broker import RabbitMQ
+
+            RabbitMQ.install()
+            rabbit = RabbitMQ()
+            rabbit.start()
         for turn in range(1, args.turns + 1):
-            rows += _turn(ctx, args, serve, turn, rabbit)
+            ceiling = Server(CEILING, port, "/", echo.pid)
+            rows += _turn(ctx, args, serve, turn, rabbit, ceiling)
     finally:
         if rabbit is not None:
             rabbit.stop()
+        echo.kill()
+        echo.join(30)
     if args.memory:
         port = free_port()
         with zerohub(["broker.stomp", "--bind", f"tcp://127.0.0.1:{port}"], b"listening on"):
-            rows += measure(ctx, "zerohub in-memory", port, "localhost", args.messages)
+            memory = Server("zerohub in-memory", port, "localhost", None)
+            rows += measure(ctx, memory, args.messages)
     _table(rows)
+    per_turn = []
     for turn in range(1, args.turns + 1):
-        _ratios([r for r in rows if r.turn == turn], f" (turn {turn})" if args.turns > 1 else "")
+        label = f" (turn {turn})" if args.turns > 1 else ""
+        _ratios([r for r in rows if r.turn == turn], label)
+        per_turn.append(verdicts([r for r in rows if r.turn == turn]))
+    for turn, found in enumerate(per_turn, 1):
+        _verdict_table(found, f" (turn {turn})" if args.turns > 1 else "")
+    _verdict_summary(per_turn)
     return 0
 
 
