@@ -1019,6 +1019,11 @@ class SyncClient:
         done = placer.collect() if partly else placer.settle()
         outcome = None
         for chunk, result in done:  # (a list: what is added below is iterated too)
+            if type(result) is tuple and type(chunk) is FileChunk and (result[0] or not partly):
+                # a small file placed (or that did not verify, when nothing runs beside)
+                self._progress.data(len(chunk.data))
+                outcome = self._finished(session, mirror, chunk, *result) or outcome
+                continue
             if isinstance(chunk, MakeDir):
                 if isinstance(result, OSError | UnsafePathError):
                     log.error("cannot apply %s: %s", chunk.name, result)
@@ -1085,11 +1090,16 @@ class SyncClient:
         placer = self._placer
         for action in actions:
             outcome = None
+            kind = type(action)  # (the two per-file kinds by identity: no isinstance calls)
             # a whole file in one message (the placer puts it in place): inline, per file
-            if isinstance(action, FileChunk) and action.first and action.eof and not action.offset:
+            if kind is FileChunk and action.first and action.eof and not action.offset:
                 if placer.held >= placer.max_pending:  # (placed files keep their content)
                     outcome = self._settle(session, mirror, partly=True)
-            elif not isinstance(action, Send | MakeDir) and not placer.settled:
+                if outcome is not None:
+                    return outcome
+                self._chunk(session, mirror, action)
+                continue
+            if kind is not Send and kind is not MakeDir and not placer.settled:
                 # (nothing else beside the placer: a Send touches no file, credit goes
                 # out at once; a folder is made by the placer, in order)
                 outcome = self._settle(session, mirror)
