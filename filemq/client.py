@@ -721,6 +721,7 @@ class SyncClient:
         self._lost = ""
         self._full = ""
         try:
+            recv = sock.recv
             poller = zmq.Poller()
             poller.register(sock, zmq.POLLIN)
             poller.register(monitor.socket, zmq.POLLIN)
@@ -749,11 +750,12 @@ class SyncClient:
                 if sock in events:
                     drained = False  # the socket ran out of messages (else: more wait)
                     for _ in range(_RECV_BUDGET):
-                        try:
-                            frames = _receive(sock)
+                        try:  # (a message's first frame, once per file; ``_rest``: the others)
+                            frame = recv(_NOBLOCK, copy=False)
                         except zmq.Again:
                             drained = True
                             break
+                        frames = _rest(sock, frame) if frame.more else [frame]
                         self._answered = True
                         outcome = self._perform(session, mirror, session.receive(frames, now))
                         if outcome is None and self._full:
@@ -1335,12 +1337,12 @@ def _make_dir(mirror: Mirror, action: MakeDir) -> tuple[bool, str]:
     return True, ""
 
 
-def _receive(sock: zmq.Socket[Any]) -> list[Any]:
-    """The frames of one message waiting on ``sock`` (``zmq.Again``: none), as
-    ``recv_multipart(NOBLOCK, copy=False)`` gives them, without its ``RCVMORE`` option
-    read per frame (each frame says whether more follow): called once per file.
-    (``copy=False``: a chunk is decoded in place, ``fmq_msg``'s frame_view.)"""
-    frame = sock.recv(_NOBLOCK, copy=False)
+def _rest(sock: zmq.Socket[Any], frame: Any) -> list[Any]:
+    """The frames of a message of several whose first, ``frame``, was received (the
+    receive loop takes a one-frame message itself), as ``recv_multipart(NOBLOCK,
+    copy=False)`` gives them, without its ``RCVMORE`` option read per frame (each frame
+    says whether more follow).  (``copy=False``: a chunk is decoded in place,
+    ``fmq_msg``'s frame_view.)"""
     frames = [frame]
     while frame.more:  # (the rest of a message is there once its first frame is)
         frame = sock.recv(_NOBLOCK, copy=False)
