@@ -89,7 +89,8 @@ def run_turn(code_dir: Path, src: Path, dest: Path, tmp: Path) -> dict[str, obje
     sout, cout = tmp / "server.json", tmp / "client.json"
     serve = [py, "-c", _CHILD, bench, "serve", str(sout), "-q", "serve"]
     serve += ["--bind", "tcp://127.0.0.1:*", "--publish", str(src), "--no-state"]
-    server = subprocess.Popen(serve, env=env, stderr=subprocess.PIPE, text=True)
+    # (run from ``tmp``: ``-c`` puts the current folder first on the path)
+    server = subprocess.Popen(serve, env=env, cwd=tmp, stderr=subprocess.PIPE, text=True)
     assert server.stderr is not None
     endpoint = ""
     for line in server.stderr:
@@ -103,7 +104,7 @@ def run_turn(code_dir: Path, src: Path, dest: Path, tmp: Path) -> dict[str, obje
     try:
         sync = [py, "-c", _CHILD, bench, "sync", str(cout), "-q", "sync", endpoint, str(dest)]
         sync += ["--once", "--no-index", "--placer", "thread"]
-        subprocess.run(sync, env=env, check=True)
+        subprocess.run(sync, env=env, cwd=tmp, check=True)
     finally:
         server.terminate()
         server.wait(60)
