@@ -721,6 +721,7 @@ class SyncClient:
         self._lost = ""
         self._full = ""
         try:
+            recv = sock.recv
             poller = zmq.Poller()
             poller.register(sock, zmq.POLLIN)
             poller.register(monitor.socket, zmq.POLLIN)
@@ -749,11 +750,12 @@ class SyncClient:
                 if sock in events:
                     drained = False  # the socket ran out of messages (else: more wait)
                     for _ in range(_RECV_BUDGET):
-                        try:
-                            frames = _receive(sock)
+                        try:  # (a message's first frame, once per file; ``_rest``: the others)
+                            frame = recv(_NOBLOCK, copy=False)
                         except zmq.Again:
                             drained = True
                             break
+                        frames = _rest(sock, frame) if frame.more else [frame]
                         self._answered = True
                         outcome = self._perform(session, mirror, session.receive(frames, now))
                         if outcome is None and self._full:
@@ -1019,6 +1021,11 @@ class SyncClient:
         done = placer.collect() if partly else placer.settle()
         outcome = None
         for chunk, result in done:  # (a list: what is added below is iterated too)
+            if type(result) is tuple and type(chunk) is FileChunk and (result[0] or not partly):
+                # a small file placed (or that did not verify, when nothing runs beside)
+                self._progress.data(len(chunk.data))
+                outcome = self._finished(session, mirror, chunk, *result) or outcome
+                continue
             if isinstance(chunk, MakeDir):
                 if isinstance(result, OSError | UnsafePathError):
                     log.error("cannot apply %s: %s", chunk.name, result)
@@ -1085,11 +1092,16 @@ class SyncClient:
         placer = self._placer
         for action in actions:
             outcome = None
+            kind = type(action)  # (the two per-file kinds by identity: no isinstance calls)
             # a whole file in one message (the placer puts it in place): inline, per file
-            if isinstance(action, FileChunk) and action.first and action.eof and not action.offset:
+            if kind is FileChunk and action.first and action.eof and not action.offset:
                 if placer.held >= placer.max_pending:  # (placed files keep their content)
                     outcome = self._settle(session, mirror, partly=True)
-            elif not isinstance(action, Send | MakeDir) and not placer.settled:
+                if outcome is not None:
+                    return outcome
+                self._chunk(session, mirror, action)
+                continue
+            if kind is not Send and kind is not MakeDir and not placer.settled:
                 # (nothing else beside the placer: a Send touches no file, credit goes
                 # out at once; a folder is made by the placer, in order)
                 outcome = self._settle(session, mirror)
@@ -1325,12 +1337,12 @@ def _make_dir(mirror: Mirror, action: MakeDir) -> tuple[bool, str]:
     return True, ""
 
 
-def _receive(sock: zmq.Socket[Any]) -> list[Any]:
-    """The frames of one message waiting on ``sock`` (``zmq.Again``: none), as
-    ``recv_multipart(NOBLOCK, copy=False)`` gives them, without its ``RCVMORE`` option
-    read per frame (each frame says whether more follow): called once per file.
-    (``copy=False``: a chunk is decoded in place, ``fmq_msg``'s frame_view.)"""
-    frame = sock.recv(_NOBLOCK, copy=False)
+def _rest(sock: zmq.Socket[Any], frame: Any) -> list[Any]:
+    """The frames of a message of several whose first, ``frame``, was received (the
+    receive loop takes a one-frame message itself), as ``recv_multipart(NOBLOCK,
+    copy=False)`` gives them, without its ``RCVMORE`` option read per frame (each frame
+    says whether more follow).  (``copy=False``: a chunk is decoded in place,
+    ``fmq_msg``'s frame_view.)"""
     frames = [frame]
     while frame.more:  # (the rest of a message is there once its first frame is)
         frame = sock.recv(_NOBLOCK, copy=False)

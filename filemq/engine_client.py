@@ -85,7 +85,7 @@ from filemq.meta import (
     MetaError,
     parse_entry,
 )
-from filemq.paths import UnsafePathError, relative_parts, under_prefix, virtual_path
+from filemq.paths import UnsafePathError, relative_parts, virtual_path
 
 if TYPE_CHECKING:  # imported by a capped session only (start-up of every `filemq sync`)
     from filemq.ratelimit import TokenBucket
@@ -113,6 +113,7 @@ __all__ = [
 
 
 _DIR = Kind.DIR.value  # (read once: an Enum member's value is a descriptor call)
+_FILE = Kind.FILE
 
 
 class _MadeWhenEncoded(dict[str, str]):
@@ -143,6 +144,9 @@ class ClientState(Enum):
     EXPECT_OHAI_OK = "expect-ohai-ok"
     ACTIVE = "active"
     CLOSED = "closed"
+
+
+_ACTIVE = ClientState.ACTIVE  # (read once per message: a module global, not a class's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,6 +336,7 @@ class ClientSession:
         self.wire = wire
         self.codec: Any = wire.codec
         self.path = virtual_path(path, directory=True)
+        self._path_len = len(self.path)
         if len(self.path.encode()) > wire.max_name_octets:
             raise LocalProtocolError(f"path {path!r} too long for the {wire.name} wire")
         self.cache = cache
@@ -375,6 +380,13 @@ class ClientSession:
             self._table[(state, mid.SRSLY)] = self._on_srsly
             self._table[(state, mid.RTFM)] = self._on_rtfm
             self._table[(state, mid.KTHXBAI)] = self._on_kthxbai
+        #: The ACTIVE state's rows keyed by message id alone: looked up once per message
+        #: without hashing a ``ClientState`` (an Enum's ``__hash__`` is a Python call).
+        self._active = {
+            msg_id: handler
+            for (state, msg_id), handler in self._table.items()
+            if state is ClientState.ACTIVE
+        }
 
     # -- helpers ------------------------------------------------------------
 
@@ -521,7 +533,10 @@ class ClientSession:
         self._last_heard = self._now = now
         if msg.ID not in self._heartbeats:
             self.last_traffic = now
-        handler = self._table.get((self.state, msg.ID))
+        if self.state is _ACTIVE:
+            handler = self._active.get(msg.ID)
+        else:
+            handler = self._table.get((self.state, msg.ID))
         if handler is None:
             raise RemoteProtocolError(f"unexpected {msg.ID.name} in state {self.state.value}")
         return handler(msg)
@@ -562,8 +577,9 @@ class ClientSession:
 
     def _map_name(self, filename: str) -> tuple[str, tuple[str, ...]]:
         if filename.startswith("/"):
-            rel = under_prefix(filename, self.path)
-            if rel is None:
+            # (``under_prefix`` inline, once per file: ``self.path`` ends in '/')
+            rel = filename[self._path_len :] if filename.startswith(self.path) else ""
+            if not rel:
                 raise UnsafePathError(f"{filename!r} is outside subscription {self.path}")
         else:
             rel = filename
@@ -584,7 +600,7 @@ class ClientSession:
             raise RemoteProtocolError("server sent more data than the credit granted")
         self._unreported += size
         self._last_seq = msg.sequence
-        actions = self._apply(msg)
+        actions = self._apply(msg, size)
         if HEADER_FILES in msg.headers:  # the first operation of a resync: its plan
             plan = _count(msg.headers[HEADER_FILES]), _count(msg.headers.get(HEADER_BYTES))
             actions.insert(0, ResyncPlan(*plan))
@@ -592,7 +608,8 @@ class ClientSession:
             actions += self._grant(self._now)
         return actions
 
-    def _apply(self, msg: Any) -> list[Action]:
+    def _apply(self, msg: Any, size: int) -> list[Action]:
+        """The actions of one CHEEZBURGER carrying ``size`` content bytes."""
         op = msg.operation
         ended, self._ended = self._ended, None  # only the very next chunk may repeat an end
         if op == Operation.MARKER:
@@ -631,7 +648,8 @@ class ClientSession:
         if current is None:
             if not msg.chunk and ended == (msg.filename, msg.offset) and msg.offset:
                 return actions  # eof on the last data chunk, then the empty chunk too
-            offer = self._offers.pop(msg.filename, None)  # used up either way
+            # (used up either way; most sessions have none)
+            offer = self._offers.pop(msg.filename, None) if self._offers else None
             if msg.offset != 0 and (offer is None or offer[0] != msg.offset):
                 raise RemoteProtocolError(f"{msg.filename!r}: first chunk at offset {msg.offset}")
             try:
@@ -641,8 +659,8 @@ class ClientSession:
                 actions.append(FileRefused(msg.filename, str(exc)))
                 current = _Transfer(msg.filename, None, msg.offset)
             else:
-                is_dir = msg.headers.get(HEADER_KIND) == _DIR
-                if self._excluded is not None and self._excluded(rel, is_dir):
+                excluded = self._excluded
+                if excluded is not None and excluded(rel, msg.headers.get(HEADER_KIND) == _DIR):
                     actions.append(FileSkipped(rel))
                     current = _Transfer(msg.filename, None, msg.offset)
             self._current = current
@@ -654,13 +672,18 @@ class ClientSession:
             raise RemoteProtocolError(
                 f"{msg.filename!r}: offset {msg.offset}, expected {current.next_offset}"
             )
-        current.next_offset += len(msg.chunk)
+        current.next_offset += size
         if current.parts is not None:
             meta = None
             if msg.eof:
                 try:
                     meta = parse_entry(msg.headers, current.parts)
-                    entry = self._entry(current.parts, meta, msg, first)
+                    # (a file's content, the usual case, without a call)
+                    entry = (
+                        None
+                        if meta.kind is _FILE and not meta.touch
+                        else self._entry(current.parts, meta, msg, first)
+                    )
                 except MetaError as exc:
                     actions.append(FileRefused(msg.filename, str(exc)))
                     entry = None

@@ -673,7 +673,7 @@ class ServerSession:
         else:
             eof = plan.eof or length < plan.size or operation is not Operation.CREATE
         headers: dict[str, str] = dict(op.headers) if plan.first else {}
-        if not op.described and (
+        if (not op.headers or not op.described) and (  # (a file's op: no call)
             operation is Operation.STAT or (operation is Operation.CREATE and (eof or plan.first))
         ):  # the version: on the last chunk, the first (the file is resumable) and a STAT
             headers[HEADER_SHA1] = op.sha1
@@ -693,7 +693,9 @@ class ServerSession:
         self.sent_messages += 1
         self.sent_bytes += length
         if eof:
-            if operation is Operation.CREATE and not plan.op.described:  # (not a folder, link)
+            op = plan.op
+            if operation is Operation.CREATE and (not op.headers or not op.described):
+                # (not a folder, link; a file's op has no headers of its own: no call)
                 self.sent_files += 1
             self._current = None
             self._offset = 0

@@ -113,7 +113,33 @@ _BAD_COMPONENTS = (
 
 
 def relative_parts(name: str) -> tuple[str, ...]:
-    """Components of a relative file name, or ``UnsafePathError``."""
+    """Components of a relative file name, or ``UnsafePathError``.
+
+    First a few scans in C that accept only names ``_checked_parts`` accepts too
+    (printable ASCII, no backslash, no '//', no leading or trailing '/', no component
+    starting with '.', no ':' second): a mirror checks every file's name, and
+    ``_SUSPECT``'s search cost ~10,000 instructions per name (callgrind, session 19);
+    any other name gets the full checks."""
+    if (
+        name.isascii()
+        and name.isprintable()
+        and "\\" not in name
+        and "//" not in name
+        and "/." not in name
+        and name[:1] not in _NOT_FIRST
+        and name[-1:] != "/"
+        and name[1:2] != ":"
+    ):
+        return tuple(name.split("/"))
+    return _checked_parts(name)
+
+
+#: A first character that needs the full checks ('' is an empty name).
+_NOT_FIRST = frozenset(("", "/", "."))
+
+
+def _checked_parts(name: str) -> tuple[str, ...]:
+    """``relative_parts`` with every check (the name did not pass its quick scans)."""
     if name and _SUSPECT.search(name) is None and name.isascii():
         return tuple(name.split("/"))  # fast path: nothing that needs a closer look
     if not name:

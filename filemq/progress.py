@@ -108,9 +108,9 @@ class Progress:
         if self._bar is not None:
             self._describe_bar()
         if not self.tty:
-            client_log.log(
-                logging.INFO if live else logging.DEBUG, "received %s (%d bytes)", name, size
-            )
+            level = logging.INFO if live else logging.DEBUG
+            if client_log.isEnabledFor(level):  # (one call per file when not logged)
+                client_log.log(level, "received %s (%d bytes)", name, size)
 
     def summary(self, now: float | None = None) -> str:
         elapsed = (time.monotonic() if now is None else now) - self.start

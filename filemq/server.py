@@ -977,7 +977,8 @@ class FileServer:
                 self._close_file(client)
                 return session.chunk_frames(plan, data)
         if plan.first:
-            self._close_file(client)
+            if client in self._files:  # (usually none is open: no call)
+                self._close_file(client)
             try:
                 fd, st = self._open_source(op.source_name or op.name)
             except OSError as exc:
