@@ -33,14 +33,6 @@ The worker takes the jobs queued in runs of at most ``_RUN`` (one lock round, on
 wake-up of whoever waits, per run rather than per file: measured in docs/performance.md, "FILEMQ
 small files, session 13"); a run's content counts as pending until the run is done.
 
-The submitter hands jobs over in groups too: ``submit`` keeps them in a list of its own
-(no lock) and takes the lock once per ``_HANDOFF`` jobs, or at once when the worker has
-not started yet or what is staged would reach the content bound (``_pending`` read
-without the lock: only the worker lowers it between hand-overs, so the figure read is
-never below the true one, and the bound is checked as before, per hand-over); ``settle``,
-``collect``, ``close`` and ``settled`` hand over what is staged first.  Measured in
-docs/performance.md, "FILEMQ small files, session 19".
-
 The worker starts with the first job (a mirror that receives no small file has none).
 ``Placer(thread=False)`` runs each job in ``submit`` itself (no worker, no hand-off;
 outcomes still wait for ``settle``): the same rules, for a mirror whose file creation is
@@ -81,9 +73,6 @@ class Placer(Generic[T]):
         self.held = 0
         self._inline = not thread
         self._jobs: deque[tuple[Callable[[], T], int, Any]] = deque()
-        #: Jobs submitted and not handed to the worker yet (the submitter's alone).
-        self._staged: list[tuple[Callable[[], T], int, Any]] = []
-        self._staged_bytes = 0
         self._done: list[tuple[Any, T | Exception]] = []
         self._done_bytes = 0  # content bytes of the jobs in ``_done``
         self._pending = 0  # content bytes of the jobs not run yet
@@ -103,44 +92,27 @@ class Placer(Generic[T]):
             self._done.append((token, _outcome(job)))
             self._done_bytes += size
             return
-        staged = self._staged
-        staged.append((job, size, token))
-        self._staged_bytes += size
-        if (
-            len(staged) < _HANDOFF
-            and self._pending + self._staged_bytes < self._max_pending
-            and self._thread is not None
-        ):
-            return  # (handed over with the next few)
         with self._lock:
             while self._pending >= self._max_pending and (self._jobs or self._running):
                 self._cond.wait()
-            self._hand_over()
+            self._jobs.append((job, size, token))
+            self._pending += size
             if self._idle and (len(self._jobs) >= _HANDOFF or self._pending >= self._max_pending):
                 self._cond.notify_all()  # (a worker that waits sees a few at once)
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="filemq-placer", daemon=True)
             self._thread.start()
 
-    def _hand_over(self) -> None:
-        """Queue the staged jobs for the worker (the lock held)."""
-        if self._staged:
-            self._jobs.extend(self._staged)
-            self._pending += self._staged_bytes
-            self._staged = []
-            self._staged_bytes = 0
-
     @property
     def settled(self) -> bool:
         """Every job submitted has run and its outcome was collected (``settle``)."""
         with self._cond:
-            return not self._staged and not self._jobs and not self._running and not self._done
+            return not self._jobs and not self._running and not self._done
 
     def settle(self) -> list[tuple[Any, T | Exception]]:
         """Wait until every job submitted has run: (token, result or exception) each,
         in the order submitted, and forget them."""
         with self._cond:
-            self._hand_over()
             self._cond.notify_all()  # (the jobs the worker was not woken for yet)
             while self._jobs or self._running:
                 self._cond.wait()
@@ -155,7 +127,6 @@ class Placer(Generic[T]):
         yet (and something was submitted).  Between ``collect`` and the next ``submit``
         the worker may still run jobs: the caller may not use its objects then."""
         with self._cond:
-            self._hand_over()
             if not self._done and (self._jobs or self._running):
                 self._cond.notify_all()  # (the jobs the worker was not woken for yet)
                 while not self._done and (self._jobs or self._running):
@@ -168,7 +139,6 @@ class Placer(Generic[T]):
     def close(self) -> None:
         """Run what was submitted, then stop the worker (outcomes stay for ``settle``)."""
         with self._cond:
-            self._hand_over()
             self._stopping = True
             self._cond.notify_all()
         if self._thread is not None:
