@@ -1572,7 +1572,8 @@ class SavedIndex:
                     node = _row_node(json.loads(line or b"null"), path)
                     nodes[node.name] = node
                 view = cls(f, at, size, count, nodes)
-                if sum(len(names) for names, _row in view._slices()) == count:
+                # (names counted by their separators: no string made per name)
+                if sum(text.count("\0") + 1 for text in view._texts()) == count:
                     return view
         except (OSError, ValueError, TypeError, IndexFormatError):
             pass
@@ -1585,10 +1586,11 @@ class SavedIndex:
     def __len__(self) -> int:
         return self._count
 
-    def _slices(self) -> Iterator[tuple[list[str], int]]:
-        """(names, the row of the first) for every slice of the saved names, in order."""
+    def _texts(self) -> Iterator[str]:
+        """The saved names a slice at a time, in order: whole names joined by NUL, decoded
+        (a name that is not UTF-8 raises ``UnicodeDecodeError``)."""
         fd, at, end = self._f.fileno(), self._names_at, self._names_at + self._size
-        row, rest = 0, b""
+        rest = b""
         while self._count and at < end:
             piece = rest + os.pread(fd, min(_NAMES_SLICE, end - at), at)
             at += len(piece) - len(rest)
@@ -1597,11 +1599,17 @@ class SavedIndex:
                 rest, piece = piece[cut + 1 :], piece[:cut] if cut >= 0 else b""
                 if cut < 0:
                     continue
-            names = piece.decode("utf-8").split("\0")
+            yield piece.decode("utf-8")
+        if self._count and not self._size:
+            yield ""  # (one empty name: the loader refuses it)
+
+    def _slices(self) -> Iterator[tuple[list[str], int]]:
+        """(names, the row of the first) for every slice of the saved names, in order."""
+        row = 0
+        for text in self._texts():
+            names = text.split("\0")
             yield names, row
             row += len(names)
-        if self._count and not self._size:
-            yield [""], 0  # (one empty name: the loader refuses it)
 
     def _rows(self, row: int, count: int, width: int, before: int) -> bytes:
         """``count`` values of ``width`` octets from ``row`` of the column that starts
