@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from filemq.filters import Filters
-from filemq.index import FileIndex
+from filemq.index import FileIndex, LeftOut
 
 from .conftest import renamed_over, write_tree
 
@@ -91,6 +91,42 @@ def test_a_name_excluded_since_the_save_leaves_a_folder_otherwise_unchanged(
     found = loaded.refresh()
     assert found.removed == ("d0/f003.txt",) and not found.changed
     assert "d0/f003.txt" not in loaded and "d0/f000.txt" in loaded
+    assert loaded.hashed_files == 0
+
+
+def test_a_left_out_asked_about_a_folder_says_what_it_says_of_each_name() -> None:
+    """``LeftOut.any_in`` (a folder's files at once) against the call per name, for
+    prefixes shorter, as long as and longer than the folder's name, names at the root,
+    in the folder and below it."""
+    bases = ["", "a/", "ab/", ".f/", ".f-/", "a/.f/", "zz/y/"]
+    leaves_of = [[], ["x"], [".f-1", "x"], ["y", ".f"], ["f", "idx"], [".f-"], [".g", "idx2"]]
+    tests = [
+        LeftOut(()),
+        LeftOut((".f-",)),
+        LeftOut((".f-", "a/.")),
+        LeftOut(("",)),
+        LeftOut((".f-",), frozenset({"idx"})),
+        LeftOut((".f-",), frozenset({"a/idx", "zz/y/f", "zz/idx"})),
+        LeftOut(("ab/",), frozenset({".f/.f"})),
+    ]
+    for test in tests:
+        for base in bases:
+            for leaves in leaves_of:
+                each = any(test(base + leaf) for leaf in leaves)
+                assert test.any_in(base, leaves) is each, (test.prefixes, test.names, base, leaves)
+
+
+def test_a_mirrors_left_out_names_leave_an_otherwise_unchanged_folder(tmp_path: Path) -> None:
+    """A mirror's exclude (``LeftOut``: a prefix, an exact name) added since the save:
+    what it leaves out leaves the index, in the root and in a folder, nothing is hashed."""
+    root = tmp_path / "root"
+    write_tree(root, _tree())
+    left_out = LeftOut(("d1/f01", "d2/.filemq-part-"), frozenset({"top.txt", "d0/f003.txt"}))
+    loaded = _saved_and_loaded(tmp_path, root, exclude=left_out)
+    found = loaded.refresh()
+    gone = sorted(n for n in _tree() if left_out(n))
+    assert list(found.removed) == gone and not found.changed and len(gone) == 7
+    assert not any(name in loaded for name in gone) and "d0/f000.txt" in loaded
     assert loaded.hashed_files == 0
 
 
