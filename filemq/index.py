@@ -233,11 +233,14 @@ class LeftOut:
 
 
 def _any_left_out(
-    test: Callable[[str], bool], base: str, leaves: list[str], names: list[str]
+    test: Callable[[str], bool] | Filters, base: str, leaves: list[str], names: list[str]
 ) -> bool:
-    """Does ``test`` leave out one of ``names`` (``base`` + each of ``leaves``)?"""
+    """Does ``test`` (an exclude, the filters) leave out one of the files ``names``
+    (``base`` + each of ``leaves``)?"""
     if type(test) is LeftOut:
         return test.any_in(base, leaves)
+    if isinstance(test, Filters):
+        return test.any_file_excluded(names)
     return any(map(test, names))
 
 
@@ -276,7 +279,7 @@ def _unchanged_files(
     entries: _Entries,
     base: str,
     first: list[os.DirEntry[str]],
-    leave_out: list[Callable[[str], bool]],
+    leave_out: list[Callable[[str], bool] | Filters],
     retry: set[str],
 ) -> tuple[list[str], list[os.DirEntry[str]]]:
     """A folder's files the index holds unchanged, tested at once: (their names as the
@@ -1060,9 +1063,9 @@ class FileIndex:
         changed: list[FileEntry] = []
         changed_nodes: list[Node] = []
         retry = self._forget_marks(subdir)  # unreadable last time: read again
-        leave_out = [] if exclude is None else [exclude]  # (what leaves a file out)
-        if filters is not None:
-            leave_out.append(filters.excluded)
+        leave_out: list[Callable[[str], bool] | Filters] = [] if exclude is None else [exclude]
+        if filters is not None:  # (what leaves a file out)
+            leave_out.append(filters)
         stack = [subdir]
         if subdir and tree:  # the folder itself (a walk lists what is inside it only)
             self._update_node_of(subdir, changed_nodes, seen_nodes)

@@ -145,6 +145,35 @@ def test_a_file_the_filters_leave_out_since_the_save_leaves_an_unchanged_folder(
     assert not any(name in loaded for name in gone) and loaded.hashed_files == 0
 
 
+@pytest.mark.parametrize(
+    "lines", [["f01*.txt", "*.dat"], ["f0*.txt", "!f00*.txt"], ["d1/", "!d1/f01*"], ["*.none"]]
+)
+def test_filters_asked_about_a_folder_say_what_they_say_of_each_file(lines: list[str]) -> None:
+    """``Filters.any_file_excluded`` (one regex mapped at C level when the lines are all
+    excludes, else each name's ``excluded``) against ``excluded`` of each name."""
+    filters = Filters(lines)
+    folders = [[n for n in _tree() if n.startswith(top)] for top in ("d0/", "d1/", "t", "ü")]
+    for names in [*folders, [], ["a.dat"], ["x/f011.txt", "y.txt"], ["d1/f001.txt"]]:
+        each = any(filters.excluded(name) for name in names)
+        assert filters.any_file_excluded(names) is each, (lines, names)
+
+
+def test_a_refresh_with_filters_that_include_again_keeps_an_unchanged_folder(
+    tmp_path: Path,
+) -> None:
+    """Filters with a ``!`` line (no single regex: each name asked) leave out what they
+    exclude and keep what they include again; nothing is hashed."""
+    root = tmp_path / "root"
+    write_tree(root, _tree())
+    filters = Filters(["f0*.txt", "!f00*.txt"])
+    loaded = _saved_and_loaded(tmp_path, root, filters=filters)
+    found = loaded.refresh()
+    gone = sorted(n for n in _tree() if filters.excluded_path(n))
+    assert list(found.removed) == gone and not found.changed and len(gone) == 90 - 10
+    assert "d0/f000.txt" in loaded and "d1/f010.txt" not in loaded
+    assert loaded.hashed_files == 0
+
+
 def test_a_file_unreadable_last_time_is_read_again_in_an_unchanged_folder(
     tmp_path: Path,
 ) -> None:
