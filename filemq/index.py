@@ -233,15 +233,22 @@ class LeftOut:
 
 
 def _any_left_out(
-    test: Callable[[str], bool] | Filters, base: str, leaves: list[str], names: list[str]
-) -> bool:
-    """Does ``test`` (an exclude, the filters) leave out one of the files ``names``
-    (``base`` + each of ``leaves``)?"""
-    if type(test) is LeftOut:
-        return test.any_in(base, leaves)
-    if isinstance(test, Filters):
-        return test.any_file_excluded(names)
-    return any(map(test, names))
+    leave_out: list[Callable[[str], bool] | Filters], base: str, leaves: list[str]
+) -> tuple[bool, list[str]]:
+    """Does one of ``leave_out`` (the exclude, the filters) leave out one of a folder's
+    files (``base`` + each of ``leaves``)?  With the names it made for the tests that
+    take whole names ([] when none did: a ``LeftOut`` asks the leaves)."""
+    names: list[str] = []
+    for test in leave_out:
+        if type(test) is LeftOut:
+            if test.any_in(base, leaves):
+                return True, names
+            continue
+        if not names:
+            names = list(map(add, repeat(base), leaves))  # (not base.__add__: a slot wrapper)
+        if test.any_file_excluded(names) if isinstance(test, Filters) else any(map(test, names)):
+            return True, names
+    return False, names
 
 
 _NAME = attrgetter("name")
@@ -313,12 +320,10 @@ def _unchanged_files(
         others = list(itertools.filterfalse(_is_regular, first))
         if not leaves:
             return [], first
-    names = list(map(add, repeat(base), leaves))  # (not base.__add__: a slot wrapper)
-    if any(_any_left_out(test, base, leaves, names) for test in leave_out) or not retry.isdisjoint(
-        names
-    ):
+    left_out, names = _any_left_out(leave_out, base, leaves)
+    if left_out or (retry and not retry.isdisjoint(names or map(add, repeat(base), leaves))):
         return [], first
-    held = entries.same_rows(names, stats)
+    held = entries.same_rows(base, leaves, stats)
     return ([], first) if held is None else (held, others)
 
 
@@ -617,20 +622,27 @@ class _Entries:
         """Some loaded rows are still entries (``same_rows`` may find them)."""
         return self._live > 0
 
-    def same_rows(self, names: list[str], stats: list[os.stat_result]) -> list[str] | None:
-        """Do ``names`` (sorted, unique: one folder's files) hold exactly the loaded rows
-        from the first of them on, alive and with these ``lstat`` values (size,
-        mtime_ns, inode, permission bits)?  The rows' names when they do (a refresh
-        lists those), else None (the caller tests the names one by one).
+    def same_rows(
+        self, base: str, leaves: list[str], stats: list[os.stat_result]
+    ) -> list[str] | None:
+        """Do the names ``base`` + each of ``leaves`` (sorted, unique: one folder's files;
+        ``base`` its name and '/', '' for the root) hold exactly the loaded rows from the
+        first of them on, alive and with these ``lstat`` values (size, mtime_ns, inode,
+        permission bits)?  The rows' names when they do (a refresh lists those), else
+        None (the caller tests the names one by one).
 
         The quick test of a whole folder: a bisection for its first name, then C-level
-        passes (list, ``array`` and ``bytes`` comparisons) instead of Python per name.
+        passes (string, ``array`` and ``bytes`` comparisons) instead of Python per name.
+        The names are compared joined by NUL, which no name holds: two strings made per
+        folder, not a string per name (100,000 names: ~7.5 -> ~3 ms).
         """
         rows = self._names
-        first = bisect_left(rows, names[0])
-        end = first + len(names)
+        first = bisect_left(rows, base + leaves[0])
+        end = first + len(leaves)
+        held = rows[first:end]
         if (
-            rows[first:end] != names
+            len(held) != len(leaves)
+            or "\0".join(held) != base + ("\0" + base).join(leaves)
             or self._alive.find(0, first, end) >= 0  # (a name set since: its row is gone)
             or self._sizes[first:end] != array("q", map(_SIZE, stats))
             or self._mtimes[first:end] != array("q", map(_MTIME, stats))
@@ -639,7 +651,7 @@ class _Entries:
         ):
             return None
         self._hint = end - 1
-        return rows[first:end]
+        return held
 
     def get(self, name: str) -> FileEntry | None:
         old = self._over.get(name)
