@@ -176,7 +176,7 @@ from filemq.engine_client import (
 )
 from filemq.filters import Filters
 from filemq.heap import release_freed_memory
-from filemq.index import NODE_DIR, NODE_SYMLINK, FileIndex, IndexDelta, SavedIndex
+from filemq.index import NODE_DIR, NODE_SYMLINK, FileIndex, IndexDelta, LeftOut, SavedIndex
 from filemq.loopguard import dest_option
 from filemq.meta import (
     OPTION_FILTER,
@@ -287,19 +287,11 @@ def _reserved(parts: tuple[str, ...]) -> bool:
     return parts[0].startswith(TEMP_PREFIX)
 
 
-def _is_temp(name: str) -> bool:
-    """Names the index of DEST skips: our temp files."""
-    return name.startswith(TEMP_PREFIX)
-
-
-def _exclusion(
-    dest: str | os.PathLike[str], index_path: str | os.PathLike[str] | None
-) -> Callable[[str], bool]:
-    """What DEST's index skips: temp files, and DEST's own index file if it is inside."""
+def _exclusion(dest: str | os.PathLike[str], index_path: str | os.PathLike[str] | None) -> LeftOut:
+    """What DEST's index skips: temp files, and DEST's own index file if it is inside
+    (a ``LeftOut``: the re-stat tests a folder's names against it at once)."""
     inner = None if index_path is None else relative_inside(dest, index_path)
-    if not inner:
-        return _is_temp
-    return lambda name: name == inner or _is_temp(name)
+    return LeftOut((TEMP_PREFIX,), frozenset([inner] if inner else ()))
 
 
 def open_dealer(

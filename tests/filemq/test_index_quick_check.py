@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from filemq.filters import Filters
-from filemq.index import FileIndex
+from filemq.index import FileIndex, LeftOut
 
 from .conftest import renamed_over, write_tree
 
@@ -94,6 +94,42 @@ def test_a_name_excluded_since_the_save_leaves_a_folder_otherwise_unchanged(
     assert loaded.hashed_files == 0
 
 
+def test_a_left_out_asked_about_a_folder_says_what_it_says_of_each_name() -> None:
+    """``LeftOut.any_in`` (a folder's files at once) against the call per name, for
+    prefixes shorter, as long as and longer than the folder's name, names at the root,
+    in the folder and below it."""
+    bases = ["", "a/", "ab/", ".f/", ".f-/", "a/.f/", "zz/y/"]
+    leaves_of = [[], ["x"], [".f-1", "x"], ["y", ".f"], ["f", "idx"], [".f-"], [".g", "idx2"]]
+    tests = [
+        LeftOut(()),
+        LeftOut((".f-",)),
+        LeftOut((".f-", "a/.")),
+        LeftOut(("",)),
+        LeftOut((".f-",), frozenset({"idx"})),
+        LeftOut((".f-",), frozenset({"a/idx", "zz/y/f", "zz/idx"})),
+        LeftOut(("ab/",), frozenset({".f/.f"})),
+    ]
+    for test in tests:
+        for base in bases:
+            for leaves in leaves_of:
+                each = any(test(base + leaf) for leaf in leaves)
+                assert test.any_in(base, leaves) is each, (test.prefixes, test.names, base, leaves)
+
+
+def test_a_mirrors_left_out_names_leave_an_otherwise_unchanged_folder(tmp_path: Path) -> None:
+    """A mirror's exclude (``LeftOut``: a prefix, an exact name) added since the save:
+    what it leaves out leaves the index, in the root and in a folder, nothing is hashed."""
+    root = tmp_path / "root"
+    write_tree(root, _tree())
+    left_out = LeftOut(("d1/f01", "d2/.filemq-part-"), frozenset({"top.txt", "d0/f003.txt"}))
+    loaded = _saved_and_loaded(tmp_path, root, exclude=left_out)
+    found = loaded.refresh()
+    gone = sorted(n for n in _tree() if left_out(n))
+    assert list(found.removed) == gone and not found.changed and len(gone) == 7
+    assert not any(name in loaded for name in gone) and "d0/f000.txt" in loaded
+    assert loaded.hashed_files == 0
+
+
 def test_a_file_the_filters_leave_out_since_the_save_leaves_an_unchanged_folder(
     tmp_path: Path,
 ) -> None:
@@ -107,6 +143,35 @@ def test_a_file_the_filters_leave_out_since_the_save_leaves_an_unchanged_folder(
     gone = sorted(n for n in _tree() if n.rsplit("/", 1)[-1].startswith("f01") or "/m1/" in n)
     assert list(found.removed) == gone and not found.changed and len(gone) == 11
     assert not any(name in loaded for name in gone) and loaded.hashed_files == 0
+
+
+@pytest.mark.parametrize(
+    "lines", [["f01*.txt", "*.dat"], ["f0*.txt", "!f00*.txt"], ["d1/", "!d1/f01*"], ["*.none"]]
+)
+def test_filters_asked_about_a_folder_say_what_they_say_of_each_file(lines: list[str]) -> None:
+    """``Filters.any_file_excluded`` (one regex mapped at C level when the lines are all
+    excludes, else each name's ``excluded``) against ``excluded`` of each name."""
+    filters = Filters(lines)
+    folders = [[n for n in _tree() if n.startswith(top)] for top in ("d0/", "d1/", "t", "ü")]
+    for names in [*folders, [], ["a.dat"], ["x/f011.txt", "y.txt"], ["d1/f001.txt"]]:
+        each = any(filters.excluded(name) for name in names)
+        assert filters.any_file_excluded(names) is each, (lines, names)
+
+
+def test_a_refresh_with_filters_that_include_again_keeps_an_unchanged_folder(
+    tmp_path: Path,
+) -> None:
+    """Filters with a ``!`` line (no single regex: each name asked) leave out what they
+    exclude and keep what they include again; nothing is hashed."""
+    root = tmp_path / "root"
+    write_tree(root, _tree())
+    filters = Filters(["f0*.txt", "!f00*.txt"])
+    loaded = _saved_and_loaded(tmp_path, root, filters=filters)
+    found = loaded.refresh()
+    gone = sorted(n for n in _tree() if filters.excluded_path(n))
+    assert list(found.removed) == gone and not found.changed and len(gone) == 90 - 10
+    assert "d0/f000.txt" in loaded and "d1/f010.txt" not in loaded
+    assert loaded.hashed_files == 0
 
 
 def test_a_file_unreadable_last_time_is_read_again_in_an_unchanged_folder(
