@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -35,13 +36,13 @@ SMALL = {f"d{i % 4}/f{i}.bin": os.urandom(10 << 10) for i in range(200)}  # 2 Mi
 BIG = {"zz/big.bin": os.urandom(3 << 20)}  # in chunks (the default chunk is 1 MiB); sent last
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A folder on a tmpfs of ``ROOM`` bytes; ``resize(...)`` gives it more room."""
-    where = tmp_path / "disk"
+@contextmanager
+def small_tmpfs(where: Path, size: str) -> Iterator[Path]:
+    """``where`` (made here) a tmpfs of ``size`` (mount's ``size=``) until the end; the
+    test skips, saying why, where it cannot be mounted."""
     where.mkdir()
     made = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={ROOM}", "tmpfs", str(where)],
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
         capture_output=True,
         text=True,
         check=False,
@@ -52,6 +53,13 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         yield where
     finally:
         subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A folder on a tmpfs of ``ROOM`` bytes; ``_grow(...)`` gives it more room."""
+    with small_tmpfs(tmp_path / "disk", str(ROOM)) as where:
+        yield where
 
 
 def _grow(disk: Path) -> None:
