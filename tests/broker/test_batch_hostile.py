@@ -21,7 +21,7 @@ from broker.client.frames import join_frame
 from broker.engine.engine import Engine
 from broker.protocol import Header, MessageType, ResultCode, header
 from broker.server.server import Server, ServerOptions
-from tests.broker.test_batch import Raw
+from tests.broker.test_batch import Raw, push_frame
 from tests.broker.test_push_runs import LOADED, _batch_of
 from tests.polling import wait_until
 
@@ -46,8 +46,8 @@ def _endpoint(server: Server) -> str:
 
 
 def plain(mid: str, *, ack: bool = False) -> bytes:
-    return tmqp.encode_frame(message_type=MessageType.QUEUE, content_type=1, pending_ack=ack,
-                             message_id=mid, target=CHANNEL, payload=mid.encode())[0]  # fmt: skip
+    """A push of payload ``mid`` into ``CHANNEL`` (``test_batch.push_frame``)."""
+    return push_frame(mid, 1, mid.encode(), channel=CHANNEL, ack=ack)
 
 
 def _raw(zctx: Ctx, endpoint: str, properties: dict[str, str] | None = None) -> Raw:

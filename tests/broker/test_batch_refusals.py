@@ -31,7 +31,7 @@ from broker.engine.engine import Engine
 from broker.protocol import MessageType
 from broker.server.server import Server, ServerOptions
 from tests.broker.full_disk import FullDisk
-from tests.broker.test_batch import Raw
+from tests.broker.test_batch import Raw, push_frame
 from tests.broker.test_push_runs import LOADED, _batch_of
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
@@ -64,8 +64,7 @@ def serve(zctx: Ctx) -> Iterator[Serve]:
 
 def plain(mid: str, queue_id: int = 1) -> bytes:
     """A plain push (no headers, waits for nothing of its own) of payload ``mid``."""
-    return tmqp.encode_frame(message_type=MessageType.QUEUE, content_type=queue_id,
-                             message_id=mid, target=CHANNEL, payload=mid.encode())[0]  # fmt: skip
+    return push_frame(mid, queue_id, mid.encode(), channel=CHANNEL)
 
 
 def _producer(zctx: Ctx, endpoint: str) -> Raw:
@@ -210,9 +209,7 @@ def not_copied(*missed: str) -> list[str]:
 
 def with_cc(mid: str, cc: str) -> bytes:
     """A push with one ``CC`` header (no acknowledge of its own)."""
-    return tmqp.encode_frame(message_type=MessageType.QUEUE, content_type=1, message_id=mid,
-                             target=CHANNEL, headers=(("CC", cc),),
-                             payload=mid.encode())[0]  # fmt: skip
+    return push_frame(mid, 1, mid.encode(), channel=CHANNEL, headers=(("CC", cc),))
 
 
 def _persistent_engine() -> Engine:
@@ -325,9 +322,7 @@ def test_a_consumer_s_acknowledge_later_does_not_undo_the_refusal(serve: Serve, 
         admin.create_queue(CHANNEL, 1, {"Status": 1, "RequestAcknowledge": True})
         admin.create_queue("mark", 1, {"Status": 1})
         admin.create_durable_subscription(SUB, [CHANNEL])
-        one = tmqp.encode_frame(message_type=MessageType.QUEUE, content_type=1, pending_ack=True,
-                                message_id="one", target=CHANNEL, payload=b"x")[0]  # fmt: skip
-        producer.send(one)
+        producer.send(push_frame("one", 1, b"x", channel=CHANNEL, ack=True))
         nack = producer.frame()
         assert (nack.message_type, nack.message_id) == (MessageType.ACK, "one")
         assert dict(nack.headers)["Nack-Reason"] == "failed"
@@ -336,14 +331,7 @@ def test_a_consumer_s_acknowledge_later_does_not_undo_the_refusal(serve: Serve, 
         assert m is not None and bytes(m.payload) == b"x"
         admin.ack(m)
         assert admin.queue_info(CHANNEL, 1)["Messages"] == 0  # (its acknowledge was served)
-        marker = tmqp.encode_frame(
-            message_type=MessageType.QUEUE,
-            content_type=1,
-            pending_ack=True,
-            message_id="mk",
-            target="mark",
-        )[0]
-        producer.send(marker)
+        producer.send(push_frame("mk", 1, b"", channel="mark", ack=True))  # the next request
         after = producer.frame()
         assert (after.message_type, after.message_id) == (MessageType.ACK, "mk")
     finally:

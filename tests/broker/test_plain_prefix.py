@@ -26,11 +26,11 @@ from broker.engine.engine import Engine
 from broker.engine.options import BrokerConfig
 from broker.protocol import GREETING, ConnectionInfo, MessageType, QueueStatus, ResultCode
 from broker.server.server import Server, ServerOptions
-from tests.broker.test_batch import Raw, _batch, _entries
+from tests.broker.test_batch import Raw, _batch, _entries, push_frame
 from tests.polling import wait_until
 
-from .engine_kit import Frame, Kit
-from .test_engine_batch_path import _counters, count_runs, one_by_one
+from .engine_kit import Kit
+from .test_engine_batch_path import _counters, _pushes, count_runs, one_by_one
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 MakeClient = Callable[..., Client]
@@ -49,20 +49,13 @@ def _kit(consumers: int) -> Kit:
     return kit
 
 
-def _pushes(count: int) -> list[tuple[int, Frame, bytes]]:
-    frames = [Frame(message_type=MessageType.QUEUE, content_type=1, target="ch",
-                    message_id=f"m{k}", source="p", payload=b"%d" % k)
-              for k in range(count)]  # fmt: skip
-    return [(k, f, tmqp.encode(f)[0]) for k, f in enumerate(frames)]
-
-
 @pytest.mark.parametrize("consumers", [1, 2])
 def test_a_run_into_a_queue_with_a_message_limit_takes_what_the_windows_have_room_for(
     consumers: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runs = count_runs(monkeypatch)
     batched, single = _kit(consumers), _kit(consumers)
-    items = _pushes(12)
+    items = _pushes(batched, "ch", 1, 0, 12)
     got = batched.engine.receive_batch("p", items, batched.now)
     assert got == one_by_one(single.engine, "p", items, single.now)
     assert _counters(batched) == _counters(single)
@@ -92,8 +85,7 @@ def test_garbage_and_pushes_that_end_the_prefix_between_plain_pushes_of_a_run(
     try:
 
         def plain(mid: str, body: bytes, queue_id: int = 1) -> bytes:
-            return tmqp.encode_frame(message_type=MessageType.QUEUE, content_type=queue_id,
-                                     message_id=mid, target="g", payload=body)[0]  # fmt: skip
+            return push_frame(mid, queue_id, body, channel="g")
 
         entries = [
             plain("a", b"a"),

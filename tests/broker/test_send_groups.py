@@ -23,6 +23,7 @@ from broker.message import Message
 from broker.protocol import MessageType, Outgoing, Tracked
 from broker.server.options import ServerOptions
 from broker.server.send import Peer, PeerState, SendPath
+from tests.broker.test_batch import push_frame
 from tests.polling import wait_until
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
@@ -38,8 +39,7 @@ def ctx() -> Iterator[Ctx]:
 
 
 def _delivery(rnd: random.Random, n: int, ack: bool, size: int) -> Message:
-    octets = tmqp.encode_frame(message_type=MessageType.QUEUE, pending_ack=ack, content_type=1,
-                               message_id=f"m{n}", target="q", payload=b"x" * size)[0]  # fmt: skip
+    octets = push_frame(f"m{n}", 1, b"x" * size, channel="q", ack=ack)
     messages, bad = tmqp.decode_message_records([octets], Message, WIRE)
     assert not bad
     return messages[0]

@@ -18,7 +18,6 @@ import errno
 import fcntl
 import hashlib
 import os
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,10 +26,9 @@ import pytest
 
 from filemq.mirror import DIRECT_MIN, TEMP_PREFIX
 from filemq.server import FileServer
-from zerohub.cli import ExitCode
 
 from .conftest import write_tree
-from .test_subscribe_cli import WAIT, Proc
+from .test_full_disk import _grow, small_tmpfs, sync_exits_0, sync_into_full_dest
 
 MiB = 1 << 20
 Serve = Callable[..., FileServer]
@@ -184,21 +182,9 @@ def test_an_io_error_mid_file_is_an_error_and_never_a_whole_file(
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A tmpfs of 6 MiB (``tests/filemq/test_full_disk.py``'s way: mount, root only)."""
-    where = tmp_path / "disk"
-    where.mkdir()
-    made = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(where)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.strip()}")
-    try:
+    """A tmpfs of 6 MiB (``test_full_disk.small_tmpfs``: mount, root only)."""
+    with small_tmpfs(tmp_path / "disk", "6m") as where:
         yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 def test_sync_direct_io_into_a_disk_that_fills_mid_file_then_exact(
@@ -211,22 +197,11 @@ def test_sync_direct_io_into_a_disk_that_fills_mid_file_then_exact(
     dest = small_disk / "dest"
     sync = ["sync", server.endpoint, str(dest), "--once", "--direct-io"]
     sync += ["--index", str(tmp_path / "d.idx")]
-    full = Proc(tmp_path, "full", *sync)
-    try:
-        assert full.popen.wait(WAIT * 3) == ExitCode.FAILURE
-        lines = full.stderr().strip().splitlines()
-    finally:
-        full.stop()
-    assert len(lines) == 1, lines
-    assert lines[0].startswith(f"filemq: DEST {dest} is full: cannot "), lines
-    assert "No space left on device" in lines[0]
+    line = sync_into_full_dest(tmp_path, sync, dest)
+    assert "No space left on device" in line
     assert _sha1s(dest) == {}  # nothing presented as whole
     assert sorted(p.name for p in small_disk.iterdir()) == ["dest"]  # nothing beside DEST
-    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
-    again = Proc(tmp_path, "again", *sync)
-    try:
-        assert again.popen.wait(WAIT * 3) == 0, again.stderr()
-    finally:
-        again.stop()
+    _grow(small_disk)  # (64 MiB)
+    sync_exits_0(tmp_path, sync)
     assert _sha1s(dest) == _sha1s(src)
     assert sorted(p.name for p in small_disk.iterdir()) == ["dest"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -35,13 +36,13 @@ SMALL = {f"d{i % 4}/f{i}.bin": os.urandom(10 << 10) for i in range(200)}  # 2 Mi
 BIG = {"zz/big.bin": os.urandom(3 << 20)}  # in chunks (the default chunk is 1 MiB); sent last
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A folder on a tmpfs of ``ROOM`` bytes; ``resize(...)`` gives it more room."""
-    where = tmp_path / "disk"
+@contextmanager
+def small_tmpfs(where: Path, size: str) -> Iterator[Path]:
+    """``where`` (made here) a tmpfs of ``size`` (mount's ``size=``) until the end; the
+    test skips, saying why, where it cannot be mounted."""
     where.mkdir()
     made = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={ROOM}", "tmpfs", str(where)],
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
         capture_output=True,
         text=True,
         check=False,
@@ -52,6 +53,36 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         yield where
     finally:
         subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A folder on a tmpfs of ``ROOM`` bytes; ``_grow(...)`` gives it more room."""
+    with small_tmpfs(tmp_path / "disk", str(ROOM)) as where:
+        yield where
+
+
+def sync_into_full_dest(tmp_path: Path, sync: list[str], dest: Path) -> str:
+    """Run ``filemq sync`` (its arguments: ``sync``) into ``dest``, whose disk fills: it
+    exits 1 with one line saying DEST is full; that line."""
+    full = Proc(tmp_path, "full", *sync)
+    try:
+        assert full.popen.wait(WAIT * 3) == ExitCode.FAILURE
+        lines = full.stderr().strip().splitlines()
+    finally:
+        full.stop()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"filemq: DEST {dest} is full: cannot "), lines
+    return lines[0]
+
+
+def sync_exits_0(tmp_path: Path, sync: list[str]) -> None:
+    """Run ``filemq sync`` (its arguments: ``sync``) again: it exits 0."""
+    again = Proc(tmp_path, "again", *sync)
+    try:
+        assert again.popen.wait(WAIT * 3) == 0, again.stderr()
+    finally:
+        again.stop()
 
 
 def _grow(disk: Path) -> None:
@@ -88,26 +119,15 @@ def test_sync_into_a_disk_that_fills_ends_with_one_line_and_the_next_sync_is_exa
     dest = small_disk / "dest"
     sync = ["sync", server.endpoint, str(dest), "--once", "--index", str(tmp_path / "d.idx")]
     sync += options
-    full = Proc(tmp_path, "full", *sync)
-    try:
-        assert full.popen.wait(WAIT * 3) == ExitCode.FAILURE
-        lines = full.stderr().strip().splitlines()
-    finally:
-        full.stop()
-    assert len(lines) == 1, lines
-    assert lines[0].startswith(f"filemq: DEST {dest} is full: cannot "), lines
-    assert "No space left on device" in lines[0] and "none in part" in lines[0]
+    line = sync_into_full_dest(tmp_path, sync, dest)
+    assert "No space left on device" in line and "none in part" in line
     held = _whole(dest, src)
     assert _temp_files(dest) == []
     assert len(held) < len(tree)
     assert held or tree is BIG  # (the small files: some placed before the disk filled)
 
     _grow(small_disk)
-    again = Proc(tmp_path, "again", *sync)
-    try:
-        assert again.popen.wait(WAIT * 3) == 0, again.stderr()
-    finally:
-        again.stop()
+    sync_exits_0(tmp_path, sync)
     assert files(dest) == files(src)
 
 
