@@ -514,6 +514,7 @@ STOMP_KEYS = {
     "require_host": bool,
     "max_connections": int,
     "max_subscriptions": int,
+    "max_wildcard_subscriptions": int,
 }
 
 

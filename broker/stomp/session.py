@@ -29,7 +29,10 @@ Rules enforced here:
   frames read before the bad one are handled first, and the ERROR waits for the
   backend's answers to the SENDs before it: their RECEIPTs leave first.
 * SUBSCRIBE: ids are unique per connection (1.1+ requires one); at most
-  ``max_subscriptions``; a temporary destination of another connection is refused.
+  ``max_subscriptions``, and at most ``max_wildcard_subscriptions`` wildcard destinations
+  among them (each wildcard part of a composite counts; the broker-wide pattern budget
+  is shared by every client, so one connection may not take it all); a temporary
+  destination of another connection is refused.
   UNSUBSCRIBE: by ``id`` (1.0 may give ``destination``); ``persistent:true`` destroys a
   durable subscription.
 * ACK/NACK: 1.2 names the delivery by ``id`` (our MESSAGE ``ack`` header); 1.1 by
@@ -137,6 +140,10 @@ class SessionConfig:
     #: Seconds a new connection has to send CONNECT.
     connect_timeout: float = 10.0
     max_subscriptions: int = 1000
+    #: Wildcard destinations held by one connection's subscriptions (each subscription
+    #: counts its own; a composite counts each wildcard part): the same default as a
+    #: TMQP client's ``max_pattern_joins``.
+    max_wildcard_subscriptions: int = 16
     max_transactions: int = 16
     max_transaction_frames: int = 10_000
     #: With a backend that publishes asynchronously: SENDs in flight (not yet answered)
@@ -241,6 +248,7 @@ class Session:
         self._receive_interval = 0.0
         self._close_at: float | None = None
         self._subscriptions: dict[str, _Subscription] = {}
+        self._wildcards = 0  # wildcard destinations of _subscriptions, all counted
         self._tag_owner: dict[int, str] = {}  # delivery tag -> subscription id
         self._transactions: dict[str, list[Frame]] = {}
         self._attached = False
@@ -854,6 +862,13 @@ class Session:
             raise ProtocolViolation(
                 f"too many subscriptions (max_subscriptions={self.config.max_subscriptions})"
             )
+        wildcards = _wildcards(spec)
+        if wildcards and self._wildcards + wildcards > self.config.max_wildcard_subscriptions:
+            raise ProtocolViolation(
+                "too many wildcard subscriptions (max_wildcard_subscriptions="
+                f"{self.config.max_wildcard_subscriptions}; held {self._wildcards},"
+                f" this one has {wildcards})"
+            )
         for destination in spec.destinations:
             owner = temp_owner(destination.name)
             if owner is not None and owner != (self.config.broker_id, self.connection_id):
@@ -866,6 +881,7 @@ class Session:
         except BackendError:
             del self._subscriptions[spec.id]
             raise
+        self._wildcards += wildcards
 
     def _on_unsubscribe(self, frame: Frame, now: float) -> None:
         sub_id = frame.header("id")
@@ -886,6 +902,7 @@ class Session:
         if sub is None and not destroy:
             raise ProtocolViolation(f"no subscription with id {sub_id[:80]!r}")
         if sub is not None:
+            self._wildcards -= _wildcards(sub.spec)
             for tag in sub.pending:
                 self._tag_owner.pop(tag, None)
         self.backend.unsubscribe(self.connection_id, sub_id, destroy=destroy)
@@ -1126,3 +1143,8 @@ _DISPATCH: dict[Command, Callable[[Session, Frame, float], None]] = {
     Command.ABORT: Session._on_abort,
     Command.DISCONNECT: Session._on_disconnect,
 }
+
+
+def _wildcards(spec: SubscriptionSpec) -> int:
+    """The wildcard destinations a subscription holds (``max_wildcard_subscriptions``)."""
+    return sum(1 for destination in spec.destinations if destination.wildcard)
