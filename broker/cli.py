@@ -515,6 +515,9 @@ STOMP_KEYS = {
     "max_connections": int,
     "max_subscriptions": int,
     "max_wildcard_subscriptions": int,
+    "max_transactions": int,
+    "max_transaction_frames": int,
+    "max_transaction_bytes": int,
 }
 
 
