@@ -514,6 +514,10 @@ STOMP_KEYS = {
     "require_host": bool,
     "max_connections": int,
     "max_subscriptions": int,
+    "max_wildcard_subscriptions": int,
+    "max_transactions": int,
+    "max_transaction_frames": int,
+    "max_transaction_bytes": int,
 }
 
 

@@ -62,6 +62,9 @@ class Limits:
     #: door; ``patterns`` in the statistics): each is tried once per channel created; a
     #: pattern another client of the same door holds already costs nothing more.
     max_patterns: int = 1_000
+    #: Temporary destinations (``/temp-queue/``, ``/temp-topic/``) one STOMP connection
+    #: holds at once: each is a channel kept until that connection ends.
+    max_temp_destinations: int = 1_000
     #: Event subscriptions (event, channel, queue filters) of one client.
     max_event_subscriptions: int = 1_000
     #: Outstanding direct requests (waiting for a response) of one client.

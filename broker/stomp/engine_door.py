@@ -423,7 +423,14 @@ class EngineDoor:
             elsewhere = self.namespace_of.get(owner[1], "") != destination.namespace
             if owner_client is None or elsewhere:  # gone, or of another virtual host
                 raise BackendError(f"{destination.stomp}: no such temporary destination")
-            self.temps_of.setdefault(owner[1], set()).add(name)
+            temps = self.temps_of.setdefault(owner[1], set())
+            limit = self.engine.config.limits.max_temp_destinations
+            if name not in temps and len(temps) >= limit:
+                raise BackendError(
+                    f"{destination.stomp}: too many temporary destinations"
+                    f" (max_temp_destinations={limit})"
+                )
+            temps.add(name)
             if self.handler is not None:  # TMQP clients that join it get nothing either
                 self.handler.set_owner(name, owner_client)
         options = TOPIC_OPTIONS if destination.kind is DestinationKind.TOPIC else QUEUE_OPTIONS

@@ -29,7 +29,10 @@ Rules enforced here:
   frames read before the bad one are handled first, and the ERROR waits for the
   backend's answers to the SENDs before it: their RECEIPTs leave first.
 * SUBSCRIBE: ids are unique per connection (1.1+ requires one); at most
-  ``max_subscriptions``; a temporary destination of another connection is refused.
+  ``max_subscriptions``, and at most ``max_wildcard_subscriptions`` wildcard destinations
+  among them (each wildcard part of a composite counts; the broker-wide pattern budget
+  is shared by every client, so one connection may not take it all); a temporary
+  destination of another connection is refused.
   UNSUBSCRIBE: by ``id`` (1.0 may give ``destination``); ``persistent:true`` destroys a
   durable subscription.
 * ACK/NACK: 1.2 names the delivery by ``id`` (our MESSAGE ``ack`` header); 1.1 by
@@ -42,7 +45,8 @@ Rules enforced here:
   the credit of what it names at once (``Backend.credit``), as the Apollo manual says;
   an ABORT does not take it back and a later ACK of the same delivery adds none.  An unknown or
   duplicate transaction id is an ERROR.  Limits: ``max_transactions`` open,
-  ``max_transaction_frames`` buffered frames per transaction.
+  ``max_transaction_frames`` buffered frames per transaction, ``max_transaction_bytes``
+  buffered (bodies and headers) over all of a connection's open transactions.
 """
 
 from __future__ import annotations
@@ -137,8 +141,15 @@ class SessionConfig:
     #: Seconds a new connection has to send CONNECT.
     connect_timeout: float = 10.0
     max_subscriptions: int = 1000
+    #: Wildcard destinations held by one connection's subscriptions (each subscription
+    #: counts its own; a composite counts each wildcard part): the same default as a
+    #: TMQP client's ``max_pattern_joins``.
+    max_wildcard_subscriptions: int = 16
     max_transactions: int = 16
     max_transaction_frames: int = 10_000
+    #: Bytes (bodies and header text) buffered by all of one connection's open
+    #: transactions: room for one frame of ``Limits.max_body`` (100 MiB) and its headers.
+    max_transaction_bytes: int = 128 * 1024 * 1024
     #: With a backend that publishes asynchronously: SENDs in flight (not yet answered)
     #: per connection, and their body bytes; past either, a SEND waits for its answer.
     max_unanswered_sends: int = 1000
@@ -241,8 +252,10 @@ class Session:
         self._receive_interval = 0.0
         self._close_at: float | None = None
         self._subscriptions: dict[str, _Subscription] = {}
+        self._wildcards = 0  # wildcard destinations of _subscriptions, all counted
         self._tag_owner: dict[int, str] = {}  # delivery tag -> subscription id
         self._transactions: dict[str, list[Frame]] = {}
+        self._transaction_bytes = 0  # what _transactions' frames hold (_frame_size)
         self._attached = False
         self._async = backend if isinstance(backend, AsyncPublisher) else None
         #: Receipts wait for the backend to apply every frame before them (AfterApplied).
@@ -382,6 +395,7 @@ class Session:
     def connection_lost(self) -> None:
         """The transport is gone: open transactions are dropped, the backend detaches."""
         self._transactions.clear()
+        self._transaction_bytes = 0
         self._parked.clear()
         if self.state is not SessionState.CLOSED:
             self.state = SessionState.CLOSED
@@ -854,6 +868,13 @@ class Session:
             raise ProtocolViolation(
                 f"too many subscriptions (max_subscriptions={self.config.max_subscriptions})"
             )
+        wildcards = _wildcards(spec)
+        if wildcards and self._wildcards + wildcards > self.config.max_wildcard_subscriptions:
+            raise ProtocolViolation(
+                "too many wildcard subscriptions (max_wildcard_subscriptions="
+                f"{self.config.max_wildcard_subscriptions}; held {self._wildcards},"
+                f" this one has {wildcards})"
+            )
         for destination in spec.destinations:
             owner = temp_owner(destination.name)
             if owner is not None and owner != (self.config.broker_id, self.connection_id):
@@ -866,6 +887,7 @@ class Session:
         except BackendError:
             del self._subscriptions[spec.id]
             raise
+        self._wildcards += wildcards
 
     def _on_unsubscribe(self, frame: Frame, now: float) -> None:
         sub_id = frame.header("id")
@@ -886,6 +908,7 @@ class Session:
         if sub is None and not destroy:
             raise ProtocolViolation(f"no subscription with id {sub_id[:80]!r}")
         if sub is not None:
+            self._wildcards -= _wildcards(sub.spec)
             for tag in sub.pending:
                 self._tag_owner.pop(tag, None)
         self.backend.unsubscribe(self.connection_id, sub_id, destroy=destroy)
@@ -989,6 +1012,7 @@ class Session:
         frames = self._transactions.pop(tx, None)
         if frames is None:
             raise ProtocolViolation(f"no open transaction {tx[:80]!r}")
+        self._transaction_bytes -= sum(_frame_size(buffered) for buffered in frames)
         return frames
 
     def _buffered(self, frame: Frame) -> bool:
@@ -1004,6 +1028,12 @@ class Session:
                 "too many frames in one transaction "
                 f"(max_transaction_frames={self.config.max_transaction_frames})"
             )
+        size = _frame_size(frame)
+        if self._transaction_bytes + size > self.config.max_transaction_bytes:
+            raise ProtocolViolation(
+                "too many bytes buffered in transactions "
+                f"(max_transaction_bytes={self.config.max_transaction_bytes})"
+            )
         if frame.command is Command.SEND:
             # check it now: a bad SEND is reported when sent, not at COMMIT
             parse_send(
@@ -1018,6 +1048,7 @@ class Session:
             if tags:
                 self.backend.credit(self.connection_id, tags)
         frames.append(frame)
+        self._transaction_bytes += size
         return True
 
     def _on_disconnect(self, frame: Frame, now: float) -> None:
@@ -1053,6 +1084,7 @@ class Session:
             self._fail(reason, now, receipt)
             return
         self._transactions.clear()
+        self._transaction_bytes = 0
         self._parked.clear()
         self.state = SessionState.CLOSING
         self._close_at = now + self.config.connect_timeout
@@ -1077,6 +1109,7 @@ class Session:
         self._out += serialize(make_frame(Command.ERROR, headers, body), version)
         self.error = summary
         self._transactions.clear()
+        self._transaction_bytes = 0
         self._parked.clear()
         self._unanswered.clear()
         self._unanswered_bytes = 0
@@ -1126,3 +1159,14 @@ _DISPATCH: dict[Command, Callable[[Session, Frame, float], None]] = {
     Command.ABORT: Session._on_abort,
     Command.DISCONNECT: Session._on_disconnect,
 }
+
+
+def _wildcards(spec: SubscriptionSpec) -> int:
+    """The wildcard destinations a subscription holds (``max_wildcard_subscriptions``)."""
+    return sum(1 for destination in spec.destinations if destination.wildcard)
+
+
+def _frame_size(frame: Frame) -> int:
+    """What a buffered frame holds, as ``max_transaction_bytes`` counts it: its body and
+    its header names and values."""
+    return len(frame.body) + sum(len(name) + len(value) for name, value in frame.headers)

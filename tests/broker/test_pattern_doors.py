@@ -30,6 +30,7 @@ from broker.engine.engine import Engine
 from broker.engine.limits import Limits
 from broker.engine.options import BrokerConfig
 from broker.protocol import Outgoing, ResultCode
+from broker.stomp.session import SessionConfig
 from tests.polling import WAIT, wait_until
 from tests.stomp.two_doors import Broker
 
@@ -289,27 +290,34 @@ def test_joining_and_leaving_in_a_loop_leaks_nothing(
 
 
 def test_the_default_limit_of_1000_spans_both_doors(zctx: Ctx) -> None:
-    """At the defaults: one STOMP connection holds 1,000 wildcards (its own limit of
-    subscriptions too), a TMQP pattern join is then 482; one UNSUBSCRIBE lets it in."""
+    """At the defaults: STOMP connections hold 1,000 wildcards, at most 16 each (their own
+    ``max_wildcard_subscriptions``: one connection can no longer take them all), a TMQP
+    pattern join is then 482; one UNSUBSCRIBE lets it in."""
     limit = Limits().max_patterns
+    each = SessionConfig().max_wildcard_subscriptions
     broker = Broker(zctx)
     client = Client(broker.endpoint, context=broker.zctx, timeout=WAIT).connect()
-    holder = Stomp(broker.listener.port)
+    holders: list[Stomp] = []
     try:
-        holder.send(
-            b"".join(
-                b"SUBSCRIBE\nid:w%d\ndestination:/topic/w%d.*\n\n\x00" % (i, i)
-                for i in range(limit)
+        for start in range(0, limit, each):
+            holder = Stomp(broker.listener.port)
+            holders.append(holder)
+            holder.send(
+                b"".join(
+                    b"SUBSCRIBE\nid:w%d\ndestination:/topic/w%d.*\n\n\x00" % (i, i)
+                    for i in range(start, min(start + each, limit))
+                )
+                + b"BEGIN\ntransaction:t\nreceipt:all\n\n\x00"
             )
-            + b"BEGIN\ntransaction:t\nreceipt:all\n\n\x00"
-        )
-        assert holder.next_frame().startswith(b"RECEIPT\nreceipt-id:all")
+        for holder in holders:
+            assert holder.next_frame().startswith(b"RECEIPT\nreceipt-id:all")
         assert _patterns(broker) == limit
         _join_refused(client, "late.*")
-        holder.unsubscribe("w0")
+        holders[0].unsubscribe("w0")
         client.join_pattern("late.*")
         assert _patterns(broker) == limit
     finally:
-        holder.close()
+        for holder in holders:
+            holder.close()
         client.close()
         broker.stop()

@@ -126,3 +126,42 @@ def test_connection_limits_from_the_config_file(serve_factory: Callable[..., Ser
     calm.send("/queue/calm", "still served", receipt="s")
     assert wait_until(lambda: bodies(calm) == ["still served"])
     calm.disconnect()
+
+
+def test_transaction_limits_from_the_config_file(serve_factory: Callable[..., Serve]) -> None:
+    """The ``[stomp]`` keys ``max_transactions``, ``max_transaction_frames`` and
+    ``max_transaction_bytes`` (session 19): past one, an ERROR naming it with the frame's
+    receipt, then the close; nothing of the transaction reaches a queue."""
+    server = serve_factory(
+        config="[stomp]\nmax_transactions = 1\nmax_transaction_frames = 3\n"
+        "max_transaction_bytes = 200\n"
+    )
+    cases = [
+        (b"BEGIN\ntransaction:b\nreceipt:x\n\n\x00", "max_transactions=1"),
+        (
+            b"SEND\ndestination:/queue/t\ntransaction:a\nreceipt:x\n\n" + b"y" * 200 + b"\x00",
+            "max_transaction_bytes=200",
+        ),
+        (
+            b"SEND\ndestination:/queue/t\ntransaction:a\nreceipt:x\n\nz\x00" * 4,
+            "max_transaction_frames=3",
+        ),
+    ]
+    for frame, limit in cases:
+        raw = Raw(server.port)
+        try:
+            raw.connect()
+            raw.send(b"BEGIN\ntransaction:a\n\n\x00" + frame)
+            error = raw.next()
+            while error.command is Command.RECEIPT:  # (the frames kept before the limit)
+                error = raw.next()
+            assert error.command is Command.ERROR and error.header("receipt-id") == "x"
+            assert limit in str(error.header("message"))
+            assert raw.closed_by_server()
+        finally:
+            raw.close()
+    watcher: Any = stomp12(server.port)
+    watcher.subscribe("/queue/t", id="w", receipt="w")
+    watcher.send("/queue/t", "only this", receipt="s")
+    assert wait_until(lambda: bodies(watcher) == ["only this"])
+    watcher.disconnect()

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from broker.stomp.backend import STORE_FAILED, Refusal
 from broker.stomp.errors import BackendError
-from broker.stomp.frames import Command, Version, make_frame, serialize
+from broker.stomp.frames import Command, Frame, Version, make_frame, serialize
 from broker.stomp.memory import MemoryBackend
 from broker.stomp.session import Credentials, SessionConfig, SessionState, VirtualHost
 
@@ -21,7 +21,10 @@ CONNECT_12 = {"accept-version": "1.2", "host": "localhost"}
 
 
 def assert_error_then_close(peer: Peer, match: str) -> None:
-    error = peer.read_one(Command.ERROR)
+    assert_error_then_close_after(peer, peer.read_one(Command.ERROR), match)
+
+
+def assert_error_then_close_after(peer: Peer, error: Frame, match: str) -> None:
     assert match in (error.header("message") or ""), error
     assert peer.session.state is SessionState.CLOSING
     peer.send(Command.SEND, {"destination": "/queue/ignored"}, b"x")
@@ -444,6 +447,32 @@ def test_transaction_limits() -> None:
     for _ in range(3):
         other.send(Command.SEND, {"destination": "/queue/q", "transaction": "a"})
     assert_error_then_close(other, "max_transaction_frames=2")
+
+
+def test_transaction_bytes_are_bounded_per_connection_and_freed_at_commit_or_abort() -> None:
+    """``max_transaction_bytes`` counts every open transaction of a connection (bodies and
+    header text): a frame that would cross it is an ERROR carrying its receipt, and what
+    a COMMIT or ABORT took away is room again."""
+    world = World(config=SessionConfig(max_transaction_bytes=1000))
+    peer = world.connected()
+    for tx in ("a", "b"):
+        peer.send(Command.BEGIN, {"transaction": tx})
+    send = {"destination": "/queue/q", "transaction": "a"}  # 31 characters of header text
+    peer.send(Command.SEND, send, b"x" * 400)
+    peer.send(Command.SEND, {**send, "transaction": "b"}, b"x" * 400)  # 2 x 431 held
+    peer.send(Command.ABORT, {"transaction": "b"})
+    peer.send(Command.SEND, send, b"x" * 400)
+    peer.send(Command.COMMIT, {"transaction": "a", "receipt": "c"})
+    assert peer.read_one(Command.RECEIPT).header("receipt-id") == "c"
+    assert world.backend.queue_depth("q") == 2
+    peer.send(Command.BEGIN, {"transaction": "a"})
+    peer.send(Command.SEND, send, b"x" * 969)  # 1000 exactly: kept
+    peer.send(Command.BEGIN, {"transaction": "b"})
+    peer.send(Command.ACK, {"id": "1", "transaction": "b", "receipt": "over"})  # 26 more
+    error = peer.read()[-1]
+    assert error.command is Command.ERROR and error.header("receipt-id") == "over"
+    assert_error_then_close_after(peer, error, "max_transaction_bytes=1000")
+    assert world.backend.queue_depth("q") == 2  # the open transaction was dropped
 
 
 # -- destinations and Apollo options -------------------------------------------------------
