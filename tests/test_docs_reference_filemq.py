@@ -217,15 +217,32 @@ def test_limits_table_matches_the_code(page: str, least: int) -> None:
     assert not wrong, "\n".join(wrong)
 
 
+def slug(heading: str) -> str:
+    """A heading's anchor as GitHub makes it (``## Direct I/O`` -> ``direct-io``)."""
+    text = heading.lstrip("#").strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def _anchors(page: str) -> set[str]:
+    text = (DOCS / page).read_text(encoding="utf-8")
+    return {slug(line) for line in text.splitlines() if re.match(r"#{1,6} ", line)}
+
+
 @pytest.mark.parametrize("page", sorted(set(_PAGES.values())))
 def test_reference_comes_first_and_lists_the_sections(page: str) -> None:
     text = (DOCS / page).read_text(encoding="utf-8")
     headings = [line for line in text.splitlines() if line.startswith("## ")]
     assert headings[0] == "## Reference", f"{page}: the Reference section is not first"
-    anchors = set(re.findall(r"\]\(#([\w-]+)\)", text))
+    linked = set(re.findall(r"\]\(#([\w-]+)\)", text))
     for heading in headings[1:]:
-        slug = re.sub(r"[^\w\- ]", "", heading[3:].strip().lower()).replace(" ", "-")
-        assert slug in anchors, f"{page}: section {heading!r} is not linked from the Reference"
+        assert slug(heading) in linked, f"{page}: {heading!r} is not linked from the Reference"
+
+
+@pytest.mark.parametrize("page", sorted(set(_PAGES.values())))
+def test_every_link_to_a_section_leads_to_one(page: str) -> None:
+    text = (DOCS / page).read_text(encoding="utf-8")
+    for target, anchor in re.findall(r"\]\(([\w.]*)#([\w-]+)\)", text):
+        assert anchor in _anchors(target or page), f"{page}: no section for {target}#{anchor}"
 
 
 def test_table_parsing_sees_a_changed_default() -> None:
