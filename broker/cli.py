@@ -178,20 +178,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     config = _load_config(args.config)
     section = dict(config.get("server") or {})
-    known = {
-        "bind",
-        "curve_secret",
-        "allow",
-        "insecure",
-        "max_frame_size",
-        "ping_interval",
-        "peer_timeout",
-        "handshake_timeout",
-        "max_handshakes",
-        "max_connections",
-        "fanout",
-        "fanout_hwm",
-    }
+    known = SERVER_KEYS
     if set(section) - known:
         raise UsageError(f"config server: unknown keys {sorted(set(section) - known)}")
     for key in known:
@@ -214,19 +201,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except zmqkit.SecurityError as exc:
         raise UsageError(str(exc)) from None
     try:
+        default = ServerOptions(endpoint=endpoint)  # the one home of the [server] defaults
         options = ServerOptions(
             endpoint=endpoint,
             curve_secret=section.get("curve_secret"),
             allow_dir=section.get("allow"),
             insecure=bool(section.get("insecure", False)),
-            max_frame_size=int(section.get("max_frame_size", 16 * 1024 * 1024)),
-            ping_interval=float(section.get("ping_interval", 5.0)),
-            peer_timeout=float(section.get("peer_timeout", 15.0)),
-            handshake_timeout=float(section.get("handshake_timeout", 10.0)),
-            max_handshakes=int(section.get("max_handshakes", 1_000)),
-            max_connections=int(section.get("max_connections", 11_000)),
+            max_frame_size=int(section.get("max_frame_size", default.max_frame_size)),
+            ping_interval=float(section.get("ping_interval", default.ping_interval)),
+            peer_timeout=float(section.get("peer_timeout", default.peer_timeout)),
+            handshake_timeout=float(section.get("handshake_timeout", default.handshake_timeout)),
+            max_handshakes=int(section.get("max_handshakes", default.max_handshakes)),
+            max_connections=int(section.get("max_connections", default.max_connections)),
             fanout=str(fanout) if fanout is not None else None,
-            fanout_hwm=int(section.get("fanout_hwm", 1_000)),
+            fanout_hwm=int(section.get("fanout_hwm", default.fanout_hwm)),
         )
     except (TypeError, ValueError) as exc:
         raise UsageError(f"server options: {exc}") from None
@@ -501,6 +489,25 @@ def _open_data(args: argparse.Namespace) -> Any:
     except StoreError as exc:
         raise CommandError(f"serve --data {data}: {exc}") from None
 
+
+#: Keys of the config file's ``[server]`` table (``ServerOptions`` fields and the CURVE /
+#: bind settings); a key not listed is a usage error.  Their defaults are ``ServerOptions``'.
+SERVER_KEYS = frozenset(
+    {
+        "bind",
+        "curve_secret",
+        "allow",
+        "insecure",
+        "max_frame_size",
+        "ping_interval",
+        "peer_timeout",
+        "handshake_timeout",
+        "max_handshakes",
+        "max_connections",
+        "fanout",
+        "fanout_hwm",
+    }
+)
 
 #: Keys of the config file's ``[stomp]`` table (the STOMP session options; see docs/stomp.md).
 STOMP_KEYS = {

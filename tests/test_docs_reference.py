@@ -287,3 +287,15 @@ def test_the_reference_s_links_lead_to_headings(page: str) -> None:
             if anchor not in _anchors(target or page):
                 broken.append(f"docs/{page}:{number}: {target}#{anchor}")
     assert not broken, "\n".join(broken)
+
+
+def test_the_server_keys_are_the_config_s() -> None:
+    """The ``[server]`` row of the config table lists exactly the keys ``broker serve``
+    reads (``cli.SERVER_KEYS``; their defaults are ``ServerOptions``', checked above)."""
+    line = next(
+        text
+        for text in (DOCS / "broker.md").read_text().splitlines()
+        if text.startswith("| `[server]` |")
+    )
+    documented = set(re.findall(r"`([a-z_]+)`", line.split("|")[2]))
+    assert documented == set(cli.SERVER_KEYS)
