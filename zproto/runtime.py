@@ -245,29 +245,6 @@ _OCTET = OCTET
 _BIG_VALUE = 1 << 16
 
 
-#: Hash keys encoded so far -> their octets on the wire (length octet, UTF-8): a
-#: program's keys are a few names sent again and again (a file's ``sha1``, ``size``...).
-#: At most ``_HASH_KEYS_KEPT`` (keys may come from elsewhere: never grown without end).
-#: Only the keys of hashes of at most ``_KEYED_HASH`` entries are kept: a bigger one (a
-#: mirror's cache: file names) is encoded as it comes and never fills the table.
-_HASH_KEYS: dict[str, bytes] = {}
-_HASH_KEYS_KEPT = 256
-_KEYED_HASH = 32
-
-
-def _hash_key(key: str) -> bytes:
-    """A hash key's octets on the wire (its length octet, then UTF-8), kept for next time
-    while there is room; ``EncodeError`` for a key longer than 255 octets."""
-    k = key.encode("utf-8")
-    try:
-        octets = _OCTET[len(k)] + k
-    except IndexError:
-        raise EncodeError(f"hash key {key[:40]!r}... is longer than 255 octets") from None
-    if len(_HASH_KEYS) < _HASH_KEYS_KEPT:
-        _HASH_KEYS[key] = octets
-    return octets
-
-
 def enc_hash(value: Mapping[str, str]) -> bytes:
     """hash: number-4 count, then (string key, longstr value) per entry."""
     out = bytearray()
@@ -286,23 +263,16 @@ def enc_hash_into(out: bytearray, value: Mapping[str, str]) -> None:
     if type(value) is EncodedHash:  # (a lazy field decoded from a frame: as it came)
         out += value.octets
         return
-    count = len(value)
-    out += _U32.pack(count)
-    u32 = _U32.pack
-    keyed = count <= _KEYED_HASH  # (a program's few keys, not a mirror's cache of names)
-    keys = _HASH_KEYS
+    out += _U32.pack(len(value))
     octet = _OCTET
+    u32 = _U32.pack
     for key, val in value.items():
-        if keyed:
-            k = keys.get(key)  # (a key seen before: its octets as they go out)
-            out += _hash_key(key) if k is None else k
-        else:
-            k = key.encode("utf-8")
-            try:
-                out += octet[len(k)]
-            except IndexError:
-                raise EncodeError(f"hash key {key[:40]!r}... is longer than 255 octets") from None
-            out += k
+        k = key.encode("utf-8")
+        try:
+            out += octet[len(k)]
+        except IndexError:
+            raise EncodeError(f"hash key {key[:40]!r}... is longer than 255 octets") from None
+        out += k
         if len(val) > _BIG_VALUE and val.isascii():  # (its length in octets is len())
             out += u32(len(val))
             for start in range(0, len(val), _BIG_VALUE):  # not a whole encoded copy
