@@ -1013,31 +1013,27 @@ class SyncClient:
         done = placer.collect() if partly else placer.settle()
         outcome = None
         for chunk, result in done:  # (a list: what is added below is iterated too)
-            if type(result) is tuple and type(chunk) is FileChunk and (result[0] or not partly):
-                # a small file placed (or that did not verify, when nothing runs beside)
-                self._progress.data(len(chunk.data))
-                outcome = self._finished(session, mirror, chunk, *result) or outcome
-                continue
-            if isinstance(chunk, MakeDir):
+            if type(chunk) is MakeDir:
                 if isinstance(result, OSError | UnsafePathError):
                     log.error("cannot apply %s: %s", chunk.name, result)
                     self.result.errors += 1
                 elif isinstance(result, Exception):
                     raise result
                 continue
-            if partly and not (type(result) is tuple and result[0]):
+            if partly and not (isinstance(result, tuple) and result[0]):
                 done += placer.settle()  # (nothing runs beside what follows)
                 partly = False
+            if isinstance(result, tuple):  # a small file placed (or that did not verify)
+                self._progress.data(len(chunk.data))
+                outcome = self._finished(session, mirror, chunk, *result) or outcome
+                continue
             if isinstance(result, _TargetRefused):
                 self._refused(chunk.name, result.cause)
                 continue
             if isinstance(result, OSError | UnsafePathError):
                 self._not_placed(chunk.name, result)
                 continue
-            if isinstance(result, Exception):
-                raise result
-            self._progress.data(len(chunk.data))
-            outcome = self._finished(session, mirror, chunk, *result) or outcome
+            raise result
         return _Outcome.FULL if self._full else outcome
 
     def _refused(self, name: str, exc: OSError | UnsafePathError) -> None:
