@@ -9,7 +9,8 @@ consumers) and its kernel work (faults taken twice, once for the protection and 
 for the page).  In the main arena the heap grows with ``brk`` plus its top pad
 (128 KiB): one call per ~30 such messages.  The broker's threads (the serving thread,
 libzmq's I/O thread, the store's writer) then share one lock for their allocations,
-which two cores hardly notice (bench/bench_broker.py; docs/broker.md, persistent 4 KiB pushes).
+which two cores hardly notice (bench/bench_broker.py; docs/performance.md, "Where a queued
+4 KiB message went (session 14)").
 
 ``one_arena()`` must run before any other thread allocates (glibc fixes its arena limit
 when a second thread first allocates): ``broker serve`` calls it first thing.  A
