@@ -89,6 +89,12 @@ DeliverySink = Callable[[Delivery], bool]
 #: Pushes a run of deliveries to a connection; returns how many it took, the first ones
 #: in order (fewer than given: it cannot take more now, as a sink returning False).
 RunSink = Callable[[Sequence[Delivery]], int]
+#: Pushes a run of plain ``ack:auto`` MESSAGEs of one subscription (its id, the
+#: destination, the message ids, the bodies: no header to carry, no redelivery, no
+#: sequence, nothing to settle per delivery); returns how many it took, the first ones
+#: in order, as the run sink would for their deliveries; -1: the subscription takes no
+#: plain run (unknown, not ``ack:auto``, headers to add): nothing was taken.
+PlainRunSink = Callable[[str, str, Sequence[str], Sequence[bytes | memoryview]], int]
 
 
 class Backend(Protocol):
@@ -120,7 +126,9 @@ class RunReceiver(Protocol):
     write for them all).  ``attach_runs`` is called right after ``attach``; the run
     sink takes exactly what the single sink would take called on each in turn."""
 
-    def attach_runs(self, connection_id: int, sink: RunSink) -> None: ...
+    def attach_runs(
+        self, connection_id: int, sink: RunSink, plain: PlainRunSink | None = None
+    ) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,10 +77,11 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +94,7 @@ from broker.stomp.backend import (
     ConnectionInfo,
     Delivery,
     DeliverySink,
+    PlainRunSink,
     PublishAnswer,
     Refusal,
     RunSink,
@@ -210,6 +212,9 @@ class _Conn:
     next_tag: int = 1
     #: The connection's run sink (``attach_runs``): a hand-over's deliveries in one call.
     run_sink: RunSink | None = None
+    #: Its plain run sink (``attach_runs``): plain ``ack:auto`` MESSAGEs of one
+    #: subscription from their ids and bodies (``_plain_prefix``).
+    plain_sink: PlainRunSink | None = None
     #: Its virtual host's namespace (``broker.stomp.vhosts``; "" the default one's), and
     #: the destinations it named, parsed (the session's cache) -> named in it.
     namespace: str = ""
@@ -360,12 +365,16 @@ class EngineBackend:
         door, conn = self.door, connection.id
         self._submit(lambda now: door.op_connect(conn, connection, now))  # none if logged in
 
-    def attach_runs(self, connection_id: int, sink: RunSink) -> None:
+    def attach_runs(
+        self, connection_id: int, sink: RunSink, plain: PlainRunSink | None = None
+    ) -> None:
         """:class:`~broker.stomp.backend.RunReceiver`: the deliveries of one hand-over
-        from the engine thread go to the connection in one call (``_deliver_to``)."""
+        from the engine thread go to the connection in one call (``_deliver_to``), the
+        plain ``ack:auto`` ones through ``plain`` (``_plain_prefix``)."""
         conn = self.conns.get(connection_id)
         if conn is not None:
             conn.run_sink = sink
+            conn.plain_sink = plain
 
     def detach(self, connection_id: int) -> None:
         if self.conns.pop(connection_id, None) is None:
@@ -736,10 +745,7 @@ class EngineBackend:
                 return sub
         return None
 
-    def _on_deliveries(self, items: list[tuple[int, Message]]) -> None:
-        by_conn: dict[int, list[Message]] = {}
-        for conn_id, message in items:
-            by_conn.setdefault(conn_id, []).append(message)
+    def _on_deliveries(self, by_conn: dict[int, list[Message]]) -> None:
         for conn_id, messages in by_conn.items():
             conn = self.conns.get(conn_id)
             if conn is None:
@@ -750,13 +756,29 @@ class EngineBackend:
                 self._deliver_to(conn_id, conn, messages)
         self.after_deliveries()
 
-    def _deliver_to(self, conn_id: int, conn: _Conn, messages: Iterable[Message]) -> None:
+    def _deliver_to(self, conn_id: int, conn: _Conn, messages: list[Message]) -> None:
         """Offer ``messages`` to the connection in order; what it cannot take now waits
         in ``held`` (until ``resume``); what it took (or a topic copy its subscription
         does not select) is reported taken, and settled when it is acknowledged by
         taking.  Deliveries go out in runs through the connection's run sink (one call,
-        its room read once), one by one where a topic credit decides per delivery."""
+        its room read once), one by one where a topic credit decides per delivery; the
+        leading runs of plain ``ack:auto`` deliveries through the plain sink
+        (:meth:`_plain_prefix`)."""
         taken = 0
+        if conn.plain_sink is not None:
+            n = len(messages)
+            while taken < n:
+                took = self._plain_prefix(conn, messages, taken)
+                if took < 0:  # the connection is full: the rest waits
+                    taken -= took
+                    conn.held.extend(messages[taken:])
+                    messages = []
+                    break
+                if took == 0:
+                    break
+                taken += took
+            if taken and messages:
+                messages = messages[taken:]
         facts = self._facts
         settles: list[tuple[str, int, str, bool]] = []
         run: list[tuple[Delivery, Message, _Sub, list[_Sub] | None]] = []
@@ -830,6 +852,61 @@ class EngineBackend:
         if taken or settles:
             door = self.door
             self._submit(lambda now: door.op_settle(conn_id, settles, taken, now))
+
+    def _plain_prefix(self, conn: _Conn, messages: list[Message], start: int) -> int:
+        """The run of ``messages`` from ``start`` on that are plain ``ack:auto``
+        deliveries, handed to the connection's plain sink in one call: one channel that
+        one subscription of the connection consumes alone (not shared, no selector or
+        credit), nothing to settle per delivery (the engine acknowledges by taking, or
+        the message wants no acknowledge), one header block with nothing to carry (no
+        user header, redelivery or sequence), an id.  The sink writes what the run sink
+        would for their deliveries (and checks its side: ack mode, version, headers to
+        add; else it takes none and the usual path follows).
+
+        Returns how many it took (their tags are the connection's next ones), negated
+        when it took fewer than the run (the connection is full: the caller holds the
+        rest), 0 when ``messages[start]`` is not such a delivery or none was taken."""
+        first = messages[start]
+        target = first.target
+        sub = conn.by_channel.get(target)
+        if (
+            sub is None
+            or sub.topic_credit is not None
+            or sub.spec.selector is not None
+            or sub.spec.ack is not AckMode.AUTO
+            or (conn.shared and target in conn.shared)
+        ):
+            return 0
+        acked = target in conn.engine_acked  # (else only messages wanting no acknowledge)
+        headers = first.headers
+        if headers:
+            facts = self._facts(headers)
+            if facts[0] or facts[1] or facts[3] is not None:
+                return 0
+        end = start
+        for message in itertools.islice(messages, start, None):
+            if (
+                message.target != target
+                or message.headers is not headers
+                or (message.wants_ack and not acked)
+                or not message.message_id
+            ):
+                break
+            end += 1
+        if end == start:
+            return 0
+        run = messages[start:end] if start or end < len(messages) else messages
+        assert conn.plain_sink is not None
+        took = conn.plain_sink(
+            sub.spec.id,
+            sub.channels[target].stomp,
+            [m.message_id for m in run],
+            [m.payload for m in run],
+        )
+        if took <= 0:  # (-1: not plain on the session's side; 0: full, the usual path holds)
+            return 0
+        conn.next_tag += took
+        return took if took == len(run) else -took
 
     def _hand_run(
         self,

@@ -101,7 +101,9 @@ class EngineDoor:
         #: The listener's figures for the statistics (EngineBackend.bind): read from the
         #: engine thread, so a snapshot that never waits for the listener.
         self.listener_figures: Callable[[], dict[str, object]] | None = None
-        self.deliver: Callable[[list[tuple[int, Message]]], None] | None = None
+        #: The listener's side (``EngineBackend._on_deliveries``): the deliveries of one
+        #: hand-over, by connection, in order.
+        self.deliver: Callable[[dict[int, list[Message]]], None] | None = None
         #: Takes a browse page on the listener thread (EngineBackend.bind).
         self.browsed: Callable[[BrowsePage], None] | None = None
         #: Runs a batch of publish answers on the listener thread (EngineBackend.bind).
@@ -303,7 +305,9 @@ class EngineDoor:
         if not conn_of or not out:
             return out
         keep: list[Outgoing] = []
-        mine: list[tuple[int, Message]] = []
+        mine: dict[int, list[Message]] = {}  # (grouped here: no pair per delivery)
+        last_conn = -1
+        into: list[Message] = []
         for item in out:
             conn = conn_of.get(item[0])
             if conn is None:
@@ -312,7 +316,12 @@ class EngineDoor:
                 message: Message = item[1]  # type: ignore[assignment]  # Tracked: a Message
                 if self.seq_wanted and (conn, message.target) in self.seq_wanted:
                     message = self._with_seq(item[0], message)
-                mine.append((conn, message))
+                if conn != last_conn:
+                    found = mine.get(conn)
+                    if found is None:
+                        found = mine[conn] = []
+                    into, last_conn = found, conn
+                into.append(message)
             # else: a TMQP reply to a STOMP connection (its answer is read by the operation)
         if mine:
             self._post_deliveries(mine)
@@ -495,7 +504,7 @@ class EngineDoor:
             prefetch = self._rule(conn, client_id, name, extras, prefetch)
         retained = self.engine.channel_registry.retained.get(name)  # (broker.engine.retain)
         if retained is not None:
-            self._post_deliveries([(conn, retained)])
+            self._post_deliveries({conn: [retained]})
         try:
             out.extend(self.engine.subscribe(client_id, name, self.clock(), prefetch=prefetch))
         except OperationError:
@@ -554,7 +563,7 @@ class EngineDoor:
             if self.handler is not None and client_id is not None:
                 self.handler.set_exclusive(name, client_id, False)
 
-    def _post_deliveries(self, items: list[tuple[int, Message]]) -> None:
+    def _post_deliveries(self, items: dict[int, list[Message]]) -> None:
         if self.post is not None and self.deliver is not None:
             posted = bound(self._post, bound(self.deliver, items))
             self.after_durable(posted, posted)  # a failed store: as TMQP deliveries go

@@ -482,6 +482,69 @@ class Session:
             self.on_delivery()
         return taken
 
+    def deliver_plain(
+        self,
+        subscription: str,
+        destination: str,
+        ids: Sequence[str],
+        bodies: Sequence[bytes | memoryview],
+    ) -> int:
+        """The plain run sink (:data:`~broker.stomp.backend.PlainRunSink`): the MESSAGEs
+        of an ``ack:auto`` subscription with no header to carry, from their ids and
+        bodies -- the bytes :meth:`deliver_run` writes for their deliveries (tests
+        compare them), the transport's room read once.  -1 (nothing taken) when the
+        subscription is unknown, not ``ack:auto``, or its MESSAGEs carry more (STOMP 1.0
+        frames, ``include-seq``, a header the broker adds)."""
+        if self.state is not SessionState.CONNECTED or self.version is None or self.room is None:
+            return -1
+        sub = self._subscriptions.get(subscription)
+        config = self.config
+        if (
+            sub is None
+            or sub.spec.ack is not AckMode.AUTO
+            or sub.spec.include_seq
+            or self.version is Version.V1_0
+            or config.add_user_header
+            or config.add_timestamp_header
+            or config.add_redeliveries_header
+        ):
+            return -1
+        table = escape_table(self.version)
+        line = sub.destination_lines.get(destination)
+        if line is None:  # (as _encode makes it)
+            if len(sub.destination_lines) >= DESTINATION_LINES:
+                sub.destination_lines.clear()
+            line = f"\ndestination:{destination.translate(table)}\n"
+            if "\0" in line:
+                raise EncodeError("a MESSAGE header contains NUL")
+            sub.destination_lines[destination] = line
+        if not sub.head:
+            sub.head = f"MESSAGE\nsubscription:{sub.spec.id.translate(table)}\nmessage-id:"
+        head = sub.head
+        if "\0" in head:
+            raise EncodeError("a MESSAGE header contains NUL")
+        tail = f"{line}content-length:"
+        budget = self.room()
+        out = self._out
+        taken = 0
+        for mid, body in zip(ids, bodies, strict=True):
+            if budget <= 0:
+                self.writable()  # (False: the transport learns it refused one)
+                break
+            if "\\" in mid or ":" in mid or "\n" in mid or "\r" in mid:
+                mid = mid.translate(table)  # (most ids hold nothing to escape)
+            if "\0" in mid:
+                raise EncodeError("a MESSAGE header contains NUL")
+            data = f"{head}{mid}{tail}{len(body)}\n\n".encode()
+            out += data
+            out += body
+            out += b"\0"
+            budget -= len(data) + len(body) + 1
+            taken += 1
+        if taken:
+            self.on_delivery()
+        return taken
+
     def _append(self, sub: _Subscription, delivery: Delivery) -> None:
         """The MESSAGE frame of ``delivery`` into the output; its tag pending an ACK."""
         if delivery.browse_end or self.version is Version.V1_0:
@@ -677,7 +740,7 @@ class Session:
         self._send(make_frame(Command.CONNECTED, headers))
         self.backend.attach(self.info, self.deliver)
         if isinstance(self.backend, RunReceiver):
-            self.backend.attach_runs(self.connection_id, self.deliver_run)
+            self.backend.attach_runs(self.connection_id, self.deliver_run, self.deliver_plain)
         self._attached = True
 
     def _virtual_host(self, host: str | None, version: Version) -> VirtualHost:
