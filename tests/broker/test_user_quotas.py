@@ -21,12 +21,17 @@ import zmq
 from broker.client.blocking import Client
 from broker.client.errors import RemoteError
 from broker.engine.auth import ALL_ACTIONS, ANONYMOUS, Action, AllowAll, TokenAuthorizer
+from broker.engine.channel import Client as Client_
 from broker.engine.engine import Engine
+from broker.engine.federated import FEDERATION_CLIENT
 from broker.engine.limits import Limits
 from broker.engine.options import BrokerConfig
-from broker.protocol import Outgoing, ResultCode
+from broker.engine.quotas import user_of
+from broker.protocol import ConnectionInfo, Outgoing, ResultCode
+from tests.broker.test_cli import run
 from tests.broker.test_durable_ops import Broker as Serve
 from tests.polling import wait_until
+from tests.ports import free_port
 from tests.stomp.two_doors import Broker
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
@@ -268,17 +273,10 @@ def test_durable_subscriptions_count_per_user_on_both_doors(doors: Broker) -> No
 
 
 def _user(doors: Broker, token: str) -> str:
-    user = TokenAuthorizer({token: USER}).user(_FakeClient(token))
-    assert user is not None and token not in user  # a digest: the token is not kept
+    """The user a token is (a digest: the token itself is not kept)."""
+    user = doors.engine.parts.authorizer.user(Client_("x", ConnectionInfo(token=token), 0.0))
+    assert user is not None and token not in user
     return user
-
-
-class _FakeClient:
-    """What ``TokenAuthorizer.user`` reads of a client."""
-
-    def __init__(self, token: str) -> None:
-        self.token = token
-        self.name = None
 
 
 def test_an_admin_token_has_no_quota(doors: Broker) -> None:
@@ -343,3 +341,34 @@ def test_per_user_limits_are_config_keys_both_ways() -> None:
     limits = Limits.from_mapping(table)
     assert {k: limits.table()[k] for k in table} == table
     assert json.loads(json.dumps(limits.table())) == limits.table()
+
+
+def test_a_bad_per_user_limit_in_the_config_is_a_one_line_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "broker.toml"
+    config.write_text(
+        f'[limits]\nmax_queues_per_user = 0\n[server]\nbind = "tcp://127.0.0.1:{free_port()}"\n'
+    )
+    code, _, err = run(capsys, "serve", "--data", "none", "--config", str(config))
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "max_queues_per_user must be a positive integer" in err
+
+
+def test_the_federation_client_and_an_admin_have_no_quota_and_no_name_is_anonymous() -> None:
+    tokens = TokenAuthorizer({"alice": USER, "root": ALL_ACTIONS}, anonymous=[Action.PUSH])
+    engine = Engine(authorizer=tokens)
+    made = {}
+    for key, info in {
+        "alice": ConnectionInfo(token="alice", name="any"),
+        "root": ConnectionInfo(token="Bearer root"),
+        "nobody": ConnectionInfo(name="someone"),
+    }.items():
+        client_id, _ = engine.connect(info, 0.0)
+        made[key] = engine.clients[client_id].user
+    assert made["alice"] is not None and made["alice"].startswith("token:")
+    assert "alice" not in made["alice"] and made["root"] is None
+    assert made["nobody"] == ANONYMOUS
+    federation = Client_(FEDERATION_CLIENT, ConnectionInfo(), 0.0)
+    assert user_of(tokens, federation) is None and user_of(AllowAll(), federation) is None
+    assert AllowAll().user(Client_("x", ConnectionInfo(name="carol"), 0.0)) == "name:carol"
