@@ -270,6 +270,19 @@ def test_durable_subscriptions_count_per_user_on_both_doors(doors: Broker) -> No
         _refused_482(alice.create_durable_subscription, "a6", ["news"],
                      limit="max_durable_subscriptions_per_user")  # fmt: skip
         assert sorted(s["Id"] for s in alice.durable_subscriptions()) == ["a2", "a5", "b1"]
+        # a STOMP UNSUBSCRIBE persistent:true frees one too
+        stomp = Stomp(port, "alice", "alice")
+        try:
+            answer = stomp.ask("SUBSCRIBE\nid:a2\npersistent:true\ndestination:/topic/news", "r3")
+            assert _receipted(answer, "r3"), answer
+            assert _receipted(stomp.ask("UNSUBSCRIBE\nid:a2\npersistent:true", "r4"), "r4")
+            answer = stomp.ask("SUBSCRIBE\nid:a7\npersistent:true\ndestination:/topic/news", "r5")
+            assert _receipted(answer, "r5"), answer
+            answer = stomp.ask("SUBSCRIBE\nid:a8\npersistent:true\ndestination:/topic/news", "r6")
+            assert _refused(answer, "r6", "max_durable_subscriptions_per_user"), answer
+        finally:
+            stomp.close()
+        assert sorted(s["Id"] for s in bob.durable_subscriptions()) == ["a5", "a7", "b1"]
 
 
 def _user(doors: Broker, token: str) -> str:
