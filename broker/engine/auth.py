@@ -4,10 +4,19 @@ The engine asks its :class:`Authorizer` once per operation with an :class:`Actio
 client (which carries the ``Client-Token`` it connected with) and the resource concerned.
 A refusal becomes ``Unauthorized`` (401): a negative acknowledge, a 401 response, or a
 ``No-Content: Unauthorized`` pull reply, depending on what the sender waits for.
+
+It also names the *user* a client is (:meth:`Authorizer.user`), whose per-user quotas
+(``broker.engine.quotas``) count what the client creates: the identity it checked.
+Without tokens nothing is checked and a client is who it says it is (its
+``Client-Name``, a STOMP ``login``); with tokens (:class:`TokenAuthorizer`) it is its
+token (``Client-Token``, a STOMP ``passcode``), as a name is not checked.  A client
+with neither is the one user :data:`ANONYMOUS`; ``None`` is a user without quota (an
+admin).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -42,6 +51,9 @@ class Action(Enum):
 #: Everything a client may do.
 ALL_ACTIONS: frozenset[Action] = frozenset(Action)
 
+#: The user of every client that gives no identity (no token, no name).
+ANONYMOUS = "anonymous"
+
 
 class Authorizer:
     """Allows everything; subclass and override :meth:`authenticate` / :meth:`allows`."""
@@ -60,6 +72,11 @@ class Authorizer:
     ) -> bool:
         """May ``client`` perform ``action`` on the channel/queue/target given?"""
         return True
+
+    def user(self, client: Client) -> str | None:
+        """The user whose quotas count what ``client`` creates (None: no quota).  Here
+        nothing is checked: the name it gave (``Client-Name``, a STOMP ``login``)."""
+        return f"name:{client.name}" if client.name else ANONYMOUS
 
 
 class AllowAll(Authorizer):
@@ -121,3 +138,16 @@ class TokenAuthorizer(Authorizer):
 
             return any(fnmatchcase(channel, pattern) for pattern in self._channels[token])
         return True
+
+    def user(self, client: Client) -> str | None:
+        """The token checked at connect (``Client-Token``, a STOMP ``passcode``): a name
+        is not checked, so one token renaming its connections stays one user.  Kept as a
+        digest (it is written to the data directory); a token or anonymous granted
+        ``admin`` has no quota."""
+        token = bare_token(client.token)
+        granted = self._anonymous if token is None else self._grants.get(token, frozenset())
+        if Action.ADMIN in granted:
+            return None
+        if token is None:
+            return ANONYMOUS
+        return "token:" + hashlib.blake2b(token.encode(), digest_size=12).hexdigest()

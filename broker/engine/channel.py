@@ -43,6 +43,7 @@ class Client(Generic[Q]):
         "token",
         "type",
         "unsent",
+        "user",
     )
 
     def __init__(self, client_id: str, info: ConnectionInfo, now: float) -> None:
@@ -75,6 +76,9 @@ class Client(Generic[Q]):
         #: that waits for an acknowledge is acknowledged once the transport took it
         #: (``broker.engine.flow.transmitted``; STOMP's ``ack:auto``).
         self.auto_acked: set[str] = set()
+        #: The user whose quotas count what this client creates (``broker.engine.quotas``),
+        #: set by the client registry from the authorizer at connect; None: no quota.
+        self.user: str | None = None
 
     def __repr__(self) -> str:
         return f"Client({self.id!r}, name={self.name!r}, type={self.type!r})"

@@ -3,9 +3,10 @@
 A channel created with ``destroy_when_empty`` goes away once it has no consumer and its
 queues hold nothing.  The broker's limits (``config.limits``) bound the channels, the
 queues (in all and per channel), the messages a queue holds and the channels a client
-joins: past them an operation fails with LimitExceeded (482).  Every change emits its
-event (CHANNEL_CREATED, QUEUE_CREATED, CLIENT_JOINED, ...) into the output list it is
-given.
+joins: past them an operation fails with LimitExceeded (482); so do the per-user quotas
+(``broker.engine.quotas``: the channels and queues a client's user created, ``by``).
+Every change emits its event (CHANNEL_CREATED, QUEUE_CREATED, CLIENT_JOINED, ...) into
+the output list it is given.
 
 :class:`ChannelRegistry` owns the channels (by name) and the count of queues; queues
 get the engine's :class:`~broker.engine.host.QueueServices` as their host.
@@ -28,6 +29,7 @@ from broker.engine.host import QueueServices
 from broker.engine.options import BrokerConfig, ChannelOptions, ChannelQueueOptions
 from broker.engine.patterns import PatternJoins
 from broker.engine.queue.queue import Queue
+from broker.engine.quotas import Kind, UserQuotas, channel_key, queue_key
 from broker.engine.retain import RetainedMessages
 from broker.protocol import EventName, NackReason, Outgoing, ResultCode
 from broker.store import Store
@@ -72,6 +74,8 @@ class ChannelRegistry:
         self.on_created: Callable[[Channel, list[Outgoing]], None] | None = None
         #: The retained message of each broadcast channel (``broker.engine.retain``).
         self.retained = RetainedMessages()
+        #: Who created which channel, queue and durable subscription, per user.
+        self.quotas = UserQuotas(config.limits, self.definitions)
 
     def check_push(self, queue: Queue, size: int) -> int:
         """Result code a push of ``size`` octets into ``queue`` would get (0 = accepted):
@@ -88,7 +92,8 @@ class ChannelRegistry:
     def resolve_queue(
         self, client: Client | None, channel_name: str, queue_id: int, out: list[Outgoing]
     ) -> Queue:
-        """The queue, created on the fly when the config allows it (OperationError if not)."""
+        """The queue, created on the fly when the config allows it (OperationError if not);
+        what it creates counts for ``client``'s user (both quotas checked first)."""
         channel = self.channels.get(channel_name)
         if channel is None:
             if not self.config.auto_create_channel:
@@ -101,7 +106,9 @@ class ChannelRegistry:
                 client, Action.CHANNEL_CREATE, channel_name
             ):
                 raise OperationError(ResultCode.UNAUTHORIZED, "may not create channels")
-            channel = self.create_channel(channel_name, out=out)
+            if client is not None and self.config.auto_create_queue:
+                self.quotas.check(client.user, Kind.QUEUE)
+            channel = self.create_channel(channel_name, out=out, by=client)
         queue = channel.queues.get(queue_id)
         if queue is None:
             if not self.config.auto_create_queue:
@@ -110,22 +117,30 @@ class ChannelRegistry:
                 client, Action.QUEUE_CREATE, channel_name, queue_id
             ):
                 raise OperationError(ResultCode.UNAUTHORIZED, "may not create queues")
-            queue = self.create_queue(channel_name, queue_id, out=out)
+            queue = self.create_queue(channel_name, queue_id, out=out, by=client)
         return queue
 
     def create_channel(
-        self, name: str, options: ChannelOptions | None = None, out: list[Outgoing] | None = None
+        self,
+        name: str,
+        options: ChannelOptions | None = None,
+        out: list[Outgoing] | None = None,
+        by: Client | None = None,
     ) -> Channel:
-        """Create a channel (Python API; OperationError when invalid or existing)."""
+        """Create a channel (OperationError when invalid, existing or past a limit); it
+        counts for ``by``'s user (None: for no one)."""
         if not valid_channel_name(name):
             raise OperationError(ResultCode.BAD_REQUEST, f"invalid channel name {name!r}")
         if name in self.channels:
             raise OperationError(ResultCode.ALREADY_CREATED, f"channel {name!r} exists")
         if len(self.channels) >= self.config.limits.max_channels:
             raise OperationError(ResultCode.LIMIT_EXCEEDED, "too many channels")
+        user = by.user if by is not None else None
+        self.quotas.check(user, Kind.CHANNEL)
         channel: Channel = _Channel(name, options or self.config.channel_defaults)
         self.channels[name] = channel
         self.definitions.channel(name, channel.options.to_json())
+        self.quotas.charge(user, Kind.CHANNEL, channel_key(name))
         if out is None:
             out = []
         self.events.emit(EventName.CHANNEL_CREATED, models.channel_event(channel), out)
@@ -161,8 +176,10 @@ class ChannelRegistry:
         queue_id: int,
         options: ChannelQueueOptions | None = None,
         out: list[Outgoing] | None = None,
+        by: Client | None = None,
     ) -> Queue:
-        """Create a queue in an existing channel, enforcing the channel's queue rules."""
+        """Create a queue in an existing channel, enforcing the channel's queue rules and
+        the limits; it counts for ``by``'s user (None: for no one)."""
         channel = self.channels.get(channel_name)
         if channel is None:
             raise OperationError(ResultCode.NOT_FOUND, "no such channel", NackReason.NO_CHANNEL)
@@ -183,12 +200,15 @@ class ChannelRegistry:
             raise OperationError(ResultCode.LIMIT_EXCEEDED, "channel queue limit reached")
         if self.queue_count >= limits.max_queues:
             raise OperationError(ResultCode.LIMIT_EXCEEDED, "too many queues")
+        user = by.user if by is not None else None
+        self.quotas.check(user, Kind.QUEUE)
         options = options or copts.queue
         self.services.check_handler(options.message_delivery_handler)
         queue = Queue(channel, queue_id, options, self.services)
         channel.queues[queue_id] = queue
         self.queue_count += 1
         self.definitions.queue(channel_name, queue_id, options.to_json())
+        self.quotas.charge(user, Kind.QUEUE, queue_key(channel_name, queue_id))
         if out is None:
             out = []
         self.events.emit(
@@ -206,6 +226,7 @@ class ChannelRegistry:
         queue.close(out)
         self.store.drop_queue(queue.key)
         self.definitions.forget_queue(channel.name, queue.id)
+        self.quotas.release(queue_key(channel.name, queue.id))
         self.events.emit(
             EventName.QUEUE_REMOVED, models.queue_summary(queue), out, channel.name, queue.id
         )
@@ -218,7 +239,9 @@ class ChannelRegistry:
             queue.close(out)
             self.store.drop_queue(queue.key)
             self.definitions.forget_queue(channel.name, queue.id)
+            self.quotas.release(queue_key(channel.name, queue.id))
         self.definitions.forget_channel(channel.name)
+        self.quotas.release(channel_key(channel.name))
         if self.fanout is not None:
             self.fanout.drop(channel)
         self.queue_count -= len(channel.queues)

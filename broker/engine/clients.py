@@ -26,6 +26,7 @@ from broker.engine.events import EventHub
 from broker.engine.federated import FEDERATION_CLIENT
 from broker.engine.host import QueueServices
 from broker.engine.options import BrokerConfig
+from broker.engine.quotas import user_of
 from broker.engine.replies import answer_failure
 from broker.protocol import (
     TARGET_BY_NAME,
@@ -102,6 +103,7 @@ class ClientRegistry:
         if len(self.clients) >= self.config.limits.max_clients:
             raise ClientRejected(ResultCode.LIMIT_EXCEEDED, "too many clients connected")
         client: Client = _Client(client_id, info, now)
+        client.user = user_of(self.authorizer, client)
         self.clients[client_id] = client
         if client.name:
             self._by_name.setdefault(client.name, []).append(client)

@@ -5,7 +5,8 @@ Names: ``channel/<channel name>`` holds the channel's options as JSON
 (``ChannelOptions.to_json``); ``queue/<queue id>/<channel name>`` the queue's
 (``ChannelQueueOptions.to_json``) -- the id first, as a channel name may hold a ``/``;
 ``router/<name>`` a router with its bindings (``Router.to_json``); ``dsub/<id>`` a
-durable subscription (``broker.engine.dsubs``).
+durable subscription (``broker.engine.dsubs``); ``creator/<kind>/<key>`` the user that
+created a channel, queue or durable subscription (``broker.engine.quotas``).
 The registry writes a definition when a channel or queue is created or updated and
 forgets it when it is removed; a store that does not outlive the process ignores them.
 A failing store write is counted as an engine error: the live broker goes on.
@@ -28,8 +29,10 @@ ROUTER_PREFIX = "router/"
 DSUB_PREFIX = "dsub/"
 #: Federation ids the engine took (``broker.engine.federated``).
 FEDSEEN_PREFIX = "fedseen/"
+#: Creators of what the per-user quotas count (``broker.engine.quotas``).
+CREATOR_PREFIX = "creator/"
 #: Prefixes read by their own owners (:meth:`Definitions.saved_under`), not by ``saved``.
-_OTHER_PREFIXES = (ROUTER_PREFIX, DSUB_PREFIX, FEDSEEN_PREFIX)
+_OTHER_PREFIXES = (ROUTER_PREFIX, DSUB_PREFIX, FEDSEEN_PREFIX, CREATOR_PREFIX)
 
 
 def channel_name(name: str) -> str:
@@ -76,6 +79,23 @@ class Definitions:
 
     def forget_dsub(self, sub_id: str) -> None:
         self._delete(DSUB_PREFIX + sub_id)
+
+    def creator(self, held: str, user: str) -> None:
+        self._put(CREATOR_PREFIX + held, user.encode())  # (the text alone: no JSON to make)
+
+    def forget_creator(self, held: str) -> None:
+        self._delete(CREATOR_PREFIX + held)
+
+    def creators(self) -> dict[str, str]:
+        """The kept creators: held entity key -> user (``broker.engine.quotas``)."""
+        found: dict[str, str] = {}
+        for name, value in self.store.definitions().items():
+            if name.startswith(CREATOR_PREFIX):
+                try:
+                    found[name[len(CREATOR_PREFIX) :]] = bytes(value).decode()
+                except UnicodeDecodeError:
+                    log.warning("definition %r is not UTF-8: ignored", name)
+        return found
 
     def saved_under(self, prefix: str) -> dict[str, Any]:
         """The kept definitions named ``prefix`` + key, as key -> parsed JSON (one that

@@ -19,7 +19,9 @@ Rules:
 * a topic may not itself be a durable subscription's channel (no copies of copies);
 * creating an existing id updates its topics (Apollo: a SUBSCRIBE with the same id and
   another destination updates the subscription); at most ``limits.max_durable_
-  subscriptions`` exist (482 beyond);
+  subscriptions`` exist (482 beyond), at most ``limits.max_durable_subscriptions_per_user``
+  created by one user (``broker.engine.quotas``: its channel and queue count only as the
+  subscription; updating one's topics changes nothing of who holds it);
 * destroying one removes its channel and every message it held;
 * the definition (id and topics) is kept in the store as ``dsub/<id>``
   (``broker.engine.definitions``); the channel and queue definitions are kept as any
@@ -38,10 +40,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from broker.engine.channels import ChannelRegistry, valid_channel_name
+from broker.engine.channels import ChannelRegistry, Client, valid_channel_name
 from broker.engine.errors import OperationError
 from broker.engine.options import ChannelQueueOptions
 from broker.engine.queue.queue import Queue
+from broker.engine.quotas import Kind, dsub_key
 from broker.protocol import NackReason, Outgoing, QueueStatus, ResultCode
 
 log = logging.getLogger("broker.engine.dsubs")
@@ -121,17 +124,24 @@ class DurableSubscriptions:
         )
 
     def create(
-        self, sub_id: str, topics: Iterable[str], out: list[Outgoing]
+        self,
+        sub_id: str,
+        topics: Iterable[str],
+        out: list[Outgoing],
+        by: Client | None = None,
     ) -> DurableSubscription:
         """Create durable subscription ``sub_id`` (or set the topics of an existing one);
-        OperationError when invalid or beyond the limit."""
+        OperationError when invalid or beyond a limit.  A new one counts for ``by``'s
+        user (None: for no one)."""
         unique = _check(sub_id, topics)
         registry = self.registry
         old = self.subs.get(sub_id)
         name = channel_name(sub_id)
+        user = by.user if by is not None else None
         if old is None:
             if len(self.subs) >= registry.config.limits.max_durable_subscriptions:
                 raise OperationError(ResultCode.LIMIT_EXCEEDED, "too many durable subscriptions")
+            registry.quotas.check(user, Kind.DURABLE_SUBSCRIPTION)
             channel = registry.channels.get(name)
             if channel is None:
                 base = registry.config.channel_defaults
@@ -154,6 +164,8 @@ class DurableSubscriptions:
         sub = DurableSubscription(sub_id, unique)
         self._link(sub)
         registry.definitions.dsub(sub_id, sub.to_json())
+        if old is None:
+            registry.quotas.charge(user, Kind.DURABLE_SUBSCRIPTION, dsub_key(sub_id))
         return sub
 
     def destroy(self, sub_id: str, out: list[Outgoing]) -> None:
@@ -169,6 +181,7 @@ class DurableSubscriptions:
         if channel is not None:  # first: a crash before the next write leaves a
             registry.remove_channel(channel, out)  # definition without channel (forgotten)
         registry.definitions.forget_dsub(sub_id)
+        registry.quotas.release(dsub_key(sub_id))
 
     def queues_for(self, topic: str) -> list[Queue]:
         """The queues a message pushed into ``topic`` is copied to (a subscription whose
@@ -185,6 +198,7 @@ class DurableSubscriptions:
                 log.warning("durable subscription %r lost its channel: forgotten", sub_id)
                 self._unlink(self.subs[sub_id])
                 self.registry.definitions.forget_dsub(sub_id)
+                self.registry.quotas.release(dsub_key(sub_id))
                 continue
             found.append(queue)
         return found

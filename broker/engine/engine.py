@@ -75,7 +75,7 @@ import os
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 
 from broker import paging, tmqp
-from broker.engine import flow, models, operations, receipts, routing
+from broker.engine import flow, models, operations, quotas, receipts, routing
 from broker.engine.auth import Action, AllowAll, Authorizer
 from broker.engine.channels import Channel, ChannelRegistry, Client, valid_channel_name
 from broker.engine.clients import ClientRegistry
@@ -327,10 +327,17 @@ class Engine:
         return len(self.services.timers)
 
     def create_channel(
-        self, name: str, options: ChannelOptions | None = None, out: list[Outgoing] | None = None
+        self,
+        name: str,
+        options: ChannelOptions | None = None,
+        out: list[Outgoing] | None = None,
+        creator: str | None = None,
     ) -> Channel:
-        """Create a channel (Python API; OperationError when invalid or existing)."""
-        return self.channel_registry.create_channel(name, options, out)
+        """Create a channel (Python API; OperationError when invalid, existing or past a
+        limit); ``creator``: the id of the connected client whose user it counts for
+        (``broker.engine.quotas``; None: for no one)."""
+        by = self.clients.get(creator) if creator is not None else None
+        return self.channel_registry.create_channel(name, options, out, by)
 
     def create_queue(
         self,
@@ -338,9 +345,12 @@ class Engine:
         queue_id: int,
         options: ChannelQueueOptions | None = None,
         out: list[Outgoing] | None = None,
+        creator: str | None = None,
     ) -> Queue:
-        """Create a queue in an existing channel, enforcing the channel's queue rules."""
-        return self.channel_registry.create_queue(channel_name, queue_id, options, out)
+        """Create a queue in an existing channel, enforcing the channel's queue rules and
+        the limits; ``creator`` as for :meth:`create_channel`."""
+        by = self.clients.get(creator) if creator is not None else None
+        return self.channel_registry.create_queue(channel_name, queue_id, options, out, by)
 
     def add_router(self, router: Router) -> Router:
         """Register a router (Python API; the wire has operation 601)."""
@@ -1613,6 +1623,7 @@ class Engine:
         self._recover_routers()
         self.federated.load()
         self.durable.recover(registry.definitions.saved_under(DSUB_PREFIX))
+        registry.quotas.recover(self._holds)
         count = 0
         for key in self.store.queues():
             channel_name, queue_id = key
@@ -1636,6 +1647,17 @@ class Engine:
                 count += self._recover_retained(queue)
                 self._recover_trash(queue, now)
         return count
+
+    def _holds(self, key: str) -> bool:
+        """Whether the entity a per-user quota key names exists (``broker.engine.quotas``)."""
+        found = quotas.split_key(key)
+        if found is None:
+            return False
+        kind, name, queue_id = found
+        if kind is quotas.Kind.DURABLE_SUBSCRIPTION:
+            return self.durable.get(name) is not None
+        channel = self.channels.get(name)
+        return channel is not None and (kind is quotas.Kind.CHANNEL or queue_id in channel.queues)
 
     def _recover_trash(self, queue: Queue, now: float) -> None:
         """Bring back what the queue's trash kept in the store (oldest first), within its

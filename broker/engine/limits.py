@@ -16,7 +16,11 @@ queues than ``max_cc`` is refused (482) before any copy is made; a queue holding
 ``max_queue_messages`` refuses pushes (482) like its own ``MessageLimit``; creating one
 more durable subscription than ``max_durable_subscriptions`` answers 482, and a push to
 a channel one of whose durable subscriptions holds ``max_durable_subscription_messages``
-is refused (482) before any copy is made (``broker.engine.dsubs``).  Lists longer
+is refused (482) before any copy is made (``broker.engine.dsubs``); a user (the identity
+its authorizer gives, ``Authorizer.user``) that holds ``max_channels_per_user``
+channels, ``max_queues_per_user`` queues or ``max_durable_subscriptions_per_user``
+durable subscriptions it created gets 482 on the creation of one more, whichever
+connection or door asks (``broker.engine.quotas``).  Lists longer
 than ``max_reply_size`` octets of JSON come in pages (``Page-After`` / ``Page-Next``
 headers, see ``broker.paging``).
 """
@@ -78,6 +82,13 @@ class Limits:
     #: topic one of whose durable subscriptions is full is refused (482), all or nothing.
     max_durable_subscriptions: int = 1_000
     max_durable_subscription_messages: int = 100_000
+    #: Channels, queues and durable subscriptions one user holds: the ones it created
+    #: (by an operation or on the fly by a push, join or STOMP SEND/SUBSCRIBE), every
+    #: connection and door of that user together (``broker.engine.quotas``): a quarter of
+    #: the broker's bound each, so no one user can take the room every other user needs.
+    max_channels_per_user: int = 2_500
+    max_queues_per_user: int = 5_000
+    max_durable_subscriptions_per_user: int = 250
     #: Receipts (``Receipt: ONE|ALL``) waiting for their message's fate (per broker);
     #: a push asking for one more is refused (482).
     max_pending_receipts: int = 100_000

@@ -30,6 +30,7 @@ from broker.engine.patterns import PatternJoin
 from broker.engine.patterns import parse as parse_pattern
 from broker.engine.queue import reading
 from broker.engine.queue.queue import Queue
+from broker.engine.quotas import Kind
 from broker.engine.replies import reply
 from broker.engine.router import Router, RouterError, binding_from_json, method_from_json
 from broker.engine.tmqp_door import encode as encode_message
@@ -170,7 +171,7 @@ def channel_create(
     options = parts.config.channel_defaults
     if _has_payload(frame):
         options = ChannelOptions.from_json(frame.payload, base=options)
-    parts.channels.create_channel(frame.target, options, out)
+    parts.channels.create_channel(frame.target, options, out, by=client)
 
 
 def channel_update(
@@ -306,7 +307,7 @@ def join_channel(
             raise _error(ResultCode.NOT_FOUND, f"no channel {name!r}", NackReason.NO_CHANNEL)
         _allow(parts, client, Action.JOIN, name)
         _allow(parts, client, Action.CHANNEL_CREATE, name)
-        channel = parts.channels.create_channel(name, out=out)
+        channel = parts.channels.create_channel(name, out=out, by=client)
     else:
         _allow(parts, client, Action.JOIN, channel.name)
     parts.channels.join(client, channel, now, out, prefetch)
@@ -431,8 +432,9 @@ def queue_create(
     base = (channel.options if channel is not None else parts.config.channel_defaults).queue
     options = base.updated(frame.payload) if _has_payload(frame) else base
     if channel is None:
-        parts.channels.create_channel(frame.target, out=out)
-    parts.channels.create_queue(frame.target, qid, options, out)
+        parts.channels.quotas.check(client.user, Kind.QUEUE)
+        parts.channels.create_channel(frame.target, out=out, by=client)
+    parts.channels.create_queue(frame.target, qid, options, out, by=client)
 
 
 def queue_update(
@@ -734,7 +736,7 @@ def dsub_create(
     _allow(parts, client, Action.CHANNEL_CREATE, dsub_channel(sub_id))
     for topic in topics:
         _allow(parts, client, Action.JOIN, topic)
-    parts.durable.create(sub_id, topics, out)
+    parts.durable.create(sub_id, topics, out, by=client)
 
 
 def dsub_destroy(

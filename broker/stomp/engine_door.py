@@ -454,10 +454,10 @@ class EngineDoor:
             if channel is None:
                 base = engine.config.channel_defaults
                 engine.create_channel(
-                    name, ChannelOptions(queue=options, **channel_rest(base)), out
+                    name, ChannelOptions(queue=options, **channel_rest(base)), out, client_id
                 )
             elif QUEUE_ID not in channel.queues:
-                engine.create_queue(name, QUEUE_ID, options, out)
+                engine.create_queue(name, QUEUE_ID, options, out, client_id)
         except OperationError as exc:
             raise BackendError(f"cannot use {destination.stomp}: {exc.reason}") from None
         return name
@@ -855,7 +855,7 @@ class EngineDoor:
             ):
                 raise Refused(f"durable subscription {sub_id!r}: not authorized", out)
             try:
-                durable.create(sub_id, channels, out)
+                durable.create(sub_id, channels, out, self.engine.clients.get(client_id))
             except OperationError as exc:
                 raise Refused(f"durable subscription {sub_id!r}: {exc.reason}", out) from None
         elif durable.get(sub_id) is None:

@@ -319,9 +319,11 @@ def test_every_list_reply_fits_the_frame_limit(zctx: Ctx, serve: Callable[..., B
 @pytest.mark.slow  # ~3 s of the broker's CPU (10,000 channels): 15 s here, over 120 s at load 50
 @pytest.mark.timeout(600)  # (a hang detector, not a speed bound)
 def test_cli_lists_ten_thousand_channels(
-    zctx: Ctx, serve: Callable[..., Broker], capsys: pytest.CaptureFixture[str]
+    zctx: Ctx, serve: Callable[..., Broker], capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    broker = serve("--max-frame-size", str(256 * 1024))
+    config = tmp_path / "broker.toml"  # one (anonymous) user makes them all: its quotas
+    config.write_text("[limits]\nmax_channels_per_user = 10000\nmax_queues_per_user = 10000\n")
+    broker = serve("--max-frame-size", str(256 * 1024), "--config", str(config))
     # Deadlines, not the liveness this test is not about: the broker answers nothing while
     # it creates the 10,000 channels, which took over 15 s (the client's default
     # peer_timeout: "no traffic from the broker for 15.0 s") at load 50 on 2 cores.
