@@ -404,8 +404,8 @@ class EngineBackend:
         """A run of SENDs in one operation (:class:`~broker.stomp.backend.BatchPublisher`):
         the engine thread publishes them in order and stops at the first it refuses."""
         for spec in specs:
-            if spec.headers:  # (none: nothing to refuse, the usual SEND; no call)
-                check_headers(spec.headers)  # BackendError: nothing handed over
+            if spec[1]:  # its headers (none: nothing to refuse, the usual SEND; no call)
+                check_headers(spec[1])  # BackendError: nothing handed over
         conn = self.conns.get(connection_id)
         user = conn.info.user if conn is not None else ANONYMOUS
         stamp = ((USER_HEADER, user), (TIMESTAMP_HEADER, str(self.wall_clock_ms())))

@@ -734,7 +734,7 @@ def serialize_receipts(
     :func:`serialize_receipt` of each, escaped and encoded in one go (a run of SENDs is
     answered at once).  EncodeError (an id with a NUL) before anything is written."""
     ids = [r for r in receipt_ids if r is not None]
-    if version is Version.V1_0 or any("\0" in r for r in ids):
+    if version is Version.V1_0 or "\0" in "".join(ids):  # (a NUL in any id)
         return b"".join([serialize_receipt(r, version) for r in ids])
     table = _ENCODE_1_2 if version is Version.V1_2 else _ENCODE_1_1
     # (translate only an id with something to escape: ~10x the cost of the test)

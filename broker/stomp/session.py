@@ -181,7 +181,8 @@ class _Answer:
     close: bool = False  # DISCONNECT: close once it is answered
     #: SENDs it stands for (a batch: ``Session._publish_run``; else 1)
     count: int = 1
-    #: A batch: each SEND's receipt (None: it asked for none), in order.
+    #: A batch: each SEND's receipt (None: it asked for none), in order; empty when
+    #: none of them asked for one.
     receipts: list[str | None] | None = None
     #: An ERROR that waited for the answers before it (``Session._fail_after_answers``):
     #: sent with ``receipt`` as its ``receipt-id``, instead of a RECEIPT.
@@ -754,12 +755,13 @@ class Session:
         )
         if not specs:
             return False
-        if len(specs) == len(parked):  # (the usual read: SENDs only)
-            frames = list(parked)
-            parked.clear()
-        else:
-            frames = [parked.popleft() for _ in specs]
-        entry = _Answer(None, size, count=len(specs), receipts=receipts)
+        count = len(specs)
+        frames = list(parked)  # (the run's frames off the deque without a call per frame)
+        parked.clear()
+        if len(frames) > count:
+            parked.extend(frames[count:])
+            del frames[count:]
+        entry = _Answer(None, size, count=count, receipts=receipts)
         assert self._batch is not None
         self._unanswered.append(entry)
         self._unanswered_bytes += size

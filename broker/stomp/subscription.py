@@ -239,8 +239,9 @@ def read_send_run(
     now_ms: int,
 ) -> tuple[list[PublishSpec], list[str | None], int]:
     """The run of plain SENDs at the head of ``frames`` (the session's batched path):
-    each one's spec and receipt (None: none asked) and the run's body bytes, as
-    :func:`parse_send_control` gives them for each in turn.  The run ends before the
+    each one's spec and receipt (None: none asked; no list at all, ``[]``, when none of
+    them asked) and the run's body bytes, as :func:`parse_send_control` gives them for
+    each in turn.  The run ends before the
     first frame that is not a SEND, carries a ``transaction`` or does not parse (the
     session's usual path then reads it, or reports it), and where the window ends:
     ``room`` SENDs at most, none once the bodies before it hold ``room_bytes``.
@@ -258,6 +259,7 @@ def read_send_run(
     add_receipt = receipts.append
     send = Command.SEND
     size = 0
+    asked = False  # a SEND of the run asked for a receipt (else receipts stays empty)
     last: Headers | None = None  # the header block read last, and its answer:
     destinations: tuple[Destination, ...] = ()
     carried: Headers = ()
@@ -293,7 +295,12 @@ def read_send_run(
         if transaction is not None:
             break
         add_spec(_new_spec(PublishSpec, (destinations, carried, body, *rules)))
-        add_receipt(receipt)
+        if asked:
+            add_receipt(receipt)
+        elif receipt is not None:  # the first receipt asked: None for the SENDs before
+            asked = True
+            receipts += [None] * taken
+            add_receipt(receipt)
         size += len(body)
     return specs, receipts, size
 
