@@ -361,13 +361,15 @@ class FrameParser:
                 lead = text.rpartition("\n")[0]  # the command and the header lines but the last
                 if lead == self._lead:  # two heads in a row start so: the next ones may too
                     last = len(read_lines) - 1
+                    lead_length = length if length_at < last else None
                     self._same = None
                     self._prefix = _HeadPrefix(
                         f"{lead}\n".encode(),
                         self.version,
                         command,
                         tuple(read_lines[:last]),
-                        length if length_at < last else None,
+                        lead_length,
+                        _size_of(lead_length),
                     )
                 self._lead = lead
             headers = read_lines
@@ -397,19 +399,18 @@ class FrameParser:
         the same headers every time) is that head again: the frame gets the same
         headers tuple and body length, with one comparison (:class:`_SameHead`)."""
         prefix = self._prefix
-        if prefix is None or prefix.version is not self.version:
+        # (a lead whose content-length the parser refuses: its frames go the usual way)
+        if prefix is None or prefix.version is not self.version or prefix.size < -1:
             return
         buf = self._buf
         pos = self._pos
         raw = prefix.raw
+        if not buf.startswith(raw, pos):  # (no frame of the lead here)
+            return
         skip = len(raw)
         command = prefix.command
         lead = prefix.headers
-        lead_size = -1  # the lead's content-length, checked once (-1: none in the lead)
-        if prefix.length is not None:
-            if not _is_length(prefix.length):
-                return  # (every frame of this lead goes the usual way: it refuses it)
-            lead_size = int(prefix.length)
+        lead_size = prefix.size  # (-1: none in the lead)
         limit = self.limits.max_header_length
         max_body = self.limits.max_body
         n = len(buf)
@@ -630,6 +631,7 @@ class _HeadPrefix(NamedTuple):
     command: Command
     headers: Headers  # those lines' headers (unescaped)
     length: str | None  # the first content-length among them
+    size: int  # that length as a number; -1: none, -2: one the parser refuses
 
 
 class _SameHead(NamedTuple):
@@ -646,6 +648,13 @@ class _SameHead(NamedTuple):
 def _is_length(text: str) -> bool:
     """Is ``text`` a content-length the parser reads (ASCII digits, at most 20)?"""
     return text.isdigit() and text.isascii() and len(text) <= 20
+
+
+def _size_of(length: str | None) -> int:
+    """A lead's content-length as :attr:`_HeadPrefix.size` says it."""
+    if length is None:
+        return -1
+    return int(length) if _is_length(length) else -2
 
 
 #: A named tuple made from its fields' tuple without its class's Python ``__new__``.
