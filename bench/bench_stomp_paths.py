@@ -2,9 +2,13 @@
 per MESSAGE encoded, for this checkout and (``--baseline CHECKOUT``) another one.
 
 * parse: a stomp.py-like run of SEND frames (destination, content-length, receipt,
-  100-byte body) fed to ``FrameParser`` in 64 KiB reads;
-* send spec: ``parse_send_control`` of each parsed SEND (what the session does per SEND
-  of a run);
+  100-byte body) fed to ``FrameParser`` in 64 KiB reads; every head alike (as stomp.py's
+  auto-ack SENDs), and (``a receipt each``) a receipt per SEND, ``receipt:N``;
+* send spec: ``parse_send_control`` of each parsed SEND (what the session did per SEND
+  of a run before session 20);
+* run of SENDs: what the session does per SEND of a run of those frames
+  (``read_send_run`` of the whole run; a checkout without it: ``parse_send_control`` of
+  each, the specs and receipts listed, the bodies counted, as its session did);
 * encode: ``Session._encode`` of an auto-ack MESSAGE (100-byte body, no user headers);
 * receipts: the RECEIPTs of a run of 1000 SENDs as the session writes them
   (``serialize_receipts``; a checkout without it: ``serialize_receipt`` of each);
@@ -44,6 +48,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from call_count import python_calls
 from checkout_child import child_result
@@ -90,6 +95,32 @@ def measure(repeat: int) -> dict[str, float]:
             for f in parsed:
                 parse_send_control(f, broker_id="default", connection_id=1, now_ms=0)
 
+    each = b"".join(
+        b"SEND\ncontent-length:100\ndestination:/queue/bench\nreceipt:%d\n\n" % i
+        + b"x" * 100
+        + b"\0"
+        for i in range(FRAMES)
+    )
+    each_chunks = [each[i : i + 65536] for i in range(0, len(each), 65536)]
+    each_parser = FrameParser(version=Version.V1_2)
+    each_parsed = [f for chunk in each_chunks for f in each_parser.feed(chunk)]
+    assert len(each_parsed) == FRAMES
+
+    def parse_each() -> None:
+        for _ in range(PASSES):
+            for chunk in each_chunks:
+                each_parser.feed(chunk)
+
+    read_run = _run_reader()
+
+    def run_alike() -> None:
+        for _ in range(PASSES):
+            read_run(parsed)
+
+    def run_each() -> None:
+        for _ in range(PASSES):
+            read_run(each_parsed)
+
     session, sub = _session()
     body = b"x" * 100
     deliveries = [
@@ -118,6 +149,9 @@ def measure(repeat: int) -> dict[str, float]:
     return {
         "parse SEND": _best(parse, repeat) * per,
         "SEND spec (parse_send_control)": _best(spec, repeat) * per,
+        "parse SEND, a receipt each": _best(parse_each, repeat) * per,
+        "run of SENDs, heads alike (session)": _best(run_alike, repeat) * per,
+        "run of SENDs, a receipt each (session)": _best(run_each, repeat) * per,
         "encode MESSAGE (auto ack)": _best(encode_all, repeat) * per,
         "RECEIPT of a run": _best(receipts, repeat) * per,
         "engine: SEND to an auto-ack consumer, settled": _best(engine_auto_ack, repeat) * per,
@@ -301,6 +335,47 @@ def _best_after(setup: Callable[[], None], fn: Callable[[], None], repeat: int) 
         fn()
         best = min(best, time.process_time() - start)
     return best
+
+
+def _run_reader() -> Callable[[list[Any]], object]:
+    """How the checkout's session reads a run of parsed SENDs (``Session._publish_run``)."""
+    from broker.stomp import subscription
+    from broker.stomp.errors import StompError
+    from broker.stomp.frames import Command
+
+    read_send_run = getattr(subscription, "read_send_run", None)
+    if read_send_run is not None:
+
+        def at_once(frames: list[Any]) -> object:
+            return read_send_run(
+                frames, 1 << 30, 1 << 40, broker_id="default", connection_id=1, now_ms=0
+            )
+
+        return at_once
+    parse_send_control = subscription.parse_send_control
+
+    def each(frames: list[Any]) -> object:  # (Session._publish_run before session 20)
+        specs: list[Any] = []
+        receipts: list[str | None] = []
+        size = 0
+        send = Command.SEND
+        for frame in frames:
+            if frame.command is not send or len(specs) >= 1 << 30 or size >= 1 << 40:
+                break
+            try:
+                spec, receipt, transaction = parse_send_control(
+                    frame, broker_id="default", connection_id=1, now_ms=0
+                )
+            except StompError:
+                break
+            if transaction is not None:
+                break
+            specs.append(spec)
+            receipts.append(receipt)
+            size += len(spec.body)
+        return specs, receipts, size
+
+    return each
 
 
 def _receipt_writer() -> Callable[[bytearray, list[str | None]], None]:

@@ -413,14 +413,22 @@ class EngineBackend:
         """A run of SENDs in one operation (:class:`~broker.stomp.backend.BatchPublisher`):
         the engine thread publishes them in order and stops at the first it refuses."""
         for spec in specs:
-            if spec.headers:  # (none: nothing to refuse, the usual SEND; no call)
-                check_headers(spec.headers)  # BackendError: nothing handed over
+            if spec[1]:  # its headers (none: nothing to refuse, the usual SEND; no call)
+                check_headers(spec[1])  # BackendError: nothing handed over
         conn = self.conns.get(connection_id)
         user = conn.info.user if conn is not None else ANONYMOUS
         stamp = ((USER_HEADER, user), (TIMESTAMP_HEADER, str(self.wall_clock_ms())))
-        if conn is not None and conn.namespace:
-            named = conn.in_namespace
-            specs = [_new_spec(PublishSpec, (named(s[0]), *s[1:])) for s in specs]
+        if conn is not None and conn.namespace:  # (a SEND naming the destinations tuple
+            named = conn.in_namespace  # of the one before it takes its renaming)
+            last: tuple[Destination, ...] | None = None
+            renamed: tuple[Destination, ...] = ()
+            in_host = []
+            for spec in specs:
+                if spec[0] is not last:
+                    last = spec[0]
+                    renamed = named(last)
+                in_host.append(_new_spec(PublishSpec, (renamed, *spec[1:])))
+            specs = in_host
         first = self._ids + 1
         self._ids += len(specs)
         door = self.door

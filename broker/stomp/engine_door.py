@@ -11,6 +11,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable, Container, Iterable, Sequence
+from enum import IntEnum
 from functools import partial
 from typing import Any, TypeVar
 
@@ -659,8 +660,11 @@ class EngineDoor:
         :meth:`op_publish` (message ids ``stomp-<conn>-<first_id + i>``), in order, up to
         the first refused; one answer for the run, ``answer(taken, error)``."""
         prefix = f"stomp-{conn}-"
-        if _all_plain(specs):
-            return self._publish_plain(conn, specs, prefix, first_id, answer, now, stamp)
+        plain = _plain_run(specs)
+        if plain is not _Run.MIXED:
+            return self._publish_plain(
+                conn, specs, prefix, first_id, answer, now, stamp, plain is _Run.ONE
+            )
         out: list[Outgoing] = []
         publish = self.op_publish
         for i, spec in enumerate(specs):
@@ -690,9 +694,14 @@ class EngineDoor:
         answer: BatchAnswer,
         now: float,
         stamp: Headers,
+        one: bool = False,
     ) -> list[Outgoing]:
         """:meth:`op_publish_batch` of SENDs to one queue or topic each, nothing retained:
-        the messages go to the engine in one call (``Engine.publish_many``)."""
+        the messages go to the engine in one call (``Engine.publish_many``).  ``one``:
+        every SEND names the same destinations tuple (the usual run: its channel is
+        found once and the messages are made in one comprehension).  A message's headers
+        are its SEND's and ``stamp`` (``() + stamp`` is ``stamp`` itself: a run's plain
+        SENDs share one header block)."""
         try:
             client_id = self._client(conn)
         except BackendError as exc:
@@ -701,40 +710,34 @@ class EngineDoor:
             return []
         out: list[Outgoing] = []
         messages: list[Message] = []
-        channels: dict[Destination, str] = {}
         error: str | None = None
-        last: Destination | None = None  # (a run's SENDs name one destination object:
-        channel = ""  # its channel without a hash per SEND)
-        for i, spec in enumerate(specs):
-            destination = spec.destinations[0]
-            if destination is not last:
-                found = channels.get(destination)
-                if found is None:
-                    try:
-                        found = self._ensure(client_id, destination, out)
-                    except BackendError as exc:  # those before it go; it and the rest not
-                        error = str(exc)
-                        break
-                    channels[destination] = found
-                channel, last = found, destination
-            messages.append(
-                _new_message(
-                    Message,
-                    (
-                        f"{prefix}{first_id + i}",
-                        client_id,
-                        channel,
-                        QUEUE_ID,
-                        False,
-                        False,
-                        False,
-                        DEFAULT_TTL,
-                        spec.headers + stamp if stamp else spec.headers,
-                        spec.body,
-                        None,
-                    ),
-                )
-            )
+        if one:
+            try:
+                channel = self._ensure(client_id, specs[0][0][0], out)
+            except BackendError as exc:  # none of them goes
+                error = str(exc)
+            else:
+                messages = [
+                    _new_message(
+                        Message,
+                        (
+                            f"{prefix}{i}",
+                            client_id,
+                            channel,
+                            QUEUE_ID,
+                            False,
+                            False,
+                            False,
+                            DEFAULT_TTL,
+                            spec[1] + stamp,
+                            spec[2],
+                            None,
+                        ),
+                    )
+                    for i, spec in enumerate(specs, first_id)
+                ]
+        else:
+            error = self._plain_messages(client_id, specs, prefix, first_id, stamp, messages, out)
         taken = 0
         if messages:
             sent, taken, refused = self.engine.publish_many(
@@ -749,6 +752,53 @@ class EngineDoor:
         else:
             self._answers.append((partial(answer, len(specs)), None))
         return out
+
+    def _plain_messages(
+        self,
+        client_id: str,
+        specs: Sequence[PublishSpec],
+        prefix: str,
+        first_id: int,
+        stamp: Headers,
+        messages: list[Message],
+        out: list[Outgoing],
+    ) -> str | None:
+        """:meth:`_publish_plain`'s messages of a run whose SENDs name several
+        destinations, appended to ``messages``; the error of the first SEND whose
+        channel cannot be had (None: every one made; those before it are made)."""
+        channels: dict[Destination, str] = {}
+        last: Destination | None = None  # (consecutive SENDs name one destination object:
+        channel = ""  # its channel without a hash per SEND)
+        for i, spec in enumerate(specs, first_id):
+            destination = spec[0][0]
+            if destination is not last:
+                found = channels.get(destination)
+                if found is None:
+                    try:
+                        found = self._ensure(client_id, destination, out)
+                    except BackendError as exc:  # those before it go; it and the rest not
+                        return str(exc)
+                    channels[destination] = found
+                channel, last = found, destination
+            messages.append(
+                _new_message(
+                    Message,
+                    (
+                        f"{prefix}{i}",
+                        client_id,
+                        channel,
+                        QUEUE_ID,
+                        False,
+                        False,
+                        False,
+                        DEFAULT_TTL,
+                        spec[1] + stamp,
+                        spec[2],
+                        None,
+                    ),
+                )
+            )
+        return None
 
     def op_subscribe(
         self,
@@ -1005,22 +1055,33 @@ def _unsaved(answer: PublishAnswer, error: Refusal | None) -> tuple[PublishAnswe
 _new_message = tuple.__new__
 
 
-def _all_plain(specs: Sequence[PublishSpec]) -> bool:
+class _Run(IntEnum):
+    """What :meth:`EngineDoor.op_publish_batch` makes of a run of SENDs."""
+
+    MIXED = 0  # one by one (a SEND retains, or names several or another kind)
+    MANY = 1  # plain (``EngineDoor._publish_plain``), to several destinations
+    ONE = 2  # plain, every SEND naming the same destinations tuple
+
+
+def _plain_run(specs: Sequence[PublishSpec]) -> _Run:
     """Is every SEND of a run one to one queue or topic that retains nothing
-    (``EngineDoor._publish_plain``)?  One loop for the run, no call per SEND: the
-    destinations a SEND shares with the one before it (the parser's cache hands a run
-    to one destination the same tuple) are not looked at again."""
+    (``EngineDoor._publish_plain``), and do they all name one destinations tuple?  One
+    loop for the run, no call per SEND: the destinations a SEND shares with the one
+    before it (the session's run reader hands a run to one destination the same tuple)
+    are not looked at again."""
     last: tuple[Destination, ...] | None = None
+    changes = 0
     for spec in specs:
         if spec.retain is not None:
-            return False
+            return _Run.MIXED
         destinations = spec.destinations
         if destinations is last:
             continue
         if len(destinations) != 1 or destinations[0].kind not in _PLAIN_KINDS:
-            return False
+            return _Run.MIXED
         last = destinations
-    return True
+        changes += 1
+    return _Run.ONE if changes == 1 else _Run.MANY
 
 
 #: The destination kinds a plain SEND goes to.

@@ -227,6 +227,7 @@ class FrameParser:
         self._broken: FrameError | None = None
         self._lead = ""  # the last fast head's text but its last line
         self._prefix: _HeadPrefix | None = None  # a repeated lead, as bytes and as read
+        self._same: _SameHead | None = None  # a repeated whole head (under _prefix)
 
     @property
     def buffered(self) -> int:
@@ -360,12 +361,15 @@ class FrameParser:
                 lead = text.rpartition("\n")[0]  # the command and the header lines but the last
                 if lead == self._lead:  # two heads in a row start so: the next ones may too
                     last = len(read_lines) - 1
+                    lead_length = length if length_at < last else None
+                    self._same = None
                     self._prefix = _HeadPrefix(
                         f"{lead}\n".encode(),
                         self.version,
                         command,
                         tuple(read_lines[:last]),
-                        length if length_at < last else None,
+                        lead_length,
+                        _size_of(lead_length),
                     )
                 self._lead = lead
             headers = read_lines
@@ -389,25 +393,46 @@ class FrameParser:
         run of pipelined SENDs or ACKs is read here).  Stops, consuming nothing of it,
         at the first frame that is anything else -- an escape, CR, NUL or bad UTF-8 in
         its last line, an over-long line, no or a bad ``content-length``, a body not all
-        here, a heart-beat -- which the usual path then reads, or refuses, as before."""
+        here, a heart-beat -- which the usual path then reads, or refuses, as before.
+
+        A head that is byte for byte the head read just before it (a producer sending
+        the same headers every time) is that head again: the frame gets the same
+        headers tuple and body length, with one comparison (:class:`_SameHead`)."""
         prefix = self._prefix
-        if prefix is None or prefix.version is not self.version:
+        # (a lead whose content-length the parser refuses: its frames go the usual way)
+        if prefix is None or prefix.version is not self.version or prefix.size < -1:
             return
         buf = self._buf
         pos = self._pos
         raw = prefix.raw
+        if not buf.startswith(raw, pos):  # (no frame of the lead here)
+            return
         skip = len(raw)
         command = prefix.command
         lead = prefix.headers
-        lead_length = prefix.length
-        limits = self.limits
-        limit = limits.max_header_length
-        short = limit // 4
-        max_body = limits.max_body
+        lead_size = prefix.size  # (-1: none in the lead)
+        limit = self.limits.max_header_length
+        max_body = self.limits.max_body
         n = len(buf)
         find = buf.find
+        startswith = buf.startswith
         new_frame = _new_tuple
-        while buf.startswith(raw, pos):
+        append = frames.append
+        same = self._same
+        last_line = ""  # the last line of the frame read just before (here)
+        while True:
+            if same is not None:
+                if startswith(same.head, pos):
+                    start = pos + same.skip
+                    stop = start + same.size
+                    if stop >= n or buf[stop] != 0:
+                        break
+                    append(new_frame(Frame, (command, same.headers, bytes(buf[start:stop]))))
+                    pos = stop + 1
+                    continue
+                same = None
+            if not startswith(raw, pos):
+                break
             at = pos + skip
             end = find(b"\n", at, pos + FAST_HEAD)
             if end < 0 or end + 1 >= n or buf[end + 1] != 0x0A:  # (the empty line after it)
@@ -419,23 +444,25 @@ class FrameParser:
             if "\r" in line or "\0" in line or "\\" in line:
                 break
             name, sep, value = line.partition(":")
-            if not sep or (len(line) > short and len(line.encode("utf-8")) > limit):
+            # (the line's UTF-8 is its bytes: end - at is what the limit counts)
+            if not sep or end - at > limit:
                 break
-            length = lead_length
-            if length is None:
-                if name != "content-length":
+            size = lead_size
+            if size < 0:
+                if name != "content-length" or not _is_length(value):
                     break
-                length = value
-            if not (length.isdigit() and length.isascii() and len(length) <= 20):
-                break
+                size = int(value)
             start = end + 2
-            stop = start + int(length)
-            if stop >= n or buf[stop] != 0 or stop - start > max_body:
+            stop = start + size
+            if stop >= n or buf[stop] != 0 or size > max_body:
                 break
-            frames.append(
-                new_frame(Frame, (command, (*lead, (name, value)), bytes(buf[start:stop])))
-            )
+            headers = (*lead, (name, value))
+            append(new_frame(Frame, (command, headers, bytes(buf[start:stop]))))
+            if line == last_line:  # two heads alike in a row: the next ones may be too
+                same = _SameHead(bytes(buf[pos:start]), start - pos, headers, size)
+            last_line = line
             pos = stop + 1
+        self._same = same
         self._pos = pos
 
     def _repeat_head(
@@ -604,6 +631,30 @@ class _HeadPrefix(NamedTuple):
     command: Command
     headers: Headers  # those lines' headers (unescaped)
     length: str | None  # the first content-length among them
+    size: int  # that length as a number; -1: none, -2: one the parser refuses
+
+
+class _SameHead(NamedTuple):
+    """A whole head (command line to the empty line) that :meth:`FrameParser._read_repeats`
+    read twice in a row under the kept lead: the same bytes again are the same frame
+    head, read without a look at its lines."""
+
+    head: bytes  # the head as received, its empty line included
+    skip: int  # len(head): where the body starts
+    headers: Headers  # what it read (one tuple, shared by the frames of that head)
+    size: int  # its content-length (checked: digits, at most max_body)
+
+
+def _is_length(text: str) -> bool:
+    """Is ``text`` a content-length the parser reads (ASCII digits, at most 20)?"""
+    return text.isdigit() and text.isascii() and len(text) <= 20
+
+
+def _size_of(length: str | None) -> int:
+    """A lead's content-length as :attr:`_HeadPrefix.size` says it."""
+    if length is None:
+        return -1
+    return int(length) if _is_length(length) else -2
 
 
 #: A named tuple made from its fields' tuple without its class's Python ``__new__``.
@@ -692,8 +743,12 @@ def serialize_receipts(
     :func:`serialize_receipt` of each, escaped and encoded in one go (a run of SENDs is
     answered at once).  EncodeError (an id with a NUL) before anything is written."""
     ids = [r for r in receipt_ids if r is not None]
-    if version is Version.V1_0 or any("\0" in r for r in ids):
+    joined = "".join(ids)  # (what one id holds, the run's ids hold)
+    if version is Version.V1_0 or "\0" in joined:
         return b"".join([serialize_receipt(r, version) for r in ids])
+    if not ("\\" in joined or ":" in joined or "\n" in joined or "\r" in joined):
+        # nothing to escape (the usual run): the frames are one join of the ids
+        return f"{_RECEIPT_HEAD}{_RECEIPT_SEPARATOR.join(ids)}\n\n\0".encode() if ids else b""
     table = _ENCODE_1_2 if version is Version.V1_2 else _ENCODE_1_1
     # (translate only an id with something to escape: ~10x the cost of the test)
     return "".join(
@@ -704,6 +759,11 @@ def serialize_receipts(
             for r in ids
         ]
     ).encode()
+
+
+#: A RECEIPT frame up to its id, and what comes between two ids in a run of them.
+_RECEIPT_HEAD = "RECEIPT\nreceipt-id:"
+_RECEIPT_SEPARATOR = "\n\n\0" + _RECEIPT_HEAD
 
 
 def _check_raw_header(name: str, value: str, version: Version) -> None:

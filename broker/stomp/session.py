@@ -91,11 +91,10 @@ from broker.stomp.frames import (
 )
 from broker.stomp.subscription import (
     AckMode,
-    PublishSpec,
     SubscriptionSpec,
     parse_send,
-    parse_send_control,
     parse_subscribe,
+    read_send_run,
 )
 from broker.stomp.vhosts import DEFAULT_VIRTUAL_HOSTS, VirtualHost
 
@@ -182,7 +181,8 @@ class _Answer:
     close: bool = False  # DISCONNECT: close once it is answered
     #: SENDs it stands for (a batch: ``Session._publish_run``; else 1)
     count: int = 1
-    #: A batch: each SEND's receipt (None: it asked for none), in order.
+    #: A batch: each SEND's receipt (None: it asked for none), in order; empty when
+    #: none of them asked for one.
     receipts: list[str | None] | None = None
     #: An ERROR that waited for the answers before it (``Session._fail_after_answers``):
     #: sent with ``receipt`` as its ``receipt-id``, instead of a RECEIPT.
@@ -804,7 +804,8 @@ class Session:
     def _publish_run(self, now: float) -> bool:
         """Hand the run of plain SENDs at the head of ``_parked`` to the backend in one
         call (:class:`~broker.stomp.backend.BatchPublisher`), as far as the window of
-        unanswered SENDs has room; one entry in ``_unanswered`` answers them all.
+        unanswered SENDs has room (:func:`~broker.stomp.subscription.read_send_run`); one
+        entry in ``_unanswered`` answers them all.
 
         False when the head SEND is not plain (transactional, or it does not parse: the
         usual path handles it, with its ERROR).  A SEND after the run that does not parse
@@ -812,32 +813,24 @@ class Session:
         over, as if each SEND had been handled in turn."""
         parked = self._parked
         config = self.config
-        room = config.max_unanswered_sends - self._unanswered_count
-        room_bytes = config.max_unanswered_bytes - self._unanswered_bytes
-        broker_id, conn = config.broker_id, self.connection_id
-        now_ms = self.wall_clock_ms()
-        specs: list[PublishSpec] = []
-        receipts: list[str | None] = []
-        size = 0
-        send = Command.SEND
-        for frame in parked:
-            if frame.command is not send or len(specs) >= room or size >= room_bytes:
-                break
-            try:
-                spec, receipt, transaction = parse_send_control(
-                    frame, broker_id=broker_id, connection_id=conn, now_ms=now_ms
-                )
-            except StompError:
-                break
-            if transaction is not None:
-                break
-            specs.append(spec)
-            receipts.append(receipt)
-            size += len(spec.body)
+        conn = self.connection_id
+        specs, receipts, size = read_send_run(
+            parked,
+            config.max_unanswered_sends - self._unanswered_count,
+            config.max_unanswered_bytes - self._unanswered_bytes,
+            broker_id=config.broker_id,
+            connection_id=conn,
+            now_ms=self.wall_clock_ms(),
+        )
         if not specs:
             return False
-        frames = [parked.popleft() for _ in specs]
-        entry = _Answer(None, size, count=len(specs), receipts=receipts)
+        count = len(specs)
+        frames = list(parked)  # (the run's frames off the deque without a call per frame)
+        parked.clear()
+        if len(frames) > count:
+            parked.extend(frames[count:])
+            del frames[count:]
+        entry = _Answer(None, size, count=count, receipts=receipts)
         assert self._batch is not None
         self._unanswered.append(entry)
         self._unanswered_bytes += size

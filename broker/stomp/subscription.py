@@ -12,8 +12,9 @@ SUBSCRIBE (:func:`parse_subscribe`):
 * ``persistent:true`` -- a durable subscription (needs an explicit ``id``);
 * ``exclusive:true``; ``selector:...`` (SQL-92, parsed here: a bad one is an ERROR).
 
-SEND (:func:`parse_send`): ``persistent:true``, ``retain:set|true|remove``,
-``expires`` (ms since the epoch) or ``ttl`` (ms from now; turned into ``expires``),
+SEND (:func:`parse_send`; a run of them: :func:`read_send_run`): ``persistent:true``,
+``retain:set|true|remove``, ``expires`` (ms since the epoch) or ``ttl`` (ms from now;
+turned into ``expires``),
 ``message_group``, ``reply-to`` (a temporary destination is rewritten to its normal
 name, ``/queue/temp.<broker>.<connection>.NAME``).  The frame's own control headers
 (``destination``, ``receipt``, ``transaction``, ``content-length``) are not carried.
@@ -21,14 +22,15 @@ name, ``/queue/temp.<broker>.<connection>.NAME``).  The frame's own control head
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
 
 from broker.selector import Selector, SelectorError, parse_selector
 from broker.stomp.destinations import Destination, parse_destinations, parse_send_destinations
-from broker.stomp.errors import ProtocolViolation
-from broker.stomp.frames import Frame, Version
+from broker.stomp.errors import ProtocolViolation, StompError
+from broker.stomp.frames import Command, Frame, Headers, Version
 
 #: Default credit windows when SUBSCRIBE has no ``credit`` header (messages, bytes).
 DEFAULT_CREDIT_COUNT = 655360
@@ -225,6 +227,94 @@ def parse_send_control(
             )
     spec, first = _parse_send(frame, broker_id, connection_id, now_ms)
     return spec, first.get("receipt"), first.get("transaction")
+
+
+def read_send_run(
+    frames: Iterable[Frame],
+    room: int,
+    room_bytes: int,
+    *,
+    broker_id: str,
+    connection_id: int,
+    now_ms: int,
+) -> tuple[list[PublishSpec], list[str | None], int]:
+    """The run of plain SENDs at the head of ``frames`` (the session's batched path):
+    each one's spec and receipt (None: none asked; no list at all, ``[]``, when none of
+    them asked) and the run's body bytes, as :func:`parse_send_control` gives them for
+    each in turn.  The run ends before the
+    first frame that is not a SEND, carries a ``transaction`` or does not parse (the
+    session's usual path then reads it, or reports it), and where the window ends:
+    ``room`` SENDs at most, none once the bodies before it hold ``room_bytes``.
+
+    A header block is read once per run, not once per SEND: a SEND whose headers are
+    the very tuple of the SEND before it (the parser gives every frame of a repeated
+    head one tuple) takes that one's answer; one whose headers are a *receipt lead*
+    plus a last ``receipt`` line (a producer asking a receipt per SEND) takes the lead's
+    destinations and reads only its receipt.  A receipt lead: the headers before a last
+    ``receipt`` of a SEND that parsed, when they are ``destination`` and
+    ``content-length`` only (:func:`_receipt_lead`)."""
+    specs: list[PublishSpec] = []
+    receipts: list[str | None] = []
+    add_spec = specs.append
+    add_receipt = receipts.append
+    send = Command.SEND
+    size = 0
+    asked = False  # a SEND of the run asked for a receipt (else receipts stays empty)
+    last: Headers | None = None  # the header block read last, and its answer:
+    destinations: tuple[Destination, ...] = ()
+    carried: Headers = ()
+    rules: tuple[object, ...] = _NO_RULES
+    receipt: str | None = None
+    transaction: str | None = None
+    lead: Headers | None = None  # the receipt lead seen last, and its destinations
+    lead_destinations: tuple[Destination, ...] = ()
+    for taken, frame in enumerate(frames):  # (taken: the SENDs before this one)
+        command, headers, body = frame
+        if command is not send or taken >= room or size >= room_bytes:
+            break
+        if headers is not last:
+            if (
+                lead is not None
+                and headers
+                and headers[-1][0] == "receipt"
+                and headers[:-1] == lead
+            ):
+                destinations, carried, rules = lead_destinations, (), _NO_RULES
+                receipt, transaction = headers[-1][1], None
+            else:
+                try:
+                    spec, receipt, transaction = parse_send_control(
+                        frame, broker_id=broker_id, connection_id=connection_id, now_ms=now_ms
+                    )
+                except StompError:
+                    break
+                destinations, carried, rules = spec[0], spec[1], spec[3:]
+                if receipt is not None and _receipt_lead(headers):
+                    lead, lead_destinations = headers[:-1], destinations
+            last = headers
+        if transaction is not None:
+            break
+        add_spec(_new_spec(PublishSpec, (destinations, carried, body, *rules)))
+        if asked:
+            add_receipt(receipt)
+        elif receipt is not None:  # the first receipt asked: None for the SENDs before
+            asked = True
+            receipts += [None] * taken
+            add_receipt(receipt)
+        size += len(body)
+    return specs, receipts, size
+
+
+#: The headers a receipt lead may hold (:func:`read_send_run`).
+_LEAD_NAMES = frozenset({"destination", "content-length"})
+
+
+def _receipt_lead(headers: Headers) -> bool:
+    """Are ``headers`` a receipt lead and a last ``receipt`` (:func:`read_send_run`)?
+    (Only ``destination`` and ``content-length`` before it, repeats allowed: such a block
+    parses as the lead's destinations, nothing carried, no rule and that receipt, for
+    every receipt value -- once it parsed at all.)"""
+    return headers[-1][0] == "receipt" and all(name in _LEAD_NAMES for name, _ in headers[:-1])
 
 
 def _parse_send(

@@ -298,6 +298,28 @@ def test_serialize_receipts_is_serialize_receipt_of_each_in_order(version: Versi
         serialize_receipts(["ok", "nul\0"], version)
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    ids=st.lists(st.one_of(st.none(), st.text(alphabet="ab7\\:\n\r\0é", max_size=4)), max_size=6),
+    version=st.sampled_from([Version.V1_0, Version.V1_1, Version.V1_2]),
+)
+def test_serialize_receipts_of_any_ids_is_serialize_receipt_of_each(
+    ids: list[str | None], version: Version
+) -> None:
+    """Runs of plain ids (one join), ids to escape among them, NULs, empty ids."""
+    try:
+        expected: bytes | None = b"".join(
+            serialize_receipt(r, version) for r in ids if r is not None
+        )
+    except EncodeError:
+        expected = None
+    if expected is None:
+        with pytest.raises(EncodeError):
+            serialize_receipts(ids, version)
+    else:
+        assert serialize_receipts(ids, version) == expected
+
+
 def test_parsed_destinations_are_cached_per_connection_and_errors_are_not() -> None:
     from broker.stomp.destinations import parse_destinations
     from broker.stomp.errors import DestinationError

@@ -190,6 +190,28 @@ def test_a_forbidden_destination_in_the_middle_of_a_run_errors_after_those_befor
     assert _marker_after(consumer, "/queue/a") == []  # m3 never went in
 
 
+@pytest.mark.parametrize("target", ["/queue/forbidden", "/queue/temp.default.999.gone"])
+def test_a_whole_run_to_one_destination_it_cannot_use_takes_none_of_it(
+    guarded: Broker, target: str
+) -> None:
+    """Every SEND of the run names one destination (the door finds its channel once):
+    a channel the authorizer refuses pushes into, or a temporary queue whose connection
+    is gone (no channel to be had).  The ERROR names the first SEND's receipt, no
+    RECEIPT comes, nothing arrives; a run to a good queue after it is ignored."""
+    consumer = _raw(guarded)
+    _subscribe(consumer, "/queue/a")
+    producer = _raw(guarded)
+    run = "".join(f"SEND\ndestination:{target}\nreceipt:r{i}\n\nm{i}\x00" for i in range(4))
+    after = "".join(f"SEND\ndestination:/queue/a\nreceipt:q{i}\n\nlate{i}\x00" for i in range(2))
+    producer.send((run + after).encode())
+    assert producer.closed_by_server()
+    assert [(f.command, f.header("receipt-id")) for f in producer.frames] == [
+        (Command.ERROR, "r0")
+    ]
+    assert target in str(producer.frames[0].header("message"))
+    assert _marker_after(consumer, "/queue/a") == []
+
+
 def test_a_send_that_does_not_parse_between_good_ones_errors_after_those_before(
     broker: Broker,
 ) -> None:

@@ -313,3 +313,35 @@ def test_temporary_destinations_belong_to_their_virtual_host(
     assert "no such temporary destination" in (error.header("message") or "")
     send(asker, reply_to, "answer", "y")
     assert message(owner).body == b"answer"
+
+
+def test_a_run_of_sends_to_several_destinations_lands_in_its_own_virtual_host(
+    serve_factory: Callable[..., Serve], raws: Callable[[int], Raw]
+) -> None:
+    """One write of SENDs naming two queues in turn (the door renames a run's
+    destinations per change of the parsed tuple): each lands in its queue of the
+    sender's virtual host, each queue's in order; the other virtual host's get none."""
+    server = serve_factory(config=TWO_HOSTS)
+    here = on_host(raws, server, "alpha.example")
+    there = on_host(raws, server, "beta.example")
+    for raw in (here, there):
+        subscribe(raw, "/queue/a", "a")
+        subscribe(raw, "/queue/b", "b")
+    targets = ["a", "a", "b", "a", "b", "b"]
+    sender = on_host(raws, server, "alpha.example")
+    sender.send(
+        "".join(
+            f"SEND\ndestination:/queue/{t}\nreceipt:r{i}\n\n{t}{i}\x00"
+            for i, t in enumerate(targets)
+        ).encode()
+    )
+    assert [sender.next().header("receipt-id") for _ in targets] == [
+        f"r{i}" for i in range(len(targets))
+    ]
+    got = [message(here) for _ in targets]
+    for queue in ("a", "b"):  # (each queue's messages in order; the two queues interleave)
+        assert [f.body.decode() for f in got if f.header("destination") == f"/queue/{queue}"] == [
+            f"{t}{i}" for i, t in enumerate(targets) if t == queue
+        ]
+    send(there, "/queue/a", "marker", "m")
+    assert message(there).body == b"marker"  # (nothing of the run before it)
