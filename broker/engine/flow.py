@@ -62,6 +62,14 @@ BROADCAST = 2
 ACKED = 3
 #: A cache queue's answer: the message stays in the queue.
 CACHE = 4
+#: A delivery of an acknowledged queue to a consumer that acknowledges by taking
+#: (``Client.auto_acked``, STOMP ``ack:auto``), sent by ``Queue.accept_many`` without a
+#: QueueMessage or a ``pending`` entry: the message (as pushed) and its sequence number.
+#: Settled taken, it is counted sent and acknowledged at once; anything else it meets
+#: (its channel no longer acknowledged by taking, the handler's quiet test now False,
+#: its consumer leaving) first makes it the tracked delivery it stands for
+#: (``Queue.materialize``), which then takes the tracked path.
+AUTO = 5
 
 #: ``(kind, queue, queue message or None, message or None, sequence number)``: the entries of
 #: ``Client.unsent`` (``broker.engine.channel.Transit``), with their types.  A ``PLAIN``
@@ -84,7 +92,10 @@ def transmitted(
     Queues whose window slots were freed are added to ``ready`` (to be drained).  A
     delivery waiting for an acknowledge on a channel the client acknowledges by taking
     (``Client.auto_acked``) is acknowledged now (what that causes goes to ``out``); its
-    queue is added to ``acked`` (to be drained even if it was not stalled).
+    queue is added to ``acked`` (to be drained even if it was not stalled).  An
+    :data:`AUTO` delivery whose channel is still acknowledged by taking and whose header
+    block the handler's quiet test still passes is settled with its run (counted sent
+    and acknowledged); any other becomes its tracked delivery first and is settled as one.
     """
     unsent = client.unsent
     if count > len(unsent):
@@ -92,43 +103,98 @@ def transmitted(
     cid = client.id
     auto = client.auto_acked
     pop = unsent.popleft
-    run: QV | None = None  # consecutive fast-path pushes of one queue settle together
+    run: QV | None = None  # consecutive fast-path deliveries of one queue settle together
+    run_kind = PLAIN
     run_length = 0
+    seen: QV | None = None  # (the last AUTO delivery's queue and header block, and
+    seen_headers: Any = None  # whether it settled quietly: asked once per block)
+    seen_quiet = False
     for _ in range(count):
         transit = pop()
         queue = transit[1]
-        if transit[0] == PLAIN:
-            if queue is run:
-                run_length += 1
+        kind = transit[0]
+        if kind == AUTO:
+            frame = transit[3]
+            headers = frame.headers
+            if queue is not seen or headers is not seen_headers:
+                seen, seen_headers = queue, headers
+                seen_quiet = bool(auto) and queue.channel.name in auto and queue.quiet(headers)
+            if not seen_quiet:
+                if run is not None:
+                    _settle_run(run, run_kind, cid, run_length, now, ready, acked)
+                    run = None
+                seen = None  # (the hooks called below may change the rules' answer)
+                m = queue.materialize(client, frame, transit[4], now)
+                queue.settle_sent(ACKED, cid, m, now)
+                ready[queue] = None
+                if auto and queue.channel.name in auto:
+                    queue.ack_taken(client, m.message_id, now, out)
+                    acked[queue] = None
                 continue
-            if run is not None:
-                run.settle_plain(cid, run_length, now)
-                ready[run] = None
-            run = queue
-            run_length = 1
+        elif kind != PLAIN:
+            m = transit[2]
+            queue.settle_sent(kind, cid, m, now)
+            ready[queue] = None
+            if kind == ACKED and auto and m is not None and queue.channel.name in auto:
+                queue.ack_taken(client, m.message_id, now, out)
+                acked[queue] = None
+                seen = None  # (as above)
             continue
-        kind, m = transit[0], transit[2]
-        queue.settle_sent(kind, cid, m, now)
-        ready[queue] = None
-        if kind == ACKED and auto and m is not None and queue.channel.name in auto:
-            queue.ack_taken(client, m.message_id, now, out)
-            acked[queue] = None
+        if queue is run and kind == run_kind:
+            run_length += 1
+            continue
+        if run is not None:
+            _settle_run(run, run_kind, cid, run_length, now, ready, acked)
+        run = queue
+        run_kind = kind
+        run_length = 1
     if run is not None:
-        run.settle_plain(cid, run_length, now)
-        ready[run] = None
+        _settle_run(run, run_kind, cid, run_length, now, ready, acked)
     return count
+
+
+def _settle_run(
+    queue: QV,
+    kind: int,
+    client_id: str,
+    count: int,
+    now: float,
+    ready: dict[QV, None],
+    acked: dict[QV, None],
+) -> None:
+    """``count`` consecutive fast-path deliveries of ``queue`` were taken."""
+    if kind == AUTO:
+        queue.settle_auto(client_id, count, now)
+        acked[queue] = None
+    else:
+        queue.settle_plain(client_id, count, now)
+    ready[queue] = None
 
 
 def abandon(client: Client[Any], now: float, out: list[Outgoing], ready: dict[QV, None]) -> None:
     """The client is going away: what never reached its socket returns to its queues.
 
     Call it before the client leaves its channels; the queues to drain afterwards (for
-    the other consumers) are added to ``ready``.
+    the other consumers) are added to ``ready``.  An :data:`AUTO` delivery becomes the
+    tracked delivery it stands for (``Queue.materialize``): the client's leaving returns
+    it with its queue's other unacknowledged deliveries (``consumer_gone``), counted and
+    decided as they are; so that they come back in the order they were sent, the
+    tracked ones still unsent of a queue that has AUTO ones move behind the client's
+    other unacknowledged deliveries in that order (``Queue.in_send_order``).
     """
     unsent = client.unsent
     client.unsent = deque()
     cid = client.id
+    mixed = {t[1] for t in unsent if t[0] == AUTO}
     for kind, queue, m, frame, seq in unsent:
+        if mixed and queue in mixed:
+            if kind == AUTO:
+                if queue.alive:  # (a removed queue took its messages with it)
+                    queue.materialize(client, frame, seq, now)
+                    ready[queue] = None
+                continue
+            if kind == ACKED and m is not None:
+                queue.in_send_order(cid, m.message_id)
         if frame.__class__ is bytes:  # a push carried as its octets (``octets_run``)
             frame = message_of_octets(frame)
         queue.settle_unsent(kind, cid, m, frame, seq, now, out)
