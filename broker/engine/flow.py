@@ -37,6 +37,7 @@ A consumer whose window is full, status by status:
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from broker.engine.tmqp_door import message_of_octets
@@ -85,9 +86,55 @@ def transmitted(
     ready: dict[QV, None],
     out: list[Outgoing],
     acked: dict[QV, None],
+    unwritten: Collection[int] = (),
 ) -> int:
-    """The transport took the client's next ``count`` tracked frames; returns how many
-    were settled (fewer only if the server reports more than the engine sent).
+    """The transport is done with the client's next ``count`` tracked frames; returns how
+    many were settled (fewer only if the server reports more than the engine sent).
+
+    ``unwritten``: the positions among them (0 is the next) of deliveries that never
+    reached the consumer's socket though the transport is done with them (the STOMP
+    listener's deliveries to a subscription gone meanwhile, or held for one: its NACKs
+    for them follow).  Such a delivery waiting for an acknowledge is not counted as sent
+    and stays in flight for that NACK (an AUTO one becomes its tracked delivery): put
+    back, it is not a redelivery.  Any other kind is settled as taken.  See
+    :func:`_taken` for the rest.
+    """
+    if not unwritten:
+        return _taken(client, count, now, ready, out, acked)
+    done = 0
+    unsent = client.unsent
+    for position in sorted(set(unwritten)):
+        if position >= count:
+            break
+        if position > done:
+            done += _taken(client, position - done, now, ready, out, acked)
+        if done < position or not unsent:
+            return done  # (the server reported more than the engine sent)
+        transit = unsent[0]
+        kind = transit[0]
+        if kind == AUTO:
+            unsent.popleft()
+            transit[1].materialize(client, transit[3], transit[4], now)
+            done += 1
+        elif kind == ACKED:
+            unsent.popleft()  # (its pending entry waits for the NACK)
+            done += 1
+        else:
+            done += _taken(client, 1, now, ready, out, acked)
+    if count > done:
+        done += _taken(client, count - done, now, ready, out, acked)
+    return done
+
+
+def _taken(
+    client: Client[Any],
+    count: int,
+    now: float,
+    ready: dict[QV, None],
+    out: list[Outgoing],
+    acked: dict[QV, None],
+) -> int:
+    """The transport took the client's next ``count`` tracked frames (:func:`transmitted`).
 
     Queues whose window slots were freed are added to ``ready`` (to be drained).  A
     delivery waiting for an acknowledge on a channel the client acknowledges by taking
@@ -125,6 +172,8 @@ def transmitted(
                     run = None
                 seen = None  # (the hooks called below may change the rules' answer)
                 m = queue.materialize(client, frame, transit[4], now)
+                if m is None:
+                    continue  # (its queue was removed)
                 queue.settle_sent(ACKED, cid, m, now)
                 ready[queue] = None
                 if auto and queue.channel.name in auto:
@@ -189,8 +238,7 @@ def abandon(client: Client[Any], now: float, out: list[Outgoing], ready: dict[QV
     for kind, queue, m, frame, seq in unsent:
         if mixed and queue in mixed:
             if kind == AUTO:
-                if queue.alive:  # (a removed queue took its messages with it)
-                    queue.materialize(client, frame, seq, now)
+                if queue.materialize(client, frame, seq, now) is not None:
                     ready[queue] = None
                 continue
             if kind == ACKED and m is not None:

@@ -629,7 +629,10 @@ class EngineBackend:
         returned = self._return_held(connection_id, conn, settles)
         door = self.door
         leaving = names if returned else []
-        self._submit(lambda now: door.op_settle(connection_id, settles, returned, now, leaving))
+        unwritten = range(returned)  # (none of them reached the socket)
+        self._submit(
+            lambda now: door.op_settle(connection_id, settles, returned, now, leaving, unwritten)
+        )
         self._submit(lambda now: door.op_unsubscribe(connection_id, names, now))
         if sub.patterns:
             self._submit(lambda now: door.op_drop_wildcard(connection_id, subscription_id, now))
@@ -638,8 +641,9 @@ class EngineBackend:
         self, connection_id: int, conn: _Conn, settles: list[tuple[str, int, str, bool]]
     ) -> int:
         """A subscription went: the deliveries at the front of ``held`` that no
-        subscription of the connection takes now leave it, reported taken and nacked
-        (appended to ``settles``, after the unacknowledged ones): back to the queue now,
+        subscription of the connection takes now leave it, reported done with (never
+        written: not counted sent, not redeliveries) and nacked (appended to
+        ``settles``, after the unacknowledged ones): back to the queue now,
         in delivery order, in one settle -- not when the connection has room again (never,
         if its reader stopped), each put back ahead of the ones returned before it (the
         queue's order reversed).  Only the front: the engine counts taken deliveries in
@@ -757,6 +761,7 @@ class EngineBackend:
         taking.  Deliveries go out in runs through the connection's run sink (one call,
         its room read once), one by one where a topic credit decides per delivery."""
         taken = 0
+        unwritten: list[int] = []  # (positions among the taken that never reached it)
         facts = self._facts
         settles: list[tuple[str, int, str, bool]] = []
         run: list[tuple[Delivery, Message, _Sub, list[_Sub] | None]] = []
@@ -771,11 +776,22 @@ class EngineBackend:
             if sub is None:
                 sub = self._wildcard_sub(conn_id, conn, message.target)
             if sub is None:  # unsubscribed meanwhile: back to the queue
-                taken += 1
-                if message.wants_ack:
+                if run:  # (those before it first: its position among the taken is known)
+                    took = self._hand_run(conn, run, settles)
+                    taken += took
+                    if took < len(run):
+                        conn.held.extend(m for _, m, _, _ in run[took:])
+                        conn.held.append(message)
+                        conn.held.extend(pending)
+                        stopped = True
+                        break
+                    run = []
+                if message.wants_ack:  # (nacked: not counted sent, not a redelivery)
+                    unwritten.append(taken)
                     settles.append(
                         (message.target, message.content_type, message.message_id, False)
                     )
+                taken += 1
                 continue
             selector = sub.spec.selector
             if (
@@ -829,7 +845,7 @@ class EngineBackend:
             conn.held.extend(m for _, m, _, _ in run[took:])
         if taken or settles:
             door = self.door
-            self._submit(lambda now: door.op_settle(conn_id, settles, taken, now))
+            self._submit(lambda now: door.op_settle(conn_id, settles, taken, now, (), unwritten))
 
     def _hand_run(
         self,

@@ -589,7 +589,9 @@ class Dispatcher:
         consumer that acknowledges by taking: sent and acknowledged, as the tracked path
         counts them (``settle_sent`` then ``AckTracker.ack_taken``)."""
         self.settle_plain(client_id, count, now)
-        self.q.acks += count
+        q = self.q
+        q.acks += count
+        q.auto_in_flight -= count
 
     def quiet(self, headers: Headers) -> bool:
         """Does the handler's quiet test pass ``headers`` now?  False without a test or
@@ -602,12 +604,18 @@ class Dispatcher:
         except Exception:
             return False
 
-    def materialize(self, c: Client[Any], message: Message, seq: int, now: float) -> QueueMessage:
+    def materialize(
+        self, c: Client[Any], message: Message, seq: int, now: float
+    ) -> QueueMessage | None:
         """An :data:`~broker.engine.flow.AUTO` delivery to ``c`` becomes the tracked one it
         stands for: its queue message (number ``seq``), in flight, waiting in ``pending``
         for ``c``'s acknowledge (no deadline: such deliveries are made only on a queue
-        without an acknowledge timeout).  What happens to it next is the tracked path's."""
+        without an acknowledge timeout).  What happens to it next is the tracked path's.
+        None: the queue was removed (and took its messages with it)."""
         q = self.q
+        q.auto_in_flight -= 1
+        if not q.alive:
+            return None
         m = QueueMessage(seq, message, None, False, now)
         if q.index is not None:
             q.index.add(m)

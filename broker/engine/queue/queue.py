@@ -161,6 +161,9 @@ class Queue:
         self.rr = 0
         #: Deliveries in flight per consumer id (see ``broker.engine.flow``); absent: none.
         self.used: dict[str, int] = {}
+        #: AUTO deliveries in flight (``broker.engine.flow.AUTO``): each waits for its
+        #: acknowledge by taking as a ``pending`` entry would (counted with them).
+        self.auto_in_flight = 0
         #: The last drain stopped with messages waiting and no consumer able to take one
         #: (full windows): the next settled delivery drains again.
         self.stalled = False
@@ -376,7 +379,7 @@ class Queue:
         return bool(self.options.wait_for_acknowledge and self.tracker.pending)
 
     def is_empty(self) -> bool:
-        return not self.messages.count and self.tracker.idle()
+        return not self.messages.count and self.tracker.idle() and not self.auto_in_flight
 
     def enqueue(self, m: QueueMessage) -> None:
         m.park()  # (memory: see broker.message.parked)
@@ -603,7 +606,9 @@ class Queue:
     ) -> None:
         self.dispatch.after_send(m, c, req_ack, deadline, out)
 
-    def materialize(self, c: Client, message: Message, seq: int, now: float) -> QueueMessage:
+    def materialize(
+        self, c: Client, message: Message, seq: int, now: float
+    ) -> QueueMessage | None:
         """An AUTO delivery becomes its tracked one (``Dispatcher.materialize``)."""
         return self.dispatch.materialize(c, message, seq, now)
 
@@ -1321,6 +1326,7 @@ class Queue:
                             out.append(_tracked(Tracked, (cid, frame)))
                             c.unsent.append((AUTO, self, None, message, seq))
                             used[cid] = u + 1
+                            self.auto_in_flight += 1
                             if rotates:
                                 self.rr = 0  # (choose_one's move past the one consumer)
                             continue
