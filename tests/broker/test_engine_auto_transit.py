@@ -29,7 +29,7 @@ import pytest
 from broker.engine.delivery import Decision, PerMessageDeliveryHandler
 from broker.engine.engine import Engine
 from broker.engine.flow import AUTO
-from broker.engine.options import BrokerConfig, ChannelQueueOptions
+from broker.engine.options import BrokerConfig, ChannelOptions, ChannelQueueOptions
 from broker.engine.per_message import PER_MESSAGE, Credit, PerMessageRules
 from broker.message import Message
 from broker.protocol import ConnectionInfo, NackReason, QueueStatus
@@ -431,3 +431,26 @@ def test_a_leaving_consumer_gets_its_deliveries_back_in_send_order() -> None:
 
 def _selects_x(headers: Any) -> bool:
     return ("x", "1") in headers
+
+
+def test_a_channel_destroyed_when_empty_waits_for_its_auto_deliveries() -> None:
+    """Its only consumer leaves while AUTO deliveries are on their way (STOMP: an
+    UNSUBSCRIBE the listener answers by NACKing them): the channel is not empty until
+    they are back, so it is not removed with them (they would be lost)."""
+    for unique_ids in (True, False):
+        s = Steps(unique_ids)
+        s.engine.create_channel("temp", ChannelOptions(destroy_when_empty=True))
+        s.engine.create_queue("temp", 0, OPTIONS)
+        a = s.consumer("a", auto=True, channel="temp")
+        messages = [Message(f"t{i}", "p", "temp", 0, payload=b"t") for i in range(3)]
+        out, taken, _ = s.engine.publish_many(s.producer, messages, 0.0, unique_ids=unique_ids)
+        assert taken == 3 and len(out) == 3
+        autos = sum(t[0] == AUTO for t in s.engine.clients[a].unsent)
+        assert autos == (3 if unique_ids else 0)
+        s.record(s.engine.unsubscribe(a, "temp", 0.0))
+        assert "temp" in s.engine.channels  # three deliveries in flight
+        s.take(a, 3, unwritten=(0, 1, 2))
+        acks = [("temp", 0, f"t{i}", NackReason.NONE) for i in range(3)]
+        s.record(s.engine.acknowledge_many(a, acks, 0.0))
+        q = s.engine.channels["temp"].queues[0]
+        assert q.message_count == 3 and q.nacks == 3 and q.sent == 0
