@@ -1243,6 +1243,8 @@ class Queue:
             and not (timeout or wait or opts.acknowledge_timeout or opts.retain)
             and not (hooks.end_send or hooks.dequeued)
         )
+        quiet_headers: Headers | None = None  # the block the quiet test was asked about
+        quiet_answer = False  # (its answer: valid while only AUTO deliveries were made)
         hide = opts.hide_client_names
         rotates = type(strategy) is RoundRobin
         used = self.used
@@ -1301,10 +1303,17 @@ class Queue:
                         c = consumers[0]
                         cid = c.id
                         u = used.get(cid, 0)
+                        headers = message.headers
+                        if headers is not quiet_headers:  # (asked once per block)
+                            quiet_headers = headers
+                            try:
+                                quiet_answer = bool(quiet(headers))  # type: ignore[misc]
+                            except Exception:
+                                quiet_answer = False  # (the tracked send counts it)
                         if (
-                            name in c.auto_acked
+                            quiet_answer
+                            and name in c.auto_acked
                             and u < (c.prefetch.get(name) or self.window)
-                            and self.quiet(message.headers)
                         ):
                             # (what out_message makes of it: the acknowledge wished)
                             frame = _new_message(
@@ -1330,6 +1339,7 @@ class Queue:
                             if rotates:
                                 self.rr = 0  # (choose_one's move past the one consumer)
                             continue
+                quiet_headers = None  # (the tracked path below may change the answer)
                 if m is None:
                     m = QueueMessage(seq, message, sender, False, now)
                 if d is not ALLOW and not self._decided(m, d, out):
