@@ -338,3 +338,54 @@ def test_an_auto_and_a_client_consumer_share_a_queue_exactly(side: Side) -> None
         auto.close()
         client.close()
         producer.close()
+
+
+def test_a_delivery_to_a_gone_subscription_behind_a_held_run_keeps_its_place(side: Side) -> None:
+    """One batch of deliveries: a run for a live subscription that fills the connection,
+    then one for a subscription the listener removed meanwhile.  The gone one is reported
+    at its place (after the run); counted ahead of the run's held deliveries it settled
+    one of them as taken -- acknowledged while still held, lost if the connection then
+    resets -- and left its own transit behind (a DEFECT found in session 20)."""
+    consumer = _small_consumer(side)
+    producer = RawClient(side)
+    other = RawClient(side)
+    try:
+        _subscribe(consumer, "a", "live", "auto")
+        _subscribe(consumer, "b", "left", "auto")
+        bodies = _bodies("live", 30)
+        frames = [b"SEND\ndestination:/queue/live\n\n" + b + b"\x00" for b in bodies]
+        frames.append(b"SEND\ndestination:/queue/left\n\nleft-0\x00")
+        frames.append(b"SEND\ndestination:/queue/left\n\nleft-1\x00")
+        before = side.door.pending_ops
+        producer.send(b"".join(frames))
+        assert wait_until(lambda: side.door.pending_ops > before)  # (read, not run)
+        consumer.send(b"UNSUBSCRIBE\nid:b\n\n\x00")
+        assert wait_until(lambda: side.door.pending_ops > before + 1)
+        live, left = _queue_when(side, "live"), _queue_when(side, "left")
+        assert side.pump(lambda: _held(side) > 1 and not side.door.pending_ops)
+        backend: Any = side.listener.backend
+        held = side.listener.call(lambda: [m.target for m in backend.conns[consumer.id].held])
+        handed = live.acks  # what the connection's output took: acknowledged
+        assert handed == len(bodies) - held.count("live") > 0  # (not one held counted)
+        # the consumer vanishes (kill -9): everything not handed comes back
+        consumer.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        consumer.close()
+        assert side.pump(lambda: side.session_state(consumer.id) is None)
+        assert side.pump(lambda: _idle(live) and _idle(left) and _held(side) == 0)
+        assert live.acks == handed  # nothing acknowledged that was not handed
+        _subscribe(other, "o", "live", "auto")
+        got = _collect(other, len(bodies) - handed, ack=False)
+        assert [_body(f) for f in got] == bodies[handed:]
+        _subscribe(other, "p", "left", "auto")
+        assert [_body(f) for f in _collect(other, 2, ack=False)] == [b"left-0", b"left-1"]
+        _nothing_more(other)
+    finally:
+        consumer.close()
+        producer.close()
+        other.close()
+
+
+def _queue_when(side: Side, name: str) -> Queue:
+    """The channel's queue, once the engine made it (pumped)."""
+    assert side.pump(lambda: name in side.engine.channels and side.engine.channels[name].queues)
+    return _queue(side, name)
