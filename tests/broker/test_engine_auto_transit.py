@@ -124,8 +124,10 @@ class Steps:
     def queue(self) -> Any:
         return self.engine.channels[CHANNEL].queues[0]
 
-    def consumer(self, cid: str, auto: bool, channel: str = CHANNEL) -> str:
-        consumer, out = self.engine.connect(ConnectionInfo(client_id=cid), 0.0)
+    def consumer(self, cid: str, auto: bool, channel: str = CHANNEL, low: bool = False) -> str:
+        properties = {"Consumer-Priority": "low"} if low else {}
+        info = ConnectionInfo(client_id=cid, properties=properties)
+        consumer, out = self.engine.connect(info, 0.0)
         self.record(out)
         self.record(self.engine.subscribe(consumer, channel, 0.0, prefetch=self.window))
         if auto:
@@ -396,7 +398,39 @@ def _mixed_consumers(s: Steps) -> None:
     s.snapshot()
 
 
+def _round_robin(s: Steps) -> None:
+    """Several consumers: two ``ack:auto`` (AUTO transits in turn), one ``ack:client``
+    (tracked in its turn), then a low-priority ``ack:auto`` one that gets a message only
+    when the others are full; windows fill, consumers leave and come back."""
+    a = s.consumer("a", auto=True)
+    b = s.consumer("b", auto=True)
+    c = s.consumer("c", auto=False)
+    s.publish(s.messages(7))
+    s.snapshot()
+    s.take(a, 1)
+    s.take(c)
+    s.settle(c, s.got.pop(c, []), True)
+    s.publish(s.messages(9))  # windows of 4: some wait
+    s.snapshot()
+    low = s.consumer("low", auto=True, low=True)
+    s.publish(s.messages(2))  # the low-priority one takes what nobody else has room for
+    s.snapshot()
+    s.record(s.engine.disconnect(b, 1.0))  # b leaves holding AUTO deliveries
+    s.take(a)
+    s.take(low)
+    s.take(c)
+    s.settle(c, s.got.pop(c, []), True)
+    s.publish(s.messages(5))
+    for _ in range(4):
+        s.take(a)
+        s.take(low)
+        s.take(c)
+        s.settle(c, s.got.pop(c, []), True)
+    s.snapshot()
+
+
 SCENARIOS = {
+    "round-robin": (_round_robin, True),
     "window": (_window_runs, True),
     "persistent": (_persistent_among_plain, True),
     "quiet-turns": (_quiet_turns, True),

@@ -389,3 +389,28 @@ def _queue_when(side: Side, name: str) -> Queue:
     """The channel's queue, once the engine made it (pumped)."""
     assert side.pump(lambda: name in side.engine.channels and side.engine.channels[name].queues)
     return _queue(side, name)
+
+
+def test_two_auto_consumers_take_turns_exactly(side: Side) -> None:
+    first = RawClient(side)
+    second = RawClient(side)
+    producer = RawClient(side)
+    try:
+        _subscribe(first, "a", "turns", "auto")
+        _subscribe(second, "b", "turns", "auto")
+        bodies = _bodies("turns", 40)
+        _send(producer, "turns", bodies)
+        got_first = _collect(first, 20, ack=False)
+        got_second = _collect(second, 20, ack=False)
+        assert [_body(f) for f in got_first] == bodies[0::2]
+        assert [_body(f) for f in got_second] == bodies[1::2]
+        assert _first_deliveries(got_first + got_second)
+        queue = _queue(side, "turns")
+        assert side.pump(lambda: _idle(queue))
+        assert (queue.sent, queue.deliveries, queue.acks, queue.nacks) == (40, 40, 40, 0)
+        _nothing_more(first)
+        _nothing_more(second)
+    finally:
+        first.close()
+        second.close()
+        producer.close()

@@ -129,6 +129,30 @@ _TO_DISPATCH = (
 )
 
 
+def _next_in_turn(
+    consumers: list[Client], rr: int, used: dict[str, int], name: str, window: int
+) -> tuple[Client | None, int]:
+    """The consumer ``Dispatcher.choose_one`` takes for a message the handler's quiet test
+    passed (no filter asked) whose id no delivery in flight can share (the door's own):
+    the next with room from the round-robin position ``rr``, low-priority consumers only
+    when no other has room; with the position it moves to (None, ``rr``: none has room)."""
+    n = len(consumers)
+    start = rr % n
+    later = False  # a low-priority consumer was passed over (second round for it)
+    for low in (False, True):
+        for i in range(n):
+            c = consumers[(start + i) % n]
+            if c.low_priority is not low:
+                later = later or c.low_priority
+                continue
+            if used.get(c.id, 0) >= (c.prefetch.get(name) or window):
+                continue
+            return c, (start + i + 1) % n
+        if not later:
+            break
+    return None, rr
+
+
 def _entries(chunk: list[IndexEntry] | array) -> list[IndexEntry]:
     """A chunk of ``Store.index_chunks`` as entries (an array: plain numbers)."""
     if isinstance(chunk, array):
@@ -1188,11 +1212,12 @@ class Queue:
         and deliveries (tested against one by one: ``tests/broker/test_accept_many.py``).
         Any other status admits each message itself.
 
-        An AUTO delivery (``broker.engine.flow.AUTO``): a message sent at once to the
-        queue's single consumer, which acknowledges the channel by taking
-        (``Client.auto_acked``, STOMP ``ack:auto``), leaves without a queue message,
-        ``pending`` entry or ``Delivery`` when all of these hold -- Push or RoundRobin,
-        nothing waiting ahead of it, room in the consumer's window, the handler's quiet
+        An AUTO delivery (``broker.engine.flow.AUTO``): a message sent at once to one
+        consumer -- the one round robin chooses (``_next_in_turn``), or a Push queue's
+        only one -- which acknowledges the channel by taking (``Client.auto_acked``,
+        STOMP ``ack:auto``), leaves without a queue message, ``pending`` entry or
+        ``Delivery`` when all of these hold -- Push or RoundRobin, nothing waiting ahead
+        of it, room in the consumer's window, the handler's quiet
         test passes its header block and its ``received_from_producer`` said ALLOW (not
         saved: a ``persistent`` message stays tracked), the ids are the door's own
         (``remember_ids`` False), no browse index, no message or acknowledge timeout, no
@@ -1229,8 +1254,8 @@ class Queue:
         sends = type(strategy) in _SENDS_OR_KEEPS
         admit = strategy.admit
         unsaved = self.unsaved
-        # A message sent at once to the single consumer, which acknowledges this channel
-        # by taking, goes out as an AUTO delivery (``broker.engine.flow``: no queue
+        # A message sent at once to one consumer (round robin's, or Push's only one) that
+        # acknowledges this channel by taking goes out as an AUTO delivery (``broker.engine.flow``: no queue
         # message, no ``pending`` entry) when nothing the tracked path does for it could
         # matter: checked here once for the run, per message below (see the docstring).
         quiet = hooks.quiet
@@ -1297,10 +1322,15 @@ class Queue:
                         d = Decision(allow=False, send_ack=AckWhen.NEGATIVE)
                 if taking and d is ALLOW:
                     consumers = channel.consumer_list
-                    if len(consumers) == 1 and not (
-                        messages.n_priority or messages.n_regular or messages.front
-                    ):
-                        c = consumers[0]
+                    n = len(consumers)
+                    c: Client | None = None
+                    turn = 0
+                    if n and not (messages.n_priority or messages.n_regular or messages.front):
+                        if n == 1:
+                            c = consumers[0]
+                        elif rotates:  # (Push: a copy each, tracked)
+                            c, turn = _next_in_turn(consumers, self.rr, used, name, self.window)
+                    if c is not None:
                         cid = c.id
                         u = used.get(cid, 0)
                         headers = message.headers
@@ -1337,7 +1367,7 @@ class Queue:
                             used[cid] = u + 1
                             self.auto_in_flight += 1
                             if rotates:
-                                self.rr = 0  # (choose_one's move past the one consumer)
+                                self.rr = turn  # (choose_one's move past the one chosen)
                             continue
                 quiet_headers = None  # (the tracked path below may change the answer)
                 if m is None:
