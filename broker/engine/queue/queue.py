@@ -1255,9 +1255,10 @@ class Queue:
         admit = strategy.admit
         unsaved = self.unsaved
         # A message sent at once to one consumer (round robin's, or Push's only one) that
-        # acknowledges this channel by taking goes out as an AUTO delivery (``broker.engine.flow``: no queue
-        # message, no ``pending`` entry) when nothing the tracked path does for it could
-        # matter: checked here once for the run, per message below (see the docstring).
+        # acknowledges this channel by taking goes out as an AUTO delivery
+        # (``broker.engine.flow``: no queue message, no ``pending`` entry) when nothing
+        # the tracked path does for it could matter: checked here once for the run, per
+        # message below (see the docstring).
         quiet = hooks.quiet
         taking = (
             sends
@@ -1267,6 +1268,9 @@ class Queue:
             and opts.request_acknowledge
             and not (timeout or wait or opts.acknowledge_timeout or opts.retain)
             and not (hooks.end_send or hooks.dequeued)
+            # (no consumer acknowledges by taking: nothing to look at per message; the
+            # consumers and their modes do not change within a run)
+            and any(name in c.auto_acked for c in channel.consumer_list)
         )
         quiet_headers: Headers | None = None  # the block the quiet test was asked about
         quiet_answer = False  # (its answer: valid while only AUTO deliveries were made)
@@ -1330,7 +1334,7 @@ class Queue:
                             c = consumers[0]
                         elif rotates:  # (Push: a copy each, tracked)
                             c, turn = _next_in_turn(consumers, self.rr, used, name, self.window)
-                    if c is not None:
+                    if c is not None and name in c.auto_acked:
                         cid = c.id
                         u = used.get(cid, 0)
                         headers = message.headers
@@ -1340,11 +1344,7 @@ class Queue:
                                 quiet_answer = bool(quiet(headers))  # type: ignore[misc]
                             except Exception:
                                 quiet_answer = False  # (the tracked send counts it)
-                        if (
-                            quiet_answer
-                            and name in c.auto_acked
-                            and u < (c.prefetch.get(name) or self.window)
-                        ):
+                        if quiet_answer and u < (c.prefetch.get(name) or self.window):
                             # (what out_message makes of it: the acknowledge wished)
                             frame = _new_message(
                                 Message,
