@@ -153,50 +153,63 @@ def _taken(
     run: QV | None = None  # consecutive fast-path deliveries of one queue settle together
     run_kind = PLAIN
     run_length = 0
+    plain_run: QV | None = None  # (run, when its kind is PLAIN; else None)
+    auto_run: QV | None = None  # (run, when its kind is AUTO; else None)
     seen: QV | None = None  # (the last AUTO delivery's queue and header block, and
     seen_headers: Any = None  # whether it settled quietly: asked once per block)
     seen_quiet = False
     for _ in range(count):
         transit = pop()
         queue = transit[1]
-        kind = transit[0]
-        if kind == AUTO:
-            frame = transit[3]
-            headers = frame.headers
-            if queue is not seen or headers is not seen_headers:
-                seen, seen_headers = queue, headers
-                seen_quiet = bool(auto) and queue.channel.name in auto and queue.quiet(headers)
-            if not seen_quiet:
-                if run is not None:
-                    _settle_run(run, run_kind, cid, run_length, now, ready, acked)
-                    run = None
-                seen = None  # (the hooks called below may change the rules' answer)
-                m = queue.materialize(client, frame, transit[4], now)
-                if m is None:
-                    continue  # (its queue was removed)
-                queue.settle_sent(ACKED, cid, m, now)
+        if transit[0] == PLAIN:  # (TMQP's fast path first, as before AUTO existed)
+            if queue is plain_run:
+                run_length += 1
+                continue
+            kind = PLAIN
+        else:
+            kind = transit[0]
+            if kind == AUTO:
+                frame = transit[3]
+                headers = frame.headers
+                if queue is not seen or headers is not seen_headers:
+                    seen, seen_headers = queue, headers
+                    seen_quiet = bool(auto) and queue.channel.name in auto and queue.quiet(headers)
+                if seen_quiet:
+                    if queue is auto_run:
+                        run_length += 1
+                        continue
+                else:
+                    if run is not None:
+                        _settle_run(run, run_kind, cid, run_length, now, ready, acked)
+                        run = plain_run = auto_run = None
+                    seen = None  # (the hooks called below may change the rules' answer)
+                    m = queue.materialize(client, frame, transit[4], now)
+                    if m is None:
+                        continue  # (its queue was removed)
+                    queue.settle_sent(ACKED, cid, m, now)
+                    ready[queue] = None
+                    if auto and queue.channel.name in auto:
+                        queue.ack_taken(client, m.message_id, now, out)
+                        acked[queue] = None
+                    continue
+            else:
+                m = transit[2]
+                queue.settle_sent(kind, cid, m, now)
                 ready[queue] = None
-                if auto and queue.channel.name in auto:
+                if kind == ACKED and auto and m is not None and queue.channel.name in auto:
                     queue.ack_taken(client, m.message_id, now, out)
                     acked[queue] = None
+                    seen = None  # (as above)
                 continue
-        elif kind != PLAIN:
-            m = transit[2]
-            queue.settle_sent(kind, cid, m, now)
-            ready[queue] = None
-            if kind == ACKED and auto and m is not None and queue.channel.name in auto:
-                queue.ack_taken(client, m.message_id, now, out)
-                acked[queue] = None
-                seen = None  # (as above)
-            continue
-        if queue is run and kind == run_kind:
-            run_length += 1
-            continue
-        if run is not None:
+        if run is not None:  # (a fast-path delivery that starts a run)
             _settle_run(run, run_kind, cid, run_length, now, ready, acked)
         run = queue
         run_kind = kind
         run_length = 1
+        if kind == PLAIN:
+            plain_run, auto_run = queue, None
+        else:
+            plain_run, auto_run = None, queue
     if run is not None:
         _settle_run(run, run_kind, cid, run_length, now, ready, acked)
     return count
