@@ -72,7 +72,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
 
 from broker import paging, tmqp
 from broker.engine import flow, models, operations, quotas, receipts, routing
@@ -1473,12 +1473,18 @@ class Engine:
 
     # ------------------------------------------------------------------ flow control
 
-    def transmitted(self, counts: Mapping[str, int], now: float) -> list[Outgoing]:
+    def transmitted(
+        self,
+        counts: Mapping[str, int],
+        now: float,
+        unwritten: Mapping[str, Collection[int]] | None = None,
+    ) -> list[Outgoing]:
         """The transport took the next ``counts[id]`` :class:`Tracked` frames of each client.
 
         Settles those deliveries (counted as sent; a queue without acknowledges finishes
         them and frees their window slots) and sends what the freed room lets through.
-        See ``broker.flow``.
+        ``unwritten[id]``: positions among a client's that never reached its socket (see
+        ``flow.transmitted``).  See ``broker.flow``.
         """
         self.services.now = now
         out: list[Outgoing] = []
@@ -1490,7 +1496,8 @@ class Engine:
             if client is None:
                 continue  # already disconnected: its deliveries were returned then
             try:
-                if flow.transmitted(client, count, now, ready, out, acked) != count:
+                left = unwritten.get(client_id, ()) if unwritten else ()
+                if flow.transmitted(client, count, now, ready, out, acked, left) != count:
                     self.count_error("transmitted", ValueError(f"{client_id}: {count} > sent"))
             except Exception as exc:
                 self.count_error("transmitted", exc)

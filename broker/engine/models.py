@@ -54,7 +54,8 @@ def queue_information(q: Queue, wall: float, now: float) -> dict[str, Any]:
         "MessageLimit": o.message_limit,
         "MessageSizeLimit": o.message_size_limit,
         # zerohub additions
-        "PendingAcknowledges": len(q.pending),
+        # (AUTO deliveries, ``flow.AUTO``, wait for their acknowledge by taking too)
+        "PendingAcknowledges": len(q.pending) + q.auto_in_flight,
         "Sequence": q.sequence,
         "Prefetch": q.window,
         # deliveries holding a slot of a consumer's window: not yet acknowledged, or
@@ -157,7 +158,7 @@ def channel_stats(c: Channel[QV]) -> dict[str, Any]:
         "queues": [
             {
                 **queue_summary(q),
-                "PendingAcknowledges": len(q.pending),
+                "PendingAcknowledges": len(q.pending) + q.auto_in_flight,
                 "Sequence": q.sequence,
                 # counters: the hub's per-queue rates are their differences over time
                 "ReceivedMessages": q.received,
@@ -216,7 +217,7 @@ def engine_totals(counts: EngineCounts, channels: Collection[Channel[QV]]) -> di
         for q in c.queues.values():
             n += 1
             messages += q.message_count
-            pending += len(q.pending)
+            pending += len(q.pending) + q.auto_in_flight
             errors += q.errors
             received += q.received
             sent += q.sent

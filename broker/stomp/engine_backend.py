@@ -646,7 +646,10 @@ class EngineBackend:
         returned = self._return_held(connection_id, conn, settles)
         door = self.door
         leaving = names if returned else []
-        self._submit(lambda now: door.op_settle(connection_id, settles, returned, now, leaving))
+        unwritten = range(returned)  # (none of them reached the socket)
+        self._submit(
+            lambda now: door.op_settle(connection_id, settles, returned, now, leaving, unwritten)
+        )
         self._submit(lambda now: door.op_unsubscribe(connection_id, names, now))
         if sub.patterns:
             self._submit(lambda now: door.op_drop_wildcard(connection_id, subscription_id, now))
@@ -655,8 +658,9 @@ class EngineBackend:
         self, connection_id: int, conn: _Conn, settles: list[tuple[str, int, str, bool]]
     ) -> int:
         """A subscription went: the deliveries at the front of ``held`` that no
-        subscription of the connection takes now leave it, reported taken and nacked
-        (appended to ``settles``, after the unacknowledged ones): back to the queue now,
+        subscription of the connection takes now leave it, reported done with (never
+        written: not counted sent, not redeliveries) and nacked (appended to
+        ``settles``, after the unacknowledged ones): back to the queue now,
         in delivery order, in one settle -- not when the connection has room again (never,
         if its reader stopped), each put back ahead of the ones returned before it (the
         queue's order reversed).  Only the front: the engine counts taken deliveries in
@@ -773,6 +777,7 @@ class EngineBackend:
         leading runs of plain ``ack:auto`` deliveries through the plain sink
         (:meth:`_plain_prefix`)."""
         taken = 0
+        unwritten: list[int] = []  # (positions among the taken that never reached it)
         if conn.plain_sink is not None:
             n = len(messages)
             while taken < n:
@@ -801,11 +806,22 @@ class EngineBackend:
             if sub is None:
                 sub = self._wildcard_sub(conn_id, conn, message.target)
             if sub is None:  # unsubscribed meanwhile: back to the queue
-                taken += 1
-                if message.wants_ack:
+                if run:  # (those before it first: its position among the taken is known)
+                    took = self._hand_run(conn, run, settles)
+                    taken += took
+                    if took < len(run):
+                        conn.held.extend(m for _, m, _, _ in run[took:])
+                        conn.held.append(message)
+                        conn.held.extend(pending)
+                        stopped = True
+                        break
+                    run = []
+                if message.wants_ack:  # (nacked: not counted sent, not a redelivery)
+                    unwritten.append(taken)
                     settles.append(
                         (message.target, message.content_type, message.message_id, False)
                     )
+                taken += 1
                 continue
             selector = sub.spec.selector
             if (
@@ -859,7 +875,7 @@ class EngineBackend:
             conn.held.extend(m for _, m, _, _ in run[took:])
         if taken or settles:
             door = self.door
-            self._submit(lambda now: door.op_settle(conn_id, settles, taken, now))
+            self._submit(lambda now: door.op_settle(conn_id, settles, taken, now, (), unwritten))
 
     def _plain_prefix(self, conn: _Conn, messages: list[Message], start: int) -> int:
         """The run of ``messages`` from ``start`` on that are plain ``ack:auto``

@@ -10,7 +10,7 @@ import logging
 import socket
 import time
 from collections import deque
-from collections.abc import Callable, Container, Iterable, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Sequence
 from enum import IntEnum
 from functools import partial
 from typing import Any, TypeVar
@@ -995,10 +995,14 @@ class EngineDoor:
         counts: int,
         now: float,
         leaving: Sequence[str] = (),
+        unwritten: Collection[int] = (),
     ) -> list[Outgoing]:
         """Report ``counts`` deliveries taken, then acknowledge (True) or nack each.
-        ``leaving``: channels no longer acknowledged by taking (``ack:auto`` ended: the
-        deliveries reported taken here were never written, and are nacked)."""
+        ``leaving``: channels no longer acknowledged by taking (``ack:auto`` ended).
+        ``unwritten``: the positions among the ``counts`` (0: the first) of deliveries
+        that never reached the socket (held for a subscription that went, or arrived
+        after it went), nacked in ``settles``: back to their queue, not counted sent,
+        not redeliveries (``flow.transmitted``)."""
         client_id = self.client_of.get(conn)
         out: list[Outgoing] = []
         if client_id is None:
@@ -1007,7 +1011,8 @@ class EngineDoor:
         for channel in leaving:
             engine.acknowledge_taken(client_id, channel, on=False)
         if counts:
-            out.extend(engine.transmitted({client_id: counts}, now))
+            left = {client_id: unwritten} if unwritten else None
+            out.extend(engine.transmitted({client_id: counts}, now, left))
         if settles:
             nack = NackReason.NONE
             acks = [(ch, qid, mid, None if ok else nack) for ch, qid, mid, ok in settles]

@@ -185,6 +185,11 @@ def _queue(side: Engineside, name: str) -> Queue:
     return side.engine.channels[name].queues[QUEUE_ID]
 
 
+def _idle(queue: Queue) -> bool:
+    """Nothing of the queue in flight on the engine (tracked or AUTO, ``flow.AUTO``)."""
+    return not (queue.pending or queue.auto_in_flight)
+
+
 HOW = ["socket", "read-while-held"]
 
 
@@ -213,7 +218,7 @@ def test_unsubscribe_with_held_deliveries_returns_them_all_in_order(
         read = _messages(frames[:at])
         assert read == bodies[: len(read)]  # what it read came in order
         queue = _queue(side, "held")
-        assert side.pump(lambda: not queue.pending and _held(side) == 0)
+        assert side.pump(lambda: _idle(queue) and _held(side) == 0)
         # another consumer gets the rest: all of them unless ack:auto took some
         expected = bodies[len(read) :] if ack == "auto" else bodies
         _subscribe(other, "o", "held", "client-individual")
@@ -274,7 +279,7 @@ def test_unsubscribing_one_of_two_full_subscriptions_spares_the_other(
         assert read_a == bodies_a[: len(read_a)]
         got_b = [m for m in _messages(frames) if m.startswith(b"qb-")]
         assert got_b == bodies_b
-        assert side.pump(lambda: not _queue(side, "qa").pending and _held(side) == 0)
+        assert side.pump(lambda: _idle(_queue(side, "qa")) and _held(side) == 0)
         expected = bodies_a[len(read_a) :] if ack == "auto" else bodies_a
         _subscribe(other, "o", "qa", "client-individual")
         got = _names(_collect(side, other, len(expected), ack=True))
@@ -312,7 +317,7 @@ def test_disconnect_with_held_deliveries_returns_them(
         read = _messages(frames)
         assert read == bodies[: len(read)]
         queue = _queue(side, "bye")
-        assert side.pump(lambda: not queue.pending and _held(side) == 0)
+        assert side.pump(lambda: _idle(queue) and _held(side) == 0)
         expected = bodies[len(read) :] if ack == "auto" else bodies
         _subscribe(other, "o", "bye", "client-individual")
         got = _names(_collect(side, other, len(expected), ack=True))
@@ -338,7 +343,7 @@ def test_a_reset_with_held_deliveries_loses_nothing_not_taken(side: Engineside, 
         consumer.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         consumer.close()
         assert side.pump(lambda: side.session_state(consumer.id) is None)
-        assert side.pump(lambda: not queue.pending and _held(side) == 0)
+        assert side.pump(lambda: _idle(queue) and _held(side) == 0)
         # ack:auto: the ones handed to the connection's output were taken (acknowledged);
         # every one after them comes back.  Client modes: every one comes back.
         taken = queue.acks if ack == "auto" else 0
@@ -368,7 +373,7 @@ def test_held_deliveries_of_a_gone_subscription_return_though_the_reader_stopped
         queue = _queue(side, "stuck")
         taken = queue.acks if ack == "auto" else 0  # (auto: handed to its output)
         _frame_in(side, consumer, b"UNSUBSCRIBE\nid:s\nreceipt:gone\n\n\x00", "read-while-held")
-        assert side.pump(lambda: _held(side) == 0 and not queue.pending), (
+        assert side.pump(lambda: _held(side) == 0 and _idle(queue)), (
             f"held {_held(side)}, in flight {len(queue.pending)}"
         )
         _subscribe(other, "o", "stuck", "client-individual")

@@ -584,6 +584,55 @@ class Dispatcher:
         else:
             used.pop(client_id, None)
 
+    def settle_auto(self, client_id: str, count: int, now: float) -> None:
+        """The transport took ``count`` :data:`~broker.engine.flow.AUTO` deliveries to one
+        consumer that acknowledges by taking: sent and acknowledged, as the tracked path
+        counts them (``settle_sent`` then ``AckTracker.ack_taken``)."""
+        self.settle_plain(client_id, count, now)
+        q = self.q
+        q.acks += count
+        q.auto_in_flight -= count
+
+    def quiet(self, headers: Headers) -> bool:
+        """Does the handler's quiet test pass ``headers`` now?  False without a test or
+        when it raises (the tracked path it leads to asks again and counts the error)."""
+        test = self.q.hooks.quiet
+        if test is None:
+            return False
+        try:
+            return bool(test(headers))
+        except Exception:
+            return False
+
+    def materialize(
+        self, c: Client[Any], message: Message, seq: int, now: float
+    ) -> QueueMessage | None:
+        """An :data:`~broker.engine.flow.AUTO` delivery to ``c`` becomes the tracked one it
+        stands for: its queue message (number ``seq``), in flight, waiting in ``pending``
+        for ``c``'s acknowledge (no deadline: such deliveries are made only on a queue
+        without an acknowledge timeout).  What happens to it next is the tracked path's.
+        None: the queue was removed (and took its messages with it)."""
+        q = self.q
+        q.auto_in_flight -= 1
+        if not q.alive:
+            return None
+        m = QueueMessage(seq, message, None, False, now)
+        if q.index is not None:
+            q.index.add(m)
+        m.state = INFLIGHT
+        m.lived()
+        q.track(m, c, _INF)
+        return m
+
+    def in_send_order(self, client_id: str, message_id: str) -> None:
+        """A tracked delivery not yet sent to a consumer that leaves: its ``pending`` entry
+        moves to the end (``flow.abandon`` calls it in send order, so the consumer's
+        entries, returned in their order, follow the order they were sent in)."""
+        key = (client_id, message_id)
+        pending = self.pending
+        if key in pending:
+            pending.move_to_end(key)
+
     def settle_sent(self, kind: int, client_id: str, m: QueueMessage | None, now: float) -> None:
         """The transport took a delivery (``broker.engine.flow.transmitted``): count it."""
         if kind == PLAIN:

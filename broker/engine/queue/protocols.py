@@ -87,6 +87,7 @@ class QueueCore(Protocol):
     deliveries: int
     acks: int
     nacks: int
+    auto_in_flight: int
     timeouts: int
     saves: int
     unsaved: int

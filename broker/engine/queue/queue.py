@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker.engine import models
 from broker.engine.delivery import ALLOW, AckWhen, Decision, PutBack
-from broker.engine.flow import PLAIN
+from broker.engine.flow import AUTO, PLAIN
 from broker.engine.frames import ack as ack_frame
 from broker.engine.message import (
     DELAYED,
@@ -98,6 +98,8 @@ _SENDS_OR_KEEPS = (Push, RoundRobin)
 _READ_BATCH = 1024
 #: ``Tracked(client_id, frame)`` without the named tuple's Python-level __new__.
 _tracked = tuple.__new__
+#: ``Message(...)`` from a tuple of every field, the same way.
+_new_message = tuple.__new__
 #: Methods of :class:`Queue` that only pass the call on to one of its parts: each queue
 #: binds them to the part's own method (an instance attribute shadows the class's
 #: function), which saves a call on paths that run per message.  The ``def`` below stay
@@ -114,6 +116,9 @@ _TO_TRACKER = (
     "tick",
 )
 _TO_DISPATCH = (
+    "materialize",
+    "in_send_order",
+    "quiet",
     "send",
     "with_room",
     "choose_one",
@@ -122,6 +127,30 @@ _TO_DISPATCH = (
     "after_send",
     "settle_unsent",
 )
+
+
+def _next_in_turn(
+    consumers: list[Client], rr: int, used: dict[str, int], name: str, window: int
+) -> tuple[Client | None, int]:
+    """The consumer ``Dispatcher.choose_one`` takes for a message the handler's quiet test
+    passed (no filter asked) whose id no delivery in flight can share (the door's own):
+    the next with room from the round-robin position ``rr``, low-priority consumers only
+    when no other has room; with the position it moves to (None, ``rr``: none has room)."""
+    n = len(consumers)
+    start = rr % n
+    later = False  # a low-priority consumer was passed over (second round for it)
+    for low in (False, True):
+        for i in range(n):
+            c = consumers[(start + i) % n]
+            if c.low_priority is not low:
+                later = later or c.low_priority
+                continue
+            if used.get(c.id, 0) >= (c.prefetch.get(name) or window):
+                continue
+            return c, (start + i + 1) % n
+        if not later:
+            break
+    return None, rr
 
 
 def _entries(chunk: list[IndexEntry] | array) -> list[IndexEntry]:
@@ -156,6 +185,9 @@ class Queue:
         self.rr = 0
         #: Deliveries in flight per consumer id (see ``broker.engine.flow``); absent: none.
         self.used: dict[str, int] = {}
+        #: AUTO deliveries in flight (``broker.engine.flow.AUTO``): each waits for its
+        #: acknowledge by taking as a ``pending`` entry would (counted with them).
+        self.auto_in_flight = 0
         #: The last drain stopped with messages waiting and no consumer able to take one
         #: (full windows): the next settled delivery drains again.
         self.stalled = False
@@ -204,6 +236,7 @@ class Queue:
         # the calls made per message go straight to the part that answers them
         self.drain = self.dispatch.drain
         self.settle_plain = self.dispatch.settle_plain
+        self.settle_auto = self.dispatch.settle_auto
         self.settle_sent = self.dispatch.settle_sent
         for part, names in ((self.ledger, _TO_LEDGER), (self.tracker, _TO_TRACKER)):
             for name in names:
@@ -370,7 +403,7 @@ class Queue:
         return bool(self.options.wait_for_acknowledge and self.tracker.pending)
 
     def is_empty(self) -> bool:
-        return not self.messages.count and self.tracker.idle()
+        return not self.messages.count and self.tracker.idle() and not self.auto_in_flight
 
     def enqueue(self, m: QueueMessage) -> None:
         m.park()  # (memory: see broker.message.parked)
@@ -596,6 +629,21 @@ class Queue:
         self, m: QueueMessage, c: Client, req_ack: bool, deadline: float, out: list[Outgoing]
     ) -> None:
         self.dispatch.after_send(m, c, req_ack, deadline, out)
+
+    def materialize(
+        self, c: Client, message: Message, seq: int, now: float
+    ) -> QueueMessage | None:
+        """An AUTO delivery becomes its tracked one (``Dispatcher.materialize``)."""
+        return self.dispatch.materialize(c, message, seq, now)
+
+    def in_send_order(self, client_id: str, message_id: str) -> None:
+        """A leaving consumer's unsent tracked delivery, in send order
+        (``Dispatcher.in_send_order``)."""
+        self.dispatch.in_send_order(client_id, message_id)
+
+    def quiet(self, headers: Headers) -> bool:
+        """The handler's quiet test of ``headers`` (``Dispatcher.quiet``)."""
+        return self.dispatch.quiet(headers)
 
     def settle_unsent(
         self,
@@ -1162,7 +1210,21 @@ class Queue:
         and no acknowledge is awaited, else queued and drained): the same sequence
         numbers, duplicate window, handler decisions, round robin, windows, priorities
         and deliveries (tested against one by one: ``tests/broker/test_accept_many.py``).
-        Any other status admits each message itself."""
+        Any other status admits each message itself.
+
+        An AUTO delivery (``broker.engine.flow.AUTO``): a message sent at once to one
+        consumer -- the one round robin chooses (``_next_in_turn``), or a Push queue's
+        only one -- which acknowledges the channel by taking (``Client.auto_acked``,
+        STOMP ``ack:auto``), leaves without a queue message, ``pending`` entry or
+        ``Delivery`` when all of these hold -- Push or RoundRobin, nothing waiting ahead
+        of it, room in the consumer's window, the handler's quiet
+        test passes its header block and its ``received_from_producer`` said ALLOW (not
+        saved: a ``persistent`` message stays tracked), the ids are the door's own
+        (``remember_ids`` False), no browse index, no message or acknowledge timeout, no
+        WaitForAcknowledge, no Retain, no ``end_send`` or ``message_dequeued`` hook.  It
+        goes out as the frame the tracked path sends and counts as that delivery does
+        (``flow.transmitted``, ``Dispatcher.settle_auto``); anything else it meets makes
+        it the tracked delivery first (``Dispatcher.materialize``)."""
         strategy = self.strategy
         if not strategy.accepts_pushes:
             return 0, ResultCode.UNACCEPTABLE
@@ -1192,6 +1254,29 @@ class Queue:
         sends = type(strategy) in _SENDS_OR_KEEPS
         admit = strategy.admit
         unsaved = self.unsaved
+        # A message sent at once to one consumer (round robin's, or Push's only one) that
+        # acknowledges this channel by taking goes out as an AUTO delivery
+        # (``broker.engine.flow``: no queue message, no ``pending`` entry) when nothing
+        # the tracked path does for it could matter: checked here once for the run, per
+        # message below (see the docstring).
+        quiet = hooks.quiet
+        taking = (
+            sends
+            and quiet is not None
+            and not remember_ids  # (the door's own ids: no other delivery shares one)
+            and self.index is None
+            and opts.request_acknowledge
+            and not (timeout or wait or opts.acknowledge_timeout or opts.retain)
+            and not (hooks.end_send or hooks.dequeued)
+            # (no consumer acknowledges by taking: nothing to look at per message; the
+            # consumers and their modes do not change within a run)
+            and any(name in c.auto_acked for c in channel.consumer_list)
+        )
+        quiet_headers: Headers | None = None  # the block the quiet test was asked about
+        quiet_answer = False  # (its answer: valid while only AUTO deliveries were made)
+        hide = opts.hide_client_names
+        rotates = type(strategy) is RoundRobin
+        used = self.used
         k = start
         try:
             for k in range(start, end):
@@ -1217,16 +1302,21 @@ class Queue:
                     or name != message.target
                 ):
                     message = derive(message, False, qid, mid, sid, name, message.headers)
-                # (_numbered without its call: numbered, counted, in the browse index)
+                # (_numbered without its call: numbered, counted, in the browse index;
+                # an AUTO delivery's queue message is made only if it is needed)
                 self.sequence = seq = self.sequence + 1
-                m = QueueMessage(seq, message, sender, False, now)
-                if self.index is not None:
-                    self.index.add(m)
+                m: QueueMessage | None = None
+                if not taking:
+                    m = QueueMessage(seq, message, sender, False, now)
+                    if self.index is not None:
+                        self.index.add(m)
                 self.received += 1
                 self.last_received = now
                 if message.headers is asked:  # (by_headers: its answer for this block)
                     d = answer
                 else:
+                    if m is None:
+                        m = QueueMessage(seq, message, sender, False, now)
                     try:
                         d = received(self, m, sender)
                         if by_headers:
@@ -1234,6 +1324,54 @@ class Queue:
                     except Exception as exc:
                         self.error("received_from_producer", exc)
                         d = Decision(allow=False, send_ack=AckWhen.NEGATIVE)
+                if taking and d is ALLOW:
+                    consumers = channel.consumer_list
+                    n = len(consumers)
+                    c: Client | None = None
+                    turn = 0
+                    if n and not (messages.n_priority or messages.n_regular or messages.front):
+                        if n == 1:
+                            c = consumers[0]
+                        elif rotates:  # (Push: a copy each, tracked)
+                            c, turn = _next_in_turn(consumers, self.rr, used, name, self.window)
+                    if c is not None and name in c.auto_acked:
+                        cid = c.id
+                        u = used.get(cid, 0)
+                        headers = message.headers
+                        if headers is not quiet_headers:  # (asked once per block)
+                            quiet_headers = headers
+                            try:
+                                quiet_answer = bool(quiet(headers))  # type: ignore[misc]
+                            except Exception:
+                                quiet_answer = False  # (the tracked send counts it)
+                        if quiet_answer and u < (c.prefetch.get(name) or self.window):
+                            # (what out_message makes of it: the acknowledge wished)
+                            frame = _new_message(
+                                Message,
+                                (
+                                    mid,
+                                    "" if hide else message.source,
+                                    name,
+                                    qid,
+                                    message.high_priority,
+                                    message.first_acquirer,
+                                    True,
+                                    message.ttl,
+                                    message.headers,
+                                    message.payload,
+                                    None,
+                                ),
+                            )
+                            out.append(_tracked(Tracked, (cid, frame)))
+                            c.unsent.append((AUTO, self, None, message, seq))
+                            used[cid] = u + 1
+                            self.auto_in_flight += 1
+                            if rotates:
+                                self.rr = turn  # (choose_one's move past the one chosen)
+                            continue
+                quiet_headers = None  # (the tracked path below may change the answer)
+                if m is None:
+                    m = QueueMessage(seq, message, sender, False, now)
                 if d is not ALLOW and not self._decided(m, d, out):
                     continue  # (dropped: taken, as accept returning None)
                 if keep_id:
