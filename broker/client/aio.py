@@ -47,7 +47,7 @@ from broker.client.confirm import Confirmations
 from broker.client.errors import ClientClosed, ClientError
 from broker.client.fanout import FanoutReader, Gap
 from broker.client.message import Message
-from broker.client.sockets import Curve, handshake_refusal, open_dealer
+from broker.client.sockets import Curve, open_dealer, read_watch
 from broker.protocol import ConnectionInfo
 from zerohub.zmqkit import HandshakeWatch
 
@@ -289,9 +289,13 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
                                                for k in ready):  # fmt: skip
                         await self._read_fan()
                     if monitor is not None and monitor.socket in ready:
-                        err = handshake_refusal(monitor, endpoint=self.endpoint)
-                        if err is not None:
-                            await self._apply(session.fatal(err))
+                        # (as the blocking client's ``IOLoop._watched``)
+                        judge = session.first or self._curve is not None
+                        seen = read_watch(monitor, endpoint=self.endpoint, judge=judge)
+                        if seen.refusal is not None:
+                            await self._apply(session.fatal(seen.refusal))
+                        elif seen.dropped:
+                            await self._apply(session.dropped(time.monotonic()))
                 if readable and sock is self._sock:
                     await self._drain(sock)
         except _Stop:
@@ -369,7 +373,7 @@ class AsyncClient(ClientApi[Awaitable[Any]]):
         session = self._session
         try:
             sock, monitor = open_dealer(
-                self.context, self.endpoint, hwm=self.hwm, curve=self._curve, watch=session.first
+                self.context, self.endpoint, hwm=self.hwm, curve=self._curve, watch=True
             )
         except ClientError as exc:
             await self._apply(session.fatal(exc))

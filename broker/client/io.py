@@ -22,7 +22,7 @@ from broker.client.core import WAKE_STOP, ClientCore
 from broker.client.errors import ClientClosed, ClientError, StopLoop
 from broker.client.fanout import RAW_WAIT_MS, FanoutReader
 from broker.client.message import Message, messages_of
-from broker.client.sockets import handshake_refusal, open_dealer
+from broker.client.sockets import open_dealer, read_watch
 from broker.protocol import MessageType
 from zerohub import zmqkit
 from zerohub.wakeup import Wakeup
@@ -174,9 +174,7 @@ class IOLoop:
         if fan.streams:
             fan.expire(time.monotonic())
         if self.monitor is not None and self.monitor.socket in events:
-            err = handshake_refusal(self.monitor, endpoint=s.endpoint)
-            if err is not None:
-                self._apply(s.fatal(err))
+            self._watched(self.monitor)
         if c.outbox:
             self.flush()
         if lean:
@@ -424,7 +422,7 @@ class IOLoop:
         s = self.s
         try:
             sock, monitor = open_dealer(
-                c.context, s.endpoint, hwm=c.hwm, curve=c.curve, watch=s.first
+                c.context, s.endpoint, hwm=c.hwm, curve=c.curve, watch=True
             )
         except ClientError as exc:
             self._apply(s.fatal(exc))
@@ -445,6 +443,17 @@ class IOLoop:
                 # monitor says why, else the session's connect timeout ends or redials.
                 break
         self.want_out = False
+
+    def _watched(self, monitor: zmqkit.HandshakeWatch) -> None:
+        """What the dial's watch reported: a refused handshake ends the client; a
+        connection that ended before the broker answered loses the hello
+        (``Session.dropped``: dial again)."""
+        s = self.s
+        seen = read_watch(monitor, endpoint=s.endpoint, judge=s.first or self.c.curve is not None)
+        if seen.refusal is not None:
+            self._apply(s.fatal(seen.refusal))
+        elif seen.dropped:
+            self._apply(s.dropped(time.monotonic()))
 
     def _close_monitor(self) -> None:
         if self.monitor is not None:

@@ -21,6 +21,7 @@ the events again.  Session states::
 
     HANDSHAKE --connect response--> READY --TERMINATE / silence--> BACKOFF --> HANDSHAKE
         \\--refused (401/406/400) or CURVE denied--> CLOSED (error raised to the caller)
+        \\--the connection ended (dropped)--> BACKOFF
     READY --goodbye()--> CLOSING --the broker's TERMINATE (Ended) / linger--> CLOSED
 
 Keep-alive runs both ways.  Anything from the broker proves it alive, and so does the
@@ -621,6 +622,18 @@ class Session:
         self._handed.forget(message_id)
 
     # -- inbound -----------------------------------------------------------------------
+
+    def dropped(self, now: float) -> list[Event]:
+        """The driver saw the connection end (its socket monitor) before the broker
+        answered the connection info: that connection carried the greeting and the
+        connection info, and with it they (or the answer) are gone; libzmq dials again
+        on its own but sends nothing again.  A broker that read them as it stopped (its
+        ROUTER closing) never answers, and waiting for the handshake's deadline (the
+        peer timeout) would keep the client away that long: the session is lost, and a
+        new socket says hello again after the backoff.  In any other state: nothing."""
+        if self.state is not SessionState.HANDSHAKE:
+            return []
+        return self.lost("the connection ended before the broker answered", now)
 
     def heard(self, now: float) -> None:
         """Something arrived (the driver's fast path took it): the broker is alive."""

@@ -50,11 +50,17 @@ def receive_hwm(hwm: int) -> int:
     return max(1, hwm // _BATCH_SHARE) if hwm > 0 else hwm
 
 
+#: What a client's watch of its DEALER reports (``open_dealer``): the handshake's
+#: failures, and a connection that ended after its handshake (``read_watch``).
+WATCHED_EVENTS = zmqkit.HANDSHAKE_EVENTS | zmq.EVENT_DISCONNECTED
+
+
 def open_dealer(
     context: Any, endpoint: str, *, hwm: int, curve: Curve | None, watch: bool
 ) -> tuple[Any, zmqkit.HandshakeWatch | None]:
-    """A connected DEALER and, if CURVE or ``watch``, a watch of its handshake (poll its
-    ``socket``; ``handshake_refusal`` reads it; its ``close`` ends it).
+    """A connected DEALER and, if CURVE or ``watch``, a watch of its handshake and of
+    its connection's end (poll its ``socket``; ``read_watch`` reads it; its ``close``
+    ends it).  The drivers watch every dial until the broker answers the hello.
 
     ``context`` is a ``zmq.Context`` or a ``zmq.asyncio.Context`` (the sockets are of its
     kind).  Unreadable key files are a ``ConnectError``.
@@ -75,16 +81,37 @@ def open_dealer(
         # handshake failures (CURVE key refused; a plain client against a CURVE server)
         # end the connect at once instead of at its timeout
         monitor = zmqkit.HandshakeWatch(
-            sock.get_monitor_socket(zmqkit.HANDSHAKE_EVENTS), curve=curve is not None
+            sock.get_monitor_socket(WATCHED_EVENTS), curve=curve is not None
         )
     sock.connect(endpoint)
     return sock, monitor
 
 
-def handshake_refusal(watch: zmqkit.HandshakeWatch, *, endpoint: str) -> AccessRefused | None:
-    """What the watch has seen, as the client's error (None: no handshake refusal; a
-    handshake that timed out is none: the connect's own timeout says "no answer")."""
-    failure = watch.read().handshake
+@dataclass(frozen=True, slots=True)
+class Watched:
+    """What a dial's watch has seen (``read_watch``)."""
+
+    #: the handshake was refused, as the client's error (None: not, or not judged)
+    refusal: AccessRefused | None
+    #: a connection ended after its handshake: the hello it carried is lost
+    #: (``Session.dropped``)
+    dropped: bool
+
+
+def read_watch(watch: zmqkit.HandshakeWatch, *, endpoint: str, judge: bool) -> Watched:
+    """Take in what the watch holds.  ``judge``: report a refused handshake (the first
+    connect, and every dial of a CURVE client, as before); a plain client's reconnect
+    does not, since a stopping broker hanging up on its dials would read as "requires
+    CURVE" (``zmqkit.HandshakeWatch``) and end a client that only had to wait."""
+    report = watch.read()
+    refusal = handshake_refusal(report.handshake, endpoint=endpoint) if judge else None
+    return Watched(refusal, report.disconnected)
+
+
+def handshake_refusal(failure: zmqkit.Handshake | None, *, endpoint: str) -> AccessRefused | None:
+    """A handshake failure the watch reported, as the client's error (None: no handshake
+    refusal; a handshake that timed out is none: the connect's own timeout says "no
+    answer")."""
     if failure is None:
         return None
     if failure is zmqkit.Handshake.KEY_REFUSED:

@@ -25,7 +25,7 @@ from broker.client.errors import (
     RemoteError,
 )
 from broker.engine.engine import Engine
-from broker.protocol import ConnectionInfo, EventName, Header, MessageType, ResultCode
+from broker.protocol import GREETING, ConnectionInfo, EventName, Header, MessageType, ResultCode
 from broker.server.server import Server, ServerOptions
 from tests.broker.test_client_session import FakeBroker
 from tests.broker.test_server_curve import (  # noqa: F401 (fixtures)
@@ -525,3 +525,47 @@ def test_close_keeps_every_delivery_on_its_way_beyond_a_full_inbox(endpoint: str
             assert got == list(range(300))
 
     run(endpoint, main)
+
+
+def test_a_hello_read_by_a_stopping_broker_is_said_again(zctx: Ctx) -> None:
+    """As the blocking client's test of that name: the reconnect's greeting and
+    connection info were read by a broker that then closed its ROUTER unanswered; the
+    client says hello again to the broker that comes up on the port, long before its
+    peer timeout (the handshake's deadline, which it waited for before)."""
+    fake = FakeBroker(zctx)
+    brokers = [fake]
+    seen: list[ConnectionInfo] = []
+
+    def broker_side() -> None:
+        rid, _info = fake.accept("fake-1")
+        bye = tmqp.Frame(message_type=MessageType.TERMINATE, content_type=ResultCode.BUSY)
+        fake.send(rid, tmqp.encode(bye)[0])
+        data = b""
+        while data != GREETING:  # the reconnect's hello reaches the stopping broker
+            _rid, data = fake.recv()
+        fake.recv()  # its connection info
+        fake.sock.close(linger=0)  # stopped without answering
+        second = FakeBroker.on_its_port(zctx, fake.endpoint)
+        brokers.append(second)
+        seen.append(second.accept("fake-1")[1])
+
+    thread = threading.Thread(target=broker_side)
+    thread.start()
+
+    async def main(ctx: zmq.asyncio.Context, ep: str) -> None:
+        async with client(ctx, ep, backoff=(0.01, 0.05), peer_timeout=60.0) as c:
+
+            async def back() -> bool:
+                return c.connected and bool(seen)
+
+            assert await until(back, WAIT)
+            thread.join(WAIT)
+
+    try:
+        run(fake.endpoint, main)
+        assert not thread.is_alive()
+    finally:
+        thread.join(WAIT)
+        for broker in brokers:
+            broker.sock.close(linger=0)
+    assert [info.client_id for info in seen] == ["fake-1"]

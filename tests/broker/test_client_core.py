@@ -168,6 +168,22 @@ def test_a_refusal_for_good_closes_and_a_temporary_one_retries() -> None:
     assert session.state is S.SessionState.CLOSED
 
 
+def test_a_connection_dropped_in_the_handshake_dials_again_after_the_backoff() -> None:
+    # the hello went out on a connection that ended unanswered (a broker stopping as it
+    # read it): the session does not wait for the handshake's deadline (the peer timeout)
+    session, now = ready_session(backoff=(0.1, 0.1), peer_timeout=60.0)
+    assert session.dropped(now) == []  # (a session up: the driver's watch is closed by then)
+    bye = encode(message_type=MessageType.TERMINATE, content_type=ResultCode.BUSY)
+    session.feed(bye, now)
+    assert session.tick(now + 0.1) == [S.Dial()]
+    session.hello(now + 0.1)
+    events = session.dropped(now + 0.2)
+    assert [type(e) for e in events] == [S.Lost] and session.state is S.SessionState.BACKOFF
+    assert "ended before the broker answered" in session.closed_error().args[0]
+    assert session.tick(now + 0.2 + 0.04) == []  # (the backoff: 0.05 to 0.1 s)
+    assert session.tick(now + 0.2 + 0.1) == [S.Dial()]
+
+
 def test_no_answer_to_the_first_connect_is_a_connect_error() -> None:
     session = S.Session("tcp://nowhere:1", ConnectionInfo())
     session.begin(0.0, 1.0)

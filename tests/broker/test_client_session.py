@@ -18,7 +18,7 @@ from broker.protocol import (
     MessageType,
     ResultCode,
 )
-from tests.polling import WAIT
+from tests.polling import WAIT, wait_until
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 PING = tmqp.encode(tmqp.Ping())[0]
@@ -30,11 +30,31 @@ GOODBYE = tmqp.encode(
 
 
 class FakeBroker:
-    def __init__(self, ctx: Ctx) -> None:
+    def __init__(self, ctx: Ctx, endpoint: str = "tcp://127.0.0.1:*") -> None:
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.linger = 0
-        self.sock.bind("tcp://127.0.0.1:*")
+        try:
+            self.sock.bind(endpoint)
+        except zmq.ZMQError:
+            self.sock.close(linger=0)
+            raise
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    @classmethod
+    def on_its_port(cls, ctx: Ctx, endpoint: str) -> FakeBroker:
+        """A fake broker bound where a closed one was (libzmq frees the port after
+        ``close`` returns, on its own threads: the bind is tried again until it takes)."""
+        bound: list[FakeBroker] = []
+
+        def bind() -> bool:
+            try:
+                bound.append(cls(ctx, endpoint))
+            except zmq.ZMQError:
+                return False
+            return True
+
+        assert wait_until(bind, step=0.05)
+        return bound[0]
 
     def recv(self, timeout: float = WAIT) -> tuple[bytes, bytes]:
         assert self.sock.poll(int(timeout * 1000)), "nothing from the client in time"
@@ -163,6 +183,44 @@ def test_terminate_in_session_triggers_a_new_handshake(zctx: Ctx, fake: FakeBrok
         assert info.client_id == "fake-1"
     finally:
         client.close()
+
+
+def test_a_hello_read_by_a_stopping_broker_is_said_again(zctx: Ctx, fake: FakeBroker) -> None:
+    """The broker stops: TERMINATE, then it closes its ROUTER.  The client's reconnect
+    got there first: its connection was accepted, its greeting and connection info were
+    read, and the ROUTER closed without an answer.  Was: the client waited in the
+    handshake for its peer timeout (15 s by default; libzmq dials again but sends
+    nothing again) -- test_reconnects_and_rejoins_after_a_broker_restart failed in a
+    loaded CI run.  Now the end of that connection is seen (the socket monitor) and
+    the client says hello again to the broker that comes up on the port."""
+    client = Client(fake.endpoint, context=zctx, backoff=(0.01, 0.05), peer_timeout=60)
+    accepted: list[tuple[bytes, ConnectionInfo]] = []
+    t = threading.Thread(target=lambda: accepted.append(fake.accept()))
+    t.start()
+    client.connect(timeout=5)
+    t.join(5)
+    second: FakeBroker | None = None
+    try:
+        rid = accepted[0][0]
+        stopping = tmqp.Frame(message_type=MessageType.TERMINATE, content_type=ResultCode.BUSY,
+                              headers=((Header.REASON, "server stopping"),))  # fmt: skip
+        fake.send(rid, tmqp.encode(stopping)[0])
+        data = b""
+        while data != GREETING:  # the reconnect's hello reaches the stopping broker
+            rid2, data = fake.recv()
+        assert rid2 != rid and fake.recv()[0] == rid2  # and its connection info
+        fake.sock.close(linger=0)  # stopped without answering
+        second = FakeBroker.on_its_port(zctx, fake.endpoint)
+        _rid3, info = second.accept()  # (waits WAIT: far less than the peer timeout)
+        assert info.client_id == "fake-1"
+        assert wait_until(lambda: client.connected)
+        answering = second.answer_goodbye()
+        client.close()
+        answering.join(WAIT)
+    finally:
+        client.close()
+        if second is not None:
+            second.sock.close(linger=0)
 
 
 def _delivery(payload: bytes, headers: tuple[tuple[str, str], ...] = ()) -> bytes:
