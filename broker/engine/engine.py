@@ -865,9 +865,10 @@ class Engine:
         headers, a federated push) takes :meth:`_push_one`."""
         first = ms[start]
         target, qid = first.target, first.content_type
-        n = len(ms)
         end = start + 1
-        while end < n and ms[end].target == target and ms[end].content_type == qid:
+        for m in itertools.islice(ms, end, None):  # (a for loop: no index per message)
+            if m.target != target or m.content_type != qid:
+                break
             end += 1
         if end - start == 1 or client.id == FEDERATION_CLIENT:
             return self._push_one(client, first, now, out)
@@ -948,9 +949,8 @@ class Engine:
                 continue
             plain = headers
             j = k + 1
-            while j < end:  # (a run of SENDs shares one block: read once, not per push)
-                mj = ms[j]
-                if mj.wants_ack:
+            for mj in itertools.islice(ms, j, end):  # (a run of SENDs shares one block:
+                if mj.wants_ack:  # read once, not per push)
                     break
                 headers = mj.headers
                 if headers is not plain:
