@@ -866,8 +866,8 @@ class Engine:
         first = ms[start]
         target, qid = first.target, first.content_type
         end = start + 1
-        for m in itertools.islice(ms, end, None):  # (a for loop: no index per message)
-            if m.target != target or m.content_type != qid:
+        for m in itertools.islice(ms, end, None):  # (a Message by position, the tuple
+            if m[2] != target or m[3] != qid:  # it is: target, content_type; cheaper)
                 break
             end += 1
         if end - start == 1 or client.id == FEDERATION_CLIENT:
@@ -950,9 +950,9 @@ class Engine:
             plain = headers
             j = k + 1
             for mj in itertools.islice(ms, j, end):  # (a run of SENDs shares one block:
-                if mj.wants_ack:  # read once, not per push)
+                if mj[6]:  # read once, not per push; by position: wants_ack, headers)
                     break
-                headers = mj.headers
+                headers = mj[8]
                 if headers is not plain:
                     if headers and _acted_on(headers):
                         break

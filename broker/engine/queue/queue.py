@@ -1442,30 +1442,49 @@ class Queue:
         src = "" if self.options.hide_client_names else sid
         deliver = out.append
         keep = c.unsent.append
-        seq = self.sequence
-        j = start
-        while j < stop:
-            message = ms[j]
-            mid, source, target, ctype, high, first, wants, ttl, hs, payload, wire = message
+        new, message_type, tracked, tracked_type, auto = (
+            _new_message,
+            Message,
+            _tracked,
+            Tracked,
+            AUTO,
+        )
+        first_seq = seq = self.sequence
+        # (a Message's fields by position, as the tuple it is: 0 message_id, 1 source,
+        # 2 target, 3 content_type, 4 high_priority, 5 first_acquirer, 6 wants_ack,
+        # 7 ttl, 8 headers, 9 payload, 10 wire -- cheaper than its attributes)
+        for message in islice(ms, start, stop):
             if (
-                hs is not headers
-                or wire is not None
-                or not mid
-                or wants
-                or source != sid
-                or ctype != qid
-                or target != name
-                or (size_limit and len(payload) > size_limit)
+                message[8] is not headers
+                or message[10] is not None
+                or not message[0]
+                or message[6]
+                or message[1] != sid
+                or message[3] != qid
+                or message[2] != name
+                or (size_limit and len(message[9]) > size_limit)
             ):
                 break
             seq += 1
-            frame = _new_message(
-                Message, (mid, src, name, qid, high, first, True, ttl, hs, payload, None)
+            frame = new(
+                message_type,
+                (
+                    message[0],
+                    src,
+                    name,
+                    qid,
+                    message[4],
+                    message[5],
+                    True,
+                    message[7],
+                    headers,
+                    message[9],
+                    None,
+                ),
             )
-            deliver(_tracked(Tracked, (cid, frame)))
-            keep((AUTO, self, None, message, seq))
-            j += 1
-        taken = j - start
+            deliver(tracked(tracked_type, (cid, frame)))
+            keep((auto, self, None, message, seq))
+        taken = seq - first_seq
         if taken:
             self.sequence = seq
             self.received += taken
