@@ -78,6 +78,18 @@ class Counting(PerMessageDeliveryHandler):
         return super().acknowledge_received(queue, ack, delivery, success)
 
 
+class PerPush(Counting):
+    """Its ``received_from_producer`` answers each push (not declared by header block):
+    it is asked for every message, and refuses (drops) the messages whose id ends in 3,
+    whatever their header block."""
+
+    def received_from_producer(self, queue: Any, message: Any, sender: Any) -> Decision:
+        self.calls.append(("received_from_producer", message.message_id))
+        if message.message_id.endswith("3"):
+            return Decision(allow=False)
+        return super().received_from_producer(queue, message, sender)
+
+
 class LoggedStore(MemoryStore):
     """A memory store that records every append and removal, in order."""
 
@@ -97,8 +109,8 @@ class LoggedStore(MemoryStore):
 class Steps:
     """The same steps on one engine, everything they give recorded."""
 
-    def __init__(self, unique_ids: bool, window: int = 4) -> None:
-        handler = Counting(lambda: WALL)
+    def __init__(self, unique_ids: bool, window: int = 4, per_push: bool = False) -> None:
+        handler = (PerPush if per_push else Counting)(lambda: WALL)
         self.handler = handler
         self.rules: PerMessageRules = handler.rules
         self.store = LoggedStore()
@@ -508,6 +520,27 @@ def test_a_small_window_stops_the_single_consumers_loop(window: int) -> None:
     assert on == off
     assert steps.autos > 0
     assert steps.engine.errors == 0
+
+
+def test_a_handler_answering_each_push_is_asked_for_each() -> None:
+    """A handler whose answer is not the header block's (``received_by_headers``
+    False) is asked for every message of a shared-block run, and a message it drops
+    inside the run is dropped: the single consumer's AUTO loop does not take the run."""
+    traces = []
+    for unique in (True, False):
+        s = Steps(unique_ids=unique, window=8, per_push=True)
+        a = s.consumer("a", auto=True)
+        s.publish(s.block(6))  # m0..m5: m3 dropped
+        s.take(a)
+        s.snapshot()
+        traces.append((s.trace, s.autos))
+    (on, autos), (off, _) = traces
+    assert on == off
+    assert autos > 0
+    calls = on[-1][12]
+    assert [mid for name, mid in calls if name == "received_from_producer"] == [
+        f"m{i}" for i in range(6)
+    ]
 
 
 def test_nothing_given_back_is_a_redelivery() -> None:
