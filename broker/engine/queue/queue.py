@@ -1450,37 +1450,22 @@ class Queue:
             AUTO,
         )
         first_seq = seq = self.sequence
-        # (a Message's fields by position, as the tuple it is: 0 message_id, 1 source,
-        # 2 target, 3 content_type, 4 high_priority, 5 first_acquirer, 6 wants_ack,
-        # 7 ttl, 8 headers, 9 payload, 10 wire -- cheaper than its attributes)
         for message in islice(ms, start, stop):
+            mid, source, target, ctype, high, first, wants, ttl, hs, payload, wire = message
             if (
-                message[8] is not headers
-                or message[10] is not None
-                or not message[0]
-                or message[6]
-                or message[1] != sid
-                or message[3] != qid
-                or message[2] != name
-                or (size_limit and len(message[9]) > size_limit)
+                hs is not headers
+                or wire is not None
+                or not mid
+                or wants
+                or source != sid
+                or ctype != qid
+                or target != name
+                or (size_limit and len(payload) > size_limit)
             ):
                 break
             seq += 1
             frame = new(
-                message_type,
-                (
-                    message[0],
-                    src,
-                    name,
-                    qid,
-                    message[4],
-                    message[5],
-                    True,
-                    message[7],
-                    headers,
-                    message[9],
-                    None,
-                ),
+                message_type, (mid, src, name, qid, high, first, True, ttl, hs, payload, None)
             )
             deliver(tracked(tracked_type, (cid, frame)))
             keep((auto, self, None, message, seq))
