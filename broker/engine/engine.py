@@ -865,9 +865,10 @@ class Engine:
         headers, a federated push) takes :meth:`_push_one`."""
         first = ms[start]
         target, qid = first.target, first.content_type
-        n = len(ms)
         end = start + 1
-        while end < n and ms[end].target == target and ms[end].content_type == qid:
+        for m in itertools.islice(ms, end, None):  # (a Message by position, the tuple
+            if m[2] != target or m[3] != qid:  # it is: target, content_type; cheaper)
+                break
             end += 1
         if end - start == 1 or client.id == FEDERATION_CLIENT:
             return self._push_one(client, first, now, out)
@@ -948,11 +949,10 @@ class Engine:
                 continue
             plain = headers
             j = k + 1
-            while j < end:  # (a run of SENDs shares one block: read once, not per push)
-                mj = ms[j]
-                if mj.wants_ack:
+            for mj in itertools.islice(ms, j, end):  # (a run of SENDs shares one block:
+                if mj[6]:  # read once, not per push; by position: wants_ack, headers)
                     break
-                headers = mj.headers
+                headers = mj[8]
                 if headers is not plain:
                     if headers and _acted_on(headers):
                         break

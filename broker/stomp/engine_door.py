@@ -309,20 +309,30 @@ class EngineDoor:
         mine: dict[int, list[Message]] = {}  # (grouped here: no pair per delivery)
         last_conn = -1
         into: list[Message] = []
+        seq_wanted = self.seq_wanted
+        # (the client id of the last delivery grouped, while no subscription wants its
+        # queue sequence: a delivery to the same id object goes straight to its list)
+        last_client: str | None = None
         for item in out:
-            conn = conn_of.get(item[0])
+            client_id = item[0]
+            if client_id is last_client and item.__class__ is Tracked:
+                into.append(item[1])  # type: ignore[arg-type]  # Tracked: a Message
+                continue
+            conn = conn_of.get(client_id)
             if conn is None:
                 keep.append(item)
             elif item.__class__ is Tracked:
                 message: Message = item[1]  # type: ignore[assignment]  # Tracked: a Message
-                if self.seq_wanted and (conn, message.target) in self.seq_wanted:
-                    message = self._with_seq(item[0], message)
+                if seq_wanted and (conn, message.target) in seq_wanted:
+                    message = self._with_seq(client_id, message)
                 if conn != last_conn:
                     found = mine.get(conn)
                     if found is None:
                         found = mine[conn] = []
                     into, last_conn = found, conn
                 into.append(message)
+                if not seq_wanted:
+                    last_client = client_id
             # else: a TMQP reply to a STOMP connection (its answer is read by the operation)
         if mine:
             self._post_deliveries(mine)

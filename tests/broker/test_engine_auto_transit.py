@@ -78,6 +78,18 @@ class Counting(PerMessageDeliveryHandler):
         return super().acknowledge_received(queue, ack, delivery, success)
 
 
+class PerPush(Counting):
+    """Its ``received_from_producer`` answers each push (not declared by header block):
+    it is asked for every message, and refuses (drops) the messages whose id ends in 3,
+    whatever their header block."""
+
+    def received_from_producer(self, queue: Any, message: Any, sender: Any) -> Decision:
+        self.calls.append(("received_from_producer", message.message_id))
+        if message.message_id.endswith("3"):
+            return Decision(allow=False)
+        return super().received_from_producer(queue, message, sender)
+
+
 class LoggedStore(MemoryStore):
     """A memory store that records every append and removal, in order."""
 
@@ -97,8 +109,8 @@ class LoggedStore(MemoryStore):
 class Steps:
     """The same steps on one engine, everything they give recorded."""
 
-    def __init__(self, unique_ids: bool, window: int = 4) -> None:
-        handler = Counting(lambda: WALL)
+    def __init__(self, unique_ids: bool, window: int = 4, per_push: bool = False) -> None:
+        handler = (PerPush if per_push else Counting)(lambda: WALL)
         self.handler = handler
         self.rules: PerMessageRules = handler.rules
         self.store = LoggedStore()
@@ -157,6 +169,12 @@ class Steps:
             )
             self.n += 1
         return made
+
+    def block(self, k: int, *headers: tuple[str, str]) -> list[Message]:
+        """``k`` messages sharing one header block object, as a run of the door's SENDs
+        with the same headers does (``Queue._auto_run`` takes such runs)."""
+        shared = headers + STAMP
+        return [m._replace(headers=shared) for m in self.messages(k)]
 
     def publish(self, messages: list[Message]) -> None:
         out, taken, why = self.engine.publish_many(
@@ -429,7 +447,49 @@ def _round_robin(s: Steps) -> None:
     s.snapshot()
 
 
+def _shared_block_runs(s: Steps) -> None:
+    """Runs whose messages share one header block: the single consumer's AUTO loop
+    (``Queue._auto_run``) until its room runs out mid-run (the rest queued, drained
+    tracked), then runs mixing blocks (each new block asked again, a persistent one
+    tracked and saved between AUTO ones), a message with octets
+    inside a run and one without an id (the outer loop decides them: replaced; an id
+    made), and a run after the quiet test turned
+    False and back."""
+    a = s.consumer("a", auto=True)
+    s.publish(s.block(s.window + 3))  # the window's room, the rest queued
+    s.snapshot()
+    s.take(a, 1)
+    s.take(a)
+    s.take(a)
+    s.snapshot()
+    first, second = s.block(3), s.block(2, ("k", "v"))
+    persistent = s.block(2, ("persistent", "true"))
+    s.publish([first[0], first[1], *second, first[2], persistent[0], *s.block(2)])
+    s.take(a)
+    s.take(a)
+    s.snapshot()
+    run = s.block(4)
+    run[2] = run[2]._replace(wire=(b"d", b"x"))  # octets: replaced, then as before
+    run[3] = run[3]._replace(message_id="")  # (an id made for it)
+    s.publish(run)
+    s.take(a)
+    s.snapshot()
+    s.publish([*persistent[1:], *s.block(2)])
+    s.take(a)
+    s.take(a)
+    other = s.consumer("o", auto=False, channel=OTHER)
+    s.rules.set_credit(OTHER, other, Credit(5, 0))  # not quiet: tracked
+    s.publish(s.block(3))
+    s.take(a)
+    s.rules.set_credit(OTHER, other, None)
+    s.publish(s.block(3))  # quiet again: AUTO
+    s.take(a)
+    s.take(a)
+    s.snapshot()
+
+
 SCENARIOS = {
+    "shared-block": (_shared_block_runs, True),
     "round-robin": (_round_robin, True),
     "window": (_window_runs, True),
     "persistent": (_persistent_among_plain, True),
@@ -451,6 +511,36 @@ def test_auto_transits_give_what_tracked_deliveries_give(name: str) -> None:
     q = steps.queue
     assert q.message_count == 0 and not q.pending and not q.used and not q.auto_in_flight
     assert steps.engine.errors == 0
+
+
+@pytest.mark.parametrize("window", [1, 2])
+def test_a_small_window_stops_the_single_consumers_loop(window: int) -> None:
+    """Prefetch 1 and 2: the single consumer's AUTO loop has no room or one more."""
+    on, off, steps = _run(_shared_block_runs, window=window)
+    assert on == off
+    assert steps.autos > 0
+    assert steps.engine.errors == 0
+
+
+def test_a_handler_answering_each_push_is_asked_for_each() -> None:
+    """A handler whose answer is not the header block's (``received_by_headers``
+    False) is asked for every message of a shared-block run, and a message it drops
+    inside the run is dropped: the single consumer's AUTO loop does not take the run."""
+    traces = []
+    for unique in (True, False):
+        s = Steps(unique_ids=unique, window=8, per_push=True)
+        a = s.consumer("a", auto=True)
+        s.publish(s.block(6))  # m0..m5: m3 dropped
+        s.take(a)
+        s.snapshot()
+        traces.append((s.trace, s.autos))
+    (on, autos), (off, _) = traces
+    assert on == off
+    assert autos > 0
+    calls = on[-1][12]
+    assert [mid for name, mid in calls if name == "received_from_producer"] == [
+        f"m{i}" for i in range(6)
+    ]
 
 
 def test_nothing_given_back_is_a_redelivery() -> None:

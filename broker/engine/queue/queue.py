@@ -33,6 +33,7 @@ from __future__ import annotations
 from array import array
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from broker.engine import models
@@ -1278,8 +1279,9 @@ class Queue:
         rotates = type(strategy) is RoundRobin
         used = self.used
         k = start
+        ks = iter(range(start, end))  # (the single consumer's loop below takes some of them)
         try:
-            for k in range(start, end):
+            for k in ks:
                 message = ms[k]
                 if message.wire is not None:
                     message = message.replace()  # octets come only from the door
@@ -1368,6 +1370,10 @@ class Queue:
                             self.auto_in_flight += 1
                             if rotates:
                                 self.rr = turn  # (choose_one's move past the one chosen)
+                            if n == 1 and by_headers:
+                                more = self._auto_run(ms, k + 1, end, c, message, out)
+                                if more:  # (those taken: the loop goes on after them)
+                                    next(islice(ks, more, more), None)
                             continue
                 quiet_headers = None  # (the tracked path below may change the answer)
                 if m is None:
@@ -1401,6 +1407,75 @@ class Queue:
         except Exception as exc:
             return k - start, exc  # (the caller counts it: the push that raised is refused)
         return end - start, 0
+
+    def _auto_run(
+        self,
+        ms: Sequence[Message],
+        start: int,
+        end: int,
+        c: Client,
+        previous: Message,
+        out: list[Outgoing],
+    ) -> int:
+        """:meth:`accept_many`'s AUTO deliveries to the queue's single consumer ``c``
+        after ``previous`` (an AUTO delivery to ``c`` just made): how many of
+        ``ms[start:end]`` were sent.
+
+        The outer loop's steps for each, with what cannot change between two AUTO
+        deliveries read once: the limits on messages held (nothing was queued), the one
+        consumer and its mode, the round-robin position, the handler's answers for the
+        header block (``received_by_headers``: the block's ALLOW, and its quiet test's
+        True) and the consumer's room.  Per message: its header block is ``previous``'s
+        (the same object), the door's own (no octets, an id, the sender, this queue,
+        no acknowledge wish), within the size limit, room left.  The first that is not
+        goes back to the outer loop, which decides it as before."""
+        name = self.channel.name
+        cid = c.id
+        room = (c.prefetch.get(name) or self.window) - self.used[cid]
+        stop = min(end, start + room)
+        if stop <= start:
+            return 0
+        headers = previous.headers
+        sid = previous.source
+        qid = self.id
+        size_limit = self.options.message_size_limit
+        src = "" if self.options.hide_client_names else sid
+        deliver = out.append
+        keep = c.unsent.append
+        new, message_type, tracked, tracked_type, auto = (
+            _new_message,
+            Message,
+            _tracked,
+            Tracked,
+            AUTO,
+        )
+        first_seq = seq = self.sequence
+        for message in islice(ms, start, stop):
+            mid, source, target, ctype, high, first, wants, ttl, hs, payload, wire = message
+            if (
+                hs is not headers
+                or wire is not None
+                or not mid
+                or wants
+                or source != sid
+                or ctype != qid
+                or target != name
+                or (size_limit and len(payload) > size_limit)
+            ):
+                break
+            seq += 1
+            frame = new(
+                message_type, (mid, src, name, qid, high, first, True, ttl, hs, payload, None)
+            )
+            deliver(tracked(tracked_type, (cid, frame)))
+            keep((auto, self, None, message, seq))
+        taken = seq - first_seq
+        if taken:
+            self.sequence = seq
+            self.received += taken
+            self.used[cid] += taken
+            self.auto_in_flight += taken
+        return taken
 
     def _numbered(
         self, message: Message, sender: Client | None, producer_waits: bool, now: float
