@@ -727,25 +727,7 @@ class EngineDoor:
             except BackendError as exc:  # none of them goes
                 error = str(exc)
             else:
-                messages = [
-                    _new_message(
-                        Message,
-                        (
-                            f"{prefix}{i}",
-                            client_id,
-                            channel,
-                            QUEUE_ID,
-                            False,
-                            False,
-                            False,
-                            DEFAULT_TTL,
-                            spec[1] + stamp,
-                            spec[2],
-                            None,
-                        ),
-                    )
-                    for i, spec in enumerate(specs, first_id)
-                ]
+                messages = _run_messages(specs, prefix, first_id, client_id, channel, stamp)
         else:
             error = self._plain_messages(client_id, specs, prefix, first_id, stamp, messages, out)
         taken = 0
@@ -774,40 +756,29 @@ class EngineDoor:
         out: list[Outgoing],
     ) -> str | None:
         """:meth:`_publish_plain`'s messages of a run whose SENDs name several
-        destinations, appended to ``messages``; the error of the first SEND whose
-        channel cannot be had (None: every one made; those before it are made)."""
+        destinations, appended to ``messages``: each stretch of SENDs naming one
+        destination object finds its channel once (:func:`_run_messages`).  The error
+        of the first SEND whose channel cannot be had (None: every one made; those
+        before it are made)."""
         channels: dict[Destination, str] = {}
-        last: Destination | None = None  # (consecutive SENDs name one destination object:
-        channel = ""  # its channel without a hash per SEND)
-        for i, spec in enumerate(specs, first_id):
-            destination = spec[0][0]
-            if destination is not last:
-                found = channels.get(destination)
-                if found is None:
-                    try:
-                        found = self._ensure(client_id, destination, out)
-                    except BackendError as exc:  # those before it go; it and the rest not
-                        return str(exc)
-                    channels[destination] = found
-                channel, last = found, destination
-            messages.append(
-                _new_message(
-                    Message,
-                    (
-                        f"{prefix}{i}",
-                        client_id,
-                        channel,
-                        QUEUE_ID,
-                        False,
-                        False,
-                        False,
-                        DEFAULT_TTL,
-                        spec[1] + stamp,
-                        spec[2],
-                        None,
-                    ),
-                )
+        n = len(specs)
+        start = 0
+        while start < n:
+            destination = specs[start][0][0]
+            end = start + 1
+            while end < n and specs[end][0][0] is destination:
+                end += 1
+            channel = channels.get(destination)
+            if channel is None:
+                try:
+                    channel = self._ensure(client_id, destination, out)
+                except BackendError as exc:  # those before it go; it and the rest not
+                    return str(exc)
+                channels[destination] = channel
+            messages += _run_messages(
+                specs[start:end], prefix, first_id + start, client_id, channel, stamp
             )
+            start = end
         return None
 
     def op_subscribe(
@@ -1097,6 +1068,38 @@ def _plain_run(specs: Sequence[PublishSpec]) -> _Run:
         last = destinations
         changes += 1
     return _Run.ONE if changes == 1 else _Run.MANY
+
+
+def _run_messages(
+    specs: Sequence[PublishSpec],
+    prefix: str,
+    first_id: int,
+    client_id: str,
+    channel: str,
+    stamp: Headers,
+) -> list[Message]:
+    """The engine's messages of SENDs to one channel (``EngineDoor._publish_plain``):
+    ids ``<prefix><first_id + i>``, the SEND's headers then ``stamp``, its body; one
+    comprehension, no call per SEND."""
+    return [
+        _new_message(
+            Message,
+            (
+                f"{prefix}{i}",
+                client_id,
+                channel,
+                QUEUE_ID,
+                False,
+                False,
+                False,
+                DEFAULT_TTL,
+                spec[1] + stamp,
+                spec[2],
+                None,
+            ),
+        )
+        for i, spec in enumerate(specs, first_id)
+    ]
 
 
 #: The destination kinds a plain SEND goes to.
