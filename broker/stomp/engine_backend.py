@@ -81,7 +81,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -807,13 +807,9 @@ class EngineBackend:
                 sub = self._wildcard_sub(conn_id, conn, message.target)
             if sub is None:  # unsubscribed meanwhile: back to the queue
                 if run:  # (those before it first: its position among the taken is known)
-                    took = self._hand_run(conn, run, settles)
+                    took, stopped = self._hand_before(conn, run, settles, message, pending)
                     taken += took
-                    if took < len(run):
-                        conn.held.extend(m for _, m, _, _ in run[took:])
-                        conn.held.append(message)
-                        conn.held.extend(pending)
-                        stopped = True
+                    if stopped:
                         break
                     run = []
                 if message.wants_ack:  # (nacked: not counted sent, not a redelivery)
@@ -843,13 +839,9 @@ class EngineBackend:
                 )
                 continue
             if run:  # (those before it first: a credit decision needs them settled)
-                took = self._hand_run(conn, run, settles)
+                took, stopped = self._hand_before(conn, run, settles, message, pending)
                 taken += took
-                if took < len(run):
-                    conn.held.extend(m for _, m, _, _ in run[took:])
-                    conn.held.append(message)
-                    conn.held.extend(pending)
-                    stopped = True
+                if stopped:
                     break
                 run = []
             if credit is not None and not message.wants_ack and not credit.open():
@@ -931,6 +923,26 @@ class EngineBackend:
             return 0
         conn.next_tag += took
         return took if took == len(run) else -took
+
+    def _hand_before(
+        self,
+        conn: _Conn,
+        run: list[tuple[Delivery, Message, _Sub, list[_Sub] | None]],
+        settles: list[tuple[str, int, str, bool]],
+        message: Message,
+        pending: Iterator[Message],
+    ) -> tuple[int, bool]:
+        """The run waiting before ``message`` handed over first (``_hand_run``): how
+        many the connection took, and whether it stopped -- it took only part of the
+        run, so the rest, ``message`` and what follows it (``pending``) wait in
+        ``held``, in order."""
+        took = self._hand_run(conn, run, settles)
+        if took == len(run):
+            return took, False
+        conn.held.extend(m for _, m, _, _ in run[took:])
+        conn.held.append(message)
+        conn.held.extend(pending)
+        return took, True
 
     def _hand_run(
         self,
