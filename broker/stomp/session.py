@@ -211,6 +211,19 @@ class _Subscription:
     #: destination -> its escaped ``destination:`` line (with the EOLs around it)
     destination_lines: dict[str, str] = field(default_factory=dict)
 
+    def make_lines(self, destination: str, table: dict[int, str]) -> str:
+        """:attr:`head` made if not yet, and ``destination``'s line, made and kept
+        (at most ``DESTINATION_LINES``): what the MESSAGE encoders look up first."""
+        if not self.head:
+            self.head = f"MESSAGE\nsubscription:{self.spec.id.translate(table)}\nmessage-id:"
+        line = self.destination_lines.get(destination)
+        if line is None:
+            if len(self.destination_lines) >= DESTINATION_LINES:
+                self.destination_lines.clear()
+            line = f"\ndestination:{destination.translate(table)}\n"
+            self.destination_lines[destination] = line
+        return line
+
 
 class Session:
     def __init__(
@@ -511,17 +524,10 @@ class Session:
             return -1
         table = escape_table(self.version)
         line = sub.destination_lines.get(destination)
-        if line is None:  # (as _encode makes it)
-            if len(sub.destination_lines) >= DESTINATION_LINES:
-                sub.destination_lines.clear()
-            line = f"\ndestination:{destination.translate(table)}\n"
-            if "\0" in line:
-                raise EncodeError("a MESSAGE header contains NUL")
-            sub.destination_lines[destination] = line
-        if not sub.head:
-            sub.head = f"MESSAGE\nsubscription:{sub.spec.id.translate(table)}\nmessage-id:"
+        if line is None or not sub.head:
+            line = sub.make_lines(destination, table)
         head = sub.head
-        if "\0" in head:
+        if "\0" in head or "\0" in line:
             raise EncodeError("a MESSAGE header contains NUL")
         tail = f"{line}content-length:"
         budget = self.room()
@@ -570,13 +576,8 @@ class Session:
         spec = sub.spec
         destination = delivery.destination
         line = sub.destination_lines.get(destination)
-        if line is None:
-            if len(sub.destination_lines) >= DESTINATION_LINES:
-                sub.destination_lines.clear()
-            line = f"\ndestination:{destination.translate(table)}\n"
-            sub.destination_lines[destination] = line
-        if not sub.head:
-            sub.head = f"MESSAGE\nsubscription:{spec.id.translate(table)}\nmessage-id:"
+        if line is None or not sub.head:
+            line = sub.make_lines(destination, table)
         body = delivery.body
         ack = self.version is Version.V1_2 and spec.ack is not AckMode.AUTO
         config = self.config
