@@ -10,6 +10,9 @@ per MESSAGE encoded, for this checkout and (``--baseline CHECKOUT``) another one
   (``read_send_run`` of the whole run; a checkout without it: ``parse_send_control`` of
   each, the specs and receipts listed, the bodies counted, as its session did);
 * encode: ``Session._encode`` of an auto-ack MESSAGE (100-byte body, no user headers);
+* write plain MESSAGEs: ``Session.deliver_plain`` of runs of 100 (and of 1) such
+  MESSAGEs, the output taken and through the plain wire every 100 (the listener's
+  write path without the socket);
 * receipts: the RECEIPTs of a run of 1000 SENDs as the session writes them
   (``serialize_receipts``; a checkout without it: ``serialize_receipt`` of each);
 * engine, auto ack: a run of 1000 SENDs (with the user and time headers the door
@@ -56,6 +59,8 @@ from checkout_child import child_result
 #: Frames per timed pass, and passes per timing.
 FRAMES = 1000
 PASSES = 5
+#: MESSAGEs of a plain run and of a flush (``deliver_plain``; 10k stomp.py runs: 40-150).
+RUN = 100
 
 
 def _best(fn: object, repeat: int) -> float:
@@ -133,6 +138,16 @@ def measure(repeat: int) -> dict[str, float]:
             for d in deliveries:
                 encode(sub, d)
 
+    write_plain = _plain_writer(session, body)
+
+    def plain_runs() -> None:
+        for _ in range(PASSES):
+            write_plain(RUN)
+
+    def plain_singles() -> None:
+        for _ in range(PASSES):
+            write_plain(1)
+
     receipt_ids: list[str | None] = [str(12345 + i) for i in range(FRAMES)]
     write_receipts = _receipt_writer()
 
@@ -153,6 +168,14 @@ def measure(repeat: int) -> dict[str, float]:
         "run of SENDs, heads alike (session)": _best(run_alike, repeat) * per,
         "run of SENDs, a receipt each (session)": _best(run_each, repeat) * per,
         "encode MESSAGE (auto ack)": _best(encode_all, repeat) * per,
+        f"write plain MESSAGEs, runs of {RUN} (deliver_plain, to the wire)": _best(
+            plain_runs, repeat
+        )
+        * per,
+        "write plain MESSAGEs, runs of 1 (deliver_plain, to the wire)": _best(
+            plain_singles, repeat
+        )
+        * per,
         "RECEIPT of a run": _best(receipts, repeat) * per,
         "engine: SEND to an auto-ack consumer, settled": _best(engine_auto_ack, repeat) * per,
         "engine: auto-ack, Python calls per message": _calls(engine_auto_ack) / (FRAMES * PASSES),
@@ -397,6 +420,29 @@ def _receipt_writer() -> Callable[[bytearray, list[str | None]], None]:
                 out += frames.serialize_receipt(r, Version.V1_2)
 
     return each
+
+
+def _plain_writer(session: Any, body: bytes) -> Callable[[int], None]:
+    """``FRAMES`` MESSAGEs of subscription ``1`` written in runs of ``run`` as the
+    listener writes them: ``deliver_plain`` of each run (room to spare), then the
+    session's output taken and passed through the plain wire to bytes for the transport
+    (the listener's ``flush``, less the socket)."""
+    from broker.stomp.wire import PlainWire
+
+    session.room = lambda: 1 << 30
+    wire = PlainWire()
+    ids = [f"stomp-1-{100000 + i}" for i in range(FRAMES)]
+    bodies = [body] * FRAMES
+
+    def write(run: int) -> None:
+        for start in range(0, FRAMES, run):
+            end = start + run
+            session.deliver_plain("1", "/queue/bench", ids[start:end], bodies[start:end])
+            if end % RUN == 0 or end >= FRAMES:  # (a flush per RUN MESSAGEs)
+                wire.send(session.take_output(0.0))
+                wire.take()
+
+    return write
 
 
 def _session() -> tuple[object, object]:

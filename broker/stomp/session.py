@@ -507,7 +507,14 @@ class Session:
         bodies -- the bytes :meth:`deliver_run` writes for their deliveries (tests
         compare them), the transport's room read once.  -1 (nothing taken) when the
         subscription is unknown, not ``ack:auto``, or its MESSAGEs carry more (STOMP 1.0
-        frames, ``include-seq``, a header the broker adds)."""
+        frames, ``include-seq``, a header the broker adds).
+
+        The run is made as one ``bytes.join`` of its pieces (the head, each id, the
+        destination and length line per body size, each body), the ids escaped and
+        encoded together: per message no string is formatted and no bytes appended
+        one by one.  The room decides as in :meth:`deliver_run` (a message is taken
+        while the room left before it is positive); an id holding NUL is an
+        :class:`EncodeError` once the messages before it are written."""
         if self.state is not SessionState.CONNECTED or self.version is None or self.room is None:
             return -1
         sub = self._subscriptions.get(subscription)
@@ -529,30 +536,67 @@ class Session:
         head = sub.head
         if "\0" in head or "\0" in line:
             raise EncodeError("a MESSAGE header contains NUL")
-        tail = f"{line}content-length:"
+        count = len(ids)
+        if count != len(bodies):
+            raise ValueError(f"{count} ids for {len(bodies)} bodies")
+        if not count:
+            return 0
         budget = self.room()
-        out = self._out
-        taken = 0
-        joined = "".join(ids)  # (one look for what to escape, not one per id)
-        each = (
-            "\\" in joined or ":" in joined or "\n" in joined or "\r" in joined or "\0" in joined
-        )
-        for mid, body in zip(ids, bodies, strict=True):
-            if budget <= 0:
-                self.writable()  # (False: the transport learns it refused one)
-                break
-            if each:
-                if "\\" in mid or ":" in mid or "\n" in mid or "\r" in mid:
-                    mid = mid.translate(table)
-                if "\0" in mid:
-                    raise EncodeError("a MESSAGE header contains NUL")
-            size = len(body)
-            data = f"{head}{mid}{tail}{size}\n\n".encode()
+        if budget <= 0:
+            self.writable()  # (False: the transport learns it refused one)
+            return 0
+        text = "\0".join(ids)  # (NUL: in no escaped id, so it splits them apart again)
+        if "\\" in text or ":" in text or "\n" in text or "\r" in text:
+            text = text.translate(table)  # (most runs hold nothing to escape)
+        mids = text.encode().split(b"\0")
+        nul_at = -1  # the first id holding NUL: the run ends before it, then refused
+        if len(mids) != count:
+            nul_at = next(i for i, mid in enumerate(ids) if "\0" in mid)
+            count = nul_at
+            del mids[count:]
+            bodies = bodies[:count]
+        sizes = list(map(len, bodies))
+        first = head.encode()
+        size = sizes[0] if count else 0
+        if sizes.count(size) == count:  # (the usual run: one body size, one length line)
+            lines = [f"{line}content-length:{size}\n\n".encode()] * count
+        else:
+            ends = dict.fromkeys(sizes, b"")
+            for size in ends:
+                ends[size] = f"{line}content-length:{size}\n\n".encode()
+            lines = list(map(ends.__getitem__, sizes))
+        parts: list[bytes | memoryview]
+        if count == 1:  # (a message alone: no slicing)
+            parts = [first, mids[0], lines[0], bodies[0]]
+        else:  # a frame's NUL before the next head
+            parts = [b"\0" + first] * (4 * count)
+            if count:
+                parts[0] = first
+                parts[1::4] = mids
+                parts[2::4] = lines
+                parts[3::4] = bodies
+        data = b"".join(parts)
+        taken = count
+        whole = len(data) + 1 if count else 0  # (the last frame's NUL too)
+        if whole <= budget:  # (the usual case: the run fits)
+            budget -= whole
+        else:  # the room ends within the run: the messages taken before it ran out
+            taken = 0
+            frame = len(first) + 1
+            for mid, end, size in zip(mids, lines, sizes, strict=True):
+                if budget <= 0:
+                    break
+                budget -= frame + len(mid) + len(end) + size
+                taken += 1
+            data = b"".join(parts[: 4 * taken])
+        if taken:
+            out = self._out
             out += data
-            out += body
             out += b"\0"
-            budget -= len(data) + size + 1
-            taken += 1
+        if taken < count or (nul_at >= 0 and budget <= 0):
+            self.writable()  # (False: the transport learns it refused one)
+        elif nul_at >= 0:
+            raise EncodeError("a MESSAGE header contains NUL")
         if taken:
             self.on_delivery()
         return taken
