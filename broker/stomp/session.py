@@ -397,11 +397,13 @@ class Session:
         """Bytes produced and not yet taken by :meth:`take_output`."""
         return len(self._out)
 
-    def take_output(self, now: float) -> bytes:
-        if not self._out:
+    def take_output(self, now: float) -> bytes | bytearray:
+        """The output produced so far, handed over (not copied: the session writes on in
+        a new buffer, and never touches the one it returned)."""
+        data = self._out
+        if not data:
             return b""
-        data = bytes(self._out)
-        self._out.clear()
+        self._out = bytearray()
         self._last_sent = now
         return data
 

@@ -57,9 +57,10 @@ class WebSocketWire:
                 stomp += event.data
         return bytes(stomp)
 
-    def send(self, stomp: bytes) -> None:
+    def send(self, stomp: bytes | bytearray) -> None:
         if not self.open or not stomp:
             return
+        stomp = bytes(stomp)  # (the WebSocket protocol's frames take bytes)
         try:
             stomp.decode("utf-8")
         except UnicodeDecodeError:

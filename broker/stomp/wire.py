@@ -23,9 +23,11 @@ class Wire(Protocol):
 
     def receive(self, data: bytes) -> bytes: ...
 
-    def send(self, stomp: bytes) -> None: ...
+    def send(self, stomp: bytes | bytearray) -> None:
+        """Queue ``stomp`` (the wire's from then on: the caller does not change it)."""
+        ...
 
-    def take(self) -> bytes: ...
+    def take(self) -> bytes | bytearray: ...
 
     def close(self) -> None:
         """The session is over: say so on the wire (a WebSocket close frame)."""
@@ -33,10 +35,11 @@ class Wire(Protocol):
 
 
 class PlainWire:
-    """STOMP straight over TCP (or TLS): bytes are bytes."""
+    """STOMP straight over TCP (or TLS): bytes are bytes, passed on as they came (a
+    session's output reaches the transport uncopied)."""
 
     def __init__(self) -> None:
-        self._out = bytearray()
+        self._out: list[bytes | bytearray] = []
 
     @property
     def open(self) -> bool:
@@ -49,12 +52,16 @@ class PlainWire:
     def receive(self, data: bytes) -> bytes:
         return data
 
-    def send(self, stomp: bytes) -> None:
-        self._out += stomp
+    def send(self, stomp: bytes | bytearray) -> None:
+        if stomp:
+            self._out.append(stomp)
 
-    def take(self) -> bytes:
-        data = bytes(self._out)
-        self._out.clear()
+    def take(self) -> bytes | bytearray:
+        out = self._out
+        if len(out) == 1:  # (the usual: what one flush sent)
+            return out.pop()
+        data = b"".join(out)
+        out.clear()
         return data
 
     def close(self) -> None:
