@@ -119,13 +119,21 @@ def profile_once(
 
 
 def _thread_cpu(pid: int, out: str) -> dict[str, float]:
-    """CPU seconds (user + system) so far of each named thread of process ``pid``."""
+    """CPU seconds so far of each named thread of process ``pid``: the scheduler's
+    nanoseconds on a CPU (``schedstat``), else user + system in clock ticks (``stat``:
+    10 ms steps, 0.2 us per message of 50,000)."""
     tick = os.sysconf("SC_CLK_TCK")
     result = {}
     for line in Path(out, "threads").read_text().splitlines():
         tid, name = line.split(" ", 1)
+        task = f"/proc/{pid}/task/{tid}"
         try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            result[name] = int(Path(task, "schedstat").read_text().split()[0]) / 1e9
+            continue
+        except (OSError, ValueError, IndexError):
+            pass
+        try:
+            stat = Path(task, "stat").read_text()
         except OSError:
             continue
         fields = stat.rsplit(")", 1)[1].split()
@@ -183,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                     ctx, source, args.messages, args.receipts, args.raw, args.top, args.save
                 )
             for key, value in counts.items():
-                print(f"turn {turn} {name:9} {key:40} {value:9.1f}")
+                print(f"turn {turn} {name:9} {key:40} {value:9.2f}")
     return 0
 
 
