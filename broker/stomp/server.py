@@ -94,10 +94,11 @@ class _Connection(asyncio.Protocol):
             self._close(abort_after=options.close_timeout)
             return
         self.listener.connections[self.id] = self
+        now = self.listener.now()
         self.session = Session(
             self.listener.backend,
             self.id,
-            self.listener.now(),
+            now,
             config=options.session,
             authenticator=self.listener.authenticator,
             peer=peer_text,
@@ -105,16 +106,17 @@ class _Connection(asyncio.Protocol):
             on_delivery=self._mark_dirty,
             room=self._room,
         )
-        self.after_event()
+        self.after_event(now)
 
     def data_received(self, data: bytes) -> None:
         if self.session is None or self.closing:
             return
         stomp = self.wire.receive(data)
+        now = self.listener.now()
         if stomp:
-            self.session.receive(stomp, self.listener.now())
+            self.session.receive(stomp, now)
         self._mark_dirty()
-        self.listener.flush_all()
+        self.listener.flush_all(now)
 
     def eof_received(self) -> bool | None:
         return False  # close our side too
@@ -174,13 +176,13 @@ class _Connection(asyncio.Protocol):
     def _mark_dirty(self) -> None:
         self.listener.dirty.add(self)
 
-    def flush(self) -> None:
+    def flush(self, now: float) -> None:
         session, transport = self.session, self.transport
         if session is None or transport is None or self.closing:
             return
         wire = self.wire
         if wire.open:
-            wire.send(session.take_output(self.listener.now()))
+            wire.send(session.take_output(now))
         if session.closed:
             wire.close()
         raw = wire.take()
@@ -195,8 +197,8 @@ class _Connection(asyncio.Protocol):
             self.refused = False
             self.listener.backend.resume(self.id)
 
-    def after_event(self) -> None:
-        self.flush()
+    def after_event(self, now: float) -> None:
+        self.flush(now)
         self._schedule()
 
     def _schedule(self) -> None:
@@ -213,9 +215,10 @@ class _Connection(asyncio.Protocol):
         self.timer = None
         if self.session is None or self.closing:
             return
-        self.session.tick(self.listener.now())
+        now = self.listener.now()
+        self.session.tick(now)
         self.listener.dirty.add(self)
-        self.listener.flush_all()
+        self.listener.flush_all(now)
 
     def _close(self, abort_after: float) -> None:
         if self.closing or self.transport is None:
@@ -309,11 +312,16 @@ class StompListener:
             if conn.transport is not None
         }
 
-    def flush_all(self) -> None:
-        """Write what sessions produced (a delivery may land on any connection)."""
-        while self.dirty:
-            conn = self.dirty.pop()
-            conn.after_event()
+    def flush_all(self, now: float | None = None) -> None:
+        """Write what sessions produced (a delivery may land on any connection); the
+        loop's clock read once for all of them (``now``: the caller read it)."""
+        dirty = self.dirty
+        if not dirty:
+            return
+        if now is None:
+            now = self.now()
+        while dirty:
+            dirty.pop().after_event(now)
 
     # -- thread ---------------------------------------------------------------------------
 
