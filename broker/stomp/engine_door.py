@@ -711,7 +711,8 @@ class EngineDoor:
         """:meth:`op_publish_batch` of SENDs to one queue or topic each, nothing retained:
         the messages go to the engine in one call (``Engine.publish_many``).  ``one``:
         every streak names the same destinations tuple (the usual run: its channel is
-        found once).  Messages are made per streak (:func:`_run_messages`)."""
+        found once).  Messages are made per streak (:func:`_run_messages`), their header
+        blocks once per run (:func:`_header_blocks`)."""
         try:
             client_id = self._client(conn)
         except BackendError as exc:
@@ -721,16 +722,17 @@ class EngineDoor:
         out: list[Outgoing] = []
         messages: list[Message] = []
         error: str | None = None
+        blocks = _header_blocks(streaks, stamp)
         if one:
             try:
                 channel = self._ensure(client_id, streaks[0][0][0], out)
             except BackendError as exc:  # none of them goes
                 error = str(exc)
             else:
-                messages = _run_messages(streaks, prefix, first_id, client_id, channel, stamp)
+                messages = _run_messages(streaks, blocks, prefix, first_id, client_id, channel)
         else:
             error = self._plain_messages(
-                client_id, streaks, prefix, first_id, stamp, messages, out
+                client_id, streaks, blocks, prefix, first_id, messages, out
             )
         taken = 0
         if messages:
@@ -751,9 +753,9 @@ class EngineDoor:
         self,
         client_id: str,
         streaks: Sequence[PublishStreak],
+        blocks: Sequence[Headers],
         prefix: str,
         first_id: int,
-        stamp: Headers,
         messages: list[Message],
         out: list[Outgoing],
     ) -> str | None:
@@ -778,7 +780,12 @@ class EngineDoor:
                     return str(exc)
                 channels[destination] = channel
             messages += _run_messages(
-                streaks[start:end], prefix, first_id + len(messages), client_id, channel, stamp
+                streaks[start:end],
+                blocks[start:end],
+                prefix,
+                first_id + len(messages),
+                client_id,
+                channel,
             )
             start = end
         return None
@@ -1072,28 +1079,37 @@ def _plain_run(streaks: Sequence[PublishStreak]) -> _Run:
     return _Run.ONE if changes == 1 else _Run.MANY
 
 
+def _header_blocks(streaks: Sequence[PublishStreak], stamp: Headers) -> list[Headers]:
+    """Each streak's messages' headers: its own, then ``stamp``; one object for streaks
+    whose headers are equal (and ``stamp`` itself for none: ``() + stamp``), so every
+    message of a run whose SENDs carry the same headers holds the same header block (the
+    engine reads a block once per run of it)."""
+    blocks: list[Headers] = []
+    carried: Headers | None = None
+    headers = stamp
+    for streak in streaks:
+        if streak[1] != carried:
+            carried = streak[1]
+            headers = carried + stamp
+        blocks.append(headers)
+    return blocks
+
+
 def _run_messages(
     streaks: Sequence[PublishStreak],
+    blocks: Sequence[Headers],
     prefix: str,
     first_id: int,
     client_id: str,
     channel: str,
-    stamp: Headers,
 ) -> list[Message]:
     """The engine's messages of streaks of SENDs to one channel
     (``EngineDoor._publish_plain``): ids ``<prefix><first_id + i>``, headers the streak's
-    then ``stamp``, each SEND's body; one comprehension per streak, no call per SEND.
-    The header block is made once per streak, and streaks with equal headers share it:
-    every message of a run whose SENDs carry the same headers holds the same header
-    block object (the engine reads a block once per run of it)."""
+    block (:func:`_header_blocks`), each SEND's body; one comprehension per streak, no
+    call per SEND."""
     messages: list[Message] = []
-    carried: Headers | None = None
-    headers = stamp
     i = first_id
-    for streak in streaks:
-        if streak[1] != carried:
-            carried = streak[1]
-            headers = carried + stamp  # (() + stamp is stamp itself)
+    for streak, headers in zip(streaks, blocks, strict=True):
         bodies = streak[2]
         messages += [
             _new_message(
