@@ -338,16 +338,16 @@ def read_send_run(
                 if receipt is not None and _receipt_lead(headers):
                     lead, lead_destinations = headers[:-1], destinations
             last = headers
+            if transaction is None and (
+                destinations is not open_destinations
+                or carried is not open_carried
+                or rules is not open_rules
+            ):  # (another answer: another streak)
+                bodies = []
+                streaks.append(_new_spec(PublishStreak, (destinations, carried, bodies, *rules)))
+                open_destinations, open_carried, open_rules = destinations, carried, rules
         if transaction is not None:
             break
-        if (
-            destinations is not open_destinations
-            or carried is not open_carried
-            or rules is not open_rules
-        ):
-            bodies = []
-            streaks.append(_new_spec(PublishStreak, (destinations, carried, bodies, *rules)))
-            open_destinations, open_carried, open_rules = destinations, carried, rules
         if item.__class__ is Frame:
             bodies.append(body)
             if asked:
