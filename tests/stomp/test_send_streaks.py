@@ -33,6 +33,7 @@ from broker.stomp.backend import ConnectionInfo, Refusal
 from broker.stomp.destinations import parse_destinations
 from broker.stomp.engine_backend import EngineBackend, EngineDoor
 from broker.stomp.engine_mapping import QUEUE_ID, QUEUE_OPTIONS, channel_rest
+from broker.stomp.errors import BackendError
 from broker.stomp.frames import Command, Frame, FrameParser, Limits, SendStreak, Version
 from broker.stomp.memory import MemoryBackend
 from broker.stomp.session import Session, SessionConfig
@@ -222,44 +223,44 @@ def test_a_streak_cut_by_the_window_of_bytes_takes_the_sends_that_start_within_i
 
 
 class _Later(MemoryBackend):
-    """Takes SENDs one at a time (``publish_async``) and answers when told (``step``):
-    each SEND taken in order is logged, a body ``refuse`` is refused, and nothing of the
-    connection is taken after a refusal (as the engine's door does)."""
+    """Takes SENDs one at a time (``publish_async``) in the order handed over (as the
+    engine thread runs operations) and answers when told (``step``): each SEND taken is
+    logged, a body ``refuse`` is refused, and nothing of the connection is taken after a
+    refusal (as the engine's door does).  A synchronous ``publish`` is taken at once."""
 
     def __init__(self) -> None:
         super().__init__()
         self.log: list[tuple[str, tuple[tuple[str, str], ...], bytes]] = []
-        self.pending: list[tuple[list[PublishSpec], Any, bool]] = []
+        self.pending: list[tuple[Any, int, int, bool]] = []  # answer, taken, of, batch
         self.failed = False
 
     def publish_async(self, connection_id: int, spec: Any, answer: Any) -> None:
-        self.pending.append(([spec], answer, False))
+        self.pending.append((answer, self._take([spec]), 1, False))
 
     def publish(self, connection_id: int, spec: Any) -> None:
-        self._take(spec)
+        if not self._take([spec]):
+            raise BackendError("refused")
 
-    def _take(self, spec: PublishSpec) -> bool:
-        if self.failed or spec.body == b"refuse":
-            self.failed = True
-            return False
-        dest = ",".join(d.stomp for d in spec.destinations)
-        self.log.append((dest, spec.headers, spec.body))
-        return True
+    def _take(self, specs: list[PublishSpec]) -> int:
+        """How many of ``specs`` are taken (logged), in order."""
+        for taken, spec in enumerate(specs):
+            if self.failed or spec.body == b"refuse":
+                self.failed = True
+                return taken
+            dest = ",".join(d.stomp for d in spec.destinations)
+            self.log.append((dest, spec.headers, spec.body))
+        return len(specs)
 
     def step(self) -> bool:
         """Answer the oldest hand-over; False: none waits."""
         if not self.pending:
             return False
-        specs, answer, batch = self.pending.pop(0)
-        taken = 0
-        for spec in specs:
-            if not self._take(spec):
-                break
-            taken += 1
+        answer, taken, of, batch = self.pending.pop(0)
+        error = None if taken == of else Refusal("refused")
         if batch:
-            answer(taken, None if taken == len(specs) else Refusal("refused"))
+            answer(taken, error)
         else:
-            answer(None if taken else Refusal("refused"))
+            answer(error)
         return True
 
 
@@ -269,7 +270,8 @@ class _Runs(_Later):
     def publish_batch(self, connection_id: int, streaks: Any, answer: Any) -> None:
         for streak in streaks:
             assert isinstance(streak, PublishStreak) and streak.bodies
-        self.pending.append(([s for streak in streaks for s in streak.specs()], answer, True))
+        specs = [spec for streak in streaks for spec in streak.specs()]
+        self.pending.append((answer, self._take(specs), len(specs), True))
 
 
 _HEAD = "SEND\ndestination:/queue/a\ncontent-length:{n}\n"
@@ -389,6 +391,28 @@ def test_a_streak_crossing_the_window_goes_in_cuts_with_its_receipts_in_order() 
     log, out, *_ = _outcome(backend, Version.V1_2, frame * 10, [], config)
     assert len(log) == 10 and out.count(b"RECEIPT\nreceipt-id:r1\n\n\0") == 10
     assert (log, out) == _outcome(_Later(), Version.V1_2, frame * 10, [], config)[:2]
+
+
+def test_a_streak_of_transactional_sends_is_buffered_whole_and_goes_at_commit() -> None:
+    """Plain SENDs, then a streak of one head with ``transaction:t`` (the run path does
+    not take it: its SENDs go one by one into the transaction), plain ones again, the
+    COMMIT: every SEND published once, the transaction's at COMMIT, receipts in order."""
+    plain = _HEAD.format(n=2).encode() + b"\n"
+    tx = (_HEAD + "transaction:t\n").format(n=2).encode() + b"\n"
+    stream = b"".join(
+        [plain + b"p%d\0" % i for i in range(5)]
+        + [b"BEGIN\ntransaction:t\n\n\0"]
+        + [tx + b"t%d\0" % i for i in range(8)]
+        + [plain + b"q%d\0" % i for i in range(3)]
+        + [b"COMMIT\ntransaction:t\nreceipt:c\n\n\0"]
+    )
+    for window in ((1000, 1 << 24), (2, 1 << 24)):
+        config = SessionConfig(max_unanswered_sends=window[0])
+        log, out, *_ = _outcome(_Runs(), Version.V1_2, stream, [], config)
+        bodies = [b"p%d" % i for i in range(5)] + [b"q%d" % i for i in range(3)]
+        assert [body for _, _, body in log] == bodies + [b"t%d" % i for i in range(8)]
+        assert out.endswith(b"RECEIPT\nreceipt-id:c\n\n\0") and b"ERROR" not in out
+        assert (log, out) == _outcome(_Later(), Version.V1_2, stream, [], config)[:2]
 
 
 # -- the door -----------------------------------------------------------------------------
