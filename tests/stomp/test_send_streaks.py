@@ -226,7 +226,9 @@ class _Later(MemoryBackend):
     """Takes SENDs one at a time (``publish_async``) in the order handed over (as the
     engine thread runs operations) and answers when told (``step``): each SEND taken is
     logged, a body ``refuse`` is refused, and nothing of the connection is taken after a
-    refusal (as the engine's door does).  A synchronous ``publish`` is taken at once."""
+    refusal (as the engine's door does).  A synchronous ``publish`` is taken at once.
+    A SEND with header ``bad:x`` is refused at once (BackendError, as ``check_headers``
+    refuses one)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -235,6 +237,8 @@ class _Later(MemoryBackend):
         self.failed = False
 
     def publish_async(self, connection_id: int, spec: Any, answer: Any) -> None:
+        if ("bad", "x") in spec.headers:  # (refused at once, as check_headers does)
+            raise BackendError("bad header")
         self.pending.append((answer, self._take([spec]), 1, False))
 
     def publish(self, connection_id: int, spec: Any) -> None:
@@ -270,6 +274,8 @@ class _Runs(_Later):
     def publish_batch(self, connection_id: int, streaks: Any, answer: Any) -> None:
         for streak in streaks:
             assert isinstance(streak, PublishStreak) and streak.bodies
+            if ("bad", "x") in streak.headers:  # nothing handed over
+                raise BackendError("bad header")
         specs = [spec for streak in streaks for spec in streak.specs()]
         self.pending.append((answer, self._take(specs), len(specs), True))
 
@@ -286,6 +292,7 @@ HEADS = [
     "SEND\ndestination:/queue/a\n",  # no content-length: the body ends at its NUL
     "SEND\ndestination:/queue/a,/topic/t\ncontent-length:{n}\n",
     "SEND\ndestination:nowhere\ncontent-length:{n}\nreceipt:bad\n",
+    _HEAD + "bad:x\nreceipt:r3\n",  # refused by the backend at once (a run: one by one)
 ]
 #: bodies: a NUL-bearing one, the limit's size (8), one over it, the refused one
 BODIES = [b"", b"ab", b"a\0b\0", b"12345678", b"123456789", b"refuse"]
@@ -413,6 +420,26 @@ def test_a_streak_of_transactional_sends_is_buffered_whole_and_goes_at_commit() 
         assert [body for _, _, body in log] == bodies + [b"t%d" % i for i in range(8)]
         assert out.endswith(b"RECEIPT\nreceipt-id:c\n\n\0") and b"ERROR" not in out
         assert (log, out) == _outcome(_Later(), Version.V1_2, stream, [], config)[:2]
+
+
+class _NoRuns(_Runs):
+    """Refuses every run at once (BackendError, nothing handed over), as a batch
+    backend may: the session then hands its SENDs over one by one."""
+
+    def publish_batch(self, connection_id: int, streaks: Any, answer: Any) -> None:
+        raise BackendError("no runs today")
+
+
+def test_runs_refused_at_once_go_one_by_one_streaks_cut_by_the_window_included() -> None:
+    """Streaks of one head, a window of 3 SENDs (each run cuts a streak): every run is
+    refused at once, so every SEND goes alone -- all of them, once, in order."""
+    frame = (_HEAD + "receipt:r1\n").format(n=2).encode() + b"\nab\0"
+    stream = b"".join(frame[:-3] + b"%02d\0" % i for i in range(12))
+    config = SessionConfig(max_unanswered_sends=3)
+    log, out, *_ = _outcome(_NoRuns(), Version.V1_2, stream, [70, 600], config)
+    assert [body for _, _, body in log] == [b"%02d" % i for i in range(12)]
+    assert out.count(b"RECEIPT\nreceipt-id:r1\n\n\0") == 12 and b"ERROR" not in out
+    assert (log, out) == _outcome(_Later(), Version.V1_2, stream, [70, 600], config)[:2]
 
 
 # -- the door -----------------------------------------------------------------------------
