@@ -25,6 +25,11 @@ Rules enforced by :class:`FrameParser` (the only exception it raises is
   and an unterminated line or body is refused once the limit is crossed; the parser
   never holds more than one limit's worth of an unfinished line or body.
 
+:meth:`FrameParser.feed_streaks_until_error` (the session's reading, with a backend that
+takes runs of SENDs) gives SENDs whose heads are byte for byte the head before them as
+one :class:`SendStreak` (one headers tuple, a body each) instead of a frame each; its
+frames are what :meth:`FrameParser.feed_until_error` gives.
+
 :func:`serialize` writes a frame for a version: it escapes header names and values
 (1.1/1.2, except CONNECT/CONNECTED) and raises ``EncodeError`` for what the version
 cannot represent (an EOL in a 1.0 header, a ``:`` in a 1.0 header name...).  It never
