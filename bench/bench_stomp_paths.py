@@ -2,13 +2,21 @@
 per MESSAGE encoded, for this checkout and (``--baseline CHECKOUT``) another one.
 
 * parse: a stomp.py-like run of SEND frames (destination, content-length, receipt,
-  100-byte body) fed to ``FrameParser`` in 64 KiB reads; every head alike (as stomp.py's
-  auto-ack SENDs), and (``a receipt each``) a receipt per SEND, ``receipt:N``;
+  100-byte body) fed to ``FrameParser`` in 64 KiB reads as the session reads them (since
+  session 21 ``feed_streaks_until_error``: SENDs of one repeated head as one streak; a
+  checkout without it: ``feed``); every head alike (as stomp.py's auto-ack SENDs), and
+  (``a receipt each``) a receipt per SEND, ``receipt:N``;
 * send spec: ``parse_send_control`` of each parsed SEND (what the session did per SEND
   of a run before session 20);
-* run of SENDs: what the session does per SEND of a run of those frames
+* run of SENDs: what the session does per SEND of a run of what that parse gave
   (``read_send_run`` of the whole run; a checkout without it: ``parse_send_control`` of
   each, the specs and receipts listed, the bodies counted, as its session did);
+* session + door, SENDs: a connected 1.2 ``Session`` on the engine's backend and door
+  (``EngineBackend``, ``EngineDoor``; the two threads' turns on one) fed those 1000
+  SENDs in 64 KiB reads, each read's operations and answers run after it (its RECEIPTs
+  written): parse, run, hand-over, the door's messages, ``publish_many`` into a queue
+  nobody consumes (the deliveries are not in it), per SEND; heads alike, and a receipt
+  each;
 * encode: ``Session._encode`` of an auto-ack MESSAGE (100-byte body, no user headers);
 * write plain MESSAGEs: ``Session.deliver_plain`` of runs of 100 (and of 1) such
   MESSAGEs, the output taken and through the plain wire every 100 (the listener's
@@ -87,17 +95,19 @@ def measure(repeat: int) -> dict[str, float]:
     data = frame * FRAMES
     chunks = [data[i : i + 65536] for i in range(0, len(data), 65536)]
     parser = FrameParser(version=Version.V1_2)
-    parsed = [f for chunk in chunks for f in parser.feed(chunk)]
-    assert len(parsed) == FRAMES
+    frames = [f for chunk in chunks for f in parser.feed(chunk)]
+    assert len(frames) == FRAMES
+    read = _session_reading(parser)
+    parsed = [f for chunk in chunks for f in read(chunk)]
 
     def parse() -> None:
         for _ in range(PASSES):
             for chunk in chunks:
-                parser.feed(chunk)
+                read(chunk)
 
     def spec() -> None:
         for _ in range(PASSES):
-            for f in parsed:
+            for f in frames:
                 parse_send_control(f, broker_id="default", connection_id=1, now_ms=0)
 
     each = b"".join(
@@ -108,13 +118,14 @@ def measure(repeat: int) -> dict[str, float]:
     )
     each_chunks = [each[i : i + 65536] for i in range(0, len(each), 65536)]
     each_parser = FrameParser(version=Version.V1_2)
-    each_parsed = [f for chunk in each_chunks for f in each_parser.feed(chunk)]
+    read_each = _session_reading(each_parser)
+    each_parsed = [f for chunk in each_chunks for f in read_each(chunk)]
     assert len(each_parsed) == FRAMES
 
     def parse_each() -> None:
         for _ in range(PASSES):
             for chunk in each_chunks:
-                each_parser.feed(chunk)
+                read_each(chunk)
 
     read_run = _run_reader()
 
@@ -156,6 +167,8 @@ def measure(repeat: int) -> dict[str, float]:
             out = bytearray()
             write_receipts(out, receipt_ids)
 
+    sends_alike = session_sends(send_chunks(False))
+    sends_each = session_sends(send_chunks(True))
     door_refill, door_acks = _door_acks()
     shop_refill, shop_acks = _door_acks("shop")
     engine_auto_ack = _engine_auto_ack()
@@ -167,6 +180,8 @@ def measure(repeat: int) -> dict[str, float]:
         "parse SEND, a receipt each": _best(parse_each, repeat) * per,
         "run of SENDs, heads alike (session)": _best(run_alike, repeat) * per,
         "run of SENDs, a receipt each (session)": _best(run_each, repeat) * per,
+        "session + door: SENDs, heads alike": _best(sends_alike, repeat) * per,
+        "session + door: SENDs, a receipt each": _best(sends_each, repeat) * per,
         "encode MESSAGE (auto ack)": _best(encode_all, repeat) * per,
         f"write plain MESSAGEs, runs of {RUN} (deliver_plain, to the wire)": _best(
             plain_runs, repeat
@@ -358,6 +373,73 @@ def _best_after(setup: Callable[[], None], fn: Callable[[], None], repeat: int) 
         fn()
         best = min(best, time.process_time() - start)
     return best
+
+
+def _session_reading(parser: Any) -> Callable[[bytes], list[Any]]:
+    """How the checkout's session feeds its parser (SendStreaks, where it has them)."""
+    streaks = getattr(parser, "feed_streaks_until_error", None)
+    if streaks is None:
+        return parser.feed  # type: ignore[no-any-return]
+
+    def read(chunk: bytes) -> list[Any]:
+        items, error = streaks(chunk)
+        assert error is None
+        return items  # type: ignore[no-any-return]
+
+    return read
+
+
+def send_chunks(receipt_each: bool) -> list[bytes]:
+    """FRAMES stomp.py-like SENDs (100-byte bodies) in 64 KiB reads: every head alike
+    (``receipt:12345`` on each), or ``receipt_each``: ``receipt:N``."""
+    data = b"".join(
+        b"SEND\ncontent-length:100\ndestination:/queue/bench\nreceipt:%d\n\n"
+        % (i if receipt_each else 12345)
+        + b"x" * 100
+        + b"\0"
+        for i in range(FRAMES)
+    )
+    return [data[i : i + 65536] for i in range(0, len(data), 65536)]
+
+
+def session_sends(chunks: list[bytes], passes: int = PASSES) -> Callable[[], None]:
+    """A connected 1.2 session on the engine's backend and door, one thread taking both
+    threads' turns; the call feeds it ``chunks`` (SEND frames, 64 KiB reads) ``passes``
+    times, running each read's engine operations and answers after it, and takes its
+    output (the RECEIPTs).  Nobody consumes the queue.  (Also run under callgrind:
+    ``callgrind_send_run.py``.)"""
+    from broker.engine.engine import Engine
+    from broker.stomp.engine_backend import EngineBackend, EngineDoor
+    from broker.stomp.session import Session
+
+    door = EngineDoor(Engine())
+    backend = EngineBackend(door)
+    soon: list[Callable[[], None]] = []
+    posted: list[Callable[[], None]] = []
+    backend.bind(posted.append, lambda: None, soon.append)
+
+    def pump() -> None:  # the two threads' turns, on this one
+        while soon or posted or door.pending_ops:
+            while soon:
+                soon.pop(0)()
+            door.run_ops(0.0)
+            while posted:
+                posted.pop(0)()
+
+    session = Session(backend, 1, 0.0)
+    session.receive(b"CONNECT\naccept-version:1.2\nhost:localhost\n\n\0", 0.0)
+    pump()
+    session.take_output(0.0)
+
+    def run() -> None:
+        for _ in range(passes):
+            for chunk in chunks:
+                session.receive(chunk, 0.0)
+                pump()
+            session.take_output(0.0)
+        assert not session.closed and not session.reading_paused
+
+    return run
 
 
 def _run_reader() -> Callable[[list[Any]], object]:

@@ -50,7 +50,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol, runtime_checkable
 
-from broker.stomp.subscription import PublishSpec, SubscriptionSpec
+from broker.stomp.subscription import PublishSpec, PublishStreak, SubscriptionSpec
 from broker.store.base import NOT_SAVED
 
 
@@ -176,14 +176,16 @@ class BatchPublisher(Protocol):
     """An :class:`AsyncPublisher` that also takes a run of SENDs of one connection in
     one call (one hand-over to the broker and one answer for them all).
 
-    ``publish_batch`` either raises BackendError at once (nothing was sent: the session
-    then publishes them one by one, which says which one is refused) or calls
-    ``answer(taken, error)`` exactly once later, as ``publish_async`` does.  Answers of
+    ``publish_batch`` takes the run as streaks (:class:`PublishStreak`: SENDs in a row
+    that differ in their body only), publishes their SENDs in order, and either raises
+    BackendError at once (nothing was sent: the session then publishes them one by one,
+    which says which one is refused) or calls ``answer(taken, error)`` exactly once
+    later, as ``publish_async`` does (``taken`` counts SENDs, not streaks).  Answers of
     batches and single publishes of one connection come in the order of the calls.
     """
 
     def publish_batch(
-        self, connection_id: int, specs: Sequence[PublishSpec], answer: BatchAnswer
+        self, connection_id: int, streaks: Sequence[PublishStreak], answer: BatchAnswer
     ) -> None: ...
 
 

@@ -131,6 +131,7 @@ from broker.stomp.subscription import (
     DEFAULT_CREDIT_COUNT,
     AckMode,
     PublishSpec,
+    PublishStreak,
     SubscriptionSpec,
 )
 from broker.stomp.vhosts import namespace_of
@@ -408,32 +409,36 @@ class EngineBackend:
         )
 
     def publish_batch(
-        self, connection_id: int, specs: Sequence[PublishSpec], answer: BatchAnswer
+        self, connection_id: int, streaks: Sequence[PublishStreak], answer: BatchAnswer
     ) -> None:
         """A run of SENDs in one operation (:class:`~broker.stomp.backend.BatchPublisher`):
-        the engine thread publishes them in order and stops at the first it refuses."""
-        for spec in specs:
-            if spec[1]:  # its headers (none: nothing to refuse, the usual SEND; no call)
-                check_headers(spec[1])  # BackendError: nothing handed over
+        the engine thread publishes them in order and stops at the first it refuses.
+        Per streak (SENDs alike but their bodies), not per SEND: the headers checked, the
+        destinations renamed on a virtual host (once per destinations tuple)."""
+        count = 0
+        for streak in streaks:
+            if streak[1]:  # its headers (none: nothing to refuse, the usual SEND; no call)
+                check_headers(streak[1])  # BackendError: nothing handed over
+            count += len(streak[2])
         conn = self.conns.get(connection_id)
         user = conn.info.user if conn is not None else ANONYMOUS
         stamp = ((USER_HEADER, user), (TIMESTAMP_HEADER, str(self.wall_clock_ms())))
-        if conn is not None and conn.namespace:  # (a SEND naming the destinations tuple
+        if conn is not None and conn.namespace:  # (a streak naming the destinations tuple
             named = conn.in_namespace  # of the one before it takes its renaming)
             last: tuple[Destination, ...] | None = None
             renamed: tuple[Destination, ...] = ()
             in_host = []
-            for spec in specs:
-                if spec[0] is not last:
-                    last = spec[0]
+            for streak in streaks:
+                if streak[0] is not last:
+                    last = streak[0]
                     renamed = named(last)
-                in_host.append(_new_spec(PublishSpec, (renamed, *spec[1:])))
-            specs = in_host
+                in_host.append(_new_spec(PublishStreak, (renamed, *streak[1:])))
+            streaks = in_host
         first = self._ids + 1
-        self._ids += len(specs)
+        self._ids += count
         door = self.door
         self._submit(
-            lambda now: door.op_publish_batch(connection_id, specs, first, answer, now, stamp)
+            lambda now: door.op_publish_batch(connection_id, streaks, first, answer, now, stamp)
         )
 
     def after_applied(self, connection_id: int, answer: PublishAnswer) -> None:

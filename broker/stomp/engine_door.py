@@ -61,7 +61,7 @@ from broker.stomp.engine_mapping import (
 )
 from broker.stomp.errors import BackendError
 from broker.stomp.frames import Headers
-from broker.stomp.subscription import PublishSpec
+from broker.stomp.subscription import PublishSpec, PublishStreak
 from broker.stomp.vhosts import namespace_of
 from broker.stomp.wildcards import Wild, Wildcards
 
@@ -660,23 +660,25 @@ class EngineDoor:
     def op_publish_batch(
         self,
         conn: int,
-        specs: Sequence[PublishSpec],
+        streaks: Sequence[PublishStreak],
         first_id: int,
         answer: BatchAnswer,
         now: float,
         stamp: Headers = (),
     ) -> list[Outgoing]:
-        """A run of SENDs of one connection (``EngineBackend.publish_batch``): each as
-        :meth:`op_publish` (message ids ``stomp-<conn>-<first_id + i>``), in order, up to
-        the first refused; one answer for the run, ``answer(taken, error)``."""
+        """A run of SENDs of one connection (``EngineBackend.publish_batch``), as streaks
+        of SENDs alike but their bodies: each SEND as :meth:`op_publish` (message ids
+        ``stomp-<conn>-<first_id + i>``, ``i`` counting SENDs), in order, up to the first
+        refused; one answer for the run, ``answer(taken, error)``."""
         prefix = f"stomp-{conn}-"
-        plain = _plain_run(specs)
+        plain = _plain_run(streaks)
         if plain is not _Run.MIXED:
             return self._publish_plain(
-                conn, specs, prefix, first_id, answer, now, stamp, plain is _Run.ONE
+                conn, streaks, prefix, first_id, answer, now, stamp, plain is _Run.ONE
             )
         out: list[Outgoing] = []
         publish = self.op_publish
+        specs = [spec for streak in streaks for spec in streak.specs()]
         for i, spec in enumerate(specs):
             try:
                 out += publish(conn, spec, f"{prefix}{first_id + i}", now, stamp)
@@ -698,7 +700,7 @@ class EngineDoor:
     def _publish_plain(
         self,
         conn: int,
-        specs: Sequence[PublishSpec],
+        streaks: Sequence[PublishStreak],
         prefix: str,
         first_id: int,
         answer: BatchAnswer,
@@ -708,10 +710,9 @@ class EngineDoor:
     ) -> list[Outgoing]:
         """:meth:`op_publish_batch` of SENDs to one queue or topic each, nothing retained:
         the messages go to the engine in one call (``Engine.publish_many``).  ``one``:
-        every SEND names the same destinations tuple (the usual run: its channel is
-        found once and the messages are made in one comprehension).  A message's headers
-        are its SEND's and ``stamp`` (``() + stamp`` is ``stamp`` itself: a run's plain
-        SENDs share one header block)."""
+        every streak names the same destinations tuple (the usual run: its channel is
+        found once).  Messages are made per streak (:func:`_run_messages`), their header
+        blocks once per run (:func:`_header_blocks`)."""
         try:
             client_id = self._client(conn)
         except BackendError as exc:
@@ -721,15 +722,18 @@ class EngineDoor:
         out: list[Outgoing] = []
         messages: list[Message] = []
         error: str | None = None
+        blocks = _header_blocks(streaks, stamp)
         if one:
             try:
-                channel = self._ensure(client_id, specs[0][0][0], out)
+                channel = self._ensure(client_id, streaks[0][0][0], out)
             except BackendError as exc:  # none of them goes
                 error = str(exc)
             else:
-                messages = _run_messages(specs, prefix, first_id, client_id, channel, stamp)
+                messages = _run_messages(streaks, blocks, prefix, first_id, client_id, channel)
         else:
-            error = self._plain_messages(client_id, specs, prefix, first_id, stamp, messages, out)
+            error = self._plain_messages(
+                client_id, streaks, blocks, prefix, first_id, messages, out
+            )
         taken = 0
         if messages:
             sent, taken, refused = self.engine.publish_many(
@@ -737,36 +741,36 @@ class EngineDoor:
             )
             out += sent
             if refused is not None:
-                error = f"{specs[taken].destinations[0].stomp}: {refused}"
+                error = f"{_streak_of(streaks, taken).destinations[0].stomp}: {refused}"
         if error is not None:
             self.failed.add(conn)
             self._answers.append((partial(answer, taken), Refusal(error)))
         else:
-            self._answers.append((partial(answer, len(specs)), None))
+            self._answers.append((partial(answer, len(messages)), None))
         return out
 
     def _plain_messages(
         self,
         client_id: str,
-        specs: Sequence[PublishSpec],
+        streaks: Sequence[PublishStreak],
+        blocks: Sequence[Headers],
         prefix: str,
         first_id: int,
-        stamp: Headers,
         messages: list[Message],
         out: list[Outgoing],
     ) -> str | None:
-        """:meth:`_publish_plain`'s messages of a run whose SENDs name several
-        destinations, appended to ``messages``: each stretch of SENDs naming one
+        """:meth:`_publish_plain`'s messages of a run whose streaks name several
+        destinations, appended to ``messages``: each stretch of streaks naming one
         destination object finds its channel once (:func:`_run_messages`).  The error
         of the first SEND whose channel cannot be had (None: every one made; those
         before it are made)."""
         channels: dict[Destination, str] = {}
-        n = len(specs)
+        n = len(streaks)
         start = 0
         while start < n:
-            destination = specs[start][0][0]
+            destination = streaks[start][0][0]
             end = start + 1
-            while end < n and specs[end][0][0] is destination:
+            while end < n and streaks[end][0][0] is destination:
                 end += 1
             channel = channels.get(destination)
             if channel is None:
@@ -776,7 +780,12 @@ class EngineDoor:
                     return str(exc)
                 channels[destination] = channel
             messages += _run_messages(
-                specs[start:end], prefix, first_id + start, client_id, channel, stamp
+                streaks[start:end],
+                blocks[start:end],
+                prefix,
+                first_id + len(messages),
+                client_id,
+                channel,
             )
             start = end
         return None
@@ -1049,18 +1058,18 @@ class _Run(IntEnum):
     ONE = 2  # plain, every SEND naming the same destinations tuple
 
 
-def _plain_run(specs: Sequence[PublishSpec]) -> _Run:
+def _plain_run(streaks: Sequence[PublishStreak]) -> _Run:
     """Is every SEND of a run one to one queue or topic that retains nothing
     (``EngineDoor._publish_plain``), and do they all name one destinations tuple?  One
-    loop for the run, no call per SEND: the destinations a SEND shares with the one
-    before it (the session's run reader hands a run to one destination the same tuple)
-    are not looked at again."""
+    loop over the run's streaks, no call per streak: the destinations a streak shares
+    with the one before it (the session's run reader hands a run to one destination the
+    same tuple) are not looked at again."""
     last: tuple[Destination, ...] | None = None
     changes = 0
-    for spec in specs:
-        if spec.retain is not None:
+    for streak in streaks:
+        if streak.retain is not None:
             return _Run.MIXED
-        destinations = spec.destinations
+        destinations = streak.destinations
         if destinations is last:
             continue
         if len(destinations) != 1 or destinations[0].kind not in _PLAIN_KINDS:
@@ -1070,36 +1079,68 @@ def _plain_run(specs: Sequence[PublishSpec]) -> _Run:
     return _Run.ONE if changes == 1 else _Run.MANY
 
 
+def _header_blocks(streaks: Sequence[PublishStreak], stamp: Headers) -> list[Headers]:
+    """Each streak's messages' headers: its own, then ``stamp``; one object for streaks
+    whose headers are equal (and ``stamp`` itself for none: ``() + stamp``), so every
+    message of a run whose SENDs carry the same headers holds the same header block (the
+    engine reads a block once per run of it)."""
+    blocks: list[Headers] = []
+    carried: Headers | None = None
+    headers = stamp
+    for streak in streaks:
+        if streak[1] != carried:
+            carried = streak[1]
+            headers = carried + stamp
+        blocks.append(headers)
+    return blocks
+
+
 def _run_messages(
-    specs: Sequence[PublishSpec],
+    streaks: Sequence[PublishStreak],
+    blocks: Sequence[Headers],
     prefix: str,
     first_id: int,
     client_id: str,
     channel: str,
-    stamp: Headers,
 ) -> list[Message]:
-    """The engine's messages of SENDs to one channel (``EngineDoor._publish_plain``):
-    ids ``<prefix><first_id + i>``, the SEND's headers then ``stamp``, its body; one
-    comprehension, no call per SEND."""
-    return [
-        _new_message(
-            Message,
-            (
-                f"{prefix}{i}",
-                client_id,
-                channel,
-                QUEUE_ID,
-                False,
-                False,
-                False,
-                DEFAULT_TTL,
-                spec[1] + stamp,
-                spec[2],
-                None,
-            ),
-        )
-        for i, spec in enumerate(specs, first_id)
-    ]
+    """The engine's messages of streaks of SENDs to one channel
+    (``EngineDoor._publish_plain``): ids ``<prefix><first_id + i>``, headers the streak's
+    block (:func:`_header_blocks`), each SEND's body; one comprehension per streak, no
+    call per SEND."""
+    messages: list[Message] = []
+    i = first_id
+    for streak, headers in zip(streaks, blocks, strict=True):
+        bodies = streak[2]
+        messages += [
+            _new_message(
+                Message,
+                (
+                    f"{prefix}{j}",
+                    client_id,
+                    channel,
+                    QUEUE_ID,
+                    False,
+                    False,
+                    False,
+                    DEFAULT_TTL,
+                    headers,
+                    body,
+                    None,
+                ),
+            )
+            for j, body in enumerate(bodies, i)
+        ]
+        i += len(bodies)
+    return messages
+
+
+def _streak_of(streaks: Sequence[PublishStreak], index: int) -> PublishStreak:
+    """The streak holding the run's SEND ``index`` (counted from 0)."""
+    for streak in streaks:
+        if index < len(streak[2]):
+            return streak
+        index -= len(streak[2])
+    raise IndexError(index)
 
 
 #: The destination kinds a plain SEND goes to.

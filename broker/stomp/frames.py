@@ -25,6 +25,11 @@ Rules enforced by :class:`FrameParser` (the only exception it raises is
   and an unterminated line or body is refused once the limit is crossed; the parser
   never holds more than one limit's worth of an unfinished line or body.
 
+:meth:`FrameParser.feed_streaks_until_error` (the session's reading, with a backend that
+takes runs of SENDs) gives SENDs whose heads are byte for byte the head before them as
+one :class:`SendStreak` (one headers tuple, a body each) instead of a frame each; its
+frames are what :meth:`FrameParser.feed_until_error` gives.
+
 :func:`serialize` writes a frame for a version: it escapes header names and values
 (1.1/1.2, except CONNECT/CONNECTED) and raises ``EncodeError`` for what the version
 cannot represent (an EOL in a 1.0 header, a ``:`` in a 1.0 header name...).  It never
@@ -149,6 +154,31 @@ def make_frame(
     return Frame(command, tuple(headers), body)
 
 
+class SendStreak(NamedTuple):
+    """SENDs in a row whose heads are byte for byte alike, as
+    :meth:`FrameParser.feed_streaks_until_error` reads them: the frames
+    ``Frame(command, headers, body)`` for each of ``bodies``, in order, held as one item
+    (one headers tuple, a body per SEND, every body the head's ``content-length`` long).
+    Same first two fields as a :class:`Frame`: ``command`` (always SEND), ``headers``."""
+
+    command: Command
+    headers: Headers
+    bodies: list[bytes]
+
+    def header(self, name: str, default: str | None = None) -> str | None:
+        """The first value of header ``name`` (as :meth:`Frame.header`)."""
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return default
+
+    def frames(self) -> list[Frame]:
+        """The SENDs it stands for, one frame each."""
+        command = self.command
+        headers = self.headers
+        return [Frame(command, headers, body) for body in self.bodies]
+
+
 # -- escaping ----------------------------------------------------------------------------
 
 _ESCAPES_1_1 = {ord("n"): "\n", ord("c"): ":", ord("\\"): "\\"}
@@ -252,15 +282,29 @@ class FrameParser:
         """The frames ``data`` completes up to the first one that does not parse, and
         that one's error (None: all good).  After an error the parser is broken: every
         later call returns no frame and the same error."""
+        return self._feed(data, False)  # type: ignore[return-value]  # (no streak in it)
+
+    def feed_streaks_until_error(
+        self, data: bytes
+    ) -> tuple[list[Frame | SendStreak], FrameError | None]:
+        """:meth:`feed_until_error`, where SENDs in a row whose heads are byte for byte
+        the head before them (:class:`_SameHead`) come as one :class:`SendStreak` each
+        time a read brings them (a producer sending the same headers every time: no
+        Frame per SEND).  Its frames are the ones :meth:`feed_until_error` gives."""
+        return self._feed(data, True)
+
+    def _feed(
+        self, data: bytes, streaks: bool
+    ) -> tuple[list[Frame | SendStreak], FrameError | None]:
         if self._broken is not None:
             return [], self._broken
         if data:
             self._buf += data
-        frames: list[Frame] = []
+        frames: list[Frame | SendStreak] = []
         try:
             while True:
                 if self._prefix is not None and self._state is _State.IDLE:
-                    self._read_repeats(frames)
+                    self._read_repeats(frames, streaks)
                 frame = self._step()
                 if frame is None:
                     break
@@ -385,7 +429,7 @@ class FrameParser:
         self._begin_body(length)
         return _HEAD_ONLY
 
-    def _read_repeats(self, frames: list[Frame]) -> None:
+    def _read_repeats(self, frames: list[Frame | SendStreak], streaks: bool = False) -> None:
         """Append to ``frames`` the whole frames at the buffer's position whose heads
         repeat the kept lead (:meth:`_repeat_head`'s case) and whose ``content-length``
         body and NUL are buffered, in one loop: what :meth:`_step`, :meth:`_fast_head`
@@ -397,7 +441,10 @@ class FrameParser:
 
         A head that is byte for byte the head read just before it (a producer sending
         the same headers every time) is that head again: the frame gets the same
-        headers tuple and body length, with one comparison (:class:`_SameHead`)."""
+        headers tuple and body length, with one comparison (:class:`_SameHead`).  Such
+        frames in a row are one stride apart (head, body, NUL): found by one
+        ``startswith`` and one NUL test each, then their bodies cut from one copy of
+        the stretch; ``streaks`` (SENDs): the stretch is one :class:`SendStreak`."""
         prefix = self._prefix
         # (a lead whose content-length the parser refuses: its frames go the usual way)
         if prefix is None or prefix.version is not self.version or prefix.size < -1:
@@ -419,17 +466,36 @@ class FrameParser:
         new_frame = _new_tuple
         append = frames.append
         same = self._same
+        streak = streaks and command is Command.SEND
         last_line = ""  # the last line of the frame read just before (here)
         while True:
             if same is not None:
-                if startswith(same.head, pos):
-                    start = pos + same.skip
-                    stop = start + same.size
-                    if stop >= n or buf[stop] != 0:
+                head = same.head
+                if startswith(head, pos):
+                    stride = same.skip + same.size + 1  # (head, body, NUL)
+                    first = pos
+                    end = pos + stride
+                    while end <= n and buf[end - 1] == 0:
+                        pos = end
+                        if not startswith(head, pos):
+                            break
+                        end = pos + stride
+                    if pos > first:
+                        stretch = bytes(buf[first:pos])
+                        body_size = same.size
+                        bodies = [
+                            stretch[at : at + body_size]
+                            for at in range(same.skip, pos - first, stride)
+                        ]
+                        if streak:
+                            append(new_frame(SendStreak, (command, same.headers, bodies)))
+                        else:
+                            kept = same.headers
+                            frames += [new_frame(Frame, (command, kept, b)) for b in bodies]
+                    if startswith(head, pos):  # not all here, or no NUL where it says
                         break
-                    append(new_frame(Frame, (command, same.headers, bytes(buf[start:stop]))))
-                    pos = stop + 1
-                    continue
+                if n - pos < len(head):  # (the next head is not all here: kept for it)
+                    break
                 same = None
             if not startswith(raw, pos):
                 break

@@ -82,6 +82,7 @@ from broker.stomp.frames import (
     Frame,
     FrameParser,
     Limits,
+    SendStreak,
     Version,
     escape_table,
     make_frame,
@@ -285,8 +286,10 @@ class Session:
         #: Frames read but not handled yet: a SEND found the window of unanswered SENDs
         #: full, so it and everything after it wait for answers (in order).  The I/O
         #: layer stops reading meanwhile (``reading_paused``), which bounds this to what
-        #: one read brought.
-        self._parked: deque[Frame] = deque()
+        #: one read brought.  With a batch backend the parser gives SENDs of one repeated
+        #: head as one :class:`SendStreak` (``_publish_run`` takes it whole, or its SENDs
+        #: go one by one: ``_drain``).
+        self._parked: deque[Frame | SendStreak] = deque()
         #: Why the parser failed, once it did: the ERROR follows the frames parked
         #: before the bad one (``_drain``); input after it is ignored.
         self._bad_input: str | None = None
@@ -305,7 +308,11 @@ class Session:
         if self._bad_input is not None:
             return  # (reading stops once the parser failed: see _drain)
         self._last_received = self._now = now
-        frames, bad = self._parser.feed_until_error(data)
+        frames: Sequence[Frame | SendStreak]
+        if self._batch is not None:
+            frames, bad = self._parser.feed_streaks_until_error(data)
+        else:
+            frames, bad = self._parser.feed_until_error(data)
         if bad is not None:
             self._bad_input = str(bad)  # reported after the frames before it
         if frames or bad is not None:
@@ -345,6 +352,9 @@ class Session:
                     if self._batch is not None and self._publish_run(now):
                         continue
                 parked.popleft()
+                if isinstance(frame, SendStreak):  # (not a run's: its SENDs one by one)
+                    parked.extendleft(reversed(frame.frames()))
+                    continue
                 self._handle(frame, now)
             if self._bad_input is not None and self.state in (
                 SessionState.AWAITING_CONNECT,
@@ -851,8 +861,10 @@ class Session:
     def _publish_run(self, now: float) -> bool:
         """Hand the run of plain SENDs at the head of ``_parked`` to the backend in one
         call (:class:`~broker.stomp.backend.BatchPublisher`), as far as the window of
-        unanswered SENDs has room (:func:`~broker.stomp.subscription.read_send_run`); one
-        entry in ``_unanswered`` answers them all.
+        unanswered SENDs has room (:func:`~broker.stomp.subscription.read_send_run`:
+        SENDs that parsed alike as one streak; a parser's SendStreak cut by the window
+        leaves its unread SENDs parked, as one); one entry in ``_unanswered`` answers
+        them all.
 
         False when the head SEND is not plain (transactional, or it does not parse: the
         usual path handles it, with its ERROR).  A SEND after the run that does not parse
@@ -861,7 +873,7 @@ class Session:
         parked = self._parked
         config = self.config
         conn = self.connection_id
-        specs, receipts, size = read_send_run(
+        run = read_send_run(
             parked,
             config.max_unanswered_sends - self._unanswered_count,
             config.max_unanswered_bytes - self._unanswered_bytes,
@@ -869,28 +881,41 @@ class Session:
             connection_id=conn,
             now_ms=self.wall_clock_ms(),
         )
-        if not specs:
+        count = run.sends
+        if not count:
             return False
-        count = len(specs)
-        frames = list(parked)  # (the run's frames off the deque without a call per frame)
+        used = run.items
+        items = list(parked)  # (the run's items off the deque without a call per item)
         parked.clear()
-        if len(frames) > count:
-            parked.extend(frames[count:])
-            del frames[count:]
-        entry = _Answer(None, size, count=count, receipts=receipts)
+        if len(items) > used:
+            parked.extend(items[used:])
+            del items[used:]
+        rest = run.rest
+        if rest is not None:  # the streak the window cut: its unread SENDs stay parked
+            cut = parked[0]
+            parked[0] = rest
+            assert isinstance(cut, SendStreak)
+            items.append(SendStreak(cut.command, cut.headers, cut.bodies[: -len(rest.bodies)]))
+        size = run.size
+        entry = _Answer(None, size, count=count, receipts=run.receipts)
         assert self._batch is not None
         self._unanswered.append(entry)
         self._unanswered_bytes += size
-        self._unanswered_count += entry.count
+        self._unanswered_count += count
         try:
             self._batch.publish_batch(
-                conn, specs, lambda taken, error: self._answered_run(entry, taken, error)
+                conn, run.streaks, lambda taken, error: self._answered_run(entry, taken, error)
             )
         except BackendError:
             # nothing was handed over: one by one, the usual path says which SEND fails
             self._unanswered.pop()
             self._unanswered_bytes -= size
-            self._unanswered_count -= entry.count
+            self._unanswered_count -= count
+            frames = [
+                frame
+                for item in items
+                for frame in (item.frames() if isinstance(item, SendStreak) else (item,))
+            ]
             for frame in frames:
                 if self.state is not SessionState.CONNECTED:
                     break

@@ -25,12 +25,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from broker.selector import Selector, SelectorError, parse_selector
 from broker.stomp.destinations import Destination, parse_destinations, parse_send_destinations
 from broker.stomp.errors import ProtocolViolation, StompError
-from broker.stomp.frames import Command, Frame, Headers, Version
+from broker.stomp.frames import Command, Frame, Headers, SendStreak, Version
 
 #: Default credit windows when SUBSCRIBE has no ``credit`` header (messages, bytes).
 DEFAULT_CREDIT_COUNT = 655360
@@ -94,6 +94,39 @@ class PublishSpec(NamedTuple):
     retain: RetainAction | None = None
     expires: int | None = None  # ms since the epoch
     message_group: str | None = None
+
+
+class PublishStreak(NamedTuple):
+    """SENDs in a row that parsed alike (:func:`read_send_run`): what each one's
+    :class:`PublishSpec` holds but its body -- the same destinations tuple, carried
+    headers and rules -- and their bodies, in order.  Fields as a PublishSpec's, with
+    ``bodies`` for ``body``: ``PublishSpec(destinations, headers, body, *rules)`` is
+    each SEND's spec (:meth:`specs`)."""
+
+    destinations: tuple[Destination, ...]
+    headers: tuple[tuple[str, str], ...]
+    bodies: list[bytes]
+    persistent: bool = False
+    retain: RetainAction | None = None
+    expires: int | None = None
+    message_group: str | None = None
+
+    def specs(self) -> list[PublishSpec]:
+        """Each SEND's spec, in order."""
+        rules = self[3:]
+        return [_new_spec(PublishSpec, (self[0], self[1], body, *rules)) for body in self[2]]
+
+
+class SendRun(NamedTuple):
+    """What :func:`read_send_run` read at the head of the session's parked frames."""
+
+    streaks: list[PublishStreak]  # the run's SENDs, in order
+    receipts: list[str | None]  # each SEND's receipt (None: none); [] when none asked
+    size: int  # their body bytes
+    sends: int  # SENDs
+    items: int  # frames and streaks read whole, from the first
+    #: The unread SENDs of the streak at ``items``, when the window cut it (else None).
+    rest: SendStreak | None
 
 
 #: ``PublishSpec(...)`` from a tuple of every field, without the named tuple's
@@ -230,35 +263,40 @@ def parse_send_control(
 
 
 def read_send_run(
-    frames: Iterable[Frame],
+    items: Iterable[Frame | SendStreak],
     room: int,
     room_bytes: int,
     *,
     broker_id: str,
     connection_id: int,
     now_ms: int,
-) -> tuple[list[PublishSpec], list[str | None], int]:
-    """The run of plain SENDs at the head of ``frames`` (the session's batched path):
-    each one's spec and receipt (None: none asked; no list at all, ``[]``, when none of
-    them asked) and the run's body bytes, as :func:`parse_send_control` gives them for
-    each in turn.  The run ends before the
-    first frame that is not a SEND, carries a ``transaction`` or does not parse (the
-    session's usual path then reads it, or reports it), and where the window ends:
-    ``room`` SENDs at most, none once the bodies before it hold ``room_bytes``.
+) -> SendRun:
+    """The run of plain SENDs at the head of ``items`` (the session's batched path:
+    frames, and the parser's :class:`~broker.stomp.frames.SendStreak` s, each one its
+    SENDs in turn): as :func:`parse_send_control` gives each SEND's spec and receipt,
+    SENDs in a row whose specs differ in their body only gathered in one
+    :class:`PublishStreak`; their receipts (None: none asked; no list at all, ``[]``,
+    when none of them asked) and body bytes.  The run ends before the first SEND that is
+    not one, carries a ``transaction`` or does not parse (the session's usual path then
+    reads it, or reports it), and where the window ends: ``room`` SENDs at most, none
+    once the bodies before it hold ``room_bytes`` -- in the middle of a SendStreak when
+    so (its unread SENDs: :attr:`SendRun.rest`).
 
     A header block is read once per run, not once per SEND: a SEND whose headers are
     the very tuple of the SEND before it (the parser gives every frame of a repeated
-    head one tuple) takes that one's answer; one whose headers are a *receipt lead*
-    plus a last ``receipt`` line (a producer asking a receipt per SEND) takes the lead's
-    destinations and reads only its receipt.  A receipt lead: the headers before a last
-    ``receipt`` of a SEND that parsed, when they are ``destination`` and
-    ``content-length`` only (:func:`_receipt_lead`)."""
-    specs: list[PublishSpec] = []
+    head one tuple; a SendStreak is that, read once) takes that one's answer; one whose
+    headers are a *receipt lead* plus a last ``receipt`` line (a producer asking a
+    receipt per SEND) takes the lead's destinations and reads only its receipt.  A
+    receipt lead: the headers before a last ``receipt`` of a SEND that parsed, when they
+    are ``destination`` and ``content-length`` only (:func:`_receipt_lead`)."""
+    streaks: list[PublishStreak] = []
     receipts: list[str | None] = []
-    add_spec = specs.append
     add_receipt = receipts.append
     send = Command.SEND
+    count = 0  # SENDs taken
     size = 0
+    used = 0  # items taken whole
+    rest: SendStreak | None = None
     asked = False  # a SEND of the run asked for a receipt (else receipts stays empty)
     last: Headers | None = None  # the header block read last, and its answer:
     destinations: tuple[Destination, ...] = ()
@@ -268,9 +306,14 @@ def read_send_run(
     transaction: str | None = None
     lead: Headers | None = None  # the receipt lead seen last, and its destinations
     lead_destinations: tuple[Destination, ...] = ()
-    for taken, frame in enumerate(frames):  # (taken: the SENDs before this one)
-        command, headers, body = frame
-        if command is not send or taken >= room or size >= room_bytes:
+    bodies: list[bytes] = []  # the open streak's (the last of streaks), and its answer:
+    open_destinations: tuple[Destination, ...] | None = None
+    open_carried: Headers = ()
+    open_rules: tuple[object, ...] = _NO_RULES
+    item: Any  # (a Frame, or a SendStreak: told apart by class, without a call)
+    for item in items:
+        command, headers, body = item
+        if command is not send or count >= room or size >= room_bytes:
             break
         if headers is not last:
             if (
@@ -282,6 +325,7 @@ def read_send_run(
                 destinations, carried, rules = lead_destinations, (), _NO_RULES
                 receipt, transaction = headers[-1][1], None
             else:
+                frame = item if item.__class__ is Frame else Frame(command, headers)
                 try:
                     spec, receipt, transaction = parse_send_control(
                         frame, broker_id=broker_id, connection_id=connection_id, now_ms=now_ms
@@ -289,20 +333,56 @@ def read_send_run(
                 except StompError:
                     break
                 destinations, carried, rules = spec[0], spec[1], spec[3:]
+                if rules == _NO_RULES:
+                    rules = _NO_RULES  # (the one object: the streak goes on)
                 if receipt is not None and _receipt_lead(headers):
                     lead, lead_destinations = headers[:-1], destinations
             last = headers
+            if transaction is None and (
+                destinations is not open_destinations
+                or carried is not open_carried
+                or rules is not open_rules
+            ):  # (another answer: another streak)
+                bodies = []
+                streaks.append(_new_spec(PublishStreak, (destinations, carried, bodies, *rules)))
+                open_destinations, open_carried, open_rules = destinations, carried, rules
         if transaction is not None:
             break
-        add_spec(_new_spec(PublishSpec, (destinations, carried, body, *rules)))
+        if item.__class__ is Frame:
+            bodies.append(body)
+            if asked:
+                add_receipt(receipt)
+            elif receipt is not None:  # the first receipt asked: None for the SENDs before
+                asked = True
+                receipts += [None] * count
+                add_receipt(receipt)
+            count += 1
+            size += len(body)
+            used += 1
+            continue
+        # a SendStreak: SENDs of one head, bodies of one length; the window may cut it
+        many = len(body)
+        length = len(body[0])
+        taken = min(many, room - count)
+        if length:  # (SEND i goes while size + i * length < room_bytes)
+            taken = min(taken, (room_bytes - size + length - 1) // length)
+        if taken < many:
+            bodies += body[:taken]
+            rest = SendStreak(command, headers, body[taken:])
+        else:
+            bodies += body
+            used += 1
         if asked:
-            add_receipt(receipt)
-        elif receipt is not None:  # the first receipt asked: None for the SENDs before
+            receipts += [receipt] * taken
+        elif receipt is not None:
             asked = True
-            receipts += [None] * taken
-            add_receipt(receipt)
-        size += len(body)
-    return specs, receipts, size
+            receipts += [None] * count
+            receipts += [receipt] * taken
+        count += taken
+        size += taken * length
+        if rest is not None:
+            break
+    return SendRun(streaks, receipts, size, count, used, rest)
 
 
 #: The headers a receipt lead may hold (:func:`read_send_run`).

@@ -302,3 +302,29 @@ def test_a_consumer_that_stops_reading_is_bounded_and_then_gets_every_run_in_ord
     assert wait_until(
         lambda: queue.message_count == 0 and not (queue.pending or queue.auto_in_flight)
     )
+
+
+def test_streaks_of_one_head_arrive_whole_and_in_order_across_reads_and_windows(
+    broker: Broker,
+) -> None:
+    """5,000 SENDs of one head (a user header, content-length bodies holding NULs and
+    frame-like bytes) written in pieces that cut frames anywhere: the listener reads
+    them as streaks, across its window of 1,000 unanswered SENDs; the ``ack:auto``
+    consumer gets every body in order with the user header, the last SEND's RECEIPT
+    comes, and nothing else."""
+    consumer = _raw(broker)
+    _subscribe(consumer, "/queue/streak")
+    producer = _raw(broker)
+    producer.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    bodies = [b"%06d\0\nSEND\0" % i for i in range(5000)]
+    head = b"SEND\ndestination:/queue/streak\nx:y\ncontent-length:%d\n\n" % len(bodies[0])
+    stream = b"".join(head + body + b"\0" for body in bodies)
+    stream += b"SEND\ndestination:/queue/streak\nreceipt:end\n\nlast\0"
+    for at in range(0, len(stream), 7001):
+        producer.send(stream[at : at + 7001])
+    got = [consumer.next() for _ in range(5001)]
+    assert [f.body for f in got] == [*bodies, b"last"]
+    assert {f.header("x") for f in got[:-1]} == {"y"}
+    receipt = producer.next()
+    assert receipt.command is Command.RECEIPT and receipt.header("receipt-id") == "end"
+    assert _marker_after(consumer, "/queue/streak") == []

@@ -927,10 +927,10 @@ class _RunBackend(_LaterBackend):
         super().__init__()
         self.runs: list[tuple[list[Any], Any]] = []
 
-    def publish_batch(self, connection_id: int, specs: Any, answer: Any) -> None:
-        if any(name == "bad" for spec in specs for name, _ in spec.headers):
+    def publish_batch(self, connection_id: int, streaks: Any, answer: Any) -> None:
+        if any(name == "bad" for streak in streaks for name, _ in streak.headers):
             raise BackendError("bad header")
-        self.runs.append((list(specs), answer))
+        self.runs.append(([spec for streak in streaks for spec in streak.specs()], answer))
 
     def publish_async(self, connection_id: int, spec: Any, answer: Any) -> None:
         if any(name == "bad" for name, _ in spec.headers):
