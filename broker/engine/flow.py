@@ -76,6 +76,7 @@ AUTO = 5
 #: messages (as pushed, a list) in the message's place and the first one's sequence
 #: number (the others follow it, one apart).  It stands for ``len(messages)`` AUTO
 #: deliveries: counted, settled and reported taken as they would be, one entry for all.
+#: (AUTO and AUTO_RUN are the last kinds: ``_taken`` tells them from the others by ``>=``.)
 AUTO_RUN = 6
 
 #: ``(kind, queue, queue message or None, message or None, sequence number)``: the entries of
@@ -208,8 +209,8 @@ def _taken(
                 n = 1
             else:
                 kind = transit[0]
-                n = 1
-                if kind in (AUTO, AUTO_RUN):
+                if kind >= AUTO:  # (AUTO or AUTO_RUN: the last kinds, one test)
+                    n = 1
                     frame = transit[3]
                     if kind == AUTO_RUN:
                         messages = frame
