@@ -9,9 +9,17 @@ broker's ``BrokerConfig.prefetch`` (1000); never above ``BrokerConfig.max_prefet
 (100,000).  A message leaves its queue only when a consumer can take it.
 
 Every queue delivery leaves the engine as a :class:`~broker.protocol.Tracked` frame and
-waits, in send order, in its client's ``unsent`` deque as a :data:`Transit`.  The server
-reports how many tracked frames of each client libzmq took (``Engine.transmitted``) and
-:func:`transmitted` settles that many from the front: the delivery is counted as sent
+waits, in send order, in its client's ``unsent`` deque as a :data:`Transit` -- but for a
+run of :data:`AUTO` deliveries to a queue's single consumer made for a caller that asked
+for runs (``Engine.publish_many(runs=True)``: the STOMP door), which leaves as ONE
+:class:`~broker.protocol.AutoRun` item and waits as ONE :data:`AUTO_RUN` entry standing
+for its N deliveries (nothing made per delivery).  Counting stays in deliveries.  The
+server reports how many tracked deliveries of each client the transport took
+(``Engine.transmitted``) and :func:`transmitted` settles that many from the front (a run
+entry whole in one step, or split where the count ends, the rest staying at the front in
+order; split around an unwritten position, that delivery becoming its tracked one; made
+its AUTO deliveries when it may no longer settle quietly; made them also when the
+client goes away, :func:`abandon`): the delivery is counted as sent
 (``SentMessages``/``Deliveries`` count what went out, nothing else), a queue without
 acknowledges frees the window slot and finishes the message, and queues waiting for room
 send more.  When a client goes away (:func:`abandon`) what never reached its socket goes

@@ -17,6 +17,7 @@ consumer joining while a run is in flight."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +26,7 @@ import pytest
 from broker.engine.flow import AUTO_RUN, unsent_deliveries
 from broker.engine.per_message import Credit
 from broker.protocol import AutoRun, DeliveredRun, Tracked
-from tests.broker.test_engine_auto_transit import CHANNEL, OTHER, SCENARIOS, Steps
+from tests.broker.test_engine_auto_transit import CHANNEL, OPTIONS, OTHER, SCENARIOS, Steps
 
 RUN = 6  # messages of the runs below
 WINDOW = 8  # the consumers' window: a run of RUN fits
@@ -298,3 +299,24 @@ def test_unsent_counts_deliveries() -> None:
     s.take(a, 1)
     s.record(s.engine.disconnect(a, 1.0))
     assert unsent_deliveries(client) == 0
+
+
+def test_a_run_of_a_queue_hiding_client_names_names_no_source() -> None:
+    """``HideClientNames``: each delivery a run stands for names no source, as the
+    tracked frame does; the rest of each frame alike too."""
+    hidden = dataclasses.replace(OPTIONS, hide_client_names=True)
+    frames = []
+    for runs in (True, False):
+        s = RunSteps(WINDOW) if runs else Steps(unique_ids=False, window=WINDOW)
+        s.engine.create_channel("hidden")
+        s.engine.create_queue("hidden", 0, hidden)
+        a = s.consumer("a", auto=True, channel="hidden")
+        block = [m._replace(target="hidden") for m in s.block(RUN)]
+        s.publish(block)
+        s.take(a)
+        frames.append([f for cid, f in s.trace[-2] if cid == a])
+        if runs:
+            assert s.items == 1  # (one AutoRun)
+    with_runs, tracked = frames
+    assert with_runs == tracked and len(tracked) == RUN
+    assert all(f.source == "" and f.wants_ack for f in tracked)
