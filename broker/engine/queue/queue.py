@@ -109,6 +109,8 @@ _READ_BATCH = 1024
 _tracked = tuple.__new__
 #: ``Message(...)`` from a tuple of every field, the same way.
 _new_message = tuple.__new__
+#: ``DeliveredRun(...)`` (``AutoRun(...)``: ``_tracked``), the same way.
+_new_run = tuple.__new__
 #: Methods of :class:`Queue` that only pass the call on to one of its parts: each queue
 #: binds them to the part's own method (an instance attribute shadows the class's
 #: function), which saves a call on paths that run per message.  The ``def`` below stay
@@ -1535,7 +1537,7 @@ class Queue:
         stop = self._auto_stretch(ms, k + 1, min(end, k + 1 + room), message)
         messages = ms[k:stop] if message is ms[k] else [message, *ms[k + 1 : stop]]
         source = "" if self.options.hide_client_names else message.source
-        run = _new_message(DeliveredRun, (messages, source, name, self.id, message.headers))
+        run = _new_run(DeliveredRun, (messages, source, name, self.id, message.headers))
         out.append(_tracked(AutoRun, (cid, run)))
         c.unsent.append((AUTO_RUN, self, None, messages, seq))
         more = stop - k - 1
