@@ -26,6 +26,8 @@ import pytest
 from broker.engine.flow import AUTO_RUN, unsent_deliveries
 from broker.engine.per_message import Credit
 from broker.protocol import AutoRun, DeliveredRun, Tracked
+from broker.stomp.backend import ConnectionInfo as StompInfo
+from broker.stomp.engine_door import EngineDoor
 from tests.broker.test_engine_auto_transit import CHANNEL, OPTIONS, OTHER, SCENARIOS, Steps
 
 RUN = 6  # messages of the runs below
@@ -320,3 +322,32 @@ def test_a_run_of_a_queue_hiding_client_names_names_no_source() -> None:
     with_runs, tracked = frames
     assert with_runs == tracked and len(tracked) == RUN
     assert all(f.source == "" and f.wants_ack for f in tracked)
+
+
+def test_a_run_for_a_client_without_a_stomp_connection_leaves_the_door_as_frames() -> None:
+    """The STOMP door's output for TMQP peers never holds an ``AutoRun``: a run to a
+    client that is not one of its connections leaves as the ``Tracked`` frames it
+    stands for (no TMQP consumer acknowledges by taking today; the door must not pass
+    one on if one did)."""
+    s = RunSteps(WINDOW)
+    door = EngineDoor(s.engine)
+    try:
+        door.op_connect(1, StompInfo(1, "p", "/", "1.2"), 0.0)  # (a STOMP connection)
+        a = s.consumer("a", auto=True)  # (an engine client, not the door's)
+        block = s.block(RUN)
+
+        def publish(now: float) -> list[Any]:
+            out, taken, _ = s.engine.publish_many(
+                s.producer, block, now, unique_ids=True, runs=True
+            )
+            assert taken == RUN and [o.__class__ for o in out] == [AutoRun]
+            return out
+
+        door.submit(publish)
+        kept = door.run_ops(0.0)
+        assert [o.__class__ for o in kept] == [Tracked] * RUN
+        assert all(o[0] == a for o in kept)
+        # (the frames the tracked path sends: the acknowledge wished)
+        assert [o[1] for o in kept] == [m._replace(wants_ack=True) for m in block]
+    finally:
+        door.close()
