@@ -254,11 +254,10 @@ def _engine_auto_ack(client_ack: bool = False) -> Callable[[], None]:
     ids = itertools.count()
     body = b"x" * 100
     # the door's runs say their ids are its own (a checkout without the keyword: none)
-    unique = (
-        {"unique_ids": True}
-        if "unique_ids" in inspect.signature(engine.publish_many).parameters
-        else {}
-    )
+    parameters = inspect.signature(engine.publish_many).parameters
+    unique = {"unique_ids": True} if "unique_ids" in parameters else {}
+    if "runs" in parameters:  # (and the door takes a run of AUTO deliveries as one)
+        unique["runs"] = True
     # what the door stamps on every SEND of a run (engine_mapping: its user, its time)
     stamp = (("Stomp-User", "p"), ("Stomp-Timestamp", "1700000000000"))
 

@@ -8,12 +8,13 @@ document leaves a gap (channel update) zerohub picks the next free code.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import NamedTuple
 
 from broker import tmqp
-from broker.message import Message
+from broker.message import Headers, Message
 
 #: The 8-octet greeting; one ZeroMQ message each way before anything else.
 GREETING = b"TMQP/2.0"
@@ -450,6 +451,47 @@ class Tracked(Outgoing):
     The server reports, per client and in order, how many tracked frames libzmq took
     (``Engine.transmitted``); until then the delivery holds a slot of the client's
     window, and if the client goes away first the engine puts it back in its queue.
+    """
+
+    __slots__ = ()
+
+
+class DeliveredRun(NamedTuple):
+    """Consecutive AUTO deliveries of one queue to one consumer that acknowledges by
+    taking (``broker.engine.flow.AUTO_RUN``), as ``Queue.accept_many`` sends a run of
+    plain SENDs: uniform by construction -- one target, one header block, each message
+    the door's own (an id, no octets, no acknowledge wish).
+
+    The delivery of ``messages[i]`` is the frame the tracked path would have sent
+    (:meth:`frames`); nothing is made per delivery unless someone needs those frames.
+    """
+
+    #: The messages as pushed (the door's own), in send order.
+    messages: Sequence[Message]
+    #: The source every delivered frame names ("" when the queue hides client names).
+    source: str
+    #: The channel and queue id.
+    target: str
+    queue_id: int
+    #: The header block every message of the run shares (one object).
+    headers: Headers
+
+    def frames(self) -> list[Message]:
+        """Each delivery as the frame the tracked path sends (the acknowledge wished)."""
+        new = tuple.__new__
+        source, target, qid, headers = self.source, self.target, self.queue_id, self.headers
+        return [
+            new(Message, (m[0], source, target, qid, m[4], m[5], True, m[7], headers, m[9], None))
+            for m in self.messages
+        ]
+
+
+class AutoRun(Outgoing):
+    """An :class:`Outgoing` standing for ``len(frame.messages)`` tracked deliveries to one
+    consumer: ``frame`` is a :class:`DeliveredRun`.  The transport reports each of them
+    taken as it would a :class:`Tracked` frame (``Engine.transmitted`` counts
+    deliveries).  Only a caller that asked for runs gets one (``Engine.publish_many``'s
+    ``runs``: the STOMP door); never a TMQP peer.
     """
 
     __slots__ = ()

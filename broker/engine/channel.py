@@ -43,6 +43,7 @@ class Client(Generic[Q]):
         "token",
         "type",
         "unsent",
+        "unsent_extra",
         "user",
     )
 
@@ -70,6 +71,9 @@ class Client(Generic[Q]):
         self.pending_queues: set[Q] = set()
         #: Deliveries handed to the transport and not yet reported sent, in send order.
         self.unsent: deque[Transit[Q]] = deque()
+        #: Deliveries the ``AUTO_RUN`` entries of ``unsent`` stand for beyond one each
+        #: (``broker.engine.flow.unsent_deliveries``).
+        self.unsent_extra = 0
         #: Window asked for at JOIN (``Prefetch`` header), per channel name.
         self.prefetch: dict[str, int] = {}
         #: Channels whose deliveries this consumer acknowledges by taking them: one

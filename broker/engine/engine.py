@@ -808,6 +808,7 @@ class Engine:
         now: float,
         *,
         unique_ids: bool = False,
+        runs: bool = False,
     ) -> tuple[list[Outgoing], int, str | None]:
         """Several :meth:`publish` calls of one client with ``wants_response`` in one
         operation (the STOMP door's run of SENDs), in order, up to the first refused.
@@ -824,6 +825,11 @@ class Engine:
         duplicate window (``broker.engine.queue.dedupe``: ids the broker made up are not
         remembered), as the queue's own ids are not.
 
+        ``runs``: the caller takes a run of AUTO deliveries to one consumer as one
+        :class:`~broker.protocol.AutoRun` item (standing for its deliveries, reported
+        taken one by one as ``Tracked`` frames are: ``Queue.accept_many``); else every
+        delivery is a ``Tracked`` frame.
+
         Returns the output, how many were taken, and why the next one was refused (None:
         all taken); the refusal's response is not in the output.  An unknown client gets
         ``([], 0, None)``."""
@@ -834,7 +840,7 @@ class Engine:
             nonlocal taken, refused
             i, n = 0, len(messages)
             while i < n:
-                took, why = self._push_run(c, messages, i, now, out, unique_ids)
+                took, why = self._push_run(c, messages, i, now, out, unique_ids, runs)
                 taken += took
                 i += took
                 if why is not None:
@@ -852,6 +858,7 @@ class Engine:
         now: float,
         out: list[Outgoing],
         unique_ids: bool = False,
+        runs: bool = False,
     ) -> tuple[int, str | None]:
         """Push the run of ``ms[start:]`` into the first one's queue (as :meth:`publish`
         with ``wants_response`` would, one after the other): how many were taken, and why
@@ -882,7 +889,7 @@ class Engine:
             return 0, _INTERNAL.reason
         produced = self.events.has(EventName.MESSAGE_PRODUCED)
         if queue.options.request_acknowledge and not copies and not produced:
-            return self._accept_run(client, queue, ms, start, end, now, out, unique_ids)
+            return self._accept_run(client, queue, ms, start, end, now, out, unique_ids, runs)
         check_push = self.channel_registry.check_push
         accept = queue.accept
         for k in range(start, end):
@@ -930,11 +937,12 @@ class Engine:
         now: float,
         out: list[Outgoing],
         unique_ids: bool = False,
+        runs: bool = False,
     ) -> tuple[int, str | None]:
         """:meth:`_push_run`'s loop for an acknowledged queue with no durable copies
         and no MESSAGE_PRODUCED subscriber (a STOMP ``/queue/``): the plain pushes in
         stretches through ``Queue.accept_many`` (``unique_ids``: see
-        :meth:`publish_many`), the others one by one (as there)."""
+        :meth:`publish_many`; ``runs`` too), the others one by one (as there)."""
         limit = self.config.limits.max_queue_messages
         plain: Headers = ()  # a header block read last and found to ask for nothing
         k = start
@@ -960,7 +968,7 @@ class Engine:
                 j += 1
             unsaved = queue.unsaved
             took, refused = queue.accept_many(
-                ms, k, j, client, now, out, limit, remember_ids=not unique_ids
+                ms, k, j, client, now, out, limit, remember_ids=not unique_ids, runs=runs
             )
             k += took
             if isinstance(refused, OperationError):

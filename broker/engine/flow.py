@@ -9,9 +9,17 @@ broker's ``BrokerConfig.prefetch`` (1000); never above ``BrokerConfig.max_prefet
 (100,000).  A message leaves its queue only when a consumer can take it.
 
 Every queue delivery leaves the engine as a :class:`~broker.protocol.Tracked` frame and
-waits, in send order, in its client's ``unsent`` deque as a :data:`Transit`.  The server
-reports how many tracked frames of each client libzmq took (``Engine.transmitted``) and
-:func:`transmitted` settles that many from the front: the delivery is counted as sent
+waits, in send order, in its client's ``unsent`` deque as a :data:`Transit` -- but for a
+run of :data:`AUTO` deliveries to a queue's single consumer made for a caller that asked
+for runs (``Engine.publish_many(runs=True)``: the STOMP door), which leaves as ONE
+:class:`~broker.protocol.AutoRun` item and waits as ONE :data:`AUTO_RUN` entry standing
+for its N deliveries (nothing made per delivery).  Counting stays in deliveries.  The
+server reports how many tracked deliveries of each client the transport took
+(``Engine.transmitted``) and :func:`transmitted` settles that many from the front (a run
+entry whole in one step, or split where the count ends, the rest staying at the front in
+order; split around an unwritten position, that delivery becoming its tracked one; made
+its AUTO deliveries when it may no longer settle quietly; made them also when the
+client goes away, :func:`abandon`): the delivery is counted as sent
 (``SentMessages``/``Deliveries`` count what went out, nothing else), a queue without
 acknowledges frees the window slot and finishes the message, and queues waiting for room
 send more.  When a client goes away (:func:`abandon`) what never reached its socket goes
@@ -37,7 +45,7 @@ A consumer whose window is full, status by status:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from broker.engine.tmqp_door import message_of_octets
@@ -71,12 +79,37 @@ CACHE = 4
 #: its consumer leaving) first makes it the tracked delivery it stands for
 #: (``Queue.materialize``), which then takes the tracked path.
 AUTO = 5
+#: A run of AUTO deliveries of one queue to one consumer, made as one outgoing item
+#: (``broker.protocol.AutoRun``, for a caller that asked for runs: the STOMP door): the
+#: messages (as pushed, a list) in the message's place and the first one's sequence
+#: number (the others follow it, one apart).  It stands for ``len(messages)`` AUTO
+#: deliveries: counted, settled and reported taken as they would be, one entry for all.
+#: (AUTO and AUTO_RUN are the last kinds: ``_taken`` tells them from the others by ``>=``.)
+AUTO_RUN = 6
 
 #: ``(kind, queue, queue message or None, message or None, sequence number)``: the entries of
 #: ``Client.unsent`` (``broker.engine.channel.Transit``), with their types.  A ``PLAIN``
 #: push delivered as the octets it came in (``broker.engine.octets_run``) holds them in
-#: the message's place: a message is made of them only if it must go back.
-Transit = tuple[int, "Queue", "QueueMessage | None", "Message | bytes | None", int]
+#: the message's place: a message is made of them only if it must go back; an
+#: ``AUTO_RUN`` holds its messages there.
+Transit = tuple[
+    int, "Queue", "QueueMessage | None", "Message | bytes | Sequence[Message] | None", int
+]
+
+#: An entry of ``Client.unsent`` as the client's type declares it (``channel.Transit``).
+_Entry = tuple[int, Any, Any, Any, int]
+
+
+def unsent_deliveries(client: Client[Any]) -> int:
+    """How many deliveries the client's ``unsent`` entries stand for (an ``AUTO_RUN``
+    entry: its messages; kept count of in ``Client.unsent_extra``, never walked)."""
+    return len(client.unsent) + client.unsent_extra
+
+
+def _auto_entries(transit: _Entry) -> list[_Entry]:
+    """An ``AUTO_RUN`` entry as the ``AUTO`` entries it stands for, in send order."""
+    _, queue, _, messages, seq = transit
+    return [(AUTO, queue, None, m, seq + i) for i, m in enumerate(messages)]
 
 
 def transmitted(
@@ -112,7 +145,15 @@ def transmitted(
             return done  # (the server reported more than the engine sent)
         transit = unsent[0]
         kind = transit[0]
-        if kind == AUTO:
+        if kind == AUTO_RUN:  # its first delivery is the unwritten one: split it off
+            unsent.popleft()
+            messages, seq = transit[3], transit[4]
+            if len(messages) > 1:
+                unsent.appendleft((AUTO_RUN, transit[1], None, messages[1:], seq + 1))
+                client.unsent_extra -= 1
+            transit[1].materialize(client, messages[0], seq, now)
+            done += 1
+        elif kind == AUTO:
             unsent.popleft()
             transit[1].materialize(client, transit[3], transit[4], now)
             done += 1
@@ -143,10 +184,12 @@ def _taken(
     :data:`AUTO` delivery whose channel is still acknowledged by taking and whose header
     block the handler's quiet test still passes is settled with its run (counted sent
     and acknowledged); any other becomes its tracked delivery first and is settled as one.
+    An :data:`AUTO_RUN` entry is settled whole, in one step, when it passes that test;
+    when ``count`` ends inside it, the part taken is settled and the rest stays at the
+    front as a shorter entry; when it does not pass, the part taken is turned into its
+    AUTO deliveries, settled one by one as above.
     """
     unsent = client.unsent
-    if count > len(unsent):
-        count = len(unsent)
     cid = client.id
     auto = client.auto_acked
     pop = unsent.popleft
@@ -158,61 +201,96 @@ def _taken(
     seen: QV | None = None  # (the last AUTO delivery's queue and header block, and
     seen_headers: Any = None  # whether it settled quietly: asked once per block)
     seen_quiet = False
-    for _ in range(count):
-        transit = pop()
-        queue = transit[1]
-        if transit[0] == PLAIN:  # (TMQP's fast path first, as before AUTO existed)
-            if queue is plain_run:
-                run_length += 1
-                continue
-            kind = PLAIN
-        else:
-            kind = transit[0]
-            if kind == AUTO:
-                frame = transit[3]
-                headers = frame[8]  # (its headers, by position: cheaper than the attribute)
-                if queue is not seen or headers is not seen_headers:
-                    seen, seen_headers = queue, headers
-                    seen_quiet = bool(auto) and queue.channel.name in auto and queue.quiet(headers)
-                if seen_quiet:
-                    if queue is auto_run:
-                        run_length += 1
+    left = count  # deliveries still to settle
+    # (one pass of the inner loop per stretch of single entries: a run entry, which
+    # stands for several deliveries, ends it; the loop then goes on with what is left)
+    while left and unsent:
+        stretch = left if left < len(unsent) else len(unsent)
+        for i in range(stretch):
+            transit = pop()
+            queue = transit[1]
+            if transit[0] == PLAIN:  # (TMQP's fast path first, as before AUTO existed)
+                if queue is plain_run:
+                    run_length += 1
+                    continue
+                kind = PLAIN
+                n = 1
+            else:
+                kind = transit[0]
+                if kind >= AUTO:  # (AUTO or AUTO_RUN: the last kinds, one test)
+                    n = 1
+                    frame = transit[3]
+                    if kind == AUTO_RUN:
+                        messages = frame
+                        frame = messages[0]
+                        n = len(messages)
+                        if n > left - i:  # (the count ends inside it: the rest stays)
+                            client.unsent_extra -= left - i
+                            n = left - i
+                            unsent.appendleft(
+                                (AUTO_RUN, queue, None, messages[n:], transit[4] + n)
+                            )
+                            transit = (AUTO_RUN, queue, None, messages[:n], transit[4])
+                        else:
+                            client.unsent_extra -= n - 1
+                    headers = frame[8]  # (its headers, by position: cheaper than the attribute)
+                    if queue is not seen or headers is not seen_headers:
+                        seen, seen_headers = queue, headers
+                        seen_quiet = (
+                            bool(auto) and queue.channel.name in auto and queue.quiet(headers)
+                        )
+                    if seen_quiet:
+                        if queue is auto_run:
+                            run_length += n
+                            if n > 1:
+                                left -= i + n
+                                break
+                            continue
+                        kind = AUTO
+                    elif kind == AUTO_RUN:  # (its AUTO deliveries, one by one, below)
+                        unsent.extendleft(reversed(_auto_entries(transit)))
+                        left -= i
+                        break
+                    else:
+                        if run is not None:
+                            _settle_run(run, run_kind, cid, run_length, now, ready, acked)
+                            run = plain_run = auto_run = None
+                        seen = None  # (the hooks called below may change the rules' answer)
+                        m = queue.materialize(client, frame, transit[4], now)
+                        if m is None:
+                            continue  # (its queue was removed)
+                        queue.settle_sent(ACKED, cid, m, now)
+                        ready[queue] = None
+                        if auto and queue.channel.name in auto:
+                            queue.ack_taken(client, m.message_id, now, out)
+                            acked[queue] = None
                         continue
                 else:
-                    if run is not None:
-                        _settle_run(run, run_kind, cid, run_length, now, ready, acked)
-                        run = plain_run = auto_run = None
-                    seen = None  # (the hooks called below may change the rules' answer)
-                    m = queue.materialize(client, frame, transit[4], now)
-                    if m is None:
-                        continue  # (its queue was removed)
-                    queue.settle_sent(ACKED, cid, m, now)
+                    m = transit[2]
+                    queue.settle_sent(kind, cid, m, now)
                     ready[queue] = None
-                    if auto and queue.channel.name in auto:
+                    if kind == ACKED and auto and m is not None and queue.channel.name in auto:
                         queue.ack_taken(client, m.message_id, now, out)
                         acked[queue] = None
+                        seen = None  # (as above)
                     continue
+            if run is not None:  # (a fast-path delivery that starts a run)
+                _settle_run(run, run_kind, cid, run_length, now, ready, acked)
+            run = queue
+            run_kind = kind
+            run_length = n
+            if kind == PLAIN:
+                plain_run, auto_run = queue, None
             else:
-                m = transit[2]
-                queue.settle_sent(kind, cid, m, now)
-                ready[queue] = None
-                if kind == ACKED and auto and m is not None and queue.channel.name in auto:
-                    queue.ack_taken(client, m.message_id, now, out)
-                    acked[queue] = None
-                    seen = None  # (as above)
-                continue
-        if run is not None:  # (a fast-path delivery that starts a run)
-            _settle_run(run, run_kind, cid, run_length, now, ready, acked)
-        run = queue
-        run_kind = kind
-        run_length = 1
-        if kind == PLAIN:
-            plain_run, auto_run = queue, None
+                plain_run, auto_run = None, queue
+                if n > 1:
+                    left -= i + n
+                    break
         else:
-            plain_run, auto_run = None, queue
+            left -= stretch
     if run is not None:
         _settle_run(run, run_kind, cid, run_length, now, ready, acked)
-    return count
+    return count - left
 
 
 def _settle_run(
@@ -244,9 +322,12 @@ def abandon(client: Client[Any], now: float, out: list[Outgoing], ready: dict[QV
     tracked ones still unsent of a queue that has AUTO ones move behind the client's
     other unacknowledged deliveries in that order (``Queue.in_send_order``).
     """
-    unsent = client.unsent
+    unsent: Collection[_Entry] = client.unsent
     client.unsent = deque()
+    client.unsent_extra = 0
     cid = client.id
+    if any(t[0] == AUTO_RUN for t in unsent):
+        unsent = [e for t in unsent for e in (_auto_entries(t) if t[0] == AUTO_RUN else (t,))]
     mixed = {t[1] for t in unsent if t[0] == AUTO}
     for kind, queue, m, frame, seq in unsent:
         if mixed and queue in mixed:

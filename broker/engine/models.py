@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from broker.engine.auth import bare_token
+from broker.engine.flow import unsent_deliveries
 from broker.engine.options import status_name
 
 if TYPE_CHECKING:
@@ -188,7 +189,7 @@ def client_rows(clients: Iterable[Client[Any]], limit: int) -> list[dict[str, An
                 "ConnectedAt": c.connected_at,
                 "Channels": list(c.channels),
                 "Unacked": sum(q.used.get(cid, 0) for q in c.pending_queues),
-                "Unsent": len(c.unsent),
+                "Unsent": unsent_deliveries(c),
             }
         )
     return rows

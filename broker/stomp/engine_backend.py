@@ -87,7 +87,7 @@ from typing import Any
 
 from broker.engine import dsubs
 from broker.message import Message
-from broker.protocol import Outgoing
+from broker.protocol import DeliveredRun, Outgoing
 from broker.sequence import FROM_FIRST
 from broker.stomp.backend import (
     BatchAnswer,
@@ -762,41 +762,67 @@ class EngineBackend:
                 return sub
         return None
 
-    def _on_deliveries(self, by_conn: dict[int, list[Message]]) -> None:
-        for conn_id, messages in by_conn.items():
+    def _on_deliveries(self, by_conn: dict[int, list[Message | DeliveredRun]]) -> None:
+        for conn_id, items in by_conn.items():
             conn = self.conns.get(conn_id)
             if conn is None:
                 continue  # detached: the engine returns them when it hears of it
             if conn.held:
-                conn.held.extend(messages)
+                conn.held.extend(_frames(items))
             else:
-                self._deliver_to(conn_id, conn, messages)
+                self._deliver_to(conn_id, conn, items)
         self.after_deliveries()
 
-    def _deliver_to(self, conn_id: int, conn: _Conn, messages: list[Message]) -> None:
-        """Offer ``messages`` to the connection in order; what it cannot take now waits
-        in ``held`` (until ``resume``); what it took (or a topic copy its subscription
-        does not select) is reported taken, and settled when it is acknowledged by
-        taking.  Deliveries go out in runs through the connection's run sink (one call,
-        its room read once), one by one where a topic credit decides per delivery; the
-        leading runs of plain ``ack:auto`` deliveries through the plain sink
-        (:meth:`_plain_prefix`)."""
+    def _deliver_to(
+        self, conn_id: int, conn: _Conn, items: Sequence[Message | DeliveredRun]
+    ) -> None:
+        """Offer the deliveries ``items`` stand for to the connection in order; what it
+        cannot take now waits in ``held`` (until ``resume``); what it took (or a topic
+        copy its subscription does not select) is reported taken, and settled when it is
+        acknowledged by taking.  Deliveries go out in runs through the connection's run
+        sink (one call, its room read once), one by one where a topic credit decides per
+        delivery; the leading runs of plain ``ack:auto`` deliveries through the plain
+        sink: a run the engine made as one (``DeliveredRun``) whole (:meth:`_plain_run`),
+        single messages in stretches (:meth:`_plain_prefix`).  A run it cannot take
+        that way becomes its messages (``DeliveredRun.frames``), held or offered as
+        those."""
         taken = 0
         unwritten: list[int] = []  # (positions among the taken that never reached it)
+        start = 0  # (the leading runs handed whole)
+        if conn.plain_sink is not None:
+            n = len(items)
+            while start < n:
+                item = items[start]
+                if item.__class__ is not DeliveredRun:
+                    break
+                whole: DeliveredRun = item
+                took = self._plain_run(conn, whole)
+                if took <= 0:
+                    break
+                taken += took
+                start += 1
+                if took < len(whole.messages):  # the connection is full: the rest waits
+                    conn.held.extend(whole.frames()[took:])
+                    conn.held.extend(_frames(items[start:]))
+                    start = n
+                    break
+        messages = _frames(items[start:] if start else items)
         if conn.plain_sink is not None:
             n = len(messages)
-            while taken < n:
-                took = self._plain_prefix(conn, messages, taken)
+            i = 0
+            while i < n:
+                took = self._plain_prefix(conn, messages, i)
                 if took < 0:  # the connection is full: the rest waits
-                    taken -= took
-                    conn.held.extend(messages[taken:])
+                    i -= took
+                    conn.held.extend(messages[i:])
                     messages = []
                     break
                 if took == 0:
                     break
-                taken += took
-            if taken and messages:
-                messages = messages[taken:]
+                i += took
+            taken += i
+            if i and messages:
+                messages = messages[i:]
         facts = self._facts
         settles: list[tuple[str, int, str, bool]] = []
         run: list[tuple[Delivery, Message, _Sub, list[_Sub] | None]] = []
@@ -874,21 +900,12 @@ class EngineBackend:
             door = self.door
             self._submit(lambda now: door.op_settle(conn_id, settles, taken, now, (), unwritten))
 
-    def _plain_prefix(self, conn: _Conn, messages: list[Message], start: int) -> int:
-        """The run of ``messages`` from ``start`` on that are plain ``ack:auto``
-        deliveries, handed to the connection's plain sink in one call: one channel that
-        one subscription of the connection consumes alone (not shared, no selector or
-        credit), nothing to settle per delivery (the engine acknowledges by taking, or
-        the message wants no acknowledge), one header block with nothing to carry (no
-        user header, redelivery or sequence), an id.  The sink writes what the run sink
-        would for their deliveries (and checks its side: ack mode, version, headers to
-        add; else it takes none and the usual path follows).
-
-        Returns how many it took (their tags are the connection's next ones), negated
-        when it took fewer than the run (the connection is full: the caller holds the
-        rest), 0 when ``messages[start]`` is not such a delivery or none was taken."""
-        first = messages[start]
-        target = first.target
+    def _plain_sub(self, conn: _Conn, target: str, headers: Headers) -> _Sub | None:
+        """The subscription plain ``ack:auto`` deliveries from ``target`` with the
+        header block ``headers`` go to through the plain sink: the one subscription of
+        the connection that consumes the channel alone (not shared, no selector or
+        credit), the block with nothing to carry (no user header, redelivery or
+        sequence).  None: they take the usual path."""
         sub = conn.by_channel.get(target)
         if (
             sub is None
@@ -897,13 +914,59 @@ class EngineBackend:
             or sub.spec.ack is not AckMode.AUTO
             or (conn.shared and target in conn.shared)
         ):
-            return 0
-        acked = target in conn.engine_acked  # (else only messages wanting no acknowledge)
-        headers = first.headers
+            return None
         if headers:
             facts = self._facts(headers)
             if facts[0] or facts[1] or facts[3] is not None:
-                return 0
+                return None
+        return sub
+
+    def _plain_run(self, conn: _Conn, run: DeliveredRun) -> int:
+        """A run of AUTO deliveries the engine made as one, handed to the connection's
+        plain sink in one call when its subscription takes them plainly
+        (:meth:`_plain_sub`; the engine acknowledges them by taking): uniform by
+        construction (one target, one header block, ids), nothing to check per delivery.
+        Returns how many the sink took (their tags are the connection's next ones): 0
+        when none (not plain here or on the session's side, or the connection is full:
+        the usual path decides)."""
+        target = run.target
+        if target not in conn.engine_acked:
+            return 0
+        sub = self._plain_sub(conn, target, run.headers)
+        if sub is None:
+            return 0
+        messages = run.messages
+        assert conn.plain_sink is not None
+        took = conn.plain_sink(
+            sub.spec.id,
+            sub.channels[target].stomp,
+            [m[0] for m in messages],
+            [m[9] for m in messages],
+        )
+        if took <= 0:
+            return 0
+        conn.next_tag += took
+        return took
+
+    def _plain_prefix(self, conn: _Conn, messages: list[Message], start: int) -> int:
+        """The run of ``messages`` from ``start`` on that are plain ``ack:auto``
+        deliveries, handed to the connection's plain sink in one call: one channel
+        whose subscription takes them plainly (:meth:`_plain_sub`), nothing to settle
+        per delivery (the engine acknowledges by taking, or the message wants no
+        acknowledge), one header block, an id.  The sink writes what the run sink
+        would for their deliveries (and checks its side: ack mode, version, headers to
+        add; else it takes none and the usual path follows).
+
+        Returns how many it took (their tags are the connection's next ones), negated
+        when it took fewer than the run (the connection is full: the caller holds the
+        rest), 0 when ``messages[start]`` is not such a delivery or none was taken."""
+        first = messages[start]
+        target = first.target
+        headers = first.headers
+        sub = self._plain_sub(conn, target, headers)
+        if sub is None:
+            return 0
+        acked = target in conn.engine_acked  # (else only messages wanting no acknowledge)
         end = start
         for message in itertools.islice(messages, start, None):
             if (
@@ -1128,3 +1191,20 @@ def listen(
     )
     add_reader(door.fileno(), door.run_ops)
     return listener
+
+
+def _frames(items: Sequence[Message | DeliveredRun]) -> list[Message]:
+    """``items`` as the messages they stand for (a run: its deliveries' frames); the
+    list itself when it holds no run."""
+    for item in items:
+        if item.__class__ is DeliveredRun:
+            break
+    else:
+        return items  # type: ignore[return-value]  # (messages only)
+    messages: list[Message] = []
+    for item in items:
+        if item.__class__ is DeliveredRun:
+            messages += item.frames()
+        else:
+            messages.append(item)  # type: ignore[arg-type]
+    return messages

@@ -27,9 +27,8 @@ from broker.engine.per_message import PER_MESSAGE, PerMessageRules
 from broker.message import DEFAULT_TTL, Message
 from broker.paging import json_size
 from broker.protocol import (
-    ConnectionInfo as EngineConnectionInfo,
-)
-from broker.protocol import (
+    AutoRun,
+    DeliveredRun,
     Header,
     MessageType,
     NackReason,
@@ -37,6 +36,9 @@ from broker.protocol import (
     ResultCode,
     Tracked,
     header,
+)
+from broker.protocol import (
+    ConnectionInfo as EngineConnectionInfo,
 )
 from broker.stomp.backend import (
     STORE_FAILED,
@@ -66,6 +68,9 @@ from broker.stomp.vhosts import namespace_of
 from broker.stomp.wildcards import Wild, Wildcards
 
 log = logging.getLogger(__name__)
+
+#: ``Tracked(client_id, frame)`` without the named tuple's Python-level __new__.
+_tracked = tuple.__new__
 
 T = TypeVar("T")
 
@@ -104,7 +109,8 @@ class EngineDoor:
         self.listener_figures: Callable[[], dict[str, object]] | None = None
         #: The listener's side (``EngineBackend._on_deliveries``): the deliveries of one
         #: hand-over, by connection, in order.
-        self.deliver: Callable[[dict[int, list[Message]]], None] | None = None
+        #: A run of AUTO deliveries comes as one ``DeliveredRun``.
+        self.deliver: Callable[[dict[int, list[Message | DeliveredRun]]], None] | None = None
         #: Takes a browse page on the listener thread (EngineBackend.bind).
         self.browsed: Callable[[BrowsePage], None] | None = None
         #: Runs a batch of publish answers on the listener thread (EngineBackend.bind).
@@ -306,31 +312,40 @@ class EngineDoor:
         if not conn_of or not out:
             return out
         keep: list[Outgoing] = []
-        mine: dict[int, list[Message]] = {}  # (grouped here: no pair per delivery)
+        mine: dict[int, list[Message | DeliveredRun]] = {}  # (grouped: no pair per delivery)
         last_conn = -1
-        into: list[Message] = []
+        into: list[Message | DeliveredRun] = []
         seq_wanted = self.seq_wanted
         # (the client id of the last delivery grouped, while no subscription wants its
         # queue sequence: a delivery to the same id object goes straight to its list)
         last_client: str | None = None
         for item in out:
             client_id = item[0]
-            if client_id is last_client and item.__class__ is Tracked:
-                into.append(item[1])  # type: ignore[arg-type]  # Tracked: a Message
+            if client_id is last_client and (
+                item.__class__ is Tracked or item.__class__ is AutoRun
+            ):
+                into.append(item[1])  # type: ignore[arg-type]  # a Message or DeliveredRun
                 continue
             conn = conn_of.get(client_id)
             if conn is None:
-                keep.append(item)
-            elif item.__class__ is Tracked:
-                message: Message = item[1]  # type: ignore[assignment]  # Tracked: a Message
-                if seq_wanted and (conn, message.target) in seq_wanted:
-                    message = self._with_seq(client_id, message)
+                if item.__class__ is AutoRun:  # (not a STOMP consumer's: one by one)
+                    run: DeliveredRun = item[1]  # type: ignore[assignment]
+                    keep += [_tracked(Tracked, (client_id, f)) for f in run.frames()]
+                else:
+                    keep.append(item)
+            elif item.__class__ is Tracked or item.__class__ is AutoRun:
+                # (an AutoRun whole: its deliveries have no pending entry, no sequence)
+                delivery = item[1]
+                if item.__class__ is Tracked and seq_wanted:
+                    message: Message = delivery  # type: ignore[assignment]  # Tracked
+                    if (conn, message.target) in seq_wanted:
+                        delivery = self._with_seq(client_id, message)
                 if conn != last_conn:
                     found = mine.get(conn)
                     if found is None:
                         found = mine[conn] = []
                     into, last_conn = found, conn
-                into.append(message)
+                into.append(delivery)  # type: ignore[arg-type]  # a Message or DeliveredRun
                 if not seq_wanted:
                     last_client = client_id
             # else: a TMQP reply to a STOMP connection (its answer is read by the operation)
@@ -574,7 +589,7 @@ class EngineDoor:
             if self.handler is not None and client_id is not None:
                 self.handler.set_exclusive(name, client_id, False)
 
-    def _post_deliveries(self, items: dict[int, list[Message]]) -> None:
+    def _post_deliveries(self, items: dict[int, list[Message | DeliveredRun]]) -> None:
         if self.post is not None and self.deliver is not None:
             posted = bound(self._post, bound(self.deliver, items))
             self.after_durable(posted, posted)  # a failed store: as TMQP deliveries go
@@ -737,7 +752,7 @@ class EngineDoor:
         taken = 0
         if messages:
             sent, taken, refused = self.engine.publish_many(
-                client_id, messages, now, unique_ids=True
+                client_id, messages, now, unique_ids=True, runs=True
             )
             out += sent
             if refused is not None:

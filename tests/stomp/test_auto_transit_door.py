@@ -1,13 +1,16 @@
 """``ack:auto`` deliveries as AUTO transits (``broker.engine.flow.AUTO``) through the real
 STOMP listener over loopback, the engine thread being the test (``Engineside``).
 
-Each case runs twice: with AUTO transits (the door's runs of SENDs, ``unique_ids``) and
-without (the engine's ``publish_many`` told the ids are not the door's own: every
-delivery tracked, as before).  Both must give the same outcome: every message read once,
+Each case runs three times: with AUTO transits as the door asks for them (the door's
+runs of SENDs, ``unique_ids``; a single consumer's run of them as ONE item and ONE
+``unsent`` entry, ``runs``: ``broker.engine.flow.AUTO_RUN``), with AUTO transits one by
+one (``runs`` off: a ``Tracked`` frame each), and without (the engine's
+``publish_many`` told the ids are not the door's own: every delivery tracked, as
+before).  All must give the same outcome: every message read once,
 in order, nothing taken lost; what never reached a socket comes back as a first delivery
 (no ``redeliveries`` header); the queue's counters (sent, deliveries, acks, nacks,
-pending acknowledges) as the traffic says.  The first run must have used AUTO
-transits, the second none.
+pending acknowledges) as the traffic says.  The first must have made runs, the second
+AUTO transits (no run), the third neither.
 
 The cases: UNSUBSCRIBE while the listener holds deliveries (``_return_held``); deliveries
 that reach the listener after their subscription went ("unsubscribed meanwhile" in
@@ -27,7 +30,7 @@ from typing import Any
 import pytest
 
 from broker.engine.engine import Engine
-from broker.engine.flow import AUTO
+from broker.engine.flow import AUTO, AUTO_RUN
 from broker.engine.queue.queue import Queue
 from broker.stomp.engine_backend import EngineDoor, listen
 from broker.stomp.engine_mapping import QUEUE_ID
@@ -42,9 +45,10 @@ COUNT = 60
 
 class Side(Engineside):
     """``Engineside`` whose sessions show a redelivery (``redeliveries`` header), with
-    AUTO transits or without, counting the AUTO transits the engine made."""
+    AUTO transits (``mode``: "auto-runs", "auto-transits") or without ("tracked"),
+    counting the AUTO transits and the runs of them the engine made."""
 
-    def __init__(self, auto: bool) -> None:
+    def __init__(self, mode: str) -> None:
         self.engine = Engine()
         self.door = EngineDoor(self.engine)
         session = dataclasses.replace(FAST, add_redeliveries_header="redeliveries")
@@ -52,28 +56,38 @@ class Side(Engineside):
         self.listener = listen(self.door, lambda fd, fn: None, options)
         self.listener.start()
         self.autos = 0
+        self.runs = 0
+        #: Only a queue's single consumer gets runs (several take turns one by one).
+        self.single = True
         publish_many = self.engine.publish_many
 
         def publish(client_id: str, messages: Any, now: float, **kw: Any) -> Any:
-            if not auto:
+            if mode == "tracked":
                 kw["unique_ids"] = False  # (every delivery tracked)
+            if mode != "auto-runs":
+                kw["runs"] = False  # (a Tracked frame per delivery)
             result = publish_many(client_id, messages, now, **kw)
             for client in self.engine.clients.values():
                 self.autos += sum(1 for t in client.unsent if t[0] == AUTO)
+                self.runs += sum(1 for t in client.unsent if t[0] == AUTO_RUN)
             return result
 
         self.engine.publish_many = publish  # type: ignore[method-assign]
 
 
-@pytest.fixture(params=["auto-transits", "tracked"])
+@pytest.fixture(params=["auto-runs", "auto-transits", "tracked"])
 def side(request: Any) -> Iterator[Side]:
-    made = Side(request.param == "auto-transits")
+    made = Side(request.param)
     yield made
     made.stop()
-    if request.param == "auto-transits":
-        assert made.autos > 0, "no AUTO transit was made"
+    if request.param == "auto-runs" and made.single:
+        assert made.runs > 0, "no run of AUTO transits was made"
+    elif request.param == "auto-runs":
+        assert made.autos > 0 and made.runs == 0
+    elif request.param == "auto-transits":
+        assert made.autos > 0 and made.runs == 0, "no AUTO transit was made"
     else:
-        assert made.autos == 0
+        assert made.autos == 0 and made.runs == 0
 
 
 def _bodies(queue: str, n: int = COUNT) -> list[bytes]:
@@ -392,6 +406,7 @@ def _queue_when(side: Side, name: str) -> Queue:
 
 
 def test_two_auto_consumers_take_turns_exactly(side: Side) -> None:
+    side.single = False
     first = RawClient(side)
     second = RawClient(side)
     producer = RawClient(side)

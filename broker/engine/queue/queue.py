@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker.engine import models
 from broker.engine.delivery import ALLOW, AckWhen, Decision, PutBack
-from broker.engine.flow import AUTO, PLAIN
+from broker.engine.flow import AUTO, AUTO_RUN, PLAIN
 from broker.engine.frames import ack as ack_frame
 from broker.engine.message import (
     DELAYED,
@@ -69,7 +69,15 @@ from broker.engine.queue.statuses import Push, RoundRobin, StatusStrategy, strat
 from broker.engine.queue.trash import Trash, Trashed
 from broker.engine.receipts import requested as receipt_requested
 from broker.message import parked
-from broker.protocol import NackReason, Outgoing, QueueStatus, ResultCode, Tracked
+from broker.protocol import (
+    AutoRun,
+    DeliveredRun,
+    NackReason,
+    Outgoing,
+    QueueStatus,
+    ResultCode,
+    Tracked,
+)
 from broker.store import IndexEntry, Store, StoredMessage
 
 if TYPE_CHECKING:
@@ -101,6 +109,8 @@ _READ_BATCH = 1024
 _tracked = tuple.__new__
 #: ``Message(...)`` from a tuple of every field, the same way.
 _new_message = tuple.__new__
+#: ``DeliveredRun(...)`` (``AutoRun(...)``: ``_tracked``), the same way.
+_new_run = tuple.__new__
 #: Methods of :class:`Queue` that only pass the call on to one of its parts: each queue
 #: binds them to the part's own method (an instance attribute shadows the class's
 #: function), which saves a call on paths that run per message.  The ``def`` below stay
@@ -1191,6 +1201,7 @@ class Queue:
         max_messages: int,
         *,
         remember_ids: bool = True,
+        runs: bool = False,
     ) -> tuple[int, int | Exception]:
         """:meth:`check_push` then :meth:`accept` (no producer waiting) for each of
         ``ms[start:end]`` in turn, as the engine's run of typed pushes does one by one
@@ -1225,7 +1236,9 @@ class Queue:
         WaitForAcknowledge, no Retain, no ``end_send`` or ``message_dequeued`` hook.  It
         goes out as the frame the tracked path sends and counts as that delivery does
         (``flow.transmitted``, ``Dispatcher.settle_auto``); anything else it meets makes
-        it the tracked delivery first (``Dispatcher.materialize``)."""
+        it the tracked delivery first (``Dispatcher.materialize``).  ``runs``: the
+        caller takes a run of AUTO deliveries to the queue's single consumer as one
+        item (:meth:`_send_auto_run`); else each is a ``Tracked`` frame."""
         strategy = self.strategy
         if not strategy.accepts_pushes:
             return 0, ResultCode.UNACCEPTABLE
@@ -1348,6 +1361,13 @@ class Queue:
                                 quiet_answer = False  # (the tracked send counts it)
                         if quiet_answer and u < (c.prefetch.get(name) or self.window):
                             # (what out_message makes of it: the acknowledge wished)
+                            if runs and n == 1 and by_headers:
+                                more = self._send_auto_run(ms, k, end, c, message, seq, out)
+                                if rotates:
+                                    self.rr = turn
+                                if more:  # (those taken: the loop goes on after them)
+                                    next(islice(ks, more, more), None)
+                                continue
                             frame = _new_message(
                                 Message,
                                 (
@@ -1418,28 +1438,17 @@ class Queue:
         out: list[Outgoing],
     ) -> int:
         """:meth:`accept_many`'s AUTO deliveries to the queue's single consumer ``c``
-        after ``previous`` (an AUTO delivery to ``c`` just made): how many of
-        ``ms[start:end]`` were sent.
-
-        The outer loop's steps for each, with what cannot change between two AUTO
-        deliveries read once: the limits on messages held (nothing was queued), the one
-        consumer and its mode, the round-robin position, the handler's answers for the
-        header block (``received_by_headers``: the block's ALLOW, and its quiet test's
-        True) and the consumer's room.  Per message: its header block is ``previous``'s
-        (the same object), the door's own (no octets, an id, the sender, this queue,
-        no acknowledge wish), within the size limit, room left.  The first that is not
-        goes back to the outer loop, which decides it as before."""
+        after ``previous`` (an AUTO delivery to ``c`` just made), one frame each: how many
+        of ``ms[start:end]`` were sent (those :meth:`_auto_stretch` finds)."""
         name = self.channel.name
         cid = c.id
         room = (c.prefetch.get(name) or self.window) - self.used[cid]
-        stop = min(end, start + room)
-        if stop <= start:
+        stop = self._auto_stretch(ms, start, min(end, start + room), previous)
+        taken = stop - start
+        if taken <= 0:
             return 0
-        headers = previous.headers
-        sid = previous.source
         qid = self.id
-        size_limit = self.options.message_size_limit
-        src = "" if self.options.hide_client_names else sid
+        src = "" if self.options.hide_client_names else previous.source
         deliver = out.append
         keep = c.unsent.append
         new, message_type, tracked, tracked_type, auto = (
@@ -1449,13 +1458,50 @@ class Queue:
             Tracked,
             AUTO,
         )
-        first_seq = seq = self.sequence
+        seq = self.sequence
         for message in islice(ms, start, stop):
-            mid, source, target, ctype, high, first, wants, ttl, hs, payload, wire = message
+            mid, _, _, _, high, first, _, ttl, hs, payload, _ = message
+            seq += 1
+            frame = new(
+                message_type, (mid, src, name, qid, high, first, True, ttl, hs, payload, None)
+            )
+            deliver(tracked(tracked_type, (cid, frame)))
+            keep((auto, self, None, message, seq))
+        self.sequence = seq
+        self.received += taken
+        self.used[cid] += taken
+        self.auto_in_flight += taken
+        return taken
+
+    def _auto_stretch(
+        self, ms: Sequence[Message], start: int, stop: int, previous: Message
+    ) -> int:
+        """Where the messages that may follow ``previous`` (an AUTO delivery to the
+        queue's single consumer just made) as AUTO deliveries end, from ``start`` on and
+        before ``stop`` (the consumer's room read by the caller).
+
+        The outer loop's steps for each, with what cannot change between two AUTO
+        deliveries read once: the limits on messages held (nothing was queued), the one
+        consumer and its mode, the round-robin position, the handler's answers for the
+        header block (``received_by_headers``: the block's ALLOW, and its quiet test's
+        True) and the consumer's room.  Per message: its header block is ``previous``'s
+        (the same object), the door's own (no octets, an id, the sender, this queue,
+        no acknowledge wish), within the size limit.  The first that is not goes back to
+        the outer loop, which decides it as before."""
+        if stop <= start:
+            return start
+        name = self.channel.name
+        headers = previous.headers
+        sid = previous.source
+        qid = self.id
+        size_limit = self.options.message_size_limit
+        k = start
+        for message in islice(ms, start, stop):
+            _, source, target, ctype, _, _, wants, _, hs, payload, wire = message
             if (
                 hs is not headers
                 or wire is not None
-                or not mid
+                or not message[0]
                 or wants
                 or source != sid
                 or ctype != qid
@@ -1463,19 +1509,45 @@ class Queue:
                 or (size_limit and len(payload) > size_limit)
             ):
                 break
-            seq += 1
-            frame = new(
-                message_type, (mid, src, name, qid, high, first, True, ttl, hs, payload, None)
-            )
-            deliver(tracked(tracked_type, (cid, frame)))
-            keep((auto, self, None, message, seq))
-        taken = seq - first_seq
-        if taken:
-            self.sequence = seq
-            self.received += taken
-            self.used[cid] += taken
-            self.auto_in_flight += taken
-        return taken
+            k += 1
+        return k
+
+    def _send_auto_run(
+        self,
+        ms: Sequence[Message],
+        k: int,
+        end: int,
+        c: Client,
+        message: Message,
+        seq: int,
+        out: list[Outgoing],
+    ) -> int:
+        """:meth:`accept_many`'s AUTO delivery of ``message`` (``ms[k]`` as taken in,
+        number ``seq``, counted received) to the queue's single consumer ``c``, and the
+        ones that may follow it (:meth:`_auto_stretch`), as ONE item: an
+        :class:`~broker.protocol.AutoRun` in ``out`` and one
+        :data:`~broker.engine.flow.AUTO_RUN` entry in ``c.unsent``, nothing made per
+        delivery.  Counted as their AUTO deliveries are.  Returns how many of
+        ``ms[k + 1:end]`` went with it."""
+        name = self.channel.name
+        cid = c.id
+        used = self.used
+        u = used.get(cid, 0) + 1
+        room = (c.prefetch.get(name) or self.window) - u
+        stop = self._auto_stretch(ms, k + 1, min(end, k + 1 + room), message)
+        messages = ms[k:stop] if message is ms[k] else [message, *ms[k + 1 : stop]]
+        source = "" if self.options.hide_client_names else message.source
+        run = _new_run(DeliveredRun, (messages, source, name, self.id, message.headers))
+        out.append(_tracked(AutoRun, (cid, run)))
+        c.unsent.append((AUTO_RUN, self, None, messages, seq))
+        more = stop - k - 1
+        c.unsent_extra += more
+        used[cid] = u + more
+        self.auto_in_flight += 1 + more
+        if more:
+            self.sequence = seq + more
+            self.received += more
+        return more
 
     def _numbered(
         self, message: Message, sender: Client | None, producer_waits: bool, now: float
