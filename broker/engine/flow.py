@@ -45,7 +45,7 @@ A consumer whose window is full, status by status:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from broker.engine.tmqp_door import message_of_octets
@@ -341,3 +341,72 @@ def abandon(client: Client[Any], now: float, out: list[Outgoing], ready: dict[QV
             frame = message_of_octets(frame)
         queue.settle_unsent(kind, cid, m, frame, seq, now, out)
         ready[queue] = None
+
+
+def make_tracked(
+    queue: QV, clients: Iterable[Client[Any]], now: float, plain: bool = False
+) -> list[tuple[str, list[tuple[str, bool]]]]:
+    """Every delivery of ``queue`` waiting in ``clients``' ``unsent`` as a transit that
+    stands for a tracked one becomes that tracked delivery, in its place: each
+    :data:`AUTO` delivery (each of an :data:`AUTO_RUN` entry's) its :data:`ACKED` one
+    (``Queue.materialize``: its queue message in flight, its ``pending`` entry), and
+    with ``plain`` each :data:`PLAIN` push its :data:`COPY` (``Queue.materialize_plain``:
+    its queue message in flight, no acknowledge awaited).  Settled, they count as before;
+    what they meet from now on is the tracked path's.  For the operations that look at
+    deliveries in flight (a browse, a purge of them, an options change), never per
+    message: the queue's deliveries then behave exactly as tracked ones would.
+
+    Returns, for each client that had AUTO deliveries of ``queue``, the message ids of its
+    deliveries of ``queue`` still unsent that wait for an acknowledge, in send order, each
+    with True when it was just made tracked (its ``pending`` entry was appended:
+    ``AckTracker.place`` puts it in send order)."""
+    orders: list[tuple[str, list[tuple[str, bool]]]] = []
+    for client in clients:
+        unsent = client.unsent
+        if not any(t[1] is queue and (t[0] >= AUTO or (plain and t[0] == PLAIN)) for t in unsent):
+            continue
+        entries: list[_Entry] = []
+        order: list[tuple[str, bool]] = []  # (message id, made tracked now)
+        for transit in unsent:
+            kind = transit[0]
+            if transit[1] is not queue:
+                entries.append(transit)
+            elif kind >= AUTO:
+                if kind == AUTO_RUN:
+                    client.unsent_extra -= len(transit[3]) - 1
+                for _, _, _, message, seq in (
+                    _auto_entries(transit) if kind == AUTO_RUN else (transit,)
+                ):
+                    m = queue.materialize(client, message, seq, now)
+                    if m is None:  # (its queue was removed: callers ask only of a live one)
+                        continue
+                    entries.append((ACKED, queue, m, None, 0))
+                    order.append((m.message_id, True))
+            elif plain and kind == PLAIN:
+                frame = transit[3]
+                if frame.__class__ is bytes:  # (a push carried as its octets: ``octets_run``)
+                    frame = message_of_octets(frame)
+                copy = queue.materialize_plain(frame, transit[4], now)
+                entries.append((COPY, queue, copy, None, 0))
+            else:
+                entries.append(transit)
+                if kind == ACKED and transit[2] is not None:
+                    order.append((transit[2].message_id, False))
+        unsent.clear()
+        unsent.extend(entries)
+        if any(new for _, new in order):
+            orders.append((client.id, order))
+    return orders
+
+
+def unsent_copies(queue: QV, clients: Iterable[Client[Any]]) -> list[QueueMessage]:
+    """The queue messages of ``queue``'s :data:`COPY` and :data:`BROADCAST` deliveries
+    waiting in ``clients``' ``unsent`` (in flight, no acknowledge awaited: not held, but
+    one may come back to the queue, or be retained once taken -- a browse index made
+    now must know them)."""
+    return [
+        t[2]
+        for client in clients
+        for t in client.unsent
+        if t[1] is queue and (t[0] == COPY or t[0] == BROADCAST) and t[2] is not None
+    ]

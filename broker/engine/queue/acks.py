@@ -192,6 +192,39 @@ class AckTracker:
             d = Decision(allow=False, save=d.save, send_ack=AckWhen.NEGATIVE)
         self.resolve(m, d, now, out, reason or NackReason.NONE, client.id, success)
 
+    def place(self, orders: list[tuple[str, list[tuple[str, bool]]]]) -> None:
+        """Deliveries just made tracked (``flow.make_tracked``), whose ``pending`` entries
+        were appended, take their places in send order: ``orders`` gives, per consumer id,
+        the message ids of its deliveries still unsent that wait for an acknowledge, in
+        send order, True for the new ones.  Each new one goes right before the next older
+        entry of its consumer that was sent after it (none: it stays at the end, where
+        it is), so a consumer's entries are in the order it was sent them, as if they had
+        been tracked when sent, and the others keep their order.  (Which of two consumers'
+        deliveries went first is not known: the new ones are put as late as that allows.)"""
+        pending = self.pending
+        before: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        for cid, order in orders:
+            waiting: list[tuple[str, str]] = []  # new ones sent before the next older one
+            for mid, new in order:
+                key = (cid, mid)
+                if new:
+                    waiting.append(key)
+                elif waiting and key in pending:
+                    before.setdefault(key, []).extend(waiting)
+                    waiting = []
+        if not before:
+            return
+        moved = {key for keys in before.values() for key in keys}
+        entries = list(pending.items())
+        deliveries = dict(entries)
+        pending.clear()
+        for key, dl in entries:
+            if key in moved:
+                continue
+            for earlier in before.get(key, ()):
+                pending[earlier] = deliveries[earlier]
+            pending[key] = dl
+
     def consumer_gone(self, client: Client[Any], now: float, out: list[Outgoing]) -> None:
         """The consumer disconnected: its unacknowledged deliveries fail."""
         q = self.q

@@ -624,6 +624,20 @@ class Dispatcher:
         q.track(m, c, _INF)
         return m
 
+    def materialize_plain(self, message: Message, seq: int, now: float) -> QueueMessage:
+        """A :data:`~broker.engine.flow.PLAIN` push in flight becomes the tracked delivery
+        it stands for (``flow.make_tracked``): its queue message (number ``seq``), in
+        flight as one copy the transport has not taken, as ``send`` leaves a message of a
+        queue without acknowledges.  Settled or returned, it then takes the tracked path
+        (``settle_sent`` / ``settle_unsent`` of a ``COPY``)."""
+        q = self.q
+        m = QueueMessage(seq, message, None, False, now)
+        if q.index is not None:
+            q.index.add(m)
+        m.state = INFLIGHT
+        m.lived().unsent = 1
+        return m
+
     def in_send_order(self, client_id: str, message_id: str) -> None:
         """A tracked delivery not yet sent to a consumer that leaves: its ``pending`` entry
         moves to the end (``flow.abandon`` calls it in send order, so the consumer's

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker.engine import models
 from broker.engine.delivery import ALLOW, AckWhen, Decision, PutBack
-from broker.engine.flow import AUTO, AUTO_RUN, PLAIN
+from broker.engine.flow import AUTO, AUTO_RUN, PLAIN, make_tracked, unsent_copies
 from broker.engine.frames import ack as ack_frame
 from broker.engine.message import (
     DELAYED,
@@ -275,7 +275,14 @@ class Queue:
         )
 
     def apply_options(self, options: ChannelQueueOptions, now: float, out: list[Outgoing]) -> None:
-        """Switch options (status included) at runtime; only Stopped clears messages."""
+        """Switch options (status included) at runtime; only Stopped clears messages.
+
+        Deliveries in flight made without their tracked bookkeeping (AUTO deliveries,
+        plain pushes) first become the tracked ones they stand for
+        (:meth:`track_in_flight`): what the new options do to deliveries in flight (a
+        ``Retain`` keeping what is consumed, a handler's hooks, Stopped dropping them) is
+        then what they do to tracked ones."""
+        self.track_in_flight(now, plain=True)
         old = self.options
         self.options = options
         self.status = options.status
@@ -647,6 +654,33 @@ class Queue:
         """An AUTO delivery becomes its tracked one (``Dispatcher.materialize``)."""
         return self.dispatch.materialize(c, message, seq, now)
 
+    def materialize_plain(self, message: Message, seq: int, now: float) -> QueueMessage:
+        """A plain push in flight becomes its tracked copy (``Dispatcher.materialize_plain``)."""
+        return self.dispatch.materialize_plain(message, seq, now)
+
+    def track_in_flight(self, now: float, plain: bool = False) -> None:
+        """The queue's AUTO deliveries still unsent (and with ``plain`` its plain pushes)
+        become the tracked deliveries they stand for, in their consumers' ``unsent`` and
+        in send order in ``pending`` (``flow.make_tracked``, ``AckTracker.place``).  Paid
+        by the operation that needs it (a browse, a purge of deliveries in flight, an
+        options change), never per message; nothing to do (one test) when none are out."""
+        if not self.alive or not (self.auto_in_flight or (plain and self.used)):
+            return
+        orders = make_tracked(self, self._holders(), now, plain)
+        if orders:
+            self.tracker.place(orders)
+
+    def copies_in_flight(self) -> list[QueueMessage]:
+        """The queue messages of deliveries in flight that await no acknowledge and the
+        transport has not taken (``flow.unsent_copies``)."""
+        return unsent_copies(self, self._holders()) if self.used else []
+
+    def _holders(self) -> list[Client]:
+        """The clients that may hold deliveries of this queue in ``unsent``: each such
+        delivery holds a slot of its window (``used``) until it is settled."""
+        found = (self.host.client(cid) for cid in list(self.used))
+        return [c for c in found if c is not None]
+
     def in_send_order(self, client_id: str, message_id: str) -> None:
         """A leaving consumer's unsent tracked delivery, in send order
         (``Dispatcher.in_send_order``)."""
@@ -680,6 +714,8 @@ class Queue:
             self.drop(m, out, NackReason.CLEARED)
         self.forget_paged(paged)
         if in_flight:
+            if self.auto_in_flight:  # (AUTO deliveries are dropped as tracked ones)
+                self.track_in_flight(self.host.now)
             self.tracker.clear(out)
         return len(taken) + len(paged)
 

@@ -35,10 +35,15 @@ if TYPE_CHECKING:
 
 
 def index(q: Queue) -> SequenceIndex:
-    """The queue's sequence index, built on first use (``seqindex``)."""
+    """The queue's sequence index, built on first use (``seqindex``), with the messages
+    of deliveries in flight that await no acknowledge (one may come back, or be
+    retained).  AUTO deliveries on their way first become the tracked ones they stand
+    for (``Queue.track_in_flight``): listed as those are, until acknowledged."""
+    if q.auto_in_flight:
+        q.track_in_flight(q.host.now)  # (a message's time is not kept: any now will do)
     ix = q.index
     if ix is None:
-        ix = q.index = SequenceIndex.build(q)
+        ix = q.index = SequenceIndex.build(q, q.copies_in_flight())
     return ix
 
 

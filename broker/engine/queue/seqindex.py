@@ -120,10 +120,15 @@ class SequenceIndex:
         self.limit = SLACK
 
     @classmethod
-    def build(cls, q: Queue) -> SequenceIndex:
-        """The index of what ``q`` holds now (one pass, one sort)."""
+    def build(cls, q: Queue, in_flight: Iterable[QueueMessage] = ()) -> SequenceIndex:
+        """The index of what ``q`` holds now (one pass, one sort), and of ``in_flight``:
+        messages on their way to consumers that await no acknowledge (not held now, but
+        one comes back if its consumer leaves before the transport took it, and is
+        retained once taken when the queue has ``Retain``)."""
         ix = cls(q)
         seen: dict[int, Entry] = {}
+        for m in in_flight:
+            seen[m.seq] = m  # (a message also held below is that same object)
         messages = q.messages
         groups = (messages.front, messages.aside_priority, messages.aside_regular)
         for group in (*groups, messages.priority, messages.regular):
