@@ -11,7 +11,11 @@ acknowledge gets a positive one); deliveries in flight are left to their consume
 A message a fast-path push handed straight to a consumer's socket (``Queue.push_plain``)
 is not held (as a message sent without an acknowledge request on the general path is
 not); one that waits for a consumer is, and a browse lists it.  A queue with ``Retain``
-never takes that path.  Bounds and browse read the queue's sequence index
+never takes that path.  An ``ack:auto`` delivery sent without its tracked bookkeeping
+(``broker.engine.flow.AUTO``, ``AUTO_RUN``) is held as the tracked one it stands for:
+bounds and browse first make the queue's AUTO deliveries still on their way tracked
+(``Queue.track_in_flight``), listed until taken (acknowledged by taking).  Bounds and
+browse read the queue's sequence index
 (``broker.engine.queue.seqindex``), not the whole queue.  A message paged out to the
 store (``messages``: "Paging") is held and listed in its place: a browse reads its payload
 back from the store (the queue unchanged); one that cannot be read is reported and skipped.

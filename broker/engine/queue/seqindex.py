@@ -6,8 +6,9 @@ sorted by sequence number, so a browse finds where to start by bisection and rea
 from there -- O(log n + k + d) for ``k`` messages, ``d`` being entries of messages that
 left and are not swept yet (see below); bounds look at the head only.
 
-The index is built on the first bounds or browse of a queue (one pass over what it holds)
-and kept from then on: a queue nobody reads by sequence pays nothing per message.  Once
+The index is built on the first bounds or browse of a queue (one pass over what it holds
+and the copies in flight that await no acknowledge: :meth:`SequenceIndex.build`) and kept
+from then on: a queue nobody reads by sequence pays nothing per message.  Once
 built, the queue adds each message it creates (:meth:`add`); numbers grow, so that is an
 append (a message given back with its old number is put in its place by bisection).
 
