@@ -140,7 +140,10 @@ class _Connection(asyncio.Protocol):
         if self.session is not None and self.session.info is not None:
             self.refused = False
             self.listener.backend.resume(self.id)
-        self.listener.flush_all()
+        # written once the transport's callback that called this returned: a write that
+        # failed in it (the peer reset meanwhile) made asyncio tear the connection down
+        # twice, an ERROR logged (CPython gh-156512; tests/stomp/test_adversary_resume.py)
+        self.listener.loop.call_soon(self.listener.flush_all)
 
     # -- plumbing -----------------------------------------------------------------------
 
