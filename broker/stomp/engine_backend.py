@@ -953,9 +953,9 @@ class EngineBackend:
         deliveries, handed to the connection's plain sink in one call: one channel
         whose subscription takes them plainly (:meth:`_plain_sub`), nothing to settle
         per delivery (the engine acknowledges by taking, or the message wants no
-        acknowledge), one header block, an id.  The sink writes what the run sink
-        would for their deliveries (and checks its side: ack mode, version, headers to
-        add; else it takes none and the usual path follows).
+        acknowledge), one header block, an id STOMP carries (no NUL).  The sink writes
+        what the run sink would for their deliveries (and checks its side: ack mode,
+        version, headers to add; else it takes none and the usual path follows).
 
         Returns how many it took (their tags are the connection's next ones), negated
         when it took fewer than the run (the connection is full: the caller holds the
@@ -974,6 +974,7 @@ class EngineBackend:
                 or message.headers is not headers
                 or (message.wants_ack and not acked)
                 or not message.message_id
+                or "\0" in message.message_id  # (STOMP cannot carry it: _delivery's id)
             ):
                 break
             end += 1
@@ -1094,12 +1095,15 @@ def _delivery(sub: _Sub, message: Message, tag: int, last: _LastFacts) -> Delive
     else:
         facts = _NO_FACTS
         sender = message.source or None
+    message_id = message.message_id
+    if not message_id or "\0" in message_id:  # (none, or one STOMP cannot carry: ours)
+        message_id = f"tag-{tag}"
     return _new_delivery(
         Delivery,
         (
             sub.spec.id,
             tag,
-            message.message_id or f"tag-{tag}",
+            message_id,
             sub.channels[message.target].stomp,
             facts[0],
             bytes(message.payload),
@@ -1137,6 +1141,8 @@ def _header_facts(headers: tuple[tuple[str, str], ...]) -> _Facts:
                     sequence = int(value)
             elif value.isdigit():
                 timestamp = int(value)
+            continue
+        if "\0" in key or "\0" in value:  # (a TMQP header STOMP cannot carry: left out)
             continue
         carried.append((key, value))
     return tuple(carried), redeliveries, sender, sequence, timestamp

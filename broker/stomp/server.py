@@ -140,7 +140,10 @@ class _Connection(asyncio.Protocol):
         if self.session is not None and self.session.info is not None:
             self.refused = False
             self.listener.backend.resume(self.id)
-        self.listener.flush_all()
+        # written once the transport's callback that called this returned: a write that
+        # failed in it (the peer reset meanwhile) made asyncio tear the connection down
+        # twice, an ERROR logged (CPython gh-156512; tests/stomp/test_adversary_resume.py)
+        self.listener.loop.call_soon(self.listener.flush_all)
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -153,12 +156,15 @@ class _Connection(asyncio.Protocol):
 
     def _room(self) -> int:
         """Bytes of deliveries that may still be taken before the unsent ones (ours and
-        the transport's) reach ``max_outbound``; 0 while the transport takes none."""
-        if not self.writable or self.closing or self.transport is None or self.session is None:
+        the transport's) reach ``max_outbound``; 0 while the transport takes none -- nor
+        once it is closing (a write failed: the peer is gone, asyncio tears it down on a
+        later turn; what comes meanwhile stays held and goes back to its queue)."""
+        transport = self.transport
+        if not self.writable or self.closing or transport is None or self.session is None:
             return 0
-        if not self.wire.open:
+        if not self.wire.open or transport.is_closing():
             return 0
-        unsent = self.transport.get_write_buffer_size() + self.session.pending_output
+        unsent = transport.get_write_buffer_size() + self.session.pending_output
         return self.listener.options.max_outbound - unsent
 
     def _sync_reading(self) -> None:
@@ -178,8 +184,8 @@ class _Connection(asyncio.Protocol):
 
     def flush(self, now: float) -> None:
         session, transport = self.session, self.transport
-        if session is None or transport is None or self.closing:
-            return
+        if session is None or transport is None or self.closing or transport.is_closing():
+            return  # (closing: a write failed, connection_lost follows; nothing to write)
         wire = self.wire
         if wire.open:
             wire.send(session.take_output(now))

@@ -65,7 +65,12 @@ def _subscribed(small: Broker, queue: str) -> Raw:
 
 
 def _held(small: Broker) -> int:
-    return int(small.door.stats()["stomp"]["held_deliveries"])
+    """The listener's held deliveries, read on its thread (``door.stats()`` belongs to
+    the engine thread: from this one its walk over the engine's clients raced the
+    engine and raised "dictionary changed size during iteration")."""
+    figures = small.door.listener_figures
+    assert figures is not None
+    return int(small.listener.call(figures)["held_deliveries"])
 
 
 def _most_unsent(small: Broker) -> int:

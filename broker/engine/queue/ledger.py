@@ -206,7 +206,9 @@ class Ledger:
 
     def retain(self, m: QueueMessage) -> None:
         """Keep a consumed message readable by sequence (``reading``), in the store too
-        when it was saved; forget those pushed out past ``RetainLimit``."""
+        when it was saved; forget those pushed out past ``RetainLimit``.  The sequence
+        index (when built) gets its entry: one that was in a consumer's socket when the
+        index was built has none (it was not held then)."""
         q = self.q
         message = m.message
         if message.wire is not None:
@@ -221,6 +223,8 @@ class Ledger:
                 q.store.forget_retained(q.key, seq)
         except Exception as exc:
             q.error("store.retain", exc)
+        if q.index is not None:  # (after keep: a retained entry is live, never swept)
+            q.index.add(m)
 
     def drop(self, m: QueueMessage, out: list[Outgoing], reason: str, count: bool = True) -> None:
         """Remove a message that was not consumed; a waiting producer gets a nack."""
