@@ -1,9 +1,10 @@
 """Fixtures shared by the STOMP tests that run one ``broker serve`` per module: a module
 defines ``server`` (a ``tests.stomp.test_serve.Serve``); ``clients`` makes stomp.py
 connections to it and ``raws`` raw-frame sockets, all closed after the test.
-``engine_side`` and ``held_clients``: a listener whose engine thread is the test itself
-(``tests.stomp.engine_side``).  A module with fixtures of these names of its own (other
-signatures) keeps them."""
+``small``: a TMQP server and a STOMP listener on one engine (``tests.stomp.two_doors``)
+whose connections hold little unsent output.  ``engine_side`` and ``held_clients``: a
+listener whose engine thread is the test itself (``tests.stomp.engine_side``).  A module
+with fixtures of these names of its own (other signatures) keeps them."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import zmq
 
+from broker.stomp.server import ListenerOptions
 from tests.stomp.engine_side import Engineside, RawClient
 from tests.stomp.test_listener import Raw
 from tests.stomp.test_serve import Serve, stomp12
+from tests.stomp.two_doors import FAST, SMALL_OUTBOUND, Broker
 
 
 @pytest.fixture
@@ -67,3 +71,12 @@ def held_clients(engine_side: Engineside) -> Iterator[Callable[[], RawClient]]:
     yield make
     for raw in made:
         raw.close()
+
+
+@pytest.fixture
+def small(zctx: zmq.Context[zmq.Socket[bytes]]) -> Iterator[Broker]:
+    """A broker whose listener lets a connection hold only ``SMALL_OUTBOUND`` bytes
+    unsent: a consumer that stops reading fills it at once."""
+    made = Broker(zctx, options=ListenerOptions(port=0, session=FAST, max_outbound=SMALL_OUTBOUND))
+    yield made
+    made.stop()

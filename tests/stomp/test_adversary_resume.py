@@ -19,38 +19,17 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import zmq
 
-from broker.stomp.server import ListenerOptions
 from tests.polling import wait_until
 from tests.stomp.test_listener import Raw
-from tests.stomp.two_doors import FAST, Broker
+from tests.stomp.two_doors import SMALL_OUTBOUND, Broker, numbered
 
-MAX_OUTBOUND = 4096
+MAX_OUTBOUND = SMALL_OUTBOUND
 COUNT = 3000
 BODY = 100
-
-
-@pytest.fixture
-def small(zctx: zmq.Context[zmq.Socket[bytes]]) -> Iterator[Broker]:
-    made = Broker(zctx, options=ListenerOptions(port=0, session=FAST, max_outbound=MAX_OUTBOUND))
-    yield made
-    made.stop()
-
-
-def _body(i: int) -> bytes:
-    return b"%06d" % i + b"." * (BODY - 6)
-
-
-def _held(b: Broker) -> int:
-    """Deliveries the listener holds for full connections (read on its thread)."""
-    figures = b.door.listener_figures
-    assert figures is not None
-    return int(b.listener.call(figures)["held_deliveries"])
 
 
 def _cut_at_resume(b: Broker, fired: list[int]) -> None:
@@ -98,13 +77,13 @@ def test_a_write_that_fails_as_writing_resumes_closes_the_connection_once(
         _cut_at_resume(small, fired)
         producer.connect()
         producer.send(
-            b"".join(b"SEND\ndestination:/queue/cut\n\n%s\x00" % _body(i) for i in range(COUNT))
+            b"".join(b"SEND\ndestination:/queue/cut\n\n%s\x00" % numbered(i) for i in range(COUNT))
         )
         while consumer.sock.recv(65536):  # read until the server's side ends (its FIN)
             pass
         assert fired, "the transport never resumed with an empty buffer"
         assert wait_until(lambda: len(small.listener.connections) == 1)  # (the producer)
-        assert wait_until(lambda: _held(small) == 0)
+        assert wait_until(lambda: small.held_deliveries() == 0)
         follower = Raw(small.listener.port)
         try:  # the rest goes to the next consumer, in order, each once
             follower.connect()

@@ -18,19 +18,16 @@ import itertools
 import socket
 import struct
 import threading
-from collections.abc import Iterator
 
 import pytest
-import zmq
 
 from broker.stomp.engine_mapping import QUEUE_ID
 from broker.stomp.frames import Command
-from broker.stomp.server import ListenerOptions
 from tests.polling import WAIT, wait_until
 from tests.stomp.test_listener import Raw
-from tests.stomp.two_doors import FAST, Broker
+from tests.stomp.two_doors import SMALL_OUTBOUND, Broker, numbered
 
-MAX_OUTBOUND = 4096
+MAX_OUTBOUND = SMALL_OUTBOUND
 COUNT = 3000
 #: Sent before the second consumer subscribes: its whole window (1000) in flight to the
 #: first (it takes nothing more), or part of it (the first still takes its turns).
@@ -42,27 +39,10 @@ BODY = 100
 RESET_LOSS = 128 * 1024
 
 
-@pytest.fixture
-def small(zctx: zmq.Context[zmq.Socket[bytes]]) -> Iterator[Broker]:
-    made = Broker(zctx, options=ListenerOptions(port=0, session=FAST, max_outbound=MAX_OUTBOUND))
-    yield made
-    made.stop()
-
-
-def _body(i: int) -> bytes:
-    return b"%06d" % i + b"." * (BODY - 6)
-
-
 def _sends(queue: str, numbers: range) -> bytes:
     return b"".join(
-        b"SEND\ndestination:/queue/%s\n\n%s\x00" % (queue.encode(), _body(i)) for i in numbers
+        b"SEND\ndestination:/queue/%s\n\n%s\x00" % (queue.encode(), numbered(i)) for i in numbers
     )
-
-
-def _held(b: Broker) -> int:
-    figures = b.door.listener_figures
-    assert figures is not None
-    return int(b.listener.call(figures)["held_deliveries"])
 
 
 def _engine_sync(b: Broker) -> None:
@@ -152,7 +132,7 @@ def test_a_stalled_consumer_leaving_mid_run_loses_and_repeats_nothing(
     try:
         producer.connect()
         producer.send(_sends("runs", range(first_part)))
-        assert wait_until(lambda: _held(small) > 0)  # (the first's transport is full)
+        assert wait_until(lambda: small.held_deliveries() > 0)  # (the first's transport is full)
         second.connect()
         second.send(b"SUBSCRIBE\nid:t\ndestination:/queue/runs\nack:auto\nreceipt:t\n\n\x00")
         second_bodies = _read_until(second, Command.RECEIPT, "t")

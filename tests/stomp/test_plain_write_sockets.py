@@ -10,36 +10,23 @@ from __future__ import annotations
 import logging
 import socket
 import struct
-from collections.abc import Iterator
 
 import pytest
-import zmq
 
 from broker.stomp.engine_mapping import QUEUE_ID
-from broker.stomp.server import ListenerOptions
 from tests.polling import wait_until
 from tests.stomp.test_listener import Raw
-from tests.stomp.two_doors import FAST, Broker
+from tests.stomp.two_doors import SMALL_OUTBOUND, Broker, numbered
 
-MAX_OUTBOUND = 4096
+MAX_OUTBOUND = SMALL_OUTBOUND
 COUNT = 3000
 BODY = 100
 
 
-@pytest.fixture
-def small(zctx: zmq.Context[zmq.Socket[bytes]]) -> Iterator[Broker]:
-    made = Broker(zctx, options=ListenerOptions(port=0, session=FAST, max_outbound=MAX_OUTBOUND))
-    yield made
-    made.stop()
-
-
-def _body(i: int) -> bytes:
-    return b"%06d" % i + b"." * (BODY - 6)
-
-
 def _sends(queue: str) -> bytes:
     return b"".join(
-        b"SEND\ndestination:/queue/%s\n\n%s\x00" % (queue.encode(), _body(i)) for i in range(COUNT)
+        b"SEND\ndestination:/queue/%s\n\n%s\x00" % (queue.encode(), numbered(i))
+        for i in range(COUNT)
     )
 
 
@@ -62,15 +49,6 @@ def _subscribed(small: Broker, queue: str) -> Raw:
 
     small.listener.call(shrink)
     return consumer
-
-
-def _held(small: Broker) -> int:
-    """The listener's held deliveries, read on its thread (``door.stats()`` belongs to
-    the engine thread: from this one its walk over the engine's clients raced the
-    engine and raised "dictionary changed size during iteration")."""
-    figures = small.door.listener_figures
-    assert figures is not None
-    return int(small.listener.call(figures)["held_deliveries"])
 
 
 def _most_unsent(small: Broker) -> int:
@@ -99,11 +77,11 @@ def test_a_consumer_that_stops_reading_stays_bounded_and_gets_the_rest_in_order(
     try:
         producer.connect()
         producer.send(_sends("stop"))
-        assert wait_until(lambda: _held(small) > 0)  # (its transport is full)
+        assert wait_until(lambda: small.held_deliveries() > 0)  # (its transport is full)
         frame = BODY + 100  # (a MESSAGE's head is well under 100 bytes)
         assert _most_unsent(small) < MAX_OUTBOUND + frame
         bodies = [consumer.next().body for _ in range(COUNT)]
-        assert bodies == [_body(i) for i in range(COUNT)]
+        assert bodies == [numbered(i) for i in range(COUNT)]
         assert wait_until(lambda: _drained(small, "stop"))
     finally:
         consumer.close()
@@ -119,18 +97,18 @@ def test_a_consumer_reset_while_its_transport_is_full_leaves_the_rest_to_the_nex
     try:
         producer.connect()
         producer.send(_sends("cut"))
-        assert wait_until(lambda: _held(small) > 0)
+        assert wait_until(lambda: small.held_deliveries() > 0)
         # a reset (no FIN): the listener learns it on its next write or read
         gone.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         gone.close()
         assert wait_until(lambda: len(small.listener.connections) == 1)  # (the producer)
-        assert wait_until(lambda: _held(small) == 0)  # (handed back to the engine)
+        assert wait_until(lambda: small.held_deliveries() == 0)  # (handed back to the engine)
         follower = Raw(small.listener.port)
         try:
             follower.connect()
             follower.send(b"SUBSCRIBE\nid:f\ndestination:/queue/cut\nack:auto\n\n\x00")
             got = []
-            while not got or got[-1] != _body(COUNT - 1):
+            while not got or got[-1] != numbered(COUNT - 1):
                 got.append(follower.next().body)
             numbers = [int(body[:6]) for body in got]
             assert numbers == sorted(set(numbers))  # (in order, each once)

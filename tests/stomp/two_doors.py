@@ -53,6 +53,14 @@ class Broker:
         self.listener.start()
         self.zctx = zctx
 
+    def held_deliveries(self) -> int:
+        """Deliveries the listener holds for full connections, read on the listener's
+        thread (``door.stats()`` walks engine state the engine thread changes: from
+        another thread it raced it)."""
+        figures = self.door.listener_figures
+        assert figures is not None
+        return int(self.listener.call(figures)["held_deliveries"])
+
     def stop(self) -> None:
         if self.hold is not None:
             self.hold.release()
@@ -61,6 +69,16 @@ class Broker:
         self.door.close()
         if self.hold is not None:
             self.hold.close()
+
+
+#: The small listener's bound on a connection's unsent output (:func:`small`): a few
+#: 100-byte MESSAGEs fill it.
+SMALL_OUTBOUND = 4096
+
+
+def numbered(i: int, size: int = 100) -> bytes:
+    """A ``size``-byte body starting with ``i`` in six digits (order checks read it)."""
+    return b"%06d" % i + b"." * (size - 6)
 
 
 @pytest.fixture
