@@ -146,7 +146,7 @@ class Dispatcher:
         looked = [0]  # looks at waiting messages a consumer with room selects, not taken
         try:
             while True:
-                if wait and pending:
+                if wait and (pending or q.auto_in_flight):  # (AUTO ones wait as pending)
                     return
                 if not offered:
                     offered = 1
@@ -266,7 +266,7 @@ class Dispatcher:
                                     return False
                             else:
                                 return False  # a hook put it back: as for a fresh one
-                        elif wait and q.pending:
+                        elif wait and (q.pending or q.auto_in_flight):
                             pos += 1
                             if advancing:
                                 cursors[c.id] = pos

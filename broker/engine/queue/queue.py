@@ -410,8 +410,11 @@ class Queue:
         return bool(messages.n_priority or messages.n_regular or messages.front)
 
     def blocked(self) -> bool:
-        """WaitForAcknowledge holds every send until the pending acknowledges arrive."""
-        return bool(self.options.wait_for_acknowledge and self.tracker.pending)
+        """WaitForAcknowledge holds every send until the pending acknowledges arrive (an
+        AUTO delivery in flight waits for its acknowledge by taking as one would)."""
+        return bool(
+            self.options.wait_for_acknowledge and (self.tracker.pending or self.auto_in_flight)
+        )
 
     def is_empty(self) -> bool:
         return not self.messages.count and self.tracker.idle() and not self.auto_in_flight
@@ -1413,7 +1416,7 @@ class Queue:
                         if (
                             consumers
                             and not (messages.n_priority or messages.n_regular or messages.front)
-                            and not (wait and tracker.pending)
+                            and not (wait and (tracker.pending or self.auto_in_flight))
                         ):
                             send(m, consumers, now, out)
                         else:
