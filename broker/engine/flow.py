@@ -233,7 +233,8 @@ def _taken(
                             transit = (AUTO_RUN, queue, None, messages[:n], transit[4])
                         else:
                             client.unsent_extra -= n - 1
-                    headers = frame[8]  # (its headers, by position: cheaper than the attribute)
+                    # (a Message's headers, or a drained QueueMessage's: the attribute both have)
+                    headers = frame.headers
                     if queue is not seen or headers is not seen_headers:
                         seen, seen_headers = queue, headers
                         seen_quiet = (
