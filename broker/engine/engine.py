@@ -877,7 +877,10 @@ class Engine:
             if m[2] != target or m[3] != qid:  # it is: target, content_type; cheaper)
                 break
             end += 1
-        if end - start == 1 or client.id == FEDERATION_CLIENT:
+        if (end - start == 1 and not unique_ids) or client.id == FEDERATION_CLIENT:
+            # (a single push of the door's own id takes the run's way too: into an
+            # acknowledged queue through ``accept_many``, which keeps the queue's
+            # stretch of unique ids unbroken for its drain's AUTO deliveries)
             return self._push_one(client, first, now, out)
         try:
             queue = self._run_target(client, target, qid, out)

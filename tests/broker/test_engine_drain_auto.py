@@ -545,6 +545,22 @@ def _two_producers(s: Any) -> None:
     s.snapshot()
 
 
+def _single_sends(s: Any) -> None:
+    """The door's SENDs one at a time (a read holding one SEND: a run of one), with a
+    backlog: its drains send AUTO deliveries as for longer runs (a push of one with the
+    door's id keeps the stretch of unique ids)."""
+    a = s.consumer("a", auto=True)
+    for _ in range(3 * s.window):
+        s.publish(s.block(1))
+    s.snapshot()
+    for count in (1, 3, 2):
+        _take(s, a, count)
+        s.publish(s.block(1))
+        s.snapshot()
+    _all(s, a)
+    s.snapshot()
+
+
 SCENARIOS: dict[str, Callable[[Any], None]] = {
     "room-each-step": _room_each_step,
     "redelivered": _redelivered_in_backlog,
@@ -561,6 +577,7 @@ SCENARIOS: dict[str, Callable[[Any], None]] = {
     "quiet-turns": _quiet_turns_while_drained,
     "two-producers": _two_producers,
     "twin-ids": _twin_ids,
+    "single-sends": _single_sends,
     "turn-after-alone": _turn_after_alone,
     "twin-ids-stretch": lambda s: _twin_ids(s, fresh_stretch=True),
 }
