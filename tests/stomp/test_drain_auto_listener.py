@@ -69,7 +69,9 @@ def test_a_backlog_drained_to_a_consumer_that_stops_and_resumes(small: Broker) -
         head = b"SEND\ndestination:/queue/%s\n\n" % queue.encode()
         for start in range(0, COUNT, 1_000):  # (a few reads' worth at a time)
             producer.send(b"".join(head + _body(i) + b"\x00" for i in range(start, start + 1_000)))
-        q = small.engine.channels[queue].queues[QUEUE_ID]
+        queues = small.engine.channels[queue].queues
+        assert wait_until(lambda: QUEUE_ID in queues)  # (made by the first SEND)
+        q = queues[QUEUE_ID]
         got: list[bytes] = []
         for stop in (*STOPS, COUNT):
             while len(got) < stop:
