@@ -627,3 +627,66 @@ def test_everything_settles() -> None:
         for s in (runs, singles, tracked):
             _empty(s)
         assert len(runs.store) == 0  # (the persistent ones removed once taken)
+
+
+def _order(seed: int) -> Any:
+    """A ``MessageOrder`` that pages (window 4) holding both priorities: plain messages,
+    saved ones (paged out behind the window), ones finished while they waited (skipped),
+    and plain ones held in a paged tail; its ``page_in`` reads the saved ones back."""
+    import random
+
+    from broker.engine.message import DONE
+    from broker.engine.queue.messages import MessageOrder
+
+    rng = random.Random(seed)
+    order = MessageOrder()
+    order.window = 4
+    saved: dict[int, Message] = {}
+
+    def page_in(seqs: list[int], timers: bool = True) -> dict[int, QueueMessage]:
+        found = {}
+        for seq in seqs:
+            m = found[seq] = QueueMessage(seq, saved[seq], None, False)
+            m.lived().saved = True
+        return found
+
+    order.page_in = page_in
+    gone = []
+    for seq in range(1, 80):
+        message = Message(f"m{seq}", "p", CHANNEL, 0, high_priority=rng.random() < 0.3)
+        m = QueueMessage(seq, message, None, False)
+        if rng.random() < 0.5:
+            m.lived().saved = True
+            saved[seq] = message
+        order.enqueue(m)
+        if rng.random() < 0.1 and not order.paged_priority.seqs and not order.paged_regular.seqs:
+            gone.append(m)
+    for m in gone:  # (finished while waiting: skipped when reached, uncounted now)
+        m.state = DONE
+        order.uncount(m)
+    return order
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_take_fresh_gives_what_next_fresh_gives(seed: int) -> None:
+    """``MessageOrder.take_fresh`` in batches (and ``unpop_many`` of the last of each)
+    gives the messages ``next_fresh`` gives one at a time, priority by priority, with
+    the same counts, paged ones read back in order."""
+    one, many = _order(seed), _order(seed)
+    expected: list[tuple[int, bool]] = []
+    while (m := one.next_fresh()) is not None:
+        expected.append((m.seq, m.high_priority))
+    got: list[tuple[int, bool]] = []
+    for high in (True, False):
+        size = 1
+        while True:
+            batch = many.take_fresh(high, size)
+            if not batch:
+                break
+            assert all(m.high_priority is high for m in batch)
+            kept = (len(batch) + 1) // 2
+            many.unpop_many(batch[kept:])  # (given back: taken again next, in order)
+            got += [(m.seq, m.high_priority) for m in batch[:kept]]
+            size += 1
+    assert got == expected
+    assert (many.n_priority, many.n_regular) == (one.n_priority, one.n_regular) == (0, 0)

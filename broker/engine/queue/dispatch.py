@@ -22,13 +22,16 @@ whatever makes it tracked later (:meth:`Dispatcher.materialize`) tracks that one
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from broker.engine.delivery import ALLOW, PutBack
 from broker.engine.flow import ACKED, AUTO, AUTO_RUN, BROADCAST, CACHE, COPY, PLAIN
 from broker.engine.message import (
+    FIRST_ACQUIRER_FLAG,
     INFLIGHT,
     QUEUED,
+    TTL_SHIFT,
     Delivery,
     Headers,
     Life,
@@ -70,6 +73,9 @@ _PUSH = QueueStatus.PUSH
 _new_message = tuple.__new__
 #: ``DeliveredRun(...)`` the same way.
 _new_run = tuple.__new__
+#: Messages :meth:`Dispatcher.send_run` takes out of the queue after the first, then
+#: twice as many each time while all qualify.
+_FIRST_BATCH = 16
 _DELIVERY_COUNT = Header.DELIVERY_COUNT.lower()
 _REDELIVERY = (_DELIVERY_COUNT, Header.REDELIVERED.lower())
 
@@ -398,38 +404,45 @@ class Dispatcher:
         pending = self.pending
         messages = q.messages
         high = m.high_priority
-        taken: list[QueueMessage] = []
+        # m, then those behind it of its priority taken out in growing batches up to
+        # the room (so what goes back -- after the first that does not qualify -- is
+        # never more than what went plus the first batch)
+        taken = [m]
+        batch = _FIRST_BATCH
         block: Headers | None = None  # the header block asked last, and its answer
         block_quiet = False
-        x: QueueMessage | None = m
-        while x is not None:
-            life = x.life  # (its fields read directly: none for most)
-            if not first <= x.seq <= last or (
-                life is not None
-                and (life.delivered or life.saved or life.producer_waits or life.deadline)
-            ):
+        k = 0  # (taken[:k] qualify)
+        while True:
+            for x in islice(taken, k, None):
+                life = x.life  # (its fields read directly: none for most)
+                if not first <= x.seq <= last or (
+                    life is not None
+                    and (life.delivered or life.saved or life.producer_waits or life.deadline)
+                ):
+                    break
+                headers = x.headers
+                if headers is not block:
+                    block = headers
+                    try:
+                        block_quiet = bool(quiet(headers))
+                    except Exception:
+                        block_quiet = False  # (send asks again and counts the error)
+                if not block_quiet or (pending and (cid, x.message_id) in pending):
+                    break
+                x.state = INFLIGHT
+                k += 1
+            if k < len(taken) or k >= room:
                 break
-            headers = x.headers
-            if headers is not block:
-                block = headers
-                try:
-                    block_quiet = bool(quiet(headers))
-                except Exception:
-                    block_quiet = False  # (send asks again and counts the error)
-            if not block_quiet or (pending and (cid, x.message_id) in pending):
+            more = messages.take_fresh(high, min(batch, room - k))
+            if not more:
                 break
-            x.state = INFLIGHT
-            taken.append(x)
-            if len(taken) >= room:
-                x = None
-                break
-            x = messages.next_fresh()
-            if x is not None and x.high_priority != high:
-                break
-        if not taken:
-            return False
-        if x is not None:
-            messages.unpop(x)  # (the first that does not qualify: the drain's next)
+            taken += more
+            batch += batch
+        if not k:
+            return False  # (m does not qualify: still in hand, nothing else taken)
+        if k < len(taken):
+            messages.unpop_many(taken[k:])  # (the first that does not: the drain's next)
+            del taken[k:]
         q.rr = 0  # (where choose_one's turn moves with one consumer)
         self.hand_auto(c, taken, out)
         return True
@@ -486,25 +499,28 @@ class Dispatcher:
                 i = j
                 continue
             group = taken[i:j]
-            frames = [
-                new(
-                    message_type,
-                    (
-                        y.message_id,
-                        src,
-                        name,
-                        qid,
-                        y.high_priority,
-                        y.first_acquirer,
-                        True,
-                        y.ttl,
-                        headers,
-                        y.payload,
-                        None,
-                    ),
+            frames: list[Message] = []  # (the flags read once each: no property call)
+            add = frames.append
+            for y in group:
+                f = y.flags
+                add(
+                    new(
+                        message_type,
+                        (
+                            y.message_id,
+                            src,
+                            name,
+                            qid,
+                            y.high_priority,
+                            (f & FIRST_ACQUIRER_FLAG) != 0,
+                            True,
+                            f >> TTL_SHIFT,
+                            headers,
+                            y.payload,
+                            None,
+                        ),
+                    )
                 )
-                for y in group
-            ]
             run = _new_run(DeliveredRun, (frames, src, name, qid, headers))
             deliver(tracked(AutoRun, (cid, run)))
             keep((AUTO_RUN, q, None, group, x.seq))
