@@ -89,3 +89,33 @@ def test_a_backlog_drained_to_a_consumer_that_stops_and_resumes(small: Broker) -
     finally:
         consumer.close()
         producer.close()
+
+
+def test_include_seq_on_an_auto_ack_subscription_numbers_every_delivery(small: Broker) -> None:
+    """``ack:auto`` with ``include-seq``: every MESSAGE carries its queue sequence, those
+    sent at once as those drained from a backlog (the stopped consumer's), in order.
+    (The sequence is read from the delivery's ``pending`` entry: an AUTO delivery has
+    none, so such a subscription is acknowledged by the listener, not by taking.)"""
+    consumer = Raw(small.listener.port, rcvbuf=4096)
+    producer = Raw(small.listener.port)
+    try:
+        consumer.connect()
+        consumer.send(
+            b"SUBSCRIBE\nid:s\ndestination:/queue/numbered\nack:auto\n"
+            b"include-seq:seq\nreceipt:r\n\n\x00"
+        )
+        assert consumer.next().header("receipt-id") == "r"
+        producer.connect()
+        count = 3 * WINDOW
+        head = b"SEND\ndestination:/queue/numbered\n\n"
+        producer.send(b"".join(head + _body(i) + b"\x00" for i in range(count)))
+        got = [consumer.next() for _ in range(count)]
+        assert [(f.body, f.header("seq")) for f in got] == [
+            (_body(i), str(i + 1)) for i in range(count)
+        ]
+        q = small.engine.channels["numbered"].queues[QUEUE_ID]
+        assert wait_until(lambda: q.message_count == 0 and not q.pending and not q.used)
+        assert q.acks == count
+    finally:
+        consumer.close()
+        producer.close()
