@@ -31,6 +31,11 @@ per MESSAGE encoded, for this checkout and (``--baseline CHECKOUT``) another one
   door sends them;
 * engine, client ack: the same with ``ack:client`` (one ``acknowledge_many`` entry per
   delivery);
+* engine, backlog drained: the consumer's window (1000) full and 4000 more waiting in
+  the queue, taken 100 at a time (each ``transmitted`` drains the next 100 from the
+  queue: ``Dispatcher.drain``), per message, with its Python calls; the consumer
+  acknowledges by taking and (since session 21's drain21) takes runs
+  (``acknowledge_taken(..., runs=True)``; a checkout without the keyword: without);
 * engine, Python calls: the same path's Python calls per message (cProfile's count of
   one pass: deterministic, unlike the CPU figures on a loaded machine);
 * door, client-individual ACKs: 1000 deliveries of a ``/queue/`` subscription with
@@ -173,6 +178,7 @@ def measure(repeat: int) -> dict[str, float]:
     shop_refill, shop_acks = _door_acks("shop")
     engine_auto_ack = _engine_auto_ack()
     engine_client_ack = _engine_auto_ack(client_ack=True)
+    backlog_fill, backlog_drain = _engine_backlog()
     per = 1e6 / (FRAMES * PASSES)
     return {
         "parse SEND": _best(parse, repeat) * per,
@@ -194,6 +200,15 @@ def measure(repeat: int) -> dict[str, float]:
         "RECEIPT of a run": _best(receipts, repeat) * per,
         "engine: SEND to an auto-ack consumer, settled": _best(engine_auto_ack, repeat) * per,
         "engine: auto-ack, Python calls per message": _calls(engine_auto_ack) / (FRAMES * PASSES),
+        "engine: backlog drained to an auto-ack consumer": _best_after(
+            backlog_fill, backlog_drain, repeat
+        )
+        * 1e6
+        / BACKLOG,
+        "engine: backlog drained, Python calls per message": _door_calls(
+            backlog_fill, backlog_drain
+        )
+        / BACKLOG,
         "engine: SEND to a client-ack consumer, ACKed": _best(engine_client_ack, repeat) * per,
         "engine: client-ack, Python calls per message": _calls(engine_client_ack)
         / (FRAMES * PASSES),
@@ -277,6 +292,59 @@ def _engine_auto_ack(client_ack: bool = False) -> Callable[[], None]:
     queue = engine.channels["bench"].queues[QUEUE_ID]
     assert queue.acks == FRAMES * PASSES and not queue.pending  # every one settled
     return run
+
+
+#: Messages a backlog run drains (behind a full window of FRAMES), and per report taken.
+BACKLOG = 4000
+BACKLOG_STEP = 100
+
+
+def _engine_backlog() -> tuple[Callable[[], None], Callable[[], None]]:
+    """An ``ack:auto`` consumer of a STOMP queue whose window (FRAMES) is full and
+    BACKLOG messages waiting behind it (``fill``, untimed); ``drain``: the transport
+    reports BACKLOG_STEP taken at a time until all are (each report drains that many
+    from the queue), and the last window is taken (untimed work is only ``fill``)."""
+    import inspect
+    import itertools
+
+    from broker.engine.engine import Engine
+    from broker.engine.options import ChannelOptions
+    from broker.message import Message
+    from broker.protocol import ConnectionInfo
+    from broker.stomp.engine_door import EngineDoor
+    from broker.stomp.engine_mapping import QUEUE_ID, QUEUE_OPTIONS, channel_rest
+
+    engine = Engine()
+    EngineDoor(engine)
+    producer, _ = engine.connect(ConnectionInfo(name="p", type="stomp"), 0.0)
+    consumer, _ = engine.connect(ConnectionInfo(name="c", type="stomp"), 0.0)
+    rest = channel_rest(engine.config.channel_defaults)
+    engine.create_channel("backlog", ChannelOptions(queue=QUEUE_OPTIONS, **rest), [])
+    engine.subscribe(consumer, "backlog", 0.0, prefetch=FRAMES)
+    runs = "runs" in inspect.signature(engine.acknowledge_taken).parameters
+    engine.acknowledge_taken(consumer, "backlog", **({"runs": True} if runs else {}))
+    parameters = inspect.signature(engine.publish_many).parameters
+    unique = {k: True for k in ("unique_ids", "runs") if k in parameters}
+    ids = itertools.count()
+    body = b"x" * 100
+    stamp = (("Stomp-User", "p"), ("Stomp-Timestamp", "1700000000000"))
+
+    def fill() -> None:
+        messages = [
+            Message(f"b{next(ids)}", producer, "backlog", QUEUE_ID, headers=stamp, payload=body)
+            for _ in range(FRAMES + BACKLOG)
+        ]
+        engine.publish_many(producer, messages, 0.0, **unique)
+        assert engine.channels["backlog"].queues[QUEUE_ID].message_count == BACKLOG
+
+    def drain() -> None:
+        for _ in range(BACKLOG // BACKLOG_STEP):
+            engine.transmitted({consumer: BACKLOG_STEP}, 0.0)
+        engine.transmitted({consumer: FRAMES}, 0.0)
+        queue = engine.channels["backlog"].queues[QUEUE_ID]
+        assert queue.message_count == 0 and not queue.pending
+
+    return fill, drain
 
 
 def _door_acks(virtual_host: str = "default") -> tuple[Callable[[], None], Callable[[], None]]:

@@ -459,14 +459,16 @@ class Tracked(Outgoing):
 class DeliveredRun(NamedTuple):
     """Consecutive AUTO deliveries of one queue to one consumer that acknowledges by
     taking (``broker.engine.flow.AUTO_RUN``), as ``Queue.accept_many`` sends a run of
-    plain SENDs: uniform by construction -- one target, one header block, each message
-    the door's own (an id, no octets, no acknowledge wish).
+    plain SENDs and ``Dispatcher.send_run`` a stretch of a backlog: uniform by
+    construction -- one target, one header block, one source, each message the door's
+    own (an id, no octets).
 
     The delivery of ``messages[i]`` is the frame the tracked path would have sent
     (:meth:`frames`); nothing is made per delivery unless someone needs those frames.
     """
 
-    #: The messages as pushed (the door's own), in send order.
+    #: The messages as pushed (the door's own), or as delivered (a drain's: the same
+    #: ids, flags, TTLs and payloads), in send order.
     messages: Sequence[Message]
     #: The source every delivered frame names ("" when the queue hides client names).
     source: str

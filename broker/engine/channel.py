@@ -30,6 +30,7 @@ class Client(Generic[Q]):
 
     __slots__ = (
         "auto_acked",
+        "auto_runs",
         "awaiting",
         "channels",
         "connected_at",
@@ -80,6 +81,10 @@ class Client(Generic[Q]):
         #: that waits for an acknowledge is acknowledged once the transport took it
         #: (``broker.engine.flow.transmitted``; STOMP's ``ack:auto``).
         self.auto_acked: set[str] = set()
+        #: Its transport takes a run of such deliveries as one item
+        #: (``broker.protocol.AutoRun``: the STOMP door), so a queue's drain may send
+        #: them so (``Engine.acknowledge_taken``'s ``runs``).
+        self.auto_runs = False
         #: The user whose quotas count what this client creates (``broker.engine.quotas``),
         #: set by the client registry from the authorizer at connect; None: no quota.
         self.user: str | None = None

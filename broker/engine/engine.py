@@ -877,7 +877,10 @@ class Engine:
             if m[2] != target or m[3] != qid:  # it is: target, content_type; cheaper)
                 break
             end += 1
-        if end - start == 1 or client.id == FEDERATION_CLIENT:
+        if (end - start == 1 and not unique_ids) or client.id == FEDERATION_CLIENT:
+            # (a single push of the door's own id takes the run's way too: into an
+            # acknowledged queue through ``accept_many``, which keeps the queue's
+            # stretch of unique ids unbroken for its drain's AUTO deliveries)
             return self._push_one(client, first, now, out)
         try:
             queue = self._run_target(client, target, qid, out)
@@ -1041,17 +1044,24 @@ class Engine:
             lambda c, out: operations.join_channel(parts, c, channel, limited, now, out),
         )
 
-    def acknowledge_taken(self, client_id: str, channel: str, on: bool = True) -> bool:
+    def acknowledge_taken(
+        self, client_id: str, channel: str, on: bool = True, *, runs: bool = False
+    ) -> bool:
         """Whether the consumer acknowledges ``channel``'s deliveries by taking them: a
         delivery that waits for an acknowledge is then acknowledged (positively) once
         :meth:`transmitted` reports it taken, with no :meth:`acknowledge` per delivery
         (STOMP's ``ack:auto``).  Until the client leaves the channel; False (nothing set)
-        when it is not a consumer of it."""
+        when it is not a consumer of it.  ``runs`` (with ``on``): the client's transport
+        takes a run of such deliveries as one :class:`~broker.protocol.AutoRun` item
+        (the STOMP door), so a queue draining a backlog to it may send them so, as
+        :meth:`publish_many` does for a caller that asks for runs."""
         client = self.clients.get(client_id)
         if client is None or channel not in client.channels:
             return False
         if on:
             client.auto_acked.add(channel)
+            if runs:
+                client.auto_runs = True
         else:
             client.auto_acked.discard(channel)
         return True

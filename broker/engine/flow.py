@@ -13,7 +13,13 @@ waits, in send order, in its client's ``unsent`` deque as a :data:`Transit` -- b
 run of :data:`AUTO` deliveries to a queue's single consumer made for a caller that asked
 for runs (``Engine.publish_many(runs=True)``: the STOMP door), which leaves as ONE
 :class:`~broker.protocol.AutoRun` item and waits as ONE :data:`AUTO_RUN` entry standing
-for its N deliveries (nothing made per delivery).  Counting stays in deliveries.  The
+for its N deliveries (nothing made per delivery).  AUTO deliveries come from two places:
+``Queue.accept_many`` (a push sent at once, nothing waiting ahead: the entry holds the
+message as pushed) and the queue's drain of a backlog (``Dispatcher.send_run`` /
+``Dispatcher.send``, to a consumer whose transport takes runs when
+``Engine.acknowledge_taken(..., runs=True)`` said so: the entry holds the
+``QueueMessage`` itself, which ``Queue.materialize`` then tracks; only messages of the
+queue's stretch of unique ids, never delivered, not saved).  Counting stays in deliveries.  The
 server reports how many tracked deliveries of each client the transport took
 (``Engine.transmitted``) and :func:`transmitted` settles that many from the front (a run
 entry whole in one step, or split where the count ends, the rest staying at the front in
@@ -73,7 +79,9 @@ ACKED = 3
 CACHE = 4
 #: A delivery of an acknowledged queue to a consumer that acknowledges by taking
 #: (``Client.auto_acked``, STOMP ``ack:auto``), sent by ``Queue.accept_many`` without a
-#: QueueMessage or a ``pending`` entry: the message (as pushed) and its sequence number.
+#: QueueMessage or a ``pending`` entry: the message (as pushed) and its sequence number;
+#: or by the queue's drain (``Dispatcher.send_run``/``send``): the ``QueueMessage``
+#: taken from the queue in the message's place (no ``pending`` entry either).
 #: Settled taken, it is counted sent and acknowledged at once; anything else it meets
 #: (its channel no longer acknowledged by taking, the handler's quiet test now False,
 #: its consumer leaving) first makes it the tracked delivery it stands for
@@ -82,7 +90,8 @@ AUTO = 5
 #: A run of AUTO deliveries of one queue to one consumer, made as one outgoing item
 #: (``broker.protocol.AutoRun``, for a caller that asked for runs: the STOMP door): the
 #: messages (as pushed, a list) in the message's place and the first one's sequence
-#: number (the others follow it, one apart).  It stands for ``len(messages)`` AUTO
+#: number (the others follow it, one apart); a drain's: its ``QueueMessage`` s (their own
+#: numbers: the entry's is the first one's).  It stands for ``len(messages)`` AUTO
 #: deliveries: counted, settled and reported taken as they would be, one entry for all.
 #: (AUTO and AUTO_RUN are the last kinds: ``_taken`` tells them from the others by ``>=``.)
 AUTO_RUN = 6
@@ -93,7 +102,11 @@ AUTO_RUN = 6
 #: the message's place: a message is made of them only if it must go back; an
 #: ``AUTO_RUN`` holds its messages there.
 Transit = tuple[
-    int, "Queue", "QueueMessage | None", "Message | bytes | Sequence[Message] | None", int
+    int,
+    "Queue",
+    "QueueMessage | None",
+    "Message | QueueMessage | bytes | Sequence[Message] | Sequence[QueueMessage] | None",
+    int,
 ]
 
 #: An entry of ``Client.unsent`` as the client's type declares it (``channel.Transit``).
@@ -233,7 +246,8 @@ def _taken(
                             transit = (AUTO_RUN, queue, None, messages[:n], transit[4])
                         else:
                             client.unsent_extra -= n - 1
-                    headers = frame[8]  # (its headers, by position: cheaper than the attribute)
+                    # (a Message's headers, or a drained QueueMessage's: the attribute both have)
+                    headers = frame.headers
                     if queue is not seen or headers is not seen_headers:
                         seen, seen_headers = queue, headers
                         seen_quiet = (

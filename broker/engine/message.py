@@ -19,8 +19,10 @@ if TYPE_CHECKING:
 __all__ = [
     "DELAYED",
     "DONE",
+    "FIRST_ACQUIRER_FLAG",
     "INFLIGHT",
     "QUEUED",
+    "TTL_SHIFT",
     "Delivery",
     "Headers",
     "Message",
@@ -113,6 +115,11 @@ class Life:
 #: ``QueueMessage.flags``: first acquirer, wants ack, and the TTL above them (with the
 #: default TTL the value stays a small int, one Python keeps shared: no object).
 _FIRST, _WANTS_ACK = 1, 2
+#: The layout for code that makes frames of many messages from ``flags`` without a
+#: property call per field (``Dispatcher.hand_auto``): ``flags & FIRST_ACQUIRER_FLAG``,
+#: ``flags >> TTL_SHIFT``.
+FIRST_ACQUIRER_FLAG = _FIRST
+TTL_SHIFT = 2
 
 
 if TYPE_CHECKING:
@@ -199,7 +206,7 @@ class QueueMessage:
             self.payload,
             wire,
         ) = message
-        self.flags = (_FIRST if first else 0) | (_WANTS_ACK if wants_ack else 0) | ttl << 2
+        self.flags = (_FIRST if first else 0) | (_WANTS_ACK if wants_ack else 0) | ttl << TTL_SHIFT
         if wire is not None:
             self.lived().wire = wire
         if producer_waits:
@@ -219,7 +226,7 @@ class QueueMessage:
                 self.high_priority,
                 bool(flags & _FIRST),
                 bool(flags & _WANTS_ACK),
-                flags >> 2,
+                flags >> TTL_SHIFT,
                 self.headers,
                 self.payload,
                 None if life is None else life.wire,
@@ -241,13 +248,13 @@ class QueueMessage:
             self.payload,
             wire,
         ) = message
-        self.flags = (_FIRST if first else 0) | (_WANTS_ACK if wants_ack else 0) | ttl << 2
+        self.flags = (_FIRST if first else 0) | (_WANTS_ACK if wants_ack else 0) | ttl << TTL_SHIFT
         if self.life is not None or wire is not None:
             self.wire = wire
 
     @property
     def ttl(self) -> int:
-        return self.flags >> 2
+        return self.flags >> TTL_SHIFT
 
     @property
     def first_acquirer(self) -> bool:

@@ -495,7 +495,9 @@ class EngineBackend:
             prefetch = None
         sub_id, exclusive = spec.id, spec.exclusive
         extras = extras_of(spec)
-        auto = spec.ack is AckMode.AUTO
+        # (include-seq: the engine thread reads each delivery's sequence from its
+        # ``pending`` entry, which an AUTO delivery has none of: acknowledged from here)
+        auto = spec.ack is AckMode.AUTO and not spec.include_seq
         if wanted:
             self._call(
                 lambda now: door.op_subscribe(

@@ -848,7 +848,7 @@ class EngineDoor:
             except OperationError as exc:
                 raise Refused(f"{destination.stomp}: {exc.reason}", out) from None
             if auto_ack:
-                self.engine.acknowledge_taken(client_id, channel)
+                self.engine.acknowledge_taken(client_id, channel, runs=True)
         if wild is not None:
             self.wild.add((conn, sub_id), wild)
             for name in list(self.engine.channels):
@@ -865,7 +865,7 @@ class EngineDoor:
         client_id = self.client_of.get(conn)
         if client_id is not None:
             for channel in channels:
-                self.engine.acknowledge_taken(client_id, channel, on)
+                self.engine.acknowledge_taken(client_id, channel, on, runs=True)
         return []
 
     def op_return_credit(

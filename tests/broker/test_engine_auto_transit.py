@@ -22,6 +22,7 @@ a mixed set of consumers (one ``ack:auto``, one ``ack:client``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -587,3 +588,28 @@ def test_a_channel_destroyed_when_empty_waits_for_its_auto_deliveries() -> None:
         s.record(s.engine.acknowledge_many(a, acks, 0.0))
         q = s.engine.channels["temp"].queues[0]
         assert q.message_count == 3 and q.nacks == 3 and q.sent == 0
+
+
+def test_wait_for_acknowledge_waits_for_auto_deliveries_in_flight() -> None:
+    """``WaitForAcknowledge`` turned on while AUTO deliveries (``accept_many``'s, sent at
+    once) are in flight: a push waits until they are taken, as it waits for tracked
+    deliveries (an AUTO one waits for its acknowledge by taking)."""
+    traces = []
+    for unique in (True, False):
+        s = Steps(unique_ids=unique, window=8)
+        a = s.consumer("a", auto=True)
+        s.publish(s.block(3))
+        q = s.queue
+        out: list[Any] = []
+        q.apply_options(dataclasses.replace(q.options, wait_for_acknowledge=True), 0.0, out)
+        s.record(out)
+        s.publish(s.block(2))  # (waits: three in flight)
+        s.snapshot()
+        s.take(a)
+        s.take(a)
+        s.take(a)
+        s.snapshot()
+        traces.append((s.trace, s.autos))
+    (on, autos), (off, _) = traces
+    assert autos > 0
+    assert on == off

@@ -8,18 +8,30 @@ WaitForAcknowledge option allow.  A delivery that needs a consumer acknowledge i
 until it is acknowledged or times out (``broker.engine.queue.acks``); every delivery is
 settled when the transport reports it sent (:meth:`Dispatcher.settle_sent`) or its
 consumer goes away first (:meth:`Dispatcher.settle_unsent`).
+
+A drain's delivery to a consumer that acknowledges the channel by taking
+(``Client.auto_acked``) leaves as an AUTO one (``broker.engine.flow.AUTO``: no
+``pending`` entry, no ``Delivery``; settled by count) when nothing the tracked path does
+for it could matter (:meth:`Dispatcher.taking_for`, the message's own test in
+:meth:`Dispatcher.send_run` and :meth:`Dispatcher.send`); several in a row to a round-robin
+queue's only consumer leave as one run (``flow.AUTO_RUN``) for a consumer whose transport
+takes runs (``Client.auto_runs``).  Its transit keeps the queue message itself, so
+whatever makes it tracked later (:meth:`Dispatcher.materialize`) tracks that one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from broker.engine.delivery import ALLOW, PutBack
-from broker.engine.flow import ACKED, BROADCAST, CACHE, COPY, PLAIN
+from broker.engine.flow import ACKED, AUTO, AUTO_RUN, BROADCAST, CACHE, COPY, PLAIN
 from broker.engine.message import (
+    FIRST_ACQUIRER_FLAG,
     INFLIGHT,
     QUEUED,
+    TTL_SHIFT,
     Delivery,
     Headers,
     Life,
@@ -29,7 +41,15 @@ from broker.engine.message import (
 )
 from broker.engine.queue.messages import Aside
 from broker.engine.queue.protocols import QueueCore
-from broker.protocol import Header, NackReason, Outgoing, QueueStatus, Tracked
+from broker.protocol import (
+    AutoRun,
+    DeliveredRun,
+    Header,
+    NackReason,
+    Outgoing,
+    QueueStatus,
+    Tracked,
+)
 
 if TYPE_CHECKING:
     from broker import tmqp
@@ -48,8 +68,14 @@ DRAIN_AGAIN_AFTER = 0.001
 #: ``Tracked(client_id, frame)`` without the named tuple's Python-level __new__.
 _tracked = tuple.__new__
 _ROUND_ROBIN = QueueStatus.ROUND_ROBIN
+_PUSH = QueueStatus.PUSH
 #: ``Message(...)`` from a tuple of every field, the same way.
 _new_message = tuple.__new__
+#: ``DeliveredRun(...)`` the same way.
+_new_run = tuple.__new__
+#: Messages :meth:`Dispatcher.send_run` takes out of the queue after the first, then
+#: twice as many each time while all qualify.
+_FIRST_BATCH = 16
 _DELIVERY_COUNT = Header.DELIVERY_COUNT.lower()
 _REDELIVERY = (_DELIVERY_COUNT, Header.REDELIVERED.lower())
 
@@ -67,7 +93,16 @@ def redelivery_headers(headers: Headers, delivered: int) -> Headers:
 class Dispatcher:
     """Delivery to the consumers of one queue (see the module docstring)."""
 
-    __slots__ = ("aside_key", "fresh", "fresh_message", "out_version", "passable", "pending", "q")
+    __slots__ = (
+        "aside_key",
+        "fresh",
+        "fresh_message",
+        "out_version",
+        "passable",
+        "pending",
+        "q",
+        "taking",
+    )
 
     def __init__(self, queue: QueueCore) -> None:
         self.q = queue
@@ -85,6 +120,9 @@ class Dispatcher:
         self.passable = False
         #: What the messages set aside were looked past under (``HandlerHooks.selection``).
         self.aside_key: tuple[object, ...] = ()
+        #: Set by :meth:`drain` while it runs when its deliveries may be AUTO ones
+        #: (:meth:`taking_for`): :meth:`send` then makes one of a delivery that qualifies.
+        self.taking = False
 
     # ------------------------------------------------------------------ returns
 
@@ -120,7 +158,13 @@ class Dispatcher:
         Everything set aside is looked at again when the consumers or what they select
         change (``aside_key``).  A drain that set aside its bound asks for another soon
         (``drain_again``: a tick :data:`DRAIN_AGAIN_AFTER` later), so a backlog is gone
-        through a bounded step at a time, other work in between."""
+        through a bounded step at a time, other work in between.
+
+        AUTO deliveries (the module docstring): when the queue allows them
+        (:meth:`taking_for`), a round-robin queue's only consumer gets the stretch of
+        messages that qualify from the one taken on as one hand-over
+        (:meth:`send_run`), and :meth:`send` makes an AUTO delivery of one that
+        qualifies for the consumer it chose."""
         q = self.q
         messages = q.messages
         if messages.front:
@@ -144,9 +188,16 @@ class Dispatcher:
         more = False
         offered = 0  # the waiting ones offered: 1 high priority, 2 both
         looked = [0]  # looks at waiting messages a consumer with room selects, not taken
+        taking = self.taking = self.taking_for(consumers)
+        # (a round-robin queue's only consumer: the stretches that qualify go as runs)
+        only = (
+            consumers[0]
+            if taking and len(consumers) == 1 and q.strategy.status is _ROUND_ROBIN
+            else None
+        )
         try:
             while True:
-                if wait and pending:
+                if wait and (pending or q.auto_in_flight):  # (AUTO ones wait as pending)
                     return
                 if not offered:
                     offered = 1
@@ -167,6 +218,8 @@ class Dispatcher:
                     return
                 if m.deadline and m.deadline <= now:
                     q.expire(m, out)
+                    continue
+                if only is not None and self.send_run(m, only, out):
                     continue
                 if not self.send(m, consumers, now, out):
                     if not self.passable:
@@ -201,7 +254,7 @@ class Dispatcher:
                     else:
                         passed_regular = True
         finally:
-            self.passable = False
+            self.passable = self.taking = False
             for m in reversed(passed):
                 messages.unpop(m)
             if more:
@@ -266,7 +319,7 @@ class Dispatcher:
                                     return False
                             else:
                                 return False  # a hook put it back: as for a fresh one
-                        elif wait and q.pending:
+                        elif wait and (q.pending or q.auto_in_flight):
                             pos += 1
                             if advancing:
                                 cursors[c.id] = pos
@@ -277,6 +330,205 @@ class Dispatcher:
             return True
         finally:
             aside.trim()
+
+    # ------------------------------------------------------------------ AUTO deliveries
+
+    def taking_for(self, consumers: Sequence[Client[Any]]) -> bool:
+        """May this drain's deliveries be AUTO ones (``broker.engine.flow.AUTO``)?  What
+        ``Queue.accept_many`` checks for the run it takes, read once per drain: a Push
+        or RoundRobin queue whose consumers acknowledge (``RequestAcknowledge``), no
+        acknowledge or message timeout, no WaitForAcknowledge, no Retain, no browse
+        index, a delivery handler with a quiet test and without ``end_send`` or
+        ``message_dequeued`` hooks, some consumer acknowledging the channel by taking,
+        and messages numbered in the queue's stretch of unique ids
+        (``Queue.unique_from``).  Each message and consumer is then checked on its own
+        (:meth:`send_run`, :meth:`send`)."""
+        q = self.q
+        status = q.strategy.status
+        if not (status is _ROUND_ROBIN or status is _PUSH) or q.unique_from > q.unique_to:
+            return False
+        opts = q.options
+        hooks = q.hooks
+        name = q.channel.name
+        return (
+            opts.request_acknowledge
+            and hooks.quiet is not None
+            and q.index is None
+            and not (
+                opts.message_timeout
+                or opts.wait_for_acknowledge
+                or opts.acknowledge_timeout
+                or opts.retain
+            )
+            and not (hooks.end_send or hooks.dequeued)
+            and any(name in c.auto_acked for c in consumers)
+        )
+
+    def send_run(self, m: QueueMessage, c: Client[Any], out: list[Outgoing]) -> bool:
+        """Send ``m`` (just taken by :meth:`drain`) and the messages behind it to ``c``,
+        the round-robin queue's only consumer, as AUTO deliveries, while each
+        qualifies (:meth:`taking_for` said yes for the drain): False (``m`` still in hand,
+        nothing done) when ``m`` does not.
+
+        What the tracked send of each would do, and nothing it would do could matter:
+        ``c`` acknowledges the channel by taking and has room (the rest of its window
+        bounds the stretch), and the message
+
+        * was numbered in the queue's stretch of unique ids (``Queue.unique_from``: no
+          other message shares its id, so no delivery in flight to ``c`` does; one in
+          ``pending`` is still looked for, as ``choose_one`` does), which also means
+          no receipt, no producer waiting, no CC: it came through ``accept_many``;
+        * was never delivered (no ``Delivery-Count`` to carry; put back unwritten is
+          fine), is not saved (the store's update and removal stay the tracked path's),
+          has no deadline;
+        * has a header block the handler's quiet test passes (asked once per block:
+          no hook runs in between that could change the answer; one that raises is
+          left to :meth:`send`, which counts it);
+        * has the first one's priority (a drain offers the waiting regular messages
+          before the first fresh regular one).
+
+        The first message that does not qualify goes back to the front, for the drain
+        to send as before (:meth:`send`).  The messages go out as :meth:`hand_auto`
+        says."""
+        q = self.q
+        name = q.channel.name
+        if name not in c.auto_acked:
+            return False
+        cid = c.id
+        room = (c.prefetch.get(name) or q.window) - q.used.get(cid, 0)
+        if room <= 0:
+            return False
+        first, last = q.unique_from, q.unique_to
+        quiet = q.hooks.quiet
+        assert quiet is not None  # (taking_for)
+        pending = self.pending
+        messages = q.messages
+        high = m.high_priority
+        # m, then those behind it of its priority taken out in growing batches up to
+        # the room (so what goes back -- after the first that does not qualify -- is
+        # never more than what went plus the first batch)
+        taken = [m]
+        batch = _FIRST_BATCH
+        block: Headers | None = None  # the header block asked last, and its answer
+        block_quiet = False
+        k = 0  # (taken[:k] qualify)
+        while True:
+            for x in islice(taken, k, None):
+                life = x.life  # (its fields read directly: none for most)
+                if not first <= x.seq <= last or (
+                    life is not None
+                    and (life.delivered or life.saved or life.producer_waits or life.deadline)
+                ):
+                    break
+                headers = x.headers
+                if headers is not block:
+                    block = headers
+                    try:
+                        block_quiet = bool(quiet(headers))
+                    except Exception:
+                        block_quiet = False  # (send asks again and counts the error)
+                if not block_quiet or (pending and (cid, x.message_id) in pending):
+                    break
+                x.state = INFLIGHT
+                k += 1
+            if k < len(taken) or k >= room:
+                break
+            more = messages.take_fresh(high, min(batch, room - k))
+            if not more:
+                break
+            taken += more
+            batch += batch
+        if not k:
+            return False  # (m does not qualify: still in hand, nothing else taken)
+        if k < len(taken):
+            messages.unpop_many(taken[k:])  # (the first that does not: the drain's next)
+            del taken[k:]
+        q.rr = 0  # (where choose_one's turn moves with one consumer)
+        self.hand_auto(c, taken, out)
+        return True
+
+    def hand_auto(self, c: Client[Any], taken: list[QueueMessage], out: list[Outgoing]) -> None:
+        """The messages ``taken`` (in flight, in send order) go to ``c`` as AUTO
+        deliveries, each the frame the tracked path sends (the acknowledge wished, no
+        ``Delivery-Count``: never delivered), holding a slot of ``c``'s window and
+        counted in ``auto_in_flight``.  For a consumer whose transport takes runs
+        (``Client.auto_runs``) each stretch of two or more with one header block and
+        one source is ONE :class:`~broker.protocol.AutoRun` item and ONE ``AUTO_RUN``
+        entry; otherwise each is a :class:`~broker.protocol.Tracked` frame and an
+        ``AUTO`` entry.  An entry holds the queue messages themselves (in the
+        message's place): :meth:`materialize` tracks those."""
+        q = self.q
+        cid = c.id
+        qid = q.id
+        name = q.channel.name
+        hide = q.options.hide_client_names
+        unsent = c.unsent
+        keep = unsent.append
+        deliver = out.append
+        new, message_type, tracked, tracked_type = _new_message, Message, _tracked, Tracked
+        n = len(taken)
+        i = 0
+        while i < n:
+            x = taken[i]
+            headers = x.headers
+            source = x.source
+            j = i + 1
+            if c.auto_runs:
+                while j < n and taken[j].headers is headers and taken[j].source == source:
+                    j += 1
+            src = "" if hide else source
+            if j - i == 1:
+                frame = new(
+                    message_type,
+                    (
+                        x.message_id,
+                        src,
+                        x.target,
+                        qid,
+                        x.high_priority,
+                        x.first_acquirer,
+                        True,
+                        x.ttl,
+                        headers,
+                        x.payload,
+                        None,
+                    ),
+                )
+                deliver(tracked(tracked_type, (cid, frame)))
+                keep((AUTO, q, None, x, x.seq))
+                i = j
+                continue
+            group = taken[i:j]
+            frames: list[Message] = []  # (the flags read once each: no property call)
+            add = frames.append
+            for y in group:
+                f = y.flags
+                add(
+                    new(
+                        message_type,
+                        (
+                            y.message_id,
+                            src,
+                            name,
+                            qid,
+                            y.high_priority,
+                            (f & FIRST_ACQUIRER_FLAG) != 0,
+                            True,
+                            f >> TTL_SHIFT,
+                            headers,
+                            y.payload,
+                            None,
+                        ),
+                    )
+                )
+            run = _new_run(DeliveredRun, (frames, src, name, qid, headers))
+            deliver(tracked(AutoRun, (cid, run)))
+            keep((AUTO_RUN, q, None, group, x.seq))
+            c.unsent_extra += j - i - 1
+            i = j
+        used = q.used
+        used[cid] = used.get(cid, 0) + n
+        q.auto_in_flight += n
 
     def send(
         self,
@@ -344,9 +596,21 @@ class Dispatcher:
                 # (hand without its call: the delivery out, in transit, a window slot)
                 cid = c.id
                 out.append(_tracked(Tracked, (cid, frame)))
-                c.unsent.append((ACKED, q, m, None, 0))
                 used = q.used
                 used[cid] = used.get(cid, 0) + 1
+                if (  # (a drain's: see send_run; ``frame`` is the tracked one, a
+                    # redelivery's header included)
+                    self.taking
+                    and quiet
+                    and q.channel.name in c.auto_acked
+                    and q.unique_from <= m.seq <= q.unique_to
+                    and not (life.saved or life.producer_waits or life.deadline)
+                ):
+                    c.unsent.append((AUTO, q, None, m, m.seq))  # (no pending entry)
+                    q.auto_in_flight += 1
+                    m.state = INFLIGHT
+                    return True  # (taking_for: no end_send hook)
+                c.unsent.append((ACKED, q, m, None, 0))
                 dl = q.track(m, c, deadline)
                 m.state = INFLIGHT
                 if hooks.received and not quiet:
@@ -605,18 +869,23 @@ class Dispatcher:
             return False
 
     def materialize(
-        self, c: Client[Any], message: Message, seq: int, now: float
+        self, c: Client[Any], message: Message | QueueMessage, seq: int, now: float
     ) -> QueueMessage | None:
         """An :data:`~broker.engine.flow.AUTO` delivery to ``c`` becomes the tracked one it
-        stands for: its queue message (number ``seq``), in flight, waiting in ``pending``
-        for ``c``'s acknowledge (no deadline: such deliveries are made only on a queue
-        without an acknowledge timeout).  What happens to it next is the tracked path's.
-        None: the queue was removed (and took its messages with it)."""
+        stands for: its queue message (number ``seq``; ``message`` itself when it is one:
+        a drain's AUTO delivery keeps the message it took from the queue), in flight,
+        waiting in ``pending`` for ``c``'s acknowledge (no deadline: such deliveries are
+        made only on a queue without an acknowledge timeout).  What happens to it next
+        is the tracked path's.  None: the queue was removed (and took its messages with
+        it)."""
         q = self.q
         q.auto_in_flight -= 1
         if not q.alive:
             return None
-        m = QueueMessage(seq, message, None, False, now)
+        if isinstance(message, QueueMessage):  # a drain's: the queue message it sent
+            m = message
+        else:
+            m = QueueMessage(seq, message, None, False, now)
         if q.index is not None:
             q.index.add(m)
         m.state = INFLIGHT

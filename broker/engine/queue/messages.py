@@ -534,6 +534,45 @@ class MessageOrder:
                 return None
             self._refill(False)
 
+    def take_fresh(self, high: bool, limit: int) -> list[QueueMessage]:
+        """Up to ``limit`` waiting messages of one priority (``high``), oldest first:
+        what :meth:`next_fresh` gives one call at a time while it gives that priority
+        (read back from the paged tail as it would), none of the other taken.  For
+        the regular ones, call it only when no high-priority message waits (as
+        :meth:`next_fresh` has just shown by giving a regular one)."""
+        dq = self.priority if high else self.regular
+        tail = self.paged_priority if high else self.paged_regular
+        taken: list[QueueMessage] = []
+        add = taken.append
+        pop = dq.popleft
+        left = limit
+        while left:
+            if not dq:
+                if not tail.seqs:
+                    break
+                self._refill(high)
+                continue
+            m = pop()
+            if m.state == QUEUED:
+                add(m)
+                left -= 1
+        if high:
+            self.n_priority -= len(taken)
+        else:
+            self.n_regular -= len(taken)
+        return taken
+
+    def unpop_many(self, ms: list[QueueMessage]) -> None:
+        """Undo :meth:`take_fresh` for ``ms`` (its last ones, still QUEUED), in order."""
+        if not ms:
+            return
+        high = ms[0].high_priority
+        (self.priority if high else self.regular).extendleft(reversed(ms))
+        if high:
+            self.n_priority += len(ms)
+        else:
+            self.n_regular += len(ms)
+
     def _load_one(self, tail: PagedTail, seq: int, timers: bool) -> QueueMessage | None:
         m = tail.held.get(seq)
         if m is None and self.page_in is not None:

@@ -81,6 +81,9 @@ class QueueCore(Protocol):
     rr: int
     stalled: bool
     sequence: int
+    #: The stretch of sequence numbers given to messages with unique ids (``Queue``).
+    unique_from: int
+    unique_to: int
     # counters (QueueInformation)
     received: int
     sent: int

@@ -100,6 +100,8 @@ __all__ = [
 ]
 
 _INF = float("inf")
+#: ``Queue.unique_to`` while ``accept_many`` numbers a run of the door's own ids.
+_OPEN = 1 << 62
 #: The statuses whose ``admit`` sends a push at once when nothing waits, else keeps it
 #: (``statuses._send_or_keep``): ``Queue.accept_many`` does that itself.
 _SENDS_OR_KEEPS = (Push, RoundRobin)
@@ -199,6 +201,14 @@ class Queue:
         #: AUTO deliveries in flight (``broker.engine.flow.AUTO``): each waits for its
         #: acknowledge by taking as a ``pending`` entry would (counted with them).
         self.auto_in_flight = 0
+        #: The sequence numbers ``unique_from`` to ``unique_to`` went, in one unbroken
+        #: stretch, to messages ``accept_many`` took with the door's own ids (unique:
+        #: no other message of the queue shares one; none empty: ``unique_from`` is
+        #: then above ``unique_to``).  Any other intake (a push of another kind, a
+        #: restore) breaks the stretch: the next such run starts a new one.  The drain
+        #: sends AUTO deliveries of those messages only (``Dispatcher.taking_for``).
+        self.unique_from = 1
+        self.unique_to = 0
         #: The last drain stopped with messages waiting and no consumer able to take one
         #: (full windows): the next settled delivery drains again.
         self.stalled = False
@@ -417,8 +427,11 @@ class Queue:
         return bool(messages.n_priority or messages.n_regular or messages.front)
 
     def blocked(self) -> bool:
-        """WaitForAcknowledge holds every send until the pending acknowledges arrive."""
-        return bool(self.options.wait_for_acknowledge and self.tracker.pending)
+        """WaitForAcknowledge holds every send until the pending acknowledges arrive (an
+        AUTO delivery in flight waits for its acknowledge by taking as one would)."""
+        return bool(
+            self.options.wait_for_acknowledge and (self.tracker.pending or self.auto_in_flight)
+        )
 
     def is_empty(self) -> bool:
         return not self.messages.count and self.tracker.idle() and not self.auto_in_flight
@@ -649,7 +662,7 @@ class Queue:
         self.dispatch.after_send(m, c, req_ack, deadline, out)
 
     def materialize(
-        self, c: Client, message: Message, seq: int, now: float
+        self, c: Client, message: Message | QueueMessage, seq: int, now: float
     ) -> QueueMessage | None:
         """An AUTO delivery becomes its tracked one (``Dispatcher.materialize``)."""
         return self.dispatch.materialize(c, message, seq, now)
@@ -1274,7 +1287,9 @@ class Queue:
         (``flow.transmitted``, ``Dispatcher.settle_auto``); anything else it meets makes
         it the tracked delivery first (``Dispatcher.materialize``).  ``runs``: the
         caller takes a run of AUTO deliveries to the queue's single consumer as one
-        item (:meth:`_send_auto_run`); else each is a ``Tracked`` frame."""
+        item (:meth:`_send_auto_run`); else each is a ``Tracked`` frame.  With the
+        door's own ids the numbers given extend the stretch of unique ids
+        (:attr:`unique_from`) the drain's AUTO deliveries come from."""
         strategy = self.strategy
         if not strategy.accepts_pushes:
             return 0, ResultCode.UNACCEPTABLE
@@ -1329,6 +1344,10 @@ class Queue:
         used = self.used
         k = start
         ks = iter(range(start, end))  # (the single consumer's loop below takes some of them)
+        if not remember_ids:  # the numbers given below extend the stretch of unique ids
+            if self.unique_to != self.sequence:  # (broken since the last such run)
+                self.unique_from = self.sequence + 1
+            self.unique_to = _OPEN  # (up to the end of this run: a drain within it sees it)
         try:
             for k in ks:
                 message = ms[k]
@@ -1449,7 +1468,7 @@ class Queue:
                         if (
                             consumers
                             and not (messages.n_priority or messages.n_regular or messages.front)
-                            and not (wait and tracker.pending)
+                            and not (wait and (tracker.pending or self.auto_in_flight))
                         ):
                             send(m, consumers, now, out)
                         else:
@@ -1462,6 +1481,9 @@ class Queue:
                     return k - start + 1, 0
         except Exception as exc:
             return k - start, exc  # (the caller counts it: the push that raised is refused)
+        finally:
+            if not remember_ids:
+                self.unique_to = self.sequence
         return end - start, 0
 
     def _auto_run(
