@@ -74,9 +74,13 @@ def held_clients(engine_side: Engineside) -> Iterator[Callable[[], RawClient]]:
 
 
 @pytest.fixture
-def small(zctx: zmq.Context[zmq.Socket[bytes]]) -> Iterator[Broker]:
+def small(
+    zctx: zmq.Context[zmq.Socket[bytes]], request: pytest.FixtureRequest
+) -> Iterator[Broker]:
     """A broker whose listener lets a connection hold only ``SMALL_OUTBOUND`` bytes
-    unsent: a consumer that stops reading fills it at once."""
-    made = Broker(zctx, options=ListenerOptions(port=0, session=FAST, max_outbound=SMALL_OUTBOUND))
+    unsent (another bound: parametrize ``small`` indirectly with it): a consumer that
+    stops reading fills it at once."""
+    bound = getattr(request, "param", SMALL_OUTBOUND)
+    made = Broker(zctx, options=ListenerOptions(port=0, session=FAST, max_outbound=bound))
     yield made
     made.stop()

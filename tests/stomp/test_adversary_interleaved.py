@@ -15,7 +15,6 @@ connection (session 21, adv21), a real listener and engine over loopback sockets
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 
 import pytest
@@ -27,7 +26,7 @@ from broker.stomp.server import ListenerOptions
 from broker.stomp.session import SessionConfig
 from tests.polling import wait_until
 from tests.stomp.test_listener import Raw
-from tests.stomp.two_doors import FAST, Broker
+from tests.stomp.two_doors import FAST, Broker, shrink_send_buffers
 
 Ctx = zmq.Context[zmq.Socket[bytes]]
 
@@ -135,15 +134,7 @@ def test_a_stalled_auto_consumer_switching_to_client_acks_gets_each_once(
     b = Broker(zctx, options=ListenerOptions(port=0, session=FAST, max_outbound=4096))
     try:
         consumer = _subscribed(b, raws, "switch", rcvbuf=4096)
-
-        def shrink() -> None:
-            for conn in b.listener.connections.values():
-                assert conn.transport is not None
-                conn.transport.get_extra_info("socket").setsockopt(
-                    socket.SOL_SOCKET, socket.SO_SNDBUF, 4096
-                )
-
-        b.listener.call(shrink)
+        shrink_send_buffers(b.listener)
         producer = _raw(b, raws)
         count = 2000
         producer.send(b"".join(_send("switch", b"%06d" % i + b"." * 90) for i in range(count)))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import array
 import fcntl
-import socket
 import termios
 import threading
 from collections.abc import Iterator
@@ -29,7 +28,7 @@ from broker.stomp.server import ListenerOptions
 from broker.stomp.session import SessionConfig
 from tests.polling import WAIT, wait_until
 from tests.stomp.test_listener import Raw
-from tests.stomp.two_doors import FAST, Broker
+from tests.stomp.two_doors import FAST, Broker, shrink_send_buffers
 
 SENDS = 100_000
 MAX_OUTBOUND = 64 * 1024
@@ -88,16 +87,9 @@ def _shrink(b: Broker, raw: Raw) -> None:
     """The server's socket of ``raw`` sends with a small buffer: what the client does not
     read waits in the listener, not in the kernel (which would take megabytes)."""
     ours = raw.sock.getsockname()
-
-    def shrink() -> None:
-        for conn in b.listener.connections.values():
-            transport = conn.transport
-            if transport is not None and transport.get_extra_info("peername") == ours:
-                transport.get_extra_info("socket").setsockopt(
-                    socket.SOL_SOCKET, socket.SO_SNDBUF, 4096
-                )
-
-    b.listener.call(shrink)
+    shrink_send_buffers(
+        b.listener, lambda _, conn: conn.transport.get_extra_info("peername") == ours
+    )
 
 
 def _reading(b: Broker, raw: Raw) -> bool:

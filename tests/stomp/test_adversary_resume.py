@@ -25,7 +25,7 @@ import pytest
 
 from tests.polling import wait_until
 from tests.stomp.test_listener import Raw
-from tests.stomp.two_doors import SMALL_OUTBOUND, Broker, numbered
+from tests.stomp.two_doors import SMALL_OUTBOUND, Broker, numbered, shrink_send_buffers
 
 MAX_OUTBOUND = SMALL_OUTBOUND
 COUNT = 3000
@@ -64,15 +64,7 @@ def test_a_write_that_fails_as_writing_resumes_closes_the_connection_once(
         consumer.connect()
         consumer.send(b"SUBSCRIBE\nid:s\ndestination:/queue/cut\nack:auto\nreceipt:r\n\n\x00")
         assert consumer.next().header("receipt-id") == "r"
-
-        def shrink() -> None:
-            for conn in small.listener.connections.values():
-                assert conn.transport is not None
-                conn.transport.get_extra_info("socket").setsockopt(
-                    socket.SOL_SOCKET, socket.SO_SNDBUF, 4096
-                )
-
-        small.listener.call(shrink)
+        shrink_send_buffers(small.listener)
         fired: list[int] = []
         _cut_at_resume(small, fired)
         producer.connect()

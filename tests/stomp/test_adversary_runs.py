@@ -25,7 +25,7 @@ from broker.stomp.engine_mapping import QUEUE_ID
 from broker.stomp.frames import Command
 from tests.polling import WAIT, wait_until
 from tests.stomp.test_listener import Raw
-from tests.stomp.two_doors import SMALL_OUTBOUND, Broker, numbered
+from tests.stomp.two_doors import SMALL_OUTBOUND, Broker, numbered, shrink_send_buffers
 
 MAX_OUTBOUND = SMALL_OUTBOUND
 COUNT = 3000
@@ -67,15 +67,7 @@ def _stalled(b: Broker, queue: str) -> Raw:
         b"SUBSCRIBE\nid:s\ndestination:/queue/%s\nack:auto\nreceipt:r\n\n\x00" % queue.encode()
     )
     assert raw.next().header("receipt-id") == "r"
-
-    def shrink() -> None:
-        for cid, conn in b.listener.connections.items():
-            if cid not in before and conn.transport is not None:
-                conn.transport.get_extra_info("socket").setsockopt(
-                    socket.SOL_SOCKET, socket.SO_SNDBUF, 4096
-                )
-
-    b.listener.call(shrink)
+    shrink_send_buffers(b.listener, lambda cid, _: cid not in before)
     return raw
 
 

@@ -37,6 +37,7 @@ from broker.stomp.engine_mapping import QUEUE_ID
 from broker.stomp.server import ListenerOptions
 from tests.polling import wait_until
 from tests.stomp.engine_side import FAST, Engineside, RawClient, header
+from tests.stomp.two_doors import shrink_send_buffers
 
 MAX_OUTBOUND = 16 * 1024
 BODY = 2000  # octets of each message: several fill the connection
@@ -114,15 +115,7 @@ def _subscribe(client: RawClient, sub: str, queue: str, ack: str) -> None:
 def _small_consumer(side: Side) -> RawClient:
     """A consumer whose socket holds little (4 KiB each way): the listener soon holds."""
     client = RawClient(side, rcvbuf=4096)
-
-    def shrink() -> None:
-        conn = side.listener.connections[client.id]
-        assert conn.transport is not None
-        conn.transport.get_extra_info("socket").setsockopt(
-            socket.SOL_SOCKET, socket.SO_SNDBUF, 4096
-        )
-
-    side.listener.call(shrink)
+    shrink_send_buffers(side.listener, lambda cid, _: cid == client.id)
     return client
 
 

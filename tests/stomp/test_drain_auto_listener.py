@@ -8,67 +8,37 @@ backlog is drained the AUTO way (``Dispatcher.send_run``)."""
 
 from __future__ import annotations
 
-import socket
-from collections.abc import Iterator
-
 import pytest
-import zmq
 
 from broker.stomp.engine_mapping import QUEUE_ID
-from broker.stomp.server import ListenerOptions
 from tests.polling import wait_until
 from tests.stomp.test_listener import Raw
-from tests.stomp.two_doors import FAST, Broker
+from tests.stomp.test_plain_write_sockets import auto_consumer
+from tests.stomp.two_doors import Broker, numbered
 
 COUNT = 20_000
-BODY = 100
 #: Where the consumer stops reading (twice), then resumes.
 STOPS = (1_500, 9_000)
 #: The consumer's window (``Prefetch``: the engine's default, ``BrokerConfig.prefetch``).
 WINDOW = 1_000
 
 
-@pytest.fixture
-def small(zctx: zmq.Context[zmq.Socket[bytes]]) -> Iterator[Broker]:
-    made = Broker(zctx, options=ListenerOptions(port=0, session=FAST, max_outbound=8192))
-    yield made
-    made.stop()
+#: The listener's bound on a connection's unsent output here (the ``small`` broker's).
+OUTBOUND = 8192
 
 
-def _body(i: int) -> bytes:
-    return b"%06d" % i + b"." * (BODY - 6)
-
-
-def _subscribed(small: Broker, queue: str) -> Raw:
-    """An ``ack:auto`` consumer with small socket buffers on both ends (what it does not
-    read waits in the listener and the engine, not in the kernel)."""
-    consumer = Raw(small.listener.port, rcvbuf=4096)
-    consumer.connect()
-    consumer.send(
-        b"SUBSCRIBE\nid:s\ndestination:/queue/%s\nack:auto\nreceipt:r\n\n\x00" % queue.encode()
-    )
-    assert consumer.next().header("receipt-id") == "r"
-
-    def shrink() -> None:
-        for conn in small.listener.connections.values():
-            assert conn.transport is not None
-            conn.transport.get_extra_info("socket").setsockopt(
-                socket.SOL_SOCKET, socket.SO_SNDBUF, 4096
-            )
-
-    small.listener.call(shrink)
-    return consumer
-
-
+@pytest.mark.parametrize("small", [OUTBOUND], indirect=True)
 def test_a_backlog_drained_to_a_consumer_that_stops_and_resumes(small: Broker) -> None:
     queue = "drained"
-    consumer = _subscribed(small, queue)
+    consumer = auto_consumer(small, queue)
     producer = Raw(small.listener.port)
     try:
         producer.connect()
         head = b"SEND\ndestination:/queue/%s\n\n" % queue.encode()
         for start in range(0, COUNT, 1_000):  # (a few reads' worth at a time)
-            producer.send(b"".join(head + _body(i) + b"\x00" for i in range(start, start + 1_000)))
+            producer.send(
+                b"".join(head + numbered(i) + b"\x00" for i in range(start, start + 1_000))
+            )
         queues = small.engine.channels[queue].queues
         assert wait_until(lambda: QUEUE_ID in queues)  # (made by the first SEND)
         q = queues[QUEUE_ID]
@@ -81,7 +51,7 @@ def test_a_backlog_drained_to_a_consumer_that_stops_and_resumes(small: Broker) -
             # stopped: the consumer's window fills with deliveries, the rest waits
             assert wait_until(lambda: q.message_count > 0 and q.auto_in_flight == WINDOW)
             assert not q.pending  # (what the drain sent waits as AUTO deliveries)
-        assert got == [_body(i) for i in range(COUNT)]
+        assert got == [numbered(i) for i in range(COUNT)]
         assert wait_until(lambda: q.message_count == 0 and not q.auto_in_flight)
         assert not q.pending and not q.used
         counters = (q.received, q.sent, q.deliveries, q.acks, q.nacks)
@@ -91,6 +61,7 @@ def test_a_backlog_drained_to_a_consumer_that_stops_and_resumes(small: Broker) -
         producer.close()
 
 
+@pytest.mark.parametrize("small", [OUTBOUND], indirect=True)
 def test_include_seq_on_an_auto_ack_subscription_numbers_every_delivery(small: Broker) -> None:
     """``ack:auto`` with ``include-seq``: every MESSAGE carries its queue sequence, those
     sent at once as those drained from a backlog (the stopped consumer's), in order.
@@ -108,10 +79,10 @@ def test_include_seq_on_an_auto_ack_subscription_numbers_every_delivery(small: B
         producer.connect()
         count = 3 * WINDOW
         head = b"SEND\ndestination:/queue/numbered\n\n"
-        producer.send(b"".join(head + _body(i) + b"\x00" for i in range(count)))
+        producer.send(b"".join(head + numbered(i) + b"\x00" for i in range(count)))
         got = [consumer.next() for _ in range(count)]
         assert [(f.body, f.header("seq")) for f in got] == [
-            (_body(i), str(i + 1)) for i in range(count)
+            (numbered(i), str(i + 1)) for i in range(count)
         ]
         q = small.engine.channels["numbered"].queues[QUEUE_ID]
         assert wait_until(lambda: q.message_count == 0 and not q.pending and not q.used)

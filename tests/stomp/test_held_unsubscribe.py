@@ -32,6 +32,7 @@ from broker.engine.queue.queue import Queue
 from broker.stomp.engine_mapping import QUEUE_ID
 from tests.polling import wait_until
 from tests.stomp.engine_side import Engineside, RawClient, header
+from tests.stomp.two_doors import shrink_send_buffers
 
 MAX_OUTBOUND = 16 * 1024
 BODY = 2000  # octets of each message: several fill the connection
@@ -71,15 +72,7 @@ def _small_consumer(side: Engineside) -> RawClient:
     """A client whose socket holds little: a 4 KiB receive buffer, and the listener's end
     of it a 4 KiB send buffer (so a few messages fill the kernel, then the listener)."""
     client = RawClient(side, rcvbuf=4096)
-
-    def shrink() -> None:
-        conn = side.listener.connections[client.id]
-        assert conn.transport is not None
-        conn.transport.get_extra_info("socket").setsockopt(
-            socket.SOL_SOCKET, socket.SO_SNDBUF, 4096
-        )
-
-    side.listener.call(shrink)
+    shrink_send_buffers(side.listener, lambda cid, _: cid == client.id)
     return client
 
 

@@ -12,31 +12,25 @@ from __future__ import annotations
 
 import random
 import select
-import socket
 import time
-from collections.abc import Iterator
 
 import pytest
-import zmq
 
 from broker.stomp.engine_mapping import QUEUE_ID
-from broker.stomp.server import ListenerOptions
 from tests.polling import WAIT, wait_until
 from tests.stomp.test_listener import Raw
-from tests.stomp.two_doors import FAST, Broker
+from tests.stomp.two_doors import Broker, shrink_send_buffers
 
 pytestmark = pytest.mark.slow
 
 COUNT = 20_000
 
 
-@pytest.fixture
-def small(zctx: zmq.Context[zmq.Socket[bytes]]) -> Iterator[Broker]:
-    made = Broker(zctx, options=ListenerOptions(port=0, session=FAST, max_outbound=2048))
-    yield made
-    made.stop()
+#: The listener's bound on a connection's unsent output here (the ``small`` broker's).
+OUTBOUND = 2048
 
 
+@pytest.mark.parametrize("small", [OUTBOUND], indirect=True)
 def test_a_consumer_paused_thousands_of_times_gets_every_message(small: Broker) -> None:
     rng = random.Random(18)
     consumer = Raw(small.listener.port, rcvbuf=4096)
@@ -47,15 +41,7 @@ def test_a_consumer_paused_thousands_of_times_gets_every_message(small: Broker) 
         assert consumer.next().header("receipt-id") == "r"
         # a small kernel send buffer on the listener's side (no autotuning): the bytes
         # wait in the transport, which pauses and resumes, not in the kernel
-
-        def shrink() -> None:
-            for conn in small.listener.connections.values():
-                assert conn.transport is not None
-                conn.transport.get_extra_info("socket").setsockopt(
-                    socket.SOL_SOCKET, socket.SO_SNDBUF, 4096
-                )
-
-        small.listener.call(shrink)
+        shrink_send_buffers(small.listener)
         producer.connect()
         frames = [
             b"SEND\ndestination:/queue/st\n\n" + b"b" * rng.randrange(1, 300) + b"\x00"

@@ -16,7 +16,7 @@ import pytest
 from broker.stomp.engine_mapping import QUEUE_ID
 from tests.polling import wait_until
 from tests.stomp.test_listener import Raw
-from tests.stomp.two_doors import SMALL_OUTBOUND, Broker, numbered
+from tests.stomp.two_doors import SMALL_OUTBOUND, Broker, numbered, shrink_send_buffers
 
 MAX_OUTBOUND = SMALL_OUTBOUND
 COUNT = 3000
@@ -30,7 +30,7 @@ def _sends(queue: str) -> bytes:
     )
 
 
-def _subscribed(small: Broker, queue: str) -> Raw:
+def auto_consumer(small: Broker, queue: str) -> Raw:
     """A consumer of ``/queue/QUEUE`` (``ack:auto``) with small socket buffers on both
     ends: what it does not read waits in the listener, not in the kernel."""
     consumer = Raw(small.listener.port, rcvbuf=4096)
@@ -39,15 +39,7 @@ def _subscribed(small: Broker, queue: str) -> Raw:
         b"SUBSCRIBE\nid:s\ndestination:/queue/%s\nack:auto\nreceipt:r\n\n\x00" % queue.encode()
     )
     assert consumer.next().header("receipt-id") == "r"
-
-    def shrink() -> None:
-        for conn in small.listener.connections.values():
-            assert conn.transport is not None
-            conn.transport.get_extra_info("socket").setsockopt(
-                socket.SOL_SOCKET, socket.SO_SNDBUF, 4096
-            )
-
-    small.listener.call(shrink)
+    shrink_send_buffers(small.listener)
     return consumer
 
 
@@ -72,7 +64,7 @@ def _drained(small: Broker, queue: str) -> bool:
 def test_a_consumer_that_stops_reading_stays_bounded_and_gets_the_rest_in_order(
     small: Broker,
 ) -> None:
-    consumer = _subscribed(small, "stop")
+    consumer = auto_consumer(small, "stop")
     producer = Raw(small.listener.port)
     try:
         producer.connect()
@@ -92,7 +84,7 @@ def test_a_consumer_reset_while_its_transport_is_full_leaves_the_rest_to_the_nex
     small: Broker, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="broker.stomp")
-    gone = _subscribed(small, "cut")
+    gone = auto_consumer(small, "cut")
     producer = Raw(small.listener.port)
     try:
         producer.connect()

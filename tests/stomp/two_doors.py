@@ -9,6 +9,7 @@ of these names of its own keeps them."""
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -74,6 +75,31 @@ class Broker:
 #: The small listener's bound on a connection's unsent output (:func:`small`): a few
 #: 100-byte MESSAGEs fill it.
 SMALL_OUTBOUND = 4096
+
+
+#: A small kernel buffer (no autotuning): a few 100-byte MESSAGEs fill it.
+SMALL_BUFFER = 4096
+
+
+def shrink_send_buffers(
+    listener: StompListener,
+    which: Callable[[int, Any], bool] | None = None,
+    size: int = SMALL_BUFFER,
+) -> None:
+    """Give the kernel send buffer of the listener's connections that ``which`` picks
+    (called with the connection's id and the connection; None: all of them) ``size``
+    bytes, on the listener's thread: what a consumer does not read then waits in the
+    listener, not in the kernel (which would take megabytes)."""
+
+    def shrink() -> None:
+        for cid, conn in listener.connections.items():
+            transport = conn.transport
+            if transport is not None and (which is None or which(cid, conn)):
+                transport.get_extra_info("socket").setsockopt(
+                    socket.SOL_SOCKET, socket.SO_SNDBUF, size
+                )
+
+    listener.call(shrink)
 
 
 def numbered(i: int, size: int = 100) -> bytes:
