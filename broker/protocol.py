@@ -492,8 +492,8 @@ class AutoRun(Outgoing):
     """An :class:`Outgoing` standing for ``len(frame.messages)`` tracked deliveries to one
     consumer: ``frame`` is a :class:`DeliveredRun`.  The transport reports each of them
     taken as it would a :class:`Tracked` frame (``Engine.transmitted`` counts
-    deliveries).  Only a caller that asked for runs gets one (``Engine.publish_many``'s
-    ``runs``: the STOMP door); never a TMQP peer.
+    deliveries).  Only a consumer whose transport takes runs gets one
+    (``Engine.acknowledge_taken(..., runs=True)``: the STOMP door's); never a TMQP peer.
     """
 
     __slots__ = ()

@@ -808,7 +808,6 @@ class Engine:
         now: float,
         *,
         unique_ids: bool = False,
-        runs: bool = False,
     ) -> tuple[list[Outgoing], int, str | None]:
         """Several :meth:`publish` calls of one client with ``wants_response`` in one
         operation (the STOMP door's run of SENDs), in order, up to the first refused.
@@ -825,10 +824,10 @@ class Engine:
         duplicate window (``broker.engine.queue.dedupe``: ids the broker made up are not
         remembered), as the queue's own ids are not.
 
-        ``runs``: the caller takes a run of AUTO deliveries to one consumer as one
-        :class:`~broker.protocol.AutoRun` item (standing for its deliveries, reported
-        taken one by one as ``Tracked`` frames are: ``Queue.accept_many``); else every
-        delivery is a ``Tracked`` frame.
+        A run of AUTO deliveries to a queue's single consumer leaves as one
+        :class:`~broker.protocol.AutoRun` item when that consumer's transport takes runs
+        (``acknowledge_taken(..., runs=True)``: ``Client.auto_runs``; see
+        ``Queue.accept_many``); else every delivery is a ``Tracked`` frame.
 
         Returns the output, how many were taken, and why the next one was refused (None:
         all taken); the refusal's response is not in the output.  An unknown client gets
@@ -840,7 +839,7 @@ class Engine:
             nonlocal taken, refused
             i, n = 0, len(messages)
             while i < n:
-                took, why = self._push_run(c, messages, i, now, out, unique_ids, runs)
+                took, why = self._push_run(c, messages, i, now, out, unique_ids)
                 taken += took
                 i += took
                 if why is not None:
@@ -858,7 +857,6 @@ class Engine:
         now: float,
         out: list[Outgoing],
         unique_ids: bool = False,
-        runs: bool = False,
     ) -> tuple[int, str | None]:
         """Push the run of ``ms[start:]`` into the first one's queue (as :meth:`publish`
         with ``wants_response`` would, one after the other): how many were taken, and why
@@ -892,7 +890,7 @@ class Engine:
             return 0, _INTERNAL.reason
         produced = self.events.has(EventName.MESSAGE_PRODUCED)
         if queue.options.request_acknowledge and not copies and not produced:
-            return self._accept_run(client, queue, ms, start, end, now, out, unique_ids, runs)
+            return self._accept_run(client, queue, ms, start, end, now, out, unique_ids)
         check_push = self.channel_registry.check_push
         accept = queue.accept
         for k in range(start, end):
@@ -940,12 +938,11 @@ class Engine:
         now: float,
         out: list[Outgoing],
         unique_ids: bool = False,
-        runs: bool = False,
     ) -> tuple[int, str | None]:
         """:meth:`_push_run`'s loop for an acknowledged queue with no durable copies
         and no MESSAGE_PRODUCED subscriber (a STOMP ``/queue/``): the plain pushes in
         stretches through ``Queue.accept_many`` (``unique_ids``: see
-        :meth:`publish_many`; ``runs`` too), the others one by one (as there)."""
+        :meth:`publish_many`), the others one by one (as there)."""
         limit = self.config.limits.max_queue_messages
         plain: Headers = ()  # a header block read last and found to ask for nothing
         k = start
@@ -971,7 +968,7 @@ class Engine:
                 j += 1
             unsaved = queue.unsaved
             took, refused = queue.accept_many(
-                ms, k, j, client, now, out, limit, remember_ids=not unique_ids, runs=runs
+                ms, k, j, client, now, out, limit, remember_ids=not unique_ids
             )
             k += took
             if isinstance(refused, OperationError):
@@ -1053,8 +1050,11 @@ class Engine:
         (STOMP's ``ack:auto``).  Until the client leaves the channel; False (nothing set)
         when it is not a consumer of it.  ``runs`` (with ``on``): the client's transport
         takes a run of such deliveries as one :class:`~broker.protocol.AutoRun` item
-        (the STOMP door), so a queue draining a backlog to it may send them so, as
-        :meth:`publish_many` does for a caller that asks for runs."""
+        (the STOMP door; ``Client.auto_runs``, for as long as the client is connected),
+        so a queue sends them so when it is their single consumer, from a run of pushes
+        (:meth:`publish_many`) or a drain of its backlog; a client that never said so
+        (a TMQP peer: its server writes one frame per delivery) gets one
+        ``Tracked`` frame each."""
         client = self.clients.get(client_id)
         if client is None or channel not in client.channels:
             return False

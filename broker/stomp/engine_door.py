@@ -752,7 +752,7 @@ class EngineDoor:
         taken = 0
         if messages:
             sent, taken, refused = self.engine.publish_many(
-                client_id, messages, now, unique_ids=True, runs=True
+                client_id, messages, now, unique_ids=True
             )
             out += sent
             if refused is not None:
