@@ -117,6 +117,7 @@ from broker.protocol import (
     NackReason,
     NoContent,
     Outgoing,
+    PlainSends,
     ResultCode,
     Tracked,
     header,
@@ -871,10 +872,13 @@ class Engine:
         first = ms[start]
         target, qid = first.target, first.content_type
         end = start + 1
-        for m in itertools.islice(ms, end, None):  # (a Message by position, the tuple
-            if m[2] != target or m[3] != qid:  # it is: target, content_type; cheaper)
-                break
-            end += 1
+        if ms.__class__ is PlainSends:  # (one target and queue by construction)
+            end = len(ms)
+        else:
+            for m in itertools.islice(ms, end, None):  # (a Message by position, the tuple
+                if m[2] != target or m[3] != qid:  # it is: target, content_type; cheaper)
+                    break
+                end += 1
         if (end - start == 1 and not unique_ids) or client.id == FEDERATION_CLIENT:
             # (a single push of the door's own id takes the run's way too: into an
             # acknowledged queue through ``accept_many``, which keeps the queue's
@@ -957,15 +961,18 @@ class Engine:
                 continue
             plain = headers
             j = k + 1
-            for mj in itertools.islice(ms, j, end):  # (a run of SENDs shares one block:
-                if mj[6]:  # read once, not per push; by position: wants_ack, headers)
-                    break
-                headers = mj[8]
-                if headers is not plain:
-                    if headers and _acted_on(headers):
+            if ms.__class__ is PlainSends:  # (one block, no acknowledge wish: all alike)
+                j = end
+            else:
+                for mj in itertools.islice(ms, j, end):  # (a run of SENDs shares one block:
+                    if mj[6]:  # read once, not per push; by position: wants_ack, headers)
                         break
-                    plain = headers
-                j += 1
+                    headers = mj[8]
+                    if headers is not plain:
+                        if headers and _acted_on(headers):
+                            break
+                        plain = headers
+                    j += 1
             unsaved = queue.unsaved
             took, refused = queue.accept_many(
                 ms, k, j, client, now, out, limit, remember_ids=not unique_ids
