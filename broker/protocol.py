@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
+from itertools import repeat
 from typing import NamedTuple, overload
 
 from broker import tmqp
@@ -537,13 +538,33 @@ class PlainSends(Sequence[Message]):
         )
 
     def __iter__(self) -> Iterator[Message]:
-        for i in range(len(self.bodies)):
-            yield self[i]
+        return self.made(self.source, False)
+
+    def made(self, source: str, wants_ack: bool) -> Iterator[Message]:
+        """The messages in order, naming ``source`` and with ``wants_ack`` (a run's
+        delivered frames: :meth:`DeliveredRun.frames`), by C iterators: no Python call
+        per message."""
+        n = len(self.bodies)
+        fields = zip(
+            self.ids(),
+            repeat(source, n),
+            repeat(self.target, n),
+            repeat(self.queue_id, n),
+            repeat(False, n),
+            repeat(False, n),
+            repeat(wants_ack, n),
+            repeat(DEFAULT_TTL, n),
+            repeat(self.headers, n),
+            self.bodies,
+            repeat(None, n),
+            strict=True,
+        )
+        return map(_new, repeat(Message, n), fields)
 
     def ids(self) -> list[str]:
-        """The messages' ids, in order (made by C iterators: no call per message)."""
-        first = self.first
-        return list(map(self.prefix.__add__, map(str, range(first, first + len(self.bodies)))))
+        """The messages' ids, in order (an f-string per id: cheaper than ``map`` calls)."""
+        prefix, first = self.prefix, self.first
+        return [f"{prefix}{i}" for i in range(first, first + len(self.bodies))]
 
 
 _new = tuple.__new__
@@ -588,6 +609,9 @@ class DeliveredRun(NamedTuple):
 
     def frames(self) -> list[Message]:
         """Each delivery as the frame the tracked path sends (the acknowledge wished)."""
+        messages = self.messages
+        if messages.__class__ is PlainSends:  # (made once, as frames: no message first)
+            return list(messages.made(self.source, True))
         new = tuple.__new__
         source, target, qid, headers = self.source, self.target, self.queue_id, self.headers
         return [
