@@ -8,10 +8,11 @@ document leaves a gap (channel update) zerohub picks the next free code.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import NamedTuple
+from itertools import repeat
+from typing import NamedTuple, overload
 
 from broker import tmqp
 from broker.message import Headers, Message
@@ -456,6 +457,119 @@ class Tracked(Outgoing):
     __slots__ = ()
 
 
+class PlainSends(Sequence[Message]):
+    """The STOMP door's messages of a run of plain SENDs to one queue, made only when
+    read (``EngineDoor._publish_plain`` -> ``Engine.publish_many``): message ``i`` is
+    ``Message(f"{prefix}{first + i}", source, target, queue_id, headers=headers,
+    payload=bodies[i])`` -- the door's own id, no flag, the default TTL, one header block
+    object, no octets -- a new tuple at each read.
+
+    A run that reaches a quiet ``ack:auto`` consumer at once is sent whole as a slice of
+    it (``Queue._send_auto_run``: ids and bodies are enough to write its MESSAGE frames,
+    :meth:`ids`, :attr:`bodies`); whatever else happens to a message (queued, tracked,
+    browsed, put back, a second consumer's turn) reads it, and so makes it, there.  The
+    engine tells it apart by its class (``Engine._push_run``, ``Engine._accept_run``,
+    ``Queue._auto_stretch``): uniform by construction, nothing to scan per message."""
+
+    __slots__ = ("bodies", "first", "headers", "prefix", "queue_id", "source", "target")
+
+    def __init__(
+        self,
+        prefix: str,
+        first: int,
+        source: str,
+        target: str,
+        queue_id: int,
+        headers: Headers,
+        bodies: list[bytes],
+    ) -> None:
+        self.prefix = prefix
+        self.first = first
+        self.source = source
+        self.target = target
+        self.queue_id = queue_id
+        self.headers = headers
+        #: The SENDs' bodies, in order (never changed: a slice shares nothing mutable).
+        self.bodies = bodies
+
+    def __len__(self) -> int:
+        return len(self.bodies)
+
+    @overload
+    def __getitem__(self, index: int) -> Message: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> PlainSends: ...
+
+    def __getitem__(self, index: int | slice) -> Message | PlainSends:
+        bodies = self.bodies
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(bodies))
+            if step != 1:
+                raise ValueError("PlainSends slices have a step of 1")
+            return PlainSends(
+                self.prefix,
+                self.first + start,
+                self.source,
+                self.target,
+                self.queue_id,
+                self.headers,
+                bodies[start:stop],
+            )
+        n = len(bodies)
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            raise IndexError(index)
+        return _new(
+            Message,
+            (
+                f"{self.prefix}{self.first + i}",
+                self.source,
+                self.target,
+                self.queue_id,
+                False,
+                False,
+                False,
+                DEFAULT_TTL,
+                self.headers,
+                bodies[i],
+                None,
+            ),
+        )
+
+    def __iter__(self) -> Iterator[Message]:
+        return self.made(self.source, False)
+
+    def made(self, source: str, wants_ack: bool) -> Iterator[Message]:
+        """The messages in order, naming ``source`` and with ``wants_ack`` (a run's
+        delivered frames: :meth:`DeliveredRun.frames`), by C iterators: no Python call
+        per message."""
+        n = len(self.bodies)
+        fields = zip(
+            self.ids(),
+            repeat(source, n),
+            repeat(self.target, n),
+            repeat(self.queue_id, n),
+            repeat(False, n),
+            repeat(False, n),
+            repeat(wants_ack, n),
+            repeat(DEFAULT_TTL, n),
+            repeat(self.headers, n),
+            self.bodies,
+            repeat(None, n),
+            strict=True,
+        )
+        return map(_new, repeat(Message, n), fields)
+
+    def ids(self) -> list[str]:
+        """The messages' ids, in order (an f-string per id: cheaper than ``map`` calls)."""
+        prefix, first = self.prefix, self.first
+        return [f"{prefix}{i}" for i in range(first, first + len(self.bodies))]
+
+
+_new = tuple.__new__
+
+
 class DeliveredRun(NamedTuple):
     """Consecutive AUTO deliveries of one queue to one consumer that acknowledges by
     taking (``broker.engine.flow.AUTO_RUN``), as ``Queue.accept_many`` sends a run of
@@ -478,8 +592,26 @@ class DeliveredRun(NamedTuple):
     #: The header block every message of the run shares (one object).
     headers: Headers
 
+    def ids(self) -> list[str]:
+        """The deliveries' message ids, in order (of a :class:`PlainSends` without making
+        its messages)."""
+        messages = self.messages
+        if messages.__class__ is PlainSends:
+            return messages.ids()
+        return [m[0] for m in messages]
+
+    def bodies(self) -> list[bytes | memoryview]:
+        """The deliveries' bodies, in order (of a :class:`PlainSends`: its own list)."""
+        messages = self.messages
+        if messages.__class__ is PlainSends:
+            return messages.bodies  # type: ignore[return-value]  # (list is invariant)
+        return [m[9] for m in messages]
+
     def frames(self) -> list[Message]:
         """Each delivery as the frame the tracked path sends (the acknowledge wished)."""
+        messages = self.messages
+        if messages.__class__ is PlainSends:  # (made once, as frames: no message first)
+            return list(messages.made(self.source, True))
         new = tuple.__new__
         source, target, qid, headers = self.source, self.target, self.queue_id, self.headers
         return [
@@ -492,8 +624,8 @@ class AutoRun(Outgoing):
     """An :class:`Outgoing` standing for ``len(frame.messages)`` tracked deliveries to one
     consumer: ``frame`` is a :class:`DeliveredRun`.  The transport reports each of them
     taken as it would a :class:`Tracked` frame (``Engine.transmitted`` counts
-    deliveries).  Only a caller that asked for runs gets one (``Engine.publish_many``'s
-    ``runs``: the STOMP door); never a TMQP peer.
+    deliveries).  Only a consumer whose transport takes runs gets one
+    (``Engine.acknowledge_taken(..., runs=True)``: the STOMP door's); never a TMQP peer.
     """
 
     __slots__ = ()

@@ -82,8 +82,9 @@ class Client(Generic[Q]):
         #: (``broker.engine.flow.transmitted``; STOMP's ``ack:auto``).
         self.auto_acked: set[str] = set()
         #: Its transport takes a run of such deliveries as one item
-        #: (``broker.protocol.AutoRun``: the STOMP door), so a queue's drain may send
-        #: them so (``Engine.acknowledge_taken``'s ``runs``).
+        #: (``broker.protocol.AutoRun``: the STOMP door), so a queue whose single
+        #: consumer it is sends them so, from a run of pushes or a drain
+        #: (``Engine.acknowledge_taken``'s ``runs``; never a TMQP peer's).
         self.auto_runs = False
         #: The user whose quotas count what this client creates (``broker.engine.quotas``),
         #: set by the client registry from the authorizer at connect; None: no quota.

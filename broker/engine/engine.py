@@ -117,6 +117,7 @@ from broker.protocol import (
     NackReason,
     NoContent,
     Outgoing,
+    PlainSends,
     ResultCode,
     Tracked,
     header,
@@ -808,7 +809,6 @@ class Engine:
         now: float,
         *,
         unique_ids: bool = False,
-        runs: bool = False,
     ) -> tuple[list[Outgoing], int, str | None]:
         """Several :meth:`publish` calls of one client with ``wants_response`` in one
         operation (the STOMP door's run of SENDs), in order, up to the first refused.
@@ -825,10 +825,10 @@ class Engine:
         duplicate window (``broker.engine.queue.dedupe``: ids the broker made up are not
         remembered), as the queue's own ids are not.
 
-        ``runs``: the caller takes a run of AUTO deliveries to one consumer as one
-        :class:`~broker.protocol.AutoRun` item (standing for its deliveries, reported
-        taken one by one as ``Tracked`` frames are: ``Queue.accept_many``); else every
-        delivery is a ``Tracked`` frame.
+        A run of AUTO deliveries to a queue's single consumer leaves as one
+        :class:`~broker.protocol.AutoRun` item when that consumer's transport takes runs
+        (``acknowledge_taken(..., runs=True)``: ``Client.auto_runs``; see
+        ``Queue.accept_many``); else every delivery is a ``Tracked`` frame.
 
         Returns the output, how many were taken, and why the next one was refused (None:
         all taken); the refusal's response is not in the output.  An unknown client gets
@@ -840,7 +840,7 @@ class Engine:
             nonlocal taken, refused
             i, n = 0, len(messages)
             while i < n:
-                took, why = self._push_run(c, messages, i, now, out, unique_ids, runs)
+                took, why = self._push_run(c, messages, i, now, out, unique_ids)
                 taken += took
                 i += took
                 if why is not None:
@@ -858,7 +858,6 @@ class Engine:
         now: float,
         out: list[Outgoing],
         unique_ids: bool = False,
-        runs: bool = False,
     ) -> tuple[int, str | None]:
         """Push the run of ``ms[start:]`` into the first one's queue (as :meth:`publish`
         with ``wants_response`` would, one after the other): how many were taken, and why
@@ -873,10 +872,13 @@ class Engine:
         first = ms[start]
         target, qid = first.target, first.content_type
         end = start + 1
-        for m in itertools.islice(ms, end, None):  # (a Message by position, the tuple
-            if m[2] != target or m[3] != qid:  # it is: target, content_type; cheaper)
-                break
-            end += 1
+        if ms.__class__ is PlainSends:  # (one target and queue by construction)
+            end = len(ms)
+        else:
+            for m in itertools.islice(ms, end, None):  # (a Message by position, the tuple
+                if m[2] != target or m[3] != qid:  # it is: target, content_type; cheaper)
+                    break
+                end += 1
         if (end - start == 1 and not unique_ids) or client.id == FEDERATION_CLIENT:
             # (a single push of the door's own id takes the run's way too: into an
             # acknowledged queue through ``accept_many``, which keeps the queue's
@@ -892,7 +894,7 @@ class Engine:
             return 0, _INTERNAL.reason
         produced = self.events.has(EventName.MESSAGE_PRODUCED)
         if queue.options.request_acknowledge and not copies and not produced:
-            return self._accept_run(client, queue, ms, start, end, now, out, unique_ids, runs)
+            return self._accept_run(client, queue, ms, start, end, now, out, unique_ids)
         check_push = self.channel_registry.check_push
         accept = queue.accept
         for k in range(start, end):
@@ -940,12 +942,11 @@ class Engine:
         now: float,
         out: list[Outgoing],
         unique_ids: bool = False,
-        runs: bool = False,
     ) -> tuple[int, str | None]:
         """:meth:`_push_run`'s loop for an acknowledged queue with no durable copies
         and no MESSAGE_PRODUCED subscriber (a STOMP ``/queue/``): the plain pushes in
         stretches through ``Queue.accept_many`` (``unique_ids``: see
-        :meth:`publish_many`; ``runs`` too), the others one by one (as there)."""
+        :meth:`publish_many`), the others one by one (as there)."""
         limit = self.config.limits.max_queue_messages
         plain: Headers = ()  # a header block read last and found to ask for nothing
         k = start
@@ -960,18 +961,21 @@ class Engine:
                 continue
             plain = headers
             j = k + 1
-            for mj in itertools.islice(ms, j, end):  # (a run of SENDs shares one block:
-                if mj[6]:  # read once, not per push; by position: wants_ack, headers)
-                    break
-                headers = mj[8]
-                if headers is not plain:
-                    if headers and _acted_on(headers):
+            if ms.__class__ is PlainSends:  # (one block, no acknowledge wish: all alike)
+                j = end
+            else:
+                for mj in itertools.islice(ms, j, end):  # (a run of SENDs shares one block:
+                    if mj[6]:  # read once, not per push; by position: wants_ack, headers)
                         break
-                    plain = headers
-                j += 1
+                    headers = mj[8]
+                    if headers is not plain:
+                        if headers and _acted_on(headers):
+                            break
+                        plain = headers
+                    j += 1
             unsaved = queue.unsaved
             took, refused = queue.accept_many(
-                ms, k, j, client, now, out, limit, remember_ids=not unique_ids, runs=runs
+                ms, k, j, client, now, out, limit, remember_ids=not unique_ids
             )
             k += took
             if isinstance(refused, OperationError):
@@ -1053,8 +1057,11 @@ class Engine:
         (STOMP's ``ack:auto``).  Until the client leaves the channel; False (nothing set)
         when it is not a consumer of it.  ``runs`` (with ``on``): the client's transport
         takes a run of such deliveries as one :class:`~broker.protocol.AutoRun` item
-        (the STOMP door), so a queue draining a backlog to it may send them so, as
-        :meth:`publish_many` does for a caller that asks for runs."""
+        (the STOMP door; ``Client.auto_runs``, for as long as the client is connected),
+        so a queue sends them so when it is their single consumer, from a run of pushes
+        (:meth:`publish_many`) or a drain of its backlog; a client that never said so
+        (a TMQP peer: its server writes one frame per delivery) gets one
+        ``Tracked`` frame each."""
         client = self.clients.get(client_id)
         if client is None or channel not in client.channels:
             return False

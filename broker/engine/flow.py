@@ -10,22 +10,27 @@ broker's ``BrokerConfig.prefetch`` (1000); never above ``BrokerConfig.max_prefet
 
 Every queue delivery leaves the engine as a :class:`~broker.protocol.Tracked` frame and
 waits, in send order, in its client's ``unsent`` deque as a :data:`Transit` -- but for a
-run of :data:`AUTO` deliveries to a queue's single consumer made for a caller that asked
-for runs (``Engine.publish_many(runs=True)``: the STOMP door), which leaves as ONE
-:class:`~broker.protocol.AutoRun` item and waits as ONE :data:`AUTO_RUN` entry standing
-for its N deliveries (nothing made per delivery).  AUTO deliveries come from two places:
-``Queue.accept_many`` (a push sent at once, nothing waiting ahead: the entry holds the
-message as pushed) and the queue's drain of a backlog (``Dispatcher.send_run`` /
-``Dispatcher.send``, to a consumer whose transport takes runs when
-``Engine.acknowledge_taken(..., runs=True)`` said so: the entry holds the
-``QueueMessage`` itself, which ``Queue.materialize`` then tracks; only messages of the
-queue's stretch of unique ids, never delivered, not saved).  Counting stays in deliveries.  The
-server reports how many tracked deliveries of each client the transport took
-(``Engine.transmitted``) and :func:`transmitted` settles that many from the front (a run
-entry whole in one step, or split where the count ends, the rest staying at the front in
-order; split around an unwritten position, that delivery becoming its tracked one; made
-its AUTO deliveries when it may no longer settle quietly; made them also when the
-client goes away, :func:`abandon`): the delivery is counted as sent
+run of :data:`AUTO` deliveries to a queue's single consumer whose transport takes runs,
+which leaves as ONE :class:`~broker.protocol.AutoRun` item and waits as ONE
+:data:`AUTO_RUN` entry standing for its N deliveries (nothing made per delivery).  Runs
+are the consumer's property, never a call's: ``Engine.acknowledge_taken(..., runs=True)``
+sets ``Client.auto_runs`` (the STOMP door's ``ack:auto`` consumers); a consumer without
+it (a TMQP peer: its server writes one frame per delivery) gets one item per AUTO
+delivery, the same outcome.  AUTO deliveries come from two places: ``Queue.accept_many``
+(a push sent at once, nothing waiting ahead: the entry holds the message as pushed; a
+run's entry a slice of what was pushed -- of the STOMP door's run of plain SENDs, its
+:class:`~broker.protocol.PlainSends`, ids and bodies and one header block, no message
+made until something reads one: a delivery unwritten, made tracked or given back; a
+split only slices it) and the queue's drain of a backlog (``Dispatcher.send_run`` /
+``Dispatcher.send``: the entry holds the ``QueueMessage`` itself, which
+``Queue.materialize`` then tracks; only messages of the queue's stretch of unique ids,
+never delivered, not saved).  Counting stays in deliveries.  The server reports how
+many tracked deliveries of each client the transport took (``Engine.transmitted``) and
+:func:`transmitted` settles that many from the front (a run entry whole in one step, or
+split where the count ends, the rest staying at the front in order; split around an
+unwritten position, that delivery becoming its tracked one; made its AUTO deliveries
+when it may no longer settle quietly; made them also when the client goes away,
+:func:`abandon`): the delivery is counted as sent
 (``SentMessages``/``Deliveries`` count what went out, nothing else), a queue without
 acknowledges frees the window slot and finishes the message, and queues waiting for room
 send more.  When a client goes away (:func:`abandon`) what never reached its socket goes
@@ -88,8 +93,10 @@ CACHE = 4
 #: (``Queue.materialize``), which then takes the tracked path.
 AUTO = 5
 #: A run of AUTO deliveries of one queue to one consumer, made as one outgoing item
-#: (``broker.protocol.AutoRun``, for a caller that asked for runs: the STOMP door): the
-#: messages (as pushed, a list) in the message's place and the first one's sequence
+#: (``broker.protocol.AutoRun``, for a consumer whose transport takes runs:
+#: ``Client.auto_runs``, the STOMP door's): the
+#: messages (as pushed: a slice of a list or of the door's ``PlainSends``) in the
+#: message's place and the first one's sequence
 #: number (the others follow it, one apart); a drain's: its ``QueueMessage`` s (their own
 #: numbers: the entry's is the first one's).  It stands for ``len(messages)`` AUTO
 #: deliveries: counted, settled and reported taken as they would be, one entry for all.

@@ -937,14 +937,8 @@ class EngineBackend:
         sub = self._plain_sub(conn, target, run.headers)
         if sub is None:
             return 0
-        messages = run.messages
         assert conn.plain_sink is not None
-        took = conn.plain_sink(
-            sub.spec.id,
-            sub.channels[target].stomp,
-            [m[0] for m in messages],
-            [m[9] for m in messages],
-        )
+        took = conn.plain_sink(sub.spec.id, sub.channels[target].stomp, run.ids(), run.bodies())
         if took <= 0:
             return 0
         conn.next_tag += took

@@ -33,6 +33,7 @@ from broker.protocol import (
     MessageType,
     NackReason,
     Outgoing,
+    PlainSends,
     ResultCode,
     Tracked,
     header,
@@ -726,8 +727,10 @@ class EngineDoor:
         """:meth:`op_publish_batch` of SENDs to one queue or topic each, nothing retained:
         the messages go to the engine in one call (``Engine.publish_many``).  ``one``:
         every streak names the same destinations tuple (the usual run: its channel is
-        found once).  Messages are made per streak (:func:`_run_messages`), their header
-        blocks once per run (:func:`_header_blocks`)."""
+        found once), its messages made only when the engine reads them if they share
+        one header block (:func:`_run_sends`).  Else messages are made per streak
+        (:func:`_run_messages`), their header blocks once per run
+        (:func:`_header_blocks`)."""
         try:
             client_id = self._client(conn)
         except BackendError as exc:
@@ -735,7 +738,7 @@ class EngineDoor:
             self._answers.append((partial(answer, 0), Refusal(str(exc))))
             return []
         out: list[Outgoing] = []
-        messages: list[Message] = []
+        messages: Sequence[Message] = []
         error: str | None = None
         blocks = _header_blocks(streaks, stamp)
         if one:
@@ -744,15 +747,15 @@ class EngineDoor:
             except BackendError as exc:  # none of them goes
                 error = str(exc)
             else:
-                messages = _run_messages(streaks, blocks, prefix, first_id, client_id, channel)
+                messages = _run_sends(streaks, blocks, prefix, first_id, client_id, channel)
         else:
-            error = self._plain_messages(
-                client_id, streaks, blocks, prefix, first_id, messages, out
-            )
+            made: list[Message] = []
+            error = self._plain_messages(client_id, streaks, blocks, prefix, first_id, made, out)
+            messages = made
         taken = 0
         if messages:
             sent, taken, refused = self.engine.publish_many(
-                client_id, messages, now, unique_ids=True, runs=True
+                client_id, messages, now, unique_ids=True
             )
             out += sent
             if refused is not None:
@@ -1108,6 +1111,28 @@ def _header_blocks(streaks: Sequence[PublishStreak], stamp: Headers) -> list[Hea
             headers = carried + stamp
         blocks.append(headers)
     return blocks
+
+
+def _run_sends(
+    streaks: Sequence[PublishStreak],
+    blocks: Sequence[Headers],
+    prefix: str,
+    first_id: int,
+    client_id: str,
+    channel: str,
+) -> Sequence[Message]:
+    """The engine's messages of a run of SENDs to one channel (``_publish_plain``'s
+    ``one``): a :class:`~broker.protocol.PlainSends` -- no message made per SEND until
+    the engine reads one -- when every streak has the same header block (the usual run:
+    the SENDs carry the same headers), else :func:`_run_messages`."""
+    block = blocks[0]
+    if any(b is not block for b in blocks):
+        return _run_messages(streaks, blocks, prefix, first_id, client_id, channel)
+    if len(streaks) == 1:
+        bodies = streaks[0][2][:]  # (its own list: the engine may keep slices of it)
+    else:
+        bodies = [body for streak in streaks for body in streak[2]]
+    return PlainSends(prefix, first_id, client_id, channel, QUEUE_ID, block, bodies)
 
 
 def _run_messages(

@@ -1,9 +1,10 @@
 """Runs of AUTO transits as ONE item (``broker.engine.flow.AUTO_RUN``): a single
-consumer's run of AUTO deliveries leaves ``Engine.publish_many(..., runs=True)`` as one
-``AutoRun`` and waits in its ``unsent`` as one entry standing for its deliveries.
+consumer's run of AUTO deliveries leaves ``Engine.publish_many`` as one ``AutoRun`` when
+the consumer's transport takes runs (``acknowledge_taken(..., runs=True)``) and waits
+in its ``unsent`` as one entry standing for its deliveries.
 
 Differential, as ``tests/broker/test_engine_auto_transit.py`` (whose steps and
-scenarios this reuses): one engine asks for runs, the other publishes without the
+scenarios this reuses): one engine's consumers take runs, the other publishes without the
 door's own ids (every delivery tracked, as before AUTO transits existed).  The first's
 ``AutoRun`` items are read as the ``Tracked`` frames they stand for
 (``DeliveredRun.frames``); every output in order, the queue's counters, the store's log
@@ -35,8 +36,10 @@ WINDOW = 8  # the consumers' window: a run of RUN fits
 
 
 class RunSteps(Steps):
-    """:class:`Steps` on an engine asked for runs; its ``AutoRun`` items recorded as
-    the tracked frames they stand for."""
+    """:class:`Steps` whose ``ack:auto`` consumers take runs (the STOMP door's); its
+    ``AutoRun`` items recorded as the tracked frames they stand for."""
+
+    takes_runs = True
 
     def __init__(self, window: int, per_push: bool = False) -> None:
         self.items = 0  # AutoRun items seen
@@ -59,9 +62,7 @@ class RunSteps(Steps):
             self.runs += sum(1 for t in client.unsent if t[0] == AUTO_RUN)
 
     def publish(self, messages: list[Any]) -> None:
-        out, taken, why = self.engine.publish_many(
-            self.producer, messages, 0.0, unique_ids=True, runs=True
-        )
+        out, taken, why = self.engine.publish_many(self.producer, messages, 0.0, unique_ids=True)
         self.trace.append((taken, why))
         self.record(out)
 
@@ -337,9 +338,7 @@ def test_a_run_for_a_client_without_a_stomp_connection_leaves_the_door_as_frames
         block = s.block(RUN)
 
         def publish(now: float) -> list[Any]:
-            out, taken, _ = s.engine.publish_many(
-                s.producer, block, now, unique_ids=True, runs=True
-            )
+            out, taken, _ = s.engine.publish_many(s.producer, block, now, unique_ids=True)
             assert taken == RUN and [o.__class__ for o in out] == [AutoRun]
             return out
 

@@ -110,6 +110,10 @@ class LoggedStore(MemoryStore):
 class Steps:
     """The same steps on one engine, everything they give recorded."""
 
+    #: Its ``ack:auto`` consumers' transports take runs (``acknowledge_taken``'s
+    #: ``runs``: ``Client.auto_runs``); here not: one ``Tracked`` frame per delivery.
+    takes_runs = False
+
     def __init__(self, unique_ids: bool, window: int = 4, per_push: bool = False) -> None:
         handler = (PerPush if per_push else Counting)(lambda: WALL)
         self.handler = handler
@@ -144,7 +148,7 @@ class Steps:
         self.record(out)
         self.record(self.engine.subscribe(consumer, channel, 0.0, prefetch=self.window))
         if auto:
-            assert self.engine.acknowledge_taken(consumer, channel)
+            assert self.engine.acknowledge_taken(consumer, channel, runs=self.takes_runs)
         return consumer
 
     def record(self, out: list[Any]) -> None:
@@ -173,7 +177,7 @@ class Steps:
 
     def block(self, k: int, *headers: tuple[str, str]) -> list[Message]:
         """``k`` messages sharing one header block object, as a run of the door's SENDs
-        with the same headers does (``Queue._auto_run`` takes such runs)."""
+        with the same headers does (``Queue._auto_stretch`` takes such runs)."""
         shared = headers + STAMP
         return [m._replace(headers=shared) for m in self.messages(k)]
 
@@ -450,7 +454,7 @@ def _round_robin(s: Steps) -> None:
 
 def _shared_block_runs(s: Steps) -> None:
     """Runs whose messages share one header block: the single consumer's AUTO loop
-    (``Queue._auto_run``) until its room runs out mid-run (the rest queued, drained
+    (``Queue._auto_stretch``) until its room runs out mid-run (the rest queued, drained
     tracked), then runs mixing blocks (each new block asked again, a persistent one
     tracked and saved between AUTO ones), a message with octets
     inside a run and one without an id (the outer loop decides them: replaced; an id

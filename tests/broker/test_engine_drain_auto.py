@@ -5,7 +5,7 @@ tracked ones, with the outcome of the tracked path.
 
 Differential, as ``tests/broker/test_engine_auto_runs.py``: the same steps on an engine
 whose consumers take runs (``Engine.acknowledge_taken(..., runs=True)``, the STOMP door's
-way; pushes with the door's own ids and ``runs``), on one whose consumers do not (AUTO
+way; pushes with the door's own ids), on one whose consumers do not (AUTO
 deliveries one by one, ``Tracked`` frames), and on one pushing without the door's ids
 (every delivery tracked, as before AUTO transits).  ``AutoRun`` items are read as the
 frames they stand for; every output in order, the queue's counters, the store's log and
@@ -51,19 +51,13 @@ def _drained(client: Any) -> tuple[int, int]:
 
 
 class Drain(RunSteps):
-    """:class:`RunSteps` (runs from ``publish_many``) whose ``ack:auto`` consumers take
-    runs from drains too; counts what the drains made AUTO."""
+    """:class:`RunSteps` (its ``ack:auto`` consumers take runs, from ``publish_many``
+    and from drains); counts what the drains made AUTO."""
 
     def __init__(self, window: int, per_push: bool = False) -> None:
         self.drained_singles = 0
         self.drained_runs = 0
         super().__init__(window, per_push)
-
-    def consumer(self, cid: str, auto: bool, channel: str = CHANNEL, low: bool = False) -> str:
-        consumer = super().consumer(cid, auto, channel, low)
-        if auto:
-            assert self.engine.acknowledge_taken(consumer, channel, runs=True)
-        return consumer
 
     def record(self, out: list[Any]) -> None:
         super().record(out)
@@ -532,9 +526,7 @@ def _two_producers(s: Any) -> None:
     shared = s.block(1)[0].headers
     for producer, k in ((s.producer, 6), (second, 3), (s.producer, 2), (second, 4)):
         made = [m._replace(headers=shared, source=producer) for m in s.messages(k)]
-        out, taken, why = s.engine.publish_many(
-            producer, made, 0.0, unique_ids=s.unique_ids, runs=isinstance(s, Drain)
-        )
+        out, taken, why = s.engine.publish_many(producer, made, 0.0, unique_ids=s.unique_ids)
         s.trace.append((taken, why))
         s.record(out)
     s.snapshot()

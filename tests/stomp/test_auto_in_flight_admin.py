@@ -45,8 +45,6 @@ class Side:
         def publish(client_id: str, messages: Any, now: float, **kw: Any) -> Any:
             if mode == "tracked":
                 kw["unique_ids"] = False  # (every delivery tracked)
-            if mode != "auto-runs":
-                kw["runs"] = False  # (a Tracked frame per delivery)
             result = publish_many(client_id, messages, now, **kw)
             for client in engine.clients.values():
                 self.autos += sum(1 for t in client.unsent if t[0] == AUTO)
@@ -54,6 +52,13 @@ class Side:
             return result
 
         engine.publish_many = publish  # type: ignore[method-assign]
+        if mode != "auto-runs":  # its consumers' transports take no runs: a Tracked
+            by_taking = engine.acknowledge_taken  # frame per delivery (Client.auto_runs)
+
+            def one_by_one(client_id: str, channel: str, on: bool = True, **_: Any) -> bool:
+                return by_taking(client_id, channel, on)
+
+            engine.acknowledge_taken = one_by_one  # type: ignore[method-assign]
         options = ListenerOptions(port=0, session=FAST, max_outbound=MAX_OUTBOUND)
         self.broker = Broker(zctx, engine, options)
         self.raws: list[Raw] = []

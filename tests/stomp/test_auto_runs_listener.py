@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from broker.engine.flow import AUTO_RUN
+from broker.protocol import PlainSends
 from tests.stomp.engine_side import Engineside, RawClient, header
 from tests.stomp.test_held_unsubscribe import (
     _held,
@@ -42,9 +43,16 @@ class RunSide(Engineside):
     def __init__(self) -> None:
         super().__init__(max_outbound=MAX_OUTBOUND)
         self.runs = 0
+        #: Runs the door handed over as ``PlainSends`` (no message made per SEND), and
+        #: every message id the engine was given, by body (read here, on the side).
+        self.sends = 0
+        self.ids: dict[bytes, str] = {}
         publish_many = self.engine.publish_many
 
         def publish(*args: Any, **kw: Any) -> Any:
+            messages = args[1]
+            self.sends += messages.__class__ is PlainSends
+            self.ids.update((bytes(m.payload), m.message_id) for m in messages)
             result = publish_many(*args, **kw)
             for client in self.engine.clients.values():
                 self.runs += sum(1 for t in client.unsent if t[0] == AUTO_RUN)
@@ -117,6 +125,49 @@ def test_a_reset_mid_run_loses_nothing_not_taken(side: RunSide, read: int) -> No
             other.send(b"ACK\nid:" + header(frame, b"ack") + b"\n\n\x00")
         returned = [f.split(b"\n\n", 1)[1] for f in frames]
         assert _names(returned) == _names(bodies[taken:])
+        _nothing_more(side, other)
+        assert side.pump(lambda: _idle(queue) and queue.acks == COUNT)
+    finally:
+        consumer.close()
+        producer.close()
+        other.close()
+
+
+def test_a_reset_mid_run_of_plain_sends_loses_nothing_taken(side: RunSide) -> None:
+    """The door's run reaches the engine as ``PlainSends`` and leaves as a run whose
+    MESSAGE frames the listener writes from its ids and bodies: each frame read, before
+    the reset and after it (the rest, made into messages to go back), carries the id the
+    engine gave that body; nothing acknowledged is lost, nothing comes twice."""
+    consumer = _small_consumer(side)
+    producer = RawClient(side)
+    other = RawClient(side)
+    try:
+        _subscribe(consumer, "s", "sends", "auto")
+        bodies = _send_run(producer, "sends")
+        assert side.sends > 0
+        queue = _queue(side, "sends")
+        assert side.pump(lambda: _held(side) > 0 and queue.acks + _held(side) == COUNT)
+        taken = queue.acks
+        assert 3 <= taken < COUNT
+        before = [consumer.next_frame() for _ in range(3)]
+        consumer.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        consumer.close()
+        assert side.pump(lambda: side.session_state(consumer.id) is None)
+        assert side.pump(lambda: _idle(queue) and _held(side) == 0)
+        assert (queue.acks, queue.nacks) == (taken, COUNT - taken)
+        _subscribe(other, "o", "sends", "client-individual")
+        after = []
+        for _ in range(COUNT - taken):
+            frame = other.next_frame()
+            assert frame.startswith(b"MESSAGE\n"), frame[:200]
+            after.append(frame)
+            other.send(b"ACK\nid:" + header(frame, b"ack") + b"\n\n\x00")
+        read = [*before, *after]
+        got = [f.split(b"\n\n", 1)[1].rstrip(b"\x00") for f in read]
+        assert got == bodies[:3] + bodies[taken:]
+        ids = [header(f, b"message-id").decode() for f in read]
+        assert ids == [side.ids[b] for b in got]
+        assert len(set(side.ids.values())) == COUNT
         _nothing_more(side, other)
         assert side.pump(lambda: _idle(queue) and queue.acks == COUNT)
     finally:

@@ -3,8 +3,9 @@ STOMP listener over loopback, the engine thread being the test (``Engineside``).
 
 Each case runs three times: with AUTO transits as the door asks for them (the door's
 runs of SENDs, ``unique_ids``; a single consumer's run of them as ONE item and ONE
-``unsent`` entry, ``runs``: ``broker.engine.flow.AUTO_RUN``), with AUTO transits one by
-one (``runs`` off: a ``Tracked`` frame each), and without (the engine's
+``unsent`` entry, its transport taking runs: ``broker.engine.flow.AUTO_RUN``), with AUTO
+transits one by one (``acknowledge_taken`` without ``runs``: a ``Tracked`` frame each),
+and without (the engine's
 ``publish_many`` told the ids are not the door's own: every delivery tracked, as
 before).  All must give the same outcome: every message read once,
 in order, nothing taken lost; what never reached a socket comes back as a first delivery
@@ -65,8 +66,6 @@ class Side(Engineside):
         def publish(client_id: str, messages: Any, now: float, **kw: Any) -> Any:
             if mode == "tracked":
                 kw["unique_ids"] = False  # (every delivery tracked)
-            if mode != "auto-runs":
-                kw["runs"] = False  # (a Tracked frame per delivery)
             result = publish_many(client_id, messages, now, **kw)
             for client in self.engine.clients.values():
                 self.autos += sum(1 for t in client.unsent if t[0] == AUTO)
@@ -74,6 +73,13 @@ class Side(Engineside):
             return result
 
         self.engine.publish_many = publish  # type: ignore[method-assign]
+        if mode != "auto-runs":  # its consumers' transports take no runs: a Tracked
+            by_taking = self.engine.acknowledge_taken  # frame per delivery (Client.auto_runs)
+
+            def one_by_one(client_id: str, channel: str, on: bool = True, **_: Any) -> bool:
+                return by_taking(client_id, channel, on)
+
+            self.engine.acknowledge_taken = one_by_one  # type: ignore[method-assign]
 
 
 @pytest.fixture(params=["auto-runs", "auto-transits", "tracked"])

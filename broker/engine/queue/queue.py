@@ -74,6 +74,7 @@ from broker.protocol import (
     DeliveredRun,
     NackReason,
     Outgoing,
+    PlainSends,
     QueueStatus,
     ResultCode,
     Tracked,
@@ -1250,7 +1251,6 @@ class Queue:
         max_messages: int,
         *,
         remember_ids: bool = True,
-        runs: bool = False,
     ) -> tuple[int, int | Exception]:
         """:meth:`check_push` then :meth:`accept` (no producer waiting) for each of
         ``ms[start:end]`` in turn, as the engine's run of typed pushes does one by one
@@ -1285,9 +1285,10 @@ class Queue:
         WaitForAcknowledge, no Retain, no ``end_send`` or ``message_dequeued`` hook.  It
         goes out as the frame the tracked path sends and counts as that delivery does
         (``flow.transmitted``, ``Dispatcher.settle_auto``); anything else it meets makes
-        it the tracked delivery first (``Dispatcher.materialize``).  ``runs``: the
-        caller takes a run of AUTO deliveries to the queue's single consumer as one
-        item (:meth:`_send_auto_run`); else each is a ``Tracked`` frame.  With the
+        it the tracked delivery first (``Dispatcher.materialize``).  A single consumer
+        whose transport takes runs (``Client.auto_runs``: the STOMP door's) gets a run of
+        AUTO deliveries as one item (:meth:`_send_auto_run`); any other gets a
+        ``Tracked`` frame per delivery.  With the
         door's own ids the numbers given extend the stretch of unique ids
         (:attr:`unique_from`) the drain's AUTO deliveries come from."""
         strategy = self.strategy
@@ -1416,7 +1417,7 @@ class Queue:
                                 quiet_answer = False  # (the tracked send counts it)
                         if quiet_answer and u < (c.prefetch.get(name) or self.window):
                             # (what out_message makes of it: the acknowledge wished)
-                            if runs and n == 1 and by_headers:
+                            if n == 1 and by_headers and c.auto_runs:
                                 more = self._send_auto_run(ms, k, end, c, message, seq, out)
                                 if rotates:
                                     self.rr = turn
@@ -1445,10 +1446,6 @@ class Queue:
                             self.auto_in_flight += 1
                             if rotates:
                                 self.rr = turn  # (choose_one's move past the one chosen)
-                            if n == 1 and by_headers:
-                                more = self._auto_run(ms, k + 1, end, c, message, out)
-                                if more:  # (those taken: the loop goes on after them)
-                                    next(islice(ks, more, more), None)
                             continue
                 quiet_headers = None  # (the tracked path below may change the answer)
                 if m is None:
@@ -1486,51 +1483,6 @@ class Queue:
                 self.unique_to = self.sequence
         return end - start, 0
 
-    def _auto_run(
-        self,
-        ms: Sequence[Message],
-        start: int,
-        end: int,
-        c: Client,
-        previous: Message,
-        out: list[Outgoing],
-    ) -> int:
-        """:meth:`accept_many`'s AUTO deliveries to the queue's single consumer ``c``
-        after ``previous`` (an AUTO delivery to ``c`` just made), one frame each: how many
-        of ``ms[start:end]`` were sent (those :meth:`_auto_stretch` finds)."""
-        name = self.channel.name
-        cid = c.id
-        room = (c.prefetch.get(name) or self.window) - self.used[cid]
-        stop = self._auto_stretch(ms, start, min(end, start + room), previous)
-        taken = stop - start
-        if taken <= 0:
-            return 0
-        qid = self.id
-        src = "" if self.options.hide_client_names else previous.source
-        deliver = out.append
-        keep = c.unsent.append
-        new, message_type, tracked, tracked_type, auto = (
-            _new_message,
-            Message,
-            _tracked,
-            Tracked,
-            AUTO,
-        )
-        seq = self.sequence
-        for message in islice(ms, start, stop):
-            mid, _, _, _, high, first, _, ttl, hs, payload, _ = message
-            seq += 1
-            frame = new(
-                message_type, (mid, src, name, qid, high, first, True, ttl, hs, payload, None)
-            )
-            deliver(tracked(tracked_type, (cid, frame)))
-            keep((auto, self, None, message, seq))
-        self.sequence = seq
-        self.received += taken
-        self.used[cid] += taken
-        self.auto_in_flight += taken
-        return taken
-
     def _auto_stretch(
         self, ms: Sequence[Message], start: int, stop: int, previous: Message
     ) -> int:
@@ -1553,6 +1505,22 @@ class Queue:
         sid = previous.source
         qid = self.id
         size_limit = self.options.message_size_limit
+        if (
+            ms.__class__ is PlainSends
+            and ms.headers is headers
+            and ms.source == sid
+            and ms.queue_id == qid
+            and ms.target == name
+        ):  # the door's run: alike by construction, only the sizes to read
+            bodies = ms.bodies
+            if not size_limit or max(map(len, bodies[start:stop])) <= size_limit:
+                return stop
+            k = start
+            for body in islice(bodies, start, stop):
+                if len(body) > size_limit:
+                    break
+                k += 1
+            return k
         k = start
         for message in islice(ms, start, stop):
             _, source, target, ctype, _, _, wants, _, hs, payload, wire = message
@@ -1593,7 +1561,9 @@ class Queue:
         u = used.get(cid, 0) + 1
         room = (c.prefetch.get(name) or self.window) - u
         stop = self._auto_stretch(ms, k + 1, min(end, k + 1 + room), message)
-        messages = ms[k:stop] if message is ms[k] else [message, *ms[k + 1 : stop]]
+        first = ms[k]  # (of the door's PlainSends: a new tuple, equal to the one taken)
+        same = message is first or (ms.__class__ is PlainSends and message == first)
+        messages = ms[k:stop] if same else [message, *ms[k + 1 : stop]]
         source = "" if self.options.hide_client_names else message.source
         run = _new_run(DeliveredRun, (messages, source, name, self.id, message.headers))
         out.append(_tracked(AutoRun, (cid, run)))
