@@ -1314,6 +1314,7 @@ class Queue:
         dispatch = self.dispatch
         send = dispatch.send
         tracker = self.tracker
+        pending = tracker.pending
         timeout = opts.message_timeout
         wait = opts.wait_for_acknowledge
         sends = type(strategy) in _SENDS_OR_KEEPS
@@ -1414,7 +1415,13 @@ class Queue:
                                 quiet_answer = bool(quiet(headers))  # type: ignore[misc]
                             except Exception:
                                 quiet_answer = False  # (the tracked send counts it)
-                        if quiet_answer and u < (c.prefetch.get(name) or self.window):
+                        if (
+                            quiet_answer
+                            and u < (c.prefetch.get(name) or self.window)
+                            # (a delivery of its id still unacknowledged by c: a TMQP
+                            # producer's message that took the id first; tracked, held)
+                            and not (pending and (cid, mid) in pending)
+                        ):
                             # (what out_message makes of it: the acknowledge wished)
                             if runs and n == 1 and by_headers:
                                 more = self._send_auto_run(ms, k, end, c, message, seq, out)
@@ -1501,7 +1508,7 @@ class Queue:
         name = self.channel.name
         cid = c.id
         room = (c.prefetch.get(name) or self.window) - self.used[cid]
-        stop = self._auto_stretch(ms, start, min(end, start + room), previous)
+        stop = self._auto_stretch(ms, start, min(end, start + room), previous, cid)
         taken = stop - start
         if taken <= 0:
             return 0
@@ -1532,7 +1539,7 @@ class Queue:
         return taken
 
     def _auto_stretch(
-        self, ms: Sequence[Message], start: int, stop: int, previous: Message
+        self, ms: Sequence[Message], start: int, stop: int, previous: Message, cid: str
     ) -> int:
         """Where the messages that may follow ``previous`` (an AUTO delivery to the
         queue's single consumer just made) as AUTO deliveries end, from ``start`` on and
@@ -1544,10 +1551,12 @@ class Queue:
         header block (``received_by_headers``: the block's ALLOW, and its quiet test's
         True) and the consumer's room.  Per message: its header block is ``previous``'s
         (the same object), the door's own (no octets, an id, the sender, this queue,
-        no acknowledge wish), within the size limit.  The first that is not goes back to
-        the outer loop, which decides it as before."""
+        no acknowledge wish), within the size limit, its id not that of a delivery to
+        ``cid`` still unacknowledged (a TMQP producer's message that took it first).  The
+        first that is not goes back to the outer loop, which decides it as before."""
         if stop <= start:
             return start
+        pending = self.tracker.pending
         name = self.channel.name
         headers = previous.headers
         sid = previous.source
@@ -1555,16 +1564,17 @@ class Queue:
         size_limit = self.options.message_size_limit
         k = start
         for message in islice(ms, start, stop):
-            _, source, target, ctype, _, _, wants, _, hs, payload, wire = message
+            mid, source, target, ctype, _, _, wants, _, hs, payload, wire = message
             if (
                 hs is not headers
                 or wire is not None
-                or not message[0]
+                or not mid
                 or wants
                 or source != sid
                 or ctype != qid
                 or target != name
                 or (size_limit and len(payload) > size_limit)
+                or (pending and (cid, mid) in pending)
             ):
                 break
             k += 1
@@ -1592,7 +1602,7 @@ class Queue:
         used = self.used
         u = used.get(cid, 0) + 1
         room = (c.prefetch.get(name) or self.window) - u
-        stop = self._auto_stretch(ms, k + 1, min(end, k + 1 + room), message)
+        stop = self._auto_stretch(ms, k + 1, min(end, k + 1 + room), message, cid)
         messages = ms[k:stop] if message is ms[k] else [message, *ms[k + 1 : stop]]
         source = "" if self.options.hide_client_names else message.source
         run = _new_run(DeliveredRun, (messages, source, name, self.id, message.headers))
