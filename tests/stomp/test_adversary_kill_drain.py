@@ -147,3 +147,48 @@ def test_kill_9_mid_drain_loses_no_persistent_message(durable: Durable, read: in
     unread = [i for i in range(len(got), COUNT) if _persistent(i)]
     assert back[len(back) - len(unread) :] == unread
     assert all(_persistent(i) and i < len(got) for i in back[: len(back) - len(unread)])
+
+
+def test_include_seq_with_ack_auto_after_a_restart_numbers_on(durable: Durable) -> None:
+    """``ack:auto`` with ``include-seq`` after a kill -9 and restart: the restored
+    messages keep their numbers and the new ones (AUTO deliveries and a backlog's) are
+    numbered after them -- every MESSAGE numbered, in order, no number twice."""
+    _backlog(durable.port)
+    durable.kill9()
+    durable.restart()
+    kept = COUNT // 3 + (COUNT % 3 > 0)  # the persistent ones
+    consumer = Raw(durable.port)
+    producer = Raw(durable.port)
+    try:
+        consumer.connect()
+        producer.connect()
+        consumer.send(
+            f"SUBSCRIBE\nid:s\ndestination:/queue/{QUEUE}\nack:auto\ninclude-seq:seq\n"
+            "receipt:sub\n\n\x00".encode()
+        )
+        frames = []
+        while True:  # (the backlog's MESSAGEs may come before the RECEIPT)
+            frame = consumer.next()
+            if frame.command is Command.RECEIPT:
+                break
+            frames.append(frame)
+        new = 50
+        producer.send(
+            b"".join(
+                f"SEND\ndestination:/queue/{QUEUE}\n\nnew-{i}\x00".encode() for i in range(new)
+            )
+        )
+        while len(frames) < kept + new:
+            frames.append(consumer.next())
+    finally:
+        consumer.close()
+        producer.close()
+    assert all(f.command is Command.MESSAGE for f in frames)
+    bodies = [f.body for f in frames]
+    assert bodies[:kept] == [_body(i) for i in range(COUNT) if _persistent(i)]
+    assert bodies[kept:] == [b"new-%d" % i for i in range(new)]
+    seqs = [int(f.header("seq") or 0) for f in frames]
+    assert seqs[:kept] == [i + 1 for i in range(COUNT) if _persistent(i)]
+    first = seqs[kept]  # (after the restored ones; numbers of transient ones lost
+    assert first > seqs[kept - 1]  # with the process may or may not be used again)
+    assert seqs[kept:] == list(range(first, first + new))
