@@ -83,27 +83,27 @@ Post = Callable[[Callable[[], None]], Any]
 #: ``failed`` instead if the store fails first (``OutputGate.call``).
 AfterDurable = Callable[[Callable[[], None], "Callable[[], None] | None"], None]
 
-#: Random bits in the start of a door's message ids (:func:`new_id_prefix`).
-_NONCE_BITS = 32
+#: The nonce of a door's message ids (:func:`new_id_prefix`): this many random bits,
+#: written as ``_NONCE_DIGITS`` base-36 digits (36**6 > 2**31).
+_NONCE_BITS = 31
+_NONCE_DIGITS = 6
 _DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
 
 
 def new_id_prefix() -> str:
-    """``stomp-<nonce>-``: how the message ids a door makes begin (``<conn>-<n>``
-    follow, the listener's connection number and the backend's count of SENDs, both
-    counting from 1 in each process).  ``<nonce>``: ``_NONCE_BITS`` random bits in
-    base 36 (at most 7 characters), new in each process, so that the ids made after a
-    restart do not repeat those of messages the store kept (a restored persistent
-    message and a new one sharing an id were two deliveries of one ``message-id``,
-    the engine holding back the second only when the first was a tracked delivery)."""
+    """``s<nonce>-``: how the message ids a door makes begin (``<conn>-<n>`` follow,
+    the listener's connection number and the backend's count of SENDs, both counting
+    from 1 in each process).  ``<nonce>``: ``_NONCE_BITS`` random bits as six base-36
+    digits, new in each process, so that the ids made after a restart do not repeat
+    those of messages the store kept (a restored persistent message and a new one
+    sharing an id were two deliveries of one ``message-id``).  Short, as it is on every
+    MESSAGE: two characters more than the ``stomp-`` the ids began with before."""
     n = secrets.randbits(_NONCE_BITS)
     digits = []
-    while True:
+    for _ in range(_NONCE_DIGITS):
         n, d = divmod(n, 36)
         digits.append(_DIGITS[d])
-        if not n:
-            break
-    return f"stomp-{''.join(reversed(digits))}-"
+    return f"s{''.join(reversed(digits))}-"
 
 
 class EngineDoor:

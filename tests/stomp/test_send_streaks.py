@@ -496,7 +496,7 @@ def test_a_runs_messages_share_one_header_block_with_the_stamp_and_count_sends()
     seen = door.seen
     assert len(seen) == 6 and len({id(m.headers) for m in seen}) == 1
     assert seen[0].headers == (("x", "1"), ("Stomp-User", "u"), ("Stomp-Timestamp", "1234"))
-    prefix = door.door.id_prefix  # (stomp-<nonce>-: new in each process)
+    prefix = door.door.id_prefix  # (s<nonce>-: new in each process)
     assert [m.message_id for m in seen] == [f"{prefix}1-{i}" for i in range(1, 7)]
     assert [(m.target, m.payload) for m in seen] == [
         ("a", b"0"),
