@@ -437,6 +437,7 @@ class EngineDoor:
             raise BackendError(f"authentication failed: {exc.reason}") from None
         self.conn_of[client_id] = conn
         self.client_of[conn] = client_id
+        self.engine.clients[client_id].own_ids = True  # (ids: ``id_prefix``)
         return out
 
     def op_disconnect(self, conn: int, now: float) -> list[Outgoing]:
