@@ -38,6 +38,7 @@ class Client(Generic[Q]):
         "info",
         "low_priority",
         "name",
+        "own_ids",
         "pending_queues",
         "prefetch",
         "requests",
@@ -86,6 +87,10 @@ class Client(Generic[Q]):
         #: consumer it is sends them so, from a run of pushes or a drain
         #: (``Engine.acknowledge_taken``'s ``runs``; never a TMQP peer's).
         self.auto_runs = False
+        #: Every message it sends carries an id its door made, unique (the STOMP door's:
+        #: set by the door, never from the wire), so a tracked delivery of one shares
+        #: its id with no AUTO delivery in flight (``Dispatcher.send``).
+        self.own_ids = False
         #: The user whose quotas count what this client creates (``broker.engine.quotas``),
         #: set by the client registry from the authorizer at connect; None: no quota.
         self.user: str | None = None

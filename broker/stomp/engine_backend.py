@@ -400,7 +400,7 @@ class EngineBackend:
         the engine thread runs it in order with this connection's other operations."""
         stamp, spec = self._stamp(connection_id, spec)
         self._ids += 1
-        message_id = f"stomp-{connection_id}-{self._ids}"
+        message_id = f"{self.door.id_prefix}{connection_id}-{self._ids}"
         door = self.door
         self._submit(
             lambda now: door.op_publish_answered(
@@ -455,7 +455,7 @@ class EngineBackend:
     def publish(self, connection_id: int, spec: PublishSpec) -> None:
         stamp, spec = self._stamp(connection_id, spec)
         self._ids += 1
-        message_id = f"stomp-{connection_id}-{self._ids}"
+        message_id = f"{self.door.id_prefix}{connection_id}-{self._ids}"
         door = self.door
         self._call(lambda now: door.op_publish(connection_id, spec, message_id, now, stamp))
 

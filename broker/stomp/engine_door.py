@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import socket
 import time
 from collections import deque
@@ -83,6 +84,28 @@ Post = Callable[[Callable[[], None]], Any]
 #: ``failed`` instead if the store fails first (``OutputGate.call``).
 AfterDurable = Callable[[Callable[[], None], "Callable[[], None] | None"], None]
 
+#: The nonce of a door's message ids (:func:`new_id_prefix`): this many random bits,
+#: written as ``_NONCE_DIGITS`` base-36 digits (36**6 > 2**31).
+_NONCE_BITS = 31
+_NONCE_DIGITS = 6
+_DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def new_id_prefix() -> str:
+    """``s<nonce>-``: how the message ids a door makes begin (``<conn>-<n>`` follow,
+    the listener's connection number and the backend's count of SENDs, both counting
+    from 1 in each process).  ``<nonce>``: ``_NONCE_BITS`` random bits as six base-36
+    digits, new in each process, so that the ids made after a restart do not repeat
+    those of messages the store kept (a restored persistent message and a new one
+    sharing an id were two deliveries of one ``message-id``).  Short, as it is on every
+    MESSAGE: two characters more than the ``stomp-`` the ids began with before."""
+    n = secrets.randbits(_NONCE_BITS)
+    digits = []
+    for _ in range(_NONCE_DIGITS):
+        n, d = divmod(n, 36)
+        digits.append(_DIGITS[d])
+    return f"s{''.join(reversed(digits))}-"
+
 
 class EngineDoor:
     """The engine, as the server drives it, with STOMP connections beside TMQP peers.
@@ -90,9 +113,17 @@ class EngineDoor:
     Everything but :meth:`submit` is called on the server's thread.
     """
 
-    def __init__(self, engine: Engine, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        clock: Callable[[], float] = time.monotonic,
+        id_prefix: str | None = None,
+    ) -> None:
         self.engine = engine
         self.clock = clock
+        #: How the message ids of this door's SENDs begin (:func:`new_id_prefix`, new in
+        #: each process unless told): ``<id_prefix><conn>-<n>``.
+        self.id_prefix = new_id_prefix() if id_prefix is None else id_prefix
         if PER_MESSAGE not in engine.handlers:  # the CLI registers it before recovery
             engine.handlers[PER_MESSAGE] = PerMessageDeliveryHandler(engine.config.wall_clock)
         #: Runs a function once the store's writes so far are durable, or the second
@@ -407,6 +438,7 @@ class EngineDoor:
             raise BackendError(f"authentication failed: {exc.reason}") from None
         self.conn_of[client_id] = conn
         self.client_of[conn] = client_id
+        self.engine.clients[client_id].own_ids = True  # (ids: ``id_prefix``)
         return out
 
     def op_disconnect(self, conn: int, now: float) -> list[Outgoing]:
@@ -684,9 +716,9 @@ class EngineDoor:
     ) -> list[Outgoing]:
         """A run of SENDs of one connection (``EngineBackend.publish_batch``), as streaks
         of SENDs alike but their bodies: each SEND as :meth:`op_publish` (message ids
-        ``stomp-<conn>-<first_id + i>``, ``i`` counting SENDs), in order, up to the first
-        refused; one answer for the run, ``answer(taken, error)``."""
-        prefix = f"stomp-{conn}-"
+        ``<id_prefix><conn>-<first_id + i>``, ``i`` counting SENDs), in order, up to the
+        first refused; one answer for the run, ``answer(taken, error)``."""
+        prefix = f"{self.id_prefix}{conn}-"
         plain = _plain_run(streaks)
         if plain is not _Run.MIXED:
             return self._publish_plain(

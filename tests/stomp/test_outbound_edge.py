@@ -65,7 +65,7 @@ def test_a_buffer_filled_to_exactly_max_outbound_still_gets_the_held_deliveries(
         message_id = header(probe, b"message-id")
         fixed = len(probe) + 1 - 100 - len(b"100") - len(message_id)
 
-        prefix, _, first = message_id.rpartition(b"-")  # (ids stomp-<conn>-<count>)
+        prefix, _, first = message_id.rpartition(b"-")  # (ids s<nonce>-<conn>-<count>)
 
         def frame_size(n: int, sent: int) -> int:  # of the MESSAGE of SEND number sent
             return fixed + len(prefix) + 1 + len(str(int(first) + sent)) + len(str(n)) + n

@@ -544,6 +544,17 @@ class Dispatcher:
         take stays out of the queue, in state QUEUED, for the caller to drop.
         """
         q = self.q
+        if (
+            q.auto_in_flight
+            and not q.unique_from <= m.seq <= q.unique_to
+            and not (m.producer is not None and m.producer.own_ids)
+        ):
+            # m's id is not one its door made: it may be one an AUTO delivery in flight
+            # has (a TMQP producer's forged or replayed id), which ``pending`` does not
+            # list.  Made tracked first, those are looked for as any other
+            # (``choose_one``, ``_eligible``): never two deliveries of one id in flight to
+            # one consumer.  (A single STOMP SEND is outside the stretch, its id unique.)
+            q.track_in_flight(now)
         hooks = q.hooks
         quiet = False  # (the handler's hooks would change nothing for m: not called)
         test = hooks.quiet

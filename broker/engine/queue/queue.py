@@ -1315,6 +1315,7 @@ class Queue:
         dispatch = self.dispatch
         send = dispatch.send
         tracker = self.tracker
+        pending = tracker.pending
         timeout = opts.message_timeout
         wait = opts.wait_for_acknowledge
         sends = type(strategy) in _SENDS_OR_KEEPS
@@ -1415,7 +1416,13 @@ class Queue:
                                 quiet_answer = bool(quiet(headers))  # type: ignore[misc]
                             except Exception:
                                 quiet_answer = False  # (the tracked send counts it)
-                        if quiet_answer and u < (c.prefetch.get(name) or self.window):
+                        if (
+                            quiet_answer
+                            and u < (c.prefetch.get(name) or self.window)
+                            # (a delivery of its id still unacknowledged by c: a TMQP
+                            # producer's message that took the id first; tracked, held)
+                            and not (pending and (cid, mid) in pending)
+                        ):
                             # (what out_message makes of it: the acknowledge wished)
                             if n == 1 and by_headers and c.auto_runs:
                                 more = self._send_auto_run(ms, k, end, c, message, seq, out)
@@ -1484,7 +1491,7 @@ class Queue:
         return end - start, 0
 
     def _auto_stretch(
-        self, ms: Sequence[Message], start: int, stop: int, previous: Message
+        self, ms: Sequence[Message], start: int, stop: int, previous: Message, cid: str
     ) -> int:
         """Where the messages that may follow ``previous`` (an AUTO delivery to the
         queue's single consumer just made) as AUTO deliveries end, from ``start`` on and
@@ -1496,10 +1503,12 @@ class Queue:
         header block (``received_by_headers``: the block's ALLOW, and its quiet test's
         True) and the consumer's room.  Per message: its header block is ``previous``'s
         (the same object), the door's own (no octets, an id, the sender, this queue,
-        no acknowledge wish), within the size limit.  The first that is not goes back to
-        the outer loop, which decides it as before."""
+        no acknowledge wish), within the size limit, its id not that of a delivery to
+        ``cid`` still unacknowledged (a TMQP producer's message that took it first).  The
+        first that is not goes back to the outer loop, which decides it as before."""
         if stop <= start:
             return start
+        pending = self.tracker.pending
         name = self.channel.name
         headers = previous.headers
         sid = previous.source
@@ -1507,6 +1516,7 @@ class Queue:
         size_limit = self.options.message_size_limit
         if (
             ms.__class__ is PlainSends
+            and not pending  # (else each id is looked up below)
             and ms.headers is headers
             and ms.source == sid
             and ms.queue_id == qid
@@ -1523,16 +1533,17 @@ class Queue:
             return k
         k = start
         for message in islice(ms, start, stop):
-            _, source, target, ctype, _, _, wants, _, hs, payload, wire = message
+            mid, source, target, ctype, _, _, wants, _, hs, payload, wire = message
             if (
                 hs is not headers
                 or wire is not None
-                or not message[0]
+                or not mid
                 or wants
                 or source != sid
                 or ctype != qid
                 or target != name
                 or (size_limit and len(payload) > size_limit)
+                or (pending and (cid, mid) in pending)
             ):
                 break
             k += 1
@@ -1560,7 +1571,7 @@ class Queue:
         used = self.used
         u = used.get(cid, 0) + 1
         room = (c.prefetch.get(name) or self.window) - u
-        stop = self._auto_stretch(ms, k + 1, min(end, k + 1 + room), message)
+        stop = self._auto_stretch(ms, k + 1, min(end, k + 1 + room), message, cid)
         first = ms[k]  # (of the door's PlainSends: a new tuple, equal to the one taken)
         same = message is first or (ms.__class__ is PlainSends and message == first)
         messages = ms[k:stop] if same else [message, *ms[k + 1 : stop]]
