@@ -88,10 +88,17 @@ def _next_id(producer: Raw, spy: Raw) -> tuple[str, int]:
     return prefix + "-", int(n) + 1
 
 
-@pytest.mark.parametrize("tmqp_first", [True, False], ids=["tmqp-first", "door-first"])
+@pytest.mark.parametrize(
+    ("tmqp_first", "run", "at"),
+    [(True, 1, 0), (False, 1, 0), (True, 5, 2)],
+    ids=["tmqp-first", "door-first", "tmqp-first-mid-run"],
+)
 def test_a_forged_id_leaves_nothing_stuck_when_the_consumer_goes(
-    small: Broker, admin: Client, tmqp_first: bool
+    small: Broker, admin: Client, tmqp_first: bool, run: int, at: int
 ) -> None:
+    """The door's next ``run`` SENDs go as one run; the forged id is the one of its SEND
+    ``at`` (mid-run: a follower the engine reads past the run's first, session 22's
+    ``PlainSends`` way when no delivery is pending)."""
     made: list[Raw] = []
     try:
         consumer = _raw(made, small, rcvbuf=4096)
@@ -103,7 +110,8 @@ def test_a_forged_id_leaves_nothing_stuck_when_the_consumer_goes(
         prefix, n = _next_id(producer, _raw(made, small))
         _send(producer, [b"f%03d" % i + b"." * (BODY - 4) for i in range(FILL)])
         assert wait_until(lambda: small.held_deliveries() > 0)  # (in flight from here on)
-        forged = f"{prefix}{n + FILL}"  # the id of the producer's next SEND
+        forged = f"{prefix}{n + FILL + at}"  # the id of one of the producer's next SENDs
+        door = [b"door%d" % i for i in range(run)]
         if tmqp_first:
             admin.push(QUEUE, 0, b"tmqp", message_id=forged)
 
@@ -112,17 +120,17 @@ def test_a_forged_id_leaves_nothing_stuck_when_the_consumer_goes(
                 return bool(info["Acks"] + info["InFlight"] == FILL + 1)
 
             assert wait_until(handed), str(_info(admin))
-            _send(producer, [b"door"])
+            _send(producer, door)
         else:
-            _send(producer, [b"door"])
+            _send(producer, door)
             admin.push(QUEUE, 0, b"tmqp", message_id=forged)
 
         def both_in() -> bool:  # (the second one waits: one delivery of an id at a time)
             info = _info(admin)
-            return bool(info["Messages"] + info["Acks"] + info["InFlight"] == FILL + 2)
+            return bool(info["Messages"] + info["Acks"] + info["InFlight"] == FILL + 1 + run)
 
         assert wait_until(both_in), str(_info(admin))
-        assert _info(admin)["Messages"] == 1
+        assert _info(admin)["Messages"] >= 1  # (the later of the two, at least)
         consumer.close()
         assert wait_until(lambda: _info(admin)["InFlight"] == 0), str(_info(admin))
         taken = _info(admin)["Acks"]
@@ -131,12 +139,12 @@ def test_a_forged_id_leaves_nothing_stuck_when_the_consumer_goes(
             f"SUBSCRIBE\nid:t\ndestination:/queue/{QUEUE}\nack:client-individual\n\n\x00".encode()
         )
         bodies = []
-        for _ in range(FILL + 2 - taken):
+        for _ in range(FILL + 1 + run - taken):
             frame = second.next()
             assert frame.command is Command.MESSAGE, frame
             bodies.append(bytes(frame.body))
             second.send(f"ACK\nid:{frame.header('ack')}\n\n\x00".encode())
-        assert b"tmqp" in bodies and b"door" in bodies
+        assert b"tmqp" in bodies and set(door) <= set(bodies)
         assert wait_until(lambda: _info(admin)["PendingAcknowledges"] == 0), str(_info(admin))
     finally:
         for raw in made:
