@@ -159,24 +159,50 @@ class SendStreak(NamedTuple):
     :meth:`FrameParser.feed_streaks_until_error` reads them: the frames
     ``Frame(command, headers, body)`` for each of ``bodies``, in order, held as one item
     (one headers tuple, a body per SEND, every body the head's ``content-length`` long).
-    Same first two fields as a :class:`Frame`: ``command`` (always SEND), ``headers``."""
+    Same first two fields as a :class:`Frame`: ``command`` (always SEND), ``headers``.
+
+    ``receipts`` (None: none): SENDs whose heads are alike but the value of their last
+    line, a ``receipt`` header (a producer asking a receipt per SEND; ``headers`` has no
+    other ``receipt``): SEND i is ``Frame(command, (*headers, ("receipt", receipts[i])),
+    bodies[i])``."""
 
     command: Command
     headers: Headers
     bodies: list[bytes]
+    receipts: list[str] | None = None
 
     def header(self, name: str, default: str | None = None) -> str | None:
-        """The first value of header ``name`` (as :meth:`Frame.header`)."""
+        """The first value of header ``name`` (as :meth:`Frame.header`) of its first SEND."""
         for key, value in self.headers:
             if key == name:
                 return value
+        if name == "receipt" and self.receipts is not None:
+            return self.receipts[0]
         return default
 
     def frames(self) -> list[Frame]:
         """The SENDs it stands for, one frame each."""
         command = self.command
         headers = self.headers
-        return [Frame(command, headers, body) for body in self.bodies]
+        if self.receipts is None:
+            return [Frame(command, headers, body) for body in self.bodies]
+        return [
+            Frame(command, (*headers, ("receipt", receipt)), body)
+            for receipt, body in zip(self.receipts, self.bodies, strict=True)
+        ]
+
+    def split(self, taken: int) -> tuple[SendStreak, SendStreak]:
+        """Its first ``taken`` SENDs and the others, as two streaks (0 < taken < len)."""
+        command, headers, bodies, receipts = self
+        if receipts is None:
+            return (
+                SendStreak(command, headers, bodies[:taken]),
+                SendStreak(command, headers, bodies[taken:]),
+            )
+        return (
+            SendStreak(command, headers, bodies[:taken], receipts[:taken]),
+            SendStreak(command, headers, bodies[taken:], receipts[taken:]),
+        )
 
 
 # -- escaping ----------------------------------------------------------------------------
@@ -467,6 +493,14 @@ class FrameParser:
         append = frames.append
         same = self._same
         streak = streaks and command is Command.SEND
+        # SENDs of the lead plus a last line ``receipt:VALUE`` (a receipt per SEND): one
+        # streak, their receipts beside their bodies -- when the lead gives the body's
+        # length and asks no receipt itself (a repeated receipt: the first one counts)
+        tagged = (
+            raw + b"receipt:"
+            if streak and 0 <= lead_size <= max_body and all(name != "receipt" for name, _ in lead)
+            else None
+        )
         last_line = ""  # the last line of the frame read just before (here)
         while True:
             if same is not None:
@@ -488,7 +522,7 @@ class FrameParser:
                             for at in range(same.skip, pos - first, stride)
                         ]
                         if streak:
-                            append(new_frame(SendStreak, (command, same.headers, bodies)))
+                            append(new_frame(SendStreak, (command, same.headers, bodies, None)))
                         else:
                             kept = same.headers
                             frames += [new_frame(Frame, (command, kept, b)) for b in bodies]
@@ -499,6 +533,12 @@ class FrameParser:
                 same = None
             if not startswith(raw, pos):
                 break
+            if tagged is not None and startswith(tagged, pos):
+                pos = self._read_receipts(frames, pos, tagged, lead, skip, lead_size)
+                if startswith(tagged, pos):  # not all here, or what the usual path reads
+                    break
+                last_line = ""
+                continue
             at = pos + skip
             end = find(b"\n", at, pos + FAST_HEAD)
             if end < 0 or end + 1 >= n or buf[end + 1] != 0x0A:  # (the empty line after it)
@@ -530,6 +570,54 @@ class FrameParser:
             pos = stop + 1
         self._same = same
         self._pos = pos
+
+    def _read_receipts(
+        self,
+        frames: list[Frame | SendStreak],
+        pos: int,
+        tagged: bytes,
+        lead: Headers,
+        skip: int,
+        size: int,
+    ) -> int:
+        """:meth:`_read_repeats`' SENDs at ``pos`` whose heads are the lead (``skip``
+        bytes, asking no receipt, its content-length ``size``) plus a last line
+        ``receipt:VALUE`` (``tagged``: the lead and ``receipt:``), whole in the buffer:
+        one :class:`SendStreak` with their receipts, appended to ``frames``; where the
+        first other frame starts.  A value with an escape, CR, NUL or bad UTF-8, or a line
+        over the limit, stops it (the usual path reads that SEND, or refuses it)."""
+        buf = self._buf
+        n = len(buf)
+        find = buf.find
+        startswith = buf.startswith
+        limit = self.limits.max_header_length
+        value_at = len(tagged)
+        bodies: list[bytes] = []
+        receipts: list[str] = []
+        add_body = bodies.append
+        add_receipt = receipts.append
+        while startswith(tagged, pos):
+            at = pos + value_at
+            end = find(b"\n", at, pos + FAST_HEAD)
+            if end < 0 or end + 1 >= n or buf[end + 1] != 0x0A:  # (the empty line after it)
+                break
+            start = end + 2
+            stop = start + size
+            # (the line's UTF-8 is its bytes: end - pos - skip is what the limit counts)
+            if stop >= n or buf[stop] != 0 or end - pos - skip > limit:
+                break
+            try:
+                value = buf[at:end].decode("utf-8")
+            except UnicodeDecodeError:
+                break
+            if "\r" in value or "\0" in value or "\\" in value:
+                break
+            add_receipt(value)
+            add_body(bytes(buf[start:stop]))
+            pos = stop + 1
+        if receipts:
+            frames.append(_new_tuple(SendStreak, (Command.SEND, lead, bodies, receipts)))
+        return pos
 
     def _repeat_head(
         self, prefix: _HeadPrefix
