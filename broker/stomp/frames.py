@@ -534,11 +534,13 @@ class FrameParser:
             if not startswith(raw, pos):
                 break
             if tagged is not None and startswith(tagged, pos):
-                pos = self._read_receipts(frames, pos, tagged, lead, skip, lead_size)
-                if startswith(tagged, pos):  # not all here, or what the usual path reads
-                    break
-                last_line = ""
-                continue
+                pos, repeated = self._read_receipts(frames, pos, tagged, lead, skip, lead_size)
+                if repeated is None:
+                    if startswith(tagged, pos):  # not all here, or what the usual path reads
+                        break
+                    last_line = ""
+                    continue
+                last_line = repeated  # (read below: the head alike after it, by comparison)
             at = pos + skip
             end = find(b"\n", at, pos + FAST_HEAD)
             if end < 0 or end + 1 >= n or buf[end + 1] != 0x0A:  # (the empty line after it)
@@ -579,45 +581,75 @@ class FrameParser:
         lead: Headers,
         skip: int,
         size: int,
-    ) -> int:
+    ) -> tuple[int, str | None]:
         """:meth:`_read_repeats`' SENDs at ``pos`` whose heads are the lead (``skip``
         bytes, asking no receipt, its content-length ``size``) plus a last line
         ``receipt:VALUE`` (``tagged``: the lead and ``receipt:``), whole in the buffer:
-        one :class:`SendStreak` with their receipts, appended to ``frames``; where the
-        first other frame starts.  A value with an escape, CR, NUL or bad UTF-8, or a line
-        over the limit, stops it (the usual path reads that SEND, or refuses it)."""
+        one :class:`SendStreak` with their receipts, appended to ``frames``.  Where the
+        first SEND not in it starts, and that SEND's last line when it repeats the line
+        before it (the first two values alike: a producer repeating one head, which the
+        usual loop reads by comparison, :class:`_SameHead`).  A value with an escape, CR,
+        NUL or bad UTF-8, or a line over the limit, stops it (the usual path reads that
+        SEND, or refuses it).
+
+        The loop finds each head's end (its value's) and checks the body's NUL; the
+        bodies and values are cut after it from one copy of the stretch, the values
+        decoded and checked in one go."""
         buf = self._buf
         n = len(buf)
         find = buf.find
         startswith = buf.startswith
-        limit = self.limits.max_header_length
+        longest = self.limits.max_header_length + skip  # (a value's end, from its SEND's)
         value_at = len(tagged)
-        bodies: list[bytes] = []
-        receipts: list[str] = []
-        add_body = bodies.append
-        add_receipt = receipts.append
-        while startswith(tagged, pos):
-            at = pos + value_at
-            end = find(b"\n", at, pos + FAST_HEAD)
+        ends: list[int] = []  # where each SEND's value ends (its body: 2 bytes on)
+        mark = ends.append
+        first = pos
+        # the first SEND's head, value line included, again right after it (one head
+        # repeated, e.g. ``receipt:1`` on every SEND): that one only (``bound``)
+        end = find(b"\n", pos + value_at, pos + FAST_HEAD)
+        bound = n
+        if end > 0 and startswith(bytes(buf[pos : end + 1]), end + 3 + size):
+            bound = pos + value_at
+        while startswith(tagged, pos, bound):
+            end = find(b"\n", pos + value_at, pos + FAST_HEAD)
             if end < 0 or end + 1 >= n or buf[end + 1] != 0x0A:  # (the empty line after it)
                 break
-            start = end + 2
-            stop = start + size
+            stop = end + 2 + size
             # (the line's UTF-8 is its bytes: end - pos - skip is what the limit counts)
-            if stop >= n or buf[stop] != 0 or end - pos - skip > limit:
+            if stop >= n or buf[stop] != 0 or end - pos > longest:
                 break
-            try:
-                value = buf[at:end].decode("utf-8")
-            except UnicodeDecodeError:
-                break
-            if "\r" in value or "\0" in value or "\\" in value:
-                break
-            add_receipt(value)
-            add_body(bytes(buf[start:stop]))
+            mark(end - first)
             pos = stop + 1
-        if receipts:
-            frames.append(_new_tuple(SendStreak, (Command.SEND, lead, bodies, receipts)))
-        return pos
+        if not ends:
+            return pos, None
+        stretch = bytes(buf[first:pos])
+        stride = size + 3 + value_at  # (a value's end to the next value's start, less its own)
+        starts = [value_at, *[end + stride for end in ends[:-1]]]
+        values = [stretch[at:end] for at, end in zip(starts, ends, strict=True)]
+        try:
+            text = b"\n".join(values).decode("utf-8")
+        except UnicodeDecodeError:
+            text = "\\"  # (found below)
+        if "\r" in text or "\0" in text or "\\" in text:
+            kept = 0  # the SENDs before the first value the usual path reads (or refuses)
+            for value in values:
+                try:
+                    one = value.decode("utf-8")
+                except UnicodeDecodeError:
+                    break
+                if "\r" in one or "\0" in one or "\\" in one:
+                    break
+                kept += 1
+            if not kept:
+                return first, None
+            del ends[kept:], values[kept:]
+            pos = first + starts[kept] - value_at if kept < len(starts) else pos
+            text = b"\n".join(values).decode("utf-8")
+        receipts = text.split("\n")
+        repeated = f"receipt:{receipts[0]}" if bound < n and pos < n else None
+        bodies = [stretch[end + 2 : end + 2 + size] for end in ends]
+        frames.append(_new_tuple(SendStreak, (Command.SEND, lead, bodies, receipts)))
+        return pos, repeated
 
     def _repeat_head(
         self, prefix: _HeadPrefix
