@@ -534,7 +534,7 @@ class FrameParser:
             if not startswith(raw, pos):
                 break
             if tagged is not None and startswith(tagged, pos):
-                pos, repeated = self._read_receipts(frames, pos, tagged, lead, skip, lead_size)
+                pos, repeated = self._read_receipts(frames, pos, tagged, lead, lead_size)
                 if repeated is None:
                     if startswith(tagged, pos):  # not all here, or what the usual path reads
                         break
@@ -579,77 +579,94 @@ class FrameParser:
         pos: int,
         tagged: bytes,
         lead: Headers,
-        skip: int,
         size: int,
     ) -> tuple[int, str | None]:
-        """:meth:`_read_repeats`' SENDs at ``pos`` whose heads are the lead (``skip``
-        bytes, asking no receipt, its content-length ``size``) plus a last line
-        ``receipt:VALUE`` (``tagged``: the lead and ``receipt:``), whole in the buffer:
-        one :class:`SendStreak` with their receipts, appended to ``frames``.  Where the
-        first SEND not in it starts, and that SEND's last line when it repeats the line
-        before it (the first two values alike: a producer repeating one head, which the
-        usual loop reads by comparison, :class:`_SameHead`).  A value with an escape, CR,
-        NUL or bad UTF-8, or a line over the limit, stops it (the usual path reads that
-        SEND, or refuses it).
+        """:meth:`_read_repeats`' SENDs at ``pos`` whose heads are the lead (asking no
+        receipt, its content-length ``size``) plus a last line ``receipt:VALUE``
+        (``tagged``: the lead and ``receipt:``), whole in the buffer: one
+        :class:`SendStreak` with their receipts, appended to ``frames``.  Where the first
+        SEND not in it starts, and that SEND's last line when the first SEND's head comes
+        again whole right after it (a producer repeating one head, which the usual loop
+        reads by comparison, :class:`_SameHead`: only the first SEND is taken here).  A
+        value with an escape, CR, NUL or bad UTF-8, or a line over the limit, stops it
+        (the usual path reads that SEND, or refuses it).
 
-        The loop finds each head's end (its value's) and checks the body's NUL; the
-        bodies and values are cut after it from one copy of the stretch, the values
-        decoded and checked in one go."""
+        No call per SEND: the buffer from ``pos`` is split at ``tagged``; a piece is a
+        SEND of the streak when it is ``VALUE``, the empty line, ``size`` bytes and the
+        NUL -- read from its length alone, the value the bytes before (a body holding
+        ``tagged`` cuts its piece short, which then fails, and the streak ends there).
+        The values are decoded and checked in one go."""
         buf = self._buf
         n = len(buf)
-        find = buf.find
-        startswith = buf.startswith
-        longest = self.limits.max_header_length + skip  # (a value's end, from its SEND's)
         value_at = len(tagged)
-        ends: list[int] = []  # where each SEND's value ends (its body: 2 bytes on)
-        mark = ends.append
-        first = pos
-        # the first SEND's head, value line included, again right after it (one head
-        # repeated, e.g. ``receipt:1`` on every SEND): that one only (``bound``)
-        end = find(b"\n", pos + value_at, pos + FAST_HEAD)
-        bound = n
-        if end > 0 and startswith(bytes(buf[pos : end + 1]), end + 3 + size):
-            bound = pos + value_at
-        while startswith(tagged, pos, bound):
-            end = find(b"\n", pos + value_at, pos + FAST_HEAD)
-            if end < 0 or end + 1 >= n or buf[end + 1] != 0x0A:  # (the empty line after it)
-                break
-            stop = end + 2 + size
-            # (the line's UTF-8 is its bytes: end - pos - skip is what the limit counts)
-            if stop >= n or buf[stop] != 0 or end - pos > longest:
-                break
-            mark(end - first)
-            pos = stop + 1
-        if not ends:
+        # a value's bytes: its line (``receipt:`` + value) within the limit, and its EOL
+        # within FAST_HEAD of its SEND (as the other readers of a head)
+        most = min(self.limits.max_header_length - 8, FAST_HEAD - 1 - value_at)
+        end = buf.find(b"\n", pos + value_at, pos + FAST_HEAD)
+        stop = end + 2 + size
+        if (
+            end < 0
+            or end - pos - value_at > most
+            or stop >= n
+            or buf[end + 1] != 0x0A
+            or buf[stop] != 0
+        ):  # (the first one is not all here, or is not one)
             return pos, None
-        stretch = bytes(buf[first:pos])
-        stride = size + 3 + value_at  # (a value's end to the next value's start, less its own)
-        starts = [value_at, *[end + stride for end in ends[:-1]]]
-        values = [stretch[at:end] for at, end in zip(starts, ends, strict=True)]
+        # its head again right after it: that one only, the comparison reads the next
+        repeat = buf.startswith(bytes(buf[pos : end + 1]), stop + 1)
+        pieces = bytes(buf[pos:]).split(tagged)  # (pieces[0]: the b"" before the first)
+        extra = size + 3  # a piece's length less its value's
+        last = len(pieces) - 1
+        count = 0
+        for piece in itertools.islice(pieces, 1, None):
+            length = len(piece) - extra
+            if length < 0 or length > most or piece[-1] != 0:
+                break
+            if piece[length] != 0x0A or piece[length + 1] != 0x0A:
+                break
+            count += 1
+        if count == last - 1 and not repeat:  # the last piece: a SEND and what follows it
+            piece = pieces[last]
+            length = piece.find(b"\n", 0, most + 1)
+            if (
+                length >= 0
+                and length + extra <= len(piece)
+                and piece[length + 1] == 0x0A
+                and piece[length + extra - 1] == 0
+            ):
+                pieces[last] = piece[: length + extra]
+                count += 1
+        if repeat:
+            count = min(count, 1)
+        if not count:
+            return pos, None
+        taken = pieces[1 : count + 1]
+        values = [piece[: len(piece) - extra] for piece in taken]
         try:
             text = b"\n".join(values).decode("utf-8")
         except UnicodeDecodeError:
             text = "\\"  # (found below)
-        if "\r" in text or "\0" in text or "\\" in text:
+        receipts = text.split("\n")
+        if len(receipts) != count or "\r" in text or "\0" in text or "\\" in text:
             kept = 0  # the SENDs before the first value the usual path reads (or refuses)
             for value in values:
                 try:
                     one = value.decode("utf-8")
                 except UnicodeDecodeError:
                     break
-                if "\r" in one or "\0" in one or "\\" in one:
+                if "\n" in one or "\r" in one or "\0" in one or "\\" in one:
                     break
                 kept += 1
             if not kept:
-                return first, None
-            del ends[kept:], values[kept:]
-            pos = first + starts[kept] - value_at if kept < len(starts) else pos
-            text = b"\n".join(values).decode("utf-8")
-        receipts = text.split("\n")
-        repeated = f"receipt:{receipts[0]}" if bound < n and pos < n else None
-        bodies = [stretch[end + 2 : end + 2 + size] for end in ends]
+                return pos, None
+            del taken[kept:], values[kept:]
+            receipts = b"\n".join(values).decode("utf-8").split("\n")
+            count = kept
+            repeat = False
+        pos += count * value_at + sum(map(len, taken))
+        bodies = [piece[-size - 1 : -1] for piece in taken]
         frames.append(_new_tuple(SendStreak, (Command.SEND, lead, bodies, receipts)))
-        return pos, repeated
+        return pos, (f"receipt:{receipts[0]}" if repeat else None)
 
     def _repeat_head(
         self, prefix: _HeadPrefix

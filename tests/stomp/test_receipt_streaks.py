@@ -72,13 +72,22 @@ LASTS = [
     b"x:%d",
     b"",
 ]
-BODIES = [b"abc", b"", b"a\0c", b"abcd"]
+BODIES = [b"abc", b"", b"a\0c", b"abcd", b"<head>", b"<head-end>", b"<frames>"]
+#: bodies that hold their own SEND's lead and ``receipt:`` (``{tag}``), 80 bytes long
+HEADY = {
+    b"<head>": b"{tag}",
+    b"<head-end>": b"x{tag}",
+    b"<frames>": b"{tag}9\n\nab\0{tag}",
+}
 
 
 def _frame(lead: int, last: int, number: int, body: bytes, lie: bool = False) -> bytes:
     """A SEND: the lead, its last line (numbered), the body (``lie``: one byte more
     than its content-length says)."""
     line = LASTS[last] % number if b"%d" in LASTS[last] else LASTS[last]
+    if body in HEADY:  # (its lead with the content-length 80, then receipt:)
+        tag = LEADS[lead].format(n=80 - lie).encode() + b"receipt:"
+        body = HEADY[body].replace(b"{tag}", tag).ljust(80, b".")[-80:]
     head = LEADS[lead].format(n=len(body) - lie).encode() + (line + b"\n" if line else b"")
     if "{n}" not in LEADS[lead] and b"\0" in body:
         body = b"nul"  # (a NUL would end it early: another frame)
@@ -190,6 +199,19 @@ def test_a_receipt_streak_cut_at_every_byte_gives_the_frames_the_parser_gives(
         assert expected[1] is None and len(expected[0]) == len(frames)
         assert _read(FrameParser(version=version), pieces, streaks=True) == expected, cut
     assert _receipt_streaks(FrameParser(version=version), [stream])[1]
+
+
+@pytest.mark.parametrize("body", list(HEADY))
+def test_bodies_holding_their_own_head_give_the_frames_the_parser_gives(body: bytes) -> None:
+    """Receipt SENDs whose bodies hold ``lead + receipt:`` (at the start, at the end,
+    twice around what looks like a frame), every fourth one, in 3 reads cut anywhere."""
+    frames = [_frame(0, 0, i, body if i % 4 == 3 else b"y" * 80) for i in range(14)]
+    stream = b"".join(frames)
+    for cut in range(1, len(stream), 7):
+        pieces = [stream[:cut], stream[cut : cut + 300], stream[cut + 300 :]]
+        expected = _read(FrameParser(version=Version.V1_2), pieces, streaks=False)
+        assert expected[1] is None and len(expected[0]) == len(frames)
+        assert _read(FrameParser(version=Version.V1_2), pieces, streaks=True) == expected, cut
 
 
 def test_a_receipt_header_twice_is_not_read_as_a_receipt_streak() -> None:
