@@ -8,7 +8,8 @@ last line that differs.  The parser gives such SENDs as one ``SendStreak`` with
 
 * the parser: the frames of its items are what ``feed_until_error`` gives, on generated
   streams (receipts or not, escaped values on 1.1/1.2, values read raw on 1.0, a
-  receipt header twice, CR, NUL, bad UTF-8, a line over the limit, a body that lies), fed
+  receipt header twice, a header after it, CR, NUL, bad UTF-8, a line over the limit, a
+  body that lies, no NUL or no empty line where they belong), fed
   whole, byte by byte or cut anywhere -- and a streak cut at every byte;
 * ``read_send_run`` over receipt streaks: each SEND's spec and receipt as
   ``parse_send_control`` gives them, the window cutting a streak (its unread SENDs keep
@@ -71,6 +72,7 @@ LASTS = [
     b"receipt:a:b%d",
     b"x:%d",
     b"",
+    b"receipt:%d\nx:1",  # a header after the receipt
 ]
 BODIES = [b"abc", b"", b"a\0c", b"abcd", b"<head>", b"<head-end>", b"<frames>"]
 #: bodies that hold their own SEND's lead and ``receipt:`` (``{tag}``), 80 bytes long
@@ -81,17 +83,19 @@ HEADY = {
 }
 
 
-def _frame(lead: int, last: int, number: int, body: bytes, lie: bool = False) -> bytes:
-    """A SEND: the lead, its last line (numbered), the body (``lie``: one byte more
-    than its content-length says)."""
+def _frame(lead: int, last: int, number: int, body: bytes, lie: int = 0) -> bytes:
+    """A SEND: the lead, its last line (numbered), the body (``lie``: 1, one byte more
+    than its content-length says; 2, no NUL after it; 3, no empty line before it)."""
     line = LASTS[last] % number if b"%d" in LASTS[last] else LASTS[last]
     if body in HEADY:  # (its lead with the content-length 80, then receipt:)
-        tag = LEADS[lead].format(n=80 - lie).encode() + b"receipt:"
-        body = HEADY[body].replace(b"{tag}", tag).ljust(80, b".")[-80:]
-    head = LEADS[lead].format(n=len(body) - lie).encode() + (line + b"\n" if line else b"")
+        tag = LEADS[lead].format(n=80 - (lie == 1)).encode() + b"receipt:"
+        held = HEADY[body].replace(b"{tag}", tag)
+        body = (held.rjust if body == b"<head-end>" else held.ljust)(80, b".")[-80:]
+    head = LEADS[lead].format(n=len(body) - (lie == 1)).encode() + (line + b"\n" if line else b"")
     if "{n}" not in LEADS[lead] and b"\0" in body:
         body = b"nul"  # (a NUL would end it early: another frame)
-    return head + b"\n" + body + b"\0"
+    # (2: no NUL after the body, 3: no empty line after the head -- one byte instead)
+    return head + (b"Z" if lie == 3 else b"\n") + body + (b"X" if lie == 2 else b"\0")
 
 
 STREAMS = st.lists(
@@ -102,7 +106,7 @@ STREAMS = st.lists(
         st.integers(0, len(BODIES) - 1),
         st.integers(-1, 8),  # the SEND (if any) whose last line is a hostile one instead
         st.integers(0, len(LASTS) - 1),
-        st.booleans(),  # the last SEND's body lies about its length
+        st.sampled_from([0, 0, 0, 1, 2, 3]),  # the last SEND lies (``_frame``)
     ),
     min_size=1,
     max_size=6,
@@ -120,7 +124,7 @@ def _stream(parts: list[tuple[int, int, int, int, int, int, bool]]) -> bytes:
                     other if i == odd else last,
                     next(number),
                     BODIES[body],
-                    lie and i == times - 1,
+                    lie if i == times - 1 else 0,
                 )
             )
     return b"".join(out)
@@ -199,6 +203,23 @@ def test_a_receipt_streak_cut_at_every_byte_gives_the_frames_the_parser_gives(
         assert expected[1] is None and len(expected[0]) == len(frames)
         assert _read(FrameParser(version=version), pieces, streaks=True) == expected, cut
     assert _receipt_streaks(FrameParser(version=version), [stream])[1]
+
+
+@pytest.mark.parametrize("version", [None, Version.V1_0, Version.V1_1, Version.V1_2])
+def test_every_odd_send_in_the_middle_of_a_receipt_streak_gives_what_the_parser_gives(
+    version: Version | None,
+) -> None:
+    """Every last line and every lie (``_frame``) on the fifth of nine receipt SENDs of
+    one lead, and on the last one (a read's last piece), whole and cut in three."""
+    for last, lie, at in itertools.product(range(len(LASTS)), range(4), (4, 8)):
+        frames = [
+            _frame(0, last if i == at else 0, i, b"abc", lie if i == at else 0) for i in range(9)
+        ]
+        stream = b"".join(frames)
+        for pieces in ([stream], [stream[:100], stream[100:300], stream[300:]]):
+            expected = _read(_parser(version), pieces, streaks=False)
+            got = _read(_parser(version), pieces, streaks=True)
+            assert got == expected, (LASTS[last], lie, at)
 
 
 @pytest.mark.parametrize("body", list(HEADY))
