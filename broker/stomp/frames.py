@@ -27,8 +27,11 @@ Rules enforced by :class:`FrameParser` (the only exception it raises is
 
 :meth:`FrameParser.feed_streaks_until_error` (the session's reading, with a backend that
 takes runs of SENDs) gives SENDs whose heads are byte for byte the head before them as
-one :class:`SendStreak` (one headers tuple, a body each) instead of a frame each; its
-frames are what :meth:`FrameParser.feed_until_error` gives.
+one :class:`SendStreak` (one headers tuple, a body each) instead of a frame each, and
+SENDs alike but the value of their last header, ``receipt`` (stomp.py sorts headers: a
+receipt per SEND comes after ``content-length`` and ``destination``), as one with their
+receipts beside their bodies; its frames are what :meth:`FrameParser.feed_until_error`
+gives.
 
 :func:`serialize` writes a frame for a version: it escapes header names and values
 (1.1/1.2, except CONNECT/CONNECTED) and raises ``EncodeError`` for what the version
