@@ -537,9 +537,10 @@ class FrameParser:
             if not startswith(raw, pos):
                 break
             if tagged is not None and startswith(tagged, pos):
+                before = pos
                 pos, repeated = self._read_receipts(frames, pos, tagged, lead, lead_size)
                 if repeated is None:
-                    if startswith(tagged, pos):  # not all here, or what the usual path reads
+                    if pos == before:  # not all here, or what the usual path reads
                         break
                     last_line = ""
                     continue
@@ -594,7 +595,9 @@ class FrameParser:
         value with an escape, CR, NUL or bad UTF-8, or a line over the limit, stops it
         (the usual path reads that SEND, or refuses it).
 
-        No call per SEND: the buffer from ``pos`` is split at ``tagged``; a piece is a
+        No call per SEND: SENDs of one length, the first one's (values of one length),
+        are cut at their strides and checked whole (:func:`_same_stride`); else the
+        buffer from ``pos`` is split at ``tagged``; a piece is a
         SEND of the streak when it is ``VALUE``, the empty line, ``size`` bytes and the
         NUL -- read from its length alone, the value the bytes before (a body holding
         ``tagged`` cuts its piece short, which then fails, and the streak ends there).
@@ -617,7 +620,15 @@ class FrameParser:
             return pos, None
         # its head again right after it: that one only, the comparison reads the next
         repeat = buf.startswith(bytes(buf[pos : end + 1]), stop + 1)
-        pieces = bytes(buf[pos:]).split(tagged)  # (pieces[0]: the b"" before the first)
+        data = bytes(buf[pos:])
+        if not repeat:
+            stride = stop + 1 - pos  # (the first SEND's length)
+            strided = _same_stride(data, tagged, stride, end - pos - value_at)
+            if strided is not None:
+                receipts, bodies = strided
+                frames.append(_new_tuple(SendStreak, (Command.SEND, lead, bodies, receipts)))
+                return pos + len(bodies) * stride, None
+        pieces = data.split(tagged)  # (pieces[0]: the b"" before the first)
         extra = size + 3  # a piece's length less its value's
         last = len(pieces) - 1
         count = 0
@@ -849,6 +860,64 @@ class _SameHead(NamedTuple):
     skip: int  # len(head): where the body starts
     headers: Headers  # what it read (one tuple, shared by the frames of that head)
     size: int  # its content-length (checked: digits, at most max_body)
+
+
+def _same_stride(
+    data: bytes, tagged: bytes, stride: int, length: int
+) -> tuple[list[str], list[bytes]] | None:
+    """:meth:`FrameParser._read_receipts`' SENDs at the start of ``data`` when they are
+    ``stride`` bytes each, the first one's (values of one length, ``length``): their
+    receipts and bodies, at least two SENDs, else None (the pieces' way reads them).
+    The last SEND that starts with ``tagged`` one stride after the other and ends with a
+    NUL is found by bisection; the stretch up to it is then checked whole against the
+    frames its values and bodies make (one join, one comparison), the values decoded and
+    checked in one go."""
+    count = len(data) // stride
+    if count < 2:
+        return None
+
+    def aligned(k: int) -> bool:  # (SEND k-1 starts and ends one stride after the others)
+        return data[k * stride - 1] == 0 and data.startswith(tagged, (k - 1) * stride)
+
+    if not aligned(count):
+        low, high = 1, count  # (aligned(1): the first SEND, checked by the caller)
+        while high - low > 1:
+            middle = (low + high) // 2
+            if aligned(middle):
+                low = middle
+            else:
+                high = middle
+        count = low
+        if count < 2:
+            return None
+    value_at = len(tagged)
+    value_end = value_at + length
+    body_at = value_end + 2
+    body_end = stride - 1
+    starts = range(0, count * stride, stride)
+    values = [data[at + value_at : at + value_end] for at in starts]
+    bodies = [data[at + body_at : at + body_end] for at in starts]
+    made = b"".join(
+        itertools.chain.from_iterable(
+            zip(
+                itertools.repeat(tagged),
+                values,
+                itertools.repeat(b"\n\n"),
+                bodies,
+                itertools.repeat(b"\0"),
+            )
+        )
+    )
+    if not data.startswith(made):
+        return None
+    try:
+        text = b"\n".join(values).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    receipts = text.split("\n")
+    if len(receipts) != count or "\r" in text or "\0" in text or "\\" in text:
+        return None
+    return receipts, bodies
 
 
 def _is_length(text: str) -> bool:

@@ -205,15 +205,21 @@ def test_a_receipt_streak_cut_at_every_byte_gives_the_frames_the_parser_gives(
     assert _receipt_streaks(FrameParser(version=version), [stream])[1]
 
 
+@pytest.mark.parametrize("numbers", ["one length", "lengths vary"])
 @pytest.mark.parametrize("version", [None, Version.V1_0, Version.V1_1, Version.V1_2])
 def test_every_odd_send_in_the_middle_of_a_receipt_streak_gives_what_the_parser_gives(
-    version: Version | None,
+    version: Version | None, numbers: str
 ) -> None:
     """Every last line and every lie (``_frame``) on the fifth of nine receipt SENDs of
-    one lead, and on the last one (a read's last piece), whole and cut in three."""
+    one lead, and on the last one (a read's last piece), whole and cut in three.  The
+    others' values are of one length (``1000i``: five digits, as ``i\\nx:1`` on the odd
+    one -- the strides' way) or of lengths that vary (the pieces' way)."""
     for last, lie, at in itertools.product(range(len(LASTS)), range(4), (4, 8)):
         frames = [
-            _frame(0, last if i == at else 0, i, b"abc", lie if i == at else 0) for i in range(9)
+            _frame(0, last, i, b"abc", lie)
+            if i == at
+            else _frame(0, 0, 10000 + i if numbers == "one length" else i * 10 ** (i % 3), b"abc")
+            for i in range(9)
         ]
         stream = b"".join(frames)
         for pieces in ([stream], [stream[:100], stream[100:300], stream[300:]]):
