@@ -27,8 +27,11 @@ Rules enforced by :class:`FrameParser` (the only exception it raises is
 
 :meth:`FrameParser.feed_streaks_until_error` (the session's reading, with a backend that
 takes runs of SENDs) gives SENDs whose heads are byte for byte the head before them as
-one :class:`SendStreak` (one headers tuple, a body each) instead of a frame each; its
-frames are what :meth:`FrameParser.feed_until_error` gives.
+one :class:`SendStreak` (one headers tuple, a body each) instead of a frame each, and
+SENDs alike but the value of their last header, ``receipt`` (stomp.py sorts headers: a
+receipt per SEND comes after ``content-length`` and ``destination``), as one with their
+receipts beside their bodies; its frames are what :meth:`FrameParser.feed_until_error`
+gives.
 
 :func:`serialize` writes a frame for a version: it escapes header names and values
 (1.1/1.2, except CONNECT/CONNECTED) and raises ``EncodeError`` for what the version
@@ -159,24 +162,50 @@ class SendStreak(NamedTuple):
     :meth:`FrameParser.feed_streaks_until_error` reads them: the frames
     ``Frame(command, headers, body)`` for each of ``bodies``, in order, held as one item
     (one headers tuple, a body per SEND, every body the head's ``content-length`` long).
-    Same first two fields as a :class:`Frame`: ``command`` (always SEND), ``headers``."""
+    Same first two fields as a :class:`Frame`: ``command`` (always SEND), ``headers``.
+
+    ``receipts`` (None: none): SENDs whose heads are alike but the value of their last
+    line, a ``receipt`` header (a producer asking a receipt per SEND; ``headers`` has no
+    other ``receipt``): SEND i is ``Frame(command, (*headers, ("receipt", receipts[i])),
+    bodies[i])``."""
 
     command: Command
     headers: Headers
     bodies: list[bytes]
+    receipts: list[str] | None = None
 
     def header(self, name: str, default: str | None = None) -> str | None:
-        """The first value of header ``name`` (as :meth:`Frame.header`)."""
+        """The first value of header ``name`` (as :meth:`Frame.header`) of its first SEND."""
         for key, value in self.headers:
             if key == name:
                 return value
+        if name == "receipt" and self.receipts is not None:
+            return self.receipts[0]
         return default
 
     def frames(self) -> list[Frame]:
         """The SENDs it stands for, one frame each."""
         command = self.command
         headers = self.headers
-        return [Frame(command, headers, body) for body in self.bodies]
+        if self.receipts is None:
+            return [Frame(command, headers, body) for body in self.bodies]
+        return [
+            Frame(command, (*headers, ("receipt", receipt)), body)
+            for receipt, body in zip(self.receipts, self.bodies, strict=True)
+        ]
+
+    def split(self, taken: int) -> tuple[SendStreak, SendStreak]:
+        """Its first ``taken`` SENDs and the others, as two streaks (0 < taken < len)."""
+        command, headers, bodies, receipts = self
+        if receipts is None:
+            return (
+                SendStreak(command, headers, bodies[:taken]),
+                SendStreak(command, headers, bodies[taken:]),
+            )
+        return (
+            SendStreak(command, headers, bodies[:taken], receipts[:taken]),
+            SendStreak(command, headers, bodies[taken:], receipts[taken:]),
+        )
 
 
 # -- escaping ----------------------------------------------------------------------------
@@ -467,6 +496,14 @@ class FrameParser:
         append = frames.append
         same = self._same
         streak = streaks and command is Command.SEND
+        # SENDs of the lead plus a last line ``receipt:VALUE`` (a receipt per SEND): one
+        # streak, their receipts beside their bodies -- when the lead gives the body's
+        # length and asks no receipt itself (a repeated receipt: the first one counts)
+        tagged = (
+            raw + b"receipt:"
+            if streak and 0 <= lead_size <= max_body and all(name != "receipt" for name, _ in lead)
+            else None
+        )
         last_line = ""  # the last line of the frame read just before (here)
         while True:
             if same is not None:
@@ -488,7 +525,7 @@ class FrameParser:
                             for at in range(same.skip, pos - first, stride)
                         ]
                         if streak:
-                            append(new_frame(SendStreak, (command, same.headers, bodies)))
+                            append(new_frame(SendStreak, (command, same.headers, bodies, None)))
                         else:
                             kept = same.headers
                             frames += [new_frame(Frame, (command, kept, b)) for b in bodies]
@@ -499,6 +536,15 @@ class FrameParser:
                 same = None
             if not startswith(raw, pos):
                 break
+            if tagged is not None and startswith(tagged, pos):
+                before = pos
+                pos, repeated = self._read_receipts(frames, pos, tagged, lead, lead_size)
+                if repeated is None:
+                    if pos == before:  # not all here, or what the usual path reads
+                        break
+                    last_line = ""
+                    continue
+                last_line = repeated  # (read below: the head alike after it, by comparison)
             at = pos + skip
             end = find(b"\n", at, pos + FAST_HEAD)
             if end < 0 or end + 1 >= n or buf[end + 1] != 0x0A:  # (the empty line after it)
@@ -530,6 +576,111 @@ class FrameParser:
             pos = stop + 1
         self._same = same
         self._pos = pos
+
+    def _read_receipts(
+        self,
+        frames: list[Frame | SendStreak],
+        pos: int,
+        tagged: bytes,
+        lead: Headers,
+        size: int,
+    ) -> tuple[int, str | None]:
+        """:meth:`_read_repeats`' SENDs at ``pos`` whose heads are the lead (asking no
+        receipt, its content-length ``size``) plus a last line ``receipt:VALUE``
+        (``tagged``: the lead and ``receipt:``), whole in the buffer: one
+        :class:`SendStreak` with their receipts, appended to ``frames``.  Where the first
+        SEND not in it starts, and that SEND's last line when the first SEND's head comes
+        again whole right after it (a producer repeating one head, which the usual loop
+        reads by comparison, :class:`_SameHead`: only the first SEND is taken here).  A
+        value with an escape, CR, NUL or bad UTF-8, or a line over the limit, stops it
+        (the usual path reads that SEND, or refuses it).
+
+        No call per SEND: SENDs of one length, the first one's (values of one length),
+        are cut at their strides and checked whole (:func:`_same_stride`); else the
+        buffer from ``pos`` is split at ``tagged``; a piece is a
+        SEND of the streak when it is ``VALUE``, the empty line, ``size`` bytes and the
+        NUL -- read from its length alone, the value the bytes before (a body holding
+        ``tagged`` cuts its piece short, which then fails, and the streak ends there).
+        The values are decoded and checked in one go."""
+        buf = self._buf
+        n = len(buf)
+        value_at = len(tagged)
+        # a value's bytes: its line (``receipt:`` + value) within the limit, and its EOL
+        # within FAST_HEAD of its SEND (as the other readers of a head)
+        most = min(self.limits.max_header_length - 8, FAST_HEAD - 1 - value_at)
+        end = buf.find(b"\n", pos + value_at, pos + FAST_HEAD)
+        stop = end + 2 + size
+        if (
+            end < 0
+            or end - pos - value_at > most
+            or stop >= n
+            or buf[end + 1] != 0x0A
+            or buf[stop] != 0
+        ):  # (the first one is not all here, or is not one)
+            return pos, None
+        # its head again right after it: that one only, the comparison reads the next
+        repeat = buf.startswith(bytes(buf[pos : end + 1]), stop + 1)
+        data = bytes(buf[pos:])
+        if not repeat:
+            stride = stop + 1 - pos  # (the first SEND's length)
+            strided = _same_stride(data, tagged, stride, end - pos - value_at)
+            if strided is not None:
+                receipts, bodies = strided
+                frames.append(_new_tuple(SendStreak, (Command.SEND, lead, bodies, receipts)))
+                return pos + len(bodies) * stride, None
+        pieces = data.split(tagged)  # (pieces[0]: the b"" before the first)
+        extra = size + 3  # a piece's length less its value's
+        last = len(pieces) - 1
+        count = 0
+        for piece in itertools.islice(pieces, 1, None):
+            length = len(piece) - extra
+            if length < 0 or length > most or piece[-1] != 0:
+                break
+            if piece[length] != 0x0A or piece[length + 1] != 0x0A:
+                break
+            count += 1
+        if count == last - 1 and not repeat:  # the last piece: a SEND and what follows it
+            piece = pieces[last]
+            length = piece.find(b"\n", 0, most + 1)
+            if (
+                length >= 0
+                and length + extra <= len(piece)
+                and piece[length + 1] == 0x0A
+                and piece[length + extra - 1] == 0
+            ):
+                pieces[last] = piece[: length + extra]
+                count += 1
+        if repeat:
+            count = min(count, 1)
+        if not count:
+            return pos, None
+        taken = pieces[1 : count + 1]
+        values = [piece[: len(piece) - extra] for piece in taken]
+        try:
+            text = b"\n".join(values).decode("utf-8")
+        except UnicodeDecodeError:
+            text = "\\"  # (found below)
+        receipts = text.split("\n")
+        if len(receipts) != count or "\r" in text or "\0" in text or "\\" in text:
+            kept = 0  # the SENDs before the first value the usual path reads (or refuses)
+            for value in values:
+                try:
+                    one = value.decode("utf-8")
+                except UnicodeDecodeError:
+                    break
+                if "\n" in one or "\r" in one or "\0" in one or "\\" in one:
+                    break
+                kept += 1
+            if not kept:
+                return pos, None
+            del taken[kept:], values[kept:]
+            receipts = b"\n".join(values).decode("utf-8").split("\n")
+            count = kept
+            repeat = False
+        pos += count * value_at + sum(map(len, taken))
+        bodies = [piece[-size - 1 : -1] for piece in taken]
+        frames.append(_new_tuple(SendStreak, (Command.SEND, lead, bodies, receipts)))
+        return pos, (f"receipt:{receipts[0]}" if repeat else None)
 
     def _repeat_head(
         self, prefix: _HeadPrefix
@@ -709,6 +860,64 @@ class _SameHead(NamedTuple):
     skip: int  # len(head): where the body starts
     headers: Headers  # what it read (one tuple, shared by the frames of that head)
     size: int  # its content-length (checked: digits, at most max_body)
+
+
+def _same_stride(
+    data: bytes, tagged: bytes, stride: int, length: int
+) -> tuple[list[str], list[bytes]] | None:
+    """:meth:`FrameParser._read_receipts`' SENDs at the start of ``data`` when they are
+    ``stride`` bytes each, the first one's (values of one length, ``length``): their
+    receipts and bodies, at least two SENDs, else None (the pieces' way reads them).
+    The last SEND that starts with ``tagged`` one stride after the other and ends with a
+    NUL is found by bisection; the stretch up to it is then checked whole against the
+    frames its values and bodies make (one join, one comparison), the values decoded and
+    checked in one go."""
+    count = len(data) // stride
+    if count < 2:
+        return None
+
+    def aligned(k: int) -> bool:  # (SEND k-1 starts and ends one stride after the others)
+        return data[k * stride - 1] == 0 and data.startswith(tagged, (k - 1) * stride)
+
+    if not aligned(count):
+        low, high = 1, count  # (aligned(1): the first SEND, checked by the caller)
+        while high - low > 1:
+            middle = (low + high) // 2
+            if aligned(middle):
+                low = middle
+            else:
+                high = middle
+        count = low
+        if count < 2:
+            return None
+    value_at = len(tagged)
+    value_end = value_at + length
+    body_at = value_end + 2
+    body_end = stride - 1
+    starts = range(0, count * stride, stride)
+    values = [data[at + value_at : at + value_end] for at in starts]
+    bodies = [data[at + body_at : at + body_end] for at in starts]
+    made = b"".join(
+        itertools.chain.from_iterable(
+            zip(
+                itertools.repeat(tagged),
+                values,
+                itertools.repeat(b"\n\n"),
+                bodies,
+                itertools.repeat(b"\0"),
+            )
+        )
+    )
+    if not data.startswith(made):
+        return None
+    try:
+        text = b"\n".join(values).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    receipts = text.split("\n")
+    if len(receipts) != count or "\r" in text or "\0" in text or "\\" in text:
+        return None
+    return receipts, bodies
 
 
 def _is_length(text: str) -> bool:

@@ -895,7 +895,7 @@ class Session:
             cut = parked[0]
             parked[0] = rest
             assert isinstance(cut, SendStreak)
-            items.append(SendStreak(cut.command, cut.headers, cut.bodies[: -len(rest.bodies)]))
+            items.append(cut.split(len(cut.bodies) - len(rest.bodies))[0])
         size = run.size
         entry = _Answer(None, size, count=count, receipts=run.receipts)
         assert self._batch is not None

@@ -288,7 +288,10 @@ def read_send_run(
     headers are a *receipt lead* plus a last ``receipt`` line (a producer asking a
     receipt per SEND) takes the lead's destinations and reads only its receipt.  A
     receipt lead: the headers before a last ``receipt`` of a SEND that parsed, when they
-    are ``destination`` and ``content-length`` only (:func:`_receipt_lead`)."""
+    are ``destination`` and ``content-length`` only (:func:`_receipt_lead`).  A
+    SendStreak with ``receipts`` (its lead's headers asking none, a receipt per SEND
+    beside its bodies) is read as its lead's header block once, its receipts taken as
+    they are."""
     streaks: list[PublishStreak] = []
     receipts: list[str | None] = []
     add_receipt = receipts.append
@@ -311,8 +314,13 @@ def read_send_run(
     open_carried: Headers = ()
     open_rules: tuple[object, ...] = _NO_RULES
     item: Any  # (a Frame, or a SendStreak: told apart by class, without a call)
+    tags: list[str] | None  # a SendStreak's receipts, one per SEND (None: in its headers)
     for item in items:
-        command, headers, body = item
+        single = item.__class__ is Frame
+        if single:
+            command, headers, body = item
+        else:
+            command, headers, body, tags = item
         if command is not send or count >= room or size >= room_bytes:
             break
         if headers is not last:
@@ -348,7 +356,7 @@ def read_send_run(
                 open_destinations, open_carried, open_rules = destinations, carried, rules
         if transaction is not None:
             break
-        if item.__class__ is Frame:
+        if single:
             bodies.append(body)
             if asked:
                 add_receipt(receipt)
@@ -368,11 +376,18 @@ def read_send_run(
             taken = min(taken, (room_bytes - size + length - 1) // length)
         if taken < many:
             bodies += body[:taken]
-            rest = SendStreak(command, headers, body[taken:])
+            rest = SendStreak(
+                command, headers, body[taken:], None if tags is None else tags[taken:]
+            )
         else:
             bodies += body
             used += 1
-        if asked:
+        if tags is not None:  # a receipt per SEND (the lead asks none: receipt is None)
+            if not asked:
+                asked = True
+                receipts += [None] * count
+            receipts += tags if taken == many else tags[:taken]
+        elif asked:
             receipts += [receipt] * taken
         elif receipt is not None:
             asked = True
