@@ -253,11 +253,10 @@ def test_the_quiet_answer_turning_while_a_run_is_in_flight(cut: int, turn: str) 
     _settled(_both(scenario))
 
 
-@pytest.mark.parametrize("cut", [0, 2])
-def test_a_second_consumer_joining_while_a_run_is_in_flight(cut: int) -> None:
-    """A second consumer joins with a run in flight to the first: the next pushes take
-    turns (no runs), the run in flight settles as before; then the first leaves with
-    some of it untaken."""
+def second_consumer_joins(cut: int) -> Callable[[Any], None]:
+    """The scenario: a second consumer ``b`` joins after the first, ``a``, took ``cut``
+    of a run of ``RUN``; four more pushes; ``a`` takes one, then leaves with the rest
+    untaken; ``b`` takes all.  ``s.order``: the ids ``b`` got, in order."""
 
     def scenario(s: Any) -> None:
         a = s.consumer("a", auto=True)
@@ -274,8 +273,17 @@ def test_a_second_consumer_joining_while_a_run_is_in_flight(cut: int) -> None:
         s.take(b)
         s.take(b)
         s.snapshot()
+        s.order = [f.message_id for f in s.got[b]]
 
-    _settled(_both(scenario))
+    return scenario
+
+
+@pytest.mark.parametrize("cut", [0, 2])
+def test_a_second_consumer_joining_while_a_run_is_in_flight(cut: int) -> None:
+    """A second consumer joins with a run in flight to the first: the next pushes take
+    turns (no runs), the run in flight settles as before; then the first leaves with
+    some of it untaken."""
+    _settled(_both(second_consumer_joins(cut)))
 
 
 def test_unsent_counts_deliveries() -> None:

@@ -25,7 +25,7 @@ import pytest
 
 from broker.message import Message
 from broker.protocol import AutoRun, DeliveredRun, PlainSends
-from tests.broker.test_engine_auto_runs import RunSteps
+from tests.broker.test_engine_auto_runs import RunSteps, second_consumer_joins
 from tests.broker.test_engine_auto_transit import OPTIONS, SCENARIOS, Steps
 
 RUN = 6
@@ -223,24 +223,7 @@ def test_a_second_consumer_joining_mid_run(cut: int) -> None:
     run takes turns (its messages made one by one), the one in flight settles whole;
     then the first leaves with the rest untaken, which goes to the second in order."""
 
-    def scenario(s: Any) -> None:
-        a = s.consumer("a", auto=True)
-        s.publish(s.block(RUN))
-        s.take(a, cut)
-        b = s.consumer("b", auto=True)
-        s.publish(s.block(4))
-        s.snapshot()
-        s.take(b)
-        s.take(a, 1)
-        s.snapshot()
-        s.record(s.engine.disconnect(a, 1.0))
-        s.record(s.engine.transmitted({}, 1.0))
-        s.take(b)
-        s.take(b)
-        s.snapshot()
-        s.order = [f.message_id for f in s.got[b]]
-
-    on, _ = _both(scenario)
+    on, _ = _both(second_consumer_joins(cut))
     _settled(on)
     # b: its turns of the second run, then what a never took, in send order: the rest
     # of the first run and a's turns of the second (m6 taken when the first was whole)
