@@ -222,7 +222,6 @@ def test_a_second_consumer_joining_mid_run(cut: int) -> None:
     """A second ``ack:auto`` consumer joins with a run in flight to the first: the next
     run takes turns (its messages made one by one), the one in flight settles whole;
     then the first leaves with the rest untaken, which goes to the second in order."""
-
     on, _ = _both(second_consumer_joins(cut))
     _settled(on)
     # b: its turns of the second run, then what a never took, in send order: the rest

@@ -60,7 +60,7 @@ def _connected(port: int) -> Raw:
     return raw
 
 
-def _drain(port: int, queue: str) -> list[bytes]:
+def drain(port: int, queue: str) -> list[bytes]:
     """Everything queued on ``queue``, up to a marker sent after it (client acks)."""
     consumer = _connected(port)
     try:
@@ -117,8 +117,8 @@ def test_kill_9_mid_streaks_keeps_every_receipted_send(durable: Serve, kill_afte
     producer.close()
     assert receipts == [f"r{s}" for s in range(kill_after)]
     durable.restart()
-    stored = _drain(durable.port, "killed")
+    stored = drain(durable.port, "killed")
     receipted = kill_after * (STREAK + 1)  # every SEND up to the last receipt
     assert len(stored) >= receipted
     assert stored == [_body(i) for i in range(len(stored))]  # a prefix: in order, once
-    assert _drain(durable.port, "killed") == []  # delivered once
+    assert drain(durable.port, "killed") == []  # delivered once

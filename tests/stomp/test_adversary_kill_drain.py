@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from broker.stomp.frames import Command
+from tests.stomp.test_adversary_kill import drain
 from tests.stomp.test_adversary_restart_ids import Durable
 from tests.stomp.test_listener import Raw
 
@@ -73,28 +74,7 @@ def _number(body: bytes) -> int:
 def _drain(port: int) -> list[int]:
     """The numbers of what the queue holds, in order (client-individual acks, up to a
     marker sent after the SUBSCRIBE's RECEIPT)."""
-    consumer = Raw(port)
-    try:
-        consumer.connect()
-        consumer.send(
-            f"SUBSCRIBE\nid:d\ndestination:/queue/{QUEUE}\nack:client-individual\n"
-            "receipt:sub\n\n\x00".encode()
-        )
-        assert consumer.next().command is Command.RECEIPT
-        consumer.send(f"SEND\ndestination:/queue/{QUEUE}\n\nmarker\x00".encode())
-        got = []
-        while True:
-            frame = consumer.next()
-            assert frame.command is Command.MESSAGE, frame
-            consumer.send(f"ACK\nid:{frame.header('ack')}\n\n\x00".encode())
-            if frame.body == b"marker":
-                break
-            got.append(_number(frame.body))
-        consumer.send(b"DISCONNECT\nreceipt:bye\n\n\x00")
-        assert consumer.next().header("receipt-id") == "bye"
-    finally:
-        consumer.close()
-    return got
+    return [_number(body) for body in drain(port, QUEUE)]
 
 
 @pytest.mark.parametrize("read", [0, 50, 200])
