@@ -183,7 +183,7 @@ class Heartbeat:
         self.thread.join(10)
 
 
-TIMERS = {"0": "-", "1": "rto/tlp", "2": "keepalive", "3": "timewait", "4": "PERSIST"}
+TIMERS = {0: "-", 1: "rto/tlp", 2: "keepalive", 3: "timewait", 4: "PERSIST"}
 
 
 class ProcSampler:
@@ -210,7 +210,7 @@ class ProcSampler:
                         continue
                     tx, rx = (int(x, 16) for x in f[4].split(":"))
                     tr, when = f[5].split(":")
-                    timer = TIMERS.get(tr, tr)
+                    timer = TIMERS.get(int(tr, 16), tr)
                     found.append((int(local, 16), int(remote, 16), tx, rx, timer, int(when, 16)))
             self.samples.append((at, found))
             self.stop.wait(self.every)
@@ -239,6 +239,43 @@ def longest_gap(times: list[float], start: float) -> Gap:
             best = Gap(t - before, before - start, i - 1)
         before = t
     return best
+
+
+def classify(got: dict[str, Any], on: str, gap: Gap, start: float) -> str:
+    """What the /proc/net/tcp samples inside a gap say, per sample: the waiting client
+    has bytes it does not read; its queue is empty and the server's socket toward it
+    holds bytes in the zero-window probe (PERSIST) or in flight; the server has the
+    producer's bytes unread (with the producer's socket in PERSIST: its window shut);
+    nothing is queued anywhere (a party did not run)."""
+    producer = got["producer-port"]
+    client = got["consumer-port"] if on == "MESSAGE" else producer
+    lo, hi = start + gap.at + 0.01, start + gap.at + gap.length - 0.005
+    kinds: dict[str, int] = {}
+    for at, found in got["ss"]:
+        if not lo <= at <= hi:
+            continue
+        local = {f[0]: f for f in found}
+        remote = {f[1]: f for f in found}
+        if client not in local or client not in remote or producer not in local:
+            continue
+        c_rx = local[client][3]
+        s_tx, s_timer = remote[client][2], remote[client][4]
+        unread = remote[producer][3]
+        if on != "send" and c_rx:
+            kind = "client not reading"
+        elif on != "send" and s_tx and s_timer == "PERSIST":
+            kind = "PERSIST toward the client, its queue empty"
+        elif on != "send" and s_tx:
+            kind = "in flight to the client"
+        elif unread:
+            shut = local[producer][4] == "PERSIST"
+            kind = "server not reading the producer" + (" (PERSIST)" if shut else "")
+        else:
+            kind = "nothing queued"
+        kinds[kind] = kinds.get(kind, 0) + 1
+    if not kinds:
+        return "no samples"
+    return ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
 
 
 def one_run(
@@ -289,6 +326,8 @@ def report(name: str, run: int, got: dict[str, Any], count: int, gap_ms: float) 
     if gaps[worst].length * 1000 > gap_ms:
         g = gaps[worst]
         flag = f"STALL {worst} {g.length * 1000:.0f} ms after #{g.index} at {g.at * 1000:.0f} ms"
+        if got["ss"]:
+            flag += f" [{classify(got, worst, g, start)}]"
     row = {
         "server": name,
         "run": run,
@@ -401,6 +440,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{name:8} runs {len(mine)}  stalled {len(stalled)}  rates "
             + " ".join(f"{r['rate'] / 1000:.1f}k" for r in mine)
         )
+        for r in stalled:
+            print(f"         run {r['run']}: {r['flag']}")
     return 0
 
 
