@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import multiprocessing as mp
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -194,6 +195,8 @@ class ProcSampler:
         self.port = f"{port:04X}"
         self.every = every
         self.samples: list[tuple[float, list[tuple[int, int, int, int, str, int]]]] = []
+        self.detail: list[tuple[float, str]] = []  # ``ss -tinm`` once the pattern shows
+        self.streak = 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -213,7 +216,28 @@ class ProcSampler:
                     timer = TIMERS.get(int(tr, 16), tr)
                     found.append((int(local, 16), int(remote, 16), tx, rx, timer, int(when, 16)))
             self.samples.append((at, found))
+            if len(self.detail) < 3 and self._empty_behind_persist(found):
+                text = subprocess.run(
+                    [
+                        "ss",
+                        "-tinmeHO",
+                        f"( sport = :{int(self.port, 16)} or dport = :{int(self.port, 16)} )",
+                    ],
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                ).stdout
+                self.detail.append((at, text))
             self.stop.wait(self.every)
+
+    def _empty_behind_persist(self, found: list[tuple[int, int, int, int, str, int]]) -> bool:
+        """A server socket holds bytes in PERSIST toward a client whose queue is empty,
+        for the 5th sample in a row (so ``ss`` runs once the stall is under way)."""
+        port = int(self.port, 16)
+        rx = {f[0]: f[3] for f in found if f[1] == port}
+        hit = any(f[0] == port and f[2] and f[4] == "PERSIST" and rx.get(f[1]) == 0 for f in found)
+        self.streak = self.streak + 1 if hit else 0
+        return self.streak == 5
 
     def __enter__(self) -> ProcSampler:
         self.thread.start()
@@ -256,11 +280,11 @@ def classify(got: dict[str, Any], on: str, gap: Gap, start: float) -> str:
             continue
         local = {f[0]: f for f in found}
         remote = {f[1]: f for f in found}
-        if client not in local or client not in remote or producer not in local:
+        if client not in local or client not in remote:
             continue
         c_rx = local[client][3]
         s_tx, s_timer = remote[client][2], remote[client][4]
-        unread = remote[producer][3]
+        unread = remote[producer][3] if producer in remote else 0
         if on != "send" and c_rx:
             kind = "client not reading"
         elif on != "send" and s_tx and s_timer == "PERSIST":
@@ -268,7 +292,7 @@ def classify(got: dict[str, Any], on: str, gap: Gap, start: float) -> str:
         elif on != "send" and s_tx:
             kind = "in flight to the client"
         elif unread:
-            shut = local[producer][4] == "PERSIST"
+            shut = producer in local and local[producer][4] == "PERSIST"
             kind = "server not reading the producer" + (" (PERSIST)" if shut else "")
         else:
             kind = "nothing queued"
@@ -308,6 +332,7 @@ def one_run(
     moved = {k: after.get(k, 0) - before.get(k, 0) for k in WATCHED}
     got["counters"] = {k: v for k, v in moved.items() if v}
     got["ss"] = sampler.samples if sampler is not None else []
+    got["detail"] = sampler.detail if sampler is not None else []
     return got
 
 
@@ -377,6 +402,12 @@ def report(name: str, run: int, got: dict[str, Any], count: int, gap_ms: float) 
     )
     if got["counters"]:
         print("          tcp: " + " ".join(f"{k}+{v}" for k, v in got["counters"].items()))
+    for at, text in got.get("detail", []):
+        print(
+            f"          ss -tinme @{(at - start) * 1000:.0f} ms (PERSIST toward an empty queue):"
+        )
+        for line in text.splitlines():
+            print("            " + " ".join(line.split()))
     if flag and got["ss"]:
         g = gaps[worst]
         lo, hi = start + g.at - 0.03, start + g.at + g.length + 0.01
