@@ -407,7 +407,7 @@ def _header(head: bytes, marker: bytes) -> bytes | None:
     return head[at + len(marker) :] if stop < 0 else head[at + len(marker) : stop]
 
 
-def relay(port: int, ready: Any) -> None:
+def relay(port: int, ready: Any, maxseg: int | None = None) -> None:
     """The client's ceiling: the least a STOMP server can do for these clients.  No
     queue, no acknowledgements, no checks: CONNECTED, a RECEIPT when asked, each SEND
     forwarded as a MESSAGE to the last subscriber.  One ``selectors`` loop (no asyncio):
@@ -423,6 +423,8 @@ def relay(port: int, ready: Any) -> None:
     selector = selectors.DefaultSelector()
     server = socket.socket()
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if maxseg is not None:  # the accepted sockets' MSS (bench/stall_receipts.py)
+        server.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, maxseg)
     server.bind(("127.0.0.1", port))
     server.listen(16)
     server.setblocking(False)

@@ -17,8 +17,11 @@ waited.  With ``--sample MS`` the run's sockets are read from /proc/net/tcp ever
 the samples around the gap printed (each side's send and receive queue, its pending timer:
 PERSIST is the zero-window probe).
 
+With ``--relay-maxseg BYTES`` a second relay runs in the turns, its listening socket
+(so every connection it accepts) with that ``TCP_MAXSEG``.
+
 Usage: ``python bench/stall_receipts.py [--runs 10] [--messages 10000] [--rabbitmq]
-[--gap 50] [--sample MS] [--no-zerohub] [--no-relay]``.
+[--gap 50] [--sample MS] [--no-zerohub] [--no-relay] [--relay-maxseg BYTES]``.
 """
 
 from __future__ import annotations
@@ -429,6 +432,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rabbitmq", action="store_true")
     parser.add_argument("--no-zerohub", action="store_true")
     parser.add_argument("--no-relay", action="store_true")
+    parser.add_argument(
+        "--relay-maxseg",
+        type=int,
+        default=None,
+        help="also a relay whose listening socket has this TCP_MAXSEG (bytes)",
+    )
     parser.add_argument("--gap", type=float, default=50.0, help="flag gaps above this (ms)")
     parser.add_argument("--sample", type=float, default=None, help="sample /proc/net/tcp every MS")
     args = parser.parse_args(argv)
@@ -444,6 +453,15 @@ def main(argv: list[str] | None = None) -> int:
             stack.callback(echo.kill)
             ready.wait(60)
             servers.append(("relay", port, "/", echo.pid))
+        if args.relay_maxseg:
+            port = free_port()
+            ready = ctx.Event()
+            mss = ctx.Process(target=relay, args=(port, ready, args.relay_maxseg), daemon=True)
+            mss.start()
+            stack.callback(mss.join, 30)
+            stack.callback(mss.kill)
+            ready.wait(60)
+            servers.append((f"relay{args.relay_maxseg // 1024}k", port, "/", mss.pid))
         if not args.no_zerohub:
             serve = serve_args(free_port(), "none")
             port = int(serve[serve.index("--stomp") + 1].rsplit(":", 1)[1])
