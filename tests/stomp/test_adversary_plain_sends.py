@@ -174,6 +174,8 @@ def test_plain_sends_in_flight_as_a_run_keep_their_ids_through_a_mid_run_twist(
     assert len(got) == len(selected) + len(rest), "a message to both consumers"
     for number, mid in got.items():
         assert mid == door_id(number), (number, mid)
+    # (never written to a consumer's socket: none is a redelivery)
+    assert not [f.headers for f in selected + rest if f.header("Redelivered")][:3]
     missing = set(range(FIRST + REST)) - set(got)
     assert len(missing) * (BODY + 80) <= RESET_LOSS, sorted(missing)[:20]
     assert wait_until(
