@@ -9,7 +9,8 @@ another client's RECEIPT too; raised while writing an ERROR that names the recei
 tore the connection down with no ERROR at all.  Now the value goes back as it came (a 1.0
 frame is written as a 1.0 frame is read: a CR before the LF belongs to the value): a
 client that reads CRLF as a line end reads what it meant, one that does not reads the
-bytes it sent."""
+bytes it sent.  A 1.0 subscription ``id`` ending with CR alike: its MESSAGEs raised, and the
+deliveries to other connections handed over with them were lost."""
 
 from __future__ import annotations
 
@@ -93,3 +94,40 @@ def test_a_1_0_frame_is_written_as_it_is_read() -> None:
         parser = FrameParser(commands=SERVER_COMMANDS, version=version)
         (back,) = parser.feed(serialize(frame, version))
         assert back.header("receipt-id") == "r\r", version
+
+
+@pytest.mark.parametrize("ack", ["auto", "client"])
+def test_a_1_0_subscription_id_ending_in_cr_gets_its_messages_and_spoils_no_other(
+    held: Broker, ack: str
+) -> None:
+    """Its MESSAGEs carry ``subscription:s\\r``: writing them raised ``EncodeError`` in the
+    listener's handling of the engine's deliveries (the messages never went out, in flight
+    to it for ever), with the deliveries to other connections of that batch."""
+    hostile = _connect_1_0(held)
+    other = Raw(held.listener.port)
+    producer = Raw(held.listener.port)
+    try:
+        hostile.send(
+            b"SUBSCRIBE\nid:s\r\ndestination:/queue/cr\nack:%s\nreceipt:r\n\n\x00" % ack.encode()
+        )
+        assert hostile.next().header("receipt-id") == "r"
+        other.connect()
+        other.send(b"SUBSCRIBE\nid:t\ndestination:/queue/calm\nreceipt:t\n\n\x00")
+        assert other.next().header("receipt-id") == "t"
+        producer.connect()
+        # one write, one engine batch: deliveries to both connections handed over together
+        producer.send(
+            b"".join(
+                b"SEND\ndestination:/queue/%s\n\n%s%d\x00" % (queue, queue, i)
+                for i in range(3)
+                for queue in (b"cr", b"calm")
+            )
+        )
+        got = [other.next() for _ in range(3)]
+        assert [bytes(f.body) for f in got] == [b"calm0", b"calm1", b"calm2"]
+        got = [hostile.next() for _ in range(3)]
+        assert [bytes(f.body) for f in got] == [b"cr0", b"cr1", b"cr2"]
+        assert {f.header("subscription") for f in got} == {"s\r"}
+    finally:
+        for raw in (hostile, other, producer):
+            raw.close()
