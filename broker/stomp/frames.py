@@ -964,7 +964,7 @@ def serialize(frame: Frame, version: Version = Version.V1_2) -> bytes:
     escape = frame.command not in _UNESCAPED_COMMANDS and version is not Version.V1_0
     # a 1.0 frame is read with a CR before the LF in its line (not CONNECT/CONNECTED,
     # read before the version is known): written so, a value ending with CR reads back
-    cr_kept = version is Version.V1_0 and frame.command not in _UNESCAPED_COMMANDS
+    cr_kept = not escape and version is Version.V1_0 and frame.command not in _UNESCAPED_COMMANDS
     table = _ENCODE_1_2 if version is Version.V1_2 else _ENCODE_1_1
     parts = [frame.command.value, "\n"]
     append = parts.append
