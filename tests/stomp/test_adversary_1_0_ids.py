@@ -7,7 +7,8 @@ was never written nor reported, so it sat in the consumer's window for good, and
 deliveries after it with it -- what session 21 (adv21) fixed for an id holding NUL, on
 every version.  Now, on 1.0, such a message carries the id the listener makes for an id
 STOMP cannot carry (``tag-N``, as for NUL); a 1.0 ACK names it by that id; the 1.1/1.2
-MESSAGE escapes the LF as before."""
+MESSAGE escapes the LF as before.  A TMQP channel whose name holds LF, matched by a 1.0
+wildcard subscription, alike: its MESSAGE's destination goes with the LF URL-encoded."""
 
 from __future__ import annotations
 
@@ -75,5 +76,40 @@ def test_a_1_1_consumer_gets_the_lf_escaped(broker: Broker, admin: Client) -> No
         admin.push("lf", QUEUE_ID, b"m", message_id=IDS[1])
         frame = consumer.next()
         assert frame.header("message-id") == IDS[1]  # (Raw reads 1.2: \n unescaped)
+    finally:
+        consumer.close()
+
+
+def test_a_tmqp_channel_named_with_lf_reaches_a_1_0_wildcard_subscriber(
+    broker: Broker, admin: Client
+) -> None:
+    """A TMQP channel ``w.x\\ny`` matched by a 1.0 ``/queue/w.*``: its MESSAGE's
+    destination raised alike (the message stuck in flight); it now goes with the LF
+    URL-encoded, as STOMP names write other characters."""
+    consumer = Raw(broker.listener.port)
+    consumer.parser = FrameParser(commands=SERVER_COMMANDS, version=Version.V1_0)
+    try:
+        consumer.send(b"CONNECT\naccept-version:1.0\n\n\x00")
+        assert consumer.next().command is Command.CONNECTED
+        consumer.send(b"SUBSCRIBE\nid:s\ndestination:/queue/w.*\nack:client\nreceipt:r\n\n\x00")
+        assert consumer.next().header("receipt-id") == "r"
+        channels = ["w.a", "w.x\ny", "w.b"]
+        for channel in channels:
+            admin.push(channel, QUEUE_ID, channel.encode(), message_id=f"id-{channel[2]}")
+        got = [consumer.next() for _ in channels]
+        assert [bytes(f.body) for f in got] == [c.encode() for c in channels]
+        assert [f.header("destination") for f in got] == [
+            "/queue/w.a",
+            "/queue/w.x%0Ay",
+            "/queue/w.b",
+        ]
+        for frame in got:
+            consumer.send(b"ACK\nmessage-id:%s\n\n\x00" % str(frame.header("message-id")).encode())
+        queues = [broker.engine.channels[c].queues[QUEUE_ID] for c in channels]
+        assert wait_until(
+            lambda: broker.listener.call(
+                lambda: all(q.message_count == 0 and not q.pending for q in queues)
+            )
+        )
     finally:
         consumer.close()
