@@ -5,10 +5,11 @@ hold an LF), against a real listener and engine over loopback sockets.
 Writing its MESSAGE raised ``EncodeError`` in the listener (a traceback in the log): it
 was never written nor reported, so it sat in the consumer's window for good (with the
 deliveries handed over in the same batch) -- what session 21 (adv21) fixed for an id
-holding NUL, on every version.  Now, on 1.0, such a message carries the id the listener makes for an id
-STOMP cannot carry (``tag-N``, as for NUL); a 1.0 ACK names it by that id; the 1.1/1.2
-MESSAGE escapes the LF as before.  A TMQP channel whose name holds LF, matched by a 1.0
-wildcard subscription, alike: its MESSAGE's destination goes with the LF URL-encoded."""
+holding NUL, on every version.  Now, on 1.0, such a message carries the id the listener
+makes for an id STOMP cannot carry (``tag-N``, as for NUL); a 1.0 ACK names it by that
+id; the 1.1/1.2 MESSAGE escapes the LF as before.  A TMQP channel whose name holds LF,
+matched by a 1.0 wildcard subscription, alike: its MESSAGE's destination goes with the
+LF URL-encoded."""
 
 from __future__ import annotations
 
