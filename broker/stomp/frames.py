@@ -962,6 +962,9 @@ def parse_all(data: bytes, version: Version | None = None) -> list[Frame]:
 def serialize(frame: Frame, version: Version = Version.V1_2) -> bytes:
     """Bytes of ``frame`` as ``version`` writes it (LF line ends, trailing NUL)."""
     escape = frame.command not in _UNESCAPED_COMMANDS and version is not Version.V1_0
+    # a 1.0 frame is read with a CR before the LF in its line (not CONNECT/CONNECTED,
+    # read before the version is known): written so, a value ending with CR reads back
+    cr_kept = not escape and version is Version.V1_0 and frame.command not in _UNESCAPED_COMMANDS
     table = _ENCODE_1_2 if version is Version.V1_2 else _ENCODE_1_1
     parts = [frame.command.value, "\n"]
     append = parts.append
@@ -974,7 +977,7 @@ def serialize(frame: Frame, version: Version = Version.V1_2) -> bytes:
         if escape:
             append(f"{name.translate(table)}:{value.translate(table)}\n")
         else:
-            _check_raw_header(name, value, version)
+            _check_raw_header(name, value, version, cr_kept)
             append(f"{name}:{value}\n")
     append("\n")
     head = "".join(parts).encode("utf-8")
@@ -1041,13 +1044,16 @@ _RECEIPT_HEAD = "RECEIPT\nreceipt-id:"
 _RECEIPT_SEPARATOR = "\n\n\0" + _RECEIPT_HEAD
 
 
-def _check_raw_header(name: str, value: str, version: Version) -> None:
+def _check_raw_header(name: str, value: str, version: Version, cr_kept: bool = False) -> None:
+    """Refuse what an unescaped header line cannot hold; ``cr_kept``: the reader keeps a
+    CR before the LF in the line (a 1.0 frame but CONNECT/CONNECTED: ``FrameParser``'s
+    rule), so a name or value ending with CR is written as it is."""
     if "\n" in name or "\n" in value or ":" in name:
         raise EncodeError(
             f"header {name[:40]!r} cannot be written unescaped "
             f"(STOMP {version.value}, {'no escapes' if version is Version.V1_0 else 'CONNECT'})"
         )
-    if value.endswith("\r") or name.endswith("\r"):
+    if not cr_kept and (value.endswith("\r") or name.endswith("\r")):
         raise EncodeError(f"header {name[:40]!r} ends with CR (read back as a CRLF)")
 
 

@@ -614,8 +614,16 @@ class Session:
         return taken
 
     def _append(self, sub: _Subscription, delivery: Delivery) -> None:
-        """The MESSAGE frame of ``delivery`` into the output; its tag pending an ACK."""
+        """The MESSAGE frame of ``delivery`` into the output; its tag pending an ACK.  On
+        1.0 (no escapes) an id holding LF goes as the id the backend makes for one STOMP
+        cannot carry (``tag-N``, as for NUL: ``engine_backend._delivery``), which 1.0
+        ACKs then name; a destination holding LF (a TMQP channel's, matched by a wildcard)
+        with it URL-encoded (``%0A``, as STOMP names write other characters)."""
         if delivery.browse_end or self.version is Version.V1_0:
+            if "\n" in delivery.message_id:
+                delivery = delivery._replace(message_id=f"tag-{delivery.tag}")
+            if "\n" in delivery.destination:
+                delivery = delivery._replace(destination=delivery.destination.replace("\n", "%0A"))
             self._send(self._message_frame(sub.spec, delivery))
         else:  # (every other delivery: no Frame built, no header list)
             self._out += self._encode(sub, delivery)
