@@ -79,6 +79,17 @@ class QueueServices:
         self.now = 0.0
         #: Receipts waiting for their message's fate (``broker.engine.receipts``).
         self.receipts = Receipts(new_id, config.limits.max_pending_receipts)
+        #: How the message ids the doors of this engine make begin (each door's
+        #: ``id_prefix``, :meth:`add_door_prefix`): only a message whose id begins so can
+        #: share one with an AUTO delivery (``Dispatcher.send``).
+        self.door_prefixes: tuple[str, ...] = ()
+
+    def add_door_prefix(self, prefix: str) -> None:
+        """A door makes ids beginning with ``prefix``.  Kept for the engine's life, a
+        door closed included: its messages outlive it (queued, in flight to a consumer
+        of another door).  One per door made: a handful in a process."""
+        if prefix not in self.door_prefixes:
+            self.door_prefixes += (prefix,)
 
     def client(self, client_id: str) -> Client[Any] | None:
         return self.clients.get(client_id)

@@ -124,6 +124,7 @@ class EngineDoor:
         #: How the message ids of this door's SENDs begin (:func:`new_id_prefix`, new in
         #: each process unless told): ``<id_prefix><conn>-<n>``.
         self.id_prefix = new_id_prefix() if id_prefix is None else id_prefix
+        engine.services.add_door_prefix(self.id_prefix)  # (Dispatcher.send's test)
         if PER_MESSAGE not in engine.handlers:  # the CLI registers it before recovery
             engine.handlers[PER_MESSAGE] = PerMessageDeliveryHandler(engine.config.wall_clock)
         #: Runs a function once the store's writes so far are durable, or the second

@@ -47,6 +47,27 @@ def start_serve(*args: str) -> subprocess.Popen[bytes]:
     return proc
 
 
+def stop_serve(proc: subprocess.Popen[bytes], wait: float = 10.0) -> int:
+    """Stop a :func:`start_serve` process: SIGTERM, then a kill if it has not exited
+    within ``wait`` seconds (it never outlives the test, a failed one included); its
+    stderr pipe closed.  Returns its exit code (the kill's when it came to that)."""
+    try:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                return proc.wait(wait)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(wait)
+        return proc.returncode
+    finally:
+        if proc.poll() is None:  # (the wait raised something else: killed all the same)
+            proc.kill()
+            proc.wait(wait)
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
     port = free_port()

@@ -18,6 +18,7 @@ import itertools
 import socket
 import struct
 import threading
+from typing import Any
 
 import pytest
 
@@ -91,6 +92,32 @@ def _descents(numbers: list[int]) -> int:
     return sum(1 for a, b in itertools.pairwise(numbers) if b < a)
 
 
+def _count_returns(b: Broker) -> list[int]:
+    """The sizes of the returns the listener hands the engine (``op_settle`` with
+    ``unwritten``: deliveries that never reached the socket), in order, listed as they
+    run on the engine thread.
+
+    An UNSUBSCRIBE's returns need not come back as one: what the engine handed the
+    leaving consumer after the listener read the frame and before the engine ran the
+    unsubscribe reaches the listener after the subscription went, one hand-over per
+    engine batch, each returned as it arrives (``EngineBackend._deliver_to``:
+    "unsubscribed meanwhile"); the other consumer reads on between two such returns,
+    so each one past the first is a step down in its sequence.  How many there are
+    is the engine thread's timing (one mostly; two or more on a loaded machine: the
+    listener slower to take the engine's hand-overs), not a fault: each is in order."""
+    door = b.door
+    settle = door.op_settle
+    sizes: list[int] = []
+
+    def counted(conn: int, settles: Any, counts: int, now: float, *rest: Any) -> Any:
+        if len(rest) > 1 and rest[1]:
+            sizes.append(len(rest[1]))
+        return settle(conn, settles, counts, now, *rest)
+
+    door.op_settle = counted  # type: ignore[method-assign]
+    return sizes
+
+
 def _leave(b: Broker, first: Raw, how: str) -> list[bytes]:
     """The first consumer leaves ``how``; returns what it read.  Returns once the
     engine has taken back everything it had not delivered."""
@@ -117,6 +144,7 @@ def _leave(b: Broker, first: Raw, how: str) -> list[bytes]:
 def test_a_stalled_consumer_leaving_mid_run_loses_and_repeats_nothing(
     small: Broker, how: str, first_part: int
 ) -> None:
+    returns = _count_returns(small)
     first = _stalled(small, "runs")
     producer = Raw(small.listener.port)
     second = Raw(small.listener.port)
@@ -149,7 +177,10 @@ def test_a_stalled_consumer_leaving_mid_run_loses_and_repeats_nothing(
     firsts, seconds = _numbers(first_bodies), _numbers(second_bodies)
     assert firsts == sorted(set(firsts))  # the first's share in order, once each
     assert len(set(seconds)) == len(seconds)  # none twice
-    assert _descents(seconds) <= 1, seconds  # the first's returns together, in order
+    # the first's returns in order, together but for UNSUBSCRIBE's: the listener
+    # returns each hand-over of the engine's that reaches it after the subscription
+    # went on its own (see _count_returns), and the second reads on in between
+    assert _descents(seconds) <= max(1, len(returns)), (returns, seconds)
     assert not set(firsts) & set(seconds)  # none to both
     missing = set(range(COUNT)) - set(firsts) - set(seconds)
     if how == "reset":

@@ -548,12 +548,17 @@ class Dispatcher:
             q.auto_in_flight
             and not q.unique_from <= m.seq <= q.unique_to
             and not (m.producer is not None and m.producer.own_ids)
+            and m.message_id.startswith(q.host.door_prefixes)
         ):
-            # m's id is not one its door made: it may be one an AUTO delivery in flight
-            # has (a TMQP producer's forged or replayed id), which ``pending`` does not
-            # list.  Made tracked first, those are looked for as any other
-            # (``choose_one``, ``_eligible``): never two deliveries of one id in flight to
-            # one consumer.  (A single STOMP SEND is outside the stretch, its id unique.)
+            # m's id is not one its door made but begins as a door's do: it may be one
+            # an AUTO delivery in flight has (a TMQP producer's forged id), which
+            # ``pending`` does not list.  Made tracked first, those are looked for as
+            # any other (``choose_one``, ``_eligible``): never two deliveries of one id
+            # in flight to one consumer.  An AUTO delivery only ever carries an id a
+            # door of this engine made (``accept_many``'s stretch), so any other id (a
+            # TMQP producer's own, a message restored from an earlier process: another
+            # nonce) cannot be one: the AUTO ones stay.  (A single STOMP SEND is
+            # outside the stretch, its id unique.)
             q.track_in_flight(now)
         hooks = q.hooks
         quiet = False  # (the handler's hooks would change nothing for m: not called)

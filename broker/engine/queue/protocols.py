@@ -43,6 +43,8 @@ class QueueHost(Protocol[Q_contra]):
     #: the ``now`` of the call being served
     now: float
     receipts: Receipts
+    #: how the ids the engine's doors make begin (``QueueServices.add_door_prefix``)
+    door_prefixes: tuple[str, ...]
 
     def client(self, client_id: str) -> Client[Any] | None: ...
 
