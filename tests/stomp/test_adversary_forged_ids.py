@@ -13,7 +13,6 @@ behind both doors (``tests.stomp.two_doors``), real sockets on loopback."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +22,7 @@ from broker.client.blocking import Client
 from broker.stomp.frames import Command
 from tests.polling import wait_until
 from tests.stomp.test_listener import Raw
-from tests.stomp.two_doors import Broker, Ctx
+from tests.stomp.two_doors import Broker, Ctx, shrink_send_buffers
 
 QUEUE = "forged"
 FILL = 20  # SENDs of BODY octets: more than the small listener's connection holds
@@ -45,7 +44,9 @@ def _info(admin: Client) -> dict[str, Any]:
     }
 
 
-def _raw(made: list[Raw], b: Broker, rcvbuf: int | None = None) -> Raw:
+def connected(made: list[Raw], b: Broker, rcvbuf: int | None = None) -> Raw:
+    """A raw client of ``b``'s listener, connected, kept in ``made`` (closed by the
+    caller); ``rcvbuf``: its receive buffer and the listener's send buffer to it."""
     listener = b.listener
     before = listener.call(lambda: set(listener.connections))
     raw = Raw(listener, rcvbuf=rcvbuf)
@@ -53,15 +54,7 @@ def _raw(made: list[Raw], b: Broker, rcvbuf: int | None = None) -> Raw:
     raw.connect()
     if rcvbuf is not None:  # (the listener's send buffer to it shrunk alike)
         (cid,) = listener.call(lambda: set(listener.connections)) - before
-
-        def shrink() -> None:
-            transport = listener.connections[cid].transport
-            assert transport is not None
-            transport.get_extra_info("socket").setsockopt(
-                socket.SOL_SOCKET, socket.SO_SNDBUF, rcvbuf
-            )
-
-        listener.call(shrink)
+        shrink_send_buffers(listener, lambda c, _: c == cid, rcvbuf)
     return raw
 
 
@@ -101,13 +94,13 @@ def test_a_forged_id_leaves_nothing_stuck_when_the_consumer_goes(
     ``PlainSends`` way when no delivery is pending)."""
     made: list[Raw] = []
     try:
-        consumer = _raw(made, small, rcvbuf=4096)
+        consumer = connected(made, small, rcvbuf=4096)
         consumer.send(
             f"SUBSCRIBE\nid:s\ndestination:/queue/{QUEUE}\nack:auto\nreceipt:s\n\n\x00".encode()
         )
         assert consumer.next().command is Command.RECEIPT
-        producer = _raw(made, small)
-        prefix, n = _next_id(producer, _raw(made, small))
+        producer = connected(made, small)
+        prefix, n = _next_id(producer, connected(made, small))
         _send(producer, [b"f%03d" % i + b"." * (BODY - 4) for i in range(FILL)])
         assert wait_until(lambda: small.held_deliveries() > 0)  # (in flight from here on)
         forged = f"{prefix}{n + FILL + at}"  # the id of one of the producer's next SENDs
@@ -134,7 +127,7 @@ def test_a_forged_id_leaves_nothing_stuck_when_the_consumer_goes(
         consumer.close()
         assert wait_until(lambda: _info(admin)["InFlight"] == 0), str(_info(admin))
         taken = _info(admin)["Acks"]
-        second = _raw(made, small)
+        second = connected(made, small)
         second.send(
             f"SUBSCRIBE\nid:t\ndestination:/queue/{QUEUE}\nack:client-individual\n\n\x00".encode()
         )

@@ -12,7 +12,6 @@ engine behind both doors (``tests.stomp.two_doors``), real sockets on loopback."
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -24,6 +23,7 @@ from broker.engine.engine import Engine
 from broker.stomp.engine_backend import EngineDoor
 from broker.stomp.frames import Command
 from tests.polling import wait_until
+from tests.stomp.test_adversary_forged_ids import connected
 from tests.stomp.test_listener import Raw
 from tests.stomp.two_doors import Broker, Ctx
 
@@ -76,26 +76,6 @@ def _info(admin: Client) -> dict[str, Any]:
     return {k: info[k] for k in ("Messages", "InFlight", "PendingAcknowledges", "Acks")}
 
 
-def _raw(made: list[Raw], b: Broker, rcvbuf: int | None = None) -> Raw:
-    listener = b.listener
-    before = listener.call(lambda: set(listener.connections))
-    raw = Raw(listener, rcvbuf=rcvbuf)
-    made.append(raw)
-    raw.connect()
-    if rcvbuf is not None:  # (the listener's send buffer to it shrunk alike)
-        (cid,) = listener.call(lambda: set(listener.connections)) - before
-
-        def shrink() -> None:
-            transport = listener.connections[cid].transport
-            assert transport is not None
-            transport.get_extra_info("socket").setsockopt(
-                socket.SOL_SOCKET, socket.SO_SNDBUF, rcvbuf
-            )
-
-        listener.call(shrink)
-    return raw
-
-
 def _prefix(producer: Raw, spy: Raw) -> str:
     """The producer's ids' prefix, as a peer reads it from one MESSAGE (a probe sent to
     another queue, read by ``spy``)."""
@@ -121,13 +101,13 @@ def test_tmqp_ids_without_a_door_prefix_leave_auto_deliveries_auto(
     first.  Then the consumer goes and another takes every message, once."""
     made: list[Raw] = []
     try:
-        consumer = _raw(made, small, rcvbuf=4096)
+        consumer = connected(made, small, rcvbuf=4096)
         consumer.send(
             f"SUBSCRIBE\nid:s\ndestination:/queue/{QUEUE}\nack:auto\nreceipt:s\n\n\x00".encode()
         )
         assert consumer.next().command is Command.RECEIPT
-        producer = _raw(made, small)
-        prefix = _prefix(producer, _raw(made, small))
+        producer = connected(made, small)
+        prefix = _prefix(producer, connected(made, small))
         assert prefix in small.engine.services.door_prefixes
         bodies = [b"d%03d" % i + b"." * (BODY - 4) for i in range(FILL)]
         frames = [f"SEND\ndestination:/queue/{QUEUE}\n\n".encode() + x + b"\x00" for x in bodies]
@@ -160,7 +140,7 @@ def test_tmqp_ids_without_a_door_prefix_leave_auto_deliveries_auto(
         consumer.close()
         assert wait_until(lambda: _info(admin)["InFlight"] == 0), str(_info(admin))
         taken = _info(admin)["Acks"]
-        second = _raw(made, small)
+        second = connected(made, small)
         second.send(
             f"SUBSCRIBE\nid:t\ndestination:/queue/{QUEUE}\nack:client-individual\n\n\x00".encode()
         )
