@@ -73,26 +73,11 @@ class Drain(RunSteps):
         self.record(out)
 
 
-class DrainSingles(Steps):
-    """:class:`Steps` with the door's own ids and no runs anywhere: drains make AUTO
-    deliveries one by one (``Tracked`` frames)."""
+class DrainSingles(Drain):
+    """:class:`Drain` whose consumers take no runs: drains make AUTO deliveries one by
+    one (``Tracked`` frames)."""
 
-    def __init__(self, window: int, per_push: bool = False) -> None:
-        self.drained_singles = 0
-        self.drained_runs = 0
-        super().__init__(True, window, per_push)
-
-    def record(self, out: list[Any]) -> None:
-        super().record(out)
-        for client in self.engine.clients.values():
-            singles, runs = _drained(client)
-            self.drained_singles += singles
-            self.drained_runs += runs
-
-    def foreign(self, messages: list[Message]) -> None:
-        out, taken, why = self.engine.publish_many(self.producer, messages, 0.0)
-        self.trace.append((taken, why))
-        self.record(out)
+    takes_runs = False
 
 
 class Tracked(Steps):

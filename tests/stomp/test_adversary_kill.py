@@ -19,8 +19,8 @@ import pytest
 
 from broker.stomp.frames import Command
 from tests.polling import WAIT
-from tests.stomp.test_listener import Raw
 from tests.stomp.test_serve import Serve
+from tests.stomp.test_serve_gone import connected, drain
 
 STREAKS = 40
 STREAK = 100  # persistent SENDs of one head, then one with a receipt
@@ -54,37 +54,6 @@ def _stream(queue: str) -> bytes:
     return b"".join(parts)
 
 
-def _connected(port: int) -> Raw:
-    raw = Raw(port)
-    raw.connect()
-    return raw
-
-
-def drain(port: int, queue: str) -> list[bytes]:
-    """Everything queued on ``queue``, up to a marker sent after it (client acks)."""
-    consumer = _connected(port)
-    try:
-        consumer.send(
-            f"SUBSCRIBE\nid:s\ndestination:/queue/{queue}\nack:client-individual\n"
-            "receipt:sub\n\n\x00".encode()
-        )
-        assert consumer.next().command is Command.RECEIPT
-        consumer.send(f"SEND\ndestination:/queue/{queue}\n\nmarker\x00".encode())
-        bodies: list[bytes] = []
-        while True:
-            frame = consumer.next()
-            assert frame.command is Command.MESSAGE, frame
-            consumer.send(f"ACK\nid:{frame.header('ack')}\n\n\x00".encode())
-            if frame.body == b"marker":
-                break
-            bodies.append(frame.body)
-        consumer.send(b"DISCONNECT\nreceipt:bye\n\n\x00")
-        assert consumer.next().header("receipt-id") == "bye"
-    finally:
-        consumer.close()
-    return bodies
-
-
 @pytest.mark.parametrize(
     "kill_after",
     [
@@ -94,7 +63,7 @@ def drain(port: int, queue: str) -> list[bytes]:
     ],
 )
 def test_kill_9_mid_streaks_keeps_every_receipted_send(durable: Serve, kill_after: int) -> None:
-    producer = _connected(durable.port)
+    producer = connected(durable.port)
     receipts: list[str] = []
     killed = threading.Event()
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from broker.stomp.frames import Command
-from tests.stomp.test_adversary_kill import drain
 from tests.stomp.test_adversary_restart_ids import Durable
 from tests.stomp.test_listener import Raw
+from tests.stomp.test_serve_gone import drain
 
 QUEUE = "killdrain"
 COUNT = 400  # messages in the backlog, every third one persistent

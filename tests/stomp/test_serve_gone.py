@@ -28,7 +28,8 @@ def durable(tmp_path: Path) -> Iterator[Serve]:
     assert server.stop() == 0  # it did not crash
 
 
-def _connected(port: int) -> Raw:
+def connected(port: int) -> Raw:
+    """A raw STOMP 1.2 client of ``port``, CONNECTED read."""
     raw = Raw(port)
     raw.connect()
     return raw
@@ -47,26 +48,28 @@ def _vanish(raw: Raw) -> None:
     raw.close()
 
 
-def _drain(port: int, queue: str) -> list[bytes]:
+def drain(port: int, queue: str) -> list[bytes]:
     """Everything queued on ``queue``, up to a marker sent after it (client acks)."""
-    consumer = _connected(port)
-    consumer.send(
-        f"SUBSCRIBE\nid:s\ndestination:/queue/{queue}\nack:client-individual\n"
-        "receipt:sub\n\n\x00".encode()
-    )
-    assert consumer.next().command is Command.RECEIPT
-    consumer.send(f"SEND\ndestination:/queue/{queue}\n\nmarker\x00".encode())
-    bodies: list[bytes] = []
-    while True:
-        frame = consumer.next()
-        assert frame.command is Command.MESSAGE
-        consumer.send(f"ACK\nid:{frame.header('ack')}\n\n\x00".encode())
-        if frame.body == b"marker":
-            break
-        bodies.append(frame.body)
-    consumer.send(b"DISCONNECT\nreceipt:bye\n\n\x00")
-    assert consumer.next().header("receipt-id") == "bye"
-    consumer.close()
+    consumer = connected(port)
+    try:
+        consumer.send(
+            f"SUBSCRIBE\nid:s\ndestination:/queue/{queue}\nack:client-individual\n"
+            "receipt:sub\n\n\x00".encode()
+        )
+        assert consumer.next().command is Command.RECEIPT
+        consumer.send(f"SEND\ndestination:/queue/{queue}\n\nmarker\x00".encode())
+        bodies: list[bytes] = []
+        while True:
+            frame = consumer.next()
+            assert frame.command is Command.MESSAGE, frame
+            consumer.send(f"ACK\nid:{frame.header('ack')}\n\n\x00".encode())
+            if frame.body == b"marker":
+                break
+            bodies.append(frame.body)
+        consumer.send(b"DISCONNECT\nreceipt:bye\n\n\x00")
+        assert consumer.next().header("receipt-id") == "bye"
+    finally:
+        consumer.close()
     return bodies
 
 
@@ -78,11 +81,11 @@ def test_a_producer_that_vanishes_before_its_receipts_loses_nothing_receipted(
 ) -> None:
     """``kill9``: the broker is then killed (kill -9, mid-burst maybe) and restarted
     before the queue is read: the receipted messages come back from its store."""
-    bystander = _connected(durable.port)
+    bystander = connected(durable.port)
     bystander.send(b"SUBSCRIBE\nid:b\ndestination:/queue/calm\nreceipt:sub\n\n\x00")
     assert bystander.next().command is Command.RECEIPT
     queue = f"gone{read_receipts}"
-    producer = _connected(durable.port)
+    producer = connected(durable.port)
     producer.send(_burst(queue))
     receipted = [producer.next() for _ in range(read_receipts)]
     assert [f.header("receipt-id") for f in receipted] == [f"r{i}" for i in range(read_receipts)]
@@ -97,7 +100,7 @@ def test_a_producer_that_vanishes_before_its_receipts_loses_nothing_receipted(
         durable.kill9()
         durable.restart()
 
-    stored = _drain(durable.port, queue)
+    stored = drain(durable.port, queue)
     assert len(stored) >= read_receipts  # every receipted message is there
     assert stored == [f"m{i}".encode() for i in range(len(stored))]  # in order, no gap, once
-    assert _drain(durable.port, queue) == []  # delivered once: nothing comes again
+    assert drain(durable.port, queue) == []  # delivered once: nothing comes again
